@@ -1,0 +1,59 @@
+//! Errors returned by the core. Each variant maps to one Python exception class
+//! (`tokenyard.errors`), and every message names the argument and the value received.
+
+use std::fmt::Display;
+
+/// Everything that can go wrong when calling the core with bad configuration or input.
+///
+/// A failed call leaves the structure it was called on unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// A constructor or configuration value is out of range.
+    #[error("invalid config {field}={value}: {reason}")]
+    Config {
+        field: &'static str,
+        value: String,
+        reason: String,
+    },
+    /// An argument of an operation is invalid for the structure's current state.
+    #[error("invalid argument {arg}={value}: {reason}")]
+    Input {
+        arg: &'static str,
+        value: String,
+        reason: String,
+    },
+    /// The request id is not known to the structure (never added, or already freed).
+    #[error("unknown request_id={0}")]
+    UnknownRequest(String),
+    /// The structure does not have room for what was asked.
+    #[error("not enough capacity for {what}: requested {requested}, available {available}")]
+    Capacity {
+        what: &'static str,
+        requested: usize,
+        available: usize,
+    },
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub fn config(field: &'static str, value: impl Display, reason: impl Into<String>) -> Self {
+        Error::Config {
+            field,
+            value: value.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    pub fn input(arg: &'static str, value: impl Display, reason: impl Into<String>) -> Self {
+        Error::Input {
+            arg,
+            value: value.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    pub fn unknown_request(request_id: &impl std::fmt::Debug) -> Self {
+        Error::UnknownRequest(format!("{request_id:?}"))
+    }
+}

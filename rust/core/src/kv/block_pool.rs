@@ -1,0 +1,537 @@
+//! vLLM V1's prefix-caching block pool (seed 004 §4), with the per-request bookkeeping of
+//! its single-group KV cache manager.
+//!
+//! It owns every block's ref count and cached hash, the LRU free queue, the hash → block
+//! map and each request's block table. Invariants (see `check_invariants`):
+//! - a block is in the free queue exactly when no request holds it (ref count 0);
+//! - a block's ref count equals the number of requests whose table holds it;
+//! - the hash map and the blocks' hashes agree, one block per hash;
+//! - free + in use = total, where free = uncached-free + cached-free.
+
+use rustc_hash::FxHashMap;
+
+use super::block_hash::{BlockHash, hash_block, hash_full_blocks};
+use super::free_queue::FreeBlockQueue;
+use super::{KvCapacity, RequestKey, TokenId, check_num_blocks};
+use crate::{Error, Result};
+
+pub type BlockId = u32;
+
+/// The largest block size accepted (vLLM's are 16–128; LightLLM's is 1).
+pub const MAX_BLOCK_SIZE: usize = 1 << 16;
+
+#[derive(Debug, Clone, Default)]
+struct BlockMeta {
+    ref_cnt: u32,
+    /// Set while the block is registered in the prefix cache.
+    hash: Option<BlockHash>,
+}
+
+/// The longest cached prefix of some token ids, from [`BlockPool::get_computed_blocks`].
+/// Hand it to [`BlockPool::allocate_slots`] when admitting the request, so the hit blocks are
+/// shared and the hashes are not computed twice.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ComputedBlocks {
+    pub block_ids: Vec<BlockId>,
+    pub num_computed_tokens: usize,
+    num_query_tokens: usize,
+    extra_key: Option<u64>,
+    /// Hashes of every full block of the queried tokens (empty when caching is off).
+    block_hashes: Vec<BlockHash>,
+}
+
+/// Prefix-cache lookups since the pool was built (vLLM's `PrefixCacheStats`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BlockPoolStats {
+    pub num_lookups: u64,
+    pub num_query_tokens: u64,
+    pub num_hit_tokens: u64,
+}
+
+impl BlockPoolStats {
+    pub fn hit_rate(&self) -> f64 {
+        if self.num_query_tokens == 0 {
+            0.0
+        } else {
+            self.num_hit_tokens as f64 / self.num_query_tokens as f64
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct RequestBlocks {
+    block_ids: Vec<BlockId>,
+    /// Hashes of the request's full blocks so far (maintained only with caching on).
+    block_hashes: Vec<BlockHash>,
+    /// Token ids after the last full block, waiting for their block to fill up.
+    tail_tokens: Vec<TokenId>,
+    num_tokens: usize,
+    num_computed_tokens: usize,
+    /// Leading blocks already registered in (or offered to) the prefix cache.
+    num_cached_blocks: usize,
+    extra_key: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct BlockPool<R: RequestKey> {
+    block_size: usize,
+    enable_caching: bool,
+    blocks: Vec<BlockMeta>,
+    free_queue: FreeBlockQueue,
+    cached: FxHashMap<BlockHash, BlockId>,
+    requests: FxHashMap<R, RequestBlocks>,
+    stats: BlockPoolStats,
+}
+
+impl<R: RequestKey> BlockPool<R> {
+    pub fn new(num_blocks: usize, block_size: usize, enable_caching: bool) -> Result<Self> {
+        check_num_blocks(num_blocks)?;
+        if block_size == 0 || block_size > MAX_BLOCK_SIZE {
+            return Err(Error::config(
+                "block_size",
+                block_size,
+                format!("must be between 1 and {MAX_BLOCK_SIZE}"),
+            ));
+        }
+        Ok(Self {
+            block_size,
+            enable_caching,
+            blocks: vec![BlockMeta::default(); num_blocks],
+            free_queue: FreeBlockQueue::with_all_blocks(num_blocks),
+            cached: FxHashMap::default(),
+            requests: FxHashMap::default(),
+            stats: BlockPoolStats::default(),
+        })
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    pub fn enable_caching(&self) -> bool {
+        self.enable_caching
+    }
+
+    pub fn stats(&self) -> BlockPoolStats {
+        self.stats
+    }
+
+    /// Blocks registered in the prefix cache (held or free).
+    pub fn num_cached_blocks(&self) -> usize {
+        self.cached.len()
+    }
+
+    /// Free blocks that still hold a cached prefix (evicted, LRU first, on demand).
+    /// O(free blocks): meant for stats, not for a hot path.
+    pub fn num_cached_free_blocks(&self) -> usize {
+        self.free_queue
+            .iter()
+            .filter(|&b| self.blocks[b as usize].hash.is_some())
+            .count()
+    }
+
+    pub fn num_requests(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// The request's block table, or `None` if it holds no blocks.
+    pub fn block_ids(&self, request_id: &R) -> Option<&[BlockId]> {
+        self.requests
+            .get(request_id)
+            .map(|r| r.block_ids.as_slice())
+    }
+
+    /// Tokens of the request whose KV has slots and counts as computed.
+    pub fn num_computed_tokens(&self, request_id: &R) -> Option<usize> {
+        self.requests.get(request_id).map(|r| r.num_computed_tokens)
+    }
+
+    /// Free block ids in eviction order (front first). O(free blocks).
+    pub fn free_block_ids(&self) -> Vec<BlockId> {
+        self.free_queue.iter().collect()
+    }
+
+    pub fn ref_count(&self, block_id: BlockId) -> Option<u32> {
+        self.blocks.get(block_id as usize).map(|b| b.ref_cnt)
+    }
+
+    /// The longest run of leading full blocks of `token_ids` that is cached. Never covers
+    /// the whole prompt: the last token is always recomputed so the model yields logits.
+    pub fn get_computed_blocks(
+        &mut self,
+        token_ids: &[TokenId],
+        extra_key: Option<u64>,
+    ) -> ComputedBlocks {
+        let mut result = ComputedBlocks {
+            num_query_tokens: token_ids.len(),
+            extra_key,
+            ..ComputedBlocks::default()
+        };
+        if !self.enable_caching {
+            return result;
+        }
+        hash_full_blocks(
+            &mut result.block_hashes,
+            token_ids,
+            self.block_size,
+            extra_key,
+        );
+        let max_hit_blocks = token_ids.len().saturating_sub(1) / self.block_size;
+        result.block_ids = result.block_hashes[..max_hit_blocks]
+            .iter()
+            .map_while(|hash| self.cached.get(hash).copied())
+            .collect();
+        result.num_computed_tokens = result.block_ids.len() * self.block_size;
+        self.stats.num_lookups += 1;
+        self.stats.num_query_tokens += token_ids.len() as u64;
+        self.stats.num_hit_tokens += result.num_computed_tokens as u64;
+        result
+    }
+
+    /// Gives `request_id` slots for `num_new_tokens` more tokens plus `num_lookahead_tokens`
+    /// speculative ones, appending `new_token_ids` to what the pool knows of the request.
+    ///
+    /// On a request's first call, `new_computed` (from `get_computed_blocks` over the same
+    /// token ids) shares its cached prefix. Full blocks that become computed are registered
+    /// in the prefix cache. Returns the newly allocated block ids, or `Ok(None)` when the
+    /// free blocks do not suffice; either way a failed call changes nothing, so the caller
+    /// passes the same token ids again when it retries.
+    pub fn allocate_slots(
+        &mut self,
+        request_id: &R,
+        new_token_ids: &[TokenId],
+        num_new_tokens: usize,
+        num_lookahead_tokens: usize,
+        new_computed: Option<&ComputedBlocks>,
+        extra_key: Option<u64>,
+    ) -> Result<Option<Vec<BlockId>>> {
+        let plan = self.plan_allocation(
+            request_id,
+            new_token_ids,
+            num_new_tokens,
+            num_lookahead_tokens,
+            new_computed,
+            extra_key,
+        )?;
+        let evictable_hits = new_computed.map_or(0, |hit| {
+            hit.block_ids
+                .iter()
+                .filter(|&&b| self.blocks[b as usize].ref_cnt == 0)
+                .count()
+        });
+        if plan.num_new_blocks + evictable_hits > self.free_queue.len() {
+            return Ok(None);
+        }
+        let mut request = match self.requests.remove(request_id) {
+            Some(request) => request,
+            None => self.admit(new_computed, extra_key),
+        };
+        let new_blocks: Vec<BlockId> = (0..plan.num_new_blocks)
+            .map(|_| self.take_free_block())
+            .collect();
+        request.block_ids.extend_from_slice(&new_blocks);
+        self.append_tokens(&mut request, new_token_ids);
+        request.num_computed_tokens += num_new_tokens;
+        self.cache_full_blocks(&mut request);
+        self.requests.insert(request_id.clone(), request);
+        Ok(Some(new_blocks))
+    }
+
+    /// Releases every block of the request, last block first, so that with equal recency
+    /// its tail blocks (the least shareable ones) are evicted before its head.
+    pub fn free(&mut self, request_id: &R) -> Result<()> {
+        let request = self
+            .requests
+            .remove(request_id)
+            .ok_or_else(|| Error::unknown_request(request_id))?;
+        for &block in request.block_ids.iter().rev() {
+            let meta = &mut self.blocks[block as usize];
+            debug_assert!(meta.ref_cnt > 0, "block {block} freed with ref count 0");
+            meta.ref_cnt -= 1;
+            if meta.ref_cnt == 0 {
+                self.free_queue.push_back(block);
+            }
+        }
+        Ok(())
+    }
+
+    /// Forgets every cached prefix. Only possible when no request holds blocks (as in
+    /// vLLM, e.g. after weights change); returns whether it happened.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        if !self.requests.is_empty() {
+            return false;
+        }
+        self.cached.clear();
+        self.blocks.iter_mut().for_each(|b| b.hash = None);
+        true
+    }
+
+    fn plan_allocation(
+        &self,
+        request_id: &R,
+        new_token_ids: &[TokenId],
+        num_new_tokens: usize,
+        num_lookahead_tokens: usize,
+        new_computed: Option<&ComputedBlocks>,
+        extra_key: Option<u64>,
+    ) -> Result<AllocationPlan> {
+        if num_new_tokens == 0 {
+            return Err(Error::input("num_new_tokens", 0, "must be at least 1"));
+        }
+        let (num_computed, num_known, num_held) = match self.requests.get(request_id) {
+            Some(request) => {
+                if new_computed.is_some() {
+                    return Err(Error::input(
+                        "new_computed_blocks",
+                        format!("{request_id:?}"),
+                        "only allowed on a request's first allocation",
+                    ));
+                }
+                if extra_key.is_some() && extra_key != request.extra_key {
+                    return Err(Error::input(
+                        "extra_key",
+                        format!("{extra_key:?}"),
+                        format!("request was admitted with {:?}", request.extra_key),
+                    ));
+                }
+                (
+                    request.num_computed_tokens,
+                    request.num_tokens,
+                    request.block_ids.len(),
+                )
+            }
+            None => match new_computed {
+                Some(hit) => {
+                    self.check_hit_is_current(hit, new_token_ids.len(), extra_key)?;
+                    (hit.num_computed_tokens, 0, hit.block_ids.len())
+                }
+                None => (0, 0, 0),
+            },
+        };
+        let num_known = num_known + new_token_ids.len();
+        if num_computed + num_new_tokens > num_known {
+            return Err(Error::input(
+                "num_new_tokens",
+                num_new_tokens,
+                format!("only {num_known} token ids are known and {num_computed} are computed"),
+            ));
+        }
+        let num_slots = num_computed + num_new_tokens + num_lookahead_tokens;
+        let num_required = num_slots.div_ceil(self.block_size);
+        Ok(AllocationPlan {
+            num_new_blocks: num_required.saturating_sub(num_held),
+        })
+    }
+
+    fn check_hit_is_current(
+        &self,
+        hit: &ComputedBlocks,
+        num_token_ids: usize,
+        extra_key: Option<u64>,
+    ) -> Result<()> {
+        if hit.num_query_tokens != num_token_ids {
+            return Err(Error::input(
+                "new_computed_blocks",
+                format!("lookup over {} tokens", hit.num_query_tokens),
+                format!("token_ids has {num_token_ids} tokens; pass the ids that were looked up"),
+            ));
+        }
+        if extra_key.is_some() && extra_key != hit.extra_key {
+            return Err(Error::input(
+                "extra_key",
+                format!("{extra_key:?}"),
+                format!("the lookup used {:?}", hit.extra_key),
+            ));
+        }
+        let stale = hit
+            .block_ids
+            .iter()
+            .zip(&hit.block_hashes)
+            .any(|(&b, &h)| self.blocks.get(b as usize).and_then(|m| m.hash) != Some(h));
+        if stale {
+            return Err(Error::input(
+                "new_computed_blocks",
+                format!("{:?}", hit.block_ids),
+                "stale: a hit block was evicted since the lookup",
+            ));
+        }
+        Ok(())
+    }
+
+    /// A fresh request entry holding the hit blocks (their ref counts taken).
+    fn admit(&mut self, hit: Option<&ComputedBlocks>, extra_key: Option<u64>) -> RequestBlocks {
+        let mut request = RequestBlocks {
+            block_ids: Vec::new(),
+            block_hashes: Vec::new(),
+            tail_tokens: Vec::new(),
+            num_tokens: 0,
+            num_computed_tokens: 0,
+            num_cached_blocks: 0,
+            extra_key,
+        };
+        if let Some(hit) = hit {
+            for &block in &hit.block_ids {
+                self.touch(block);
+            }
+            request.block_ids = hit.block_ids.clone();
+            request.block_hashes = hit.block_hashes.clone();
+            request.num_computed_tokens = hit.num_computed_tokens;
+            request.num_cached_blocks = hit.block_ids.len();
+            request.extra_key = hit.extra_key;
+        }
+        request
+    }
+
+    /// Takes a reference on a block found in the prefix cache.
+    fn touch(&mut self, block: BlockId) {
+        if self.blocks[block as usize].ref_cnt == 0 {
+            self.free_queue.remove(block);
+        }
+        self.blocks[block as usize].ref_cnt += 1;
+    }
+
+    /// Pops the least recently freed block, evicting its cached prefix if it had one.
+    fn take_free_block(&mut self) -> BlockId {
+        let block = self
+            .free_queue
+            .pop_front()
+            .expect("allocation was checked against the free count");
+        let meta = &mut self.blocks[block as usize];
+        if let Some(hash) = meta.hash.take() {
+            self.cached.remove(&hash);
+        }
+        meta.ref_cnt = 1;
+        block
+    }
+
+    /// Records `new_token_ids` and hashes every block they complete. Hashes that arrived
+    /// with a prefix hit already cover the request's first tokens and are not recomputed.
+    fn append_tokens(&self, request: &mut RequestBlocks, new_token_ids: &[TokenId]) {
+        let first_new = request.num_tokens;
+        request.num_tokens += new_token_ids.len();
+        if !self.enable_caching {
+            return;
+        }
+        let bs = self.block_size;
+        let num_hashed = request.block_hashes.len() * bs + request.tail_tokens.len();
+        let skip = num_hashed
+            .saturating_sub(first_new)
+            .min(new_token_ids.len());
+        let mut rest = &new_token_ids[skip..];
+        if !request.tail_tokens.is_empty() {
+            let take = (bs - request.tail_tokens.len()).min(rest.len());
+            request.tail_tokens.extend_from_slice(&rest[..take]);
+            rest = &rest[take..];
+            if request.tail_tokens.len() < bs {
+                return;
+            }
+            let parent = request.block_hashes.last().copied();
+            let hash = hash_block(parent, &request.tail_tokens, request.extra_key);
+            request.block_hashes.push(hash);
+            request.tail_tokens.clear();
+        }
+        let num_whole = rest.len() / bs * bs;
+        for block in rest[..num_whole].chunks_exact(bs) {
+            let parent = request.block_hashes.last().copied();
+            request
+                .block_hashes
+                .push(hash_block(parent, block, request.extra_key));
+        }
+        request.tail_tokens.extend_from_slice(&rest[num_whole..]);
+    }
+
+    /// Registers the request's newly computed full blocks in the prefix cache. A block whose
+    /// content is already cached under another block stays unregistered (one block per hash).
+    fn cache_full_blocks(&mut self, request: &mut RequestBlocks) {
+        if !self.enable_caching {
+            return;
+        }
+        let num_full = request.num_computed_tokens.min(request.num_tokens) / self.block_size;
+        for i in request.num_cached_blocks..num_full {
+            let block = request.block_ids[i];
+            let hash = request.block_hashes[i];
+            if let std::collections::hash_map::Entry::Vacant(slot) = self.cached.entry(hash) {
+                slot.insert(block);
+                self.blocks[block as usize].hash = Some(hash);
+            }
+        }
+        request.num_cached_blocks = request.num_cached_blocks.max(num_full);
+    }
+
+    /// Describes the first broken invariant, if any. O(blocks + held blocks).
+    pub fn check_invariants(&self) -> std::result::Result<(), String> {
+        let mut holders = vec![0u32; self.blocks.len()];
+        for (id, request) in &self.requests {
+            let mut seen = request.block_ids.clone();
+            seen.sort_unstable();
+            if seen.windows(2).any(|w| w[0] == w[1]) {
+                return Err(format!("request {id:?} holds a block twice"));
+            }
+            for &b in &request.block_ids {
+                holders[b as usize] += 1;
+            }
+            if request.num_computed_tokens > request.num_tokens {
+                return Err(format!("request {id:?} computed more tokens than it has"));
+            }
+            if request.block_ids.len() * self.block_size < request.num_computed_tokens {
+                return Err(format!(
+                    "request {id:?} has fewer slots than computed tokens"
+                ));
+            }
+        }
+        for (b, meta) in self.blocks.iter().enumerate() {
+            if meta.ref_cnt != holders[b] {
+                return Err(format!(
+                    "block {b}: ref count {} but {} holders",
+                    meta.ref_cnt, holders[b]
+                ));
+            }
+            if (meta.ref_cnt == 0) != self.free_queue.contains(b as u32) {
+                return Err(format!(
+                    "block {b}: ref count {} disagrees with the free queue",
+                    meta.ref_cnt
+                ));
+            }
+            if let Some(hash) = meta.hash
+                && self.cached.get(&hash) != Some(&(b as u32))
+            {
+                return Err(format!(
+                    "block {b} has a hash the cache map does not point back from"
+                ));
+            }
+        }
+        let linked = self.free_queue.iter().count();
+        if linked != self.free_queue.len() {
+            return Err(format!(
+                "free queue links {linked} blocks but counts {}",
+                self.free_queue.len()
+            ));
+        }
+        if self
+            .cached
+            .iter()
+            .any(|(h, &b)| self.blocks[b as usize].hash != Some(*h))
+        {
+            return Err("cache map points at a block with another hash".into());
+        }
+        Ok(())
+    }
+}
+
+struct AllocationPlan {
+    num_new_blocks: usize,
+}
+
+impl<R: RequestKey> KvCapacity for BlockPool<R> {
+    fn num_total_blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
+    fn num_free_blocks(&self) -> usize {
+        self.free_queue.len()
+    }
+}
+
+#[cfg(test)]
+#[path = "block_pool_tests.rs"]
+mod tests;

@@ -1,0 +1,331 @@
+use super::*;
+use crate::kv::KvCapacity;
+use proptest::prelude::*;
+
+fn tokens(range: std::ops::Range<u32>) -> Vec<TokenId> {
+    range.collect()
+}
+
+#[test]
+fn new_request_gets_ceil_blocks_and_full_blocks_are_cached() {
+    let mut pool = BlockPool::new(8, 4, true).unwrap();
+    let prompt = tokens(0..10);
+    let hit = pool.get_computed_blocks(&prompt, None);
+    assert_eq!(hit.num_computed_tokens, 0);
+    let blocks = pool
+        .allocate_slots(&1u64, &prompt, 10, 0, Some(&hit), None)
+        .unwrap()
+        .unwrap();
+    assert_eq!(blocks, [0, 1, 2]);
+    assert_eq!(
+        pool.num_cached_blocks(),
+        2,
+        "two full blocks of the 10 tokens"
+    );
+    assert_eq!(pool.num_free_blocks(), 5);
+    pool.check_invariants().unwrap();
+}
+
+#[test]
+fn prefix_hit_shares_blocks_and_never_covers_the_last_token() {
+    let mut pool = BlockPool::new(8, 4, true).unwrap();
+    let prompt = tokens(0..8);
+    pool.allocate_slots(&1u64, &prompt, 8, 0, None, None)
+        .unwrap()
+        .unwrap();
+    // Same 8 tokens: only the first block may hit, the last token must be recomputed.
+    let hit = pool.get_computed_blocks(&prompt, None);
+    assert_eq!(
+        (hit.block_ids.as_slice(), hit.num_computed_tokens),
+        ([0u32].as_slice(), 4)
+    );
+    let new = pool
+        .allocate_slots(&2u64, &prompt, 4, 0, Some(&hit), None)
+        .unwrap()
+        .unwrap();
+    assert_eq!(new, [2]);
+    assert_eq!(pool.block_ids(&2).unwrap(), [0, 2]);
+    assert_eq!(pool.ref_count(0), Some(2));
+    let stats = pool.stats();
+    assert_eq!((stats.num_query_tokens, stats.num_hit_tokens), (8, 4));
+    pool.check_invariants().unwrap();
+}
+
+#[test]
+fn freed_blocks_stay_cached_and_tails_are_evicted_first() {
+    let mut pool = BlockPool::new(4, 2, true).unwrap();
+    pool.allocate_slots(&1u64, &tokens(0..6), 6, 0, None, None)
+        .unwrap()
+        .unwrap();
+    pool.free(&1).unwrap();
+    // Freed tail-first: block 2 (tokens 4..6) then 1 then 0, after the never-used block 3.
+    assert_eq!(pool.free_block_ids(), [3, 2, 1, 0]);
+    assert_eq!(pool.num_cached_free_blocks(), 3);
+    // Two fresh blocks evict block 3 (uncached) then block 2 (the old tail).
+    pool.allocate_slots(&2u64, &tokens(100..104), 4, 0, None, None)
+        .unwrap()
+        .unwrap();
+    let hit = pool.get_computed_blocks(&tokens(0..7), None);
+    assert_eq!(
+        hit.block_ids,
+        [0, 1],
+        "the head of the freed prompt is still cached"
+    );
+    pool.check_invariants().unwrap();
+}
+
+#[test]
+fn a_hit_on_a_free_block_takes_it_out_of_the_free_queue() {
+    let mut pool = BlockPool::new(3, 2, true).unwrap();
+    pool.allocate_slots(&1u64, &tokens(0..4), 4, 0, None, None)
+        .unwrap()
+        .unwrap();
+    pool.free(&1).unwrap();
+    let hit = pool.get_computed_blocks(&tokens(0..5), None);
+    assert_eq!(hit.block_ids, [0, 1]);
+    // Needs 3 blocks: 2 hits (both free, so they count against the free queue) + 1 new.
+    let new = pool
+        .allocate_slots(&2u64, &tokens(0..5), 1, 0, Some(&hit), None)
+        .unwrap()
+        .unwrap();
+    assert_eq!(new, [2]);
+    assert_eq!(pool.num_free_blocks(), 0);
+    pool.check_invariants().unwrap();
+}
+
+#[test]
+fn allocation_failure_returns_none_and_changes_nothing() {
+    let mut pool = BlockPool::<u64>::new(2, 4, true).unwrap();
+    assert_eq!(
+        pool.allocate_slots(&1, &tokens(0..9), 9, 0, None, None)
+            .unwrap(),
+        None
+    );
+    assert_eq!(pool.num_requests(), 0);
+    pool.allocate_slots(&1, &tokens(0..4), 4, 0, None, None)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        pool.allocate_slots(&1, &tokens(4..9), 5, 0, None, None)
+            .unwrap(),
+        None
+    );
+    assert_eq!(pool.num_computed_tokens(&1), Some(4));
+    // Retry with fewer tokens: the ids passed with the failed call were not recorded.
+    pool.allocate_slots(&1, &tokens(4..8), 4, 0, None, None)
+        .unwrap()
+        .unwrap();
+    assert_eq!(pool.num_cached_blocks(), 2);
+    pool.check_invariants().unwrap();
+}
+
+#[test]
+fn decode_steps_allocate_a_block_only_at_boundaries_and_lookahead_reserves_slots() {
+    let mut pool = BlockPool::<u64>::new(8, 4, true).unwrap();
+    pool.allocate_slots(&1, &tokens(0..3), 3, 0, None, None)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        pool.allocate_slots(&1, &[3], 1, 0, None, None)
+            .unwrap()
+            .unwrap(),
+        Vec::<u32>::new()
+    );
+    assert_eq!(
+        pool.allocate_slots(&1, &[4], 1, 0, None, None)
+            .unwrap()
+            .unwrap(),
+        [1]
+    );
+    // 5 computed + 1 new + 3 lookahead = 9 slots = 3 blocks.
+    assert_eq!(
+        pool.allocate_slots(&1, &[5], 1, 3, None, None)
+            .unwrap()
+            .unwrap(),
+        [2]
+    );
+    pool.check_invariants().unwrap();
+}
+
+#[test]
+fn extra_key_separates_prefixes() {
+    let mut pool = BlockPool::<u64>::new(8, 2, true).unwrap();
+    pool.allocate_slots(&1, &tokens(0..5), 5, 0, None, Some(7))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        pool.get_computed_blocks(&tokens(0..5), Some(7))
+            .num_computed_tokens,
+        4
+    );
+    assert_eq!(
+        pool.get_computed_blocks(&tokens(0..5), None)
+            .num_computed_tokens,
+        0
+    );
+    assert_eq!(
+        pool.get_computed_blocks(&tokens(0..5), Some(8))
+            .num_computed_tokens,
+        0
+    );
+}
+
+#[test]
+fn bad_calls_are_errors_and_change_nothing() {
+    let mut pool = BlockPool::<u64>::new(8, 2, true).unwrap();
+    assert!(matches!(pool.free(&3), Err(Error::UnknownRequest(_))));
+    assert!(
+        pool.allocate_slots(&1, &tokens(0..2), 0, 0, None, None)
+            .is_err()
+    );
+    assert!(
+        pool.allocate_slots(&1, &tokens(0..2), 3, 0, None, None)
+            .is_err()
+    );
+    let hit = pool.get_computed_blocks(&tokens(0..4), None);
+    assert!(
+        pool.allocate_slots(&1, &tokens(0..3), 3, 0, Some(&hit), None)
+            .is_err()
+    );
+    pool.allocate_slots(&1, &tokens(0..4), 4, 0, Some(&hit), None)
+        .unwrap()
+        .unwrap();
+    assert!(
+        pool.allocate_slots(&1, &[4], 1, 0, Some(&hit), None)
+            .is_err()
+    );
+    assert_eq!(pool.num_computed_tokens(&1), Some(4));
+    assert!(BlockPool::<u64>::new(0, 16, true).is_err());
+    assert!(BlockPool::<u64>::new(16, 0, true).is_err());
+    pool.check_invariants().unwrap();
+}
+
+#[test]
+fn a_stale_hit_is_rejected() {
+    let mut pool = BlockPool::<u64>::new(2, 2, true).unwrap();
+    pool.allocate_slots(&1, &tokens(0..2), 2, 0, None, None)
+        .unwrap()
+        .unwrap();
+    pool.free(&1).unwrap();
+    let hit = pool.get_computed_blocks(&tokens(0..3), None);
+    assert_eq!(hit.block_ids, [0]);
+    // Two fresh blocks evict block 0.
+    pool.allocate_slots(&2, &tokens(50..54), 4, 0, None, None)
+        .unwrap()
+        .unwrap();
+    pool.free(&2).unwrap();
+    assert!(matches!(
+        pool.allocate_slots(&3, &tokens(0..3), 1, 0, Some(&hit), None),
+        Err(Error::Input {
+            arg: "new_computed_blocks",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn reset_prefix_cache_only_when_idle() {
+    let mut pool = BlockPool::<u64>::new(4, 2, true).unwrap();
+    pool.allocate_slots(&1, &tokens(0..4), 4, 0, None, None)
+        .unwrap()
+        .unwrap();
+    assert!(!pool.reset_prefix_cache());
+    pool.free(&1).unwrap();
+    assert!(pool.reset_prefix_cache());
+    assert_eq!(pool.num_cached_blocks(), 0);
+    assert_eq!(
+        pool.get_computed_blocks(&tokens(0..4), None)
+            .num_computed_tokens,
+        0
+    );
+    pool.check_invariants().unwrap();
+}
+
+#[test]
+fn caching_off_hashes_nothing() {
+    let mut pool = BlockPool::<u64>::new(4, 2, false).unwrap();
+    pool.allocate_slots(&1, &tokens(0..4), 4, 0, None, None)
+        .unwrap()
+        .unwrap();
+    pool.free(&1).unwrap();
+    assert_eq!(
+        pool.get_computed_blocks(&tokens(0..4), None)
+            .num_computed_tokens,
+        0
+    );
+    assert_eq!(pool.num_cached_blocks(), 0);
+    assert_eq!(pool.stats().num_lookups, 0);
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Admit {
+        id: u64,
+        prompt: u32,
+        len: usize,
+        chunk: usize,
+    },
+    Step {
+        id: u64,
+        tokens: usize,
+        lookahead: usize,
+    },
+    Free {
+        id: u64,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (0u64..6, 0u32..3, 1usize..20, 1usize..20).prop_map(|(id, prompt, len, chunk)| Op::Admit {
+            id,
+            prompt,
+            len,
+            chunk
+        }),
+        (0u64..6, 1usize..6, 0usize..3).prop_map(|(id, tokens, lookahead)| Op::Step {
+            id,
+            tokens,
+            lookahead
+        }),
+        (0u64..6).prop_map(|id| Op::Free { id }),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn blocks_are_conserved_under_random_operations(
+        ops in prop::collection::vec(op(), 1..120),
+        block_size in 1usize..5,
+        caching in any::<bool>(),
+    ) {
+        let mut pool = BlockPool::<u64>::new(12, block_size, caching).unwrap();
+        let mut next_token = 1000u32;
+        for op in ops {
+            match op {
+                Op::Admit { id, prompt, len, chunk } => {
+                    if pool.block_ids(&id).is_some() { continue; }
+                    // Prompts share prefixes: all start with prompt-specific tokens.
+                    let ids: Vec<TokenId> = (0..len as u32).map(|t| prompt * 100 + t).collect();
+                    let hit = pool.get_computed_blocks(&ids, None);
+                    prop_assert!(hit.num_computed_tokens < len.max(1));
+                    let n = chunk.min(len - hit.num_computed_tokens);
+                    let _ = pool.allocate_slots(&id, &ids, n, 0, Some(&hit), None).unwrap();
+                }
+                Op::Step { id, tokens, lookahead } => {
+                    let Some(computed) = pool.num_computed_tokens(&id) else { continue };
+                    let new: Vec<TokenId> = (0..tokens as u32).map(|i| next_token + i).collect();
+                    next_token += tokens as u32;
+                    let _ = computed;
+                    let _ = pool.allocate_slots(&id, &new, tokens, lookahead, None, None).unwrap();
+                }
+                Op::Free { id } => {
+                    let held = pool.block_ids(&id).is_some();
+                    prop_assert_eq!(pool.free(&id).is_ok(), held);
+                }
+            }
+            prop_assert!(pool.check_invariants().is_ok(), "{:?}", pool.check_invariants());
+            prop_assert!(pool.num_free_blocks() <= pool.num_total_blocks());
+        }
+    }
+}

@@ -1,0 +1,60 @@
+//! KV-cache memory: three allocators behind one small trait.
+//!
+//! - [`CountingAllocator`] — Vidur's: only counts blocks per request.
+//! - [`BlockPool`] — vLLM V1's: real block ids with ref counts, an LRU free queue and a
+//!   block-hash prefix cache.
+//! - [`RadixCache`] — SGLang's: a radix tree over token ids whose values are KV slots.
+//!
+//! Invariant shared by all three (checked by `check_invariants` and by property tests):
+//! memory is conserved — nothing is owned twice and nothing is lost.
+
+mod block_hash;
+mod block_pool;
+mod counting;
+mod free_queue;
+mod radix;
+
+pub use block_hash::{BlockHash, hash_full_blocks};
+pub use block_pool::{BlockId, BlockPool, BlockPoolStats, ComputedBlocks};
+pub use counting::CountingAllocator;
+pub use radix::{MatchResult, NodeHandle, RadixCache};
+
+use std::fmt::Debug;
+use std::hash::Hash;
+
+/// A token id as the model sees it.
+pub type TokenId = u32;
+
+/// The largest pool any allocator accepts: block ids must fit in a `u32` with room for a
+/// sentinel, and a pool this size is already far beyond any GPU.
+pub const MAX_NUM_BLOCKS: usize = 1 << 30;
+
+/// What identifies a request to an allocator: an integer, a string, or an arena index.
+pub trait RequestKey: Hash + Eq + Clone + Debug {}
+impl<T: Hash + Eq + Clone + Debug> RequestKey for T {}
+
+/// The view of a block allocator a scheduler needs to reason about memory pressure.
+pub trait KvCapacity {
+    /// Total blocks managed.
+    fn num_total_blocks(&self) -> usize;
+    /// Blocks that can be handed out right now (for a prefix-caching pool this includes
+    /// cached blocks no request holds, which are evicted on demand).
+    fn num_free_blocks(&self) -> usize;
+    /// Fraction of blocks in use, in [0, 1].
+    fn usage(&self) -> f64 {
+        let total = self.num_total_blocks();
+        (total - self.num_free_blocks()) as f64 / total as f64
+    }
+}
+
+/// Checks a pool size shared by every allocator's constructor.
+fn check_num_blocks(num_blocks: usize) -> crate::Result<()> {
+    if num_blocks == 0 || num_blocks > MAX_NUM_BLOCKS {
+        return Err(crate::Error::config(
+            "num_blocks",
+            num_blocks,
+            format!("must be between 1 and {MAX_NUM_BLOCKS}"),
+        ));
+    }
+    Ok(())
+}

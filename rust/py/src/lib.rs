@@ -1,1 +1,23 @@
+//! `tokenyard._core`: the native module. It converts Python values, maps errors and wraps
+//! `tokenyard-core` types; no scheduling logic lives here.
 
+mod convert;
+mod errors;
+mod kv;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _core(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    module.add(
+        "build_profile",
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+    )?;
+    kv::register(module)?;
+    Ok(())
+}

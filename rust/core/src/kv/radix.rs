@@ -404,7 +404,9 @@ impl RadixCache {
             .filter(|(_, n)| n.alive)
         {
             let id = id as NodeId;
-            if n.key.is_empty() || !n.key.len().is_multiple_of(self.page_size) || n.key.len() != n.value.len()
+            if n.key.is_empty()
+                || !n.key.len().is_multiple_of(self.page_size)
+                || n.key.len() != n.value.len()
             {
                 return Err(format!(
                     "node {id}: key/value lengths {}/{}",

@@ -1,0 +1,29 @@
+"""tokenyard: the scheduling core of LLM serving, in Rust, with a Python face."""
+
+from tokenyard import errors, kv
+from tokenyard._core import __version__, build_profile
+from tokenyard.errors import (
+    CapacityError,
+    ConfigError,
+    InputError,
+    InternalError,
+    TokenyardError,
+    UnknownRequestError,
+)
+from tokenyard.kv import BlockPool, CountingAllocator, RadixCache
+
+__all__ = [
+    "BlockPool",
+    "CapacityError",
+    "ConfigError",
+    "CountingAllocator",
+    "InputError",
+    "InternalError",
+    "RadixCache",
+    "TokenyardError",
+    "UnknownRequestError",
+    "__version__",
+    "build_profile",
+    "errors",
+    "kv",
+]

@@ -1,0 +1,252 @@
+"""Type stubs of the native module; users import these classes from ``tokenyard.kv``."""
+
+from collections.abc import Sequence
+from typing import Any, final
+
+import numpy as np
+import numpy.typing as npt
+
+__version__: str
+build_profile: str
+
+RequestId = int | str
+TokenIds = Sequence[int] | npt.NDArray[np.integer[Any]]
+
+@final
+class CountingAllocator:
+    """Vidur's block-counting allocator.
+
+    ``num_blocks`` blocks; ``floor(watermark_fraction * num_blocks)`` of them are kept free
+    against new admissions (``can_admit``) but not against growth (``can_allocate``).
+
+    Raises:
+        ConfigError: ``num_blocks < 1`` or ``watermark_fraction`` outside [0, 1).
+    """
+
+    def __new__(cls, *, num_blocks: int, watermark_fraction: float = 0.0) -> CountingAllocator: ...
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def watermark_blocks(self) -> int: ...
+    @property
+    def num_allocated_blocks(self) -> int: ...
+    @property
+    def num_free_blocks(self) -> int: ...
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks allocated, in [0, 1]."""
+    @property
+    def num_requests(self) -> int: ...
+    def can_allocate(self, num_blocks: int) -> bool:
+        """Whether ``num_blocks`` more blocks are free (a running request growing)."""
+    def can_admit(self, num_blocks: int) -> bool:
+        """Whether ``num_blocks`` fit and leave the watermark free (a new admission)."""
+    def allocate(self, request_id: RequestId, num_blocks: int) -> None:
+        """Gives ``num_blocks`` (>= 1) more blocks to the request.
+
+        Raises:
+            CapacityError: fewer than ``num_blocks`` blocks are free.
+            InputError: ``num_blocks < 1``.
+        """
+    def free(self, *request_ids: RequestId) -> int:
+        """Frees every block of each request; returns the number of blocks freed.
+
+        All-or-nothing: nothing is freed if any id is unknown or repeated.
+
+        Raises:
+            UnknownRequestError: an id holds no blocks.
+            InputError: an id is repeated.
+        """
+    def num_blocks_of(self, request_id: RequestId) -> int:
+        """Blocks the request holds (0 if none)."""
+    def __contains__(self, request_id: RequestId) -> bool: ...
+    def __len__(self) -> int: ...
+    def check_invariants(self) -> None:
+        """Raises InternalError if the internal bookkeeping is inconsistent (a bug)."""
+
+@final
+class ComputedBlocks:
+    """The cached prefix of some token ids, from ``BlockPool.get_computed_blocks``."""
+
+    @property
+    def block_ids(self) -> npt.NDArray[np.uint32]:
+        """Ids of the cached leading blocks, in order."""
+    @property
+    def num_computed_tokens(self) -> int:
+        """Tokens covered by those blocks (``len(block_ids) * block_size``)."""
+
+@final
+class BlockPoolStats:
+    """Prefix-cache lookups since the pool was built."""
+
+    @property
+    def num_lookups(self) -> int: ...
+    @property
+    def num_query_tokens(self) -> int: ...
+    @property
+    def num_hit_tokens(self) -> int: ...
+    @property
+    def hit_rate(self) -> float:
+        """``num_hit_tokens / num_query_tokens`` (0 before any lookup)."""
+
+@final
+class BlockPool:
+    """vLLM V1's prefix-caching KV block pool with per-request block tables.
+
+    Raises:
+        ConfigError: ``num_blocks`` or ``block_size`` below 1 or absurdly large.
+    """
+
+    def __new__(
+        cls, *, num_blocks: int, block_size: int, enable_caching: bool = True
+    ) -> BlockPool: ...
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def enable_caching(self) -> bool: ...
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks no request holds, including cached ones (evicted on demand)."""
+    @property
+    def num_used_blocks(self) -> int: ...
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks registered in the prefix cache, held or free."""
+    @property
+    def num_cached_free_blocks(self) -> int: ...
+    @property
+    def num_requests(self) -> int: ...
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks held by requests, in [0, 1]."""
+    def stats(self) -> BlockPoolStats: ...
+    def get_computed_blocks(
+        self, token_ids: TokenIds, *, extra_key: int | None = None
+    ) -> ComputedBlocks:
+        """Longest cached prefix of ``token_ids`` in whole blocks, never the whole prompt.
+
+        The last token is always left to recompute, so the model produces its logits.
+        ``extra_key`` (e.g. a LoRA id) separates otherwise equal prefixes. Counts in stats.
+
+        Raises:
+            InputError: a token id is negative or >= 2**32.
+        """
+    def allocate_slots(
+        self,
+        request_id: RequestId,
+        num_new_tokens: int,
+        num_lookahead_tokens: int = 0,
+        *,
+        token_ids: TokenIds | None = None,
+        new_computed_blocks: ComputedBlocks | None = None,
+        extra_key: int | None = None,
+    ) -> npt.NDArray[np.uint32] | None:
+        """Slots for ``num_new_tokens`` more tokens (+ speculative lookahead slots).
+
+        ``token_ids`` are the request's token ids not given before (its prompt on the first
+        call, then each newly sampled token). On the first call, ``new_computed_blocks``
+        from ``get_computed_blocks`` over the same ids shares the cached prefix. Full blocks
+        that become computed are cached for reuse.
+
+        Returns:
+            The newly allocated block ids, or ``None`` if the free blocks do not suffice.
+            A ``None`` or an exception changes nothing; retry with the same ``token_ids``.
+
+        Raises:
+            InputError: ``num_new_tokens < 1``, more tokens than known, a stale or
+                mismatched ``new_computed_blocks``, or bad token ids.
+        """
+    def free(self, request_id: RequestId) -> None:
+        """Releases the request's blocks, last block first (tails are evicted first).
+
+        Raises:
+            UnknownRequestError: the request holds no blocks.
+        """
+    def block_ids(self, request_id: RequestId) -> npt.NDArray[np.uint32]:
+        """The request's block table. Raises UnknownRequestError."""
+    def num_computed_tokens(self, request_id: RequestId) -> int:
+        """Tokens of the request with slots. Raises UnknownRequestError."""
+    def free_block_ids(self) -> npt.NDArray[np.uint32]:
+        """Free block ids in eviction order, next evicted first."""
+    def ref_count(self, block_id: int) -> int:
+        """Number of requests holding the block. Raises InputError for a bad id."""
+    def reset_prefix_cache(self) -> bool:
+        """Forgets every cached prefix if no request holds blocks; returns whether it did."""
+    def __contains__(self, request_id: RequestId) -> bool: ...
+    def __len__(self) -> int: ...
+    def check_invariants(self) -> None:
+        """Raises InternalError if the internal bookkeeping is inconsistent (a bug)."""
+
+@final
+class NodeHandle:
+    """Names the last node of a radix-cache match; lock it while the prefix is in use."""
+
+    def __eq__(self, other: object) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class MatchResult:
+    """What ``RadixCache.match_prefix`` found."""
+
+    @property
+    def matched_len(self) -> int:
+        """Matched tokens, a multiple of the page size."""
+    @property
+    def values(self) -> npt.NDArray[np.int64]:
+        """KV slot indices of the matched prefix, one per token."""
+    @property
+    def handle(self) -> NodeHandle: ...
+
+@final
+class RadixCache:
+    """SGLang's radix prefix cache over token ids, holding one KV slot index per token.
+
+    Raises:
+        ConfigError: ``page_size`` below 1 or absurdly large.
+    """
+
+    def __new__(cls, *, page_size: int = 1) -> RadixCache: ...
+    @property
+    def page_size(self) -> int: ...
+    @property
+    def evictable_size(self) -> int:
+        """Tokens in unlocked nodes: what ``evict`` could free."""
+    @property
+    def protected_size(self) -> int:
+        """Tokens in locked nodes."""
+    @property
+    def total_size(self) -> int: ...
+    @property
+    def num_nodes(self) -> int: ...
+    def match_prefix(self, token_ids: TokenIds) -> MatchResult:
+        """Longest cached prefix, in whole pages; marks the path most recently used.
+
+        A match ending inside an edge splits it, so the handle names exactly the prefix.
+        """
+    def insert(self, token_ids: TokenIds, values: TokenIds) -> int:
+        """Caches ``values`` (one KV slot per token) under ``token_ids``.
+
+        Returns:
+            How many leading tokens were already cached; the caller owns (and should free)
+            those duplicate slots among ``values``.
+
+        Raises:
+            InputError: lengths differ, or the length is not a multiple of page_size.
+        """
+    def lock(self, handle: NodeHandle) -> None:
+        """Protects the path from the handle's node to the root from eviction.
+
+        Raises:
+            InputError: the handle is stale (its node was evicted or the cache reset).
+        """
+    def unlock(self, handle: NodeHandle) -> None:
+        """Undoes one ``lock``. Raises InputError if stale or not locked."""
+    def evict(self, num_tokens: int) -> npt.NDArray[np.int64]:
+        """Evicts least recently used unlocked leaves until >= ``num_tokens`` are freed or
+        nothing is evictable; returns the freed slot indices in eviction order."""
+    def reset(self) -> None:
+        """Drops every node, locked or not; outstanding handles become stale."""
+    def check_invariants(self) -> None:
+        """Raises InternalError if the internal bookkeeping is inconsistent (a bug)."""

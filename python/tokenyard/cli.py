@@ -1,0 +1,32 @@
+"""The ``tokenyard`` command."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tokenyard", description=__doc__)
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    commands = parser.add_subparsers(dest="command")
+    demo = commands.add_parser("demo", help="run a shared-prefix stream through the KV layer")
+    demo.add_argument("--requests", type=int, default=2_000, help="number of requests")
+    demo.add_argument("--seed", type=int, default=0, help="workload seed")
+    args = parser.parse_args(argv)
+
+    if args.version:
+        from tokenyard import __version__, build_profile
+
+        print(f"tokenyard {__version__} ({build_profile})")
+        return 0
+    if args.command == "demo":
+        from tokenyard.demo import DemoWorkload
+        from tokenyard.demo import main as demo_main
+
+        if args.requests < 1:
+            parser.error(f"--requests must be at least 1, got {args.requests}")
+        demo_main(DemoWorkload(num_requests=args.requests, seed=args.seed))
+        return 0
+    parser.print_help()
+    return 2

@@ -1,0 +1,56 @@
+"""Exceptions raised by tokenyard.
+
+Every error names what was wrong and the value received; ``field`` and ``value`` carry
+the same information for programs. A call that raises leaves its object unchanged.
+
+- ``ConfigError``: a constructor or configuration value is invalid (also a ``ValueError``).
+- ``InputError``: an argument is invalid for the object's current state (a ``ValueError``).
+- ``UnknownRequestError``: a request id the object does not hold (an ``InputError`` and a
+  ``KeyError``).
+- ``CapacityError``: not enough free memory for an explicit allocation.
+- ``InternalError``: an internal invariant broke; this is a tokenyard bug, please report it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CapacityError",
+    "ConfigError",
+    "InputError",
+    "InternalError",
+    "TokenyardError",
+    "UnknownRequestError",
+]
+
+
+class TokenyardError(Exception):
+    """Base class of every error tokenyard raises on purpose."""
+
+    def __init__(self, message: str, *, field: str | None = None, value: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.value = value
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ConfigError(TokenyardError, ValueError):
+    """A configuration or constructor value is invalid."""
+
+
+class InputError(TokenyardError, ValueError):
+    """An argument is invalid for the object's current state."""
+
+
+class UnknownRequestError(InputError, KeyError):
+    """The request id is not held by the object (never added, or already freed)."""
+
+
+class CapacityError(TokenyardError, RuntimeError):
+    """Not enough free memory for the allocation asked for."""
+
+
+class InternalError(TokenyardError, RuntimeError):
+    """An internal invariant broke: a bug in tokenyard."""

@@ -1,0 +1,29 @@
+"""KV-cache memory: the three allocators a serving engine or a simulated replica uses.
+
+- :class:`CountingAllocator` — Vidur's block counting (how many blocks each request holds).
+- :class:`BlockPool` — vLLM V1's prefix-caching block pool (block ids, ref counts, LRU free
+  queue, chained block hashes).
+- :class:`RadixCache` — SGLang's radix prefix cache (token-level tree of KV slot indices).
+
+See ``docs/kv.md`` for the semantics and a worked example of each.
+"""
+
+from tokenyard._core import (
+    BlockPool,
+    BlockPoolStats,
+    ComputedBlocks,
+    CountingAllocator,
+    MatchResult,
+    NodeHandle,
+    RadixCache,
+)
+
+__all__ = [
+    "BlockPool",
+    "BlockPoolStats",
+    "ComputedBlocks",
+    "CountingAllocator",
+    "MatchResult",
+    "NodeHandle",
+    "RadixCache",
+]

@@ -1,0 +1,106 @@
+//! Maps core errors to the Python classes defined in `tokenyard.errors`, so Python users
+//! catch `ConfigError`, `InputError`, ... with the field/argument and value attached.
+
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyType};
+use tokenyard_core::Error;
+
+static CONFIG_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static INPUT_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static UNKNOWN_REQUEST_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static CAPACITY_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static INTERNAL_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+
+fn raise(
+    py: Python<'_>,
+    class: &PyOnceLock<Py<PyType>>,
+    name: &str,
+    message: String,
+    field: Option<&str>,
+    value: Option<&str>,
+) -> PyErr {
+    let build = || -> PyResult<PyErr> {
+        let class = class.import(py, "tokenyard.errors", name)?;
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("field", field)?;
+        kwargs.set_item("value", value)?;
+        Ok(PyErr::from_value(class.call((message,), Some(&kwargs))?))
+    };
+    build().unwrap_or_else(|err| err)
+}
+
+/// The Python exception for a core error.
+pub(crate) fn to_py_err(py: Python<'_>, err: Error) -> PyErr {
+    let message = err.to_string();
+    match &err {
+        Error::Config { field, value, .. } => raise(
+            py,
+            &CONFIG_ERROR,
+            "ConfigError",
+            message,
+            Some(field),
+            Some(value),
+        ),
+        Error::Input { arg, value, .. } => raise(
+            py,
+            &INPUT_ERROR,
+            "InputError",
+            message,
+            Some(arg),
+            Some(value),
+        ),
+        Error::UnknownRequest(id) => raise(
+            py,
+            &UNKNOWN_REQUEST_ERROR,
+            "UnknownRequestError",
+            message,
+            Some("request_id"),
+            Some(id),
+        ),
+        Error::Capacity { what, .. } => raise(
+            py,
+            &CAPACITY_ERROR,
+            "CapacityError",
+            message,
+            Some(what),
+            None,
+        ),
+    }
+}
+
+/// A broken internal invariant: a bug in tokenyard, reported rather than hidden.
+pub(crate) fn internal_error(py: Python<'_>, message: String) -> PyErr {
+    raise(py, &INTERNAL_ERROR, "InternalError", message, None, None)
+}
+
+/// `?`-friendly conversion of core results.
+pub(crate) trait OrRaise<T> {
+    fn or_raise(self, py: Python<'_>) -> PyResult<T>;
+}
+
+impl<T> OrRaise<T> for tokenyard_core::Result<T> {
+    fn or_raise(self, py: Python<'_>) -> PyResult<T> {
+        self.map_err(|err| to_py_err(py, err))
+    }
+}
+
+/// A config-field error raised from argument checks in the binding layer.
+pub(crate) fn config_error(
+    py: Python<'_>,
+    field: &'static str,
+    value: impl ToString,
+    reason: &str,
+) -> PyErr {
+    to_py_err(py, Error::config(field, value.to_string(), reason))
+}
+
+/// An argument error raised from conversions in the binding layer.
+pub(crate) fn input_error(
+    py: Python<'_>,
+    arg: &'static str,
+    value: impl ToString,
+    reason: &str,
+) -> PyErr {
+    to_py_err(py, Error::input(arg, value.to_string(), reason))
+}

@@ -1,0 +1,261 @@
+use numpy::PyArray1;
+use pyo3::prelude::*;
+use tokenyard_core::kv::{BlockId, BlockPool, BlockPoolStats, ComputedBlocks, KvCapacity};
+
+use crate::convert::{RequestId, count_arg, positive_field, token_ids as read_token_ids};
+use crate::errors::{OrRaise, input_error, internal_error, to_py_err};
+
+/// vLLM V1's prefix-caching block pool: block ids with ref counts, an LRU free queue and a
+/// chained block-hash cache, plus each request's block table.
+#[pyclass(name = "BlockPool", module = "tokenyard.kv")]
+pub(crate) struct PyBlockPool {
+    inner: BlockPool<RequestId>,
+}
+
+/// The cached prefix found by `BlockPool.get_computed_blocks`.
+#[pyclass(name = "ComputedBlocks", module = "tokenyard.kv", frozen)]
+pub(crate) struct PyComputedBlocks {
+    inner: ComputedBlocks,
+}
+
+/// Prefix-cache lookups since the pool was built.
+#[pyclass(name = "BlockPoolStats", module = "tokenyard.kv", frozen, get_all)]
+pub(crate) struct PyBlockPoolStats {
+    num_lookups: u64,
+    num_query_tokens: u64,
+    num_hit_tokens: u64,
+    hit_rate: f64,
+}
+
+impl From<BlockPoolStats> for PyBlockPoolStats {
+    fn from(s: BlockPoolStats) -> Self {
+        Self {
+            num_lookups: s.num_lookups,
+            num_query_tokens: s.num_query_tokens,
+            num_hit_tokens: s.num_hit_tokens,
+            hit_rate: s.hit_rate(),
+        }
+    }
+}
+
+#[pymethods]
+impl PyBlockPoolStats {
+    fn __repr__(&self) -> String {
+        format!(
+            "BlockPoolStats(num_lookups={}, num_query_tokens={}, num_hit_tokens={}, hit_rate={:.4})",
+            self.num_lookups, self.num_query_tokens, self.num_hit_tokens, self.hit_rate
+        )
+    }
+}
+
+fn unknown(py: Python<'_>, id: &RequestId) -> PyErr {
+    to_py_err(py, tokenyard_core::Error::unknown_request(id))
+}
+
+fn block_array<'py>(py: Python<'py>, ids: Vec<BlockId>) -> Bound<'py, PyArray1<BlockId>> {
+    PyArray1::from_vec(py, ids)
+}
+
+#[pymethods]
+impl PyComputedBlocks {
+    #[getter]
+    fn block_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<BlockId>> {
+        PyArray1::from_slice(py, &self.inner.block_ids)
+    }
+
+    #[getter]
+    fn num_computed_tokens(&self) -> usize {
+        self.inner.num_computed_tokens
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "ComputedBlocks(num_computed_tokens={}, block_ids={:?})",
+            self.inner.num_computed_tokens, self.inner.block_ids
+        )
+    }
+}
+
+#[pymethods]
+impl PyBlockPool {
+    #[new]
+    #[pyo3(signature = (*, num_blocks, block_size, enable_caching = true))]
+    fn new(
+        py: Python<'_>,
+        num_blocks: i64,
+        block_size: i64,
+        enable_caching: bool,
+    ) -> PyResult<Self> {
+        let num_blocks = positive_field(py, "num_blocks", num_blocks)?;
+        let block_size = positive_field(py, "block_size", block_size)?;
+        let inner = BlockPool::new(num_blocks, block_size, enable_caching).or_raise(py)?;
+        Ok(Self { inner })
+    }
+
+    #[getter]
+    fn num_blocks(&self) -> usize {
+        self.inner.num_total_blocks()
+    }
+
+    #[getter]
+    fn block_size(&self) -> usize {
+        self.inner.block_size()
+    }
+
+    #[getter]
+    fn enable_caching(&self) -> bool {
+        self.inner.enable_caching()
+    }
+
+    #[getter]
+    fn num_free_blocks(&self) -> usize {
+        self.inner.num_free_blocks()
+    }
+
+    #[getter]
+    fn num_used_blocks(&self) -> usize {
+        self.inner.num_total_blocks() - self.inner.num_free_blocks()
+    }
+
+    #[getter]
+    fn num_cached_blocks(&self) -> usize {
+        self.inner.num_cached_blocks()
+    }
+
+    #[getter]
+    fn num_cached_free_blocks(&self) -> usize {
+        self.inner.num_cached_free_blocks()
+    }
+
+    #[getter]
+    fn num_requests(&self) -> usize {
+        self.inner.num_requests()
+    }
+
+    #[getter]
+    fn usage(&self) -> f64 {
+        self.inner.usage()
+    }
+
+    fn stats(&self) -> PyBlockPoolStats {
+        self.inner.stats().into()
+    }
+
+    #[pyo3(signature = (token_ids, *, extra_key = None))]
+    fn get_computed_blocks(
+        &mut self,
+        token_ids: &Bound<'_, PyAny>,
+        extra_key: Option<u64>,
+    ) -> PyResult<PyComputedBlocks> {
+        let tokens = read_token_ids(token_ids, "token_ids")?;
+        let inner = self.inner.get_computed_blocks(&tokens, extra_key);
+        Ok(PyComputedBlocks { inner })
+    }
+
+    #[pyo3(signature = (request_id, num_new_tokens, num_lookahead_tokens = 0, *, token_ids = None, new_computed_blocks = None, extra_key = None))]
+    fn allocate_slots<'py>(
+        &mut self,
+        request_id: &Bound<'py, PyAny>,
+        num_new_tokens: i64,
+        num_lookahead_tokens: i64,
+        token_ids: Option<&Bound<'py, PyAny>>,
+        new_computed_blocks: Option<PyRef<'py, PyComputedBlocks>>,
+        extra_key: Option<u64>,
+    ) -> PyResult<Option<Bound<'py, PyArray1<BlockId>>>> {
+        let py = request_id.py();
+        let request_id = RequestId::from_py(request_id)?;
+        let num_new_tokens = count_arg(py, "num_new_tokens", num_new_tokens, 1)?;
+        let num_lookahead_tokens = count_arg(py, "num_lookahead_tokens", num_lookahead_tokens, 0)?;
+        let tokens = match token_ids {
+            Some(obj) => read_token_ids(obj, "token_ids")?,
+            None => Vec::new(),
+        };
+        let hit = new_computed_blocks.as_ref().map(|h| &h.inner);
+        let blocks = self
+            .inner
+            .allocate_slots(
+                &request_id,
+                &tokens,
+                num_new_tokens,
+                num_lookahead_tokens,
+                hit,
+                extra_key,
+            )
+            .or_raise(py)?;
+        Ok(blocks.map(|ids| block_array(py, ids)))
+    }
+
+    fn free(&mut self, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let py = request_id.py();
+        self.inner
+            .free(&RequestId::from_py(request_id)?)
+            .or_raise(py)
+    }
+
+    fn block_ids<'py>(
+        &self,
+        request_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<BlockId>>> {
+        let py = request_id.py();
+        let id = RequestId::from_py(request_id)?;
+        let ids = self.inner.block_ids(&id).ok_or_else(|| unknown(py, &id))?;
+        Ok(PyArray1::from_slice(py, ids))
+    }
+
+    fn num_computed_tokens(&self, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let py = request_id.py();
+        let id = RequestId::from_py(request_id)?;
+        self.inner
+            .num_computed_tokens(&id)
+            .ok_or_else(|| unknown(py, &id))
+    }
+
+    fn free_block_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<BlockId>> {
+        block_array(py, self.inner.free_block_ids())
+    }
+
+    fn ref_count(&self, py: Python<'_>, block_id: i64) -> PyResult<u32> {
+        let block = count_arg(py, "block_id", block_id, 0)?;
+        u32::try_from(block)
+            .ok()
+            .and_then(|b| self.inner.ref_count(b))
+            .ok_or_else(|| input_error(py, "block_id", block_id, "no such block"))
+    }
+
+    fn reset_prefix_cache(&mut self) -> bool {
+        self.inner.reset_prefix_cache()
+    }
+
+    fn __contains__(&self, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {
+        Ok(self
+            .inner
+            .block_ids(&RequestId::from_py(request_id)?)
+            .is_some())
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.num_requests()
+    }
+
+    fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
+        self.inner
+            .check_invariants()
+            .map_err(|m| internal_error(py, m))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "BlockPool(num_blocks={}, block_size={}, enable_caching={}, num_free_blocks={}, num_cached_blocks={}, num_requests={})",
+            self.inner.num_total_blocks(),
+            self.inner.block_size(),
+            if self.inner.enable_caching() {
+                "True"
+            } else {
+                "False"
+            },
+            self.inner.num_free_blocks(),
+            self.inner.num_cached_blocks(),
+            self.inner.num_requests()
+        )
+    }
+}

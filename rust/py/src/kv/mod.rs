@@ -1,0 +1,18 @@
+//! Python classes of `tokenyard.kv`: thin wrappers over `tokenyard_core::kv`.
+
+mod block_pool;
+mod counting;
+mod radix;
+
+use pyo3::prelude::*;
+
+pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_class::<counting::PyCountingAllocator>()?;
+    module.add_class::<block_pool::PyBlockPool>()?;
+    module.add_class::<block_pool::PyComputedBlocks>()?;
+    module.add_class::<block_pool::PyBlockPoolStats>()?;
+    module.add_class::<radix::PyRadixCache>()?;
+    module.add_class::<radix::PyMatchResult>()?;
+    module.add_class::<radix::PyNodeHandle>()?;
+    Ok(())
+}

@@ -1,16 +1,28 @@
 """Type stubs of the native module; users import these classes from ``tokenyard.kv``."""
 
 from collections.abc import Sequence
-from typing import Any, final
+from typing import Any, TypeAlias, final
 
 import numpy as np
 import numpy.typing as npt
 
+__all__ = [
+    "BlockPool",
+    "BlockPoolStats",
+    "ComputedBlocks",
+    "CountingAllocator",
+    "MatchResult",
+    "NodeHandle",
+    "RadixCache",
+    "__version__",
+    "build_profile",
+]
+
 __version__: str
 build_profile: str
 
-RequestId = int | str
-TokenIds = Sequence[int] | npt.NDArray[np.integer[Any]]
+_RequestId: TypeAlias = int | str
+_TokenIds: TypeAlias = Sequence[int] | npt.NDArray[np.integer[Any]]
 
 @final
 class CountingAllocator:
@@ -41,14 +53,14 @@ class CountingAllocator:
         """Whether ``num_blocks`` more blocks are free (a running request growing)."""
     def can_admit(self, num_blocks: int) -> bool:
         """Whether ``num_blocks`` fit and leave the watermark free (a new admission)."""
-    def allocate(self, request_id: RequestId, num_blocks: int) -> None:
+    def allocate(self, request_id: _RequestId, num_blocks: int) -> None:
         """Gives ``num_blocks`` (>= 1) more blocks to the request.
 
         Raises:
             CapacityError: fewer than ``num_blocks`` blocks are free.
             InputError: ``num_blocks < 1``.
         """
-    def free(self, *request_ids: RequestId) -> int:
+    def free(self, *request_ids: _RequestId) -> int:
         """Frees every block of each request; returns the number of blocks freed.
 
         All-or-nothing: nothing is freed if any id is unknown or repeated.
@@ -57,9 +69,9 @@ class CountingAllocator:
             UnknownRequestError: an id holds no blocks.
             InputError: an id is repeated.
         """
-    def num_blocks_of(self, request_id: RequestId) -> int:
+    def num_blocks_of(self, request_id: _RequestId) -> int:
         """Blocks the request holds (0 if none)."""
-    def __contains__(self, request_id: RequestId) -> bool: ...
+    def __contains__(self, request_id: _RequestId, /) -> bool: ...
     def __len__(self) -> int: ...
     def check_invariants(self) -> None:
         """Raises InternalError if the internal bookkeeping is inconsistent (a bug)."""
@@ -123,7 +135,7 @@ class BlockPool:
         """Fraction of blocks held by requests, in [0, 1]."""
     def stats(self) -> BlockPoolStats: ...
     def get_computed_blocks(
-        self, token_ids: TokenIds, *, extra_key: int | None = None
+        self, token_ids: _TokenIds, *, extra_key: int | None = None
     ) -> ComputedBlocks:
         """Longest cached prefix of ``token_ids`` in whole blocks, never the whole prompt.
 
@@ -135,11 +147,11 @@ class BlockPool:
         """
     def allocate_slots(
         self,
-        request_id: RequestId,
+        request_id: _RequestId,
         num_new_tokens: int,
         num_lookahead_tokens: int = 0,
         *,
-        token_ids: TokenIds | None = None,
+        token_ids: _TokenIds | None = None,
         new_computed_blocks: ComputedBlocks | None = None,
         extra_key: int | None = None,
     ) -> npt.NDArray[np.uint32] | None:
@@ -158,15 +170,15 @@ class BlockPool:
             InputError: ``num_new_tokens < 1``, more tokens than known, a stale or
                 mismatched ``new_computed_blocks``, or bad token ids.
         """
-    def free(self, request_id: RequestId) -> None:
+    def free(self, request_id: _RequestId) -> None:
         """Releases the request's blocks, last block first (tails are evicted first).
 
         Raises:
             UnknownRequestError: the request holds no blocks.
         """
-    def block_ids(self, request_id: RequestId) -> npt.NDArray[np.uint32]:
+    def block_ids(self, request_id: _RequestId) -> npt.NDArray[np.uint32]:
         """The request's block table. Raises UnknownRequestError."""
-    def num_computed_tokens(self, request_id: RequestId) -> int:
+    def num_computed_tokens(self, request_id: _RequestId) -> int:
         """Tokens of the request with slots. Raises UnknownRequestError."""
     def free_block_ids(self) -> npt.NDArray[np.uint32]:
         """Free block ids in eviction order, next evicted first."""
@@ -174,7 +186,7 @@ class BlockPool:
         """Number of requests holding the block. Raises InputError for a bad id."""
     def reset_prefix_cache(self) -> bool:
         """Forgets every cached prefix if no request holds blocks; returns whether it did."""
-    def __contains__(self, request_id: RequestId) -> bool: ...
+    def __contains__(self, request_id: _RequestId, /) -> bool: ...
     def __len__(self) -> int: ...
     def check_invariants(self) -> None:
         """Raises InternalError if the internal bookkeeping is inconsistent (a bug)."""
@@ -183,7 +195,7 @@ class BlockPool:
 class NodeHandle:
     """Names the last node of a radix-cache match; lock it while the prefix is in use."""
 
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, other: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
 @final
@@ -220,12 +232,12 @@ class RadixCache:
     def total_size(self) -> int: ...
     @property
     def num_nodes(self) -> int: ...
-    def match_prefix(self, token_ids: TokenIds) -> MatchResult:
+    def match_prefix(self, token_ids: _TokenIds) -> MatchResult:
         """Longest cached prefix, in whole pages; marks the path most recently used.
 
         A match ending inside an edge splits it, so the handle names exactly the prefix.
         """
-    def insert(self, token_ids: TokenIds, values: TokenIds) -> int:
+    def insert(self, token_ids: _TokenIds, values: _TokenIds) -> int:
         """Caches ``values`` (one KV slot per token) under ``token_ids``.
 
         Returns:

@@ -40,7 +40,9 @@ class DemoWorkload:
         ]
 
 
-def block_pool_run(requests: list[TokenArray], block_size: int, num_blocks: int) -> dict[str, float]:
+def block_pool_run(
+    requests: list[TokenArray], block_size: int, num_blocks: int
+) -> dict[str, float]:
     """Admit each request with its prefix hit, decode ``output_len`` tokens, free it."""
     pool = BlockPool(num_blocks=num_blocks, block_size=block_size)
     failed = 0

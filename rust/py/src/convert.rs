@@ -21,6 +21,8 @@ impl fmt::Debug for RequestId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             RequestId::Int(i) => write!(f, "{i}"),
+            // Python's repr, so messages quote ids the way users typed them.
+            RequestId::Str(s) if !s.contains(['\'', '\\']) => write!(f, "'{s}'"),
             RequestId::Str(s) => write!(f, "{s:?}"),
         }
     }

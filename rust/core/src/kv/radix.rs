@@ -297,7 +297,18 @@ impl RadixCache {
 
     /// Length of the common prefix of two keys, rounded down to whole pages.
     fn common_prefix_len(&self, a: &[TokenId], b: &[TokenId]) -> usize {
-        let common = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+        // Whole chunks compare as slices (memcmp); only the differing chunk goes by token.
+        const CHUNK: usize = 32;
+        let len = a.len().min(b.len());
+        let mut common = 0;
+        while common + CHUNK <= len && a[common..common + CHUNK] == b[common..common + CHUNK] {
+            common += CHUNK;
+        }
+        common += a[common..len]
+            .iter()
+            .zip(&b[common..len])
+            .take_while(|(x, y)| x == y)
+            .count();
         common / self.page_size * self.page_size
     }
 

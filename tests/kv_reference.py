@@ -128,15 +128,11 @@ class RefBlockPool:
             if extra_key is not None and extra_key != request.extra_key:
                 raise InputError("extra_key")
             num_computed, num_held = request.num_computed_tokens, len(request.block_ids)
-            num_known = len(request.tokens) + len(token_ids)
         else:
             num_computed = num_held = 0
             if hit is not None:
                 self._check_hit(hit, len(token_ids), extra_key)
                 num_computed, num_held = hit.num_computed_tokens, len(hit.block_ids)
-            num_known = len(token_ids)
-        if num_computed + num_new_tokens > num_known:
-            raise InputError("num_new_tokens")
         slots = num_computed + num_new_tokens + num_lookahead_tokens
         num_new_blocks = max(-(-slots // self.block_size) - num_held, 0)
         evictable_hits = sum(self.ref_cnt[b] == 0 for b in hit.block_ids) if hit else 0

@@ -160,15 +160,17 @@ class BlockPool:
         ``token_ids`` are the request's token ids not given before (its prompt on the first
         call, then each newly sampled token). On the first call, ``new_computed_blocks``
         from ``get_computed_blocks`` over the same ids shares the cached prefix. Full blocks
-        that become computed are cached for reuse.
+        that become computed are cached for reuse. ``num_new_tokens`` may run ahead of the
+        ids given (speculative tokens, or tokens still being sampled); only given ids are
+        hashed and cached, the rest once they arrive in a later call.
 
         Returns:
             The newly allocated block ids, or ``None`` if the free blocks do not suffice.
             A ``None`` or an exception changes nothing; retry with the same ``token_ids``.
 
         Raises:
-            InputError: ``num_new_tokens < 1``, more tokens than known, a stale or
-                mismatched ``new_computed_blocks``, or bad token ids.
+            InputError: ``num_new_tokens < 1``, a stale or mismatched
+                ``new_computed_blocks``, or bad token ids.
         """
     def free(self, request_id: _RequestId) -> None:
         """Releases the request's blocks, last block first (tails are evicted first).

@@ -146,6 +146,32 @@ impl<R: RequestKey> BlockPool<R> {
         self.requests.get(request_id).map(|r| r.num_computed_tokens)
     }
 
+    /// Token ids of the request the pool has been given.
+    pub fn num_tokens(&self, request_id: &R) -> Option<usize> {
+        self.requests.get(request_id).map(|r| r.num_tokens)
+    }
+
+    /// Steps the request's computed tokens back by `num_tokens` (speculative tokens the
+    /// model rejected). Their slots stay allocated for the next step; they were never
+    /// cached, since only known token ids are.
+    pub fn rewind_computed_tokens(&mut self, request_id: &R, num_tokens: usize) -> Result<()> {
+        let block_size = self.block_size;
+        let request = self
+            .requests
+            .get_mut(request_id)
+            .ok_or_else(|| Error::unknown_request(request_id))?;
+        let num_uncached = request.num_computed_tokens - request.num_cached_blocks * block_size;
+        if num_tokens > num_uncached {
+            return Err(Error::input(
+                "num_tokens",
+                num_tokens,
+                format!("only {num_uncached} computed tokens are not yet cached"),
+            ));
+        }
+        request.num_computed_tokens -= num_tokens;
+        Ok(())
+    }
+
     /// Free block ids in eviction order (front first). O(free blocks).
     pub fn free_block_ids(&self) -> Vec<BlockId> {
         self.free_queue.iter().collect()
@@ -190,6 +216,9 @@ impl<R: RequestKey> BlockPool<R> {
 
     /// Gives `request_id` slots for `num_new_tokens` more tokens plus `num_lookahead_tokens`
     /// speculative ones, appending `new_token_ids` to what the pool knows of the request.
+    /// The new tokens may run ahead of the known ids (speculative tokens, or tokens still
+    /// being sampled under async scheduling): as in vLLM, only known ids are hashed and
+    /// cached, and the rest are cached once their ids arrive.
     ///
     /// On a request's first call, `new_computed` (from `get_computed_blocks` over the same
     /// token ids) shares its cached prefix. Full blocks that become computed are registered
@@ -278,7 +307,7 @@ impl<R: RequestKey> BlockPool<R> {
         if num_new_tokens == 0 {
             return Err(Error::input("num_new_tokens", 0, "must be at least 1"));
         }
-        let (num_computed, num_known, num_held) = match self.requests.get(request_id) {
+        let (num_computed, num_held) = match self.requests.get(request_id) {
             Some(request) => {
                 if new_computed.is_some() {
                     return Err(Error::input(
@@ -294,28 +323,16 @@ impl<R: RequestKey> BlockPool<R> {
                         format!("request was admitted with {:?}", request.extra_key),
                     ));
                 }
-                (
-                    request.num_computed_tokens,
-                    request.num_tokens,
-                    request.block_ids.len(),
-                )
+                (request.num_computed_tokens, request.block_ids.len())
             }
             None => match new_computed {
                 Some(hit) => {
                     self.check_hit_is_current(hit, new_token_ids.len(), extra_key)?;
-                    (hit.num_computed_tokens, 0, hit.block_ids.len())
+                    (hit.num_computed_tokens, hit.block_ids.len())
                 }
-                None => (0, 0, 0),
+                None => (0, 0),
             },
         };
-        let num_known = num_known + new_token_ids.len();
-        if num_computed + num_new_tokens > num_known {
-            return Err(Error::input(
-                "num_new_tokens",
-                num_new_tokens,
-                format!("only {num_known} token ids are known and {num_computed} are computed"),
-            ));
-        }
         let num_slots = num_computed + num_new_tokens + num_lookahead_tokens;
         let num_required = num_slots.div_ceil(self.block_size);
         Ok(AllocationPlan {
@@ -470,8 +487,10 @@ impl<R: RequestKey> BlockPool<R> {
             for &b in &request.block_ids {
                 holders[b as usize] += 1;
             }
-            if request.num_computed_tokens > request.num_tokens {
-                return Err(format!("request {id:?} computed more tokens than it has"));
+            if request.num_cached_blocks * self.block_size
+                > request.num_computed_tokens.min(request.num_tokens)
+            {
+                return Err(format!("request {id:?} cached blocks it has not computed"));
             }
             if request.block_ids.len() * self.block_size < request.num_computed_tokens {
                 return Err(format!(

@@ -178,10 +178,6 @@ fn bad_calls_are_errors_and_change_nothing() {
         pool.allocate_slots(&1, &tokens(0..2), 0, 0, None, None)
             .is_err()
     );
-    assert!(
-        pool.allocate_slots(&1, &tokens(0..2), 3, 0, None, None)
-            .is_err()
-    );
     let hit = pool.get_computed_blocks(&tokens(0..4), None);
     assert!(
         pool.allocate_slots(&1, &tokens(0..3), 3, 0, Some(&hit), None)
@@ -221,6 +217,44 @@ fn a_stale_hit_is_rejected() {
             ..
         })
     ));
+}
+
+#[test]
+fn tokens_may_run_ahead_of_known_ids_and_are_cached_when_they_arrive() {
+    let mut pool = BlockPool::<u64>::new(8, 2, true).unwrap();
+    // Three tokens computed, only two ids known (the third is still being sampled).
+    pool.allocate_slots(&1, &[1, 2], 3, 0, None, None)
+        .unwrap()
+        .unwrap();
+    assert_eq!(pool.num_cached_blocks(), 1);
+    pool.allocate_slots(&1, &[3, 4], 1, 0, None, None)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        pool.num_cached_blocks(),
+        2,
+        "block [3, 4] cached once both ids arrived"
+    );
+    pool.check_invariants().unwrap();
+}
+
+#[test]
+fn rejected_speculative_tokens_are_rewound() {
+    let mut pool = BlockPool::<u64>::new(8, 4, true).unwrap();
+    pool.allocate_slots(&1, &tokens(0..4), 4, 0, None, None)
+        .unwrap()
+        .unwrap();
+    // One real token plus three speculative ones, of which two are rejected.
+    pool.allocate_slots(&1, &[4], 4, 0, None, None)
+        .unwrap()
+        .unwrap();
+    pool.rewind_computed_tokens(&1, 2).unwrap();
+    assert_eq!(pool.num_computed_tokens(&1), Some(6));
+    assert!(
+        pool.rewind_computed_tokens(&1, 3).is_err(),
+        "cannot rewind into cached blocks"
+    );
+    pool.check_invariants().unwrap();
 }
 
 #[test]

@@ -9,5 +9,6 @@
 
 pub mod error;
 pub mod kv;
+pub mod sched;
 
 pub use error::{Error, Result};

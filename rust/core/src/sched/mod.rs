@@ -1,0 +1,20 @@
+//! The embeddable step scheduler (vLLM V1 semantics, seeds 002 and 004): each step serves
+//! running requests first, then admits waiting ones, under a token budget, a sequence cap
+//! and KV memory, preempting (recompute) when memory runs out.
+
+mod config;
+mod output;
+mod queue;
+mod request;
+mod scheduler;
+mod update;
+
+pub use config::{Policy, SchedulerConfig};
+pub use output::{
+    CachedRequestData, NewRequestData, SampledOutput, SchedulerOutput, SchedulerStats,
+};
+pub use request::{FinishReason, Request, RequestSpec, RequestStatus};
+pub use scheduler::Scheduler;
+
+#[cfg(test)]
+mod tests;

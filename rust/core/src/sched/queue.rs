@@ -1,0 +1,106 @@
+//! The waiting queue: a deque in arrival order (FCFS) or a heap on
+//! `(priority, arrival_time, arrival order)` (priority). Preempted requests go back to the
+//! front under FCFS; under priority their key already places them.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+
+use super::Policy;
+
+/// Heap key: smaller priority value first, then earlier arrival, then earlier sequence.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct PriorityKey {
+    pub priority: i64,
+    pub arrival_time: f64,
+    pub arrival_seq: u64,
+}
+
+impl Eq for PriorityKey {}
+
+impl Ord for PriorityKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.priority
+            .cmp(&other.priority)
+            .then(self.arrival_time.total_cmp(&other.arrival_time))
+            .then(self.arrival_seq.cmp(&other.arrival_seq))
+    }
+}
+
+impl PartialOrd for PriorityKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum WaitingQueue {
+    Fcfs(VecDeque<u32>),
+    Priority(BinaryHeap<Reverse<(PriorityKey, u32)>>),
+}
+
+impl WaitingQueue {
+    pub fn new(policy: Policy) -> Self {
+        match policy {
+            Policy::Fcfs => WaitingQueue::Fcfs(VecDeque::new()),
+            Policy::Priority => WaitingQueue::Priority(BinaryHeap::new()),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            WaitingQueue::Fcfs(q) => q.len(),
+            WaitingQueue::Priority(h) => h.len(),
+        }
+    }
+
+    pub fn push_back(&mut self, slot: u32, key: PriorityKey) {
+        match self {
+            WaitingQueue::Fcfs(q) => q.push_back(slot),
+            WaitingQueue::Priority(h) => h.push(Reverse((key, slot))),
+        }
+    }
+
+    /// Puts a request first in line (a preempted or skipped one keeps its turn).
+    pub fn push_front(&mut self, slot: u32, key: PriorityKey) {
+        match self {
+            WaitingQueue::Fcfs(q) => q.push_front(slot),
+            WaitingQueue::Priority(h) => h.push(Reverse((key, slot))),
+        }
+    }
+
+    pub fn peek(&self) -> Option<u32> {
+        match self {
+            WaitingQueue::Fcfs(q) => q.front().copied(),
+            WaitingQueue::Priority(h) => h.peek().map(|Reverse((_, slot))| *slot),
+        }
+    }
+
+    pub fn pop(&mut self) -> Option<u32> {
+        match self {
+            WaitingQueue::Fcfs(q) => q.pop_front(),
+            WaitingQueue::Priority(h) => h.pop().map(|Reverse((_, slot))| slot),
+        }
+    }
+
+    /// Removes a request from anywhere in the queue (abort). O(n).
+    pub fn remove(&mut self, slot: u32) -> bool {
+        let before = self.len();
+        match self {
+            WaitingQueue::Fcfs(q) => q.retain(|&s| s != slot),
+            WaitingQueue::Priority(h) => h.retain(|Reverse((_, s))| *s != slot),
+        }
+        self.len() != before
+    }
+
+    /// Slots in scheduling order. O(n log n) for the heap: for inspection, not the step.
+    pub fn ordered(&self) -> Vec<u32> {
+        match self {
+            WaitingQueue::Fcfs(q) => q.iter().copied().collect(),
+            WaitingQueue::Priority(h) => {
+                let mut items: Vec<_> = h.iter().map(|Reverse(item)| *item).collect();
+                items.sort_by_key(|item| item.0);
+                items.into_iter().map(|(_, slot)| slot).collect()
+            }
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! A request as the step scheduler tracks it: `num_tokens = prompt + output`, of which
+//! `num_computed_tokens` have KV in the cache; the scheduler's one rule is to give each
+//! request tokens until it catches up.
+
+use crate::kv::TokenId;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestStatus {
+    Waiting,
+    Running,
+    Preempted,
+    Finished(FinishReason),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// Reached `max_tokens` or `max_model_len`.
+    Length,
+    /// Sampled the EOS token or a stop token.
+    Stop,
+    Abort,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Length => "length",
+            FinishReason::Stop => "stop",
+            FinishReason::Abort => "abort",
+        }
+    }
+}
+
+/// What the caller says about a new request.
+#[derive(Debug, Clone, Default)]
+pub struct RequestSpec {
+    pub prompt_token_ids: Vec<TokenId>,
+    pub max_tokens: usize,
+    pub priority: i64,
+    pub arrival_time: f64,
+    pub eos_token_id: Option<TokenId>,
+    pub stop_token_ids: Vec<TokenId>,
+    pub ignore_eos: bool,
+    pub lora_id: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Request<R> {
+    pub request_id: R,
+    pub spec: RequestSpec,
+    /// Prompt then output token ids.
+    pub all_token_ids: Vec<TokenId>,
+    pub num_computed_tokens: usize,
+    pub status: RequestStatus,
+    /// Draft tokens proposed for the next step (speculative decoding).
+    pub spec_token_ids: Vec<TokenId>,
+    /// Outputs scheduled but not yet returned (async scheduling).
+    pub num_output_placeholders: usize,
+    pub num_preemptions: u32,
+    /// Tokens scheduled in the request's latest step (bounds how many can be rejected).
+    pub last_num_scheduled_tokens: usize,
+    /// Order of arrival at this scheduler: the FCFS key and the priority tie-break.
+    pub arrival_seq: u64,
+}
+
+impl<R> Request<R> {
+    pub fn num_prompt_tokens(&self) -> usize {
+        self.spec.prompt_token_ids.len()
+    }
+
+    pub fn num_tokens(&self) -> usize {
+        self.all_token_ids.len()
+    }
+
+    pub fn num_output_tokens(&self) -> usize {
+        self.all_token_ids.len() - self.spec.prompt_token_ids.len()
+    }
+
+    /// Tokens the request still needs computed: known ones, drafts and in-flight outputs.
+    /// None once the outputs in flight already reach `max_tokens` (async scheduling).
+    pub fn num_pending_tokens(&self) -> usize {
+        if self.num_output_placeholders > 0
+            && self.num_output_tokens() + self.num_output_placeholders >= self.spec.max_tokens
+        {
+            return 0;
+        }
+        (self.num_tokens() + self.spec_token_ids.len() + self.num_output_placeholders)
+            .saturating_sub(self.num_computed_tokens)
+    }
+
+    /// Whether the request is still computing its prompt (its next step is not a decode).
+    pub fn is_prefilling(&self) -> bool {
+        self.num_computed_tokens < self.num_prompt_tokens()
+    }
+
+    pub fn is_finished(&self) -> bool {
+        matches!(self.status, RequestStatus::Finished(_))
+    }
+}

@@ -1,0 +1,472 @@
+//! The scheduler state and one step of it. It owns every unfinished request (an arena
+//! indexed by slot), the waiting queue, the running list and the KV block pool.
+//! Invariants (see `check_invariants`): each unfinished request is in exactly one of
+//! waiting / running; a running request holds blocks for all its computed tokens; a
+//! waiting one holds none.
+
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use super::output::{CachedRequestData, NewRequestData, SchedulerOutput, SchedulerStats};
+use super::queue::{PriorityKey, WaitingQueue};
+use super::request::{Request, RequestStatus};
+use super::{Policy, SchedulerConfig};
+use crate::kv::{BlockId, BlockPool, KvCapacity, RequestKey};
+use crate::{Error, Result};
+
+#[derive(Debug, Clone)]
+pub struct Scheduler<R: RequestKey> {
+    pub(super) config: SchedulerConfig,
+    pub(super) slots: Vec<Option<Request<R>>>,
+    pub(super) free_slots: Vec<u32>,
+    pub(super) index: FxHashMap<R, u32>,
+    pub(super) waiting: WaitingQueue,
+    pub(super) running: Vec<u32>,
+    pub(super) pool: BlockPool<u32>,
+    pub(super) finished_since_last_step: Vec<R>,
+    pub(super) next_arrival_seq: u64,
+    pub(super) num_preemptions: u64,
+    pub(super) num_steps: u64,
+    /// Async scheduling: outputs still in flight for requests that already finished,
+    /// dropped when they land.
+    pub(super) finished_in_flight: FxHashMap<R, usize>,
+    pub(super) async_scheduling: bool,
+}
+
+/// The decisions of one step before they become a `SchedulerOutput`.
+#[derive(Default)]
+struct StepPlan {
+    /// (slot, tokens) in batch order.
+    scheduled: Vec<(u32, usize)>,
+    new_blocks: FxHashMap<u32, Vec<BlockId>>,
+    /// Slots admitted from the waiting queue this step, and whether they were preempted.
+    admitted: FxHashMap<u32, bool>,
+    preempted: Vec<u32>,
+    loras: FxHashSet<u64>,
+}
+
+impl StepPlan {
+    fn is_scheduled(&self, slot: u32) -> bool {
+        self.new_blocks.contains_key(&slot)
+    }
+}
+
+enum Allocation {
+    Scheduled(Vec<BlockId>),
+    PreemptedItself,
+}
+
+impl<R: RequestKey> Scheduler<R> {
+    pub fn new(config: SchedulerConfig, async_scheduling: bool) -> Result<Self> {
+        config.validate()?;
+        let capacity = config.num_blocks * config.block_size;
+        if config.max_model_len + config.num_lookahead_tokens > capacity {
+            return Err(Error::config(
+                "max_model_len",
+                config.max_model_len,
+                format!(
+                    "one request of this length (plus {} lookahead slots) needs more than the \
+                     KV capacity of num_blocks * block_size = {capacity} tokens",
+                    config.num_lookahead_tokens
+                ),
+            ));
+        }
+        let pool = BlockPool::new(
+            config.num_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+        )?;
+        Ok(Self {
+            waiting: WaitingQueue::new(config.policy),
+            config,
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            index: FxHashMap::default(),
+            running: Vec::new(),
+            pool,
+            finished_since_last_step: Vec::new(),
+            next_arrival_seq: 0,
+            num_preemptions: 0,
+            num_steps: 0,
+            finished_in_flight: FxHashMap::default(),
+            async_scheduling,
+        })
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    pub fn get_request(&self, request_id: &R) -> Option<&Request<R>> {
+        self.index.get(request_id).map(|&slot| self.req(slot))
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn has_unfinished_requests(&self) -> bool {
+        !self.index.is_empty()
+    }
+
+    /// Running request ids in order.
+    pub fn running_ids(&self) -> Vec<R> {
+        self.running
+            .iter()
+            .map(|&s| self.req(s).request_id.clone())
+            .collect()
+    }
+
+    /// Waiting request ids in scheduling order.
+    pub fn waiting_ids(&self) -> Vec<R> {
+        self.waiting
+            .ordered()
+            .into_iter()
+            .map(|s| self.req(s).request_id.clone())
+            .collect()
+    }
+
+    pub fn block_ids(&self, request_id: &R) -> Option<&[BlockId]> {
+        self.pool.block_ids(self.index.get(request_id)?)
+    }
+
+    pub fn stats(&self) -> SchedulerStats {
+        let prefix = self.pool.stats();
+        SchedulerStats {
+            num_waiting: self.waiting.len(),
+            num_running: self.running.len(),
+            kv_usage: self.pool.usage(),
+            prefix_cache_queries: prefix.num_query_tokens,
+            prefix_cache_hits: prefix.num_hit_tokens,
+            num_preemptions: self.num_preemptions,
+            num_steps: self.num_steps,
+        }
+    }
+
+    pub(super) fn req(&self, slot: u32) -> &Request<R> {
+        self.slots[slot as usize]
+            .as_ref()
+            .expect("slot holds a live request")
+    }
+
+    pub(super) fn req_mut(&mut self, slot: u32) -> &mut Request<R> {
+        self.slots[slot as usize]
+            .as_mut()
+            .expect("slot holds a live request")
+    }
+
+    pub(super) fn priority_key(&self, slot: u32) -> PriorityKey {
+        let r = self.req(slot);
+        PriorityKey {
+            priority: r.spec.priority,
+            arrival_time: r.spec.arrival_time,
+            arrival_seq: r.arrival_seq,
+        }
+    }
+
+    /// Forms the next batch. Running requests are served first (preempting when memory runs
+    /// out), then waiting ones are admitted unless this step preempted. With
+    /// `prioritize_prefill`, running prefills go first, then admissions, then decodes.
+    pub fn schedule(&mut self) -> Result<SchedulerOutput<R>> {
+        let mut budget = self.config.max_num_batched_tokens;
+        let mut plan = StepPlan::default();
+        if self.config.prioritize_prefill {
+            self.schedule_running(&mut budget, &mut plan, Some(true))?;
+            if plan.preempted.is_empty() {
+                self.schedule_waiting(&mut budget, &mut plan)?;
+            }
+            self.schedule_running(&mut budget, &mut plan, Some(false))?;
+        } else {
+            self.schedule_running(&mut budget, &mut plan, None)?;
+            if plan.preempted.is_empty() {
+                self.schedule_waiting(&mut budget, &mut plan)?;
+            }
+        }
+        self.num_steps += 1;
+        Ok(self.finish_step(plan))
+    }
+
+    /// Tokens a request may take: its pending tokens capped by the long-prefill threshold,
+    /// the remaining budget and the room left before `max_model_len`.
+    fn clamp(&self, pending: usize, budget: usize, num_computed: usize) -> usize {
+        let threshold = self.config.long_prefill_token_threshold;
+        let mut n = pending;
+        if threshold > 0 {
+            n = n.min(threshold);
+        }
+        n.min(budget)
+            .min((self.config.max_model_len - 1).saturating_sub(num_computed))
+    }
+
+    /// Phase 1. `only_prefills`: with `prioritize_prefill`, serve just the running requests
+    /// that are (`Some(true)`) or are not (`Some(false)`) still prefilling.
+    fn schedule_running(
+        &mut self,
+        budget: &mut usize,
+        plan: &mut StepPlan,
+        only_prefills: Option<bool>,
+    ) -> Result<()> {
+        let mut i = 0;
+        while i < self.running.len() && *budget > 0 {
+            let slot = self.running[i];
+            let request = self.req(slot);
+            let skip = plan.is_scheduled(slot)
+                || only_prefills.is_some_and(|want| request.is_prefilling() != want);
+            let n = self.clamp(
+                request.num_pending_tokens(),
+                *budget,
+                request.num_computed_tokens,
+            );
+            if skip || n == 0 {
+                i += 1;
+                continue;
+            }
+            match self.allocate_running(slot, n, budget, plan)? {
+                Allocation::Scheduled(blocks) => {
+                    plan.scheduled.push((slot, n));
+                    plan.new_blocks.insert(slot, blocks);
+                    *budget -= n;
+                }
+                Allocation::PreemptedItself => {}
+            }
+            // Preemption may have removed requests before `slot`; resume right after it.
+            i = match self.running.iter().position(|&s| s == slot) {
+                Some(pos) => pos + 1,
+                None => i,
+            };
+        }
+        Ok(())
+    }
+
+    /// Allocates slots for a running request, preempting victims until it fits or it is the
+    /// victim itself.
+    fn allocate_running(
+        &mut self,
+        slot: u32,
+        n: usize,
+        budget: &mut usize,
+        plan: &mut StepPlan,
+    ) -> Result<Allocation> {
+        loop {
+            let known = self.pool.num_tokens(&slot).unwrap_or(0);
+            let request = self.slots[slot as usize]
+                .as_ref()
+                .expect("running slot is live");
+            let new_tokens = &request.all_token_ids[known..];
+            let lookahead = self.config.num_lookahead_tokens;
+            if let Some(blocks) = self
+                .pool
+                .allocate_slots(&slot, new_tokens, n, lookahead, None, None)?
+            {
+                return Ok(Allocation::Scheduled(blocks));
+            }
+            let victim = self.pick_victim();
+            self.preempt(victim, budget, plan)?;
+            if victim == slot {
+                return Ok(Allocation::PreemptedItself);
+            }
+        }
+    }
+
+    /// FCFS: the last running request. Priority: the largest `(priority, arrival)`.
+    fn pick_victim(&self) -> u32 {
+        match self.config.policy {
+            Policy::Fcfs => *self
+                .running
+                .last()
+                .expect("a running request is allocating"),
+            Policy::Priority => *self
+                .running
+                .iter()
+                .max_by(|&&a, &&b| self.priority_key(a).cmp(&self.priority_key(b)))
+                .expect("a running request is allocating"),
+        }
+    }
+
+    /// Frees the victim's blocks and sends it back to the front of the waiting queue to be
+    /// recomputed; refunds its tokens if it was already scheduled in this step.
+    fn preempt(&mut self, victim: u32, budget: &mut usize, plan: &mut StepPlan) -> Result<()> {
+        self.pool.free(&victim)?;
+        self.running.retain(|&s| s != victim);
+        if plan.new_blocks.remove(&victim).is_some() {
+            let pos = plan
+                .scheduled
+                .iter()
+                .position(|&(s, _)| s == victim)
+                .expect("scheduled");
+            *budget += plan.scheduled.remove(pos).1;
+        }
+        plan.admitted.remove(&victim);
+        let request = self.req_mut(victim);
+        request.status = RequestStatus::Preempted;
+        request.num_computed_tokens = 0;
+        request.num_output_placeholders = 0;
+        request.spec_token_ids.clear();
+        request.num_preemptions += 1;
+        let key = self.priority_key(victim);
+        self.waiting.push_front(victim, key);
+        plan.preempted.push(victim);
+        self.num_preemptions += 1;
+        Ok(())
+    }
+
+    /// Phase 2: admits waiting requests in order until the budget, the sequence cap or
+    /// memory says stop (head-of-line blocking: a request that does not fit stops admission).
+    fn schedule_waiting(&mut self, budget: &mut usize, plan: &mut StepPlan) -> Result<()> {
+        let mut skipped = Vec::new();
+        while *budget > 0 {
+            let Some(slot) = self.waiting.peek() else {
+                break;
+            };
+            let max_seqs = self.config.max_num_seqs;
+            if max_seqs > 0 && self.running.len() >= max_seqs {
+                break;
+            }
+            if self.lora_gated(slot, plan) {
+                self.waiting.pop();
+                skipped.push(slot);
+                continue;
+            }
+            if !self.admit(slot, budget, plan)? {
+                break;
+            }
+        }
+        for slot in skipped.into_iter().rev() {
+            let key = self.priority_key(slot);
+            self.waiting.push_front(slot, key);
+        }
+        Ok(())
+    }
+
+    /// Seed 004 §3.3.1: with `max_loras` adapters already in the batch, a request needing
+    /// another one waits (skipped, keeping its place).
+    fn lora_gated(&self, slot: u32, plan: &StepPlan) -> bool {
+        let max_loras = self.config.max_loras;
+        match self.req(slot).spec.lora_id {
+            Some(lora) => {
+                max_loras > 0 && plan.loras.len() >= max_loras && !plan.loras.contains(&lora)
+            }
+            None => false,
+        }
+    }
+
+    /// Tries to admit the request at the head of the waiting queue.
+    fn admit(&mut self, slot: u32, budget: &mut usize, plan: &mut StepPlan) -> Result<bool> {
+        let request = self.slots[slot as usize]
+            .as_ref()
+            .expect("waiting slot is live");
+        let lora_id = request.spec.lora_id;
+        let hit = self
+            .pool
+            .get_computed_blocks(&request.all_token_ids, lora_id);
+        let mut n = request.num_tokens() - hit.num_computed_tokens;
+        let threshold = self.config.long_prefill_token_threshold;
+        if threshold > 0 {
+            n = n.min(threshold);
+        }
+        if !self.config.enable_chunked_prefill && n > *budget {
+            return Ok(false);
+        }
+        n = n.min(*budget);
+        let lookahead = self.config.num_lookahead_tokens;
+        let tokens = &request.all_token_ids;
+        let Some(blocks) =
+            self.pool
+                .allocate_slots(&slot, tokens, n, lookahead, Some(&hit), lora_id)?
+        else {
+            return Ok(false);
+        };
+        self.waiting.pop();
+        self.running.push(slot);
+        let request = self.req_mut(slot);
+        let was_preempted = request.status == RequestStatus::Preempted;
+        request.status = RequestStatus::Running;
+        request.num_computed_tokens = hit.num_computed_tokens;
+        if let Some(lora) = lora_id {
+            plan.loras.insert(lora);
+        }
+        plan.admitted.insert(slot, was_preempted);
+        plan.scheduled.push((slot, n));
+        plan.new_blocks.insert(slot, blocks);
+        *budget -= n;
+        Ok(true)
+    }
+
+    /// Turns the plan into the output and advances each scheduled request's computed tokens
+    /// (as if the step will run; spec rejections are rolled back on update).
+    fn finish_step(&mut self, mut plan: StepPlan) -> SchedulerOutput<R> {
+        let mut out = SchedulerOutput {
+            scheduled_new_reqs: Vec::new(),
+            scheduled_resumed_reqs: Vec::new(),
+            scheduled_running_reqs: Vec::new(),
+            num_scheduled_tokens: Vec::with_capacity(plan.scheduled.len()),
+            total_num_scheduled_tokens: 0,
+            scheduled_spec_decode_tokens: Vec::new(),
+            preempted_req_ids: plan
+                .preempted
+                .iter()
+                .map(|&s| self.req(s).request_id.clone())
+                .collect(),
+            finished_req_ids: std::mem::take(&mut self.finished_since_last_step),
+        };
+        for &(slot, n) in &plan.scheduled {
+            let blocks = plan.new_blocks.remove(&slot).unwrap_or_default();
+            let async_scheduling = self.async_scheduling;
+            let request = self.slots[slot as usize]
+                .as_mut()
+                .expect("scheduled slot is live");
+            let id = request.request_id.clone();
+            match plan.admitted.get(&slot) {
+                Some(&resumed) => {
+                    let data = NewRequestData {
+                        request_id: id.clone(),
+                        token_ids: if resumed {
+                            request.all_token_ids.clone()
+                        } else {
+                            request.spec.prompt_token_ids.clone()
+                        },
+                        block_ids: self.pool.block_ids(&slot).unwrap_or_default().to_vec(),
+                        num_computed_tokens: request.num_computed_tokens,
+                        lora_id: request.spec.lora_id,
+                    };
+                    if resumed {
+                        out.scheduled_resumed_reqs.push(data);
+                    } else {
+                        out.scheduled_new_reqs.push(data);
+                    }
+                }
+                None => out.scheduled_running_reqs.push(CachedRequestData {
+                    request_id: id.clone(),
+                    new_block_ids: blocks,
+                    num_computed_tokens: request.num_computed_tokens,
+                }),
+            }
+            // Drafts beyond the known tokens are verified this step.
+            let known_pending = request
+                .num_tokens()
+                .saturating_sub(request.num_computed_tokens);
+            let num_spec = n
+                .saturating_sub(known_pending)
+                .min(request.spec_token_ids.len());
+            if num_spec > 0 {
+                out.scheduled_spec_decode_tokens
+                    .push((id.clone(), request.spec_token_ids[..num_spec].to_vec()));
+            }
+            request.spec_token_ids.clear();
+            request.num_computed_tokens += n;
+            if async_scheduling
+                && request.num_computed_tokens
+                    >= request.num_tokens() + request.num_output_placeholders
+            {
+                request.num_output_placeholders += 1;
+            }
+            request.last_num_scheduled_tokens = n;
+            out.num_scheduled_tokens.push((id, n));
+            out.total_num_scheduled_tokens += n;
+        }
+        out
+    }
+}

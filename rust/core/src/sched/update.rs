@@ -1,0 +1,263 @@
+//! Requests in and out of the scheduler: admission to the waiting queue, the engine's
+//! sampled tokens (stop conditions, speculative rollback), aborts, and the invariant check.
+
+use super::Scheduler;
+use super::output::SampledOutput;
+use super::request::{FinishReason, Request, RequestSpec, RequestStatus};
+use crate::kv::RequestKey;
+use crate::{Error, Result};
+
+impl<R: RequestKey> Scheduler<R> {
+    /// Queues a new request.
+    pub fn add_request(&mut self, request_id: R, spec: RequestSpec) -> Result<()> {
+        if self.index.contains_key(&request_id) {
+            return Err(Error::input(
+                "request_id",
+                format!("{request_id:?}"),
+                "is already queued or running",
+            ));
+        }
+        if spec.prompt_token_ids.is_empty() {
+            return Err(Error::input("prompt_token_ids", "[]", "must not be empty"));
+        }
+        if spec.max_tokens == 0 {
+            return Err(Error::input("max_tokens", 0, "must be at least 1"));
+        }
+        let max_prompt = self.config.max_model_len - 1;
+        if spec.prompt_token_ids.len() > max_prompt {
+            return Err(Error::input(
+                "prompt_token_ids",
+                format!("{} tokens", spec.prompt_token_ids.len()),
+                format!(
+                    "must leave room for one output token under max_model_len={}",
+                    self.config.max_model_len
+                ),
+            ));
+        }
+        if !spec.arrival_time.is_finite() {
+            return Err(Error::input(
+                "arrival_time",
+                spec.arrival_time,
+                "must be finite",
+            ));
+        }
+        let request = Request {
+            request_id: request_id.clone(),
+            all_token_ids: spec.prompt_token_ids.clone(),
+            spec,
+            num_computed_tokens: 0,
+            status: RequestStatus::Waiting,
+            spec_token_ids: Vec::new(),
+            num_output_placeholders: 0,
+            num_preemptions: 0,
+            last_num_scheduled_tokens: 0,
+            arrival_seq: self.next_arrival_seq,
+        };
+        self.next_arrival_seq += 1;
+        let slot = match self.free_slots.pop() {
+            Some(slot) => {
+                self.slots[slot as usize] = Some(request);
+                slot
+            }
+            None => {
+                self.slots.push(Some(request));
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.index.insert(request_id, slot);
+        let key = self.priority_key(slot);
+        self.waiting.push_back(slot, key);
+        Ok(())
+    }
+
+    /// Applies the engine's results for the latest step(s): appends sampled tokens, checks
+    /// stop conditions, rolls back rejected speculative tokens and records new drafts.
+    /// All-or-nothing: an unknown or repeated id fails the call before anything changes.
+    /// Returns the requests that finished, with why.
+    pub fn update_from_output(
+        &mut self,
+        outputs: &[SampledOutput<R>],
+    ) -> Result<Vec<(R, FinishReason)>> {
+        self.check_outputs(outputs)?;
+        let mut finished = Vec::new();
+        for output in outputs {
+            if let Some(left) = self.finished_in_flight.get_mut(&output.request_id) {
+                // A late output of a request that already finished (async scheduling).
+                *left -= 1;
+                if *left == 0 {
+                    self.finished_in_flight.remove(&output.request_id);
+                }
+                continue;
+            }
+            let slot = self.index[&output.request_id];
+            if let Some(reason) = self.apply_output(slot, output)? {
+                finished.push((output.request_id.clone(), reason));
+                self.finish(slot, reason)?;
+            }
+        }
+        Ok(finished)
+    }
+
+    fn check_outputs(&self, outputs: &[SampledOutput<R>]) -> Result<()> {
+        let mut seen = rustc_hash::FxHashSet::default();
+        for output in outputs {
+            let id = &output.request_id;
+            if !seen.insert(id) {
+                return Err(Error::input(
+                    "request_id",
+                    format!("{id:?}"),
+                    "appears twice in one update",
+                ));
+            }
+            if self.finished_in_flight.contains_key(id) {
+                continue;
+            }
+            let slot = *self
+                .index
+                .get(id)
+                .ok_or_else(|| Error::unknown_request(id))?;
+            let request = self.req(slot);
+            if request.status != RequestStatus::Running && !output.token_ids.is_empty() {
+                return Err(Error::input(
+                    "request_id",
+                    format!("{id:?}"),
+                    "is not running",
+                ));
+            }
+            if output.num_rejected_tokens > request.last_num_scheduled_tokens.saturating_sub(1) {
+                return Err(Error::input(
+                    "num_rejected_tokens",
+                    output.num_rejected_tokens,
+                    format!(
+                        "only {} speculative tokens were scheduled",
+                        request.last_num_scheduled_tokens.saturating_sub(1)
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_output(
+        &mut self,
+        slot: u32,
+        output: &SampledOutput<R>,
+    ) -> Result<Option<FinishReason>> {
+        if output.num_rejected_tokens > 0 {
+            self.pool
+                .rewind_computed_tokens(&slot, output.num_rejected_tokens)?;
+            self.req_mut(slot).num_computed_tokens -= output.num_rejected_tokens;
+        }
+        let max_model_len = self.config.max_model_len;
+        let request = self.req_mut(slot);
+        if !output.token_ids.is_empty() {
+            request.num_output_placeholders = request.num_output_placeholders.saturating_sub(1);
+        }
+        request.spec_token_ids.clone_from(&output.spec_token_ids);
+        for &token in &output.token_ids {
+            request.all_token_ids.push(token);
+            if let Some(reason) = stop_reason(request, token, max_model_len) {
+                return Ok(Some(reason));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Aborts requests wherever they are; all-or-nothing on unknown ids.
+    pub fn abort(&mut self, request_ids: &[R]) -> Result<()> {
+        for id in request_ids {
+            if !self.index.contains_key(id) {
+                return Err(Error::unknown_request(id));
+            }
+        }
+        for id in request_ids {
+            if let Some(&slot) = self.index.get(id) {
+                self.finish(slot, FinishReason::Abort)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes a request for good, freeing its blocks (their full blocks stay cached).
+    fn finish(&mut self, slot: u32, reason: FinishReason) -> Result<()> {
+        let request = self.req(slot);
+        match request.status {
+            RequestStatus::Running => {
+                self.running.retain(|&s| s != slot);
+                self.pool.free(&slot)?;
+            }
+            _ => {
+                self.waiting.remove(slot);
+            }
+        }
+        let mut request = self.slots[slot as usize]
+            .take()
+            .expect("finishing a live request");
+        request.status = RequestStatus::Finished(reason);
+        if request.num_output_placeholders > 0 {
+            self.finished_in_flight
+                .insert(request.request_id.clone(), request.num_output_placeholders);
+        }
+        self.index.remove(&request.request_id);
+        self.finished_since_last_step.push(request.request_id);
+        self.free_slots.push(slot);
+        Ok(())
+    }
+
+    /// Describes the first broken invariant, if any.
+    pub fn check_invariants(&self) -> std::result::Result<(), String> {
+        self.pool.check_invariants()?;
+        let waiting = self.waiting.ordered();
+        if waiting.len() + self.running.len() != self.index.len() {
+            return Err(format!(
+                "{} waiting + {} running != {} unfinished",
+                waiting.len(),
+                self.running.len(),
+                self.index.len()
+            ));
+        }
+        for &slot in &self.running {
+            let r = self.req(slot);
+            if r.status != RequestStatus::Running || waiting.contains(&slot) {
+                return Err(format!(
+                    "running request {:?} has status {:?}",
+                    r.request_id, r.status
+                ));
+            }
+            if self.pool.num_computed_tokens(&slot) != Some(r.num_computed_tokens) {
+                return Err(format!(
+                    "request {:?}: pool and scheduler disagree on computed tokens",
+                    r.request_id
+                ));
+            }
+        }
+        for &slot in &waiting {
+            let r = self.req(slot);
+            if !matches!(r.status, RequestStatus::Waiting | RequestStatus::Preempted)
+                || self.pool.block_ids(&slot).is_some()
+            {
+                return Err(format!(
+                    "waiting request {:?} is {:?} or holds blocks",
+                    r.request_id, r.status
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// vLLM's stop check after each appended token: length first, then EOS, then stop ids.
+fn stop_reason<R>(request: &Request<R>, token: u32, max_model_len: usize) -> Option<FinishReason> {
+    if request.num_tokens() >= max_model_len
+        || request.num_output_tokens() >= request.spec.max_tokens
+    {
+        return Some(FinishReason::Length);
+    }
+    if !request.spec.ignore_eos && request.spec.eos_token_id == Some(token) {
+        return Some(FinishReason::Stop);
+    }
+    if request.spec.stop_token_ids.contains(&token) {
+        return Some(FinishReason::Stop);
+    }
+    None
+}

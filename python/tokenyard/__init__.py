@@ -1,6 +1,6 @@
 """tokenyard: the scheduling core of LLM serving, in Rust, with a Python face."""
 
-from tokenyard import errors, kv
+from tokenyard import errors, kv, sched
 from tokenyard._core import __version__, build_profile
 from tokenyard.errors import (
     CapacityError,
@@ -11,6 +11,7 @@ from tokenyard.errors import (
     UnknownRequestError,
 )
 from tokenyard.kv import BlockPool, CountingAllocator, RadixCache
+from tokenyard.sched import Scheduler, SchedulerConfig
 
 __all__ = [
     "BlockPool",
@@ -20,10 +21,13 @@ __all__ = [
     "InputError",
     "InternalError",
     "RadixCache",
+    "Scheduler",
+    "SchedulerConfig",
     "TokenyardError",
     "UnknownRequestError",
     "__version__",
     "build_profile",
     "errors",
     "kv",
+    "sched",
 ]

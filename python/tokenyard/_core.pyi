@@ -1,7 +1,7 @@
 """Type stubs of the native module; users import these classes from ``tokenyard.kv``."""
 
-from collections.abc import Sequence
-from typing import Any, TypeAlias, final
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol, TypeAlias, final
 
 import numpy as np
 import numpy.typing as npt
@@ -9,11 +9,16 @@ import numpy.typing as npt
 __all__ = [
     "BlockPool",
     "BlockPoolStats",
+    "CachedRequestData",
     "ComputedBlocks",
     "CountingAllocator",
     "MatchResult",
+    "NewRequestData",
     "NodeHandle",
     "RadixCache",
+    "Scheduler",
+    "SchedulerOutput",
+    "SchedulerStats",
     "__version__",
     "build_profile",
 ]
@@ -262,5 +267,159 @@ class RadixCache:
         nothing is evictable; returns the freed slot indices in eviction order."""
     def reset(self) -> None:
         """Drops every node, locked or not; outstanding handles become stale."""
+    def check_invariants(self) -> None:
+        """Raises InternalError if the internal bookkeeping is inconsistent (a bug)."""
+
+class _SchedulerConfigLike(Protocol):
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    long_prefill_token_threshold: int
+    enable_chunked_prefill: bool
+    policy: str
+    enable_prefix_caching: bool
+    prefix_cache: str
+    block_size: int
+    num_blocks: int
+    max_model_len: int
+    prioritize_prefill: bool
+    num_lookahead_tokens: int
+    max_loras: int
+    async_scheduling: bool
+
+@final
+class NewRequestData:
+    """A request scheduled for the first time, or resumed after preemption."""
+
+    @property
+    def req_id(self) -> _RequestId: ...
+    @property
+    def token_ids(self) -> npt.NDArray[np.uint32]:
+        """The prompt (new request), or prompt + outputs so far (resumed: it recomputes)."""
+    @property
+    def block_ids(self) -> npt.NDArray[np.uint32]:
+        """Its whole block table."""
+    @property
+    def num_computed_tokens(self) -> int:
+        """Tokens already in the KV cache before this step (prefix-cache hit)."""
+    @property
+    def lora_id(self) -> int | None: ...
+
+@final
+class CachedRequestData:
+    """Requests running before this step, as parallel sequences."""
+
+    @property
+    def req_ids(self) -> list[_RequestId]: ...
+    @property
+    def new_block_ids(self) -> list[npt.NDArray[np.uint32]]:
+        """Blocks appended to each table this step (usually empty for a decode)."""
+    @property
+    def num_computed_tokens(self) -> npt.NDArray[np.uint64]:
+        """Computed tokens of each before this step."""
+
+@final
+class SchedulerOutput:
+    """One step's decisions (vLLM V1's ``SchedulerOutput``). Fields are built when read."""
+
+    @property
+    def scheduled_new_reqs(self) -> list[NewRequestData]: ...
+    @property
+    def scheduled_resumed_reqs(self) -> list[NewRequestData]: ...
+    @property
+    def scheduled_cached_reqs(self) -> CachedRequestData: ...
+    @property
+    def num_scheduled_tokens(self) -> dict[_RequestId, int]:
+        """Tokens to compute per request, in batch order."""
+    @property
+    def total_num_scheduled_tokens(self) -> int: ...
+    @property
+    def scheduled_spec_decode_tokens(self) -> dict[_RequestId, npt.NDArray[np.uint32]]:
+        """Draft tokens to verify this step."""
+    @property
+    def preempted_req_ids(self) -> list[_RequestId]: ...
+    @property
+    def finished_req_ids(self) -> list[_RequestId]:
+        """Requests that finished or were aborted since the previous step."""
+
+@final
+class SchedulerStats:
+    """Queue sizes, KV usage and counters since the scheduler was built."""
+
+    @property
+    def num_waiting(self) -> int: ...
+    @property
+    def num_running(self) -> int: ...
+    @property
+    def kv_usage(self) -> float: ...
+    @property
+    def prefix_cache_queries(self) -> int:
+        """Tokens looked up in the prefix cache."""
+    @property
+    def prefix_cache_hits(self) -> int:
+        """Tokens found there."""
+    @property
+    def num_preemptions(self) -> int: ...
+    @property
+    def num_steps(self) -> int: ...
+
+@final
+class Scheduler:
+    """vLLM V1's step scheduler over a prefix-caching block pool.
+
+    Raises:
+        ConfigError: an impossible config, e.g. ``max_model_len`` beyond the KV capacity.
+    """
+
+    def __new__(cls, config: _SchedulerConfigLike) -> Scheduler: ...
+    def add_request(
+        self,
+        request_id: _RequestId,
+        prompt_token_ids: _TokenIds,
+        max_tokens: int,
+        *,
+        priority: int = 0,
+        arrival_time: float | None = None,
+        eos_token_id: int | None = None,
+        stop_token_ids: _TokenIds | None = None,
+        ignore_eos: bool = False,
+        lora_id: int | None = None,
+    ) -> None:
+        """Queues a request. ``priority``: lower runs first (policy="priority"); ties go by
+        ``arrival_time`` (default 0.0) then arrival order.
+
+        Raises:
+            InputError: duplicate id, empty prompt, ``max_tokens < 1``, or a prompt that
+                leaves no room for an output token under ``max_model_len``.
+        """
+    def schedule(self) -> SchedulerOutput:
+        """Forms the next batch: running requests first, then admissions."""
+    def update_from_output(
+        self,
+        sampled_token_ids: Mapping[_RequestId, _TokenIds],
+        *,
+        num_rejected_tokens: Mapping[_RequestId, int] | None = None,
+        spec_token_ids: Mapping[_RequestId, _TokenIds] | None = None,
+    ) -> list[tuple[_RequestId, str]]:
+        """Applies the engine's results; returns the requests that finished and why
+        (``"length"``, ``"stop"``). All-or-nothing on bad ids.
+
+        Raises:
+            UnknownRequestError: an id the scheduler does not hold.
+            InputError: an id repeated, tokens for a request that is not running, or more
+                rejected tokens than were speculated.
+        """
+    def abort(self, request_ids: Iterable[_RequestId]) -> None:
+        """Finishes requests wherever they are. Raises UnknownRequestError first if any id
+        is unknown."""
+    def has_unfinished_requests(self) -> bool: ...
+    @property
+    def num_waiting(self) -> int: ...
+    @property
+    def num_running(self) -> int: ...
+    def running_ids(self) -> list[_RequestId]: ...
+    def waiting_ids(self) -> list[_RequestId]:
+        """Waiting requests in the order they would be admitted."""
+    def num_computed_tokens(self, request_id: _RequestId) -> int: ...
+    def stats(self) -> SchedulerStats: ...
     def check_invariants(self) -> None:
         """Raises InternalError if the internal bookkeeping is inconsistent (a bug)."""

@@ -45,6 +45,13 @@ impl RequestId {
             "must be an int (64-bit) or a str",
         ))
     }
+
+    pub(crate) fn into_py(self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        Ok(match self {
+            RequestId::Int(i) => i.into_pyobject(py)?.into_any().unbind(),
+            RequestId::Str(s) => s.into_pyobject(py)?.into_any().unbind(),
+        })
+    }
 }
 
 fn repr(obj: &Bound<'_, PyAny>) -> String {

@@ -4,6 +4,7 @@
 mod convert;
 mod errors;
 mod kv;
+mod sched;
 
 use pyo3::prelude::*;
 
@@ -19,5 +20,6 @@ fn _core(module: &Bound<'_, PyModule>) -> PyResult<()> {
         },
     )?;
     kv::register(module)?;
+    sched::register(module)?;
     Ok(())
 }

@@ -1,0 +1,103 @@
+"""The embeddable step scheduler (vLLM V1 semantics).
+
+A serving engine calls it once per iteration::
+
+    scheduler = Scheduler(SchedulerConfig(num_blocks=4096))
+    scheduler.add_request("r1", prompt_token_ids, max_tokens=128)
+    while scheduler.has_unfinished_requests():
+        output = scheduler.schedule()           # what to run this step
+        sampled = run_model(output)             # {request_id: [token ids]}
+        scheduler.update_from_output(sampled)   # append tokens, finish, free
+
+See ``docs/embedding.md`` for a runnable loop and the meaning of each output field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from tokenyard._core import (
+    CachedRequestData,
+    NewRequestData,
+    Scheduler,
+    SchedulerOutput,
+    SchedulerStats,
+)
+from tokenyard.errors import ConfigError
+
+__all__ = [
+    "CachedRequestData",
+    "NewRequestData",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerOutput",
+    "SchedulerStats",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulerConfig:
+    """Options of the step scheduler; names follow vLLM's ``SchedulerConfig``.
+
+    Raises:
+        ConfigError: a field has the wrong type or an impossible value (checked here and
+            again, with the KV capacity, when the ``Scheduler`` is built).
+    """
+
+    max_num_seqs: int = 256
+    """Cap on running requests; 0 = unbounded."""
+    max_num_batched_tokens: int = 8192
+    """Token budget of one step."""
+    long_prefill_token_threshold: int = 0
+    """Per-request cap on tokens in one step; 0 = off."""
+    enable_chunked_prefill: bool = True
+    policy: Literal["fcfs", "priority"] = "fcfs"
+    enable_prefix_caching: bool = True
+    prefix_cache: Literal["block_hash"] = "block_hash"
+    block_size: int = 16
+    num_blocks: int = 8192
+    max_model_len: int = 8192
+    prioritize_prefill: bool = False
+    """Seed 001: running prefills and admissions take the budget before decodes."""
+    num_lookahead_tokens: int = 0
+    """Slots reserved per step for speculative tokens."""
+    max_loras: int = 0
+    """Distinct LoRA adapters in one step; 0 = no gating."""
+    async_scheduling: bool = False
+    """Allow ``schedule()`` before the previous step's output arrived (vLLM V1's default)."""
+
+    def __post_init__(self) -> None:
+        for name in _COUNT_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise _bad_field(name, value, "must be an int >= 0")
+        for name in _FLAG_FIELDS:
+            if not isinstance(getattr(self, name), bool):
+                raise _bad_field(name, getattr(self, name), "must be a bool")
+        if self.policy not in ("fcfs", "priority"):
+            raise _bad_field("policy", self.policy, 'must be "fcfs" or "priority"')
+        if self.prefix_cache != "block_hash":
+            raise _bad_field("prefix_cache", self.prefix_cache, 'must be "block_hash"')
+
+
+_COUNT_FIELDS = (
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "long_prefill_token_threshold",
+    "block_size",
+    "num_blocks",
+    "max_model_len",
+    "num_lookahead_tokens",
+    "max_loras",
+)
+_FLAG_FIELDS = (
+    "enable_chunked_prefill",
+    "enable_prefix_caching",
+    "prioritize_prefill",
+    "async_scheduling",
+)
+
+
+def _bad_field(name: str, value: object, reason: str) -> ConfigError:
+    return ConfigError(f"invalid config {name}={value!r}: {reason}", field=name, value=repr(value))

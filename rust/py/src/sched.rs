@@ -1,0 +1,457 @@
+//! `tokenyard.sched`: the step scheduler. Conversions only: the config object's fields,
+//! request arguments, and the output, whose fields are converted lazily on access.
+
+use numpy::PyArray1;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyMapping};
+use tokenyard_core::sched::{
+    NewRequestData, Policy, RequestSpec, SampledOutput, Scheduler, SchedulerConfig,
+    SchedulerOutput, SchedulerStats,
+};
+
+use crate::convert::{RequestId, count_arg, token_ids};
+use crate::errors::{OrRaise, config_error, internal_error};
+
+pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_class::<PyScheduler>()?;
+    module.add_class::<PySchedulerOutput>()?;
+    module.add_class::<PyNewRequestData>()?;
+    module.add_class::<PyCachedRequestData>()?;
+    module.add_class::<PySchedulerStats>()?;
+    Ok(())
+}
+
+/// vLLM V1's step scheduler: `add_request`, then per step `schedule()` and
+/// `update_from_output(...)`.
+#[pyclass(name = "Scheduler", module = "tokenyard.sched")]
+pub(crate) struct PyScheduler {
+    inner: Scheduler<RequestId>,
+}
+
+fn field<'py, T: for<'a> FromPyObject<'a, 'py>>(
+    config: &Bound<'py, PyAny>,
+    name: &'static str,
+) -> PyResult<T> {
+    let value = config.getattr(name)?;
+    value.extract::<T>().map_err(|_| {
+        let shown = value
+            .repr()
+            .map_or_else(|_| "?".to_string(), |r| r.to_string());
+        config_error(config.py(), name, shown, "has the wrong type")
+    })
+}
+
+fn count_field(config: &Bound<'_, PyAny>, name: &'static str) -> PyResult<usize> {
+    let value: i64 = field(config, name)?;
+    usize::try_from(value).map_err(|_| config_error(config.py(), name, value, "must be >= 0"))
+}
+
+fn core_config(config: &Bound<'_, PyAny>) -> PyResult<(SchedulerConfig, bool)> {
+    let py = config.py();
+    let policy: String = field(config, "policy")?;
+    let prefix_cache: String = field(config, "prefix_cache")?;
+    if prefix_cache != "block_hash" {
+        return Err(config_error(
+            py,
+            "prefix_cache",
+            format!("{prefix_cache:?}"),
+            "must be \"block_hash\"",
+        ));
+    }
+    let core = SchedulerConfig {
+        max_num_seqs: count_field(config, "max_num_seqs")?,
+        max_num_batched_tokens: count_field(config, "max_num_batched_tokens")?,
+        long_prefill_token_threshold: count_field(config, "long_prefill_token_threshold")?,
+        enable_chunked_prefill: field(config, "enable_chunked_prefill")?,
+        policy: Policy::parse(&policy).or_raise(py)?,
+        enable_prefix_caching: field(config, "enable_prefix_caching")?,
+        block_size: count_field(config, "block_size")?,
+        num_blocks: count_field(config, "num_blocks")?,
+        max_model_len: count_field(config, "max_model_len")?,
+        prioritize_prefill: field(config, "prioritize_prefill")?,
+        num_lookahead_tokens: count_field(config, "num_lookahead_tokens")?,
+        max_loras: count_field(config, "max_loras")?,
+    };
+    Ok((core, field(config, "async_scheduling")?))
+}
+
+fn sampled_output(request_id: RequestId, token_ids: Vec<u32>) -> SampledOutput<RequestId> {
+    SampledOutput {
+        request_id,
+        token_ids,
+        num_rejected_tokens: 0,
+        spec_token_ids: Vec::new(),
+    }
+}
+
+#[pymethods]
+impl PyScheduler {
+    #[new]
+    fn new(config: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let (core, async_scheduling) = core_config(config)?;
+        let inner = Scheduler::new(core, async_scheduling).or_raise(config.py())?;
+        Ok(Self { inner })
+    }
+
+    #[pyo3(signature = (request_id, prompt_token_ids, max_tokens, *, priority = 0, arrival_time = None,
+        eos_token_id = None, stop_token_ids = None, ignore_eos = false, lora_id = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn add_request(
+        &mut self,
+        request_id: &Bound<'_, PyAny>,
+        prompt_token_ids: &Bound<'_, PyAny>,
+        max_tokens: i64,
+        priority: i64,
+        arrival_time: Option<f64>,
+        eos_token_id: Option<i64>,
+        stop_token_ids: Option<&Bound<'_, PyAny>>,
+        ignore_eos: bool,
+        lora_id: Option<u64>,
+    ) -> PyResult<()> {
+        let py = request_id.py();
+        let id = RequestId::from_py(request_id)?;
+        let eos = match eos_token_id {
+            Some(t) => Some(u32::try_from(t).map_err(|_| {
+                crate::errors::input_error(py, "eos_token_id", t, "must be in [0, 2**32)")
+            })?),
+            None => None,
+        };
+        let spec = RequestSpec {
+            prompt_token_ids: token_ids(prompt_token_ids, "prompt_token_ids")?,
+            max_tokens: count_arg(py, "max_tokens", max_tokens, 1)?,
+            priority,
+            arrival_time: arrival_time.unwrap_or(0.0),
+            eos_token_id: eos,
+            stop_token_ids: match stop_token_ids {
+                Some(ids) => token_ids(ids, "stop_token_ids")?,
+                None => Vec::new(),
+            },
+            ignore_eos,
+            lora_id,
+        };
+        self.inner.add_request(id, spec).or_raise(py)
+    }
+
+    fn schedule(&mut self, py: Python<'_>) -> PyResult<PySchedulerOutput> {
+        let inner = self.inner.schedule().or_raise(py)?;
+        Ok(PySchedulerOutput { inner })
+    }
+
+    #[pyo3(signature = (sampled_token_ids, *, num_rejected_tokens = None, spec_token_ids = None))]
+    fn update_from_output<'py>(
+        &mut self,
+        sampled_token_ids: &Bound<'py, PyMapping>,
+        num_rejected_tokens: Option<&Bound<'py, PyMapping>>,
+        spec_token_ids: Option<&Bound<'py, PyMapping>>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let py = sampled_token_ids.py();
+        let mut outputs = Vec::with_capacity(sampled_token_ids.len()?);
+        let mut position = rustc_hash::FxHashMap::default();
+        for item in sampled_token_ids.items()?.iter() {
+            let (key, tokens): (Bound<'py, PyAny>, Bound<'py, PyAny>) = item.extract()?;
+            let id = RequestId::from_py(&key)?;
+            position.insert(id.clone(), outputs.len());
+            let sampled = token_ids(&tokens, "sampled_token_ids")?;
+            outputs.push(sampled_output(id, sampled));
+        }
+        let mut entry = |key: &Bound<'py, PyAny>| -> PyResult<usize> {
+            let id = RequestId::from_py(key)?;
+            Ok(*position.entry(id.clone()).or_insert_with(|| {
+                outputs.push(sampled_output(id, Vec::new()));
+                outputs.len() - 1
+            }))
+        };
+        let mut rejected = Vec::new();
+        if let Some(map) = num_rejected_tokens {
+            for item in map.items()?.iter() {
+                let (key, n): (Bound<'py, PyAny>, i64) = item.extract()?;
+                rejected.push((entry(&key)?, count_arg(py, "num_rejected_tokens", n, 0)?));
+            }
+        }
+        let mut drafts = Vec::new();
+        if let Some(map) = spec_token_ids {
+            for item in map.items()?.iter() {
+                let (key, tokens): (Bound<'py, PyAny>, Bound<'py, PyAny>) = item.extract()?;
+                drafts.push((entry(&key)?, token_ids(&tokens, "spec_token_ids")?));
+            }
+        }
+        for (i, n) in rejected {
+            outputs[i].num_rejected_tokens = n;
+        }
+        for (i, tokens) in drafts {
+            outputs[i].spec_token_ids = tokens;
+        }
+        let finished = self.inner.update_from_output(&outputs).or_raise(py)?;
+        let list = PyList::empty(py);
+        for (id, reason) in finished {
+            list.append((id.into_py(py)?, reason.as_str()))?;
+        }
+        Ok(list)
+    }
+
+    fn abort(&mut self, request_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ids = request_ids
+            .try_iter()?
+            .map(|id| RequestId::from_py(&id?))
+            .collect::<PyResult<Vec<_>>>()?;
+        self.inner.abort(&ids).or_raise(request_ids.py())
+    }
+
+    fn has_unfinished_requests(&self) -> bool {
+        self.inner.has_unfinished_requests()
+    }
+
+    #[getter]
+    fn num_waiting(&self) -> usize {
+        self.inner.num_waiting()
+    }
+
+    #[getter]
+    fn num_running(&self) -> usize {
+        self.inner.num_running()
+    }
+
+    fn running_ids<'py>(&self, py: Python<'py>) -> PyResult<Vec<Py<PyAny>>> {
+        self.inner
+            .running_ids()
+            .into_iter()
+            .map(|id| id.into_py(py))
+            .collect()
+    }
+
+    fn waiting_ids<'py>(&self, py: Python<'py>) -> PyResult<Vec<Py<PyAny>>> {
+        self.inner
+            .waiting_ids()
+            .into_iter()
+            .map(|id| id.into_py(py))
+            .collect()
+    }
+
+    fn num_computed_tokens(&self, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let id = RequestId::from_py(request_id)?;
+        match self.inner.get_request(&id) {
+            Some(r) => Ok(r.num_computed_tokens),
+            None => Err(crate::errors::to_py_err(
+                request_id.py(),
+                tokenyard_core::Error::unknown_request(&id),
+            )),
+        }
+    }
+
+    fn stats(&self) -> PySchedulerStats {
+        PySchedulerStats {
+            inner: self.inner.stats(),
+        }
+    }
+
+    fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
+        self.inner
+            .check_invariants()
+            .map_err(|m| internal_error(py, m))
+    }
+}
+
+/// A request scheduled for the first time, or resumed after preemption.
+#[pyclass(name = "NewRequestData", module = "tokenyard.sched", frozen)]
+pub(crate) struct PyNewRequestData {
+    inner: NewRequestData<RequestId>,
+}
+
+#[pymethods]
+impl PyNewRequestData {
+    #[getter]
+    fn req_id(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        self.inner.request_id.clone().into_py(py)
+    }
+    #[getter]
+    fn token_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u32>> {
+        PyArray1::from_slice(py, &self.inner.token_ids)
+    }
+    #[getter]
+    fn block_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u32>> {
+        PyArray1::from_slice(py, &self.inner.block_ids)
+    }
+    #[getter]
+    fn num_computed_tokens(&self) -> usize {
+        self.inner.num_computed_tokens
+    }
+    #[getter]
+    fn lora_id(&self) -> Option<u64> {
+        self.inner.lora_id
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "NewRequestData(req_id={:?}, num_tokens={}, num_blocks={}, num_computed_tokens={})",
+            self.inner.request_id,
+            self.inner.token_ids.len(),
+            self.inner.block_ids.len(),
+            self.inner.num_computed_tokens
+        )
+    }
+}
+
+/// The requests that were already running, as parallel sequences (vLLM's layout).
+#[pyclass(
+    name = "CachedRequestData",
+    module = "tokenyard.sched",
+    frozen,
+    get_all
+)]
+pub(crate) struct PyCachedRequestData {
+    req_ids: Py<PyList>,
+    new_block_ids: Py<PyList>,
+    num_computed_tokens: Py<PyArray1<u64>>,
+}
+
+/// One step's decisions. Fields are built from the Rust result when read: keep a local
+/// rather than reading a field in a loop.
+#[pyclass(name = "SchedulerOutput", module = "tokenyard.sched", frozen)]
+pub(crate) struct PySchedulerOutput {
+    inner: SchedulerOutput<RequestId>,
+}
+
+fn id_list<'py>(py: Python<'py>, ids: &[RequestId]) -> PyResult<Bound<'py, PyList>> {
+    let list = PyList::empty(py);
+    for id in ids {
+        list.append(id.clone().into_py(py)?)?;
+    }
+    Ok(list)
+}
+
+fn new_requests(
+    py: Python<'_>,
+    reqs: &[NewRequestData<RequestId>],
+) -> PyResult<Vec<Py<PyNewRequestData>>> {
+    reqs.iter()
+        .map(|r| Py::new(py, PyNewRequestData { inner: r.clone() }))
+        .collect()
+}
+
+#[pymethods]
+impl PySchedulerOutput {
+    #[getter]
+    fn scheduled_new_reqs(&self, py: Python<'_>) -> PyResult<Vec<Py<PyNewRequestData>>> {
+        new_requests(py, &self.inner.scheduled_new_reqs)
+    }
+
+    #[getter]
+    fn scheduled_resumed_reqs(&self, py: Python<'_>) -> PyResult<Vec<Py<PyNewRequestData>>> {
+        new_requests(py, &self.inner.scheduled_resumed_reqs)
+    }
+
+    #[getter]
+    fn scheduled_cached_reqs(&self, py: Python<'_>) -> PyResult<PyCachedRequestData> {
+        let running = &self.inner.scheduled_running_reqs;
+        let ids: Vec<RequestId> = running.iter().map(|r| r.request_id.clone()).collect();
+        let blocks = PyList::empty(py);
+        for r in running {
+            blocks.append(PyArray1::from_slice(py, &r.new_block_ids))?;
+        }
+        let computed: Vec<u64> = running
+            .iter()
+            .map(|r| r.num_computed_tokens as u64)
+            .collect();
+        Ok(PyCachedRequestData {
+            req_ids: id_list(py, &ids)?.unbind(),
+            new_block_ids: blocks.unbind(),
+            num_computed_tokens: PyArray1::from_vec(py, computed).unbind(),
+        })
+    }
+
+    #[getter]
+    fn num_scheduled_tokens<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let dict = PyDict::new(py);
+        for (id, n) in &self.inner.num_scheduled_tokens {
+            dict.set_item(id.clone().into_py(py)?, n)?;
+        }
+        Ok(dict)
+    }
+
+    #[getter]
+    fn total_num_scheduled_tokens(&self) -> usize {
+        self.inner.total_num_scheduled_tokens
+    }
+
+    #[getter]
+    fn scheduled_spec_decode_tokens<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let dict = PyDict::new(py);
+        for (id, tokens) in &self.inner.scheduled_spec_decode_tokens {
+            dict.set_item(id.clone().into_py(py)?, PyArray1::from_slice(py, tokens))?;
+        }
+        Ok(dict)
+    }
+
+    #[getter]
+    fn preempted_req_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        id_list(py, &self.inner.preempted_req_ids)
+    }
+
+    #[getter]
+    fn finished_req_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        id_list(py, &self.inner.finished_req_ids)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "SchedulerOutput(new={}, resumed={}, running={}, total_num_scheduled_tokens={}, preempted={}, finished={})",
+            self.inner.scheduled_new_reqs.len(),
+            self.inner.scheduled_resumed_reqs.len(),
+            self.inner.scheduled_running_reqs.len(),
+            self.inner.total_num_scheduled_tokens,
+            self.inner.preempted_req_ids.len(),
+            self.inner.finished_req_ids.len()
+        )
+    }
+}
+
+/// Queue sizes, KV usage and counters since the scheduler was built.
+#[pyclass(name = "SchedulerStats", module = "tokenyard.sched", frozen)]
+pub(crate) struct PySchedulerStats {
+    inner: SchedulerStats,
+}
+
+#[pymethods]
+impl PySchedulerStats {
+    #[getter]
+    fn num_waiting(&self) -> usize {
+        self.inner.num_waiting
+    }
+    #[getter]
+    fn num_running(&self) -> usize {
+        self.inner.num_running
+    }
+    #[getter]
+    fn kv_usage(&self) -> f64 {
+        self.inner.kv_usage
+    }
+    #[getter]
+    fn prefix_cache_queries(&self) -> u64 {
+        self.inner.prefix_cache_queries
+    }
+    #[getter]
+    fn prefix_cache_hits(&self) -> u64 {
+        self.inner.prefix_cache_hits
+    }
+    #[getter]
+    fn num_preemptions(&self) -> u64 {
+        self.inner.num_preemptions
+    }
+    #[getter]
+    fn num_steps(&self) -> u64 {
+        self.inner.num_steps
+    }
+    fn __repr__(&self) -> String {
+        let s = &self.inner;
+        format!(
+            "SchedulerStats(num_waiting={}, num_running={}, kv_usage={:.4}, prefix_cache_queries={}, \
+             prefix_cache_hits={}, num_preemptions={}, num_steps={})",
+            s.num_waiting,
+            s.num_running,
+            s.kv_usage,
+            s.prefix_cache_queries,
+            s.prefix_cache_hits,
+            s.num_preemptions,
+            s.num_steps
+        )
+    }
+}

@@ -192,10 +192,17 @@ class RefBlockPool:
     def free(self, request_id: object) -> None:
         if request_id not in self.requests:
             raise UnknownRequestError(str(request_id))
+        evict_first = []
         for b in reversed(self.requests.pop(request_id).block_ids):
             self.ref_cnt[b] -= 1
             if self.ref_cnt[b] == 0:
-                self.free_queue[b] = None
+                if self.block_hash[b] is None:
+                    evict_first.append(b)
+                else:
+                    self.free_queue[b] = None
+        for b in reversed(evict_first):
+            self.free_queue[b] = None
+            self.free_queue.move_to_end(b, last=False)
 
     def reset_prefix_cache(self) -> bool:
         if self.requests:

@@ -61,6 +61,13 @@ def test_freed_requests_are_evicted_tail_first() -> None:
     assert pool.num_cached_free_blocks == 3
 
 
+def test_uncached_blocks_are_reused_before_cached_ones() -> None:
+    pool = BlockPool(num_blocks=4, block_size=2)
+    pool.allocate_slots("r", 3, token_ids=range(3))  # block 0 cached, block 1 partial
+    pool.free("r")
+    assert pool.free_block_ids().tolist() == [1, 2, 3, 0]
+
+
 def test_allocation_that_does_not_fit_returns_none() -> None:
     pool = BlockPool(num_blocks=2, block_size=4)
     assert pool.allocate_slots("r", 9, token_ids=range(9)) is None

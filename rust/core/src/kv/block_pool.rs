@@ -266,20 +266,32 @@ impl<R: RequestKey> BlockPool<R> {
         Ok(Some(new_blocks))
     }
 
-    /// Releases every block of the request, last block first, so that with equal recency
-    /// its tail blocks (the least shareable ones) are evicted before its head.
+    /// Releases every block of the request, as vLLM V1 (0.33) does: blocks are visited last
+    /// first; a block left with no holder and no cached hash goes to the front of the free
+    /// queue (reused first, LIFO, for locality), a cached one to the back (LRU), so among
+    /// one request's cached blocks the tail is evicted before the head.
     pub fn free(&mut self, request_id: &R) -> Result<()> {
         let request = self
             .requests
             .remove(request_id)
             .ok_or_else(|| Error::unknown_request(request_id))?;
+        let mut evict_first = Vec::new();
         for &block in request.block_ids.iter().rev() {
             let meta = &mut self.blocks[block as usize];
             debug_assert!(meta.ref_cnt > 0, "block {block} freed with ref count 0");
             meta.ref_cnt -= 1;
-            if meta.ref_cnt == 0 {
-                self.free_queue.push_back(block);
+            if meta.ref_cnt > 0 {
+                continue;
             }
+            if meta.hash.is_some() {
+                self.free_queue.push_back(block);
+            } else {
+                evict_first.push(block);
+            }
+        }
+        // Prepending in reverse keeps `evict_first` in order at the front.
+        for &block in evict_first.iter().rev() {
+            self.free_queue.push_front(block);
         }
         Ok(())
     }

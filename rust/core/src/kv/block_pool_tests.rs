@@ -75,6 +75,29 @@ fn freed_blocks_stay_cached_and_tails_are_evicted_first() {
 }
 
 #[test]
+fn uncached_blocks_are_reused_first_cached_ones_last() {
+    let mut pool = BlockPool::new(6, 2, true).unwrap();
+    // 5 tokens: blocks 0, 1 full and cached, block 2 partial (no hash).
+    pool.allocate_slots(&1u64, &tokens(0..5), 5, 0, None, None)
+        .unwrap()
+        .unwrap();
+    pool.free(&1).unwrap();
+    assert_eq!(pool.free_block_ids(), [2, 3, 4, 5, 1, 0]);
+    let mut uncached = BlockPool::new(4, 2, false).unwrap();
+    uncached
+        .allocate_slots(&1u64, &tokens(0..4), 4, 0, None, None)
+        .unwrap()
+        .unwrap();
+    uncached.free(&1).unwrap();
+    assert_eq!(
+        uncached.free_block_ids(),
+        [1, 0, 2, 3],
+        "LIFO reuse with caching off"
+    );
+    pool.check_invariants().unwrap();
+}
+
+#[test]
 fn a_hit_on_a_free_block_takes_it_out_of_the_free_queue() {
     let mut pool = BlockPool::new(3, 2, true).unwrap();
     pool.allocate_slots(&1u64, &tokens(0..4), 4, 0, None, None)

@@ -81,6 +81,18 @@ impl FreeBlockQueue {
         self.len += 1;
     }
 
+    /// Links `block`, which must not be linked, at the front (handed out next).
+    pub(crate) fn push_front(&mut self, block: u32) {
+        debug_assert!(!self.contains(block), "block {block} is already free");
+        let sentinel = self.sentinel();
+        let first = self.next[sentinel as usize];
+        self.prev[first as usize] = block;
+        self.next[block as usize] = first;
+        self.prev[block as usize] = sentinel;
+        self.next[sentinel as usize] = block;
+        self.len += 1;
+    }
+
     /// Block ids front to back.
     pub(crate) fn iter(&self) -> impl Iterator<Item = u32> + '_ {
         let sentinel = self.sentinel();
@@ -114,7 +126,8 @@ mod tests {
         assert_eq!(queue.pop_front(), Some(1));
         assert_eq!(queue.pop_front(), None);
         queue.push_back(1);
-        queue.push_back(0);
-        assert_eq!(queue.iter().collect::<Vec<_>>(), [1, 0]);
+        queue.push_front(0);
+        assert_eq!(queue.iter().collect::<Vec<_>>(), [0, 1]);
+        assert_eq!(queue.pop_front(), Some(0));
     }
 }

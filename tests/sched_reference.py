@@ -1,0 +1,233 @@
+"""A pure-Python reference of the step scheduler, written from docs/embedding.md (vLLM V1
+rules) on top of the reference block pool. Slow and obvious; the differential state machine
+in test_sched_stateful.py checks the Rust scheduler decides identically step by step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kv_reference import RefBlockPool
+
+from tokenyard.errors import InputError, UnknownRequestError
+
+
+@dataclass
+class RefRequest:
+    request_id: Any
+    prompt: list[int]
+    max_tokens: int
+    priority: int
+    arrival_time: float
+    seq: int
+    eos: int | None = None
+    lora_id: int | None = None
+    tokens: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    status: str = "waiting"
+    drafts: list[int] = field(default_factory=list)
+    last_scheduled: int = 0
+
+    def key(self) -> tuple[int, float, int]:
+        return (self.priority, self.arrival_time, self.seq)
+
+    @property
+    def pending(self) -> int:
+        return max(len(self.tokens) + len(self.drafts) - self.num_computed, 0)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.num_computed < len(self.prompt)
+
+
+class RefScheduler:
+    def __init__(self, cfg: Any):
+        self.cfg = cfg
+        self.pool = RefBlockPool(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        self.requests: dict[Any, RefRequest] = {}
+        self.waiting: list[RefRequest] = []  # kept in scheduling order
+        self.running: list[RefRequest] = []
+        self.finished_since: list[Any] = []
+        self.seq = 0
+
+    # --- requests in -------------------------------------------------------------------
+    def add_request(self, rid: Any, prompt: list[int], max_tokens: int, priority: int = 0,
+                    eos: int | None = None, lora_id: int | None = None) -> None:  # fmt: skip
+        if rid in self.requests:
+            raise InputError("request_id")
+        if not prompt:
+            raise InputError("prompt_token_ids")
+        if max_tokens < 1:
+            raise InputError("max_tokens")
+        if len(prompt) > self.cfg.max_model_len - 1:
+            raise InputError("prompt_token_ids")
+        r = RefRequest(rid, list(prompt), max_tokens, priority, 0.0, self.seq, eos, lora_id)
+        r.tokens = list(prompt)
+        self.seq += 1
+        self.requests[rid] = r
+        self._enqueue(r, front=False)
+
+    def _enqueue(self, r: RefRequest, front: bool) -> None:
+        if self.cfg.policy == "fcfs":
+            self.waiting.insert(0, r) if front else self.waiting.append(r)
+        else:
+            self.waiting.append(r)
+            self.waiting.sort(key=RefRequest.key)
+
+    # --- one step ----------------------------------------------------------------------
+    def schedule(self) -> dict[str, Any]:
+        self.budget = self.cfg.max_num_batched_tokens
+        self.scheduled: list[tuple[RefRequest, int]] = []
+        self.preempted: list[RefRequest] = []
+        self.admitted: dict[Any, bool] = {}
+        self.loras: set[int] = set()
+        if self.cfg.prioritize_prefill:
+            self._running(only_prefills=True)
+            if not self.preempted:
+                self._waiting()
+            self._running(only_prefills=False)
+        else:
+            self._running(only_prefills=None)
+            if not self.preempted:
+                self._waiting()
+        out = {
+            "num_scheduled_tokens": [(r.request_id, n) for r, n in self.scheduled],
+            "new": [r.request_id for r, _ in self.scheduled if self.admitted.get(r.request_id) is False],
+            "resumed": [r.request_id for r, _ in self.scheduled if self.admitted.get(r.request_id)],
+            "preempted": [r.request_id for r in self.preempted],
+            "finished": self.finished_since,
+        }
+        self.finished_since = []
+        for r, n in self.scheduled:
+            r.drafts = []
+            r.num_computed += n
+            r.last_scheduled = n
+        return out
+
+    def _clamp(self, pending: int, num_computed: int) -> int:
+        n = pending
+        if self.cfg.long_prefill_token_threshold > 0:
+            n = min(n, self.cfg.long_prefill_token_threshold)
+        return max(min(n, self.budget, self.cfg.max_model_len - 1 - num_computed), 0)
+
+    def _running(self, only_prefills: bool | None) -> None:
+        i = 0
+        while i < len(self.running) and self.budget > 0:
+            r = self.running[i]
+            done = any(s is r for s, _ in self.scheduled)
+            n = self._clamp(r.pending, r.num_computed)
+            if done or (only_prefills is not None and r.prefilling != only_prefills) or n == 0:
+                i += 1
+                continue
+            while True:
+                known = len(self.pool.requests[r.request_id].tokens)
+                blocks = self.pool.allocate_slots(
+                    r.request_id, n, self.cfg.num_lookahead_tokens, r.tokens[known:]
+                )
+                if blocks is not None:
+                    self.scheduled.append((r, n))
+                    self.budget -= n
+                    break
+                victim = self._victim()
+                self._preempt(victim)
+                if victim is r:
+                    break
+            i = next((k + 1 for k, s in enumerate(self.running) if s is r), i)
+
+    def _victim(self) -> RefRequest:
+        if self.cfg.policy == "fcfs":
+            return self.running[-1]
+        return max(self.running, key=RefRequest.key)
+
+    def _preempt(self, victim: RefRequest) -> None:
+        self.pool.free(victim.request_id)
+        self.running.remove(victim)
+        for k, (s, n) in enumerate(self.scheduled):
+            if s is victim:
+                self.budget += n
+                del self.scheduled[k]
+                break
+        self.admitted.pop(victim.request_id, None)
+        victim.status, victim.num_computed, victim.drafts = "preempted", 0, []
+        self._enqueue(victim, front=True)
+        self.preempted.append(victim)
+
+    def _waiting(self) -> None:
+        skipped = []
+        while self.budget > 0 and self.waiting:
+            if self.cfg.max_num_seqs and len(self.running) >= self.cfg.max_num_seqs:
+                break
+            r = self.waiting[0]
+            if (
+                r.lora_id is not None
+                and self.cfg.max_loras
+                and len(self.loras) >= self.cfg.max_loras
+                and r.lora_id not in self.loras
+            ):
+                skipped.append(self.waiting.pop(0))
+                continue
+            hit = self.pool.get_computed_blocks(r.tokens, r.lora_id)
+            n = len(r.tokens) - hit.num_computed_tokens
+            if self.cfg.long_prefill_token_threshold > 0:
+                n = min(n, self.cfg.long_prefill_token_threshold)
+            if not self.cfg.enable_chunked_prefill and n > self.budget:
+                break
+            n = min(n, self.budget)
+            blocks = self.pool.allocate_slots(
+                r.request_id, n, self.cfg.num_lookahead_tokens, r.tokens, hit, r.lora_id
+            )
+            if blocks is None:
+                break
+            self.waiting.pop(0)
+            self.running.append(r)
+            self.admitted[r.request_id] = r.status == "preempted"
+            r.status, r.num_computed = "running", hit.num_computed_tokens
+            if r.lora_id is not None:
+                self.loras.add(r.lora_id)
+            self.scheduled.append((r, n))
+            self.budget -= n
+        for r in reversed(skipped):
+            self._enqueue(r, front=True)
+
+    # --- results back ------------------------------------------------------------------
+    def update_from_output(self, sampled: dict[Any, list[int]]) -> list[tuple[Any, str]]:
+        for rid, tokens in sampled.items():
+            if rid not in self.requests:
+                raise UnknownRequestError(str(rid))
+            if self.requests[rid].status != "running" and tokens:
+                raise InputError("request_id")
+        finished = []
+        for rid, tokens in sampled.items():
+            r = self.requests[rid]
+            for t in tokens:
+                r.tokens.append(t)
+                reason = self._stop(r, t)
+                if reason:
+                    finished.append((rid, reason))
+                    self._finish(r)
+                    break
+        return finished
+
+    def _stop(self, r: RefRequest, token: int) -> str | None:
+        if len(r.tokens) >= self.cfg.max_model_len or len(r.tokens) - len(r.prompt) >= r.max_tokens:
+            return "length"
+        if r.eos is not None and token == r.eos:
+            return "stop"
+        return None
+
+    def abort(self, rids: list[Any]) -> None:
+        for rid in rids:
+            if rid not in self.requests:
+                raise UnknownRequestError(str(rid))
+        for rid in rids:
+            if rid in self.requests:
+                self._finish(self.requests[rid])
+
+    def _finish(self, r: RefRequest) -> None:
+        if r.status == "running":
+            self.running.remove(r)
+            self.pool.free(r.request_id)
+        else:
+            self.waiting.remove(r)
+        del self.requests[r.request_id]
+        self.finished_since.append(r.request_id)

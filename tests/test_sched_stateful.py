@@ -1,0 +1,137 @@
+"""Differential and invariant testing of the step scheduler: the Rust scheduler and the
+pure-Python reference (sched_reference.py) get the same random arrivals, outputs and
+aborts, and must make identical decisions at every step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from sched_reference import RefScheduler
+
+from tokenyard.errors import TokenyardError
+from tokenyard.sched import Scheduler, SchedulerConfig
+
+PROMPTS = [list(range(100, 140)), list(range(100, 120)) + list(range(300, 320)), [5] * 40]
+EOS = 9
+
+
+def configs() -> st.SearchStrategy[SchedulerConfig]:
+    return st.builds(
+        SchedulerConfig,
+        max_num_seqs=st.integers(0, 4),
+        max_num_batched_tokens=st.integers(1, 48),
+        long_prefill_token_threshold=st.sampled_from([0, 0, 5]),
+        enable_chunked_prefill=st.just(True),
+        policy=st.sampled_from(["fcfs", "priority"]),
+        enable_prefix_caching=st.booleans(),
+        # Capacity of 52-80 tokens: one request always fits (49 slots at most), a few do not.
+        block_size=st.just(4),
+        num_blocks=st.integers(13, 20),
+        max_model_len=st.just(48),
+        prioritize_prefill=st.booleans(),
+        num_lookahead_tokens=st.sampled_from([0, 0, 1]),
+        max_loras=st.sampled_from([0, 1]),
+    )
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    @precondition(lambda self: not hasattr(self, "rust"))
+    @rule(cfg=configs())
+    def build(self, cfg: SchedulerConfig) -> None:
+        self.cfg = cfg
+        self.rust = Scheduler(cfg)
+        self.ref = RefScheduler(cfg)
+        self.next_id = 0
+        self.next_token = 1000
+
+    @precondition(lambda self: hasattr(self, "rust"))
+    @rule(
+        prompt=st.sampled_from(PROMPTS),
+        cut=st.integers(1, 40),
+        max_tokens=st.integers(1, 8),
+        priority=st.integers(0, 2),
+        lora=st.sampled_from([None, 1, 2]),
+    )
+    def add(self, prompt: list[int], cut: int, max_tokens: int, priority: int, lora: Any) -> None:
+        rid: Any = self.next_id if self.next_id % 2 else f"r{self.next_id}"
+        self.next_id += 1
+        tokens = prompt[:cut]
+        self.rust.add_request(
+            rid, tokens, max_tokens, priority=priority, eos_token_id=EOS, lora_id=lora
+        )
+        self.ref.add_request(rid, tokens, max_tokens, priority, EOS, lora)
+
+    @precondition(lambda self: hasattr(self, "rust"))
+    @rule(eos_every=st.integers(2, 12))
+    def step(self, eos_every: int) -> None:
+        out = self.rust.schedule()
+        ref = self.ref.schedule()
+        assert list(out.num_scheduled_tokens.items()) == ref["num_scheduled_tokens"]
+        assert [r.req_id for r in out.scheduled_new_reqs] == ref["new"]
+        assert [r.req_id for r in out.scheduled_resumed_reqs] == ref["resumed"]
+        assert out.preempted_req_ids == ref["preempted"]
+        assert out.finished_req_ids == ref["finished"]
+        assert out.total_num_scheduled_tokens <= self.cfg.max_num_batched_tokens
+        assert all(n >= 1 for n in out.num_scheduled_tokens.values())
+        # The fake model samples for requests that caught up; sometimes it samples EOS.
+        sampled = {}
+        for rid in out.num_scheduled_tokens:
+            r = self.ref.requests[rid]
+            if r.num_computed >= len(r.tokens):
+                self.next_token += 1
+                sampled[rid] = [EOS if self.next_token % eos_every == 0 else self.next_token]
+        assert self.rust.update_from_output(sampled) == self.ref.update_from_output(sampled)
+
+    @precondition(lambda self: hasattr(self, "rust") and self.ref.requests)
+    @rule(data=st.data())
+    def abort(self, data: st.DataObject) -> None:
+        rid = data.draw(st.sampled_from(sorted(self.ref.requests, key=str)))
+        self.rust.abort([rid])
+        self.ref.abort([rid])
+
+    @precondition(lambda self: hasattr(self, "rust"))
+    @rule()
+    def abort_unknown(self) -> None:
+        for side in (lambda: self.rust.abort(["nope"]), lambda: self.ref.abort(["nope"])):
+            try:
+                side()
+                raise AssertionError("aborting an unknown id must fail")
+            except TokenyardError:
+                pass
+
+    @invariant()
+    def agree(self) -> None:
+        if not hasattr(self, "rust"):
+            return
+        self.rust.check_invariants()
+        assert self.rust.running_ids() == [r.request_id for r in self.ref.running]
+        assert self.rust.waiting_ids() == [r.request_id for r in self.ref.waiting]
+        for r in self.ref.running:
+            assert self.rust.num_computed_tokens(r.request_id) == r.num_computed
+        stats = self.rust.stats()
+        used = self.cfg.num_blocks - len(self.ref.pool.free_queue)
+        assert stats.kv_usage == used / self.cfg.num_blocks
+        if self.cfg.max_num_seqs:
+            assert stats.num_running <= self.cfg.max_num_seqs
+
+    def teardown(self) -> None:
+        # With enough memory and no new arrivals, everything finishes.
+        if not hasattr(self, "rust"):
+            return
+        for _ in range(2000):
+            if not self.rust.has_unfinished_requests():
+                break
+            self.step(eos_every=1000)
+        assert not self.rust.has_unfinished_requests()
+
+
+TestScheduler = SchedulerMachine.TestCase
+TestScheduler.settings = settings(
+    max_examples=150,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)

@@ -92,7 +92,9 @@ class RefScheduler:
                 self._waiting()
         out = {
             "num_scheduled_tokens": [(r.request_id, n) for r, n in self.scheduled],
-            "new": [r.request_id for r, _ in self.scheduled if self.admitted.get(r.request_id) is False],
+            "new": [
+                r.request_id for r, _ in self.scheduled if self.admitted.get(r.request_id) is False
+            ],
             "resumed": [r.request_id for r, _ in self.scheduled if self.admitted.get(r.request_id)],
             "preempted": [r.request_id for r in self.preempted],
             "finished": self.finished_since,

@@ -419,7 +419,10 @@ class Scheduler:
     def running_ids(self) -> list[_RequestId]: ...
     def waiting_ids(self) -> list[_RequestId]:
         """Waiting requests in the order they would be admitted."""
-    def num_computed_tokens(self, request_id: _RequestId) -> int: ...
+    def num_computed_tokens(self, request_id: _RequestId) -> int:
+        """Tokens with KV, counting those scheduled in the latest step."""
+    def num_tokens(self, request_id: _RequestId) -> int:
+        """Prompt plus output tokens so far."""
     def stats(self) -> SchedulerStats: ...
     def check_invariants(self) -> None:
         """Raises InternalError if the internal bookkeeping is inconsistent (a bug)."""

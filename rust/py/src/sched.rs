@@ -238,6 +238,17 @@ impl PyScheduler {
         }
     }
 
+    fn num_tokens(&self, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let id = RequestId::from_py(request_id)?;
+        match self.inner.get_request(&id) {
+            Some(r) => Ok(r.num_tokens()),
+            None => Err(crate::errors::to_py_err(
+                request_id.py(),
+                tokenyard_core::Error::unknown_request(&id),
+            )),
+        }
+    }
+
     fn stats(&self) -> PySchedulerStats {
         PySchedulerStats {
             inner: self.inner.stats(),

@@ -57,8 +57,9 @@ pub struct Request<R> {
     /// Outputs scheduled but not yet returned (async scheduling).
     pub num_output_placeholders: usize,
     pub num_preemptions: u32,
-    /// Tokens scheduled in the request's latest step (bounds how many can be rejected).
-    pub last_num_scheduled_tokens: usize,
+    /// Draft tokens scheduled in the request's latest step: at most this many can be
+    /// rejected.
+    pub last_num_spec_tokens: usize,
     /// Order of arrival at this scheduler: the FCFS key and the priority tie-break.
     pub arrival_seq: u64,
 }

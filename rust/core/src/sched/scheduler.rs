@@ -463,7 +463,7 @@ impl<R: RequestKey> Scheduler<R> {
             {
                 request.num_output_placeholders += 1;
             }
-            request.last_num_scheduled_tokens = n;
+            request.last_num_spec_tokens = num_spec;
             out.num_scheduled_tokens.push((id, n));
             out.total_num_scheduled_tokens += n;
         }

@@ -50,7 +50,7 @@ impl<R: RequestKey> Scheduler<R> {
             spec_token_ids: Vec::new(),
             num_output_placeholders: 0,
             num_preemptions: 0,
-            last_num_scheduled_tokens: 0,
+            last_num_spec_tokens: 0,
             arrival_seq: self.next_arrival_seq,
         };
         self.next_arrival_seq += 1;
@@ -124,13 +124,13 @@ impl<R: RequestKey> Scheduler<R> {
                     "is not running",
                 ));
             }
-            if output.num_rejected_tokens > request.last_num_scheduled_tokens.saturating_sub(1) {
+            if output.num_rejected_tokens > request.last_num_spec_tokens {
                 return Err(Error::input(
                     "num_rejected_tokens",
                     output.num_rejected_tokens,
                     format!(
                         "only {} speculative tokens were scheduled",
-                        request.last_num_scheduled_tokens.saturating_sub(1)
+                        request.last_num_spec_tokens
                     ),
                 ));
             }

@@ -274,7 +274,8 @@ def pool_tokenyard(seqs: list[np.ndarray], num_blocks: int, gc_setting: str) -> 
     t: dict[str, list[int]] = {"lookup": [], "allocate+free": []}
     work = {"requests": 0, "hit_tokens": 0, "new_blocks": 0, "failed": 0}
     clock = time.perf_counter_ns
-    pool = BlockPool(num_blocks=num_blocks, block_size=BLOCK_SIZE)
+    # vLLM reserves one of its blocks as the null block; give both sides equal usable blocks.
+    pool = BlockPool(num_blocks=num_blocks - 1, block_size=BLOCK_SIZE)
     with gc_mode(gc_setting):
         for i, s in enumerate(seqs):
             t0 = clock()

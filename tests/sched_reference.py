@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kv_reference import RefBlockPool
+
 from tokenyard.errors import InputError, UnknownRequestError
 
 

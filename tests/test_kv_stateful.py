@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, precondition, rule
 from kv_reference import RefBlockPool, RefCountingAllocator, RefRadixCache
+
 from tokenyard.errors import TokenyardError
 from tokenyard.kv import BlockPool, CountingAllocator, RadixCache
 

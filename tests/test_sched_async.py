@@ -7,6 +7,7 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from tokenyard.sched import Scheduler, SchedulerConfig
 
 EOS = 3
@@ -46,7 +47,7 @@ def run(
     )
     scheduler = Scheduler(config)
     prompt_len = {}
-    for rid, (length, n) in enumerate(zip(prompts, max_tokens)):
+    for rid, (length, n) in enumerate(zip(prompts, max_tokens, strict=True)):
         scheduler.add_request(rid, range(100 * rid, 100 * rid + length), n, eos_token_id=EOS)
         prompt_len[rid] = length
     finished: dict[int, str] = {}

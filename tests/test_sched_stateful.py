@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from sched_reference import RefScheduler
+
 from tokenyard.errors import TokenyardError
 from tokenyard.sched import Scheduler, SchedulerConfig
 

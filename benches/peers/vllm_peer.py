@@ -139,3 +139,181 @@ def versions() -> dict[str, str]:
     import vllm
 
     return {"vllm": vllm.__version__}
+
+
+# --- the V1 step scheduler -------------------------------------------------------------------
+#
+# Built the way vLLM's own tests/v1/core/utils.py::create_scheduler does, without a model
+# or GPU (see /work/shared/peers/NOTES.md, "vLLM V1 scheduler"). One difference: that
+# helper points ModelConfig at a hub model, and ModelConfig then inspects the model's
+# class in a subprocess that imports vLLM's model code (einops, triton, ... which this
+# venv lacks). We register a stub architecture in-process instead: the registry
+# inspects a registered class directly, and nothing ever instantiates it.
+
+STUB_ARCH = "TokenyardBenchForCausalLM"
+_stub_model_dir: str | None = None
+
+
+def _stub_model_config_dir(max_model_len: int) -> str:
+    """A directory holding only a small decoder's config.json, naming the stub arch."""
+    global _stub_model_dir
+    import atexit
+    import json
+    import shutil
+    import tempfile
+
+    from torch import nn
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    if _stub_model_dir is None:
+
+        class TokenyardBenchForCausalLM(nn.Module):
+            """Satisfies the registry's text-generation checks; never built or run."""
+
+            def __init__(self, *, vllm_config: object = None, prefix: str = "") -> None:
+                super().__init__()
+
+            def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+                raise NotImplementedError
+
+            def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+                raise NotImplementedError
+
+            def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+                raise NotImplementedError
+
+        ModelRegistry.register_model(STUB_ARCH, TokenyardBenchForCausalLM)
+        _stub_model_dir = tempfile.mkdtemp(prefix="tokenyard-vllm-stub-")
+        atexit.register(shutil.rmtree, _stub_model_dir, True)
+    config = {
+        "architectures": [STUB_ARCH],
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "num_hidden_layers": 1,
+        "vocab_size": 32000,
+        "max_position_embeddings": max_model_len,
+        "torch_dtype": "float16",
+    }
+    with open(os.path.join(_stub_model_dir, "config.json"), "w") as f:
+        json.dump(config, f)
+    return _stub_model_dir
+
+
+class VllmSchedulerPeer:
+    """vLLM V1's synchronous ``Scheduler`` over a ``num_blocks`` KV cache, no model."""
+
+    def __init__(
+        self,
+        *,
+        num_blocks: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        block_size: int = 16,
+        enable_prefix_caching: bool = True,
+        enable_chunked_prefill: bool = True,
+        long_prefill_token_threshold: int = 0,
+        policy: str = "fcfs",
+        hash_algo: str = DEFAULT_HASH_ALGO,
+    ) -> None:
+        from vllm.config import (
+            CacheConfig,
+            DeviceConfig,
+            ModelConfig,
+            SchedulerConfig,
+            VllmConfig,
+        )
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        model_dir = _stub_model_config_dir(max_model_len)
+        model_config = ModelConfig(
+            model=model_dir,
+            tokenizer=model_dir,
+            skip_tokenizer_init=True,
+            max_model_len=max_model_len,
+            dtype="float16",
+            seed=0,
+        )
+        scheduler_config = SchedulerConfig(
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+            is_encoder_decoder=False,
+            enable_chunked_prefill=enable_chunked_prefill,
+            long_prefill_token_threshold=long_prefill_token_threshold,
+            policy=policy,
+            # The synchronous Scheduler (tokenyard's default mode); the engine would
+            # pick AsyncScheduler when async scheduling is on.
+            async_scheduling=False,
+        )
+        cache_config = CacheConfig(
+            block_size=block_size,
+            enable_prefix_caching=enable_prefix_caching,
+            prefix_caching_hash_algo=hash_algo,
+        )
+        self.vllm_config = VllmConfig(
+            scheduler_config=scheduler_config,
+            model_config=model_config,
+            cache_config=cache_config,
+            device_config=DeviceConfig(device="cpu"),
+        )
+        spec = FullAttentionSpec(
+            block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float16
+        )
+        kv_cache_config = KVCacheConfig(
+            num_blocks=num_blocks,
+            kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec(["layers.0.attn"], spec)],
+        )
+        cache_config.num_gpu_blocks = num_blocks
+        self.scheduler = Scheduler(
+            vllm_config=self.vllm_config,
+            kv_cache_config=kv_cache_config,
+            structured_output_manager=StructuredOutputManager(self.vllm_config),
+            block_size=block_size,
+            hash_block_size=block_size,
+            log_stats=True,
+        )
+        # EngineCore gives requests a block hasher only when prefix caching is on.
+        self._block_hasher = None
+        if enable_prefix_caching:
+            hash_fn = get_hash_fn_by_name(hash_algo)
+            kv_cache_utils.init_none_hash(hash_fn)
+            self._block_hasher = kv_cache_utils.get_request_block_hasher(block_size, hash_fn)
+        self._sampling_params: dict[int, SamplingParams] = {}
+
+    def effective_config(self) -> dict[str, object]:
+        """What vLLM ended up with after its own config post-processing."""
+        sc, cc = self.vllm_config.scheduler_config, self.vllm_config.cache_config
+        return {
+            "max_num_seqs": sc.max_num_seqs,
+            "max_num_batched_tokens": sc.max_num_batched_tokens,
+            "enable_chunked_prefill": sc.enable_chunked_prefill,
+            "long_prefill_token_threshold": sc.long_prefill_token_threshold,
+            "policy": sc.policy,
+            "async_scheduling": sc.async_scheduling,
+            "block_size": cc.block_size,
+            "enable_prefix_caching": cc.enable_prefix_caching,
+            "prefix_caching_hash_algo": cc.prefix_caching_hash_algo,
+            "max_model_len": self.vllm_config.model_config.max_model_len,
+            "scheduler": type(self.scheduler).__name__,
+        }
+
+    def make_request(self, request_id: str, token_ids: Sequence[int], max_tokens: int) -> Request:
+        """A waiting request that runs to ``max_tokens`` (no EOS set, like ignore_eos).
+
+        Requests with the same ``max_tokens`` share one ``SamplingParams``."""
+        params = self._sampling_params.get(max_tokens)
+        if params is None:
+            params = self._sampling_params[max_tokens] = SamplingParams(max_tokens=max_tokens)
+        return Request(
+            request_id=request_id,
+            prompt_token_ids=list(token_ids),
+            sampling_params=params,
+            pooling_params=None,
+            block_hasher=self._block_hasher,
+        )

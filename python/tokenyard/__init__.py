@@ -7,6 +7,7 @@ from tokenyard.errors import (
     ConfigError,
     InputError,
     InternalError,
+    PolicyError,
     TokenyardError,
     UnknownRequestError,
 )
@@ -20,6 +21,7 @@ __all__ = [
     "CountingAllocator",
     "InputError",
     "InternalError",
+    "PolicyError",
     "RadixCache",
     "Scheduler",
     "SchedulerConfig",

@@ -16,6 +16,7 @@ __all__ = [
     "NewRequestData",
     "NodeHandle",
     "RadixCache",
+    "RequestView",
     "Scheduler",
     "SchedulerOutput",
     "SchedulerStats",
@@ -363,14 +364,48 @@ class SchedulerStats:
     def num_steps(self) -> int: ...
 
 @final
+class RequestView:
+    """What a policy plugin sees of a request."""
+
+    @property
+    def request_id(self) -> _RequestId: ...
+    @property
+    def num_prompt_tokens(self) -> int: ...
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def num_computed_tokens(self) -> int: ...
+    @property
+    def max_tokens(self) -> int: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def arrival_time(self) -> float: ...
+    @property
+    def num_preemptions(self) -> int: ...
+    @property
+    def status(self) -> str:
+        """ "waiting", "preempted" or "running"."""
+
+class _PolicyPluginLike(Protocol):
+    def order_waiting(self, waiting: list[RequestView], /) -> Iterable[_RequestId]: ...
+    def preemption_order(self, running: list[RequestView], /) -> Iterable[_RequestId]: ...
+
+@final
 class Scheduler:
     """vLLM V1's step scheduler over a prefix-caching block pool.
 
+    ``plugin`` (see ``tokenyard.sched.PolicyPlugin``) replaces the waiting order and the
+    choice of preemption victims.
+
     Raises:
-        ConfigError: an impossible config, e.g. ``max_model_len`` beyond the KV capacity.
+        ConfigError: an impossible config, e.g. ``max_model_len`` beyond the KV capacity,
+            or a plugin without the two methods.
     """
 
-    def __new__(cls, config: _SchedulerConfigLike) -> Scheduler: ...
+    def __new__(
+        cls, config: _SchedulerConfigLike, *, plugin: _PolicyPluginLike | None = None
+    ) -> Scheduler: ...
     def add_request(
         self,
         request_id: _RequestId,
@@ -392,7 +427,12 @@ class Scheduler:
                 leaves no room for an output token under ``max_model_len``.
         """
     def schedule(self) -> SchedulerOutput:
-        """Forms the next batch: running requests first, then admissions."""
+        """Forms the next batch: running requests first, then admissions.
+
+        Raises:
+            PolicyError: the plugin's answer is not a reordering of the ids it was given.
+            Any exception the plugin raised, unchanged (the scheduler is unchanged too).
+        """
     def update_from_output(
         self,
         sampled_token_ids: Mapping[_RequestId, _TokenIds],

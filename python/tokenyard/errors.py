@@ -8,6 +8,7 @@ the same information for programs. A call that raises leaves its object unchange
 - ``UnknownRequestError``: a request id the object does not hold (an ``InputError`` and a
   ``KeyError``).
 - ``CapacityError``: not enough free memory for an explicit allocation.
+- ``PolicyError``: a policy plugin returned an invalid answer.
 - ``InternalError``: an internal invariant broke; this is a tokenyard bug, please report it.
 """
 
@@ -18,6 +19,7 @@ __all__ = [
     "ConfigError",
     "InputError",
     "InternalError",
+    "PolicyError",
     "TokenyardError",
     "UnknownRequestError",
 ]
@@ -50,6 +52,10 @@ class UnknownRequestError(InputError, KeyError):
 
 class CapacityError(TokenyardError, RuntimeError):
     """Not enough free memory for the allocation asked for."""
+
+
+class PolicyError(TokenyardError, RuntimeError):
+    """A policy plugin returned an invalid answer (e.g. not a permutation of the ids)."""
 
 
 class InternalError(TokenyardError, RuntimeError):

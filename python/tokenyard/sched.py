@@ -14,12 +14,14 @@ See ``docs/embedding.md`` for a runnable loop and the meaning of each output fie
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from tokenyard._core import (
     CachedRequestData,
     NewRequestData,
+    RequestView,
     Scheduler,
     SchedulerOutput,
     SchedulerStats,
@@ -29,11 +31,45 @@ from tokenyard.errors import ConfigError
 __all__ = [
     "CachedRequestData",
     "NewRequestData",
+    "PolicyPlugin",
+    "RequestView",
     "Scheduler",
     "SchedulerConfig",
     "SchedulerOutput",
     "SchedulerStats",
+    "ShortestPromptFirst",
 ]
+
+
+class PolicyPlugin(Protocol):
+    """Replaces the waiting-queue order and the choice of preemption victims.
+
+    Pass one as ``Scheduler(config, plugin=...)``. Both methods are called once at the start
+    of every ``schedule()``, before anything changes, with the requests as ``RequestView``s;
+    each returns the same request ids reordered. If a method raises, ``schedule()`` re-raises
+    that exception and the scheduler is unchanged; an answer that is not a reordering of the
+    ids it was given raises ``PolicyError``. The budget, sequence-cap and memory rules (and
+    head-of-line blocking) stay the scheduler's.
+    """
+
+    def order_waiting(self, waiting: list[RequestView]) -> Sequence[int | str]:
+        """Admission order: the first id is admitted first."""
+        ...
+
+    def preemption_order(self, running: list[RequestView]) -> Sequence[int | str]:
+        """Victim order when memory runs out: the first id is preempted first."""
+        ...
+
+
+class ShortestPromptFirst:
+    """Example plugin: admit the shortest prompts first (ties by arrival), and preempt the
+    request holding the most tokens first."""
+
+    def order_waiting(self, waiting: list[RequestView]) -> list[int | str]:
+        return [r.request_id for r in sorted(waiting, key=lambda r: r.num_prompt_tokens)]
+
+    def preemption_order(self, running: list[RequestView]) -> list[int | str]:
+        return [r.request_id for r in sorted(running, key=lambda r: -r.num_tokens)]
 
 
 @dataclass(frozen=True, kw_only=True)

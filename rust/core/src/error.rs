@@ -25,6 +25,9 @@ pub enum Error {
     /// The request id is not known to the structure (never added, or already freed).
     #[error("unknown request_id={0}")]
     UnknownRequest(String),
+    /// A policy plugin failed or returned an invalid answer.
+    #[error("policy plugin: {0}")]
+    Plugin(String),
     /// The structure does not have room for what was asked.
     #[error("not enough capacity for {what}: requested {requested}, available {available}")]
     Capacity {

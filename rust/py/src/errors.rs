@@ -11,6 +11,7 @@ static INPUT_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static UNKNOWN_REQUEST_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static CAPACITY_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static INTERNAL_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static POLICY_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
 fn raise(
     py: Python<'_>,
@@ -57,6 +58,14 @@ pub(crate) fn to_py_err(py: Python<'_>, err: Error) -> PyErr {
             message,
             Some("request_id"),
             Some(id),
+        ),
+        Error::Plugin(_) => raise(
+            py,
+            &POLICY_ERROR,
+            "PolicyError",
+            message,
+            Some("plugin"),
+            None,
         ),
         Error::Capacity { what, .. } => raise(
             py,

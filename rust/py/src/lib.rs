@@ -4,6 +4,7 @@
 mod convert;
 mod errors;
 mod kv;
+mod plugin;
 mod sched;
 
 use pyo3::prelude::*;

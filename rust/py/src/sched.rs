@@ -11,6 +11,7 @@ use tokenyard_core::sched::{
 
 use crate::convert::{RequestId, count_arg, token_ids};
 use crate::errors::{OrRaise, config_error, internal_error};
+use crate::plugin::{PluginErrorSlot, PyPlugin};
 
 pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<PyScheduler>()?;
@@ -18,6 +19,7 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<PyNewRequestData>()?;
     module.add_class::<PyCachedRequestData>()?;
     module.add_class::<PySchedulerStats>()?;
+    module.add_class::<crate::plugin::PyRequestView>()?;
     Ok(())
 }
 
@@ -26,6 +28,7 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
 #[pyclass(name = "Scheduler", module = "tokenyard.sched")]
 pub(crate) struct PyScheduler {
     inner: Scheduler<RequestId>,
+    plugin_error: PluginErrorSlot,
 }
 
 fn field<'py, T: for<'a> FromPyObject<'a, 'py>>(
@@ -87,10 +90,34 @@ fn sampled_output(request_id: RequestId, token_ids: Vec<u32>) -> SampledOutput<R
 #[pymethods]
 impl PyScheduler {
     #[new]
-    fn new(config: &Bound<'_, PyAny>) -> PyResult<Self> {
+    #[pyo3(signature = (config, *, plugin = None))]
+    fn new(config: &Bound<'_, PyAny>, plugin: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        let py = config.py();
         let (core, async_scheduling) = core_config(config)?;
-        let inner = Scheduler::new(core, async_scheduling).or_raise(config.py())?;
-        Ok(Self { inner })
+        let mut inner = Scheduler::new(core, async_scheduling).or_raise(py)?;
+        let plugin_error = PluginErrorSlot::default();
+        if let Some(object) = plugin {
+            for method in ["order_waiting", "preemption_order"] {
+                if !object.hasattr(method)? {
+                    let shown = object.repr().map_or_else(|_| "?".into(), |r| r.to_string());
+                    return Err(config_error(
+                        py,
+                        "plugin",
+                        shown,
+                        &format!("has no method {method}()"),
+                    ));
+                }
+            }
+            let object = object.clone().unbind();
+            inner.set_plugin(Box::new(PyPlugin {
+                object,
+                error: plugin_error.clone(),
+            }));
+        }
+        Ok(Self {
+            inner,
+            plugin_error,
+        })
     }
 
     #[pyo3(signature = (request_id, prompt_token_ids, max_tokens, *, priority = 0, arrival_time = None,
@@ -133,8 +160,16 @@ impl PyScheduler {
     }
 
     fn schedule(&mut self, py: Python<'_>) -> PyResult<PySchedulerOutput> {
-        let inner = self.inner.schedule().or_raise(py)?;
-        Ok(PySchedulerOutput { inner })
+        match self.inner.schedule() {
+            Ok(inner) => Ok(PySchedulerOutput { inner }),
+            // A plugin's own exception is re-raised as it was.
+            Err(err) => Err(self
+                .plugin_error
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+                .unwrap_or_else(|| crate::errors::to_py_err(py, err))),
+        }
     }
 
     #[pyo3(signature = (sampled_token_ids, *, num_rejected_tokens = None, spec_token_ids = None))]

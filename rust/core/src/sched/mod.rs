@@ -4,6 +4,7 @@
 
 mod config;
 mod output;
+mod plugin;
 mod queue;
 mod request;
 mod scheduler;
@@ -13,6 +14,7 @@ pub use config::{Policy, SchedulerConfig};
 pub use output::{
     CachedRequestData, NewRequestData, SampledOutput, SchedulerOutput, SchedulerStats,
 };
+pub use plugin::{PolicyPlugin, RequestView};
 pub use request::{FinishReason, Request, RequestSpec, RequestStatus};
 pub use scheduler::Scheduler;
 

@@ -7,13 +7,13 @@
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::output::{CachedRequestData, NewRequestData, SchedulerOutput, SchedulerStats};
+use super::plugin::{PolicyPlugin, RequestView, check_permutation};
 use super::queue::{PriorityKey, WaitingQueue};
 use super::request::{Request, RequestStatus};
 use super::{Policy, SchedulerConfig};
 use crate::kv::{BlockId, BlockPool, KvCapacity, RequestKey};
 use crate::{Error, Result};
 
-#[derive(Debug, Clone)]
 pub struct Scheduler<R: RequestKey> {
     pub(super) config: SchedulerConfig,
     pub(super) slots: Vec<Option<Request<R>>>,
@@ -30,6 +30,9 @@ pub struct Scheduler<R: RequestKey> {
     /// dropped when they land.
     pub(super) finished_in_flight: FxHashMap<R, usize>,
     pub(super) async_scheduling: bool,
+    pub(super) plugin: Option<Box<dyn PolicyPlugin<R>>>,
+    /// This step's preemption order from the plugin: slot -> rank (0 = first victim).
+    victim_rank: FxHashMap<u32, usize>,
 }
 
 /// The decisions of one step before they become a `SchedulerOutput`.
@@ -89,7 +92,20 @@ impl<R: RequestKey> Scheduler<R> {
             num_steps: 0,
             finished_in_flight: FxHashMap::default(),
             async_scheduling,
+            plugin: None,
+            victim_rank: FxHashMap::default(),
         })
+    }
+
+    /// Hands the waiting order and the choice of preemption victims to `plugin`.
+    pub fn set_plugin(&mut self, plugin: Box<dyn PolicyPlugin<R>>) {
+        self.plugin = Some(plugin);
+        let slots = self.waiting.ordered();
+        self.waiting = WaitingQueue::new(Policy::Fcfs);
+        for slot in slots {
+            let key = self.priority_key(slot);
+            self.waiting.push_back(slot, key);
+        }
     }
 
     pub fn config(&self) -> &SchedulerConfig {
@@ -171,6 +187,7 @@ impl<R: RequestKey> Scheduler<R> {
     /// out), then waiting ones are admitted unless this step preempted. With
     /// `prioritize_prefill`, running prefills go first, then admissions, then decodes.
     pub fn schedule(&mut self) -> Result<SchedulerOutput<R>> {
+        self.consult_plugin()?;
         let mut budget = self.config.max_num_batched_tokens;
         let mut plan = StepPlan::default();
         if self.config.prioritize_prefill {
@@ -187,6 +204,44 @@ impl<R: RequestKey> Scheduler<R> {
         }
         self.num_steps += 1;
         Ok(self.finish_step(plan))
+    }
+
+    /// Asks the plugin (if any) for this step's waiting order and preemption order, before
+    /// anything changes; applies them only if both answers are valid.
+    fn consult_plugin(&mut self) -> Result<()> {
+        let Some(mut plugin) = self.plugin.take() else {
+            return Ok(());
+        };
+        let waiting = self.waiting.ordered();
+        let answers = (|| {
+            let views: Vec<_> = waiting
+                .iter()
+                .map(|&s| RequestView::of(self.req(s)))
+                .collect();
+            let order = plugin.order_waiting(&views)?;
+            check_permutation(&order, views.len(), "order_waiting")?;
+            let views: Vec<_> = self
+                .running
+                .iter()
+                .map(|&s| RequestView::of(self.req(s)))
+                .collect();
+            let victims = plugin.preemption_order(&views)?;
+            check_permutation(&victims, views.len(), "preemption_order")?;
+            Ok((order, victims))
+        })();
+        self.plugin = Some(plugin);
+        let (order, victims) = answers?;
+        self.waiting = WaitingQueue::new(Policy::Fcfs);
+        for i in order {
+            let key = self.priority_key(waiting[i]);
+            self.waiting.push_back(waiting[i], key);
+        }
+        self.victim_rank = victims
+            .iter()
+            .enumerate()
+            .map(|(rank, &i)| (self.running[i], rank))
+            .collect();
+        Ok(())
     }
 
     /// Tokens a request may take: its pending tokens capped by the long-prefill threshold,
@@ -272,7 +327,20 @@ impl<R: RequestKey> Scheduler<R> {
     }
 
     /// FCFS: the last running request. Priority: the largest `(priority, arrival)`.
+    /// Plugin: the first in its preemption order; requests admitted after it was asked
+    /// (so unranked) go first, latest first.
     fn pick_victim(&self) -> u32 {
+        if self.plugin.is_some() {
+            let unranked = self
+                .running
+                .iter()
+                .rev()
+                .find(|s| !self.victim_rank.contains_key(s));
+            let ranked = self.running.iter().min_by_key(|s| self.victim_rank.get(s));
+            return *unranked
+                .or(ranked)
+                .expect("a running request is allocating");
+        }
         match self.config.policy {
             Policy::Fcfs => *self
                 .running

@@ -1,0 +1,121 @@
+//! A Python object as a scheduler policy plugin (the slow path, for experiments). Its own
+//! exceptions are kept and re-raised unchanged by the scheduler's Python methods.
+
+use std::sync::{Arc, Mutex};
+
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+use rustc_hash::FxHashMap;
+use tokenyard_core::sched::{PolicyPlugin, RequestStatus, RequestView};
+use tokenyard_core::{Error, Result};
+
+use crate::convert::RequestId;
+
+/// What a plugin sees of a request.
+#[pyclass(name = "RequestView", module = "tokenyard.sched", frozen, get_all)]
+pub(crate) struct PyRequestView {
+    request_id: Py<PyAny>,
+    num_prompt_tokens: usize,
+    num_tokens: usize,
+    num_computed_tokens: usize,
+    max_tokens: usize,
+    priority: i64,
+    arrival_time: f64,
+    num_preemptions: u32,
+    status: &'static str,
+}
+
+#[pymethods]
+impl PyRequestView {
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let id = self
+            .request_id
+            .bind(py)
+            .repr()
+            .map_or_else(|_| "?".into(), |r| r.to_string());
+        format!(
+            "RequestView(request_id={id}, status={:?}, num_tokens={}, num_computed_tokens={})",
+            self.status, self.num_tokens, self.num_computed_tokens
+        )
+    }
+}
+
+fn status_name(status: RequestStatus) -> &'static str {
+    match status {
+        RequestStatus::Waiting => "waiting",
+        RequestStatus::Running => "running",
+        RequestStatus::Preempted => "preempted",
+        RequestStatus::Finished(_) => "finished",
+    }
+}
+
+/// Where a plugin's own exception waits for the scheduler method to re-raise it.
+pub(crate) type PluginErrorSlot = Arc<Mutex<Option<PyErr>>>;
+
+pub(crate) struct PyPlugin {
+    pub(crate) object: Py<PyAny>,
+    pub(crate) error: PluginErrorSlot,
+}
+
+impl PyPlugin {
+    fn ask(&self, method: &'static str, views: &[RequestView<RequestId>]) -> Result<Vec<usize>> {
+        Python::attach(|py| {
+            let answer = self.call(py, method, views);
+            answer.map_err(|err| {
+                let message = format!("{method} raised {err}");
+                *self.error.lock().unwrap_or_else(|e| e.into_inner()) = Some(err);
+                Error::Plugin(message)
+            })?
+        })
+    }
+
+    /// Calls the method; `Err` for a Python exception, `Ok(Err)` for an invalid answer.
+    fn call(
+        &self,
+        py: Python<'_>,
+        method: &'static str,
+        views: &[RequestView<RequestId>],
+    ) -> PyResult<Result<Vec<usize>>> {
+        let list = PyList::empty(py);
+        let mut position = FxHashMap::default();
+        for (i, v) in views.iter().enumerate() {
+            position.insert(v.request_id.clone(), i);
+            let view = PyRequestView {
+                request_id: v.request_id.clone().into_py(py)?,
+                num_prompt_tokens: v.num_prompt_tokens,
+                num_tokens: v.num_tokens,
+                num_computed_tokens: v.num_computed_tokens,
+                max_tokens: v.max_tokens,
+                priority: v.priority,
+                arrival_time: v.arrival_time,
+                num_preemptions: v.num_preemptions,
+                status: status_name(v.status),
+            };
+            list.append(Py::new(py, view)?)?;
+        }
+        let answer = self.object.bind(py).call_method1(method, (list,))?;
+        let mut order = Vec::with_capacity(views.len());
+        for id in answer.try_iter()? {
+            let id = RequestId::from_py(&id?)?;
+            match position.get(&id) {
+                Some(&i) => order.push(i),
+                None => {
+                    return Ok(Err(Error::Plugin(format!(
+                        "{method} returned {id:?}, which it was not given"
+                    ))));
+                }
+            }
+        }
+        Ok(Ok(order))
+    }
+}
+
+impl PolicyPlugin<RequestId> for PyPlugin {
+    fn order_waiting(&mut self, waiting: &[RequestView<RequestId>]) -> Result<Vec<usize>> {
+        self.ask("order_waiting", waiting)
+    }
+
+    fn preemption_order(&mut self, running: &[RequestView<RequestId>]) -> Result<Vec<usize>> {
+        self.ask("preemption_order", running)
+    }
+}

@@ -78,9 +78,14 @@ pub(crate) fn to_py_err(py: Python<'_>, err: Error) -> PyErr {
     }
 }
 
-/// A broken internal invariant: a bug in tokenyard, reported rather than hidden.
-pub(crate) fn internal_error(py: Python<'_>, message: String) -> PyErr {
-    raise(py, &INTERNAL_ERROR, "InternalError", message, None, None)
+/// Reports a broken internal invariant (a bug in tokenyard) rather than hiding it.
+pub(crate) fn invariants(py: Python<'_>, checked: Result<(), String>) -> PyResult<()> {
+    checked.map_err(|message| raise(py, &INTERNAL_ERROR, "InternalError", message, None, None))
+}
+
+/// The error for a request id the object does not hold.
+pub(crate) fn unknown_request(py: Python<'_>, request_id: &impl std::fmt::Debug) -> PyErr {
+    to_py_err(py, Error::unknown_request(request_id))
 }
 
 /// `?`-friendly conversion of core results.

@@ -10,7 +10,7 @@ use tokenyard_core::sched::{
 };
 
 use crate::convert::{RequestId, count_arg, token_ids};
-use crate::errors::{OrRaise, config_error, internal_error};
+use crate::errors::{OrRaise, config_error, invariants, unknown_request};
 use crate::plugin::{PluginErrorSlot, PyPlugin};
 
 pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -266,10 +266,7 @@ impl PyScheduler {
         let id = RequestId::from_py(request_id)?;
         match self.inner.get_request(&id) {
             Some(r) => Ok(r.num_computed_tokens),
-            None => Err(crate::errors::to_py_err(
-                request_id.py(),
-                tokenyard_core::Error::unknown_request(&id),
-            )),
+            None => Err(unknown_request(request_id.py(), &id)),
         }
     }
 
@@ -277,10 +274,7 @@ impl PyScheduler {
         let id = RequestId::from_py(request_id)?;
         match self.inner.get_request(&id) {
             Some(r) => Ok(r.num_tokens()),
-            None => Err(crate::errors::to_py_err(
-                request_id.py(),
-                tokenyard_core::Error::unknown_request(&id),
-            )),
+            None => Err(unknown_request(request_id.py(), &id)),
         }
     }
 
@@ -291,9 +285,7 @@ impl PyScheduler {
     }
 
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
-        self.inner
-            .check_invariants()
-            .map_err(|m| internal_error(py, m))
+        invariants(py, self.inner.check_invariants())
     }
 }
 

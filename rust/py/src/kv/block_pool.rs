@@ -3,7 +3,7 @@ use pyo3::prelude::*;
 use tokenyard_core::kv::{BlockId, BlockPool, BlockPoolStats, ComputedBlocks, KvCapacity};
 
 use crate::convert::{RequestId, count_arg, positive_field, token_ids as read_token_ids};
-use crate::errors::{OrRaise, input_error, internal_error, to_py_err};
+use crate::errors::{OrRaise, input_error, invariants, unknown_request};
 
 /// vLLM V1's prefix-caching block pool: block ids with ref counts, an LRU free queue and a
 /// chained block-hash cache, plus each request's block table.
@@ -46,10 +46,6 @@ impl PyBlockPoolStats {
             self.num_lookups, self.num_query_tokens, self.num_hit_tokens, self.hit_rate
         )
     }
-}
-
-fn unknown(py: Python<'_>, id: &RequestId) -> PyErr {
-    to_py_err(py, tokenyard_core::Error::unknown_request(id))
 }
 
 fn block_array<'py>(py: Python<'py>, ids: Vec<BlockId>) -> Bound<'py, PyArray1<BlockId>> {
@@ -198,7 +194,10 @@ impl PyBlockPool {
     ) -> PyResult<Bound<'py, PyArray1<BlockId>>> {
         let py = request_id.py();
         let id = RequestId::from_py(request_id)?;
-        let ids = self.inner.block_ids(&id).ok_or_else(|| unknown(py, &id))?;
+        let ids = self
+            .inner
+            .block_ids(&id)
+            .ok_or_else(|| unknown_request(py, &id))?;
         Ok(PyArray1::from_slice(py, ids))
     }
 
@@ -207,7 +206,7 @@ impl PyBlockPool {
         let id = RequestId::from_py(request_id)?;
         self.inner
             .num_computed_tokens(&id)
-            .ok_or_else(|| unknown(py, &id))
+            .ok_or_else(|| unknown_request(py, &id))
     }
 
     fn free_block_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<BlockId>> {
@@ -238,9 +237,7 @@ impl PyBlockPool {
     }
 
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
-        self.inner
-            .check_invariants()
-            .map_err(|m| internal_error(py, m))
+        invariants(py, self.inner.check_invariants())
     }
 
     fn __repr__(&self) -> String {

@@ -3,7 +3,7 @@ use pyo3::types::PyTuple;
 use tokenyard_core::kv::{CountingAllocator, KvCapacity};
 
 use crate::convert::{RequestId, count_arg, positive_field};
-use crate::errors::{OrRaise, internal_error};
+use crate::errors::{OrRaise, invariants};
 
 /// Vidur's block-counting KV allocator: how many blocks each request holds, with an
 /// optional watermark kept free against new admissions.
@@ -99,9 +99,7 @@ impl PyCountingAllocator {
     }
 
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
-        self.inner
-            .check_invariants()
-            .map_err(|m| internal_error(py, m))
+        invariants(py, self.inner.check_invariants())
     }
 
     fn __repr__(&self) -> String {

@@ -3,7 +3,7 @@ use pyo3::prelude::*;
 use tokenyard_core::kv::{NodeHandle, RadixCache};
 
 use crate::convert::{count_arg, kv_values, positive_field, token_ids as read_token_ids};
-use crate::errors::{OrRaise, internal_error};
+use crate::errors::{OrRaise, invariants};
 
 /// SGLang's radix prefix cache: a radix tree over token ids holding one KV slot index per
 /// token, with lock counts protecting in-use prefixes and LRU eviction of unlocked leaves.
@@ -129,9 +129,7 @@ impl PyRadixCache {
     }
 
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
-        self.inner
-            .check_invariants()
-            .map_err(|m| internal_error(py, m))
+        invariants(py, self.inner.check_invariants())
     }
 
     fn __repr__(&self) -> String {

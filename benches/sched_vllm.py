@@ -22,10 +22,14 @@ Scenarios:
 1. Steady-state decode with R running requests (128-token prompts, nobody finishes,
    nobody is preempted): warm up until every request decodes, then time the steps.
 2. Chunked-prefill mix: 256 requests with 1,000-4,000-token prompts, 2,048-token
-   budget, all queued up front, run to completion.
+   budget, all queued up front, run to completion; with KV for everyone, and with an
+   eighth of that (requests wait for memory and get preempted).
 
 Every step's ``num_scheduled_tokens`` (with its order) is compared between the two;
-the report says where they first differ, if they do.
+the report says where they first differ, if they do. Under memory pressure they do,
+for two reasons the report isolates: vLLM reserves block 0 as a null block (one usable
+block fewer for the same ``num_blocks``), and vLLM 0.33 admits a request only if its
+whole prompt fits (``scheduler_reserve_full_isl``). A 'vLLM aligned' row lines both up.
 
 The vLLM scheduler is built offline as in vLLM's ``tests/v1/core/utils.py``
 (``benches/peers/vllm_peer.py::VllmSchedulerPeer``). Run inside the bench venv:
@@ -39,13 +43,14 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import logging
 import math
 import os
 import platform
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from time import perf_counter_ns
 from typing import Any
@@ -75,6 +80,9 @@ class Scenario:
     max_model_len: int
     enable_prefix_caching: bool
     max_tokens: int
+    # vLLM only, to line its KV accounting up with tokenyard's (see main's notes):
+    vllm_extra_blocks: int = 0
+    vllm_reserve_full_isl: bool = True  # vLLM's default
 
 
 class Side:
@@ -179,12 +187,13 @@ class VllmSide(Side):
 
         self._mro = ModelRunnerOutput
         self.peer = vllm_peer.VllmSchedulerPeer(
-            num_blocks=sc.num_blocks,
+            num_blocks=sc.num_blocks + sc.vllm_extra_blocks,
             max_num_seqs=sc.max_num_seqs,
             max_num_batched_tokens=sc.max_num_batched_tokens,
             max_model_len=sc.max_model_len,
             block_size=BLOCK_SIZE,
             enable_prefix_caching=sc.enable_prefix_caching,
+            scheduler_reserve_full_isl=sc.vllm_reserve_full_isl,
         )
         self.s = self.peer.scheduler
 
@@ -258,7 +267,8 @@ class Trace:
     side: str
     add_ns: int = 0
     warmup_steps: int = 0
-    timed_ns: list[int] = field(default_factory=list)
+    timed_ns: list[int] = field(default_factory=list)  # whole step
+    phase_ns: list[tuple[int, int, int]] = field(default_factory=list)  # see Side.step
     decisions: list[tuple[tuple[str, int], ...]] = field(default_factory=list)
     finished: list[list[str]] = field(default_factory=list)
     prefix_hit_tokens: int = 0
@@ -307,7 +317,8 @@ def run_decode(
                 all_decoding_at = tr.warmup_steps
         for _ in range(steps):
             ns, nst, raw = side.step()
-            tr.timed_ns.append(ns)
+            tr.timed_ns.append(sum(ns))
+            tr.phase_ns.append(ns)
             tr.decisions.append(tuple(nst.items()))
             tr.finished.append(side.finished_ids(raw))
     finally:
@@ -335,7 +346,8 @@ def run_mix(
         tr.add_ns = side.add_all(ids, prompts, sc.max_tokens)
         while len(tr.timed_ns) < max_steps and side.has_unfinished():
             ns, nst, raw = side.step()
-            tr.timed_ns.append(ns)
+            tr.timed_ns.append(sum(ns))
+            tr.phase_ns.append(ns)
             tr.decisions.append(tuple(nst.items()))
             tr.finished.append(side.finished_ids(raw))
         tr.completed = not side.has_unfinished()
@@ -447,6 +459,23 @@ class Stats:
         )
 
 
+PHASES = ("schedule()", "build runner output", "update_from_output()")
+
+
+def phase_medians(tr: Trace) -> list[float]:
+    """Median µs of each phase of Side.step, over the timed steps."""
+    a = np.asarray(tr.phase_ns, dtype=np.float64) / 1e3
+    return [float(x) for x in np.median(a, axis=0)]
+
+
+def breakdown_row(label: str, tr: Trace, running: int | None) -> str:
+    med = phase_medians(tr)
+    calls = med[0] + med[2]
+    per_req = f"{calls / running:.3f}" if running else "—"
+    cells = " | ".join(fmt(m, 2) for m in med)
+    return f"| {label} | {tr.side} | {cells} | {fmt(calls, 2)} | {per_req} |"
+
+
 def fmt(x: float, digits: int = 1) -> str:
     return f"{x:,.0f}" if x >= 1000 else f"{x:.{digits}f}"
 
@@ -505,8 +534,9 @@ def main() -> int:
     args = parser.parse_args()
 
     try:
-        import tokenyard.sched  # noqa: F401
         import vllm_peer  # noqa: F401
+
+        import tokenyard.sched  # noqa: F401
     except ImportError as e:
         print(
             f"needs the bench venv ({e}): `bash benches/peers/setup.sh`, then "
@@ -514,6 +544,9 @@ def main() -> int:
             file=sys.stderr,
         )
         return 2
+    # vLLM's logger can end up without its handler here (its level from the env then
+    # does not apply); keep its start-up warnings out of the report either way.
+    logging.getLogger("vllm").setLevel(logging.ERROR)
 
     started = time.perf_counter()
     env = environment()
@@ -548,6 +581,19 @@ def main() -> int:
     rng = np.random.default_rng(args.seed)
     results: dict[str, Any] = {"environment": env, "decode": [], "mix": []}
     notes: list[str] = []
+    breakdown = [
+        "### Where a step goes",
+        "",
+        "- median µs of each phase over the timed steps (medians of parts need not add up "
+        "to the step median); tokenyard's schedule() includes reading its lazily built "
+        "`num_scheduled_tokens` and `preempted_req_ids`; 'build runner output' is the "
+        "harness bookkeeping (the same code on both sides) plus the output object",
+        "- scheduler calls = schedule() + update_from_output(), without the harness",
+        "",
+        "| scenario | side | " + " | ".join(PHASES) + " | scheduler calls "
+        "| scheduler calls per running request |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
 
     # 1. steady-state decode
     rows = [
@@ -555,7 +601,7 @@ def main() -> int:
         "",
         f"- R running requests, {decode_prompt_len}-token prompts (distinct, random), "
         f"budget {decode_budget} tokens, max_num_seqs = R, max_model_len {decode_model_len}, "
-        f"R × {decode_model_len // BLOCK_SIZE} blocks (no preemption); warm-up until "
+        f"R x {decode_model_len // BLOCK_SIZE} blocks (no preemption); warm-up until "
         f"every request decodes, plus {warm_extra} steps; then {decode_steps} timed steps",
         "",
         "| R | prefix caching | tokenyard µs/step | vLLM µs/step | ratio "
@@ -564,9 +610,7 @@ def main() -> int:
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in running:
-        prompts = [
-            rng.integers(0, VOCAB, decode_prompt_len, dtype=np.uint32) for _ in range(r)
-        ]
+        prompts = [rng.integers(0, VOCAB, decode_prompt_len, dtype=np.uint32) for _ in range(r)]
         ids = [f"d{r}-{i:05d}" for i in range(r)]
         for pc in (True, False):
             sc = Scenario(
@@ -580,6 +624,7 @@ def main() -> int:
             )
             ty, vl = (run_decode(c, sc, ids, prompts, decode_steps, warm_extra) for c in SIDES)
             sty, svl = Stats.of(ty.timed_ns), Stats.of(vl.timed_ns)
+            breakdown += [breakdown_row(sc.name, tr, r) for tr in (ty, vl)]
             ag = compare(ty, vl)
             if ag.first_divergence:
                 notes.append(f"{sc.name}: {ag.first_divergence}")
@@ -602,6 +647,7 @@ def main() -> int:
                     "scenario": asdict(sc),
                     "tokenyard": asdict(sty),
                     "vllm": asdict(svl),
+                    "phase_median_us": {t.side: phase_medians(t) for t in (ty, vl)},
                     "ratio_median": svl.median_us / sty.median_us,
                     "warmup_steps": [ty.warmup_steps, vl.warmup_steps],
                     "agreement": asdict(ag),
@@ -616,44 +662,61 @@ def main() -> int:
     prompts = [rng.integers(0, VOCAB, int(n), dtype=np.uint32) for n in lens]
     ids = [f"m-{i:05d}" for i in range(mix_requests)]
     mix_blocks = sum(math.ceil((int(n) + mix_max_tokens) / BLOCK_SIZE) for n in lens) + 64
+    tight_blocks = mix_blocks // 8
     rows = [
         "### Chunked-prefill mix",
         "",
         f"- {mix_requests} requests queued up front, prompts uniform "
         f"{lens.min()}-{lens.max()} tokens ({int(lens.sum()):,} in all, distinct, random), "
         f"max_tokens {mix_max_tokens}, budget {mix_budget} tokens, max_num_seqs "
-        f"{mix_requests}, {mix_blocks:,} blocks (all fit: no preemption); every step "
-        "timed until nothing is left",
+        f"{mix_requests}; every step timed until nothing is left",
+        f"- KV blocks: 'ample' = {mix_blocks:,}, all requests fit (no preemption); 'tight' = "
+        f"{tight_blocks:,} (an eighth), so requests wait for memory and get preempted",
+        "- 'vLLM aligned': vLLM gets one block more (its block 0 is a reserved null block; "
+        "tokenyard can use all num_blocks) and scheduler_reserve_full_isl=False (vLLM's "
+        "default True admits a request only if its whole prompt fits; tokenyard checks "
+        "the first chunk). Stock vLLM everywhere else",
         "- add_request: all requests queued before the first step (vLLM: Request "
         "construction, which hashes the prompt, + add_request), total ms, untimed in steps",
         "",
-        "| prefix caching | steps (tokenyard / vLLM) | tokenyard median µs | vLLM median µs "
+        "| prefix caching | KV | steps (tokenyard / vLLM) | tokenyard median µs | vLLM median µs "
         "| ratio | tokenyard total ms | vLLM total ms | ratio (total) | tokenyard p99 "
         "| vLLM p99 | add_request ms (tokenyard / vLLM) | decisions |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     mix_agreements = []
-    for pc in (True, False):
+    mix_cases = [
+        (True, "ample", mix_blocks, False),
+        (False, "ample", mix_blocks, False),
+        (True, "tight", tight_blocks, False),
+        (True, "tight, vLLM aligned", tight_blocks, True),
+    ]
+    for pc, kv, blocks, aligned in mix_cases:
         sc = Scenario(
-            name=f"mix pc={'on' if pc else 'off'}",
-            num_blocks=mix_blocks,
+            name=f"mix pc={'on' if pc else 'off'} kv={kv}",
+            num_blocks=blocks,
             max_num_seqs=mix_requests,
             max_num_batched_tokens=mix_budget,
             max_model_len=4096 + mix_max_tokens,
             enable_prefix_caching=pc,
             max_tokens=mix_max_tokens,
+            vllm_extra_blocks=1 if aligned else 0,
+            vllm_reserve_full_isl=not aligned,
         )
         ty, vl = (run_mix(c, sc, ids, prompts, mix_max_steps) for c in SIDES)
         sty, svl = Stats.of(ty.timed_ns), Stats.of(vl.timed_ns)
+        breakdown += [breakdown_row(sc.name, tr, None) for tr in (ty, vl)]
         ag = compare(ty, vl)
-        mix_agreements.append((sc.name, ag, ty, vl))
+        mix_agreements.append((sc, ag, ty, vl))
         if ag.first_divergence:
             notes.append(f"{sc.name}: {ag.first_divergence}")
         for tr in (ty, vl):
             if not tr.completed:
                 notes.append(f"{sc.name}: {tr.side} not done after {mix_max_steps} steps")
+            if tr.preempted and kv == "ample":
+                notes.append(f"{sc.name}: {tr.side} preempted {tr.preempted} (expected none)")
         rows.append(
-            f"| {'on' if pc else 'off'} | {sty.steps} / {svl.steps} | {fmt(sty.median_us)} "
+            f"| {'on' if pc else 'off'} | {kv} | {sty.steps} / {svl.steps} | {fmt(sty.median_us)} "
             f"| {fmt(svl.median_us)} | {svl.median_us / sty.median_us:.1f}x "
             f"| {fmt(sty.total_ms)} | {fmt(svl.total_ms)} | {svl.total_ms / sty.total_ms:.1f}x "
             f"| {fmt(sty.p99_us)} | {fmt(svl.p99_us)} "
@@ -662,12 +725,14 @@ def main() -> int:
         results["mix"].append(
             {
                 "prefix_caching": pc,
+                "kv": kv,
                 "scenario": asdict(sc),
                 "prompt_lengths": {"min": int(lens.min()), "max": int(lens.max())},
                 "tokenyard": asdict(sty),
                 "vllm": asdict(svl),
                 "ratio_median": svl.median_us / sty.median_us,
                 "ratio_total": svl.total_ms / sty.total_ms,
+                "phase_median_us": {t.side: phase_medians(t) for t in (ty, vl)},
                 "add_request_ms": [ty.add_ns / 1e6, vl.add_ns / 1e6],
                 "prefix_hit_tokens": [ty.prefix_hit_tokens, vl.prefix_hit_tokens],
                 "preempted": [ty.preempted, vl.preempted],
@@ -677,13 +742,15 @@ def main() -> int:
         )
         print(f"  … {sc.name} done", file=sys.stderr, flush=True)
     print("\n".join(rows) + "\n")
+    print("\n".join(breakdown) + "\n")
 
     print("### Scheduling decisions\n")
     print(
         "- compared: the ordered `num_scheduled_tokens` of every step, and the requests "
         "finished in it (decode: warm-up steps included)"
     )
-    for name, ag, ty, vl in mix_agreements:
+    for sc, ag, ty, vl in mix_agreements:
+        name = sc.name
         first50 = sum(
             dict(a) == dict(b) for a, b in zip(ty.decisions[:50], vl.decisions[:50], strict=False)
         )
@@ -691,7 +758,7 @@ def main() -> int:
             f"- {name}: first 50 steps {first50}/50 equal as dicts; all steps: "
             f"{ag.same_in_order}/{ag.steps_compared} identical in order, "
             f"{ag.same_as_dict}/{ag.steps_compared} as dicts, finished sets equal in "
-            f"{ag.same_finished}/{ag.steps_compared}; prefix-hit tokens "
+            f"{ag.same_finished}/{ag.steps_compared}; prefix-hit tokens at (re)admission "
             f"{ty.prefix_hit_tokens} / {vl.prefix_hit_tokens}, preempted "
             f"{ty.preempted} / {vl.preempted} (tokenyard / vLLM)"
         )
@@ -701,6 +768,41 @@ def main() -> int:
             print(f"  - {n}")
     else:
         print("- no divergence: both schedulers made the same decisions in every step")
+    by_kv = {sc.name.split("kv=", 1)[1]: (sc, ag, ty) for sc, ag, ty, _ in mix_agreements}
+    tight_sc, stock, tight_ty = by_kv["tight"]
+    aligned = by_kv["tight, vLLM aligned"][1]
+    explained = bool(stock.first_divergence and not aligned.first_divergence)
+    results["tight_kv_divergence_explained"] = explained
+    if explained:
+        print(
+            "- the tight-KV divergence has two causes; with both lined up ('vLLM aligned') "
+            "every step matches, preemptions and prefix hits included:"
+        )
+        # One cause at a time (vLLM side re-run, untimed), for a concrete example of each.
+        isolated = (
+            (
+                "vLLM's BlockPool keeps block 0 as a null block, so the same num_blocks gives "
+                "it one usable block fewer (isolated: scheduler_reserve_full_isl=False only)",
+                0,
+                False,
+            ),
+            (
+                "vLLM 0.33's scheduler_reserve_full_isl (default True) admits a waiting "
+                "request only if its whole prompt fits in free blocks; tokenyard admits "
+                "when the first chunk fits, and preempts more later (isolated: +1 block "
+                "only)",
+                1,
+                True,
+            ),
+        )
+        for i, (cause, extra, full_isl) in enumerate(isolated, 1):
+            sc = replace(tight_sc, vllm_extra_blocks=extra, vllm_reserve_full_isl=full_isl)
+            ag = compare(tight_ty, run_mix(VllmSide, sc, ids, prompts, mix_max_steps))
+            print(
+                f"  {i}. {cause}: {ag.same_in_order}/{ag.steps_compared} steps identical; "
+                f"first divergence: {ag.first_divergence or 'none'}"
+            )
+            results[f"tight_kv_cause_{i}"] = {"cause": cause, "agreement": asdict(ag)}
 
     env["loadavg_at_end"] = loadavg()
     print(f"\n- loadavg at end: {env['loadavg_at_end']}")

@@ -83,6 +83,10 @@ class RefBlockPool:
         self._hash_ids: dict[tuple[object, ...], int] = {}
         self._next_hash = count()
 
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
     def _hashes(self, tokens: list[int], extra_key: int | None) -> list[int]:
         hashes: list[int] = []
         bs = self.block_size
@@ -338,3 +342,101 @@ class RefRadixCache:
         for node in self._nodes():
             node.alive = False
         self.root.children.clear()
+
+
+@dataclass
+class RefPages:
+    block_ids: list[int]
+    tokens: list[int]
+    num_computed: int
+    num_tree_pages: int
+    handle: RefNode | None
+    uses_tree: bool
+
+
+@dataclass
+class RefRadixHit:
+    block_ids: list[int]
+    num_computed_tokens: int
+    handle: RefNode | None
+
+
+class RefRadixPool:
+    """SGLang's cache manager: a LIFO page allocator plus the reference radix tree."""
+
+    def __init__(self, num_pages: int, page_size: int):
+        self.p = page_size
+        self.num_pages = num_pages
+        self.free_pages = list(reversed(range(num_pages)))
+        self.tree = RefRadixCache(page_size)
+        self.requests: dict[object, RefPages] = {}
+        self.stats = [0, 0, 0]
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_pages) + self.tree.evictable_size // self.p
+
+    def get_computed_blocks(self, tokens: list[int], extra_key: int | None = None) -> RefRadixHit:
+        if extra_key is not None:
+            return RefRadixHit([], 0, None)
+        matched, values, node = self.tree.match_prefix(tokens[: max(len(tokens) - 1, 0)])
+        self.stats[0] += 1
+        self.stats[1] += len(tokens)
+        self.stats[2] += matched
+        return RefRadixHit([v // self.p for v in values[:: self.p]], matched, node)
+
+    def allocate_slots(
+        self,
+        request_id: object,
+        num_new_tokens: int,
+        num_lookahead_tokens: int = 0,
+        token_ids: list[int] | None = None,
+        hit: RefRadixHit | None = None,
+        extra_key: int | None = None,
+    ) -> list[int] | None:
+        if num_new_tokens < 1:
+            raise InputError("num_new_tokens")
+        request = self.requests.get(request_id)
+        if request is not None and hit is not None:
+            raise InputError("new_computed_blocks")
+        if request is not None:
+            computed, held = request.num_computed, len(request.block_ids)
+        elif hit is not None:
+            computed, held = hit.num_computed_tokens, len(hit.block_ids)
+        else:
+            computed = held = 0
+        handle = hit.handle if hit is not None else None
+        if handle is not None:
+            self.tree.lock(handle)
+        needed = max(-(-(computed + num_new_tokens + num_lookahead_tokens) // self.p) - held, 0)
+        if needed > len(self.free_pages) + self.tree.evictable_size // self.p:
+            if handle is not None:
+                self.tree.unlock(handle)
+            return None
+        if needed > len(self.free_pages):
+            slots = self.tree.evict((needed - len(self.free_pages)) * self.p)
+            self.free_pages += [s // self.p for s in slots[:: self.p]]
+        new = [self.free_pages.pop() for _ in range(needed)]
+        if request is None:
+            tree_pages = list(hit.block_ids) if hit is not None else []
+            request = RefPages(tree_pages, [], computed, len(tree_pages), handle, extra_key is None)
+            self.requests[request_id] = request
+        request.block_ids += new
+        request.tokens += list(token_ids or [])
+        request.num_computed += num_new_tokens
+        return new
+
+    def free(self, request_id: object) -> None:
+        if request_id not in self.requests:
+            raise UnknownRequestError(str(request_id))
+        r = self.requests.pop(request_id)
+        kept = r.num_tree_pages
+        if r.uses_tree:
+            full = min(r.num_computed, len(r.tokens)) // self.p
+            slots = [page * self.p + i for page in r.block_ids[:full] for i in range(self.p)]
+            already = self.tree.insert(r.tokens[: full * self.p], slots) // self.p
+            self.free_pages += reversed(r.block_ids[r.num_tree_pages : max(already, kept)])
+            kept = max(full, kept)
+        self.free_pages += reversed(r.block_ids[kept:])
+        if r.handle is not None:
+            self.tree.unlock(r.handle)

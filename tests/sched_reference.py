@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kv_reference import RefBlockPool
+from kv_reference import RefBlockPool, RefRadixPool
 
 from tokenyard.errors import InputError, UnknownRequestError
 
@@ -43,7 +43,11 @@ class RefRequest:
 class RefScheduler:
     def __init__(self, cfg: Any):
         self.cfg = cfg
-        self.pool = RefBlockPool(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        self.pool: Any
+        if cfg.enable_prefix_caching and cfg.prefix_cache == "radix":
+            self.pool = RefRadixPool(cfg.num_blocks, cfg.block_size)
+        else:
+            self.pool = RefBlockPool(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.requests: dict[Any, RefRequest] = {}
         self.waiting: list[RefRequest] = []  # kept in scheduling order
         self.running: list[RefRequest] = []
@@ -122,7 +126,7 @@ class RefScheduler:
                 i += 1
                 continue
             while True:
-                known = len(self.pool.requests[r.request_id].tokens)
+                known = len(self.pool.requests[r.request_id].tokens)  # ids the pool was given
                 blocks = self.pool.allocate_slots(
                     r.request_id, n, self.cfg.num_lookahead_tokens, r.tokens[known:]
                 )

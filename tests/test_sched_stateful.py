@@ -27,6 +27,7 @@ def configs() -> st.SearchStrategy[SchedulerConfig]:
         enable_chunked_prefill=st.just(True),
         policy=st.sampled_from(["fcfs", "priority"]),
         enable_prefix_caching=st.booleans(),
+        prefix_cache=st.sampled_from(["block_hash", "radix"]),
         # Capacity of 52-80 tokens: one request always fits (49 slots at most), a few do not.
         block_size=st.just(4),
         num_blocks=st.integers(13, 20),
@@ -112,7 +113,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         for r in self.ref.running:
             assert self.rust.num_computed_tokens(r.request_id) == r.num_computed
         stats = self.rust.stats()
-        used = self.cfg.num_blocks - len(self.ref.pool.free_queue)
+        used = self.cfg.num_blocks - self.ref.pool.num_free_blocks
         assert stats.kv_usage == used / self.cfg.num_blocks
         if self.cfg.max_num_seqs:
             assert stats.num_running <= self.cfg.max_num_seqs

@@ -218,7 +218,10 @@ class VllmSchedulerPeer:
         long_prefill_token_threshold: int = 0,
         policy: str = "fcfs",
         hash_algo: str = DEFAULT_HASH_ALGO,
+        scheduler_reserve_full_isl: bool = True,
     ) -> None:
+        """``scheduler_reserve_full_isl`` (vLLM's default True): admit a waiting request
+        only if its whole prompt fits in free blocks, not just its first chunk."""
         from vllm.config import (
             CacheConfig,
             DeviceConfig,
@@ -249,6 +252,7 @@ class VllmSchedulerPeer:
             # The synchronous Scheduler (tokenyard's default mode); the engine would
             # pick AsyncScheduler when async scheduling is on.
             async_scheduling=False,
+            scheduler_reserve_full_isl=scheduler_reserve_full_isl,
         )
         cache_config = CacheConfig(
             block_size=block_size,
@@ -295,6 +299,7 @@ class VllmSchedulerPeer:
             "enable_chunked_prefill": sc.enable_chunked_prefill,
             "long_prefill_token_threshold": sc.long_prefill_token_threshold,
             "policy": sc.policy,
+            "scheduler_reserve_full_isl": sc.scheduler_reserve_full_isl,
             "async_scheduling": sc.async_scheduling,
             "block_size": cc.block_size,
             "enable_prefix_caching": cc.enable_prefix_caching,

@@ -90,7 +90,10 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     policy: Literal["fcfs", "priority"] = "fcfs"
     enable_prefix_caching: bool = True
-    prefix_cache: Literal["block_hash"] = "block_hash"
+    prefix_cache: Literal["block_hash", "radix"] = "block_hash"
+    """``"block_hash"``: vLLM V1's block pool, caching blocks as they are computed.
+    ``"radix"``: SGLang's radix tree over a page allocator (pages of ``block_size`` tokens),
+    caching a request's pages when it finishes or is preempted; LoRA requests bypass it."""
     block_size: int = 16
     num_blocks: int = 8192
     max_model_len: int = 8192
@@ -113,8 +116,8 @@ class SchedulerConfig:
                 raise _bad_field(name, getattr(self, name), "must be a bool")
         if self.policy not in ("fcfs", "priority"):
             raise _bad_field("policy", self.policy, 'must be "fcfs" or "priority"')
-        if self.prefix_cache != "block_hash":
-            raise _bad_field("prefix_cache", self.prefix_cache, 'must be "block_hash"')
+        if self.prefix_cache not in ("block_hash", "radix"):
+            raise _bad_field("prefix_cache", self.prefix_cache, 'must be "block_hash" or "radix"')
 
 
 _COUNT_FIELDS = (

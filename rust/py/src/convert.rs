@@ -77,6 +77,10 @@ fn read_wide(obj: &Bound<'_, PyAny>, arg: &'static str) -> PyResult<Vec<i128>> {
         let what = format!("array of dtype {} and {} dims", array.dtype(), array.ndim());
         return Err(input_error(py, arg, what, NOT_INTS));
     }
+    // Most sequences hold ints that fit in 64 bits, which convert far faster than i128.
+    if let Ok(values) = obj.extract::<Vec<i64>>() {
+        return Ok(values.into_iter().map(i128::from).collect());
+    }
     obj.extract()
         .map_err(|_| input_error(py, arg, short_repr(obj), NOT_INTS))
 }

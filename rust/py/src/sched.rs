@@ -5,7 +5,7 @@ use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyMapping};
 use tokenyard_core::sched::{
-    NewRequestData, Policy, RequestSpec, SampledOutput, Scheduler, SchedulerConfig,
+    NewRequestData, Policy, PrefixCache, RequestSpec, SampledOutput, Scheduler, SchedulerConfig,
     SchedulerOutput, SchedulerStats,
 };
 
@@ -53,14 +53,6 @@ fn core_config(config: &Bound<'_, PyAny>) -> PyResult<(SchedulerConfig, bool)> {
     let py = config.py();
     let policy: String = field(config, "policy")?;
     let prefix_cache: String = field(config, "prefix_cache")?;
-    if prefix_cache != "block_hash" {
-        return Err(config_error(
-            py,
-            "prefix_cache",
-            format!("{prefix_cache:?}"),
-            "must be \"block_hash\"",
-        ));
-    }
     let core = SchedulerConfig {
         max_num_seqs: count_field(config, "max_num_seqs")?,
         max_num_batched_tokens: count_field(config, "max_num_batched_tokens")?,
@@ -68,6 +60,7 @@ fn core_config(config: &Bound<'_, PyAny>) -> PyResult<(SchedulerConfig, bool)> {
         enable_chunked_prefill: field(config, "enable_chunked_prefill")?,
         policy: Policy::parse(&policy).or_raise(py)?,
         enable_prefix_caching: field(config, "enable_prefix_caching")?,
+        prefix_cache: PrefixCache::parse(&prefix_cache).or_raise(py)?,
         block_size: count_field(config, "block_size")?,
         num_blocks: count_field(config, "num_blocks")?,
         max_model_len: count_field(config, "max_model_len")?,
@@ -76,6 +69,51 @@ fn core_config(config: &Bound<'_, PyAny>) -> PyResult<(SchedulerConfig, bool)> {
         max_loras: count_field(config, "max_loras")?,
     };
     Ok((core, field(config, "async_scheduling")?))
+}
+
+/// Merges rejected counts and new drafts into the outputs, adding an entry for a request
+/// that sampled nothing this step.
+fn add_speculation<'py>(
+    outputs: &mut Vec<SampledOutput<RequestId>>,
+    num_rejected_tokens: Option<&Bound<'py, PyMapping>>,
+    spec_token_ids: Option<&Bound<'py, PyMapping>>,
+) -> PyResult<()> {
+    let mut position: rustc_hash::FxHashMap<RequestId, usize> = outputs
+        .iter()
+        .enumerate()
+        .map(|(i, o)| (o.request_id.clone(), i))
+        .collect();
+    let mut entry = |key: &Bound<'py, PyAny>| -> PyResult<usize> {
+        let id = RequestId::from_py(key)?;
+        Ok(*position.entry(id.clone()).or_insert_with(|| {
+            outputs.push(sampled_output(id, Vec::new()));
+            outputs.len() - 1
+        }))
+    };
+    let mut rejected = Vec::new();
+    if let Some(map) = num_rejected_tokens {
+        for item in map.items()?.iter() {
+            let (key, n): (Bound<'py, PyAny>, i64) = item.extract()?;
+            rejected.push((
+                entry(&key)?,
+                count_arg(key.py(), "num_rejected_tokens", n, 0)?,
+            ));
+        }
+    }
+    let mut drafts = Vec::new();
+    if let Some(map) = spec_token_ids {
+        for item in map.items()?.iter() {
+            let (key, tokens): (Bound<'py, PyAny>, Bound<'py, PyAny>) = item.extract()?;
+            drafts.push((entry(&key)?, token_ids(&tokens, "spec_token_ids")?));
+        }
+    }
+    for (i, n) in rejected {
+        outputs[i].num_rejected_tokens = n;
+    }
+    for (i, tokens) in drafts {
+        outputs[i].spec_token_ids = tokens;
+    }
+    Ok(())
 }
 
 fn sampled_output(request_id: RequestId, token_ids: Vec<u32>) -> SampledOutput<RequestId> {
@@ -181,40 +219,13 @@ impl PyScheduler {
     ) -> PyResult<Bound<'py, PyList>> {
         let py = sampled_token_ids.py();
         let mut outputs = Vec::with_capacity(sampled_token_ids.len()?);
-        let mut position = rustc_hash::FxHashMap::default();
         for item in sampled_token_ids.items()?.iter() {
             let (key, tokens): (Bound<'py, PyAny>, Bound<'py, PyAny>) = item.extract()?;
-            let id = RequestId::from_py(&key)?;
-            position.insert(id.clone(), outputs.len());
             let sampled = token_ids(&tokens, "sampled_token_ids")?;
-            outputs.push(sampled_output(id, sampled));
+            outputs.push(sampled_output(RequestId::from_py(&key)?, sampled));
         }
-        let mut entry = |key: &Bound<'py, PyAny>| -> PyResult<usize> {
-            let id = RequestId::from_py(key)?;
-            Ok(*position.entry(id.clone()).or_insert_with(|| {
-                outputs.push(sampled_output(id, Vec::new()));
-                outputs.len() - 1
-            }))
-        };
-        let mut rejected = Vec::new();
-        if let Some(map) = num_rejected_tokens {
-            for item in map.items()?.iter() {
-                let (key, n): (Bound<'py, PyAny>, i64) = item.extract()?;
-                rejected.push((entry(&key)?, count_arg(py, "num_rejected_tokens", n, 0)?));
-            }
-        }
-        let mut drafts = Vec::new();
-        if let Some(map) = spec_token_ids {
-            for item in map.items()?.iter() {
-                let (key, tokens): (Bound<'py, PyAny>, Bound<'py, PyAny>) = item.extract()?;
-                drafts.push((entry(&key)?, token_ids(&tokens, "spec_token_ids")?));
-            }
-        }
-        for (i, n) in rejected {
-            outputs[i].num_rejected_tokens = n;
-        }
-        for (i, tokens) in drafts {
-            outputs[i].spec_token_ids = tokens;
+        if num_rejected_tokens.is_some() || spec_token_ids.is_some() {
+            add_speculation(&mut outputs, num_rejected_tokens, spec_token_ids)?;
         }
         let finished = self.inner.update_from_output(&outputs).or_raise(py)?;
         let list = PyList::empty(py);

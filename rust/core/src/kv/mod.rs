@@ -13,11 +13,13 @@ mod block_pool;
 mod counting;
 mod free_queue;
 mod radix;
+mod radix_pool;
 
 pub use block_hash::{BlockHash, hash_full_blocks};
 pub use block_pool::{BlockId, BlockPool, BlockPoolStats, ComputedBlocks};
 pub use counting::CountingAllocator;
 pub use radix::{MatchResult, NodeHandle, RadixCache};
+pub use radix_pool::{RadixHit, RadixPool};
 
 use std::fmt::Debug;
 use std::hash::Hash;

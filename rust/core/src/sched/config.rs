@@ -26,6 +26,29 @@ impl Policy {
     }
 }
 
+/// Which prefix cache backs the scheduler's KV memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefixCache {
+    /// vLLM V1's block pool with chained block hashes; caches blocks as they are computed.
+    BlockHash,
+    /// SGLang's radix tree over a page allocator; caches a request's pages when it ends.
+    Radix,
+}
+
+impl PrefixCache {
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "block_hash" => Ok(PrefixCache::BlockHash),
+            "radix" => Ok(PrefixCache::Radix),
+            _ => Err(Error::config(
+                "prefix_cache",
+                name,
+                "must be \"block_hash\" or \"radix\"",
+            )),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct SchedulerConfig {
     /// Cap on running requests; 0 = unbounded.
@@ -37,6 +60,7 @@ pub struct SchedulerConfig {
     pub enable_chunked_prefill: bool,
     pub policy: Policy,
     pub enable_prefix_caching: bool,
+    pub prefix_cache: PrefixCache,
     pub block_size: usize,
     pub num_blocks: usize,
     /// Longest sequence (prompt + output) a request may reach.
@@ -58,6 +82,7 @@ impl Default for SchedulerConfig {
             enable_chunked_prefill: true,
             policy: Policy::Fcfs,
             enable_prefix_caching: true,
+            prefix_cache: PrefixCache::BlockHash,
             block_size: 16,
             num_blocks: 8192,
             max_model_len: 8192,

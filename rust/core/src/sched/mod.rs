@@ -3,6 +3,7 @@
 //! and KV memory, preempting (recompute) when memory runs out.
 
 mod config;
+mod kv;
 mod output;
 mod plugin;
 mod queue;
@@ -10,7 +11,7 @@ mod request;
 mod scheduler;
 mod update;
 
-pub use config::{Policy, SchedulerConfig};
+pub use config::{Policy, PrefixCache, SchedulerConfig};
 pub use output::{
     CachedRequestData, NewRequestData, SampledOutput, SchedulerOutput, SchedulerStats,
 };

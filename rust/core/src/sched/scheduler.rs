@@ -6,12 +6,13 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
+use super::kv::Kv;
 use super::output::{CachedRequestData, NewRequestData, SchedulerOutput, SchedulerStats};
 use super::plugin::{PolicyPlugin, RequestView, check_permutation};
 use super::queue::{PriorityKey, WaitingQueue};
 use super::request::{Request, RequestStatus};
-use super::{Policy, SchedulerConfig};
-use crate::kv::{BlockId, BlockPool, KvCapacity, RequestKey};
+use super::{Policy, PrefixCache, SchedulerConfig};
+use crate::kv::{BlockId, BlockPool, RadixPool, RequestKey};
 use crate::{Error, Result};
 
 pub struct Scheduler<R: RequestKey> {
@@ -21,7 +22,7 @@ pub struct Scheduler<R: RequestKey> {
     pub(super) index: FxHashMap<R, u32>,
     pub(super) waiting: WaitingQueue,
     pub(super) running: Vec<u32>,
-    pub(super) pool: BlockPool<u32>,
+    pub(super) kv: Kv,
     pub(super) finished_since_last_step: Vec<R>,
     pub(super) next_arrival_seq: u64,
     pub(super) num_preemptions: u64,
@@ -73,11 +74,16 @@ impl<R: RequestKey> Scheduler<R> {
                 ),
             ));
         }
-        let pool = BlockPool::new(
-            config.num_blocks,
-            config.block_size,
-            config.enable_prefix_caching,
-        )?;
+        let kv = match (config.enable_prefix_caching, config.prefix_cache) {
+            (true, PrefixCache::Radix) => {
+                Kv::Radix(RadixPool::new(config.num_blocks, config.block_size)?)
+            }
+            (caching, _) => Kv::BlockHash(BlockPool::new(
+                config.num_blocks,
+                config.block_size,
+                caching,
+            )?),
+        };
         Ok(Self {
             waiting: WaitingQueue::new(config.policy),
             config,
@@ -85,7 +91,7 @@ impl<R: RequestKey> Scheduler<R> {
             free_slots: Vec::new(),
             index: FxHashMap::default(),
             running: Vec::new(),
-            pool,
+            kv,
             finished_since_last_step: Vec::new(),
             next_arrival_seq: 0,
             num_preemptions: 0,
@@ -146,15 +152,15 @@ impl<R: RequestKey> Scheduler<R> {
     }
 
     pub fn block_ids(&self, request_id: &R) -> Option<&[BlockId]> {
-        self.pool.block_ids(self.index.get(request_id)?)
+        self.kv.block_ids(*self.index.get(request_id)?)
     }
 
     pub fn stats(&self) -> SchedulerStats {
-        let prefix = self.pool.stats();
+        let prefix = self.kv.stats();
         SchedulerStats {
             num_waiting: self.waiting.len(),
             num_running: self.running.len(),
-            kv_usage: self.pool.usage(),
+            kv_usage: self.kv.usage(),
             prefix_cache_queries: prefix.num_query_tokens,
             prefix_cache_hits: prefix.num_hit_tokens,
             num_preemptions: self.num_preemptions,
@@ -306,15 +312,15 @@ impl<R: RequestKey> Scheduler<R> {
         plan: &mut StepPlan,
     ) -> Result<Allocation> {
         loop {
-            let known = self.pool.num_tokens(&slot).unwrap_or(0);
+            let known = self.kv.num_tokens(slot).unwrap_or(0);
             let request = self.slots[slot as usize]
                 .as_ref()
                 .expect("running slot is live");
             let new_tokens = &request.all_token_ids[known..];
             let lookahead = self.config.num_lookahead_tokens;
             if let Some(blocks) = self
-                .pool
-                .allocate_slots(&slot, new_tokens, n, lookahead, None, None)?
+                .kv
+                .allocate(slot, new_tokens, n, lookahead, None, None)?
             {
                 return Ok(Allocation::Scheduled(blocks));
             }
@@ -357,7 +363,7 @@ impl<R: RequestKey> Scheduler<R> {
     /// Frees the victim's blocks and sends it back to the front of the waiting queue to be
     /// recomputed; refunds its tokens if it was already scheduled in this step.
     fn preempt(&mut self, victim: u32, budget: &mut usize, plan: &mut StepPlan) -> Result<()> {
-        self.pool.free(&victim)?;
+        self.kv.free(victim)?;
         self.running.retain(|&s| s != victim);
         if plan.new_blocks.remove(&victim).is_some() {
             let pos = plan
@@ -427,10 +433,8 @@ impl<R: RequestKey> Scheduler<R> {
             .as_ref()
             .expect("waiting slot is live");
         let lora_id = request.spec.lora_id;
-        let hit = self
-            .pool
-            .get_computed_blocks(&request.all_token_ids, lora_id);
-        let mut n = request.num_tokens() - hit.num_computed_tokens;
+        let hit = self.kv.lookup(&request.all_token_ids, lora_id);
+        let mut n = request.num_tokens() - hit.num_computed_tokens();
         let threshold = self.config.long_prefill_token_threshold;
         if threshold > 0 {
             n = n.min(threshold);
@@ -441,9 +445,9 @@ impl<R: RequestKey> Scheduler<R> {
         n = n.min(*budget);
         let lookahead = self.config.num_lookahead_tokens;
         let tokens = &request.all_token_ids;
-        let Some(blocks) =
-            self.pool
-                .allocate_slots(&slot, tokens, n, lookahead, Some(&hit), lora_id)?
+        let Some(blocks) = self
+            .kv
+            .allocate(slot, tokens, n, lookahead, Some(&hit), lora_id)?
         else {
             return Ok(false);
         };
@@ -452,7 +456,7 @@ impl<R: RequestKey> Scheduler<R> {
         let request = self.req_mut(slot);
         let was_preempted = request.status == RequestStatus::Preempted;
         request.status = RequestStatus::Running;
-        request.num_computed_tokens = hit.num_computed_tokens;
+        request.num_computed_tokens = hit.num_computed_tokens();
         if let Some(lora) = lora_id {
             plan.loras.insert(lora);
         }
@@ -496,7 +500,7 @@ impl<R: RequestKey> Scheduler<R> {
                         } else {
                             request.spec.prompt_token_ids.clone()
                         },
-                        block_ids: self.pool.block_ids(&slot).unwrap_or_default().to_vec(),
+                        block_ids: self.kv.block_ids(slot).unwrap_or_default().to_vec(),
                         num_computed_tokens: request.num_computed_tokens,
                         lora_id: request.spec.lora_id,
                     };

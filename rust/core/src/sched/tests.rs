@@ -143,6 +143,48 @@ fn fully_cached_prompt_schedules_one_token() {
 }
 
 #[test]
+fn radix_prefix_cache_serves_a_finished_requests_prompt() {
+    let cfg = SchedulerConfig {
+        enable_prefix_caching: true,
+        prefix_cache: PrefixCache::Radix,
+        max_num_batched_tokens: 100,
+        ..config()
+    };
+    let mut s = Scheduler::new(cfg, false).unwrap();
+    s.add_request(
+        0,
+        RequestSpec {
+            max_tokens: 1,
+            ..prompt(0, 10)
+        },
+    )
+    .unwrap();
+    run_step(&mut s); // finishes after one token; its 2 full pages go into the tree
+    s.add_request(1, prompt(0, 10)).unwrap();
+    let out = s.schedule().unwrap();
+    assert_eq!(scheduled(&out), [(1, 2)], "8 of 10 prompt tokens hit");
+    assert_eq!(out.scheduled_new_reqs[0].num_computed_tokens, 8);
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn radix_fully_cached_prompt_still_recomputes_its_last_token() {
+    let cfg = SchedulerConfig {
+        enable_prefix_caching: true,
+        prefix_cache: PrefixCache::Radix,
+        max_num_batched_tokens: 100,
+        ..config()
+    };
+    let mut s = Scheduler::new(cfg, false).unwrap();
+    s.add_request(0, RequestSpec { max_tokens: 1, ..prompt(0, 8) }).unwrap();
+    run_step(&mut s); // its two full pages (all 8 prompt tokens) go into the tree
+    s.add_request(1, prompt(0, 8)).unwrap();
+    let out = s.schedule().unwrap();
+    assert_eq!(scheduled(&out), [(1, 4)], "only the first page: the last token must run");
+    s.check_invariants().unwrap();
+}
+
+#[test]
 fn fcfs_preempts_the_last_running_request_and_admits_nothing_that_step() {
     // 3 blocks of 4: two 4-token prompts fill 2 blocks; decoding needs a third each.
     let cfg = SchedulerConfig {
@@ -515,6 +557,7 @@ proptest! {
         num_blocks in 8usize..24,
         caching in any::<bool>(),
         policy in prop_oneof![Just(Policy::Fcfs), Just(Policy::Priority)],
+        prefix_cache in prop_oneof![Just(PrefixCache::BlockHash), Just(PrefixCache::Radix)],
     ) {
         let cfg = SchedulerConfig {
             max_num_batched_tokens: budget,
@@ -523,6 +566,7 @@ proptest! {
             block_size: 4,
             max_model_len: 32,
             enable_prefix_caching: caching,
+            prefix_cache,
             policy,
             ..SchedulerConfig::default()
         };

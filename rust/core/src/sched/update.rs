@@ -144,8 +144,7 @@ impl<R: RequestKey> Scheduler<R> {
         output: &SampledOutput<R>,
     ) -> Result<Option<FinishReason>> {
         if output.num_rejected_tokens > 0 {
-            self.pool
-                .rewind_computed_tokens(&slot, output.num_rejected_tokens)?;
+            self.kv.rewind(slot, output.num_rejected_tokens)?;
             self.req_mut(slot).num_computed_tokens -= output.num_rejected_tokens;
         }
         let max_model_len = self.config.max_model_len;
@@ -184,7 +183,7 @@ impl<R: RequestKey> Scheduler<R> {
         match request.status {
             RequestStatus::Running => {
                 self.running.retain(|&s| s != slot);
-                self.pool.free(&slot)?;
+                self.kv.free(slot)?;
             }
             _ => {
                 self.waiting.remove(slot);
@@ -206,7 +205,7 @@ impl<R: RequestKey> Scheduler<R> {
 
     /// Describes the first broken invariant, if any.
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
-        self.pool.check_invariants()?;
+        self.kv.check_invariants()?;
         let waiting = self.waiting.ordered();
         if waiting.len() + self.running.len() != self.index.len() {
             return Err(format!(
@@ -224,7 +223,7 @@ impl<R: RequestKey> Scheduler<R> {
                     r.request_id, r.status
                 ));
             }
-            if self.pool.num_computed_tokens(&slot) != Some(r.num_computed_tokens) {
+            if self.kv.num_computed_tokens(slot) != Some(r.num_computed_tokens) {
                 return Err(format!(
                     "request {:?}: pool and scheduler disagree on computed tokens",
                     r.request_id
@@ -234,7 +233,7 @@ impl<R: RequestKey> Scheduler<R> {
         for &slot in &waiting {
             let r = self.req(slot);
             if !matches!(r.status, RequestStatus::Waiting | RequestStatus::Preempted)
-                || self.pool.block_ids(&slot).is_some()
+                || self.kv.block_ids(slot).is_some()
             {
                 return Err(format!(
                     "waiting request {:?} is {:?} or holds blocks",

@@ -176,11 +176,22 @@ fn radix_fully_cached_prompt_still_recomputes_its_last_token() {
         ..config()
     };
     let mut s = Scheduler::new(cfg, false).unwrap();
-    s.add_request(0, RequestSpec { max_tokens: 1, ..prompt(0, 8) }).unwrap();
+    s.add_request(
+        0,
+        RequestSpec {
+            max_tokens: 1,
+            ..prompt(0, 8)
+        },
+    )
+    .unwrap();
     run_step(&mut s); // its two full pages (all 8 prompt tokens) go into the tree
     s.add_request(1, prompt(0, 8)).unwrap();
     let out = s.schedule().unwrap();
-    assert_eq!(scheduled(&out), [(1, 4)], "only the first page: the last token must run");
+    assert_eq!(
+        scheduled(&out),
+        [(1, 4)],
+        "only the first page: the last token must run"
+    );
     s.check_invariants().unwrap();
 }
 

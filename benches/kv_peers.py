@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from machine import cpu_model, loadavg
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE / "peers")]
@@ -412,19 +413,9 @@ def environment(peers_only: bool) -> dict[str, str]:
     env["cpus"] = str(len(os.sched_getaffinity(0)))
     env["cpu_model"] = cpu_model()
     # Other work on a small machine shows up in the tails; record how busy it was.
-    env["loadavg_at_start"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    env["loadavg_at_start"] = loadavg()
     env["platform"] = platform.platform()
     return env
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def fmt(x: float | None, digits: int = 1) -> str:
@@ -546,7 +537,7 @@ def main() -> int:
         print(render(section))
         print(f"\n(section took {time.perf_counter() - started:.1f} s)\n", flush=True)
 
-    env["loadavg_at_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    env["loadavg_at_end"] = loadavg()
     print(f"- loadavg at end: {env['loadavg_at_end']}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

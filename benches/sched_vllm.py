@@ -56,6 +56,7 @@ from time import perf_counter_ns
 from typing import Any
 
 import numpy as np
+from machine import cpu_model, loadavg
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE / "peers")]
@@ -484,20 +485,6 @@ def agreement_cell(ag: Agreement) -> str:
     if ag.first_divergence is None:
         return f"identical ({ag.steps_compared}/{ag.steps_compared} steps)"
     return f"{ag.same_in_order}/{ag.steps_compared} steps identical (see below)"
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def loadavg() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def environment() -> dict[str, str]:

@@ -84,7 +84,18 @@ class SchedulerMachine(RuleBasedStateMachine):
             if r.num_computed >= len(r.tokens):
                 self.next_token += 1
                 sampled[rid] = [EOS if self.next_token % eos_every == 0 else self.next_token]
-        assert self.rust.update_from_output(sampled) == self.ref.update_from_output(sampled)
+        before = dict(self.ref.requests)
+        finished = self.rust.update_from_output(sampled)
+        assert finished == self.ref.update_from_output(sampled)
+        for rid, reason in finished:
+            # Exactly max_tokens outputs (or max_model_len reached), or stopped at EOS.
+            r = before[rid]
+            num_outputs = len(r.tokens) - len(r.prompt)
+            if reason == "stop":
+                assert r.tokens[-1] == EOS
+                assert num_outputs < r.max_tokens
+            else:
+                assert num_outputs == r.max_tokens or len(r.tokens) == self.cfg.max_model_len
 
     @precondition(lambda self: hasattr(self, "rust") and self.ref.requests)
     @rule(data=st.data())

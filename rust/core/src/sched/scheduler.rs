@@ -285,6 +285,7 @@ impl<R: RequestKey> Scheduler<R> {
                 i += 1;
                 continue;
             }
+            let num_running = self.running.len();
             match self.allocate_running(slot, n, budget, plan)? {
                 Allocation::Scheduled(blocks) => {
                     plan.scheduled.push((slot, n));
@@ -293,10 +294,15 @@ impl<R: RequestKey> Scheduler<R> {
                 }
                 Allocation::PreemptedItself => {}
             }
-            // Preemption may have removed requests before `slot`; resume right after it.
-            i = match self.running.iter().position(|&s| s == slot) {
-                Some(pos) => pos + 1,
-                None => i,
+            i = if self.running.len() == num_running {
+                i + 1
+            } else {
+                // Preemption may have removed requests before `slot`; resume right after it
+                // (rare, so the scan stays off the common path).
+                self.running
+                    .iter()
+                    .position(|&s| s == slot)
+                    .map_or(i, |pos| pos + 1)
             };
         }
         Ok(())

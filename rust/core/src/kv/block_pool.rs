@@ -12,7 +12,7 @@ use rustc_hash::FxHashMap;
 
 use super::block_hash::{BlockHash, hash_block, hash_full_blocks};
 use super::free_queue::FreeBlockQueue;
-use super::{KvCapacity, RequestKey, TokenId, check_num_blocks};
+use super::{KvCapacity, RequestKey, TokenId, blocks_needed, check_allocation, check_num_blocks};
 use crate::{Error, Result};
 
 pub type BlockId = u32;
@@ -49,6 +49,12 @@ pub struct BlockPoolStats {
 }
 
 impl BlockPoolStats {
+    pub(super) fn record_lookup(&mut self, num_query_tokens: usize, num_hit_tokens: usize) {
+        self.num_lookups += 1;
+        self.num_query_tokens += num_query_tokens as u64;
+        self.num_hit_tokens += num_hit_tokens as u64;
+    }
+
     pub fn hit_rate(&self) -> f64 {
         if self.num_query_tokens == 0 {
             0.0
@@ -208,9 +214,8 @@ impl<R: RequestKey> BlockPool<R> {
             .map_while(|hash| self.cached.get(hash).copied())
             .collect();
         result.num_computed_tokens = result.block_ids.len() * self.block_size;
-        self.stats.num_lookups += 1;
-        self.stats.num_query_tokens += token_ids.len() as u64;
-        self.stats.num_hit_tokens += result.num_computed_tokens as u64;
+        self.stats
+            .record_lookup(token_ids.len(), result.num_computed_tokens);
         result
     }
 
@@ -234,7 +239,7 @@ impl<R: RequestKey> BlockPool<R> {
         new_computed: Option<&ComputedBlocks>,
         extra_key: Option<u64>,
     ) -> Result<Option<Vec<BlockId>>> {
-        let plan = self.plan_allocation(
+        let num_new_blocks = self.plan_allocation(
             request_id,
             new_token_ids,
             num_new_tokens,
@@ -248,14 +253,14 @@ impl<R: RequestKey> BlockPool<R> {
                 .filter(|&&b| self.blocks[b as usize].ref_cnt == 0)
                 .count()
         });
-        if plan.num_new_blocks + evictable_hits > self.free_queue.len() {
+        if num_new_blocks + evictable_hits > self.free_queue.len() {
             return Ok(None);
         }
         let mut request = match self.requests.remove(request_id) {
             Some(request) => request,
             None => self.admit(new_computed, extra_key),
         };
-        let new_blocks: Vec<BlockId> = (0..plan.num_new_blocks)
+        let new_blocks: Vec<BlockId> = (0..num_new_blocks)
             .map(|_| self.take_free_block())
             .collect();
         request.block_ids.extend_from_slice(&new_blocks);
@@ -315,19 +320,16 @@ impl<R: RequestKey> BlockPool<R> {
         num_lookahead_tokens: usize,
         new_computed: Option<&ComputedBlocks>,
         extra_key: Option<u64>,
-    ) -> Result<AllocationPlan> {
-        if num_new_tokens == 0 {
-            return Err(Error::input("num_new_tokens", 0, "must be at least 1"));
-        }
-        let (num_computed, num_held) = match self.requests.get(request_id) {
+    ) -> Result<usize> {
+        let existing = self.requests.get(request_id);
+        check_allocation(
+            request_id,
+            num_new_tokens,
+            existing.is_some(),
+            new_computed.is_some(),
+        )?;
+        let (num_computed, num_held) = match existing {
             Some(request) => {
-                if new_computed.is_some() {
-                    return Err(Error::input(
-                        "new_computed_blocks",
-                        format!("{request_id:?}"),
-                        "only allowed on a request's first allocation",
-                    ));
-                }
                 if extra_key.is_some() && extra_key != request.extra_key {
                     return Err(Error::input(
                         "extra_key",
@@ -346,10 +348,7 @@ impl<R: RequestKey> BlockPool<R> {
             },
         };
         let num_slots = num_computed + num_new_tokens + num_lookahead_tokens;
-        let num_required = num_slots.div_ceil(self.block_size);
-        Ok(AllocationPlan {
-            num_new_blocks: num_required.saturating_sub(num_held),
-        })
+        Ok(blocks_needed(num_slots, self.block_size, num_held))
     }
 
     fn check_hit_is_current(
@@ -547,10 +546,6 @@ impl<R: RequestKey> BlockPool<R> {
         }
         Ok(())
     }
-}
-
-struct AllocationPlan {
-    num_new_blocks: usize,
 }
 
 impl<R: RequestKey> KvCapacity for BlockPool<R> {

@@ -60,3 +60,32 @@ fn check_num_blocks(num_blocks: usize) -> crate::Result<()> {
     }
     Ok(())
 }
+
+/// Argument checks shared by the block pools' `allocate_slots`.
+fn check_allocation(
+    request_id: &impl Debug,
+    num_new_tokens: usize,
+    is_admitted: bool,
+    has_hit: bool,
+) -> crate::Result<()> {
+    if num_new_tokens == 0 {
+        return Err(crate::Error::input(
+            "num_new_tokens",
+            0,
+            "must be at least 1",
+        ));
+    }
+    if is_admitted && has_hit {
+        return Err(crate::Error::input(
+            "new_computed_blocks",
+            format!("{request_id:?}"),
+            "only allowed on a request's first allocation",
+        ));
+    }
+    Ok(())
+}
+
+/// Blocks to add so `num_slots` token slots fit, given `num_held` blocks of `block_size`.
+fn blocks_needed(num_slots: usize, block_size: usize, num_held: usize) -> usize {
+    num_slots.div_ceil(block_size).saturating_sub(num_held)
+}

@@ -14,7 +14,10 @@
 use rustc_hash::FxHashMap;
 
 use super::radix::{NodeHandle, RadixCache};
-use super::{BlockId, BlockPoolStats, KvCapacity, RequestKey, TokenId, check_num_blocks};
+use super::{
+    BlockId, BlockPoolStats, KvCapacity, RequestKey, TokenId, blocks_needed, check_allocation,
+    check_num_blocks,
+};
 use crate::{Error, Result};
 
 /// A prefix hit in the radix tree, from [`RadixPool::get_computed_blocks`].
@@ -109,9 +112,7 @@ impl<R: RequestKey> RadixPool<R> {
             .collect();
         hit.num_computed_tokens = found.matched_len;
         hit.handle = Some(found.handle);
-        self.stats.num_lookups += 1;
-        self.stats.num_query_tokens += token_ids.len() as u64;
-        self.stats.num_hit_tokens += found.matched_len as u64;
+        self.stats.record_lookup(token_ids.len(), found.matched_len);
         hit
     }
 
@@ -127,17 +128,8 @@ impl<R: RequestKey> RadixPool<R> {
         hit: Option<&RadixHit>,
         extra_key: Option<u64>,
     ) -> Result<Option<Vec<BlockId>>> {
-        if num_new_tokens == 0 {
-            return Err(Error::input("num_new_tokens", 0, "must be at least 1"));
-        }
         let existing = self.requests.contains_key(request_id);
-        if existing && hit.is_some() {
-            return Err(Error::input(
-                "new_computed_blocks",
-                format!("{request_id:?}"),
-                "only allowed on a request's first allocation",
-            ));
-        }
+        check_allocation(request_id, num_new_tokens, existing, hit.is_some())?;
         let (num_computed, num_held) = match (self.requests.get(request_id), hit) {
             (Some(r), _) => (r.num_computed_tokens, r.block_ids.len()),
             (None, Some(h)) => (h.num_computed_tokens, h.block_ids.len()),
@@ -149,7 +141,7 @@ impl<R: RequestKey> RadixPool<R> {
             self.tree.lock(handle)?;
         }
         let num_slots = num_computed + num_new_tokens + num_lookahead_tokens;
-        let needed = num_slots.div_ceil(self.page_size).saturating_sub(num_held);
+        let needed = blocks_needed(num_slots, self.page_size, num_held);
         if needed > self.free_pages.len() + self.tree.evictable_size() / self.page_size {
             if let Some(handle) = handle {
                 self.tree.unlock(handle)?;

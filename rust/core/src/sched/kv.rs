@@ -45,18 +45,20 @@ impl Kv {
         extra_key: Option<u64>,
     ) -> Result<Option<Vec<BlockId>>> {
         let (n, lookahead) = (num_new_tokens, num_lookahead_tokens);
-        match (self, hit) {
-            (Kv::BlockHash(p), Some(Hit::BlockHash(h))) => {
-                p.allocate_slots(&slot, new_token_ids, n, lookahead, Some(h), extra_key)
+        match self {
+            Kv::BlockHash(p) => {
+                let hit = hit.map(|h| match h {
+                    Hit::BlockHash(h) => h,
+                    Hit::Radix(_) => unreachable!("a hit comes from the pool it is given to"),
+                });
+                p.allocate_slots(&slot, new_token_ids, n, lookahead, hit, extra_key)
             }
-            (Kv::BlockHash(p), _) => {
-                p.allocate_slots(&slot, new_token_ids, n, lookahead, None, extra_key)
-            }
-            (Kv::Radix(p), Some(Hit::Radix(h))) => {
-                p.allocate_slots(&slot, new_token_ids, n, lookahead, Some(h), extra_key)
-            }
-            (Kv::Radix(p), _) => {
-                p.allocate_slots(&slot, new_token_ids, n, lookahead, None, extra_key)
+            Kv::Radix(p) => {
+                let hit = hit.map(|h| match h {
+                    Hit::Radix(h) => h,
+                    Hit::BlockHash(_) => unreachable!("a hit comes from the pool it is given to"),
+                });
+                p.allocate_slots(&slot, new_token_ids, n, lookahead, hit, extra_key)
             }
         }
     }

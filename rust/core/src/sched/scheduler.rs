@@ -27,13 +27,21 @@ pub struct Scheduler<R: RequestKey> {
     pub(super) next_arrival_seq: u64,
     pub(super) num_preemptions: u64,
     pub(super) num_steps: u64,
-    /// Async scheduling: outputs still in flight for requests that already finished,
-    /// dropped when they land.
-    pub(super) finished_in_flight: FxHashMap<R, usize>,
+    /// Async scheduling: requests that finished while steps that include them were still in
+    /// flight. Their late outputs are dropped when they land, and their KV blocks are held
+    /// until the last one has (the in-flight batch may still read them).
+    pub(super) finished_in_flight: FxHashMap<R, FinishedInFlight>,
     pub(super) async_scheduling: bool,
     pub(super) plugin: Option<Box<dyn PolicyPlugin<R>>>,
     /// This step's preemption order from the plugin: slot -> rank (0 = first victim).
     victim_rank: FxHashMap<u32, usize>,
+}
+
+/// A finished request with outputs still in flight (async scheduling).
+pub(super) struct FinishedInFlight {
+    pub(super) outputs_left: usize,
+    /// The slot whose KV blocks are held until the last output lands; `None` if it held none.
+    pub(super) held_slot: Option<u32>,
 }
 
 /// The decisions of one step before they become a `SchedulerOutput`.

@@ -4,6 +4,7 @@
 use super::Scheduler;
 use super::output::SampledOutput;
 use super::request::{FinishReason, Request, RequestSpec, RequestStatus};
+use super::scheduler::FinishedInFlight;
 use crate::kv::RequestKey;
 use crate::{Error, Result};
 
@@ -81,12 +82,8 @@ impl<R: RequestKey> Scheduler<R> {
         self.check_outputs(outputs)?;
         let mut finished = Vec::new();
         for output in outputs {
-            if let Some(left) = self.finished_in_flight.get_mut(&output.request_id) {
-                // A late output of a request that already finished (async scheduling).
-                *left -= 1;
-                if *left == 0 {
-                    self.finished_in_flight.remove(&output.request_id);
-                }
+            if self.finished_in_flight.contains_key(&output.request_id) {
+                self.drop_late_output(&output.request_id)?;
                 continue;
             }
             let slot = self.index[&output.request_id];
@@ -96,6 +93,25 @@ impl<R: RequestKey> Scheduler<R> {
             }
         }
         Ok(finished)
+    }
+
+    /// A late output of a request that already finished (async scheduling): dropped. Once
+    /// the last one lands, no batch can read the request's KV any more and it is freed.
+    fn drop_late_output(&mut self, request_id: &R) -> Result<()> {
+        let in_flight = self
+            .finished_in_flight
+            .get_mut(request_id)
+            .expect("checked by the caller");
+        in_flight.outputs_left -= 1;
+        if in_flight.outputs_left > 0 {
+            return Ok(());
+        }
+        if let Some(slot) = in_flight.held_slot {
+            self.kv.free(slot)?;
+            self.free_slots.push(slot);
+        }
+        self.finished_in_flight.remove(request_id);
+        Ok(())
     }
 
     fn check_outputs(&self, outputs: &[SampledOutput<R>]) -> Result<()> {
@@ -117,7 +133,11 @@ impl<R: RequestKey> Scheduler<R> {
                 .get(id)
                 .ok_or_else(|| Error::unknown_request(id))?;
             let request = self.req(slot);
-            if request.status != RequestStatus::Running && !output.token_ids.is_empty() {
+            // Async scheduling: a request preempted after its step was launched still gets
+            // that step's (valid) tokens; it recomputes them with the rest when it resumes.
+            let may_sample = request.status == RequestStatus::Running
+                || (self.async_scheduling && request.status == RequestStatus::Preempted);
+            if !may_sample && !output.token_ids.is_empty() {
                 return Err(Error::input(
                     "request_id",
                     format!("{id:?}"),
@@ -143,7 +163,8 @@ impl<R: RequestKey> Scheduler<R> {
         slot: u32,
         output: &SampledOutput<R>,
     ) -> Result<Option<FinishReason>> {
-        if output.num_rejected_tokens > 0 {
+        let running = self.req(slot).status == RequestStatus::Running;
+        if output.num_rejected_tokens > 0 && running {
             self.kv.rewind(slot, output.num_rejected_tokens)?;
             self.req_mut(slot).num_computed_tokens -= output.num_rejected_tokens;
         }
@@ -177,29 +198,39 @@ impl<R: RequestKey> Scheduler<R> {
         Ok(())
     }
 
-    /// Removes a request for good, freeing its blocks (their full blocks stay cached).
+    /// Removes a request for good, freeing its blocks (their full blocks stay cached). With
+    /// outputs still in flight (async scheduling) the blocks are held until those land.
     fn finish(&mut self, slot: u32, reason: FinishReason) -> Result<()> {
         let request = self.req(slot);
-        match request.status {
-            RequestStatus::Running => {
-                self.running.retain(|&s| s != slot);
-                self.kv.free(slot)?;
-            }
-            _ => {
-                self.waiting.remove(slot);
-            }
+        let in_flight = request.num_output_placeholders;
+        let holds_blocks = request.status == RequestStatus::Running;
+        if holds_blocks {
+            self.running.retain(|&s| s != slot);
+        } else {
+            self.waiting.remove(slot);
         }
         let mut request = self.slots[slot as usize]
             .take()
             .expect("finishing a live request");
         request.status = RequestStatus::Finished(reason);
-        if request.num_output_placeholders > 0 {
-            self.finished_in_flight
-                .insert(request.request_id.clone(), request.num_output_placeholders);
-        }
         self.index.remove(&request.request_id);
+        if in_flight > 0 {
+            let held_slot = holds_blocks.then_some(slot);
+            self.finished_in_flight.insert(
+                request.request_id.clone(),
+                FinishedInFlight {
+                    outputs_left: in_flight,
+                    held_slot,
+                },
+            );
+        }
         self.finished_since_last_step.push(request.request_id);
-        self.free_slots.push(slot);
+        if in_flight == 0 || !holds_blocks {
+            if holds_blocks {
+                self.kv.free(slot)?;
+            }
+            self.free_slots.push(slot);
+        }
         Ok(())
     }
 

@@ -272,20 +272,36 @@ class RadixCache:
         """Raises InternalError if the internal bookkeeping is inconsistent (a bug)."""
 
 class _SchedulerConfigLike(Protocol):
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    long_prefill_token_threshold: int
-    enable_chunked_prefill: bool
-    policy: str
-    enable_prefix_caching: bool
-    prefix_cache: str
-    block_size: int
-    num_blocks: int
-    max_model_len: int
-    prioritize_prefill: bool
-    num_lookahead_tokens: int
-    max_loras: int
-    async_scheduling: bool
+    """Read-only view of ``tokenyard.sched.SchedulerConfig`` (a frozen dataclass)."""
+
+    @property
+    def max_num_seqs(self) -> int: ...
+    @property
+    def max_num_batched_tokens(self) -> int: ...
+    @property
+    def long_prefill_token_threshold(self) -> int: ...
+    @property
+    def enable_chunked_prefill(self) -> bool: ...
+    @property
+    def policy(self) -> str: ...
+    @property
+    def enable_prefix_caching(self) -> bool: ...
+    @property
+    def prefix_cache(self) -> str: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def max_model_len(self) -> int: ...
+    @property
+    def prioritize_prefill(self) -> bool: ...
+    @property
+    def num_lookahead_tokens(self) -> int: ...
+    @property
+    def max_loras(self) -> int: ...
+    @property
+    def async_scheduling(self) -> bool: ...
 
 @final
 class NewRequestData:

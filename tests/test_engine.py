@@ -160,3 +160,13 @@ def test_prompt_tokens_outside_the_vocabulary_are_rejected() -> None:
     with pytest.raises(InputError, match="vocabulary"):
         engine.add_request("x", [1, 2, MODEL.vocab_size], 4)
     assert not engine.has_unfinished_requests()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+def test_on_a_gpu_the_triton_loop_matches_the_dense_forward(
+    dense_outputs: list[list[int]], overlap: bool
+) -> None:
+    engine = make_engine("triton", device="cuda", dtype="float32", overlap=overlap)
+    assert engine.generate(PROMPTS, MAX_TOKENS) == dense_outputs
+    assert engine.scheduler.stats().num_preemptions > 0

@@ -7,13 +7,12 @@ plain, non-paged forward pass, in the synchronous and the overlap loop alike."""
 from __future__ import annotations
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from tokenyard.engine import EngineConfig, LLMEngine, ModelConfig  # noqa: E402
-from tokenyard.engine.model import LlamaModel  # noqa: E402
-from tokenyard.errors import ConfigError, InputError  # noqa: E402
-from tokenyard.sched import SchedulerConfig  # noqa: E402
+from tokenyard.engine import EngineConfig, LLMEngine, ModelConfig
+from tokenyard.engine.model import LlamaModel
+from tokenyard.errors import ConfigError, InputError
+from tokenyard.sched import SchedulerConfig
 
 MODEL = ModelConfig(seed=7)
 SYSTEM = [11, 22, 33, 44, 55, 66, 77, 88, 99, 111, 122, 133]  # shared by every prompt

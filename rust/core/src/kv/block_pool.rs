@@ -87,6 +87,19 @@ pub struct BlockPool<R: RequestKey> {
     cached: FxHashMap<BlockHash, BlockId>,
     requests: FxHashMap<R, RequestBlocks>,
     stats: BlockPoolStats,
+    /// Cache events for KV-aware routers (vLLM's BlockStored / BlockRemoved), when enabled.
+    events: Option<Vec<KvEvent>>,
+}
+
+/// A change to what the prefix cache holds, as vLLM and SGLang publish them to routers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvEvent {
+    /// A full block with this content hash became findable.
+    Stored(BlockHash),
+    /// The block with this hash was evicted; it is no longer findable.
+    Removed(BlockHash),
+    /// Every cached block was forgotten.
+    AllCleared,
 }
 
 impl<R: RequestKey> BlockPool<R> {
@@ -107,7 +120,24 @@ impl<R: RequestKey> BlockPool<R> {
             cached: FxHashMap::default(),
             requests: FxHashMap::default(),
             stats: BlockPoolStats::default(),
+            events: None,
         })
+    }
+
+    /// Starts recording cache events (drained with [`Self::drain_events`]).
+    pub fn enable_events(&mut self) {
+        self.events.get_or_insert_with(Vec::new);
+    }
+
+    /// The cache events since the last drain, oldest first.
+    pub fn drain_events(&mut self) -> Vec<KvEvent> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    fn emit(&mut self, event: KvEvent) {
+        if let Some(events) = &mut self.events {
+            events.push(event);
+        }
     }
 
     pub fn block_size(&self) -> usize {
@@ -309,6 +339,7 @@ impl<R: RequestKey> BlockPool<R> {
         }
         self.cached.clear();
         self.blocks.iter_mut().for_each(|b| b.hash = None);
+        self.emit(KvEvent::AllCleared);
         true
     }
 
@@ -425,10 +456,12 @@ impl<R: RequestKey> BlockPool<R> {
             .pop_front()
             .expect("allocation was checked against the free count");
         let meta = &mut self.blocks[block as usize];
-        if let Some(hash) = meta.hash.take() {
-            self.cached.remove(&hash);
-        }
+        let evicted = meta.hash.take();
         meta.ref_cnt = 1;
+        if let Some(hash) = evicted {
+            self.cached.remove(&hash);
+            self.emit(KvEvent::Removed(hash));
+        }
         block
     }
 
@@ -481,6 +514,7 @@ impl<R: RequestKey> BlockPool<R> {
             if let std::collections::hash_map::Entry::Vacant(slot) = self.cached.entry(hash) {
                 slot.insert(block);
                 self.blocks[block as usize].hash = Some(hash);
+                self.emit(KvEvent::Stored(hash));
             }
         }
         request.num_cached_blocks = request.num_cached_blocks.max(num_full);

@@ -386,3 +386,29 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn cache_events_report_stored_and_evicted_blocks_when_enabled() {
+    let mut pool = BlockPool::new(3, 4, true).unwrap();
+    pool.allocate_slots(&1u64, &tokens(0..8), 8, 0, None, None)
+        .unwrap()
+        .unwrap();
+    assert!(pool.drain_events().is_empty(), "off by default");
+    pool.free(&1).unwrap();
+    pool.enable_events();
+    // Request 2 takes all three blocks; the two cached ones are evicted (oldest first).
+    pool.allocate_slots(&2u64, &tokens(100..112), 12, 0, None, None)
+        .unwrap()
+        .unwrap();
+    let events = pool.drain_events();
+    let removed = events
+        .iter()
+        .filter(|e| matches!(e, KvEvent::Removed(_)))
+        .count();
+    let stored = events
+        .iter()
+        .filter(|e| matches!(e, KvEvent::Stored(_)))
+        .count();
+    assert_eq!((removed, stored), (2, 3));
+    assert!(pool.drain_events().is_empty(), "drained");
+}

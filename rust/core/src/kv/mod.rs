@@ -16,7 +16,7 @@ mod radix;
 mod radix_pool;
 
 pub use block_hash::{BlockHash, hash_full_blocks};
-pub use block_pool::{BlockId, BlockPool, BlockPoolStats, ComputedBlocks};
+pub use block_pool::{BlockId, BlockPool, BlockPoolStats, ComputedBlocks, KvEvent};
 pub use counting::CountingAllocator;
 pub use radix::{MatchResult, NodeHandle, RadixCache};
 pub use radix_pool::{RadixHit, RadixPool};

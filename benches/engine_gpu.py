@@ -111,6 +111,7 @@ def fidelity(engine: LLMEngine) -> dict[str, float]:
     errors.sort()
     return {
         "mape": statistics.fmean(errors),
+        "median_abs_pct_error": statistics.median(errors),
         "p90_abs_pct_error": errors[int(0.9 * (len(errors) - 1))],
         "constant_ms": model.constant_ms,
         **{f"coef_{k}_ms": v for k, v in model.coefficients_ms.items()},
@@ -128,12 +129,12 @@ def main() -> None:
     requests = workload(args.requests, seed=0)
     model = LlamaModel(MODEL, device=torch.device("cuda"), dtype=torch.bfloat16)
     run(model, requests[:8], overlap=False, synchronize=False)  # compile kernels
-    run(model, requests[:8], overlap=True, synchronize=False)
-    timed, _, timed_wall = run(model, requests, overlap=False, synchronize=True)
     _, sync_out, sync_wall = run(model, requests, overlap=False, synchronize=False)
     overlap_engine, overlap_out, overlap_wall = run(
         model, requests, overlap=True, synchronize=False
     )
+    # Last, so every kernel specialisation the workload needs is already compiled.
+    timed, _, timed_wall = run(model, requests, overlap=False, synchronize=True)
     num_output = sum(len(v) for v in sync_out.values())
     same = sum(sync_out[k] == overlap_out.get(k) for k in sync_out)
     write_step_profile(

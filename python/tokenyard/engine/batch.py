@@ -219,5 +219,6 @@ def _slots(block_ids: list[int], start: int, end: int, block_size: int) -> list[
 
 
 def _attended_keys(row: _Row) -> int:
-    """Query-key pairs of a causal chunk over its prefix: sum of (position + 1)."""
-    return (row.start + 1 + row.end) * (row.end - row.start) // 2
+    """Chunk tokens × context (tokens before the chunk + the chunk): the simulator's
+    prefill-attention term, so engine profiles and the linear model share features."""
+    return (row.end - row.start) * row.end

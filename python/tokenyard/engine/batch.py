@@ -219,6 +219,6 @@ def _slots(block_ids: list[int], start: int, end: int, block_size: int) -> list[
 
 
 def _attended_keys(row: _Row) -> int:
-    """Chunk tokens × context (tokens before the chunk + the chunk): the simulator's
+    """Chunk tokens times context (tokens before the chunk + the chunk): the simulator's
     prefill-attention term, so engine profiles and the linear model share features."""
     return (row.end - row.start) * row.end

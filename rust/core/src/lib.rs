@@ -10,5 +10,6 @@
 pub mod error;
 pub mod kv;
 pub mod sched;
+pub mod sim;
 
 pub use error::{Error, Result};

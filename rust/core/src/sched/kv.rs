@@ -3,7 +3,8 @@
 
 use crate::Result;
 use crate::kv::{
-    BlockId, BlockPool, BlockPoolStats, ComputedBlocks, KvCapacity, RadixHit, RadixPool, TokenId,
+    BlockId, BlockPool, BlockPoolStats, ComputedBlocks, KvCapacity, KvEvent, RadixHit, RadixPool,
+    TokenId,
 };
 
 #[derive(Debug, Clone)]
@@ -60,6 +61,20 @@ impl Kv {
                 });
                 p.allocate_slots(&slot, new_token_ids, n, lookahead, hit, extra_key)
             }
+        }
+    }
+
+    /// Cache events are recorded by the block-hash pool only.
+    pub fn enable_events(&mut self) {
+        if let Kv::BlockHash(p) = self {
+            p.enable_events();
+        }
+    }
+
+    pub fn drain_events(&mut self) -> Vec<KvEvent> {
+        match self {
+            Kv::BlockHash(p) => p.drain_events(),
+            Kv::Radix(_) => Vec::new(),
         }
     }
 

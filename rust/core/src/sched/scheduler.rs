@@ -122,6 +122,16 @@ impl<R: RequestKey> Scheduler<R> {
         }
     }
 
+    /// Starts recording prefix-cache events (block-hash pool only), for KV-aware routing.
+    pub fn enable_kv_events(&mut self) {
+        self.kv.enable_events();
+    }
+
+    /// Prefix-cache events since the last call, oldest first.
+    pub fn drain_kv_events(&mut self) -> Vec<crate::kv::KvEvent> {
+        self.kv.drain_events()
+    }
+
     pub fn config(&self) -> &SchedulerConfig {
         &self.config
     }

@@ -1,0 +1,55 @@
+//! A batch (seed 000 §2.2): the requests of one iteration with the tokens each computes,
+//! and the shape the execution-time model prices.
+
+use super::request::{ReqIdx, SimRequest};
+
+#[derive(Debug, Clone, Default)]
+pub struct Batch {
+    pub id: u64,
+    pub replica: u32,
+    pub requests: Vec<ReqIdx>,
+    pub num_tokens: Vec<u32>,
+    /// Each request's restart count when the batch formed: work of a request restarted
+    /// while the batch was in flight is discarded.
+    pub epochs: Vec<u32>,
+    pub shape: BatchShape,
+}
+
+/// What a batch costs depends on: its prefill and decode tokens and the context each
+/// attends to.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct BatchShape {
+    pub num_requests: u32,
+    pub num_prefill_tokens: u64,
+    pub num_decode_tokens: u64,
+    /// Σ over decodes of the tokens already in the KV cache.
+    pub sum_decode_context: u64,
+    /// Σ over prefill chunks of chunk tokens × (tokens before the chunk + chunk tokens).
+    pub sum_prefill_context: u64,
+    /// Decode rows added to reach a CUDA-graph batch size (they cost, they produce nothing).
+    pub num_padding_rows: u64,
+}
+
+impl BatchShape {
+    /// The shape of `num_tokens[i]` tokens of each `requests[i]`, taken before the batch runs.
+    pub fn of<'a>(requests: impl IntoIterator<Item = &'a SimRequest>, num_tokens: &[u32]) -> Self {
+        let mut shape = BatchShape::default();
+        for (request, &n) in requests.into_iter().zip(num_tokens) {
+            let n = n as u64;
+            let done = request.num_processed_tokens as u64;
+            shape.num_requests += 1;
+            if request.is_prefill_complete {
+                shape.num_decode_tokens += n;
+                shape.sum_decode_context += done;
+            } else {
+                shape.num_prefill_tokens += n;
+                shape.sum_prefill_context += n * (done + n);
+            }
+        }
+        shape
+    }
+
+    pub fn total_tokens(&self) -> u64 {
+        self.num_prefill_tokens + self.num_decode_tokens
+    }
+}

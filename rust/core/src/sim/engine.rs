@@ -1,0 +1,517 @@
+//! The discrete-event loop (seed 000 §1, §11, §13). Arrivals are routed by the global
+//! scheduler; each replica forms batches while it has fewer than `num_stages` in flight;
+//! a batch passes its pipeline stages in order (a stage runs one batch at a time, the
+//! others queue), and only the last stage completes it. Events at the same time run in
+//! the order they were created, so a run is a pure function of the config and the input.
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, VecDeque};
+
+use rustc_hash::FxHashMap;
+
+use super::arena::Requests;
+use super::batch::{Batch, BatchShape};
+use super::config::SimConfig;
+use super::exec::ExecModel;
+use super::global::{ReplicaLoad, Router};
+use super::metrics::{GapHistogram, ReplicaTotals, RequestTable, Samples, StageTrace};
+use super::replica::ReplicaPolicy;
+use super::request::{ReqIdx, SimRequest};
+use super::tokens::synthesize_prompt;
+use crate::{Error, Result};
+
+/// A request as the workload delivers it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ArrivingRequest {
+    pub arrived_at: f64,
+    pub num_prefill_tokens: u32,
+    pub num_decode_tokens: u32,
+    pub hash_ids: Vec<u64>,
+}
+
+/// Where requests come from, a chunk at a time (the trace is never held whole).
+pub trait RequestSource {
+    /// The next requests in arrival order, or `None` at the end.
+    fn next_chunk(&mut self) -> Result<Option<Vec<ArrivingRequest>>>;
+
+    /// Called before each chunk is pulled, with the number of requests completed so far.
+    fn progress(&mut self, _num_completed: u64) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Everything a run produced.
+#[derive(Debug, Default)]
+pub struct SimOutput {
+    pub requests: RequestTable,
+    pub token_gaps: GapHistogram,
+    pub samples: Samples,
+    pub stages: Option<StageTrace>,
+    pub replicas: ReplicaTotals,
+    /// Time of the last event.
+    pub makespan: f64,
+    pub num_events: u64,
+    pub num_batches: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum EventKind {
+    Arrival,
+    ReplicaSchedule {
+        replica: u32,
+    },
+    StageArrival {
+        replica: u32,
+        stage: u32,
+        batch: u64,
+    },
+    StageSchedule {
+        replica: u32,
+        stage: u32,
+    },
+    StageEnd {
+        replica: u32,
+        stage: u32,
+        batch: u64,
+    },
+    BatchEnd {
+        replica: u32,
+        batch: u64,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Event {
+    time: f64,
+    /// 0 for arrivals: at equal times they run first, as in Vidur, where every arrival
+    /// event exists before the events it causes.
+    class: u8,
+    seq: u64,
+    kind: EventKind,
+}
+
+impl PartialEq for Event {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for Event {}
+impl PartialOrd for Event {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Event {
+    /// Reversed: the heap pops the earliest time, arrivals first, then the earliest created.
+    fn cmp(&self, other: &Self) -> Ordering {
+        other
+            .time
+            .total_cmp(&self.time)
+            .then(other.class.cmp(&self.class))
+            .then(other.seq.cmp(&self.seq))
+    }
+}
+
+struct Replica {
+    policy: Box<dyn ReplicaPolicy>,
+    num_running_batches: u32,
+    stage_queues: Vec<VecDeque<u64>>,
+    stage_busy: Vec<bool>,
+    last_sample_at: f64,
+}
+
+pub struct Simulator<'a> {
+    config: SimConfig,
+    exec: &'a mut dyn ExecModel,
+    requests: Requests,
+    replicas: Vec<Replica>,
+    router: Router,
+    events: BinaryHeap<Event>,
+    seq: u64,
+    now: f64,
+    batches: FxHashMap<u64, Batch>,
+    next_batch_id: u64,
+    chunk: VecDeque<ArrivingRequest>,
+    next_request_id: u64,
+    last_arrival: f64,
+    source_done: bool,
+    out: SimOutput,
+}
+
+impl<'a> Simulator<'a> {
+    pub fn new(config: SimConfig, exec: &'a mut dyn ExecModel) -> Result<Self> {
+        config.validate()?;
+        let kv_events = config.global_policy.needs_kv_events();
+        let num_stages = config.num_stages as usize;
+        let replicas = (0..config.num_replicas)
+            .map(|_| {
+                Ok(Replica {
+                    policy: config
+                        .replica_policy
+                        .build(config.hash_block_size, kv_events)?,
+                    num_running_batches: 0,
+                    stage_queues: vec![VecDeque::new(); num_stages],
+                    stage_busy: vec![false; num_stages],
+                    last_sample_at: f64::NEG_INFINITY,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let router = Router::new(
+            config.global_policy,
+            replicas.len(),
+            config.replica_policy.block_size(),
+            config.seed,
+        );
+        let out = SimOutput {
+            stages: config.record_stages.then(StageTrace::default),
+            replicas: ReplicaTotals::new(replicas.len()),
+            ..SimOutput::default()
+        };
+        Ok(Self {
+            config,
+            exec,
+            requests: Requests::default(),
+            replicas,
+            router,
+            events: BinaryHeap::new(),
+            seq: 0,
+            now: 0.0,
+            batches: FxHashMap::default(),
+            next_batch_id: 0,
+            chunk: VecDeque::new(),
+            next_request_id: 0,
+            last_arrival: f64::NEG_INFINITY,
+            source_done: false,
+            out,
+        })
+    }
+
+    /// Runs until every request has completed.
+    pub fn run(mut self, source: &mut dyn RequestSource) -> Result<SimOutput> {
+        self.schedule_next_arrival(source)?;
+        while let Some(event) = self.events.pop() {
+            self.now = event.time;
+            self.out.num_events += 1;
+            self.handle(event.kind, source)?;
+        }
+        if self.requests.num_live() > 0 {
+            return Err(Error::Capacity {
+                what: "requests the replicas could never schedule (the simulation stalled)",
+                requested: self.requests.num_live(),
+                available: 0,
+            });
+        }
+        source.progress(self.out.requests.len() as u64)?;
+        self.out.makespan = self.now;
+        self.out.num_batches = self.next_batch_id;
+        Ok(self.out)
+    }
+
+    fn push(&mut self, time: f64, kind: EventKind) {
+        self.seq += 1;
+        let class = u8::from(!matches!(kind, EventKind::Arrival));
+        self.events.push(Event {
+            time,
+            class,
+            seq: self.seq,
+            kind,
+        });
+    }
+
+    fn handle(&mut self, kind: EventKind, source: &mut dyn RequestSource) -> Result<()> {
+        match kind {
+            EventKind::Arrival => self.on_arrival(source),
+            EventKind::ReplicaSchedule { replica } => self.on_replica_schedule(replica),
+            EventKind::StageArrival {
+                replica,
+                stage,
+                batch,
+            } => {
+                self.replicas[replica as usize].stage_queues[stage as usize].push_back(batch);
+                self.push(self.now, EventKind::StageSchedule { replica, stage });
+                Ok(())
+            }
+            EventKind::StageSchedule { replica, stage } => self.on_stage_schedule(replica, stage),
+            EventKind::StageEnd {
+                replica,
+                stage,
+                batch,
+            } => {
+                self.replicas[replica as usize].stage_busy[stage as usize] = false;
+                self.push(self.now, EventKind::StageSchedule { replica, stage });
+                let next = if stage + 1 == self.config.num_stages {
+                    EventKind::BatchEnd { replica, batch }
+                } else {
+                    EventKind::StageArrival {
+                        replica,
+                        stage: stage + 1,
+                        batch,
+                    }
+                };
+                self.push(self.now, next);
+                Ok(())
+            }
+            EventKind::BatchEnd { replica, batch } => self.on_batch_end(replica, batch),
+        }
+    }
+
+    /// Queues the next request's arrival, pulling a chunk from the source when needed.
+    fn schedule_next_arrival(&mut self, source: &mut dyn RequestSource) -> Result<()> {
+        while self.chunk.is_empty() && !self.source_done {
+            source.progress(self.out.requests.len() as u64)?;
+            match source.next_chunk()? {
+                Some(chunk) => self.chunk.extend(chunk),
+                None => self.source_done = true,
+            }
+        }
+        if let Some(next) = self.chunk.front() {
+            let id = self.next_request_id;
+            if !(next.arrived_at.is_finite() && next.arrived_at >= 0.0) {
+                return Err(Error::input(
+                    "arrived_at",
+                    next.arrived_at,
+                    format!("request {id}: must be a finite time >= 0"),
+                ));
+            }
+            if next.arrived_at < self.last_arrival {
+                return Err(Error::input(
+                    "arrived_at",
+                    next.arrived_at,
+                    format!(
+                        "request {id} arrives before the previous one ({}): arrivals must \
+                         be in time order",
+                        self.last_arrival
+                    ),
+                ));
+            }
+            if next.num_prefill_tokens == 0 || next.num_decode_tokens == 0 {
+                return Err(Error::input(
+                    "num_tokens",
+                    format!("{}/{}", next.num_prefill_tokens, next.num_decode_tokens),
+                    format!("request {id}: prefill and decode tokens must both be >= 1"),
+                ));
+            }
+            self.last_arrival = next.arrived_at;
+            self.push(next.arrived_at, EventKind::Arrival);
+        }
+        Ok(())
+    }
+
+    fn on_arrival(&mut self, source: &mut dyn RequestSource) -> Result<()> {
+        let arriving = self
+            .chunk
+            .pop_front()
+            .expect("an arrival event has its request");
+        let id = self.next_request_id;
+        self.next_request_id += 1;
+        let mut request = SimRequest::new(
+            id,
+            arriving.arrived_at,
+            arriving.num_prefill_tokens,
+            arriving.num_decode_tokens,
+            arriving.hash_ids,
+        );
+        let replica = self.route(&request);
+        request.replica = replica as u32;
+        let idx = self.requests.insert(request);
+        self.replicas[replica]
+            .policy
+            .add_request(&mut self.requests, idx)?;
+        self.push(
+            self.now,
+            EventKind::ReplicaSchedule {
+                replica: replica as u32,
+            },
+        );
+        self.schedule_next_arrival(source)
+    }
+
+    fn route(&mut self, request: &SimRequest) -> usize {
+        let loads: Vec<ReplicaLoad> = self
+            .replicas
+            .iter()
+            .map(|r| ReplicaLoad {
+                num_pending: r.policy.num_pending(),
+                num_outstanding: r.policy.num_outstanding(),
+                queued_prefill_tokens: r.policy.pending_prefill_tokens(&self.requests),
+                kv_usage: r.policy.kv_usage(),
+            })
+            .collect();
+        let hash_block_size = self.config.hash_block_size;
+        self.router.route(&loads, || {
+            synthesize_prompt(
+                request.id,
+                request.num_prefill_tokens,
+                &request.hash_ids,
+                hash_block_size,
+            )
+        })
+    }
+
+    fn on_replica_schedule(&mut self, replica: u32) -> Result<()> {
+        let r = replica as usize;
+        while self.replicas[r].num_running_batches < self.config.num_stages {
+            let Some(plan) = self.replicas[r].policy.next_batch(&mut self.requests)? else {
+                break;
+            };
+            if plan.0.is_empty() {
+                break;
+            }
+            let padding = self.replicas[r].policy.padding_rows(&plan, &self.requests);
+            let (ids, num_tokens) = plan;
+            let mut shape = BatchShape::of(ids.iter().map(|&i| self.requests.get(i)), &num_tokens);
+            shape.num_padding_rows = padding;
+            let mut epochs = Vec::with_capacity(ids.len());
+            for &idx in &ids {
+                let request = self.requests.get_mut(idx);
+                request.on_batch_schedule(self.now);
+                epochs.push(request.num_restarts);
+            }
+            let id = self.next_batch_id;
+            self.next_batch_id += 1;
+            self.sample(r, ids.len());
+            self.record_batch(r, &shape);
+            self.batches.insert(
+                id,
+                Batch {
+                    id,
+                    replica,
+                    requests: ids,
+                    num_tokens,
+                    epochs,
+                    shape,
+                },
+            );
+            self.replicas[r].num_running_batches += 1;
+            self.push(
+                self.now,
+                EventKind::StageArrival {
+                    replica,
+                    stage: 0,
+                    batch: id,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    fn on_stage_schedule(&mut self, replica: u32, stage: u32) -> Result<()> {
+        let (r, s) = (replica as usize, stage as usize);
+        if self.replicas[r].stage_busy[s] {
+            return Ok(());
+        }
+        let Some(batch_id) = self.replicas[r].stage_queues[s].pop_front() else {
+            return Ok(());
+        };
+        self.replicas[r].stage_busy[s] = true;
+        let batch = &self.batches[&batch_id];
+        let time = self
+            .exec
+            .stage_time(&batch.shape, stage, self.config.num_stages)?;
+        if !(time.total_s.is_finite() && time.total_s >= 0.0 && time.model_s.is_finite()) {
+            return Err(Error::Plugin(format!(
+                "the execution-time model returned {} s for a batch stage: times must be \
+                 finite and >= 0",
+                time.total_s
+            )));
+        }
+        for &idx in &batch.requests {
+            let timing = &mut self.requests.get_mut(idx).timing;
+            timing.execution_time += time.total_s;
+            timing.model_execution_time += time.model_s;
+        }
+        self.out.replicas.busy_time[r] += time.total_s;
+        if let Some(trace) = &mut self.out.stages {
+            trace.replica.push(replica);
+            trace.stage.push(stage);
+            trace.batch_id.push(batch_id);
+            trace.start.push(self.now);
+            trace.duration.push(time.total_s);
+            trace.num_requests.push(batch.shape.num_requests);
+            trace
+                .num_prefill_tokens
+                .push(batch.shape.num_prefill_tokens);
+            trace.num_decode_tokens.push(batch.shape.num_decode_tokens);
+        }
+        self.push(
+            self.now + time.total_s,
+            EventKind::StageEnd {
+                replica,
+                stage,
+                batch: batch_id,
+            },
+        );
+        Ok(())
+    }
+
+    fn on_batch_end(&mut self, replica: u32, batch_id: u64) -> Result<()> {
+        let r = replica as usize;
+        let batch = self.batches.remove(&batch_id).expect("a batch in flight");
+        for ((&idx, &n), &epoch) in batch
+            .requests
+            .iter()
+            .zip(&batch.num_tokens)
+            .zip(&batch.epochs)
+        {
+            let request = self.requests.get_mut(idx);
+            if request.num_restarts != epoch {
+                continue; // restarted while this batch ran: its work is discarded
+            }
+            if let (_, Some(gap)) = request.on_batch_end(self.now, n) {
+                self.out.token_gaps.record(gap);
+            }
+        }
+        self.replicas[r].num_running_batches -= 1;
+        let released = self.replicas[r]
+            .policy
+            .on_batch_end(&mut self.requests, &batch)?;
+        for idx in released {
+            self.release(idx)?;
+        }
+        let events = self.replicas[r].policy.drain_kv_events();
+        if !events.is_empty() {
+            self.router.on_kv_events(r, &events);
+        }
+        self.push(self.now, EventKind::ReplicaSchedule { replica });
+        Ok(())
+    }
+
+    fn release(&mut self, idx: ReqIdx) -> Result<()> {
+        let request = self.requests.remove(idx);
+        if !request.completed {
+            return Err(Error::Plugin(format!(
+                "replica scheduler released request {} before it completed ({} of {} tokens)",
+                request.id,
+                request.num_processed_tokens,
+                request.total_tokens()
+            )));
+        }
+        self.out.requests.push(&request);
+        Ok(())
+    }
+
+    fn sample(&mut self, r: usize, batch_size: usize) {
+        let interval = self.config.sample_interval_s;
+        let replica = &mut self.replicas[r];
+        if self.now - replica.last_sample_at < interval {
+            return;
+        }
+        replica.last_sample_at = self.now;
+        let samples = &mut self.out.samples;
+        samples.time.push(self.now);
+        samples.replica.push(r as u32);
+        samples.kv_usage.push(replica.policy.kv_usage());
+        samples.batch_size.push(batch_size as u32);
+        samples
+            .num_outstanding
+            .push(replica.policy.num_outstanding() as u32);
+    }
+
+    fn record_batch(&mut self, r: usize, shape: &BatchShape) {
+        let totals = &mut self.out.replicas;
+        totals.num_batches[r] += 1;
+        totals.sum_batch_size[r] += shape.num_requests as u64;
+        totals.num_prefill_tokens[r] += shape.num_prefill_tokens;
+        totals.num_decode_tokens[r] += shape.num_decode_tokens;
+    }
+}

@@ -1,0 +1,226 @@
+//! Global schedulers (seed 000 §3 and beyond): which replica a new request goes to.
+//!
+//! - `round_robin`: replica `counter % N`.
+//! - `lor`: least outstanding requests — Vidur's: the fewest requests waiting in the
+//!   replica's queue (ties: lowest replica id).
+//! - `random`: uniform, from the simulation's seed.
+//! - `least_kv_load`: the lowest KV memory usage (ties: fewer outstanding requests).
+//! - `power_of_two`: two distinct random replicas, the one with fewer outstanding requests.
+//! - `prefix_affinity`: a cluster-wide prefix index, fed by the replicas' cache events
+//!   (block stored / removed), tells how many prompt tokens each replica already holds;
+//!   `score = cached_tokens − balance × queued_prefill_tokens`, highest wins (ties: fewer
+//!   outstanding requests, then lowest id). One cached token is worth `balance` tokens of
+//!   queued prefill work.
+
+use rustc_hash::FxHashSet;
+
+use super::rng::Rng;
+use crate::kv::{BlockHash, KvEvent, TokenId, hash_full_blocks};
+use crate::{Error, Result};
+
+/// What the router knows of a replica when it routes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ReplicaLoad {
+    pub num_pending: usize,
+    pub num_outstanding: usize,
+    pub queued_prefill_tokens: u64,
+    pub kv_usage: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum GlobalPolicy {
+    RoundRobin,
+    Lor,
+    Random,
+    LeastKvLoad,
+    PowerOfTwo,
+    PrefixAffinity { balance: f64 },
+}
+
+impl GlobalPolicy {
+    pub const NAMES: [&'static str; 6] = [
+        "round_robin",
+        "lor",
+        "random",
+        "least_kv_load",
+        "power_of_two",
+        "prefix_affinity",
+    ];
+
+    pub fn from_name(name: &str, balance: f64) -> Result<Self> {
+        Ok(match name {
+            "round_robin" => Self::RoundRobin,
+            "lor" => Self::Lor,
+            "random" => Self::Random,
+            "least_kv_load" => Self::LeastKvLoad,
+            "power_of_two" => Self::PowerOfTwo,
+            "prefix_affinity" => {
+                if !(balance.is_finite() && balance >= 0.0) {
+                    return Err(Error::config(
+                        "global_scheduler.balance",
+                        balance,
+                        "must be a finite number >= 0",
+                    ));
+                }
+                Self::PrefixAffinity { balance }
+            }
+            other => {
+                return Err(Error::config(
+                    "global_scheduler.policy",
+                    other,
+                    format!("unknown policy; expected one of {}", Self::NAMES.join(", ")),
+                ));
+            }
+        })
+    }
+
+    pub fn needs_kv_events(&self) -> bool {
+        matches!(self, Self::PrefixAffinity { .. })
+    }
+}
+
+pub struct Router {
+    policy: GlobalPolicy,
+    counter: u64,
+    rng: Rng,
+    block_size: usize,
+    /// Per replica: the block hashes its prefix cache holds (prefix_affinity).
+    index: Vec<FxHashSet<BlockHash>>,
+}
+
+impl Router {
+    pub fn new(policy: GlobalPolicy, num_replicas: usize, block_size: usize, seed: u64) -> Self {
+        Self {
+            policy,
+            counter: 0,
+            rng: Rng::new(seed ^ 0x5EED_0F40_07E5),
+            block_size,
+            index: vec![FxHashSet::default(); num_replicas],
+        }
+    }
+
+    /// Applies a replica's cache events to the index.
+    pub fn on_kv_events(&mut self, replica: usize, events: &[KvEvent]) {
+        let held = &mut self.index[replica];
+        for event in events {
+            match *event {
+                KvEvent::Stored(hash) => {
+                    held.insert(hash);
+                }
+                KvEvent::Removed(hash) => {
+                    held.remove(&hash);
+                }
+                KvEvent::AllCleared => held.clear(),
+            }
+        }
+    }
+
+    /// The replica for a request; `prompt` is needed only by `prefix_affinity`.
+    pub fn route(&mut self, loads: &[ReplicaLoad], prompt: impl FnOnce() -> Vec<TokenId>) -> usize {
+        let n = loads.len();
+        let fewest = |candidates: &mut dyn Iterator<Item = usize>, key: &dyn Fn(usize) -> f64| {
+            candidates
+                .min_by(|&a, &b| key(a).total_cmp(&key(b)).then(a.cmp(&b)))
+                .unwrap_or(0)
+        };
+        match self.policy {
+            GlobalPolicy::RoundRobin => {
+                let r = (self.counter % n as u64) as usize;
+                self.counter += 1;
+                r
+            }
+            GlobalPolicy::Lor => fewest(&mut (0..n), &|r| loads[r].num_pending as f64),
+            GlobalPolicy::Random => self.rng.below(n),
+            GlobalPolicy::LeastKvLoad => fewest(&mut (0..n), &|r| {
+                loads[r].kv_usage * 1e9 + loads[r].num_outstanding as f64
+            }),
+            GlobalPolicy::PowerOfTwo => {
+                if n == 1 {
+                    return 0;
+                }
+                let a = self.rng.below(n);
+                let b = (a + 1 + self.rng.below(n - 1)) % n;
+                if loads[b].num_outstanding < loads[a].num_outstanding {
+                    b
+                } else {
+                    a
+                }
+            }
+            GlobalPolicy::PrefixAffinity { balance } => {
+                let mut hashes = Vec::new();
+                hash_full_blocks(&mut hashes, &prompt(), self.block_size, None);
+                let score = |r: usize| {
+                    let cached = hashes
+                        .iter()
+                        .take_while(|h| self.index[r].contains(h))
+                        .count()
+                        * self.block_size;
+                    cached as f64 - balance * loads[r].queued_prefill_tokens as f64
+                };
+                (0..n)
+                    .max_by(|&a, &b| {
+                        score(a)
+                            .total_cmp(&score(b))
+                            .then(loads[b].num_outstanding.cmp(&loads[a].num_outstanding))
+                            .then(b.cmp(&a))
+                    })
+                    .unwrap_or(0)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn loads(pending: &[usize]) -> Vec<ReplicaLoad> {
+        pending
+            .iter()
+            .map(|&p| ReplicaLoad {
+                num_pending: p,
+                num_outstanding: p,
+                queued_prefill_tokens: 100 * p as u64,
+                kv_usage: 0.0,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn round_robin_cycles_and_lor_takes_the_shortest_queue() {
+        let mut rr = Router::new(GlobalPolicy::RoundRobin, 3, 16, 0);
+        let picks: Vec<_> = (0..5)
+            .map(|_| rr.route(&loads(&[0, 0, 0]), Vec::new))
+            .collect();
+        assert_eq!(picks, [0, 1, 2, 0, 1]);
+        let mut lor = Router::new(GlobalPolicy::Lor, 3, 16, 0);
+        assert_eq!(
+            lor.route(&loads(&[2, 1, 1]), Vec::new),
+            1,
+            "ties go to the lowest id"
+        );
+    }
+
+    #[test]
+    fn power_of_two_picks_two_distinct_replicas_and_the_lighter_wins() {
+        let mut p2 = Router::new(GlobalPolicy::PowerOfTwo, 2, 16, 3);
+        for _ in 0..20 {
+            assert_eq!(p2.route(&loads(&[5, 1]), Vec::new), 1);
+        }
+    }
+
+    #[test]
+    fn prefix_affinity_follows_the_cache_until_the_queue_outweighs_it() {
+        let mut router = Router::new(GlobalPolicy::PrefixAffinity { balance: 1.0 }, 2, 4, 0);
+        let prompt: Vec<TokenId> = (0..12).collect();
+        let mut hashes = Vec::new();
+        hash_full_blocks(&mut hashes, &prompt, 4, None);
+        let stored: Vec<_> = hashes.iter().map(|&h| KvEvent::Stored(h)).collect();
+        router.on_kv_events(1, &stored);
+        assert_eq!(router.route(&loads(&[0, 0]), || prompt.clone()), 1);
+        // 12 cached tokens against 100 queued prefill tokens: replica 0 wins.
+        assert_eq!(router.route(&loads(&[0, 1]), || prompt.clone()), 0);
+        router.on_kv_events(1, &[KvEvent::AllCleared]);
+        assert_eq!(router.route(&loads(&[0, 0]), || prompt.clone()), 0);
+    }
+}

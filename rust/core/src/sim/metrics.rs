@@ -1,0 +1,128 @@
+//! What a simulation reports: one row per request (columns, appended as requests are
+//! released), a histogram of the gaps between consecutive output tokens, sampled KV usage
+//! and batch sizes over time, per-replica busy time, and optionally every batch stage.
+
+use super::request::SimRequest;
+
+/// Column-wise per-request results, in release order.
+#[derive(Debug, Default, Clone)]
+pub struct RequestTable {
+    pub request_id: Vec<u64>,
+    pub replica: Vec<u32>,
+    pub arrived_at: Vec<f64>,
+    pub scheduled_at: Vec<f64>,
+    pub first_token_at: Vec<f64>,
+    pub completed_at: Vec<f64>,
+    pub num_prefill_tokens: Vec<u32>,
+    pub num_decode_tokens: Vec<u32>,
+    pub num_restarts: Vec<u32>,
+    pub prefix_hit_tokens: Vec<u32>,
+    pub max_token_gap: Vec<f64>,
+    pub execution_time: Vec<f64>,
+    pub model_execution_time: Vec<f64>,
+}
+
+impl RequestTable {
+    pub fn push(&mut self, r: &SimRequest) {
+        self.request_id.push(r.id);
+        self.replica.push(r.replica);
+        self.arrived_at.push(r.arrived_at);
+        self.scheduled_at.push(r.timing.scheduled_at);
+        self.first_token_at.push(r.timing.first_token_at);
+        self.completed_at.push(r.timing.completed_at);
+        self.num_prefill_tokens.push(r.original_prefill_tokens);
+        self.num_decode_tokens.push(r.original_decode_tokens);
+        self.num_restarts.push(r.num_restarts);
+        self.prefix_hit_tokens.push(r.prefix_hit_tokens);
+        self.max_token_gap.push(r.timing.max_token_gap);
+        self.execution_time.push(r.timing.execution_time);
+        self.model_execution_time
+            .push(r.timing.model_execution_time);
+    }
+
+    pub fn len(&self) -> usize {
+        self.request_id.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.request_id.is_empty()
+    }
+}
+
+/// Log-spaced histogram from 1 µs to ~1000 s, 100 buckets per decade (quantiles within
+/// 2.3%), for the gaps between output tokens: every token counts, memory stays constant.
+#[derive(Debug, Clone)]
+pub struct GapHistogram {
+    pub counts: Vec<u64>,
+}
+
+impl GapHistogram {
+    pub const MIN_S: f64 = 1e-6;
+    pub const BUCKETS_PER_DECADE: f64 = 100.0;
+    pub const NUM_BUCKETS: usize = 900;
+
+    pub fn record(&mut self, gap_s: f64) {
+        let position = (gap_s.max(Self::MIN_S) / Self::MIN_S).log10() * Self::BUCKETS_PER_DECADE;
+        let bucket = (position as usize).min(Self::NUM_BUCKETS - 1);
+        self.counts[bucket] += 1;
+    }
+
+    /// The lower edge of bucket `i`, in seconds.
+    pub fn bucket_start(i: usize) -> f64 {
+        Self::MIN_S * 10f64.powf(i as f64 / Self::BUCKETS_PER_DECADE)
+    }
+}
+
+impl Default for GapHistogram {
+    fn default() -> Self {
+        Self {
+            counts: vec![0; Self::NUM_BUCKETS],
+        }
+    }
+}
+
+/// One replica's state at a moment (sampled at batch formation, at most every interval).
+#[derive(Debug, Default, Clone)]
+pub struct Samples {
+    pub time: Vec<f64>,
+    pub replica: Vec<u32>,
+    pub kv_usage: Vec<f64>,
+    pub batch_size: Vec<u32>,
+    pub num_outstanding: Vec<u32>,
+}
+
+/// One batch stage, for a Chrome/Perfetto trace.
+#[derive(Debug, Default, Clone)]
+pub struct StageTrace {
+    pub replica: Vec<u32>,
+    pub stage: Vec<u32>,
+    pub batch_id: Vec<u64>,
+    pub start: Vec<f64>,
+    pub duration: Vec<f64>,
+    pub num_requests: Vec<u32>,
+    pub num_prefill_tokens: Vec<u64>,
+    pub num_decode_tokens: Vec<u64>,
+}
+
+/// Totals per replica.
+#[derive(Debug, Default, Clone)]
+pub struct ReplicaTotals {
+    /// Seconds any of its stages was busy, summed over stages.
+    pub busy_time: Vec<f64>,
+    pub num_batches: Vec<u64>,
+    pub sum_batch_size: Vec<u64>,
+    pub num_prefill_tokens: Vec<u64>,
+    pub num_decode_tokens: Vec<u64>,
+}
+
+impl ReplicaTotals {
+    pub fn new(num_replicas: usize) -> Self {
+        Self {
+            busy_time: vec![0.0; num_replicas],
+            num_batches: vec![0; num_replicas],
+            sum_batch_size: vec![0; num_replicas],
+            num_prefill_tokens: vec![0; num_replicas],
+            num_decode_tokens: vec![0; num_replicas],
+        }
+    }
+}

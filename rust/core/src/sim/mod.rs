@@ -1,0 +1,34 @@
+//! The cluster simulator (seed 000): requests arrive, a global scheduler routes them to
+//! replicas, each replica's scheduler forms batches under its memory and batch rules, and
+//! batches pass the replica's pipeline stages, each stage priced by an execution-time
+//! model. Everything runs on simulated time in one deterministic event loop.
+//!
+//! - [`engine`]: the event loop; [`SimConfig`] and a [`RequestSource`] in, [`SimOutput`] out.
+//! - [`replica`]: Vidur's vLLM, Sarathi, Orca, LightLLM and FasterTransformer schedulers,
+//!   vLLM V1 (the step scheduler of `crate::sched`) and SGLang.
+//! - [`global`]: routing policies; [`exec`]: execution-time models.
+
+mod arena;
+mod batch;
+mod config;
+pub mod engine;
+pub mod exec;
+pub mod global;
+mod metrics;
+pub mod replica;
+mod request;
+mod rng;
+mod tokens;
+
+pub use batch::BatchShape;
+pub use config::{ReplicaPolicyConfig, SimConfig, VidurKind};
+pub use engine::{ArrivingRequest, RequestSource, SimOutput, Simulator};
+pub use exec::{ExecModel, LinearModel, StageTime};
+pub use global::GlobalPolicy;
+pub use metrics::{GapHistogram, ReplicaTotals, RequestTable, Samples, StageTrace};
+pub use replica::{SglangLimits, VidurLimits};
+pub use request::SimRequest;
+pub use rng::Rng;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,156 @@
+//! Vidur's LightLLM replica scheduler (seed 000 §8): token-level memory (block_size 1, one
+//! pipeline stage), prefill and decode in separate batches. A new request is admitted only
+//! if the worst-case peak of the tokens every admitted request may still need fits:
+//! sorting requests by remaining tokens (descending), the peak is
+//! max_i(remaining_i × (i + 1) + Σ_{j<=i} held_j). Decode batches run while requests are
+//! running; a waiting prefill gets its turn after `max_waiting_iters` decode batches.
+
+use super::vidur::{VidurBase, VidurLimits};
+use super::{BatchPlan, ReplicaPolicy};
+use crate::sim::arena::Requests;
+use crate::sim::batch::Batch;
+use crate::sim::request::{ReqIdx, SimRequest};
+use crate::{Error, Result};
+
+#[derive(Debug)]
+pub struct LightLlm {
+    base: VidurBase,
+    num_waiting_iters: u32,
+}
+
+impl LightLlm {
+    pub fn new(limits: VidurLimits) -> Result<Self> {
+        if limits.block_size != 1 {
+            return Err(Error::config(
+                "block_size",
+                limits.block_size,
+                "the lightllm replica scheduler manages memory per token: block_size must be 1",
+            ));
+        }
+        Ok(Self {
+            base: VidurBase::new(limits),
+            num_waiting_iters: 0,
+        })
+    }
+
+    /// (tokens held now, tokens it may still add) for the peak-memory check.
+    fn footprint(request: &SimRequest, admitted: bool) -> (u64, u64) {
+        let total = request.total_tokens() as u64;
+        if admitted {
+            let held = request.num_processed_tokens as u64;
+            (held, total.saturating_sub(held))
+        } else {
+            let held = request.num_prefill_tokens as u64 + 1;
+            (held, total.saturating_sub(held))
+        }
+    }
+
+    fn peak_fits(&self, mut footprints: Vec<(u64, u64)>) -> bool {
+        footprints.sort_by_key(|f| std::cmp::Reverse(f.1));
+        let mut held_so_far = 0;
+        let mut peak = 0;
+        for (i, &(held, remaining)) in footprints.iter().enumerate() {
+            held_so_far += held;
+            peak = peak.max(remaining * (i as u64 + 1) + held_so_far);
+        }
+        peak < self.base.limits.num_blocks as u64
+    }
+
+    fn prefill_batch(&mut self, requests: &mut Requests) -> Result<Option<BatchPlan>> {
+        let limits = self.base.limits;
+        let mut footprints: Vec<(u64, u64)> = self
+            .base
+            .running
+            .iter()
+            .map(|&idx| Self::footprint(requests.get(idx), true))
+            .collect();
+        let (mut batch, mut tokens): BatchPlan = (Vec::new(), Vec::new());
+        let mut num_batch_tokens = 0u64;
+        while let Some(&idx) = self.base.request_queue.front() {
+            let request = requests.get(idx);
+            let next = request.next_num_tokens();
+            if num_batch_tokens + next as u64 > limits.max_tokens_in_batch as u64
+                || self.base.allocation.len() as u32 >= limits.batch_size_cap
+                || batch.len() as u32 >= limits.max_micro_batch_size
+            {
+                break;
+            }
+            footprints.push(Self::footprint(request, false));
+            if !self.peak_fits(footprints.clone()) {
+                break;
+            }
+            self.base.request_queue.pop_front();
+            self.base.allocate(idx, request.num_prefill_tokens)?;
+            num_batch_tokens += next as u64;
+            batch.push(idx);
+            tokens.push(next);
+        }
+        Ok((!batch.is_empty()).then_some((batch, tokens)))
+    }
+
+    fn decode_batch(&mut self, requests: &mut Requests) -> Result<BatchPlan> {
+        let batch = std::mem::take(&mut self.base.running);
+        let mut tokens = Vec::with_capacity(batch.len());
+        for &idx in &batch {
+            self.base.allocate(idx, 1)?;
+            tokens.push(requests.get(idx).next_num_tokens());
+        }
+        Ok((batch, tokens))
+    }
+}
+
+impl ReplicaPolicy for LightLlm {
+    fn add_request(&mut self, requests: &mut Requests, idx: ReqIdx) -> Result<()> {
+        let request = requests.get(idx);
+        self.base.check_fits(request, request.total_tokens())?;
+        self.base.request_queue.push_back(idx);
+        Ok(())
+    }
+
+    fn next_batch(&mut self, requests: &mut Requests) -> Result<Option<BatchPlan>> {
+        if self.base.running.is_empty() {
+            let batch = self.prefill_batch(requests)?;
+            if batch.is_some() {
+                self.num_waiting_iters = 0;
+            }
+            return Ok(batch);
+        }
+        if self.num_waiting_iters >= self.base.limits.max_waiting_iters {
+            self.num_waiting_iters = 0;
+            if let Some(batch) = self.prefill_batch(requests)? {
+                return Ok(Some(batch));
+            }
+        }
+        let needed = self.base.running.len() as u32;
+        if !self.base.can_allocate(needed) {
+            // Vidur raises here; the peak check at admission is meant to make it unreachable.
+            return Err(Error::Capacity {
+                what: "lightllm decode tokens",
+                requested: needed as usize,
+                available: (self.base.limits.num_blocks - self.base.num_allocated_blocks) as usize,
+            });
+        }
+        self.num_waiting_iters += 1;
+        Ok(Some(self.decode_batch(requests)?))
+    }
+
+    fn on_batch_end(&mut self, requests: &mut Requests, batch: &Batch) -> Result<Vec<ReqIdx>> {
+        Ok(self.base.release_completed(requests, batch))
+    }
+
+    fn num_pending(&self) -> usize {
+        self.base.request_queue.len()
+    }
+
+    fn num_outstanding(&self) -> usize {
+        self.base.num_outstanding()
+    }
+
+    fn pending_prefill_tokens(&self, requests: &Requests) -> u64 {
+        self.base.pending_prefill_tokens(requests)
+    }
+
+    fn kv_usage(&self) -> f64 {
+        self.base.kv_usage()
+    }
+}

@@ -1,0 +1,64 @@
+//! Replica schedulers (seed 000 §4-§10, plus vLLM V1 and SGLang): each forms the batches of
+//! one replica and owns its KV memory.
+
+mod faster_transformer;
+mod lightllm;
+mod orca;
+mod sarathi;
+mod sglang;
+mod v1;
+mod vidur;
+mod vllm;
+
+pub use faster_transformer::FasterTransformer;
+pub use lightllm::LightLlm;
+pub use orca::Orca;
+pub use sarathi::Sarathi;
+pub use sglang::Sglang;
+pub use sglang::SglangLimits;
+pub use v1::VllmV1;
+pub use vidur::VidurLimits;
+pub use vllm::Vllm;
+
+use super::arena::Requests;
+use super::batch::Batch;
+use super::request::ReqIdx;
+use crate::Result;
+use crate::kv::KvEvent;
+
+/// The requests of a new batch and the tokens each computes.
+pub type BatchPlan = (Vec<ReqIdx>, Vec<u32>);
+
+pub trait ReplicaPolicy {
+    /// A request routed to this replica.
+    fn add_request(&mut self, requests: &mut Requests, idx: ReqIdx) -> Result<()>;
+
+    /// The next batch to run, if any (called while pipeline stages are free).
+    fn next_batch(&mut self, requests: &mut Requests) -> Result<Option<BatchPlan>>;
+
+    /// Called after every request of `batch` took its `on_batch_end`. Returns the requests
+    /// the replica has let go of for good (completed, memory freed).
+    fn on_batch_end(&mut self, requests: &mut Requests, batch: &Batch) -> Result<Vec<ReqIdx>>;
+
+    /// Vidur's `num_pending_requests`: requests waiting for their first schedule.
+    fn num_pending(&self) -> usize;
+
+    /// Requests routed here and not yet released.
+    fn num_outstanding(&self) -> usize;
+
+    /// Prompt tokens of waiting requests: the prefill work queued here.
+    fn pending_prefill_tokens(&self, requests: &Requests) -> u64;
+
+    /// Fraction of the KV memory allocated.
+    fn kv_usage(&self) -> f64;
+
+    /// Cache events since the last call (replicas with a prefix cache).
+    fn drain_kv_events(&mut self) -> Vec<KvEvent> {
+        Vec::new()
+    }
+
+    /// Padding rows of decode batches (SGLang's CUDA-graph sizes); 0 by default.
+    fn padding_rows(&self, _plan: &BatchPlan, _requests: &Requests) -> u64 {
+        0
+    }
+}

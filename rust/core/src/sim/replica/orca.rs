@@ -1,0 +1,100 @@
+//! Vidur's Orca replica scheduler (seed 000 §7): iteration-level batching; every running
+//! request decodes each iteration, and a new request is admitted only if the maximum
+//! blocks a sequence can need are free (reserved up front, so no preemption).
+
+use super::vidur::{VidurBase, VidurLimits};
+use super::{BatchPlan, ReplicaPolicy};
+use crate::Result;
+use crate::sim::arena::Requests;
+use crate::sim::batch::Batch;
+use crate::sim::request::ReqIdx;
+
+#[derive(Debug)]
+pub struct Orca {
+    base: VidurBase,
+}
+
+impl Orca {
+    pub fn new(limits: VidurLimits) -> Self {
+        Self {
+            base: VidurBase::new(limits),
+        }
+    }
+}
+
+/// Orca and FasterTransformer admit with a full per-sequence reservation.
+pub(super) fn check_max_reservation(
+    base: &VidurBase,
+    requests: &Requests,
+    idx: ReqIdx,
+) -> Result<()> {
+    let request = requests.get(idx);
+    let max_tokens = base.limits.max_blocks_per_sequence * base.limits.block_size;
+    if request.total_tokens() > max_tokens {
+        return Err(crate::Error::input(
+            "request",
+            request.id,
+            format!(
+                "has {} tokens, more than max_request_tokens = {max_tokens} that orca and \
+                 faster_transformer reserve per request",
+                request.total_tokens()
+            ),
+        ));
+    }
+    base.check_fits(request, base.limits.max_blocks_per_sequence)
+}
+
+impl ReplicaPolicy for Orca {
+    fn add_request(&mut self, requests: &mut Requests, idx: ReqIdx) -> Result<()> {
+        check_max_reservation(&self.base, requests, idx)?;
+        self.base.request_queue.push_back(idx);
+        Ok(())
+    }
+
+    fn next_batch(&mut self, requests: &mut Requests) -> Result<Option<BatchPlan>> {
+        let limits = self.base.limits;
+        let (mut batch, mut tokens): BatchPlan = (Vec::new(), Vec::new());
+        let mut running = std::mem::take(&mut self.base.running).into_iter();
+        for idx in running.by_ref() {
+            if batch.len() as u32 >= limits.max_micro_batch_size {
+                self.base.running.push(idx);
+                break;
+            }
+            batch.push(idx);
+            tokens.push(requests.get(idx).next_num_tokens());
+        }
+        self.base.running.extend(running);
+        while let Some(&idx) = self.base.request_queue.front() {
+            if batch.len() as u32 >= limits.max_micro_batch_size
+                || !self.base.can_allocate(limits.max_blocks_per_sequence)
+            {
+                break;
+            }
+            self.base.request_queue.pop_front();
+            self.base.allocate(idx, limits.max_blocks_per_sequence)?;
+            batch.push(idx);
+            tokens.push(requests.get(idx).next_num_tokens());
+        }
+        Ok((!batch.is_empty()).then_some((batch, tokens)))
+    }
+
+    fn on_batch_end(&mut self, requests: &mut Requests, batch: &Batch) -> Result<Vec<ReqIdx>> {
+        Ok(self.base.release_completed(requests, batch))
+    }
+
+    fn num_pending(&self) -> usize {
+        self.base.request_queue.len()
+    }
+
+    fn num_outstanding(&self) -> usize {
+        self.base.num_outstanding()
+    }
+
+    fn pending_prefill_tokens(&self, requests: &Requests) -> u64 {
+        self.base.pending_prefill_tokens(requests)
+    }
+
+    fn kv_usage(&self) -> f64 {
+        self.base.kv_usage()
+    }
+}

@@ -1,0 +1,132 @@
+//! `vllm_v1`: the step scheduler of `crate::sched` (vLLM V1 semantics: token budget,
+//! chunked prefill, running-first with preemption, prefix caching) driving a replica. A
+//! batch is one `schedule()`; its end reports one sampled token per request that caught
+//! up with its known tokens. With pipeline stages the scheduler runs ahead (each request in
+//! one batch at a time, as vLLM does without async scheduling).
+
+use super::{BatchPlan, ReplicaPolicy};
+use crate::Result;
+use crate::kv::KvEvent;
+use crate::sched::{RequestSpec, SampledOutput, Scheduler, SchedulerConfig};
+use crate::sim::arena::Requests;
+use crate::sim::batch::Batch;
+use crate::sim::request::ReqIdx;
+use crate::sim::tokens::synthesize_prompt;
+
+/// The token every simulated step samples (its value is never looked at: EOS is ignored).
+const SAMPLED_TOKEN: u32 = 1;
+
+pub struct VllmV1 {
+    scheduler: Scheduler<ReqIdx>,
+    hash_block_size: u32,
+    num_waiting: usize,
+}
+
+impl VllmV1 {
+    pub fn new(config: SchedulerConfig, hash_block_size: u32, kv_events: bool) -> Result<Self> {
+        let mut scheduler = Scheduler::new(config, false)?;
+        if kv_events {
+            scheduler.enable_kv_events();
+        }
+        Ok(Self {
+            scheduler,
+            hash_block_size,
+            num_waiting: 0,
+        })
+    }
+}
+
+impl ReplicaPolicy for VllmV1 {
+    fn add_request(&mut self, requests: &mut Requests, idx: ReqIdx) -> Result<()> {
+        let request = requests.get(idx);
+        let spec = RequestSpec {
+            prompt_token_ids: synthesize_prompt(
+                request.id,
+                request.num_prefill_tokens,
+                &request.hash_ids,
+                self.hash_block_size,
+            ),
+            max_tokens: request.num_decode_tokens as usize,
+            arrival_time: request.arrived_at,
+            ignore_eos: true,
+            ..RequestSpec::default()
+        };
+        self.scheduler.add_request(idx, spec)?;
+        self.num_waiting += 1;
+        Ok(())
+    }
+
+    fn next_batch(&mut self, requests: &mut Requests) -> Result<Option<BatchPlan>> {
+        let out = self.scheduler.schedule()?;
+        for &idx in &out.preempted_req_ids {
+            requests.get_mut(idx).restart();
+        }
+        // Prefix-cache hits are computed without running: they count as processed.
+        for admitted in out
+            .scheduled_new_reqs
+            .iter()
+            .chain(&out.scheduled_resumed_reqs)
+        {
+            let request = requests.get_mut(admitted.request_id);
+            let hit = admitted.num_computed_tokens as u32;
+            if request.num_restarts == 0 {
+                request.prefix_hit_tokens = hit;
+            }
+            request.num_processed_tokens += hit;
+        }
+        self.num_waiting = self.scheduler.num_waiting();
+        if out.num_scheduled_tokens.is_empty() {
+            return Ok(None);
+        }
+        let (ids, tokens) = out
+            .num_scheduled_tokens
+            .iter()
+            .map(|&(idx, n)| (idx, n as u32))
+            .unzip();
+        Ok(Some((ids, tokens)))
+    }
+
+    fn on_batch_end(&mut self, requests: &mut Requests, batch: &Batch) -> Result<Vec<ReqIdx>> {
+        let outputs: Vec<SampledOutput<ReqIdx>> = batch
+            .requests
+            .iter()
+            .filter(|&&idx| requests.get(idx).is_prefill_complete)
+            .filter(|&&idx| {
+                self.scheduler
+                    .get_request(&idx)
+                    .is_some_and(|r| r.num_computed_tokens >= r.num_tokens())
+            })
+            .map(|&idx| SampledOutput {
+                request_id: idx,
+                token_ids: vec![SAMPLED_TOKEN],
+                ..SampledOutput::default()
+            })
+            .collect();
+        let finished = self.scheduler.update_from_output(&outputs)?;
+        Ok(finished.into_iter().map(|(idx, _)| idx).collect())
+    }
+
+    fn num_pending(&self) -> usize {
+        self.num_waiting
+    }
+
+    fn num_outstanding(&self) -> usize {
+        self.scheduler.num_waiting() + self.scheduler.num_running()
+    }
+
+    fn pending_prefill_tokens(&self, requests: &Requests) -> u64 {
+        self.scheduler
+            .waiting_ids()
+            .iter()
+            .map(|&idx| requests.get(idx).num_prefill_tokens as u64)
+            .sum()
+    }
+
+    fn kv_usage(&self) -> f64 {
+        self.scheduler.stats().kv_usage
+    }
+
+    fn drain_kv_events(&mut self) -> Vec<KvEvent> {
+        self.scheduler.drain_kv_events()
+    }
+}

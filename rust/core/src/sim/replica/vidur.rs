@@ -1,0 +1,168 @@
+//! What Vidur's replica schedulers share (seed 000 §4): a block-counting KV allocator, the
+//! request queue, the requests between iterations, and the batch limits.
+
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
+
+use crate::sim::arena::Requests;
+use crate::sim::batch::Batch;
+use crate::sim::request::{ReqIdx, SimRequest};
+use crate::{Error, Result};
+
+/// The limits of one replica, derived from the config and the memory planner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VidurLimits {
+    pub num_blocks: u32,
+    pub block_size: u32,
+    /// vLLM/Sarathi: blocks kept free when admitting a new request.
+    pub watermark_blocks: u32,
+    /// Requests holding memory at once.
+    pub batch_size_cap: u32,
+    /// Requests in one batch: the max batch size divided among the pipeline stages.
+    pub max_micro_batch_size: u32,
+    /// Orca / FasterTransformer: blocks reserved per request (max request tokens / block).
+    pub max_blocks_per_sequence: u32,
+    /// vLLM / LightLLM: (padded) tokens in one prefill batch.
+    pub max_tokens_in_batch: u32,
+    /// Sarathi: token budget of one batch.
+    pub chunk_size: u32,
+    /// LightLLM: decode iterations before a waiting prefill may run.
+    pub max_waiting_iters: u32,
+}
+
+#[derive(Debug)]
+pub(super) struct VidurBase {
+    pub limits: VidurLimits,
+    pub request_queue: VecDeque<ReqIdx>,
+    /// Vidur's `_preempted_requests`: admitted requests between two of their iterations.
+    pub running: Vec<ReqIdx>,
+    pub allocation: FxHashMap<ReqIdx, u32>,
+    pub num_allocated_blocks: u32,
+}
+
+impl VidurBase {
+    pub fn new(limits: VidurLimits) -> Self {
+        Self {
+            limits,
+            request_queue: VecDeque::new(),
+            running: Vec::new(),
+            allocation: FxHashMap::default(),
+            num_allocated_blocks: 0,
+        }
+    }
+
+    pub fn blocks_for(&self, tokens: u32) -> u32 {
+        tokens.div_ceil(self.limits.block_size)
+    }
+
+    pub fn can_allocate(&self, num_blocks: u32) -> bool {
+        self.limits.num_blocks - self.num_allocated_blocks >= num_blocks
+    }
+
+    pub fn allocate(&mut self, idx: ReqIdx, num_blocks: u32) -> Result<()> {
+        if !self.can_allocate(num_blocks) {
+            return Err(Error::Capacity {
+                what: "KV blocks",
+                requested: num_blocks as usize,
+                available: (self.limits.num_blocks - self.num_allocated_blocks) as usize,
+            });
+        }
+        self.num_allocated_blocks += num_blocks;
+        *self.allocation.entry(idx).or_default() += num_blocks;
+        Ok(())
+    }
+
+    pub fn free(&mut self, idx: ReqIdx) {
+        if let Some(blocks) = self.allocation.remove(&idx) {
+            self.num_allocated_blocks -= blocks;
+        }
+    }
+
+    /// Fails a request that could never be admitted (it would wait forever).
+    pub fn check_fits(&self, request: &SimRequest, blocks_needed: u32) -> Result<()> {
+        let usable = self.limits.num_blocks - self.limits.watermark_blocks;
+        if blocks_needed > usable {
+            return Err(Error::input(
+                "request",
+                request.id,
+                format!(
+                    "needs {blocks_needed} KV blocks ({} tokens) but a replica has {usable} \
+                     usable blocks",
+                    request.total_tokens()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// vLLM/Sarathi admission: a new request needs its whole prompt's blocks on top of the
+    /// watermark; a running one needs one free block.
+    pub fn vllm_can_allocate(&self, request: &SimRequest, idx: ReqIdx) -> bool {
+        let free = self.limits.num_blocks - self.num_allocated_blocks;
+        if !self.allocation.contains_key(&idx) {
+            let needed = self.blocks_for(request.num_prefill_tokens);
+            return free >= needed && free - needed >= self.limits.watermark_blocks;
+        }
+        free >= 1
+    }
+
+    /// vLLM/Sarathi allocation: the prompt's blocks at admission, then one block whenever
+    /// the processed tokens outgrow the reserved ones.
+    pub fn vllm_allocate(&mut self, request: &SimRequest, idx: ReqIdx) -> Result<()> {
+        match self.allocation.get(&idx) {
+            None => self.allocate(idx, self.blocks_for(request.num_prefill_tokens)),
+            Some(&blocks) if request.num_processed_tokens > blocks * self.limits.block_size => {
+                self.allocate(idx, 1)
+            }
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// Restarts a request (preemption by recompute) and puts it at the front of the queue.
+    pub fn restart_to_front(&mut self, requests: &mut Requests, idx: ReqIdx) {
+        requests.get_mut(idx).restart();
+        self.free(idx);
+        self.request_queue.push_front(idx);
+    }
+
+    /// Vidur's base `on_batch_end`: completed requests free their memory, the others wait
+    /// for their next iteration.
+    pub fn release_completed(&mut self, requests: &Requests, batch: &Batch) -> Vec<ReqIdx> {
+        let mut released = Vec::new();
+        for &idx in &batch.requests {
+            if requests.get(idx).completed {
+                self.free(idx);
+                released.push(idx);
+            } else {
+                self.running.push(idx);
+            }
+        }
+        released
+    }
+
+    pub fn num_outstanding(&self) -> usize {
+        self.request_queue.len() + self.allocation.len()
+    }
+
+    pub fn pending_prefill_tokens(&self, requests: &Requests) -> u64 {
+        self.request_queue
+            .iter()
+            .map(|&idx| requests.get(idx).num_prefill_tokens as u64)
+            .sum()
+    }
+
+    pub fn kv_usage(&self) -> f64 {
+        self.num_allocated_blocks as f64 / self.limits.num_blocks as f64
+    }
+
+    /// The running requests in arrival order (Vidur sorts them before each batch).
+    pub fn sort_running_by_arrival(&mut self, requests: &Requests) {
+        self.running.sort_by(|&a, &b| {
+            let (ra, rb) = (requests.get(a), requests.get(b));
+            ra.arrived_at
+                .total_cmp(&rb.arrived_at)
+                .then(ra.id.cmp(&rb.id))
+        });
+    }
+}

@@ -1,0 +1,354 @@
+//! Hand-computable scenarios under the linear model, and each replica policy's documented
+//! behaviours (seed 000), as named tests.
+
+use super::*;
+use crate::Result;
+use crate::sched::SchedulerConfig;
+
+struct VecSource(Option<Vec<ArrivingRequest>>);
+
+impl RequestSource for VecSource {
+    fn next_chunk(&mut self) -> Result<Option<Vec<ArrivingRequest>>> {
+        Ok(self.0.take())
+    }
+}
+
+fn req(at: f64, prefill: u32, decode: u32) -> ArrivingRequest {
+    ArrivingRequest {
+        arrived_at: at,
+        num_prefill_tokens: prefill,
+        num_decode_tokens: decode,
+        hash_ids: vec![],
+    }
+}
+
+/// `constant` seconds per iteration plus per-token terms; no CPU overhead.
+fn linear(constant: f64, per_prefill: f64, per_decode: f64) -> LinearModel {
+    LinearModel {
+        constant_s: constant,
+        per_prefill_token_s: per_prefill,
+        per_decode_token_s: per_decode,
+        per_decode_context_token_s: 0.0,
+        per_prefill_context_token_s: 0.0,
+        cpu_overhead_s: 0.0,
+    }
+}
+
+fn limits() -> VidurLimits {
+    VidurLimits {
+        num_blocks: 64,
+        block_size: 4,
+        watermark_blocks: 0,
+        batch_size_cap: 16,
+        max_micro_batch_size: 16,
+        max_blocks_per_sequence: 8,
+        max_tokens_in_batch: 4096,
+        chunk_size: 8,
+        max_waiting_iters: 2,
+    }
+}
+
+fn config(policy: ReplicaPolicyConfig, num_stages: u32, exec: LinearModel) -> SimConfig {
+    SimConfig {
+        num_replicas: 1,
+        num_stages,
+        global_policy: GlobalPolicy::RoundRobin,
+        replica_policy: policy,
+        exec,
+        seed: 0,
+        hash_block_size: 16,
+        sample_interval_s: 0.0,
+        record_stages: true,
+    }
+}
+
+fn run(config: SimConfig, requests: Vec<ArrivingRequest>) -> SimOutput {
+    let mut exec = config.exec;
+    let sim = Simulator::new(config, &mut exec).unwrap();
+    sim.run(&mut VecSource(Some(requests))).unwrap()
+}
+
+/// (first token, completion) per request id.
+fn times(out: &SimOutput) -> Vec<(u64, f64, f64)> {
+    let t = &out.requests;
+    let mut rows: Vec<_> = (0..t.len())
+        .map(|i| (t.request_id[i], t.first_token_at[i], t.completed_at[i]))
+        .collect();
+    rows.sort_by_key(|r| r.0);
+    rows
+}
+
+/// (prefill tokens, decode tokens) of each batch, in formation order.
+fn batches(out: &SimOutput) -> Vec<(u64, u64)> {
+    let trace = out.stages.as_ref().unwrap();
+    (0..trace.batch_id.len())
+        .filter(|&i| trace.stage[i] == 0)
+        .map(|i| (trace.num_prefill_tokens[i], trace.num_decode_tokens[i]))
+        .collect()
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-9
+}
+
+#[test]
+fn one_request_prefill_then_decodes_at_hand_computed_times() {
+    // Prefill of 10: 1 + 0.1·10 = 2 s, the first token. Then 2 decodes of 1 + 0.2 = 1.2 s.
+    for policy in [
+        ReplicaPolicyConfig::Vidur(VidurKind::Vllm, limits()),
+        ReplicaPolicyConfig::VllmV1(SchedulerConfig {
+            block_size: 4,
+            num_blocks: 64,
+            max_model_len: 64,
+            ..SchedulerConfig::default()
+        }),
+    ] {
+        let out = run(
+            config(policy, 1, linear(1.0, 0.1, 0.2)),
+            vec![req(0.0, 10, 3)],
+        );
+        let [(0, first, done)] = times(&out)[..] else {
+            panic!("one request")
+        };
+        assert!(close(first, 2.0) && close(done, 4.4), "{first} {done}");
+        assert_eq!(out.requests.num_restarts[0], 0);
+        assert!(close(out.requests.max_token_gap[0], 1.2));
+    }
+}
+
+#[test]
+fn orca_admits_at_the_next_iteration_faster_transformer_waits_for_the_batch() {
+    // A (4 prompt, 4 out) at 0, B (4, 2) at 0.5; every iteration takes 1 s.
+    let requests = || vec![req(0.0, 4, 4), req(0.5, 4, 2)];
+    let orca = run(
+        config(
+            ReplicaPolicyConfig::Vidur(VidurKind::Orca, limits()),
+            1,
+            linear(1.0, 0.0, 0.0),
+        ),
+        requests(),
+    );
+    assert_eq!(times(&orca), [(0, 1.0, 4.0), (1, 2.0, 3.0)]);
+    let ft = run(
+        config(
+            ReplicaPolicyConfig::Vidur(VidurKind::FasterTransformer, limits()),
+            1,
+            linear(1.0, 0.0, 0.0),
+        ),
+        requests(),
+    );
+    assert_eq!(times(&ft), [(0, 1.0, 4.0), (1, 5.0, 6.0)]);
+}
+
+#[test]
+fn two_stage_pipeline_overlaps_batches_and_only_the_last_stage_completes_them() {
+    // 2 s of model per batch split over 2 stages: 1 s per stage.
+    let out = run(
+        config(
+            ReplicaPolicyConfig::Vidur(VidurKind::Vllm, limits()),
+            2,
+            linear(2.0, 0.0, 0.0),
+        ),
+        vec![req(0.0, 4, 2), req(0.5, 4, 2)],
+    );
+    // A: stages 0-1, 1-2 (first token at 2), decode 2-4. B: queued behind A's stage 0,
+    // stages 1-2, 2-3 (first token 3), decode 3-5.
+    assert_eq!(times(&out), [(0, 2.0, 4.0), (1, 3.0, 5.0)]);
+    let trace = out.stages.unwrap();
+    // Stage starts in time order: b1 s0 (0), b2 s0 and b1 s1 (1), b2 s1 and b3 s0 (2), ...
+    assert_eq!(trace.stage, [0, 0, 1, 1, 0, 1, 0, 1]);
+}
+
+#[test]
+fn vllm_preempts_the_latest_arrival_lifo_and_restarts_it_with_its_outputs_as_prefill() {
+    // 16 tokens of KV for two requests that grow to 12 tokens each.
+    let small = VidurLimits {
+        num_blocks: 4,
+        ..limits()
+    };
+    let out = run(
+        config(
+            ReplicaPolicyConfig::Vidur(VidurKind::Vllm, small),
+            1,
+            linear(1.0, 0.0, 0.0),
+        ),
+        vec![req(0.0, 4, 8), req(0.1, 4, 8)],
+    );
+    let t = &out.requests;
+    let restarts: Vec<_> = (0..2)
+        .map(|i| (t.request_id[i], t.num_restarts[i]))
+        .collect();
+    assert!(
+        restarts.contains(&(0, 0)),
+        "the first arrival is never the victim"
+    );
+    let (_, b_restarts) = restarts.iter().find(|r| r.0 == 1).copied().unwrap();
+    assert!(b_restarts >= 1, "the latest arrival is the victim");
+    // Each restart re-prefills B's prompt plus the outputs it had: 6, 7, ... tokens.
+    let refills: Vec<u64> = batches(&out)
+        .iter()
+        .map(|b| b.0)
+        .filter(|&p| p > 4)
+        .collect();
+    assert_eq!(refills.len(), b_restarts as usize);
+    assert!(refills.windows(2).all(|w| w[1] > w[0]), "{refills:?}");
+}
+
+#[test]
+fn sarathi_fills_a_chunk_budget_decodes_first_then_partial_prefills_then_new() {
+    // chunk_size 8: A (20, 3) at 0 is cut 8, 8, 4; B (6, 2) arrives at 0.5 and takes the 4
+    // tokens left of the third batch; then A's first decode (phase 1) and B's last 2 prompt
+    // tokens (phase 2); then both decode, and both complete.
+    let out = run(
+        config(
+            ReplicaPolicyConfig::Vidur(VidurKind::Sarathi, limits()),
+            1,
+            linear(1.0, 0.0, 0.0),
+        ),
+        vec![req(0.0, 20, 3), req(0.5, 6, 2)],
+    );
+    assert_eq!(
+        batches(&out),
+        [(8, 0), (8, 0), (8, 0), (2, 1), (0, 2)],
+        "(prefill, decode) tokens per batch"
+    );
+}
+
+#[test]
+fn orca_reserves_the_maximum_blocks_per_sequence_at_admission() {
+    // 16 blocks, 8 reserved per request: only two tiny requests run at once.
+    let tight = VidurLimits {
+        num_blocks: 16,
+        ..limits()
+    };
+    let out = run(
+        config(
+            ReplicaPolicyConfig::Vidur(VidurKind::Orca, tight),
+            1,
+            linear(1.0, 0.0, 0.0),
+        ),
+        vec![req(0.0, 2, 2), req(0.0, 2, 2), req(0.0, 2, 2)],
+    );
+    assert_eq!(times(&out), [(0, 1.0, 2.0), (1, 1.0, 2.0), (2, 3.0, 4.0)]);
+}
+
+#[test]
+fn lightllm_admits_only_if_the_worst_case_token_peak_fits() {
+    let lightllm = |num_blocks| VidurLimits {
+        num_blocks,
+        block_size: 1,
+        max_waiting_iters: 1,
+        ..limits()
+    };
+    // A (10, 10) alone peaks at 20 tokens. With 30 slots, B (10, 10) arriving once A runs
+    // would raise the worst case to max(9·1 + 11, 8·2 + 23) = 39: B waits for A to finish.
+    let requests = || vec![req(0.0, 10, 10), req(1.5, 10, 10)];
+    let policy = |n| ReplicaPolicyConfig::Vidur(VidurKind::LightLlm, lightllm(n));
+    let t = times(&run(
+        config(policy(30), 1, linear(1.0, 0.0, 0.0)),
+        requests(),
+    ));
+    assert!(t[1].1 > t[0].2, "B's first token after A completes: {t:?}");
+    // With 60 slots it fits, and B's prefill runs between A's decodes.
+    let t = times(&run(
+        config(policy(60), 1, linear(1.0, 0.0, 0.0)),
+        requests(),
+    ));
+    assert!(t[1].1 < t[0].2, "B overlaps A: {t:?}");
+}
+
+#[test]
+fn lightllm_max_waiting_iters_lets_a_prefill_in_between_decodes() {
+    let limits = VidurLimits {
+        num_blocks: 1000,
+        block_size: 1,
+        max_waiting_iters: 2,
+        ..limits()
+    };
+    let out = run(
+        config(
+            ReplicaPolicyConfig::Vidur(VidurKind::LightLlm, limits),
+            1,
+            linear(1.0, 0.0, 0.0),
+        ),
+        vec![req(0.0, 4, 6), req(1.5, 4, 2)],
+    );
+    // A's prefill (0-1), A decodes (1-2); B waits: A decodes again (2-3), then after two
+    // waiting decode iterations B's prefill runs alone (3-4); decodes of both follow.
+    assert_eq!(batches(&out)[..4], [(4, 0), (0, 1), (0, 1), (4, 0)]);
+}
+
+#[test]
+fn lightllm_rejects_block_sizes_and_pipelines_it_cannot_run() {
+    let mut exec = linear(1.0, 0.0, 0.0);
+    let bad_block = config(
+        ReplicaPolicyConfig::Vidur(VidurKind::LightLlm, limits()),
+        1,
+        exec,
+    );
+    let err = Simulator::new(bad_block, &mut exec).err().unwrap();
+    assert!(err.to_string().contains("block_size"), "{err}");
+    let per_token = VidurLimits {
+        block_size: 1,
+        ..limits()
+    };
+    let staged = config(
+        ReplicaPolicyConfig::Vidur(VidurKind::LightLlm, per_token),
+        2,
+        exec,
+    );
+    let err = Simulator::new(staged, &mut exec).err().unwrap();
+    assert!(err.to_string().contains("pipeline"), "{err}");
+}
+
+#[test]
+fn sglang_pads_decode_batches_to_graph_sizes_for_their_cost() {
+    let sglang = ReplicaPolicyConfig::Sglang(SglangLimits {
+        num_pages: 64,
+        page_size: 4,
+        max_running_requests: 8,
+        max_extend_tokens: 64,
+        graph_batch_sizes: vec![1, 2, 4, 8],
+    });
+    // Three requests prefill together (3 s), then decode as a batch of 3 padded to 4:
+    // 1 + 4 · 0.5 = 3 s per decode.
+    let out = run(
+        config(sglang, 1, linear(1.0, 0.0, 0.5)),
+        vec![req(0.0, 4, 2), req(0.0, 4, 2), req(0.0, 4, 2)],
+    );
+    assert!(
+        times(&out)
+            .iter()
+            .all(|&(_, first, done)| close(first, 1.0) && close(done, 4.0))
+    );
+}
+
+#[test]
+fn bad_arrivals_are_errors_naming_the_field() {
+    let mut exec = linear(1.0, 0.0, 0.0);
+    let make = || {
+        config(
+            ReplicaPolicyConfig::Vidur(VidurKind::Vllm, limits()),
+            1,
+            linear(1.0, 0.0, 0.0),
+        )
+    };
+    let backwards = vec![req(1.0, 4, 2), req(0.5, 4, 2)];
+    let err = Simulator::new(make(), &mut exec)
+        .unwrap()
+        .run(&mut VecSource(Some(backwards)))
+        .unwrap_err();
+    assert!(err.to_string().contains("arrived_at"), "{err}");
+    let empty_prompt = vec![req(0.0, 0, 2)];
+    let err = Simulator::new(make(), &mut exec)
+        .unwrap()
+        .run(&mut VecSource(Some(empty_prompt)))
+        .unwrap_err();
+    assert!(err.to_string().contains("num_tokens"), "{err}");
+    let too_big = vec![req(0.0, 1000, 2)];
+    let err = Simulator::new(make(), &mut exec)
+        .unwrap()
+        .run(&mut VecSource(Some(too_big)))
+        .unwrap_err();
+    assert!(err.to_string().contains("blocks"), "{err}");
+}

@@ -1,0 +1,50 @@
+//! Token ids for simulated prompts. Workloads carry prefix identity as block content ids
+//! (each covering `hash_block_size` prompt tokens); prefix caches and routers work on token
+//! ids, so each block id is expanded into the same tokens wherever it appears, and the rest
+//! of a prompt gets tokens unique to its request.
+
+use crate::kv::TokenId;
+
+fn mix(a: u64, b: u64) -> TokenId {
+    let mut z = a
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(b.wrapping_mul(0xD1B5_4A32_D192_ED03));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (z ^ (z >> 31)) as TokenId
+}
+
+/// The prompt of request `request_id` with `num_tokens` tokens and block ids `hash_ids`.
+pub fn synthesize_prompt(
+    request_id: u64,
+    num_tokens: u32,
+    hash_ids: &[u64],
+    hash_block_size: u32,
+) -> Vec<TokenId> {
+    let block = hash_block_size.max(1) as usize;
+    (0..num_tokens as usize)
+        .map(|pos| match hash_ids.get(pos / block) {
+            Some(&id) => mix(id, (pos % block) as u64),
+            // A salt no block id can produce: the request's own tokens never match others.
+            None => mix(request_id ^ 0xA5A5_5A5A_F0F0_0F0F, pos as u64 | (1 << 63)),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_block_ids_give_shared_tokens_and_the_rest_is_private() {
+        let a = synthesize_prompt(1, 10, &[7, 8], 4);
+        let b = synthesize_prompt(2, 10, &[7, 9], 4);
+        assert_eq!(a[..4], b[..4]);
+        assert_ne!(a[4..8], b[4..8]);
+        assert_ne!(
+            a[8..],
+            b[8..],
+            "tokens past the block ids are the request's own"
+        );
+    }
+}

@@ -6,6 +6,7 @@ mod errors;
 mod kv;
 mod plugin;
 mod sched;
+mod sim;
 
 use pyo3::prelude::*;
 
@@ -22,5 +23,6 @@ fn _core(module: &Bound<'_, PyModule>) -> PyResult<()> {
     )?;
     kv::register(module)?;
     sched::register(module)?;
+    sim::register(module)?;
     Ok(())
 }

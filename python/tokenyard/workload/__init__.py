@@ -1,0 +1,51 @@
+"""Workloads for the simulator: synthetic request streams and trace readers, all streamed.
+
+A workload yields ``RequestChunk``s (numpy arrays of arrival times, prompt and output
+lengths, and optional prefix hash ids) of at most ``chunk_size`` requests, so a trace of
+millions of requests is replayed with memory flat in its length::
+
+    from tokenyard.workload import load_workload
+
+    workload = load_workload({"kind": "trace", "format": "vidur", "path": "trace.csv"})
+    for chunk in workload.chunks(65536):
+        ...
+
+- ``chunk``: ``RequestChunk``, the ``Workload`` protocol, ``summarize``.
+- ``synthetic``: ``SyntheticWorkload`` and its parts (``ArrivalProcess``,
+  ``LengthDistribution``, ``SharedPrefix``).
+- ``traces``: ``VidurTrace``, ``MooncakeTrace``, ``AzureTrace``; ``TraceError`` names the
+  file, line and field of a bad row.
+- ``config``: ``load_workload``, the entry point of the simulator's config.
+
+See ``docs/workloads.md`` for every option and the trace formats.
+"""
+
+from tokenyard.workload.chunk import RequestChunk, Workload, WorkloadStats, summarize
+from tokenyard.workload.config import load_workload
+from tokenyard.workload.errors import TraceError
+from tokenyard.workload.synthetic import (
+    SHARED_ID_BIT,
+    ArrivalProcess,
+    LengthDistribution,
+    SharedPrefix,
+    SyntheticWorkload,
+)
+from tokenyard.workload.traces import AzureTrace, MooncakeTrace, VidurTrace, sample_path
+
+__all__ = [
+    "SHARED_ID_BIT",
+    "ArrivalProcess",
+    "AzureTrace",
+    "LengthDistribution",
+    "MooncakeTrace",
+    "RequestChunk",
+    "SharedPrefix",
+    "SyntheticWorkload",
+    "TraceError",
+    "VidurTrace",
+    "Workload",
+    "WorkloadStats",
+    "load_workload",
+    "sample_path",
+    "summarize",
+]

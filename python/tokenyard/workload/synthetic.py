@@ -1,0 +1,488 @@
+"""Synthetic workloads: arrival processes, length distributions and shared-prefix groups,
+generated chunk by chunk from one seed.
+
+Requests are generated in fixed blocks of ``BLOCK`` requests, and block ``b`` of component
+``c`` (arrivals, prompt lengths, output lengths, prefix membership, prefix group) draws from
+its own ``Generator(PCG64(SeedSequence(seed, spawn_key=(c, b))))``, always ``BLOCK`` values.
+Hence: the output does not depend on ``chunk_size``; the first N requests are the same
+whatever ``num_requests``; changing one component leaves the others' draws unchanged.
+Only one block (plus one output chunk) is held at a time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, fields
+from typing import Literal, final
+
+import numpy as np
+import numpy.typing as npt
+
+from tokenyard.workload._checks import (
+    UINT32_MAX,
+    check_choice,
+    check_int,
+    check_number,
+    check_unset,
+    field_error,
+)
+from tokenyard.workload.chunk import (
+    DEFAULT_CHUNK_SIZE,
+    F64,
+    U64,
+    RequestChunk,
+    check_chunk_size,
+    rechunk,
+)
+
+__all__ = [
+    "ARRIVAL_KINDS",
+    "LENGTH_KINDS",
+    "SHARED_ID_BIT",
+    "ArrivalProcess",
+    "LengthDistribution",
+    "SharedPrefix",
+    "SyntheticWorkload",
+]
+
+ArrivalKind = Literal["poisson", "gamma", "constant", "bursty"]
+LengthKind = Literal["fixed", "uniform", "zipf", "lognormal"]
+ARRIVAL_KINDS: tuple[ArrivalKind, ...] = ("poisson", "gamma", "constant", "bursty")
+LENGTH_KINDS: tuple[LengthKind, ...] = ("fixed", "uniform", "zipf", "lognormal")
+
+BLOCK = 4096
+"""Requests per generation block (fixed: changing it changes every workload)."""
+SHARED_ID_BIT = 1 << 63
+"""Set in every shared-prefix hash id, never in a request's own ids."""
+MAX_ZIPF_SIZE = 1 << 22
+"""Largest support of a zipf draw (its CDF is a table of this many float64)."""
+
+_ARRIVAL, _PROMPT, _OUTPUT, _SHARE, _GROUP = range(5)
+
+I64 = npt.NDArray[np.int64]
+_Sampler = Callable[[np.random.Generator, int], I64]
+
+
+@final
+@dataclass(frozen=True, kw_only=True)
+class ArrivalProcess:
+    """When requests arrive. The first request arrives at 0.
+
+    - ``"poisson"``: exponential gaps of mean ``1 / qps``.
+    - ``"gamma"``: gamma gaps of mean ``1 / qps`` and coefficient of variation ``cv``
+      (shape ``1 / cv**2``); ``cv=1`` draws exactly the ``"poisson"`` stream, ``cv > 1``
+      is burstier, ``cv < 1`` more regular.
+    - ``"constant"``: request ``i`` at ``i / qps``.
+    - ``"bursty"``: a Poisson process whose rate is ``burst_qps`` for the first
+      ``burst_duration_s`` of every ``burst_interval_s`` (from time 0) and ``qps`` (may be
+      0) for the rest of it. Mean rate: see ``mean_qps``.
+
+    Raises:
+        ConfigError: an unknown kind, a rate or duration out of range, a field of another
+            kind set, or a bursty field missing.
+    """
+
+    kind: ArrivalKind = "poisson"
+    qps: float
+    """Requests per second (for ``"bursty"``: between bursts)."""
+    cv: float = 1.0
+    """Gamma only: standard deviation / mean of the gaps."""
+    burst_qps: float | None = None
+    """Bursty only: the rate inside a burst."""
+    burst_duration_s: float | None = None
+    """Bursty only: how long each burst lasts (< ``burst_interval_s``)."""
+    burst_interval_s: float | None = None
+    """Bursty only: a burst starts every this many seconds."""
+
+    def __post_init__(self) -> None:
+        owner = "ArrivalProcess"
+        check_choice(owner, "kind", self.kind, ARRIVAL_KINDS)
+        bursty = ("burst_qps", "burst_duration_s", "burst_interval_s")
+        if self.kind == "bursty":
+            check_number(owner, "qps", self.qps, low=0.0)
+            for name in bursty:
+                if getattr(self, name) is None:
+                    raise field_error(owner, name, "required when kind='bursty'", None)
+                check_number(owner, name, getattr(self, name), low=0.0, low_open=True)
+            duration, interval = self.burst_duration_s, self.burst_interval_s
+            if duration is not None and interval is not None and duration >= interval:
+                raise field_error(
+                    owner,
+                    "burst_duration_s",
+                    f"must be < burst_interval_s={interval!r}, got {duration!r}",
+                    duration,
+                )
+        else:
+            check_number(owner, "qps", self.qps, low=0.0, low_open=True)
+            for name in bursty:
+                check_unset(owner, name, getattr(self, name), self.kind)
+        if self.kind == "gamma":
+            check_number(owner, "cv", self.cv, low=0.0, low_open=True)
+        else:
+            check_unset(owner, "cv", self.cv, self.kind, 1.0)
+
+    @property
+    def mean_qps(self) -> float:
+        """The long-run arrival rate: ``qps``, or for ``"bursty"``
+        ``(burst_qps * burst_duration_s + qps * (burst_interval_s - burst_duration_s))
+        / burst_interval_s``."""
+        if self.kind != "bursty":
+            return float(self.qps)
+        burst, duration, interval = _burst(self)
+        return (burst * duration + self.qps * (interval - duration)) / interval
+
+    def describe(self) -> dict[str, object]:
+        """The fields that apply to this kind."""
+        found = _set_fields(self)
+        if self.kind != "gamma":
+            found.pop("cv")
+        return found
+
+
+@final
+@dataclass(frozen=True, kw_only=True)
+class LengthDistribution:
+    """A token count per request (prompt or output).
+
+    - ``"fixed"``: always ``value``.
+    - ``"uniform"``: an integer uniform on ``[low, high]``.
+    - ``"zipf"``: ``low + r`` with ``P(r) ∝ (r + 1) ** -theta`` for ``r`` in
+      ``[0, high - low]``: ``low`` is the most frequent length (``theta=0`` is uniform).
+      The support holds at most ``MAX_ZIPF_SIZE`` values.
+    - ``"lognormal"``: ``median * exp(sigma * N(0, 1))`` rounded to the nearest integer;
+      mean before the caps ``median * exp(sigma**2 / 2)``.
+
+    Every draw is then clipped to ``[min_tokens, max_tokens]``.
+
+    Raises:
+        ConfigError: an unknown kind, a missing parameter of the kind, a parameter of
+            another kind, or a value out of range.
+    """
+
+    kind: LengthKind
+    value: int | None = None
+    low: int | None = None
+    high: int | None = None
+    theta: float | None = None
+    median: float | None = None
+    sigma: float | None = None
+    min_tokens: int = 1
+    """Lower cap, >= 1."""
+    max_tokens: int | None = None
+    """Upper cap; ``None`` = the uint32 range."""
+
+    def __post_init__(self) -> None:
+        owner = "LengthDistribution"
+        check_choice(owner, "kind", self.kind, LENGTH_KINDS)
+        wanted = _LENGTH_PARAMS[self.kind]
+        for name in ("value", "low", "high", "theta", "median", "sigma"):
+            value = getattr(self, name)
+            if name not in wanted:
+                check_unset(owner, name, value, self.kind)
+            elif value is None:
+                raise field_error(owner, name, f"required when kind={self.kind!r}", None)
+        if self.kind == "fixed":
+            check_int(owner, "value", self.value, low=1, high=UINT32_MAX)
+        if self.kind in ("uniform", "zipf"):
+            low = check_int(owner, "low", self.low, low=1, high=UINT32_MAX)
+            high = check_int(owner, "high", self.high, low=low, high=UINT32_MAX)
+            if self.kind == "zipf":
+                check_number(owner, "theta", self.theta, low=0.0)
+                if high - low + 1 > MAX_ZIPF_SIZE:
+                    raise field_error(
+                        owner,
+                        "high",
+                        f"zipf support high - low + 1 must be <= {MAX_ZIPF_SIZE}, got "
+                        f"{high - low + 1}",
+                        high,
+                    )
+        if self.kind == "lognormal":
+            check_number(owner, "median", self.median, low=0.0, low_open=True)
+            check_number(owner, "sigma", self.sigma, low=0.0)
+        min_tokens = check_int(owner, "min_tokens", self.min_tokens, low=1, high=UINT32_MAX)
+        if self.max_tokens is not None:
+            check_int(owner, "max_tokens", self.max_tokens, low=min_tokens, high=UINT32_MAX)
+
+    def describe(self) -> dict[str, object]:
+        """The fields that apply to this kind, and the caps."""
+        return _set_fields(self)
+
+    def _sampler(self) -> _Sampler:
+        """``draw(rng, n)``: n lengths as int64 (tables are built once, here)."""
+        lo = self.min_tokens
+        hi = UINT32_MAX if self.max_tokens is None else self.max_tokens
+
+        def capped(values: I64) -> I64:
+            return np.clip(values, lo, hi)
+
+        if self.kind == "fixed":
+            value = int(self.value or 0)
+            return lambda rng, n: capped(np.full(n, value, dtype=np.int64))
+        if self.kind == "uniform":
+            low, high = int(self.low or 0), int(self.high or 0)
+            return lambda rng, n: capped(rng.integers(low, high, size=n, endpoint=True))
+        if self.kind == "zipf":
+            low = int(self.low or 0)
+            draw_rank = _zipf(int(self.high or 0) - low + 1, float(self.theta or 0.0))
+            return lambda rng, n: capped(low + draw_rank(rng, n))
+        log_median, sigma = math.log(float(self.median or 1.0)), float(self.sigma or 0.0)
+        log_lo, log_hi = math.log(lo) - 1.0, math.log(hi) + 1.0
+
+        def lognormal(rng: np.random.Generator, n: int) -> I64:
+            # Clip in log space first: exp() never overflows and the cast never wraps.
+            logs = np.clip(log_median + sigma * rng.standard_normal(n), log_lo, log_hi)
+            return capped(np.rint(np.exp(logs)).astype(np.int64))
+
+        return lognormal
+
+
+@final
+@dataclass(frozen=True, kw_only=True)
+class SharedPrefix:
+    """Shared system prompts: each request, with probability ``share_ratio``, starts with
+    the ``prefix_tokens`` tokens of one of ``num_groups`` prompts (group ``g`` drawn with
+    probability ``∝ (g + 1) ** -zipf_theta``; 0 = uniform). Such a request's prompt length is
+    ``max(drawn length, prefix_tokens + 1)``, which may exceed the prompt's ``max_tokens``.
+
+    Hash ids (``hash_block_size`` tokens each): the ``prefix_tokens // hash_block_size``
+    full blocks of the shared prompt get ``SHARED_ID_BIT | group << 32 | block_index``; every
+    other block (a partial prefix block included, and all blocks of unshared requests) gets
+    an id of its own, counting up from 0 through the stream. So a prefix cache hits exactly
+    the whole blocks of the shared prompt, and nothing else.
+
+    Raises:
+        ConfigError: a value out of range.
+    """
+
+    num_groups: int
+    prefix_tokens: int
+    share_ratio: float
+    """Probability, in [0, 1], that a request uses a shared prompt."""
+    zipf_theta: float = 0.0
+    """Popularity skew of the groups; 0 = uniform."""
+    hash_block_size: int = 16
+    """Tokens per hash id."""
+
+    def __post_init__(self) -> None:
+        owner = "SharedPrefix"
+        check_int(owner, "num_groups", self.num_groups, low=1, high=MAX_ZIPF_SIZE)
+        check_int(owner, "prefix_tokens", self.prefix_tokens, low=1, high=UINT32_MAX - 1)
+        check_number(owner, "share_ratio", self.share_ratio, low=0.0, high=1.0)
+        check_number(owner, "zipf_theta", self.zipf_theta, low=0.0)
+        check_int(owner, "hash_block_size", self.hash_block_size, low=1, high=UINT32_MAX)
+
+    def describe(self) -> dict[str, object]:
+        """Every field."""
+        return _set_fields(self)
+
+
+@final
+@dataclass(frozen=True, kw_only=True)
+class SyntheticWorkload:
+    """``num_requests`` requests drawn from ``arrival``, ``prompt_tokens``,
+    ``output_tokens`` and optionally ``shared_prefix``, all from ``seed``.
+
+    Raises:
+        ConfigError: a field of the wrong type or out of range.
+    """
+
+    num_requests: int
+    arrival: ArrivalProcess
+    prompt_tokens: LengthDistribution
+    output_tokens: LengthDistribution
+    shared_prefix: SharedPrefix | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        owner = "SyntheticWorkload"
+        check_int(owner, "num_requests", self.num_requests, low=1)
+        check_int(owner, "seed", self.seed, low=0, high=2**64 - 1)
+        for name, cls in (
+            ("arrival", ArrivalProcess),
+            ("prompt_tokens", LengthDistribution),
+            ("output_tokens", LengthDistribution),
+        ):
+            if not isinstance(getattr(self, name), cls):
+                value = getattr(self, name)
+                raise field_error(
+                    owner, name, f"must be a {cls.__name__}, got {type(value).__name__}", value
+                )
+        if self.shared_prefix is not None and not isinstance(self.shared_prefix, SharedPrefix):
+            value = self.shared_prefix
+            raise field_error(
+                owner,
+                "shared_prefix",
+                f"must be a SharedPrefix or None, got {type(value).__name__}",
+                value,
+            )
+
+    @property
+    def hash_block_size(self) -> int | None:
+        """``shared_prefix.hash_block_size``, or ``None`` without shared prefixes."""
+        return None if self.shared_prefix is None else self.shared_prefix.hash_block_size
+
+    def chunks(self, chunk_size: int = DEFAULT_CHUNK_SIZE) -> Iterator[RequestChunk]:
+        """The requests in chunks of ``chunk_size`` (the last may be shorter); the same
+        requests whatever ``chunk_size``.
+
+        Raises:
+            InputError: ``chunk_size`` is not an int >= 1.
+        """
+        return rechunk(self._blocks(), check_chunk_size(chunk_size))
+
+    def describe(self) -> dict[str, object]:
+        """The config as a mapping ``load_workload`` accepts (defaults filled in)."""
+        found: dict[str, object] = {
+            "kind": "synthetic",
+            "num_requests": self.num_requests,
+            "seed": self.seed,
+            "arrival": self.arrival.describe(),
+            "prompt_tokens": self.prompt_tokens.describe(),
+            "output_tokens": self.output_tokens.describe(),
+        }
+        if self.shared_prefix is not None:
+            found["shared_prefix"] = self.shared_prefix.describe()
+        return found
+
+    def _rng(self, component: int, block: int) -> np.random.Generator:
+        return np.random.Generator(
+            np.random.PCG64(np.random.SeedSequence(self.seed, spawn_key=(component, block)))
+        )
+
+    def _blocks(self) -> Iterator[RequestChunk]:
+        arrivals = _Arrivals(self.arrival)
+        draw_prompt = self.prompt_tokens._sampler()
+        draw_output = self.output_tokens._sampler()
+        prefix = None if self.shared_prefix is None else _PrefixIds(self.shared_prefix)
+        for block, start in enumerate(range(0, self.num_requests, BLOCK)):
+            size = min(BLOCK, self.num_requests - start)
+            arrived = arrivals.block(self._rng(_ARRIVAL, block), start, size)
+            prompt = draw_prompt(self._rng(_PROMPT, block), BLOCK)[:size]
+            output = draw_output(self._rng(_OUTPUT, block), BLOCK)[:size]
+            offsets = ids = None
+            if prefix is not None:
+                prompt, offsets, ids = prefix.block(
+                    self._rng(_SHARE, block), self._rng(_GROUP, block), prompt
+                )
+            yield RequestChunk(
+                arrived, prompt.astype(np.uint32), output.astype(np.uint32), offsets, ids
+            )
+
+
+_LENGTH_PARAMS: dict[str, tuple[str, ...]] = {
+    "fixed": ("value",),
+    "uniform": ("low", "high"),
+    "zipf": ("low", "high", "theta"),
+    "lognormal": ("median", "sigma"),
+}
+
+
+def _set_fields(config: object) -> dict[str, object]:
+    return {
+        f.name: getattr(config, f.name)
+        for f in fields(config)  # type: ignore[arg-type]
+        if getattr(config, f.name) is not None
+    }
+
+
+def _burst(process: ArrivalProcess) -> tuple[float, float, float]:
+    return (
+        float(process.burst_qps or 0.0),
+        float(process.burst_duration_s or 0.0),
+        float(process.burst_interval_s or 0.0),
+    )
+
+
+def _zipf(size: int, theta: float) -> _Sampler:
+    """``draw(rng, n)``: ranks in ``[0, size)`` with ``P(r) ∝ (r + 1) ** -theta``, by
+    inverting a CDF table."""
+    cdf = np.cumsum(np.arange(1, size + 1, dtype=np.float64) ** -theta)
+    cdf /= cdf[-1]
+    cdf[-1] = 1.0  # random() < 1, so every draw lands inside the table
+    return lambda rng, n: np.searchsorted(cdf, rng.random(n), side="right").astype(np.int64)
+
+
+class _Arrivals:
+    """Arrival times block after block; carries the clock (or, for bursty, the integrated
+    rate) from one block to the next."""
+
+    def __init__(self, process: ArrivalProcess):
+        self.process = process
+        self.carry = 0.0
+        self.last = 0.0
+
+    def block(self, rng: np.random.Generator, start: int, size: int) -> F64:
+        p = self.process
+        qps = float(p.qps)
+        if p.kind == "constant":
+            return np.arange(start, start + size, dtype=np.float64) / qps
+        if p.kind == "gamma" and p.cv != 1.0:
+            shape = 1.0 / float(p.cv) ** 2
+            draws = rng.gamma(shape, 1.0 / (shape * qps), BLOCK)
+        else:
+            draws = rng.exponential(1.0 if p.kind == "bursty" else 1.0 / qps, BLOCK)
+        steps = draws[:size]
+        if start == 0:
+            steps[0] = 0.0
+        clock: F64 = self.carry + np.cumsum(steps)
+        self.carry = float(clock[-1])
+        if p.kind != "bursty":
+            return clock
+        times = self._invert_bursty(clock)
+        self.last = float(times[-1])
+        return times
+
+    def _invert_bursty(self, integrated: F64) -> F64:
+        """The times at which the integrated rate reaches ``integrated`` (a unit-rate
+        Poisson clock mapped through the inverse of the piecewise-linear rate integral)."""
+        burst, duration, interval = _burst(self.process)
+        quiet = float(self.process.qps)
+        per_burst = burst * duration
+        per_cycle = per_burst + quiet * (interval - duration)
+        cycle = np.floor(integrated / per_cycle)
+        into = np.clip(integrated - cycle * per_cycle, 0.0, per_cycle)
+        in_burst = into < per_burst
+        times = np.full_like(integrated, interval)  # quiet=0: only rounding lands past a burst
+        times[in_burst] = into[in_burst] / burst
+        if quiet > 0:
+            times[~in_burst] = duration + (into[~in_burst] - per_burst) / quiet
+        times += cycle * interval
+        np.maximum(times, self.last, out=times)
+        return np.maximum.accumulate(times)
+
+
+class _PrefixIds:
+    """Shared-prefix membership, prompt lengths and hash ids, block after block; carries the
+    next request-own id."""
+
+    def __init__(self, prefix: SharedPrefix):
+        self.prefix = prefix
+        self.draw_group = _zipf(prefix.num_groups, float(prefix.zipf_theta))
+        self.next_own_id = 0
+
+    def block(
+        self, share_rng: np.random.Generator, group_rng: np.random.Generator, prompt: I64
+    ) -> tuple[I64, U64, U64]:
+        p = self.prefix
+        size = len(prompt)
+        shared = share_rng.random(BLOCK)[:size] < p.share_ratio
+        group = self.draw_group(group_rng, BLOCK)[:size].astype(np.uint64)
+        prompt = np.where(shared, np.maximum(prompt, p.prefix_tokens + 1), prompt)
+        num_blocks = -(-prompt // p.hash_block_size)
+        num_shared = np.where(shared, p.prefix_tokens // p.hash_block_size, 0)
+        offsets = np.zeros(size + 1, dtype=np.uint64)
+        np.cumsum(num_blocks, out=offsets[1:])
+        owner = np.repeat(np.arange(size), num_blocks)
+        index = np.arange(len(owner), dtype=np.int64) - offsets[:-1].astype(np.int64)[owner]
+        in_prefix = index < num_shared[owner]
+        ids = np.empty(len(owner), dtype=np.uint64)
+        ids[in_prefix] = (
+            np.uint64(SHARED_ID_BIT)
+            | (group[owner[in_prefix]] << np.uint64(32))
+            | index[in_prefix].astype(np.uint64)
+        )
+        num_own = len(owner) - int(np.count_nonzero(in_prefix))
+        ids[~in_prefix] = np.arange(self.next_own_id, self.next_own_id + num_own, dtype=np.uint64)
+        self.next_own_id += num_own
+        return prompt, offsets, ids

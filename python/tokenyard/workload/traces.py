@@ -1,0 +1,612 @@
+"""Trace readers: Vidur CSV, Mooncake JSONL and Azure LLM inference CSV, streamed row by row
+(stdlib ``csv``/``json``; a ``.gz`` file is read through ``gzip``).
+
+Every format goes through one pipeline: parse a row (``TraceError`` naming path, line and
+field) → timestamps must not decrease → a zero output is handled by ``zero_output`` → rows
+earlier than ``start_offset_s`` after the first row are skipped → reading stops after
+``limit`` requests → times are shifted so the first kept request arrives at 0 and
+multiplied by the scale (``time_scale``, or the one that makes the mean rate
+``target_qps``) → requests are batched into chunks. Only one chunk is held at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import gzip
+import json
+import math
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import KW_ONLY, dataclass, field, fields
+from datetime import date
+from pathlib import Path
+from typing import ClassVar, Literal, TextIO, cast, final
+
+import numpy as np
+
+from tokenyard.workload._checks import (
+    UINT32_MAX,
+    check_choice,
+    check_int,
+    check_number,
+    field_error,
+)
+from tokenyard.workload.chunk import (
+    DEFAULT_CHUNK_SIZE,
+    RequestChunk,
+    Workload,
+    WorkloadStats,
+    check_chunk_size,
+    summarize,
+)
+from tokenyard.workload.errors import TraceError
+
+__all__ = [
+    "TRACE_FORMATS",
+    "ZERO_OUTPUT",
+    "AzureTrace",
+    "MooncakeTrace",
+    "VidurTrace",
+    "sample_path",
+]
+
+ZeroOutput = Literal["error", "clamp", "skip"]
+ZERO_OUTPUT: tuple[ZeroOutput, ...] = ("error", "clamp", "skip")
+TRACE_FORMATS = ("vidur", "mooncake", "azure")
+UINT64_MAX = 2**64 - 1
+
+# line, time in seconds, the time as read, prefill tokens, decode tokens, hash ids
+_Record = tuple[int, float, object, int, int, "list[int] | None"]
+_JSON = json.JSONDecoder()
+
+
+def sample_path(trace_format: str) -> Path:
+    """The small sample trace of ``trace_format`` ("vidur", "mooncake" or "azure") shipped
+    in the package (written by ``python -m tokenyard.workload.make_samples``)."""
+    check_choice("sample_path", "trace_format", trace_format, TRACE_FORMATS)
+    suffix = "jsonl" if trace_format == "mooncake" else "csv"
+    return Path(__file__).resolve().parent / "samples" / f"{trace_format}_sample.{suffix}"
+
+
+@dataclass(frozen=True)
+class _TraceReader:
+    """Options shared by the readers; see the module docstring for the pipeline."""
+
+    path: str | os.PathLike[str]
+    _: KW_ONLY
+    time_scale: float = 1.0
+    """Multiplies every gap (2.0 = half the rate). Exclusive with ``target_qps``."""
+    target_qps: float | None = None
+    """Rescale the gaps so that ``(n - 1) / (last - first arrival)`` over the selected
+    requests is this. Costs a first streaming pass over the selected rows."""
+    start_offset_s: float = 0.0
+    """Skip requests earlier than this many seconds (trace time, before scaling) after
+    the trace's first row."""
+    limit: int | None = None
+    """Read at most this many requests (after the offset); later rows are not read."""
+    zero_output: ZeroOutput = "error"
+    """A request with 0 output tokens: ``"error"`` (``TraceError``), ``"clamp"`` (1 token)
+    or ``"skip"`` (dropped; does not count towards ``limit``)."""
+
+    format: ClassVar[str]
+    time_field: ClassVar[str]
+    prefill_field: ClassVar[str]
+    decode_field: ClassVar[str]
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        if not isinstance(self.path, (str, os.PathLike)):
+            raise field_error(
+                owner, "path", f"must be a path, got {type(self.path).__name__}", self.path
+            )
+        if not os.path.isfile(self.path):
+            raise field_error(owner, "path", f"no such file: {self._name!r}", self._name)
+        check_number(owner, "time_scale", self.time_scale, low=0.0, low_open=True)
+        if self.target_qps is not None:
+            check_number(owner, "target_qps", self.target_qps, low=0.0, low_open=True)
+            if self.time_scale != 1.0:
+                raise field_error(
+                    owner,
+                    "target_qps",
+                    f"cannot be combined with time_scale={self.time_scale!r}; give one",
+                    self.target_qps,
+                )
+        check_number(owner, "start_offset_s", self.start_offset_s, low=0.0)
+        if self.limit is not None:
+            check_int(owner, "limit", self.limit, low=1)
+        check_choice(owner, "zero_output", self.zero_output, ZERO_OUTPUT)
+
+    def chunks(self, chunk_size: int = DEFAULT_CHUNK_SIZE) -> Iterator[RequestChunk]:
+        """The selected requests in chunks of ``chunk_size`` (the last may be shorter).
+
+        Raises:
+            InputError: ``chunk_size`` is not an int >= 1 (at once).
+            TraceError: while streaming, at the first bad row; chunks before it have been
+                yielded already (call ``validate()`` first to fail before any output).
+        """
+        return self._chunks(check_chunk_size(chunk_size))
+
+    def validate(self) -> WorkloadStats:
+        """Read the selected rows once, checking every one, and total them.
+
+        Raises:
+            TraceError: the first bad row, or no requests selected.
+        """
+        return summarize(cast(Workload, self))
+
+    def describe(self) -> dict[str, object]:
+        """The reader's options as a mapping ``load_workload`` accepts."""
+        found: dict[str, object] = {"kind": "trace", "format": self.format, "path": self._name}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name != "path" and value is not None:
+                found[f.name] = value
+        return found
+
+    @property
+    def _name(self) -> str:
+        return os.fspath(self.path)
+
+    def _records(self) -> Iterator[_Record]:
+        raise NotImplementedError
+
+    @staticmethod
+    def _written(stamp: object) -> str:
+        """A timestamp as the trace wrote it, for messages."""
+        return str(stamp)
+
+    def _kept(self) -> Iterator[_Record]:
+        """Validated rows after the offset, the zero-output rule and the limit, with their
+        original times."""
+        first: float | None = None
+        previous, previous_line = 0.0, 0
+        kept = 0
+        for record in self._records():
+            line, time, written, num_prefill, num_decode, hash_ids = record
+            if first is None:
+                first = time
+            elif time < previous:
+                raise TraceError(
+                    f"timestamps must not decrease: {self._written(written)} is earlier than "
+                    f"line {previous_line}'s",
+                    path=self._name,
+                    line=line,
+                    field=self.time_field,
+                    value=repr(written),
+                )
+            previous, previous_line = time, line
+            if num_decode == 0:
+                if self.zero_output == "error":
+                    raise TraceError(
+                        "must be >= 1, got 0 (zero_output='clamp' makes it 1, 'skip' drops "
+                        "the request)",
+                        path=self._name,
+                        line=line,
+                        field=self.decode_field,
+                        value="0",
+                    )
+                if self.zero_output == "skip":
+                    continue
+                record = (line, time, written, num_prefill, 1, hash_ids)
+            if time - first < self.start_offset_s:
+                continue
+            yield record
+            kept += 1
+            if kept == self.limit:
+                return
+        if first is None:
+            raise TraceError("empty trace: no requests", path=self._name)
+        if kept == 0:
+            raise TraceError(
+                f"no requests selected (start_offset_s={self.start_offset_s!r}, "
+                f"zero_output={self.zero_output!r})",
+                path=self._name,
+            )
+
+    def _scale(self) -> float:
+        if self.target_qps is None:
+            return float(self.time_scale)
+        count, first, last = 0, 0.0, 0.0
+        for _, time, *_ in self._kept():
+            if count == 0:
+                first = time
+            last = time
+            count += 1
+        if count < 2 or last <= first:
+            raise TraceError(
+                f"target_qps needs at least two selected requests at different times; "
+                f"got {count} spanning {last - first:g} s",
+                path=self._name,
+                field="target_qps",
+            )
+        return (count - 1) / (last - first) / float(self.target_qps)
+
+    def _chunks(self, chunk_size: int) -> Iterator[RequestChunk]:
+        scale = self._scale()
+        first: float | None = None
+        arrived: list[float] = []
+        prefill: list[int] = []
+        decode: list[int] = []
+        offsets: list[int] | None = None
+        ids: list[int] = []
+        for _, time, _, num_prefill, num_decode, hash_ids in self._kept():
+            if first is None:
+                first = time
+            arrived.append((time - first) * scale)
+            prefill.append(num_prefill)
+            decode.append(num_decode)
+            if hash_ids is not None:
+                ids.extend(hash_ids)
+                offsets = offsets or [0]
+                offsets.append(len(ids))
+            if len(arrived) == chunk_size:
+                yield _chunk(arrived, prefill, decode, offsets, ids)
+                arrived, prefill, decode, ids = [], [], [], []
+                offsets = None
+        if arrived:
+            yield _chunk(arrived, prefill, decode, offsets, ids)
+
+
+@final
+@dataclass(frozen=True)
+class VidurTrace(_TraceReader):
+    """Vidur's request trace: CSV with ``arrived_at`` (seconds), ``num_prefill_tokens``,
+    ``num_decode_tokens``; other columns are ignored. No prefix identity.
+
+    Raises:
+        ConfigError: an option out of range or a path that is not a file.
+    """
+
+    format: ClassVar[str] = "vidur"
+    time_field: ClassVar[str] = "arrived_at"
+    prefill_field: ClassVar[str] = "num_prefill_tokens"
+    decode_field: ClassVar[str] = "num_decode_tokens"
+
+    @property
+    def hash_block_size(self) -> int | None:
+        """Always ``None``: the trace has no prefix identity."""
+        return None
+
+    def _records(self) -> Iterator[_Record]:
+        name = self._name
+        columns = (self.time_field, self.prefill_field, self.decode_field)
+        for line, (written, prefill, decode) in _csv_rows(name, columns):
+            try:
+                time, num_prefill, num_decode = float(written), int(prefill), int(decode)
+            except ValueError:
+                time, num_prefill, num_decode = math.nan, 0, -1
+            if not (
+                math.isfinite(time)
+                and 1 <= num_prefill <= UINT32_MAX
+                and 0 <= num_decode <= UINT32_MAX
+            ):
+                time = _seconds(name, line, columns[0], written)
+                num_prefill = _count(name, line, columns[1], prefill, 1)
+                num_decode = _count(name, line, columns[2], decode, 0)
+            yield line, time, written, num_prefill, num_decode, None
+
+
+@final
+@dataclass(frozen=True)
+class MooncakeTrace(_TraceReader):
+    """Mooncake's trace: JSON lines with ``timestamp`` (milliseconds), ``input_length``,
+    ``output_length`` and ``hash_ids`` (block ids of the prompt, ``hash_block_size`` tokens
+    each; optional, empty when absent). Blank lines are skipped; other keys are ignored.
+
+    Raises:
+        ConfigError: an option out of range or a path that is not a file.
+    """
+
+    hash_block_size: int = field(default=512, kw_only=True)
+    """Tokens per hash id (512 in Mooncake's published traces)."""
+
+    format: ClassVar[str] = "mooncake"
+    time_field: ClassVar[str] = "timestamp"
+    prefill_field: ClassVar[str] = "input_length"
+    decode_field: ClassVar[str] = "output_length"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_int("MooncakeTrace", "hash_block_size", self.hash_block_size, low=1, high=UINT32_MAX)
+
+    def _records(self) -> Iterator[_Record]:
+        name = self._name
+        block = self.hash_block_size
+        keys = (self.time_field, self.prefill_field, self.decode_field)
+        with _open_text(name) as lines:
+            for line, text in enumerate(_decoded(name, lines), start=1):
+                if text.isspace():
+                    continue
+                try:
+                    row = _JSON.decode(text)
+                except ValueError as error:
+                    message = getattr(error, "msg", str(error))
+                    raise TraceError(f"invalid JSON: {message}", path=name, line=line) from None
+                try:
+                    stamp, prefill, decode = row[keys[0]], row[keys[1]], row[keys[2]]
+                    hash_ids = row.get("hash_ids", [])
+                except (KeyError, TypeError, AttributeError):
+                    stamp = prefill = decode = hash_ids = None
+                if (  # the common case, checked inline; anything else gets a precise error
+                    (type(stamp) is int or (type(stamp) is float and math.isfinite(stamp)))
+                    and type(prefill) is int
+                    and type(decode) is int
+                    and 1 <= prefill <= UINT32_MAX
+                    and 0 <= decode <= UINT32_MAX
+                    and type(hash_ids) is list
+                    and len(hash_ids) <= -(-prefill // block)
+                    and (
+                        not hash_ids
+                        or (
+                            set(map(type, hash_ids)) == {int}
+                            and min(hash_ids) >= 0
+                            and max(hash_ids) <= UINT64_MAX
+                        )
+                    )
+                ):
+                    yield line, stamp / 1000.0, stamp, prefill, decode, hash_ids
+                else:
+                    yield self._checked(line, row)
+
+    def _checked(self, line: int, row: object) -> _Record:
+        """A row off the fast path: normalised (integral floats are accepted), or a
+        ``TraceError`` naming the first bad field."""
+        name = self._name
+        keys = (self.time_field, self.prefill_field, self.decode_field)
+        if not isinstance(row, dict):
+            raise TraceError(
+                f"expected a JSON object, got {type(row).__name__}", path=name, line=line
+            )
+        for key in keys:
+            if key not in row:
+                raise TraceError(
+                    f"missing field (fields found: {', '.join(map(str, row))})",
+                    path=name,
+                    line=line,
+                    field=key,
+                )
+        stamp = row[keys[0]]
+        time = _seconds(name, line, keys[0], stamp) / 1000.0
+        num_prefill = _count(name, line, keys[1], row[keys[1]], 1)
+        num_decode = _count(name, line, keys[2], row[keys[2]], 0)
+        hash_ids = row.get("hash_ids", [])
+        _check_hash_ids(name, line, hash_ids, -(-num_prefill // self.hash_block_size))
+        return line, time, stamp, num_prefill, num_decode, hash_ids
+
+    @staticmethod
+    def _written(stamp: object) -> str:
+        return f"{stamp!r} ms"
+
+
+@final
+@dataclass(frozen=True)
+class AzureTrace(_TraceReader):
+    """Azure's LLM inference trace (2023/2024): CSV with ``TIMESTAMP`` (a datetime such as
+    ``2023-11-16 18:15:46.6805900``: any number of fractional digits, an optional ``T``
+    separator and ``Z``/``±HH:MM`` offset), ``ContextTokens``, ``GeneratedTokens``. No
+    prefix identity. Rows with ``GeneratedTokens=0`` exist in the published traces: pass
+    ``zero_output="clamp"`` or ``"skip"`` to accept them.
+
+    Raises:
+        ConfigError: an option out of range or a path that is not a file.
+    """
+
+    format: ClassVar[str] = "azure"
+    time_field: ClassVar[str] = "TIMESTAMP"
+    prefill_field: ClassVar[str] = "ContextTokens"
+    decode_field: ClassVar[str] = "GeneratedTokens"
+
+    @property
+    def hash_block_size(self) -> int | None:
+        """Always ``None``: the trace has no prefix identity."""
+        return None
+
+    @staticmethod
+    def _written(stamp: object) -> str:
+        return repr(stamp)
+
+    def _records(self) -> Iterator[_Record]:
+        name = self._name
+        columns = (self.time_field, self.prefill_field, self.decode_field)
+        clock = _DayClock()
+        for line, (written, prefill, decode) in _csv_rows(name, columns):
+            time = clock.seconds(written)
+            if time is None:
+                raise TraceError(
+                    f"not a datetime like '2023-11-16 18:15:46.6805900': {written!r}",
+                    path=name,
+                    line=line,
+                    field=columns[0],
+                    value=written,
+                )
+            num_prefill = _count(name, line, columns[1], prefill, 1)
+            num_decode = _count(name, line, columns[2], decode, 0)
+            yield line, time, written, num_prefill, num_decode, None
+
+
+def _chunk(
+    arrived: list[float],
+    prefill: list[int],
+    decode: list[int],
+    offsets: list[int] | None,
+    ids: list[int],
+) -> RequestChunk:
+    with_ids = offsets is not None
+    return RequestChunk(
+        np.array(arrived, dtype=np.float64),
+        np.array(prefill, dtype=np.uint32),
+        np.array(decode, dtype=np.uint32),
+        np.array(offsets, dtype=np.uint64) if with_ids else None,
+        np.array(ids, dtype=np.uint64) if with_ids else None,
+    )
+
+
+def _open_text(path: str) -> TextIO:
+    if path.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8-sig", newline="")
+    return open(path, encoding="utf-8-sig", newline="")
+
+
+def _decoded(path: str, lines: TextIO) -> Iterator[str]:
+    """``lines``, with a decoding error turned into a ``TraceError``."""
+    line = 0
+    try:
+        for text in lines:
+            line += 1
+            yield text
+    except UnicodeDecodeError as error:
+        raise TraceError(
+            f"not UTF-8 text near line {line + 1}: {error.reason}", path=path
+        ) from None
+
+
+def _csv_rows(path: str, columns: tuple[str, ...]) -> Iterator[tuple[int, list[str]]]:
+    """``(line, [value of each column])`` for each non-blank data row."""
+    with _open_text(path) as text:
+        reader = csv.reader(_decoded(path, text))
+        try:
+            header = [name.strip() for name in next(reader)]
+        except StopIteration:
+            raise TraceError("empty file: no header row", path=path, line=1) from None
+        except csv.Error as error:
+            raise TraceError(f"malformed CSV: {error}", path=path, line=1) from None
+        index = []
+        for column in columns:
+            if column not in header:
+                raise TraceError(
+                    f"missing column (columns found: {', '.join(header)})",
+                    path=path,
+                    line=1,
+                    field=column,
+                )
+            index.append(header.index(column))
+        while True:
+            try:
+                row = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as error:
+                raise TraceError(
+                    f"malformed CSV: {error}", path=path, line=reader.line_num
+                ) from None
+            if not row or (len(row) == 1 and not row[0].strip()):
+                continue
+            if len(row) <= max(index):
+                short = next(c for c, i in zip(columns, index, strict=True) if i >= len(row))
+                raise TraceError(
+                    f"value missing (the row has {len(row)} fields, the header {len(header)})",
+                    path=path,
+                    line=reader.line_num,
+                    field=short,
+                )
+            yield reader.line_num, [row[i] for i in index]
+
+
+def _seconds(path: str, line: int, name: str, raw: object) -> float:
+    """A finite number (a string from CSV, or a JSON number)."""
+    number = math.nan
+    if isinstance(raw, (int, float, str)) and not isinstance(raw, bool):
+        with contextlib.suppress(ValueError):
+            number = float(raw)
+    if not math.isfinite(number):
+        raise TraceError(
+            f"not a finite number: {raw!r}", path=path, line=line, field=name, value=repr(raw)
+        )
+    return number
+
+
+def _count(path: str, line: int, name: str, raw: object, minimum: int) -> int:
+    """A token count in ``[minimum, 2**32 - 1]`` (a string, or a JSON number): integral
+    floats such as ``"12.0"`` are accepted."""
+    value = _as_int(raw)
+    if value is None:
+        raise TraceError(
+            f"not an integer: {raw!r}", path=path, line=line, field=name, value=repr(raw)
+        )
+    if value < minimum or value > UINT32_MAX:
+        if value > UINT32_MAX:
+            rule = f"must be <= {UINT32_MAX}"
+        else:
+            rule = "must not be negative" if minimum == 0 else f"must be >= {minimum}"
+        raise TraceError(f"{rule}, got {raw!r}", path=path, line=line, field=name, value=repr(raw))
+    return value
+
+
+def _as_int(raw: object) -> int | None:
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, str):
+        try:
+            return int(raw)
+        except ValueError:
+            pass
+        try:
+            raw = float(raw)
+        except ValueError:
+            return None
+    if isinstance(raw, float) and raw.is_integer():
+        return int(raw)
+    return None
+
+
+def _check_hash_ids(path: str, line: int, hash_ids: object, max_blocks: int) -> None:
+    """A list of at most ``max_blocks`` ints in ``[0, 2**64)``."""
+
+    def fail(problem: str) -> TraceError:
+        return TraceError(problem, path=path, line=line, field="hash_ids", value=repr(hash_ids))
+
+    if not isinstance(hash_ids, list):
+        raise fail(f"must be a list of ints, got {type(hash_ids).__name__}")
+    if not hash_ids:
+        return
+    if not all(type(i) is int for i in hash_ids) or min(hash_ids) < 0 or max(hash_ids) > UINT64_MAX:
+        bad = next(i for i in hash_ids if type(i) is not int or not 0 <= i <= UINT64_MAX)
+        raise fail(f"ids must be ints in [0, 2**64), got {bad!r}")
+    if len(hash_ids) > max_blocks:
+        raise fail(
+            f"{len(hash_ids)} ids for a prompt of {max_blocks} blocks or fewer "
+            "(input_length / hash_block_size, rounded up)"
+        )
+
+
+_DATETIME = re.compile(
+    r"\s*(\d{4})-(\d{2})-(\d{2})[T ](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?\s*"
+    r"(Z|[+-]\d{2}:?\d{2})?\s*$"
+)
+
+
+class _DayClock:
+    """Datetimes to seconds since midnight of the first row's day, so a float64 keeps every
+    fractional digit (seconds since 1970 would lose the seventh)."""
+
+    def __init__(self) -> None:
+        self.first_day: int | None = None
+        self.day_text = ""
+        self.day = 0
+
+    def seconds(self, text: str) -> float | None:
+        match = _DATETIME.match(text)
+        if match is None:
+            return None
+        year, month, day, hour, minute, second, fraction, zone = match.groups()
+        day_text = year + month + day
+        if day_text != self.day_text:  # rows come in order: one date lookup per day
+            try:
+                self.day = date(int(year), int(month), int(day)).toordinal()
+            except ValueError:
+                return None
+            self.day_text = day_text
+        if self.first_day is None:
+            self.first_day = self.day
+        hours, minutes, seconds = int(hour), int(minute), int(second)
+        if hours > 23 or minutes > 59 or seconds > 60:
+            return None
+        whole = (self.day - self.first_day) * 86400 + hours * 3600 + minutes * 60 + seconds
+        if zone and zone != "Z":
+            sign = 1 if zone[0] == "+" else -1
+            whole -= sign * (int(zone[1:3]) * 3600 + int(zone[-2:]) * 60)
+        return whole + (int(fraction) / 10 ** len(fraction) if fraction else 0.0)

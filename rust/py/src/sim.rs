@@ -1,0 +1,365 @@
+//! `tokenyard._core.simulate`: runs the core simulator on a config dict (built and checked
+//! by `tokenyard.simulate`), a Python iterator of request chunks and, optionally, a Python
+//! execution-time model. Returns the results as numpy arrays in a dict. Exceptions raised
+//! by the iterator, the model or the progress callback come back unchanged.
+
+use std::sync::{Arc, Mutex};
+
+use numpy::{IntoPyArray, PyReadonlyArray1};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+use tokenyard_core::sched::{Policy, PrefixCache, SchedulerConfig};
+use tokenyard_core::sim::{
+    ArrivingRequest, BatchShape, ExecModel, GapHistogram, GlobalPolicy, LinearModel,
+    ReplicaPolicyConfig, RequestSource, SglangLimits, SimConfig, SimOutput, Simulator, StageTime,
+    VidurKind, VidurLimits,
+};
+use tokenyard_core::{Error, Result};
+
+use crate::errors::{OrRaise, config_error};
+
+pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_function(wrap_pyfunction!(simulate, module)?)
+}
+
+/// A Python exception raised inside a callback, kept until the run returns.
+type ErrorSlot = Arc<Mutex<Option<PyErr>>>;
+
+fn keep(slot: &ErrorSlot, what: &str, err: PyErr) -> Error {
+    let message = format!("{what} raised {err}");
+    *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(err);
+    Error::Plugin(message)
+}
+
+fn get<'py, T: for<'a> FromPyObject<'a, 'py>>(
+    dict: &Bound<'py, PyDict>,
+    key: &'static str,
+) -> PyResult<T> {
+    let value = dict
+        .get_item(key)?
+        .ok_or_else(|| config_error(dict.py(), key, "missing", "is required"))?;
+    value.extract::<T>().map_err(|_| {
+        let shown = value
+            .repr()
+            .map_or_else(|_| "?".to_string(), |r| r.to_string());
+        config_error(dict.py(), key, shown, "has the wrong type")
+    })
+}
+
+fn sub<'py>(dict: &Bound<'py, PyDict>, key: &'static str) -> PyResult<Bound<'py, PyDict>> {
+    get::<Bound<'py, PyDict>>(dict, key)
+}
+
+fn vidur_limits(d: &Bound<'_, PyDict>) -> PyResult<VidurLimits> {
+    Ok(VidurLimits {
+        num_blocks: get(d, "num_blocks")?,
+        block_size: get(d, "block_size")?,
+        watermark_blocks: get(d, "watermark_blocks")?,
+        batch_size_cap: get(d, "batch_size_cap")?,
+        max_micro_batch_size: get(d, "max_micro_batch_size")?,
+        max_blocks_per_sequence: get(d, "max_blocks_per_sequence")?,
+        max_tokens_in_batch: get(d, "max_tokens_in_batch")?,
+        chunk_size: get(d, "chunk_size")?,
+        max_waiting_iters: get(d, "max_waiting_iters")?,
+    })
+}
+
+fn step_scheduler(d: &Bound<'_, PyDict>) -> PyResult<SchedulerConfig> {
+    let py = d.py();
+    let policy: String = get(d, "policy")?;
+    let prefix_cache: String = get(d, "prefix_cache")?;
+    Ok(SchedulerConfig {
+        max_num_seqs: get(d, "max_num_seqs")?,
+        max_num_batched_tokens: get(d, "max_num_batched_tokens")?,
+        long_prefill_token_threshold: get(d, "long_prefill_token_threshold")?,
+        enable_chunked_prefill: get(d, "enable_chunked_prefill")?,
+        policy: Policy::parse(&policy).or_raise(py)?,
+        enable_prefix_caching: get(d, "enable_prefix_caching")?,
+        prefix_cache: PrefixCache::parse(&prefix_cache).or_raise(py)?,
+        block_size: get(d, "block_size")?,
+        num_blocks: get(d, "num_blocks")?,
+        max_model_len: get(d, "max_model_len")?,
+        ..SchedulerConfig::default()
+    })
+}
+
+fn replica_policy(d: &Bound<'_, PyDict>) -> PyResult<ReplicaPolicyConfig> {
+    let name: String = get(d, "policy")?;
+    let vidur = |kind| {
+        Ok(ReplicaPolicyConfig::Vidur(
+            kind,
+            vidur_limits(&sub(d, "vidur")?)?,
+        ))
+    };
+    match name.as_str() {
+        "vllm" => vidur(VidurKind::Vllm),
+        "sarathi" => vidur(VidurKind::Sarathi),
+        "orca" => vidur(VidurKind::Orca),
+        "lightllm" => vidur(VidurKind::LightLlm),
+        "faster_transformer" => vidur(VidurKind::FasterTransformer),
+        "vllm_v1" => Ok(ReplicaPolicyConfig::VllmV1(step_scheduler(&sub(
+            d, "vllm_v1",
+        )?)?)),
+        "sglang" => {
+            let s = sub(d, "sglang")?;
+            Ok(ReplicaPolicyConfig::Sglang(SglangLimits {
+                num_pages: get(&s, "num_pages")?,
+                page_size: get(&s, "page_size")?,
+                max_running_requests: get(&s, "max_running_requests")?,
+                max_extend_tokens: get(&s, "max_extend_tokens")?,
+                graph_batch_sizes: get(&s, "graph_batch_sizes")?,
+            }))
+        }
+        other => Err(config_error(
+            d.py(),
+            "replica.scheduler.policy",
+            other,
+            "unknown replica policy",
+        )),
+    }
+}
+
+fn linear_model(d: &Bound<'_, PyDict>) -> PyResult<LinearModel> {
+    Ok(LinearModel {
+        constant_s: get(d, "constant_s")?,
+        per_prefill_token_s: get(d, "per_prefill_token_s")?,
+        per_decode_token_s: get(d, "per_decode_token_s")?,
+        per_decode_context_token_s: get(d, "per_decode_context_token_s")?,
+        per_prefill_context_token_s: get(d, "per_prefill_context_token_s")?,
+        cpu_overhead_s: get(d, "cpu_overhead_s")?,
+    })
+}
+
+fn sim_config(d: &Bound<'_, PyDict>) -> PyResult<SimConfig> {
+    let py = d.py();
+    let policy: String = get(d, "global_policy")?;
+    Ok(SimConfig {
+        num_replicas: get(d, "num_replicas")?,
+        num_stages: get(d, "num_stages")?,
+        global_policy: GlobalPolicy::from_name(&policy, get(d, "balance")?).or_raise(py)?,
+        replica_policy: replica_policy(&sub(d, "replica")?)?,
+        exec: linear_model(&sub(d, "linear")?)?,
+        seed: get(d, "seed")?,
+        hash_block_size: get(d, "hash_block_size")?,
+        sample_interval_s: get(d, "sample_interval_s")?,
+        record_stages: get(d, "record_stages")?,
+    })
+}
+
+/// Pulls `RequestChunk`s (see `tokenyard.workload`) from a Python iterator.
+struct PySource<'py> {
+    chunks: Bound<'py, PyAny>,
+    progress: Option<Bound<'py, PyAny>>,
+    error: ErrorSlot,
+}
+
+impl PySource<'_> {
+    fn convert(chunk: &Bound<'_, PyAny>) -> PyResult<Vec<ArrivingRequest>> {
+        let arrived: PyReadonlyArray1<'_, f64> = chunk.getattr("arrived_at")?.extract()?;
+        let prefill: PyReadonlyArray1<'_, u32> = chunk.getattr("num_prefill_tokens")?.extract()?;
+        let decode: PyReadonlyArray1<'_, u32> = chunk.getattr("num_decode_tokens")?.extract()?;
+        let (arrived, prefill, decode) =
+            (arrived.as_slice()?, prefill.as_slice()?, decode.as_slice()?);
+        let offsets = chunk.getattr("hash_offsets")?;
+        let hashes: Option<(Vec<u64>, Vec<u64>)> = if offsets.is_none() {
+            None
+        } else {
+            let offsets: PyReadonlyArray1<'_, u64> = offsets.extract()?;
+            let ids: PyReadonlyArray1<'_, u64> = chunk.getattr("hash_ids")?.extract()?;
+            Some((offsets.as_slice()?.to_vec(), ids.as_slice()?.to_vec()))
+        };
+        let n = arrived.len();
+        if prefill.len() != n || decode.len() != n {
+            return Err(crate::errors::input_error(
+                chunk.py(),
+                "chunk",
+                format!("{n}/{}/{}", prefill.len(), decode.len()),
+                "arrived_at, num_prefill_tokens and num_decode_tokens differ in length",
+            ));
+        }
+        Ok((0..n)
+            .map(|i| ArrivingRequest {
+                arrived_at: arrived[i],
+                num_prefill_tokens: prefill[i],
+                num_decode_tokens: decode[i],
+                hash_ids: hashes.as_ref().map_or_else(Vec::new, |(off, ids)| {
+                    ids[off[i] as usize..off[i + 1] as usize].to_vec()
+                }),
+            })
+            .collect())
+    }
+}
+
+impl RequestSource for PySource<'_> {
+    fn next_chunk(&mut self) -> Result<Option<Vec<ArrivingRequest>>> {
+        let next = self
+            .chunks
+            .call_method0("__next__")
+            .map(Some)
+            .or_else(|err| {
+                if err.is_instance_of::<pyo3::exceptions::PyStopIteration>(self.chunks.py()) {
+                    Ok(None)
+                } else {
+                    Err(err)
+                }
+            });
+        match next.and_then(|chunk| chunk.map(|c| Self::convert(&c)).transpose()) {
+            Ok(chunk) => Ok(chunk),
+            Err(err) => Err(keep(&self.error, "the workload", err)),
+        }
+    }
+
+    fn progress(&mut self, num_completed: u64) -> Result<()> {
+        if let Some(callback) = &self.progress {
+            callback
+                .call1((num_completed,))
+                .map_err(|err| keep(&self.error, "the progress callback", err))?;
+        }
+        Ok(())
+    }
+}
+
+/// A Python callable as the execution-time model (the slow path).
+struct PyExec<'py> {
+    model: Bound<'py, PyAny>,
+    error: ErrorSlot,
+}
+
+impl PyExec<'_> {
+    fn call(&self, shape: &BatchShape, stage: u32, num_stages: u32) -> PyResult<StageTime> {
+        let py = self.model.py();
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("num_requests", shape.num_requests)?;
+        kwargs.set_item("num_prefill_tokens", shape.num_prefill_tokens)?;
+        kwargs.set_item("num_decode_tokens", shape.num_decode_tokens)?;
+        kwargs.set_item("sum_decode_context", shape.sum_decode_context)?;
+        kwargs.set_item("sum_prefill_context", shape.sum_prefill_context)?;
+        kwargs.set_item("num_padding_rows", shape.num_padding_rows)?;
+        kwargs.set_item("stage", stage)?;
+        kwargs.set_item("num_stages", num_stages)?;
+        let answer = self.model.call((), Some(&kwargs))?;
+        if let Ok(tuple) = answer.cast::<PyTuple>() {
+            let (total_s, model_s): (f64, f64) = tuple.extract()?;
+            return Ok(StageTime { total_s, model_s });
+        }
+        let total_s: f64 = answer.extract()?;
+        Ok(StageTime {
+            total_s,
+            model_s: total_s,
+        })
+    }
+}
+
+impl ExecModel for PyExec<'_> {
+    fn stage_time(&mut self, shape: &BatchShape, stage: u32, num_stages: u32) -> Result<StageTime> {
+        self.call(shape, stage, num_stages)
+            .map_err(|err| keep(&self.error, "the execution-time model", err))
+    }
+}
+
+/// Runs a simulation; see `tokenyard.simulate` for the config and the result.
+#[pyfunction]
+#[pyo3(signature = (config, chunks, *, exec_model=None, progress=None))]
+fn simulate<'py>(
+    py: Python<'py>,
+    config: &Bound<'py, PyDict>,
+    chunks: &Bound<'py, PyAny>,
+    exec_model: Option<Bound<'py, PyAny>>,
+    progress: Option<Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let sim_config = sim_config(config)?;
+    let error = ErrorSlot::default();
+    let mut source = PySource {
+        chunks: chunks.try_iter()?.into_any(),
+        progress,
+        error: error.clone(),
+    };
+    let mut linear = sim_config.exec;
+    let mut python_exec;
+    let exec: &mut dyn ExecModel = match exec_model {
+        Some(model) => {
+            python_exec = PyExec {
+                model,
+                error: error.clone(),
+            };
+            &mut python_exec
+        }
+        None => &mut linear,
+    };
+    let result = Simulator::new(sim_config, exec).and_then(|sim| sim.run(&mut source));
+    if let Some(err) = error.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        return Err(err);
+    }
+    to_dict(py, result.or_raise(py)?)
+}
+
+fn to_dict(py: Python<'_>, out: SimOutput) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    let t = out.requests;
+    let requests = PyDict::new(py);
+    requests.set_item("request_id", t.request_id.into_pyarray(py))?;
+    requests.set_item("replica", t.replica.into_pyarray(py))?;
+    requests.set_item("arrived_at", t.arrived_at.into_pyarray(py))?;
+    requests.set_item("scheduled_at", t.scheduled_at.into_pyarray(py))?;
+    requests.set_item("first_token_at", t.first_token_at.into_pyarray(py))?;
+    requests.set_item("completed_at", t.completed_at.into_pyarray(py))?;
+    requests.set_item("num_prefill_tokens", t.num_prefill_tokens.into_pyarray(py))?;
+    requests.set_item("num_decode_tokens", t.num_decode_tokens.into_pyarray(py))?;
+    requests.set_item("num_restarts", t.num_restarts.into_pyarray(py))?;
+    requests.set_item("prefix_hit_tokens", t.prefix_hit_tokens.into_pyarray(py))?;
+    requests.set_item("max_token_gap", t.max_token_gap.into_pyarray(py))?;
+    requests.set_item("execution_time", t.execution_time.into_pyarray(py))?;
+    requests.set_item(
+        "model_execution_time",
+        t.model_execution_time.into_pyarray(py),
+    )?;
+    d.set_item("requests", requests)?;
+
+    let edges: Vec<f64> = (0..=GapHistogram::NUM_BUCKETS)
+        .map(GapHistogram::bucket_start)
+        .collect();
+    d.set_item("token_gap_counts", out.token_gaps.counts.into_pyarray(py))?;
+    d.set_item("token_gap_edges", edges.into_pyarray(py))?;
+
+    let s = out.samples;
+    let samples = PyDict::new(py);
+    samples.set_item("time", s.time.into_pyarray(py))?;
+    samples.set_item("replica", s.replica.into_pyarray(py))?;
+    samples.set_item("kv_usage", s.kv_usage.into_pyarray(py))?;
+    samples.set_item("batch_size", s.batch_size.into_pyarray(py))?;
+    samples.set_item("num_outstanding", s.num_outstanding.into_pyarray(py))?;
+    d.set_item("samples", samples)?;
+
+    if let Some(trace) = out.stages {
+        let stages = PyDict::new(py);
+        stages.set_item("replica", trace.replica.into_pyarray(py))?;
+        stages.set_item("stage", trace.stage.into_pyarray(py))?;
+        stages.set_item("batch_id", trace.batch_id.into_pyarray(py))?;
+        stages.set_item("start", trace.start.into_pyarray(py))?;
+        stages.set_item("duration", trace.duration.into_pyarray(py))?;
+        stages.set_item("num_requests", trace.num_requests.into_pyarray(py))?;
+        stages.set_item(
+            "num_prefill_tokens",
+            trace.num_prefill_tokens.into_pyarray(py),
+        )?;
+        stages.set_item(
+            "num_decode_tokens",
+            trace.num_decode_tokens.into_pyarray(py),
+        )?;
+        d.set_item("stages", stages)?;
+    }
+
+    let r = out.replicas;
+    let replicas = PyDict::new(py);
+    replicas.set_item("busy_time", r.busy_time.into_pyarray(py))?;
+    replicas.set_item("num_batches", r.num_batches.into_pyarray(py))?;
+    replicas.set_item("sum_batch_size", r.sum_batch_size.into_pyarray(py))?;
+    replicas.set_item("num_prefill_tokens", r.num_prefill_tokens.into_pyarray(py))?;
+    replicas.set_item("num_decode_tokens", r.num_decode_tokens.into_pyarray(py))?;
+    d.set_item("replicas", replicas)?;
+
+    d.set_item("makespan", out.makespan)?;
+    d.set_item("num_events", out.num_events)?;
+    d.set_item("num_batches", out.num_batches)?;
+    Ok(d)
+}

@@ -1,6 +1,6 @@
 """Type stubs of the native module; users import these classes from ``tokenyard.kv``."""
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeAlias, final
 
 import numpy as np
@@ -482,3 +482,30 @@ class Scheduler:
     def stats(self) -> SchedulerStats: ...
     def check_invariants(self) -> None:
         """Raises InternalError if the internal bookkeeping is inconsistent (a bug)."""
+
+class _RequestChunkLike(Protocol):
+    @property
+    def arrived_at(self) -> npt.NDArray[np.float64]: ...
+    @property
+    def num_prefill_tokens(self) -> npt.NDArray[np.uint32]: ...
+    @property
+    def num_decode_tokens(self) -> npt.NDArray[np.uint32]: ...
+    @property
+    def hash_offsets(self) -> npt.NDArray[np.uint64] | None: ...
+    @property
+    def hash_ids(self) -> npt.NDArray[np.uint64] | None: ...
+
+def simulate(
+    config: dict[str, Any],
+    chunks: Iterable[_RequestChunkLike],
+    *,
+    exec_model: Callable[..., float | tuple[float, float]] | None = None,
+    progress: Callable[[int], object] | None = None,
+) -> dict[str, Any]:
+    """Runs the core simulator (use ``tokenyard.simulation.simulate``): a config dict built by
+    ``tokenyard.simulation``, an iterator of request chunks, an optional Python
+    execution-time model and progress callback. Returns numpy arrays in a dict.
+
+    Raises:
+        ConfigError, InputError, CapacityError; or the exception a callback raised.
+    """

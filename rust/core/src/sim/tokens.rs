@@ -25,10 +25,15 @@ pub fn synthesize_prompt(
     (0..num_tokens as usize)
         .map(|pos| match hash_ids.get(pos / block) {
             Some(&id) => mix(id, (pos % block) as u64),
-            // A salt no block id can produce: the request's own tokens never match others.
-            None => mix(request_id ^ 0xA5A5_5A5A_F0F0_0F0F, pos as u64 | (1 << 63)),
+            None => private_token(request_id, pos as u64),
         })
         .collect()
+}
+
+/// The token at `position` of a request's own (unshared) tokens. The salt no block id can
+/// produce keeps them from matching other requests'.
+pub fn private_token(request_id: u64, position: u64) -> TokenId {
+    mix(request_id ^ 0xA5A5_5A5A_F0F0_0F0F, position | (1 << 63))
 }
 
 #[cfg(test)]

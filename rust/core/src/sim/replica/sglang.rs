@@ -15,7 +15,7 @@ use crate::kv::{KvCapacity, RadixPool, TokenId};
 use crate::sim::arena::Requests;
 use crate::sim::batch::Batch;
 use crate::sim::request::ReqIdx;
-use crate::sim::tokens::synthesize_prompt;
+use crate::sim::tokens::{private_token, synthesize_prompt};
 use crate::{Error, Result};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,9 +146,7 @@ impl Sglang {
         for &idx in &batch {
             // The token being decoded: its content only matters to this request.
             let r = requests.get(idx);
-            let token = synthesize_prompt(r.id ^ 0x5EED, r.num_processed_tokens, &[], 1)
-                .pop()
-                .unwrap_or(0);
+            let token = private_token(r.id, r.num_processed_tokens as u64);
             self.allocate(idx, &[token], 1)?;
         }
         let tokens = vec![1; batch.len()];

@@ -1,0 +1,220 @@
+"""What a simulation returns: the per-request table, the summary users of Vidur look at,
+the sampled replica state, and the files written for them.
+
+Per request: arrival, first scheduling, first token and completion times; ``ttft`` (first
+token - arrival), ``tpot`` (mean time per output token after the first), ``e2e``,
+``scheduling_delay`` (first scheduling - arrival), the largest gap between two tokens,
+restarts (preemptions), prefix-cache hit tokens and the replica. The summary adds mean and
+p50/p90/p99 of each, the token-gap (TBT) distribution over every output token, prompt and
+decode throughput, goodput under the TTFT/TPOT SLOs, KV usage and batch sizes over time and
+each replica's busy fraction.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tokenyard.errors import ConfigError
+
+__all__ = ["SimulationResult"]
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass
+class SimulationResult:
+    """``summary`` (JSON-able dict), ``columns`` (the per-request table as numpy arrays),
+    ``samples`` (replica state over time), ``stages`` (every batch stage, if recorded)."""
+
+    summary: dict[str, Any]
+    columns: dict[str, np.ndarray]
+    samples: dict[str, np.ndarray]
+    stages: dict[str, np.ndarray] | None
+
+    def table(self) -> Any:
+        """The per-request table as a ``pyarrow.Table``, in request-id order."""
+        import pyarrow as pa  # type: ignore[import-untyped]
+
+        return pa.table(self.columns)
+
+    def to_pandas(self) -> Any:
+        """The per-request table as a ``pandas.DataFrame`` (needs pandas)."""
+        return self.table().to_pandas()
+
+    def write(self, directory: str | os.PathLike[str]) -> Path:
+        """Writes ``requests.parquet``, ``requests.csv``, ``summary.json``,
+        ``samples.parquet`` and, if stages were recorded, ``trace.json`` (Chrome/Perfetto).
+        The files appear together or not at all: they are written to a temporary folder
+        beside ``directory`` and moved in at the end."""
+        import pyarrow as pa
+        import pyarrow.csv as pacsv  # type: ignore[import-untyped]
+        import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+        target = Path(directory)
+        if target.exists() and not target.is_dir():
+            raise ConfigError(
+                f"--output {target}: exists and is not a directory",
+                field="output",
+                value=str(target),
+            )
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".tokenyard-", dir=target.parent))
+        try:
+            table = self.table()
+            pq.write_table(table, staging / "requests.parquet")
+            pacsv.write_csv(table, staging / "requests.csv")
+            pq.write_table(pa.table(self.samples), staging / "samples.parquet")
+            (staging / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
+            if self.stages is not None:
+                (staging / "trace.json").write_text(json.dumps(_chrome_trace(self.stages)))
+            target.mkdir(exist_ok=True)
+            for item in staging.iterdir():
+                os.replace(item, target / item.name)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return target
+
+
+def _chrome_trace(stages: dict[str, np.ndarray]) -> dict[str, Any]:
+    """One complete event per batch stage: process = replica, thread = pipeline stage."""
+    events = [
+        {
+            "name": f"batch {int(b)}",
+            "ph": "X",
+            "ts": float(start) * 1e6,
+            "dur": float(duration) * 1e6,
+            "pid": int(replica),
+            "tid": int(stage),
+            "args": {
+                "requests": int(n),
+                "prefill_tokens": int(p),
+                "decode_tokens": int(d),
+            },
+        }
+        for b, start, duration, replica, stage, n, p, d in zip(
+            stages["batch_id"],
+            stages["start"],
+            stages["duration"],
+            stages["replica"],
+            stages["stage"],
+            stages["num_requests"],
+            stages["num_prefill_tokens"],
+            stages["num_decode_tokens"],
+            strict=True,
+        )
+    ]
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def request_columns(raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The core's columns in request-id order, plus the derived latencies."""
+    order = np.argsort(raw["request_id"], kind="stable")
+    c = {name: values[order] for name, values in raw.items()}
+    decode = c["num_decode_tokens"].astype(np.float64)
+    c["ttft"] = c["first_token_at"] - c["arrived_at"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        c["tpot"] = np.where(
+            decode > 1, (c["completed_at"] - c["first_token_at"]) / (decode - 1), 0.0
+        )
+    c["e2e"] = c["completed_at"] - c["arrived_at"]
+    c["scheduling_delay"] = c["scheduled_at"] - c["arrived_at"]
+    return c
+
+
+def _stats(values: FloatArray) -> dict[str, float]:
+    if values.size == 0:
+        return {"mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0, "max": 0.0}
+    p50, p90, p99 = np.percentile(values, [50, 90, 99])
+    return {
+        "mean": float(values.mean()),
+        "p50": float(p50),
+        "p90": float(p90),
+        "p99": float(p99),
+        "max": float(values.max()),
+    }
+
+
+def _histogram_stats(counts: np.ndarray, edges: FloatArray) -> dict[str, float]:
+    """Quantiles of the token gaps from their log histogram (each bucket's geometric
+    middle; buckets are 2.3% wide)."""
+    total = int(counts.sum())
+    if total == 0:
+        return {"count": 0, "mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0}
+    middles = np.sqrt(edges[:-1] * edges[1:])
+    cumulative = np.cumsum(counts)
+    quantile = {
+        name: float(middles[int(np.searchsorted(cumulative, q * total))])
+        for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
+    }
+    return {"count": total, "mean": float((middles * counts).sum() / total), **quantile}
+
+
+def summarize(
+    columns: dict[str, np.ndarray],
+    raw: dict[str, Any],
+    *,
+    num_stages: int,
+    slo_ttft_s: float,
+    slo_tpot_s: float,
+    wall_s: float,
+    description: dict[str, Any],
+) -> dict[str, Any]:
+    makespan = float(raw["makespan"]) or 1e-12
+    n = int(columns["request_id"].size)
+    prompt = columns["num_prefill_tokens"].astype(np.int64)
+    decode = columns["num_decode_tokens"].astype(np.int64)
+    hits = columns["prefix_hit_tokens"].astype(np.int64)
+    good = (columns["ttft"] <= slo_ttft_s) & (columns["tpot"] <= slo_tpot_s)
+    replicas = raw["replicas"]
+    busy = replicas["busy_time"] / (num_stages * makespan)
+    samples = raw["samples"]
+    batches = np.maximum(replicas["num_batches"], 1)
+    return {
+        "config": description,
+        "num_requests": n,
+        "makespan_s": float(raw["makespan"]),
+        "wall_s": wall_s,
+        "requests_per_wall_s": n / wall_s if wall_s > 0 else None,
+        "num_events": int(raw["num_events"]),
+        "num_batches": int(raw["num_batches"]),
+        "latency_s": {
+            "ttft": _stats(columns["ttft"]),
+            "tpot": _stats(columns["tpot"]),
+            "e2e": _stats(columns["e2e"]),
+            "scheduling_delay": _stats(columns["scheduling_delay"]),
+            "max_token_gap": _stats(columns["max_token_gap"]),
+            "tbt": _histogram_stats(raw["token_gap_counts"], raw["token_gap_edges"]),
+        },
+        "throughput": {
+            "requests_per_s": n / makespan,
+            "prompt_tokens_per_s": float(prompt.sum()) / makespan,
+            "decode_tokens_per_s": float(decode.sum()) / makespan,
+            "prefix_hit_rate": float(hits.sum() / max(prompt.sum(), 1)),
+        },
+        "goodput": {
+            "slo_ttft_s": slo_ttft_s,
+            "slo_tpot_s": slo_tpot_s,
+            "requests_per_s": float(good.sum()) / makespan,
+            "fraction": float(good.mean()) if n else 0.0,
+        },
+        "preemption": {
+            "num_restarts": int(columns["num_restarts"].sum()),
+            "requests_restarted": int((columns["num_restarts"] > 0).sum()),
+        },
+        "replicas": {
+            "busy_fraction": [float(b) for b in busy],
+            "mean_busy_fraction": float(busy.mean()),
+            "mean_batch_size": [float(s) for s in replicas["sum_batch_size"] / batches],
+            "kv_usage": _stats(samples["kv_usage"]),
+            "batch_size": _stats(samples["batch_size"].astype(np.float64)),
+        },
+    }

@@ -22,6 +22,7 @@ __all__ = [
     "SchedulerStats",
     "__version__",
     "build_profile",
+    "simulate",
 ]
 
 __version__: str

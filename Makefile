@@ -14,7 +14,7 @@ PY_SOURCES := $(shell find python -type f -not -path '*/__pycache__/*') pyprojec
 .PHONY: run test lint rust-test py-test stubs build bench
 
 run: $(BUILD_STAMP)
-	$(BIN)/tokenyard demo
+	$(BIN)/tokenyard simulate --output results
 
 test: lint rust-test py-test stubs
 

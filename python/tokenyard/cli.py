@@ -13,6 +13,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo = commands.add_parser("demo", help="run a shared-prefix stream through the KV layer")
     demo.add_argument("--requests", type=int, default=2_000, help="number of requests")
     demo.add_argument("--seed", type=int, default=0, help="workload seed")
+    from tokenyard.simulation.cli import add_parser, run_command
+
+    add_parser(commands)
     args = parser.parse_args(argv)
 
     if args.version:
@@ -20,6 +23,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(f"tokenyard {__version__} ({build_profile})")
         return 0
+    if args.command == "simulate":
+        return run_command(args)
     if args.command == "demo":
         from tokenyard.demo import DemoWorkload
         from tokenyard.demo import main as demo_main

@@ -35,6 +35,7 @@ __all__ = [
     "apply_overrides",
     "config_from_mapping",
     "load_config",
+    "read_config_file",
 ]
 
 GLOBAL_POLICIES = (
@@ -360,8 +361,9 @@ def config_from_mapping(mapping: Mapping[str, Any]) -> SimulationConfig:
     return config
 
 
-def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> SimulationConfig:
-    """Reads a ``.toml``, ``.yaml`` or ``.yml`` file; ``overrides`` (dotted keys) win."""
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The document of a ``.toml``, ``.yaml`` or ``.yml`` file, with ``base_dir`` set to its
+    folder and the default workload if it has none."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -371,7 +373,13 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
         ) from None
     data = _parse(path, text)
     data.setdefault("base_dir", str(path.parent))
-    return config_from_mapping(apply_overrides(data, overrides or {}))
+    data.setdefault("workload", _default_workload())
+    return data
+
+
+def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> SimulationConfig:
+    """Reads a ``.toml``, ``.yaml`` or ``.yml`` file; ``overrides`` (dotted keys) win."""
+    return config_from_mapping(apply_overrides(read_config_file(path), overrides or {}))
 
 
 def _parse(path: Path, text: str) -> dict[str, Any]:

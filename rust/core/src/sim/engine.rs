@@ -120,6 +120,9 @@ struct Replica {
     last_sample_at: f64,
 }
 
+/// Completed requests between two progress reports.
+const PROGRESS_EVERY: usize = 4096;
+
 pub struct Simulator<'a> {
     config: SimConfig,
     exec: &'a mut dyn ExecModel,
@@ -135,6 +138,7 @@ pub struct Simulator<'a> {
     next_request_id: u64,
     last_arrival: f64,
     source_done: bool,
+    progress_due: bool,
     out: SimOutput,
 }
 
@@ -182,6 +186,7 @@ impl<'a> Simulator<'a> {
             next_request_id: 0,
             last_arrival: f64::NEG_INFINITY,
             source_done: false,
+            progress_due: false,
             out,
         })
     }
@@ -193,6 +198,10 @@ impl<'a> Simulator<'a> {
             self.now = event.time;
             self.out.num_events += 1;
             self.handle(event.kind, source)?;
+            if self.progress_due {
+                self.progress_due = false;
+                source.progress(self.out.requests.len() as u64)?;
+            }
         }
         if self.requests.num_live() > 0 {
             return Err(Error::Capacity {
@@ -467,6 +476,9 @@ impl<'a> Simulator<'a> {
             .on_batch_end(&mut self.requests, &batch)?;
         for idx in released {
             self.release(idx)?;
+            if self.out.requests.len() % PROGRESS_EVERY == 0 {
+                self.progress_due = true;
+            }
         }
         let events = self.replicas[r].policy.drain_kv_events();
         if !events.is_empty() {

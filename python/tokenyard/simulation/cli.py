@@ -1,0 +1,209 @@
+"""``tokenyard simulate``: run a simulation from a TOML/YAML config (or the built-in default)
+with flag overrides, show progress, print a summary table, write the result files."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from tokenyard.errors import TokenyardError
+from tokenyard.simulation.config import (
+    _default_workload,
+    apply_overrides,
+    config_from_mapping,
+    read_config_file,
+)
+from tokenyard.simulation.results import SimulationResult
+from tokenyard.simulation.run import simulate
+
+__all__ = ["add_parser", "run_command"]
+
+EPILOG = """\
+Config keys (file sections, or --set with dotted names; see docs/simulate.md):
+  seed
+  cluster.num_replicas, cluster.global_scheduler.{policy,balance}
+  replica.{model,device,tensor_parallel_size,num_pipeline_stages,memory_margin_fraction}
+  replica.scheduler.{policy,block_size,num_blocks,batch_size_cap,watermark_blocks_fraction,
+    max_tokens_in_batch,chunk_size,max_waiting_iters,max_request_tokens,
+    max_num_batched_tokens,max_num_seqs,long_prefill_token_threshold,enable_chunked_prefill,
+    enable_prefix_caching,prefix_cache,scheduling_policy,graph_batch_sizes}
+  execution.{model,constant_s,per_prefill_token_s,per_decode_token_s,
+    per_decode_context_token_s,per_prefill_context_token_s,cpu_overhead_s}
+  workload.* (docs/workloads.md), metrics.{sample_interval_s,record_stages,slo_ttft_s,slo_tpot_s}
+
+Global policies: round_robin, lor, random, least_kv_load, power_of_two, prefix_affinity,
+or module:Class. Replica policies: vllm, sarathi, orca, lightllm, faster_transformer,
+vllm_v1, sglang.
+"""
+
+
+def add_parser(commands: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = commands.add_parser(
+        "simulate",
+        help="replay a workload through a simulated cluster",
+        description="Replay a trace or a synthetic workload through a simulated cluster. "
+        "Without a config file, runs the built-in default: 4 Llama-2-7B replicas on "
+        "A100-80GB under vLLM V1 scheduling, 10,000 synthetic requests at 20 QPS.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("config", nargs="?", help="a .toml, .yaml or .yml config file")
+    p.add_argument("--output", "-o", metavar="DIR", help="write the result files into DIR")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help='set a config key (dotted name; VALUE is read as TOML: 4, 0.5, true, "x", '
+        "[1, 2]; a bare word is a string). Repeatable; wins over the file and the flags.",
+    )
+    p.add_argument("--replicas", type=int, help="cluster.num_replicas")
+    p.add_argument("--global-policy", help="cluster.global_scheduler.policy")
+    p.add_argument("--replica-policy", help="replica.scheduler.policy")
+    p.add_argument("--requests", type=int, help="workload.num_requests (synthetic) or limit")
+    p.add_argument("--qps", type=float, help="arrival rate (synthetic) or target_qps (trace)")
+    p.add_argument("--trace", metavar="PATH", help="replay this trace instead of the workload")
+    p.add_argument(
+        "--trace-format",
+        choices=("vidur", "mooncake", "azure"),
+        default="vidur",
+        help="format of --trace (default: vidur)",
+    )
+    p.add_argument("--seed", type=int, help="seed (routing, synthetic workload)")
+    p.add_argument(
+        "--stage-trace", action="store_true", help="also write trace.json (Chrome/Perfetto)"
+    )
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def _parse_value(text: str) -> Any:
+    import tomllib
+
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _overrides(args: argparse.Namespace, workload: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if args.replicas is not None:
+        out["cluster.num_replicas"] = args.replicas
+    if args.global_policy is not None:
+        out["cluster.global_scheduler.policy"] = args.global_policy
+    if args.replica_policy is not None:
+        out["replica.scheduler.policy"] = args.replica_policy
+    if args.seed is not None:
+        out["seed"] = args.seed
+    if args.stage_trace:
+        out["metrics.record_stages"] = True
+    is_trace = workload.get("kind") == "trace"
+    if args.requests is not None:
+        out["workload.limit" if is_trace else "workload.num_requests"] = args.requests
+    if args.qps is not None:
+        out["workload.target_qps" if is_trace else "workload.arrival.qps"] = args.qps
+    for item in args.overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"tokenyard simulate: --set expects KEY=VALUE, got {item!r}")
+        out[key.strip()] = _parse_value(value.strip())
+    return out
+
+
+class _ProgressBar:
+    def __init__(self, total: int | None, enabled: bool):
+        self.total, self.enabled = total, enabled and sys.stderr.isatty()
+        self.start = time.perf_counter()
+
+    def __call__(self, done: int) -> None:
+        if not self.enabled:
+            return
+        elapsed = time.perf_counter() - self.start
+        if self.total:
+            filled = int(30 * done / self.total)
+            bar = "#" * filled + "." * (30 - filled)
+            text = f"\r[{bar}] {done:,}/{self.total:,} requests  {elapsed:.1f} s"
+        else:
+            text = f"\r{done:,} requests  {elapsed:.1f} s"
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    try:
+        data = read_config_file(args.config) if args.config else {"workload": _default_workload()}
+        if args.trace:
+            data["workload"] = {"kind": "trace", "format": args.trace_format, "path": args.trace}
+        config = config_from_mapping(apply_overrides(data, _overrides(args, data["workload"])))
+        total = config.workload.get("num_requests") or config.workload.get("limit")
+        bar = _ProgressBar(total if isinstance(total, int) else None, not args.no_progress)
+        try:
+            result = simulate(config, progress=bar)
+        finally:
+            bar.close()
+        if args.output:
+            result.write(args.output)
+    except TokenyardError as exc:
+        print(f"tokenyard simulate: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result.summary, indent=2) if args.json else format_summary(result))
+    if args.output:
+        trace = ", trace.json" if result.stages is not None else ""
+        print(
+            f"\nwrote {args.output}/: requests.parquet, requests.csv, summary.json, "
+            f"samples.parquet{trace}"
+        )
+    return 0
+
+
+def format_summary(result: SimulationResult) -> str:
+    s = result.summary
+    c = s["config"]
+    lat = s["latency_s"]
+    lines = [
+        f"tokenyard simulate: {c['num_replicas']} x {c['model']} on {c['device']}"
+        f" (PP {c['num_pipeline_stages']}), {c['replica_policy']} replicas, "
+        f"{c['global_policy']} routing, {s['num_requests']:,} requests",
+        f"simulated {s['makespan_s']:.1f} s in {s['wall_s']:.2f} s of wall time "
+        f"({s['requests_per_wall_s'] or 0:,.0f} requests per wall second)",
+        "",
+        f"{'latency (s)':<20}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}",
+    ]
+    for label, key in (
+        ("TTFT", "ttft"),
+        ("TPOT", "tpot"),
+        ("TBT (all tokens)", "tbt"),
+        ("end to end", "e2e"),
+        ("scheduling delay", "scheduling_delay"),
+    ):
+        row = lat[key]
+        lines.append(
+            f"{label:<20}{row['mean']:>10.4f}{row['p50']:>10.4f}{row['p90']:>10.4f}"
+            f"{row['p99']:>10.4f}"
+        )
+    t, g, r = s["throughput"], s["goodput"], s["replicas"]
+    busy = r["busy_fraction"]
+    lines += [
+        "",
+        f"throughput: {t['requests_per_s']:.2f} req/s, prompt {t['prompt_tokens_per_s']:,.0f} "
+        f"tok/s, decode {t['decode_tokens_per_s']:,.0f} tok/s; prefix-cache hit rate "
+        f"{t['prefix_hit_rate']:.1%}",
+        f"goodput (TTFT <= {g['slo_ttft_s']} s and TPOT <= {g['slo_tpot_s']} s): "
+        f"{g['requests_per_s']:.2f} req/s ({g['fraction']:.1%} of requests)",
+        f"preemptions: {s['preemption']['num_restarts']} restarts of "
+        f"{s['preemption']['requests_restarted']} requests",
+        f"replicas: busy {min(busy):.0%}-{max(busy):.0%}; KV usage mean "
+        f"{r['kv_usage']['mean']:.0%}, p99 {r['kv_usage']['p99']:.0%}; batch size mean "
+        f"{r['batch_size']['mean']:.1f}, p99 {r['batch_size']['p99']:.0f}",
+    ]
+    return "\n".join(lines)

@@ -20,6 +20,7 @@ __all__ = [
     "Scheduler",
     "SchedulerOutput",
     "SchedulerStats",
+    "SimRequestView",
     "__version__",
     "build_profile",
     "simulate",
@@ -484,6 +485,29 @@ class Scheduler:
     def check_invariants(self) -> None:
         """Raises InternalError if the internal bookkeeping is inconsistent (a bug)."""
 
+@final
+class SimRequestView:
+    """What a replica-policy plugin sees of a simulated request (see docs/plugins.md)."""
+
+    @property
+    def request_id(self) -> int: ...
+    @property
+    def arrived_at(self) -> float: ...
+    @property
+    def num_prefill_tokens(self) -> int:
+        """Prompt tokens, plus earlier outputs after a restart."""
+    @property
+    def num_decode_tokens(self) -> int: ...
+    @property
+    def num_processed_tokens(self) -> int:
+        """Tokens computed so far (the prompt's last one yields the first output)."""
+    @property
+    def is_prefill_complete(self) -> bool: ...
+    @property
+    def completed(self) -> bool: ...
+    @property
+    def num_restarts(self) -> int: ...
+
 class _RequestChunkLike(Protocol):
     @property
     def arrived_at(self) -> npt.NDArray[np.float64]: ...
@@ -502,6 +526,8 @@ def simulate(
     *,
     exec_model: Callable[..., float | tuple[float, float]] | None = None,
     progress: Callable[[int], object] | None = None,
+    route_plugin: object | None = None,
+    replica_plugins: Sequence[object] | None = None,
 ) -> dict[str, Any]:
     """Runs the core simulator (use ``tokenyard.simulation.simulate``): a config dict built by
     ``tokenyard.simulation``, an iterator of request chunks, an optional Python

@@ -15,6 +15,7 @@ from tokenyard.simulation.config import (
     apply_overrides,
     config_from_mapping,
     read_config_file,
+    toml_module,
 )
 from tokenyard.simulation.results import SimulationResult
 from tokenyard.simulation.run import simulate
@@ -83,11 +84,10 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 
 def _parse_value(text: str) -> Any:
-    import tomllib
-
+    toml = toml_module()
     try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
+        return toml.loads(f"v = {text}")["v"]
+    except toml.TOMLDecodeError:
         return text
 
 

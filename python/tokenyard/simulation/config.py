@@ -382,16 +382,20 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
     return config_from_mapping(apply_overrides(read_config_file(path), overrides or {}))
 
 
+def toml_module() -> types.ModuleType:
+    """``tomllib`` (Python 3.11+) or its backport ``tomli``."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    return tomllib
+
+
 def _parse(path: Path, text: str) -> dict[str, Any]:
     suffix = path.suffix.lower()
     try:
         if suffix == ".toml":
-            if sys.version_info >= (3, 11):
-                import tomllib
-            else:  # pragma: no cover - Python 3.10
-                import tomli as tomllib
-
-            return dict(tomllib.loads(text))
+            return dict(toml_module().loads(text))
         if suffix in (".yaml", ".yml"):
             import yaml
 

@@ -53,9 +53,15 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
     exec_model = None
     if config.execution.model != "linear":
         exec_model = load_object(config.execution.model, "execution.model")
+    route_plugin, replica_plugins = _plugins(config, core_config)
     start = time.perf_counter()
     raw = _core.simulate(
-        core_config, workload.chunks(CHUNK_SIZE), exec_model=exec_model, progress=progress
+        core_config,
+        workload.chunks(CHUNK_SIZE),
+        exec_model=exec_model,
+        progress=progress,
+        route_plugin=route_plugin,
+        replica_plugins=replica_plugins,
     )
     wall_s = time.perf_counter() - start
     columns = request_columns(raw["requests"])
@@ -80,6 +86,31 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
         description=description,
     )
     return SimulationResult(summary, columns, raw["samples"], raw.get("stages"))
+
+
+def _plugins(config: SimulationConfig, core: dict[str, Any]) -> tuple[Any, list[Any] | None]:
+    """Instantiates ``module:Class`` policies (see docs/plugins.md); the core then runs a
+    built-in policy's name in their place, never consulted."""
+    route_plugin = None
+    policy = config.cluster.global_scheduler.policy
+    if ":" in policy:
+        cls = load_object(policy, "cluster.global_scheduler.policy")
+        route_plugin = cls(num_replicas=config.cluster.num_replicas, seed=config.seed)
+        core["global_policy"] = "round_robin"
+    replica_plugins = None
+    policy = config.replica.scheduler.policy
+    if ":" in policy:
+        cls = load_object(policy, "replica.scheduler.policy")
+        replica_plugins = [
+            cls(
+                replica_id=i,
+                num_blocks=core["replica"]["num_blocks"],
+                block_size=config.replica.scheduler.block_size,
+            )
+            for i in range(config.cluster.num_replicas)
+        ]
+        core["replica"]["policy"] = "vllm"
+    return route_plugin, replica_plugins
 
 
 def _plan(config: SimulationConfig) -> MemoryPlan:

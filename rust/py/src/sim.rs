@@ -7,11 +7,13 @@ use std::sync::{Arc, Mutex};
 
 use numpy::{IntoPyArray, PyReadonlyArray1};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::types::{PyDict, PyList, PyTuple};
+use rustc_hash::{FxHashMap, FxHashSet};
 use tokenyard_core::sched::{Policy, PrefixCache, SchedulerConfig};
 use tokenyard_core::sim::{
-    ArrivingRequest, BatchShape, ExecModel, GapHistogram, GlobalPolicy, LinearModel,
-    ReplicaPolicyConfig, RequestSource, SglangLimits, SimConfig, SimOutput, Simulator, StageTime,
+    ArrivingRequest, Batch, BatchPlan, BatchShape, ExecModel, GapHistogram, GlobalPolicy,
+    LinearModel, ReplicaLoad, ReplicaPolicy, ReplicaPolicyConfig, ReqIdx, RequestSource, Requests,
+    RouteInfo, RoutePlugin, SglangLimits, SimConfig, SimOutput, SimRequest, Simulator, StageTime,
     VidurKind, VidurLimits,
 };
 use tokenyard_core::{Error, Result};
@@ -19,6 +21,7 @@ use tokenyard_core::{Error, Result};
 use crate::errors::{OrRaise, config_error};
 
 pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_class::<PySimRequestView>()?;
     module.add_function(wrap_pyfunction!(simulate, module)?)
 }
 
@@ -257,15 +260,230 @@ impl ExecModel for PyExec<'_> {
     }
 }
 
+/// What a replica-policy plugin sees of a request.
+#[pyclass(
+    name = "SimRequestView",
+    module = "tokenyard.simulation",
+    frozen,
+    get_all
+)]
+pub(crate) struct PySimRequestView {
+    request_id: u64,
+    arrived_at: f64,
+    num_prefill_tokens: u32,
+    num_decode_tokens: u32,
+    num_processed_tokens: u32,
+    is_prefill_complete: bool,
+    completed: bool,
+    num_restarts: u32,
+}
+
+#[pymethods]
+impl PySimRequestView {
+    fn __repr__(&self) -> String {
+        format!(
+            "SimRequestView(request_id={}, processed={}/{}+{}, completed={})",
+            self.request_id,
+            self.num_processed_tokens,
+            self.num_prefill_tokens,
+            self.num_decode_tokens,
+            self.completed
+        )
+    }
+}
+
+fn view(r: &SimRequest) -> PySimRequestView {
+    PySimRequestView {
+        request_id: r.id,
+        arrived_at: r.arrived_at,
+        num_prefill_tokens: r.num_prefill_tokens,
+        num_decode_tokens: r.num_decode_tokens,
+        num_processed_tokens: r.num_processed_tokens,
+        is_prefill_complete: r.is_prefill_complete,
+        completed: r.completed,
+        num_restarts: r.num_restarts,
+    }
+}
+
+/// A Python global scheduler: `route(request, replicas) -> int`.
+struct PyRoutePlugin {
+    object: Py<PyAny>,
+    error: ErrorSlot,
+}
+
+impl PyRoutePlugin {
+    fn call(
+        &self,
+        py: Python<'_>,
+        request: &RouteInfo<'_>,
+        loads: &[ReplicaLoad],
+    ) -> PyResult<usize> {
+        let info = PyDict::new(py);
+        info.set_item("request_id", request.request_id)?;
+        info.set_item("arrived_at", request.arrived_at)?;
+        info.set_item("num_prefill_tokens", request.num_prefill_tokens)?;
+        info.set_item("num_decode_tokens", request.num_decode_tokens)?;
+        info.set_item("hash_ids", request.hash_ids.to_vec())?;
+        let replicas = PyList::empty(py);
+        for load in loads {
+            let d = PyDict::new(py);
+            d.set_item("num_pending", load.num_pending)?;
+            d.set_item("num_outstanding", load.num_outstanding)?;
+            d.set_item("queued_prefill_tokens", load.queued_prefill_tokens)?;
+            d.set_item("kv_usage", load.kv_usage)?;
+            replicas.append(d)?;
+        }
+        self.object
+            .bind(py)
+            .call_method1("route", (info, replicas))?
+            .extract()
+    }
+}
+
+impl RoutePlugin for PyRoutePlugin {
+    fn route(&mut self, request: &RouteInfo<'_>, loads: &[ReplicaLoad]) -> Result<usize> {
+        Python::attach(|py| self.call(py, request, loads))
+            .map_err(|err| keep(&self.error, "the routing plugin's route()", err))
+    }
+}
+
+/// A Python replica scheduler: `add_request(view)`, `next_batch() -> [(id, tokens)] | None`,
+/// `on_batch_end(views)`, optionally `kv_usage()`. It decides who runs; the adapter checks
+/// its answers and releases requests once they complete.
+struct PyReplicaPlugin {
+    object: Py<PyAny>,
+    error: ErrorSlot,
+    held: FxHashMap<u64, ReqIdx>,
+    in_flight: FxHashSet<ReqIdx>,
+    never_scheduled: FxHashSet<ReqIdx>,
+}
+
+impl PyReplicaPlugin {
+    fn fail(&self, method: &str, err: PyErr) -> Error {
+        keep(&self.error, &format!("the replica plugin's {method}"), err)
+    }
+
+    fn check_plan(&self, requests: &Requests, answer: Vec<(u64, u32)>) -> Result<BatchPlan> {
+        let mut plan: BatchPlan = (Vec::new(), Vec::new());
+        let mut seen = FxHashSet::default();
+        for (id, n) in answer {
+            let bad = |why: &str| Err(Error::Plugin(format!("next_batch: request {id} {why}")));
+            let Some(&idx) = self.held.get(&id) else {
+                return bad("is not held by this replica");
+            };
+            if self.in_flight.contains(&idx) || !seen.insert(idx) {
+                return bad("is already in a batch");
+            }
+            let r = requests.get(idx);
+            let limit = if r.is_prefill_complete {
+                1
+            } else {
+                r.num_prefill_tokens - r.num_processed_tokens
+            };
+            if r.completed || n == 0 || n > limit {
+                return bad(&format!("cannot take {n} tokens (at most {limit})"));
+            }
+            plan.0.push(idx);
+            plan.1.push(n);
+        }
+        Ok(plan)
+    }
+}
+
+impl ReplicaPolicy for PyReplicaPlugin {
+    fn add_request(&mut self, requests: &mut Requests, idx: ReqIdx) -> Result<()> {
+        let r = requests.get(idx);
+        self.held.insert(r.id, idx);
+        self.never_scheduled.insert(idx);
+        Python::attach(|py| {
+            self.object
+                .bind(py)
+                .call_method1("add_request", (view(r),))
+                .map(|_| ())
+        })
+        .map_err(|err| self.fail("add_request()", err))
+    }
+
+    fn next_batch(&mut self, requests: &mut Requests) -> Result<Option<BatchPlan>> {
+        let answer: Option<Vec<(u64, u32)>> =
+            Python::attach(|py| self.object.bind(py).call_method0("next_batch")?.extract())
+                .map_err(|err| self.fail("next_batch()", err))?;
+        let Some(answer) = answer.filter(|a| !a.is_empty()) else {
+            return Ok(None);
+        };
+        let plan = self.check_plan(requests, answer)?;
+        for &idx in &plan.0 {
+            self.in_flight.insert(idx);
+            self.never_scheduled.remove(&idx);
+        }
+        Ok(Some(plan))
+    }
+
+    fn on_batch_end(&mut self, requests: &mut Requests, batch: &Batch) -> Result<Vec<ReqIdx>> {
+        let views: Vec<PySimRequestView> = batch
+            .requests
+            .iter()
+            .map(|&idx| view(requests.get(idx)))
+            .collect();
+        Python::attach(|py| {
+            self.object
+                .bind(py)
+                .call_method1("on_batch_end", (views,))
+                .map(|_| ())
+        })
+        .map_err(|err| self.fail("on_batch_end()", err))?;
+        let mut released = Vec::new();
+        for &idx in &batch.requests {
+            self.in_flight.remove(&idx);
+            let r = requests.get(idx);
+            if r.completed {
+                self.held.remove(&r.id);
+                released.push(idx);
+            }
+        }
+        Ok(released)
+    }
+
+    fn num_pending(&self) -> usize {
+        self.never_scheduled.len()
+    }
+
+    fn num_outstanding(&self) -> usize {
+        self.held.len()
+    }
+
+    fn pending_prefill_tokens(&self, requests: &Requests) -> u64 {
+        self.never_scheduled
+            .iter()
+            .map(|&idx| requests.get(idx).num_prefill_tokens as u64)
+            .sum()
+    }
+
+    fn kv_usage(&self) -> f64 {
+        Python::attach(|py| {
+            let object = self.object.bind(py);
+            if !object.hasattr("kv_usage").unwrap_or(false) {
+                return 0.0;
+            }
+            object
+                .call_method0("kv_usage")
+                .and_then(|v| v.extract::<f64>())
+                .unwrap_or(0.0)
+        })
+    }
+}
+
 /// Runs a simulation; see `tokenyard.simulate` for the config and the result.
 #[pyfunction]
-#[pyo3(signature = (config, chunks, *, exec_model=None, progress=None))]
+#[pyo3(signature = (config, chunks, *, exec_model=None, progress=None, route_plugin=None, replica_plugins=None))]
 fn simulate<'py>(
     py: Python<'py>,
     config: &Bound<'py, PyDict>,
     chunks: &Bound<'py, PyAny>,
     exec_model: Option<Bound<'py, PyAny>>,
     progress: Option<Bound<'py, PyAny>>,
+    route_plugin: Option<Py<PyAny>>,
+    replica_plugins: Option<Vec<Py<PyAny>>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let sim_config = sim_config(config)?;
     let error = ErrorSlot::default();
@@ -286,7 +504,32 @@ fn simulate<'py>(
         }
         None => &mut linear,
     };
-    let result = Simulator::new(sim_config, exec).and_then(|sim| sim.run(&mut source));
+    let result = Simulator::new(sim_config, exec)
+        .map(|sim| match route_plugin {
+            Some(object) => sim.with_route_plugin(Box::new(PyRoutePlugin {
+                object,
+                error: error.clone(),
+            })),
+            None => sim,
+        })
+        .and_then(|sim| match replica_plugins {
+            Some(objects) => sim.with_replica_policies(
+                objects
+                    .into_iter()
+                    .map(|object| {
+                        Box::new(PyReplicaPlugin {
+                            object,
+                            error: error.clone(),
+                            held: FxHashMap::default(),
+                            in_flight: FxHashSet::default(),
+                            never_scheduled: FxHashSet::default(),
+                        }) as Box<dyn ReplicaPolicy>
+                    })
+                    .collect(),
+            ),
+            None => Ok(sim),
+        })
+        .and_then(|sim| sim.run(&mut source));
     if let Some(err) = error.lock().unwrap_or_else(|e| e.into_inner()).take() {
         return Err(err);
     }

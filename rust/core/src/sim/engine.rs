@@ -13,7 +13,7 @@ use super::arena::Requests;
 use super::batch::{Batch, BatchShape};
 use super::config::SimConfig;
 use super::exec::ExecModel;
-use super::global::{ReplicaLoad, Router};
+use super::global::{ReplicaLoad, RouteInfo, RoutePlugin, Router};
 use super::metrics::{GapHistogram, ReplicaTotals, RequestTable, Samples, StageTrace};
 use super::replica::ReplicaPolicy;
 use super::request::{ReqIdx, SimRequest};
@@ -139,6 +139,7 @@ pub struct Simulator<'a> {
     last_arrival: f64,
     source_done: bool,
     progress_due: bool,
+    route_plugin: Option<Box<dyn RoutePlugin + 'a>>,
     out: SimOutput,
 }
 
@@ -187,8 +188,30 @@ impl<'a> Simulator<'a> {
             last_arrival: f64::NEG_INFINITY,
             source_done: false,
             progress_due: false,
+            route_plugin: None,
             out,
         })
+    }
+
+    /// Routes with `plugin` instead of the configured global policy.
+    pub fn with_route_plugin(mut self, plugin: Box<dyn RoutePlugin + 'a>) -> Self {
+        self.route_plugin = Some(plugin);
+        self
+    }
+
+    /// Replaces the configured replica schedulers (one per replica, e.g. plugins).
+    pub fn with_replica_policies(mut self, policies: Vec<Box<dyn ReplicaPolicy>>) -> Result<Self> {
+        if policies.len() != self.replicas.len() {
+            return Err(Error::config(
+                "cluster.num_replicas",
+                self.replicas.len(),
+                format!("{} replica policies were given", policies.len()),
+            ));
+        }
+        for (replica, policy) in self.replicas.iter_mut().zip(policies) {
+            replica.policy = policy;
+        }
+        Ok(self)
     }
 
     /// Runs until every request has completed.
@@ -205,7 +228,8 @@ impl<'a> Simulator<'a> {
         }
         if self.requests.num_live() > 0 {
             return Err(Error::Capacity {
-                what: "requests the replicas could never schedule (the simulation stalled)",
+                what: "scheduling: the simulation stalled with requests no replica will run \
+                       (requested = requests left)",
                 requested: self.requests.num_live(),
                 available: 0,
             });
@@ -320,7 +344,7 @@ impl<'a> Simulator<'a> {
             arriving.num_decode_tokens,
             arriving.hash_ids,
         );
-        let replica = self.route(&request);
+        let replica = self.route(&request)?;
         request.replica = replica as u32;
         let idx = self.requests.insert(request);
         self.replicas[replica]
@@ -335,7 +359,7 @@ impl<'a> Simulator<'a> {
         self.schedule_next_arrival(source)
     }
 
-    fn route(&mut self, request: &SimRequest) -> usize {
+    fn route(&mut self, request: &SimRequest) -> Result<usize> {
         let loads: Vec<ReplicaLoad> = self
             .replicas
             .iter()
@@ -346,15 +370,32 @@ impl<'a> Simulator<'a> {
                 kv_usage: r.policy.kv_usage(),
             })
             .collect();
+        if let Some(plugin) = &mut self.route_plugin {
+            let info = RouteInfo {
+                request_id: request.id,
+                arrived_at: request.arrived_at,
+                num_prefill_tokens: request.num_prefill_tokens,
+                num_decode_tokens: request.num_decode_tokens,
+                hash_ids: &request.hash_ids,
+            };
+            let replica = plugin.route(&info, &loads)?;
+            if replica >= loads.len() {
+                return Err(Error::Plugin(format!(
+                    "the routing plugin chose replica {replica} of {}",
+                    loads.len()
+                )));
+            }
+            return Ok(replica);
+        }
         let hash_block_size = self.config.hash_block_size;
-        self.router.route(&loads, || {
+        Ok(self.router.route(&loads, || {
             synthesize_prompt(
                 request.id,
                 request.num_prefill_tokens,
                 &request.hash_ids,
                 hash_block_size,
             )
-        })
+        }))
     }
 
     fn on_replica_schedule(&mut self, replica: u32) -> Result<()> {

@@ -79,6 +79,21 @@ impl GlobalPolicy {
     }
 }
 
+/// What a routing plugin sees of a new request.
+#[derive(Debug, Clone, Copy)]
+pub struct RouteInfo<'a> {
+    pub request_id: u64,
+    pub arrived_at: f64,
+    pub num_prefill_tokens: u32,
+    pub num_decode_tokens: u32,
+    pub hash_ids: &'a [u64],
+}
+
+/// A global scheduler written elsewhere (Python): picks a replica index for each request.
+pub trait RoutePlugin {
+    fn route(&mut self, request: &RouteInfo<'_>, loads: &[ReplicaLoad]) -> Result<usize>;
+}
+
 pub struct Router {
     policy: GlobalPolicy,
     counter: u64,

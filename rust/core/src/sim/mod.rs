@@ -8,26 +8,27 @@
 //!   vLLM V1 (the step scheduler of `crate::sched`) and SGLang.
 //! - [`global`]: routing policies; [`exec`]: execution-time models.
 
-mod arena;
-mod batch;
+pub mod arena;
+pub mod batch;
 mod config;
 pub mod engine;
 pub mod exec;
 pub mod global;
 mod metrics;
 pub mod replica;
-mod request;
+pub mod request;
 mod rng;
 mod tokens;
 
-pub use batch::BatchShape;
+pub use arena::Requests;
+pub use batch::{Batch, BatchShape};
 pub use config::{ReplicaPolicyConfig, SimConfig, VidurKind};
 pub use engine::{ArrivingRequest, RequestSource, SimOutput, Simulator};
 pub use exec::{ExecModel, LinearModel, StageTime};
-pub use global::GlobalPolicy;
+pub use global::{GlobalPolicy, ReplicaLoad, RouteInfo, RoutePlugin};
 pub use metrics::{GapHistogram, ReplicaTotals, RequestTable, Samples, StageTrace};
-pub use replica::{SglangLimits, VidurLimits};
-pub use request::SimRequest;
+pub use replica::{BatchPlan, ReplicaPolicy, SglangLimits, VidurLimits};
+pub use request::{ReqIdx, SimRequest};
 pub use rng::Rng;
 
 #[cfg(test)]

@@ -517,7 +517,7 @@ impl<'a> Simulator<'a> {
             .on_batch_end(&mut self.requests, &batch)?;
         for idx in released {
             self.release(idx)?;
-            if self.out.requests.len() % PROGRESS_EVERY == 0 {
+            if self.out.requests.len().is_multiple_of(PROGRESS_EVERY) {
                 self.progress_due = true;
             }
         }

@@ -360,13 +360,20 @@ impl<'a> Simulator<'a> {
     }
 
     fn route(&mut self, request: &SimRequest) -> Result<usize> {
+        // Queued prompt tokens cost a pass over each queue: only when the router reads them.
+        let queued_tokens =
+            self.route_plugin.is_some() || self.config.global_policy.needs_queued_tokens();
         let loads: Vec<ReplicaLoad> = self
             .replicas
             .iter()
             .map(|r| ReplicaLoad {
                 num_pending: r.policy.num_pending(),
                 num_outstanding: r.policy.num_outstanding(),
-                queued_prefill_tokens: r.policy.pending_prefill_tokens(&self.requests),
+                queued_prefill_tokens: if queued_tokens {
+                    r.policy.pending_prefill_tokens(&self.requests)
+                } else {
+                    0
+                },
                 kv_usage: r.policy.kv_usage(),
             })
             .collect();

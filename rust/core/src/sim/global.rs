@@ -74,6 +74,10 @@ impl GlobalPolicy {
         })
     }
 
+    pub fn needs_queued_tokens(&self) -> bool {
+        matches!(self, Self::PrefixAffinity { .. })
+    }
+
     pub fn needs_kv_events(&self) -> bool {
         matches!(self, Self::PrefixAffinity { .. })
     }

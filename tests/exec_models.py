@@ -1,0 +1,21 @@
+"""Execution-time models for tests, loaded by the simulator as ``tests.exec_models:NAME``."""
+
+from __future__ import annotations
+
+
+def step_model(
+    *,
+    num_requests: int,
+    num_prefill_tokens: int,
+    num_decode_tokens: int,
+    sum_decode_context: int,
+    sum_prefill_context: int,
+    num_padding_rows: int,
+    stage: int,
+    num_stages: int,
+) -> tuple[float, float]:
+    """tests/test_simulate.py's STEP_MODEL, in Python."""
+    model_s = (1.0 + 0.1 * num_prefill_tokens + 0.2 * (num_decode_tokens + num_padding_rows)) / (
+        num_stages
+    )
+    return model_s, model_s

@@ -131,7 +131,6 @@ def test_every_request_completes_once_with_its_tokens_deterministically(
 ) -> None:
     rows = sorted(rows)
     trace = write_trace(tmp_path_factory.mktemp("w") / "t.csv", rows)
-    block_size = 1 if policy == "lightllm" else 4
     cfg = config(
         trace,
         policy=policy,

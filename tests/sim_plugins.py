@@ -19,3 +19,40 @@ class NeverSchedules:
 
     def on_batch_end(self, requests: list[Any]) -> None:  # pragma: no cover - never called
         pass
+
+
+class AlwaysLast:
+    """Routes everything to the last replica."""
+
+    def __init__(self, *, num_replicas: int, seed: int):
+        self.num_replicas = num_replicas
+
+    def route(self, request: dict[str, Any], replicas: list[dict[str, Any]]) -> int:
+        return len(replicas) - 1
+
+
+class Broken:
+    def __init__(self, *, num_replicas: int, seed: int):
+        pass
+
+    def route(self, request: dict[str, Any], replicas: list[dict[str, Any]]) -> int:
+        return 1 // 0
+
+
+class WholeRequestAtOnce:
+    """Asks for the prompt and the output in one go: more tokens than a step may take."""
+
+    def __init__(self, *, replica_id: int, num_blocks: int, block_size: int):
+        self.waiting: list[Any] = []
+
+    def add_request(self, request: Any) -> None:
+        self.waiting.append(request)
+
+    def next_batch(self) -> list[tuple[int, int]] | None:
+        if not self.waiting:
+            return None
+        r = self.waiting.pop(0)
+        return [(r.request_id, r.num_prefill_tokens + r.num_decode_tokens)]
+
+    def on_batch_end(self, requests: list[Any]) -> None:  # pragma: no cover - never reached
+        pass

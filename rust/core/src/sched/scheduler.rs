@@ -32,6 +32,9 @@ pub struct Scheduler<R: RequestKey> {
     /// until the last one has (the in-flight batch may still read them).
     pub(super) finished_in_flight: FxHashMap<R, FinishedInFlight>,
     pub(super) async_scheduling: bool,
+    /// Leave token and block ids out of `NewRequestData` (callers that only need counts).
+    lean_output: bool,
+    spare_plan: StepPlan,
     pub(super) plugin: Option<Box<dyn PolicyPlugin<R>>>,
     /// This step's preemption order from the plugin: slot -> rank (0 = first victim).
     victim_rank: FxHashMap<u32, usize>,
@@ -57,6 +60,14 @@ struct StepPlan {
 }
 
 impl StepPlan {
+    fn clear(&mut self) {
+        self.scheduled.clear();
+        self.new_blocks.clear();
+        self.admitted.clear();
+        self.preempted.clear();
+        self.loras.clear();
+    }
+
     fn is_scheduled(&self, slot: u32) -> bool {
         self.new_blocks.contains_key(&slot)
     }
@@ -106,6 +117,8 @@ impl<R: RequestKey> Scheduler<R> {
             num_steps: 0,
             finished_in_flight: FxHashMap::default(),
             async_scheduling,
+            lean_output: false,
+            spare_plan: StepPlan::default(),
             plugin: None,
             victim_rank: FxHashMap::default(),
         })
@@ -120,6 +133,12 @@ impl<R: RequestKey> Scheduler<R> {
             let key = self.priority_key(slot);
             self.waiting.push_back(slot, key);
         }
+    }
+
+    /// With `lean`, admitted requests are reported without their token and block ids (the
+    /// simulator needs only the counts; copying prompts dominated its step).
+    pub fn set_lean_output(&mut self, lean: bool) {
+        self.lean_output = lean;
     }
 
     /// Starts recording prefix-cache events (block-hash pool only), for KV-aware routing.
@@ -213,7 +232,8 @@ impl<R: RequestKey> Scheduler<R> {
     pub fn schedule(&mut self) -> Result<SchedulerOutput<R>> {
         self.consult_plugin()?;
         let mut budget = self.config.max_num_batched_tokens;
-        let mut plan = StepPlan::default();
+        // The plan's maps keep their capacity from step to step (no rehashing as they grow).
+        let mut plan = std::mem::take(&mut self.spare_plan);
         if self.config.prioritize_prefill {
             self.schedule_running(&mut budget, &mut plan, Some(true))?;
             if plan.preempted.is_empty() {
@@ -227,7 +247,10 @@ impl<R: RequestKey> Scheduler<R> {
             }
         }
         self.num_steps += 1;
-        Ok(self.finish_step(plan))
+        let out = self.finish_step(&mut plan);
+        plan.clear();
+        self.spare_plan = plan;
+        Ok(out)
     }
 
     /// Asks the plugin (if any) for this step's waiting order and preemption order, before
@@ -493,7 +516,7 @@ impl<R: RequestKey> Scheduler<R> {
 
     /// Turns the plan into the output and advances each scheduled request's computed tokens
     /// (as if the step will run; spec rejections are rolled back on update).
-    fn finish_step(&mut self, mut plan: StepPlan) -> SchedulerOutput<R> {
+    fn finish_step(&mut self, plan: &mut StepPlan) -> SchedulerOutput<R> {
         let mut out = SchedulerOutput {
             scheduled_new_reqs: Vec::new(),
             scheduled_resumed_reqs: Vec::new(),
@@ -511,6 +534,7 @@ impl<R: RequestKey> Scheduler<R> {
         for &(slot, n) in &plan.scheduled {
             let blocks = plan.new_blocks.remove(&slot).unwrap_or_default();
             let async_scheduling = self.async_scheduling;
+            let lean = self.lean_output;
             let request = self.slots[slot as usize]
                 .as_mut()
                 .expect("scheduled slot is live");
@@ -519,12 +543,16 @@ impl<R: RequestKey> Scheduler<R> {
                 Some(&resumed) => {
                     let data = NewRequestData {
                         request_id: id.clone(),
-                        token_ids: if resumed {
-                            request.all_token_ids.clone()
-                        } else {
-                            request.spec.prompt_token_ids.clone()
+                        token_ids: match (lean, resumed) {
+                            (true, _) => Vec::new(),
+                            (false, true) => request.all_token_ids.clone(),
+                            (false, false) => request.spec.prompt_token_ids.clone(),
                         },
-                        block_ids: self.kv.block_ids(slot).unwrap_or_default().to_vec(),
+                        block_ids: if lean {
+                            Vec::new()
+                        } else {
+                            self.kv.block_ids(slot).unwrap_or_default().to_vec()
+                        },
                         num_computed_tokens: request.num_computed_tokens,
                         lora_id: request.spec.lora_id,
                     };

@@ -25,6 +25,7 @@ pub struct VllmV1 {
 impl VllmV1 {
     pub fn new(config: SchedulerConfig, hash_block_size: u32, kv_events: bool) -> Result<Self> {
         let mut scheduler = Scheduler::new(config, false)?;
+        scheduler.set_lean_output(true);
         if kv_events {
             scheduler.enable_kv_events();
         }

@@ -5,14 +5,14 @@ memory (preemption by restart) and pipeline stages included."""
 from __future__ import annotations
 
 import csv
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sim_reference import Limits
+from sim_reference import simulate as reference
 
-from sim_reference import Limits, simulate as reference
 from tokenyard.simulation import config_from_mapping, simulate
 
 

@@ -54,6 +54,8 @@ impl RequestTable {
 #[derive(Debug, Clone)]
 pub struct GapHistogram {
     pub counts: Vec<u64>,
+    /// The last gap and its bucket: requests of one batch mostly share their gap.
+    last: (f64, usize),
 }
 
 impl GapHistogram {
@@ -62,8 +64,15 @@ impl GapHistogram {
     pub const NUM_BUCKETS: usize = 900;
 
     pub fn record(&mut self, gap_s: f64) {
-        let position = (gap_s.max(Self::MIN_S) / Self::MIN_S).log10() * Self::BUCKETS_PER_DECADE;
-        let bucket = (position as usize).min(Self::NUM_BUCKETS - 1);
+        let bucket = if gap_s == self.last.0 {
+            self.last.1
+        } else {
+            let position =
+                (gap_s.max(Self::MIN_S) / Self::MIN_S).log10() * Self::BUCKETS_PER_DECADE;
+            let bucket = (position as usize).min(Self::NUM_BUCKETS - 1);
+            self.last = (gap_s, bucket);
+            bucket
+        };
         self.counts[bucket] += 1;
     }
 
@@ -77,6 +86,7 @@ impl Default for GapHistogram {
     fn default() -> Self {
         Self {
             counts: vec![0; Self::NUM_BUCKETS],
+            last: (f64::NAN, 0),
         }
     }
 }

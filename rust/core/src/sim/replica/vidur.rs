@@ -156,13 +156,13 @@ impl VidurBase {
         self.num_allocated_blocks as f64 / self.limits.num_blocks as f64
     }
 
-    /// The running requests in arrival order (Vidur sorts them before each batch).
+    /// The running requests in arrival order (Vidur sorts them before each batch). Request
+    /// ids follow arrival order, so sorting by id is the same; the list is usually sorted
+    /// already (batches end in that order), which one pass detects.
     pub fn sort_running_by_arrival(&mut self, requests: &Requests) {
-        self.running.sort_by(|&a, &b| {
-            let (ra, rb) = (requests.get(a), requests.get(b));
-            ra.arrived_at
-                .total_cmp(&rb.arrived_at)
-                .then(ra.id.cmp(&rb.id))
-        });
+        let id = |idx: &ReqIdx| requests.get(*idx).id;
+        if !self.running.is_sorted_by_key(id) {
+            self.running.sort_unstable_by_key(id);
+        }
     }
 }

@@ -64,7 +64,7 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
         replica_plugins=replica_plugins,
     )
     wall_s = time.perf_counter() - start
-    columns = request_columns(raw["requests"])
+    columns = request_columns(raw.pop("requests"))
     description = {
         "replica_policy": config.replica.scheduler.policy,
         "global_policy": config.cluster.global_scheduler.policy,

@@ -50,6 +50,9 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
     workload = load_workload(config.workload, base_dir=config.base_dir)
     plan = _plan(config)
     core_config = _core_config(config, plan, workload.hash_block_size or 16)
+    if workload.hash_block_size is None:
+        # No prefix identity: every prompt is unique, so a prefix cache would only cost time.
+        core_config["replica"]["vllm_v1"]["enable_prefix_caching"] = False
     exec_model = None
     if config.execution.model != "linear":
         exec_model = load_object(config.execution.model, "execution.model")

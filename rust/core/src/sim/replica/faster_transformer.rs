@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use rustc_hash::FxHashMap;
 
 use super::orca::check_max_reservation;
-use super::vidur::{VidurBase, VidurLimits};
+use super::vidur::{VidurBase, VidurLimits, delegate_to_vidur_base};
 use super::{BatchPlan, ReplicaPolicy};
 use crate::Result;
 use crate::sim::arena::Requests;
@@ -106,19 +106,5 @@ impl ReplicaPolicy for FasterTransformer {
         Ok(members)
     }
 
-    fn num_pending(&self) -> usize {
-        self.base.request_queue.len()
-    }
-
-    fn num_outstanding(&self) -> usize {
-        self.base.num_outstanding()
-    }
-
-    fn pending_prefill_tokens(&self, requests: &Requests) -> u64 {
-        self.base.pending_prefill_tokens(requests)
-    }
-
-    fn kv_usage(&self) -> f64 {
-        self.base.kv_usage()
-    }
+    delegate_to_vidur_base!();
 }

@@ -5,7 +5,7 @@
 //! max_i(remaining_i × (i + 1) + Σ_{j<=i} held_j). Decode batches run while requests are
 //! running; a waiting prefill gets its turn after `max_waiting_iters` decode batches.
 
-use super::vidur::{VidurBase, VidurLimits};
+use super::vidur::{VidurBase, VidurLimits, delegate_to_vidur_base};
 use super::{BatchPlan, ReplicaPolicy};
 use crate::sim::arena::Requests;
 use crate::sim::batch::Batch;
@@ -134,23 +134,5 @@ impl ReplicaPolicy for LightLlm {
         Ok(Some(self.decode_batch(requests)?))
     }
 
-    fn on_batch_end(&mut self, requests: &mut Requests, batch: &Batch) -> Result<Vec<ReqIdx>> {
-        Ok(self.base.release_completed(requests, batch))
-    }
-
-    fn num_pending(&self) -> usize {
-        self.base.request_queue.len()
-    }
-
-    fn num_outstanding(&self) -> usize {
-        self.base.num_outstanding()
-    }
-
-    fn pending_prefill_tokens(&self, requests: &Requests) -> u64 {
-        self.base.pending_prefill_tokens(requests)
-    }
-
-    fn kv_usage(&self) -> f64 {
-        self.base.kv_usage()
-    }
+    delegate_to_vidur_base!(release_completed);
 }

@@ -2,7 +2,7 @@
 //! request decodes each iteration, and a new request is admitted only if the maximum
 //! blocks a sequence can need are free (reserved up front, so no preemption).
 
-use super::vidur::{VidurBase, VidurLimits};
+use super::vidur::{VidurBase, VidurLimits, delegate_to_vidur_base};
 use super::{BatchPlan, ReplicaPolicy};
 use crate::Result;
 use crate::sim::arena::Requests;
@@ -78,23 +78,5 @@ impl ReplicaPolicy for Orca {
         Ok((!batch.is_empty()).then_some((batch, tokens)))
     }
 
-    fn on_batch_end(&mut self, requests: &mut Requests, batch: &Batch) -> Result<Vec<ReqIdx>> {
-        Ok(self.base.release_completed(requests, batch))
-    }
-
-    fn num_pending(&self) -> usize {
-        self.base.request_queue.len()
-    }
-
-    fn num_outstanding(&self) -> usize {
-        self.base.num_outstanding()
-    }
-
-    fn pending_prefill_tokens(&self, requests: &Requests) -> u64 {
-        self.base.pending_prefill_tokens(requests)
-    }
-
-    fn kv_usage(&self) -> f64 {
-        self.base.kv_usage()
-    }
+    delegate_to_vidur_base!(release_completed);
 }

@@ -2,7 +2,7 @@
 //! budget (`chunk_size`), built in three phases — running decodes first (LIFO preemption by
 //! restart, as vLLM), then running partial prefills, then new requests.
 
-use super::vidur::{VidurBase, VidurLimits};
+use super::vidur::{VidurBase, VidurLimits, delegate_to_vidur_base};
 use super::{BatchPlan, ReplicaPolicy};
 use crate::Result;
 use crate::sim::arena::Requests;
@@ -66,19 +66,7 @@ impl ReplicaPolicy for Sarathi {
                 skipped.push(idx);
                 continue;
             }
-            let mut scheduled = true;
-            while !self.base.vllm_can_allocate(requests.get(idx), idx) {
-                if !queue.is_empty() {
-                    let victim = queue.remove(0);
-                    self.base.restart_to_front(requests, victim);
-                } else {
-                    self.base.restart_to_front(requests, idx);
-                    scheduled = false;
-                    break;
-                }
-            }
-            if scheduled {
-                self.base.vllm_allocate(requests.get(idx), idx)?;
+            if self.base.allocate_evicting(requests, idx, &mut queue)? {
                 num_batch_tokens += next;
                 batch.push(idx);
                 tokens.push(next);
@@ -122,23 +110,5 @@ impl ReplicaPolicy for Sarathi {
         Ok((!batch.is_empty()).then_some((batch, tokens)))
     }
 
-    fn on_batch_end(&mut self, requests: &mut Requests, batch: &Batch) -> Result<Vec<ReqIdx>> {
-        Ok(self.base.release_completed(requests, batch))
-    }
-
-    fn num_pending(&self) -> usize {
-        self.base.request_queue.len()
-    }
-
-    fn num_outstanding(&self) -> usize {
-        self.base.num_outstanding()
-    }
-
-    fn pending_prefill_tokens(&self, requests: &Requests) -> u64 {
-        self.base.pending_prefill_tokens(requests)
-    }
-
-    fn kv_usage(&self) -> f64 {
-        self.base.kv_usage()
-    }
+    delegate_to_vidur_base!(release_completed);
 }

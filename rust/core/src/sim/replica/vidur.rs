@@ -10,6 +10,40 @@ use crate::sim::batch::Batch;
 use crate::sim::request::{ReqIdx, SimRequest};
 use crate::{Error, Result};
 
+/// The `ReplicaPolicy` methods a Vidur scheduler answers from its `base`: the queue and
+/// memory questions, and (with `release_completed`) Vidur's base `on_batch_end`.
+macro_rules! delegate_to_vidur_base {
+    (release_completed) => {
+        fn on_batch_end(
+            &mut self,
+            requests: &mut Requests,
+            batch: &Batch,
+        ) -> crate::Result<Vec<ReqIdx>> {
+            Ok(self.base.release_completed(requests, batch))
+        }
+
+        delegate_to_vidur_base!();
+    };
+    () => {
+        fn num_pending(&self) -> usize {
+            self.base.request_queue.len()
+        }
+
+        fn num_outstanding(&self) -> usize {
+            self.base.num_outstanding()
+        }
+
+        fn pending_prefill_tokens(&self, requests: &Requests) -> u64 {
+            self.base.pending_prefill_tokens(requests)
+        }
+
+        fn kv_usage(&self) -> f64 {
+            self.base.kv_usage()
+        }
+    };
+}
+pub(super) use delegate_to_vidur_base;
+
 /// The limits of one replica, derived from the config and the memory planner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct VidurLimits {
@@ -117,6 +151,27 @@ impl VidurBase {
             }
             Some(_) => Ok(()),
         }
+    }
+
+    /// vLLM/Sarathi: gives `idx` its block, restarting the latest arrivals among `later`
+    /// (reversed: index 0 is the latest) until it fits (LIFO eviction); with no victim left
+    /// the request restarts itself. Returns whether it was scheduled.
+    pub fn allocate_evicting(
+        &mut self,
+        requests: &mut Requests,
+        idx: ReqIdx,
+        later: &mut Vec<ReqIdx>,
+    ) -> Result<bool> {
+        while !self.vllm_can_allocate(requests.get(idx), idx) {
+            if later.is_empty() {
+                self.restart_to_front(requests, idx);
+                return Ok(false);
+            }
+            let victim = later.remove(0);
+            self.restart_to_front(requests, victim);
+        }
+        self.vllm_allocate(requests.get(idx), idx)?;
+        Ok(true)
     }
 
     /// Restarts a request (preemption by recompute) and puts it at the front of the queue.

@@ -286,18 +286,30 @@ impl<R: RequestKey> BlockPool<R> {
         if num_new_blocks + evictable_hits > self.free_queue.len() {
             return Ok(None);
         }
-        let mut request = match self.requests.remove(request_id) {
-            Some(request) => request,
-            None => self.admit(new_computed, extra_key),
-        };
+        if !self.requests.contains_key(request_id) {
+            let request = self.admit(new_computed, extra_key);
+            self.requests.insert(request_id.clone(), request);
+        }
         let new_blocks: Vec<BlockId> = (0..num_new_blocks)
             .map(|_| self.take_free_block())
             .collect();
+        // Disjoint borrows: the request is updated in place in the map (a decode step calls
+        // this for every running request; moving it out and back cost a tenth of a step).
+        let (block_size, caching) = (self.block_size, self.enable_caching);
+        let Self {
+            requests,
+            cached,
+            blocks,
+            events,
+            ..
+        } = self;
+        let request = requests.get_mut(request_id).expect("inserted above");
         request.block_ids.extend_from_slice(&new_blocks);
-        self.append_tokens(&mut request, new_token_ids);
+        append_tokens(block_size, caching, request, new_token_ids);
         request.num_computed_tokens += num_new_tokens;
-        self.cache_full_blocks(&mut request);
-        self.requests.insert(request_id.clone(), request);
+        if caching {
+            cache_full_blocks(block_size, cached, blocks, events, request);
+        }
         Ok(Some(new_blocks))
     }
 
@@ -465,61 +477,6 @@ impl<R: RequestKey> BlockPool<R> {
         block
     }
 
-    /// Records `new_token_ids` and hashes every block they complete. Hashes that arrived
-    /// with a prefix hit already cover the request's first tokens and are not recomputed.
-    fn append_tokens(&self, request: &mut RequestBlocks, new_token_ids: &[TokenId]) {
-        let first_new = request.num_tokens;
-        request.num_tokens += new_token_ids.len();
-        if !self.enable_caching {
-            return;
-        }
-        let bs = self.block_size;
-        let num_hashed = request.block_hashes.len() * bs + request.tail_tokens.len();
-        let skip = num_hashed
-            .saturating_sub(first_new)
-            .min(new_token_ids.len());
-        let mut rest = &new_token_ids[skip..];
-        if !request.tail_tokens.is_empty() {
-            let take = (bs - request.tail_tokens.len()).min(rest.len());
-            request.tail_tokens.extend_from_slice(&rest[..take]);
-            rest = &rest[take..];
-            if request.tail_tokens.len() < bs {
-                return;
-            }
-            let parent = request.block_hashes.last().copied();
-            let hash = hash_block(parent, &request.tail_tokens, request.extra_key);
-            request.block_hashes.push(hash);
-            request.tail_tokens.clear();
-        }
-        let num_whole = rest.len() / bs * bs;
-        for block in rest[..num_whole].chunks_exact(bs) {
-            let parent = request.block_hashes.last().copied();
-            request
-                .block_hashes
-                .push(hash_block(parent, block, request.extra_key));
-        }
-        request.tail_tokens.extend_from_slice(&rest[num_whole..]);
-    }
-
-    /// Registers the request's newly computed full blocks in the prefix cache. A block whose
-    /// content is already cached under another block stays unregistered (one block per hash).
-    fn cache_full_blocks(&mut self, request: &mut RequestBlocks) {
-        if !self.enable_caching {
-            return;
-        }
-        let num_full = request.num_computed_tokens.min(request.num_tokens) / self.block_size;
-        for i in request.num_cached_blocks..num_full {
-            let block = request.block_ids[i];
-            let hash = request.block_hashes[i];
-            if let std::collections::hash_map::Entry::Vacant(slot) = self.cached.entry(hash) {
-                slot.insert(block);
-                self.blocks[block as usize].hash = Some(hash);
-                self.emit(KvEvent::Stored(hash));
-            }
-        }
-        request.num_cached_blocks = request.num_cached_blocks.max(num_full);
-    }
-
     /// Describes the first broken invariant, if any. O(blocks + held blocks).
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
         let mut holders = vec![0u32; self.blocks.len()];
@@ -590,6 +547,71 @@ impl<R: RequestKey> KvCapacity for BlockPool<R> {
     fn num_free_blocks(&self) -> usize {
         self.free_queue.len()
     }
+}
+
+/// Records `new_token_ids` and hashes every block they complete. Hashes that arrived
+/// with a prefix hit already cover the request's first tokens and are not recomputed.
+fn append_tokens(
+    block_size: usize,
+    enable_caching: bool,
+    request: &mut RequestBlocks,
+    new_token_ids: &[TokenId],
+) {
+    let first_new = request.num_tokens;
+    request.num_tokens += new_token_ids.len();
+    if !enable_caching {
+        return;
+    }
+    let bs = block_size;
+    let num_hashed = request.block_hashes.len() * bs + request.tail_tokens.len();
+    let skip = num_hashed
+        .saturating_sub(first_new)
+        .min(new_token_ids.len());
+    let mut rest = &new_token_ids[skip..];
+    if !request.tail_tokens.is_empty() {
+        let take = (bs - request.tail_tokens.len()).min(rest.len());
+        request.tail_tokens.extend_from_slice(&rest[..take]);
+        rest = &rest[take..];
+        if request.tail_tokens.len() < bs {
+            return;
+        }
+        let parent = request.block_hashes.last().copied();
+        let hash = hash_block(parent, &request.tail_tokens, request.extra_key);
+        request.block_hashes.push(hash);
+        request.tail_tokens.clear();
+    }
+    let num_whole = rest.len() / bs * bs;
+    for block in rest[..num_whole].chunks_exact(bs) {
+        let parent = request.block_hashes.last().copied();
+        request
+            .block_hashes
+            .push(hash_block(parent, block, request.extra_key));
+    }
+    request.tail_tokens.extend_from_slice(&rest[num_whole..]);
+}
+
+/// Registers the request's newly computed full blocks in the prefix cache. A block whose
+/// content is already cached under another block stays unregistered (one block per hash).
+fn cache_full_blocks(
+    block_size: usize,
+    cached: &mut FxHashMap<BlockHash, BlockId>,
+    blocks: &mut [BlockMeta],
+    events: &mut Option<Vec<KvEvent>>,
+    request: &mut RequestBlocks,
+) {
+    let num_full = request.num_computed_tokens.min(request.num_tokens) / block_size;
+    for i in request.num_cached_blocks..num_full {
+        let block = request.block_ids[i];
+        let hash = request.block_hashes[i];
+        if let std::collections::hash_map::Entry::Vacant(slot) = cached.entry(hash) {
+            slot.insert(block);
+            blocks[block as usize].hash = Some(hash);
+            if let Some(events) = events {
+                events.push(KvEvent::Stored(hash));
+            }
+        }
+    }
+    request.num_cached_blocks = request.num_cached_blocks.max(num_full);
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use super::Scheduler;
 use super::output::SampledOutput;
 use super::request::{FinishReason, Request, RequestSpec, RequestStatus};
 use super::scheduler::FinishedInFlight;
-use crate::kv::RequestKey;
+use crate::kv::{RequestKey, TokenId};
 use crate::{Error, Result};
 
 impl<R: RequestKey> Scheduler<R> {
@@ -168,19 +168,60 @@ impl<R: RequestKey> Scheduler<R> {
             self.kv.rewind(slot, output.num_rejected_tokens)?;
             self.req_mut(slot).num_computed_tokens -= output.num_rejected_tokens;
         }
+        self.req_mut(slot)
+            .spec_token_ids
+            .clone_from(&output.spec_token_ids);
+        Ok(self.append_sampled(slot, &output.token_ids))
+    }
+
+    /// Appends sampled tokens, stopping at the first that ends the request.
+    fn append_sampled(&mut self, slot: u32, token_ids: &[TokenId]) -> Option<FinishReason> {
         let max_model_len = self.config.max_model_len;
         let request = self.req_mut(slot);
-        if !output.token_ids.is_empty() {
+        if !token_ids.is_empty() {
             request.num_output_placeholders = request.num_output_placeholders.saturating_sub(1);
         }
-        request.spec_token_ids.clone_from(&output.spec_token_ids);
-        for &token in &output.token_ids {
+        for &token in token_ids {
             request.all_token_ids.push(token);
             if let Some(reason) = stop_reason(request, token, max_model_len) {
-                return Ok(Some(reason));
+                return Some(reason);
             }
         }
-        Ok(None)
+        None
+    }
+
+    /// The simulator's bulk form of `update_from_output`: one token for each of `ids`
+    /// (distinct, running), with no speculation. Skips building per-request outputs and
+    /// the duplicate check, which cost more than the update itself at this rate.
+    pub(crate) fn append_one_token_each(
+        &mut self,
+        ids: &[R],
+        token: TokenId,
+    ) -> Result<Vec<(R, FinishReason)>> {
+        let mut finished = Vec::new();
+        for id in ids {
+            if self.finished_in_flight.contains_key(id) {
+                self.drop_late_output(id)?;
+                continue;
+            }
+            let slot = *self
+                .index
+                .get(id)
+                .ok_or_else(|| Error::unknown_request(id))?;
+            if self.req(slot).status != RequestStatus::Running {
+                return Err(Error::input(
+                    "request_id",
+                    format!("{id:?}"),
+                    "is not running",
+                ));
+            }
+            self.req_mut(slot).spec_token_ids.clear();
+            if let Some(reason) = self.append_sampled(slot, &[token]) {
+                finished.push((id.clone(), reason));
+                self.finish(slot, reason)?;
+            }
+        }
+        Ok(finished)
     }
 
     /// Aborts requests wherever they are; all-or-nothing on unknown ids.

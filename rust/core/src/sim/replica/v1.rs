@@ -7,7 +7,7 @@
 use super::{BatchPlan, ReplicaPolicy};
 use crate::Result;
 use crate::kv::KvEvent;
-use crate::sched::{RequestSpec, SampledOutput, Scheduler, SchedulerConfig};
+use crate::sched::{RequestSpec, Scheduler, SchedulerConfig};
 use crate::sim::arena::Requests;
 use crate::sim::batch::Batch;
 use crate::sim::request::ReqIdx;
@@ -20,6 +20,8 @@ pub struct VllmV1 {
     scheduler: Scheduler<ReqIdx>,
     hash_block_size: u32,
     num_waiting: usize,
+    /// The requests that sample at a batch's end (reused buffer).
+    sampled: Vec<ReqIdx>,
 }
 
 impl VllmV1 {
@@ -33,6 +35,7 @@ impl VllmV1 {
             scheduler,
             hash_block_size,
             num_waiting: 0,
+            sampled: Vec::new(),
         })
     }
 }
@@ -87,23 +90,21 @@ impl ReplicaPolicy for VllmV1 {
         Ok(Some((ids, tokens)))
     }
 
-    fn on_batch_end(&mut self, requests: &mut Requests, batch: &Batch) -> Result<Vec<ReqIdx>> {
-        let outputs: Vec<SampledOutput<ReqIdx>> = batch
-            .requests
-            .iter()
-            .filter(|&&idx| requests.get(idx).is_prefill_complete)
-            .filter(|&&idx| {
-                self.scheduler
-                    .get_request(&idx)
-                    .is_some_and(|r| r.num_computed_tokens >= r.num_tokens())
-            })
-            .map(|&idx| SampledOutput {
-                request_id: idx,
-                token_ids: vec![SAMPLED_TOKEN],
-                ..SampledOutput::default()
-            })
-            .collect();
-        let finished = self.scheduler.update_from_output(&outputs)?;
+    fn on_batch_end(&mut self, _requests: &mut Requests, batch: &Batch) -> Result<Vec<ReqIdx>> {
+        // A request samples when its scheduled tokens caught up with its known ones.
+        self.sampled.clear();
+        for &idx in &batch.requests {
+            if self
+                .scheduler
+                .get_request(&idx)
+                .is_some_and(|r| r.num_computed_tokens >= r.num_tokens())
+            {
+                self.sampled.push(idx);
+            }
+        }
+        let finished = self
+            .scheduler
+            .append_one_token_each(&self.sampled, SAMPLED_TOKEN)?;
         Ok(finished.into_iter().map(|(idx, _)| idx).collect())
     }
 

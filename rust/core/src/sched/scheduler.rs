@@ -52,7 +52,9 @@ pub(super) struct FinishedInFlight {
 struct StepPlan {
     /// (slot, tokens) in batch order.
     scheduled: Vec<(u32, usize)>,
-    new_blocks: FxHashMap<u32, Vec<BlockId>>,
+    /// By slot: the blocks a scheduled request gets this step (`Some` = scheduled). A dense
+    /// vector, not a map: every running request is looked up here every step.
+    new_blocks: Vec<Option<Vec<BlockId>>>,
     /// Slots admitted from the waiting queue this step, and whether they were preempted.
     admitted: FxHashMap<u32, bool>,
     preempted: Vec<u32>,
@@ -61,15 +63,31 @@ struct StepPlan {
 
 impl StepPlan {
     fn clear(&mut self) {
+        for &(slot, _) in &self.scheduled {
+            self.new_blocks[slot as usize] = None;
+        }
         self.scheduled.clear();
-        self.new_blocks.clear();
         self.admitted.clear();
         self.preempted.clear();
         self.loras.clear();
     }
 
     fn is_scheduled(&self, slot: u32) -> bool {
-        self.new_blocks.contains_key(&slot)
+        self.new_blocks
+            .get(slot as usize)
+            .is_some_and(|blocks| blocks.is_some())
+    }
+
+    fn set_blocks(&mut self, slot: u32, blocks: Vec<BlockId>) {
+        let slot = slot as usize;
+        if self.new_blocks.len() <= slot {
+            self.new_blocks.resize(slot + 1, None);
+        }
+        self.new_blocks[slot] = Some(blocks);
+    }
+
+    fn take_blocks(&mut self, slot: u32) -> Option<Vec<BlockId>> {
+        self.new_blocks.get_mut(slot as usize)?.take()
     }
 }
 
@@ -330,7 +348,7 @@ impl<R: RequestKey> Scheduler<R> {
             match self.allocate_running(slot, n, budget, plan)? {
                 Allocation::Scheduled(blocks) => {
                     plan.scheduled.push((slot, n));
-                    plan.new_blocks.insert(slot, blocks);
+                    plan.set_blocks(slot, blocks);
                     *budget -= n;
                 }
                 Allocation::PreemptedItself => {}
@@ -412,7 +430,7 @@ impl<R: RequestKey> Scheduler<R> {
     fn preempt(&mut self, victim: u32, budget: &mut usize, plan: &mut StepPlan) -> Result<()> {
         self.kv.free(victim)?;
         self.running.retain(|&s| s != victim);
-        if plan.new_blocks.remove(&victim).is_some() {
+        if plan.take_blocks(victim).is_some() {
             let pos = plan
                 .scheduled
                 .iter()
@@ -509,7 +527,7 @@ impl<R: RequestKey> Scheduler<R> {
         }
         plan.admitted.insert(slot, was_preempted);
         plan.scheduled.push((slot, n));
-        plan.new_blocks.insert(slot, blocks);
+        plan.set_blocks(slot, blocks);
         *budget -= n;
         Ok(true)
     }
@@ -532,7 +550,7 @@ impl<R: RequestKey> Scheduler<R> {
             finished_req_ids: std::mem::take(&mut self.finished_since_last_step),
         };
         for &(slot, n) in &plan.scheduled {
-            let blocks = plan.new_blocks.remove(&slot).unwrap_or_default();
+            let blocks = plan.new_blocks[slot as usize].take().unwrap_or_default();
             let async_scheduling = self.async_scheduling;
             let lean = self.lean_output;
             let request = self.slots[slot as usize]

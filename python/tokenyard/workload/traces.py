@@ -18,6 +18,7 @@ import json
 import math
 import os
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import KW_ONLY, dataclass, field, fields
 from datetime import date
@@ -71,7 +72,7 @@ def sample_path(trace_format: str) -> Path:
 
 
 @dataclass(frozen=True)
-class _TraceReader:
+class _TraceReader(ABC):
     """Options shared by the readers; see the module docstring for the pipeline."""
 
     path: str | os.PathLike[str]
@@ -149,8 +150,9 @@ class _TraceReader:
     def _name(self) -> str:
         return os.fspath(self.path)
 
+    @abstractmethod
     def _records(self) -> Iterator[_Record]:
-        raise NotImplementedError
+        """Every row of the file, parsed and checked, in file order (one per format)."""
 
     @staticmethod
     def _written(stamp: object) -> str:

@@ -11,9 +11,9 @@ from typing import Any
 
 from tokenyard.errors import TokenyardError
 from tokenyard.simulation.config import (
-    _default_workload,
     apply_overrides,
     config_from_mapping,
+    default_workload,
     read_config_file,
     toml_module,
 )
@@ -141,7 +141,7 @@ class _ProgressBar:
 
 def run_command(args: argparse.Namespace) -> int:
     try:
-        data = read_config_file(args.config) if args.config else {"workload": _default_workload()}
+        data = read_config_file(args.config) if args.config else {"workload": default_workload()}
         if args.trace:
             data["workload"] = {"kind": "trace", "format": args.trace_format, "path": args.trace}
         config = config_from_mapping(apply_overrides(data, _overrides(args, data["workload"])))

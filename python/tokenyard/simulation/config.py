@@ -34,6 +34,7 @@ __all__ = [
     "SimulationConfig",
     "apply_overrides",
     "config_from_mapping",
+    "default_workload",
     "load_config",
     "read_config_file",
 ]
@@ -257,7 +258,9 @@ class MetricsConfig:
             _non_negative(f"{where}.{name}", getattr(self, name))
 
 
-def _default_workload() -> dict[str, Any]:
+def default_workload() -> dict[str, Any]:
+    """The built-in job's workload: 10,000 Poisson requests at 20 QPS, lognormal lengths,
+    half the prompts opening with one of 16 shared system prompts."""
     return {
         "kind": "synthetic",
         "num_requests": 10_000,
@@ -278,7 +281,7 @@ class SimulationConfig:
     cluster: ClusterConfig = dataclasses.field(default_factory=ClusterConfig)
     replica: ReplicaConfig = dataclasses.field(default_factory=ReplicaConfig)
     execution: ExecutionConfig = dataclasses.field(default_factory=ExecutionConfig)
-    workload: Mapping[str, Any] = dataclasses.field(default_factory=_default_workload)
+    workload: Mapping[str, Any] = dataclasses.field(default_factory=default_workload)
     metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
     #: Relative trace paths in ``workload`` are taken from here (the config file's folder).
     base_dir: str | None = None
@@ -373,7 +376,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         ) from None
     data = _parse(path, text)
     data.setdefault("base_dir", str(path.parent))
-    data.setdefault("workload", _default_workload())
+    data.setdefault("workload", default_workload())
     return data
 
 

@@ -3,7 +3,6 @@ Rust event loop, and assemble the result."""
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import time
 from collections.abc import Callable
@@ -183,8 +182,3 @@ def _core_config(
         "sample_interval_s": config.metrics.sample_interval_s,
         "record_stages": config.metrics.record_stages,
     }
-
-
-def with_overrides(config: SimulationConfig, **changes: Any) -> SimulationConfig:
-    """A copy of ``config`` with top-level fields replaced (validated again)."""
-    return dataclasses.replace(config, **changes)

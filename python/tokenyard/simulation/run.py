@@ -3,6 +3,7 @@ Rust event loop, and assemble the result."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import time
 from collections.abc import Callable
@@ -10,6 +11,7 @@ from typing import Any
 
 from tokenyard import _core
 from tokenyard.errors import ConfigError
+from tokenyard.sched import SchedulerConfig
 from tokenyard.simulation.catalog import device_spec, model_spec
 from tokenyard.simulation.config import SimulationConfig
 from tokenyard.simulation.planner import MemoryPlan, plan_memory
@@ -51,7 +53,9 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
     core_config = _core_config(config, plan, workload.hash_block_size or 16)
     if workload.hash_block_size is None:
         # No prefix identity: every prompt is unique, so a prefix cache would only cost time.
-        core_config["replica"]["vllm_v1"]["enable_prefix_caching"] = False
+        core_config["replica"]["vllm_v1"] = dataclasses.replace(
+            core_config["replica"]["vllm_v1"], enable_prefix_caching=False
+        )
     exec_model = None
     if config.execution.model != "linear":
         exec_model = load_object(config.execution.model, "execution.model")
@@ -149,18 +153,18 @@ def _core_config(
             "chunk_size": s.chunk_size,
             "max_waiting_iters": s.max_waiting_iters,
         },
-        "vllm_v1": {
-            "max_num_seqs": s.max_num_seqs,
-            "max_num_batched_tokens": s.max_num_batched_tokens,
-            "long_prefill_token_threshold": s.long_prefill_token_threshold,
-            "enable_chunked_prefill": s.enable_chunked_prefill,
-            "policy": s.scheduling_policy,
-            "enable_prefix_caching": s.enable_prefix_caching,
-            "prefix_cache": s.prefix_cache,
-            "block_size": s.block_size,
-            "num_blocks": num_blocks,
-            "max_model_len": min(s.max_request_tokens, num_blocks * s.block_size),
-        },
+        "vllm_v1": SchedulerConfig(
+            max_num_seqs=s.max_num_seqs,
+            max_num_batched_tokens=s.max_num_batched_tokens,
+            long_prefill_token_threshold=s.long_prefill_token_threshold,
+            enable_chunked_prefill=s.enable_chunked_prefill,
+            policy=s.scheduling_policy,  # type: ignore[arg-type]  # checked by the config
+            enable_prefix_caching=s.enable_prefix_caching,
+            prefix_cache=s.prefix_cache,  # type: ignore[arg-type]
+            block_size=s.block_size,
+            num_blocks=num_blocks,
+            max_model_len=min(s.max_request_tokens, num_blocks * s.block_size),
+        ),
         "sglang": {
             "num_pages": num_blocks,
             "page_size": s.block_size,

@@ -49,7 +49,9 @@ fn count_field(config: &Bound<'_, PyAny>, name: &'static str) -> PyResult<usize>
     usize::try_from(value).map_err(|_| config_error(config.py(), name, value, "must be >= 0"))
 }
 
-fn core_config(config: &Bound<'_, PyAny>) -> PyResult<(SchedulerConfig, bool)> {
+/// A `tokenyard.sched.SchedulerConfig` (or any object with its fields) as the core's config,
+/// and its `async_scheduling`.
+pub(crate) fn core_config(config: &Bound<'_, PyAny>) -> PyResult<(SchedulerConfig, bool)> {
     let py = config.py();
     let policy: String = field(config, "policy")?;
     let prefix_cache: String = field(config, "prefix_cache")?;

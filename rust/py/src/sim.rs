@@ -9,7 +9,6 @@ use numpy::{IntoPyArray, PyReadonlyArray1};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use rustc_hash::{FxHashMap, FxHashSet};
-use tokenyard_core::sched::{Policy, PrefixCache, SchedulerConfig};
 use tokenyard_core::sim::{
     ArrivingRequest, Batch, BatchPlan, BatchShape, ExecModel, GapHistogram, GlobalPolicy,
     LinearModel, ReplicaLoad, ReplicaPolicy, ReplicaPolicyConfig, ReqIdx, RequestSource, Requests,
@@ -19,6 +18,7 @@ use tokenyard_core::sim::{
 use tokenyard_core::{Error, Result};
 
 use crate::errors::{OrRaise, config_error};
+use crate::sched::core_config;
 
 pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<PySimRequestView>()?;
@@ -67,25 +67,6 @@ fn vidur_limits(d: &Bound<'_, PyDict>) -> PyResult<VidurLimits> {
     })
 }
 
-fn step_scheduler(d: &Bound<'_, PyDict>) -> PyResult<SchedulerConfig> {
-    let py = d.py();
-    let policy: String = get(d, "policy")?;
-    let prefix_cache: String = get(d, "prefix_cache")?;
-    Ok(SchedulerConfig {
-        max_num_seqs: get(d, "max_num_seqs")?,
-        max_num_batched_tokens: get(d, "max_num_batched_tokens")?,
-        long_prefill_token_threshold: get(d, "long_prefill_token_threshold")?,
-        enable_chunked_prefill: get(d, "enable_chunked_prefill")?,
-        policy: Policy::parse(&policy).or_raise(py)?,
-        enable_prefix_caching: get(d, "enable_prefix_caching")?,
-        prefix_cache: PrefixCache::parse(&prefix_cache).or_raise(py)?,
-        block_size: get(d, "block_size")?,
-        num_blocks: get(d, "num_blocks")?,
-        max_model_len: get(d, "max_model_len")?,
-        ..SchedulerConfig::default()
-    })
-}
-
 fn replica_policy(d: &Bound<'_, PyDict>) -> PyResult<ReplicaPolicyConfig> {
     let name: String = get(d, "policy")?;
     let vidur = |kind| {
@@ -100,9 +81,10 @@ fn replica_policy(d: &Bound<'_, PyDict>) -> PyResult<ReplicaPolicyConfig> {
         "orca" => vidur(VidurKind::Orca),
         "lightllm" => vidur(VidurKind::LightLlm),
         "faster_transformer" => vidur(VidurKind::FasterTransformer),
-        "vllm_v1" => Ok(ReplicaPolicyConfig::VllmV1(step_scheduler(&sub(
-            d, "vllm_v1",
-        )?)?)),
+        // A `tokenyard.sched.SchedulerConfig`, read as the embeddable scheduler reads it.
+        "vllm_v1" => Ok(ReplicaPolicyConfig::VllmV1(
+            core_config(&get::<Bound<'_, PyAny>>(d, "vllm_v1")?)?.0,
+        )),
         "sglang" => {
             let s = sub(d, "sglang")?;
             Ok(ReplicaPolicyConfig::Sglang(SglangLimits {

@@ -1,0 +1,94 @@
+//! Scheduling ahead of the outputs (async mode): placeholders, late outputs, held blocks.
+
+use super::*;
+use crate::sched::*;
+
+#[test]
+fn async_scheduling_schedules_ahead_and_drops_late_outputs_of_finished_requests() {
+    let cfg = SchedulerConfig {
+        max_num_batched_tokens: 100,
+        ..config()
+    };
+    let mut s = Scheduler::new(cfg, true).unwrap();
+    s.add_request(
+        0,
+        RequestSpec {
+            max_tokens: 2,
+            ..prompt(0, 3)
+        },
+    )
+    .unwrap();
+    let first = s.schedule().unwrap();
+    assert_eq!(scheduled(&first), [(0, 3)]);
+    // Before step 1's token lands, step 2 already schedules the next decode.
+    assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 1)]);
+    // max_tokens=2 outputs are in flight: nothing more is scheduled.
+    assert!(s.schedule().unwrap().num_scheduled_tokens.is_empty());
+    let sample = |t| SampledOutput {
+        request_id: 0,
+        token_ids: vec![t],
+        ..Default::default()
+    };
+    assert!(s.update_from_output(&[sample(1)]).unwrap().is_empty());
+    assert_eq!(
+        s.update_from_output(&[sample(2)]).unwrap(),
+        [(0, FinishReason::Length)]
+    );
+    assert!(!s.has_unfinished_requests());
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn async_scheduling_holds_blocks_of_a_finished_request_until_its_in_flight_step_lands() {
+    let mut s = Scheduler::new(config(), true).unwrap();
+    s.add_request(
+        0,
+        RequestSpec {
+            eos_token_id: Some(5),
+            ..prompt(0, 3)
+        },
+    )
+    .unwrap();
+    s.schedule().unwrap(); // step 1: the prompt
+    s.schedule().unwrap(); // step 2, in flight: the first decode
+    let finished = s.update_from_output(&[sample(0, 5)]).unwrap();
+    assert_eq!(finished, [(0, FinishReason::Stop)]);
+    assert!(!s.has_unfinished_requests());
+    // Step 2 may still read the request's KV: its block stays allocated.
+    assert!(s.stats().kv_usage > 0.0);
+    assert!(s.schedule().unwrap().num_scheduled_tokens.is_empty());
+    assert!(s.update_from_output(&[sample(0, 9)]).unwrap().is_empty());
+    assert_eq!(s.stats().kv_usage, 0.0);
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn async_scheduling_keeps_the_in_flight_token_of_a_request_preempted_meanwhile() {
+    let cfg = SchedulerConfig {
+        num_blocks: 3,
+        max_model_len: 12,
+        ..config()
+    };
+    let mut s = Scheduler::new(cfg, true).unwrap();
+    for id in 0..2 {
+        let spec = RequestSpec {
+            max_tokens: 6,
+            ..prompt(id, 4)
+        };
+        s.add_request(id, spec).unwrap();
+    }
+    assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 4), (1, 4)]);
+    // Step 2 needs a new block for each decode; one is free, so request 1 is preempted
+    // while step 1 (which computes its first token) is still in flight.
+    let second = s.schedule().unwrap();
+    assert_eq!(scheduled(&second), [(0, 1)]);
+    assert_eq!(second.preempted_req_ids, [1]);
+    s.update_from_output(&[sample(0, 7), sample(1, 8)]).unwrap();
+    assert_eq!(
+        s.get_request(&1).unwrap().num_tokens(),
+        5,
+        "the token is kept"
+    );
+    s.update_from_output(&[sample(0, 7)]).unwrap();
+    s.check_invariants().unwrap();
+}

@@ -1,0 +1,186 @@
+//! How requests end (stop conditions, abort), speculative rollback, and rejected input.
+
+use super::*;
+use crate::sched::*;
+
+#[test]
+fn requests_finish_on_max_tokens_eos_stop_ids_and_max_model_len() {
+    let cfg = SchedulerConfig {
+        max_num_batched_tokens: 100,
+        max_model_len: 8,
+        ..config()
+    };
+    let mut s = Scheduler::new(cfg, false).unwrap();
+    s.add_request(
+        0,
+        RequestSpec {
+            max_tokens: 2,
+            ..prompt(0, 2)
+        },
+    )
+    .unwrap();
+    s.add_request(
+        1,
+        RequestSpec {
+            eos_token_id: Some(7),
+            ..prompt(1, 2)
+        },
+    )
+    .unwrap();
+    s.add_request(
+        2,
+        RequestSpec {
+            eos_token_id: Some(7),
+            ignore_eos: true,
+            stop_token_ids: vec![9],
+            ..prompt(2, 2)
+        },
+    )
+    .unwrap();
+    s.add_request(
+        3,
+        RequestSpec {
+            max_tokens: 100,
+            ..prompt(3, 6)
+        },
+    )
+    .unwrap();
+    let out = s.schedule().unwrap();
+    assert_eq!(out.num_scheduled_tokens.len(), 4);
+    let sample = |id, tokens: Vec<u32>| SampledOutput {
+        request_id: id,
+        token_ids: tokens,
+        ..Default::default()
+    };
+    let finished = s
+        .update_from_output(&[
+            sample(0, vec![1]),
+            sample(1, vec![7]),
+            sample(2, vec![7]),
+            sample(3, vec![1]),
+        ])
+        .unwrap();
+    assert_eq!(finished, [(1, FinishReason::Stop)]);
+    assert_eq!(
+        s.schedule().unwrap().finished_req_ids,
+        [1],
+        "reported in the next step"
+    );
+    let finished = s
+        .update_from_output(&[sample(0, vec![1]), sample(2, vec![9]), sample(3, vec![1])])
+        .unwrap();
+    assert_eq!(
+        finished,
+        [
+            (0, FinishReason::Length),
+            (2, FinishReason::Stop),
+            (3, FinishReason::Length)
+        ],
+        "3 reached max_model_len=8"
+    );
+    assert!(!s.has_unfinished_requests());
+    assert_eq!(s.schedule().unwrap().finished_req_ids, [0, 2, 3]);
+}
+
+#[test]
+fn abort_frees_everything() {
+    let cfg = SchedulerConfig {
+        enable_prefix_caching: false,
+        ..config()
+    };
+    let mut s = Scheduler::new(cfg, false).unwrap();
+    s.add_request(0, prompt(0, 8)).unwrap();
+    s.add_request(1, prompt(1, 8)).unwrap();
+    s.schedule().unwrap();
+    s.abort(&[0, 1]).unwrap();
+    assert_eq!(s.stats().kv_usage, 0.0);
+    assert!(!s.has_unfinished_requests());
+    assert!(s.abort(&[0]).is_err());
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn rejected_speculative_tokens_roll_back() {
+    let cfg = SchedulerConfig {
+        max_num_batched_tokens: 100,
+        num_lookahead_tokens: 3,
+        ..config()
+    };
+    let mut s = Scheduler::new(cfg, false).unwrap();
+    s.add_request(
+        0,
+        RequestSpec {
+            max_tokens: 50,
+            ..prompt(0, 4)
+        },
+    )
+    .unwrap();
+    s.schedule().unwrap();
+    let drafts = SampledOutput {
+        request_id: 0,
+        token_ids: vec![1],
+        spec_token_ids: vec![2, 3, 4],
+        ..Default::default()
+    };
+    s.update_from_output(&[drafts]).unwrap();
+    let out = s.schedule().unwrap();
+    assert_eq!(scheduled(&out), [(0, 4)], "one new token plus three drafts");
+    assert_eq!(out.scheduled_spec_decode_tokens, [(0, vec![2, 3, 4])]);
+    // Two drafts accepted plus a bonus token; one rejected.
+    let verified = SampledOutput {
+        request_id: 0,
+        token_ids: vec![2, 3, 5],
+        num_rejected_tokens: 1,
+        ..Default::default()
+    };
+    s.update_from_output(&[verified]).unwrap();
+    // Positions 0..7 hold the prompt, 1, 2, 3 (computed); the bonus token 5 is not yet.
+    let r = s.get_request(&0).unwrap();
+    assert_eq!((r.num_computed_tokens, r.num_tokens()), (7, 8));
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn bad_requests_and_configs_are_rejected() {
+    let mut s = Scheduler::new(config(), false).unwrap();
+    s.add_request(0, prompt(0, 4)).unwrap();
+    assert!(s.add_request(0, prompt(0, 4)).is_err(), "duplicate id");
+    assert!(s.add_request(1, prompt(1, 0)).is_err(), "empty prompt");
+    assert!(
+        s.add_request(
+            1,
+            RequestSpec {
+                max_tokens: 0,
+                ..prompt(1, 4)
+            }
+        )
+        .is_err()
+    );
+    assert!(
+        s.add_request(1, prompt(1, 64)).is_err(),
+        "no room for an output token"
+    );
+    let unknown = SampledOutput {
+        request_id: 9,
+        token_ids: vec![1],
+        ..Default::default()
+    };
+    assert!(s.update_from_output(&[unknown]).is_err());
+    assert_eq!(s.num_waiting(), 1);
+    let too_long = SchedulerConfig {
+        max_model_len: 1000,
+        ..config()
+    };
+    assert!(
+        Scheduler::<u32>::new(too_long, false).is_err(),
+        "longer than the KV capacity"
+    );
+    let no_chunking = SchedulerConfig {
+        enable_chunked_prefill: false,
+        ..config()
+    };
+    assert!(
+        Scheduler::<u32>::new(no_chunking, false).is_err(),
+        "budget below max_model_len"
+    );
+}

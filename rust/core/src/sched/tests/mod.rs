@@ -1,0 +1,63 @@
+//! Behaviours of the step scheduler, each with numbers checkable by hand, by topic; the
+//! shared fixtures are here.
+
+mod async_scheduling;
+mod budgets;
+mod lifecycle;
+mod memory;
+mod plugins;
+
+use super::*;
+
+pub(super) fn config() -> SchedulerConfig {
+    SchedulerConfig {
+        max_num_seqs: 0,
+        max_num_batched_tokens: 10,
+        block_size: 4,
+        num_blocks: 64,
+        max_model_len: 64,
+        enable_prefix_caching: false,
+        ..SchedulerConfig::default()
+    }
+}
+
+pub(super) fn prompt(id: u32, len: usize) -> RequestSpec {
+    RequestSpec {
+        prompt_token_ids: (0..len as u32).map(|t| id * 1000 + t).collect(),
+        max_tokens: 4,
+        ..RequestSpec::default()
+    }
+}
+
+pub(super) fn scheduled(out: &SchedulerOutput<u32>) -> Vec<(u32, usize)> {
+    out.num_scheduled_tokens.clone()
+}
+
+/// A fake model: one token (`7`) for each request that caught up with its tokens.
+pub(super) fn run_step(s: &mut Scheduler<u32>) -> SchedulerOutput<u32> {
+    let out = s.schedule().unwrap();
+    let outputs: Vec<_> = out
+        .num_scheduled_tokens
+        .iter()
+        .filter(|(id, _)| {
+            let r = s.get_request(id).unwrap();
+            r.num_computed_tokens >= r.num_tokens()
+        })
+        .map(|&(id, _)| SampledOutput {
+            request_id: id,
+            token_ids: vec![7],
+            ..Default::default()
+        })
+        .collect();
+    s.update_from_output(&outputs).unwrap();
+    s.check_invariants().unwrap();
+    out
+}
+
+pub(super) fn sample(request_id: u32, token: u32) -> SampledOutput<u32> {
+    SampledOutput {
+        request_id,
+        token_ids: vec![token],
+        ..Default::default()
+    }
+}

@@ -19,7 +19,6 @@ const SAMPLED_TOKEN: u32 = 1;
 pub struct VllmV1 {
     scheduler: Scheduler<ReqIdx>,
     hash_block_size: u32,
-    num_waiting: usize,
     /// The requests that sample at a batch's end (reused buffer).
     sampled: Vec<ReqIdx>,
 }
@@ -34,7 +33,6 @@ impl VllmV1 {
         Ok(Self {
             scheduler,
             hash_block_size,
-            num_waiting: 0,
             sampled: Vec::new(),
         })
     }
@@ -56,7 +54,6 @@ impl ReplicaPolicy for VllmV1 {
             ..RequestSpec::default()
         };
         self.scheduler.add_request(idx, spec)?;
-        self.num_waiting += 1;
         Ok(())
     }
 
@@ -78,7 +75,6 @@ impl ReplicaPolicy for VllmV1 {
             }
             request.num_processed_tokens += hit;
         }
-        self.num_waiting = self.scheduler.num_waiting();
         if out.num_scheduled_tokens.is_empty() {
             return Ok(None);
         }
@@ -109,7 +105,7 @@ impl ReplicaPolicy for VllmV1 {
     }
 
     fn num_pending(&self) -> usize {
-        self.num_waiting
+        self.scheduler.num_waiting()
     }
 
     fn num_outstanding(&self) -> usize {

@@ -10,6 +10,7 @@ def step_model(
     num_decode_tokens: int,
     sum_decode_context: int,
     sum_prefill_context: int,
+    sum_prefill_squared: int,
     num_padding_rows: int,
     stage: int,
     num_stages: int,

@@ -7,7 +7,9 @@ Layout (every section and key optional; see ``docs/simulate.md``)::
     [cluster]                 num_replicas, global_scheduler = {policy, balance}
     [replica]                 model, device, tensor_parallel_size, num_pipeline_stages,
                               memory_margin_fraction, scheduler = {...}
-    [execution]               model = "linear" | "module:callable", linear coefficients
+    [execution]               model = "linear" | "roofline" | "profiled" | "module:callable",
+                              linear coefficients, efficiency = {...}, cpu = {...},
+                              profiled = {profiles, regressor, ...}
     [workload]                see tokenyard.workload.load_workload
     [metrics]                 sample_interval_s, record_stages, slo_ttft_s, slo_tpot_s
 """
@@ -23,12 +25,15 @@ from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from tokenyard.errors import ConfigError
+from tokenyard.predictor.profiled import TrainingOptions
+from tokenyard.predictor.roofline import CpuOverheads, Efficiencies
 
 __all__ = [
     "ClusterConfig",
     "ExecutionConfig",
     "GlobalSchedulerConfig",
     "MetricsConfig",
+    "ProfiledConfig",
     "ReplicaConfig",
     "ReplicaSchedulerConfig",
     "SimulationConfig",
@@ -186,6 +191,10 @@ class ReplicaConfig:
     tensor_parallel_size: int = 1
     num_pipeline_stages: int = 1
     memory_margin_fraction: float = 0.1
+    #: Weights' data type (``bf16``, ``fp16``, ``fp32``, ``fp8``, ``int8``, ``int4``).
+    dtype: str = "bf16"
+    #: The KV cache's data type; ``auto`` is the weights' (bf16 for int4 weights).
+    kv_cache_dtype: str = "auto"
     scheduler: ReplicaSchedulerConfig = dataclasses.field(default_factory=ReplicaSchedulerConfig)
 
     def check(self, where: str) -> None:
@@ -209,14 +218,51 @@ class ReplicaConfig:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ExecutionConfig:
-    """``model = "linear"``: per batch stage, ``(constant + a*prefill tokens + b*decode
-    tokens + c*Σ decode context + d*Σ prefill tokens x context) / num_stages +
-    cpu_overhead`` seconds. ``"module:callable"``: a Python function (the slow path) called
-    with the batch shape as keywords, returning seconds or ``(total_s, model_s)``.
+class ProfiledConfig:
+    """The profiled predictor's inputs (``docs/predictor.md``): profile files or folders (our
+    CSV format or Vidur's), relative to the config file; the regressor (``auto`` picks the
+    lowest cross-validated error); where trained models are cached."""
 
-    The defaults are rough figures for Llama-2-7B in fp16 on one A100-80GB; measure your own
-    (``benches/engine_gpu.py`` fits these coefficients to engine step times)."""
+    profiles: tuple[str, ...] = ()
+    regressor: str = "auto"
+    grid_points: int = 48
+    folds: int = 5
+    cache_dir: str | None = None
+
+    def options(self, seed: int) -> TrainingOptions:
+        return TrainingOptions(
+            regressor=self.regressor, grid_points=self.grid_points, folds=self.folds, seed=seed
+        )
+
+    def check(self, where: str) -> None:
+        self.options(0).check(where)
+
+
+EXECUTION_MODELS = ("linear", "roofline", "profiled")
+_LINEAR_FIELDS = (
+    "constant_s",
+    "per_prefill_token_s",
+    "per_decode_token_s",
+    "per_decode_context_token_s",
+    "per_prefill_context_token_s",
+    "cpu_overhead_s",
+)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ExecutionConfig:
+    """How long a batch stage takes (``docs/predictor.md``).
+
+    - ``linear``: per batch stage, ``(constant + a*prefill tokens + b*decode tokens + c*Σ
+      decode context + d*Σ prefill tokens x context) / num_stages + cpu_overhead`` seconds.
+      The defaults are rough figures for Llama-2-7B in fp16 on one A100-80GB.
+    - ``roofline``: every operation of the replica's model priced from the GPU's datasheet
+      at the ``efficiency`` fractions, plus the ``cpu`` overheads.
+    - ``profiled``: operations trained on the ``profiled.profiles`` files; the roofline
+      prices any operation they lack.
+    - ``"module:callable"``: a Python function (the slow path) called with the batch shape
+      as keywords, returning seconds or ``(total_s, model_s)``.
+    """
 
     model: str = "linear"
     constant_s: float = 7e-3
@@ -225,22 +271,32 @@ class ExecutionConfig:
     per_decode_context_token_s: float = 2.5e-7
     per_prefill_context_token_s: float = 3e-11
     cpu_overhead_s: float = 1e-3
+    efficiency: Efficiencies = dataclasses.field(default_factory=Efficiencies)
+    cpu: CpuOverheads = dataclasses.field(default_factory=CpuOverheads)
+    profiled: ProfiledConfig = dataclasses.field(default_factory=ProfiledConfig)
 
     def check(self, where: str) -> None:
-        if self.model != "linear" and ":" not in self.model:
+        if self.model not in EXECUTION_MODELS and ":" not in self.model:
             raise _fail(
                 f"{where}.model",
-                f"must be 'linear' or 'module:callable', got {self.model!r}",
+                f"must be one of {', '.join(EXECUTION_MODELS)} or 'module:callable', "
+                f"got {self.model!r}",
                 self.model,
             )
-        for field in dataclasses.fields(self):
-            if field.name != "model":
-                _non_negative(f"{where}.{field.name}", getattr(self, field.name))
+        for name in _LINEAR_FIELDS:
+            _non_negative(f"{where}.{name}", getattr(self, name))
+        self.efficiency.check(f"{where}.efficiency")
+        self.cpu.check(f"{where}.cpu")
+        self.profiled.check(f"{where}.profiled")
+        if self.model == "profiled" and not self.profiled.profiles:
+            raise _fail(
+                f"{where}.profiled.profiles",
+                "the profiled model needs at least one profile file or folder",
+                self.profiled.profiles,
+            )
 
     def linear_coefficients(self) -> dict[str, float]:
-        return {
-            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "model"
-        }
+        return {name: getattr(self, name) for name in _LINEAR_FIELDS}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -312,10 +368,13 @@ def _convert(where: str, hint: Any, value: Any) -> Any:
         return _build(hint, value, where)
     origin = get_origin(hint)
     if origin is tuple:
-        if not isinstance(value, (list, tuple)) or not all(
-            isinstance(v, int) and not isinstance(v, bool) for v in value
-        ):
-            raise _fail(where, f"must be a list of integers, got {value!r}", value)
+        item = get_args(hint)[0]
+        ok = isinstance(value, (list, tuple)) and all(
+            isinstance(v, item) and not isinstance(v, bool) for v in value
+        )
+        if not ok:
+            noun = "integers" if item is int else "strings"
+            raise _fail(where, f"must be a list of {noun}, got {value!r}", value)
         return tuple(value)
     if origin in (Union, types.UnionType):  # str | None
         if value is None:

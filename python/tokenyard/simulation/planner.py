@@ -1,11 +1,29 @@
 """The memory planner (seed 000 §12): how much KV cache a replica has once its share of the
 weights is loaded, and so how many requests it can hold.
 
-Per device: ``available = memory x (1 - margin) - parameter bytes / (TP x PP)``. KV bytes
-per token on a device = ``2 (K and V) x 2 bytes (fp16) x head_dim x ceil(kv_heads / TP) x
-layers / PP``. A request may grow to ``max_request_tokens``, so ``max_batch_size =
-available // (kv per token x max_request_tokens)`` and the replica's KV pool is
-``num_blocks = available // (kv per token x block_size)`` blocks.
+A replica is ``TP x PP`` devices: ``PP`` pipeline stages of ``num_layers / PP`` layers, each
+stage split over ``TP`` tensor-parallel workers. Per worker (``h`` hidden size, ``d`` head
+dim, ``kv = ceil(num_kv_heads / TP)``: KV heads are replicated once ``TP > num_kv_heads``):
+
+    layer   = h*(heads/TP)*d*2 [q, o] + h*kv*d*2 [k, v] (+ (heads/TP + 2 kv)*d biases)
+              + 3*h*ceil(inter/TP)*experts [SwiGLU] + h*experts [router, MoE only] + 2*h
+    first   = ceil(vocab/TP)*h                          [input embeddings, first stage]
+    last    = ceil(vocab/TP)*h + h                      [lm_head and final norm, last stage]
+    params  = layers/PP * layer + (first + last if PP == 1 else max(first, last))
+
+(with tied embeddings and ``PP == 1`` the lm_head is the embedding, counted once). Then
+
+    weight bytes per device = params x bytes(weight_dtype)     [the worst stage]
+    usable                  = memory_gib x 2^30 x (1 - memory_margin_fraction)
+    available KV bytes      = usable - weight bytes per device
+    KV bytes per token      = 2 [K and V] x bytes(kv_cache_dtype) x d x kv x layers / PP
+    max_batch_size          = available // (KV bytes per token x max_request_tokens)
+    num_blocks              = available // (KV bytes per token x block_size)
+
+Every device of a replica holds the same tokens' KV for its own layers and heads, so the
+device's pool is the replica's. Bytes per value: fp32 4, fp16/bf16 2, fp8 (e4m3, e5m2) 1,
+int8 1, int4 0.5 (weights only; quantization scales are not counted). Activations, CUDA
+graphs and the allocator's slack are what ``memory_margin_fraction`` is for.
 """
 
 from __future__ import annotations
@@ -13,35 +31,87 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from tokenyard.catalog import DeviceSpec, ModelSpec
 from tokenyard.errors import ConfigError
-from tokenyard.simulation.catalog import DeviceSpec, ModelSpec
 
-__all__ = ["MemoryPlan", "plan_memory"]
+__all__ = [
+    "DTYPE_BYTES",
+    "KV_CACHE_DTYPES",
+    "MemoryPlan",
+    "dtype_bytes",
+    "parameters_per_device",
+    "plan_memory",
+]
 
-BYTES_PER_VALUE = 2  # fp16 / bf16
+#: Bytes per value of each weight dtype.
+DTYPE_BYTES: dict[str, float] = {
+    "fp32": 4,
+    "fp16": 2,
+    "bf16": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "int8": 1,
+    "int4": 0.5,
+}
+
+#: The KV cache dtypes: every weight dtype but int4, and ``auto`` (the weight dtype).
+KV_CACHE_DTYPES = ("auto", *(d for d in DTYPE_BYTES if d != "int4"))
 
 
 @dataclass(frozen=True)
 class MemoryPlan:
+    """One device's memory (every device of the replica has the same).
+
+    ``max_request_slots`` is ``num_blocks``: requests resident at once if each held only
+    its first block, the upper bound for a scheduler's ``max_num_seqs``.
+    """
+
+    #: Weights on the fullest device (the stage with the embeddings or the lm_head).
     parameter_bytes_per_device: int
     kv_bytes_per_token: int
     available_kv_bytes: int
+    #: Requests that fit at once if each grows to ``max_request_tokens``.
     max_batch_size: int
     num_blocks: int
+    #: One copy of all the weights (the whole replica without TP/PP duplicates).
+    parameter_bytes_total: int = 0
+    #: ``num_blocks x block_size``.
+    max_kv_tokens: int = 0
+    max_request_slots: int = 0
 
 
-def plan_memory(
-    model: ModelSpec,
-    device: DeviceSpec,
-    *,
-    tensor_parallel_size: int,
-    num_pipeline_stages: int,
-    memory_margin_fraction: float,
-    max_request_tokens: int,
-    block_size: int,
-) -> MemoryPlan:
-    """Raises ConfigError when the layout does not divide the model or nothing fits."""
-    tp, pp = tensor_parallel_size, num_pipeline_stages
+def _dtype_bytes(dtype: str, choices: tuple[str, ...], field: str) -> float:
+    if dtype not in choices:
+        raise ConfigError(
+            f"{field}: unknown dtype {dtype!r}; expected one of {', '.join(choices)}",
+            field=field,
+            value=repr(dtype),
+        )
+    return DTYPE_BYTES[dtype]
+
+
+def dtype_bytes(weight_dtype: str, kv_cache_dtype: str = "auto") -> tuple[float, int]:
+    """Bytes per weight and per KV value; ``auto`` KV is the weight dtype (bf16 for int4).
+
+    Raises:
+        ConfigError: an unknown dtype (field ``replica.dtype`` or ``replica.kv_cache_dtype``).
+    """
+    weight_bytes = _dtype_bytes(weight_dtype, tuple(DTYPE_BYTES), "replica.dtype")
+    if kv_cache_dtype == "auto":
+        kv_cache_dtype = "bf16" if weight_dtype == "int4" else weight_dtype
+    kv_bytes = int(_dtype_bytes(kv_cache_dtype, KV_CACHE_DTYPES[1:], "replica.kv_cache_dtype"))
+    return weight_bytes, kv_bytes
+
+
+def _check_layout(model: ModelSpec, tp: int, pp: int) -> None:
+    for field, value in (("tensor_parallel_size", tp), ("num_pipeline_stages", pp)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(
+                f"replica.{field}: must be an integer >= 1, got {value!r}",
+                field=f"replica.{field}",
+                value=repr(value),
+            )
     if model.num_layers % pp:
         raise ConfigError(
             f"replica.num_pipeline_stages={pp} must divide the {model.num_layers} layers of "
@@ -56,28 +126,102 @@ def plan_memory(
             field="replica.tensor_parallel_size",
             value=str(tp),
         )
-    parameter_bytes = model.num_parameters() * BYTES_PER_VALUE // (tp * pp)
-    kv_heads_per_worker = math.ceil(model.num_kv_heads / tp)
+
+
+def parameters_per_device(model: ModelSpec, tp: int, pp: int) -> int:
+    """Weights (a count, not bytes) on the fullest device of a ``TP x PP`` replica."""
+    _check_layout(model, tp, pp)
+    h, d = model.hidden_size, model.head_dim
+    q = model.num_heads // tp * d
+    kv = math.ceil(model.num_kv_heads / tp) * d
+    attention = 2 * h * q + 2 * h * kv + ((q + 2 * kv) if model.attention_bias else 0)
+    mlp = 3 * h * math.ceil(model.intermediate_size / tp) * model.num_experts
+    router = h * model.num_experts if model.num_experts > 1 else 0
+    layer = attention + mlp + router + 2 * h
+    vocab_shard = math.ceil(model.vocab_size / tp) * h
+    first = vocab_shard
+    last = h + (0 if model.tied_embeddings and pp == 1 else vocab_shard)
+    edge = first + last if pp == 1 else max(first, last)
+    return model.num_layers // pp * layer + edge
+
+
+def plan_memory(
+    model: ModelSpec,
+    device: DeviceSpec,
+    *,
+    tensor_parallel_size: int,
+    num_pipeline_stages: int,
+    memory_margin_fraction: float,
+    max_request_tokens: int,
+    block_size: int,
+    weight_dtype: str = "bf16",
+    kv_cache_dtype: str = "auto",
+) -> MemoryPlan:
+    """Sizes one replica's KV pool (formulas in the module docstring).
+
+    Args:
+        model, device: catalog entries (``tokenyard.catalog.model``/``device``).
+        tensor_parallel_size, num_pipeline_stages: the replica's layout (``TP``, ``PP``).
+        memory_margin_fraction: the share of device memory kept free of weights and KV.
+        max_request_tokens: the longest request (prompt + output), for ``max_batch_size``.
+        block_size: tokens per KV block.
+        weight_dtype: one of ``DTYPE_BYTES``.
+        kv_cache_dtype: one of ``KV_CACHE_DTYPES``; ``auto`` is the weight dtype (bf16 for
+            int4 weights).
+
+    Raises:
+        ConfigError: a layout that does not divide the model (field
+            ``replica.num_pipeline_stages`` or ``replica.tensor_parallel_size``), an unknown
+            dtype (``replica.dtype``, ``replica.kv_cache_dtype``), a bad size, or a model
+            that leaves no room for one request (``replica.device``).
+    """
+    tp, pp = tensor_parallel_size, num_pipeline_stages
+    weight_bytes, kv_bytes = dtype_bytes(weight_dtype, kv_cache_dtype)
+    if kv_cache_dtype == "auto":
+        kv_cache_dtype = "bf16" if weight_dtype == "int4" else weight_dtype
+    if not 0 <= memory_margin_fraction < 1:
+        raise ConfigError(
+            f"replica.memory_margin_fraction: must be in [0, 1), got {memory_margin_fraction!r}",
+            field="replica.memory_margin_fraction",
+            value=repr(memory_margin_fraction),
+        )
+    for field, value in (("max_request_tokens", max_request_tokens), ("block_size", block_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(
+                f"replica.scheduler.{field}: must be an integer >= 1, got {value!r}",
+                field=f"replica.scheduler.{field}",
+                value=repr(value),
+            )
+
+    parameter_bytes = math.ceil(parameters_per_device(model, tp, pp) * weight_bytes)
     kv_per_token = (
-        2 * BYTES_PER_VALUE * model.head_dim * kv_heads_per_worker * (model.num_layers // pp)
+        2
+        * kv_bytes
+        * model.head_dim
+        * math.ceil(model.num_kv_heads / tp)
+        * (model.num_layers // pp)
     )
     total = int(device.memory_gib * 1024**3 * (1 - memory_margin_fraction))
     available = total - parameter_bytes
     max_batch_size = available // (kv_per_token * max_request_tokens) if available > 0 else 0
     if max_batch_size < 1:
         raise ConfigError(
-            f"{model.name} on {device.name} (TP {tp}, PP {pp}): "
-            f"{parameter_bytes / 1024**3:.1f} GiB of weights per device leave "
-            f"{max(available, 0) / 1024**3:.1f} GiB of the {total / 1024**3:.1f} GiB usable, "
-            f"not enough for one request of {max_request_tokens} tokens "
+            f"{model.name} on {device.name} (TP {tp}, PP {pp}, {weight_dtype} weights, "
+            f"{kv_cache_dtype} KV): {parameter_bytes / 1024**3:.1f} GiB of weights per device "
+            f"leave {max(available, 0) / 1024**3:.1f} GiB of the {total / 1024**3:.1f} GiB "
+            f"usable, not enough for one request of {max_request_tokens} tokens "
             f"({kv_per_token * max_request_tokens / 1024**3:.2f} GiB of KV)",
             field="replica.device",
             value=device.name,
         )
+    num_blocks = available // (kv_per_token * block_size)
     return MemoryPlan(
         parameter_bytes_per_device=parameter_bytes,
         kv_bytes_per_token=kv_per_token,
         available_kv_bytes=available,
-        max_batch_size=int(max_batch_size),
-        num_blocks=int(available // (kv_per_token * block_size)),
+        max_batch_size=max_batch_size,
+        num_blocks=num_blocks,
+        parameter_bytes_total=math.ceil(model.num_parameters() * weight_bytes),
+        max_kv_tokens=num_blocks * block_size,
+        max_request_slots=num_blocks,
     )

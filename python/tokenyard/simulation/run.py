@@ -14,6 +14,8 @@ from tokenyard.errors import ConfigError
 from tokenyard.sched import SchedulerConfig
 from tokenyard.simulation.catalog import device_spec, model_spec
 from tokenyard.simulation.config import SimulationConfig
+from tokenyard.simulation.execution import build_predictor
+from tokenyard.simulation.execution import describe as describe_execution
 from tokenyard.simulation.planner import MemoryPlan, plan_memory
 from tokenyard.simulation.results import SimulationResult, request_columns, summarize
 from tokenyard.workload import load_workload
@@ -56,8 +58,11 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
         core_config["replica"]["vllm_v1"] = dataclasses.replace(
             core_config["replica"]["vllm_v1"], enable_prefix_caching=False
         )
+    predictor = build_predictor(config)
     exec_model = None
-    if config.execution.model != "linear":
+    if predictor is not None:
+        core_config["ops"] = predictor.to_core()
+    elif ":" in config.execution.model:
         exec_model = load_object(config.execution.model, "execution.model")
     route_plugin, replica_plugins = _plugins(config, core_config)
     start = time.perf_counter()
@@ -79,6 +84,7 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
         "model": config.replica.model,
         "device": config.replica.device,
         "num_blocks": core_config["replica"]["num_blocks"],
+        "execution": describe_execution(predictor, config),
         "workload": workload.describe(),
         "seed": config.seed,
     }
@@ -129,6 +135,8 @@ def _plan(config: SimulationConfig) -> MemoryPlan:
         memory_margin_fraction=replica.memory_margin_fraction,
         max_request_tokens=replica.scheduler.max_request_tokens,
         block_size=replica.scheduler.block_size,
+        weight_dtype=replica.dtype,
+        kv_cache_dtype=replica.kv_cache_dtype,
     )
 
 

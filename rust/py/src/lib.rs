@@ -3,6 +3,7 @@
 
 mod convert;
 mod errors;
+mod exec;
 mod kv;
 mod plugin;
 mod sched;

@@ -18,6 +18,7 @@ use tokenyard_core::sim::{
 use tokenyard_core::{Error, Result};
 
 use crate::errors::{OrRaise, config_error};
+use crate::exec::op_model;
 use crate::sched::core_config;
 
 pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -34,7 +35,7 @@ fn keep(slot: &ErrorSlot, what: &str, err: PyErr) -> Error {
     Error::Plugin(message)
 }
 
-fn get<'py, T: for<'a> FromPyObject<'a, 'py>>(
+pub(crate) fn get<'py, T: for<'a> FromPyObject<'a, 'py>>(
     dict: &Bound<'py, PyDict>,
     key: &'static str,
 ) -> PyResult<T> {
@@ -49,7 +50,10 @@ fn get<'py, T: for<'a> FromPyObject<'a, 'py>>(
     })
 }
 
-fn sub<'py>(dict: &Bound<'py, PyDict>, key: &'static str) -> PyResult<Bound<'py, PyDict>> {
+pub(crate) fn sub<'py>(
+    dict: &Bound<'py, PyDict>,
+    key: &'static str,
+) -> PyResult<Bound<'py, PyDict>> {
     get::<Bound<'py, PyDict>>(dict, key)
 }
 
@@ -219,6 +223,7 @@ impl PyExec<'_> {
         kwargs.set_item("num_decode_tokens", shape.num_decode_tokens)?;
         kwargs.set_item("sum_decode_context", shape.sum_decode_context)?;
         kwargs.set_item("sum_prefill_context", shape.sum_prefill_context)?;
+        kwargs.set_item("sum_prefill_squared", shape.sum_prefill_squared)?;
         kwargs.set_item("num_padding_rows", shape.num_padding_rows)?;
         kwargs.set_item("stage", stage)?;
         kwargs.set_item("num_stages", num_stages)?;
@@ -475,16 +480,22 @@ fn simulate<'py>(
         error: error.clone(),
     };
     let mut linear = sim_config.exec;
+    let mut ops;
     let mut python_exec;
-    let exec: &mut dyn ExecModel = match exec_model {
-        Some(model) => {
+    let exec: &mut dyn ExecModel = match (exec_model, config.get_item("ops")?) {
+        (Some(model), _) => {
             python_exec = PyExec {
                 model,
                 error: error.clone(),
             };
             &mut python_exec
         }
-        None => &mut linear,
+        (None, Some(spec)) if !spec.is_none() => {
+            ops = op_model(spec.cast::<PyDict>()?)?;
+            ops.validate(sim_config.num_stages).or_raise(py)?;
+            &mut ops
+        }
+        (None, _) => &mut linear,
     };
     let result = Simulator::new(sim_config, exec)
         .map(|sim| match route_plugin {

@@ -26,6 +26,8 @@ pub struct BatchShape {
     pub sum_decode_context: u64,
     /// Σ over prefill chunks of chunk tokens × (tokens before the chunk + chunk tokens).
     pub sum_prefill_context: u64,
+    /// Σ over prefill chunks of chunk tokens² (with the above: the causal attention work).
+    pub sum_prefill_squared: u64,
     /// Decode rows added to reach a CUDA-graph batch size (they cost, they produce nothing).
     pub num_padding_rows: u64,
 }
@@ -44,6 +46,7 @@ impl BatchShape {
             } else {
                 shape.num_prefill_tokens += n;
                 shape.sum_prefill_context += n * (done + n);
+                shape.sum_prefill_squared += n * n;
             }
         }
         shape

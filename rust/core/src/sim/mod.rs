@@ -24,7 +24,7 @@ pub use arena::Requests;
 pub use batch::{Batch, BatchShape};
 pub use config::{ReplicaPolicyConfig, SimConfig, VidurKind};
 pub use engine::{ArrivingRequest, RequestSource, SimOutput, Simulator};
-pub use exec::{ExecModel, LinearModel, StageTime};
+pub use exec::{ExecModel, LinearModel, OpModel, StageTime};
 pub use global::{GlobalPolicy, ReplicaLoad, RouteInfo, RoutePlugin};
 pub use metrics::{GapHistogram, ReplicaTotals, RequestTable, Samples, StageTrace};
 pub use replica::{BatchPlan, ReplicaPolicy, SglangLimits, VidurLimits};

@@ -1,23 +1,8 @@
-//! Execution time of a batch stage. The simulator asks an [`ExecModel`] for each
-//! (batch, stage); the linear model here is evaluated in Rust, and the Python layer can
-//! supply any other model (the slow path) through the same trait.
+//! The linear execution-time model: a handful of per-token coefficients.
 
-use super::batch::BatchShape;
+use super::{ExecModel, StageTime};
+use crate::sim::batch::BatchShape;
 use crate::{Error, Result};
-
-/// Seconds one batch stage takes: `total_s` (what the clock advances) includes the CPU
-/// overheads on top of `model_s`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct StageTime {
-    pub total_s: f64,
-    pub model_s: f64,
-}
-
-pub trait ExecModel {
-    /// Time of `shape` on pipeline stage `stage` of `num_stages` (each stage holds an equal
-    /// share of the layers).
-    fn stage_time(&mut self, shape: &BatchShape, stage: u32, num_stages: u32) -> Result<StageTime>;
-}
 
 /// `model_s = (constant + a·prefill + b·decode + c·Σdecode ctx + d·Σprefill tokens×ctx) /
 /// num_stages`, `total_s = model_s + cpu_overhead` (seconds; coefficients per token).

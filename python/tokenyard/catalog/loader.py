@@ -1,0 +1,315 @@
+"""Reading catalog files and the registry of known models and devices.
+
+The registry starts with the built-in ``models.toml`` and ``devices.toml`` beside this
+module; ``load_catalog_file`` adds (or overrides) entries from a user's TOML, YAML or JSON
+file. Invariant: every spec in the registry passed validation, a device alias never names
+another device, and a file that fails validation changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from tokenyard.catalog.specs import (
+    DEVICE_FIELDS,
+    MODEL_FIELDS,
+    DeviceSpec,
+    ModelSpec,
+    required_fields,
+)
+from tokenyard.errors import ConfigError
+
+__all__ = [
+    "CatalogEntries",
+    "builtin_devices",
+    "builtin_models",
+    "device",
+    "devices",
+    "load_catalog_file",
+    "model",
+    "models",
+    "read_catalog_file",
+    "reset_catalog",
+]
+
+
+class CatalogEntries(NamedTuple):
+    """The models and devices one catalog file defines, by name."""
+
+    models: dict[str, ModelSpec]
+    devices: dict[str, DeviceSpec]
+
+
+def _toml() -> types.ModuleType:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    return tomllib
+
+
+def _parse(source: str, text: str, suffix: str) -> Any:
+    def bad(exc: Exception) -> ConfigError:
+        return ConfigError(f"{source}: {exc}", field="catalog", value=source)
+
+    if suffix == ".toml":
+        toml = _toml()
+        try:
+            return toml.loads(text)
+        except toml.TOMLDecodeError as exc:
+            raise bad(exc) from None
+    if suffix in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise bad(exc) from None
+    if suffix == ".json":
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise bad(exc) from None
+    raise ConfigError(
+        f"{source}: unknown catalog format {suffix!r}; use .toml, .yaml, .yml or .json",
+        field="catalog",
+        value=source,
+    )
+
+
+def _entry(
+    source: str, section: str, name: Any, raw: Any, fields: dict[str, str]
+) -> dict[str, Any]:
+    """Checks one ``[section.name]`` table's keys; returns the constructor's keywords."""
+    where = f"{section}.{name}"
+    if not isinstance(name, str) or not name:
+        raise ConfigError(
+            f"{source}: {section}: entry names must be non-empty strings, got {name!r}",
+            field=section,
+            value=repr(name),
+        )
+    if not isinstance(raw, Mapping):
+        raise ConfigError(
+            f"{source}: {where}: must be a table of fields, got {raw!r}",
+            field=where,
+            value=repr(raw),
+        )
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"{source}: {where}.{unknown[0]}: unknown field; known fields are {', '.join(fields)}",
+            field=f"{where}.{unknown[0]}",
+            value=repr(raw[unknown[0]]),
+        )
+    spec = ModelSpec if section == "models" else DeviceSpec
+    required = [f for f in required_fields(spec) if f != "head_dim"]
+    missing = [f for f in required if f not in raw]
+    if missing:
+        raise ConfigError(
+            f"{source}: {where}: missing required field(s) {', '.join(missing)}",
+            field=f"{where}.{missing[0]}",
+            value=None,
+        )
+    kwargs = dict(raw)
+    if section == "models" and "head_dim" not in kwargs:
+        heads, hidden = kwargs["num_heads"], kwargs["hidden_size"]
+        if isinstance(heads, int) and isinstance(hidden, int) and heads > 0:
+            kwargs["head_dim"] = hidden // heads
+        else:
+            kwargs["head_dim"] = 0  # the constructor reports num_heads or hidden_size
+    if section == "devices" and isinstance(kwargs.get("aliases"), list):
+        kwargs["aliases"] = tuple(kwargs["aliases"])
+    return kwargs
+
+
+def _entries(source: str, data: Any) -> CatalogEntries:
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(
+            f"{source}: the document must be a mapping with 'models' and/or 'devices' tables",
+            field="catalog",
+            value=source,
+        )
+    unknown = sorted(set(data) - {"models", "devices"})
+    if unknown:
+        raise ConfigError(
+            f"{source}: {unknown[0]}: unknown table; a catalog file has 'models' and 'devices'",
+            field=str(unknown[0]),
+            value=repr(unknown[0]),
+        )
+    return CatalogEntries(
+        models={n: ModelSpec(name=n, **kw) for n, kw in _table(source, data, "models")},
+        devices={n: DeviceSpec(name=n, **kw) for n, kw in _table(source, data, "devices")},
+    )
+
+
+def _table(source: str, data: Mapping[str, Any], section: str) -> list[tuple[str, Any]]:
+    """The ``section`` table's entries as (name, constructor keywords), each checked by
+    building it once so that errors carry the file name."""
+    table = data.get(section, {})
+    if not isinstance(table, Mapping):
+        raise ConfigError(
+            f"{source}: {section}: must be a table of named entries, got {table!r}",
+            field=section,
+            value=repr(table),
+        )
+    spec: type[ModelSpec] | type[DeviceSpec] = ModelSpec if section == "models" else DeviceSpec
+    entries = []
+    for name, raw in table.items():
+        kwargs = _entry(
+            source, section, name, raw, MODEL_FIELDS if spec is ModelSpec else DEVICE_FIELDS
+        )
+        try:
+            spec(name=name, **kwargs)
+        except ConfigError as exc:
+            raise ConfigError(
+                f"{source}: {exc.message}", field=exc.field, value=exc.value
+            ) from None
+        entries.append((name, kwargs))
+    return entries
+
+
+def read_catalog_file(path: str | Path) -> CatalogEntries:
+    """Reads and validates a catalog file without adding it to the registry.
+
+    Raises:
+        ConfigError: unreadable file, bad syntax, unknown or missing field, bad value; the
+            message starts with the file name and ``field`` is e.g. ``models.x.num_heads``.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(
+            f"catalog file {path}: {exc.strerror}", field="catalog", value=str(path)
+        ) from None
+    return _entries(str(path), _parse(str(path), text, path.suffix.lower()))
+
+
+def _read_builtin(filename: str) -> CatalogEntries:
+    text = resources.files("tokenyard.catalog").joinpath(filename).read_text()
+    return _entries(f"tokenyard/catalog/{filename}", _parse(filename, text, ".toml"))
+
+
+_BUILTIN_MODELS = _read_builtin("models.toml").models
+_BUILTIN_DEVICES = _read_builtin("devices.toml").devices
+# The registry: mutated in place, so read-only views of these dicts stay current.
+_MODELS: dict[str, ModelSpec] = dict(_BUILTIN_MODELS)
+_DEVICES: dict[str, DeviceSpec] = dict(_BUILTIN_DEVICES)
+_ALIASES: dict[str, str] = {}
+
+
+def _index_aliases(known: Mapping[str, DeviceSpec], source: str) -> dict[str, str]:
+    aliases: dict[str, str] = {}
+    for spec in known.values():
+        for alias in spec.aliases:
+            if alias in known or aliases.get(alias, spec.name) != spec.name:
+                other = "a device" if alias in known else f"an alias of {aliases[alias]!r}"
+                raise ConfigError(
+                    f"{source}: devices.{spec.name}.aliases: {alias!r} is already the name of "
+                    f"{other}",
+                    field=f"devices.{spec.name}.aliases",
+                    value=repr(alias),
+                )
+            aliases[alias] = spec.name
+    return aliases
+
+
+_ALIASES.update(_index_aliases(_DEVICES, "tokenyard/catalog/devices.toml"))
+
+
+def builtin_models() -> dict[str, ModelSpec]:
+    """The models shipped with tokenyard, whatever user files have been loaded."""
+    return dict(_BUILTIN_MODELS)
+
+
+def builtin_devices() -> dict[str, DeviceSpec]:
+    """The devices shipped with tokenyard, whatever user files have been loaded."""
+    return dict(_BUILTIN_DEVICES)
+
+
+def models() -> dict[str, ModelSpec]:
+    """Every known model by name: built-in, then from loaded files."""
+    return dict(_MODELS)
+
+
+def devices() -> dict[str, DeviceSpec]:
+    """Every known device by name (aliases not repeated)."""
+    return dict(_DEVICES)
+
+
+def model(name: str, *, field: str = "model") -> ModelSpec:
+    """The model called ``name``.
+
+    Raises:
+        ConfigError: unknown name; ``field`` is the caller's (e.g. ``replica.model``) and
+            the message lists the known names.
+    """
+    spec = _MODELS.get(name) if isinstance(name, str) else None
+    if spec is None:
+        raise ConfigError(
+            f"{field}: unknown model {name!r}; expected one of {', '.join(_MODELS)}",
+            field=field,
+            value=repr(name),
+        )
+    return spec
+
+
+def device(name: str, *, field: str = "device") -> DeviceSpec:
+    """The device called ``name`` or one of its aliases (``h100-80gb`` is ``h100-sxm``).
+
+    Raises:
+        ConfigError: unknown name; ``field`` is the caller's (e.g. ``replica.device``) and
+            the message lists the known names and aliases.
+    """
+    if isinstance(name, str):
+        spec = _DEVICES.get(name) or _DEVICES.get(_ALIASES.get(name, ""))
+        if spec is not None:
+            return spec
+    aliases = ", ".join(f"{a} = {d}" for a, d in _ALIASES.items())
+    raise ConfigError(
+        f"{field}: unknown device {name!r}; expected one of {', '.join(_DEVICES)}"
+        + (f" (aliases: {aliases})" if aliases else ""),
+        field=field,
+        value=repr(name),
+    )
+
+
+def load_catalog_file(path: str | Path) -> CatalogEntries:
+    """Adds the models and devices of a TOML, YAML or JSON catalog file (``[models.<name>]``
+    and ``[devices.<name>]`` tables, the built-in files' schema) to the registry. An entry
+    with the name of a known one replaces it. All or nothing: a file with one bad entry
+    adds none.
+
+    Returns:
+        The entries the file defined.
+
+    Raises:
+        ConfigError: see ``read_catalog_file``; also a device alias that names another
+            device.
+    """
+    found = read_catalog_file(path)
+    merged = {**_DEVICES, **found.devices}
+    aliases = _index_aliases(merged, str(path))
+    _MODELS.update(found.models)
+    _DEVICES.update(found.devices)
+    _ALIASES.clear()
+    _ALIASES.update(aliases)
+    return found
+
+
+def reset_catalog() -> None:
+    """Forgets every entry loaded from user files: back to the built-in catalog."""
+    _MODELS.clear()
+    _MODELS.update(_BUILTIN_MODELS)
+    _DEVICES.clear()
+    _DEVICES.update(_BUILTIN_DEVICES)
+    _ALIASES.clear()
+    _ALIASES.update(_index_aliases(_DEVICES, "tokenyard/catalog/devices.toml"))

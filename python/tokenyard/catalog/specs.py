@@ -1,0 +1,210 @@
+"""The two catalog records, ``ModelSpec`` and ``DeviceSpec``, and their validation.
+
+A spec is valid once built: its constructor checks every field's type and range and raises
+a ``ConfigError`` whose ``field`` is ``models.<name>.<field>`` (or ``devices.…``), the key
+the value has in a catalog file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from tokenyard.errors import ConfigError
+
+__all__ = ["DEVICE_FIELDS", "MODEL_FIELDS", "DeviceSpec", "ModelSpec"]
+
+#: Field name -> kind, for the catalog-file fields of a model (``name`` is the table key).
+MODEL_FIELDS: dict[str, str] = {
+    "num_layers": "int",
+    "hidden_size": "int",
+    "num_heads": "int",
+    "num_kv_heads": "int",
+    "head_dim": "int",
+    "intermediate_size": "int",
+    "vocab_size": "int",
+    "tied_embeddings": "bool",
+    "attention_bias": "bool",
+    "num_experts": "int",
+    "experts_per_token": "int",
+    "source": "str",
+}
+
+#: Field name -> kind, for the catalog-file fields of a device (``name`` is the table key).
+DEVICE_FIELDS: dict[str, str] = {
+    "memory_gib": "float",
+    "dense_bf16_tflops": "float",
+    "memory_bandwidth_gbps": "float",
+    "interconnect_gbps": "float",
+    "interconnect_latency_us": "float",
+    "price_per_hour": "float",
+    "price_source": "str",
+    "source": "str",
+    "aliases": "str_list",
+}
+
+
+def _fail(where: str, field: str, problem: str, value: Any) -> ConfigError:
+    return ConfigError(
+        f"{where}.{field}: {problem}, got {value!r}", field=f"{where}.{field}", value=repr(value)
+    )
+
+
+def _check_types(obj: Any, kinds: dict[str, str], where: str) -> None:
+    for field, kind in kinds.items():
+        value = getattr(obj, field)
+        if kind == "int":
+            ok = isinstance(value, int) and not isinstance(value, bool)
+            problem = "must be an integer"
+        elif kind == "bool":
+            ok = isinstance(value, bool)
+            problem = "must be true or false"
+        elif kind == "float":
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            ok = ok and math.isfinite(value)
+            problem = "must be a finite number"
+        elif kind == "str":
+            ok = isinstance(value, str)
+            problem = "must be a string"
+        else:  # str_list
+            ok = isinstance(value, tuple) and all(isinstance(v, str) and v for v in value)
+            problem = "must be a list of non-empty strings"
+        if not ok:
+            raise _fail(where, field, problem, value)
+
+
+def _check_at_least(obj: Any, fields: tuple[str, ...], minimum: int, noun: str, where: str) -> None:
+    for field in fields:
+        value = getattr(obj, field)
+        if value < minimum:
+            raise _fail(where, field, f"must be {noun} >= {minimum}", value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """The shape of a Llama-style decoder (RMSNorm, rotary attention, SwiGLU MLP), as in the
+    model's Hugging Face ``config.json``.
+
+    ``intermediate_size`` is per expert for a mixture of experts (``num_experts > 1``);
+    ``attention_bias`` means the q, k and v projections carry a bias (Qwen2 style).
+
+    Raises:
+        ConfigError: a field has the wrong type or an impossible value; ``field`` is
+            ``models.<name>.<field>``.
+    """
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tied_embeddings: bool = False
+    attention_bias: bool = False
+    num_experts: int = 1
+    experts_per_token: int = 1
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise _fail("models", "name", "must be a non-empty string", self.name)
+        where = f"models.{self.name}"
+        _check_types(self, MODEL_FIELDS, where)
+        positive = tuple(f for f, kind in MODEL_FIELDS.items() if kind == "int")
+        _check_at_least(self, positive, 1, "an integer", where)
+        if self.num_heads % self.num_kv_heads:
+            raise _fail(
+                where,
+                "num_kv_heads",
+                f"must divide num_heads ({self.num_heads})",
+                self.num_kv_heads,
+            )
+        if self.experts_per_token > self.num_experts:
+            raise _fail(
+                where,
+                "experts_per_token",
+                f"must be <= num_experts ({self.num_experts})",
+                self.experts_per_token,
+            )
+
+    def _layer_parameters(self, experts: int) -> int:
+        h, q, kv = (
+            self.hidden_size,
+            self.num_heads * self.head_dim,
+            self.num_kv_heads * self.head_dim,
+        )
+        attention = h * (q + 2 * kv) + q * h  # q, k, v, then o
+        if self.attention_bias:
+            attention += q + 2 * kv
+        mlp = 3 * h * self.intermediate_size * experts  # gate, up, down per expert
+        router = h * self.num_experts if self.num_experts > 1 else 0
+        return attention + mlp + router + 2 * h  # two RMSNorms
+
+    def _edge_parameters(self) -> int:
+        embeddings = self.vocab_size * self.hidden_size * (1 if self.tied_embeddings else 2)
+        return embeddings + self.hidden_size  # input embeddings, lm_head, final norm
+
+    def num_parameters(self) -> int:
+        """All weights: every layer with all its experts, the embeddings and the final norm."""
+        return self.num_layers * self._layer_parameters(self.num_experts) + self._edge_parameters()
+
+    def num_active_parameters(self) -> int:
+        """Weights one token passes through: ``experts_per_token`` experts per layer (equal
+        to ``num_parameters()`` for a dense model). The router counts in full."""
+        return (
+            self.num_layers * self._layer_parameters(self.experts_per_token)
+            + self._edge_parameters()
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceSpec:
+    """One accelerator, from its vendor's datasheet.
+
+    ``memory_gib`` is the marketed capacity (80 for an "80 GB" GPU), used as GiB by the
+    memory planner; ``dense_bf16_tflops`` is without sparsity; the two bandwidths are in
+    GB/s (10^9 bytes per second); ``interconnect_gbps`` is one GPU's GPU-to-GPU bandwidth as
+    the vendor quotes it (both directions together), used by the all-reduce ring model.
+    ``price_per_hour`` is USD per GPU-hour (0 = unknown), illustrative: set your own.
+
+    Raises:
+        ConfigError: a field has the wrong type or an impossible value; ``field`` is
+            ``devices.<name>.<field>``.
+    """
+
+    name: str
+    memory_gib: float
+    dense_bf16_tflops: float
+    memory_bandwidth_gbps: float
+    interconnect_gbps: float
+    interconnect_latency_us: float = 10.0
+    price_per_hour: float = 0.0
+    price_source: str = ""
+    source: str = ""
+    aliases: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise _fail("devices", "name", "must be a non-empty string", self.name)
+        where = f"devices.{self.name}"
+        _check_types(self, DEVICE_FIELDS, where)
+        positive = ("memory_gib", "dense_bf16_tflops", "memory_bandwidth_gbps", "interconnect_gbps")
+        for field in positive:
+            if getattr(self, field) <= 0:
+                raise _fail(where, field, "must be a number > 0", getattr(self, field))
+        _check_at_least(self, ("interconnect_latency_us", "price_per_hour"), 0, "a number", where)
+
+
+def required_fields(spec: type[ModelSpec] | type[DeviceSpec]) -> tuple[str, ...]:
+    """The fields a catalog-file entry must set (``name`` comes from the table key)."""
+    return tuple(
+        f.name
+        for f in dataclasses.fields(spec)
+        if f.name != "name"
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    )

@@ -1,0 +1,287 @@
+"""The compiled form of a predictor: what the simulator evaluates in Rust.
+
+A batch stage's time is the sum over operations of ``runs x count x cost`` plus the CPU
+overheads, where an operation's cost is a roofline (``max(FLOPs / rate, bytes / bandwidth)
++ latency``, FLOPs and bytes linear in the batch's features) or a table interpolated over
+one or two features. :meth:`CompiledPredictor.to_core` hands the arrays to Rust
+(``rust/core/src/sim/exec/ops.rs``); calling the object evaluates the same arithmetic in
+Python, in the same order, so the simulator's slow path gives identical times.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from tokenyard.errors import ConfigError
+
+__all__ = [
+    "FEATURES",
+    "SCOPES",
+    "BatchFeatures",
+    "CompiledOp",
+    "CompiledPredictor",
+    "RooflineCost",
+    "TableCost",
+    "batch_features",
+]
+
+#: The features an operation's cost may depend on (``Feature`` in Rust, same order).
+FEATURES = (
+    "one",
+    "num_tokens",
+    "num_prefill_tokens",
+    "num_decode_tokens",
+    "num_requests",
+    "prefill_attention_pairs",
+    "decode_attention_keys",
+    "prefill_mean_context",
+    "decode_mean_context",
+)
+SCOPES = ("layer", "first_stage", "last_stage", "between_stages", "every_stage")
+Scope = Literal["layer", "first_stage", "last_stage", "between_stages", "every_stage"]
+BatchFeatures = dict[str, float]
+
+
+def batch_features(
+    *,
+    num_requests: int,
+    num_prefill_tokens: int,
+    num_decode_tokens: int,
+    sum_decode_context: int,
+    sum_prefill_context: int,
+    sum_prefill_squared: int,
+    num_padding_rows: int,
+) -> BatchFeatures:
+    """The features of a batch shape (``Features::of`` in Rust)."""
+    prefill = float(num_prefill_tokens)
+    decode = float(num_decode_tokens)
+    pairs = float(sum_prefill_context) - (float(sum_prefill_squared) - prefill) / 2.0
+    keys = float(sum_decode_context + num_decode_tokens)
+    return {
+        "one": 1.0,
+        "num_tokens": float(num_prefill_tokens + num_decode_tokens + num_padding_rows),
+        "num_prefill_tokens": prefill,
+        "num_decode_tokens": decode,
+        "num_requests": float(num_requests),
+        "prefill_attention_pairs": pairs,
+        "decode_attention_keys": keys,
+        "prefill_mean_context": pairs / prefill if prefill > 0 else 0.0,
+        "decode_mean_context": keys / decode if decode > 0 else 0.0,
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class RooflineCost:
+    """``max(Σ flops[f]·f / flops_per_s, Σ bytes[f]·f / bytes_per_s) + latency_s``."""
+
+    flops: Mapping[str, float]
+    bytes: Mapping[str, float]
+    flops_per_s: float
+    bytes_per_s: float
+    latency_s: float = 0.0
+
+    def time(self, features: BatchFeatures) -> float:
+        flops = 0.0
+        moved = 0.0
+        for name in FEATURES:  # Rust sums in feature order: keep it for identical results
+            flops += self.flops.get(name, 0.0) * features[name]
+        for name in FEATURES:
+            moved += self.bytes.get(name, 0.0) * features[name]
+        return max(flops / self.flops_per_s, moved / self.bytes_per_s) + self.latency_s
+
+    def to_core(self) -> dict[str, Any]:
+        return {
+            "kind": "roofline",
+            "flops": dict(self.flops),
+            "bytes": dict(self.bytes),
+            "flops_per_s": self.flops_per_s,
+            "bytes_per_s": self.bytes_per_s,
+            "latency_s": self.latency_s,
+        }
+
+
+def _locate(axis: Sequence[float], value: float) -> tuple[int, int, float]:
+    if len(axis) == 1 or value <= axis[0]:
+        return 0, 0, 0.0
+    j = min(bisect.bisect_left(axis, value), len(axis) - 1)
+    i = j - 1
+    return i, j, (value - axis[i]) / (axis[j] - axis[i])
+
+
+def _lerp(a: float, b: float, w: float) -> float:
+    return a + (b - a) * w
+
+
+@dataclasses.dataclass(frozen=True)
+class TableCost:
+    """Seconds on a grid over feature ``x`` (and ``y``), interpolated linearly; the edge
+    value below the grid; above it the last segment extended, never below the edge."""
+
+    x: str
+    xs: tuple[float, ...]
+    values: tuple[float, ...]  # row-major: values[ix * len(ys) + iy]
+    y: str | None = None
+    ys: tuple[float, ...] = ()
+
+    def time(self, features: BatchFeatures) -> float:
+        xi, xj, wx = _locate(self.xs, features[self.x])
+        v = self.values
+        if self.y is None:
+            return max(_lerp(v[xi], v[xj], wx), _lerp(v[xi], v[xj], min(wx, 1.0)))
+        yi, yj, wy = _locate(self.ys, features[self.y])
+        ny = len(self.ys)
+
+        def at(wx: float, wy: float) -> float:
+            low = _lerp(v[xi * ny + yi], v[xi * ny + yj], wy)
+            high = _lerp(v[xj * ny + yi], v[xj * ny + yj], wy)
+            return _lerp(low, high, wx)
+
+        return max(at(wx, wy), at(min(wx, 1.0), min(wy, 1.0)))
+
+    def to_core(self) -> dict[str, Any]:
+        return {
+            "kind": "table",
+            "x": self.x,
+            "y": self.y,
+            "xs": list(self.xs),
+            "ys": list(self.ys),
+            "values": list(self.values),
+        }
+
+
+Cost = RooflineCost | TableCost
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledOp:
+    """One operation: ``count`` runs per ``scope``, skipped when feature ``gate`` is 0.
+    ``source`` says where its cost came from (``roofline``, ``profile:<regressor>``)."""
+
+    name: str
+    scope: Scope
+    gate: str
+    cost: Cost
+    count: float = 1.0
+    source: str = "roofline"
+
+    def runs(self, stage: int, num_stages: int, num_layers: int) -> float:
+        last = stage + 1 == num_stages
+        return {
+            "layer": num_layers / num_stages,
+            "first_stage": float(stage == 0),
+            "last_stage": float(last),
+            "between_stages": float(not last),
+            "every_stage": 1.0,
+        }[self.scope]
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledPredictor:
+    """A predictor ready for the simulator: ``to_core()`` for Rust, or call it (the Python
+    slow path, with the keyword arguments the simulator passes) for the same times."""
+
+    ops: tuple[CompiledOp, ...]
+    num_layers: int
+    cpu_overhead_s: float
+    description: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def op_times(
+        self, features: BatchFeatures, stage: int = 0, num_stages: int = 1
+    ) -> dict[str, float]:
+        """Seconds per operation on ``stage`` (operations with one name are summed)."""
+        times: dict[str, float] = {}
+        for op in self.ops:
+            times[op.name] = times.get(op.name, 0.0) + self._op_time(
+                op, features, stage, num_stages
+            )
+        return times
+
+    def _op_time(
+        self, op: CompiledOp, features: BatchFeatures, stage: int, num_stages: int
+    ) -> float:
+        runs = op.runs(stage, num_stages, self.num_layers)
+        if runs == 0.0 or features[op.gate] == 0.0:
+            return 0.0
+        return runs * op.count * op.cost.time(features)
+
+    def stage_time(
+        self, features: BatchFeatures, stage: int = 0, num_stages: int = 1
+    ) -> tuple[float, float]:
+        """``(total_s, model_s)`` of a batch stage."""
+        model_s = 0.0
+        for op in self.ops:
+            model_s += self._op_time(op, features, stage, num_stages)
+        return model_s + self.cpu_overhead_s, model_s
+
+    def __call__(self, *, stage: int, num_stages: int, **shape: int) -> tuple[float, float]:
+        return self.stage_time(batch_features(**shape), stage, num_stages)
+
+    def to_core(self) -> dict[str, Any]:
+        return {
+            "num_layers": self.num_layers,
+            "cpu_overhead_s": self.cpu_overhead_s,
+            "ops": [
+                {
+                    "name": op.name,
+                    "scope": op.scope,
+                    "count": op.count,
+                    "gate": op.gate,
+                    **op.cost.to_core(),
+                }
+                for op in self.ops
+            ],
+        }
+
+    def save(self, path: str | Path) -> None:
+        data = {**self.to_core(), "description": dict(self.description)}
+        for op, entry in zip(self.ops, data["ops"], strict=True):
+            entry["source"] = op.source
+        Path(path).write_text(json.dumps(data, indent=1, sort_keys=True))
+
+    @classmethod
+    def load(cls, path: str | Path) -> CompiledPredictor:
+        data = json.loads(Path(path).read_text())
+        try:
+            return cls(
+                ops=tuple(_op_from_dict(d) for d in data["ops"]),
+                num_layers=int(data["num_layers"]),
+                cpu_overhead_s=float(data["cpu_overhead_s"]),
+                description=data.get("description", {}),
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise ConfigError(
+                f"{path}: not a compiled predictor ({err!r})", field="execution", value=str(path)
+            ) from err
+
+
+def _op_from_dict(d: Mapping[str, Any]) -> CompiledOp:
+    cost: Cost
+    if d["kind"] == "roofline":
+        cost = RooflineCost(
+            flops=d["flops"],
+            bytes=d["bytes"],
+            flops_per_s=d["flops_per_s"],
+            bytes_per_s=d["bytes_per_s"],
+            latency_s=d["latency_s"],
+        )
+    else:
+        cost = TableCost(
+            x=d["x"],
+            xs=tuple(d["xs"]),
+            values=tuple(d["values"]),
+            y=d["y"],
+            ys=tuple(d["ys"]),
+        )
+    return CompiledOp(
+        name=d["name"],
+        scope=d["scope"],
+        gate=d["gate"],
+        cost=cost,
+        count=d["count"],
+        source=d.get("source", "roofline"),
+    )

@@ -1,0 +1,300 @@
+"""The roofline predictor: every operation of a decoder layer, priced from the model's shape
+and the GPU's datasheet (seed 000 §13's decomposition).
+
+Each operation costs ``max(FLOPs / (peak x efficiency), bytes / (bandwidth x efficiency))``
+per TP worker. FLOPs and bytes are linear in the batch's features, so the whole model
+compiles to coefficients that Rust evaluates (see ``compiled.py``). Per layer, with ``h`` the
+hidden size, ``q = heads/TP x head_dim``, ``kv = ceil(kv_heads/TP) x head_dim`` and ``i =
+intermediate/TP``, for ``T`` tokens:
+
+======================  ==============================  ====================================
+operation               FLOPs                           bytes moved
+======================  ==============================  ====================================
+``input_norm``          ``4hT``                         ``h w + 2hTa``
+``qkv_proj``            ``2h(q + 2kv)T``                ``h(q + 2kv)w + (h + q + 2kv)Ta``
+``rope``                ``3(q + kv)T``                  ``2(q + kv)Ta``
+``kv_store``            0                               ``2kv T(a + c)``
+``attn_prefill``        ``4 q P`` (P: causal pairs)     ``2(q + kv)T_p a``
+``attn_decode``         ``4 q K`` (K: keys read)        ``2kv K c + 2q T_d a``
+``o_proj``              ``2 q h T``                     ``q h w + (q + h)Ta``
+``post_attn_norm``      as ``input_norm``
+``gate_up_proj``        ``4h i T`` (x top-k for MoE)    ``2h i w`` (x experts) ``+ (h + 2i)Ta``
+``act``                 ``3 i T``                       ``3 i T a``
+``down_proj``           ``2 i h T``                     ``i h w + (i + h)Ta``
+``residual_add`` (x2)   ``hT``                          ``3hTa``
+``all_reduce`` (x2)     ring: ``2(n-1)/n x hTa`` over the interconnect, ``2(n-1)`` latencies
+======================  ==============================  ====================================
+
+``w``, ``a``, ``c``: bytes per weight, activation and KV value. Once per replica: the
+``embedding`` (first stage), ``lm_head`` (last stage: one row per request) and
+``send_recv`` of ``hTa`` bytes between pipeline stages. Prefill attention counts only the
+chunk's own Q, K, V and output as traffic: it is compute-bound, and the cached prefix is
+read once per query tile, which a roofline cannot see. A MoE layer reads the weights of
+``min(experts, top-k x T)`` experts: not linear in ``T``, so its expert GEMMs compile to
+a table of the exact formula on a fine token grid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from tokenyard.catalog import DeviceSpec, ModelSpec
+from tokenyard.errors import ConfigError
+from tokenyard.predictor.compiled import CompiledOp, CompiledPredictor, RooflineCost, TableCost
+
+__all__ = ["CpuOverheads", "Efficiencies", "roofline_predictor"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Efficiencies:
+    """Fractions of the datasheet peaks that kernels reach. Defaults: cuBLAS GEMMs reach
+    70-80% of dense peak at serving sizes; memory-bound kernels 80-90% of HBM bandwidth
+    (tokenyard's decode kernel measured 86-91% on an H100, benches/RESULTS.md); flash
+    attention 40-60% of peak on long prompts; NCCL rings about 70% of the link."""
+
+    gemm: float = 0.7
+    attention: float = 0.5
+    memory: float = 0.85
+    network: float = 0.7
+
+    def check(self, where: str) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if not (isinstance(value, (int, float)) and 0 < value <= 1):
+                raise ConfigError(
+                    f"{where}.{field.name}: must be in (0, 1], got {value!r}",
+                    field=f"{where}.{field.name}",
+                    value=repr(value),
+                )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CpuOverheads:
+    """Host time per batch stage, added to the GPU time (seed 000 §13). Defaults: the
+    scheduler step tokenyard measured (about 0.1 ms) and typical eager-mode costs."""
+
+    schedule_s: float = 1e-4
+    prepare_inputs_s: float = 5e-4
+    sample_s: float = 2e-4
+    process_outputs_s: float = 2e-4
+
+    def check(self, where: str) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ConfigError(
+                    f"{where}.{field.name}: must be a finite number >= 0, got {value!r}",
+                    field=f"{where}.{field.name}",
+                    value=repr(value),
+                )
+
+    @property
+    def total_s(self) -> float:
+        return self.schedule_s + self.prepare_inputs_s + self.sample_s + self.process_outputs_s
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sizes:
+    """Per-TP-worker sizes of one layer and the bytes per value."""
+
+    h: int
+    q: int
+    kv: int
+    i: int
+    vocab: int
+    w: float  # bytes per weight
+    a: float  # bytes per activation
+    c: float  # bytes per KV value
+
+
+def _sizes(model: ModelSpec, tp: int, weight_bytes: float, kv_bytes: float) -> _Sizes:
+    return _Sizes(
+        h=model.hidden_size,
+        q=model.num_heads // tp * model.head_dim,
+        kv=math.ceil(model.num_kv_heads / tp) * model.head_dim,
+        i=model.intermediate_size // tp,
+        vocab=math.ceil(model.vocab_size / tp),
+        w=weight_bytes,
+        a=2.0,  # activations stay in 16 bits even with 8- or 4-bit weights
+        c=kv_bytes,
+    )
+
+
+class _Builder:
+    def __init__(self, device: DeviceSpec, efficiencies: Efficiencies):
+        self.flops_per_s = device.dense_bf16_tflops * 1e12
+        self.bytes_per_s = device.memory_bandwidth_gbps * 1e9
+        self.eff = efficiencies
+        self.ops: list[CompiledOp] = []
+
+    def add(
+        self,
+        name: str,
+        *,
+        flops: dict[str, float],
+        bytes: dict[str, float],
+        kind: str = "gemm",
+        gate: str = "num_tokens",
+        scope: str = "layer",
+        count: float = 1.0,
+    ) -> None:
+        compute = self.eff.attention if kind == "attention" else self.eff.gemm
+        cost = RooflineCost(
+            flops={k: v for k, v in flops.items() if v},
+            bytes={k: v for k, v in bytes.items() if v},
+            flops_per_s=self.flops_per_s * compute,
+            bytes_per_s=self.bytes_per_s * self.eff.memory,
+        )
+        self.ops.append(CompiledOp(name, scope, gate, cost, count))  # type: ignore[arg-type]
+
+
+def _gemm(b: _Builder, name: str, k: int, n: int, s: _Sizes) -> None:
+    """A ``[T, k] x [k, n]`` projection."""
+    b.add(
+        name,
+        flops={"num_tokens": 2.0 * k * n},
+        bytes={"one": k * n * s.w, "num_tokens": (k + n) * s.a},
+    )
+
+
+def _attention(b: _Builder, s: _Sizes) -> None:
+    b.add("kv_store", flops={}, bytes={"num_tokens": 2.0 * s.kv * (s.a + s.c)}, kind="memory")
+    b.add(
+        "attn_prefill",
+        flops={"prefill_attention_pairs": 4.0 * s.q},
+        bytes={"num_prefill_tokens": 2.0 * (s.q + s.kv) * s.a},
+        kind="attention",
+        gate="num_prefill_tokens",
+    )
+    b.add(
+        "attn_decode",
+        flops={"decode_attention_keys": 4.0 * s.q},
+        bytes={"decode_attention_keys": 2.0 * s.kv * s.c, "num_decode_tokens": 2.0 * s.q * s.a},
+        kind="attention",
+        gate="num_decode_tokens",
+    )
+
+
+def _norm(b: _Builder, name: str, s: _Sizes) -> None:
+    b.add(
+        name,
+        flops={"num_tokens": 4.0 * s.h},
+        bytes={"one": s.h * s.w, "num_tokens": 2.0 * s.h * s.a},
+    )
+
+
+def _expert_gemm(b: _Builder, model: ModelSpec, s: _Sizes, name: str, k: int, n: int) -> None:
+    """An MLP projection. For MoE: top-k x T rows over the ``min(experts, top-k x T)``
+    experts they hit, tabulated on a fine token grid (not linear in T)."""
+    if model.num_experts == 1:
+        _gemm(b, name, k, n, s)
+        return
+    top_k, experts = model.experts_per_token, model.num_experts
+    xs = sorted({float(round(2 ** (e / 4))) for e in range(4 * 17 + 1)})
+
+    def seconds(tokens: float) -> float:
+        rows = top_k * tokens
+        flops = 2.0 * k * n * rows
+        moved = min(experts, rows) * k * n * s.w + rows * (k + n) * s.a
+        return max(flops / (b.flops_per_s * b.eff.gemm), moved / (b.bytes_per_s * b.eff.memory))
+
+    cost = TableCost(x="num_tokens", xs=tuple(xs), values=tuple(seconds(t) for t in xs))
+    b.ops.append(CompiledOp(name, "layer", "num_tokens", cost))
+
+
+def _mlp(b: _Builder, model: ModelSpec, s: _Sizes) -> None:
+    top_k = model.experts_per_token
+    if model.num_experts > 1:
+        _gemm(b, "router", s.h, model.num_experts, s)
+    _expert_gemm(b, model, s, "gate_up_proj", s.h, 2 * s.i)
+    b.add(
+        "act",
+        flops={"num_tokens": 3.0 * s.i * top_k},
+        bytes={"num_tokens": 3.0 * s.i * s.a * top_k},
+    )
+    _expert_gemm(b, model, s, "down_proj", s.i, s.h)
+
+
+def _communication(b: _Builder, device: DeviceSpec, s: _Sizes, tp: int, pp: int) -> None:
+    # The catalog gives bidirectional totals; a ring sends and receives at once, each way at
+    # half of that.
+    link = device.interconnect_gbps / 2 * 1e9 * b.eff.network
+    latency = device.interconnect_latency_us * 1e-6
+    if tp > 1:
+        ring = 2.0 * (tp - 1) / tp
+        cost = RooflineCost(
+            flops={},
+            bytes={"num_tokens": ring * s.h * s.a},
+            flops_per_s=b.flops_per_s,
+            bytes_per_s=link,
+            latency_s=2 * (tp - 1) * latency,
+        )
+        b.ops.append(CompiledOp("all_reduce", "layer", "num_tokens", cost, count=2.0))
+    if pp > 1:
+        cost = RooflineCost(
+            flops={},
+            bytes={"num_tokens": s.h * s.a},
+            flops_per_s=b.flops_per_s,
+            bytes_per_s=link,
+            latency_s=latency,
+        )
+        b.ops.append(CompiledOp("send_recv", "between_stages", "num_tokens", cost))
+
+
+def roofline_predictor(
+    model: ModelSpec,
+    device: DeviceSpec,
+    *,
+    tensor_parallel_size: int = 1,
+    num_pipeline_stages: int = 1,
+    weight_bytes: float = 2.0,
+    kv_bytes: float = 2.0,
+    efficiencies: Efficiencies | None = None,
+    cpu: CpuOverheads | None = None,
+) -> CompiledPredictor:
+    """The roofline model of ``model`` on ``device`` under TP x PP, compiled for Rust."""
+    tp, pp = tensor_parallel_size, num_pipeline_stages
+    efficiencies = efficiencies or Efficiencies()
+    cpu = cpu or CpuOverheads()
+    s = _sizes(model, tp, weight_bytes, kv_bytes)
+    b = _Builder(device, efficiencies)
+    _norm(b, "input_norm", s)
+    _gemm(b, "qkv_proj", s.h, s.q + 2 * s.kv, s)
+    b.add(
+        "rope",
+        flops={"num_tokens": 3.0 * (s.q + s.kv)},
+        bytes={"num_tokens": 2.0 * (s.q + s.kv) * s.a},
+    )
+    _attention(b, s)
+    _gemm(b, "o_proj", s.q, s.h, s)
+    _norm(b, "post_attn_norm", s)
+    _mlp(b, model, s)
+    b.add(
+        "residual_add",
+        flops={"num_tokens": float(s.h)},
+        bytes={"num_tokens": 3.0 * s.h * s.a},
+        count=2.0,
+    )
+    _communication(b, device, s, tp, pp)
+    b.add("embedding", flops={}, bytes={"num_tokens": 2.0 * s.h * s.a}, scope="first_stage")
+    b.add(
+        "lm_head",
+        flops={"num_requests": 2.0 * s.h * s.vocab},
+        bytes={"one": s.h * s.vocab * s.w, "num_requests": (s.h + s.vocab) * s.a},
+        gate="num_requests",
+        scope="last_stage",
+    )
+    return CompiledPredictor(
+        ops=tuple(b.ops),
+        num_layers=model.num_layers,
+        cpu_overhead_s=cpu.total_s,
+        description={
+            "kind": "roofline",
+            "model": model.name,
+            "device": device.name,
+            "tensor_parallel_size": tp,
+            "num_pipeline_stages": pp,
+            "efficiencies": dataclasses.asdict(efficiencies),
+        },
+    )

@@ -1,0 +1,28 @@
+//! Execution time of a batch stage. The simulator asks an [`ExecModel`] for each
+//! (batch, stage). Two models are evaluated in Rust: [`LinearModel`] (a few per-token
+//! coefficients) and [`OpModel`] (a sum of per-operation costs, each a roofline or an
+//! interpolated table, compiled in Python from a model and a GPU or from profiles). The
+//! Python layer can supply any other model (the slow path) through the same trait.
+
+mod linear;
+mod ops;
+
+pub use linear::LinearModel;
+pub use ops::{Cost, Feature, Features, Op, OpModel, Roofline, Scope, Table};
+
+use super::batch::BatchShape;
+use crate::Result;
+
+/// Seconds one batch stage takes: `total_s` (what the clock advances) includes the CPU
+/// overheads on top of `model_s`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StageTime {
+    pub total_s: f64,
+    pub model_s: f64,
+}
+
+pub trait ExecModel {
+    /// Time of `shape` on pipeline stage `stage` of `num_stages` (each stage holds an equal
+    /// share of the layers).
+    fn stage_time(&mut self, shape: &BatchShape, stage: u32, num_stages: u32) -> Result<StageTime>;
+}

@@ -536,3 +536,19 @@ def simulate(
     Raises:
         ConfigError, InputError, CapacityError; or the exception a callback raised.
     """
+
+def evaluate_ops(
+    spec: dict[str, Any],
+    shapes: Mapping[str, npt.NDArray[np.uint64]],
+    *,
+    stage: int = 0,
+    num_stages: int = 1,
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """``(total_s, model_s)`` of each batch shape (columns ``num_requests``,
+    ``num_prefill_tokens``, ``num_decode_tokens``, ``sum_decode_context``,
+    ``sum_prefill_context``, ``sum_prefill_squared``, ``num_padding_rows``) under a compiled
+    per-operation model (``CompiledPredictor.to_core()``), evaluated by the simulator's code.
+
+    Raises:
+        ConfigError: a bad model (the field and value) or mismatched columns.
+    """

@@ -16,6 +16,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tokenyard.simulation.cli import add_parser, run_command
 
     add_parser(commands)
+    from tokenyard.profiler import cli as profile_cli
+
+    profile_cli.add_parser(commands)
+    from tokenyard.predictor import cli as predictor_cli
+
+    predictor_cli.add_parser(commands)
+    from tokenyard.search import cli as search_cli
+
+    search_cli.add_parser(commands)
     args = parser.parse_args(argv)
 
     if args.version:
@@ -25,6 +34,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "simulate":
         return run_command(args)
+    if args.command == "profile":
+        return profile_cli.run_command(args)
+    if args.command == "predictor":
+        return predictor_cli.run_command(args)
+    if args.command == "search":
+        return search_cli.run_command(args)
     if args.command == "demo":
         from tokenyard.demo import DemoWorkload
         from tokenyard.demo import main as demo_main

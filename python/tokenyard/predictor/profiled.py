@@ -40,6 +40,7 @@ __all__ = [
     "TrainingOptions",
     "default_cache_dir",
     "fit_op",
+    "median_by_point",
     "profiled_predictor",
     "table_predict",
 ]
@@ -96,7 +97,7 @@ class OpFit:
     cv_mape: Mapping[str, float]
 
 
-def _median_by_point(samples: OpSamples) -> tuple[Array, Array]:
+def median_by_point(samples: OpSamples) -> tuple[Array, Array]:
     """Unique feature rows and the median time of the repeats at each."""
     points, inverse = np.unique(samples.features, axis=0, return_inverse=True)
     times = np.array([np.median(samples.time_s[inverse.ravel() == i]) for i in range(len(points))])
@@ -155,7 +156,7 @@ def _linear(features: Array, times: Array, options: TrainingOptions) -> TableCos
 
 
 def _interpolation(features: Array, times: Array, options: TrainingOptions) -> TableCost:
-    points, values = _median_by_point(OpSamples("", ("",) * features.shape[1], features, times))
+    points, values = median_by_point(OpSamples("", ("",) * features.shape[1], features, times))
     if points.shape[1] == 1:
         return TableCost(
             x="x", xs=tuple(map(float, points[:, 0])), values=tuple(map(float, values))
@@ -230,7 +231,7 @@ def table_predict(table: TableCost, features: Array) -> Array:
 
 def _cv_mape(kind: str, samples: OpSamples, options: TrainingOptions) -> float:
     """Mean absolute percentage error on held-out points over ``folds`` seeded folds."""
-    points, times = _median_by_point(samples)
+    points, times = median_by_point(samples)
     n = len(points)
     if n < 3:
         return float("inf") if kind != "interpolation" else 0.0
@@ -262,7 +263,7 @@ def fit_op(samples: OpSamples, options: TrainingOptions | None = None) -> OpFit:
     kinds = REGRESSORS if options.regressor == "auto" else (options.regressor,)
     scores = {kind: _cv_mape(kind, samples, options) for kind in kinds}
     best = min(kinds, key=lambda kind: (scores[kind], kinds.index(kind)))
-    points, times = _median_by_point(samples)
+    points, times = median_by_point(samples)
     return OpFit(samples.op, best, _FITTERS[best](points, times, options), scores)
 
 

@@ -25,5 +25,6 @@ fn _core(module: &Bound<'_, PyModule>) -> PyResult<()> {
     kv::register(module)?;
     sched::register(module)?;
     sim::register(module)?;
+    exec::register(module)?;
     Ok(())
 }

@@ -5,7 +5,8 @@ coefficients or interpolated tables) that the simulator's event loop evaluates n
 
     from tokenyard import catalog, predictor
 
-    roofline = predictor.roofline_predictor(catalog.model("llama-2-7b"), catalog.device("a100-80gb"))
+    llama, a100 = catalog.model("llama-2-7b"), catalog.device("a100-80gb")
+    roofline = predictor.roofline_predictor(llama, a100)
     profiles = predictor.read_profiles(["profile.csv"])
     trained = predictor.profiled_predictor(profiles, roofline, hidden_size=4096)
     predictor.holdout_errors(profiles)  # held-out error per operation

@@ -86,13 +86,19 @@ class RooflineCost:
     latency_s: float = 0.0
 
     def time(self, features: BatchFeatures) -> float:
-        flops = 0.0
-        moved = 0.0
-        for name in FEATURES:  # Rust sums in feature order: keep it for identical results
-            flops += self.flops.get(name, 0.0) * features[name]
+        # Rust's order exactly (``Roofline::new``): non-zero terms in feature order, each
+        # coefficient divided by its rate first, so both give identical times.
+        compute = 0.0
+        memory = 0.0
         for name in FEATURES:
-            moved += self.bytes.get(name, 0.0) * features[name]
-        return max(flops / self.flops_per_s, moved / self.bytes_per_s) + self.latency_s
+            coefficient = self.flops.get(name, 0.0)
+            if coefficient != 0.0:
+                compute += coefficient / self.flops_per_s * features[name]
+        for name in FEATURES:
+            coefficient = self.bytes.get(name, 0.0)
+            if coefficient != 0.0:
+                memory += coefficient / self.bytes_per_s * features[name]
+        return max(compute, memory) + self.latency_s
 
     def to_core(self) -> dict[str, Any]:
         return {

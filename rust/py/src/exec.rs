@@ -31,7 +31,7 @@ fn op_of(d: &Bound<'_, PyDict>) -> PyResult<Op> {
     let scope: String = get(d, "scope")?;
     let kind: String = get(d, "kind")?;
     let cost = match kind.as_str() {
-        "roofline" => Cost::Roofline(roofline(d)?),
+        "roofline" => Cost::Roofline(roofline(&name, d)?),
         "table" => Cost::Table(table(d)?),
         other => {
             return Err(config_error(
@@ -80,14 +80,16 @@ fn coefficients(d: &Bound<'_, PyDict>, field: &'static str) -> PyResult<[f64; Fe
     Ok(dense)
 }
 
-fn roofline(d: &Bound<'_, PyDict>) -> PyResult<Roofline> {
-    Ok(Roofline {
-        flops: coefficients(&sub(d, "flops")?, "execution.ops.flops")?,
-        bytes: coefficients(&sub(d, "bytes")?, "execution.ops.bytes")?,
-        flops_per_s: get(d, "flops_per_s")?,
-        bytes_per_s: get(d, "bytes_per_s")?,
-        latency_s: get(d, "latency_s")?,
-    })
+fn roofline(name: &str, d: &Bound<'_, PyDict>) -> PyResult<Roofline> {
+    Roofline::new(
+        name,
+        &coefficients(&sub(d, "flops")?, "execution.ops.flops")?,
+        &coefficients(&sub(d, "bytes")?, "execution.ops.bytes")?,
+        get(d, "flops_per_s")?,
+        get(d, "bytes_per_s")?,
+        get(d, "latency_s")?,
+    )
+    .or_raise(d.py())
 }
 
 fn table(d: &Bound<'_, PyDict>) -> PyResult<Table> {

@@ -123,27 +123,64 @@ impl Scope {
 }
 
 /// `max(Σ flops·feature / flops_per_s, Σ bytes·feature / bytes_per_s) + latency_s`.
+///
+/// Built by [`Roofline::new`], which keeps only the non-zero terms, each already divided
+/// by its rate: a batch stage evaluates a dozen of these, and the event loop spends only a
+/// couple of microseconds per batch.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Roofline {
-    pub flops: [f64; NUM_FEATURES],
-    pub bytes: [f64; NUM_FEATURES],
-    pub flops_per_s: f64,
-    pub bytes_per_s: f64,
-    pub latency_s: f64,
+    compute: Vec<(Feature, f64)>,
+    memory: Vec<(Feature, f64)>,
+    latency_s: f64,
 }
 
 impl Roofline {
-    fn time(&self, features: &Features) -> f64 {
-        let dot = |coefficients: &[f64; NUM_FEATURES]| -> f64 {
-            let mut sum = 0.0;
-            for (c, f) in coefficients.iter().zip(features.0.iter()) {
-                sum += c * f;
+    /// `flops[f]` and `bytes[f]` per unit of feature `f`; rates per second. `name` (the
+    /// operation's) is for errors.
+    pub fn new(
+        name: &str,
+        flops: &[f64; NUM_FEATURES],
+        bytes: &[f64; NUM_FEATURES],
+        flops_per_s: f64,
+        bytes_per_s: f64,
+        latency_s: f64,
+    ) -> Result<Self> {
+        for rate in [flops_per_s, bytes_per_s] {
+            if !(rate.is_finite() && rate > 0.0) {
+                return Err(Error::config(
+                    "execution.ops.roofline",
+                    format!("{name}: {rate}"),
+                    "rates must be finite numbers > 0",
+                ));
             }
-            sum
+        }
+        for &v in flops.iter().chain(bytes).chain([&latency_s]) {
+            non_negative("execution.ops.roofline", name, v)?;
+        }
+        let terms = |coefficients: &[f64; NUM_FEATURES], rate: f64| {
+            Feature::ALL
+                .into_iter()
+                .zip(coefficients)
+                .filter(|(_, c)| **c != 0.0)
+                .map(|(f, c)| (f, c / rate))
+                .collect()
         };
-        let compute = dot(&self.flops) / self.flops_per_s;
-        let memory = dot(&self.bytes) / self.bytes_per_s;
-        compute.max(memory) + self.latency_s
+        Ok(Roofline {
+            compute: terms(flops, flops_per_s),
+            memory: terms(bytes, bytes_per_s),
+            latency_s,
+        })
+    }
+
+    fn time(&self, features: &Features) -> f64 {
+        let sum = |terms: &[(Feature, f64)]| -> f64 {
+            let mut seconds = 0.0;
+            for &(f, per_unit) in terms {
+                seconds += per_unit * features.get(f);
+            }
+            seconds
+        };
+        sum(&self.compute).max(sum(&self.memory)) + self.latency_s
     }
 }
 
@@ -289,21 +326,7 @@ impl Op {
         let name = self.name.as_str();
         non_negative("execution.ops.count", name, self.count)?;
         match &self.cost {
-            Cost::Roofline(r) => {
-                for v in r.flops.iter().chain(&r.bytes).chain([&r.latency_s]) {
-                    non_negative("execution.ops.roofline", name, *v)?;
-                }
-                for rate in [r.flops_per_s, r.bytes_per_s] {
-                    if !(rate.is_finite() && rate > 0.0) {
-                        return Err(Error::config(
-                            "execution.ops.roofline",
-                            format!("{name}: {rate}"),
-                            "rates must be finite numbers > 0",
-                        ));
-                    }
-                }
-                Ok(())
-            }
+            Cost::Roofline(_) => Ok(()), // checked by Roofline::new
             Cost::Table(t) => t.validate(name),
         }
     }

@@ -16,21 +16,16 @@ fn shape(prefill: &[(u64, u64)], decode_contexts: &[u64]) -> BatchShape {
     s
 }
 
-fn roofline(flops: &[(Feature, f64)], bytes: &[(Feature, f64)]) -> Roofline {
-    let mut r = Roofline {
-        flops: [0.0; NUM_FEATURES],
-        bytes: [0.0; NUM_FEATURES],
-        flops_per_s: 1e12,
-        bytes_per_s: 1e9,
-        latency_s: 0.0,
-    };
+fn roofline(flops: &[(Feature, f64)], bytes: &[(Feature, f64)], latency_s: f64) -> Roofline {
+    let mut dense_flops = [0.0; NUM_FEATURES];
+    let mut dense_bytes = [0.0; NUM_FEATURES];
     for &(f, c) in flops {
-        r.flops[f as usize] = c;
+        dense_flops[f as usize] = c;
     }
     for &(f, c) in bytes {
-        r.bytes[f as usize] = c;
+        dense_bytes[f as usize] = c;
     }
-    r
+    Roofline::new("test", &dense_flops, &dense_bytes, 1e12, 1e9, latency_s).unwrap()
 }
 
 fn op(name: &str, scope: Scope, gate: Feature, cost: Cost) -> Op {
@@ -84,19 +79,15 @@ fn feature_names_round_trip() {
 #[test]
 fn roofline_takes_the_slower_of_compute_and_memory() {
     // 1 TFLOP/s and 1 GB/s: 2e9 FLOPs per token against 1e6 bytes + 1e3 bytes per token.
-    let r = roofline(
-        &[(Feature::NumTokens, 2e9)],
-        &[(Feature::One, 1e6), (Feature::NumTokens, 1e3)],
-    );
+    let flops = [(Feature::NumTokens, 2e9)];
+    let bytes = [(Feature::One, 1e6), (Feature::NumTokens, 1e3)];
+    let r = roofline(&flops, &bytes, 0.0);
     let tokens = |n: u64| Features::of(&shape(&[(n, 0)], &[]));
     // One token: compute 2 ms, memory 1.001 ms → 2 ms.
     assert!((r.time(&tokens(1)) - 2e-3).abs() < 1e-15);
-    let latency = Roofline {
-        latency_s: 5e-6,
-        ..r.clone()
-    };
+    let latency = roofline(&flops, &bytes, 5e-6);
     assert!((latency.time(&tokens(1)) - 2.005e-3).abs() < 1e-15);
-    let memory_bound = roofline(&[(Feature::NumTokens, 1.0)], &[(Feature::One, 1e6)]);
+    let memory_bound = roofline(&[(Feature::NumTokens, 1.0)], &[(Feature::One, 1e6)], 0.0);
     assert!((memory_bound.time(&tokens(1)) - 1e-3).abs() < 1e-15);
 }
 
@@ -137,12 +128,7 @@ fn two_feature_table_is_bilinear() {
 
 #[test]
 fn stage_time_sums_ops_by_scope_and_skips_gated_ones() {
-    let constant = |s: f64| {
-        Cost::Roofline(Roofline {
-            latency_s: s,
-            ..roofline(&[], &[])
-        })
-    };
+    let constant = |s: f64| Cost::Roofline(roofline(&[], &[], s));
     let mut model = OpModel {
         ops: vec![
             op("layer", Scope::Layer, Feature::NumTokens, constant(1.0)),
@@ -215,9 +201,12 @@ fn validation_names_the_bad_array() {
     assert_eq!(field_of(short, 1).0, "execution.ops.values");
     let negative = model(Cost::Table(table_1d(&[1.0], &[-1.0])));
     assert_eq!(field_of(negative, 1).0, "execution.ops.values");
-    let no_rate = model(Cost::Roofline(Roofline {
-        flops_per_s: 0.0,
-        ..roofline(&[], &[])
-    }));
-    assert_eq!(field_of(no_rate, 1).0, "execution.ops.roofline");
+    let zero = [0.0; NUM_FEATURES];
+    match Roofline::new("qkv_proj", &zero, &zero, 0.0, 1.0, 0.0) {
+        Err(Error::Config { field, value, .. }) => {
+            assert_eq!(field, "execution.ops.roofline");
+            assert_eq!(value, "qkv_proj: 0");
+        }
+        other => panic!("expected a config error, got {other:?}"),
+    }
 }

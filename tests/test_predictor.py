@@ -260,13 +260,16 @@ WORKLOAD = {
     "output_tokens": {"kind": "uniform", "low": 1, "high": 200},
 }
 
-#: Loaded by the simulator as ``tests.test_predictor:ROOFLINE_7B_TP2`` (the slow path).
+#: The slow path: the simulator loads ``tests.test_predictor:ROOFLINE_7B_TP2_FUSED``.
 ROOFLINE_7B_TP2 = roofline_predictor(
     catalog.model("llama-2-7b"),
     catalog.device("a100-80gb"),
     tensor_parallel_size=2,
     num_pipeline_stages=2,
 )
+
+
+ROOFLINE_7B_TP2_FUSED = ROOFLINE_7B_TP2.fused()  # what simulate() hands to Rust
 
 
 def test_the_simulator_gives_the_same_results_from_rust_and_the_python_slow_path() -> None:
@@ -283,7 +286,7 @@ def test_the_simulator_gives_the_same_results_from_rust_and_the_python_slow_path
     rust = simulate(config_from_mapping({**base, "execution": {"model": "roofline"}}))
     python = simulate(
         config_from_mapping(
-            {**base, "execution": {"model": "tests.test_predictor:ROOFLINE_7B_TP2"}}
+            {**base, "execution": {"model": "tests.test_predictor:ROOFLINE_7B_TP2_FUSED"}}
         )
     )
     for column in ("first_token_at", "completed_at", "execution_time"):
@@ -342,6 +345,21 @@ def synthetic_profile(path: Path, scale: float = 1.0) -> Path:
     return write_profile(rows, path)
 
 
+def _profiled_synthetic() -> CompiledPredictor:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        profiles = read_profiles([synthetic_profile(Path(tmp) / "p.csv")])
+        base = roofline_predictor(catalog.model("llama-2-7b"), catalog.device("a100-80gb"))
+        options = TrainingOptions(regressor="interpolation")
+        return profiled_predictor(
+            profiles, base, hidden_size=4096, options=options, cache_dir=Path(tmp) / "cache"
+        )
+
+
+PROFILED_SYNTHETIC = _profiled_synthetic()
+
+
 @pytest.fixture
 def cache_dir(tmp_path: Path) -> Path:
     return tmp_path / "cache"
@@ -372,6 +390,25 @@ def test_a_profiled_predictor_recovers_a_known_formula_within_two_percent(
         batch, context = int(rng.integers(1, 128)), int(rng.integers(128, 8192))
         decode = predictor.op_times(decodes(batch, context))["attn_decode"] / 32
         assert decode == pytest.approx(known_time("attn_decode", (batch, context + 1)), rel=0.02)
+
+
+@settings(max_examples=30, deadline=None)
+@given(shapes=st.lists(batch_shapes(), min_size=1, max_size=5))
+def test_a_fused_predictor_gives_the_same_times_with_fewer_lookups(
+    shapes: list[dict[str, int]],
+) -> None:
+    mixtral = roofline_predictor(
+        catalog.model("mixtral-8x7b"), catalog.device("h100-sxm"), tensor_parallel_size=2
+    )
+    for predictor in (PROFILED_SYNTHETIC, ROOFLINE_70B, mixtral):
+        fused = predictor.fused()
+        assert len(fused.ops) <= len(predictor.ops) - 8
+        assert any(op.source == "fused" for op in fused.ops)
+        for shape in shapes:
+            for stage in (0, 1):
+                expected = predictor(stage=stage, num_stages=2, **shape)
+                got = fused(stage=stage, num_stages=2, **shape)
+                assert got == pytest.approx(expected, rel=1e-9)
 
 
 def test_auto_picks_the_regressor_with_the_lowest_cross_validated_error() -> None:

@@ -243,6 +243,41 @@ class CompiledPredictor:
             ],
         }
 
+    def fused(self) -> CompiledPredictor:
+        """The same predictor with fewer lookups, which is what ``simulate`` hands to Rust.
+
+        Operations of one scope and gate whose cost depends on a single feature ``x`` are
+        piecewise linear in it: a one-feature table between its points, a roofline on ``1``
+        and ``x`` on either side of where compute and memory cross. Their sum (counts
+        folded in) is piecewise linear on the union of those breakpoints, so one table there
+        gives the same times up to rounding: a layer's dozen per-token operations become one
+        lookup. Tables whose last segment falls stay apart (above the grid each holds its
+        edge value, which a sum cannot express). Breakdowns by operation need the unfused
+        predictor."""
+        groups: dict[tuple[Scope, str, str], list[CompiledOp]] = {}
+        kept: list[CompiledOp] = []
+        for op in self.ops:
+            x = _single_feature(op.cost)
+            if x is None:
+                kept.append(op)
+            else:
+                groups.setdefault((op.scope, op.gate, x), []).append(op)
+        for (scope, gate, x), ops in groups.items():
+            if len(ops) == 1:
+                kept.append(ops[0])
+                continue
+            xs = sorted({1.0, *(b for op in ops for b in _breakpoints(op.cost) if b > 1.0)})
+            xs.append(2.0 * xs[-1])  # a point past the last bend: the line beyond is exact
+
+            def total(value: float, ops: list[CompiledOp] = ops, x: str = x) -> float:
+                features = {**dict.fromkeys(FEATURES, 0.0), "one": 1.0, x: value}
+                return sum(op.count * op.cost.time(features) for op in ops)
+
+            table = TableCost(x=x, xs=tuple(xs), values=tuple(total(v) for v in xs))
+            name = "+".join(op.name for op in ops)
+            kept.append(CompiledOp(name, scope, gate, table, 1.0, "fused"))
+        return dataclasses.replace(self, ops=tuple(kept))
+
     def save(self, path: str | Path) -> None:
         data = {**self.to_core(), "description": dict(self.description)}
         for op, entry in zip(self.ops, data["ops"], strict=True):
@@ -263,6 +298,31 @@ class CompiledPredictor:
             raise ConfigError(
                 f"{path}: not a compiled predictor ({err!r})", field="execution", value=str(path)
             ) from err
+
+
+def _single_feature(cost: Cost) -> str | None:
+    """The one feature ``cost`` depends on, if it is piecewise linear in it with known bends
+    and rises past the last one; else None."""
+    if isinstance(cost, TableCost):
+        if cost.y is not None or (len(cost.values) > 1 and cost.values[-1] < cost.values[-2]):
+            return None
+        return cost.x
+    names = {n for n, c in (*cost.flops.items(), *cost.bytes.items()) if c != 0.0} - {"one"}
+    return names.pop() if len(names) == 1 else None
+
+
+def _breakpoints(cost: Cost) -> tuple[float, ...]:
+    if isinstance(cost, TableCost):
+        return cost.xs
+    # Compute (d + a x) meets memory (e + c x) at x = (e - d) / (a - c), in seconds.
+    (x,) = {n for n, c in (*cost.flops.items(), *cost.bytes.items()) if c != 0.0} - {"one"}
+    a = cost.flops.get(x, 0.0) / cost.flops_per_s
+    c = cost.bytes.get(x, 0.0) / cost.bytes_per_s
+    b = (
+        cost.bytes.get("one", 0.0) / cost.bytes_per_s
+        - cost.flops.get("one", 0.0) / cost.flops_per_s
+    )
+    return (b / (a - c),) if a != c and b / (a - c) > 0 else ()
 
 
 def _op_from_dict(d: Mapping[str, Any]) -> CompiledOp:

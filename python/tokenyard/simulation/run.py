@@ -20,7 +20,7 @@ from tokenyard.simulation.planner import MemoryPlan, plan_memory
 from tokenyard.simulation.results import SimulationResult, request_columns, summarize
 from tokenyard.workload import load_workload
 
-__all__ = ["load_object", "simulate"]
+__all__ = ["load_object", "plan_for", "simulate"]
 
 CHUNK_SIZE = 65536
 Progress = Callable[[int], None]
@@ -51,7 +51,7 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
         CapacityError: requests the replicas could never schedule.
     """
     workload = load_workload(config.workload, base_dir=config.base_dir)
-    plan = _plan(config)
+    plan = plan_for(config)
     core_config = _core_config(config, plan, workload.hash_block_size or 16)
     if workload.hash_block_size is None:
         # No prefix identity: every prompt is unique, so a prefix cache would only cost time.
@@ -61,7 +61,7 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
     predictor = build_predictor(config)
     exec_model = None
     if predictor is not None:
-        core_config["ops"] = predictor.to_core()
+        core_config["ops"] = predictor.fused().to_core()
     elif ":" in config.execution.model:
         exec_model = load_object(config.execution.model, "execution.model")
     route_plugin, replica_plugins = _plugins(config, core_config)
@@ -125,7 +125,8 @@ def _plugins(config: SimulationConfig, core: dict[str, Any]) -> tuple[Any, list[
     return route_plugin, replica_plugins
 
 
-def _plan(config: SimulationConfig) -> MemoryPlan:
+def plan_for(config: SimulationConfig) -> MemoryPlan:
+    """The memory plan ``simulate`` uses for ``config`` (raises ConfigError if it does not fit)."""
     replica = config.replica
     return plan_memory(
         model_spec(replica.model),

@@ -1,0 +1,64 @@
+"""Capacity planning on the simulator: the highest arrival rate a deployment serves within
+its latency SLOs (capacity search), and that for every point of a declared grid of
+deployments, with cost, QPS per dollar, the Pareto front and the best point (deployment
+search). Locally on a process pool or on a Ray cluster; results are the same either way.
+
+    from tokenyard.search import capacity_search, deployment_search, load_search_config
+
+    report = capacity_search(simulation_config, {"ttft_p99_s": 2.0, "tbt_p99_s": 0.2})
+    print(report.capacity_qps)
+
+    result = deployment_search(load_search_config("grid.toml"), output_dir="out/")
+    print(result.summary())
+
+- ``config``: ``SearchConfig``, ``SLO``, ``SearchParams``, ``load_search_config``.
+- ``capacity``: the bisection (``CapacitySearch``) and the task function (``run_probe``).
+- ``deployments``: grid expansion and checks, ``capacity_search``, ``deployment_search``.
+- ``driver``/``executors``: many searches at once on a process pool or Ray.
+- ``results``/``tables``/``plots``: records, resumability, Parquet, summary, plots.
+
+See ``docs/search.md``.
+"""
+
+from tokenyard.search.capacity import CapacityResult, CapacitySearch, Probe, with_rate
+from tokenyard.search.config import (
+    SLO,
+    SearchConfig,
+    SearchParams,
+    load_search_config,
+    search_config_from_mapping,
+)
+from tokenyard.search.deployments import (
+    CapacityReport,
+    Point,
+    SearchResult,
+    capacity_search,
+    deployment_search,
+    expand,
+)
+from tokenyard.search.executors import LocalExecutor, RayExecutor, SerialExecutor
+from tokenyard.search.plots import plot_capacity, plot_pareto, write_plots
+
+__all__ = [
+    "SLO",
+    "CapacityReport",
+    "CapacityResult",
+    "CapacitySearch",
+    "LocalExecutor",
+    "Point",
+    "Probe",
+    "RayExecutor",
+    "SearchConfig",
+    "SearchParams",
+    "SearchResult",
+    "SerialExecutor",
+    "capacity_search",
+    "deployment_search",
+    "expand",
+    "load_search_config",
+    "plot_capacity",
+    "plot_pareto",
+    "search_config_from_mapping",
+    "with_rate",
+    "write_plots",
+]

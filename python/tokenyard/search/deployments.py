@@ -1,0 +1,432 @@
+"""Deployment search: a capacity search for every point of a declared grid, with the cost
+of each deployment, its QPS per dollar, the Pareto front of cost against latency and the
+best point per SLO set.
+
+``expand`` turns the grid into points and checks all of them before anything runs: a bad
+key or value, an unknown model or GPU, a TP that does not divide the heads (or a PP the
+layers), a missing price or a rate the search cannot set is a ``ConfigError`` naming the
+key; a point over the GPU or cost budget, or whose model does not fit the GPU's memory, is
+skipped with the reason recorded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tokenyard.errors import ConfigError
+from tokenyard.search.capacity import CapacityResult, Probe, check_rate_settable, with_rate
+from tokenyard.search.config import SLO, SearchConfig, SearchParams, rekey
+from tokenyard.search.driver import PointJob, Progress, run_jobs
+from tokenyard.search.executors import Executor, make_executor
+from tokenyard.search.results import PointRecord, load_records, point_key, write_record
+from tokenyard.simulation.config import (
+    SimulationConfig,
+    apply_overrides,
+    config_from_mapping,
+)
+from tokenyard.simulation.run import plan_for
+
+__all__ = [
+    "CapacityReport",
+    "Point",
+    "SearchResult",
+    "capacity_search",
+    "deployment_search",
+    "expand",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One deployment of the grid. ``overrides``: the dotted keys the grid and variant set
+    (``variant``: the variant's ``name``, if it has one);
+    ``simulation``: the whole simulation document; ``layout``: model, device, replicas,
+    TP, PP and GPUs; ``skip``: why it is not simulated (``None``: it is)."""
+
+    index: int
+    overrides: Mapping[str, Any]
+    simulation: Mapping[str, Any]
+    layout: Mapping[str, Any]
+    price_per_gpu_hour: float | None
+    key: str
+    variant: str | None = None
+    skip: str | None = None
+
+    @property
+    def cost_per_hour(self) -> float | None:
+        if self.price_per_gpu_hour is None:
+            return None
+        return float(self.layout["num_gpus"]) * self.price_per_gpu_hour
+
+
+def _price(device: str, prices: Mapping[str, float]) -> float | None:
+    """USD per GPU-hour: the config's ``[prices]`` first, then the catalog (0 = unknown)."""
+    from tokenyard.simulation.catalog import device_spec
+
+    if device in prices:
+        return prices[device]
+    spec = device_spec(device)
+    if spec.name in prices:
+        return prices[spec.name]
+    price = getattr(spec, "price_per_hour", None)
+    return float(price) if price else None
+
+
+def _source(field: str, origins: Mapping[str, str]) -> str:
+    """Which table of the search config set the key ``field`` (``grid``, ``variants[i]``
+    or ``simulation``)."""
+    for key, origin in origins.items():
+        if field == key or field.startswith(key + ".") or key.startswith(field + "."):
+            return origin
+    return "simulation"
+
+
+def _check_layout(config: SimulationConfig) -> None:
+    """Unknown model or device, or a TP/PP that does not divide the model: errors."""
+    from tokenyard.simulation.catalog import device_spec, model_spec
+
+    replica = config.replica
+    model = model_spec(replica.model)
+    device_spec(replica.device)
+    tp, pp = replica.tensor_parallel_size, replica.num_pipeline_stages
+    if model.num_heads % tp:
+        raise ConfigError(
+            f"replica.tensor_parallel_size: {tp} does not divide the {model.num_heads} "
+            f"attention heads of {model.name}",
+            field="replica.tensor_parallel_size",
+            value=str(tp),
+        )
+    if model.num_layers % pp:
+        raise ConfigError(
+            f"replica.num_pipeline_stages: {pp} does not divide the {model.num_layers} "
+            f"layers of {model.name}",
+            field="replica.num_pipeline_stages",
+            value=str(pp),
+        )
+
+
+def _combinations(
+    config: SearchConfig,
+) -> list[tuple[str | None, dict[str, Any], dict[str, str]]]:
+    """Every (variant name, overrides, origin of each key): variants (in order) x the
+    grid's product."""
+    axes = list(config.grid)
+    out = []
+    variants: Sequence[Mapping[str, Any]] = config.variants or ({},)
+    for i, named in enumerate(variants):
+        name = named.get("name")
+        variant = {k: v for k, v in named.items() if k != "name"}
+        for key in variant:
+            if key in config.grid:
+                raise ConfigError(
+                    f"variants[{i}].{key}: also a grid axis; set it in one place",
+                    field=f"variants[{i}].{key}",
+                    value=repr(variant[key]),
+                )
+        for values in itertools.product(*(config.grid[a] for a in axes)):
+            overrides = {**variant, **dict(zip(axes, values, strict=True))}
+            origins = {k: f"variants[{i}]" for k in variant} | {a: "grid" for a in axes}
+            out.append((name, overrides, origins))
+    return out
+
+
+def expand(config: SearchConfig, *, need_prices: bool = True) -> list[Point]:
+    """The grid's points, all checked (see the module docstring); duplicates dropped.
+
+    Raises:
+        ConfigError: the first bad point, naming the key in the search config.
+    """
+    slos = [s.to_dict() for s in config.effective_slos()]
+    # What decides the simulations; target_qps and pareto_metric only rank the results.
+    params = dataclasses.asdict(config.search)
+    params.pop("target_qps")
+    params.pop("pareto_metric")
+    points: list[Point] = []
+    seen: set[str] = set()
+    checked_workloads: set[str] = set()
+    for variant, overrides, origins in _combinations(config):
+        try:
+            doc = apply_overrides(config.simulation, overrides)
+            sim = config_from_mapping(doc)
+            check_rate_settable(sim.workload)
+            _check_layout(sim)
+            workload_text = json.dumps(dict(sim.workload), sort_keys=True, default=str)
+            if workload_text not in checked_workloads:
+                from tokenyard.workload import load_workload
+
+                load_workload(
+                    with_rate(doc, config.search.initial_qps)["workload"], base_dir=sim.base_dir
+                )
+                checked_workloads.add(workload_text)
+        except ConfigError as error:
+            raise rekey(error, _source(error.field or "", origins)) from None
+        replica = sim.replica
+        num_gpus = (
+            sim.cluster.num_replicas * replica.tensor_parallel_size * replica.num_pipeline_stages
+        )
+        layout: dict[str, Any] = {
+            "model": replica.model,
+            "device": replica.device,
+            "num_replicas": sim.cluster.num_replicas,
+            "tensor_parallel_size": replica.tensor_parallel_size,
+            "num_pipeline_stages": replica.num_pipeline_stages,
+            "num_gpus": num_gpus,
+        }
+        price = _price(replica.device, config.prices)
+        if price is None and need_prices:
+            raise ConfigError(
+                f"prices.{replica.device}: the catalog has no price for {replica.device}; "
+                f"set one (USD per GPU-hour) under [prices]",
+                field=f"prices.{replica.device}",
+            )
+        key = point_key(doc, slos, params)
+        if key in seen:
+            continue
+        seen.add(key)
+        point = Point(len(points), overrides, doc, layout, price, key, variant)
+        skip = None
+        if config.max_gpus is not None and num_gpus > config.max_gpus:
+            skip = f"over budget: {num_gpus} GPUs > constraints.max_gpus = {config.max_gpus}"
+        elif (
+            config.max_cost_per_hour is not None
+            and point.cost_per_hour is not None
+            and point.cost_per_hour > config.max_cost_per_hour
+        ):
+            skip = (
+                f"over budget: {point.cost_per_hour:.2f} $/h > constraints.max_cost_per_hour "
+                f"= {config.max_cost_per_hour}"
+            )
+        else:
+            try:
+                plan_for(sim)
+            except ConfigError as error:
+                skip = f"does not fit: {error}"
+        points.append(dataclasses.replace(point, skip=skip))
+    return points
+
+
+def _record(point: Point, job: PointJob | None) -> PointRecord:
+    record: PointRecord = {
+        "key": point.key,
+        "overrides": dict(point.overrides),
+        "layout": dict(point.layout),
+        "status": "skipped" if point.skip else "ok",
+        "reason": point.skip,
+        "capacities": {},
+        "breaks": {},
+        "probes": [],
+    }
+    if job is not None:
+        results = job.results()
+        errors = [r.error for r in results.values() if r.error]
+        if errors:
+            record["status"], record["reason"] = "error", errors[0]
+        record["capacities"] = {k: r.to_dict() for k, r in results.items()}
+        record["breaks"] = job.breaks()
+        record["probes"] = [job.probes[r].to_dict() for r in sorted(job.probes)]
+    return record
+
+
+@dataclasses.dataclass
+class SearchResult:
+    """A deployment search's outcome: ``rows`` (one per point and SLO set; see
+    ``docs/search.md`` for the columns), ``probes`` (one per simulation), ``best`` (SLO
+    set -> its best row, or ``None``), and the number of simulations run now (``ran``)
+    and points taken from an earlier run (``reused``)."""
+
+    rows: list[dict[str, Any]]
+    probes: list[dict[str, Any]]
+    best: dict[str, dict[str, Any] | None]
+    config: SearchConfig
+    ran: int = 0
+    reused: int = 0
+
+    def table(self) -> Any:
+        """The rows as a ``pyarrow.Table``."""
+        from tokenyard.search.tables import to_arrow
+
+        return to_arrow(self.rows)
+
+    def to_pandas(self) -> Any:
+        return self.table().to_pandas()
+
+    def summary(self, top: int = 20) -> str:
+        from tokenyard.search.tables import format_summary
+
+        return format_summary(self, top=top)
+
+    def write(self, directory: str | Path) -> Path:
+        """Writes results.parquet, probes.parquet, summary.txt and search.json."""
+        from tokenyard.search.tables import write_tables
+
+        return write_tables(self, Path(directory))
+
+
+def deployment_search(
+    config: SearchConfig,
+    *,
+    output_dir: str | Path | None = None,
+    executor: str | Executor | None = None,
+    workers: int | None = None,
+    ray_address: str | None = None,
+    progress: bool = False,
+) -> SearchResult:
+    """Runs a capacity search for every point of ``config``'s grid.
+
+    Args:
+        config: the search (``load_search_config`` reads one from a file).
+        output_dir: where results go; points already recorded there (same key) are not
+            run again, and each point's record is written as soon as it finishes.
+        executor: ``"local"`` (a process pool of ``workers``, default all cores),
+            ``"serial"``, ``"ray"`` (at ``ray_address``, default ``"auto"``) or an
+            executor object (closed at the end).
+        progress: a progress line on stderr (on a terminal).
+
+    Raises:
+        ConfigError: a bad grid, before any simulation runs.
+    """
+    from tokenyard.search.tables import assemble
+
+    points = expand(config)
+    directory = Path(output_dir) if output_dir is not None else None
+    done = load_records(directory) if directory is not None else {}
+    records: dict[str, PointRecord] = {}
+    jobs = []
+    slos = config.effective_slos()
+    for point in points:
+        if point.skip is not None:
+            records[point.key] = _record(point, None)
+        elif point.key in done:
+            records[point.key] = done[point.key]
+        else:
+            jobs.append(PointJob(point.key, dict(point.simulation), slos, config.search))
+    by_key = {p.key: p for p in points}
+    meter = Progress(len(jobs), enabled=progress)
+
+    def on_done(job: PointJob) -> None:
+        record = _record(by_key[job.key], job)
+        records[job.key] = record
+        if directory is not None:
+            write_record(directory, record)
+
+    if jobs:
+        run_jobs(
+            jobs,
+            make_executor(executor, workers=workers, ray_address=ray_address),
+            on_done=on_done,
+            progress=meter,
+        )
+    meter.close()
+    result = assemble(config, points, records)
+    result.ran = meter.simulations
+    result.reused = sum(1 for p in points if p.skip is None and p.key in done)
+    if directory is not None:
+        result.write(directory)
+    return result
+
+
+@dataclasses.dataclass
+class CapacityReport:
+    """One deployment's capacity per SLO set (``results``), the rate at which each SLO key
+    breaks (``breaks``: SLO set -> key -> ``held_qps``/``break_qps``), and every
+    simulation (``probes``, by rate)."""
+
+    results: dict[str, CapacityResult]
+    breaks: dict[str, dict[str, dict[str, float | None]]]
+    probes: list[Probe]
+    cost_per_hour: float | None = None
+
+    @property
+    def capacity_qps(self) -> float:
+        """The capacity under the first SLO set."""
+        return next(iter(self.results.values())).capacity_qps
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "results": {k: r.to_dict() for k, r in self.results.items()},
+            "breaks": self.breaks,
+            "probes": [p.to_dict() for p in self.probes],
+            "cost_per_hour": self.cost_per_hour,
+        }
+
+
+def capacity_search(
+    simulation: SimulationConfig | Mapping[str, Any],
+    slo: Mapping[str, float] | SLO | Sequence[SLO] | None = None,
+    *,
+    search: SearchParams | Mapping[str, Any] | None = None,
+    executor: str | Executor | None = "serial",
+    workers: int | None = None,
+    ray_address: str | None = None,
+    prices: Mapping[str, float] | None = None,
+) -> CapacityReport:
+    """The highest arrival rate at which ``simulation`` meets ``slo``.
+
+    Args:
+        simulation: the deployment and its workload (the workload's rate is replaced).
+        slo: bounds such as ``{"ttft_p99_s": 2.0, "tbt_p99_s": 0.2}`` (default those two),
+            or ``SLO`` sets; the saturation guard ``search.max_scheduling_delay_p99_s`` is
+            added to each.
+        search: ``SearchParams`` or a mapping of its fields.
+        executor: ``"serial"`` (default: the bisection is sequential), ``"local"``,
+            ``"ray"`` or an executor object; only ``refine_breaks`` and several SLO sets
+            give it more than one simulation at a time.
+
+    Raises:
+        ConfigError: a bad config, or a model that does not fit the device.
+    """
+    from tokenyard.search.config import search_config_from_mapping
+
+    if isinstance(simulation, SimulationConfig):
+        simulation = _as_mapping(simulation)
+    params = search if isinstance(search, SearchParams) else None
+    data: dict[str, Any] = {"simulation": dict(simulation)}
+    if isinstance(search, Mapping):
+        data["search"] = dict(search)
+    if isinstance(slo, Mapping):
+        data["slo"] = dict(slo)
+    config = search_config_from_mapping(data)
+    if params is not None:
+        params.check("search")
+        config = dataclasses.replace(config, search=params)
+    if isinstance(slo, SLO):
+        config = dataclasses.replace(config, slos=(slo,))
+    elif slo is not None and not isinstance(slo, Mapping):
+        config = dataclasses.replace(config, slos=tuple(slo))
+    if prices is not None:
+        config = dataclasses.replace(config, prices=dict(prices))
+    (point,) = expand(config, need_prices=False)
+    if point.skip is not None:
+        raise ConfigError(
+            f"simulation.replica.device: {point.skip}", field="simulation.replica.device"
+        )
+    job = PointJob(point.key, dict(point.simulation), config.effective_slos(), config.search)
+    run_jobs([job], make_executor(executor, workers=workers, ray_address=ray_address))
+    return CapacityReport(
+        results=job.results(),
+        breaks=job.breaks(),
+        probes=[job.probes[r] for r in sorted(job.probes)],
+        cost_per_hour=point.cost_per_hour,
+    )
+
+
+def _as_mapping(config: SimulationConfig) -> dict[str, Any]:
+    data = dataclasses.asdict(config)
+    data["workload"] = dict(config.workload)
+    if data.get("base_dir") is None:
+        data.pop("base_dir", None)
+    converted: dict[str, Any] = _lists(data)
+    return converted
+
+
+def _lists(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _lists(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [_lists(v) for v in value]
+    return value

@@ -1,0 +1,109 @@
+"""Plots of a deployment search (matplotlib, imported lazily): capacity per configuration,
+and cost against latency with the Pareto front. The format follows the file's suffix
+(``.png``, ``.svg``, ``.pdf``)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tokenyard.errors import ConfigError
+
+if TYPE_CHECKING:
+    from tokenyard.search.deployments import SearchResult
+
+__all__ = ["plot_capacity", "plot_pareto", "write_plots"]
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigError(
+            "plots: plotting needs matplotlib (pip install 'tokenyard[plots]' or "
+            "pip install matplotlib)",
+            field="plots",
+        ) from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_capacity(result: SearchResult, path: str | Path) -> Path:
+    """One horizontal bar per configuration (and SLO set): its capacity in QPS, labelled
+    with its cost per hour; skipped and failed points shown as 0 with their status."""
+    plt = _pyplot()
+    rows = sorted(result.rows, key=lambda r: (r["slo"], -(r["capacity_qps"] or 0.0), r["point"]))
+    several = len(result.config.slos) > 1
+    labels = [(f"[{r['slo']}] " if several else "") + r["label"] for r in rows]
+    values = [r["capacity_qps"] or 0.0 for r in rows]
+    fig, ax = plt.subplots(figsize=(8, 1.5 + 0.28 * len(rows)))
+    bars = ax.barh(range(len(rows)), values, color=["C2" if r["best"] else "C0" for r in rows])
+    for bar, r in zip(bars, rows, strict=True):
+        note = (
+            f" {r['cost_per_hour']:.2f} $/h" if r["status"] == "ok" and r["cost_per_hour"] else ""
+        )
+        if r["status"] != "ok":
+            note = f" {r['status']}"
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, note, va="center", fontsize=7)
+    ax.set_yticks(range(len(rows)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("capacity (QPS at which the SLOs still hold)")
+    ax.set_title("capacity per configuration (green: best per SLO set)")
+    return _save(fig, plt, path)
+
+
+def plot_pareto(result: SearchResult, path: str | Path) -> Path:
+    """Cost against the Pareto metric at capacity, every usable row, the front joined."""
+    plt = _pyplot()
+    config = result.config.search
+    axis = "cost_per_hour" if config.target_qps is not None else "cost_per_qps"
+    metric = config.pareto_metric
+    rows = [r for r in result.rows if r[axis] is not None and r.get(metric) is not None]
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for slo in result.config.slos:
+        mine = [r for r in rows if r["slo"] == slo.name]
+        ax.scatter([r[axis] for r in mine], [r[metric] for r in mine], s=18, label=slo.name)
+    front = sorted((r for r in rows if r["pareto"]), key=lambda r: r[axis])
+    if front:
+        ax.plot(
+            [r[axis] for r in front], [r[metric] for r in front], "k--", lw=1, label="Pareto front"
+        )
+        for r in front:
+            ax.annotate(
+                r["label"],
+                (r[axis], r[metric]),
+                fontsize=6,
+                xytext=(3, 3),
+                textcoords="offset points",
+            )
+    ax.set_xscale("log")  # costs per QPS span orders of magnitude across a grid
+    ax.set_xlabel("$ per hour" if axis == "cost_per_hour" else "$ per hour per QPS of capacity")
+    ax.set_ylabel(f"{metric} at capacity (s)")
+    ax.set_title("cost against latency")
+    ax.legend(fontsize=7)
+    return _save(fig, plt, path)
+
+
+def _save(fig: Any, plt: Any, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # tight_layout with very long labels
+        fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write_plots(
+    result: SearchResult, directory: str | Path, formats: tuple[str, ...] = ("png",)
+) -> list[Path]:
+    """``capacity.<fmt>`` and ``pareto.<fmt>`` in ``directory`` for each format."""
+    out = []
+    for fmt in formats:
+        out.append(plot_capacity(result, Path(directory) / f"capacity.{fmt}"))
+        out.append(plot_pareto(result, Path(directory) / f"pareto.{fmt}"))
+    return out

@@ -1,0 +1,306 @@
+"""A deployment search's tables: one row per (point, SLO set) with its cost, capacity and
+metrics, the Pareto front of cost against latency, the best row per SLO set, and the text
+summary. Prices and budgets enter here, not in the simulations."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Collection, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tokenyard.search.results import PointRecord
+
+if TYPE_CHECKING:
+    from tokenyard.search.config import SearchConfig
+    from tokenyard.search.deployments import Point, SearchResult
+
+__all__ = ["assemble", "format_summary", "pareto_front", "to_arrow", "write_tables"]
+
+#: Metrics always reported at capacity (besides every SLO key).
+SHOWN_METRICS = (
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "tpot_p99_s",
+    "tbt_p99_s",
+    "e2e_p99_s",
+    "scheduling_delay_p99_s",
+)
+_SHORT = {
+    "tensor_parallel_size": "tp",
+    "num_pipeline_stages": "pp",
+    "num_replicas": "replicas",
+    "global_scheduler.policy": "router",
+    "scheduler.policy": "policy",
+}
+
+
+def label(
+    overrides: Mapping[str, Any],
+    layout: Mapping[str, Any],
+    variant: str | None = None,
+    grid_keys: Collection[str] = (),
+) -> str:
+    """A short name for a point: its variant's name (standing for the variant's keys) and
+    its grid values, or all its overrides; the last part of each key."""
+    if variant is not None:
+        rest = {k: v for k, v in overrides.items() if k in grid_keys}
+        return " ".join([variant, *([label(rest, layout)] if rest else [])])
+    if not overrides:
+        return (
+            f"{layout['num_replicas']} x {layout['model']} on {layout['device']} "
+            f"(TP {layout['tensor_parallel_size']}, PP {layout['num_pipeline_stages']})"
+        )
+    parts = []
+    for key, value in overrides.items():
+        name = key.rsplit(".", 1)[-1]
+        for long, short in _SHORT.items():
+            if key.endswith(long):
+                name = short
+                break
+        parts.append(f"{name}={_text(value)}")
+    return " ".join(parts)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, (str, int, float, bool)):
+        return str(value)
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _cell(value: Any) -> Any:
+    return value if value is None or isinstance(value, (str, int, float, bool)) else _text(value)
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[bool]:
+    """For each (cost, latency): whether no other point is at least as good in both and
+    better in one (both minimized)."""
+    flags = []
+    for i, (c, lat) in enumerate(points):
+        dominated = any(
+            (c2 <= c and l2 <= lat) and (c2 < c or l2 < lat)
+            for j, (c2, l2) in enumerate(points)
+            if j != i
+        )
+        flags.append(not dominated)
+    return flags
+
+
+def assemble(
+    config: SearchConfig, points: Sequence[Point], records: Mapping[str, PointRecord]
+) -> SearchResult:
+    from tokenyard.search.deployments import SearchResult
+
+    slos = config.effective_slos()
+    target = config.search.target_qps
+    axes = list(dict.fromkeys(k for p in points for k in p.overrides))
+    metrics = list(
+        dict.fromkeys(
+            [*SHOWN_METRICS, *(k for s in slos for k in s.bounds), config.search.pareto_metric]
+        )
+    )
+    break_keys = list(dict.fromkeys(k for s in slos for k in s.bounds))
+    rows: list[dict[str, Any]] = []
+    probes: list[dict[str, Any]] = []
+    for point in points:
+        record = records[point.key]
+        ok = record["status"] == "ok"
+        for slo in slos:
+            cap = record["capacities"].get(slo.name)
+            row: dict[str, Any] = {
+                "point": point.index,
+                "key": point.key,
+                "slo": slo.name,
+                "label": label(point.overrides, point.layout, point.variant, config.grid),
+                "variant": point.variant,
+            }
+            row.update({a: _cell(point.overrides.get(a)) for a in axes})
+            row.update(point.layout)
+            cost = point.cost_per_hour
+            capacity = float(cap["capacity_qps"]) if ok and cap else None
+            row |= {
+                "price_per_gpu_hour": point.price_per_gpu_hour,
+                "cost_per_hour": cost,
+                "status": record["status"],
+                "reason": record["reason"],
+                "capacity_qps": capacity,
+                "hi_qps": cap["hi_qps"] if cap else None,
+                "capped": bool(cap and cap["stop"] == "max_qps"),
+                "stop": cap["stop"] if cap else None,
+                "num_simulations": len(cap["rates"]) if cap else 0,
+                "binding": ",".join(cap["binding"]) if cap else None,
+                "qps_per_dollar": capacity / cost if capacity is not None and cost else None,
+                "cost_per_qps": cost / capacity if capacity and cost else None,
+            }
+            row["requests_per_dollar"] = (
+                None if row["qps_per_dollar"] is None else row["qps_per_dollar"] * 3600.0
+            )
+            if target is not None:
+                row["meets_target"] = capacity is not None and capacity >= target
+            values = cap["metrics"] if cap else {}
+            row.update({m: values.get(m) for m in metrics})
+            breaks = record["breaks"].get(slo.name, {})
+            for k in break_keys:
+                row[f"{k}_break_qps"] = breaks.get(k, {}).get("break_qps")
+            row["pareto"] = False
+            row["best"] = False
+            rows.append(row)
+        for probe in record["probes"]:
+            probes.append(
+                {
+                    "point": point.index,
+                    "key": point.key,
+                    "rate": probe["rate"],
+                    **probe["metrics"],
+                    "requests_per_s": probe["requests_per_s"],
+                    "wall_s": probe["wall_s"],
+                    "error": probe["error"],
+                }
+            )
+    _mark_pareto(rows, config)
+    best = _mark_best(rows, config)
+    return SearchResult(rows=rows, probes=probes, best=best, config=config)
+
+
+def _usable(row: Mapping[str, Any], config: SearchConfig) -> bool:
+    target = config.search.target_qps
+    return bool(
+        row["status"] == "ok"
+        and row["capacity_qps"]
+        and row["cost_per_hour"]
+        and (target is None or row.get("meets_target"))
+    )
+
+
+def _mark_pareto(rows: list[dict[str, Any]], config: SearchConfig) -> None:
+    """Cost (``cost_per_hour`` with a target rate, else ``cost_per_qps``) against the
+    latency metric at capacity, over every SLO set's rows."""
+    axis = "cost_per_hour" if config.search.target_qps is not None else "cost_per_qps"
+    metric = config.search.pareto_metric
+    usable = [
+        r for r in rows if _usable(r, config) and r[metric] is not None and math.isfinite(r[metric])
+    ]
+    for row, flag in zip(usable, pareto_front([(r[axis], r[metric]) for r in usable]), strict=True):
+        row["pareto"] = flag
+
+
+def _mark_best(
+    rows: list[dict[str, Any]], config: SearchConfig
+) -> dict[str, dict[str, Any] | None]:
+    """Per SLO set: the cheapest deployment meeting ``target_qps``, or without a target
+    the most QPS per dollar (ties: the earlier point)."""
+    best: dict[str, dict[str, Any] | None] = {}
+    for slo in config.slos:
+        candidates = [r for r in rows if r["slo"] == slo.name and _usable(r, config)]
+        if config.search.target_qps is not None:
+            candidates.sort(key=lambda r: (r["cost_per_hour"], -r["capacity_qps"], r["point"]))
+        else:
+            candidates.sort(key=lambda r: (-r["qps_per_dollar"], r["point"]))
+        best[slo.name] = candidates[0] if candidates else None
+        if candidates:
+            candidates[0]["best"] = True
+    return best
+
+
+def to_arrow(rows: Sequence[Mapping[str, Any]]) -> Any:
+    """Rows as a ``pyarrow.Table``; a column mixing types (an axis whose values differ in
+    type) is written as text."""
+    import pyarrow as pa  # type: ignore[import-untyped]
+
+    columns: dict[str, list[Any]] = {}
+    for row in rows:
+        for key in row:
+            columns.setdefault(key, [])
+    for key, values in columns.items():
+        values.extend(row.get(key) for row in rows)
+        kinds = {type(v) for v in values if v is not None}
+        if kinds == {int, float}:
+            columns[key] = [None if v is None else float(v) for v in values]
+        elif len(kinds) > 1:
+            columns[key] = [None if v is None else _text(v) for v in values]
+    return pa.table(columns) if rows else pa.table({})
+
+
+def _fmt(value: Any, spec: str) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return format(value, spec)
+
+
+def format_summary(result: SearchResult, *, top: int = 20) -> str:
+    config = result.config
+    rows = result.rows
+    points = {r["point"] for r in rows}
+    skipped = {r["point"]: r for r in rows if r["status"] == "skipped"}
+    errors = {r["point"]: r for r in rows if r["status"] == "error"}
+    lines = [
+        f"tokenyard search: {len(points)} points ({len(skipped)} skipped, {len(errors)} "
+        f"failed), {len(config.slos)} SLO set(s); {result.ran} simulations run, "
+        f"{result.reused} points reused"
+    ]
+    target = config.search.target_qps
+    for slo in config.effective_slos():
+        bounds = ", ".join(f"{k} <= {v:g}" for k, v in slo.bounds.items())
+        lines += ["", f"SLO set {slo.name!r}: {bounds}"]
+        best = result.best.get(slo.name)
+        if best is None:
+            lines.append(
+                "  no deployment holds these SLOs" + (f" at {target:g} QPS" if target else "")
+            )
+        else:
+            lines.append(
+                f"  best: {best['label']}: {best['capacity_qps']:.3g} QPS at "
+                f"{best['cost_per_hour']:.2f} $/h ({best['qps_per_dollar']:.3g} QPS per $/h)"
+            )
+        ranked = [r for r in rows if r["slo"] == slo.name and r["status"] == "ok"]
+        ranked.sort(key=lambda r: (-(r["qps_per_dollar"] or 0.0), r["point"]))
+        width = max([len(r["label"]) for r in ranked[:top]] + [6])
+        lines.append(
+            f"  {'config':<{width}} {'GPUs':>5} {'$/h':>8} {'QPS':>9} {'QPS/$h':>8} "
+            f"{'TTFT p99':>9} {'TBT p99':>8}  breaks first"
+        )
+        for r in ranked[:top]:
+            cap = _fmt(r["capacity_qps"], ".3g") + ("+" if r["capped"] else "")
+            mark = " *" if r["pareto"] else ""
+            lines.append(
+                f"  {r['label']:<{width}} {r['num_gpus']:>5} {_fmt(r['cost_per_hour'], '.2f'):>8} "
+                f"{cap:>9} {_fmt(r['qps_per_dollar'], '.3g'):>8} "
+                f"{_fmt(r.get('ttft_p99_s'), '.3f'):>9} {_fmt(r.get('tbt_p99_s'), '.3f'):>8}  "
+                f"{r['binding'] or '-'}{mark}"
+            )
+        if len(ranked) > top:
+            lines.append(f"  ... {len(ranked) - top} more in results.parquet")
+    if any(r["pareto"] for r in rows):
+        lines += ["", "* on the Pareto front of cost against " + config.search.pareto_metric]
+    for r in [*skipped.values(), *errors.values()]:
+        lines.append(f"{r['status']}: {r['label']}: {r['reason']}")
+    return "\n".join(lines)
+
+
+def write_tables(result: SearchResult, directory: Path) -> Path:
+    import pyarrow.csv as pacsv  # type: ignore[import-untyped]
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+    directory.mkdir(parents=True, exist_ok=True)
+    table = to_arrow(result.rows)
+    pq.write_table(table, directory / "results.parquet")
+    pacsv.write_csv(table, directory / "results.csv")
+    pq.write_table(to_arrow(result.probes), directory / "probes.parquet")
+    (directory / "summary.txt").write_text(format_summary(result) + "\n")
+    config = result.config
+    doc = {
+        "slos": [s.to_dict() for s in config.effective_slos()],
+        "search": {k: v for k, v in vars(config.search).items()},
+        "best": {
+            name: (row and {k: row[k] for k in ("point", "key", "label")})
+            for name, row in result.best.items()
+        },
+        "pareto": [
+            {"point": r["point"], "slo": r["slo"], "label": r["label"]}
+            for r in result.rows
+            if r["pareto"]
+        ],
+    }
+    (directory / "search.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    return directory

@@ -1,0 +1,448 @@
+"""Capacity and deployment search (tokenyard.search): a capacity computable by hand, the
+fixed bracketing, grid checks before any simulation, skips, cost and Pareto, resumability,
+the files and the command line."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tokenyard.cli import main
+from tokenyard.errors import ConfigError
+from tokenyard.search import (
+    SLO,
+    SearchParams,
+    capacity_search,
+    deployment_search,
+    search_config_from_mapping,
+    with_rate,
+)
+from tokenyard.search import deployments as deployments_module
+from tokenyard.search.tables import pareto_front
+from tokenyard.workload import load_workload
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "docs" / "examples"
+
+# One request's service time under the linear model (docs/simulate.md, "Execution time"):
+# a prompt of P tokens with one output token is one prefill batch (the prefill yields the
+# first and only token), priced constant + a*P + d*P*P (a whole prompt's chunk of P tokens
+# has context P) + cpu_overhead; no decode rows.
+P = 1000
+CONSTANT_S, PER_PREFILL_S, PER_PREFILL_CONTEXT_S, CPU_S = 0.01, 1e-4, 1e-8, 0.002
+SERVICE_S = CONSTANT_S + PER_PREFILL_S * P + PER_PREFILL_CONTEXT_S * P * P + CPU_S  # 0.122
+
+
+def one_at_a_time(num_requests: int = 400, arrival: str = "constant") -> dict[str, Any]:
+    """One replica that runs one request at a time (vllm with batch_size_cap 1): a single
+    server with constant service time SERVICE_S."""
+    return {
+        "cluster": {"num_replicas": 1},
+        "replica": {"scheduler": {"policy": "vllm", "batch_size_cap": 1}},
+        "execution": {
+            "constant_s": CONSTANT_S,
+            "per_prefill_token_s": PER_PREFILL_S,
+            "per_decode_token_s": 0.0,
+            "per_decode_context_token_s": 0.0,
+            "per_prefill_context_token_s": PER_PREFILL_CONTEXT_S,
+            "cpu_overhead_s": CPU_S,
+        },
+        "workload": {
+            "kind": "synthetic",
+            "num_requests": num_requests,
+            "arrival": {"kind": arrival, "qps": 1.0},
+            "prompt_tokens": {"kind": "fixed", "value": P},
+            "output_tokens": {"kind": "fixed", "value": 1},
+        },
+    }
+
+
+def test_capacity_search_recovers_the_saturation_rate_computed_by_hand() -> None:
+    # Constant arrivals every 1/r s at a server taking S = 0.122 s each: for r <= 1/S each
+    # request finds the server idle (scheduling delay 0); for r > 1/S request i waits
+    # i * (S - 1/r) > 0. So "max scheduling delay <= 1 us" holds exactly up to 1/S = 8.197
+    # QPS, and the search (2% tolerance) returns a rate in [1/S / 1.02, 1/S].
+    saturation = 1.0 / SERVICE_S
+    report = capacity_search(
+        one_at_a_time(),
+        {"scheduling_delay_max_s": 1e-6},
+        search={"tolerance": 0.02, "refine_breaks": True},
+    )
+    result = report.results["default"]
+    assert result.stop == "tolerance"
+    assert saturation / 1.02 <= result.capacity_qps <= saturation
+    assert result.hi_qps is not None
+    assert result.hi_qps > saturation
+    assert result.hi_qps / result.capacity_qps - 1 <= 0.02
+    # The metrics at capacity: every request alone on the server, TTFT = e2e = S.
+    assert result.metrics["ttft_p99_s"] == pytest.approx(SERVICE_S, rel=1e-9)
+    assert result.metrics["scheduling_delay_max_s"] == 0.0
+    # The rate at which that SLO breaks: the first rate simulated above 1/S.
+    brk = report.breaks["default"]["scheduling_delay_max_s"]
+    assert brk["held_qps"] == result.capacity_qps
+    assert brk["break_qps"] == result.hi_qps
+    # The saturation guard (p99 delay <= 2 s) breaks later: 400 requests, p99 over i.
+    guard = report.breaks["default"]["scheduling_delay_p99_s"]
+    assert guard["break_qps"] is not None
+    assert guard["break_qps"] > saturation
+
+
+def test_capacity_search_brackets_by_doubling_then_bisects() -> None:
+    report = capacity_search(one_at_a_time(100), {"scheduling_delay_max_s": 1e-6})
+    rates = report.results["default"].rates
+    # 1, 2, 4, 8 hold; 16 breaks; then geometric midpoints between 8 and 16.
+    assert rates[:5] == (1.0, 2.0, 4.0, 8.0, 16.0)
+    assert rates[5] == pytest.approx(math.sqrt(8.0 * 16.0))
+
+
+def test_capacity_is_zero_below_min_qps_and_capped_at_max_qps() -> None:
+    low = capacity_search(
+        one_at_a_time(50),
+        {"ttft_p99_s": 0.05},  # below S: never holds
+        search={"min_qps": 0.25, "initial_qps": 1.0},
+    )
+    assert low.capacity_qps == 0.0
+    assert low.results["default"].stop == "min_qps"
+    assert low.results["default"].rates == (1.0, 0.5, 0.25)
+    high = capacity_search(
+        one_at_a_time(50),
+        {"ttft_p99_s": 1e9},
+        search={"max_qps": 4.0, "max_scheduling_delay_p99_s": math.inf},
+    )
+    assert high.capacity_qps == 4.0
+    assert high.results["default"].capped
+
+
+def test_with_rate_retimes_each_workload_kind() -> None:
+    sim = one_at_a_time(10, "gamma")
+    assert with_rate(sim, 3.0)["workload"]["arrival"]["qps"] == 3.0
+    assert sim["workload"]["arrival"]["qps"] == 1.0  # not modified
+    bursty = {
+        "workload": {
+            "kind": "synthetic",
+            "num_requests": 10,
+            "arrival": {
+                "kind": "bursty",
+                "qps": 2.0,
+                "burst_qps": 50.0,
+                "burst_duration_s": 5.0,
+                "burst_interval_s": 60.0,
+            },
+            "prompt_tokens": {"kind": "fixed", "value": 8},
+            "output_tokens": {"kind": "fixed", "value": 8},
+        }
+    }
+    arrival = with_rate(bursty, 12.0)["workload"]["arrival"]  # mean 6 QPS -> x2
+    assert (arrival["qps"], arrival["burst_qps"]) == (4.0, 100.0)
+    trace = {"workload": {"kind": "trace", "format": "vidur", "path": "x.csv"}}
+    assert with_rate(trace, 5.0)["workload"]["target_qps"] == 5.0
+
+
+def test_capacity_search_on_a_trace_retimed_to_each_rate() -> None:
+    from tokenyard.workload import sample_path
+
+    sim = {
+        "cluster": {"num_replicas": 1},
+        "workload": {"kind": "trace", "format": "vidur", "path": str(sample_path("vidur"))},
+    }
+    report = capacity_search(sim, {"ttft_p99_s": 2.0}, search={"tolerance": 0.1})
+    assert report.capacity_qps > 0
+    for probe in report.probes:
+        # target_qps makes the trace's mean rate exactly the probe's rate.
+        workload = load_workload(with_rate(sim, probe.rate)["workload"])
+        chunk = next(workload.chunks())
+        span = float(chunk.arrived_at[-1] - chunk.arrived_at[0])
+        assert (len(chunk) - 1) / span == pytest.approx(probe.rate)
+
+
+def grid_doc(**extra: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "simulation": {
+            "replica": {"model": "llama-2-7b"},
+            "workload": {
+                "kind": "synthetic",
+                "num_requests": 150,
+                "arrival": {"kind": "poisson", "qps": 1.0},
+                "prompt_tokens": {"kind": "uniform", "low": 100, "high": 600},
+                "output_tokens": {"kind": "uniform", "low": 8, "high": 64},
+            },
+        },
+        "slo": {"ttft_p99_s": 1.0, "tbt_p99_s": 0.2},
+        "search": {"initial_qps": 4.0, "tolerance": 0.1},
+        "grid": {"cluster.num_replicas": [1, 2], "replica.device": ["a100-80gb", "h100-80gb"]},
+    }
+    doc.update(extra)
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"grid": {"cluster.num_replicas": []}}, "grid.cluster.num_replicas: is empty"),
+        ({"grid": {"replica.device": ["a100-80gb", "b900"]}}, "grid.replica.device: unknown"),
+        (
+            {"grid": {"replica.tensor_parallel_size": [1, 3]}},
+            "grid.replica.tensor_parallel_size: 3 does not divide the 32 attention heads",
+        ),
+        (
+            {"grid": {"replica": {"scheduler": {"chunk_sise": [1]}}}},
+            "grid.replica.scheduler.chunk_sise: unknown key",
+        ),
+        ({"grid": {"cluster.num_replicas": 2}}, "grid.cluster.num_replicas: must be a list"),
+        ({"grid": {"workload.arrival.qps": [1.0]}}, "grid.workload.arrival.qps: the arrival"),
+        ({"grid": {"cluster.num_replicas": [0]}}, "grid.cluster.num_replicas: must be an"),
+        ({"variants": [{"replica.device": "h100-80gb"}]}, "variants[0].replica.device: also"),
+        ({"slo": {"ttft_p98_s": 1.0}}, "slo.ttft_p98_s: unknown SLO metric"),
+        ({"slo": {"ttft_p99_s": -1.0}}, "slo.ttft_p99_s: must be >= 0"),
+        ({"search": {"tolerance": 0}}, "search.tolerance: must be a finite number > 0"),
+        ({"search": {"speed": 1}}, "search.speed: unknown key"),
+        ({"prices": {"a100-80gb": "cheap"}}, "prices.a100-80gb: must be a number"),
+        ({"constraints": {"max_gpus": 0}}, "constraints.max_gpus: must be an integer >= 1"),
+        ({"grids": {}}, "grids: unknown key"),
+    ],
+)
+def test_bad_search_configs_are_errors_naming_the_key_before_any_simulation(
+    change: dict[str, Any], message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_simulation(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a simulation started")
+
+    monkeypatch.setattr(deployments_module, "make_executor", no_simulation)
+    with pytest.raises(ConfigError) as info:
+        deployment_search(search_config_from_mapping(grid_doc(**change)), executor="serial")
+    assert message in str(info.value)
+
+
+def test_a_simulation_key_error_names_the_simulation_table() -> None:
+    doc = grid_doc()
+    doc["simulation"]["cluster"] = {"num_replicas": "four"}
+    with pytest.raises(ConfigError, match=r"^simulation\.cluster\.num_replicas: must be"):
+        search_config_from_mapping(doc)
+
+
+def test_a_gpu_without_a_price_needs_one_in_prices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(deployments_module, "_price", lambda device, prices: prices.get(device))
+    config = search_config_from_mapping(grid_doc(prices={"a100-80gb": 2.0}))
+    with pytest.raises(ConfigError, match=r"prices\.h100-80gb: the catalog has no price"):
+        deployment_search(config, executor="serial")
+
+
+def test_points_that_do_not_fit_or_exceed_the_budget_are_skipped_with_the_reason() -> None:
+    doc = grid_doc(
+        grid={
+            "replica.model": ["llama-2-7b", "llama-2-70b"],
+            "cluster.num_replicas": [1, 4],
+        },
+        constraints={"max_gpus": 2},
+    )
+    doc["simulation"]["workload"]["num_requests"] = 60
+    result = deployment_search(search_config_from_mapping(doc), executor="serial")
+    by_label = {r["label"]: r for r in result.rows}
+    assert by_label["model=llama-2-7b replicas=1"]["status"] == "ok"
+    assert by_label["model=llama-2-7b replicas=1"]["capacity_qps"] > 0
+    too_big = by_label["model=llama-2-70b replicas=1"]
+    assert too_big["status"] == "skipped"
+    assert too_big["reason"].startswith("does not fit:")
+    assert "llama-2-70b on a100-80gb" in too_big["reason"]
+    over = by_label["model=llama-2-7b replicas=4"]
+    assert over["status"] == "skipped"
+    assert over["reason"] == "over budget: 4 GPUs > constraints.max_gpus = 2"
+    assert result.ran == len(result.probes)
+
+
+def test_cost_qps_per_dollar_pareto_and_best_per_slo_set() -> None:
+    doc = grid_doc(
+        slo={"strict": {"ttft_p99_s": 0.5}, "loose": {"ttft_p99_s": 2.0}},
+        prices={"a100-80gb": 2.0, "h100-80gb": 4.0},
+    )
+    result = deployment_search(search_config_from_mapping(doc), executor="serial")
+    assert len(result.rows) == 4 * 2
+    for row in result.rows:
+        gpus = row["num_replicas"]
+        price = 2.0 if row["device"] == "a100-80gb" else 4.0
+        assert row["cost_per_hour"] == gpus * price
+        assert row["qps_per_dollar"] == pytest.approx(row["capacity_qps"] / row["cost_per_hour"])
+    for name in ("strict", "loose"):
+        mine = [r for r in result.rows if r["slo"] == name]
+        best = result.best[name]
+        assert best is not None
+        assert best["best"]
+        assert best["qps_per_dollar"] == max(r["qps_per_dollar"] for r in mine)
+    # The same deployment never has less capacity under the looser set.
+    for strict in (r for r in result.rows if r["slo"] == "strict"):
+        loose = next(r for r in result.rows if r["slo"] == "loose" and r["key"] == strict["key"])
+        assert loose["capacity_qps"] >= strict["capacity_qps"]
+    front = [r for r in result.rows if r["pareto"]]
+    assert front
+    for r in front:  # nothing is cheaper per QPS and faster
+        assert not any(
+            o["cost_per_qps"] < r["cost_per_qps"] and o["ttft_p99_s"] < r["ttft_p99_s"]
+            for o in result.rows
+        )
+
+
+def test_pareto_front_by_hand() -> None:
+    # (cost, latency): (1, 5) and (3, 1) are the front; (2, 6) is beaten by (1, 5); the
+    # duplicate (3, 1) ties, so neither dominates the other.
+    assert pareto_front([(1, 5), (2, 6), (3, 1), (3, 1), (4, 1)]) == [
+        True,
+        False,
+        True,
+        True,
+        False,
+    ]
+
+
+def test_target_qps_picks_the_cheapest_deployment_that_meets_it() -> None:
+    doc = grid_doc(search={"initial_qps": 4.0, "tolerance": 0.1, "target_qps": 10.0})
+    result = deployment_search(search_config_from_mapping(doc), executor="serial")
+    meets = [r for r in result.rows if r["meets_target"]]
+    best = result.best["default"]
+    assert best is not None
+    assert best["capacity_qps"] >= 10.0
+    assert best["cost_per_hour"] == min(r["cost_per_hour"] for r in meets)
+
+
+def test_a_rerun_skips_the_points_already_in_the_output_directory(tmp_path: Path) -> None:
+    config = search_config_from_mapping(grid_doc())
+    first = deployment_search(config, output_dir=tmp_path, executor="serial")
+    assert first.ran > 0
+    assert first.reused == 0
+    assert len(list((tmp_path / "points").glob("*.json"))) == 4
+    again = deployment_search(config, output_dir=tmp_path, executor="serial")
+    assert again.ran == 0
+    assert again.reused == 4
+    assert again.rows == first.rows
+    # A new axis value runs only the new points; a new price runs nothing.
+    grown = grid_doc(prices={"a100-80gb": 9.0})
+    grown["grid"]["cluster.num_replicas"] = [1, 2, 3]
+    third = deployment_search(
+        search_config_from_mapping(grown), output_dir=tmp_path, executor="serial"
+    )
+    assert third.reused == 4
+    assert len(third.rows) == 6
+    assert {r["price_per_gpu_hour"] for r in third.rows if r["device"] == "a100-80gb"} == {9.0}
+
+
+def test_results_are_written_as_parquet_with_a_summary_and_plots(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    from tokenyard.search import write_plots
+
+    result = deployment_search(
+        search_config_from_mapping(grid_doc()), output_dir=tmp_path, executor="serial"
+    )
+    table = pq.read_table(tmp_path / "results.parquet")
+    assert table.num_rows == 4
+    assert {"capacity_qps", "cost_per_hour", "qps_per_dollar", "ttft_p99_s", "pareto"} <= set(
+        table.column_names
+    )
+    assert "ttft_p99_s_break_qps" in table.column_names
+    probes = pq.read_table(tmp_path / "probes.parquet")
+    assert probes.num_rows == result.ran
+    assert "SLO set 'default'" in (tmp_path / "summary.txt").read_text()
+    doc = json.loads((tmp_path / "search.json").read_text())
+    assert doc["best"]["default"]["key"] == result.best["default"]["key"]  # type: ignore[index]
+    pytest.importorskip("matplotlib")
+    paths = write_plots(result, tmp_path, ("png", "svg"))
+    assert sorted(p.name for p in paths) == [
+        "capacity.png",
+        "capacity.svg",
+        "pareto.png",
+        "pareto.svg",
+    ]
+    assert all(p.stat().st_size > 0 for p in paths)
+
+
+def test_the_process_pool_gives_the_serial_results() -> None:
+    config = search_config_from_mapping(grid_doc())
+    serial = deployment_search(config, executor="serial")
+    pool = deployment_search(config, executor="local", workers=2)
+    assert _without_wall(pool.rows) == _without_wall(serial.rows)
+    assert _without_wall(pool.probes) == _without_wall(serial.probes)
+
+
+def _without_wall(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]
+
+
+def test_capacity_search_takes_slo_objects_and_params() -> None:
+    report = capacity_search(
+        one_at_a_time(50),
+        [SLO("a", {"ttft_p99_s": 0.5}), SLO("b", {"ttft_p99_s": 5.0})],
+        search=SearchParams(initial_qps=2.0, tolerance=0.05),
+    )
+    assert set(report.results) == {"a", "b"}
+    assert report.results["b"].capacity_qps >= report.results["a"].capacity_qps
+
+
+def test_cli_capacity_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["search", "capacity", str(EXAMPLES / "search_capacity.toml")]) == 0
+    out = capsys.readouterr().out
+    assert "capacity:" in out
+    assert "ttft_p99_s: holds at" in out
+
+
+def test_cli_deployments_example_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = [
+        "search",
+        "deployments",
+        str(EXAMPLES / "search_deployments.toml"),
+        "-o",
+        str(tmp_path),
+        "--set",
+        "simulation.workload.num_requests=100",
+        "--set",
+        "grid.cluster.num_replicas=[1, 2]",
+        "--workers",
+        "1",
+        "--no-progress",
+    ]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "SLO set 'interactive'" in out
+    assert "best:" in out
+    assert (tmp_path / "results.parquet").exists()
+
+
+def test_cli_errors_name_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text('[grid]\n"replica.device" = ["a100-80gb", "tpu-v9"]\n')
+    assert main(["search", "deployments", str(path)]) == 2
+    assert "grid.replica.device: unknown device 'tpu-v9'" in capsys.readouterr().err
+    assert main(["search", "capacity", str(path)]) == 2
+    assert "grid: a capacity search runs one deployment" in capsys.readouterr().err
+
+
+def test_yaml_search_config(tmp_path: Path) -> None:
+    from tokenyard.search import load_search_config
+
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        "simulation:\n  cluster: {num_replicas: 2}\nslo: {ttft_p99_s: 1.5}\n"
+        "grid:\n  replica:\n    scheduler:\n      policy: [vllm_v1, sarathi]\n"
+    )
+    config = load_search_config(path, {"search.tolerance": 0.05})
+    assert config.grid == {"replica.scheduler.policy": ("vllm_v1", "sarathi")}
+    assert config.search.tolerance == 0.05
+    assert config.slos == (SLO("default", {"ttft_p99_s": 1.5}),)
+    assert config.simulation["base_dir"] == str(tmp_path)
+
+
+def test_the_config_reference_in_the_docs_is_a_valid_search() -> None:
+    import re
+
+    from tokenyard.search import expand
+    from tokenyard.simulation.config import toml_module
+
+    text = (ROOT / "docs" / "search.md").read_text()
+    reference = re.findall(r"```toml\n(.*?)```", text, re.DOTALL)[0]
+    points = expand(search_config_from_mapping(toml_module().loads(reference)))
+    # 2 variants x 4 replica counts x 2 TP x 2 GPUs x 2 policies; 8 TP-2 x 8-replica
+    # points need 16 GPUs > max_gpus = 8.
+    assert len(points) == 64
+    assert sum(p.skip is not None for p in points) == 8

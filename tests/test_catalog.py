@@ -180,6 +180,33 @@ def test_a_user_file_adds_a_model_and_a_gpu_that_then_plan(tmp_path: Path) -> No
         catalog.model("tiny-llama")
 
 
+def test_a_simulation_config_names_its_catalog_files(tmp_path: Path) -> None:
+    """``catalog = [...]`` in a config file: the user's GPU and model, then the roofline."""
+    (tmp_path / "extra.toml").write_text(USER_TOML)
+    config = tmp_path / "sim.toml"
+    config.write_text(
+        """
+catalog = ["extra.toml"]
+[replica]
+model = "tiny-llama"
+device = "my-gpu"
+[execution]
+model = "roofline"
+[workload]
+kind = "synthetic"
+num_requests = 50
+arrival = { kind = "poisson", qps = 5.0 }
+prompt_tokens = { kind = "fixed", value = 100 }
+output_tokens = { kind = "fixed", value = 10 }
+"""
+    )
+    from tokenyard.simulation import load_config, simulate
+
+    result = simulate(load_config(config))
+    assert result.summary["config"]["device"] == "my-gpu"
+    assert result.summary["num_requests"] == 50
+
+
 def test_a_user_entry_overrides_a_built_in_one(tmp_path: Path) -> None:
     a10g = catalog.device("a10g")
     path = tmp_path / "prices.json"

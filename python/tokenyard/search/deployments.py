@@ -29,7 +29,7 @@ from tokenyard.simulation.config import (
     apply_overrides,
     config_from_mapping,
 )
-from tokenyard.simulation.run import plan_for
+from tokenyard.simulation.run import load_catalog_files, plan_for
 
 __all__ = [
     "CapacityReport",
@@ -90,6 +90,7 @@ def _check_layout(config: SimulationConfig) -> None:
     """Unknown model or device, or a TP/PP that does not divide the model: errors."""
     from tokenyard.simulation.catalog import device_spec, model_spec
 
+    load_catalog_files(config)
     replica = config.replica
     model = model_spec(replica.model)
     device_spec(replica.device)

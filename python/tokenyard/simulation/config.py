@@ -4,6 +4,7 @@ mapping, with every unknown key and bad value reported by its full key path.
 Layout (every section and key optional; see ``docs/simulate.md``)::
 
     seed = 0
+    catalog = ["my_gpus.toml"]  # extra models and GPUs (docs/catalog.md)
     [cluster]                 num_replicas, global_scheduler = {policy, balance}
     [replica]                 model, device, tensor_parallel_size, num_pipeline_stages,
                               memory_margin_fraction, scheduler = {...}
@@ -334,6 +335,8 @@ class SimulationConfig:
     Llama-2-7B replicas on A100-80GB under vLLM V1 scheduling, 10,000 synthetic requests."""
 
     seed: int = 0
+    #: Catalog files (docs/catalog.md) adding models and GPUs, relative to ``base_dir``.
+    catalog: tuple[str, ...] = ()
     cluster: ClusterConfig = dataclasses.field(default_factory=ClusterConfig)
     replica: ReplicaConfig = dataclasses.field(default_factory=ReplicaConfig)
     execution: ExecutionConfig = dataclasses.field(default_factory=ExecutionConfig)

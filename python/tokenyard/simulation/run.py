@@ -7,9 +7,11 @@ import dataclasses
 import importlib
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from tokenyard import _core
+from tokenyard.catalog import load_catalog_file
 from tokenyard.errors import ConfigError
 from tokenyard.sched import SchedulerConfig
 from tokenyard.simulation.catalog import device_spec, model_spec
@@ -20,7 +22,7 @@ from tokenyard.simulation.planner import MemoryPlan, plan_memory
 from tokenyard.simulation.results import SimulationResult, request_columns, summarize
 from tokenyard.workload import load_workload
 
-__all__ = ["load_object", "plan_for", "simulate"]
+__all__ = ["load_catalog_files", "load_object", "plan_for", "simulate"]
 
 CHUNK_SIZE = 65536
 Progress = Callable[[int], None]
@@ -125,8 +127,16 @@ def _plugins(config: SimulationConfig, core: dict[str, Any]) -> tuple[Any, list[
     return route_plugin, replica_plugins
 
 
+def load_catalog_files(config: SimulationConfig) -> None:
+    """Adds the models and GPUs of ``config.catalog``'s files to the catalog."""
+    base = Path(config.base_dir) if config.base_dir else Path.cwd()
+    for name in config.catalog:
+        load_catalog_file(base / name)
+
+
 def plan_for(config: SimulationConfig) -> MemoryPlan:
     """The memory plan ``simulate`` uses for ``config`` (raises ConfigError if it does not fit)."""
+    load_catalog_files(config)
     replica = config.replica
     return plan_memory(
         model_spec(replica.model),

@@ -8,8 +8,9 @@ Two figures per model:
   runs schedule differently too; the walls are context, not the predictor's cost;
 - the predictor's own share: its per-call cost, timed on the same core with
   ``_core.evaluate_ops`` over 200k batch shapes of the job's mix (the simulator's code,
-  called in a loop without the event loop), times the replay's number of batch stages,
-  over the replay's wall time.
+  called in a loop without the event loop) less the same loop over a model without
+  operations (converting the shapes and storing the results, which the simulator does not
+  do), times the replay's number of batch stages, over the replay's wall time.
 
 The profiled model is trained on a synthetic profile with our profiler's default grid
 (tables of 30-50 points per axis: the size a real profile gives).
@@ -34,6 +35,7 @@ from sim_scale import job, workload
 
 HERE = Path(__file__).resolve().parent
 MODELS = ("linear", "roofline", "profiled")
+POLICIES = ("vllm", "vllm_v1")
 
 
 def synthetic_profile(path: Path) -> None:
@@ -76,8 +78,11 @@ def synthetic_profile(path: Path) -> None:
     write_profile(rows, path)
 
 
-def config(model: str, num_requests: int, profile: Path, cache: Path) -> dict[str, Any]:
-    mapping = job("vllm", workload(num_requests), batch_size_cap=128, max_tokens_in_batch=4096)
+def config(
+    policy: str, model: str, num_requests: int, profile: Path, cache: Path
+) -> dict[str, Any]:
+    knobs = {"batch_size_cap": 128, "max_tokens_in_batch": 4096} if policy == "vllm" else {}
+    mapping = job(policy, workload(num_requests), **knobs)
     mapping["execution"] = {"model": model}
     if model == "profiled":
         mapping["execution"]["profiled"] = {"profiles": [str(profile)], "cache_dir": str(cache)}
@@ -102,14 +107,15 @@ def shape_mix(n: int) -> dict[str, np.ndarray]:
     }
 
 
-def child(model: str, num_requests: int, profile: Path, cache: Path) -> dict[str, Any]:
+def child(policy: str, model: str, num_requests: int, profile: Path, cache: Path) -> dict[str, Any]:
     from tokenyard import _core
     from tokenyard.simulation import config_from_mapping, simulate
     from tokenyard.simulation.execution import build_predictor
 
-    cfg = config_from_mapping(config(model, num_requests, profile, cache))
+    cfg = config_from_mapping(config(policy, model, num_requests, profile, cache))
     result = simulate(cfg)
     out: dict[str, Any] = {
+        "policy": policy,
         "model": model,
         "num_requests": num_requests,
         "wall_s": result.summary["wall_s"],
@@ -118,15 +124,21 @@ def child(model: str, num_requests: int, profile: Path, cache: Path) -> dict[str
     predictor = build_predictor(cfg)
     if predictor is not None:
         shapes = shape_mix(200_000)
-        spec = predictor.to_core()
-        runs = []
-        for _ in range(5):
-            start = time.perf_counter()
-            _core.evaluate_ops(spec, shapes)
-            runs.append((time.perf_counter() - start) / 200_000)
-        out["per_call_s"] = statistics.median(runs)
+        spec = predictor.fused().to_core()  # what simulate() hands to Rust
+
+        def per_call(spec: dict[str, Any]) -> float:
+            runs = []
+            for _ in range(7):
+                start = time.perf_counter()
+                _core.evaluate_ops(spec, shapes)
+                runs.append((time.perf_counter() - start) / 200_000)
+            return statistics.median(runs)
+
+        loop_s = per_call({**spec, "ops": []})
+        out["per_call_s"] = per_call(spec) - loop_s
+        out["loop_per_call_s"] = loop_s
         out["predictor_share"] = out["per_call_s"] * out["num_batches"] / out["wall_s"]
-        out["num_ops"] = len(predictor.ops)
+        out["num_ops"] = len(spec["ops"])
     return out
 
 
@@ -134,28 +146,31 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=1_000_000)
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--policies", default=",".join(POLICIES), help="replica policies")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--profile", help=argparse.SUPPRESS)
     parser.add_argument("--cache", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.requests, Path(args.profile), Path(args.cache))))
+        policy, model = args.child.split("/")
+        result = child(policy, model, args.requests, Path(args.profile), Path(args.cache))
+        print(json.dumps(result))
         return
     with tempfile.TemporaryDirectory() as tmp:
         profile, cache = Path(tmp) / "profile.csv", Path(tmp) / "cache"
         synthetic_profile(profile)
         results = []
-        for model in MODELS:
-            command = [
-                "taskset", "-c", "0", sys.executable, str(Path(__file__)), "--child", model,
-                "--requests", str(args.requests), "--profile", str(profile), "--cache", str(cache),
-            ]  # fmt: skip
+        runs = [(p, m) for p in args.policies.split(",") for m in MODELS]
+        for policy, model in runs:
+            child_args = ["--child", f"{policy}/{model}", "--requests", str(args.requests)]
+            child_args += ["--profile", str(profile), "--cache", str(cache)]
+            command = ["taskset", "-c", "0", sys.executable, str(Path(__file__)), *child_args]
             line = subprocess.run(command, capture_output=True, text=True, check=True).stdout
             results.append(json.loads(line.strip().splitlines()[-1]))
             r = results[-1]
             share = r.get("predictor_share")
             print(
-                f"{model:<9} wall {r['wall_s']:7.2f} s  batches {r['num_batches']:>9,}"
+                f"{policy:<8} {model:<9} wall {r['wall_s']:7.2f} s  batches {r['num_batches']:>9,}"
                 + (
                     f"  per call {1e9 * r['per_call_s']:6.0f} ns  share {100 * share:5.2f}%"
                     if share

@@ -217,13 +217,20 @@ impl Table {
         let (xi, xj, wx) = locate(&self.xs, features.get(self.x));
         let Some(y) = self.y else {
             let at = |w: f64| lerp(self.values[xi], self.values[xj], w);
-            return at(wx).max(at(wx.min(1.0)));
+            let value = at(wx);
+            // Inside the grid the clamped value is the value: skip it (the hot path).
+            return if wx <= 1.0 { value } else { value.max(at(1.0)) };
         };
         let (yi, yj, wy) = locate(&self.ys, features.get(y));
         let ny = self.ys.len();
         let row = |x: usize, w: f64| lerp(self.values[x * ny + yi], self.values[x * ny + yj], w);
         let at = |wx: f64, wy: f64| lerp(row(xi, wy), row(xj, wy), wx);
-        at(wx, wy).max(at(wx.min(1.0), wy.min(1.0)))
+        let value = at(wx, wy);
+        if wx <= 1.0 && wy <= 1.0 {
+            value
+        } else {
+            value.max(at(wx.min(1.0), wy.min(1.0)))
+        }
     }
 }
 

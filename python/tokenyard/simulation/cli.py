@@ -172,7 +172,8 @@ def format_summary(result: SimulationResult) -> str:
     lat = s["latency_s"]
     lines = [
         f"tokenyard simulate: {c['num_replicas']} x {c['model']} on {c['device']}"
-        f" (PP {c['num_pipeline_stages']}), {c['replica_policy']} replicas, "
+        f" (TP {c['tensor_parallel_size']}, PP {c['num_pipeline_stages']}), "
+        f"{c['replica_policy']} replicas, {c['execution']['model']} execution model, "
         f"{c['global_policy']} routing, {s['num_requests']:,} requests",
         f"simulated {s['makespan_s']:.1f} s in {s['wall_s']:.2f} s of wall time "
         f"({s['requests_per_wall_s'] or 0:,.0f} requests per wall second)",

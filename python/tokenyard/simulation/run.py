@@ -82,6 +82,7 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
         "replica_policy": config.replica.scheduler.policy,
         "global_policy": config.cluster.global_scheduler.policy,
         "num_replicas": config.cluster.num_replicas,
+        "tensor_parallel_size": config.replica.tensor_parallel_size,
         "num_pipeline_stages": config.replica.num_pipeline_stages,
         "model": config.replica.model,
         "device": config.replica.device,

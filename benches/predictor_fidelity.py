@@ -39,7 +39,8 @@ SMALL = ModelSpec(
 )
 
 CPU_GRID = ProfileGrid(
-    num_tokens=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024),
+    num_tokens=(1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256)
+    + (320, 384, 512, 640, 768, 1024),
     prefill_batch_sizes=(1, 2),
     prefill_chunk_sizes=(16, 32, 64, 128, 256, 512),
     prefill_context_lens=(0, 128, 256, 512, 1024, 2048),
@@ -54,7 +55,8 @@ def main() -> None:
     parser.add_argument("--grid", default="cpu", help="cpu (this file's), tiny or default")
     parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--dtype", default="bf16", help="bf16 (GPU); use fp32 on a CPU")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=6)
+    parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--profile", help="skip profiling: evaluate this CSV")
     parser.add_argument("--out", default="benches/out/predictor", help="output folder")
     args = parser.parse_args()
@@ -66,7 +68,12 @@ def main() -> None:
         spec = model(args.model) if args.model else SMALL
         grid = CPU_GRID if args.grid == "cpu" else ProfileGrid.preset(args.grid)
         rows = profile_model(
-            spec, grid=grid, device=args.device, dtype=args.dtype, repeats=args.repeats
+            spec,
+            grid=grid,
+            device=args.device,
+            dtype=args.dtype,
+            repeats=args.repeats,
+            warmup=args.warmup,
         )
         write_profile(rows, path)
     profiled_s = time.perf_counter() - started

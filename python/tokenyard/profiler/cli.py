@@ -30,6 +30,12 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     p.add_argument("--grid", default="default", help="shape grid: tiny or default")
     p.add_argument("--backend", default="torch", help="torch (SDPA) or triton (paged kernels)")
     p.add_argument("--repeats", type=int, default=10, help="timed runs per shape (default: 10)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        help="passes through the grid, the repeats split between them (default: 1 on a GPU, "
+        "3 on a CPU)",
+    )
     p.add_argument("--warmup", type=int, default=3, help="untimed runs first (default: 3)")
     p.add_argument("--out", "-o", default="profile.csv", help="output CSV (default: profile.csv)")
     p.add_argument("--no-progress", action="store_true", help="no progress line")
@@ -94,6 +100,7 @@ def run_command(args: argparse.Namespace) -> int:
             grid=grid,
             backend=args.backend,
             repeats=args.repeats,
+            rounds=args.rounds,
             warmup=args.warmup,
             progress=progress if rank == 0 else None,
         )

@@ -232,6 +232,7 @@ def profile_model(
     memory_cap_bytes: int | None = None,
     device_label: str | None = None,
     progress: Progress | None = None,
+    rounds: int | None = None,
 ) -> list[ProfileRow]:
     """Time every operation of one decoder layer of ``model`` over ``grid``'s shapes.
 
@@ -248,6 +249,8 @@ def profile_model(
             2 GiB on the CPU).
         device_label: the ``device`` column (default: ``cpu``, or the GPU's name as a slug).
         progress: called as ``progress(done, total, op)`` after each shape.
+        rounds: passes through the grid, ``repeats`` split between them (default: 1 on a
+            GPU, 3 on a CPU, whose timings suffer bursts of load from other processes).
 
     Returns:
         One row per timed shape (a dict keyed by the profile format's columns; None where a
@@ -261,6 +264,8 @@ def profile_model(
 
     tp = _positive("tensor_parallel_size", tensor_parallel_size)
     repeats = _positive("repeats", repeats)
+    if rounds is not None:
+        rounds = _positive("rounds", rounds)
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ConfigError(
             f"--warmup: expected an integer >= 0, got {warmup!r}",
@@ -328,23 +333,47 @@ def profile_model(
         "torch_version": torch.__version__,
         "created_at": created_at,
     }
+    rounds = rounds if rounds is not None else (1 if dev.type == "cuda" else 3)
+    times_s = _timed_in_rounds(cases, repeats, warmup, dev, rounds, progress)
     rows: list[ProfileRow] = []
-    with torch.inference_mode():
-        for i, case in enumerate(cases):
-            fn = case.make()
-            times_s = _time(fn, repeats, warmup, dev)
-            del fn
-            row: ProfileRow = dict.fromkeys(OUR_COLUMNS)
-            row.update(case.shape)
-            row.update(common)
-            row["op"] = case.op
-            row["time_ms"] = float(np.median(times_s)) * 1e3
-            row["time_ms_p90"] = float(np.percentile(times_s, 90)) * 1e3
-            row["repeats"] = repeats
-            rows.append(row)
-            if progress is not None:
-                progress(i + 1, len(cases), case.op)
+    for case, times in zip(cases, times_s, strict=True):
+        row: ProfileRow = dict.fromkeys(OUR_COLUMNS)
+        row.update(case.shape)
+        row.update(common)
+        row["op"] = case.op
+        row["time_ms"] = float(np.median(times)) * 1e3
+        row["time_ms_p90"] = float(np.percentile(times, 90)) * 1e3
+        row["repeats"] = len(times)
+        rows.append(row)
     return rows
+
+
+def _timed_in_rounds(
+    cases: list[_Case],
+    repeats: int,
+    warmup: int,
+    dev: torch.device,
+    rounds: int,
+    progress: Progress | None,
+) -> list[list[float]]:
+    """Each case's times, taken over ``rounds`` passes through the whole grid. A burst of
+    load from another process then spoils one pass's runs of a few shapes, not every run
+    of one shape, and the median drops it."""
+    import torch
+
+    per_round = max(1, -(-repeats // rounds))
+    times: list[list[float]] = [[] for _ in cases]
+    done = 0
+    with torch.inference_mode():
+        for _ in range(rounds):
+            for i, case in enumerate(cases):
+                fn = case.make()
+                times[i] += _time(fn, per_round, warmup, dev)
+                del fn
+                done += 1
+                if progress is not None:
+                    progress(done, rounds * len(cases), case.op)
+    return times
 
 
 def comms_available() -> bool:

@@ -38,9 +38,9 @@ SMALL = ModelSpec(
     source="https://huggingface.co/meta-llama/Llama-3.2-1B/blob/main/config.json",
 )
 
+CPU_TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192)
 CPU_GRID = ProfileGrid(
-    num_tokens=(1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256)
-    + (320, 384, 512, 640, 768, 1024),
+    num_tokens=(*CPU_TOKENS, 256, 320, 384, 512, 640, 768, 1024),
     prefill_batch_sizes=(1, 2),
     prefill_chunk_sizes=(16, 32, 64, 128, 256, 512),
     prefill_context_lens=(0, 128, 256, 512, 1024, 2048),

@@ -103,14 +103,14 @@ def test_fp8_kv_halves_kv_bytes_per_token() -> None:
 
 @pytest.mark.parametrize(
     ("weight_dtype", "weight_bytes", "kv_bytes"),
-    [("fp32", 4, 4), ("fp16", 2, 2), ("fp8_e4m3", 1, 1), ("int8", 1, 1), ("int4", 0.5, 2)],
+    [("fp32", 4, 4), ("fp16", 2, 2), ("fp8_e4m3", 1, 2), ("int8", 1, 2), ("int4", 0.5, 2)],
 )
-def test_auto_kv_dtype_follows_the_weights(
+def test_auto_kv_dtype_is_the_compute_dtype_of_the_weights(
     weight_dtype: str, weight_bytes: float, kv_bytes: int
 ) -> None:
     p = plan("llama-2-7b", "h200", weight_dtype=weight_dtype)
     assert p.parameter_bytes_total == 6_738_415_616 * weight_bytes
-    assert p.kv_bytes_per_token == 2 * kv_bytes * 128 * 32 * 32  # int4 weights: bf16 KV
+    assert p.kv_bytes_per_token == 2 * kv_bytes * 128 * 32 * 32  # quantised weights: bf16 KV
 
 
 @pytest.mark.parametrize(
@@ -143,3 +143,23 @@ def test_a_model_that_does_not_fit_is_a_config_error() -> None:
         plan("llama-3.1-405b", "a10g")
     assert info.value.field == "replica.device"
     assert "llama-3.1-405b on a10g" in str(info.value)
+
+
+def test_auto_kv_cache_dtype_is_the_compute_dtype() -> None:
+    """As in vLLM: fp8 or int8 weights still compute, and cache K and V, in 16 bits."""
+    from tokenyard.simulation.planner import dtype_bytes
+
+    assert dtype_bytes("fp8") == (1, 2)
+    assert dtype_bytes("int8") == (1, 2)
+    assert dtype_bytes("int4") == (0.5, 2)
+    assert dtype_bytes("fp32") == (4, 4)
+    assert dtype_bytes("fp8", "fp8") == (1, 1)
+
+
+def test_a_bad_dtype_in_a_config_names_the_key() -> None:
+    from tokenyard.simulation import config_from_mapping
+
+    for key in ("dtype", "kv_cache_dtype"):
+        with pytest.raises(ConfigError) as err:
+            config_from_mapping({"replica": {key: "fp9"}})
+        assert err.value.field == f"replica.{key}"

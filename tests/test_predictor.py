@@ -150,6 +150,14 @@ def test_a_moe_layer_reads_only_the_experts_its_tokens_hit() -> None:
     assert one == pytest.approx((2 * expert_bytes + 2 * (h + 2 * i) * 2) / 3350e9, rel=1e-9)
     many = predictor.op_times(decodes(64, 100))["gate_up_proj"] / 32
     assert many == pytest.approx((8 * expert_bytes + 128 * (h + 2 * i) * 2) / 3350e9, rel=1e-9)
+    # Between grid points too: the table has the formula's bends (all experts hit at T = 4,
+    # compute overtaking memory further up), so interpolation is exact.
+    for tokens in np.random.default_rng(0).integers(1, 5000, 300):
+        rows = 2 * tokens
+        flops = 2 * h * 2 * i * rows / 989e12
+        moved = (min(8, rows) * expert_bytes + rows * (h + 2 * i) * 2) / 3350e9
+        got = predictor.op_times(decodes(int(tokens), 100))["gate_up_proj"] / 32
+        assert got == pytest.approx(max(flops, moved), rel=1e-9)
 
 
 # --- the compiled form: Rust against the Python mirror ----------------------------------
@@ -411,6 +419,30 @@ def test_a_fused_predictor_gives_the_same_times_with_fewer_lookups(
                 assert got == pytest.approx(expected, rel=1e-9)
 
 
+def test_only_operations_gated_on_their_own_feature_fuse() -> None:
+    """A cost on decode tokens gated on all tokens runs (at 0 decode tokens) in a prefill-only
+    batch: fusing it with a table starting at 1 would change its time."""
+    table = TableCost(x="num_decode_tokens", xs=(1.0, 10.0), values=(1.0, 2.0))
+    ops = tuple(CompiledOp(f"t{i}", "layer", "num_tokens", table) for i in range(2))
+    predictor = CompiledPredictor(ops=ops, num_layers=1, cpu_overhead_s=0.0)
+    assert predictor.fused().ops == ops
+
+
+def test_bad_roofline_inputs_are_config_errors() -> None:
+    llama = catalog.model("llama-2-7b")
+    a100 = catalog.device("a100-80gb")
+    for kwargs, field in (
+        ({"tensor_parallel_size": 3}, "replica.tensor_parallel_size"),
+        ({"tensor_parallel_size": 0}, "replica.tensor_parallel_size"),
+        ({"num_pipeline_stages": 5}, "replica.num_pipeline_stages"),
+        ({"efficiencies": Efficiencies(gemm=2.0)}, "execution.efficiency.gemm"),
+        ({"weight_bytes": -1.0}, "weight_bytes"),
+    ):
+        with pytest.raises(ConfigError) as err:
+            roofline_predictor(llama, a100, **kwargs)  # type: ignore[arg-type]
+        assert err.value.field == field
+
+
 def test_auto_picks_the_regressor_with_the_lowest_cross_validated_error() -> None:
     tokens = np.array([2.0**e for e in range(13)])
     samples = OpSamples("qkv_proj", ("num_tokens",), tokens[:, None], 4e-6 + 1e-8 * tokens)
@@ -441,10 +473,22 @@ def test_trained_predictors_are_cached_by_the_profiles_digest(
     )
     assert again.to_core() == first.to_core()
     monkeypatch.undo()
+    wider = profiled_predictor(
+        profiles, base, hidden_size=4096, activation_bytes=4, options=options, cache_dir=cache_dir
+    )
+    assert len(list(cache_dir.glob("*.json"))) == 2  # comms tables scale with the bytes
+    assert wider.description == first.description
+    corrupt = next(iter(cache_dir.glob("*.json")))
+    corrupt.write_text("{")
+    profiled_predictor(profiles, base, hidden_size=4096, options=options, cache_dir=cache_dir)
+    profiled_predictor(
+        profiles, base, hidden_size=4096, activation_bytes=4, options=options, cache_dir=cache_dir
+    )
+    assert all(CompiledPredictor.load(p) for p in cache_dir.glob("*.json"))  # retrained
     changed = read_profiles([synthetic_profile(tmp_path / "b.csv", scale=1.5)])
     assert changed.digest() != profiles.digest()
     profiled_predictor(changed, base, hidden_size=4096, options=options, cache_dir=cache_dir)
-    assert len(list(cache_dir.glob("*.json"))) == 2
+    assert len(list(cache_dir.glob("*.json"))) == 3
 
 
 def test_a_compiled_predictor_saves_and_loads(tmp_path: Path) -> None:

@@ -203,6 +203,7 @@ def grid_doc(**extra: Any) -> dict[str, Any]:
         ({"prices": {"a100-80gb": "cheap"}}, "prices.a100-80gb: must be a number"),
         ({"constraints": {"max_gpus": 0}}, "constraints.max_gpus: must be an integer >= 1"),
         ({"grids": {}}, "grids: unknown key"),
+        ({"grid": {"replica.dtype": ["bf16", "fp9"]}}, "grid.replica.dtype: unknown dtype"),
     ],
 )
 def test_bad_search_configs_are_errors_naming_the_key_before_any_simulation(
@@ -326,6 +327,23 @@ def test_a_rerun_skips_the_points_already_in_the_output_directory(tmp_path: Path
     assert third.reused == 4
     assert len(third.rows) == 6
     assert {r["price_per_gpu_hour"] for r in third.rows if r["device"] == "a100-80gb"} == {9.0}
+
+
+def test_the_resume_key_follows_the_content_of_named_files(tmp_path: Path) -> None:
+    from tokenyard.search.results import point_key
+
+    gpus = tmp_path / "gpus.toml"
+    gpus.write_text("# none yet\n")
+    doc = {"catalog": ["gpus.toml"], "base_dir": str(tmp_path), "workload": {"kind": "x"}}
+    before = point_key(doc, [], {})
+    assert point_key(doc, [], {}) == before
+    gpus.write_text("# edited\n")
+    assert point_key(doc, [], {}) != before
+
+
+def test_a_price_may_name_a_gpu_by_its_alias() -> None:
+    assert deployments_module._price("h100-sxm", {"h100-80gb": 2.8}) == 2.8
+    assert deployments_module._price("h100-80gb", {"h100-sxm": 2.7}) == 2.7
 
 
 def test_results_are_written_as_parquet_with_a_summary_and_plots(tmp_path: Path) -> None:

@@ -246,7 +246,7 @@ class CompiledPredictor:
     def fused(self) -> CompiledPredictor:
         """The same predictor with fewer lookups, which is what ``simulate`` hands to Rust.
 
-        Operations of one scope and gate whose cost depends on a single feature ``x`` are
+        Operations of one scope, gated on the single feature ``x`` their cost depends on, are
         piecewise linear in it: a one-feature table between its points, a roofline on ``1``
         and ``x`` on either side of where compute and memory cross. Their sum (counts
         folded in) is piecewise linear on the union of those breakpoints, so one table there
@@ -258,7 +258,7 @@ class CompiledPredictor:
         kept: list[CompiledOp] = []
         for op in self.ops:
             x = _single_feature(op.cost)
-            if x is None:
+            if x is None or x != op.gate:  # gated on x, a running op has x >= 1
                 kept.append(op)
             else:
                 groups.setdefault((op.scope, op.gate, x), []).append(op)
@@ -286,15 +286,15 @@ class CompiledPredictor:
 
     @classmethod
     def load(cls, path: str | Path) -> CompiledPredictor:
-        data = json.loads(Path(path).read_text())
         try:
+            data = json.loads(Path(path).read_text())
             return cls(
                 ops=tuple(_op_from_dict(d) for d in data["ops"]),
                 num_layers=int(data["num_layers"]),
                 cpu_overhead_s=float(data["cpu_overhead_s"]),
                 description=data.get("description", {}),
             )
-        except (KeyError, TypeError, ValueError) as err:
+        except (KeyError, TypeError, ValueError, OSError) as err:
             raise ConfigError(
                 f"{path}: not a compiled predictor ({err!r})", field="execution", value=str(path)
             ) from err

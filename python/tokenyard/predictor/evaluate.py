@@ -39,7 +39,7 @@ class OpError:
 
 def _split(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     order = np.random.default_rng(seed).permutation(n)
-    num_test = max(1, round(n * fraction))
+    num_test = min(n - 1, max(1, round(n * fraction)))
     return order[num_test:], order[:num_test]
 
 

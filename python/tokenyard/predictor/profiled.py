@@ -282,13 +282,16 @@ def default_cache_dir() -> Path:
     return root / "predictors"
 
 
-def _cache_key(profiles: ProfileSet, base: CompiledPredictor, options: TrainingOptions) -> str:
+def _cache_key(
+    profiles: ProfileSet, base: CompiledPredictor, options: TrainingOptions, bytes_per_token: float
+) -> str:
     payload = json.dumps(
         {
             "version": CACHE_VERSION,
             "profiles": profiles.digest(),
             "base": base.to_core(),
             "options": dataclasses.asdict(options),
+            "bytes_per_token": bytes_per_token,
         },
         sort_keys=True,
     )
@@ -310,9 +313,13 @@ def profiled_predictor(
     options = options or TrainingOptions()
     options.check("execution.profiled")
     cache_dir = cache_dir or default_cache_dir()
-    path = cache_dir / f"{_cache_key(profiles, base, options)}.json"
+    bytes_per_token = hidden_size * activation_bytes
+    path = cache_dir / f"{_cache_key(profiles, base, options, bytes_per_token)}.json"
     if path.exists():
-        return CompiledPredictor.load(path)
+        try:
+            return CompiledPredictor.load(path)
+        except ConfigError:  # unreadable (a crash mid-write elsewhere): train again
+            path.unlink(missing_ok=True)
     ops = []
     fits = {}
     for op in base.ops:
@@ -322,7 +329,7 @@ def profiled_predictor(
             continue
         fit = fit_op(samples, options)
         fits[op.name] = {"regressor": fit.regressor, "cv_mape": dict(fit.cv_mape)}
-        table = _place(fit.table, op.name, hidden_size * activation_bytes)
+        table = _place(fit.table, op.name, bytes_per_token)
         ops.append(dataclasses.replace(op, cost=table, source=f"profile:{fit.regressor}"))
     description = {
         **base.description,

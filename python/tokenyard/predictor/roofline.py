@@ -191,13 +191,27 @@ def _expert_gemm(b: _Builder, model: ModelSpec, s: _Sizes, name: str, k: int, n:
         _gemm(b, name, k, n, s)
         return
     top_k, experts = model.experts_per_token, model.num_experts
-    xs = sorted({float(round(2 ** (e / 4))) for e in range(4 * 17 + 1)})
+    compute_rate = b.flops_per_s * b.eff.gemm
+    memory_rate = b.bytes_per_s * b.eff.memory
 
     def seconds(tokens: float) -> float:
         rows = top_k * tokens
         flops = 2.0 * k * n * rows
         moved = min(experts, rows) * k * n * s.w + rows * (k + n) * s.a
-        return max(flops / (b.flops_per_s * b.eff.gemm), moved / (b.bytes_per_s * b.eff.memory))
+        return max(flops / compute_rate, moved / memory_rate)
+
+    # Piecewise linear in T with bends where every expert is hit (T = E / k) and where
+    # compute overtakes memory on either side of it: put those on the grid, so linear
+    # interpolation between points is exact.
+    per_row_compute = 2.0 * k * n / compute_rate
+    bends = [experts / top_k]
+    for weight_rows, fixed in ((1.0, 0.0), (0.0, experts)):  # below / above E / k
+        per_row_memory = (weight_rows * k * n * s.w + (k + n) * s.a) / memory_rate
+        gap = per_row_compute - per_row_memory
+        if gap > 0:
+            bends.append(fixed * k * n * s.w / memory_rate / gap / top_k)
+    grid = {float(round(2 ** (e / 4))) for e in range(4 * 17 + 1)}
+    xs = sorted(grid | {t for t in bends if t >= 1.0})
 
     cost = TableCost(x="num_tokens", xs=tuple(xs), values=tuple(seconds(t) for t in xs))
     b.ops.append(CompiledOp(name, "layer", "num_tokens", cost))
@@ -242,6 +256,27 @@ def _communication(b: _Builder, device: DeviceSpec, s: _Sizes, tp: int, pp: int)
         b.ops.append(CompiledOp("send_recv", "between_stages", "num_tokens", cost))
 
 
+def _check_inputs(model: ModelSpec, tp: int, pp: int, weight_bytes: float, kv_bytes: float) -> None:
+    for field, value, divides in (
+        ("replica.tensor_parallel_size", tp, model.num_heads),
+        ("replica.num_pipeline_stages", pp, model.num_layers),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1 or divides % value:
+            raise ConfigError(
+                f"{field}: must be an integer >= 1 dividing {divides} ({model.name}), "
+                f"got {value!r}",
+                field=field,
+                value=repr(value),
+            )
+    for field, size in (("weight_bytes", weight_bytes), ("kv_bytes", kv_bytes)):
+        if not (isinstance(size, (int, float)) and math.isfinite(size) and size > 0):
+            raise ConfigError(
+                f"{field}: must be a finite number > 0, got {size!r}",
+                field=field,
+                value=repr(size),
+            )
+
+
 def roofline_predictor(
     model: ModelSpec,
     device: DeviceSpec,
@@ -253,10 +288,18 @@ def roofline_predictor(
     efficiencies: Efficiencies | None = None,
     cpu: CpuOverheads | None = None,
 ) -> CompiledPredictor:
-    """The roofline model of ``model`` on ``device`` under TP x PP, compiled for Rust."""
+    """The roofline model of ``model`` on ``device`` under TP x PP, compiled for Rust.
+
+    Raises:
+        ConfigError: a layout that does not divide the model's heads or layers, or a bad
+            efficiency, overhead or byte size (the field and the value).
+    """
     tp, pp = tensor_parallel_size, num_pipeline_stages
     efficiencies = efficiencies or Efficiencies()
     cpu = cpu or CpuOverheads()
+    _check_inputs(model, tp, pp, weight_bytes, kv_bytes)
+    efficiencies.check("execution.efficiency")
+    cpu.check("execution.cpu")
     s = _sizes(model, tp, weight_bytes, kv_bytes)
     b = _Builder(device, efficiencies)
     _norm(b, "input_norm", s)

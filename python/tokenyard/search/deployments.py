@@ -68,11 +68,10 @@ def _price(device: str, prices: Mapping[str, float]) -> float | None:
     """USD per GPU-hour: the config's ``[prices]`` first, then the catalog (0 = unknown)."""
     from tokenyard.simulation.catalog import device_spec
 
-    if device in prices:
-        return prices[device]
     spec = device_spec(device)
-    if spec.name in prices:
-        return prices[spec.name]
+    for name in (device, spec.name, *spec.aliases):  # a price may name any of them
+        if name in prices:
+            return prices[name]
     price = getattr(spec, "price_per_hour", None)
     return float(price) if price else None
 
@@ -206,6 +205,8 @@ def expand(config: SearchConfig, *, need_prices: bool = True) -> list[Point]:
             try:
                 plan_for(sim)
             except ConfigError as error:
+                if error.field != "replica.device":  # a bad value, not a model too big
+                    raise
                 skip = f"does not fit: {error}"
         points.append(dataclasses.replace(point, skip=skip))
     return points

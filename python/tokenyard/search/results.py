@@ -10,14 +10,17 @@ Output folder::
     search.json           the search config, the best point per SLO set, the Pareto front
 
 A point's ``key`` is a hash of everything that decides its simulations (its whole
-simulation document, the SLO sets and the search knobs): a re-run skips the points whose
-record is already there, and any change to them gives a new key. Prices and budgets are
+simulation document, the files it names — catalog files, profiles, the trace — by content
+or, past 16 MiB, by size and modification time, the SLO sets, the search knobs and
+tokenyard's version): a re-run skips the points whose record is already there, and any
+change to them gives a new key. Prices and budgets are
 applied when the tables are assembled, so changing a price (or ``target_qps``,
 ``pareto_metric``) re-runs nothing.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -42,11 +45,56 @@ def _canonical(value: Any) -> str:
 
 def point_key(simulation: Mapping[str, Any], slos: Sequence[Any], search: Mapping[str, Any]) -> str:
     """A stable hash (hex, 16 characters) of what decides a point's simulations."""
+    from tokenyard import __version__
+
     doc = {k: v for k, v in simulation.items() if k != "base_dir"}
-    if "base_dir" in simulation and doc.get("workload", {}).get("kind") == "trace":
-        doc["base_dir"] = str(simulation["base_dir"])  # a relative trace path depends on it
-    text = _canonical({"format": FORMAT, "simulation": doc, "slos": slos, "search": search})
+    files = {name: _file_identity(path) for name, path in _named_files(simulation)}
+    text = _canonical(
+        {
+            "format": FORMAT,
+            "version": __version__,
+            "simulation": doc,
+            "files": files,
+            "slos": slos,
+            "search": search,
+        }
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _named_files(simulation: Mapping[str, Any]) -> list[tuple[str, Path]]:
+    """The files a simulation document names, resolved against its ``base_dir``."""
+    base = Path(simulation.get("base_dir") or ".")
+    profiled = simulation.get("execution", {}).get("profiled", {})
+    names = [*simulation.get("catalog", ()), *profiled.get("profiles", ())]
+    workload = simulation.get("workload", {})
+    if isinstance(workload.get("path"), str):
+        names.append(workload["path"])
+    out = []
+    for name in names:
+        path = base / name
+        inside = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+        out += [(str(p), p) for p in inside]
+    return out
+
+
+_WHOLE_FILE_LIMIT = 16 * 1024 * 1024
+
+
+def _file_identity(path: Path) -> str:
+    try:
+        stat = path.stat()
+    except OSError:
+        return "missing"
+    if stat.st_size > _WHOLE_FILE_LIMIT:  # a big trace: hashing it per point costs too much
+        return f"{stat.st_size}:{stat.st_mtime_ns}"
+    return _content_digest(str(path), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=256)
+def _content_digest(path: str, size: int, mtime_ns: int) -> str:
+    del size, mtime_ns  # part of the cache key: a changed file is read again
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def write_record(directory: Path, record: PointRecord) -> None:

@@ -28,6 +28,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 from tokenyard.errors import ConfigError
 from tokenyard.predictor.profiled import TrainingOptions
 from tokenyard.predictor.roofline import CpuOverheads, Efficiencies
+from tokenyard.simulation.planner import dtype_bytes
 
 __all__ = [
     "ClusterConfig",
@@ -194,7 +195,8 @@ class ReplicaConfig:
     memory_margin_fraction: float = 0.1
     #: Weights' data type (``bf16``, ``fp16``, ``fp32``, ``fp8``, ``int8``, ``int4``).
     dtype: str = "bf16"
-    #: The KV cache's data type; ``auto`` is the weights' (bf16 for int4 weights).
+    #: The KV cache's data type; ``auto`` is the compute dtype (the weights' if 16 or 32
+    #: bits, else bf16).
     kv_cache_dtype: str = "auto"
     scheduler: ReplicaSchedulerConfig = dataclasses.field(default_factory=ReplicaSchedulerConfig)
 
@@ -207,6 +209,11 @@ class ReplicaConfig:
                 f"must be in [0, 1), got {self.memory_margin_fraction}",
                 self.memory_margin_fraction,
             )
+        try:
+            dtype_bytes(self.dtype, self.kv_cache_dtype)
+        except ConfigError as error:  # the planner names replica.*; keep the caller's path
+            key = (error.field or "replica.dtype").rsplit(".", 1)[-1]
+            raise _fail(f"{where}.{key}", str(error).split(": ", 1)[-1], error.value) from None
         self.scheduler.check(f"{where}.scheduler")
         policy = self.scheduler.policy
         if self.num_pipeline_stages > 1 and policy in ("lightllm", "sglang"):
@@ -228,15 +235,20 @@ class ProfiledConfig:
     regressor: str = "auto"
     grid_points: int = 48
     folds: int = 5
+    #: Folds and trees; apart from the simulation's seed, so a seed sweep keeps one model.
+    seed: int = 0
     cache_dir: str | None = None
 
-    def options(self, seed: int) -> TrainingOptions:
+    def options(self) -> TrainingOptions:
         return TrainingOptions(
-            regressor=self.regressor, grid_points=self.grid_points, folds=self.folds, seed=seed
+            regressor=self.regressor,
+            grid_points=self.grid_points,
+            folds=self.folds,
+            seed=self.seed,
         )
 
     def check(self, where: str) -> None:
-        self.options(0).check(where)
+        self.options().check(where)
 
 
 EXECUTION_MODELS = ("linear", "roofline", "profiled")

@@ -52,7 +52,7 @@ def build_predictor(config: SimulationConfig) -> CompiledPredictor | None:
         profiles,
         roofline,
         hidden_size=spec.hidden_size,
-        options=profiled.options(config.seed),
+        options=profiled.options(),
         cache_dir=base / cache_dir if cache_dir else None,
     )
 

@@ -55,7 +55,7 @@ DTYPE_BYTES: dict[str, float] = {
     "int4": 0.5,
 }
 
-#: The KV cache dtypes: every weight dtype but int4, and ``auto`` (the weight dtype).
+#: The KV cache dtypes: every weight dtype but int4, and ``auto`` (the compute dtype).
 KV_CACHE_DTYPES = ("auto", *(d for d in DTYPE_BYTES if d != "int4"))
 
 
@@ -92,16 +92,22 @@ def _dtype_bytes(dtype: str, choices: tuple[str, ...], field: str) -> float:
 
 
 def dtype_bytes(weight_dtype: str, kv_cache_dtype: str = "auto") -> tuple[float, int]:
-    """Bytes per weight and per KV value; ``auto`` KV is the weight dtype (bf16 for int4).
+    """Bytes per weight and per KV value. ``auto`` KV is the model's compute dtype, as in
+    vLLM: the weight dtype for fp32, fp16 and bf16 weights, bf16 for quantised ones.
 
     Raises:
         ConfigError: an unknown dtype (field ``replica.dtype`` or ``replica.kv_cache_dtype``).
     """
     weight_bytes = _dtype_bytes(weight_dtype, tuple(DTYPE_BYTES), "replica.dtype")
-    if kv_cache_dtype == "auto":
-        kv_cache_dtype = "bf16" if weight_dtype == "int4" else weight_dtype
+    kv_cache_dtype = _resolve_kv_dtype(weight_dtype, kv_cache_dtype)
     kv_bytes = int(_dtype_bytes(kv_cache_dtype, KV_CACHE_DTYPES[1:], "replica.kv_cache_dtype"))
     return weight_bytes, kv_bytes
+
+
+def _resolve_kv_dtype(weight_dtype: str, kv_cache_dtype: str) -> str:
+    if kv_cache_dtype != "auto":
+        return kv_cache_dtype
+    return weight_dtype if weight_dtype in ("fp32", "fp16", "bf16") else "bf16"
 
 
 def _check_layout(model: ModelSpec, tp: int, pp: int) -> None:
@@ -166,8 +172,8 @@ def plan_memory(
         max_request_tokens: the longest request (prompt + output), for ``max_batch_size``.
         block_size: tokens per KV block.
         weight_dtype: one of ``DTYPE_BYTES``.
-        kv_cache_dtype: one of ``KV_CACHE_DTYPES``; ``auto`` is the weight dtype (bf16 for
-            int4 weights).
+        kv_cache_dtype: one of ``KV_CACHE_DTYPES``; ``auto`` is the compute dtype: the
+            weight dtype for fp32, fp16 and bf16, else bf16.
 
     Raises:
         ConfigError: a layout that does not divide the model (field
@@ -177,8 +183,7 @@ def plan_memory(
     """
     tp, pp = tensor_parallel_size, num_pipeline_stages
     weight_bytes, kv_bytes = dtype_bytes(weight_dtype, kv_cache_dtype)
-    if kv_cache_dtype == "auto":
-        kv_cache_dtype = "bf16" if weight_dtype == "int4" else weight_dtype
+    kv_cache_dtype = _resolve_kv_dtype(weight_dtype, kv_cache_dtype)
     if not 0 <= memory_margin_fraction < 1:
         raise ConfigError(
             f"replica.memory_margin_fraction: must be in [0, 1), got {memory_margin_fraction!r}",

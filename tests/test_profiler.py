@@ -48,6 +48,26 @@ def test_tiny_grid_times_every_compute_op() -> None:
     assert (first["head_dim"], first["repeats"], first["tensor_parallel_size"]) == (64, 3, 1)
 
 
+def test_repeats_are_split_over_rounds_through_the_grid() -> None:
+    grid = ProfileGrid.preset("tiny")
+    seen: list[tuple[int, int, str]] = []
+    rows = profile_model(
+        TINY,
+        grid=grid,
+        device="cpu",
+        repeats=5,
+        warmup=0,
+        rounds=2,
+        progress=lambda done, total, op: seen.append((done, total, op)),
+    )
+    assert {r["repeats"] for r in rows} == {5}  # 3 runs in the first pass, 2 in the second
+    assert seen[-1][0] == seen[-1][1] == 2 * len(rows)  # every shape visited in both passes
+    more_rounds = profile_model(TINY, grid=grid, device="cpu", repeats=2, warmup=0, rounds=4)
+    assert {r["repeats"] for r in more_rounds} == {2}
+    with pytest.raises(ConfigError):
+        profile_model(TINY, grid=grid, device="cpu", rounds=0)
+
+
 def test_tensor_parallel_shard_and_memory_cap() -> None:
     grid = ProfileGrid(
         num_tokens=(4,),

@@ -361,18 +361,20 @@ def _timed_in_rounds(
     of one shape, and the median drops it."""
     import torch
 
-    per_round = max(1, -(-repeats // rounds))
+    # ``repeats`` runs in all: the first ``repeats % rounds`` rounds take one more.
+    per_round = [repeats // rounds + (r < repeats % rounds) for r in range(rounds)]
+    per_round = [n for n in per_round if n]
     times: list[list[float]] = [[] for _ in cases]
     done = 0
     with torch.inference_mode():
-        for _ in range(rounds):
+        for runs in per_round:
             for i, case in enumerate(cases):
                 fn = case.make()
-                times[i] += _time(fn, per_round, warmup, dev)
+                times[i] += _time(fn, runs, warmup, dev)
                 del fn
                 done += 1
                 if progress is not None:
-                    progress(done, rounds * len(cases), case.op)
+                    progress(done, len(per_round) * len(cases), case.op)
     return times
 
 

@@ -1,36 +1,31 @@
 """What the execution-time predictor costs inside a replay: the ``sim_scale.py`` job at 1M
 requests (8 Llama-2-7B replicas on A100-80GB) with the linear, roofline and profiled
-models, each in a fresh process pinned to one core.
+models, under the ``vllm`` and ``vllm_v1`` replica policies, each run in a fresh process
+pinned to one core.
 
-Two figures per model:
-
-- the replay's wall time (``summary["wall_s"]``). Models price batches differently, so the
-  runs schedule differently too; the walls are context, not the predictor's cost;
-- the predictor's own share: its per-call cost, timed on the same core with
-  ``_core.evaluate_ops`` over 200k batch shapes of the job's mix (the simulator's code,
-  called in a loop without the event loop) less the same loop over a model without
-  operations (converting the shapes and storing the results, which the simulator does not
-  do), times the replay's number of batch stages, over the replay's wall time.
+Each (policy, model) runs twice: as is, and with the model evaluated ``REPEAT`` times per
+batch stage (``exec_repeat``: same answers, so the same schedule, batch for batch). The
+difference of the two walls over ``REPEAT - 1`` is exactly what the model costs inside the
+event loop; its share is that over the plain run's wall (``summary["wall_s"]``, the Rust
+loop). Models price batches differently, so the runs of different models schedule
+differently; compare shares, not walls.
 
 The profiled model is trained on a synthetic profile with our profiler's default grid
 (tables of 30-50 points per axis: the size a real profile gives).
 
-    .venv/bin/python benches/predictor_cost.py --json benches/out/predictor_cost.json
+    .venv/bin/python benches/predictor_cost.py --json benches/out/predictor_cost.json  # ~15 min
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from sim_scale import job, workload
 
 HERE = Path(__file__).resolve().parent
@@ -89,57 +84,44 @@ def config(
     return mapping
 
 
-def shape_mix(n: int) -> dict[str, np.ndarray]:
-    """Batches like the job's: mostly decodes (1-128 requests, contexts to 4k), one in ten
-    with a prefill chunk."""
-    rng = np.random.default_rng(0)
-    decodes = rng.integers(1, 129, n)
-    context = rng.integers(64, 4096, n)
-    chunk = np.where(rng.random(n) < 0.1, rng.integers(64, 3072, n), 0)
-    return {
-        "num_requests": (decodes + (chunk > 0)).astype(np.uint64),
-        "num_prefill_tokens": chunk.astype(np.uint64),
-        "num_decode_tokens": decodes.astype(np.uint64),
-        "sum_decode_context": (decodes * context).astype(np.uint64),
-        "sum_prefill_context": (chunk * chunk).astype(np.uint64),
-        "sum_prefill_squared": (chunk * chunk).astype(np.uint64),
-        "num_padding_rows": np.zeros(n, dtype=np.uint64),
-    }
+REPEAT = 5
 
 
-def child(policy: str, model: str, num_requests: int, profile: Path, cache: Path) -> dict[str, Any]:
-    from tokenyard import _core
+def child(
+    policy: str, model: str, num_requests: int, profile: Path, cache: Path, repeat: int
+) -> dict[str, Any]:
     from tokenyard.simulation import config_from_mapping, simulate
-    from tokenyard.simulation.execution import build_predictor
+    from tokenyard.simulation import run as run_module
 
     cfg = config_from_mapping(config(policy, model, num_requests, profile, cache))
+    core_config = run_module._core_config
+
+    def with_repeat(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        out = core_config(*args, **kwargs)
+        out["exec_repeat"] = repeat
+        return out
+
+    run_module._core_config = with_repeat  # type: ignore[assignment]
     result = simulate(cfg)
-    out: dict[str, Any] = {
+    return {
         "policy": policy,
         "model": model,
+        "repeat": repeat,
         "num_requests": num_requests,
         "wall_s": result.summary["wall_s"],
         "num_batches": result.summary["num_batches"],
     }
-    predictor = build_predictor(cfg)
-    if predictor is not None:
-        shapes = shape_mix(200_000)
-        spec = predictor.fused().to_core()  # what simulate() hands to Rust
 
-        def per_call(spec: dict[str, Any]) -> float:
-            runs = []
-            for _ in range(7):
-                start = time.perf_counter()
-                _core.evaluate_ops(spec, shapes)
-                runs.append((time.perf_counter() - start) / 200_000)
-            return statistics.median(runs)
 
-        loop_s = per_call({**spec, "ops": []})
-        out["per_call_s"] = per_call(spec) - loop_s
-        out["loop_per_call_s"] = loop_s
-        out["predictor_share"] = out["per_call_s"] * out["num_batches"] / out["wall_s"]
-        out["num_ops"] = len(spec["ops"])
-    return out
+def _run(
+    policy: str, model: str, repeat: int, args: argparse.Namespace, profile: Path, cache: Path
+) -> dict[str, Any]:
+    child_args = ["--child", f"{policy}/{model}/{repeat}", "--requests", str(args.requests)]
+    child_args += ["--profile", str(profile), "--cache", str(cache)]
+    command = ["taskset", "-c", "0", sys.executable, str(Path(__file__)), *child_args]
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
 
 
 def main() -> None:
@@ -152,31 +134,33 @@ def main() -> None:
     parser.add_argument("--cache", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        policy, model = args.child.split("/")
-        result = child(policy, model, args.requests, Path(args.profile), Path(args.cache))
+        policy, model, repeat = args.child.split("/")
+        result = child(
+            policy, model, args.requests, Path(args.profile), Path(args.cache), int(repeat)
+        )
         print(json.dumps(result))
         return
     with tempfile.TemporaryDirectory() as tmp:
         profile, cache = Path(tmp) / "profile.csv", Path(tmp) / "cache"
         synthetic_profile(profile)
         results = []
-        runs = [(p, m) for p in args.policies.split(",") for m in MODELS]
-        for policy, model in runs:
-            child_args = ["--child", f"{policy}/{model}", "--requests", str(args.requests)]
-            child_args += ["--profile", str(profile), "--cache", str(cache)]
-            command = ["taskset", "-c", "0", sys.executable, str(Path(__file__)), *child_args]
-            line = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-            results.append(json.loads(line.strip().splitlines()[-1]))
-            r = results[-1]
-            share = r.get("predictor_share")
-            print(
-                f"{policy:<8} {model:<9} wall {r['wall_s']:7.2f} s  batches {r['num_batches']:>9,}"
-                + (
-                    f"  per call {1e9 * r['per_call_s']:6.0f} ns  share {100 * share:5.2f}%"
-                    if share
-                    else ""
+        results = []
+        for policy in args.policies.split(","):
+            for model in MODELS:
+                plain, repeated = (
+                    _run(policy, model, r, args, profile, cache) for r in (1, REPEAT)
                 )
-            )
+                assert plain["num_batches"] == repeated["num_batches"]  # the same schedule
+                per_call = (repeated["wall_s"] - plain["wall_s"]) / (REPEAT - 1)
+                per_call /= plain["num_batches"]
+                share = per_call * plain["num_batches"] / plain["wall_s"]
+                results.append({**plain, "per_call_s": per_call, "share": share})
+                print(
+                    f"{policy:<8} {model:<9} wall {plain['wall_s']:7.2f} s "
+                    f"(x{REPEAT}: {repeated['wall_s']:7.2f} s)  batches "
+                    f"{plain['num_batches']:>11,}  per call {1e9 * per_call:5.0f} ns  "
+                    f"share {100 * share:5.2f}%"
+                )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

@@ -277,7 +277,7 @@ ROOFLINE_7B_TP2 = roofline_predictor(
 )
 
 
-ROOFLINE_7B_TP2_FUSED = ROOFLINE_7B_TP2.fused()  # what simulate() hands to Rust
+ROOFLINE_7B_TP2_FUSED = ROOFLINE_7B_TP2.fused(2)  # what simulate() hands to Rust
 
 
 def test_the_simulator_gives_the_same_results_from_rust_and_the_python_slow_path() -> None:
@@ -412,11 +412,15 @@ def test_a_fused_predictor_gives_the_same_times_with_fewer_lookups(
         fused = predictor.fused()
         assert len(fused.ops) <= len(predictor.ops) - 8
         assert any(op.source == "fused" for op in fused.ops)
+        one_stage = predictor.fused(1)
+        assert len(one_stage.ops) < len(fused.ops)  # the embedding joins the layers
         for shape in shapes:
             for stage in (0, 1):
                 expected = predictor(stage=stage, num_stages=2, **shape)
                 got = fused(stage=stage, num_stages=2, **shape)
                 assert got == pytest.approx(expected, rel=1e-9)
+            alone = one_stage(stage=0, num_stages=1, **shape)
+            assert alone == pytest.approx(predictor(stage=0, num_stages=1, **shape), rel=1e-9)
 
 
 def test_only_operations_gated_on_their_own_feature_fuse() -> None:

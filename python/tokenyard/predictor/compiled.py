@@ -243,7 +243,7 @@ class CompiledPredictor:
             ],
         }
 
-    def fused(self) -> CompiledPredictor:
+    def fused(self, num_stages: int | None = None) -> CompiledPredictor:
         """The same predictor with fewer lookups, which is what ``simulate`` hands to Rust.
 
         Operations of one scope, gated on the single feature ``x`` their cost depends on, are
@@ -253,10 +253,21 @@ class CompiledPredictor:
         gives the same times up to rounding: a layer's dozen per-token operations become one
         lookup. Tables whose last segment falls stay apart (above the grid each holds its
         edge value, which a sum cannot express). Breakdowns by operation need the unfused
-        predictor."""
+        predictor.
+
+        With ``num_stages=1`` every operation runs on the one stage: the layers' count folds
+        into the operation, so the embedding joins the layers' table too."""
         groups: dict[tuple[Scope, str, str], list[CompiledOp]] = {}
         kept: list[CompiledOp] = []
-        for op in self.ops:
+        ops = self.ops
+        if num_stages == 1:
+            ops = tuple(
+                dataclasses.replace(
+                    op, scope="every_stage", count=op.count * op.runs(0, 1, self.num_layers)
+                )
+                for op in ops
+            )
+        for op in ops:
             x = _single_feature(op.cost)
             if x is None or x != op.gate:  # gated on x, a running op has x >= 1
                 kept.append(op)

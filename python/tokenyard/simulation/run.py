@@ -63,7 +63,7 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
     predictor = build_predictor(config)
     exec_model = None
     if predictor is not None:
-        core_config["ops"] = predictor.fused().to_core()
+        core_config["ops"] = predictor.fused(config.replica.num_pipeline_stages).to_core()
     elif ":" in config.execution.model:
         exec_model = load_object(config.execution.model, "execution.model")
     route_plugin, replica_plugins = _plugins(config, core_config)

@@ -94,15 +94,18 @@ fn roofline(name: &str, d: &Bound<'_, PyDict>) -> PyResult<Roofline> {
 
 fn table(d: &Bound<'_, PyDict>) -> PyResult<Table> {
     let y: Option<String> = get(d, "y")?;
-    Ok(Table {
-        x: feature(d.py(), "execution.ops.x", &get::<String>(d, "x")?)?,
-        y: y.map(|name| feature(d.py(), "execution.ops.y", &name))
+    Ok(Table::new(
+        feature(d.py(), "execution.ops.x", &get::<String>(d, "x")?)?,
+        y.map(|name| feature(d.py(), "execution.ops.y", &name))
             .transpose()?,
-        xs: get(d, "xs")?,
-        ys: get(d, "ys")?,
-        values: get(d, "values")?,
-    })
+        get(d, "xs")?,
+        get(d, "ys")?,
+        get(d, "values")?,
+    ))
 }
+
+/// `(total_s, model_s)` per batch shape.
+type StageTimes<'py> = (Bound<'py, PyArray1<f64>>, Bound<'py, PyArray1<f64>>);
 
 /// Stage times of many batch shapes under a compiled per-operation model: what the
 /// simulator would charge, for evaluation and for checking the Python mirror.
@@ -114,7 +117,7 @@ pub(crate) fn evaluate_ops<'py>(
     shapes: &Bound<'py, PyDict>,
     stage: u32,
     num_stages: u32,
-) -> PyResult<(Bound<'py, PyArray1<f64>>, Bound<'py, PyArray1<f64>>)> {
+) -> PyResult<StageTimes<'py>> {
     let mut model = op_model(spec)?;
     model.validate(num_stages).or_raise(py)?;
     if stage >= num_stages {

@@ -9,6 +9,7 @@ use numpy::{IntoPyArray, PyReadonlyArray1};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use rustc_hash::{FxHashMap, FxHashSet};
+use tokenyard_core::sim::exec::Repeated;
 use tokenyard_core::sim::{
     ArrivingRequest, Batch, BatchPlan, BatchShape, ExecModel, GapHistogram, GlobalPolicy,
     LinearModel, ReplicaLoad, ReplicaPolicy, ReplicaPolicyConfig, ReqIdx, RequestSource, Requests,
@@ -496,6 +497,18 @@ fn simulate<'py>(
             &mut ops
         }
         (None, _) => &mut linear,
+    };
+    // `exec_repeat` (benches/predictor_cost.py): the model's cost, isolated by running it
+    // twice per batch stage with the same answers.
+    let times: u32 = match config.get_item("exec_repeat")? {
+        Some(v) => v.extract()?,
+        None => 1,
+    };
+    let mut repeated = Repeated { inner: exec, times };
+    let exec: &mut dyn ExecModel = if times > 1 {
+        &mut repeated
+    } else {
+        repeated.inner
     };
     let result = Simulator::new(sim_config, exec)
         .map(|sim| match route_plugin {

@@ -26,3 +26,23 @@ pub trait ExecModel {
     /// share of the layers).
     fn stage_time(&mut self, shape: &BatchShape, stage: u32, num_stages: u32) -> Result<StageTime>;
 }
+
+/// Asks `inner` `times` times per batch stage and answers with the last: same answers,
+/// `times` x the model's cost. A benchmark knob: the difference between runs with 1 and 2
+/// is exactly what the model costs inside the event loop (the schedule is unchanged).
+pub struct Repeated<'a> {
+    pub inner: &'a mut dyn ExecModel,
+    pub times: u32,
+}
+
+impl ExecModel for Repeated<'_> {
+    fn stage_time(&mut self, shape: &BatchShape, stage: u32, num_stages: u32) -> Result<StageTime> {
+        let mut time = self.inner.stage_time(shape, stage, num_stages)?;
+        for _ in 1..self.times {
+            time = self
+                .inner
+                .stage_time(std::hint::black_box(shape), stage, num_stages)?;
+        }
+        Ok(time)
+    }
+}

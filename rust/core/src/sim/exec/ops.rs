@@ -7,6 +7,8 @@
 //! (`max(FLOPs / FLOP rate, bytes / bandwidth) + latency`, FLOPs and bytes linear in the
 //! batch's features) or a table interpolated over one or two features.
 
+use std::cell::Cell;
+
 use super::{ExecModel, StageTime};
 use crate::sim::batch::BatchShape;
 use crate::{Error, Result};
@@ -188,22 +190,60 @@ impl Roofline {
 /// interpolated linearly. Below the grid the edge value holds; above it the last segment is
 /// extended, never below the edge value (a noisy last segment must not predict less work
 /// for a bigger batch).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Table {
     pub x: Feature,
     pub y: Option<Feature>,
     pub xs: Vec<f64>,
     pub ys: Vec<f64>,
     pub values: Vec<f64>,
+    /// The cell each axis's last lookup found: a replica's batches change little from one
+    /// to the next, so the next lookup usually lands there and skips the search.
+    hints: [Cell<usize>; 2],
+}
+
+impl Table {
+    pub fn new(
+        x: Feature,
+        y: Option<Feature>,
+        xs: Vec<f64>,
+        ys: Vec<f64>,
+        values: Vec<f64>,
+    ) -> Self {
+        Table {
+            x,
+            y,
+            xs,
+            ys,
+            values,
+            hints: [Cell::new(0), Cell::new(0)],
+        }
+    }
+}
+
+impl PartialEq for Table {
+    fn eq(&self, other: &Self) -> bool {
+        (self.x, self.y, &self.xs, &self.ys, &self.values)
+            == (other.x, other.y, &other.xs, &other.ys, &other.values)
+    }
 }
 
 /// Where `value` falls on `axis`: cells `i` and `j = i + 1` (both 0 on a one-point axis)
-/// and the weight of `j`, which exceeds 1 above the grid.
-fn locate(axis: &[f64], value: f64) -> (usize, usize, f64) {
+/// and the weight of `j`, which exceeds 1 above the grid. `hint` is the last `j`: tried
+/// first, and the answer is the same either way.
+fn locate(axis: &[f64], value: f64, hint: &Cell<usize>) -> (usize, usize, f64) {
     if axis.len() == 1 || value <= axis[0] {
         return (0, 0, 0.0);
     }
-    let j = axis.partition_point(|&a| a < value).min(axis.len() - 1);
+    let last = axis.len() - 1;
+    let h = hint.get();
+    let j = if h >= 1 && h <= last && axis[h - 1] < value && (h == last || value <= axis[h]) {
+        h
+    } else {
+        let j = axis.partition_point(|&a| a < value).min(last);
+        hint.set(j);
+        j
+    };
     let i = j - 1;
     (i, j, (value - axis[i]) / (axis[j] - axis[i]))
 }
@@ -214,14 +254,14 @@ fn lerp(a: f64, b: f64, w: f64) -> f64 {
 
 impl Table {
     fn time(&self, features: &Features) -> f64 {
-        let (xi, xj, wx) = locate(&self.xs, features.get(self.x));
+        let (xi, xj, wx) = locate(&self.xs, features.get(self.x), &self.hints[0]);
         let Some(y) = self.y else {
             let at = |w: f64| lerp(self.values[xi], self.values[xj], w);
             let value = at(wx);
             // Inside the grid the clamped value is the value: skip it (the hot path).
             return if wx <= 1.0 { value } else { value.max(at(1.0)) };
         };
-        let (yi, yj, wy) = locate(&self.ys, features.get(y));
+        let (yi, yj, wy) = locate(&self.ys, features.get(y), &self.hints[1]);
         let ny = self.ys.len();
         let row = |x: usize, w: f64| lerp(self.values[x * ny + yi], self.values[x * ny + yj], w);
         let at = |wx: f64, wy: f64| lerp(row(xi, wy), row(xj, wy), wx);
@@ -273,7 +313,7 @@ impl OpModel {
     /// Checks every array: finite non-negative numbers, strictly increasing axes, sizes that
     /// match. `num_stages` must divide the layers.
     pub fn validate(&self, num_stages: u32) -> Result<()> {
-        if self.num_layers == 0 || num_stages == 0 || self.num_layers % num_stages != 0 {
+        if self.num_layers == 0 || num_stages == 0 || !self.num_layers.is_multiple_of(num_stages) {
             return Err(Error::config(
                 "replica.num_pipeline_stages",
                 num_stages,

@@ -39,13 +39,13 @@ fn op(name: &str, scope: Scope, gate: Feature, cost: Cost) -> Op {
 }
 
 fn table_1d(xs: &[f64], values: &[f64]) -> Table {
-    Table {
-        x: Feature::NumTokens,
-        y: None,
-        xs: xs.to_vec(),
-        ys: vec![],
-        values: values.to_vec(),
-    }
+    Table::new(
+        Feature::NumTokens,
+        None,
+        xs.to_vec(),
+        vec![],
+        values.to_vec(),
+    )
 }
 
 #[test]
@@ -112,13 +112,13 @@ fn one_feature_table_interpolates_holds_below_and_extends_above() {
 #[test]
 fn two_feature_table_is_bilinear() {
     // values = batch + context / 100 on batch {1, 3} × mean context {100, 300}.
-    let t = Table {
-        x: Feature::NumDecodeTokens,
-        y: Some(Feature::DecodeMeanContext),
-        xs: vec![1.0, 3.0],
-        ys: vec![100.0, 300.0],
-        values: vec![2.0, 4.0, 4.0, 6.0],
-    };
+    let t = Table::new(
+        Feature::NumDecodeTokens,
+        Some(Feature::DecodeMeanContext),
+        vec![1.0, 3.0],
+        vec![100.0, 300.0],
+        vec![2.0, 4.0, 4.0, 6.0],
+    );
     // Two decodes reading 200 keys each (199 cached + the new token): 2 + 2 = 4.
     assert!((t.time(&Features::of(&shape(&[], &[199, 199]))) - 4.0).abs() < 1e-12);
     // Four decodes of 500 keys: both axes extended, 4 + 5 = 9.
@@ -208,5 +208,23 @@ fn validation_names_the_bad_array() {
             assert_eq!(value, "qkv_proj: 0");
         }
         other => panic!("expected a config error, got {other:?}"),
+    }
+}
+
+#[test]
+fn lookups_give_the_same_answer_whatever_the_last_one_was() {
+    let xs: Vec<f64> = (0..20).map(|i| f64::from(1 << i)).collect();
+    let values: Vec<f64> = xs.iter().map(|x| x.sqrt()).collect();
+    let hinted = table_1d(&xs, &values);
+    let mut state = 7u64;
+    for _ in 0..5000 {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let n = (state >> 33) % 2_000_000;
+        let features = Features::of(&shape(&[(n.max(1), 0)], &[]));
+        // A fresh table has no hint: it searches every time.
+        let fresh = table_1d(&xs, &values);
+        assert_eq!(hinted.time(&features), fresh.time(&features));
     }
 }

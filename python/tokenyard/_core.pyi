@@ -23,6 +23,7 @@ __all__ = [
     "SimRequestView",
     "__version__",
     "build_profile",
+    "evaluate_ops",
     "simulate",
 ]
 

@@ -273,19 +273,20 @@ class CompiledPredictor:
                 kept.append(op)
             else:
                 groups.setdefault((op.scope, op.gate, x), []).append(op)
-        for (scope, gate, x), ops in groups.items():
-            if len(ops) == 1:
-                kept.append(ops[0])
+        for (scope, gate, x), members in groups.items():
+            if len(members) == 1:
+                kept.append(members[0])
                 continue
-            xs = sorted({1.0, *(b for op in ops for b in _breakpoints(op.cost) if b > 1.0)})
+            bends = (b for op in members for b in _breakpoints(op.cost) if b > 1.0)
+            xs = sorted({1.0, *bends})
             xs.append(2.0 * xs[-1])  # a point past the last bend: the line beyond is exact
 
-            def total(value: float, ops: list[CompiledOp] = ops, x: str = x) -> float:
+            def total(value: float, members: list[CompiledOp] = members, x: str = x) -> float:
                 features = {**dict.fromkeys(FEATURES, 0.0), "one": 1.0, x: value}
-                return sum(op.count * op.cost.time(features) for op in ops)
+                return sum(op.count * op.cost.time(features) for op in members)
 
             table = TableCost(x=x, xs=tuple(xs), values=tuple(total(v) for v in xs))
-            name = "+".join(op.name for op in ops)
+            name = "+".join(op.name for op in members)
             kept.append(CompiledOp(name, scope, gate, table, 1.0, "fused"))
         return dataclasses.replace(self, ops=tuple(kept))
 

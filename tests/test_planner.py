@@ -134,7 +134,7 @@ def test_bad_options_name_the_field(kwargs: dict[str, Any], field: str) -> None:
 
 
 def test_a_layout_that_does_not_divide_names_value_and_model() -> None:
-    with pytest.raises(ConfigError, match=r"=3 must divide the 32 layers of llama-2-7b"):
+    with pytest.raises(ConfigError, match=r"3 does not divide the 32 layers of llama-2-7b"):
         plan("llama-2-7b", "a100-80gb", num_pipeline_stages=3)
 
 

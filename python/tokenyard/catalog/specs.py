@@ -148,6 +148,27 @@ class ModelSpec:
         embeddings = self.vocab_size * self.hidden_size * (1 if self.tied_embeddings else 2)
         return embeddings + self.hidden_size  # input embeddings, lm_head, final norm
 
+    def check_layout(self, tensor_parallel_size: int, num_pipeline_stages: int) -> None:
+        """Raises ConfigError (field ``replica.tensor_parallel_size`` or
+        ``replica.num_pipeline_stages``) unless TP divides the attention heads and PP the
+        layers, both integers >= 1."""
+        for field, value, parts, noun in (
+            ("tensor_parallel_size", tensor_parallel_size, self.num_heads, "attention heads"),
+            ("num_pipeline_stages", num_pipeline_stages, self.num_layers, "layers"),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(
+                    f"replica.{field}: must be an integer >= 1, got {value!r}",
+                    field=f"replica.{field}",
+                    value=repr(value),
+                )
+            if parts % value:
+                raise ConfigError(
+                    f"replica.{field}: {value} does not divide the {parts} {noun} of {self.name}",
+                    field=f"replica.{field}",
+                    value=str(value),
+                )
+
     def num_parameters(self) -> int:
         """All weights: every layer with all its experts, the embeddings and the final norm."""
         return self.num_layers * self._layer_parameters(self.num_experts) + self._edge_parameters()

@@ -257,17 +257,7 @@ def _communication(b: _Builder, device: DeviceSpec, s: _Sizes, tp: int, pp: int)
 
 
 def _check_inputs(model: ModelSpec, tp: int, pp: int, weight_bytes: float, kv_bytes: float) -> None:
-    for field, value, divides in (
-        ("replica.tensor_parallel_size", tp, model.num_heads),
-        ("replica.num_pipeline_stages", pp, model.num_layers),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1 or divides % value:
-            raise ConfigError(
-                f"{field}: must be an integer >= 1 dividing {divides} ({model.name}), "
-                f"got {value!r}",
-                field=field,
-                value=repr(value),
-            )
+    model.check_layout(tp, pp)
     for field, size in (("weight_bytes", weight_bytes), ("kv_bytes", kv_bytes)):
         if not (isinstance(size, (int, float)) and math.isfinite(size) and size > 0):
             raise ConfigError(

@@ -93,21 +93,7 @@ def _check_layout(config: SimulationConfig) -> None:
     replica = config.replica
     model = model_spec(replica.model)
     device_spec(replica.device)
-    tp, pp = replica.tensor_parallel_size, replica.num_pipeline_stages
-    if model.num_heads % tp:
-        raise ConfigError(
-            f"replica.tensor_parallel_size: {tp} does not divide the {model.num_heads} "
-            f"attention heads of {model.name}",
-            field="replica.tensor_parallel_size",
-            value=str(tp),
-        )
-    if model.num_layers % pp:
-        raise ConfigError(
-            f"replica.num_pipeline_stages: {pp} does not divide the {model.num_layers} "
-            f"layers of {model.name}",
-            field="replica.num_pipeline_stages",
-            value=str(pp),
-        )
+    model.check_layout(replica.tensor_parallel_size, replica.num_pipeline_stages)
 
 
 def _combinations(

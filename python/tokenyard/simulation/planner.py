@@ -110,33 +110,9 @@ def _resolve_kv_dtype(weight_dtype: str, kv_cache_dtype: str) -> str:
     return weight_dtype if weight_dtype in ("fp32", "fp16", "bf16") else "bf16"
 
 
-def _check_layout(model: ModelSpec, tp: int, pp: int) -> None:
-    for field, value in (("tensor_parallel_size", tp), ("num_pipeline_stages", pp)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(
-                f"replica.{field}: must be an integer >= 1, got {value!r}",
-                field=f"replica.{field}",
-                value=repr(value),
-            )
-    if model.num_layers % pp:
-        raise ConfigError(
-            f"replica.num_pipeline_stages={pp} must divide the {model.num_layers} layers of "
-            f"{model.name}",
-            field="replica.num_pipeline_stages",
-            value=str(pp),
-        )
-    if model.num_heads % tp:
-        raise ConfigError(
-            f"replica.tensor_parallel_size={tp} must divide the {model.num_heads} attention "
-            f"heads of {model.name}",
-            field="replica.tensor_parallel_size",
-            value=str(tp),
-        )
-
-
 def parameters_per_device(model: ModelSpec, tp: int, pp: int) -> int:
     """Weights (a count, not bytes) on the fullest device of a ``TP x PP`` replica."""
-    _check_layout(model, tp, pp)
+    model.check_layout(tp, pp)
     h, d = model.hidden_size, model.head_dim
     q = model.num_heads // tp * d
     kv = math.ceil(model.num_kv_heads / tp) * d

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenyard.errors import ConfigError, TokenyardError
-from tokenyard.simulation.config import toml_module
+from tokenyard.simulation.config import parse_set_options
 
 __all__ = ["add_parser", "run_command"]
 
@@ -82,30 +82,12 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _parse_value(text: str) -> Any:
-    toml = toml_module()
-    try:
-        return toml.loads(f"v = {text}")["v"]
-    except toml.TOMLDecodeError:
-        return text
-
-
-def _overrides(items: list[str]) -> dict[str, Any]:
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}", field="--set")
-        out[key.strip()] = _parse_value(value.strip())
-    return out
-
-
 def run_command(args: argparse.Namespace) -> int:
     from tokenyard.search.config import load_search_config
 
     name = f"tokenyard search {args.search_command}"
     try:
-        config = load_search_config(args.config, _overrides(args.overrides))
+        config = load_search_config(args.config, parse_set_options(args.overrides))
         executor = "ray" if args.ray else None
         if args.search_command == "capacity":
             return _capacity(args, config, executor)

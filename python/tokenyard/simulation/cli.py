@@ -14,8 +14,8 @@ from tokenyard.simulation.config import (
     apply_overrides,
     config_from_mapping,
     default_workload,
+    parse_set_options,
     read_config_file,
-    toml_module,
 )
 from tokenyard.simulation.results import SimulationResult
 from tokenyard.simulation.run import simulate
@@ -83,14 +83,6 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _parse_value(text: str) -> Any:
-    toml = toml_module()
-    try:
-        return toml.loads(f"v = {text}")["v"]
-    except toml.TOMLDecodeError:
-        return text
-
-
 def _overrides(args: argparse.Namespace, workload: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if args.replicas is not None:
@@ -108,11 +100,7 @@ def _overrides(args: argparse.Namespace, workload: dict[str, Any]) -> dict[str, 
         out["workload.limit" if is_trace else "workload.num_requests"] = args.requests
     if args.qps is not None:
         out["workload.target_qps" if is_trace else "workload.arrival.qps"] = args.qps
-    for item in args.overrides:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"tokenyard simulate: --set expects KEY=VALUE, got {item!r}")
-        out[key.strip()] = _parse_value(value.strip())
+    out.update(parse_set_options(args.overrides))
     return out
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "config_from_mapping",
     "default_workload",
     "load_config",
+    "parse_set_options",
     "read_config_file",
 ]
 
@@ -495,6 +496,22 @@ def _parse(path: Path, text: str) -> dict[str, Any]:
         field="config",
         value=str(path),
     )
+
+
+def parse_set_options(items: list[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` options as overrides: each VALUE is read as TOML (``4``, ``0.5``,
+    ``true``, ``"x"``, ``[1, 2]``), a bare word as a string."""
+    toml = toml_module()
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}", field="--set", value=item)
+        try:
+            out[key.strip()] = toml.loads(f"v = {text.strip()}")["v"]
+        except toml.TOMLDecodeError:
+            out[key.strip()] = text.strip()
+    return out
 
 
 def apply_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:

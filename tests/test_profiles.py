@@ -288,6 +288,35 @@ def test_vidur_directory_maps_ops_and_milliseconds(vidur_dir: Path) -> None:
     assert "lm_head" not in ps.ops
 
 
+def test_a_simulation_trains_on_vidur_files(vidur_dir: Path, tmp_path: Path) -> None:
+    """Vidur's files straight into ``execution.model = "profiled"``: the ops they time come
+    from them, the LM head (which Vidur does not time) from the roofline."""
+    from tokenyard.simulation import config_from_mapping, simulate
+
+    config = config_from_mapping(
+        {
+            "replica": {"model": "llama-2-7b", "device": "h100-sxm"},
+            "execution": {
+                "model": "profiled",
+                "profiled": {"profiles": [str(vidur_dir)], "cache_dir": str(tmp_path / "c")},
+            },
+            "workload": {
+                "kind": "synthetic",
+                "num_requests": 50,
+                "arrival": {"kind": "poisson", "qps": 2.0},
+                "prompt_tokens": {"kind": "fixed", "value": 200},
+                "output_tokens": {"kind": "fixed", "value": 8},
+            },
+        }
+    )
+    result = simulate(config)
+    sources = result.summary["config"]["execution"]["op_sources"]
+    assert sources["qkv_proj"].startswith("profile:")
+    assert sources["attn_decode"].startswith("profile:")
+    assert sources["lm_head"] == "roofline"
+    assert result.summary["num_requests"] == 50
+
+
 def test_vidur_tensor_parallel_filter(vidur_dir: Path) -> None:
     ps = read_profiles([vidur_dir], tensor_parallel_size=2)
     assert set(ps.ops) == {"attn_prefill", "kv_store", "all_reduce", "send_recv"}

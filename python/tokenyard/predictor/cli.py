@@ -52,6 +52,9 @@ def _eval(args: argparse.Namespace) -> int:
     options = TrainingOptions(regressor=args.regressor, seed=args.seed)
     errors = holdout_errors(profiles, options=options, holdout_fraction=args.holdout)
     print(f"device {profiles.device}, model {profiles.model or '-'}, TP {args.tp}")
+    if not errors:
+        print("no operation has the 5 distinct shapes a held-out split needs: profile a bigger grid")
+        return 0
     print(f"{'op':<16} {'regressor':<18} {'train':>6} {'test':>5} {'MAPE %':>8} {'p90 %':>8}")
     for e in errors:
         print(

@@ -53,7 +53,7 @@ def _eval(args: argparse.Namespace) -> int:
     errors = holdout_errors(profiles, options=options, holdout_fraction=args.holdout)
     print(f"device {profiles.device}, model {profiles.model or '-'}, TP {args.tp}")
     if not errors:
-        print("no operation has the 5 distinct shapes a held-out split needs: profile a bigger grid")
+        print("no operation has the 5 distinct shapes a held-out split needs: use a bigger grid")
         return 0
     print(f"{'op':<16} {'regressor':<18} {'train':>6} {'test':>5} {'MAPE %':>8} {'p90 %':>8}")
     for e in errors:

@@ -5,8 +5,8 @@ table (the form Rust evaluates); the one whose compiled table has the lowest
 cross-validated error wins:
 
 - ``interpolation``: the measured points themselves (medians of repeats) when they form a
-  grid, else piecewise-linear interpolation over the points in log-log space, with the
-  ``linear`` fit outside their convex hull;
+  grid, else piecewise-linear interpolation over the points in log-log space, and outside
+  their convex hull the ``linear`` fit of the nearest few;
 - ``linear``: non-negative least squares on ``1, x`` (one feature) or ``1, x, y, xy`` (two:
   attention is linear in tokens x context), weighted for relative error;
 - ``random_forest`` / ``gradient_boosting`` (scikit-learn): fitted in log-log space and
@@ -174,20 +174,36 @@ def _interpolation(features: Array, times: Array, options: TrainingOptions) -> T
     from scipy.interpolate import LinearNDInterpolator
     from scipy.spatial import QhullError
 
-    coefficients = _linear_coefficients(points, values)
     try:
         inside = LinearNDInterpolator(np.log(points), np.log(values))
     except (QhullError, ValueError):  # collinear points: no hull to interpolate in
         inside = None
 
     def predict(mesh: Array) -> Array:
-        outside = np.maximum(_basis(mesh) @ coefficients, float(values.min()) * 1e-3)
         if inside is None:
-            return outside
+            return _local_linear(points, values, mesh)
         interpolated = np.exp(inside(np.log(mesh)))
-        return np.where(np.isnan(interpolated), outside, interpolated)
+        outside = np.isnan(interpolated)
+        interpolated[outside] = _local_linear(points, values, mesh[outside])
+        return np.asarray(interpolated, dtype=np.float64)
 
     return _tabulate(_grid_axes(points, options), predict)
+
+
+_NEIGHBOURS = 6
+
+
+def _local_linear(points: Array, values: Array, queries: Array) -> Array:
+    """At each query, the ``linear`` fit of its nearest measured points (log distance):
+    outside the points' hull a local trend extrapolates better than a global one."""
+    logs = np.log(points)
+    floor = float(values.min()) * 1e-3
+    out = np.empty(len(queries))
+    for i, query in enumerate(queries):
+        nearest = np.argsort(np.linalg.norm(logs - np.log(query), axis=1))[:_NEIGHBOURS]
+        coefficients = _linear_coefficients(points[nearest], values[nearest])
+        out[i] = max(float((_basis(query[None, :]) @ coefficients)[0]), floor)
+    return out
 
 
 def _tree_regressor(kind: str, seed: int) -> Any:

@@ -155,8 +155,8 @@ def _linear(features: Array, times: Array, options: TrainingOptions) -> TableCos
     return _tabulate(_grid_axes(features, options), predict)
 
 
-def _interpolation(features: Array, times: Array, options: TrainingOptions) -> TableCost:
-    points, values = median_by_point(OpSamples("", ("",) * features.shape[1], features, times))
+def _interpolation(points: Array, values: Array, options: TrainingOptions) -> TableCost:
+    """``points`` are distinct (every fitter gets the medians per point)."""
     if points.shape[1] == 1:
         return TableCost(
             x="x", xs=tuple(map(float, points[:, 0])), values=tuple(map(float, values))
@@ -245,9 +245,8 @@ def table_predict(table: TableCost, features: Array) -> Array:
     )
 
 
-def _cv_mape(kind: str, samples: OpSamples, options: TrainingOptions) -> float:
+def _cv_mape(kind: str, points: Array, times: Array, options: TrainingOptions) -> float:
     """Mean absolute percentage error on held-out points over ``folds`` seeded folds."""
-    points, times = median_by_point(samples)
     n = len(points)
     if n < 3:
         return float("inf") if kind != "interpolation" else 0.0
@@ -277,9 +276,9 @@ def fit_op(samples: OpSamples, options: TrainingOptions | None = None) -> OpFit:
     options = options or TrainingOptions()
     _check_samples(samples)
     kinds = REGRESSORS if options.regressor == "auto" else (options.regressor,)
-    scores = {kind: _cv_mape(kind, samples, options) for kind in kinds}
-    best = min(kinds, key=lambda kind: (scores[kind], kinds.index(kind)))
     points, times = median_by_point(samples)
+    scores = {kind: _cv_mape(kind, points, times, options) for kind in kinds}
+    best = min(kinds, key=lambda kind: (scores[kind], kinds.index(kind)))
     return OpFit(samples.op, best, _FITTERS[best](points, times, options), scores)
 
 

@@ -210,11 +210,7 @@ class ReplicaConfig:
                 f"must be in [0, 1), got {self.memory_margin_fraction}",
                 self.memory_margin_fraction,
             )
-        try:
-            dtype_bytes(self.dtype, self.kv_cache_dtype)
-        except ConfigError as error:  # the planner names replica.*; keep the caller's path
-            key = (error.field or "replica.dtype").rsplit(".", 1)[-1]
-            raise _fail(f"{where}.{key}", str(error).split(": ", 1)[-1], error.value) from None
+        dtype_bytes(self.dtype, self.kv_cache_dtype)  # names replica.dtype / .kv_cache_dtype
         self.scheduler.check(f"{where}.scheduler")
         policy = self.scheduler.policy
         if self.num_pipeline_stages > 1 and policy in ("lightllm", "sglang"):

@@ -134,12 +134,12 @@ class _Builder:
         *,
         flops: dict[str, float],
         bytes: dict[str, float],
-        kind: str = "gemm",
+        attention: bool = False,
         gate: str = "num_tokens",
         scope: str = "layer",
         count: float = 1.0,
     ) -> None:
-        compute = self.eff.attention if kind == "attention" else self.eff.gemm
+        compute = self.eff.attention if attention else self.eff.gemm
         cost = RooflineCost(
             flops={k: v for k, v in flops.items() if v},
             bytes={k: v for k, v in bytes.items() if v},
@@ -159,19 +159,19 @@ def _gemm(b: _Builder, name: str, k: int, n: int, s: _Sizes) -> None:
 
 
 def _attention(b: _Builder, s: _Sizes) -> None:
-    b.add("kv_store", flops={}, bytes={"num_tokens": 2.0 * s.kv * (s.a + s.c)}, kind="memory")
+    b.add("kv_store", flops={}, bytes={"num_tokens": 2.0 * s.kv * (s.a + s.c)})
     b.add(
         "attn_prefill",
         flops={"prefill_attention_pairs": 4.0 * s.q},
         bytes={"num_prefill_tokens": 2.0 * (s.q + s.kv) * s.a},
-        kind="attention",
+        attention=True,
         gate="num_prefill_tokens",
     )
     b.add(
         "attn_decode",
         flops={"decode_attention_keys": 4.0 * s.q},
         bytes={"decode_attention_keys": 2.0 * s.kv * s.c, "num_decode_tokens": 2.0 * s.q * s.a},
-        kind="attention",
+        attention=True,
         gate="num_decode_tokens",
     )
 

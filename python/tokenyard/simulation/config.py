@@ -354,6 +354,11 @@ class SimulationConfig:
     #: Relative trace paths in ``workload`` are taken from here (the config file's folder).
     base_dir: str | None = None
 
+    def path(self, name: str) -> Path:
+        """A file the config names, relative to ``base_dir`` (the working directory if
+        unset); absolute names stay as they are."""
+        return (Path(self.base_dir) if self.base_dir else Path.cwd()) / name
+
     def __post_init__(self) -> None:
         _at_least("seed", self.seed, 0)
         self.cluster.check("cluster")

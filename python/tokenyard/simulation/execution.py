@@ -7,7 +7,6 @@ model, GPU, layout and dtypes; ``module:callable`` loads a Python function (the 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from tokenyard.catalog import device, model
@@ -41,19 +40,17 @@ def build_predictor(config: SimulationConfig) -> CompiledPredictor | None:
     if execution.model == "roofline":
         return roofline
     profiled = execution.profiled
-    base = Path(config.base_dir) if config.base_dir else Path.cwd()
     profiles = read_profiles(
-        [base / p for p in profiled.profiles],
+        [config.path(p) for p in profiled.profiles],
         model=None,
         tensor_parallel_size=replica.tensor_parallel_size,
     )
-    cache_dir = Path(profiled.cache_dir) if profiled.cache_dir else None
     return profiled_predictor(
         profiles,
         roofline,
         hidden_size=spec.hidden_size,
         options=profiled.options(),
-        cache_dir=base / cache_dir if cache_dir else None,
+        cache_dir=config.path(profiled.cache_dir) if profiled.cache_dir else None,
     )
 
 

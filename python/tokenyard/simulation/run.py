@@ -7,7 +7,6 @@ import dataclasses
 import importlib
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from tokenyard import _core
@@ -130,9 +129,8 @@ def _plugins(config: SimulationConfig, core: dict[str, Any]) -> tuple[Any, list[
 
 def load_catalog_files(config: SimulationConfig) -> None:
     """Adds the models and GPUs of ``config.catalog``'s files to the catalog."""
-    base = Path(config.base_dir) if config.base_dir else Path.cwd()
     for name in config.catalog:
-        load_catalog_file(base / name)
+        load_catalog_file(config.path(name))
 
 
 def plan_for(config: SimulationConfig) -> MemoryPlan:

@@ -38,6 +38,7 @@ from tokenyard.search import deployment_search, search_config_from_mapping
 H100 = {
     "name": "h100",
     "replica.device": "h100-80gb",
+    "execution.model": "linear",
     "execution.constant_s": 0.0045,
     "execution.per_prefill_token_s": 4.4e-5,
     "execution.per_decode_token_s": 1.9e-5,

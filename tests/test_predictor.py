@@ -29,6 +29,7 @@ from tokenyard.predictor import (
     roofline_predictor,
 )
 from tokenyard.predictor import profiled as profiled_module
+from tokenyard.predictor.calibration import builtin_calibration
 from tokenyard.predictor.profiles import OpSamples
 from tokenyard.profiler.run import write_profile
 from tokenyard.simulation import config_from_mapping, simulate
@@ -278,9 +279,25 @@ ROOFLINE_7B_TP2 = roofline_predictor(
 
 
 ROOFLINE_7B_TP2_FUSED = ROOFLINE_7B_TP2.fused(2)  # what simulate() hands to Rust
+CALIBRATED_7B_TP2_FUSED = roofline_predictor(
+    catalog.model("llama-2-7b"),
+    catalog.device("a100-80gb"),
+    tensor_parallel_size=2,
+    num_pipeline_stages=2,
+    calibration=builtin_calibration(catalog.device("a100-80gb")),
+).fused(2)
 
 
-def test_the_simulator_gives_the_same_results_from_rust_and_the_python_slow_path() -> None:
+@pytest.mark.parametrize(
+    ("execution", "python_model"),
+    [
+        ({"model": "roofline", "efficiency": {}}, "ROOFLINE_7B_TP2_FUSED"),
+        ({"model": "roofline"}, "CALIBRATED_7B_TP2_FUSED"),
+    ],
+)
+def test_the_simulator_gives_the_same_results_from_rust_and_the_python_slow_path(
+    execution: dict[str, object], python_model: str
+) -> None:
     base = {
         "workload": WORKLOAD,
         "replica": {
@@ -291,15 +308,16 @@ def test_the_simulator_gives_the_same_results_from_rust_and_the_python_slow_path
             "scheduler": {"policy": "sarathi"},
         },
     }
-    rust = simulate(config_from_mapping({**base, "execution": {"model": "roofline"}}))
+    rust = simulate(config_from_mapping({**base, "execution": execution}))
     python = simulate(
         config_from_mapping(
-            {**base, "execution": {"model": "tests.test_predictor:ROOFLINE_7B_TP2_FUSED"}}
+            {**base, "execution": {"model": f"tests.test_predictor:{python_model}"}}
         )
     )
     for column in ("first_token_at", "completed_at", "execution_time"):
         assert np.array_equal(rust.table()[column], python.table()[column]), column
-    assert rust.summary["config"]["execution"]["op_sources"]["attn_decode"] == "roofline"
+    source = "roofline" if "efficiency" in execution else "calibrated"
+    assert rust.summary["config"]["execution"]["op_sources"]["attn_decode"] == source
 
 
 # --- the profiled predictor -------------------------------------------------------------

@@ -44,6 +44,7 @@ def one_at_a_time(num_requests: int = 400, arrival: str = "constant") -> dict[st
         "cluster": {"num_replicas": 1},
         "replica": {"scheduler": {"policy": "vllm", "batch_size_cap": 1}},
         "execution": {
+            "model": "linear",
             "constant_s": CONSTANT_S,
             "per_prefill_token_s": PER_PREFILL_S,
             "per_decode_token_s": 0.0,

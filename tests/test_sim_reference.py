@@ -65,6 +65,7 @@ def test_rust_matches_the_reference(
                 },
             },
             "execution": {
+                "model": "linear",
                 "constant_s": 1.0,
                 "per_prefill_token_s": 0.01,
                 "per_decode_token_s": 0.1,

@@ -37,6 +37,7 @@ GLOBAL_POLICIES = [
 ]
 #: One second per iteration plus 0.1 s per prefill token and 0.2 s per decode token.
 STEP_MODEL = {
+    "model": "linear",
     "constant_s": 1.0,
     "per_prefill_token_s": 0.1,
     "per_decode_token_s": 0.2,
@@ -234,7 +235,7 @@ def test_results_write_every_file(tmp_path: Path) -> None:
             {"cluster": {"global_scheduler": {"policy": "nearest"}}},
             "cluster.global_scheduler.policy",
         ),
-        ({"execution": {"constant_s": -1.0}}, "execution.constant_s"),
+        ({"execution": {"model": "linear", "constant_s": -1.0}}, "execution.constant_s"),
         ({"metrics": {"record_stages": "yes"}}, "metrics.record_stages"),
     ],
 )

@@ -41,6 +41,14 @@ import math
 
 from tokenyard.catalog import DeviceSpec, ModelSpec
 from tokenyard.errors import ConfigError
+from tokenyard.predictor import grids
+from tokenyard.predictor.calibration import (
+    Calibration,
+    curve_value,
+    decode_efficiency,
+    decode_roofline_s,
+    prefill_roofline_s,
+)
 from tokenyard.predictor.compiled import CompiledOp, CompiledPredictor, RooflineCost, TableCost
 
 __all__ = ["CpuOverheads", "Efficiencies", "roofline_predictor"]
@@ -122,10 +130,14 @@ def _sizes(model: ModelSpec, tp: int, weight_bytes: float, kv_bytes: float) -> _
 
 
 class _Builder:
-    def __init__(self, device: DeviceSpec, efficiencies: Efficiencies):
+    def __init__(
+        self, device: DeviceSpec, efficiencies: Efficiencies, calibration: Calibration | None
+    ):
+        self.device = device
         self.flops_per_s = device.dense_bf16_tflops * 1e12
         self.bytes_per_s = device.memory_bandwidth_gbps * 1e9
         self.eff = efficiencies
+        self.calibration = calibration
         self.ops: list[CompiledOp] = []
 
     def add(
@@ -140,17 +152,38 @@ class _Builder:
         count: float = 1.0,
     ) -> None:
         compute = self.eff.attention if attention else self.eff.gemm
+        memory, latency = self.eff.memory, 0.0
+        if self.calibration is not None:  # a memory-bound kernel: fitted bandwidth and launch
+            memory, latency = self.calibration.memory_efficiency, self.calibration.memory_latency_s
         cost = RooflineCost(
             flops={k: v for k, v in flops.items() if v},
             bytes={k: v for k, v in bytes.items() if v},
             flops_per_s=self.flops_per_s * compute,
-            bytes_per_s=self.bytes_per_s * self.eff.memory,
+            bytes_per_s=self.bytes_per_s * memory,
+            latency_s=latency,
         )
         self.ops.append(CompiledOp(name, scope, gate, cost, count))  # type: ignore[arg-type]
 
+    def table(self, name: str, cost: TableCost, *, gate: str, scope: str = "layer") -> None:
+        self.ops.append(CompiledOp(name, scope, gate, cost, source="calibrated"))  # type: ignore[arg-type]
 
-def _gemm(b: _Builder, name: str, k: int, n: int, s: _Sizes) -> None:
-    """A ``[T, k] x [k, n]`` projection."""
+
+def _gemm(b: _Builder, name: str, k: int, n: int, s: _Sizes, feature: str = "num_tokens") -> None:
+    """A ``[T, k] x [k, n]`` projection (``T``: the ``feature``)."""
+    if b.calibration is not None:
+        c = b.calibration
+
+        def seconds(m: float) -> float:
+            flops = 2.0 * m * k * n
+            moved = k * n * s.w + m * (k + n) * s.a
+            roofline = max(flops / b.flops_per_s, moved / b.bytes_per_s)
+            return roofline / curve_value(c.gemm_tokens, c.gemm_efficiency, m)
+
+        table = grids.token_table(feature, seconds, 2.0**17, c.gemm_tokens)
+        b.table(
+            name, table, gate=feature, scope="layer" if feature == "num_tokens" else "last_stage"
+        )
+        return
     b.add(
         name,
         flops={"num_tokens": 2.0 * k * n},
@@ -158,8 +191,26 @@ def _gemm(b: _Builder, name: str, k: int, n: int, s: _Sizes) -> None:
     )
 
 
+def _calibrated_attention(b: _Builder, c: Calibration, s: _Sizes) -> None:
+    device = b.device
+
+    def prefill(batch: float, seq: float, prefix: float) -> float:
+        roofline = prefill_roofline_s(device, batch, seq, prefix, s.q, s.kv, s.c)
+        return roofline / curve_value(c.prefill_seq_lens, c.prefill_efficiency, seq + prefix)
+
+    def decode(batch: float, keys: float) -> float:
+        roofline = decode_roofline_s(device, batch, keys, s.q, s.kv, s.c)
+        return roofline / decode_efficiency(c, batch, keys)
+
+    b.table("attn_prefill", grids.prefill_attention_table(prefill), gate="num_prefill_tokens")
+    b.table("attn_decode", grids.decode_attention_table(decode), gate="num_decode_tokens")
+
+
 def _attention(b: _Builder, s: _Sizes) -> None:
     b.add("kv_store", flops={}, bytes={"num_tokens": 2.0 * s.kv * (s.a + s.c)})
+    if b.calibration is not None:
+        _calibrated_attention(b, b.calibration, s)
+        return
     b.add(
         "attn_prefill",
         flops={"prefill_attention_pairs": 4.0 * s.q},
@@ -177,10 +228,12 @@ def _attention(b: _Builder, s: _Sizes) -> None:
 
 
 def _norm(b: _Builder, name: str, s: _Sizes) -> None:
+    # Calibrated: serving engines fuse the residual add into the norm (read both, write both).
+    per_token = 4.0 if b.calibration is not None else 2.0
     b.add(
         name,
         flops={"num_tokens": 4.0 * s.h},
-        bytes={"one": s.h * s.w, "num_tokens": 2.0 * s.h * s.a},
+        bytes={"one": s.h * s.w, "num_tokens": per_token * s.h * s.a},
     )
 
 
@@ -237,12 +290,17 @@ def _communication(b: _Builder, device: DeviceSpec, s: _Sizes, tp: int, pp: int)
     latency = device.interconnect_latency_us * 1e-6
     if tp > 1:
         ring = 2.0 * (tp - 1) / tp
+        ring_latency, ring_link = 2 * (tp - 1) * latency, link
+        fitted = b.calibration.all_reduce(tp) if b.calibration is not None else None
+        if fitted is not None:
+            ring_latency = fitted[0]
+            ring_link = device.interconnect_gbps / 2 * 1e9 * fitted[1]
         cost = RooflineCost(
             flops={},
             bytes={"num_tokens": ring * s.h * s.a},
             flops_per_s=b.flops_per_s,
-            bytes_per_s=link,
-            latency_s=2 * (tp - 1) * latency,
+            bytes_per_s=ring_link,
+            latency_s=ring_latency,
         )
         b.ops.append(CompiledOp("all_reduce", "layer", "num_tokens", cost, count=2.0))
     if pp > 1:
@@ -277,8 +335,13 @@ def roofline_predictor(
     kv_bytes: float = 2.0,
     efficiencies: Efficiencies | None = None,
     cpu: CpuOverheads | None = None,
+    calibration: Calibration | None = None,
 ) -> CompiledPredictor:
     """The roofline model of ``model`` on ``device`` under TP x PP, compiled for Rust.
+
+    With a ``calibration`` (``calibration.builtin_calibration(device)``), GEMMs, attention,
+    memory-bound kernels and all-reduces follow its fitted efficiency curves and
+    ``efficiencies`` is not used; without one, the constant ``efficiencies`` apply.
 
     Raises:
         ConfigError: a layout that does not divide the model's heads or layers, or a bad
@@ -291,7 +354,7 @@ def roofline_predictor(
     efficiencies.check("execution.efficiency")
     cpu.check("execution.cpu")
     s = _sizes(model, tp, weight_bytes, kv_bytes)
-    b = _Builder(device, efficiencies)
+    b = _Builder(device, efficiencies, calibration)
     _norm(b, "input_norm", s)
     _gemm(b, "qkv_proj", s.h, s.q + 2 * s.kv, s)
     b.add(
@@ -303,21 +366,25 @@ def roofline_predictor(
     _gemm(b, "o_proj", s.q, s.h, s)
     _norm(b, "post_attn_norm", s)
     _mlp(b, model, s)
-    b.add(
-        "residual_add",
-        flops={"num_tokens": float(s.h)},
-        bytes={"num_tokens": 3.0 * s.h * s.a},
-        count=2.0,
-    )
+    if calibration is None:  # calibrated: fused into the norms
+        b.add(
+            "residual_add",
+            flops={"num_tokens": float(s.h)},
+            bytes={"num_tokens": 3.0 * s.h * s.a},
+            count=2.0,
+        )
     _communication(b, device, s, tp, pp)
     b.add("embedding", flops={}, bytes={"num_tokens": 2.0 * s.h * s.a}, scope="first_stage")
-    b.add(
-        "lm_head",
-        flops={"num_requests": 2.0 * s.h * s.vocab},
-        bytes={"one": s.h * s.vocab * s.w, "num_requests": (s.h + s.vocab) * s.a},
-        gate="num_requests",
-        scope="last_stage",
-    )
+    if calibration is not None:
+        _gemm(b, "lm_head", s.h, s.vocab, s, feature="num_requests")
+    else:
+        b.add(
+            "lm_head",
+            flops={"num_requests": 2.0 * s.h * s.vocab},
+            bytes={"one": s.h * s.vocab * s.w, "num_requests": (s.h + s.vocab) * s.a},
+            gate="num_requests",
+            scope="last_stage",
+        )
     return CompiledPredictor(
         ops=tuple(b.ops),
         num_layers=model.num_layers,
@@ -328,6 +395,7 @@ def roofline_predictor(
             "device": device.name,
             "tensor_parallel_size": tp,
             "num_pipeline_stages": pp,
-            "efficiencies": dataclasses.asdict(efficiencies),
+            "efficiencies": dataclasses.asdict(efficiencies) if calibration is None else None,
+            "calibration": calibration.source if calibration is not None else None,
         },
     )

@@ -31,8 +31,10 @@ Config keys (file sections, or --set with dotted names; see docs/simulate.md):
     max_tokens_in_batch,chunk_size,max_waiting_iters,max_request_tokens,
     max_num_batched_tokens,max_num_seqs,long_prefill_token_threshold,enable_chunked_prefill,
     enable_prefix_caching,prefix_cache,scheduling_policy,graph_batch_sizes}
-  execution.{model,constant_s,per_prefill_token_s,per_decode_token_s,
-    per_decode_context_token_s,per_prefill_context_token_s,cpu_overhead_s}
+  execution.model = auto (default: measured if the tables cover the replica, else roofline)
+    | measured | roofline | linear | profiled | module:callable
+  execution.measured.{system,framework,version,data_dir}, execution.efficiency.*,
+  execution.cpu.*, execution.{constant_s,per_prefill_token_s,...} (linear only)
   workload.* (docs/workloads.md), metrics.{sample_interval_s,record_stages,slo_ttft_s,slo_tpot_s}
 
 Global policies: round_robin, lor, random, least_kv_load, power_of_two, prefix_affinity,
@@ -161,8 +163,9 @@ def format_summary(result: SimulationResult) -> str:
     lines = [
         f"tokenyard simulate: {c['num_replicas']} x {c['model']} on {c['device']}"
         f" (TP {c['tensor_parallel_size']}, PP {c['num_pipeline_stages']}), "
-        f"{c['replica_policy']} replicas, {c['execution']['model']} execution model, "
-        f"{c['global_policy']} routing, {s['num_requests']:,} requests",
+        f"{c['replica_policy']} replicas, {c['global_policy']} routing, "
+        f"{s['num_requests']:,} requests",
+        f"execution model: {c['execution']['label']}",
         f"simulated {s['makespan_s']:.1f} s in {s['wall_s']:.2f} s of wall time "
         f"({s['requests_per_wall_s'] or 0:,.0f} requests per wall second)",
         "",

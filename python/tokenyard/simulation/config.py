@@ -8,8 +8,9 @@ Layout (every section and key optional; see ``docs/simulate.md``)::
     [cluster]                 num_replicas, global_scheduler = {policy, balance}
     [replica]                 model, device, tensor_parallel_size, num_pipeline_stages,
                               memory_margin_fraction, scheduler = {...}
-    [execution]               model = "linear" | "roofline" | "profiled" | "module:callable",
-                              linear coefficients, efficiency = {...}, cpu = {...},
+    [execution]               model = "auto" | "measured" | "roofline" | "linear" | "profiled"
+                              | "module:callable", linear coefficients, efficiency = {...},
+                              cpu = {...}, measured = {system, framework, version, data_dir},
                               profiled = {profiles, regressor, ...}
     [workload]                see tokenyard.workload.load_workload
     [metrics]                 sample_interval_s, record_stages, slo_ttft_s, slo_tpot_s
@@ -34,6 +35,7 @@ __all__ = [
     "ClusterConfig",
     "ExecutionConfig",
     "GlobalSchedulerConfig",
+    "MeasuredConfig",
     "MetricsConfig",
     "ProfiledConfig",
     "ReplicaConfig",
@@ -248,7 +250,7 @@ class ProfiledConfig:
         self.options().check(where)
 
 
-EXECUTION_MODELS = ("linear", "roofline", "profiled")
+EXECUTION_MODELS = ("auto", "measured", "roofline", "linear", "profiled")
 _LINEAR_FIELDS = (
     "constant_s",
     "per_prefill_token_s",
@@ -257,33 +259,75 @@ _LINEAR_FIELDS = (
     "per_prefill_context_token_s",
     "cpu_overhead_s",
 )
+#: The linear model's coefficients when unset: rough figures for Llama-2-7B in fp16 on one
+#: A100-80GB, whatever the replica's model and GPU (which is why it is never a default).
+LINEAR_DEFAULTS = {
+    "constant_s": 7e-3,
+    "per_prefill_token_s": 7e-5,
+    "per_decode_token_s": 3e-5,
+    "per_decode_context_token_s": 2.5e-7,
+    "per_prefill_context_token_s": 3e-11,
+    "cpu_overhead_s": 1e-3,
+}
+MEASURED_FRAMEWORKS = ("vllm", "sglang", "trtllm")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MeasuredConfig:
+    """Which measured tables price the batches (``docs/predictor.md#measured``): a system
+    (empty: the one measured on ``replica.device``), a framework (empty: ``sglang`` for the
+    sglang replica policy, else ``vllm``), a version (``latest``: the package's current one)
+    and, for tables of your own in the same layout, their folder."""
+
+    system: str = ""
+    framework: str = ""
+    version: str = "latest"
+    data_dir: str | None = None
+
+    def check(self, where: str) -> None:
+        if self.framework and self.framework not in MEASURED_FRAMEWORKS:
+            raise _fail(
+                f"{where}.framework",
+                f"must be one of {', '.join(MEASURED_FRAMEWORKS)}, got {self.framework!r}",
+                self.framework,
+            )
+        if not self.version:
+            raise _fail(f"{where}.version", "must be a version or 'latest', got ''", self.version)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ExecutionConfig:
     """How long a batch stage takes (``docs/predictor.md``).
 
-    - ``linear``: per batch stage, ``(constant + a*prefill tokens + b*decode tokens + c*Σ
-      decode context + d*Σ prefill tokens x context) / num_stages + cpu_overhead`` seconds.
-      The defaults are rough figures for Llama-2-7B in fp16 on one A100-80GB.
-    - ``roofline``: every operation of the replica's model priced from the GPU's datasheet
-      at the ``efficiency`` fractions, plus the ``cpu`` overheads.
+    - ``auto`` (default): ``measured`` when measured tables cover the replica's model, GPU
+      and dtypes (the ``tokenyard[measured]`` extra installs them), else ``roofline``.
+    - ``measured``: GEMMs, attention, all-reduce and MoE from measured kernel tables; the
+      calibrated roofline for the rest.
+    - ``roofline``: every operation priced from the GPU's datasheet, at efficiency curves
+      fitted to measured tables (or at the constant ``efficiency`` fractions, if given).
+    - ``linear``: ``(constant + a*prefill tokens + b*decode tokens + c*Σ decode context +
+      d*Σ prefill tokens x context) / num_stages + cpu_overhead`` seconds. It ignores the
+      replica's model, GPU and parallelism (its defaults are rough Llama-2-7B / A100 figures).
     - ``profiled``: operations trained on the ``profiled.profiles`` files; the roofline
       prices any operation they lack.
     - ``"module:callable"``: a Python function (the slow path) called with the batch shape
       as keywords, returning seconds or ``(total_s, model_s)``.
+
+    A setting that does not apply to the chosen model is refused (a ConfigError naming it),
+    so no setting is silently ignored.
     """
 
-    model: str = "linear"
-    constant_s: float = 7e-3
-    per_prefill_token_s: float = 7e-5
-    per_decode_token_s: float = 3e-5
-    per_decode_context_token_s: float = 2.5e-7
-    per_prefill_context_token_s: float = 3e-11
-    cpu_overhead_s: float = 1e-3
-    efficiency: Efficiencies = dataclasses.field(default_factory=Efficiencies)
+    model: str = "auto"
+    constant_s: float | None = None
+    per_prefill_token_s: float | None = None
+    per_decode_token_s: float | None = None
+    per_decode_context_token_s: float | None = None
+    per_prefill_context_token_s: float | None = None
+    cpu_overhead_s: float | None = None
+    efficiency: Efficiencies | None = None
     cpu: CpuOverheads = dataclasses.field(default_factory=CpuOverheads)
-    profiled: ProfiledConfig = dataclasses.field(default_factory=ProfiledConfig)
+    measured: MeasuredConfig | None = None
+    profiled: ProfiledConfig | None = None
 
     def check(self, where: str) -> None:
         if self.model not in EXECUTION_MODELS and ":" not in self.model:
@@ -294,19 +338,47 @@ class ExecutionConfig:
                 self.model,
             )
         for name in _LINEAR_FIELDS:
-            _non_negative(f"{where}.{name}", getattr(self, name))
-        self.efficiency.check(f"{where}.efficiency")
+            if getattr(self, name) is not None:
+                _non_negative(f"{where}.{name}", getattr(self, name))
+        if self.efficiency is not None:
+            self.efficiency.check(f"{where}.efficiency")
         self.cpu.check(f"{where}.cpu")
-        self.profiled.check(f"{where}.profiled")
-        if self.model == "profiled" and not self.profiled.profiles:
+        if self.measured is not None:
+            self.measured.check(f"{where}.measured")
+        if self.profiled is not None:
+            self.profiled.check(f"{where}.profiled")
+        self._check_applies(where)
+
+    def _check_applies(self, where: str) -> None:
+        """Refuses settings the chosen model would ignore."""
+        model = self.model
+        given_linear = [n for n in _LINEAR_FIELDS if getattr(self, n) is not None]
+        sections = (
+            (given_linear[0] if given_linear else None, ("linear",)),
+            ("efficiency" if self.efficiency is not None else None, ("roofline", "profiled")),
+            ("measured" if self.measured is not None else None, ("measured", "auto")),
+            ("profiled" if self.profiled is not None else None, ("profiled",)),
+        )
+        for key, models in sections:
+            if key is not None and model not in models:
+                raise _fail(
+                    f"{where}.{key}",
+                    f"applies to execution.model = {' or '.join(map(repr, models))}, not "
+                    f"{model!r}; remove it or set execution.model",
+                    getattr(self, key),
+                )
+        if model == "profiled" and (self.profiled is None or not self.profiled.profiles):
             raise _fail(
                 f"{where}.profiled.profiles",
                 "the profiled model needs at least one profile file or folder",
-                self.profiled.profiles,
+                self.profiled.profiles if self.profiled else (),
             )
 
     def linear_coefficients(self) -> dict[str, float]:
-        return {name: getattr(self, name) for name in _LINEAR_FIELDS}
+        return {
+            name: value if (value := getattr(self, name)) is not None else LINEAR_DEFAULTS[name]
+            for name in _LINEAR_FIELDS
+        }
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

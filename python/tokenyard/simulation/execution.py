@@ -1,45 +1,197 @@
 """Builds the execution-time model a simulation config asks for (``execution.model``).
 
-``linear`` needs nothing here (the core reads the coefficients); ``roofline`` and
-``profiled`` compile a :class:`~tokenyard.predictor.CompiledPredictor` for the replica's
-model, GPU, layout and dtypes; ``module:callable`` loads a Python function (the slow path).
+``auto`` resolves to ``measured`` when measured tables cover the replica (the
+``tokenyard[measured]`` extra, or ``[execution.measured] data_dir``), else to ``roofline``
+(calibrated to measured tables where the device has a calibration). ``linear`` needs nothing
+here (the core reads the coefficients); ``module:callable`` loads a Python function (the
+slow path). What was chosen, from which data, is recorded by :func:`describe`, and the CLI
+prints it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+from pathlib import Path
 from typing import Any
 
-from tokenyard.catalog import device, model
+from tokenyard.catalog import DeviceSpec, ModelSpec, device, model
+from tokenyard.errors import ConfigError
+from tokenyard.predictor.calibration import Calibration, builtin_calibration
 from tokenyard.predictor.compiled import CompiledPredictor
+from tokenyard.predictor.measured.build import measured_predictor
+from tokenyard.predictor.measured.data import (
+    SYSTEM_OF_DEVICE,
+    MeasuredSource,
+    package_root,
+    resolve_source,
+)
 from tokenyard.predictor.profiled import profiled_predictor
 from tokenyard.predictor.profiles import read_profiles
-from tokenyard.predictor.roofline import roofline_predictor
-from tokenyard.simulation.config import SimulationConfig
-from tokenyard.simulation.planner import dtype_bytes
+from tokenyard.predictor.roofline import Efficiencies, roofline_predictor
+from tokenyard.simulation.config import MeasuredConfig, ProfiledConfig, SimulationConfig
+from tokenyard.simulation.planner import _resolve_kv_dtype, dtype_bytes
 
-__all__ = ["build_predictor"]
+__all__ = ["ExecutionChoice", "build_predictor", "choose_execution", "describe"]
+
+#: What ``linear`` leaves out, said wherever it is used.
+LINEAR_WARNING = (
+    "linear: fixed coefficients (Llama-2-7B / A100-80GB figures unless set); it ignores the "
+    "replica's model, device, dtypes and parallelism"
+)
 
 
-def build_predictor(config: SimulationConfig) -> CompiledPredictor | None:
-    """The compiled roofline or profiled predictor of ``config``; None for the others."""
+@dataclasses.dataclass(frozen=True)
+class ExecutionChoice:
+    """The execution model a config resolves to: ``kind`` and, for ``measured``, its
+    source; ``reason`` says why ``auto`` chose it."""
+
+    kind: str
+    source: MeasuredSource | None = None
+    calibration: Calibration | None = None
+    reason: str = ""
+
+    def label(self) -> str:
+        """The banner's words: ``measured: h100_sxm, vllm 0.24.0`` and the like."""
+        if self.kind == "measured" and self.source is not None:
+            return f"measured: {self.source.describe()}"
+        if self.kind == "roofline":
+            if self.calibration is None:
+                return "roofline: datasheet peaks x constant efficiencies"
+            proxy = f" (curves of {self.calibration.proxy_for})" if self.calibration.proxy_for else ""
+            return f"roofline calibrated to measured tables{proxy}"
+        if self.kind == "linear":
+            return LINEAR_WARNING
+        return self.kind
+
+
+def _framework(config: SimulationConfig, measured: MeasuredConfig) -> str:
+    if measured.framework:
+        return measured.framework
+    return "sglang" if config.replica.scheduler.policy == "sglang" else "vllm"
+
+
+def _measured_source(config: SimulationConfig, spec: DeviceSpec) -> MeasuredSource:
+    """The tables ``config`` names, or a ConfigError saying why there are none."""
+    measured = config.execution.measured or MeasuredConfig()
+    root: Path
+    if measured.data_dir:
+        root = config.path(measured.data_dir)
+        if not root.is_dir():
+            raise ConfigError(
+                f"execution.measured.data_dir: no folder {root}",
+                field="execution.measured.data_dir",
+                value=repr(measured.data_dir),
+            )
+    else:
+        found = package_root()
+        if found is None:
+            raise ConfigError(
+                "execution.model: the measured tables are not installed; "
+                "pip install 'tokenyard[measured]' (aiconfigurator-core), or name your own "
+                "folder in [execution.measured] data_dir",
+                field="execution.model",
+                value=repr(config.execution.model),
+            )
+        root = found
+    system = measured.system or SYSTEM_OF_DEVICE.get(spec.name)
+    if not system:
+        raise ConfigError(
+            f"replica.device: no measured system is known for {spec.name!r} (measured: "
+            f"{', '.join(f'{d} = {s}' for d, s in SYSTEM_OF_DEVICE.items())}); set "
+            "[execution.measured] system to use another system's tables",
+            field="replica.device",
+            value=repr(spec.name),
+        )
+    return resolve_source(root, system, _framework(config, measured), measured.version)
+
+
+def choose_execution(config: SimulationConfig) -> ExecutionChoice:
+    """The execution model ``config`` resolves to (``auto`` decided here)."""
+    kind = config.execution.model
+    if kind in ("linear", "profiled") or ":" in kind:
+        return ExecutionChoice(kind)
+    spec = device(config.replica.device, field="replica.device")
+    calibration = None if config.execution.efficiency is not None else builtin_calibration(spec)
+    if kind == "roofline":
+        return ExecutionChoice("roofline", calibration=calibration)
+    try:
+        source = _measured_source(config, spec)
+        _build_measured(config, source)  # coverage of the model and dtypes
+    except ConfigError as exc:
+        if kind == "measured":
+            raise
+        return ExecutionChoice("roofline", calibration=calibration, reason=str(exc))
+    return ExecutionChoice("measured", source=source)
+
+
+def _build_measured(config: SimulationConfig, source: MeasuredSource) -> CompiledPredictor:
+    replica = config.replica
+    return _cached_measured(
+        model(replica.model, field="replica.model"),
+        device(replica.device, field="replica.device"),
+        source,
+        replica.tensor_parallel_size,
+        replica.num_pipeline_stages,
+        replica.dtype,
+        _resolve_kv_dtype(replica.dtype, replica.kv_cache_dtype),
+        config.execution.cpu,
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_measured(
+    spec: ModelSpec,
+    gpu: DeviceSpec,
+    source: MeasuredSource,
+    tp: int,
+    pp: int,
+    dtype: str,
+    kv_dtype: str,
+    cpu: Any,
+) -> CompiledPredictor:
+    weight_bytes, kv_bytes = dtype_bytes(dtype, kv_dtype)
+    return measured_predictor(
+        spec,
+        gpu,
+        source,
+        tensor_parallel_size=tp,
+        num_pipeline_stages=pp,
+        weight_dtype=dtype,
+        kv_cache_dtype=kv_dtype,
+        weight_bytes=weight_bytes,
+        kv_bytes=kv_bytes,
+        cpu=cpu,
+    )
+
+
+def build_predictor(
+    config: SimulationConfig, choice: ExecutionChoice | None = None
+) -> CompiledPredictor | None:
+    """The compiled predictor of ``config``; None for ``linear`` and Python callables."""
+    choice = choice or choose_execution(config)
     execution, replica = config.execution, config.replica
-    if execution.model not in ("roofline", "profiled"):
+    if choice.kind == "measured" and choice.source is not None:
+        return _build_measured(config, choice.source)
+    if choice.kind not in ("roofline", "profiled"):
         return None
     spec = model(replica.model, field="replica.model")
+    gpu = device(replica.device, field="replica.device")
     weight_bytes, kv_bytes = dtype_bytes(replica.dtype, replica.kv_cache_dtype)
     roofline = roofline_predictor(
         spec,
-        device(replica.device, field="replica.device"),
+        gpu,
         tensor_parallel_size=replica.tensor_parallel_size,
         num_pipeline_stages=replica.num_pipeline_stages,
         weight_bytes=weight_bytes,
         kv_bytes=kv_bytes,
-        efficiencies=execution.efficiency,
+        efficiencies=execution.efficiency or Efficiencies(),
         cpu=execution.cpu,
+        calibration=choice.calibration if choice.kind == "roofline" else None,
     )
-    if execution.model == "roofline":
+    if choice.kind == "roofline":
         return roofline
-    profiled = execution.profiled
+    profiled = execution.profiled or ProfiledConfig()  # checked: it names profiles
     profiles = read_profiles(
         [config.path(p) for p in profiled.profiles],
         model=None,
@@ -54,9 +206,21 @@ def build_predictor(config: SimulationConfig) -> CompiledPredictor | None:
     )
 
 
-def describe(predictor: CompiledPredictor | None, config: SimulationConfig) -> dict[str, Any]:
+def describe(
+    predictor: CompiledPredictor | None, config: SimulationConfig, choice: ExecutionChoice
+) -> dict[str, Any]:
     """What the summary records about the execution model."""
-    if predictor is None:
-        return {"model": config.execution.model}
-    sources = {op.name: op.source for op in predictor.ops}
-    return {"model": config.execution.model, "op_sources": sources}
+    out: dict[str, Any] = {"model": choice.kind, "requested": config.execution.model}
+    out["label"] = choice.label()
+    if choice.reason:
+        out["why_not_measured"] = choice.reason
+    if choice.calibration is not None:
+        out["calibration"] = choice.calibration.source
+    if predictor is not None:
+        out["op_sources"] = {op.name: op.source for op in predictor.ops}
+        fallbacks = predictor.description.get("fallbacks")
+        if fallbacks:
+            out["fallbacks"] = dict(fallbacks)
+    if choice.kind == "linear":
+        out["ignores"] = ["replica.model", "replica.device", "replica.dtype", "parallelism"]
+    return out

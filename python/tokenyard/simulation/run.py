@@ -15,7 +15,7 @@ from tokenyard.errors import ConfigError
 from tokenyard.sched import SchedulerConfig
 from tokenyard.simulation.catalog import device_spec, model_spec
 from tokenyard.simulation.config import SimulationConfig
-from tokenyard.simulation.execution import build_predictor
+from tokenyard.simulation.execution import build_predictor, choose_execution
 from tokenyard.simulation.execution import describe as describe_execution
 from tokenyard.simulation.planner import MemoryPlan, plan_memory
 from tokenyard.simulation.results import SimulationResult, request_columns, summarize
@@ -59,7 +59,8 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
         core_config["replica"]["vllm_v1"] = dataclasses.replace(
             core_config["replica"]["vllm_v1"], enable_prefix_caching=False
         )
-    predictor = build_predictor(config)
+    choice = choose_execution(config)
+    predictor = build_predictor(config, choice)
     exec_model = None
     if predictor is not None:
         core_config["ops"] = predictor.fused(config.replica.num_pipeline_stages).to_core()
@@ -86,7 +87,7 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
         "model": config.replica.model,
         "device": config.replica.device,
         "num_blocks": core_config["replica"]["num_blocks"],
-        "execution": describe_execution(predictor, config),
+        "execution": describe_execution(predictor, config, choice),
         "workload": workload.describe(),
         "seed": config.seed,
     }

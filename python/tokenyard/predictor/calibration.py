@@ -1,0 +1,368 @@
+"""Roofline efficiency curves fitted to measured kernel tables, per device.
+
+A datasheet roofline with one efficiency constant per operation class is 10-25% off on
+real GEMMs and cannot follow small-batch decode attention at all. A calibration replaces
+each constant by a curve fitted to measured times (``aiconfigurator-core``'s tables):
+
+- ``gemm``: achieved fraction of ``max(FLOPs / peak, bytes / bandwidth)`` by GEMM rows
+  ``m`` (median over the measured ``n x k`` of model-sized GEMMs);
+- ``memory``: a memory-bound kernel's bandwidth fraction and fixed launch latency, fitted
+  (least squares) to the weight-bound GEMMs with at most 16 rows;
+- ``prefill_attention``: fraction of the causal-attention roofline by prompt length (median
+  over batch sizes and head layouts);
+- ``decode_attention``: fraction of the decode-attention roofline by batch size and keys;
+- ``all_reduce``: per GPU count, a fixed latency and the fraction of the link a ring reaches
+  (least squares over NCCL's measured all-reduces).
+
+The built-in fits (``tokenyard/catalog/calibration.toml``) say where they came from;
+``tokenyard predictor calibrate`` refits them from an installed ``aiconfigurator-core``.
+Devices without tables borrow the curves of a named proxy device (the fractions, not the
+times: each device keeps its own datasheet peaks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from statistics import median
+from typing import Any
+
+import numpy as np
+
+from tokenyard.catalog import DeviceSpec
+from tokenyard.errors import ConfigError
+
+__all__ = ["Calibration", "builtin_calibration", "curve_value", "fit_calibration"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Calibration:
+    """Fitted efficiencies of one device (fractions of its datasheet peaks)."""
+
+    device: str
+    source: str
+    gemm_tokens: tuple[float, ...]
+    gemm_efficiency: tuple[float, ...]
+    memory_efficiency: float
+    memory_latency_s: float
+    prefill_seq_lens: tuple[float, ...]
+    prefill_efficiency: tuple[float, ...]
+    decode_batch_sizes: tuple[float, ...]
+    decode_kv_lens: tuple[float, ...]
+    #: Row-major: ``decode_efficiency[ib * len(decode_kv_lens) + ik]``.
+    decode_efficiency: tuple[float, ...]
+    all_reduce_gpus: tuple[int, ...] = ()
+    all_reduce_latency_s: tuple[float, ...] = ()
+    all_reduce_efficiency: tuple[float, ...] = ()
+    #: The device whose tables were fitted, when it is not ``device`` itself.
+    proxy_for: str = ""
+
+    def check(self, where: str) -> None:
+        """Raises ConfigError naming the first bad field."""
+        curves = (
+            ("gemm", self.gemm_tokens, self.gemm_efficiency, 1),
+            ("prefill", self.prefill_seq_lens, self.prefill_efficiency, 1),
+            ("decode", self.decode_batch_sizes, self.decode_efficiency, len(self.decode_kv_lens)),
+        )
+        for name, axis, values, per in curves:
+            ok = len(axis) >= 1 and list(axis) == sorted(set(axis)) and axis[0] > 0
+            ok = ok and len(values) == len(axis) * per
+            ok = ok and all(math.isfinite(v) and 0 < v <= 1.5 for v in values)
+            if not ok:
+                raise ConfigError(
+                    f"{where}.{name}: a calibration curve needs increasing positive sizes and "
+                    f"one efficiency in (0, 1.5] per size, got {list(axis)} / {list(values)}",
+                    field=f"{where}.{name}",
+                    value=repr(list(values)),
+                )
+        if not (0 < self.memory_efficiency <= 1.5 and 0 <= self.memory_latency_s < 1e-3):
+            raise ConfigError(
+                f"{where}.memory: efficiency must be in (0, 1.5] and latency in [0, 1 ms), got "
+                f"{self.memory_efficiency}, {self.memory_latency_s}",
+                field=f"{where}.memory",
+                value=repr((self.memory_efficiency, self.memory_latency_s)),
+            )
+
+    def all_reduce(self, num_gpus: int) -> tuple[float, float] | None:
+        """``(latency_s, link efficiency)`` for ``num_gpus`` (the nearest fitted count)."""
+        if not self.all_reduce_gpus:
+            return None
+        nearest = min(
+            range(len(self.all_reduce_gpus)),
+            key=lambda i: abs(math.log(self.all_reduce_gpus[i] / num_gpus)),
+        )
+        return self.all_reduce_latency_s[nearest], self.all_reduce_efficiency[nearest]
+
+    def to_mapping(self) -> dict[str, Any]:
+        return {
+            k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()
+        }
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], where: str) -> Calibration:
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - set(fields))
+        if unknown:
+            raise ConfigError(
+                f"{where}.{unknown[0]}: unknown calibration key; expected {', '.join(fields)}",
+                field=f"{where}.{unknown[0]}",
+                value=repr(data[unknown[0]]),
+            )
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+        values.setdefault("device", where.rsplit(".", 1)[-1])
+        try:
+            calibration = cls(**values)
+        except TypeError as exc:
+            raise ConfigError(f"{where}: {exc}", field=where, value=repr(dict(data))) from None
+        calibration.check(where)
+        return calibration
+
+
+def curve_value(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
+    """Piecewise linear in ``log x``; the edge values outside."""
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    j = int(np.searchsorted(xs, x))
+    w = (math.log(x) - math.log(xs[j - 1])) / (math.log(xs[j]) - math.log(xs[j - 1]))
+    return ys[j - 1] + (ys[j] - ys[j - 1]) * w
+
+
+def decode_efficiency(calibration: Calibration, batch: float, kv_len: float) -> float:
+    """The decode-attention efficiency at ``batch`` queries over ``kv_len`` keys each."""
+    nk = len(calibration.decode_kv_lens)
+    rows = [
+        curve_value(
+            calibration.decode_kv_lens,
+            calibration.decode_efficiency[i * nk : (i + 1) * nk],
+            kv_len,
+        )
+        for i in range(len(calibration.decode_batch_sizes))
+    ]
+    return curve_value(calibration.decode_batch_sizes, rows, batch)
+
+
+# ---- built-in fits ------------------------------------------------------------------------
+
+
+def _builtin_file() -> dict[str, Any]:
+    import sys
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    text = resources.files("tokenyard.catalog").joinpath("calibration.toml").read_text()
+    return dict(tomllib.loads(text))
+
+
+def builtin_calibration(device: DeviceSpec) -> Calibration | None:
+    """The shipped calibration of ``device`` (its own fit, or its proxy's), or None."""
+    data = _builtin_file()
+    devices = data.get("devices", {})
+    entry = devices.get(device.name)
+    if entry is None:
+        proxy = data.get("proxies", {}).get(device.name)
+        if proxy is None or proxy not in devices:
+            return None
+        base = Calibration.from_mapping(devices[proxy], f"calibration.devices.{proxy}")
+        return dataclasses.replace(base, device=device.name, proxy_for=proxy)
+    return Calibration.from_mapping(entry, f"calibration.devices.{device.name}")
+
+
+# ---- fitting ------------------------------------------------------------------------------
+
+
+def _gemm_roofline_s(device: DeviceSpec, m: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.ndarray:
+    flops = 2.0 * m * n * k
+    moved = 2.0 * (m * k + k * n + m * n)
+    return np.maximum(
+        flops / (device.dense_bf16_tflops * 1e12), moved / (device.memory_bandwidth_gbps * 1e9)
+    )
+
+
+def fit_gemm(rows: Any, device: DeviceSpec) -> tuple[list[float], list[float], float, float]:
+    """``(tokens, efficiency)`` over the measured ``m`` grid, and ``(memory efficiency,
+    memory latency)`` from the weight-bound GEMMs (``m <= 16``)."""
+    m, n, k, t = (rows.col(c) for c in ("m", "n", "k", "latency_s"))
+    sized = (n >= 1024) & (k >= 1024) & (n <= 32768) & (k <= 32768)
+    efficiency = _gemm_roofline_s(device, m, n, k) / t
+    grid = sorted(
+        {int(v) for v in m[sized]}
+        & {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768}
+    )
+    effs = [float(median(efficiency[sized & (m == g)])) for g in grid]
+    small = sized & (m <= 16)
+    moved = 2.0 * (m * k + k * n + m * n)[small]
+    slope, intercept = np.polyfit(moved, t[small], 1)
+    memory_efficiency = 1.0 / (float(slope) * device.memory_bandwidth_gbps * 1e9)
+    return [float(g) for g in grid], effs, memory_efficiency, max(0.0, float(intercept))
+
+
+def prefill_roofline_s(
+    device: DeviceSpec,
+    batch: float,
+    seq: float,
+    prefix: float,
+    q: float,
+    kv: float,
+    kv_bytes: float,
+) -> float:
+    """Causal attention of ``batch`` chunks of ``seq`` tokens over ``prefix`` cached keys, per
+    GPU (``q``/``kv``: query and KV widths, heads x head_dim)."""
+    full = seq + prefix
+    flops = 4.0 * q * batch * (full * full - prefix * prefix) / 2.0
+    moved = batch * (2.0 * 2.0 * q * seq + kv_bytes * 2.0 * kv * full)
+    return max(
+        flops / (device.dense_bf16_tflops * 1e12), moved / (device.memory_bandwidth_gbps * 1e9)
+    )
+
+
+def decode_roofline_s(
+    device: DeviceSpec, batch: float, kv_len: float, q: float, kv: float, kv_bytes: float
+) -> float:
+    """``batch`` single-token queries over ``kv_len`` keys each, per GPU."""
+    flops = 4.0 * q * batch * kv_len
+    moved = batch * (2.0 * 2.0 * q + kv_bytes * 2.0 * kv * kv_len)
+    return max(
+        flops / (device.dense_bf16_tflops * 1e12), moved / (device.memory_bandwidth_gbps * 1e9)
+    )
+
+
+def _attention_rows(rows: Any) -> Any:
+    rows = rows.where(kv_cache_dtype="bfloat16", window_size=0, beam_width=1)
+    if rows.has("attn_dtype"):
+        rows = rows.where(attn_dtype="bfloat16")
+    return rows.where(head_dim=128)
+
+
+def fit_prefill(rows: Any, device: DeviceSpec) -> tuple[list[float], list[float]]:
+    rows = _attention_rows(rows)
+    b, s, h, kvh, t = (
+        rows.col(c) for c in ("batch_size", "isl", "num_heads", "num_key_value_heads", "latency_s")
+    )
+    eff = (
+        np.array(
+            [
+                prefill_roofline_s(device, bi, si, 0.0, hi * 128, ki * 128, 2.0)
+                for bi, si, hi, ki in zip(b, s, h, kvh, strict=True)
+            ]
+        )
+        / t
+    )
+    keep = h >= 8  # model-sized head counts per GPU
+    grid = sorted(set(s[keep].tolist()))
+    return [float(g) for g in grid], [float(median(eff[keep & (s == g)])) for g in grid]
+
+
+def fit_decode(rows: Any, device: DeviceSpec) -> tuple[list[float], list[float], list[float]]:
+    rows = _attention_rows(rows)
+    b, isl, step, h, kvh, t = (
+        rows.col(c)
+        for c in ("batch_size", "isl", "step", "num_heads", "num_key_value_heads", "latency_s")
+    )
+    s = isl + step
+    eff = (
+        np.array(
+            [
+                decode_roofline_s(device, bi, si, hi * 128, ki * 128, 2.0)
+                for bi, si, hi, ki in zip(b, s, h, kvh, strict=True)
+            ]
+        )
+        / t
+    )
+    keep = h >= 8
+    batches = sorted(set(b[keep].tolist()))
+    kv_lens = sorted(set(s[keep].tolist()))
+    values: list[float] = []
+    for bi in batches:
+        row = [eff[keep & (b == bi) & (s == si)] for si in kv_lens]
+        known = [(si, float(median(r))) for si, r in zip(kv_lens, row, strict=True) if len(r)]
+        for si in kv_lens:  # holes take the nearest measured context of the same batch
+            values.append(min(known, key=lambda p: abs(math.log(p[0] / si)))[1])
+    return [float(x) for x in batches], [float(x) for x in kv_lens], values
+
+
+def fit_all_reduce(rows: Any, device: DeviceSpec) -> tuple[list[int], list[float], list[float]]:
+    rows = rows.where(op_name="all_reduce")
+    if rows.has("nccl_dtype"):
+        rows = rows.where(nccl_dtype="half")
+    link = device.interconnect_gbps / 2 * 1e9
+    gpus_out, latency_out, eff_out = [], [], []
+    for gpus in rows.values("num_gpus"):
+        sub = rows.where(num_gpus=gpus)
+        moved = 2.0 * (gpus - 1) / gpus * sub.col("message_size") * 2.0
+        slope, intercept = np.polyfit(moved, sub.col("latency_s"), 1)
+        gpus_out.append(int(gpus))
+        latency_out.append(max(0.0, float(intercept)))
+        eff_out.append(min(1.5, 1.0 / (float(slope) * link)))
+    return gpus_out, latency_out, eff_out
+
+
+def fit_calibration(source: Any, device: DeviceSpec, *, note: str = "") -> Calibration:
+    """Fits every curve to the tables of ``source`` (a ``MeasuredSource``) for ``device``."""
+    from tokenyard.predictor.measured.tables import read_table
+
+    gemm = read_table(source.folders["gemm"] / "gemm_perf.parquet").where(gemm_dtype="bfloat16")
+    tokens, gemm_eff, memory_eff, memory_latency = fit_gemm(gemm, device)
+    attention = source.folders["attention"]
+    seq_lens, prefill_eff = fit_prefill(
+        read_table(attention / "context_attention_perf.parquet"), device
+    )
+    batches, kv_lens, decode_eff = fit_decode(
+        read_table(attention / "generation_attention_perf.parquet"), device
+    )
+    collective: tuple[list[int], list[float], list[float]] = ([], [], [])
+    if "nccl" in source.folders:
+        collective = fit_all_reduce(
+            read_table(source.folders["nccl"] / "nccl_perf.parquet"), device
+        )
+    return Calibration(
+        device=device.name,
+        source=f"fitted to {source.describe()} tables{note}",
+        gemm_tokens=tuple(tokens),
+        gemm_efficiency=tuple(round(v, 4) for v in gemm_eff),
+        memory_efficiency=round(memory_eff, 4),
+        memory_latency_s=round(memory_latency, 9),
+        prefill_seq_lens=tuple(seq_lens),
+        prefill_efficiency=tuple(round(v, 4) for v in prefill_eff),
+        decode_batch_sizes=tuple(batches),
+        decode_kv_lens=tuple(kv_lens),
+        decode_efficiency=tuple(round(v, 4) for v in decode_eff),
+        all_reduce_gpus=tuple(collective[0]),
+        all_reduce_latency_s=tuple(round(v, 9) for v in collective[1]),
+        all_reduce_efficiency=tuple(round(v, 4) for v in collective[2]),
+    )
+
+
+#: Devices without tables of their own -> the device whose fitted fractions they borrow.
+PROXIES = {
+    "a100-40gb": "a100-80gb",  # the same chip; its own (lower) bandwidth stays in the roofline
+    "h100-pcie": "h100-sxm",  # the same architecture at lower clocks and bandwidth
+    "a10g": "l40s",  # GDDR parts of consecutive generations
+    "mi300x": "h100-sxm",  # no AMD tables exist: the nearest HBM part in class
+}
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return repr(value)
+
+
+def calibration_toml(calibrations: Sequence[Calibration], header: str) -> str:
+    """The text of a calibration file: ``[devices.<name>]`` tables and ``[proxies]``."""
+    lines = [f"# {line}" if line else "#" for line in header.splitlines()]
+    for calibration in calibrations:
+        lines += ["", f'[devices."{calibration.device}"]']
+        for key, value in calibration.to_mapping().items():
+            if key not in ("device", "proxy_for") and value not in ("", []):
+                lines.append(f"{key} = {_toml_value(value)}")
+    lines += ["", "[proxies]"]
+    lines += [f'"{device}" = "{proxy}"' for device, proxy in PROXIES.items()]
+    return "\n".join(lines) + "\n"

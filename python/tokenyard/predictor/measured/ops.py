@@ -1,0 +1,226 @@
+"""Measured operation times as functions of their sizes, from the tables of one source.
+
+Each class takes a table's rows (``tables.Columns``), keeps the slice a model needs (its
+dtype, head layout, TP degree) and answers "how long does this shape take" by nested
+log-log interpolation (``interpolate.py``) over the measured grid:
+
+- :class:`GemmTimes`: ``[m, k] x [k, n]``: a curve over ``m`` per measured ``(n, k)``, then
+  ``k`` and ``n`` between their neighbours (outside them, time scales with ``n`` and ``k``).
+- :class:`AttentionTimes`: context (``batch_size`` prompts of ``s`` tokens, causal, no
+  prefix) or generation (``batch_size`` queries over ``s`` keys each): a curve over the
+  batch per ``s`` per head count, then ``s``, then heads. Beyond the longest context, time
+  grows with the work: ``s**2`` for context, ``s`` for generation.
+- :class:`CollectiveTimes`: an all-reduce over ``num_gpus`` by message size (elements).
+- :class:`MoeTimes`: a whole MoE block (the experts of one layer) by tokens.
+
+Where several kernels were measured for one slice (FlashAttention 3 and 4, say), the one
+with the most rows in the slice is used: the framework's default path is the one the
+collection covers best.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from statistics import median
+
+import numpy as np
+
+from tokenyard.predictor.measured.interpolate import Curve, between
+from tokenyard.predictor.measured.tables import Columns
+from tokenyard.predictor.profiles import ProfileError
+
+__all__ = ["AttentionTimes", "CollectiveTimes", "GemmTimes", "MoeTimes", "main_kernel"]
+
+
+def main_kernel(rows: Columns) -> Columns:
+    """The rows of the kernel with the most rows (all rows if there is no kernel column)."""
+    if not rows.has("kernel_source") or len(rows) == 0:
+        return rows
+    sources = rows.col("kernel_source").tolist()
+    best = max(sorted(set(sources)), key=sources.count)
+    return rows.where(kernel_source=best)
+
+
+def _curves(
+    rows: Columns, outer: str, x: str, *, above_power: float, below_power: float = 0.0
+) -> dict[float, Curve]:
+    """A curve of ``latency_s`` over column ``x`` for each value of column ``outer``;
+    repeated points keep their median."""
+    out: dict[float, Curve] = {}
+    keys, xs, ys = rows.col(outer), rows.col(x), rows.col("latency_s")
+    for key in sorted(set(keys.tolist())):
+        mask = keys == key
+        points: dict[float, list[float]] = {}
+        for xi, yi in zip(xs[mask].tolist(), ys[mask].tolist(), strict=True):
+            points.setdefault(xi, []).append(yi)
+        grid = sorted(points)
+        out[key] = Curve(
+            grid,
+            [median(points[g]) for g in grid],
+            above_power=above_power,
+            below_power=below_power,
+        )
+    return out
+
+
+def _no_rows(rows: Columns, what: str, available: str) -> ProfileError:
+    field = str(rows.path)
+    return ProfileError(f"{field}: no rows for {what}; the table has {available}", field=field)
+
+
+class GemmTimes:
+    """GEMM seconds for ``(m, n, k)`` in one dtype."""
+
+    def __init__(self, rows: Columns, dtype: str):
+        selected = main_kernel(rows.where(gemm_dtype=dtype))
+        if len(selected) == 0:
+            raise _no_rows(rows, f"gemm_dtype {dtype!r}", f"{rows.values('gemm_dtype')}")
+        self.path = rows.path
+        self.m_grid = selected.values("m")
+        pair = selected.col("n") * 1e6 + selected.col("k")  # one key per (n, k)
+        keyed = Columns(selected.path, {**selected.data, "pair": pair})
+        curves = _curves(keyed, "pair", "m", above_power=1.0)
+        self._by_n: dict[float, dict[float, Curve]] = {}
+        for key, curve in curves.items():
+            n, k = divmod(key, 1e6)
+            self._by_n.setdefault(n, {})[k] = curve
+        self._n_axis = sorted(self._by_n)
+
+    def __call__(self, m: float, n: float, k: float) -> float:
+        def at_n(ni: float) -> float:
+            by_k = self._by_n[ni]
+            return between(sorted(by_k), k, lambda kj: by_k[kj](m), below_power=1.0)
+
+        return between(self._n_axis, n, at_n, below_power=1.0)
+
+
+class AttentionTimes:
+    """Attention seconds for ``batch_size`` rows of ``s`` tokens (context) or keys
+    (generation), for one head layout.
+
+    Args:
+        rows: a context or generation attention table.
+        generation: the table is generation attention (``s = isl + step``).
+        num_heads, num_kv_heads: per GPU (after tensor parallelism).
+    """
+
+    def __init__(
+        self,
+        rows: Columns,
+        *,
+        generation: bool,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        kv_cache_dtype: str,
+    ):
+        picked = rows.where(
+            head_dim=head_dim, kv_cache_dtype=kv_cache_dtype, window_size=0, beam_width=1
+        )
+        if picked.has("attn_dtype"):
+            picked = picked.where(attn_dtype="bfloat16")
+        heads = picked.col("num_heads")
+        kv = picked.col("num_key_value_heads")
+        # Multi-head attention is measured with as many KV heads as heads; grouped-query
+        # attention at the model's KV head count, over several head counts.
+        mask = kv == heads if num_kv_heads == num_heads else kv == num_kv_heads
+        picked = main_kernel(Columns(picked.path, {c: v[mask] for c, v in picked.data.items()}))
+        if len(picked) == 0:
+            raise _no_rows(
+                rows,
+                f"head_dim {head_dim}, {num_kv_heads} KV heads, kv_cache_dtype {kv_cache_dtype!r}",
+                f"head_dim {rows.values('head_dim')}, KV heads "
+                f"{rows.values('num_key_value_heads')}, kv_cache_dtype "
+                f"{rows.values('kv_cache_dtype')}",
+            )
+        self.path = rows.path
+        self.num_heads = num_heads
+        s = picked.col("isl") + (picked.col("step") if generation else 0.0)
+        data = {**picked.data, "s": s}
+        # Context work grows with the square of the prompt, generation work with the keys.
+        s_power = 1.0 if generation else 2.0
+        self._by_heads: dict[float, tuple[list[float], dict[float, Curve]]] = {}
+        for n in picked.values("num_heads"):
+            mask = picked.col("num_heads") == n
+            sub = Columns(picked.path, {c: v[mask] for c, v in data.items()})
+            by_s = _curves(sub, "s", "batch_size", above_power=1.0, below_power=1.0)
+            self._by_heads[n] = (sorted(by_s), by_s)
+        self._heads_axis = sorted(self._by_heads)
+        self._s_power = s_power
+
+    def __call__(self, batch_size: float, s: float) -> float:
+        def at_heads(n: float) -> float:
+            s_axis, by_s = self._by_heads[n]
+            return between(s_axis, s, lambda sj: by_s[sj](batch_size), above_power=self._s_power)
+
+        return between(self._heads_axis, self.num_heads, at_heads, below_power=1.0)
+
+    @property
+    def s_range(self) -> tuple[float, float]:
+        axes = [axis for axis, _ in self._by_heads.values()]
+        return min(a[0] for a in axes), max(a[-1] for a in axes)
+
+
+class CollectiveTimes:
+    """All-reduce seconds over ``num_gpus`` GPUs by message size in 16-bit elements."""
+
+    def __init__(self, rows: Columns, num_gpus: int, *, dtype_column: str, dtype: str):
+        picked = rows.where(num_gpus=num_gpus, **{dtype_column: dtype})
+        if picked.has("op_name"):
+            picked = picked.where(op_name="all_reduce")
+        if picked.has("kernel_source"):
+            # vLLM measures its custom all-reduce eager and under CUDA graphs; serving
+            # steps run captured, so the graph rows are the ones that apply.
+            graph = [s for s in picked.values("kernel_source") if "graph" in str(s)]
+            picked = picked.where(kernel_source=graph[0]) if graph else main_kernel(picked)
+        if len(picked) == 0:
+            raise _no_rows(rows, f"{num_gpus} GPUs", f"num_gpus {rows.values('num_gpus')}")
+        self.path = rows.path
+        keyed = Columns(picked.path, {**picked.data, "one": np.zeros(len(picked))})
+        self._curve = _curves(keyed, "one", "message_size", above_power=1.0)[0.0]
+
+    def __call__(self, elements: float) -> float:
+        return self._curve(elements)
+
+
+class MoeTimes:
+    """One layer's MoE experts (``moe_perf``) by the number of tokens routed in."""
+
+    def __init__(
+        self,
+        rows: Columns,
+        *,
+        dtype: str,
+        hidden_size: int,
+        inter_size: int,
+        topk: int,
+        num_experts: int,
+        tensor_parallel_size: int,
+    ):
+        picked = rows.where(
+            moe_dtype=dtype,
+            hidden_size=hidden_size,
+            inter_size=inter_size,
+            topk=topk,
+            num_experts=num_experts,
+            moe_tp_size=tensor_parallel_size,
+            moe_ep_size=1,
+            distribution="balanced",
+        )
+        picked = main_kernel(picked)
+        if len(picked) == 0:
+            raise _no_rows(
+                rows,
+                f"{num_experts} experts (top-{topk}) of hidden {hidden_size} x {inter_size} "
+                f"at TP {tensor_parallel_size}",
+                "other shapes",
+            )
+        self.path = rows.path
+        keyed = Columns(picked.path, {**picked.data, "one": np.zeros(len(picked))})
+        self._curve = _curves(keyed, "one", "num_tokens", above_power=1.0)[0.0]
+
+    def __call__(self, tokens: float) -> float:
+        return self._curve(tokens)
+
+
+TimeOf = Callable[[float], float]

@@ -1,0 +1,183 @@
+"""Reading measured operation tables (``aiconfigurator-core``'s Parquet schema) into columns.
+
+Each reader checks that the columns it needs are there and hold numbers where numbers are
+expected, converts latencies from milliseconds to seconds, and returns the rows as numpy
+columns. A bad file is a :class:`~tokenyard.predictor.ProfileError` whose ``field`` is
+``FILE:COLUMN`` (or ``FILE``), never a raw pyarrow or numpy error.
+
+Schemas (one row per measured shape; ``latency`` in ms):
+
+- GEMM ``gemm_perf.parquet``: ``m, n, k, gemm_dtype, kernel_source, latency``
+- attention ``context_attention_perf.parquet`` / ``generation_attention_perf.parquet``:
+  ``batch_size, isl, num_heads, num_key_value_heads, head_dim, kv_cache_dtype, step,
+  window_size, latency`` (optional ``attn_dtype, beam_width, kernel_source``). A context
+  row is ``batch_size`` prompts of ``isl`` tokens with no cached prefix; a generation row is
+  ``batch_size`` decodes whose keys number ``isl + step``.
+- all-reduce ``custom_allreduce_perf.parquet`` and NCCL ``nccl_perf.parquet``: ``num_gpus,
+  message_size`` (elements of 16 bits), ``latency`` (NCCL's also ``op_name``).
+- MoE ``moe_perf.parquet``: ``num_tokens, hidden_size, inter_size, topk, num_experts,
+  moe_tp_size, moe_ep_size, moe_dtype, distribution, latency``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tokenyard.predictor.profiles import ProfileError
+
+__all__ = ["Columns", "read_table"]
+
+_NUMERIC = {
+    "m",
+    "n",
+    "k",
+    "batch_size",
+    "isl",
+    "num_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "step",
+    "window_size",
+    "beam_width",
+    "num_gpus",
+    "message_size",
+    "num_tokens",
+    "hidden_size",
+    "inter_size",
+    "topk",
+    "num_experts",
+    "moe_tp_size",
+    "moe_ep_size",
+    "latency",
+}
+
+#: Table file -> the columns it must have.
+REQUIRED: Mapping[str, tuple[str, ...]] = {
+    "gemm_perf.parquet": ("m", "n", "k", "gemm_dtype", "latency"),
+    "context_attention_perf.parquet": (
+        "batch_size",
+        "isl",
+        "num_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "kv_cache_dtype",
+        "latency",
+    ),
+    "generation_attention_perf.parquet": (
+        "batch_size",
+        "isl",
+        "num_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "kv_cache_dtype",
+        "step",
+        "latency",
+    ),
+    "custom_allreduce_perf.parquet": ("num_gpus", "message_size", "latency"),
+    "nccl_perf.parquet": ("op_name", "num_gpus", "message_size", "latency"),
+    "moe_perf.parquet": (
+        "num_tokens",
+        "hidden_size",
+        "inter_size",
+        "topk",
+        "num_experts",
+        "moe_tp_size",
+        "moe_ep_size",
+        "moe_dtype",
+        "latency",
+    ),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Columns:
+    """A table's rows as columns; ``latency_s`` in seconds. ``path`` names the file."""
+
+    path: Path
+    data: Mapping[str, np.ndarray]
+
+    def __len__(self) -> int:
+        return len(self.data["latency_s"])
+
+    def col(self, name: str) -> np.ndarray:
+        return self.data[name]
+
+    def has(self, name: str) -> bool:
+        return name in self.data
+
+    def where(self, **equal: Any) -> Columns:
+        """The rows whose columns equal the given values (columns absent are not checked)."""
+        mask = np.ones(len(self), dtype=bool)
+        for name, value in equal.items():
+            if name in self.data:
+                mask &= self.data[name] == value
+        return Columns(self.path, {k: v[mask] for k, v in self.data.items()})
+
+    def values(self, name: str) -> list[Any]:
+        """The distinct values of a column, sorted."""
+        return sorted(set(self.data[name].tolist())) if name in self.data else []
+
+
+def _fail(path: Path, column: str | None, message: str, value: object = None) -> ProfileError:
+    field = f"{path}:{column}" if column else str(path)
+    return ProfileError(f"{field}: {message}", field=field, value=repr(value))
+
+
+def read_table(path: Path, required: Sequence[str] | None = None) -> Columns:
+    """The rows of one measured table.
+
+    Raises:
+        ProfileError: unreadable, a required column missing, a non-numeric or negative
+            number, or no rows (``field`` names the file and column).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    required = tuple(required if required is not None else REQUIRED.get(path.name, ("latency",)))
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise _fail(path, None, f"cannot read the table ({exc})") from None
+    missing = [c for c in required if c not in table.column_names]
+    if missing:
+        raise _fail(
+            path,
+            missing[0],
+            f"missing column(s) {', '.join(missing)}; the file has {', '.join(table.column_names)}",
+        )
+    if table.num_rows == 0:
+        raise _fail(path, None, "the table has no rows (an empty grid)")
+    data: dict[str, np.ndarray] = {}
+    for name in table.column_names:
+        column = table.column(name)
+        if name in _NUMERIC:
+            data[name] = _numeric(path, name, column)
+        else:
+            data[name] = np.asarray(column.to_pylist(), dtype=object)
+    data["latency_s"] = data.pop("latency") * 1e-3
+    return Columns(path, data)
+
+
+def _numeric(path: Path, name: str, column: Any) -> np.ndarray:
+    import pyarrow as pa
+
+    if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
+        raise _fail(path, name, f"must hold numbers, holds {column.type}")
+    values = np.asarray(column.to_numpy(zero_copy_only=False), dtype=float)
+    bad = ~np.isfinite(values) | (values < 0)
+    if name == "latency":
+        bad |= values <= 0
+    if bad.any():
+        raise _fail(
+            path,
+            name,
+            f"row {int(np.argmax(bad))}: must be a finite number "
+            f"{'> 0' if name == 'latency' else '>= 0'}",
+            float(values[bad][0]),
+        )
+    return values

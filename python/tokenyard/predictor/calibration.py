@@ -36,6 +36,10 @@ from tokenyard.errors import ConfigError
 
 __all__ = ["Calibration", "builtin_calibration", "curve_value", "fit_calibration"]
 
+#: Above 1 where a GPU's cache serves what the roofline charges to DRAM (an L40S's 96 MB
+#: L2 holds a decode batch's keys of a few thousand tokens); 4 bounds a fit gone wrong.
+MAX_EFFICIENCY = 4.0
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Calibration:
@@ -69,11 +73,12 @@ class Calibration:
         for name, axis, values, per in curves:
             ok = len(axis) >= 1 and list(axis) == sorted(set(axis)) and axis[0] > 0
             ok = ok and len(values) == len(axis) * per
-            ok = ok and all(math.isfinite(v) and 0 < v <= 1.5 for v in values)
+            ok = ok and all(math.isfinite(v) and 0 < v <= MAX_EFFICIENCY for v in values)
             if not ok:
                 raise ConfigError(
                     f"{where}.{name}: a calibration curve needs increasing positive sizes and "
-                    f"one efficiency in (0, 1.5] per size, got {list(axis)} / {list(values)}",
+                    f"one efficiency in (0, {MAX_EFFICIENCY}] per size, got {list(axis)} / "
+                    f"{list(values)}",
                     field=f"{where}.{name}",
                     value=repr(list(values)),
                 )
@@ -113,7 +118,7 @@ class Calibration:
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
         values.setdefault("device", where.rsplit(".", 1)[-1])
         try:
-            calibration = cls(**values)
+            calibration = cls(**values)  # type: ignore[arg-type]  # checked below
         except TypeError as exc:
             raise ConfigError(f"{where}: {exc}", field=where, value=repr(dict(data))) from None
         calibration.check(where)
@@ -179,9 +184,9 @@ def builtin_calibration(device: DeviceSpec) -> Calibration | None:
 def _gemm_roofline_s(device: DeviceSpec, m: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.ndarray:
     flops = 2.0 * m * n * k
     moved = 2.0 * (m * k + k * n + m * n)
-    return np.maximum(
-        flops / (device.dense_bf16_tflops * 1e12), moved / (device.memory_bandwidth_gbps * 1e9)
-    )
+    peak, bandwidth = device.dense_bf16_tflops * 1e12, device.memory_bandwidth_gbps * 1e9
+    seconds: np.ndarray = np.maximum(flops / peak, moved / bandwidth)
+    return seconds
 
 
 def fit_gemm(rows: Any, device: DeviceSpec) -> tuple[list[float], list[float], float, float]:

@@ -162,7 +162,8 @@ class _Builder:
             bytes_per_s=self.bytes_per_s * memory,
             latency_s=latency,
         )
-        self.ops.append(CompiledOp(name, scope, gate, cost, count))  # type: ignore[arg-type]
+        source = "calibrated" if self.calibration is not None else "roofline"
+        self.ops.append(CompiledOp(name, scope, gate, cost, count, source))  # type: ignore[arg-type]
 
     def table(self, name: str, cost: TableCost, *, gate: str, scope: str = "layer") -> None:
         self.ops.append(CompiledOp(name, scope, gate, cost, source="calibrated"))  # type: ignore[arg-type]
@@ -244,6 +245,20 @@ def _expert_gemm(b: _Builder, model: ModelSpec, s: _Sizes, name: str, k: int, n:
         _gemm(b, name, k, n, s)
         return
     top_k, experts = model.experts_per_token, model.num_experts
+    if b.calibration is not None:
+        c = b.calibration
+
+        def calibrated(tokens: float) -> float:
+            rows = top_k * tokens
+            hit = min(experts, rows)
+            flops = 2.0 * k * n * rows
+            moved = hit * k * n * s.w + rows * (k + n) * s.a
+            roofline = max(flops / b.flops_per_s, moved / b.bytes_per_s)
+            # Each expert runs its own GEMM of rows / hit rows.
+            return roofline / curve_value(c.gemm_tokens, c.gemm_efficiency, rows / hit)
+
+        b.table(name, grids.token_table("num_tokens", calibrated, 2.0**17), gate="num_tokens")
+        return
     compute_rate = b.flops_per_s * b.eff.gemm
     memory_rate = b.bytes_per_s * b.eff.memory
 
@@ -302,7 +317,8 @@ def _communication(b: _Builder, device: DeviceSpec, s: _Sizes, tp: int, pp: int)
             bytes_per_s=ring_link,
             latency_s=ring_latency,
         )
-        b.ops.append(CompiledOp("all_reduce", "layer", "num_tokens", cost, count=2.0))
+        source = "calibrated" if fitted is not None else "roofline"
+        b.ops.append(CompiledOp("all_reduce", "layer", "num_tokens", cost, 2.0, source))
     if pp > 1:
         cost = RooflineCost(
             flops={},

@@ -58,7 +58,9 @@ class ExecutionChoice:
         if self.kind == "roofline":
             if self.calibration is None:
                 return "roofline: datasheet peaks x constant efficiencies"
-            proxy = f" (curves of {self.calibration.proxy_for})" if self.calibration.proxy_for else ""
+            proxy = (
+                f" (curves of {self.calibration.proxy_for})" if self.calibration.proxy_for else ""
+            )
             return f"roofline calibrated to measured tables{proxy}"
         if self.kind == "linear":
             return LINEAR_WARNING

@@ -191,9 +191,12 @@ def _all_reduce_op(
             times = CollectiveTimes(_read(path), tp, dtype_column=column, dtype=dtype)
         except ProfileError:
             continue  # this table lacks the GPU count: try the next
-        table = grids.token_table("num_tokens", lambda t: times(t * s.h), 2.0**17)
-        return table, label, ""
+        return _all_reduce_table(times, s.h), label, ""
     return None, "calibrated", f"no all-reduce measured over {tp} GPUs"
+
+
+def _all_reduce_table(times: CollectiveTimes, hidden: int) -> TableCost:
+    return grids.token_table("num_tokens", lambda tokens: times(tokens * hidden), 2.0**17)
 
 
 def _moe_op(

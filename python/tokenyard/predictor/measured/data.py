@@ -26,8 +26,8 @@ from tokenyard.errors import ConfigError
 __all__ = [
     "FAMILIES",
     "FRAMEWORKS",
-    "MeasuredSource",
     "SYSTEM_OF_DEVICE",
+    "MeasuredSource",
     "package_root",
     "resolve_source",
 ]
@@ -61,7 +61,7 @@ def package_version() -> str | None:
         from importlib.metadata import version
 
         return version("aiconfigurator-core")
-    except Exception:  # noqa: BLE001 - any failure means "unknown", never fatal
+    except Exception:
         return None
 
 
@@ -93,7 +93,7 @@ class MeasuredSource:
         older = sorted(
             f"{family} {folder.name}"
             for family, folder in self.folders.items()
-            if folder.name != self.version and family != "comm"
+            if folder.name != self.version and family not in ("comm", "nccl")
         )
         text = f"{self.system}, {self.framework} {self.version}"
         return f"{text} ({', '.join(older)})" if older else text

@@ -16,6 +16,7 @@ curves.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections.abc import Callable, Sequence
 
@@ -35,7 +36,7 @@ class Curve:
     ):
         if not xs or len(xs) != len(ys):
             raise ValueError("a curve needs as many values as points, at least one")
-        if any(b <= a for a, b in zip(xs, xs[1:], strict=False)):
+        if any(b <= a for a, b in itertools.pairwise(xs)):
             raise ValueError(f"curve points must increase strictly, got {list(xs)}")
         if any(not (y > 0 and math.isfinite(y)) for y in ys):
             raise ValueError("curve values must be finite and > 0")
@@ -49,9 +50,9 @@ class Curve:
     def __call__(self, x: float) -> float:
         xs, ys = self.xs, self.ys
         if x <= xs[0]:
-            return ys[0] * (x / xs[0]) ** self.below_power if x > 0 else ys[0]
+            return ys[0] * math.pow(x / xs[0], self.below_power) if x > 0 else ys[0]
         if x >= xs[-1]:
-            return ys[-1] * (x / xs[-1]) ** self.above_power
+            return ys[-1] * math.pow(x / xs[-1], self.above_power)
         j = bisect.bisect_left(xs, x)
         if xs[j] == x:
             return ys[j]
@@ -72,9 +73,9 @@ def between(
     the outer step of a nested evaluation. Outside the axis, the edge's value times
     ``(value / edge) ** power``."""
     if value <= axis[0]:
-        return at(axis[0]) * (value / axis[0]) ** below_power
+        return at(axis[0]) * math.pow(value / axis[0], below_power)
     if value >= axis[-1]:
-        return at(axis[-1]) * (value / axis[-1]) ** above_power
+        return at(axis[-1]) * math.pow(value / axis[-1], above_power)
     j = bisect.bisect_left(axis, value)
     if axis[j] == value:
         return at(axis[j])

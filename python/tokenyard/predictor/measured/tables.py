@@ -135,8 +135,8 @@ def read_table(path: Path, required: Sequence[str] | None = None) -> Columns:
         ProfileError: unreadable, a required column missing, a non-numeric or negative
             number, or no rows (``field`` names the file and column).
     """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
     required = tuple(required if required is not None else REQUIRED.get(path.name, ("latency",)))
     try:

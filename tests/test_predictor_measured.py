@@ -1,0 +1,443 @@
+"""The measured predictor: table readers, version resolution, interpolation, compilation,
+and its place as the simulator's default (docs/predictor.md#measured).
+
+Most tests write small tables of their own in aiconfigurator-core's schema, with times from
+a known formula, so no extra is needed; tests on the real package data skip without it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tokenyard import catalog
+from tokenyard.errors import ConfigError
+from tokenyard.predictor import ProfileError, batch_features
+from tokenyard.predictor.grids import prefill_shape
+from tokenyard.predictor.measured.build import measured_predictor
+from tokenyard.predictor.measured.data import resolve_source
+from tokenyard.predictor.measured.interpolate import Curve
+from tokenyard.predictor.measured.ops import GemmTimes
+from tokenyard.predictor.measured.tables import read_table
+from tokenyard.simulation import config_from_mapping, simulate
+from tokenyard.simulation.execution import choose_execution
+
+# ---- synthetic tables: times from known formulas (ms) ---------------------------------
+
+
+def gemm_ms(m: float, n: float, k: float) -> float:
+    return 0.005 + 2 * m * n * k / 500e12 * 1e3 + 2 * n * k / 2e12 * 1e3
+
+
+def context_ms(b: float, s: float, heads: float) -> float:
+    return 0.004 + b * s * s * heads * 128 * 2 / 300e12 * 1e3
+
+
+def generation_ms(b: float, kv_len: float, kv_heads: float) -> float:
+    return 0.003 + b * kv_len * kv_heads * 128 * 4 / 2e12 * 1e3
+
+
+POWERS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+DIMS = [1024, 2048, 4096, 6144, 8192, 14336, 16384, 28672, 32768, 65536]
+HEADS = [8, 16, 32, 64]
+
+
+def write(path: Path, columns: dict[str, list[Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(columns), path)
+
+
+def gemm_columns() -> dict[str, list[Any]]:
+    rows = [(m, n, k) for m in POWERS for n in DIMS for k in DIMS]
+    return {
+        "m": [r[0] for r in rows],
+        "n": [r[1] for r in rows],
+        "k": [r[2] for r in rows],
+        "gemm_dtype": ["bfloat16"] * len(rows),
+        "kernel_source": ["torch"] * len(rows),
+        "latency": [gemm_ms(*r) for r in rows],
+    }
+
+
+def attention_columns(generation: bool) -> dict[str, list[Any]]:
+    rows = []
+    for kv in (4, 8):
+        for heads in HEADS:
+            for b in [1, 2, 4, 8, 16, 32, 64, 128, 256]:
+                for s in POWERS:
+                    if generation:
+                        rows.append((b, 1, s - 1, heads, kv, generation_ms(b, s, kv)))
+                    else:
+                        rows.append((b, s, 0, heads, kv, context_ms(b, s, heads)))
+    n = len(rows)
+    return {
+        "batch_size": [r[0] for r in rows],
+        "isl": [r[1] for r in rows],
+        "step": [r[2] for r in rows],
+        "num_heads": [r[3] for r in rows],
+        "num_key_value_heads": [r[4] for r in rows],
+        "head_dim": [128] * n,
+        "kv_cache_dtype": ["bfloat16"] * n,
+        "attn_dtype": ["bfloat16"] * n,
+        "window_size": [0] * n,
+        "beam_width": [1] * n,
+        "latency": [r[5] for r in rows],
+    }
+
+
+@pytest.fixture(scope="module")
+def tables(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data root with one system (``h100_sxm``), vllm 0.2.0 GEMM and attention, and an
+    older 0.1.0 GEMM table; no all-reduce or MoE tables."""
+    root = tmp_path_factory.mktemp("measured") / "data"
+    write(root / "h100_sxm/gemm/vllm/0.2.0/gemm_perf.parquet", gemm_columns())
+    old = gemm_columns()
+    old["latency"] = [2 * v for v in old["latency"]]
+    write(root / "h100_sxm/gemm/vllm/0.1.0/gemm_perf.parquet", old)
+    attention = root / "h100_sxm/attention/vllm/0.2.0"
+    write(attention / "context_attention_perf.parquet", attention_columns(False))
+    write(attention / "generation_attention_perf.parquet", attention_columns(True))
+    return root
+
+
+def decode(batch: int, context: int) -> dict[str, float]:
+    return batch_features(
+        num_requests=batch,
+        num_prefill_tokens=0,
+        num_decode_tokens=batch,
+        sum_decode_context=batch * context,
+        sum_prefill_context=0,
+        sum_prefill_squared=0,
+        num_padding_rows=0,
+    )
+
+
+def prefill(chunk: int, prefix: int) -> dict[str, float]:
+    return batch_features(
+        num_requests=1,
+        num_prefill_tokens=chunk,
+        num_decode_tokens=0,
+        sum_decode_context=0,
+        sum_prefill_context=chunk * (prefix + chunk),
+        sum_prefill_squared=chunk * chunk,
+        num_padding_rows=0,
+    )
+
+
+# ---- readers --------------------------------------------------------------------------
+
+
+def test_a_table_missing_a_column_names_the_file_and_the_column(tmp_path: Path) -> None:
+    columns = gemm_columns()
+    del columns["k"]
+    path = tmp_path / "gemm_perf.parquet"
+    write(path, columns)
+    with pytest.raises(ProfileError) as err:
+        read_table(path)
+    assert err.value.field == f"{path}:k"
+    assert "missing column(s) k" in str(err.value)
+
+
+def test_text_where_a_number_belongs_names_the_column(tmp_path: Path) -> None:
+    columns = gemm_columns()
+    columns["m"] = [str(v) for v in columns["m"]]
+    path = tmp_path / "gemm_perf.parquet"
+    write(path, columns)
+    with pytest.raises(ProfileError, match="must hold numbers") as err:
+        read_table(path)
+    assert err.value.field == f"{path}:m"
+
+
+def test_an_empty_grid_and_a_negative_latency_are_refused(tmp_path: Path) -> None:
+    columns = {k: v[:0] for k, v in gemm_columns().items()}
+    path = tmp_path / "gemm_perf.parquet"
+    pq.write_table(pa.table(columns, schema=pa.table(gemm_columns()).schema), path)
+    with pytest.raises(ProfileError, match="no rows"):
+        read_table(path)
+    columns = gemm_columns()
+    columns["latency"][3] = -1.0
+    write(path, columns)
+    with pytest.raises(ProfileError, match="row 3") as err:
+        read_table(path)
+    assert err.value.field == f"{path}:latency"
+
+
+def test_an_unmeasured_dtype_lists_the_measured_ones(tables: Path) -> None:
+    rows = read_table(tables / "h100_sxm/gemm/vllm/0.2.0/gemm_perf.parquet")
+    with pytest.raises(ProfileError, match=r"gemm_dtype 'fp8'.*\['bfloat16'\]"):
+        GemmTimes(rows, "fp8")
+
+
+# ---- sources --------------------------------------------------------------------------
+
+
+def test_latest_is_the_newest_version_and_an_old_one_can_be_named(tables: Path) -> None:
+    latest = resolve_source(tables, "h100_sxm", "vllm", "latest")
+    assert latest.version == "0.2.0"
+    assert latest.folders["gemm"].name == "0.2.0"
+    # 0.1.0 has GEMMs but no attention at or below it: never filled forward from 0.2.0.
+    with pytest.raises(ConfigError, match=r"no attention tables at or below 0\.1\.0"):
+        resolve_source(tables, "h100_sxm", "vllm", "0.1.0")
+
+
+@pytest.mark.parametrize(
+    ("system", "framework", "version", "field"),
+    [
+        ("b200_sxm", "vllm", "latest", "execution.measured.system"),
+        ("h100_sxm", "sglang", "latest", "execution.measured.framework"),
+        ("h100_sxm", "vllm", "9.9", "execution.measured.version"),
+        ("h100_sxm", "tensorrt", "latest", "execution.measured.framework"),
+    ],
+)
+def test_what_is_not_measured_is_a_config_error_listing_what_is(
+    tables: Path, system: str, framework: str, version: str, field: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        resolve_source(tables, system, framework, version)
+    assert err.value.field == field
+    listing = ("h100_sxm: vllm 0.1.0/0.2.0", "measured: 0.1.0, 0.2.0", "must be one of")
+    assert any(text in str(err.value) for text in listing)
+
+
+# ---- interpolation --------------------------------------------------------------------
+
+
+increasing_points = st.lists(
+    st.floats(min_value=1.0, max_value=1e6), min_size=1, max_size=12, unique=True
+).map(sorted)
+
+
+@settings(max_examples=200, deadline=None)
+@given(xs=increasing_points, data=st.data())
+def test_a_curve_is_exact_at_its_points_positive_and_monotone_where_the_data_is(
+    xs: list[float], data: st.DataObject
+) -> None:
+    steps = data.draw(
+        st.lists(st.floats(min_value=0.0, max_value=10.0), min_size=len(xs), max_size=len(xs))
+    )
+    ys = list(np.cumsum(steps) + 1e-3)  # non-decreasing, positive
+    ys = [float(y) for y in ys]
+    curve = Curve(xs, ys, above_power=1.0)
+    for x, y in zip(xs, ys, strict=True):
+        assert curve(x) == y
+    probes = sorted(data.draw(st.lists(st.floats(min_value=1e-3, max_value=1e7), max_size=20)))
+    values = [curve(p) for p in probes]
+    assert all(v > 0 for v in values)
+    assert all(b >= a * (1 - 1e-12) for a, b in itertools.pairwise(values))
+
+
+def test_a_gemm_off_the_grid_lies_between_its_neighbours_and_near_the_formula(
+    tables: Path,
+) -> None:
+    gemm = GemmTimes(read_table(tables / "h100_sxm/gemm/vllm/0.2.0/gemm_perf.parquet"), "bfloat16")
+    assert gemm(64, 4096, 4096) == pytest.approx(gemm_ms(64, 4096, 4096) * 1e-3, rel=1e-12)
+    for m, n, k in [(48, 5120, 4096), (3000, 12288, 5120), (700, 4096, 20480)]:
+        assert gemm(m, n, k) == pytest.approx(gemm_ms(m, n, k) * 1e-3, rel=0.06)
+    # Past the largest n, time grows with n (the work).
+    assert gemm(256, 131072, 4096) == pytest.approx(2 * gemm(256, 65536, 4096))
+
+
+def test_prefill_grid_points_read_as_whole_prompts_or_a_chunk_over_a_prefix() -> None:
+    assert prefill_shape(4096.0, 1024.5) == (2.0, 2048.0, 0.0)  # 2 prompts of 2048
+    assert prefill_shape(2048.0, 1024.5) == (1.0, 2048.0, 0.0)  # where the readings meet
+    batch, seq, prefix = prefill_shape(512.0, 4096.0 + 256.5)  # 512 tokens over 4096
+    assert (batch, seq, prefix) == (1.0, 512.0, 4096.0)
+
+
+# ---- the compiled predictor -----------------------------------------------------------
+
+
+def llama_8b_measured(tables: Path, **kwargs: Any) -> Any:
+    source = resolve_source(tables, "h100_sxm", "vllm", "latest")
+    return measured_predictor(
+        catalog.model("llama-3.1-8b"), catalog.device("h100-sxm"), source, **kwargs
+    )
+
+
+def test_measured_operations_follow_the_tables_and_the_rest_the_calibrated_roofline(
+    tables: Path,
+) -> None:
+    predictor = llama_8b_measured(tables)
+    sources = {op.name: op.source for op in predictor.ops}
+    assert sources["qkv_proj"] == sources["down_proj"] == "measured:gemm (0.2.0)"
+    assert sources["attn_decode"] == "measured:attention (0.2.0)"
+    assert sources["input_norm"] == sources["rope"] == "calibrated"
+    layers = 32
+    # One decode of 64 requests over 2048 keys: qkv [64, 4096] x [4096, 6144] per layer.
+    times = predictor.op_times(decode(64, 2047))
+    assert times["qkv_proj"] == pytest.approx(layers * gemm_ms(64, 6144, 4096) * 1e-3, rel=1e-9)
+    assert times["attn_decode"] == pytest.approx(
+        layers * generation_ms(64, 2048, 8) * 1e-3, rel=0.01
+    )
+    # A whole 2048-token prompt, and 512 tokens over 1536 cached: the whole prompt's
+    # attention less the prefix's share of pairs.
+    whole = predictor.op_times(prefill(2048, 0))["attn_prefill"]
+    assert whole == pytest.approx(layers * context_ms(1, 2048, 32) * 1e-3, rel=0.01)
+    chunk = predictor.op_times(prefill(512, 1536))["attn_prefill"]
+    share = (2048**2 - 1536**2) / 2048**2
+    assert chunk == pytest.approx(whole * share, rel=0.02)
+
+
+def test_tensor_parallelism_without_an_all_reduce_table_keeps_the_calibrated_ring(
+    tables: Path,
+) -> None:
+    predictor = llama_8b_measured(tables, tensor_parallel_size=2)
+    sources = {op.name: op.source for op in predictor.ops}
+    assert sources["all_reduce"] == "calibrated"
+    assert "all_reduce" in predictor.description["fallbacks"]
+    one = llama_8b_measured(tables).op_times(decode(8, 1000))["qkv_proj"]
+    two = predictor.op_times(decode(8, 1000))["qkv_proj"]
+    assert two < one  # each worker's GEMM is half as wide
+
+
+def test_a_layout_the_attention_tables_lack_is_a_config_error(tables: Path) -> None:
+    source = resolve_source(tables, "h100_sxm", "vllm", "latest")
+    narrow_heads = dataclasses.replace(catalog.model("llama-3.1-8b"), head_dim=64)
+    with pytest.raises(ConfigError, match="do not cover its layout") as err:
+        measured_predictor(narrow_heads, catalog.device("h100-sxm"), source)
+    assert err.value.field == "replica.model"
+
+
+# ---- in the simulator -----------------------------------------------------------------
+
+SMALL_WORKLOAD = {
+    "kind": "synthetic",
+    "num_requests": 200,
+    "arrival": {"kind": "poisson", "qps": 10.0},
+    "prompt_tokens": {"kind": "uniform", "low": 100, "high": 2000},
+    "output_tokens": {"kind": "uniform", "low": 10, "high": 100},
+}
+
+
+def run(execution: dict[str, Any], **replica: Any) -> Any:
+    base = {"model": "llama-3.1-8b", "device": "h100-sxm", **replica}
+    config = config_from_mapping(
+        {
+            "cluster": {"num_replicas": 1},
+            "replica": base,
+            "execution": execution,
+            "workload": SMALL_WORKLOAD,
+        }
+    )
+    return simulate(config)
+
+
+def test_a_simulation_names_its_tables_and_every_op_source(tables: Path) -> None:
+    result = run({"model": "measured", "measured": {"data_dir": str(tables)}})
+    execution = result.summary["config"]["execution"]
+    assert execution["model"] == "measured"
+    assert execution["label"] == "measured: h100_sxm, vllm 0.2.0"
+    assert execution["op_sources"]["attn_prefill"] == "measured:attention (0.2.0)"
+
+
+def test_auto_falls_back_to_the_calibrated_roofline_and_says_why(tables: Path) -> None:
+    config = config_from_mapping(
+        {
+            "replica": {"model": "llama-3.1-8b", "device": "a10g"},
+            "execution": {"measured": {"data_dir": str(tables)}},
+        }
+    )
+    choice = choose_execution(config)
+    assert choice.kind == "roofline"
+    assert "no measured system is known for 'a10g'" in choice.reason
+    assert choice.calibration is not None
+    assert choice.calibration.proxy_for == "l40s"
+    assert choice.label() == "roofline calibrated to measured tables (curves of l40s)"
+
+
+@pytest.mark.parametrize(
+    ("execution", "field"),
+    [
+        ({"efficiency": {"gemm": 0.6}}, "execution.efficiency"),
+        ({"model": "measured", "efficiency": {}}, "execution.efficiency"),
+        ({"model": "roofline", "measured": {"system": "h100_sxm"}}, "execution.measured"),
+        ({"model": "roofline", "constant_s": 0.01}, "execution.constant_s"),
+        ({"model": "linear", "profiled": {"profiles": ["a.csv"]}}, "execution.profiled"),
+        ({"measured": {"framework": "tgi"}}, "execution.measured.framework"),
+    ],
+)
+def test_a_setting_the_chosen_model_would_ignore_is_refused(
+    execution: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        config_from_mapping({"execution": execution})
+    assert err.value.field == field
+
+
+def test_measured_with_an_unmeasured_dtype_lists_the_measured_ones(tables: Path) -> None:
+    with pytest.raises(ConfigError, match="measured: bfloat16") as err:
+        run({"model": "measured", "measured": {"data_dir": str(tables)}}, dtype="fp8")
+    assert err.value.field == "replica.dtype"
+
+
+def test_the_constant_efficiencies_still_price_the_datasheet_roofline() -> None:
+    calibrated = run({"model": "roofline"})
+    datasheet = run({"model": "roofline", "efficiency": {}})
+    assert calibrated.summary["config"]["execution"]["label"].startswith("roofline calibrated")
+    assert datasheet.summary["config"]["execution"]["label"].startswith("roofline: datasheet")
+    assert calibrated.summary["latency_s"]["ttft"]["mean"] != pytest.approx(
+        datasheet.summary["latency_s"]["ttft"]["mean"]
+    )
+
+
+def test_linear_says_what_it_ignores() -> None:
+    execution = run({"model": "linear"}).summary["config"]["execution"]
+    assert "ignores the replica's model, device" in execution["label"]
+    assert "replica.device" in execution["ignores"]
+
+
+# ---- the real tables (the tokenyard[measured] extra) ------------------------------------
+
+
+@pytest.fixture
+def package() -> None:
+    pytest.importorskip(
+        "aiconfigurator_core", reason="the measured tables need the tokenyard[measured] extra"
+    )
+
+
+@pytest.mark.usefixtures("package")
+def test_the_default_run_prices_batches_from_measured_tables() -> None:
+    config = config_from_mapping({})
+    choice = choose_execution(config)
+    assert choice.kind == "measured"
+    assert choice.label().startswith("measured: a100_sxm, vllm ")
+
+
+@pytest.mark.usefixtures("package")
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"device": "h200"},
+        {"model": "mistral-7b"},
+        {"tensor_parallel_size": 2},
+        {"kv_cache_dtype": "fp8"},
+        {"dtype": "fp8"},
+    ],
+)
+def test_every_replica_setting_changes_the_answer(change: dict[str, Any]) -> None:
+    base = run({})
+    other = run({}, **change)
+    assert base.summary["config"]["execution"]["model"] == "measured"
+    assert other.summary["config"]["execution"]["model"] == "measured"
+    assert other.summary["latency_s"]["tpot"]["mean"] != base.summary["latency_s"]["tpot"]["mean"]
+
+
+@pytest.mark.usefixtures("package")
+def test_a_big_model_on_a_fast_gpu_is_not_priced_like_a_small_one_on_a_slow_gpu() -> None:
+    # The issue's example: under the old linear default these two gave identical answers.
+    big = run({}, model="llama-3.1-70b", device="h200", tensor_parallel_size=8)
+    small = run({}, model="llama-2-7b", device="a100-80gb")
+    assert big.summary["config"]["execution"]["label"].startswith("measured: h200_sxm")
+    ratio = big.summary["latency_s"]["tpot"]["mean"] / small.summary["latency_s"]["tpot"]["mean"]
+    assert not math.isclose(ratio, 1.0, rel_tol=0.05)

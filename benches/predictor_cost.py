@@ -29,7 +29,7 @@ from typing import Any
 from sim_scale import job, workload
 
 HERE = Path(__file__).resolve().parent
-MODELS = ("linear", "roofline", "profiled")
+MODELS = ("linear", "roofline", "measured", "profiled")
 POLICIES = ("vllm", "vllm_v1")
 
 

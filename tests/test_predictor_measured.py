@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from tokenyard.predictor.measured.data import resolve_source
 from tokenyard.predictor.measured.interpolate import Curve
 from tokenyard.predictor.measured.ops import GemmTimes
 from tokenyard.predictor.measured.tables import read_table
-from tokenyard.simulation import config_from_mapping, simulate
+from tokenyard.simulation import config_from_mapping, load_config, simulate
 from tokenyard.simulation.execution import choose_execution
 
 # ---- synthetic tables: times from known formulas (ms) ---------------------------------
@@ -441,3 +442,25 @@ def test_a_big_model_on_a_fast_gpu_is_not_priced_like_a_small_one_on_a_slow_gpu(
     assert big.summary["config"]["execution"]["label"].startswith("measured: h200_sxm")
     ratio = big.summary["latency_s"]["tpot"]["mean"] / small.summary["latency_s"]["tpot"]["mean"]
     assert not math.isclose(ratio, 1.0, rel_tol=0.05)
+
+
+def test_a_qwen3_config_json_relative_to_the_config_file_runs(tmp_path: Path) -> None:
+    config = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_attention_heads": 16,
+        "num_hidden_layers": 4,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 1000,
+        "tie_word_embeddings": True,
+    }
+    (tmp_path / "qwen3.json").write_text(json.dumps(config))
+    (tmp_path / "sim.toml").write_text(
+        '[replica]\nmodel = "qwen3.json"\ndevice = "h100-sxm"\n[execution]\nmodel = "roofline"\n'
+    )
+    loaded = load_config(tmp_path / "sim.toml", {"workload": SMALL_WORKLOAD})
+    result = simulate(loaded)
+    assert result.summary["config"]["execution"]["op_sources"]["qk_norm"] == "calibrated"

@@ -6,11 +6,13 @@ illustrative prices, for the memory planner and the execution-time predictor.
     catalog.model("llama-3.1-70b").num_parameters()   # 70_553_706_496
     catalog.device("h100-sxm").memory_bandwidth_gbps  # 3350.0
     catalog.load_catalog_file("my_gpus.toml")         # add or override entries
+    catalog.model("path/to/config.json")              # a Hugging Face config (``hf``)
 
 The built-in entries live in ``models.toml`` and ``devices.toml`` beside this module, each
 with the URL it was copied from. See ``docs/catalog.md``.
 """
 
+from tokenyard.catalog.hf import bundled_model_names, model_from_config
 from tokenyard.catalog.loader import (
     CatalogEntries,
     builtin_devices,
@@ -31,10 +33,12 @@ __all__ = [
     "ModelSpec",
     "builtin_devices",
     "builtin_models",
+    "bundled_model_names",
     "device",
     "devices",
     "load_catalog_file",
     "model",
+    "model_from_config",
     "models",
     "read_catalog_file",
     "reset_catalog",

@@ -8,6 +8,7 @@ another device, and a file that fails validation changes nothing.
 
 from __future__ import annotations
 
+import difflib
 import json
 import sys
 import types
@@ -16,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from tokenyard.catalog import hf
 from tokenyard.catalog.specs import (
     DEVICE_FIELDS,
     MODEL_FIELDS,
@@ -246,20 +248,38 @@ def devices() -> dict[str, DeviceSpec]:
 
 
 def model(name: str, *, field: str = "model") -> ModelSpec:
-    """The model called ``name``.
+    """The model called ``name``: a catalog entry, else a Hugging Face ``config.json`` that
+    ``name`` is the path of, or the repo id of a bundled one (``hf.config_path``).
 
     Raises:
-        ConfigError: unknown name; ``field`` is the caller's (e.g. ``replica.model``) and
-            the message lists the known names.
+        ConfigError: unknown name, or a config that cannot be read or is refused
+            (``hf.model_from_config``); ``field`` is the caller's (e.g. ``replica.model``)
+            and an unknown name's message lists the known names.
     """
     spec = _MODELS.get(name) if isinstance(name, str) else None
-    if spec is None:
-        raise ConfigError(
-            f"{field}: unknown model {name!r}; expected one of {', '.join(_MODELS)}",
-            field=field,
-            value=repr(name),
+    if spec is not None:
+        return spec
+    path = hf.config_path(name) if isinstance(name, str) else None
+    if path is not None:
+        return hf.model_from_config(path, name=name, field=field)
+    raise ConfigError(_unknown_model(name, field), field=field, value=repr(name))
+
+
+def _unknown_model(name: object, field: str) -> str:
+    bundled = hf.bundled_model_names()
+    message = (
+        f"{field}: unknown model {name!r}; expected one of {', '.join(_MODELS)}, or the path "
+        "of a Hugging Face config.json"
+    )
+    if bundled:
+        message += ", or a repo id of catalog.bundled_model_names()"
+    else:
+        message += (
+            " (`pip install tokenyard[measured]` adds the Hugging Face configs that "
+            "aiconfigurator-core bundles, by repo id, e.g. meta-llama/Meta-Llama-3.1-8B)"
         )
-    return spec
+    close = difflib.get_close_matches(str(name), [*_MODELS, *bundled], n=1)
+    return message + (f"; did you mean {close[0]!r}?" if close else "")
 
 
 def device(name: str, *, field: str = "device") -> DeviceSpec:

@@ -27,6 +27,7 @@ MODEL_FIELDS: dict[str, str] = {
     "vocab_size": "int",
     "tied_embeddings": "bool",
     "attention_bias": "bool",
+    "qk_norm": "bool",
     "num_experts": "int",
     "experts_per_token": "int",
     "source": "str",
@@ -88,7 +89,10 @@ class ModelSpec:
     model's Hugging Face ``config.json``.
 
     ``intermediate_size`` is per expert for a mixture of experts (``num_experts > 1``);
-    ``attention_bias`` means the q, k and v projections carry a bias (Qwen2 style).
+    ``attention_bias`` means the q, k and v projections carry a bias (Qwen2 style);
+    ``qk_norm`` that queries and keys each pass an RMSNorm (Qwen3 style); its
+    ``2 * head_dim`` weights per layer are left out of the parameter counts, as out of the
+    memory planner's (16 384 of Qwen3-32B's 32.8 billion).
 
     Raises:
         ConfigError: a field has the wrong type or an impossible value; ``field`` is
@@ -105,6 +109,7 @@ class ModelSpec:
     vocab_size: int
     tied_embeddings: bool = False
     attention_bias: bool = False
+    qk_norm: bool = False
     num_experts: int = 1
     experts_per_token: int = 1
     source: str = ""

@@ -10,7 +10,8 @@ each constant by a curve fitted to measured times (``aiconfigurator-core``'s tab
   (least squares) to the weight-bound GEMMs with at most 16 rows;
 - ``prefill_attention``: fraction of the causal-attention roofline by prompt length (median
   over batch sizes and head layouts);
-- ``decode_attention``: fraction of the decode-attention roofline by batch size and keys;
+- ``decode_attention``: fraction of the decode-attention roofline by parallelism (decodes x
+  KV heads per GPU, the kernel's independent work items) and keys per decode;
 - ``all_reduce``: per GPU count, a fixed latency and the fraction of the link a ring reaches
   (least squares over NCCL's measured all-reduces).
 
@@ -53,7 +54,8 @@ class Calibration:
     memory_latency_s: float
     prefill_seq_lens: tuple[float, ...]
     prefill_efficiency: tuple[float, ...]
-    decode_batch_sizes: tuple[float, ...]
+    #: Decodes x KV heads per GPU: efficiency follows it, not the batch or the heads alone.
+    decode_parallelism: tuple[float, ...]
     decode_kv_lens: tuple[float, ...]
     #: Row-major: ``decode_efficiency[ib * len(decode_kv_lens) + ik]``.
     decode_efficiency: tuple[float, ...]
@@ -68,7 +70,7 @@ class Calibration:
         curves = (
             ("gemm", self.gemm_tokens, self.gemm_efficiency, 1),
             ("prefill", self.prefill_seq_lens, self.prefill_efficiency, 1),
-            ("decode", self.decode_batch_sizes, self.decode_efficiency, len(self.decode_kv_lens)),
+            ("decode", self.decode_parallelism, self.decode_efficiency, len(self.decode_kv_lens)),
         )
         for name, axis, values, per in curves:
             ok = len(axis) >= 1 and list(axis) == sorted(set(axis)) and axis[0] > 0
@@ -136,8 +138,9 @@ def curve_value(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
     return ys[j - 1] + (ys[j] - ys[j - 1]) * w
 
 
-def decode_efficiency(calibration: Calibration, batch: float, kv_len: float) -> float:
-    """The decode-attention efficiency at ``batch`` queries over ``kv_len`` keys each."""
+def decode_efficiency(calibration: Calibration, parallelism: float, kv_len: float) -> float:
+    """The decode-attention efficiency of ``parallelism`` (decodes x KV heads per GPU)
+    queries over ``kv_len`` keys each."""
     nk = len(calibration.decode_kv_lens)
     rows = [
         curve_value(
@@ -145,9 +148,9 @@ def decode_efficiency(calibration: Calibration, batch: float, kv_len: float) -> 
             calibration.decode_efficiency[i * nk : (i + 1) * nk],
             kv_len,
         )
-        for i in range(len(calibration.decode_batch_sizes))
+        for i in range(len(calibration.decode_parallelism))
     ]
-    return curve_value(calibration.decode_batch_sizes, rows, batch)
+    return curve_value(calibration.decode_parallelism, rows, parallelism)
 
 
 # ---- built-in fits ------------------------------------------------------------------------
@@ -190,21 +193,23 @@ def _gemm_roofline_s(device: DeviceSpec, m: np.ndarray, n: np.ndarray, k: np.nda
 
 
 def fit_gemm(rows: Any, device: DeviceSpec) -> tuple[list[float], list[float], float, float]:
-    """``(tokens, efficiency)`` over the measured ``m`` grid, and ``(memory efficiency,
-    memory latency)`` from the weight-bound GEMMs (``m <= 16``)."""
+    """``(memory efficiency, launch latency)`` from the weight-bound GEMMs (``m <= 16``),
+    then ``(tokens, efficiency)`` over the measured ``m`` grid: the median over model-sized
+    ``n x k`` of roofline / (measured - latency), so that a GEMM costs ``roofline /
+    efficiency(m) + latency`` and small matrices keep their fixed cost apart."""
     m, n, k, t = (rows.col(c) for c in ("m", "n", "k", "latency_s"))
     sized = (n >= 1024) & (k >= 1024) & (n <= 32768) & (k <= 32768)
-    efficiency = _gemm_roofline_s(device, m, n, k) / t
-    grid = sorted(
-        {int(v) for v in m[sized]}
-        & {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768}
-    )
-    effs = [float(median(efficiency[sized & (m == g)])) for g in grid]
     small = sized & (m <= 16)
-    moved = 2.0 * (m * k + k * n + m * n)[small]
-    slope, intercept = np.polyfit(moved, t[small], 1)
+    moved = 2.0 * (m * k + k * n + m * n)
+    slope, intercept = np.polyfit(moved[small], t[small], 1)
     memory_efficiency = 1.0 / (float(slope) * device.memory_bandwidth_gbps * 1e9)
-    return [float(g) for g in grid], effs, memory_efficiency, max(0.0, float(intercept))
+    latency = max(0.0, float(intercept))
+    busy = np.maximum(t - latency, 0.05 * t)
+    efficiency = _gemm_roofline_s(device, m, n, k) / busy
+    powers = {float(2**i) for i in range(16)}
+    grid = sorted(powers & set(m[sized].tolist()))
+    effs = [float(median(efficiency[sized & (m == g)])) for g in grid]
+    return grid, effs, memory_efficiency, latency
 
 
 def prefill_roofline_s(
@@ -264,6 +269,8 @@ def fit_prefill(rows: Any, device: DeviceSpec) -> tuple[list[float], list[float]
 
 
 def fit_decode(rows: Any, device: DeviceSpec) -> tuple[list[float], list[float], list[float]]:
+    """Efficiency by (decodes x KV heads, keys): across head layouts, decode attention's
+    efficiency follows the number of (sequence, KV head) work items, not the batch."""
     rows = _attention_rows(rows)
     b, isl, step, h, kvh, t = (
         rows.col(c)
@@ -279,16 +286,16 @@ def fit_decode(rows: Any, device: DeviceSpec) -> tuple[list[float], list[float],
         )
         / t
     )
-    keep = h >= 8
-    batches = sorted(set(b[keep].tolist()))
-    kv_lens = sorted(set(s[keep].tolist()))
+    work = b * kvh
+    levels = sorted({2.0**i for i in range(16)} & set(work.tolist()))
+    kv_lens = sorted(set(s.tolist()))
     values: list[float] = []
-    for bi in batches:
-        row = [eff[keep & (b == bi) & (s == si)] for si in kv_lens]
+    for level in levels:
+        row = [eff[(work == level) & (s == si)] for si in kv_lens]
         known = [(si, float(median(r))) for si, r in zip(kv_lens, row, strict=True) if len(r)]
-        for si in kv_lens:  # holes take the nearest measured context of the same batch
+        for si in kv_lens:  # holes take the nearest measured context of the same level
             values.append(min(known, key=lambda p: abs(math.log(p[0] / si)))[1])
-    return [float(x) for x in batches], [float(x) for x in kv_lens], values
+    return levels, [float(x) for x in kv_lens], values
 
 
 def fit_all_reduce(rows: Any, device: DeviceSpec) -> tuple[list[int], list[float], list[float]]:
@@ -317,7 +324,7 @@ def fit_calibration(source: Any, device: DeviceSpec, *, note: str = "") -> Calib
     seq_lens, prefill_eff = fit_prefill(
         read_table(attention / "context_attention_perf.parquet"), device
     )
-    batches, kv_lens, decode_eff = fit_decode(
+    parallelism, kv_lens, decode_eff = fit_decode(
         read_table(attention / "generation_attention_perf.parquet"), device
     )
     collective: tuple[list[int], list[float], list[float]] = ([], [], [])
@@ -334,7 +341,7 @@ def fit_calibration(source: Any, device: DeviceSpec, *, note: str = "") -> Calib
         memory_latency_s=round(memory_latency, 9),
         prefill_seq_lens=tuple(seq_lens),
         prefill_efficiency=tuple(round(v, 4) for v in prefill_eff),
-        decode_batch_sizes=tuple(batches),
+        decode_parallelism=tuple(parallelism),
         decode_kv_lens=tuple(kv_lens),
         decode_efficiency=tuple(round(v, 4) for v in decode_eff),
         all_reduce_gpus=tuple(collective[0]),

@@ -111,6 +111,7 @@ class _Sizes:
     kv: int
     i: int
     vocab: int
+    head_dim: int
     w: float  # bytes per weight
     a: float  # bytes per activation
     c: float  # bytes per KV value
@@ -123,6 +124,7 @@ def _sizes(model: ModelSpec, tp: int, weight_bytes: float, kv_bytes: float) -> _
         kv=math.ceil(model.num_kv_heads / tp) * model.head_dim,
         i=model.intermediate_size // tp,
         vocab=math.ceil(model.vocab_size / tp),
+        head_dim=model.head_dim,
         w=weight_bytes,
         a=2.0,  # activations stay in 16 bits even with 8- or 4-bit weights
         c=kv_bytes,
@@ -178,7 +180,8 @@ def _gemm(b: _Builder, name: str, k: int, n: int, s: _Sizes, feature: str = "num
             flops = 2.0 * m * k * n
             moved = k * n * s.w + m * (k + n) * s.a
             roofline = max(flops / b.flops_per_s, moved / b.bytes_per_s)
-            return roofline / curve_value(c.gemm_tokens, c.gemm_efficiency, m)
+            efficiency = curve_value(c.gemm_tokens, c.gemm_efficiency, m)
+            return roofline / efficiency + c.memory_latency_s
 
         table = grids.token_table(feature, seconds, 2.0**17, c.gemm_tokens)
         b.table(
@@ -199,9 +202,11 @@ def _calibrated_attention(b: _Builder, c: Calibration, s: _Sizes) -> None:
         roofline = prefill_roofline_s(device, batch, seq, prefix, s.q, s.kv, s.c)
         return roofline / curve_value(c.prefill_seq_lens, c.prefill_efficiency, seq + prefix)
 
+    kv_heads = s.kv / s.head_dim
+
     def decode(batch: float, keys: float) -> float:
         roofline = decode_roofline_s(device, batch, keys, s.q, s.kv, s.c)
-        return roofline / decode_efficiency(c, batch, keys)
+        return roofline / decode_efficiency(c, batch * kv_heads, keys)
 
     b.table("attn_prefill", grids.prefill_attention_table(prefill), gate="num_prefill_tokens")
     b.table("attn_decode", grids.decode_attention_table(decode), gate="num_decode_tokens")
@@ -255,7 +260,8 @@ def _expert_gemm(b: _Builder, model: ModelSpec, s: _Sizes, name: str, k: int, n:
             moved = hit * k * n * s.w + rows * (k + n) * s.a
             roofline = max(flops / b.flops_per_s, moved / b.bytes_per_s)
             # Each expert runs its own GEMM of rows / hit rows.
-            return roofline / curve_value(c.gemm_tokens, c.gemm_efficiency, rows / hit)
+            efficiency = curve_value(c.gemm_tokens, c.gemm_efficiency, rows / hit)
+            return roofline / efficiency + c.memory_latency_s
 
         b.table(name, grids.token_table("num_tokens", calibrated, 2.0**17), gate="num_tokens")
         return
@@ -378,6 +384,12 @@ def roofline_predictor(
         flops={"num_tokens": 3.0 * (s.q + s.kv)},
         bytes={"num_tokens": 2.0 * (s.q + s.kv) * s.a},
     )
+    if model.qk_norm:  # Qwen3: an RMSNorm over each query and key head
+        b.add(
+            "qk_norm",
+            flops={"num_tokens": 4.0 * (s.q + s.kv)},
+            bytes={"one": 2.0 * s.head_dim * s.w, "num_tokens": 2.0 * (s.q + s.kv) * s.a},
+        )
     _attention(b, s)
     _gemm(b, "o_proj", s.q, s.h, s)
     _norm(b, "post_attn_norm", s)

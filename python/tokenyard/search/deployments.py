@@ -91,7 +91,7 @@ def _check_layout(config: SimulationConfig) -> None:
 
     load_catalog_files(config)
     replica = config.replica
-    model = model_spec(replica.model)
+    model = model_spec(config.model_name())
     device_spec(replica.device)
     model.check_layout(replica.tensor_parallel_size, replica.num_pipeline_stages)
 

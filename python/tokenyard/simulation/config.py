@@ -431,6 +431,14 @@ class SimulationConfig:
         unset); absolute names stay as they are."""
         return (Path(self.base_dir) if self.base_dir else Path.cwd()) / name
 
+    def model_name(self) -> str:
+        """``replica.model``, with a relative ``config.json`` path taken from ``base_dir``
+        (like every other file the config names)."""
+        name = self.replica.model
+        if name.endswith(".json") and not Path(name).is_absolute() and self.base_dir:
+            return str(self.path(name))
+        return name
+
     def __post_init__(self) -> None:
         _at_least("seed", self.seed, 0)
         self.cluster.check("cluster")

@@ -130,7 +130,7 @@ def choose_execution(config: SimulationConfig) -> ExecutionChoice:
 def _build_measured(config: SimulationConfig, source: MeasuredSource) -> CompiledPredictor:
     replica = config.replica
     return _cached_measured(
-        model(replica.model, field="replica.model"),
+        model(config.model_name(), field="replica.model"),
         device(replica.device, field="replica.device"),
         source,
         replica.tensor_parallel_size,
@@ -177,7 +177,7 @@ def build_predictor(
         return _build_measured(config, choice.source)
     if choice.kind not in ("roofline", "profiled"):
         return None
-    spec = model(replica.model, field="replica.model")
+    spec = model(config.model_name(), field="replica.model")
     gpu = device(replica.device, field="replica.device")
     weight_bytes, kv_bytes = dtype_bytes(replica.dtype, replica.kv_cache_dtype)
     roofline = roofline_predictor(

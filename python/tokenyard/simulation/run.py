@@ -139,7 +139,7 @@ def plan_for(config: SimulationConfig) -> MemoryPlan:
     load_catalog_files(config)
     replica = config.replica
     return plan_memory(
-        model_spec(replica.model),
+        model_spec(config.model_name()),
         device_spec(replica.device),
         tensor_parallel_size=replica.tensor_parallel_size,
         num_pipeline_stages=replica.num_pipeline_stages,

@@ -47,12 +47,14 @@ SYSTEM_OF_DEVICE: Mapping[str, str] = {
 
 
 def package_root() -> Path | None:
-    """The data root inside the installed ``aiconfigurator_core`` package, or None."""
-    try:
-        import aiconfigurator_core
-    except ImportError:
+    """The data root inside the installed ``aiconfigurator_core`` package, or None. The
+    package is located, not imported: only its data files are read."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("aiconfigurator_core")
+    if spec is None or not spec.submodule_search_locations:
         return None
-    root = Path(aiconfigurator_core.__file__).parent / "systems" / "data"
+    root = Path(next(iter(spec.submodule_search_locations))) / "systems" / "data"
     return root if root.is_dir() else None
 
 

@@ -1,0 +1,263 @@
+"""Hugging Face ``config.json`` files as catalog models, and the configs bundled with
+``aiconfigurator-core`` (the ``tokenyard[measured]`` extra), found by repo id.
+
+``config_path`` says which file a model name stands for; ``model_from_config`` reads one
+into a ``ModelSpec``. Invariant: a config loads only if its architecture is one of
+``SUPPORTED_ARCHITECTURES``, every layer has full attention and every MoE layer routed
+experts only; anything else is a ConfigError naming the file and the key that makes it a
+model tokenyard does not simulate.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from tokenyard.catalog.specs import ModelSpec
+from tokenyard.errors import ConfigError
+
+__all__ = ["SUPPORTED_ARCHITECTURES", "bundled_model_names", "config_path", "model_from_config"]
+
+
+class _Family(NamedTuple):
+    """What one architecture's config does not say in keys."""
+
+    model_type: str
+    attention_bias: bool | None = None  # None: the config's attention_bias (default false)
+    qk_norm: bool = False
+    experts_key: str = ""  # the number of routed experts; "" for a dense model
+    intermediate_key: str = "intermediate_size"  # per expert for a MoE
+
+
+_FAMILIES: dict[str, _Family] = {
+    "LlamaForCausalLM": _Family("llama"),
+    "MistralForCausalLM": _Family("mistral"),
+    "Qwen2ForCausalLM": _Family("qwen2", attention_bias=True),
+    "Qwen3ForCausalLM": _Family("qwen3", qk_norm=True),
+    "MixtralForCausalLM": _Family("mixtral", experts_key="num_local_experts"),
+    "Qwen2MoeForCausalLM": _Family(
+        "qwen2_moe",
+        attention_bias=True,
+        experts_key="num_experts",
+        intermediate_key="moe_intermediate_size",
+    ),
+    "Qwen3MoeForCausalLM": _Family(
+        "qwen3_moe",
+        qk_norm=True,
+        experts_key="num_experts",
+        intermediate_key="moe_intermediate_size",
+    ),
+}
+_BY_MODEL_TYPE = {family.model_type: family for family in _FAMILIES.values()}
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_FAMILIES)
+
+_HYBRID_MODEL_TYPES = ("nemotron_h", "mamba", "qwen3_next")
+# Qwen2-MoE/Qwen3-MoE layout keys: the values that leave every layer with routed experts only.
+_MOE_LAYOUT: dict[str, tuple[tuple[Any, ...], str]] = {
+    "shared_expert_intermediate_size": ((None, 0), "shared experts are not modelled"),
+    "decoder_sparse_step": ((None, 1), "dense layers between MoE layers are not modelled"),
+    "mlp_only_layers": ((None, []), "dense layers in a MoE are not modelled"),
+}
+# ModelSpec's field -> the config key, for the checks only ModelSpec makes.
+_CONFIG_KEYS = {"num_kv_heads": "num_key_value_heads", "experts_per_token": "num_experts_per_tok"}
+
+
+def _bad(key: str, problem: str) -> ConfigError:
+    """An error about one key; ``model_from_config`` adds the caller's field and the file."""
+    return ConfigError(f"{key}: {problem}", field=key)
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        raw = json.loads(path.read_bytes())
+    except ValueError as exc:
+        raise ConfigError(f"not a JSON file ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"must be a JSON object (a config.json), got {type(raw).__name__}")
+    return raw
+
+
+def _attention_refusal(raw: dict[str, Any], cfg: dict[str, Any]) -> ConfigError | None:
+    """Why the model's attention is not the full GQA tokenyard models, if it is not."""
+    for key in ("kv_lora_rank", "q_lora_rank"):
+        if cfg.get(key) is not None:
+            why = "multi-head latent attention (MLA: DeepSeek-V2/V3/R1, Kimi-K2) is not modelled"
+            return _bad(key, f"{why}, got {cfg[key]!r}")
+    for model_type in (str(raw.get("model_type", "")), str(cfg.get("model_type", ""))):
+        if any(kind in model_type for kind in _HYBRID_MODEL_TYPES):
+            why = "linear-attention and Mamba hybrids are not modelled"
+            return _bad("model_type", f"{why}, got {model_type!r}")
+    if "hybrid_override_pattern" in cfg:
+        return _bad("hybrid_override_pattern", "Mamba/attention hybrids are not modelled")
+    layer_types = cfg.get("layer_types")
+    if layer_types is not None:
+        listed = layer_types if isinstance(layer_types, list) else [layer_types]
+        kinds = sorted({str(kind) for kind in listed} - {"full_attention"})
+        if kinds:
+            why = "layers without full attention (sliding-window, linear, sparse) are not modelled"
+            return _bad("layer_types", f"{why}, got layers of kind {', '.join(kinds)}")
+    window, context = cfg.get("sliding_window"), cfg.get("max_position_embeddings")
+    covers_context = isinstance(window, int) and isinstance(context, int) and window >= context
+    # Mistral applies sliding_window whenever it is set; Qwen2/3 only with use_sliding_window.
+    if window is not None and cfg.get("use_sliding_window") is not False and not covers_context:
+        why = "sliding-window attention is not modelled (every token's KV is kept)"
+        return _bad("sliding_window", f"{why}, got {window!r}")
+    return None
+
+
+def _moe_refusal(cfg: dict[str, Any]) -> ConfigError | None:
+    """Why the model has layers other than routed experts, if it has."""
+    for key, (harmless, why) in _MOE_LAYOUT.items():
+        if cfg.get(key) not in harmless:
+            return _bad(key, f"{why}, got {cfg[key]!r}")
+    return None
+
+
+def _family(raw: dict[str, Any]) -> _Family:
+    supported = f"tokenyard reads {', '.join(_FAMILIES)}"
+    architectures = raw.get("architectures")
+    if architectures is None:  # older configs: the model_type says it
+        family = _BY_MODEL_TYPE.get(str(raw.get("model_type")))
+        if family is None:
+            problem = f"no architectures key and an unsupported model_type; {supported}"
+            raise _bad("model_type", f"{problem}, got {raw.get('model_type')!r}")
+        return family
+    if not isinstance(architectures, list) or not architectures:
+        raise _bad("architectures", f"must be a non-empty list, got {architectures!r}")
+    for architecture in architectures:
+        if architecture not in _FAMILIES:
+            raise _bad("architectures", f"unsupported {architecture!r}; {supported}")
+    return _FAMILIES[architectures[0]]
+
+
+def _count(cfg: dict[str, Any], key: str, default: int | None = None) -> int:
+    value = cfg.get(key)
+    if value is None and default is not None:
+        return default
+    if value is None:
+        raise _bad(key, "missing (required)")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _bad(key, f"must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _flag(cfg: dict[str, Any], key: str) -> bool:
+    value = cfg.get(key, False)
+    if not isinstance(value, bool):
+        raise _bad(key, f"must be true or false, got {value!r}")
+    return value
+
+
+def _spec(cfg: dict[str, Any], family: _Family, name: str, source: str) -> ModelSpec:
+    heads, hidden = _count(cfg, "num_attention_heads"), _count(cfg, "hidden_size")
+    moe = bool(family.experts_key)
+    bias = family.attention_bias
+    kwargs: dict[str, Any] = {
+        "num_layers": _count(cfg, "num_hidden_layers"),
+        "hidden_size": hidden,
+        "num_heads": heads,
+        "num_kv_heads": _count(cfg, "num_key_value_heads", heads),
+        "head_dim": _count(cfg, "head_dim", hidden // heads or None),
+        "intermediate_size": _count(cfg, family.intermediate_key),
+        "vocab_size": _count(cfg, "vocab_size"),
+        "tied_embeddings": _flag(cfg, "tie_word_embeddings"),
+        "attention_bias": _flag(cfg, "attention_bias") if bias is None else bias,
+        "qk_norm": family.qk_norm,
+        "num_experts": _count(cfg, family.experts_key) if moe else 1,
+        "experts_per_token": _count(cfg, "num_experts_per_tok") if moe else 1,
+    }
+    try:
+        return ModelSpec(name=name, source=source, **kwargs)
+    except ConfigError as exc:  # a check between keys, e.g. kv heads that divide no heads
+        spec_field = (exc.field or "").rsplit(".", 1)[-1]
+        problem = exc.message.removeprefix(f"{exc.field}: ")
+        raise _bad(_CONFIG_KEYS.get(spec_field, spec_field), problem) from None
+
+
+@functools.lru_cache(maxsize=256)
+def _load(path: Path, mtime_ns: int, name: str) -> ModelSpec:
+    """``path`` parsed once per name and modification time (an edited file is re-read)."""
+    raw = _read(path)
+    text = raw.get("text_config")
+    cfg = {**raw, **text} if isinstance(text, dict) else raw  # vision-language wrappers
+    refusal = _attention_refusal(raw, cfg)
+    if refusal is not None:
+        raise refusal
+    family = _family(raw)
+    refusal = _moe_refusal(cfg)
+    if refusal is not None:
+        raise refusal
+    return _spec(cfg, family, name, str(path))
+
+
+def model_from_config(
+    path: str | Path, *, name: str | None = None, field: str = "model"
+) -> ModelSpec:
+    """The ``ModelSpec`` of a Hugging Face ``config.json`` (or one nesting the decoder
+    under ``text_config``).
+
+    Args:
+        path: the file; ``~`` is expanded and a relative path is from the working directory.
+        name: the spec's name; default the absolute path. ``source`` is the absolute path.
+        field: the caller's config key, for errors (e.g. ``replica.model``).
+
+    Raises:
+        ConfigError: unreadable or not JSON, an unsupported architecture, attention or MoE
+            layout (MLA, sliding window, linear or Mamba layers, shared experts), or a
+            missing or bad key; ``field`` is ``field`` and the message names the file and
+            the key.
+    """
+    path = Path(path).expanduser().resolve()
+    name = str(path) if name is None else name
+    try:
+        return _load(path, path.stat().st_mtime_ns, name)
+    except OSError as exc:
+        problem = f"cannot read ({exc.strerror})"
+    except ConfigError as exc:
+        problem = exc.message
+    raise ConfigError(f"{field}: {path}: {problem}", field=field, value=repr(name))
+
+
+def _bundled_dir() -> Path | None:
+    try:
+        import aiconfigurator_core
+    except ImportError:
+        return None
+    directory = Path(aiconfigurator_core.__file__).parent / "model_configs"
+    return directory if directory.is_dir() else None
+
+
+@functools.lru_cache(maxsize=4)
+def _bundled_index(directory: Path) -> dict[str, Path]:
+    """Repo id -> file: ``meta-llama--Llama-3.1-8B_config.json`` is
+    ``meta-llama/Llama-3.1-8B``. The ``*_hf_quant_config.json`` files are a checkpoint's
+    quantisation settings, not a model."""
+    return {
+        path.name.removesuffix("_config.json").replace("--", "/", 1): path
+        for path in sorted(directory.glob("*_config.json"))
+        if not path.name.endswith("_hf_quant_config.json")
+    }
+
+
+def _bundled() -> dict[str, Path]:
+    directory = _bundled_dir()
+    return {} if directory is None else _bundled_index(directory)
+
+
+def bundled_model_names() -> list[str]:
+    """The Hugging Face repo ids whose ``config.json`` ``aiconfigurator-core`` bundles
+    (``meta-llama/Meta-Llama-3.1-8B``, ...), sorted; empty without the package. Each is a
+    model name for ``catalog.model``, though some are refused (see ``model_from_config``).
+    """
+    return sorted(_bundled())
+
+
+def config_path(name: str) -> Path | None:
+    """The config file the model name ``name`` stands for: ``name`` itself if it ends with
+    ``.json`` or is a file, else the bundled config whose repo id it is; None if neither."""
+    path = Path(name).expanduser()
+    if name.endswith(".json") or path.is_file():
+        return path
+    return _bundled().get(name)

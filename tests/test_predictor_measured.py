@@ -341,19 +341,27 @@ def test_a_simulation_names_its_tables_and_every_op_source(tables: Path) -> None
     assert execution["op_sources"]["attn_prefill"] == "measured:attention (0.2.0)"
 
 
-def test_auto_falls_back_to_the_calibrated_roofline_and_says_why(tables: Path) -> None:
+def test_auto_falls_back_to_the_calibrated_roofline_and_says_why() -> None:
+    config = config_from_mapping({"replica": {"model": "llama-3.1-8b", "device": "a10g"}})
+    choice = choose_execution(config)
+    assert choice.kind == "roofline"
+    reasons = ("no measured system is known for 'a10g'", "measured tables are not installed")
+    assert any(reason in choice.reason for reason in reasons)
+    assert choice.calibration is not None
+    assert choice.calibration.proxy_for == "l40s"
+    assert choice.label() == "roofline calibrated to measured tables (curves of l40s)"
+
+
+def test_auto_with_tables_named_refuses_to_fall_back(tables: Path) -> None:
     config = config_from_mapping(
         {
             "replica": {"model": "llama-3.1-8b", "device": "a10g"},
             "execution": {"measured": {"data_dir": str(tables)}},
         }
     )
-    choice = choose_execution(config)
-    assert choice.kind == "roofline"
-    assert "no measured system is known for 'a10g'" in choice.reason
-    assert choice.calibration is not None
-    assert choice.calibration.proxy_for == "l40s"
-    assert choice.label() == "roofline calibrated to measured tables (curves of l40s)"
+    with pytest.raises(ConfigError, match="no measured system is known for 'a10g'") as err:
+        choose_execution(config)
+    assert err.value.field == "replica.device"
 
 
 @pytest.mark.parametrize(

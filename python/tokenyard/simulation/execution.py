@@ -121,8 +121,8 @@ def choose_execution(config: SimulationConfig) -> ExecutionChoice:
         source = _measured_source(config, spec)
         _build_measured(config, source)  # coverage of the model and dtypes
     except ConfigError as exc:
-        if kind == "measured":
-            raise
+        if kind == "measured" or config.execution.measured is not None:
+            raise  # tables were asked for by name: not having them is an error, not a fallback
         return ExecutionChoice("roofline", calibration=calibration, reason=str(exc))
     return ExecutionChoice("measured", source=source)
 

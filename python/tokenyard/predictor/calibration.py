@@ -193,18 +193,28 @@ def _gemm_roofline_s(device: DeviceSpec, m: np.ndarray, n: np.ndarray, k: np.nda
 
 
 def fit_gemm(rows: Any, device: DeviceSpec) -> tuple[list[float], list[float], float, float]:
-    """``(memory efficiency, launch latency)`` from the weight-bound GEMMs (``m <= 16``),
-    then ``(tokens, efficiency)`` over the measured ``m`` grid: the median over model-sized
-    ``n x k`` of roofline / (measured - latency), so that a GEMM costs ``roofline /
-    efficiency(m) + latency`` and small matrices keep their fixed cost apart."""
+    """GEMM and memory-bound curves from the measured GEMMs.
+
+    The launch latency is the median time of the tiny GEMMs (at most 16 x 256 x 256: no
+    work to speak of, so what is left is a kernel's fixed cost); the memory efficiency,
+    the median bandwidth fraction of the weight-bound GEMMs (at most 16 rows, model-sized
+    ``n x k``) once that latency is taken off. The GEMM curve is, per measured ``m``, the
+    median over model-sized ``n x k`` of roofline / (measured - latency), so a GEMM costs
+    ``roofline / efficiency(m) + latency``.
+    """
     m, n, k, t = (rows.col(c) for c in ("m", "n", "k", "latency_s"))
     sized = (n >= 1024) & (k >= 1024) & (n <= 32768) & (k <= 32768)
-    small = sized & (m <= 16)
+    tiny = (m <= 16) & (n <= 256) & (k <= 256)
     moved = 2.0 * (m * k + k * n + m * n)
-    slope, intercept = np.polyfit(moved[small], t[small], 1)
-    memory_efficiency = 1.0 / (float(slope) * device.memory_bandwidth_gbps * 1e9)
-    latency = max(0.0, float(intercept))
+    if tiny.any():
+        latency = float(median(t[tiny]))
+    else:  # no tiny shapes: the intercept of time against bytes for the weight-bound ones
+        small = sized & (m <= 16)
+        latency = max(0.0, float(np.polyfit(moved[small], t[small], 1)[1]))
     busy = np.maximum(t - latency, 0.05 * t)
+    weight_bound = sized & (m <= 16)
+    bandwidth = device.memory_bandwidth_gbps * 1e9
+    memory_efficiency = float(median(moved[weight_bound] / bandwidth / busy[weight_bound]))
     efficiency = _gemm_roofline_s(device, m, n, k) / busy
     powers = {float(2**i) for i in range(16)}
     grid = sorted(powers & set(m[sized].tolist()))
@@ -298,20 +308,45 @@ def fit_decode(rows: Any, device: DeviceSpec) -> tuple[list[float], list[float],
     return levels, [float(x) for x in kv_lens], values
 
 
-def fit_all_reduce(rows: Any, device: DeviceSpec) -> tuple[list[int], list[float], list[float]]:
-    rows = rows.where(op_name="all_reduce")
-    if rows.has("nccl_dtype"):
-        rows = rows.where(nccl_dtype="half")
+def fit_all_reduce(
+    rows: Any, device: DeviceSpec, *, dtype_column: str, dtype: str
+) -> tuple[list[int], list[float], list[float]]:
+    """Per GPU count, ``time = latency + ring bytes / (link x efficiency)`` by least squares
+    (relative) over an all-reduce table: the framework's custom all-reduce (its CUDA-graph rows, how
+    serving steps run) or NCCL's."""
+    if rows.has("op_name"):
+        rows = rows.where(op_name="all_reduce")
+    rows = rows.where(**{dtype_column: dtype})
+    if rows.has("kernel_source"):
+        graph = [s for s in rows.values("kernel_source") if "graph" in str(s)]
+        if graph:
+            rows = rows.where(kernel_source=graph[0])
     link = device.interconnect_gbps / 2 * 1e9
     gpus_out, latency_out, eff_out = [], [], []
     for gpus in rows.values("num_gpus"):
         sub = rows.where(num_gpus=gpus)
         moved = 2.0 * (gpus - 1) / gpus * sub.col("message_size") * 2.0
-        slope, intercept = np.polyfit(moved, sub.col("latency_s"), 1)
+        seconds = sub.col("latency_s")
+        # Weighted for relative error: sizes span six decades, and small messages (the
+        # decode steps') must not be lost to the large ones' absolute residuals.
+        slope, intercept = np.polyfit(moved, seconds, 1, w=1.0 / seconds)
         gpus_out.append(int(gpus))
         latency_out.append(max(0.0, float(intercept)))
-        eff_out.append(min(1.5, 1.0 / (float(slope) * link)))
+        eff_out.append(min(MAX_EFFICIENCY, 1.0 / (float(slope) * link)))
     return gpus_out, latency_out, eff_out
+
+
+def _fit_collectives(source: Any, device: DeviceSpec) -> tuple[list[int], list[float], list[float]]:
+    from tokenyard.predictor.measured.tables import read_table
+
+    custom = source.folders.get("comm")
+    if custom is not None and (custom / "custom_allreduce_perf.parquet").is_file():
+        rows = read_table(custom / "custom_allreduce_perf.parquet")
+        return fit_all_reduce(rows, device, dtype_column="allreduce_dtype", dtype="bfloat16")
+    if "nccl" in source.folders:
+        rows = read_table(source.folders["nccl"] / "nccl_perf.parquet")
+        return fit_all_reduce(rows, device, dtype_column="nccl_dtype", dtype="half")
+    return [], [], []
 
 
 def fit_calibration(source: Any, device: DeviceSpec, *, note: str = "") -> Calibration:
@@ -327,11 +362,7 @@ def fit_calibration(source: Any, device: DeviceSpec, *, note: str = "") -> Calib
     parallelism, kv_lens, decode_eff = fit_decode(
         read_table(attention / "generation_attention_perf.parquet"), device
     )
-    collective: tuple[list[int], list[float], list[float]] = ([], [], [])
-    if "nccl" in source.folders:
-        collective = fit_all_reduce(
-            read_table(source.folders["nccl"] / "nccl_perf.parquet"), device
-        )
+    collective = _fit_collectives(source, device)
     return Calibration(
         device=device.name,
         source=f"fitted to {source.describe()} tables{note}",

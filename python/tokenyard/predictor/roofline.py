@@ -26,7 +26,7 @@ operation               FLOPs                           bytes moved
 ======================  ==============================  ====================================
 
 ``w``, ``a``, ``c``: bytes per weight, activation and KV value. Once per replica: the
-``embedding`` (first stage), ``lm_head`` (last stage: one row per request) and
+``embedding`` (first stage; with TP, an all-reduce of its ``hTa`` bytes), ``lm_head`` (last stage: one row per request) and
 ``send_recv`` of ``hTa`` bytes between pipeline stages. Prefill attention counts only the
 chunk's own Q, K, V and output as traffic: it is compute-bound, and the cached prefix is
 read once per query tile, which a roofline cannot see. A MoE layer reads the weights of
@@ -325,6 +325,10 @@ def _communication(b: _Builder, device: DeviceSpec, s: _Sizes, tp: int, pp: int)
         )
         source = "calibrated" if fitted is not None else "roofline"
         b.ops.append(CompiledOp("all_reduce", "layer", "num_tokens", cost, 2.0, source))
+        # The vocabulary-parallel embedding sums its shards' rows once per step.
+        b.ops.append(
+            CompiledOp("embedding_all_reduce", "first_stage", "num_tokens", cost, 1.0, source)
+        )
     if pp > 1:
         cost = RooflineCost(
             flops={},

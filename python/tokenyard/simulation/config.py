@@ -283,6 +283,9 @@ class MeasuredConfig:
     framework: str = ""
     version: str = "latest"
     data_dir: str | None = None
+    #: MoE models: the measured expert routing (``balanced``, ``power_law_1.01``,
+    #: ``power_law_1.2``); real traffic loads experts unevenly.
+    moe_distribution: str = "power_law_1.2"
 
     def check(self, where: str) -> None:
         if self.framework and self.framework not in MEASURED_FRAMEWORKS:

@@ -138,6 +138,7 @@ def _build_measured(config: SimulationConfig, source: MeasuredSource) -> Compile
         replica.dtype,
         _resolve_kv_dtype(replica.dtype, replica.kv_cache_dtype),
         config.execution.cpu,
+        (config.execution.measured or MeasuredConfig()).moe_distribution,
     )
 
 
@@ -151,6 +152,7 @@ def _cached_measured(
     dtype: str,
     kv_dtype: str,
     cpu: Any,
+    moe_distribution: str,
 ) -> CompiledPredictor:
     weight_bytes, kv_bytes = dtype_bytes(dtype, kv_dtype)
     return measured_predictor(
@@ -164,6 +166,7 @@ def _cached_measured(
         weight_bytes=weight_bytes,
         kv_bytes=kv_bytes,
         cpu=cpu,
+        moe_distribution=moe_distribution,
     )
 
 

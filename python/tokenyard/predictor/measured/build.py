@@ -101,12 +101,14 @@ def _gemm_table(gemm: GemmTimes, n: int, k: int, feature: str) -> TableCost:
 
 def _prefill_seconds(context: AttentionTimes) -> Callable[[float, float, float], float]:
     def seconds(batch: float, seq: float, prefix: float) -> float:
+        alone = context(batch, seq)
         if prefix <= 0.0:
-            return context(batch, seq)
+            return alone
         # A chunk over a cached prefix: the whole sequence's causal attention, less the
-        # prefix's share of the query-key pairs.
+        # prefix's share of the query-key pairs; never less than the chunk alone (a short
+        # chunk is launch-bound, and more keys do not make it faster).
         full = seq + prefix
-        return context(batch, full) * (full * full - prefix * prefix) / (full * full)
+        return max(alone, context(batch, full) * (full * full - prefix * prefix) / (full * full))
 
     return seconds
 
@@ -118,6 +120,7 @@ def _measured_ops(
     tp: int,
     weight_dtype: str,
     kv_dtype: str,
+    moe_distribution: str,
 ) -> dict[str, tuple[TableCost | None, str, str]]:
     """Operation name -> (table, source label, reason it is absent); ``None`` tables keep
     the roofline."""
@@ -135,10 +138,10 @@ def _measured_ops(
         out["down_proj"] = (_gemm_table(gemm, s.h, s.i, "num_tokens"), label, "")
     else:
         out["router"] = (_gemm_table(gemm, model.num_experts, s.h, "num_tokens"), label, "")
-        out["moe_experts"] = _moe_op(source, model, tp, dtype)
+        out["moe_experts"] = _moe_op(source, model, tp, dtype, moe_distribution)
     out.update(_attention_ops(source, s, kv_dtype))
     if tp > 1:
-        out["all_reduce"] = _all_reduce_op(source, s, tp)
+        out["all_reduce"] = out["embedding_all_reduce"] = _all_reduce_op(source, s, tp)
     return out
 
 
@@ -200,7 +203,7 @@ def _all_reduce_table(times: CollectiveTimes, hidden: int) -> TableCost:
 
 
 def _moe_op(
-    source: MeasuredSource, model: ModelSpec, tp: int, dtype: str
+    source: MeasuredSource, model: ModelSpec, tp: int, dtype: str, distribution: str
 ) -> tuple[TableCost | None, str, str]:
     path = source.folders.get("moe")
     if path is None or not (path / "moe_perf.parquet").is_file():
@@ -214,6 +217,7 @@ def _moe_op(
             topk=model.experts_per_token,
             num_experts=model.num_experts,
             tensor_parallel_size=tp,
+            distribution=distribution,
         )
     except ProfileError as exc:
         return None, "calibrated", str(exc)
@@ -234,6 +238,7 @@ def measured_predictor(
     kv_bytes: float = 2.0,
     cpu: CpuOverheads | None = None,
     calibration: Calibration | None = None,
+    moe_distribution: str = "power_law_1.2",
 ) -> CompiledPredictor:
     """``model`` on ``device`` priced from ``source``'s tables, compiled for Rust.
 
@@ -258,7 +263,9 @@ def measured_predictor(
         cpu=cpu,
         calibration=calibration,
     )
-    measured = _measured_ops(source, model, _shapes(model, tp), tp, weight_dtype, kv_cache_dtype)
+    measured = _measured_ops(
+        source, model, _shapes(model, tp), tp, weight_dtype, kv_cache_dtype, moe_distribution
+    )
     ops: list[CompiledOp] = []
     notes: dict[str, str] = {}
     for op in base.ops:

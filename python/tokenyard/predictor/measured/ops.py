@@ -5,7 +5,8 @@ dtype, head layout, TP degree) and answers "how long does this shape take" by ne
 log-log interpolation (``interpolate.py``) over the measured grid:
 
 - :class:`GemmTimes`: ``[m, k] x [k, n]``: a curve over ``m`` per measured ``(n, k)``, then
-  ``k`` and ``n`` between their neighbours (outside them, time scales with ``n`` and ``k``).
+  ``k`` and ``n`` between their neighbours (above them time scales with ``n`` and ``k``;
+  below them, launch-bound, it holds).
 - :class:`AttentionTimes`: context (``batch_size`` prompts of ``s`` tokens, causal, no
   prefix) or generation (``batch_size`` queries over ``s`` keys each): a curve over the
   batch per ``s`` per head count, then ``s``, then heads. Beyond the longest context, time
@@ -89,9 +90,10 @@ class GemmTimes:
     def __call__(self, m: float, n: float, k: float) -> float:
         def at_n(ni: float) -> float:
             by_k = self._by_n[ni]
-            return between(sorted(by_k), k, lambda kj: by_k[kj](m), below_power=1.0)
+            return between(sorted(by_k), k, lambda kj: by_k[kj](m), below_power=0.0)
 
-        return between(self._n_axis, n, at_n, below_power=1.0)
+        # Below the smallest measured n or k a GEMM is launch-bound: the edge time holds.
+        return between(self._n_axis, n, at_n, below_power=0.0)
 
 
 class AttentionTimes:
@@ -153,7 +155,7 @@ class AttentionTimes:
             s_axis, by_s = self._by_heads[n]
             return between(s_axis, s, lambda sj: by_s[sj](batch_size), above_power=self._s_power)
 
-        return between(self._heads_axis, self.num_heads, at_heads, below_power=1.0)
+        return between(self._heads_axis, self.num_heads, at_heads, below_power=0.0)
 
     @property
     def s_range(self) -> tuple[float, float]:
@@ -184,7 +186,9 @@ class CollectiveTimes:
 
 
 class MoeTimes:
-    """One layer's MoE experts (``moe_perf``) by the number of tokens routed in."""
+    """One layer's MoE experts (``moe_perf``) by the number of tokens routed in, under one
+    measured routing: ``balanced`` experts, or a ``power_law_<alpha>`` skew (real traffic
+    loads experts unevenly; aiconfigurator's default is ``power_law_1.2``)."""
 
     def __init__(
         self,
@@ -196,6 +200,7 @@ class MoeTimes:
         topk: int,
         num_experts: int,
         tensor_parallel_size: int,
+        distribution: str = "power_law_1.2",
     ):
         picked = rows.where(
             moe_dtype=dtype,
@@ -205,9 +210,11 @@ class MoeTimes:
             num_experts=num_experts,
             moe_tp_size=tensor_parallel_size,
             moe_ep_size=1,
-            distribution="balanced",
         )
-        picked = main_kernel(picked)
+        measured = picked.values("distribution")
+        if measured and distribution not in measured:
+            raise _no_rows(rows, f"the {distribution!r} routing", f"routings {measured}")
+        picked = main_kernel(picked.where(distribution=distribution))
         if len(picked) == 0:
             raise _no_rows(
                 rows,

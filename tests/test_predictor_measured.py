@@ -219,16 +219,16 @@ increasing_points = st.lists(
 
 
 @settings(max_examples=200, deadline=None)
-@given(xs=increasing_points, data=st.data())
+@given(xs=increasing_points, data=st.data(), log_log=st.booleans())
 def test_a_curve_is_exact_at_its_points_positive_and_monotone_where_the_data_is(
-    xs: list[float], data: st.DataObject
+    xs: list[float], data: st.DataObject, log_log: bool
 ) -> None:
     steps = data.draw(
         st.lists(st.floats(min_value=0.0, max_value=10.0), min_size=len(xs), max_size=len(xs))
     )
     ys = list(np.cumsum(steps) + 1e-3)  # non-decreasing, positive
     ys = [float(y) for y in ys]
-    curve = Curve(xs, ys, above_power=1.0)
+    curve = Curve(xs, ys, above_power=1.0, log_log=log_log)
     for x, y in zip(xs, ys, strict=True):
         assert curve(x) == y
     probes = sorted(data.draw(st.lists(st.floats(min_value=1e-3, max_value=1e7), max_size=20)))

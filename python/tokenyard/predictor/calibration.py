@@ -13,7 +13,9 @@ each constant by a curve fitted to measured times (``aiconfigurator-core``'s tab
 - ``decode_attention``: fraction of the decode-attention roofline by parallelism (decodes x
   KV heads per GPU, the kernel's independent work items) and keys per decode;
 - ``all_reduce``: per GPU count, a fixed latency and the fraction of the link a ring reaches
-  (least squares over NCCL's measured all-reduces).
+  (least squares over the framework's custom all-reduce, else NCCL's);
+- ``moe``: fraction of the expert GEMMs' roofline by rows per expert hit (median over the
+  measured MoE blocks, under aiconfigurator's default skewed routing).
 
 The built-in fits (``tokenyard/catalog/calibration.toml``) say where they came from;
 ``tokenyard predictor calibrate`` refits them from an installed ``aiconfigurator-core``.
@@ -62,6 +64,10 @@ class Calibration:
     all_reduce_gpus: tuple[int, ...] = ()
     all_reduce_latency_s: tuple[float, ...] = ()
     all_reduce_efficiency: tuple[float, ...] = ()
+    #: MoE expert GEMMs (fused MoE kernels, measured with skewed routing): efficiency by
+    #: rows per expert hit; empty where no MoE table was fitted (the GEMM curve stands in).
+    moe_rows_per_expert: tuple[float, ...] = ()
+    moe_efficiency: tuple[float, ...] = ()
     #: The device whose tables were fitted, when it is not ``device`` itself.
     proxy_for: str = ""
 
@@ -84,6 +90,14 @@ class Calibration:
                     field=f"{where}.{name}",
                     value=repr(list(values)),
                 )
+        moe = (self.moe_rows_per_expert, self.moe_efficiency)
+        if len(moe[0]) != len(moe[1]) or not all(0 < v <= MAX_EFFICIENCY for v in moe[1]):
+            raise ConfigError(
+                f"{where}.moe: one efficiency in (0, {MAX_EFFICIENCY}] per size, got "
+                f"{list(moe[0])} / {list(moe[1])}",
+                field=f"{where}.moe",
+                value=repr(list(moe[1])),
+            )
         if not (0 < self.memory_efficiency <= 1.5 and 0 <= self.memory_latency_s < 1e-3):
             raise ConfigError(
                 f"{where}.memory: efficiency must be in (0, 1.5] and latency in [0, 1 ms), got "
@@ -336,6 +350,50 @@ def fit_all_reduce(
     return gpus_out, latency_out, eff_out
 
 
+def moe_roofline_s(
+    device: DeviceSpec, tokens: float, hidden: float, inter: float, topk: float, experts: float
+) -> tuple[float, float]:
+    """``(seconds, rows per expert hit)`` of a layer's expert GEMMs (gate, up, down) at the
+    roofline, per GPU (``inter`` already divided by TP)."""
+    rows = topk * tokens
+    hit = min(experts, rows)
+    flops = 2.0 * rows * hidden * inter * 3.0
+    moved = 2.0 * (hit * 3.0 * hidden * inter + rows * (2.0 * hidden + 3.0 * inter))
+    peak, bandwidth = device.dense_bf16_tflops * 1e12, device.memory_bandwidth_gbps * 1e9
+    return max(flops / peak, moved / bandwidth), rows / hit
+
+
+def fit_moe(rows: Any, device: DeviceSpec, latency: float) -> tuple[list[float], list[float]]:
+    """Efficiency of bf16 MoE blocks (EP 1, ``power_law_1.2`` routing, else ``balanced``;
+    experts of at least 2048 columns per GPU) by rows per expert, on powers of two."""
+    rows = rows.where(moe_dtype="bfloat16", moe_ep_size=1)
+    for routing in ("power_law_1.2", "balanced"):
+        if routing in rows.values("distribution"):
+            rows = rows.where(distribution=routing)
+            break
+    if len(rows) == 0:
+        return [], []
+    columns = ("num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size")
+    t = rows.col("latency_s")
+    roofline, per_expert = (
+        np.array(values)
+        for values in zip(
+            *(
+                moe_roofline_s(device, tokens, h, inter / tp, k, e)
+                for tokens, h, inter, k, e, tp in zip(*(rows.col(c) for c in columns), strict=True)
+            ),
+            strict=True,
+        )
+    )
+    efficiency = roofline / np.maximum(t - latency, 0.05 * t)
+    level = 2.0 ** np.round(np.log2(per_expert))
+    # Model-sized experts only (at least 2048 columns per GPU): the many-small-expert
+    # shapes of fine-grained MoEs run far below their roofline and would drag the curve.
+    sized = rows.col("inter_size") / rows.col("moe_tp_size") >= 2048
+    grid = sorted(set(level[sized].tolist()))
+    return grid, [float(median(efficiency[sized & (level == g)])) for g in grid]
+
+
 def _fit_collectives(source: Any, device: DeviceSpec) -> tuple[list[int], list[float], list[float]]:
     from tokenyard.predictor.measured.tables import read_table
 
@@ -363,6 +421,10 @@ def fit_calibration(source: Any, device: DeviceSpec, *, note: str = "") -> Calib
         read_table(attention / "generation_attention_perf.parquet"), device
     )
     collective = _fit_collectives(source, device)
+    moe: tuple[list[float], list[float]] = ([], [])
+    if "moe" in source.folders and (source.folders["moe"] / "moe_perf.parquet").is_file():
+        moe_rows = read_table(source.folders["moe"] / "moe_perf.parquet")
+        moe = fit_moe(moe_rows, device, memory_latency)
     return Calibration(
         device=device.name,
         source=f"fitted to {source.describe()} tables{note}",
@@ -378,6 +440,8 @@ def fit_calibration(source: Any, device: DeviceSpec, *, note: str = "") -> Calib
         all_reduce_gpus=tuple(collective[0]),
         all_reduce_latency_s=tuple(round(v, 9) for v in collective[1]),
         all_reduce_efficiency=tuple(round(v, 4) for v in collective[2]),
+        moe_rows_per_expert=tuple(moe[0]),
+        moe_efficiency=tuple(round(v, 4) for v in moe[1]),
     )
 
 

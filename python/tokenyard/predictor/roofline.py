@@ -26,8 +26,9 @@ operation               FLOPs                           bytes moved
 ======================  ==============================  ====================================
 
 ``w``, ``a``, ``c``: bytes per weight, activation and KV value. Once per replica: the
-``embedding`` (first stage; with TP, an all-reduce of its ``hTa`` bytes), ``lm_head`` (last stage: one row per request) and
-``send_recv`` of ``hTa`` bytes between pipeline stages. Prefill attention counts only the
+``embedding`` (first stage; with TP, an all-reduce of its ``hTa`` bytes), ``lm_head``
+(last stage: one row per request) and ``send_recv`` of ``hTa`` bytes between pipeline
+stages. Prefill attention counts only the
 chunk's own Q, K, V and output as traffic: it is compute-bound, and the cached prefix is
 read once per query tile, which a roofline cannot see. A MoE layer reads the weights of
 ``min(experts, top-k x T)`` experts: not linear in ``T``, so its expert GEMMs compile to
@@ -259,8 +260,12 @@ def _expert_gemm(b: _Builder, model: ModelSpec, s: _Sizes, name: str, k: int, n:
             flops = 2.0 * k * n * rows
             moved = hit * k * n * s.w + rows * (k + n) * s.a
             roofline = max(flops / b.flops_per_s, moved / b.bytes_per_s)
-            # Each expert runs its own GEMM of rows / hit rows.
-            efficiency = curve_value(c.gemm_tokens, c.gemm_efficiency, rows / hit)
+            # Each expert runs its own GEMM of rows / hit rows; the fused MoE kernels'
+            # own curve where one was fitted.
+            if c.moe_rows_per_expert:
+                efficiency = curve_value(c.moe_rows_per_expert, c.moe_efficiency, rows / hit)
+            else:
+                efficiency = curve_value(c.gemm_tokens, c.gemm_efficiency, rows / hit)
             return roofline / efficiency + c.memory_latency_s
 
         b.table(name, grids.token_table("num_tokens", calibrated, 2.0**17), gate="num_tokens")

@@ -1,16 +1,24 @@
-"""Interpolation over measured grids, in log-log space.
+"""Interpolation over measured grids.
 
-Operation sizes span decades (a GEMM of 1 to 32,768 rows, contexts of 1 to 131,072 keys) and
-times follow power laws between the measured points, so a curve is piecewise linear in
-``log x`` and ``log y``: exact at the measured points, monotone between two points, never
-negative. Outside the measured range a curve holds its edge value times ``(x / edge) **
-power``, the caller's statement of how the work grows (1 for rows, 2 for causal pairs, 0 to
-hold the edge).
+A grid is read as nested curves: the innermost axis (a GEMM's rows, an attention kernel's
+batch, an all-reduce's message, an MoE block's tokens) is a :class:`Curve` per value of the
+outer axes, over that value's own points, and the outer axes (``n`` and ``k``, keys per
+query, head counts) interpolate between the two neighbouring inner curves with
+:func:`between`. Grids with holes (a collection that skipped the largest batch at the
+longest context) therefore never invent a corner.
 
-Grids with holes (a collection that skipped the largest batch at the longest context) are
-evaluated as nested curves: the inner axis is a curve per outer grid value, over that
-value's own points, and the outer axis interpolates between the two neighbouring inner
-curves.
+Inner curves are piecewise linear in ``x`` and ``y``: along those axes time is affine in the
+work between two measured points (a fixed cost plus rows, batch or bytes), which linear
+interpolation follows exactly, where log-log interpolation of ``a + b x`` bows away from it
+(held out against the tables, linear halves the error of attention and all-reduce curves:
+benches/RESULTS.md). The outer axes span decades with power-law growth between points
+(causal attention grows with the square of the prompt), so :func:`between` interpolates in
+log-log space. Either way a curve is exact at the measured points, monotone between two of
+them, and never negative.
+
+Outside the measured range a curve holds its edge value times ``(x / edge) ** power``, the
+caller's statement of how the work grows (1 for rows, 2 for causal pairs, 0 to hold the
+edge).
 """
 
 from __future__ import annotations
@@ -24,7 +32,8 @@ __all__ = ["Curve", "between"]
 
 
 class Curve:
-    """``y(x)`` through the points ``(xs[i], ys[i])`` (``xs`` strictly increasing, ``ys`` > 0)."""
+    """``y(x)`` through the points ``(xs[i], ys[i])`` (``xs`` strictly increasing, ``ys`` > 0),
+    piecewise linear, or in log-log space with ``log_log``."""
 
     def __init__(
         self,
@@ -33,6 +42,7 @@ class Curve:
         *,
         below_power: float = 0.0,
         above_power: float = 1.0,
+        log_log: bool = False,
     ):
         if not xs or len(xs) != len(ys):
             raise ValueError("a curve needs as many values as points, at least one")
@@ -46,6 +56,7 @@ class Curve:
         self._log_ys = [math.log(y) for y in self.ys]
         self.below_power = below_power
         self.above_power = above_power
+        self.log_log = log_log
 
     def __call__(self, x: float) -> float:
         xs, ys = self.xs, self.ys
@@ -57,6 +68,8 @@ class Curve:
         if xs[j] == x:
             return ys[j]
         i = j - 1
+        if not self.log_log:
+            return ys[i] + (ys[j] - ys[i]) * ((x - xs[i]) / (xs[j] - xs[i]))
         w = (math.log(x) - self._log_xs[i]) / (self._log_xs[j] - self._log_xs[i])
         return math.exp(self._log_ys[i] + (self._log_ys[j] - self._log_ys[i]) * w)
 

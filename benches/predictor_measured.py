@@ -1,0 +1,1170 @@
+"""Fidelity of the measured predictor (issue 13), in four parts.
+
+a. **Interpolation held-out error.** For each operation family of the vLLM tables on
+   H100 and A100 (GEMM, context attention, generation attention, custom all-reduce and
+   NCCL all-reduce, MoE), 20% of the measured points are held out (``--draws`` seeded
+   draws, pooled), the family's ``*Times`` object is rebuilt from the other 80%, and it is
+   scored on the held-out points.
+   Held-out points are drawn only among *interior* points: a point is interior when, on
+   every axis of the nested interpolation, its value lies strictly inside the range that
+   its neighbours span (GEMM: ``m`` inside its ``(n, k)`` curve, ``k`` inside its ``n``,
+   ``n`` inside the table; attention: batch inside its ``(heads, s)`` curve, ``s`` inside
+   its head count, heads inside the slice; all-reduce and MoE: the size or token count
+   inside its curve). Each held-out point is then an interpolation between measured
+   neighbours, never an extrapolation. A point is one distinct shape, scored against the
+   median of its repeated rows, as the ``*Times`` objects read it.
+b. **Step times against aiconfigurator's own estimator** (``aiconfigurator_core``'s
+   ``EngineHandle``, same model, system, framework and table version), for three tokenyard
+   predictors: ``measured``, the calibrated roofline and the datasheet roofline (constant
+   efficiencies). aiconfigurator leaves out host overheads, so tokenyard's GPU time
+   (``stage_time(...)[1]``) is compared. The mapping, established by probing (and
+   re-checked on every run, see ``mapping checks``):
+
+   - decode ``(b, ctx)``: ``predict_decode_latency(b, ctx, 2)`` equals the sum of
+     ``decode_step_per_op(b, ctx - 1, 2)``, whose docstring puts the step at ``s = isl +
+     osl // 2 + 1`` keys: ``ctx + 1`` keys, i.e. ``ctx`` tokens already cached and the new
+     one (tokenyard: ``sum_decode_context = b * ctx``). The LM head runs on ``b`` rows.
+   - prefill ``(b, chunk c, cached prefix p)``: ``predict_prefill_latency(b, p + c, p)``:
+     its ``isl`` counts the cached prefix (GEMMs run ``b * c`` rows), as
+     ``run_static_per_op(batch_size=b, isl=p + c, prefix=p)`` shows.
+   - mixed ``(C prefill tokens, G decodes, prompt I)``: ``mixed_step_latency(C, G, I, 2,
+     0)`` runs the GEMMs on ``C + G`` rows, the LM head on one row, the decodes at ``s = I +
+     2`` keys (context ``I + 1``) and charges the context attention of the *whole* prompt
+     divided by ``ceil(I / C)``, as its docstring says, i.e. the mean over the prompt's
+     chunks. tokenyard is priced the same way: the mean of its step time over the
+     ``I / C`` chunk positions (chunk ``C`` over ``j * C`` cached tokens), ``I`` a multiple
+     of ``C``. With a cached prefix, aiconfigurator still divides by ``ceil(I / C)``, not by
+     the ``ceil((I - p) / C)`` chunks the new tokens need, so mixed steps here use ``p = 0``.
+
+   Steps count where their KV cache fits the GPU next to the weights (80 GB, 90% usable):
+   past that, the tables have no measurements (their collectors ran out of memory there)
+   and both tools extrapolate; those points are summarised in a "beyond memory" row. The
+   "aiconfigurator's accounting" column drops the decode tokens' RoPE, QK-norm and KV store
+   from the measured step, which aiconfigurator charges in context attention only.
+c. **Systematic gaps**: per operation group, the median signed contribution of each group
+   to the step gap (``(tokenyard op - aiconfigurator op) / aiconfigurator step``), and the
+   per-operation breakdown of the worst cells' worst points, then three checks that
+   isolate gaps (MoE routing rows, the router GEMM below the GEMM grid, a chunk over a
+   cached prefix).
+d. **Vidur's measured MLP-side operations** (``../shared/data/profiling/vidur``, measured
+   with Vidur's own PyTorch profiler on A100/H100) against tokenyard's per-operation
+   predictions, per layer. Skipped when ``../shared/data`` is absent.
+
+    .venv/bin/python benches/predictor_measured.py --out benches/out/predictor_measured.json
+    .venv/bin/python benches/predictor_measured.py --quick --out /tmp/pm.json   # ~15 s
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import functools
+import json
+import logging
+import math
+import shutil
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from machine import cpu_model, loadavg
+
+from tokenyard import catalog
+from tokenyard.catalog import ModelSpec
+from tokenyard.predictor import batch_features, read_profiles
+from tokenyard.predictor.calibration import builtin_calibration
+from tokenyard.predictor.compiled import CompiledPredictor
+from tokenyard.predictor.measured.build import measured_predictor
+from tokenyard.predictor.measured.data import MeasuredSource, package_root, resolve_source
+from tokenyard.predictor.measured.ops import (
+    AttentionTimes,
+    CollectiveTimes,
+    GemmTimes,
+    MoeTimes,
+    main_kernel,
+)
+from tokenyard.predictor.measured.tables import Columns, read_table
+from tokenyard.predictor.roofline import roofline_predictor
+
+SYSTEMS = {"h100_sxm": "h100-sxm", "a100_sxm": "a100-80gb"}  # measured system -> catalog
+FRAMEWORKS = ("vllm", "sglang")
+PREDICTORS = ("measured", "calibrated", "datasheet")
+HOLDOUT = 0.2
+KV_HEADS = (1, 2, 4, 8)  # per GPU: what Llama-3.x, Qwen3 and Mixtral run at TP 1-8
+HEAD_DIM = 128
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@dataclass(frozen=True)
+class Deployment:
+    model: str  # tokenyard catalog name
+    aic_model: str  # aiconfigurator model id (its bundled model_configs name, -- -> /)
+    tp: int
+
+
+DEPLOYMENTS = (
+    Deployment("llama-3.1-8b", "meta-llama/Meta-Llama-3.1-8B", 1),
+    Deployment("llama-3.1-70b", "meta-llama/Meta-Llama-3.1-70B", 4),
+    Deployment("llama-3.1-70b", "meta-llama/Meta-Llama-3.1-70B", 8),
+    Deployment("Qwen/Qwen3-32B", "Qwen/Qwen3-32B", 2),
+    Deployment("Qwen/Qwen3-32B", "Qwen/Qwen3-32B", 4),
+    Deployment("mixtral-8x7b", "mistralai/Mixtral-8x7B-v0.1", 2),
+    Deployment("mixtral-8x7b", "mistralai/Mixtral-8x7B-v0.1", 4),
+)
+QUICK_DEPLOYMENTS = (DEPLOYMENTS[0], DEPLOYMENTS[1], DEPLOYMENTS[5])
+
+
+# --- statistics ----------------------------------------------------------------------------
+
+
+def _stats(signed: Sequence[float]) -> dict[str, float]:
+    """Median and p90 of |error| and the signed median, in percent."""
+    if not signed:
+        return {"n": 0, "median": math.nan, "p90": math.nan, "signed": math.nan}
+    values = np.asarray(signed, dtype=float)
+    return {
+        "n": len(values),
+        "median": float(np.median(np.abs(values))),
+        "p90": float(np.percentile(np.abs(values), 90)),
+        "signed": float(np.median(values)),
+    }
+
+
+def _pct(predicted: float, actual: float) -> float:
+    return 100.0 * (predicted / actual - 1.0)
+
+
+def _subset(rows: Columns, mask: np.ndarray) -> Columns:
+    return Columns(rows.path, {c: v[mask] for c, v in rows.data.items()})
+
+
+# --- a. held-out error of the interpolation --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Slice:
+    """The rows one ``*Times`` object reads, how its points are keyed, and how to rebuild it."""
+
+    family: str
+    label: str
+    rows: Columns
+    keys: tuple[str, ...]  # columns naming one point
+    #: (axis, the columns of the curve it lies on): interior means strictly inside that range
+    axes: tuple[tuple[str, tuple[str, ...]], ...]
+    predict: Callable[[Columns, list[tuple[float, ...]]], list[float]]
+
+
+def _interior(points: list[tuple[float, ...]], s: Slice) -> list[bool]:
+    index = {name: i for i, name in enumerate(s.keys)}
+    ok = [True] * len(points)
+    for axis, group in s.axes:
+        spans: dict[tuple[float, ...], list[float]] = defaultdict(list)
+        for p in points:
+            spans[tuple(p[index[g]] for g in group)].append(p[index[axis]])
+        bounds = {g: (min(v), max(v)) for g, v in spans.items()}
+        for i, p in enumerate(points):
+            low, high = bounds[tuple(p[index[g]] for g in group)]
+            ok[i] = ok[i] and low < p[index[axis]] < high
+    return ok
+
+
+def _holdout(s: Slice, rng: np.random.Generator) -> dict[str, Any]:
+    columns = [s.rows.col(k).tolist() for k in s.keys]
+    rows_of: dict[tuple[float, ...], list[int]] = defaultdict(list)
+    for i, key in enumerate(zip(*columns, strict=True)):
+        rows_of[key].append(i)
+    points = sorted(rows_of)
+    interior = [p for p, ok in zip(points, _interior(points, s), strict=True) if ok]
+    count = min(round(HOLDOUT * len(points)), len(interior))
+    if count == 0:
+        return {"family": s.family, "slice": s.label, "points": len(points), "held": 0}
+    held = [interior[i] for i in sorted(rng.choice(len(interior), size=count, replace=False))]
+    mask = np.ones(len(s.rows), dtype=bool)
+    for p in held:
+        mask[rows_of[p]] = False
+    latency = s.rows.col("latency_s")
+    actual = [float(np.median(latency[rows_of[p]])) for p in held]
+    predicted = s.predict(_subset(s.rows, mask), held)
+    errors = [_pct(p, a) for p, a in zip(predicted, actual, strict=True)]
+    return {
+        "family": s.family,
+        "slice": s.label,
+        "points": len(points),
+        "interior": len(interior),
+        "held": count,
+        "errors": errors,
+        "spans": _spans(s, points, held),
+    }
+
+
+def _spans(s: Slice, points: list[tuple[float, ...]], held: list[tuple[float, ...]]) -> list[float]:
+    """For each held-out point, the ratio of the kept neighbours that bracket it on the
+    innermost axis: how far the rebuilt curve had to bridge."""
+    axis, group = s.axes[0]
+    index = {name: i for i, name in enumerate(s.keys)}
+    gone = set(held)
+    kept: dict[tuple[float, ...], list[float]] = defaultdict(list)
+    for p in points:
+        if p not in gone:
+            kept[tuple(p[index[g]] for g in group)].append(p[index[axis]])
+    spans = []
+    for p in held:
+        x = p[index[axis]]
+        values = kept[tuple(p[index[g]] for g in group)]
+        spans.append(min(v for v in values if v > x) / max(v for v in values if v < x))
+    return spans
+
+
+def _gemm_slices(source: MeasuredSource) -> list[Slice]:
+    rows = read_table(source.folders["gemm"] / "gemm_perf.parquet")
+    rows = main_kernel(rows.where(gemm_dtype="bfloat16"))
+
+    def predict(train: Columns, held: list[tuple[float, ...]]) -> list[float]:
+        times = GemmTimes(train, "bfloat16")
+        return [times(m, n, k) for n, k, m in held]
+
+    axes = (("m", ("n", "k")), ("k", ("n",)), ("n", ()))
+    return [Slice("GEMM", "bf16", rows, ("n", "k", "m"), axes, predict)]
+
+
+def gemm_pair_roughness(rows: Columns) -> dict[str, float]:
+    """The tables' own roughness: |t(m + 1) / t(m) - 1| where the GEMM table measured both
+    ``m`` and ``m + 1`` rows (H100 probes each tile edge so), ``m >= 32``. One more row is
+    almost no work, so this is tile quantisation plus measurement noise."""
+    latency = {
+        (n, k, m): t
+        for n, k, m, t in zip(
+            rows.col("n").tolist(),
+            rows.col("k").tolist(),
+            rows.col("m").tolist(),
+            rows.col("latency_s").tolist(),
+            strict=True,
+        )
+    }
+    ratios = [
+        abs(latency[(n, k, m + 1)] / t - 1.0) * 100
+        for (n, k, m), t in latency.items()
+        if m >= 32 and (n, k, m + 1) in latency
+    ]
+    return {"pairs": len(ratios), **(_stats(ratios) if ratios else {})}
+
+
+def _attention_slices(source: MeasuredSource, generation: bool) -> list[Slice]:
+    name = "generation" if generation else "context"
+    table = read_table(source.folders["attention"] / f"{name}_attention_perf.parquet")
+    picked = table.where(
+        head_dim=HEAD_DIM, kv_cache_dtype="bfloat16", window_size=0, beam_width=1
+    ).where(attn_dtype="bfloat16")
+    slices = []
+    for kv in KV_HEADS:
+        rows = main_kernel(_subset(picked, picked.col("num_key_value_heads") == kv))
+        if len(rows) == 0:
+            continue
+        s = rows.col("isl") + (rows.col("step") if generation else 0.0)
+        rows = Columns(rows.path, {**rows.data, "s": s})
+
+        def predict(train: Columns, held: list[tuple[float, ...]], kv: int = kv) -> list[float]:
+            by_heads: dict[float, AttentionTimes] = {}
+            out = []
+            for heads, keys, batch in held:
+                if heads not in by_heads:
+                    by_heads[heads] = AttentionTimes(
+                        train,
+                        generation=generation,
+                        num_heads=int(heads),
+                        num_kv_heads=kv,
+                        head_dim=HEAD_DIM,
+                        kv_cache_dtype="bfloat16",
+                    )
+                out.append(by_heads[heads](batch, keys))
+            return out
+
+        axes = (("batch_size", ("num_heads", "s")), ("s", ("num_heads",)), ("num_heads", ()))
+        family = "generation attention" if generation else "context attention"
+        slices.append(
+            Slice(family, f"{kv} KV heads", rows, ("num_heads", "s", "batch_size"), axes, predict)
+        )
+    return slices
+
+
+def _collective_rows(rows: Columns, num_gpus: float, column: str, dtype: str) -> Columns:
+    """The rows ``CollectiveTimes`` reads (captured-graph rows where there are some)."""
+    picked = rows.where(num_gpus=num_gpus, **{column: dtype})
+    if picked.has("op_name"):
+        picked = picked.where(op_name="all_reduce")
+    if picked.has("kernel_source"):
+        graph = [s for s in picked.values("kernel_source") if "graph" in str(s)]
+        picked = picked.where(kernel_source=graph[0]) if graph else main_kernel(picked)
+    return picked
+
+
+def _collective_slices(source: MeasuredSource) -> list[Slice]:
+    tables = []
+    if "comm" in source.folders:
+        path = source.folders["comm"] / "custom_allreduce_perf.parquet"
+        if path.is_file():
+            tables.append(("custom all-reduce", path, "allreduce_dtype", "bfloat16"))
+    if "nccl" in source.folders:
+        tables.append(
+            ("NCCL all-reduce", source.folders["nccl"] / "nccl_perf.parquet", "nccl_dtype", "half")
+        )
+    slices = []
+    for family, path, column, dtype in tables:
+        table = read_table(path)
+        for gpus in table.values("num_gpus"):
+            rows = _collective_rows(table, gpus, column, dtype)
+            if len(rows) == 0:
+                continue
+
+            def predict(
+                train: Columns,
+                held: list[tuple[float, ...]],
+                gpus: int = int(gpus),
+                column: str = column,
+                dtype: str = dtype,
+            ) -> list[float]:
+                times = CollectiveTimes(train, gpus, dtype_column=column, dtype=dtype)
+                return [times(size) for (size,) in held]
+
+            slices.append(
+                Slice(
+                    family,
+                    f"{int(gpus)} GPUs",
+                    rows,
+                    ("message_size",),
+                    (("message_size", ()),),
+                    predict,
+                )
+            )
+    return slices
+
+
+MOE_SHAPE = ("hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size")
+
+
+def _moe_slices(source: MeasuredSource) -> list[Slice]:
+    if "moe" not in source.folders:
+        return []
+    table = read_table(source.folders["moe"] / "moe_perf.parquet")
+    table = table.where(moe_dtype="bfloat16", moe_ep_size=1)
+    # tokenyard reads balanced routing; a table without it (A100 vLLM) is scored on the
+    # power-law rows aiconfigurator prices Mixtral with, to test the interpolation alone.
+    distribution = "balanced" if "balanced" in table.values("distribution") else "power_law_1.2"
+    table = table.where(distribution=distribution)
+    data = {k: v for k, v in table.data.items() if k != "distribution"}
+    table = Columns(table.path, data)
+    shapes = sorted(set(zip(*(table.col(c).tolist() for c in MOE_SHAPE), strict=True)))
+    slices = []
+    for shape in shapes:
+        rows = main_kernel(table.where(**dict(zip(MOE_SHAPE, shape, strict=True))))
+        hidden, inter, topk, experts, tp = (int(v) for v in shape)
+
+        def predict(
+            train: Columns,
+            held: list[tuple[float, ...]],
+            args: tuple[int, ...] = (hidden, inter, topk, experts, tp),
+        ) -> list[float]:
+            times = MoeTimes(
+                train,
+                dtype="bfloat16",
+                hidden_size=args[0],
+                inter_size=args[1],
+                topk=args[2],
+                num_experts=args[3],
+                tensor_parallel_size=args[4],
+            )
+            return [times(tokens) for (tokens,) in held]
+
+        label = f"{experts}x top-{topk} {hidden}x{inter} TP{tp} ({distribution})"
+        slices.append(Slice("MoE", label, rows, ("num_tokens",), (("num_tokens", ()),), predict))
+    return slices
+
+
+def _median_n(stats: dict[str, float]) -> str:
+    return f"{stats['median']:.2f}% ({stats['n']})" if stats["n"] else "-"
+
+
+def holdout_section(seed: int, draws: int) -> dict[str, Any]:
+    root = package_root()
+    out: dict[str, Any] = {}
+    print(
+        f"\n## a. Held-out error of the measured interpolation (vllm tables; {draws} seeded "
+        f"draws of {HOLDOUT:.0%}, pooled)\n"
+    )
+    print(
+        "| system | family | tables | points | interior | held out per draw | median |err| | p90 | "
+        "median, neighbours <= 2x apart (n) | median, wider (n) |"
+    )
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for system in SYSTEMS:
+        source = resolve_source(root, system, "vllm", "latest")
+        rng = np.random.default_rng(seed)
+        slices = [
+            *_gemm_slices(source),
+            *_attention_slices(source, generation=False),
+            *_attention_slices(source, generation=True),
+            *_collective_slices(source),
+            *_moe_slices(source),
+        ]
+        results = [_holdout(s, rng) for _ in range(draws) for s in slices]
+        parts_rows = {s.family: s.rows for s in slices}
+        families: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in results:
+            families[r["family"]].append(r)
+        out[system] = {"source": source.describe(), "families": {}}
+        for family, parts in families.items():
+            errors = [e for r in parts for e in r.get("errors", [])]
+            spans = [x for r in parts for x in r.get("spans", [])]
+            narrow = [e for e, x in zip(errors, spans, strict=True) if x <= 2.0 + 1e-9]
+            wide = [e for e, x in zip(errors, spans, strict=True) if x > 2.0 + 1e-9]
+            folder = next(s.rows.path.parent for s in slices if s.family == family)
+            summary = {
+                **_stats(errors),
+                "points": sum(r["points"] for r in parts) // draws,
+                "interior": sum(r.get("interior", 0) for r in parts) // draws,
+                "held": sum(r["held"] for r in parts) // draws,
+                "tables": f"{folder.parent.name} {folder.name}",
+                "bridge_2x": _stats(narrow),
+                "bridge_wider": _stats(wide),
+                "slices": [
+                    {k: v for k, v in r.items() if k not in ("errors", "spans")} for r in parts
+                ],
+                "worst_slices": sorted(
+                    (
+                        (r["slice"], float(np.median(np.abs(r["errors"]))))
+                        for r in parts
+                        if r.get("errors")
+                    ),
+                    key=lambda x: -x[1],
+                )[:3],
+            }
+            if family == "GEMM":
+                summary["m_plus_one_roughness"] = gemm_pair_roughness(parts_rows[family])
+            out[system]["families"][family] = summary
+            print(
+                f"| {system} | {family} | {summary['tables']} | {summary['points']} | "
+                f"{summary['interior']} | {summary['held']} | {summary['median']:.2f}% | "
+                f"{summary['p90']:.2f}% | {_median_n(summary['bridge_2x'])} | "
+                f"{_median_n(summary['bridge_wider'])} |"
+            )
+    for system, result in out.items():
+        rough = result["families"]["GEMM"]["m_plus_one_roughness"]
+        if rough["pairs"]:
+            print(
+                f"\n{system} GEMM table's own roughness, |t(m + 1) / t(m) - 1| over "
+                f"{rough['pairs']} pairs: median {rough['median']:.2f}%, p90 {rough['p90']:.2f}%"
+            )
+    return out
+
+
+# --- b. step times against aiconfigurator ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    kind: str  # decode | prefill | mixed
+    args: tuple[int, ...]  # decode (b, ctx); prefill (b, chunk, prefix); mixed (C, G, I)
+
+    def label(self) -> str:
+        names = {
+            "decode": ("b", "ctx"),
+            "prefill": ("b", "chunk", "prefix"),
+            "mixed": ("C", "G", "I"),
+        }
+        return f"{self.kind} " + " ".join(
+            f"{n}={v}" for n, v in zip(names[self.kind], self.args, strict=True)
+        )
+
+
+def step_grid(quick: bool) -> list[Step]:
+    if quick:
+        batches, contexts = (1, 16, 128, 512), (128, 2048, 32768)
+        prefill = [(1, c, 0) for c in (128, 2048, 8192)] + [(4, 512, 0)]
+        prefill += [(1, c, p) for c in (512, 2048) for p in (1024, 16384)]
+        mixed = [(512, 32, 2048), (2048, 128, 8192), (256, 256, 2048)]
+    else:
+        batches = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+        contexts = (128, 512, 2048, 8192, 32768)
+        prefill = [(1, c, 0) for c in (128, 256, 512, 1024, 2048, 4096, 8192)]
+        prefill += [(b, c, 0) for b in (2, 4, 8) for c in (128, 512, 2048)]
+        prefill += [(1, c, p) for c in (128, 512, 2048, 8192) for p in (1024, 4096, 16384)]
+        mixed = [
+            (c, g, i) for c in (256, 512, 2048) for g in (4, 32, 128, 256) for i in (2048, 8192)
+        ]
+    steps = [Step("decode", (b, ctx)) for b in batches for ctx in contexts]
+    steps += [Step("prefill", p) for p in prefill]
+    steps += [Step("mixed", m) for m in mixed]
+    return steps
+
+
+def _shapes(step: Step) -> list[dict[str, float]]:
+    """tokenyard's batch features for a step (several for a mixed step: one per chunk)."""
+
+    def features(chunks: Sequence[tuple[int, int]], decodes: int, context: int) -> dict[str, float]:
+        return batch_features(
+            num_requests=len(chunks) + decodes,
+            num_prefill_tokens=sum(c for c, _ in chunks),
+            num_decode_tokens=decodes,
+            sum_decode_context=decodes * context,
+            sum_prefill_context=sum(c * (p + c) for c, p in chunks),
+            sum_prefill_squared=sum(c * c for c, _ in chunks),
+            num_padding_rows=0,
+        )
+
+    if step.kind == "decode":
+        b, ctx = step.args
+        return [features((), b, ctx)]
+    if step.kind == "prefill":
+        b, c, p = step.args
+        return [features([(c, p)] * b, 0, 0)]
+    chunk, decodes, prompt = step.args
+    return [features([(chunk, j * chunk)], decodes, prompt + 1) for j in range(prompt // chunk)]
+
+
+def _kv_tokens(step: Step) -> int:
+    if step.kind == "decode":
+        return step.args[0] * (step.args[1] + 1)
+    if step.kind == "prefill":
+        return step.args[0] * (step.args[1] + step.args[2])
+    return step.args[2] + step.args[1] * (step.args[2] + 2)
+
+
+def fits(model: ModelSpec, tp: int, step: Step, memory_gib: float) -> bool:
+    """The step's KV cache fits next to the weights on one GPU (90% of its memory usable)."""
+    weights = model.num_parameters() * 2.0 / tp
+    per_token = 2 * math.ceil(model.num_kv_heads / tp) * model.head_dim * 2.0 * model.num_layers
+    return weights + _kv_tokens(step) * per_token <= 0.9 * memory_gib * 2**30
+
+
+class Aic:
+    """aiconfigurator's estimator for one deployment, and its per-op breakdowns (ms)."""
+
+    def __init__(self, handle: Any):
+        self.h = handle
+
+    def step_ms(self, step: Step) -> float:
+        if step.kind == "decode":
+            return self.h.predict_decode_latency(*step.args, 2)
+        if step.kind == "prefill":
+            b, c, p = step.args
+            return self.h.predict_prefill_latency(b, p + c, p)
+        c, g, i = step.args
+        return self.h.mixed_step_latency(c, g, i, 2, 0)
+
+    def ops_ms(self, step: Step) -> dict[str, float]:
+        if step.kind == "decode":
+            b, ctx = step.args
+            entries = self.h.decode_step_per_op(b, ctx - 1, 2)
+        elif step.kind == "prefill":
+            b, c, p = step.args
+            entries = self.h.run_static_per_op(batch_size=b, isl=p + c, osl=2, prefix=p)[0]
+        else:
+            c, g, i = step.args
+            entries = [
+                e for part in self.h.mixed_step_breakdown_per_op(c, g, i, 2, 0) for e in part
+            ]
+        ops: dict[str, float] = defaultdict(float)
+        for name, ms, *_ in entries:
+            if name not in ("context_attention", "generation_attention"):
+                name = name.removeprefix("context_").removeprefix("generation_")
+            ops[name] += ms
+        return dict(ops)
+
+
+@functools.cache
+def _config_dir() -> Path:
+    folder = Path(tempfile.mkdtemp(prefix="aic-configs-"))
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
+
+
+def _aic_handle(dep: Deployment, system: str, source: MeasuredSource) -> Any:
+    """Compiles aiconfigurator's engine. Models outside its cached list (Mixtral) are
+    compiled from their bundled config, copied to a folder as ``config.json``."""
+    import aiconfigurator_core
+    from aiconfigurator_core.sdk.common import DefaultHFModels
+    from aiconfigurator_core.sdk.engine import EngineHandle
+
+    path = dep.aic_model
+    if path not in DefaultHFModels:
+        bundled = Path(aiconfigurator_core.__file__).parent / "model_configs"
+        config = bundled / f"{path.replace('/', '--')}_config.json"
+        folder = _config_dir() / path.replace("/", "--")
+        folder.mkdir(exist_ok=True)
+        shutil.copy(config, folder / "config.json")
+        path = str(folder)
+    spec = catalog.model(dep.model)
+    # Pure tensor parallelism for the experts too, as tokenyard's MoE tables are read.
+    moe = {"moe_tp_size": dep.tp, "moe_ep_size": 1} if spec.num_experts > 1 else {}
+    return EngineHandle.compile(
+        path, system, source.framework, backend_version=source.version, tp_size=dep.tp, **moe
+    )
+
+
+OP_GROUPS = (
+    # (group, tokenyard ops, aiconfigurator ops without the context_/generation_ prefix)
+    ("embedding", ("embedding",), ("embedding", "embedding_ar")),
+    (
+        "norms (+ residual add)",
+        ("input_norm", "post_attn_norm", "residual_add"),
+        ("add_norm_1", "add_norm_2"),
+    ),
+    ("qkv_proj", ("qkv_proj",), ("qkv_gemm",)),
+    # aiconfigurator folds RoPE, the KV write and QK-norm into context attention
+    # ("mixed" source) and leaves them out of generation steps.
+    ("rope + qk_norm + kv_store", ("rope", "qk_norm", "kv_store"), ()),
+    ("attention, prefill", ("attn_prefill",), ("context_attention",)),
+    ("attention, decode", ("attn_decode",), ("generation_attention",)),
+    ("o_proj", ("o_proj",), ("proj_gemm",)),
+    ("gate_up_proj", ("gate_up_proj",), ("gate_ffn1_gemm",)),
+    ("act", ("act",), ("act_gate",)),
+    ("down_proj", ("down_proj",), ("ffn2_gemm",)),
+    ("router", ("router",), ("router_gemm",)),
+    ("MoE experts", ("moe_experts",), ("moe",)),
+    ("all_reduce", ("all_reduce",), ("ar_1", "ar_2", "moe_pre_dispatch", "moe_post_dispatch")),
+    ("lm_head", ("lm_head",), ("logits_gemm",)),
+)
+
+
+def _groups(
+    ours: dict[str, float], theirs: dict[str, float], moe: bool
+) -> dict[str, tuple[float, float]]:
+    """Per group: (tokenyard ms, aiconfigurator ms). A MoE model's MLP ops (the calibrated
+    fallback) count as its experts."""
+    out: dict[str, tuple[float, float]] = {}
+    seen_ours: set[str] = set()
+    seen_theirs: set[str] = set()
+    for group, our_ops, their_ops in OP_GROUPS:
+        ops = our_ops
+        if moe and group == "MoE experts":
+            ops = (*our_ops, "gate_up_proj", "act", "down_proj")
+        elif moe and group in ("gate_up_proj", "act", "down_proj"):
+            ops = ()
+        a = sum(ours.get(o, 0.0) for o in ops)
+        b = sum(theirs.get(o, 0.0) for o in their_ops)
+        seen_ours.update(ops)
+        seen_theirs.update(their_ops)
+        if a or b:
+            out[group] = (a, b)
+    rest = (
+        sum(v for k, v in ours.items() if k not in seen_ours),
+        sum(v for k, v in theirs.items() if k not in seen_theirs and k != "p2p"),
+    )
+    if rest[0] or rest[1]:
+        out["other"] = rest
+    return out
+
+
+def _our_ops_ms(predictor: CompiledPredictor, shapes: list[dict[str, float]]) -> dict[str, float]:
+    """Per-op ms, averaged over the shapes (a mixed step's chunk positions)."""
+    total: dict[str, float] = defaultdict(float)
+    for shape in shapes:
+        for op, seconds in predictor.op_times(shape).items():
+            total[op] += seconds * 1e3 / len(shapes)
+    return dict(total)
+
+
+def _predictors(
+    dep: Deployment, system: str, source: MeasuredSource, cache: dict
+) -> dict[str, CompiledPredictor]:
+    model, device = catalog.model(dep.model), catalog.device(SYSTEMS[system])
+    key = (dep.model, dep.tp, system)
+    if key not in cache:
+        cache[key] = {
+            "calibrated": roofline_predictor(
+                model, device, tensor_parallel_size=dep.tp, calibration=builtin_calibration(device)
+            ),
+            "datasheet": roofline_predictor(model, device, tensor_parallel_size=dep.tp),
+        }
+    measured = measured_predictor(model, device, source, tensor_parallel_size=dep.tp)
+    return {"measured": measured, **cache[key]}
+
+
+def _aligned(ops_ms: dict[str, float], step: Step) -> float:
+    """The measured step in aiconfigurator's accounting: it charges RoPE, QK-norm and the
+    KV write inside context attention only, so the decode tokens' share of them is dropped."""
+    decode_share = {"decode": 1.0, "prefill": 0.0}.get(step.kind)
+    if decode_share is None:
+        decode_share = step.args[1] / (step.args[0] + step.args[1])
+    extra = sum(ops_ms.get(op, 0.0) for op in ("rope", "qk_norm", "kv_store"))
+    return sum(ops_ms.values()) - decode_share * extra
+
+
+def _mapping_checks(aic: Aic) -> dict[str, float]:
+    """Re-checks the argument mapping on one deployment (relative differences)."""
+    checks = {}
+    diffs = []
+    for b, isl in ((1, 1000), (16, 2000), (64, 4096), (256, 1024)):
+        total = aic.h.predict_decode_latency(b, isl, 2)
+        per_op = sum(ms for _, ms, *_ in aic.h.decode_step_per_op(b, isl - 1, 2))
+        diffs.append(abs(per_op / total - 1))
+    checks["decode: predict_decode(b, isl) vs sum of decode_step_per_op(b, isl - 1)"] = max(diffs)
+    diffs = []
+    for b, c, p in ((1, 2048, 0), (2, 1024, 0), (1, 1024, 4096)):
+        total = aic.h.predict_prefill_latency(b, p + c, p)
+        per_op = sum(
+            ms for _, ms, *_ in aic.h.run_static_per_op(batch_size=b, isl=p + c, osl=2, prefix=p)[0]
+        )
+        diffs.append(abs(per_op / total - 1))
+    checks["prefill: predict_prefill(b, p + c, p) vs sum of run_static_per_op context"] = max(diffs)
+
+    def context_attention(c: int, g: int, i: int, p: int) -> float:
+        return sum(ms for _, ms, *_ in aic.h.mixed_step_breakdown_per_op(c, g, i, 2, p)[1])
+
+    def whole(i: int, p: int) -> float:
+        ops = aic.ops_ms(Step("prefill", (1, i - p, p)))
+        return ops["context_attention"]
+
+    diffs = [
+        abs(context_attention(c, 16, i, 0) / (whole(i, 0) / math.ceil(i / c)) - 1)
+        for c, i in ((512, 2048), (1000, 2048), (2048, 8192))
+    ]
+    checks["mixed: context attention = whole prompt's / ceil(I / C), p = 0"] = max(diffs)
+    diffs = [
+        abs(context_attention(c, 16, i, p) / (whole(i, p) / math.ceil(i / c)) - 1)
+        for c, i, p in ((1024, 3072, 2048), (512, 3072, 1024))
+    ]
+    checks["mixed: with a prefix p, still / ceil(I / C), not / ceil((I - p) / C)"] = max(diffs)
+    diffs = []
+    for g, i in ((16, 2048), (64, 4096)):
+        mixed = sum(ms for _, ms, *_ in aic.h.mixed_step_breakdown_per_op(512, g, i, 2, 0)[2])
+        decode = aic.ops_ms(Step("decode", (g, i + 1)))["generation_attention"]
+        diffs.append(abs(mixed / decode - 1))
+    checks["mixed: decode attention = decode step at context I + 1"] = max(diffs)
+    return checks
+
+
+def step_section(quick: bool) -> dict[str, Any]:
+    logging.disable(logging.WARNING)  # aiconfigurator logs every fallback it takes
+    root = package_root()
+    steps = step_grid(quick)
+    deployments = QUICK_DEPLOYMENTS if quick else DEPLOYMENTS
+    systems = ("h100_sxm",) if quick else tuple(SYSTEMS)
+    frameworks = ("vllm",) if quick else FRAMEWORKS
+    cells: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    checks: dict[str, float] = {}
+    predictor_cache: dict = {}
+    for system in systems:
+        for framework in frameworks:
+            source = resolve_source(root, system, framework, "latest")
+            for dep in deployments:
+                name = f"{dep.model} TP{dep.tp} {system} {framework}"
+                try:
+                    aic = Aic(_aic_handle(dep, system, source))
+                except Exception as exc:  # any failure: report it and skip the deployment
+                    skipped.append(f"{name}: aiconfigurator cannot compile it ({exc})")
+                    continue
+                if not checks:
+                    checks = _mapping_checks(aic)
+                predictors = _predictors(dep, system, source, predictor_cache)
+                model = catalog.model(dep.model)
+                memory = catalog.device(SYSTEMS[system]).memory_gib
+                points = []
+                for step in steps:
+                    shapes = _shapes(step)
+                    theirs_ms = aic.step_ms(step)
+                    theirs_ops = aic.ops_ms(step)
+                    ours = {p: _our_ops_ms(pred, shapes) for p, pred in predictors.items()}
+                    points.append(
+                        {
+                            "step": step.label(),
+                            "kind": step.kind,
+                            "args": list(step.args),
+                            "fits": fits(model, dep.tp, step, memory),
+                            "aic_ms": theirs_ms,
+                            "ms": {p: sum(v.values()) for p, v in ours.items()},
+                            "measured_aligned_ms": _aligned(ours["measured"], step),
+                            "groups": {
+                                pr: _groups(ours[pr], theirs_ops, model.num_experts > 1)
+                                for pr in ("measured", "calibrated")
+                            },
+                        }
+                    )
+                for kind in ("decode", "prefill", "mixed"):
+                    kept = [p for p in points if p["kind"] == kind and p["fits"]]
+                    cells.append(
+                        {
+                            "model": dep.model,
+                            "tp": dep.tp,
+                            "system": system,
+                            "framework": framework,
+                            "source": source.describe(),
+                            "kind": kind,
+                            "stats": {
+                                **{
+                                    pr: _stats([_pct(p["ms"][pr], p["aic_ms"]) for p in kept])
+                                    for pr in PREDICTORS
+                                },
+                                "aligned": _stats(
+                                    [_pct(p["measured_aligned_ms"], p["aic_ms"]) for p in kept]
+                                ),
+                            },
+                            "points": kept,
+                        }
+                    )
+                beyond = [p for p in points if not p["fits"]]
+                if beyond:
+                    cells.append(
+                        {
+                            "model": dep.model,
+                            "tp": dep.tp,
+                            "system": system,
+                            "framework": framework,
+                            "kind": "beyond memory",
+                            "stats": {
+                                pr: _stats([_pct(p["ms"][pr], p["aic_ms"]) for p in beyond])
+                                for pr in PREDICTORS
+                            },
+                            "points": beyond,
+                        }
+                    )
+    _print_steps(cells, skipped, checks)
+    return {"cells": cells, "skipped": skipped, "mapping_checks": checks, "grid": len(steps)}
+
+
+def _print_steps(cells: list[dict[str, Any]], skipped: list[str], checks: dict[str, float]) -> None:
+    print("\n## b. Step times vs aiconfigurator's estimator (GPU time)\n")
+    print("mapping checks (max relative difference):")
+    for text, diff in checks.items():
+        print(f"  {text}: {100 * diff:.3f}%")
+    for line in skipped:
+        print(f"  skipped {line}")
+    print(
+        "\n| model | TP | system | framework | step | n | measured median / p90 / signed | "
+        "measured, aic accounting | calibrated median / p90 / signed | "
+        "datasheet median / p90 / signed |"
+    )
+    print("|---|---:|---|---|---|---:|---|---|---|---|")
+    for c in cells:
+        if c["kind"] == "beyond memory":
+            continue
+        row = " | ".join(
+            f"{s['median']:.1f} / {s['p90']:.1f} / {s['signed']:+.1f}"
+            for s in (c["stats"][p] for p in ("measured", "aligned", "calibrated", "datasheet"))
+        )
+        print(
+            f"| {c['model']} | {c['tp']} | {c['system']} | {c['framework']} | {c['kind']} | "
+            f"{c['stats']['measured']['n']} | {row} |"
+        )
+    print("\nall deployments together, by step kind (median / p90 / signed, %):\n")
+    print(
+        "| step | n | measured | measured, aiconfigurator's accounting | calibrated | datasheet |"
+    )
+    print("|---|---:|---|---|---|---|")
+    for kind in ("decode", "prefill", "mixed", "beyond memory"):
+        pts = [p for c in cells if c["kind"] == kind for p in c["points"]]
+        if not pts:
+            continue
+        row = []
+        for pr in ("measured", "aligned", "calibrated", "datasheet"):
+            s = _stats(
+                [
+                    _pct(p["measured_aligned_ms"] if pr == "aligned" else p["ms"][pr], p["aic_ms"])
+                    for p in pts
+                ]
+            )
+            row.append(f"{s['median']:.1f} / {s['p90']:.1f} / {s['signed']:+.1f}")
+        print(f"| {kind} | {len(pts)} | {' | '.join(row)} |")
+
+
+def gaps_section(steps: dict[str, Any], worst: int) -> dict[str, Any]:
+    """c. Where the measured predictor's step gap comes from."""
+    cells = [c for c in steps["cells"] if c["kind"] != "beyond memory" and c["points"]]
+    print("\n## c. Systematic gaps: median signed contribution per operation group\n")
+    print("(tokenyard op - aiconfigurator op) / aiconfigurator step, %, all points\n")
+    out: dict[str, Any] = {"contributions": {}, "worst": []}
+    kinds = ("decode", "prefill", "mixed")
+    groups = [g for g, *_ in OP_GROUPS] + ["other"]
+    predictors = ("measured", "calibrated")
+    print("| op group | " + " | ".join(f"{pr} {k}" for pr in predictors for k in kinds) + " |")
+    print("|---|" + "---:|" * len(kinds) * len(predictors))
+    for group in groups:
+        row = []
+        for pr in predictors:
+            for kind in kinds:
+                values = [
+                    100 * (p["groups"][pr][group][0] - p["groups"][pr][group][1]) / p["aic_ms"]
+                    for c in cells
+                    if c["kind"] == kind
+                    for p in c["points"]
+                    if group in p["groups"][pr]
+                ]
+                median = float(np.median(values)) if values else None
+                out["contributions"].setdefault(pr, {}).setdefault(group, {})[kind] = median
+                row.append(f"{median:+.2f}" if values else "")
+        if any(row):
+            print(f"| {group} | " + " | ".join(row) + " |")
+    ranked = sorted(cells, key=lambda c: -c["stats"]["measured"]["median"])[:worst]
+    for c in ranked:
+        point = max(c["points"], key=lambda p: abs(_pct(p["ms"]["measured"], p["aic_ms"])))
+        head = (
+            f"{c['model']} TP{c['tp']} {c['system']} {c['framework']}, {c['kind']} "
+            f"(cell median {c['stats']['measured']['median']:.1f}%); worst point {point['step']}: "
+            f"tokenyard {point['ms']['measured']:.3f} ms vs aiconfigurator "
+            f"{point['aic_ms']:.3f} ms ({_pct(point['ms']['measured'], point['aic_ms']):+.1f}%)"
+        )
+        print(f"\n{head}\n")
+        print("| op group | tokenyard ms | aiconfigurator ms | difference ms |")
+        print("|---|---:|---:|---:|")
+        for group, (a, b) in point["groups"]["measured"].items():
+            print(f"| {group} | {a:.3f} | {b:.3f} | {a - b:+.3f} |")
+        out["worst"].append({"cell": head, "groups": point["groups"]["measured"]})
+    return out
+
+
+def diagnostics() -> dict[str, Any]:
+    """Three checks that isolate gaps found in part c, on H100 vLLM tables."""
+    logging.disable(logging.WARNING)
+    root = package_root()
+    source = resolve_source(root, "h100_sxm", "vllm", "latest")
+    out: dict[str, Any] = {}
+    mixtral = DEPLOYMENTS[5]
+    spec = catalog.model(mixtral.model)
+    aic = Aic(_aic_handle(mixtral, "h100_sxm", source))
+
+    def aic_per_layer(op: str, tokens: int) -> float:
+        step = Step("decode", (tokens, 128)) if tokens <= 512 else Step("prefill", (1, tokens, 0))
+        return aic.ops_ms(step)[op] * 1e3 / spec.num_layers
+
+    # MoE: tokenyard reads balanced routing, aiconfigurator prices Mixtral with a power law.
+    table = read_table(source.folders["moe"] / "moe_perf.parquet")
+    moe = {}
+    for distribution in ("balanced", "power_law_1.2"):
+        rows = table.where(distribution=distribution)
+        rows = Columns(rows.path, {k: v for k, v in rows.data.items() if k != "distribution"})
+        moe[distribution] = MoeTimes(
+            rows,
+            dtype="bfloat16",
+            hidden_size=spec.hidden_size,
+            inter_size=spec.intermediate_size,
+            topk=spec.experts_per_token,
+            num_experts=spec.num_experts,
+            tensor_parallel_size=mixtral.tp,
+        )
+    print("\nMixtral-8x7B TP2 MoE block per layer (µs), H100 vLLM: routing assumption\n")
+    print("| tokens | aiconfigurator | tokenyard, balanced rows | tokenyard, power_law_1.2 rows |")
+    print("|---:|---:|---:|---:|")
+    out["moe"] = []
+    for tokens in (1, 4, 16, 64, 256, 1024, 4096, 8192):
+        row = (
+            tokens,
+            aic_per_layer("moe", tokens),
+            moe["balanced"](tokens) * 1e6,
+            moe["power_law_1.2"](tokens) * 1e6,
+        )
+        out["moe"].append(row)
+        print(f"| {row[0]} | {row[1]:.1f} | {row[2]:.1f} | {row[3]:.1f} |")
+
+    # Router: a GEMM with n = 8 experts, below the tables' smallest n (32).
+    gemm = GemmTimes(read_table(source.folders["gemm"] / "gemm_perf.parquet"), "bfloat16")
+    print("\nMixtral router GEMM per layer (µs): n = 8 lies below the measured n >= 32\n")
+    print("| tokens | aiconfigurator | tokenyard n=8 | tokenyard at n=32 (smallest measured) |")
+    print("|---:|---:|---:|---:|")
+    out["router"] = []
+    for tokens in (1, 16, 128, 1024, 8192):
+        row = (
+            tokens,
+            aic_per_layer("router_gemm", tokens),
+            gemm(tokens, spec.num_experts, spec.hidden_size) * 1e6,
+            gemm(tokens, 32, spec.hidden_size) * 1e6,
+        )
+        out["router"].append(row)
+        print(f"| {row[0]} | {row[1]:.2f} | {row[2]:.2f} | {row[3]:.2f} |")
+
+    # A chunk over a cached prefix: the whole prompt's time times its share of the pairs.
+    llama = DEPLOYMENTS[0]
+    model = catalog.model(llama.model)
+    aic = Aic(_aic_handle(llama, "h100_sxm", source))
+    measured = measured_predictor(model, catalog.device("h100-sxm"), source)
+    print("\nLlama-3.1-8B prefill attention per layer (µs), chunk of 128 over a cached prefix\n")
+    print("| prefix | tokenyard attn_prefill | aiconfigurator context attention |")
+    print("|---:|---:|---:|")
+    out["prefix"] = []
+    for prefix in (0, 1024, 4096, 16384):
+        (shape,) = _shapes(Step("prefill", (1, 128, prefix)))
+        ours = measured.op_times(shape)["attn_prefill"] * 1e6 / model.num_layers
+        theirs = aic.ops_ms(Step("prefill", (1, 128, prefix)))["context_attention"]
+        out["prefix"].append((prefix, ours, theirs * 1e3 / model.num_layers))
+        print(f"| {prefix} | {ours:.1f} | {theirs * 1e3 / model.num_layers:.1f} |")
+    return out
+
+
+# --- d. Vidur's measured operations -----------------------------------------------------------
+
+VIDUR_MODELS = {
+    "Llama-2-7b-hf": "llama-2-7b",
+    "Llama-2-70b-hf": "llama-2-70b",
+    "Meta-Llama-3-8B": "llama-3-8b",
+}
+VIDUR_DEVICES = {"h100": "h100_sxm", "a100": "a100_sxm"}
+VIDUR_OPS = (
+    "qkv_proj",
+    "o_proj",
+    "gate_up_proj",
+    "down_proj",
+    "act",
+    "rope",
+    "input_norm",
+    "post_attn_norm",
+    "embedding",
+)
+
+
+def vidur_section() -> dict[str, Any]:
+    base = SHARED / "profiling" / "vidur" / "compute"
+    print("\n## d. Vidur's measured operations (per layer) vs tokenyard\n")
+    if not base.is_dir():
+        print(f"skipped: {base} is absent")
+        return {"skipped": f"{base} is absent"}
+    root = package_root()
+    errors: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+    runs = []
+    for device_dir, system in VIDUR_DEVICES.items():
+        device = catalog.device(SYSTEMS[system])
+        source = resolve_source(root, system, "vllm", "latest")
+        for folder in sorted((base / device_dir / "meta-llama").iterdir()):
+            name = VIDUR_MODELS.get(folder.name)
+            path = folder / "mlp.csv"
+            if name is None or not path.is_file():
+                continue
+            model = catalog.model(name)
+            for tp in (1, 2, 4, 8):
+                try:
+                    profiles = read_profiles([path], tensor_parallel_size=tp)
+                    predictors = {
+                        "measured": measured_predictor(
+                            model, device, source, tensor_parallel_size=tp
+                        ),
+                        "calibrated": roofline_predictor(
+                            model,
+                            device,
+                            tensor_parallel_size=tp,
+                            calibration=builtin_calibration(device),
+                        ),
+                        "datasheet": roofline_predictor(model, device, tensor_parallel_size=tp),
+                    }
+                except Exception as exc:  # report it and go on
+                    runs.append(f"{device_dir} {folder.name} TP{tp}: skipped ({exc})")
+                    continue
+                runs.append(f"{device_dir} {folder.name} TP{tp}")
+                for op in VIDUR_OPS:
+                    samples = profiles.ops.get(op)
+                    if samples is None:
+                        continue
+                    for tokens, seconds in zip(samples.features[:, 0], samples.time_s, strict=True):
+                        n = int(tokens)
+                        shape = batch_features(
+                            num_requests=1,
+                            num_prefill_tokens=n,
+                            num_decode_tokens=0,
+                            sum_decode_context=0,
+                            sum_prefill_context=n * n,
+                            sum_prefill_squared=n * n,
+                            num_padding_rows=0,
+                        )
+                        for pr, predictor in predictors.items():
+                            ours = predictor.op_times(shape).get(op)
+                            if ours is None:
+                                continue
+                            per_layer = ours if op == "embedding" else ours / model.num_layers
+                            error = _pct(per_layer, seconds)
+                            errors[(device_dir, op, pr)].append(error)
+                            if n <= 128 or n >= 1024:
+                                size = "small" if n <= 128 else "large"
+                                errors[(device_dir, op, f"{pr} {size}")].append(error)
+    print("deployments: " + "; ".join(runs) + "\n")
+    print(
+        "| device | op | n | measured median / signed | measured signed, <= 128 / >= 1024 "
+        "tokens | calibrated median / signed | datasheet median / signed |"
+    )
+    print("|---|---|---:|---|---|---|---|")
+    table = {}
+    for device_dir in VIDUR_DEVICES:
+        for op in VIDUR_OPS:
+            keys = [f"{pr}{size}" for pr in PREDICTORS for size in ("", " small", " large")]
+            stats = {k: _stats(errors.get((device_dir, op, k), [])) for k in keys}
+            if stats["measured"]["n"] == 0:
+                continue
+            table[f"{device_dir} {op}"] = stats
+
+            def cell(key: str, stats: dict[str, dict[str, float]] = stats) -> str:
+                s = stats[key]
+                return f"{s['median']:.1f} / {s['signed']:+.1f}" if s["n"] else ""
+
+            small, large = stats["measured small"]["signed"], stats["measured large"]["signed"]
+            print(
+                f"| {device_dir} | {op} | {stats['measured']['n']} | {cell('measured')} | "
+                f"{small:+.1f} / {large:+.1f} | {cell('calibrated')} | {cell('datasheet')} |"
+            )
+    return {"runs": runs, "ops": table}
+
+
+# --- main ---------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", help="write every figure to this JSON file")
+    parser.add_argument("--quick", action="store_true", help="a small grid on H100 vLLM only")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the held-out draws")
+    parser.add_argument("--draws", type=int, default=5, help="held-out draws per slice")
+    parser.add_argument("--worst", type=int, default=6, help="worst cells broken down by op")
+    parser.add_argument(
+        "--parts", default="abcd", help="which parts to run (c needs b): a, b, c, d"
+    )
+    args = parser.parse_args()
+    started = time.perf_counter()
+    root = package_root()
+    if root is None:
+        raise SystemExit("aiconfigurator-core is not installed: pip install aiconfigurator-core")
+    report: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{cpu_model()}, load {loadavg()}",
+        "aiconfigurator_core": version("aiconfigurator-core"),
+        "quick": args.quick,
+        "seed": args.seed,
+        "tables": {
+            f"{s} {fw}": resolve_source(root, s, fw, "latest").describe()
+            for s in SYSTEMS
+            for fw in FRAMEWORKS
+        },
+    }
+    print(f"aiconfigurator-core {report['aiconfigurator_core']}; {report['machine']}")
+    for key, text in report["tables"].items():
+        print(f"  tables {key}: {text}")
+    timings = {}
+    if "a" in args.parts:
+        t = time.perf_counter()
+        report["holdout"] = holdout_section(args.seed, 2 if args.quick else args.draws)
+        timings["a"] = time.perf_counter() - t
+    if "b" in args.parts:
+        t = time.perf_counter()
+        report["steps"] = step_section(args.quick)
+        timings["b"] = time.perf_counter() - t
+        if "c" in args.parts:
+            report["gaps"] = gaps_section(report["steps"], args.worst)
+            report["gaps"]["diagnostics"] = diagnostics()
+    if "d" in args.parts:
+        t = time.perf_counter()
+        report["vidur"] = vidur_section()
+        timings["d"] = time.perf_counter() - t
+    report["wall_s"] = time.perf_counter() - started
+    report["part_s"] = timings
+    parts = ", ".join(f"{k} {v:.0f} s" for k, v in timings.items())
+    print(f"\nwall {report['wall_s']:.0f} s ({parts})")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

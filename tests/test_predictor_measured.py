@@ -472,3 +472,37 @@ def test_a_qwen3_config_json_relative_to_the_config_file_runs(tmp_path: Path) ->
     loaded = load_config(tmp_path / "sim.toml", {"workload": SMALL_WORKLOAD})
     result = simulate(loaded)
     assert result.summary["config"]["execution"]["op_sources"]["qk_norm"] == "calibrated"
+
+
+def test_predictor_show_names_each_operations_source(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from tokenyard.cli import main as cli_main
+
+    code = cli_main(
+        ["predictor", "show", "--model", "llama-3.1-8b", "--device", "a10g", "--decode", "8"]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.startswith("execution model: roofline calibrated to measured tables")
+    assert "qkv_proj" in out
+    assert "calibrated" in out
+
+
+def test_predictor_show_refuses_a_negative_size(capsys: pytest.CaptureFixture[str]) -> None:
+    from tokenyard.cli import main as cli_main
+
+    with pytest.raises(SystemExit):
+        cli_main(
+            [
+                "predictor",
+                "show",
+                "--model",
+                "llama-3.1-8b",
+                "--device",
+                "a10g",
+                "--prefill",
+                "-5000",
+            ]
+        )
+    assert "must be an integer in [0, 16777216], got -5000" in capsys.readouterr().err

@@ -87,6 +87,7 @@ from tokenyard.predictor.measured.ops import (
     CollectiveTimes,
     GemmTimes,
     MoeTimes,
+    all_reduce_rows,
     main_kernel,
 )
 from tokenyard.predictor.measured.tables import Columns, read_table
@@ -295,13 +296,7 @@ def _attention_slices(source: MeasuredSource, generation: bool) -> list[Slice]:
 
 def _collective_rows(rows: Columns, num_gpus: float, column: str, dtype: str) -> Columns:
     """The rows ``CollectiveTimes`` reads (captured-graph rows where there are some)."""
-    picked = rows.where(num_gpus=num_gpus, **{column: dtype})
-    if picked.has("op_name"):
-        picked = picked.where(op_name="all_reduce")
-    if picked.has("kernel_source"):
-        graph = [s for s in picked.values("kernel_source") if "graph" in str(s)]
-        picked = picked.where(kernel_source=graph[0]) if graph else main_kernel(picked)
-    return picked
+    return all_reduce_rows(rows, dtype_column=column, dtype=dtype).where(num_gpus=num_gpus)
 
 
 def _collective_slices(source: MeasuredSource) -> list[Slice]:

@@ -21,6 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.test_predictor import decodes
 from tokenyard import catalog
 from tokenyard.errors import ConfigError
 from tokenyard.predictor import ProfileError, batch_features
@@ -109,18 +110,6 @@ def tables(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write(attention / "context_attention_perf.parquet", attention_columns(False))
     write(attention / "generation_attention_perf.parquet", attention_columns(True))
     return root
-
-
-def decode(batch: int, context: int) -> dict[str, float]:
-    return batch_features(
-        num_requests=batch,
-        num_prefill_tokens=0,
-        num_decode_tokens=batch,
-        sum_decode_context=batch * context,
-        sum_prefill_context=0,
-        sum_prefill_squared=0,
-        num_padding_rows=0,
-    )
 
 
 def prefill(chunk: int, prefix: int) -> dict[str, float]:
@@ -275,7 +264,7 @@ def test_measured_operations_follow_the_tables_and_the_rest_the_calibrated_roofl
     assert sources["input_norm"] == sources["rope"] == "calibrated"
     layers = 32
     # One decode of 64 requests over 2048 keys: qkv [64, 4096] x [4096, 6144] per layer.
-    times = predictor.op_times(decode(64, 2047))
+    times = predictor.op_times(decodes(64, 2047))
     assert times["qkv_proj"] == pytest.approx(layers * gemm_ms(64, 6144, 4096) * 1e-3, rel=1e-9)
     assert times["attn_decode"] == pytest.approx(
         layers * generation_ms(64, 2048, 8) * 1e-3, rel=0.01
@@ -296,8 +285,8 @@ def test_tensor_parallelism_without_an_all_reduce_table_keeps_the_calibrated_rin
     sources = {op.name: op.source for op in predictor.ops}
     assert sources["all_reduce"] == "calibrated"
     assert "all_reduce" in predictor.description["fallbacks"]
-    one = llama_8b_measured(tables).op_times(decode(8, 1000))["qkv_proj"]
-    two = predictor.op_times(decode(8, 1000))["qkv_proj"]
+    one = llama_8b_measured(tables).op_times(decodes(8, 1000))["qkv_proj"]
+    two = predictor.op_times(decodes(8, 1000))["qkv_proj"]
     assert two < one  # each worker's GEMM is half as wide
 
 

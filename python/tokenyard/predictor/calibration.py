@@ -326,15 +326,11 @@ def fit_all_reduce(
     rows: Any, device: DeviceSpec, *, dtype_column: str, dtype: str
 ) -> tuple[list[int], list[float], list[float]]:
     """Per GPU count, ``time = latency + ring bytes / (link x efficiency)`` by least squares
-    (relative) over an all-reduce table: the framework's custom all-reduce (its CUDA-graph rows, how
-    serving steps run) or NCCL's."""
-    if rows.has("op_name"):
-        rows = rows.where(op_name="all_reduce")
-    rows = rows.where(**{dtype_column: dtype})
-    if rows.has("kernel_source"):
-        graph = [s for s in rows.values("kernel_source") if "graph" in str(s)]
-        if graph:
-            rows = rows.where(kernel_source=graph[0])
+    (relative) over an all-reduce table: the framework's custom all-reduce (its CUDA-graph
+    rows, how serving steps run) or NCCL's."""
+    from tokenyard.predictor.measured.ops import all_reduce_rows
+
+    rows = all_reduce_rows(rows, dtype_column=dtype_column, dtype=dtype)
     link = device.interconnect_gbps / 2 * 1e9
     gpus_out, latency_out, eff_out = [], [], []
     for gpus in rows.values("num_gpus"):

@@ -30,7 +30,14 @@ from tokenyard.predictor.measured.interpolate import Curve, between
 from tokenyard.predictor.measured.tables import Columns
 from tokenyard.predictor.profiles import ProfileError
 
-__all__ = ["AttentionTimes", "CollectiveTimes", "GemmTimes", "MoeTimes", "main_kernel"]
+__all__ = [
+    "AttentionTimes",
+    "CollectiveTimes",
+    "GemmTimes",
+    "MoeTimes",
+    "all_reduce_rows",
+    "main_kernel",
+]
 
 
 def main_kernel(rows: Columns) -> Columns:
@@ -163,18 +170,25 @@ class AttentionTimes:
         return min(a[0] for a in axes), max(a[-1] for a in axes)
 
 
+def all_reduce_rows(rows: Columns, *, dtype_column: str, dtype: str) -> Columns:
+    """The all-reduce rows of a collective table in one dtype. vLLM measures its custom
+    all-reduce eager and under CUDA graphs; serving steps run captured, so the graph rows
+    are the ones that apply where there are some."""
+    picked = rows.where(**{dtype_column: dtype})
+    if picked.has("op_name"):
+        picked = picked.where(op_name="all_reduce")
+    if picked.has("kernel_source"):
+        graph = [s for s in picked.values("kernel_source") if "graph" in str(s)]
+        picked = picked.where(kernel_source=graph[0]) if graph else main_kernel(picked)
+    return picked
+
+
 class CollectiveTimes:
     """All-reduce seconds over ``num_gpus`` GPUs by message size in 16-bit elements."""
 
     def __init__(self, rows: Columns, num_gpus: int, *, dtype_column: str, dtype: str):
-        picked = rows.where(num_gpus=num_gpus, **{dtype_column: dtype})
-        if picked.has("op_name"):
-            picked = picked.where(op_name="all_reduce")
-        if picked.has("kernel_source"):
-            # vLLM measures its custom all-reduce eager and under CUDA graphs; serving
-            # steps run captured, so the graph rows are the ones that apply.
-            graph = [s for s in picked.values("kernel_source") if "graph" in str(s)]
-            picked = picked.where(kernel_source=graph[0]) if graph else main_kernel(picked)
+        picked = all_reduce_rows(rows, dtype_column=dtype_column, dtype=dtype)
+        picked = picked.where(num_gpus=num_gpus)
         if len(picked) == 0:
             raise _no_rows(rows, f"{num_gpus} GPUs", f"num_gpus {rows.values('num_gpus')}")
         self.path = rows.path

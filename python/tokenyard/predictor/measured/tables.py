@@ -56,28 +56,13 @@ _NUMERIC = {
     "latency",
 }
 
+_ATTENTION = ("batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim", "kv_cache_dtype")
+
 #: Table file -> the columns it must have.
 REQUIRED: Mapping[str, tuple[str, ...]] = {
     "gemm_perf.parquet": ("m", "n", "k", "gemm_dtype", "latency"),
-    "context_attention_perf.parquet": (
-        "batch_size",
-        "isl",
-        "num_heads",
-        "num_key_value_heads",
-        "head_dim",
-        "kv_cache_dtype",
-        "latency",
-    ),
-    "generation_attention_perf.parquet": (
-        "batch_size",
-        "isl",
-        "num_heads",
-        "num_key_value_heads",
-        "head_dim",
-        "kv_cache_dtype",
-        "step",
-        "latency",
-    ),
+    "context_attention_perf.parquet": (*_ATTENTION, "latency"),
+    "generation_attention_perf.parquet": (*_ATTENTION, "step", "latency"),
     "custom_allreduce_perf.parquet": ("num_gpus", "message_size", "latency"),
     "nccl_perf.parquet": ("op_name", "num_gpus", "message_size", "latency"),
     "moe_perf.parquet": (

@@ -206,10 +206,12 @@ def test_results_write_every_file(tmp_path: Path) -> None:
     result = simulate(config(trace))
     out = result.write(tmp_path / "out")
     assert sorted(p.name for p in out.iterdir()) == [
+        "config.json",
         "requests.csv",
         "requests.parquet",
         "samples.parquet",
         "summary.json",
+        "token_gaps.parquet",
         "trace.json",
     ]
     summary = json.loads((out / "summary.json").read_text())

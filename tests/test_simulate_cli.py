@@ -55,6 +55,9 @@ def test_a_toml_config_with_overrides_writes_every_file(
     assert "200 requests" in printed
     assert "TTFT" in printed
     assert {p.name for p in out.iterdir()} == {
+        "command.txt",
+        "config.json",
+        "token_gaps.parquet",
         "requests.csv",
         "requests.parquet",
         "samples.parquet",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 
 
@@ -25,7 +26,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tokenyard.search import cli as search_cli
 
     search_cli.add_parser(commands)
+    from tokenyard.report import cli as report_cli
+
+    report_cli.add_parsers(commands)
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv  # the command line as given, for the report's "reproduce" section
 
     if args.version:
         from tokenyard import __version__, build_profile
@@ -40,6 +46,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return predictor_cli.run_command(args)
     if args.command == "search":
         return search_cli.run_command(args)
+    if args.command == "report":
+        return report_cli.run_report(args)
+    if args.command == "compare":
+        return report_cli.run_compare(args)
     if args.command == "demo":
         from tokenyard.demo import DemoWorkload
         from tokenyard.demo import main as demo_main

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
-from tokenyard.errors import TokenyardError
+from tokenyard.errors import ConfigError, TokenyardError
 from tokenyard.simulation.config import (
     apply_overrides,
     config_from_mapping,
@@ -80,6 +82,14 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--stage-trace", action="store_true", help="also write trace.json (Chrome/Perfetto)"
     )
+    p.add_argument(
+        "--plots",
+        nargs="?",
+        const="png",
+        metavar="FORMATS",
+        help="with --output: also draw the plots (png, svg or png,svg; default png) and "
+        "write DIR/report.html (docs/simulate.md#reports)",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -129,8 +139,37 @@ class _ProgressBar:
             sys.stderr.write("\n")
 
 
+def _plot_formats(args: argparse.Namespace) -> tuple[str, ...]:
+    """The --plots formats, checked before the run (it needs --output and matplotlib)."""
+    if args.plots is None:
+        return ()
+    from tokenyard.report.plots import _pyplot, parse_formats
+
+    formats = parse_formats(args.plots)
+    if not args.output:
+        raise ConfigError(
+            "--plots: needs --output DIR (the plots and report.html go there)",
+            field="--plots",
+            value=repr(args.plots),
+        )
+    _pyplot()
+    return formats
+
+
+def _write_outputs(args: argparse.Namespace, result: SimulationResult, formats: Any) -> None:
+    result.write(args.output)
+    argv = getattr(args, "argv", None)
+    if argv is not None:
+        (Path(args.output) / "command.txt").write_text(shlex.join(["tokenyard", *argv]) + "\n")
+    if formats:
+        from tokenyard.report import write_report
+
+        write_report(args.output, formats)
+
+
 def run_command(args: argparse.Namespace) -> int:
     try:
+        formats = _plot_formats(args)
         data = read_config_file(args.config) if args.config else {"workload": default_workload()}
         if args.trace:
             data["workload"] = {"kind": "trace", "format": args.trace_format, "path": args.trace}
@@ -142,16 +181,17 @@ def run_command(args: argparse.Namespace) -> int:
         finally:
             bar.close()
         if args.output:
-            result.write(args.output)
+            _write_outputs(args, result, formats)
     except TokenyardError as exc:
         print(f"tokenyard simulate: error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(result.summary, indent=2) if args.json else format_summary(result))
     if args.output:
         trace = ", trace.json" if result.stages is not None else ""
+        report = ", report.html, plots/" if args.plots is not None else ""
         print(
             f"\nwrote {args.output}/: requests.parquet, requests.csv, summary.json, "
-            f"samples.parquet{trace}"
+            f"samples.parquet, token_gaps.parquet, config.json{trace}{report}"
         )
     return 0
 

@@ -19,6 +19,7 @@ Layout (every section and key optional; see ``docs/simulate.md``)::
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import sys
 import types
@@ -42,6 +43,7 @@ __all__ = [
     "ReplicaSchedulerConfig",
     "SimulationConfig",
     "apply_overrides",
+    "config_document",
     "config_from_mapping",
     "default_workload",
     "load_config",
@@ -517,6 +519,15 @@ def _build(cls: type[Any], mapping: Any, where: str) -> Any:
     return cls(**values)
 
 
+def config_document(config: SimulationConfig) -> dict[str, Any]:
+    """``config`` as the mapping it was built from, every default filled in and
+    ``base_dir`` absolute: ``config_from_mapping`` (or ``tokenyard simulate config.json``)
+    rebuilds the same config from it."""
+    document: dict[str, Any] = json.loads(json.dumps(dataclasses.asdict(config)))
+    document["base_dir"] = str(Path(config.base_dir or Path.cwd()).resolve())
+    return document
+
+
 def config_from_mapping(mapping: Mapping[str, Any]) -> SimulationConfig:
     """Builds a config from nested mappings (a parsed TOML or YAML document)."""
     config: SimulationConfig = _build(SimulationConfig, mapping, "")
@@ -524,8 +535,9 @@ def config_from_mapping(mapping: Mapping[str, Any]) -> SimulationConfig:
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
-    """The document of a ``.toml``, ``.yaml`` or ``.yml`` file, with ``base_dir`` set to its
-    folder and the default workload if it has none."""
+    """The document of a ``.toml``, ``.yaml``, ``.yml`` or ``.json`` file, with ``base_dir``
+    set to its folder (unless the document sets it) and the default workload if it has
+    none."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -558,6 +570,15 @@ def _parse(path: Path, text: str) -> dict[str, Any]:
     try:
         if suffix == ".toml":
             return dict(toml_module().loads(text))
+        if suffix == ".json":  # e.g. the config.json a run writes beside its results
+            data = json.loads(text)
+            if not isinstance(data, dict):
+                raise ConfigError(
+                    f"config file {path}: the document must be an object",
+                    field="config",
+                    value=str(path),
+                )
+            return data
         if suffix in (".yaml", ".yml"):
             import yaml
 
@@ -576,7 +597,7 @@ def _parse(path: Path, text: str) -> dict[str, Any]:
             raise
         raise ConfigError(f"config file {path}: {exc}", field="config", value=str(path)) from None
     raise ConfigError(
-        f"config file {path}: unknown format {suffix!r}; use .toml, .yaml or .yml",
+        f"config file {path}: unknown format {suffix!r}; use .toml, .yaml, .yml or .json",
         field="config",
         value=str(path),
     )

@@ -33,12 +33,17 @@ FloatArray = npt.NDArray[np.float64]
 @dataclass
 class SimulationResult:
     """``summary`` (JSON-able dict), ``columns`` (the per-request table as numpy arrays),
-    ``samples`` (replica state over time), ``stages`` (every batch stage, if recorded)."""
+    ``samples`` (replica state over time), ``stages`` (every batch stage, if recorded),
+    ``token_gaps`` (the histogram of gaps between consecutive output tokens: ``low_s``,
+    ``high_s``, ``count``) and ``config`` (the resolved config, a mapping that
+    ``tokenyard simulate`` reads back)."""
 
     summary: dict[str, Any]
     columns: dict[str, np.ndarray]
     samples: dict[str, np.ndarray]
     stages: dict[str, np.ndarray] | None
+    token_gaps: dict[str, np.ndarray] | None = None
+    config: dict[str, Any] | None = None
 
     def table(self) -> Any:
         """The per-request table as a ``pyarrow.Table``, in request-id order."""
@@ -52,9 +57,10 @@ class SimulationResult:
 
     def write(self, directory: str | os.PathLike[str]) -> Path:
         """Writes ``requests.parquet``, ``requests.csv``, ``summary.json``,
-        ``samples.parquet`` and, if stages were recorded, ``trace.json`` (Chrome/Perfetto).
-        The files appear together or not at all: they are written to a temporary folder
-        beside ``directory`` and moved in at the end."""
+        ``samples.parquet``, ``token_gaps.parquet`` and ``config.json`` (where known) and, if
+        stages were recorded, ``trace.json`` (Chrome/Perfetto). The files appear together or
+        not at all: they are written to a temporary folder beside ``directory`` and moved in
+        at the end."""
         import pyarrow as pa
         import pyarrow.csv as pacsv  # type: ignore[import-untyped]
         import pyarrow.parquet as pq  # type: ignore[import-untyped]
@@ -74,6 +80,10 @@ class SimulationResult:
             pacsv.write_csv(table, staging / "requests.csv")
             pq.write_table(pa.table(self.samples), staging / "samples.parquet")
             (staging / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
+            if self.token_gaps is not None:
+                pq.write_table(pa.table(self.token_gaps), staging / "token_gaps.parquet")
+            if self.config is not None:
+                (staging / "config.json").write_text(json.dumps(self.config, indent=2) + "\n")
             if self.stages is not None:
                 (staging / "trace.json").write_text(json.dumps(_chrome_trace(self.stages)))
             target.mkdir(exist_ok=True)
@@ -130,6 +140,13 @@ def request_columns(raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     c["e2e"] = c["completed_at"] - c["arrived_at"]
     c["scheduling_delay"] = c["scheduled_at"] - c["arrived_at"]
     return c
+
+
+def token_gap_table(raw: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The core's token-gap histogram as columns: each bucket's bounds and its count."""
+    edges = np.asarray(raw["token_gap_edges"], dtype=np.float64)
+    counts = np.asarray(raw["token_gap_counts"], dtype=np.uint64)
+    return {"low_s": edges[:-1], "high_s": edges[1:], "count": counts}
 
 
 def _stats(values: FloatArray) -> dict[str, float]:

@@ -14,11 +14,16 @@ from tokenyard.catalog import load_catalog_file
 from tokenyard.errors import ConfigError
 from tokenyard.sched import SchedulerConfig
 from tokenyard.simulation.catalog import device_spec, model_spec
-from tokenyard.simulation.config import SimulationConfig
+from tokenyard.simulation.config import SimulationConfig, config_document
 from tokenyard.simulation.execution import build_predictor, choose_execution
 from tokenyard.simulation.execution import describe as describe_execution
 from tokenyard.simulation.planner import MemoryPlan, plan_memory
-from tokenyard.simulation.results import SimulationResult, request_columns, summarize
+from tokenyard.simulation.results import (
+    SimulationResult,
+    request_columns,
+    summarize,
+    token_gap_table,
+)
 from tokenyard.workload import load_workload
 
 __all__ = ["load_catalog_files", "load_object", "plan_for", "simulate"]
@@ -100,7 +105,14 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
         wall_s=wall_s,
         description=description,
     )
-    return SimulationResult(summary, columns, raw["samples"], raw.get("stages"))
+    return SimulationResult(
+        summary,
+        columns,
+        raw["samples"],
+        raw.get("stages"),
+        token_gaps=token_gap_table(raw),
+        config=config_document(config),
+    )
 
 
 def _plugins(config: SimulationConfig, core: dict[str, Any]) -> tuple[Any, list[Any] | None]:

@@ -14,7 +14,7 @@ PY_SOURCES := $(shell find python -type f -not -path '*/__pycache__/*') pyprojec
 .PHONY: run test lint rust-test py-test stubs build bench
 
 run: $(BUILD_STAMP)
-	$(BIN)/tokenyard simulate --output results
+	$(BIN)/tokenyard simulate --output results --plots
 
 test: lint rust-test py-test stubs
 

@@ -50,6 +50,9 @@ METRICS: tuple[Metric, ...] = (
     ("busy mean (%)", lambda s: 100 * s["replicas"]["mean_busy_fraction"], "", "{:.1f}"),
 )
 
+#: Relative difference under which two runs tie on a metric.
+TIE = 1e-3
+
 LATENCY_ROWS = (
     ("TTFT", "ttft"),
     ("TPOT", "tpot"),
@@ -177,16 +180,19 @@ def run_html(run: Run, plots: dict[str, list[Path]]) -> str:
 
 def comparison_rows(runs: Sequence[Run]) -> list[dict[str, Any]]:
     """Per headline metric: each run's value, its change against the first run, and the
-    index of the best run (None where no direction is better)."""
+    indices of the best runs (within ``TIE`` of the best; empty where no direction is
+    better or every run ties)."""
     rows = []
     for label, get, better, fmt in METRICS:
         values = [float(get(r.summary)) for r in runs]
         base = values[0]
         changes = [None if base == 0 else (v - base) / abs(base) for v in values]
         best: set[int] = set()
-        if better and len(set(values)) > 1:
+        if better:
             top = min(values) if better == "lower" else max(values)
-            best = {i for i, v in enumerate(values) if v == top}
+            # Within 0.1% of the best is a tie: a difference no one would act on.
+            best = {i for i, v in enumerate(values) if abs(v - top) <= TIE * abs(top)}
+            best = best if len(best) < len(values) else set()
         rows.append(
             {
                 "metric": label,

@@ -362,6 +362,7 @@ def test_auto_with_tables_named_refuses_to_fall_back(tables: Path) -> None:
         ({"model": "roofline", "constant_s": 0.01}, "execution.constant_s"),
         ({"model": "linear", "profiled": {"profiles": ["a.csv"]}}, "execution.profiled"),
         ({"measured": {"framework": "tgi"}}, "execution.measured.framework"),
+        ({"model": "linear", "cpu": {"sample_s": 0.001}}, "execution.cpu"),
     ],
 )
 def test_a_setting_the_chosen_model_would_ignore_is_refused(

@@ -330,7 +330,9 @@ class ExecutionConfig:
     per_prefill_context_token_s: float | None = None
     cpu_overhead_s: float | None = None
     efficiency: Efficiencies | None = None
-    cpu: CpuOverheads = dataclasses.field(default_factory=CpuOverheads)
+    #: Host time per batch stage (every model but ``linear``, whose ``cpu_overhead_s`` is
+    #: its own); unset: ``CpuOverheads()``'s documented defaults.
+    cpu: CpuOverheads | None = None
     measured: MeasuredConfig | None = None
     profiled: ProfiledConfig | None = None
 
@@ -347,7 +349,8 @@ class ExecutionConfig:
                 _non_negative(f"{where}.{name}", getattr(self, name))
         if self.efficiency is not None:
             self.efficiency.check(f"{where}.efficiency")
-        self.cpu.check(f"{where}.cpu")
+        if self.cpu is not None:
+            self.cpu.check(f"{where}.cpu")
         if self.measured is not None:
             self.measured.check(f"{where}.measured")
         if self.profiled is not None:
@@ -361,6 +364,7 @@ class ExecutionConfig:
         sections = (
             (given_linear[0] if given_linear else None, ("linear",)),
             ("efficiency" if self.efficiency is not None else None, ("roofline", "profiled")),
+            ("cpu" if self.cpu is not None else None, ("auto", "measured", "roofline", "profiled")),
             ("measured" if self.measured is not None else None, ("measured", "auto")),
             ("profiled" if self.profiled is not None else None, ("profiled",)),
         )

@@ -28,7 +28,7 @@ from tokenyard.predictor.measured.data import (
 )
 from tokenyard.predictor.profiled import profiled_predictor
 from tokenyard.predictor.profiles import read_profiles
-from tokenyard.predictor.roofline import Efficiencies, roofline_predictor
+from tokenyard.predictor.roofline import CpuOverheads, Efficiencies, roofline_predictor
 from tokenyard.simulation.config import MeasuredConfig, ProfiledConfig, SimulationConfig
 from tokenyard.simulation.planner import _resolve_kv_dtype, dtype_bytes
 
@@ -137,7 +137,7 @@ def _build_measured(config: SimulationConfig, source: MeasuredSource) -> Compile
         replica.num_pipeline_stages,
         replica.dtype,
         _resolve_kv_dtype(replica.dtype, replica.kv_cache_dtype),
-        config.execution.cpu,
+        config.execution.cpu or CpuOverheads(),
         (config.execution.measured or MeasuredConfig()).moe_distribution,
     )
 
@@ -191,7 +191,7 @@ def build_predictor(
         weight_bytes=weight_bytes,
         kv_bytes=kv_bytes,
         efficiencies=execution.efficiency or Efficiencies(),
-        cpu=execution.cpu,
+        cpu=execution.cpu or CpuOverheads(),
         calibration=choice.calibration if choice.kind == "roofline" else None,
     )
     if choice.kind == "roofline":

@@ -575,27 +575,11 @@ def _parse(path: Path, text: str) -> dict[str, Any]:
         if suffix == ".toml":
             return dict(toml_module().loads(text))
         if suffix == ".json":  # e.g. the config.json a run writes beside its results
-            data = json.loads(text)
-            if not isinstance(data, dict):
-                raise ConfigError(
-                    f"config file {path}: the document must be an object",
-                    field="config",
-                    value=str(path),
-                )
-            return data
+            return _document(path, json.loads(text))
         if suffix in (".yaml", ".yml"):
             import yaml
 
-            data = yaml.safe_load(text)
-            if data is None:
-                return {}
-            if not isinstance(data, dict):
-                raise ConfigError(
-                    f"config file {path}: the document must be a mapping",
-                    field="config",
-                    value=str(path),
-                )
-            return data
+            return _document(path, yaml.safe_load(text))
     except (ValueError, ImportError) as exc:
         if isinstance(exc, ConfigError):
             raise
@@ -605,6 +589,19 @@ def _parse(path: Path, text: str) -> dict[str, Any]:
         field="config",
         value=str(path),
     )
+
+
+def _document(path: Path, data: Any) -> dict[str, Any]:
+    """A parsed YAML or JSON document, which must be a mapping (empty: no keys)."""
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"config file {path}: the document must be a mapping",
+            field="config",
+            value=str(path),
+        )
+    return data
 
 
 def parse_set_options(items: list[str]) -> dict[str, Any]:

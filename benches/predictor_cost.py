@@ -4,7 +4,8 @@ models, under the ``vllm`` and ``vllm_v1`` replica policies, each run in a fresh
 pinned to one core.
 
 Each (policy, model) runs twice: as is, and with the model evaluated ``REPEAT`` times per
-batch stage (``exec_repeat``: same answers, so the same schedule, batch for batch). The
+batch stage (``_core.simulate(exec_repeat=...)``: same answers, so the same schedule,
+batch for batch). The
 difference of the two walls over ``REPEAT - 1`` is exactly what the model costs inside the
 event loop; its share is that over the plain run's wall (``summary["wall_s"]``, the Rust
 loop). Models price batches differently, so the runs of different models schedule
@@ -90,18 +91,16 @@ REPEAT = 5
 def child(
     policy: str, model: str, num_requests: int, profile: Path, cache: Path, repeat: int
 ) -> dict[str, Any]:
+    from tokenyard import _core
     from tokenyard.simulation import config_from_mapping, simulate
-    from tokenyard.simulation import run as run_module
 
     cfg = config_from_mapping(config(policy, model, num_requests, profile, cache))
-    core_config = run_module._core_config
+    core_simulate = _core.simulate
 
     def with_repeat(*args: Any, **kwargs: Any) -> dict[str, Any]:
-        out = core_config(*args, **kwargs)
-        out["exec_repeat"] = repeat
-        return out
+        return core_simulate(*args, exec_repeat=repeat, **kwargs)
 
-    run_module._core_config = with_repeat  # type: ignore[assignment]
+    _core.simulate = with_repeat  # type: ignore[assignment]
     result = simulate(cfg)
     return {
         "policy": policy,

@@ -56,3 +56,51 @@ class WholeRequestAtOnce:
 
     def on_batch_end(self, requests: list[Any]) -> None:  # pragma: no cover - never reached
         pass
+
+
+class Answers:
+    """A router whose ``route`` returns ``answer`` (options: ``answer``), whatever it is."""
+
+    def __init__(self, *, num_replicas: int, seed: int, answer: Any):
+        self.answer = answer
+
+    def route(self, request: dict[str, Any], replicas: list[dict[str, Any]]) -> Any:
+        return self.answer
+
+
+class BatchAnswers:
+    """A replica policy whose ``next_batch`` returns ``answer`` (options: ``answer``) once
+    it holds a request."""
+
+    def __init__(self, *, replica_id: int, num_blocks: int, block_size: int, answer: Any):
+        self.answer = answer
+        self.held = False
+
+    def add_request(self, request: Any) -> None:
+        self.held = True
+
+    def next_batch(self) -> Any:
+        return self.answer if self.held else None
+
+    def on_batch_end(self, requests: list[Any]) -> None:  # pragma: no cover - never called
+        pass
+
+
+class KvUsageAnswers:
+    """Runs each request alone to completion; ``kv_usage`` returns ``answer``."""
+
+    def __init__(self, *, replica_id: int, num_blocks: int, block_size: int, answer: Any):
+        self.answer = answer
+        self.waiting: list[Any] = []
+
+    def add_request(self, request: Any) -> None:
+        self.waiting.append(request)
+
+    def next_batch(self) -> Any:
+        return None
+
+    def on_batch_end(self, requests: list[Any]) -> None:  # pragma: no cover - never called
+        pass
+
+    def kv_usage(self) -> Any:
+        return self.answer

@@ -80,7 +80,7 @@ def times(result: Any) -> list[tuple[float, float]]:
 def test_one_request_takes_the_hand_computed_time(tmp_path: Path, policy: str) -> None:
     # Prefill of 10 tokens: 1 + 0.1 * 10 = 2 s (the first token); 2 decodes of 1.2 s.
     trace = write_trace(tmp_path / "t.csv", [(0.0, 10, 3)])
-    result = simulate(config(trace, policy=policy, scheduler={"chunk_size": 64}))
+    result = simulate(config(trace, policy=policy, scheduler={"vidur": {"chunk_size": 64}}))
     assert times(result) == [pytest.approx((2.0, 4.4))]
     row = result.table().to_pylist()[0]
     assert row["ttft"] == pytest.approx(2.0)
@@ -140,8 +140,10 @@ def test_every_request_completes_once_with_its_tokens_deterministically(
         scheduler={
             "num_blocks": num_blocks * (4 if policy == "lightllm" else 1),
             "max_request_tokens": 64,
-            "chunk_size": 16,
-            "max_num_batched_tokens": 16,
+            # Each policy reads its own section; the others are inert.
+            "vidur": {"chunk_size": 16},
+            "vllm_v1": {"max_num_batched_tokens": 16},
+            "sglang": {"chunked_prefill_size": 16},
         },
     )
     first = simulate(cfg)
@@ -228,7 +230,7 @@ def test_results_write_every_file(tmp_path: Path) -> None:
         ({"cluster": {"num_replica": 2}}, "cluster.num_replica"),
         ({"cluster": {"num_replicas": 0}}, "cluster.num_replicas"),
         ({"replica": {"scheduler": {"policy": "vllm2"}}}, "replica.scheduler.policy"),
-        ({"replica": {"scheduler": {"policy": "lightllm"}}}, "replica.scheduler.block_size"),
+        ({"replica": {"scheduler": {"policy": "lightllm"}}}, "replica.scheduler.vidur.block_size"),
         (
             {"replica": {"num_pipeline_stages": 2, "scheduler": {"policy": "sglang"}}},
             "replica.num_pipeline_stages",

@@ -11,6 +11,7 @@ import math
 import tracemalloc
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -260,10 +261,29 @@ def test_caps_are_respected(dist: LengthDistribution) -> None:
     assert values.max() == high  # every case above reaches its upper cap
 
 
-def test_huge_lognormal_stays_in_uint32() -> None:
-    values = lengths(LengthDistribution(kind="lognormal", median=1e6, sigma=50.0), n=4096)
+def test_huge_lognormal_stays_under_the_request_length_bound() -> None:
+    values = lengths(LengthDistribution(kind="lognormal", median=1e6, sigma=10.0), n=4096)
     assert values.min() >= 1
-    assert values.max() == 2**32 - 1
+    assert values.max() == 2**24  # MAX_REQUEST_TOKENS
+
+
+@pytest.mark.parametrize(
+    ("fields", "name"),
+    [
+        ({"kind": "lognormal", "median": 512, "sigma": 100.0}, "sigma"),
+        ({"kind": "fixed", "value": 2**32 - 1}, "value"),
+        ({"kind": "lognormal", "median": 512, "sigma": 1.0, "max_tokens": 2**25}, "max_tokens"),
+    ],
+)
+def test_lengths_past_the_bounds_are_refused(fields: dict[str, Any], name: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        LengthDistribution(**fields)
+    assert err.value.field == name
+
+
+def test_shared_prefixes_past_the_hash_id_bound_are_refused() -> None:
+    with pytest.raises(ConfigError, match="hash ids"):
+        SharedPrefix(num_groups=1024, prefix_tokens=2**20, share_ratio=0.5)
 
 
 # --- shared prefixes --------------------------------------------------------------------
@@ -353,7 +373,7 @@ def test_no_prefix_identity_without_shared_prefix() -> None:
     ("build", "field", "message"),
     [
         (lambda: ArrivalProcess(kind="poison", qps=1.0), "kind", "unknown value 'poison'"),  # type: ignore[arg-type]
-        (lambda: ArrivalProcess(qps=0.0), "qps", "must be a finite number > 0, got 0.0"),
+        (lambda: ArrivalProcess(qps=0.0), "qps", "must be a finite number > 0 and <= 1e+09, got 0.0"),
         (lambda: ArrivalProcess(qps=math.inf), "qps", "got inf"),
         (lambda: ArrivalProcess(qps=True), "qps", "got True"),
         (lambda: ArrivalProcess(qps=1.0, cv=2.0), "cv", "does not apply to kind='poisson'"),
@@ -375,7 +395,7 @@ def test_no_prefix_identity_without_shared_prefix() -> None:
         (lambda: LengthDistribution(kind="fixed", value=0), "value", "got 0"),
         (lambda: LengthDistribution(kind="fixed", value=2.5), "value", "must be an int"),  # type: ignore[arg-type]
         (lambda: LengthDistribution(kind="fixed", value=3, low=2), "low", "does not apply"),
-        (lambda: LengthDistribution(kind="uniform", low=9, high=3), "high", "in [9, 4294967295]"),
+        (lambda: LengthDistribution(kind="uniform", low=9, high=3), "high", "in [9, 16777216]"),
         (lambda: LengthDistribution(kind="zipf", low=1, high=2**23, theta=1.0), "high", "support"),
         (lambda: LengthDistribution(kind="zipf", low=1, high=9, theta=-1), "theta", ">= 0"),
         (lambda: LengthDistribution(kind="lognormal", median=0, sigma=1.0), "median", "> 0"),
@@ -397,7 +417,7 @@ def test_no_prefix_identity_without_shared_prefix() -> None:
         (
             lambda: SharedPrefix(num_groups=1, prefix_tokens=5, share_ratio=1, hash_block_size=0),
             "hash_block_size",
-            "in [1, 4294967295], got 0",
+            "in [1, 16777216], got 0",
         ),
         (lambda: workload(num_requests=0), "num_requests", ">= 1"),
         (lambda: workload(seed=-1), "seed", "in [0,"),
@@ -534,7 +554,7 @@ def test_load_trace_relative_to_base_dir_and_round_trip() -> None:
             "unknown value 'poison'; expected one of 'bursty', 'constant', 'gamma', 'poisson'",
         ),
         ("arrival.qpss", 3, "workload.arrival.qpss", "unknown key; expected one of"),
-        ("arrival.qps", -1, "workload.arrival.qps", "must be a finite number > 0, got -1"),
+        ("arrival.qps", -1, "workload.arrival.qps", "must be a finite number > 0 and <= 1e+09, got -1"),
         ("arrival.qps", None, "workload.arrival.qps", "missing (required)"),
         ("prompt_tokens.kind", None, "workload.prompt_tokens.kind", "missing (required)"),
         ("prompt_tokens", 5, "workload.prompt_tokens", "must be a table (mapping), got int"),

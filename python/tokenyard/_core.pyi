@@ -9,7 +9,10 @@ import numpy.typing as npt
 __all__ = [
     "BlockPool",
     "BlockPoolStats",
+    "GLOBAL_POLICIES",
+    "REPLICA_POLICIES",
     "CachedRequestData",
+    "CompiledOps",
     "ComputedBlocks",
     "CountingAllocator",
     "MatchResult",
@@ -20,6 +23,9 @@ __all__ = [
     "Scheduler",
     "SchedulerOutput",
     "SchedulerStats",
+    "LinearModel",
+    "ReplicaSpec",
+    "SimConfig",
     "SimRequestView",
     "__version__",
     "build_profile",
@@ -431,14 +437,14 @@ class Scheduler:
         prompt_token_ids: _TokenIds,
         max_tokens: int,
         *,
-        priority: int = 0,
+        priority: int | None = None,
         arrival_time: float | None = None,
         eos_token_id: int | None = None,
         stop_token_ids: _TokenIds | None = None,
         ignore_eos: bool = False,
         lora_id: int | None = None,
     ) -> None:
-        """Queues a request. ``priority``: lower runs first (policy="priority"); ties go by
+        """Queues a request. ``priority`` (default 0): lower runs first (policy="priority"); ties go by
         ``arrival_time`` (default 0.0) then arrival order.
 
         Raises:
@@ -521,21 +527,111 @@ class _RequestChunkLike(Protocol):
     @property
     def hash_ids(self) -> npt.NDArray[np.uint64] | None: ...
 
+#: The replica policies in the core's registry: name -> {section, pipeline_parallel, summary}.
+REPLICA_POLICIES: dict[str, dict[str, Any]]
+#: The built-in global (routing) policies.
+GLOBAL_POLICIES: list[str]
+
+@final
+class ReplicaSpec:
+    """One replica policy with every size derived; built by ``tokenyard.simulation``."""
+
+    @staticmethod
+    def vidur(
+        policy: str,
+        *,
+        num_blocks: int,
+        block_size: int,
+        watermark_blocks: int,
+        batch_size_cap: int,
+        max_micro_batch_size: int,
+        max_blocks_per_sequence: int,
+        max_tokens_in_batch: int,
+        chunk_size: int,
+        max_waiting_iters: int,
+    ) -> ReplicaSpec: ...
+    @staticmethod
+    def vllm_v1(config: _SchedulerConfigLike) -> ReplicaSpec: ...
+    @staticmethod
+    def sglang(
+        *,
+        num_pages: int,
+        page_size: int,
+        max_running_requests: int,
+        max_extend_tokens: int,
+        graph_batch_sizes: list[int],
+    ) -> ReplicaSpec: ...
+    @staticmethod
+    def plugin(block_size: int) -> ReplicaSpec: ...
+    @property
+    def policy(self) -> str: ...
+    def request_limit(self, num_prefill_tokens: int, num_decode_tokens: int) -> str | None:
+        """Why a request of these lengths can never run on a replica, or ``None``."""
+
+@final
+class LinearModel:
+    """The linear execution-time model's coefficients (seconds)."""
+
+    def __new__(
+        cls,
+        *,
+        constant_s: float,
+        per_prefill_token_s: float,
+        per_decode_token_s: float,
+        per_decode_context_token_s: float,
+        per_prefill_context_token_s: float,
+        cpu_overhead_s: float,
+    ) -> LinearModel: ...
+
+@final
+class CompiledOps:
+    """A compiled per-operation execution-time model (``tokenyard.predictor``'s dict)."""
+
+    def __new__(cls, spec: dict[str, Any]) -> CompiledOps: ...
+    @property
+    def num_ops(self) -> int: ...
+
+@final
+class SimConfig:
+    """A whole simulation's config, checked by the core when built."""
+
+    def __new__(
+        cls,
+        *,
+        num_replicas: int,
+        num_stages: int,
+        global_policy: str,
+        balance: float,
+        replica: ReplicaSpec,
+        linear: LinearModel,
+        seed: int,
+        hash_block_size: int,
+        sample_interval_s: float,
+        record_stages: bool,
+        over_length: str,
+    ) -> SimConfig: ...
+    @property
+    def replica_policy(self) -> str: ...
+
 def simulate(
-    config: dict[str, Any],
+    config: SimConfig,
     chunks: Iterable[_RequestChunkLike],
     *,
-    exec_model: Callable[..., float | tuple[float, float]] | None = None,
+    exec_model: CompiledOps | Callable[..., float | tuple[float, float]] | None = None,
     progress: Callable[[int], object] | None = None,
     route_plugin: object | None = None,
     replica_plugins: Sequence[object] | None = None,
+    exec_repeat: int = 1,
 ) -> dict[str, Any]:
-    """Runs the core simulator (use ``tokenyard.simulation.simulate``): a config dict built by
-    ``tokenyard.simulation``, an iterator of request chunks, an optional Python
-    execution-time model and progress callback. Returns numpy arrays in a dict.
+    """Runs the core simulator (use ``tokenyard.simulation.simulate``) with the GIL
+    released: a typed config, an iterator of request chunks, an optional execution-time
+    model (compiled ops, or a Python callable: the slow path) and progress callback.
+    ``exec_repeat`` asks the model that many times per batch stage (a benchmark aid).
+    Returns numpy arrays in a dict.
 
     Raises:
-        ConfigError, InputError, CapacityError; or the exception a callback raised.
+        ConfigError, InputError, CapacityError, PolicyError; or the exception a callback
+        raised.
     """
 
 def evaluate_ops(

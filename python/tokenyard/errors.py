@@ -9,6 +9,8 @@ the same information for programs. A call that raises leaves its object unchange
   ``KeyError``).
 - ``CapacityError``: not enough free memory for an explicit allocation.
 - ``PolicyError``: a policy plugin returned an invalid answer.
+- ``OutputError``: a result could not be written (the path and the OS's reason; also an
+  ``OSError``).
 - ``InternalError``: an internal invariant broke; this is a tokenyard bug, please report it.
 """
 
@@ -19,6 +21,7 @@ __all__ = [
     "ConfigError",
     "InputError",
     "InternalError",
+    "OutputError",
     "PolicyError",
     "TokenyardError",
     "UnknownRequestError",
@@ -56,6 +59,17 @@ class CapacityError(TokenyardError, RuntimeError):
 
 class PolicyError(TokenyardError, RuntimeError):
     """A policy plugin returned an invalid answer (e.g. not a permutation of the ids)."""
+
+
+class OutputError(TokenyardError, OSError):
+    """A result file or folder could not be written; ``field`` is the path."""
+
+    @classmethod
+    def of(cls, exc: OSError, path: object) -> OutputError:
+        """The error for ``exc`` raised while writing under ``path``."""
+        where = exc.filename if exc.filename is not None else path
+        reason = exc.strerror or str(exc)
+        return cls(f"cannot write {where}: {reason}", field=str(where), value=str(path))
 
 
 class InternalError(TokenyardError, RuntimeError):

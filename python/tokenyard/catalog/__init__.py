@@ -14,7 +14,9 @@ with the URL it was copied from. See ``docs/catalog.md``.
 
 from tokenyard.catalog.hf import bundled_model_names, model_from_config
 from tokenyard.catalog.loader import (
+    Catalog,
     CatalogEntries,
+    current_catalog,
     builtin_devices,
     builtin_models,
     device,
@@ -28,6 +30,8 @@ from tokenyard.catalog.loader import (
 from tokenyard.catalog.specs import DeviceSpec, ModelSpec
 
 __all__ = [
+    "Catalog",
+    "current_catalog",
     "CatalogEntries",
     "DeviceSpec",
     "ModelSpec",

@@ -8,6 +8,8 @@ another device, and a file that fails validation changes nothing.
 
 from __future__ import annotations
 
+import dataclasses
+
 import difflib
 import json
 import sys
@@ -28,7 +30,9 @@ from tokenyard.catalog.specs import (
 from tokenyard.errors import ConfigError
 
 __all__ = [
+    "Catalog",
     "CatalogEntries",
+    "current_catalog",
     "builtin_devices",
     "builtin_models",
     "device",
@@ -247,59 +251,95 @@ def devices() -> dict[str, DeviceSpec]:
     return dict(_DEVICES)
 
 
-def model(name: str, *, field: str = "model") -> ModelSpec:
-    """The model called ``name``: a catalog entry, else a Hugging Face ``config.json`` that
-    ``name`` is the path of, or the repo id of a bundled one (``hf.config_path``).
+@dataclasses.dataclass(frozen=True)
+class Catalog:
+    """A set of models and devices, as a value: ``simulate`` builds one from the built-ins,
+    the files loaded in this process and the config's own ``catalog`` files, and looks every
+    name up in it, so a simulation never changes the registry other code sees."""
 
-    Raises:
-        ConfigError: unknown name, or a config that cannot be read or is refused
-            (``hf.model_from_config``); ``field`` is the caller's (e.g. ``replica.model``)
-            and an unknown name's message lists the known names.
-    """
-    spec = _MODELS.get(name) if isinstance(name, str) else None
-    if spec is not None:
-        return spec
-    path = hf.config_path(name) if isinstance(name, str) else None
-    if path is not None:
-        return hf.model_from_config(path, name=name, field=field)
-    raise ConfigError(_unknown_model(name, field), field=field, value=repr(name))
+    models: Mapping[str, ModelSpec]
+    devices: Mapping[str, DeviceSpec]
+    aliases: Mapping[str, str]
 
-
-def _unknown_model(name: object, field: str) -> str:
-    bundled = hf.bundled_model_names()
-    message = (
-        f"{field}: unknown model {name!r}; expected one of {', '.join(_MODELS)}, or the path "
-        "of a Hugging Face config.json"
-    )
-    if bundled:
-        message += ", or a repo id of catalog.bundled_model_names()"
-    else:
-        message += (
-            " (`pip install tokenyard[measured]` adds the Hugging Face configs that "
-            "aiconfigurator-core bundles, by repo id, e.g. meta-llama/Meta-Llama-3.1-8B)"
+    def with_file(self, path: str | Path) -> Catalog:
+        """This catalog plus a file's entries (a same-named entry is replaced)."""
+        found = read_catalog_file(path)
+        devices = {**self.devices, **found.devices}
+        return Catalog(
+            models={**self.models, **found.models},
+            devices=devices,
+            aliases=_index_aliases(devices, str(path)),
         )
-    close = difflib.get_close_matches(str(name), [*_MODELS, *bundled], n=1)
-    return message + (f"; did you mean {close[0]!r}?" if close else "")
+
+    def model(self, name: str, *, field: str = "model") -> ModelSpec:
+        """The model called ``name``: a catalog entry, else a Hugging Face ``config.json``
+        that ``name`` is the path of, or the repo id of a bundled one
+        (``hf.config_path``).
+
+        Raises:
+            ConfigError: unknown name, or a config that cannot be read or is refused
+                (``hf.model_from_config``); ``field`` is the caller's (e.g.
+                ``replica.model``) and an unknown name's message lists the known names.
+        """
+        spec = self.models.get(name) if isinstance(name, str) else None
+        if spec is not None:
+            return spec
+        path = hf.config_path(name) if isinstance(name, str) else None
+        if path is not None:
+            return hf.model_from_config(path, name=name, field=field)
+        raise ConfigError(self._unknown_model(name, field), field=field, value=repr(name))
+
+    def _unknown_model(self, name: object, field: str) -> str:
+        bundled = hf.bundled_model_names()
+        message = (
+            f"{field}: unknown model {name!r}; expected one of {', '.join(self.models)}, or "
+            "the path of a Hugging Face config.json"
+        )
+        if bundled:
+            message += ", or a repo id of catalog.bundled_model_names()"
+        else:
+            message += (
+                " (`pip install tokenyard[measured]` adds the Hugging Face configs that "
+                "aiconfigurator-core bundles, by repo id, e.g. meta-llama/Meta-Llama-3.1-8B)"
+            )
+        close = difflib.get_close_matches(str(name), [*self.models, *bundled], n=1)
+        return message + (f"; did you mean {close[0]!r}?" if close else "")
+
+    def device(self, name: str, *, field: str = "device") -> DeviceSpec:
+        """The device called ``name`` or one of its aliases (``h100-80gb`` is
+        ``h100-sxm``).
+
+        Raises:
+            ConfigError: unknown name; ``field`` is the caller's (e.g. ``replica.device``)
+                and the message lists the known names and aliases.
+        """
+        if isinstance(name, str):
+            spec = self.devices.get(name) or self.devices.get(self.aliases.get(name, ""))
+            if spec is not None:
+                return spec
+        aliases = ", ".join(f"{a} = {d}" for a, d in self.aliases.items())
+        raise ConfigError(
+            f"{field}: unknown device {name!r}; expected one of {', '.join(self.devices)}"
+            + (f" (aliases: {aliases})" if aliases else ""),
+            field=field,
+            value=repr(name),
+        )
+
+
+def current_catalog() -> Catalog:
+    """The process's registry as a value: built-ins plus files loaded with
+    ``load_catalog_file``."""
+    return Catalog(models=dict(_MODELS), devices=dict(_DEVICES), aliases=dict(_ALIASES))
+
+
+def model(name: str, *, field: str = "model") -> ModelSpec:
+    """``current_catalog().model(name)``: see ``Catalog.model``."""
+    return Catalog(_MODELS, _DEVICES, _ALIASES).model(name, field=field)
 
 
 def device(name: str, *, field: str = "device") -> DeviceSpec:
-    """The device called ``name`` or one of its aliases (``h100-80gb`` is ``h100-sxm``).
-
-    Raises:
-        ConfigError: unknown name; ``field`` is the caller's (e.g. ``replica.device``) and
-            the message lists the known names and aliases.
-    """
-    if isinstance(name, str):
-        spec = _DEVICES.get(name) or _DEVICES.get(_ALIASES.get(name, ""))
-        if spec is not None:
-            return spec
-    aliases = ", ".join(f"{a} = {d}" for a, d in _ALIASES.items())
-    raise ConfigError(
-        f"{field}: unknown device {name!r}; expected one of {', '.join(_DEVICES)}"
-        + (f" (aliases: {aliases})" if aliases else ""),
-        field=field,
-        value=repr(name),
-    )
+    """``current_catalog().device(name)``: see ``Catalog.device``."""
+    return Catalog(_MODELS, _DEVICES, _ALIASES).device(name, field=field)
 
 
 def load_catalog_file(path: str | Path) -> CatalogEntries:

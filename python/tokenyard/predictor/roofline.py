@@ -70,12 +70,17 @@ class Efficiencies:
     def check(self, where: str) -> None:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if not (isinstance(value, (int, float)) and 0 < value <= 1):
+            if not (isinstance(value, (int, float)) and MIN_EFFICIENCY <= value <= 1):
                 raise ConfigError(
-                    f"{where}.{field.name}: must be in (0, 1], got {value!r}",
+                    f"{where}.{field.name}: must be in [{MIN_EFFICIENCY}, 1], got {value!r}",
                     field=f"{where}.{field.name}",
                     value=repr(value),
                 )
+
+
+#: No kernel runs at under 1% of its roofline; a lower efficiency is a typo (1e-300 would
+#: price a prefill at 1e299 s).
+MIN_EFFICIENCY = 0.01
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -91,9 +96,9 @@ class CpuOverheads:
     def check(self, where: str) -> None:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and 0 <= value <= 1):
                 raise ConfigError(
-                    f"{where}.{field.name}: must be a finite number >= 0, got {value!r}",
+                    f"{where}.{field.name}: must be a number in [0, 1] (seconds), got {value!r}",
                     field=f"{where}.{field.name}",
                     value=repr(value),
                 )

@@ -24,13 +24,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tokenyard._checks import read_document
 from tokenyard.errors import ConfigError
 from tokenyard.simulation.config import (
     apply_overrides,
     config_from_mapping,
     default_workload,
     read_config_file,
-    toml_module,
 )
 
 __all__ = [
@@ -421,29 +421,4 @@ def load_search_config(
 def _read(path: Path) -> dict[str, Any]:
     """The document of a search file (``read_config_file`` would add a simulation's
     defaults at the top level, where a search file has none)."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise _fail("config", f"config file {path}: {exc.strerror}", str(path)) from None
-    suffix = path.suffix.lower()
-    if suffix == ".toml":
-        toml = toml_module()
-        try:
-            return dict(toml.loads(text))
-        except toml.TOMLDecodeError as exc:
-            raise _fail("config", f"config file {path}: {exc}", str(path)) from None
-    if suffix in (".yaml", ".yml"):
-        import yaml
-
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise _fail("config", f"config file {path}: {exc}", str(path)) from None
-        if data is None:
-            return {}
-        if isinstance(data, dict):
-            return data
-        raise _fail("config", f"config file {path}: the document must be a mapping", str(path))
-    raise _fail(
-        "config", f"config file {path}: unknown format {suffix!r}; use .toml, .yaml or .yml", path
-    )
+    return read_document(path)

@@ -29,7 +29,9 @@ from tokenyard.simulation.config import (
     apply_overrides,
     config_from_mapping,
 )
-from tokenyard.simulation.run import load_catalog_files, plan_for
+from tokenyard.catalog import Catalog, current_catalog
+from tokenyard.simulation.catalog import catalog_for
+from tokenyard.simulation.run import plan_for
 
 __all__ = [
     "CapacityReport",
@@ -64,11 +66,11 @@ class Point:
         return float(self.layout["num_gpus"]) * self.price_per_gpu_hour
 
 
-def _price(device: str, prices: Mapping[str, float]) -> float | None:
+def _price(
+    device: str, prices: Mapping[str, float], catalog: Catalog | None = None
+) -> float | None:
     """USD per GPU-hour: the config's ``[prices]`` first, then the catalog (0 = unknown)."""
-    from tokenyard.simulation.catalog import device_spec
-
-    spec = device_spec(device)
+    spec = (catalog or current_catalog()).device(device, field="replica.device")
     for name in (device, spec.name, *spec.aliases):  # a price may name any of them
         if name in prices:
             return prices[name]
@@ -87,12 +89,10 @@ def _source(field: str, origins: Mapping[str, str]) -> str:
 
 def _check_layout(config: SimulationConfig) -> None:
     """Unknown model or device, or a TP/PP that does not divide the model: errors."""
-    from tokenyard.simulation.catalog import device_spec, model_spec
-
-    load_catalog_files(config)
+    catalog = catalog_for(config)
     replica = config.replica
-    model = model_spec(config.model_name())
-    device_spec(replica.device)
+    model = catalog.model(config.model_name(), field="replica.model")
+    catalog.device(replica.device, field="replica.device")
     model.check_layout(replica.tensor_parallel_size, replica.num_pipeline_stages)
 
 
@@ -163,7 +163,7 @@ def expand(config: SearchConfig, *, need_prices: bool = True) -> list[Point]:
             "num_pipeline_stages": replica.num_pipeline_stages,
             "num_gpus": num_gpus,
         }
-        price = _price(replica.device, config.prices)
+        price = _price(replica.device, config.prices, catalog_for(sim))
         if price is None and need_prices:
             raise ConfigError(
                 f"prices.{replica.device}: the catalog has no price for {replica.device}; "

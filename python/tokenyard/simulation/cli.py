@@ -4,14 +4,16 @@ with flag overrides, show progress, print a summary table, write the result file
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import os
 import shlex
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from tokenyard.errors import ConfigError, TokenyardError
+from tokenyard.errors import ConfigError, OutputError, TokenyardError
 from tokenyard.simulation.config import (
     apply_overrides,
     config_from_mapping,
@@ -24,24 +26,33 @@ from tokenyard.simulation.run import simulate
 
 __all__ = ["add_parser", "run_command"]
 
-EPILOG = """\
+def _epilog() -> str:
+    from tokenyard import _core
+
+    policies = "\n".join(
+        f"  {name:<19} [replica.scheduler.{info['section']}] {info['summary']}"
+        for name, info in _core.REPLICA_POLICIES.items()
+    )
+    return f"""\
 Config keys (file sections, or --set with dotted names; see docs/simulate.md):
   seed
-  cluster.num_replicas, cluster.global_scheduler.{policy,balance}
-  replica.{model,device,tensor_parallel_size,num_pipeline_stages,memory_margin_fraction}
-  replica.scheduler.{policy,block_size,num_blocks,batch_size_cap,watermark_blocks_fraction,
-    max_tokens_in_batch,chunk_size,max_waiting_iters,max_request_tokens,
-    max_num_batched_tokens,max_num_seqs,long_prefill_token_threshold,enable_chunked_prefill,
-    enable_prefix_caching,prefix_cache,scheduling_policy,graph_batch_sizes}
+  cluster.num_replicas, cluster.global_scheduler.{{policy,balance,options}}
+  replica.{{model,device,tensor_parallel_size,num_pipeline_stages,memory_margin_fraction,
+    dtype,kv_cache_dtype,over_length}}
+  replica.scheduler.{{policy,max_request_tokens}} and the policy's own section:
+    replica.scheduler.vllm_v1.*  (tokenyard.sched.SchedulerConfig: max_num_seqs, ...)
+    replica.scheduler.vidur.*    (block_size, num_blocks, batch_size_cap, chunk_size, ...)
+    replica.scheduler.sglang.*   (page_size, max_running_requests, chunked_prefill_size, ...)
+    replica.scheduler.plugin.*   (block_size, num_blocks, options)
   execution.model = auto (default: measured if the tables cover the replica, else roofline)
     | measured | roofline | linear | profiled | module:callable
-  execution.measured.{system,framework,version,data_dir}, execution.efficiency.*,
-  execution.cpu.*, execution.{constant_s,per_prefill_token_s,...} (linear only)
-  workload.* (docs/workloads.md), metrics.{sample_interval_s,record_stages,slo_ttft_s,slo_tpot_s}
+  execution.measured.{{system,framework,version,data_dir}}, execution.efficiency.*,
+  execution.cpu.*, execution.{{constant_s,per_prefill_token_s,...}} (linear only)
+  workload.* (docs/workloads.md), metrics.{{sample_interval_s,record_stages,slo_ttft_s,slo_tpot_s}}
 
-Global policies: round_robin, lor, random, least_kv_load, power_of_two, prefix_affinity,
-or module:Class. Replica policies: vllm, sarathi, orca, lightllm, faster_transformer,
-vllm_v1, sglang.
+Global policies: {", ".join(_core.GLOBAL_POLICIES)}, or module:Class.
+Replica policies (or module:Class):
+{policies}
 """
 
 
@@ -52,7 +63,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         description="Replay a trace or a synthetic workload through a simulated cluster. "
         "Without a config file, runs the built-in default: 4 Llama-2-7B replicas on "
         "A100-80GB under vLLM V1 scheduling, 10,000 synthetic requests at 20 QPS.",
-        epilog=EPILOG,
+        epilog=_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("config", nargs="?", help="a .toml, .yaml or .yml config file")
@@ -75,8 +86,8 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--trace-format",
         choices=("vidur", "mooncake", "azure"),
-        default="vidur",
-        help="format of --trace (default: vidur)",
+        default=None,
+        help="format of --trace (default: the config's trace format, else vidur)",
     )
     p.add_argument("--seed", type=int, help="seed (routing, synthetic workload)")
     p.add_argument(
@@ -156,6 +167,33 @@ def _plot_formats(args: argparse.Namespace) -> tuple[str, ...]:
     return formats
 
 
+def _trace_workload(workload: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """``--trace PATH``: a trace section keeps its options (limit, target_qps, ...) and
+    takes the new path (and ``--trace-format`` if given); any other workload is replaced."""
+    fmt = args.trace_format
+    if isinstance(workload, dict) and workload.get("kind") == "trace":
+        merged = dict(workload, path=args.trace)
+        if fmt is not None:
+            merged["format"] = fmt
+        return merged
+    return {"kind": "trace", "format": fmt or "vidur", "path": args.trace}
+
+
+def check_output_dir(path: str | Path) -> None:
+    """Checks before a run that the results folder can be written (it, or the nearest
+    folder above it that exists, is a writable folder), so a bad path fails in a second,
+    not after the simulation: an ``OutputError`` naming it. Nothing is created here."""
+    folder = Path(path).absolute()
+    existing = folder
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        err = NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(existing))
+        raise OutputError.of(err, folder)
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise OutputError.of(PermissionError(errno.EACCES, "Permission denied", str(existing)), folder)
+
+
 def _write_outputs(args: argparse.Namespace, result: SimulationResult, formats: Any) -> None:
     result.write(args.output)
     argv = getattr(args, "argv", None)
@@ -172,8 +210,10 @@ def run_command(args: argparse.Namespace) -> int:
         formats = _plot_formats(args)
         data = read_config_file(args.config) if args.config else {"workload": default_workload()}
         if args.trace:
-            data["workload"] = {"kind": "trace", "format": args.trace_format, "path": args.trace}
+            data["workload"] = _trace_workload(data.get("workload"), args)
         config = config_from_mapping(apply_overrides(data, _overrides(args, data["workload"])))
+        if args.output:
+            check_output_dir(args.output)
         total = config.workload.get("num_requests") or config.workload.get("limit")
         bar = _ProgressBar(total if isinstance(total, int) else None, not args.no_progress)
         try:
@@ -181,7 +221,10 @@ def run_command(args: argparse.Namespace) -> int:
         finally:
             bar.close()
         if args.output:
-            _write_outputs(args, result, formats)
+            try:
+                _write_outputs(args, result, formats)
+            except OSError as exc:
+                raise OutputError.of(exc, args.output) from None
     except TokenyardError as exc:
         print(f"tokenyard simulate: error: {exc}", file=sys.stderr)
         return 2

@@ -20,16 +20,23 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import sys
-import types
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Any
 
+from tokenyard._checks import (
+    build_dataclass,
+    check_key_choice,
+    check_key_int,
+    check_key_number,
+    fail,
+    read_document,
+    toml_module,
+)
 from tokenyard.errors import ConfigError
 from tokenyard.predictor.profiled import TrainingOptions
 from tokenyard.predictor.roofline import CpuOverheads, Efficiencies
+from tokenyard.sched import SchedulerConfig
 from tokenyard.simulation.planner import dtype_bytes
 
 __all__ = [
@@ -40,7 +47,10 @@ __all__ = [
     "MetricsConfig",
     "ProfiledConfig",
     "ReplicaConfig",
+    "PluginSchedulerConfig",
     "ReplicaSchedulerConfig",
+    "SglangSchedulerConfig",
+    "VidurSchedulerConfig",
     "SimulationConfig",
     "apply_overrides",
     "config_document",
@@ -51,46 +61,52 @@ __all__ = [
     "read_config_file",
 ]
 
-GLOBAL_POLICIES = (
-    "round_robin",
-    "lor",
-    "random",
-    "least_kv_load",
-    "power_of_two",
-    "prefix_affinity",
-)
-REPLICA_POLICIES = (
-    "vllm",
-    "sarathi",
-    "orca",
-    "lightllm",
-    "faster_transformer",
-    "vllm_v1",
-    "sglang",
-)
+from tokenyard import _core
+
+#: The built-in policies, from the registry in the Rust core.
+GLOBAL_POLICIES: tuple[str, ...] = tuple(_core.GLOBAL_POLICIES)
+REPLICA_POLICIES: tuple[str, ...] = tuple(_core.REPLICA_POLICIES)
+
+#: Size limits: nothing the simulator allocates grows past these.
+MAX_REPLICAS = 4096
+MAX_TOKENS = 2**24  # one request's tokens, a batch's token budget
+MAX_BLOCKS = 2**26  # KV blocks of one replica
+MAX_BLOCK_SIZE = 2**16
 
 
 def _fail(where: str, message: str, value: object) -> ConfigError:
-    return ConfigError(f"{where}: {message}", field=where, value=repr(value))
+    return fail(where, message, value)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class GlobalSchedulerConfig:
-    """``policy``: one of the built-in routers or ``"module:Class"`` (a plugin)."""
+    """``policy``: one of the built-in routers or ``"module:Class"`` (a plugin, built with
+    ``options`` as keyword arguments)."""
 
     policy: str = "round_robin"
     #: prefix_affinity: queued prefill tokens one cached token is worth.
     balance: float = 1.0
+    #: A plugin's own options (``module:Class`` policies only).
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def check(self, where: str) -> None:
-        if self.policy not in GLOBAL_POLICIES and ":" not in self.policy:
+        _check_policy(f"{where}.policy", self.policy, GLOBAL_POLICIES)
+        check_key_number(f"{where}.balance", self.balance, low=0, high=1e9)
+        if self.options and ":" not in self.policy:
             raise _fail(
-                f"{where}.policy",
-                f"unknown policy {self.policy!r}; expected one of "
-                f"{', '.join(GLOBAL_POLICIES)} or 'module:Class'",
-                self.policy,
+                f"{where}.options",
+                f"applies to plugin policies ('module:Class'), not {self.policy!r}",
+                dict(self.options),
             )
-        _non_negative(f"{where}.balance", self.balance)
+
+
+def _check_policy(where: str, policy: str, names: tuple[str, ...]) -> None:
+    if policy not in names and ":" not in policy:
+        raise _fail(
+            where,
+            f"must be one of {', '.join(names)} or 'module:Class', got {policy!r}",
+            policy,
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -101,19 +117,19 @@ class ClusterConfig:
     )
 
     def check(self, where: str) -> None:
-        _at_least(f"{where}.num_replicas", self.num_replicas, 1)
+        check_key_int(f"{where}.num_replicas", self.num_replicas, low=1, high=MAX_REPLICAS)
         self.global_scheduler.check(f"{where}.global_scheduler")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ReplicaSchedulerConfig:
-    """The replica scheduler and its knobs; each policy reads the ones it uses."""
+class VidurSchedulerConfig:
+    """Vidur's knobs, shared by its five schedulers (``vllm``, ``sarathi``, ``orca``,
+    ``lightllm``, ``faster_transformer``) under Vidur's names."""
 
-    policy: str = "vllm_v1"
     block_size: int = 16
     #: KV blocks per replica; 0 = from the memory planner.
     num_blocks: int = 0
-    #: Requests holding memory at once (Vidur's policies).
+    #: Requests holding memory at once.
     batch_size_cap: int = 128
     watermark_blocks_fraction: float = 0.01
     #: vllm / lightllm: (padded) tokens in a prefill batch.
@@ -122,73 +138,217 @@ class ReplicaSchedulerConfig:
     chunk_size: int = 512
     #: lightllm: decode batches before a waiting prefill runs.
     max_waiting_iters: int = 10
-    #: Longest request (prompt + output): orca/faster_transformer reserve it, the planner
-    #: sizes batches for it, vllm_v1 uses it as max_model_len.
-    max_request_tokens: int = 8192
-    #: vllm_v1: step token budget; sglang: extend tokens per prefill batch.
-    max_num_batched_tokens: int = 2048
-    #: vllm_v1: running requests; sglang: max running requests.
-    max_num_seqs: int = 256
-    long_prefill_token_threshold: int = 0
-    enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = True
-    prefix_cache: str = "block_hash"
-    scheduling_policy: str = "fcfs"
-    #: sglang: decode batches are padded up to these sizes for their cost.
-    graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 256)
 
     def check(self, where: str) -> None:
-        if self.policy not in REPLICA_POLICIES and ":" not in self.policy:
+        check_key_int(f"{where}.block_size", self.block_size, low=1, high=MAX_BLOCK_SIZE)
+        check_key_int(f"{where}.num_blocks", self.num_blocks, low=0, high=MAX_BLOCKS)
+        for name in ("batch_size_cap", "max_tokens_in_batch", "chunk_size"):
+            check_key_int(f"{where}.{name}", getattr(self, name), low=1, high=MAX_TOKENS)
+        check_key_int(f"{where}.max_waiting_iters", self.max_waiting_iters, low=0, high=MAX_TOKENS)
+        check_key_number(
+            f"{where}.watermark_blocks_fraction", self.watermark_blocks_fraction, low=0, high=0.99
+        )
+
+
+#: SGLang's default CUDA-graph batch sizes (decode batches are padded up to one).
+SGLANG_GRAPH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 256)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SglangSchedulerConfig:
+    """SGLang's knobs, under SGLang's names."""
+
+    page_size: int = 16
+    #: KV pages per replica; 0 = from the memory planner.
+    num_pages: int = 0
+    max_running_requests: int = 256
+    #: Extend (prefill) tokens per prefill batch.
+    chunked_prefill_size: int = 2048
+    #: Decode batches are padded up to these sizes for their cost.
+    cuda_graph_bs: tuple[int, ...] = SGLANG_GRAPH_SIZES
+
+    def check(self, where: str) -> None:
+        check_key_int(f"{where}.page_size", self.page_size, low=1, high=MAX_BLOCK_SIZE)
+        check_key_int(f"{where}.num_pages", self.num_pages, low=0, high=MAX_BLOCKS)
+        for name in ("max_running_requests", "chunked_prefill_size"):
+            check_key_int(f"{where}.{name}", getattr(self, name), low=1, high=MAX_TOKENS)
+        sizes = self.cuda_graph_bs
+        if any(s < 1 or s > MAX_TOKENS for s in sizes) or list(sizes) != sorted(set(sizes)):
             raise _fail(
-                f"{where}.policy",
-                f"unknown policy {self.policy!r}; expected one of "
-                f"{', '.join(REPLICA_POLICIES)} or 'module:Class'",
-                self.policy,
-            )
-        for name in (
-            "block_size",
-            "batch_size_cap",
-            "max_tokens_in_batch",
-            "chunk_size",
-            "max_request_tokens",
-            "max_num_batched_tokens",
-        ):
-            _at_least(f"{where}.{name}", getattr(self, name), 1)
-        for name in ("num_blocks", "max_waiting_iters", "max_num_seqs"):
-            _at_least(f"{where}.{name}", getattr(self, name), 0)
-        _at_least(f"{where}.long_prefill_token_threshold", self.long_prefill_token_threshold, 0)
-        if not 0 <= self.watermark_blocks_fraction < 1:
-            raise _fail(
-                f"{where}.watermark_blocks_fraction",
-                f"must be in [0, 1), got {self.watermark_blocks_fraction}",
-                self.watermark_blocks_fraction,
-            )
-        if self.policy == "lightllm" and self.block_size != 1:
-            raise _fail(
-                f"{where}.block_size",
-                f"the lightllm scheduler manages memory per token: block_size must be 1, "
-                f"got {self.block_size}",
-                self.block_size,
-            )
-        if self.prefix_cache not in ("block_hash", "radix"):
-            raise _fail(
-                f"{where}.prefix_cache",
-                f"must be 'block_hash' or 'radix', got {self.prefix_cache!r}",
-                self.prefix_cache,
-            )
-        if self.scheduling_policy not in ("fcfs", "priority"):
-            raise _fail(
-                f"{where}.scheduling_policy",
-                f"must be 'fcfs' or 'priority', got {self.scheduling_policy!r}",
-                self.scheduling_policy,
-            )
-        sizes = self.graph_batch_sizes
-        if any(s < 1 for s in sizes) or list(sizes) != sorted(set(sizes)):
-            raise _fail(
-                f"{where}.graph_batch_sizes",
-                f"must be increasing positive integers, got {list(sizes)}",
+                f"{where}.cuda_graph_bs",
+                f"must be increasing ints in [1, {MAX_TOKENS}], got {list(sizes)}",
                 sizes,
             )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PluginSchedulerConfig:
+    """A ``module:Class`` replica policy: the memory it is told it has, and its own
+    options (keyword arguments of its constructor)."""
+
+    block_size: int = 16
+    #: 0 = from the memory planner.
+    num_blocks: int = 0
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def check(self, where: str) -> None:
+        check_key_int(f"{where}.block_size", self.block_size, low=1, high=MAX_BLOCK_SIZE)
+        check_key_int(f"{where}.num_blocks", self.num_blocks, low=0, high=MAX_BLOCKS)
+
+
+def default_vllm_v1() -> SchedulerConfig:
+    """The simulator's ``vllm_v1`` section: vLLM's defaults for online serving, with the KV
+    blocks (``num_blocks = 0``) and ``max_model_len = 0`` (``max_request_tokens``) taken
+    from the replica."""
+    return SchedulerConfig(max_num_batched_tokens=2048, num_blocks=0, max_model_len=0)
+
+
+#: The one-level (legacy) keys of ``[replica.scheduler]`` and, per section, the key each
+#: becomes. A key the selected policy's section lacks is refused, never ignored.
+LEGACY_KEYS: dict[str, dict[str, str]] = {
+    "block_size": {"vidur": "block_size", "vllm_v1": "block_size", "sglang": "page_size",
+                   "plugin": "block_size"},
+    "num_blocks": {"vidur": "num_blocks", "vllm_v1": "num_blocks", "sglang": "num_pages",
+                   "plugin": "num_blocks"},
+    "batch_size_cap": {"vidur": "batch_size_cap"},
+    "watermark_blocks_fraction": {"vidur": "watermark_blocks_fraction"},
+    "max_tokens_in_batch": {"vidur": "max_tokens_in_batch"},
+    "chunk_size": {"vidur": "chunk_size"},
+    "max_waiting_iters": {"vidur": "max_waiting_iters"},
+    "max_num_batched_tokens": {"vllm_v1": "max_num_batched_tokens",
+                               "sglang": "chunked_prefill_size"},
+    "max_num_seqs": {"vllm_v1": "max_num_seqs", "sglang": "max_running_requests"},
+    "long_prefill_token_threshold": {"vllm_v1": "long_prefill_token_threshold"},
+    "enable_chunked_prefill": {"vllm_v1": "enable_chunked_prefill"},
+    "enable_prefix_caching": {"vllm_v1": "enable_prefix_caching"},
+    "prefix_cache": {"vllm_v1": "prefix_cache"},
+    "scheduling_policy": {"vllm_v1": "policy"},
+    "graph_batch_sizes": {"sglang": "cuda_graph_bs"},
+}
+
+
+def policy_section(policy: str) -> str:
+    """The config section of a replica policy: ``vllm_v1``, ``vidur``, ``sglang`` or
+    ``plugin``."""
+    if ":" in policy:
+        return "plugin"
+    return str(_core.REPLICA_POLICIES[policy]["section"])
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReplicaSchedulerConfig:
+    """The replica scheduler: ``policy`` (a name in the core's registry, or
+    ``"module:Class"``), the longest request, and one section per engine in that engine's
+    own words. Only the selected policy's section is used; the others are inert."""
+
+    policy: str = "vllm_v1"
+    #: Longest request (prompt + output): the planner sizes batches for it, orca and
+    #: faster_transformer reserve it, vllm_v1 uses it as max_model_len unless set.
+    max_request_tokens: int = 8192
+    #: ``tokenyard.sched.SchedulerConfig`` itself (``docs/embedding.md``).
+    vllm_v1: SchedulerConfig = dataclasses.field(default_factory=default_vllm_v1)
+    vidur: VidurSchedulerConfig = dataclasses.field(default_factory=VidurSchedulerConfig)
+    sglang: SglangSchedulerConfig = dataclasses.field(default_factory=SglangSchedulerConfig)
+    plugin: PluginSchedulerConfig = dataclasses.field(default_factory=PluginSchedulerConfig)
+
+    @property
+    def section(self) -> str:
+        return policy_section(self.policy)
+
+    @property
+    def block_size(self) -> int:
+        """The selected policy's KV block (page) size."""
+        section = self.section
+        if section == "vllm_v1":
+            return self.vllm_v1.block_size
+        if section == "sglang":
+            return self.sglang.page_size
+        return int(getattr(self, section).block_size)
+
+    @property
+    def num_blocks(self) -> int:
+        """The selected policy's KV blocks per replica (0: from the planner)."""
+        section = self.section
+        if section == "sglang":
+            return self.sglang.num_pages
+        return int(getattr(self, section).num_blocks)
+
+    def check(self, where: str) -> None:
+        _check_policy(f"{where}.policy", self.policy, REPLICA_POLICIES)
+        check_key_int(
+            f"{where}.max_request_tokens", self.max_request_tokens, low=2, high=MAX_TOKENS
+        )
+        self.vidur.check(f"{where}.vidur")
+        self.sglang.check(f"{where}.sglang")
+        self.plugin.check(f"{where}.plugin")
+        self._check_vllm_v1(f"{where}.vllm_v1")
+        if self.policy == "lightllm" and self.vidur.block_size != 1:
+            raise _fail(
+                f"{where}.vidur.block_size",
+                f"must be 1 for lightllm (it manages memory per token), "
+                f"got {self.vidur.block_size}",
+                self.vidur.block_size,
+            )
+
+    def _check_vllm_v1(self, where: str) -> None:
+        c = self.vllm_v1
+        check_key_int(f"{where}.block_size", c.block_size, low=1, high=MAX_BLOCK_SIZE)
+        check_key_int(f"{where}.num_blocks", c.num_blocks, low=0, high=MAX_BLOCKS)
+        check_key_int(f"{where}.max_model_len", c.max_model_len, low=0, high=MAX_TOKENS)
+        check_key_int(
+            f"{where}.max_num_batched_tokens", c.max_num_batched_tokens, low=1, high=MAX_TOKENS
+        )
+        check_key_int(f"{where}.max_num_seqs", c.max_num_seqs, low=0, high=MAX_TOKENS)
+        unsupported = (
+            ("async_scheduling", c.async_scheduling, False),
+            ("max_loras", c.max_loras, 0),
+            ("num_lookahead_tokens", c.num_lookahead_tokens, 0),
+        )
+        for name, value, default in unsupported:
+            if value != default:
+                raise _fail(
+                    f"{where}.{name}",
+                    f"is not simulated yet (it would change nothing); leave it at {default!r}, "
+                    f"got {value!r}",
+                    value,
+                )
+
+
+def translate_legacy_scheduler(mapping: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """``[replica.scheduler]`` with its one-level keys (``max_num_seqs = 64``) moved into
+    the selected policy's section (``vllm_v1.max_num_seqs = 64``). A key that section does
+    not have would be ignored, so it is refused, saying where it belongs."""
+    if not isinstance(mapping, Mapping):
+        return mapping  # type: ignore[return-value]  # the typed reader reports it
+    table = dict(mapping)
+    policy = table.get("policy", ReplicaSchedulerConfig.policy)
+    if not isinstance(policy, str):
+        return table
+    _check_policy(f"{where}.policy", policy, REPLICA_POLICIES)
+    section = policy_section(policy)
+    for key in [k for k in table if k in LEGACY_KEYS]:
+        value = table.pop(key)
+        target = LEGACY_KEYS[key].get(section)
+        if target is None:
+            owners = ", ".join(f"{where}.{s}.{k}" for s, k in LEGACY_KEYS[key].items())
+            raise _fail(
+                f"{where}.{key}",
+                f"does not apply to the {policy} scheduler, which would ignore it; it is "
+                f"{owners}",
+                value,
+            )
+        nested = table.setdefault(section, {})
+        if not isinstance(nested, Mapping):
+            continue  # the typed reader reports the bad section
+        nested = table[section] = dict(nested)
+        if target in nested:
+            raise _fail(
+                f"{where}.{key}",
+                f"is given twice: here and as {where}.{section}.{target}; keep one",
+                value,
+            )
+        nested[target] = value
+    return table
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -204,10 +364,13 @@ class ReplicaConfig:
     #: bits, else bf16).
     kv_cache_dtype: str = "auto"
     scheduler: ReplicaSchedulerConfig = dataclasses.field(default_factory=ReplicaSchedulerConfig)
+    #: A request longer than a replica can ever serve: ``error`` stops the run naming it
+    #: and the limiting setting; ``skip`` leaves it out and counts it in the summary.
+    over_length: str = "error"
 
     def check(self, where: str) -> None:
-        _at_least(f"{where}.tensor_parallel_size", self.tensor_parallel_size, 1)
-        _at_least(f"{where}.num_pipeline_stages", self.num_pipeline_stages, 1)
+        check_key_int(f"{where}.tensor_parallel_size", self.tensor_parallel_size, low=1, high=512)
+        check_key_int(f"{where}.num_pipeline_stages", self.num_pipeline_stages, low=1, high=512)
         if not 0 <= self.memory_margin_fraction < 1:
             raise _fail(
                 f"{where}.memory_margin_fraction",
@@ -216,8 +379,10 @@ class ReplicaConfig:
             )
         dtype_bytes(self.dtype, self.kv_cache_dtype)  # names replica.dtype / .kv_cache_dtype
         self.scheduler.check(f"{where}.scheduler")
+        check_key_choice(f"{where}.over_length", self.over_length, ("error", "skip"))
         policy = self.scheduler.policy
-        if self.num_pipeline_stages > 1 and policy in ("lightllm", "sglang"):
+        pipelined = ":" in policy or _core.REPLICA_POLICIES[policy]["pipeline_parallel"]
+        if self.num_pipeline_stages > 1 and not pipelined:
             raise _fail(
                 f"{where}.num_pipeline_stages",
                 f"the {policy} scheduler does not support pipeline parallelism "
@@ -346,7 +511,7 @@ class ExecutionConfig:
             )
         for name in _LINEAR_FIELDS:
             if getattr(self, name) is not None:
-                _non_negative(f"{where}.{name}", getattr(self, name))
+                check_key_number(f"{where}.{name}", getattr(self, name), low=0, high=1e6)
         if self.efficiency is not None:
             self.efficiency.check(f"{where}.efficiency")
         if self.cpu is not None:
@@ -402,7 +567,7 @@ class MetricsConfig:
 
     def check(self, where: str) -> None:
         for name in ("sample_interval_s", "slo_ttft_s", "slo_tpot_s"):
-            _non_negative(f"{where}.{name}", getattr(self, name))
+            check_key_number(f"{where}.{name}", getattr(self, name), low=0, high=1e9)
 
 
 def default_workload() -> dict[str, Any]:
@@ -449,78 +614,11 @@ class SimulationConfig:
         return name
 
     def __post_init__(self) -> None:
-        _at_least("seed", self.seed, 0)
+        check_key_int("seed", self.seed, low=0, high=2**64 - 1)
         self.cluster.check("cluster")
         self.replica.check("replica")
         self.execution.check("execution")
         self.metrics.check("metrics")
-
-
-def _at_least(where: str, value: int, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise _fail(where, f"must be an integer >= {low}, got {value!r}", value)
-
-
-def _non_negative(where: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise _fail(where, f"must be a finite number, got {value!r}", value)
-    if value < 0:
-        raise _fail(where, f"must be >= 0, got {value!r}", value)
-
-
-def _convert(where: str, hint: Any, value: Any) -> Any:
-    """Checks one value against its field's type; nested dataclasses recurse."""
-    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
-        return _build(hint, value, where)
-    origin = get_origin(hint)
-    if origin is tuple:
-        item = get_args(hint)[0]
-        ok = isinstance(value, (list, tuple)) and all(
-            isinstance(v, item) and not isinstance(v, bool) for v in value
-        )
-        if not ok:
-            noun = "integers" if item is int else "strings"
-            raise _fail(where, f"must be a list of {noun}, got {value!r}", value)
-        return tuple(value)
-    if origin in (Union, types.UnionType):  # str | None
-        if value is None:
-            return None
-        return _convert(where, next(a for a in get_args(hint) if a is not type(None)), value)
-    if hint is Mapping[str, Any] or origin is Mapping:
-        if not isinstance(value, Mapping):
-            raise _fail(where, f"must be a table, got {value!r}", value)
-        return dict(value)
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise _fail(where, f"must be true or false, got {value!r}", value)
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise _fail(where, f"must be an integer, got {value!r}", value)
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise _fail(where, f"must be a number, got {value!r}", value)
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise _fail(where, f"must be a string, got {value!r}", value)
-        return value
-    raise TypeError(f"no conversion for {hint!r}")  # pragma: no cover - a bug here
-
-
-def _build(cls: type[Any], mapping: Any, where: str) -> Any:
-    if not isinstance(mapping, Mapping):
-        raise _fail(where or "config", f"must be a table, got {mapping!r}", mapping)
-    hints = get_type_hints(cls)
-    fields = {f.name for f in dataclasses.fields(cls)}
-    values = {}
-    for key, value in mapping.items():
-        path = f"{where}.{key}" if where else str(key)
-        if key not in fields:
-            raise _fail(path, f"unknown key; expected one of {', '.join(sorted(fields))}", value)
-        values[key] = _convert(path, hints[key], value)
-    return cls(**values)
 
 
 def config_document(config: SimulationConfig) -> dict[str, Any]:
@@ -534,8 +632,23 @@ def config_document(config: SimulationConfig) -> dict[str, Any]:
 
 def config_from_mapping(mapping: Mapping[str, Any]) -> SimulationConfig:
     """Builds a config from nested mappings (a parsed TOML or YAML document)."""
-    config: SimulationConfig = _build(SimulationConfig, mapping, "")
+    if isinstance(mapping, Mapping):
+        mapping = _with_sections(mapping)
+    config: SimulationConfig = build_dataclass(SimulationConfig, mapping, "")
     return config
+
+
+def _with_sections(mapping: Mapping[str, Any]) -> dict[str, Any]:
+    """``mapping`` with ``replica.scheduler``'s one-level keys moved into sections."""
+    data = dict(mapping)
+    replica = data.get("replica")
+    if isinstance(replica, Mapping) and "scheduler" in replica:
+        replica = dict(replica)
+        replica["scheduler"] = translate_legacy_scheduler(
+            replica["scheduler"], "replica.scheduler"
+        )
+        data["replica"] = replica
+    return data
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -543,13 +656,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     set to its folder (unless the document sets it) and the default workload if it has
     none."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(
-            f"config file {path}: {exc.strerror}", field="config", value=str(path)
-        ) from None
-    data = _parse(path, text)
+    data = read_document(path)
     data.setdefault("base_dir", str(path.parent))
     data.setdefault("workload", default_workload())
     return data
@@ -558,50 +665,6 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> SimulationConfig:
     """Reads a ``.toml``, ``.yaml`` or ``.yml`` file; ``overrides`` (dotted keys) win."""
     return config_from_mapping(apply_overrides(read_config_file(path), overrides or {}))
-
-
-def toml_module() -> types.ModuleType:
-    """``tomllib`` (Python 3.11+) or its backport ``tomli``."""
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - Python 3.10
-        import tomli as tomllib
-    return tomllib
-
-
-def _parse(path: Path, text: str) -> dict[str, Any]:
-    suffix = path.suffix.lower()
-    try:
-        if suffix == ".toml":
-            return dict(toml_module().loads(text))
-        if suffix == ".json":  # e.g. the config.json a run writes beside its results
-            return _document(path, json.loads(text))
-        if suffix in (".yaml", ".yml"):
-            import yaml
-
-            return _document(path, yaml.safe_load(text))
-    except (ValueError, ImportError) as exc:
-        if isinstance(exc, ConfigError):
-            raise
-        raise ConfigError(f"config file {path}: {exc}", field="config", value=str(path)) from None
-    raise ConfigError(
-        f"config file {path}: unknown format {suffix!r}; use .toml, .yaml, .yml or .json",
-        field="config",
-        value=str(path),
-    )
-
-
-def _document(path: Path, data: Any) -> dict[str, Any]:
-    """A parsed YAML or JSON document, which must be a mapping (empty: no keys)."""
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"config file {path}: the document must be a mapping",
-            field="config",
-            value=str(path),
-        )
-    return data
 
 
 def parse_set_options(items: list[str]) -> dict[str, Any]:

@@ -15,7 +15,8 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from tokenyard.catalog import DeviceSpec, ModelSpec, device, model
+from tokenyard.catalog import DeviceSpec, ModelSpec
+from tokenyard.simulation.catalog import catalog_for
 from tokenyard.errors import ConfigError
 from tokenyard.predictor.calibration import Calibration, builtin_calibration
 from tokenyard.predictor.compiled import CompiledPredictor
@@ -113,7 +114,7 @@ def choose_execution(config: SimulationConfig) -> ExecutionChoice:
     kind = config.execution.model
     if kind in ("linear", "profiled") or ":" in kind:
         return ExecutionChoice(kind)
-    spec = device(config.replica.device, field="replica.device")
+    spec = catalog_for(config).device(config.replica.device, field="replica.device")
     calibration = None if config.execution.efficiency is not None else builtin_calibration(spec)
     if kind == "roofline":
         return ExecutionChoice("roofline", calibration=calibration)
@@ -129,9 +130,10 @@ def choose_execution(config: SimulationConfig) -> ExecutionChoice:
 
 def _build_measured(config: SimulationConfig, source: MeasuredSource) -> CompiledPredictor:
     replica = config.replica
+    catalog = catalog_for(config)
     return _cached_measured(
-        model(config.model_name(), field="replica.model"),
-        device(replica.device, field="replica.device"),
+        catalog.model(config.model_name(), field="replica.model"),
+        catalog.device(replica.device, field="replica.device"),
         source,
         replica.tensor_parallel_size,
         replica.num_pipeline_stages,
@@ -180,8 +182,9 @@ def build_predictor(
         return _build_measured(config, choice.source)
     if choice.kind not in ("roofline", "profiled"):
         return None
-    spec = model(config.model_name(), field="replica.model")
-    gpu = device(replica.device, field="replica.device")
+    catalog = catalog_for(config)
+    spec = catalog.model(config.model_name(), field="replica.model")
+    gpu = catalog.device(replica.device, field="replica.device")
     weight_bytes, kv_bytes = dtype_bytes(replica.dtype, replica.kv_cache_dtype)
     roofline = roofline_predictor(
         spec,

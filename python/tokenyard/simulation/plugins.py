@@ -6,8 +6,13 @@ A plugin is named in the config as ``"package.module:Class"``:
 - ``cluster.global_scheduler.policy``: a ``GlobalPolicyPlugin``, built once as
   ``Class(num_replicas=..., seed=...)``; ``route`` picks the replica of each new request.
 - ``replica.scheduler.policy``: a ``ReplicaPolicyPlugin``, built per replica as
-  ``Class(replica_id=..., num_blocks=..., block_size=...)``; it decides each batch and
-  manages its own memory. Requests leave the replica once they complete.
+  ``Class(replica_id=..., num_blocks=..., block_size=..., **options)``; it decides each
+  batch and manages its own memory. Requests leave the replica once they complete. With
+  pipeline stages, ``next_batch`` is called again while earlier batches are still in
+  flight: it must not offer a request whose batch has not ended.
+
+Options come from the config: ``cluster.global_scheduler.options`` and
+``replica.scheduler.plugin.options`` (tables of keyword arguments).
 
 The Rust event loop calls them (the slow path: one Python call per routing decision or
 batch), so a policy can be tried without touching Rust.
@@ -45,7 +50,9 @@ class ReplicaPolicyPlugin(Protocol):
     def next_batch(self) -> list[tuple[int, int]] | None:
         """The next batch as ``(request_id, num_tokens)`` pairs, or ``None``. A request whose
         prefill is complete decodes 1 token; otherwise it takes 1 to its remaining prompt
-        tokens. A request may be in one batch at a time."""
+        tokens. A request may be in one batch at a time: with pipeline stages this is called
+        while earlier batches are still in flight, and a request in one of them is
+        refused (``PolicyError``)."""
         ...
 
     def on_batch_end(self, requests: list[SimRequestView]) -> None:
@@ -76,12 +83,14 @@ class TokenBudgetFcfs:
         self.budget = budget
         self.waiting: list[SimRequestView] = []
         self.running: set[int] = set()
+        # With pipeline stages, next_batch is asked again while earlier batches still run.
+        self.in_flight: set[int] = set()
 
     def add_request(self, request: SimRequestView) -> None:
         self.waiting.append(request)
 
     def next_batch(self) -> list[tuple[int, int]] | None:
-        batch = [(rid, 1) for rid in self.running]
+        batch = [(rid, 1) for rid in self.running - self.in_flight]
         budget = self.budget - len(batch)
         while self.waiting:
             request = self.waiting[0]
@@ -94,10 +103,12 @@ class TokenBudgetFcfs:
             batch.append((request.request_id, request.num_prefill_tokens))
             budget -= request.num_prefill_tokens
         self.running.update(rid for rid, _ in batch)
+        self.in_flight.update(rid for rid, _ in batch)
         return batch or None
 
     def on_batch_end(self, requests: list[SimRequestView]) -> None:
         for request in requests:
+            self.in_flight.discard(request.request_id)
             if request.completed:
                 self.running.discard(request.request_id)
                 self.memory.free(request.request_id)

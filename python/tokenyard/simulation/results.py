@@ -205,6 +205,7 @@ def summarize(
         "requests_per_wall_s": n / wall_s if wall_s > 0 else None,
         "num_events": int(raw["num_events"]),
         "num_batches": int(raw["num_batches"]),
+        "num_skipped_over_length": int(raw.get("num_skipped_over_length", 0)),
         "latency_s": {
             "ttft": _stats(columns["ttft"]),
             "tpot": _stats(columns["tpot"]),

@@ -10,10 +10,8 @@ from collections.abc import Callable
 from typing import Any
 
 from tokenyard import _core
-from tokenyard.catalog import load_catalog_file
 from tokenyard.errors import ConfigError
-from tokenyard.sched import SchedulerConfig
-from tokenyard.simulation.catalog import device_spec, model_spec
+from tokenyard.simulation.catalog import catalog_for
 from tokenyard.simulation.config import SimulationConfig, config_document
 from tokenyard.simulation.execution import build_predictor, choose_execution
 from tokenyard.simulation.execution import describe as describe_execution
@@ -26,7 +24,7 @@ from tokenyard.simulation.results import (
 )
 from tokenyard.workload import load_workload
 
-__all__ = ["load_catalog_files", "load_object", "plan_for", "simulate"]
+__all__ = ["load_object", "plan_for", "replica_spec", "simulate"]
 
 CHUNK_SIZE = 65536
 Progress = Callable[[int], None]
@@ -58,20 +56,28 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
     """
     workload = load_workload(config.workload, base_dir=config.base_dir)
     plan = plan_for(config)
-    core_config = _core_config(config, plan, workload.hash_block_size or 16)
-    if workload.hash_block_size is None:
-        # No prefix identity: every prompt is unique, so a prefix cache would only cost time.
-        core_config["replica"]["vllm_v1"] = dataclasses.replace(
-            core_config["replica"]["vllm_v1"], enable_prefix_caching=False
-        )
+    num_blocks = config.replica.scheduler.num_blocks or plan.num_blocks
+    # No prefix identity: every prompt is unique, so a prefix cache would only cost time.
+    caching = workload.hash_block_size is not None
+    replica = replica_spec(config, plan, prefix_caching=caching)
+    core_config = _core_config(config, replica, workload.hash_block_size or 16)
     choice = choose_execution(config)
     predictor = build_predictor(config, choice)
-    exec_model = None
+    exec_model: Any = None
     if predictor is not None:
-        core_config["ops"] = predictor.fused(config.replica.num_pipeline_stages).to_core()
+        exec_model = _core.CompiledOps(
+            predictor.fused(config.replica.num_pipeline_stages).to_core()
+        )
     elif ":" in config.execution.model:
         exec_model = load_object(config.execution.model, "execution.model")
-    route_plugin, replica_plugins = _plugins(config, core_config)
+        if not callable(exec_model):
+            raise ConfigError(
+                f"execution.model: {config.execution.model!r} is a "
+                f"{type(exec_model).__name__}, not a callable returning seconds",
+                field="execution.model",
+                value=repr(config.execution.model),
+            )
+    route_plugin, replica_plugins = _plugins(config, num_blocks)
     start = time.perf_counter()
     raw = _core.simulate(
         core_config,
@@ -91,7 +97,7 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
         "num_pipeline_stages": config.replica.num_pipeline_stages,
         "model": config.replica.model,
         "device": config.replica.device,
-        "num_blocks": core_config["replica"]["num_blocks"],
+        "num_blocks": num_blocks,
         "execution": describe_execution(predictor, config, choice),
         "workload": workload.describe(),
         "seed": config.seed,
@@ -115,44 +121,56 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
     )
 
 
-def _plugins(config: SimulationConfig, core: dict[str, Any]) -> tuple[Any, list[Any] | None]:
-    """Instantiates ``module:Class`` policies (see docs/plugins.md); the core then runs a
-    built-in policy's name in their place, never consulted."""
+def _plugins(config: SimulationConfig, num_blocks: int) -> tuple[Any, list[Any] | None]:
+    """Instantiates ``module:Class`` policies (see docs/plugins.md) with their options."""
     route_plugin = None
-    policy = config.cluster.global_scheduler.policy
-    if ":" in policy:
-        cls = load_object(policy, "cluster.global_scheduler.policy")
-        route_plugin = cls(num_replicas=config.cluster.num_replicas, seed=config.seed)
-        core["global_policy"] = "round_robin"
+    g = config.cluster.global_scheduler
+    if ":" in g.policy:
+        cls = load_object(g.policy, "cluster.global_scheduler.policy")
+        route_plugin = _construct(
+            cls,
+            "cluster.global_scheduler",
+            dict(num_replicas=config.cluster.num_replicas, seed=config.seed, **g.options),
+        )
     replica_plugins = None
-    policy = config.replica.scheduler.policy
-    if ":" in policy:
-        cls = load_object(policy, "replica.scheduler.policy")
+    s = config.replica.scheduler
+    if s.section == "plugin":
+        cls = load_object(s.policy, "replica.scheduler.policy")
         replica_plugins = [
-            cls(
-                replica_id=i,
-                num_blocks=core["replica"]["num_blocks"],
-                block_size=config.replica.scheduler.block_size,
+            _construct(
+                cls,
+                "replica.scheduler.plugin",
+                dict(
+                    replica_id=i,
+                    num_blocks=num_blocks,
+                    block_size=s.plugin.block_size,
+                    **s.plugin.options,
+                ),
             )
             for i in range(config.cluster.num_replicas)
         ]
-        core["replica"]["policy"] = "vllm"
     return route_plugin, replica_plugins
 
 
-def load_catalog_files(config: SimulationConfig) -> None:
-    """Adds the models and GPUs of ``config.catalog``'s files to the catalog."""
-    for name in config.catalog:
-        load_catalog_file(config.path(name))
+def _construct(cls: Any, where: str, kwargs: dict[str, Any]) -> Any:
+    """``cls(**kwargs)``; a constructor that rejects its options is a ConfigError."""
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(
+            f"{where}: cannot build {cls.__name__} with {sorted(kwargs)}: {exc}",
+            field=f"{where}.options",
+            value=repr(kwargs),
+        ) from None
 
 
 def plan_for(config: SimulationConfig) -> MemoryPlan:
     """The memory plan ``simulate`` uses for ``config`` (raises ConfigError if it does not fit)."""
-    load_catalog_files(config)
     replica = config.replica
+    catalog = catalog_for(config)
     return plan_memory(
-        model_spec(config.model_name()),
-        device_spec(replica.device),
+        catalog.model(config.model_name(), field="replica.model"),
+        catalog.device(replica.device, field="replica.device"),
         tensor_parallel_size=replica.tensor_parallel_size,
         num_pipeline_stages=replica.num_pipeline_stages,
         memory_margin_fraction=replica.memory_margin_fraction,
@@ -163,57 +181,66 @@ def plan_for(config: SimulationConfig) -> MemoryPlan:
     )
 
 
-def _core_config(
-    config: SimulationConfig, plan: MemoryPlan, hash_block_size: int
-) -> dict[str, Any]:
+def replica_spec(
+    config: SimulationConfig, plan: MemoryPlan, *, prefix_caching: bool = True
+) -> _core.ReplicaSpec:
+    """The selected replica policy with every size derived, checked by the core."""
     s = config.replica.scheduler
-    num_stages = config.replica.num_pipeline_stages
     num_blocks = s.num_blocks or plan.num_blocks
-    max_batch_size = min(plan.max_batch_size, s.batch_size_cap)
-    replica: dict[str, Any] = {
-        "policy": s.policy,
-        "num_blocks": num_blocks,
-        "vidur": {
-            "num_blocks": num_blocks,
-            "block_size": s.block_size,
-            "watermark_blocks": int(s.watermark_blocks_fraction * num_blocks),
-            "batch_size_cap": s.batch_size_cap,
-            "max_micro_batch_size": max(1, max_batch_size // num_stages),
-            "max_blocks_per_sequence": s.max_request_tokens // s.block_size,
-            "max_tokens_in_batch": s.max_tokens_in_batch,
-            "chunk_size": s.chunk_size,
-            "max_waiting_iters": s.max_waiting_iters,
-        },
-        "vllm_v1": SchedulerConfig(
-            max_num_seqs=s.max_num_seqs,
-            max_num_batched_tokens=s.max_num_batched_tokens,
-            long_prefill_token_threshold=s.long_prefill_token_threshold,
-            enable_chunked_prefill=s.enable_chunked_prefill,
-            policy=s.scheduling_policy,  # type: ignore[arg-type]  # checked by the config
-            enable_prefix_caching=s.enable_prefix_caching,
-            prefix_cache=s.prefix_cache,  # type: ignore[arg-type]
-            block_size=s.block_size,
-            num_blocks=num_blocks,
-            max_model_len=min(s.max_request_tokens, num_blocks * s.block_size),
-        ),
-        "sglang": {
-            "num_pages": num_blocks,
-            "page_size": s.block_size,
-            "max_running_requests": s.max_num_seqs or 256,
-            "max_extend_tokens": s.max_num_batched_tokens,
-            "graph_batch_sizes": list(s.graph_batch_sizes),
-        },
-    }
+    section = s.section
+    if section == "plugin":
+        return _core.ReplicaSpec.plugin(s.plugin.block_size)
+    if section == "vllm_v1":
+        c = s.vllm_v1
+        return _core.ReplicaSpec.vllm_v1(
+            dataclasses.replace(
+                c,
+                num_blocks=num_blocks,
+                max_model_len=min(c.max_model_len or s.max_request_tokens, num_blocks * c.block_size),
+                enable_prefix_caching=c.enable_prefix_caching and prefix_caching,
+            )
+        )
+    if section == "sglang":
+        g = s.sglang
+        return _core.ReplicaSpec.sglang(
+            num_pages=num_blocks,
+            page_size=g.page_size,
+            max_running_requests=g.max_running_requests,
+            max_extend_tokens=g.chunked_prefill_size,
+            graph_batch_sizes=list(g.cuda_graph_bs),
+        )
+    v = s.vidur
+    num_stages = config.replica.num_pipeline_stages
+    max_batch_size = min(plan.max_batch_size, v.batch_size_cap)
+    return _core.ReplicaSpec.vidur(
+        s.policy,
+        num_blocks=num_blocks,
+        block_size=v.block_size,
+        watermark_blocks=int(v.watermark_blocks_fraction * num_blocks),
+        batch_size_cap=v.batch_size_cap,
+        max_micro_batch_size=max(1, max_batch_size // num_stages),
+        max_blocks_per_sequence=s.max_request_tokens // v.block_size,
+        max_tokens_in_batch=v.max_tokens_in_batch,
+        chunk_size=v.chunk_size,
+        max_waiting_iters=v.max_waiting_iters,
+    )
+
+
+def _core_config(
+    config: SimulationConfig, replica: _core.ReplicaSpec, hash_block_size: int
+) -> _core.SimConfig:
     g = config.cluster.global_scheduler
-    return {
-        "num_replicas": config.cluster.num_replicas,
-        "num_stages": num_stages,
-        "global_policy": g.policy,
-        "balance": g.balance,
-        "replica": replica,
-        "linear": config.execution.linear_coefficients(),
-        "seed": config.seed,
-        "hash_block_size": hash_block_size,
-        "sample_interval_s": config.metrics.sample_interval_s,
-        "record_stages": config.metrics.record_stages,
-    }
+    return _core.SimConfig(
+        num_replicas=config.cluster.num_replicas,
+        num_stages=config.replica.num_pipeline_stages,
+        # A routing plugin replaces the router; the core's is never consulted.
+        global_policy="round_robin" if ":" in g.policy else g.policy,
+        balance=g.balance,
+        replica=replica,
+        linear=_core.LinearModel(**config.execution.linear_coefficients()),
+        seed=config.seed,
+        hash_block_size=hash_block_size,
+        sample_interval_s=config.metrics.sample_interval_s,
+        record_stages=config.metrics.record_stages,
+        over_length=config.replica.over_length,
+    )

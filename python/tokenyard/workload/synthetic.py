@@ -19,8 +19,7 @@ from typing import Literal, final
 import numpy as np
 import numpy.typing as npt
 
-from tokenyard.workload._checks import (
-    UINT32_MAX,
+from tokenyard._checks import (
     check_choice,
     check_int,
     check_number,
@@ -56,6 +55,10 @@ BLOCK = 4096
 SHARED_ID_BIT = 1 << 63
 """Set in every shared-prefix hash id, never in a request's own ids."""
 MAX_ZIPF_SIZE = 1 << 22
+#: The longest request a workload draws (no replica serves more).
+MAX_REQUEST_TOKENS = 1 << 24
+#: Hash ids of all shared prefixes together.
+MAX_PREFIX_IDS = 1 << 24
 """Largest support of a zipf draw (its CDF is a table of this many float64)."""
 
 _ARRIVAL, _PROMPT, _OUTPUT, _SHARE, _GROUP = range(5)
@@ -114,11 +117,11 @@ class ArrivalProcess:
                     duration,
                 )
         else:
-            check_number(owner, "qps", self.qps, low=0.0, low_open=True)
+            check_number(owner, "qps", self.qps, low=0.0, low_open=True, high=1e9)
             for name in bursty:
                 check_unset(owner, name, getattr(self, name), self.kind)
         if self.kind == "gamma":
-            check_number(owner, "cv", self.cv, low=0.0, low_open=True)
+            check_number(owner, "cv", self.cv, low=0.0, low_open=True, high=1e3)
         else:
             check_unset(owner, "cv", self.cv, self.kind, 1.0)
 
@@ -183,12 +186,12 @@ class LengthDistribution:
             elif value is None:
                 raise field_error(owner, name, f"required when kind={self.kind!r}", None)
         if self.kind == "fixed":
-            check_int(owner, "value", self.value, low=1, high=UINT32_MAX)
+            check_int(owner, "value", self.value, low=1, high=MAX_REQUEST_TOKENS)
         if self.kind in ("uniform", "zipf"):
-            low = check_int(owner, "low", self.low, low=1, high=UINT32_MAX)
-            high = check_int(owner, "high", self.high, low=low, high=UINT32_MAX)
+            low = check_int(owner, "low", self.low, low=1, high=MAX_REQUEST_TOKENS)
+            high = check_int(owner, "high", self.high, low=low, high=MAX_REQUEST_TOKENS)
             if self.kind == "zipf":
-                check_number(owner, "theta", self.theta, low=0.0)
+                check_number(owner, "theta", self.theta, low=0.0, high=100.0)
                 if high - low + 1 > MAX_ZIPF_SIZE:
                     raise field_error(
                         owner,
@@ -198,11 +201,18 @@ class LengthDistribution:
                         high,
                     )
         if self.kind == "lognormal":
-            check_number(owner, "median", self.median, low=0.0, low_open=True)
-            check_number(owner, "sigma", self.sigma, low=0.0)
-        min_tokens = check_int(owner, "min_tokens", self.min_tokens, low=1, high=UINT32_MAX)
+            check_number(
+                owner, "median", self.median, low=0.0, low_open=True, high=MAX_REQUEST_TOKENS
+            )
+            # exp(10 sigma) already spans every length a request can have.
+            check_number(owner, "sigma", self.sigma, low=0.0, high=10.0)
+        min_tokens = check_int(
+            owner, "min_tokens", self.min_tokens, low=1, high=MAX_REQUEST_TOKENS
+        )
         if self.max_tokens is not None:
-            check_int(owner, "max_tokens", self.max_tokens, low=min_tokens, high=UINT32_MAX)
+            check_int(
+                owner, "max_tokens", self.max_tokens, low=min_tokens, high=MAX_REQUEST_TOKENS
+            )
 
     def describe(self) -> dict[str, object]:
         """The fields that apply to this kind, and the caps."""
@@ -211,7 +221,7 @@ class LengthDistribution:
     def _sampler(self) -> _Sampler:
         """``draw(rng, n)``: n lengths as int64 (tables are built once, here)."""
         lo = self.min_tokens
-        hi = UINT32_MAX if self.max_tokens is None else self.max_tokens
+        hi = MAX_REQUEST_TOKENS if self.max_tokens is None else self.max_tokens
 
         def capped(values: I64) -> I64:
             return np.clip(values, lo, hi)
@@ -267,10 +277,19 @@ class SharedPrefix:
     def __post_init__(self) -> None:
         owner = "SharedPrefix"
         check_int(owner, "num_groups", self.num_groups, low=1, high=MAX_ZIPF_SIZE)
-        check_int(owner, "prefix_tokens", self.prefix_tokens, low=1, high=UINT32_MAX - 1)
+        check_int(owner, "prefix_tokens", self.prefix_tokens, low=1, high=MAX_REQUEST_TOKENS - 1)
         check_number(owner, "share_ratio", self.share_ratio, low=0.0, high=1.0)
-        check_number(owner, "zipf_theta", self.zipf_theta, low=0.0)
-        check_int(owner, "hash_block_size", self.hash_block_size, low=1, high=UINT32_MAX)
+        check_number(owner, "zipf_theta", self.zipf_theta, low=0.0, high=100.0)
+        check_int(owner, "hash_block_size", self.hash_block_size, low=1, high=MAX_REQUEST_TOKENS)
+        ids = self.num_groups * -(-self.prefix_tokens // self.hash_block_size)
+        if ids > MAX_PREFIX_IDS:
+            raise field_error(
+                owner,
+                "prefix_tokens",
+                f"num_groups x prefix_tokens / hash_block_size = {ids} hash ids, more than "
+                f"the {MAX_PREFIX_IDS} a workload holds; use fewer or shorter prefixes",
+                self.prefix_tokens,
+            )
 
     def describe(self) -> dict[str, object]:
         """Every field."""

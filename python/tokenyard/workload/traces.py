@@ -27,7 +27,7 @@ from typing import ClassVar, Literal, TextIO, cast, final
 
 import numpy as np
 
-from tokenyard.workload._checks import (
+from tokenyard._checks import (
     UINT32_MAX,
     check_choice,
     check_int,

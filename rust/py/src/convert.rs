@@ -189,3 +189,48 @@ pub(crate) fn count_arg(
     }
     usize::try_from(value).map_err(|_| input_error(py, arg, value, "too large"))
 }
+
+/// `dict[key]` converted to `T`; a missing key or a wrong type is a `ConfigError` naming it.
+pub(crate) fn get<'py, T: for<'a> FromPyObject<'a, 'py>>(
+    dict: &Bound<'py, pyo3::types::PyDict>,
+    key: &'static str,
+) -> PyResult<T> {
+    let value = dict
+        .get_item(key)?
+        .ok_or_else(|| config_error(dict.py(), key, "missing", "is required"))?;
+    value
+        .extract::<T>()
+        .map_err(|_| config_error(dict.py(), key, short_repr(&value), "has the wrong type"))
+}
+
+/// A nested dict: `dict[key]`.
+pub(crate) fn sub<'py>(
+    dict: &Bound<'py, pyo3::types::PyDict>,
+    key: &'static str,
+) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+    get(dict, key)
+}
+
+/// An int argument in `[min, max]`; anything else (a float, a bool, an int out of range,
+/// however large) is an `InputError` naming the argument.
+pub(crate) fn int_arg(
+    obj: &Bound<'_, PyAny>,
+    arg: &'static str,
+    min: i128,
+    max: i128,
+) -> PyResult<i128> {
+    let value = if obj.is_instance_of::<PyInt>() && !obj.is_instance_of::<pyo3::types::PyBool>() {
+        obj.extract::<i128>().ok()
+    } else {
+        None
+    };
+    match value {
+        Some(v) if (min..=max).contains(&v) => Ok(v),
+        _ => Err(input_error(
+            obj.py(),
+            arg,
+            short_repr(obj),
+            &format!("must be an int in [{min}, {max}]"),
+        )),
+    }
+}

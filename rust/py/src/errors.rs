@@ -118,3 +118,23 @@ pub(crate) fn input_error(
 ) -> PyErr {
     to_py_err(py, Error::input(arg, value.to_string(), reason))
 }
+
+/// A Python exception raised inside a callback the core made (a plugin, the workload
+/// iterator, the progress callback), kept until the call into the core returns and then
+/// re-raised unchanged. One type for every caller.
+#[derive(Clone, Default)]
+pub(crate) struct ErrorSlot(std::sync::Arc<std::sync::Mutex<Option<PyErr>>>);
+
+impl ErrorSlot {
+    /// Keeps `err` and returns the core error that unwinds the call.
+    pub(crate) fn keep(&self, what: &str, err: PyErr) -> Error {
+        let message = format!("{what} raised {err}");
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(err);
+        Error::Plugin(message)
+    }
+
+    /// The kept exception, if any (it wins over the core error it caused).
+    pub(crate) fn take(&self) -> Option<PyErr> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}

@@ -5,13 +5,47 @@ use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use tokenyard_core::sim::BatchShape;
-use tokenyard_core::sim::exec::{Cost, ExecModel, Feature, Op, OpModel, Roofline, Scope, Table};
+use tokenyard_core::sim::exec::{
+    Cost, Feature, Op, OpModel, Roofline, Scope, Table, evaluate_many,
+};
 
+use crate::convert::{get, sub};
 use crate::errors::{OrRaise, config_error};
-use crate::sim::{get, sub};
 
 pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_class::<PyCompiledOps>()?;
     module.add_function(wrap_pyfunction!(evaluate_ops, module)?)
+}
+
+/// A compiled per-operation model (the dict `tokenyard.predictor` builds), converted once.
+#[pyclass(name = "CompiledOps", module = "tokenyard._core", frozen)]
+pub(crate) struct PyCompiledOps {
+    /// A mutex only because the tables cache lookups internally (a `Cell`).
+    model: std::sync::Mutex<OpModel>,
+}
+
+#[pymethods]
+impl PyCompiledOps {
+    #[new]
+    fn new(spec: &Bound<'_, PyDict>) -> PyResult<Self> {
+        let model = op_model(spec)?;
+        model.validate(1).or_raise(spec.py())?;
+        Ok(Self {
+            model: std::sync::Mutex::new(model),
+        })
+    }
+
+    #[getter]
+    fn num_ops(&self) -> usize {
+        self.model().ops.len()
+    }
+}
+
+impl PyCompiledOps {
+    /// A copy for one run.
+    pub(crate) fn model(&self) -> OpModel {
+        self.model.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
 }
 
 pub(crate) fn op_model(d: &Bound<'_, PyDict>) -> PyResult<OpModel> {
@@ -120,30 +154,21 @@ pub(crate) fn evaluate_ops<'py>(
 ) -> PyResult<StageTimes<'py>> {
     let mut model = op_model(spec)?;
     model.validate(num_stages).or_raise(py)?;
-    if stage >= num_stages {
-        return Err(config_error(py, "stage", stage, "must be below num_stages"));
-    }
     let column = |key: &'static str| -> PyResult<Vec<u64>> {
         let array: PyReadonlyArray1<'py, u64> = get(shapes, key)?;
         Ok(array.as_slice()?.to_vec())
     };
     let requests = column("num_requests")?;
-    let prefill = column("num_prefill_tokens")?;
-    let decode = column("num_decode_tokens")?;
-    let decode_context = column("sum_decode_context")?;
-    let prefill_context = column("sum_prefill_context")?;
-    let prefill_squared = column("sum_prefill_squared")?;
-    let padding = column("num_padding_rows")?;
-    let n = requests.len();
-    let lengths = [
-        &prefill,
-        &decode,
-        &decode_context,
-        &prefill_context,
-        &prefill_squared,
-        &padding,
+    let columns = [
+        column("num_prefill_tokens")?,
+        column("num_decode_tokens")?,
+        column("sum_decode_context")?,
+        column("sum_prefill_context")?,
+        column("sum_prefill_squared")?,
+        column("num_padding_rows")?,
     ];
-    if lengths.iter().any(|c| c.len() != n) {
+    let n = requests.len();
+    if columns.iter().any(|c| c.len() != n) {
         return Err(config_error(
             py,
             "shapes",
@@ -151,22 +176,23 @@ pub(crate) fn evaluate_ops<'py>(
             "every column must have the same length",
         ));
     }
-    let mut total = Vec::with_capacity(n);
-    let mut model_only = Vec::with_capacity(n);
-    for i in 0..n {
-        let shape = BatchShape {
-            num_requests: u32::try_from(requests[i])
-                .map_err(|_| config_error(py, "shapes.num_requests", requests[i], "too large"))?,
-            num_prefill_tokens: prefill[i],
-            num_decode_tokens: decode[i],
-            sum_decode_context: decode_context[i],
-            sum_prefill_context: prefill_context[i],
-            sum_prefill_squared: prefill_squared[i],
-            num_padding_rows: padding[i],
-        };
-        let time = model.stage_time(&shape, stage, num_stages).or_raise(py)?;
-        total.push(time.total_s);
-        model_only.push(time.model_s);
-    }
+    let shapes = (0..n)
+        .map(|i| {
+            Ok(BatchShape {
+                num_requests: u32::try_from(requests[i]).map_err(|_| {
+                    config_error(py, "shapes.num_requests", requests[i], "too large")
+                })?,
+                num_prefill_tokens: columns[0][i],
+                num_decode_tokens: columns[1][i],
+                sum_decode_context: columns[2][i],
+                sum_prefill_context: columns[3][i],
+                sum_prefill_squared: columns[4][i],
+                num_padding_rows: columns[5][i],
+            })
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    let times = evaluate_many(&mut model, &shapes, stage, num_stages).or_raise(py)?;
+    let total: Vec<f64> = times.iter().map(|t| t.total_s).collect();
+    let model_only: Vec<f64> = times.iter().map(|t| t.model_s).collect();
     Ok((total.into_pyarray(py), model_only.into_pyarray(py)))
 }

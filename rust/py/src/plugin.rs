@@ -1,8 +1,6 @@
 //! A Python object as a scheduler policy plugin (the slow path, for experiments). Its own
 //! exceptions are kept and re-raised unchanged by the scheduler's Python methods.
 
-use std::sync::{Arc, Mutex};
-
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use rustc_hash::FxHashMap;
@@ -10,6 +8,7 @@ use tokenyard_core::sched::{PolicyPlugin, RequestStatus, RequestView};
 use tokenyard_core::{Error, Result};
 
 use crate::convert::RequestId;
+use crate::errors::ErrorSlot;
 
 /// What a plugin sees of a request.
 #[pyclass(name = "RequestView", module = "tokenyard.sched", frozen, get_all)]
@@ -49,23 +48,16 @@ fn status_name(status: RequestStatus) -> &'static str {
     }
 }
 
-/// Where a plugin's own exception waits for the scheduler method to re-raise it.
-pub(crate) type PluginErrorSlot = Arc<Mutex<Option<PyErr>>>;
-
 pub(crate) struct PyPlugin {
     pub(crate) object: Py<PyAny>,
-    pub(crate) error: PluginErrorSlot,
+    pub(crate) error: ErrorSlot,
 }
 
 impl PyPlugin {
     fn ask(&self, method: &'static str, views: &[RequestView<RequestId>]) -> Result<Vec<usize>> {
         Python::attach(|py| {
             let answer = self.call(py, method, views);
-            answer.map_err(|err| {
-                let message = format!("{method} raised {err}");
-                *self.error.lock().unwrap_or_else(|e| e.into_inner()) = Some(err);
-                Error::Plugin(message)
-            })?
+            answer.map_err(|err| self.error.keep(method, reentry_error(py, method, err)))?
         })
     }
 
@@ -118,4 +110,21 @@ impl PolicyPlugin<RequestId> for PyPlugin {
     fn preemption_order(&mut self, running: &[RequestView<RequestId>]) -> Result<Vec<usize>> {
         self.ask("preemption_order", running)
     }
+}
+
+/// A plugin that calls back into the scheduler while it is being asked finds it borrowed;
+/// PyO3's `RuntimeError` says so in its words, this says it in ours.
+fn reentry_error(py: Python<'_>, method: &str, err: PyErr) -> PyErr {
+    let borrowed = err.is_instance_of::<pyo3::exceptions::PyRuntimeError>(py)
+        && err.to_string().contains("Already");
+    if !borrowed {
+        return err;
+    }
+    crate::errors::to_py_err(
+        py,
+        Error::Plugin(format!(
+            "{method}() called back into the Scheduler while it was asking the plugin; a \
+             plugin may only read the request views it is given"
+        )),
+    )
 }

@@ -9,9 +9,10 @@ use tokenyard_core::sched::{
     SchedulerOutput, SchedulerStats,
 };
 
-use crate::convert::{RequestId, count_arg, token_ids};
+use crate::convert::{RequestId, count_arg, int_arg, token_ids};
+use crate::errors::ErrorSlot;
 use crate::errors::{OrRaise, config_error, invariants, unknown_request};
-use crate::plugin::{PluginErrorSlot, PyPlugin};
+use crate::plugin::PyPlugin;
 
 pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<PyScheduler>()?;
@@ -28,7 +29,7 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
 #[pyclass(name = "Scheduler", module = "tokenyard.sched")]
 pub(crate) struct PyScheduler {
     inner: Scheduler<RequestId>,
-    plugin_error: PluginErrorSlot,
+    plugin_error: ErrorSlot,
 }
 
 fn field<'py, T: for<'a> FromPyObject<'a, 'py>>(
@@ -135,7 +136,7 @@ impl PyScheduler {
         let py = config.py();
         let (core, async_scheduling) = core_config(config)?;
         let mut inner = Scheduler::new(core, async_scheduling).or_raise(py)?;
-        let plugin_error = PluginErrorSlot::default();
+        let plugin_error = ErrorSlot::default();
         if let Some(object) = plugin {
             for method in ["order_waiting", "preemption_order"] {
                 if !object.hasattr(method)? {
@@ -160,41 +161,53 @@ impl PyScheduler {
         })
     }
 
-    #[pyo3(signature = (request_id, prompt_token_ids, max_tokens, *, priority = 0, arrival_time = None,
+    #[pyo3(signature = (request_id, prompt_token_ids, max_tokens, *, priority = None, arrival_time = None,
         eos_token_id = None, stop_token_ids = None, ignore_eos = false, lora_id = None))]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &mut self,
         request_id: &Bound<'_, PyAny>,
         prompt_token_ids: &Bound<'_, PyAny>,
-        max_tokens: i64,
-        priority: i64,
+        max_tokens: &Bound<'_, PyAny>,
+        priority: Option<&Bound<'_, PyAny>>,
         arrival_time: Option<f64>,
-        eos_token_id: Option<i64>,
+        eos_token_id: Option<&Bound<'_, PyAny>>,
         stop_token_ids: Option<&Bound<'_, PyAny>>,
         ignore_eos: bool,
-        lora_id: Option<u64>,
+        lora_id: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let py = request_id.py();
         let id = RequestId::from_py(request_id)?;
-        let eos = match eos_token_id {
-            Some(t) => Some(u32::try_from(t).map_err(|_| {
-                crate::errors::input_error(py, "eos_token_id", t, "must be in [0, 2**32)")
-            })?),
-            None => None,
-        };
+        let (i64_min, i64_max) = (i64::MIN as i128, i64::MAX as i128);
         let spec = RequestSpec {
             prompt_token_ids: token_ids(prompt_token_ids, "prompt_token_ids")?,
-            max_tokens: count_arg(py, "max_tokens", max_tokens, 1)?,
-            priority,
-            arrival_time: arrival_time.unwrap_or(0.0),
-            eos_token_id: eos,
+            max_tokens: int_arg(max_tokens, "max_tokens", 1, u32::MAX as i128)? as usize,
+            priority: priority
+                .map(|p| int_arg(p, "priority", i64_min, i64_max))
+                .transpose()?
+                .unwrap_or(0) as i64,
+            arrival_time: match arrival_time {
+                Some(t) if !t.is_finite() => {
+                    return Err(crate::errors::input_error(
+                        py,
+                        "arrival_time",
+                        t,
+                        "must be finite",
+                    ));
+                }
+                t => t.unwrap_or(0.0),
+            },
+            eos_token_id: eos_token_id
+                .map(|t| int_arg(t, "eos_token_id", 0, u32::MAX as i128).map(|t| t as u32))
+                .transpose()?,
             stop_token_ids: match stop_token_ids {
                 Some(ids) => token_ids(ids, "stop_token_ids")?,
                 None => Vec::new(),
             },
             ignore_eos,
-            lora_id,
+            lora_id: lora_id
+                .map(|l| int_arg(l, "lora_id", 0, i64_max).map(|l| l as u64))
+                .transpose()?,
         };
         self.inner.add_request(id, spec).or_raise(py)
     }
@@ -205,8 +218,6 @@ impl PyScheduler {
             // A plugin's own exception is re-raised as it was.
             Err(err) => Err(self
                 .plugin_error
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
                 .take()
                 .unwrap_or_else(|| crate::errors::to_py_err(py, err))),
         }

@@ -1,223 +1,349 @@
-//! `tokenyard._core.simulate`: runs the core simulator on a config dict (built and checked
-//! by `tokenyard.simulate`), a Python iterator of request chunks and, optionally, a Python
-//! execution-time model. Returns the results as numpy arrays in a dict. Exceptions raised
-//! by the iterator, the model or the progress callback come back unchanged.
-
-use std::sync::{Arc, Mutex};
+//! `tokenyard._core.simulate` and the typed config objects it takes (`SimConfig`,
+//! `ReplicaSpec`, `LinearModel`), built and checked by `tokenyard.simulate`. Conversions
+//! only: the policy registry, the plugin adapter and every check live in the core. The GIL
+//! is released while the event loop runs; callbacks into Python take it back.
 
 use numpy::{IntoPyArray, PyReadonlyArray1};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
-use rustc_hash::{FxHashMap, FxHashSet};
 use tokenyard_core::sim::exec::Repeated;
 use tokenyard_core::sim::{
-    ArrivingRequest, Batch, BatchPlan, BatchShape, ExecModel, GapHistogram, GlobalPolicy,
-    LinearModel, ReplicaLoad, ReplicaPolicy, ReplicaPolicyConfig, ReqIdx, RequestSource, Requests,
-    RouteInfo, RoutePlugin, SglangLimits, SimConfig, SimOutput, SimRequest, Simulator, StageTime,
-    VidurKind, VidurLimits,
+    ArrivingRequest, BatchShape, ExecModel, GapHistogram, GlobalPolicy, LinearModel, OpModel,
+    OverLength, PluginReplica, REPLICA_POLICIES, ReplicaLoad, ReplicaPluginHost, ReplicaPolicy,
+    ReplicaPolicyConfig, ReplicaPolicyEntry, RequestSource, RouteInfo, RoutePlugin, SglangLimits,
+    SimConfig, SimOutput, SimRequest, Simulator, StageTime, VidurKind, VidurLimits,
 };
 use tokenyard_core::{Error, Result};
 
-use crate::errors::{OrRaise, config_error};
-use crate::exec::op_model;
+use crate::errors::{ErrorSlot, OrRaise, input_error};
+use crate::exec::PyCompiledOps;
 use crate::sched::core_config;
 
 pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<PySimRequestView>()?;
+    module.add_class::<PyReplicaSpec>()?;
+    module.add_class::<PyLinearModel>()?;
+    module.add_class::<PySimConfig>()?;
+    let registry = PyDict::new(module.py());
+    for entry in REPLICA_POLICIES {
+        let info = PyDict::new(module.py());
+        info.set_item("section", entry.section)?;
+        info.set_item("pipeline_parallel", entry.pipeline_parallel)?;
+        info.set_item("summary", entry.summary)?;
+        registry.set_item(entry.name, info)?;
+    }
+    module.add("REPLICA_POLICIES", registry)?;
+    module.add("GLOBAL_POLICIES", GlobalPolicy::NAMES.to_vec())?;
     module.add_function(wrap_pyfunction!(simulate, module)?)
 }
 
-/// A Python exception raised inside a callback, kept until the run returns.
-type ErrorSlot = Arc<Mutex<Option<PyErr>>>;
-
-fn keep(slot: &ErrorSlot, what: &str, err: PyErr) -> Error {
-    let message = format!("{what} raised {err}");
-    *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(err);
-    Error::Plugin(message)
+/// One replica policy with its limits, every size already derived.
+#[pyclass(name = "ReplicaSpec", module = "tokenyard._core", frozen)]
+pub(crate) struct PyReplicaSpec {
+    inner: ReplicaPolicyConfig,
 }
 
-pub(crate) fn get<'py, T: for<'a> FromPyObject<'a, 'py>>(
-    dict: &Bound<'py, PyDict>,
-    key: &'static str,
-) -> PyResult<T> {
-    let value = dict
-        .get_item(key)?
-        .ok_or_else(|| config_error(dict.py(), key, "missing", "is required"))?;
-    value.extract::<T>().map_err(|_| {
-        let shown = value
-            .repr()
-            .map_or_else(|_| "?".to_string(), |r| r.to_string());
-        config_error(dict.py(), key, shown, "has the wrong type")
-    })
-}
+#[pymethods]
+impl PyReplicaSpec {
+    /// One of Vidur's five schedulers.
+    #[staticmethod]
+    #[pyo3(signature = (policy, *, num_blocks, block_size, watermark_blocks, batch_size_cap,
+        max_micro_batch_size, max_blocks_per_sequence, max_tokens_in_batch, chunk_size,
+        max_waiting_iters))]
+    #[allow(clippy::too_many_arguments)]
+    fn vidur(
+        py: Python<'_>,
+        policy: &str,
+        num_blocks: u32,
+        block_size: u32,
+        watermark_blocks: u32,
+        batch_size_cap: u32,
+        max_micro_batch_size: u32,
+        max_blocks_per_sequence: u32,
+        max_tokens_in_batch: u32,
+        chunk_size: u32,
+        max_waiting_iters: u32,
+    ) -> PyResult<Self> {
+        let kind = match ReplicaPolicyEntry::find(policy).or_raise(py)?.name {
+            "vllm" => VidurKind::Vllm,
+            "sarathi" => VidurKind::Sarathi,
+            "orca" => VidurKind::Orca,
+            "lightllm" => VidurKind::LightLlm,
+            "faster_transformer" => VidurKind::FasterTransformer,
+            other => {
+                return Err(input_error(py, "policy", other, "is not one of Vidur's"));
+            }
+        };
+        let limits = VidurLimits {
+            num_blocks,
+            block_size,
+            watermark_blocks,
+            batch_size_cap,
+            max_micro_batch_size,
+            max_blocks_per_sequence,
+            max_tokens_in_batch,
+            chunk_size,
+            max_waiting_iters,
+        };
+        Self::checked(py, ReplicaPolicyConfig::Vidur(kind, limits))
+    }
 
-pub(crate) fn sub<'py>(
-    dict: &Bound<'py, PyDict>,
-    key: &'static str,
-) -> PyResult<Bound<'py, PyDict>> {
-    get::<Bound<'py, PyDict>>(dict, key)
-}
+    /// vLLM V1's step scheduler, configured by a `tokenyard.sched.SchedulerConfig`.
+    #[staticmethod]
+    fn vllm_v1(config: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let (core, _async) = core_config(config)?;
+        Self::checked(config.py(), ReplicaPolicyConfig::VllmV1(core))
+    }
 
-fn vidur_limits(d: &Bound<'_, PyDict>) -> PyResult<VidurLimits> {
-    Ok(VidurLimits {
-        num_blocks: get(d, "num_blocks")?,
-        block_size: get(d, "block_size")?,
-        watermark_blocks: get(d, "watermark_blocks")?,
-        batch_size_cap: get(d, "batch_size_cap")?,
-        max_micro_batch_size: get(d, "max_micro_batch_size")?,
-        max_blocks_per_sequence: get(d, "max_blocks_per_sequence")?,
-        max_tokens_in_batch: get(d, "max_tokens_in_batch")?,
-        chunk_size: get(d, "chunk_size")?,
-        max_waiting_iters: get(d, "max_waiting_iters")?,
-    })
-}
+    /// Mini-SGLang's scheduler.
+    #[staticmethod]
+    #[pyo3(signature = (*, num_pages, page_size, max_running_requests, max_extend_tokens,
+        graph_batch_sizes))]
+    fn sglang(
+        py: Python<'_>,
+        num_pages: u32,
+        page_size: u32,
+        max_running_requests: u32,
+        max_extend_tokens: u32,
+        graph_batch_sizes: Vec<u32>,
+    ) -> PyResult<Self> {
+        Self::checked(
+            py,
+            ReplicaPolicyConfig::Sglang(SglangLimits {
+                num_pages,
+                page_size,
+                max_running_requests,
+                max_extend_tokens,
+                graph_batch_sizes,
+            }),
+        )
+    }
 
-fn replica_policy(d: &Bound<'_, PyDict>) -> PyResult<ReplicaPolicyConfig> {
-    let name: String = get(d, "policy")?;
-    let vidur = |kind| {
-        Ok(ReplicaPolicyConfig::Vidur(
-            kind,
-            vidur_limits(&sub(d, "vidur")?)?,
-        ))
-    };
-    match name.as_str() {
-        "vllm" => vidur(VidurKind::Vllm),
-        "sarathi" => vidur(VidurKind::Sarathi),
-        "orca" => vidur(VidurKind::Orca),
-        "lightllm" => vidur(VidurKind::LightLlm),
-        "faster_transformer" => vidur(VidurKind::FasterTransformer),
-        // A `tokenyard.sched.SchedulerConfig`, read as the embeddable scheduler reads it.
-        "vllm_v1" => Ok(ReplicaPolicyConfig::VllmV1(
-            core_config(&get::<Bound<'_, PyAny>>(d, "vllm_v1")?)?.0,
-        )),
-        "sglang" => {
-            let s = sub(d, "sglang")?;
-            Ok(ReplicaPolicyConfig::Sglang(SglangLimits {
-                num_pages: get(&s, "num_pages")?,
-                page_size: get(&s, "page_size")?,
-                max_running_requests: get(&s, "max_running_requests")?,
-                max_extend_tokens: get(&s, "max_extend_tokens")?,
-                graph_batch_sizes: get(&s, "graph_batch_sizes")?,
-            }))
+    /// Replica plugins given to `simulate(replica_plugins=...)`.
+    #[staticmethod]
+    fn plugin(block_size: u32) -> Self {
+        Self {
+            inner: ReplicaPolicyConfig::External { block_size },
         }
-        other => Err(config_error(
-            d.py(),
-            "replica.scheduler.policy",
-            other,
-            "unknown replica policy",
-        )),
+    }
+
+    #[getter]
+    fn policy(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    /// Why a request of these lengths can never run on one replica (naming the limiting
+    /// setting), or `None`.
+    fn request_limit(&self, num_prefill_tokens: u32, num_decode_tokens: u32) -> Option<String> {
+        self.inner
+            .request_limit(num_prefill_tokens, num_decode_tokens)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("ReplicaSpec({:?})", self.inner)
     }
 }
 
-fn linear_model(d: &Bound<'_, PyDict>) -> PyResult<LinearModel> {
-    Ok(LinearModel {
-        constant_s: get(d, "constant_s")?,
-        per_prefill_token_s: get(d, "per_prefill_token_s")?,
-        per_decode_token_s: get(d, "per_decode_token_s")?,
-        per_decode_context_token_s: get(d, "per_decode_context_token_s")?,
-        per_prefill_context_token_s: get(d, "per_prefill_context_token_s")?,
-        cpu_overhead_s: get(d, "cpu_overhead_s")?,
-    })
+impl PyReplicaSpec {
+    /// Builds one replica once, so a bad limit fails here, naming its field.
+    fn checked(py: Python<'_>, inner: ReplicaPolicyConfig) -> PyResult<Self> {
+        inner.build(16, false).or_raise(py)?;
+        Ok(Self { inner })
+    }
 }
 
-fn sim_config(d: &Bound<'_, PyDict>) -> PyResult<SimConfig> {
-    let py = d.py();
-    let policy: String = get(d, "global_policy")?;
-    Ok(SimConfig {
-        num_replicas: get(d, "num_replicas")?,
-        num_stages: get(d, "num_stages")?,
-        global_policy: GlobalPolicy::from_name(&policy, get(d, "balance")?).or_raise(py)?,
-        replica_policy: replica_policy(&sub(d, "replica")?)?,
-        exec: linear_model(&sub(d, "linear")?)?,
-        seed: get(d, "seed")?,
-        hash_block_size: get(d, "hash_block_size")?,
-        sample_interval_s: get(d, "sample_interval_s")?,
-        record_stages: get(d, "record_stages")?,
-    })
+/// The linear execution-time model's coefficients.
+#[pyclass(name = "LinearModel", module = "tokenyard._core", frozen)]
+#[derive(Clone)]
+pub(crate) struct PyLinearModel {
+    inner: LinearModel,
+}
+
+#[pymethods]
+impl PyLinearModel {
+    #[new]
+    #[pyo3(signature = (*, constant_s, per_prefill_token_s, per_decode_token_s,
+        per_decode_context_token_s, per_prefill_context_token_s, cpu_overhead_s))]
+    fn new(
+        py: Python<'_>,
+        constant_s: f64,
+        per_prefill_token_s: f64,
+        per_decode_token_s: f64,
+        per_decode_context_token_s: f64,
+        per_prefill_context_token_s: f64,
+        cpu_overhead_s: f64,
+    ) -> PyResult<Self> {
+        let inner = LinearModel {
+            constant_s,
+            per_prefill_token_s,
+            per_decode_token_s,
+            per_decode_context_token_s,
+            per_prefill_context_token_s,
+            cpu_overhead_s,
+        };
+        inner.validate().or_raise(py)?;
+        Ok(Self { inner })
+    }
+}
+
+/// A whole simulation's config, checked by the core when it is built.
+#[pyclass(name = "SimConfig", module = "tokenyard._core", frozen)]
+pub(crate) struct PySimConfig {
+    inner: SimConfig,
+}
+
+#[pymethods]
+impl PySimConfig {
+    #[new]
+    #[pyo3(signature = (*, num_replicas, num_stages, global_policy, balance, replica, linear,
+        seed, hash_block_size, sample_interval_s, record_stages, over_length))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        num_replicas: u32,
+        num_stages: u32,
+        global_policy: &str,
+        balance: f64,
+        replica: &PyReplicaSpec,
+        linear: &PyLinearModel,
+        seed: u64,
+        hash_block_size: u32,
+        sample_interval_s: f64,
+        record_stages: bool,
+        over_length: &str,
+    ) -> PyResult<Self> {
+        let inner = SimConfig {
+            num_replicas,
+            num_stages,
+            global_policy: GlobalPolicy::from_name(global_policy, balance).or_raise(py)?,
+            replica_policy: replica.inner.clone(),
+            exec: linear.inner,
+            seed,
+            hash_block_size,
+            sample_interval_s,
+            record_stages,
+            over_length: OverLength::parse(over_length).or_raise(py)?,
+        };
+        inner.validate().or_raise(py)?;
+        Ok(Self { inner })
+    }
+
+    #[getter]
+    fn replica_policy(&self) -> &'static str {
+        self.inner.replica_policy.name()
+    }
 }
 
 /// Pulls `RequestChunk`s (see `tokenyard.workload`) from a Python iterator.
-struct PySource<'py> {
-    chunks: Bound<'py, PyAny>,
-    progress: Option<Bound<'py, PyAny>>,
+struct PySource {
+    chunks: Py<PyAny>,
+    progress: Option<Py<PyAny>>,
     error: ErrorSlot,
 }
 
-impl PySource<'_> {
-    fn convert(chunk: &Bound<'_, PyAny>) -> PyResult<Vec<ArrivingRequest>> {
-        let arrived: PyReadonlyArray1<'_, f64> = chunk.getattr("arrived_at")?.extract()?;
-        let prefill: PyReadonlyArray1<'_, u32> = chunk.getattr("num_prefill_tokens")?.extract()?;
-        let decode: PyReadonlyArray1<'_, u32> = chunk.getattr("num_decode_tokens")?.extract()?;
-        let (arrived, prefill, decode) =
-            (arrived.as_slice()?, prefill.as_slice()?, decode.as_slice()?);
-        let offsets = chunk.getattr("hash_offsets")?;
-        let hashes: Option<(Vec<u64>, Vec<u64>)> = if offsets.is_none() {
-            None
-        } else {
-            let offsets: PyReadonlyArray1<'_, u64> = offsets.extract()?;
-            let ids: PyReadonlyArray1<'_, u64> = chunk.getattr("hash_ids")?.extract()?;
-            Some((offsets.as_slice()?.to_vec(), ids.as_slice()?.to_vec()))
-        };
-        let n = arrived.len();
-        if prefill.len() != n || decode.len() != n {
-            return Err(crate::errors::input_error(
-                chunk.py(),
-                "chunk",
-                format!("{n}/{}/{}", prefill.len(), decode.len()),
-                "arrived_at, num_prefill_tokens and num_decode_tokens differ in length",
-            ));
-        }
-        Ok((0..n)
-            .map(|i| ArrivingRequest {
-                arrived_at: arrived[i],
-                num_prefill_tokens: prefill[i],
-                num_decode_tokens: decode[i],
-                hash_ids: hashes.as_ref().map_or_else(Vec::new, |(off, ids)| {
-                    ids[off[i] as usize..off[i + 1] as usize].to_vec()
-                }),
-            })
-            .collect())
+fn convert_chunk(chunk: &Bound<'_, PyAny>) -> PyResult<Vec<ArrivingRequest>> {
+    let arrived: PyReadonlyArray1<'_, f64> = chunk.getattr("arrived_at")?.extract()?;
+    let prefill: PyReadonlyArray1<'_, u32> = chunk.getattr("num_prefill_tokens")?.extract()?;
+    let decode: PyReadonlyArray1<'_, u32> = chunk.getattr("num_decode_tokens")?.extract()?;
+    let (arrived, prefill, decode) = (arrived.as_slice()?, prefill.as_slice()?, decode.as_slice()?);
+    let offsets = chunk.getattr("hash_offsets")?;
+    let hashes: Option<(Vec<u64>, Vec<u64>)> = if offsets.is_none() {
+        None
+    } else {
+        let offsets: PyReadonlyArray1<'_, u64> = offsets.extract()?;
+        let ids: PyReadonlyArray1<'_, u64> = chunk.getattr("hash_ids")?.extract()?;
+        Some((offsets.as_slice()?.to_vec(), ids.as_slice()?.to_vec()))
+    };
+    let n = arrived.len();
+    let offsets_ok = hashes.as_ref().is_none_or(|(off, ids)| {
+        off.len() == n + 1
+            && off.windows(2).all(|w| w[0] <= w[1])
+            && off.last().is_none_or(|&end| end as usize <= ids.len())
+    });
+    if prefill.len() != n || decode.len() != n || !offsets_ok {
+        return Err(input_error(
+            chunk.py(),
+            "chunk",
+            format!("{n}/{}/{}", prefill.len(), decode.len()),
+            "arrived_at, num_prefill_tokens, num_decode_tokens and hash_offsets do not line up",
+        ));
     }
+    Ok((0..n)
+        .map(|i| ArrivingRequest {
+            arrived_at: arrived[i],
+            num_prefill_tokens: prefill[i],
+            num_decode_tokens: decode[i],
+            hash_ids: hashes.as_ref().map_or_else(Vec::new, |(off, ids)| {
+                ids[off[i] as usize..off[i + 1] as usize].to_vec()
+            }),
+        })
+        .collect())
 }
 
-impl RequestSource for PySource<'_> {
+impl RequestSource for PySource {
     fn next_chunk(&mut self) -> Result<Option<Vec<ArrivingRequest>>> {
-        let next = self
-            .chunks
-            .call_method0("__next__")
-            .map(Some)
-            .or_else(|err| {
-                if err.is_instance_of::<pyo3::exceptions::PyStopIteration>(self.chunks.py()) {
-                    Ok(None)
-                } else {
-                    Err(err)
-                }
-            });
-        match next.and_then(|chunk| chunk.map(|c| Self::convert(&c)).transpose()) {
-            Ok(chunk) => Ok(chunk),
-            Err(err) => Err(keep(&self.error, "the workload", err)),
-        }
+        Python::attach(|py| {
+            let chunks = self.chunks.bind(py);
+            match chunks.call_method0("__next__") {
+                Ok(chunk) => convert_chunk(&chunk).map(Some),
+                Err(err) if err.is_instance_of::<pyo3::exceptions::PyStopIteration>(py) => Ok(None),
+                Err(err) => Err(err),
+            }
+        })
+        .map_err(|err| self.error.keep("the workload", err))
     }
 
     fn progress(&mut self, num_completed: u64) -> Result<()> {
-        if let Some(callback) = &self.progress {
-            callback
-                .call1((num_completed,))
-                .map_err(|err| keep(&self.error, "the progress callback", err))?;
-        }
-        Ok(())
+        let Some(callback) = &self.progress else {
+            return Ok(());
+        };
+        Python::attach(|py| callback.bind(py).call1((num_completed,)).map(|_| ()))
+            .map_err(|err| self.error.keep("the progress callback", err))
     }
 }
 
 /// A Python callable as the execution-time model (the slow path).
-struct PyExec<'py> {
-    model: Bound<'py, PyAny>,
+struct PyExec {
+    model: Py<PyAny>,
     error: ErrorSlot,
 }
 
-impl PyExec<'_> {
-    fn call(&self, shape: &BatchShape, stage: u32, num_stages: u32) -> PyResult<StageTime> {
-        let py = self.model.py();
+/// A finite number >= 0 that a Python callback returned; anything else is a
+/// `PolicyError` naming the callback and what it should return.
+fn number(value: &Bound<'_, PyAny>, what: &str, expected: &str) -> PyResult<f64> {
+    let is_number = value.is_instance_of::<pyo3::types::PyFloat>()
+        || (value.is_instance_of::<pyo3::types::PyInt>()
+            && !value.is_instance_of::<pyo3::types::PyBool>());
+    match value.extract::<f64>() {
+        Ok(s) if is_number && s.is_finite() && s >= 0.0 => Ok(s),
+        _ => Err(crate::errors::to_py_err(
+            value.py(),
+            Error::Plugin(format!(
+                "{what} returned {}; it must return {expected}",
+                value
+                    .repr()
+                    .map_or_else(|_| "?".to_string(), |r| r.to_string())
+            )),
+        )),
+    }
+}
+
+fn seconds(value: &Bound<'_, PyAny>) -> PyResult<f64> {
+    number(
+        value,
+        "the execution-time model",
+        "seconds (a finite number >= 0) or a (total_s, model_s) pair of them",
+    )
+}
+
+impl PyExec {
+    fn call(
+        &self,
+        py: Python<'_>,
+        shape: &BatchShape,
+        stage: u32,
+        num_stages: u32,
+    ) -> PyResult<StageTime> {
         let kwargs = PyDict::new(py);
         kwargs.set_item("num_requests", shape.num_requests)?;
         kwargs.set_item("num_prefill_tokens", shape.num_prefill_tokens)?;
@@ -228,12 +354,15 @@ impl PyExec<'_> {
         kwargs.set_item("num_padding_rows", shape.num_padding_rows)?;
         kwargs.set_item("stage", stage)?;
         kwargs.set_item("num_stages", num_stages)?;
-        let answer = self.model.call((), Some(&kwargs))?;
-        if let Ok(tuple) = answer.cast::<PyTuple>() {
-            let (total_s, model_s): (f64, f64) = tuple.extract()?;
+        let answer = self.model.bind(py).call((), Some(&kwargs))?;
+        if let Ok(pair) = answer.cast::<PyTuple>()
+            && pair.len() == 2
+        {
+            let total_s = seconds(&pair.get_item(0)?)?;
+            let model_s = seconds(&pair.get_item(1)?)?;
             return Ok(StageTime { total_s, model_s });
         }
-        let total_s: f64 = answer.extract()?;
+        let total_s = seconds(&answer)?;
         Ok(StageTime {
             total_s,
             model_s: total_s,
@@ -241,10 +370,10 @@ impl PyExec<'_> {
     }
 }
 
-impl ExecModel for PyExec<'_> {
+impl ExecModel for PyExec {
     fn stage_time(&mut self, shape: &BatchShape, stage: u32, num_stages: u32) -> Result<StageTime> {
-        self.call(shape, stage, num_stages)
-            .map_err(|err| keep(&self.error, "the execution-time model", err))
+        Python::attach(|py| self.call(py, shape, stage, num_stages))
+            .map_err(|err| self.error.keep("the execution-time model", err))
     }
 }
 
@@ -321,222 +450,190 @@ impl PyRoutePlugin {
             d.set_item("kv_usage", load.kv_usage)?;
             replicas.append(d)?;
         }
-        self.object
+        let answer = self
+            .object
             .bind(py)
-            .call_method1("route", (info, replicas))?
-            .extract()
+            .call_method1("route", (info, replicas))?;
+        let index = crate::convert::int_arg(&answer, "route()", 0, loads.len() as i128 - 1)
+            .map_err(|_| {
+                crate::errors::to_py_err(
+                    py,
+                    Error::Plugin(format!(
+                        "the routing plugin's route() returned {}; it must return a replica \
+                         index in [0, {})",
+                        answer
+                            .repr()
+                            .map_or_else(|_| "?".to_string(), |r| r.to_string()),
+                        loads.len()
+                    )),
+                )
+            })?;
+        Ok(index as usize)
     }
 }
 
 impl RoutePlugin for PyRoutePlugin {
     fn route(&mut self, request: &RouteInfo<'_>, loads: &[ReplicaLoad]) -> Result<usize> {
         Python::attach(|py| self.call(py, request, loads))
-            .map_err(|err| keep(&self.error, "the routing plugin's route()", err))
+            .map_err(|err| self.error.keep("the routing plugin's route()", err))
     }
 }
 
-/// A Python replica scheduler: `add_request(view)`, `next_batch() -> [(id, tokens)] | None`,
-/// `on_batch_end(views)`, optionally `kv_usage()`. It decides who runs; the adapter checks
-/// its answers and releases requests once they complete.
-struct PyReplicaPlugin {
+/// A Python replica scheduler (docs/plugins.md); the core's `PluginReplica` checks it.
+struct PyReplicaHost {
     object: Py<PyAny>,
     error: ErrorSlot,
-    held: FxHashMap<u64, ReqIdx>,
-    in_flight: FxHashSet<ReqIdx>,
-    never_scheduled: FxHashSet<ReqIdx>,
 }
 
-impl PyReplicaPlugin {
-    fn fail(&self, method: &str, err: PyErr) -> Error {
-        keep(&self.error, &format!("the replica plugin's {method}"), err)
-    }
-
-    fn check_plan(&self, requests: &Requests, answer: Vec<(u64, u32)>) -> Result<BatchPlan> {
-        let mut plan: BatchPlan = (Vec::new(), Vec::new());
-        let mut seen = FxHashSet::default();
-        for (id, n) in answer {
-            let bad = |why: &str| Err(Error::Plugin(format!("next_batch: request {id} {why}")));
-            let Some(&idx) = self.held.get(&id) else {
-                return bad("is not held by this replica");
-            };
-            if self.in_flight.contains(&idx) || !seen.insert(idx) {
-                return bad("is already in a batch");
-            }
-            let r = requests.get(idx);
-            let limit = if r.is_prefill_complete {
-                1
-            } else {
-                r.num_prefill_tokens - r.num_processed_tokens
-            };
-            if r.completed || n == 0 || n > limit {
-                return bad(&format!("cannot take {n} tokens (at most {limit})"));
-            }
-            plan.0.push(idx);
-            plan.1.push(n);
-        }
-        Ok(plan)
+impl PyReplicaHost {
+    fn call<T>(&self, method: &str, f: impl FnOnce(&Bound<'_, PyAny>) -> PyResult<T>) -> Result<T> {
+        Python::attach(|py| f(self.object.bind(py))).map_err(|err| {
+            self.error
+                .keep(&format!("the replica plugin's {method}()"), err)
+        })
     }
 }
 
-impl ReplicaPolicy for PyReplicaPlugin {
-    fn add_request(&mut self, requests: &mut Requests, idx: ReqIdx) -> Result<()> {
-        let r = requests.get(idx);
-        self.held.insert(r.id, idx);
-        self.never_scheduled.insert(idx);
-        Python::attach(|py| {
-            self.object
-                .bind(py)
-                .call_method1("add_request", (view(r),))
-                .map(|_| ())
+fn plan_entry(item: &Bound<'_, PyAny>) -> PyResult<(u64, u32)> {
+    let bad = || {
+        crate::errors::to_py_err(
+            item.py(),
+            Error::Plugin(format!(
+                "next_batch() gave {}; each entry must be a (request_id, num_tokens) pair of \
+                 ints",
+                item.repr()
+                    .map_or_else(|_| "?".to_string(), |r| r.to_string())
+            )),
+        )
+    };
+    let pair = item.cast::<PyTuple>().map_err(|_| bad())?;
+    if pair.len() != 2 {
+        return Err(bad());
+    }
+    let id = crate::convert::int_arg(&pair.get_item(0)?, "request_id", 0, u64::MAX as i128)
+        .map_err(|_| bad())?;
+    let n = crate::convert::int_arg(&pair.get_item(1)?, "num_tokens", 0, u32::MAX as i128)
+        .map_err(|_| bad())?;
+    Ok((id as u64, n as u32))
+}
+
+impl ReplicaPluginHost for PyReplicaHost {
+    fn add_request(&mut self, request: &SimRequest) -> Result<()> {
+        self.call("add_request", |o| {
+            o.call_method1("add_request", (view(request),)).map(|_| ())
         })
-        .map_err(|err| self.fail("add_request()", err))
     }
 
-    fn next_batch(&mut self, requests: &mut Requests) -> Result<Option<BatchPlan>> {
-        let answer: Option<Vec<(u64, u32)>> =
-            Python::attach(|py| self.object.bind(py).call_method0("next_batch")?.extract())
-                .map_err(|err| self.fail("next_batch()", err))?;
-        let Some(answer) = answer.filter(|a| !a.is_empty()) else {
-            return Ok(None);
-        };
-        let plan = self.check_plan(requests, answer)?;
-        for &idx in &plan.0 {
-            self.in_flight.insert(idx);
-            self.never_scheduled.remove(&idx);
-        }
-        Ok(Some(plan))
-    }
-
-    fn on_batch_end(&mut self, requests: &mut Requests, batch: &Batch) -> Result<Vec<ReqIdx>> {
-        let views: Vec<PySimRequestView> = batch
-            .requests
-            .iter()
-            .map(|&idx| view(requests.get(idx)))
-            .collect();
-        Python::attach(|py| {
-            self.object
-                .bind(py)
-                .call_method1("on_batch_end", (views,))
-                .map(|_| ())
+    fn next_batch(&mut self) -> Result<Option<Vec<(u64, u32)>>> {
+        self.call("next_batch", |o| {
+            let answer = o.call_method0("next_batch")?;
+            if answer.is_none() {
+                return Ok(None);
+            }
+            let list = answer.cast::<PyList>().map_err(|_| {
+                crate::errors::to_py_err(
+                    o.py(),
+                    Error::Plugin("next_batch() must return a list or None".into()),
+                )
+            })?;
+            list.iter()
+                .map(|item| plan_entry(&item))
+                .collect::<PyResult<_>>()
+                .map(Some)
         })
-        .map_err(|err| self.fail("on_batch_end()", err))?;
-        let mut released = Vec::new();
-        for &idx in &batch.requests {
-            self.in_flight.remove(&idx);
-            let r = requests.get(idx);
-            if r.completed {
-                self.held.remove(&r.id);
-                released.push(idx);
+    }
+
+    fn on_batch_end(&mut self, batch: &[&SimRequest]) -> Result<()> {
+        let views: Vec<PySimRequestView> = batch.iter().map(|r| view(r)).collect();
+        self.call("on_batch_end", |o| {
+            o.call_method1("on_batch_end", (views,)).map(|_| ())
+        })
+    }
+
+    fn kv_usage(&mut self) -> Result<f64> {
+        self.call("kv_usage", |o| {
+            if !o.hasattr("kv_usage")? {
+                return Ok(0.0);
             }
-        }
-        Ok(released)
-    }
-
-    fn num_pending(&self) -> usize {
-        self.never_scheduled.len()
-    }
-
-    fn num_outstanding(&self) -> usize {
-        self.held.len()
-    }
-
-    fn pending_prefill_tokens(&self, requests: &Requests) -> u64 {
-        self.never_scheduled
-            .iter()
-            .map(|&idx| requests.get(idx).num_prefill_tokens as u64)
-            .sum()
-    }
-
-    fn kv_usage(&self) -> f64 {
-        Python::attach(|py| {
-            let object = self.object.bind(py);
-            if !object.hasattr("kv_usage").unwrap_or(false) {
-                return 0.0;
-            }
-            object
-                .call_method0("kv_usage")
-                .and_then(|v| v.extract::<f64>())
-                .unwrap_or(0.0)
+            number(
+                &o.call_method0("kv_usage")?,
+                "kv_usage()",
+                "a fraction in [0, 1]",
+            )
         })
     }
 }
 
 /// Runs a simulation; see `tokenyard.simulate` for the config and the result.
 #[pyfunction]
-#[pyo3(signature = (config, chunks, *, exec_model=None, progress=None, route_plugin=None, replica_plugins=None))]
+#[pyo3(signature = (config, chunks, *, exec_model=None, progress=None, route_plugin=None,
+    replica_plugins=None, exec_repeat=1))]
+#[allow(clippy::too_many_arguments)]
 fn simulate<'py>(
     py: Python<'py>,
-    config: &Bound<'py, PyDict>,
+    config: &PySimConfig,
     chunks: &Bound<'py, PyAny>,
-    exec_model: Option<Bound<'py, PyAny>>,
-    progress: Option<Bound<'py, PyAny>>,
+    exec_model: Option<&Bound<'py, PyAny>>,
+    progress: Option<Py<PyAny>>,
     route_plugin: Option<Py<PyAny>>,
     replica_plugins: Option<Vec<Py<PyAny>>>,
+    exec_repeat: u32,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let sim_config = sim_config(config)?;
+    let sim_config = config.inner.clone();
     let error = ErrorSlot::default();
     let mut source = PySource {
-        chunks: chunks.try_iter()?.into_any(),
+        chunks: chunks.try_iter()?.into_any().unbind(),
         progress,
         error: error.clone(),
     };
-    let mut linear = sim_config.exec;
-    let mut ops;
-    let mut python_exec;
-    let exec: &mut dyn ExecModel = match (exec_model, config.get_item("ops")?) {
-        (Some(model), _) => {
-            python_exec = PyExec {
-                model,
+    let mut exec: Box<dyn ExecModel> = match exec_model {
+        None => Box::new(sim_config.exec),
+        Some(model) => match model.cast::<PyCompiledOps>() {
+            Ok(ops) => {
+                let ops: OpModel = ops.get().model();
+                ops.validate(sim_config.num_stages).or_raise(py)?;
+                Box::new(ops)
+            }
+            Err(_) => Box::new(PyExec {
+                model: model.clone().unbind(),
                 error: error.clone(),
-            };
-            &mut python_exec
-        }
-        (None, Some(spec)) if !spec.is_none() => {
-            ops = op_model(spec.cast::<PyDict>()?)?;
-            ops.validate(sim_config.num_stages).or_raise(py)?;
-            &mut ops
-        }
-        (None, _) => &mut linear,
+            }),
+        },
     };
-    // `exec_repeat` (benches/predictor_cost.py): the model's cost, isolated by running it
-    // twice per batch stage with the same answers.
-    let times: u32 = match config.get_item("exec_repeat")? {
-        Some(v) => v.extract()?,
-        None => 1,
-    };
-    let mut repeated = Repeated { inner: exec, times };
-    let exec: &mut dyn ExecModel = if times > 1 {
-        &mut repeated
-    } else {
-        repeated.inner
-    };
-    let result = Simulator::new(sim_config, exec)
-        .map(|sim| match route_plugin {
-            Some(object) => sim.with_route_plugin(Box::new(PyRoutePlugin {
-                object,
-                error: error.clone(),
-            })),
+    let replicas: Option<Vec<Box<dyn ReplicaPolicy>>> = replica_plugins.map(|objects| {
+        objects
+            .into_iter()
+            .map(|object| {
+                let host = PyReplicaHost {
+                    object,
+                    error: error.clone(),
+                };
+                Box::new(PluginReplica::new(host)) as Box<dyn ReplicaPolicy>
+            })
+            .collect()
+    });
+    let route = route_plugin.map(|object| PyRoutePlugin {
+        object,
+        error: error.clone(),
+    });
+    let result = py.detach(|| {
+        // `exec_repeat` (benches/predictor_cost.py): the model's cost, isolated by asking it
+        // several times per batch stage for the same answers.
+        let mut repeated = Repeated {
+            inner: exec.as_mut(),
+            times: exec_repeat.max(1),
+        };
+        let sim = match replicas {
+            Some(policies) => Simulator::with_replica_policies(sim_config, &mut repeated, policies),
+            None => Simulator::new(sim_config, &mut repeated),
+        }?;
+        let sim = match route {
+            Some(plugin) => sim.with_route_plugin(Box::new(plugin)),
             None => sim,
-        })
-        .and_then(|sim| match replica_plugins {
-            Some(objects) => sim.with_replica_policies(
-                objects
-                    .into_iter()
-                    .map(|object| {
-                        Box::new(PyReplicaPlugin {
-                            object,
-                            error: error.clone(),
-                            held: FxHashMap::default(),
-                            in_flight: FxHashSet::default(),
-                            never_scheduled: FxHashSet::default(),
-                        }) as Box<dyn ReplicaPolicy>
-                    })
-                    .collect(),
-            ),
-            None => Ok(sim),
-        })
-        .and_then(|sim| sim.run(&mut source));
-    if let Some(err) = error.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        };
+        sim.run(&mut source)
+    });
+    if let Some(err) = error.take() {
         return Err(err);
     }
     to_dict(py, result.or_raise(py)?)
@@ -610,5 +707,6 @@ fn to_dict(py: Python<'_>, out: SimOutput) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("makespan", out.makespan)?;
     d.set_item("num_events", out.num_events)?;
     d.set_item("num_batches", out.num_batches)?;
+    d.set_item("num_skipped_over_length", out.num_skipped_over_length)?;
     Ok(d)
 }

@@ -56,6 +56,9 @@ pub struct Request<R> {
     pub spec_token_ids: Vec<TokenId>,
     /// Outputs scheduled but not yet returned (async scheduling).
     pub num_output_placeholders: usize,
+    /// Steps in flight in which this request samples: `update_from_output` accepts tokens
+    /// for it only while this is above 0.
+    pub num_sampling_steps: u32,
     pub num_preemptions: u32,
     /// Draft tokens scheduled in the request's latest step: at most this many can be
     /// rejected.

@@ -439,10 +439,14 @@ impl<R: RequestKey> Scheduler<R> {
             *budget += plan.scheduled.remove(pos).1;
         }
         plan.admitted.remove(&victim);
+        let keeps_in_flight_step = self.async_scheduling;
         let request = self.req_mut(victim);
         request.status = RequestStatus::Preempted;
         request.num_computed_tokens = 0;
         request.num_output_placeholders = 0;
+        if !keeps_in_flight_step {
+            request.num_sampling_steps = 0;
+        }
         request.spec_token_ids.clear();
         request.num_preemptions += 1;
         let key = self.priority_key(victim);
@@ -599,11 +603,13 @@ impl<R: RequestKey> Scheduler<R> {
             }
             request.spec_token_ids.clear();
             request.num_computed_tokens += n;
-            if async_scheduling
-                && request.num_computed_tokens
-                    >= request.num_tokens() + request.num_output_placeholders
+            // Caught up with every known token (and output in flight): this step samples.
+            if request.num_computed_tokens >= request.num_tokens() + request.num_output_placeholders
             {
-                request.num_output_placeholders += 1;
+                request.num_sampling_steps += 1;
+                if async_scheduling {
+                    request.num_output_placeholders += 1;
+                }
             }
             request.last_num_spec_tokens = num_spec;
             out.num_scheduled_tokens.push((id, n));

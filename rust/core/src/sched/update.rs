@@ -50,6 +50,7 @@ impl<R: RequestKey> Scheduler<R> {
             status: RequestStatus::Waiting,
             spec_token_ids: Vec::new(),
             num_output_placeholders: 0,
+            num_sampling_steps: 0,
             num_preemptions: 0,
             last_num_spec_tokens: 0,
             arrival_seq: self.next_arrival_seq,
@@ -144,6 +145,22 @@ impl<R: RequestKey> Scheduler<R> {
                     "is not running",
                 ));
             }
+            if !output.token_ids.is_empty() && request.num_sampling_steps == 0 {
+                return Err(Error::input(
+                    "request_id",
+                    format!("{id:?}"),
+                    "samples in no step in flight (its tokens were not scheduled, or this \
+                     step's output was already given)",
+                ));
+            }
+            let most = 1 + request.last_num_spec_tokens;
+            if output.token_ids.len() > most {
+                return Err(Error::input(
+                    "sampled_token_ids",
+                    format!("{} tokens for {id:?}", output.token_ids.len()),
+                    format!("at most {most} can be sampled (1 + its scheduled draft tokens)"),
+                ));
+            }
             if output.num_rejected_tokens > request.last_num_spec_tokens {
                 return Err(Error::input(
                     "num_rejected_tokens",
@@ -180,6 +197,7 @@ impl<R: RequestKey> Scheduler<R> {
         let request = self.req_mut(slot);
         if !token_ids.is_empty() {
             request.num_output_placeholders = request.num_output_placeholders.saturating_sub(1);
+            request.num_sampling_steps = request.num_sampling_steps.saturating_sub(1);
         }
         for &token in token_ids {
             request.all_token_ids.push(token);

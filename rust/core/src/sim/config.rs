@@ -1,5 +1,7 @@
 //! The simulator's configuration, as the Python layer hands it over: every size already
-//! derived (the memory planner and the catalog live in Python).
+//! derived (the memory planner and the catalog live in Python). The registry of replica
+//! policies lives here: a new policy is one `ReplicaPolicy` type, one entry below and one
+//! config section.
 
 use super::exec::LinearModel;
 use super::global::GlobalPolicy;
@@ -20,11 +22,129 @@ pub enum VidurKind {
     FasterTransformer,
 }
 
+/// One built-in replica policy: its name, the config section holding its knobs, and
+/// whether it runs under pipeline parallelism.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaPolicyEntry {
+    pub name: &'static str,
+    pub section: &'static str,
+    pub pipeline_parallel: bool,
+    pub summary: &'static str,
+}
+
+const fn entry(
+    name: &'static str,
+    section: &'static str,
+    pipeline_parallel: bool,
+    summary: &'static str,
+) -> ReplicaPolicyEntry {
+    ReplicaPolicyEntry {
+        name,
+        section,
+        pipeline_parallel,
+        summary,
+    }
+}
+
+/// The built-in replica policies, in the order the docs list them.
+pub const REPLICA_POLICIES: [ReplicaPolicyEntry; 7] = [
+    entry(
+        "vllm_v1",
+        "vllm_v1",
+        true,
+        "vLLM V1's token-budget step scheduler with chunked prefill and prefix caching",
+    ),
+    entry(
+        "vllm",
+        "vidur",
+        true,
+        "Vidur's vLLM: whole prefills under max_tokens_in_batch, block watermark",
+    ),
+    entry(
+        "sarathi",
+        "vidur",
+        true,
+        "Vidur's Sarathi-Serve: chunked prefills under chunk_size",
+    ),
+    entry(
+        "orca",
+        "vidur",
+        true,
+        "Vidur's Orca: iteration-level batches, a full reservation per request",
+    ),
+    entry(
+        "lightllm",
+        "vidur",
+        false,
+        "Vidur's LightLLM: token-level memory, prefills after max_waiting_iters",
+    ),
+    entry(
+        "faster_transformer",
+        "vidur",
+        true,
+        "Vidur's FasterTransformer: static batches run to completion",
+    ),
+    entry(
+        "sglang",
+        "sglang",
+        false,
+        "Mini-SGLang: extend batches under a token budget, else one decode batch",
+    ),
+];
+
+impl ReplicaPolicyEntry {
+    pub fn find(name: &str) -> Result<&'static ReplicaPolicyEntry> {
+        REPLICA_POLICIES
+            .iter()
+            .find(|e| e.name == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = REPLICA_POLICIES.iter().map(|e| e.name).collect();
+                Error::config(
+                    "replica.scheduler.policy",
+                    name,
+                    format!(
+                        "unknown replica policy; expected one of {}",
+                        names.join(", ")
+                    ),
+                )
+            })
+    }
+}
+
+/// What happens to a request longer than a replica can ever serve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OverLength {
+    /// Stop the run with an `InputError` naming the request and the limiting setting.
+    #[default]
+    Error,
+    /// Leave the request out and count it (`SimOutput::num_skipped_over_length`).
+    Skip,
+}
+
+impl OverLength {
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "error" => Ok(Self::Error),
+            "skip" => Ok(Self::Skip),
+            other => Err(Error::config(
+                "workload.over_length",
+                other,
+                "must be 'error' or 'skip'",
+            )),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub enum ReplicaPolicyConfig {
     Vidur(VidurKind, VidurLimits),
     VllmV1(SchedulerConfig),
     Sglang(SglangLimits),
+    /// Replicas supplied by the caller (`Simulator::with_replica_policies`), e.g. Python
+    /// plugins; `block_size` is what routers hash prompts with.
+    External {
+        block_size: u32,
+    },
 }
 
 impl ReplicaPolicyConfig {
@@ -37,6 +157,7 @@ impl ReplicaPolicyConfig {
             Self::Vidur(VidurKind::FasterTransformer, _) => "faster_transformer",
             Self::VllmV1(_) => "vllm_v1",
             Self::Sglang(_) => "sglang",
+            Self::External { .. } => "plugin",
         }
     }
 
@@ -46,6 +167,83 @@ impl ReplicaPolicyConfig {
             Self::Vidur(_, limits) => limits.block_size as usize,
             Self::VllmV1(config) => config.block_size,
             Self::Sglang(limits) => limits.page_size as usize,
+            Self::External { block_size } => *block_size as usize,
+        }
+    }
+
+    /// Whether pipeline stages may run several batches of this policy at once.
+    pub fn pipeline_parallel(&self) -> bool {
+        match self {
+            Self::External { .. } => true,
+            _ => ReplicaPolicyEntry::find(self.name()).is_ok_and(|e| e.pipeline_parallel),
+        }
+    }
+
+    /// Why a request of `prefill + decode` tokens can never run on one replica, naming the
+    /// limiting setting; `None` if it fits (or the policy is external: it decides).
+    pub fn request_limit(&self, prefill: u32, decode: u32) -> Option<String> {
+        let total = prefill as u64 + decode as u64;
+        let blocks = |block_size: u32| total.div_ceil(block_size as u64);
+        match self {
+            Self::Vidur(kind, l) => {
+                let usable = l.num_blocks.saturating_sub(l.watermark_blocks) as u64;
+                if matches!(kind, VidurKind::Vllm | VidurKind::LightLlm)
+                    && prefill > l.max_tokens_in_batch
+                {
+                    return Some(format!(
+                        "the prompt exceeds replica.scheduler.vidur.max_tokens_in_batch = {} \
+                         ({} runs whole prompts in one batch)",
+                        l.max_tokens_in_batch,
+                        self.name()
+                    ));
+                }
+                let reserved = l.max_blocks_per_sequence as u64 * l.block_size as u64;
+                if matches!(kind, VidurKind::Orca | VidurKind::FasterTransformer)
+                    && total > reserved
+                {
+                    return Some(format!(
+                        "it exceeds replica.scheduler.vidur.max_request_tokens = {reserved}, \
+                         which {} reserves per request",
+                        self.name()
+                    ));
+                }
+                (blocks(l.block_size) > usable).then(|| {
+                    format!(
+                        "it needs {} KV blocks of {} tokens and a replica has {usable} usable \
+                         (replica.scheduler.vidur.num_blocks minus the watermark)",
+                        blocks(l.block_size),
+                        l.block_size
+                    )
+                })
+            }
+            Self::VllmV1(c) => {
+                if total > c.max_model_len as u64 {
+                    Some(format!(
+                        "it exceeds replica.scheduler.vllm_v1.max_model_len = {}",
+                        c.max_model_len
+                    ))
+                } else if blocks(c.block_size as u32) > c.num_blocks as u64 {
+                    Some(format!(
+                        "it needs {} KV blocks of {} tokens and a replica has {} \
+                         (replica.scheduler.vllm_v1.num_blocks)",
+                        blocks(c.block_size as u32),
+                        c.block_size,
+                        c.num_blocks
+                    ))
+                } else {
+                    None
+                }
+            }
+            Self::Sglang(l) => (blocks(l.page_size) > l.num_pages as u64).then(|| {
+                format!(
+                    "it needs {} KV pages of {} tokens and a replica has {} \
+                     (replica.scheduler.sglang.num_pages)",
+                    blocks(l.page_size),
+                    l.page_size,
+                    l.num_pages
+                )
+            }),
+            Self::External { .. } => None,
         }
     }
 
@@ -65,6 +263,13 @@ impl ReplicaPolicyConfig {
                 Box::new(VllmV1::new(config.clone(), hash_block_size, kv_events)?)
             }
             Self::Sglang(limits) => Box::new(Sglang::new(limits.clone(), hash_block_size)?),
+            Self::External { .. } => {
+                return Err(Error::config(
+                    "replica.scheduler.policy",
+                    "plugin",
+                    "external replica policies are supplied by the caller",
+                ));
+            }
         })
     }
 }
@@ -93,6 +298,11 @@ fn check_vidur_limits(limits: &VidurLimits) -> Result<()> {
     Ok(())
 }
 
+/// The most replicas one simulation holds.
+pub const MAX_REPLICAS: u32 = 4096;
+/// The most KV blocks tracked one by one across a cluster (tens of bytes each).
+pub const MAX_CLUSTER_BLOCKS: u64 = 1 << 26;
+
 #[derive(Debug, Clone)]
 pub struct SimConfig {
     pub num_replicas: u32,
@@ -106,12 +316,35 @@ pub struct SimConfig {
     /// Minimum simulated seconds between two samples of a replica's state.
     pub sample_interval_s: f64,
     pub record_stages: bool,
+    pub over_length: OverLength,
 }
 
 impl SimConfig {
     pub fn validate(&self) -> Result<()> {
-        if self.num_replicas == 0 {
-            return Err(Error::config("cluster.num_replicas", 0, "must be >= 1"));
+        if !(1..=MAX_REPLICAS).contains(&self.num_replicas) {
+            return Err(Error::config(
+                "cluster.num_replicas",
+                self.num_replicas,
+                format!("must be in [1, {MAX_REPLICAS}]"),
+            ));
+        }
+        let per_block = match &self.replica_policy {
+            ReplicaPolicyConfig::VllmV1(c) => c.num_blocks as u64,
+            ReplicaPolicyConfig::Sglang(l) => l.num_pages as u64,
+            _ => 0,
+        };
+        if per_block * self.num_replicas as u64 > MAX_CLUSTER_BLOCKS {
+            return Err(Error::config(
+                "cluster.num_replicas",
+                self.num_replicas,
+                format!(
+                    "{} replicas of {per_block} KV blocks each exceed the simulator's limit of \
+                     {MAX_CLUSTER_BLOCKS} blocks in all (each block is tracked one by one \
+                     under {}); use fewer replicas or a larger block size",
+                    self.num_replicas,
+                    self.replica_policy.name()
+                ),
+            ));
         }
         if self.num_stages == 0 {
             return Err(Error::config(
@@ -121,7 +354,7 @@ impl SimConfig {
             ));
         }
         let name = self.replica_policy.name();
-        if self.num_stages > 1 && matches!(name, "lightllm" | "sglang") {
+        if self.num_stages > 1 && !self.replica_policy.pipeline_parallel() {
             return Err(Error::config(
                 "replica.num_pipeline_stages",
                 self.num_stages,

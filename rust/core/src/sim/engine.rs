@@ -11,7 +11,7 @@ use rustc_hash::FxHashMap;
 
 use super::arena::Requests;
 use super::batch::{Batch, BatchShape};
-use super::config::SimConfig;
+use super::config::{OverLength, SimConfig};
 use super::exec::ExecModel;
 use super::global::{ReplicaLoad, RouteInfo, RoutePlugin, Router};
 use super::metrics::{GapHistogram, ReplicaTotals, RequestTable, Samples, StageTrace};
@@ -30,7 +30,7 @@ pub struct ArrivingRequest {
 }
 
 /// Where requests come from, a chunk at a time (the trace is never held whole).
-pub trait RequestSource {
+pub trait RequestSource: Send {
     /// The next requests in arrival order, or `None` at the end.
     fn next_chunk(&mut self) -> Result<Option<Vec<ArrivingRequest>>>;
 
@@ -52,6 +52,8 @@ pub struct SimOutput {
     pub makespan: f64,
     pub num_events: u64,
     pub num_batches: u64,
+    /// Requests left out as longer than a replica can serve (`OverLength::Skip`).
+    pub num_skipped_over_length: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -144,23 +146,46 @@ pub struct Simulator<'a> {
 }
 
 impl<'a> Simulator<'a> {
+    /// A simulator of `config`'s built-in replica policy.
     pub fn new(config: SimConfig, exec: &'a mut dyn ExecModel) -> Result<Self> {
         config.validate()?;
         let kv_events = config.global_policy.needs_kv_events();
-        let num_stages = config.num_stages as usize;
-        let replicas = (0..config.num_replicas)
+        let policies = (0..config.num_replicas)
             .map(|_| {
-                Ok(Replica {
-                    policy: config
-                        .replica_policy
-                        .build(config.hash_block_size, kv_events)?,
-                    num_running_batches: 0,
-                    stage_queues: vec![VecDeque::new(); num_stages],
-                    stage_busy: vec![false; num_stages],
-                    last_sample_at: f64::NEG_INFINITY,
-                })
+                config
+                    .replica_policy
+                    .build(config.hash_block_size, kv_events)
             })
             .collect::<Result<Vec<_>>>()?;
+        Self::with_replica_policies(config, exec, policies)
+    }
+
+    /// A simulator whose replicas run `policies` (one per replica; e.g. plugins, with
+    /// `ReplicaPolicyConfig::External` in `config`).
+    pub fn with_replica_policies(
+        config: SimConfig,
+        exec: &'a mut dyn ExecModel,
+        policies: Vec<Box<dyn ReplicaPolicy>>,
+    ) -> Result<Self> {
+        config.validate()?;
+        if policies.len() != config.num_replicas as usize {
+            return Err(Error::config(
+                "cluster.num_replicas",
+                config.num_replicas,
+                format!("{} replica policies were given", policies.len()),
+            ));
+        }
+        let num_stages = config.num_stages as usize;
+        let replicas: Vec<Replica> = policies
+            .into_iter()
+            .map(|policy| Replica {
+                policy,
+                num_running_batches: 0,
+                stage_queues: vec![VecDeque::new(); num_stages],
+                stage_busy: vec![false; num_stages],
+                last_sample_at: f64::NEG_INFINITY,
+            })
+            .collect();
         let router = Router::new(
             config.global_policy,
             replicas.len(),
@@ -197,21 +222,6 @@ impl<'a> Simulator<'a> {
     pub fn with_route_plugin(mut self, plugin: Box<dyn RoutePlugin + 'a>) -> Self {
         self.route_plugin = Some(plugin);
         self
-    }
-
-    /// Replaces the configured replica schedulers (one per replica, e.g. plugins).
-    pub fn with_replica_policies(mut self, policies: Vec<Box<dyn ReplicaPolicy>>) -> Result<Self> {
-        if policies.len() != self.replicas.len() {
-            return Err(Error::config(
-                "cluster.num_replicas",
-                self.replicas.len(),
-                format!("{} replica policies were given", policies.len()),
-            ));
-        }
-        for (replica, policy) in self.replicas.iter_mut().zip(policies) {
-            replica.policy = policy;
-        }
-        Ok(self)
     }
 
     /// Runs until every request has completed.
@@ -337,6 +347,26 @@ impl<'a> Simulator<'a> {
             .expect("an arrival event has its request");
         let id = self.next_request_id;
         self.next_request_id += 1;
+        let limit = self
+            .config
+            .replica_policy
+            .request_limit(arriving.num_prefill_tokens, arriving.num_decode_tokens);
+        if let Some(reason) = limit {
+            if self.config.over_length == OverLength::Skip {
+                self.out.num_skipped_over_length += 1;
+                return self.schedule_next_arrival(source);
+            }
+            return Err(Error::input(
+                "request",
+                id,
+                format!(
+                    "request {id} ({} prompt + {} output tokens) can never run on a replica: \
+                     {reason}; shorten it, raise the setting, or set \
+                     workload.over_length = \"skip\"",
+                    arriving.num_prefill_tokens, arriving.num_decode_tokens
+                ),
+            ));
+        }
         let mut request = SimRequest::new(
             id,
             arriving.arrived_at,

@@ -94,7 +94,7 @@ pub struct RouteInfo<'a> {
 }
 
 /// A global scheduler written elsewhere (Python): picks a replica index for each request.
-pub trait RoutePlugin {
+pub trait RoutePlugin: Send {
     fn route(&mut self, request: &RouteInfo<'_>, loads: &[ReplicaLoad]) -> Result<usize>;
 }
 

@@ -22,12 +22,16 @@ mod tokens;
 
 pub use arena::Requests;
 pub use batch::{Batch, BatchShape};
-pub use config::{ReplicaPolicyConfig, SimConfig, VidurKind};
+pub use config::{
+    OverLength, REPLICA_POLICIES, ReplicaPolicyConfig, ReplicaPolicyEntry, SimConfig, VidurKind,
+};
 pub use engine::{ArrivingRequest, RequestSource, SimOutput, Simulator};
 pub use exec::{ExecModel, LinearModel, OpModel, StageTime};
 pub use global::{GlobalPolicy, ReplicaLoad, RouteInfo, RoutePlugin};
 pub use metrics::{GapHistogram, ReplicaTotals, RequestTable, Samples, StageTrace};
-pub use replica::{BatchPlan, ReplicaPolicy, SglangLimits, VidurLimits};
+pub use replica::{
+    BatchPlan, PluginReplica, ReplicaPluginHost, ReplicaPolicy, SglangLimits, VidurLimits,
+};
 pub use request::{ReqIdx, SimRequest};
 pub use rng::Rng;
 

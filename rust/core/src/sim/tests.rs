@@ -59,6 +59,7 @@ fn config(policy: ReplicaPolicyConfig, num_stages: u32, exec: LinearModel) -> Si
         hash_block_size: 16,
         sample_interval_s: 0.0,
         record_stages: true,
+        over_length: crate::sim::OverLength::Error,
     }
 }
 
@@ -351,4 +352,93 @@ fn bad_arrivals_are_errors_naming_the_field() {
         .run(&mut VecSource(Some(too_big)))
         .unwrap_err();
     assert!(err.to_string().contains("blocks"), "{err}");
+}
+
+#[test]
+fn an_over_length_request_is_one_input_error_naming_the_limit_for_every_policy() {
+    let v1 = SchedulerConfig {
+        block_size: 4,
+        num_blocks: 64,
+        max_model_len: 256,
+        ..SchedulerConfig::default()
+    };
+    let sglang = SglangLimits {
+        num_pages: 64,
+        page_size: 4,
+        max_running_requests: 16,
+        max_extend_tokens: 64,
+        graph_batch_sizes: vec![1, 2, 4],
+    };
+    let lightllm = VidurLimits {
+        block_size: 1,
+        num_blocks: 256,
+        ..limits()
+    };
+    let policies = [
+        (
+            ReplicaPolicyConfig::Vidur(VidurKind::Vllm, limits()),
+            "num_blocks",
+        ),
+        (
+            ReplicaPolicyConfig::Vidur(VidurKind::Sarathi, limits()),
+            "num_blocks",
+        ),
+        (
+            ReplicaPolicyConfig::Vidur(VidurKind::Orca, limits()),
+            "max_request_tokens",
+        ),
+        (
+            ReplicaPolicyConfig::Vidur(VidurKind::LightLlm, lightllm),
+            "num_blocks",
+        ),
+        (
+            ReplicaPolicyConfig::Vidur(VidurKind::FasterTransformer, limits()),
+            "max_request_tokens",
+        ),
+        (ReplicaPolicyConfig::VllmV1(v1), "max_model_len"),
+        (ReplicaPolicyConfig::Sglang(sglang), "num_pages"),
+    ];
+    for (policy, setting) in policies {
+        let name = policy.name();
+        let mut exec = linear(1.0, 0.0, 0.0);
+        let sim = Simulator::new(config(policy, 1, exec), &mut exec).unwrap();
+        let requests = vec![req(0.0, 8, 2), req(1.0, 200, 200)];
+        let err = sim.run(&mut VecSource(Some(requests))).unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, crate::Error::Input { .. }), "{name}: {text}");
+        assert!(
+            text.contains("request 1 (200 prompt + 200 output"),
+            "{name}: {text}"
+        );
+        assert!(text.contains(setting), "{name}: {text}");
+    }
+}
+
+#[test]
+fn over_length_skip_counts_the_request_and_runs_the_rest() {
+    let mut exec = linear(1.0, 0.0, 0.0);
+    let mut cfg = config(
+        ReplicaPolicyConfig::Vidur(VidurKind::Vllm, limits()),
+        1,
+        exec,
+    );
+    cfg.over_length = OverLength::Skip;
+    let sim = Simulator::new(cfg, &mut exec).unwrap();
+    let requests = vec![req(0.0, 8, 2), req(1.0, 200, 200), req(2.0, 8, 2)];
+    let out = sim.run(&mut VecSource(Some(requests))).unwrap();
+    assert_eq!(out.num_skipped_over_length, 1);
+    assert_eq!(out.requests.request_id, vec![0, 2]);
+}
+
+#[test]
+fn the_registry_names_every_policy_once_with_its_section() {
+    let names: Vec<&str> = REPLICA_POLICIES.iter().map(|e| e.name).collect();
+    let mut unique = names.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), names.len());
+    for entry in REPLICA_POLICIES {
+        assert!(["vllm_v1", "vidur", "sglang"].contains(&entry.section));
+    }
+    assert!(ReplicaPolicyEntry::find("nope").is_err());
 }

@@ -21,10 +21,30 @@ pub struct StageTime {
     pub model_s: f64,
 }
 
-pub trait ExecModel {
+pub trait ExecModel: Send {
     /// Time of `shape` on pipeline stage `stage` of `num_stages` (each stage holds an equal
     /// share of the layers).
     fn stage_time(&mut self, shape: &BatchShape, stage: u32, num_stages: u32) -> Result<StageTime>;
+}
+
+/// Stage times of many batch shapes: what the simulator would charge for each.
+pub fn evaluate_many(
+    model: &mut dyn ExecModel,
+    shapes: &[BatchShape],
+    stage: u32,
+    num_stages: u32,
+) -> Result<Vec<StageTime>> {
+    if stage >= num_stages {
+        return Err(crate::Error::config(
+            "stage",
+            stage,
+            format!("must be below num_stages = {num_stages}"),
+        ));
+    }
+    shapes
+        .iter()
+        .map(|shape| model.stage_time(shape, stage, num_stages))
+        .collect()
 }
 
 /// Asks `inner` `times` times per batch stage and answers with the last: same answers,

@@ -4,6 +4,7 @@
 mod faster_transformer;
 mod lightllm;
 mod orca;
+mod plugin;
 mod sarathi;
 mod sglang;
 mod v1;
@@ -13,6 +14,7 @@ mod vllm;
 pub use faster_transformer::FasterTransformer;
 pub use lightllm::LightLlm;
 pub use orca::Orca;
+pub use plugin::{PluginReplica, ReplicaPluginHost};
 pub use sarathi::Sarathi;
 pub use sglang::Sglang;
 pub use sglang::SglangLimits;
@@ -29,7 +31,7 @@ use crate::kv::KvEvent;
 /// The requests of a new batch and the tokens each computes.
 pub type BatchPlan = (Vec<ReqIdx>, Vec<u32>);
 
-pub trait ReplicaPolicy {
+pub trait ReplicaPolicy: Send {
     /// A request routed to this replica.
     fn add_request(&mut self, requests: &mut Requests, idx: ReqIdx) -> Result<()>;
 

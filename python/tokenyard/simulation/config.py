@@ -122,6 +122,9 @@ class ReplicaSchedulerConfig:
     chunk_size: int = 512
     #: lightllm: decode batches before a waiting prefill runs.
     max_waiting_iters: int = 10
+    #: vllm / sarathi: a preempted request restarts as "recompute" (its whole prompt) or as
+    #: "vidur" (Vidur 0.0.26: only the prompt tokens processed so far; docs/simulate.md).
+    restart: str = "recompute"
     #: Longest request (prompt + output): orca/faster_transformer reserve it, the planner
     #: sizes batches for it, vllm_v1 uses it as max_model_len.
     max_request_tokens: int = 8192

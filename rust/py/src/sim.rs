@@ -13,8 +13,8 @@ use tokenyard_core::sim::exec::Repeated;
 use tokenyard_core::sim::{
     ArrivingRequest, Batch, BatchPlan, BatchShape, ExecModel, GapHistogram, GlobalPolicy,
     LinearModel, ReplicaLoad, ReplicaPolicy, ReplicaPolicyConfig, ReqIdx, RequestSource, Requests,
-    RouteInfo, RoutePlugin, SglangLimits, SimConfig, SimOutput, SimRequest, Simulator, StageTime,
-    VidurKind, VidurLimits,
+    RestartMode, RouteInfo, RoutePlugin, SglangLimits, SimConfig, SimOutput, SimRequest, Simulator,
+    StageTime, VidurKind, VidurLimits,
 };
 use tokenyard_core::{Error, Result};
 
@@ -64,11 +64,13 @@ fn vidur_limits(d: &Bound<'_, PyDict>) -> PyResult<VidurLimits> {
         block_size: get(d, "block_size")?,
         watermark_blocks: get(d, "watermark_blocks")?,
         batch_size_cap: get(d, "batch_size_cap")?,
-        max_micro_batch_size: get(d, "max_micro_batch_size")?,
+        max_batch_size: get(d, "max_batch_size")?,
+        num_stages: get(d, "num_stages")?,
         max_blocks_per_sequence: get(d, "max_blocks_per_sequence")?,
         max_tokens_in_batch: get(d, "max_tokens_in_batch")?,
         chunk_size: get(d, "chunk_size")?,
         max_waiting_iters: get(d, "max_waiting_iters")?,
+        restart: RestartMode::parse(&get::<String>(d, "restart")?).or_raise(d.py())?,
     })
 }
 

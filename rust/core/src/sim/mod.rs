@@ -28,7 +28,7 @@ pub use exec::{ExecModel, LinearModel, OpModel, StageTime};
 pub use global::{GlobalPolicy, ReplicaLoad, RouteInfo, RoutePlugin};
 pub use metrics::{GapHistogram, ReplicaTotals, RequestTable, Samples, StageTrace};
 pub use replica::{BatchPlan, ReplicaPolicy, SglangLimits, VidurLimits};
-pub use request::{ReqIdx, SimRequest};
+pub use request::{ReqIdx, RestartMode, SimRequest};
 pub use rng::Rng;
 
 #[cfg(test)]

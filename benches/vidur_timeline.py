@@ -13,6 +13,8 @@ simulated time) is printed.
     bash benches/peers/vidur_setup.sh                        # once
     .venv/bin/python benches/vidur_timeline.py               # ~1 min (Vidur start-up)
     .venv/bin/python benches/vidur_timeline.py --restart vidur --json out.json
+    # diagnosis: Vidur with microsoft/vidur's pipeline admission, no token limit
+    .venv/bin/python benches/vidur_timeline.py --vidur-pipeline github --max-tokens-in-batch 1000000
 
 vidur 0.0.26 (the PyPI release) ships the vllm, sarathi and orca replica schedulers only;
 lightllm and faster_transformer scenarios are listed as "no peer".
@@ -47,6 +49,7 @@ def requests(seed: int, n: int, qps: float, prompt: tuple[int, int], out: tuple[
     """Poisson arrivals, uniform prompt and output lengths (prompt + output <= 4096)."""
     rng = np.random.default_rng(seed)
     t = np.cumsum(rng.exponential(1.0 / qps, n))
+    t -= t[0]  # tokenyard's trace reader starts the first arrival at 0
     p = rng.integers(prompt[0], prompt[1] + 1, n)
     d = rng.integers(out[0], out[1] + 1, n)
     d = np.minimum(d, MAX_TOKENS - p)
@@ -70,6 +73,9 @@ def scenarios() -> list[dict[str, Any]]:
     light = requests(1, 60, 4.0, (32, 512), (16, 256))
     heavy = requests(2, 200, 40.0, (32, 384), (64, 512))
     long = requests(3, 120, 30.0, (256, 1536), (64, 512))
+    # Memory so tight that Sarathi preempts requests in the middle of a chunked prefill.
+    midchunk_a = requests(1, 80, 40.0, (32, 512), (16, 256))
+    midchunk_b = requests(2, 80, 40.0, (32, 512), (300, 1000))
     s = [
         {"name": "vllm-light", "scheduler": "vllm", "requests": light},
         {"name": "vllm-heavy (>29 running)", "scheduler": "vllm", "requests": heavy},
@@ -79,24 +85,48 @@ def scenarios() -> list[dict[str, Any]]:
         {"name": "sarathi-heavy (>29 running)", "scheduler": "sarathi", "requests": long},
         {"name": "sarathi-heavy-pp2", "scheduler": "sarathi", "num_stages": 2, "requests": long},
         {"name": "sarathi-preempt", "scheduler": "sarathi", "num_blocks": 700, "requests": long},
+        {
+            "name": "sarathi-preempt-midchunk-a",
+            "scheduler": "sarathi",
+            "num_blocks": 200,
+            "chunk_size": 128,
+            "requests": midchunk_a,
+        },
+        {
+            "name": "sarathi-preempt-midchunk-b",
+            "scheduler": "sarathi",
+            "num_blocks": 600,
+            "chunk_size": 128,
+            "requests": midchunk_b,
+        },
         {"name": "orca-heavy", "scheduler": "orca", "batch_size_cap": 16, "requests": heavy},
-        {"name": "orca-pp2", "scheduler": "orca", "batch_size_cap": 16, "num_stages": 2,
-         "requests": light},
-        {"name": "lightllm-light", "scheduler": "lightllm", "block_size": 1,
-         "num_blocks": 7424 * 16, "requests": light},
-        {"name": "faster_transformer-light", "scheduler": "faster_transformer",
-         "requests": light},
+        {
+            "name": "orca-pp2",
+            "scheduler": "orca",
+            "batch_size_cap": 16,
+            "num_stages": 2,
+            "requests": light,
+        },
+        {
+            "name": "lightllm-light",
+            "scheduler": "lightllm",
+            "block_size": 1,
+            "num_blocks": 7424 * 16,
+            "requests": light,
+        },
+        {"name": "faster_transformer-light", "scheduler": "faster_transformer", "requests": light},
     ]
     return [base | x for x in s]
 
 
-def run_vidur(scens: list[dict[str, Any]]) -> dict[str, Any]:
+def run_vidur(scens: list[dict[str, Any]], pipeline: str) -> dict[str, Any]:
     peer = [s for s in scens if s["scheduler"] in ("vllm", "sarathi", "orca")]
     with tempfile.TemporaryDirectory(prefix="vidur-timeline-") as tmp:
         src, dst = Path(tmp) / "in.json", Path(tmp) / "out.json"
         src.write_text(json.dumps({"scenarios": peer}))
         subprocess.run(
-            [str(VIDUR_PY), str(HERE / "peers" / "vidur_timeline_peer.py"), str(src), str(dst)],
+            [str(VIDUR_PY), str(HERE / "peers" / "vidur_timeline_peer.py"), str(src), str(dst)]
+            + (["github"] if pipeline == "github" else []),
             check=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -180,14 +210,17 @@ def compare(vidur: list[dict[str, Any]], ours: list[dict[str, Any]]) -> dict[str
         "requests": len(vidur),
         "requests_agreeing": len(vidur) - len(bad),
         "max_e2e_diff_s": max(
-            (abs(v["completed_at"] - t["completed_at"]) for v, t in zip(vidur, ours, strict=True)
-             if v["completed_at"] is not None and t["completed_at"] is not None),
+            (
+                abs(v["completed_at"] - t["completed_at"])
+                for v, t in zip(vidur, ours, strict=True)
+                if v["completed_at"] is not None and t["completed_at"] is not None
+            ),
             default=0.0,
         ),
         "restarts": [sum(r["num_restarts"] for r in vidur), sum(r["num_restarts"] for r in ours)],
     }
     if diffs:
-        at, i, e, a, b = min(diffs)
+        _, i, e, a, b = min(diffs)
         result["first_difference"] = {"request": i, "event": e, "vidur": a, "tokenyard": b}
     return result
 
@@ -203,15 +236,26 @@ def main() -> None:
         help="Vidur's timelines: read from this file if it exists, else run Vidur and write it",
     )
     p.add_argument("--vidur-only", action="store_true", help="run Vidur's side and stop")
+    p.add_argument(
+        "--vidur-pipeline",
+        choices=("0.0.26", "github"),
+        default="0.0.26",
+        help="github: patch Vidur to microsoft/vidur's pipeline admission (diagnosis only)",
+    )
+    p.add_argument(
+        "--max-tokens-in-batch", type=int, help="override every scenario's (diagnosis only)"
+    )
     args = p.parse_args()
     scens = scenarios()
+    if args.max_tokens_in_batch:
+        scens = [s | {"max_tokens_in_batch": args.max_tokens_in_batch} for s in scens]
     if args.only:
         keep = set(args.only.split(","))
         scens = [s for s in scens if s["name"] in keep]
     if args.vidur_cache and args.vidur_cache.exists():
         vidur = json.loads(args.vidur_cache.read_text())
     else:
-        vidur = run_vidur(scens)
+        vidur = run_vidur(scens, args.vidur_pipeline)
         if args.vidur_cache:
             args.vidur_cache.write_text(json.dumps(vidur) + "\n")
     if args.vidur_only:
@@ -235,6 +279,8 @@ def main() -> None:
     summary = {
         "vidur_version": vidur["vidur_version"],
         "restart": args.restart,
+        "vidur_pipeline": args.vidur_pipeline,
+        "max_tokens_in_batch": args.max_tokens_in_batch,
         "scenarios_agreeing": sum(r["status"] == "agree" for r in compared),
         "scenarios_compared": len(compared),
         "requests_agreeing": sum(r["requests_agreeing"] for r in compared),

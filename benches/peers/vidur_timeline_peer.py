@@ -3,7 +3,7 @@
 Runs in the bench-only venv made by ``benches/peers/vidur_setup.sh`` (vidur 0.0.26 from
 PyPI), never in the project's own::
 
-    .venv-vidur/bin/python benches/peers/vidur_timeline_peer.py IN.json OUT.json
+    .venv-vidur/bin/python benches/peers/vidur_timeline_peer.py IN.json OUT.json [github]
 
 ``IN.json`` holds ``{"scenarios": [...]}``; each scenario names Vidur's replica scheduler
 (``vllm``, ``sarathi``, ``orca``: the ones vidur 0.0.26 ships), its knobs, one replica's
@@ -87,6 +87,41 @@ def patch_restart_stage_counters() -> None:
         self._is_prefill_stage_complete = False
 
     Request.restart = restart
+
+
+def patch_github_pipeline() -> None:
+    """Optional (``--pipeline github``), to locate differences, not to compare as shipped:
+    microsoft/vidur's (and seed 000's) pipeline admission instead of 0.0.26's. 0.0.26 forms
+    at most one batch per replica-schedule event and only while stage 0 runs none of this
+    replica's batches; microsoft/vidur forms batches while fewer than ``num_stages`` are
+    in flight. (0.0.26's Sarathi also checks stage 0 inside ``_get_next_batch``, which this
+    leaves alone.)"""
+    import vidur.events.replica_schedule_event as rse
+    from vidur.events.batch_stage_arrival_event import BatchStageArrivalEvent
+    from vidur.scheduler.replica_scheduler.base_replica_scheduler import (
+        BaseReplicaScheduler,
+    )
+
+    def on_schedule(self: Any, time: float) -> Any:
+        if not self._num_running_batches < self._num_stages:
+            return None
+        batch = self._get_next_batch(time)
+        if not batch:
+            return None
+        self._num_running_batches += 1
+        self._num_running_stages += 1
+        return batch
+
+    def handle_event(self: Any, scheduler: Any, metrics_store: Any) -> list[Any]:
+        replica_scheduler = scheduler.get_replica_scheduler(self._replica_id)
+        events = []
+        while batch := replica_scheduler.on_schedule(self._time):
+            batch.on_schedule(self.time)
+            events.append(BatchStageArrivalEvent(self.time, self._replica_id, 0, batch))
+        return events
+
+    BaseReplicaScheduler.on_schedule = on_schedule
+    rse.ReplicaScheduleEvent.handle_event = handle_event
 
 
 def reset_entity_ids() -> None:
@@ -210,13 +245,14 @@ def main() -> None:
     src, dst = Path(sys.argv[1]), Path(sys.argv[2])
     scenarios = json.loads(src.read_text())["scenarios"]
     patch_restart_stage_counters()
+    if sys.argv[3:] == ["github"]:
+        patch_github_pipeline()
     results = []
     for s in scenarios:
         reset_entity_ids()
         results.append(run_scenario(s))
     dst.write_text(
-        json.dumps({"vidur_version": md.version("vidur"), "scenarios": results}, indent=1)
-        + "\n"
+        json.dumps({"vidur_version": md.version("vidur"), "scenarios": results}, indent=1) + "\n"
     )
 
 

@@ -30,7 +30,7 @@ Config keys (file sections, or --set with dotted names; see docs/simulate.md):
   cluster.num_replicas, cluster.global_scheduler.{policy,balance}
   replica.{model,device,tensor_parallel_size,num_pipeline_stages,memory_margin_fraction}
   replica.scheduler.{policy,block_size,num_blocks,batch_size_cap,watermark_blocks_fraction,
-    max_tokens_in_batch,chunk_size,max_waiting_iters,max_request_tokens,
+    max_tokens_in_batch,chunk_size,max_waiting_iters,restart,max_request_tokens,
     max_num_batched_tokens,max_num_seqs,long_prefill_token_threshold,enable_chunked_prefill,
     enable_prefix_caching,prefix_cache,scheduling_policy,graph_batch_sizes}
   execution.model = auto (default: measured if the tables cover the replica, else roofline)

@@ -142,3 +142,48 @@ impl ReplicaPolicy for LightLlm {
 
     delegate_to_vidur_base!(release_completed);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn footprints_are_vidurs_get_tuple_tokens() {
+        // Admitted: prompt 10, output 10, 12 processed (prompt, first token, one decode):
+        // holds 12, may add 10 - 2 - 1 = 7. New: holds 10 + 1, may add 10 - 2 = 8.
+        let mut running = SimRequest::new(0, 0.0, 10, 10, vec![]);
+        running.on_batch_end(1.0, 10);
+        running.on_batch_end(2.0, 1);
+        assert_eq!(LightLlm::footprint(&running, true), (12, 7));
+        let new = SimRequest::new(1, 1.5, 10, 10, vec![]);
+        assert_eq!(LightLlm::footprint(&new, false), (11, 8));
+        // Short outputs never go negative.
+        let tiny = SimRequest::new(2, 0.0, 4, 1, vec![]);
+        assert_eq!(LightLlm::footprint(&tiny, false), (5, 0));
+    }
+
+    #[test]
+    fn the_peak_must_stay_strictly_below_the_token_slots() {
+        // Sorted by what they may add: (11, 8) then (12, 7): max(8·1 + 11, 7·2 + 23) = 37.
+        let limits = |num_blocks| VidurLimits {
+            num_blocks,
+            block_size: 1,
+            watermark_blocks: 0,
+            batch_size_cap: 8,
+            max_batch_size: 8,
+            num_stages: 1,
+            max_blocks_per_sequence: 64,
+            max_tokens_in_batch: 4096,
+            chunk_size: 512,
+            max_waiting_iters: 1,
+            restart: Default::default(),
+        };
+        let footprints = vec![(12, 7), (11, 8)];
+        assert!(
+            LightLlm::new(limits(38))
+                .unwrap()
+                .peak_fits(footprints.clone())
+        );
+        assert!(!LightLlm::new(limits(37)).unwrap().peak_fits(footprints));
+    }
+}

@@ -242,3 +242,50 @@ impl VidurBase {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(batch_size_cap: u32, max_batch_size: u32, num_stages: u32) -> VidurLimits {
+        VidurLimits {
+            num_blocks: 100,
+            block_size: 16,
+            watermark_blocks: 1,
+            batch_size_cap,
+            max_batch_size,
+            num_stages,
+            max_blocks_per_sequence: 8,
+            max_tokens_in_batch: 4096,
+            chunk_size: 512,
+            max_waiting_iters: 10,
+            restart: RestartMode::Recompute,
+        }
+    }
+
+    #[test]
+    fn micro_batch_is_the_cap_over_the_stages_whatever_the_planner_says() {
+        assert_eq!(limits(8, 2, 2).max_micro_batch_size(), 4);
+        assert_eq!(limits(128, 29, 1).max_micro_batch_size(), 128);
+        assert_eq!(limits(128, 65, 2).max_micro_batch_size(), 64);
+        assert_eq!(limits(1, 1, 4).max_micro_batch_size(), 1, "never 0");
+    }
+
+    #[test]
+    fn blocks_are_counted_by_the_core_allocator_with_the_watermark_in_blocks() {
+        let mut base = VidurBase::new(limits(8, 8, 1)).unwrap();
+        // A new request needs its prompt's blocks plus the 1 watermark block free.
+        let request = SimRequest::new(0, 0.0, 99 * 16 + 1, 1, vec![]);
+        assert!(!base.vllm_can_allocate(&request, 7), "100 blocks + 1 > 100");
+        let request = SimRequest::new(0, 0.0, 98 * 16, 1, vec![]);
+        assert!(base.vllm_can_allocate(&request, 7), "98 + 1 <= 100");
+        base.vllm_allocate(&request, 7).unwrap();
+        assert!(base.is_allocated(7));
+        assert_eq!(base.num_allocated_requests(), 1);
+        assert!((base.kv_usage() - 0.98).abs() < 1e-12);
+        base.free(7);
+        base.free(7); // a second free of the same request is harmless
+        assert_eq!(base.kv.num_allocated_blocks(), 0);
+        assert!(base.kv.check_invariants().is_ok());
+    }
+}

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import json
 import os
 import subprocess
@@ -233,7 +234,8 @@ def main() -> None:
     p.add_argument(
         "--vidur-cache",
         type=Path,
-        help="Vidur's timelines: read from this file if it exists, else run Vidur and write it",
+        help="Vidur's timelines: reused from this file if it holds them for the same "
+        "scenarios and --vidur-pipeline, else Vidur runs and the file is (re)written",
     )
     p.add_argument("--vidur-only", action="store_true", help="run Vidur's side and stop")
     p.add_argument(
@@ -252,10 +254,15 @@ def main() -> None:
     if args.only:
         keep = set(args.only.split(","))
         scens = [s for s in scens if s["name"] in keep]
+    # The cache holds Vidur's answer to exactly these inputs, or is ignored.
+    key = hashlib.sha256(json.dumps([scens, args.vidur_pipeline]).encode()).hexdigest()
+    cached = None
     if args.vidur_cache and args.vidur_cache.exists():
-        vidur = json.loads(args.vidur_cache.read_text())
+        cached = json.loads(args.vidur_cache.read_text())
+    if cached is not None and cached.get("key") == key:
+        vidur = cached
     else:
-        vidur = run_vidur(scens, args.vidur_pipeline)
+        vidur = run_vidur(scens, args.vidur_pipeline) | {"key": key}
         if args.vidur_cache:
             args.vidur_cache.write_text(json.dumps(vidur) + "\n")
     if args.vidur_only:

@@ -41,7 +41,7 @@ Config keys (file sections, or --set with dotted names; see docs/simulate.md):
     dtype,kv_cache_dtype,over_length}}
   replica.scheduler.{{policy,max_request_tokens}} and the policy's own section:
     replica.scheduler.vllm_v1.*  (tokenyard.sched.SchedulerConfig: max_num_seqs, ...)
-    replica.scheduler.vidur.*    (block_size, num_blocks, batch_size_cap, chunk_size, ...)
+    replica.scheduler.vidur.*    (block_size, num_blocks, batch_size_cap, chunk_size, restart, ...)
     replica.scheduler.sglang.*   (page_size, max_running_requests, chunked_prefill_size, ...)
     replica.scheduler.plugin.*   (block_size, num_blocks, options)
   execution.model = auto (default: measured if the tables cover the replica, else roofline)

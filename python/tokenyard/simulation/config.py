@@ -138,8 +138,12 @@ class VidurSchedulerConfig:
     chunk_size: int = 512
     #: lightllm: decode batches before a waiting prefill runs.
     max_waiting_iters: int = 10
+    #: vllm / sarathi: a preempted request restarts as "recompute" (its whole prompt) or as
+    #: "vidur" (Vidur 0.0.26: only the prompt tokens processed so far; docs/simulate.md).
+    restart: str = "recompute"
 
     def check(self, where: str) -> None:
+        check_key_choice(f"{where}.restart", self.restart, ("recompute", "vidur"))
         check_key_int(f"{where}.block_size", self.block_size, low=1, high=MAX_BLOCK_SIZE)
         check_key_int(f"{where}.num_blocks", self.num_blocks, low=0, high=MAX_BLOCKS)
         for name in ("batch_size_cap", "max_tokens_in_batch", "chunk_size"):
@@ -215,6 +219,7 @@ LEGACY_KEYS: dict[str, dict[str, str]] = {
     "max_tokens_in_batch": {"vidur": "max_tokens_in_batch"},
     "chunk_size": {"vidur": "chunk_size"},
     "max_waiting_iters": {"vidur": "max_waiting_iters"},
+    "restart": {"vidur": "restart"},
     "max_num_batched_tokens": {"vllm_v1": "max_num_batched_tokens",
                                "sglang": "chunked_prefill_size"},
     "max_num_seqs": {"vllm_v1": "max_num_seqs", "sglang": "max_running_requests"},
@@ -282,6 +287,14 @@ class ReplicaSchedulerConfig:
         self.sglang.check(f"{where}.sglang")
         self.plugin.check(f"{where}.plugin")
         self._check_vllm_v1(f"{where}.vllm_v1")
+        if self.vidur.restart != "recompute" and self.policy in ("orca", "lightllm",
+                                                                 "faster_transformer"):
+            raise _fail(
+                f"{where}.vidur.restart",
+                f"applies to vllm and sarathi (the policies that preempt), not {self.policy}, "
+                f"which would ignore it",
+                self.vidur.restart,
+            )
         if self.policy == "lightllm" and self.vidur.block_size != 1:
             raise _fail(
                 f"{where}.vidur.block_size",

@@ -10,8 +10,8 @@ use tokenyard_core::sim::exec::Repeated;
 use tokenyard_core::sim::{
     ArrivingRequest, BatchShape, ExecModel, GapHistogram, GlobalPolicy, LinearModel, OpModel,
     OverLength, PluginReplica, REPLICA_POLICIES, ReplicaLoad, ReplicaPluginHost, ReplicaPolicy,
-    ReplicaPolicyConfig, ReplicaPolicyEntry, RequestSource, RouteInfo, RoutePlugin, SglangLimits,
-    SimConfig, SimOutput, SimRequest, Simulator, StageTime, VidurKind, VidurLimits,
+    ReplicaPolicyConfig, ReplicaPolicyEntry, RequestSource, RestartMode, RouteInfo, RoutePlugin,
+    SglangLimits, SimConfig, SimOutput, SimRequest, Simulator, StageTime, VidurKind, VidurLimits,
 };
 use tokenyard_core::{Error, Result};
 
@@ -48,8 +48,8 @@ impl PyReplicaSpec {
     /// One of Vidur's five schedulers.
     #[staticmethod]
     #[pyo3(signature = (policy, *, num_blocks, block_size, watermark_blocks, batch_size_cap,
-        max_micro_batch_size, max_blocks_per_sequence, max_tokens_in_batch, chunk_size,
-        max_waiting_iters))]
+        max_batch_size, num_stages, max_blocks_per_sequence, max_tokens_in_batch, chunk_size,
+        max_waiting_iters, restart))]
     #[allow(clippy::too_many_arguments)]
     fn vidur(
         py: Python<'_>,
@@ -58,11 +58,13 @@ impl PyReplicaSpec {
         block_size: u32,
         watermark_blocks: u32,
         batch_size_cap: u32,
-        max_micro_batch_size: u32,
+        max_batch_size: u32,
+        num_stages: u32,
         max_blocks_per_sequence: u32,
         max_tokens_in_batch: u32,
         chunk_size: u32,
         max_waiting_iters: u32,
+        restart: &str,
     ) -> PyResult<Self> {
         let kind = match ReplicaPolicyEntry::find(policy).or_raise(py)?.name {
             "vllm" => VidurKind::Vllm,
@@ -79,11 +81,13 @@ impl PyReplicaSpec {
             block_size,
             watermark_blocks,
             batch_size_cap,
-            max_micro_batch_size,
+            max_batch_size,
+            num_stages,
             max_blocks_per_sequence,
             max_tokens_in_batch,
             chunk_size,
             max_waiting_iters,
+            restart: RestartMode::parse(restart).or_raise(py)?,
         };
         Self::checked(py, ReplicaPolicyConfig::Vidur(kind, limits))
     }

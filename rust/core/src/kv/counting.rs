@@ -36,6 +36,25 @@ impl<R: RequestKey> CountingAllocator<R> {
         })
     }
 
+    /// A pool of `num_blocks` keeping exactly `watermark_blocks` in reserve (the simulator
+    /// derives the count from the fraction once, in the config).
+    pub fn with_watermark_blocks(num_blocks: usize, watermark_blocks: usize) -> Result<Self> {
+        check_num_blocks(num_blocks)?;
+        if watermark_blocks >= num_blocks {
+            return Err(Error::config(
+                "watermark_blocks",
+                watermark_blocks,
+                format!("must be below num_blocks = {num_blocks}"),
+            ));
+        }
+        Ok(Self {
+            num_blocks,
+            watermark_blocks,
+            num_allocated_blocks: 0,
+            allocation: FxHashMap::default(),
+        })
+    }
+
     pub fn num_blocks(&self) -> usize {
         self.num_blocks
     }
@@ -104,6 +123,15 @@ impl<R: RequestKey> CountingAllocator<R> {
             .sum();
         self.num_allocated_blocks -= freed;
         Ok(freed)
+    }
+
+    /// Frees every block of one request, if it holds any; returns how many were freed (0
+    /// for a request holding none). For callers that own the request's life and may ask
+    /// twice; `free` is the strict, all-or-nothing form.
+    pub fn release(&mut self, request_id: &R) -> usize {
+        let freed = self.allocation.remove(request_id).unwrap_or(0);
+        self.num_allocated_blocks -= freed;
+        freed
     }
 
     /// Describes the first broken invariant, if any.
@@ -181,6 +209,23 @@ mod tests {
         assert!(matches!(alloc.free(&[1, 1]), Err(Error::Input { .. })));
         assert_eq!(alloc.num_blocks_of(&1), Some(3));
         assert_eq!(alloc.num_requests(), 1);
+    }
+
+    #[test]
+    fn watermark_given_in_blocks_and_release_of_one_request() {
+        let mut alloc = CountingAllocator::with_watermark_blocks(10, 3).unwrap();
+        assert_eq!(alloc.watermark_blocks(), 3);
+        assert!(alloc.can_admit(7) && !alloc.can_admit(8));
+        alloc.allocate(5u64, 4).unwrap();
+        assert_eq!(alloc.release(&5), 4);
+        assert_eq!(
+            alloc.release(&5),
+            0,
+            "a request holding nothing frees nothing"
+        );
+        assert_eq!(alloc.num_allocated_blocks(), 0);
+        assert!(CountingAllocator::<u64>::with_watermark_blocks(10, 10).is_err());
+        assert!(CountingAllocator::<u64>::with_watermark_blocks(0, 0).is_err());
     }
 
     #[test]

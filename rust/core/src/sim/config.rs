@@ -252,11 +252,11 @@ impl ReplicaPolicyConfig {
             Self::Vidur(kind, limits) => {
                 check_vidur_limits(limits)?;
                 match kind {
-                    VidurKind::Vllm => Box::new(Vllm::new(*limits)),
-                    VidurKind::Sarathi => Box::new(Sarathi::new(*limits)),
-                    VidurKind::Orca => Box::new(Orca::new(*limits)),
+                    VidurKind::Vllm => Box::new(Vllm::new(*limits)?),
+                    VidurKind::Sarathi => Box::new(Sarathi::new(*limits)?),
+                    VidurKind::Orca => Box::new(Orca::new(*limits)?),
                     VidurKind::LightLlm => Box::new(LightLlm::new(*limits)?),
-                    VidurKind::FasterTransformer => Box::new(FasterTransformer::new(*limits)),
+                    VidurKind::FasterTransformer => Box::new(FasterTransformer::new(*limits)?),
                 }
             }
             Self::VllmV1(config) => {
@@ -279,7 +279,8 @@ fn check_vidur_limits(limits: &VidurLimits) -> Result<()> {
         ("num_blocks", limits.num_blocks),
         ("block_size", limits.block_size),
         ("batch_size_cap", limits.batch_size_cap),
-        ("max_micro_batch_size", limits.max_micro_batch_size),
+        ("max_batch_size", limits.max_batch_size),
+        ("num_stages", limits.num_stages),
         ("max_tokens_in_batch", limits.max_tokens_in_batch),
         ("chunk_size", limits.chunk_size),
     ];
@@ -351,6 +352,18 @@ impl SimConfig {
                 "replica.num_pipeline_stages",
                 0,
                 "must be >= 1",
+            ));
+        }
+        if let ReplicaPolicyConfig::Vidur(_, limits) = &self.replica_policy
+            && limits.num_stages != self.num_stages
+        {
+            return Err(Error::config(
+                "replica.num_pipeline_stages",
+                self.num_stages,
+                format!(
+                    "the replica scheduler's limits were derived for {} stages",
+                    limits.num_stages
+                ),
             ));
         }
         let name = self.replica_policy.name();

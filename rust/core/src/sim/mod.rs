@@ -32,7 +32,7 @@ pub use metrics::{GapHistogram, ReplicaTotals, RequestTable, Samples, StageTrace
 pub use replica::{
     BatchPlan, PluginReplica, ReplicaPluginHost, ReplicaPolicy, SglangLimits, VidurLimits,
 };
-pub use request::{ReqIdx, SimRequest};
+pub use request::{ReqIdx, RestartMode, SimRequest};
 pub use rng::Rng;
 
 #[cfg(test)]

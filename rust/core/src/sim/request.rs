@@ -2,8 +2,48 @@
 //! decode token per iteration; finishing the prefill yields the first output token; a
 //! restart after preemption folds every processed token into the prefill.
 
+use crate::{Error, Result};
+
 /// Index of a live request in the simulator's arena.
 pub type ReqIdx = u32;
+
+/// What a preempted request's prefill becomes when it restarts (config key
+/// `replica.scheduler.restart`). The two differ only for a request preempted in the middle
+/// of a chunked prefill (Vidur's Sarathi scheduler can pick one as a victim).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum RestartMode {
+    /// `"recompute"` (default): the prefill becomes everything processed so far, but never
+    /// less than the prompt: the whole prompt is recomputed as a prefill.
+    #[default]
+    Recompute,
+    /// `"vidur"`: Vidur 0.0.26's `Request.restart` exactly: the prefill becomes the tokens
+    /// processed so far, also when that is only part of the prompt. The rest of the prompt
+    /// then runs as one-token decode steps, and the first token comes when the shortened
+    /// prefill completes (Vidur's `prefill_completed_at`).
+    Vidur,
+}
+
+impl RestartMode {
+    /// The mode named by a config value.
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "recompute" => Ok(Self::Recompute),
+            "vidur" => Ok(Self::Vidur),
+            other => Err(Error::config(
+                "replica.scheduler.vidur.restart",
+                format!("{other:?}"),
+                "expected \"recompute\" or \"vidur\"",
+            )),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Recompute => "recompute",
+            Self::Vidur => "vidur",
+        }
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct SimRequest {
@@ -12,7 +52,10 @@ pub struct SimRequest {
     pub arrived_at: f64,
     pub original_prefill_tokens: u32,
     pub original_decode_tokens: u32,
-    /// Current prefill length (grows on restart).
+    /// Processed tokens beyond this many are output tokens: the original prompt, or less
+    /// after a `RestartMode::Vidur` restart in the middle of the prompt.
+    pub output_after_tokens: u32,
+    /// Current prefill length (changes on restart).
     pub num_prefill_tokens: u32,
     pub num_decode_tokens: u32,
     pub num_processed_tokens: u32,
@@ -65,6 +108,7 @@ impl SimRequest {
             arrived_at,
             original_prefill_tokens: prefill,
             original_decode_tokens: decode,
+            output_after_tokens: prefill,
             num_prefill_tokens: prefill,
             num_decode_tokens: decode,
             num_processed_tokens: 0,
@@ -117,12 +161,12 @@ impl SimRequest {
         (self.completed, gap)
     }
 
-    /// Output tokens so far are `processed - original prefill` (restarts fold earlier
+    /// Output tokens so far are `processed - output_after_tokens` (restarts fold earlier
     /// outputs into the prefill, so they are not produced twice).
     fn record_new_tokens(&mut self, now: f64) -> Option<f64> {
         let produced = self
             .num_processed_tokens
-            .saturating_sub(self.original_prefill_tokens);
+            .saturating_sub(self.output_after_tokens);
         if !self.is_prefill_complete || produced <= self.timing.num_output_tokens {
             return None;
         }
@@ -141,11 +185,24 @@ impl SimRequest {
     }
 
     /// Vidur's `restart`: everything processed so far becomes prefill, to recompute at once.
-    /// A request restarted in the middle of a chunked prefill keeps its whole prompt as
-    /// prefill (Vidur would turn the unprocessed prompt tokens into decode steps).
-    pub fn restart(&mut self) {
+    /// In the middle of a chunked prefill, `Recompute` keeps the whole prompt as prefill;
+    /// `Vidur` takes only the processed part (the rest of the prompt becomes decode steps).
+    pub fn restart(&mut self, mode: RestartMode) {
         let total = self.total_tokens();
-        self.num_prefill_tokens = self.num_processed_tokens.max(self.num_prefill_tokens);
+        self.num_prefill_tokens = match mode {
+            RestartMode::Recompute => self.num_processed_tokens.max(self.num_prefill_tokens),
+            // Nothing processed yet: nothing to fold (and a prefill is never empty).
+            RestartMode::Vidur if self.num_processed_tokens == 0 => self.num_prefill_tokens,
+            RestartMode::Vidur => {
+                // Vidur records the first prefill completion only; before it, the token
+                // after the shortened prefill is the first output.
+                if self.timing.first_token_at.is_nan() {
+                    self.output_after_tokens =
+                        self.output_after_tokens.min(self.num_processed_tokens);
+                }
+                self.num_processed_tokens
+            }
+        };
         self.num_decode_tokens = total - self.num_prefill_tokens;
         self.num_processed_tokens = 0;
         self.scheduled = false;
@@ -180,7 +237,7 @@ mod tests {
         let mut r = SimRequest::new(0, 0.0, 4, 5, vec![]);
         r.on_batch_end(1.0, 4); // 5 processed: one output
         r.on_batch_end(2.0, 1); // 6 processed: two outputs
-        r.restart();
+        r.restart(RestartMode::Recompute);
         assert_eq!((r.num_prefill_tokens, r.num_decode_tokens), (6, 3));
         assert_eq!((r.num_processed_tokens, r.num_restarts), (0, 1));
         assert!(!r.is_prefill_complete);
@@ -198,7 +255,59 @@ mod tests {
     fn restart_in_a_chunked_prefill_keeps_the_prompt_as_prefill() {
         let mut r = SimRequest::new(0, 0.0, 8, 5, vec![]);
         r.on_batch_end(1.0, 3);
-        r.restart();
+        r.restart(RestartMode::Recompute);
         assert_eq!((r.num_prefill_tokens, r.num_decode_tokens), (8, 5));
+    }
+
+    #[test]
+    fn vidur_restart_in_a_chunked_prefill_folds_only_the_processed_tokens() {
+        // Prompt 8, output 5; a 3-token chunk ran, then the request is preempted.
+        let mut r = SimRequest::new(0, 0.0, 8, 5, vec![]);
+        r.on_batch_end(1.0, 3);
+        r.restart(RestartMode::Vidur);
+        // Vidur: prompt := 3 processed, decode := 13 - 3 = 10.
+        assert_eq!((r.num_prefill_tokens, r.num_decode_tokens), (3, 10));
+        assert_eq!((r.num_processed_tokens, r.num_restarts), (0, 1));
+        assert_eq!(r.next_num_tokens(), 3);
+        // The shortened prefill completes: Vidur's prefill_completed_at, our first token.
+        assert!(!r.on_batch_end(2.0, 3).0);
+        assert!(r.is_prefill_complete);
+        assert_eq!(r.num_processed_tokens, 4);
+        assert_eq!(r.timing.first_token_at, 2.0);
+        // The other 9 tokens (5 of prompt, 4 of output) run one per iteration.
+        for step in 0..8 {
+            assert_eq!(r.next_num_tokens(), 1);
+            assert!(!r.on_batch_end(3.0 + step as f64, 1).0);
+        }
+        assert!(r.on_batch_end(11.0, 1).0);
+        assert_eq!(r.timing.completed_at, 11.0);
+        assert_eq!(r.timing.num_output_tokens, 10);
+    }
+
+    #[test]
+    fn vidur_restart_after_the_prefill_matches_recompute() {
+        let mut vidur = SimRequest::new(0, 0.0, 4, 5, vec![]);
+        let mut recompute = vidur.clone();
+        for r in [&mut vidur, &mut recompute] {
+            r.on_batch_end(1.0, 4);
+            r.on_batch_end(2.0, 1);
+        }
+        vidur.restart(RestartMode::Vidur);
+        recompute.restart(RestartMode::Recompute);
+        assert_eq!((vidur.num_prefill_tokens, vidur.num_decode_tokens), (6, 3));
+        assert_eq!(vidur.output_after_tokens, recompute.output_after_tokens);
+        assert_eq!(vidur.num_prefill_tokens, recompute.num_prefill_tokens);
+    }
+
+    #[test]
+    fn restart_mode_names_parse_and_a_bad_one_names_the_key() {
+        assert_eq!(
+            RestartMode::parse("recompute").unwrap(),
+            RestartMode::Recompute
+        );
+        assert_eq!(RestartMode::parse("vidur").unwrap(), RestartMode::Vidur);
+        assert_eq!(RestartMode::default().name(), "recompute");
+        let err = RestartMode::parse("Vidur").unwrap_err().to_string();
+        assert!(err.contains("replica.scheduler.vidur.restart"), "{err}");
     }
 }

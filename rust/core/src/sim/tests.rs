@@ -40,15 +40,21 @@ fn limits() -> VidurLimits {
         block_size: 4,
         watermark_blocks: 0,
         batch_size_cap: 16,
-        max_micro_batch_size: 16,
+        max_batch_size: 16,
+        num_stages: 1,
         max_blocks_per_sequence: 8,
         max_tokens_in_batch: 4096,
         chunk_size: 8,
         max_waiting_iters: 2,
+        restart: RestartMode::Recompute,
     }
 }
 
-fn config(policy: ReplicaPolicyConfig, num_stages: u32, exec: LinearModel) -> SimConfig {
+/// One replica with `num_stages` stages (a Vidur policy's limits follow them).
+fn config(mut policy: ReplicaPolicyConfig, num_stages: u32, exec: LinearModel) -> SimConfig {
+    if let ReplicaPolicyConfig::Vidur(_, limits) = &mut policy {
+        limits.num_stages = num_stages;
+    }
     SimConfig {
         num_replicas: 1,
         num_stages,
@@ -441,4 +447,127 @@ fn the_registry_names_every_policy_once_with_its_section() {
         assert!(["vllm_v1", "vidur", "sglang"].contains(&entry.section));
     }
     assert!(ReplicaPolicyEntry::find("nope").is_err());
+}
+
+/// Requests in each batch, in order (stage 0).
+fn batch_sizes(out: &SimOutput) -> Vec<u32> {
+    let trace = out.stages.as_ref().unwrap();
+    (0..trace.batch_id.len())
+        .filter(|&i| trace.stage[i] == 0)
+        .map(|i| trace.num_requests[i])
+        .collect()
+}
+
+#[test]
+fn vidur_batch_cap_is_batch_size_cap_over_stages_for_vllm_sarathi_and_lightllm() {
+    // batch_size_cap 8 and 2 stages: at most 4 requests per batch, whatever the memory
+    // planner's max batch size (here 2, which Vidur applies to orca only).
+    let capped = VidurLimits {
+        batch_size_cap: 8,
+        max_batch_size: 2,
+        ..limits()
+    };
+    let ten = || (0..10).map(|_| req(0.0, 2, 3)).collect::<Vec<_>>();
+    for kind in [VidurKind::Vllm, VidurKind::Sarathi] {
+        let out = run(
+            config(
+                ReplicaPolicyConfig::Vidur(kind, capped),
+                2,
+                linear(2.0, 0.0, 0.0),
+            ),
+            ten(),
+        );
+        let sizes = batch_sizes(&out);
+        assert_eq!(sizes[0], 4, "{kind:?}: {sizes:?}");
+        assert_eq!(sizes.iter().max(), Some(&4), "{kind:?}: {sizes:?}");
+    }
+    // One stage: the whole cap (8), not the planner's 2.
+    let lightllm = VidurLimits {
+        block_size: 1,
+        num_blocks: 1000,
+        ..capped
+    };
+    let out = run(
+        config(
+            ReplicaPolicyConfig::Vidur(VidurKind::LightLlm, lightllm),
+            1,
+            linear(1.0, 0.0, 0.0),
+        ),
+        ten(),
+    );
+    assert_eq!(batch_sizes(&out)[0], 8);
+    // Orca keeps Vidur's `_max_batch_size` (planner ∧ cap), undivided by the stages.
+    let out = run(
+        config(
+            ReplicaPolicyConfig::Vidur(VidurKind::Orca, capped),
+            2,
+            linear(2.0, 0.0, 0.0),
+        ),
+        ten(),
+    );
+    assert_eq!(batch_sizes(&out).iter().max(), Some(&2));
+}
+
+#[test]
+fn lightllm_peak_uses_vidurs_token_counts() {
+    // A (10, 10) at 0, B (10, 10) at 1.5, 1 s per iteration, max_waiting_iters 1. At 2.0 A
+    // has processed 12 tokens; Vidur's tuples: A (12, 10 - 2 - 1 = 7), B (10 + 1, 10 - 2 =
+    // 8). Sorted by remaining: B then A; peak = max(8·1 + 11, 7·2 + 23) = 37 < 38 blocks:
+    // B's prefill runs 2-3. (Counting one more token each, 39 and 38 would keep B out
+    // until 4.0, first token at 5.0.) With 37 blocks it waits one iteration: at 3.0, A
+    // (13, 6): max(19, 6·2 + 24 = 36) < 37.
+    let first_token_of_b = |num_blocks| {
+        let limits = VidurLimits {
+            num_blocks,
+            block_size: 1,
+            max_waiting_iters: 1,
+            ..limits()
+        };
+        let out = run(
+            config(
+                ReplicaPolicyConfig::Vidur(VidurKind::LightLlm, limits),
+                1,
+                linear(1.0, 0.0, 0.0),
+            ),
+            vec![req(0.0, 10, 10), req(1.5, 10, 10)],
+        );
+        times(&out)[1].1
+    };
+    assert_eq!(first_token_of_b(38), 3.0);
+    assert_eq!(first_token_of_b(37), 4.0);
+}
+
+#[test]
+fn sarathi_restart_vidur_folds_a_partial_prefill_into_a_shorter_prompt() {
+    // 7 blocks of 4 tokens, chunk 8, 1 s per iteration. A (4, 8) prefills 0-1. At 1.0 A
+    // decodes (its 2nd block) and B (20, 2) is admitted (5 blocks) with a 7-token chunk.
+    // At 2.0 every block is taken, so A's check for one free block fails and B, the latest
+    // arrival, is the victim: it restarts with 7 of its 20 prompt tokens processed.
+    let run_with = |restart| {
+        let limits = VidurLimits {
+            num_blocks: 7,
+            restart,
+            ..limits()
+        };
+        run(
+            config(
+                ReplicaPolicyConfig::Vidur(VidurKind::Sarathi, limits),
+                1,
+                linear(1.0, 0.0, 0.0),
+            ),
+            vec![req(0.0, 4, 8), req(0.5, 20, 2)],
+        )
+    };
+    let vidur = run_with(RestartMode::Vidur);
+    let recompute = run_with(RestartMode::Recompute);
+    // Vidur: B's prompt becomes its 7 processed tokens; re-prefilled 2-3, that is its
+    // first token (Vidur's prefill_completed_at), and the other 13 prompt tokens decode.
+    let b = |out: &SimOutput| times(out)[1];
+    assert_eq!(b(&vidur).1, 3.0, "{:?}", times(&vidur));
+    assert!(b(&recompute).1 > 3.0, "{:?}", times(&recompute));
+    assert_eq!(batches(&vidur)[..3], [(4, 0), (7, 1), (7, 1)]);
+    for out in [&vidur, &recompute] {
+        assert!(out.requests.num_restarts.iter().sum::<u32>() >= 1);
+        assert_eq!(out.requests.len(), 2, "both complete");
+    }
 }

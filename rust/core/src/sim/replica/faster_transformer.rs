@@ -27,21 +27,21 @@ pub struct FasterTransformer {
 }
 
 impl FasterTransformer {
-    pub fn new(limits: VidurLimits) -> Self {
-        Self {
-            base: VidurBase::new(limits),
+    pub fn new(limits: VidurLimits) -> Result<Self> {
+        Ok(Self {
+            base: VidurBase::new(limits)?,
             groups: FxHashMap::default(),
             group_of: FxHashMap::default(),
             unfinished: VecDeque::new(),
             next_group: 0,
-        }
+        })
     }
 
     fn form_group(&mut self, requests: &Requests) -> Result<Option<BatchPlan>> {
         let limits = self.base.limits;
         let (mut batch, mut tokens): BatchPlan = (Vec::new(), Vec::new());
         while let Some(&idx) = self.base.request_queue.front() {
-            if batch.len() as u32 >= limits.max_micro_batch_size
+            if batch.len() as u32 >= limits.max_batch_size
                 || !self.base.can_allocate(limits.max_blocks_per_sequence)
             {
                 break;

@@ -2,11 +2,13 @@
 //! pipeline stage), prefill and decode in separate batches. A new request is admitted only
 //! if the worst-case peak of the tokens every admitted request may still need fits:
 //! sorting requests by remaining tokens (descending), the peak is
-//! max_i(remaining_i × (i + 1) + Σ_{j<=i} held_j). Decode batches run while requests are
+//! max_i(remaining_i × (i + 1) + Σ_{j<=i} held_j), with Vidur's own counts of held and
+//! remaining tokens (see `footprint`). Decode batches run while requests are
 //! running; a waiting prefill gets its turn after `max_waiting_iters` decode batches.
 
 use super::vidur::{VidurBase, VidurLimits, delegate_to_vidur_base};
 use super::{BatchPlan, ReplicaPolicy};
+use crate::kv::KvCapacity;
 use crate::sim::arena::Requests;
 use crate::sim::batch::Batch;
 use crate::sim::request::{ReqIdx, SimRequest};
@@ -28,20 +30,24 @@ impl LightLlm {
             ));
         }
         Ok(Self {
-            base: VidurBase::new(limits),
+            base: VidurBase::new(limits)?,
             num_waiting_iters: 0,
         })
     }
 
-    /// (tokens held now, tokens it may still add) for the peak-memory check.
+    /// Vidur's `_get_tuple_tokens`: (tokens held now, tokens it may still add) for the
+    /// peak-memory check. Vidur counts one token fewer than the request can still add: an
+    /// admitted request (processed p of prompt P + decode D) may add D - (p - P) - 1, a new
+    /// one holds P + 1 after its prefill and may add D - 2; both at least 0.
     fn footprint(request: &SimRequest, admitted: bool) -> (u64, u64) {
-        let total = request.total_tokens() as u64;
+        let prefill = request.num_prefill_tokens as u64;
+        let decode = request.num_decode_tokens as u64;
         if admitted {
-            let held = request.num_processed_tokens as u64;
-            (held, total.saturating_sub(held))
+            let processed = request.num_processed_tokens as u64;
+            let decoded = processed.saturating_sub(prefill);
+            (processed, decode.saturating_sub(decoded + 1))
         } else {
-            let held = request.num_prefill_tokens as u64 + 1;
-            (held, total.saturating_sub(held))
+            (prefill + 1, decode.saturating_sub(2))
         }
     }
 
@@ -70,8 +76,8 @@ impl LightLlm {
             let request = requests.get(idx);
             let next = request.next_num_tokens();
             if num_batch_tokens + next as u64 > limits.max_tokens_in_batch as u64
-                || self.base.allocation.len() as u32 >= limits.batch_size_cap
-                || batch.len() as u32 >= limits.max_micro_batch_size
+                || self.base.num_allocated_requests() >= limits.batch_size_cap
+                || batch.len() as u32 >= limits.max_micro_batch_size()
             {
                 break;
             }
@@ -127,7 +133,7 @@ impl ReplicaPolicy for LightLlm {
             return Err(Error::Capacity {
                 what: "lightllm decode tokens",
                 requested: needed as usize,
-                available: (self.base.limits.num_blocks - self.base.num_allocated_blocks) as usize,
+                available: self.base.kv.num_free_blocks(),
             });
         }
         self.num_waiting_iters += 1;
@@ -135,4 +141,49 @@ impl ReplicaPolicy for LightLlm {
     }
 
     delegate_to_vidur_base!(release_completed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn footprints_are_vidurs_get_tuple_tokens() {
+        // Admitted: prompt 10, output 10, 12 processed (prompt, first token, one decode):
+        // holds 12, may add 10 - 2 - 1 = 7. New: holds 10 + 1, may add 10 - 2 = 8.
+        let mut running = SimRequest::new(0, 0.0, 10, 10, vec![]);
+        running.on_batch_end(1.0, 10);
+        running.on_batch_end(2.0, 1);
+        assert_eq!(LightLlm::footprint(&running, true), (12, 7));
+        let new = SimRequest::new(1, 1.5, 10, 10, vec![]);
+        assert_eq!(LightLlm::footprint(&new, false), (11, 8));
+        // Short outputs never go negative.
+        let tiny = SimRequest::new(2, 0.0, 4, 1, vec![]);
+        assert_eq!(LightLlm::footprint(&tiny, false), (5, 0));
+    }
+
+    #[test]
+    fn the_peak_must_stay_strictly_below_the_token_slots() {
+        // Sorted by what they may add: (11, 8) then (12, 7): max(8·1 + 11, 7·2 + 23) = 37.
+        let limits = |num_blocks| VidurLimits {
+            num_blocks,
+            block_size: 1,
+            watermark_blocks: 0,
+            batch_size_cap: 8,
+            max_batch_size: 8,
+            num_stages: 1,
+            max_blocks_per_sequence: 64,
+            max_tokens_in_batch: 4096,
+            chunk_size: 512,
+            max_waiting_iters: 1,
+            restart: Default::default(),
+        };
+        let footprints = vec![(12, 7), (11, 8)];
+        assert!(
+            LightLlm::new(limits(38))
+                .unwrap()
+                .peak_fits(footprints.clone())
+        );
+        assert!(!LightLlm::new(limits(37)).unwrap().peak_fits(footprints));
+    }
 }

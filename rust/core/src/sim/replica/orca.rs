@@ -15,10 +15,10 @@ pub struct Orca {
 }
 
 impl Orca {
-    pub fn new(limits: VidurLimits) -> Self {
-        Self {
-            base: VidurBase::new(limits),
-        }
+    pub fn new(limits: VidurLimits) -> Result<Self> {
+        Ok(Self {
+            base: VidurBase::new(limits)?,
+        })
     }
 }
 
@@ -56,7 +56,7 @@ impl ReplicaPolicy for Orca {
         let (mut batch, mut tokens): BatchPlan = (Vec::new(), Vec::new());
         let mut running = std::mem::take(&mut self.base.running).into_iter();
         for idx in running.by_ref() {
-            if batch.len() as u32 >= limits.max_micro_batch_size {
+            if batch.len() as u32 >= limits.max_batch_size {
                 self.base.running.push(idx);
                 break;
             }
@@ -65,7 +65,7 @@ impl ReplicaPolicy for Orca {
         }
         self.base.running.extend(running);
         while let Some(&idx) = self.base.request_queue.front() {
-            if batch.len() as u32 >= limits.max_micro_batch_size
+            if batch.len() as u32 >= limits.max_batch_size
                 || !self.base.can_allocate(limits.max_blocks_per_sequence)
             {
                 break;

@@ -15,10 +15,10 @@ pub struct Sarathi {
 }
 
 impl Sarathi {
-    pub fn new(limits: VidurLimits) -> Self {
-        Self {
-            base: VidurBase::new(limits),
-        }
+    pub fn new(limits: VidurLimits) -> Result<Self> {
+        Ok(Self {
+            base: VidurBase::new(limits)?,
+        })
     }
 
     /// A decode takes 1 token; a prefill takes what is left of it, within the budget.
@@ -52,7 +52,7 @@ impl ReplicaPolicy for Sarathi {
         let mut queue = std::mem::take(&mut self.base.running);
         queue.reverse();
         while let Some(idx) = queue.pop() {
-            if batch.len() as u32 >= limits.max_micro_batch_size {
+            if batch.len() as u32 >= limits.max_micro_batch_size() {
                 queue.push(idx);
                 break;
             }
@@ -91,8 +91,8 @@ impl ReplicaPolicy for Sarathi {
 
         // Phase 3: new requests take the rest of the budget.
         while let Some(&idx) = self.base.request_queue.front() {
-            if self.base.allocation.len() as u32 >= limits.batch_size_cap
-                || batch.len() as u32 >= limits.max_micro_batch_size
+            if self.base.num_allocated_requests() >= limits.batch_size_cap
+                || batch.len() as u32 >= limits.max_micro_batch_size()
                 || !self.base.vllm_can_allocate(requests.get(idx), idx)
             {
                 break;

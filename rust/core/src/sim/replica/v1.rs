@@ -10,7 +10,7 @@ use crate::kv::KvEvent;
 use crate::sched::{RequestSpec, Scheduler, SchedulerConfig};
 use crate::sim::arena::Requests;
 use crate::sim::batch::Batch;
-use crate::sim::request::ReqIdx;
+use crate::sim::request::{ReqIdx, RestartMode};
 use crate::sim::tokens::synthesize_prompt;
 
 /// The token every simulated step samples (its value is never looked at: EOS is ignored).
@@ -60,7 +60,7 @@ impl ReplicaPolicy for VllmV1 {
     fn next_batch(&mut self, requests: &mut Requests) -> Result<Option<BatchPlan>> {
         let out = self.scheduler.schedule()?;
         for &idx in &out.preempted_req_ids {
-            requests.get_mut(idx).restart();
+            requests.get_mut(idx).restart(RestartMode::Recompute);
         }
         // Prefix-cache hits are computed without running: they count as processed.
         for admitted in out

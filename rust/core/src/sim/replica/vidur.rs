@@ -1,13 +1,14 @@
-//! What Vidur's replica schedulers share (seed 000 §4): a block-counting KV allocator, the
-//! request queue, the requests between iterations, and the batch limits.
+//! What Vidur's replica schedulers share (seed 000 §4): the core's block-counting KV
+//! allocator (`kv::CountingAllocator`), the request queue, the requests between iterations,
+//! and the batch limits. Invariant: a request holds blocks from its admission until it
+//! completes or restarts.
 
 use std::collections::VecDeque;
 
-use rustc_hash::FxHashMap;
-
+use crate::kv::CountingAllocator;
 use crate::sim::arena::Requests;
 use crate::sim::batch::Batch;
-use crate::sim::request::{ReqIdx, SimRequest};
+use crate::sim::request::{ReqIdx, RestartMode, SimRequest};
 use crate::{Error, Result};
 
 /// The `ReplicaPolicy` methods a Vidur scheduler answers from its `base`: the queue and
@@ -51,10 +52,14 @@ pub struct VidurLimits {
     pub block_size: u32,
     /// vLLM/Sarathi: blocks kept free when admitting a new request.
     pub watermark_blocks: u32,
-    /// Requests holding memory at once.
+    /// Requests holding memory at once (vLLM, Sarathi, LightLLM), and the base of their
+    /// per-batch cap (see `max_micro_batch_size`).
     pub batch_size_cap: u32,
-    /// Requests in one batch: the max batch size divided among the pipeline stages.
-    pub max_micro_batch_size: u32,
+    /// Vidur's `_max_batch_size`, min(the memory planner's max batch size, batch_size_cap):
+    /// requests in one Orca or FasterTransformer batch.
+    pub max_batch_size: u32,
+    /// Pipeline stages of the replica (the simulator checks it against its own).
+    pub num_stages: u32,
     /// Orca / FasterTransformer: blocks reserved per request (max request tokens / block).
     pub max_blocks_per_sequence: u32,
     /// vLLM / LightLLM: (padded) tokens in one prefill batch.
@@ -63,6 +68,18 @@ pub struct VidurLimits {
     pub chunk_size: u32,
     /// LightLLM: decode iterations before a waiting prefill may run.
     pub max_waiting_iters: u32,
+    /// What a preempted request's prefill becomes when it restarts.
+    pub restart: RestartMode,
+}
+
+impl VidurLimits {
+    /// Requests in one vLLM, Sarathi or LightLLM batch: Vidur's `_max_micro_batch_size`,
+    /// `batch_size_cap // num_stages`. Memory is limited by the blocks, not by the memory
+    /// planner's batch size (which Vidur applies to Orca and FasterTransformer only). At
+    /// least 1, where Vidur (cap below the stage count) would never schedule anything.
+    pub fn max_micro_batch_size(&self) -> u32 {
+        (self.batch_size_cap / self.num_stages.max(1)).max(1)
+    }
 }
 
 #[derive(Debug)]
@@ -71,19 +88,21 @@ pub(super) struct VidurBase {
     pub request_queue: VecDeque<ReqIdx>,
     /// Vidur's `_preempted_requests`: admitted requests between two of their iterations.
     pub running: Vec<ReqIdx>,
-    pub allocation: FxHashMap<ReqIdx, u32>,
-    pub num_allocated_blocks: u32,
+    /// Vidur's `_allocation_map` and `_num_allocated_blocks`.
+    pub kv: CountingAllocator<ReqIdx>,
 }
 
 impl VidurBase {
-    pub fn new(limits: VidurLimits) -> Self {
-        Self {
+    pub fn new(limits: VidurLimits) -> Result<Self> {
+        Ok(Self {
             limits,
             request_queue: VecDeque::new(),
             running: Vec::new(),
-            allocation: FxHashMap::default(),
-            num_allocated_blocks: 0,
-        }
+            kv: CountingAllocator::with_watermark_blocks(
+                limits.num_blocks as usize,
+                limits.watermark_blocks as usize,
+            )?,
+        })
     }
 
     pub fn blocks_for(&self, tokens: u32) -> u32 {
@@ -91,26 +110,25 @@ impl VidurBase {
     }
 
     pub fn can_allocate(&self, num_blocks: u32) -> bool {
-        self.limits.num_blocks - self.num_allocated_blocks >= num_blocks
+        self.kv.can_allocate(num_blocks as usize)
     }
 
     pub fn allocate(&mut self, idx: ReqIdx, num_blocks: u32) -> Result<()> {
-        if !self.can_allocate(num_blocks) {
-            return Err(Error::Capacity {
-                what: "KV blocks",
-                requested: num_blocks as usize,
-                available: (self.limits.num_blocks - self.num_allocated_blocks) as usize,
-            });
-        }
-        self.num_allocated_blocks += num_blocks;
-        *self.allocation.entry(idx).or_default() += num_blocks;
-        Ok(())
+        self.kv.allocate(idx, num_blocks as usize)
     }
 
     pub fn free(&mut self, idx: ReqIdx) {
-        if let Some(blocks) = self.allocation.remove(&idx) {
-            self.num_allocated_blocks -= blocks;
-        }
+        self.kv.release(&idx);
+    }
+
+    /// Whether `idx` holds memory (Vidur: `request.id in self._allocation_map`).
+    pub fn is_allocated(&self, idx: ReqIdx) -> bool {
+        self.kv.num_blocks_of(&idx).is_some()
+    }
+
+    /// Requests holding memory (Vidur: `len(self._allocation_map)`).
+    pub fn num_allocated_requests(&self) -> u32 {
+        self.kv.num_requests() as u32
     }
 
     /// Fails a request that could never be admitted (it would wait forever).
@@ -133,20 +151,23 @@ impl VidurBase {
     /// vLLM/Sarathi admission: a new request needs its whole prompt's blocks on top of the
     /// watermark; a running one needs one free block.
     pub fn vllm_can_allocate(&self, request: &SimRequest, idx: ReqIdx) -> bool {
-        let free = self.limits.num_blocks - self.num_allocated_blocks;
-        if !self.allocation.contains_key(&idx) {
-            let needed = self.blocks_for(request.num_prefill_tokens);
-            return free >= needed && free - needed >= self.limits.watermark_blocks;
+        if !self.is_allocated(idx) {
+            return self
+                .kv
+                .can_admit(self.blocks_for(request.num_prefill_tokens) as usize);
         }
-        free >= 1
+        self.kv.can_allocate(1)
     }
 
     /// vLLM/Sarathi allocation: the prompt's blocks at admission, then one block whenever
     /// the processed tokens outgrow the reserved ones.
     pub fn vllm_allocate(&mut self, request: &SimRequest, idx: ReqIdx) -> Result<()> {
-        match self.allocation.get(&idx) {
+        match self.kv.num_blocks_of(&idx) {
             None => self.allocate(idx, self.blocks_for(request.num_prefill_tokens)),
-            Some(&blocks) if request.num_processed_tokens > blocks * self.limits.block_size => {
+            Some(blocks)
+                if request.num_processed_tokens as usize
+                    > blocks * self.limits.block_size as usize =>
+            {
                 self.allocate(idx, 1)
             }
             Some(_) => Ok(()),
@@ -176,7 +197,7 @@ impl VidurBase {
 
     /// Restarts a request (preemption by recompute) and puts it at the front of the queue.
     pub fn restart_to_front(&mut self, requests: &mut Requests, idx: ReqIdx) {
-        requests.get_mut(idx).restart();
+        requests.get_mut(idx).restart(self.limits.restart);
         self.free(idx);
         self.request_queue.push_front(idx);
     }
@@ -197,7 +218,7 @@ impl VidurBase {
     }
 
     pub fn num_outstanding(&self) -> usize {
-        self.request_queue.len() + self.allocation.len()
+        self.request_queue.len() + self.kv.num_requests()
     }
 
     pub fn pending_prefill_tokens(&self, requests: &Requests) -> u64 {
@@ -208,7 +229,7 @@ impl VidurBase {
     }
 
     pub fn kv_usage(&self) -> f64 {
-        self.num_allocated_blocks as f64 / self.limits.num_blocks as f64
+        self.kv.num_allocated_blocks() as f64 / self.limits.num_blocks as f64
     }
 
     /// The running requests in arrival order (Vidur sorts them before each batch). Request
@@ -219,5 +240,52 @@ impl VidurBase {
         if !self.running.is_sorted_by_key(id) {
             self.running.sort_unstable_by_key(id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(batch_size_cap: u32, max_batch_size: u32, num_stages: u32) -> VidurLimits {
+        VidurLimits {
+            num_blocks: 100,
+            block_size: 16,
+            watermark_blocks: 1,
+            batch_size_cap,
+            max_batch_size,
+            num_stages,
+            max_blocks_per_sequence: 8,
+            max_tokens_in_batch: 4096,
+            chunk_size: 512,
+            max_waiting_iters: 10,
+            restart: RestartMode::Recompute,
+        }
+    }
+
+    #[test]
+    fn micro_batch_is_the_cap_over_the_stages_whatever_the_planner_says() {
+        assert_eq!(limits(8, 2, 2).max_micro_batch_size(), 4);
+        assert_eq!(limits(128, 29, 1).max_micro_batch_size(), 128);
+        assert_eq!(limits(128, 65, 2).max_micro_batch_size(), 64);
+        assert_eq!(limits(1, 1, 4).max_micro_batch_size(), 1, "never 0");
+    }
+
+    #[test]
+    fn blocks_are_counted_by_the_core_allocator_with_the_watermark_in_blocks() {
+        let mut base = VidurBase::new(limits(8, 8, 1)).unwrap();
+        // A new request needs its prompt's blocks plus the 1 watermark block free.
+        let request = SimRequest::new(0, 0.0, 99 * 16 + 1, 1, vec![]);
+        assert!(!base.vllm_can_allocate(&request, 7), "100 blocks + 1 > 100");
+        let request = SimRequest::new(0, 0.0, 98 * 16, 1, vec![]);
+        assert!(base.vllm_can_allocate(&request, 7), "98 + 1 <= 100");
+        base.vllm_allocate(&request, 7).unwrap();
+        assert!(base.is_allocated(7));
+        assert_eq!(base.num_allocated_requests(), 1);
+        assert!((base.kv_usage() - 0.98).abs() < 1e-12);
+        base.free(7);
+        base.free(7); // a second free of the same request is harmless
+        assert_eq!(base.kv.num_allocated_blocks(), 0);
+        assert!(base.kv.check_invariants().is_ok());
     }
 }

@@ -16,10 +16,10 @@ pub struct Vllm {
 }
 
 impl Vllm {
-    pub fn new(limits: VidurLimits) -> Self {
-        Self {
-            base: VidurBase::new(limits),
-        }
+    pub fn new(limits: VidurLimits) -> Result<Self> {
+        Ok(Self {
+            base: VidurBase::new(limits)?,
+        })
     }
 
     fn admit_prefills(&mut self, requests: &mut Requests) -> Result<BatchPlan> {
@@ -35,8 +35,8 @@ impl Vllm {
             // Prefills are padded to the longest one: the batch costs len × max tokens.
             let padded = (batch.len() as u64 + 1) * max_tokens.max(next) as u64;
             if padded > limits.max_tokens_in_batch as u64
-                || self.base.allocation.len() as u32 >= limits.batch_size_cap
-                || batch.len() as u32 >= limits.max_micro_batch_size
+                || self.base.num_allocated_requests() >= limits.batch_size_cap
+                || batch.len() as u32 >= limits.max_micro_batch_size()
             {
                 break;
             }
@@ -56,7 +56,7 @@ impl Vllm {
         let mut queue = std::mem::take(&mut self.base.running);
         queue.reverse(); // pop() takes the earliest arrival; remove(0) takes the latest
         while let Some(idx) = queue.pop() {
-            if batch.len() as u32 >= limits.max_micro_batch_size {
+            if batch.len() as u32 >= limits.max_micro_batch_size() {
                 queue.push(idx);
                 break;
             }

@@ -66,9 +66,7 @@ def test_an_over_length_request_is_one_input_error_for_every_policy(
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_over_length_skip_leaves_the_request_out_and_counts_it(
-    tmp_path: Path, policy: str
-) -> None:
+def test_over_length_skip_leaves_the_request_out_and_counts_it(tmp_path: Path, policy: str) -> None:
     path = trace(tmp_path / "t.csv", [(0.0, 100, 10), (1.0, 3000, 3000), (2.0, 100, 10)])
     result = run(path, policy, over_length="skip")
     assert result.summary["num_skipped_over_length"] == 1
@@ -116,7 +114,7 @@ def test_every_size_knob_is_bounded(key: str, value: Any, field: str) -> None:
 
 def test_too_many_kv_blocks_across_the_cluster_are_refused() -> None:
     replica = _core.ReplicaSpec.vllm_v1(SchedulerConfig(num_blocks=2**20, max_model_len=4096))
-    with pytest.raises(ConfigError, match="cluster.num_replicas"):
+    with pytest.raises(ConfigError, match=r"cluster\.num_replicas"):
         _core.SimConfig(
             num_replicas=4096,
             num_stages=1,
@@ -250,7 +248,10 @@ def test_a_routing_answer_that_is_not_a_replica_index_is_a_policy_error(
     "answer", [1.5, [(0, 1.5)], [(0,)], [[0, 1]], [(-1, 1)], [(0, 2**40)], np.array([[0, 1]])]
 )
 def test_a_batch_answer_of_the_wrong_shape_is_a_policy_error(tmp_path: Path, answer: Any) -> None:
-    scheduler = {"policy": "tests.sim_plugins:BatchAnswers", "plugin": {"options": {"answer": answer}}}
+    scheduler = {
+        "policy": "tests.sim_plugins:BatchAnswers",
+        "plugin": {"options": {"answer": answer}},
+    }
     with pytest.raises(PolicyError, match="next_batch"):
         plugin_run(tmp_path, replica={"scheduler": scheduler})
 
@@ -275,7 +276,7 @@ def test_plugin_options_a_constructor_rejects_name_the_key(tmp_path: Path) -> No
 
 
 def test_options_for_a_built_in_router_are_refused() -> None:
-    with pytest.raises(ConfigError, match="cluster.global_scheduler.options"):
+    with pytest.raises(ConfigError, match=r"cluster\.global_scheduler\.options"):
         config_from_mapping({"cluster": {"global_scheduler": {"options": {"x": 1}}}})
 
 
@@ -352,8 +353,19 @@ def test_output_error_is_typed_and_an_os_error() -> None:
 
 def test_predictor_show_into_a_closed_pipe_ends_quietly() -> None:
     show = subprocess.Popen(
-        [sys.executable, "-m", "tokenyard", "predictor", "show", "--model", "llama-2-7b",
-         "--device", "a100-80gb", "--prefill", "512"],
+        [
+            sys.executable,
+            "-m",
+            "tokenyard",
+            "predictor",
+            "show",
+            "--model",
+            "llama-2-7b",
+            "--device",
+            "a100-80gb",
+            "--prefill",
+            "512",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -366,8 +378,9 @@ def test_predictor_show_into_a_closed_pipe_ends_quietly() -> None:
 
 
 def test_predictor_show_refuses_negative_sizes() -> None:
-    done = tokenyard("predictor", "show", "--model", "llama-2-7b", "--device", "a100-80gb",
-                     "--prefill", "-5000")
+    done = tokenyard(
+        "predictor", "show", "--model", "llama-2-7b", "--device", "a100-80gb", "--prefill", "-5000"
+    )
     assert done.returncode == 2
     assert "must be an integer in [0, 16777216]" in done.stderr
 
@@ -379,7 +392,8 @@ def test_trace_flag_keeps_the_files_trace_options(tmp_path: Path) -> None:
         f'[execution]\nmodel = "linear"\n[workload]\nkind = "trace"\nformat = "vidur"\n'
         f'path = "{path}"\nlimit = 7\n'
     )
-    done = tokenyard("simulate", str(tmp_path / "sim.toml"), "--trace", other, "--json",
-                     "--no-progress")
+    done = tokenyard(
+        "simulate", str(tmp_path / "sim.toml"), "--trace", other, "--json", "--no-progress"
+    )
     assert done.returncode == 0, done.stderr
     assert '"num_requests": 7' in done.stdout

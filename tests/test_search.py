@@ -227,7 +227,9 @@ def test_a_simulation_key_error_names_the_simulation_table() -> None:
 
 
 def test_a_gpu_without_a_price_needs_one_in_prices(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(deployments_module, "_price", lambda device, prices, catalog=None: prices.get(device))
+    monkeypatch.setattr(
+        deployments_module, "_price", lambda device, prices, catalog=None: prices.get(device)
+    )
     config = search_config_from_mapping(grid_doc(prices={"a100-80gb": 2.0}))
     with pytest.raises(ConfigError, match=r"prices\.h100-80gb: the catalog has no price"):
         deployment_search(config, executor="serial")

@@ -373,7 +373,11 @@ def test_no_prefix_identity_without_shared_prefix() -> None:
     ("build", "field", "message"),
     [
         (lambda: ArrivalProcess(kind="poison", qps=1.0), "kind", "unknown value 'poison'"),  # type: ignore[arg-type]
-        (lambda: ArrivalProcess(qps=0.0), "qps", "must be a finite number > 0 and <= 1e+09, got 0.0"),
+        (
+            lambda: ArrivalProcess(qps=0.0),
+            "qps",
+            "must be a finite number > 0 and <= 1e+09, got 0.0",
+        ),
         (lambda: ArrivalProcess(qps=math.inf), "qps", "got inf"),
         (lambda: ArrivalProcess(qps=True), "qps", "got True"),
         (lambda: ArrivalProcess(qps=1.0, cv=2.0), "cv", "does not apply to kind='poisson'"),
@@ -554,7 +558,12 @@ def test_load_trace_relative_to_base_dir_and_round_trip() -> None:
             "unknown value 'poison'; expected one of 'bursty', 'constant', 'gamma', 'poisson'",
         ),
         ("arrival.qpss", 3, "workload.arrival.qpss", "unknown key; expected one of"),
-        ("arrival.qps", -1, "workload.arrival.qps", "must be a finite number > 0 and <= 1e+09, got -1"),
+        (
+            "arrival.qps",
+            -1,
+            "workload.arrival.qps",
+            "must be a finite number > 0 and <= 1e+09, got -1",
+        ),
         ("arrival.qps", None, "workload.arrival.qps", "missing (required)"),
         ("prompt_tokens.kind", None, "workload.prompt_tokens.kind", "missing (required)"),
         ("prompt_tokens", 5, "workload.prompt_tokens", "must be a table (mapping), got int"),

@@ -159,14 +159,14 @@ def _convert(where: str, hint: Any, value: Any) -> Any:
             raise fail(where, f"must be a table, got {value!r}", value)
         return dict(value)
     expected = {bool: "true or false", int: "an int", float: "a number", str: "a string"}
-    ok = {
+    matches: dict[Any, bool] = {
         bool: isinstance(value, bool),
         int: isinstance(value, int) and not isinstance(value, bool),
         float: isinstance(value, (int, float)) and not isinstance(value, bool),
         str: isinstance(value, str),
     }
-    if hint in ok:
-        if not ok[hint]:
+    if hint in matches:
+        if not matches[hint]:
             raise fail(where, f"must be {expected[hint]}, got {value!r}", value)
         return float(value) if hint is float else value
     raise TypeError(f"no conversion for {hint!r}")  # pragma: no cover - a bug here
@@ -231,7 +231,9 @@ def read_document(path: str | Path, *, what: str = "config file") -> dict[str, A
     try:
         text = path.read_text()
     except OSError as exc:
-        raise ConfigError(f"{what} {path}: {exc.strerror}", field="config", value=str(path)) from None
+        raise ConfigError(
+            f"{what} {path}: {exc.strerror}", field="config", value=str(path)
+        ) from None
     suffix = path.suffix.lower()
     try:
         if suffix == ".toml":

@@ -7,24 +7,24 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
-    "BlockPool",
-    "BlockPoolStats",
     "GLOBAL_POLICIES",
     "REPLICA_POLICIES",
+    "BlockPool",
+    "BlockPoolStats",
     "CachedRequestData",
     "CompiledOps",
     "ComputedBlocks",
     "CountingAllocator",
+    "LinearModel",
     "MatchResult",
     "NewRequestData",
     "NodeHandle",
     "RadixCache",
+    "ReplicaSpec",
     "RequestView",
     "Scheduler",
     "SchedulerOutput",
     "SchedulerStats",
-    "LinearModel",
-    "ReplicaSpec",
     "SimConfig",
     "SimRequestView",
     "__version__",
@@ -444,8 +444,8 @@ class Scheduler:
         ignore_eos: bool = False,
         lora_id: int | None = None,
     ) -> None:
-        """Queues a request. ``priority`` (default 0): lower runs first (policy="priority"); ties go by
-        ``arrival_time`` (default 0.0) then arrival order.
+        """Queues a request. ``priority`` (default 0): lower runs first
+        (policy="priority"); ties go by ``arrival_time`` (default 0.0) then arrival order.
 
         Raises:
             InputError: duplicate id, empty prompt, ``max_tokens < 1``, or a prompt that
@@ -544,11 +544,13 @@ class ReplicaSpec:
         block_size: int,
         watermark_blocks: int,
         batch_size_cap: int,
-        max_micro_batch_size: int,
+        max_batch_size: int,
+        num_stages: int,
         max_blocks_per_sequence: int,
         max_tokens_in_batch: int,
         chunk_size: int,
         max_waiting_iters: int,
+        restart: str,
     ) -> ReplicaSpec: ...
     @staticmethod
     def vllm_v1(config: _SchedulerConfigLike) -> ReplicaSpec: ...

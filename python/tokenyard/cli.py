@@ -6,10 +6,19 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # `tokenyard ... | head`: the reader left; end quietly, as Unix tools do.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="tokenyard", description=__doc__)
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     commands = parser.add_subparsers(dest="command")
@@ -35,24 +44,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = argv  # the command line as given, for the report's "reproduce" section
 
-    try:
-        return _dispatch(parser, args, run_command, profile_cli, predictor_cli, search_cli, report_cli)
-    except BrokenPipeError:
-        # `tokenyard ... | head`: the reader left; end quietly, as Unix tools do.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 141
-
-
-def _dispatch(
-    parser: argparse.ArgumentParser,
-    args: argparse.Namespace,
-    run_command: Any,
-    profile_cli: Any,
-    predictor_cli: Any,
-    search_cli: Any,
-    report_cli: Any,
-) -> int:
     if args.version:
         from tokenyard import __version__, build_profile
 

@@ -16,9 +16,9 @@ from tokenyard.catalog.hf import bundled_model_names, model_from_config
 from tokenyard.catalog.loader import (
     Catalog,
     CatalogEntries,
-    current_catalog,
     builtin_devices,
     builtin_models,
+    current_catalog,
     device,
     devices,
     load_catalog_file,
@@ -31,13 +31,13 @@ from tokenyard.catalog.specs import DeviceSpec, ModelSpec
 
 __all__ = [
     "Catalog",
-    "current_catalog",
     "CatalogEntries",
     "DeviceSpec",
     "ModelSpec",
     "builtin_devices",
     "builtin_models",
     "bundled_model_names",
+    "current_catalog",
     "device",
     "devices",
     "load_catalog_file",

@@ -9,7 +9,6 @@ another device, and a file that fails validation changes nothing.
 from __future__ import annotations
 
 import dataclasses
-
 import difflib
 import json
 import sys
@@ -32,9 +31,9 @@ from tokenyard.errors import ConfigError
 __all__ = [
     "Catalog",
     "CatalogEntries",
-    "current_catalog",
     "builtin_devices",
     "builtin_models",
+    "current_catalog",
     "device",
     "devices",
     "load_catalog_file",

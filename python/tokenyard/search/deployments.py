@@ -18,19 +18,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tokenyard.catalog import Catalog, current_catalog
 from tokenyard.errors import ConfigError
 from tokenyard.search.capacity import CapacityResult, Probe, check_rate_settable, with_rate
 from tokenyard.search.config import SLO, SearchConfig, SearchParams, rekey
 from tokenyard.search.driver import PointJob, Progress, run_jobs
 from tokenyard.search.executors import Executor, make_executor
 from tokenyard.search.results import PointRecord, load_records, point_key, write_record
+from tokenyard.simulation.catalog import catalog_for
 from tokenyard.simulation.config import (
     SimulationConfig,
     apply_overrides,
     config_from_mapping,
 )
-from tokenyard.catalog import Catalog, current_catalog
-from tokenyard.simulation.catalog import catalog_for
 from tokenyard.simulation.run import plan_for
 
 __all__ = [

@@ -26,6 +26,7 @@ from tokenyard.simulation.run import simulate
 
 __all__ = ["add_parser", "run_command"]
 
+
 def _epilog() -> str:
     from tokenyard import _core
 
@@ -191,7 +192,9 @@ def check_output_dir(path: str | Path) -> None:
         err = NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(existing))
         raise OutputError.of(err, folder)
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise OutputError.of(PermissionError(errno.EACCES, "Permission denied", str(existing)), folder)
+        raise OutputError.of(
+            PermissionError(errno.EACCES, "Permission denied", str(existing)), folder
+        )
 
 
 def _write_outputs(args: argparse.Namespace, result: SimulationResult, formats: Any) -> None:

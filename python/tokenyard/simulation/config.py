@@ -45,13 +45,13 @@ __all__ = [
     "GlobalSchedulerConfig",
     "MeasuredConfig",
     "MetricsConfig",
+    "PluginSchedulerConfig",
     "ProfiledConfig",
     "ReplicaConfig",
-    "PluginSchedulerConfig",
     "ReplicaSchedulerConfig",
     "SglangSchedulerConfig",
-    "VidurSchedulerConfig",
     "SimulationConfig",
+    "VidurSchedulerConfig",
     "apply_overrides",
     "config_document",
     "config_from_mapping",
@@ -210,18 +210,28 @@ def default_vllm_v1() -> SchedulerConfig:
 #: The one-level (legacy) keys of ``[replica.scheduler]`` and, per section, the key each
 #: becomes. A key the selected policy's section lacks is refused, never ignored.
 LEGACY_KEYS: dict[str, dict[str, str]] = {
-    "block_size": {"vidur": "block_size", "vllm_v1": "block_size", "sglang": "page_size",
-                   "plugin": "block_size"},
-    "num_blocks": {"vidur": "num_blocks", "vllm_v1": "num_blocks", "sglang": "num_pages",
-                   "plugin": "num_blocks"},
+    "block_size": {
+        "vidur": "block_size",
+        "vllm_v1": "block_size",
+        "sglang": "page_size",
+        "plugin": "block_size",
+    },
+    "num_blocks": {
+        "vidur": "num_blocks",
+        "vllm_v1": "num_blocks",
+        "sglang": "num_pages",
+        "plugin": "num_blocks",
+    },
     "batch_size_cap": {"vidur": "batch_size_cap"},
     "watermark_blocks_fraction": {"vidur": "watermark_blocks_fraction"},
     "max_tokens_in_batch": {"vidur": "max_tokens_in_batch"},
     "chunk_size": {"vidur": "chunk_size"},
     "max_waiting_iters": {"vidur": "max_waiting_iters"},
     "restart": {"vidur": "restart"},
-    "max_num_batched_tokens": {"vllm_v1": "max_num_batched_tokens",
-                               "sglang": "chunked_prefill_size"},
+    "max_num_batched_tokens": {
+        "vllm_v1": "max_num_batched_tokens",
+        "sglang": "chunked_prefill_size",
+    },
     "max_num_seqs": {"vllm_v1": "max_num_seqs", "sglang": "max_running_requests"},
     "long_prefill_token_threshold": {"vllm_v1": "long_prefill_token_threshold"},
     "enable_chunked_prefill": {"vllm_v1": "enable_chunked_prefill"},
@@ -287,8 +297,11 @@ class ReplicaSchedulerConfig:
         self.sglang.check(f"{where}.sglang")
         self.plugin.check(f"{where}.plugin")
         self._check_vllm_v1(f"{where}.vllm_v1")
-        if self.vidur.restart != "recompute" and self.policy in ("orca", "lightllm",
-                                                                 "faster_transformer"):
+        if self.vidur.restart != "recompute" and self.policy in (
+            "orca",
+            "lightllm",
+            "faster_transformer",
+        ):
             raise _fail(
                 f"{where}.vidur.restart",
                 f"applies to vllm and sarathi (the policies that preempt), not {self.policy}, "
@@ -327,12 +340,12 @@ class ReplicaSchedulerConfig:
                 )
 
 
-def translate_legacy_scheduler(mapping: Mapping[str, Any], where: str) -> dict[str, Any]:
+def translate_legacy_scheduler(mapping: Any, where: str) -> Any:
     """``[replica.scheduler]`` with its one-level keys (``max_num_seqs = 64``) moved into
     the selected policy's section (``vllm_v1.max_num_seqs = 64``). A key that section does
     not have would be ignored, so it is refused, saying where it belongs."""
     if not isinstance(mapping, Mapping):
-        return mapping  # type: ignore[return-value]  # the typed reader reports it
+        return mapping  # the typed reader reports it
     table = dict(mapping)
     policy = table.get("policy", ReplicaSchedulerConfig.policy)
     if not isinstance(policy, str):
@@ -346,8 +359,7 @@ def translate_legacy_scheduler(mapping: Mapping[str, Any], where: str) -> dict[s
             owners = ", ".join(f"{where}.{s}.{k}" for s, k in LEGACY_KEYS[key].items())
             raise _fail(
                 f"{where}.{key}",
-                f"does not apply to the {policy} scheduler, which would ignore it; it is "
-                f"{owners}",
+                f"does not apply to the {policy} scheduler, which would ignore it; it is {owners}",
                 value,
             )
         nested = table.setdefault(section, {})
@@ -657,9 +669,7 @@ def _with_sections(mapping: Mapping[str, Any]) -> dict[str, Any]:
     replica = data.get("replica")
     if isinstance(replica, Mapping) and "scheduler" in replica:
         replica = dict(replica)
-        replica["scheduler"] = translate_legacy_scheduler(
-            replica["scheduler"], "replica.scheduler"
-        )
+        replica["scheduler"] = translate_legacy_scheduler(replica["scheduler"], "replica.scheduler")
         data["replica"] = replica
     return data
 

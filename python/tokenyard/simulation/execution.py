@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from tokenyard.catalog import DeviceSpec, ModelSpec
-from tokenyard.simulation.catalog import catalog_for
 from tokenyard.errors import ConfigError
 from tokenyard.predictor.calibration import Calibration, builtin_calibration
 from tokenyard.predictor.compiled import CompiledPredictor
@@ -30,6 +29,7 @@ from tokenyard.predictor.measured.data import (
 from tokenyard.predictor.profiled import profiled_predictor
 from tokenyard.predictor.profiles import read_profiles
 from tokenyard.predictor.roofline import CpuOverheads, Efficiencies, roofline_predictor
+from tokenyard.simulation.catalog import catalog_for
 from tokenyard.simulation.config import MeasuredConfig, ProfiledConfig, SimulationConfig
 from tokenyard.simulation.planner import _resolve_kv_dtype, dtype_bytes
 

@@ -196,7 +196,9 @@ def replica_spec(
             dataclasses.replace(
                 c,
                 num_blocks=num_blocks,
-                max_model_len=min(c.max_model_len or s.max_request_tokens, num_blocks * c.block_size),
+                max_model_len=min(
+                    c.max_model_len or s.max_request_tokens, num_blocks * c.block_size
+                ),
                 enable_prefix_caching=c.enable_prefix_caching and prefix_caching,
             )
         )

@@ -206,13 +206,9 @@ class LengthDistribution:
             )
             # exp(10 sigma) already spans every length a request can have.
             check_number(owner, "sigma", self.sigma, low=0.0, high=10.0)
-        min_tokens = check_int(
-            owner, "min_tokens", self.min_tokens, low=1, high=MAX_REQUEST_TOKENS
-        )
+        min_tokens = check_int(owner, "min_tokens", self.min_tokens, low=1, high=MAX_REQUEST_TOKENS)
         if self.max_tokens is not None:
-            check_int(
-                owner, "max_tokens", self.max_tokens, low=min_tokens, high=MAX_REQUEST_TOKENS
-            )
+            check_int(owner, "max_tokens", self.max_tokens, low=min_tokens, high=MAX_REQUEST_TOKENS)
 
     def describe(self) -> dict[str, object]:
         """The fields that apply to this kind, and the caps."""

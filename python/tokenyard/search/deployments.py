@@ -25,6 +25,7 @@ from tokenyard.search.config import SLO, SearchConfig, SearchParams, rekey
 from tokenyard.search.driver import PointJob, Progress, run_jobs
 from tokenyard.search.executors import Executor, make_executor
 from tokenyard.search.results import PointRecord, load_records, point_key, write_record
+from tokenyard.search.tables import assemble, format_summary, to_arrow, write_tables
 from tokenyard.simulation.catalog import catalog_for
 from tokenyard.simulation.config import (
     SimulationConfig,
@@ -236,22 +237,16 @@ class SearchResult:
 
     def table(self) -> Any:
         """The rows as a ``pyarrow.Table``."""
-        from tokenyard.search.tables import to_arrow
-
         return to_arrow(self.rows)
 
     def to_pandas(self) -> Any:
         return self.table().to_pandas()
 
     def summary(self, top: int = 20) -> str:
-        from tokenyard.search.tables import format_summary
-
         return format_summary(self, top=top)
 
     def write(self, directory: str | Path) -> Path:
         """Writes results.parquet, probes.parquet, summary.txt and search.json."""
-        from tokenyard.search.tables import write_tables
-
         return write_tables(self, Path(directory))
 
 
@@ -278,8 +273,6 @@ def deployment_search(
     Raises:
         ConfigError: a bad grid, before any simulation runs.
     """
-    from tokenyard.search.tables import assemble
-
     points = expand(config)
     directory = Path(output_dir) if output_dir is not None else None
     done = load_records(directory) if directory is not None else {}
@@ -310,9 +303,15 @@ def deployment_search(
             progress=meter,
         )
     meter.close()
-    result = assemble(config, points, records)
-    result.ran = meter.simulations
-    result.reused = sum(1 for p in points if p.skip is None and p.key in done)
+    rows, probes, best = assemble(config, points, records)
+    result = SearchResult(
+        rows=rows,
+        probes=probes,
+        best=best,
+        config=config,
+        ran=meter.simulations,
+        reused=sum(1 for p in points if p.skip is None and p.key in done),
+    )
     if directory is not None:
         result.write(directory)
     return result

@@ -89,9 +89,8 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[bool]:
 
 def assemble(
     config: SearchConfig, points: Sequence[Point], records: Mapping[str, PointRecord]
-) -> SearchResult:
-    from tokenyard.search.deployments import SearchResult
-
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, dict[str, Any] | None]]:
+    """The rows (one per point and SLO set), the probes and the best row per SLO set."""
     slos = config.effective_slos()
     target = config.search.target_qps
     axes = list(dict.fromkeys(k for p in points for k in p.overrides))
@@ -160,7 +159,7 @@ def assemble(
             )
     _mark_pareto(rows, config)
     best = _mark_best(rows, config)
-    return SearchResult(rows=rows, probes=probes, best=best, config=config)
+    return rows, probes, best
 
 
 def _usable(row: Mapping[str, Any], config: SearchConfig) -> bool:

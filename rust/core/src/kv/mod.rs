@@ -12,12 +12,14 @@ mod block_hash;
 mod block_pool;
 mod counting;
 mod free_queue;
+mod prefix_pool;
 mod radix;
 mod radix_pool;
 
 pub use block_hash::{BlockHash, hash_full_blocks};
 pub use block_pool::{BlockId, BlockPool, BlockPoolStats, ComputedBlocks, KvEvent};
 pub use counting::CountingAllocator;
+pub use prefix_pool::PrefixPool;
 pub use radix::{MatchResult, NodeHandle, RadixCache};
 pub use radix_pool::{RadixHit, RadixPool};
 

@@ -1,11 +1,12 @@
 //! The scheduler's KV memory: vLLM's block-hash pool or SGLang's radix pool, chosen by
-//! `SchedulerConfig::prefix_cache`; an enum so the step pays no dynamic dispatch.
+//! `SchedulerConfig::prefix_cache`. Both implement [`PrefixPool`]; this enum only picks one
+//! (static dispatch, so the step pays no virtual calls) and pairs each hit with its pool.
 
-use crate::Result;
 use crate::kv::{
-    BlockId, BlockPool, BlockPoolStats, ComputedBlocks, KvCapacity, KvEvent, RadixHit, RadixPool,
-    TokenId,
+    BlockId, BlockPool, BlockPoolStats, ComputedBlocks, KvCapacity, KvEvent, PrefixPool, RadixHit,
+    RadixPool, TokenId,
 };
+use crate::{Error, Result};
 
 #[derive(Debug, Clone)]
 pub(super) enum Kv {
@@ -19,11 +20,21 @@ pub(super) enum Hit {
     Radix(RadixHit),
 }
 
+/// Calls the same `PrefixPool` method on whichever pool this is.
+macro_rules! on_pool {
+    ($kv:expr, $pool:ident => $call:expr) => {
+        match $kv {
+            Kv::BlockHash($pool) => $call,
+            Kv::Radix($pool) => $call,
+        }
+    };
+}
+
 impl Hit {
     pub fn num_computed_tokens(&self) -> usize {
         match self {
-            Hit::BlockHash(h) => h.num_computed_tokens,
-            Hit::Radix(h) => h.num_computed_tokens,
+            Hit::BlockHash(h) => <BlockPool<u32> as PrefixPool<u32>>::hit_tokens(h),
+            Hit::Radix(h) => <RadixPool<u32> as PrefixPool<u32>>::hit_tokens(h),
         }
     }
 }
@@ -31,8 +42,8 @@ impl Hit {
 impl Kv {
     pub fn lookup(&mut self, token_ids: &[TokenId], extra_key: Option<u64>) -> Hit {
         match self {
-            Kv::BlockHash(p) => Hit::BlockHash(p.get_computed_blocks(token_ids, extra_key)),
-            Kv::Radix(p) => Hit::Radix(p.get_computed_blocks(token_ids, extra_key)),
+            Kv::BlockHash(p) => Hit::BlockHash(p.lookup(token_ids, extra_key)),
+            Kv::Radix(p) => Hit::Radix(p.lookup(token_ids, extra_key)),
         }
     }
 
@@ -46,91 +57,76 @@ impl Kv {
         extra_key: Option<u64>,
     ) -> Result<Option<Vec<BlockId>>> {
         let (n, lookahead) = (num_new_tokens, num_lookahead_tokens);
-        match self {
-            Kv::BlockHash(p) => {
-                let hit = hit.map(|h| match h {
-                    Hit::BlockHash(h) => h,
-                    Hit::Radix(_) => unreachable!("a hit comes from the pool it is given to"),
-                });
-                p.allocate_slots(&slot, new_token_ids, n, lookahead, hit, extra_key)
+        match (self, hit) {
+            (Kv::BlockHash(p), None) => {
+                PrefixPool::allocate_slots(p, &slot, new_token_ids, n, lookahead, None, extra_key)
             }
-            Kv::Radix(p) => {
-                let hit = hit.map(|h| match h {
-                    Hit::Radix(h) => h,
-                    Hit::BlockHash(_) => unreachable!("a hit comes from the pool it is given to"),
-                });
-                p.allocate_slots(&slot, new_token_ids, n, lookahead, hit, extra_key)
+            (Kv::BlockHash(p), Some(Hit::BlockHash(h))) => PrefixPool::allocate_slots(
+                p,
+                &slot,
+                new_token_ids,
+                n,
+                lookahead,
+                Some(h),
+                extra_key,
+            ),
+            (Kv::Radix(p), None) => {
+                PrefixPool::allocate_slots(p, &slot, new_token_ids, n, lookahead, None, extra_key)
             }
+            (Kv::Radix(p), Some(Hit::Radix(h))) => PrefixPool::allocate_slots(
+                p,
+                &slot,
+                new_token_ids,
+                n,
+                lookahead,
+                Some(h),
+                extra_key,
+            ),
+            (_, Some(_)) => Err(Error::input(
+                "hit",
+                slot,
+                "comes from the other kind of prefix pool",
+            )),
         }
     }
 
-    /// Cache events are recorded by the block-hash pool only.
     pub fn enable_events(&mut self) {
-        if let Kv::BlockHash(p) = self {
-            p.enable_events();
-        }
+        on_pool!(self, p => PrefixPool::<u32>::enable_events(p));
     }
 
     pub fn drain_events(&mut self) -> Vec<KvEvent> {
-        match self {
-            Kv::BlockHash(p) => p.drain_events(),
-            Kv::Radix(_) => Vec::new(),
-        }
+        on_pool!(self, p => PrefixPool::<u32>::drain_events(p))
     }
 
     pub fn free(&mut self, slot: u32) -> Result<()> {
-        match self {
-            Kv::BlockHash(p) => p.free(&slot),
-            Kv::Radix(p) => p.free(&slot),
-        }
+        on_pool!(self, p => PrefixPool::free(p, &slot))
     }
 
     pub fn rewind(&mut self, slot: u32, num_tokens: usize) -> Result<()> {
-        match self {
-            Kv::BlockHash(p) => p.rewind_computed_tokens(&slot, num_tokens),
-            Kv::Radix(p) => p.rewind_computed_tokens(&slot, num_tokens),
-        }
+        on_pool!(self, p => PrefixPool::rewind_computed_tokens(p, &slot, num_tokens))
     }
 
     pub fn num_tokens(&self, slot: u32) -> Option<usize> {
-        match self {
-            Kv::BlockHash(p) => p.num_tokens(&slot),
-            Kv::Radix(p) => p.num_tokens(&slot),
-        }
+        on_pool!(self, p => PrefixPool::num_tokens(p, &slot))
     }
 
     pub fn num_computed_tokens(&self, slot: u32) -> Option<usize> {
-        match self {
-            Kv::BlockHash(p) => p.num_computed_tokens(&slot),
-            Kv::Radix(p) => p.num_computed_tokens(&slot),
-        }
+        on_pool!(self, p => PrefixPool::num_computed_tokens(p, &slot))
     }
 
     pub fn block_ids(&self, slot: u32) -> Option<&[BlockId]> {
-        match self {
-            Kv::BlockHash(p) => p.block_ids(&slot),
-            Kv::Radix(p) => p.block_ids(&slot),
-        }
+        on_pool!(self, p => PrefixPool::block_ids(p, &slot))
     }
 
     pub fn usage(&self) -> f64 {
-        match self {
-            Kv::BlockHash(p) => p.usage(),
-            Kv::Radix(p) => p.usage(),
-        }
+        on_pool!(self, p => p.usage())
     }
 
     pub fn stats(&self) -> BlockPoolStats {
-        match self {
-            Kv::BlockHash(p) => p.stats(),
-            Kv::Radix(p) => p.stats(),
-        }
+        on_pool!(self, p => PrefixPool::<u32>::stats(p))
     }
 
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
-        match self {
-            Kv::BlockHash(p) => p.check_invariants(),
-            Kv::Radix(p) => p.check_invariants(),
-        }
+        on_pool!(self, p => PrefixPool::<u32>::check_invariants(p))
     }
 }

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 
 class NeverSchedules:
@@ -104,3 +104,17 @@ class KvUsageAnswers:
 
     def kv_usage(self) -> Any:
         return self.answer
+
+
+class RecordsIds:
+    """A step-scheduler plugin (``tokenyard.sched``'s protocol) that keeps FCFS order and
+    records the request ids it is shown."""
+
+    seen: ClassVar[set[Any]] = set()
+
+    def order_waiting(self, waiting: list[Any]) -> list[Any]:
+        RecordsIds.seen.update(v.request_id for v in waiting)
+        return [v.request_id for v in waiting]
+
+    def preemption_order(self, running: list[Any]) -> list[Any]:
+        return [v.request_id for v in reversed(running)]

@@ -397,3 +397,48 @@ def test_trace_flag_keeps_the_files_trace_options(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert '"num_requests": 7' in done.stdout
+
+
+# --- one step-scheduler plugin protocol, in the embeddable Scheduler and in vllm_v1 ------
+
+
+def step_plugin_run(tmp_path: Path, **scheduler: Any) -> Any:
+    rows = [(0.0, 600 - 20 * i, 16) for i in range(24)]
+    path = trace(tmp_path / "t.csv", rows)
+    section = {"max_num_batched_tokens": 512, "max_num_seqs": 4}
+    return simulate(
+        config_from_mapping(
+            {
+                "cluster": {"num_replicas": 1},
+                "replica": {"scheduler": {"policy": "vllm_v1", "vllm_v1": section, **scheduler}},
+                "execution": LINEAR,
+                "workload": {"kind": "trace", "format": "vidur", "path": path},
+            }
+        )
+    )
+
+
+def test_the_embeddable_schedulers_plugin_runs_unchanged_in_vllm_v1_replicas(
+    tmp_path: Path,
+) -> None:
+    from tests.sim_plugins import RecordsIds
+    from tokenyard.sched import ShortestPromptFirst
+
+    Scheduler(SchedulerConfig(num_blocks=64, max_model_len=256), plugin=ShortestPromptFirst())
+    fcfs = step_plugin_run(tmp_path)
+    shortest = step_plugin_run(tmp_path, policy_plugin="tokenyard.sched:ShortestPromptFirst")
+    # Prompts shrink with the request id: shortest-first serves the last arrivals first.
+    first_fcfs = fcfs.columns["first_token_at"]
+    first_spf = shortest.columns["first_token_at"]
+    assert first_fcfs[0] < first_fcfs[-1]
+    assert first_spf[-1] < first_spf[0]
+    RecordsIds.seen.clear()
+    step_plugin_run(tmp_path, policy_plugin="tests.sim_plugins:RecordsIds")
+    assert RecordsIds.seen == set(range(24))  # the workload's ids, not internal slots
+
+
+def test_a_policy_plugin_needs_vllm_v1() -> None:
+    with pytest.raises(ConfigError, match=r"replica\.scheduler\.policy_plugin"):
+        config_from_mapping(
+            {"replica": {"scheduler": {"policy": "sarathi", "policy_plugin": "a.b:C"}}}
+        )

@@ -623,11 +623,13 @@ def simulate(
     progress: Callable[[int], object] | None = None,
     route_plugin: object | None = None,
     replica_plugins: Sequence[object] | None = None,
+    policy_plugins: Sequence[_PolicyPluginLike] | None = None,
     exec_repeat: int = 1,
 ) -> dict[str, Any]:
     """Runs the core simulator (use ``tokenyard.simulation.simulate``) with the GIL
     released: a typed config, an iterator of request chunks, an optional execution-time
-    model (compiled ops, or a Python callable: the slow path) and progress callback.
+    model (compiled ops, or a Python callable: the slow path) and progress callback;
+    ``policy_plugins``: one step-scheduler plugin per ``vllm_v1`` replica.
     ``exec_repeat`` asks the model that many times per batch stage (a benchmark aid).
     Returns numpy arrays in a dict.
 

@@ -262,6 +262,11 @@ class ReplicaSchedulerConfig:
     max_request_tokens: int = 8192
     #: ``tokenyard.sched.SchedulerConfig`` itself (``docs/embedding.md``).
     vllm_v1: SchedulerConfig = dataclasses.field(default_factory=default_vllm_v1)
+    #: vllm_v1: a ``"module:Class"`` step-scheduler policy plugin (``order_waiting``,
+    #: ``preemption_order``): the same class ``tokenyard.sched.Scheduler(plugin=...)``
+    #: takes, built per replica with ``policy_plugin_options``.
+    policy_plugin: str | None = None
+    policy_plugin_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     vidur: VidurSchedulerConfig = dataclasses.field(default_factory=VidurSchedulerConfig)
     sglang: SglangSchedulerConfig = dataclasses.field(default_factory=SglangSchedulerConfig)
     plugin: PluginSchedulerConfig = dataclasses.field(default_factory=PluginSchedulerConfig)
@@ -297,6 +302,21 @@ class ReplicaSchedulerConfig:
         self.sglang.check(f"{where}.sglang")
         self.plugin.check(f"{where}.plugin")
         self._check_vllm_v1(f"{where}.vllm_v1")
+        if self.policy_plugin is not None and (
+            self.policy != "vllm_v1" or ":" not in self.policy_plugin
+        ):
+            raise _fail(
+                f"{where}.policy_plugin",
+                f"must be 'module:Class' with policy = 'vllm_v1' (the step scheduler's plugin), "
+                f"got {self.policy_plugin!r} with policy {self.policy!r}",
+                self.policy_plugin,
+            )
+        if self.policy_plugin_options and self.policy_plugin is None:
+            raise _fail(
+                f"{where}.policy_plugin_options",
+                "applies to a policy_plugin, and none is set",
+                dict(self.policy_plugin_options),
+            )
         if self.vidur.restart != "recompute" and self.policy in (
             "orca",
             "lightllm",

@@ -78,6 +78,7 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
                 value=repr(config.execution.model),
             )
     route_plugin, replica_plugins = _plugins(config, num_blocks)
+    policy_plugins = _policy_plugins(config)
     start = time.perf_counter()
     raw = _core.simulate(
         core_config,
@@ -86,6 +87,7 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
         progress=progress,
         route_plugin=route_plugin,
         replica_plugins=replica_plugins,
+        policy_plugins=policy_plugins,
     )
     wall_s = time.perf_counter() - start
     columns = request_columns(raw.pop("requests"))
@@ -150,6 +152,18 @@ def _plugins(config: SimulationConfig, num_blocks: int) -> tuple[Any, list[Any] 
             for i in range(config.cluster.num_replicas)
         ]
     return route_plugin, replica_plugins
+
+
+def _policy_plugins(config: SimulationConfig) -> list[Any] | None:
+    """``vllm_v1``'s step-scheduler plugins (``docs/plugins.md``), one per replica."""
+    s = config.replica.scheduler
+    if s.policy_plugin is None:
+        return None
+    cls = load_object(s.policy_plugin, "replica.scheduler.policy_plugin")
+    return [
+        _construct(cls, "replica.scheduler.policy_plugin", dict(s.policy_plugin_options))
+        for _ in range(config.cluster.num_replicas)
+    ]
 
 
 def _construct(cls: Any, where: str, kwargs: dict[str, Any]) -> Any:

@@ -53,8 +53,47 @@ pub(crate) struct PyPlugin {
     pub(crate) error: ErrorSlot,
 }
 
+/// The id a plugin sees for a request: the embeddable scheduler's own request id, or, in a
+/// simulated `vllm_v1` replica, the request's position in the workload.
+pub(crate) trait PluginKey: Clone {
+    fn shown(view: &RequestView<Self>) -> RequestId;
+}
+
+impl PluginKey for RequestId {
+    fn shown(view: &RequestView<Self>) -> RequestId {
+        view.request_id.clone()
+    }
+}
+
+impl PluginKey for u32 {
+    fn shown(view: &RequestView<Self>) -> RequestId {
+        let id = view.external_id.unwrap_or(u64::from(view.request_id));
+        RequestId::Int(i64::try_from(id).unwrap_or(i64::MAX))
+    }
+}
+
 impl PyPlugin {
-    fn ask(&self, method: &'static str, views: &[RequestView<RequestId>]) -> Result<Vec<usize>> {
+    /// Checks that `object` has the protocol's methods.
+    pub(crate) fn check(object: &Bound<'_, PyAny>, field: &'static str) -> PyResult<()> {
+        for method in ["order_waiting", "preemption_order"] {
+            if !object.hasattr(method)? {
+                let shown = object.repr().map_or_else(|_| "?".into(), |r| r.to_string());
+                return Err(crate::errors::config_error(
+                    object.py(),
+                    field,
+                    shown,
+                    &format!("has no method {method}()"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn ask<R: PluginKey>(
+        &self,
+        method: &'static str,
+        views: &[RequestView<R>],
+    ) -> Result<Vec<usize>> {
         Python::attach(|py| {
             let answer = self.call(py, method, views);
             answer.map_err(|err| self.error.keep(method, reentry_error(py, method, err)))?
@@ -62,18 +101,19 @@ impl PyPlugin {
     }
 
     /// Calls the method; `Err` for a Python exception, `Ok(Err)` for an invalid answer.
-    fn call(
+    fn call<R: PluginKey>(
         &self,
         py: Python<'_>,
         method: &'static str,
-        views: &[RequestView<RequestId>],
+        views: &[RequestView<R>],
     ) -> PyResult<Result<Vec<usize>>> {
         let list = PyList::empty(py);
         let mut position = FxHashMap::default();
         for (i, v) in views.iter().enumerate() {
-            position.insert(v.request_id.clone(), i);
+            let shown = R::shown(v);
+            position.insert(shown.clone(), i);
             let view = PyRequestView {
-                request_id: v.request_id.clone().into_py(py)?,
+                request_id: shown.into_py(py)?,
                 num_prompt_tokens: v.num_prompt_tokens,
                 num_tokens: v.num_tokens,
                 num_computed_tokens: v.num_computed_tokens,
@@ -102,12 +142,12 @@ impl PyPlugin {
     }
 }
 
-impl PolicyPlugin<RequestId> for PyPlugin {
-    fn order_waiting(&mut self, waiting: &[RequestView<RequestId>]) -> Result<Vec<usize>> {
+impl<R: PluginKey> PolicyPlugin<R> for PyPlugin {
+    fn order_waiting(&mut self, waiting: &[RequestView<R>]) -> Result<Vec<usize>> {
         self.ask("order_waiting", waiting)
     }
 
-    fn preemption_order(&mut self, running: &[RequestView<RequestId>]) -> Result<Vec<usize>> {
+    fn preemption_order(&mut self, running: &[RequestView<R>]) -> Result<Vec<usize>> {
         self.ask("preemption_order", running)
     }
 }

@@ -138,17 +138,7 @@ impl PyScheduler {
         let mut inner = Scheduler::new(core, async_scheduling).or_raise(py)?;
         let plugin_error = ErrorSlot::default();
         if let Some(object) = plugin {
-            for method in ["order_waiting", "preemption_order"] {
-                if !object.hasattr(method)? {
-                    let shown = object.repr().map_or_else(|_| "?".into(), |r| r.to_string());
-                    return Err(config_error(
-                        py,
-                        "plugin",
-                        shown,
-                        &format!("has no method {method}()"),
-                    ));
-                }
-            }
+            PyPlugin::check(object, "plugin")?;
             let object = object.clone().unbind();
             inner.set_plugin(Box::new(PyPlugin {
                 object,
@@ -208,6 +198,7 @@ impl PyScheduler {
             lora_id: lora_id
                 .map(|l| int_arg(l, "lora_id", 0, i64_max).map(|l| l as u64))
                 .transpose()?,
+            external_id: None,
         };
         self.inner.add_request(id, spec).or_raise(py)
     }

@@ -6,6 +6,7 @@
 use numpy::{IntoPyArray, PyReadonlyArray1};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
+use tokenyard_core::sched::PolicyPlugin;
 use tokenyard_core::sim::exec::Repeated;
 use tokenyard_core::sim::{
     ArrivingRequest, BatchShape, ExecModel, GapHistogram, GlobalPolicy, LinearModel, OpModel,
@@ -17,6 +18,7 @@ use tokenyard_core::{Error, Result};
 
 use crate::errors::{ErrorSlot, OrRaise, input_error};
 use crate::exec::PyCompiledOps;
+use crate::plugin::PyPlugin;
 use crate::sched::core_config;
 
 pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -571,7 +573,7 @@ impl ReplicaPluginHost for PyReplicaHost {
 /// Runs a simulation; see `tokenyard.simulate` for the config and the result.
 #[pyfunction]
 #[pyo3(signature = (config, chunks, *, exec_model=None, progress=None, route_plugin=None,
-    replica_plugins=None, exec_repeat=1))]
+    replica_plugins=None, policy_plugins=None, exec_repeat=1))]
 #[allow(clippy::too_many_arguments)]
 fn simulate<'py>(
     py: Python<'py>,
@@ -581,6 +583,7 @@ fn simulate<'py>(
     progress: Option<Py<PyAny>>,
     route_plugin: Option<Py<PyAny>>,
     replica_plugins: Option<Vec<Py<PyAny>>>,
+    policy_plugins: Option<Vec<Bound<'py, PyAny>>>,
     exec_repeat: u32,
 ) -> PyResult<Bound<'py, PyDict>> {
     let sim_config = config.inner.clone();
@@ -616,6 +619,21 @@ fn simulate<'py>(
             })
             .collect()
     });
+    type StepPlugin = Box<dyn PolicyPlugin<u32>>;
+    let step_plugins: Option<Vec<StepPlugin>> = policy_plugins
+        .map(|objects| {
+            objects
+                .into_iter()
+                .map(|object| {
+                    PyPlugin::check(&object, "replica.scheduler.policy_plugin")?;
+                    Ok(Box::new(PyPlugin {
+                        object: object.unbind(),
+                        error: error.clone(),
+                    }) as StepPlugin)
+                })
+                .collect::<PyResult<_>>()
+        })
+        .transpose()?;
     let route = route_plugin.map(|object| PyRoutePlugin {
         object,
         error: error.clone(),
@@ -633,6 +651,10 @@ fn simulate<'py>(
         }?;
         let sim = match route {
             Some(plugin) => sim.with_route_plugin(Box::new(plugin)),
+            None => sim,
+        };
+        let sim = match step_plugins {
+            Some(plugins) => sim.with_policy_plugins(plugins)?,
             None => sim,
         };
         sim.run(&mut source)

@@ -17,6 +17,8 @@ pub struct RequestView<R> {
     pub arrival_time: f64,
     pub num_preemptions: u32,
     pub status: RequestStatus,
+    /// `RequestSpec::external_id`.
+    pub external_id: Option<u64>,
 }
 
 impl<R: Clone> RequestView<R> {
@@ -31,6 +33,7 @@ impl<R: Clone> RequestView<R> {
             arrival_time: request.spec.arrival_time,
             num_preemptions: request.num_preemptions,
             status: request.status,
+            external_id: request.spec.external_id,
         }
     }
 }

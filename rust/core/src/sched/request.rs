@@ -42,6 +42,9 @@ pub struct RequestSpec {
     pub stop_token_ids: Vec<TokenId>,
     pub ignore_eos: bool,
     pub lora_id: Option<u64>,
+    /// The caller's own id for the request, shown to policy plugins instead of the key
+    /// (the simulator's workload position).
+    pub external_id: Option<u64>,
 }
 
 #[derive(Debug, Clone)]

@@ -218,6 +218,24 @@ impl<'a> Simulator<'a> {
         })
     }
 
+    /// Gives each replica's step scheduler a policy plugin (one per replica; `vllm_v1`).
+    pub fn with_policy_plugins(
+        mut self,
+        plugins: Vec<Box<dyn crate::sched::PolicyPlugin<ReqIdx>>>,
+    ) -> Result<Self> {
+        if plugins.len() != self.replicas.len() {
+            return Err(Error::config(
+                "cluster.num_replicas",
+                self.replicas.len(),
+                format!("{} policy plugins were given", plugins.len()),
+            ));
+        }
+        for (replica, plugin) in self.replicas.iter_mut().zip(plugins) {
+            replica.policy.set_policy_plugin(plugin)?;
+        }
+        Ok(self)
+    }
+
     /// Routes with `plugin` instead of the configured global policy.
     pub fn with_route_plugin(mut self, plugin: Box<dyn RoutePlugin + 'a>) -> Self {
         self.route_plugin = Some(plugin);

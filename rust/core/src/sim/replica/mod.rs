@@ -27,6 +27,7 @@ use super::batch::Batch;
 use super::request::ReqIdx;
 use crate::Result;
 use crate::kv::KvEvent;
+use crate::sched::PolicyPlugin;
 
 /// The requests of a new batch and the tokens each computes.
 pub type BatchPlan = (Vec<ReqIdx>, Vec<u32>);
@@ -57,6 +58,16 @@ pub trait ReplicaPolicy: Send {
     /// Cache events since the last call (replicas with a prefix cache).
     fn drain_kv_events(&mut self) -> Vec<KvEvent> {
         Vec::new()
+    }
+
+    /// Hands the waiting order and preemption victims to a step-scheduler policy plugin
+    /// (the one `crate::sched::Scheduler` takes); only `vllm_v1` replicas have them.
+    fn set_policy_plugin(&mut self, _plugin: Box<dyn PolicyPlugin<ReqIdx>>) -> Result<()> {
+        Err(crate::Error::config(
+            "replica.scheduler.policy_plugin",
+            "set",
+            "only vllm_v1 replicas take a step-scheduler policy plugin",
+        ))
     }
 
     /// Padding rows of decode batches (SGLang's CUDA-graph sizes); 0 by default.

@@ -7,7 +7,7 @@
 use super::{BatchPlan, ReplicaPolicy};
 use crate::Result;
 use crate::kv::KvEvent;
-use crate::sched::{RequestSpec, Scheduler, SchedulerConfig};
+use crate::sched::{PolicyPlugin, RequestSpec, Scheduler, SchedulerConfig};
 use crate::sim::arena::Requests;
 use crate::sim::batch::Batch;
 use crate::sim::request::{ReqIdx, RestartMode};
@@ -51,6 +51,7 @@ impl ReplicaPolicy for VllmV1 {
             max_tokens: request.num_decode_tokens as usize,
             arrival_time: request.arrived_at,
             ignore_eos: true,
+            external_id: Some(request.id),
             ..RequestSpec::default()
         };
         self.scheduler.add_request(idx, spec)?;
@@ -122,6 +123,11 @@ impl ReplicaPolicy for VllmV1 {
 
     fn kv_usage(&self) -> f64 {
         self.scheduler.stats().kv_usage
+    }
+
+    fn set_policy_plugin(&mut self, plugin: Box<dyn PolicyPlugin<ReqIdx>>) -> Result<()> {
+        self.scheduler.set_plugin(plugin);
+        Ok(())
     }
 
     fn drain_kv_events(&mut self) -> Vec<KvEvent> {

@@ -280,3 +280,43 @@ def test_a_plugin_that_never_schedules_stalls_with_a_capacity_error(tmp_path: Pa
     trace = write_trace(tmp_path / "t.csv", [(0.0, 4, 2)])
     with pytest.raises(CapacityError, match="stalled"):
         simulate(config(trace, scheduler={"policy": "tests.sim_plugins:NeverSchedules"}))
+
+
+@pytest.mark.parametrize("num_pages", [40, 48, 64])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_sglang_admission_never_overcommits_pages_with_shared_prefixes(
+    num_pages: int, page_size: int
+) -> None:
+    # Regression: admission summed tokens before rounding to pages and counted a hit's
+    # pages as evictable after locking them, so a decode could find no page (a bug).
+    pages = num_pages * (16 if page_size == 1 else 1)
+    result = simulate(
+        config_from_mapping(
+            {
+                "cluster": {"num_replicas": 1},
+                "replica": {
+                    "scheduler": {
+                        "policy": "sglang",
+                        "max_request_tokens": 256,
+                        "sglang": {
+                            "page_size": page_size,
+                            "num_pages": pages,
+                            "chunked_prefill_size": 128,
+                        },
+                    }
+                },
+                "execution": STEP_MODEL,
+                "workload": {
+                    "kind": "synthetic",
+                    "num_requests": 40,
+                    "seed": 0,
+                    "arrival": {"kind": "constant", "qps": 32.0},
+                    "prompt_tokens": {"kind": "uniform", "low": 50, "high": 190},
+                    "output_tokens": {"kind": "uniform", "low": 13, "high": 62},
+                    "shared_prefix": {"num_groups": 3, "prefix_tokens": 128, "share_ratio": 0.75},
+                },
+            }
+        )
+    )
+    assert result.summary["num_requests"] == 40
+    assert np.all(result.samples["kv_usage"] <= 1.0)

@@ -61,15 +61,21 @@ impl Sglang {
         tokens.div_ceil(self.limits.page_size as u64) as usize
     }
 
-    /// Tokens admitted requests may still write (their remaining prompt and outputs).
-    fn reserved_tokens(&self, requests: &Requests) -> u64 {
+    /// Pages a request still has to allocate to reach its full length (prompt and every
+    /// output token): its length in pages less the pages it holds. Counted per request, as
+    /// each request fills its own last page.
+    fn pages_to_come(&self, requests: &Requests, idx: ReqIdx) -> usize {
+        let held = self.pool.block_ids(&idx).map_or(0, <[_]>::len);
+        self.pages(requests.get(idx).total_tokens() as u64)
+            .saturating_sub(held)
+    }
+
+    /// Pages admitted requests may still allocate.
+    fn reserved_pages(&self, requests: &Requests) -> usize {
         self.running
             .iter()
             .chain(&self.chunked)
-            .map(|&idx| {
-                let r = requests.get(idx);
-                (r.total_tokens() - r.num_processed_tokens) as u64
-            })
+            .map(|&idx| self.pages_to_come(requests, idx))
             .sum()
     }
 
@@ -88,7 +94,7 @@ impl Sglang {
             }
             self.chunked = None;
         }
-        let mut reserved = self.reserved_tokens(requests);
+        let mut reserved = self.reserved_pages(requests);
         while budget > 0 && self.admitted < self.limits.max_running_requests as usize {
             let Some(&idx) = self.pending.front() else {
                 break;
@@ -97,8 +103,11 @@ impl Sglang {
             let hit = self.pool.get_computed_blocks(prompt, None);
             let r = requests.get(idx);
             let extend = r.num_prefill_tokens - hit.num_computed_tokens as u32;
-            let needed = self.pages(extend as u64 + r.num_decode_tokens as u64 + reserved);
-            if needed > self.pool.num_free_blocks() {
+            let hit_pages = hit.block_ids.len();
+            let own_pages = self.pages(r.total_tokens() as u64) - hit_pages;
+            // Locking the hit takes its pages out of the evictable ones (if they were).
+            let available = self.pool.num_free_blocks().saturating_sub(hit_pages);
+            if own_pages + reserved > available {
                 break;
             }
             let n = extend.min(budget);
@@ -112,10 +121,10 @@ impl Sglang {
             }
             self.pending.pop_front();
             self.admitted += 1;
+            reserved += self.pages_to_come(requests, idx);
             let r = requests.get_mut(idx);
             r.prefix_hit_tokens = hit.num_computed_tokens as u32;
             r.num_processed_tokens += hit.num_computed_tokens as u32;
-            reserved += (r.total_tokens() - r.num_processed_tokens) as u64;
             budget -= n;
             batch.push(idx);
             tokens.push(n);

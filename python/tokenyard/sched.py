@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from tokenyard._checks import check_key_choice, check_key_int, fail
 from tokenyard._core import (
     CachedRequestData,
     NewRequestData,
@@ -26,7 +27,6 @@ from tokenyard._core import (
     SchedulerOutput,
     SchedulerStats,
 )
-from tokenyard.errors import ConfigError
 
 __all__ = [
     "CachedRequestData",
@@ -108,16 +108,13 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         for name in _COUNT_FIELDS:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise _bad_field(name, value, "must be an int >= 0")
+            check_key_int(name, getattr(self, name), low=0, high=MAX_COUNT)
         for name in _FLAG_FIELDS:
             if not isinstance(getattr(self, name), bool):
-                raise _bad_field(name, getattr(self, name), "must be a bool")
-        if self.policy not in ("fcfs", "priority"):
-            raise _bad_field("policy", self.policy, 'must be "fcfs" or "priority"')
-        if self.prefix_cache not in ("block_hash", "radix"):
-            raise _bad_field("prefix_cache", self.prefix_cache, 'must be "block_hash" or "radix"')
+                value = getattr(self, name)
+                raise fail(name, f"must be true or false, got {value!r}", value)
+        check_key_choice("policy", self.policy, ("fcfs", "priority"))
+        check_key_choice("prefix_cache", self.prefix_cache, ("block_hash", "radix"))
 
 
 _COUNT_FIELDS = (
@@ -138,5 +135,5 @@ _FLAG_FIELDS = (
 )
 
 
-def _bad_field(name: str, value: object, reason: str) -> ConfigError:
-    return ConfigError(f"invalid config {name}={value!r}: {reason}", field=name, value=repr(value))
+#: The largest count a field takes (blocks, tokens, requests).
+MAX_COUNT = 2**30

@@ -8,8 +8,9 @@ use std::fmt::Display;
 /// A failed call leaves the structure it was called on unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
-    /// A constructor or configuration value is out of range.
-    #[error("invalid config {field}={value}: {reason}")]
+    /// A constructor or configuration value is out of range. One message form across the
+    /// package: `<key>: <reason>, got <value>`.
+    #[error("{field}: {reason}, got {value}")]
     Config {
         field: &'static str,
         value: String,

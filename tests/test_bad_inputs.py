@@ -442,3 +442,34 @@ def test_a_policy_plugin_needs_vllm_v1() -> None:
         config_from_mapping(
             {"replica": {"scheduler": {"policy": "sarathi", "policy_plugin": "a.b:C"}}}
         )
+
+
+@pytest.mark.parametrize(
+    ("build", "field"),
+    [
+        (
+            lambda: __import__("tokenyard.kv").kv.BlockPool(num_blocks=2**64, block_size=16),
+            "num_blocks",
+        ),
+        (lambda: __import__("tokenyard.kv").kv.CountingAllocator(num_blocks=2**63), "num_blocks"),
+        (lambda: __import__("tokenyard.kv").kv.RadixCache(page_size=2**64), "page_size"),
+        (lambda: __import__("tokenyard.kv").kv.RadixCache(page_size=1.0), "page_size"),
+        (lambda: SchedulerConfig(num_blocks=2**64), "num_blocks"),
+    ],
+)
+def test_huge_ints_are_config_errors_not_overflow_errors(build: Any, field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        build()
+    assert err.value.field == field
+
+
+def test_abort_takes_one_id_or_many_and_a_str_is_one_id() -> None:
+    s = Scheduler(SchedulerConfig(num_blocks=64, max_model_len=256))
+    for rid in ("req", 7, "x", "y"):
+        s.add_request(rid, [1, 2, 3], 4)
+    s.abort("req")  # not the characters 'r', 'e', 'q'
+    s.abort(7)
+    s.abort(["x", "y"])
+    assert not s.has_unfinished_requests()
+    with pytest.raises(InputError, match="request_ids"):
+        s.abort(1.5)

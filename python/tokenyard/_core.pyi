@@ -236,7 +236,7 @@ class RadixCache:
         ConfigError: ``page_size`` below 1 or absurdly large.
     """
 
-    def __new__(cls, *, page_size: int = 1) -> RadixCache: ...
+    def __new__(cls, *, page_size: int | None = None) -> RadixCache: ...
     @property
     def page_size(self) -> int: ...
     @property
@@ -473,9 +473,9 @@ class Scheduler:
             InputError: an id repeated, tokens for a request that is not running, or more
                 rejected tokens than were speculated.
         """
-    def abort(self, request_ids: Iterable[_RequestId]) -> None:
-        """Finishes requests wherever they are. Raises UnknownRequestError first if any id
-        is unknown."""
+    def abort(self, request_ids: _RequestId | Iterable[_RequestId]) -> None:
+        """Finishes requests wherever they are: one id or an iterable of them (a str is one
+        id). Raises UnknownRequestError first if any id is unknown."""
     def has_unfinished_requests(self) -> bool: ...
     @property
     def num_waiting(self) -> int: ...

@@ -164,12 +164,20 @@ fn short_repr(obj: &Bound<'_, PyAny>) -> String {
     }
 }
 
-/// A count given as a config field: must be positive.
-pub(crate) fn positive_field(py: Python<'_>, field: &'static str, value: i64) -> PyResult<usize> {
-    if value < 1 {
-        return Err(config_error(py, field, value, "must be at least 1"));
+/// A count given as a config field: an int in `[1, 2**62]` (a bool, a float or a larger int
+/// is a `ConfigError` naming the field, never an `OverflowError`).
+pub(crate) fn positive_field(value: &Bound<'_, PyAny>, field: &'static str) -> PyResult<usize> {
+    let py = value.py();
+    let int = value.is_instance_of::<PyInt>() && !value.is_instance_of::<pyo3::types::PyBool>();
+    match int.then(|| value.extract::<i128>().ok()).flatten() {
+        Some(v) if (1..=1i128 << 62).contains(&v) => Ok(v as usize),
+        _ => Err(config_error(
+            py,
+            field,
+            short_repr(value),
+            &format!("must be an int in [1, {}]", 1u64 << 62),
+        )),
     }
-    usize::try_from(value).map_err(|_| config_error(py, field, value, "too large"))
 }
 
 /// A count given as an operation argument: must be >= `min`.

@@ -240,10 +240,27 @@ impl PyScheduler {
     }
 
     fn abort(&mut self, request_ids: &Bound<'_, PyAny>) -> PyResult<()> {
-        let ids = request_ids
-            .try_iter()?
-            .map(|id| RequestId::from_py(&id?))
-            .collect::<PyResult<Vec<_>>>()?;
+        // One id (an int or a str) or an iterable of them; a str is one id, not its chars.
+        let single = request_ids.is_instance_of::<pyo3::types::PyString>()
+            || request_ids.is_instance_of::<pyo3::types::PyInt>();
+        let ids = if single {
+            vec![RequestId::from_py(request_ids)?]
+        } else {
+            request_ids
+                .try_iter()
+                .map_err(|_| {
+                    crate::errors::input_error(
+                        request_ids.py(),
+                        "request_ids",
+                        request_ids
+                            .repr()
+                            .map_or_else(|_| "?".to_string(), |r| r.to_string()),
+                        "must be a request id or an iterable of them",
+                    )
+                })?
+                .map(|id| RequestId::from_py(&id?))
+                .collect::<PyResult<Vec<_>>>()?
+        };
         self.inner.abort(&ids).or_raise(request_ids.py())
     }
 

@@ -78,12 +78,12 @@ impl PyBlockPool {
     #[pyo3(signature = (*, num_blocks, block_size, enable_caching = true))]
     fn new(
         py: Python<'_>,
-        num_blocks: i64,
-        block_size: i64,
+        num_blocks: &Bound<'_, PyAny>,
+        block_size: &Bound<'_, PyAny>,
         enable_caching: bool,
     ) -> PyResult<Self> {
-        let num_blocks = positive_field(py, "num_blocks", num_blocks)?;
-        let block_size = positive_field(py, "block_size", block_size)?;
+        let num_blocks = positive_field(num_blocks, "num_blocks")?;
+        let block_size = positive_field(block_size, "block_size")?;
         let inner = BlockPool::new(num_blocks, block_size, enable_caching).or_raise(py)?;
         Ok(Self { inner })
     }

@@ -16,8 +16,12 @@ pub(crate) struct PyCountingAllocator {
 impl PyCountingAllocator {
     #[new]
     #[pyo3(signature = (*, num_blocks, watermark_fraction = 0.0))]
-    fn new(py: Python<'_>, num_blocks: i64, watermark_fraction: f64) -> PyResult<Self> {
-        let num_blocks = positive_field(py, "num_blocks", num_blocks)?;
+    fn new(
+        py: Python<'_>,
+        num_blocks: &Bound<'_, PyAny>,
+        watermark_fraction: f64,
+    ) -> PyResult<Self> {
+        let num_blocks = positive_field(num_blocks, "num_blocks")?;
         let inner = CountingAllocator::new(num_blocks, watermark_fraction).or_raise(py)?;
         Ok(Self { inner })
     }

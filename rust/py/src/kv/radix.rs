@@ -47,9 +47,9 @@ impl PyMatchResult {
 #[pymethods]
 impl PyRadixCache {
     #[new]
-    #[pyo3(signature = (*, page_size = 1))]
-    fn new(py: Python<'_>, page_size: i64) -> PyResult<Self> {
-        let page_size = positive_field(py, "page_size", page_size)?;
+    #[pyo3(signature = (*, page_size = None))]
+    fn new(py: Python<'_>, page_size: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        let page_size = page_size.map_or(Ok(1), |p| positive_field(p, "page_size"))?;
         Ok(Self {
             inner: RadixCache::new(page_size).or_raise(py)?,
         })

@@ -202,7 +202,7 @@ def grid_doc(**extra: Any) -> dict[str, Any]:
         ({"search": {"tolerance": 0}}, "search.tolerance: must be a finite number > 0"),
         ({"search": {"speed": 1}}, "search.speed: unknown key"),
         ({"prices": {"a100-80gb": "cheap"}}, "prices.a100-80gb: must be a number"),
-        ({"constraints": {"max_gpus": 0}}, "constraints.max_gpus: must be an integer >= 1"),
+        ({"constraints": {"max_gpus": 0}}, "constraints.max_gpus: must be an int in [1, 1000000]"),
         ({"grids": {}}, "grids: unknown key"),
         ({"grid": {"replica.dtype": ["bf16", "fp9"]}}, "grid.replica.dtype: unknown dtype"),
     ],

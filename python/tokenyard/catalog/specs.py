@@ -12,7 +12,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from tokenyard._checks import check_key_int
 from tokenyard.errors import ConfigError
+
+#: The most GPUs one parallel dimension of a replica spans.
+MAX_PARALLELISM = 512
 
 __all__ = ["DEVICE_FIELDS", "MODEL_FIELDS", "DeviceSpec", "ModelSpec"]
 
@@ -161,12 +165,7 @@ class ModelSpec:
             ("tensor_parallel_size", tensor_parallel_size, self.num_heads, "attention heads"),
             ("num_pipeline_stages", num_pipeline_stages, self.num_layers, "layers"),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(
-                    f"replica.{field}: must be an integer >= 1, got {value!r}",
-                    field=f"replica.{field}",
-                    value=repr(value),
-                )
+            check_key_int(f"replica.{field}", value, low=1, high=MAX_PARALLELISM)
             if parts % value:
                 raise ConfigError(
                     f"replica.{field}: {value} does not divide the {parts} {noun} of {self.name}",

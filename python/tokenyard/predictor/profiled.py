@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tokenyard._checks import check_key_int
 from tokenyard.errors import ConfigError
 from tokenyard.predictor.compiled import CompiledPredictor, TableCost
 from tokenyard.predictor.profiles import OpSamples, ProfileSet
@@ -76,14 +77,12 @@ class TrainingOptions:
                 field=f"{where}.regressor",
                 value=repr(self.regressor),
             )
-        for name, low in (("grid_points", 2), ("folds", 2), ("seed", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError(
-                    f"{where}.{name}: must be an integer >= {low}, got {value!r}",
-                    field=f"{where}.{name}",
-                    value=repr(value),
-                )
+        for name, low, high in (
+            ("grid_points", 2, 4096),
+            ("folds", 2, 100),
+            ("seed", 0, 2**64 - 1),
+        ):
+            check_key_int(f"{where}.{name}", getattr(self, name), low=low, high=high)
 
 
 @dataclasses.dataclass(frozen=True)

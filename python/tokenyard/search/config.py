@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tokenyard._checks import read_document
+from tokenyard._checks import check_key_int, read_document
 from tokenyard.errors import ConfigError
 from tokenyard.simulation.config import (
     apply_overrides,
@@ -161,12 +161,7 @@ class SearchParams:
                 f"got {self.initial_qps}",
                 self.initial_qps,
             )
-        if self.max_simulations < 2:
-            raise _fail(
-                f"{where}.max_simulations",
-                f"must be an integer >= 2, got {self.max_simulations}",
-                self.max_simulations,
-            )
+        check_key_int(f"{where}.max_simulations", self.max_simulations, low=2, high=100_000)
         if not self.max_scheduling_delay_p99_s > 0:
             raise _fail(
                 f"{where}.max_scheduling_delay_p99_s",
@@ -339,9 +334,7 @@ def _constraints(value: object) -> tuple[int | None, float | None]:
     for key, item in table.items():
         where = f"constraints.{key}"
         if key == "max_gpus":
-            if isinstance(item, bool) or not isinstance(item, int) or item < 1:
-                raise _fail(where, f"must be an integer >= 1, got {item!r}", item)
-            max_gpus = item
+            max_gpus = check_key_int(where, item, low=1, high=1_000_000)
         elif key == "max_cost_per_hour":
             max_cost = _number(where, item)
             if max_cost <= 0:

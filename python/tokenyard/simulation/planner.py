@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from tokenyard._checks import check_key_int
 from tokenyard.catalog import DeviceSpec, ModelSpec
 from tokenyard.errors import ConfigError
 
@@ -166,13 +167,8 @@ def plan_memory(
             field="replica.memory_margin_fraction",
             value=repr(memory_margin_fraction),
         )
-    for field, value in (("max_request_tokens", max_request_tokens), ("block_size", block_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(
-                f"replica.scheduler.{field}: must be an integer >= 1, got {value!r}",
-                field=f"replica.scheduler.{field}",
-                value=repr(value),
-            )
+    check_key_int("replica.scheduler.max_request_tokens", max_request_tokens, low=1, high=2**24)
+    check_key_int("replica.scheduler.block_size", block_size, low=1, high=2**16)
 
     parameter_bytes = math.ceil(parameters_per_device(model, tp, pp) * weight_bytes)
     kv_per_token = (

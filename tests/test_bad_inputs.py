@@ -473,3 +473,74 @@ def test_abort_takes_one_id_or_many_and_a_str_is_one_id() -> None:
     assert not s.has_unfinished_requests()
     with pytest.raises(InputError, match="request_ids"):
         s.abort(1.5)
+
+
+@pytest.mark.parametrize(
+    ("file_scheduler", "override"),
+    [
+        ({"max_num_seqs": 32}, "replica.scheduler.vllm_v1.max_num_seqs"),
+        ({"vllm_v1": {"max_num_seqs": 32}}, "replica.scheduler.max_num_seqs"),
+        ({"max_num_seqs": 32}, "replica.scheduler.max_num_seqs"),
+    ],
+)
+def test_an_override_wins_over_the_file_in_either_key_form(
+    file_scheduler: dict[str, Any], override: str
+) -> None:
+    from tokenyard.simulation.config import apply_overrides
+
+    document = {"replica": {"scheduler": {"policy": "vllm_v1", **file_scheduler}}}
+    config = config_from_mapping(apply_overrides(document, {override: 64}))
+    assert config.replica.scheduler.vllm_v1.max_num_seqs == 64
+
+
+def test_a_one_level_override_follows_the_overridden_policy() -> None:
+    from tokenyard.simulation.config import apply_overrides
+
+    document = {"replica": {"scheduler": {"policy": "vllm_v1"}}}
+    overrides = {"replica.scheduler.policy": "sglang", "replica.scheduler.max_num_seqs": 64}
+    config = config_from_mapping(apply_overrides(document, overrides))
+    assert config.replica.scheduler.sglang.max_running_requests == 64
+
+
+def test_the_over_length_message_names_the_real_key(tmp_path: Path) -> None:
+    path = trace(tmp_path / "t.csv", [(0.0, 3000, 3000)])
+    with pytest.raises(InputError) as err:
+        run(path, "vllm_v1")
+    key = str(err.value).split("set ")[-1].split(" =")[0]
+    assert key == "replica.over_length"
+    config_from_mapping({"replica": {key.split(".")[1]: "skip"}})  # a key that exists
+
+
+def test_lightllm_refuses_at_arrival_what_its_peak_rule_never_admits(tmp_path: Path) -> None:
+    # 4096 token slots, decode 1: the peak is prompt + 1, which must stay below 4096.
+    path = trace(tmp_path / "t.csv", [(0.0, 4095, 1)])
+    with pytest.raises(InputError, match="worst-case peak"):
+        run(path, "lightllm", scheduler={"watermark_blocks_fraction": 0.0})
+    ok = trace(tmp_path / "ok.csv", [(0.0, 4094, 1)])
+    assert (
+        run(
+            ok,
+            "lightllm",
+            scheduler={"watermark_blocks_fraction": 0.0, "max_tokens_in_batch": 8192},
+        ).summary["num_requests"]
+        == 1
+    )
+
+
+def test_an_orca_reservation_below_one_block_is_a_config_error(tmp_path: Path) -> None:
+    path = trace(tmp_path / "t.csv", [(0.0, 4, 2)])
+    with pytest.raises(ConfigError, match="max_request_tokens"):
+        run(path, "orca", scheduler={"max_request_tokens": 8, "block_size": 16})
+
+
+def test_the_output_of_a_request_aborted_mid_step_is_dropped_not_an_error() -> None:
+    s = Scheduler(SchedulerConfig(num_blocks=64, max_model_len=256))
+    s.add_request("a", list(range(8)), max_tokens=4)
+    s.add_request("b", list(range(100, 108)), max_tokens=4)
+    s.schedule()
+    s.abort("b")  # while its step runs
+    s.update_from_output({"a": [1], "b": [2]})  # b's output lands late: dropped
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {"a": 1}
+    with pytest.raises(InputError):  # the next step: b is simply unknown
+        s.update_from_output({"a": [1], "b": [2]})

@@ -727,10 +727,18 @@ def parse_set_options(items: list[str]) -> dict[str, Any]:
 
 
 def apply_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of ``data`` with each ``"a.b.c": value`` set (tables created as needed)."""
+    """A copy of ``data`` with each ``"a.b.c": value`` set (tables created as needed).
+
+    One-level scheduler keys, in ``data`` or in an override (``replica.scheduler.max_num_seqs``,
+    also under a prefix such as ``simulation.``), are first moved into the selected policy's
+    section, so an override always wins over the file whichever form each uses."""
     result: dict[str, Any] = _deep_copy(data)
+    _move_legacy_keys(result)
+    policy_overrides = {
+        d[: -len(".policy")]: v for d, v in overrides.items() if d.endswith("scheduler.policy")
+    }
     for dotted, value in overrides.items():
-        keys = dotted.split(".")
+        keys = _section_path(result, dotted.split("."), policy_overrides)
         table = result
         for i, key in enumerate(keys[:-1]):
             nested = table.get(key)
@@ -742,6 +750,37 @@ def apply_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> di
             table = nested
         table[keys[-1]] = value
     return result
+
+
+def _move_legacy_keys(document: dict[str, Any]) -> None:
+    """Moves ``[replica.scheduler]``'s one-level keys into their sections, in place, in a
+    simulation document (or one nested under ``simulation``); others are left alone."""
+    for holder in (document, document.get("simulation")):
+        replica = holder.get("replica") if isinstance(holder, dict) else None
+        if isinstance(replica, dict) and isinstance(replica.get("scheduler"), Mapping):
+            replica["scheduler"] = translate_legacy_scheduler(
+                replica["scheduler"], "replica.scheduler"
+            )
+
+
+def _section_path(
+    document: Mapping[str, Any], keys: list[str], policy_overrides: Mapping[str, Any]
+) -> list[str]:
+    """``[..., "replica", "scheduler", legacy]`` as the path in the selected policy's
+    section (the policy from the overrides, else the document); other paths unchanged."""
+    if len(keys) < 3 or keys[-3:-1] != ["replica", "scheduler"] or keys[-1] not in LEGACY_KEYS:
+        return keys
+    table: Any = document
+    for key in keys[:-1]:
+        table = table.get(key) if isinstance(table, Mapping) else None
+    policy = policy_overrides.get(".".join(keys[:-1]))
+    if policy is None:
+        policy = table.get("policy") if isinstance(table, Mapping) else None
+    policy = policy if isinstance(policy, str) else ReplicaSchedulerConfig.policy
+    if policy not in REPLICA_POLICIES and ":" not in policy:
+        return keys  # the typed reader names the bad policy
+    target = LEGACY_KEYS[keys[-1]].get(policy_section(policy))
+    return keys if target is None else [*keys[:-1], policy_section(policy), target]
 
 
 def _deep_copy(data: Mapping[str, Any]) -> dict[str, Any]:

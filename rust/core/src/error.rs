@@ -29,6 +29,10 @@ pub enum Error {
     /// A policy plugin failed or returned an invalid answer.
     #[error("policy plugin: {0}")]
     Plugin(String),
+    /// A simulation stopped with requests no replica will ever run (the message names the
+    /// first one).
+    #[error("{0}")]
+    Stalled(String),
     /// The structure does not have room for what was asked.
     #[error("not enough capacity for {what}: requested {requested}, available {available}")]
     Capacity {

@@ -67,6 +67,14 @@ pub(crate) fn to_py_err(py: Python<'_>, err: Error) -> PyErr {
             Some("plugin"),
             None,
         ),
+        Error::Stalled(_) => raise(
+            py,
+            &CAPACITY_ERROR,
+            "CapacityError",
+            message,
+            Some("scheduling"),
+            None,
+        ),
         Error::Capacity { what, .. } => raise(
             py,
             &CAPACITY_ERROR,

@@ -153,7 +153,7 @@ impl PyReplicaSpec {
 impl PyReplicaSpec {
     /// Builds one replica once, so a bad limit fails here, naming its field.
     fn checked(py: Python<'_>, inner: ReplicaPolicyConfig) -> PyResult<Self> {
-        inner.build(16, false).or_raise(py)?;
+        inner.validate().or_raise(py)?;
         Ok(Self { inner })
     }
 }

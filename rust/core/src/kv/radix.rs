@@ -185,6 +185,21 @@ impl RadixCache {
         Ok(matched_len)
     }
 
+    /// Tokens on the path from the handle's node to the root that are evictable now (on
+    /// unlocked nodes): what `lock` would take out of `evictable_size`.
+    pub fn unlocked_len(&self, handle: NodeHandle) -> Result<usize> {
+        let mut node = self.check_handle(handle)?;
+        let mut tokens = 0;
+        while node != ROOT {
+            let n = &self.nodes[node as usize];
+            if n.lock_ref == 0 {
+                tokens += n.key.len();
+            }
+            node = n.parent;
+        }
+        Ok(tokens)
+    }
+
     /// Protects the path from the handle's node to the root from eviction.
     pub fn lock(&mut self, handle: NodeHandle) -> Result<()> {
         let mut node = self.check_handle(handle)?;

@@ -68,6 +68,15 @@ impl<R: RequestKey> RadixPool<R> {
         self.stats
     }
 
+    /// Pages of `hit` that are evictable now, which admitting it (locking its path) takes
+    /// out of `num_free_blocks`.
+    pub fn evictable_pages_of(&self, hit: &RadixHit) -> Result<usize> {
+        match hit.handle {
+            Some(handle) => Ok(self.tree.unlocked_len(handle)? / self.page_size),
+            None => Ok(0),
+        }
+    }
+
     pub fn tree(&self) -> &RadixCache {
         &self.tree
     }

@@ -112,6 +112,18 @@ impl SchedulerConfig {
                 "must be at least 2",
             ));
         }
+        let capacity = self.num_blocks.saturating_mul(self.block_size);
+        if self.max_model_len.saturating_add(self.num_lookahead_tokens) > capacity {
+            return Err(Error::config(
+                "max_model_len",
+                self.max_model_len,
+                format!(
+                    "one request of this length (plus {} lookahead slots) needs more than the \
+                     KV capacity of num_blocks * block_size = {capacity} tokens",
+                    self.num_lookahead_tokens
+                ),
+            ));
+        }
         if !self.enable_chunked_prefill && self.max_num_batched_tokens < self.max_model_len {
             return Err(Error::config(
                 "max_num_batched_tokens",

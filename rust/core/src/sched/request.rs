@@ -62,6 +62,9 @@ pub struct Request<R> {
     /// Steps in flight in which this request samples: `update_from_output` accepts tokens
     /// for it only while this is above 0.
     pub num_sampling_steps: u32,
+    /// The most draft tokens any of those steps verifies: a step's output holds at most
+    /// one more token than its drafts.
+    pub max_spec_in_flight: usize,
     pub num_preemptions: u32,
     /// Draft tokens scheduled in the request's latest step: at most this many can be
     /// rejected.

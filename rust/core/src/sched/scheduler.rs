@@ -12,8 +12,8 @@ use super::plugin::{PolicyPlugin, RequestView, check_permutation};
 use super::queue::{PriorityKey, WaitingQueue};
 use super::request::{Request, RequestStatus};
 use super::{Policy, PrefixCache, SchedulerConfig};
+use crate::Result;
 use crate::kv::{BlockId, BlockPool, RadixPool, RequestKey};
-use crate::{Error, Result};
 
 pub struct Scheduler<R: RequestKey> {
     pub(super) config: SchedulerConfig,
@@ -99,18 +99,6 @@ enum Allocation {
 impl<R: RequestKey> Scheduler<R> {
     pub fn new(config: SchedulerConfig, async_scheduling: bool) -> Result<Self> {
         config.validate()?;
-        let capacity = config.num_blocks * config.block_size;
-        if config.max_model_len + config.num_lookahead_tokens > capacity {
-            return Err(Error::config(
-                "max_model_len",
-                config.max_model_len,
-                format!(
-                    "one request of this length (plus {} lookahead slots) needs more than the \
-                     KV capacity of num_blocks * block_size = {capacity} tokens",
-                    config.num_lookahead_tokens
-                ),
-            ));
-        }
         let kv = match (config.enable_prefix_caching, config.prefix_cache) {
             (true, PrefixCache::Radix) => {
                 Kv::Radix(RadixPool::new(config.num_blocks, config.block_size)?)
@@ -249,6 +237,11 @@ impl<R: RequestKey> Scheduler<R> {
     /// `prioritize_prefill`, running prefills go first, then admissions, then decodes.
     pub fn schedule(&mut self) -> Result<SchedulerOutput<R>> {
         self.consult_plugin()?;
+        if !self.async_scheduling {
+            // Synchronous engines report a step before the next: a finished request's
+            // output that did not come with it never will.
+            self.finished_in_flight.clear();
+        }
         let mut budget = self.config.max_num_batched_tokens;
         // The plan's maps keep their capacity from step to step (no rehashing as they grow).
         let mut plan = std::mem::take(&mut self.spare_plan);
@@ -607,6 +600,7 @@ impl<R: RequestKey> Scheduler<R> {
             if request.num_computed_tokens >= request.num_tokens() + request.num_output_placeholders
             {
                 request.num_sampling_steps += 1;
+                request.max_spec_in_flight = request.max_spec_in_flight.max(num_spec);
                 if async_scheduling {
                     request.num_output_placeholders += 1;
                 }

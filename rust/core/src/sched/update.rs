@@ -51,6 +51,7 @@ impl<R: RequestKey> Scheduler<R> {
             spec_token_ids: Vec::new(),
             num_output_placeholders: 0,
             num_sampling_steps: 0,
+            max_spec_in_flight: 0,
             num_preemptions: 0,
             last_num_spec_tokens: 0,
             arrival_seq: self.next_arrival_seq,
@@ -153,7 +154,7 @@ impl<R: RequestKey> Scheduler<R> {
                      step's output was already given)",
                 ));
             }
-            let most = 1 + request.last_num_spec_tokens;
+            let most = 1 + request.max_spec_in_flight;
             if output.token_ids.len() > most {
                 return Err(Error::input(
                     "sampled_token_ids",
@@ -198,6 +199,9 @@ impl<R: RequestKey> Scheduler<R> {
         if !token_ids.is_empty() {
             request.num_output_placeholders = request.num_output_placeholders.saturating_sub(1);
             request.num_sampling_steps = request.num_sampling_steps.saturating_sub(1);
+            if request.num_sampling_steps == 0 {
+                request.max_spec_in_flight = 0;
+            }
         }
         for &token in token_ids {
             request.all_token_ids.push(token);
@@ -257,12 +261,15 @@ impl<R: RequestKey> Scheduler<R> {
         Ok(())
     }
 
-    /// Removes a request for good, freeing its blocks (their full blocks stay cached). With
-    /// outputs still in flight (async scheduling) the blocks are held until those land.
+    /// Removes a request for good, freeing its blocks (their full blocks stay cached). The
+    /// outputs of steps still in flight (`num_sampling_steps`: a request aborted or stopped
+    /// while another of its steps runs) are dropped when they land; under async scheduling
+    /// the blocks are held until then, since a batch in flight may still read them.
     fn finish(&mut self, slot: u32, reason: FinishReason) -> Result<()> {
         let request = self.req(slot);
-        let in_flight = request.num_output_placeholders;
+        let in_flight = request.num_sampling_steps as usize;
         let holds_blocks = request.status == RequestStatus::Running;
+        let hold_until_landed = holds_blocks && in_flight > 0 && self.async_scheduling;
         if holds_blocks {
             self.running.retain(|&s| s != slot);
         } else {
@@ -274,7 +281,7 @@ impl<R: RequestKey> Scheduler<R> {
         request.status = RequestStatus::Finished(reason);
         self.index.remove(&request.request_id);
         if in_flight > 0 {
-            let held_slot = holds_blocks.then_some(slot);
+            let held_slot = hold_until_landed.then_some(slot);
             self.finished_in_flight.insert(
                 request.request_id.clone(),
                 FinishedInFlight {
@@ -284,7 +291,7 @@ impl<R: RequestKey> Scheduler<R> {
             );
         }
         self.finished_since_last_step.push(request.request_id);
-        if in_flight == 0 || !holds_blocks {
+        if !hold_until_landed {
             if holds_blocks {
                 self.kv.free(slot)?;
             }

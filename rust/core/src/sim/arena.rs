@@ -39,6 +39,11 @@ impl Requests {
         self.slots[idx as usize].as_mut().expect("a live request")
     }
 
+    /// The live request in the lowest slot, if any.
+    pub fn first_live(&self) -> Option<&SimRequest> {
+        self.slots.iter().flatten().next()
+    }
+
     pub fn num_live(&self) -> usize {
         self.slots.len() - self.free.len()
     }

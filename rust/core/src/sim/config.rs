@@ -127,7 +127,7 @@ impl OverLength {
             "error" => Ok(Self::Error),
             "skip" => Ok(Self::Skip),
             other => Err(Error::config(
-                "workload.over_length",
+                "replica.over_length",
                 other,
                 "must be 'error' or 'skip'",
             )),
@@ -202,10 +202,23 @@ impl ReplicaPolicyConfig {
                     && total > reserved
                 {
                     return Some(format!(
-                        "it exceeds replica.scheduler.vidur.max_request_tokens = {reserved}, \
-                         which {} reserves per request",
+                        "it exceeds replica.scheduler.max_request_tokens = {reserved}, which {} \
+                         reserves per request",
                         self.name()
                     ));
+                }
+                if *kind == VidurKind::LightLlm {
+                    // Admission needs the worst-case peak below the token slots: alone, the
+                    // prompt and first token, plus every later output but the last.
+                    let peak = prefill as u64 + 1 + (decode as u64).saturating_sub(2);
+                    return (peak >= l.num_blocks as u64).then(|| {
+                        format!(
+                            "its worst-case peak of {peak} token slots must stay below \
+                             replica.scheduler.vidur.num_blocks = {} (LightLLM admits on the \
+                             peak)",
+                            l.num_blocks
+                        )
+                    });
                 }
                 (blocks(l.block_size) > usable).then(|| {
                     format!(
@@ -247,10 +260,35 @@ impl ReplicaPolicyConfig {
         }
     }
 
+    /// Checks the limits without building a replica (which would allocate its KV pool).
+    pub fn validate(&self) -> Result<()> {
+        match self {
+            Self::Vidur(..) => self.build(16, false).map(|_| ()), // counting: no pool to fill
+            Self::VllmV1(config) => config.validate(),
+            Self::Sglang(l) => {
+                let positive = [
+                    ("num_pages", l.num_pages),
+                    ("page_size", l.page_size),
+                    ("max_running_requests", l.max_running_requests),
+                    ("max_extend_tokens", l.max_extend_tokens),
+                ];
+                match positive.iter().find(|(_, value)| *value == 0) {
+                    Some((name, value)) => Err(Error::config(name, value, "must be >= 1")),
+                    None => Ok(()),
+                }
+            }
+            Self::External { block_size: 0 } => Err(Error::config("block_size", 0, "must be >= 1")),
+            Self::External { .. } => Ok(()),
+        }
+    }
+
     pub fn build(&self, hash_block_size: u32, kv_events: bool) -> Result<Box<dyn ReplicaPolicy>> {
         Ok(match self {
             Self::Vidur(kind, limits) => {
                 check_vidur_limits(limits)?;
+                if matches!(kind, VidurKind::Orca | VidurKind::FasterTransformer) {
+                    check_reservation(limits)?;
+                }
                 match kind {
                     VidurKind::Vllm => Box::new(Vllm::new(*limits)?),
                     VidurKind::Sarathi => Box::new(Sarathi::new(*limits)?),
@@ -294,6 +332,25 @@ fn check_vidur_limits(limits: &VidurLimits) -> Result<()> {
             "watermark_blocks",
             limits.watermark_blocks,
             format!("must be below num_blocks = {}", limits.num_blocks),
+        ));
+    }
+    Ok(())
+}
+
+/// Orca and FasterTransformer reserve `max_blocks_per_sequence` per request: at least one
+/// block, and no more than a replica's usable blocks, or nothing could ever be admitted.
+fn check_reservation(limits: &VidurLimits) -> Result<()> {
+    let usable = limits.num_blocks - limits.watermark_blocks;
+    let reserved = limits.max_blocks_per_sequence;
+    if reserved == 0 || reserved > usable {
+        return Err(Error::config(
+            "replica.scheduler.max_request_tokens",
+            reserved as u64 * limits.block_size as u64,
+            format!(
+                "orca and faster_transformer reserve it per request, in blocks of {}: it must be \
+                 at least one block and at most the replica's {usable} usable blocks",
+                limits.block_size
+            ),
         ));
     }
     Ok(())

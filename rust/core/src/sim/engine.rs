@@ -254,13 +254,25 @@ impl<'a> Simulator<'a> {
                 source.progress(self.out.requests.len() as u64)?;
             }
         }
-        if self.requests.num_live() > 0 {
-            return Err(Error::Capacity {
-                what: "scheduling: the simulation stalled with requests no replica will run \
-                       (requested = requests left)",
-                requested: self.requests.num_live(),
-                available: 0,
-            });
+        if let Some(stuck) = self.requests.first_live() {
+            return Err(Error::Stalled(format!(
+                "the simulation stalled: {} requests are left that no replica will run, \
+                     the first request {} ({} prompt tokens{}, {} output, {} processed, on \
+                     replica {}); a {} replica never schedules it (e.g. a restart grew its \
+                     prompt past a batch limit)",
+                self.requests.num_live(),
+                stuck.id,
+                stuck.num_prefill_tokens,
+                if stuck.num_restarts > 0 {
+                    format!(" after {} restarts", stuck.num_restarts)
+                } else {
+                    String::new()
+                },
+                stuck.num_decode_tokens,
+                stuck.num_processed_tokens,
+                stuck.replica,
+                self.config.replica_policy.name()
+            )));
         }
         source.progress(self.out.requests.len() as u64)?;
         self.out.makespan = self.now;
@@ -380,7 +392,7 @@ impl<'a> Simulator<'a> {
                 format!(
                     "request {id} ({} prompt + {} output tokens) can never run on a replica: \
                      {reason}; shorten it, raise the setting, or set \
-                     workload.over_length = \"skip\"",
+                     replica.over_length = \"skip\"",
                     arriving.num_prefill_tokens, arriving.num_decode_tokens
                 ),
             ));

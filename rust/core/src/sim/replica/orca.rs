@@ -29,8 +29,8 @@ pub(super) fn check_max_reservation(
     idx: ReqIdx,
 ) -> Result<()> {
     let request = requests.get(idx);
-    let max_tokens = base.limits.max_blocks_per_sequence * base.limits.block_size;
-    if request.total_tokens() > max_tokens {
+    let max_tokens = base.limits.max_blocks_per_sequence as u64 * base.limits.block_size as u64;
+    if u64::from(request.total_tokens()) > max_tokens {
         return Err(crate::Error::input(
             "request",
             request.id,

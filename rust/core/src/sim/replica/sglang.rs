@@ -105,8 +105,9 @@ impl Sglang {
             let extend = r.num_prefill_tokens - hit.num_computed_tokens as u32;
             let hit_pages = hit.block_ids.len();
             let own_pages = self.pages(r.total_tokens() as u64) - hit_pages;
-            // Locking the hit takes its pages out of the evictable ones (if they were).
-            let available = self.pool.num_free_blocks().saturating_sub(hit_pages);
+            // Locking the hit takes its unlocked pages out of the evictable ones.
+            let locked_now = self.pool.evictable_pages_of(&hit)?;
+            let available = self.pool.num_free_blocks().saturating_sub(locked_now);
             if own_pages + reserved > available {
                 break;
             }

@@ -172,12 +172,13 @@ def _trace_workload(workload: Any, args: argparse.Namespace) -> dict[str, Any]:
     """``--trace PATH``: a trace section keeps its options (limit, target_qps, ...) and
     takes the new path (and ``--trace-format`` if given); any other workload is replaced."""
     fmt = args.trace_format
+    path = str(Path(args.trace).absolute())  # from the shell's folder, not the config's
     if isinstance(workload, dict) and workload.get("kind") == "trace":
-        merged = dict(workload, path=args.trace)
+        merged = dict(workload, path=path)
         if fmt is not None:
             merged["format"] = fmt
         return merged
-    return {"kind": "trace", "format": fmt or "vidur", "path": args.trace}
+    return {"kind": "trace", "format": fmt or "vidur", "path": path}
 
 
 def check_output_dir(path: str | Path) -> None:

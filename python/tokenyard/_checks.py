@@ -234,34 +234,41 @@ def read_document(path: str | Path, *, what: str = "config file") -> dict[str, A
         raise ConfigError(
             f"{what} {path}: {exc.strerror}", field="config", value=str(path)
         ) from None
-    suffix = path.suffix.lower()
+    return parse_document(f"{what} {path}", text, path.suffix.lower())
+
+
+def parse_document(
+    source: str, text: str, suffix: str, *, field: str = "config", kind: str = ""
+) -> dict[str, Any]:
+    """The mapping in ``text``, a document in the format ``suffix`` names (``.toml``,
+    ``.yaml``, ``.yml``, ``.json``); errors are ``ConfigError`` with messages starting
+    with ``source`` (``kind`` names the document in the unknown-format message)."""
     try:
         if suffix == ".toml":
             return dict(toml_module().loads(text))
         if suffix == ".json":
-            return _mapping_document(path, json.loads(text), what)
+            return _mapping_document(source, json.loads(text), field)
         if suffix in (".yaml", ".yml"):
             import yaml
 
-            return _mapping_document(path, yaml.safe_load(text), what)
+            return _mapping_document(source, yaml.safe_load(text), field)
     except ConfigError:
         raise
     except (ValueError, ImportError) as exc:  # TOML, JSON and YAML errors are ValueErrors
-        raise ConfigError(f"{what} {path}: {exc}", field="config", value=str(path)) from None
+        raise ConfigError(f"{source}: {exc}", field=field, value=source) from None
     except Exception as exc:  # yaml.YAMLError
-        raise ConfigError(f"{what} {path}: {exc}", field="config", value=str(path)) from None
+        raise ConfigError(f"{source}: {exc}", field=field, value=source) from None
+    noun = f"unknown {kind} format" if kind else "unknown format"
     raise ConfigError(
-        f"{what} {path}: unknown format {suffix!r}; use .toml, .yaml, .yml or .json",
-        field="config",
-        value=str(path),
+        f"{source}: {noun} {suffix!r}; use .toml, .yaml, .yml or .json",
+        field=field,
+        value=source,
     )
 
 
-def _mapping_document(path: Path, data: Any, what: str) -> dict[str, Any]:
+def _mapping_document(source: str, data: Any, field: str) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(
-            f"{what} {path}: the document must be a mapping", field="config", value=str(path)
-        )
+        raise ConfigError(f"{source}: the document must be a mapping", field=field, value=source)
     return data

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
-import sys
-import types
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from tokenyard._checks import parse_document
 from tokenyard.catalog import hf
 from tokenyard.catalog.specs import (
     DEVICE_FIELDS,
@@ -51,41 +49,8 @@ class CatalogEntries(NamedTuple):
     devices: dict[str, DeviceSpec]
 
 
-def _toml() -> types.ModuleType:
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - Python 3.10
-        import tomli as tomllib
-    return tomllib
-
-
 def _parse(source: str, text: str, suffix: str) -> Any:
-    def bad(exc: Exception) -> ConfigError:
-        return ConfigError(f"{source}: {exc}", field="catalog", value=source)
-
-    if suffix == ".toml":
-        toml = _toml()
-        try:
-            return toml.loads(text)
-        except toml.TOMLDecodeError as exc:
-            raise bad(exc) from None
-    if suffix in (".yaml", ".yml"):
-        import yaml
-
-        try:
-            return yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise bad(exc) from None
-    if suffix == ".json":
-        try:
-            return json.loads(text)
-        except ValueError as exc:
-            raise bad(exc) from None
-    raise ConfigError(
-        f"{source}: unknown catalog format {suffix!r}; use .toml, .yaml, .yml or .json",
-        field="catalog",
-        value=source,
-    )
+    return parse_document(source, text, suffix, field="catalog", kind="catalog")
 
 
 def _entry(

@@ -544,3 +544,31 @@ def test_the_output_of_a_request_aborted_mid_step_is_dropped_not_an_error() -> N
     assert out.num_scheduled_tokens == {"a": 1}
     with pytest.raises(InputError):  # the next step: b is simply unknown
         s.update_from_output({"a": [1], "b": [2]})
+
+
+def test_simulate_releases_the_gil_while_the_event_loop_runs() -> None:
+    import threading
+
+    from tokenyard.simulation.config import default_workload
+    from tokenyard.simulation.run import _core_config, plan_for, replica_spec
+    from tokenyard.workload import load_workload
+
+    workload = dict(default_workload(), num_requests=20_000)
+    config = config_from_mapping({"execution": LINEAR, "workload": workload})
+    core = _core_config(config, replica_spec(config, plan_for(config)), 16)
+    chunks = list(load_workload(config.workload).chunks(65536))  # no Python left to run
+    started, done = threading.Event(), threading.Event()
+
+    def run_loop() -> None:
+        started.set()
+        _core.simulate(core, iter(chunks))
+        done.set()
+
+    worker = threading.Thread(target=run_loop)
+    worker.start()
+    started.wait()
+    spins = 0
+    while not done.is_set():  # runs only while the event loop does not hold the GIL
+        spins += 1
+    worker.join()
+    assert spins > 500_000, spins  # held: under 100,000 (only before the loop starts)

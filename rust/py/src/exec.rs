@@ -191,7 +191,9 @@ pub(crate) fn evaluate_ops<'py>(
             })
         })
         .collect::<PyResult<Vec<_>>>()?;
-    let times = evaluate_many(&mut model, &shapes, stage, num_stages).or_raise(py)?;
+    let times = py
+        .detach(|| evaluate_many(&mut model, &shapes, stage, num_stages))
+        .or_raise(py)?;
     let total: Vec<f64> = times.iter().map(|t| t.total_s).collect();
     let model_only: Vec<f64> = times.iter().map(|t| t.model_s).collect();
     Ok((total.into_pyarray(py), model_only.into_pyarray(py)))

@@ -320,3 +320,20 @@ def test_sglang_admission_never_overcommits_pages_with_shared_prefixes(
     )
     assert result.summary["num_requests"] == 40
     assert np.all(result.samples["kv_usage"] <= 1.0)
+
+
+def test_sglang_reserves_the_pages_of_a_chunked_prompt_completing_in_the_batch(
+    tmp_path: Path,
+) -> None:
+    # Regression (found by hypothesis): request 0's prompt finishes its last chunk in the
+    # batch that admits request 1; its output pages were not reserved, so a decode found
+    # no page. 16 pages of 4 tokens; 30 + 34 tokens do not fit together.
+    trace = write_trace(tmp_path / "t.csv", [(0.0, 23, 7), (0.0, 27, 7)])
+    result = simulate(
+        config(
+            trace,
+            policy="sglang",
+            scheduler={"num_blocks": 16, "sglang": {"chunked_prefill_size": 16}},
+        )
+    )
+    assert result.columns["completed_at"].tolist() == pytest.approx([11.5, 23.4])

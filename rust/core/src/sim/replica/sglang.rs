@@ -82,6 +82,9 @@ impl Sglang {
     fn prefill_batch(&mut self, requests: &mut Requests) -> Result<BatchPlan> {
         let (mut batch, mut tokens): BatchPlan = (Vec::new(), Vec::new());
         let mut budget = self.limits.max_extend_tokens;
+        // Pages still to come for a chunked prompt that completes in this batch: it is in
+        // neither `running` nor `chunked` until the batch ends, yet it will decode.
+        let mut completing = 0;
         if let Some(idx) = self.chunked {
             let r = requests.get(idx);
             let n = (r.num_prefill_tokens - r.num_processed_tokens).min(budget);
@@ -93,8 +96,9 @@ impl Sglang {
                 return Ok((batch, tokens));
             }
             self.chunked = None;
+            completing = self.pages_to_come(requests, idx);
         }
-        let mut reserved = self.reserved_pages(requests);
+        let mut reserved = self.reserved_pages(requests) + completing;
         while budget > 0 && self.admitted < self.limits.max_running_requests as usize {
             let Some(&idx) = self.pending.front() else {
                 break;

@@ -337,3 +337,27 @@ def test_sglang_reserves_the_pages_of_a_chunked_prompt_completing_in_the_batch(
         )
     )
     assert result.columns["completed_at"].tolist() == pytest.approx([11.5, 23.4])
+
+
+def test_vllm_v1_under_pipeline_stages_samples_only_in_the_batch_that_caught_up(
+    tmp_path: Path,
+) -> None:
+    # Regression (found by fuzzing): with two batches in flight, request 3's prompt ran in
+    # two chunks, one per batch; the first batch's end sampled it too, so its scheduler ran
+    # one token ahead of the simulation and released it before it completed.
+    rows = [(0.798, 7, 3), (1.037, 1, 3), (1.745, 12, 6), (4.544, 26, 3), (4.6, 30, 18)]
+    trace = write_trace(tmp_path / "t.csv", rows)
+    result = simulate(
+        config(
+            trace,
+            policy="vllm_v1",
+            stages=2,
+            scheduler={
+                "num_blocks": 24,
+                "max_request_tokens": 64,
+                "vllm_v1": {"max_num_batched_tokens": 16},
+            },
+        )
+    )
+    assert result.columns["num_decode_tokens"].tolist() == [3, 3, 6, 3, 18]
+    assert result.columns["completed_at"].tolist() == pytest.approx([6.9, 8.25, 14.0, 12.2, 31.4])

@@ -4,6 +4,8 @@
 //! up with its known tokens. With pipeline stages the scheduler runs ahead (each request in
 //! one batch at a time, as vLLM does without async scheduling).
 
+use std::collections::VecDeque;
+
 use super::{BatchPlan, ReplicaPolicy};
 use crate::Result;
 use crate::kv::KvEvent;
@@ -19,6 +21,10 @@ const SAMPLED_TOKEN: u32 = 1;
 pub struct VllmV1 {
     scheduler: Scheduler<ReqIdx>,
     hash_block_size: u32,
+    /// Per batch in flight, oldest first: the requests that sample at its end (the step
+    /// caught them up with their known tokens). With pipeline stages a request may be in
+    /// two batches (two chunks of one prompt); only the batch that caught it up samples.
+    samplers: VecDeque<Vec<(ReqIdx, u32)>>,
     /// The requests that sample at a batch's end (reused buffer).
     sampled: Vec<ReqIdx>,
 }
@@ -33,6 +39,7 @@ impl VllmV1 {
         Ok(Self {
             scheduler,
             hash_block_size,
+            samplers: VecDeque::new(),
             sampled: Vec::new(),
         })
     }
@@ -79,23 +86,37 @@ impl ReplicaPolicy for VllmV1 {
         if out.num_scheduled_tokens.is_empty() {
             return Ok(None);
         }
-        let (ids, tokens) = out
+        let (ids, tokens): (Vec<ReqIdx>, Vec<u32>) = out
             .num_scheduled_tokens
             .iter()
             .map(|&(idx, n)| (idx, n as u32))
             .unzip();
+        // Each with its preemption count: a request preempted before the batch ends has its
+        // step's work discarded, even if it is caught up again by then.
+        let caught_up = ids
+            .iter()
+            .filter_map(|idx| {
+                let r = self.scheduler.get_request(idx)?;
+                (r.num_computed_tokens >= r.num_tokens()).then_some((*idx, r.num_preemptions))
+            })
+            .collect();
+        self.samplers.push_back(caught_up);
         Ok(Some((ids, tokens)))
     }
 
-    fn on_batch_end(&mut self, _requests: &mut Requests, batch: &Batch) -> Result<Vec<ReqIdx>> {
-        // A request samples when its scheduled tokens caught up with its known ones.
+    fn on_batch_end(&mut self, _requests: &mut Requests, _batch: &Batch) -> Result<Vec<ReqIdx>> {
+        // Batches of one replica end in the order they were formed (stages are FIFO).
+        let Some(caught_up) = self.samplers.pop_front() else {
+            return Err(crate::Error::Plugin(
+                "vllm_v1: a batch ended that this replica never formed".into(),
+            ));
+        };
+        // A request samples if this batch caught it up and it was not preempted since.
         self.sampled.clear();
-        for &idx in &batch.requests {
-            if self
-                .scheduler
-                .get_request(&idx)
-                .is_some_and(|r| r.num_computed_tokens >= r.num_tokens())
-            {
+        for (idx, preemptions) in caught_up {
+            if self.scheduler.get_request(&idx).is_some_and(|r| {
+                r.num_preemptions == preemptions && r.num_computed_tokens >= r.num_tokens()
+            }) {
                 self.sampled.push(idx);
             }
         }

@@ -155,7 +155,8 @@ def run_tokenyard(s: dict[str, Any], restart: str) -> list[dict[str, Any]]:
             "chunk_size": s["chunk_size"],
             "max_request_tokens": s["max_tokens"],
         }
-        if restart != "default":
+        # The restart mode applies to the policies that preempt (others refuse it).
+        if restart != "default" and s["scheduler"] in ("vllm", "sarathi"):
             scheduler["restart"] = restart
         config = config_from_mapping(
             {

@@ -7,7 +7,6 @@ use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
 
-use super::orca::check_max_reservation;
 use super::vidur::{VidurBase, VidurLimits, delegate_to_vidur_base};
 use super::{BatchPlan, ReplicaPolicy};
 use crate::Result;
@@ -65,8 +64,7 @@ impl FasterTransformer {
 }
 
 impl ReplicaPolicy for FasterTransformer {
-    fn add_request(&mut self, requests: &mut Requests, idx: ReqIdx) -> Result<()> {
-        check_max_reservation(&self.base, requests, idx)?;
+    fn add_request(&mut self, _requests: &mut Requests, idx: ReqIdx) -> Result<()> {
         self.base.request_queue.push_back(idx);
         Ok(())
     }

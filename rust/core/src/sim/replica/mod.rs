@@ -33,7 +33,8 @@ use crate::sched::PolicyPlugin;
 pub type BatchPlan = (Vec<ReqIdx>, Vec<u32>);
 
 pub trait ReplicaPolicy: Send {
-    /// A request routed to this replica.
+    /// A request routed to this replica. The simulator has already refused (or skipped) a
+    /// request longer than the replica can ever serve (`ReplicaPolicyConfig::request_limit`).
     fn add_request(&mut self, requests: &mut Requests, idx: ReqIdx) -> Result<()>;
 
     /// The next batch to run, if any (called while pipeline stages are free).

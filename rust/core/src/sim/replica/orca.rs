@@ -22,31 +22,8 @@ impl Orca {
     }
 }
 
-/// Orca and FasterTransformer admit with a full per-sequence reservation.
-pub(super) fn check_max_reservation(
-    base: &VidurBase,
-    requests: &Requests,
-    idx: ReqIdx,
-) -> Result<()> {
-    let request = requests.get(idx);
-    let max_tokens = base.limits.max_blocks_per_sequence as u64 * base.limits.block_size as u64;
-    if u64::from(request.total_tokens()) > max_tokens {
-        return Err(crate::Error::input(
-            "request",
-            request.id,
-            format!(
-                "has {} tokens, more than max_request_tokens = {max_tokens} that orca and \
-                 faster_transformer reserve per request",
-                request.total_tokens()
-            ),
-        ));
-    }
-    base.check_fits(request, base.limits.max_blocks_per_sequence)
-}
-
 impl ReplicaPolicy for Orca {
-    fn add_request(&mut self, requests: &mut Requests, idx: ReqIdx) -> Result<()> {
-        check_max_reservation(&self.base, requests, idx)?;
+    fn add_request(&mut self, _requests: &mut Requests, idx: ReqIdx) -> Result<()> {
         self.base.request_queue.push_back(idx);
         Ok(())
     }

@@ -171,18 +171,6 @@ impl Sglang {
 impl ReplicaPolicy for Sglang {
     fn add_request(&mut self, requests: &mut Requests, idx: ReqIdx) -> Result<()> {
         let r = requests.get(idx);
-        if self.pages(r.total_tokens() as u64) > self.limits.num_pages as usize {
-            return Err(Error::input(
-                "request",
-                r.id,
-                format!(
-                    "needs {} tokens of KV, more than a replica's {} pages of {}",
-                    r.total_tokens(),
-                    self.limits.num_pages,
-                    self.limits.page_size
-                ),
-            ));
-        }
         let prompt = synthesize_prompt(
             r.id,
             r.num_prefill_tokens,

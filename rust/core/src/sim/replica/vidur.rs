@@ -5,11 +5,11 @@
 
 use std::collections::VecDeque;
 
+use crate::Result;
 use crate::kv::CountingAllocator;
 use crate::sim::arena::Requests;
 use crate::sim::batch::Batch;
 use crate::sim::request::{ReqIdx, RestartMode, SimRequest};
-use crate::{Error, Result};
 
 /// The `ReplicaPolicy` methods a Vidur scheduler answers from its `base`: the queue and
 /// memory questions, and (with `release_completed`) Vidur's base `on_batch_end`.
@@ -129,23 +129,6 @@ impl VidurBase {
     /// Requests holding memory (Vidur: `len(self._allocation_map)`).
     pub fn num_allocated_requests(&self) -> u32 {
         self.kv.num_requests() as u32
-    }
-
-    /// Fails a request that could never be admitted (it would wait forever).
-    pub fn check_fits(&self, request: &SimRequest, blocks_needed: u32) -> Result<()> {
-        let usable = self.limits.num_blocks - self.limits.watermark_blocks;
-        if blocks_needed > usable {
-            return Err(Error::input(
-                "request",
-                request.id,
-                format!(
-                    "needs {blocks_needed} KV blocks ({} tokens) but a replica has {usable} \
-                     usable blocks",
-                    request.total_tokens()
-                ),
-            ));
-        }
-        Ok(())
     }
 
     /// vLLM/Sarathi admission: a new request needs its whole prompt's blocks on top of the

@@ -1,0 +1,212 @@
+//! The typed config objects `_core.simulate` takes (`SimConfig`, `ReplicaSpec`,
+//! `LinearModel`): each converts its arguments and has the core check them as it is built.
+
+use pyo3::prelude::*;
+use tokenyard_core::sim::{
+    GlobalPolicy, LinearModel, OverLength, ReplicaPolicyConfig, ReplicaPolicyEntry, RestartMode,
+    SglangLimits, SimConfig, VidurKind, VidurLimits,
+};
+
+use crate::errors::{OrRaise, input_error};
+use crate::sched::core_config;
+
+/// One replica policy with its limits, every size already derived.
+#[pyclass(name = "ReplicaSpec", module = "tokenyard._core", frozen)]
+pub(crate) struct PyReplicaSpec {
+    inner: ReplicaPolicyConfig,
+}
+
+#[pymethods]
+impl PyReplicaSpec {
+    /// One of Vidur's five schedulers.
+    #[staticmethod]
+    #[pyo3(signature = (policy, *, num_blocks, block_size, watermark_blocks, batch_size_cap,
+        max_batch_size, num_stages, max_blocks_per_sequence, max_tokens_in_batch, chunk_size,
+        max_waiting_iters, restart))]
+    #[allow(clippy::too_many_arguments)]
+    fn vidur(
+        py: Python<'_>,
+        policy: &str,
+        num_blocks: u32,
+        block_size: u32,
+        watermark_blocks: u32,
+        batch_size_cap: u32,
+        max_batch_size: u32,
+        num_stages: u32,
+        max_blocks_per_sequence: u32,
+        max_tokens_in_batch: u32,
+        chunk_size: u32,
+        max_waiting_iters: u32,
+        restart: &str,
+    ) -> PyResult<Self> {
+        let kind = match ReplicaPolicyEntry::find(policy).or_raise(py)?.name {
+            "vllm" => VidurKind::Vllm,
+            "sarathi" => VidurKind::Sarathi,
+            "orca" => VidurKind::Orca,
+            "lightllm" => VidurKind::LightLlm,
+            "faster_transformer" => VidurKind::FasterTransformer,
+            other => {
+                return Err(input_error(py, "policy", other, "is not one of Vidur's"));
+            }
+        };
+        let limits = VidurLimits {
+            num_blocks,
+            block_size,
+            watermark_blocks,
+            batch_size_cap,
+            max_batch_size,
+            num_stages,
+            max_blocks_per_sequence,
+            max_tokens_in_batch,
+            chunk_size,
+            max_waiting_iters,
+            restart: RestartMode::parse(restart).or_raise(py)?,
+        };
+        Self::checked(py, ReplicaPolicyConfig::Vidur(kind, limits))
+    }
+
+    /// vLLM V1's step scheduler, configured by a `tokenyard.sched.SchedulerConfig`.
+    #[staticmethod]
+    fn vllm_v1(config: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let (core, _async) = core_config(config)?;
+        Self::checked(config.py(), ReplicaPolicyConfig::VllmV1(core))
+    }
+
+    /// Mini-SGLang's scheduler.
+    #[staticmethod]
+    #[pyo3(signature = (*, num_pages, page_size, max_running_requests, max_extend_tokens,
+        graph_batch_sizes))]
+    fn sglang(
+        py: Python<'_>,
+        num_pages: u32,
+        page_size: u32,
+        max_running_requests: u32,
+        max_extend_tokens: u32,
+        graph_batch_sizes: Vec<u32>,
+    ) -> PyResult<Self> {
+        Self::checked(
+            py,
+            ReplicaPolicyConfig::Sglang(SglangLimits {
+                num_pages,
+                page_size,
+                max_running_requests,
+                max_extend_tokens,
+                graph_batch_sizes,
+            }),
+        )
+    }
+
+    /// Replica plugins given to `simulate(replica_plugins=...)`.
+    #[staticmethod]
+    fn plugin(block_size: u32) -> Self {
+        Self {
+            inner: ReplicaPolicyConfig::External { block_size },
+        }
+    }
+
+    #[getter]
+    fn policy(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    /// Why a request of these lengths can never run on one replica (naming the limiting
+    /// setting), or `None`.
+    fn request_limit(&self, num_prefill_tokens: u32, num_decode_tokens: u32) -> Option<String> {
+        self.inner
+            .request_limit(num_prefill_tokens, num_decode_tokens)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("ReplicaSpec({:?})", self.inner)
+    }
+}
+
+impl PyReplicaSpec {
+    /// Builds one replica once, so a bad limit fails here, naming its field.
+    fn checked(py: Python<'_>, inner: ReplicaPolicyConfig) -> PyResult<Self> {
+        inner.validate().or_raise(py)?;
+        Ok(Self { inner })
+    }
+}
+
+/// The linear execution-time model's coefficients.
+#[pyclass(name = "LinearModel", module = "tokenyard._core", frozen)]
+#[derive(Clone)]
+pub(crate) struct PyLinearModel {
+    inner: LinearModel,
+}
+
+#[pymethods]
+impl PyLinearModel {
+    #[new]
+    #[pyo3(signature = (*, constant_s, per_prefill_token_s, per_decode_token_s,
+        per_decode_context_token_s, per_prefill_context_token_s, cpu_overhead_s))]
+    fn new(
+        py: Python<'_>,
+        constant_s: f64,
+        per_prefill_token_s: f64,
+        per_decode_token_s: f64,
+        per_decode_context_token_s: f64,
+        per_prefill_context_token_s: f64,
+        cpu_overhead_s: f64,
+    ) -> PyResult<Self> {
+        let inner = LinearModel {
+            constant_s,
+            per_prefill_token_s,
+            per_decode_token_s,
+            per_decode_context_token_s,
+            per_prefill_context_token_s,
+            cpu_overhead_s,
+        };
+        inner.validate().or_raise(py)?;
+        Ok(Self { inner })
+    }
+}
+
+/// A whole simulation's config, checked by the core when it is built.
+#[pyclass(name = "SimConfig", module = "tokenyard._core", frozen)]
+pub(crate) struct PySimConfig {
+    pub(crate) inner: SimConfig,
+}
+
+#[pymethods]
+impl PySimConfig {
+    #[new]
+    #[pyo3(signature = (*, num_replicas, num_stages, global_policy, balance, replica, linear,
+        seed, hash_block_size, sample_interval_s, record_stages, over_length))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        num_replicas: u32,
+        num_stages: u32,
+        global_policy: &str,
+        balance: f64,
+        replica: &PyReplicaSpec,
+        linear: &PyLinearModel,
+        seed: u64,
+        hash_block_size: u32,
+        sample_interval_s: f64,
+        record_stages: bool,
+        over_length: &str,
+    ) -> PyResult<Self> {
+        let inner = SimConfig {
+            num_replicas,
+            num_stages,
+            global_policy: GlobalPolicy::from_name(global_policy, balance).or_raise(py)?,
+            replica_policy: replica.inner.clone(),
+            exec: linear.inner,
+            seed,
+            hash_block_size,
+            sample_interval_s,
+            record_stages,
+            over_length: OverLength::parse(over_length).or_raise(py)?,
+        };
+        inner.validate().or_raise(py)?;
+        Ok(Self { inner })
+    }
+
+    #[getter]
+    fn replica_policy(&self) -> &'static str {
+        self.inner.replica_policy.name()
+    }
+}

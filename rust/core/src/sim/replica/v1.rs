@@ -24,9 +24,11 @@ pub struct VllmV1 {
     /// Per batch in flight, oldest first: the requests that sample at its end (the step
     /// caught them up with their known tokens). With pipeline stages a request may be in
     /// two batches (two chunks of one prompt); only the batch that caught it up samples.
-    samplers: VecDeque<Vec<(ReqIdx, u32)>>,
-    /// The requests that sample at a batch's end (reused buffer).
-    sampled: Vec<ReqIdx>,
+    /// A request preempted before its batch ends is struck off (its step's work is
+    /// discarded and recomputed).
+    samplers: VecDeque<Vec<ReqIdx>>,
+    /// Emptied lists, reused so a step allocates nothing.
+    spare: Vec<Vec<ReqIdx>>,
 }
 
 impl VllmV1 {
@@ -40,7 +42,7 @@ impl VllmV1 {
             scheduler,
             hash_block_size,
             samplers: VecDeque::new(),
-            sampled: Vec::new(),
+            spare: Vec::new(),
         })
     }
 }
@@ -69,6 +71,9 @@ impl ReplicaPolicy for VllmV1 {
         let out = self.scheduler.schedule()?;
         for &idx in &out.preempted_req_ids {
             requests.get_mut(idx).restart(RestartMode::Recompute);
+            for list in &mut self.samplers {
+                list.retain(|&i| i != idx);
+            }
         }
         // Prefix-cache hits are computed without running: they count as processed.
         for admitted in out
@@ -91,38 +96,28 @@ impl ReplicaPolicy for VllmV1 {
             .iter()
             .map(|&(idx, n)| (idx, n as u32))
             .unzip();
-        // Each with its preemption count: a request preempted before the batch ends has its
-        // step's work discarded, even if it is caught up again by then.
-        let caught_up = ids
-            .iter()
-            .filter_map(|idx| {
-                let r = self.scheduler.get_request(idx)?;
-                (r.num_computed_tokens >= r.num_tokens()).then_some((*idx, r.num_preemptions))
-            })
-            .collect();
+        let mut caught_up = self.spare.pop().unwrap_or_default();
+        caught_up.extend(ids.iter().copied().filter(|idx| {
+            self.scheduler
+                .get_request(idx)
+                .is_some_and(|r| r.num_computed_tokens >= r.num_tokens())
+        }));
         self.samplers.push_back(caught_up);
         Ok(Some((ids, tokens)))
     }
 
     fn on_batch_end(&mut self, _requests: &mut Requests, _batch: &Batch) -> Result<Vec<ReqIdx>> {
         // Batches of one replica end in the order they were formed (stages are FIFO).
-        let Some(caught_up) = self.samplers.pop_front() else {
+        let Some(mut caught_up) = self.samplers.pop_front() else {
             return Err(crate::Error::Plugin(
                 "vllm_v1: a batch ended that this replica never formed".into(),
             ));
         };
-        // A request samples if this batch caught it up and it was not preempted since.
-        self.sampled.clear();
-        for (idx, preemptions) in caught_up {
-            if self.scheduler.get_request(&idx).is_some_and(|r| {
-                r.num_preemptions == preemptions && r.num_computed_tokens >= r.num_tokens()
-            }) {
-                self.sampled.push(idx);
-            }
-        }
         let finished = self
             .scheduler
-            .append_one_token_each(&self.sampled, SAMPLED_TOKEN)?;
+            .append_one_token_each(&caught_up, SAMPLED_TOKEN)?;
+        caught_up.clear();
+        self.spare.push(caught_up);
         Ok(finished.into_iter().map(|(idx, _)| idx).collect())
     }
 

@@ -215,10 +215,12 @@ impl<R: RequestKey> Scheduler<R> {
     /// The simulator's bulk form of `update_from_output`: one token for each of `ids`
     /// (distinct, running), with no speculation. Skips building per-request outputs and
     /// the duplicate check, which cost more than the update itself at this rate.
+    /// Appends one sampled token to each of `ids`: `token(id, position)` gives the token
+    /// at `position` (the request's current length).
     pub(crate) fn append_one_token_each(
         &mut self,
         ids: &[R],
-        token: TokenId,
+        mut token: impl FnMut(&R, usize) -> TokenId,
     ) -> Result<Vec<(R, FinishReason)>> {
         let mut finished = Vec::new();
         for id in ids {
@@ -238,7 +240,8 @@ impl<R: RequestKey> Scheduler<R> {
                 ));
             }
             self.req_mut(slot).spec_token_ids.clear();
-            if let Some(reason) = self.append_sampled(slot, &[token]) {
+            let sampled = token(id, self.req(slot).num_tokens());
+            if let Some(reason) = self.append_sampled(slot, &[sampled]) {
                 finished.push((id.clone(), reason));
                 self.finish(slot, reason)?;
             }

@@ -375,6 +375,10 @@ pub struct SimConfig {
     pub sample_interval_s: f64,
     pub record_stages: bool,
     pub over_length: OverLength,
+    /// Closed-loop load: this many users, each sending its next session (or request) when
+    /// its previous one completed (`super::sessions`); `None`: requests arrive at their
+    /// times (open loop).
+    pub concurrency: Option<u32>,
 }
 
 impl SimConfig {
@@ -429,6 +433,13 @@ impl SimConfig {
                 "replica.num_pipeline_stages",
                 self.num_stages,
                 format!("the {name} replica scheduler does not support pipeline parallelism"),
+            ));
+        }
+        if self.concurrency == Some(0) {
+            return Err(Error::config(
+                "workload.concurrency",
+                0,
+                "must be >= 1 (or absent for open-loop arrivals)",
             ));
         }
         if !(self.sample_interval_s.is_finite() && self.sample_interval_s >= 0.0) {

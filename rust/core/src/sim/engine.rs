@@ -17,6 +17,7 @@ use super::global::{ReplicaLoad, RouteInfo, RoutePlugin, Router};
 use super::metrics::{GapHistogram, ReplicaTotals, RequestTable, Samples, StageTrace};
 use super::replica::ReplicaPolicy;
 use super::request::{ReqIdx, SimRequest};
+use super::sessions::{Intake, Next, Sessions, Turn};
 use super::tokens::synthesize_prompt;
 use crate::{Error, Result};
 
@@ -27,6 +28,27 @@ pub struct ArrivingRequest {
     pub num_prefill_tokens: u32,
     pub num_decode_tokens: u32,
     pub hash_ids: Vec<u64>,
+    /// The conversation (or agent run) this request is a turn of; `None`: independent.
+    /// See `super::sessions` for when a turn is sent.
+    pub session: Option<u64>,
+    /// Think / tool time: a later turn of a session is sent this long after the previous
+    /// turn completes; under closed-loop load, a session's first turn waits this long after
+    /// its user's previous session ended.
+    pub delay_s: f64,
+}
+
+impl ArrivingRequest {
+    /// An independent request (no session).
+    pub fn new(arrived_at: f64, num_prefill_tokens: u32, num_decode_tokens: u32) -> Self {
+        Self {
+            arrived_at,
+            num_prefill_tokens,
+            num_decode_tokens,
+            hash_ids: Vec::new(),
+            session: None,
+            delay_s: 0.0,
+        }
+    }
 }
 
 /// Where requests come from, a chunk at a time (the trace is never held whole).
@@ -58,7 +80,13 @@ pub struct SimOutput {
 
 #[derive(Debug, Clone, Copy)]
 enum EventKind {
+    /// The stream's next request (open loop), still at the front of the chunk.
     Arrival,
+    /// A request whose send time depended on other requests (a later turn of a session, or
+    /// closed-loop load), held in `Simulator::deferred`.
+    TurnArrival {
+        key: u64,
+    },
     ReplicaSchedule {
         replica: u32,
     },
@@ -142,6 +170,9 @@ pub struct Simulator<'a> {
     source_done: bool,
     progress_due: bool,
     route_plugin: Option<Box<dyn RoutePlugin + 'a>>,
+    sessions: Sessions,
+    deferred: FxHashMap<u64, Turn>,
+    next_deferred_key: u64,
     out: SimOutput,
 }
 
@@ -197,6 +228,7 @@ impl<'a> Simulator<'a> {
             replicas: ReplicaTotals::new(replicas.len()),
             ..SimOutput::default()
         };
+        let concurrency = config.concurrency;
         Ok(Self {
             config,
             exec,
@@ -214,6 +246,9 @@ impl<'a> Simulator<'a> {
             source_done: false,
             progress_due: false,
             route_plugin: None,
+            sessions: Sessions::new(concurrency),
+            deferred: FxHashMap::default(),
+            next_deferred_key: 0,
             out,
         })
     }
@@ -282,7 +317,10 @@ impl<'a> Simulator<'a> {
 
     fn push(&mut self, time: f64, kind: EventKind) {
         self.seq += 1;
-        let class = u8::from(!matches!(kind, EventKind::Arrival));
+        let class = u8::from(!matches!(
+            kind,
+            EventKind::Arrival | EventKind::TurnArrival { .. }
+        ));
         self.events.push(Event {
             time,
             class,
@@ -294,6 +332,10 @@ impl<'a> Simulator<'a> {
     fn handle(&mut self, kind: EventKind, source: &mut dyn RequestSource) -> Result<()> {
         match kind {
             EventKind::Arrival => self.on_arrival(source),
+            EventKind::TurnArrival { key } => {
+                let turn = self.deferred.remove(&key).expect("a deferred turn");
+                self.admit(turn, source)
+            }
             EventKind::ReplicaSchedule { replica } => self.on_replica_schedule(replica),
             EventKind::StageArrival {
                 replica,
@@ -324,12 +366,12 @@ impl<'a> Simulator<'a> {
                 self.push(self.now, next);
                 Ok(())
             }
-            EventKind::BatchEnd { replica, batch } => self.on_batch_end(replica, batch),
+            EventKind::BatchEnd { replica, batch } => self.on_batch_end(replica, batch, source),
         }
     }
 
-    /// Queues the next request's arrival, pulling a chunk from the source when needed.
-    fn schedule_next_arrival(&mut self, source: &mut dyn RequestSource) -> Result<()> {
+    /// Pulls the next chunk from the source while the current one is used up.
+    fn refill(&mut self, source: &mut dyn RequestSource) -> Result<()> {
         while self.chunk.is_empty() && !self.source_done {
             source.progress(self.out.requests.len() as u64)?;
             match source.next_chunk()? {
@@ -337,46 +379,125 @@ impl<'a> Simulator<'a> {
                 None => self.source_done = true,
             }
         }
-        if let Some(next) = self.chunk.front() {
-            let id = self.next_request_id;
-            if !(next.arrived_at.is_finite() && next.arrived_at >= 0.0) {
-                return Err(Error::input(
-                    "arrived_at",
-                    next.arrived_at,
-                    format!("request {id}: must be a finite time >= 0"),
-                ));
+        Ok(())
+    }
+
+    /// Open loop: queues the stream's next lead (a request on its own or a session's first
+    /// turn) at its arrival time; later turns read on the way are parked or released by
+    /// `Sessions::follow`. Closed loop: free users take sessions.
+    fn schedule_next_arrival(&mut self, source: &mut dyn RequestSource) -> Result<()> {
+        if self.sessions.is_closed_loop() {
+            return self.fill_users(source);
+        }
+        loop {
+            self.refill(source)?;
+            let Some(next) = self.chunk.front() else {
+                return Ok(());
+            };
+            check_arriving(next, self.next_request_id)?;
+            match self.sessions.classify(next) {
+                Intake::Lead => {
+                    let time = next.arrived_at;
+                    self.check_order(time)?;
+                    self.push(time, EventKind::Arrival);
+                    return Ok(());
+                }
+                Intake::Follow => {
+                    let (id, request) = self.pop_stream();
+                    if let Some((time, turn)) = self.sessions.follow(id, request, self.now) {
+                        self.push_turn(time, turn);
+                    }
+                }
             }
-            if next.arrived_at < self.last_arrival {
-                return Err(Error::input(
-                    "arrived_at",
-                    next.arrived_at,
-                    format!(
-                        "request {id} arrives before the previous one ({}): arrivals must \
-                         be in time order",
-                        self.last_arrival
-                    ),
-                ));
+        }
+    }
+
+    /// Closed loop: each free user takes the stream's next session (its turns are
+    /// consecutive in the stream and read at once).
+    fn fill_users(&mut self, source: &mut dyn RequestSource) -> Result<()> {
+        while self.sessions.has_free_user() {
+            self.refill(source)?;
+            let Some(next) = self.chunk.front() else {
+                return Ok(());
+            };
+            check_arriving(next, self.next_request_id)?;
+            self.check_order(next.arrived_at)?;
+            let (id, request) = self.pop_stream();
+            let session = request.session;
+            let mut rest = Vec::new();
+            while let Some(s) = session {
+                self.refill(source)?;
+                match self.chunk.front() {
+                    Some(next) if next.session == Some(s) => {
+                        check_arriving(next, self.next_request_id)?;
+                        let (id, request) = self.pop_stream();
+                        rest.push(Turn {
+                            id,
+                            request,
+                            turn: 0,
+                        });
+                    }
+                    _ => break,
+                }
             }
-            if next.num_prefill_tokens == 0 || next.num_decode_tokens == 0 {
-                return Err(Error::input(
-                    "num_tokens",
-                    format!("{}/{}", next.num_prefill_tokens, next.num_decode_tokens),
-                    format!("request {id}: prefill and decode tokens must both be >= 1"),
-                ));
+            let lead = Turn {
+                id,
+                request,
+                turn: 0,
+            };
+            if let Some((time, turn)) = self.sessions.start_session(lead, rest, self.now)? {
+                self.push_turn(time, turn);
             }
-            self.last_arrival = next.arrived_at;
-            self.push(next.arrived_at, EventKind::Arrival);
         }
         Ok(())
     }
 
-    fn on_arrival(&mut self, source: &mut dyn RequestSource) -> Result<()> {
-        let arriving = self
-            .chunk
-            .pop_front()
-            .expect("an arrival event has its request");
+    fn check_order(&mut self, arrived_at: f64) -> Result<()> {
+        if arrived_at < self.last_arrival {
+            let id = self.next_request_id;
+            return Err(Error::input(
+                "arrived_at",
+                arrived_at,
+                format!(
+                    "request {id} arrives before the previous one ({}): arrivals must \
+                     be in time order",
+                    self.last_arrival
+                ),
+            ));
+        }
+        self.last_arrival = arrived_at;
+        Ok(())
+    }
+
+    /// The stream's next request with its id (its position in the stream).
+    fn pop_stream(&mut self) -> (u64, ArrivingRequest) {
+        let request = self.chunk.pop_front().expect("a request in the chunk");
         let id = self.next_request_id;
         self.next_request_id += 1;
+        (id, request)
+    }
+
+    fn push_turn(&mut self, time: f64, turn: Turn) {
+        let key = self.next_deferred_key;
+        self.next_deferred_key += 1;
+        self.deferred.insert(key, turn);
+        self.push(time, EventKind::TurnArrival { key });
+    }
+
+    fn on_arrival(&mut self, source: &mut dyn RequestSource) -> Result<()> {
+        let (id, request) = self.pop_stream();
+        let turn = self.sessions.begin(request.session);
+        self.admit(Turn { id, request, turn }, source)?;
+        self.schedule_next_arrival(source)
+    }
+
+    /// A request is sent: checked against the replicas' limits, routed and queued.
+    fn admit(&mut self, turn: Turn, source: &mut dyn RequestSource) -> Result<()> {
+        let Turn {
+            id,
+            request: arriving,
+            turn,
+        } = turn;
         let limit = self
             .config
             .replica_policy
@@ -384,7 +505,8 @@ impl<'a> Simulator<'a> {
         if let Some(reason) = limit {
             if self.config.over_length == OverLength::Skip {
                 self.out.num_skipped_over_length += 1;
-                return self.schedule_next_arrival(source);
+                // A skipped turn ends at once, so its session goes on.
+                return self.on_turn_done(arriving.session, source);
             }
             return Err(Error::input(
                 "request",
@@ -399,11 +521,13 @@ impl<'a> Simulator<'a> {
         }
         let mut request = SimRequest::new(
             id,
-            arriving.arrived_at,
+            self.now,
             arriving.num_prefill_tokens,
             arriving.num_decode_tokens,
             arriving.hash_ids,
         );
+        request.session = arriving.session;
+        request.turn = turn;
         let replica = self.route(&request)?;
         request.replica = replica as u32;
         let idx = self.requests.insert(request);
@@ -416,7 +540,20 @@ impl<'a> Simulator<'a> {
                 replica: replica as u32,
             },
         );
-        self.schedule_next_arrival(source)
+        Ok(())
+    }
+
+    /// A turn of `session` (or a request on its own) is over: the next turn is sent, or
+    /// under closed-loop load its user takes the next session.
+    fn on_turn_done(&mut self, session: Option<u64>, source: &mut dyn RequestSource) -> Result<()> {
+        match self.sessions.complete(session, self.now) {
+            Next::Nothing => Ok(()),
+            Next::Send((time, turn)) => {
+                self.push_turn(time, turn);
+                Ok(())
+            }
+            Next::UserFree => self.fill_users(source),
+        }
     }
 
     fn route(&mut self, request: &SimRequest) -> Result<usize> {
@@ -561,7 +698,12 @@ impl<'a> Simulator<'a> {
         Ok(())
     }
 
-    fn on_batch_end(&mut self, replica: u32, batch_id: u64) -> Result<()> {
+    fn on_batch_end(
+        &mut self,
+        replica: u32,
+        batch_id: u64,
+        source: &mut dyn RequestSource,
+    ) -> Result<()> {
         let r = replica as usize;
         let batch = self.batches.remove(&batch_id).expect("a batch in flight");
         for ((&idx, &n), &epoch) in batch
@@ -583,7 +725,7 @@ impl<'a> Simulator<'a> {
             .policy
             .on_batch_end(&mut self.requests, &batch)?;
         for idx in released {
-            self.release(idx)?;
+            self.release(idx, source)?;
             if self.out.requests.len().is_multiple_of(PROGRESS_EVERY) {
                 self.progress_due = true;
             }
@@ -596,7 +738,7 @@ impl<'a> Simulator<'a> {
         Ok(())
     }
 
-    fn release(&mut self, idx: ReqIdx) -> Result<()> {
+    fn release(&mut self, idx: ReqIdx, source: &mut dyn RequestSource) -> Result<()> {
         let request = self.requests.remove(idx);
         if !request.completed {
             return Err(Error::Plugin(format!(
@@ -607,6 +749,9 @@ impl<'a> Simulator<'a> {
             )));
         }
         self.out.requests.push(&request);
+        if request.session.is_some() || self.sessions.is_closed_loop() {
+            self.on_turn_done(request.session, source)?;
+        }
         Ok(())
     }
 
@@ -634,4 +779,40 @@ impl<'a> Simulator<'a> {
         totals.num_prefill_tokens[r] += shape.num_prefill_tokens;
         totals.num_decode_tokens[r] += shape.num_decode_tokens;
     }
+}
+
+/// A request as read from the stream must have a time and tokens.
+fn check_arriving(request: &ArrivingRequest, id: u64) -> Result<()> {
+    if !(request.arrived_at.is_finite() && request.arrived_at >= 0.0) {
+        return Err(Error::input(
+            "arrived_at",
+            request.arrived_at,
+            format!("request {id}: must be a finite time >= 0"),
+        ));
+    }
+    if request.num_prefill_tokens == 0 || request.num_decode_tokens == 0 {
+        return Err(Error::input(
+            "num_tokens",
+            format!(
+                "{}/{}",
+                request.num_prefill_tokens, request.num_decode_tokens
+            ),
+            format!("request {id}: prefill and decode tokens must both be >= 1"),
+        ));
+    }
+    if !(request.delay_s.is_finite() && request.delay_s >= 0.0) {
+        return Err(Error::input(
+            "delay_s",
+            request.delay_s,
+            format!("request {id}: a think time must be finite and >= 0"),
+        ));
+    }
+    if request.session.is_some_and(|s| s > i64::MAX as u64) {
+        return Err(Error::input(
+            "session",
+            request.session.unwrap_or_default(),
+            format!("request {id}: session ids must be < 2^63"),
+        ));
+    }
+    Ok(())
 }

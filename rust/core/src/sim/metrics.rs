@@ -20,6 +20,9 @@ pub struct RequestTable {
     pub max_token_gap: Vec<f64>,
     pub execution_time: Vec<f64>,
     pub model_execution_time: Vec<f64>,
+    /// -1 for a request outside any session.
+    pub session_id: Vec<i64>,
+    pub turn: Vec<u32>,
 }
 
 impl RequestTable {
@@ -38,6 +41,9 @@ impl RequestTable {
         self.execution_time.push(r.timing.execution_time);
         self.model_execution_time
             .push(r.timing.model_execution_time);
+        // Session ids are checked to be < 2^63 when they arrive.
+        self.session_id.push(r.session.map_or(-1, |s| s as i64));
+        self.turn.push(r.turn);
     }
 
     pub fn len(&self) -> usize {

@@ -18,6 +18,7 @@ mod metrics;
 pub mod replica;
 pub mod request;
 mod rng;
+pub mod sessions;
 mod tokens;
 
 pub use arena::Requests;
@@ -35,5 +36,7 @@ pub use replica::{
 pub use request::{ReqIdx, RestartMode, SimRequest};
 pub use rng::Rng;
 
+#[cfg(test)]
+mod session_tests;
 #[cfg(test)]
 mod tests;

@@ -68,6 +68,9 @@ pub struct SimRequest {
     pub prefix_hit_tokens: u32,
     /// Prefix identity: block content ids, each covering the workload's hash block size.
     pub hash_ids: Vec<u64>,
+    /// The session this request is a turn of (`super::sessions`), and its place in it.
+    pub session: Option<u64>,
+    pub turn: u32,
     pub timing: RequestTiming,
 }
 
@@ -119,6 +122,8 @@ impl SimRequest {
             replica: 0,
             prefix_hit_tokens: 0,
             hash_ids,
+            session: None,
+            turn: 0,
             timing: RequestTiming::default(),
         }
     }

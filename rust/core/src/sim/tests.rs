@@ -5,7 +5,7 @@ use super::*;
 use crate::Result;
 use crate::sched::SchedulerConfig;
 
-struct VecSource(Option<Vec<ArrivingRequest>>);
+pub(super) struct VecSource(pub(super) Option<Vec<ArrivingRequest>>);
 
 impl RequestSource for VecSource {
     fn next_chunk(&mut self) -> Result<Option<Vec<ArrivingRequest>>> {
@@ -13,17 +13,12 @@ impl RequestSource for VecSource {
     }
 }
 
-fn req(at: f64, prefill: u32, decode: u32) -> ArrivingRequest {
-    ArrivingRequest {
-        arrived_at: at,
-        num_prefill_tokens: prefill,
-        num_decode_tokens: decode,
-        hash_ids: vec![],
-    }
+pub(super) fn req(at: f64, prefill: u32, decode: u32) -> ArrivingRequest {
+    ArrivingRequest::new(at, prefill, decode)
 }
 
 /// `constant` seconds per iteration plus per-token terms; no CPU overhead.
-fn linear(constant: f64, per_prefill: f64, per_decode: f64) -> LinearModel {
+pub(super) fn linear(constant: f64, per_prefill: f64, per_decode: f64) -> LinearModel {
     LinearModel {
         constant_s: constant,
         per_prefill_token_s: per_prefill,
@@ -51,7 +46,11 @@ fn limits() -> VidurLimits {
 }
 
 /// One replica with `num_stages` stages (a Vidur policy's limits follow them).
-fn config(mut policy: ReplicaPolicyConfig, num_stages: u32, exec: LinearModel) -> SimConfig {
+pub(super) fn config(
+    mut policy: ReplicaPolicyConfig,
+    num_stages: u32,
+    exec: LinearModel,
+) -> SimConfig {
     if let ReplicaPolicyConfig::Vidur(_, limits) = &mut policy {
         limits.num_stages = num_stages;
     }
@@ -66,17 +65,18 @@ fn config(mut policy: ReplicaPolicyConfig, num_stages: u32, exec: LinearModel) -
         sample_interval_s: 0.0,
         record_stages: true,
         over_length: crate::sim::OverLength::Error,
+        concurrency: None,
     }
 }
 
-fn run(config: SimConfig, requests: Vec<ArrivingRequest>) -> SimOutput {
+pub(super) fn run(config: SimConfig, requests: Vec<ArrivingRequest>) -> SimOutput {
     let mut exec = config.exec;
     let sim = Simulator::new(config, &mut exec).unwrap();
     sim.run(&mut VecSource(Some(requests))).unwrap()
 }
 
 /// (first token, completion) per request id.
-fn times(out: &SimOutput) -> Vec<(u64, f64, f64)> {
+pub(super) fn times(out: &SimOutput) -> Vec<(u64, f64, f64)> {
     let t = &out.requests;
     let mut rows: Vec<_> = (0..t.len())
         .map(|i| (t.request_id[i], t.first_token_at[i], t.completed_at[i]))
@@ -94,7 +94,7 @@ fn batches(out: &SimOutput) -> Vec<(u64, u64)> {
         .collect()
 }
 
-fn close(a: f64, b: f64) -> bool {
+pub(super) fn close(a: f64, b: f64) -> bool {
     (a - b).abs() < 1e-9
 }
 

@@ -30,6 +30,25 @@ pub fn synthesize_prompt(
         .collect()
 }
 
+/// The output token at `position` (counted from the start of the prompt) when the request's
+/// block ids reach past its prompt: a conversation's turn carries ids for its output too,
+/// because the next turn's prompt repeats that output, and the two must share tokens for a
+/// prefix cache to hit on them. `None` when the ids cover only the prompt (the usual case:
+/// output tokens are then the request's own).
+pub fn shared_output_token(
+    num_prompt_tokens: u32,
+    position: u64,
+    hash_ids: &[u64],
+    hash_block_size: u32,
+) -> Option<TokenId> {
+    let block = hash_block_size.max(1) as u64;
+    if hash_ids.len() as u64 <= (num_prompt_tokens as u64).div_ceil(block) {
+        return None;
+    }
+    let id = *hash_ids.get(usize::try_from(position / block).ok()?)?;
+    Some(mix(id, position % block))
+}
+
 /// The token at `position` of a request's own (unshared) tokens. The salt no block id can
 /// produce keeps them from matching other requests'.
 pub fn private_token(request_id: u64, position: u64) -> TokenId {
@@ -50,6 +69,26 @@ mod tests {
             a[8..],
             b[8..],
             "tokens past the block ids are the request's own"
+        );
+    }
+
+    #[test]
+    fn output_tokens_are_shared_only_when_the_ids_reach_past_the_prompt() {
+        // A 6-token prompt with 4-token blocks needs 2 ids: 2 ids cover only the prompt.
+        assert_eq!(shared_output_token(6, 6, &[7, 8], 4), None);
+        // With 3 ids, the output continues the blocks: the next turn's prompt (10 tokens
+        // with the same 3 ids) has the same tokens at positions 6..10.
+        let next_turn = synthesize_prompt(99, 10, &[7, 8, 9], 4);
+        for position in 6..10 {
+            assert_eq!(
+                shared_output_token(6, position, &[7, 8, 9], 4),
+                Some(next_turn[position as usize])
+            );
+        }
+        assert_eq!(
+            shared_output_token(6, 12, &[7, 8, 9], 4),
+            None,
+            "past the ids"
         );
     }
 }

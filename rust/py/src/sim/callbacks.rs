@@ -34,17 +34,23 @@ fn convert_chunk(chunk: &Bound<'_, PyAny>) -> PyResult<Vec<ArrivingRequest>> {
         Some((offsets.as_slice()?.to_vec(), ids.as_slice()?.to_vec()))
     };
     let n = arrived.len();
+    let session_ids = optional_array::<u64>(chunk, "session_ids")?;
+    let delay_values = optional_array::<f64>(chunk, "delay_s")?;
+    let sessions = session_ids.as_ref().map(|a| a.as_slice()).transpose()?;
+    let delays = delay_values.as_ref().map(|a| a.as_slice()).transpose()?;
     let offsets_ok = hashes.as_ref().is_none_or(|(off, ids)| {
         off.len() == n + 1
             && off.windows(2).all(|w| w[0] <= w[1])
             && off.last().is_none_or(|&end| end as usize <= ids.len())
     });
-    if prefill.len() != n || decode.len() != n || !offsets_ok {
+    let columns_ok = sessions.is_none_or(|s| s.len() == n) && delays.is_none_or(|d| d.len() == n);
+    if prefill.len() != n || decode.len() != n || !offsets_ok || !columns_ok {
         return Err(input_error(
             chunk.py(),
             "chunk",
             format!("{n}/{}/{}", prefill.len(), decode.len()),
-            "arrived_at, num_prefill_tokens, num_decode_tokens and hash_offsets do not line up",
+            "arrived_at, num_prefill_tokens, num_decode_tokens, hash_offsets, session_ids \
+             and delay_s do not line up",
         ));
     }
     Ok((0..n)
@@ -55,8 +61,21 @@ fn convert_chunk(chunk: &Bound<'_, PyAny>) -> PyResult<Vec<ArrivingRequest>> {
             hash_ids: hashes.as_ref().map_or_else(Vec::new, |(off, ids)| {
                 ids[off[i] as usize..off[i + 1] as usize].to_vec()
             }),
+            session: sessions.map(|s| s[i]),
+            delay_s: delays.map_or(0.0, |d| d[i]),
         })
         .collect())
+}
+
+/// A chunk's optional column (`None` when the chunk has no such attribute or it is None).
+fn optional_array<'py, T: numpy::Element>(
+    chunk: &Bound<'py, PyAny>,
+    name: &str,
+) -> PyResult<Option<PyReadonlyArray1<'py, T>>> {
+    match chunk.getattr(name) {
+        Ok(value) if !value.is_none() => Ok(Some(value.extract()?)),
+        _ => Ok(None),
+    }
 }
 
 impl RequestSource for PySource {

@@ -173,7 +173,7 @@ pub(crate) struct PySimConfig {
 impl PySimConfig {
     #[new]
     #[pyo3(signature = (*, num_replicas, num_stages, global_policy, balance, replica, linear,
-        seed, hash_block_size, sample_interval_s, record_stages, over_length))]
+        seed, hash_block_size, sample_interval_s, record_stages, over_length, concurrency=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -188,6 +188,7 @@ impl PySimConfig {
         sample_interval_s: f64,
         record_stages: bool,
         over_length: &str,
+        concurrency: Option<u32>,
     ) -> PyResult<Self> {
         let inner = SimConfig {
             num_replicas,
@@ -200,6 +201,7 @@ impl PySimConfig {
             sample_interval_s,
             record_stages,
             over_length: OverLength::parse(over_length).or_raise(py)?,
+            concurrency,
         };
         inner.validate().or_raise(py)?;
         Ok(Self { inner })

@@ -15,7 +15,7 @@ use crate::kv::{KvCapacity, RadixPool, TokenId};
 use crate::sim::arena::Requests;
 use crate::sim::batch::Batch;
 use crate::sim::request::ReqIdx;
-use crate::sim::tokens::{private_token, synthesize_prompt};
+use crate::sim::tokens::{private_token, shared_output_token, synthesize_prompt};
 use crate::{Error, Result};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -158,9 +158,17 @@ impl Sglang {
     fn decode_batch(&mut self, requests: &mut Requests) -> Result<BatchPlan> {
         let batch = std::mem::take(&mut self.running);
         for &idx in &batch {
-            // The token being decoded: its content only matters to this request.
+            // The token being decoded (the last one sampled): its content only matters to
+            // this request, unless its block ids cover its output (a conversation turn).
             let r = requests.get(idx);
-            let token = private_token(r.id, r.num_processed_tokens as u64);
+            let position = r.num_processed_tokens as u64 - 1;
+            let token = shared_output_token(
+                r.original_prefill_tokens,
+                position,
+                &r.hash_ids,
+                self.hash_block_size,
+            )
+            .unwrap_or_else(|| private_token(r.id, r.num_processed_tokens as u64));
             self.allocate(idx, &[token], 1)?;
         }
         let tokens = vec![1; batch.len()];

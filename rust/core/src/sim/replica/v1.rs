@@ -13,9 +13,11 @@ use crate::sched::{PolicyPlugin, RequestSpec, Scheduler, SchedulerConfig};
 use crate::sim::arena::Requests;
 use crate::sim::batch::Batch;
 use crate::sim::request::{ReqIdx, RestartMode};
-use crate::sim::tokens::synthesize_prompt;
+use crate::sim::tokens::{shared_output_token, synthesize_prompt};
 
-/// The token every simulated step samples (its value is never looked at: EOS is ignored).
+/// The token a simulated step samples unless the request's block ids cover its output (a
+/// conversation turn; see `shared_output_token`). Its value is never looked at: EOS is
+/// ignored.
 const SAMPLED_TOKEN: u32 = 1;
 
 pub struct VllmV1 {
@@ -106,16 +108,26 @@ impl ReplicaPolicy for VllmV1 {
         Ok(Some((ids, tokens)))
     }
 
-    fn on_batch_end(&mut self, _requests: &mut Requests, _batch: &Batch) -> Result<Vec<ReqIdx>> {
+    fn on_batch_end(&mut self, requests: &mut Requests, _batch: &Batch) -> Result<Vec<ReqIdx>> {
         // Batches of one replica end in the order they were formed (stages are FIFO).
         let Some(mut caught_up) = self.samplers.pop_front() else {
             return Err(crate::Error::Plugin(
                 "vllm_v1: a batch ended that this replica never formed".into(),
             ));
         };
+        let block = self.hash_block_size;
         let finished = self
             .scheduler
-            .append_one_token_each(&caught_up, SAMPLED_TOKEN)?;
+            .append_one_token_each(&caught_up, |&idx, position| {
+                let r = requests.get(idx);
+                shared_output_token(
+                    r.original_prefill_tokens,
+                    position as u64,
+                    &r.hash_ids,
+                    block,
+                )
+                .unwrap_or(SAMPLED_TOKEN)
+            })?;
         caught_up.clear();
         self.spare.push(caught_up);
         Ok(finished.into_iter().map(|(idx, _)| idx).collect())

@@ -285,4 +285,20 @@ def format_summary(result: SimulationResult) -> str:
         f"{r['kv_usage']['mean']:.0%}, p99 {r['kv_usage']['p99']:.0%}; batch size mean "
         f"{r['batch_size']['mean']:.1f}, p99 {r['batch_size']['p99']:.0f}",
     ]
+    if "sessions" in s:
+        lines += _session_lines(s["sessions"])
     return "\n".join(lines)
+
+
+def _session_lines(sessions: dict[str, Any]) -> list[str]:
+    """The summary's ``sessions`` section: completion times and the first turns' TTFT."""
+    time_s, turns = sessions["session_time_s"], sessions["num_turns"]
+    per_turn = ", ".join(
+        f"{k}: {v['ttft_mean']:.3f} s ({v['prefix_hit_rate']:.0%} hit)"
+        for k, v in list(sessions["per_turn"].items())[:4]
+    )
+    return [
+        f"sessions: {sessions['num_sessions']:,} of {turns['mean']:.1f} turns on average; "
+        f"session time mean {time_s['mean']:.1f} s, p90 {time_s['p90']:.1f} s",
+        f"TTFT by turn: {per_turn}",
+    ]

@@ -4,10 +4,12 @@ the sampled replica state, and the files written for them.
 Per request: arrival, first scheduling, first token and completion times; ``ttft`` (first
 token - arrival), ``tpot`` (mean time per output token after the first), ``e2e``,
 ``scheduling_delay`` (first scheduling - arrival), the largest gap between two tokens,
-restarts (preemptions), prefix-cache hit tokens and the replica. The summary adds mean and
+restarts (preemptions), prefix-cache hit tokens, the replica, and the session and turn
+(``session_id`` -1 outside any session). The summary adds mean and
 p50/p90/p99 of each, the token-gap (TBT) distribution over every output token, prompt and
 decode throughput, goodput under the TTFT/TPOT SLOs, KV usage and batch sizes over time and
-each replica's busy fraction.
+each replica's busy fraction, and, for a workload with sessions, a ``sessions`` section
+(session completion times; TTFT and prefix hits per turn).
 """
 
 from __future__ import annotations
@@ -197,7 +199,7 @@ def summarize(
     busy = replicas["busy_time"] / (num_stages * makespan)
     samples = raw["samples"]
     batches = np.maximum(replicas["num_batches"], 1)
-    return {
+    found = {
         "config": description,
         "num_requests": n,
         "makespan_s": float(raw["makespan"]),
@@ -237,4 +239,46 @@ def summarize(
             "kv_usage": _stats(samples["kv_usage"]),
             "batch_size": _stats(samples["batch_size"].astype(np.float64)),
         },
+    }
+    if "session_id" in columns and (columns["session_id"] >= 0).any():
+        found["sessions"] = session_summary(columns)
+    return found
+
+
+#: Turns reported one by one in ``sessions.per_turn``; later turns are pooled.
+PER_TURN = 8
+
+
+def session_summary(columns: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Per session: completion time (last turn's completion - first turn's arrival) and turn
+    count; per turn position: TTFT and prefix hit rate (turn ``PER_TURN`` and later pooled as
+    ``"8+"``)."""
+    in_session = columns["session_id"] >= 0
+    sessions = columns["session_id"][in_session]
+    ids, num_turns = np.unique(sessions, return_counts=True)
+    order = np.argsort(sessions, kind="stable")
+    arrived = columns["arrived_at"][in_session][order]
+    completed = columns["completed_at"][in_session][order]
+    starts = np.concatenate([[0], np.cumsum(num_turns)[:-1]])
+    session_time = np.maximum.reduceat(completed, starts) - np.minimum.reduceat(arrived, starts)
+    turn = columns["turn"][in_session]
+    ttft = columns["ttft"][in_session]
+    prompt = columns["num_prefill_tokens"][in_session].astype(np.int64)
+    hits = columns["prefix_hit_tokens"][in_session].astype(np.int64)
+    per_turn: dict[str, dict[str, float]] = {}
+    for k in range(int(turn.max()) + 1 if turn.size else 0):
+        if k > PER_TURN:
+            break
+        chosen = turn == k if k < PER_TURN else turn >= k
+        per_turn[str(k) if k < PER_TURN else f"{k}+"] = {
+            "count": int(chosen.sum()),
+            "ttft_mean": float(ttft[chosen].mean()),
+            "ttft_p90": float(np.percentile(ttft[chosen], 90)),
+            "prefix_hit_rate": float(hits[chosen].sum() / max(int(prompt[chosen].sum()), 1)),
+        }
+    return {
+        "num_sessions": int(ids.size),
+        "num_turns": _stats(num_turns.astype(np.float64)),
+        "session_time_s": _stats(session_time),
+        "per_turn": per_turn,
     }

@@ -22,7 +22,7 @@ from tokenyard.simulation.results import (
     summarize,
     token_gap_table,
 )
-from tokenyard.workload import load_workload
+from tokenyard.workload import ClosedLoop, load_workload
 
 __all__ = ["load_object", "plan_for", "replica_spec", "simulate"]
 
@@ -60,7 +60,8 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
     # No prefix identity: every prompt is unique, so a prefix cache would only cost time.
     caching = workload.hash_block_size is not None
     replica = replica_spec(config, plan, prefix_caching=caching)
-    core_config = _core_config(config, replica, workload.hash_block_size or 16)
+    concurrency = workload.concurrency if isinstance(workload, ClosedLoop) else None
+    core_config = _core_config(config, replica, workload.hash_block_size or 16, concurrency)
     choice = choose_execution(config)
     predictor = build_predictor(config, choice)
     exec_model: Any = None
@@ -245,7 +246,10 @@ def replica_spec(
 
 
 def _core_config(
-    config: SimulationConfig, replica: _core.ReplicaSpec, hash_block_size: int
+    config: SimulationConfig,
+    replica: _core.ReplicaSpec,
+    hash_block_size: int,
+    concurrency: int | None,
 ) -> _core.SimConfig:
     g = config.cluster.global_scheduler
     return _core.SimConfig(
@@ -261,4 +265,5 @@ def _core_config(
         sample_interval_s=config.metrics.sample_interval_s,
         record_stages=config.metrics.record_stages,
         over_length=config.replica.over_length,
+        concurrency=concurrency,
     )

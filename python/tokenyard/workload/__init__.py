@@ -13,6 +13,8 @@ millions of requests is replayed with memory flat in its length::
 - ``chunk``: ``RequestChunk``, the ``Workload`` protocol, ``summarize``.
 - ``synthetic``: ``SyntheticWorkload`` and its parts (``ArrivalProcess``,
   ``LengthDistribution``, ``SharedPrefix``).
+- ``sessions``: ``SessionWorkload`` (conversations and agents: turns sent a think time
+  after the previous one completes) and ``ClosedLoop`` (a fixed number of users).
 - ``traces``: ``VidurTrace``, ``MooncakeTrace``, ``AzureTrace``; ``TraceError`` names the
   file, line and field of a bad row.
 - ``config``: ``load_workload``, the entry point of the simulator's config.
@@ -20,9 +22,10 @@ millions of requests is replayed with memory flat in its length::
 See ``docs/workloads.md`` for every option and the trace formats.
 """
 
-from tokenyard.workload.chunk import RequestChunk, Workload, WorkloadStats, summarize
+from tokenyard.workload.chunk import NO_SESSION, RequestChunk, Workload, WorkloadStats, summarize
 from tokenyard.workload.config import load_workload
 from tokenyard.workload.errors import TraceError
+from tokenyard.workload.sessions import ClosedLoop, SessionWorkload, ThinkTime
 from tokenyard.workload.synthetic import (
     SHARED_ID_BIT,
     ArrivalProcess,
@@ -33,14 +36,18 @@ from tokenyard.workload.synthetic import (
 from tokenyard.workload.traces import AzureTrace, MooncakeTrace, VidurTrace, sample_path
 
 __all__ = [
+    "NO_SESSION",
     "SHARED_ID_BIT",
     "ArrivalProcess",
     "AzureTrace",
+    "ClosedLoop",
     "LengthDistribution",
     "MooncakeTrace",
     "RequestChunk",
+    "SessionWorkload",
     "SharedPrefix",
     "SyntheticWorkload",
+    "ThinkTime",
     "TraceError",
     "VidurTrace",
     "Workload",

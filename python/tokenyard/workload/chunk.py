@@ -17,9 +17,11 @@ import numpy.typing as npt
 
 from tokenyard.errors import InputError
 
-__all__ = ["RequestChunk", "Workload", "WorkloadStats", "summarize"]
+__all__ = ["NO_SESSION", "RequestChunk", "Workload", "WorkloadStats", "summarize"]
 
 DEFAULT_CHUNK_SIZE = 65536
+NO_SESSION = 2**64 - 1
+"""``RequestChunk.session_ids`` of a request outside any session."""
 
 F64 = npt.NDArray[np.float64]
 U32 = npt.NDArray[np.uint32]
@@ -51,7 +53,16 @@ class RequestChunk:
     hash_offsets: U64 | None = None
     """uint64, length ``len(self) + 1``, starting at 0 and ending at ``len(hash_ids)``."""
     hash_ids: U64 | None = None
-    """uint64 block ids, all requests' ids one after the other."""
+    """uint64 block ids, all requests' ids one after the other. A request's ids may reach
+    past its prompt to cover its output: a conversation turn's output is repeated in the next
+    turn's prompt, and those ids make the two share tokens."""
+    session_ids: U64 | None = None
+    """uint64 (< 2**63): the session each request is a turn of, ``NO_SESSION`` for one on
+    its own (optional, with ``delay_s``). A later turn of a session is sent ``delay_s``
+    after the previous turn completes, and never before its ``arrived_at`` (see
+    docs/workloads.md, Sessions)."""
+    delay_s: F64 | None = None
+    """float64 >= 0: think / tool time before the turn (optional, with ``session_ids``)."""
 
     def __post_init__(self) -> None:
         n = _check_array("arrived_at", self.arrived_at, np.float64, None)
@@ -66,6 +77,16 @@ class RequestChunk:
                 raise _chunk_error(name, "every request needs >= 1 token")
         if (self.hash_offsets is None) != (self.hash_ids is None):
             raise _chunk_error("hash_offsets", "hash_offsets and hash_ids go together")
+        if (self.session_ids is None) != (self.delay_s is None):
+            raise _chunk_error("session_ids", "session_ids and delay_s go together")
+        if self.session_ids is not None and self.delay_s is not None:
+            _check_array("session_ids", self.session_ids, np.uint64, n)
+            _check_array("delay_s", self.delay_s, np.float64, n)
+            ids = self.session_ids
+            if n and ((ids >= 2**63) & (ids != NO_SESSION)).any():
+                raise _chunk_error("session_ids", "must be < 2**63 (or NO_SESSION)")
+            if n and not (np.isfinite(self.delay_s).all() and self.delay_s.min() >= 0):
+                raise _chunk_error("delay_s", "must be finite and >= 0")
         if self.hash_offsets is not None and self.hash_ids is not None:
             _check_array("hash_offsets", self.hash_offsets, np.uint64, n + 1)
             m = _check_array("hash_ids", self.hash_ids, np.uint64, None)
@@ -91,6 +112,8 @@ class RequestChunk:
             self.num_decode_tokens[start:stop],
             offsets,
             ids,
+            None if self.session_ids is None else self.session_ids[start:stop],
+            None if self.delay_s is None else self.delay_s[start:stop],
         )
 
 
@@ -223,12 +246,23 @@ def concat(chunks: list[RequestChunk]) -> RequestChunk:
             base += len(c.hash_ids)
         offsets = np.concatenate(parts)
         ids = np.concatenate(id_parts)
+    sessions = delays = None
+    if chunks[0].session_ids is not None:
+        session_parts, delay_parts = [], []
+        for c in chunks:
+            if c.session_ids is None or c.delay_s is None:
+                raise _chunk_error("session_ids", "cannot mix chunks with and without sessions")
+            session_parts.append(c.session_ids)
+            delay_parts.append(c.delay_s)
+        sessions, delays = np.concatenate(session_parts), np.concatenate(delay_parts)
     return RequestChunk(
         np.concatenate([c.arrived_at for c in chunks]),
         np.concatenate([c.num_prefill_tokens for c in chunks]),
         np.concatenate([c.num_decode_tokens for c in chunks]),
         offsets,
         ids,
+        sessions,
+        delays,
     )
 
 

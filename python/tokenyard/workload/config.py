@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from tokenyard.errors import ConfigError
 from tokenyard.workload.chunk import Workload
+from tokenyard.workload.sessions import ClosedLoop, SessionWorkload, ThinkTime
 from tokenyard.workload.synthetic import (
     ArrivalProcess,
     LengthDistribution,
@@ -24,18 +25,27 @@ from tokenyard.workload.traces import AzureTrace, MooncakeTrace, VidurTrace
 
 __all__ = ["WORKLOAD_KINDS", "load_workload"]
 
-WORKLOAD_KINDS = ("synthetic", "trace")
+WORKLOAD_KINDS = ("synthetic", "sessions", "trace")
 T = TypeVar("T")
 _READERS: dict[str, type[VidurTrace | MooncakeTrace | AzureTrace]] = {
     "vidur": VidurTrace,
     "mooncake": MooncakeTrace,
     "azure": AzureTrace,
 }
-_SYNTHETIC_PARTS: dict[str, type[ArrivalProcess | LengthDistribution | SharedPrefix]] = {
+_Part = type[ArrivalProcess | LengthDistribution | SharedPrefix | ThinkTime]
+_SYNTHETIC_PARTS: dict[str, _Part] = {
     "arrival": ArrivalProcess,
     "prompt_tokens": LengthDistribution,
     "output_tokens": LengthDistribution,
     "shared_prefix": SharedPrefix,
+}
+_SESSION_PARTS: dict[str, _Part] = {
+    "arrival": ArrivalProcess,
+    "turns": LengthDistribution,
+    "first_prompt_tokens": LengthDistribution,
+    "input_tokens": LengthDistribution,
+    "output_tokens": LengthDistribution,
+    "think_time": ThinkTime,
 }
 
 
@@ -65,9 +75,14 @@ def load_workload(
             the message and ``field`` name the full key path (``workload.arrival.qps``).
     """
     spec = _mapping(spec, where)
+    if "closed_loop" in spec:
+        inner = {k: v for k, v in spec.items() if k != "closed_loop"}
+        return _closed_loop(load_workload(inner, base_dir=base_dir, where=where), spec, where)
     kind = _choice(spec, "kind", WORKLOAD_KINDS, where)
     if kind == "synthetic":
-        return _synthetic(spec, where)
+        return _with_parts(SyntheticWorkload, _SYNTHETIC_PARTS, spec, where)
+    if kind == "sessions":
+        return _with_parts(SessionWorkload, _SESSION_PARTS, spec, where)
     trace_format = _choice(spec, "format", tuple(_READERS), where)
     reader = _READERS[trace_format]
     _check_keys(spec, where, {"kind", "format"} | _field_names(reader), {"path"}, trace_format)
@@ -78,19 +93,35 @@ def load_workload(
     return _construct(reader, where, path, **options)
 
 
-def _synthetic(spec: Mapping[str, object], where: str) -> SyntheticWorkload:
-    names = _field_names(SyntheticWorkload) | {"kind"}
-    _check_keys(spec, where, names, _required(SyntheticWorkload), None)
+def _with_parts(
+    cls: type[T], parts: Mapping[str, _Part], spec: Mapping[str, object], where: str
+) -> T:
+    """``cls`` from ``spec``, its nested tables built as ``parts`` say."""
+    names = _field_names(cls) | {"kind"}
+    _check_keys(spec, where, names, _required(cls), None)
     options: dict[str, Any] = {}
     for key, value in spec.items():
-        if key in _SYNTHETIC_PARTS and value is not None:
-            part = _SYNTHETIC_PARTS[key]
+        if key in parts and value is not None:
+            part = parts[key]
             table = _mapping(value, f"{where}.{key}")
             _check_keys(table, f"{where}.{key}", _field_names(part), _required(part), None)
             options[key] = _construct(part, f"{where}.{key}", **table)
         elif key != "kind":
             options[key] = value
-    return _construct(SyntheticWorkload, where, **options)
+    return _construct(cls, where, **options)
+
+
+def _closed_loop(workload: Workload, spec: Mapping[str, object], where: str) -> ClosedLoop:
+    """``workload.closed_loop = {concurrency, think_time, seed}`` around any workload."""
+    key = f"{where}.closed_loop"
+    table = _mapping(spec["closed_loop"], key)
+    _check_keys(table, key, {"concurrency", "think_time", "seed"}, {"concurrency"}, None)
+    think = None
+    if table.get("think_time") is not None:
+        think_table = _mapping(table["think_time"], f"{key}.think_time")
+        think = _construct(ThinkTime, f"{key}.think_time", **think_table)
+    options = {k: v for k, v in table.items() if k != "think_time"}
+    return _construct(ClosedLoop, key, workload, think_time=think, **options)
 
 
 def _mapping(value: object, where: str) -> Mapping[str, object]:

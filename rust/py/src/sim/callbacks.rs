@@ -61,7 +61,8 @@ fn convert_chunk(chunk: &Bound<'_, PyAny>) -> PyResult<Vec<ArrivingRequest>> {
             hash_ids: hashes.as_ref().map_or_else(Vec::new, |(off, ids)| {
                 ids[off[i] as usize..off[i + 1] as usize].to_vec()
             }),
-            session: sessions.map(|s| s[i]),
+            // u64::MAX is `tokenyard.workload.NO_SESSION`: a request on its own.
+            session: sessions.map(|s| s[i]).filter(|&s| s != u64::MAX),
             delay_s: delays.map_or(0.0, |d| d[i]),
         })
         .collect())

@@ -155,6 +155,8 @@ fn to_dict(py: Python<'_>, out: SimOutput) -> PyResult<Bound<'_, PyDict>> {
         "model_execution_time",
         t.model_execution_time.into_pyarray(py),
     )?;
+    requests.set_item("session_id", t.session_id.into_pyarray(py))?;
+    requests.set_item("turn", t.turn.into_pyarray(py))?;
     d.set_item("requests", requests)?;
 
     let edges: Vec<f64> = (0..=GapHistogram::NUM_BUCKETS)

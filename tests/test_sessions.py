@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from tokenyard.workload import (
     RequestChunk,
     SessionWorkload,
     ThinkTime,
+    TraceError,
     load_workload,
 )
 
@@ -339,3 +341,131 @@ def test_think_time_draws_are_seeded_and_capped() -> None:
         "value": 3,
         "min_tokens": 1,
     }
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def trace_config(path: Path, trace_format: str, **options: Any) -> Any:
+    return sim_config({"kind": "trace", "format": trace_format, "path": str(path), **options})
+
+
+def test_a_session_trace_with_delays_sends_each_turn_after_the_previous_completes(
+    tmp_path: Path,
+) -> None:
+    rows = [
+        {"session_id": "a", "timestamp": 10.0, "input_length": 40, "output_length": 8},
+        {"session_id": "b", "timestamp": 11.0, "input_length": 30, "output_length": 4},
+        {"session_id": "a", "delay": 2.0, "input_length": 60, "output_length": 8},
+        {"session_id": "b", "timestamp": 11.5, "input_length": 44, "output_length": 4},
+    ]
+    result = simulate(trace_config(write_jsonl(tmp_path / "s.jsonl", rows), "sessions"))
+    c = result.columns
+    assert list(c["session_id"]) == [0, 1, 0, 1]
+    assert list(c["turn"]) == [0, 0, 1, 1]
+    assert list(c["arrived_at"][:2]) == [0.0, 1.0], "shifted to start at 0"
+    assert c["arrived_at"][2] == pytest.approx(c["completed_at"][0] + 2.0)
+    # Stamped 1.5 s but sent only when its previous turn completes, if that is later.
+    assert c["arrived_at"][3] == pytest.approx(max(1.5, c["completed_at"][1]))
+    # No ids in the trace: each conversation gets its own run, so later turns hit.
+    assert c["prefix_hit_tokens"][2] > 0
+    assert c["prefix_hit_tokens"][3] > 0
+
+
+def test_a_bailian_trace_chains_chats_into_sessions(tmp_path: Path) -> None:
+    rows = [
+        {
+            "chat_id": 5,
+            "parent_chat_id": -1,
+            "timestamp": 100.0,
+            "input_length": 20,
+            "output_length": 4,
+            "type": "text",
+            "turn": 1,
+            "hash_ids": [1, 2],
+        },
+        {
+            "chat_id": 6,
+            "parent_chat_id": 99,
+            "timestamp": 100.5,
+            "input_length": 20,
+            "output_length": 4,
+            "type": "text",
+            "turn": 3,
+            "hash_ids": [7, 8],
+        },
+        {
+            "chat_id": 7,
+            "parent_chat_id": 5,
+            "timestamp": 101.0,
+            "input_length": 40,
+            "output_length": 4,
+            "type": "text",
+            "turn": 2,
+            "hash_ids": [1, 2, 3],
+        },
+        {
+            "chat_id": 8,
+            "parent_chat_id": 7,
+            "timestamp": 200.0,
+            "input_length": 50,
+            "output_length": 4,
+            "type": "text",
+            "turn": 3,
+            "hash_ids": [1, 2, 3, 4],
+        },
+    ]
+    path = write_jsonl(tmp_path / "bailian.jsonl", rows)
+    c = simulate(trace_config(path, "bailian")).columns
+    assert list(c["session_id"]) == [0, 1, 0, 0], "an unknown parent starts a session"
+    assert list(c["turn"]) == [0, 0, 1, 2]
+    assert c["arrived_at"][3] == pytest.approx(100.0)
+    assert c["prefix_hit_tokens"][2] == 16, "the parent's first full 16-token block"
+
+
+@pytest.mark.parametrize(
+    ("row", "field"),
+    [
+        ({"session_id": "a", "timestamp": 0, "output_length": 3}, "input_length"),
+        ({"session_id": "a", "delay": 1, "input_length": 3, "output_length": 3}, "timestamp"),
+        ({"session_id": None, "timestamp": 0, "input_length": 3, "output_length": 3}, "session_id"),
+        ({"session_id": "a", "timestamp": -1, "input_length": 3, "output_length": 3}, "timestamp"),
+        (
+            {
+                "session_id": "a",
+                "timestamp": 0,
+                "input_length": 3,
+                "output_length": 3,
+                "hash_ids": [1, 2, 3],
+            },
+            "hash_ids",
+        ),
+        (
+            {"session_id": "a", "timestamp": 0, "input_length": 0, "output_length": 3},
+            "input_length",
+        ),
+    ],
+)
+def test_a_bad_session_trace_row_names_the_file_line_and_field(
+    tmp_path: Path, row: dict[str, Any], field: str
+) -> None:
+    first = {"session_id": "z", "timestamp": 0, "input_length": 5, "output_length": 1}
+    path = write_jsonl(tmp_path / "bad.jsonl", [first, row])
+    with pytest.raises(TraceError) as caught:
+        list(load_workload({"kind": "trace", "format": "sessions", "path": str(path)}).chunks())
+    assert (caught.value.line, caught.value.field) == (2, field), caught.value.message
+    assert "bad.jsonl:2" in caught.value.message
+
+
+def test_session_trace_timestamps_must_not_go_back_and_describe_round_trips(tmp_path: Path) -> None:
+    rows = [
+        {"session_id": 1, "timestamp": 5, "input_length": 5, "output_length": 1},
+        {"session_id": 2, "timestamp": 4, "input_length": 5, "output_length": 1},
+    ]
+    path = write_jsonl(tmp_path / "back.jsonl", rows)
+    workload = load_workload({"kind": "trace", "format": "sessions", "path": str(path)})
+    with pytest.raises(TraceError, match="must not decrease"):
+        list(workload.chunks())
+    assert load_workload(workload.describe()).describe() == workload.describe()

@@ -25,6 +25,7 @@ See ``docs/workloads.md`` for every option and the trace formats.
 from tokenyard.workload.chunk import NO_SESSION, RequestChunk, Workload, WorkloadStats, summarize
 from tokenyard.workload.config import load_workload
 from tokenyard.workload.errors import TraceError
+from tokenyard.workload.session_traces import BailianTrace, SessionTrace
 from tokenyard.workload.sessions import ClosedLoop, SessionWorkload, ThinkTime
 from tokenyard.workload.synthetic import (
     SHARED_ID_BIT,
@@ -40,10 +41,12 @@ __all__ = [
     "SHARED_ID_BIT",
     "ArrivalProcess",
     "AzureTrace",
+    "BailianTrace",
     "ClosedLoop",
     "LengthDistribution",
     "MooncakeTrace",
     "RequestChunk",
+    "SessionTrace",
     "SessionWorkload",
     "SharedPrefix",
     "SyntheticWorkload",

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from tokenyard.errors import ConfigError
 from tokenyard.workload.chunk import Workload
+from tokenyard.workload.session_traces import BailianTrace, SessionTrace
 from tokenyard.workload.sessions import ClosedLoop, SessionWorkload, ThinkTime
 from tokenyard.workload.synthetic import (
     ArrivalProcess,
@@ -27,10 +28,12 @@ __all__ = ["WORKLOAD_KINDS", "load_workload"]
 
 WORKLOAD_KINDS = ("synthetic", "sessions", "trace")
 T = TypeVar("T")
-_READERS: dict[str, type[VidurTrace | MooncakeTrace | AzureTrace]] = {
+_READERS: dict[str, type[VidurTrace | MooncakeTrace | AzureTrace | SessionTrace | BailianTrace]] = {
     "vidur": VidurTrace,
     "mooncake": MooncakeTrace,
     "azure": AzureTrace,
+    "sessions": SessionTrace,
+    "bailian": BailianTrace,
 }
 _Part = type[ArrivalProcess | LengthDistribution | SharedPrefix | ThinkTime]
 _SYNTHETIC_PARTS: dict[str, _Part] = {

@@ -467,3 +467,20 @@ def test_the_config_reference_in_the_docs_is_a_valid_search() -> None:
     # points need 16 GPUs > max_gpus = 8.
     assert len(points) == 64
     assert sum(p.skip is not None for p in points) == 8
+
+
+def test_a_closed_loop_search_finds_the_most_users_computed_by_hand() -> None:
+    # N users, no think time, one request at a time taking S = 0.122 s: each request waits
+    # for the N - 1 others, so its TTFT is N * S. TTFT <= 0.5 s holds up to N = 4
+    # (0.488 s) and breaks at 5 (0.61 s); the search varies whole numbers of users.
+    simulation = one_at_a_time(60)
+    # Arrival times are lower bounds under closed loop: make them all ~0.
+    simulation["workload"]["arrival"]["qps"] = 1e9
+    simulation["workload"]["closed_loop"] = {"concurrency": 1}
+    report = capacity_search(simulation, {"ttft_max_s": 0.5})
+    result = report.results["default"]
+    assert result.capacity_qps == 4.0
+    assert result.hi_qps == 5.0
+    assert result.rates == (1.0, 2.0, 4.0, 8.0, 6.0, 5.0)
+    assert result.metrics["ttft_max_s"] == pytest.approx(4 * SERVICE_S, rel=1e-9)
+    assert with_rate(simulation, 3.4)["workload"]["closed_loop"]["concurrency"] == 3

@@ -549,8 +549,18 @@ def test_load_trace_relative_to_base_dir_and_round_trip() -> None:
 @pytest.mark.parametrize(
     ("path", "value", "field", "message"),
     [
-        ("kind", "synth", "workload.kind", "unknown value 'synth'; expected one of 'sessions', 'synthetic'"),
-        ("kind", None, "workload.kind", "missing; expected one of 'sessions', 'synthetic', 'trace'"),
+        (
+            "kind",
+            "synth",
+            "workload.kind",
+            "unknown value 'synth'; expected one of 'sessions', 'synthetic'",
+        ),
+        (
+            "kind",
+            None,
+            "workload.kind",
+            "missing; expected one of 'sessions', 'synthetic', 'trace'",
+        ),
         (
             "arrival.kind",
             "poison",

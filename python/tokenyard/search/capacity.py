@@ -15,6 +15,11 @@ capacity (for any outcomes, monotone in the rate or not).
 
 A probe is one simulation of the deployment with its workload re-timed to the rate
 (``with_rate``); ``run_probe`` is the top-level task function the executors ship.
+
+Closed-loop load (``workload.closed_loop``): the load is the number of users, not a rate, so
+the search varies ``closed_loop.concurrency`` over whole numbers (a midpoint is rounded; the
+bisection stops when no whole number lies between ``lo`` and ``hi``), and the "capacity" is
+the most users for which the SLOs held.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ __all__ = [
     "CapacitySearch",
     "Probe",
     "check_rate_settable",
+    "is_closed_loop",
     "run_probe",
     "with_rate",
 ]
@@ -42,9 +48,17 @@ __all__ = [
 METRIC_KEYS = tuple(f"{m}_{s}_s" for m, stats in METRIC_STATS.items() for s in stats)
 
 
+def is_closed_loop(simulation: Mapping[str, Any]) -> bool:
+    """Whether the simulation's workload is closed-loop (its load is a number of users)."""
+    workload = simulation.get("workload") or {}
+    return isinstance(workload, Mapping) and "closed_loop" in workload
+
+
 def check_rate_settable(workload: Mapping[str, Any], where: str = "workload") -> None:
     """Raises ``ConfigError`` when the search cannot re-time ``workload`` to a rate."""
     kind = workload.get("kind")
+    if "closed_loop" in workload:
+        return  # the search sets the number of users
     if kind == "trace":
         if workload.get("time_scale", 1.0) != 1.0:
             raise ConfigError(
@@ -62,14 +76,19 @@ def check_rate_settable(workload: Mapping[str, Any], where: str = "workload") ->
 
 
 def with_rate(simulation: Mapping[str, Any], rate: float) -> dict[str, Any]:
-    """The simulation document with its workload re-timed to ``rate`` requests/s.
+    """The simulation document with its workload re-timed to ``rate`` requests/s (for a
+    closed-loop workload: with ``rate`` users).
 
     Synthetic: ``arrival.qps = rate`` (poisson, gamma, constant keep their kind and seed,
     so the same seed gives the same stream scaled in time); bursty: ``qps`` and
     ``burst_qps`` scaled together so the mean rate is ``rate``. Traces: ``target_qps``.
     """
     workload = dict(simulation.get("workload") or default_workload())
-    if workload.get("kind") == "trace":
+    if "closed_loop" in workload:
+        loop = dict(workload["closed_loop"])
+        loop["concurrency"] = max(1, round(rate))
+        workload["closed_loop"] = loop
+    elif workload.get("kind") == "trace":
         workload["target_qps"] = rate
         workload.pop("time_scale", None)
     else:
@@ -193,8 +212,10 @@ class CapacitySearch:
     """Bisection for one SLO set; see the module docstring. ``next_rate()`` is the rate to
     simulate next (``None`` once done); ``record(probe)`` takes its outcome."""
 
-    def __init__(self, slo: SLO, params: SearchParams):
+    def __init__(self, slo: SLO, params: SearchParams, users: bool = False):
         self.slo, self.params = slo, params
+        #: Closed-loop load: the rates are whole numbers of users.
+        self.users = users
         self.lo: Probe | None = None
         self.hi: Probe | None = None
         self.rates: list[float] = []
@@ -211,6 +232,7 @@ class CapacitySearch:
         p = self.params
         lo = None if self.lo is None else self.lo.rate
         hi = None if self.hi is None else self.hi.rate
+        low = max(p.min_qps, 1.0) if self.users else p.min_qps
         if lo is None and hi is None:
             rate = p.initial_qps
         elif hi is None:
@@ -218,13 +240,16 @@ class CapacitySearch:
                 return self._finish("max_qps")
             rate = min(2.0 * (lo or 0.0), p.max_qps)
         elif lo is None:
-            if hi <= p.min_qps:
+            if hi <= low:
                 return self._finish("min_qps")
-            rate = max(hi / 2.0, p.min_qps)
+            rate = max(hi / 2.0, low)
         else:
-            if hi / lo - 1.0 <= p.tolerance:
+            if hi / lo - 1.0 <= p.tolerance or (self.users and hi - lo <= 1):
                 return self._finish("tolerance")
             rate = math.sqrt(lo * hi)
+        if self.users:
+            # Strictly between lo and hi when hi - lo >= 2: sqrt(lo * hi) > lo + 0.5 there.
+            rate = float(max(1, round(rate)))
         if len(self.rates) >= p.max_simulations:
             return self._finish("max_simulations")
         return rate

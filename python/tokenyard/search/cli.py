@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenyard.errors import ConfigError, TokenyardError
+from tokenyard.search.capacity import is_closed_loop
 from tokenyard.simulation.config import parse_set_options
 
 __all__ = ["add_parser", "run_command"]
@@ -131,6 +132,8 @@ def _capacity(args: argparse.Namespace, config: Any, executor: str | None) -> in
 
 def format_capacity(report: Any, config: Any, wall_s: float) -> str:
     lines = []
+    # A closed-loop workload's load is its number of users (capacity.is_closed_loop).
+    unit = "users" if is_closed_loop(config.simulation) else "QPS"
     for slo in config.effective_slos():
         r = report.results[slo.name]
         bounds = ", ".join(f"{k} <= {v:g}" for k, v in slo.bounds.items())
@@ -139,18 +142,18 @@ def format_capacity(report: Any, config: Any, wall_s: float) -> str:
             lines.append(f"  error: {r.error}")
             continue
         if r.capacity_qps == 0:
-            lines.append(f"  capacity: below min_qps ({config.search.min_qps:g} QPS)")
+            lines.append(f"  capacity: below min_qps ({config.search.min_qps:g} {unit})")
         elif r.capped:
-            lines.append(f"  capacity: at least {r.capacity_qps:.4g} QPS (max_qps)")
+            lines.append(f"  capacity: at least {r.capacity_qps:.4g} {unit} (max_qps)")
         else:
             lines.append(
-                f"  capacity: {r.capacity_qps:.4g} QPS (breaks at {r.hi_qps:.4g}: "
+                f"  capacity: {r.capacity_qps:.4g} {unit} (breaks at {r.hi_qps:.4g}: "
                 f"{', '.join(r.binding)}; stopped on {r.stop})"
             )
         if report.cost_per_hour:
             lines.append(
                 f"  cost: {report.cost_per_hour:.2f} $/h, "
-                f"{r.capacity_qps / report.cost_per_hour:.3g} QPS per $/h"
+                f"{r.capacity_qps / report.cost_per_hour:.3g} {unit} per $/h"
             )
         if r.metrics:
             shown = dict.fromkeys(
@@ -158,11 +161,11 @@ def format_capacity(report: Any, config: Any, wall_s: float) -> str:
             )
             lines.append("  at capacity: " + ", ".join(f"{k} = {r.metrics[k]:.4g}" for k in shown))
         for key, b in report.breaks[slo.name].items():
-            held = "no rate tried" if b["held_qps"] is None else f"{b['held_qps']:.4g} QPS"
+            held = "no rate tried" if b["held_qps"] is None else f"{b['held_qps']:.4g} {unit}"
             if b["break_qps"] is None:
                 lines.append(f"  {key}: holds at every rate tried (up to {held})")
             else:
-                lines.append(f"  {key}: holds at {held}, breaks at {b['break_qps']:.4g} QPS")
+                lines.append(f"  {key}: holds at {held}, breaks at {b['break_qps']:.4g} {unit}")
     n = len(report.probes)
     lines.append(f"{n} simulations in {wall_s:.1f} s")
     return "\n".join(lines)

@@ -21,6 +21,7 @@ from tokenyard.search.capacity import (
     CapacitySearch,
     Probe,
     breaks_from_probes,
+    is_closed_loop,
 )
 from tokenyard.search.config import SLO, SearchParams
 from tokenyard.search.executors import Executor
@@ -43,13 +44,16 @@ class PointJob:
         params: SearchParams,
     ):
         self.key, self.simulation, self.slos = key, simulation, tuple(slos)
-        self.searches = {slo.name: CapacitySearch(slo, params) for slo in self.slos}
+        # A closed-loop workload's load is its number of users: a whole number.
+        users = is_closed_loop(simulation)
+        self.searches = {slo.name: CapacitySearch(slo, params, users) for slo in self.slos}
         self.singles: dict[str, CapacitySearch] = {}
         if params.refine_breaks:
             for slo in self.slos:
                 for k, bound in slo.bounds.items():
                     name = _single_name(k, bound)
-                    self.singles.setdefault(name, CapacitySearch(SLO(name, {k: bound}), params))
+                    single = CapacitySearch(SLO(name, {k: bound}), params, users)
+                    self.singles.setdefault(name, single)
         self.probes: dict[float, Probe] = {}
         self.in_flight: set[float] = set()
 

@@ -469,3 +469,67 @@ def test_session_trace_timestamps_must_not_go_back_and_describe_round_trips(tmp_
     with pytest.raises(TraceError, match="must not decrease"):
         list(workload.chunks())
     assert load_workload(workload.describe()).describe() == workload.describe()
+
+
+def reference_send_times(
+    chunk: RequestChunk, completed: np.ndarray, concurrency: int | None
+) -> np.ndarray:
+    """A pure-Python model of the sending rules (docs/sessions.md), given when each request
+    completed. A later turn is sent at max(arrival, previous turn's completion + delay).
+    Open loop: a lead (a session's first turn) at its arrival. Closed loop (a session is a
+    run of consecutive turns): the first N leads at their arrival, lead k >= N when the
+    (k - N)-th session to end, in time order, frees its user, plus its delay."""
+    if chunk.session_ids is None or chunk.delay_s is None:
+        return chunk.arrived_at.copy()  # independent requests, open loop
+    sessions, delays, arrived = chunk.session_ids.tolist(), chunk.delay_s, chunk.arrived_at
+    sent = np.empty(len(chunk))
+    previous: dict[int, int] = {}
+    leads: list[int] = []
+    for i, s in enumerate(sessions):
+        p = None if s == NO_SESSION else previous.get(s)
+        closed_lead = concurrency is not None and p != i - 1
+        if p is None or closed_lead:
+            leads.append(i)
+            sent[i] = arrived[i]
+        else:
+            sent[i] = max(arrived[i], completed[p] + delays[i])
+        previous[s] = i
+    if concurrency is not None:
+        bounds = [*leads, len(chunk)]
+        ends = sorted(completed[bounds[k + 1] - 1] for k in range(len(leads)))
+        for k, lead in enumerate(leads[concurrency:]):
+            sent[lead] = max(arrived[lead], ends[k] + delays[lead])
+    return sent
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    concurrency=st.one_of(st.none(), st.integers(1, 5)),
+    policy=st.sampled_from(["vllm_v1", "sglang", "sarathi"]),
+    lone=st.booleans(),
+)
+def test_send_times_match_the_python_reference_model(
+    seed: int, concurrency: int | None, policy: str, lone: bool
+) -> None:
+    spec = sessions_spec(seed=seed, num_sessions=10)
+    if lone:
+        spec = {
+            "kind": "synthetic",
+            "num_requests": 30,
+            "seed": seed,
+            "arrival": {"kind": "poisson", "qps": 5.0},
+            "prompt_tokens": {"kind": "uniform", "low": 4, "high": 60},
+            "output_tokens": {"kind": "uniform", "low": 1, "high": 20},
+        }
+    if concurrency is not None:
+        spec["closed_loop"] = {
+            "concurrency": concurrency,
+            "think_time": {"kind": "exponential", "mean_s": 0.3},
+            "seed": seed,
+        }
+    workload = load_workload(spec)
+    chunk = next(iter(workload.chunks(100_000)))
+    c = simulate(sim_config(spec, policy=policy, replicas=2)).columns
+    expected = reference_send_times(chunk, c["completed_at"], concurrency)
+    assert np.array_equal(c["arrived_at"], expected)

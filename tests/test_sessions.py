@@ -533,3 +533,20 @@ def test_send_times_match_the_python_reference_model(
     c = simulate(sim_config(spec, policy=policy, replicas=2)).columns
     expected = reference_send_times(chunk, c["completed_at"], concurrency)
     assert np.array_equal(c["arrived_at"], expected)
+
+
+def test_the_cli_names_closed_loop_load(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "closed.toml"
+    config.write_text(
+        """
+[workload]
+kind = "synthetic"
+num_requests = 50
+arrival = {kind = "poisson", qps = 1e6}
+prompt_tokens = {kind = "fixed", value = 200}
+output_tokens = {kind = "fixed", value = 20}
+closed_loop = {concurrency = 8}
+"""
+    )
+    assert main(["simulate", str(config)]) == 0
+    assert "closed-loop load: 8 users" in capsys.readouterr().out

@@ -255,6 +255,11 @@ def format_summary(result: SimulationResult) -> str:
         f"execution model: {c['execution']['label']}",
         f"simulated {s['makespan_s']:.1f} s in {s['wall_s']:.2f} s of wall time "
         f"({s['requests_per_wall_s'] or 0:,.0f} requests per wall second)",
+    ]
+    loop = c["workload"].get("closed_loop")
+    if loop:
+        lines.append(f"closed-loop load: {loop['concurrency']:,} users")
+    lines += [
         "",
         f"{'latency (s)':<20}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}",
     ]

@@ -249,7 +249,7 @@ def _core_config(
     config: SimulationConfig,
     replica: _core.ReplicaSpec,
     hash_block_size: int,
-    concurrency: int | None,
+    concurrency: int | None = None,
 ) -> _core.SimConfig:
     g = config.cluster.global_scheduler
     return _core.SimConfig(

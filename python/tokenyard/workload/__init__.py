@@ -15,12 +15,15 @@ millions of requests is replayed with memory flat in its length::
   ``LengthDistribution``, ``SharedPrefix``).
 - ``traces``: ``VidurTrace``, ``MooncakeTrace``, ``AzureTrace``; ``TraceError`` names the
   file, line and field of a bad row.
+- ``columns``: ``ColumnTrace``, any CSV/TSV/JSON-lines trace read through a column mapping
+  (``TraceColumns``) and row filters (``ColumnFilter``).
 - ``config``: ``load_workload``, the entry point of the simulator's config.
 
 See ``docs/workloads.md`` for every option and the trace formats.
 """
 
 from tokenyard.workload.chunk import RequestChunk, Workload, WorkloadStats, summarize
+from tokenyard.workload.columns import ColumnFilter, ColumnTrace, TraceColumns
 from tokenyard.workload.config import load_workload
 from tokenyard.workload.errors import TraceError
 from tokenyard.workload.synthetic import (
@@ -36,11 +39,14 @@ __all__ = [
     "SHARED_ID_BIT",
     "ArrivalProcess",
     "AzureTrace",
+    "ColumnFilter",
+    "ColumnTrace",
     "LengthDistribution",
     "MooncakeTrace",
     "RequestChunk",
     "SharedPrefix",
     "SyntheticWorkload",
+    "TraceColumns",
     "TraceError",
     "VidurTrace",
     "Workload",

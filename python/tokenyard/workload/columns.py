@@ -38,6 +38,7 @@ FileFormat = Literal["csv", "tsv", "jsonl"]
 FILE_FORMATS: tuple[FileFormat, ...] = ("csv", "tsv", "jsonl")
 FilterValue = str | int
 
+_EXACT_FLOAT = 2.0**53  # every integer below this is exact in a float64
 _PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
 _SUFFIXES: dict[str, FileFormat] = {
     ".csv": "csv",
@@ -309,8 +310,16 @@ class ColumnTrace(_TraceReader):
                 continue
             if time is None:
                 time = clock.time(line, values[0])
-            num_prefill = _count(self._name, line, mapped[1][1], values[1], 1)
-            num_decode = _count(self._name, line, mapped[2][1], values[2], 0)
+            prefill, decode = values[1], values[2]
+            try:  # the common case inline; anything else gets _count's precise error
+                if typed and (type(prefill) is not int or type(decode) is not int):
+                    raise ValueError
+                num_prefill, num_decode = int(prefill), int(decode)  # type: ignore[call-overload]
+            except ValueError:
+                num_prefill, num_decode = 0, -1
+            if not (1 <= num_prefill <= UINT32_MAX and 0 <= num_decode <= UINT32_MAX):
+                num_prefill = _count(self._name, line, mapped[1][1], prefill, 1)
+                num_decode = _count(self._name, line, mapped[2][1], decode, 0)
             hash_ids = None
             if hash_column is not None:
                 hash_ids = self._hash_ids(line, hash_column, values[3], num_prefill)
@@ -385,16 +394,16 @@ class _Clock:
         return self.total / self.per_second
 
     def _number(self, line: int, raw: object) -> int | float:
-        """A finite number: an int when written as one (exact arithmetic), else a float."""
+        """A finite number; an integer beyond 2**53 (where a float64 would round it) is
+        kept as an int, so arithmetic on it stays exact."""
         value: int | float = math.nan
         if type(raw) is int or type(raw) is float:
             value = raw
         elif isinstance(raw, str):
-            try:
+            with contextlib.suppress(ValueError):
+                value = float(raw)  # the common case first: no exception for "12.5"
+            if abs(value) >= _EXACT_FLOAT and raw.strip().lstrip("+-").isdigit():
                 value = int(raw)
-            except ValueError:
-                with contextlib.suppress(ValueError):
-                    value = float(raw)
         if not math.isfinite(value):
             raise TraceError(
                 f"not a finite number: {raw!r}",

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from tokenyard._checks import toml_module
 from tokenyard.cli import main
 from tokenyard.errors import ConfigError
 from tokenyard.workload import (
@@ -754,3 +756,27 @@ def test_simulate_names_a_bad_mapping_key(
     config.write_text(CONFIG.replace('time_unit = "s"', 'time_unit = "seconds"'))
     assert main(["simulate", str(config), "--no-progress"]) == 2
     assert "workload.columns.time_unit: unknown value 'seconds'" in capsys.readouterr().err
+
+
+def test_trace_flag_keeps_the_configs_mapping(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "burst.toml"
+    config.write_text(CONFIG)
+    other = burst(tmp_path, "other.csv")
+    assert main(["simulate", str(config), "--trace", str(other), "--json", "--no-progress"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["num_requests"] == 3  # BURST_ROWS: ChatGPT with output tokens
+    assert summary["config"]["workload"]["columns"]["time"] == "Timestamp"
+
+
+def test_the_docs_burstgpt_config_loads(tmp_path: Path) -> None:
+    docs = Path(__file__).resolve().parents[1] / "docs" / "workloads.md"
+    blocks = re.findall(r"```toml\n(.*?)```", docs.read_text(), re.DOTALL)
+    (block,) = [b for b in blocks if 'format = "columns"' in b]
+    workload = toml_module().loads(block)["workload"]
+    rows = [*BURST_ROWS, "150,ChatGPT,33,4,37,Conversation log"]
+    write(tmp_path, workload["path"], BURST_HEADER + "".join(r + "\n" for r in rows))
+    chunk = read(load_workload(workload, base_dir=tmp_path))
+    assert chunk.num_prefill_tokens.tolist() == [472, 20, 33]  # ChatGPT conversations
+    assert chunk.arrived_at.tolist() == [0.0, 135.5, 145.0]

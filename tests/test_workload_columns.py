@@ -583,7 +583,7 @@ def test_invalid_json_and_empty_files(tmp_path: Path) -> None:
         (
             {"columns": {k: v for k, v in BURST_COLUMNS.items() if k != "time_unit"}},
             "workload.columns.time_unit",
-            "missing (required)",
+            "missing (required, no default); one of 's', 'ms', 'us', 'ns', 'datetime'",
         ),
         (
             {"columns": {**BURST_COLUMNS, "time_unit": "min"}},

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from tokenyard.errors import ConfigError
 from tokenyard.workload.chunk import Workload
-from tokenyard.workload.columns import ColumnFilter, ColumnTrace, TraceColumns
+from tokenyard.workload.columns import TIME_UNITS, ColumnFilter, ColumnTrace, TraceColumns
 from tokenyard.workload.synthetic import (
     ArrivalProcess,
     LengthDistribution,
@@ -107,7 +107,15 @@ def _column_options(options: dict[str, Any], where: str) -> dict[str, Any]:
     reader's typed options."""
     key = f"{where}.columns"
     table = _mapping(options["columns"], key)
-    _check_keys(table, key, _field_names(TraceColumns), _required(TraceColumns), None)
+    _check_keys(
+        table, key, _field_names(TraceColumns), _required(TraceColumns) - {"time_unit"}, None
+    )
+    if "time_unit" not in table:  # no default: say what to write
+        units = ", ".join(repr(u) for u in TIME_UNITS)
+        raise ConfigError(
+            f"{key}.time_unit: missing (required, no default); one of {units}",
+            field=f"{key}.time_unit",
+        )
     options["columns"] = _construct(TraceColumns, key, **table)
     if "filter" in options:
         key = f"{where}.filter"

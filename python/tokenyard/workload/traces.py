@@ -7,6 +7,8 @@ earlier than ``start_offset_s`` after the first row are skipped → reading stop
 ``limit`` requests → times are shifted so the first kept request arrives at 0 and
 multiplied by the scale (``time_scale``, or the one that makes the mean rate
 ``target_qps``) → requests are batched into chunks. Only one chunk is held at a time.
+``columns.py``'s ``ColumnTrace`` (any layout, through a column mapping) is one more reader
+of this pipeline.
 """
 
 from __future__ import annotations

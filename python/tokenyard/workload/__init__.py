@@ -17,12 +17,15 @@ millions of requests is replayed with memory flat in its length::
   after the previous one completes) and ``ClosedLoop`` (a fixed number of users).
 - ``traces``: ``VidurTrace``, ``MooncakeTrace``, ``AzureTrace``; ``TraceError`` names the
   file, line and field of a bad row.
+- ``columns``: ``ColumnTrace``, any CSV/TSV/JSON-lines trace read through a column mapping
+  (``TraceColumns``) and row filters (``ColumnFilter``).
 - ``config``: ``load_workload``, the entry point of the simulator's config.
 
 See ``docs/workloads.md`` for every option and the trace formats.
 """
 
 from tokenyard.workload.chunk import NO_SESSION, RequestChunk, Workload, WorkloadStats, summarize
+from tokenyard.workload.columns import ColumnFilter, ColumnTrace, TraceColumns
 from tokenyard.workload.config import load_workload
 from tokenyard.workload.errors import TraceError
 from tokenyard.workload.session_traces import BailianTrace, SessionTrace
@@ -43,6 +46,8 @@ __all__ = [
     "AzureTrace",
     "BailianTrace",
     "ClosedLoop",
+    "ColumnFilter",
+    "ColumnTrace",
     "LengthDistribution",
     "MooncakeTrace",
     "RequestChunk",
@@ -51,6 +56,7 @@ __all__ = [
     "SharedPrefix",
     "SyntheticWorkload",
     "ThinkTime",
+    "TraceColumns",
     "TraceError",
     "VidurTrace",
     "Workload",

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from tokenyard.errors import ConfigError
 from tokenyard.workload.chunk import Workload
+from tokenyard.workload.columns import TIME_UNITS, ColumnFilter, ColumnTrace, TraceColumns
 from tokenyard.workload.session_traces import BailianTrace, SessionTrace
 from tokenyard.workload.sessions import ClosedLoop, SessionWorkload, ThinkTime
 from tokenyard.workload.synthetic import (
@@ -28,13 +29,17 @@ __all__ = ["WORKLOAD_KINDS", "load_workload"]
 
 WORKLOAD_KINDS = ("synthetic", "sessions", "trace")
 T = TypeVar("T")
-_READERS: dict[str, type[VidurTrace | MooncakeTrace | AzureTrace | SessionTrace | BailianTrace]] = {
+_READERS: dict[
+    str, type[VidurTrace | MooncakeTrace | AzureTrace | ColumnTrace | SessionTrace | BailianTrace]
+] = {
     "vidur": VidurTrace,
     "mooncake": MooncakeTrace,
     "azure": AzureTrace,
+    "columns": ColumnTrace,
     "sessions": SessionTrace,
     "bailian": BailianTrace,
 }
+_FILTER_TESTS = ("equals", "in", "not_in")
 _Part = type[ArrivalProcess | LengthDistribution | SharedPrefix | ThinkTime]
 _SYNTHETIC_PARTS: dict[str, _Part] = {
     "arrival": ArrivalProcess,
@@ -65,7 +70,10 @@ def load_workload(
     ``SyntheticWorkload`` (``seed`` and ``shared_prefix`` optional; the nested tables take
     the fields of ``ArrivalProcess``, ``LengthDistribution`` and ``SharedPrefix``).
     ``{"kind": "trace", "format": "vidur" | "mooncake" | "azure", "path": ..., ...}`` builds
-    the reader of that format with the other keys as its options.
+    the reader of that format with the other keys as its options. ``"format": "columns"``
+    builds a ``ColumnTrace``: ``columns`` is a table of ``TraceColumns``' fields and
+    ``filter`` a table (or a list of tables) with ``column`` and one of ``equals``, ``in``
+    or ``not_in``.
 
     Args:
         spec: the config mapping.
@@ -88,8 +96,11 @@ def load_workload(
         return _with_parts(SessionWorkload, _SESSION_PARTS, spec, where)
     trace_format = _choice(spec, "format", tuple(_READERS), where)
     reader = _READERS[trace_format]
-    _check_keys(spec, where, {"kind", "format"} | _field_names(reader), {"path"}, trace_format)
+    allowed = {"kind", "format"} | _field_names(reader)
+    _check_keys(spec, where, allowed, _required(reader), trace_format)
     options: dict[str, Any] = {k: v for k, v in spec.items() if k not in ("kind", "format")}
+    if reader is ColumnTrace:
+        options = _column_options(options, where)
     path = options.pop("path")
     if isinstance(path, (str, os.PathLike)) and base_dir is not None:
         path = os.path.join(base_dir, path)
@@ -125,6 +136,68 @@ def _closed_loop(workload: Workload, spec: Mapping[str, object], where: str) -> 
         think = _construct(ThinkTime, f"{key}.think_time", **think_table)
     options = {k: v for k, v in table.items() if k != "think_time"}
     return _construct(ClosedLoop, key, workload, think_time=think, **options)
+
+
+def _column_options(options: dict[str, Any], where: str) -> dict[str, Any]:
+    """``columns`` and ``filter`` of a ``format = "columns"`` trace, from tables to the
+    reader's typed options."""
+    key = f"{where}.columns"
+    table = _mapping(options["columns"], key)
+    _check_keys(
+        table, key, _field_names(TraceColumns), _required(TraceColumns) - {"time_unit"}, None
+    )
+    if "time_unit" not in table:  # no default: say what to write
+        units = ", ".join(repr(u) for u in TIME_UNITS)
+        raise ConfigError(
+            f"{key}.time_unit: missing (required, no default); one of {units}",
+            field=f"{key}.time_unit",
+        )
+    options["columns"] = _construct(TraceColumns, key, **table)
+    if "filter" in options:
+        key = f"{where}.filter"
+        rules = options["filter"]
+        if isinstance(rules, Mapping):
+            options["filter"] = (_column_filter(rules, key),)
+        elif isinstance(rules, (list, tuple)):
+            options["filter"] = tuple(_column_filter(r, f"{key}[{i}]") for i, r in enumerate(rules))
+        else:
+            raise ConfigError(
+                f"{key}: must be a table or a list of tables, got {rules!r}",
+                field=key,
+                value=repr(rules),
+            )
+    return options
+
+
+def _column_filter(value: object, where: str) -> ColumnFilter:
+    """``{column, equals | in | not_in}`` as a ``ColumnFilter``."""
+    table = _mapping(value, where)
+    _check_keys(table, where, {"column", *_FILTER_TESTS}, {"column"}, None)
+    given = [test for test in _FILTER_TESTS if test in table]
+    if len(given) != 1:
+        raise ConfigError(
+            f"{where}: give exactly one of 'equals', 'in', 'not_in', got "
+            f"{', '.join(map(repr, given)) or 'none'}",
+            field=where,
+            value=repr(dict(table)),
+        )
+    test = given[0]
+    raw = table[test]
+    values = [raw] if test == "equals" else raw
+    if (
+        not isinstance(values, (list, tuple))
+        or not values
+        or any(isinstance(v, bool) or not isinstance(v, (str, int)) for v in values)
+    ):
+        wanted = "a string or an int" if test == "equals" else "a non-empty list of strings or ints"
+        raise ConfigError(
+            f"{where}.{test}: must be {wanted}, got {raw!r}",
+            field=f"{where}.{test}",
+            value=repr(raw),
+        )
+    return _construct(
+        ColumnFilter, where, table["column"], values=tuple(values), exclude=test == "not_in"
+    )
 
 
 def _mapping(value: object, where: str) -> Mapping[str, object]:

@@ -7,6 +7,8 @@ earlier than ``start_offset_s`` after the first row are skipped → reading stop
 ``limit`` requests → times are shifted so the first kept request arrives at 0 and
 multiplied by the scale (``time_scale``, or the one that makes the mean rate
 ``target_qps``) → requests are batched into chunks. Only one chunk is held at a time.
+``columns.py``'s ``ColumnTrace`` (any layout, through a column mapping) is one more reader
+of this pipeline.
 """
 
 from __future__ import annotations
@@ -150,6 +152,16 @@ class _TraceReader(ABC):
     def _name(self) -> str:
         return os.fspath(self.path)
 
+    @property
+    def _time_column(self) -> str:
+        """The column (or JSON field) of the arrival time, for messages."""
+        return self.time_field
+
+    @property
+    def _output_column(self) -> str:
+        """The column (or JSON field) of the output length, for messages."""
+        return self.decode_field
+
     @abstractmethod
     def _records(self) -> Iterator[_Record]:
         """Every row of the file, parsed and checked, in file order (one per format)."""
@@ -175,7 +187,7 @@ class _TraceReader(ABC):
                     f"line {previous_line}'s",
                     path=self._name,
                     line=line,
-                    field=self.time_field,
+                    field=self._time_column,
                     value=repr(written),
                 )
             previous, previous_line = time, line
@@ -186,7 +198,7 @@ class _TraceReader(ABC):
                         "the request)",
                         path=self._name,
                         line=line,
-                        field=self.decode_field,
+                        field=self._output_column,
                         value="0",
                     )
                 if self.zero_output == "skip":
@@ -464,10 +476,17 @@ def _decoded(path: str, lines: TextIO) -> Iterator[str]:
         ) from None
 
 
-def _csv_rows(path: str, columns: tuple[str, ...]) -> Iterator[tuple[int, list[str]]]:
-    """``(line, [value of each column])`` for each non-blank data row."""
+def _csv_rows(
+    path: str,
+    columns: tuple[str, ...],
+    *,
+    delimiter: str = ",",
+    mapped_by: tuple[str, ...] | None = None,
+) -> Iterator[tuple[int, list[str]]]:
+    """``(line, [value of each column])`` for each non-blank data row. ``mapped_by`` names
+    the config key of each column, for the missing-column message."""
     with _open_text(path) as text:
-        reader = csv.reader(_decoded(path, text))
+        reader = csv.reader(_decoded(path, text), delimiter=delimiter)
         try:
             header = [name.strip() for name in next(reader)]
         except StopIteration:
@@ -475,10 +494,11 @@ def _csv_rows(path: str, columns: tuple[str, ...]) -> Iterator[tuple[int, list[s
         except csv.Error as error:
             raise TraceError(f"malformed CSV: {error}", path=path, line=1) from None
         index = []
-        for column in columns:
+        for i, column in enumerate(columns):
             if column not in header:
+                key = "" if mapped_by is None else f", mapped by {mapped_by[i]}"
                 raise TraceError(
-                    f"missing column (columns found: {', '.join(header)})",
+                    f"missing column{key} (columns found: {', '.join(header)})",
                     path=path,
                     line=1,
                     field=column,
@@ -555,11 +575,13 @@ def _as_int(raw: object) -> int | None:
     return None
 
 
-def _check_hash_ids(path: str, line: int, hash_ids: object, max_blocks: int) -> None:
+def _check_hash_ids(
+    path: str, line: int, hash_ids: object, max_blocks: int, field: str = "hash_ids"
+) -> None:
     """A list of at most ``max_blocks`` ints in ``[0, 2**64)``."""
 
     def fail(problem: str) -> TraceError:
-        return TraceError(problem, path=path, line=line, field="hash_ids", value=repr(hash_ids))
+        return TraceError(problem, path=path, line=line, field=field, value=repr(hash_ids))
 
     if not isinstance(hash_ids, list):
         raise fail(f"must be a list of ints, got {type(hash_ids).__name__}")
@@ -571,7 +593,7 @@ def _check_hash_ids(path: str, line: int, hash_ids: object, max_blocks: int) -> 
     if len(hash_ids) > max_blocks:
         raise fail(
             f"{len(hash_ids)} ids for a prompt of {max_blocks} blocks or fewer "
-            "(input_length / hash_block_size, rounded up)"
+            "(prompt tokens / hash_block_size, rounded up)"
         )
 
 

@@ -1,0 +1,782 @@
+"""``format = "columns"``: any CSV/TSV/JSON-lines trace read through a column mapping and
+row filters (``ColumnTrace``), its errors, and a simulation on such a trace."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tokenyard._checks import toml_module
+from tokenyard.cli import main
+from tokenyard.errors import ConfigError
+from tokenyard.workload import (
+    AzureTrace,
+    ColumnFilter,
+    ColumnTrace,
+    MooncakeTrace,
+    RequestChunk,
+    TraceColumns,
+    TraceError,
+    VidurTrace,
+    load_workload,
+    sample_path,
+    summarize,
+)
+from tokenyard.workload.chunk import concat
+
+SHARED_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
+
+# BurstGPT's layout (columns and kinds of values), with made-up rows.
+BURST_HEADER = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+BURST_ROWS = [
+    "5,ChatGPT,472,18,490,Conversation log",
+    "45,GPT-4,1087,0,1087,Conversation log",
+    "118,ChatGPT,417,10,427,API log",
+    "130,ChatGPT,1360,0,1360,Conversation log",
+    "131,GPT-4,88,41,129,API log",
+    "140.5,ChatGPT,20,7,27,Conversation log",
+]
+BURST_COLUMNS = {
+    "time": "Timestamp",
+    "time_unit": "s",
+    "input_tokens": "Request tokens",
+    "output_tokens": "Response tokens",
+}
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    if name.endswith(".gz"):
+        with gzip.open(path, "wt", encoding="utf-8") as out:
+            out.write(text)
+    else:
+        path.write_text(text, encoding="utf-8")
+    return path
+
+
+def burst(tmp_path: Path, name: str = "burstgpt.csv") -> Path:
+    return write(tmp_path, name, BURST_HEADER + "".join(row + "\n" for row in BURST_ROWS))
+
+
+def jsonl(tmp_path: Path, rows: list[object], name: str = "log.jsonl") -> Path:
+    lines = [row if isinstance(row, str) else json.dumps(row) for row in rows]
+    return write(tmp_path, name, "".join(line + "\n" for line in lines))
+
+
+def spec(path: Path, columns: dict[str, str] | None = None, **options: object) -> dict[str, Any]:
+    return {
+        "kind": "trace",
+        "format": "columns",
+        "path": str(path),
+        "columns": BURST_COLUMNS if columns is None else columns,
+        **options,
+    }
+
+
+def load(path: Path, columns: dict[str, str] | None = None, **options: object) -> ColumnTrace:
+    reader = load_workload(spec(path, columns, **options))
+    assert isinstance(reader, ColumnTrace)
+    return reader
+
+
+def read(reader: Any, chunk_size: int = 65536) -> RequestChunk:
+    return concat(list(reader.chunks(chunk_size)))
+
+
+def trace_error(reader: ColumnTrace) -> TraceError:
+    with pytest.raises(TraceError) as caught:
+        reader.validate()
+    return caught.value
+
+
+def config_error(spec: dict[str, Any]) -> ConfigError:
+    with pytest.raises(ConfigError) as caught:
+        load_workload(spec)
+    return caught.value
+
+
+# --- reading ----------------------------------------------------------------------------------
+
+
+def test_burstgpt_csv_with_a_model_filter(tmp_path: Path) -> None:
+    reader = load(
+        burst(tmp_path), filter={"column": "Model", "equals": "ChatGPT"}, zero_output="skip"
+    )
+    assert reader.hash_block_size is None
+    chunk = read(reader)
+    # ChatGPT rows at 5, 118, 130 (0 output tokens: skipped) and 140.5, shifted to start at 0.
+    assert chunk.arrived_at.tolist() == [0.0, 113.0, 135.5]
+    assert chunk.num_prefill_tokens.tolist() == [472, 417, 20]
+    assert chunk.num_decode_tokens.tolist() == [18, 10, 7]
+    assert chunk.hash_ids is None
+    stats = summarize(reader)
+    assert (stats.num_requests, stats.duration_s) == (3, 135.5)
+
+
+def test_filters_in_not_in_and_several_at_once(tmp_path: Path) -> None:
+    path = burst(tmp_path)
+    gpt4 = load(path, filter={"column": "Model", "in": ["GPT-4", "Claude"]}, zero_output="skip")
+    assert read(gpt4).num_prefill_tokens.tolist() == [88]  # 1087 has 0 output tokens
+    both = [
+        {"column": "Model", "equals": "ChatGPT"},
+        {"column": "Log Type", "not_in": ["API log"]},
+    ]
+    chat = read(load(path, filter=both, zero_output="clamp"))
+    assert chat.num_prefill_tokens.tolist() == [472, 1360, 20]
+    assert chat.num_decode_tokens.tolist() == [18, 1, 7]
+    assert chat.arrived_at.tolist() == [0.0, 125.0, 135.5]
+
+
+def test_filtered_out_rows_are_not_parsed(tmp_path: Path) -> None:
+    text = BURST_HEADER + "0,ChatGPT,5,1,6,x\n1,other,n/a,-3,?,x\n2,ChatGPT,6,2,8,x\n"
+    reader = load(write(tmp_path, "t.csv", text), filter={"column": "Model", "equals": "ChatGPT"})
+    assert read(reader).num_prefill_tokens.tolist() == [5, 6]
+
+
+def test_csv_filter_values_compare_as_text(tmp_path: Path) -> None:
+    text = "t,in,out,tenant\n0,5,1,7\n1,6,1, 8\n2,7,1,9\n"
+    columns = {"time": "t", "time_unit": "s", "input_tokens": "in", "output_tokens": "out"}
+    path = write(tmp_path, "t.csv", text)
+    reader = load(path, columns, filter={"column": "tenant", "in": [7, "8"]})
+    assert read(reader).num_prefill_tokens.tolist() == [5, 6]
+
+
+def test_jsonl_millisecond_epoch_timestamps(tmp_path: Path) -> None:
+    rows: list[object] = [
+        {"ts_ms": 1_700_000_000_000, "prompt_len": 100, "gen_len": 5, "tenant": "a"},
+        {"ts_ms": 1_700_000_000_250, "prompt_len": 200, "gen_len": 6, "tenant": "b"},
+        "",
+        {"ts_ms": 1_700_000_003_000.0, "prompt_len": 300.0, "gen_len": 7, "tenant": "a"},
+    ]
+    columns = {"time": "ts_ms", "time_unit": "ms", "input_tokens": "prompt_len"}
+    columns["output_tokens"] = "gen_len"
+    chunk = read(load(jsonl(tmp_path, rows), columns))
+    assert chunk.arrived_at.tolist() == [0.0, 0.25, 3.0]
+    assert chunk.num_prefill_tokens.tolist() == [100, 200, 300]
+    only_a = read(load(jsonl(tmp_path, rows), columns, filter={"column": "tenant", "equals": "a"}))
+    assert only_a.arrived_at.tolist() == [0.0, 3.0]
+
+
+def test_jsonl_filter_values_must_match_the_type(tmp_path: Path) -> None:
+    rows: list[object] = [
+        {"t": i, "p": 10 + i, "o": 1, "tier": tier} for i, tier in enumerate([1, "1", True])
+    ]
+    columns = {"time": "t", "time_unit": "s", "input_tokens": "p", "output_tokens": "o"}
+    chunk = read(load(jsonl(tmp_path, rows), columns, filter={"column": "tier", "equals": 1}))
+    assert chunk.num_prefill_tokens.tolist() == [10]
+
+
+@pytest.mark.parametrize(
+    ("unit", "stamps", "expected"),
+    [
+        ("s", ["100", "100.5", "103"], [0.0, 0.5, 3.0]),
+        ("ms", ["7", "257", "1007"], [0.0, 0.25, 1.0]),
+        ("us", ["1000000", "1250000", "3000000"], [0.0, 0.25, 2.0]),
+        # Integer nanoseconds since 1970: exact relative to the first row (float64 seconds
+        # since 1970 would be off by up to ~0.2 us).
+        (
+            "ns",
+            ["1700000000000000001", "1700000000000000002", "1700000001000000003"],
+            [0.0, 1e-9, 1.000000002],
+        ),
+    ],
+)
+def test_numeric_time_units(
+    tmp_path: Path, unit: str, stamps: list[str], expected: list[float]
+) -> None:
+    text = "t,in,out\n" + "".join(f"{s},5,1\n" for s in stamps)
+    columns = {"time": "t", "time_unit": unit, "input_tokens": "in", "output_tokens": "out"}
+    chunk = read(load(write(tmp_path, "t.csv", text), columns))
+    assert chunk.arrived_at.tolist() == expected
+
+
+def test_datetime_strings(tmp_path: Path) -> None:
+    rows: list[object] = [
+        {"at": "2024-05-01T23:59:59.5Z", "in": 3, "out": 1},
+        {"at": "2024-05-02T00:00:00.75Z", "in": 4, "out": 1},
+        {"at": "2024-05-02 02:00:01+02:00", "in": 5, "out": 1},
+        {"at": "2024-05-02T00:00:02.1234567", "in": 6, "out": 1},
+    ]
+    columns = {"time": "at", "time_unit": "datetime", "input_tokens": "in", "output_tokens": "out"}
+    chunk = read(load(jsonl(tmp_path, rows), columns))
+    # float64 seconds since the first day's midnight (~86,400): ~1e-11 s resolution.
+    np.testing.assert_allclose(chunk.arrived_at, [0.0, 1.25, 1.5, 2.6234567], rtol=0, atol=1e-9)
+
+
+def test_gaps_add_up_including_filtered_rows(tmp_path: Path) -> None:
+    text = "delta_ms,tenant,in,out\n900,a,5,1\n100,b,6,1\n250,a,7,1\n0,a,8,1\n"
+    columns = {"gap": "delta_ms", "time_unit": "ms", "input_tokens": "in", "output_tokens": "out"}
+    path = write(tmp_path, "t.csv", text)
+    # The first row's gap (from before the trace) is shifted away like any first time.
+    all_rows = read(load(path, columns)).arrived_at
+    np.testing.assert_allclose(all_rows, [0.0, 0.1, 0.35, 0.35], rtol=0, atol=1e-12)
+    only_a = read(load(path, columns, filter={"column": "tenant", "equals": "a"}))
+    np.testing.assert_allclose(only_a.arrived_at, [0.0, 0.35, 0.35], rtol=0, atol=1e-12)
+
+
+def test_tsv_and_explicit_file_format(tmp_path: Path) -> None:
+    text = BURST_HEADER.replace(",", "\t") + "".join(
+        r.replace(",", "\t") + "\n" for r in BURST_ROWS
+    )
+    tsv = read(load(write(tmp_path, "b.tsv", text), zero_output="clamp"))
+    csv = read(load(burst(tmp_path, "b.log"), zero_output="clamp", file_format="csv"))
+    np.testing.assert_array_equal(tsv.arrived_at, csv.arrived_at)
+    np.testing.assert_array_equal(tsv.num_decode_tokens, csv.num_decode_tokens)
+    assert len(csv) == len(BURST_ROWS)
+
+
+def test_gzip_files(tmp_path: Path) -> None:
+    plain = read(load(burst(tmp_path), zero_output="skip"))
+    packed = read(load(burst(tmp_path, "b.csv.gz"), zero_output="skip"))
+    np.testing.assert_array_equal(plain.arrived_at, packed.arrived_at)
+    rows: list[object] = [{"t": 1, "p": 5, "o": 2}, {"t": 2, "p": 6, "o": 3}]
+    columns = {"time": "t", "time_unit": "s", "input_tokens": "p", "output_tokens": "o"}
+    chunk = read(load(jsonl(tmp_path, rows, "x.ndjson.gz"), columns))
+    assert chunk.num_decode_tokens.tolist() == [2, 3]
+
+
+def test_hash_ids_from_json_lines_and_csv_cells(tmp_path: Path) -> None:
+    rows: list[object] = [
+        {"t": 0, "p": 40, "o": 1, "blocks": [7, 8, 9]},
+        {"t": 1, "p": 16, "o": 1, "blocks": []},
+        {"t": 2, "p": 17, "o": 1, "blocks": None},
+        {"t": 3, "p": 33, "o": 1, "blocks": [7, 8]},
+    ]
+    columns = {"time": "t", "time_unit": "s", "input_tokens": "p", "output_tokens": "o"}
+    columns["hash_ids"] = "blocks"
+    reader = load(jsonl(tmp_path, rows), columns, hash_block_size=16)
+    assert reader.hash_block_size == 16
+    chunk = read(reader)
+    assert chunk.hash_offsets is not None
+    assert chunk.hash_ids is not None
+    assert chunk.hash_offsets.tolist() == [0, 3, 3, 3, 5]
+    assert chunk.hash_ids.tolist() == [7, 8, 9, 7, 8]
+    text = 't,p,o,blocks\n0,40,1,"[7, 8, 9]"\n1,16,1,\n2,17,1,[]\n3,33,1,"[7,8]"\n'
+    again = read(load(write(tmp_path, "h.csv", text), columns, hash_block_size=16))
+    np.testing.assert_array_equal(again.hash_offsets, chunk.hash_offsets)
+    np.testing.assert_array_equal(again.hash_ids, chunk.hash_ids)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 2, 3, 5])
+def test_small_chunks_equal_one_big_chunk(tmp_path: Path, chunk_size: int) -> None:
+    text = "t,p,o,blocks\n" + "".join(
+        f'{i * 0.5},{20 + i},{1 + i},"[{i % 3}, {i}]"\n' for i in range(11)
+    )
+    columns = {"time": "t", "time_unit": "s", "input_tokens": "p", "output_tokens": "o"}
+    columns["hash_ids"] = "blocks"
+    reader = load(write(tmp_path, "t.csv", text), columns, hash_block_size=16)
+    whole = read(reader)
+    chunks = list(reader.chunks(chunk_size))
+    assert [len(c) for c in chunks[:-1]] == [chunk_size] * (len(chunks) - 1)
+    again = concat(chunks)
+    for name in (
+        "arrived_at",
+        "num_prefill_tokens",
+        "num_decode_tokens",
+        "hash_offsets",
+        "hash_ids",
+    ):
+        np.testing.assert_array_equal(getattr(again, name), getattr(whole, name))
+
+
+def test_pipeline_options_apply(tmp_path: Path) -> None:
+    path = burst(tmp_path)
+    chunk = read(load(path, zero_output="clamp", start_offset_s=100.0, limit=3, time_scale=2.0))
+    assert chunk.arrived_at.tolist() == [0.0, 24.0, 26.0]  # rows at 118, 130, 131
+    stats = load(path, zero_output="clamp", target_qps=1.0).validate()
+    assert stats.mean_qps == pytest.approx(1.0, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "columns", "options"),
+    [
+        (
+            "vidur",
+            {
+                "time": "arrived_at",
+                "time_unit": "s",
+                "input_tokens": "num_prefill_tokens",
+                "output_tokens": "num_decode_tokens",
+            },
+            {},
+        ),
+        (
+            "mooncake",
+            {
+                "time": "timestamp",
+                "time_unit": "ms",
+                "input_tokens": "input_length",
+                "output_tokens": "output_length",
+                "hash_ids": "hash_ids",
+            },
+            {"hash_block_size": 512},
+        ),
+        (
+            "azure",
+            {
+                "time": "TIMESTAMP",
+                "time_unit": "datetime",
+                "input_tokens": "ContextTokens",
+                "output_tokens": "GeneratedTokens",
+            },
+            {},
+        ),
+    ],
+)
+def test_a_mapping_reads_the_samples_like_their_own_readers(
+    fmt: str, columns: dict[str, str], options: dict[str, object]
+) -> None:
+    path = sample_path(fmt)
+    builtin = {"vidur": VidurTrace, "mooncake": MooncakeTrace, "azure": AzureTrace}[fmt]
+    expected = read(builtin(path, zero_output="clamp"))
+    got = read(load(path, columns, zero_output="clamp", **options))
+    for name in (
+        "arrived_at",
+        "num_prefill_tokens",
+        "num_decode_tokens",
+        "hash_offsets",
+        "hash_ids",
+    ):
+        np.testing.assert_array_equal(getattr(got, name), getattr(expected, name))
+
+
+@pytest.mark.parametrize(
+    ("relative", "builtin", "columns", "options"),
+    [
+        (
+            "azure/AzureLLMInferenceTrace_conv.csv",
+            AzureTrace,
+            {
+                "time": "TIMESTAMP",
+                "time_unit": "datetime",
+                "input_tokens": "ContextTokens",
+                "output_tokens": "GeneratedTokens",
+            },
+            {"zero_output": "skip"},
+        ),
+        (
+            "mooncake/conversation_trace.jsonl",
+            MooncakeTrace,
+            {
+                "time": "timestamp",
+                "time_unit": "ms",
+                "input_tokens": "input_length",
+                "output_tokens": "output_length",
+                "hash_ids": "hash_ids",
+            },
+            {"hash_block_size": 512},
+        ),
+    ],
+)
+def test_a_mapping_reads_the_shared_traces_like_their_own_readers(
+    relative: str, builtin: Any, columns: dict[str, str], options: dict[str, object]
+) -> None:
+    path = SHARED_TRACES / relative
+    if not path.is_file():
+        pytest.skip(f"{path} is absent (../shared/data is not checked out)")
+    reader_options = {k: v for k, v in options.items() if k != "hash_block_size"}
+    expected = read(builtin(path, **reader_options))
+    got = read(load(path, columns, **options))
+    assert len(got) > 10_000
+    for name in (
+        "arrived_at",
+        "num_prefill_tokens",
+        "num_decode_tokens",
+        "hash_offsets",
+        "hash_ids",
+    ):
+        np.testing.assert_array_equal(getattr(got, name), getattr(expected, name))
+
+
+def test_describe_round_trips(tmp_path: Path) -> None:
+    columns = {**BURST_COLUMNS, "hash_ids": "Total tokens"}  # any column, to round-trip it
+    filters = [
+        {"column": "Model", "equals": "ChatGPT"},
+        {"column": "Log Type", "not_in": ["API log", "x"]},
+        {"column": "Model", "in": ["ChatGPT", 4]},
+    ]
+    reader = load(
+        burst(tmp_path, "b.txt"),
+        columns,
+        filter=filters,
+        file_format="csv",
+        hash_block_size=8,
+        limit=2,
+        zero_output="skip",
+    )
+    described = reader.describe()
+    json.dumps(described)
+    assert described["format"] == "columns"
+    assert described["columns"] == columns
+    assert described["filter"] == filters
+    assert load_workload(described) == reader
+    assert load_workload(described).describe() == described
+    plain = load(burst(tmp_path))
+    assert "filter" not in plain.describe()
+    assert load_workload(plain.describe()) == plain
+
+
+def test_the_python_constructor(tmp_path: Path) -> None:
+    reader = ColumnTrace(
+        str(burst(tmp_path)),
+        columns=TraceColumns(**BURST_COLUMNS),  # type: ignore[arg-type]
+        filter=(ColumnFilter("Model", values=("GPT-4",), exclude=True),),
+        zero_output="clamp",
+    )
+    assert read(reader).num_prefill_tokens.tolist() == [472, 417, 1360, 20]
+    assert reader == load(
+        burst(tmp_path), filter={"column": "Model", "not_in": ["GPT-4"]}, zero_output="clamp"
+    )
+
+
+# --- trace errors: file, line, column, value --------------------------------------------------
+
+
+def test_a_missing_column_names_it_the_file_and_the_columns_present(tmp_path: Path) -> None:
+    path = burst(tmp_path)
+    error = trace_error(load(path, {**BURST_COLUMNS, "input_tokens": "Prompt tokens"}))
+    assert str(error) == (
+        f"{path}:1: Prompt tokens: missing column, mapped by columns.input_tokens (columns "
+        "found: Timestamp, Model, Request tokens, Response tokens, Total tokens, Log Type)"
+    )
+    assert (error.path, error.line, error.field) == (str(path), 1, "Prompt tokens")
+
+
+def test_a_missing_filter_column(tmp_path: Path) -> None:
+    path = burst(tmp_path)
+    error = trace_error(load(path, filter={"column": "model", "equals": "ChatGPT"}))
+    assert str(error).startswith(f"{path}:1: model: missing column, mapped by filter.column (")
+    two = [{"column": "Model", "equals": "ChatGPT"}, {"column": "Tenant", "equals": "a"}]
+    assert "mapped by filter[1].column" in str(trace_error(load(path, filter=two)))
+
+
+def test_a_missing_json_field(tmp_path: Path) -> None:
+    rows: list[object] = [{"t": 0, "p": 5, "o": 1, "m": "a"}, {"t": 1, "p": 5, "m": "a"}]
+    columns = {"time": "t", "time_unit": "s", "input_tokens": "p", "output_tokens": "o"}
+    path = jsonl(tmp_path, rows)
+    error = trace_error(load(path, columns))
+    assert (
+        str(error)
+        == f"{path}:2: o: missing field, mapped by columns.output_tokens (fields found: t, p, m)"
+    )
+    error = trace_error(load(path, columns, filter={"column": "model", "equals": "a"}))
+    assert (error.line, error.field) == (1, "model")
+
+
+CSV_ROW_ERRORS = [
+    ("10,ChatGPT,many,5,0,x", "Request tokens", "not an integer: 'many'"),
+    ("10,ChatGPT,12,-5,0,x", "Response tokens", "must not be negative, got '-5'"),
+    ("10,ChatGPT,0,5,0,x", "Request tokens", "must be >= 1, got '0'"),
+    ("10,ChatGPT,12,,0,x", "Response tokens", "not an integer: ''"),
+    ("soon,ChatGPT,12,5,0,x", "Timestamp", "not a finite number: 'soon'"),
+    ("inf,ChatGPT,12,5,0,x", "Timestamp", "not a finite number: 'inf'"),
+    (
+        "4,ChatGPT,12,5,0,x",
+        "Timestamp",
+        "timestamps must not decrease: '4' is earlier than line 2's",
+    ),
+    ("10,ChatGPT,12,0,0,x", "Response tokens", "must be >= 1, got 0 (zero_output='clamp'"),
+]
+
+
+@pytest.mark.parametrize(("row", "column", "message"), CSV_ROW_ERRORS)
+def test_bad_values_name_file_line_column_and_value(
+    tmp_path: Path, row: str, column: str, message: str
+) -> None:
+    path = write(tmp_path, "b.csv", BURST_HEADER + "5,ChatGPT,472,18,490,x\n" + row + "\n")
+    error = trace_error(load(path))
+    assert (error.path, error.line, error.field) == (str(path), 3, column)
+    assert str(error).startswith(f"{path}:3: {column}: {message}")
+
+
+@pytest.mark.parametrize(
+    ("columns", "row", "column", "message"),
+    [
+        (
+            {"gap": "t", "time_unit": "ms"},
+            {"t": -2, "p": 5, "o": 1},
+            "t",
+            "a gap must not be negative, got -2",
+        ),
+        (
+            {"time": "t", "time_unit": "datetime"},
+            {"t": 5, "p": 5, "o": 1},
+            "t",
+            "not an ISO-8601 datetime like",
+        ),
+        (
+            {"time": "t", "time_unit": "datetime"},
+            {"t": "2024-02-30T00:00:00", "p": 5, "o": 1},
+            "t",
+            "'2024-02-30T00:00:00'",
+        ),
+        (
+            {"time": "t", "time_unit": "s"},
+            {"t": True, "p": 5, "o": 1},
+            "t",
+            "not a finite number: True",
+        ),
+        ({"time": "t", "time_unit": "s"}, {"t": 3, "p": "5", "o": 1.5}, "o", "not an integer: 1.5"),
+        (
+            {"time": "t", "time_unit": "s", "hash_ids": "h"},
+            {"t": 3, "p": 5, "o": 1, "h": [1, 2]},
+            "h",
+            "2 ids for a prompt of 1 blocks",
+        ),
+        (
+            {"time": "t", "time_unit": "s", "hash_ids": "h"},
+            {"t": 3, "p": 5, "o": 1, "h": "1 2"},
+            "h",
+            "must be a JSON list of ints such as [1, 2, 3], got '1 2'",
+        ),
+        (
+            {"time": "t", "time_unit": "s", "hash_ids": "h"},
+            {"t": 3, "p": 5, "o": 1, "h": [-1]},
+            "h",
+            "ids must be ints in [0, 2**64), got -1",
+        ),
+    ],
+)
+def test_bad_json_values(
+    tmp_path: Path, columns: dict[str, str], row: dict[str, object], column: str, message: str
+) -> None:
+    stamp = "2024-01-01T00:00:00" if columns["time_unit"] == "datetime" else 2
+    good = {"t": stamp, "p": 5, "o": 1, "h": [0]}
+    mapping = {"input_tokens": "p", "output_tokens": "o", **columns}
+    options = {"hash_block_size": 16} if "hash_ids" in columns else {}
+    path = jsonl(tmp_path, [good, row])
+    error = trace_error(load(path, mapping, **options))
+    assert (error.line, error.field) == (2, column)
+    assert str(error).startswith(f"{path}:2: {column}: ")
+    assert message in str(error)
+
+
+def test_invalid_json_and_empty_files(tmp_path: Path) -> None:
+    columns = {"time": "t", "time_unit": "s", "input_tokens": "p", "output_tokens": "o"}
+    error = trace_error(load(jsonl(tmp_path, [{"t": 0, "p": 1, "o": 1}, "{oops"]), columns))
+    assert error.line == 2
+    assert "invalid JSON" in str(error)
+    assert "expected a JSON object" in str(trace_error(load(jsonl(tmp_path, ["[1]"]), columns)))
+    assert "empty trace" in str(trace_error(load(jsonl(tmp_path, [""]), columns)))
+    assert "empty file: no header row" in str(trace_error(load(write(tmp_path, "e.csv", ""))))
+    nothing = load(burst(tmp_path), filter={"column": "Model", "equals": "Claude"})
+    assert "empty trace: no requests" in str(trace_error(nothing))
+
+
+# --- config errors: the key path ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "message"),
+    [
+        (
+            {"columns": {**BURST_COLUMNS, "prompt": "x"}},
+            "workload.columns.prompt",
+            "unknown key; expected one of 'gap', 'hash_ids', 'input_tokens'",
+        ),
+        (
+            {"columns": {k: v for k, v in BURST_COLUMNS.items() if k != "time_unit"}},
+            "workload.columns.time_unit",
+            "missing (required, no default); one of 's', 'ms', 'us', 'ns', 'datetime'",
+        ),
+        (
+            {"columns": {**BURST_COLUMNS, "time_unit": "min"}},
+            "workload.columns.time_unit",
+            "unknown value 'min'; expected one of 'datetime', 'ms', 'ns', 's', 'us'",
+        ),
+        (
+            {"columns": {k: v for k, v in BURST_COLUMNS.items() if k != "time"}},
+            "workload.columns.time",
+            "missing: map the arrival time column",
+        ),
+        (
+            {"columns": {**BURST_COLUMNS, "gap": "x"}},
+            "workload.columns.gap",
+            "cannot be combined with time='Timestamp'",
+        ),
+        (
+            {"columns": {**BURST_COLUMNS, "input_tokens": 3}},
+            "workload.columns.input_tokens",
+            "must be a column name, got 3",
+        ),
+        (
+            {
+                "columns": {
+                    "gap": "g",
+                    "time_unit": "datetime",
+                    "input_tokens": "a",
+                    "output_tokens": "b",
+                }
+            },
+            "workload.columns.time_unit",
+            "'datetime' applies to time, not to gap",
+        ),
+        ({"columns": "Timestamp"}, "workload.columns", "must be a table (mapping), got str"),
+        ({"columns": None}, "workload.columns", "must be a table"),
+        (
+            {"filter": {"column": "Model", "equal": "x"}},
+            "workload.filter.equal",
+            "unknown key; expected one of 'column', 'equals', 'in', 'not_in'",
+        ),
+        (
+            {"filter": {"column": "Model", "equals": "x", "in": ["y"]}},
+            "workload.filter",
+            "give exactly one of 'equals', 'in', 'not_in', got 'equals', 'in'",
+        ),
+        ({"filter": {"column": "Model"}}, "workload.filter", "got none"),
+        ({"filter": {"equals": "x"}}, "workload.filter.column", "missing (required)"),
+        (
+            {"filter": {"column": "", "equals": "x"}},
+            "workload.filter.column",
+            "must be a column name, got ''",
+        ),
+        (
+            {"filter": {"column": "Model", "in": "ChatGPT"}},
+            "workload.filter.in",
+            "must be a non-empty list of strings or ints, got 'ChatGPT'",
+        ),
+        (
+            {"filter": {"column": "Model", "not_in": []}},
+            "workload.filter.not_in",
+            "must be a non-empty list",
+        ),
+        (
+            {"filter": {"column": "Model", "equals": 1.5}},
+            "workload.filter.equals",
+            "must be a string or an int, got 1.5",
+        ),
+        (
+            {"filter": [{"column": "Model", "equals": "x"}, {"column": "Model", "in": [True]}]},
+            "workload.filter[1].in",
+            "got [True]",
+        ),
+        (
+            {"filter": "Model=x"},
+            "workload.filter",
+            "must be a table or a list of tables, got 'Model=x'",
+        ),
+        (
+            {"hash_block_size": 16},
+            "workload.hash_block_size",
+            "does not apply without columns.hash_ids (got 16)",
+        ),
+        (
+            {"columns": {**BURST_COLUMNS, "hash_ids": "h"}},
+            "workload.hash_block_size",
+            "missing: columns.hash_ids is mapped",
+        ),
+        (
+            {"columns": {**BURST_COLUMNS, "hash_ids": "h"}, "hash_block_size": 0},
+            "workload.hash_block_size",
+            "must be an int in [1, 4294967295], got 0",
+        ),
+        (
+            {"file_format": "parquet"},
+            "workload.file_format",
+            "unknown value 'parquet'; expected one of 'csv', 'jsonl', 'tsv'",
+        ),
+        ({"limit": 0}, "workload.limit", "must be an int >= 1"),
+        ({"time_unit": "s"}, "workload.time_unit", "unknown key for format='columns'"),
+    ],
+)
+def test_config_errors_name_the_key_path(
+    tmp_path: Path, change: dict[str, object], field: str, message: str
+) -> None:
+    error = config_error({**spec(burst(tmp_path)), **change})
+    assert error.field == field
+    assert str(error).startswith(f"{field}: ")
+    assert message in str(error)
+
+
+def test_missing_columns_table_and_unknown_suffix(tmp_path: Path) -> None:
+    missing = {k: v for k, v in spec(burst(tmp_path)).items() if k != "columns"}
+    assert str(config_error(missing)) == "workload.columns: missing (required)"
+    error = config_error(spec(burst(tmp_path, "b.log")))
+    assert error.field == "workload.file_format"
+    assert "cannot tell the file type from the name 'b.log'" in str(error)
+
+
+# --- a simulation -------------------------------------------------------------------------------
+
+CONFIG = """
+seed = 3
+[cluster]
+num_replicas = 2
+[replica.scheduler]
+policy = "sarathi"
+[workload]
+kind = "trace"
+format = "columns"
+path = "burstgpt.csv"
+zero_output = "skip"
+[workload.columns]
+time = "Timestamp"
+time_unit = "s"
+input_tokens = "Request tokens"
+output_tokens = "Response tokens"
+[workload.filter]
+column = "Model"
+equals = "ChatGPT"
+"""
+
+
+def test_simulate_a_mapped_trace_from_a_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [
+        f"{i * 0.25:.2f},{'GPT-4' if i % 4 == 0 else 'ChatGPT'},{50 + i % 97},{i % 9},0,x"
+        for i in range(400)
+    ]
+    write(tmp_path, "burstgpt.csv", BURST_HEADER + "".join(r + "\n" for r in rows))
+    config = tmp_path / "burst.toml"
+    config.write_text(CONFIG)
+    out = tmp_path / "out"
+    assert main(["simulate", str(config), "--no-progress", "--output", str(out)]) == 0
+    assert "requests" in capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    # 300 ChatGPT rows, of which those with i % 9 == 0 (0 output tokens) are skipped.
+    kept = sum(1 for i in range(400) if i % 4 and i % 9)
+    assert summary["num_requests"] == kept
+    written = summary["config"]["workload"]
+    assert written["format"] == "columns"
+    assert written["filter"] == [{"column": "Model", "equals": "ChatGPT"}]
+
+
+def test_simulate_names_a_bad_mapping_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    burst(tmp_path)
+    config = tmp_path / "burst.toml"
+    config.write_text(CONFIG.replace('time_unit = "s"', 'time_unit = "seconds"'))
+    assert main(["simulate", str(config), "--no-progress"]) == 2
+    assert "workload.columns.time_unit: unknown value 'seconds'" in capsys.readouterr().err
+
+
+def test_trace_flag_keeps_the_configs_mapping(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "burst.toml"
+    config.write_text(CONFIG)
+    other = burst(tmp_path, "other.csv")
+    assert main(["simulate", str(config), "--trace", str(other), "--json", "--no-progress"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["num_requests"] == 3  # BURST_ROWS: ChatGPT with output tokens
+    assert summary["config"]["workload"]["columns"]["time"] == "Timestamp"
+
+
+def test_the_docs_burstgpt_config_loads(tmp_path: Path) -> None:
+    docs = Path(__file__).resolve().parents[1] / "docs" / "workloads.md"
+    blocks = re.findall(r"```toml\n(.*?)```", docs.read_text(), re.DOTALL)
+    (block,) = [b for b in blocks if 'format = "columns"' in b]
+    workload = toml_module().loads(block)["workload"]
+    rows = [*BURST_ROWS, "150,ChatGPT,33,4,37,Conversation log"]
+    write(tmp_path, workload["path"], BURST_HEADER + "".join(r + "\n" for r in rows))
+    chunk = read(load_workload(workload, base_dir=tmp_path))
+    assert chunk.num_prefill_tokens.tolist() == [472, 20, 33]  # ChatGPT conversations
+    assert chunk.arrived_at.tolist() == [0.0, 135.5, 145.0]

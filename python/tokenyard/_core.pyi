@@ -611,6 +611,7 @@ class SimConfig:
         sample_interval_s: float,
         record_stages: bool,
         over_length: str,
+        lora: dict[str, float] | None = None,
     ) -> SimConfig: ...
     @property
     def replica_policy(self) -> str: ...

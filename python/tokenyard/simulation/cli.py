@@ -272,6 +272,7 @@ def format_summary(result: SimulationResult) -> str:
         )
     t, g, r = s["throughput"], s["goodput"], s["replicas"]
     busy = r["busy_fraction"]
+    lora = s.get("lora")
     lines += [
         "",
         f"throughput: {t['requests_per_s']:.2f} req/s, prompt {t['prompt_tokens_per_s']:,.0f} "
@@ -285,4 +286,10 @@ def format_summary(result: SimulationResult) -> str:
         f"{r['kv_usage']['mean']:.0%}, p99 {r['kv_usage']['p99']:.0%}; batch size mean "
         f"{r['batch_size']['mean']:.1f}, p99 {r['batch_size']['p99']:.0f}",
     ]
+    if lora is not None:
+        lines.append(
+            f"LoRA: {lora['adapter_loads']:,} adapter loads ({lora['disk_loads']:,} from disk), "
+            f"{lora['load_time_s']:.2f} s loading ({lora['load_fraction_of_busy']:.1%} of busy "
+            "time)"
+        )
     return "\n".join(lines)

@@ -197,6 +197,7 @@ def summarize(
     busy = replicas["busy_time"] / (num_stages * makespan)
     samples = raw["samples"]
     batches = np.maximum(replicas["num_batches"], 1)
+    lora = _lora_summary(replicas) if "lora" in description else {}
     return {
         "config": description,
         "num_requests": n,
@@ -237,4 +238,19 @@ def summarize(
             "kv_usage": _stats(samples["kv_usage"]),
             "batch_size": _stats(samples["batch_size"].astype(np.float64)),
         },
+        **lora,
+    }
+
+
+def _lora_summary(replicas: dict[str, Any]) -> dict[str, Any]:
+    """Adapter loads over all replicas (``[replica.lora]`` runs only)."""
+    load_s = float(replicas["lora_load_s"].sum())
+    busy = float(replicas["busy_time"].sum())
+    return {
+        "lora": {
+            "adapter_loads": int(replicas["lora_loads"].sum()),
+            "disk_loads": int(replicas["lora_disk_loads"].sum()),
+            "load_time_s": load_s,
+            "load_fraction_of_busy": load_s / busy if busy > 0 else 0.0,
+        }
     }

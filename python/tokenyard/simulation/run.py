@@ -13,7 +13,7 @@ from tokenyard import _core
 from tokenyard.errors import ConfigError
 from tokenyard.simulation.catalog import catalog_for
 from tokenyard.simulation.config import SimulationConfig, config_document
-from tokenyard.simulation.execution import build_predictor, choose_execution
+from tokenyard.simulation.execution import build_predictor, choose_execution, lora_core, with_lora
 from tokenyard.simulation.execution import describe as describe_execution
 from tokenyard.simulation.planner import MemoryPlan, plan_memory
 from tokenyard.simulation.results import (
@@ -65,6 +65,7 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
     predictor = build_predictor(config, choice)
     exec_model: Any = None
     if predictor is not None:
+        predictor = with_lora(config, predictor)
         exec_model = _core.CompiledOps(
             predictor.fused(config.replica.num_pipeline_stages).to_core()
         )
@@ -91,7 +92,7 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
     )
     wall_s = time.perf_counter() - start
     columns = request_columns(raw.pop("requests"))
-    description = {
+    description: dict[str, Any] = {
         "replica_policy": config.replica.scheduler.policy,
         "global_policy": config.cluster.global_scheduler.policy,
         "num_replicas": config.cluster.num_replicas,
@@ -104,6 +105,8 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
         "workload": workload.describe(),
         "seed": config.seed,
     }
+    if config.replica.lora is not None:
+        description["lora"] = dataclasses.asdict(config.replica.lora)
     summary = summarize(
         columns,
         raw,
@@ -210,6 +213,8 @@ def replica_spec(
             dataclasses.replace(
                 c,
                 num_blocks=num_blocks,
+                # [replica.lora]'s GPU slots are the step scheduler's adapter gate.
+                max_loras=config.replica.lora.max_loras if config.replica.lora else 0,
                 max_model_len=min(
                     c.max_model_len or s.max_request_tokens, num_blocks * c.block_size
                 ),
@@ -261,4 +266,5 @@ def _core_config(
         sample_interval_s=config.metrics.sample_interval_s,
         record_stages=config.metrics.record_stages,
         over_length=config.replica.over_length,
+        lora=lora_core(config),
     )

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from tokenyard.errors import ConfigError
 from tokenyard.workload.chunk import Workload
+from tokenyard.workload.lora import LoraPopularity, LoraWorkload
 from tokenyard.workload.synthetic import (
     ArrivalProcess,
     LengthDistribution,
@@ -52,7 +53,9 @@ def load_workload(
     ``SyntheticWorkload`` (``seed`` and ``shared_prefix`` optional; the nested tables take
     the fields of ``ArrivalProcess``, ``LengthDistribution`` and ``SharedPrefix``).
     ``{"kind": "trace", "format": "vidur" | "mooncake" | "azure", "path": ..., ...}`` builds
-    the reader of that format with the other keys as its options.
+    the reader of that format with the other keys as its options. Either may hold a
+    ``"lora": {...}`` table (``LoraPopularity``'s fields): each request then runs with an
+    adapter from that popularity model (``LoraWorkload``).
 
     Args:
         spec: the config mapping.
@@ -65,6 +68,13 @@ def load_workload(
             the message and ``field`` name the full key path (``workload.arrival.qps``).
     """
     spec = _mapping(spec, where)
+    if "lora" in spec:
+        # Any workload takes adapters from a popularity model (workload/lora.py).
+        inner = {k: v for k, v in spec.items() if k != "lora"}
+        table = _mapping(spec["lora"], f"{where}.lora")
+        _check_keys(table, f"{where}.lora", _field_names(LoraPopularity), {"num_adapters"}, None)
+        popularity = _construct(LoraPopularity, f"{where}.lora", **table)
+        return LoraWorkload(load_workload(inner, base_dir=base_dir, where=where), popularity)
     kind = _choice(spec, "kind", WORKLOAD_KINDS, where)
     if kind == "synthetic":
         return _synthetic(spec, where)

@@ -188,6 +188,7 @@ pub(crate) fn evaluate_ops<'py>(
                 sum_prefill_context: columns[3][i],
                 sum_prefill_squared: columns[4][i],
                 num_padding_rows: columns[5][i],
+                ..BatchShape::default()
             })
         })
         .collect::<PyResult<Vec<_>>>()?;

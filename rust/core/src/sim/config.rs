@@ -5,6 +5,7 @@
 
 use super::exec::LinearModel;
 use super::global::GlobalPolicy;
+use super::lora::LoraConfig;
 use super::replica::{
     FasterTransformer, LightLlm, Orca, ReplicaPolicy, Sarathi, Sglang, SglangLimits, VidurLimits,
     Vllm, VllmV1,
@@ -375,6 +376,8 @@ pub struct SimConfig {
     pub sample_interval_s: f64,
     pub record_stages: bool,
     pub over_length: OverLength,
+    /// `[replica.lora]`: LoRA adapters on `vllm_v1` replicas; `None` = no adapters.
+    pub lora: Option<LoraConfig>,
 }
 
 impl SimConfig {
@@ -437,6 +440,9 @@ impl SimConfig {
                 self.sample_interval_s,
                 "must be a finite number >= 0",
             ));
+        }
+        if let Some(lora) = &self.lora {
+            lora.validate()?;
         }
         self.exec.validate()
     }

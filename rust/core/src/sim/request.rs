@@ -68,6 +68,8 @@ pub struct SimRequest {
     pub prefix_hit_tokens: u32,
     /// Prefix identity: block content ids, each covering the workload's hash block size.
     pub hash_ids: Vec<u64>,
+    /// The LoRA adapter it runs with; `None` = the base model.
+    pub lora_id: Option<u64>,
     pub timing: RequestTiming,
 }
 
@@ -119,6 +121,7 @@ impl SimRequest {
             replica: 0,
             prefix_hit_tokens: 0,
             hash_ids,
+            lora_id: None,
             timing: RequestTiming::default(),
         }
     }

@@ -19,6 +19,7 @@ fn req(at: f64, prefill: u32, decode: u32) -> ArrivingRequest {
         num_prefill_tokens: prefill,
         num_decode_tokens: decode,
         hash_ids: vec![],
+        lora_id: None,
     }
 }
 
@@ -66,6 +67,7 @@ fn config(mut policy: ReplicaPolicyConfig, num_stages: u32, exec: LinearModel) -
         sample_interval_s: 0.0,
         record_stages: true,
         over_length: crate::sim::OverLength::Error,
+        lora: None,
     }
 }
 

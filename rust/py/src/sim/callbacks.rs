@@ -34,17 +34,26 @@ fn convert_chunk(chunk: &Bound<'_, PyAny>) -> PyResult<Vec<ArrivingRequest>> {
         Some((offsets.as_slice()?.to_vec(), ids.as_slice()?.to_vec()))
     };
     let n = arrived.len();
+    let loras = chunk.getattr("lora_ids")?;
+    let loras: Option<Vec<i64>> = if loras.is_none() {
+        None
+    } else {
+        let loras: PyReadonlyArray1<'_, i64> = loras.extract()?;
+        Some(loras.as_slice()?.to_vec())
+    };
     let offsets_ok = hashes.as_ref().is_none_or(|(off, ids)| {
         off.len() == n + 1
             && off.windows(2).all(|w| w[0] <= w[1])
             && off.last().is_none_or(|&end| end as usize <= ids.len())
     });
-    if prefill.len() != n || decode.len() != n || !offsets_ok {
+    let loras_ok = loras.as_ref().is_none_or(|l| l.len() == n);
+    if prefill.len() != n || decode.len() != n || !offsets_ok || !loras_ok {
         return Err(input_error(
             chunk.py(),
             "chunk",
             format!("{n}/{}/{}", prefill.len(), decode.len()),
-            "arrived_at, num_prefill_tokens, num_decode_tokens and hash_offsets do not line up",
+            "arrived_at, num_prefill_tokens, num_decode_tokens, hash_offsets and lora_ids do \
+             not line up",
         ));
     }
     Ok((0..n)
@@ -55,6 +64,8 @@ fn convert_chunk(chunk: &Bound<'_, PyAny>) -> PyResult<Vec<ArrivingRequest>> {
             hash_ids: hashes.as_ref().map_or_else(Vec::new, |(off, ids)| {
                 ids[off[i] as usize..off[i + 1] as usize].to_vec()
             }),
+            // -1 (any negative id) is the base model.
+            lora_id: loras.as_ref().and_then(|l| u64::try_from(l[i]).ok()),
         })
         .collect())
 }
@@ -131,6 +142,12 @@ impl PyExec {
         kwargs.set_item("sum_prefill_context", shape.sum_prefill_context)?;
         kwargs.set_item("sum_prefill_squared", shape.sum_prefill_squared)?;
         kwargs.set_item("num_padding_rows", shape.num_padding_rows)?;
+        // Only LoRA batches tell a Python model about adapters (older callables need not
+        // know the keywords).
+        if shape.lora.num_lora_tokens > 0 {
+            kwargs.set_item("num_lora_tokens", shape.lora.num_lora_tokens)?;
+            kwargs.set_item("num_lora_adapters", shape.lora.num_adapters)?;
+        }
         kwargs.set_item("stage", stage)?;
         kwargs.set_item("num_stages", num_stages)?;
         let answer = self.model.bind(py).call((), Some(&kwargs))?;

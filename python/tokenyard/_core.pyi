@@ -648,7 +648,8 @@ def evaluate_ops(
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """``(total_s, model_s)`` of each batch shape (columns ``num_requests``,
     ``num_prefill_tokens``, ``num_decode_tokens``, ``sum_decode_context``,
-    ``sum_prefill_context``, ``sum_prefill_squared``, ``num_padding_rows``) under a compiled
+    ``sum_prefill_context``, ``sum_prefill_squared``, ``num_padding_rows``, and optionally
+    ``num_lora_tokens`` and ``num_lora_adapters``) under a compiled
     per-operation model (``CompiledPredictor.to_core()``), evaluated by the simulator's code.
 
     Raises:

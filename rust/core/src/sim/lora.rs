@@ -302,3 +302,172 @@ mod tests {
         }
     }
 }
+
+/// Whole runs: the step scheduler's gate and the adapter loads together.
+#[cfg(test)]
+mod scenario {
+    use super::LoraConfig;
+    use crate::Result;
+    use crate::sched::SchedulerConfig;
+    use crate::sim::batch::BatchShape;
+    use crate::sim::exec::{ExecModel, LinearModel, StageTime};
+    use crate::sim::{
+        ArrivingRequest, GlobalPolicy, OverLength, ReplicaPolicyConfig, RequestSource, SimConfig,
+        SimOutput, Simulator, VidurKind, VidurLimits,
+    };
+
+    struct Source(Option<Vec<ArrivingRequest>>);
+    impl RequestSource for Source {
+        fn next_chunk(&mut self) -> Result<Option<Vec<ArrivingRequest>>> {
+            Ok(self.0.take())
+        }
+    }
+
+    /// One second per batch stage, whatever it holds.
+    struct OneSecond;
+    impl ExecModel for OneSecond {
+        fn stage_time(&mut self, _: &BatchShape, _: u32, _: u32) -> Result<StageTime> {
+            Ok(StageTime {
+                total_s: 1.0,
+                model_s: 1.0,
+            })
+        }
+    }
+
+    fn lora() -> LoraConfig {
+        // 1000 B per adapter: 1 s from disk, 0.1 s over PCIe.
+        LoraConfig {
+            max_loras: 1,
+            max_cpu_loras: 2,
+            adapter_bytes: 1000.0,
+            host_to_device_bytes_per_s: 1e4,
+            disk_bytes_per_s: 1e3,
+        }
+    }
+
+    fn config(policy: ReplicaPolicyConfig, lora: Option<LoraConfig>) -> SimConfig {
+        SimConfig {
+            num_replicas: 1,
+            num_stages: 1,
+            global_policy: GlobalPolicy::RoundRobin,
+            replica_policy: policy,
+            exec: LinearModel::default(),
+            seed: 0,
+            hash_block_size: 16,
+            sample_interval_s: 0.0,
+            record_stages: true,
+            over_length: OverLength::Error,
+            lora,
+        }
+    }
+
+    fn v1(max_loras: usize) -> ReplicaPolicyConfig {
+        ReplicaPolicyConfig::VllmV1(SchedulerConfig {
+            block_size: 4,
+            num_blocks: 64,
+            max_model_len: 64,
+            max_loras,
+            ..SchedulerConfig::default()
+        })
+    }
+
+    fn req(lora_id: Option<u64>) -> ArrivingRequest {
+        ArrivingRequest {
+            arrived_at: 0.0,
+            num_prefill_tokens: 4,
+            num_decode_tokens: 2,
+            hash_ids: vec![],
+            lora_id,
+        }
+    }
+
+    fn run(config: SimConfig, requests: Vec<ArrivingRequest>) -> Result<SimOutput> {
+        Simulator::new(config, &mut OneSecond)?.run(&mut Source(Some(requests)))
+    }
+
+    #[test]
+    fn two_adapters_one_slot_never_share_a_batch_and_first_uses_pay_the_load() {
+        let out = run(
+            config(v1(1), Some(lora())),
+            vec![req(Some(1)), req(Some(2))],
+        )
+        .unwrap();
+        // A (adapter 1): prefill batch 1 s + 1 s disk + 0.1 s copy = 2.1, decode to 3.1.
+        // B (adapter 2) waits for A's slot: prefill 3.1 + 2.1 = 5.2, decode to 6.2.
+        let t = &out.requests;
+        let by_id = |id: u64| t.request_id.iter().position(|&r| r == id).unwrap();
+        let (a, b) = (by_id(0), by_id(1));
+        let close = |x: f64, y: f64| (x - y).abs() < 1e-9;
+        assert!(close(t.first_token_at[a], 2.1), "{}", t.first_token_at[a]);
+        assert!(close(t.completed_at[a], 3.1));
+        assert!(close(t.first_token_at[b], 5.2), "{}", t.first_token_at[b]);
+        assert!(close(t.completed_at[b], 6.2));
+        let stages = out.stages.unwrap();
+        assert!(stages.num_requests.iter().all(|&n| n == 1), "never mixed");
+        assert_eq!(stages.duration, vec![2.1, 1.0, 2.1, 1.0]);
+        assert_eq!(out.replicas.lora_loads, vec![2]);
+        assert_eq!(out.replicas.lora_disk_loads, vec![2]);
+        assert!(close(out.replicas.lora_load_s[0], 2.2));
+    }
+
+    #[test]
+    fn without_lora_requests_nothing_changes() {
+        let with = run(config(v1(1), Some(lora())), vec![req(None), req(None)]).unwrap();
+        let without = run(config(v1(0), None), vec![req(None), req(None)]).unwrap();
+        assert_eq!(with.requests.completed_at, without.requests.completed_at);
+        assert_eq!(with.replicas.lora_loads, vec![0]);
+    }
+
+    #[test]
+    fn refusals_name_their_key() {
+        let cases = [
+            // A request naming an adapter, no [replica.lora].
+            (config(v1(0), None), Some(3), "lora_id"),
+            // GPU slots and the scheduler's gate disagree.
+            (
+                config(v1(2), Some(lora())),
+                None,
+                "replica.scheduler.vllm_v1.max_loras",
+            ),
+            // Another policy.
+            (
+                config(
+                    ReplicaPolicyConfig::Vidur(
+                        VidurKind::Vllm,
+                        VidurLimits {
+                            num_blocks: 64,
+                            block_size: 4,
+                            watermark_blocks: 0,
+                            batch_size_cap: 16,
+                            max_batch_size: 16,
+                            num_stages: 1,
+                            max_blocks_per_sequence: 8,
+                            max_tokens_in_batch: 4096,
+                            chunk_size: 8,
+                            max_waiting_iters: 2,
+                            restart: crate::sim::RestartMode::Recompute,
+                        },
+                    ),
+                    Some(lora()),
+                ),
+                None,
+                "replica.lora",
+            ),
+        ];
+        for (config, lora_id, key) in cases {
+            let err = run(config, vec![req(lora_id)]).unwrap_err().to_string();
+            assert!(err.contains(key), "{key}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_linear_model_refuses_lora_batches() {
+        let mut linear = LinearModel::default();
+        let err = Simulator::new(config(v1(1), Some(lora())), &mut linear)
+            .unwrap()
+            .run(&mut Source(Some(vec![req(Some(1))])))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("execution.model"), "{err}");
+    }
+}

@@ -83,7 +83,9 @@ def test_lora_op_priced_by_hand_and_equal_in_rust() -> None:
     assert op.cost.time(features) == pytest.approx(max(memory, compute), rel=1e-12)
 
     cfg = config()
-    predictor = with_lora(cfg, build_predictor(cfg))  # type: ignore[arg-type]
+    compiled = build_predictor(cfg)
+    assert compiled is not None
+    predictor = with_lora(cfg, compiled)
     shape = {
         "num_requests": 3,
         "num_prefill_tokens": 90,

@@ -213,7 +213,6 @@ pub(crate) fn evaluate_ops<'py>(
                     })?,
                     ..LoraShape::default()
                 },
-                ..BatchShape::default()
             })
         })
         .collect::<PyResult<Vec<_>>>()?;

@@ -19,7 +19,7 @@ from tokenyard.predictor.roofline import Efficiencies
 from tokenyard.simulation.config import SimulationConfig, config_from_mapping, default_workload
 from tokenyard.simulation.execution import build_predictor, with_lora
 from tokenyard.simulation.lora_config import PCIE_EFFICIENCY, LoraConfig, adapter_bytes, lora_op
-from tokenyard.simulation.run import simulate
+from tokenyard.simulation.run import plan_for, simulate
 from tokenyard.workload import load_workload
 from tokenyard.workload.chunk import RequestChunk, rechunk
 
@@ -240,3 +240,12 @@ def test_chunk_lora_ids_are_checked_and_survive_rechunking() -> None:
         RequestChunk(at, ones, ones, lora_ids=np.array([0, 1], dtype=np.int64))
     with pytest.raises(InputError, match="lora_ids"):
         list(rechunk([chunk, RequestChunk(at, ones, ones)], 6))
+
+
+def test_slots_take_memory_from_the_kv_cache() -> None:
+    with_slots = plan_for(config(replica={"lora": {"max_loras": 4, "max_lora_rank": 32}}))
+    without = plan_for(config_from_mapping({"cluster": {"num_replicas": 1}}))
+    # Four slots of rank 32 over Llama-2-7B's seven linears, 32 layers, bf16.
+    slots = 4 * 32 * LLAMA_2_7B_LAYER * 32 * 2
+    assert without.available_kv_bytes - with_slots.available_kv_bytes == slots
+    assert with_slots.num_blocks < without.num_blocks

@@ -13,13 +13,14 @@ from it and the model (``docs/lora.md``):
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from tokenyard._checks import check_key_int, check_key_number, fail
 from tokenyard.catalog import DeviceSpec, ModelSpec
 from tokenyard.predictor.compiled import CompiledOp, RooflineCost
 from tokenyard.predictor.roofline import Efficiencies
 
-__all__ = ["LORA_MODULES", "LoraConfig", "adapter_bytes", "lora_op"]
+__all__ = ["LORA_MODULES", "LoraConfig", "adapter_bytes", "lora_op", "slot_bytes"]
 
 #: The linears an adapter may target (Llama names), each as (d_in, d_out, row_parallel)
 #: of the model; row-parallel linears shard their input under tensor parallelism.
@@ -149,13 +150,23 @@ def _per_gpu(d_in: int, d_out: int, row_parallel: bool, tp: int) -> tuple[float,
     return (d_in / tp, float(d_out)) if row_parallel else (float(d_in), d_out / tp)
 
 
-def adapter_bytes(lora: LoraConfig, model: ModelSpec, weight_dtype: str, tp: int, pp: int) -> float:
-    """Bytes one GPU of one pipeline stage copies to load one adapter of rank ``rank``."""
+def adapter_bytes(
+    lora: LoraConfig, model: ModelSpec, weight_dtype: str, tp: int, pp: int, rank: int = 0
+) -> float:
+    """Bytes one GPU of one pipeline stage copies to load one adapter of rank ``rank``
+    (default: the adapters' ``rank``)."""
     per_layer = sum(
         sum(_per_gpu(d_in, d_out, row, tp)) for d_in, d_out, row in _modules(lora, model)
     )
     layers = model.num_layers / pp
-    return lora.adapter_rank * per_layer * layers * lora.dtype_bytes(weight_dtype)
+    return (rank or lora.adapter_rank) * per_layer * layers * lora.dtype_bytes(weight_dtype)
+
+
+def slot_bytes(lora: LoraConfig, model: ModelSpec, weight_dtype: str, tp: int, pp: int) -> int:
+    """Memory one GPU holds for the ``max_loras`` slots, each sized for ``max_lora_rank``
+    (vLLM allocates them before it sizes the KV cache)."""
+    one = adapter_bytes(lora, model, weight_dtype, tp, pp, rank=lora.max_lora_rank)
+    return math.ceil(lora.max_loras * one)
 
 
 def lora_op(

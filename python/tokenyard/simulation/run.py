@@ -15,6 +15,7 @@ from tokenyard.simulation.catalog import catalog_for
 from tokenyard.simulation.config import SimulationConfig, config_document
 from tokenyard.simulation.execution import build_predictor, choose_execution, lora_core, with_lora
 from tokenyard.simulation.execution import describe as describe_execution
+from tokenyard.simulation.lora_config import slot_bytes
 from tokenyard.simulation.planner import MemoryPlan, plan_memory
 from tokenyard.simulation.results import (
     SimulationResult,
@@ -185,8 +186,11 @@ def plan_for(config: SimulationConfig) -> MemoryPlan:
     """The memory plan ``simulate`` uses for ``config`` (raises ConfigError if it does not fit)."""
     replica = config.replica
     catalog = catalog_for(config)
+    model = catalog.model(config.model_name(), field="replica.model")
+    tp, pp = replica.tensor_parallel_size, replica.num_pipeline_stages
+    lora = replica.lora
     return plan_memory(
-        catalog.model(config.model_name(), field="replica.model"),
+        model,
         catalog.device(replica.device, field="replica.device"),
         tensor_parallel_size=replica.tensor_parallel_size,
         num_pipeline_stages=replica.num_pipeline_stages,
@@ -195,6 +199,7 @@ def plan_for(config: SimulationConfig) -> MemoryPlan:
         block_size=replica.scheduler.block_size,
         weight_dtype=replica.dtype,
         kv_cache_dtype=replica.kv_cache_dtype,
+        reserved_bytes=slot_bytes(lora, model, replica.dtype, tp, pp) if lora else 0,
     )
 
 

@@ -158,16 +158,18 @@ impl AdapterCache {
         }
         shape.num_adapters = self.batch.len() as u32;
         // Touch the resident ones first, so loading a missing one never evicts one of
-        // this batch's adapters (the batch fits in the slots).
+        // this batch's adapters (the batch fits in the slots). Using an adapter makes it
+        // recent in both caches, as vLLM's `add_adapter` does.
         let mut missing = Vec::new();
         for &lora in &self.batch {
+            let in_host = self.host.touch(lora);
             if !self.gpu.touch(lora) {
-                missing.push(lora);
+                missing.push((lora, in_host));
             }
         }
         let c = &self.config;
-        for lora in missing {
-            if !self.host.touch(lora) {
+        for (lora, in_host) in missing {
+            if !in_host {
                 self.host.insert(lora);
                 shape.num_disk_loads += 1;
                 shape.load_s += c.adapter_bytes / c.disk_bytes_per_s;
@@ -255,6 +257,22 @@ mod tests {
         let back = c.load(&ids[..1], &[1], &reqs).unwrap();
         assert_eq!((back.num_loads, back.num_disk_loads), (1, 0));
         assert!((back.load_s - 0.001).abs() < 1e-15);
+    }
+
+    #[test]
+    fn an_adapter_in_use_stays_in_the_host_cache() {
+        // One slot, two host entries: 1 is used again while 2 and 3 pass through, so the
+        // host cache evicts 2, not 1, and 1 comes back without a disk read.
+        let mut c = cache(1, 2);
+        let (reqs, ids) = requests(&[Some(1), Some(2), Some(3)]);
+        c.load(&ids[..1], &[1], &reqs).unwrap();
+        c.load(&ids[1..2], &[1], &reqs).unwrap();
+        c.load(&ids[..1], &[1], &reqs).unwrap(); // 1 recent again in both caches
+        c.load(&ids[2..], &[1], &reqs).unwrap(); // host evicts 2
+        let back = c.load(&ids[..1], &[1], &reqs).unwrap();
+        assert_eq!((back.num_loads, back.num_disk_loads), (1, 0));
+        let two = c.load(&ids[1..2], &[1], &reqs).unwrap();
+        assert_eq!(two.num_disk_loads, 1);
     }
 
     #[test]

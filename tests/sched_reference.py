@@ -159,6 +159,8 @@ class RefScheduler:
         self.preempted.append(victim)
 
     def _waiting(self) -> None:
+        if self.cfg.max_loras:  # every running request's adapter counts (scheduler.rs)
+            self.loras |= {r.lora_id for r in self.running if r.lora_id is not None}
         skipped = []
         while self.budget > 0 and self.waiting:
             if self.cfg.max_num_seqs and len(self.running) >= self.cfg.max_num_seqs:

@@ -612,6 +612,7 @@ class SimConfig:
         record_stages: bool,
         over_length: str,
         concurrency: int | None = None,
+        lora: dict[str, float] | None = None,
     ) -> SimConfig: ...
     @property
     def replica_policy(self) -> str: ...
@@ -648,7 +649,8 @@ def evaluate_ops(
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """``(total_s, model_s)`` of each batch shape (columns ``num_requests``,
     ``num_prefill_tokens``, ``num_decode_tokens``, ``sum_decode_context``,
-    ``sum_prefill_context``, ``sum_prefill_squared``, ``num_padding_rows``) under a compiled
+    ``sum_prefill_context``, ``sum_prefill_squared``, ``num_padding_rows``, and optionally
+    ``num_lora_tokens`` and ``num_lora_adapters``) under a compiled
     per-operation model (``CompiledPredictor.to_core()``), evaluated by the simulator's code.
 
     Raises:

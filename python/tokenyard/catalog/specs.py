@@ -44,6 +44,7 @@ DEVICE_FIELDS: dict[str, str] = {
     "memory_bandwidth_gbps": "float",
     "interconnect_gbps": "float",
     "interconnect_latency_us": "float",
+    "host_link_gbps": "float",
     "price_per_hour": "float",
     "price_source": "str",
     "source": "str",
@@ -207,6 +208,8 @@ class DeviceSpec:
     memory_bandwidth_gbps: float
     interconnect_gbps: float
     interconnect_latency_us: float = 10.0
+    #: Host-to-GPU link (PCIe) in GB/s, one direction; 0 = unknown.
+    host_link_gbps: float = 0.0
     price_per_hour: float = 0.0
     price_source: str = ""
     source: str = ""
@@ -221,7 +224,13 @@ class DeviceSpec:
         for field in positive:
             if getattr(self, field) <= 0:
                 raise _fail(where, field, "must be a number > 0", getattr(self, field))
-        _check_at_least(self, ("interconnect_latency_us", "price_per_hour"), 0, "a number", where)
+        _check_at_least(
+            self,
+            ("interconnect_latency_us", "host_link_gbps", "price_per_hour"),
+            0,
+            "a number",
+            where,
+        )
 
 
 def required_fields(spec: type[ModelSpec] | type[DeviceSpec]) -> tuple[str, ...]:

@@ -41,6 +41,8 @@ FEATURES = (
     "decode_attention_keys",
     "prefill_mean_context",
     "decode_mean_context",
+    "num_lora_tokens",
+    "num_lora_adapters",
 )
 SCOPES = ("layer", "first_stage", "last_stage", "between_stages", "every_stage")
 Scope = Literal["layer", "first_stage", "last_stage", "between_stages", "every_stage"]
@@ -56,6 +58,8 @@ def batch_features(
     sum_prefill_context: int,
     sum_prefill_squared: int,
     num_padding_rows: int,
+    num_lora_tokens: int = 0,
+    num_lora_adapters: int = 0,
 ) -> BatchFeatures:
     """The features of a batch shape (``Features::of`` in Rust)."""
     prefill = float(num_prefill_tokens)
@@ -72,6 +76,8 @@ def batch_features(
         "decode_attention_keys": keys,
         "prefill_mean_context": pairs / prefill if prefill > 0 else 0.0,
         "decode_mean_context": keys / decode if decode > 0 else 0.0,
+        "num_lora_tokens": float(num_lora_tokens),
+        "num_lora_adapters": float(num_lora_adapters),
     }
 
 

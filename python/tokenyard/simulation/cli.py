@@ -277,6 +277,7 @@ def format_summary(result: SimulationResult) -> str:
         )
     t, g, r = s["throughput"], s["goodput"], s["replicas"]
     busy = r["busy_fraction"]
+    lora = s.get("lora")
     lines += [
         "",
         f"throughput: {t['requests_per_s']:.2f} req/s, prompt {t['prompt_tokens_per_s']:,.0f} "
@@ -292,6 +293,12 @@ def format_summary(result: SimulationResult) -> str:
     ]
     if "sessions" in s:
         lines += _session_lines(s["sessions"])
+    if lora is not None:
+        lines.append(
+            f"LoRA: {lora['adapter_loads']:,} adapter loads ({lora['disk_loads']:,} from disk), "
+            f"{lora['load_time_s']:.2f} s loading ({lora['load_fraction_of_busy']:.1%} of busy "
+            "time)"
+        )
     return "\n".join(lines)
 
 

@@ -8,6 +8,8 @@ Layout (every section and key optional; see ``docs/simulate.md``)::
     [cluster]                 num_replicas, global_scheduler = {policy, balance, options}
     [replica]                 model, device, tensor_parallel_size, num_pipeline_stages,
                               memory_margin_fraction, dtype, kv_cache_dtype, over_length,
+                              lora = {max_loras, max_cpu_loras, max_lora_rank, ...}
+                              (``lora_config.py``),
                               scheduler = {policy, max_request_tokens, vllm_v1 | vidur |
                               sglang | plugin = {...}} (``scheduler_config.py``)
     [execution]               model = "auto" | "measured" | "roofline" | "linear" | "profiled"
@@ -38,6 +40,7 @@ from tokenyard._checks import (
 from tokenyard.errors import ConfigError
 from tokenyard.predictor.profiled import TrainingOptions
 from tokenyard.predictor.roofline import CpuOverheads, Efficiencies
+from tokenyard.simulation.lora_config import LoraConfig
 from tokenyard.simulation.planner import dtype_bytes
 from tokenyard.simulation.scheduler_config import (
     GLOBAL_POLICIES,
@@ -57,6 +60,7 @@ __all__ = [
     "ClusterConfig",
     "ExecutionConfig",
     "GlobalSchedulerConfig",
+    "LoraConfig",
     "MeasuredConfig",
     "MetricsConfig",
     "PluginSchedulerConfig",
@@ -126,6 +130,8 @@ class ReplicaConfig:
     #: A request longer than a replica can ever serve: ``error`` stops the run naming it
     #: and the limiting setting; ``skip`` leaves it out and counts it in the summary.
     over_length: str = "error"
+    #: Multi-LoRA serving (``vllm_v1`` only; ``simulation/lora_config.py``, docs/lora.md).
+    lora: LoraConfig | None = None
 
     def check(self, where: str) -> None:
         check_key_int(f"{where}.tensor_parallel_size", self.tensor_parallel_size, low=1, high=512)
@@ -140,6 +146,14 @@ class ReplicaConfig:
         self.scheduler.check(f"{where}.scheduler")
         check_key_choice(f"{where}.over_length", self.over_length, ("error", "skip"))
         policy = self.scheduler.policy
+        if self.lora is not None:
+            self.lora.check(f"{where}.lora")
+            if policy != "vllm_v1":
+                raise fail(
+                    f"{where}.lora",
+                    f"LoRA adapters are simulated on vllm_v1 replicas only, not {policy}",
+                    policy,
+                )
         if self.num_pipeline_stages > 1 and not pipeline_parallel(policy):
             raise fail(
                 f"{where}.num_pipeline_stages",
@@ -377,6 +391,35 @@ class SimulationConfig:
         self.replica.check("replica")
         self.execution.check("execution")
         self.metrics.check("metrics")
+        self._check_lora()
+
+    def _check_lora(self) -> None:
+        """Adapters in the workload need ``[replica.lora]`` and a model that prices them;
+        ``[replica.lora]`` without adapters in the workload would change nothing."""
+        workload_lora = isinstance(self.workload, Mapping) and "lora" in self.workload
+        if workload_lora and self.replica.lora is None:
+            policy = self.replica.scheduler.policy
+            where = "replica.lora" if policy == "vllm_v1" else "replica.scheduler.policy"
+            raise fail(
+                where,
+                f"the workload gives requests LoRA adapters (workload.lora); they are "
+                f"simulated on vllm_v1 replicas with a [replica.lora] section, got policy "
+                f"{policy!r} without one",
+                policy,
+            )
+        if self.replica.lora is not None and not workload_lora:
+            raise fail(
+                "replica.lora",
+                "the workload names no adapters (add [workload.lora]), so it would change nothing",
+                "set",
+            )
+        if self.replica.lora is not None and self.execution.model == "linear":
+            raise fail(
+                "execution.model",
+                "the linear model has no LoRA terms; use roofline, measured or profiled "
+                "with replica.lora",
+                self.execution.model,
+            )
 
 
 def config_document(config: SimulationConfig) -> dict[str, Any]:

@@ -31,9 +31,17 @@ from tokenyard.predictor.profiles import read_profiles
 from tokenyard.predictor.roofline import CpuOverheads, Efficiencies, roofline_predictor
 from tokenyard.simulation.catalog import catalog_for
 from tokenyard.simulation.config import MeasuredConfig, ProfiledConfig, SimulationConfig
+from tokenyard.simulation.lora_config import lora_op
 from tokenyard.simulation.planner import _resolve_kv_dtype, dtype_bytes
 
-__all__ = ["ExecutionChoice", "build_predictor", "choose_execution", "describe"]
+__all__ = [
+    "ExecutionChoice",
+    "build_predictor",
+    "choose_execution",
+    "describe",
+    "lora_core",
+    "with_lora",
+]
 
 #: What ``linear`` leaves out, said wherever it is used.
 LINEAR_WARNING = (
@@ -232,3 +240,36 @@ def describe(
     if choice.kind == "linear":
         out["ignores"] = ["replica.model", "replica.device", "replica.dtype", "parallelism"]
     return out
+
+
+def with_lora(config: SimulationConfig, predictor: CompiledPredictor) -> CompiledPredictor:
+    """``predictor`` with the LoRA operation added when ``[replica.lora]`` is set. Measured
+    and profiled tables have no LoRA kernels: every predictor prices it as a roofline."""
+    lora, replica = config.replica.lora, config.replica
+    if lora is None:
+        return predictor
+    catalog = catalog_for(config)
+    op = lora_op(
+        lora,
+        catalog.model(config.model_name(), field="replica.model"),
+        catalog.device(replica.device, field="replica.device"),
+        replica.dtype,
+        replica.tensor_parallel_size,
+        config.execution.efficiency or Efficiencies(),
+    )
+    return dataclasses.replace(predictor, ops=(*predictor.ops, op))
+
+
+def lora_core(config: SimulationConfig) -> dict[str, float] | None:
+    """``[replica.lora]`` as ``_core.SimConfig(lora=...)`` takes it (None without it)."""
+    lora, replica = config.replica.lora, config.replica
+    if lora is None:
+        return None
+    catalog = catalog_for(config)
+    return lora.core(
+        catalog.model(config.model_name(), field="replica.model"),
+        catalog.device(replica.device, field="replica.device"),
+        replica.dtype,
+        replica.tensor_parallel_size,
+        replica.num_pipeline_stages,
+    )

@@ -15,7 +15,8 @@ dim, ``kv = ceil(num_kv_heads / TP)``: KV heads are replicated once ``TP > num_k
 
     weight bytes per device = params x bytes(weight_dtype)     [the worst stage]
     usable                  = memory_gib x 2^30 x (1 - memory_margin_fraction)
-    available KV bytes      = usable - weight bytes per device
+    available KV bytes      = usable - weight bytes per device - reserved bytes
+                              [reserved: LoRA slots, docs/lora.md]
     KV bytes per token      = 2 [K and V] x bytes(kv_cache_dtype) x d x kv x layers / PP
     max_batch_size          = available // (KV bytes per token x max_request_tokens)
     num_blocks              = available // (KV bytes per token x block_size)
@@ -139,6 +140,7 @@ def plan_memory(
     block_size: int,
     weight_dtype: str = "bf16",
     kv_cache_dtype: str = "auto",
+    reserved_bytes: int = 0,
 ) -> MemoryPlan:
     """Sizes one replica's KV pool (formulas in the module docstring).
 
@@ -151,6 +153,7 @@ def plan_memory(
         weight_dtype: one of ``DTYPE_BYTES``.
         kv_cache_dtype: one of ``KV_CACHE_DTYPES``; ``auto`` is the compute dtype: the
             weight dtype for fp32, fp16 and bf16, else bf16.
+        reserved_bytes: other memory per device held before the KV cache (LoRA slots).
 
     Raises:
         ConfigError: a layout that does not divide the model (field
@@ -179,7 +182,7 @@ def plan_memory(
         * (model.num_layers // pp)
     )
     total = int(device.memory_gib * 1024**3 * (1 - memory_margin_fraction))
-    available = total - parameter_bytes
+    available = total - parameter_bytes - reserved_bytes
     max_batch_size = available // (kv_per_token * max_request_tokens) if available > 0 else 0
     if max_batch_size < 1:
         raise ConfigError(

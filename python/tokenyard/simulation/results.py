@@ -199,7 +199,8 @@ def summarize(
     busy = replicas["busy_time"] / (num_stages * makespan)
     samples = raw["samples"]
     batches = np.maximum(replicas["num_batches"], 1)
-    found = {
+    lora = _lora_summary(replicas) if "lora" in description else {}
+    found: dict[str, Any] = {
         "config": description,
         "num_requests": n,
         "makespan_s": float(raw["makespan"]),
@@ -239,10 +240,25 @@ def summarize(
             "kv_usage": _stats(samples["kv_usage"]),
             "batch_size": _stats(samples["batch_size"].astype(np.float64)),
         },
+        **lora,
     }
     if "session_id" in columns and (columns["session_id"] >= 0).any():
         found["sessions"] = session_summary(columns)
     return found
+
+
+def _lora_summary(replicas: dict[str, Any]) -> dict[str, Any]:
+    """Adapter loads over all replicas (``[replica.lora]`` runs only)."""
+    load_s = float(replicas["lora_load_s"].sum())
+    busy = float(replicas["busy_time"].sum())
+    return {
+        "lora": {
+            "adapter_loads": int(replicas["lora_loads"].sum()),
+            "disk_loads": int(replicas["lora_disk_loads"].sum()),
+            "load_time_s": load_s,
+            "load_fraction_of_busy": load_s / busy if busy > 0 else 0.0,
+        }
+    }
 
 
 #: Turns reported one by one in ``sessions.per_turn``; later turns are pooled.

@@ -13,8 +13,9 @@ from tokenyard import _core
 from tokenyard.errors import ConfigError
 from tokenyard.simulation.catalog import catalog_for
 from tokenyard.simulation.config import SimulationConfig, config_document
-from tokenyard.simulation.execution import build_predictor, choose_execution
+from tokenyard.simulation.execution import build_predictor, choose_execution, lora_core, with_lora
 from tokenyard.simulation.execution import describe as describe_execution
+from tokenyard.simulation.lora_config import slot_bytes
 from tokenyard.simulation.planner import MemoryPlan, plan_memory
 from tokenyard.simulation.results import (
     SimulationResult,
@@ -66,6 +67,7 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
     predictor = build_predictor(config, choice)
     exec_model: Any = None
     if predictor is not None:
+        predictor = with_lora(config, predictor)
         exec_model = _core.CompiledOps(
             predictor.fused(config.replica.num_pipeline_stages).to_core()
         )
@@ -92,7 +94,7 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
     )
     wall_s = time.perf_counter() - start
     columns = request_columns(raw.pop("requests"))
-    description = {
+    description: dict[str, Any] = {
         "replica_policy": config.replica.scheduler.policy,
         "global_policy": config.cluster.global_scheduler.policy,
         "num_replicas": config.cluster.num_replicas,
@@ -105,6 +107,8 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
         "workload": workload.describe(),
         "seed": config.seed,
     }
+    if config.replica.lora is not None:
+        description["lora"] = dataclasses.asdict(config.replica.lora)
     summary = summarize(
         columns,
         raw,
@@ -183,8 +187,11 @@ def plan_for(config: SimulationConfig) -> MemoryPlan:
     """The memory plan ``simulate`` uses for ``config`` (raises ConfigError if it does not fit)."""
     replica = config.replica
     catalog = catalog_for(config)
+    model = catalog.model(config.model_name(), field="replica.model")
+    tp, pp = replica.tensor_parallel_size, replica.num_pipeline_stages
+    lora = replica.lora
     return plan_memory(
-        catalog.model(config.model_name(), field="replica.model"),
+        model,
         catalog.device(replica.device, field="replica.device"),
         tensor_parallel_size=replica.tensor_parallel_size,
         num_pipeline_stages=replica.num_pipeline_stages,
@@ -193,6 +200,7 @@ def plan_for(config: SimulationConfig) -> MemoryPlan:
         block_size=replica.scheduler.block_size,
         weight_dtype=replica.dtype,
         kv_cache_dtype=replica.kv_cache_dtype,
+        reserved_bytes=slot_bytes(lora, model, replica.dtype, tp, pp) if lora else 0,
     )
 
 
@@ -211,6 +219,8 @@ def replica_spec(
             dataclasses.replace(
                 c,
                 num_blocks=num_blocks,
+                # [replica.lora]'s GPU slots are the step scheduler's adapter gate.
+                max_loras=config.replica.lora.max_loras if config.replica.lora else 0,
                 max_model_len=min(
                     c.max_model_len or s.max_request_tokens, num_blocks * c.block_size
                 ),
@@ -266,4 +276,5 @@ def _core_config(
         record_stages=config.metrics.record_stages,
         over_length=config.replica.over_length,
         concurrency=concurrency,
+        lora=lora_core(config),
     )

@@ -283,9 +283,16 @@ class ReplicaSchedulerConfig:
             f"{where}.max_num_batched_tokens", c.max_num_batched_tokens, low=1, high=MAX_TOKENS
         )
         check_key_int(f"{where}.max_num_seqs", c.max_num_seqs, low=0, high=MAX_TOKENS)
+        if c.max_loras != 0:
+            # vLLM keeps it in LoRAConfig, with the host cache and the rank beside it.
+            raise fail(
+                f"{where}.max_loras",
+                f"is set in [replica.lora] (max_loras, beside max_cpu_loras and "
+                f"max_lora_rank); leave it at 0 here, got {c.max_loras!r}",
+                c.max_loras,
+            )
         unsupported = (
             ("async_scheduling", c.async_scheduling, False),
-            ("max_loras", c.max_loras, 0),
             ("num_lookahead_tokens", c.num_lookahead_tokens, 0),
         )
         for name, value, default in unsupported:

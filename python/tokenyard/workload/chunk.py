@@ -26,6 +26,7 @@ NO_SESSION = 2**64 - 1
 F64 = npt.NDArray[np.float64]
 U32 = npt.NDArray[np.uint32]
 U64 = npt.NDArray[np.uint64]
+I64 = npt.NDArray[np.int64]
 
 
 @final
@@ -37,6 +38,9 @@ class RequestChunk:
     the blocks ``hash_ids[hash_offsets[i]:hash_offsets[i + 1]]``, each covering the
     workload's ``hash_block_size`` tokens of the prompt (the last may be partial). Equal ids
     mean identical token content, so a prefix cache hits on a common run of leading ids.
+
+    LoRA adapters (optional): ``lora_ids[i]`` is the adapter request ``i`` runs with, -1 for
+    the base model (``docs/lora.md``).
 
     Raises:
         InputError: an array has the wrong dtype or length, a length is 0, an arrival time
@@ -63,6 +67,9 @@ class RequestChunk:
     docs/workloads.md, Sessions)."""
     delay_s: F64 | None = None
     """float64 >= 0: think / tool time before the turn (optional, with ``session_ids``)."""
+    """uint64 block ids, all requests' ids one after the other."""
+    lora_ids: I64 | None = None
+    """int64, one per request: its LoRA adapter (>= 0), or -1 for the base model."""
 
     def __post_init__(self) -> None:
         n = _check_array("arrived_at", self.arrived_at, np.float64, None)
@@ -95,6 +102,10 @@ class RequestChunk:
                 raise _chunk_error(
                     "hash_offsets", f"must rise from 0 to len(hash_ids)={m} without going back"
                 )
+        if self.lora_ids is not None:
+            _check_array("lora_ids", self.lora_ids, np.int64, n)
+            if n and self.lora_ids.min() < -1:
+                raise _chunk_error("lora_ids", "must be adapter ids >= 0 or -1 (base model)")
 
     def __len__(self) -> int:
         return len(self.arrived_at)
@@ -114,6 +125,7 @@ class RequestChunk:
             ids,
             None if self.session_ids is None else self.session_ids[start:stop],
             None if self.delay_s is None else self.delay_s[start:stop],
+            lora_ids=None if self.lora_ids is None else self.lora_ids[start:stop],
         )
 
 
@@ -263,7 +275,18 @@ def concat(chunks: list[RequestChunk]) -> RequestChunk:
         ids,
         sessions,
         delays,
+        lora_ids=_concat_lora_ids(chunks),
     )
+
+
+def _concat_lora_ids(chunks: list[RequestChunk]) -> I64 | None:
+    """The chunks' adapter ids one after the other (all chunks with them, or none)."""
+    parts = [c.lora_ids for c in chunks if c.lora_ids is not None]
+    if not parts:
+        return None
+    if len(parts) != len(chunks):
+        raise _chunk_error("lora_ids", "cannot mix chunks with and without adapter ids")
+    return np.concatenate(parts)
 
 
 def _check_array(name: str, array: object, dtype: type, length: int | None) -> int:

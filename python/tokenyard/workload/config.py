@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from tokenyard.errors import ConfigError
 from tokenyard.workload.chunk import Workload
 from tokenyard.workload.columns import TIME_UNITS, ColumnFilter, ColumnTrace, TraceColumns
+from tokenyard.workload.lora import LoraPopularity, LoraWorkload
 from tokenyard.workload.session_traces import BailianTrace, SessionTrace
 from tokenyard.workload.sessions import ClosedLoop, SessionWorkload, ThinkTime
 from tokenyard.workload.synthetic import (
@@ -74,6 +75,9 @@ def load_workload(
     builds a ``ColumnTrace``: ``columns`` is a table of ``TraceColumns``' fields and
     ``filter`` a table (or a list of tables) with ``column`` and one of ``equals``, ``in``
     or ``not_in``.
+    the reader of that format with the other keys as its options. Either may hold a
+    ``"lora": {...}`` table (``LoraPopularity``'s fields): each request then runs with an
+    adapter from that popularity model (``LoraWorkload``).
 
     Args:
         spec: the config mapping.
@@ -89,6 +93,13 @@ def load_workload(
     if "closed_loop" in spec:
         inner = {k: v for k, v in spec.items() if k != "closed_loop"}
         return _closed_loop(load_workload(inner, base_dir=base_dir, where=where), spec, where)
+    if "lora" in spec:
+        # Any workload takes adapters from a popularity model (workload/lora.py).
+        inner = {k: v for k, v in spec.items() if k != "lora"}
+        table = _mapping(spec["lora"], f"{where}.lora")
+        _check_keys(table, f"{where}.lora", _field_names(LoraPopularity), {"num_adapters"}, None)
+        popularity = _construct(LoraPopularity, f"{where}.lora", **table)
+        return LoraWorkload(load_workload(inner, base_dir=base_dir, where=where), popularity)
     kind = _choice(spec, "kind", WORKLOAD_KINDS, where)
     if kind == "synthetic":
         return _with_parts(SyntheticWorkload, _SYNTHETIC_PARTS, spec, where)

@@ -4,10 +4,10 @@
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
-use tokenyard_core::sim::BatchShape;
 use tokenyard_core::sim::exec::{
     Cost, Feature, Op, OpModel, Roofline, Scope, Table, evaluate_many,
 };
+use tokenyard_core::sim::{BatchShape, LoraShape};
 
 use crate::convert::{get, sub};
 use crate::errors::{OrRaise, config_error};
@@ -168,7 +168,20 @@ pub(crate) fn evaluate_ops<'py>(
         column("num_padding_rows")?,
     ];
     let n = requests.len();
-    if columns.iter().any(|c| c.len() != n) {
+    // LoRA columns are optional (zero without them).
+    let optional = |key: &'static str| -> PyResult<Vec<u64>> {
+        match shapes.get_item(key)? {
+            Some(_) => column(key),
+            None => Ok(vec![0; n]),
+        }
+    };
+    let lora_tokens = optional("num_lora_tokens")?;
+    let lora_adapters = optional("num_lora_adapters")?;
+    if columns
+        .iter()
+        .chain([&lora_tokens, &lora_adapters])
+        .any(|c| c.len() != n)
+    {
         return Err(config_error(
             py,
             "shapes",
@@ -188,6 +201,18 @@ pub(crate) fn evaluate_ops<'py>(
                 sum_prefill_context: columns[3][i],
                 sum_prefill_squared: columns[4][i],
                 num_padding_rows: columns[5][i],
+                lora: LoraShape {
+                    num_lora_tokens: lora_tokens[i],
+                    num_adapters: u32::try_from(lora_adapters[i]).map_err(|_| {
+                        config_error(
+                            py,
+                            "shapes.num_lora_adapters",
+                            lora_adapters[i],
+                            "too large",
+                        )
+                    })?,
+                    ..LoraShape::default()
+                },
             })
         })
         .collect::<PyResult<Vec<_>>>()?;

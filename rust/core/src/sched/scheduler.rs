@@ -452,6 +452,17 @@ impl<R: RequestKey> Scheduler<R> {
     /// Phase 2: admits waiting requests in order until the budget, the sequence cap or
     /// memory says stop (head-of-line blocking: a request that does not fit stops admission).
     fn schedule_waiting(&mut self, budget: &mut usize, plan: &mut StepPlan) -> Result<()> {
+        if self.config.max_loras > 0 {
+            // vLLM counts the adapters of the running requests scheduled in this step; we
+            // count every running request's, so the running set never holds more than
+            // max_loras adapters and no later step needs more GPU slots than there are
+            // (vLLM's model runner raises when a step does).
+            for &slot in &self.running {
+                if let Some(lora) = self.req(slot).spec.lora_id {
+                    plan.loras.insert(lora);
+                }
+            }
+        }
         let mut skipped = Vec::new();
         while *budget > 0 {
             let Some(slot) = self.waiting.peek() else {

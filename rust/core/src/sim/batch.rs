@@ -1,6 +1,7 @@
 //! A batch (seed 000 §2.2): the requests of one iteration with the tokens each computes,
 //! and the shape the execution-time model prices.
 
+use super::lora::LoraShape;
 use super::request::{ReqIdx, SimRequest};
 
 #[derive(Debug, Clone, Default)]
@@ -30,6 +31,8 @@ pub struct BatchShape {
     pub sum_prefill_squared: u64,
     /// Decode rows added to reach a CUDA-graph batch size (they cost, they produce nothing).
     pub num_padding_rows: u64,
+    /// LoRA tokens, adapters and loads (the replica fills it in; zero without LoRA).
+    pub lora: LoraShape,
 }
 
 impl BatchShape {

@@ -5,6 +5,7 @@
 
 use super::exec::LinearModel;
 use super::global::GlobalPolicy;
+use super::lora::LoraConfig;
 use super::replica::{
     FasterTransformer, LightLlm, Orca, ReplicaPolicy, Sarathi, Sglang, SglangLimits, VidurLimits,
     Vllm, VllmV1,
@@ -379,6 +380,8 @@ pub struct SimConfig {
     /// its previous one completed (`super::sessions`); `None`: requests arrive at their
     /// times (open loop).
     pub concurrency: Option<u32>,
+    /// `[replica.lora]`: LoRA adapters on `vllm_v1` replicas; `None` = no adapters.
+    pub lora: Option<LoraConfig>,
 }
 
 impl SimConfig {
@@ -448,6 +451,9 @@ impl SimConfig {
                 self.sample_interval_s,
                 "must be a finite number >= 0",
             ));
+        }
+        if let Some(lora) = &self.lora {
+            lora.validate()?;
         }
         self.exec.validate()
     }

@@ -14,6 +14,7 @@ use super::batch::{Batch, BatchShape};
 use super::config::{OverLength, SimConfig};
 use super::exec::ExecModel;
 use super::global::{ReplicaLoad, RouteInfo, RoutePlugin, Router};
+use super::lora;
 use super::metrics::{GapHistogram, ReplicaTotals, RequestTable, Samples, StageTrace};
 use super::replica::ReplicaPolicy;
 use super::request::{ReqIdx, SimRequest};
@@ -35,6 +36,8 @@ pub struct ArrivingRequest {
     /// turn completes; under closed-loop load, a session's first turn waits this long after
     /// its user's previous session ended.
     pub delay_s: f64,
+    /// The LoRA adapter the request runs with (`None`: the base model).
+    pub lora_id: Option<u64>,
 }
 
 impl ArrivingRequest {
@@ -47,6 +50,7 @@ impl ArrivingRequest {
             hash_ids: Vec::new(),
             session: None,
             delay_s: 0.0,
+            lora_id: None,
         }
     }
 }
@@ -207,7 +211,7 @@ impl<'a> Simulator<'a> {
             ));
         }
         let num_stages = config.num_stages as usize;
-        let replicas: Vec<Replica> = policies
+        let mut replicas: Vec<Replica> = policies
             .into_iter()
             .map(|policy| Replica {
                 policy,
@@ -217,6 +221,11 @@ impl<'a> Simulator<'a> {
                 last_sample_at: f64::NEG_INFINITY,
             })
             .collect();
+        for replica in &mut replicas {
+            if let Some(lora) = &config.lora {
+                replica.policy.enable_lora(lora)?;
+            }
+        }
         let router = Router::new(
             config.global_policy,
             replicas.len(),
@@ -528,6 +537,8 @@ impl<'a> Simulator<'a> {
         );
         request.session = arriving.session;
         request.turn = turn;
+        lora::check_request(self.config.lora.as_ref(), id, arriving.lora_id)?;
+        request.lora_id = arriving.lora_id;
         let replica = self.route(&request)?;
         request.replica = replica as u32;
         let idx = self.requests.insert(request);
@@ -615,6 +626,9 @@ impl<'a> Simulator<'a> {
             let (ids, num_tokens) = plan;
             let mut shape = BatchShape::of(ids.iter().map(|&i| self.requests.get(i)), &num_tokens);
             shape.num_padding_rows = padding;
+            shape.lora = self.replicas[r]
+                .policy
+                .lora_shape(&ids, &num_tokens, &self.requests)?;
             let mut epochs = Vec::with_capacity(ids.len());
             for &idx in &ids {
                 let request = self.requests.get_mut(idx);
@@ -662,6 +676,7 @@ impl<'a> Simulator<'a> {
         let time = self
             .exec
             .stage_time(&batch.shape, stage, self.config.num_stages)?;
+        let time = lora::with_load(time, &batch.shape.lora);
         if !(time.total_s.is_finite() && time.total_s >= 0.0 && time.model_s.is_finite()) {
             return Err(Error::Plugin(format!(
                 "the execution-time model returned {} s for a batch stage: times must be \
@@ -778,6 +793,7 @@ impl<'a> Simulator<'a> {
         totals.sum_batch_size[r] += shape.num_requests as u64;
         totals.num_prefill_tokens[r] += shape.num_prefill_tokens;
         totals.num_decode_tokens[r] += shape.num_decode_tokens;
+        totals.record_lora(r, &shape.lora, self.config.num_stages);
     }
 }
 

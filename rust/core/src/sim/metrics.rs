@@ -2,6 +2,7 @@
 //! released), a histogram of the gaps between consecutive output tokens, sampled KV usage
 //! and batch sizes over time, per-replica busy time, and optionally every batch stage.
 
+use super::lora::LoraShape;
 use super::request::SimRequest;
 
 /// Column-wise per-request results, in release order.
@@ -129,6 +130,11 @@ pub struct ReplicaTotals {
     pub sum_batch_size: Vec<u64>,
     pub num_prefill_tokens: Vec<u64>,
     pub num_decode_tokens: Vec<u64>,
+    /// LoRA adapters copied into GPU slots, those read from disk first, and the seconds
+    /// batches waited for them (summed over stages, as `busy_time`).
+    pub lora_loads: Vec<u64>,
+    pub lora_disk_loads: Vec<u64>,
+    pub lora_load_s: Vec<f64>,
 }
 
 impl ReplicaTotals {
@@ -139,6 +145,16 @@ impl ReplicaTotals {
             sum_batch_size: vec![0; num_replicas],
             num_prefill_tokens: vec![0; num_replicas],
             num_decode_tokens: vec![0; num_replicas],
+            lora_loads: vec![0; num_replicas],
+            lora_disk_loads: vec![0; num_replicas],
+            lora_load_s: vec![0.0; num_replicas],
         }
+    }
+
+    /// A batch's adapter loads on replica `r` (`num_stages` stages each wait `load_s`).
+    pub fn record_lora(&mut self, r: usize, lora: &LoraShape, num_stages: u32) {
+        self.lora_loads[r] += lora.num_loads as u64;
+        self.lora_disk_loads[r] += lora.num_disk_loads as u64;
+        self.lora_load_s[r] += lora.load_s * num_stages as f64;
     }
 }

@@ -6,7 +6,7 @@
 //! - [`engine`]: the event loop; [`SimConfig`] and a [`RequestSource`] in, [`SimOutput`] out.
 //! - [`replica`]: Vidur's vLLM, Sarathi, Orca, LightLLM and FasterTransformer schedulers,
 //!   vLLM V1 (the step scheduler of `crate::sched`) and SGLang.
-//! - [`global`]: routing policies; [`exec`]: execution-time models.
+//! - [`global`]: routing policies; [`exec`]: execution-time models; [`lora`]: LoRA adapters.
 
 pub mod arena;
 pub mod batch;
@@ -14,6 +14,7 @@ mod config;
 pub mod engine;
 pub mod exec;
 pub mod global;
+pub mod lora;
 mod metrics;
 pub mod replica;
 pub mod request;
@@ -29,6 +30,7 @@ pub use config::{
 pub use engine::{ArrivingRequest, RequestSource, SimOutput, Simulator};
 pub use exec::{ExecModel, LinearModel, OpModel, StageTime};
 pub use global::{GlobalPolicy, ReplicaLoad, RouteInfo, RoutePlugin};
+pub use lora::{AdapterCache, LoraConfig, LoraShape};
 pub use metrics::{GapHistogram, ReplicaTotals, RequestTable, Samples, StageTrace};
 pub use replica::{
     BatchPlan, PluginReplica, ReplicaPluginHost, ReplicaPolicy, SglangLimits, VidurLimits,

@@ -71,6 +71,8 @@ pub struct SimRequest {
     /// The session this request is a turn of (`super::sessions`), and its place in it.
     pub session: Option<u64>,
     pub turn: u32,
+    /// The LoRA adapter it runs with; `None` = the base model.
+    pub lora_id: Option<u64>,
     pub timing: RequestTiming,
 }
 
@@ -124,6 +126,7 @@ impl SimRequest {
             hash_ids,
             session: None,
             turn: 0,
+            lora_id: None,
             timing: RequestTiming::default(),
         }
     }

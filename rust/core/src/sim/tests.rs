@@ -66,6 +66,7 @@ pub(super) fn config(
         record_stages: true,
         over_length: crate::sim::OverLength::Error,
         concurrency: None,
+        lora: None,
     }
 }
 

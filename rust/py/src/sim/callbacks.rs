@@ -38,19 +38,23 @@ fn convert_chunk(chunk: &Bound<'_, PyAny>) -> PyResult<Vec<ArrivingRequest>> {
     let delay_values = optional_array::<f64>(chunk, "delay_s")?;
     let sessions = session_ids.as_ref().map(|a| a.as_slice()).transpose()?;
     let delays = delay_values.as_ref().map(|a| a.as_slice()).transpose()?;
+    let lora_values = optional_array::<i64>(chunk, "lora_ids")?;
+    let loras = lora_values.as_ref().map(|a| a.as_slice()).transpose()?;
     let offsets_ok = hashes.as_ref().is_none_or(|(off, ids)| {
         off.len() == n + 1
             && off.windows(2).all(|w| w[0] <= w[1])
             && off.last().is_none_or(|&end| end as usize <= ids.len())
     });
-    let columns_ok = sessions.is_none_or(|s| s.len() == n) && delays.is_none_or(|d| d.len() == n);
+    let columns_ok = sessions.is_none_or(|s| s.len() == n)
+        && delays.is_none_or(|d| d.len() == n)
+        && loras.is_none_or(|l| l.len() == n);
     if prefill.len() != n || decode.len() != n || !offsets_ok || !columns_ok {
         return Err(input_error(
             chunk.py(),
             "chunk",
             format!("{n}/{}/{}", prefill.len(), decode.len()),
-            "arrived_at, num_prefill_tokens, num_decode_tokens, hash_offsets, session_ids \
-             and delay_s do not line up",
+            "arrived_at, num_prefill_tokens, num_decode_tokens, hash_offsets, session_ids, \
+             delay_s and lora_ids do not line up",
         ));
     }
     Ok((0..n)
@@ -64,6 +68,8 @@ fn convert_chunk(chunk: &Bound<'_, PyAny>) -> PyResult<Vec<ArrivingRequest>> {
             // u64::MAX is `tokenyard.workload.NO_SESSION`: a request on its own.
             session: sessions.map(|s| s[i]).filter(|&s| s != u64::MAX),
             delay_s: delays.map_or(0.0, |d| d[i]),
+            // -1 (any negative id) is the base model.
+            lora_id: loras.and_then(|l| u64::try_from(l[i]).ok()),
         })
         .collect())
 }
@@ -151,6 +157,12 @@ impl PyExec {
         kwargs.set_item("sum_prefill_context", shape.sum_prefill_context)?;
         kwargs.set_item("sum_prefill_squared", shape.sum_prefill_squared)?;
         kwargs.set_item("num_padding_rows", shape.num_padding_rows)?;
+        // Only LoRA batches tell a Python model about adapters (older callables need not
+        // know the keywords).
+        if shape.lora.num_lora_tokens > 0 {
+            kwargs.set_item("num_lora_tokens", shape.lora.num_lora_tokens)?;
+            kwargs.set_item("num_lora_adapters", shape.lora.num_adapters)?;
+        }
         kwargs.set_item("stage", stage)?;
         kwargs.set_item("num_stages", num_stages)?;
         let answer = self.model.bind(py).call((), Some(&kwargs))?;

@@ -1,10 +1,12 @@
 //! The typed config objects `_core.simulate` takes (`SimConfig`, `ReplicaSpec`,
 //! `LinearModel`): each converts its arguments and has the core check them as it is built.
 
+use pyo3::exceptions::PyKeyError;
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 use tokenyard_core::sim::{
-    GlobalPolicy, LinearModel, OverLength, ReplicaPolicyConfig, ReplicaPolicyEntry, RestartMode,
-    SglangLimits, SimConfig, VidurKind, VidurLimits,
+    GlobalPolicy, LinearModel, LoraConfig, OverLength, ReplicaPolicyConfig, ReplicaPolicyEntry,
+    RestartMode, SglangLimits, SimConfig, VidurKind, VidurLimits,
 };
 
 use crate::errors::{OrRaise, input_error};
@@ -173,7 +175,8 @@ pub(crate) struct PySimConfig {
 impl PySimConfig {
     #[new]
     #[pyo3(signature = (*, num_replicas, num_stages, global_policy, balance, replica, linear,
-        seed, hash_block_size, sample_interval_s, record_stages, over_length, concurrency=None))]
+        seed, hash_block_size, sample_interval_s, record_stages, over_length, concurrency=None,
+        lora=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -189,7 +192,9 @@ impl PySimConfig {
         record_stages: bool,
         over_length: &str,
         concurrency: Option<u32>,
+        lora: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
+        let lora = lora.map(lora_config).transpose()?;
         let inner = SimConfig {
             num_replicas,
             num_stages,
@@ -202,6 +207,7 @@ impl PySimConfig {
             record_stages,
             over_length: OverLength::parse(over_length).or_raise(py)?,
             concurrency,
+            lora,
         };
         inner.validate().or_raise(py)?;
         Ok(Self { inner })
@@ -211,4 +217,20 @@ impl PySimConfig {
     fn replica_policy(&self) -> &'static str {
         self.inner.replica_policy.name()
     }
+}
+
+/// `[replica.lora]` as the core takes it: `{max_loras, max_cpu_loras, adapter_bytes,
+/// host_to_device_bytes_per_s, disk_bytes_per_s}` (checked by `SimConfig::validate`).
+fn lora_config(d: &Bound<'_, PyDict>) -> PyResult<LoraConfig> {
+    let get = |key: &str| -> PyResult<Bound<'_, PyAny>> {
+        d.get_item(key)?
+            .ok_or_else(|| PyKeyError::new_err(format!("lora: missing {key:?}")))
+    };
+    Ok(LoraConfig {
+        max_loras: get("max_loras")?.extract()?,
+        max_cpu_loras: get("max_cpu_loras")?.extract()?,
+        adapter_bytes: get("adapter_bytes")?.extract()?,
+        host_to_device_bytes_per_s: get("host_to_device_bytes_per_s")?.extract()?,
+        disk_bytes_per_s: get("disk_bytes_per_s")?.extract()?,
+    })
 }

@@ -200,6 +200,9 @@ fn to_dict(py: Python<'_>, out: SimOutput) -> PyResult<Bound<'_, PyDict>> {
     replicas.set_item("sum_batch_size", r.sum_batch_size.into_pyarray(py))?;
     replicas.set_item("num_prefill_tokens", r.num_prefill_tokens.into_pyarray(py))?;
     replicas.set_item("num_decode_tokens", r.num_decode_tokens.into_pyarray(py))?;
+    replicas.set_item("lora_loads", r.lora_loads.into_pyarray(py))?;
+    replicas.set_item("lora_disk_loads", r.lora_disk_loads.into_pyarray(py))?;
+    replicas.set_item("lora_load_s", r.lora_load_s.into_pyarray(py))?;
     d.set_item("replicas", replicas)?;
 
     d.set_item("makespan", out.makespan)?;

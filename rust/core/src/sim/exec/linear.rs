@@ -63,6 +63,16 @@ impl ExecModel for LinearModel {
         _stage: u32,
         num_stages: u32,
     ) -> Result<StageTime> {
+        if shape.lora.num_lora_tokens > 0 {
+            // Its coefficients were fitted without adapters: a LoRA batch would be priced
+            // as a base-model one.
+            return Err(Error::config(
+                "execution.model",
+                "linear",
+                "the linear model has no LoRA terms; use roofline, measured or profiled \
+                 with a LoRA workload",
+            ));
+        }
         let decode_rows = (shape.num_decode_tokens + shape.num_padding_rows) as f64;
         let whole = self.constant_s
             + self.per_prefill_token_s * shape.num_prefill_tokens as f64

@@ -30,9 +30,13 @@ pub enum Feature {
     PrefillMeanContext,
     /// Keys a decode query reads on average.
     DecodeMeanContext,
+    /// Tokens of requests with a LoRA adapter (rows through the shrink/expand kernels).
+    NumLoraTokens,
+    /// Distinct LoRA adapters in the batch (each adapter's weights are read once).
+    NumLoraAdapters,
 }
 
-const NUM_FEATURES: usize = 9;
+const NUM_FEATURES: usize = 11;
 
 impl Feature {
     pub const ALL: [Feature; NUM_FEATURES] = [
@@ -45,6 +49,8 @@ impl Feature {
         Feature::DecodeAttentionKeys,
         Feature::PrefillMeanContext,
         Feature::DecodeMeanContext,
+        Feature::NumLoraTokens,
+        Feature::NumLoraAdapters,
     ];
 
     pub fn name(self) -> &'static str {
@@ -58,6 +64,8 @@ impl Feature {
             Feature::DecodeAttentionKeys => "decode_attention_keys",
             Feature::PrefillMeanContext => "prefill_mean_context",
             Feature::DecodeMeanContext => "decode_mean_context",
+            Feature::NumLoraTokens => "num_lora_tokens",
+            Feature::NumLoraAdapters => "num_lora_adapters",
         }
     }
 
@@ -88,6 +96,8 @@ impl Features {
             keys,
             if prefill > 0.0 { pairs / prefill } else { 0.0 },
             if decode > 0.0 { keys / decode } else { 0.0 },
+            shape.lora.num_lora_tokens as f64,
+            shape.lora.num_adapters as f64,
         ])
     }
 

@@ -24,6 +24,7 @@ pub use vllm::Vllm;
 
 use super::arena::Requests;
 use super::batch::Batch;
+use super::lora::{LoraConfig, LoraShape};
 use super::request::ReqIdx;
 use crate::Result;
 use crate::kv::KvEvent;
@@ -69,6 +70,26 @@ pub trait ReplicaPolicy: Send {
             "set",
             "only vllm_v1 replicas take a step-scheduler policy plugin",
         ))
+    }
+
+    /// Serves LoRA adapters with `config` (`[replica.lora]`); only `vllm_v1` replicas can.
+    fn enable_lora(&mut self, _config: &LoraConfig) -> Result<()> {
+        Err(crate::Error::config(
+            "replica.lora",
+            "set",
+            "LoRA adapters are simulated on vllm_v1 replicas only",
+        ))
+    }
+
+    /// The LoRA part of a new batch's shape, loading the adapters it needs (zero without
+    /// LoRA).
+    fn lora_shape(
+        &mut self,
+        _ids: &[ReqIdx],
+        _num_tokens: &[u32],
+        _requests: &Requests,
+    ) -> Result<LoraShape> {
+        Ok(LoraShape::default())
     }
 
     /// Padding rows of decode batches (SGLang's CUDA-graph sizes); 0 by default.

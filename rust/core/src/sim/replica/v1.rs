@@ -12,6 +12,7 @@ use crate::kv::KvEvent;
 use crate::sched::{PolicyPlugin, RequestSpec, Scheduler, SchedulerConfig};
 use crate::sim::arena::Requests;
 use crate::sim::batch::Batch;
+use crate::sim::lora::{AdapterCache, LoraConfig, LoraShape};
 use crate::sim::request::{ReqIdx, RestartMode};
 use crate::sim::tokens::{shared_output_token, synthesize_prompt};
 
@@ -31,6 +32,8 @@ pub struct VllmV1 {
     samplers: VecDeque<Vec<ReqIdx>>,
     /// Emptied lists, reused so a step allocates nothing.
     spare: Vec<Vec<ReqIdx>>,
+    /// GPU slots and host cache of LoRA adapters (`[replica.lora]`; `sim::lora`).
+    adapters: Option<AdapterCache>,
 }
 
 impl VllmV1 {
@@ -45,7 +48,27 @@ impl VllmV1 {
             hash_block_size,
             samplers: VecDeque::new(),
             spare: Vec::new(),
+            adapters: None,
         })
+    }
+}
+
+impl VllmV1 {
+    /// The adapter cache of `config`, whose GPU slots must be the step scheduler's
+    /// `max_loras` gate (a batch never needs more adapters than there are slots).
+    fn lora_cache(&self, config: &LoraConfig) -> Result<AdapterCache> {
+        let gate = self.scheduler.config().max_loras;
+        if gate != config.max_loras as usize {
+            return Err(crate::Error::config(
+                "replica.scheduler.vllm_v1.max_loras",
+                gate,
+                format!(
+                    "must equal replica.lora.max_loras = {} (the GPU slots)",
+                    config.max_loras
+                ),
+            ));
+        }
+        AdapterCache::new(config.clone())
     }
 }
 
@@ -63,6 +86,7 @@ impl ReplicaPolicy for VllmV1 {
             arrival_time: request.arrived_at,
             ignore_eos: true,
             external_id: Some(request.id),
+            lora_id: request.lora_id,
             ..RequestSpec::default()
         };
         self.scheduler.add_request(idx, spec)?;
@@ -160,5 +184,22 @@ impl ReplicaPolicy for VllmV1 {
 
     fn drain_kv_events(&mut self) -> Vec<KvEvent> {
         self.scheduler.drain_kv_events()
+    }
+
+    fn enable_lora(&mut self, config: &LoraConfig) -> Result<()> {
+        self.adapters = Some(self.lora_cache(config)?);
+        Ok(())
+    }
+
+    fn lora_shape(
+        &mut self,
+        ids: &[ReqIdx],
+        num_tokens: &[u32],
+        requests: &Requests,
+    ) -> Result<LoraShape> {
+        match &mut self.adapters {
+            Some(cache) => cache.load(ids, num_tokens, requests),
+            None => Ok(LoraShape::default()),
+        }
     }
 }

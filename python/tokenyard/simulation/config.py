@@ -9,7 +9,10 @@ Layout (every section and key optional; see ``docs/simulate.md``)::
     [replica]                 model, device, tensor_parallel_size, num_pipeline_stages,
                               memory_margin_fraction, dtype, kv_cache_dtype, over_length,
                               scheduler = {policy, max_request_tokens, vllm_v1 | vidur |
-                              sglang | plugin = {...}} (``scheduler_config.py``)
+                              sglang | plugin = {...}} (``scheduler_config.py``),
+                              speculative = {method, num_speculative_tokens, draft_model,
+                              acceptance_rate | acceptance_rates | accepted_distribution}
+                              (``speculative.py``)
     [execution]               model = "auto" | "measured" | "roofline" | "linear" | "profiled"
                               | "module:callable", linear coefficients, efficiency = {...},
                               cpu = {...}, measured = {system, framework, version, data_dir},
@@ -52,6 +55,7 @@ from tokenyard.simulation.scheduler_config import (
     section_path,
     translate_legacy_scheduler,
 )
+from tokenyard.simulation.speculative import SpeculativeConfig
 
 __all__ = [
     "ClusterConfig",
@@ -65,6 +69,7 @@ __all__ = [
     "ReplicaSchedulerConfig",
     "SglangSchedulerConfig",
     "SimulationConfig",
+    "SpeculativeConfig",
     "VidurSchedulerConfig",
     "apply_overrides",
     "config_document",
@@ -126,6 +131,8 @@ class ReplicaConfig:
     #: A request longer than a replica can ever serve: ``error`` stops the run naming it
     #: and the limiting setting; ``skip`` leaves it out and counts it in the summary.
     over_length: str = "error"
+    #: Speculative decoding (``vllm_v1`` only; off unless ``method`` is set).
+    speculative: SpeculativeConfig = dataclasses.field(default_factory=SpeculativeConfig)
 
     def check(self, where: str) -> None:
         check_key_int(f"{where}.tensor_parallel_size", self.tensor_parallel_size, low=1, high=512)
@@ -140,6 +147,7 @@ class ReplicaConfig:
         self.scheduler.check(f"{where}.scheduler")
         check_key_choice(f"{where}.over_length", self.over_length, ("error", "skip"))
         policy = self.scheduler.policy
+        self.speculative.check(f"{where}.speculative", policy)
         if self.num_pipeline_stages > 1 and not pipeline_parallel(policy):
             raise fail(
                 f"{where}.num_pipeline_stages",

@@ -197,7 +197,7 @@ def summarize(
     busy = replicas["busy_time"] / (num_stages * makespan)
     samples = raw["samples"]
     batches = np.maximum(replicas["num_batches"], 1)
-    return {
+    summary = {
         "config": description,
         "num_requests": n,
         "makespan_s": float(raw["makespan"]),
@@ -237,4 +237,30 @@ def summarize(
             "kv_usage": _stats(samples["kv_usage"]),
             "batch_size": _stats(samples["batch_size"].astype(np.float64)),
         },
+    }
+    if "speculative" in description:
+        summary["speculative"] = speculative_summary(columns)
+    return summary
+
+
+def speculative_summary(columns: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Speculative decoding's counts: drafts verified and accepted (as drawn, before a
+    request's last step trims its output, as vLLM counts them), the acceptance rate, and
+    tokens per verify step (accepted + 1; pooled, and the mean of the requests' own)."""
+    steps = columns["spec_steps"].astype(np.int64)
+    drafts = columns["spec_draft_tokens"].astype(np.int64)
+    accepted = columns["spec_accepted_tokens"].astype(np.int64)
+    num_steps = int(steps.sum())
+    with_steps = steps > 0
+    per_request = (steps[with_steps] + accepted[with_steps]) / steps[with_steps]
+    return {
+        "num_steps": num_steps,
+        "num_draft_tokens": int(drafts.sum()),
+        "num_accepted_tokens": int(accepted.sum()),
+        "acceptance_rate": float(accepted.sum() / drafts.sum()) if drafts.sum() else 0.0,
+        "mean_tokens_per_step": float((num_steps + accepted.sum()) / num_steps)
+        if num_steps
+        else 0.0,
+        "mean_tokens_per_step_per_request": float(per_request.mean()) if per_request.size else 0.0,
+        "tpot_mean_s": float(columns["tpot"].mean()) if columns["tpot"].size else 0.0,
     }

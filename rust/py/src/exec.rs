@@ -188,6 +188,8 @@ pub(crate) fn evaluate_ops<'py>(
                 sum_prefill_context: columns[3][i],
                 sum_prefill_squared: columns[4][i],
                 num_padding_rows: columns[5][i],
+                // Draft passes are priced by the simulator's SpecExec, not per shape here.
+                ..BatchShape::default()
             })
         })
         .collect::<PyResult<Vec<_>>>()?;

@@ -22,7 +22,9 @@ pub struct BatchShape {
     pub num_requests: u32,
     pub num_prefill_tokens: u64,
     pub num_decode_tokens: u64,
-    /// Σ over decodes of the tokens already in the KV cache.
+    /// Σ over decode query tokens of the tokens before each: a request's `n` tokens (one,
+    /// or 1 + k when it verifies speculative drafts) after `c` cached ones read
+    /// `n·c + n(n−1)/2` (causal, like a prefill chunk).
     pub sum_decode_context: u64,
     /// Σ over prefill chunks of chunk tokens × (tokens before the chunk + chunk tokens).
     pub sum_prefill_context: u64,
@@ -30,6 +32,11 @@ pub struct BatchShape {
     pub sum_prefill_squared: u64,
     /// Decode rows added to reach a CUDA-graph batch size (they cost, they produce nothing).
     pub num_padding_rows: u64,
+    /// Speculative decoding: requests the drafter runs for after this batch (those that
+    /// sample at its end), and Σ of their contexts then. Only the draft pricing reads them
+    /// (`sim::spec::SpecExec`); 0 when speculation is off.
+    pub num_draft_rows: u32,
+    pub sum_draft_context: u64,
 }
 
 impl BatchShape {
@@ -40,9 +47,13 @@ impl BatchShape {
             let n = n as u64;
             let done = request.num_processed_tokens as u64;
             shape.num_requests += 1;
+            if request.spec.proposes {
+                shape.num_draft_rows += 1;
+                shape.sum_draft_context += done + n - request.spec.in_flight_drafts as u64;
+            }
             if request.is_prefill_complete {
                 shape.num_decode_tokens += n;
-                shape.sum_decode_context += done;
+                shape.sum_decode_context += n * done + n * n.saturating_sub(1) / 2;
             } else {
                 shape.num_prefill_tokens += n;
                 shape.sum_prefill_context += n * (done + n);

@@ -20,6 +20,10 @@ pub struct RequestTable {
     pub max_token_gap: Vec<f64>,
     pub execution_time: Vec<f64>,
     pub model_execution_time: Vec<f64>,
+    /// Speculative decoding: steps that verified drafts, drafts verified, drafts accepted.
+    pub spec_steps: Vec<u32>,
+    pub spec_draft_tokens: Vec<u32>,
+    pub spec_accepted_tokens: Vec<u32>,
 }
 
 impl RequestTable {
@@ -38,6 +42,9 @@ impl RequestTable {
         self.execution_time.push(r.timing.execution_time);
         self.model_execution_time
             .push(r.timing.model_execution_time);
+        self.spec_steps.push(r.spec.num_steps);
+        self.spec_draft_tokens.push(r.spec.num_draft_tokens);
+        self.spec_accepted_tokens.push(r.spec.num_accepted_tokens);
     }
 
     pub fn len(&self) -> usize {
@@ -50,7 +57,9 @@ impl RequestTable {
 }
 
 /// Log-spaced histogram from 1 µs to ~1000 s, 100 buckets per decade (quantiles within
-/// 2.3%), for the gaps between output tokens: every token counts, memory stays constant.
+/// 2.3%), for the gaps between output tokens: every emission counts, memory stays constant.
+/// Tokens emitted together (a speculative step's accepted drafts) are one emission, its gap
+/// counted once, as a streaming client sees them arrive in one chunk.
 #[derive(Debug, Clone)]
 pub struct GapHistogram {
     pub counts: Vec<u64>,

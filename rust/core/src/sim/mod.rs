@@ -7,6 +7,7 @@
 //! - [`replica`]: Vidur's vLLM, Sarathi, Orca, LightLLM and FasterTransformer schedulers,
 //!   vLLM V1 (the step scheduler of `crate::sched`) and SGLang.
 //! - [`global`]: routing policies; [`exec`]: execution-time models.
+//! - [`spec`]: speculative decoding in `vllm_v1` replicas (drafts, acceptance, draft cost).
 
 pub mod arena;
 pub mod batch;
@@ -18,6 +19,7 @@ mod metrics;
 pub mod replica;
 pub mod request;
 mod rng;
+pub mod spec;
 mod tokens;
 
 pub use arena::Requests;
@@ -37,3 +39,5 @@ pub use rng::Rng;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_spec;

@@ -66,6 +66,7 @@ fn config(mut policy: ReplicaPolicyConfig, num_stages: u32, exec: LinearModel) -
         sample_interval_s: 0.0,
         record_stages: true,
         over_length: crate::sim::OverLength::Error,
+        speculative: None,
     }
 }
 

@@ -2,6 +2,7 @@
 //! `LinearModel`): each converts its arguments and has the core check them as it is built.
 
 use pyo3::prelude::*;
+use tokenyard_core::sim::spec::{Acceptance, SpecConfig, SpecMethod};
 use tokenyard_core::sim::{
     GlobalPolicy, LinearModel, OverLength, ReplicaPolicyConfig, ReplicaPolicyEntry, RestartMode,
     SglangLimits, SimConfig, VidurKind, VidurLimits,
@@ -163,6 +164,55 @@ impl PyLinearModel {
     }
 }
 
+/// Speculative decoding of `vllm_v1` replicas; exactly one acceptance form is given.
+#[pyclass(name = "SpeculativeConfig", module = "tokenyard._core", frozen)]
+#[derive(Clone)]
+pub(crate) struct PySpeculativeConfig {
+    inner: SpecConfig,
+}
+
+#[pymethods]
+impl PySpeculativeConfig {
+    #[new]
+    #[pyo3(signature = (*, method, num_speculative_tokens, acceptance_rate=None,
+        acceptance_rates=None, accepted_distribution=None))]
+    fn new(
+        py: Python<'_>,
+        method: &str,
+        num_speculative_tokens: u32,
+        acceptance_rate: Option<f64>,
+        acceptance_rates: Option<Vec<f64>>,
+        accepted_distribution: Option<Vec<f64>>,
+    ) -> PyResult<Self> {
+        let acceptance = match (acceptance_rate, acceptance_rates, accepted_distribution) {
+            (Some(alpha), None, None) => Acceptance::Rate(alpha),
+            (None, Some(rates), None) => Acceptance::PerPosition(rates),
+            (None, None, Some(probs)) => Acceptance::Distribution(probs),
+            _ => {
+                return Err(crate::errors::config_error(
+                    py,
+                    "replica.speculative.acceptance_rate",
+                    "several or none",
+                    "give exactly one of acceptance_rate, acceptance_rates, \
+                     accepted_distribution",
+                ));
+            }
+        };
+        let inner = SpecConfig {
+            method: SpecMethod::parse(method).or_raise(py)?,
+            num_speculative_tokens,
+            acceptance,
+        };
+        inner.validate().or_raise(py)?;
+        Ok(Self { inner })
+    }
+
+    #[getter]
+    fn method(&self) -> &'static str {
+        self.inner.method.name()
+    }
+}
+
 /// A whole simulation's config, checked by the core when it is built.
 #[pyclass(name = "SimConfig", module = "tokenyard._core", frozen)]
 pub(crate) struct PySimConfig {
@@ -173,7 +223,8 @@ pub(crate) struct PySimConfig {
 impl PySimConfig {
     #[new]
     #[pyo3(signature = (*, num_replicas, num_stages, global_policy, balance, replica, linear,
-        seed, hash_block_size, sample_interval_s, record_stages, over_length))]
+        seed, hash_block_size, sample_interval_s, record_stages, over_length,
+        speculative=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -188,6 +239,7 @@ impl PySimConfig {
         sample_interval_s: f64,
         record_stages: bool,
         over_length: &str,
+        speculative: Option<&PySpeculativeConfig>,
     ) -> PyResult<Self> {
         let inner = SimConfig {
             num_replicas,
@@ -200,6 +252,7 @@ impl PySimConfig {
             sample_interval_s,
             record_stages,
             over_length: OverLength::parse(over_length).or_raise(py)?,
+            speculative: speculative.map(|s| s.inner.clone()),
         };
         inner.validate().or_raise(py)?;
         Ok(Self { inner })

@@ -2,7 +2,8 @@
 //! chunked prefill, running-first with preemption, prefix caching) driving a replica. A
 //! batch is one `schedule()`; its end reports one sampled token per request that caught
 //! up with its known tokens. With pipeline stages the scheduler runs ahead (each request in
-//! one batch at a time, as vLLM does without async scheduling).
+//! one batch at a time, as vLLM does without async scheduling). With speculative decoding
+//! (`crate::sim::spec`) a batch's end emits each sampler's accepted drafts too.
 
 use std::collections::VecDeque;
 
@@ -13,6 +14,7 @@ use crate::sched::{PolicyPlugin, RequestSpec, Scheduler, SchedulerConfig};
 use crate::sim::arena::Requests;
 use crate::sim::batch::Batch;
 use crate::sim::request::{ReqIdx, RestartMode};
+use crate::sim::spec::{SpecConfig, SpecDecoder};
 use crate::sim::tokens::synthesize_prompt;
 
 /// The token every simulated step samples (its value is never looked at: EOS is ignored).
@@ -29,6 +31,8 @@ pub struct VllmV1 {
     samplers: VecDeque<Vec<ReqIdx>>,
     /// Emptied lists, reused so a step allocates nothing.
     spare: Vec<Vec<ReqIdx>>,
+    /// Speculative decoding, when configured.
+    spec: Option<SpecDecoder>,
 }
 
 impl VllmV1 {
@@ -43,7 +47,19 @@ impl VllmV1 {
             hash_block_size,
             samplers: VecDeque::new(),
             spare: Vec::new(),
+            spec: None,
         })
+    }
+
+    /// Turns on speculative decoding (replica `replica`'s draws of `seed`). The scheduler's
+    /// config must reserve the drafts' lookahead slots (`sim::spec::scheduler_config`).
+    pub fn with_speculative(mut self, spec: &SpecConfig, seed: u64, replica: u32) -> Self {
+        debug_assert_eq!(
+            self.scheduler.config().num_lookahead_tokens,
+            spec.num_speculative_tokens as usize
+        );
+        self.spec = Some(SpecDecoder::new(spec, seed, replica));
+        self
     }
 }
 
@@ -74,6 +90,9 @@ impl ReplicaPolicy for VllmV1 {
             for list in &mut self.samplers {
                 list.retain(|&i| i != idx);
             }
+            if let Some(spec) = &mut self.spec {
+                spec.strike(idx);
+            }
         }
         // Prefix-cache hits are computed without running: they count as processed.
         for admitted in out
@@ -102,11 +121,21 @@ impl ReplicaPolicy for VllmV1 {
                 .get_request(idx)
                 .is_some_and(|r| r.num_computed_tokens >= r.num_tokens())
         }));
+        if let Some(spec) = &mut self.spec {
+            spec.on_schedule(requests, &caught_up, &out.scheduled_spec_decode_tokens);
+        }
         self.samplers.push_back(caught_up);
         Ok(Some((ids, tokens)))
     }
 
-    fn on_batch_end(&mut self, _requests: &mut Requests, _batch: &Batch) -> Result<Vec<ReqIdx>> {
+    fn on_batch_end(&mut self, requests: &mut Requests, _batch: &Batch) -> Result<Vec<ReqIdx>> {
+        if let Some(spec) = &mut self.spec {
+            if let Some(mut list) = self.samplers.pop_front() {
+                list.clear();
+                self.spare.push(list);
+            }
+            return spec.on_batch_end(&mut self.scheduler, requests, SAMPLED_TOKEN);
+        }
         // Batches of one replica end in the order they were formed (stages are FIFO).
         let Some(mut caught_up) = self.samplers.pop_front() else {
             return Err(crate::Error::Plugin(

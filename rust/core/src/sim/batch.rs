@@ -22,9 +22,10 @@ pub struct BatchShape {
     pub num_requests: u32,
     pub num_prefill_tokens: u64,
     pub num_decode_tokens: u64,
-    /// Σ over decode query tokens of the tokens before each: a request's `n` tokens (one,
-    /// or 1 + k when it verifies speculative drafts) after `c` cached ones read
-    /// `n·c + n(n−1)/2` (causal, like a prefill chunk).
+    /// Σ over decoding requests of the tokens already in the KV cache. A request verifying
+    /// k speculative drafts computes 1 + k decode tokens (each through every GEMM) but
+    /// counts its context once: its queries read the same KV, and decode attention is
+    /// bound by those reads (docs/speculative.md).
     pub sum_decode_context: u64,
     /// Σ over prefill chunks of chunk tokens × (tokens before the chunk + chunk tokens).
     pub sum_prefill_context: u64,
@@ -32,6 +33,9 @@ pub struct BatchShape {
     pub sum_prefill_squared: u64,
     /// Decode rows added to reach a CUDA-graph batch size (they cost, they produce nothing).
     pub num_padding_rows: u64,
+    /// Speculative drafts among the decode tokens (verified this batch): each is a GEMM row,
+    /// but its request's attention is one sequence (`decode_sequences` in the features).
+    pub num_spec_decode_tokens: u64,
     /// Speculative decoding: requests the drafter runs for after this batch (those that
     /// sample at its end), and Σ of their contexts then. Only the draft pricing reads them
     /// (`sim::spec::SpecExec`); 0 when speculation is off.
@@ -53,7 +57,8 @@ impl BatchShape {
             }
             if request.is_prefill_complete {
                 shape.num_decode_tokens += n;
-                shape.sum_decode_context += n * done + n * n.saturating_sub(1) / 2;
+                shape.num_spec_decode_tokens += request.spec.in_flight_drafts as u64;
+                shape.sum_decode_context += done;
             } else {
                 shape.num_prefill_tokens += n;
                 shape.sum_prefill_context += n * (done + n);

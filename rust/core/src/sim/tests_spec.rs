@@ -163,15 +163,24 @@ fn preemption_under_tight_memory_still_finishes_every_request_exactly() {
 }
 
 #[test]
-fn the_verify_tokens_of_a_request_attend_to_its_context_causally() {
+fn the_verify_tokens_of_a_request_are_decode_rows_of_one_attention_sequence() {
     let mut request = SimRequest::new(0, 0.0, 100, 10, vec![]);
     request.on_batch_end(1.0, 100); // prompt done: 101 tokens, the first output
+    request.spec.in_flight_drafts = 3;
     let shape = BatchShape::of([&request], &[4]);
-    // 4 queries after 101 cached tokens: 101 + 102 + 103 + 104.
-    assert_eq!(shape.num_decode_tokens, 4);
-    assert_eq!(shape.sum_decode_context, 4 * 101 + 6);
-    let one = BatchShape::of([&request], &[1]);
-    assert_eq!(one.sum_decode_context, 101, "one token: the context, as before");
+    assert_eq!((shape.num_requests, shape.num_decode_tokens), (1, 4));
+    assert_eq!(shape.num_spec_decode_tokens, 3);
+    assert_eq!(shape.sum_decode_context, 101, "the KV is read once for the 4 queries");
+    let f = exec::Features::of(&shape);
+    assert_eq!(f.get(exec::Feature::NumTokens), 4.0, "4 GEMM rows");
+    assert_eq!(f.get(exec::Feature::DecodeSequences), 1.0);
+    assert_eq!(f.get(exec::Feature::DecodeAttentionKeys), 105.0);
+    assert_eq!(f.get(exec::Feature::DecodeMeanContext), 105.0);
+    // Without drafts every decode token is its own sequence, as before.
+    request.spec.in_flight_drafts = 0;
+    let plain = exec::Features::of(&BatchShape::of([&request], &[1]));
+    assert_eq!(plain.get(exec::Feature::DecodeSequences), 1.0);
+    assert_eq!(plain.get(exec::Feature::DecodeMeanContext), 102.0);
 }
 
 #[test]

@@ -131,6 +131,10 @@ impl PyExec {
         kwargs.set_item("sum_prefill_context", shape.sum_prefill_context)?;
         kwargs.set_item("sum_prefill_squared", shape.sum_prefill_squared)?;
         kwargs.set_item("num_padding_rows", shape.num_padding_rows)?;
+        // Only under speculative decoding, so functions written before it keep working.
+        if shape.num_spec_decode_tokens > 0 {
+            kwargs.set_item("num_spec_decode_tokens", shape.num_spec_decode_tokens)?;
+        }
         kwargs.set_item("stage", stage)?;
         kwargs.set_item("num_stages", num_stages)?;
         let answer = self.model.bind(py).call((), Some(&kwargs))?;

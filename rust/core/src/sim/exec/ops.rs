@@ -28,11 +28,14 @@ pub enum Feature {
     DecodeAttentionKeys,
     /// Keys a prefill query attends to on average (pairs / prefill tokens).
     PrefillMeanContext,
-    /// Keys a decode query reads on average.
+    /// Keys a decode sequence reads on average (a request verifying speculative drafts is
+    /// one sequence of several queries over one read of its KV).
     DecodeMeanContext,
+    /// Decoding sequences: decode tokens less the speculative drafts among them.
+    DecodeSequences,
 }
 
-const NUM_FEATURES: usize = 9;
+const NUM_FEATURES: usize = 10;
 
 impl Feature {
     pub const ALL: [Feature; NUM_FEATURES] = [
@@ -45,6 +48,7 @@ impl Feature {
         Feature::DecodeAttentionKeys,
         Feature::PrefillMeanContext,
         Feature::DecodeMeanContext,
+        Feature::DecodeSequences,
     ];
 
     pub fn name(self) -> &'static str {
@@ -58,6 +62,7 @@ impl Feature {
             Feature::DecodeAttentionKeys => "decode_attention_keys",
             Feature::PrefillMeanContext => "prefill_mean_context",
             Feature::DecodeMeanContext => "decode_mean_context",
+            Feature::DecodeSequences => "decode_sequences",
         }
     }
 
@@ -78,6 +83,7 @@ impl Features {
         let pairs =
             shape.sum_prefill_context as f64 - (shape.sum_prefill_squared as f64 - prefill) / 2.0;
         let keys = (shape.sum_decode_context + shape.num_decode_tokens) as f64;
+        let sequences = (shape.num_decode_tokens - shape.num_spec_decode_tokens) as f64;
         Features([
             1.0,
             (shape.num_prefill_tokens + shape.num_decode_tokens + shape.num_padding_rows) as f64,
@@ -87,7 +93,8 @@ impl Features {
             pairs,
             keys,
             if prefill > 0.0 { pairs / prefill } else { 0.0 },
-            if decode > 0.0 { keys / decode } else { 0.0 },
+            if sequences > 0.0 { keys / sequences } else { 0.0 },
+            sequences,
         ])
     }
 

@@ -89,7 +89,9 @@ def closed_form(alpha: float, k: int) -> tuple[float, float]:
 
 @pytest.mark.parametrize(("alpha", "k"), [(0.5, 1), (0.6, 3), (0.8, 2), (0.9, 5)])
 def test_iid_acceptance_gives_the_closed_form_tokens_per_step(alpha: float, k: int) -> None:
-    result = run(mapping({"method": "ngram", "num_speculative_tokens": k, "acceptance_rate": alpha}))
+    result = run(
+        mapping({"method": "ngram", "num_speculative_tokens": k, "acceptance_rate": alpha})
+    )
     spec = result.summary["speculative"]
     mean, sd = closed_form(alpha, k)
     assert mean == pytest.approx((1 - alpha ** (k + 1)) / (1 - alpha))

@@ -5,11 +5,11 @@
 
 use super::exec::LinearModel;
 use super::global::GlobalPolicy;
-use super::spec::{self, SpecConfig};
 use super::replica::{
     FasterTransformer, LightLlm, Orca, ReplicaPolicy, Sarathi, Sglang, SglangLimits, VidurLimits,
     Vllm, VllmV1,
 };
+use super::spec::{self, SpecConfig};
 use crate::sched::SchedulerConfig;
 use crate::{Error, Result};
 

@@ -253,16 +253,22 @@ impl SpecDecoder {
         scheduled_drafts: &[(ReqIdx, Vec<TokenId>)],
     ) {
         let mut list = self.spare.pop().unwrap_or_default();
+        // Both lists follow the step's scheduling order, and a request verifying drafts has
+        // caught up: one walk pairs them.
+        let mut drafts = scheduled_drafts.iter().peekable();
         for &idx in caught_up {
-            let num_drafts = scheduled_drafts
-                .iter()
-                .find(|(id, _)| *id == idx)
-                .map_or(0, |(_, drafts)| drafts.len() as u32);
+            let num_drafts = drafts
+                .next_if(|(id, _)| *id == idx)
+                .map_or(0, |(_, d)| d.len() as u32);
             let counters = &mut requests.get_mut(idx).spec;
             counters.in_flight_drafts = num_drafts;
             counters.proposes = true;
             list.push(Sampler { idx, num_drafts });
         }
+        debug_assert!(
+            drafts.next().is_none(),
+            "drafts of a request that did not sample"
+        );
         self.in_flight.push_back(list);
     }
 
@@ -436,7 +442,10 @@ mod tests {
             let sum: u64 = (0..n).map(|_| s.draw(k) as u64 + 1).sum();
             let mean = sum as f64 / n as f64;
             let expected = (1.0 - f64::powi(alpha, k as i32 + 1)) / (1.0 - alpha);
-            assert!((mean - expected).abs() < 0.02, "{alpha} {k}: {mean} vs {expected}");
+            assert!(
+                (mean - expected).abs() < 0.02,
+                "{alpha} {k}: {mean} vs {expected}"
+            );
         }
     }
 
@@ -506,7 +515,10 @@ mod tests {
             d.constant_s + 2.0 * d.per_decode_token_s + ctx * d.per_decode_context_token_s
         };
         let expected = alone.total_s + pass(206.0) + pass(208.0);
-        assert!((last.total_s - expected).abs() < 1e-12, "{last:?} {expected}");
+        assert!(
+            (last.total_s - expected).abs() < 1e-12,
+            "{last:?} {expected}"
+        );
         let mut free = SpecExec {
             target: &mut LinearModel::default(),
             draft: DraftPricing::Free,

@@ -94,9 +94,17 @@ fn all_drafts_accepted_emit_k_plus_one_tokens_per_step_and_stop_at_the_output_le
     assert_eq!(batches(&out), vec![(10, 0), (0, 4), (0, 4), (0, 4)]);
     let t = &out.requests;
     assert!(close(t.first_token_at[0], 2.0));
-    assert!(close(t.completed_at[0], 2.0 + 3.0 * 1.8), "{}", t.completed_at[0]);
+    assert!(
+        close(t.completed_at[0], 2.0 + 3.0 * 1.8),
+        "{}",
+        t.completed_at[0]
+    );
     assert_eq!(
-        (t.spec_steps[0], t.spec_draft_tokens[0], t.spec_accepted_tokens[0]),
+        (
+            t.spec_steps[0],
+            t.spec_draft_tokens[0],
+            t.spec_accepted_tokens[0]
+        ),
         (3, 9, 9)
     );
 }
@@ -109,7 +117,11 @@ fn rejected_drafts_cost_their_verification_and_emit_one_token() {
         vec![req(0.0, 10, 10)],
     );
     let t = &out.requests;
-    assert!(close(t.completed_at[0], 2.0 + 9.0 * 1.8), "{}", t.completed_at[0]);
+    assert!(
+        close(t.completed_at[0], 2.0 + 9.0 * 1.8),
+        "{}",
+        t.completed_at[0]
+    );
     assert_eq!((t.spec_draft_tokens[0], t.spec_accepted_tokens[0]), (27, 0));
     // Exactly one accepted per step: 2 tokens a step, 5 steps for the 9 after the first.
     let one = Acceptance::Distribution(vec![0.0, 1.0, 0.0, 0.0]);
@@ -143,7 +155,13 @@ fn preemption_under_tight_memory_still_finishes_every_request_exactly() {
     let mut rng = Rng::new(3);
     for round in 0..20 {
         let requests: Vec<_> = (0..6)
-            .map(|i| req(i as f64 * 0.5, 1 + rng.below(8) as u32, 1 + rng.below(12) as u32))
+            .map(|i| {
+                req(
+                    i as f64 * 0.5,
+                    1 + rng.below(8) as u32,
+                    1 + rng.below(12) as u32,
+                )
+            })
             .collect();
         let mut c = config(sched(10, 16), 2, Acceptance::Rate(0.6));
         c.seed = round;
@@ -153,7 +171,11 @@ fn preemption_under_tight_memory_still_finishes_every_request_exactly() {
         });
         let out = run(c, requests.clone());
         let t = &out.requests;
-        assert_eq!(t.len(), requests.len(), "round {round}: every request finished");
+        assert_eq!(
+            t.len(),
+            requests.len(),
+            "round {round}: every request finished"
+        );
         for i in 0..t.len() {
             assert!(t.completed_at[i] >= t.first_token_at[i]);
             assert!(t.spec_accepted_tokens[i] <= t.spec_draft_tokens[i]);
@@ -170,7 +192,10 @@ fn the_verify_tokens_of_a_request_are_decode_rows_of_one_attention_sequence() {
     let shape = BatchShape::of([&request], &[4]);
     assert_eq!((shape.num_requests, shape.num_decode_tokens), (1, 4));
     assert_eq!(shape.num_spec_decode_tokens, 3);
-    assert_eq!(shape.sum_decode_context, 101, "the KV is read once for the 4 queries");
+    assert_eq!(
+        shape.sum_decode_context, 101,
+        "the KV is read once for the 4 queries"
+    );
     let f = exec::Features::of(&shape);
     assert_eq!(f.get(exec::Feature::NumTokens), 4.0, "4 GEMM rows");
     assert_eq!(f.get(exec::Feature::DecodeSequences), 1.0);

@@ -93,7 +93,11 @@ impl Features {
             pairs,
             keys,
             if prefill > 0.0 { pairs / prefill } else { 0.0 },
-            if sequences > 0.0 { keys / sequences } else { 0.0 },
+            if sequences > 0.0 {
+                keys / sequences
+            } else {
+                0.0
+            },
             sequences,
         ])
     }

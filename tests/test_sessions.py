@@ -550,3 +550,39 @@ closed_loop = {concurrency = 8}
     )
     assert main(["simulate", str(config)]) == 0
     assert "closed-loop load: 8 users" in capsys.readouterr().out
+
+
+def test_sessions_closed_loop_speculative_decoding_and_lora_run_together() -> None:
+    lengths = {
+        "first_prompt_tokens": {"kind": "uniform", "low": 200, "high": 400},
+        "input_tokens": {"kind": "uniform", "low": 20, "high": 50},
+        "output_tokens": {"kind": "uniform", "low": 20, "high": 60},
+    }
+    workload = {
+        **sessions_spec(num_sessions=30, seed=11, **lengths),
+        "closed_loop": {"concurrency": 6},
+        "lora": {"num_adapters": 3, "popularity": "uniform", "seed": 1},
+    }
+    mapping = {
+        "cluster": {"num_replicas": 2, "global_scheduler": {"policy": "prefix_affinity"}},
+        "replica": {
+            "lora": {"max_loras": 2},
+            "speculative": {"method": "ngram", "num_speculative_tokens": 3, "acceptance_rate": 0.7},
+        },
+        "workload": workload,
+    }
+    result = simulate(config_from_mapping(mapping))
+    c = result.columns
+    rows = turns_of(load_workload(sessions_spec(num_sessions=30, seed=11, **lengths)))
+    assert sorted(c["request_id"]) == list(range(len(rows)))
+    assert max_in_flight(c) <= 6
+    assert result.summary["speculative"]["acceptance_rate"] > 0.5
+    assert result.summary["lora"]["adapter_loads"] > 0
+    # A session keeps its adapter (an adapter's KV is its own), so later turns still hit.
+    chunk = next(iter(load_workload(workload).chunks(100_000)))
+    assert chunk.session_ids is not None
+    assert chunk.lora_ids is not None
+    for session in np.unique(chunk.session_ids):
+        assert len(set(chunk.lora_ids[chunk.session_ids == session])) == 1
+    later = c["turn"] > 0
+    assert c["prefix_hit_tokens"][later].sum() > 0.8 * c["num_prefill_tokens"][later].sum()

@@ -27,6 +27,7 @@ __all__ = [
     "SchedulerStats",
     "SimConfig",
     "SimRequestView",
+    "SpeculativeConfig",
     "__version__",
     "build_profile",
     "evaluate_ops",
@@ -594,6 +595,23 @@ class CompiledOps:
     def num_ops(self) -> int: ...
 
 @final
+class SpeculativeConfig:
+    """Speculative decoding of ``vllm_v1`` replicas (``[replica.speculative]``): exactly
+    one acceptance form is given."""
+
+    def __new__(
+        cls,
+        *,
+        method: str,
+        num_speculative_tokens: int,
+        acceptance_rate: float | None = None,
+        acceptance_rates: Sequence[float] | None = None,
+        accepted_distribution: Sequence[float] | None = None,
+    ) -> SpeculativeConfig: ...
+    @property
+    def method(self) -> str: ...
+
+@final
 class SimConfig:
     """A whole simulation's config, checked by the core when built."""
 
@@ -613,6 +631,7 @@ class SimConfig:
         over_length: str,
         concurrency: int | None = None,
         lora: dict[str, float] | None = None,
+        speculative: SpeculativeConfig | None = None,
     ) -> SimConfig: ...
     @property
     def replica_policy(self) -> str: ...
@@ -627,12 +646,16 @@ def simulate(
     replica_plugins: Sequence[object] | None = None,
     policy_plugins: Sequence[_PolicyPluginLike] | None = None,
     exec_repeat: int = 1,
+    draft_exec_model: CompiledOps | None = None,
+    draft_layer_fraction: float | None = None,
 ) -> dict[str, Any]:
     """Runs the core simulator (use ``tokenyard.simulation.simulate``) with the GIL
     released: a typed config, an iterator of request chunks, an optional execution-time
     model (compiled ops, or a Python callable: the slow path) and progress callback;
     ``policy_plugins``: one step-scheduler plugin per ``vllm_v1`` replica.
     ``exec_repeat`` asks the model that many times per batch stage (a benchmark aid).
+    With ``config.speculative``: ``draft_exec_model`` prices the ``draft_model`` method's
+    passes, ``draft_layer_fraction`` (1 / the target's layers) the ``mtp`` / ``eagle`` head.
     Returns numpy arrays in a dict.
 
     Raises:

@@ -43,6 +43,7 @@ FEATURES = (
     "decode_mean_context",
     "num_lora_tokens",
     "num_lora_adapters",
+    "decode_sequences",
 )
 SCOPES = ("layer", "first_stage", "last_stage", "between_stages", "every_stage")
 Scope = Literal["layer", "first_stage", "last_stage", "between_stages", "every_stage"]
@@ -60,12 +61,16 @@ def batch_features(
     num_padding_rows: int,
     num_lora_tokens: int = 0,
     num_lora_adapters: int = 0,
+    num_spec_decode_tokens: int = 0,
 ) -> BatchFeatures:
-    """The features of a batch shape (``Features::of`` in Rust)."""
+    """The features of a batch shape (``Features::of`` in Rust). ``num_spec_decode_tokens``:
+    speculative drafts among the decode tokens (GEMM rows, but no attention sequences of
+    their own: docs/speculative.md)."""
     prefill = float(num_prefill_tokens)
     decode = float(num_decode_tokens)
     pairs = float(sum_prefill_context) - (float(sum_prefill_squared) - prefill) / 2.0
     keys = float(sum_decode_context + num_decode_tokens)
+    sequences = float(num_decode_tokens - num_spec_decode_tokens)
     return {
         "one": 1.0,
         "num_tokens": float(num_prefill_tokens + num_decode_tokens + num_padding_rows),
@@ -75,9 +80,10 @@ def batch_features(
         "prefill_attention_pairs": pairs,
         "decode_attention_keys": keys,
         "prefill_mean_context": pairs / prefill if prefill > 0 else 0.0,
-        "decode_mean_context": keys / decode if decode > 0 else 0.0,
+        "decode_mean_context": keys / sequences if sequences > 0 else 0.0,
         "num_lora_tokens": float(num_lora_tokens),
         "num_lora_adapters": float(num_lora_adapters),
+        "decode_sequences": sequences,
     }
 
 

@@ -76,8 +76,9 @@ def decode_attention_table(
     max_batch: float = 2.0**12,
     max_context: float = 2.0**18,
 ) -> TableCost:
-    """``seconds(batch, keys per query)`` over (decode tokens, mean keys per query)."""
+    """``seconds(batch, keys per sequence)`` over (decode sequences, mean keys per
+    sequence): a request verifying speculative drafts is one sequence."""
     xs = geometric(max_batch)
     ys = geometric(max_context)
     values = tuple(seconds(b, k) for b in xs for k in ys)
-    return TableCost(x="num_decode_tokens", xs=xs, values=values, y="decode_mean_context", ys=ys)
+    return TableCost(x="decode_sequences", xs=xs, values=values, y="decode_mean_context", ys=ys)

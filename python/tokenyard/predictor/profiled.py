@@ -52,7 +52,7 @@ CACHE_VERSION = 1
 #: Where each profiled op's table lives in the simulator's features: (x, y) axis names.
 _AXES: Mapping[str, tuple[str, str | None]] = {
     "attn_prefill": ("num_prefill_tokens", "prefill_mean_context"),
-    "attn_decode": ("num_decode_tokens", "decode_mean_context"),
+    "attn_decode": ("decode_sequences", "decode_mean_context"),
     "lm_head": ("num_requests", None),
 }
 

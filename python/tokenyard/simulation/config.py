@@ -11,7 +11,10 @@ Layout (every section and key optional; see ``docs/simulate.md``)::
                               lora = {max_loras, max_cpu_loras, max_lora_rank, ...}
                               (``lora_config.py``),
                               scheduler = {policy, max_request_tokens, vllm_v1 | vidur |
-                              sglang | plugin = {...}} (``scheduler_config.py``)
+                              sglang | plugin = {...}} (``scheduler_config.py``),
+                              speculative = {method, num_speculative_tokens, draft_model,
+                              acceptance_rate | acceptance_rates | accepted_distribution}
+                              (``speculative.py``)
     [execution]               model = "auto" | "measured" | "roofline" | "linear" | "profiled"
                               | "module:callable", linear coefficients, efficiency = {...},
                               cpu = {...}, measured = {system, framework, version, data_dir},
@@ -55,6 +58,7 @@ from tokenyard.simulation.scheduler_config import (
     section_path,
     translate_legacy_scheduler,
 )
+from tokenyard.simulation.speculative import SpeculativeConfig
 
 __all__ = [
     "ClusterConfig",
@@ -69,6 +73,7 @@ __all__ = [
     "ReplicaSchedulerConfig",
     "SglangSchedulerConfig",
     "SimulationConfig",
+    "SpeculativeConfig",
     "VidurSchedulerConfig",
     "apply_overrides",
     "config_document",
@@ -132,6 +137,8 @@ class ReplicaConfig:
     over_length: str = "error"
     #: Multi-LoRA serving (``vllm_v1`` only; ``simulation/lora_config.py``, docs/lora.md).
     lora: LoraConfig | None = None
+    #: Speculative decoding (``vllm_v1`` only; off unless ``method`` is set).
+    speculative: SpeculativeConfig = dataclasses.field(default_factory=SpeculativeConfig)
 
     def check(self, where: str) -> None:
         check_key_int(f"{where}.tensor_parallel_size", self.tensor_parallel_size, low=1, high=512)
@@ -154,6 +161,7 @@ class ReplicaConfig:
                     f"LoRA adapters are simulated on vllm_v1 replicas only, not {policy}",
                     policy,
                 )
+        self.speculative.check(f"{where}.speculative", policy)
         if self.num_pipeline_stages > 1 and not pipeline_parallel(policy):
             raise fail(
                 f"{where}.num_pipeline_stages",

@@ -244,6 +244,8 @@ def summarize(
     }
     if "session_id" in columns and (columns["session_id"] >= 0).any():
         found["sessions"] = session_summary(columns)
+    if "speculative" in description:
+        found["speculative"] = speculative_summary(columns)
     return found
 
 
@@ -297,4 +299,27 @@ def session_summary(columns: dict[str, np.ndarray]) -> dict[str, Any]:
         "num_turns": _stats(num_turns.astype(np.float64)),
         "session_time_s": _stats(session_time),
         "per_turn": per_turn,
+    }
+
+
+def speculative_summary(columns: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Speculative decoding's counts: drafts verified and accepted (as drawn, before a
+    request's last step trims its output, as vLLM counts them), the acceptance rate, and
+    tokens per verify step (accepted + 1; pooled, and the mean of the requests' own)."""
+    steps = columns["spec_steps"].astype(np.int64)
+    drafts = columns["spec_draft_tokens"].astype(np.int64)
+    accepted = columns["spec_accepted_tokens"].astype(np.int64)
+    num_steps = int(steps.sum())
+    with_steps = steps > 0
+    per_request = (steps[with_steps] + accepted[with_steps]) / steps[with_steps]
+    return {
+        "num_steps": num_steps,
+        "num_draft_tokens": int(drafts.sum()),
+        "num_accepted_tokens": int(accepted.sum()),
+        "acceptance_rate": float(accepted.sum() / drafts.sum()) if drafts.sum() else 0.0,
+        "mean_tokens_per_step": float((num_steps + accepted.sum()) / num_steps)
+        if num_steps
+        else 0.0,
+        "mean_tokens_per_step_per_request": float(per_request.mean()) if per_request.size else 0.0,
+        "tpot_mean_s": float(columns["tpot"].mean()) if columns["tpot"].size else 0.0,
     }

@@ -23,6 +23,7 @@ from tokenyard.simulation.results import (
     summarize,
     token_gap_table,
 )
+from tokenyard.simulation.speculative import SpeculativeConfig
 from tokenyard.workload import ClosedLoop, load_workload
 
 __all__ = ["load_object", "plan_for", "replica_spec", "simulate"]
@@ -82,6 +83,7 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
             )
     route_plugin, replica_plugins = _plugins(config, num_blocks)
     policy_plugins = _policy_plugins(config)
+    draft_pricing = _draft_pricing(config)
     start = time.perf_counter()
     raw = _core.simulate(
         core_config,
@@ -91,6 +93,7 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
         route_plugin=route_plugin,
         replica_plugins=replica_plugins,
         policy_plugins=policy_plugins,
+        **draft_pricing,
     )
     wall_s = time.perf_counter() - start
     columns = request_columns(raw.pop("requests"))
@@ -109,6 +112,8 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
     }
     if config.replica.lora is not None:
         description["lora"] = dataclasses.asdict(config.replica.lora)
+    if config.replica.speculative.enabled:
+        description["speculative"] = dataclasses.asdict(config.replica.speculative)
     summary = summarize(
         columns,
         raw,
@@ -171,6 +176,40 @@ def _policy_plugins(config: SimulationConfig) -> list[Any] | None:
     ]
 
 
+def _draft_pricing(config: SimulationConfig) -> dict[str, Any]:
+    """What prices the draft work (docs/speculative.md): ``draft_model``: the draft model's
+    own predictor on the same device (the execution model the config chose, built for it);
+    ``mtp`` / ``eagle``: one target layer per pass; ``ngram``: nothing (CPU-side)."""
+    spec = config.replica.speculative
+    if spec.method in (None, "ngram"):
+        return {}
+    catalog = catalog_for(config)
+    if spec.method in ("mtp", "eagle"):
+        target = catalog.model(config.model_name(), field="replica.model")
+        return {"draft_layer_fraction": 1.0 / target.num_layers}
+    draft = str(spec.draft_model)
+    catalog.model(draft, field="replica.speculative.draft_model")
+    draft_config = dataclasses.replace(
+        config,
+        replica=dataclasses.replace(
+            config.replica,
+            model=draft,
+            num_pipeline_stages=1,
+            speculative=SpeculativeConfig(),
+        ),
+    )
+    predictor = build_predictor(draft_config)
+    if predictor is None:
+        raise ConfigError(
+            f"replica.speculative.draft_model: execution.model = {config.execution.model!r} "
+            "cannot price a draft model (it ignores the model); use auto, measured, roofline "
+            "or profiled, or another method",
+            field="replica.speculative.draft_model",
+            value=repr(draft),
+        )
+    return {"draft_exec_model": _core.CompiledOps(predictor.fused(1).to_core())}
+
+
 def _construct(cls: Any, where: str, kwargs: dict[str, Any]) -> Any:
     """``cls(**kwargs)``; a constructor that rejects its options is a ConfigError."""
     try:
@@ -221,8 +260,11 @@ def replica_spec(
                 num_blocks=num_blocks,
                 # [replica.lora]'s GPU slots are the step scheduler's adapter gate.
                 max_loras=config.replica.lora.max_loras if config.replica.lora else 0,
+                # Speculative drafts take lookahead slots beyond the longest request.
                 max_model_len=min(
-                    c.max_model_len or s.max_request_tokens, num_blocks * c.block_size
+                    c.max_model_len or s.max_request_tokens,
+                    num_blocks * c.block_size
+                    - (config.replica.speculative.num_speculative_tokens or 0),
                 ),
                 enable_prefix_caching=c.enable_prefix_caching and prefix_caching,
             )
@@ -277,4 +319,5 @@ def _core_config(
         over_length=config.replica.over_length,
         concurrency=concurrency,
         lora=lora_core(config),
+        speculative=config.replica.speculative.to_core(),
     )

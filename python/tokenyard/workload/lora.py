@@ -3,7 +3,10 @@ from a popularity model (``docs/lora.md``).
 
 One uniform draw per request, in request order from one seeded generator, picks the base
 model (below ``base_fraction``) or an adapter (inverse CDF of the popularity), so the
-adapters do not depend on the chunk size and a seed reproduces them exactly.
+adapters do not depend on the chunk size and a seed reproduces them exactly. A turn of a
+session (``RequestChunk.session_ids``) takes its session's draw instead, a hash of the seed
+and the session id: a conversation keeps its adapter, and so its prefix-cache hits (an
+adapter's KV is its own).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from tokenyard._checks import check_choice, check_int, check_number, check_unset
-from tokenyard.workload.chunk import DEFAULT_CHUNK_SIZE, RequestChunk, Workload
+from tokenyard.workload.chunk import DEFAULT_CHUNK_SIZE, NO_SESSION, RequestChunk, Workload
 
 __all__ = ["POPULARITIES", "LoraPopularity", "LoraWorkload"]
 
@@ -83,8 +86,22 @@ class LoraWorkload:
         rng = np.random.Generator(np.random.PCG64(self.lora.seed))
         cdf = self.lora.cdf()
         for chunk in self.inner.chunks(chunk_size):
-            ids = self.lora.assign(rng.random(len(chunk)), cdf)
+            uniforms = rng.random(len(chunk))
+            if chunk.session_ids is not None:
+                turns = chunk.session_ids != np.uint64(NO_SESSION)
+                uniforms[turns] = _session_uniforms(chunk.session_ids[turns], self.lora.seed)
+            ids = self.lora.assign(uniforms, cdf)
             yield dataclasses.replace(chunk, lora_ids=ids)
 
     def describe(self) -> dict[str, object]:
         return {**self.inner.describe(), "lora": dataclasses.asdict(self.lora)}
+
+
+def _session_uniforms(sessions: np.ndarray, seed: int) -> np.ndarray:
+    """A uniform in [0, 1) per session id, from the seed (splitmix64's finalizer)."""
+    z = sessions.astype(np.uint64) ^ np.uint64(seed & (2**64 - 1))
+    z = z + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) / float(1 << 53)

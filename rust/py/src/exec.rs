@@ -213,6 +213,8 @@ pub(crate) fn evaluate_ops<'py>(
                     })?,
                     ..LoraShape::default()
                 },
+                // Draft passes are priced by the simulator's SpecExec, not per shape here.
+                ..BatchShape::default()
             })
         })
         .collect::<PyResult<Vec<_>>>()?;

@@ -23,7 +23,10 @@ pub struct BatchShape {
     pub num_requests: u32,
     pub num_prefill_tokens: u64,
     pub num_decode_tokens: u64,
-    /// Σ over decodes of the tokens already in the KV cache.
+    /// Σ over decoding requests of the tokens already in the KV cache. A request verifying
+    /// k speculative drafts computes 1 + k decode tokens (each through every GEMM) but
+    /// counts its context once: its queries read the same KV, and decode attention is
+    /// bound by those reads (docs/speculative.md).
     pub sum_decode_context: u64,
     /// Σ over prefill chunks of chunk tokens × (tokens before the chunk + chunk tokens).
     pub sum_prefill_context: u64,
@@ -33,6 +36,14 @@ pub struct BatchShape {
     pub num_padding_rows: u64,
     /// LoRA tokens, adapters and loads (the replica fills it in; zero without LoRA).
     pub lora: LoraShape,
+    /// Speculative drafts among the decode tokens (verified this batch): each is a GEMM row,
+    /// but its request's attention is one sequence (`decode_sequences` in the features).
+    pub num_spec_decode_tokens: u64,
+    /// Speculative decoding: requests the drafter runs for after this batch (those that
+    /// sample at its end), and Σ of their contexts then. Only the draft pricing reads them
+    /// (`sim::spec::SpecExec`); 0 when speculation is off.
+    pub num_draft_rows: u32,
+    pub sum_draft_context: u64,
 }
 
 impl BatchShape {
@@ -43,8 +54,13 @@ impl BatchShape {
             let n = n as u64;
             let done = request.num_processed_tokens as u64;
             shape.num_requests += 1;
+            if request.spec.proposes {
+                shape.num_draft_rows += 1;
+                shape.sum_draft_context += done + n - request.spec.in_flight_drafts as u64;
+            }
             if request.is_prefill_complete {
                 shape.num_decode_tokens += n;
+                shape.num_spec_decode_tokens += request.spec.in_flight_drafts as u64;
                 shape.sum_decode_context += done;
             } else {
                 shape.num_prefill_tokens += n;

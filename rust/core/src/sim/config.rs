@@ -10,6 +10,7 @@ use super::replica::{
     FasterTransformer, LightLlm, Orca, ReplicaPolicy, Sarathi, Sglang, SglangLimits, VidurLimits,
     Vllm, VllmV1,
 };
+use super::spec::{self, SpecConfig};
 use crate::sched::SchedulerConfig;
 use crate::{Error, Result};
 
@@ -382,6 +383,8 @@ pub struct SimConfig {
     pub concurrency: Option<u32>,
     /// `[replica.lora]`: LoRA adapters on `vllm_v1` replicas; `None` = no adapters.
     pub lora: Option<LoraConfig>,
+    /// Speculative decoding (`vllm_v1` replicas only); `None` = off.
+    pub speculative: Option<SpecConfig>,
 }
 
 impl SimConfig {
@@ -455,6 +458,37 @@ impl SimConfig {
         if let Some(lora) = &self.lora {
             lora.validate()?;
         }
+        self.validate_speculative()?;
         self.exec.validate()
+    }
+
+    fn validate_speculative(&self) -> Result<()> {
+        let Some(spec) = &self.speculative else {
+            return Ok(());
+        };
+        let ReplicaPolicyConfig::VllmV1(sched) = &self.replica_policy else {
+            return Err(Error::config(
+                "replica.speculative.method",
+                spec.method.name(),
+                format!(
+                    "speculative decoding runs in vllm_v1 replicas only, not {}",
+                    self.replica_policy.name()
+                ),
+            ));
+        };
+        spec.validate()?;
+        spec::scheduler_config(sched, spec).validate()
+    }
+
+    /// Replica `replica`'s scheduler (with speculative decoding when configured).
+    pub fn build_replica(&self, replica: u32, kv_events: bool) -> Result<Box<dyn ReplicaPolicy>> {
+        match (&self.replica_policy, &self.speculative) {
+            (ReplicaPolicyConfig::VllmV1(sched), Some(spec)) => {
+                let config = spec::scheduler_config(sched, spec);
+                let v1 = VllmV1::new(config, self.hash_block_size, kv_events)?;
+                Ok(Box::new(v1.with_speculative(spec, self.seed, replica)))
+            }
+            _ => self.replica_policy.build(self.hash_block_size, kv_events),
+        }
     }
 }

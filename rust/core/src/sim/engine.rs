@@ -186,11 +186,7 @@ impl<'a> Simulator<'a> {
         config.validate()?;
         let kv_events = config.global_policy.needs_kv_events();
         let policies = (0..config.num_replicas)
-            .map(|_| {
-                config
-                    .replica_policy
-                    .build(config.hash_block_size, kv_events)
-            })
+            .map(|replica| config.build_replica(replica, kv_events))
             .collect::<Result<Vec<_>>>()?;
         Self::with_replica_policies(config, exec, policies)
     }
@@ -603,7 +599,7 @@ impl<'a> Simulator<'a> {
             return Ok(replica);
         }
         let hash_block_size = self.config.hash_block_size;
-        Ok(self.router.route(&loads, || {
+        Ok(self.router.route(&loads, request.lora_id, || {
             synthesize_prompt(
                 request.id,
                 request.num_prefill_tokens,

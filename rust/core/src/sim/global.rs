@@ -134,8 +134,15 @@ impl Router {
         }
     }
 
-    /// The replica for a request; `prompt` is needed only by `prefix_affinity`.
-    pub fn route(&mut self, loads: &[ReplicaLoad], prompt: impl FnOnce() -> Vec<TokenId>) -> usize {
+    /// The replica for a request; `prompt` is needed only by `prefix_affinity`, whose block
+    /// hashes take `extra_key` as the replicas' caches do (the request's LoRA adapter: an
+    /// adapter's KV is its own).
+    pub fn route(
+        &mut self,
+        loads: &[ReplicaLoad],
+        extra_key: Option<u64>,
+        prompt: impl FnOnce() -> Vec<TokenId>,
+    ) -> usize {
         let n = loads.len();
         let fewest = |candidates: &mut dyn Iterator<Item = usize>, key: &dyn Fn(usize) -> f64| {
             candidates
@@ -167,7 +174,7 @@ impl Router {
             }
             GlobalPolicy::PrefixAffinity { balance } => {
                 let mut hashes = Vec::new();
-                hash_full_blocks(&mut hashes, &prompt(), self.block_size, None);
+                hash_full_blocks(&mut hashes, &prompt(), self.block_size, extra_key);
                 let score = |r: usize| {
                     let cached = hashes
                         .iter()
@@ -209,12 +216,12 @@ mod tests {
     fn round_robin_cycles_and_lor_takes_the_shortest_queue() {
         let mut rr = Router::new(GlobalPolicy::RoundRobin, 3, 16, 0);
         let picks: Vec<_> = (0..5)
-            .map(|_| rr.route(&loads(&[0, 0, 0]), Vec::new))
+            .map(|_| rr.route(&loads(&[0, 0, 0]), None, Vec::new))
             .collect();
         assert_eq!(picks, [0, 1, 2, 0, 1]);
         let mut lor = Router::new(GlobalPolicy::Lor, 3, 16, 0);
         assert_eq!(
-            lor.route(&loads(&[2, 1, 1]), Vec::new),
+            lor.route(&loads(&[2, 1, 1]), None, Vec::new),
             1,
             "ties go to the lowest id"
         );
@@ -224,7 +231,7 @@ mod tests {
     fn power_of_two_picks_two_distinct_replicas_and_the_lighter_wins() {
         let mut p2 = Router::new(GlobalPolicy::PowerOfTwo, 2, 16, 3);
         for _ in 0..20 {
-            assert_eq!(p2.route(&loads(&[5, 1]), Vec::new), 1);
+            assert_eq!(p2.route(&loads(&[5, 1]), None, Vec::new), 1);
         }
     }
 
@@ -236,10 +243,12 @@ mod tests {
         hash_full_blocks(&mut hashes, &prompt, 4, None);
         let stored: Vec<_> = hashes.iter().map(|&h| KvEvent::Stored(h)).collect();
         router.on_kv_events(1, &stored);
-        assert_eq!(router.route(&loads(&[0, 0]), || prompt.clone()), 1);
+        assert_eq!(router.route(&loads(&[0, 0]), None, || prompt.clone()), 1);
+        // The same tokens under a LoRA adapter are other blocks: no affinity.
+        assert_eq!(router.route(&loads(&[0, 0]), Some(5), || prompt.clone()), 0);
         // 12 cached tokens against 100 queued prefill tokens: replica 0 wins.
-        assert_eq!(router.route(&loads(&[0, 1]), || prompt.clone()), 0);
+        assert_eq!(router.route(&loads(&[0, 1]), None, || prompt.clone()), 0);
         router.on_kv_events(1, &[KvEvent::AllCleared]);
-        assert_eq!(router.route(&loads(&[0, 0]), || prompt.clone()), 0);
+        assert_eq!(router.route(&loads(&[0, 0]), None, || prompt.clone()), 0);
     }
 }

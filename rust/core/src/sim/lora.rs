@@ -377,6 +377,7 @@ mod scenario {
             over_length: OverLength::Error,
             concurrency: None,
             lora,
+            speculative: None,
         }
     }
 

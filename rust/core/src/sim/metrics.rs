@@ -24,6 +24,10 @@ pub struct RequestTable {
     /// -1 for a request outside any session.
     pub session_id: Vec<i64>,
     pub turn: Vec<u32>,
+    /// Speculative decoding: steps that verified drafts, drafts verified, drafts accepted.
+    pub spec_steps: Vec<u32>,
+    pub spec_draft_tokens: Vec<u32>,
+    pub spec_accepted_tokens: Vec<u32>,
 }
 
 impl RequestTable {
@@ -45,6 +49,9 @@ impl RequestTable {
         // Session ids are checked to be < 2^63 when they arrive.
         self.session_id.push(r.session.map_or(-1, |s| s as i64));
         self.turn.push(r.turn);
+        self.spec_steps.push(r.spec.num_steps);
+        self.spec_draft_tokens.push(r.spec.num_draft_tokens);
+        self.spec_accepted_tokens.push(r.spec.num_accepted_tokens);
     }
 
     pub fn len(&self) -> usize {
@@ -57,7 +64,9 @@ impl RequestTable {
 }
 
 /// Log-spaced histogram from 1 µs to ~1000 s, 100 buckets per decade (quantiles within
-/// 2.3%), for the gaps between output tokens: every token counts, memory stays constant.
+/// 2.3%), for the gaps between output tokens: every emission counts, memory stays constant.
+/// Tokens emitted together (a speculative step's accepted drafts) are one emission, its gap
+/// counted once, as a streaming client sees them arrive in one chunk.
 #[derive(Debug, Clone)]
 pub struct GapHistogram {
     pub counts: Vec<u64>,

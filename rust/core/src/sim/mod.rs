@@ -7,6 +7,8 @@
 //! - [`replica`]: Vidur's vLLM, Sarathi, Orca, LightLLM and FasterTransformer schedulers,
 //!   vLLM V1 (the step scheduler of `crate::sched`) and SGLang.
 //! - [`global`]: routing policies; [`exec`]: execution-time models; [`lora`]: LoRA adapters.
+//! - [`spec`]: speculative decoding in `vllm_v1` replicas (drafts, acceptance, draft cost).
+//! - [`sessions`]: when each turn of a session is sent; closed-loop users.
 
 pub mod arena;
 pub mod batch;
@@ -20,6 +22,7 @@ pub mod replica;
 pub mod request;
 mod rng;
 pub mod sessions;
+pub mod spec;
 mod tokens;
 
 pub use arena::Requests;
@@ -42,3 +45,5 @@ pub use rng::Rng;
 mod session_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_spec;

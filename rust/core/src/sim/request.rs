@@ -2,6 +2,7 @@
 //! decode token per iteration; finishing the prefill yields the first output token; a
 //! restart after preemption folds every processed token into the prefill.
 
+use super::spec::SpecCounters;
 use crate::{Error, Result};
 
 /// Index of a live request in the simulator's arena.
@@ -74,6 +75,8 @@ pub struct SimRequest {
     /// The LoRA adapter it runs with; `None` = the base model.
     pub lora_id: Option<u64>,
     pub timing: RequestTiming,
+    /// Speculative decoding (`vllm_v1` with `[replica.speculative]`; zeros otherwise).
+    pub spec: SpecCounters,
 }
 
 /// When things happened to a request (seconds of simulated time; NaN = never).
@@ -128,6 +131,7 @@ impl SimRequest {
             turn: 0,
             lora_id: None,
             timing: RequestTiming::default(),
+            spec: SpecCounters::default(),
         }
     }
 
@@ -155,8 +159,9 @@ impl SimRequest {
     /// Vidur's `on_batch_end`: advances the processed tokens; completing the prefill yields
     /// one output token. Returns whether the request completed and, if this iteration
     /// produced an output token after an earlier one, the gap between the two.
+    /// Drafts the batch verified are not progress yet: `accept_drafts` adds the accepted.
     pub fn on_batch_end(&mut self, now: f64, num_tokens: u32) -> (bool, Option<f64>) {
-        self.num_processed_tokens += num_tokens;
+        self.num_processed_tokens += num_tokens - std::mem::take(&mut self.spec.in_flight_drafts);
         if !self.is_prefill_complete && self.num_processed_tokens == self.num_prefill_tokens {
             self.is_prefill_complete = true;
             self.num_processed_tokens += 1;
@@ -167,6 +172,23 @@ impl SimRequest {
             self.timing.completed_at = now;
         }
         (self.completed, gap)
+    }
+
+    /// Speculative decoding: `accepted` drafts of the step that just ended become output at
+    /// the instant its sampled token did (`on_batch_end` ran first), never past the
+    /// request's output length. One emission: the token-gap histogram got its gap already.
+    pub fn accept_drafts(&mut self, accepted: u32) {
+        let room = self.total_tokens() - self.num_processed_tokens;
+        if accepted == 0 || room == 0 {
+            return;
+        }
+        let now = self.timing.last_token_at;
+        self.num_processed_tokens += accepted.min(room);
+        self.record_new_tokens(now);
+        if self.num_processed_tokens == self.total_tokens() {
+            self.completed = true;
+            self.timing.completed_at = now;
+        }
     }
 
     /// Output tokens so far are `processed - output_after_tokens` (restarts fold earlier
@@ -213,6 +235,8 @@ impl SimRequest {
         };
         self.num_decode_tokens = total - self.num_prefill_tokens;
         self.num_processed_tokens = 0;
+        self.spec.in_flight_drafts = 0;
+        self.spec.proposes = false;
         self.scheduled = false;
         self.completed = false;
         self.is_prefill_complete = false;

@@ -67,6 +67,7 @@ pub(super) fn config(
         over_length: crate::sim::OverLength::Error,
         concurrency: None,
         lora: None,
+        speculative: None,
     }
 }
 

@@ -163,6 +163,10 @@ impl PyExec {
             kwargs.set_item("num_lora_tokens", shape.lora.num_lora_tokens)?;
             kwargs.set_item("num_lora_adapters", shape.lora.num_adapters)?;
         }
+        // Only under speculative decoding, so functions written before it keep working.
+        if shape.num_spec_decode_tokens > 0 {
+            kwargs.set_item("num_spec_decode_tokens", shape.num_spec_decode_tokens)?;
+        }
         kwargs.set_item("stage", stage)?;
         kwargs.set_item("num_stages", num_stages)?;
         let answer = self.model.bind(py).call((), Some(&kwargs))?;

@@ -4,6 +4,7 @@
 use pyo3::exceptions::PyKeyError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use tokenyard_core::sim::spec::{Acceptance, SpecConfig, SpecMethod};
 use tokenyard_core::sim::{
     GlobalPolicy, LinearModel, LoraConfig, OverLength, ReplicaPolicyConfig, ReplicaPolicyEntry,
     RestartMode, SglangLimits, SimConfig, VidurKind, VidurLimits,
@@ -165,6 +166,55 @@ impl PyLinearModel {
     }
 }
 
+/// Speculative decoding of `vllm_v1` replicas; exactly one acceptance form is given.
+#[pyclass(name = "SpeculativeConfig", module = "tokenyard._core", frozen)]
+#[derive(Clone)]
+pub(crate) struct PySpeculativeConfig {
+    inner: SpecConfig,
+}
+
+#[pymethods]
+impl PySpeculativeConfig {
+    #[new]
+    #[pyo3(signature = (*, method, num_speculative_tokens, acceptance_rate=None,
+        acceptance_rates=None, accepted_distribution=None))]
+    fn new(
+        py: Python<'_>,
+        method: &str,
+        num_speculative_tokens: u32,
+        acceptance_rate: Option<f64>,
+        acceptance_rates: Option<Vec<f64>>,
+        accepted_distribution: Option<Vec<f64>>,
+    ) -> PyResult<Self> {
+        let acceptance = match (acceptance_rate, acceptance_rates, accepted_distribution) {
+            (Some(alpha), None, None) => Acceptance::Rate(alpha),
+            (None, Some(rates), None) => Acceptance::PerPosition(rates),
+            (None, None, Some(probs)) => Acceptance::Distribution(probs),
+            _ => {
+                return Err(crate::errors::config_error(
+                    py,
+                    "replica.speculative.acceptance_rate",
+                    "several or none",
+                    "give exactly one of acceptance_rate, acceptance_rates, \
+                     accepted_distribution",
+                ));
+            }
+        };
+        let inner = SpecConfig {
+            method: SpecMethod::parse(method).or_raise(py)?,
+            num_speculative_tokens,
+            acceptance,
+        };
+        inner.validate().or_raise(py)?;
+        Ok(Self { inner })
+    }
+
+    #[getter]
+    fn method(&self) -> &'static str {
+        self.inner.method.name()
+    }
+}
+
 /// A whole simulation's config, checked by the core when it is built.
 #[pyclass(name = "SimConfig", module = "tokenyard._core", frozen)]
 pub(crate) struct PySimConfig {
@@ -176,7 +226,7 @@ impl PySimConfig {
     #[new]
     #[pyo3(signature = (*, num_replicas, num_stages, global_policy, balance, replica, linear,
         seed, hash_block_size, sample_interval_s, record_stages, over_length, concurrency=None,
-        lora=None))]
+        lora=None, speculative=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -193,6 +243,7 @@ impl PySimConfig {
         over_length: &str,
         concurrency: Option<u32>,
         lora: Option<&Bound<'_, PyDict>>,
+        speculative: Option<&PySpeculativeConfig>,
     ) -> PyResult<Self> {
         let lora = lora.map(lora_config).transpose()?;
         let inner = SimConfig {
@@ -208,6 +259,7 @@ impl PySimConfig {
             over_length: OverLength::parse(over_length).or_raise(py)?,
             concurrency,
             lora,
+            speculative: speculative.map(|s| s.inner.clone()),
         };
         inner.validate().or_raise(py)?;
         Ok(Self { inner })

@@ -11,6 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tokenyard_core::sched::PolicyPlugin;
 use tokenyard_core::sim::exec::Repeated;
+use tokenyard_core::sim::spec::{DraftPricing, SpecExec};
 use tokenyard_core::sim::{
     ExecModel, GapHistogram, GlobalPolicy, OpModel, PluginReplica, REPLICA_POLICIES, ReplicaPolicy,
     SimOutput, Simulator,
@@ -20,13 +21,14 @@ use crate::errors::{ErrorSlot, OrRaise};
 use crate::exec::PyCompiledOps;
 use crate::plugin::PyPlugin;
 use callbacks::{PyExec, PyReplicaHost, PyRoutePlugin, PySimRequestView, PySource};
-use config::{PyLinearModel, PyReplicaSpec, PySimConfig};
+use config::{PyLinearModel, PyReplicaSpec, PySimConfig, PySpeculativeConfig};
 
 pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<PySimRequestView>()?;
     module.add_class::<PyReplicaSpec>()?;
     module.add_class::<PyLinearModel>()?;
     module.add_class::<PySimConfig>()?;
+    module.add_class::<PySpeculativeConfig>()?;
     let registry = PyDict::new(module.py());
     for entry in REPLICA_POLICIES {
         let info = PyDict::new(module.py());
@@ -43,7 +45,8 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
 /// Runs a simulation; see `tokenyard.simulate` for the config and the result.
 #[pyfunction]
 #[pyo3(signature = (config, chunks, *, exec_model=None, progress=None, route_plugin=None,
-    replica_plugins=None, policy_plugins=None, exec_repeat=1))]
+    replica_plugins=None, policy_plugins=None, exec_repeat=1, draft_exec_model=None,
+    draft_layer_fraction=None))]
 #[allow(clippy::too_many_arguments)]
 fn simulate<'py>(
     py: Python<'py>,
@@ -55,6 +58,8 @@ fn simulate<'py>(
     replica_plugins: Option<Vec<Py<PyAny>>>,
     policy_plugins: Option<Vec<Bound<'py, PyAny>>>,
     exec_repeat: u32,
+    draft_exec_model: Option<&Bound<'py, PyCompiledOps>>,
+    draft_layer_fraction: Option<f64>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let sim_config = config.inner.clone();
     let error = ErrorSlot::default();
@@ -108,6 +113,30 @@ fn simulate<'py>(
         object,
         error: error.clone(),
     });
+    // Speculative decoding: the draft work is priced on top of the target's.
+    let draft_ops: Option<OpModel> = match draft_exec_model {
+        Some(ops) => {
+            let ops: OpModel = ops.get().model();
+            ops.validate(1).or_raise(py)?;
+            Some(ops)
+        }
+        None => None,
+    };
+    let pricing = match &sim_config.speculative {
+        Some(spec) => Some(
+            DraftPricing::for_method(
+                spec.method,
+                draft_ops.map(|ops| Box::new(ops) as Box<dyn ExecModel>),
+                draft_layer_fraction,
+            )
+            .or_raise(py)?,
+        ),
+        None => None,
+    };
+    let num_speculative_tokens = sim_config
+        .speculative
+        .as_ref()
+        .map_or(0, |s| s.num_speculative_tokens);
     let result = py.detach(|| {
         // `exec_repeat` (benches/predictor_cost.py): the model's cost, isolated by asking it
         // several times per batch stage for the same answers.
@@ -115,9 +144,21 @@ fn simulate<'py>(
             inner: exec.as_mut(),
             times: exec_repeat.max(1),
         };
+        let mut spec_exec;
+        let exec: &mut dyn ExecModel = match pricing {
+            Some(draft) => {
+                spec_exec = SpecExec {
+                    target: &mut repeated,
+                    draft,
+                    num_speculative_tokens,
+                };
+                &mut spec_exec
+            }
+            None => &mut repeated,
+        };
         let sim = match replicas {
-            Some(policies) => Simulator::with_replica_policies(sim_config, &mut repeated, policies),
-            None => Simulator::new(sim_config, &mut repeated),
+            Some(policies) => Simulator::with_replica_policies(sim_config, exec, policies),
+            None => Simulator::new(sim_config, exec),
         }?;
         let sim = match route {
             Some(plugin) => sim.with_route_plugin(Box::new(plugin)),
@@ -157,6 +198,12 @@ fn to_dict(py: Python<'_>, out: SimOutput) -> PyResult<Bound<'_, PyDict>> {
     )?;
     requests.set_item("session_id", t.session_id.into_pyarray(py))?;
     requests.set_item("turn", t.turn.into_pyarray(py))?;
+    requests.set_item("spec_steps", t.spec_steps.into_pyarray(py))?;
+    requests.set_item("spec_draft_tokens", t.spec_draft_tokens.into_pyarray(py))?;
+    requests.set_item(
+        "spec_accepted_tokens",
+        t.spec_accepted_tokens.into_pyarray(py),
+    )?;
     d.set_item("requests", requests)?;
 
     let edges: Vec<f64> = (0..=GapHistogram::NUM_BUCKETS)

@@ -28,15 +28,18 @@ pub enum Feature {
     DecodeAttentionKeys,
     /// Keys a prefill query attends to on average (pairs / prefill tokens).
     PrefillMeanContext,
-    /// Keys a decode query reads on average.
+    /// Keys a decode sequence reads on average (a request verifying speculative drafts is
+    /// one sequence of several queries over one read of its KV).
     DecodeMeanContext,
     /// Tokens of requests with a LoRA adapter (rows through the shrink/expand kernels).
     NumLoraTokens,
     /// Distinct LoRA adapters in the batch (each adapter's weights are read once).
     NumLoraAdapters,
+    /// Decoding sequences: decode tokens less the speculative drafts among them.
+    DecodeSequences,
 }
 
-const NUM_FEATURES: usize = 11;
+const NUM_FEATURES: usize = 12;
 
 impl Feature {
     pub const ALL: [Feature; NUM_FEATURES] = [
@@ -51,6 +54,7 @@ impl Feature {
         Feature::DecodeMeanContext,
         Feature::NumLoraTokens,
         Feature::NumLoraAdapters,
+        Feature::DecodeSequences,
     ];
 
     pub fn name(self) -> &'static str {
@@ -66,6 +70,7 @@ impl Feature {
             Feature::DecodeMeanContext => "decode_mean_context",
             Feature::NumLoraTokens => "num_lora_tokens",
             Feature::NumLoraAdapters => "num_lora_adapters",
+            Feature::DecodeSequences => "decode_sequences",
         }
     }
 
@@ -86,6 +91,7 @@ impl Features {
         let pairs =
             shape.sum_prefill_context as f64 - (shape.sum_prefill_squared as f64 - prefill) / 2.0;
         let keys = (shape.sum_decode_context + shape.num_decode_tokens) as f64;
+        let sequences = (shape.num_decode_tokens - shape.num_spec_decode_tokens) as f64;
         Features([
             1.0,
             (shape.num_prefill_tokens + shape.num_decode_tokens + shape.num_padding_rows) as f64,
@@ -95,9 +101,14 @@ impl Features {
             pairs,
             keys,
             if prefill > 0.0 { pairs / prefill } else { 0.0 },
-            if decode > 0.0 { keys / decode } else { 0.0 },
+            if sequences > 0.0 {
+                keys / sequences
+            } else {
+                0.0
+            },
             shape.lora.num_lora_tokens as f64,
             shape.lora.num_adapters as f64,
+            sequences,
         ])
     }
 

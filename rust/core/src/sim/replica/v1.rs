@@ -2,18 +2,21 @@
 //! chunked prefill, running-first with preemption, prefix caching) driving a replica. A
 //! batch is one `schedule()`; its end reports one sampled token per request that caught
 //! up with its known tokens. With pipeline stages the scheduler runs ahead (each request in
-//! one batch at a time, as vLLM does without async scheduling).
+//! one batch at a time, as vLLM does without async scheduling). With speculative decoding
+//! (`crate::sim::spec`) a batch's end emits each sampler's accepted drafts too.
 
 use std::collections::VecDeque;
 
 use super::{BatchPlan, ReplicaPolicy};
 use crate::Result;
 use crate::kv::KvEvent;
+use crate::kv::TokenId;
 use crate::sched::{PolicyPlugin, RequestSpec, Scheduler, SchedulerConfig};
 use crate::sim::arena::Requests;
 use crate::sim::batch::Batch;
 use crate::sim::lora::{AdapterCache, LoraConfig, LoraShape};
-use crate::sim::request::{ReqIdx, RestartMode};
+use crate::sim::request::{ReqIdx, RestartMode, SimRequest};
+use crate::sim::spec::{SpecConfig, SpecDecoder};
 use crate::sim::tokens::{shared_output_token, synthesize_prompt};
 
 /// The token a simulated step samples unless the request's block ids cover its output (a
@@ -34,6 +37,8 @@ pub struct VllmV1 {
     spare: Vec<Vec<ReqIdx>>,
     /// GPU slots and host cache of LoRA adapters (`[replica.lora]`; `sim::lora`).
     adapters: Option<AdapterCache>,
+    /// Speculative decoding, when configured.
+    spec: Option<SpecDecoder>,
 }
 
 impl VllmV1 {
@@ -49,7 +54,19 @@ impl VllmV1 {
             samplers: VecDeque::new(),
             spare: Vec::new(),
             adapters: None,
+            spec: None,
         })
+    }
+
+    /// Turns on speculative decoding (replica `replica`'s draws of `seed`). The scheduler's
+    /// config must reserve the drafts' lookahead slots (`sim::spec::scheduler_config`).
+    pub fn with_speculative(mut self, spec: &SpecConfig, seed: u64, replica: u32) -> Self {
+        debug_assert_eq!(
+            self.scheduler.config().num_lookahead_tokens,
+            spec.num_speculative_tokens as usize
+        );
+        self.spec = Some(SpecDecoder::new(spec, seed, replica));
+        self
     }
 }
 
@@ -70,6 +87,17 @@ impl VllmV1 {
         }
         AdapterCache::new(config.clone())
     }
+}
+
+/// The token `request` samples at `position`.
+fn output_token(request: &SimRequest, position: u64, hash_block_size: u32) -> TokenId {
+    shared_output_token(
+        request.original_prefill_tokens,
+        position,
+        &request.hash_ids,
+        hash_block_size,
+    )
+    .unwrap_or(SAMPLED_TOKEN)
 }
 
 impl ReplicaPolicy for VllmV1 {
@@ -100,6 +128,9 @@ impl ReplicaPolicy for VllmV1 {
             for list in &mut self.samplers {
                 list.retain(|&i| i != idx);
             }
+            if let Some(spec) = &mut self.spec {
+                spec.strike(idx);
+            }
         }
         // Prefix-cache hits are computed without running: they count as processed.
         for admitted in out
@@ -128,11 +159,24 @@ impl ReplicaPolicy for VllmV1 {
                 .get_request(idx)
                 .is_some_and(|r| r.num_computed_tokens >= r.num_tokens())
         }));
+        if let Some(spec) = &mut self.spec {
+            spec.on_schedule(requests, &caught_up, &out.scheduled_spec_decode_tokens);
+        }
         self.samplers.push_back(caught_up);
         Ok(Some((ids, tokens)))
     }
 
     fn on_batch_end(&mut self, requests: &mut Requests, _batch: &Batch) -> Result<Vec<ReqIdx>> {
+        if let Some(spec) = &mut self.spec {
+            if let Some(mut list) = self.samplers.pop_front() {
+                list.clear();
+                self.spare.push(list);
+            }
+            let block = self.hash_block_size;
+            return spec.on_batch_end(&mut self.scheduler, requests, |r, position| {
+                output_token(r, position, block)
+            });
+        }
         // Batches of one replica end in the order they were formed (stages are FIFO).
         let Some(mut caught_up) = self.samplers.pop_front() else {
             return Err(crate::Error::Plugin(
@@ -143,14 +187,7 @@ impl ReplicaPolicy for VllmV1 {
         let finished = self
             .scheduler
             .append_one_token_each(&caught_up, |&idx, position| {
-                let r = requests.get(idx);
-                shared_output_token(
-                    r.original_prefill_tokens,
-                    position as u64,
-                    &r.hash_ids,
-                    block,
-                )
-                .unwrap_or(SAMPLED_TOKEN)
+                output_token(requests.get(idx), position as u64, block)
             })?;
         caught_up.clear();
         self.spare.push(caught_up);

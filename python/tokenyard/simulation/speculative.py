@@ -1,0 +1,134 @@
+"""``[replica.speculative]``: speculative decoding in ``vllm_v1`` replicas
+(``docs/speculative.md``).
+
+Each step a decoding request verifies ``num_speculative_tokens`` drafts with its next token;
+a seeded draw (from the simulation's ``seed``) decides how many the target accepts. The
+acceptance is given as exactly one of: ``acceptance_rate`` (each draft accepted with that
+probability, independently, until the first rejection), ``acceptance_rates`` (one
+conditional rate per draft position) or ``accepted_distribution`` (the probabilities of
+accepting 0, 1, ..., k drafts). ``method`` decides what the draft work costs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from tokenyard import _core
+from tokenyard._checks import check_key_choice, check_key_int, check_key_number, fail
+
+__all__ = ["SPEC_METHODS", "SpeculativeConfig"]
+
+#: ``draft_model``: a catalog model proposes (k decode passes of it per step); ``ngram``:
+#: prompt lookup on the CPU (no GPU time); ``mtp`` / ``eagle``: a one-layer head (k passes,
+#: each priced as one layer of the target).
+SPEC_METHODS = ("draft_model", "ngram", "mtp", "eagle")
+#: The most drafts per step (the core's limit).
+MAX_SPEC_TOKENS = 32
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SpeculativeConfig:
+    """Off unless ``method`` is set; every other key then needs it, and it needs them."""
+
+    method: str | None = None
+    num_speculative_tokens: int | None = None
+    #: A catalog model name (``draft_model`` only).
+    draft_model: str | None = None
+    acceptance_rate: float | None = None
+    acceptance_rates: tuple[float, ...] | None = None
+    accepted_distribution: tuple[float, ...] | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.method is not None
+
+    def check(self, where: str, policy: str) -> None:
+        """Raises ConfigError naming the key of the first bad value."""
+        if self.method is None:
+            for name in (
+                "num_speculative_tokens",
+                "draft_model",
+                "acceptance_rate",
+                "acceptance_rates",
+                "accepted_distribution",
+            ):
+                if getattr(self, name) is not None:
+                    raise fail(
+                        f"{where}.{name}",
+                        f"applies only with a speculative method; set {where}.method or remove it",
+                        getattr(self, name),
+                    )
+            return
+        check_key_choice(f"{where}.method", self.method, SPEC_METHODS)
+        if policy != "vllm_v1":
+            raise fail(
+                f"{where}.method",
+                f"speculative decoding runs in vllm_v1 replicas only, not {policy!r} "
+                "(replica.scheduler.policy)",
+                self.method,
+            )
+        if self.num_speculative_tokens is None:
+            raise fail(f"{where}.num_speculative_tokens", "is required with a method", None)
+        k = check_key_int(
+            f"{where}.num_speculative_tokens",
+            self.num_speculative_tokens,
+            low=1,
+            high=MAX_SPEC_TOKENS,
+        )
+        if self.method == "draft_model" and not self.draft_model:
+            raise fail(f"{where}.draft_model", "the draft_model method needs a catalog model", None)
+        if self.method != "draft_model" and self.draft_model is not None:
+            raise fail(
+                f"{where}.draft_model",
+                f"applies to method = 'draft_model', not {self.method!r}",
+                self.draft_model,
+            )
+        self._check_acceptance(where, k)
+
+    def _check_acceptance(self, where: str, k: int) -> None:
+        given = [
+            name
+            for name in ("acceptance_rate", "acceptance_rates", "accepted_distribution")
+            if getattr(self, name) is not None
+        ]
+        if len(given) != 1:
+            raise fail(
+                f"{where}.acceptance_rate",
+                "give exactly one of acceptance_rate, acceptance_rates, accepted_distribution"
+                f" (given: {', '.join(given) or 'none'})",
+                given,
+            )
+        if self.acceptance_rate is not None:
+            check_key_number(f"{where}.acceptance_rate", self.acceptance_rate, low=0, high=1)
+        for name, length in (("acceptance_rates", k), ("accepted_distribution", k + 1)):
+            values = getattr(self, name)
+            if values is None:
+                continue
+            if len(values) != length:
+                raise fail(
+                    f"{where}.{name}",
+                    f"needs {length} values for num_speculative_tokens = {k}, got {len(values)}",
+                    values,
+                )
+            for i, p in enumerate(values):
+                check_key_number(f"{where}.{name}[{i}]", p, low=0, high=1)
+        dist = self.accepted_distribution
+        if dist is not None and not math.isclose(sum(dist), 1.0, abs_tol=1e-6):
+            raise fail(
+                f"{where}.accepted_distribution",
+                f"the probabilities must sum to 1, got {sum(dist)}",
+                dist,
+            )
+
+    def to_core(self) -> _core.SpeculativeConfig | None:
+        """The core's config, or None when off."""
+        if self.method is None or self.num_speculative_tokens is None:
+            return None
+        return _core.SpeculativeConfig(
+            method=self.method,
+            num_speculative_tokens=self.num_speculative_tokens,
+            acceptance_rate=self.acceptance_rate,
+            acceptance_rates=self.acceptance_rates,
+            accepted_distribution=self.accepted_distribution,
+        )

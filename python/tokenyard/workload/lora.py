@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Iterator
 
 import numpy as np
+import numpy.typing as npt
 
 from tokenyard._checks import check_choice, check_int, check_number, check_unset
 from tokenyard.workload.chunk import DEFAULT_CHUNK_SIZE, NO_SESSION, RequestChunk, Workload
@@ -97,11 +98,12 @@ class LoraWorkload:
         return {**self.inner.describe(), "lora": dataclasses.asdict(self.lora)}
 
 
-def _session_uniforms(sessions: np.ndarray, seed: int) -> np.ndarray:
+def _session_uniforms(sessions: np.ndarray, seed: int) -> npt.NDArray[np.float64]:
     """A uniform in [0, 1) per session id, from the seed (splitmix64's finalizer)."""
-    z = sessions.astype(np.uint64) ^ np.uint64(seed & (2**64 - 1))
+    z: npt.NDArray[np.uint64] = sessions.astype(np.uint64) ^ np.uint64(seed & (2**64 - 1))
     z = z + np.uint64(0x9E3779B97F4A7C15)
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     z = z ^ (z >> np.uint64(31))
-    return (z >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+    uniforms: npt.NDArray[np.float64] = (z >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+    return uniforms

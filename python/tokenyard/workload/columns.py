@@ -24,10 +24,9 @@ from tokenyard.workload.traces import (
     _count,
     _csv_rows,
     _DayClock,
-    _decoded,
-    _open_text,
     _Record,
     _TraceReader,
+    json_lines,
 )
 
 __all__ = ["FILE_FORMATS", "TIME_UNITS", "ColumnFilter", "ColumnTrace", "TraceColumns"]
@@ -420,28 +419,20 @@ def _json_rows(
 ) -> Iterator[tuple[int, list[object]]]:
     """``(line, [value of each field])`` for each non-blank line; a missing field names
     the config key that mapped it and lists the fields found."""
-    with _open_text(path) as lines:
-        for line, text in enumerate(_decoded(path, lines), start=1):
-            if text.isspace():
-                continue
-            try:
-                row = _JSON.decode(text)
-            except ValueError as error:
-                message = getattr(error, "msg", str(error))
-                raise TraceError(f"invalid JSON: {message}", path=path, line=line) from None
-            if not isinstance(row, dict):
-                raise TraceError(
-                    f"expected a JSON object, got {type(row).__name__}", path=path, line=line
-                )
-            try:
-                values = [row[name] for name in names]
-            except KeyError:
-                name, key = next((n, k) for n, k in zip(names, keys, strict=True) if n not in row)
-                found = ", ".join(map(str, row))
-                raise TraceError(
-                    f"missing field, mapped by {key} (fields found: {found})",
-                    path=path,
-                    line=line,
-                    field=name,
-                ) from None
-            yield line, values
+    for line, row in json_lines(path):
+        if not isinstance(row, dict):
+            raise TraceError(
+                f"expected a JSON object, got {type(row).__name__}", path=path, line=line
+            )
+        try:
+            values = [row[name] for name in names]
+        except KeyError:
+            name, key = next((n, k) for n, k in zip(names, keys, strict=True) if n not in row)
+            found = ", ".join(map(str, row))
+            raise TraceError(
+                f"missing field, mapped by {key} (fields found: {found})",
+                path=path,
+                line=line,
+                field=name,
+            ) from None
+        yield line, values

@@ -19,7 +19,6 @@ not with their turns.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from dataclasses import KW_ONLY, dataclass
@@ -27,10 +26,10 @@ from typing import Any, ClassVar, final
 
 import numpy as np
 
-from tokenyard._checks import check_int, check_number, field_error
+from tokenyard._checks import check_int, check_number
 from tokenyard.workload.chunk import DEFAULT_CHUNK_SIZE, RequestChunk, check_chunk_size
 from tokenyard.workload.errors import TraceError
-from tokenyard.workload.traces import _open_text
+from tokenyard.workload.traces import check_trace_path, json_lines
 
 __all__ = ["BailianTrace", "SessionTrace"]
 
@@ -74,12 +73,7 @@ class _SessionReader:
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
-        if not isinstance(self.path, (str, os.PathLike)):
-            raise field_error(
-                owner, "path", f"must be a path, got {type(self.path).__name__}", self.path
-            )
-        if not os.path.isfile(self.path):
-            raise field_error(owner, "path", f"no such file: {os.fspath(self.path)!r}", self.path)
+        check_trace_path(owner, self.path)
         check_number(owner, "time_scale", self.time_scale, low=0.0, low_open=True)
         if self.limit is not None:
             check_int(owner, "limit", self.limit, low=1)
@@ -126,19 +120,10 @@ class _SessionReader:
             yield _chunk(batch)
 
     def _rows(self) -> Iterator[tuple[int, dict[str, Any]]]:
-        with _open_text(self._name) as f:
-            for line, text in enumerate(f, start=1):
-                if not text.strip():
-                    continue
-                try:
-                    row = json.loads(text)
-                except json.JSONDecodeError as exc:
-                    raise TraceError(
-                        f"invalid JSON: {exc.msg}", path=self._name, line=line
-                    ) from None
-                if not isinstance(row, dict):
-                    raise TraceError("each line must be a JSON object", path=self._name, line=line)
-                yield line, row
+        for line, row in json_lines(self._name):
+            if not isinstance(row, dict):
+                raise TraceError("each line must be a JSON object", path=self._name, line=line)
+            yield line, row
 
     def _turns(self) -> Iterator[_Turn]:
         raise NotImplementedError

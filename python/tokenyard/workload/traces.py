@@ -100,12 +100,7 @@ class _TraceReader(ABC):
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
-        if not isinstance(self.path, (str, os.PathLike)):
-            raise field_error(
-                owner, "path", f"must be a path, got {type(self.path).__name__}", self.path
-            )
-        if not os.path.isfile(self.path):
-            raise field_error(owner, "path", f"no such file: {self._name!r}", self._name)
+        check_trace_path(owner, self.path)
         check_number(owner, "time_scale", self.time_scale, low=0.0, low_open=True)
         if self.target_qps is not None:
             check_number(owner, "target_qps", self.target_qps, low=0.0, low_open=True)
@@ -455,6 +450,30 @@ def _chunk(
         np.array(offsets, dtype=np.uint64) if with_ids else None,
         np.array(ids, dtype=np.uint64) if with_ids else None,
     )
+
+
+def check_trace_path(owner: str, path: object) -> None:
+    """``path`` must name a file (``ConfigError`` naming ``owner.path`` otherwise)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise field_error(owner, "path", f"must be a path, got {type(path).__name__}", path)
+    if not os.path.isfile(path):
+        name = os.fspath(path)
+        raise field_error(owner, "path", f"no such file: {name!r}", name)
+
+
+def json_lines(path: str) -> Iterator[tuple[int, object]]:
+    """``(line, value)`` of each non-blank line of a JSON-lines file; ``TraceError`` for
+    invalid JSON or text that is not UTF-8."""
+    with _open_text(path) as lines:
+        for line, text in enumerate(_decoded(path, lines), start=1):
+            if text.isspace():
+                continue
+            try:
+                row = _JSON.decode(text)
+            except ValueError as error:
+                message = getattr(error, "msg", str(error))
+                raise TraceError(f"invalid JSON: {message}", path=path, line=line) from None
+            yield line, row
 
 
 def _open_text(path: str) -> TextIO:

@@ -780,3 +780,47 @@ def test_the_docs_burstgpt_config_loads(tmp_path: Path) -> None:
     chunk = read(load_workload(workload, base_dir=tmp_path))
     assert chunk.num_prefill_tokens.tolist() == [472, 20, 33]  # ChatGPT conversations
     assert chunk.arrived_at.tolist() == [0.0, 135.5, 145.0]
+
+
+def test_a_lora_column_gives_each_request_its_adapter(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "lora.csv",
+        "t,in,out,adapter\n0,10,2,3\n1,10,2,\n2,10,2,-1\n3,10,2, 0 \n",
+    )
+    columns = {"time": "t", "time_unit": "s", "input_tokens": "in", "output_tokens": "out"}
+    chunk = next(iter(load_workload(spec(path, {**columns, "lora": "adapter"})).chunks()))
+    assert chunk.lora_ids is not None
+    assert list(chunk.lora_ids) == [3, -1, -1, 0]
+    assert next(iter(load_workload(spec(path, columns)).chunks())).lora_ids is None
+    rows = [{"t": 0, "in": 5, "out": 1, "a": 7}, {"t": 1, "in": 5, "out": 1, "a": None}]
+    json_chunk = next(
+        iter(load_workload(spec(jsonl(tmp_path, rows), {**columns, "lora": "a"})).chunks())
+    )
+    assert json_chunk.lora_ids is not None
+    assert list(json_chunk.lora_ids) == [7, -1]
+
+
+@pytest.mark.parametrize("bad", ["x", "1.5", "-2"])
+def test_a_bad_adapter_id_names_the_file_line_and_column(tmp_path: Path, bad: str) -> None:
+    path = write(tmp_path, "bad.csv", f"t,in,out,adapter\n0,10,2,1\n1,10,2,{bad}\n")
+    columns = {"time": "t", "time_unit": "s", "input_tokens": "in", "output_tokens": "out"}
+    with pytest.raises(TraceError) as caught:
+        list(load_workload(spec(path, {**columns, "lora": "adapter"})).chunks())
+    assert (caught.value.line, caught.value.field) == (3, "adapter")
+
+
+def test_a_trace_with_an_adapter_column_runs_lora_in_the_simulator(tmp_path: Path) -> None:
+    from tokenyard.simulation import config_from_mapping, simulate
+
+    rows = "".join(f"{i * 0.05},{200 + i},{20},{i % 3 if i % 4 else ''}\n" for i in range(40))
+    path = write(tmp_path, "lora.csv", "t,in,out,adapter\n" + rows)
+    columns = {"time": "t", "time_unit": "s", "input_tokens": "in", "output_tokens": "out"}
+    workload = spec(path, {**columns, "lora": "adapter"})
+    result = simulate(
+        config_from_mapping({"workload": workload, "replica": {"lora": {"max_loras": 2}}})
+    )
+    assert result.summary["num_requests"] == 40
+    assert result.summary["lora"]["adapter_loads"] >= 3
+    with pytest.raises(ConfigError, match=r"replica\.lora"):
+        config_from_mapping({"workload": workload})

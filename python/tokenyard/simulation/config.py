@@ -404,7 +404,7 @@ class SimulationConfig:
     def _check_lora(self) -> None:
         """Adapters in the workload need ``[replica.lora]`` and a model that prices them;
         ``[replica.lora]`` without adapters in the workload would change nothing."""
-        workload_lora = isinstance(self.workload, Mapping) and "lora" in self.workload
+        workload_lora = _names_adapters(self.workload)
         if workload_lora and self.replica.lora is None:
             policy = self.replica.scheduler.policy
             where = "replica.lora" if policy == "vllm_v1" else "replica.scheduler.policy"
@@ -428,6 +428,17 @@ class SimulationConfig:
                 "with replica.lora",
                 self.execution.model,
             )
+
+
+def _names_adapters(workload: object) -> bool:
+    """Whether the workload's requests carry LoRA adapters: a ``lora`` popularity table, a
+    mapped ``columns.lora`` trace column."""
+    if not isinstance(workload, Mapping):
+        return False
+    if "lora" in workload:
+        return True
+    columns = workload.get("columns")
+    return isinstance(columns, Mapping) and columns.get("lora") is not None
 
 
 def config_document(config: SimulationConfig) -> dict[str, Any]:

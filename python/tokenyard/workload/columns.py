@@ -76,10 +76,13 @@ class TraceColumns:
     hash_ids: str | None = None
     """The prefix block ids column: a JSON list of ints (in CSV, a JSON list in the cell,
     as pandas writes a list column; an empty cell means no ids)."""
+    lora: str | None = None
+    """The LoRA adapter column: an integer id >= 0, or -1, an empty cell or JSON null for the
+    base model (docs/lora.md)."""
 
     def __post_init__(self) -> None:
         owner = "TraceColumns"
-        for name in ("input_tokens", "output_tokens", "time", "gap", "hash_ids"):
+        for name in ("input_tokens", "output_tokens", "time", "gap", "hash_ids", "lora"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise field_error(owner, name, f"must be a column name, got {value!r}", value)
@@ -115,10 +118,12 @@ class TraceColumns:
         ]
         if self.hash_ids is not None:
             found.append(("hash_ids", self.hash_ids))
+        if self.lora is not None:
+            found.append(("lora", self.lora))
         return found
 
     def describe(self) -> dict[str, str]:
-        names = ("time", "gap", "time_unit", "input_tokens", "output_tokens", "hash_ids")
+        names = ("time", "gap", "time_unit", "input_tokens", "output_tokens", "hash_ids", "lora")
         return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
 
 
@@ -302,6 +307,7 @@ class ColumnTrace(_TraceReader):
         clock = _Clock(self._name, self.columns)
         num_mapped = len(mapped)
         hash_column = self.columns.hash_ids
+        lora_column = self.columns.lora
         for line, values in rows:
             # A gap adds up whether or not the row is kept, so the clock sees every row.
             time = clock.gap(line, values[0]) if clock.gaps else None
@@ -322,7 +328,31 @@ class ColumnTrace(_TraceReader):
             hash_ids = None
             if hash_column is not None:
                 hash_ids = self._hash_ids(line, hash_column, values[3], num_prefill)
-            yield line, time, values[0], num_prefill, num_decode, hash_ids
+            lora = None
+            if lora_column is not None:
+                lora = self._lora(line, lora_column, values[num_mapped - 1])
+            yield line, time, values[0], num_prefill, num_decode, hash_ids, lora
+
+    def _lora(self, line: int, column: str, raw: object) -> int:
+        """An adapter id (>= 0), or -1 for the base model (-1, an empty cell, null)."""
+        if raw is None or (isinstance(raw, str) and not raw.strip()):
+            return -1
+        value: object = raw
+        if isinstance(raw, str):
+            try:
+                value = int(raw.strip())
+            except ValueError:
+                value = raw
+        if isinstance(value, bool) or not isinstance(value, int) or not -1 <= value < 2**63:
+            raise TraceError(
+                f"must be an adapter id (an integer >= 0), or -1 or empty for the base model, "
+                f"got {raw!r}",
+                path=self._name,
+                line=line,
+                field=column,
+                value=repr(raw),
+            )
+        return value
 
     def _hash_ids(self, line: int, column: str, raw: object, num_prefill: int) -> list[int]:
         if isinstance(raw, str):  # a CSV cell: a JSON list, or empty for none

@@ -60,8 +60,9 @@ ZERO_OUTPUT: tuple[ZeroOutput, ...] = ("error", "clamp", "skip")
 TRACE_FORMATS = ("vidur", "mooncake", "azure")
 UINT64_MAX = 2**64 - 1
 
-# line, time in seconds, the time as read, prefill tokens, decode tokens, hash ids
-_Record = tuple[int, float, object, int, int, "list[int] | None"]
+# line, time in seconds, the time as read, prefill tokens, decode tokens, hash ids, LoRA
+# adapter (-1: the base model; None: the format has no adapters)
+_Record = tuple[int, float, object, int, int, "list[int] | None", "int | None"]
 _JSON = json.JSONDecoder()
 
 
@@ -173,7 +174,7 @@ class _TraceReader(ABC):
         previous, previous_line = 0.0, 0
         kept = 0
         for record in self._records():
-            line, time, written, num_prefill, num_decode, hash_ids = record
+            line, time, written, num_prefill, num_decode, hash_ids, lora = record
             if first is None:
                 first = time
             elif time < previous:
@@ -198,7 +199,7 @@ class _TraceReader(ABC):
                     )
                 if self.zero_output == "skip":
                     continue
-                record = (line, time, written, num_prefill, 1, hash_ids)
+                record = (line, time, written, num_prefill, 1, hash_ids, lora)
             if time - first < self.start_offset_s:
                 continue
             yield record
@@ -240,7 +241,8 @@ class _TraceReader(ABC):
         decode: list[int] = []
         offsets: list[int] | None = None
         ids: list[int] = []
-        for _, time, _, num_prefill, num_decode, hash_ids in self._kept():
+        loras: list[int] = []
+        for _, time, _, num_prefill, num_decode, hash_ids, lora in self._kept():
             if first is None:
                 first = time
             arrived.append((time - first) * scale)
@@ -250,12 +252,14 @@ class _TraceReader(ABC):
                 ids.extend(hash_ids)
                 offsets = offsets or [0]
                 offsets.append(len(ids))
+            if lora is not None:
+                loras.append(lora)
             if len(arrived) == chunk_size:
-                yield _chunk(arrived, prefill, decode, offsets, ids)
-                arrived, prefill, decode, ids = [], [], [], []
+                yield _chunk(arrived, prefill, decode, offsets, ids, loras)
+                arrived, prefill, decode, ids, loras = [], [], [], [], []
                 offsets = None
         if arrived:
-            yield _chunk(arrived, prefill, decode, offsets, ids)
+            yield _chunk(arrived, prefill, decode, offsets, ids, loras)
 
 
 @final
@@ -294,7 +298,7 @@ class VidurTrace(_TraceReader):
                 time = _seconds(name, line, columns[0], written)
                 num_prefill = _count(name, line, columns[1], prefill, 1)
                 num_decode = _count(name, line, columns[2], decode, 0)
-            yield line, time, written, num_prefill, num_decode, None
+            yield line, time, written, num_prefill, num_decode, None, None
 
 
 @final
@@ -355,7 +359,7 @@ class MooncakeTrace(_TraceReader):
                         )
                     )
                 ):
-                    yield line, stamp / 1000.0, stamp, prefill, decode, hash_ids
+                    yield line, stamp / 1000.0, stamp, prefill, decode, hash_ids, None
                 else:
                     yield self._checked(line, row)
 
@@ -382,7 +386,7 @@ class MooncakeTrace(_TraceReader):
         num_decode = _count(name, line, keys[2], row[keys[2]], 0)
         hash_ids = row.get("hash_ids", [])
         _check_hash_ids(name, line, hash_ids, -(-num_prefill // self.hash_block_size))
-        return line, time, stamp, num_prefill, num_decode, hash_ids
+        return line, time, stamp, num_prefill, num_decode, hash_ids, None
 
     @staticmethod
     def _written(stamp: object) -> str:
@@ -432,7 +436,7 @@ class AzureTrace(_TraceReader):
                 )
             num_prefill = _count(name, line, columns[1], prefill, 1)
             num_decode = _count(name, line, columns[2], decode, 0)
-            yield line, time, written, num_prefill, num_decode, None
+            yield line, time, written, num_prefill, num_decode, None, None
 
 
 def _chunk(
@@ -441,7 +445,9 @@ def _chunk(
     decode: list[int],
     offsets: list[int] | None,
     ids: list[int],
+    loras: list[int],
 ) -> RequestChunk:
+    """A chunk of the rows; ``loras`` is empty, or one adapter per row (-1: none)."""
     with_ids = offsets is not None
     return RequestChunk(
         np.array(arrived, dtype=np.float64),
@@ -449,6 +455,7 @@ def _chunk(
         np.array(decode, dtype=np.uint32),
         np.array(offsets, dtype=np.uint64) if with_ids else None,
         np.array(ids, dtype=np.uint64) if with_ids else None,
+        lora_ids=np.array(loras, dtype=np.int64) if loras else None,
     )
 
 

@@ -484,3 +484,37 @@ def test_a_closed_loop_search_finds_the_most_users_computed_by_hand() -> None:
     assert result.rates == (1.0, 2.0, 4.0, 8.0, 6.0, 5.0)
     assert result.metrics["ttft_max_s"] == pytest.approx(4 * SERVICE_S, rel=1e-9)
     assert with_rate(simulation, 3.4)["workload"]["closed_loop"]["concurrency"] == 3
+
+
+def test_a_closed_loop_search_keeps_to_whole_users_within_the_bounds() -> None:
+    simulation = one_at_a_time(30)
+    simulation["workload"]["arrival"]["qps"] = 1e9
+    simulation["workload"]["closed_loop"] = {"concurrency": 1}
+    capped = capacity_search(
+        simulation,
+        {"ttft_max_s": 1e9},
+        search={"max_qps": 10.5, "max_scheduling_delay_p99_s": math.inf},
+    ).results["default"]
+    assert capped.stop == "max_qps"
+    assert capped.rates == (1.0, 2.0, 4.0, 8.0, 10.0)
+    low = capacity_search(
+        simulation, {"ttft_max_s": 1e-9}, search={"min_qps": 2.5, "initial_qps": 4.0}
+    ).results["default"]
+    assert low.stop == "min_qps"
+    assert low.rates == (4.0, 3.0)
+
+
+def test_an_open_loop_session_workload_is_refused_by_the_search() -> None:
+    simulation = {
+        "workload": {
+            "kind": "sessions",
+            "num_sessions": 5,
+            "turns": {"kind": "fixed", "value": 2},
+            "first_prompt_tokens": {"kind": "fixed", "value": 100},
+            "input_tokens": {"kind": "fixed", "value": 10},
+            "output_tokens": {"kind": "fixed", "value": 10},
+            "think_time": {"kind": "fixed", "value_s": 1.0},
+        }
+    }
+    with pytest.raises(ConfigError, match="closed_loop"):
+        capacity_search(simulation, {"ttft_p99_s": 1.0})

@@ -586,3 +586,60 @@ def test_sessions_closed_loop_speculative_decoding_and_lora_run_together() -> No
         assert len(set(chunk.lora_ids[chunk.session_ids == session])) == 1
     later = c["turn"] > 0
     assert c["prefix_hit_tokens"][later].sum() > 0.8 * c["num_prefill_tokens"][later].sum()
+
+
+def test_a_turn_position_with_no_requests_left_does_not_break_the_summary(
+    tmp_path: Path,
+) -> None:
+    rows = [
+        {"session_id": "a", "timestamp": 0, "input_length": 10, "output_length": 2},
+        {"session_id": "a", "delay": 0.1, "input_length": 5000, "output_length": 2},
+        {"session_id": "a", "delay": 0.1, "input_length": 20, "output_length": 2},
+    ]
+    path = write_jsonl(tmp_path / "skip.jsonl", rows)
+    mapping = {
+        "replica": {"over_length": "skip", "scheduler": {"max_request_tokens": 1000}},
+        "workload": {"kind": "trace", "format": "sessions", "path": str(path)},
+    }
+    summary = simulate(config_from_mapping(mapping)).summary
+    assert summary["num_skipped_over_length"] == 1
+    assert set(summary["sessions"]["per_turn"]) == {"0", "2"}
+
+
+def test_closed_loop_think_times_do_not_depend_on_the_chunk_size() -> None:
+    spec = {
+        **sessions_spec(),
+        "closed_loop": {"concurrency": 2, "think_time": {"kind": "fixed", "value_s": 99.0}},
+    }
+    workload = load_workload(spec)
+    small = np.concatenate([c.delay_s for c in workload.chunks(7) if c.delay_s is not None])
+    whole = next(iter(workload.chunks(100_000))).delay_s
+    assert whole is not None
+    assert np.array_equal(small, whole)
+
+
+def test_a_sessions_workload_where_nothing_fits_the_context_is_an_error() -> None:
+    spec = sessions_spec(max_context_tokens=4)
+    with pytest.raises(InputError, match="max_context_tokens"):
+        list(load_workload(spec).chunks())
+
+
+def test_trace_on_the_command_line_keeps_closed_loop(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text(
+        """
+[workload]
+kind = "synthetic"
+num_requests = 10
+arrival = {kind = "poisson", qps = 1.0}
+prompt_tokens = {kind = "fixed", value = 10}
+output_tokens = {kind = "fixed", value = 2}
+closed_loop = {concurrency = 3}
+"""
+    )
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,10,2\n1,10,2\n")
+    assert main(["simulate", str(config), "--trace", str(trace)]) == 0
+    assert "closed-loop load: 3 users" in capsys.readouterr().out

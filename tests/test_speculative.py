@@ -302,3 +302,27 @@ def test_a_draft_model_must_be_in_the_catalog_and_priced_by_a_model_aware_predic
     with pytest.raises(ConfigError) as info:
         run(mapping(spec, num_requests=2))  # linear ignores the model: it cannot price it
     assert info.value.field == "replica.speculative.draft_model"
+
+
+def test_whole_numbers_in_acceptance_lists_are_numbers() -> None:
+    for key, value in (("accepted_distribution", [0, 0, 0, 1]), ("acceptance_rates", [1, 0.5, 0])):
+        config = config_from_mapping(
+            {
+                "replica": {
+                    "speculative": {"method": "ngram", "num_speculative_tokens": 3, key: value}
+                }
+            }
+        )
+        assert getattr(config.replica.speculative, key) == tuple(float(v) for v in value)
+    with pytest.raises(ConfigError, match="must be a list of numbers"):
+        config_from_mapping(
+            {
+                "replica": {
+                    "speculative": {
+                        "method": "ngram",
+                        "num_speculative_tokens": 1,
+                        "acceptance_rates": ["high"],
+                    }
+                }
+            }
+        )

@@ -824,3 +824,11 @@ def test_a_trace_with_an_adapter_column_runs_lora_in_the_simulator(tmp_path: Pat
     assert result.summary["lora"]["adapter_loads"] >= 3
     with pytest.raises(ConfigError, match=r"replica\.lora"):
         config_from_mapping({"workload": workload})
+
+
+def test_a_popularity_model_and_an_adapter_column_are_not_both_taken(tmp_path: Path) -> None:
+    path = write(tmp_path, "lora.csv", "t,in,out,adapter\n0,10,2,1\n")
+    columns = {"time": "t", "time_unit": "s", "input_tokens": "in", "output_tokens": "out"}
+    with pytest.raises(ConfigError) as caught:
+        load_workload({**spec(path, {**columns, "lora": "adapter"}), "lora": {"num_adapters": 2}})
+    assert caught.value.field == "workload.lora"

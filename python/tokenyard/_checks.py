@@ -137,13 +137,14 @@ def _convert(where: str, hint: Any, value: Any) -> Any:
     origin = get_origin(hint)
     if origin is tuple:
         item = get_args(hint)[0]
+        kinds = (int, float) if item is float else (item,)
         ok = isinstance(value, (list, tuple)) and all(
-            isinstance(v, item) and not isinstance(v, bool) for v in value
+            isinstance(v, kinds) and not isinstance(v, bool) for v in value
         )
         if not ok:
-            noun = "ints" if item is int else "strings"
+            noun = {int: "ints", float: "numbers"}.get(item, "strings")
             raise fail(where, f"must be a list of {noun}, got {value!r}", value)
-        return tuple(value)
+        return tuple(float(v) for v in value) if item is float else tuple(value)
     if origin in (Union, types.UnionType):  # X | None
         if value is None:
             return None

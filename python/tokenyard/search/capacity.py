@@ -59,6 +59,14 @@ def check_rate_settable(workload: Mapping[str, Any], where: str = "workload") ->
     kind = workload.get("kind")
     if "closed_loop" in workload:
         return  # the search sets the number of users
+    if kind == "sessions" or workload.get("format") in ("sessions", "bailian"):
+        raise ConfigError(
+            f"{where}: a session workload's load is not a request rate (each turn waits "
+            f"for the one before); add {where}.closed_loop = {{concurrency = 1}} and the "
+            f"search varies the number of users",
+            field=where,
+            value=repr(kind if kind == "sessions" else workload.get("format")),
+        )
     if kind == "trace":
         if workload.get("time_scale", 1.0) != 1.0:
             raise ConfigError(
@@ -232,13 +240,15 @@ class CapacitySearch:
         p = self.params
         lo = None if self.lo is None else self.lo.rate
         hi = None if self.hi is None else self.hi.rate
-        low = max(p.min_qps, 1.0) if self.users else p.min_qps
+        # Users are whole numbers: the bounds are the whole numbers within min/max_qps.
+        low = float(max(math.ceil(p.min_qps), 1)) if self.users else p.min_qps
+        high = float(math.floor(p.max_qps)) if self.users else p.max_qps
         if lo is None and hi is None:
             rate = p.initial_qps
         elif hi is None:
-            if lo is not None and lo >= p.max_qps:
+            if lo is not None and lo >= high:
                 return self._finish("max_qps")
-            rate = min(2.0 * (lo or 0.0), p.max_qps)
+            rate = min(2.0 * (lo or 0.0), high)
         elif lo is None:
             if hi <= low:
                 return self._finish("min_qps")
@@ -249,7 +259,9 @@ class CapacitySearch:
             rate = math.sqrt(lo * hi)
         if self.users:
             # Strictly between lo and hi when hi - lo >= 2: sqrt(lo * hi) > lo + 0.5 there.
-            rate = float(max(1, round(rate)))
+            rate = min(max(float(round(rate)), low), high)
+            if high < low:
+                return self._finish("min_qps")  # no whole number of users in the bounds
         if len(self.rates) >= p.max_simulations:
             return self._finish("max_simulations")
         return rate

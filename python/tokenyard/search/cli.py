@@ -145,6 +145,8 @@ def format_capacity(report: Any, config: Any, wall_s: float) -> str:
             lines.append(f"  capacity: below min_qps ({config.search.min_qps:g} {unit})")
         elif r.capped:
             lines.append(f"  capacity: at least {r.capacity_qps:.4g} {unit} (max_qps)")
+        elif r.hi_qps is None:  # stopped (max_simulations) before any load broke an SLO
+            lines.append(f"  capacity: at least {r.capacity_qps:.4g} {unit} ({r.stop})")
         else:
             lines.append(
                 f"  capacity: {r.capacity_qps:.4g} {unit} (breaks at {r.hi_qps:.4g}: "

@@ -81,7 +81,11 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     p.add_argument("--replicas", type=int, help="cluster.num_replicas")
     p.add_argument("--global-policy", help="cluster.global_scheduler.policy")
     p.add_argument("--replica-policy", help="replica.scheduler.policy")
-    p.add_argument("--requests", type=int, help="workload.num_requests (synthetic) or limit")
+    p.add_argument(
+        "--requests",
+        type=int,
+        help="workload.num_requests (synthetic), num_sessions (sessions) or limit (trace)",
+    )
     p.add_argument("--qps", type=float, help="arrival rate (synthetic) or target_qps (trace)")
     p.add_argument("--trace", metavar="PATH", help="replay this trace instead of the workload")
     p.add_argument(
@@ -121,7 +125,8 @@ def _overrides(args: argparse.Namespace, workload: dict[str, Any]) -> dict[str, 
         out["metrics.record_stages"] = True
     is_trace = workload.get("kind") == "trace"
     if args.requests is not None:
-        out["workload.limit" if is_trace else "workload.num_requests"] = args.requests
+        count = "workload.num_sessions" if workload.get("kind") == "sessions" else None
+        out[count or ("workload.limit" if is_trace else "workload.num_requests")] = args.requests
     if args.qps is not None:
         out["workload.target_qps" if is_trace else "workload.arrival.qps"] = args.qps
     out.update(parse_set_options(args.overrides))
@@ -178,7 +183,12 @@ def _trace_workload(workload: Any, args: argparse.Namespace) -> dict[str, Any]:
         if fmt is not None:
             merged["format"] = fmt
         return merged
-    return {"kind": "trace", "format": fmt or "vidur", "path": path}
+    replaced: dict[str, Any] = {"kind": "trace", "format": fmt or "vidur", "path": path}
+    # Load wrappers apply to any workload: the new trace keeps them.
+    for key in ("closed_loop", "lora"):
+        if isinstance(workload, dict) and key in workload:
+            replaced[key] = workload[key]
+    return replaced
 
 
 def check_output_dir(path: str | Path) -> None:

@@ -410,7 +410,8 @@ class SimulationConfig:
             where = "replica.lora" if policy == "vllm_v1" else "replica.scheduler.policy"
             raise fail(
                 where,
-                f"the workload gives requests LoRA adapters (workload.lora); they are "
+                f"the workload gives requests LoRA adapters ({_adapter_key(self.workload)}); "
+                f"they are "
                 f"simulated on vllm_v1 replicas with a [replica.lora] section, got policy "
                 f"{policy!r} without one",
                 policy,
@@ -439,6 +440,11 @@ def _names_adapters(workload: object) -> bool:
         return True
     columns = workload.get("columns")
     return isinstance(columns, Mapping) and columns.get("lora") is not None
+
+
+def _adapter_key(workload: Mapping[str, Any]) -> str:
+    """The key that gives the workload's requests adapters, for messages."""
+    return "workload.lora" if "lora" in workload else "workload.columns.lora"
 
 
 def config_document(config: SimulationConfig) -> dict[str, Any]:

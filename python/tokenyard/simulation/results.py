@@ -288,6 +288,8 @@ def session_summary(columns: dict[str, np.ndarray]) -> dict[str, Any]:
         if k > PER_TURN:
             break
         chosen = turn == k if k < PER_TURN else turn >= k
+        if not chosen.any():
+            continue  # e.g. every turn at this position was skipped as over-length
         per_turn[str(k) if k < PER_TURN else f"{k}+"] = {
             "count": int(chosen.sum()),
             "ttft_mean": float(ttft[chosen].mean()),

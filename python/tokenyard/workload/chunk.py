@@ -67,7 +67,6 @@ class RequestChunk:
     docs/workloads.md, Sessions)."""
     delay_s: F64 | None = None
     """float64 >= 0: think / tool time before the turn (optional, with ``session_ids``)."""
-    """uint64 block ids, all requests' ids one after the other."""
     lora_ids: I64 | None = None
     """int64, one per request: its LoRA adapter (>= 0), or -1 for the base model."""
 

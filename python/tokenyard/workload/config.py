@@ -74,10 +74,13 @@ def load_workload(
     the reader of that format with the other keys as its options. ``"format": "columns"``
     builds a ``ColumnTrace``: ``columns`` is a table of ``TraceColumns``' fields and
     ``filter`` a table (or a list of tables) with ``column`` and one of ``equals``, ``in``
-    or ``not_in``.
-    the reader of that format with the other keys as its options. Either may hold a
-    ``"lora": {...}`` table (``LoraPopularity``'s fields): each request then runs with an
-    adapter from that popularity model (``LoraWorkload``).
+    or ``not_in``; ``"sessions"`` and ``"bailian"`` read session traces. ``{"kind":
+    "sessions", ...}`` builds a ``SessionWorkload`` (multi-turn conversations).
+
+    Any of them may hold a ``"lora": {...}`` table (``LoraPopularity``'s fields): each
+    request then runs with an adapter from that popularity model (``LoraWorkload``); and a
+    ``"closed_loop": {...}`` table (``concurrency``, ``think_time``, ``seed``): a fixed
+    number of users send the requests (``ClosedLoop``).
 
     Args:
         spec: the config mapping.
@@ -95,6 +98,14 @@ def load_workload(
         return _closed_loop(load_workload(inner, base_dir=base_dir, where=where), spec, where)
     if "lora" in spec:
         # Any workload takes adapters from a popularity model (workload/lora.py).
+        columns = spec.get("columns")
+        if isinstance(columns, Mapping) and columns.get("lora") is not None:
+            raise ConfigError(
+                f"{where}.lora: the trace names each request's adapter "
+                f"({where}.columns.lora = {columns['lora']!r}); give one or the other",
+                field=f"{where}.lora",
+                value=repr(spec["lora"]),
+            )
         inner = {k: v for k, v in spec.items() if k != "lora"}
         table = _mapping(spec["lora"], f"{where}.lora")
         _check_keys(table, f"{where}.lora", _field_names(LoraPopularity), {"num_adapters"}, None)

@@ -13,8 +13,8 @@
 A turn with a timestamp is sent at that time, or when its previous turn completes if that is
 later; a turn with a delay is sent that long after its previous turn completes. Times are
 shifted so that the first turn arrives at 0 and scaled by ``time_scale``. The readers keep
-one small entry per session (its id and start), so memory grows with the number of sessions,
-not with their turns.
+one small entry per session (its id and start), and the Bailian reader one per chat (its
+root), so memory grows with the trace's sessions (or chats), not with the chunk size.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from typing import Literal, final
 import numpy as np
 
 from tokenyard._checks import check_choice, check_int, check_number, field_error
+from tokenyard.errors import InputError
 from tokenyard.workload.chunk import (
     DEFAULT_CHUNK_SIZE,
     NO_SESSION,
@@ -127,7 +128,8 @@ class SessionWorkload:
     ``first_prompt_tokens`` tokens; turn ``k + 1``'s prompt is turn ``k``'s prompt and output
     plus ``input_tokens`` new tokens; each turn writes ``output_tokens`` tokens. Turn
     ``k + 1`` is sent ``think_time`` after turn ``k`` completes. A session ends early when a
-    turn's prompt and output would pass ``max_context_tokens`` (a model's context window).
+    turn's prompt and output would pass ``max_context_tokens`` (a model's context window); a
+    session whose first turn does not fit is left out (an ``InputError`` if none fits).
 
     Raises:
         ConfigError: a field of the wrong type or out of range.
@@ -209,7 +211,7 @@ class SessionWorkload:
 
     def _blocks(self) -> Iterator[RequestChunk]:
         arrivals = None if self.arrival is None else _Arrivals(self.arrival)
-        next_id = 0
+        next_id = kept = 0
         for block, start in enumerate(range(0, self.num_sessions, BLOCK)):
             size = min(BLOCK, self.num_sessions - start)
             starts = (
@@ -219,7 +221,15 @@ class SessionWorkload:
             )
             turns = self.turns._sampler()(self._rng(_TURNS, block), BLOCK)[:size]
             chunk, next_id = self._block(block, start, starts, turns, next_id)
+            kept += len(chunk)
             yield chunk
+        if kept == 0:
+            raise InputError(
+                f"workload.max_context_tokens: no session's first turn (prompt + output) "
+                f"fits in {self.max_context_tokens} tokens, so the workload is empty",
+                field="max_context_tokens",
+                value=repr(self.max_context_tokens),
+            )
 
     def _block(
         self, block: int, start: int, starts: np.ndarray, turns: np.ndarray, next_id: int
@@ -313,10 +323,15 @@ class ClosedLoop:
     def chunks(self, chunk_size: int = DEFAULT_CHUNK_SIZE) -> Iterator[RequestChunk]:
         """The workload's chunks, with think times set on the leads."""
         rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(self.seed)))
+        previous: int | None = None  # the session of the last request of the chunk before
         for chunk in self.workload.chunks(chunk_size):
-            yield self._with_thinks(chunk, rng)
+            yield self._with_thinks(chunk, rng, previous)
+            if len(chunk) and chunk.session_ids is not None:
+                previous = int(chunk.session_ids[-1])
 
-    def _with_thinks(self, chunk: RequestChunk, rng: np.random.Generator) -> RequestChunk:
+    def _with_thinks(
+        self, chunk: RequestChunk, rng: np.random.Generator, previous: int | None
+    ) -> RequestChunk:
         n = len(chunk)
         sessions = chunk.session_ids
         delays = chunk.delay_s
@@ -330,6 +345,8 @@ class ClosedLoop:
             if n:
                 starts = np.ones(n, dtype=bool)
                 starts[1:] = sessions[1:] != sessions[:-1]
+                # A session carried over from the chunk before does not start here.
+                starts[0] = previous is None or int(sessions[0]) != previous
                 lead |= starts
             delays = delays.copy()
             draws = self.think_time.draw(rng, n)

@@ -503,6 +503,8 @@ impl<'a> Simulator<'a> {
             request: arriving,
             turn,
         } = turn;
+        // A request naming an adapter the replicas cannot serve is refused, never skipped.
+        lora::check_request(self.config.lora.as_ref(), id, arriving.lora_id)?;
         let limit = self
             .config
             .replica_policy
@@ -533,7 +535,6 @@ impl<'a> Simulator<'a> {
         );
         request.session = arriving.session;
         request.turn = turn;
-        lora::check_request(self.config.lora.as_ref(), id, arriving.lora_id)?;
         request.lora_id = arriving.lora_id;
         let replica = self.route(&request)?;
         request.replica = replica as u32;

@@ -52,7 +52,12 @@ impl LoraConfig {
         for (key, value, positive) in rates {
             let ok = value.is_finite() && if positive { value > 0.0 } else { value >= 0.0 };
             if !ok {
-                return Err(Error::config(key, value, "must be a finite number > 0"));
+                let bound = if positive { "> 0" } else { ">= 0" };
+                return Err(Error::config(
+                    key,
+                    value,
+                    format!("must be a finite number {bound}"),
+                ));
             }
         }
         Ok(())

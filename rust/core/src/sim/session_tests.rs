@@ -235,6 +235,24 @@ fn closed_loop_refuses_a_session_whose_turns_are_not_consecutive() {
 }
 
 #[test]
+fn closed_loop_refuses_a_turn_of_a_session_that_has_ended() {
+    // One user: session 1, then session 2, then session 1 again (an interleaved trace).
+    let mut c = cfg(1.0, 0.0, 0.0);
+    c.concurrency = Some(1);
+    let mut exec = c.exec;
+    let sim = Simulator::new(c, &mut exec).unwrap();
+    let err = sim
+        .run(&mut VecSource(Some(vec![
+            turn(0.0, 4, 2, 1, 0.0),
+            turn(0.0, 4, 2, 2, 0.0),
+            turn(0.0, 4, 2, 1, 0.0),
+        ])))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("session 1 has ended"), "{err}");
+}
+
+#[test]
 fn a_skipped_over_length_turn_lets_its_session_go_on() {
     let mut c = cfg(1.0, 0.0, 0.0);
     c.over_length = OverLength::Skip;

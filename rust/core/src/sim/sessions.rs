@@ -10,7 +10,7 @@
 
 use std::collections::VecDeque;
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::engine::ArrivingRequest;
 use crate::{Error, Result};
@@ -43,6 +43,9 @@ pub struct Sessions {
     /// their first turn's `arrived_at`, with no think time).
     started: u32,
     concurrency: u32,
+    /// Closed-loop load: sessions that have ended (a turn of one read later means the
+    /// stream did not keep a session's turns together).
+    ended: FxHashSet<u64>,
 }
 
 /// What the stream's next request is to the simulator.
@@ -123,6 +126,7 @@ impl Sessions {
         }
         if self.free_users.is_some() {
             self.states.remove(&s);
+            self.ended.insert(s);
             return self.user_freed();
         }
         Next::Nothing
@@ -162,13 +166,21 @@ impl Sessions {
         self.started = self.started.saturating_add(1);
         let send_at = lead.request.arrived_at.max(earliest).max(now);
         if let Some(s) = lead.request.session {
-            if self.states.contains_key(&s) {
+            let state = if self.states.contains_key(&s) {
+                Some("is still running")
+            } else if self.ended.contains(&s) {
+                Some("has ended")
+            } else {
+                None
+            };
+            if let Some(state) = state {
                 return Err(Error::input(
                     "session",
                     s,
                     format!(
                         "request {}: under closed-loop load the turns of a session must be \
-                         consecutive in the stream, and session {s} is already running",
+                         consecutive in the stream (as a sessions workload writes them; a \
+                         session trace interleaves them), and session {s} {state}",
                         lead.id
                     ),
                 ));
@@ -193,11 +205,6 @@ impl Sessions {
     /// Users free to take a session (closed loop).
     pub fn has_free_user(&self) -> bool {
         self.free_users.is_some_and(|free| free > 0)
-    }
-
-    /// Turns read from the stream that wait for an earlier turn.
-    pub fn num_parked(&self) -> usize {
-        self.states.values().map(|s| s.parked.len()).sum()
     }
 }
 

@@ -392,7 +392,7 @@ impl SpecExec<'_> {
         }
     }
 
-    fn draft_time(&mut self, shape: &BatchShape, num_stages: u32) -> Result<f64> {
+    fn draft_time(&mut self, shape: &BatchShape) -> Result<f64> {
         let mut total = 0.0;
         for pass in 0..self.num_speculative_tokens {
             let pass_shape = Self::pass_shape(shape, pass);
@@ -400,10 +400,11 @@ impl SpecExec<'_> {
                 DraftPricing::Free => 0.0,
                 DraftPricing::DraftModel(model) => model.stage_time(&pass_shape, 0, 1)?.model_s,
                 DraftPricing::TargetLayer { layer_fraction } => {
-                    // The whole target's model time for these rows (the stages' shares
-                    // added up), one layer's worth of it.
-                    let stage = self.target.stage_time(&pass_shape, 0, num_stages)?;
-                    stage.model_s * num_stages as f64 * *layer_fraction
+                    // One layer's worth of the whole target's model time for these rows,
+                    // priced as one stage so the embedding and the LM head count once
+                    // whatever the pipeline (the same draft cost at PP 1 and PP 2).
+                    let whole = self.target.stage_time(&pass_shape, 0, 1)?;
+                    whole.model_s * *layer_fraction
                 }
             };
         }
@@ -415,7 +416,7 @@ impl ExecModel for SpecExec<'_> {
     fn stage_time(&mut self, shape: &BatchShape, stage: u32, num_stages: u32) -> Result<StageTime> {
         let mut time = self.target.stage_time(shape, stage, num_stages)?;
         if stage + 1 == num_stages && shape.num_draft_rows > 0 {
-            let draft = self.draft_time(shape, num_stages)?;
+            let draft = self.draft_time(shape)?;
             time.total_s += draft;
             time.model_s += draft;
         }

@@ -10,7 +10,7 @@
 
 use rustc_hash::FxHashMap;
 
-use super::block_hash::{BlockHash, hash_block, hash_full_blocks};
+use super::block_hash::{BlockHash, hash_block};
 use super::free_queue::FreeBlockQueue;
 use super::{KvCapacity, RequestKey, TokenId, blocks_needed, check_allocation, check_num_blocks};
 use crate::{Error, Result};
@@ -36,7 +36,8 @@ pub struct ComputedBlocks {
     pub num_computed_tokens: usize,
     num_query_tokens: usize,
     extra_key: Option<u64>,
-    /// Hashes of every full block of the queried tokens (empty when caching is off).
+    /// Hashes of the hit blocks and of the first block that missed, if any (empty when
+    /// caching is off); the request's later blocks are hashed when it is admitted.
     block_hashes: Vec<BlockHash>,
 }
 
@@ -232,17 +233,19 @@ impl<R: RequestKey> BlockPool<R> {
         if !self.enable_caching {
             return result;
         }
-        hash_full_blocks(
-            &mut result.block_hashes,
-            token_ids,
-            self.block_size,
-            extra_key,
-        );
+        // Hashes are chained, so no block after the first miss can hit: hash only up to it.
+        // Admission hashes the rest once (`append_tokens`); a request that waits at the
+        // head of the queue is looked up again every step, and used to rehash its prompt.
         let max_hit_blocks = token_ids.len().saturating_sub(1) / self.block_size;
-        result.block_ids = result.block_hashes[..max_hit_blocks]
-            .iter()
-            .map_while(|hash| self.cached.get(hash).copied())
-            .collect();
+        for block in token_ids.chunks_exact(self.block_size).take(max_hit_blocks) {
+            let parent = result.block_hashes.last().copied();
+            let hash = hash_block(parent, block, extra_key);
+            result.block_hashes.push(hash);
+            match self.cached.get(&hash) {
+                Some(&block_id) => result.block_ids.push(block_id),
+                None => break,
+            }
+        }
         result.num_computed_tokens = result.block_ids.len() * self.block_size;
         self.stats
             .record_lookup(token_ids.len(), result.num_computed_tokens);

@@ -34,6 +34,8 @@ impl FinishReason {
 /// What the caller says about a new request.
 #[derive(Debug, Clone, Default)]
 pub struct RequestSpec {
+    /// Moved into `Request::all_token_ids` when the scheduler takes the request (one copy
+    /// of a long prompt, not two); empty in a queued request's spec.
     pub prompt_token_ids: Vec<TokenId>,
     pub max_tokens: usize,
     pub priority: i64,
@@ -53,6 +55,8 @@ pub struct Request<R> {
     pub spec: RequestSpec,
     /// Prompt then output token ids.
     pub all_token_ids: Vec<TokenId>,
+    /// The prompt's length: `all_token_ids[..num_prompt_tokens]` is the prompt.
+    pub num_prompt_tokens: usize,
     pub num_computed_tokens: usize,
     pub status: RequestStatus,
     /// Draft tokens proposed for the next step (speculative decoding).
@@ -75,7 +79,11 @@ pub struct Request<R> {
 
 impl<R> Request<R> {
     pub fn num_prompt_tokens(&self) -> usize {
-        self.spec.prompt_token_ids.len()
+        self.num_prompt_tokens
+    }
+
+    pub fn prompt_token_ids(&self) -> &[TokenId] {
+        &self.all_token_ids[..self.num_prompt_tokens]
     }
 
     pub fn num_tokens(&self) -> usize {
@@ -83,7 +91,7 @@ impl<R> Request<R> {
     }
 
     pub fn num_output_tokens(&self) -> usize {
-        self.all_token_ids.len() - self.spec.prompt_token_ids.len()
+        self.all_token_ids.len() - self.num_prompt_tokens
     }
 
     /// Tokens the request still needs computed: known ones, drafts and in-flight outputs.

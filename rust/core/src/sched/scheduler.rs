@@ -572,7 +572,7 @@ impl<R: RequestKey> Scheduler<R> {
                         token_ids: match (lean, resumed) {
                             (true, _) => Vec::new(),
                             (false, true) => request.all_token_ids.clone(),
-                            (false, false) => request.spec.prompt_token_ids.clone(),
+                            (false, false) => request.prompt_token_ids().to_vec(),
                         },
                         block_ids: if lean {
                             Vec::new()

@@ -21,13 +21,29 @@ pub fn synthesize_prompt(
     hash_ids: &[u64],
     hash_block_size: u32,
 ) -> Vec<TokenId> {
+    synthesize_prompt_with_room(request_id, num_tokens, hash_ids, hash_block_size, 0)
+}
+
+/// [`synthesize_prompt`] in a vector with room for `extra` more tokens (the outputs to
+/// come), so a scheduler that appends them never moves a long prompt. Filled block by
+/// block, not token by token: this runs for every arriving token of a replay.
+pub fn synthesize_prompt_with_room(
+    request_id: u64,
+    num_tokens: u32,
+    hash_ids: &[u64],
+    hash_block_size: u32,
+    extra: usize,
+) -> Vec<TokenId> {
     let block = hash_block_size.max(1) as usize;
-    (0..num_tokens as usize)
-        .map(|pos| match hash_ids.get(pos / block) {
-            Some(&id) => mix(id, (pos % block) as u64),
-            None => private_token(request_id, pos as u64),
-        })
-        .collect()
+    let num_tokens = num_tokens as usize;
+    let mut tokens = Vec::with_capacity(num_tokens + extra);
+    for (&id, start) in hash_ids.iter().zip((0..num_tokens).step_by(block)) {
+        let len = block.min(num_tokens - start) as u64;
+        tokens.extend((0..len).map(|offset| mix(id, offset)));
+    }
+    let num_shared = tokens.len() as u64;
+    tokens.extend((num_shared..num_tokens as u64).map(|pos| private_token(request_id, pos)));
+    tokens
 }
 
 /// The output token at `position` (counted from the start of the prompt) when the request's
@@ -70,6 +86,22 @@ mod tests {
             b[8..],
             "tokens past the block ids are the request's own"
         );
+    }
+
+    #[test]
+    fn block_by_block_matches_the_per_token_rule() {
+        let ids = [7, 8, 9];
+        for num_tokens in [1, 4, 5, 11, 12, 13, 20] {
+            let tokens = synthesize_prompt_with_room(3, num_tokens, &ids, 4, 6);
+            assert!(tokens.capacity() >= num_tokens as usize + 6);
+            let expected: Vec<TokenId> = (0..num_tokens as u64)
+                .map(|pos| match ids.get(pos as usize / 4) {
+                    Some(&id) => mix(id, pos % 4),
+                    None => private_token(3, pos),
+                })
+                .collect();
+            assert_eq!(tokens, expected, "{num_tokens} tokens");
+        }
     }
 
     #[test]

@@ -17,7 +17,7 @@ use crate::sim::batch::Batch;
 use crate::sim::lora::{AdapterCache, LoraConfig, LoraShape};
 use crate::sim::request::{ReqIdx, RestartMode, SimRequest};
 use crate::sim::spec::{SpecConfig, SpecDecoder};
-use crate::sim::tokens::{shared_output_token, synthesize_prompt};
+use crate::sim::tokens::{shared_output_token, synthesize_prompt_with_room};
 
 /// The token a simulated step samples unless the request's block ids cover its output (a
 /// conversation turn; see `shared_output_token`). Its value is never looked at: EOS is
@@ -104,11 +104,13 @@ impl ReplicaPolicy for VllmV1 {
     fn add_request(&mut self, requests: &mut Requests, idx: ReqIdx) -> Result<()> {
         let request = requests.get(idx);
         let spec = RequestSpec {
-            prompt_token_ids: synthesize_prompt(
+            // Room for the outputs: the scheduler appends them to this vector.
+            prompt_token_ids: synthesize_prompt_with_room(
                 request.id,
                 request.num_prefill_tokens,
                 &request.hash_ids,
                 self.hash_block_size,
+                request.num_decode_tokens as usize,
             ),
             max_tokens: request.num_decode_tokens as usize,
             arrival_time: request.arrived_at,

@@ -41,6 +41,14 @@ pub struct ComputedBlocks {
     block_hashes: Vec<BlockHash>,
 }
 
+impl ComputedBlocks {
+    /// The hashes this lookup computed, for the request's next lookup
+    /// ([`BlockPool::get_computed_blocks_from`]).
+    pub(crate) fn into_block_hashes(self) -> Vec<BlockHash> {
+        self.block_hashes
+    }
+}
+
 /// Prefix-cache lookups since the pool was built (vLLM's `PrefixCacheStats`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BlockPoolStats {
@@ -225,6 +233,19 @@ impl<R: RequestKey> BlockPool<R> {
         token_ids: &[TokenId],
         extra_key: Option<u64>,
     ) -> ComputedBlocks {
+        self.get_computed_blocks_from(token_ids, extra_key, Vec::new())
+    }
+
+    /// [`Self::get_computed_blocks`], given `known`: the hashes of the first full blocks of
+    /// these token ids under this extra key (from an earlier lookup of the same request,
+    /// whose ids only grow). A request that waits at the head of the queue is looked up
+    /// again every step; its hashes are not recomputed.
+    pub(crate) fn get_computed_blocks_from(
+        &mut self,
+        token_ids: &[TokenId],
+        extra_key: Option<u64>,
+        known: Vec<BlockHash>,
+    ) -> ComputedBlocks {
         let mut result = ComputedBlocks {
             num_query_tokens: token_ids.len(),
             extra_key,
@@ -233,15 +254,19 @@ impl<R: RequestKey> BlockPool<R> {
         if !self.enable_caching {
             return result;
         }
+        result.block_hashes = known;
         // Hashes are chained, so no block after the first miss can hit: hash only up to it.
-        // Admission hashes the rest once (`append_tokens`); a request that waits at the
-        // head of the queue is looked up again every step, and used to rehash its prompt.
+        // Admission hashes the rest once (`append_tokens`).
         let max_hit_blocks = token_ids.len().saturating_sub(1) / self.block_size;
-        for block in token_ids.chunks_exact(self.block_size).take(max_hit_blocks) {
-            let parent = result.block_hashes.last().copied();
-            let hash = hash_block(parent, block, extra_key);
-            result.block_hashes.push(hash);
-            match self.cached.get(&hash) {
+        let full_blocks = token_ids.chunks_exact(self.block_size);
+        for (i, block) in full_blocks.take(max_hit_blocks).enumerate() {
+            if i == result.block_hashes.len() {
+                let parent = result.block_hashes.last().copied();
+                result
+                    .block_hashes
+                    .push(hash_block(parent, block, extra_key));
+            }
+            match self.cached.get(&result.block_hashes[i]) {
                 Some(&block_id) => result.block_ids.push(block_id),
                 None => break,
             }
@@ -272,6 +297,32 @@ impl<R: RequestKey> BlockPool<R> {
         new_computed: Option<&ComputedBlocks>,
         extra_key: Option<u64>,
     ) -> Result<Option<Vec<BlockId>>> {
+        let allocated = self.allocate_slots_counted(
+            request_id,
+            new_token_ids,
+            num_new_tokens,
+            num_lookahead_tokens,
+            new_computed,
+            extra_key,
+        )?;
+        Ok(allocated.map(|num_new_blocks| {
+            let table = self.block_ids(request_id).unwrap_or_default();
+            table[table.len() - num_new_blocks..].to_vec()
+        }))
+    }
+
+    /// [`Self::allocate_slots`] returning how many blocks were allocated (the last ones of
+    /// the request's table), not their ids: a decode step calls this for every running
+    /// request, and a caller that needs only the count should not pay a vector per call.
+    pub(crate) fn allocate_slots_counted(
+        &mut self,
+        request_id: &R,
+        new_token_ids: &[TokenId],
+        num_new_tokens: usize,
+        num_lookahead_tokens: usize,
+        new_computed: Option<&ComputedBlocks>,
+        extra_key: Option<u64>,
+    ) -> Result<Option<usize>> {
         let num_new_blocks = self.plan_allocation(
             request_id,
             new_token_ids,
@@ -293,9 +344,6 @@ impl<R: RequestKey> BlockPool<R> {
             let request = self.admit(new_computed, extra_key);
             self.requests.insert(request_id.clone(), request);
         }
-        let new_blocks: Vec<BlockId> = (0..num_new_blocks)
-            .map(|_| self.take_free_block())
-            .collect();
         // Disjoint borrows: the request is updated in place in the map (a decode step calls
         // this for every running request; moving it out and back cost a tenth of a step).
         let (block_size, caching) = (self.block_size, self.enable_caching);
@@ -304,16 +352,21 @@ impl<R: RequestKey> BlockPool<R> {
             cached,
             blocks,
             events,
+            free_queue,
             ..
         } = self;
         let request = requests.get_mut(request_id).expect("inserted above");
-        request.block_ids.extend_from_slice(&new_blocks);
+        request.block_ids.reserve(num_new_blocks);
+        for _ in 0..num_new_blocks {
+            let block = take_free_block(free_queue, blocks, cached, events);
+            request.block_ids.push(block);
+        }
         append_tokens(block_size, caching, request, new_token_ids);
         request.num_computed_tokens += num_new_tokens;
         if caching {
             cache_full_blocks(block_size, cached, blocks, events, request);
         }
-        Ok(Some(new_blocks))
+        Ok(Some(num_new_blocks))
     }
 
     /// Releases every block of the request, as vLLM V1 (0.33) does: blocks are visited last
@@ -464,22 +517,6 @@ impl<R: RequestKey> BlockPool<R> {
         self.blocks[block as usize].ref_cnt += 1;
     }
 
-    /// Pops the least recently freed block, evicting its cached prefix if it had one.
-    fn take_free_block(&mut self) -> BlockId {
-        let block = self
-            .free_queue
-            .pop_front()
-            .expect("allocation was checked against the free count");
-        let meta = &mut self.blocks[block as usize];
-        let evicted = meta.hash.take();
-        meta.ref_cnt = 1;
-        if let Some(hash) = evicted {
-            self.cached.remove(&hash);
-            self.emit(KvEvent::Removed(hash));
-        }
-        block
-    }
-
     /// Describes the first broken invariant, if any. O(blocks + held blocks).
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
         let mut holders = vec![0u32; self.blocks.len()];
@@ -550,6 +587,28 @@ impl<R: RequestKey> KvCapacity for BlockPool<R> {
     fn num_free_blocks(&self) -> usize {
         self.free_queue.len()
     }
+}
+
+/// Pops the least recently freed block, evicting its cached prefix if it had one. A free
+/// function over the pool's parts, so the caller can hold the request's entry meanwhile.
+fn take_free_block(
+    free_queue: &mut FreeBlockQueue,
+    blocks: &mut [BlockMeta],
+    cached: &mut FxHashMap<BlockHash, BlockId>,
+    events: &mut Option<Vec<KvEvent>>,
+) -> BlockId {
+    let block = free_queue
+        .pop_front()
+        .expect("allocation was checked against the free count");
+    let meta = &mut blocks[block as usize];
+    meta.ref_cnt = 1;
+    if let Some(hash) = meta.hash.take() {
+        cached.remove(&hash);
+        if let Some(events) = events {
+            events.push(KvEvent::Removed(hash));
+        }
+    }
+    block
 }
 
 /// Records `new_token_ids` and hashes every block they complete. Hashes that arrived

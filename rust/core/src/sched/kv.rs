@@ -20,6 +20,10 @@ pub(super) enum Hit {
     Radix(RadixHit),
 }
 
+fn other_pool(slot: u32) -> Error {
+    Error::input("hit", slot, "comes from the other kind of prefix pool")
+}
+
 /// Calls the same `PrefixPool` method on whichever pool this is.
 macro_rules! on_pool {
     ($kv:expr, $pool:ident => $call:expr) => {
@@ -40,13 +44,29 @@ impl Hit {
 }
 
 impl Kv {
-    pub fn lookup(&mut self, token_ids: &[TokenId], extra_key: Option<u64>) -> Hit {
+    /// The cached prefix of `token_ids`. `earlier`: this request's previous hit, whose
+    /// block hashes are reused (the block-hash pool's; its block ids are looked up again).
+    pub fn lookup(
+        &mut self,
+        token_ids: &[TokenId],
+        extra_key: Option<u64>,
+        earlier: Option<Hit>,
+    ) -> Hit {
         match self {
-            Kv::BlockHash(p) => Hit::BlockHash(p.lookup(token_ids, extra_key)),
+            Kv::BlockHash(p) => {
+                let known = match earlier {
+                    Some(Hit::BlockHash(hit)) => hit.into_block_hashes(),
+                    _ => Vec::new(),
+                };
+                Hit::BlockHash(p.get_computed_blocks_from(token_ids, extra_key, known))
+            }
             Kv::Radix(p) => Hit::Radix(p.lookup(token_ids, extra_key)),
         }
     }
 
+    /// Slots for the request's new tokens (see `BlockPool::allocate_slots`). The new block
+    /// ids come back only `with_ids`; otherwise the vector is empty (and never allocated).
+    #[allow(clippy::too_many_arguments)]
     pub fn allocate(
         &mut self,
         slot: u32,
@@ -55,21 +75,24 @@ impl Kv {
         num_lookahead_tokens: usize,
         hit: Option<&Hit>,
         extra_key: Option<u64>,
+        with_ids: bool,
     ) -> Result<Option<Vec<BlockId>>> {
         let (n, lookahead) = (num_new_tokens, num_lookahead_tokens);
         match (self, hit) {
-            (Kv::BlockHash(p), None) => {
-                PrefixPool::allocate_slots(p, &slot, new_token_ids, n, lookahead, None, extra_key)
+            (Kv::BlockHash(p), hit) => {
+                let hit = match hit {
+                    None => None,
+                    Some(Hit::BlockHash(h)) => Some(h),
+                    Some(Hit::Radix(_)) => return Err(other_pool(slot)),
+                };
+                if with_ids {
+                    p.allocate_slots(&slot, new_token_ids, n, lookahead, hit, extra_key)
+                } else {
+                    let counted =
+                        p.allocate_slots_counted(&slot, new_token_ids, n, lookahead, hit, extra_key)?;
+                    Ok(counted.map(|_| Vec::new()))
+                }
             }
-            (Kv::BlockHash(p), Some(Hit::BlockHash(h))) => PrefixPool::allocate_slots(
-                p,
-                &slot,
-                new_token_ids,
-                n,
-                lookahead,
-                Some(h),
-                extra_key,
-            ),
             (Kv::Radix(p), None) => {
                 PrefixPool::allocate_slots(p, &slot, new_token_ids, n, lookahead, None, extra_key)
             }
@@ -82,11 +105,7 @@ impl Kv {
                 Some(h),
                 extra_key,
             ),
-            (_, Some(_)) => Err(Error::input(
-                "hit",
-                slot,
-                "comes from the other kind of prefix pool",
-            )),
+            (_, Some(_)) => Err(other_pool(slot)),
         }
     }
 

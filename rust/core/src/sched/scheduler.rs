@@ -6,7 +6,7 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use super::kv::Kv;
+use super::kv::{Hit, Kv};
 use super::output::{CachedRequestData, NewRequestData, SchedulerOutput, SchedulerStats};
 use super::plugin::{PolicyPlugin, RequestView, check_permutation};
 use super::queue::{PriorityKey, WaitingQueue};
@@ -38,6 +38,9 @@ pub struct Scheduler<R: RequestKey> {
     pub(super) plugin: Option<Box<dyn PolicyPlugin<R>>>,
     /// This step's preemption order from the plugin: slot -> rank (0 = first victim).
     victim_rank: FxHashMap<u32, usize>,
+    /// The last lookup of a request that could not be admitted, by its `arrival_seq` (unique,
+    /// unlike slots): the head of the queue retries every step, and reuses its hashes.
+    blocked_head: Option<(u64, Hit)>,
 }
 
 /// A finished request with outputs still in flight (async scheduling).
@@ -127,6 +130,7 @@ impl<R: RequestKey> Scheduler<R> {
             spare_plan: StepPlan::default(),
             plugin: None,
             victim_rank: FxHashMap::default(),
+            blocked_head: None,
         })
     }
 
@@ -376,9 +380,10 @@ impl<R: RequestKey> Scheduler<R> {
                 .expect("running slot is live");
             let new_tokens = &request.all_token_ids[known..];
             let lookahead = self.config.num_lookahead_tokens;
+            let with_ids = !self.lean_output;
             if let Some(blocks) = self
                 .kv
-                .allocate(slot, new_tokens, n, lookahead, None, None)?
+                .allocate(slot, new_tokens, n, lookahead, None, None, with_ids)?
             {
                 return Ok(Allocation::Scheduled(blocks));
             }
@@ -506,22 +511,31 @@ impl<R: RequestKey> Scheduler<R> {
             .as_ref()
             .expect("waiting slot is live");
         let lora_id = request.spec.lora_id;
-        let hit = self.kv.lookup(&request.all_token_ids, lora_id);
+        let seq = request.arrival_seq;
+        let earlier = self
+            .blocked_head
+            .take()
+            .filter(|(blocked, _)| *blocked == seq)
+            .map(|(_, hit)| hit);
+        let hit = self.kv.lookup(&request.all_token_ids, lora_id, earlier);
         let mut n = request.num_tokens() - hit.num_computed_tokens();
         let threshold = self.config.long_prefill_token_threshold;
         if threshold > 0 {
             n = n.min(threshold);
         }
         if !self.config.enable_chunked_prefill && n > *budget {
+            self.blocked_head = Some((seq, hit));
             return Ok(false);
         }
         n = n.min(*budget);
         let lookahead = self.config.num_lookahead_tokens;
         let tokens = &request.all_token_ids;
+        let with_ids = !self.lean_output;
         let Some(blocks) = self
             .kv
-            .allocate(slot, tokens, n, lookahead, Some(&hit), lora_id)?
+            .allocate(slot, tokens, n, lookahead, Some(&hit), lora_id, with_ids)?
         else {
+            self.blocked_head = Some((seq, hit));
             return Ok(false);
         };
         self.waiting.pop();

@@ -34,16 +34,76 @@ pub fn synthesize_prompt_with_room(
     hash_block_size: u32,
     extra: usize,
 ) -> Vec<TokenId> {
-    let block = hash_block_size.max(1) as usize;
-    let num_tokens = num_tokens as usize;
-    let mut tokens = Vec::with_capacity(num_tokens + extra);
-    for (&id, start) in hash_ids.iter().zip((0..num_tokens).step_by(block)) {
-        let len = block.min(num_tokens - start) as u64;
-        tokens.extend((0..len).map(|offset| mix(id, offset)));
+    BlockTokens::new(hash_block_size, 0).prompt(request_id, num_tokens, hash_ids, extra)
+}
+
+/// Tokens the block-token memo holds at most, over all its blocks (4 MiB).
+pub const MEMO_TOKENS: usize = 1 << 20;
+
+/// Prompt synthesis that generates each shared block's tokens once while it stays in a
+/// small memo, instead of at every prompt that repeats its block id (a popular prefix is
+/// repeated by thousands of requests). Direct-mapped by block id and bounded
+/// (`memo_tokens`), so a trace of mostly unique ids costs a copy, not memory. The tokens
+/// are the same as [`synthesize_prompt`]'s with or without it.
+pub struct BlockTokens {
+    block: usize,
+    /// Slot `id % len`: the block id whose tokens it holds (`None`: empty) and the tokens.
+    slots: Vec<(Option<u64>, Box<[TokenId]>)>,
+}
+
+impl BlockTokens {
+    pub fn new(hash_block_size: u32, memo_tokens: usize) -> Self {
+        let block = hash_block_size.max(1) as usize;
+        let num_slots = memo_tokens / block;
+        Self {
+            block,
+            slots: (0..num_slots).map(|_| (None, Box::default())).collect(),
+        }
     }
-    let num_shared = tokens.len() as u64;
-    tokens.extend((num_shared..num_tokens as u64).map(|pos| private_token(request_id, pos)));
-    tokens
+
+    /// The prompt of request `request_id` (see [`synthesize_prompt_with_room`]).
+    pub fn prompt(
+        &mut self,
+        request_id: u64,
+        num_tokens: u32,
+        hash_ids: &[u64],
+        extra: usize,
+    ) -> Vec<TokenId> {
+        let num_tokens = num_tokens as usize;
+        let block = self.block;
+        let mut tokens = Vec::with_capacity(num_tokens + extra);
+        for (&id, start) in hash_ids.iter().zip((0..num_tokens).step_by(block)) {
+            let len = block.min(num_tokens - start);
+            match self.block_tokens(id) {
+                Some(memo) => tokens.extend_from_slice(&memo[..len]),
+                None => tokens.extend((0..len as u64).map(|offset| mix(id, offset))),
+            }
+        }
+        let num_shared = tokens.len() as u64;
+        tokens.extend((num_shared..num_tokens as u64).map(|pos| private_token(request_id, pos)));
+        tokens
+    }
+
+    /// The whole block of `id`, from the memo (generated into it on a miss); `None`
+    /// without a memo.
+    fn block_tokens(&mut self, id: u64) -> Option<&[TokenId]> {
+        let num_slots = self.slots.len() as u64;
+        if num_slots == 0 {
+            return None;
+        }
+        let block = self.block;
+        let (held, memo) = &mut self.slots[(id % num_slots) as usize];
+        if *held != Some(id) {
+            if memo.len() != block {
+                *memo = vec![0; block].into_boxed_slice();
+            }
+            for (offset, token) in memo.iter_mut().enumerate() {
+                *token = mix(id, offset as u64);
+            }
+            *held = Some(id);
+        }
+        Some(memo)
+    }
 }
 
 /// The output token at `position` (counted from the start of the prompt) when the request's
@@ -91,9 +151,13 @@ mod tests {
     #[test]
     fn block_by_block_matches_the_per_token_rule() {
         let ids = [7, 8, 9];
+        // A memo of two 4-token slots: ids 7 and 9 share one, so it is refilled.
+        let mut memo = BlockTokens::new(4, 8);
         for num_tokens in [1, 4, 5, 11, 12, 13, 20] {
             let tokens = synthesize_prompt_with_room(3, num_tokens, &ids, 4, 6);
             assert!(tokens.capacity() >= num_tokens as usize + 6);
+            assert_eq!(memo.prompt(3, num_tokens, &ids, 0), tokens);
+            assert_eq!(memo.prompt(3, num_tokens, &ids, 0), tokens, "from the memo");
             let expected: Vec<TokenId> = (0..num_tokens as u64)
                 .map(|pos| match ids.get(pos as usize / 4) {
                     Some(&id) => mix(id, pos % 4),

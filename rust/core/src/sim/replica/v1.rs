@@ -17,7 +17,7 @@ use crate::sim::batch::Batch;
 use crate::sim::lora::{AdapterCache, LoraConfig, LoraShape};
 use crate::sim::request::{ReqIdx, RestartMode, SimRequest};
 use crate::sim::spec::{SpecConfig, SpecDecoder};
-use crate::sim::tokens::{shared_output_token, synthesize_prompt_with_room};
+use crate::sim::tokens::{BlockTokens, MEMO_TOKENS, shared_output_token};
 
 /// The token a simulated step samples unless the request's block ids cover its output (a
 /// conversation turn; see `shared_output_token`). Its value is never looked at: EOS is
@@ -27,6 +27,8 @@ const SAMPLED_TOKEN: u32 = 1;
 pub struct VllmV1 {
     scheduler: Scheduler<ReqIdx>,
     hash_block_size: u32,
+    /// Synthesizes prompts, generating a popular block's tokens once.
+    prompts: BlockTokens,
     /// Per batch in flight, oldest first: the requests that sample at its end (the step
     /// caught them up with their known tokens). With pipeline stages a request may be in
     /// two batches (two chunks of one prompt); only the batch that caught it up samples.
@@ -51,6 +53,7 @@ impl VllmV1 {
         Ok(Self {
             scheduler,
             hash_block_size,
+            prompts: BlockTokens::new(hash_block_size, MEMO_TOKENS),
             samplers: VecDeque::new(),
             spare: Vec::new(),
             adapters: None,
@@ -105,11 +108,10 @@ impl ReplicaPolicy for VllmV1 {
         let request = requests.get(idx);
         let spec = RequestSpec {
             // Room for the outputs: the scheduler appends them to this vector.
-            prompt_token_ids: synthesize_prompt_with_room(
+            prompt_token_ids: self.prompts.prompt(
                 request.id,
                 request.num_prefill_tokens,
                 &request.hash_ids,
-                self.hash_block_size,
                 request.num_decode_tokens as usize,
             ),
             max_tokens: request.num_decode_tokens as usize,

@@ -120,7 +120,9 @@ mod tests {
 
     #[test]
     fn one_shot_hash_equals_the_streamed_one() {
-        let tokens: Vec<TokenId> = (0..2000u32).map(|t| t.wrapping_mul(2_654_435_761)).collect();
+        let tokens: Vec<TokenId> = (0..2000u32)
+            .map(|t| t.wrapping_mul(2_654_435_761))
+            .collect();
         for len in [0, 1, 3, 16, 40, 60, 64, 100, 512, 1024, 2000] {
             for parent in [None, Some(BlockHash(u128::MAX / 3))] {
                 for key in [None, Some(7)] {

@@ -88,8 +88,14 @@ impl Kv {
                 if with_ids {
                     p.allocate_slots(&slot, new_token_ids, n, lookahead, hit, extra_key)
                 } else {
-                    let counted =
-                        p.allocate_slots_counted(&slot, new_token_ids, n, lookahead, hit, extra_key)?;
+                    let counted = p.allocate_slots_counted(
+                        &slot,
+                        new_token_ids,
+                        n,
+                        lookahead,
+                        hit,
+                        extra_key,
+                    )?;
                     Ok(counted.map(|_| Vec::new()))
                 }
             }

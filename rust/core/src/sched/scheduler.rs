@@ -531,9 +531,9 @@ impl<R: RequestKey> Scheduler<R> {
         let lookahead = self.config.num_lookahead_tokens;
         let tokens = &request.all_token_ids;
         let with_ids = !self.lean_output;
-        let Some(blocks) = self
-            .kv
-            .allocate(slot, tokens, n, lookahead, Some(&hit), lora_id, with_ids)?
+        let Some(blocks) =
+            self.kv
+                .allocate(slot, tokens, n, lookahead, Some(&hit), lora_id, with_ids)?
         else {
             self.blocked_head = Some((seq, hit));
             return Ok(false);

@@ -630,6 +630,10 @@ fn append_tokens(
         .saturating_sub(first_new)
         .min(new_token_ids.len());
     let mut rest = &new_token_ids[skip..];
+    // Room for every hash this call adds, at once: a long prompt's hashes regrown one
+    // doubling at a time cost a realloc and a copy each.
+    let num_new_hashes = (request.tail_tokens.len() + rest.len()) / bs;
+    request.block_hashes.reserve(num_new_hashes);
     if !request.tail_tokens.is_empty() {
         let take = (bs - request.tail_tokens.len()).min(rest.len());
         request.tail_tokens.extend_from_slice(&rest[..take]);

@@ -560,7 +560,9 @@ impl<R: RequestKey> Scheduler<R> {
         let mut out = SchedulerOutput {
             scheduled_new_reqs: Vec::new(),
             scheduled_resumed_reqs: Vec::new(),
-            scheduled_running_reqs: Vec::new(),
+            // Sized once: most scheduled requests are running ones (one per step otherwise
+            // regrown from empty).
+            scheduled_running_reqs: Vec::with_capacity(plan.scheduled.len()),
             num_scheduled_tokens: Vec::with_capacity(plan.scheduled.len()),
             total_num_scheduled_tokens: 0,
             scheduled_spec_decode_tokens: Vec::new(),

@@ -335,8 +335,8 @@ mod scenario {
     use crate::sim::batch::BatchShape;
     use crate::sim::exec::{ExecModel, LinearModel, StageTime};
     use crate::sim::{
-        ArrivingRequest, GlobalPolicy, OverLength, ReplicaPolicyConfig, RequestSource, SimConfig,
-        SimOutput, Simulator, VidurKind, VidurLimits,
+        ArrivingRequest, ReplicaPolicyConfig, RequestSource, SimConfig, SimOutput, Simulator,
+        VidurKind, VidurLimits,
     };
 
     struct Source(Option<Vec<ArrivingRequest>>);
@@ -369,21 +369,9 @@ mod scenario {
     }
 
     fn config(policy: ReplicaPolicyConfig, lora: Option<LoraConfig>) -> SimConfig {
-        SimConfig {
-            num_replicas: 1,
-            num_stages: 1,
-            global_policy: GlobalPolicy::RoundRobin,
-            replica_policy: policy,
-            exec: LinearModel::default(),
-            seed: 0,
-            hash_block_size: 16,
-            sample_interval_s: 0.0,
-            record_stages: true,
-            over_length: OverLength::Error,
-            concurrency: None,
-            lora,
-            speculative: None,
-        }
+        let mut config = crate::sim::tests::config(policy, 1, LinearModel::default());
+        config.lora = lora;
+        config
     }
 
     fn v1(max_loras: usize) -> ReplicaPolicyConfig {

@@ -643,3 +643,9 @@ closed_loop = {concurrency = 3}
     trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,10,2\n1,10,2\n")
     assert main(["simulate", str(config), "--trace", str(trace)]) == 0
     assert "closed-loop load: 3 users" in capsys.readouterr().out
+
+
+def test_a_closed_loop_seed_without_a_think_time_is_refused() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_workload({**sessions_spec(), "closed_loop": {"concurrency": 2, "seed": 5}})
+    assert caught.value.field == "workload.closed_loop.seed"

@@ -20,6 +20,7 @@ root), so memory grows with the trace's sessions (or chats), not with the chunk 
 from __future__ import annotations
 
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import KW_ONLY, dataclass
 from typing import Any, ClassVar, final
@@ -29,7 +30,7 @@ import numpy as np
 from tokenyard._checks import check_int, check_number
 from tokenyard.workload.chunk import DEFAULT_CHUNK_SIZE, RequestChunk, check_chunk_size
 from tokenyard.workload.errors import TraceError
-from tokenyard.workload.traces import check_trace_path, json_lines
+from tokenyard.workload.traces import _count, check_trace_path, json_lines
 
 __all__ = ["BailianTrace", "SessionTrace"]
 
@@ -57,7 +58,7 @@ class _Session:
 
 
 @dataclass(frozen=True)
-class _SessionReader:
+class _SessionReader(ABC):
     """Options shared by the session readers."""
 
     path: str | os.PathLike[str]
@@ -125,8 +126,9 @@ class _SessionReader:
                 raise TraceError("each line must be a JSON object", path=self._name, line=line)
             yield line, row
 
+    @abstractmethod
     def _turns(self) -> Iterator[_Turn]:
-        raise NotImplementedError
+        """Every turn of the file, checked, in file order (one per format)."""
 
     def _error(self, line: int, field: str, problem: str, value: object) -> TraceError:
         return TraceError(problem, path=self._name, line=line, field=field, value=repr(value))
@@ -134,12 +136,7 @@ class _SessionReader:
     def _int(self, row: dict[str, Any], line: int, field: str, low: int) -> int:
         if field not in row:
             raise self._error(line, field, "missing", None)
-        value = row[field]
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value < 2**32:
-            raise self._error(
-                line, field, f"must be an integer in [{low}, 2**32), got {value!r}", value
-            )
-        return value
+        return _count(self._name, line, field, row[field], low)
 
     def _seconds(self, row: dict[str, Any], line: int, field: str) -> float:
         value = row[field]

@@ -288,10 +288,11 @@ class ClosedLoop:
 
     ``think_time`` sets the pause before each request on its own or each session's first
     turn (a session keeps its own think times between turns); ``None`` keeps the workload's
-    (0 for requests without sessions). Draws come from ``seed``.
+    (0 for requests without sessions). Draws come from ``seed`` (default 0), which is
+    refused without a ``think_time``: it would draw nothing.
 
     Raises:
-        ConfigError: ``concurrency`` < 1 or a bad ``think_time``.
+        ConfigError: ``concurrency`` < 1, a bad ``think_time``, or a ``seed`` without one.
     """
 
     def __init__(
@@ -300,10 +301,15 @@ class ClosedLoop:
         *,
         concurrency: int,
         think_time: ThinkTime | None = None,
-        seed: int = 0,
+        seed: int | None = None,
     ) -> None:
         check_int("ClosedLoop", "concurrency", concurrency, low=1, high=2**32 - 1)
-        check_int("ClosedLoop", "seed", seed, low=0, high=2**64 - 1)
+        if seed is not None:
+            check_int("ClosedLoop", "seed", seed, low=0, high=2**64 - 1)
+            if think_time is None:
+                raise field_error(
+                    "ClosedLoop", "seed", "draws think times: give a think_time or no seed", seed
+                )
         if think_time is not None and not isinstance(think_time, ThinkTime):
             raise field_error(
                 "ClosedLoop",
@@ -314,7 +320,7 @@ class ClosedLoop:
         self.workload = workload
         self.concurrency = concurrency
         self.think_time = think_time
-        self.seed = seed
+        self.seed = 0 if seed is None else seed
 
     @property
     def hash_block_size(self) -> int | None:
@@ -356,8 +362,9 @@ class ClosedLoop:
     def describe(self) -> dict[str, object]:
         """The wrapped workload's description with a ``closed_loop`` table."""
         found = dict(self.workload.describe())
-        loop: dict[str, object] = {"concurrency": self.concurrency, "seed": self.seed}
+        loop: dict[str, object] = {"concurrency": self.concurrency}
         if self.think_time is not None:
             loop["think_time"] = self.think_time.describe()
+            loop["seed"] = self.seed
         found["closed_loop"] = loop
         return found

@@ -461,7 +461,8 @@ impl<R: RequestKey> Scheduler<R> {
             // vLLM counts the adapters of the running requests scheduled in this step; we
             // count every running request's, so the running set never holds more than
             // max_loras adapters and no later step needs more GPU slots than there are
-            // (vLLM's model runner raises when a step does).
+            // (vLLM's schedule() asserts the scheduled running requests hold at most
+            // max_loras adapters; a step after one that left some unscheduled can fail it).
             for &slot in &self.running {
                 if let Some(lora) = self.req(slot).spec.lora_id {
                     plan.loras.insert(lora);

@@ -176,34 +176,41 @@ fn simulate<'py>(
     to_dict(py, result.or_raise(py)?)
 }
 
+/// A dict of `$table`'s columns as numpy arrays, keyed by their field names.
+macro_rules! columns {
+    ($py:expr, $table:expr, [$($field:ident),* $(,)?]) => {{
+        let dict = PyDict::new($py);
+        $(dict.set_item(stringify!($field), $table.$field.into_pyarray($py))?;)*
+        dict
+    }};
+}
+
 fn to_dict(py: Python<'_>, out: SimOutput) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
-    let t = out.requests;
-    let requests = PyDict::new(py);
-    requests.set_item("request_id", t.request_id.into_pyarray(py))?;
-    requests.set_item("replica", t.replica.into_pyarray(py))?;
-    requests.set_item("arrived_at", t.arrived_at.into_pyarray(py))?;
-    requests.set_item("scheduled_at", t.scheduled_at.into_pyarray(py))?;
-    requests.set_item("first_token_at", t.first_token_at.into_pyarray(py))?;
-    requests.set_item("completed_at", t.completed_at.into_pyarray(py))?;
-    requests.set_item("num_prefill_tokens", t.num_prefill_tokens.into_pyarray(py))?;
-    requests.set_item("num_decode_tokens", t.num_decode_tokens.into_pyarray(py))?;
-    requests.set_item("num_restarts", t.num_restarts.into_pyarray(py))?;
-    requests.set_item("prefix_hit_tokens", t.prefix_hit_tokens.into_pyarray(py))?;
-    requests.set_item("max_token_gap", t.max_token_gap.into_pyarray(py))?;
-    requests.set_item("execution_time", t.execution_time.into_pyarray(py))?;
-    requests.set_item(
-        "model_execution_time",
-        t.model_execution_time.into_pyarray(py),
-    )?;
-    requests.set_item("session_id", t.session_id.into_pyarray(py))?;
-    requests.set_item("turn", t.turn.into_pyarray(py))?;
-    requests.set_item("spec_steps", t.spec_steps.into_pyarray(py))?;
-    requests.set_item("spec_draft_tokens", t.spec_draft_tokens.into_pyarray(py))?;
-    requests.set_item(
-        "spec_accepted_tokens",
-        t.spec_accepted_tokens.into_pyarray(py),
-    )?;
+    let requests = columns!(
+        py,
+        out.requests,
+        [
+            request_id,
+            replica,
+            arrived_at,
+            scheduled_at,
+            first_token_at,
+            completed_at,
+            num_prefill_tokens,
+            num_decode_tokens,
+            num_restarts,
+            prefix_hit_tokens,
+            max_token_gap,
+            execution_time,
+            model_execution_time,
+            session_id,
+            turn,
+            spec_steps,
+            spec_draft_tokens,
+            spec_accepted_tokens,
+        ]
+    );
     d.set_item("requests", requests)?;
 
     let edges: Vec<f64> = (0..=GapHistogram::NUM_BUCKETS)
@@ -212,44 +219,45 @@ fn to_dict(py: Python<'_>, out: SimOutput) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("token_gap_counts", out.token_gaps.counts.into_pyarray(py))?;
     d.set_item("token_gap_edges", edges.into_pyarray(py))?;
 
-    let s = out.samples;
-    let samples = PyDict::new(py);
-    samples.set_item("time", s.time.into_pyarray(py))?;
-    samples.set_item("replica", s.replica.into_pyarray(py))?;
-    samples.set_item("kv_usage", s.kv_usage.into_pyarray(py))?;
-    samples.set_item("batch_size", s.batch_size.into_pyarray(py))?;
-    samples.set_item("num_outstanding", s.num_outstanding.into_pyarray(py))?;
+    let samples = columns!(
+        py,
+        out.samples,
+        [time, replica, kv_usage, batch_size, num_outstanding]
+    );
     d.set_item("samples", samples)?;
 
     if let Some(trace) = out.stages {
-        let stages = PyDict::new(py);
-        stages.set_item("replica", trace.replica.into_pyarray(py))?;
-        stages.set_item("stage", trace.stage.into_pyarray(py))?;
-        stages.set_item("batch_id", trace.batch_id.into_pyarray(py))?;
-        stages.set_item("start", trace.start.into_pyarray(py))?;
-        stages.set_item("duration", trace.duration.into_pyarray(py))?;
-        stages.set_item("num_requests", trace.num_requests.into_pyarray(py))?;
-        stages.set_item(
-            "num_prefill_tokens",
-            trace.num_prefill_tokens.into_pyarray(py),
-        )?;
-        stages.set_item(
-            "num_decode_tokens",
-            trace.num_decode_tokens.into_pyarray(py),
-        )?;
+        let stages = columns!(
+            py,
+            trace,
+            [
+                replica,
+                stage,
+                batch_id,
+                start,
+                duration,
+                num_requests,
+                num_prefill_tokens,
+                num_decode_tokens,
+            ]
+        );
         d.set_item("stages", stages)?;
     }
 
-    let r = out.replicas;
-    let replicas = PyDict::new(py);
-    replicas.set_item("busy_time", r.busy_time.into_pyarray(py))?;
-    replicas.set_item("num_batches", r.num_batches.into_pyarray(py))?;
-    replicas.set_item("sum_batch_size", r.sum_batch_size.into_pyarray(py))?;
-    replicas.set_item("num_prefill_tokens", r.num_prefill_tokens.into_pyarray(py))?;
-    replicas.set_item("num_decode_tokens", r.num_decode_tokens.into_pyarray(py))?;
-    replicas.set_item("lora_loads", r.lora_loads.into_pyarray(py))?;
-    replicas.set_item("lora_disk_loads", r.lora_disk_loads.into_pyarray(py))?;
-    replicas.set_item("lora_load_s", r.lora_load_s.into_pyarray(py))?;
+    let replicas = columns!(
+        py,
+        out.replicas,
+        [
+            busy_time,
+            num_batches,
+            sum_batch_size,
+            num_prefill_tokens,
+            num_decode_tokens,
+            lora_loads,
+            lora_disk_loads,
+            lora_load_s,
+        ]
+    );
     d.set_item("replicas", replicas)?;
 
     d.set_item("makespan", out.makespan)?;

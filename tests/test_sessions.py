@@ -479,9 +479,11 @@ def reference_send_times(
     Open loop: a lead (a session's first turn) at its arrival. Closed loop (a session is a
     run of consecutive turns): the first N leads at their arrival, lead k >= N when the
     (k - N)-th session to end, in time order, frees its user, plus its delay."""
-    if chunk.session_ids is None or chunk.delay_s is None:
-        return chunk.arrived_at.copy()  # independent requests, open loop
-    sessions, delays, arrived = chunk.session_ids.tolist(), chunk.delay_s, chunk.arrived_at
+    arrived = chunk.arrived_at
+    if chunk.session_ids is None or chunk.delay_s is None:  # requests on their own
+        sessions, delays = [NO_SESSION] * len(chunk), np.zeros(len(chunk))
+    else:
+        sessions, delays = chunk.session_ids.tolist(), chunk.delay_s
     sent = np.empty(len(chunk))
     previous: dict[int, int] = {}
     leads: list[int] = []

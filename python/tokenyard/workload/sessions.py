@@ -338,25 +338,26 @@ class ClosedLoop:
     def _with_thinks(
         self, chunk: RequestChunk, rng: np.random.Generator, previous: int | None
     ) -> RequestChunk:
+        if self.think_time is None:
+            return chunk  # the workload's own think times (none: requests on their own)
         n = len(chunk)
         sessions = chunk.session_ids
         delays = chunk.delay_s
         if sessions is None or delays is None:
             sessions = np.full(n, NO_SESSION, dtype=np.uint64)
             delays = np.zeros(n)
-        if self.think_time is not None:
-            # Leads: requests on their own, and turns starting a session (a different id
-            # from the request before; a session's turns are consecutive under closed loop).
-            lead = sessions == np.uint64(NO_SESSION)
-            if n:
-                starts = np.ones(n, dtype=bool)
-                starts[1:] = sessions[1:] != sessions[:-1]
-                # A session carried over from the chunk before does not start here.
-                starts[0] = previous is None or int(sessions[0]) != previous
-                lead |= starts
-            delays = delays.copy()
-            draws = self.think_time.draw(rng, n)
-            delays[lead] = draws[lead]
+        # Leads: requests on their own, and turns starting a session (a different id
+        # from the request before; a session's turns are consecutive under closed loop).
+        lead = sessions == np.uint64(NO_SESSION)
+        if n:
+            starts = np.ones(n, dtype=bool)
+            starts[1:] = sessions[1:] != sessions[:-1]
+            # A session carried over from the chunk before does not start here.
+            starts[0] = previous is None or int(sessions[0]) != previous
+            lead |= starts
+        delays = delays.copy()
+        draws = self.think_time.draw(rng, n)
+        delays[lead] = draws[lead]
         return dataclasses.replace(chunk, session_ids=sessions, delay_s=delays)
 
     def describe(self) -> dict[str, object]:

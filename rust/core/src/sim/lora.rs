@@ -336,7 +336,7 @@ mod scenario {
     use crate::sim::exec::{ExecModel, LinearModel, StageTime};
     use crate::sim::{
         ArrivingRequest, ReplicaPolicyConfig, RequestSource, SimConfig, SimOutput, Simulator,
-        VidurKind, VidurLimits,
+        VidurKind,
     };
 
     struct Source(Option<Vec<ArrivingRequest>>);
@@ -442,22 +442,7 @@ mod scenario {
             // Another policy.
             (
                 config(
-                    ReplicaPolicyConfig::Vidur(
-                        VidurKind::Vllm,
-                        VidurLimits {
-                            num_blocks: 64,
-                            block_size: 4,
-                            watermark_blocks: 0,
-                            batch_size_cap: 16,
-                            max_batch_size: 16,
-                            num_stages: 1,
-                            max_blocks_per_sequence: 8,
-                            max_tokens_in_batch: 4096,
-                            chunk_size: 8,
-                            max_waiting_iters: 2,
-                            restart: crate::sim::RestartMode::Recompute,
-                        },
-                    ),
+                    ReplicaPolicyConfig::Vidur(VidurKind::Vllm, crate::sim::tests::limits()),
                     Some(lora()),
                 ),
                 None,

@@ -29,7 +29,7 @@ pub(super) fn linear(constant: f64, per_prefill: f64, per_decode: f64) -> Linear
     }
 }
 
-fn limits() -> VidurLimits {
+pub(super) fn limits() -> VidurLimits {
     VidurLimits {
         num_blocks: 64,
         block_size: 4,

@@ -73,6 +73,16 @@ impl BlockPoolStats {
     }
 }
 
+/// The tokens one allocation adds to a request.
+struct NewTokens<'a> {
+    token_ids: &'a [TokenId],
+    num_tokens: usize,
+    num_lookahead: usize,
+    /// Register newly full computed blocks in the prefix cache now (false: loaded tokens
+    /// whose data has not landed).
+    cache: bool,
+}
+
 #[derive(Debug, Clone)]
 struct RequestBlocks {
     block_ids: Vec<BlockId>,
@@ -323,6 +333,91 @@ impl<R: RequestKey> BlockPool<R> {
         new_computed: Option<&ComputedBlocks>,
         extra_key: Option<u64>,
     ) -> Result<Option<usize>> {
+        let new = NewTokens {
+            token_ids: new_token_ids,
+            num_tokens: num_new_tokens,
+            num_lookahead: num_lookahead_tokens,
+            cache: true,
+        };
+        self.allocate(request_id, new, new_computed, extra_key)
+    }
+
+    /// A request's first allocation when its `num_external_tokens` tokens after the prefix
+    /// hit `new_computed` will be *loaded* rather than computed (vLLM's KV connectors: a
+    /// prefill instance's transfer, a host-memory tier). They get slots and count as
+    /// computed, but their blocks enter the prefix cache only at
+    /// [`Self::cache_loaded_blocks`], once the data has landed: until then no lookup may
+    /// find a block still being written (vLLM's `delay_cache_blocks`). Returns the number of
+    /// new blocks, or `Ok(None)` (nothing changed) when they do not fit.
+    pub fn allocate_slots_external(
+        &mut self,
+        request_id: &R,
+        token_ids: &[TokenId],
+        num_external_tokens: usize,
+        new_computed: Option<&ComputedBlocks>,
+        extra_key: Option<u64>,
+    ) -> Result<Option<usize>> {
+        if self.requests.contains_key(request_id) {
+            return Err(Error::input(
+                "request_id",
+                format!("{request_id:?}"),
+                "external tokens are only loaded on a request's first allocation",
+            ));
+        }
+        let hit = new_computed.map_or(0, |h| h.num_computed_tokens);
+        if hit + num_external_tokens > token_ids.len() {
+            return Err(Error::input(
+                "num_external_tokens",
+                num_external_tokens,
+                format!(
+                    "the prefix hit ({hit}) and the loaded tokens exceed the request's {} \
+                     tokens",
+                    token_ids.len()
+                ),
+            ));
+        }
+        let new = NewTokens {
+            token_ids,
+            num_tokens: num_external_tokens,
+            num_lookahead: 0,
+            cache: false,
+        };
+        self.allocate(request_id, new, new_computed, extra_key)
+    }
+
+    /// Registers the request's loaded blocks (see [`Self::allocate_slots_external`]) in the
+    /// prefix cache: their data has landed.
+    pub fn cache_loaded_blocks(&mut self, request_id: &R) -> Result<()> {
+        let (block_size, caching) = (self.block_size, self.enable_caching);
+        let Self {
+            requests,
+            cached,
+            blocks,
+            events,
+            ..
+        } = self;
+        let request = requests
+            .get_mut(request_id)
+            .ok_or_else(|| Error::unknown_request(request_id))?;
+        if caching {
+            cache_full_blocks(block_size, cached, blocks, events, request);
+        }
+        Ok(())
+    }
+
+    fn allocate(
+        &mut self,
+        request_id: &R,
+        new: NewTokens<'_>,
+        new_computed: Option<&ComputedBlocks>,
+        extra_key: Option<u64>,
+    ) -> Result<Option<usize>> {
+        let NewTokens {
+            token_ids: new_token_ids,
+            num_tokens: num_new_tokens,
+            num_lookahead: num_lookahead_tokens,
+            cache,
+        } = new;
         let num_new_blocks = self.plan_allocation(
             request_id,
             new_token_ids,
@@ -363,7 +458,7 @@ impl<R: RequestKey> BlockPool<R> {
         }
         append_tokens(block_size, caching, request, new_token_ids);
         request.num_computed_tokens += num_new_tokens;
-        if caching {
+        if caching && cache {
             cache_full_blocks(block_size, cached, blocks, events, request);
         }
         Ok(Some(num_new_blocks))

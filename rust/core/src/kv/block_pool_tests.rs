@@ -412,3 +412,68 @@ fn cache_events_report_stored_and_evicted_blocks_when_enabled() {
     assert_eq!((removed, stored), (2, 3));
     assert!(pool.drain_events().is_empty(), "drained");
 }
+
+#[test]
+fn loaded_blocks_count_as_computed_but_are_cached_only_once_they_land() {
+    let mut pool = BlockPool::new(8, 4, true).unwrap();
+    let prompt = tokens(0..10);
+    let hit = pool.get_computed_blocks(&prompt, None);
+    // 9 tokens loaded from outside (a P/D transfer), the last one computed later.
+    let n = pool
+        .allocate_slots_external(&1u64, &prompt, 9, Some(&hit), None)
+        .unwrap();
+    assert_eq!(n, Some(3));
+    assert_eq!(pool.num_computed_tokens(&1), Some(9));
+    assert_eq!(pool.num_cached_blocks(), 0, "the data has not landed");
+    let other = pool.get_computed_blocks(&prompt, None);
+    assert_eq!(
+        other.num_computed_tokens, 0,
+        "a block still loading is not found"
+    );
+    pool.cache_loaded_blocks(&1).unwrap();
+    assert_eq!(pool.num_cached_blocks(), 2);
+    assert_eq!(
+        pool.get_computed_blocks(&prompt, None).num_computed_tokens,
+        8
+    );
+    // The request goes on: its last prompt token computes in its own slot.
+    pool.allocate_slots(&1u64, &[], 1, 0, None, None)
+        .unwrap()
+        .unwrap();
+    assert_eq!(pool.num_computed_tokens(&1), Some(10));
+    pool.check_invariants().unwrap();
+}
+
+#[test]
+fn an_external_load_that_does_not_fit_changes_nothing_and_is_refused_after_admission() {
+    let mut pool = BlockPool::new(2, 4, true).unwrap();
+    let prompt = tokens(0..12);
+    assert_eq!(
+        pool.allocate_slots_external(&1u64, &prompt, 11, None, None)
+            .unwrap(),
+        None
+    );
+    assert_eq!(pool.num_free_blocks(), 2);
+    assert!(pool.block_ids(&1).is_none());
+    assert!(
+        pool.allocate_slots_external(&1u64, &prompt, 13, None, None)
+            .is_err(),
+        "more tokens than the request has"
+    );
+    pool.allocate_slots(&2u64, &tokens(0..4), 4, 0, None, None)
+        .unwrap()
+        .unwrap();
+    assert!(
+        pool.allocate_slots_external(&2u64, &tokens(4..8), 4, None, None)
+            .is_err(),
+        "only a first allocation loads"
+    );
+    // Freed before landing: the loaded blocks were never cached, so they are reused first.
+    let mut pool = BlockPool::new(4, 4, true).unwrap();
+    pool.allocate_slots_external(&3u64, &tokens(0..9), 8, None, None)
+        .unwrap()
+        .unwrap();
+    pool.free(&3).unwrap();
+    assert_eq!(pool.num_cached_blocks(), 0);
+    pool.check_invariants().unwrap();
+}

@@ -42,6 +42,7 @@ impl PyRequestView {
 fn status_name(status: RequestStatus) -> &'static str {
     match status {
         RequestStatus::Waiting => "waiting",
+        RequestStatus::WaitingForRemoteKvs => "waiting_for_remote_kvs",
         RequestStatus::Running => "running",
         RequestStatus::Preempted => "preempted",
         RequestStatus::Finished(_) => "finished",

@@ -41,6 +41,12 @@ impl Hit {
             Hit::Radix(h) => <RadixPool<u32> as PrefixPool<u32>>::hit_tokens(h),
         }
     }
+
+    /// Tokens after the GPU hit that the pool's host-memory tier holds (loaded, not
+    /// computed).
+    pub fn num_host_tokens(&self) -> usize {
+        0
+    }
 }
 
 impl Kv {
@@ -115,6 +121,41 @@ impl Kv {
         }
     }
 
+    /// Slots for a first allocation whose `num_external_tokens` after the hit (and the hit's
+    /// host-tier part) are loaded, not computed (`BlockPool::allocate_slots_external`);
+    /// `false` if they do not fit (nothing changed). Connectors need the block-hash pool.
+    pub fn allocate_external(
+        &mut self,
+        slot: u32,
+        token_ids: &[TokenId],
+        num_external_tokens: usize,
+        hit: &Hit,
+        extra_key: Option<u64>,
+    ) -> Result<bool> {
+        match (self, hit) {
+            (Kv::BlockHash(p), Hit::BlockHash(h)) => Ok(p
+                .allocate_slots_external(&slot, token_ids, num_external_tokens, Some(h), extra_key)?
+                .is_some()),
+            _ => Err(Error::config(
+                "prefix_cache",
+                "radix",
+                "KV connectors and loads need the block-hash pool (prefix_cache = \"block_hash\")",
+            )),
+        }
+    }
+
+    /// The loaded blocks of `slot` have landed: they enter the prefix cache.
+    pub fn cache_loaded(&mut self, slot: u32) -> Result<()> {
+        match self {
+            Kv::BlockHash(p) => p.cache_loaded_blocks(&slot),
+            Kv::Radix(_) => Ok(()),
+        }
+    }
+
+    pub fn is_radix(&self) -> bool {
+        matches!(self, Kv::Radix(_))
+    }
+
     pub fn enable_events(&mut self) {
         on_pool!(self, p => PrefixPool::<u32>::enable_events(p));
     }
@@ -141,6 +182,10 @@ impl Kv {
 
     pub fn block_ids(&self, slot: u32) -> Option<&[BlockId]> {
         on_pool!(self, p => PrefixPool::block_ids(p, &slot))
+    }
+
+    pub fn num_free_blocks(&self) -> usize {
+        on_pool!(self, p => p.num_free_blocks())
     }
 
     pub fn usage(&self) -> f64 {

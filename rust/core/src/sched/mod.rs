@@ -3,6 +3,7 @@
 //! and KV memory, preempting (recompute) when memory runs out.
 
 mod config;
+mod connector;
 mod kv;
 mod output;
 mod plugin;
@@ -12,6 +13,7 @@ mod scheduler;
 mod update;
 
 pub use config::{Policy, PrefixCache, SchedulerConfig};
+pub use connector::{ExternalTokens, KvConnector, KvLoad};
 pub use output::{
     CachedRequestData, NewRequestData, SampledOutput, SchedulerOutput, SchedulerStats,
 };

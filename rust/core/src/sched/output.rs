@@ -38,6 +38,9 @@ pub struct SchedulerOutput<R> {
     pub preempted_req_ids: Vec<R>,
     /// Requests that finished (or were aborted) since the previous step.
     pub finished_req_ids: Vec<R>,
+    /// KV loads that began this step; their requests wait in `WAITING_FOR_REMOTE_KVS`
+    /// until `Scheduler::finish_kv_transfers` reports them landed.
+    pub kv_loads: Vec<super::KvLoad<R>>,
 }
 
 /// The engine's result for one request of a step.

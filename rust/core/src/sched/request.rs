@@ -7,6 +7,9 @@ use crate::kv::TokenId;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RequestStatus {
     Waiting,
+    /// Waiting for KV that a connector is loading (vLLM's `WAITING_FOR_REMOTE_KVS`): it
+    /// holds blocks for the tokens being loaded and stays in the waiting queue.
+    WaitingForRemoteKvs,
     Running,
     Preempted,
     Finished(FinishReason),
@@ -75,6 +78,11 @@ pub struct Request<R> {
     pub last_num_spec_tokens: usize,
     /// Order of arrival at this scheduler: the FCFS key and the priority tie-break.
     pub arrival_seq: u64,
+    /// Tokens a KV connector loaded for it at its latest admission (vLLM's
+    /// `num_external_computed_tokens`).
+    pub num_external_computed_tokens: usize,
+    /// A connector's load for it failed: it recomputes, and the connector is not asked again.
+    pub kv_load_failed: bool,
 }
 
 impl<R> Request<R> {

@@ -6,6 +6,7 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
+use super::connector::{ExternalTokens, KvConnector, KvLoad};
 use super::kv::{Hit, Kv};
 use super::output::{CachedRequestData, NewRequestData, SchedulerOutput, SchedulerStats};
 use super::plugin::{PolicyPlugin, RequestView, check_permutation};
@@ -34,13 +35,23 @@ pub struct Scheduler<R: RequestKey> {
     pub(super) async_scheduling: bool,
     /// Leave token and block ids out of `NewRequestData` (callers that only need counts).
     lean_output: bool,
-    spare_plan: StepPlan,
+    spare_plan: StepPlan<R>,
     pub(super) plugin: Option<Box<dyn PolicyPlugin<R>>>,
     /// This step's preemption order from the plugin: slot -> rank (0 = first victim).
     victim_rank: FxHashMap<u32, usize>,
     /// The last lookup of a request that could not be admitted, by its `arrival_seq` (unique,
     /// unlike slots): the head of the queue retries every step, and reuses its hashes.
     blocked_head: Option<(u64, Hit)>,
+    /// The KV connector, if any (`sched::connector`).
+    pub(super) connector: Option<Box<dyn KvConnector<R>>>,
+    /// Slots of requests whose KV load the engine reported landed / failed; each is taken
+    /// when its request next reaches the head of the waiting queue (vLLM's
+    /// `finished_recving_kv_req_ids` / `failed_recving_kv_req_ids`).
+    pub(super) landed: FxHashSet<u32>,
+    pub(super) failed_loads: FxHashSet<u32>,
+    /// Finished requests whose blocks wait for a transfer: a send the connector asked to
+    /// finish first, or a load still writing into them (the request was aborted meanwhile).
+    pub(super) transfer_holds: FxHashMap<R, u32>,
 }
 
 /// A finished request with outputs still in flight (async scheduling).
@@ -51,8 +62,7 @@ pub(super) struct FinishedInFlight {
 }
 
 /// The decisions of one step before they become a `SchedulerOutput`.
-#[derive(Default)]
-struct StepPlan {
+struct StepPlan<R> {
     /// (slot, tokens) in batch order.
     scheduled: Vec<(u32, usize)>,
     /// By slot: the blocks a scheduled request gets this step (`Some` = scheduled). A dense
@@ -62,9 +72,23 @@ struct StepPlan {
     admitted: FxHashMap<u32, bool>,
     preempted: Vec<u32>,
     loras: FxHashSet<u64>,
+    kv_loads: Vec<KvLoad<R>>,
 }
 
-impl StepPlan {
+impl<R> Default for StepPlan<R> {
+    fn default() -> Self {
+        Self {
+            scheduled: Vec::new(),
+            new_blocks: Vec::new(),
+            admitted: FxHashMap::default(),
+            preempted: Vec::new(),
+            loras: FxHashSet::default(),
+            kv_loads: Vec::new(),
+        }
+    }
+}
+
+impl<R> StepPlan<R> {
     fn clear(&mut self) {
         for &(slot, _) in &self.scheduled {
             self.new_blocks[slot as usize] = None;
@@ -73,6 +97,7 @@ impl StepPlan {
         self.admitted.clear();
         self.preempted.clear();
         self.loras.clear();
+        self.kv_loads.clear();
     }
 
     fn is_scheduled(&self, slot: u32) -> bool {
@@ -97,6 +122,16 @@ impl StepPlan {
 enum Allocation {
     Scheduled(Vec<BlockId>),
     PreemptedItself,
+}
+
+/// What became of the request at the head of the waiting queue.
+enum Admission {
+    Scheduled,
+    /// It does not fit (budget or memory): admission stops here (head-of-line blocking).
+    Blocked,
+    /// It steps aside for now, keeping its place: its KV is being loaded, or the connector
+    /// cannot tell yet what it can load.
+    SteppedAside,
 }
 
 impl<R: RequestKey> Scheduler<R> {
@@ -131,6 +166,10 @@ impl<R: RequestKey> Scheduler<R> {
             plugin: None,
             victim_rank: FxHashMap::default(),
             blocked_head: None,
+            connector: None,
+            landed: FxHashSet::default(),
+            failed_loads: FxHashSet::default(),
+            transfer_holds: FxHashMap::default(),
         })
     }
 
@@ -200,6 +239,11 @@ impl<R: RequestKey> Scheduler<R> {
 
     pub fn block_ids(&self, request_id: &R) -> Option<&[BlockId]> {
         self.kv.block_ids(*self.index.get(request_id)?)
+    }
+
+    /// Blocks free for allocation (including cached blocks no request holds).
+    pub fn num_free_blocks(&self) -> usize {
+        self.kv.num_free_blocks()
     }
 
     pub fn stats(&self) -> SchedulerStats {
@@ -323,7 +367,7 @@ impl<R: RequestKey> Scheduler<R> {
     fn schedule_running(
         &mut self,
         budget: &mut usize,
-        plan: &mut StepPlan,
+        plan: &mut StepPlan<R>,
         only_prefills: Option<bool>,
     ) -> Result<()> {
         let mut i = 0;
@@ -371,7 +415,7 @@ impl<R: RequestKey> Scheduler<R> {
         slot: u32,
         n: usize,
         budget: &mut usize,
-        plan: &mut StepPlan,
+        plan: &mut StepPlan<R>,
     ) -> Result<Allocation> {
         loop {
             let known = self.kv.num_tokens(slot).unwrap_or(0);
@@ -425,7 +469,7 @@ impl<R: RequestKey> Scheduler<R> {
 
     /// Frees the victim's blocks and sends it back to the front of the waiting queue to be
     /// recomputed; refunds its tokens if it was already scheduled in this step.
-    fn preempt(&mut self, victim: u32, budget: &mut usize, plan: &mut StepPlan) -> Result<()> {
+    fn preempt(&mut self, victim: u32, budget: &mut usize, plan: &mut StepPlan<R>) -> Result<()> {
         self.kv.free(victim)?;
         self.running.retain(|&s| s != victim);
         if plan.take_blocks(victim).is_some() {
@@ -456,7 +500,7 @@ impl<R: RequestKey> Scheduler<R> {
 
     /// Phase 2: admits waiting requests in order until the budget, the sequence cap or
     /// memory says stop (head-of-line blocking: a request that does not fit stops admission).
-    fn schedule_waiting(&mut self, budget: &mut usize, plan: &mut StepPlan) -> Result<()> {
+    fn schedule_waiting(&mut self, budget: &mut usize, plan: &mut StepPlan<R>) -> Result<()> {
         if self.config.max_loras > 0 {
             // vLLM counts the adapters of the running requests scheduled in this step; we
             // count every running request's, so the running set never holds more than
@@ -478,13 +522,19 @@ impl<R: RequestKey> Scheduler<R> {
             if max_seqs > 0 && self.running.len() >= max_seqs {
                 break;
             }
-            if self.lora_gated(slot, plan) {
+            let loading = self.req(slot).status == RequestStatus::WaitingForRemoteKvs;
+            if (loading && !self.take_landed_load(slot)?) || self.lora_gated(slot, plan) {
                 self.waiting.pop();
                 skipped.push(slot);
                 continue;
             }
-            if !self.admit(slot, budget, plan)? {
-                break;
+            match self.admit(slot, budget, plan)? {
+                Admission::Scheduled => {}
+                Admission::Blocked => break,
+                Admission::SteppedAside => {
+                    self.waiting.pop();
+                    skipped.push(slot);
+                }
             }
         }
         for slot in skipped.into_iter().rev() {
@@ -496,7 +546,7 @@ impl<R: RequestKey> Scheduler<R> {
 
     /// Seed 004 §3.3.1: with `max_loras` adapters already in the batch, a request needing
     /// another one waits (skipped, keeping its place).
-    fn lora_gated(&self, slot: u32, plan: &StepPlan) -> bool {
+    fn lora_gated(&self, slot: u32, plan: &StepPlan<R>) -> bool {
         let max_loras = self.config.max_loras;
         match self.req(slot).spec.lora_id {
             Some(lora) => {
@@ -507,7 +557,15 @@ impl<R: RequestKey> Scheduler<R> {
     }
 
     /// Tries to admit the request at the head of the waiting queue.
-    fn admit(&mut self, slot: u32, budget: &mut usize, plan: &mut StepPlan) -> Result<bool> {
+    fn admit(
+        &mut self,
+        slot: u32,
+        budget: &mut usize,
+        plan: &mut StepPlan<R>,
+    ) -> Result<Admission> {
+        if self.req(slot).num_computed_tokens > 0 {
+            return self.admit_loaded(slot, budget, plan);
+        }
         let request = self.slots[slot as usize]
             .as_ref()
             .expect("waiting slot is live");
@@ -519,45 +577,222 @@ impl<R: RequestKey> Scheduler<R> {
             .filter(|(blocked, _)| *blocked == seq)
             .map(|(_, hit)| hit);
         let hit = self.kv.lookup(&request.all_token_ids, lora_id, earlier);
-        let mut n = request.num_tokens() - hit.num_computed_tokens();
+        let Some(external) = self.ask_connector(slot, &hit)? else {
+            return Ok(Admission::SteppedAside);
+        };
+        if hit.num_host_tokens() > 0 || (external.load_async && external.num_tokens > 0) {
+            return self.start_load(slot, hit, external.num_tokens, plan);
+        }
+        let num_computed = hit.num_computed_tokens() + external.num_tokens;
+        let Some(n) = self.admission_tokens(slot, num_computed, *budget) else {
+            self.blocked_head = Some((seq, hit));
+            return Ok(Admission::Blocked);
+        };
+        let lookahead = self.config.num_lookahead_tokens;
+        let tokens = &self.slots[slot as usize]
+            .as_ref()
+            .expect("live")
+            .all_token_ids;
+        let with_ids = !self.lean_output;
+        let allocated = if external.num_tokens > 0 {
+            // Loaded before the step runs: slots for the loaded and the computed tokens at
+            // once, all cached as computed ones are.
+            let loaded_and_new = external.num_tokens + n;
+            let fits = self
+                .kv
+                .allocate_external(slot, tokens, loaded_and_new, &hit, lora_id)?;
+            if fits {
+                self.kv.cache_loaded(slot)?;
+            }
+            fits.then(Vec::new)
+        } else {
+            self.kv
+                .allocate(slot, tokens, n, lookahead, Some(&hit), lora_id, with_ids)?
+        };
+        let Some(mut blocks) = allocated else {
+            self.blocked_head = Some((seq, hit));
+            return Ok(Admission::Blocked);
+        };
+        if external.num_tokens > 0 && with_ids {
+            blocks = self.kv.block_ids(slot).unwrap_or_default().to_vec();
+        }
+        self.notify_allocation(slot, external.num_tokens)?;
+        self.start_running(slot, num_computed, n, blocks, budget, plan);
+        Ok(Admission::Scheduled)
+    }
+
+    /// Tokens a new admission computes this step, after `num_computed` hit or loaded ones;
+    /// `None` if it must wait (its prompt does not fit the budget without chunked prefill).
+    fn admission_tokens(&self, slot: u32, num_computed: usize, budget: usize) -> Option<usize> {
+        let mut n = self.req(slot).num_tokens() - num_computed;
         let threshold = self.config.long_prefill_token_threshold;
         if threshold > 0 {
             n = n.min(threshold);
         }
-        if !self.config.enable_chunked_prefill && n > *budget {
-            self.blocked_head = Some((seq, hit));
-            return Ok(false);
+        if !self.config.enable_chunked_prefill && n > budget {
+            return None;
         }
-        n = n.min(*budget);
-        let lookahead = self.config.num_lookahead_tokens;
-        let tokens = &request.all_token_ids;
-        let with_ids = !self.lean_output;
-        let Some(blocks) =
-            self.kv
-                .allocate(slot, tokens, n, lookahead, Some(&hit), lora_id, with_ids)?
-        else {
-            self.blocked_head = Some((seq, hit));
-            return Ok(false);
+        Some(n.min(budget))
+    }
+
+    /// What the connector can load after the local (and host-tier) hit; no connector, or a
+    /// request whose load failed before: nothing. `None`: ask again next step.
+    fn ask_connector(&mut self, slot: u32, hit: &Hit) -> Result<Option<ExternalTokens>> {
+        let request = self.slots[slot as usize]
+            .as_ref()
+            .expect("waiting slot is live");
+        let Some(connector) = self.connector.as_mut().filter(|_| !request.kv_load_failed) else {
+            return Ok(Some(ExternalTokens::default()));
         };
+        let local = hit.num_computed_tokens() + hit.num_host_tokens();
+        let Some(external) = connector.get_num_new_matched_tokens(request, local)? else {
+            return Ok(None);
+        };
+        // A synchronous load leaves at least the last token to compute (its logits).
+        let most = request.num_tokens() - local - usize::from(!external.load_async);
+        if external.num_tokens > most {
+            return Err(crate::Error::Plugin(format!(
+                "the KV connector offered {} tokens for request {:?}, which has {} tokens \
+                 and {local} hit locally: at most {most} can be loaded",
+                external.num_tokens,
+                request.request_id,
+                request.num_tokens()
+            )));
+        }
+        Ok(Some(external))
+    }
+
+    /// Allocates slots for an asynchronous load (the connector's tokens and any host-tier
+    /// hit) and parks the request in `WAITING_FOR_REMOTE_KVS`, in its place in the queue.
+    fn start_load(
+        &mut self,
+        slot: u32,
+        hit: Hit,
+        num_external_tokens: usize,
+        plan: &mut StepPlan<R>,
+    ) -> Result<Admission> {
+        let request = self.slots[slot as usize].as_ref().expect("live");
+        let (seq, lora_id) = (request.arrival_seq, request.spec.lora_id);
+        let tokens = &request.all_token_ids;
+        if !self
+            .kv
+            .allocate_external(slot, tokens, num_external_tokens, &hit, lora_id)?
+        {
+            self.blocked_head = Some((seq, hit));
+            return Ok(Admission::Blocked);
+        }
+        self.notify_allocation(slot, num_external_tokens)?;
+        let request = self.req_mut(slot);
+        request.status = RequestStatus::WaitingForRemoteKvs;
+        request.num_external_computed_tokens = num_external_tokens;
+        plan.kv_loads.push(KvLoad {
+            request_id: request.request_id.clone(),
+            num_external_tokens,
+            num_host_tokens: hit.num_host_tokens(),
+        });
+        Ok(Admission::SteppedAside)
+    }
+
+    /// Tells the connector (if any) the request's blocks (vLLM's `update_state_after_alloc`).
+    fn notify_allocation(&mut self, slot: u32, num_external_tokens: usize) -> Result<()> {
+        let Some(connector) = self.connector.as_mut() else {
+            return Ok(());
+        };
+        let request = self.slots[slot as usize].as_ref().expect("live slot");
+        let blocks = self.kv.block_ids(slot).unwrap_or_default();
+        connector.update_state_after_alloc(request, blocks, num_external_tokens)
+    }
+
+    /// A request whose KV was loaded (it holds blocks for `num_computed_tokens`) goes on
+    /// like a running one: slots for the rest, no lookup.
+    fn admit_loaded(
+        &mut self,
+        slot: u32,
+        budget: &mut usize,
+        plan: &mut StepPlan<R>,
+    ) -> Result<Admission> {
+        let num_computed = self.req(slot).num_computed_tokens;
+        let Some(n) = self.admission_tokens(slot, num_computed, *budget) else {
+            return Ok(Admission::Blocked);
+        };
+        let request = self.slots[slot as usize].as_ref().expect("live");
+        let known = self.kv.num_tokens(slot).unwrap_or(0);
+        let new_tokens = &request.all_token_ids[known..];
+        let lookahead = self.config.num_lookahead_tokens;
+        let with_ids = !self.lean_output;
+        let lora_id = request.spec.lora_id;
+        let Some(blocks) = self
+            .kv
+            .allocate(slot, new_tokens, n, lookahead, None, lora_id, with_ids)?
+        else {
+            return Ok(Admission::Blocked);
+        };
+        self.start_running(slot, num_computed, n, blocks, budget, plan);
+        Ok(Admission::Scheduled)
+    }
+
+    /// The admitted request leaves the waiting queue and runs `n` tokens this step.
+    fn start_running(
+        &mut self,
+        slot: u32,
+        num_computed: usize,
+        n: usize,
+        blocks: Vec<BlockId>,
+        budget: &mut usize,
+        plan: &mut StepPlan<R>,
+    ) {
         self.waiting.pop();
         self.running.push(slot);
         let request = self.req_mut(slot);
         let was_preempted = request.status == RequestStatus::Preempted;
         request.status = RequestStatus::Running;
-        request.num_computed_tokens = hit.num_computed_tokens();
-        if let Some(lora) = lora_id {
+        request.num_computed_tokens = num_computed;
+        if let Some(lora) = request.spec.lora_id {
             plan.loras.insert(lora);
         }
         plan.admitted.insert(slot, was_preempted);
         plan.scheduled.push((slot, n));
         plan.set_blocks(slot, blocks);
         *budget -= n;
+    }
+
+    /// A loading request at the head of the queue: if its load landed, its blocks enter the
+    /// prefix cache and it counts the loaded tokens as computed (all but the last token, if
+    /// the load covered every one: the model needs it for logits, as in vLLM's
+    /// `_update_waiting_for_remote_kv`); if the load failed, it drops its blocks and
+    /// recomputes. Returns whether it can be admitted now.
+    fn take_landed_load(&mut self, slot: u32) -> Result<bool> {
+        if self.failed_loads.remove(&slot) {
+            self.landed.remove(&slot);
+            self.kv.free(slot)?;
+            let request = self.req_mut(slot);
+            request.num_computed_tokens = 0;
+            request.num_external_computed_tokens = 0;
+            request.kv_load_failed = true;
+            request.status = RequestStatus::Waiting;
+            return Ok(true);
+        }
+        if !self.landed.remove(&slot) {
+            return Ok(false);
+        }
+        let loaded = self
+            .kv
+            .num_computed_tokens(slot)
+            .expect("a loading request");
+        let num_tokens = self.req(slot).num_tokens();
+        if loaded >= num_tokens {
+            self.kv.rewind(slot, loaded + 1 - num_tokens)?;
+        }
+        self.kv.cache_loaded(slot)?;
+        let request = self.req_mut(slot);
+        request.num_computed_tokens = loaded.min(num_tokens - 1);
+        request.status = RequestStatus::Waiting;
         Ok(true)
     }
 
     /// Turns the plan into the output and advances each scheduled request's computed tokens
     /// (as if the step will run; spec rejections are rolled back on update).
-    fn finish_step(&mut self, plan: &mut StepPlan) -> SchedulerOutput<R> {
+    fn finish_step(&mut self, plan: &mut StepPlan<R>) -> SchedulerOutput<R> {
         let mut out = SchedulerOutput {
             scheduled_new_reqs: Vec::new(),
             scheduled_resumed_reqs: Vec::new(),
@@ -573,6 +808,7 @@ impl<R: RequestKey> Scheduler<R> {
                 .map(|&s| self.req(s).request_id.clone())
                 .collect(),
             finished_req_ids: std::mem::take(&mut self.finished_since_last_step),
+            kv_loads: std::mem::take(&mut plan.kv_loads),
         };
         for &(slot, n) in &plan.scheduled {
             let blocks = plan.new_blocks[slot as usize].take().unwrap_or_default();

@@ -71,6 +71,8 @@ impl<R: RequestKey> Scheduler<R> {
             num_preemptions: 0,
             last_num_spec_tokens: 0,
             arrival_seq: self.next_arrival_seq,
+            num_external_computed_tokens: 0,
+            kv_load_failed: false,
         };
         self.next_arrival_seq += 1;
         let slot = match self.free_slots.pop() {
@@ -284,12 +286,26 @@ impl<R: RequestKey> Scheduler<R> {
     /// outputs of steps still in flight (`num_sampling_steps`: a request aborted or stopped
     /// while another of its steps runs) are dropped when they land; under async scheduling
     /// the blocks are held until then, since a batch in flight may still read them.
+    ///
+    /// A KV connector may keep the blocks of a finished request until their send completes;
+    /// a request aborted while its KV loads keeps them until the load stops writing. Both
+    /// are freed when `finish_kv_transfers` reports the transfer.
     fn finish(&mut self, slot: u32, reason: FinishReason) -> Result<()> {
-        let request = self.req(slot);
+        let request = self.slots[slot as usize].as_ref().expect("live");
         let in_flight = request.num_sampling_steps as usize;
-        let holds_blocks = request.status == RequestStatus::Running;
-        let hold_until_landed = holds_blocks && in_flight > 0 && self.async_scheduling;
-        if holds_blocks {
+        let status = request.status;
+        let holds_blocks = self.kv.block_ids(slot).is_some();
+        let for_transfer = match (status, &mut self.connector) {
+            (RequestStatus::WaitingForRemoteKvs, _) => true,
+            (RequestStatus::Running, Some(connector)) => {
+                let blocks = self.kv.block_ids(slot).unwrap_or_default();
+                connector.request_finished(request, blocks)?
+            }
+            _ => false,
+        };
+        let hold_until_landed =
+            status == RequestStatus::Running && in_flight > 0 && self.async_scheduling;
+        if status == RequestStatus::Running {
             self.running.retain(|&s| s != slot);
         } else {
             self.waiting.remove(slot);
@@ -299,8 +315,11 @@ impl<R: RequestKey> Scheduler<R> {
             .expect("finishing a live request");
         request.status = RequestStatus::Finished(reason);
         self.index.remove(&request.request_id);
+        self.landed.remove(&slot);
+        self.failed_loads.remove(&slot);
         if in_flight > 0 {
-            let held_slot = hold_until_landed.then_some(slot);
+            // A transfer hold frees the blocks, after the outputs landed (`release_hold`).
+            let held_slot = (hold_until_landed && !for_transfer).then_some(slot);
             self.finished_in_flight.insert(
                 request.request_id.clone(),
                 FinishedInFlight {
@@ -309,14 +328,106 @@ impl<R: RequestKey> Scheduler<R> {
                 },
             );
         }
-        self.finished_since_last_step.push(request.request_id);
-        if !hold_until_landed {
+        if for_transfer {
+            self.transfer_holds.insert(request.request_id.clone(), slot);
+        } else if !hold_until_landed {
             if holds_blocks {
                 self.kv.free(slot)?;
             }
             self.free_slots.push(slot);
         }
+        self.finished_since_last_step.push(request.request_id);
         Ok(())
+    }
+
+    /// The engine's report of KV transfers that ended since the last one (vLLM's
+    /// `KVConnectorOutput`): loads that landed (`finished_recving`) or failed
+    /// (`failed_recving`: the request recomputes those tokens), and sends that completed
+    /// (`finished_sending`: the finished request's blocks are freed). All-or-nothing: an
+    /// id with no such transfer fails the call before anything changes.
+    pub fn finish_kv_transfers(
+        &mut self,
+        finished_recving: &[R],
+        finished_sending: &[R],
+        failed_recving: &[R],
+    ) -> Result<()> {
+        let loading = |id: &R| {
+            self.index
+                .get(id)
+                .is_some_and(|&s| self.req(s).status == RequestStatus::WaitingForRemoteKvs)
+        };
+        let loads = finished_recving.iter().chain(failed_recving);
+        let sends = finished_sending.iter().map(|id| (id, false));
+        for (id, may_load) in loads.clone().map(|id| (id, true)).chain(sends) {
+            let in_flight = (may_load && loading(id)) || self.transfer_holds.contains_key(id);
+            if !in_flight {
+                return Err(Error::input(
+                    "request_id",
+                    format!("{id:?}"),
+                    "has no KV transfer in flight (not loading, and no finished request's \
+                     blocks are held for it)",
+                ));
+            }
+        }
+        for id in failed_recving {
+            if let Some(&slot) = self.index.get(id) {
+                self.failed_loads.insert(slot);
+            }
+        }
+        for id in loads {
+            match self.index.get(id) {
+                Some(&slot) => {
+                    self.landed.insert(slot);
+                }
+                None => self.release_hold(id)?,
+            }
+        }
+        for id in finished_sending {
+            self.release_hold(id)?;
+        }
+        Ok(())
+    }
+
+    /// Frees the blocks a finished request kept for a transfer (once its outputs in flight
+    /// have landed too, under async scheduling).
+    fn release_hold(&mut self, request_id: &R) -> Result<()> {
+        let Some(slot) = self.transfer_holds.remove(request_id) else {
+            return Ok(()); // reported twice in one call
+        };
+        if let Some(in_flight) = self.finished_in_flight.get_mut(request_id) {
+            in_flight.held_slot = Some(slot);
+            return Ok(());
+        }
+        if self.kv.block_ids(slot).is_some() {
+            self.kv.free(slot)?;
+        }
+        self.free_slots.push(slot);
+        Ok(())
+    }
+
+    /// Hands KV transfers to `connector` (vLLM's scheduler-side KV connector). Needs the
+    /// block-hash pool.
+    pub fn set_connector(&mut self, connector: Box<dyn super::KvConnector<R>>) -> Result<()> {
+        if self.kv.is_radix() {
+            return Err(Error::config(
+                "prefix_cache",
+                "radix",
+                "KV connectors need the block-hash pool (prefix_cache = \"block_hash\")",
+            ));
+        }
+        self.connector = Some(connector);
+        Ok(())
+    }
+
+    /// Requests whose KV is loading (`WAITING_FOR_REMOTE_KVS`) and finished requests whose
+    /// blocks are kept for a transfer.
+    pub fn num_kv_transfers(&self) -> (usize, usize) {
+        let loading = self
+            .index
+            .values()
+            .filter(|&&s| self.req(s).status == RequestStatus::WaitingForRemoteKvs)
+            .count();
+        (loading, self.transfer_holds.len())
     }
 
     /// Describes the first broken invariant, if any.
@@ -348,12 +459,22 @@ impl<R: RequestKey> Scheduler<R> {
         }
         for &slot in &waiting {
             let r = self.req(slot);
-            if !matches!(r.status, RequestStatus::Waiting | RequestStatus::Preempted)
-                || self.kv.block_ids(slot).is_some()
-            {
+            // Only a request whose KV is loading, or has landed, holds blocks while waiting.
+            let loads = r.status == RequestStatus::WaitingForRemoteKvs
+                || (r.status == RequestStatus::Waiting && r.num_computed_tokens > 0);
+            if r.status == RequestStatus::Running || self.kv.block_ids(slot).is_some() != loads {
                 return Err(format!(
-                    "waiting request {:?} is {:?} or holds blocks",
-                    r.request_id, r.status
+                    "waiting request {:?} is {:?} and {} blocks",
+                    r.request_id,
+                    r.status,
+                    if loads { "holds no" } else { "holds" }
+                ));
+            }
+        }
+        for (id, &slot) in &self.transfer_holds {
+            if self.index.contains_key(id) || self.slots[slot as usize].is_some() {
+                return Err(format!(
+                    "request {id:?} is held for a transfer but still live"
                 ));
             }
         }

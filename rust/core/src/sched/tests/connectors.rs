@@ -1,0 +1,281 @@
+//! KV connectors (vLLM V1's scheduler-side interface): asynchronous loads park a request in
+//! WAITING_FOR_REMOTE_KVS, synchronous ones count as computed, failed ones recompute, and
+//! finished requests' blocks wait for their sends.
+
+use std::sync::{Arc, Mutex};
+
+use super::*;
+use crate::kv::BlockId;
+use crate::sched::{ExternalTokens, KvConnector, KvLoad, RequestStatus};
+
+/// Offers up to `offer` tokens (`None`: every token after the local hit), loads asynchronously
+/// or not, keeps finished requests' blocks for a send when `delay_free`; logs its calls.
+#[derive(Default)]
+struct FakeConnector {
+    offer: Option<usize>,
+    load_async: bool,
+    delay_free: bool,
+    undecided: bool,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl KvConnector<u32> for FakeConnector {
+    fn get_num_new_matched_tokens(
+        &mut self,
+        request: &Request<u32>,
+        num_computed_tokens: usize,
+    ) -> crate::Result<Option<ExternalTokens>> {
+        self.log.lock().unwrap().push(format!(
+            "match {} after {num_computed_tokens}",
+            request.request_id
+        ));
+        if self.undecided {
+            return Ok(None);
+        }
+        let rest = request.num_tokens() - num_computed_tokens;
+        let num_tokens = self.offer.map_or(rest, |offer| offer.min(rest));
+        Ok(Some(ExternalTokens {
+            num_tokens,
+            load_async: self.load_async,
+        }))
+    }
+
+    fn update_state_after_alloc(
+        &mut self,
+        request: &Request<u32>,
+        block_ids: &[BlockId],
+        num_external_tokens: usize,
+    ) -> crate::Result<()> {
+        self.log.lock().unwrap().push(format!(
+            "alloc {} {} blocks {num_external_tokens} external",
+            request.request_id,
+            block_ids.len()
+        ));
+        Ok(())
+    }
+
+    fn request_finished(
+        &mut self,
+        request: &Request<u32>,
+        block_ids: &[BlockId],
+    ) -> crate::Result<bool> {
+        self.log.lock().unwrap().push(format!(
+            "finished {} {} blocks",
+            request.request_id,
+            block_ids.len()
+        ));
+        Ok(self.delay_free)
+    }
+}
+
+fn with_connector(connector: FakeConnector) -> Scheduler<u32> {
+    let cfg = SchedulerConfig {
+        num_blocks: 8,
+        max_model_len: 32,
+        enable_prefix_caching: true,
+        ..config()
+    };
+    let mut s = Scheduler::new(cfg, false).unwrap();
+    s.set_connector(Box::new(connector)).unwrap();
+    s
+}
+
+fn free_blocks(s: &Scheduler<u32>) -> usize {
+    s.num_free_blocks()
+}
+
+#[test]
+fn an_async_load_waits_for_remote_kvs_then_recomputes_only_the_last_token() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut s = with_connector(FakeConnector {
+        load_async: true,
+        log: log.clone(),
+        ..FakeConnector::default()
+    });
+    s.add_request(0, prompt(0, 10)).unwrap();
+    let out = s.schedule().unwrap();
+    assert!(scheduled(&out).is_empty(), "loading requests run nothing");
+    assert_eq!(
+        out.kv_loads,
+        [KvLoad {
+            request_id: 0,
+            num_external_tokens: 10,
+            num_host_tokens: 0
+        }]
+    );
+    let r = s.get_request(&0).unwrap();
+    assert_eq!(r.status, RequestStatus::WaitingForRemoteKvs);
+    assert_eq!(s.block_ids(&0).unwrap().len(), 3, "ceil(10 / 4) blocks");
+    s.check_invariants().unwrap();
+    // Until the engine reports the load, the request stays parked.
+    assert!(scheduled(&s.schedule().unwrap()).is_empty());
+    s.finish_kv_transfers(&[0], &[], &[]).unwrap();
+    // All 10 tokens landed; the last is recomputed for its logits, as in vLLM.
+    let out = run_step(&mut s);
+    assert_eq!(scheduled(&out), [(0, 1)]);
+    assert_eq!(out.scheduled_new_reqs[0].num_computed_tokens, 9);
+    assert_eq!(s.get_request(&0).unwrap().num_output_tokens(), 1);
+    assert_eq!(
+        *log.lock().unwrap(),
+        ["match 0 after 0", "alloc 0 3 blocks 10 external"]
+    );
+}
+
+#[test]
+fn loaded_blocks_become_prefix_hits_only_once_they_land() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut s = with_connector(FakeConnector {
+        offer: Some(8),
+        load_async: true,
+        log: log.clone(),
+        ..FakeConnector::default()
+    });
+    s.add_request(0, prompt(0, 10)).unwrap();
+    s.schedule().unwrap();
+    // The same prompt while the first load is in flight: nothing of it is cached yet.
+    s.add_request(1, prompt(0, 10)).unwrap();
+    s.schedule().unwrap();
+    s.finish_kv_transfers(&[0], &[], &[]).unwrap();
+    s.schedule().unwrap();
+    s.add_request(2, prompt(0, 10)).unwrap();
+    s.schedule().unwrap();
+    let log = log.lock().unwrap();
+    let asked: Vec<_> = log.iter().filter(|l| l.starts_with("match")).collect();
+    assert_eq!(
+        asked,
+        ["match 0 after 0", "match 1 after 0", "match 2 after 8"]
+    );
+}
+
+#[test]
+fn a_sync_load_counts_as_computed_and_leaves_the_budget_to_others() {
+    let mut s = with_connector(FakeConnector {
+        offer: Some(6),
+        ..FakeConnector::default()
+    });
+    s.add_request(0, prompt(0, 10)).unwrap();
+    s.add_request(1, prompt(1, 10)).unwrap();
+    let out = run_step(&mut s);
+    // 6 of request 0's tokens are loaded: it computes 4, request 1 (also 6 loaded) the
+    // remaining budget of 6, i.e. 4.
+    assert_eq!(scheduled(&out), [(0, 4), (1, 4)]);
+    assert_eq!(out.scheduled_new_reqs[0].num_computed_tokens, 6);
+    assert!(
+        out.kv_loads.is_empty(),
+        "synchronous loads are not waited for"
+    );
+}
+
+#[test]
+fn a_failed_load_falls_back_to_recompute_without_asking_again() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut s = with_connector(FakeConnector {
+        load_async: true,
+        log: log.clone(),
+        ..FakeConnector::default()
+    });
+    s.add_request(0, prompt(0, 10)).unwrap();
+    s.schedule().unwrap();
+    s.finish_kv_transfers(&[], &[], &[0]).unwrap();
+    let out = run_step(&mut s);
+    assert_eq!(
+        scheduled(&out),
+        [(0, 10)],
+        "the whole prompt, within the budget"
+    );
+    assert!(s.get_request(&0).unwrap().kv_load_failed);
+    assert_eq!(
+        log.lock().unwrap().len(),
+        3,
+        "asked once: {:?}",
+        log.lock().unwrap()
+    );
+}
+
+#[test]
+fn a_finished_request_keeps_its_blocks_until_its_send_completes() {
+    let mut s = with_connector(FakeConnector {
+        offer: Some(0),
+        delay_free: true,
+        ..FakeConnector::default()
+    });
+    s.add_request(
+        0,
+        RequestSpec {
+            max_tokens: 1,
+            ..prompt(0, 10)
+        },
+    )
+    .unwrap();
+    let out = run_step(&mut s);
+    assert_eq!(scheduled(&out), [(0, 10)]);
+    assert!(s.get_request(&0).is_none(), "finished");
+    assert_eq!(free_blocks(&s), 5, "3 of 8 blocks held for the send");
+    assert_eq!(s.num_kv_transfers(), (0, 1));
+    s.finish_kv_transfers(&[], &[0], &[]).unwrap();
+    assert_eq!(free_blocks(&s), 8);
+    assert_eq!(s.num_kv_transfers(), (0, 0));
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn an_undecided_connector_leaves_the_request_in_place_and_others_go_ahead() {
+    let mut s = with_connector(FakeConnector {
+        undecided: true,
+        ..FakeConnector::default()
+    });
+    s.add_request(0, prompt(0, 4)).unwrap();
+    let out = s.schedule().unwrap();
+    assert!(scheduled(&out).is_empty());
+    assert_eq!(s.waiting_ids(), [0]);
+}
+
+#[test]
+fn aborting_a_loading_request_holds_its_blocks_until_the_load_stops() {
+    let mut s = with_connector(FakeConnector {
+        load_async: true,
+        ..FakeConnector::default()
+    });
+    s.add_request(0, prompt(0, 10)).unwrap();
+    s.schedule().unwrap();
+    s.abort(&[0]).unwrap();
+    assert_eq!(free_blocks(&s), 5, "the load may still write into them");
+    s.check_invariants().unwrap();
+    s.finish_kv_transfers(&[0], &[], &[]).unwrap();
+    assert_eq!(free_blocks(&s), 8);
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn bad_transfer_reports_and_offers_are_refused() {
+    let mut s = with_connector(FakeConnector {
+        load_async: true,
+        ..FakeConnector::default()
+    });
+    s.add_request(0, prompt(0, 10)).unwrap();
+    s.add_request(1, prompt(1, 4)).unwrap();
+    s.schedule().unwrap();
+    // Request 1 loads too; 2 is unknown: nothing is applied.
+    assert!(s.finish_kv_transfers(&[0, 2], &[], &[]).is_err());
+    assert!(scheduled(&s.schedule().unwrap()).is_empty());
+    assert!(
+        s.finish_kv_transfers(&[], &[0], &[]).is_err(),
+        "no send for a live request"
+    );
+    let mut s = with_connector(FakeConnector {
+        offer: Some(10),
+        ..FakeConnector::default()
+    });
+    s.add_request(0, prompt(0, 10)).unwrap();
+    assert!(
+        s.schedule().is_err(),
+        "a synchronous load must leave the last token"
+    );
+    let radix = SchedulerConfig {
+        enable_prefix_caching: true,
+        prefix_cache: PrefixCache::Radix,
+        ..config()
+    };
+    let mut s: Scheduler<u32> = Scheduler::new(radix, false).unwrap();
+    assert!(s.set_connector(Box::new(FakeConnector::default())).is_err());
+}

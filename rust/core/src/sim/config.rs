@@ -3,6 +3,7 @@
 //! policies lives here: a new policy is one `ReplicaPolicy` type, one entry below and one
 //! config section.
 
+use super::disagg::PdConfig;
 use super::exec::LinearModel;
 use super::global::GlobalPolicy;
 use super::lora::LoraConfig;
@@ -385,6 +386,9 @@ pub struct SimConfig {
     pub lora: Option<LoraConfig>,
     /// Speculative decoding (`vllm_v1` replicas only); `None` = off.
     pub speculative: Option<SpecConfig>,
+    /// Disaggregated serving: the replicas above are the prefill pool, and this is the
+    /// decode pool (`super::disagg`); `None` = every replica does both.
+    pub pd: Option<PdConfig>,
 }
 
 impl SimConfig {
@@ -459,6 +463,23 @@ impl SimConfig {
             lora.validate()?;
         }
         self.validate_speculative()?;
+        if let Some(pd) = &self.pd {
+            pd.validate(&self.replica_policy)?;
+            if self.speculative.is_some() {
+                return Err(Error::config(
+                    "replica.speculative.method",
+                    "set",
+                    "speculative decoding is not simulated in disaggregated pools yet",
+                ));
+            }
+            if self.lora.is_some() {
+                return Err(Error::config(
+                    "replica.lora",
+                    "set",
+                    "LoRA adapters are not simulated in disaggregated pools yet",
+                ));
+            }
+        }
         self.exec.validate()
     }
 

@@ -118,6 +118,10 @@ impl Router {
         }
     }
 
+    pub fn needs_queued_tokens(&self) -> bool {
+        self.policy.needs_queued_tokens()
+    }
+
     /// Applies a replica's cache events to the index.
     pub fn on_kv_events(&mut self, replica: usize, events: &[KvEvent]) {
         let held = &mut self.index[replica];

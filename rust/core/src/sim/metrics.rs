@@ -28,6 +28,12 @@ pub struct RequestTable {
     pub spec_steps: Vec<u32>,
     pub spec_draft_tokens: Vec<u32>,
     pub spec_accepted_tokens: Vec<u32>,
+    /// Disaggregated serving: the prefill replica (-1 without), and the KV transfer to the
+    /// decode replica (`replica`): tokens moved, wait for the link, transfer time.
+    pub prefill_replica: Vec<i64>,
+    pub kv_transfer_tokens: Vec<u32>,
+    pub kv_transfer_wait_s: Vec<f64>,
+    pub kv_transfer_s: Vec<f64>,
 }
 
 impl RequestTable {
@@ -52,6 +58,11 @@ impl RequestTable {
         self.spec_steps.push(r.spec.num_steps);
         self.spec_draft_tokens.push(r.spec.num_draft_tokens);
         self.spec_accepted_tokens.push(r.spec.num_accepted_tokens);
+        self.prefill_replica
+            .push(r.kv.prefill_replica.map_or(-1, i64::from));
+        self.kv_transfer_tokens.push(r.kv.transfer_tokens);
+        self.kv_transfer_wait_s.push(r.kv.transfer_wait_s);
+        self.kv_transfer_s.push(r.kv.transfer_s);
     }
 
     pub fn len(&self) -> usize {

@@ -13,6 +13,7 @@
 pub mod arena;
 pub mod batch;
 mod config;
+pub mod disagg;
 pub mod engine;
 pub mod exec;
 pub mod global;
@@ -30,17 +31,20 @@ pub use batch::{Batch, BatchShape};
 pub use config::{
     OverLength, REPLICA_POLICIES, ReplicaPolicyConfig, ReplicaPolicyEntry, SimConfig, VidurKind,
 };
+pub use disagg::{KvLink, Links, PdConfig, Transfer};
 pub use engine::{ArrivingRequest, RequestSource, SimOutput, Simulator};
 pub use exec::{ExecModel, LinearModel, OpModel, StageTime};
 pub use global::{GlobalPolicy, ReplicaLoad, RouteInfo, RoutePlugin};
 pub use lora::{AdapterCache, LoraConfig, LoraShape};
 pub use metrics::{GapHistogram, ReplicaTotals, RequestTable, Samples, StageTrace};
 pub use replica::{
-    BatchPlan, PluginReplica, ReplicaPluginHost, ReplicaPolicy, SglangLimits, VidurLimits,
+    BatchPlan, PdRole, PluginReplica, ReplicaPluginHost, ReplicaPolicy, SglangLimits, VidurLimits,
 };
-pub use request::{ReqIdx, RestartMode, SimRequest};
+pub use request::{KvMoves, ReqIdx, RestartMode, SimRequest};
 pub use rng::Rng;
 
+#[cfg(test)]
+mod pd_tests;
 #[cfg(test)]
 mod session_tests;
 #[cfg(test)]

@@ -77,6 +77,21 @@ pub struct SimRequest {
     pub timing: RequestTiming,
     /// Speculative decoding (`vllm_v1` with `[replica.speculative]`; zeros otherwise).
     pub spec: SpecCounters,
+    /// KV moved for it: from a prefill replica (disaggregated serving) or a host tier.
+    pub kv: KvMoves,
+}
+
+/// The KV a request moved (`super::disagg`; zeros when none moved).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KvMoves {
+    /// The prefill replica that computed its prompt, while its blocks are held there for
+    /// the transfer; and for the results, which replica that was.
+    pub held_by: Option<u32>,
+    pub prefill_replica: Option<u32>,
+    /// Prompt tokens whose KV crossed the link, the wait for the link, and the transfer.
+    pub transfer_tokens: u32,
+    pub transfer_wait_s: f64,
+    pub transfer_s: f64,
 }
 
 /// When things happened to a request (seconds of simulated time; NaN = never).
@@ -132,6 +147,7 @@ impl SimRequest {
             lora_id: None,
             timing: RequestTiming::default(),
             spec: SpecCounters::default(),
+            kv: KvMoves::default(),
         }
     }
 

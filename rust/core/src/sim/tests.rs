@@ -68,6 +68,7 @@ pub(super) fn config(
         concurrency: None,
         lora: None,
         speculative: None,
+        pd: None,
     }
 }
 

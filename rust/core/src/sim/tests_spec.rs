@@ -48,6 +48,7 @@ fn config(sched: SchedulerConfig, k: u32, acceptance: Acceptance) -> SimConfig {
             num_speculative_tokens: k,
             acceptance,
         }),
+        pd: None,
     }
 }
 

@@ -5,6 +5,7 @@
 //! the order they were created, so a run is a pure function of the config and the input.
 
 mod arrivals;
+mod disagg;
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, VecDeque};
@@ -14,11 +15,12 @@ use rustc_hash::FxHashMap;
 use super::arena::Requests;
 use super::batch::{Batch, BatchShape};
 use super::config::SimConfig;
+use super::disagg::Links;
 use super::exec::ExecModel;
 use super::global::{ReplicaLoad, RouteInfo, RoutePlugin, Router};
 use super::lora;
 use super::metrics::{GapHistogram, ReplicaTotals, RequestTable, Samples, StageTrace};
-use super::replica::ReplicaPolicy;
+use super::replica::{PdRole, ReplicaPolicy};
 use super::request::{ReqIdx, SimRequest};
 use super::sessions::{Sessions, Turn};
 use super::tokens::synthesize_prompt;
@@ -114,6 +116,12 @@ enum EventKind {
         replica: u32,
         batch: u64,
     },
+    /// A request's KV, sent from `source` (a prefill replica) to `replica`, has landed.
+    KvLanded {
+        replica: u32,
+        source: u32,
+        request: ReqIdx,
+    },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -150,6 +158,10 @@ impl Ord for Event {
 
 struct Replica {
     policy: Box<dyn ReplicaPolicy>,
+    /// Pipeline stages (each pool has its own layout) and whether it is a decode replica,
+    /// priced by the decode pool's execution model.
+    num_stages: u32,
+    decode: bool,
     num_running_batches: u32,
     stage_queues: Vec<VecDeque<u64>>,
     stage_busy: Vec<bool>,
@@ -162,6 +174,13 @@ const PROGRESS_EVERY: usize = 4096;
 pub struct Simulator<'a> {
     config: SimConfig,
     exec: &'a mut dyn ExecModel,
+    /// The decode pool's execution model (its device and layout); `exec` without one.
+    decode_exec: Option<&'a mut dyn ExecModel>,
+    /// Replicas `0..num_prefill` take arrivals (all of them without disaggregation); the
+    /// rest are the decode pool, routed to by `decode_router`.
+    num_prefill: usize,
+    decode_router: Option<Router>,
+    links: Option<Links>,
     requests: Requests,
     replicas: Vec<Replica>,
     router: Router,
@@ -187,10 +206,28 @@ impl<'a> Simulator<'a> {
     pub fn new(config: SimConfig, exec: &'a mut dyn ExecModel) -> Result<Self> {
         config.validate()?;
         let kv_events = config.global_policy.needs_kv_events();
-        let policies = (0..config.num_replicas)
+        let mut policies = (0..config.num_replicas)
             .map(|replica| config.build_replica(replica, kv_events))
             .collect::<Result<Vec<_>>>()?;
+        if let Some(pd) = &config.pd {
+            for policy in &mut policies {
+                policy.set_pd_role(PdRole::Prefill)?;
+            }
+            let kv_events = pd.decode_router.needs_kv_events();
+            for _ in 0..pd.num_decode_replicas {
+                let mut policy = pd.decode_policy.build(config.hash_block_size, kv_events)?;
+                policy.set_pd_role(PdRole::Decode)?;
+                policies.push(policy);
+            }
+        }
         Self::with_replica_policies(config, exec, policies)
+    }
+
+    /// Prices the decode pool's batches with `exec` (disaggregated runs; without it, the
+    /// prefill pool's model prices both).
+    pub fn with_decode_exec(mut self, exec: &'a mut dyn ExecModel) -> Self {
+        self.decode_exec = Some(exec);
+        self
     }
 
     /// A simulator whose replicas run `policies` (one per replica; e.g. plugins, with
@@ -201,22 +238,35 @@ impl<'a> Simulator<'a> {
         policies: Vec<Box<dyn ReplicaPolicy>>,
     ) -> Result<Self> {
         config.validate()?;
-        if policies.len() != config.num_replicas as usize {
+        let num_prefill = config.num_replicas as usize;
+        let num_decode = config.pd.as_ref().map_or(0, |pd| pd.num_decode_replicas);
+        if policies.len() != num_prefill + num_decode as usize {
             return Err(Error::config(
                 "cluster.num_replicas",
                 config.num_replicas,
                 format!("{} replica policies were given", policies.len()),
             ));
         }
-        let num_stages = config.num_stages as usize;
+        let decode_stages = config.pd.as_ref().map_or(1, |pd| pd.decode_num_stages);
         let mut replicas: Vec<Replica> = policies
             .into_iter()
-            .map(|policy| Replica {
-                policy,
-                num_running_batches: 0,
-                stage_queues: vec![VecDeque::new(); num_stages],
-                stage_busy: vec![false; num_stages],
-                last_sample_at: f64::NEG_INFINITY,
+            .enumerate()
+            .map(|(r, policy)| {
+                let decode = r >= num_prefill;
+                let num_stages = if decode {
+                    decode_stages
+                } else {
+                    config.num_stages
+                };
+                Replica {
+                    policy,
+                    num_stages,
+                    decode,
+                    num_running_batches: 0,
+                    stage_queues: vec![VecDeque::new(); num_stages as usize],
+                    stage_busy: vec![false; num_stages as usize],
+                    last_sample_at: f64::NEG_INFINITY,
+                }
             })
             .collect();
         for replica in &mut replicas {
@@ -226,10 +276,23 @@ impl<'a> Simulator<'a> {
         }
         let router = Router::new(
             config.global_policy,
-            replicas.len(),
+            num_prefill,
             config.replica_policy.block_size(),
             config.seed,
         );
+        let decode_router = config.pd.as_ref().map(|pd| {
+            let seed = config.seed ^ 0xDEC0_DE00;
+            Router::new(
+                pd.decode_router,
+                num_decode as usize,
+                pd.decode_policy.block_size(),
+                seed,
+            )
+        });
+        let links = config
+            .pd
+            .as_ref()
+            .map(|pd| Links::new(pd.link, num_prefill as u32, num_decode));
         let out = SimOutput {
             stages: config.record_stages.then(StageTrace::default),
             replicas: ReplicaTotals::new(replicas.len()),
@@ -239,6 +302,10 @@ impl<'a> Simulator<'a> {
         Ok(Self {
             config,
             exec,
+            decode_exec: None,
+            num_prefill,
+            decode_router,
+            links,
             requests: Requests::default(),
             replicas,
             router,
@@ -361,7 +428,7 @@ impl<'a> Simulator<'a> {
             } => {
                 self.replicas[replica as usize].stage_busy[stage as usize] = false;
                 self.push(self.now, EventKind::StageSchedule { replica, stage });
-                let next = if stage + 1 == self.config.num_stages {
+                let next = if stage + 1 == self.replicas[replica as usize].num_stages {
                     EventKind::BatchEnd { replica, batch }
                 } else {
                     EventKind::StageArrival {
@@ -374,15 +441,18 @@ impl<'a> Simulator<'a> {
                 Ok(())
             }
             EventKind::BatchEnd { replica, batch } => self.on_batch_end(replica, batch, source),
+            EventKind::KvLanded {
+                replica,
+                source,
+                request,
+            } => self.on_kv_landed(replica, source, request),
         }
     }
 
-    fn route(&mut self, request: &SimRequest) -> Result<usize> {
-        // Queued prompt tokens cost a pass over each queue: only when the router reads them.
-        let queued_tokens =
-            self.route_plugin.is_some() || self.config.global_policy.needs_queued_tokens();
-        let loads: Vec<ReplicaLoad> = self
-            .replicas
+    /// What a router sees of `replicas`; queued prompt tokens cost a pass over each queue,
+    /// so they are counted only when the router reads them.
+    fn loads(&self, replicas: std::ops::Range<usize>, queued_tokens: bool) -> Vec<ReplicaLoad> {
+        self.replicas[replicas]
             .iter()
             .map(|r| ReplicaLoad {
                 num_pending: r.policy.num_pending(),
@@ -394,7 +464,13 @@ impl<'a> Simulator<'a> {
                 },
                 kv_usage: r.policy.kv_usage(),
             })
-            .collect();
+            .collect()
+    }
+
+    fn route(&mut self, request: &SimRequest) -> Result<usize> {
+        let queued_tokens =
+            self.route_plugin.is_some() || self.config.global_policy.needs_queued_tokens();
+        let loads = self.loads(0..self.num_prefill, queued_tokens);
         if let Some(plugin) = &mut self.route_plugin {
             let info = RouteInfo {
                 request_id: request.id,
@@ -425,7 +501,7 @@ impl<'a> Simulator<'a> {
 
     fn on_replica_schedule(&mut self, replica: u32) -> Result<()> {
         let r = replica as usize;
-        while self.replicas[r].num_running_batches < self.config.num_stages {
+        while self.replicas[r].num_running_batches < self.replicas[r].num_stages {
             let Some(plan) = self.replicas[r].policy.next_batch(&mut self.requests)? else {
                 break;
             };
@@ -470,6 +546,9 @@ impl<'a> Simulator<'a> {
                 },
             );
         }
+        if self.replicas[r].decode {
+            self.start_kv_loads(r)?;
+        }
         Ok(())
     }
 
@@ -483,9 +562,12 @@ impl<'a> Simulator<'a> {
         };
         self.replicas[r].stage_busy[s] = true;
         let batch = &self.batches[&batch_id];
-        let time = self
-            .exec
-            .stage_time(&batch.shape, stage, self.config.num_stages)?;
+        let num_stages = self.replicas[r].num_stages;
+        let exec = match &mut self.decode_exec {
+            Some(decode) if self.replicas[r].decode => &mut **decode,
+            _ => &mut *self.exec,
+        };
+        let time = exec.stage_time(&batch.shape, stage, num_stages)?;
         let time = lora::with_load(time, &batch.shape.lora);
         if !(time.total_s.is_finite() && time.total_s >= 0.0 && time.model_s.is_finite()) {
             return Err(Error::Plugin(format!(
@@ -557,13 +639,21 @@ impl<'a> Simulator<'a> {
         }
         let events = self.replicas[r].policy.drain_kv_events();
         if !events.is_empty() {
-            self.router.on_kv_events(r, &events);
+            match &mut self.decode_router {
+                Some(router) if r >= self.num_prefill => {
+                    router.on_kv_events(r - self.num_prefill, &events)
+                }
+                _ => self.router.on_kv_events(r, &events),
+            }
         }
         self.push(self.now, EventKind::ReplicaSchedule { replica });
         Ok(())
     }
 
     fn release(&mut self, idx: ReqIdx, source: &mut dyn RequestSource) -> Result<()> {
+        if self.decode_router.is_some() && !self.requests.get(idx).completed {
+            return self.hand_over(idx);
+        }
         let request = self.requests.remove(idx);
         if !request.completed {
             return Err(Error::Plugin(format!(
@@ -603,6 +693,6 @@ impl<'a> Simulator<'a> {
         totals.sum_batch_size[r] += shape.num_requests as u64;
         totals.num_prefill_tokens[r] += shape.num_prefill_tokens;
         totals.num_decode_tokens[r] += shape.num_decode_tokens;
-        totals.record_lora(r, &shape.lora, self.config.num_stages);
+        totals.record_lora(r, &shape.lora, self.replicas[r].num_stages);
     }
 }

@@ -28,7 +28,19 @@ use super::lora::{LoraConfig, LoraShape};
 use super::request::ReqIdx;
 use crate::Result;
 use crate::kv::KvEvent;
-use crate::sched::PolicyPlugin;
+use crate::sched::{KvLoad, PolicyPlugin};
+
+/// A replica's part in disaggregated serving (`super::disagg`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PdRole {
+    /// Prefill and decode on one replica.
+    #[default]
+    Aggregated,
+    /// Computes prompts and first tokens; keeps a request's blocks until its KV is sent.
+    Prefill,
+    /// Receives KV computed elsewhere, then decodes.
+    Decode,
+}
 
 /// The requests of a new batch and the tokens each computes.
 pub type BatchPlan = (Vec<ReqIdx>, Vec<u32>);
@@ -90,6 +102,30 @@ pub trait ReplicaPolicy: Send {
         _requests: &Requests,
     ) -> Result<LoraShape> {
         Ok(LoraShape::default())
+    }
+
+    /// Takes part in disaggregated serving as `role`; only `vllm_v1` replicas can.
+    fn set_pd_role(&mut self, _role: PdRole) -> Result<()> {
+        Err(crate::Error::config(
+            "replica.scheduler.policy",
+            "set",
+            "prefill and decode pools run vllm_v1 replicas only",
+        ))
+    }
+
+    /// KV loads that began since the last call: transfers in from a prefill replica (a
+    /// decode replica's requests; a request admitted with no tokens to load reports a load
+    /// of zero), or a host-memory tier's blocks.
+    fn drain_kv_loads(&mut self) -> Vec<KvLoad<ReqIdx>> {
+        Vec::new()
+    }
+
+    /// A transfer of request `idx` ended here: its KV landed (`sent = false`) or, on the
+    /// replica that computed it, it has been sent and its blocks can go.
+    fn finish_kv_transfer(&mut self, _idx: ReqIdx, _sent: bool) -> Result<()> {
+        Err(crate::Error::Plugin(
+            "a KV transfer ended on a replica that runs none".into(),
+        ))
     }
 
     /// Padding rows of decode batches (SGLang's CUDA-graph sizes); 0 by default.

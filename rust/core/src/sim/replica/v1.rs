@@ -7,11 +7,15 @@
 
 use std::collections::VecDeque;
 
-use super::{BatchPlan, ReplicaPolicy};
+use rustc_hash::FxHashSet;
+
+use super::{BatchPlan, PdRole, ReplicaPolicy};
 use crate::Result;
-use crate::kv::KvEvent;
-use crate::kv::TokenId;
-use crate::sched::{PolicyPlugin, RequestSpec, Scheduler, SchedulerConfig};
+use crate::kv::{BlockId, KvEvent, TokenId};
+use crate::sched::{
+    ExternalTokens, KvConnector, KvLoad, PolicyPlugin, Request, RequestSpec, Scheduler,
+    SchedulerConfig,
+};
 use crate::sim::arena::Requests;
 use crate::sim::batch::Batch;
 use crate::sim::lora::{AdapterCache, LoraConfig, LoraShape};
@@ -41,6 +45,83 @@ pub struct VllmV1 {
     adapters: Option<AdapterCache>,
     /// Speculative decoding, when configured.
     spec: Option<SpecDecoder>,
+    role: PdRole,
+    /// Decode role: requests whose KV load began and that have not been admitted since.
+    loading: FxHashSet<ReqIdx>,
+    kv_loads: Vec<KvLoad<ReqIdx>>,
+}
+
+/// A prefill replica's connector: nothing to load; every finished request keeps its
+/// blocks until its KV has been sent to a decode replica (`finish_kv_transfer`).
+struct SendsToDecode;
+
+impl KvConnector<ReqIdx> for SendsToDecode {
+    fn get_num_new_matched_tokens(
+        &mut self,
+        _request: &Request<ReqIdx>,
+        _num_computed_tokens: usize,
+    ) -> Result<Option<ExternalTokens>> {
+        Ok(Some(ExternalTokens::default()))
+    }
+
+    fn update_state_after_alloc(
+        &mut self,
+        _: &Request<ReqIdx>,
+        _: &[BlockId],
+        _: usize,
+    ) -> Result<()> {
+        Ok(())
+    }
+
+    fn request_finished(
+        &mut self,
+        _request: &Request<ReqIdx>,
+        _blocks: &[BlockId],
+    ) -> Result<bool> {
+        Ok(true)
+    }
+}
+
+/// A decode replica's connector: a request arrives as its prompt plus the first token the
+/// prefill replica sampled; the prompt's KV (what the local prefix cache lacks of it) is
+/// loaded asynchronously, and the first token is computed here. A request preempted on
+/// this replica recomputes everything: the prefill replica's copy is gone.
+struct ReceivesFromPrefill;
+
+impl KvConnector<ReqIdx> for ReceivesFromPrefill {
+    fn get_num_new_matched_tokens(
+        &mut self,
+        request: &Request<ReqIdx>,
+        num_computed_tokens: usize,
+    ) -> Result<Option<ExternalTokens>> {
+        let prompt = request.num_prompt_tokens() - 1;
+        let num_tokens = if request.num_preemptions > 0 {
+            0
+        } else {
+            prompt.saturating_sub(num_computed_tokens)
+        };
+        Ok(Some(ExternalTokens {
+            num_tokens,
+            load_async: true,
+        }))
+    }
+
+    fn update_state_after_alloc(
+        &mut self,
+        _: &Request<ReqIdx>,
+        _: &[BlockId],
+        _: usize,
+    ) -> Result<()> {
+        Ok(())
+    }
+
+    fn request_finished(
+        &mut self,
+        _request: &Request<ReqIdx>,
+        _blocks: &[BlockId],
+    ) -> Result<bool> {
+        Ok(false)
+    }
 }
 
 impl VllmV1 {
@@ -58,6 +139,9 @@ impl VllmV1 {
             spare: Vec::new(),
             adapters: None,
             spec: None,
+            role: PdRole::Aggregated,
+            loading: FxHashSet::default(),
+            kv_loads: Vec::new(),
         })
     }
 
@@ -106,15 +190,26 @@ fn output_token(request: &SimRequest, position: u64, hash_block_size: u32) -> To
 impl ReplicaPolicy for VllmV1 {
     fn add_request(&mut self, requests: &mut Requests, idx: ReqIdx) -> Result<()> {
         let request = requests.get(idx);
-        let spec = RequestSpec {
+        let mut prompt = self.prompts.prompt(
+            request.id,
+            request.num_prefill_tokens,
+            &request.hash_ids,
             // Room for the outputs: the scheduler appends them to this vector.
-            prompt_token_ids: self.prompts.prompt(
-                request.id,
-                request.num_prefill_tokens,
-                &request.hash_ids,
-                request.num_decode_tokens as usize,
-            ),
-            max_tokens: request.num_decode_tokens as usize,
+            request.num_decode_tokens as usize,
+        );
+        let max_tokens = match self.role {
+            PdRole::Aggregated => request.num_decode_tokens,
+            PdRole::Prefill => 1,
+            PdRole::Decode => {
+                // The prompt and the first token, sampled on the prefill replica.
+                let first = request.num_prefill_tokens as u64;
+                prompt.push(output_token(request, first, self.hash_block_size));
+                request.num_decode_tokens - 1
+            }
+        };
+        let spec = RequestSpec {
+            prompt_token_ids: prompt,
+            max_tokens: max_tokens as usize,
             arrival_time: request.arrived_at,
             ignore_eos: true,
             external_id: Some(request.id),
@@ -136,6 +231,9 @@ impl ReplicaPolicy for VllmV1 {
                 spec.strike(idx);
             }
         }
+        self.kv_loads.extend(out.kv_loads.iter().cloned());
+        self.loading
+            .extend(out.kv_loads.iter().map(|load| load.request_id));
         // Prefix-cache hits are computed without running: they count as processed.
         for admitted in out
             .scheduled_new_reqs
@@ -143,6 +241,19 @@ impl ReplicaPolicy for VllmV1 {
             .chain(&out.scheduled_resumed_reqs)
         {
             let request = requests.get_mut(admitted.request_id);
+            if self.role == PdRole::Decode && request.num_restarts == 0 {
+                // Handed over with its prompt and first token processed; what it loaded or
+                // hit here is that same work. With nothing loaded, the prefill replica may
+                // let the request's blocks go now.
+                if !self.loading.remove(&admitted.request_id) {
+                    self.kv_loads.push(KvLoad {
+                        request_id: admitted.request_id,
+                        num_external_tokens: 0,
+                        num_host_tokens: 0,
+                    });
+                }
+                continue;
+            }
             let hit = admitted.num_computed_tokens as u32;
             if request.num_restarts == 0 {
                 request.prefix_hit_tokens = hit;
@@ -195,7 +306,16 @@ impl ReplicaPolicy for VllmV1 {
             })?;
         caught_up.clear();
         self.spare.push(caught_up);
-        Ok(finished.into_iter().map(|(idx, _)| idx).collect())
+        let released: Vec<ReqIdx> = finished.into_iter().map(|(idx, _)| idx).collect();
+        if self.role == PdRole::Prefill {
+            // A one-token request is done here: no decode replica needs its KV.
+            for &idx in &released {
+                if requests.get(idx).completed {
+                    self.scheduler.finish_kv_transfers(&[], &[idx], &[])?;
+                }
+            }
+        }
+        Ok(released)
     }
 
     fn num_pending(&self) -> usize {
@@ -225,6 +345,37 @@ impl ReplicaPolicy for VllmV1 {
 
     fn drain_kv_events(&mut self) -> Vec<KvEvent> {
         self.scheduler.drain_kv_events()
+    }
+
+    fn set_pd_role(&mut self, role: PdRole) -> Result<()> {
+        if self.spec.is_some() && role != PdRole::Aggregated {
+            return Err(crate::Error::config(
+                "replica.speculative.method",
+                "set",
+                "speculative decoding is not simulated in disaggregated pools yet",
+            ));
+        }
+        match role {
+            PdRole::Aggregated => {}
+            PdRole::Prefill => self.scheduler.set_connector(Box::new(SendsToDecode))?,
+            PdRole::Decode => self
+                .scheduler
+                .set_connector(Box::new(ReceivesFromPrefill))?,
+        }
+        self.role = role;
+        Ok(())
+    }
+
+    fn drain_kv_loads(&mut self) -> Vec<KvLoad<ReqIdx>> {
+        std::mem::take(&mut self.kv_loads)
+    }
+
+    fn finish_kv_transfer(&mut self, idx: ReqIdx, sent: bool) -> Result<()> {
+        if sent {
+            self.scheduler.finish_kv_transfers(&[], &[idx], &[])
+        } else {
+            self.scheduler.finish_kv_transfers(&[idx], &[], &[])
+        }
     }
 
     fn enable_lora(&mut self, config: &LoraConfig) -> Result<()> {

@@ -1,0 +1,150 @@
+//! Disaggregated serving, by hand: prefill on one replica, the KV over the link at its
+//! rate, decode steps on another; link contention; the decode side's prefix cache.
+
+use super::tests::{VecSource, close, linear, req};
+use super::*;
+use crate::sched::SchedulerConfig;
+
+fn v1(num_blocks: usize) -> ReplicaPolicyConfig {
+    ReplicaPolicyConfig::VllmV1(SchedulerConfig {
+        block_size: 4,
+        num_blocks,
+        max_model_len: 64,
+        max_num_batched_tokens: 64,
+        enable_prefix_caching: true,
+        ..SchedulerConfig::default()
+    })
+}
+
+/// 1 MB per token; one GPU per replica, one per node: every transfer crosses the network
+/// at 1 GB/s with 1 ms latency, so 10 tokens take 0.001 + 0.01 s.
+fn link() -> KvLink {
+    KvLink {
+        kv_bytes_per_token: 1e6,
+        gpus_per_node: 1,
+        prefill_gpus: 1,
+        decode_gpus: 1,
+        nvlink_gbps: 100.0,
+        nvlink_latency_s: 0.0,
+        network_gbps: 1.0,
+        network_latency_s: 1e-3,
+    }
+}
+
+fn pd_config(num_prefill: u32, num_decode: u32) -> SimConfig {
+    let mut config = super::tests::config(v1(64), 1, linear(1.0, 0.1, 0.2));
+    config.num_replicas = num_prefill;
+    config.pd = Some(PdConfig {
+        num_decode_replicas: num_decode,
+        decode_num_stages: 1,
+        decode_policy: v1(64),
+        decode_router: GlobalPolicy::RoundRobin,
+        link: link(),
+    });
+    config
+}
+
+fn run(config: SimConfig, requests: Vec<ArrivingRequest>) -> SimOutput {
+    let mut exec = config.exec;
+    let sim = Simulator::new(config, &mut exec).unwrap();
+    sim.run(&mut VecSource(Some(requests))).unwrap()
+}
+
+#[test]
+fn one_request_prefills_crosses_the_link_and_decodes_at_hand_computed_times() {
+    let out = run(pd_config(1, 1), vec![req(0.0, 10, 3)]);
+    let t = &out.requests;
+    // Prefill of 10 on replica 0: 1 + 0.1 x 10 = 2 s, the first token.
+    assert!(close(t.first_token_at[0], 2.0));
+    // 10 tokens of KV: 0.001 + 1e7 / 1e9 = 0.011 s, landing at 2.011. Then two decode
+    // steps of 1 + 0.2 = 1.2 s on replica 1: tokens 2 and 3 at 3.211 and 4.411.
+    assert_eq!(t.kv_transfer_tokens[0], 10);
+    assert!(close(t.kv_transfer_s[0], 0.011));
+    assert!(close(t.kv_transfer_wait_s[0], 0.0));
+    assert!(close(t.completed_at[0], 4.411));
+    assert!(
+        close(t.max_token_gap[0], 1.211),
+        "the gap before token 2 has the transfer"
+    );
+    assert_eq!((t.prefill_replica[0], t.replica[0]), (0, 1));
+    let busy = &out.replicas.busy_time;
+    assert!(close(busy[0], 2.0) && close(busy[1], 2.4));
+}
+
+#[test]
+fn a_one_token_request_never_leaves_the_prefill_pool() {
+    let out = run(pd_config(1, 1), vec![req(0.0, 10, 1)]);
+    let t = &out.requests;
+    assert!(close(t.completed_at[0], 2.0));
+    assert_eq!(
+        (t.prefill_replica[0], t.replica[0], t.kv_transfer_tokens[0]),
+        (-1, 0, 0)
+    );
+}
+
+#[test]
+fn transfers_into_one_decode_replica_queue_on_its_port() {
+    // Two prefill replicas finish at 2.0 together; both send 10 tokens to decode replica 2.
+    let out = run(pd_config(2, 1), vec![req(0.0, 10, 2), req(0.0, 10, 2)]);
+    let t = &out.requests;
+    let mut waits: Vec<f64> = t.kv_transfer_wait_s.clone();
+    waits.sort_by(f64::total_cmp);
+    assert!(close(waits[0], 0.0) && close(waits[1], 0.011), "{waits:?}");
+}
+
+#[test]
+fn the_decode_side_prefix_cache_shortens_the_transfer() {
+    // A 12-token prompt, then the same prompt, then one sharing its first 8 tokens, far
+    // apart. On the decode replica the second finds all 12 prompt tokens cached (nothing
+    // crosses the link) and the third its first two blocks of 4 (4 tokens cross).
+    let turn = |at: f64, ids: [u64; 3]| {
+        let mut r = req(at, 12, 2);
+        r.hash_ids = ids.to_vec();
+        r
+    };
+    let requests = vec![
+        turn(0.0, [1, 2, 3]),
+        turn(100.0, [1, 2, 3]),
+        turn(200.0, [1, 2, 9]),
+    ];
+    let mut config = pd_config(1, 1);
+    config.hash_block_size = 4;
+    let out = run(config, requests);
+    assert_eq!(out.requests.kv_transfer_tokens, [12, 0, 4]);
+}
+
+#[test]
+fn every_request_completes_once_and_decode_never_starts_before_its_kv_lands() {
+    let requests: Vec<_> = (0..40)
+        .map(|i| req(i as f64 * 0.3, 5 + (i * 7 % 23), 1 + (i * 5 % 9)))
+        .collect();
+    let out = run(pd_config(2, 3), requests);
+    let t = &out.requests;
+    let mut ids = t.request_id.clone();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..40).collect::<Vec<_>>());
+    for i in 0..t.len() {
+        if t.num_decode_tokens[i] > 1 {
+            let landed = t.first_token_at[i] + t.kv_transfer_wait_s[i] + t.kv_transfer_s[i];
+            assert!(t.replica[i] >= 2, "decoded in the decode pool");
+            // The second token needs a decode step after the KV landed.
+            assert!(t.first_token_at[i] + t.max_token_gap[i] >= landed + 1.2 - 1e-9);
+        }
+    }
+}
+
+#[test]
+fn bad_pool_configs_name_their_key() {
+    let mut config = pd_config(1, 1);
+    config.pd.as_mut().unwrap().num_decode_replicas = 0;
+    let err = config.validate().unwrap_err().to_string();
+    assert!(err.contains("cluster.decode.num_replicas"), "{err}");
+    let mut config = pd_config(1, 1);
+    config.pd.as_mut().unwrap().link.network_gbps = 0.0;
+    let err = config.validate().unwrap_err().to_string();
+    assert!(err.contains("cluster.kv_transfer.network_gbps"), "{err}");
+    let mut config = pd_config(1, 1);
+    config.replica_policy = ReplicaPolicyConfig::Vidur(VidurKind::Vllm, super::tests::limits());
+    let err = config.validate().unwrap_err().to_string();
+    assert!(err.contains("replica.scheduler.policy"), "{err}");
+}

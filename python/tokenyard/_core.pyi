@@ -632,6 +632,7 @@ class SimConfig:
         concurrency: int | None = None,
         lora: dict[str, float] | None = None,
         speculative: SpeculativeConfig | None = None,
+        decode: dict[str, Any] | None = None,
     ) -> SimConfig: ...
     @property
     def replica_policy(self) -> str: ...
@@ -648,6 +649,7 @@ def simulate(
     exec_repeat: int = 1,
     draft_exec_model: CompiledOps | None = None,
     draft_layer_fraction: float | None = None,
+    decode_exec_model: CompiledOps | None = None,
 ) -> dict[str, Any]:
     """Runs the core simulator (use ``tokenyard.simulation.simulate``) with the GIL
     released: a typed config, an iterator of request chunks, an optional execution-time

@@ -45,6 +45,8 @@ DEVICE_FIELDS: dict[str, str] = {
     "interconnect_gbps": "float",
     "interconnect_latency_us": "float",
     "host_link_gbps": "float",
+    "network_gbps": "float",
+    "network_latency_us": "float",
     "price_per_hour": "float",
     "price_source": "str",
     "source": "str",
@@ -210,6 +212,10 @@ class DeviceSpec:
     interconnect_latency_us: float = 10.0
     #: Host-to-GPU link (PCIe) in GB/s, one direction; 0 = unknown.
     host_link_gbps: float = 0.0
+    #: One GPU's share of its node's network (its NIC) in GB/s, one direction, as clusters
+    #: of this GPU are usually built; 0 = unknown. KV transfers between nodes use it.
+    network_gbps: float = 0.0
+    network_latency_us: float = 0.0
     price_per_hour: float = 0.0
     price_source: str = ""
     source: str = ""
@@ -226,7 +232,13 @@ class DeviceSpec:
                 raise _fail(where, field, "must be a number > 0", getattr(self, field))
         _check_at_least(
             self,
-            ("interconnect_latency_us", "host_link_gbps", "price_per_hour"),
+            (
+                "interconnect_latency_us",
+                "host_link_gbps",
+                "network_gbps",
+                "network_latency_us",
+                "price_per_hour",
+            ),
             0,
             "a number",
             where,

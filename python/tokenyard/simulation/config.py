@@ -43,6 +43,7 @@ from tokenyard._checks import (
 from tokenyard.errors import ConfigError
 from tokenyard.predictor.profiled import TrainingOptions
 from tokenyard.predictor.roofline import CpuOverheads, Efficiencies
+from tokenyard.simulation.disagg_config import DecodePoolConfig, KvTransferConfig
 from tokenyard.simulation.lora_config import LoraConfig
 from tokenyard.simulation.planner import dtype_bytes
 from tokenyard.simulation.scheduler_config import (
@@ -109,14 +110,30 @@ class GlobalSchedulerConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ClusterConfig:
+    """``num_replicas`` replicas behind ``global_scheduler``; with ``decode`` set they are
+    the prefill pool of a disaggregated cluster (docs/disaggregation.md)."""
+
     num_replicas: int = 4
     global_scheduler: GlobalSchedulerConfig = dataclasses.field(
         default_factory=GlobalSchedulerConfig
     )
+    decode: DecodePoolConfig | None = None
+    kv_transfer: KvTransferConfig | None = None
 
     def check(self, where: str) -> None:
         check_key_int(f"{where}.num_replicas", self.num_replicas, low=1, high=MAX_REPLICAS)
         self.global_scheduler.check(f"{where}.global_scheduler")
+        if self.decode is not None:
+            self.decode.check(f"{where}.decode")
+        if self.kv_transfer is not None:
+            if self.decode is None:
+                raise fail(
+                    f"{where}.kv_transfer",
+                    "applies to disaggregated clusters (a [cluster.decode] pool); without "
+                    "one it would change nothing",
+                    "set",
+                )
+            self.kv_transfer.check(f"{where}.kv_transfer")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -400,6 +417,38 @@ class SimulationConfig:
         self.execution.check("execution")
         self.metrics.check("metrics")
         self._check_lora()
+        self._check_disaggregation()
+
+    def _check_disaggregation(self) -> None:
+        """Both pools run vllm_v1 (their KV connectors); other features are not simulated
+        across pools yet, and are refused rather than ignored."""
+        decode = self.cluster.decode
+        if decode is None:
+            return
+        policies = [("replica.scheduler.policy", self.replica.scheduler.policy)]
+        if decode.scheduler is not None:
+            policies.append(("cluster.decode.scheduler.policy", decode.scheduler.policy))
+        for key, policy in policies:
+            if policy != "vllm_v1":
+                raise fail(
+                    key, "prefill and decode pools run vllm_v1 replicas (KV connectors)", policy
+                )
+        if self.replica.speculative.enabled:
+            raise fail(
+                "replica.speculative.method",
+                "speculative decoding is not simulated in disaggregated pools yet",
+                self.replica.speculative.method,
+            )
+        if self.replica.lora is not None:
+            raise fail(
+                "replica.lora", "LoRA adapters are not simulated in disaggregated pools yet", "set"
+            )
+        if ":" in self.cluster.global_scheduler.policy:
+            raise fail(
+                "cluster.global_scheduler.policy",
+                "routing plugins are not supported with a decode pool yet",
+                self.cluster.global_scheduler.policy,
+            )
 
     def _check_lora(self) -> None:
         """Adapters in the workload need ``[replica.lora]`` and a model that prices them;

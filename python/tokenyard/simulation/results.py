@@ -140,6 +140,7 @@ def request_columns(raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             decode > 1, (c["completed_at"] - c["first_token_at"]) / (decode - 1), 0.0
         )
     c["e2e"] = c["completed_at"] - c["arrived_at"]
+    c["second_token_gap"] = c["second_token_at"] - c["first_token_at"]
     c["scheduling_delay"] = c["scheduled_at"] - c["arrived_at"]
     return c
 
@@ -196,7 +197,12 @@ def summarize(
     hits = columns["prefix_hit_tokens"].astype(np.int64)
     good = (columns["ttft"] <= slo_ttft_s) & (columns["tpot"] <= slo_tpot_s)
     replicas = raw["replicas"]
-    busy = replicas["busy_time"] / (num_stages * makespan)
+    decode_pool = description.get("decode")
+    num_prefill = len(replicas["busy_time"]) - (decode_pool["num_replicas"] if decode_pool else 0)
+    stages = np.full(len(replicas["busy_time"]), num_stages, dtype=np.float64)
+    if decode_pool:
+        stages[num_prefill:] = decode_pool["num_pipeline_stages"]
+    busy = replicas["busy_time"] / (stages * makespan)
     samples = raw["samples"]
     batches = np.maximum(replicas["num_batches"], 1)
     lora = _lora_summary(replicas) if "lora" in description else {}
@@ -246,7 +252,27 @@ def summarize(
         found["sessions"] = session_summary(columns)
     if "speculative" in description:
         found["speculative"] = speculative_summary(columns)
+    if decode_pool:
+        found["disaggregation"] = disaggregation_summary(columns, busy, num_prefill)
     return found
+
+
+def disaggregation_summary(
+    columns: dict[str, np.ndarray], busy: np.ndarray, num_prefill: int
+) -> dict[str, Any]:
+    """Per pool: busy fraction; per handed-over request: KV moved, the wait for the link,
+    the transfer and the gap before the second token (which holds both)."""
+    moved = columns["prefill_replica"] >= 0
+    gap = columns["second_token_gap"][moved]
+    return {
+        "prefill_busy_fraction": float(busy[:num_prefill].mean()),
+        "decode_busy_fraction": float(busy[num_prefill:].mean()),
+        "num_transferred": int(moved.sum()),
+        "transfer_tokens": int(columns["kv_transfer_tokens"].sum()),
+        "transfer_s": _stats(columns["kv_transfer_s"][moved]),
+        "transfer_wait_s": _stats(columns["kv_transfer_wait_s"][moved]),
+        "second_token_gap_s": _stats(gap[np.isfinite(gap)]),
+    }
 
 
 def _lora_summary(replicas: dict[str, Any]) -> dict[str, Any]:

@@ -12,11 +12,12 @@ from typing import Any
 from tokenyard import _core
 from tokenyard.errors import ConfigError
 from tokenyard.simulation.catalog import catalog_for
+from tokenyard.simulation import disagg_config
 from tokenyard.simulation.config import SimulationConfig, config_document
 from tokenyard.simulation.execution import build_predictor, choose_execution, lora_core, with_lora
 from tokenyard.simulation.execution import describe as describe_execution
 from tokenyard.simulation.lora_config import slot_bytes
-from tokenyard.simulation.planner import MemoryPlan, plan_memory
+from tokenyard.simulation.planner import MemoryPlan, dtype_bytes, plan_memory
 from tokenyard.simulation.results import (
     SimulationResult,
     request_columns,
@@ -63,7 +64,14 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
     caching = workload.hash_block_size is not None
     replica = replica_spec(config, plan, prefix_caching=caching)
     concurrency = workload.concurrency if isinstance(workload, ClosedLoop) else None
-    core_config = _core_config(config, replica, workload.hash_block_size or 16, concurrency)
+    decode = _decode_pool(config, prefix_caching=caching)
+    core_config = _core_config(
+        config,
+        replica,
+        workload.hash_block_size or 16,
+        concurrency,
+        decode=decode.core if decode else None,
+    )
     choice = choose_execution(config)
     predictor = build_predictor(config, choice)
     exec_model: Any = None
@@ -93,6 +101,7 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
         route_plugin=route_plugin,
         replica_plugins=replica_plugins,
         policy_plugins=policy_plugins,
+        decode_exec_model=decode.exec_model if decode else None,
         **draft_pricing,
     )
     wall_s = time.perf_counter() - start
@@ -114,6 +123,8 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
         description["lora"] = dataclasses.asdict(config.replica.lora)
     if config.replica.speculative.enabled:
         description["speculative"] = dataclasses.asdict(config.replica.speculative)
+    if decode is not None:
+        description["decode"] = decode.description
     summary = summarize(
         columns,
         raw,
@@ -131,6 +142,101 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
         token_gaps=token_gap_table(raw),
         config=config_document(config),
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodePool:
+    """The decode pool as the core takes it, its execution model and its description."""
+
+    core: dict[str, Any]
+    exec_model: Any
+    description: dict[str, Any]
+
+
+def decode_config(config: SimulationConfig) -> SimulationConfig:
+    """``config`` as the decode pool sees it: its replicas, device, layout and scheduler
+    (each unset one the replica's); same model and dtypes."""
+    pool = config.cluster.decode
+    if pool is None:
+        raise ValueError("not a disaggregated config")
+    replica = config.replica
+
+    def either(value: Any, default: Any) -> Any:
+        return default if value is None else value
+
+    return dataclasses.replace(
+        config,
+        cluster=dataclasses.replace(config.cluster, num_replicas=pool.num_replicas),
+        replica=dataclasses.replace(
+            replica,
+            device=either(pool.device, replica.device),
+            tensor_parallel_size=either(pool.tensor_parallel_size, replica.tensor_parallel_size),
+            num_pipeline_stages=either(pool.num_pipeline_stages, replica.num_pipeline_stages),
+            memory_margin_fraction=either(
+                pool.memory_margin_fraction, replica.memory_margin_fraction
+            ),
+            scheduler=either(pool.scheduler, replica.scheduler),
+        ),
+    )
+
+
+def _decode_pool(config: SimulationConfig, *, prefix_caching: bool) -> DecodePool | None:
+    """The decode pool of a disaggregated config: memory plan, scheduler, execution model
+    and the KV link, each checked (a ConfigError names the key)."""
+    pool = config.cluster.decode
+    if pool is None:
+        return None
+    decode = decode_config(config)
+    catalog = catalog_for(config)
+    model = catalog.model(config.model_name(), field="replica.model")
+    prefill_device = catalog.device(config.replica.device, field="replica.device")
+    decode_device = catalog.device(decode.replica.device, field="cluster.decode.device")
+    prefill_tp, decode_tp = config.replica.tensor_parallel_size, decode.replica.tensor_parallel_size
+    disagg_config.check_head_layouts(model, prefill_tp, decode_tp)
+    try:
+        plan = plan_for(decode)
+    except ConfigError as exc:
+        raise ConfigError(
+            f"cluster.decode: {exc}", field=f"cluster.decode.{exc.field}", value=exc.value
+        ) from None
+    choice = choose_execution(decode)
+    predictor = build_predictor(decode, choice)
+    exec_model = (
+        _core.CompiledOps(predictor.fused(decode.replica.num_pipeline_stages).to_core())
+        if predictor is not None
+        else None
+    )
+    transfer = config.cluster.kv_transfer or disagg_config.KvTransferConfig()
+    figures = disagg_config.link_figures(transfer, prefill_device, decode_device)
+    _, kv_bytes = dtype_bytes(config.replica.dtype, config.replica.kv_cache_dtype)
+    layout = decode.replica
+    link = {
+        "kv_bytes_per_token": disagg_config.kv_bytes_per_token(model, kv_bytes),
+        "gpus_per_node": transfer.gpus_per_node,
+        "prefill_gpus": prefill_tp * config.replica.num_pipeline_stages,
+        "decode_gpus": decode_tp * layout.num_pipeline_stages,
+        **figures,
+    }
+    core = {
+        "num_replicas": pool.num_replicas,
+        "num_stages": layout.num_pipeline_stages,
+        "replica": replica_spec(decode, plan, prefix_caching=prefix_caching),
+        "global_policy": pool.global_scheduler.policy,
+        "balance": 1.0,
+        "link": link,
+    }
+    description = disagg_config.describe(
+        pool,
+        {
+            "device": layout.device,
+            "tensor_parallel_size": decode_tp,
+            "num_pipeline_stages": layout.num_pipeline_stages,
+            "num_blocks": decode.replica.scheduler.num_blocks or plan.num_blocks,
+            "execution": describe_execution(predictor, decode, choice),
+            "link": link,
+        },
+    )
+    return DecodePool(core, exec_model, description)
 
 
 def _plugins(config: SimulationConfig, num_blocks: int) -> tuple[Any, list[Any] | None]:
@@ -302,6 +408,8 @@ def _core_config(
     replica: _core.ReplicaSpec,
     hash_block_size: int,
     concurrency: int | None = None,
+    *,
+    decode: dict[str, Any] | None = None,
 ) -> _core.SimConfig:
     g = config.cluster.global_scheduler
     return _core.SimConfig(
@@ -320,4 +428,5 @@ def _core_config(
         concurrency=concurrency,
         lora=lora_core(config),
         speculative=config.replica.speculative.to_core(),
+        decode=decode,
     )

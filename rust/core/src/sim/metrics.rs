@@ -31,6 +31,7 @@ pub struct RequestTable {
     /// Disaggregated serving: the prefill replica (-1 without), and the KV transfer to the
     /// decode replica (`replica`): tokens moved, wait for the link, transfer time.
     pub prefill_replica: Vec<i64>,
+    pub second_token_at: Vec<f64>,
     pub kv_transfer_tokens: Vec<u32>,
     pub kv_transfer_wait_s: Vec<f64>,
     pub kv_transfer_s: Vec<f64>,
@@ -60,6 +61,7 @@ impl RequestTable {
         self.spec_accepted_tokens.push(r.spec.num_accepted_tokens);
         self.prefill_replica
             .push(r.kv.prefill_replica.map_or(-1, i64::from));
+        self.second_token_at.push(r.timing.second_token_at);
         self.kv_transfer_tokens.push(r.kv.transfer_tokens);
         self.kv_transfer_wait_s.push(r.kv.transfer_wait_s);
         self.kv_transfer_s.push(r.kv.transfer_s);

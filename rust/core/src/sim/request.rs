@@ -99,6 +99,8 @@ pub struct KvMoves {
 pub struct RequestTiming {
     pub scheduled_at: f64,
     pub first_token_at: f64,
+    /// When the second output token came (disaggregated: after the KV transfer).
+    pub second_token_at: f64,
     pub completed_at: f64,
     pub last_token_at: f64,
     pub max_token_gap: f64,
@@ -114,6 +116,7 @@ impl Default for RequestTiming {
         Self {
             scheduled_at: f64::NAN,
             first_token_at: f64::NAN,
+            second_token_at: f64::NAN,
             completed_at: f64::NAN,
             last_token_at: f64::NAN,
             max_token_gap: 0.0,
@@ -217,6 +220,9 @@ impl SimRequest {
             return None;
         }
         let t = &mut self.timing;
+        if t.num_output_tokens < 2 && produced >= 2 {
+            t.second_token_at = now;
+        }
         t.num_output_tokens = produced;
         let gap = if t.first_token_at.is_nan() {
             t.first_token_at = now;

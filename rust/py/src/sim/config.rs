@@ -6,8 +6,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tokenyard_core::sim::spec::{Acceptance, SpecConfig, SpecMethod};
 use tokenyard_core::sim::{
-    GlobalPolicy, LinearModel, LoraConfig, OverLength, ReplicaPolicyConfig, ReplicaPolicyEntry,
-    RestartMode, SglangLimits, SimConfig, VidurKind, VidurLimits,
+    GlobalPolicy, KvLink, LinearModel, LoraConfig, OverLength, PdConfig, ReplicaPolicyConfig,
+    ReplicaPolicyEntry, RestartMode, SglangLimits, SimConfig, VidurKind, VidurLimits,
 };
 
 use crate::errors::{OrRaise, input_error};
@@ -226,7 +226,7 @@ impl PySimConfig {
     #[new]
     #[pyo3(signature = (*, num_replicas, num_stages, global_policy, balance, replica, linear,
         seed, hash_block_size, sample_interval_s, record_stages, over_length, concurrency=None,
-        lora=None, speculative=None))]
+        lora=None, speculative=None, decode=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -244,8 +244,10 @@ impl PySimConfig {
         concurrency: Option<u32>,
         lora: Option<&Bound<'_, PyDict>>,
         speculative: Option<&PySpeculativeConfig>,
+        decode: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let lora = lora.map(lora_config).transpose()?;
+        let pd = decode.map(pd_config).transpose()?;
         let inner = SimConfig {
             num_replicas,
             num_stages,
@@ -260,6 +262,7 @@ impl PySimConfig {
             concurrency,
             lora,
             speculative: speculative.map(|s| s.inner.clone()),
+            pd,
         };
         inner.validate().or_raise(py)?;
         Ok(Self { inner })
@@ -269,6 +272,39 @@ impl PySimConfig {
     fn replica_policy(&self) -> &'static str {
         self.inner.replica_policy.name()
     }
+}
+
+/// The decode pool as the core takes it: `{num_replicas, num_stages, replica (a
+/// ReplicaSpec), global_policy, balance, link: {kv_bytes_per_token, gpus_per_node,
+/// prefill_gpus, decode_gpus, nvlink_gbps, nvlink_latency_s, network_gbps,
+/// network_latency_s}}` (checked by `SimConfig::validate`).
+fn pd_config(d: &Bound<'_, PyDict>) -> PyResult<PdConfig> {
+    let py = d.py();
+    fn get<'py>(d: &Bound<'py, PyDict>, key: &str) -> PyResult<Bound<'py, PyAny>> {
+        d.get_item(key)?
+            .ok_or_else(|| PyKeyError::new_err(format!("decode: missing {key:?}")))
+    }
+    let link = get(d, "link")?;
+    let link = link.cast::<PyDict>()?;
+    let policy: String = get(d, "global_policy")?.extract()?;
+    let balance: f64 = get(d, "balance")?.extract()?;
+    let replica = get(d, "replica")?;
+    Ok(PdConfig {
+        num_decode_replicas: get(d, "num_replicas")?.extract()?,
+        decode_num_stages: get(d, "num_stages")?.extract()?,
+        decode_policy: replica.cast::<PyReplicaSpec>()?.get().inner.clone(),
+        decode_router: GlobalPolicy::from_name(&policy, balance).or_raise(py)?,
+        link: KvLink {
+            kv_bytes_per_token: get(link, "kv_bytes_per_token")?.extract()?,
+            gpus_per_node: get(link, "gpus_per_node")?.extract()?,
+            prefill_gpus: get(link, "prefill_gpus")?.extract()?,
+            decode_gpus: get(link, "decode_gpus")?.extract()?,
+            nvlink_gbps: get(link, "nvlink_gbps")?.extract()?,
+            nvlink_latency_s: get(link, "nvlink_latency_s")?.extract()?,
+            network_gbps: get(link, "network_gbps")?.extract()?,
+            network_latency_s: get(link, "network_latency_s")?.extract()?,
+        },
+    })
 }
 
 /// `[replica.lora]` as the core takes it: `{max_loras, max_cpu_loras, adapter_bytes,

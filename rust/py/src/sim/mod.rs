@@ -46,7 +46,7 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
 #[pyfunction]
 #[pyo3(signature = (config, chunks, *, exec_model=None, progress=None, route_plugin=None,
     replica_plugins=None, policy_plugins=None, exec_repeat=1, draft_exec_model=None,
-    draft_layer_fraction=None))]
+    draft_layer_fraction=None, decode_exec_model=None))]
 #[allow(clippy::too_many_arguments)]
 fn simulate<'py>(
     py: Python<'py>,
@@ -60,6 +60,7 @@ fn simulate<'py>(
     exec_repeat: u32,
     draft_exec_model: Option<&Bound<'py, PyCompiledOps>>,
     draft_layer_fraction: Option<f64>,
+    decode_exec_model: Option<&Bound<'py, PyCompiledOps>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let sim_config = config.inner.clone();
     let error = ErrorSlot::default();
@@ -133,6 +134,15 @@ fn simulate<'py>(
         ),
         None => None,
     };
+    // Disaggregated serving: the decode pool's own device and layout.
+    let mut decode_ops: Option<OpModel> = match (decode_exec_model, &sim_config.pd) {
+        (Some(ops), Some(pd)) => {
+            let ops: OpModel = ops.get().model();
+            ops.validate(pd.decode_num_stages).or_raise(py)?;
+            Some(ops)
+        }
+        _ => None,
+    };
     let num_speculative_tokens = sim_config
         .speculative
         .as_ref()
@@ -162,6 +172,10 @@ fn simulate<'py>(
         }?;
         let sim = match route {
             Some(plugin) => sim.with_route_plugin(Box::new(plugin)),
+            None => sim,
+        };
+        let sim = match &mut decode_ops {
+            Some(ops) => sim.with_decode_exec(ops),
             None => sim,
         };
         let sim = match step_plugins {
@@ -209,6 +223,11 @@ fn to_dict(py: Python<'_>, out: SimOutput) -> PyResult<Bound<'_, PyDict>> {
             spec_steps,
             spec_draft_tokens,
             spec_accepted_tokens,
+            prefill_replica,
+            second_token_at,
+            kv_transfer_tokens,
+            kv_transfer_wait_s,
+            kv_transfer_s,
         ]
     );
     d.set_item("requests", requests)?;

@@ -1,0 +1,168 @@
+"""Disaggregated serving's config (``docs/disaggregation.md``): ``[cluster.decode]`` makes
+``cluster.num_replicas`` the prefill pool and adds a decode pool with its own replicas,
+layout and scheduler; ``[cluster.kv_transfer]`` overrides the catalog's link figures.
+
+The decode pool serves the same model with the same dtypes (its KV must be the prefill
+pool's); device, TP, PP, memory margin and the ``vllm_v1`` scheduler section may differ.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from tokenyard._checks import check_key_int, check_key_number, fail
+from tokenyard.simulation.scheduler_config import MAX_REPLICAS, ReplicaSchedulerConfig
+
+if TYPE_CHECKING:
+    from tokenyard.catalog import DeviceSpec, ModelSpec
+
+__all__ = ["DecodePoolConfig", "KvTransferConfig", "check_head_layouts", "link_figures"]
+
+#: Routers a decode pool may use (plugins route arrivals only).
+DECODE_ROUTERS = ("round_robin", "lor", "random", "least_kv_load", "power_of_two")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DecodeRouterConfig:
+    """Which decode replica takes a request whose prefill finished."""
+
+    policy: str = "least_kv_load"
+
+    def check(self, where: str) -> None:
+        if self.policy not in DECODE_ROUTERS:
+            raise fail(
+                f"{where}.policy",
+                f"unknown decode router; expected one of {', '.join(DECODE_ROUTERS)}",
+                self.policy,
+            )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DecodePoolConfig:
+    """``[cluster.decode]``: the decode pool. Unset layout keys take the replica's."""
+
+    num_replicas: int = 1
+    device: str | None = None
+    tensor_parallel_size: int | None = None
+    num_pipeline_stages: int | None = None
+    memory_margin_fraction: float | None = None
+    global_scheduler: DecodeRouterConfig = dataclasses.field(default_factory=DecodeRouterConfig)
+    #: The decode replicas' scheduler (``vllm_v1``); unset: the prefill pool's.
+    scheduler: ReplicaSchedulerConfig | None = None
+
+    def check(self, where: str) -> None:
+        check_key_int(f"{where}.num_replicas", self.num_replicas, low=1, high=MAX_REPLICAS)
+        if self.tensor_parallel_size is not None:
+            check_key_int(
+                f"{where}.tensor_parallel_size", self.tensor_parallel_size, low=1, high=512
+            )
+        if self.num_pipeline_stages is not None:
+            check_key_int(f"{where}.num_pipeline_stages", self.num_pipeline_stages, low=1, high=512)
+        if self.memory_margin_fraction is not None and not 0 <= self.memory_margin_fraction < 1:
+            raise fail(
+                f"{where}.memory_margin_fraction",
+                f"must be in [0, 1), got {self.memory_margin_fraction}",
+                self.memory_margin_fraction,
+            )
+        self.global_scheduler.check(f"{where}.global_scheduler")
+        if self.scheduler is not None:
+            self.scheduler.check(f"{where}.scheduler")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class KvTransferConfig:
+    """``[cluster.kv_transfer]``: the links KV crosses. Unset figures come from the catalog:
+    NVLink at half the device's ``interconnect_gbps`` (which counts both directions) and
+    its latency; the network at the device's ``network_gbps`` / ``network_latency_us``.
+    Bandwidths are one GPU's, in GB/s, one direction."""
+
+    gpus_per_node: int = 8
+    nvlink_gbps: float | None = None
+    nvlink_latency_us: float | None = None
+    network_gbps: float | None = None
+    network_latency_us: float | None = None
+
+    def check(self, where: str) -> None:
+        check_key_int(f"{where}.gpus_per_node", self.gpus_per_node, low=1, high=1024)
+        for key in ("nvlink_gbps", "network_gbps"):
+            value = getattr(self, key)
+            if value is not None:
+                check_key_number(f"{where}.{key}", value, low=1e-9, high=1e6)
+        for key in ("nvlink_latency_us", "network_latency_us"):
+            value = getattr(self, key)
+            if value is not None:
+                check_key_number(f"{where}.{key}", value, low=0, high=1e9)
+
+
+def link_figures(
+    transfer: KvTransferConfig, prefill: DeviceSpec, decode: DeviceSpec
+) -> dict[str, float]:
+    """The link's figures, the catalog's where the config gives none (the slower of the two
+    devices). A network bandwidth nobody gives is a ConfigError naming the key."""
+    network = transfer.network_gbps
+    if network is None:
+        known = [d.network_gbps for d in (prefill, decode)]
+        if min(known) <= 0:
+            raise fail(
+                "cluster.kv_transfer.network_gbps",
+                f"the catalog has no network bandwidth for {prefill.name} / {decode.name}; "
+                "set it (one GPU's NIC in GB/s, e.g. 50 for 400 Gb/s InfiniBand)",
+                None,
+            )
+        network = min(known)
+
+    def pick(given: float | None, catalog: float) -> float:
+        return catalog if given is None else given
+
+    return {
+        "nvlink_gbps": pick(
+            transfer.nvlink_gbps, min(prefill.interconnect_gbps, decode.interconnect_gbps) / 2
+        ),
+        "nvlink_latency_s": pick(
+            transfer.nvlink_latency_us,
+            max(prefill.interconnect_latency_us, decode.interconnect_latency_us),
+        )
+        * 1e-6,
+        "network_gbps": network,
+        "network_latency_s": pick(
+            transfer.network_latency_us,
+            max(prefill.network_latency_us, decode.network_latency_us),
+        )
+        * 1e-6,
+    }
+
+
+def check_head_layouts(model: ModelSpec, prefill_tp: int, decode_tp: int) -> None:
+    """KV moves head by head: each side's TP must split the KV heads evenly, or each rank
+    must hold whole copies (TP a multiple of the heads), and one TP must divide the other,
+    so every receiving rank's heads come whole from the sending ranks."""
+    for key, tp in (
+        ("replica.tensor_parallel_size", prefill_tp),
+        ("cluster.decode.tensor_parallel_size", decode_tp),
+    ):
+        heads = model.num_kv_heads
+        if heads % tp and tp % heads:
+            raise fail(
+                key,
+                f"{model.name}'s {heads} KV heads do not split over TP {tp}, so its KV "
+                "cannot be resharded between the pools",
+                tp,
+            )
+    if max(prefill_tp, decode_tp) % min(prefill_tp, decode_tp):
+        raise fail(
+            "cluster.decode.tensor_parallel_size",
+            f"TP {decode_tp} and the prefill pool's TP {prefill_tp}: one must divide the other "
+            "for the KV heads to move whole between ranks",
+            decode_tp,
+        )
+
+
+def kv_bytes_per_token(model: ModelSpec, kv_bytes: float) -> float:
+    """One token's KV, every layer and KV head: what crosses the link."""
+    return 2 * kv_bytes * model.head_dim * model.num_kv_heads * model.num_layers
+
+
+def describe(pool: DecodePoolConfig, fields: dict[str, Any]) -> dict[str, Any]:
+    """The decode pool as the summary's config describes it."""
+    return {"num_replicas": pool.num_replicas, "router": pool.global_scheduler.policy, **fields}

@@ -32,7 +32,7 @@ from tokenyard.simulation.config import (
     apply_overrides,
     config_from_mapping,
 )
-from tokenyard.simulation.run import plan_for
+from tokenyard.simulation.run import decode_config, plan_for
 
 __all__ = [
     "CapacityReport",
@@ -65,6 +65,29 @@ class Point:
         if self.price_per_gpu_hour is None:
             return None
         return float(self.layout["num_gpus"]) * self.price_per_gpu_hour
+
+
+def _pool_price(
+    pools: list[tuple[str, int]],
+    prices: Mapping[str, float],
+    catalog: Catalog,
+    need_prices: bool,
+) -> float | None:
+    """USD per GPU-hour over the pools' GPUs (each pool's device priced on its own; a
+    disaggregated cluster's prefill and decode pools may run different GPUs)."""
+    total = 0.0
+    for device, num_gpus in pools:
+        price = _price(device, prices, catalog)
+        if price is None:
+            if need_prices:
+                raise ConfigError(
+                    f"prices.{device}: the catalog has no price for {device}; "
+                    f"set one (USD per GPU-hour) under [prices]",
+                    field=f"prices.{device}",
+                )
+            return None
+        total += price * num_gpus
+    return total / sum(n for _, n in pools)
 
 
 def _price(
@@ -164,13 +187,23 @@ def expand(config: SearchConfig, *, need_prices: bool = True) -> list[Point]:
             "num_pipeline_stages": replica.num_pipeline_stages,
             "num_gpus": num_gpus,
         }
-        price = _price(replica.device, config.prices, catalog_for(sim))
-        if price is None and need_prices:
-            raise ConfigError(
-                f"prices.{replica.device}: the catalog has no price for {replica.device}; "
-                f"set one (USD per GPU-hour) under [prices]",
-                field=f"prices.{replica.device}",
+        pools = [(replica.device, num_gpus)]
+        if sim.cluster.decode is not None:
+            decode = decode_config(sim).replica
+            decode_gpus = (
+                sim.cluster.decode.num_replicas
+                * decode.tensor_parallel_size
+                * decode.num_pipeline_stages
             )
+            pools.append((decode.device, decode_gpus))
+            num_gpus += decode_gpus
+            layout.update(
+                num_gpus=num_gpus,
+                decode_num_replicas=sim.cluster.decode.num_replicas,
+                decode_device=decode.device,
+                decode_tensor_parallel_size=decode.tensor_parallel_size,
+            )
+        price = _pool_price(pools, config.prices, catalog_for(sim), need_prices)
         key = point_key(doc, slos, params)
         if key in seen:
             continue
@@ -191,6 +224,8 @@ def expand(config: SearchConfig, *, need_prices: bool = True) -> list[Point]:
         else:
             try:
                 plan_for(sim)
+                if sim.cluster.decode is not None:
+                    plan_for(decode_config(sim))
             except ConfigError as error:
                 if error.field != "replica.device":  # a bad value, not a model too big
                     raise

@@ -28,6 +28,11 @@ SHOWN_METRICS = (
     "scheduling_delay_p99_s",
 )
 _SHORT = {
+    # A disaggregated cluster's pools: cluster.num_replicas is then the prefill pool.
+    "cluster.decode.num_replicas": "decode",
+    "cluster.decode.tensor_parallel_size": "decode_tp",
+    "cluster.decode.device": "decode_device",
+    "cluster.num_replicas": "replicas",
     "tensor_parallel_size": "tp",
     "num_pipeline_stages": "pp",
     "num_replicas": "replicas",

@@ -196,9 +196,9 @@ def _decode_pool(config: SimulationConfig, *, prefix_caching: bool) -> DecodePoo
     try:
         plan = plan_for(decode)
     except ConfigError as exc:
-        raise ConfigError(
-            f"cluster.decode: {exc}", field=f"cluster.decode.{exc.field}", value=exc.value
-        ) from None
+        # The decode pool's layout keys live under [cluster.decode], not [replica].
+        field = (exc.field or "").replace("replica.", "cluster.decode.", 1)
+        raise ConfigError(f"cluster.decode: {exc}", field=field, value=exc.value) from None
     choice = choose_execution(decode)
     predictor = build_predictor(decode, choice)
     exec_model = (

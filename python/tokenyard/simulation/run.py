@@ -11,8 +11,8 @@ from typing import Any
 
 from tokenyard import _core
 from tokenyard.errors import ConfigError
-from tokenyard.simulation.catalog import catalog_for
 from tokenyard.simulation import disagg_config
+from tokenyard.simulation.catalog import catalog_for
 from tokenyard.simulation.config import SimulationConfig, config_document
 from tokenyard.simulation.execution import build_predictor, choose_execution, lora_core, with_lora
 from tokenyard.simulation.execution import describe as describe_execution

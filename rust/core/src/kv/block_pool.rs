@@ -7,11 +7,17 @@
 //! - a block's ref count equals the number of requests whose table holds it;
 //! - the hash map and the blocks' hashes agree, one block per hash;
 //! - free + in use = total, where free = uncached-free + cached-free.
+//!
+//! With a host tier ([`BlockPool::with_host_tier`]), a cached hash evicted from a GPU block
+//! is offloaded to the tier, and lookups continue into it. A hash may be both GPU-cached and
+//! in the tier: loading a block back leaves its host copy (as vLLM's offloading connector
+//! and SGLang's HiCache do), so evicting it again costs no copy.
 
 use rustc_hash::FxHashMap;
 
 use super::block_hash::{BlockHash, hash_block};
 use super::free_queue::FreeBlockQueue;
+use super::host_tier::HostTier;
 use super::{KvCapacity, RequestKey, TokenId, blocks_needed, check_allocation, check_num_blocks};
 use crate::{Error, Result};
 
@@ -32,16 +38,33 @@ struct BlockMeta {
 /// shared and the hashes are not computed twice.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ComputedBlocks {
+    /// The GPU hit: cached blocks, shared on admission.
     pub block_ids: Vec<BlockId>,
+    /// Tokens of the GPU hit only.
     pub num_computed_tokens: usize,
+    /// Blocks after the GPU hit whose hashes the host tier holds: loaded on admission.
+    pub num_host_blocks: usize,
+    block_size: usize,
     num_query_tokens: usize,
     extra_key: Option<u64>,
-    /// Hashes of the hit blocks and of the first block that missed, if any (empty when
-    /// caching is off); the request's later blocks are hashed when it is admitted.
+    /// Hashes of the GPU hits, the host hits and the first block that missed, if any
+    /// (empty when caching is off); the request's later blocks are hashed when it is
+    /// admitted.
     block_hashes: Vec<BlockHash>,
 }
 
 impl ComputedBlocks {
+    /// Tokens of the host hit (loaded, not shared, on admission).
+    pub fn num_host_tokens(&self) -> usize {
+        self.num_host_blocks * self.block_size
+    }
+
+    fn host_hashes(&self) -> &[BlockHash] {
+        let first = self.block_ids.len();
+        let end = (first + self.num_host_blocks).min(self.block_hashes.len());
+        &self.block_hashes[first.min(end)..end]
+    }
+
     /// The hashes this lookup computed, for the request's next lookup
     /// ([`BlockPool::get_computed_blocks_from`]).
     pub(crate) fn into_block_hashes(self) -> Vec<BlockHash> {
@@ -49,12 +72,20 @@ impl ComputedBlocks {
     }
 }
 
-/// Prefix-cache lookups since the pool was built (vLLM's `PrefixCacheStats`).
+/// Prefix-cache lookups since the pool was built (vLLM's `PrefixCacheStats`), and the
+/// host tier's traffic.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BlockPoolStats {
     pub num_lookups: u64,
     pub num_query_tokens: u64,
+    /// GPU hits only.
     pub num_hit_tokens: u64,
+    /// Host-tier hits after the GPU hits.
+    pub num_host_hit_tokens: u64,
+    /// Hashes that entered the host tier (a refresh of a held one copies nothing).
+    pub num_offloaded_blocks: u64,
+    /// Host-tier blocks loaded back into GPU blocks.
+    pub num_loaded_blocks: u64,
 }
 
 impl BlockPoolStats {
@@ -108,6 +139,7 @@ pub struct BlockPool<R: RequestKey> {
     stats: BlockPoolStats,
     /// Cache events for KV-aware routers (vLLM's BlockStored / BlockRemoved), when enabled.
     events: Option<Vec<KvEvent>>,
+    host: Option<HostTier>,
 }
 
 /// A change to what the prefix cache holds, as vLLM and SGLang publish them to routers.
@@ -117,7 +149,11 @@ pub enum KvEvent {
     Stored(BlockHash),
     /// The block with this hash was evicted; it is no longer findable.
     Removed(BlockHash),
-    /// Every cached block was forgotten.
+    /// A hash entered the host tier (vLLM's `BlockStored` with the CPU medium).
+    HostStored(BlockHash),
+    /// A hash left the host tier, evicted to make room.
+    HostRemoved(BlockHash),
+    /// Every cached block was forgotten, the host tier's included.
     AllCleared,
 }
 
@@ -140,7 +176,22 @@ impl<R: RequestKey> BlockPool<R> {
             requests: FxHashMap::default(),
             stats: BlockPoolStats::default(),
             events: None,
+            host: None,
         })
+    }
+
+    /// Adds a host-memory tier of `host_num_blocks` blocks: hashes evicted from GPU blocks
+    /// are offloaded there and lookups continue into it (see `docs/kv.md`).
+    pub fn with_host_tier(mut self, host_num_blocks: usize) -> Result<Self> {
+        if !self.enable_caching {
+            return Err(Error::config(
+                "host_num_blocks",
+                host_num_blocks,
+                "a host tier needs prefix caching (enable_caching)",
+            ));
+        }
+        self.host = Some(HostTier::new(host_num_blocks)?);
+        Ok(self)
     }
 
     /// Starts recording cache events (drained with [`Self::drain_events`]).
@@ -187,6 +238,11 @@ impl<R: RequestKey> BlockPool<R> {
 
     pub fn num_requests(&self) -> usize {
         self.requests.len()
+    }
+
+    /// The host tier, if the pool has one.
+    pub fn host_tier(&self) -> Option<&HostTier> {
+        self.host.as_ref()
     }
 
     /// The request's block table, or `None` if it holds no blocks.
@@ -236,8 +292,10 @@ impl<R: RequestKey> BlockPool<R> {
         self.blocks.get(block_id as usize).map(|b| b.ref_cnt)
     }
 
-    /// The longest run of leading full blocks of `token_ids` that is cached. Never covers
-    /// the whole prompt: the last token is always recomputed so the model yields logits.
+    /// The longest run of leading full blocks of `token_ids` that is cached, then the run
+    /// of blocks after it that the host tier holds. Never covers the whole prompt (GPU and
+    /// host hits together): the last token is always recomputed so the model yields logits.
+    /// The host tier's LRU order is left alone: only a load is a use.
     pub fn get_computed_blocks(
         &mut self,
         token_ids: &[TokenId],
@@ -257,6 +315,7 @@ impl<R: RequestKey> BlockPool<R> {
         known: Vec<BlockHash>,
     ) -> ComputedBlocks {
         let mut result = ComputedBlocks {
+            block_size: self.block_size,
             num_query_tokens: token_ids.len(),
             extra_key,
             ..ComputedBlocks::default()
@@ -276,14 +335,21 @@ impl<R: RequestKey> BlockPool<R> {
                     .block_hashes
                     .push(hash_block(parent, block, extra_key));
             }
-            match self.cached.get(&result.block_hashes[i]) {
-                Some(&block_id) => result.block_ids.push(block_id),
-                None => break,
+            let hash = &result.block_hashes[i];
+            if result.num_host_blocks == 0
+                && let Some(&block_id) = self.cached.get(hash)
+            {
+                result.block_ids.push(block_id);
+            } else if self.host.as_ref().is_some_and(|t| t.contains(hash)) {
+                result.num_host_blocks += 1;
+            } else {
+                break;
             }
         }
         result.num_computed_tokens = result.block_ids.len() * self.block_size;
         self.stats
             .record_lookup(token_ids.len(), result.num_computed_tokens);
+        self.stats.num_host_hit_tokens += result.num_host_tokens() as u64;
         result
     }
 
@@ -343,12 +409,13 @@ impl<R: RequestKey> BlockPool<R> {
     }
 
     /// A request's first allocation when its `num_external_tokens` tokens after the prefix
-    /// hit `new_computed` will be *loaded* rather than computed (vLLM's KV connectors: a
-    /// prefill instance's transfer, a host-memory tier). They get slots and count as
-    /// computed, but their blocks enter the prefix cache only at
+    /// hit `new_computed` (GPU and host hits) will be *loaded* rather than computed (vLLM's
+    /// KV connectors: a prefill instance's transfer). The hit's host blocks are loaded too.
+    /// They get slots and count as computed, but their blocks enter the prefix cache only at
     /// [`Self::cache_loaded_blocks`], once the data has landed: until then no lookup may
-    /// find a block still being written (vLLM's `delay_cache_blocks`). Returns the number of
-    /// new blocks, or `Ok(None)` (nothing changed) when they do not fit.
+    /// find a block still being written (vLLM's `delay_cache_blocks`). At least one token
+    /// is loaded: `num_external_tokens` may be 0 only when the hit has host blocks. Returns
+    /// the number of new blocks, or `Ok(None)` (nothing changed) when they do not fit.
     pub fn allocate_slots_external(
         &mut self,
         request_id: &R,
@@ -364,7 +431,7 @@ impl<R: RequestKey> BlockPool<R> {
                 "external tokens are only loaded on a request's first allocation",
             ));
         }
-        let hit = new_computed.map_or(0, |h| h.num_computed_tokens);
+        let hit = new_computed.map_or(0, |h| h.num_computed_tokens + h.num_host_tokens());
         if hit + num_external_tokens > token_ids.len() {
             return Err(Error::input(
                 "num_external_tokens",
@@ -448,14 +515,23 @@ impl<R: RequestKey> BlockPool<R> {
             blocks,
             events,
             free_queue,
+            host,
+            stats,
             ..
         } = self;
         let request = requests.get_mut(request_id).expect("inserted above");
         request.block_ids.reserve(num_new_blocks);
+        let mut eviction = Eviction {
+            cached,
+            events,
+            host,
+            stats,
+        };
         for _ in 0..num_new_blocks {
-            let block = take_free_block(free_queue, blocks, cached, events);
+            let block = take_free_block(free_queue, blocks, &mut eviction);
             request.block_ids.push(block);
         }
+        let Eviction { cached, events, .. } = eviction;
         append_tokens(block_size, caching, request, new_token_ids);
         request.num_computed_tokens += num_new_tokens;
         if caching && cache {
@@ -502,6 +578,9 @@ impl<R: RequestKey> BlockPool<R> {
         }
         self.cached.clear();
         self.blocks.iter_mut().for_each(|b| b.hash = None);
+        if let Some(host) = &mut self.host {
+            host.clear();
+        }
         self.emit(KvEvent::AllCleared);
         true
     }
@@ -516,9 +595,12 @@ impl<R: RequestKey> BlockPool<R> {
         extra_key: Option<u64>,
     ) -> Result<usize> {
         let existing = self.requests.get(request_id);
+        // Tokens loaded from the host tier also count as added (an asynchronous load may
+        // compute nothing yet).
+        let num_loaded = new_computed.map_or(0, ComputedBlocks::num_host_tokens);
         check_allocation(
             request_id,
-            num_new_tokens,
+            num_new_tokens + num_loaded,
             existing.is_some(),
             new_computed.is_some(),
         )?;
@@ -536,7 +618,8 @@ impl<R: RequestKey> BlockPool<R> {
             None => match new_computed {
                 Some(hit) => {
                     self.check_hit_is_current(hit, new_token_ids.len(), extra_key)?;
-                    (hit.num_computed_tokens, hit.block_ids.len())
+                    // Host-hit blocks need fresh GPU blocks: they count as new ones.
+                    (hit.num_computed_tokens + num_loaded, hit.block_ids.len())
                 }
                 None => (0, 0),
             },
@@ -577,10 +660,26 @@ impl<R: RequestKey> BlockPool<R> {
                 "stale: a hit block was evicted since the lookup",
             ));
         }
+        let host_hashes = hit.host_hashes();
+        let host_stale = host_hashes.len() != hit.num_host_blocks
+            || host_hashes
+                .iter()
+                .any(|h| !self.host.as_ref().is_some_and(|t| t.contains(h)));
+        if host_stale {
+            return Err(Error::input(
+                "new_computed_blocks",
+                format!("{} host blocks", hit.num_host_blocks),
+                "stale: a host-hit block left the host tier since the lookup",
+            ));
+        }
         Ok(())
     }
 
-    /// A fresh request entry holding the hit blocks (their ref counts taken).
+    /// A fresh request entry holding the GPU hit blocks (their ref counts taken), with the
+    /// host hit's tokens counted as computed: their blocks come next, and are cached with
+    /// the request's newly computed blocks. A load is a use of those host entries; it reads
+    /// them before this allocation's evictions offload anything, so even an entry those
+    /// offloads push out of the tier has been loaded.
     fn admit(&mut self, hit: Option<&ComputedBlocks>, extra_key: Option<u64>) -> RequestBlocks {
         let mut request = RequestBlocks {
             block_ids: Vec::new(),
@@ -595,9 +694,13 @@ impl<R: RequestKey> BlockPool<R> {
             for &block in &hit.block_ids {
                 self.touch(block);
             }
+            if let Some(host) = &mut self.host {
+                hit.host_hashes().iter().for_each(|&h| host.touch(h));
+            }
+            self.stats.num_loaded_blocks += hit.num_host_blocks as u64;
             request.block_ids = hit.block_ids.clone();
             request.block_hashes = hit.block_hashes.clone();
-            request.num_computed_tokens = hit.num_computed_tokens;
+            request.num_computed_tokens = hit.num_computed_tokens + hit.num_host_tokens();
             request.num_cached_blocks = hit.block_ids.len();
             request.extra_key = hit.extra_key;
         }
@@ -670,7 +773,9 @@ impl<R: RequestKey> BlockPool<R> {
         {
             return Err("cache map points at a block with another hash".into());
         }
-        Ok(())
+        self.host
+            .as_ref()
+            .map_or(Ok(()), HostTier::check_invariants)
     }
 }
 
@@ -684,13 +789,21 @@ impl<R: RequestKey> KvCapacity for BlockPool<R> {
     }
 }
 
+/// Where a reused block's cached hash goes: out of the cache map, into the events and the
+/// host tier. The pool's parts, borrowed apart from the request's entry.
+struct Eviction<'a> {
+    cached: &'a mut FxHashMap<BlockHash, BlockId>,
+    events: &'a mut Option<Vec<KvEvent>>,
+    host: &'a mut Option<HostTier>,
+    stats: &'a mut BlockPoolStats,
+}
+
 /// Pops the least recently freed block, evicting its cached prefix if it had one. A free
 /// function over the pool's parts, so the caller can hold the request's entry meanwhile.
 fn take_free_block(
     free_queue: &mut FreeBlockQueue,
     blocks: &mut [BlockMeta],
-    cached: &mut FxHashMap<BlockHash, BlockId>,
-    events: &mut Option<Vec<KvEvent>>,
+    eviction: &mut Eviction<'_>,
 ) -> BlockId {
     let block = free_queue
         .pop_front()
@@ -698,12 +811,36 @@ fn take_free_block(
     let meta = &mut blocks[block as usize];
     meta.ref_cnt = 1;
     if let Some(hash) = meta.hash.take() {
-        cached.remove(&hash);
-        if let Some(events) = events {
+        eviction.cached.remove(&hash);
+        if let Some(events) = eviction.events {
             events.push(KvEvent::Removed(hash));
+        }
+        // The only cost of the tier to a pool without one: this branch, on evictions only.
+        if let Some(host) = eviction.host {
+            offload(host, eviction.events, eviction.stats, hash);
         }
     }
     block
+}
+
+/// Writes an evicted block's hash back to the host tier (write-back on eviction). When the
+/// tier is full its least recent hash leaves first; a hash already held is only refreshed.
+fn offload(
+    host: &mut HostTier,
+    events: &mut Option<Vec<KvEvent>>,
+    stats: &mut BlockPoolStats,
+    hash: BlockHash,
+) {
+    let num_held = host.len();
+    let dropped = host.offload(hash);
+    if dropped.is_none() && host.len() == num_held {
+        return;
+    }
+    stats.num_offloaded_blocks += 1;
+    if let Some(events) = events {
+        events.extend(dropped.map(KvEvent::HostRemoved));
+        events.push(KvEvent::HostStored(hash));
+    }
 }
 
 /// Records `new_token_ids` and hashes every block they complete. Hashes that arrived

@@ -5,6 +5,8 @@
 //!   block-hash prefix cache.
 //! - [`RadixCache`] — SGLang's: a radix tree over token ids whose values are KV slots.
 //!
+//! [`HostTier`] extends the block pool's prefix cache into host memory.
+//!
 //! Invariant shared by all three (checked by `check_invariants` and by property tests):
 //! memory is conserved — nothing is owned twice and nothing is lost.
 
@@ -12,6 +14,7 @@ mod block_hash;
 mod block_pool;
 mod counting;
 mod free_queue;
+mod host_tier;
 mod prefix_pool;
 mod radix;
 mod radix_pool;
@@ -19,6 +22,7 @@ mod radix_pool;
 pub use block_hash::{BlockHash, hash_full_blocks};
 pub use block_pool::{BlockId, BlockPool, BlockPoolStats, ComputedBlocks, KvEvent};
 pub use counting::CountingAllocator;
+pub use host_tier::HostTier;
 pub use prefix_pool::PrefixPool;
 pub use radix::{MatchResult, NodeHandle, RadixCache};
 pub use radix_pool::{RadixHit, RadixPool};

@@ -134,6 +134,8 @@ impl Router {
                     held.remove(&hash);
                 }
                 KvEvent::AllCleared => held.clear(),
+                // host-tier events: see the lead's change
+                KvEvent::HostStored(_) | KvEvent::HostRemoved(_) => {}
             }
         }
     }

@@ -651,13 +651,21 @@ impl<R: RequestKey> Scheduler<R> {
         // A synchronous load leaves at least the last token to compute (its logits).
         let most = request.num_tokens() - local - usize::from(!external.load_async);
         if external.num_tokens > most {
-            return Err(crate::Error::Plugin(format!(
-                "the KV connector offered {} tokens for request {:?}, which has {} tokens \
-                 and {local} hit locally: at most {most} can be loaded",
-                external.num_tokens,
-                request.request_id,
-                request.num_tokens()
-            )));
+            return Err(crate::Error::connector(
+                "get_num_new_matched_tokens",
+                format!("{} tokens", external.num_tokens),
+                format!(
+                    "request {:?} has {} tokens and {local} hit locally: at most {most} can be \
+                     loaded{}",
+                    request.request_id,
+                    request.num_tokens(),
+                    if external.load_async {
+                        ""
+                    } else {
+                        " (a synchronous load leaves the last token to compute)"
+                    }
+                ),
+            ));
         }
         Ok(Some(external))
     }

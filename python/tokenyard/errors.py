@@ -66,7 +66,12 @@ class PolicyError(TokenyardError, RuntimeError):
 
 class ConnectorError(TokenyardError, RuntimeError):
     """A KV connector raised (the exception is the ``__cause__``) or returned an invalid
-    answer; ``field`` is the connector's method, ``value`` what it returned or raised."""
+    answer; ``field`` is the connector's method, ``value`` what it returned or raised.
+
+    Unlike the other errors, the call that raises it has gone through: ``schedule()`` keeps
+    the step formed up to the failing request and returns it on its next call;
+    ``update_from_output()`` and ``abort()`` finish the requests they were given (freeing
+    the blocks of one whose ``request_finished`` raised)."""
 
 
 class OutputError(TokenyardError, OSError):

@@ -5,6 +5,7 @@ from tokenyard._core import __version__, build_profile
 from tokenyard.errors import (
     CapacityError,
     ConfigError,
+    ConnectorError,
     InputError,
     InternalError,
     PolicyError,
@@ -18,6 +19,7 @@ __all__ = [
     "BlockPool",
     "CapacityError",
     "ConfigError",
+    "ConnectorError",
     "CountingAllocator",
     "InputError",
     "InternalError",

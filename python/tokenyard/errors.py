@@ -9,6 +9,8 @@ the same information for programs. A call that raises leaves its object unchange
   ``KeyError``).
 - ``CapacityError``: not enough free memory for an explicit allocation.
 - ``PolicyError``: a policy plugin returned an invalid answer.
+- ``ConnectorError``: a KV connector raised or returned an invalid answer (``field`` names
+  its method).
 - ``OutputError``: a result could not be written (the path and the OS's reason; also an
   ``OSError``).
 - ``InternalError``: an internal invariant broke; this is a tokenyard bug, please report it.
@@ -19,6 +21,7 @@ from __future__ import annotations
 __all__ = [
     "CapacityError",
     "ConfigError",
+    "ConnectorError",
     "InputError",
     "InternalError",
     "OutputError",
@@ -59,6 +62,16 @@ class CapacityError(TokenyardError, RuntimeError):
 
 class PolicyError(TokenyardError, RuntimeError):
     """A policy plugin returned an invalid answer (e.g. not a permutation of the ids)."""
+
+
+class ConnectorError(TokenyardError, RuntimeError):
+    """A KV connector raised (the exception is the ``__cause__``) or returned an invalid
+    answer; ``field`` is the connector's method, ``value`` what it returned or raised.
+
+    Unlike the other errors, the call that raises it has gone through: ``schedule()`` keeps
+    the step formed up to the failing request and returns it on its next call;
+    ``update_from_output()`` and ``abort()`` finish the requests they were given (freeing
+    the blocks of one whose ``request_finished`` raised)."""
 
 
 class OutputError(TokenyardError, OSError):

@@ -29,6 +29,14 @@ pub enum Error {
     /// A policy plugin failed or returned an invalid answer.
     #[error("policy plugin: {0}")]
     Plugin(String),
+    /// A KV connector (`sched::KvConnector`) failed in `method` or returned an invalid
+    /// answer (`value`).
+    #[error("KV connector {method}(): {reason}, got {value}")]
+    Connector {
+        method: &'static str,
+        value: String,
+        reason: String,
+    },
     /// A simulation stopped with requests no replica will ever run (the message names the
     /// first one).
     #[error("{0}")]
@@ -56,6 +64,14 @@ impl Error {
     pub fn input(arg: &'static str, value: impl Display, reason: impl Into<String>) -> Self {
         Error::Input {
             arg,
+            value: value.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    pub fn connector(method: &'static str, value: impl Display, reason: impl Into<String>) -> Self {
+        Error::Connector {
+            method,
             value: value.to_string(),
             reason: reason.into(),
         }

@@ -12,6 +12,7 @@ static UNKNOWN_REQUEST_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static CAPACITY_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static INTERNAL_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static POLICY_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static CONNECTOR_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
 fn raise(
     py: Python<'_>,
@@ -66,6 +67,14 @@ pub(crate) fn to_py_err(py: Python<'_>, err: Error) -> PyErr {
             message,
             Some("plugin"),
             None,
+        ),
+        Error::Connector { method, value, .. } => raise(
+            py,
+            &CONNECTOR_ERROR,
+            "ConnectorError",
+            message,
+            Some(method),
+            Some(value),
         ),
         Error::Stalled(_) => raise(
             py,

@@ -52,6 +52,10 @@ pub struct Scheduler<R: RequestKey> {
     /// Finished requests whose blocks wait for a transfer: a send the connector asked to
     /// finish first, or a load still writing into them (the request was aborted meanwhile).
     pub(super) transfer_holds: FxHashMap<R, u32>,
+    /// A step whose admissions a connector error cut short: `schedule()` returned the error,
+    /// and returns this step on its next call (its allocations were made, so dropping it
+    /// would leave the engine without requests the scheduler counts as running).
+    interrupted_step: Option<SchedulerOutput<R>>,
 }
 
 /// A finished request with outputs still in flight (async scheduling).
@@ -170,6 +174,7 @@ impl<R: RequestKey> Scheduler<R> {
             landed: FxHashSet::default(),
             failed_loads: FxHashSet::default(),
             transfer_holds: FxHashMap::default(),
+            interrupted_step: None,
         })
     }
 
@@ -283,7 +288,14 @@ impl<R: RequestKey> Scheduler<R> {
     /// Forms the next batch. Running requests are served first (preempting when memory runs
     /// out), then waiting ones are admitted unless this step preempted. With
     /// `prioritize_prefill`, running prefills go first, then admissions, then decodes.
+    ///
+    /// A KV connector error while admitting stops admission at that request; the step formed
+    /// until then is completed but kept: this call returns the error, the next returns the
+    /// step.
     pub fn schedule(&mut self) -> Result<SchedulerOutput<R>> {
+        if let Some(out) = self.interrupted_step.take() {
+            return Ok(out);
+        }
         self.consult_plugin()?;
         if !self.async_scheduling {
             // Synchronous engines report a step before the next: a finished request's
@@ -293,23 +305,30 @@ impl<R: RequestKey> Scheduler<R> {
         let mut budget = self.config.max_num_batched_tokens;
         // The plan's maps keep their capacity from step to step (no rehashing as they grow).
         let mut plan = std::mem::take(&mut self.spare_plan);
+        let mut admission_error = None;
         if self.config.prioritize_prefill {
             self.schedule_running(&mut budget, &mut plan, Some(true))?;
             if plan.preempted.is_empty() {
-                self.schedule_waiting(&mut budget, &mut plan)?;
+                admission_error = self.schedule_waiting(&mut budget, &mut plan)?;
             }
             self.schedule_running(&mut budget, &mut plan, Some(false))?;
         } else {
             self.schedule_running(&mut budget, &mut plan, None)?;
             if plan.preempted.is_empty() {
-                self.schedule_waiting(&mut budget, &mut plan)?;
+                admission_error = self.schedule_waiting(&mut budget, &mut plan)?;
             }
         }
         self.num_steps += 1;
         let out = self.finish_step(&mut plan);
         plan.clear();
         self.spare_plan = plan;
-        Ok(out)
+        match admission_error {
+            Some(err) => {
+                self.interrupted_step = Some(out);
+                Err(err)
+            }
+            None => Ok(out),
+        }
     }
 
     /// Asks the plugin (if any) for this step's waiting order and preemption order, before
@@ -500,7 +519,13 @@ impl<R: RequestKey> Scheduler<R> {
 
     /// Phase 2: admits waiting requests in order until the budget, the sequence cap or
     /// memory says stop (head-of-line blocking: a request that does not fit stops admission).
-    fn schedule_waiting(&mut self, budget: &mut usize, plan: &mut StepPlan<R>) -> Result<()> {
+    /// An error while admitting (the connector's) stops admission too, and is returned for
+    /// `schedule` to report once the step is consistent.
+    fn schedule_waiting(
+        &mut self,
+        budget: &mut usize,
+        plan: &mut StepPlan<R>,
+    ) -> Result<Option<crate::Error>> {
         if self.config.max_loras > 0 {
             // vLLM counts the adapters of the running requests scheduled in this step; we
             // count every running request's, so the running set never holds more than
@@ -514,6 +539,7 @@ impl<R: RequestKey> Scheduler<R> {
             }
         }
         let mut skipped = Vec::new();
+        let mut admission_error = None;
         while *budget > 0 {
             let Some(slot) = self.waiting.peek() else {
                 break;
@@ -528,12 +554,16 @@ impl<R: RequestKey> Scheduler<R> {
                 skipped.push(slot);
                 continue;
             }
-            match self.admit(slot, budget, plan)? {
-                Admission::Scheduled => {}
-                Admission::Blocked => break,
-                Admission::SteppedAside => {
+            match self.admit(slot, budget, plan) {
+                Ok(Admission::Scheduled) => {}
+                Ok(Admission::Blocked) => break,
+                Ok(Admission::SteppedAside) => {
                     self.waiting.pop();
                     skipped.push(slot);
+                }
+                Err(err) => {
+                    admission_error = Some(err);
+                    break;
                 }
             }
         }
@@ -541,7 +571,7 @@ impl<R: RequestKey> Scheduler<R> {
             let key = self.priority_key(slot);
             self.waiting.push_front(slot, key);
         }
-        Ok(())
+        Ok(admission_error)
     }
 
     /// Seed 004 §3.3.1: with `max_loras` adapters already in the batch, a request needing
@@ -556,7 +586,9 @@ impl<R: RequestKey> Scheduler<R> {
         }
     }
 
-    /// Tries to admit the request at the head of the waiting queue.
+    /// Tries to admit the request at the head of the waiting queue. A connector error leaves
+    /// the request as it was if its blocks were not allocated yet, and admitted (or loading)
+    /// if they were: the scheduler's state stays consistent either way.
     fn admit(
         &mut self,
         slot: u32,
@@ -616,9 +648,9 @@ impl<R: RequestKey> Scheduler<R> {
         if external.num_tokens > 0 && with_ids {
             blocks = self.kv.block_ids(slot).unwrap_or_default().to_vec();
         }
-        self.notify_allocation(slot, external.num_tokens)?;
+        let notified = self.notify_allocation(slot, external.num_tokens);
         self.start_running(slot, num_computed, n, blocks, budget, plan);
-        Ok(Admission::Scheduled)
+        notified.map(|()| Admission::Scheduled)
     }
 
     /// Tokens a new admission computes this step, after `num_computed` hit or loaded ones;
@@ -651,13 +683,21 @@ impl<R: RequestKey> Scheduler<R> {
         // A synchronous load leaves at least the last token to compute (its logits).
         let most = request.num_tokens() - local - usize::from(!external.load_async);
         if external.num_tokens > most {
-            return Err(crate::Error::Plugin(format!(
-                "the KV connector offered {} tokens for request {:?}, which has {} tokens \
-                 and {local} hit locally: at most {most} can be loaded",
-                external.num_tokens,
-                request.request_id,
-                request.num_tokens()
-            )));
+            return Err(crate::Error::connector(
+                "get_num_new_matched_tokens",
+                format!("{} tokens", external.num_tokens),
+                format!(
+                    "request {:?} has {} tokens and {local} hit locally: at most {most} can be \
+                     loaded{}",
+                    request.request_id,
+                    request.num_tokens(),
+                    if external.load_async {
+                        ""
+                    } else {
+                        " (a synchronous load leaves the last token to compute)"
+                    }
+                ),
+            ));
         }
         Ok(Some(external))
     }
@@ -681,7 +721,7 @@ impl<R: RequestKey> Scheduler<R> {
             self.blocked_head = Some((seq, hit));
             return Ok(Admission::Blocked);
         }
-        self.notify_allocation(slot, num_external_tokens)?;
+        let notified = self.notify_allocation(slot, num_external_tokens);
         let request = self.req_mut(slot);
         request.status = RequestStatus::WaitingForRemoteKvs;
         request.num_external_computed_tokens = num_external_tokens;
@@ -690,7 +730,7 @@ impl<R: RequestKey> Scheduler<R> {
             num_external_tokens,
             num_host_tokens: hit.num_host_tokens(),
         });
-        Ok(Admission::SteppedAside)
+        notified.map(|()| Admission::SteppedAside)
     }
 
     /// Tells the connector (if any) the request's blocks (vLLM's `update_state_after_alloc`).

@@ -94,13 +94,16 @@ impl<R: RequestKey> Scheduler<R> {
     /// Applies the engine's results for the latest step(s): appends sampled tokens, checks
     /// stop conditions, rolls back rejected speculative tokens and records new drafts.
     /// All-or-nothing: an unknown or repeated id fails the call before anything changes.
-    /// Returns the requests that finished, with why.
+    /// Returns the requests that finished, with why. A KV connector's error in
+    /// `request_finished` is returned after the whole update is applied (see `finish`); the
+    /// requests that finished are then only reported in the next step's `finished_req_ids`.
     pub fn update_from_output(
         &mut self,
         outputs: &[SampledOutput<R>],
     ) -> Result<Vec<(R, FinishReason)>> {
         self.check_outputs(outputs)?;
         let mut finished = Vec::new();
+        let mut connector_error = None;
         for output in outputs {
             if self.finished_in_flight.contains_key(&output.request_id) {
                 self.drop_late_output(&output.request_id)?;
@@ -109,10 +112,12 @@ impl<R: RequestKey> Scheduler<R> {
             let slot = self.index[&output.request_id];
             if let Some(reason) = self.apply_output(slot, output)? {
                 finished.push((output.request_id.clone(), reason));
-                self.finish(slot, reason)?;
+                if let Err(err) = self.finish(slot, reason) {
+                    connector_error.get_or_insert(err);
+                }
             }
         }
-        Ok(finished)
+        connector_error.map_or(Ok(finished), Err)
     }
 
     /// A late output of a request that already finished (async scheduling): dropped. Once
@@ -267,19 +272,23 @@ impl<R: RequestKey> Scheduler<R> {
         Ok(finished)
     }
 
-    /// Aborts requests wherever they are; all-or-nothing on unknown ids.
+    /// Aborts requests wherever they are; all-or-nothing on unknown ids. A KV connector's
+    /// error in `request_finished` is returned once every request is aborted.
     pub fn abort(&mut self, request_ids: &[R]) -> Result<()> {
         for id in request_ids {
             if !self.index.contains_key(id) {
                 return Err(Error::unknown_request(id));
             }
         }
+        let mut connector_error = None;
         for id in request_ids {
-            if let Some(&slot) = self.index.get(id) {
-                self.finish(slot, FinishReason::Abort)?;
+            if let Some(&slot) = self.index.get(id)
+                && let Err(err) = self.finish(slot, FinishReason::Abort)
+            {
+                connector_error.get_or_insert(err);
             }
         }
-        Ok(())
+        connector_error.map_or(Ok(()), Err)
     }
 
     /// Removes a request for good, freeing its blocks (their full blocks stay cached). The
@@ -290,16 +299,26 @@ impl<R: RequestKey> Scheduler<R> {
     /// A KV connector may keep the blocks of a finished request until their send completes;
     /// a request aborted while its KV loads keeps them until the load stops writing. Both
     /// are freed when `finish_kv_transfers` reports the transfer.
+    ///
+    /// If the connector's `request_finished` fails, the request still finishes (a request
+    /// left running past its stop would never finish at `max_model_len`) and its blocks are
+    /// freed, as if the connector had not asked to keep them; the error is returned after.
     fn finish(&mut self, slot: u32, reason: FinishReason) -> Result<()> {
         let request = self.slots[slot as usize].as_ref().expect("live");
         let in_flight = request.num_sampling_steps as usize;
         let status = request.status;
         let holds_blocks = self.kv.block_ids(slot).is_some();
+        let mut connector_error = None;
         let for_transfer = match (status, &mut self.connector) {
             (RequestStatus::WaitingForRemoteKvs, _) => true,
             (RequestStatus::Running, Some(connector)) => {
                 let blocks = self.kv.block_ids(slot).unwrap_or_default();
-                connector.request_finished(request, blocks)?
+                connector
+                    .request_finished(request, blocks)
+                    .unwrap_or_else(|err| {
+                        connector_error = Some(err);
+                        false
+                    })
             }
             _ => false,
         };
@@ -337,7 +356,7 @@ impl<R: RequestKey> Scheduler<R> {
             self.free_slots.push(slot);
         }
         self.finished_since_last_step.push(request.request_id);
-        Ok(())
+        connector_error.map_or(Ok(()), Err)
     }
 
     /// The engine's report of KV transfers that ended since the last one (vLLM's

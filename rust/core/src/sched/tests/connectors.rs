@@ -279,3 +279,202 @@ fn bad_transfer_reports_and_offers_are_refused() {
     let mut s: Scheduler<u32> = Scheduler::new(radix, false).unwrap();
     assert!(s.set_connector(Box::new(FakeConnector::default())).is_err());
 }
+
+/// A connector that fails in the method named by `fail` (switchable from the test).
+fn failing(fail: &Arc<Mutex<Option<&'static str>>>, inner: FakeConnector) -> FailingConnector {
+    FailingConnector {
+        fail: fail.clone(),
+        inner,
+    }
+}
+
+struct FailingConnector {
+    fail: Arc<Mutex<Option<&'static str>>>,
+    inner: FakeConnector,
+}
+
+impl FailingConnector {
+    fn check(&self, method: &'static str) -> crate::Result<()> {
+        match *self.fail.lock().unwrap() {
+            Some(m) if m == method => Err(crate::Error::connector(method, "boom", "raised")),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl KvConnector<u32> for FailingConnector {
+    fn get_num_new_matched_tokens(
+        &mut self,
+        request: &Request<u32>,
+        num_computed_tokens: usize,
+    ) -> crate::Result<Option<ExternalTokens>> {
+        self.check("get_num_new_matched_tokens")?;
+        self.inner
+            .get_num_new_matched_tokens(request, num_computed_tokens)
+    }
+
+    fn update_state_after_alloc(
+        &mut self,
+        request: &Request<u32>,
+        block_ids: &[BlockId],
+        num_external_tokens: usize,
+    ) -> crate::Result<()> {
+        self.check("update_state_after_alloc")?;
+        self.inner
+            .update_state_after_alloc(request, block_ids, num_external_tokens)
+    }
+
+    fn request_finished(
+        &mut self,
+        request: &Request<u32>,
+        block_ids: &[BlockId],
+    ) -> crate::Result<bool> {
+        self.check("request_finished")?;
+        self.inner.request_finished(request, block_ids)
+    }
+}
+
+fn with_failing(fail: &Arc<Mutex<Option<&'static str>>>, inner: FakeConnector) -> Scheduler<u32> {
+    let cfg = SchedulerConfig {
+        num_blocks: 8,
+        max_model_len: 32,
+        enable_prefix_caching: true,
+        ..config()
+    };
+    let mut s = Scheduler::new(cfg, false).unwrap();
+    s.set_connector(Box::new(failing(fail, inner))).unwrap();
+    s
+}
+
+fn failed_in(result: crate::Result<impl std::fmt::Debug>, method: &str) {
+    match result {
+        Err(crate::Error::Connector { method: m, .. }) if m == method => {}
+        other => panic!("expected a connector error in {method}, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_connector_error_while_admitting_keeps_the_step_formed_so_far_for_the_next_call() {
+    let fail = Arc::new(Mutex::new(None));
+    let mut s = with_failing(
+        &fail,
+        FakeConnector {
+            offer: Some(0),
+            ..FakeConnector::default()
+        },
+    );
+    s.add_request(0, prompt(0, 4)).unwrap();
+    assert_eq!(scheduled(&run_step(&mut s)), [(0, 4)]);
+    *fail.lock().unwrap() = Some("get_num_new_matched_tokens");
+    s.add_request(1, prompt(1, 4)).unwrap();
+    failed_in(s.schedule(), "get_num_new_matched_tokens");
+    s.check_invariants().unwrap();
+    // Request 0's decode was planned (its slot allocated) before request 1 was reached:
+    // that step is not lost, the next call returns it.
+    *fail.lock().unwrap() = None;
+    let out = s.schedule().unwrap();
+    assert_eq!(scheduled(&out), [(0, 1)]);
+    assert_eq!(s.waiting_ids(), [1]);
+    s.update_from_output(&[sample(0, 7)]).unwrap();
+    assert_eq!(scheduled(&run_step(&mut s)), [(0, 1), (1, 4)]);
+}
+
+#[test]
+fn a_failed_update_state_after_alloc_keeps_the_admission_it_reports() {
+    let fail = Arc::new(Mutex::new(Some("update_state_after_alloc")));
+    let mut s = with_failing(
+        &fail,
+        FakeConnector {
+            offer: Some(6),
+            ..FakeConnector::default()
+        },
+    );
+    s.add_request(0, prompt(0, 10)).unwrap();
+    s.add_request(1, prompt(1, 4)).unwrap();
+    failed_in(s.schedule(), "update_state_after_alloc");
+    s.check_invariants().unwrap();
+    *fail.lock().unwrap() = None;
+    // Request 0's blocks were allocated before the connector failed: it runs the 4 tokens
+    // after the 6 loaded; admission stopped there, so request 1 waits for the next step.
+    let out = s.schedule().unwrap();
+    assert_eq!(scheduled(&out), [(0, 4)]);
+    assert_eq!(out.scheduled_new_reqs[0].num_computed_tokens, 6);
+    assert_eq!(s.waiting_ids(), [1]);
+}
+
+#[test]
+fn a_failed_update_state_after_alloc_for_an_async_load_still_parks_the_request() {
+    let fail = Arc::new(Mutex::new(Some("update_state_after_alloc")));
+    let mut s = with_failing(
+        &fail,
+        FakeConnector {
+            load_async: true,
+            ..FakeConnector::default()
+        },
+    );
+    s.add_request(0, prompt(0, 10)).unwrap();
+    failed_in(s.schedule(), "update_state_after_alloc");
+    s.check_invariants().unwrap();
+    let out = s.schedule().unwrap();
+    assert_eq!(out.kv_loads.len(), 1, "the kept step reports the load");
+    assert_eq!(
+        s.get_request(&0).unwrap().status,
+        RequestStatus::WaitingForRemoteKvs
+    );
+    // The engine learns the connector cannot load it and reports the load failed.
+    *fail.lock().unwrap() = None;
+    s.finish_kv_transfers(&[], &[], &[0]).unwrap();
+    assert_eq!(scheduled(&run_step(&mut s)), [(0, 10)]);
+}
+
+#[test]
+fn a_failed_request_finished_still_finishes_and_frees_and_applies_the_rest() {
+    let fail = Arc::new(Mutex::new(None));
+    let mut s = with_failing(
+        &fail,
+        FakeConnector {
+            offer: Some(0),
+            delay_free: true,
+            ..FakeConnector::default()
+        },
+    );
+    for id in [0, 1] {
+        let spec = RequestSpec {
+            max_tokens: 1,
+            ..prompt(id, 4)
+        };
+        s.add_request(id, spec).unwrap();
+    }
+    assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 4), (1, 4)]);
+    *fail.lock().unwrap() = Some("request_finished");
+    failed_in(
+        s.update_from_output(&[sample(0, 7), sample(1, 7)]),
+        "request_finished",
+    );
+    s.check_invariants().unwrap();
+    assert!(!s.has_unfinished_requests(), "both outputs were applied");
+    // Not asked to hold them (it failed), the scheduler frees the blocks.
+    assert_eq!(s.num_kv_transfers(), (0, 0));
+    assert_eq!(free_blocks(&s), 8);
+    assert_eq!(s.schedule().unwrap().finished_req_ids, [0, 1]);
+}
+
+#[test]
+fn a_failed_request_finished_in_abort_still_aborts_every_request() {
+    let fail = Arc::new(Mutex::new(None));
+    let mut s = with_failing(
+        &fail,
+        FakeConnector {
+            offer: Some(0),
+            ..FakeConnector::default()
+        },
+    );
+    s.add_request(0, prompt(0, 4)).unwrap();
+    s.add_request(1, prompt(1, 4)).unwrap();
+    run_step(&mut s);
+    *fail.lock().unwrap() = Some("request_finished");
+    failed_in(s.abort(&[0, 1]), "request_finished");
+    s.check_invariants().unwrap();
+    assert!(!s.has_unfinished_requests());
+    assert_eq!(free_blocks(&s), 8);
+}

@@ -45,7 +45,10 @@ impl Hit {
     /// Tokens after the GPU hit that the pool's host-memory tier holds (loaded, not
     /// computed).
     pub fn num_host_tokens(&self) -> usize {
-        0
+        match self {
+            Hit::BlockHash(h) => h.num_host_tokens(),
+            Hit::Radix(_) => 0,
+        }
     }
 }
 

@@ -56,6 +56,11 @@ class RefHit:
     hashes: list[int]
     num_query_tokens: int
     extra_key: int | None
+    num_host_blocks: int = 0
+
+    def host_hashes(self) -> list[int]:
+        first = len(self.block_ids)
+        return self.hashes[first : first + self.num_host_blocks]
 
 
 @dataclass
@@ -68,9 +73,16 @@ class RefRequest:
 
 
 class RefBlockPool:
-    """vLLM V1's block pool: ref counts, an LRU free queue, one cached block per hash."""
+    """vLLM V1's block pool: ref counts, an LRU free queue, one cached block per hash; with
+    ``host_num_blocks`` > 0, a host tier (an LRU of hashes) that evicted hashes go to."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_caching: bool = True,
+        host_num_blocks: int = 0,
+    ):
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.ref_cnt = [0] * num_blocks
@@ -79,6 +91,9 @@ class RefBlockPool:
         self.cached: dict[int, int] = {}
         self.requests: dict[object, RefRequest] = {}
         self.stats = [0, 0, 0]  # lookups, query tokens, hit tokens
+        self.host_num_blocks = host_num_blocks
+        self.host: OrderedDict[int, None] = OrderedDict()  # least recently used first
+        self.host_stats = [0, 0, 0]  # host hit tokens, offloaded blocks, loaded blocks
         # Interning (parent, tokens, extra key) gives exact, collision-free chained hashes.
         self._hash_ids: dict[tuple[object, ...], int] = {}
         self._next_hash = count()
@@ -97,19 +112,32 @@ class RefBlockPool:
             hashes.append(self._hash_ids[key])
         return hashes
 
+    def prefix_of(self, h: int) -> tuple[list[int], int | None]:
+        """The token ids whose last full block has hash ``h``, and their extra key."""
+        key = next(k for k, v in self._hash_ids.items() if v == h)
+        parent, tokens, extra_key = key
+        before = [] if parent is None else self.prefix_of(parent)[0]
+        return before + list(tokens), extra_key
+
     def get_computed_blocks(self, tokens: list[int], extra_key: int | None = None) -> RefHit:
         if not self.enable_caching:
             return RefHit([], 0, [], len(tokens), extra_key)
         hashes = self._hashes(tokens, extra_key)
         hit: list[int] = []
+        num_host = 0
+        # GPU hits first, then the blocks the host tier holds, never the last token.
         for h in hashes[: max(len(tokens) - 1, 0) // self.block_size]:
-            if h not in self.cached:
+            if num_host == 0 and h in self.cached:
+                hit.append(self.cached[h])
+            elif h in self.host:
+                num_host += 1
+            else:
                 break
-            hit.append(self.cached[h])
         self.stats[0] += 1
         self.stats[1] += len(tokens)
         self.stats[2] += len(hit) * self.block_size
-        return RefHit(hit, len(hit) * self.block_size, hashes, len(tokens), extra_key)
+        self.host_stats[0] += num_host * self.block_size
+        return RefHit(hit, len(hit) * self.block_size, hashes, len(tokens), extra_key, num_host)
 
     def allocate_slots(
         self,
@@ -120,11 +148,52 @@ class RefBlockPool:
         hit: RefHit | None = None,
         extra_key: int | None = None,
     ) -> list[int] | None:
-        token_ids = list(token_ids or [])
         if num_new_tokens < 1:
             raise InputError("num_new_tokens")
         if num_lookahead_tokens < 0:
             raise InputError("num_lookahead_tokens")
+        return self._allocate(
+            request_id, num_new_tokens, num_lookahead_tokens, token_ids, hit, extra_key, True
+        )
+
+    def allocate_slots_external(
+        self,
+        request_id: object,
+        num_external_tokens: int,
+        token_ids: list[int],
+        hit: RefHit | None = None,
+        extra_key: int | None = None,
+    ) -> list[int] | None:
+        """Loaded tokens (the hit's host blocks, then external ones): computed, not cached
+        until ``cache_loaded_blocks``."""
+        if num_external_tokens < 0:
+            raise InputError("num_external_tokens")
+        if request_id in self.requests:
+            raise InputError("request_id")
+        loaded = hit.num_computed_tokens + hit.num_host_blocks * self.block_size if hit else 0
+        if loaded + num_external_tokens > len(token_ids):
+            raise InputError("num_external_tokens")
+        return self._allocate(request_id, num_external_tokens, 0, token_ids, hit, extra_key, False)
+
+    def cache_loaded_blocks(self, request_id: object) -> None:
+        if request_id not in self.requests:
+            raise UnknownRequestError(str(request_id))
+        self._cache_full_blocks(self.requests[request_id])
+
+    def _allocate(
+        self,
+        request_id: object,
+        num_new_tokens: int,
+        num_lookahead_tokens: int,
+        token_ids: list[int] | None,
+        hit: RefHit | None,
+        extra_key: int | None,
+        cache: bool,
+    ) -> list[int] | None:
+        token_ids = list(token_ids or [])
+        num_loaded = hit.num_host_blocks * self.block_size if hit else 0
+        if num_new_tokens + num_loaded < 1:
+            raise InputError("num_new_tokens")
         request = self.requests.get(request_id)
         if request is not None:
             if hit is not None:
@@ -136,7 +205,9 @@ class RefBlockPool:
             num_computed = num_held = 0
             if hit is not None:
                 self._check_hit(hit, len(token_ids), extra_key)
-                num_computed, num_held = hit.num_computed_tokens, len(hit.block_ids)
+                # Host-hit blocks need fresh blocks: they count as new ones.
+                num_computed = hit.num_computed_tokens + num_loaded
+                num_held = len(hit.block_ids)
         slots = num_computed + num_new_tokens + num_lookahead_tokens
         num_new_blocks = max(-(-slots // self.block_size) - num_held, 0)
         evictable_hits = sum(self.ref_cnt[b] == 0 for b in hit.block_ids) if hit else 0
@@ -148,7 +219,8 @@ class RefBlockPool:
         request.block_ids += new_blocks
         request.tokens += token_ids
         request.num_computed_tokens += num_new_tokens
-        self._cache_full_blocks(request)
+        if cache:
+            self._cache_full_blocks(request)
         return new_blocks
 
     def _check_hit(self, hit: RefHit, num_tokens: int, extra_key: int | None) -> None:
@@ -159,6 +231,8 @@ class RefBlockPool:
         for b, h in zip(hit.block_ids, hit.hashes, strict=False):
             if self.block_hash[b] != h:
                 raise InputError("new_computed_blocks")
+        if any(h not in self.host for h in hit.host_hashes()):
+            raise InputError("new_computed_blocks")
 
     def _admit(self, request_id: object, hit: RefHit | None, extra_key: int | None) -> RefRequest:
         request = RefRequest([], [], 0, 0, extra_key)
@@ -167,8 +241,13 @@ class RefBlockPool:
                 if self.ref_cnt[b] == 0:
                     del self.free_queue[b]
                 self.ref_cnt[b] += 1
+            # A load is a use of the host entries, before this allocation offloads anything.
+            for h in hit.host_hashes():
+                self.host.move_to_end(h)
+            self.host_stats[2] += hit.num_host_blocks
+            num_computed = hit.num_computed_tokens + hit.num_host_blocks * self.block_size
             request = RefRequest(
-                list(hit.block_ids), [], hit.num_computed_tokens, len(hit.block_ids), hit.extra_key
+                list(hit.block_ids), [], num_computed, len(hit.block_ids), hit.extra_key
             )
         self.requests[request_id] = request
         return request
@@ -179,8 +258,19 @@ class RefBlockPool:
         if h is not None:
             del self.cached[h]
             self.block_hash[block] = None
+            if self.host_num_blocks > 0:
+                self._offload(h)
         self.ref_cnt[block] = 1
         return block
+
+    def _offload(self, h: int) -> None:
+        if h in self.host:
+            self.host.move_to_end(h)
+            return
+        if len(self.host) == self.host_num_blocks:
+            self.host.popitem(last=False)
+        self.host[h] = None
+        self.host_stats[1] += 1
 
     def _cache_full_blocks(self, request: RefRequest) -> None:
         if not self.enable_caching:
@@ -213,6 +303,7 @@ class RefBlockPool:
             return False
         self.cached.clear()
         self.block_hash = [None] * len(self.block_hash)
+        self.host.clear()
         return True
 
 

@@ -29,6 +29,7 @@ __all__ = [
     "SimRequestView",
     "SpeculativeConfig",
     "__version__",
+    "block_hashes",
     "build_profile",
     "evaluate_ops",
     "simulate",
@@ -102,17 +103,30 @@ class ComputedBlocks:
     @property
     def num_computed_tokens(self) -> int:
         """Tokens covered by those blocks (``len(block_ids) * block_size``)."""
+    @property
+    def num_host_computed_tokens(self) -> int:
+        """Tokens of the blocks after those that the host tier holds (loaded on admission)."""
 
 @final
 class BlockPoolStats:
-    """Prefix-cache lookups since the pool was built."""
+    """Prefix-cache lookups since the pool was built, and the host tier's traffic."""
 
     @property
     def num_lookups(self) -> int: ...
     @property
     def num_query_tokens(self) -> int: ...
     @property
-    def num_hit_tokens(self) -> int: ...
+    def num_hit_tokens(self) -> int:
+        """Tokens found in GPU blocks."""
+    @property
+    def num_host_hit_tokens(self) -> int:
+        """Tokens found in the host tier after the GPU hits."""
+    @property
+    def num_offloaded_blocks(self) -> int:
+        """Hashes that entered the host tier (GPU evictions written back)."""
+    @property
+    def num_loaded_blocks(self) -> int:
+        """Host-tier blocks loaded back into GPU blocks."""
     @property
     def hit_rate(self) -> float:
         """``num_hit_tokens / num_query_tokens`` (0 before any lookup)."""
@@ -121,12 +135,21 @@ class BlockPoolStats:
 class BlockPool:
     """vLLM V1's prefix-caching KV block pool with per-request block tables.
 
+    ``host_num_blocks`` > 0 adds a host-memory tier of that many blocks: hashes evicted
+    from GPU blocks are offloaded there, and lookups continue into it (docs/kv.md).
+
     Raises:
-        ConfigError: ``num_blocks`` or ``block_size`` below 1 or absurdly large.
+        ConfigError: ``num_blocks`` or ``block_size`` below 1 or absurdly large;
+            ``host_num_blocks`` negative, absurdly large, or set with caching off.
     """
 
     def __new__(
-        cls, *, num_blocks: int, block_size: int, enable_caching: bool = True
+        cls,
+        *,
+        num_blocks: int,
+        block_size: int,
+        enable_caching: bool = True,
+        host_num_blocks: int = 0,
     ) -> BlockPool: ...
     @property
     def num_blocks(self) -> int: ...
@@ -149,6 +172,14 @@ class BlockPool:
     @property
     def usage(self) -> float:
         """Fraction of blocks held by requests, in [0, 1]."""
+    @property
+    def host_num_blocks(self) -> int:
+        """The host tier's capacity in blocks (0: no tier)."""
+    @property
+    def num_host_blocks(self) -> int:
+        """Hashes the host tier holds."""
+    def host_block_hashes(self) -> list[int]:
+        """The host tier's hashes, least recently used first (as ``block_hashes`` computes)."""
     def stats(self) -> BlockPoolStats: ...
     def get_computed_blocks(
         self, token_ids: _TokenIds, *, extra_key: int | None = None
@@ -157,6 +188,8 @@ class BlockPool:
 
         The last token is always left to recompute, so the model produces its logits.
         ``extra_key`` (e.g. a LoRA id) separates otherwise equal prefixes. Counts in stats.
+        With a host tier, the blocks after the GPU hit that the tier holds follow
+        (``num_host_computed_tokens``); GPU and host hits together leave the last token.
 
         Raises:
             InputError: a token id is negative or >= 2**32.
@@ -184,9 +217,42 @@ class BlockPool:
             The newly allocated block ids, or ``None`` if the free blocks do not suffice.
             A ``None`` or an exception changes nothing; retry with the same ``token_ids``.
 
+        With a host hit in ``new_computed_blocks``, its blocks are loaded: they take fresh
+        blocks after the GPU hit, count as computed and are cached at once (copy them before
+        the step runs); ``num_new_tokens`` counts the tokens after both hits.
+
         Raises:
             InputError: ``num_new_tokens < 1``, a stale or mismatched
                 ``new_computed_blocks``, or bad token ids.
+        """
+    def allocate_slots_external(
+        self,
+        request_id: _RequestId,
+        num_external_tokens: int,
+        *,
+        token_ids: _TokenIds,
+        new_computed_blocks: ComputedBlocks | None = None,
+        extra_key: int | None = None,
+    ) -> npt.NDArray[np.uint32] | None:
+        """A request's first allocation when tokens are loaded rather than computed.
+
+        The host hit of ``new_computed_blocks`` and ``num_external_tokens`` more tokens
+        (from beyond the pool, e.g. a prefill instance) get slots and count as computed,
+        but are cached only at ``cache_loaded_blocks``, once their data has landed.
+        ``num_external_tokens`` may be 0 when the hit has host blocks.
+
+        Returns:
+            The newly allocated block ids, or ``None`` (nothing changed) if they do not fit.
+
+        Raises:
+            InputError: the request already holds blocks, nothing to load, more tokens
+                than ``token_ids`` has, or a stale or mismatched ``new_computed_blocks``.
+        """
+    def cache_loaded_blocks(self, request_id: _RequestId) -> None:
+        """Caches the request's loaded blocks: their data has landed.
+
+        Raises:
+            UnknownRequestError: the request holds no blocks.
         """
     def free(self, request_id: _RequestId) -> None:
         """Releases the request's blocks, last block first (tails are evicted first).
@@ -208,6 +274,15 @@ class BlockPool:
     def __len__(self) -> int: ...
     def check_invariants(self) -> None:
         """Raises InternalError if the internal bookkeeping is inconsistent (a bug)."""
+
+def block_hashes(
+    token_ids: _TokenIds, *, block_size: int, extra_key: int | None = None
+) -> list[int]:
+    """The chained hashes of the full blocks of ``token_ids``, as ``BlockPool`` computes them.
+
+    Raises:
+        InputError: ``block_size < 1`` or bad token ids.
+    """
 
 @final
 class NodeHandle:

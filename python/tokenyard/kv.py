@@ -2,7 +2,8 @@
 
 - :class:`CountingAllocator` — Vidur's block counting (how many blocks each request holds).
 - :class:`BlockPool` — vLLM V1's prefix-caching block pool (block ids, ref counts, LRU free
-  queue, chained block hashes).
+  queue, chained block hashes), optionally with a host-memory tier; :func:`block_hashes`
+  computes its hashes.
 - :class:`RadixCache` — SGLang's radix prefix cache (token-level tree of KV slot indices).
 
 See ``docs/kv.md`` for the semantics and a worked example of each.
@@ -16,6 +17,7 @@ from tokenyard._core import (
     MatchResult,
     NodeHandle,
     RadixCache,
+    block_hashes,
 )
 
 __all__ = [
@@ -26,4 +28,5 @@ __all__ = [
     "MatchResult",
     "NodeHandle",
     "RadixCache",
+    "block_hashes",
 ]

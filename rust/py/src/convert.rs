@@ -167,15 +167,24 @@ fn short_repr(obj: &Bound<'_, PyAny>) -> String {
 /// A count given as a config field: an int in `[1, 2**62]` (a bool, a float or a larger int
 /// is a `ConfigError` naming the field, never an `OverflowError`).
 pub(crate) fn positive_field(value: &Bound<'_, PyAny>, field: &'static str) -> PyResult<usize> {
+    int_field(value, field, 1)
+}
+
+/// [`positive_field`] where 0 is allowed (and means "none").
+pub(crate) fn non_negative_field(value: &Bound<'_, PyAny>, field: &'static str) -> PyResult<usize> {
+    int_field(value, field, 0)
+}
+
+fn int_field(value: &Bound<'_, PyAny>, field: &'static str, min: i128) -> PyResult<usize> {
     let py = value.py();
     let int = value.is_instance_of::<PyInt>() && !value.is_instance_of::<pyo3::types::PyBool>();
     match int.then(|| value.extract::<i128>().ok()).flatten() {
-        Some(v) if (1..=1i128 << 62).contains(&v) => Ok(v as usize),
+        Some(v) if (min..=1i128 << 62).contains(&v) => Ok(v as usize),
         _ => Err(config_error(
             py,
             field,
             short_repr(value),
-            &format!("must be an int in [1, {}]", 1u64 << 62),
+            &format!("must be an int in [{min}, {}]", 1u64 << 62),
         )),
     }
 }

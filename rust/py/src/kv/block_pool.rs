@@ -1,8 +1,13 @@
 use numpy::PyArray1;
 use pyo3::prelude::*;
-use tokenyard_core::kv::{BlockId, BlockPool, BlockPoolStats, ComputedBlocks, KvCapacity};
+use tokenyard_core::kv::{
+    BlockHash, BlockId, BlockPool, BlockPoolStats, ComputedBlocks, HostTier, KvCapacity,
+    hash_full_blocks,
+};
 
-use crate::convert::{RequestId, count_arg, positive_field, token_ids as read_token_ids};
+use crate::convert::{
+    RequestId, count_arg, non_negative_field, positive_field, token_ids as read_token_ids,
+};
 use crate::errors::{OrRaise, input_error, invariants, unknown_request};
 
 /// vLLM V1's prefix-caching block pool: block ids with ref counts, an LRU free queue and a
@@ -18,12 +23,15 @@ pub(crate) struct PyComputedBlocks {
     inner: ComputedBlocks,
 }
 
-/// Prefix-cache lookups since the pool was built.
+/// Prefix-cache lookups since the pool was built, and the host tier's traffic.
 #[pyclass(name = "BlockPoolStats", module = "tokenyard.kv", frozen, get_all)]
 pub(crate) struct PyBlockPoolStats {
     num_lookups: u64,
     num_query_tokens: u64,
     num_hit_tokens: u64,
+    num_host_hit_tokens: u64,
+    num_offloaded_blocks: u64,
+    num_loaded_blocks: u64,
     hit_rate: f64,
 }
 
@@ -33,6 +41,9 @@ impl From<BlockPoolStats> for PyBlockPoolStats {
             num_lookups: s.num_lookups,
             num_query_tokens: s.num_query_tokens,
             num_hit_tokens: s.num_hit_tokens,
+            num_host_hit_tokens: s.num_host_hit_tokens,
+            num_offloaded_blocks: s.num_offloaded_blocks,
+            num_loaded_blocks: s.num_loaded_blocks,
             hit_rate: s.hit_rate(),
         }
     }
@@ -42,9 +53,29 @@ impl From<BlockPoolStats> for PyBlockPoolStats {
 impl PyBlockPoolStats {
     fn __repr__(&self) -> String {
         format!(
-            "BlockPoolStats(num_lookups={}, num_query_tokens={}, num_hit_tokens={}, hit_rate={:.4})",
-            self.num_lookups, self.num_query_tokens, self.num_hit_tokens, self.hit_rate
+            "BlockPoolStats(num_lookups={}, num_query_tokens={}, num_hit_tokens={}, \
+             num_host_hit_tokens={}, num_offloaded_blocks={}, num_loaded_blocks={}, \
+             hit_rate={:.4})",
+            self.num_lookups,
+            self.num_query_tokens,
+            self.num_hit_tokens,
+            self.num_host_hit_tokens,
+            self.num_offloaded_blocks,
+            self.num_loaded_blocks,
+            self.hit_rate
         )
+    }
+}
+
+/// `host_num_blocks`: an int >= 0 (0: no tier), checked as a config field like the other
+/// sizes (a bool or a float is a `ConfigError`), with a real default of 0.
+pub(crate) struct HostNumBlocks(usize);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for HostNumBlocks {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        non_negative_field(&obj, "host_num_blocks").map(HostNumBlocks)
     }
 }
 
@@ -64,10 +95,17 @@ impl PyComputedBlocks {
         self.inner.num_computed_tokens
     }
 
+    #[getter]
+    fn num_host_computed_tokens(&self) -> usize {
+        self.inner.num_host_tokens()
+    }
+
     fn __repr__(&self) -> String {
         format!(
-            "ComputedBlocks(num_computed_tokens={}, block_ids={:?})",
-            self.inner.num_computed_tokens, self.inner.block_ids
+            "ComputedBlocks(num_computed_tokens={}, num_host_computed_tokens={}, block_ids={:?})",
+            self.inner.num_computed_tokens,
+            self.inner.num_host_tokens(),
+            self.inner.block_ids
         )
     }
 }
@@ -75,16 +113,23 @@ impl PyComputedBlocks {
 #[pymethods]
 impl PyBlockPool {
     #[new]
-    #[pyo3(signature = (*, num_blocks, block_size, enable_caching = true))]
+    #[pyo3(
+        signature = (*, num_blocks, block_size, enable_caching = true, host_num_blocks = HostNumBlocks(0)),
+        text_signature = "(*, num_blocks, block_size, enable_caching=True, host_num_blocks=0)"
+    )]
     fn new(
         py: Python<'_>,
         num_blocks: &Bound<'_, PyAny>,
         block_size: &Bound<'_, PyAny>,
         enable_caching: bool,
+        host_num_blocks: HostNumBlocks,
     ) -> PyResult<Self> {
         let num_blocks = positive_field(num_blocks, "num_blocks")?;
         let block_size = positive_field(block_size, "block_size")?;
-        let inner = BlockPool::new(num_blocks, block_size, enable_caching).or_raise(py)?;
+        let mut inner = BlockPool::new(num_blocks, block_size, enable_caching).or_raise(py)?;
+        if host_num_blocks.0 > 0 {
+            inner = inner.with_host_tier(host_num_blocks.0).or_raise(py)?;
+        }
         Ok(Self { inner })
     }
 
@@ -126,6 +171,24 @@ impl PyBlockPool {
     #[getter]
     fn num_requests(&self) -> usize {
         self.inner.num_requests()
+    }
+
+    #[getter]
+    fn host_num_blocks(&self) -> usize {
+        self.inner.host_tier().map_or(0, HostTier::capacity)
+    }
+
+    #[getter]
+    fn num_host_blocks(&self) -> usize {
+        self.inner.host_tier().map_or(0, HostTier::len)
+    }
+
+    fn host_block_hashes(&self) -> Vec<u128> {
+        let tier = self.inner.host_tier();
+        tier.into_iter()
+            .flat_map(HostTier::iter_lru)
+            .map(|h| h.0)
+            .collect()
     }
 
     #[getter]
@@ -179,6 +242,37 @@ impl PyBlockPool {
             )
             .or_raise(py)?;
         Ok(blocks.map(|ids| block_array(py, ids)))
+    }
+
+    #[pyo3(signature = (request_id, num_external_tokens, *, token_ids, new_computed_blocks = None, extra_key = None))]
+    fn allocate_slots_external<'py>(
+        &mut self,
+        request_id: &Bound<'py, PyAny>,
+        num_external_tokens: i64,
+        token_ids: &Bound<'py, PyAny>,
+        new_computed_blocks: Option<PyRef<'py, PyComputedBlocks>>,
+        extra_key: Option<u64>,
+    ) -> PyResult<Option<Bound<'py, PyArray1<BlockId>>>> {
+        let py = request_id.py();
+        let request_id = RequestId::from_py(request_id)?;
+        let num_external_tokens = count_arg(py, "num_external_tokens", num_external_tokens, 0)?;
+        let tokens = read_token_ids(token_ids, "token_ids")?;
+        let hit = new_computed_blocks.as_ref().map(|h| &h.inner);
+        let num_new_blocks = self
+            .inner
+            .allocate_slots_external(&request_id, &tokens, num_external_tokens, hit, extra_key)
+            .or_raise(py)?;
+        Ok(num_new_blocks.map(|n| {
+            let table = self.inner.block_ids(&request_id).unwrap_or_default();
+            PyArray1::from_slice(py, &table[table.len() - n..])
+        }))
+    }
+
+    fn cache_loaded_blocks(&mut self, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let py = request_id.py();
+        self.inner
+            .cache_loaded_blocks(&RequestId::from_py(request_id)?)
+            .or_raise(py)
     }
 
     fn free(&mut self, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
@@ -242,7 +336,7 @@ impl PyBlockPool {
 
     fn __repr__(&self) -> String {
         format!(
-            "BlockPool(num_blocks={}, block_size={}, enable_caching={}, num_free_blocks={}, num_cached_blocks={}, num_requests={})",
+            "BlockPool(num_blocks={}, block_size={}, enable_caching={}, host_num_blocks={}, num_free_blocks={}, num_cached_blocks={}, num_requests={})",
             self.inner.num_total_blocks(),
             self.inner.block_size(),
             if self.inner.enable_caching() {
@@ -250,9 +344,26 @@ impl PyBlockPool {
             } else {
                 "False"
             },
+            self.host_num_blocks(),
             self.inner.num_free_blocks(),
             self.inner.num_cached_blocks(),
             self.inner.num_requests()
         )
     }
+}
+
+/// The chained hashes of the full blocks of `token_ids`, as a `BlockPool` of this block
+/// size computes them (128-bit ints).
+#[pyfunction]
+#[pyo3(signature = (token_ids, *, block_size, extra_key = None))]
+pub(crate) fn block_hashes(
+    token_ids: &Bound<'_, PyAny>,
+    block_size: i64,
+    extra_key: Option<u64>,
+) -> PyResult<Vec<u128>> {
+    let block_size = count_arg(token_ids.py(), "block_size", block_size, 1)?;
+    let tokens = read_token_ids(token_ids, "token_ids")?;
+    let mut hashes: Vec<BlockHash> = Vec::new();
+    hash_full_blocks(&mut hashes, &tokens, block_size, extra_key);
+    Ok(hashes.into_iter().map(|h| h.0).collect())
 }

@@ -11,6 +11,7 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<block_pool::PyBlockPool>()?;
     module.add_class::<block_pool::PyComputedBlocks>()?;
     module.add_class::<block_pool::PyBlockPoolStats>()?;
+    module.add_function(wrap_pyfunction!(block_pool::block_hashes, module)?)?;
     module.add_class::<radix::PyRadixCache>()?;
     module.add_class::<radix::PyMatchResult>()?;
     module.add_class::<radix::PyNodeHandle>()?;

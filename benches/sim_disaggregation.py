@@ -31,6 +31,10 @@ SPLITS = [
 ]
 
 
+def lognormal(median: int, max_tokens: int) -> dict[str, Any]:
+    return {"kind": "lognormal", "median": median, "sigma": 0.6, "max_tokens": max_tokens}
+
+
 def mapping(num_prefill: int, num_decode: int | None, qps: float, n: int) -> dict[str, Any]:
     cluster: dict[str, Any] = {
         "num_replicas": num_prefill,
@@ -46,8 +50,8 @@ def mapping(num_prefill: int, num_decode: int | None, qps: float, n: int) -> dic
             "num_requests": n,
             "seed": 7,
             "arrival": {"kind": "poisson", "qps": qps},
-            "prompt_tokens": {"kind": "lognormal", "median": 4000, "sigma": 0.6, "max_tokens": 7000},
-            "output_tokens": {"kind": "lognormal", "median": 250, "sigma": 0.6, "max_tokens": 1000},
+            "prompt_tokens": lognormal(4000, 7000),
+            "output_tokens": lognormal(250, 1000),
         },
     }
 
@@ -57,7 +61,9 @@ def main() -> None:
     parser.add_argument("--qps", type=float, default=6.0)
     parser.add_argument("--requests", type=int, default=3000)
     args = parser.parse_args()
-    header = f"{'cluster':15} {'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9} {'TPOT p99':>9} {'xfer ms':>8} {'P busy':>7} {'D busy':>7}"
+    names = ("TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99")
+    header = f"{'cluster':15} " + " ".join(f"{n:>9}" for n in names)
+    header += f" {'xfer ms':>8} {'P busy':>7} {'D busy':>7}"
     print(f"llama-3.1-8b on h100-sxm, {args.requests} requests at {args.qps} QPS")
     print(header)
     for name, p, d in SPLITS:
@@ -81,8 +87,10 @@ def main() -> None:
             simulate(config)
             walls[name].append(time.perf_counter() - start)
     agg, pd_ = (statistics.median(walls[k]) for k in ("aggregated x4", "2P2D"))
-    print(f"replay cost per request, 2P2D / aggregated x4: {pd_ / agg:.2f} "
-          f"(medians {pd_:.3f} s / {agg:.3f} s of 3 runs each, whole simulate())")
+    print(
+        f"replay cost per request, 2P2D / aggregated x4: {pd_ / agg:.2f} "
+        f"(medians {pd_:.3f} s / {agg:.3f} s of 3 runs each, whole simulate())"
+    )
 
 
 if __name__ == "__main__":

@@ -310,7 +310,9 @@ impl<R: RequestKey> Scheduler<R> {
         let holds_blocks = self.kv.block_ids(slot).is_some();
         let mut connector_error = None;
         let for_transfer = match (status, &mut self.connector) {
-            (RequestStatus::WaitingForRemoteKvs, _) => true,
+            // A load already reported (landed or failed) writes nothing more and will not
+            // be reported again: only a load still in flight holds the blocks.
+            (RequestStatus::WaitingForRemoteKvs, _) => !self.landed.contains(&slot),
             (RequestStatus::Running, Some(connector)) => {
                 let blocks = self.kv.block_ids(slot).unwrap_or_default();
                 connector

@@ -478,3 +478,23 @@ fn a_failed_request_finished_in_abort_still_aborts_every_request() {
     assert!(!s.has_unfinished_requests());
     assert_eq!(free_blocks(&s), 8);
 }
+
+#[test]
+fn aborting_a_request_whose_load_was_already_reported_frees_its_blocks_at_once() {
+    for failed in [false, true] {
+        let mut s = with_connector(FakeConnector {
+            load_async: true,
+            ..FakeConnector::default()
+        });
+        s.add_request(0, prompt(0, 10)).unwrap();
+        s.schedule().unwrap();
+        let (landed, lost): (&[u32], &[u32]) = if failed { (&[], &[0]) } else { (&[0], &[]) };
+        s.finish_kv_transfers(landed, &[], lost).unwrap();
+        // Reported, but not yet taken by a step: nothing will write into the blocks any
+        // more and nothing will report the load again (vLLM frees them here too).
+        s.abort(&[0]).unwrap();
+        assert_eq!(s.num_kv_transfers(), (0, 0));
+        assert_eq!(free_blocks(&s), 8);
+        s.check_invariants().unwrap();
+    }
+}

@@ -15,6 +15,7 @@ __all__ = [
     "CompiledOps",
     "ComputedBlocks",
     "CountingAllocator",
+    "KvLoad",
     "LinearModel",
     "MatchResult",
     "NewRequestData",
@@ -442,6 +443,24 @@ class SchedulerOutput:
     @property
     def finished_req_ids(self) -> list[_RequestId]:
         """Requests that finished or were aborted since the previous step."""
+    @property
+    def kv_loads(self) -> list[KvLoad]:
+        """KV loads that began this step (a KV connector's asynchronous loads); each
+        request waits until ``Scheduler.finish_kv_transfers`` reports its load."""
+
+@final
+class KvLoad:
+    """A KV load that began this step: the engine moves the tokens into the request's
+    blocks, then reports it through ``Scheduler.finish_kv_transfers``."""
+
+    @property
+    def request_id(self) -> _RequestId: ...
+    @property
+    def num_external_tokens(self) -> int:
+        """Tokens the connector loads, after the local prefix hit."""
+    @property
+    def num_host_tokens(self) -> int:
+        """Tokens loaded from the pool's host-memory tier (0 for now)."""
 
 @final
 class SchedulerStats:
@@ -466,7 +485,7 @@ class SchedulerStats:
 
 @final
 class RequestView:
-    """What a policy plugin sees of a request."""
+    """What a policy plugin or a KV connector sees of a request."""
 
     @property
     def request_id(self) -> _RequestId: ...
@@ -486,26 +505,44 @@ class RequestView:
     def num_preemptions(self) -> int: ...
     @property
     def status(self) -> str:
-        """ "waiting", "preempted" or "running"."""
+        """ "waiting", "waiting_for_remote_kvs", "preempted" or "running"."""
 
 class _PolicyPluginLike(Protocol):
     def order_waiting(self, waiting: list[RequestView], /) -> Iterable[_RequestId]: ...
     def preemption_order(self, running: list[RequestView], /) -> Iterable[_RequestId]: ...
+
+class _KvConnectorLike(Protocol):
+    def get_num_new_matched_tokens(
+        self, request: RequestView, num_computed_tokens: int, /
+    ) -> tuple[int | None, bool] | None: ...
+    def update_state_after_alloc(
+        self, request: RequestView, block_ids: npt.NDArray[np.uint32], num_external_tokens: int, /
+    ) -> object: ...
+    def request_finished(
+        self, request: RequestView, block_ids: npt.NDArray[np.uint32], /
+    ) -> bool | tuple[bool, object]: ...
 
 @final
 class Scheduler:
     """vLLM V1's step scheduler over a prefix-caching block pool.
 
     ``plugin`` (see ``tokenyard.sched.PolicyPlugin``) replaces the waiting order and the
-    choice of preemption victims.
+    choice of preemption victims. ``connector`` (see ``tokenyard.sched.KvConnector``) loads
+    KV from outside the pool and keeps finished requests' blocks for sends (vLLM V1's
+    scheduler-side KV connector; docs/embedding.md).
 
     Raises:
         ConfigError: an impossible config, e.g. ``max_model_len`` beyond the KV capacity,
-            or a plugin without the two methods.
+            a plugin without the two methods, a connector without the three, or a
+            connector with ``prefix_cache="radix"``.
     """
 
     def __new__(
-        cls, config: _SchedulerConfigLike, *, plugin: _PolicyPluginLike | None = None
+        cls,
+        config: _SchedulerConfigLike,
+        *,
+        plugin: _PolicyPluginLike | None = None,
+        connector: _KvConnectorLike | None = None,
     ) -> Scheduler: ...
     def add_request(
         self,
@@ -533,6 +570,9 @@ class Scheduler:
         Raises:
             PolicyError: the plugin's answer is not a reordering of the ids it was given.
             Any exception the plugin raised, unchanged (the scheduler is unchanged too).
+            ConnectorError: the connector raised or answered badly while a request was
+                admitted; admission stopped there and the step formed so far is returned
+                by the next call.
         """
     def update_from_output(
         self,
@@ -548,15 +588,43 @@ class Scheduler:
             UnknownRequestError: an id the scheduler does not hold.
             InputError: an id repeated, tokens for a request that is not running, or more
                 rejected tokens than were speculated.
+            ConnectorError: the connector's ``request_finished`` raised or answered badly;
+                the update was applied in full all the same (that request's blocks freed),
+                and the finished requests appear in the next step's ``finished_req_ids``.
         """
     def abort(self, request_ids: _RequestId | Iterable[_RequestId]) -> None:
         """Finishes requests wherever they are: one id or an iterable of them (a str is one
-        id). Raises UnknownRequestError first if any id is unknown."""
+        id). Raises UnknownRequestError first if any id is unknown; ConnectorError (after
+        aborting them all) if the connector's ``request_finished`` failed."""
+    def finish_kv_transfers(
+        self,
+        *,
+        finished_recving: Iterable[_RequestId] = (),
+        finished_sending: Iterable[_RequestId] = (),
+        failed_recving: Iterable[_RequestId] = (),
+    ) -> None:
+        """Reports KV transfers that ended (vLLM's ``KVConnectorOutput``): loads that landed
+        (the request runs from the next ``schedule()``), loads that failed (it recomputes
+        its prompt; the connector is not asked again), and sends that completed (the
+        finished request's blocks are freed). All-or-nothing.
+
+        Raises:
+            InputError: an id with no such transfer in flight (not loading, and no finished
+                request's blocks are held for it), or an argument that is not an iterable
+                of ids.
+        """
     def has_unfinished_requests(self) -> bool: ...
     @property
     def num_waiting(self) -> int: ...
     @property
     def num_running(self) -> int: ...
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks free for allocation (cached blocks no request holds included)."""
+    @property
+    def num_kv_transfers(self) -> tuple[int, int]:
+        """``(loading, held)``: requests waiting for a KV load, and finished requests whose
+        blocks are held for a transfer (a send, or an aborted request's load)."""
     def running_ids(self) -> list[_RequestId]: ...
     def waiting_ids(self) -> list[_RequestId]:
         """Waiting requests in the order they would be admitted."""

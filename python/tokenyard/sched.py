@@ -18,9 +18,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+import numpy as np
+import numpy.typing as npt
+
 from tokenyard._checks import check_key_choice, check_key_int, fail
 from tokenyard._core import (
     CachedRequestData,
+    KvLoad,
     NewRequestData,
     RequestView,
     Scheduler,
@@ -30,6 +34,8 @@ from tokenyard._core import (
 
 __all__ = [
     "CachedRequestData",
+    "KvConnector",
+    "KvLoad",
     "NewRequestData",
     "PolicyPlugin",
     "RequestView",
@@ -58,6 +64,45 @@ class PolicyPlugin(Protocol):
 
     def preemption_order(self, running: list[RequestView]) -> Sequence[int | str]:
         """Victim order when memory runs out: the first id is preempted first."""
+        ...
+
+
+class KvConnector(Protocol):
+    """Loads KV from outside the pool and sends finished requests' KV: vLLM V1's
+    scheduler-side KV connector (``KVConnectorBase_V1``), with its method names and answers.
+
+    Pass one as ``Scheduler(config, connector=...)`` (``prefix_cache="block_hash"`` only).
+    Each method gets the request as a ``RequestView`` (its ``status`` is
+    ``"waiting_for_remote_kvs"`` while its KV loads). If a method raises or answers badly,
+    the scheduler's method raises ``ConnectorError`` naming it (the exception as
+    ``__cause__``); see ``docs/embedding.md`` for what that call has done by then.
+    """
+
+    def get_num_new_matched_tokens(
+        self, request: RequestView, num_computed_tokens: int, /
+    ) -> tuple[int | None, bool] | None:
+        """Tokens after ``num_computed_tokens`` (the local prefix hit) the connector can
+        load, and whether the load is asynchronous (the request waits, holding blocks for
+        them, until ``Scheduler.finish_kv_transfers`` reports it). ``None`` (or vLLM's
+        ``(None, False)``): cannot tell yet, ask again next step. Asked when a request with
+        nothing computed is admitted, including after a preemption."""
+        ...
+
+    def update_state_after_alloc(
+        self, request: RequestView, block_ids: npt.NDArray[np.uint32], num_external_tokens: int, /
+    ) -> object:
+        """Blocks were allocated for an admitted request: its whole block table, of which
+        the ``num_external_tokens`` after the local hit are to be loaded (0: nothing to
+        load). The return value is ignored."""
+        ...
+
+    def request_finished(
+        self, request: RequestView, block_ids: npt.NDArray[np.uint32], /
+    ) -> bool | tuple[bool, object]:
+        """A running request finished (or was aborted) holding ``block_ids``. ``True``: the
+        connector sends them, and the scheduler keeps them until the engine reports the send
+        in ``finish_kv_transfers(finished_sending=...)``. vLLM's ``(bool, kv_transfer_params)``
+        is accepted too; the params are ignored."""
         ...
 
 

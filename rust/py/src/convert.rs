@@ -156,7 +156,7 @@ pub(crate) fn kv_values(obj: &Bound<'_, PyAny>, arg: &'static str) -> PyResult<V
     )
 }
 
-fn short_repr(obj: &Bound<'_, PyAny>) -> String {
+pub(crate) fn short_repr(obj: &Bound<'_, PyAny>) -> String {
     let text = repr(obj);
     match text.char_indices().nth(77) {
         Some((cut, _)) => format!("{}...", &text[..cut]),

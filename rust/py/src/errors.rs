@@ -150,6 +150,15 @@ impl ErrorSlot {
         Error::Plugin(message)
     }
 
+    /// Keeps `err` as the cause of the core error a callback returns, unless an earlier
+    /// one is kept: a core call that goes on after a callback fails returns the first error.
+    pub(crate) fn keep_cause(&self, err: PyErr) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(err);
+    }
+
     /// The kept exception, if any (it wins over the core error it caused).
     pub(crate) fn take(&self) -> Option<PyErr> {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).take()

@@ -7,6 +7,7 @@ mod exec;
 mod kv;
 mod plugin;
 mod sched;
+mod sched_connector;
 mod sim;
 
 use pyo3::prelude::*;

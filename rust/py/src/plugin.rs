@@ -24,6 +24,23 @@ pub(crate) struct PyRequestView {
     status: &'static str,
 }
 
+impl PyRequestView {
+    /// The view of `v`, showing `shown` as its id.
+    pub(crate) fn new<R>(py: Python<'_>, shown: RequestId, v: &RequestView<R>) -> PyResult<Self> {
+        Ok(Self {
+            request_id: shown.into_py(py)?,
+            num_prompt_tokens: v.num_prompt_tokens,
+            num_tokens: v.num_tokens,
+            num_computed_tokens: v.num_computed_tokens,
+            max_tokens: v.max_tokens,
+            priority: v.priority,
+            arrival_time: v.arrival_time,
+            num_preemptions: v.num_preemptions,
+            status: status_name(v.status),
+        })
+    }
+}
+
 #[pymethods]
 impl PyRequestView {
     fn __repr__(&self, py: Python<'_>) -> String {
@@ -113,18 +130,7 @@ impl PyPlugin {
         for (i, v) in views.iter().enumerate() {
             let shown = R::shown(v);
             position.insert(shown.clone(), i);
-            let view = PyRequestView {
-                request_id: shown.into_py(py)?,
-                num_prompt_tokens: v.num_prompt_tokens,
-                num_tokens: v.num_tokens,
-                num_computed_tokens: v.num_computed_tokens,
-                max_tokens: v.max_tokens,
-                priority: v.priority,
-                arrival_time: v.arrival_time,
-                num_preemptions: v.num_preemptions,
-                status: status_name(v.status),
-            };
-            list.append(Py::new(py, view)?)?;
+            list.append(Py::new(py, PyRequestView::new(py, shown, v)?)?)?;
         }
         let answer = self.object.bind(py).call_method1(method, (list,))?;
         let mut order = Vec::with_capacity(views.len());
@@ -153,12 +159,17 @@ impl<R: PluginKey> PolicyPlugin<R> for PyPlugin {
     }
 }
 
+/// Whether `err` is PyO3's refusal to borrow the scheduler: a callback (a plugin, a KV
+/// connector) called back into it while it was asking.
+pub(crate) fn is_reentry(py: Python<'_>, err: &PyErr) -> bool {
+    err.is_instance_of::<pyo3::exceptions::PyRuntimeError>(py)
+        && err.to_string().contains("Already")
+}
+
 /// A plugin that calls back into the scheduler while it is being asked finds it borrowed;
 /// PyO3's `RuntimeError` says so in its words, this says it in ours.
 fn reentry_error(py: Python<'_>, method: &str, err: PyErr) -> PyErr {
-    let borrowed = err.is_instance_of::<pyo3::exceptions::PyRuntimeError>(py)
-        && err.to_string().contains("Already");
-    if !borrowed {
+    if !is_reentry(py, &err) {
         return err;
     }
     crate::errors::to_py_err(

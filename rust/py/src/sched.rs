@@ -13,6 +13,7 @@ use crate::convert::{RequestId, count_arg, int_arg, token_ids};
 use crate::errors::ErrorSlot;
 use crate::errors::{OrRaise, config_error, invariants, unknown_request};
 use crate::plugin::PyPlugin;
+use crate::sched_connector::{PyConnector, kv_loads, request_ids};
 
 pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<PyScheduler>()?;
@@ -21,6 +22,7 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<PyCachedRequestData>()?;
     module.add_class::<PySchedulerStats>()?;
     module.add_class::<crate::plugin::PyRequestView>()?;
+    module.add_class::<crate::sched_connector::PyKvLoad>()?;
     Ok(())
 }
 
@@ -30,6 +32,24 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
 pub(crate) struct PyScheduler {
     inner: Scheduler<RequestId>,
     plugin_error: ErrorSlot,
+    connector_error: ErrorSlot,
+}
+
+impl PyScheduler {
+    /// The Python exception for a core error: a plugin's own exception unchanged, a
+    /// connector's error with the exception it raised (if any) as its cause.
+    fn raise(&self, py: Python<'_>, err: tokenyard_core::Error) -> PyErr {
+        if let Some(plugin_err) = self.plugin_error.take() {
+            return plugin_err;
+        }
+        let cause = self.connector_error.take();
+        let is_connector = matches!(err, tokenyard_core::Error::Connector { .. });
+        let py_err = crate::errors::to_py_err(py, err);
+        if is_connector {
+            py_err.set_cause(py, cause);
+        }
+        py_err
+    }
 }
 
 fn field<'py, T: for<'a> FromPyObject<'a, 'py>>(
@@ -131,8 +151,12 @@ fn sampled_output(request_id: RequestId, token_ids: Vec<u32>) -> SampledOutput<R
 #[pymethods]
 impl PyScheduler {
     #[new]
-    #[pyo3(signature = (config, *, plugin = None))]
-    fn new(config: &Bound<'_, PyAny>, plugin: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+    #[pyo3(signature = (config, *, plugin = None, connector = None))]
+    fn new(
+        config: &Bound<'_, PyAny>,
+        plugin: Option<&Bound<'_, PyAny>>,
+        connector: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
         let py = config.py();
         let (core, async_scheduling) = core_config(config)?;
         let mut inner = Scheduler::new(core, async_scheduling).or_raise(py)?;
@@ -145,9 +169,15 @@ impl PyScheduler {
                 error: plugin_error.clone(),
             }));
         }
+        let connector_error = ErrorSlot::default();
+        if let Some(object) = connector {
+            let connector = PyConnector::new(object, "connector", connector_error.clone())?;
+            inner.set_connector(Box::new(connector)).or_raise(py)?;
+        }
         Ok(Self {
             inner,
             plugin_error,
+            connector_error,
         })
     }
 
@@ -206,11 +236,7 @@ impl PyScheduler {
     fn schedule(&mut self, py: Python<'_>) -> PyResult<PySchedulerOutput> {
         match self.inner.schedule() {
             Ok(inner) => Ok(PySchedulerOutput { inner }),
-            // A plugin's own exception is re-raised as it was.
-            Err(err) => Err(self
-                .plugin_error
-                .take()
-                .unwrap_or_else(|| crate::errors::to_py_err(py, err))),
+            Err(err) => Err(self.raise(py, err)),
         }
     }
 
@@ -231,7 +257,10 @@ impl PyScheduler {
         if num_rejected_tokens.is_some() || spec_token_ids.is_some() {
             add_speculation(&mut outputs, num_rejected_tokens, spec_token_ids)?;
         }
-        let finished = self.inner.update_from_output(&outputs).or_raise(py)?;
+        let finished = self
+            .inner
+            .update_from_output(&outputs)
+            .map_err(|err| self.raise(py, err))?;
         let list = PyList::empty(py);
         for (id, reason) in finished {
             list.append((id.into_py(py)?, reason.as_str()))?;
@@ -261,7 +290,42 @@ impl PyScheduler {
                 .map(|id| RequestId::from_py(&id?))
                 .collect::<PyResult<Vec<_>>>()?
         };
-        self.inner.abort(&ids).or_raise(request_ids.py())
+        let py = request_ids.py();
+        self.inner.abort(&ids).map_err(|err| self.raise(py, err))
+    }
+
+    // Shown with the empty tuples the stub gives as defaults; `None` means the same here.
+    #[pyo3(
+        signature = (*, finished_recving = None, finished_sending = None, failed_recving = None),
+        text_signature = "($self, *, finished_recving=(), finished_sending=(), failed_recving=())"
+    )]
+    fn finish_kv_transfers(
+        &mut self,
+        py: Python<'_>,
+        finished_recving: Option<&Bound<'_, PyAny>>,
+        finished_sending: Option<&Bound<'_, PyAny>>,
+        failed_recving: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let ids = |obj: Option<&Bound<'_, PyAny>>, arg| match obj {
+            Some(obj) => request_ids(obj, arg),
+            None => Ok(Vec::new()),
+        };
+        let recving = ids(finished_recving, "finished_recving")?;
+        let sending = ids(finished_sending, "finished_sending")?;
+        let failed = ids(failed_recving, "failed_recving")?;
+        self.inner
+            .finish_kv_transfers(&recving, &sending, &failed)
+            .or_raise(py)
+    }
+
+    #[getter]
+    fn num_free_blocks(&self) -> usize {
+        self.inner.num_free_blocks()
+    }
+
+    #[getter]
+    fn num_kv_transfers(&self) -> (usize, usize) {
+        self.inner.num_kv_transfers()
     }
 
     fn has_unfinished_requests(&self) -> bool {
@@ -461,15 +525,21 @@ impl PySchedulerOutput {
         id_list(py, &self.inner.finished_req_ids)
     }
 
+    #[getter]
+    fn kv_loads(&self, py: Python<'_>) -> PyResult<Vec<Py<crate::sched_connector::PyKvLoad>>> {
+        kv_loads(py, &self.inner.kv_loads)
+    }
+
     fn __repr__(&self) -> String {
         format!(
-            "SchedulerOutput(new={}, resumed={}, running={}, total_num_scheduled_tokens={}, preempted={}, finished={})",
+            "SchedulerOutput(new={}, resumed={}, running={}, total_num_scheduled_tokens={}, preempted={}, finished={}, kv_loads={})",
             self.inner.scheduled_new_reqs.len(),
             self.inner.scheduled_resumed_reqs.len(),
             self.inner.scheduled_running_reqs.len(),
             self.inner.total_num_scheduled_tokens,
             self.inner.preempted_req_ids.len(),
-            self.inner.finished_req_ids.len()
+            self.inner.finished_req_ids.len(),
+            self.inner.kv_loads.len()
         )
     }
 }

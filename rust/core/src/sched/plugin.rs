@@ -22,7 +22,7 @@ pub struct RequestView<R> {
 }
 
 impl<R: Clone> RequestView<R> {
-    pub(super) fn of(request: &Request<R>) -> Self {
+    pub fn of(request: &Request<R>) -> Self {
         Self {
             request_id: request.request_id.clone(),
             num_prompt_tokens: request.num_prompt_tokens(),

@@ -504,6 +504,7 @@ impl<R: RequestKey> Scheduler<R> {
         let request = self.req_mut(victim);
         request.status = RequestStatus::Preempted;
         request.num_computed_tokens = 0;
+        request.num_external_computed_tokens = 0;
         request.num_output_placeholders = 0;
         if !keeps_in_flight_step {
             request.num_sampling_steps = 0;
@@ -595,7 +596,9 @@ impl<R: RequestKey> Scheduler<R> {
         budget: &mut usize,
         plan: &mut StepPlan<R>,
     ) -> Result<Admission> {
-        if self.req(slot).num_computed_tokens > 0 {
+        // A landed load holds blocks even when none of its tokens count as computed (a
+        // one-token prompt loaded whole recomputes that token in them).
+        if self.kv.block_ids(slot).is_some() {
             return self.admit_loaded(slot, budget, plan);
         }
         let request = self.slots[slot as usize]

@@ -310,7 +310,9 @@ impl<R: RequestKey> Scheduler<R> {
         let holds_blocks = self.kv.block_ids(slot).is_some();
         let mut connector_error = None;
         let for_transfer = match (status, &mut self.connector) {
-            (RequestStatus::WaitingForRemoteKvs, _) => true,
+            // A load already reported (landed or failed) writes nothing more and will not
+            // be reported again: only a load still in flight holds the blocks.
+            (RequestStatus::WaitingForRemoteKvs, _) => !self.landed.contains(&slot),
             (RequestStatus::Running, Some(connector)) => {
                 let blocks = self.kv.block_ids(slot).unwrap_or_default();
                 connector
@@ -478,9 +480,10 @@ impl<R: RequestKey> Scheduler<R> {
         }
         for &slot in &waiting {
             let r = self.req(slot);
-            // Only a request whose KV is loading, or has landed, holds blocks while waiting.
+            // Only a request whose KV is loading, or has landed, holds blocks while waiting
+            // (a landed load may count no token as computed: see `take_landed_load`).
             let loads = r.status == RequestStatus::WaitingForRemoteKvs
-                || (r.status == RequestStatus::Waiting && r.num_computed_tokens > 0);
+                || (r.status == RequestStatus::Waiting && r.num_external_computed_tokens > 0);
             if r.status == RequestStatus::Running || self.kv.block_ids(slot).is_some() != loads {
                 return Err(format!(
                     "waiting request {:?} is {:?} and {} blocks",

@@ -478,3 +478,49 @@ fn a_failed_request_finished_in_abort_still_aborts_every_request() {
     assert!(!s.has_unfinished_requests());
     assert_eq!(free_blocks(&s), 8);
 }
+
+#[test]
+fn aborting_a_request_whose_load_was_already_reported_frees_its_blocks_at_once() {
+    for failed in [false, true] {
+        let mut s = with_connector(FakeConnector {
+            load_async: true,
+            ..FakeConnector::default()
+        });
+        s.add_request(0, prompt(0, 10)).unwrap();
+        s.schedule().unwrap();
+        let (landed, lost): (&[u32], &[u32]) = if failed { (&[], &[0]) } else { (&[0], &[]) };
+        s.finish_kv_transfers(landed, &[], lost).unwrap();
+        // Reported, but not yet taken by a step: nothing will write into the blocks any
+        // more and nothing will report the load again (vLLM frees them here too).
+        s.abort(&[0]).unwrap();
+        assert_eq!(s.num_kv_transfers(), (0, 0));
+        assert_eq!(free_blocks(&s), 8);
+        s.check_invariants().unwrap();
+    }
+}
+
+#[test]
+fn a_one_token_prompt_loaded_whole_recomputes_its_token_in_the_blocks_it_holds() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut s = with_connector(FakeConnector {
+        load_async: true,
+        log: log.clone(),
+        ..FakeConnector::default()
+    });
+    s.add_request(0, prompt(0, 1)).unwrap();
+    assert_eq!(s.schedule().unwrap().kv_loads.len(), 1);
+    s.finish_kv_transfers(&[0], &[], &[]).unwrap();
+    // The loaded token is its last, so nothing counts as computed; it still holds the
+    // block the load landed in, and goes on from there without a new lookup or offer.
+    let out = run_step(&mut s);
+    assert_eq!(scheduled(&out), [(0, 1)]);
+    assert_eq!(out.scheduled_new_reqs[0].num_computed_tokens, 0);
+    assert_eq!(out.scheduled_new_reqs[0].block_ids.len(), 1);
+    let asked = log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.starts_with("match"))
+        .count();
+    assert_eq!(asked, 1);
+}

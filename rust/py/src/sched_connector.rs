@@ -1,0 +1,231 @@
+//! A Python object as the step scheduler's KV connector (vLLM V1's scheduler-side
+//! `KVConnectorBase_V1` methods), the loads a step starts (`KvLoad`), and the request-id
+//! lists `finish_kv_transfers` takes. Conversions and checks of the connector's answers only;
+//! what the scheduler does with them is the core's (`sched::connector`).
+
+use numpy::PyArray1;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyInt, PyString, PyTuple};
+use tokenyard_core::kv::BlockId;
+use tokenyard_core::sched::{ExternalTokens, KvConnector, KvLoad, Request, RequestView};
+use tokenyard_core::{Error, Result};
+
+use crate::convert::{RequestId, short_repr};
+use crate::errors::{ErrorSlot, input_error};
+use crate::plugin::{PyRequestView, is_reentry};
+
+const METHODS: [&str; 3] = [
+    "get_num_new_matched_tokens",
+    "update_state_after_alloc",
+    "request_finished",
+];
+
+/// A Python connector. Each call re-takes the GIL; an exception it raises is kept in
+/// `error` and becomes the `__cause__` of the `ConnectorError` the scheduler's method raises.
+pub(crate) struct PyConnector {
+    object: Py<PyAny>,
+    error: ErrorSlot,
+}
+
+impl PyConnector {
+    /// Wraps `object` after checking it has the protocol's methods (a `ConfigError` naming
+    /// `field` otherwise).
+    pub(crate) fn new(
+        object: &Bound<'_, PyAny>,
+        field: &'static str,
+        error: ErrorSlot,
+    ) -> PyResult<Self> {
+        for method in METHODS {
+            if !object.hasattr(method)? {
+                return Err(crate::errors::config_error(
+                    object.py(),
+                    field,
+                    short_repr(object),
+                    &format!("has no method {method}()"),
+                ));
+            }
+        }
+        Ok(Self {
+            object: object.clone().unbind(),
+            error,
+        })
+    }
+
+    /// Calls `method`; a Python exception becomes a core error naming the method, the
+    /// exception kept as its cause.
+    fn call<'py>(
+        &self,
+        py: Python<'py>,
+        method: &'static str,
+        args: impl pyo3::call::PyCallArgs<'py>,
+    ) -> Result<Bound<'py, PyAny>> {
+        let answer = self.object.bind(py).call_method1(method, args);
+        answer.map_err(|err| {
+            let error = if is_reentry(py, &err) {
+                Error::connector(
+                    method,
+                    "a call back into the Scheduler",
+                    "a connector may only read the request view and block ids it is given \
+                     while the Scheduler asks it",
+                )
+            } else {
+                Error::connector(method, &err, "raised an exception")
+            };
+            self.error.keep_cause(err);
+            error
+        })
+    }
+}
+
+fn view(py: Python<'_>, request: &Request<RequestId>) -> Result<Py<PyRequestView>> {
+    let view = RequestView::of(request);
+    PyRequestView::new(py, view.request_id.clone(), &view)
+        .and_then(|v| Py::new(py, v))
+        .map_err(|err| {
+            Error::input(
+                "request_id",
+                format!("{:?}", request.request_id),
+                err.to_string(),
+            )
+        })
+}
+
+/// A count the connector returned: an int (not a bool) >= 0.
+fn count(value: &Bound<'_, PyAny>) -> Option<usize> {
+    let int = value.is_instance_of::<PyInt>() && !value.is_instance_of::<PyBool>();
+    int.then(|| value.extract::<usize>().ok()).flatten()
+}
+
+impl KvConnector<RequestId> for PyConnector {
+    fn get_num_new_matched_tokens(
+        &mut self,
+        request: &Request<RequestId>,
+        num_computed_tokens: usize,
+    ) -> Result<Option<ExternalTokens>> {
+        const METHOD: &str = "get_num_new_matched_tokens";
+        Python::attach(|py| {
+            let answer = self.call(py, METHOD, (view(py, request)?, num_computed_tokens))?;
+            if answer.is_none() {
+                return Ok(None);
+            }
+            let pair = answer.cast::<PyTuple>().ok().filter(|t| t.len() == 2);
+            let parts = pair.map(|t| (t.get_item(0), t.get_item(1)));
+            if let Some((Ok(num_tokens), Ok(load_async))) = parts
+                && let Ok(load_async) = load_async.extract::<bool>()
+            {
+                // vLLM's (None, False): the connector cannot tell yet.
+                if num_tokens.is_none() {
+                    return Ok(None);
+                }
+                if let Some(num_tokens) = count(&num_tokens) {
+                    return Ok(Some(ExternalTokens {
+                        num_tokens,
+                        load_async,
+                    }));
+                }
+            }
+            Err(Error::connector(
+                METHOD,
+                short_repr(&answer),
+                "must return (num_tokens, load_async): an int >= 0 (or None: ask again next \
+                 step) and a bool; or None",
+            ))
+        })
+    }
+
+    fn update_state_after_alloc(
+        &mut self,
+        request: &Request<RequestId>,
+        block_ids: &[BlockId],
+        num_external_tokens: usize,
+    ) -> Result<()> {
+        Python::attach(|py| {
+            let blocks = PyArray1::from_slice(py, block_ids);
+            let args = (view(py, request)?, blocks, num_external_tokens);
+            self.call(py, "update_state_after_alloc", args).map(drop)
+        })
+    }
+
+    fn request_finished(
+        &mut self,
+        request: &Request<RequestId>,
+        block_ids: &[BlockId],
+    ) -> Result<bool> {
+        const METHOD: &str = "request_finished";
+        Python::attach(|py| {
+            let blocks = PyArray1::from_slice(py, block_ids);
+            let answer = self.call(py, METHOD, (view(py, request)?, blocks))?;
+            // vLLM returns (delay_free_blocks, kv_transfer_params); tokenyard has no use for
+            // the params, so a bare bool is enough.
+            let delay = match answer.cast::<PyTuple>() {
+                Ok(pair) if pair.len() == 2 => pair.get_item(0).ok(),
+                Ok(_) => None,
+                Err(_) => Some(answer.clone()),
+            };
+            delay.and_then(|d| d.extract::<bool>().ok()).ok_or_else(|| {
+                Error::connector(
+                    METHOD,
+                    short_repr(&answer),
+                    "must return a bool (or vLLM's (bool, kv_transfer_params))",
+                )
+            })
+        })
+    }
+}
+
+/// A KV load that began this step: the engine moves `num_external_tokens` tokens (and
+/// `num_host_tokens` from the host tier) into the request's blocks, then reports it through
+/// `Scheduler.finish_kv_transfers`.
+#[pyclass(name = "KvLoad", module = "tokenyard.sched", frozen, get_all)]
+pub(crate) struct PyKvLoad {
+    request_id: Py<PyAny>,
+    num_external_tokens: usize,
+    num_host_tokens: usize,
+}
+
+#[pymethods]
+impl PyKvLoad {
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let id = self.request_id.bind(py);
+        format!(
+            "KvLoad(request_id={}, num_external_tokens={}, num_host_tokens={})",
+            short_repr(id),
+            self.num_external_tokens,
+            self.num_host_tokens
+        )
+    }
+}
+
+pub(crate) fn kv_loads(py: Python<'_>, loads: &[KvLoad<RequestId>]) -> PyResult<Vec<Py<PyKvLoad>>> {
+    loads
+        .iter()
+        .map(|load| {
+            let load = PyKvLoad {
+                request_id: load.request_id.clone().into_py(py)?,
+                num_external_tokens: load.num_external_tokens,
+                num_host_tokens: load.num_host_tokens,
+            };
+            Py::new(py, load)
+        })
+        .collect()
+}
+
+/// An iterable of request ids (a lone id, even a str, is refused: it is not a list of them).
+pub(crate) fn request_ids(obj: &Bound<'_, PyAny>, arg: &'static str) -> PyResult<Vec<RequestId>> {
+    let py = obj.py();
+    let not_ids = || {
+        input_error(
+            py,
+            arg,
+            short_repr(obj),
+            "must be an iterable of request ids",
+        )
+    };
+    if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyInt>() {
+        return Err(not_ids());
+    }
+    obj.try_iter()
+        .map_err(|_| not_ids())?
+        .map(|id| RequestId::from_py(&id?))
+        .collect()
+}

@@ -42,7 +42,11 @@ pub trait KvConnector<R>: Send + Sync {
         request: &Request<R>,
         block_ids: &[BlockId],
         num_external_tokens: usize,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        // A connector that loads nothing asynchronously has nothing to track.
+        let _ = (request, block_ids, num_external_tokens);
+        Ok(())
+    }
 
     /// The request finished while holding `block_ids`. `true`: the connector is sending
     /// them; the scheduler keeps them until the engine reports the send finished.

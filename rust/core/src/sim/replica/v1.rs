@@ -64,15 +64,6 @@ impl KvConnector<ReqIdx> for SendsToDecode {
         Ok(Some(ExternalTokens::default()))
     }
 
-    fn update_state_after_alloc(
-        &mut self,
-        _: &Request<ReqIdx>,
-        _: &[BlockId],
-        _: usize,
-    ) -> Result<()> {
-        Ok(())
-    }
-
     fn request_finished(
         &mut self,
         _request: &Request<ReqIdx>,
@@ -104,15 +95,6 @@ impl KvConnector<ReqIdx> for ReceivesFromPrefill {
             num_tokens,
             load_async: true,
         }))
-    }
-
-    fn update_state_after_alloc(
-        &mut self,
-        _: &Request<ReqIdx>,
-        _: &[BlockId],
-        _: usize,
-    ) -> Result<()> {
-        Ok(())
     }
 
     fn request_finished(

@@ -776,6 +776,7 @@ class SimConfig:
         lora: dict[str, float] | None = None,
         speculative: SpeculativeConfig | None = None,
         decode: dict[str, Any] | None = None,
+        kv_offload: dict[str, float] | None = None,
     ) -> SimConfig: ...
     @property
     def replica_policy(self) -> str: ...

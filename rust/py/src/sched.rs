@@ -90,6 +90,7 @@ pub(crate) fn core_config(config: &Bound<'_, PyAny>) -> PyResult<(SchedulerConfi
         prioritize_prefill: field(config, "prioritize_prefill")?,
         num_lookahead_tokens: count_field(config, "num_lookahead_tokens")?,
         max_loras: count_field(config, "max_loras")?,
+        host_num_blocks: count_field(config, "host_num_blocks")?,
     };
     Ok((core, field(config, "async_scheduling")?))
 }

@@ -71,6 +71,9 @@ pub struct SchedulerConfig {
     pub num_lookahead_tokens: usize,
     /// Distinct LoRA adapters allowed in one step; 0 = no gating.
     pub max_loras: usize,
+    /// Blocks of the host-memory KV tier evicted cached blocks are offloaded to (block-hash
+    /// pool with prefix caching only; `kv::host_tier`); 0 = none.
+    pub host_num_blocks: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -89,6 +92,7 @@ impl Default for SchedulerConfig {
             prioritize_prefill: false,
             num_lookahead_tokens: 0,
             max_loras: 0,
+            host_num_blocks: 0,
         }
     }
 }
@@ -122,6 +126,16 @@ impl SchedulerConfig {
                      KV capacity of num_blocks * block_size = {capacity} tokens",
                     self.num_lookahead_tokens
                 ),
+            ));
+        }
+        if self.host_num_blocks > 0
+            && !(self.enable_prefix_caching && self.prefix_cache == PrefixCache::BlockHash)
+        {
+            return Err(Error::config(
+                "host_num_blocks",
+                self.host_num_blocks,
+                "a host-memory tier holds cached blocks: it needs enable_prefix_caching with \
+                 prefix_cache = \"block_hash\"",
             ));
         }
         if !self.enable_chunked_prefill && self.max_num_batched_tokens < self.max_model_len {

@@ -145,11 +145,13 @@ impl<R: RequestKey> Scheduler<R> {
             (true, PrefixCache::Radix) => {
                 Kv::Radix(RadixPool::new(config.num_blocks, config.block_size)?)
             }
-            (caching, _) => Kv::BlockHash(BlockPool::new(
-                config.num_blocks,
-                config.block_size,
-                caching,
-            )?),
+            (caching, _) => {
+                let pool = BlockPool::new(config.num_blocks, config.block_size, caching)?;
+                Kv::BlockHash(match config.host_num_blocks {
+                    0 => pool,
+                    n => pool.with_host_tier(n)?,
+                })
+            }
         };
         Ok(Self {
             waiting: WaitingQueue::new(config.policy),
@@ -249,6 +251,11 @@ impl<R: RequestKey> Scheduler<R> {
     /// Blocks free for allocation (including cached blocks no request holds).
     pub fn num_free_blocks(&self) -> usize {
         self.kv.num_free_blocks()
+    }
+
+    /// The KV pool's own counters (host-tier offloads and loads among them).
+    pub fn kv_pool_stats(&self) -> crate::kv::BlockPoolStats {
+        self.kv.stats()
     }
 
     pub fn stats(&self) -> SchedulerStats {
@@ -557,7 +564,12 @@ impl<R: RequestKey> Scheduler<R> {
             }
             match self.admit(slot, budget, plan) {
                 Ok(Admission::Scheduled) => {}
-                Ok(Admission::Blocked) => break,
+                Ok(Admission::Blocked) => {
+                    if self.running.is_empty() && self.release_landed_loads(slot, &skipped, plan)? {
+                        continue;
+                    }
+                    break;
+                }
                 Ok(Admission::SteppedAside) => {
                     self.waiting.pop();
                     skipped.push(slot);
@@ -573,6 +585,56 @@ impl<R: RequestKey> Scheduler<R> {
             self.waiting.push_front(slot, key);
         }
         Ok(admission_error)
+    }
+
+    /// The head `head` cannot get memory and nothing runs, so nothing will free any: the
+    /// waiting requests whose KV loads landed hold it. Each is preempted in its place (its
+    /// loaded blocks enter the prefix cache and are freed, so the head may evict them; when
+    /// it is admitted again it hits what the cache still holds and, like any preempted
+    /// request, asks its connector again). vLLM (0.33; main at 00024d3) stalls for good
+    /// here; this changes no step in which anything runs. Returns whether any memory was
+    /// released.
+    fn release_landed_loads(
+        &mut self,
+        head: u32,
+        skipped: &[u32],
+        plan: &mut StepPlan<R>,
+    ) -> Result<bool> {
+        let holders: Vec<u32> = (self.waiting.ordered().into_iter())
+            .chain(skipped.iter().copied())
+            .filter(|&slot| slot != head && self.holds_landed_load(slot))
+            .collect();
+        for &slot in &holders {
+            if self.landed.contains(&slot) || self.failed_loads.contains(&slot) {
+                self.take_landed_load(slot)?;
+            }
+            if self.kv.block_ids(slot).is_none() {
+                continue;
+            }
+            self.kv.free(slot)?;
+            let request = self.req_mut(slot);
+            request.status = RequestStatus::Preempted;
+            request.num_computed_tokens = 0;
+            request.num_external_computed_tokens = 0;
+            request.num_preemptions += 1;
+            plan.preempted.push(slot);
+            self.num_preemptions += 1;
+        }
+        Ok(!holders.is_empty())
+    }
+
+    /// Whether a waiting request holds blocks that no transfer is still writing into: a load
+    /// that landed (or failed) whether or not it was taken yet.
+    fn holds_landed_load(&self, slot: u32) -> bool {
+        if self.kv.block_ids(slot).is_none() {
+            return false;
+        }
+        match self.req(slot).status {
+            RequestStatus::WaitingForRemoteKvs => {
+                self.landed.contains(&slot) || self.failed_loads.contains(&slot)
+            }
+            _ => true,
+        }
     }
 
     /// Seed 004 §3.3.1: with `max_loras` adapters already in the batch, a request needing

@@ -6,6 +6,7 @@
 use super::disagg::PdConfig;
 use super::exec::LinearModel;
 use super::global::GlobalPolicy;
+use super::host_tier::HostLink;
 use super::lora::LoraConfig;
 use super::replica::{
     FasterTransformer, LightLlm, Orca, ReplicaPolicy, Sarathi, Sglang, SglangLimits, VidurLimits,
@@ -389,6 +390,17 @@ pub struct SimConfig {
     /// Disaggregated serving: the replicas above are the prefill pool, and this is the
     /// decode pool (`super::disagg`); `None` = every replica does both.
     pub pd: Option<PdConfig>,
+    /// `[replica.kv_offload]`: the replicas' host-memory KV tier (its size is the `vllm_v1`
+    /// scheduler's `host_num_blocks`); `None` = no tier.
+    pub kv_offload: Option<KvOffload>,
+}
+
+/// The host tier's link and what `prefix_affinity` makes of its hits.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KvOffload {
+    pub link: HostLink,
+    /// A cached token held in host memory is worth this many held on a GPU when routing.
+    pub host_hit_weight: f64,
 }
 
 impl SimConfig {
@@ -463,6 +475,21 @@ impl SimConfig {
             lora.validate()?;
         }
         self.validate_speculative()?;
+        check_host_tier(
+            "replica.kv_offload",
+            &self.replica_policy,
+            self.kv_offload.as_ref().map(|o| &o.link),
+        )?;
+        if let Some(offload) = &self.kv_offload {
+            let weight = offload.host_hit_weight;
+            if !(weight.is_finite() && (0.0..=1.0).contains(&weight)) {
+                return Err(Error::config(
+                    "replica.kv_offload.host_hit_weight",
+                    weight,
+                    "must be in [0, 1]",
+                ));
+            }
+        }
         if let Some(pd) = &self.pd {
             pd.validate(&self.replica_policy)?;
             if self.speculative.is_some() {
@@ -481,6 +508,11 @@ impl SimConfig {
             }
         }
         self.exec.validate()
+    }
+
+    /// Routers' weight of a host-tier hit (0 without a tier).
+    pub fn host_hit_weight(&self) -> f64 {
+        self.kv_offload.map_or(0.0, |o| o.host_hit_weight)
     }
 
     fn validate_speculative(&self) -> Result<()> {
@@ -511,5 +543,35 @@ impl SimConfig {
             }
             _ => self.replica_policy.build(self.hash_block_size, kv_events),
         }
+    }
+}
+
+/// A pool's host tier needs both its size (the `vllm_v1` scheduler's `host_num_blocks`) and
+/// its link; either alone is refused, naming `key` (the pool's `kv_offload`).
+pub(super) fn check_host_tier(
+    key: &'static str,
+    policy: &ReplicaPolicyConfig,
+    link: Option<&HostLink>,
+) -> Result<()> {
+    let host_blocks = match policy {
+        ReplicaPolicyConfig::VllmV1(config) => config.host_num_blocks,
+        _ => 0,
+    };
+    match (host_blocks, link) {
+        (0, None) => Ok(()),
+        (0, Some(_)) => Err(Error::config(
+            key,
+            "set",
+            format!(
+                "a host tier is simulated on vllm_v1 replicas with host_num_blocks > 0, not {}",
+                policy.name()
+            ),
+        )),
+        (n, None) => Err(Error::config(
+            key,
+            "unset",
+            format!("the scheduler has a host tier of {n} blocks but no host link to load it"),
+        )),
+        (_, Some(link)) => link.validate(),
     }
 }

@@ -13,6 +13,7 @@
 
 use super::config::ReplicaPolicyConfig;
 use super::global::GlobalPolicy;
+use super::host_tier::HostLink;
 use crate::{Error, Result};
 
 /// The decode pool and the KV link (`[cluster.decode]` and `[cluster.kv_transfer]`).
@@ -23,6 +24,9 @@ pub struct PdConfig {
     pub decode_policy: ReplicaPolicyConfig,
     pub decode_router: GlobalPolicy,
     pub link: KvLink,
+    /// The decode replicas' host-tier link (`[replica.kv_offload]`, priced for the decode
+    /// pool's device and layout); `None` = no tier there.
+    pub decode_host_link: Option<HostLink>,
 }
 
 /// What a transfer costs: the KV's size and the links' figures (from the catalog).
@@ -81,6 +85,11 @@ impl PdConfig {
             ));
         }
         self.decode_policy.validate()?;
+        super::config::check_host_tier(
+            "cluster.decode.kv_offload",
+            &self.decode_policy,
+            self.decode_host_link.as_ref(),
+        )?;
         self.link.validate()
     }
 }

@@ -10,7 +10,9 @@
 //!   (block stored / removed), tells how many prompt tokens each replica already holds;
 //!   `score = cached_tokens − balance × queued_prefill_tokens`, highest wins (ties: fewer
 //!   outstanding requests, then lowest id). One cached token is worth `balance` tokens of
-//!   queued prefill work.
+//!   queued prefill work. With host-memory tiers, a prefix run continues into the blocks a
+//!   replica holds in host memory (told by host-tier events), each such token counting
+//!   `host_hit_weight` of one on its GPUs (it still crosses PCIe).
 
 use rustc_hash::FxHashSet;
 
@@ -103,8 +105,11 @@ pub struct Router {
     counter: u64,
     rng: Rng,
     block_size: usize,
-    /// Per replica: the block hashes its prefix cache holds (prefix_affinity).
+    /// Per replica: the block hashes its prefix cache holds (prefix_affinity), on its GPUs
+    /// and in its host tier.
     index: Vec<FxHashSet<BlockHash>>,
+    host_index: Vec<FxHashSet<BlockHash>>,
+    host_hit_weight: f64,
 }
 
 impl Router {
@@ -115,7 +120,15 @@ impl Router {
             rng: Rng::new(seed ^ 0x5EED_0F40_07E5),
             block_size,
             index: vec![FxHashSet::default(); num_replicas],
+            host_index: vec![FxHashSet::default(); num_replicas],
+            host_hit_weight: 0.0,
         }
+    }
+
+    /// A host-tier token's worth against a GPU one (`prefix_affinity`).
+    pub fn with_host_hit_weight(mut self, weight: f64) -> Self {
+        self.host_hit_weight = weight;
+        self
     }
 
     pub fn needs_queued_tokens(&self) -> bool {
@@ -124,7 +137,7 @@ impl Router {
 
     /// Applies a replica's cache events to the index.
     pub fn on_kv_events(&mut self, replica: usize, events: &[KvEvent]) {
-        let held = &mut self.index[replica];
+        let (held, host) = (&mut self.index[replica], &mut self.host_index[replica]);
         for event in events {
             match *event {
                 KvEvent::Stored(hash) => {
@@ -134,8 +147,12 @@ impl Router {
                     held.remove(&hash);
                 }
                 KvEvent::AllCleared => held.clear(),
-                // host-tier events: see the lead's change
-                KvEvent::HostStored(_) | KvEvent::HostRemoved(_) => {}
+                KvEvent::HostStored(hash) => {
+                    host.insert(hash);
+                }
+                KvEvent::HostRemoved(hash) => {
+                    host.remove(&hash);
+                }
             }
         }
     }
@@ -182,12 +199,7 @@ impl Router {
                 let mut hashes = Vec::new();
                 hash_full_blocks(&mut hashes, &prompt(), self.block_size, extra_key);
                 let score = |r: usize| {
-                    let cached = hashes
-                        .iter()
-                        .take_while(|h| self.index[r].contains(h))
-                        .count()
-                        * self.block_size;
-                    cached as f64 - balance * loads[r].queued_prefill_tokens as f64
+                    self.cached_tokens(r, &hashes) - balance * loads[r].queued_prefill_tokens as f64
                 };
                 (0..n)
                     .max_by(|&a, &b| {
@@ -199,6 +211,24 @@ impl Router {
                     .unwrap_or(0)
             }
         }
+    }
+}
+
+impl Router {
+    /// Replica `r`'s cached prefix of a prompt with block `hashes`, in GPU-token units: the
+    /// run its GPUs hold, then the run its host tier holds after it (weighted), as its
+    /// block pool's lookup would find them.
+    fn cached_tokens(&self, r: usize, hashes: &[BlockHash]) -> f64 {
+        let on_gpu = hashes
+            .iter()
+            .take_while(|h| self.index[r].contains(h))
+            .count();
+        let in_host = hashes[on_gpu..]
+            .iter()
+            .take_while(|h| self.host_index[r].contains(h))
+            .count();
+        let blocks = on_gpu as f64 + self.host_hit_weight * in_host as f64;
+        blocks * self.block_size as f64
     }
 }
 
@@ -256,5 +286,31 @@ mod tests {
         assert_eq!(router.route(&loads(&[0, 1]), None, || prompt.clone()), 0);
         router.on_kv_events(1, &[KvEvent::AllCleared]);
         assert_eq!(router.route(&loads(&[0, 0]), None, || prompt.clone()), 0);
+    }
+
+    #[test]
+    fn prefix_affinity_counts_a_host_tier_run_after_the_gpu_run_at_its_weight() {
+        let mut router = Router::new(GlobalPolicy::PrefixAffinity { balance: 0.0 }, 2, 4, 0)
+            .with_host_hit_weight(0.5);
+        let prompt: Vec<TokenId> = (0..16).collect();
+        let mut hashes = Vec::new();
+        hash_full_blocks(&mut hashes, &prompt, 4, None);
+        // Replica 0: the first block on its GPUs, the next two in host memory (10 tokens'
+        // worth); replica 1: the first two blocks on its GPUs (8).
+        router.on_kv_events(
+            0,
+            &[
+                KvEvent::Stored(hashes[0]),
+                KvEvent::HostStored(hashes[1]),
+                KvEvent::HostStored(hashes[2]),
+            ],
+        );
+        router.on_kv_events(1, &[KvEvent::Stored(hashes[0]), KvEvent::Stored(hashes[1])]);
+        assert_eq!(router.cached_tokens(0, &hashes), 4.0 + 0.5 * 8.0);
+        assert_eq!(router.route(&loads(&[0, 0]), None, || prompt.clone()), 0);
+        // Once the host copy of block 1 is dropped, the host run stops there.
+        router.on_kv_events(0, &[KvEvent::HostRemoved(hashes[1])]);
+        assert_eq!(router.cached_tokens(0, &hashes), 4.0);
+        assert_eq!(router.route(&loads(&[0, 0]), None, || prompt.clone()), 1);
     }
 }

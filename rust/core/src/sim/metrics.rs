@@ -35,6 +35,11 @@ pub struct RequestTable {
     pub kv_transfer_tokens: Vec<u32>,
     pub kv_transfer_wait_s: Vec<f64>,
     pub kv_transfer_s: Vec<f64>,
+    /// Host-memory KV tier: see `KvMoves`.
+    pub host_hit_tokens: Vec<u32>,
+    pub host_load_tokens: Vec<u32>,
+    pub host_load_wait_s: Vec<f64>,
+    pub host_load_s: Vec<f64>,
 }
 
 impl RequestTable {
@@ -65,6 +70,10 @@ impl RequestTable {
         self.kv_transfer_tokens.push(r.kv.transfer_tokens);
         self.kv_transfer_wait_s.push(r.kv.transfer_wait_s);
         self.kv_transfer_s.push(r.kv.transfer_s);
+        self.host_hit_tokens.push(r.kv.host_hit_tokens);
+        self.host_load_tokens.push(r.kv.host_load_tokens);
+        self.host_load_wait_s.push(r.kv.host_load_wait_s);
+        self.host_load_s.push(r.kv.host_load_s);
     }
 
     pub fn len(&self) -> usize {
@@ -157,6 +166,9 @@ pub struct ReplicaTotals {
     pub lora_loads: Vec<u64>,
     pub lora_disk_loads: Vec<u64>,
     pub lora_load_s: Vec<f64>,
+    /// Host-memory KV tier: blocks offloaded to it and loaded back from it.
+    pub host_offloaded_blocks: Vec<u64>,
+    pub host_loaded_blocks: Vec<u64>,
 }
 
 impl ReplicaTotals {
@@ -170,6 +182,8 @@ impl ReplicaTotals {
             lora_loads: vec![0; num_replicas],
             lora_disk_loads: vec![0; num_replicas],
             lora_load_s: vec![0.0; num_replicas],
+            host_offloaded_blocks: vec![0; num_replicas],
+            host_loaded_blocks: vec![0; num_replicas],
         }
     }
 

@@ -17,6 +17,7 @@ pub mod disagg;
 pub mod engine;
 pub mod exec;
 pub mod global;
+pub mod host_tier;
 pub mod lora;
 mod metrics;
 pub mod replica;
@@ -29,12 +30,14 @@ mod tokens;
 pub use arena::Requests;
 pub use batch::{Batch, BatchShape};
 pub use config::{
-    OverLength, REPLICA_POLICIES, ReplicaPolicyConfig, ReplicaPolicyEntry, SimConfig, VidurKind,
+    KvOffload, OverLength, REPLICA_POLICIES, ReplicaPolicyConfig, ReplicaPolicyEntry, SimConfig,
+    VidurKind,
 };
 pub use disagg::{KvLink, Links, PdConfig, Transfer};
 pub use engine::{ArrivingRequest, RequestSource, SimOutput, Simulator};
 pub use exec::{ExecModel, LinearModel, OpModel, StageTime};
 pub use global::{GlobalPolicy, ReplicaLoad, RouteInfo, RoutePlugin};
+pub use host_tier::{HostLink, HostPorts};
 pub use lora::{AdapterCache, LoraConfig, LoraShape};
 pub use metrics::{GapHistogram, ReplicaTotals, RequestTable, Samples, StageTrace};
 pub use replica::{
@@ -43,6 +46,8 @@ pub use replica::{
 pub use request::{KvMoves, ReqIdx, RestartMode, SimRequest};
 pub use rng::Rng;
 
+#[cfg(test)]
+mod host_tier_tests;
 #[cfg(test)]
 mod pd_tests;
 #[cfg(test)]

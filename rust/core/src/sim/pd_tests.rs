@@ -40,6 +40,7 @@ fn pd_config(num_prefill: u32, num_decode: u32) -> SimConfig {
         decode_policy: v1(64),
         decode_router: GlobalPolicy::RoundRobin,
         link: link(),
+        decode_host_link: None,
     });
     config
 }

@@ -92,6 +92,14 @@ pub struct KvMoves {
     pub transfer_tokens: u32,
     pub transfer_wait_s: f64,
     pub transfer_s: f64,
+    /// Host-memory tier (`super::host_tier`): prompt tokens its first admission loaded from
+    /// host memory instead of computing (part of `prefix_hit_tokens`); every token loaded
+    /// over the host link (restarts and decode replicas included), the wait for the link
+    /// and the loads' time.
+    pub host_hit_tokens: u32,
+    pub host_load_tokens: u32,
+    pub host_load_wait_s: f64,
+    pub host_load_s: f64,
 }
 
 /// When things happened to a request (seconds of simulated time; NaN = never).

@@ -69,6 +69,7 @@ pub(super) fn config(
         lora: None,
         speculative: None,
         pd: None,
+        kv_offload: None,
     }
 }
 

@@ -49,6 +49,7 @@ fn config(sched: SchedulerConfig, k: u32, acceptance: Acceptance) -> SimConfig {
             acceptance,
         }),
         pd: None,
+        kv_offload: None,
     }
 }
 

@@ -6,8 +6,9 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tokenyard_core::sim::spec::{Acceptance, SpecConfig, SpecMethod};
 use tokenyard_core::sim::{
-    GlobalPolicy, KvLink, LinearModel, LoraConfig, OverLength, PdConfig, ReplicaPolicyConfig,
-    ReplicaPolicyEntry, RestartMode, SglangLimits, SimConfig, VidurKind, VidurLimits,
+    GlobalPolicy, HostLink, KvLink, KvOffload, LinearModel, LoraConfig, OverLength, PdConfig,
+    ReplicaPolicyConfig, ReplicaPolicyEntry, RestartMode, SglangLimits, SimConfig, VidurKind,
+    VidurLimits,
 };
 
 use crate::errors::{OrRaise, input_error};
@@ -226,7 +227,7 @@ impl PySimConfig {
     #[new]
     #[pyo3(signature = (*, num_replicas, num_stages, global_policy, balance, replica, linear,
         seed, hash_block_size, sample_interval_s, record_stages, over_length, concurrency=None,
-        lora=None, speculative=None, decode=None))]
+        lora=None, speculative=None, decode=None, kv_offload=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -245,9 +246,18 @@ impl PySimConfig {
         lora: Option<&Bound<'_, PyDict>>,
         speculative: Option<&PySpeculativeConfig>,
         decode: Option<&Bound<'_, PyDict>>,
+        kv_offload: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let lora = lora.map(lora_config).transpose()?;
         let pd = decode.map(pd_config).transpose()?;
+        let kv_offload = kv_offload
+            .map(|d| -> PyResult<KvOffload> {
+                Ok(KvOffload {
+                    link: host_link(d)?,
+                    host_hit_weight: dict_item(d, "kv_offload", "host_hit_weight")?.extract()?,
+                })
+            })
+            .transpose()?;
         let inner = SimConfig {
             num_replicas,
             num_stages,
@@ -263,6 +273,7 @@ impl PySimConfig {
             lora,
             speculative: speculative.map(|s| s.inner.clone()),
             pd,
+            kv_offload,
         };
         inner.validate().or_raise(py)?;
         Ok(Self { inner })
@@ -289,6 +300,10 @@ fn pd_config(d: &Bound<'_, PyDict>) -> PyResult<PdConfig> {
     let policy: String = get(d, "global_policy")?.extract()?;
     let balance: f64 = get(d, "balance")?.extract()?;
     let replica = get(d, "replica")?;
+    let decode_host_link = match d.get_item("host_link")? {
+        Some(link) if !link.is_none() => Some(host_link(link.cast::<PyDict>()?)?),
+        _ => None,
+    };
     Ok(PdConfig {
         num_decode_replicas: get(d, "num_replicas")?.extract()?,
         decode_num_stages: get(d, "num_stages")?.extract()?,
@@ -304,6 +319,21 @@ fn pd_config(d: &Bound<'_, PyDict>) -> PyResult<PdConfig> {
             network_gbps: get(link, "network_gbps")?.extract()?,
             network_latency_s: get(link, "network_latency_s")?.extract()?,
         },
+        decode_host_link,
+    })
+}
+
+/// `d[key]`, or a `KeyError` naming the mapping `what`.
+fn dict_item<'py>(d: &Bound<'py, PyDict>, what: &str, key: &str) -> PyResult<Bound<'py, PyAny>> {
+    d.get_item(key)?
+        .ok_or_else(|| PyKeyError::new_err(format!("{what}: missing {key:?}")))
+}
+
+/// A host tier's link as the core takes it: `{seconds_per_token, latency_s}`.
+fn host_link(d: &Bound<'_, PyDict>) -> PyResult<HostLink> {
+    Ok(HostLink {
+        seconds_per_token: dict_item(d, "kv_offload", "seconds_per_token")?.extract()?,
+        latency_s: dict_item(d, "kv_offload", "latency_s")?.extract()?,
     })
 }
 

@@ -228,6 +228,10 @@ fn to_dict(py: Python<'_>, out: SimOutput) -> PyResult<Bound<'_, PyDict>> {
             kv_transfer_tokens,
             kv_transfer_wait_s,
             kv_transfer_s,
+            host_hit_tokens,
+            host_load_tokens,
+            host_load_wait_s,
+            host_load_s,
         ]
     );
     d.set_item("requests", requests)?;
@@ -275,6 +279,8 @@ fn to_dict(py: Python<'_>, out: SimOutput) -> PyResult<Bound<'_, PyDict>> {
             lora_loads,
             lora_disk_loads,
             lora_load_s,
+            host_offloaded_blocks,
+            host_loaded_blocks,
         ]
     );
     d.set_item("replicas", replicas)?;

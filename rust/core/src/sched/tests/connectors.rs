@@ -524,3 +524,80 @@ fn a_one_token_prompt_loaded_whole_recomputes_its_token_in_the_blocks_it_holds()
         .count();
     assert_eq!(asked, 1);
 }
+
+/// Loads every token of request `1` asynchronously; nothing for the others.
+struct LoadsForOne;
+
+impl KvConnector<u32> for LoadsForOne {
+    fn get_num_new_matched_tokens(
+        &mut self,
+        request: &Request<u32>,
+        num_computed_tokens: usize,
+    ) -> crate::Result<Option<ExternalTokens>> {
+        let loads = request.request_id == 1 && request.num_preemptions == 0;
+        Ok(Some(ExternalTokens {
+            num_tokens: if loads {
+                request.num_tokens() - num_computed_tokens
+            } else {
+                0
+            },
+            load_async: true,
+        }))
+    }
+
+    fn request_finished(&mut self, _: &Request<u32>, _: &[BlockId]) -> crate::Result<bool> {
+        Ok(false)
+    }
+}
+
+#[test]
+fn a_landed_load_behind_a_head_that_needs_its_memory_is_preempted_when_nothing_runs() {
+    let cfg = SchedulerConfig {
+        num_blocks: 8,
+        max_model_len: 32,
+        max_num_batched_tokens: 32,
+        enable_prefix_caching: true,
+        ..config()
+    };
+    let mut s = Scheduler::new(cfg, false).unwrap();
+    s.set_connector(Box::new(LoadsForOne)).unwrap();
+    s.add_request(
+        0,
+        RequestSpec {
+            max_tokens: 8,
+            ..prompt(0, 20)
+        },
+    )
+    .unwrap(); // 5 blocks
+    s.add_request(
+        1,
+        RequestSpec {
+            max_tokens: 1,
+            ..prompt(1, 12)
+        },
+    )
+    .unwrap(); // loads 3
+    let out = run_step(&mut s);
+    assert_eq!((scheduled(&out), out.kv_loads.len()), (vec![(0, 20)], 1));
+    // Request 0 needs a 6th block at token 21; request 1 holds 3 of the 8: 0 preempts itself.
+    let out = run_step(&mut s);
+    assert_eq!(out.preempted_req_ids, [0]);
+    s.finish_kv_transfers(&[1], &[], &[]).unwrap();
+    // Nothing runs and 0 (6 blocks) cannot fit beside 1's 3: 1 gives its landed blocks
+    // back to the prefix cache (preempted in its place), and 0 is admitted (its own 20
+    // tokens are still cached: it computes the 21st).
+    let out = run_step(&mut s);
+    assert_eq!(out.preempted_req_ids, [1]);
+    assert_eq!(scheduled(&out), [(0, 1)]);
+    assert_eq!(out.scheduled_resumed_reqs[0].num_computed_tokens, 20);
+    assert_eq!(s.get_request(&1).unwrap().status, RequestStatus::Preempted);
+    // Both finish: 1 resumes once 0 is done, hitting what its load left in the cache.
+    for _ in 0..20 {
+        if !s.has_unfinished_requests() {
+            break;
+        }
+        run_step(&mut s);
+    }
+    assert!(!s.has_unfinished_requests());
+    assert_eq!(free_blocks(&s), 8);
+}

@@ -18,6 +18,7 @@ use super::config::SimConfig;
 use super::disagg::Links;
 use super::exec::ExecModel;
 use super::global::{ReplicaLoad, RouteInfo, RoutePlugin, Router};
+use super::host_tier::HostPorts;
 use super::lora;
 use super::metrics::{GapHistogram, ReplicaTotals, RequestTable, Samples, StageTrace};
 use super::replica::{PdRole, ReplicaPolicy};
@@ -116,10 +117,11 @@ enum EventKind {
         replica: u32,
         batch: u64,
     },
-    /// A request's KV, sent from `source` (a prefill replica) to `replica`, has landed.
+    /// A request's KV load into `replica` has landed: from `source` (a prefill replica),
+    /// from the replica's host tier, or both.
     KvLanded {
         replica: u32,
-        source: u32,
+        source: Option<u32>,
         request: ReqIdx,
     },
 }
@@ -181,6 +183,8 @@ pub struct Simulator<'a> {
     num_prefill: usize,
     decode_router: Option<Router>,
     links: Option<Links>,
+    /// The replicas' host-tier links (`[replica.kv_offload]`), if any replica has a tier.
+    host_ports: Option<HostPorts>,
     requests: Requests,
     replicas: Vec<Replica>,
     router: Router,
@@ -279,7 +283,8 @@ impl<'a> Simulator<'a> {
             num_prefill,
             config.replica_policy.block_size(),
             config.seed,
-        );
+        )
+        .with_host_hit_weight(config.host_hit_weight());
         let decode_router = config.pd.as_ref().map(|pd| {
             let seed = config.seed ^ 0xDEC0_DE00;
             Router::new(
@@ -289,6 +294,7 @@ impl<'a> Simulator<'a> {
                 seed,
             )
         });
+        let host_ports = host_ports(&config, num_prefill, num_decode as usize);
         let links = config
             .pd
             .as_ref()
@@ -306,6 +312,7 @@ impl<'a> Simulator<'a> {
             num_prefill,
             decode_router,
             links,
+            host_ports,
             requests: Requests::default(),
             replicas,
             router,
@@ -384,6 +391,11 @@ impl<'a> Simulator<'a> {
             )));
         }
         source.progress(self.out.requests.len() as u64)?;
+        for (r, replica) in self.replicas.iter().enumerate() {
+            let (offloaded, loaded) = replica.policy.host_tier_blocks();
+            self.out.replicas.host_offloaded_blocks[r] = offloaded;
+            self.out.replicas.host_loaded_blocks[r] = loaded;
+        }
         self.out.makespan = self.now;
         self.out.num_batches = self.next_batch_id;
         Ok(self.out)
@@ -546,7 +558,7 @@ impl<'a> Simulator<'a> {
                 },
             );
         }
-        if self.replicas[r].decode {
+        if self.replicas[r].decode || self.host_ports.is_some() {
             self.start_kv_loads(r)?;
         }
         Ok(())
@@ -695,4 +707,17 @@ impl<'a> Simulator<'a> {
         totals.num_decode_tokens[r] += shape.num_decode_tokens;
         totals.record_lora(r, &shape.lora, self.replicas[r].num_stages);
     }
+}
+
+/// Each replica's host link: the prefill (or only) pool's from `[replica.kv_offload]`, the
+/// decode pool's priced for its own layout; `None` when no replica has a tier.
+fn host_ports(config: &SimConfig, num_prefill: usize, num_decode: usize) -> Option<HostPorts> {
+    let prefill = config.kv_offload.map(|o| o.link);
+    let decode = config.pd.as_ref().and_then(|pd| pd.decode_host_link);
+    if prefill.is_none() && decode.is_none() {
+        return None;
+    }
+    let mut links = vec![prefill; num_prefill];
+    links.resize(num_prefill + num_decode, decode);
+    Some(HostPorts::new(links))
 }

@@ -128,6 +128,11 @@ pub trait ReplicaPolicy: Send {
         ))
     }
 
+    /// Host-memory tier totals: blocks offloaded to it and loaded back (0 without one).
+    fn host_tier_blocks(&self) -> (u64, u64) {
+        (0, 0)
+    }
+
     /// Padding rows of decode batches (SGLang's CUDA-graph sizes); 0 by default.
     fn padding_rows(&self, _plan: &BatchPlan, _requests: &Requests) -> u64 {
         0

@@ -7,7 +7,7 @@
 
 use std::collections::VecDeque;
 
-use rustc_hash::FxHashSet;
+use rustc_hash::FxHashMap;
 
 use super::{BatchPlan, PdRole, ReplicaPolicy};
 use crate::Result;
@@ -46,8 +46,9 @@ pub struct VllmV1 {
     /// Speculative decoding, when configured.
     spec: Option<SpecDecoder>,
     role: PdRole,
-    /// Decode role: requests whose KV load began and that have not been admitted since.
-    loading: FxHashSet<ReqIdx>,
+    /// Requests whose KV load began and that have not been admitted since, with the tokens
+    /// the load takes from the host tier.
+    loading: FxHashMap<ReqIdx, u32>,
     kv_loads: Vec<KvLoad<ReqIdx>>,
 }
 
@@ -122,7 +123,7 @@ impl VllmV1 {
             adapters: None,
             spec: None,
             role: PdRole::Aggregated,
-            loading: FxHashSet::default(),
+            loading: FxHashMap::default(),
             kv_loads: Vec::new(),
         })
     }
@@ -206,6 +207,9 @@ impl ReplicaPolicy for VllmV1 {
         let out = self.scheduler.schedule()?;
         for &idx in &out.preempted_req_ids {
             requests.get_mut(idx).restart(RestartMode::Recompute);
+            // A preempted request may have been waiting with a landed load (see
+            // `Scheduler::release_landed_loads`): that load is not a hit any more.
+            self.loading.remove(&idx);
             for list in &mut self.samplers {
                 list.retain(|&i| i != idx);
             }
@@ -214,8 +218,9 @@ impl ReplicaPolicy for VllmV1 {
             }
         }
         self.kv_loads.extend(out.kv_loads.iter().cloned());
-        self.loading
-            .extend(out.kv_loads.iter().map(|load| load.request_id));
+        self.loading.extend(
+            (out.kv_loads.iter()).map(|load| (load.request_id, load.num_host_tokens as u32)),
+        );
         // Prefix-cache hits are computed without running: they count as processed.
         for admitted in out
             .scheduled_new_reqs
@@ -223,11 +228,12 @@ impl ReplicaPolicy for VllmV1 {
             .chain(&out.scheduled_resumed_reqs)
         {
             let request = requests.get_mut(admitted.request_id);
+            let host_tokens = self.loading.remove(&admitted.request_id);
             if self.role == PdRole::Decode && request.num_restarts == 0 {
                 // Handed over with its prompt and first token processed; what it loaded or
                 // hit here is that same work. With nothing loaded, the prefill replica may
                 // let the request's blocks go now.
-                if !self.loading.remove(&admitted.request_id) {
+                if host_tokens.is_none() {
                     self.kv_loads.push(KvLoad {
                         request_id: admitted.request_id,
                         num_external_tokens: 0,
@@ -239,6 +245,8 @@ impl ReplicaPolicy for VllmV1 {
             let hit = admitted.num_computed_tokens as u32;
             if request.num_restarts == 0 {
                 request.prefix_hit_tokens = hit;
+                // A load covering the whole prompt leaves its last token to compute.
+                request.kv.host_hit_tokens = host_tokens.unwrap_or(0).min(hit);
             }
             request.num_processed_tokens += hit;
         }
@@ -358,6 +366,11 @@ impl ReplicaPolicy for VllmV1 {
         } else {
             self.scheduler.finish_kv_transfers(&[idx], &[], &[])
         }
+    }
+
+    fn host_tier_blocks(&self) -> (u64, u64) {
+        let stats = self.scheduler.kv_pool_stats();
+        (stats.num_offloaded_blocks, stats.num_loaded_blocks)
     }
 
     fn enable_lora(&mut self, config: &LoraConfig) -> Result<()> {

@@ -148,6 +148,10 @@ class SchedulerConfig:
     """Slots reserved per step for speculative tokens."""
     max_loras: int = 0
     """Distinct LoRA adapters in one step; 0 = no gating."""
+    host_num_blocks: int = 0
+    """Blocks of a host-memory KV tier that evicted cached blocks are offloaded to, and
+    that prefix hits load back from (asynchronously: ``kv_loads``); needs
+    ``enable_prefix_caching`` with ``prefix_cache="block_hash"``. 0 = none."""
     async_scheduling: bool = False
     """Allow ``schedule()`` before the previous step's output arrived (vLLM V1's default)."""
 
@@ -171,6 +175,7 @@ _COUNT_FIELDS = (
     "max_model_len",
     "num_lookahead_tokens",
     "max_loras",
+    "host_num_blocks",
 )
 _FLAG_FIELDS = (
     "enable_chunked_prefill",

@@ -303,6 +303,14 @@ def format_summary(result: SimulationResult) -> str:
     ]
     if "sessions" in s:
         lines += _session_lines(s["sessions"])
+    offload = s.get("kv_offload")
+    if offload is not None:
+        lines.append(
+            f"host KV tier: hits {offload['gpu_hit_rate']:.1%} on GPU + "
+            f"{offload['host_hit_rate']:.1%} in host memory of prompt tokens; "
+            f"{offload['offloaded_gb']:,.1f} GB offloaded, {offload['loaded_gb']:,.1f} GB "
+            f"loaded back (load p50 {offload['load_s']['p50'] * 1e3:.1f} ms)"
+        )
     if lora is not None:
         lines.append(
             f"LoRA: {lora['adapter_loads']:,} adapter loads ({lora['disk_loads']:,} from disk), "

@@ -10,6 +10,8 @@ Layout (every section and key optional; see ``docs/simulate.md``)::
                               memory_margin_fraction, dtype, kv_cache_dtype, over_length,
                               lora = {max_loras, max_cpu_loras, max_lora_rank, ...}
                               (``lora_config.py``),
+                              kv_offload = {host_memory_gb, host_to_device_gbps, latency_us,
+                              host_hit_weight} (``kv_offload_config.py``),
                               scheduler = {policy, max_request_tokens, vllm_v1 | vidur |
                               sglang | plugin = {...}} (``scheduler_config.py``),
                               speculative = {method, num_speculative_tokens, draft_model,
@@ -44,6 +46,7 @@ from tokenyard.errors import ConfigError
 from tokenyard.predictor.profiled import TrainingOptions
 from tokenyard.predictor.roofline import CpuOverheads, Efficiencies
 from tokenyard.simulation.disagg_config import DecodePoolConfig, KvTransferConfig
+from tokenyard.simulation.kv_offload_config import KvOffloadConfig
 from tokenyard.simulation.lora_config import LoraConfig
 from tokenyard.simulation.planner import dtype_bytes
 from tokenyard.simulation.scheduler_config import (
@@ -65,6 +68,7 @@ __all__ = [
     "ClusterConfig",
     "ExecutionConfig",
     "GlobalSchedulerConfig",
+    "KvOffloadConfig",
     "LoraConfig",
     "MeasuredConfig",
     "MetricsConfig",
@@ -156,6 +160,9 @@ class ReplicaConfig:
     lora: LoraConfig | None = None
     #: Speculative decoding (``vllm_v1`` only; off unless ``method`` is set).
     speculative: SpeculativeConfig = dataclasses.field(default_factory=SpeculativeConfig)
+    #: A host-memory KV tier (``vllm_v1`` with prefix caching; ``kv_offload_config.py``,
+    #: docs/disaggregation.md); the decode pool of a disaggregated cluster has one too.
+    kv_offload: KvOffloadConfig | None = None
 
     def check(self, where: str) -> None:
         check_key_int(f"{where}.tensor_parallel_size", self.tensor_parallel_size, low=1, high=512)
@@ -179,12 +186,45 @@ class ReplicaConfig:
                     policy,
                 )
         self.speculative.check(f"{where}.speculative", policy)
+        self._check_kv_offload(where)
         if self.num_pipeline_stages > 1 and not pipeline_parallel(policy):
             raise fail(
                 f"{where}.num_pipeline_stages",
                 f"the {policy} scheduler does not support pipeline parallelism "
                 f"(num_pipeline_stages must be 1, got {self.num_pipeline_stages})",
                 self.num_pipeline_stages,
+            )
+
+
+    def _check_kv_offload(self, where: str) -> None:
+        """The tier holds cached blocks of vLLM V1's block pool: it needs ``vllm_v1`` with
+        prefix caching on the block-hash pool; its size comes from ``kv_offload``."""
+        scheduler = self.scheduler
+        if self.kv_offload is None:
+            if scheduler.section == "vllm_v1" and scheduler.vllm_v1.host_num_blocks:
+                raise fail(
+                    f"{where}.scheduler.vllm_v1.host_num_blocks",
+                    "sizes a host tier, which needs a [replica.kv_offload] section (its link); "
+                    "set kv_offload.host_memory_gb instead",
+                    scheduler.vllm_v1.host_num_blocks,
+                )
+            return
+        self.kv_offload.check(f"{where}.kv_offload")
+        if scheduler.policy != "vllm_v1":
+            raise fail(
+                f"{where}.kv_offload",
+                f"a host-memory tier is simulated on vllm_v1 replicas only, not "
+                f"{scheduler.policy}",
+                scheduler.policy,
+            )
+        c = scheduler.vllm_v1
+        if not c.enable_prefix_caching or c.prefix_cache != "block_hash":
+            raise fail(
+                f"{where}.kv_offload",
+                "a host-memory tier holds cached blocks: it needs "
+                "scheduler.vllm_v1.enable_prefix_caching = true with prefix_cache = "
+                f"'block_hash', got {c.enable_prefix_caching} / {c.prefix_cache!r}",
+                "set",
             )
 
 

@@ -62,6 +62,13 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
     num_blocks = config.replica.scheduler.num_blocks or plan.num_blocks
     # No prefix identity: every prompt is unique, so a prefix cache would only cost time.
     caching = workload.hash_block_size is not None
+    if config.replica.kv_offload is not None and not caching:
+        raise ConfigError(
+            "replica.kv_offload: the workload gives its requests no prefix identity (hash "
+            "ids), so no KV is ever reused and a host tier would change nothing",
+            field="replica.kv_offload",
+            value="set",
+        )
     replica = replica_spec(config, plan, prefix_caching=caching)
     concurrency = workload.concurrency if isinstance(workload, ClosedLoop) else None
     decode = _decode_pool(config, prefix_caching=caching)
@@ -71,6 +78,7 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
         workload.hash_block_size or 16,
         concurrency,
         decode=decode.core if decode else None,
+        kv_offload=_kv_offload(config, plan),
     )
     choice = choose_execution(config)
     predictor = build_predictor(config, choice)
@@ -123,6 +131,15 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
         description["lora"] = dataclasses.asdict(config.replica.lora)
     if config.replica.speculative.enabled:
         description["speculative"] = dataclasses.asdict(config.replica.speculative)
+    if config.replica.kv_offload is not None:
+        description["kv_offload"] = {
+            **dataclasses.asdict(config.replica.kv_offload),
+            "host_num_blocks": replica_host_blocks(config, plan),
+            "kv_bytes_per_block": plan.kv_bytes_per_token
+            * config.replica.tensor_parallel_size
+            * config.replica.num_pipeline_stages
+            * config.replica.scheduler.block_size,
+        }
     if decode is not None:
         description["decode"] = decode.description
     summary = summarize(
@@ -224,6 +241,7 @@ def _decode_pool(config: SimulationConfig, *, prefix_caching: bool) -> DecodePoo
         "global_policy": pool.global_scheduler.policy,
         "balance": 1.0,
         "link": link,
+        "host_link": _host_link(decode, plan),
     }
     description = disagg_config.describe(
         pool,
@@ -237,6 +255,37 @@ def _decode_pool(config: SimulationConfig, *, prefix_caching: bool) -> DecodePoo
         },
     )
     return DecodePool(core, exec_model, description)
+
+
+def replica_host_blocks(config: SimulationConfig, plan: MemoryPlan) -> int:
+    """The host tier's blocks per replica: ``vllm_v1.host_num_blocks`` if given, else what
+    ``kv_offload.host_memory_gb`` holds (0 without a tier)."""
+    offload = config.replica.kv_offload
+    if offload is None:
+        return 0
+    replica = config.replica
+    return replica.scheduler.vllm_v1.host_num_blocks or offload.num_host_blocks(
+        plan.kv_bytes_per_token,
+        replica.tensor_parallel_size * replica.num_pipeline_stages,
+        replica.scheduler.block_size,
+    )
+
+
+def _host_link(config: SimulationConfig, plan: MemoryPlan) -> dict[str, float] | None:
+    """The replicas' host link for the core (their device's PCIe, their per-GPU share of
+    a token's KV); ``None`` without a tier."""
+    offload = config.replica.kv_offload
+    if offload is None:
+        return None
+    device = catalog_for(config).device(config.replica.device, field="replica.device")
+    return offload.link(plan.kv_bytes_per_token, device)
+
+
+def _kv_offload(config: SimulationConfig, plan: MemoryPlan) -> dict[str, float] | None:
+    link = _host_link(config, plan)
+    if link is None or config.replica.kv_offload is None:
+        return None
+    return {**link, "host_hit_weight": config.replica.kv_offload.host_hit_weight}
 
 
 def _plugins(config: SimulationConfig, num_blocks: int) -> tuple[Any, list[Any] | None]:
@@ -366,6 +415,7 @@ def replica_spec(
                 num_blocks=num_blocks,
                 # [replica.lora]'s GPU slots are the step scheduler's adapter gate.
                 max_loras=config.replica.lora.max_loras if config.replica.lora else 0,
+                host_num_blocks=replica_host_blocks(config, plan),
                 # Speculative drafts take lookahead slots beyond the longest request.
                 max_model_len=min(
                     c.max_model_len or s.max_request_tokens,
@@ -410,6 +460,7 @@ def _core_config(
     concurrency: int | None = None,
     *,
     decode: dict[str, Any] | None = None,
+    kv_offload: dict[str, float] | None = None,
 ) -> _core.SimConfig:
     g = config.cluster.global_scheduler
     return _core.SimConfig(
@@ -429,4 +480,5 @@ def _core_config(
         lora=lora_core(config),
         speculative=config.replica.speculative.to_core(),
         decode=decode,
+        kv_offload=kv_offload,
     )

@@ -392,6 +392,13 @@ impl<'a> Simulator<'a> {
         }
         source.progress(self.out.requests.len() as u64)?;
         for (r, replica) in self.replicas.iter().enumerate() {
+            let allocated = replica.policy.num_allocated_blocks();
+            if allocated > 0 {
+                return Err(Error::Plugin(format!(
+                    "replica {r} still holds {allocated} KV blocks after every request was \
+                     released (blocks leaked)"
+                )));
+            }
             let (offloaded, loaded) = replica.policy.host_tier_blocks();
             self.out.replicas.host_offloaded_blocks[r] = offloaded;
             self.out.replicas.host_loaded_blocks[r] = loaded;

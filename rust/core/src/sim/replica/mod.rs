@@ -128,6 +128,12 @@ pub trait ReplicaPolicy: Send {
         ))
     }
 
+    /// KV blocks still allocated: 0 once every request routed here has been released, or
+    /// blocks leaked (the simulator checks it at the end of a run).
+    fn num_allocated_blocks(&self) -> usize {
+        0
+    }
+
     /// Host-memory tier totals: blocks offloaded to it and loaded back (0 without one).
     fn host_tier_blocks(&self) -> (u64, u64) {
         (0, 0)

@@ -368,6 +368,10 @@ impl ReplicaPolicy for VllmV1 {
         }
     }
 
+    fn num_allocated_blocks(&self) -> usize {
+        self.scheduler.config().num_blocks - self.scheduler.num_free_blocks()
+    }
+
     fn host_tier_blocks(&self) -> (u64, u64) {
         let stats = self.scheduler.kv_pool_stats();
         (stats.num_offloaded_blocks, stats.num_loaded_blocks)

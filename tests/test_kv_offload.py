@@ -131,9 +131,7 @@ def test_prefix_affinity_routing_learns_what_each_replica_holds_in_host_memory()
     assert affine.summary["kv_offload"]["host_hit_rate"] > 0
 
 
-def run_random(
-    num_replicas: int, num_decode: int, routing: str, host_gb: float, seed: int
-) -> Any:
+def run_random(num_replicas: int, num_decode: int, routing: str, host_gb: float, seed: int) -> Any:
     m = mapping({"host_memory_gb": host_gb}, num_blocks=96)
     m["workload"] = workload(num_requests=80, seed=seed, groups=12)
     m["cluster"] = {"num_replicas": num_replicas, "global_scheduler": {"policy": routing}}

@@ -195,7 +195,6 @@ class ReplicaConfig:
                 self.num_pipeline_stages,
             )
 
-
     def _check_kv_offload(self, where: str) -> None:
         """The tier holds cached blocks of vLLM V1's block pool: it needs ``vllm_v1`` with
         prefix caching on the block-hash pool; its size comes from ``kv_offload``."""
@@ -213,8 +212,7 @@ class ReplicaConfig:
         if scheduler.policy != "vllm_v1":
             raise fail(
                 f"{where}.kv_offload",
-                f"a host-memory tier is simulated on vllm_v1 replicas only, not "
-                f"{scheduler.policy}",
+                f"a host-memory tier is simulated on vllm_v1 replicas only, not {scheduler.policy}",
                 scheduler.policy,
             )
         c = scheduler.vllm_v1

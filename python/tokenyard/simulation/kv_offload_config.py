@@ -60,7 +60,9 @@ class KvOffloadConfig:
             )
         return device.host_link_gbps * PCIE_EFFICIENCY * 1e9
 
-    def num_host_blocks(self, kv_bytes_per_token_per_gpu: float, num_gpus: int, block_size: int) -> int:
+    def num_host_blocks(
+        self, kv_bytes_per_token_per_gpu: float, num_gpus: int, block_size: int
+    ) -> int:
         """Blocks of ``block_size`` tokens that ``host_memory_gb`` holds for a replica of
         ``num_gpus`` GPUs (each GPU's share of a token is ``kv_bytes_per_token_per_gpu``)."""
         block_bytes = kv_bytes_per_token_per_gpu * num_gpus * block_size

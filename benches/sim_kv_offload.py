@@ -7,6 +7,10 @@ Prints, per run: the prefix-hit rate split into GPU and host hits, GB offloaded 
 back, the loads' median time, TTFT mean / p50 / p99, TPOT p50, and the replay's wall time.
 
     .venv/bin/python benches/sim_kv_offload.py [--limit N] [--sizes 0,100,400] [--json out]
+                                               [--repeat 3]
+
+``--repeat N`` runs every configuration N times, interleaved, and reports the median wall
+time (the replay cost of the tier against none, measured in one process).
 
 Needs ``../shared/data/traces/mooncake/conversation_trace.jsonl`` (docs/disaggregation.md
 shows a run of it).
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -90,12 +95,19 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=None, help="first N requests only")
     parser.add_argument("--sizes", default="0,100,200,400", help="host GB per replica")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--repeat", type=int, default=1, help="interleaved runs per config")
     args = parser.parse_args()
     if not TRACE.exists():
         print(f"needs {TRACE}", file=sys.stderr)
         return 2
     sizes = [float(x) for x in args.sizes.split(",")]
-    rows = [run_one(gb, routing, args.limit) for routing in ROUTERS for gb in sizes]
+    grid = [(gb, routing) for routing in ROUTERS for gb in sizes]
+    rounds = [
+        [run_one(gb, routing, args.limit) for gb, routing in grid] for _ in range(args.repeat)
+    ]
+    rows = rounds[0]
+    for i, row in enumerate(rows):
+        row["wall_s"] = statistics.median(r[i]["wall_s"] for r in rounds)
     print_table(rows)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))

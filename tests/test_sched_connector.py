@@ -660,7 +660,8 @@ class ConnectorMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         # Once every transfer is reported, every request finishes and every block is freed.
         self.connector.decisive = True
-        for _ in range(300):
+        # Many live requests under a one-token budget take a step per token.
+        for _ in range(20_000):
             if not self.scheduler.has_unfinished_requests():
                 break
             self.step()

@@ -307,6 +307,14 @@ class RefBlockPool:
         return True
 
 
+# SGLang 0.5.23 refreshes the access time of an edge a match or insert ends inside *before*
+# splitting it, so the unmatched remainder counts as just used too (issue 15). The Rust core
+# adopts that rule in issue 15's first item; until it lands, the models compared with the core
+# keep its split-then-touch order. Flip this when the core refreshes before splitting: the
+# strict xfail in test_integrations_sglang.py fails until you do.
+CORE_REFRESHES_BEFORE_SPLIT = False
+
+
 @dataclass(eq=False)
 class RefNode:
     key: list[int]
@@ -319,10 +327,18 @@ class RefNode:
 
 
 class RefRadixCache:
-    """SGLang's radix cache with a logical clock ticked once per node touched."""
+    """SGLang's radix cache with a logical clock ticked once per node touched.
 
-    def __init__(self, page_size: int = 1):
+    With ``refresh_before_split`` (SGLang's rule) an edge that a walk ends inside is touched
+    before the split, so the remainder keeps that tick and the new parent gets the next one;
+    without it only the new parent is touched and the remainder keeps its old time.
+    """
+
+    def __init__(self, page_size: int = 1, refresh_before_split: bool | None = None):
         self.page_size = page_size
+        self.refresh_before_split = (
+            CORE_REFRESHES_BEFORE_SPLIT if refresh_before_split is None else refresh_before_split
+        )
         self.root = RefNode([], [], None)
         self.clock = 0
 
@@ -376,6 +392,8 @@ class RefRadixCache:
             common = self._common(child.key, key[matched:])
             partial = common < len(child.key)
             if partial:
+                if self.refresh_before_split:
+                    self._touch(child)
                 child = self._split(child, common)
             self._touch(child)
             values += child.value
@@ -402,19 +420,29 @@ class RefRadixCache:
             self._touch(leaf)
         return matched
 
-    def lock(self, node: RefNode) -> None:
+    def lock(self, node: RefNode) -> int:
+        """Returns the change in evictable tokens (SGLang's ``inc_lock_ref`` delta)."""
         if not node.alive:
             raise InputError("handle")
+        delta = 0
         while node is not self.root and node is not None:
+            if node.lock_ref == 0:
+                delta -= len(node.key)
             node.lock_ref += 1
             node = node.parent  # type: ignore[assignment]
+        return delta
 
-    def unlock(self, node: RefNode) -> None:
+    def unlock(self, node: RefNode) -> int:
+        """Returns the change in evictable tokens (SGLang's ``dec_lock_ref`` delta)."""
         if not node.alive or (node is not self.root and node.lock_ref == 0):
             raise InputError("handle")
+        delta = 0
         while node is not self.root and node is not None:
             node.lock_ref -= 1
+            if node.lock_ref == 0:
+                delta += len(node.key)
             node = node.parent  # type: ignore[assignment]
+        return delta
 
     def evict(self, num_tokens: int) -> list[int]:
         freed: list[int] = []

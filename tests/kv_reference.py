@@ -307,14 +307,6 @@ class RefBlockPool:
         return True
 
 
-# SGLang 0.5.23 refreshes the access time of an edge a match or insert ends inside *before*
-# splitting it, so the unmatched remainder counts as just used too (issue 15). The Rust core
-# adopts that rule in issue 15's first item; until it lands, the models compared with the core
-# keep its split-then-touch order. Flip this when the core refreshes before splitting: the
-# strict xfail in test_integrations_sglang.py fails until you do.
-CORE_REFRESHES_BEFORE_SPLIT = False
-
-
 @dataclass(eq=False)
 class RefNode:
     key: list[int]
@@ -329,16 +321,15 @@ class RefNode:
 class RefRadixCache:
     """SGLang's radix cache with a logical clock ticked once per node touched.
 
-    With ``refresh_before_split`` (SGLang's rule) an edge that a walk ends inside is touched
-    before the split, so the remainder keeps that tick and the new parent gets the next one;
-    without it only the new parent is touched and the remainder keeps its old time.
+    With ``refresh_before_split`` (SGLang 0.5.23's rule, which the core follows) an edge that
+    a walk ends inside is touched before the split, so the remainder keeps that tick and the
+    new parent gets the next one; without it (the core's order before issue 15) only the new
+    parent is touched and the remainder keeps its old time.
     """
 
-    def __init__(self, page_size: int = 1, refresh_before_split: bool | None = None):
+    def __init__(self, page_size: int = 1, refresh_before_split: bool = True):
         self.page_size = page_size
-        self.refresh_before_split = (
-            CORE_REFRESHES_BEFORE_SPLIT if refresh_before_split is None else refresh_before_split
-        )
+        self.refresh_before_split = refresh_before_split
         self.root = RefNode([], [], None)
         self.clock = 0
 

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from kv_reference import CORE_REFRESHES_BEFORE_SPLIT, RefRadixCache
+from kv_reference import RefRadixCache
 
 from tokenyard.errors import ConfigError, InputError
 from tokenyard.integrations.sglang import (
@@ -254,11 +254,6 @@ def test_tensors_in_and_out_with_a_device() -> None:
     assert err.value.field == "device"
 
 
-@pytest.mark.xfail(
-    not CORE_REFRESHES_BEFORE_SPLIT,
-    reason="issue 15: the core still splits an edge before refreshing it",
-    strict=True,
-)
 def test_a_match_inside_an_edge_refreshes_the_remainder_as_sglang_does() -> None:
     cache = SGLangRadixCache.create_simulated()
     insert(cache, [1, 2, 3], [0, 1, 2])

@@ -294,6 +294,10 @@ impl RadixCache {
         let common = self.common_prefix_len(&self.nodes[child as usize].key, key);
         let partial = common < self.nodes[child as usize].key.len();
         let reached = if partial {
+            // SGLang (0.5.23's `_match_prefix_helper` / `_insert_helper`) refreshes the whole
+            // edge before splitting it, so the unmatched remainder counts as used too: the
+            // eviction order depends on it.
+            self.touch(child);
             self.split(child, common)
         } else {
             child

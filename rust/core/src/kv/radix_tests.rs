@@ -117,12 +117,10 @@ fn reset_drops_everything_and_stales_handles() {
 
 // SGLang 0.5.23 (`RadixCache._match_prefix_helper` / `_insert_helper`) sets the access time
 // of an edge a walk ends inside *before* `_split_node`, so the unmatched remainder counts as
-// just used and the new parent (a fresh `TreeNode`) as used right after. Issue 15 makes that
-// the core's rule; until the core follows it these tests are ignored (each fails today with
-// the split-first order its comment gives, and passes once `descend` touches before `split`).
+// just used and the new parent (a fresh `TreeNode`) as used right after; the core follows it
+// (issue 15). Each test failed with the earlier split-first order its comment gives.
 
 #[test]
-#[ignore = "issue 15: the core still splits before refreshing"]
 fn a_match_inside_an_edge_refreshes_the_remainder_too() {
     let mut cache = RadixCache::new(1).unwrap();
     cache.insert(&[1, 2, 3], &values(0..3)).unwrap();
@@ -137,7 +135,6 @@ fn a_match_inside_an_edge_refreshes_the_remainder_too() {
 }
 
 #[test]
-#[ignore = "issue 15: the core still splits before refreshing"]
 fn the_split_parent_is_newer_than_the_remainder_and_older_than_later_leaves() {
     let mut cache = RadixCache::new(1).unwrap();
     cache.insert(&[1, 2, 3], &values(0..3)).unwrap();
@@ -151,7 +148,6 @@ fn the_split_parent_is_newer_than_the_remainder_and_older_than_later_leaves() {
 }
 
 #[test]
-#[ignore = "issue 15: the core still splits before refreshing"]
 fn an_insert_ending_inside_an_edge_refreshes_the_remainder() {
     let mut cache = RadixCache::new(1).unwrap();
     cache.insert(&[1, 2, 3, 4], &values(10..14)).unwrap();
@@ -167,7 +163,6 @@ fn an_insert_ending_inside_an_edge_refreshes_the_remainder() {
 }
 
 #[test]
-#[ignore = "issue 15: the core still splits before refreshing"]
 fn an_insert_diverging_inside_an_edge_orders_remainder_before_new_leaf() {
     let mut cache = RadixCache::new(1).unwrap();
     cache.insert(&[1, 2, 3], &values(0..3)).unwrap();
@@ -180,7 +175,6 @@ fn an_insert_diverging_inside_an_edge_orders_remainder_before_new_leaf() {
 }
 
 #[test]
-#[ignore = "issue 15: the core still splits before refreshing"]
 fn pages_refresh_the_remainder_the_same_way() {
     let mut cache = RadixCache::new(2).unwrap();
     cache.insert(&[1, 1, 2, 2, 3, 3], &values(0..6)).unwrap();
@@ -194,7 +188,6 @@ fn pages_refresh_the_remainder_the_same_way() {
 }
 
 #[test]
-#[ignore = "issue 15: the core still splits before refreshing"]
 fn a_locked_remainder_keeps_its_refreshed_time_when_unlocked() {
     let mut cache = RadixCache::new(1).unwrap();
     cache.insert(&[1, 2, 3], &values(0..3)).unwrap();

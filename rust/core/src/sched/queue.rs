@@ -104,3 +104,81 @@ impl WaitingQueue {
         }
     }
 }
+
+/// The waiting requests in two parts, each in policy order: those holding KV blocks (an
+/// asynchronous load began: it is in flight, landed or failed) are served before the rest.
+/// vLLM 0.33's `kv_holding_waiting`: a block holder must never wait behind a request whose
+/// failed allocation stops admission, or the memory it holds is never used or freed.
+#[derive(Debug, Clone)]
+pub(crate) struct Waiting {
+    holding: WaitingQueue,
+    rest: WaitingQueue,
+}
+
+impl Waiting {
+    pub fn new(policy: Policy) -> Self {
+        Self {
+            holding: WaitingQueue::new(policy),
+            rest: WaitingQueue::new(policy),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.holding.len() + self.rest.len()
+    }
+
+    /// A new request: it holds nothing yet.
+    pub fn push_back(&mut self, slot: u32, key: PriorityKey) {
+        self.rest.push_back(slot, key);
+    }
+
+    /// Puts a request first in line in its part (a preempted or skipped one keeps its turn).
+    pub fn push_front(&mut self, slot: u32, key: PriorityKey, holds_kv: bool) {
+        let part = if holds_kv {
+            &mut self.holding
+        } else {
+            &mut self.rest
+        };
+        part.push_front(slot, key);
+    }
+
+    /// The next request to consider: the first block holder, else the first of the rest.
+    pub fn peek(&self) -> Option<u32> {
+        self.holding.peek().or_else(|| self.rest.peek())
+    }
+
+    pub fn pop(&mut self) -> Option<u32> {
+        self.holding.pop().or_else(|| self.rest.pop())
+    }
+
+    /// Removes a request from anywhere (abort, a holder that let its blocks go). O(n).
+    pub fn remove(&mut self, slot: u32) -> bool {
+        self.holding.remove(slot) || self.rest.remove(slot)
+    }
+
+    /// Slots in scheduling order: the holders, then the rest.
+    pub fn ordered(&self) -> Vec<u32> {
+        let mut slots = self.holding.ordered();
+        slots.extend(self.rest.ordered());
+        slots
+    }
+
+    /// The same requests in the order given (a policy plugin's), holders still first.
+    pub fn reordered(
+        &self,
+        order: &[u32],
+        key: impl Fn(u32) -> PriorityKey,
+        holds_kv: impl Fn(u32) -> bool,
+    ) -> Self {
+        let mut out = Self::new(Policy::Fcfs);
+        for &slot in order {
+            let part = if holds_kv(slot) {
+                &mut out.holding
+            } else {
+                &mut out.rest
+            };
+            part.push_back(slot, key(slot));
+        }
+        out
+    }
+}

@@ -10,7 +10,7 @@ use super::connector::{ExternalTokens, KvConnector, KvLoad};
 use super::kv::{Hit, Kv};
 use super::output::{CachedRequestData, NewRequestData, SchedulerOutput, SchedulerStats};
 use super::plugin::{PolicyPlugin, RequestView, check_permutation};
-use super::queue::{PriorityKey, WaitingQueue};
+use super::queue::{PriorityKey, Waiting};
 use super::request::{Request, RequestStatus};
 use super::{Policy, PrefixCache, SchedulerConfig};
 use crate::Result;
@@ -21,7 +21,7 @@ pub struct Scheduler<R: RequestKey> {
     pub(super) slots: Vec<Option<Request<R>>>,
     pub(super) free_slots: Vec<u32>,
     pub(super) index: FxHashMap<R, u32>,
-    pub(super) waiting: WaitingQueue,
+    pub(super) waiting: Waiting,
     pub(super) running: Vec<u32>,
     pub(super) kv: Kv,
     pub(super) finished_since_last_step: Vec<R>,
@@ -154,7 +154,7 @@ impl<R: RequestKey> Scheduler<R> {
             }
         };
         Ok(Self {
-            waiting: WaitingQueue::new(config.policy),
+            waiting: Waiting::new(config.policy),
             config,
             slots: Vec::new(),
             free_slots: Vec::new(),
@@ -184,11 +184,9 @@ impl<R: RequestKey> Scheduler<R> {
     pub fn set_plugin(&mut self, plugin: Box<dyn PolicyPlugin<R>>) {
         self.plugin = Some(plugin);
         let slots = self.waiting.ordered();
-        self.waiting = WaitingQueue::new(Policy::Fcfs);
-        for slot in slots {
-            let key = self.priority_key(slot);
-            self.waiting.push_back(slot, key);
-        }
+        self.waiting =
+            self.waiting
+                .reordered(&slots, |s| self.priority_key(s), |s| self.holds_kv(s));
     }
 
     /// With `lean`, admitted requests are reported without their token and block ids (the
@@ -363,11 +361,10 @@ impl<R: RequestKey> Scheduler<R> {
         })();
         self.plugin = Some(plugin);
         let (order, victims) = answers?;
-        self.waiting = WaitingQueue::new(Policy::Fcfs);
-        for i in order {
-            let key = self.priority_key(waiting[i]);
-            self.waiting.push_back(waiting[i], key);
-        }
+        let slots: Vec<u32> = order.into_iter().map(|i| waiting[i]).collect();
+        self.waiting =
+            self.waiting
+                .reordered(&slots, |s| self.priority_key(s), |s| self.holds_kv(s));
         self.victim_rank = victims
             .iter()
             .enumerate()
@@ -519,7 +516,7 @@ impl<R: RequestKey> Scheduler<R> {
         request.spec_token_ids.clear();
         request.num_preemptions += 1;
         let key = self.priority_key(victim);
-        self.waiting.push_front(victim, key);
+        self.waiting.push_front(victim, key, false);
         plan.preempted.push(victim);
         self.num_preemptions += 1;
         Ok(())
@@ -582,17 +579,25 @@ impl<R: RequestKey> Scheduler<R> {
         }
         for slot in skipped.into_iter().rev() {
             let key = self.priority_key(slot);
-            self.waiting.push_front(slot, key);
+            self.waiting.push_front(slot, key, self.holds_kv(slot));
         }
         Ok(admission_error)
     }
 
-    /// The head `head` cannot get memory and nothing runs, so nothing will free any: the
-    /// waiting requests whose KV loads landed hold it. Each is preempted in its place (its
-    /// loaded blocks enter the prefix cache and are freed, so the head may evict them; when
-    /// it is admitted again it hits what the cache still holds and, like any preempted
-    /// request, asks its connector again). vLLM (0.33; main at 00024d3) stalls for good
-    /// here; this changes no step in which anything runs. Returns whether any memory was
+    /// Whether a waiting request holds KV blocks (its load began), so it is served before
+    /// the waiting requests that hold none.
+    pub(super) fn holds_kv(&self, slot: u32) -> bool {
+        self.kv.block_ids(slot).is_some()
+    }
+
+    /// The head `head` cannot get memory and nothing runs, so nothing will free any: other
+    /// waiting requests whose KV loads landed hold it (block holders are served first, so
+    /// the head is itself a holder needing more blocks, or the holders ahead of it are
+    /// still loading). Each is preempted and goes to the front of the requests holding
+    /// nothing: its loaded blocks enter the prefix cache and are freed, so the head may
+    /// evict them; when it is admitted again it hits what the cache still holds and, like
+    /// any preempted request, asks its connector again. vLLM 0.33 stalls for good here;
+    /// this changes no step in which anything runs. Returns whether any memory was
     /// released.
     fn release_landed_loads(
         &mut self,
@@ -604,9 +609,14 @@ impl<R: RequestKey> Scheduler<R> {
             .chain(skipped.iter().copied())
             .filter(|&slot| slot != head && self.holds_landed_load(slot))
             .collect();
+        let mut requeue = Vec::new();
         for &slot in &holders {
             if self.landed.contains(&slot) || self.failed_loads.contains(&slot) {
                 self.take_landed_load(slot)?;
+            }
+            // Skipped ones go back at the end of the pass, to the part they then belong to.
+            if self.waiting.remove(slot) {
+                requeue.push(slot);
             }
             if self.kv.block_ids(slot).is_none() {
                 continue;
@@ -619,6 +629,10 @@ impl<R: RequestKey> Scheduler<R> {
             request.num_preemptions += 1;
             plan.preempted.push(slot);
             self.num_preemptions += 1;
+        }
+        for &slot in requeue.iter().rev() {
+            let key = self.priority_key(slot);
+            self.waiting.push_front(slot, key, false);
         }
         Ok(!holders.is_empty())
     }

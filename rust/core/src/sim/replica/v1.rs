@@ -229,7 +229,8 @@ impl ReplicaPolicy for VllmV1 {
         {
             let request = requests.get_mut(admitted.request_id);
             let host_tokens = self.loading.remove(&admitted.request_id);
-            if self.role == PdRole::Decode && request.num_restarts == 0 {
+            let restarted_here = request.num_restarts > request.kv.restarts_at_handover;
+            if self.role == PdRole::Decode && !restarted_here {
                 // Handed over with its prompt and first token processed; what it loaded or
                 // hit here is that same work. With nothing loaded, the prefill replica may
                 // let the request's blocks go now.

@@ -2,7 +2,7 @@
 //! indexed by slot), the waiting queue, the running list and the KV block pool.
 //! Invariants (see `check_invariants`): each unfinished request is in exactly one of
 //! waiting / running; a running request holds blocks for all its computed tokens; a
-//! waiting one holds none.
+//! waiting one holds none unless its KV load began (those are served first: `Waiting`).
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -522,8 +522,9 @@ impl<R: RequestKey> Scheduler<R> {
         Ok(())
     }
 
-    /// Phase 2: admits waiting requests in order until the budget, the sequence cap or
-    /// memory says stop (head-of-line blocking: a request that does not fit stops admission).
+    /// Phase 2: admits waiting requests in order (block holders first) until the budget, the
+    /// sequence cap or memory says stop (head-of-line blocking: a request that does not fit
+    /// stops admission).
     /// An error while admitting (the connector's) stops admission too, and is returned for
     /// `schedule` to report once the step is consistent.
     fn schedule_waiting(

@@ -81,6 +81,11 @@ class RefScheduler:
     # --- one step ----------------------------------------------------------------------
     def schedule(self) -> dict[str, Any]:
         self.budget = self.cfg.max_num_batched_tokens
+        # vLLM 0.33: the threshold applies only when more than one request competes.
+        eligible = len(self.running) + len(self.waiting)
+        self.threshold = self.cfg.long_prefill_token_threshold if eligible > 1 else 0
+        if self.threshold and self.cfg.long_prefill_token_threshold_adaptive:
+            self.threshold = max(self.threshold, self.cfg.max_num_batched_tokens // eligible)
         self.scheduled: list[tuple[RefRequest, int]] = []
         self.preempted: list[RefRequest] = []
         self.admitted: dict[Any, bool] = {}
@@ -112,8 +117,8 @@ class RefScheduler:
 
     def _clamp(self, pending: int, num_computed: int) -> int:
         n = pending
-        if self.cfg.long_prefill_token_threshold > 0:
-            n = min(n, self.cfg.long_prefill_token_threshold)
+        if self.threshold > 0:
+            n = min(n, self.threshold)
         return max(min(n, self.budget, self.cfg.max_model_len - 1 - num_computed), 0)
 
     def _running(self, only_prefills: bool | None) -> None:
@@ -176,8 +181,8 @@ class RefScheduler:
                 continue
             hit = self.pool.get_computed_blocks(r.tokens, r.lora_id)
             n = len(r.tokens) - hit.num_computed_tokens
-            if self.cfg.long_prefill_token_threshold > 0:
-                n = min(n, self.cfg.long_prefill_token_threshold)
+            if self.threshold > 0:
+                n = min(n, self.threshold)
             if not self.cfg.enable_chunked_prefill and n > self.budget:
                 break
             n = min(n, self.budget)
@@ -217,10 +222,11 @@ class RefScheduler:
         return finished
 
     def _stop(self, r: RefRequest, token: int) -> str | None:
-        if len(r.tokens) >= self.cfg.max_model_len or len(r.tokens) - len(r.prompt) >= r.max_tokens:
-            return "length"
+        # vLLM 0.33's check_stop: EOS before length.
         if r.eos is not None and token == r.eos:
             return "stop"
+        if len(r.tokens) >= self.cfg.max_model_len or len(r.tokens) - len(r.prompt) >= r.max_tokens:
+            return "length"
         return None
 
     def abort(self, rids: list[Any]) -> None:

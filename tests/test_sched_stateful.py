@@ -24,6 +24,7 @@ def configs() -> st.SearchStrategy[SchedulerConfig]:
         max_num_seqs=st.integers(0, 4),
         max_num_batched_tokens=st.integers(1, 48),
         long_prefill_token_threshold=st.sampled_from([0, 0, 5]),
+        long_prefill_token_threshold_adaptive=st.booleans(),
         enable_chunked_prefill=st.just(True),
         policy=st.sampled_from(["fcfs", "priority"]),
         enable_prefix_caching=st.booleans(),
@@ -88,13 +89,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         finished = self.rust.update_from_output(sampled)
         assert finished == self.ref.update_from_output(sampled)
         for rid, reason in finished:
-            # Exactly max_tokens outputs (or max_model_len reached), or stopped at EOS.
+            # Stopped at EOS (checked first, as vLLM 0.33 does: even at max_tokens), or
+            # exactly max_tokens outputs (or max_model_len reached) ending in another token.
             r = before[rid]
             num_outputs = len(r.tokens) - len(r.prompt)
             if reason == "stop":
                 assert r.tokens[-1] == EOS
-                assert num_outputs < r.max_tokens
+                assert num_outputs <= r.max_tokens
             else:
+                assert r.tokens[-1] != EOS or r.eos is None
                 assert num_outputs == r.max_tokens or len(r.tokens) == self.cfg.max_model_len
 
     @precondition(lambda self: hasattr(self, "rust") and self.ref.requests)

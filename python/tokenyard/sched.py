@@ -131,7 +131,11 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 8192
     """Token budget of one step."""
     long_prefill_token_threshold: int = 0
-    """Per-request cap on tokens in one step; 0 = off."""
+    """Per-request cap on tokens in one step; 0 = off. As in vLLM 0.33, it applies only in
+    steps that start with more than one request running or waiting."""
+    long_prefill_token_threshold_adaptive: bool = False
+    """vLLM 0.33's option: the cap is at least ``max_num_batched_tokens`` divided by the
+    requests running or waiting (a fair share of the step)."""
     enable_chunked_prefill: bool = True
     policy: Literal["fcfs", "priority"] = "fcfs"
     enable_prefix_caching: bool = True
@@ -178,6 +182,7 @@ _COUNT_FIELDS = (
     "host_num_blocks",
 )
 _FLAG_FIELDS = (
+    "long_prefill_token_threshold_adaptive",
     "enable_chunked_prefill",
     "enable_prefix_caching",
     "prioritize_prefill",

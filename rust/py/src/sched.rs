@@ -80,6 +80,10 @@ pub(crate) fn core_config(config: &Bound<'_, PyAny>) -> PyResult<(SchedulerConfi
         max_num_seqs: count_field(config, "max_num_seqs")?,
         max_num_batched_tokens: count_field(config, "max_num_batched_tokens")?,
         long_prefill_token_threshold: count_field(config, "long_prefill_token_threshold")?,
+        long_prefill_token_threshold_adaptive: field(
+            config,
+            "long_prefill_token_threshold_adaptive",
+        )?,
         enable_chunked_prefill: field(config, "enable_chunked_prefill")?,
         policy: Policy::parse(&policy).or_raise(py)?,
         enable_prefix_caching: field(config, "enable_prefix_caching")?,

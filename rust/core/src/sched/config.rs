@@ -55,8 +55,13 @@ pub struct SchedulerConfig {
     pub max_num_seqs: usize,
     /// Token budget of one step.
     pub max_num_batched_tokens: usize,
-    /// Per-request cap on tokens in one step; 0 = off.
+    /// Per-request cap on tokens in one step; 0 = off. As in vLLM 0.33 it applies only in
+    /// steps that start with more than one request running or waiting (alone, a request
+    /// starves nobody).
     pub long_prefill_token_threshold: usize,
+    /// vLLM 0.33's `long_prefill_token_threshold_adaptive`: the cap is at least
+    /// `max_num_batched_tokens / (requests running or waiting)`, a fair share of the step.
+    pub long_prefill_token_threshold_adaptive: bool,
     pub enable_chunked_prefill: bool,
     pub policy: Policy,
     pub enable_prefix_caching: bool,
@@ -82,6 +87,7 @@ impl Default for SchedulerConfig {
             max_num_seqs: 256,
             max_num_batched_tokens: 8192,
             long_prefill_token_threshold: 0,
+            long_prefill_token_threshold_adaptive: false,
             enable_chunked_prefill: true,
             policy: Policy::Fcfs,
             enable_prefix_caching: true,

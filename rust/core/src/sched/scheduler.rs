@@ -56,6 +56,8 @@ pub struct Scheduler<R: RequestKey> {
     /// and returns this step on its next call (its allocations were made, so dropping it
     /// would leave the engine without requests the scheduler counts as running).
     interrupted_step: Option<SchedulerOutput<R>>,
+    /// This step's `long_prefill_token_threshold` (`long_prefill_threshold`).
+    step_threshold: usize,
 }
 
 /// A finished request with outputs still in flight (async scheduling).
@@ -177,6 +179,7 @@ impl<R: RequestKey> Scheduler<R> {
             failed_loads: FxHashSet::default(),
             transfer_holds: FxHashMap::default(),
             interrupted_step: None,
+            step_threshold: 0,
         })
     }
 
@@ -308,6 +311,7 @@ impl<R: RequestKey> Scheduler<R> {
             self.finished_in_flight.clear();
         }
         let mut budget = self.config.max_num_batched_tokens;
+        self.step_threshold = self.long_prefill_threshold();
         // The plan's maps keep their capacity from step to step (no rehashing as they grow).
         let mut plan = std::mem::take(&mut self.spare_plan);
         let mut admission_error = None;
@@ -333,6 +337,22 @@ impl<R: RequestKey> Scheduler<R> {
                 Err(err)
             }
             None => Ok(out),
+        }
+    }
+
+    /// This step's cap on one request's tokens (vLLM 0.33): the configured threshold, only
+    /// when more than one request runs or waits, floored at a fair share of the budget if
+    /// `long_prefill_token_threshold_adaptive`; 0 = no cap.
+    fn long_prefill_threshold(&self) -> usize {
+        let configured = self.config.long_prefill_token_threshold;
+        let eligible = self.running.len() + self.waiting.len();
+        if configured == 0 || eligible <= 1 {
+            return 0;
+        }
+        if self.config.long_prefill_token_threshold_adaptive {
+            configured.max(self.config.max_num_batched_tokens / eligible)
+        } else {
+            configured
         }
     }
 
@@ -376,7 +396,7 @@ impl<R: RequestKey> Scheduler<R> {
     /// Tokens a request may take: its pending tokens capped by the long-prefill threshold,
     /// the remaining budget and the room left before `max_model_len`.
     fn clamp(&self, pending: usize, budget: usize, num_computed: usize) -> usize {
-        let threshold = self.config.long_prefill_token_threshold;
+        let threshold = self.step_threshold;
         let mut n = pending;
         if threshold > 0 {
             n = n.min(threshold);
@@ -737,7 +757,7 @@ impl<R: RequestKey> Scheduler<R> {
     /// `None` if it must wait (its prompt does not fit the budget without chunked prefill).
     fn admission_tokens(&self, slot: u32, num_computed: usize, budget: usize) -> Option<usize> {
         let mut n = self.req(slot).num_tokens() - num_computed;
-        let threshold = self.config.long_prefill_token_threshold;
+        let threshold = self.step_threshold;
         if threshold > 0 {
             n = n.min(threshold);
         }

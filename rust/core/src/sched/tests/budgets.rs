@@ -31,17 +31,43 @@ fn sequence_cap_admits_only_max_num_seqs() {
     assert_eq!(s.num_running(), 4);
 }
 
-#[test]
-fn long_prefill_threshold_caps_a_request_chunk() {
-    let cfg = SchedulerConfig {
+fn threshold_config(adaptive: bool) -> SchedulerConfig {
+    SchedulerConfig {
         long_prefill_token_threshold: 16,
-        max_num_batched_tokens: 1000,
+        long_prefill_token_threshold_adaptive: adaptive,
+        max_num_batched_tokens: 100,
         max_model_len: 200,
         ..config()
-    };
-    let mut s = Scheduler::new(cfg, false).unwrap();
+    }
+}
+
+#[test]
+fn long_prefill_threshold_caps_each_request_when_several_compete() {
+    let mut s = Scheduler::new(threshold_config(false), false).unwrap();
     s.add_request(0, prompt(0, 100)).unwrap();
-    assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 16)]);
+    s.add_request(1, prompt(1, 100)).unwrap();
+    assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 16), (1, 16)]);
+}
+
+#[test]
+fn long_prefill_threshold_leaves_a_lone_request_the_whole_budget() {
+    // vLLM 0.33: with one request running or waiting there is nobody to starve.
+    let mut s = Scheduler::new(threshold_config(false), false).unwrap();
+    s.add_request(0, prompt(0, 150)).unwrap();
+    assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 100)]);
+}
+
+#[test]
+fn adaptive_threshold_is_floored_at_a_fair_share_of_the_budget() {
+    // Three requests: a fair share of 100 tokens is 33, above the threshold of 16.
+    let mut s = Scheduler::new(threshold_config(true), false).unwrap();
+    for id in 0..3 {
+        s.add_request(id, prompt(id, 100)).unwrap();
+    }
+    assert_eq!(
+        scheduled(&s.schedule().unwrap()),
+        [(0, 33), (1, 33), (2, 33)]
+    );
 }
 
 #[test]

@@ -82,7 +82,7 @@ def run(
 @settings(max_examples=60, deadline=None)
 @given(
     prompts=st.lists(st.integers(1, 30), min_size=1, max_size=6),
-    num_blocks=st.sampled_from([16, 256]),
+    num_blocks=st.sampled_from([17, 256]),  # 16 hold KV with vLLM's null block
     data=st.data(),
 )
 def test_async_and_sync_agree_on_finishes(

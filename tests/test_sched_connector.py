@@ -31,6 +31,9 @@ def config(**overrides: Any) -> SchedulerConfig:
         "block_size": 4,
         "num_blocks": 8,
         "max_model_len": 32,
+        # Hand-counted blocks: every block holds KV, admission checks only the chunk.
+        "reserve_null_block": False,
+        "scheduler_reserve_full_isl": False,
     }
     fields.update(overrides)
     return SchedulerConfig(**fields)

@@ -12,7 +12,7 @@ mod request;
 mod scheduler;
 mod update;
 
-pub use config::{Policy, PrefixCache, SchedulerConfig};
+pub use config::{Policy, PrefixCache, PriorityTies, SchedulerConfig};
 pub use connector::{ExternalTokens, KvConnector, KvLoad};
 pub use output::{
     CachedRequestData, NewRequestData, SampledOutput, SchedulerOutput, SchedulerStats,

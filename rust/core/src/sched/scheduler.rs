@@ -12,7 +12,7 @@ use super::output::{CachedRequestData, NewRequestData, SchedulerOutput, Schedule
 use super::plugin::{PolicyPlugin, RequestView, check_permutation};
 use super::queue::{PriorityKey, Waiting};
 use super::request::{Request, RequestStatus};
-use super::{Policy, PrefixCache, SchedulerConfig};
+use super::{Policy, PrefixCache, PriorityTies, SchedulerConfig};
 use crate::Result;
 use crate::kv::{BlockId, BlockPool, RadixPool, RequestKey};
 
@@ -21,7 +21,7 @@ pub struct Scheduler<R: RequestKey> {
     pub(super) slots: Vec<Option<Request<R>>>,
     pub(super) free_slots: Vec<u32>,
     pub(super) index: FxHashMap<R, u32>,
-    pub(super) waiting: Waiting,
+    pub(super) waiting: Waiting<R>,
     pub(super) running: Vec<u32>,
     pub(super) kv: Kv,
     pub(super) finished_since_last_step: Vec<R>,
@@ -145,10 +145,10 @@ impl<R: RequestKey> Scheduler<R> {
         config.validate()?;
         let kv = match (config.enable_prefix_caching, config.prefix_cache) {
             (true, PrefixCache::Radix) => {
-                Kv::Radix(RadixPool::new(config.num_blocks, config.block_size)?)
+                Kv::Radix(RadixPool::new(config.num_kv_blocks(), config.block_size)?)
             }
             (caching, _) => {
-                let pool = BlockPool::new(config.num_blocks, config.block_size, caching)?;
+                let pool = BlockPool::new(config.num_kv_blocks(), config.block_size, caching)?;
                 Kv::BlockHash(match config.host_num_blocks {
                     0 => pool,
                     n => pool.with_host_tier(n)?,
@@ -284,11 +284,13 @@ impl<R: RequestKey> Scheduler<R> {
             .expect("slot holds a live request")
     }
 
-    pub(super) fn priority_key(&self, slot: u32) -> PriorityKey {
+    pub(super) fn priority_key(&self, slot: u32) -> PriorityKey<R> {
         let r = self.req(slot);
         PriorityKey {
             priority: r.spec.priority,
             arrival_time: r.spec.arrival_time,
+            request_id: r.request_id.clone(),
+            by_id: self.config.priority_ties == PriorityTies::Vllm,
             arrival_seq: r.arrival_seq,
         }
     }
@@ -502,12 +504,25 @@ impl<R: RequestKey> Scheduler<R> {
                 .running
                 .last()
                 .expect("a running request is allocating"),
-            Policy::Priority => *self
-                .running
-                .iter()
-                .max_by(|&&a, &&b| self.priority_key(a).cmp(&self.priority_key(b)))
-                .expect("a running request is allocating"),
+            Policy::Priority => self.priority_victim(),
         }
+    }
+
+    /// The running request with the largest `(priority, arrival_time)`; among ties, vLLM
+    /// 0.33's `max(running, ...)` keeps the first in running order (Rust's `max_by` keeps
+    /// the last, so scan backwards), the arrival-order rule the latest arrival.
+    fn priority_victim(&self) -> u32 {
+        let running = self.running.iter().copied();
+        let victim = match self.config.priority_ties {
+            PriorityTies::Vllm => running.rev().max_by(|&a, &b| {
+                let (a, b) = (&self.req(a).spec, &self.req(b).spec);
+                (a.priority.cmp(&b.priority)).then(a.arrival_time.total_cmp(&b.arrival_time))
+            }),
+            PriorityTies::ArrivalOrder => {
+                running.max_by(|&a, &b| self.priority_key(a).cmp(&self.priority_key(b)))
+            }
+        };
+        victim.expect("a running request is allocating")
     }
 
     /// Frees the victim's blocks and sends it back to the front of the waiting queue to be
@@ -709,6 +724,10 @@ impl<R: RequestKey> Scheduler<R> {
             .filter(|(blocked, _)| *blocked == seq)
             .map(|(_, hit)| hit);
         let hit = self.kv.lookup(&request.all_token_ids, lora_id, earlier);
+        if !self.full_sequence_fits(slot, Some(&hit)) {
+            self.blocked_head = Some((seq, hit));
+            return Ok(Admission::Blocked);
+        }
         let Some(external) = self.ask_connector(slot, &hit)? else {
             return Ok(Admission::SteppedAside);
         };
@@ -751,6 +770,16 @@ impl<R: RequestKey> Scheduler<R> {
         let notified = self.notify_allocation(slot, external.num_tokens);
         self.start_running(slot, num_computed, n, blocks, budget, plan);
         notified.map(|()| Admission::Scheduled)
+    }
+
+    /// vLLM 0.33's `scheduler_reserve_full_isl` gate at admission: the request's whole
+    /// sequence (up to `max_model_len`) must fit beside what it holds or hits.
+    fn full_sequence_fits(&self, slot: u32, hit: Option<&Hit>) -> bool {
+        if !self.config.scheduler_reserve_full_isl {
+            return true;
+        }
+        let num_tokens = self.req(slot).num_tokens().min(self.config.max_model_len);
+        self.kv.full_sequence_fits(slot, num_tokens, hit)
     }
 
     /// Tokens a new admission computes this step, after `num_computed` hit or loaded ones;
@@ -855,6 +884,9 @@ impl<R: RequestKey> Scheduler<R> {
         let Some(n) = self.admission_tokens(slot, num_computed, *budget) else {
             return Ok(Admission::Blocked);
         };
+        if !self.full_sequence_fits(slot, None) {
+            return Ok(Admission::Blocked);
+        }
         let request = self.slots[slot as usize].as_ref().expect("live");
         let known = self.kv.num_tokens(slot).unwrap_or(0);
         let new_tokens = &request.all_token_ids[known..];

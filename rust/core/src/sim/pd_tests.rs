@@ -12,7 +12,7 @@ fn v1(num_blocks: usize) -> ReplicaPolicyConfig {
         max_model_len: 64,
         max_num_batched_tokens: 64,
         enable_prefix_caching: true,
-        ..SchedulerConfig::default()
+        ..SchedulerConfig::without_vllm_reservations()
     })
 }
 
@@ -163,7 +163,7 @@ fn a_request_restarted_on_the_prefill_replica_still_decodes_once_on_the_decode_s
         max_model_len: 32,
         max_num_batched_tokens: 16,
         enable_prefix_caching: true,
-        ..SchedulerConfig::default()
+        ..SchedulerConfig::without_vllm_reservations()
     });
     let out = run(config, vec![req(0.0, 20, 3), req(0.0, 20, 3)]);
     let t = &out.requests;

@@ -370,7 +370,7 @@ impl ReplicaPolicy for VllmV1 {
     }
 
     fn num_allocated_blocks(&self) -> usize {
-        self.scheduler.config().num_blocks - self.scheduler.num_free_blocks()
+        self.scheduler.config().num_kv_blocks() - self.scheduler.num_free_blocks()
     }
 
     fn host_tier_blocks(&self) -> (u64, u64) {

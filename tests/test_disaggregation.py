@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from exec_models import FAST_LINEAR
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -15,15 +16,7 @@ from tokenyard.errors import ConfigError
 from tokenyard.simulation import simulate
 from tokenyard.simulation.config import config_from_mapping
 
-STEP_MODEL = {
-    "model": "linear",
-    "constant_s": 0.01,
-    "per_prefill_token_s": 1e-4,
-    "per_decode_token_s": 1e-3,
-    "per_decode_context_token_s": 0.0,
-    "per_prefill_context_token_s": 0.0,
-    "cpu_overhead_s": 0.0,
-}
+STEP_MODEL = FAST_LINEAR
 
 
 def workload(num_requests: int = 60, seed: int = 1, qps: float = 20.0) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from exec_models import FAST_LINEAR
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -17,15 +18,7 @@ from tokenyard.errors import ConfigError
 from tokenyard.simulation import simulate
 from tokenyard.simulation.config import config_from_mapping
 
-STEP_MODEL = {
-    "model": "linear",
-    "constant_s": 0.01,
-    "per_prefill_token_s": 1e-4,
-    "per_decode_token_s": 1e-3,
-    "per_decode_context_token_s": 0.0,
-    "per_prefill_context_token_s": 0.0,
-    "cpu_overhead_s": 0.0,
-}
+STEP_MODEL = FAST_LINEAR
 #: Llama-3.1-8B in bf16: 32 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes per token.
 KV_BYTES_PER_TOKEN = 131072
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from exec_models import FAST_LINEAR
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -30,15 +31,7 @@ from tokenyard.workload import (
     load_workload,
 )
 
-STEP_MODEL = {
-    "model": "linear",
-    "constant_s": 0.01,
-    "per_prefill_token_s": 1e-4,
-    "per_decode_token_s": 1e-3,
-    "per_decode_context_token_s": 0.0,
-    "per_prefill_context_token_s": 0.0,
-    "cpu_overhead_s": 0.0,
-}
+STEP_MODEL = FAST_LINEAR
 REPLICA_POLICIES = [
     "vllm",
     "sarathi",

@@ -14,7 +14,7 @@ import dataclasses
 
 from tokenyard._checks import check_key_number, fail
 from tokenyard.catalog import DeviceSpec
-from tokenyard.simulation.lora_config import PCIE_EFFICIENCY
+from tokenyard.simulation.lora_config import host_to_device_bytes_per_s
 
 __all__ = ["KvOffloadConfig"]
 
@@ -49,16 +49,9 @@ class KvOffloadConfig:
         check_key_number(f"{where}.host_hit_weight", self.host_hit_weight, low=0, high=1)
 
     def host_to_device_bytes_per_s(self, device: DeviceSpec) -> float:
-        if self.host_to_device_gbps > 0:
-            return self.host_to_device_gbps * 1e9
-        if device.host_link_gbps <= 0:
-            raise fail(
-                "replica.kv_offload.host_to_device_gbps",
-                f"the catalog does not know {device.name}'s host link (host_link_gbps); "
-                f"set it, got {self.host_to_device_gbps}",
-                self.host_to_device_gbps,
-            )
-        return device.host_link_gbps * PCIE_EFFICIENCY * 1e9
+        return host_to_device_bytes_per_s(
+            self.host_to_device_gbps, device, "replica.kv_offload.host_to_device_gbps"
+        )
 
     def num_host_blocks(
         self, kv_bytes_per_token_per_gpu: float, num_gpus: int, block_size: int

@@ -20,7 +20,14 @@ from tokenyard.catalog import DeviceSpec, ModelSpec
 from tokenyard.predictor.compiled import CompiledOp, RooflineCost
 from tokenyard.predictor.roofline import Efficiencies
 
-__all__ = ["LORA_MODULES", "LoraConfig", "adapter_bytes", "lora_op", "slot_bytes"]
+__all__ = [
+    "LORA_MODULES",
+    "LoraConfig",
+    "adapter_bytes",
+    "host_to_device_bytes_per_s",
+    "lora_op",
+    "slot_bytes",
+]
 
 #: The linears an adapter may target (Llama names), each as (d_in, d_out, row_parallel)
 #: of the model; row-parallel linears shard their input under tensor parallelism.
@@ -31,6 +38,22 @@ _MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
 PCIE_EFFICIENCY = 0.8
 #: Bytes per adapter weight by dtype.
 _DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+def host_to_device_bytes_per_s(gbps: float, device: DeviceSpec, key: str) -> float:
+    """One GPU's host-to-device copy rate: ``gbps`` if set (> 0), else the catalog's
+    ``host_link_gbps`` x ``PCIE_EFFICIENCY``; a GPU the catalog gives no host link is a
+    ConfigError naming ``key``."""
+    if gbps > 0:
+        return gbps * 1e9
+    if device.host_link_gbps <= 0:
+        raise fail(
+            key,
+            f"the catalog does not know {device.name}'s host link (host_link_gbps); set it, "
+            f"got {gbps}",
+            gbps,
+        )
+    return device.host_link_gbps * PCIE_EFFICIENCY * 1e9
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -94,16 +117,9 @@ class LoraConfig:
         return _DTYPE_BYTES.get(name, 2)
 
     def host_to_device_bytes_per_s(self, device: DeviceSpec) -> float:
-        if self.host_to_device_gbps > 0:
-            return self.host_to_device_gbps * 1e9
-        if device.host_link_gbps <= 0:
-            raise fail(
-                "replica.lora.host_to_device_gbps",
-                f"the catalog does not know {device.name}'s host link (host_link_gbps); "
-                f"set it, got {self.host_to_device_gbps}",
-                self.host_to_device_gbps,
-            )
-        return device.host_link_gbps * PCIE_EFFICIENCY * 1e9
+        return host_to_device_bytes_per_s(
+            self.host_to_device_gbps, device, "replica.lora.host_to_device_gbps"
+        )
 
     def core(
         self, model: ModelSpec, device: DeviceSpec, weight_dtype: str, tp: int, pp: int

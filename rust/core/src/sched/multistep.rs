@@ -1,43 +1,55 @@
 //! Coalesced decode steps: a run of steps in which every running request decodes one token
-//! and nothing else can happen, planned at once and applied lazily. The simulator uses it
-//! (`sim::replica::v1`); what it skips is the per-step work of `schedule()` and
-//! `append_one_token_each` for every request, not any decision.
+//! and nothing else can happen, applied lazily. The simulator uses it (`sim::replica::v1`);
+//! what it skips is the per-step work of `schedule()` and `append_one_token_each` for every
+//! request, not any decision.
 //!
 //! A window opens only when a step would schedule exactly the running requests, one decode
 //! token each, in running order: nothing waits, no request has work in flight, drafts,
 //! stop tokens or a connector, the token budget covers them all, and the pool is the
-//! block-hash one without a host tier. It lasts until the first step at which a request
-//! would finish (that step is its last), or the step before the first allocation the free
-//! blocks could not satisfy (which would preempt). Within it each request's tokens and
-//! computed count lag behind, and are caught up only at the steps where the pool does
-//! something for it: a new block (which may evict a cached one) and, with prefix caching,
-//! a block becoming full (hashed and cached). Those catch-ups run in step order and, within
-//! a step, in running order, so the pool makes the same moves, in the same order, with the
-//! same cache events, as stepping one by one. Invariant: after `form_step` for step `j`, the
-//! pool's block counts (free blocks, usage, events) are those of the stepped run after step
-//! `j` was scheduled; after `catch_up_all` every request is too.
+//! block-hash one without a host tier. A request leaves the window at the end of the step
+//! whose token finishes it (`end_decode_step` finishes it then, freeing its blocks, as
+//! stepping does). The window lasts until its last request finishes, or until a step whose
+//! new blocks the free ones cannot cover (stepping would preempt there: `form_decode_step`
+//! declines it), or until the caller cuts it (a new request).
+//!
+//! Within the window each request's tokens and computed count lag behind, and are caught up
+//! only at the steps where the pool does something for it: a new block (which may evict a
+//! cached one) and, with prefix caching, a block becoming full (hashed and cached). Both
+//! recur every `block_size` steps, so the requests are bucketed by step modulo the block
+//! size. Catch-ups run in step order and, within a step, in running order, so the pool makes
+//! the same moves, in the same order, with the same cache events, as stepping one by one.
+//! Invariant: after `form_decode_step` for step `j`, the pool's block counts (free blocks,
+//! usage, events) are those of the stepped run once step `j` is scheduled; after
+//! `catch_up_all`, every request's state is too.
 
 use super::Scheduler;
-use super::request::RequestStatus;
+use super::request::{FinishReason, RequestStatus};
 use crate::kv::{RequestKey, TokenId};
 use crate::{Error, Result};
 
-/// A planned run of decode steps over the running requests (see the module doc).
+/// A run of decode steps over the running requests (see the module doc). Requests are
+/// numbered by their place in the running order when it opened.
 #[derive(Debug, Clone, Default)]
 pub struct DecodeWindow {
-    /// The running requests' slots, in running order.
     slots: Vec<u32>,
-    /// Each one's computed tokens when the window opened; step `j` (from 1) computes token
-    /// `base + j - 1`.
+    /// Computed tokens at the start; step `j` (from 1) computes token `base + j - 1`.
     base: Vec<usize>,
-    /// Steps in the window; the last one may see requests finish.
+    /// The step at whose end each request finishes.
+    last: Vec<usize>,
+    /// The first step that needs a new block for it (then every `block_size` steps).
+    first_alloc: Vec<usize>,
+    /// By step modulo the block size: the requests the pool acts for at such steps, in
+    /// running order.
+    buckets: Vec<Vec<u32>>,
+    /// Steps in the window, if it runs to its end.
     num_steps: usize,
     /// Steps scheduled so far.
     formed: usize,
-    /// (step, index into `slots`) where the pool acts for a request, in step then running
-    /// order; `next` is the first not yet caught up.
-    catch_ups: Vec<(u32, u32)>,
-    next: usize,
+    /// (last step, request) in that order; `next_finish` is the first not yet finished.
+    finishes: Vec<(u32, u32)>,
+    next_finish: usize,
+    /// Requests finished by `end_decode_step`.
+    done: Vec<bool>,
 }
 
 impl DecodeWindow {
@@ -54,13 +66,18 @@ impl DecodeWindow {
     pub fn cut(&mut self) {
         self.num_steps = self.formed;
     }
+
+    /// Whether request `i` is in step `step`.
+    pub fn runs_in(&self, i: usize, step: usize) -> bool {
+        self.last[i] >= step
+    }
 }
 
 impl<R: RequestKey> Scheduler<R> {
-    /// Plans a window of at most `max_steps` coalesced decode steps from the current state,
-    /// or `None` if the next step is not one (see the module doc) or fewer than 2 would be.
-    /// Changes nothing.
-    pub fn open_decode_window(&self, max_steps: usize) -> Option<DecodeWindow> {
+    /// A window of coalesced decode steps from the current state, or `None` if the next
+    /// step is not one (see the module doc) or the window would be a single step. Changes
+    /// nothing.
+    pub fn open_decode_window(&self) -> Option<DecodeWindow> {
         let coalescible = self.plugin.is_none()
             && self.connector.is_none()
             && !self.async_scheduling
@@ -77,10 +94,17 @@ impl<R: RequestKey> Scheduler<R> {
             return None;
         }
         let bs = self.config.block_size;
-        let caching = self.config.enable_prefix_caching;
-        let max_model_len = self.config.max_model_len;
-        let mut num_steps = max_steps;
-        for &slot in &self.running {
+        let n = self.running.len();
+        let mut window = DecodeWindow {
+            slots: self.running.clone(),
+            base: Vec::with_capacity(n),
+            last: Vec::with_capacity(n),
+            first_alloc: Vec::with_capacity(n),
+            buckets: vec![Vec::new(); bs],
+            done: vec![false; n],
+            ..DecodeWindow::default()
+        };
+        for (i, &slot) in self.running.iter().enumerate() {
             let r = self.req(slot);
             let decoding = r.status == RequestStatus::Running
                 && r.num_computed_tokens + 1 == r.num_tokens()
@@ -93,96 +117,117 @@ impl<R: RequestKey> Scheduler<R> {
                 return None;
             }
             // Step s appends the request's (num_output + s)-th output: it finishes at the
-            // first s reaching max_tokens or max_model_len (`stop_reason`).
-            let until_finish = (r.spec.max_tokens - r.num_output_tokens())
-                .min(max_model_len.saturating_sub(r.num_tokens()));
-            num_steps = num_steps.min(until_finish);
-        }
-        if num_steps < 2 {
-            return None;
-        }
-        let mut catch_ups = Vec::new();
-        let mut allocations = Vec::new();
-        for (i, &slot) in self.running.iter().enumerate() {
-            let base = self.req(slot).num_computed_tokens;
+            // first s reaching max_tokens or max_model_len (`stop_reason`); no step clamps
+            // it before (its room under max_model_len stays >= 1 until then).
+            let last = (r.spec.max_tokens - r.num_output_tokens())
+                .min(self.config.max_model_len.saturating_sub(r.num_tokens()));
+            let base = r.num_computed_tokens;
             let held = self.kv.block_ids(slot).map_or(0, <[_]>::len);
             // Step s needs slots for base + s tokens: a new block at the step whose token
             // opens one. With caching, the step whose token fills a block caches it.
             let first_alloc = (held * bs + 1).saturating_sub(base).max(1);
-            let mut s = first_alloc;
-            while s <= num_steps {
-                catch_ups.push((s as u32, i as u32));
-                allocations.push(s);
-                s += bs;
+            window.buckets[first_alloc % bs].push(i as u32);
+            let fills = (bs - base % bs) % bs;
+            if self.config.enable_prefix_caching && fills != first_alloc % bs {
+                window.buckets[fills].push(i as u32);
             }
-            if caching {
-                let mut s = bs - base % bs;
-                while s <= num_steps {
-                    catch_ups.push((s as u32, i as u32));
-                    s += bs;
-                }
-            }
+            window.base.push(base);
+            window.last.push(last);
+            window.first_alloc.push(first_alloc);
+            window.num_steps = window.num_steps.max(last);
         }
-        // Allocations fail (and would preempt) from the first one past the free blocks.
-        let free = self.kv.num_free_blocks();
-        if allocations.len() > free {
-            allocations.sort_unstable();
-            num_steps = num_steps.min(allocations[free] - 1);
-            if num_steps < 2 {
-                return None;
-            }
+        if window.num_steps < 2 {
+            return None;
         }
-        catch_ups.retain(|&(s, _)| s as usize <= num_steps);
-        catch_ups.sort_unstable();
-        catch_ups.dedup();
-        Some(DecodeWindow {
-            slots: self.running.clone(),
-            base: (self.running.iter())
-                .map(|&s| self.req(s).num_computed_tokens)
-                .collect(),
-            num_steps,
-            formed: 0,
-            catch_ups,
-            next: 0,
-        })
+        for bucket in &mut window.buckets {
+            bucket.sort_unstable();
+        }
+        window.finishes = (window.last.iter().enumerate())
+            .map(|(i, &l)| (l as u32, i as u32))
+            .collect();
+        window.finishes.sort_unstable();
+        Some(window)
     }
 
     /// Schedules the window's next step: the pool's moves of that step happen now (see the
     /// module doc). `token(id, position)` is the token a request sampled at `position`.
+    /// Returns `false`, changing nothing, if the step's new blocks do not fit the free
+    /// ones: stepping would preempt, so the window ends before it.
     pub fn form_decode_step(
         &mut self,
         window: &mut DecodeWindow,
         mut token: impl FnMut(&R, usize) -> TokenId,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         if window.formed >= window.num_steps {
             return Err(Error::Plugin(
                 "a decode window ran past its last step".into(),
             ));
         }
-        window.formed += 1;
+        let step = window.formed + 1;
+        let bs = self.config.block_size;
+        let bucket = &window.buckets[step % bs];
+        let in_step = |i: usize| !window.done[i] && window.last[i] >= step;
+        let num_new_blocks = (bucket.iter().map(|&i| i as usize))
+            .filter(|&i| in_step(i) && step >= window.first_alloc[i])
+            .filter(|&i| (step - window.first_alloc[i]).is_multiple_of(bs))
+            .count();
+        if num_new_blocks > self.kv.num_free_blocks() {
+            return Ok(false);
+        }
+        window.formed = step;
         self.num_steps += 1;
         // A stepped schedule() reports these with its output; nobody reads them here.
         self.finished_since_last_step.clear();
+        let window = &*window;
+        for &i in &window.buckets[step % bs] {
+            if !window.done[i as usize] && window.last[i as usize] >= step {
+                self.catch_up(window, i as usize, &mut token)?;
+            }
+        }
+        Ok(true)
+    }
+
+    /// Ends the window's latest step, one that is not its last: the requests whose final
+    /// token it sampled finish, in running order, as stepping finishes them; the others'
+    /// tokens stay lazy. Returns the finished requests.
+    pub fn end_decode_step(
+        &mut self,
+        window: &mut DecodeWindow,
+        mut token: impl FnMut(&R, usize) -> TokenId,
+    ) -> Result<Vec<(R, FinishReason)>> {
         let step = window.formed as u32;
-        while let Some(&(s, i)) = window.catch_ups.get(window.next) {
+        let mut finished = Vec::new();
+        while let Some(&(s, i)) = window.finishes.get(window.next_finish) {
             if s > step {
                 break;
             }
-            window.next += 1;
+            window.next_finish += 1;
             self.catch_up(window, i as usize, &mut token)?;
+            let id = self.req(window.slots[i as usize]).request_id.clone();
+            let done = self.append_one_token_each(std::slice::from_ref(&id), &mut token)?;
+            if done.is_empty() {
+                return Err(Error::Plugin(
+                    "a coalesced decode step's request did not finish when planned".into(),
+                ));
+            }
+            finished.extend(done);
+            window.done[i as usize] = true;
         }
-        Ok(())
+        Ok(finished)
     }
 
-    /// Brings every request of the window to where stepping would have it with the latest
-    /// step scheduled and in flight. The window's steps after it must not run.
+    /// Brings every request still in the window to where stepping would have it with the
+    /// latest step scheduled (and, if the caller ended it, its unfinished requests' tokens
+    /// not yet appended). The window's later steps must not run.
     pub fn catch_up_all(
         &mut self,
         window: &mut DecodeWindow,
         mut token: impl FnMut(&R, usize) -> TokenId,
     ) -> Result<()> {
         for i in 0..window.slots.len() {
-            self.catch_up(window, i, &mut token)?;
+            if !window.done[i] {
+                self.catch_up(window, i, &mut token)?;
+            }
         }
         window.num_steps = window.formed;
         Ok(())

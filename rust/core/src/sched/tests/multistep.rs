@@ -87,13 +87,23 @@ fn check(
         let out = stepped.schedule().unwrap();
         let stepped_events = stepped.drain_kv_events();
         if window.is_none()
-            && let Some(w) = windowed.open_decode_window(usize::MAX)
+            && let Some(w) = windowed.open_decode_window()
         {
             window = Some((w, windowed.running_ids()));
         }
+        if let Some((w, in_window)) = &mut window
+            && !windowed.form_decode_step(w, token).unwrap()
+        {
+            // Declined (it would preempt): the window ends after its last step.
+            if w.num_formed() > 0 {
+                windowed.catch_up_all(w, token).unwrap();
+                let finished = windowed.append_one_token_each(in_window, token).unwrap();
+                prop_assert!(finished.is_empty());
+            }
+            window = None;
+        }
         let windowed_samplers = match &mut window {
-            Some((w, in_window)) => {
-                windowed.form_decode_step(w, token).unwrap();
+            Some((_, in_window)) => {
                 num_windowed_steps += 1;
                 let expected: Vec<(u32, usize)> = in_window.iter().map(|&i| (i, 1)).collect();
                 prop_assert_eq!(&out.num_scheduled_tokens, &expected, "step {}", step);
@@ -117,7 +127,12 @@ fn check(
             .unwrap();
         let theirs = match (windowed_samplers, &mut window) {
             (Some(list), _) => windowed.append_one_token_each(&list, token).unwrap(),
-            (None, Some((w, _))) if w.num_formed() < w.num_steps() => Vec::new(),
+            (None, Some((w, in_window))) if w.num_formed() < w.num_steps() => {
+                let done = windowed.end_decode_step(w, token).unwrap();
+                in_window.retain(|id| !done.iter().any(|(d, _)| d == id));
+                prop_assert_eq!(&finished, &done, "finished in window step {}", step);
+                done
+            }
             (None, _) => {
                 let (mut w, in_window) = window.take().expect("in a window");
                 windowed.catch_up_all(&mut w, token).unwrap();
@@ -160,7 +175,7 @@ proptest! {
 }
 
 #[test]
-fn a_window_opens_and_runs_to_the_first_finish() {
+fn a_window_runs_until_its_last_request_finishes() {
     let mut s = Scheduler::<u32>::new(config(), false).unwrap();
     for (id, max_tokens) in [(1, 9), (2, 6)] {
         let spec = RequestSpec {
@@ -171,15 +186,25 @@ fn a_window_opens_and_runs_to_the_first_finish() {
         s.add_request(id, spec).unwrap();
     }
     run_step(&mut s); // both prefill, each samples one token
-    let mut w = s.open_decode_window(usize::MAX).expect("pure decode");
-    // Request 2 has 5 outputs to go: its last comes at the end of the fifth step.
-    assert_eq!(w.num_steps(), 5);
-    for _ in 0..5 {
-        s.form_decode_step(&mut w, token).unwrap();
+    let mut w = s.open_decode_window().expect("pure decode");
+    // Request 1 has 8 outputs to go, request 2 has 5: 2 leaves after the fifth step.
+    assert_eq!(w.num_steps(), 8);
+    for step in 1..8 {
+        assert!(s.form_decode_step(&mut w, token).unwrap());
+        let finished = s.end_decode_step(&mut w, token).unwrap();
+        let expected = if step == 5 {
+            vec![(2, FinishReason::Length)]
+        } else {
+            vec![]
+        };
+        assert_eq!(finished, expected, "step {step}");
+        assert_eq!(w.runs_in(1, step + 1), step < 5);
     }
+    assert!(s.form_decode_step(&mut w, token).unwrap());
     assert!(s.form_decode_step(&mut w, token).is_err());
     s.catch_up_all(&mut w, token).unwrap();
-    let finished = s.append_one_token_each(&[1, 2], token).unwrap();
-    assert_eq!(finished, vec![(2, FinishReason::Length)]);
-    assert_eq!(s.get_request(&1).unwrap().num_output_tokens(), 6);
+    let finished = s.append_one_token_each(&[1], token).unwrap();
+    assert_eq!(finished, vec![(1, FinishReason::Length)]);
+    assert!(!s.has_unfinished_requests());
+    assert_eq!(s.num_free_blocks(), 64);
 }

@@ -59,7 +59,10 @@ pub struct VllmV1 {
 /// A decode window in progress: each of its steps is a batch of `ids`, one token each.
 struct Window {
     plan: DecodeWindow,
+    /// The requests still in the window, in running order, and their places in the
+    /// window's running order when it opened.
     ids: Vec<ReqIdx>,
+    order: Vec<usize>,
     ones: Vec<u32>,
     /// Steps whose batch has ended.
     num_ended: usize,
@@ -186,7 +189,7 @@ impl VllmV1 {
                 && self.role == PdRole::Aggregated
                 && self.samplers.is_empty();
             let Some(plan) = eligible
-                .then(|| self.scheduler.open_decode_window(usize::MAX))
+                .then(|| self.scheduler.open_decode_window())
                 .flatten()
             else {
                 return Ok(None);
@@ -195,6 +198,7 @@ impl VllmV1 {
             let ones = vec![1; ids.len()];
             self.window = Some(Window {
                 plan,
+                order: (0..ids.len()).collect(),
                 ids,
                 ones,
                 num_ended: 0,
@@ -202,23 +206,50 @@ impl VllmV1 {
         }
         let window = self.window.as_mut().expect("opened above");
         let block = self.hash_block_size;
-        self.scheduler
+        let formed = self
+            .scheduler
             .form_decode_step(&mut window.plan, |&idx, position| {
                 output_token(requests.get(idx), position as u64, block)
             })?;
+        if !formed {
+            // The step needs more blocks than are free: it preempts, stepped.
+            let window = self.window.take().expect("checked above");
+            if window.plan.num_formed() > 0 {
+                let released = self.end_window(window, requests)?;
+                debug_assert!(released.is_empty(), "a window's request finished early");
+            }
+            return Ok(None);
+        }
         Ok(Some((window.ids.clone(), window.ones.clone())))
     }
 
-    /// The window's step in flight ended. Its last step (or one after the window was cut)
-    /// ends as a stepped batch does: every request samples, and some may finish. `None`:
-    /// a step inside the window, after which nothing is released.
+    /// The window's step in flight ended: the requests it finished are released (the
+    /// others' tokens stay lazy). Its last step (or one after the window was cut) ends as a
+    /// stepped batch does. `None`: no window.
     fn end_coalesced_step(&mut self, requests: &Requests) -> Result<Option<Vec<ReqIdx>>> {
         let Some(window) = &mut self.window else {
             return Ok(None);
         };
         window.num_ended += 1;
         if window.num_ended < window.plan.num_steps() {
-            return Ok(Some(Vec::new()));
+            let block = self.hash_block_size;
+            let finished = self
+                .scheduler
+                .end_decode_step(&mut window.plan, |&idx, position| {
+                    output_token(requests.get(idx), position as u64, block)
+                })?;
+            if !finished.is_empty() {
+                let step = window.plan.num_formed() + 1;
+                let plan = &window.plan;
+                let mut i = 0;
+                window.ids.retain(|_| {
+                    i += 1;
+                    plan.runs_in(window.order[i - 1], step)
+                });
+                window.order.retain(|&j| plan.runs_in(j, step));
+                window.ones.truncate(window.ids.len());
+            }
+            return Ok(Some(finished.into_iter().map(|(idx, _)| idx).collect()));
         }
         let window = self.window.take().expect("checked above");
         self.end_window(window, requests).map(Some)

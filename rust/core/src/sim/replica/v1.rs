@@ -215,8 +215,7 @@ impl VllmV1 {
             // The step needs more blocks than are free: it preempts, stepped.
             let window = self.window.take().expect("checked above");
             if window.plan.num_formed() > 0 {
-                let released = self.end_window(window, requests)?;
-                debug_assert!(released.is_empty(), "a window's request finished early");
+                self.end_window_early(window, requests)?;
             }
             return Ok(None);
         }
@@ -255,6 +254,19 @@ impl VllmV1 {
         self.end_window(window, requests).map(Some)
     }
 
+    /// Ends `window` between two steps, before the one its plan has next: its latest step
+    /// already ended (finishing the requests it planned to), so the others are caught up
+    /// and take that step's token now, and none of them finishes.
+    fn end_window_early(&mut self, window: Window, requests: &Requests) -> Result<()> {
+        if self.end_window(window, requests)?.is_empty() {
+            Ok(())
+        } else {
+            Err(crate::Error::Plugin(
+                "vllm_v1: a request of a decode window finished before its planned step".into(),
+            ))
+        }
+    }
+
     /// Catches every request of `window` up with its last scheduled step, and ends that
     /// step as stepping does.
     fn end_window(&mut self, mut window: Window, requests: &Requests) -> Result<Vec<ReqIdx>> {
@@ -288,8 +300,7 @@ impl ReplicaPolicy for VllmV1 {
                 window.plan.cut();
             } else {
                 let window = self.window.take().expect("checked above");
-                let released = self.end_window(window, requests)?;
-                debug_assert!(released.is_empty(), "a window's request finished early");
+                self.end_window_early(window, requests)?;
             }
         }
         let request = requests.get(idx);

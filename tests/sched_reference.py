@@ -28,8 +28,13 @@ class RefRequest:
     drafts: list[int] = field(default_factory=list)
     last_scheduled: int = 0
 
-    def key(self) -> tuple[int, float, int]:
-        return (self.priority, self.arrival_time, self.seq)
+    def key(self, by_id: bool = True) -> tuple[int, float, tuple[int, int | str], int]:
+        """Waiting order under priority: priority, arrival time, then (vLLM 0.33's
+        ``Request.__lt__``, ``by_id``) the request id, tokenyard ordering integer ids before
+        string ones, then arrival order."""
+        rid = self.request_id
+        id_key = ((1, rid) if isinstance(rid, str) else (0, rid)) if by_id else (0, 0)
+        return (self.priority, self.arrival_time, id_key, self.seq)
 
     @property
     def pending(self) -> int:
@@ -44,10 +49,12 @@ class RefScheduler:
     def __init__(self, cfg: Any):
         self.cfg = cfg
         self.pool: Any
+        # vLLM's null block is one of num_blocks that never holds KV.
+        num_kv_blocks = cfg.num_blocks - int(cfg.reserve_null_block)
         if cfg.enable_prefix_caching and cfg.prefix_cache == "radix":
-            self.pool = RefRadixPool(cfg.num_blocks, cfg.block_size)
+            self.pool = RefRadixPool(num_kv_blocks, cfg.block_size)
         else:
-            self.pool = RefBlockPool(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_caching)
+            self.pool = RefBlockPool(num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.requests: dict[Any, RefRequest] = {}
         self.waiting: list[RefRequest] = []  # kept in scheduling order
         self.running: list[RefRequest] = []
@@ -56,7 +63,8 @@ class RefScheduler:
 
     # --- requests in -------------------------------------------------------------------
     def add_request(self, rid: Any, prompt: list[int], max_tokens: int, priority: int = 0,
-                    eos: int | None = None, lora_id: int | None = None) -> None:  # fmt: skip
+                    eos: int | None = None, lora_id: int | None = None,
+                    arrival_time: float = 0.0) -> None:  # fmt: skip
         if rid in self.requests:
             raise InputError("request_id")
         if not prompt:
@@ -65,7 +73,9 @@ class RefScheduler:
             raise InputError("max_tokens")
         if len(prompt) > self.cfg.max_model_len - 1:
             raise InputError("prompt_token_ids")
-        r = RefRequest(rid, list(prompt), max_tokens, priority, 0.0, self.seq, eos, lora_id)
+        r = RefRequest(
+            rid, list(prompt), max_tokens, priority, arrival_time, self.seq, eos, lora_id
+        )
         r.tokens = list(prompt)
         self.seq += 1
         self.requests[rid] = r
@@ -76,11 +86,17 @@ class RefScheduler:
             self.waiting.insert(0, r) if front else self.waiting.append(r)
         else:
             self.waiting.append(r)
-            self.waiting.sort(key=RefRequest.key)
+            by_id = self.cfg.priority_ties == "vllm"
+            self.waiting.sort(key=lambda w: w.key(by_id))
 
     # --- one step ----------------------------------------------------------------------
     def schedule(self) -> dict[str, Any]:
         self.budget = self.cfg.max_num_batched_tokens
+        # vLLM 0.33: the threshold applies only when more than one request competes.
+        eligible = len(self.running) + len(self.waiting)
+        self.threshold = self.cfg.long_prefill_token_threshold if eligible > 1 else 0
+        if self.threshold and self.cfg.long_prefill_token_threshold_adaptive:
+            self.threshold = max(self.threshold, self.cfg.max_num_batched_tokens // eligible)
         self.scheduled: list[tuple[RefRequest, int]] = []
         self.preempted: list[RefRequest] = []
         self.admitted: dict[Any, bool] = {}
@@ -112,8 +128,8 @@ class RefScheduler:
 
     def _clamp(self, pending: int, num_computed: int) -> int:
         n = pending
-        if self.cfg.long_prefill_token_threshold > 0:
-            n = min(n, self.cfg.long_prefill_token_threshold)
+        if self.threshold > 0:
+            n = min(n, self.threshold)
         return max(min(n, self.budget, self.cfg.max_model_len - 1 - num_computed), 0)
 
     def _running(self, only_prefills: bool | None) -> None:
@@ -143,7 +159,10 @@ class RefScheduler:
     def _victim(self) -> RefRequest:
         if self.cfg.policy == "fcfs":
             return self.running[-1]
-        return max(self.running, key=RefRequest.key)
+        if self.cfg.priority_ties == "vllm":
+            # vLLM 0.33: max by (priority, arrival_time), the first of equals in running order.
+            return max(self.running, key=lambda r: (r.priority, r.arrival_time))
+        return max(self.running, key=lambda r: r.key(by_id=False))
 
     def _preempt(self, victim: RefRequest) -> None:
         self.pool.free(victim.request_id)
@@ -157,6 +176,17 @@ class RefScheduler:
         victim.status, victim.num_computed, victim.drafts = "preempted", 0, []
         self._enqueue(victim, front=True)
         self.preempted.append(victim)
+
+    def _full_sequence_fits(self, r: RefRequest, hit: Any) -> bool:
+        """vLLM 0.33's scheduler_reserve_full_isl: the whole sequence (up to max_model_len)
+        must fit in free blocks beside the hit (the radix pool, not vLLM's, never refuses)."""
+        if not self.cfg.scheduler_reserve_full_isl or isinstance(self.pool, RefRadixPool):
+            return True
+        pool = self.pool
+        num_tokens = min(len(r.tokens), self.cfg.max_model_len)
+        needed = max(-(-num_tokens // self.cfg.block_size) - len(hit.block_ids), 0)
+        evictable = sum(pool.ref_cnt[b] == 0 for b in hit.block_ids)
+        return bool(needed + evictable <= pool.num_free_blocks)
 
     def _waiting(self) -> None:
         if self.cfg.max_loras:  # every running request's adapter counts (scheduler.rs)
@@ -175,9 +205,11 @@ class RefScheduler:
                 skipped.append(self.waiting.pop(0))
                 continue
             hit = self.pool.get_computed_blocks(r.tokens, r.lora_id)
+            if not self._full_sequence_fits(r, hit):
+                break
             n = len(r.tokens) - hit.num_computed_tokens
-            if self.cfg.long_prefill_token_threshold > 0:
-                n = min(n, self.cfg.long_prefill_token_threshold)
+            if self.threshold > 0:
+                n = min(n, self.threshold)
             if not self.cfg.enable_chunked_prefill and n > self.budget:
                 break
             n = min(n, self.budget)
@@ -217,10 +249,11 @@ class RefScheduler:
         return finished
 
     def _stop(self, r: RefRequest, token: int) -> str | None:
-        if len(r.tokens) >= self.cfg.max_model_len or len(r.tokens) - len(r.prompt) >= r.max_tokens:
-            return "length"
+        # vLLM 0.33's check_stop: EOS before length.
         if r.eos is not None and token == r.eos:
             return "stop"
+        if len(r.tokens) >= self.cfg.max_model_len or len(r.tokens) - len(r.prompt) >= r.max_tokens:
+            return "length"
         return None
 
     def abort(self, rids: list[Any]) -> None:

@@ -140,7 +140,7 @@ def run_random(num_replicas: int, num_decode: int, routing: str, host_gb: float,
     return run(m)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     num_replicas=st.integers(1, 3),
     num_decode=st.integers(0, 2),

@@ -31,6 +31,9 @@ def config(**overrides: Any) -> SchedulerConfig:
         "block_size": 4,
         "num_blocks": 8,
         "max_model_len": 32,
+        # Hand-counted blocks: every block holds KV, admission checks only the chunk.
+        "reserve_null_block": False,
+        "scheduler_reserve_full_isl": False,
     }
     fields.update(overrides)
     return SchedulerConfig(**fields)
@@ -432,28 +435,55 @@ def test_a_connector_calling_back_into_the_scheduler_is_refused() -> None:
     assert scheduler.waiting_ids() == ["a"]
 
 
-def test_a_landed_load_behind_a_blocked_head_is_preempted_when_nothing_runs() -> None:
-    """A load that landed behind a head that cannot get memory, with nothing running (so
-    nothing would ever free any): the loaded request is preempted in its place, its blocks
-    go back to the prefix cache, and the head is admitted. vLLM 0.33 stalls here."""
+class LoadsFor(FakeConnector):
+    """Loads asynchronously, for each request it names, that many tokens after the local
+    hit (``None``: all of them); nothing for the others or after a preemption."""
 
-    class LoadsForB(FakeConnector):
-        def get_num_new_matched_tokens(self, request: RequestView, n: int) -> Any:
-            loads = request.request_id == "b" and request.status == "waiting"
-            return (request.num_tokens - n, True) if loads else (0, False)
+    def __init__(self, loads: dict[str, int | None]) -> None:
+        super().__init__()
+        self.loads = loads
 
-    scheduler = Scheduler(config(max_num_batched_tokens=32), connector=LoadsForB())
+    def get_num_new_matched_tokens(self, request: RequestView, n: int) -> Any:
+        if request.request_id not in self.loads or request.status != "waiting":
+            return (0, False)
+        offer = self.loads[request.request_id]
+        rest = request.num_tokens - n
+        return (rest if offer is None else min(offer, rest), True)
+
+
+def test_a_landed_load_is_served_before_waiting_requests_that_hold_nothing() -> None:
+    """vLLM 0.33's ``kv_holding_waiting``: requests holding KV blocks are admitted before the
+    rest, so a landed load never waits behind a head that needs the memory it holds."""
+    scheduler = Scheduler(config(max_num_batched_tokens=32), connector=LoadsFor({"b": None}))
     scheduler.add_request("a", range(20), max_tokens=8)  # 5 blocks
     scheduler.add_request("b", range(100, 112), max_tokens=1)  # its 3 blocks load
     out, _ = run_step(scheduler)
     assert (out.num_scheduled_tokens, len(out.kv_loads)) == ({"a": 20}, 1)
     run_step(scheduler)  # "a" needs a 6th block: none free, it preempts itself
-    assert scheduler.waiting_ids() == ["a", "b"]
+    assert scheduler.waiting_ids() == ["b", "a"]  # the block holder first
     scheduler.finish_kv_transfers(finished_recving=["b"])
-    # "a" needs 6 blocks and "b" holds 3 of the 8 while waiting behind it.
     out, _ = run_step(scheduler)
-    assert out.preempted_req_ids == ["b"]
-    assert out.num_scheduled_tokens == {"a": 1}  # its 20 cached tokens hit
+    assert (out.num_scheduled_tokens, out.preempted_req_ids) == ({"b": 1}, [])
+    out, _ = run_step(scheduler)
+    assert out.num_scheduled_tokens == {"a": 1}  # "b" is done; "a"'s 20 tokens hit
+    drain(scheduler)
+    assert scheduler.num_free_blocks == 8
+
+
+def test_a_holder_that_cannot_grow_while_nothing_runs_makes_other_loads_let_go() -> None:
+    """Two landed loads hold all but one block, and the first needs three more: nothing
+    runs, so nothing would free memory (vLLM 0.33 stalls). The other is preempted, its
+    blocks go to the prefix cache, and the first is admitted."""
+    connector = LoadsFor({"p": 8, "q": None})
+    scheduler = Scheduler(config(max_num_batched_tokens=32), connector=connector)
+    scheduler.add_request("p", range(20), max_tokens=2)  # loads 8 tokens: 2 blocks
+    scheduler.add_request("q", range(100, 120), max_tokens=2)  # loads 20: 5 blocks
+    out, _ = run_step(scheduler)
+    assert (out.num_scheduled_tokens, len(out.kv_loads)) == ({}, 2)
+    scheduler.finish_kv_transfers(finished_recving=["p", "q"])
+    out, _ = run_step(scheduler)
+    assert out.preempted_req_ids == ["q"]
+    assert out.num_scheduled_tokens == {"p": 12}
     drain(scheduler)
     assert scheduler.num_free_blocks == 8
 
@@ -502,8 +532,9 @@ class ConnectorMachine(RuleBasedStateMachine):
     """The engine's view, kept from the outputs and the connector's calls: which blocks each
     request holds, which loads and sends it has not reported yet.
 
-    Memory is tight (preemptions), with synchronous or asynchronous loads: a landed load
-    that holds memory a blocked head needs while nothing runs is preempted in its place."""
+    Memory is tight (preemptions), with synchronous or asynchronous loads: block holders go
+    first, and a landed load that holds memory a blocked head needs while nothing runs is
+    preempted."""
 
     @initialize(
         seed=st.integers(0, 2**32 - 1),

@@ -19,6 +19,9 @@ def config(**overrides: Any) -> SchedulerConfig:
         "num_blocks": 6,
         "max_model_len": 20,
         "enable_prefix_caching": False,
+        # Hand-counted blocks: every block holds KV, admission checks only the chunk.
+        "reserve_null_block": False,
+        "scheduler_reserve_full_isl": False,
     }
     fields.update(overrides)
     return SchedulerConfig(**fields)

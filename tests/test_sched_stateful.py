@@ -24,13 +24,18 @@ def configs() -> st.SearchStrategy[SchedulerConfig]:
         max_num_seqs=st.integers(0, 4),
         max_num_batched_tokens=st.integers(1, 48),
         long_prefill_token_threshold=st.sampled_from([0, 0, 5]),
+        long_prefill_token_threshold_adaptive=st.booleans(),
         enable_chunked_prefill=st.just(True),
         policy=st.sampled_from(["fcfs", "priority"]),
+        priority_ties=st.sampled_from(["vllm", "arrival_order"]),
         enable_prefix_caching=st.booleans(),
         prefix_cache=st.sampled_from(["block_hash", "radix"]),
-        # Capacity of 52-80 tokens: one request always fits (49 slots at most), a few do not.
+        # Capacity of 52-80 tokens (less vLLM's null block): one request always fits (49
+        # slots at most), a few do not.
         block_size=st.just(4),
-        num_blocks=st.integers(13, 20),
+        num_blocks=st.integers(14, 20),
+        reserve_null_block=st.booleans(),
+        scheduler_reserve_full_isl=st.booleans(),
         max_model_len=st.just(48),
         prioritize_prefill=st.booleans(),
         num_lookahead_tokens=st.sampled_from([0, 0, 1]),
@@ -47,6 +52,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.ref = RefScheduler(cfg)
         self.next_id = 0
         self.next_token = 1000
+        self.arrival_time = 0.0
 
     @precondition(lambda self: hasattr(self, "rust"))
     @rule(
@@ -55,15 +61,26 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_tokens=st.integers(1, 8),
         priority=st.integers(0, 2),
         lora=st.sampled_from([None, 1, 2]),
+        tie=st.booleans(),
     )
-    def add(self, prompt: list[int], cut: int, max_tokens: int, priority: int, lora: Any) -> None:
-        rid: Any = self.next_id if self.next_id % 2 else f"r{self.next_id}"
+    def add(
+        self, prompt: list[int], cut: int, max_tokens: int, priority: int, lora: Any, tie: bool
+    ) -> None:
+        # Ids out of arrival order, and arrival times that tie: priority ties by request id.
+        rid: Any = -self.next_id if self.next_id % 2 else f"r{1000 - self.next_id}"
         self.next_id += 1
+        self.arrival_time += 0.0 if tie else 1.0
         tokens = prompt[:cut]
         self.rust.add_request(
-            rid, tokens, max_tokens, priority=priority, eos_token_id=EOS, lora_id=lora
+            rid,
+            tokens,
+            max_tokens,
+            priority=priority,
+            eos_token_id=EOS,
+            lora_id=lora,
+            arrival_time=self.arrival_time,
         )
-        self.ref.add_request(rid, tokens, max_tokens, priority, EOS, lora)
+        self.ref.add_request(rid, tokens, max_tokens, priority, EOS, lora, self.arrival_time)
 
     @precondition(lambda self: hasattr(self, "rust"))
     @rule(eos_every=st.integers(2, 12))
@@ -88,13 +105,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         finished = self.rust.update_from_output(sampled)
         assert finished == self.ref.update_from_output(sampled)
         for rid, reason in finished:
-            # Exactly max_tokens outputs (or max_model_len reached), or stopped at EOS.
+            # Stopped at EOS (checked first, as vLLM 0.33 does: even at max_tokens), or
+            # exactly max_tokens outputs (or max_model_len reached) ending in another token.
             r = before[rid]
             num_outputs = len(r.tokens) - len(r.prompt)
             if reason == "stop":
                 assert r.tokens[-1] == EOS
-                assert num_outputs < r.max_tokens
+                assert num_outputs <= r.max_tokens
             else:
+                assert r.tokens[-1] != EOS or r.eos is None
                 assert num_outputs == r.max_tokens or len(r.tokens) == self.cfg.max_model_len
 
     @precondition(lambda self: hasattr(self, "rust") and self.ref.requests)
@@ -124,8 +143,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         for r in self.ref.running:
             assert self.rust.num_computed_tokens(r.request_id) == r.num_computed
         stats = self.rust.stats()
-        used = self.cfg.num_blocks - self.ref.pool.num_free_blocks
-        assert stats.kv_usage == used / self.cfg.num_blocks
+        # Usage over the blocks that hold KV (vLLM's get_usage leaves the null block out).
+        num_kv_blocks = self.cfg.num_blocks - int(self.cfg.reserve_null_block)
+        used = num_kv_blocks - self.ref.pool.num_free_blocks
+        assert stats.kv_usage == used / num_kv_blocks
         if self.cfg.max_num_seqs:
             assert stats.num_running <= self.cfg.max_num_seqs
 
@@ -137,7 +158,17 @@ class SchedulerMachine(RuleBasedStateMachine):
             if not self.rust.has_unfinished_requests():
                 break
             self.step(eos_every=1000)
+        if self.rust.has_unfinished_requests() and self.vllm_ties_can_livelock():
+            return  # two tied requests preempting each other for good, as in vLLM 0.33
         assert not self.rust.has_unfinished_requests()
+
+    def vllm_ties_can_livelock(self) -> bool:
+        """Under priority_ties="vllm" two live requests tied on (priority, arrival time) may
+        preempt each other for good (documented); any other unfinished run is a bug."""
+        if self.cfg.policy != "priority" or self.cfg.priority_ties != "vllm":
+            return False
+        keys = [(r.priority, r.arrival_time) for r in self.ref.requests.values()]
+        return len(keys) != len(set(keys))
 
 
 TestScheduler = SchedulerMachine.TestCase

@@ -105,7 +105,8 @@ PYEOF
   )
   log "installing vLLM runtime deps: ${VLLM_RUNTIME_DEPS[*]} ${VLLM_OPTIONAL_DEPS[*]}"
   pip_q install -c "$CONSTRAINTS" "${VLLM_REQS[@]}" "${VLLM_OPTIONAL_DEPS[@]}"
-  "$PY" -c "import vllm.v1.core.kv_cache_manager, vllm.v1.request, vllm.utils.hashing" \
+  # -P: the repository root holds a `kernels` package that shadows the one vLLM probes for.
+  "$PY" -P -c "import vllm.v1.core.kv_cache_manager, vllm.v1.request, vllm.utils.hashing" \
     2>/dev/null || { log "ERROR: vllm.v1.core still fails to import"; exit 1; }
   touch "$VLLM_MARKER"
 else

@@ -216,6 +216,7 @@ class VllmSchedulerPeer:
         enable_prefix_caching: bool = True,
         enable_chunked_prefill: bool = True,
         long_prefill_token_threshold: int = 0,
+        long_prefill_token_threshold_adaptive: bool = False,
         policy: str = "fcfs",
         hash_algo: str = DEFAULT_HASH_ALGO,
         scheduler_reserve_full_isl: bool = True,
@@ -248,6 +249,7 @@ class VllmSchedulerPeer:
             is_encoder_decoder=False,
             enable_chunked_prefill=enable_chunked_prefill,
             long_prefill_token_threshold=long_prefill_token_threshold,
+            long_prefill_token_threshold_adaptive=long_prefill_token_threshold_adaptive,
             policy=policy,
             # The synchronous Scheduler (tokenyard's default mode); the engine would
             # pick AsyncScheduler when async scheduling is on.

@@ -131,9 +131,19 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 8192
     """Token budget of one step."""
     long_prefill_token_threshold: int = 0
-    """Per-request cap on tokens in one step; 0 = off."""
+    """Per-request cap on tokens in one step; 0 = off. As in vLLM 0.33, it applies only in
+    steps that start with more than one request running or waiting."""
+    long_prefill_token_threshold_adaptive: bool = False
+    """vLLM 0.33's option: the cap is at least ``max_num_batched_tokens`` divided by the
+    requests running or waiting (a fair share of the step)."""
     enable_chunked_prefill: bool = True
     policy: Literal["fcfs", "priority"] = "fcfs"
+    priority_ties: Literal["vllm", "arrival_order"] = "vllm"
+    """How ``policy="priority"`` breaks ties on ``(priority, arrival_time)``. ``"vllm"``
+    (vLLM 0.33): waiting requests by request id, and the victim is the first tied request
+    in running order (two tied requests can then preempt each other for good when memory
+    holds only one). ``"arrival_order"``: waiting requests in arrival order, and the victim
+    is the latest arrival (never livelocks)."""
     enable_prefix_caching: bool = True
     prefix_cache: Literal["block_hash", "radix"] = "block_hash"
     """``"block_hash"``: vLLM V1's block pool, caching blocks as they are computed.
@@ -148,6 +158,13 @@ class SchedulerConfig:
     """Slots reserved per step for speculative tokens."""
     max_loras: int = 0
     """Distinct LoRA adapters in one step; 0 = no gating."""
+    scheduler_reserve_full_isl: bool = True
+    """vLLM 0.33's admission gate: a waiting request is admitted only if its whole sequence
+    (prompt and outputs so far, up to ``max_model_len``) fits in free blocks beside its
+    prefix hit, not just this step's chunk."""
+    reserve_null_block: bool = True
+    """vLLM's null block: one of the ``num_blocks`` is never handed out, so
+    ``num_blocks - 1`` hold KV (vLLM's ``num_gpu_blocks`` counts it the same way)."""
     host_num_blocks: int = 0
     """Blocks of a host-memory KV tier that evicted cached blocks are offloaded to, and
     that prefix hits load back from (asynchronously: ``kv_loads``); needs
@@ -163,6 +180,7 @@ class SchedulerConfig:
                 value = getattr(self, name)
                 raise fail(name, f"must be true or false, got {value!r}", value)
         check_key_choice("policy", self.policy, ("fcfs", "priority"))
+        check_key_choice("priority_ties", self.priority_ties, ("vllm", "arrival_order"))
         check_key_choice("prefix_cache", self.prefix_cache, ("block_hash", "radix"))
 
 
@@ -178,6 +196,9 @@ _COUNT_FIELDS = (
     "host_num_blocks",
 )
 _FLAG_FIELDS = (
+    "scheduler_reserve_full_isl",
+    "reserve_null_block",
+    "long_prefill_token_threshold_adaptive",
     "enable_chunked_prefill",
     "enable_prefix_caching",
     "prioritize_prefill",

@@ -428,7 +428,7 @@ def replica_spec(
                 # Speculative drafts take lookahead slots beyond the longest request.
                 max_model_len=min(
                     c.max_model_len or s.max_request_tokens,
-                    num_blocks * c.block_size
+                    (num_blocks - c.reserve_null_block) * c.block_size
                     - (config.replica.speculative.num_speculative_tokens or 0),
                 ),
                 enable_prefix_caching=c.enable_prefix_caching and prefix_caching,

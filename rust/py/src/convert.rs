@@ -11,7 +11,8 @@ use crate::errors::{config_error, input_error};
 use tokenyard_core::kv::TokenId;
 
 /// A request id as Python users give it: an int or a str.
-#[derive(Clone, PartialEq, Eq, Hash)]
+/// Ordered as vLLM compares ids (strings lexicographically); integers before strings.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) enum RequestId {
     Int(i64),
     Str(String),

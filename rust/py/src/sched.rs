@@ -5,8 +5,8 @@ use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyMapping};
 use tokenyard_core::sched::{
-    NewRequestData, Policy, PrefixCache, RequestSpec, SampledOutput, Scheduler, SchedulerConfig,
-    SchedulerOutput, SchedulerStats,
+    NewRequestData, Policy, PrefixCache, PriorityTies, RequestSpec, SampledOutput, Scheduler,
+    SchedulerConfig, SchedulerOutput, SchedulerStats,
 };
 
 use crate::convert::{RequestId, count_arg, int_arg, token_ids};
@@ -76,12 +76,18 @@ pub(crate) fn core_config(config: &Bound<'_, PyAny>) -> PyResult<(SchedulerConfi
     let py = config.py();
     let policy: String = field(config, "policy")?;
     let prefix_cache: String = field(config, "prefix_cache")?;
+    let priority_ties: String = field(config, "priority_ties")?;
     let core = SchedulerConfig {
         max_num_seqs: count_field(config, "max_num_seqs")?,
         max_num_batched_tokens: count_field(config, "max_num_batched_tokens")?,
         long_prefill_token_threshold: count_field(config, "long_prefill_token_threshold")?,
+        long_prefill_token_threshold_adaptive: field(
+            config,
+            "long_prefill_token_threshold_adaptive",
+        )?,
         enable_chunked_prefill: field(config, "enable_chunked_prefill")?,
         policy: Policy::parse(&policy).or_raise(py)?,
+        priority_ties: PriorityTies::parse(&priority_ties).or_raise(py)?,
         enable_prefix_caching: field(config, "enable_prefix_caching")?,
         prefix_cache: PrefixCache::parse(&prefix_cache).or_raise(py)?,
         block_size: count_field(config, "block_size")?,
@@ -91,6 +97,8 @@ pub(crate) fn core_config(config: &Bound<'_, PyAny>) -> PyResult<(SchedulerConfi
         num_lookahead_tokens: count_field(config, "num_lookahead_tokens")?,
         max_loras: count_field(config, "max_loras")?,
         host_num_blocks: count_field(config, "host_num_blocks")?,
+        scheduler_reserve_full_isl: field(config, "scheduler_reserve_full_isl")?,
+        reserve_null_block: field(config, "reserve_null_block")?,
     };
     Ok((core, field(config, "async_scheduling")?))
 }

@@ -452,6 +452,29 @@ impl<R: RequestKey> BlockPool<R> {
         self.allocate(request_id, new, new_computed, extra_key)
     }
 
+    /// vLLM 0.33's admission gate (`scheduler_reserve_full_isl`): whether `num_tokens` of a
+    /// request (its whole sequence) fit in the free blocks beside the blocks it holds or
+    /// its prefix hit `hit` (a cached hit block nobody holds leaves the free queue too).
+    pub fn full_sequence_fits(
+        &self,
+        request_id: &R,
+        num_tokens: usize,
+        hit: Option<&ComputedBlocks>,
+    ) -> bool {
+        let (held, evictable) = match (self.requests.get(request_id), hit) {
+            (Some(request), _) => (request.block_ids.len(), 0),
+            (None, Some(hit)) => {
+                let blocks = &hit.block_ids;
+                let free = (blocks.iter())
+                    .filter(|&&b| self.blocks[b as usize].ref_cnt == 0)
+                    .count();
+                (blocks.len(), free)
+            }
+            (None, None) => (0, 0),
+        };
+        blocks_needed(num_tokens, self.block_size, held) + evictable <= self.free_queue.len()
+    }
+
     /// Registers the request's loaded blocks (see [`Self::allocate_slots_external`]) in the
     /// prefix cache: their data has landed.
     pub fn cache_loaded_blocks(&mut self, request_id: &R) -> Result<()> {

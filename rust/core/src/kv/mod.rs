@@ -38,8 +38,9 @@ pub type TokenId = u32;
 pub const MAX_NUM_BLOCKS: usize = 1 << 30;
 
 /// What identifies a request to an allocator: an integer, a string, or an arena index.
-pub trait RequestKey: Hash + Eq + Clone + Debug {}
-impl<T: Hash + Eq + Clone + Debug> RequestKey for T {}
+/// Ordered: vLLM breaks priority ties by request id.
+pub trait RequestKey: Hash + Eq + Ord + Clone + Debug {}
+impl<T: Hash + Eq + Ord + Clone + Debug> RequestKey for T {}
 
 /// The view of a block allocator a scheduler needs to reason about memory pressure.
 pub trait KvCapacity {

@@ -26,6 +26,32 @@ impl Policy {
     }
 }
 
+/// How `Policy::Priority` breaks ties on `(priority, arrival_time)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PriorityTies {
+    /// vLLM 0.33: waiting requests by request id; the victim is the first tied request in
+    /// running order (`max()` keeps the first). Two tied requests can preempt each other
+    /// for good when memory holds only one.
+    Vllm,
+    /// Arrival order: waiting requests in the order they arrived; the victim is the latest
+    /// arrival (the step scheduler's rule before issue 15; never livelocks).
+    ArrivalOrder,
+}
+
+impl PriorityTies {
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "vllm" => Ok(Self::Vllm),
+            "arrival_order" => Ok(Self::ArrivalOrder),
+            _ => Err(Error::config(
+                "priority_ties",
+                name,
+                "must be \"vllm\" or \"arrival_order\"",
+            )),
+        }
+    }
+}
+
 /// Which prefix cache backs the scheduler's KV memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PrefixCache {
@@ -55,10 +81,16 @@ pub struct SchedulerConfig {
     pub max_num_seqs: usize,
     /// Token budget of one step.
     pub max_num_batched_tokens: usize,
-    /// Per-request cap on tokens in one step; 0 = off.
+    /// Per-request cap on tokens in one step; 0 = off. As in vLLM 0.33 it applies only in
+    /// steps that start with more than one request running or waiting (alone, a request
+    /// starves nobody).
     pub long_prefill_token_threshold: usize,
+    /// vLLM 0.33's `long_prefill_token_threshold_adaptive`: the cap is at least
+    /// `max_num_batched_tokens / (requests running or waiting)`, a fair share of the step.
+    pub long_prefill_token_threshold_adaptive: bool,
     pub enable_chunked_prefill: bool,
     pub policy: Policy,
+    pub priority_ties: PriorityTies,
     pub enable_prefix_caching: bool,
     pub prefix_cache: PrefixCache,
     pub block_size: usize,
@@ -71,6 +103,13 @@ pub struct SchedulerConfig {
     pub num_lookahead_tokens: usize,
     /// Distinct LoRA adapters allowed in one step; 0 = no gating.
     pub max_loras: usize,
+    /// vLLM 0.33's `scheduler_reserve_full_isl`: a waiting request is admitted only if its
+    /// whole sequence (prompt and outputs so far, up to `max_model_len`) fits in free
+    /// blocks, not just this step's chunk.
+    pub scheduler_reserve_full_isl: bool,
+    /// vLLM's null block: block 0 of the `num_blocks` is never handed out, so
+    /// `num_blocks - 1` hold KV (as in vLLM, where `num_gpu_blocks` counts it).
+    pub reserve_null_block: bool,
     /// Blocks of the host-memory KV tier evicted cached blocks are offloaded to (block-hash
     /// pool with prefix caching only; `kv::host_tier`); 0 = none.
     pub host_num_blocks: usize,
@@ -82,8 +121,10 @@ impl Default for SchedulerConfig {
             max_num_seqs: 256,
             max_num_batched_tokens: 8192,
             long_prefill_token_threshold: 0,
+            long_prefill_token_threshold_adaptive: false,
             enable_chunked_prefill: true,
             policy: Policy::Fcfs,
+            priority_ties: PriorityTies::Vllm,
             enable_prefix_caching: true,
             prefix_cache: PrefixCache::BlockHash,
             block_size: 16,
@@ -93,11 +134,29 @@ impl Default for SchedulerConfig {
             num_lookahead_tokens: 0,
             max_loras: 0,
             host_num_blocks: 0,
+            scheduler_reserve_full_isl: true,
+            reserve_null_block: true,
         }
     }
 }
 
 impl SchedulerConfig {
+    /// The default with tokenyard's accounting before it followed vLLM 0.33 there (seed
+    /// 004): every one of `num_blocks` holds KV and admission checks only the step's chunk.
+    /// Hand-computed tests count blocks this way.
+    pub fn without_vllm_reservations() -> Self {
+        Self {
+            scheduler_reserve_full_isl: false,
+            reserve_null_block: false,
+            ..Self::default()
+        }
+    }
+
+    /// Blocks that hold KV: `num_blocks`, less vLLM's null block.
+    pub fn num_kv_blocks(&self) -> usize {
+        self.num_blocks - usize::from(self.reserve_null_block && self.num_blocks > 0)
+    }
+
     pub fn validate(&self) -> Result<()> {
         let positive = [
             ("max_num_batched_tokens", self.max_num_batched_tokens),
@@ -109,6 +168,13 @@ impl SchedulerConfig {
                 return Err(Error::config(field, 0, "must be at least 1"));
             }
         }
+        if self.reserve_null_block && self.num_blocks < 2 {
+            return Err(Error::config(
+                "num_blocks",
+                self.num_blocks,
+                "must be at least 2: one is vLLM's null block (reserve_null_block)",
+            ));
+        }
         if self.max_model_len < 2 {
             return Err(Error::config(
                 "max_model_len",
@@ -116,15 +182,20 @@ impl SchedulerConfig {
                 "must be at least 2",
             ));
         }
-        let capacity = self.num_blocks.saturating_mul(self.block_size);
+        let capacity = self.num_kv_blocks().saturating_mul(self.block_size);
         if self.max_model_len.saturating_add(self.num_lookahead_tokens) > capacity {
             return Err(Error::config(
                 "max_model_len",
                 self.max_model_len,
                 format!(
                     "one request of this length (plus {} lookahead slots) needs more than the \
-                     KV capacity of num_blocks * block_size = {capacity} tokens",
-                    self.num_lookahead_tokens
+                     KV capacity of {} blocks * block_size = {capacity} tokens",
+                    self.num_lookahead_tokens,
+                    if self.reserve_null_block {
+                        "(num_blocks - 1 null block)"
+                    } else {
+                        "num_blocks"
+                    }
                 ),
             ));
         }

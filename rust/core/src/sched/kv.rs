@@ -147,6 +147,18 @@ impl Kv {
         }
     }
 
+    /// Whether `num_tokens` of request `slot` fit beside what it holds or hits (vLLM 0.33's
+    /// `scheduler_reserve_full_isl`; the radix pool, which vLLM does not have, never refuses).
+    pub fn full_sequence_fits(&self, slot: u32, num_tokens: usize, hit: Option<&Hit>) -> bool {
+        match (self, hit) {
+            (Kv::BlockHash(p), Some(Hit::BlockHash(h))) => {
+                p.full_sequence_fits(&slot, num_tokens, Some(h))
+            }
+            (Kv::BlockHash(p), _) => p.full_sequence_fits(&slot, num_tokens, None),
+            (Kv::Radix(_), _) => true,
+        }
+    }
+
     /// The loaded blocks of `slot` have landed: they enter the prefix cache.
     pub fn cache_loaded(&mut self, slot: u32) -> Result<()> {
         match self {

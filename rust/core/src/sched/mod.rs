@@ -13,7 +13,7 @@ mod request;
 mod scheduler;
 mod update;
 
-pub use config::{Policy, PrefixCache, SchedulerConfig};
+pub use config::{Policy, PrefixCache, PriorityTies, SchedulerConfig};
 pub use connector::{ExternalTokens, KvConnector, KvLoad};
 pub use multistep::DecodeWindow;
 pub use output::{

@@ -2,7 +2,7 @@
 //! indexed by slot), the waiting queue, the running list and the KV block pool.
 //! Invariants (see `check_invariants`): each unfinished request is in exactly one of
 //! waiting / running; a running request holds blocks for all its computed tokens; a
-//! waiting one holds none.
+//! waiting one holds none unless its KV load began (those are served first: `Waiting`).
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -10,9 +10,9 @@ use super::connector::{ExternalTokens, KvConnector, KvLoad};
 use super::kv::{Hit, Kv};
 use super::output::{CachedRequestData, NewRequestData, SchedulerOutput, SchedulerStats};
 use super::plugin::{PolicyPlugin, RequestView, check_permutation};
-use super::queue::{PriorityKey, WaitingQueue};
+use super::queue::{PriorityKey, Waiting};
 use super::request::{Request, RequestStatus};
-use super::{Policy, PrefixCache, SchedulerConfig};
+use super::{Policy, PrefixCache, PriorityTies, SchedulerConfig};
 use crate::Result;
 use crate::kv::{BlockId, BlockPool, RadixPool, RequestKey};
 
@@ -21,7 +21,7 @@ pub struct Scheduler<R: RequestKey> {
     pub(super) slots: Vec<Option<Request<R>>>,
     pub(super) free_slots: Vec<u32>,
     pub(super) index: FxHashMap<R, u32>,
-    pub(super) waiting: WaitingQueue,
+    pub(super) waiting: Waiting<R>,
     pub(super) running: Vec<u32>,
     pub(super) kv: Kv,
     pub(super) finished_since_last_step: Vec<R>,
@@ -56,6 +56,8 @@ pub struct Scheduler<R: RequestKey> {
     /// and returns this step on its next call (its allocations were made, so dropping it
     /// would leave the engine without requests the scheduler counts as running).
     interrupted_step: Option<SchedulerOutput<R>>,
+    /// This step's `long_prefill_token_threshold` (`long_prefill_threshold`).
+    step_threshold: usize,
 }
 
 /// A finished request with outputs still in flight (async scheduling).
@@ -143,10 +145,10 @@ impl<R: RequestKey> Scheduler<R> {
         config.validate()?;
         let kv = match (config.enable_prefix_caching, config.prefix_cache) {
             (true, PrefixCache::Radix) => {
-                Kv::Radix(RadixPool::new(config.num_blocks, config.block_size)?)
+                Kv::Radix(RadixPool::new(config.num_kv_blocks(), config.block_size)?)
             }
             (caching, _) => {
-                let pool = BlockPool::new(config.num_blocks, config.block_size, caching)?;
+                let pool = BlockPool::new(config.num_kv_blocks(), config.block_size, caching)?;
                 Kv::BlockHash(match config.host_num_blocks {
                     0 => pool,
                     n => pool.with_host_tier(n)?,
@@ -154,7 +156,7 @@ impl<R: RequestKey> Scheduler<R> {
             }
         };
         Ok(Self {
-            waiting: WaitingQueue::new(config.policy),
+            waiting: Waiting::new(config.policy),
             config,
             slots: Vec::new(),
             free_slots: Vec::new(),
@@ -177,6 +179,7 @@ impl<R: RequestKey> Scheduler<R> {
             failed_loads: FxHashSet::default(),
             transfer_holds: FxHashMap::default(),
             interrupted_step: None,
+            step_threshold: 0,
         })
     }
 
@@ -184,11 +187,9 @@ impl<R: RequestKey> Scheduler<R> {
     pub fn set_plugin(&mut self, plugin: Box<dyn PolicyPlugin<R>>) {
         self.plugin = Some(plugin);
         let slots = self.waiting.ordered();
-        self.waiting = WaitingQueue::new(Policy::Fcfs);
-        for slot in slots {
-            let key = self.priority_key(slot);
-            self.waiting.push_back(slot, key);
-        }
+        self.waiting =
+            self.waiting
+                .reordered(&slots, |s| self.priority_key(s), |s| self.holds_kv(s));
     }
 
     /// With `lean`, admitted requests are reported without their token and block ids (the
@@ -283,11 +284,13 @@ impl<R: RequestKey> Scheduler<R> {
             .expect("slot holds a live request")
     }
 
-    pub(super) fn priority_key(&self, slot: u32) -> PriorityKey {
+    pub(super) fn priority_key(&self, slot: u32) -> PriorityKey<R> {
         let r = self.req(slot);
         PriorityKey {
             priority: r.spec.priority,
             arrival_time: r.spec.arrival_time,
+            request_id: r.request_id.clone(),
+            by_id: self.config.priority_ties == PriorityTies::Vllm,
             arrival_seq: r.arrival_seq,
         }
     }
@@ -310,6 +313,7 @@ impl<R: RequestKey> Scheduler<R> {
             self.finished_in_flight.clear();
         }
         let mut budget = self.config.max_num_batched_tokens;
+        self.step_threshold = self.long_prefill_threshold();
         // The plan's maps keep their capacity from step to step (no rehashing as they grow).
         let mut plan = std::mem::take(&mut self.spare_plan);
         let mut admission_error = None;
@@ -338,6 +342,22 @@ impl<R: RequestKey> Scheduler<R> {
         }
     }
 
+    /// This step's cap on one request's tokens (vLLM 0.33): the configured threshold, only
+    /// when more than one request runs or waits, floored at a fair share of the budget if
+    /// `long_prefill_token_threshold_adaptive`; 0 = no cap.
+    fn long_prefill_threshold(&self) -> usize {
+        let configured = self.config.long_prefill_token_threshold;
+        let eligible = self.running.len() + self.waiting.len();
+        if configured == 0 || eligible <= 1 {
+            return 0;
+        }
+        if self.config.long_prefill_token_threshold_adaptive {
+            configured.max(self.config.max_num_batched_tokens / eligible)
+        } else {
+            configured
+        }
+    }
+
     /// Asks the plugin (if any) for this step's waiting order and preemption order, before
     /// anything changes; applies them only if both answers are valid.
     fn consult_plugin(&mut self) -> Result<()> {
@@ -363,11 +383,10 @@ impl<R: RequestKey> Scheduler<R> {
         })();
         self.plugin = Some(plugin);
         let (order, victims) = answers?;
-        self.waiting = WaitingQueue::new(Policy::Fcfs);
-        for i in order {
-            let key = self.priority_key(waiting[i]);
-            self.waiting.push_back(waiting[i], key);
-        }
+        let slots: Vec<u32> = order.into_iter().map(|i| waiting[i]).collect();
+        self.waiting =
+            self.waiting
+                .reordered(&slots, |s| self.priority_key(s), |s| self.holds_kv(s));
         self.victim_rank = victims
             .iter()
             .enumerate()
@@ -379,7 +398,7 @@ impl<R: RequestKey> Scheduler<R> {
     /// Tokens a request may take: its pending tokens capped by the long-prefill threshold,
     /// the remaining budget and the room left before `max_model_len`.
     fn clamp(&self, pending: usize, budget: usize, num_computed: usize) -> usize {
-        let threshold = self.config.long_prefill_token_threshold;
+        let threshold = self.step_threshold;
         let mut n = pending;
         if threshold > 0 {
             n = n.min(threshold);
@@ -485,12 +504,25 @@ impl<R: RequestKey> Scheduler<R> {
                 .running
                 .last()
                 .expect("a running request is allocating"),
-            Policy::Priority => *self
-                .running
-                .iter()
-                .max_by(|&&a, &&b| self.priority_key(a).cmp(&self.priority_key(b)))
-                .expect("a running request is allocating"),
+            Policy::Priority => self.priority_victim(),
         }
+    }
+
+    /// The running request with the largest `(priority, arrival_time)`; among ties, vLLM
+    /// 0.33's `max(running, ...)` keeps the first in running order (Rust's `max_by` keeps
+    /// the last, so scan backwards), the arrival-order rule the latest arrival.
+    fn priority_victim(&self) -> u32 {
+        let running = self.running.iter().copied();
+        let victim = match self.config.priority_ties {
+            PriorityTies::Vllm => running.rev().max_by(|&a, &b| {
+                let (a, b) = (&self.req(a).spec, &self.req(b).spec);
+                (a.priority.cmp(&b.priority)).then(a.arrival_time.total_cmp(&b.arrival_time))
+            }),
+            PriorityTies::ArrivalOrder => {
+                running.max_by(|&a, &b| self.priority_key(a).cmp(&self.priority_key(b)))
+            }
+        };
+        victim.expect("a running request is allocating")
     }
 
     /// Frees the victim's blocks and sends it back to the front of the waiting queue to be
@@ -519,14 +551,15 @@ impl<R: RequestKey> Scheduler<R> {
         request.spec_token_ids.clear();
         request.num_preemptions += 1;
         let key = self.priority_key(victim);
-        self.waiting.push_front(victim, key);
+        self.waiting.push_front(victim, key, false);
         plan.preempted.push(victim);
         self.num_preemptions += 1;
         Ok(())
     }
 
-    /// Phase 2: admits waiting requests in order until the budget, the sequence cap or
-    /// memory says stop (head-of-line blocking: a request that does not fit stops admission).
+    /// Phase 2: admits waiting requests in order (block holders first) until the budget, the
+    /// sequence cap or memory says stop (head-of-line blocking: a request that does not fit
+    /// stops admission).
     /// An error while admitting (the connector's) stops admission too, and is returned for
     /// `schedule` to report once the step is consistent.
     fn schedule_waiting(
@@ -582,17 +615,25 @@ impl<R: RequestKey> Scheduler<R> {
         }
         for slot in skipped.into_iter().rev() {
             let key = self.priority_key(slot);
-            self.waiting.push_front(slot, key);
+            self.waiting.push_front(slot, key, self.holds_kv(slot));
         }
         Ok(admission_error)
     }
 
-    /// The head `head` cannot get memory and nothing runs, so nothing will free any: the
-    /// waiting requests whose KV loads landed hold it. Each is preempted in its place (its
-    /// loaded blocks enter the prefix cache and are freed, so the head may evict them; when
-    /// it is admitted again it hits what the cache still holds and, like any preempted
-    /// request, asks its connector again). vLLM (0.33; main at 00024d3) stalls for good
-    /// here; this changes no step in which anything runs. Returns whether any memory was
+    /// Whether a waiting request holds KV blocks (its load began), so it is served before
+    /// the waiting requests that hold none.
+    pub(super) fn holds_kv(&self, slot: u32) -> bool {
+        self.kv.block_ids(slot).is_some()
+    }
+
+    /// The head `head` cannot get memory and nothing runs, so nothing will free any: other
+    /// waiting requests whose KV loads landed hold it (block holders are served first, so
+    /// the head is itself a holder needing more blocks, or the holders ahead of it are
+    /// still loading). Each is preempted and goes to the front of the requests holding
+    /// nothing: its loaded blocks enter the prefix cache and are freed, so the head may
+    /// evict them; when it is admitted again it hits what the cache still holds and, like
+    /// any preempted request, asks its connector again. vLLM 0.33 stalls for good here;
+    /// this changes no step in which anything runs. Returns whether any memory was
     /// released.
     fn release_landed_loads(
         &mut self,
@@ -604,9 +645,14 @@ impl<R: RequestKey> Scheduler<R> {
             .chain(skipped.iter().copied())
             .filter(|&slot| slot != head && self.holds_landed_load(slot))
             .collect();
+        let mut requeue = Vec::new();
         for &slot in &holders {
             if self.landed.contains(&slot) || self.failed_loads.contains(&slot) {
                 self.take_landed_load(slot)?;
+            }
+            // Skipped ones go back at the end of the pass, to the part they then belong to.
+            if self.waiting.remove(slot) {
+                requeue.push(slot);
             }
             if self.kv.block_ids(slot).is_none() {
                 continue;
@@ -619,6 +665,10 @@ impl<R: RequestKey> Scheduler<R> {
             request.num_preemptions += 1;
             plan.preempted.push(slot);
             self.num_preemptions += 1;
+        }
+        for &slot in requeue.iter().rev() {
+            let key = self.priority_key(slot);
+            self.waiting.push_front(slot, key, false);
         }
         Ok(!holders.is_empty())
     }
@@ -674,6 +724,10 @@ impl<R: RequestKey> Scheduler<R> {
             .filter(|(blocked, _)| *blocked == seq)
             .map(|(_, hit)| hit);
         let hit = self.kv.lookup(&request.all_token_ids, lora_id, earlier);
+        if !self.full_sequence_fits(slot, Some(&hit)) {
+            self.blocked_head = Some((seq, hit));
+            return Ok(Admission::Blocked);
+        }
         let Some(external) = self.ask_connector(slot, &hit)? else {
             return Ok(Admission::SteppedAside);
         };
@@ -718,11 +772,21 @@ impl<R: RequestKey> Scheduler<R> {
         notified.map(|()| Admission::Scheduled)
     }
 
+    /// vLLM 0.33's `scheduler_reserve_full_isl` gate at admission: the request's whole
+    /// sequence (up to `max_model_len`) must fit beside what it holds or hits.
+    fn full_sequence_fits(&self, slot: u32, hit: Option<&Hit>) -> bool {
+        if !self.config.scheduler_reserve_full_isl {
+            return true;
+        }
+        let num_tokens = self.req(slot).num_tokens().min(self.config.max_model_len);
+        self.kv.full_sequence_fits(slot, num_tokens, hit)
+    }
+
     /// Tokens a new admission computes this step, after `num_computed` hit or loaded ones;
     /// `None` if it must wait (its prompt does not fit the budget without chunked prefill).
     fn admission_tokens(&self, slot: u32, num_computed: usize, budget: usize) -> Option<usize> {
         let mut n = self.req(slot).num_tokens() - num_computed;
-        let threshold = self.config.long_prefill_token_threshold;
+        let threshold = self.step_threshold;
         if threshold > 0 {
             n = n.min(threshold);
         }
@@ -820,6 +884,9 @@ impl<R: RequestKey> Scheduler<R> {
         let Some(n) = self.admission_tokens(slot, num_computed, *budget) else {
             return Ok(Admission::Blocked);
         };
+        if !self.full_sequence_fits(slot, None) {
+            return Ok(Admission::Blocked);
+        }
         let request = self.slots[slot as usize].as_ref().expect("live");
         let known = self.kv.num_tokens(slot).unwrap_or(0);
         let new_tokens = &request.all_token_ids[known..];

@@ -504,18 +504,19 @@ impl<R: RequestKey> Scheduler<R> {
     }
 }
 
-/// vLLM's stop check after each appended token: length first, then EOS, then stop ids.
+/// vLLM's stop check after each appended token (0.33's `check_stop`): EOS first, then the
+/// stop ids, then length — so a last token that is EOS or a stop id reports `Stop`.
 fn stop_reason<R>(request: &Request<R>, token: u32, max_model_len: usize) -> Option<FinishReason> {
-    if request.num_tokens() >= max_model_len
-        || request.num_output_tokens() >= request.spec.max_tokens
-    {
-        return Some(FinishReason::Length);
-    }
     if !request.spec.ignore_eos && request.spec.eos_token_id == Some(token) {
         return Some(FinishReason::Stop);
     }
     if request.spec.stop_token_ids.contains(&token) {
         return Some(FinishReason::Stop);
+    }
+    if request.num_tokens() >= max_model_len
+        || request.num_output_tokens() >= request.spec.max_tokens
+    {
+        return Some(FinishReason::Length);
     }
     None
 }

@@ -15,7 +15,7 @@ fn v1(host_num_blocks: usize) -> ReplicaPolicyConfig {
         max_num_batched_tokens: 64,
         enable_prefix_caching: true,
         host_num_blocks,
-        ..SchedulerConfig::default()
+        ..SchedulerConfig::without_vllm_reservations()
     })
 }
 

@@ -380,7 +380,7 @@ mod scenario {
             num_blocks: 64,
             max_model_len: 64,
             max_loras,
-            ..SchedulerConfig::default()
+            ..SchedulerConfig::without_vllm_reservations()
         })
     }
 

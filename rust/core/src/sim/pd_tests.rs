@@ -12,7 +12,7 @@ fn v1(num_blocks: usize) -> ReplicaPolicyConfig {
         max_model_len: 64,
         max_num_batched_tokens: 64,
         enable_prefix_caching: true,
-        ..SchedulerConfig::default()
+        ..SchedulerConfig::without_vllm_reservations()
     })
 }
 
@@ -148,4 +148,31 @@ fn bad_pool_configs_name_their_key() {
     config.replica_policy = ReplicaPolicyConfig::Vidur(VidurKind::Vllm, super::tests::limits());
     let err = config.validate().unwrap_err().to_string();
     assert!(err.contains("replica.scheduler.policy"), "{err}");
+}
+
+#[test]
+fn a_request_restarted_on_the_prefill_replica_still_decodes_once_on_the_decode_side() {
+    // Prefill replica: 8 blocks of 4, 16 tokens a step. A takes 16 then 4 tokens, B 12;
+    // then A finishes and keeps its 5 blocks for the send, so B (needing 2 more) preempts
+    // itself and restarts once its turn comes again. On the decode replica B must be
+    // treated as handed over (its prompt and first token done), not as restarted there.
+    let mut config = pd_config(1, 1);
+    config.replica_policy = ReplicaPolicyConfig::VllmV1(SchedulerConfig {
+        block_size: 4,
+        num_blocks: 8,
+        max_model_len: 32,
+        max_num_batched_tokens: 16,
+        enable_prefix_caching: true,
+        ..SchedulerConfig::without_vllm_reservations()
+    });
+    let out = run(config, vec![req(0.0, 20, 3), req(0.0, 20, 3)]);
+    let t = &out.requests;
+    assert_eq!(t.len(), 2);
+    for i in 0..2 {
+        assert_eq!((t.prefill_replica[i], t.replica[i]), (0, 1));
+        assert_eq!(t.kv_transfer_tokens[i], 20);
+        assert!(t.completed_at[i] > t.first_token_at[i]);
+    }
+    let b = (t.request_id[0] != 1) as usize;
+    assert_eq!(t.num_restarts[b], 1, "B restarted on the prefill replica");
 }

@@ -88,6 +88,9 @@ pub struct KvMoves {
     /// the transfer; and for the results, which replica that was.
     pub held_by: Option<u32>,
     pub prefill_replica: Option<u32>,
+    /// Its restarts when it was handed over: a decode replica tells its own restarts (which
+    /// recompute everything there) from the prefill replica's.
+    pub restarts_at_handover: u32,
     /// Prompt tokens whose KV crossed the link, the wait for the link, and the transfer.
     pub transfer_tokens: u32,
     pub transfer_wait_s: f64,

@@ -10,7 +10,7 @@ fn v1() -> ReplicaPolicyConfig {
         num_blocks: 64,
         max_model_len: 64,
         enable_prefix_caching: true,
-        ..SchedulerConfig::default()
+        ..SchedulerConfig::without_vllm_reservations()
     })
 }
 

@@ -112,7 +112,7 @@ fn one_request_prefill_then_decodes_at_hand_computed_times() {
             block_size: 4,
             num_blocks: 64,
             max_model_len: 64,
-            ..SchedulerConfig::default()
+            ..SchedulerConfig::without_vllm_reservations()
         }),
     ] {
         let out = run(
@@ -371,7 +371,7 @@ fn an_over_length_request_is_one_input_error_naming_the_limit_for_every_policy()
         block_size: 4,
         num_blocks: 64,
         max_model_len: 256,
-        ..SchedulerConfig::default()
+        ..SchedulerConfig::without_vllm_reservations()
     };
     let sglang = SglangLimits {
         num_pages: 64,

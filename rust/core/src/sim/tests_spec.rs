@@ -61,7 +61,7 @@ fn sched(num_blocks: usize, budget: usize) -> SchedulerConfig {
         max_model_len: 64,
         max_num_batched_tokens: budget,
         enable_prefix_caching: false,
-        ..SchedulerConfig::default()
+        ..SchedulerConfig::without_vllm_reservations()
     }
 }
 

@@ -31,17 +31,43 @@ fn sequence_cap_admits_only_max_num_seqs() {
     assert_eq!(s.num_running(), 4);
 }
 
-#[test]
-fn long_prefill_threshold_caps_a_request_chunk() {
-    let cfg = SchedulerConfig {
+fn threshold_config(adaptive: bool) -> SchedulerConfig {
+    SchedulerConfig {
         long_prefill_token_threshold: 16,
-        max_num_batched_tokens: 1000,
+        long_prefill_token_threshold_adaptive: adaptive,
+        max_num_batched_tokens: 100,
         max_model_len: 200,
         ..config()
-    };
-    let mut s = Scheduler::new(cfg, false).unwrap();
+    }
+}
+
+#[test]
+fn long_prefill_threshold_caps_each_request_when_several_compete() {
+    let mut s = Scheduler::new(threshold_config(false), false).unwrap();
     s.add_request(0, prompt(0, 100)).unwrap();
-    assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 16)]);
+    s.add_request(1, prompt(1, 100)).unwrap();
+    assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 16), (1, 16)]);
+}
+
+#[test]
+fn long_prefill_threshold_leaves_a_lone_request_the_whole_budget() {
+    // vLLM 0.33: with one request running or waiting there is nobody to starve.
+    let mut s = Scheduler::new(threshold_config(false), false).unwrap();
+    s.add_request(0, prompt(0, 150)).unwrap();
+    assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 100)]);
+}
+
+#[test]
+fn adaptive_threshold_is_floored_at_a_fair_share_of_the_budget() {
+    // Three requests: a fair share of 100 tokens is 33, above the threshold of 16.
+    let mut s = Scheduler::new(threshold_config(true), false).unwrap();
+    for id in 0..3 {
+        s.add_request(id, prompt(id, 100)).unwrap();
+    }
+    assert_eq!(
+        scheduled(&s.schedule().unwrap()),
+        [(0, 33), (1, 33), (2, 33)]
+    );
 }
 
 #[test]
@@ -116,7 +142,8 @@ proptest! {
         prompts in prop::collection::vec((1usize..30, 1usize..6), 1..12),
         budget in 1usize..40,
         max_seqs in 0usize..4,
-        num_blocks in 8usize..24,
+        // One more than a 32-token request needs: vLLM's null block.
+        num_blocks in 9usize..24,
         caching in any::<bool>(),
         policy in prop_oneof![Just(Policy::Fcfs), Just(Policy::Priority)],
         prefix_cache in prop_oneof![Just(PrefixCache::BlockHash), Just(PrefixCache::Radix)],
@@ -134,7 +161,8 @@ proptest! {
         };
         let mut s = Scheduler::new(cfg, false).unwrap();
         for (id, &(len, max_tokens)) in prompts.iter().enumerate() {
-            let spec = RequestSpec { max_tokens, priority: (id % 3) as i64, ..prompt((id % 3) as u32, len) };
+            // Distinct arrival times: vLLM's rule for full ties can livelock (`PriorityTies`).
+            let spec = RequestSpec { max_tokens, priority: (id % 3) as i64, arrival_time: id as f64, ..prompt((id % 3) as u32, len) };
             s.add_request(id as u32, spec).unwrap();
         }
         let mut steps = 0;

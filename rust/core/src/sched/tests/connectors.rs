@@ -525,22 +525,22 @@ fn a_one_token_prompt_loaded_whole_recomputes_its_token_in_the_blocks_it_holds()
     assert_eq!(asked, 1);
 }
 
-/// Loads every token of request `1` asynchronously; nothing for the others.
-struct LoadsForOne;
+/// Loads asynchronously, for each request it names, that many tokens after the local hit
+/// (`usize::MAX`: all of them); nothing for the others, or after a preemption.
+struct LoadsFor(Vec<(u32, usize)>);
 
-impl KvConnector<u32> for LoadsForOne {
+impl KvConnector<u32> for LoadsFor {
     fn get_num_new_matched_tokens(
         &mut self,
         request: &Request<u32>,
         num_computed_tokens: usize,
     ) -> crate::Result<Option<ExternalTokens>> {
-        let loads = request.request_id == 1 && request.num_preemptions == 0;
+        let rest = request.num_tokens() - num_computed_tokens;
+        let offer = (self.0.iter())
+            .find(|(id, _)| *id == request.request_id && request.num_preemptions == 0)
+            .map_or(0, |&(_, n)| n.min(rest));
         Ok(Some(ExternalTokens {
-            num_tokens: if loads {
-                request.num_tokens() - num_computed_tokens
-            } else {
-                0
-            },
+            num_tokens: offer,
             load_async: true,
         }))
     }
@@ -550,8 +550,7 @@ impl KvConnector<u32> for LoadsForOne {
     }
 }
 
-#[test]
-fn a_landed_load_behind_a_head_that_needs_its_memory_is_preempted_when_nothing_runs() {
+fn with_loads(loads: Vec<(u32, usize)>) -> Scheduler<u32> {
     let cfg = SchedulerConfig {
         num_blocks: 8,
         max_model_len: 32,
@@ -560,7 +559,26 @@ fn a_landed_load_behind_a_head_that_needs_its_memory_is_preempted_when_nothing_r
         ..config()
     };
     let mut s = Scheduler::new(cfg, false).unwrap();
-    s.set_connector(Box::new(LoadsForOne)).unwrap();
+    s.set_connector(Box::new(LoadsFor(loads))).unwrap();
+    s
+}
+
+fn drain(s: &mut Scheduler<u32>) {
+    for _ in 0..40 {
+        if !s.has_unfinished_requests() {
+            break;
+        }
+        run_step(s);
+    }
+    assert!(!s.has_unfinished_requests());
+    assert_eq!(free_blocks(s), 8);
+}
+
+#[test]
+fn a_landed_load_is_served_before_waiting_requests_that_hold_nothing() {
+    // vLLM 0.33's kv_holding_waiting: request 1's landed blocks must not wait behind
+    // request 0, which cannot get the memory they hold.
+    let mut s = with_loads(vec![(1, usize::MAX)]);
     s.add_request(
         0,
         RequestSpec {
@@ -582,22 +600,51 @@ fn a_landed_load_behind_a_head_that_needs_its_memory_is_preempted_when_nothing_r
     // Request 0 needs a 6th block at token 21; request 1 holds 3 of the 8: 0 preempts itself.
     let out = run_step(&mut s);
     assert_eq!(out.preempted_req_ids, [0]);
+    assert_eq!(s.waiting_ids(), [1, 0], "the block holder is first in line");
     s.finish_kv_transfers(&[1], &[], &[]).unwrap();
-    // Nothing runs and 0 (6 blocks) cannot fit beside 1's 3: 1 gives its landed blocks
-    // back to the prefix cache (preempted in its place), and 0 is admitted (its own 20
-    // tokens are still cached: it computes the 21st).
+    // 1 computes its last prompt token in the blocks it holds; 0 (6 blocks) still waits.
     let out = run_step(&mut s);
-    assert_eq!(out.preempted_req_ids, [1]);
+    assert_eq!(
+        (scheduled(&out), out.preempted_req_ids.len()),
+        (vec![(1, 1)], 0)
+    );
+    // 1 finished with that step and freed its blocks: 0 is admitted, its 20 tokens hit.
+    let out = run_step(&mut s);
     assert_eq!(scheduled(&out), [(0, 1)]);
-    assert_eq!(out.scheduled_resumed_reqs[0].num_computed_tokens, 20);
-    assert_eq!(s.get_request(&1).unwrap().status, RequestStatus::Preempted);
-    // Both finish: 1 resumes once 0 is done, hitting what its load left in the cache.
-    for _ in 0..20 {
-        if !s.has_unfinished_requests() {
-            break;
-        }
-        run_step(&mut s);
-    }
-    assert!(!s.has_unfinished_requests());
-    assert_eq!(free_blocks(&s), 8);
+    drain(&mut s);
+}
+
+#[test]
+fn a_holder_that_cannot_grow_while_nothing_runs_makes_the_other_landed_loads_let_go() {
+    // Request 1 loads 8 of its 20 tokens (2 blocks), request 2 all 20 (5 blocks): 1 free.
+    let mut s = with_loads(vec![(1, 8), (2, usize::MAX)]);
+    s.add_request(
+        1,
+        RequestSpec {
+            max_tokens: 2,
+            ..prompt(1, 20)
+        },
+    )
+    .unwrap();
+    s.add_request(
+        2,
+        RequestSpec {
+            max_tokens: 2,
+            ..prompt(2, 20)
+        },
+    )
+    .unwrap();
+    let out = run_step(&mut s);
+    assert_eq!((scheduled(&out).len(), out.kv_loads.len()), (0, 2));
+    assert_eq!(free_blocks(&s), 1);
+    s.finish_kv_transfers(&[1, 2], &[], &[]).unwrap();
+    // 1 is first and needs 3 more blocks for its other 12 tokens; 2's 5 landed blocks are
+    // the memory, and nothing runs to free any (vLLM 0.33 stalls here for good). 2 is
+    // preempted: its blocks go to the prefix cache and 1 is admitted.
+    let out = run_step(&mut s);
+    assert_eq!(out.preempted_req_ids, [2]);
+    assert_eq!(scheduled(&out), [(1, 12)]);
+    assert_eq!(out.scheduled_new_reqs[0].num_computed_tokens, 8);
+    assert_eq!(s.get_request(&2).unwrap().status, RequestStatus::Preempted);
+    drain(&mut s);
 }

@@ -189,3 +189,42 @@ fn a_preempted_request_is_resumed_first_and_recomputes_everything() {
     );
     assert_eq!(scheduled(&out), [(1, 5)]);
 }
+
+fn tied(priority_ties: PriorityTies, num_blocks: usize) -> Scheduler<u32> {
+    let cfg = SchedulerConfig {
+        policy: Policy::Priority,
+        priority_ties,
+        num_blocks,
+        max_num_batched_tokens: 64,
+        max_model_len: num_blocks * 4,
+        ..config()
+    };
+    Scheduler::new(cfg, false).unwrap()
+}
+
+#[test]
+fn priority_ties_admit_the_smaller_request_id_first_as_vllm_does() {
+    // Equal priority and arrival time; only one fits (3 blocks of 4 for 9 tokens, 4 blocks).
+    for (ties, first) in [(PriorityTies::Vllm, 3), (PriorityTies::ArrivalOrder, 5)] {
+        let mut s = tied(ties, 4);
+        s.add_request(5, prompt(5, 9)).unwrap();
+        s.add_request(3, prompt(3, 9)).unwrap();
+        assert_eq!(scheduled(&s.schedule().unwrap()), [(first, 9)], "{ties:?}");
+    }
+}
+
+#[test]
+fn priority_ties_preempt_the_first_tied_running_request_as_vllm_does() {
+    // Two tied 8-token prompts in 5 blocks of 4: both need a third block for their 9th
+    // token; 0 takes the last free one, and 1 must preempt. vLLM's `max()` picks the first
+    // tied request in running order (0); arrival order picks the latest (1, itself).
+    for (ties, victim) in [(PriorityTies::Vllm, 0), (PriorityTies::ArrivalOrder, 1)] {
+        let mut s = tied(ties, 5);
+        s.add_request(0, prompt(0, 8)).unwrap();
+        s.add_request(1, prompt(1, 8)).unwrap();
+        run_step(&mut s);
+        let out = run_step(&mut s);
+        assert_eq!(out.preempted_req_ids, [victim], "{ties:?}");
+        assert_eq!(scheduled(&out), [(1 - victim, 1)], "{ties:?}");
+    }
+}

@@ -19,7 +19,7 @@ pub(super) fn config() -> SchedulerConfig {
         num_blocks: 64,
         max_model_len: 64,
         enable_prefix_caching: false,
-        ..SchedulerConfig::default()
+        ..SchedulerConfig::without_vllm_reservations()
     }
 }
 

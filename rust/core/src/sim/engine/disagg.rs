@@ -31,6 +31,7 @@ impl Simulator<'_> {
         let request = self.requests.get_mut(idx);
         request.kv.held_by = Some(request.replica);
         request.kv.prefill_replica = Some(request.replica);
+        request.kv.restarts_at_handover = request.num_restarts;
         request.replica = replica as u32;
         self.replicas[replica]
             .policy

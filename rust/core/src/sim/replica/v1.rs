@@ -363,7 +363,8 @@ impl ReplicaPolicy for VllmV1 {
         {
             let request = requests.get_mut(admitted.request_id);
             let host_tokens = self.loading.remove(&admitted.request_id);
-            if self.role == PdRole::Decode && request.num_restarts == 0 {
+            let restarted_here = request.num_restarts > request.kv.restarts_at_handover;
+            if self.role == PdRole::Decode && !restarted_here {
                 // Handed over with its prompt and first token processed; what it loaded or
                 // hit here is that same work. With nothing loaded, the prefill replica may
                 // let the request's blocks go now.
@@ -506,7 +507,7 @@ impl ReplicaPolicy for VllmV1 {
     }
 
     fn num_allocated_blocks(&self) -> usize {
-        self.scheduler.config().num_blocks - self.scheduler.num_free_blocks()
+        self.scheduler.config().num_kv_blocks() - self.scheduler.num_free_blocks()
     }
 
     fn host_tier_blocks(&self) -> (u64, u64) {

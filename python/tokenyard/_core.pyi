@@ -756,7 +756,9 @@ class SpeculativeConfig:
 
 @final
 class SimConfig:
-    """A whole simulation's config, checked by the core when built."""
+    """A whole simulation's config, checked by the core when built.
+    ``coalesce_decode_steps``: ``vllm_v1`` replicas of one pipeline stage advance runs of
+    pure-decode steps at once (the same results bit for bit; ``False`` steps one by one)."""
 
     def __new__(
         cls,
@@ -777,6 +779,7 @@ class SimConfig:
         speculative: SpeculativeConfig | None = None,
         decode: dict[str, Any] | None = None,
         kv_offload: dict[str, float] | None = None,
+        coalesce_decode_steps: bool = True,
     ) -> SimConfig: ...
     @property
     def replica_policy(self) -> str: ...

@@ -45,12 +45,20 @@ def load_object(spec: str, where: str) -> Any:
         ) from None
 
 
-def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> SimulationResult:
+def simulate(
+    config: SimulationConfig,
+    *,
+    progress: Progress | None = None,
+    coalesce_decode_steps: bool = True,
+) -> SimulationResult:
     """Runs one simulation.
 
     Args:
         config: what to simulate (``SimulationConfig()`` is the built-in default job).
         progress: called now and then with the number of requests completed so far.
+        coalesce_decode_steps: let ``vllm_v1`` replicas advance runs of pure-decode steps
+            at once (docs/simulate.md, "Coalesced decode steps"). The results are the same
+            bit for bit either way; ``False`` steps one by one, which only checks that.
 
     Raises:
         ConfigError: a bad or impossible config (e.g. the model does not fit the device).
@@ -79,6 +87,7 @@ def simulate(config: SimulationConfig, *, progress: Progress | None = None) -> S
         concurrency,
         decode=decode.core if decode else None,
         kv_offload=_kv_offload(config, plan),
+        coalesce_decode_steps=coalesce_decode_steps,
     )
     choice = choose_execution(config)
     predictor = build_predictor(config, choice)
@@ -461,6 +470,7 @@ def _core_config(
     *,
     decode: dict[str, Any] | None = None,
     kv_offload: dict[str, float] | None = None,
+    coalesce_decode_steps: bool = True,
 ) -> _core.SimConfig:
     g = config.cluster.global_scheduler
     return _core.SimConfig(
@@ -481,4 +491,5 @@ def _core_config(
         speculative=config.replica.speculative.to_core(),
         decode=decode,
         kv_offload=kv_offload,
+        coalesce_decode_steps=coalesce_decode_steps,
     )

@@ -5,6 +5,7 @@
 mod config;
 mod connector;
 mod kv;
+mod multistep;
 mod output;
 mod plugin;
 mod queue;
@@ -14,6 +15,7 @@ mod update;
 
 pub use config::{Policy, PrefixCache, PriorityTies, SchedulerConfig};
 pub use connector::{ExternalTokens, KvConnector, KvLoad};
+pub use multistep::DecodeWindow;
 pub use output::{
     CachedRequestData, NewRequestData, SampledOutput, SchedulerOutput, SchedulerStats,
 };

@@ -393,6 +393,11 @@ pub struct SimConfig {
     /// `[replica.kv_offload]`: the replicas' host-memory KV tier (its size is the `vllm_v1`
     /// scheduler's `host_num_blocks`); `None` = no tier.
     pub kv_offload: Option<KvOffload>,
+    /// Coalesced decode steps (`vllm_v1` replicas of one pipeline stage): while a replica's
+    /// batch is pure decode and nothing can change the next steps, the step scheduler
+    /// advances them in closed form (`crate::sched::multistep`). The results are the same
+    /// bit for bit either way; `false` steps the scheduler one step at a time (a check).
+    pub coalesce_decode_steps: bool,
 }
 
 /// The host tier's link and what `prefix_affinity` makes of its hits.

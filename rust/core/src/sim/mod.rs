@@ -47,6 +47,8 @@ pub use request::{KvMoves, ReqIdx, RestartMode, SimRequest};
 pub use rng::Rng;
 
 #[cfg(test)]
+mod coalesce_tests;
+#[cfg(test)]
 mod host_tier_tests;
 #[cfg(test)]
 mod pd_tests;

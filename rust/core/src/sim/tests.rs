@@ -70,6 +70,7 @@ pub(super) fn config(
         speculative: None,
         pd: None,
         kv_offload: None,
+        coalesce_decode_steps: true,
     }
 }
 

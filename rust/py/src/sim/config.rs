@@ -227,7 +227,8 @@ impl PySimConfig {
     #[new]
     #[pyo3(signature = (*, num_replicas, num_stages, global_policy, balance, replica, linear,
         seed, hash_block_size, sample_interval_s, record_stages, over_length, concurrency=None,
-        lora=None, speculative=None, decode=None, kv_offload=None))]
+        lora=None, speculative=None, decode=None, kv_offload=None,
+        coalesce_decode_steps=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -247,6 +248,7 @@ impl PySimConfig {
         speculative: Option<&PySpeculativeConfig>,
         decode: Option<&Bound<'_, PyDict>>,
         kv_offload: Option<&Bound<'_, PyDict>>,
+        coalesce_decode_steps: bool,
     ) -> PyResult<Self> {
         let lora = lora.map(lora_config).transpose()?;
         let pd = decode.map(pd_config).transpose()?;
@@ -274,6 +276,7 @@ impl PySimConfig {
             speculative: speculative.map(|s| s.inner.clone()),
             pd,
             kv_offload,
+            coalesce_decode_steps,
         };
         inner.validate().or_raise(py)?;
         Ok(Self { inner })

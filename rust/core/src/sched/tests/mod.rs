@@ -6,6 +6,7 @@ mod budgets;
 mod connectors;
 mod lifecycle;
 mod memory;
+mod multistep;
 mod plugins;
 
 use super::*;

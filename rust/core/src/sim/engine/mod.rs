@@ -277,6 +277,9 @@ impl<'a> Simulator<'a> {
             if let Some(lora) = &config.lora {
                 replica.policy.enable_lora(lora)?;
             }
+            if config.coalesce_decode_steps && replica.num_stages == 1 {
+                replica.policy.enable_decode_coalescing();
+            }
         }
         let router = Router::new(
             config.global_policy,

@@ -139,6 +139,10 @@ pub trait ReplicaPolicy: Send {
         (0, 0)
     }
 
+    /// Lets the replica coalesce pure-decode steps (`SimConfig::coalesce_decode_steps`; a
+    /// replica of one pipeline stage). Only `vllm_v1` does; the others ignore it.
+    fn enable_decode_coalescing(&mut self) {}
+
     /// Padding rows of decode batches (SGLang's CUDA-graph sizes); 0 by default.
     fn padding_rows(&self, _plan: &BatchPlan, _requests: &Requests) -> u64 {
         0

@@ -13,8 +13,8 @@ use super::{BatchPlan, PdRole, ReplicaPolicy};
 use crate::Result;
 use crate::kv::{BlockId, KvEvent, TokenId};
 use crate::sched::{
-    ExternalTokens, KvConnector, KvLoad, PolicyPlugin, Request, RequestSpec, Scheduler,
-    SchedulerConfig,
+    DecodeWindow, ExternalTokens, KvConnector, KvLoad, PolicyPlugin, Request, RequestSpec,
+    Scheduler, SchedulerConfig,
 };
 use crate::sim::arena::Requests;
 use crate::sim::batch::Batch;
@@ -50,6 +50,22 @@ pub struct VllmV1 {
     /// the load takes from the host tier.
     loading: FxHashMap<ReqIdx, u32>,
     kv_loads: Vec<KvLoad<ReqIdx>>,
+    /// Coalesced decode steps (`crate::sched::multistep`), when enabled: the window in
+    /// progress, if any.
+    coalesce: bool,
+    window: Option<Window>,
+}
+
+/// A decode window in progress: each of its steps is a batch of `ids`, one token each.
+struct Window {
+    plan: DecodeWindow,
+    /// The requests still in the window, in running order, and their places in the
+    /// window's running order when it opened.
+    ids: Vec<ReqIdx>,
+    order: Vec<usize>,
+    ones: Vec<u32>,
+    /// Steps whose batch has ended.
+    num_ended: usize,
 }
 
 /// A prefill replica's connector: nothing to load; every finished request keeps its
@@ -125,6 +141,8 @@ impl VllmV1 {
             role: PdRole::Aggregated,
             loading: FxHashMap::default(),
             kv_loads: Vec::new(),
+            coalesce: false,
+            window: None,
         })
     }
 
@@ -159,6 +177,109 @@ impl VllmV1 {
     }
 }
 
+impl VllmV1 {
+    /// Schedules the next step of the decode window in progress, or opens one (see
+    /// `crate::sched::multistep`) when the next step is pure decode and nothing else can
+    /// happen. `None`: step the scheduler.
+    fn coalesced_step(&mut self, requests: &Requests) -> Result<Option<BatchPlan>> {
+        if self.window.is_none() {
+            let eligible = self.coalesce
+                && self.spec.is_none()
+                && self.adapters.is_none()
+                && self.role == PdRole::Aggregated
+                && self.samplers.is_empty();
+            let Some(plan) = eligible
+                .then(|| self.scheduler.open_decode_window())
+                .flatten()
+            else {
+                return Ok(None);
+            };
+            let ids = self.scheduler.running_ids();
+            let ones = vec![1; ids.len()];
+            self.window = Some(Window {
+                plan,
+                order: (0..ids.len()).collect(),
+                ids,
+                ones,
+                num_ended: 0,
+            });
+        }
+        let window = self.window.as_mut().expect("opened above");
+        let block = self.hash_block_size;
+        let formed = self
+            .scheduler
+            .form_decode_step(&mut window.plan, |&idx, position| {
+                output_token(requests.get(idx), position as u64, block)
+            })?;
+        if !formed {
+            // The step needs more blocks than are free: it preempts, stepped.
+            let window = self.window.take().expect("checked above");
+            if window.plan.num_formed() > 0 {
+                self.end_window_early(window, requests)?;
+            }
+            return Ok(None);
+        }
+        Ok(Some((window.ids.clone(), window.ones.clone())))
+    }
+
+    /// The window's step in flight ended: the requests it finished are released (the
+    /// others' tokens stay lazy). Its last step (or one after the window was cut) ends as a
+    /// stepped batch does. `None`: no window.
+    fn end_coalesced_step(&mut self, requests: &Requests) -> Result<Option<Vec<ReqIdx>>> {
+        let Some(window) = &mut self.window else {
+            return Ok(None);
+        };
+        window.num_ended += 1;
+        if window.num_ended < window.plan.num_steps() {
+            let block = self.hash_block_size;
+            let finished = self
+                .scheduler
+                .end_decode_step(&mut window.plan, |&idx, position| {
+                    output_token(requests.get(idx), position as u64, block)
+                })?;
+            if !finished.is_empty() {
+                let step = window.plan.num_formed() + 1;
+                let plan = &window.plan;
+                let mut i = 0;
+                window.ids.retain(|_| {
+                    i += 1;
+                    plan.runs_in(window.order[i - 1], step)
+                });
+                window.order.retain(|&j| plan.runs_in(j, step));
+                window.ones.truncate(window.ids.len());
+            }
+            return Ok(Some(finished.into_iter().map(|(idx, _)| idx).collect()));
+        }
+        let window = self.window.take().expect("checked above");
+        self.end_window(window, requests).map(Some)
+    }
+
+    /// Ends `window` between two steps, before the one its plan has next: its latest step
+    /// already ended (finishing the requests it planned to), so the others are caught up
+    /// and take that step's token now, and none of them finishes.
+    fn end_window_early(&mut self, window: Window, requests: &Requests) -> Result<()> {
+        if self.end_window(window, requests)?.is_empty() {
+            Ok(())
+        } else {
+            Err(crate::Error::Plugin(
+                "vllm_v1: a request of a decode window finished before its planned step".into(),
+            ))
+        }
+    }
+
+    /// Catches every request of `window` up with its last scheduled step, and ends that
+    /// step as stepping does.
+    fn end_window(&mut self, mut window: Window, requests: &Requests) -> Result<Vec<ReqIdx>> {
+        let block = self.hash_block_size;
+        let token = |&idx: &ReqIdx, position: usize| {
+            output_token(requests.get(idx), position as u64, block)
+        };
+        self.scheduler.catch_up_all(&mut window.plan, token)?;
+        let finished = self.scheduler.append_one_token_each(&window.ids, token)?;
+        Ok(finished.into_iter().map(|(idx, _)| idx).collect())
+    }
+}
+
 /// The token `request` samples at `position`.
 fn output_token(request: &SimRequest, position: u64, hash_block_size: u32) -> TokenId {
     shared_output_token(
@@ -172,6 +293,16 @@ fn output_token(request: &SimRequest, position: u64, hash_block_size: u32) -> To
 
 impl ReplicaPolicy for VllmV1 {
     fn add_request(&mut self, requests: &mut Requests, idx: ReqIdx) -> Result<()> {
+        if let Some(window) = &mut self.window {
+            // A new request changes the next step: the window ends with the step in flight,
+            // or now if none is (its last step ended, its state is caught up first).
+            if window.num_ended < window.plan.num_formed() {
+                window.plan.cut();
+            } else {
+                let window = self.window.take().expect("checked above");
+                self.end_window_early(window, requests)?;
+            }
+        }
         let request = requests.get(idx);
         let mut prompt = self.prompts.prompt(
             request.id,
@@ -204,6 +335,9 @@ impl ReplicaPolicy for VllmV1 {
     }
 
     fn next_batch(&mut self, requests: &mut Requests) -> Result<Option<BatchPlan>> {
+        if let Some(plan) = self.coalesced_step(requests)? {
+            return Ok(Some(plan));
+        }
         let out = self.scheduler.schedule()?;
         for &idx in &out.preempted_req_ids {
             requests.get_mut(idx).restart(RestartMode::Recompute);
@@ -273,6 +407,9 @@ impl ReplicaPolicy for VllmV1 {
     }
 
     fn on_batch_end(&mut self, requests: &mut Requests, _batch: &Batch) -> Result<Vec<ReqIdx>> {
+        if let Some(released) = self.end_coalesced_step(requests)? {
+            return Ok(released);
+        }
         if let Some(spec) = &mut self.spec {
             if let Some(mut list) = self.samplers.pop_front() {
                 list.clear();
@@ -376,6 +513,10 @@ impl ReplicaPolicy for VllmV1 {
     fn host_tier_blocks(&self) -> (u64, u64) {
         let stats = self.scheduler.kv_pool_stats();
         (stats.num_offloaded_blocks, stats.num_loaded_blocks)
+    }
+
+    fn enable_decode_coalescing(&mut self) {
+        self.coalesce = true;
     }
 
     fn enable_lora(&mut self, config: &LoraConfig) -> Result<()> {

@@ -1,0 +1,273 @@
+//! Coalesced decode steps: a run of steps in which every running request decodes one token
+//! and nothing else can happen, applied lazily. The simulator uses it (`sim::replica::v1`);
+//! what it skips is the per-step work of `schedule()` and `append_one_token_each` for every
+//! request, not any decision.
+//!
+//! A window opens only when a step would schedule exactly the running requests, one decode
+//! token each, in running order: nothing waits, no request has work in flight, drafts,
+//! stop tokens or a connector, the token budget covers them all, and the pool is the
+//! block-hash one without a host tier. A request leaves the window at the end of the step
+//! whose token finishes it (`end_decode_step` finishes it then, freeing its blocks, as
+//! stepping does). The window lasts until its last request finishes, or until a step whose
+//! new blocks the free ones cannot cover (stepping would preempt there: `form_decode_step`
+//! declines it), or until the caller cuts it (a new request).
+//!
+//! Within the window each request's tokens and computed count lag behind, and are caught up
+//! only at the steps where the pool does something for it: a new block (which may evict a
+//! cached one) and, with prefix caching, a block becoming full (hashed and cached). Both
+//! recur every `block_size` steps, so the requests are bucketed by step modulo the block
+//! size. Catch-ups run in step order and, within a step, in running order, so the pool makes
+//! the same moves, in the same order, with the same cache events, as stepping one by one.
+//! Invariant: after `form_decode_step` for step `j`, the pool's block counts (free blocks,
+//! usage, events) are those of the stepped run once step `j` is scheduled; after
+//! `catch_up_all`, every request's state is too.
+
+use super::Scheduler;
+use super::request::{FinishReason, RequestStatus};
+use crate::kv::{RequestKey, TokenId};
+use crate::{Error, Result};
+
+/// A run of decode steps over the running requests (see the module doc). Requests are
+/// numbered by their place in the running order when it opened.
+#[derive(Debug, Clone, Default)]
+pub struct DecodeWindow {
+    slots: Vec<u32>,
+    /// Computed tokens at the start; step `j` (from 1) computes token `base + j - 1`.
+    base: Vec<usize>,
+    /// The step at whose end each request finishes.
+    last: Vec<usize>,
+    /// The first step that needs a new block for it (then every `block_size` steps).
+    first_alloc: Vec<usize>,
+    /// By step modulo the block size: the requests the pool acts for at such steps, in
+    /// running order.
+    buckets: Vec<Vec<u32>>,
+    /// Steps in the window, if it runs to its end.
+    num_steps: usize,
+    /// Steps scheduled so far.
+    formed: usize,
+    /// (last step, request) in that order; `next_finish` is the first not yet finished.
+    finishes: Vec<(u32, u32)>,
+    next_finish: usize,
+    /// Requests finished by `end_decode_step`.
+    done: Vec<bool>,
+}
+
+impl DecodeWindow {
+    pub fn num_steps(&self) -> usize {
+        self.num_steps
+    }
+
+    /// Steps scheduled so far.
+    pub fn num_formed(&self) -> usize {
+        self.formed
+    }
+
+    /// Ends the window after the steps already scheduled.
+    pub fn cut(&mut self) {
+        self.num_steps = self.formed;
+    }
+
+    /// Whether request `i` is in step `step`.
+    pub fn runs_in(&self, i: usize, step: usize) -> bool {
+        self.last[i] >= step
+    }
+}
+
+impl<R: RequestKey> Scheduler<R> {
+    /// A window of coalesced decode steps from the current state, or `None` if the next
+    /// step is not one (see the module doc) or the window would be a single step. Changes
+    /// nothing.
+    pub fn open_decode_window(&self) -> Option<DecodeWindow> {
+        let coalescible = self.plugin.is_none()
+            && self.connector.is_none()
+            && !self.async_scheduling
+            && self.waiting.len() == 0
+            && !self.running.is_empty()
+            && self.running.len() <= self.config.max_num_batched_tokens
+            && self.config.num_lookahead_tokens == 0
+            && self.config.host_num_blocks == 0
+            && !self.kv.is_radix()
+            && self.finished_in_flight.is_empty()
+            && self.landed.is_empty()
+            && self.failed_loads.is_empty();
+        if !coalescible {
+            return None;
+        }
+        let bs = self.config.block_size;
+        let n = self.running.len();
+        let mut window = DecodeWindow {
+            slots: self.running.clone(),
+            base: Vec::with_capacity(n),
+            last: Vec::with_capacity(n),
+            first_alloc: Vec::with_capacity(n),
+            buckets: vec![Vec::new(); bs],
+            done: vec![false; n],
+            ..DecodeWindow::default()
+        };
+        for (i, &slot) in self.running.iter().enumerate() {
+            let r = self.req(slot);
+            let decoding = r.status == RequestStatus::Running
+                && r.num_computed_tokens + 1 == r.num_tokens()
+                && r.num_output_placeholders == 0
+                && r.num_sampling_steps == 0
+                && r.spec_token_ids.is_empty()
+                && r.spec.stop_token_ids.is_empty()
+                && (r.spec.ignore_eos || r.spec.eos_token_id.is_none());
+            if !decoding {
+                return None;
+            }
+            // Step s appends the request's (num_output + s)-th output: it finishes at the
+            // first s reaching max_tokens or max_model_len (`stop_reason`); no step clamps
+            // it before (its room under max_model_len stays >= 1 until then).
+            let last = (r.spec.max_tokens - r.num_output_tokens())
+                .min(self.config.max_model_len.saturating_sub(r.num_tokens()));
+            let base = r.num_computed_tokens;
+            let held = self.kv.block_ids(slot).map_or(0, <[_]>::len);
+            // Step s needs slots for base + s tokens: a new block at the step whose token
+            // opens one. With caching, the step whose token fills a block caches it.
+            let first_alloc = (held * bs + 1).saturating_sub(base).max(1);
+            window.buckets[first_alloc % bs].push(i as u32);
+            let fills = (bs - base % bs) % bs;
+            if self.config.enable_prefix_caching && fills != first_alloc % bs {
+                window.buckets[fills].push(i as u32);
+            }
+            window.base.push(base);
+            window.last.push(last);
+            window.first_alloc.push(first_alloc);
+            window.num_steps = window.num_steps.max(last);
+        }
+        if window.num_steps < 2 {
+            return None;
+        }
+        for bucket in &mut window.buckets {
+            bucket.sort_unstable();
+        }
+        window.finishes = (window.last.iter().enumerate())
+            .map(|(i, &l)| (l as u32, i as u32))
+            .collect();
+        window.finishes.sort_unstable();
+        Some(window)
+    }
+
+    /// Schedules the window's next step: the pool's moves of that step happen now (see the
+    /// module doc). `token(id, position)` is the token a request sampled at `position`.
+    /// Returns `false`, changing nothing, if the step's new blocks do not fit the free
+    /// ones: stepping would preempt, so the window ends before it.
+    pub fn form_decode_step(
+        &mut self,
+        window: &mut DecodeWindow,
+        mut token: impl FnMut(&R, usize) -> TokenId,
+    ) -> Result<bool> {
+        if window.formed >= window.num_steps {
+            return Err(Error::Plugin(
+                "a decode window ran past its last step".into(),
+            ));
+        }
+        let step = window.formed + 1;
+        let bs = self.config.block_size;
+        let bucket = &window.buckets[step % bs];
+        let in_step = |i: usize| !window.done[i] && window.last[i] >= step;
+        let num_new_blocks = (bucket.iter().map(|&i| i as usize))
+            .filter(|&i| in_step(i) && step >= window.first_alloc[i])
+            .filter(|&i| (step - window.first_alloc[i]).is_multiple_of(bs))
+            .count();
+        if num_new_blocks > self.kv.num_free_blocks() {
+            return Ok(false);
+        }
+        window.formed = step;
+        self.num_steps += 1;
+        // A stepped schedule() reports these with its output; nobody reads them here.
+        self.finished_since_last_step.clear();
+        let window = &*window;
+        for &i in &window.buckets[step % bs] {
+            if !window.done[i as usize] && window.last[i as usize] >= step {
+                self.catch_up(window, i as usize, &mut token)?;
+            }
+        }
+        Ok(true)
+    }
+
+    /// Ends the window's latest step, one that is not its last: the requests whose final
+    /// token it sampled finish, in running order, as stepping finishes them; the others'
+    /// tokens stay lazy. Returns the finished requests.
+    pub fn end_decode_step(
+        &mut self,
+        window: &mut DecodeWindow,
+        mut token: impl FnMut(&R, usize) -> TokenId,
+    ) -> Result<Vec<(R, FinishReason)>> {
+        let step = window.formed as u32;
+        let mut finished = Vec::new();
+        while let Some(&(s, i)) = window.finishes.get(window.next_finish) {
+            if s > step {
+                break;
+            }
+            window.next_finish += 1;
+            self.catch_up(window, i as usize, &mut token)?;
+            let id = self.req(window.slots[i as usize]).request_id.clone();
+            let done = self.append_one_token_each(std::slice::from_ref(&id), &mut token)?;
+            if done.is_empty() {
+                return Err(Error::Plugin(
+                    "a coalesced decode step's request did not finish when planned".into(),
+                ));
+            }
+            finished.extend(done);
+            window.done[i as usize] = true;
+        }
+        Ok(finished)
+    }
+
+    /// Brings every request still in the window to where stepping would have it with the
+    /// latest step scheduled (and, if the caller ended it, its unfinished requests' tokens
+    /// not yet appended). The window's later steps must not run.
+    pub fn catch_up_all(
+        &mut self,
+        window: &mut DecodeWindow,
+        mut token: impl FnMut(&R, usize) -> TokenId,
+    ) -> Result<()> {
+        for i in 0..window.slots.len() {
+            if !window.done[i] {
+                self.catch_up(window, i, &mut token)?;
+            }
+        }
+        window.num_steps = window.formed;
+        Ok(())
+    }
+
+    /// Request `i` of the window as stepping has it once step `formed` is scheduled: the
+    /// outputs of the steps before it appended, the step's token computed, slots for it.
+    fn catch_up(
+        &mut self,
+        window: &DecodeWindow,
+        i: usize,
+        token: &mut impl FnMut(&R, usize) -> TokenId,
+    ) -> Result<()> {
+        let slot = window.slots[i];
+        let computed = window.base[i] + window.formed;
+        let request = self.slots[slot as usize]
+            .as_mut()
+            .expect("a window's request is live");
+        if request.num_computed_tokens == computed {
+            return Ok(());
+        }
+        while request.num_tokens() < computed {
+            let t = token(&request.request_id, request.num_tokens());
+            request.all_token_ids.push(t);
+        }
+        let known = self.kv.num_tokens(slot).unwrap_or(0);
+        let new_tokens = &request.all_token_ids[known..computed];
+        let n = computed - request.num_computed_tokens;
+        let allocated = self
+            .kv
+            .allocate(slot, new_tokens, n, 0, None, None, false)?;
+        if allocated.is_none() {
+            return Err(Error::Plugin(
+                "a coalesced decode step found no free block (the window was planned wrong)".into(),
+            ));
+        }
+        let request = self.req_mut(slot);
+        request.num_computed_tokens = computed;
+        request.num_sampling_steps = 1;
+        request.last_num_spec_tokens = 0;
+        Ok(())
+    }
+}

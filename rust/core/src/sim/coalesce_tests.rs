@@ -1,0 +1,229 @@
+//! The judge of coalesced decode steps (`crate::sched::multistep`): random clusters and
+//! workloads run with `coalesce_decode_steps` on and off must give the same output bit for
+//! bit: every per-request column, the token-gap histogram, the samples, the stage trace,
+//! the replica totals, the event and batch counts.
+
+use proptest::prelude::*;
+
+use super::tests::{VecSource, config};
+use super::*;
+use crate::Result;
+use crate::sched::{Policy, SchedulerConfig};
+
+/// Everything a run produced, as text: `{:?}` of an `f64` is its shortest round-trip form,
+/// so two equal strings mean equal bits (NaNs aside, which these outputs only hold as
+/// "never").
+fn fingerprint(out: &SimOutput) -> String {
+    format!(
+        "{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{} {} {} {}",
+        out.requests,
+        out.token_gaps,
+        out.samples,
+        out.stages,
+        out.replicas,
+        out.makespan,
+        out.num_events,
+        out.num_batches,
+        out.num_skipped_over_length
+    )
+}
+
+#[derive(Debug, Clone)]
+struct Case {
+    num_replicas: u32,
+    num_stages: u32,
+    router: u8,
+    caching: bool,
+    chunked: bool,
+    prioritize_prefill: bool,
+    priority: bool,
+    block_size: usize,
+    num_blocks: usize,
+    max_num_batched_tokens: usize,
+    max_num_seqs: usize,
+    coefficients: (f64, f64, f64, f64),
+    concurrency: Option<u32>,
+    requests: Vec<ArrivingRequest>,
+}
+
+const MAX_MODEL_LEN: usize = 160;
+
+fn run_case(case: &Case, coalesce: bool) -> Result<SimOutput> {
+    let sched = SchedulerConfig {
+        block_size: case.block_size,
+        num_blocks: case.num_blocks,
+        max_model_len: MAX_MODEL_LEN,
+        max_num_batched_tokens: case.max_num_batched_tokens,
+        max_num_seqs: case.max_num_seqs,
+        enable_chunked_prefill: case.chunked,
+        prioritize_prefill: case.prioritize_prefill,
+        policy: if case.priority {
+            Policy::Priority
+        } else {
+            Policy::Fcfs
+        },
+        enable_prefix_caching: case.caching,
+        ..SchedulerConfig::default()
+    };
+    let (c, a, b, d) = case.coefficients;
+    let exec = exec::LinearModel {
+        constant_s: c,
+        per_prefill_token_s: a,
+        per_decode_token_s: b,
+        per_decode_context_token_s: d,
+        per_prefill_context_token_s: 0.0,
+        cpu_overhead_s: 0.0,
+    };
+    let mut cfg = config(ReplicaPolicyConfig::VllmV1(sched), case.num_stages, exec);
+    cfg.num_replicas = case.num_replicas;
+    cfg.hash_block_size = 4;
+    cfg.sample_interval_s = [0.0, 0.05, 0.5][case.router as usize % 3];
+    cfg.global_policy = match case.router % 4 {
+        0 => GlobalPolicy::RoundRobin,
+        1 => GlobalPolicy::Lor,
+        2 => GlobalPolicy::LeastKvLoad,
+        _ => GlobalPolicy::PrefixAffinity { balance: 0.5 },
+    };
+    cfg.concurrency = case.concurrency;
+    cfg.coalesce_decode_steps = coalesce;
+    let mut exec = cfg.exec;
+    let sim = Simulator::new(cfg, &mut exec)?;
+    sim.run(&mut VecSource(Some(case.requests.clone())))
+}
+
+/// A request: a prompt opening with one of 3 shared prefixes (or none), its own blocks
+/// after; sessions re-send a growing context.
+fn requests() -> impl Strategy<Value = Vec<ArrivingRequest>> {
+    prop::collection::vec(
+        (
+            0.0f64..4.0,
+            1u32..48,
+            1u32..60,
+            0u64..4,
+            prop::option::weighted(0.3, 0u64..4),
+            0.0f64..0.5,
+        ),
+        1..40,
+    )
+    .prop_map(|rows| {
+        let mut at = 0.0;
+        let mut own = 1000u64;
+        rows.into_iter()
+            .map(|(gap, prefill, decode, prefix, session, delay)| {
+                at += gap * 0.2;
+                let blocks = prefill.div_ceil(4) as u64;
+                let mut ids: Vec<u64> = (0..blocks.min(3)).map(|i| prefix * 10 + i).collect();
+                if prefix == 3 {
+                    ids.clear();
+                }
+                while (ids.len() as u64) < blocks {
+                    ids.push(own);
+                    own += 1;
+                }
+                ArrivingRequest {
+                    hash_ids: ids,
+                    session,
+                    delay_s: delay,
+                    ..ArrivingRequest::new(at, prefill, decode)
+                }
+            })
+            .collect()
+    })
+}
+
+fn cases() -> impl Strategy<Value = Case> {
+    (
+        (1u32..5, prop::bool::weighted(0.8), 0u8..12, any::<bool>()),
+        (
+            prop::bool::weighted(0.8),
+            prop::bool::weighted(0.2),
+            prop::bool::weighted(0.2),
+        ),
+        (prop::sample::select(vec![1usize, 2, 4, 16]), 0usize..3),
+        (prop::sample::select(vec![16usize, 64, 2048]), 0usize..12),
+        (0.001f64..0.05, 0.0f64..0.003, 0.0f64..0.002, 0.0f64..0.0002),
+        prop::option::weighted(0.15, 1u32..6),
+        requests(),
+    )
+        .prop_map(
+            |(
+                (num_replicas, one_stage, router, caching),
+                (chunked, prioritize_prefill, priority),
+                (block_size, tightness),
+                (max_num_batched_tokens, max_num_seqs),
+                coefficients,
+                concurrency,
+                requests,
+            )| {
+                // Tight pools preempt: just enough for the longest request, or a little more.
+                let per_request = MAX_MODEL_LEN.div_ceil(block_size);
+                let num_blocks = per_request * [1, 2, 8][tightness] + 1;
+                Case {
+                    num_replicas,
+                    num_stages: if one_stage { 1 } else { 2 },
+                    router,
+                    caching,
+                    chunked,
+                    prioritize_prefill,
+                    priority,
+                    block_size,
+                    num_blocks,
+                    max_num_batched_tokens,
+                    max_num_seqs,
+                    coefficients,
+                    concurrency,
+                    requests,
+                }
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 600, ..ProptestConfig::default() })]
+
+    #[test]
+    fn coalesced_decode_steps_change_nothing(case in cases()) {
+        let stepped = run_case(&case, false);
+        let coalesced = run_case(&case, true);
+        match (stepped, coalesced) {
+            (Ok(a), Ok(b)) => {
+                let (a, b) = (fingerprint(&a), fingerprint(&b));
+                if a != b {
+                    let line = a.lines().zip(b.lines()).position(|(x, y)| x != y);
+                    prop_assert!(false, "outputs differ (first differing section {line:?}):\nstepped   {a}\ncoalesced {b}");
+                }
+            }
+            (Err(a), Err(b)) => prop_assert_eq!(a.to_string(), b.to_string()),
+            (a, b) => prop_assert!(false, "one run failed: {:?} vs {:?}", a.err(), b.err()),
+        }
+    }
+}
+
+/// The cases above coalesce: a long decode on one replica runs in windows.
+#[test]
+fn a_lone_long_decode_is_coalesced_and_identical() {
+    let case = Case {
+        num_replicas: 2,
+        num_stages: 1,
+        router: 3,
+        caching: true,
+        chunked: true,
+        prioritize_prefill: false,
+        priority: false,
+        block_size: 4,
+        num_blocks: 200,
+        max_num_batched_tokens: 2048,
+        max_num_seqs: 0,
+        coefficients: (0.01, 0.001, 0.0005, 0.00001),
+        concurrency: None,
+        requests: (0..12)
+            .map(|i| ArrivingRequest {
+                hash_ids: vec![1, 2, i + 100],
+                ..ArrivingRequest::new(i as f64 * 0.3, 10, 100)
+            })
+            .collect(),
+    };
+    let a = fingerprint(&run_case(&case, false).unwrap());
+    let b = fingerprint(&run_case(&case, true).unwrap());
+    assert_eq!(a, b);
+}

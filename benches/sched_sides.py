@@ -33,9 +33,10 @@ class Scenario:
     max_model_len: int
     enable_prefix_caching: bool
     max_tokens: int
-    # vLLM only, to line its KV accounting up with tokenyard's (see main's notes):
+    # vLLM's KV accounting: one block more (its null block: tokenyard then reserves none)
+    # and scheduler_reserve_full_isl (both sides' default True):
     vllm_extra_blocks: int = 0
-    vllm_reserve_full_isl: bool = True  # vLLM's default
+    vllm_reserve_full_isl: bool = True
 
 
 class Side(ABC):
@@ -85,6 +86,9 @@ class TokenyardSide(Side):
                 enable_chunked_prefill=True,
                 long_prefill_token_threshold=0,
                 policy="fcfs",
+                # The same accounting as the vLLM side (vLLM 0.33's, by default).
+                reserve_null_block=sc.vllm_extra_blocks == 0,
+                scheduler_reserve_full_isl=sc.vllm_reserve_full_isl,
             )
         )
 

@@ -26,10 +26,10 @@ Scenarios:
    eighth of that (requests wait for memory and get preempted).
 
 Every step's ``num_scheduled_tokens`` (with its order) is compared between the two;
-the report says where they first differ, if they do. Under memory pressure they do,
-for two reasons the report isolates: vLLM reserves block 0 as a null block (one usable
-block fewer for the same ``num_blocks``), and vLLM 0.33 admits a request only if its
-whole prompt fits (``scheduler_reserve_full_isl``). A 'vLLM aligned' row lines both up.
+the report says where they first differ, if they do. tokenyard follows vLLM 0.33's null
+block and whole-prompt admission (``scheduler_reserve_full_isl``) by default; a 'vLLM
+aligned' row runs both sides with tokenyard's earlier accounting instead (vLLM given one
+block more and the full-prompt check off, tokenyard without a null block).
 
 The vLLM scheduler is built offline as in vLLM's ``tests/v1/core/utils.py``
 (``benches/peers/vllm_peer.py::VllmSchedulerPeer``). Run inside the bench venv:
@@ -460,10 +460,9 @@ def main() -> int:
         f"{mix_requests}; every step timed until nothing is left",
         f"- KV blocks: 'ample' = {mix_blocks:,}, all requests fit (no preemption); 'tight' = "
         f"{tight_blocks:,} (an eighth), so requests wait for memory and get preempted",
-        "- 'vLLM aligned': vLLM gets one block more (its block 0 is a reserved null block; "
-        "tokenyard can use all num_blocks) and scheduler_reserve_full_isl=False (vLLM's "
-        "default True admits a request only if its whole prompt fits; tokenyard checks "
-        "the first chunk). Stock vLLM everywhere else",
+        "- both sides run vLLM 0.33's accounting (a null block, whole-prompt admission); "
+        "'vLLM aligned': both run tokenyard's earlier one instead (vLLM gets one block more "
+        "and scheduler_reserve_full_isl=False, tokenyard reserve_null_block=False)",
         "- add_request: all requests queued before the first step (vLLM: Request "
         "construction, which hashes the prompt, + add_request), total ms, untimed in steps",
         "",

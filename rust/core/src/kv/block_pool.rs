@@ -16,6 +16,7 @@
 use rustc_hash::FxHashMap;
 
 use super::block_hash::{BlockHash, hash_block};
+use super::cache_map::{CacheMap, HashOf};
 use super::free_queue::FreeBlockQueue;
 use super::host_tier::HostTier;
 use super::{KvCapacity, RequestKey, TokenId, blocks_needed, check_allocation, check_num_blocks};
@@ -31,6 +32,12 @@ struct BlockMeta {
     ref_cnt: u32,
     /// Set while the block is registered in the prefix cache.
     hash: Option<BlockHash>,
+}
+
+impl HashOf for [BlockMeta] {
+    fn hash_of(&self, block: BlockId) -> Option<BlockHash> {
+        self[block as usize].hash
+    }
 }
 
 /// The longest cached prefix of some token ids, from [`BlockPool::get_computed_blocks`].
@@ -134,7 +141,7 @@ pub struct BlockPool<R: RequestKey> {
     enable_caching: bool,
     blocks: Vec<BlockMeta>,
     free_queue: FreeBlockQueue,
-    cached: FxHashMap<BlockHash, BlockId>,
+    cached: CacheMap,
     requests: FxHashMap<R, RequestBlocks>,
     stats: BlockPoolStats,
     /// Cache events for KV-aware routers (vLLM's BlockStored / BlockRemoved), when enabled.
@@ -172,7 +179,7 @@ impl<R: RequestKey> BlockPool<R> {
             enable_caching,
             blocks: vec![BlockMeta::default(); num_blocks],
             free_queue: FreeBlockQueue::with_all_blocks(num_blocks),
-            cached: FxHashMap::default(),
+            cached: CacheMap::default(),
             requests: FxHashMap::default(),
             stats: BlockPoolStats::default(),
             events: None,
@@ -327,6 +334,9 @@ impl<R: RequestKey> BlockPool<R> {
         // Hashes are chained, so no block after the first miss can hit: hash only up to it.
         // Admission hashes the rest once (`append_tokens`).
         let max_hit_blocks = token_ids.len().saturating_sub(1) / self.block_size;
+        // A request retried at the head of the queue brings its hashes: probe them together.
+        let num_known = result.block_hashes.len().min(max_hit_blocks);
+        self.cached.warm(&result.block_hashes[..num_known]);
         let full_blocks = token_ids.chunks_exact(self.block_size);
         for (i, block) in full_blocks.take(max_hit_blocks).enumerate() {
             if i == result.block_hashes.len() {
@@ -337,7 +347,7 @@ impl<R: RequestKey> BlockPool<R> {
             }
             let hash = &result.block_hashes[i];
             if result.num_host_blocks == 0
-                && let Some(&block_id) = self.cached.get(hash)
+                && let Some(block_id) = self.cached.get(hash, self.blocks.as_slice())
             {
                 result.block_ids.push(block_id);
             } else if self.host.as_ref().is_some_and(|t| t.contains(hash)) {
@@ -775,7 +785,7 @@ impl<R: RequestKey> BlockPool<R> {
                 ));
             }
             if let Some(hash) = meta.hash
-                && self.cached.get(&hash) != Some(&(b as u32))
+                && self.cached.get(&hash, self.blocks.as_slice()) != Some(b as u32)
             {
                 return Err(format!(
                     "block {b} has a hash the cache map does not point back from"
@@ -789,12 +799,12 @@ impl<R: RequestKey> BlockPool<R> {
                 self.free_queue.len()
             ));
         }
-        if self
-            .cached
-            .iter()
-            .any(|(h, &b)| self.blocks[b as usize].hash != Some(*h))
-        {
-            return Err("cache map points at a block with another hash".into());
+        let num_hashed = self.blocks.iter().filter(|m| m.hash.is_some()).count();
+        if num_hashed != self.cached.len() {
+            return Err(format!(
+                "{num_hashed} blocks hold a hash but the cache map counts {}",
+                self.cached.len()
+            ));
         }
         self.host
             .as_ref()
@@ -815,7 +825,7 @@ impl<R: RequestKey> KvCapacity for BlockPool<R> {
 /// Where a reused block's cached hash goes: out of the cache map, into the events and the
 /// host tier. The pool's parts, borrowed apart from the request's entry.
 struct Eviction<'a> {
-    cached: &'a mut FxHashMap<BlockHash, BlockId>,
+    cached: &'a mut CacheMap,
     events: &'a mut Option<Vec<KvEvent>>,
     host: &'a mut Option<HostTier>,
     stats: &'a mut BlockPoolStats,
@@ -834,7 +844,8 @@ fn take_free_block(
     let meta = &mut blocks[block as usize];
     meta.ref_cnt = 1;
     if let Some(hash) = meta.hash.take() {
-        eviction.cached.remove(&hash);
+        // The map's entry goes stale with the block's hash (no probe: `cache_map`).
+        eviction.cached.forget();
         if let Some(events) = eviction.events {
             events.push(KvEvent::Removed(hash));
         }
@@ -911,24 +922,31 @@ fn append_tokens(
     request.tail_tokens.extend_from_slice(&rest[num_whole..]);
 }
 
+/// Blocks whose map slots are read ahead together.
+const WARM_RUN: usize = 16;
+
 /// Registers the request's newly computed full blocks in the prefix cache. A block whose
 /// content is already cached under another block stays unregistered (one block per hash).
 fn cache_full_blocks(
     block_size: usize,
-    cached: &mut FxHashMap<BlockHash, BlockId>,
+    cached: &mut CacheMap,
     blocks: &mut [BlockMeta],
     events: &mut Option<Vec<KvEvent>>,
     request: &mut RequestBlocks,
 ) {
     let num_full = request.num_computed_tokens.min(request.num_tokens) / block_size;
-    for i in request.num_cached_blocks..num_full {
-        let block = request.block_ids[i];
-        let hash = request.block_hashes[i];
-        if let std::collections::hash_map::Entry::Vacant(slot) = cached.entry(hash) {
-            slot.insert(block);
-            blocks[block as usize].hash = Some(hash);
-            if let Some(events) = events {
-                events.push(KvEvent::Stored(hash));
+    let first = request.num_cached_blocks.min(num_full);
+    let hashes = &request.block_hashes[first..num_full];
+    let ids = &request.block_ids[first..num_full];
+    // A prefill chunk caches hundreds of blocks: their slots are read ahead a run at a time.
+    for (run_hashes, run_ids) in hashes.chunks(WARM_RUN).zip(ids.chunks(WARM_RUN)) {
+        cached.warm(run_hashes);
+        for (&hash, &block) in run_hashes.iter().zip(run_ids) {
+            if cached.insert_if_absent(hash, block, blocks) {
+                blocks[block as usize].hash = Some(hash);
+                if let Some(events) = events {
+                    events.push(KvEvent::Stored(hash));
+                }
             }
         }
     }

@@ -179,7 +179,7 @@ impl<R: RequestKey> BlockPool<R> {
             enable_caching,
             blocks: vec![BlockMeta::default(); num_blocks],
             free_queue: FreeBlockQueue::with_all_blocks(num_blocks),
-            cached: CacheMap::default(),
+            cached: CacheMap::new(num_blocks),
             requests: FxHashMap::default(),
             stats: BlockPoolStats::default(),
             events: None,
@@ -845,7 +845,7 @@ fn take_free_block(
     meta.ref_cnt = 1;
     if let Some(hash) = meta.hash.take() {
         // The map's entry goes stale with the block's hash (no probe: `cache_map`).
-        eviction.cached.forget();
+        eviction.cached.forget(block);
         if let Some(events) = eviction.events {
             events.push(KvEvent::Removed(hash));
         }

@@ -3,13 +3,15 @@
 //! one and is cached itself, so the map sees one removal and one insertion per block, and
 //! each was a cache miss or two in a general-purpose map.
 //!
-//! - A slot is one `u64`: 32 bits of the hash (a tag) and the block id + 1 (0: empty).
-//!   Block hashes are xxh3 digests, already uniform: the low 64 bits pick the home slot,
-//!   linear probing from there. A tag match is confirmed against the block's own hash, so
-//!   an answer is always exact.
-//! - Eviction touches no slot: the block's hash is cleared (by the pool) and its slot goes
-//!   *dead*; dead slots are dropped when the table is rebuilt, which happens when live and
-//!   dead slots fill half of it (amortized O(1): a rebuild leaves it at most a quarter full).
+//! - A slot is one `u64`: 32 bits of the hash (its tag) and the block id + 1 (0: empty).
+//!   Block hashes are xxh3 digests, already uniform: the tag also picks the home slot,
+//!   linear probing from there, so a slot can be moved without its block's hash. A tag
+//!   match is confirmed against the block's own hash, so an answer is always exact.
+//! - `block_tags[b]` is the tag of block b's cached hash (0: none), a small array that stays
+//!   in cache. Eviction touches no slot: it clears the block's tag, and every slot of that
+//!   block with the old tag goes *dead*. Dead slots are dropped when the table is rebuilt,
+//!   which happens when live and dead slots fill half of it (amortized O(1): a rebuild
+//!   leaves it at most a quarter full) and reads only the tags.
 //!
 //! Invariant: a block that holds a hash `h` has a slot on `h`'s probe run (the one answer
 //! [`CacheMap::get`] gives for `h`), and `num_live` counts such blocks. What the map answers
@@ -28,24 +30,16 @@ const MIN_SLOTS: usize = 64;
 #[derive(Debug, Clone)]
 pub(super) struct CacheMap {
     slots: Vec<u64>,
+    /// The tag of each block's cached hash; 0 when it caches none (tags are never 0).
+    block_tags: Vec<u32>,
     /// Slots in use, live or dead.
     num_used: usize,
     /// Blocks holding a cached hash.
     num_live: usize,
 }
 
-impl Default for CacheMap {
-    fn default() -> Self {
-        Self {
-            slots: vec![0; MIN_SLOTS],
-            num_used: 0,
-            num_live: 0,
-        }
-    }
-}
-
 fn tag(hash: &BlockHash) -> u64 {
-    (hash.0 >> 96) as u64
+    ((hash.0 >> 96) as u64) | 1
 }
 
 fn pack(hash: &BlockHash, block: BlockId) -> u64 {
@@ -57,12 +51,30 @@ fn block_of(slot: u64) -> BlockId {
 }
 
 impl CacheMap {
+    pub(super) fn new(num_blocks: usize) -> Self {
+        Self {
+            slots: vec![0; MIN_SLOTS],
+            block_tags: vec![0; num_blocks],
+            num_used: 0,
+            num_live: 0,
+        }
+    }
+
     fn mask(&self) -> usize {
         self.slots.len() - 1
     }
 
+    fn home_of_tag(&self, tag: u64) -> usize {
+        // The tag's high bits: its low bit is always set.
+        (tag >> 1) as usize & self.mask()
+    }
+
     fn home(&self, hash: &BlockHash) -> usize {
-        hash.0 as usize & self.mask()
+        self.home_of_tag(tag(hash))
+    }
+
+    fn is_live(&self, slot: u64) -> bool {
+        u64::from(self.block_tags[block_of(slot) as usize]) == slot >> 32
     }
 
     /// Cached blocks.
@@ -80,7 +92,7 @@ impl CacheMap {
             if slot == 0 {
                 return None;
             }
-            if slot >> 32 == want {
+            if slot >> 32 == want && self.is_live(slot) {
                 let block = block_of(slot);
                 if blocks.hash_of(block) == Some(*hash) {
                     return Some(block);
@@ -108,20 +120,22 @@ impl CacheMap {
         blocks: &(impl HashOf + ?Sized),
     ) -> bool {
         if (self.num_used + 1) * 2 > self.slots.len() {
-            self.rebuild(blocks);
+            self.rebuild();
         }
         if self.get(&hash, blocks).is_some() {
             return false;
         }
-        self.place(pack(&hash, block), &hash);
+        let slot = pack(&hash, block);
+        self.place(slot);
+        self.block_tags[block as usize] = (slot >> 32) as u32;
         self.num_live += 1;
         true
     }
 
-    /// Writes `slot` at the first empty slot of `hash`'s probe run.
-    fn place(&mut self, slot: u64, hash: &BlockHash) {
+    /// Writes `slot` at the first empty slot of its tag's probe run.
+    fn place(&mut self, slot: u64) {
         let mask = self.mask();
-        let mut i = self.home(hash);
+        let mut i = self.home_of_tag(slot >> 32);
         while self.slots[i] != 0 {
             i = (i + 1) & mask;
         }
@@ -129,17 +143,21 @@ impl CacheMap {
         self.num_used += 1;
     }
 
-    /// A block caching a hash was evicted (its hash cleared by the caller): its slot is dead.
-    pub(super) fn forget(&mut self) {
+    /// `block`, which cached a hash, was evicted (its hash cleared by the caller): its
+    /// slot is dead.
+    pub(super) fn forget(&mut self, block: BlockId) {
+        self.block_tags[block as usize] = 0;
         self.num_live -= 1;
     }
 
     pub(super) fn clear(&mut self) {
-        *self = Self::default();
+        *self = Self::new(self.block_tags.len());
     }
 
     /// Re-inserts the live slots into a table at most a quarter full (grown if need be).
-    fn rebuild(&mut self, blocks: &(impl HashOf + ?Sized)) {
+    /// A dead slot whose block caches another hash with the same tag looks live and is
+    /// kept: it says what that hash's own slot says, on the same probe run.
+    fn rebuild(&mut self) {
         let mut len = self.slots.len();
         while (self.num_live + 1) * 4 > len {
             len *= 2;
@@ -147,16 +165,10 @@ impl CacheMap {
         let old = std::mem::replace(&mut self.slots, vec![0; len]);
         self.num_used = 0;
         for slot in old.into_iter().filter(|&s| s != 0) {
-            let block = block_of(slot);
-            let Some(hash) = blocks.hash_of(block) else {
-                continue;
-            };
-            // A dead slot whose block now caches another hash with the same tag would
-            // duplicate that hash's own slot: the lookup keeps one.
-            if tag(&hash) == slot >> 32 && self.get(&hash, blocks).is_none() {
-                self.place(slot, &hash);
+            if self.is_live(slot) {
+                self.place(slot);
             }
         }
-        debug_assert_eq!(self.num_used, self.num_live);
+        debug_assert!(self.num_used >= self.num_live);
     }
 }

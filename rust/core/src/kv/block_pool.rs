@@ -27,16 +27,38 @@ pub type BlockId = u32;
 /// The largest block size accepted (vLLM's are 16–128; LightLLM's is 1).
 pub const MAX_BLOCK_SIZE: usize = 1 << 16;
 
+/// 24 bytes, not the 48 of a `u32` beside an `Option<u128>` (aligned to 16): a pool that
+/// evicts on every allocation reads one of these per block, mostly from outside the cache.
 #[derive(Debug, Clone, Default)]
 struct BlockMeta {
+    /// The cached hash's halves (meaningful while `cached`).
+    hash: [u64; 2],
     ref_cnt: u32,
     /// Set while the block is registered in the prefix cache.
-    hash: Option<BlockHash>,
+    cached: bool,
+}
+
+impl BlockMeta {
+    fn hash(&self) -> Option<BlockHash> {
+        self.cached
+            .then(|| BlockHash(u128::from(self.hash[0]) | (u128::from(self.hash[1]) << 64)))
+    }
+
+    fn set_hash(&mut self, hash: BlockHash) {
+        self.hash = [hash.0 as u64, (hash.0 >> 64) as u64];
+        self.cached = true;
+    }
+
+    fn take_hash(&mut self) -> Option<BlockHash> {
+        let hash = self.hash();
+        self.cached = false;
+        hash
+    }
 }
 
 impl HashOf for [BlockMeta] {
     fn hash_of(&self, block: BlockId) -> Option<BlockHash> {
-        self[block as usize].hash
+        self[block as usize].hash()
     }
 }
 
@@ -54,9 +76,9 @@ pub struct ComputedBlocks {
     block_size: usize,
     num_query_tokens: usize,
     extra_key: Option<u64>,
-    /// Hashes of the GPU hits, the host hits and the first block that missed, if any
-    /// (empty when caching is off); the request's later blocks are hashed when it is
-    /// admitted.
+    /// Hashes of the GPU hits, the host hits, the first block that missed and up to
+    /// `WARM_RUN - 1` blocks after it (empty when caching is off); the request's later
+    /// blocks are hashed when it is admitted.
     block_hashes: Vec<BlockHash>,
 }
 
@@ -239,7 +261,7 @@ impl<R: RequestKey> BlockPool<R> {
     pub fn num_cached_free_blocks(&self) -> usize {
         self.free_queue
             .iter()
-            .filter(|&b| self.blocks[b as usize].hash.is_some())
+            .filter(|&b| self.blocks[b as usize].cached)
             .count()
     }
 
@@ -331,19 +353,25 @@ impl<R: RequestKey> BlockPool<R> {
             return result;
         }
         result.block_hashes = known;
-        // Hashes are chained, so no block after the first miss can hit: hash only up to it.
-        // Admission hashes the rest once (`append_tokens`).
-        let max_hit_blocks = token_ids.len().saturating_sub(1) / self.block_size;
+        // Hashes are chained, so no block after the first miss can hit: hash up to it, a
+        // run of `WARM_RUN` blocks at a time so that their map slots are read together.
+        // Admission reuses these hashes and hashes the rest once (`append_tokens`).
+        let bs = self.block_size;
+        let max_hit_blocks = token_ids.len().saturating_sub(1) / bs;
         // A request retried at the head of the queue brings its hashes: probe them together.
         let num_known = result.block_hashes.len().min(max_hit_blocks);
         self.cached.warm(&result.block_hashes[..num_known]);
-        let full_blocks = token_ids.chunks_exact(self.block_size);
-        for (i, block) in full_blocks.take(max_hit_blocks).enumerate() {
+        for i in 0..max_hit_blocks {
             if i == result.block_hashes.len() {
-                let parent = result.block_hashes.last().copied();
-                result
-                    .block_hashes
-                    .push(hash_block(parent, block, extra_key));
+                let end = (i + WARM_RUN).min(max_hit_blocks);
+                for b in i..end {
+                    let parent = result.block_hashes.last().copied();
+                    let block = &token_ids[b * bs..(b + 1) * bs];
+                    result
+                        .block_hashes
+                        .push(hash_block(parent, block, extra_key));
+                }
+                self.cached.warm(&result.block_hashes[i..end]);
             }
             let hash = &result.block_hashes[i];
             if result.num_host_blocks == 0
@@ -590,7 +618,7 @@ impl<R: RequestKey> BlockPool<R> {
             if meta.ref_cnt > 0 {
                 continue;
             }
-            if meta.hash.is_some() {
+            if meta.cached {
                 self.free_queue.push_back(block);
             } else {
                 evict_first.push(block);
@@ -610,7 +638,7 @@ impl<R: RequestKey> BlockPool<R> {
             return false;
         }
         self.cached.clear();
-        self.blocks.iter_mut().for_each(|b| b.hash = None);
+        self.blocks.iter_mut().for_each(|b| b.cached = false);
         if let Some(host) = &mut self.host {
             host.clear();
         }
@@ -685,7 +713,7 @@ impl<R: RequestKey> BlockPool<R> {
             .block_ids
             .iter()
             .zip(&hit.block_hashes)
-            .any(|(&b, &h)| self.blocks.get(b as usize).and_then(|m| m.hash) != Some(h));
+            .any(|(&b, &h)| self.blocks.get(b as usize).and_then(BlockMeta::hash) != Some(h));
         if stale {
             return Err(Error::input(
                 "new_computed_blocks",
@@ -784,7 +812,7 @@ impl<R: RequestKey> BlockPool<R> {
                     meta.ref_cnt
                 ));
             }
-            if let Some(hash) = meta.hash
+            if let Some(hash) = meta.hash()
                 && self.cached.get(&hash, self.blocks.as_slice()) != Some(b as u32)
             {
                 return Err(format!(
@@ -799,7 +827,7 @@ impl<R: RequestKey> BlockPool<R> {
                 self.free_queue.len()
             ));
         }
-        let num_hashed = self.blocks.iter().filter(|m| m.hash.is_some()).count();
+        let num_hashed = self.blocks.iter().filter(|m| m.cached).count();
         if num_hashed != self.cached.len() {
             return Err(format!(
                 "{num_hashed} blocks hold a hash but the cache map counts {}",
@@ -843,7 +871,7 @@ fn take_free_block(
         .expect("allocation was checked against the free count");
     let meta = &mut blocks[block as usize];
     meta.ref_cnt = 1;
-    if let Some(hash) = meta.hash.take() {
+    if let Some(hash) = meta.take_hash() {
         // The map's entry goes stale with the block's hash (no probe: `cache_map`).
         eviction.cached.forget(block);
         if let Some(events) = eviction.events {
@@ -943,7 +971,7 @@ fn cache_full_blocks(
         cached.warm(run_hashes);
         for (&hash, &block) in run_hashes.iter().zip(run_ids) {
             if cached.insert_if_absent(hash, block, blocks) {
-                blocks[block as usize].hash = Some(hash);
+                blocks[block as usize].set_hash(hash);
                 if let Some(events) = events {
                     events.push(KvEvent::Stored(hash));
                 }

@@ -172,3 +172,60 @@ impl CacheMap {
         debug_assert!(self.num_used >= self.num_live);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    /// Each block's hash, as the pool keeps it.
+    struct Hashes(Vec<Option<BlockHash>>);
+
+    impl HashOf for Hashes {
+        fn hash_of(&self, block: BlockId) -> Option<BlockHash> {
+            self.0[block as usize]
+        }
+    }
+
+    #[test]
+    fn answers_as_an_eager_map_through_evictions_rebuilds_and_tag_collisions() {
+        const NUM_BLOCKS: usize = 40;
+        let mut blocks = Hashes(vec![None; NUM_BLOCKS]);
+        let mut map = CacheMap::new(NUM_BLOCKS);
+        let mut eager: HashMap<BlockHash, BlockId> = HashMap::new();
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        // Few distinct top bits: many hashes share a tag (and so a home slot).
+        let hash_of = |n: u64| BlockHash((u128::from(n % 5) << 96) | u128::from(n % 97));
+        for _ in 0..20_000 {
+            let block = (next() % NUM_BLOCKS as u64) as BlockId;
+            let hash = hash_of(next());
+            if let Some(old) = blocks.0[block as usize].take() {
+                // Evict, as `take_free_block` does.
+                eager.remove(&old);
+                map.forget(block);
+            } else {
+                let registered = map.insert_if_absent(hash, block, &blocks);
+                assert_eq!(registered, !eager.contains_key(&hash));
+                if registered {
+                    eager.insert(hash, block);
+                    blocks.0[block as usize] = Some(hash);
+                }
+            }
+            assert_eq!(map.len(), eager.len());
+            let probe = hash_of(next());
+            assert_eq!(map.get(&probe, &blocks), eager.get(&probe).copied());
+        }
+        for (hash, &block) in &eager {
+            assert_eq!(map.get(hash, &blocks), Some(block));
+        }
+        map.clear();
+        assert_eq!(map.len(), 0);
+    }
+}

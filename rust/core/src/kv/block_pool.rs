@@ -16,6 +16,7 @@
 use rustc_hash::FxHashMap;
 
 use super::block_hash::{BlockHash, hash_block};
+use super::cache_map::{CacheMap, HashOf};
 use super::free_queue::FreeBlockQueue;
 use super::host_tier::HostTier;
 use super::{KvCapacity, RequestKey, TokenId, blocks_needed, check_allocation, check_num_blocks};
@@ -26,11 +27,39 @@ pub type BlockId = u32;
 /// The largest block size accepted (vLLM's are 16–128; LightLLM's is 1).
 pub const MAX_BLOCK_SIZE: usize = 1 << 16;
 
+/// 24 bytes, not the 48 of a `u32` beside an `Option<u128>` (aligned to 16): a pool that
+/// evicts on every allocation reads one of these per block, mostly from outside the cache.
 #[derive(Debug, Clone, Default)]
 struct BlockMeta {
+    /// The cached hash's halves (meaningful while `cached`).
+    hash: [u64; 2],
     ref_cnt: u32,
     /// Set while the block is registered in the prefix cache.
-    hash: Option<BlockHash>,
+    cached: bool,
+}
+
+impl BlockMeta {
+    fn hash(&self) -> Option<BlockHash> {
+        self.cached
+            .then(|| BlockHash(u128::from(self.hash[0]) | (u128::from(self.hash[1]) << 64)))
+    }
+
+    fn set_hash(&mut self, hash: BlockHash) {
+        self.hash = [hash.0 as u64, (hash.0 >> 64) as u64];
+        self.cached = true;
+    }
+
+    fn take_hash(&mut self) -> Option<BlockHash> {
+        let hash = self.hash();
+        self.cached = false;
+        hash
+    }
+}
+
+impl HashOf for [BlockMeta] {
+    fn hash_of(&self, block: BlockId) -> Option<BlockHash> {
+        self[block as usize].hash()
+    }
 }
 
 /// The longest cached prefix of some token ids, from [`BlockPool::get_computed_blocks`].
@@ -47,9 +76,9 @@ pub struct ComputedBlocks {
     block_size: usize,
     num_query_tokens: usize,
     extra_key: Option<u64>,
-    /// Hashes of the GPU hits, the host hits and the first block that missed, if any
-    /// (empty when caching is off); the request's later blocks are hashed when it is
-    /// admitted.
+    /// Hashes of the GPU hits, the host hits, the first block that missed and up to
+    /// `WARM_RUN - 1` blocks after it (empty when caching is off); the request's later
+    /// blocks are hashed when it is admitted.
     block_hashes: Vec<BlockHash>,
 }
 
@@ -134,7 +163,7 @@ pub struct BlockPool<R: RequestKey> {
     enable_caching: bool,
     blocks: Vec<BlockMeta>,
     free_queue: FreeBlockQueue,
-    cached: FxHashMap<BlockHash, BlockId>,
+    cached: CacheMap,
     requests: FxHashMap<R, RequestBlocks>,
     stats: BlockPoolStats,
     /// Cache events for KV-aware routers (vLLM's BlockStored / BlockRemoved), when enabled.
@@ -172,7 +201,7 @@ impl<R: RequestKey> BlockPool<R> {
             enable_caching,
             blocks: vec![BlockMeta::default(); num_blocks],
             free_queue: FreeBlockQueue::with_all_blocks(num_blocks),
-            cached: FxHashMap::default(),
+            cached: CacheMap::new(num_blocks),
             requests: FxHashMap::default(),
             stats: BlockPoolStats::default(),
             events: None,
@@ -232,7 +261,7 @@ impl<R: RequestKey> BlockPool<R> {
     pub fn num_cached_free_blocks(&self) -> usize {
         self.free_queue
             .iter()
-            .filter(|&b| self.blocks[b as usize].hash.is_some())
+            .filter(|&b| self.blocks[b as usize].cached)
             .count()
     }
 
@@ -324,20 +353,29 @@ impl<R: RequestKey> BlockPool<R> {
             return result;
         }
         result.block_hashes = known;
-        // Hashes are chained, so no block after the first miss can hit: hash only up to it.
-        // Admission hashes the rest once (`append_tokens`).
-        let max_hit_blocks = token_ids.len().saturating_sub(1) / self.block_size;
-        let full_blocks = token_ids.chunks_exact(self.block_size);
-        for (i, block) in full_blocks.take(max_hit_blocks).enumerate() {
+        // Hashes are chained, so no block after the first miss can hit: hash up to it, a
+        // run of `WARM_RUN` blocks at a time so that their map slots are read together.
+        // Admission reuses these hashes and hashes the rest once (`append_tokens`).
+        let bs = self.block_size;
+        let max_hit_blocks = token_ids.len().saturating_sub(1) / bs;
+        // A request retried at the head of the queue brings its hashes: probe them together.
+        let num_known = result.block_hashes.len().min(max_hit_blocks);
+        self.cached.warm(&result.block_hashes[..num_known]);
+        for i in 0..max_hit_blocks {
             if i == result.block_hashes.len() {
-                let parent = result.block_hashes.last().copied();
-                result
-                    .block_hashes
-                    .push(hash_block(parent, block, extra_key));
+                let end = (i + WARM_RUN).min(max_hit_blocks);
+                for b in i..end {
+                    let parent = result.block_hashes.last().copied();
+                    let block = &token_ids[b * bs..(b + 1) * bs];
+                    result
+                        .block_hashes
+                        .push(hash_block(parent, block, extra_key));
+                }
+                self.cached.warm(&result.block_hashes[i..end]);
             }
             let hash = &result.block_hashes[i];
             if result.num_host_blocks == 0
-                && let Some(&block_id) = self.cached.get(hash)
+                && let Some(block_id) = self.cached.get(hash, self.blocks.as_slice())
             {
                 result.block_ids.push(block_id);
             } else if self.host.as_ref().is_some_and(|t| t.contains(hash)) {
@@ -580,7 +618,7 @@ impl<R: RequestKey> BlockPool<R> {
             if meta.ref_cnt > 0 {
                 continue;
             }
-            if meta.hash.is_some() {
+            if meta.cached {
                 self.free_queue.push_back(block);
             } else {
                 evict_first.push(block);
@@ -600,7 +638,7 @@ impl<R: RequestKey> BlockPool<R> {
             return false;
         }
         self.cached.clear();
-        self.blocks.iter_mut().for_each(|b| b.hash = None);
+        self.blocks.iter_mut().for_each(|b| b.cached = false);
         if let Some(host) = &mut self.host {
             host.clear();
         }
@@ -675,7 +713,7 @@ impl<R: RequestKey> BlockPool<R> {
             .block_ids
             .iter()
             .zip(&hit.block_hashes)
-            .any(|(&b, &h)| self.blocks.get(b as usize).and_then(|m| m.hash) != Some(h));
+            .any(|(&b, &h)| self.blocks.get(b as usize).and_then(BlockMeta::hash) != Some(h));
         if stale {
             return Err(Error::input(
                 "new_computed_blocks",
@@ -774,8 +812,8 @@ impl<R: RequestKey> BlockPool<R> {
                     meta.ref_cnt
                 ));
             }
-            if let Some(hash) = meta.hash
-                && self.cached.get(&hash) != Some(&(b as u32))
+            if let Some(hash) = meta.hash()
+                && self.cached.get(&hash, self.blocks.as_slice()) != Some(b as u32)
             {
                 return Err(format!(
                     "block {b} has a hash the cache map does not point back from"
@@ -789,12 +827,12 @@ impl<R: RequestKey> BlockPool<R> {
                 self.free_queue.len()
             ));
         }
-        if self
-            .cached
-            .iter()
-            .any(|(h, &b)| self.blocks[b as usize].hash != Some(*h))
-        {
-            return Err("cache map points at a block with another hash".into());
+        let num_hashed = self.blocks.iter().filter(|m| m.cached).count();
+        if num_hashed != self.cached.len() {
+            return Err(format!(
+                "{num_hashed} blocks hold a hash but the cache map counts {}",
+                self.cached.len()
+            ));
         }
         self.host
             .as_ref()
@@ -815,7 +853,7 @@ impl<R: RequestKey> KvCapacity for BlockPool<R> {
 /// Where a reused block's cached hash goes: out of the cache map, into the events and the
 /// host tier. The pool's parts, borrowed apart from the request's entry.
 struct Eviction<'a> {
-    cached: &'a mut FxHashMap<BlockHash, BlockId>,
+    cached: &'a mut CacheMap,
     events: &'a mut Option<Vec<KvEvent>>,
     host: &'a mut Option<HostTier>,
     stats: &'a mut BlockPoolStats,
@@ -833,8 +871,9 @@ fn take_free_block(
         .expect("allocation was checked against the free count");
     let meta = &mut blocks[block as usize];
     meta.ref_cnt = 1;
-    if let Some(hash) = meta.hash.take() {
-        eviction.cached.remove(&hash);
+    if let Some(hash) = meta.take_hash() {
+        // The map's entry goes stale with the block's hash (no probe: `cache_map`).
+        eviction.cached.forget(block);
         if let Some(events) = eviction.events {
             events.push(KvEvent::Removed(hash));
         }
@@ -911,24 +950,31 @@ fn append_tokens(
     request.tail_tokens.extend_from_slice(&rest[num_whole..]);
 }
 
+/// Blocks whose map slots are read ahead together.
+const WARM_RUN: usize = 16;
+
 /// Registers the request's newly computed full blocks in the prefix cache. A block whose
 /// content is already cached under another block stays unregistered (one block per hash).
 fn cache_full_blocks(
     block_size: usize,
-    cached: &mut FxHashMap<BlockHash, BlockId>,
+    cached: &mut CacheMap,
     blocks: &mut [BlockMeta],
     events: &mut Option<Vec<KvEvent>>,
     request: &mut RequestBlocks,
 ) {
     let num_full = request.num_computed_tokens.min(request.num_tokens) / block_size;
-    for i in request.num_cached_blocks..num_full {
-        let block = request.block_ids[i];
-        let hash = request.block_hashes[i];
-        if let std::collections::hash_map::Entry::Vacant(slot) = cached.entry(hash) {
-            slot.insert(block);
-            blocks[block as usize].hash = Some(hash);
-            if let Some(events) = events {
-                events.push(KvEvent::Stored(hash));
+    let first = request.num_cached_blocks.min(num_full);
+    let hashes = &request.block_hashes[first..num_full];
+    let ids = &request.block_ids[first..num_full];
+    // A prefill chunk caches hundreds of blocks: their slots are read ahead a run at a time.
+    for (run_hashes, run_ids) in hashes.chunks(WARM_RUN).zip(ids.chunks(WARM_RUN)) {
+        cached.warm(run_hashes);
+        for (&hash, &block) in run_hashes.iter().zip(run_ids) {
+            if cached.insert_if_absent(hash, block, blocks) {
+                blocks[block as usize].set_hash(hash);
+                if let Some(events) = events {
+                    events.push(KvEvent::Stored(hash));
+                }
             }
         }
     }

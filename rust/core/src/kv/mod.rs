@@ -12,6 +12,7 @@
 
 mod block_hash;
 mod block_pool;
+mod cache_map;
 mod counting;
 mod free_queue;
 mod host_tier;

@@ -1,0 +1,231 @@
+//! The block pool's hash → block map (the prefix cache's index), an open-addressing table
+//! made for a replay whose pool is full: there every new block of a prompt evicts a cached
+//! one and is cached itself, so the map sees one removal and one insertion per block, and
+//! each was a cache miss or two in a general-purpose map.
+//!
+//! - A slot is one `u64`: 32 bits of the hash (its tag) and the block id + 1 (0: empty).
+//!   Block hashes are xxh3 digests, already uniform: the tag also picks the home slot,
+//!   linear probing from there, so a slot can be moved without its block's hash. A tag
+//!   match is confirmed against the block's own hash, so an answer is always exact.
+//! - `block_tags[b]` is the tag of block b's cached hash (0: none), a small array that stays
+//!   in cache. Eviction touches no slot: it clears the block's tag, and every slot of that
+//!   block with the old tag goes *dead*. Dead slots are dropped when the table is rebuilt,
+//!   which happens when live and dead slots fill half of it (amortized O(1): a rebuild
+//!   leaves it at most a quarter full) and reads only the tags.
+//!
+//! Invariant: a block that holds a hash `h` has a slot on `h`'s probe run (the one answer
+//! [`CacheMap::get`] gives for `h`), and `num_live` counts such blocks. What the map answers
+//! is exactly what a map with eager removals would answer.
+
+use super::block_hash::BlockHash;
+use super::block_pool::BlockId;
+
+/// A block's cached hash, as the map reads it (the pool's block metadata).
+pub(super) trait HashOf {
+    fn hash_of(&self, block: BlockId) -> Option<BlockHash>;
+}
+
+const MIN_SLOTS: usize = 64;
+
+#[derive(Debug, Clone)]
+pub(super) struct CacheMap {
+    slots: Vec<u64>,
+    /// The tag of each block's cached hash; 0 when it caches none (tags are never 0).
+    block_tags: Vec<u32>,
+    /// Slots in use, live or dead.
+    num_used: usize,
+    /// Blocks holding a cached hash.
+    num_live: usize,
+}
+
+fn tag(hash: &BlockHash) -> u64 {
+    ((hash.0 >> 96) as u64) | 1
+}
+
+fn pack(hash: &BlockHash, block: BlockId) -> u64 {
+    (tag(hash) << 32) | (u64::from(block) + 1)
+}
+
+fn block_of(slot: u64) -> BlockId {
+    ((slot & 0xFFFF_FFFF) - 1) as BlockId
+}
+
+impl CacheMap {
+    pub(super) fn new(num_blocks: usize) -> Self {
+        Self {
+            slots: vec![0; MIN_SLOTS],
+            block_tags: vec![0; num_blocks],
+            num_used: 0,
+            num_live: 0,
+        }
+    }
+
+    fn mask(&self) -> usize {
+        self.slots.len() - 1
+    }
+
+    fn home_of_tag(&self, tag: u64) -> usize {
+        // The tag's high bits: its low bit is always set.
+        (tag >> 1) as usize & self.mask()
+    }
+
+    fn home(&self, hash: &BlockHash) -> usize {
+        self.home_of_tag(tag(hash))
+    }
+
+    fn is_live(&self, slot: u64) -> bool {
+        u64::from(self.block_tags[block_of(slot) as usize]) == slot >> 32
+    }
+
+    /// Cached blocks.
+    pub(super) fn len(&self) -> usize {
+        self.num_live
+    }
+
+    /// The block caching `hash`, if any.
+    pub(super) fn get(&self, hash: &BlockHash, blocks: &(impl HashOf + ?Sized)) -> Option<BlockId> {
+        let mask = self.mask();
+        let want = tag(hash);
+        let mut i = self.home(hash);
+        loop {
+            let slot = self.slots[i];
+            if slot == 0 {
+                return None;
+            }
+            if slot >> 32 == want && self.is_live(slot) {
+                let block = block_of(slot);
+                if blocks.hash_of(block) == Some(*hash) {
+                    return Some(block);
+                }
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    /// Reads the home slots of `hashes` ahead of their inserts or lookups: independent
+    /// loads that the CPU overlaps, where the probes one by one would wait for each miss.
+    pub(super) fn warm(&self, hashes: &[BlockHash]) {
+        let acc = hashes
+            .iter()
+            .fold(0u64, |acc, h| acc ^ self.slots[self.home(h)]);
+        std::hint::black_box(acc);
+    }
+
+    /// Registers `block` (which the caller then gives `hash`) as caching `hash`, unless a
+    /// block already does; returns whether it was registered.
+    pub(super) fn insert_if_absent(
+        &mut self,
+        hash: BlockHash,
+        block: BlockId,
+        blocks: &(impl HashOf + ?Sized),
+    ) -> bool {
+        if (self.num_used + 1) * 2 > self.slots.len() {
+            self.rebuild();
+        }
+        if self.get(&hash, blocks).is_some() {
+            return false;
+        }
+        let slot = pack(&hash, block);
+        self.place(slot);
+        self.block_tags[block as usize] = (slot >> 32) as u32;
+        self.num_live += 1;
+        true
+    }
+
+    /// Writes `slot` at the first empty slot of its tag's probe run.
+    fn place(&mut self, slot: u64) {
+        let mask = self.mask();
+        let mut i = self.home_of_tag(slot >> 32);
+        while self.slots[i] != 0 {
+            i = (i + 1) & mask;
+        }
+        self.slots[i] = slot;
+        self.num_used += 1;
+    }
+
+    /// `block`, which cached a hash, was evicted (its hash cleared by the caller): its
+    /// slot is dead.
+    pub(super) fn forget(&mut self, block: BlockId) {
+        self.block_tags[block as usize] = 0;
+        self.num_live -= 1;
+    }
+
+    pub(super) fn clear(&mut self) {
+        *self = Self::new(self.block_tags.len());
+    }
+
+    /// Re-inserts the live slots into a table at most a quarter full (grown if need be).
+    /// A dead slot whose block caches another hash with the same tag looks live and is
+    /// kept: it says what that hash's own slot says, on the same probe run.
+    fn rebuild(&mut self) {
+        let mut len = self.slots.len();
+        while (self.num_live + 1) * 4 > len {
+            len *= 2;
+        }
+        let old = std::mem::replace(&mut self.slots, vec![0; len]);
+        self.num_used = 0;
+        for slot in old.into_iter().filter(|&s| s != 0) {
+            if self.is_live(slot) {
+                self.place(slot);
+            }
+        }
+        debug_assert!(self.num_used >= self.num_live);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    /// Each block's hash, as the pool keeps it.
+    struct Hashes(Vec<Option<BlockHash>>);
+
+    impl HashOf for Hashes {
+        fn hash_of(&self, block: BlockId) -> Option<BlockHash> {
+            self.0[block as usize]
+        }
+    }
+
+    #[test]
+    fn answers_as_an_eager_map_through_evictions_rebuilds_and_tag_collisions() {
+        const NUM_BLOCKS: usize = 40;
+        let mut blocks = Hashes(vec![None; NUM_BLOCKS]);
+        let mut map = CacheMap::new(NUM_BLOCKS);
+        let mut eager: HashMap<BlockHash, BlockId> = HashMap::new();
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        // Few distinct top bits: many hashes share a tag (and so a home slot).
+        let hash_of = |n: u64| BlockHash((u128::from(n % 5) << 96) | u128::from(n % 97));
+        for _ in 0..20_000 {
+            let block = (next() % NUM_BLOCKS as u64) as BlockId;
+            let hash = hash_of(next());
+            if let Some(old) = blocks.0[block as usize].take() {
+                // Evict, as `take_free_block` does.
+                eager.remove(&old);
+                map.forget(block);
+            } else {
+                let registered = map.insert_if_absent(hash, block, &blocks);
+                assert_eq!(registered, !eager.contains_key(&hash));
+                if registered {
+                    eager.insert(hash, block);
+                    blocks.0[block as usize] = Some(hash);
+                }
+            }
+            assert_eq!(map.len(), eager.len());
+            let probe = hash_of(next());
+            assert_eq!(map.get(&probe, &blocks), eager.get(&probe).copied());
+        }
+        for (hash, &block) in &eager {
+            assert_eq!(map.get(hash, &blocks), Some(block));
+        }
+        map.clear();
+        assert_eq!(map.len(), 0);
+    }
+}

@@ -472,7 +472,8 @@ def test_a_landed_load_is_served_before_waiting_requests_that_hold_nothing() -> 
 
 def test_a_holder_that_cannot_grow_while_nothing_runs_makes_other_loads_let_go() -> None:
     """Two landed loads hold all but one block, and the first needs three more: nothing
-    runs, so nothing would free memory (vLLM 0.33 stalls). The other is preempted, its
+    runs, so nothing would free memory (vLLM 0.33 reserves the first's remaining blocks and
+    would not have started the second load). The other is preempted, its
     blocks go to the prefix cache, and the first is admitted."""
     connector = LoadsFor({"p": 8, "q": None})
     scheduler = Scheduler(config(max_num_batched_tokens=32), connector=connector)

@@ -639,8 +639,9 @@ fn a_holder_that_cannot_grow_while_nothing_runs_makes_the_other_landed_loads_let
     assert_eq!(free_blocks(&s), 1);
     s.finish_kv_transfers(&[1, 2], &[], &[]).unwrap();
     // 1 is first and needs 3 more blocks for its other 12 tokens; 2's 5 landed blocks are
-    // the memory, and nothing runs to free any (vLLM 0.33 stalls here for good). 2 is
-    // preempted: its blocks go to the prefix cache and 1 is admitted.
+    // the memory, and nothing runs to free any (vLLM 0.33 would not have started 2's load
+    // beside 1's unfinished prefill). 2 is preempted: its blocks go to the prefix cache
+    // and 1 is admitted.
     let out = run_step(&mut s);
     assert_eq!(out.preempted_req_ids, [2]);
     assert_eq!(scheduled(&out), [(1, 12)]);

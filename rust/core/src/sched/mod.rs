@@ -5,6 +5,7 @@
 mod config;
 mod connector;
 mod kv;
+mod loads;
 mod multistep;
 mod output;
 mod plugin;

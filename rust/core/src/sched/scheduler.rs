@@ -6,7 +6,7 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use super::connector::{ExternalTokens, KvConnector, KvLoad};
+use super::connector::{KvConnector, KvLoad};
 use super::kv::{Hit, Kv};
 use super::output::{CachedRequestData, NewRequestData, SchedulerOutput, SchedulerStats};
 use super::plugin::{PolicyPlugin, RequestView, check_permutation};
@@ -34,14 +34,14 @@ pub struct Scheduler<R: RequestKey> {
     pub(super) finished_in_flight: FxHashMap<R, FinishedInFlight>,
     pub(super) async_scheduling: bool,
     /// Leave token and block ids out of `NewRequestData` (callers that only need counts).
-    lean_output: bool,
+    pub(super) lean_output: bool,
     spare_plan: StepPlan<R>,
     pub(super) plugin: Option<Box<dyn PolicyPlugin<R>>>,
     /// This step's preemption order from the plugin: slot -> rank (0 = first victim).
     victim_rank: FxHashMap<u32, usize>,
     /// The last lookup of a request that could not be admitted, by its `arrival_seq` (unique,
     /// unlike slots): the head of the queue retries every step, and reuses its hashes.
-    blocked_head: Option<(u64, Hit)>,
+    pub(super) blocked_head: Option<(u64, Hit)>,
     /// The KV connector, if any (`sched::connector`).
     pub(super) connector: Option<Box<dyn KvConnector<R>>>,
     /// Slots of requests whose KV load the engine reported landed / failed; each is taken
@@ -68,7 +68,7 @@ pub(super) struct FinishedInFlight {
 }
 
 /// The decisions of one step before they become a `SchedulerOutput`.
-struct StepPlan<R> {
+pub(super) struct StepPlan<R> {
     /// (slot, tokens) in batch order.
     scheduled: Vec<(u32, usize)>,
     /// By slot: the blocks a scheduled request gets this step (`Some` = scheduled). A dense
@@ -76,9 +76,9 @@ struct StepPlan<R> {
     new_blocks: Vec<Option<Vec<BlockId>>>,
     /// Slots admitted from the waiting queue this step, and whether they were preempted.
     admitted: FxHashMap<u32, bool>,
-    preempted: Vec<u32>,
+    pub(super) preempted: Vec<u32>,
     loras: FxHashSet<u64>,
-    kv_loads: Vec<KvLoad<R>>,
+    pub(super) kv_loads: Vec<KvLoad<R>>,
 }
 
 impl<R> Default for StepPlan<R> {
@@ -131,7 +131,7 @@ enum Allocation {
 }
 
 /// What became of the request at the head of the waiting queue.
-enum Admission {
+pub(super) enum Admission {
     Scheduled,
     /// It does not fit (budget or memory): admission stops here (head-of-line blocking).
     Blocked,
@@ -513,14 +513,16 @@ impl<R: RequestKey> Scheduler<R> {
     /// the last, so scan backwards), the arrival-order rule the latest arrival.
     fn priority_victim(&self) -> u32 {
         let running = self.running.iter().copied();
+        // Compared in place: a priority key would clone each request id.
+        let by_priority = |a: u32, b: u32| {
+            let (a, b) = (&self.req(a).spec, &self.req(b).spec);
+            (a.priority.cmp(&b.priority)).then(a.arrival_time.total_cmp(&b.arrival_time))
+        };
         let victim = match self.config.priority_ties {
-            PriorityTies::Vllm => running.rev().max_by(|&a, &b| {
-                let (a, b) = (&self.req(a).spec, &self.req(b).spec);
-                (a.priority.cmp(&b.priority)).then(a.arrival_time.total_cmp(&b.arrival_time))
+            PriorityTies::Vllm => running.rev().max_by(|&a, &b| by_priority(a, b)),
+            PriorityTies::ArrivalOrder => running.max_by(|&a, &b| {
+                by_priority(a, b).then(self.req(a).arrival_seq.cmp(&self.req(b).arrival_seq))
             }),
-            PriorityTies::ArrivalOrder => {
-                running.max_by(|&a, &b| self.priority_key(a).cmp(&self.priority_key(b)))
-            }
         };
         victim.expect("a running request is allocating")
     }
@@ -620,73 +622,6 @@ impl<R: RequestKey> Scheduler<R> {
         Ok(admission_error)
     }
 
-    /// Whether a waiting request holds KV blocks (its load began), so it is served before
-    /// the waiting requests that hold none.
-    pub(super) fn holds_kv(&self, slot: u32) -> bool {
-        self.kv.block_ids(slot).is_some()
-    }
-
-    /// The head `head` cannot get memory and nothing runs, so nothing will free any: other
-    /// waiting requests whose KV loads landed hold it (block holders are served first, so
-    /// the head is itself a holder needing more blocks, or the holders ahead of it are
-    /// still loading). Each is preempted and goes to the front of the requests holding
-    /// nothing: its loaded blocks enter the prefix cache and are freed, so the head may
-    /// evict them; when it is admitted again it hits what the cache still holds and, like
-    /// any preempted request, asks its connector again. vLLM 0.33 stalls for good here;
-    /// this changes no step in which anything runs. Returns whether any memory was
-    /// released.
-    fn release_landed_loads(
-        &mut self,
-        head: u32,
-        skipped: &[u32],
-        plan: &mut StepPlan<R>,
-    ) -> Result<bool> {
-        let holders: Vec<u32> = (self.waiting.ordered().into_iter())
-            .chain(skipped.iter().copied())
-            .filter(|&slot| slot != head && self.holds_landed_load(slot))
-            .collect();
-        let mut requeue = Vec::new();
-        for &slot in &holders {
-            if self.landed.contains(&slot) || self.failed_loads.contains(&slot) {
-                self.take_landed_load(slot)?;
-            }
-            // Skipped ones go back at the end of the pass, to the part they then belong to.
-            if self.waiting.remove(slot) {
-                requeue.push(slot);
-            }
-            if self.kv.block_ids(slot).is_none() {
-                continue;
-            }
-            self.kv.free(slot)?;
-            let request = self.req_mut(slot);
-            request.status = RequestStatus::Preempted;
-            request.num_computed_tokens = 0;
-            request.num_external_computed_tokens = 0;
-            request.num_preemptions += 1;
-            plan.preempted.push(slot);
-            self.num_preemptions += 1;
-        }
-        for &slot in requeue.iter().rev() {
-            let key = self.priority_key(slot);
-            self.waiting.push_front(slot, key, false);
-        }
-        Ok(!holders.is_empty())
-    }
-
-    /// Whether a waiting request holds blocks that no transfer is still writing into: a load
-    /// that landed (or failed) whether or not it was taken yet.
-    fn holds_landed_load(&self, slot: u32) -> bool {
-        if self.kv.block_ids(slot).is_none() {
-            return false;
-        }
-        match self.req(slot).status {
-            RequestStatus::WaitingForRemoteKvs => {
-                self.landed.contains(&slot) || self.failed_loads.contains(&slot)
-            }
-            _ => true,
-        }
-    }
-
     /// Seed 004 §3.3.1: with `max_loras` adapters already in the batch, a request needing
     /// another one waits (skipped, keeping its place).
     fn lora_gated(&self, slot: u32, plan: &StepPlan<R>) -> bool {
@@ -774,7 +709,7 @@ impl<R: RequestKey> Scheduler<R> {
 
     /// vLLM 0.33's `scheduler_reserve_full_isl` gate at admission: the request's whole
     /// sequence (up to `max_model_len`) must fit beside what it holds or hits.
-    fn full_sequence_fits(&self, slot: u32, hit: Option<&Hit>) -> bool {
+    pub(super) fn full_sequence_fits(&self, slot: u32, hit: Option<&Hit>) -> bool {
         if !self.config.scheduler_reserve_full_isl {
             return true;
         }
@@ -784,7 +719,12 @@ impl<R: RequestKey> Scheduler<R> {
 
     /// Tokens a new admission computes this step, after `num_computed` hit or loaded ones;
     /// `None` if it must wait (its prompt does not fit the budget without chunked prefill).
-    fn admission_tokens(&self, slot: u32, num_computed: usize, budget: usize) -> Option<usize> {
+    pub(super) fn admission_tokens(
+        &self,
+        slot: u32,
+        num_computed: usize,
+        budget: usize,
+    ) -> Option<usize> {
         let mut n = self.req(slot).num_tokens() - num_computed;
         let threshold = self.step_threshold;
         if threshold > 0 {
@@ -796,115 +736,8 @@ impl<R: RequestKey> Scheduler<R> {
         Some(n.min(budget))
     }
 
-    /// What the connector can load after the local (and host-tier) hit; no connector, or a
-    /// request whose load failed before: nothing. `None`: ask again next step.
-    fn ask_connector(&mut self, slot: u32, hit: &Hit) -> Result<Option<ExternalTokens>> {
-        let request = self.slots[slot as usize]
-            .as_ref()
-            .expect("waiting slot is live");
-        let Some(connector) = self.connector.as_mut().filter(|_| !request.kv_load_failed) else {
-            return Ok(Some(ExternalTokens::default()));
-        };
-        let local = hit.num_computed_tokens() + hit.num_host_tokens();
-        let Some(external) = connector.get_num_new_matched_tokens(request, local)? else {
-            return Ok(None);
-        };
-        // A synchronous load leaves at least the last token to compute (its logits).
-        let most = request.num_tokens() - local - usize::from(!external.load_async);
-        if external.num_tokens > most {
-            return Err(crate::Error::connector(
-                "get_num_new_matched_tokens",
-                format!("{} tokens", external.num_tokens),
-                format!(
-                    "request {:?} has {} tokens and {local} hit locally: at most {most} can be \
-                     loaded{}",
-                    request.request_id,
-                    request.num_tokens(),
-                    if external.load_async {
-                        ""
-                    } else {
-                        " (a synchronous load leaves the last token to compute)"
-                    }
-                ),
-            ));
-        }
-        Ok(Some(external))
-    }
-
-    /// Allocates slots for an asynchronous load (the connector's tokens and any host-tier
-    /// hit) and parks the request in `WAITING_FOR_REMOTE_KVS`, in its place in the queue.
-    fn start_load(
-        &mut self,
-        slot: u32,
-        hit: Hit,
-        num_external_tokens: usize,
-        plan: &mut StepPlan<R>,
-    ) -> Result<Admission> {
-        let request = self.slots[slot as usize].as_ref().expect("live");
-        let (seq, lora_id) = (request.arrival_seq, request.spec.lora_id);
-        let tokens = &request.all_token_ids;
-        if !self
-            .kv
-            .allocate_external(slot, tokens, num_external_tokens, &hit, lora_id)?
-        {
-            self.blocked_head = Some((seq, hit));
-            return Ok(Admission::Blocked);
-        }
-        let notified = self.notify_allocation(slot, num_external_tokens);
-        let request = self.req_mut(slot);
-        request.status = RequestStatus::WaitingForRemoteKvs;
-        request.num_external_computed_tokens = num_external_tokens;
-        plan.kv_loads.push(KvLoad {
-            request_id: request.request_id.clone(),
-            num_external_tokens,
-            num_host_tokens: hit.num_host_tokens(),
-        });
-        notified.map(|()| Admission::SteppedAside)
-    }
-
-    /// Tells the connector (if any) the request's blocks (vLLM's `update_state_after_alloc`).
-    fn notify_allocation(&mut self, slot: u32, num_external_tokens: usize) -> Result<()> {
-        let Some(connector) = self.connector.as_mut() else {
-            return Ok(());
-        };
-        let request = self.slots[slot as usize].as_ref().expect("live slot");
-        let blocks = self.kv.block_ids(slot).unwrap_or_default();
-        connector.update_state_after_alloc(request, blocks, num_external_tokens)
-    }
-
-    /// A request whose KV was loaded (it holds blocks for `num_computed_tokens`) goes on
-    /// like a running one: slots for the rest, no lookup.
-    fn admit_loaded(
-        &mut self,
-        slot: u32,
-        budget: &mut usize,
-        plan: &mut StepPlan<R>,
-    ) -> Result<Admission> {
-        let num_computed = self.req(slot).num_computed_tokens;
-        let Some(n) = self.admission_tokens(slot, num_computed, *budget) else {
-            return Ok(Admission::Blocked);
-        };
-        if !self.full_sequence_fits(slot, None) {
-            return Ok(Admission::Blocked);
-        }
-        let request = self.slots[slot as usize].as_ref().expect("live");
-        let known = self.kv.num_tokens(slot).unwrap_or(0);
-        let new_tokens = &request.all_token_ids[known..];
-        let lookahead = self.config.num_lookahead_tokens;
-        let with_ids = !self.lean_output;
-        let lora_id = request.spec.lora_id;
-        let Some(blocks) = self
-            .kv
-            .allocate(slot, new_tokens, n, lookahead, None, lora_id, with_ids)?
-        else {
-            return Ok(Admission::Blocked);
-        };
-        self.start_running(slot, num_computed, n, blocks, budget, plan);
-        Ok(Admission::Scheduled)
-    }
-
     /// The admitted request leaves the waiting queue and runs `n` tokens this step.
-    fn start_running(
+    pub(super) fn start_running(
         &mut self,
         slot: u32,
         num_computed: usize,
@@ -926,40 +759,6 @@ impl<R: RequestKey> Scheduler<R> {
         plan.scheduled.push((slot, n));
         plan.set_blocks(slot, blocks);
         *budget -= n;
-    }
-
-    /// A loading request at the head of the queue: if its load landed, its blocks enter the
-    /// prefix cache and it counts the loaded tokens as computed (all but the last token, if
-    /// the load covered every one: the model needs it for logits, as in vLLM's
-    /// `_update_waiting_for_remote_kv`); if the load failed, it drops its blocks and
-    /// recomputes. Returns whether it can be admitted now.
-    fn take_landed_load(&mut self, slot: u32) -> Result<bool> {
-        if self.failed_loads.remove(&slot) {
-            self.landed.remove(&slot);
-            self.kv.free(slot)?;
-            let request = self.req_mut(slot);
-            request.num_computed_tokens = 0;
-            request.num_external_computed_tokens = 0;
-            request.kv_load_failed = true;
-            request.status = RequestStatus::Waiting;
-            return Ok(true);
-        }
-        if !self.landed.remove(&slot) {
-            return Ok(false);
-        }
-        let loaded = self
-            .kv
-            .num_computed_tokens(slot)
-            .expect("a loading request");
-        let num_tokens = self.req(slot).num_tokens();
-        if loaded >= num_tokens {
-            self.kv.rewind(slot, loaded + 1 - num_tokens)?;
-        }
-        self.kv.cache_loaded(slot)?;
-        let request = self.req_mut(slot);
-        request.num_computed_tokens = loaded.min(num_tokens - 1);
-        request.status = RequestStatus::Waiting;
-        Ok(true)
     }
 
     /// Turns the plan into the output and advances each scheduled request's computed tokens

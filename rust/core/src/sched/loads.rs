@@ -1,0 +1,226 @@
+//! The step scheduler's KV loads (`super::connector`): asking the connector what it can
+//! load, parking a request in WAITING_FOR_REMOTE_KVS while its blocks fill, taking a load
+//! that landed or failed, and letting landed loads go when they hold the memory a blocked
+//! head needs while nothing runs.
+
+use super::connector::{ExternalTokens, KvLoad};
+use super::kv::Hit;
+use super::request::RequestStatus;
+use super::scheduler::{Admission, Scheduler, StepPlan};
+use crate::Result;
+use crate::kv::RequestKey;
+
+impl<R: RequestKey> Scheduler<R> {
+    /// Whether a waiting request holds KV blocks (its load began), so it is served before
+    /// the waiting requests that hold none.
+    pub(super) fn holds_kv(&self, slot: u32) -> bool {
+        self.kv.block_ids(slot).is_some()
+    }
+
+    /// The head `head` cannot get memory and nothing runs, so nothing will free any: other
+    /// waiting requests whose KV loads landed hold it (block holders are served first, so
+    /// the head is itself a holder needing more blocks, or the holders ahead of it are
+    /// still loading). Each is preempted and goes to the front of the requests holding
+    /// nothing: its loaded blocks enter the prefix cache and are freed, so the head may
+    /// evict them; when it is admitted again it hits what the cache still holds and, like
+    /// any preempted request, asks its connector again. vLLM 0.33 keeps this from arising
+    /// (it starts a load only beside the blocks in-flight prefills still need), which
+    /// tokenyard does not model; this changes no step in which anything runs. Returns
+    /// whether any memory was released.
+    pub(super) fn release_landed_loads(
+        &mut self,
+        head: u32,
+        skipped: &[u32],
+        plan: &mut StepPlan<R>,
+    ) -> Result<bool> {
+        let holders: Vec<u32> = (self.waiting.ordered().into_iter())
+            .chain(skipped.iter().copied())
+            .filter(|&slot| slot != head && self.holds_landed_load(slot))
+            .collect();
+        let mut requeue = Vec::new();
+        for &slot in &holders {
+            if self.landed.contains(&slot) || self.failed_loads.contains(&slot) {
+                self.take_landed_load(slot)?;
+            }
+            // Skipped ones go back at the end of the pass, to the part they then belong to.
+            if self.waiting.remove(slot) {
+                requeue.push(slot);
+            }
+            if self.kv.block_ids(slot).is_none() {
+                continue;
+            }
+            self.kv.free(slot)?;
+            let request = self.req_mut(slot);
+            request.status = RequestStatus::Preempted;
+            request.num_computed_tokens = 0;
+            request.num_external_computed_tokens = 0;
+            request.num_preemptions += 1;
+            plan.preempted.push(slot);
+            self.num_preemptions += 1;
+        }
+        for &slot in requeue.iter().rev() {
+            let key = self.priority_key(slot);
+            self.waiting.push_front(slot, key, false);
+        }
+        Ok(!holders.is_empty())
+    }
+
+    /// Whether a waiting request holds blocks that no transfer is still writing into: a load
+    /// that landed (or failed) whether or not it was taken yet.
+    pub(super) fn holds_landed_load(&self, slot: u32) -> bool {
+        if self.kv.block_ids(slot).is_none() {
+            return false;
+        }
+        match self.req(slot).status {
+            RequestStatus::WaitingForRemoteKvs => {
+                self.landed.contains(&slot) || self.failed_loads.contains(&slot)
+            }
+            _ => true,
+        }
+    }
+
+    /// What the connector can load after the local (and host-tier) hit; no connector, or a
+    /// request whose load failed before: nothing. `None`: ask again next step.
+    pub(super) fn ask_connector(&mut self, slot: u32, hit: &Hit) -> Result<Option<ExternalTokens>> {
+        let request = self.slots[slot as usize]
+            .as_ref()
+            .expect("waiting slot is live");
+        let Some(connector) = self.connector.as_mut().filter(|_| !request.kv_load_failed) else {
+            return Ok(Some(ExternalTokens::default()));
+        };
+        let local = hit.num_computed_tokens() + hit.num_host_tokens();
+        let Some(external) = connector.get_num_new_matched_tokens(request, local)? else {
+            return Ok(None);
+        };
+        // A synchronous load leaves at least the last token to compute (its logits).
+        let most = request.num_tokens() - local - usize::from(!external.load_async);
+        if external.num_tokens > most {
+            return Err(crate::Error::connector(
+                "get_num_new_matched_tokens",
+                format!("{} tokens", external.num_tokens),
+                format!(
+                    "request {:?} has {} tokens and {local} hit locally: at most {most} can be \
+                     loaded{}",
+                    request.request_id,
+                    request.num_tokens(),
+                    if external.load_async {
+                        ""
+                    } else {
+                        " (a synchronous load leaves the last token to compute)"
+                    }
+                ),
+            ));
+        }
+        Ok(Some(external))
+    }
+
+    /// Allocates slots for an asynchronous load (the connector's tokens and any host-tier
+    /// hit) and parks the request in `WAITING_FOR_REMOTE_KVS`, in its place in the queue.
+    pub(super) fn start_load(
+        &mut self,
+        slot: u32,
+        hit: Hit,
+        num_external_tokens: usize,
+        plan: &mut StepPlan<R>,
+    ) -> Result<Admission> {
+        let request = self.slots[slot as usize].as_ref().expect("live");
+        let (seq, lora_id) = (request.arrival_seq, request.spec.lora_id);
+        let tokens = &request.all_token_ids;
+        if !self
+            .kv
+            .allocate_external(slot, tokens, num_external_tokens, &hit, lora_id)?
+        {
+            self.blocked_head = Some((seq, hit));
+            return Ok(Admission::Blocked);
+        }
+        let notified = self.notify_allocation(slot, num_external_tokens);
+        let request = self.req_mut(slot);
+        request.status = RequestStatus::WaitingForRemoteKvs;
+        request.num_external_computed_tokens = num_external_tokens;
+        plan.kv_loads.push(KvLoad {
+            request_id: request.request_id.clone(),
+            num_external_tokens,
+            num_host_tokens: hit.num_host_tokens(),
+        });
+        notified.map(|()| Admission::SteppedAside)
+    }
+
+    /// Tells the connector (if any) the request's blocks (vLLM's `update_state_after_alloc`).
+    pub(super) fn notify_allocation(
+        &mut self,
+        slot: u32,
+        num_external_tokens: usize,
+    ) -> Result<()> {
+        let Some(connector) = self.connector.as_mut() else {
+            return Ok(());
+        };
+        let request = self.slots[slot as usize].as_ref().expect("live slot");
+        let blocks = self.kv.block_ids(slot).unwrap_or_default();
+        connector.update_state_after_alloc(request, blocks, num_external_tokens)
+    }
+
+    /// A request whose KV was loaded (it holds blocks for `num_computed_tokens`) goes on
+    /// like a running one: slots for the rest, no lookup.
+    pub(super) fn admit_loaded(
+        &mut self,
+        slot: u32,
+        budget: &mut usize,
+        plan: &mut StepPlan<R>,
+    ) -> Result<Admission> {
+        let num_computed = self.req(slot).num_computed_tokens;
+        let Some(n) = self.admission_tokens(slot, num_computed, *budget) else {
+            return Ok(Admission::Blocked);
+        };
+        if !self.full_sequence_fits(slot, None) {
+            return Ok(Admission::Blocked);
+        }
+        let request = self.slots[slot as usize].as_ref().expect("live");
+        let known = self.kv.num_tokens(slot).unwrap_or(0);
+        let new_tokens = &request.all_token_ids[known..];
+        let lookahead = self.config.num_lookahead_tokens;
+        let with_ids = !self.lean_output;
+        let lora_id = request.spec.lora_id;
+        let Some(blocks) = self
+            .kv
+            .allocate(slot, new_tokens, n, lookahead, None, lora_id, with_ids)?
+        else {
+            return Ok(Admission::Blocked);
+        };
+        self.start_running(slot, num_computed, n, blocks, budget, plan);
+        Ok(Admission::Scheduled)
+    }
+
+    /// A loading request at the head of the queue: if its load landed, its blocks enter the
+    /// prefix cache and it counts the loaded tokens as computed (all but the last token, if
+    /// the load covered every one: the model needs it for logits, as in vLLM's
+    /// `_update_waiting_for_remote_kv`); if the load failed, it drops its blocks and
+    /// recomputes. Returns whether it can be admitted now.
+    pub(super) fn take_landed_load(&mut self, slot: u32) -> Result<bool> {
+        if self.failed_loads.remove(&slot) {
+            self.landed.remove(&slot);
+            self.kv.free(slot)?;
+            let request = self.req_mut(slot);
+            request.num_computed_tokens = 0;
+            request.num_external_computed_tokens = 0;
+            request.kv_load_failed = true;
+            request.status = RequestStatus::Waiting;
+            return Ok(true);
+        }
+        if !self.landed.remove(&slot) {
+            return Ok(false);
+        }
+        let loaded = self
+            .kv
+            .num_computed_tokens(slot)
+            .expect("a loading request");
+        let num_tokens = self.req(slot).num_tokens();
+        if loaded >= num_tokens {
+            self.kv.rewind(slot, loaded + 1 - num_tokens)?;
+        }
+        self.kv.cache_loaded(slot)?;
+        let request = self.req_mut(slot);
+        request.num_computed_tokens = loaded.min(num_tokens - 1);
+        request.status = RequestStatus::Waiting;
+        Ok(true)
+    }
+}

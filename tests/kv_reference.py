@@ -73,7 +73,8 @@ class RefRequest:
 
 
 class RefBlockPool:
-    """vLLM V1's block pool: ref counts, an LRU free queue, one cached block per hash; with
+    """vLLM V1's block pool: ref counts, an LRU free queue, every block caching a hash listed
+    under it oldest first (a lookup gets the oldest, as vLLM 0.33's map does); with
     ``host_num_blocks`` > 0, a host tier (an LRU of hashes) that evicted hashes go to."""
 
     def __init__(
@@ -88,7 +89,7 @@ class RefBlockPool:
         self.ref_cnt = [0] * num_blocks
         self.block_hash: list[int | None] = [None] * num_blocks
         self.free_queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
-        self.cached: dict[int, int] = {}
+        self.cached: dict[int, list[int]] = {}
         self.requests: dict[object, RefRequest] = {}
         self.stats = [0, 0, 0]  # lookups, query tokens, hit tokens
         self.host_num_blocks = host_num_blocks
@@ -101,6 +102,10 @@ class RefBlockPool:
     @property
     def num_free_blocks(self) -> int:
         return len(self.free_queue)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return sum(len(blocks) for blocks in self.cached.values())
 
     def _hashes(self, tokens: list[int], extra_key: int | None) -> list[int]:
         hashes: list[int] = []
@@ -128,7 +133,7 @@ class RefBlockPool:
         # GPU hits first, then the blocks the host tier holds, never the last token.
         for h in hashes[: max(len(tokens) - 1, 0) // self.block_size]:
             if num_host == 0 and h in self.cached:
-                hit.append(self.cached[h])
+                hit.append(self.cached[h][0])
             elif h in self.host:
                 num_host += 1
             else:
@@ -256,7 +261,9 @@ class RefBlockPool:
         block, _ = self.free_queue.popitem(last=False)
         h = self.block_hash[block]
         if h is not None:
-            del self.cached[h]
+            self.cached[h].remove(block)
+            if not self.cached[h]:
+                del self.cached[h]
             self.block_hash[block] = None
             if self.host_num_blocks > 0:
                 self._offload(h)
@@ -278,9 +285,8 @@ class RefBlockPool:
         hashes = self._hashes(request.tokens, request.extra_key)
         num_full = min(request.num_computed_tokens, len(request.tokens)) // self.block_size
         for i in range(request.num_cached_blocks, num_full):
-            if hashes[i] not in self.cached:
-                self.cached[hashes[i]] = request.block_ids[i]
-                self.block_hash[request.block_ids[i]] = hashes[i]
+            self.cached.setdefault(hashes[i], []).append(request.block_ids[i])
+            self.block_hash[request.block_ids[i]] = hashes[i]
         request.num_cached_blocks = max(request.num_cached_blocks, num_full)
 
     def free(self, request_id: object) -> None:

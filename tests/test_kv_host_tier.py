@@ -325,7 +325,7 @@ class HostTierMachine(RuleBasedStateMachine):
             return
         self.rust.check_invariants()
         assert self.rust.free_block_ids().tolist() == list(self.ref.free_queue)
-        assert self.rust.num_cached_blocks == len(self.ref.cached)
+        assert self.rust.num_cached_blocks == self.ref.num_cached_blocks
         assert [self.rust.ref_count(b) for b in range(self.rust.num_blocks)] == self.ref.ref_cnt
         assert len(self.rust) == len(self.ref.requests)
         for rid, request in self.ref.requests.items():

@@ -5,7 +5,8 @@
 //! map and each request's block table. Invariants (see `check_invariants`):
 //! - a block is in the free queue exactly when no request holds it (ref count 0);
 //! - a block's ref count equals the number of requests whose table holds it;
-//! - the hash map and the blocks' hashes agree, one block per hash;
+//! - the hash map and the blocks' hashes agree; a hash cached in several blocks (as vLLM
+//!   allows) answers lookups with its oldest copy;
 //! - free + in use = total, where free = uncached-free + cached-free.
 //!
 //! With a host tier ([`BlockPool::with_host_tier`]), a cached hash evicted from a GPU block
@@ -174,9 +175,11 @@ pub struct BlockPool<R: RequestKey> {
 /// A change to what the prefix cache holds, as vLLM and SGLang publish them to routers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KvEvent {
-    /// A full block with this content hash became findable.
+    /// A full block was cached under this content hash. One event per block, as vLLM
+    /// reports them: a hash cached in two blocks is stored twice.
     Stored(BlockHash),
-    /// The block with this hash was evicted; it is no longer findable.
+    /// A block caching this hash was evicted. The hash stays findable while another block
+    /// still caches it (as many `Removed` as `Stored`).
     Removed(BlockHash),
     /// A hash entered the host tier (vLLM's `BlockStored` with the CPU medium).
     HostStored(BlockHash),
@@ -251,9 +254,9 @@ impl<R: RequestKey> BlockPool<R> {
         self.stats
     }
 
-    /// Blocks registered in the prefix cache (held or free).
+    /// Blocks registered in the prefix cache (held or free), copies of a hash included.
     pub fn num_cached_blocks(&self) -> usize {
-        self.cached.len()
+        self.cached.num_blocks()
     }
 
     /// Free blocks that still hold a cached prefix (evicted, LRU first, on demand).
@@ -812,12 +815,14 @@ impl<R: RequestKey> BlockPool<R> {
                     meta.ref_cnt
                 ));
             }
-            if let Some(hash) = meta.hash()
-                && self.cached.get(&hash, self.blocks.as_slice()) != Some(b as u32)
-            {
-                return Err(format!(
-                    "block {b} has a hash the cache map does not point back from"
-                ));
+            if let Some(hash) = meta.hash() {
+                let first = self.cached.get(&hash, self.blocks.as_slice());
+                let is_copy = self.cached.later_copies(&hash).contains(&(b as u32));
+                if first != Some(b as u32) && !is_copy {
+                    return Err(format!(
+                        "block {b} has a hash the cache map does not point back from"
+                    ));
+                }
             }
         }
         let linked = self.free_queue.iter().count();
@@ -827,11 +832,23 @@ impl<R: RequestKey> BlockPool<R> {
                 self.free_queue.len()
             ));
         }
+        let num_hashes = self
+            .blocks
+            .iter()
+            .filter_map(BlockMeta::hash)
+            .collect::<rustc_hash::FxHashSet<_>>()
+            .len();
+        if num_hashes != self.cached.num_hashes() {
+            return Err(format!(
+                "blocks hold {num_hashes} distinct hashes but the cache map counts {}",
+                self.cached.num_hashes()
+            ));
+        }
         let num_hashed = self.blocks.iter().filter(|m| m.cached).count();
-        if num_hashed != self.cached.len() {
+        if num_hashed != self.cached.num_blocks() {
             return Err(format!(
                 "{num_hashed} blocks hold a hash but the cache map counts {}",
-                self.cached.len()
+                self.cached.num_blocks()
             ));
         }
         self.host
@@ -873,7 +890,7 @@ fn take_free_block(
     meta.ref_cnt = 1;
     if let Some(hash) = meta.take_hash() {
         // The map's entry goes stale with the block's hash (no probe: `cache_map`).
-        eviction.cached.forget(block);
+        eviction.cached.forget(block, &hash);
         if let Some(events) = eviction.events {
             events.push(KvEvent::Removed(hash));
         }
@@ -953,8 +970,10 @@ fn append_tokens(
 /// Blocks whose map slots are read ahead together.
 const WARM_RUN: usize = 16;
 
-/// Registers the request's newly computed full blocks in the prefix cache. A block whose
-/// content is already cached under another block stays unregistered (one block per hash).
+/// Registers the request's newly computed full blocks in the prefix cache. As in vLLM, a
+/// block whose content another block already caches is registered too, as a later copy:
+/// block tables are append-only, so the duplicate is not swapped for the cached block, and
+/// it keeps the prefix cached once the first copy is evicted.
 fn cache_full_blocks(
     block_size: usize,
     cached: &mut CacheMap,
@@ -970,11 +989,10 @@ fn cache_full_blocks(
     for (run_hashes, run_ids) in hashes.chunks(WARM_RUN).zip(ids.chunks(WARM_RUN)) {
         cached.warm(run_hashes);
         for (&hash, &block) in run_hashes.iter().zip(run_ids) {
-            if cached.insert_if_absent(hash, block, blocks) {
-                blocks[block as usize].set_hash(hash);
-                if let Some(events) = events {
-                    events.push(KvEvent::Stored(hash));
-                }
+            cached.insert(hash, block, blocks);
+            blocks[block as usize].set_hash(hash);
+            if let Some(events) = events {
+                events.push(KvEvent::Stored(hash));
             }
         }
     }

@@ -51,6 +51,52 @@ fn prefix_hit_shares_blocks_and_never_covers_the_last_token() {
     pool.check_invariants().unwrap();
 }
 
+/// vLLM 0.33 caches every copy of a full block (`BlockHashToBlockMap`): two requests that
+/// computed the same prefix side by side both register their blocks, a lookup answers the
+/// oldest copy, and once that one is evicted the other still serves the prefix.
+#[test]
+fn every_copy_of_a_block_is_cached_and_serves_hits_after_the_first_is_evicted() {
+    let mut pool = BlockPool::new(6, 4, true).unwrap();
+    pool.enable_events();
+    let prompt = tokens(0..8);
+    // Both admitted without a hit, as when both were looked up before either computed.
+    for id in [1u64, 2] {
+        pool.allocate_slots(&id, &prompt, 8, 0, None, None)
+            .unwrap()
+            .unwrap();
+    }
+    assert_eq!(pool.block_ids(&2).unwrap(), [2, 3]);
+    assert_eq!(pool.num_cached_blocks(), 4, "two copies of each of two blocks");
+    let stored = pool
+        .drain_events()
+        .iter()
+        .filter(|e| matches!(e, KvEvent::Stored(_)))
+        .count();
+    assert_eq!(stored, 4, "one event per block, as vLLM reports them");
+    pool.check_invariants().unwrap();
+
+    pool.free(&1).unwrap();
+    pool.free(&2).unwrap();
+    assert_eq!(pool.free_block_ids(), [4, 5, 1, 0, 3, 2]);
+    let hit = pool.get_computed_blocks(&tokens(0..12), None);
+    assert_eq!(hit.block_ids, [0, 1], "the oldest copies answer");
+
+    // Four new blocks evict the first copies (1 then 0); the second copies remain.
+    pool.allocate_slots(&3u64, &tokens(100..116), 16, 0, None, None)
+        .unwrap()
+        .unwrap();
+    let removed = pool
+        .drain_events()
+        .iter()
+        .filter(|e| matches!(e, KvEvent::Removed(_)))
+        .count();
+    assert_eq!(removed, 2);
+    let hit = pool.get_computed_blocks(&tokens(0..12), None);
+    assert_eq!(hit.block_ids, [2, 3], "the later copies still serve the prefix");
+    assert_eq!(pool.num_cached_blocks(), 6);
+    pool.check_invariants().unwrap();
+}
+
 #[test]
 fn freed_blocks_stay_cached_and_tails_are_evicted_first() {
     let mut pool = BlockPool::new(4, 2, true).unwrap();

@@ -13,9 +13,16 @@
 //!   which happens when live and dead slots fill half of it (amortized O(1): a rebuild
 //!   leaves it at most a quarter full) and reads only the tags.
 //!
-//! Invariant: a block that holds a hash `h` has a slot on `h`'s probe run (the one answer
-//! [`CacheMap::get`] gives for `h`), and `num_live` counts such blocks. What the map answers
-//! is exactly what a map with eager removals would answer.
+//! - A hash may be cached in several blocks, as in vLLM (two requests computed the same
+//!   prefix before either was cached). The table holds its first copy, the one lookups
+//!   return; `copies` lists every copy of such a hash, oldest first, and when the first is
+//!   evicted the next takes its slot. Duplicates are few, so that side map stays small.
+//!
+//! Invariant: the first block caching a hash `h` has a slot on `h`'s probe run (the one
+//! answer [`CacheMap::get`] gives for `h`), later copies have none, and `num_live` counts
+//! hashes. What the map answers is exactly what a map with eager removals would answer.
+
+use rustc_hash::FxHashMap;
 
 use super::block_hash::BlockHash;
 use super::block_pool::BlockId;
@@ -34,8 +41,12 @@ pub(super) struct CacheMap {
     block_tags: Vec<u32>,
     /// Slots in use, live or dead.
     num_used: usize,
-    /// Blocks holding a cached hash.
+    /// Hashes cached (in one block or more).
     num_live: usize,
+    /// Blocks caching a hash, copies included.
+    num_blocks: usize,
+    /// Every block caching a hash cached more than once, in the order they were cached.
+    copies: FxHashMap<BlockHash, Vec<BlockId>>,
 }
 
 fn tag(hash: &BlockHash) -> u64 {
@@ -57,6 +68,8 @@ impl CacheMap {
             block_tags: vec![0; num_blocks],
             num_used: 0,
             num_live: 0,
+            num_blocks: 0,
+            copies: FxHashMap::default(),
         }
     }
 
@@ -77,12 +90,23 @@ impl CacheMap {
         u64::from(self.block_tags[block_of(slot) as usize]) == slot >> 32
     }
 
-    /// Cached blocks.
-    pub(super) fn len(&self) -> usize {
+    /// Hashes cached, each counted once.
+    pub(super) fn num_hashes(&self) -> usize {
         self.num_live
     }
 
-    /// The block caching `hash`, if any.
+    /// Blocks caching a hash, copies included.
+    pub(super) fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    /// The blocks caching `hash` after the first (the one [`Self::get`] answers), oldest
+    /// first.
+    pub(super) fn later_copies(&self, hash: &BlockHash) -> &[BlockId] {
+        self.copies.get(hash).map_or(&[], |copies| &copies[1..])
+    }
+
+    /// The first block caching `hash`, if any.
     pub(super) fn get(&self, hash: &BlockHash, blocks: &(impl HashOf + ?Sized)) -> Option<BlockId> {
         let mask = self.mask();
         let want = tag(hash);
@@ -111,25 +135,46 @@ impl CacheMap {
         std::hint::black_box(acc);
     }
 
-    /// Registers `block` (which the caller then gives `hash`) as caching `hash`, unless a
-    /// block already does; returns whether it was registered.
-    pub(super) fn insert_if_absent(
+    /// Registers `block` (which the caller then gives `hash`) as caching `hash`: the
+    /// first, or a later copy when another block already caches it.
+    pub(super) fn insert(
         &mut self,
         hash: BlockHash,
         block: BlockId,
         blocks: &(impl HashOf + ?Sized),
-    ) -> bool {
+    ) {
+        self.num_blocks += 1;
+        match self.get(&hash, blocks) {
+            None => {
+                self.occupy(&hash, block);
+                self.num_live += 1;
+            }
+            Some(first) => self
+                .copies
+                .entry(hash)
+                .or_insert_with(|| vec![first])
+                .push(block),
+        }
+    }
+
+    /// Gives `block` the slot of `hash`, whose only live slot it will be.
+    fn occupy(&mut self, hash: &BlockHash, block: BlockId) {
+        self.make_room();
+        self.place_live(hash, block);
+    }
+
+    /// Rebuilds the table if one more slot would fill half of it.
+    fn make_room(&mut self) {
         if (self.num_used + 1) * 2 > self.slots.len() {
             self.rebuild();
         }
-        if self.get(&hash, blocks).is_some() {
-            return false;
-        }
-        let slot = pack(&hash, block);
+    }
+
+    /// Places `block`'s slot for `hash` (room was made).
+    fn place_live(&mut self, hash: &BlockHash, block: BlockId) {
+        let slot = pack(hash, block);
         self.place(slot);
         self.block_tags[block as usize] = (slot >> 32) as u32;
-        self.num_live += 1;
-        true
     }
 
     /// Writes `slot` at the first empty slot of its tag's probe run.
@@ -143,9 +188,31 @@ impl CacheMap {
         self.num_used += 1;
     }
 
-    /// `block`, which cached a hash, was evicted (its hash cleared by the caller): its
-    /// slot is dead.
-    pub(super) fn forget(&mut self, block: BlockId) {
+    /// `block`, which cached `hash`, was evicted (its hash cleared by the caller): its slot,
+    /// if it has one, is dead, and the next copy of `hash`, if any, takes over.
+    pub(super) fn forget(&mut self, block: BlockId, hash: &BlockHash) {
+        self.num_blocks -= 1;
+        // The common case costs no lookup: most pools never hold a copy.
+        if !self.copies.is_empty()
+            && let Some(copies) = self.copies.get_mut(hash)
+        {
+            let at = copies
+                .iter()
+                .position(|&b| b == block)
+                .expect("a copy of a hash is listed under it");
+            copies.remove(at);
+            let next = copies[0];
+            if copies.len() == 1 {
+                self.copies.remove(hash);
+            }
+            if at == 0 {
+                // Room first, while the hash still has its live slot (a rebuild keeps it).
+                self.make_room();
+                self.block_tags[block as usize] = 0;
+                self.place_live(hash, next);
+            }
+            return;
+        }
         self.block_tags[block as usize] = 0;
         self.num_live -= 1;
     }
@@ -189,11 +256,12 @@ mod tests {
     }
 
     #[test]
-    fn answers_as_an_eager_map_through_evictions_rebuilds_and_tag_collisions() {
+    fn answers_as_an_eager_map_through_copies_evictions_rebuilds_and_tag_collisions() {
         const NUM_BLOCKS: usize = 40;
         let mut blocks = Hashes(vec![None; NUM_BLOCKS]);
         let mut map = CacheMap::new(NUM_BLOCKS);
-        let mut eager: HashMap<BlockHash, BlockId> = HashMap::new();
+        // Every block caching each hash, oldest first (vLLM's dict of copies).
+        let mut eager: HashMap<BlockHash, Vec<BlockId>> = HashMap::new();
         let mut state = 0x2545_F491_4F6C_DD1Du64;
         let mut next = move || {
             state ^= state << 13;
@@ -201,31 +269,41 @@ mod tests {
             state ^= state << 17;
             state
         };
-        // Few distinct top bits: many hashes share a tag (and so a home slot).
-        let hash_of = |n: u64| BlockHash((u128::from(n % 5) << 96) | u128::from(n % 97));
+        // Few distinct top bits: many hashes share a tag (and so a home slot); few hashes
+        // overall, so many are cached in several blocks.
+        let hash_of = |n: u64| BlockHash((u128::from(n % 5) << 96) | u128::from(n % 31));
         for _ in 0..20_000 {
             let block = (next() % NUM_BLOCKS as u64) as BlockId;
             let hash = hash_of(next());
             if let Some(old) = blocks.0[block as usize].take() {
                 // Evict, as `take_free_block` does.
-                eager.remove(&old);
-                map.forget(block);
-            } else {
-                let registered = map.insert_if_absent(hash, block, &blocks);
-                assert_eq!(registered, !eager.contains_key(&hash));
-                if registered {
-                    eager.insert(hash, block);
-                    blocks.0[block as usize] = Some(hash);
+                let copies = eager.get_mut(&old).unwrap();
+                copies.retain(|&b| b != block);
+                if copies.is_empty() {
+                    eager.remove(&old);
                 }
+                map.forget(block, &old);
+            } else {
+                map.insert(hash, block, &blocks);
+                blocks.0[block as usize] = Some(hash);
+                eager.entry(hash).or_default().push(block);
             }
-            assert_eq!(map.len(), eager.len());
+            assert_eq!(map.num_hashes(), eager.len());
+            let num_blocks: usize = eager.values().map(Vec::len).sum();
+            assert_eq!(map.num_blocks(), num_blocks);
             let probe = hash_of(next());
-            assert_eq!(map.get(&probe, &blocks), eager.get(&probe).copied());
+            let want = eager.get(&probe);
+            assert_eq!(map.get(&probe, &blocks), want.map(|c| c[0]));
+            assert_eq!(
+                map.later_copies(&probe),
+                want.map_or(&[][..], |c| &c[1..])
+            );
         }
-        for (hash, &block) in &eager {
-            assert_eq!(map.get(hash, &blocks), Some(block));
+        for (hash, copies) in &eager {
+            assert_eq!(map.get(hash, &blocks), Some(copies[0]));
         }
         map.clear();
-        assert_eq!(map.len(), 0);
+        assert_eq!(map.num_hashes(), 0);
+        assert_eq!(map.num_blocks(), 0);
     }
 }

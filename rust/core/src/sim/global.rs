@@ -14,7 +14,7 @@
 //!   replica holds in host memory (told by host-tier events), each such token counting
 //!   `host_hit_weight` of one on its GPUs (it still crosses PCIe).
 
-use rustc_hash::FxHashSet;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::rng::Rng;
 use crate::kv::{BlockHash, KvEvent, TokenId, hash_full_blocks};
@@ -107,7 +107,8 @@ pub struct Router {
     block_size: usize,
     /// Per replica: the block hashes its prefix cache holds (prefix_affinity), on its GPUs
     /// and in its host tier.
-    index: Vec<FxHashSet<BlockHash>>,
+    /// Per replica, the blocks caching each hash (a hash may be cached in several).
+    index: Vec<FxHashMap<BlockHash, u32>>,
     host_index: Vec<FxHashSet<BlockHash>>,
     host_hit_weight: f64,
 }
@@ -119,7 +120,7 @@ impl Router {
             counter: 0,
             rng: Rng::new(seed ^ 0x5EED_0F40_07E5),
             block_size,
-            index: vec![FxHashSet::default(); num_replicas],
+            index: vec![FxHashMap::default(); num_replicas],
             host_index: vec![FxHashSet::default(); num_replicas],
             host_hit_weight: 0.0,
         }
@@ -140,11 +141,14 @@ impl Router {
         let (held, host) = (&mut self.index[replica], &mut self.host_index[replica]);
         for event in events {
             match *event {
-                KvEvent::Stored(hash) => {
-                    held.insert(hash);
-                }
+                KvEvent::Stored(hash) => *held.entry(hash).or_insert(0) += 1,
                 KvEvent::Removed(hash) => {
-                    held.remove(&hash);
+                    if let Some(num_blocks) = held.get_mut(&hash) {
+                        *num_blocks -= 1;
+                        if *num_blocks == 0 {
+                            held.remove(&hash);
+                        }
+                    }
                 }
                 KvEvent::AllCleared => held.clear(),
                 KvEvent::HostStored(hash) => {
@@ -221,7 +225,7 @@ impl Router {
     fn cached_tokens(&self, r: usize, hashes: &[BlockHash]) -> f64 {
         let on_gpu = hashes
             .iter()
-            .take_while(|h| self.index[r].contains(h))
+            .take_while(|h| self.index[r].contains_key(h))
             .count();
         let in_host = hashes[on_gpu..]
             .iter()
@@ -312,5 +316,20 @@ mod tests {
         router.on_kv_events(0, &[KvEvent::HostRemoved(hashes[1])]);
         assert_eq!(router.cached_tokens(0, &hashes), 4.0);
         assert_eq!(router.route(&loads(&[0, 0]), None, || prompt.clone()), 1);
+    }
+
+    #[test]
+    fn prefix_affinity_keeps_a_hash_while_any_copy_of_it_is_cached() {
+        let mut router = Router::new(GlobalPolicy::PrefixAffinity { balance: 0.0 }, 2, 4, 0);
+        let prompt: Vec<TokenId> = (0..8).collect();
+        let mut hashes = Vec::new();
+        hash_full_blocks(&mut hashes, &prompt, 4, None);
+        // Two blocks of replica 1 cache the first hash (vLLM keeps both copies).
+        let stored = KvEvent::Stored(hashes[0]);
+        router.on_kv_events(1, &[stored, stored]);
+        router.on_kv_events(1, &[KvEvent::Removed(hashes[0])]);
+        assert_eq!(router.cached_tokens(1, &hashes), 4.0, "one copy is left");
+        router.on_kv_events(1, &[KvEvent::Removed(hashes[0])]);
+        assert_eq!(router.cached_tokens(1, &hashes), 0.0);
     }
 }

@@ -137,6 +137,56 @@ class TokenyardSide(Side):
         return self.s.has_unfinished_requests()
 
 
+class TokenyardArraysSide(TokenyardSide):
+    """tokenyard through its bulk path: integer request ids, the step's decisions as numpy
+    arrays (``num_scheduled_tokens_arrays``), the runner output as arrays
+    (``update_from_output_arrays``) and the harness bookkeeping in numpy. What an engine
+    that keeps its per-request state in arrays pays per step."""
+
+    name = "tokenyard (arrays)"
+
+    def add_all(self, ids: Sequence[str], prompts: Sequence[np.ndarray], max_tokens: int) -> int:
+        self.names = list(ids)
+        add = self.s.add_request
+        t0 = perf_counter_ns()
+        for i, p in enumerate(prompts):
+            add(i, p, max_tokens)
+        elapsed = perf_counter_ns() - t0
+        self.ntok_a = np.array([len(p) for p in prompts], dtype=np.int64)
+        self.comp_a = np.full(len(prompts), -1, dtype=np.int64)  # -1: not scheduled yet
+        return elapsed
+
+    def step(self) -> tuple[tuple[int, int, int], dict[str, int], Any]:
+        s, ntok, comp = self.s, self.ntok_a, self.comp_a
+        t0 = perf_counter_ns()
+        out = s.schedule()
+        ids, n = out.num_scheduled_tokens_arrays()
+        preempted = out.preempted_req_ids
+        t1 = perf_counter_ns()
+        if preempted:
+            comp[preempted] = -1
+            self.preempted += len(preempted)
+        c = comp[ids]
+        first = np.flatnonzero(c < 0)
+        c += n
+        for j in first.tolist():  # first scheduled: read the prefix hit once
+            c[j] = s.num_computed_tokens(int(ids[j]))
+            self.prefix_hit_tokens += int(c[j] - n[j])
+        comp[ids] = c
+        sampled = ids[c >= ntok[ids]]
+        ntok[sampled] += 1
+        tokens = np.full(len(sampled), SAMPLED_TOKEN, dtype=np.int64)
+        t2 = perf_counter_ns()
+        finished = s.update_from_output_arrays(sampled, tokens)
+        t3 = perf_counter_ns()
+        names = self.names
+        nst = {names[i]: k for i, k in zip(ids.tolist(), n.tolist(), strict=True)}
+        return (t1 - t0, t2 - t1, t3 - t2), nst, finished
+
+    def finished_ids(self, raw: Any) -> list[str]:
+        return [self.names[rid] for rid, _reason in raw]
+
+
 class VllmSide(Side):
     name = "vLLM"
 

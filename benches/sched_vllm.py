@@ -55,7 +55,15 @@ from typing import Any
 
 import numpy as np
 from machine import cpu_model, loadavg
-from sched_sides import BLOCK_SIZE, SIDES, VOCAB, Scenario, Side, VllmSide
+from sched_sides import (
+    BLOCK_SIZE,
+    SIDES,
+    VOCAB,
+    Scenario,
+    Side,
+    TokenyardArraysSide,
+    VllmSide,
+)
 
 # vLLM's CPU platform warns about Triton, block sizes not a multiple of 32 and the
 # model runner it would pick; none of that concerns the scheduler.
@@ -319,7 +327,13 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--running", default="64,256,1024", help="decode R values (comma list)")
     parser.add_argument("--steps", type=int, help="timed decode steps (default 200; quick 50)")
+    parser.add_argument(
+        "--arrays",
+        action="store_true",
+        help="tokenyard through its bulk path (int ids, numpy in and out) instead of dicts",
+    )
     args = parser.parse_args()
+    sides = (TokenyardArraysSide, VllmSide) if args.arrays else SIDES
 
     try:
         import vllm_peer  # noqa: F401
@@ -352,6 +366,15 @@ def main() -> int:
     print("## Step scheduler: tokenyard vs vLLM V1 Scheduler\n")
     for k, v in env.items():
         print(f"- {k}: {v}")
+    print(
+        "- tokenyard side: "
+        + (
+            "bulk path (int ids; num_scheduled_tokens_arrays, update_from_output_arrays, "
+            "numpy bookkeeping)"
+            if args.arrays
+            else "dict path (str ids; num_scheduled_tokens, update_from_output)"
+        )
+    )
     print(
         "- step = schedule() + building the fake runner output + update_from_output(), "
         "perf_counter_ns, µs; ratio = vLLM / tokenyard (> 1: tokenyard faster)"
@@ -410,7 +433,7 @@ def main() -> int:
                 enable_prefix_caching=pc,
                 max_tokens=decode_model_len - decode_prompt_len,
             )
-            ty, vl = (run_decode(c, sc, ids, prompts, decode_steps, warm_extra) for c in SIDES)
+            ty, vl = (run_decode(c, sc, ids, prompts, decode_steps, warm_extra) for c in sides)
             sty, svl = Stats.of(ty.timed_ns), Stats.of(vl.timed_ns)
             breakdown += [breakdown_row(sc.name, tr, r) for tr in (ty, vl)]
             ag = compare(ty, vl)
@@ -490,7 +513,7 @@ def main() -> int:
             vllm_extra_blocks=1 if aligned else 0,
             vllm_reserve_full_isl=not aligned,
         )
-        ty, vl = (run_mix(c, sc, ids, prompts, mix_max_steps) for c in SIDES)
+        ty, vl = (run_mix(c, sc, ids, prompts, mix_max_steps) for c in sides)
         sty, svl = Stats.of(ty.timed_ns), Stats.of(vl.timed_ns)
         breakdown += [breakdown_row(sc.name, tr, None) for tr in (ty, vl)]
         ag = compare(ty, vl)

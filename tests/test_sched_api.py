@@ -114,3 +114,65 @@ def test_stop_tokens_and_eos() -> None:
     finished = scheduler.update_from_output({"eos": [50], "stop": [60], "ignore": [50]})
     assert finished == [("eos", "stop"), ("stop", "stop")]
     assert scheduler.schedule().finished_req_ids == ["eos", "stop"]
+
+
+def _drive(scheduler: Scheduler, bulk: bool, seed: int) -> list[Any]:
+    """Runs a random stream to completion through one of the two update paths; returns
+    every step's decisions and finishes."""
+    rng = np.random.default_rng(seed)
+    for rid in range(12):
+        prompt = rng.integers(0, 50, size=int(rng.integers(1, 30)))
+        scheduler.add_request(rid, prompt, max_tokens=int(rng.integers(1, 12)), eos_token_id=7)
+    computed: dict[int, int] = {}
+    trace: list[Any] = []
+    while scheduler.has_unfinished_requests():
+        out = scheduler.schedule()
+        ids, counts = out.num_scheduled_tokens_arrays()
+        assert dict(zip(ids.tolist(), counts.tolist(), strict=True)) == out.num_scheduled_tokens
+        for rid in out.preempted_req_ids:
+            computed.pop(rid, None)
+        sampled: dict[int, list[int]] = {}
+        for rid, n in zip(ids.tolist(), counts.tolist(), strict=True):
+            done = computed.get(rid)
+            computed[rid] = scheduler.num_computed_tokens(rid) if done is None else done + n
+            if computed[rid] >= scheduler.num_tokens(rid):
+                sampled[rid] = [int(rng.integers(0, 50))]
+        if bulk:
+            # Counts given for even seeds, implied (one each) for odd ones.
+            num_sampled = np.array([len(ts) for ts in sampled.values()], dtype=np.int64)
+            finished = scheduler.update_from_output_arrays(
+                np.array(list(sampled), dtype=np.int64),
+                np.array([t for ts in sampled.values() for t in ts], dtype=np.int64),
+                num_sampled=num_sampled if seed % 2 == 0 else None,
+            )
+        else:
+            finished = scheduler.update_from_output(sampled)
+        trace.append((ids.tolist(), counts.tolist(), out.preempted_req_ids, finished))
+    return trace
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_bulk_array_path_decides_as_the_dict_path(seed: int) -> None:
+    # A tight pool: preemptions happen, and requests come back resumed.
+    make = lambda: small(num_blocks=14, max_num_batched_tokens=24, max_model_len=48)  # noqa: E731
+    assert _drive(make(), bulk=True, seed=seed) == _drive(make(), bulk=False, seed=seed)
+
+
+def test_the_bulk_array_path_refuses_what_does_not_line_up() -> None:
+    scheduler = small()
+    scheduler.add_request(1, np.arange(4), max_tokens=3)
+    scheduler.add_request("s", np.arange(4), max_tokens=3)
+    out = scheduler.schedule()
+    with pytest.raises(InputError, match="request_id"):
+        out.num_scheduled_tokens_arrays()
+    with pytest.raises(InputError, match="num_sampled"):
+        scheduler.update_from_output_arrays([1], [5, 6], num_sampled=[1, 1])
+    with pytest.raises(InputError, match="sampled_token_ids"):
+        scheduler.update_from_output_arrays([1], [5, 6])
+    with pytest.raises(InputError, match="num_sampled"):
+        scheduler.update_from_output_arrays([1], [], num_sampled=[-1])
+    with pytest.raises(UnknownRequestError):
+        scheduler.update_from_output_arrays([2], [5])
+    # Nothing was applied: the real update still works.
+    assert scheduler.update_from_output_arrays([1], [5]) == []
+    assert scheduler.num_tokens(1) == 5

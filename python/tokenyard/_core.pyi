@@ -165,7 +165,7 @@ class BlockPool:
     def num_used_blocks(self) -> int: ...
     @property
     def num_cached_blocks(self) -> int:
-        """Blocks registered in the prefix cache, held or free."""
+        """Blocks registered in the prefix cache, held or free (every copy of a hash counts)."""
     @property
     def num_cached_free_blocks(self) -> int: ...
     @property
@@ -433,6 +433,11 @@ class SchedulerOutput:
     @property
     def num_scheduled_tokens(self) -> dict[_RequestId, int]:
         """Tokens to compute per request, in batch order."""
+    def num_scheduled_tokens_arrays(
+        self,
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """``num_scheduled_tokens`` as ``(request_ids, num_tokens)`` int64 arrays in batch
+        order: the bulk path for integer request ids (InputError on a str id)."""
     @property
     def total_num_scheduled_tokens(self) -> int: ...
     @property
@@ -592,6 +597,16 @@ class Scheduler:
                 the update was applied in full all the same (that request's blocks freed),
                 and the finished requests appear in the next step's ``finished_req_ids``.
         """
+    def update_from_output_arrays(
+        self,
+        request_ids: npt.ArrayLike,
+        sampled_token_ids: _TokenIds,
+        num_sampled: npt.ArrayLike | None = None,
+    ) -> list[tuple[_RequestId, str]]:
+        """``update_from_output`` in bulk for integer request ids: ``request_ids[i]``
+        sampled ``num_sampled[i]`` tokens (one each when omitted), taken in order from
+        ``sampled_token_ids``; no speculation. Same checks and result; InputError when the
+        lengths do not agree."""
     def abort(self, request_ids: _RequestId | Iterable[_RequestId]) -> None:
         """Finishes requests wherever they are: one id or an iterable of them (a str is one
         id). Raises UnknownRequestError first if any id is unknown; ConnectorError (after

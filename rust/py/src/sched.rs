@@ -9,7 +9,7 @@ use tokenyard_core::sched::{
     SchedulerConfig, SchedulerOutput, SchedulerStats,
 };
 
-use crate::convert::{RequestId, count_arg, int_arg, token_ids};
+use crate::convert::{RequestId, count_arg, int_arg, kv_values, token_ids};
 use crate::errors::ErrorSlot;
 use crate::errors::{OrRaise, config_error, invariants, unknown_request};
 use crate::plugin::PyPlugin;
@@ -36,6 +36,23 @@ pub(crate) struct PyScheduler {
 }
 
 impl PyScheduler {
+    /// Applies one step's outputs; returns the finished requests as `(id, reason)`.
+    fn apply_outputs<'py>(
+        &mut self,
+        py: Python<'py>,
+        outputs: &[SampledOutput<RequestId>],
+    ) -> PyResult<Bound<'py, PyList>> {
+        let finished = self
+            .inner
+            .update_from_output(outputs)
+            .map_err(|err| self.raise(py, err))?;
+        let list = PyList::empty(py);
+        for (id, reason) in finished {
+            list.append((id.into_py(py)?, reason.as_str()))?;
+        }
+        Ok(list)
+    }
+
     /// The Python exception for a core error: a plugin's own exception unchanged, a
     /// connector's error with the exception it raised (if any) as its cause.
     fn raise(&self, py: Python<'_>, err: tokenyard_core::Error) -> PyErr {
@@ -266,15 +283,57 @@ impl PyScheduler {
         if num_rejected_tokens.is_some() || spec_token_ids.is_some() {
             add_speculation(&mut outputs, num_rejected_tokens, spec_token_ids)?;
         }
-        let finished = self
-            .inner
-            .update_from_output(&outputs)
-            .map_err(|err| self.raise(py, err))?;
-        let list = PyList::empty(py);
-        for (id, reason) in finished {
-            list.append((id.into_py(py)?, reason.as_str()))?;
+        self.apply_outputs(py, &outputs)
+    }
+
+    /// [`Self::update_from_output`] in bulk, for integer request ids: `request_ids[i]`
+    /// sampled `num_sampled[i]` tokens (one each when omitted), taken in order from
+    /// `sampled_token_ids`. No speculation. The same checks and the same result.
+    #[pyo3(signature = (request_ids, sampled_token_ids, num_sampled = None))]
+    fn update_from_output_arrays<'py>(
+        &mut self,
+        request_ids: &Bound<'py, PyAny>,
+        sampled_token_ids: &Bound<'py, PyAny>,
+        num_sampled: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let py = request_ids.py();
+        let ids = kv_values(request_ids, "request_ids")?;
+        let tokens = token_ids(sampled_token_ids, "sampled_token_ids")?;
+        let counts = match num_sampled {
+            Some(counts) => kv_values(counts, "num_sampled")?,
+            None => vec![1; ids.len()],
+        };
+        let mismatch = |arg: &'static str, value: usize, want: String| {
+            crate::errors::input_error(py, arg, format!("length {value}"), &want)
+        };
+        if counts.len() != ids.len() {
+            let want = format!("must have one count per request id ({})", ids.len());
+            return Err(mismatch("num_sampled", counts.len(), want));
         }
-        Ok(list)
+        if let Some(&bad) = counts.iter().find(|&&n| n < 0) {
+            return Err(crate::errors::input_error(
+                py,
+                "num_sampled",
+                bad,
+                "counts must be at least 0",
+            ));
+        }
+        let total: i64 = counts.iter().sum();
+        if usize::try_from(total) != Ok(tokens.len()) {
+            let want = format!("must hold the {total} tokens num_sampled counts");
+            return Err(mismatch("sampled_token_ids", tokens.len(), want));
+        }
+        let mut rest = tokens.as_slice();
+        let outputs: Vec<_> = ids
+            .iter()
+            .zip(&counts)
+            .map(|(&id, &n)| {
+                let (mine, after) = rest.split_at(n as usize);
+                rest = after;
+                sampled_output(RequestId::Int(id), mine.to_vec())
+            })
+            .collect();
+        self.apply_outputs(py, &outputs)
     }
 
     fn abort(&mut self, request_ids: &Bound<'_, PyAny>) -> PyResult<()> {
@@ -508,6 +567,31 @@ impl PySchedulerOutput {
             dict.set_item(id.clone().into_py(py)?, n)?;
         }
         Ok(dict)
+    }
+
+    /// `num_scheduled_tokens` as two int64 arrays in batch order, `(request_ids,
+    /// num_tokens)`: the bulk path for integer request ids.
+    fn num_scheduled_tokens_arrays<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>)> {
+        let scheduled = &self.inner.num_scheduled_tokens;
+        let mut ids = Vec::with_capacity(scheduled.len());
+        for (id, _) in scheduled {
+            match id {
+                RequestId::Int(i) => ids.push(*i),
+                RequestId::Str(_) => {
+                    return Err(crate::errors::input_error(
+                        py,
+                        "request_id",
+                        format!("{id:?}"),
+                        "arrays need integer request ids; read num_scheduled_tokens",
+                    ));
+                }
+            }
+        }
+        let counts = scheduled.iter().map(|&(_, n)| n as i64).collect();
+        Ok((PyArray1::from_vec(py, ids), PyArray1::from_vec(py, counts)))
     }
 
     #[getter]

@@ -505,6 +505,8 @@ pub(crate) struct PyCachedRequestData {
     num_computed_tokens: Py<PyArray1<u64>>,
 }
 
+type Int64Array<'py> = Bound<'py, PyArray1<i64>>;
+
 /// One step's decisions. Fields are built from the Rust result when read: keep a local
 /// rather than reading a field in a loop.
 #[pyclass(name = "SchedulerOutput", module = "tokenyard.sched", frozen)]
@@ -574,7 +576,7 @@ impl PySchedulerOutput {
     fn num_scheduled_tokens_arrays<'py>(
         &self,
         py: Python<'py>,
-    ) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>)> {
+    ) -> PyResult<(Int64Array<'py>, Int64Array<'py>)> {
         let scheduled = &self.inner.num_scheduled_tokens;
         let mut ids = Vec::with_capacity(scheduled.len());
         for (id, _) in scheduled {

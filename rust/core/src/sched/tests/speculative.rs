@@ -276,3 +276,46 @@ fn lookahead_slots_stop_at_max_model_len() {
     s.schedule().unwrap();
     assert_eq!(s.block_ids(&0).unwrap().len(), 3);
 }
+
+#[test]
+fn accepted_drafts_past_a_stop_are_dropped_and_its_block_is_not_cached() {
+    // Caching on, k = 3, EOS 2: a 5-token prompt samples 100 (position 5); drafts 101, 2,
+    // 103 are all accepted, with 104 after. The request stops at the EOS (position 7), so 103
+    // and 104 are dropped and, as in vLLM, its computed tokens cover all but the last: 7.
+    // Block 1 (positions 4..7) is full of known tokens but not computed, so not cached.
+    let cfg = SchedulerConfig {
+        enable_prefix_caching: true,
+        ..spec_config(3)
+    };
+    let mut s = Scheduler::new(cfg, false).unwrap();
+    s.add_request(
+        0,
+        RequestSpec {
+            max_tokens: 10,
+            eos_token_id: Some(2),
+            ..prompt(0, 5)
+        },
+    )
+    .unwrap();
+    s.schedule().unwrap();
+    s.update_from_output(&[output(0, vec![100], 0, vec![101, 2, 103])])
+        .unwrap();
+    assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 4)]);
+    let finished = s
+        .update_from_output(&[output(0, vec![101, 2, 103, 104], 0, vec![])])
+        .unwrap();
+    assert_eq!(finished, [(0, FinishReason::Stop)]);
+    let mut tokens = prompt(0, 5).prompt_token_ids;
+    tokens.extend([100, 101, 2, 9]);
+    s.add_request(
+        1,
+        RequestSpec {
+            prompt_token_ids: tokens,
+            max_tokens: 1,
+            ..RequestSpec::default()
+        },
+    )
+    .unwrap();
+    let out = s.schedule().unwrap();
+    assert_eq!(out.scheduled_new_reqs[0].num_computed_tokens, 4);
+}

@@ -287,6 +287,15 @@ def test_bad_configs_name_their_key(speculative: dict[str, Any], key: str) -> No
     assert info.value.field == key, str(info.value)
 
 
+def test_the_scheduler_section_leaves_k_to_the_speculative_section() -> None:
+    # k set on the step scheduler alone would pad admissions with drafts nobody judges.
+    m = mapping(None)
+    m["replica"]["scheduler"] = {"policy": "vllm_v1", "vllm_v1": {"num_speculative_tokens": 2}}
+    with pytest.raises(ConfigError) as info:
+        config_from_mapping(m)
+    assert info.value.field == "replica.scheduler.vllm_v1.num_speculative_tokens"
+
+
 @pytest.mark.parametrize("policy", ["vllm", "sarathi", "sglang"])
 def test_other_replica_policies_refuse_speculation(policy: str) -> None:
     m = mapping(OK)

@@ -181,7 +181,9 @@ def draft_token(scenario: Scenario, request_id: str, position: int) -> int:
     return 999
 
 
-def model_output(scenario: Scenario, request_id: str, num_tokens: int, drafts: list[int]) -> list[int]:
+def model_output(
+    scenario: Scenario, request_id: str, num_tokens: int, drafts: list[int]
+) -> list[int]:
     """What the model emits for a request that caught up with its ``num_tokens`` tokens and
     verified ``drafts`` (placeholders included): the drafts that match its own tokens, up to
     the first that does not, then its own token there."""
@@ -359,14 +361,20 @@ def run_scenario(
     padded admissions)."""
     ours = TokenyardSide(scenario.config, spec_rules)
     try:
-        return _run(scenario, steps, ours, VllmSide(scenario.config, extra_blocks, reserve_full_isl), counts)
+        return _run(
+            scenario, steps, ours, VllmSide(scenario.config, extra_blocks, reserve_full_isl), counts
+        )
     finally:
         if counts is not None:
             counts["padded admissions"] += ours.num_padded
 
 
 def _run(
-    scenario: Scenario, steps: int, ours: TokenyardSide, theirs: VllmSide, counts: Counter[str] | None
+    scenario: Scenario,
+    steps: int,
+    ours: TokenyardSide,
+    theirs: VllmSide,
+    counts: Counter[str] | None,
 ) -> tuple[int, str] | None:
     live: list[str] = []
     for step in range(steps):

@@ -33,11 +33,11 @@ from tokenyard._core import (
 )
 
 __all__ = [
+    "PLACEHOLDER_DRAFT",
     "CachedRequestData",
     "KvConnector",
     "KvLoad",
     "NewRequestData",
-    "PLACEHOLDER_DRAFT",
     "PolicyPlugin",
     "RequestView",
     "Scheduler",

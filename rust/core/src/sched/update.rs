@@ -241,7 +241,8 @@ impl<R: RequestKey> Scheduler<R> {
         {
             let known = self.kv.num_tokens(slot).unwrap_or(0);
             let request = self.slots[slot as usize].as_ref().expect("live");
-            self.kv.cache_blocks(slot, &request.all_token_ids[known..])?;
+            self.kv
+                .cache_blocks(slot, &request.all_token_ids[known..])?;
         }
         Ok(reason)
     }

@@ -200,7 +200,11 @@ fn all_drafts_accepted_at_the_end(cache_accepted_drafts: bool) -> Scheduler<u32>
     s.update_from_output(&[output(0, vec![100], 0, vec![101, 102, 103])])
         .unwrap();
     assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 4)]);
-    assert_eq!(s.drain_kv_events().len(), 1, "the prompt's block, at allocation");
+    assert_eq!(
+        s.drain_kv_events().len(),
+        1,
+        "the prompt's block, at allocation"
+    );
     let finished = s
         .update_from_output(&[output(0, vec![101, 102, 103, 104], 0, vec![])])
         .unwrap();

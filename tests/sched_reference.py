@@ -10,6 +10,7 @@ from typing import Any
 from kv_reference import RefBlockPool, RefRadixPool
 
 from tokenyard.errors import InputError, UnknownRequestError
+from tokenyard.sched import PLACEHOLDER_DRAFT
 
 
 @dataclass
@@ -27,6 +28,8 @@ class RefRequest:
     status: str = "waiting"
     drafts: list[int] = field(default_factory=list)
     last_scheduled: int = 0
+    last_num_drafts: int = 0  # drafts its latest step verified
+    prefill_chunk: bool = True  # its latest step did not sample (vLLM's is_prefill_chunk)
 
     def key(self, by_id: bool = True) -> tuple[int, float, tuple[int, int | str], int]:
         """Waiting order under priority: priority, arrival time, then (vLLM 0.33's
@@ -101,6 +104,7 @@ class RefScheduler:
         self.preempted: list[RefRequest] = []
         self.admitted: dict[Any, bool] = {}
         self.loras: set[int] = set()
+        self.prefill_scheduled = False  # a running prefill chunk is in the step
         if self.cfg.prioritize_prefill:
             self._running(only_prefills=True)
             if not self.preempted:
@@ -110,8 +114,16 @@ class RefScheduler:
             self._running(only_prefills=None)
             if not self.preempted:
                 self._waiting()
+        spec = []
+        for r, n in self.scheduled:
+            num_drafts = min(max(n - (len(r.tokens) - r.num_computed), 0), len(r.drafts))
+            if num_drafts:
+                spec.append((r.request_id, r.drafts[:num_drafts]))
+            r.last_num_drafts = num_drafts
+            r.prefill_chunk = r.num_computed + n < len(r.tokens)
         out = {
             "num_scheduled_tokens": [(r.request_id, n) for r, n in self.scheduled],
+            "spec": spec,
             "new": [
                 r.request_id for r, _ in self.scheduled if self.admitted.get(r.request_id) is False
             ],
@@ -132,6 +144,10 @@ class RefScheduler:
             n = min(n, self.threshold)
         return max(min(n, self.budget, self.cfg.max_model_len - 1 - num_computed), 0)
 
+    def _lookahead(self, num_tokens: int) -> int:
+        """vLLM caps a request's slots at max_model_len."""
+        return max(min(self.cfg.num_lookahead_tokens, self.cfg.max_model_len - num_tokens), 0)
+
     def _running(self, only_prefills: bool | None) -> None:
         i = 0
         while i < len(self.running) and self.budget > 0:
@@ -144,9 +160,10 @@ class RefScheduler:
             while True:
                 known = len(self.pool.requests[r.request_id].tokens)  # ids the pool was given
                 blocks = self.pool.allocate_slots(
-                    r.request_id, n, self.cfg.num_lookahead_tokens, r.tokens[known:]
+                    r.request_id, n, self._lookahead(r.num_computed + n), r.tokens[known:]
                 )
                 if blocks is not None:
+                    self.prefill_scheduled |= r.prefill_chunk
                     self.scheduled.append((r, n))
                     self.budget -= n
                     break
@@ -207,14 +224,30 @@ class RefScheduler:
             hit = self.pool.get_computed_blocks(r.tokens, r.lora_id)
             if not self._full_sequence_fits(r, hit):
                 break
-            n = len(r.tokens) - hit.num_computed_tokens
-            if self.threshold > 0:
-                n = min(n, self.threshold)
+            computed = hit.num_computed_tokens
+            n = len(r.tokens) - computed
+            # vLLM 0.33's pad_spec_decode: one token left, in a step with no running prefill,
+            # beside scheduled running requests or after a hit: 1 + k, k placeholder drafts.
+            k, padded = self.cfg.num_speculative_tokens, False
+            running_scheduled = len(self.scheduled) > len(self.admitted)
+            if (
+                n == 1
+                and k
+                and self.cfg.pad_spec_decode
+                and not self.prefill_scheduled
+                and (running_scheduled or computed > 0)
+                and computed + 1 + k < self.cfg.max_model_len
+            ):
+                if 1 + k > self.budget:
+                    break
+                n, padded = 1 + k, True
+            if self.threshold > 0 and n > self.threshold:
+                n, padded = (1 if padded else self.threshold), False
             if not self.cfg.enable_chunked_prefill and n > self.budget:
                 break
             n = min(n, self.budget)
             blocks = self.pool.allocate_slots(
-                r.request_id, n, self.cfg.num_lookahead_tokens, r.tokens, hit, r.lora_id
+                r.request_id, n, self._lookahead(computed + n), r.tokens, hit, r.lora_id
             )
             if blocks is None:
                 break
@@ -222,6 +255,8 @@ class RefScheduler:
             self.running.append(r)
             self.admitted[r.request_id] = r.status == "preempted"
             r.status, r.num_computed = "running", hit.num_computed_tokens
+            if padded:
+                r.drafts = [PLACEHOLDER_DRAFT] * k
             if r.lora_id is not None:
                 self.loras.add(r.lora_id)
             self.scheduled.append((r, n))
@@ -230,23 +265,60 @@ class RefScheduler:
             self._enqueue(r, front=True)
 
     # --- results back ------------------------------------------------------------------
-    def update_from_output(self, sampled: dict[Any, list[int]]) -> list[tuple[Any, str]]:
+    def update_from_output(
+        self,
+        sampled: dict[Any, list[int]],
+        rejected: dict[Any, int] | None = None,
+        drafts: dict[Any, list[int]] | None = None,
+    ) -> list[tuple[Any, str]]:
+        rejected, drafts = rejected or {}, drafts or {}
         for rid, tokens in sampled.items():
             if rid not in self.requests:
                 raise UnknownRequestError(str(rid))
             if self.requests[rid].status != "running" and tokens:
                 raise InputError("request_id")
         finished = []
-        for rid, tokens in sampled.items():
+        for rid in dict.fromkeys([*sampled, *rejected, *drafts]):
             r = self.requests[rid]
+            tokens = sampled.get(rid, [])
+            self._rewind(r, rejected.get(rid, 0))
+            # vLLM's update_draft_token_ids: a prefill chunk keeps no drafts.
+            r.drafts = [] if r.prefill_chunk else list(drafts.get(rid, []))
+            reason = None
+            appended = 0
             for t in tokens:
                 r.tokens.append(t)
+                appended += 1
                 reason = self._stop(r, t)
                 if reason:
-                    finished.append((rid, reason))
-                    self._finish(r)
                     break
+            # Tokens after a stop are dropped: computed covers all tokens but the last.
+            self._rewind(r, len(tokens) - appended)
+            if self.cfg.cache_accepted_drafts and r.last_num_drafts and tokens:
+                self._cache_accepted_drafts(r)
+            if reason:
+                finished.append((rid, reason))
+                self._finish(r)
         return finished
+
+    def _rewind(self, r: RefRequest, n: int) -> None:
+        if n <= 0 or r.status != "running":
+            return
+        r.num_computed -= n
+        pooled = self.pool.requests[r.request_id]
+        if isinstance(self.pool, RefRadixPool):
+            pooled.num_computed -= n
+        else:
+            pooled.num_computed_tokens -= n
+
+    def _cache_accepted_drafts(self, r: RefRequest) -> None:
+        """vLLM 0.33 caches the blocks accepted drafts completed in the update (the block
+        pool's; the radix pool caches at the end)."""
+        if isinstance(self.pool, RefRadixPool):
+            return
+        pooled = self.pool.requests[r.request_id]
+        pooled.tokens += r.tokens[len(pooled.tokens) :]
+        self.pool._cache_full_blocks(pooled)
 
     def _stop(self, r: RefRequest, token: int) -> str | None:
         # vLLM 0.33's check_stop: EOS before length.

@@ -70,6 +70,9 @@ def test_forced_preemption_recomputes_and_every_request_finishes() -> None:
         ({"prefix_cache": "lru"}, "prefix_cache"),
         ({"max_model_len": 10_000}, "max_model_len"),
         ({"enable_chunked_prefill": False}, "max_num_batched_tokens"),
+        ({"num_speculative_tokens": -1}, "num_speculative_tokens"),
+        ({"pad_spec_decode": 1}, "pad_spec_decode"),
+        ({"cache_accepted_drafts": "yes"}, "cache_accepted_drafts"),
     ],
 )
 def test_bad_config_names_the_field(overrides: dict[str, Any], field: str) -> None:

@@ -12,7 +12,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from sched_reference import RefScheduler
 
 from tokenyard.errors import TokenyardError
-from tokenyard.sched import Scheduler, SchedulerConfig
+from tokenyard.sched import PLACEHOLDER_DRAFT, Scheduler, SchedulerConfig
 
 PROMPTS = [list(range(100, 140)), list(range(100, 120)) + list(range(300, 320)), [5] * 40]
 EOS = 9
@@ -40,6 +40,9 @@ def configs() -> st.SearchStrategy[SchedulerConfig]:
         prioritize_prefill=st.booleans(),
         num_lookahead_tokens=st.sampled_from([0, 0, 1]),
         max_loras=st.sampled_from([0, 1]),
+        num_speculative_tokens=st.sampled_from([0, 0, 2]),
+        pad_spec_decode=st.booleans(),
+        cache_accepted_drafts=st.booleans(),
     )
 
 
@@ -83,27 +86,43 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.ref.add_request(rid, tokens, max_tokens, priority, EOS, lora, self.arrival_time)
 
     @precondition(lambda self: hasattr(self, "rust"))
-    @rule(eos_every=st.integers(2, 12))
-    def step(self, eos_every: int) -> None:
+    @rule(eos_every=st.integers(2, 12), accept=st.integers(0, 2))
+    def step(self, eos_every: int, accept: int = 0) -> None:
         out = self.rust.schedule()
         ref = self.ref.schedule()
         assert list(out.num_scheduled_tokens.items()) == ref["num_scheduled_tokens"]
+        spec = [(rid, d.tolist()) for rid, d in out.scheduled_spec_decode_tokens.items()]
+        assert spec == ref["spec"]
         assert [r.req_id for r in out.scheduled_new_reqs] == ref["new"]
         assert [r.req_id for r in out.scheduled_resumed_reqs] == ref["resumed"]
         assert out.preempted_req_ids == ref["preempted"]
         assert out.finished_req_ids == ref["finished"]
         assert out.total_num_scheduled_tokens <= self.cfg.max_num_batched_tokens
         assert all(n >= 1 for n in out.num_scheduled_tokens.values())
-        # The fake model samples for requests that caught up; sometimes it samples EOS.
-        sampled = {}
+        # The fake model samples for requests that caught up, accepting up to `accept` of
+        # their drafts (never a placeholder); sometimes it samples EOS. The drafter then
+        # proposes k drafts for every scheduled request.
+        sampled, rejected, drafts = {}, {}, {}
+        verified = dict(spec)
         for rid in out.num_scheduled_tokens:
             r = self.ref.requests[rid]
             if r.num_computed >= len(r.tokens):
+                mine = verified.get(rid, [])
+                good = next((i for i, t in enumerate(mine) if t == PLACEHOLDER_DRAFT), len(mine))
+                accepted = min(accept, good)
                 self.next_token += 1
-                sampled[rid] = [EOS if self.next_token % eos_every == 0 else self.next_token]
+                last = EOS if self.next_token % eos_every == 0 else self.next_token
+                sampled[rid] = [*mine[:accepted], last]
+                if mine:
+                    rejected[rid] = len(mine) - accepted
+            for _ in range(self.cfg.num_speculative_tokens):
+                self.next_token += 1
+                drafts.setdefault(rid, []).append(self.next_token)
         before = dict(self.ref.requests)
-        finished = self.rust.update_from_output(sampled)
-        assert finished == self.ref.update_from_output(sampled)
+        finished = self.rust.update_from_output(
+            sampled, num_rejected_tokens=rejected, spec_token_ids=drafts
+        )
+        assert finished == self.ref.update_from_output(sampled, rejected, drafts)
         for rid, reason in finished:
             # Stopped at EOS (checked first, as vLLM 0.33 does: even at max_tokens), or
             # exactly max_tokens outputs (or max_model_len reached) ending in another token.

@@ -220,14 +220,18 @@ class VllmSchedulerPeer:
         policy: str = "fcfs",
         hash_algo: str = DEFAULT_HASH_ALGO,
         scheduler_reserve_full_isl: bool = True,
+        num_speculative_tokens: int = 0,
     ) -> None:
         """``scheduler_reserve_full_isl`` (vLLM's default True): admit a waiting request
-        only if its whole prompt fits in free blocks, not just its first chunk."""
+        only if its whole prompt fits in free blocks, not just its first chunk.
+        ``num_speculative_tokens`` > 0: speculative decoding with vLLM's n-gram method (no
+        draft model to load; the caller hands drafts to ``update_draft_token_ids``)."""
         from vllm.config import (
             CacheConfig,
             DeviceConfig,
             ModelConfig,
             SchedulerConfig,
+            SpeculativeConfig,
             VllmConfig,
         )
         from vllm.v1.core.sched.scheduler import Scheduler
@@ -261,11 +265,20 @@ class VllmSchedulerPeer:
             enable_prefix_caching=enable_prefix_caching,
             prefix_caching_hash_algo=hash_algo,
         )
+        speculative_config = None
+        if num_speculative_tokens:
+            speculative_config = SpeculativeConfig(
+                method="ngram",
+                num_speculative_tokens=num_speculative_tokens,
+                prompt_lookup_max=3,
+                prompt_lookup_min=1,
+            )
         self.vllm_config = VllmConfig(
             scheduler_config=scheduler_config,
             model_config=model_config,
             cache_config=cache_config,
             device_config=DeviceConfig(device="cpu"),
+            speculative_config=speculative_config,
         )
         spec = FullAttentionSpec(
             block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float16

@@ -33,6 +33,7 @@ from tokenyard._core import (
 )
 
 __all__ = [
+    "PLACEHOLDER_DRAFT",
     "CachedRequestData",
     "KvConnector",
     "KvLoad",
@@ -45,6 +46,11 @@ __all__ = [
     "SchedulerStats",
     "ShortestPromptFirst",
 ]
+
+#: The draft id of a padded admission's placeholder drafts in ``scheduled_spec_decode_tokens``
+#: (``SchedulerConfig.pad_spec_decode``): vLLM 0.33's ``-1`` as a ``uint32``. No model samples
+#: it, so the engine reports every placeholder rejected (one sampled token, ``k`` rejected).
+PLACEHOLDER_DRAFT = 2**32 - 1
 
 
 class PolicyPlugin(Protocol):
@@ -155,7 +161,23 @@ class SchedulerConfig:
     prioritize_prefill: bool = False
     """Seed 001: running prefills and admissions take the budget before decodes."""
     num_lookahead_tokens: int = 0
-    """Slots reserved per step for speculative tokens."""
+    """KV slots reserved past a request's scheduled tokens for a drafter that writes its own
+    KV there (vLLM's ``num_lookahead_tokens``: ``k`` for EAGLE, MTP and draft models, 0 for
+    n-gram); capped at ``max_model_len``."""
+    num_speculative_tokens: int = 0
+    """Draft tokens per step under speculative decoding (vLLM's ``num_speculative_tokens``,
+    ``k``); 0 = off. Drafts the engine proposes are scheduled either way; ``k`` drives
+    ``pad_spec_decode`` and ``cache_accepted_drafts``."""
+    pad_spec_decode: bool = True
+    """vLLM 0.33 with ``k > 0``: a waiting request admitted for exactly one token (its prompt
+    hit or loaded but the last token, or a one-token prompt joining running decodes), in a
+    step that schedules no running prefill, computes ``1 + k`` tokens: its token and ``k``
+    placeholder drafts (``PLACEHOLDER_DRAFT``, always rejected); admission stops if they do
+    not fit the budget. ``False``: it computes its one token."""
+    cache_accepted_drafts: bool = True
+    """vLLM 0.33: full blocks that accepted drafts complete enter the prefix cache in
+    ``update_from_output``, even when the request finishes there. ``False``: at the
+    request's next allocation (never, if it finished)."""
     max_loras: int = 0
     """Distinct LoRA adapters in one step; 0 = no gating."""
     scheduler_reserve_full_isl: bool = True
@@ -192,10 +214,13 @@ _COUNT_FIELDS = (
     "num_blocks",
     "max_model_len",
     "num_lookahead_tokens",
+    "num_speculative_tokens",
     "max_loras",
     "host_num_blocks",
 )
 _FLAG_FIELDS = (
+    "pad_spec_decode",
+    "cache_accepted_drafts",
     "scheduler_reserve_full_isl",
     "reserve_null_block",
     "long_prefill_token_threshold_adaptive",

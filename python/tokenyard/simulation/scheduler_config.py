@@ -291,6 +291,13 @@ class ReplicaSchedulerConfig:
                 f"max_lora_rank); leave it at 0 here, got {c.max_loras!r}",
                 c.max_loras,
             )
+        if c.num_speculative_tokens != 0:
+            raise fail(
+                f"{where}.num_speculative_tokens",
+                f"is set in [replica.speculative] (num_speculative_tokens, beside the method and "
+                f"its acceptance); leave it at 0 here, got {c.num_speculative_tokens!r}",
+                c.num_speculative_tokens,
+            )
         unsupported = (
             ("async_scheduling", c.async_scheduling, False),
             ("num_lookahead_tokens", c.num_lookahead_tokens, 0),

@@ -536,6 +536,28 @@ impl<R: RequestKey> BlockPool<R> {
         Ok(())
     }
 
+    /// Gives the pool the request's `new_token_ids` (known now, past those it has) and
+    /// caches its full blocks of computed tokens, without allocating: vLLM 0.33's
+    /// `cache_blocks` in `update_from_output`, for blocks that accepted drafts completed.
+    pub fn cache_blocks(&mut self, request_id: &R, new_token_ids: &[TokenId]) -> Result<()> {
+        let (block_size, caching) = (self.block_size, self.enable_caching);
+        let Self {
+            requests,
+            cached,
+            blocks,
+            events,
+            ..
+        } = self;
+        let request = requests
+            .get_mut(request_id)
+            .ok_or_else(|| Error::unknown_request(request_id))?;
+        append_tokens(block_size, caching, request, new_token_ids);
+        if caching {
+            cache_full_blocks(block_size, cached, blocks, events, request);
+        }
+        Ok(())
+    }
+
     fn allocate(
         &mut self,
         request_id: &R,

@@ -99,8 +99,24 @@ pub struct SchedulerConfig {
     pub max_model_len: usize,
     /// Seed 001: prefill work takes the budget first, decodes fill the rest.
     pub prioritize_prefill: bool,
-    /// Slots reserved per step for speculative tokens.
+    /// KV slots reserved past a request's scheduled tokens, for a drafter that writes its
+    /// own KV there (vLLM's `num_lookahead_tokens`: `k` for EAGLE, MTP and draft models, 0
+    /// for n-gram); capped at `max_model_len`.
     pub num_lookahead_tokens: usize,
+    /// Draft tokens per step under speculative decoding (vLLM's `num_speculative_tokens`,
+    /// `k`); 0 = off. The scheduler schedules whatever drafts the engine proposes either
+    /// way; `k` drives the two rules below.
+    pub num_speculative_tokens: usize,
+    /// vLLM 0.33 with `k > 0`: a waiting request admitted for exactly one token (its prompt
+    /// hit or loaded but the last token, or a one-token prompt joining running decodes)
+    /// in a step that schedules no running prefill is padded to `1 + k` tokens with `k`
+    /// placeholder drafts ([`super::PLACEHOLDER_DRAFT`], never accepted), and admission
+    /// stops if `1 + k` does not fit the budget. Off: it gets its one token.
+    pub pad_spec_decode: bool,
+    /// vLLM 0.33: full blocks that accepted drafts complete enter the prefix cache in
+    /// `update_from_output` (even when the request finishes there). Off: at the request's
+    /// next allocation, and never if it finished.
+    pub cache_accepted_drafts: bool,
     /// Distinct LoRA adapters allowed in one step; 0 = no gating.
     pub max_loras: usize,
     /// vLLM 0.33's `scheduler_reserve_full_isl`: a waiting request is admitted only if its
@@ -132,6 +148,9 @@ impl Default for SchedulerConfig {
             max_model_len: 8192,
             prioritize_prefill: false,
             num_lookahead_tokens: 0,
+            num_speculative_tokens: 0,
+            pad_spec_decode: true,
+            cache_accepted_drafts: true,
             max_loras: 0,
             host_num_blocks: 0,
             scheduler_reserve_full_isl: true,

@@ -167,6 +167,15 @@ impl Kv {
         }
     }
 
+    /// Caches the full blocks of `slot`'s computed tokens, giving the pool its known tokens
+    /// past those it has (`BlockPool::cache_blocks`). The radix pool caches at the end.
+    pub fn cache_blocks(&mut self, slot: u32, new_token_ids: &[TokenId]) -> Result<()> {
+        match self {
+            Kv::BlockHash(p) => p.cache_blocks(&slot, new_token_ids),
+            Kv::Radix(_) => Ok(()),
+        }
+    }
+
     pub fn is_radix(&self) -> bool {
         matches!(self, Kv::Radix(_))
     }

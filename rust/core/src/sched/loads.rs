@@ -6,7 +6,7 @@
 use super::connector::{ExternalTokens, KvLoad};
 use super::kv::Hit;
 use super::request::RequestStatus;
-use super::scheduler::{Admission, Scheduler, StepPlan};
+use super::scheduler::{Admission, AdmissionTokens, Scheduler, StepPlan};
 use crate::Result;
 use crate::kv::RequestKey;
 
@@ -168,7 +168,9 @@ impl<R: RequestKey> Scheduler<R> {
         plan: &mut StepPlan<R>,
     ) -> Result<Admission> {
         let num_computed = self.req(slot).num_computed_tokens;
-        let Some(n) = self.admission_tokens(slot, num_computed, *budget) else {
+        let Some(AdmissionTokens { n, padded }) =
+            self.admission_tokens(slot, num_computed, *budget, plan)
+        else {
             return Ok(Admission::Blocked);
         };
         if !self.full_sequence_fits(slot, None) {
@@ -177,7 +179,7 @@ impl<R: RequestKey> Scheduler<R> {
         let request = self.slots[slot as usize].as_ref().expect("live");
         let known = self.kv.num_tokens(slot).unwrap_or(0);
         let new_tokens = &request.all_token_ids[known..];
-        let lookahead = self.config.num_lookahead_tokens;
+        let lookahead = self.lookahead(num_computed + n);
         let with_ids = !self.lean_output;
         let lora_id = request.spec.lora_id;
         let Some(blocks) = self
@@ -186,7 +188,7 @@ impl<R: RequestKey> Scheduler<R> {
         else {
             return Ok(Admission::Blocked);
         };
-        self.start_running(slot, num_computed, n, blocks, budget, plan);
+        self.start_running(slot, num_computed, n, padded, blocks, budget, plan);
         Ok(Admission::Scheduled)
     }
 

@@ -21,7 +21,7 @@ pub use output::{
     CachedRequestData, NewRequestData, SampledOutput, SchedulerOutput, SchedulerStats,
 };
 pub use plugin::{PolicyPlugin, RequestView};
-pub use request::{FinishReason, Request, RequestSpec, RequestStatus};
+pub use request::{FinishReason, PLACEHOLDER_DRAFT, Request, RequestSpec, RequestStatus};
 pub use scheduler::Scheduler;
 
 #[cfg(test)]

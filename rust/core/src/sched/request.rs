@@ -4,6 +4,11 @@
 
 use crate::kv::TokenId;
 
+/// A draft the scheduler makes up when it pads a newly admitted one-token request to
+/// `1 + num_speculative_tokens` tokens (`SchedulerConfig::pad_spec_decode`): vLLM 0.33's
+/// `-1`, which no model samples, so it is always rejected.
+pub const PLACEHOLDER_DRAFT: TokenId = TokenId::MAX;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RequestStatus {
     Waiting,
@@ -76,6 +81,10 @@ pub struct Request<R> {
     /// Draft tokens scheduled in the request's latest step: at most this many can be
     /// rejected.
     pub last_num_spec_tokens: usize,
+    /// Its latest step left known tokens (or outputs in flight) to compute: it did not
+    /// sample (vLLM's `is_prefill_chunk`). Drafts proposed for it are dropped, and a step
+    /// serving it pads no admission.
+    pub is_prefill_chunk: bool,
     /// Order of arrival at this scheduler: the FCFS key and the priority tie-break.
     pub arrival_seq: u64,
     /// Tokens a KV connector loaded for it at its latest admission (vLLM's

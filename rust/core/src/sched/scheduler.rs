@@ -11,7 +11,7 @@ use super::kv::{Hit, Kv};
 use super::output::{CachedRequestData, NewRequestData, SchedulerOutput, SchedulerStats};
 use super::plugin::{PolicyPlugin, RequestView, check_permutation};
 use super::queue::{PriorityKey, Waiting};
-use super::request::{Request, RequestStatus};
+use super::request::{PLACEHOLDER_DRAFT, Request, RequestStatus};
 use super::{Policy, PrefixCache, PriorityTies, SchedulerConfig};
 use crate::Result;
 use crate::kv::{BlockId, BlockPool, RadixPool, RequestKey};
@@ -79,6 +79,9 @@ pub(super) struct StepPlan<R> {
     pub(super) preempted: Vec<u32>,
     loras: FxHashSet<u64>,
     pub(super) kv_loads: Vec<KvLoad<R>>,
+    /// A running request still prefilling was scheduled (vLLM's `prefill_scheduled`): no
+    /// admission is padded with placeholder drafts.
+    prefill_scheduled: bool,
 }
 
 impl<R> Default for StepPlan<R> {
@@ -90,6 +93,7 @@ impl<R> Default for StepPlan<R> {
             preempted: Vec::new(),
             loras: FxHashSet::default(),
             kv_loads: Vec::new(),
+            prefill_scheduled: false,
         }
     }
 }
@@ -104,6 +108,12 @@ impl<R> StepPlan<R> {
         self.preempted.clear();
         self.loras.clear();
         self.kv_loads.clear();
+        self.prefill_scheduled = false;
+    }
+
+    /// Running requests (not admissions) scheduled so far in this step.
+    fn num_running_scheduled(&self) -> usize {
+        self.scheduled.len() - self.admitted.len()
     }
 
     fn is_scheduled(&self, slot: u32) -> bool {
@@ -123,6 +133,13 @@ impl<R> StepPlan<R> {
     fn take_blocks(&mut self, slot: u32) -> Option<Vec<BlockId>> {
         self.new_blocks.get_mut(slot as usize)?.take()
     }
+}
+
+/// What an admission computes this step (`Scheduler::admission_tokens`).
+pub(super) struct AdmissionTokens {
+    pub(super) n: usize,
+    /// Padded with `n - 1` placeholder drafts.
+    pub(super) padded: bool,
 }
 
 enum Allocation {
@@ -407,6 +424,12 @@ impl<R: RequestKey> Scheduler<R> {
             .min((self.config.max_model_len - 1).saturating_sub(num_computed))
     }
 
+    /// Lookahead slots past `num_tokens` (computed and scheduled): vLLM caps the slots a
+    /// request gets at `max_model_len`.
+    pub(super) fn lookahead(&self, num_tokens: usize) -> usize {
+        (self.config.num_lookahead_tokens).min(self.config.max_model_len.saturating_sub(num_tokens))
+    }
+
     /// Phase 1. `only_prefills`: with `prioritize_prefill`, serve just the running requests
     /// that are (`Some(true)`) or are not (`Some(false)`) still prefilling.
     fn schedule_running(
@@ -431,8 +454,10 @@ impl<R: RequestKey> Scheduler<R> {
                 continue;
             }
             let num_running = self.running.len();
+            let prefill_chunk = request.is_prefill_chunk;
             match self.allocate_running(slot, n, budget, plan)? {
                 Allocation::Scheduled(blocks) => {
+                    plan.prefill_scheduled |= prefill_chunk;
                     plan.scheduled.push((slot, n));
                     plan.set_blocks(slot, blocks);
                     *budget -= n;
@@ -468,7 +493,7 @@ impl<R: RequestKey> Scheduler<R> {
                 .as_ref()
                 .expect("running slot is live");
             let new_tokens = &request.all_token_ids[known..];
-            let lookahead = self.config.num_lookahead_tokens;
+            let lookahead = self.lookahead(request.num_computed_tokens + n);
             let with_ids = !self.lean_output;
             if let Some(blocks) = self
                 .kv
@@ -670,11 +695,13 @@ impl<R: RequestKey> Scheduler<R> {
             return self.start_load(slot, hit, external.num_tokens, plan);
         }
         let num_computed = hit.num_computed_tokens() + external.num_tokens;
-        let Some(n) = self.admission_tokens(slot, num_computed, *budget) else {
+        let Some(AdmissionTokens { mut n, mut padded }) =
+            self.admission_tokens(slot, num_computed, *budget, plan)
+        else {
             self.blocked_head = Some((seq, hit));
             return Ok(Admission::Blocked);
         };
-        let lookahead = self.config.num_lookahead_tokens;
+        let lookahead = self.lookahead(num_computed + n);
         let tokens = &self.slots[slot as usize]
             .as_ref()
             .expect("live")
@@ -682,13 +709,24 @@ impl<R: RequestKey> Scheduler<R> {
         let with_ids = !self.lean_output;
         let allocated = if external.num_tokens > 0 {
             // Loaded before the step runs: slots for the loaded and the computed tokens at
-            // once, all cached as computed ones are.
-            let loaded_and_new = external.num_tokens + n;
+            // once, all cached as computed ones are. Placeholder drafts get theirs after,
+            // and are dropped if those do not fit (vLLM allocates all at once and would
+            // wait; a known gap, documented).
+            let known_new = if padded { 1 } else { n };
+            let loaded_and_new = external.num_tokens + known_new;
             let fits = self
                 .kv
                 .allocate_external(slot, tokens, loaded_and_new, &hit, lora_id)?;
             if fits {
                 self.kv.cache_loaded(slot)?;
+                if padded
+                    && self
+                        .kv
+                        .allocate(slot, &[], n - known_new, 0, None, lora_id, false)?
+                        .is_none()
+                {
+                    (n, padded) = (known_new, false);
+                }
             }
             fits.then(Vec::new)
         } else {
@@ -703,7 +741,7 @@ impl<R: RequestKey> Scheduler<R> {
             blocks = self.kv.block_ids(slot).unwrap_or_default().to_vec();
         }
         let notified = self.notify_allocation(slot, external.num_tokens);
-        self.start_running(slot, num_computed, n, blocks, budget, plan);
+        self.start_running(slot, num_computed, n, padded, blocks, budget, plan);
         notified.map(|()| Admission::Scheduled)
     }
 
@@ -718,30 +756,60 @@ impl<R: RequestKey> Scheduler<R> {
     }
 
     /// Tokens a new admission computes this step, after `num_computed` hit or loaded ones;
-    /// `None` if it must wait (its prompt does not fit the budget without chunked prefill).
+    /// `None` if it must wait (its prompt, or its padded decode, does not fit the budget).
+    ///
+    /// vLLM 0.33 (`pad_spec_decode`): with `k` speculative tokens, an admission left with
+    /// one token to compute, in a step that schedules no running prefill, while running
+    /// requests were scheduled or it hit (or loaded) a prefix, computes `1 + k`: its token
+    /// and `k` placeholder drafts, if they leave a token's room under `max_model_len`; if
+    /// `1 + k` exceeds the budget, admission stops ("prefer to not schedule than schedule
+    /// un-padded"). A long-prefill threshold below `1 + k` drops the padding (vLLM would
+    /// fail its assertion there; its Mamba alignment drops it the same way).
     pub(super) fn admission_tokens(
         &self,
         slot: u32,
         num_computed: usize,
         budget: usize,
-    ) -> Option<usize> {
+        plan: &StepPlan<R>,
+    ) -> Option<AdmissionTokens> {
         let mut n = self.req(slot).num_tokens() - num_computed;
+        let k = self.config.num_speculative_tokens;
+        let mut padded = false;
+        if n == 1
+            && k > 0
+            && self.config.pad_spec_decode
+            && !plan.prefill_scheduled
+            && (plan.num_running_scheduled() > 0 || num_computed > 0)
+            && num_computed + 1 + k < self.config.max_model_len
+        {
+            if 1 + k > budget {
+                return None;
+            }
+            (n, padded) = (1 + k, true);
+        }
         let threshold = self.step_threshold;
-        if threshold > 0 {
-            n = n.min(threshold);
+        if threshold > 0 && n > threshold {
+            n = if padded { 1 } else { threshold };
+            padded = false;
         }
         if !self.config.enable_chunked_prefill && n > budget {
             return None;
         }
-        Some(n.min(budget))
+        Some(AdmissionTokens {
+            n: n.min(budget),
+            padded,
+        })
     }
 
-    /// The admitted request leaves the waiting queue and runs `n` tokens this step.
+    /// The admitted request leaves the waiting queue and runs `n` tokens this step
+    /// (`padded`: its last `n - 1` are placeholder drafts).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn start_running(
         &mut self,
         slot: u32,
         num_computed: usize,
         n: usize,
+        padded: bool,
         blocks: Vec<BlockId>,
         budget: &mut usize,
         plan: &mut StepPlan<R>,
@@ -749,6 +817,9 @@ impl<R: RequestKey> Scheduler<R> {
         self.waiting.pop();
         self.running.push(slot);
         let request = self.req_mut(slot);
+        if padded {
+            request.spec_token_ids = vec![PLACEHOLDER_DRAFT; n - 1];
+        }
         let was_preempted = request.status == RequestStatus::Preempted;
         request.status = RequestStatus::Running;
         request.num_computed_tokens = num_computed;
@@ -832,8 +903,10 @@ impl<R: RequestKey> Scheduler<R> {
             request.spec_token_ids.clear();
             request.num_computed_tokens += n;
             // Caught up with every known token (and output in flight): this step samples.
-            if request.num_computed_tokens >= request.num_tokens() + request.num_output_placeholders
-            {
+            let samples = request.num_computed_tokens
+                >= request.num_tokens() + request.num_output_placeholders;
+            request.is_prefill_chunk = !samples;
+            if samples {
                 request.num_sampling_steps += 1;
                 request.max_spec_in_flight = request.max_spec_in_flight.max(num_spec);
                 if async_scheduling {

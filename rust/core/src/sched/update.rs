@@ -70,6 +70,7 @@ impl<R: RequestKey> Scheduler<R> {
             max_spec_in_flight: 0,
             num_preemptions: 0,
             last_num_spec_tokens: 0,
+            is_prefill_chunk: true,
             arrival_seq: self.next_arrival_seq,
             num_external_computed_tokens: 0,
             kv_load_failed: false,
@@ -209,10 +210,41 @@ impl<R: RequestKey> Scheduler<R> {
             self.kv.rewind(slot, output.num_rejected_tokens)?;
             self.req_mut(slot).num_computed_tokens -= output.num_rejected_tokens;
         }
-        self.req_mut(slot)
-            .spec_token_ids
-            .clone_from(&output.spec_token_ids);
-        Ok(self.append_sampled(slot, &output.token_ids))
+        let request = self.req_mut(slot);
+        // vLLM's update_draft_token_ids: a request whose step did not sample (a prefill
+        // chunk) keeps no drafts.
+        if request.is_prefill_chunk {
+            request.spec_token_ids.clear();
+        } else {
+            request.spec_token_ids.clone_from(&output.spec_token_ids);
+        }
+        let verified_drafts = request.last_num_spec_tokens > 0;
+        let num_tokens_before = request.num_tokens();
+        let reason = self.append_sampled(slot, &output.token_ids);
+        // Tokens after the one that stopped the request (accepted drafts past an EOS) are
+        // dropped; as in vLLM 0.33's `_update_request_with_output`, its computed tokens then
+        // cover all its tokens but the last.
+        let num_dropped = num_tokens_before + output.token_ids.len() - self.req(slot).num_tokens();
+        if num_dropped > 0 && running {
+            self.kv.rewind(slot, num_dropped)?;
+            self.req_mut(slot).num_computed_tokens -= num_dropped;
+        }
+        // vLLM 0.33 caches what accepted drafts completed right away, before a request that
+        // stopped frees its blocks (`cache_blocks` in its `update_from_output`). Under async
+        // scheduling later steps' tokens count as computed already; those blocks are cached
+        // at the next allocation, as before.
+        if self.config.cache_accepted_drafts
+            && verified_drafts
+            && running
+            && !self.async_scheduling
+            && !output.token_ids.is_empty()
+        {
+            let known = self.kv.num_tokens(slot).unwrap_or(0);
+            let request = self.slots[slot as usize].as_ref().expect("live");
+            self.kv
+                .cache_blocks(slot, &request.all_token_ids[known..])?;
+        }
+        Ok(reason)
     }
 
     /// Appends sampled tokens, stopping at the first that ends the request.

@@ -19,7 +19,7 @@ use super::exec::{ExecModel, StageTime};
 use super::request::{ReqIdx, SimRequest};
 use super::rng::Rng;
 use crate::kv::TokenId;
-use crate::sched::{SampledOutput, Scheduler, SchedulerConfig};
+use crate::sched::{PLACEHOLDER_DRAFT, SampledOutput, Scheduler, SchedulerConfig};
 use crate::{Error, Result};
 
 /// The most draft tokens per step (vLLM's proposers use a handful).
@@ -137,11 +137,14 @@ impl SpecConfig {
     }
 }
 
-/// The step scheduler's config with `k` lookahead slots per step, as vLLM reserves them for
-/// its drafts.
+/// The step scheduler's config with `k` drafts and `k` lookahead slots per step, as vLLM
+/// reserves them for its drafts. With `k` set, the scheduler pads a one-token admission to
+/// `1 + k` with placeholder drafts as vLLM 0.33 does (`pad_spec_decode`): a request whose
+/// prompt was hit or loaded but its last token, or a one-token prompt beside decodes.
 pub fn scheduler_config(config: &SchedulerConfig, spec: &SpecConfig) -> SchedulerConfig {
     SchedulerConfig {
         num_lookahead_tokens: spec.num_speculative_tokens as usize,
+        num_speculative_tokens: spec.num_speculative_tokens as usize,
         ..config.clone()
     }
 }
@@ -221,6 +224,8 @@ pub struct SpecCounters {
 struct Sampler {
     idx: ReqIdx,
     num_drafts: u32,
+    /// The drafts are the scheduler's placeholders (a padded admission): never accepted.
+    placeholders: bool,
 }
 
 /// A `vllm_v1` replica's speculative decoding: drafts per batch in flight and the draws.
@@ -257,13 +262,19 @@ impl SpecDecoder {
         // caught up: one walk pairs them.
         let mut drafts = scheduled_drafts.iter().peekable();
         for &idx in caught_up {
-            let num_drafts = drafts
+            let (num_drafts, placeholders) = drafts
                 .next_if(|(id, _)| *id == idx)
-                .map_or(0, |(_, d)| d.len() as u32);
+                .map_or((0, false), |(_, d)| {
+                    (d.len() as u32, d.first() == Some(&PLACEHOLDER_DRAFT))
+                });
             let counters = &mut requests.get_mut(idx).spec;
             counters.in_flight_drafts = num_drafts;
             counters.proposes = true;
-            list.push(Sampler { idx, num_drafts });
+            list.push(Sampler {
+                idx,
+                num_drafts,
+                placeholders,
+            });
         }
         debug_assert!(
             drafts.next().is_none(),
@@ -297,7 +308,13 @@ impl SpecDecoder {
         let max_model_len = scheduler.config().max_model_len;
         self.outputs.clear();
         for s in &list {
-            let accepted = self.sampler.draw(s.num_drafts);
+            // Placeholders are verified (and counted, as vLLM's spec-decode stats count
+            // them) but never accepted.
+            let accepted = if s.placeholders {
+                0
+            } else {
+                self.sampler.draw(s.num_drafts)
+            };
             let request = requests.get_mut(s.idx);
             request.accept_drafts(accepted);
             let counters = &mut request.spec;

@@ -649,3 +649,59 @@ fn a_holder_that_cannot_grow_while_nothing_runs_makes_the_other_landed_loads_let
     assert_eq!(s.get_request(&2).unwrap().status, RequestStatus::Preempted);
     drain(&mut s);
 }
+
+#[test]
+fn a_landed_load_of_the_whole_prompt_is_padded_under_speculative_decoding() {
+    // vLLM 0.33 pads a request whose KV landed but its last token (the decode side of
+    // disaggregated serving): k = 2, the 10 loaded tokens leave token 9, so 1 + 2 = 3 tokens,
+    // two placeholder drafts; slots 9 + 3 = 12 (3 blocks, as the load took).
+    let cfg = SchedulerConfig {
+        num_blocks: 8,
+        max_model_len: 32,
+        enable_prefix_caching: true,
+        num_speculative_tokens: 2,
+        ..config()
+    };
+    let mut s = Scheduler::new(cfg, false).unwrap();
+    s.set_connector(Box::new(FakeConnector {
+        load_async: true,
+        ..FakeConnector::default()
+    }))
+    .unwrap();
+    s.add_request(0, prompt(0, 10)).unwrap();
+    s.schedule().unwrap();
+    s.finish_kv_transfers(&[0], &[], &[]).unwrap();
+    let out = s.schedule().unwrap();
+    assert_eq!(scheduled(&out), [(0, 3)]);
+    assert_eq!(
+        out.scheduled_spec_decode_tokens,
+        [(0, vec![PLACEHOLDER_DRAFT, PLACEHOLDER_DRAFT])]
+    );
+    assert_eq!(s.block_ids(&0).unwrap().len(), 3);
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn a_synchronous_load_of_all_but_the_last_token_is_padded_too() {
+    // The same with a synchronous load of 9 tokens: the step computes token 9 and two
+    // placeholders (slots for the placeholders come in a second allocation).
+    let cfg = SchedulerConfig {
+        num_blocks: 8,
+        max_model_len: 32,
+        enable_prefix_caching: true,
+        num_speculative_tokens: 2,
+        ..config()
+    };
+    let mut s = Scheduler::new(cfg, false).unwrap();
+    s.set_connector(Box::new(FakeConnector {
+        offer: Some(9),
+        ..FakeConnector::default()
+    }))
+    .unwrap();
+    s.add_request(0, prompt(0, 10)).unwrap();
+    let out = s.schedule().unwrap();
+    assert_eq!(scheduled(&out), [(0, 3)]);
+    assert_eq!(out.scheduled_new_reqs[0].num_computed_tokens, 9);
+    assert_eq!(s.block_ids(&0).unwrap().len(), 3);
+    s.check_invariants().unwrap();
+}

@@ -8,6 +8,7 @@ mod lifecycle;
 mod memory;
 mod multistep;
 mod plugins;
+mod speculative;
 
 use super::*;
 

@@ -105,7 +105,8 @@ def core_config(vllm_config: Any, kv_cache_config: Any, block_size: int) -> Sche
     ``num_blocks`` is vLLM's ``num_gpu_blocks``, its null block included (tokenyard's
     ``reserve_null_block`` sets it aside the same way); ``max_model_len`` is the model
     config's, capped at what the KV cache can hold (vLLM accepts a longer one, but a request
-    that long could never be scheduled). The rest keep vLLM's names.
+    that long could never be scheduled) and, with chunked prefill off, at the token budget
+    (vLLM's own ``SchedulerConfig`` refuses a longer one then). The rest keep vLLM's names.
 
     Raises:
         ConfigError: see :func:`settings`; the core's own checks run when the scheduler is
@@ -114,7 +115,14 @@ def core_config(vllm_config: Any, kv_cache_config: Any, block_size: int) -> Sche
     s = settings(vllm_config, kv_cache_config, block_size)
     sched = vllm_config.scheduler_config
     capacity = max(s.num_blocks - 1, 1) * s.block_size - s.num_lookahead_tokens
-    max_model_len = max(min(s.max_model_len, capacity), 2)
+    max_model_len = min(s.max_model_len, capacity)
+    chunked = bool(_get(sched, "enable_chunked_prefill", True))
+    if not chunked:
+        # vLLM's own SchedulerConfig refuses a budget below max_model_len with chunked
+        # prefill off; its tests get past that by giving the scheduler config a shorter
+        # max_model_len than the model config's. Sequences are capped at the budget then.
+        max_model_len = min(max_model_len, s.max_num_scheduled_tokens)
+    max_model_len = max(max_model_len, 2)
     return SchedulerConfig(
         max_num_seqs=s.max_num_active_reqs,
         max_num_batched_tokens=s.max_num_scheduled_tokens,
@@ -122,7 +130,7 @@ def core_config(vllm_config: Any, kv_cache_config: Any, block_size: int) -> Sche
         long_prefill_token_threshold_adaptive=bool(
             _get(sched, "long_prefill_token_threshold_adaptive", False)
         ),
-        enable_chunked_prefill=bool(_get(sched, "enable_chunked_prefill", True)),
+        enable_chunked_prefill=chunked,
         policy="priority" if s.policy == "priority" else "fcfs",
         priority_ties="vllm",
         enable_prefix_caching=s.enable_prefix_caching,

@@ -50,7 +50,11 @@ try:
     from vllm.v1.core.sched.request_queue import SchedulingPolicy
     from vllm.v1.core.sched.utils import check_stop
     from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs
-    from vllm.v1.metrics.stats import PrefixCacheStats, SchedulerStats
+    from vllm.v1.metrics.stats import (
+        PrefixCacheStats,
+        RequestSpecDecodeMetrics,
+        SchedulerStats,
+    )
     from vllm.v1.request import Request, RequestStatus
     from vllm.v1.spec_decode.metrics import SpecDecodingStats
 except ImportError as err:  # pragma: no cover - exercised only without vLLM
@@ -102,6 +106,62 @@ class _WaitingView:
 
     def __repr__(self) -> str:
         return f"WaitingView({[r.request_id for r in self._requests]})"
+
+
+class _BlockPoolView:
+    """The part of vLLM's ``BlockPool`` a caller can read here: free blocks and size."""
+
+    def __init__(self, scheduler: TokenyardScheduler) -> None:
+        self._scheduler = scheduler
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        return self._scheduler._num_kv_blocks + 1
+
+    def get_num_free_blocks(self) -> int:
+        """Blocks free for allocation, cached blocks no request holds included (vLLM's
+        count; the null block is never free)."""
+        return int(self._scheduler._core.num_free_blocks)
+
+    def get_usage(self) -> float:
+        return self._scheduler.get_kv_cache_usage()
+
+
+class _KVCacheManagerView:
+    """``scheduler.kv_cache_manager`` as far as tokenyard can answer it: block tables, free
+    blocks, usage, the prefix-cache stats being gathered, and the prefix-cache reset. The
+    blocks themselves (``KVCacheBlock`` objects, the free queue, the hash map, the
+    coordinator) live in Rust and are not exposed."""
+
+    def __init__(self, scheduler: TokenyardScheduler) -> None:
+        self._scheduler = scheduler
+        self.block_pool = _BlockPoolView(scheduler)
+
+    @property
+    def usage(self) -> float:
+        return self._scheduler.get_kv_cache_usage()
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats | None:
+        return self._scheduler._prefix_cache_stats
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        scheduler = self._scheduler
+        if scheduler._prefix_cache_stats is None:
+            return None
+        stats, scheduler._prefix_cache_stats = scheduler._prefix_cache_stats, PrefixCacheStats()
+        return stats
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        """The request's block table, one list per KV cache group (tokenyard has one)."""
+        return (self._scheduler._core.block_ids(request_id).tolist(),)
+
+    def get_num_free_blocks(self) -> int:
+        return self.block_pool.get_num_free_blocks()
+
+    def reset_prefix_cache(self) -> bool:
+        reset, _ = self._scheduler._core.reset_prefix_cache(preempt_running=False)
+        return bool(reset)
 
 
 class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
@@ -160,7 +220,8 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         self.num_lookahead_tokens = s.num_lookahead_tokens
         self.async_scheduling = s.async_scheduling
         self.policy = SchedulingPolicy(s.policy)
-        self._core = _CoreScheduler(core_config(vllm_config, kv_cache_config, block_size))
+        # Typed loosely: its ids are vLLM's str ids throughout.
+        self._core: Any = _CoreScheduler(core_config(vllm_config, kv_cache_config, block_size))
         self._num_kv_blocks = s.num_blocks - 1
 
         self.requests: dict[str, Request] = {}
@@ -176,6 +237,8 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         self.use_v2_model_runner = getattr(vllm_config, "use_v2_model_runner", False)
         self.connector = None
         self.ec_connector = None
+        self.kv_cache_manager = _KVCacheManagerView(self)
+        self.spec_decode_metrics_level = self.observability_config.per_request_spec_decode_metrics
         self.aux_output_connector: Any = None
         self.current_step = 0
         self._pause_state = PauseState.UNPAUSED
@@ -213,7 +276,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         return self._core.num_running, self._core.num_waiting
 
     def get_kv_cache_usage(self) -> float:
-        return self._core.stats().kv_usage
+        return float(self._core.stats().kv_usage)
 
     def has_request(self, request_id: str) -> bool:
         return request_id in self.requests
@@ -269,6 +332,8 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             lora_id=lora.lora_int_id if lora is not None and lora.lora_int_id > 0 else None,
         )
         self.requests[request_id] = request
+        if self.spec_decode_metrics_level != "none":
+            request.spec_decode_metrics = RequestSpecDecodeMetrics.new(self.num_spec_tokens)
         if self.log_stats:
             request.record_event(EngineCoreEventType.QUEUED)
 
@@ -368,8 +433,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         ]
         num_computed: list[int] = cached.num_computed_tokens.tolist()
         num_output = [
-            requests[i].num_output_tokens + requests[i].num_output_placeholders
-            for i in cached_ids
+            requests[i].num_output_tokens + requests[i].num_output_placeholders for i in cached_ids
         ]
         all_token_ids: dict[str, list[int]] = {}
         resumed_ids: set[str] = set()
@@ -389,7 +453,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         num_scheduled_tokens: dict[str, int] = core.num_scheduled_tokens
         new_token_ids: list[list[int]] = []
         if self.use_pp and not self.async_scheduling:
-            for request_id, n in zip(cached_ids, num_computed):
+            for request_id, n in zip(cached_ids, num_computed, strict=False):
                 request = requests[request_id]
                 new_token_ids.append(
                     list(request.all_token_ids[n : n + num_scheduled_tokens[request_id]])
@@ -423,22 +487,38 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         )
         if not v2:
             self.prev_step_scheduled_req_ids = set(num_scheduled_tokens)
-        self._after_schedule(num_scheduled_tokens, spec_decode_tokens)
+        out.skip_drafts = not self._after_schedule(num_scheduled_tokens, spec_decode_tokens)
         self.finished_req_ids = set()
         self.reset_preempted_req_ids = set()
         return out
 
+    def _drafts_unused(
+        self, request: Request, num_computed_tokens: int, num_new_tokens: int
+    ) -> bool:
+        """Whether drafts proposed after this step are sure to go unused (vLLM 0.33's rule):
+        the step is a non-final prefill chunk, or it samples the request's last output
+        token even if every draft is rejected."""
+        if num_computed_tokens + num_new_tokens < request.num_tokens:
+            return True
+        min_num_output_tokens = request.num_output_tokens + 1
+        if request.num_output_placeholders > 0:
+            min_num_output_tokens += 1
+        return bool(min_num_output_tokens >= request.max_tokens)
+
     def _after_schedule(
         self, num_scheduled_tokens: dict[str, int], spec_decode_tokens: dict[str, list[int]]
-    ) -> None:
+    ) -> bool:
         """vLLM's ``_update_after_schedule`` on the vLLM requests: the step is assumed to
         run; under async scheduling each sampling request gets its output placeholders and
         placeholder drafts for the next step."""
         requests = self.requests
         placeholders = self._spec_token_placeholders if self.async_scheduling else None
         drafts_for_core: dict[str, list[int]] = {}
+        drafts_needed = not (self.num_lookahead_tokens > 0 and self.use_v2_model_runner)
         for request_id, n in num_scheduled_tokens.items():
             request = requests[request_id]
+            if not drafts_needed:
+                drafts_needed = not self._drafts_unused(request, request.num_computed_tokens, n)
             request.num_computed_tokens += n
             request.is_prefill_chunk = request.num_computed_tokens < (
                 request.num_tokens + request.num_output_placeholders
@@ -452,6 +532,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                     drafts_for_core[request_id] = [0] * len(placeholders)
         if drafts_for_core:
             self._core.update_from_output({}, spec_token_ids=drafts_for_core)
+        return drafts_needed
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, model_runner_output: Any
@@ -466,6 +547,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         to_core: dict[str, list[int]] = {}
         rejected: dict[str, int] = {}
         spec_stats: SpecDecodingStats | None = None
+        invalid = scheduler_output.num_invalid_spec_tokens
         live: list[tuple[Request, list[int]]] = []
         for request_id in scheduler_output.num_scheduled_tokens:
             request = requests.get(request_id)
@@ -478,14 +560,24 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                 continue
             drafts = spec_scheduled.get(request_id)
             if drafts:
-                num_rejected = len(drafts) - max(len(tokens) - 1, 0)
+                num_accepted = max(len(tokens) - 1, 0)
+                num_rejected = len(drafts) - num_accepted
                 if request.status == _RUNNING:
                     if num_rejected:
                         rejected[request_id] = num_rejected
                     request.num_computed_tokens -= num_rejected
                     if request.num_output_placeholders > 0:
                         request.num_output_placeholders -= num_rejected
-                spec_stats = self._spec_stats(spec_stats, len(drafts), len(tokens) - 1)
+                num_drafts = len(drafts)
+                if invalid:
+                    num_drafts -= invalid.get(request_id, 0)
+                spec_stats = self._spec_stats(spec_stats, num_drafts, num_accepted)
+                if request.spec_decode_metrics is not None:
+                    request.spec_decode_metrics.observe(
+                        num_draft_tokens=num_drafts,
+                        num_accepted=num_accepted,
+                        detailed=self.spec_decode_metrics_level == "detailed",
+                    )
             to_core[request_id] = tokens
             live.append((request, tokens))
         finished = self._core.update_from_output(to_core, num_rejected_tokens=rejected or None)
@@ -494,7 +586,6 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         outputs: dict[int, list[EngineCoreOutput]] = defaultdict(list)
         for request, tokens in live:
             request_id = request.request_id
-            was_running = request.status == _RUNNING
             if request_id in finished_ids:
                 tokens = self._append_until_stop(request, tokens)
                 finish_reason = request.get_finished_reason()
@@ -504,8 +595,6 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                 if request.num_output_placeholders > 0:
                     request.num_output_placeholders -= len(tokens)
                 finish_reason = None
-            if not was_running and request.num_computed_tokens > 0:
-                pass
             outputs[request.client_index].append(
                 EngineCoreOutput(
                     request_id=request_id,
@@ -513,6 +602,9 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                     finish_reason=finish_reason,
                     stop_reason=request.stop_reason,
                     events=request.take_events(),
+                    spec_decode_metrics=(
+                        request.spec_decode_metrics if finish_reason is not None else None
+                    ),
                     trace_headers=request.trace_headers,
                     num_nans_in_logits=request.num_nans_in_logits,
                 )
@@ -527,11 +619,17 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                 if (eco := engine_core_outputs.get(client)) is not None:
                     eco.finished_requests = finished_set
                 else:
-                    engine_core_outputs[client] = EngineCoreOutputs(
-                        finished_requests=finished_set
-                    )
+                    engine_core_outputs[client] = EngineCoreOutputs(finished_requests=finished_set)
             self.finished_req_ids_dict.clear()
-        stats = self.make_stats(spec_stats)
+        kv_output = model_runner_output.kv_connector_output
+        ec_output = getattr(model_runner_output, "ec_connector_output", None)
+        stats = self.make_stats(
+            spec_stats,
+            kv_output.kv_connector_stats if kv_output else None,
+            model_runner_output.cudagraph_stats,
+            None,
+            ec_connector_stats=ec_output.ec_connector_stats if ec_output else None,
+        )
         if stats is not None:
             if (eco := next(iter(engine_core_outputs.values()), None)) is None:
                 engine_core_outputs[0] = eco = EngineCoreOutputs()
@@ -577,7 +675,9 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         """Drafts proposed for the next step (vLLM calls this after ``update_from_output``)."""
         requests = self.requests
         for_core: dict[str, list[int]] = {}
-        for request_id, drafts in zip(draft_token_ids.req_ids, draft_token_ids.draft_token_ids):
+        for request_id, drafts in zip(
+            draft_token_ids.req_ids, draft_token_ids.draft_token_ids, strict=False
+        ):
             request = requests.get(request_id)
             if request is None or request.is_finished():
                 continue
@@ -596,18 +696,28 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
     def update_draft_token_ids_in_output(
         self, draft_token_ids: Any, scheduler_output: SchedulerOutput
     ) -> None:
-        """Async scheduling: real drafts replace the step's placeholder drafts in place."""
+        """Async scheduling: real drafts replace the step's placeholder drafts in place
+        (trimmed to the drafts scheduled, padded back with -1 where the grammar refuses
+        them), as vLLM 0.33 does."""
+        num_invalid: dict[str, int] = {}
         scheduled = scheduler_output.scheduled_spec_decode_tokens
-        for request_id, drafts in zip(draft_token_ids.req_ids, draft_token_ids.draft_token_ids):
+        for request_id, drafts in zip(
+            draft_token_ids.req_ids, draft_token_ids.draft_token_ids, strict=False
+        ):
             request = self.requests.get(request_id)
             if request is None or request.is_finished():
                 continue
             placeholders = scheduled.get(request_id)
             if not placeholders:
                 continue
-            drafts = list(drafts[: len(placeholders)])
-            drafts.extend([-1] * (len(placeholders) - len(drafts)))
+            num_scheduled = len(placeholders)
+            del drafts[num_scheduled:]
+            drafts = self.structured_output_manager.validate_tokens(request, drafts)
+            if len(drafts) < num_scheduled:
+                num_invalid[request_id] = num_scheduled - len(drafts)
+                drafts.extend([-1] * (num_scheduled - len(drafts)))
             scheduled[request_id] = drafts
+        scheduler_output.num_invalid_spec_tokens = num_invalid
 
     def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> None:
         """Structured output is not supported: never a bitmask."""
@@ -621,9 +731,9 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         """Forgets every cached prefix. Only possible when no request holds KV blocks;
         with ``reset_running_requests`` the running requests are preempted first (they
         appear in the next step's ``preempted_req_ids`` and are recomputed)."""
-        reset, preempted = self._core.reset_prefix_cache(
-            preempt_running=reset_running_requests
-        )
+        preempted: list[str] = []
+        if reset_running_requests:
+            _, preempted = self._core.reset_prefix_cache(preempt_running=True)
         for request_id in preempted:
             request = self.requests[request_id]
             request.status = _PREEMPTED
@@ -638,6 +748,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             self.reset_preempted_req_ids.add(request_id)
         if preempted:
             self.prev_step_scheduled_req_ids.clear()
+        reset = self.kv_cache_manager.reset_prefix_cache()
         if reset_running_requests and not reset:
             raise RuntimeError(
                 "Failed to reset the prefix cache after preempting every running request"
@@ -676,6 +787,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             prefix_cache_stats=prefix_cache_stats,
             spec_decoding_stats=spec_decoding_stats,
             kv_connector_stats=kv_connector_stats.to_dict() if kv_connector_stats else None,
+            ec_connector_stats=ec_connector_stats.data if ec_connector_stats else None,
             cudagraph_stats=cudagraph_stats,
             perf_stats=perf_stats,
         )

@@ -414,6 +414,22 @@ impl PyScheduler {
         }
     }
 
+    /// The request's block table (its KV block ids in order); empty if it holds none.
+    fn block_ids<'py>(
+        &self,
+        request_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<u32>>> {
+        let py = request_id.py();
+        let id = RequestId::from_py(request_id)?;
+        if self.inner.get_request(&id).is_none() {
+            return Err(unknown_request(py, &id));
+        }
+        Ok(PyArray1::from_slice(
+            py,
+            self.inner.block_ids(&id).unwrap_or_default(),
+        ))
+    }
+
     fn num_tokens(&self, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
         let id = RequestId::from_py(request_id)?;
         match self.inner.get_request(&id) {

@@ -230,8 +230,6 @@ def test_unsupported_request_kinds_are_refused_by_name(vllm_parts: Any) -> None:
     from tokenyard.errors import InputError
 
     scheduler, _ = build(vllm_parts)
-    pooling = Request("p", [1, 2], None, pooling_params=SimpleNamespace(), block_hasher=None)
-    del pooling  # a pooling request needs vLLM's PoolingParams; checked below by field
     sampling = SamplingParams(max_tokens=2)
     request = Request("s", [1, 2], sampling, None, resumable=True)
     with pytest.raises(InputError) as info:

@@ -239,6 +239,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         self.ec_connector = None
         self.kv_cache_manager = _KVCacheManagerView(self)
         self.spec_decode_metrics_level = self.observability_config.per_request_spec_decode_metrics
+        self._num_hash_lookahead_tokens = getattr(vllm_config, "num_hash_lookahead_tokens", 0)
         self.aux_output_connector: Any = None
         self.current_step = 0
         self._pause_state = PauseState.UNPAUSED
@@ -433,7 +434,8 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         ]
         num_computed: list[int] = cached.num_computed_tokens.tolist()
         num_output = [
-            requests[i].num_output_tokens + requests[i].num_output_placeholders for i in cached_ids
+            len((r := requests[i])._output_token_ids) + r.num_output_placeholders
+            for i in cached_ids
         ]
         all_token_ids: dict[str, list[int]] = {}
         resumed_ids: set[str] = set()
@@ -519,13 +521,15 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             request = requests[request_id]
             if not drafts_needed:
                 drafts_needed = not self._drafts_unused(request, request.num_computed_tokens, n)
-            request.num_computed_tokens += n
-            request.is_prefill_chunk = request.num_computed_tokens < (
-                request.num_tokens + request.num_output_placeholders
+            num_computed = request.num_computed_tokens + n
+            request.num_computed_tokens = num_computed
+            prefill_chunk = num_computed < (
+                len(request._all_token_ids) + request.num_output_placeholders
             )
+            request.is_prefill_chunk = prefill_chunk
             if request.spec_token_ids:
                 request.spec_token_ids = []
-            if placeholders is not None and not request.is_prefill_chunk:
+            if placeholders is not None and not prefill_chunk:
                 request.num_output_placeholders += 1 + len(spec_decode_tokens.get(request_id, ()))
                 if placeholders:
                     request.spec_token_ids = placeholders
@@ -549,17 +553,19 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         spec_stats: SpecDecodingStats | None = None
         invalid = scheduler_output.num_invalid_spec_tokens
         live: list[tuple[Request, list[int]]] = []
-        for request_id in scheduler_output.num_scheduled_tokens:
+        dropped = self._dropped_outputs
+        scheduled_ids: Iterable[str] = scheduler_output.num_scheduled_tokens if sampled else ()
+        for request_id in scheduled_ids:
             request = requests.get(request_id)
-            if request is None or request.is_finished():
-                continue  # finished while its step ran (an abort)
-            if request_id in self._dropped_outputs and request.status == _PREEMPTED:
+            # Finished while its step ran (an abort): statuses after PREEMPTED are finished.
+            if request is None or request.status > _PREEMPTED:
                 continue
-            tokens = sampled[index[request_id]] if sampled else []
+            if dropped and request_id in dropped and request.status == _PREEMPTED:
+                continue
+            tokens = sampled[index[request_id]]
             if not tokens:
                 continue
-            drafts = spec_scheduled.get(request_id)
-            if drafts:
+            if spec_scheduled and (drafts := spec_scheduled.get(request_id)):
                 num_accepted = max(len(tokens) - 1, 0)
                 num_rejected = len(drafts) - num_accepted
                 if request.status == _RUNNING:
@@ -584,6 +590,8 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         finished_ids = {request_id for request_id, _ in finished} if finished else ()
 
         outputs: dict[int, list[EngineCoreOutput]] = defaultdict(list)
+        hash_block_size = self.hash_block_size
+        always_hash = self._num_hash_lookahead_tokens > 0
         for request, tokens in live:
             request_id = request.request_id
             if request_id in finished_ids:
@@ -591,17 +599,28 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                 finish_reason = request.get_finished_reason()
                 self._free_request(request)
             else:
-                request.append_output_token_ids(tokens)
+                # Request.append_output_token_ids, with its block hasher called only when a
+                # block fills (it hashes nothing otherwise).
+                all_token_ids = request._all_token_ids
+                request._output_token_ids.extend(tokens)
+                all_token_ids.extend(tokens)
+                if request._block_hasher is not None and (
+                    always_hash or len(all_token_ids) // hash_block_size > len(request.block_hashes)
+                ):
+                    request.update_block_hashes()
                 if request.num_output_placeholders > 0:
                     request.num_output_placeholders -= len(tokens)
                 finish_reason = None
+            events = request.events
+            if events:
+                request.events = []
             outputs[request.client_index].append(
                 EngineCoreOutput(
                     request_id=request_id,
                     new_token_ids=tokens,
                     finish_reason=finish_reason,
                     stop_reason=request.stop_reason,
-                    events=request.take_events(),
+                    events=events or None,
                     spec_decode_metrics=(
                         request.spec_decode_metrics if finish_reason is not None else None
                     ),

@@ -638,9 +638,7 @@ class Scheduler:
         Raises:
             UnknownRequestError: an id the scheduler does not hold.
         """
-    def reset_prefix_cache(
-        self, *, preempt_running: bool = False
-    ) -> tuple[bool, list[_RequestId]]:
+    def reset_prefix_cache(self, *, preempt_running: bool = False) -> tuple[bool, list[_RequestId]]:
         """vLLM's ``reset_prefix_cache``: forgets every cached prefix, which needs every
         block free (``prefix_cache="radix"`` never resets). With ``preempt_running`` the
         running requests are preempted first, the last first, and the outputs of their

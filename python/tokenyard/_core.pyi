@@ -647,6 +647,24 @@ class Scheduler:
         """Tokens with KV, counting those scheduled in the latest step."""
     def num_tokens(self, request_id: _RequestId) -> int:
         """Prompt plus output tokens so far."""
+    def block_ids(self, request_id: _RequestId) -> npt.NDArray[np.uint32]:
+        """The request's block table in order; empty while it holds none.
+
+        Raises:
+            UnknownRequestError: an id the scheduler does not hold.
+        """
+    def reset_prefix_cache(self, *, preempt_running: bool = False) -> tuple[bool, list[_RequestId]]:
+        """vLLM's ``reset_prefix_cache``: forgets every cached prefix, which needs every
+        block free (``prefix_cache="radix"`` never resets). With ``preempt_running`` the
+        running requests are preempted first, the last first, and the outputs of their
+        steps in flight dropped. Returns whether the cache was reset, and the ids
+        preempted (they come back in ``scheduled_resumed_reqs``)."""
+    def enable_kv_events(self) -> None:
+        """Starts recording prefix-cache events for ``drain_kv_events``."""
+    def drain_kv_events(self) -> list[tuple[str, int]]:
+        """Prefix-cache events since the last call, oldest first: ``(kind, block_hash)``,
+        kind ``"stored"``, ``"removed"``, ``"host_stored"``, ``"host_removed"`` or
+        ``"all_cleared"`` (hash 0). Hashes are tokenyard's own (128-bit), not vLLM's."""
     def stats(self) -> SchedulerStats: ...
     def check_invariants(self) -> None:
         """Raises InternalError if the internal bookkeeping is inconsistent (a bug)."""

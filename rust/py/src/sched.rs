@@ -389,6 +389,45 @@ impl PyScheduler {
             .or_raise(py)
     }
 
+    /// vLLM's `reset_prefix_cache`: forgets every cached prefix if no request holds blocks;
+    /// with `preempt_running`, preempts the running requests first. Returns whether the
+    /// cache was reset and the ids preempted.
+    #[pyo3(signature = (*, preempt_running = false))]
+    fn reset_prefix_cache<'py>(
+        &mut self,
+        py: Python<'py>,
+        preempt_running: bool,
+    ) -> PyResult<(bool, Bound<'py, PyList>)> {
+        let (reset, preempted) = self
+            .inner
+            .reset_prefix_cache(preempt_running)
+            .map_err(|err| self.raise(py, err))?;
+        Ok((reset, id_list(py, &preempted)?))
+    }
+
+    /// Starts recording prefix-cache events (vLLM's KV events) for `drain_kv_events`.
+    fn enable_kv_events(&mut self) {
+        self.inner.enable_kv_events();
+    }
+
+    /// Prefix-cache events since the last call, oldest first: `(kind, block_hash)` with
+    /// kind `"stored"`, `"removed"`, `"host_stored"`, `"host_removed"` or `"all_cleared"`
+    /// (hash 0).
+    fn drain_kv_events(&mut self) -> Vec<(&'static str, u128)> {
+        use tokenyard_core::kv::KvEvent;
+        self.inner
+            .drain_kv_events()
+            .into_iter()
+            .map(|event| match event {
+                KvEvent::Stored(h) => ("stored", h.0),
+                KvEvent::Removed(h) => ("removed", h.0),
+                KvEvent::HostStored(h) => ("host_stored", h.0),
+                KvEvent::HostRemoved(h) => ("host_removed", h.0),
+                KvEvent::AllCleared => ("all_cleared", 0),
+            })
+            .collect()
+    }
+
     #[getter]
     fn num_free_blocks(&self) -> usize {
         self.inner.num_free_blocks()
@@ -435,6 +474,22 @@ impl PyScheduler {
             Some(r) => Ok(r.num_computed_tokens),
             None => Err(unknown_request(request_id.py(), &id)),
         }
+    }
+
+    /// The request's block table (its KV block ids in order); empty if it holds none.
+    fn block_ids<'py>(
+        &self,
+        request_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<u32>>> {
+        let py = request_id.py();
+        let id = RequestId::from_py(request_id)?;
+        if self.inner.get_request(&id).is_none() {
+            return Err(unknown_request(py, &id));
+        }
+        Ok(PyArray1::from_slice(
+            py,
+            self.inner.block_ids(&id).unwrap_or_default(),
+        ))
     }
 
     fn num_tokens(&self, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {

@@ -176,6 +176,15 @@ impl Kv {
         }
     }
 
+    /// Forgets every cached prefix if no request holds blocks (vLLM's
+    /// `reset_prefix_cache`); the radix pool answers `false`.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        match self {
+            Kv::BlockHash(p) => p.reset_prefix_cache(),
+            Kv::Radix(_) => false,
+        }
+    }
+
     pub fn is_radix(&self) -> bool {
         matches!(self, Kv::Radix(_))
     }

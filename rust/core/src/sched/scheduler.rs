@@ -554,7 +554,12 @@ impl<R: RequestKey> Scheduler<R> {
 
     /// Frees the victim's blocks and sends it back to the front of the waiting queue to be
     /// recomputed; refunds its tokens if it was already scheduled in this step.
-    fn preempt(&mut self, victim: u32, budget: &mut usize, plan: &mut StepPlan<R>) -> Result<()> {
+    pub(super) fn preempt(
+        &mut self,
+        victim: u32,
+        budget: &mut usize,
+        plan: &mut StepPlan<R>,
+    ) -> Result<()> {
         self.kv.free(victim)?;
         self.running.retain(|&s| s != victim);
         if plan.take_blocks(victim).is_some() {
@@ -566,15 +571,14 @@ impl<R: RequestKey> Scheduler<R> {
             *budget += plan.scheduled.remove(pos).1;
         }
         plan.admitted.remove(&victim);
-        let keeps_in_flight_step = self.async_scheduling;
+        // A step in flight keeps its token (computed before the blocks were freed), async
+        // or not: a synchronous engine with several batches in flight (vLLM's batch queue
+        // under pipeline parallelism) reports it after this step too.
         let request = self.req_mut(victim);
         request.status = RequestStatus::Preempted;
         request.num_computed_tokens = 0;
         request.num_external_computed_tokens = 0;
         request.num_output_placeholders = 0;
-        if !keeps_in_flight_step {
-            request.num_sampling_steps = 0;
-        }
         request.spec_token_ids.clear();
         request.num_preemptions += 1;
         let key = self.priority_key(victim);

@@ -159,10 +159,13 @@ impl<R: RequestKey> Scheduler<R> {
                 .get(id)
                 .ok_or_else(|| Error::unknown_request(id))?;
             let request = self.req(slot);
-            // Async scheduling: a request preempted after its step was launched still gets
-            // that step's (valid) tokens; it recomputes them with the rest when it resumes.
-            let may_sample = request.status == RequestStatus::Running
-                || (self.async_scheduling && request.status == RequestStatus::Preempted);
+            // A request preempted after its step was launched (async scheduling, or several
+            // batches in flight) still gets that step's (valid) tokens; it recomputes them
+            // with the rest when it resumes.
+            let may_sample = matches!(
+                request.status,
+                RequestStatus::Running | RequestStatus::Preempted
+            );
             if !may_sample && !output.token_ids.is_empty() {
                 return Err(Error::input(
                     "request_id",
@@ -481,6 +484,24 @@ impl<R: RequestKey> Scheduler<R> {
             .filter(|&&s| self.req(s).status == RequestStatus::WaitingForRemoteKvs)
             .count();
         (loading, self.transfer_holds.len())
+    }
+
+    /// vLLM's `reset_prefix_cache`: forgets every cached prefix, which needs every block
+    /// free. With `preempt_running`, the running requests are preempted first (the last
+    /// first, so they resume in running order) and the outputs of their steps in flight
+    /// are dropped. Returns whether the cache was reset, and the requests preempted.
+    pub fn reset_prefix_cache(&mut self, preempt_running: bool) -> Result<(bool, Vec<R>)> {
+        let mut preempted = Vec::new();
+        if preempt_running {
+            let mut plan = super::scheduler::StepPlan::default();
+            while let Some(&slot) = self.running.last() {
+                self.preempt(slot, &mut 0, &mut plan)?;
+                let request = self.req_mut(slot);
+                request.num_sampling_steps = 0;
+                preempted.push(request.request_id.clone());
+            }
+        }
+        Ok((self.kv.reset_prefix_cache(), preempted))
     }
 
     /// Describes the first broken invariant, if any.

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# vLLM 0.33.0's own scheduler tests, run on vLLM's Scheduler and on tokenyard's
+# (tokenyard.integrations.vllm.TokenyardScheduler), with the cases that pass on vLLM and fail
+# on tokenyard listed.
+#
+#   bash benches/peers/vllm_own_tests.sh [pytest -k expression]
+#
+# Needs the bench venv with vLLM 0.33.0 (benches/peers/setup.sh, or VENV=...) and a built
+# tokenyard (maturin develop): tokenyard is taken from python/ on PYTHONPATH. Fetches the
+# vLLM sdist once (its tests/ are not in the wheel) into CACHE (default
+# ~/.cache/tokenyard-vllm-tests), installs pytest, einops and tblib into the venv if missing,
+# and points facebook/opt-125m (the tests' default model) at a local config.json in an
+# offline Hugging Face cache: no weights, no network after the first fetch.
+#
+# The tokenyard run copies benches/peers/vllm_own_tests_conftest.py beside vLLM's tests as
+# tests/v1/core/conftest.py: it makes tests/v1/core/utils.py::create_scheduler build
+# TokenyardScheduler unless a test names another class. No test is changed or skipped.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/../.." && pwd)"
+VENV="${VENV:-$REPO/.venv-bench}"
+PY="$VENV/bin/python"
+CACHE="${CACHE:-$HOME/.cache/tokenyard-vllm-tests}"
+VERSION=0.33.0
+SDIST="vllm-$VERSION.tar.gz"
+SHA256=f4c33c2503d52bb411146afa9618a4f48bed68912f617e6803ac8d76e4c74112
+TESTS=(tests/v1/core/test_scheduler.py)
+FILTER="${1:-}"
+
+mkdir -p "$CACHE"
+cd "$CACHE"
+if [[ ! -f "$SDIST" ]]; then
+    # The index's simple page lists the file; `pip download --no-binary` would try to
+    # build it (minutes, then fails without a GPU toolchain).
+    index="$("$PY" -m pip config get global.index-url 2>/dev/null || true)"
+    index="${index:-https://pypi.org/simple}"
+    url="$(curl -fsSL -H 'Accept: text/html' "${index%/}/vllm/" \
+        | grep -o "href=\"[^\"]*$SDIST[^\"]*\"" | head -1 | sed 's/^href="//; s/"$//; s/#.*//')"
+    case "$url" in http*) ;; *) url="${index%/simple*}/${url#/}" ;; esac
+    curl -fsSL -o "$SDIST.part" "$url"
+    echo "$SHA256  $SDIST.part" | sha256sum -c - >/dev/null
+    mv "$SDIST.part" "$SDIST"
+fi
+SRC="$CACHE/vllm-$VERSION"
+if [[ ! -d "$SRC/tests" ]]; then
+    tar xzf "$SDIST" "vllm-$VERSION/tests"
+fi
+"$PY" -c 'import pytest, einops, tblib' 2>/dev/null || "$PY" -m pip install -q pytest einops tblib
+
+# facebook/opt-125m's config.json in an offline Hugging Face cache (the scheduler tests
+# build a ModelConfig from it; weights are never read).
+SNAP="$CACHE/hf/hub/models--facebook--opt-125m/snapshots/0000000000000000000000000000000000000000"
+if [[ ! -f "$SNAP/config.json" ]]; then
+    mkdir -p "$SNAP" "$CACHE/hf/hub/models--facebook--opt-125m/refs"
+    printf 0000000000000000000000000000000000000000 \
+        > "$CACHE/hf/hub/models--facebook--opt-125m/refs/main"
+    cat > "$SNAP/config.json" <<'EOF'
+{"_name_or_path": "facebook/opt-125m", "activation_dropout": 0.0,
+ "activation_function": "relu", "architectures": ["OPTForCausalLM"],
+ "attention_dropout": 0.0, "bos_token_id": 2, "do_layer_norm_before": true,
+ "dropout": 0.1, "eos_token_id": 2, "enable_bias": true, "ffn_dim": 3072,
+ "hidden_size": 768, "init_std": 0.02, "layer_norm_elementwise_affine": true,
+ "layerdrop": 0.0, "max_position_embeddings": 2048, "model_type": "opt",
+ "num_attention_heads": 12, "num_hidden_layers": 12, "pad_token_id": 1,
+ "prefix": "</s>", "torch_dtype": "float16", "transformers_version": "4.21.0.dev0",
+ "use_cache": true, "vocab_size": 50272, "word_embed_proj_dim": 768}
+EOF
+fi
+
+export HF_HUB_OFFLINE=1 HF_HOME="$CACHE/hf" VLLM_TARGET_DEVICE=cpu VLLM_LOGGING_LEVEL=ERROR
+export PYTHONPATH="$REPO/python${PYTHONPATH:+:$PYTHONPATH}"
+OUT="$CACHE/results"
+mkdir -p "$OUT"
+args=(-q -p no:cacheprovider -W ignore "${TESTS[@]}")
+[[ -n "$FILTER" ]] && args+=(-k "$FILTER")
+
+cd "$SRC"
+rm -f tests/v1/core/conftest.py
+"$PY" -m pytest "${args[@]}" --junitxml="$OUT/vllm.xml" >"$OUT/vllm.log" 2>&1 || true
+cp "$HERE/vllm_own_tests_conftest.py" tests/v1/core/conftest.py
+"$PY" -m pytest "${args[@]}" --junitxml="$OUT/tokenyard.xml" >"$OUT/tokenyard.log" 2>&1 || true
+rm -f tests/v1/core/conftest.py
+
+"$PY" - "$OUT/vllm.xml" "$OUT/tokenyard.xml" <<'EOF'
+import sys
+import xml.etree.ElementTree as ET
+
+
+def outcomes(path):
+    result = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = case.get("name")
+        bad = case.find("failure") is not None or case.find("error") is not None
+        skipped = case.find("skipped") is not None
+        result[name] = "failed" if bad else "skipped" if skipped else "passed"
+    return result
+
+
+vllm, tokenyard = outcomes(sys.argv[1]), outcomes(sys.argv[2])
+on_vllm = {n for n, o in vllm.items() if o == "passed"}
+on_tokenyard = {n for n, o in tokenyard.items() if o == "passed"}
+print(f"cases: {len(vllm)}")
+print(f"passed on vLLM's Scheduler:      {len(on_vllm)}")
+print(f"passed on TokenyardScheduler:    {len(on_tokenyard)}")
+print(f"  of those that pass on vLLM:    {len(on_vllm & on_tokenyard)}")
+lost = sorted(on_vllm - on_tokenyard)
+print(f"pass on vLLM, fail on tokenyard: {len(lost)}")
+for name in lost:
+    print(f"  {name}")
+EOF

@@ -1,0 +1,164 @@
+"""vLLM 0.33.0's own ``Scheduler`` against ``tokenyard.integrations.vllm.TokenyardScheduler``,
+both driven through vLLM's scheduler interface, in one process.
+
+The same ``VllmConfig`` and ``KVCacheConfig`` build both schedulers; each gets the same vLLM
+``Request`` objects (own copies, with the sha256 block hasher an engine with prefix caching
+gives them) and the same fake model runner: after ``schedule()``, a ``ModelRunnerOutput``
+with one sampled token for each scheduled request that reached its end, then
+``update_from_output(scheduler_output, model_runner_output)``, which returns the
+``EngineCoreOutputs`` an engine streams back. One *step* is ``schedule()`` + building the
+runner output + ``update_from_output()``, timed with ``perf_counter_ns``.
+
+Scenario: R running decodes (128-token prompts, ``max_tokens`` large enough that nobody
+finishes), warmed up until every request decodes, then ``--steps`` timed steps. The two
+sides alternate in rounds (vLLM, tokenyard, vLLM, ...) so machine noise hits both; the
+report gives each side's median step over all rounds and the ratio of medians, and checks
+that both scheduled the same tokens for every request in every step.
+
+    .venv-bench/bin/python benches/sched_vllm_adapter.py [--running 1024] [--steps 50]
+        [--rounds 5] [--profile]
+
+``--profile`` runs cProfile over the tokenyard side's timed steps and prints where the
+adapter's time goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import io
+import os
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+
+from vllm_peer import VllmSchedulerPeer
+
+from tokenyard.integrations.vllm import TokenyardScheduler
+
+PROMPT_TOKENS = 128
+BLOCK_SIZE = 16
+
+
+def build(kind: str, running: int, prefix_caching: bool) -> tuple[object, VllmSchedulerPeer]:
+    blocks_per_request = (PROMPT_TOKENS + 4096) // BLOCK_SIZE + 1
+    peer = VllmSchedulerPeer(
+        num_blocks=running * blocks_per_request + 16,
+        max_num_seqs=running,
+        max_num_batched_tokens=max(8192, running),
+        max_model_len=8192,
+        block_size=BLOCK_SIZE,
+        enable_prefix_caching=prefix_caching,
+    )
+    if kind == "vllm":
+        return peer.scheduler, peer
+    # The same configs vLLM's Scheduler was built from.
+    vllm_sched = peer.scheduler
+    scheduler = TokenyardScheduler(
+        vllm_config=peer.vllm_config,
+        kv_cache_config=vllm_sched.kv_cache_config,
+        structured_output_manager=vllm_sched.structured_output_manager,
+        block_size=BLOCK_SIZE,
+        hash_block_size=BLOCK_SIZE,
+        log_stats=True,
+    )
+    return scheduler, peer
+
+
+def step(scheduler: object, runner_output_cls: type) -> dict[str, int]:
+    out = scheduler.schedule()  # type: ignore[attr-defined]
+    requests = scheduler.requests  # type: ignore[attr-defined]
+    req_ids = list(out.num_scheduled_tokens)
+    sampled = []
+    for rid in req_ids:
+        r = requests[rid]
+        sampled.append([7] if r.num_computed_tokens >= r.num_tokens else [])
+    mro = runner_output_cls(
+        req_ids=req_ids,
+        req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+        sampled_token_ids=sampled,
+    )
+    scheduler.update_from_output(out, mro)  # type: ignore[attr-defined]
+    return dict(out.num_scheduled_tokens)
+
+
+def run_side(
+    kind: str, running: int, steps: int, prefix_caching: bool, profile: bool
+) -> tuple[list[int], list[dict[str, int]], str]:
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    scheduler, peer = build(kind, running, prefix_caching)
+    for i in range(running):
+        prompt = [1000 + (i * 7919 + j) % 30000 for j in range(PROMPT_TOKENS)]
+        scheduler.add_request(peer.make_request(f"r{i}", prompt, max_tokens=4000))  # type: ignore[attr-defined]
+    # Warm-up: until every request decodes (one token each).
+    for _ in range(1000):
+        decided = step(scheduler, ModelRunnerOutput)
+        if len(decided) == running and all(n == 1 for n in decided.values()):
+            break
+    times, decisions = [], []
+    profiler = cProfile.Profile() if profile else None
+    gc.collect()
+    for _ in range(steps):
+        if profiler:
+            profiler.enable()
+        t0 = time.perf_counter_ns()
+        decided = step(scheduler, ModelRunnerOutput)
+        times.append(time.perf_counter_ns() - t0)
+        if profiler:
+            profiler.disable()
+        decisions.append(decided)
+    report = ""
+    if profiler:
+        buf = io.StringIO()
+        pstats.Stats(profiler, stream=buf).sort_stats("tottime").print_stats(18)
+        report = buf.getvalue()
+    return times, decisions, report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--running", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    import vllm
+
+    import tokenyard
+
+    caching = not args.no_prefix_caching
+    print(
+        f"vllm {vllm.__version__}, tokenyard {tokenyard.__version__}; {args.running} running "
+        f"decodes, {args.steps} steps x {args.rounds} rounds, prefix caching "
+        f"{'on' if caching else 'off'}"
+    )
+    all_times: dict[str, list[int]] = {"vllm": [], "tokenyard": []}
+    same = True
+    for _ in range(args.rounds):
+        decisions = {}
+        for kind in ("vllm", "tokenyard"):
+            times, decided, _ = run_side(kind, args.running, args.steps, caching, False)
+            all_times[kind].extend(times)
+            decisions[kind] = decided
+        same = same and decisions["vllm"] == decisions["tokenyard"]
+    med = {k: statistics.median(v) / 1e6 for k, v in all_times.items()}
+    print(f"same decisions every step: {same}")
+    for kind in ("vllm", "tokenyard"):
+        per_req = med[kind] * 1e3 / args.running
+        print(f"{kind:>10}: median step {med[kind]:.3f} ms ({per_req:.2f} us per running request)")
+    print(f"ratio (vLLM / tokenyard, medians): {med['vllm'] / med['tokenyard']:.1f}x")
+    if args.profile:
+        _, _, report = run_side("tokenyard", args.running, args.steps, caching, True)
+        print(report)
+
+
+if __name__ == "__main__":
+    main()

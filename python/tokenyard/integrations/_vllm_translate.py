@@ -1,0 +1,157 @@
+"""What the vLLM adapter translates without importing vLLM: its configs into a
+``tokenyard.sched.SchedulerConfig``, and the id arguments its scheduler interface takes.
+
+Everything here reads vLLM's objects by attribute (``VllmConfig``, ``KVCacheConfig``), so it
+runs, and is tested, where vLLM is not installed. :mod:`tokenyard.integrations.vllm` builds
+the scheduler class itself on top of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from tokenyard.errors import ConfigError
+from tokenyard.sched import SchedulerConfig
+
+__all__ = ["VllmSettings", "core_config", "request_id_list"]
+
+
+@dataclass(frozen=True)
+class VllmSettings:
+    """The parts of vLLM's configs the adapter acts on, beside the core's config."""
+
+    max_num_running_reqs: int
+    """vLLM's ``max_num_seqs`` (model-runner slots)."""
+    max_num_active_reqs: int
+    """Admission cap: ``max_num_active_seqs``, else ``max_num_seqs``."""
+    max_num_scheduled_tokens: int
+    max_model_len: int
+    """The model's ``max_model_len`` (vLLM's scheduler reads the model config's)."""
+    num_spec_tokens: int
+    num_lookahead_tokens: int
+    async_scheduling: bool
+    enable_prefix_caching: bool
+    policy: str
+    num_blocks: int
+    block_size: int
+
+
+def _get(obj: Any, name: str, default: Any = None) -> Any:
+    return getattr(obj, name, default) if obj is not None else default
+
+
+def settings(vllm_config: Any, kv_cache_config: Any, block_size: int) -> VllmSettings:
+    """Reads what the adapter needs from vLLM's ``VllmConfig`` and ``KVCacheConfig``.
+
+    Raises:
+        ConfigError: a KV cache layout tokenyard's one-pool scheduler cannot serve (several
+            KV cache groups, or a group that is not plain full attention), or a value of
+            the wrong type.
+    """
+    sched = vllm_config.scheduler_config
+    cache = vllm_config.cache_config
+    model = vllm_config.model_config
+    groups = list(_get(kv_cache_config, "kv_cache_groups", []) or [])
+    if len(groups) > 1:
+        raise ConfigError(
+            f"kv_cache_groups: tokenyard's scheduler has one KV pool, got {len(groups)} groups "
+            "(hybrid models: sliding window, Mamba, cross-attention)",
+            field="kv_cache_groups",
+            value=str(len(groups)),
+        )
+    for group in groups:
+        spec = _get(group, "kv_cache_spec")
+        kind = type(spec).__name__
+        if kind not in ("FullAttentionSpec", "MLAAttentionSpec"):
+            raise ConfigError(
+                f"kv_cache_spec: only full attention is supported, got {kind}",
+                field="kv_cache_spec",
+                value=kind,
+            )
+        if _get(spec, "sliding_window") or _get(spec, "attention_chunk_size"):
+            raise ConfigError(
+                "kv_cache_spec: sliding-window and chunked-local attention are not supported",
+                field="kv_cache_spec",
+                value=kind,
+            )
+    num_blocks = _get(cache, "num_gpu_blocks") or _get(kv_cache_config, "num_blocks")
+    max_num_seqs = int(sched.max_num_seqs)
+    active = _get(sched, "max_num_active_seqs")
+    scheduled = _get(sched, "max_num_scheduled_tokens")
+    return VllmSettings(
+        max_num_running_reqs=max_num_seqs,
+        max_num_active_reqs=int(active) if active is not None else max_num_seqs,
+        max_num_scheduled_tokens=int(
+            scheduled if scheduled is not None else sched.max_num_batched_tokens
+        ),
+        max_model_len=int(model.max_model_len),
+        num_spec_tokens=int(_get(vllm_config, "num_speculative_tokens", 0) or 0),
+        num_lookahead_tokens=int(_get(vllm_config, "num_lookahead_tokens", 0) or 0),
+        async_scheduling=bool(_get(sched, "async_scheduling", False)),
+        enable_prefix_caching=bool(_get(cache, "enable_prefix_caching", False)),
+        policy=str(_get(sched, "policy", "fcfs")),
+        num_blocks=int(num_blocks),
+        block_size=int(block_size),
+    )
+
+
+def core_config(vllm_config: Any, kv_cache_config: Any, block_size: int) -> SchedulerConfig:
+    """tokenyard's ``SchedulerConfig`` for a vLLM 0.33 ``VllmConfig`` and ``KVCacheConfig``.
+
+    Field by field: the admission cap is ``max_num_active_seqs`` (else ``max_num_seqs``);
+    the token budget is ``max_num_scheduled_tokens`` (else ``max_num_batched_tokens``);
+    ``num_blocks`` is vLLM's ``num_gpu_blocks``, its null block included (tokenyard's
+    ``reserve_null_block`` sets it aside the same way); ``max_model_len`` is the model
+    config's, capped at what the KV cache can hold (vLLM accepts a longer one, but a request
+    that long could never be scheduled) and, with chunked prefill off, at the token budget
+    (vLLM's own ``SchedulerConfig`` refuses a longer one then). The rest keep vLLM's names.
+
+    Raises:
+        ConfigError: see :func:`settings`; the core's own checks run when the scheduler is
+            built.
+    """
+    s = settings(vllm_config, kv_cache_config, block_size)
+    sched = vllm_config.scheduler_config
+    capacity = max(s.num_blocks - 1, 1) * s.block_size - s.num_lookahead_tokens
+    max_model_len = min(s.max_model_len, capacity)
+    chunked = bool(_get(sched, "enable_chunked_prefill", True))
+    if not chunked:
+        # vLLM's own SchedulerConfig refuses a budget below max_model_len with chunked
+        # prefill off; its tests get past that by giving the scheduler config a shorter
+        # max_model_len than the model config's. Sequences are capped at the budget then.
+        max_model_len = min(max_model_len, s.max_num_scheduled_tokens)
+    max_model_len = max(max_model_len, 2)
+    return SchedulerConfig(
+        max_num_seqs=s.max_num_active_reqs,
+        max_num_batched_tokens=s.max_num_scheduled_tokens,
+        long_prefill_token_threshold=int(_get(sched, "long_prefill_token_threshold", 0) or 0),
+        long_prefill_token_threshold_adaptive=bool(
+            _get(sched, "long_prefill_token_threshold_adaptive", False)
+        ),
+        enable_chunked_prefill=chunked,
+        policy="priority" if s.policy == "priority" else "fcfs",
+        priority_ties="vllm",
+        enable_prefix_caching=s.enable_prefix_caching,
+        prefix_cache="block_hash",
+        block_size=s.block_size,
+        num_blocks=s.num_blocks,
+        max_model_len=max_model_len,
+        num_lookahead_tokens=s.num_lookahead_tokens,
+        max_loras=int(_get(_get(vllm_config, "lora_config"), "max_loras", 0) or 0),
+        scheduler_reserve_full_isl=bool(_get(sched, "scheduler_reserve_full_isl", True)),
+        reserve_null_block=True,
+        async_scheduling=s.async_scheduling,
+    )
+
+
+def request_id_list(request_ids: str | Iterable[str] | None, every: Iterable[str]) -> list[str]:
+    """vLLM's ``finish_requests`` argument as a list: one id (a ``str`` is one id, never its
+    characters), an iterable of ids (duplicates dropped, order kept), or ``None`` for
+    ``every`` id."""
+    if request_ids is None:
+        return list(every)
+    if isinstance(request_ids, str):
+        return [request_ids]
+    return list(dict.fromkeys(request_ids))

@@ -1,0 +1,875 @@
+"""vLLM's scheduler, answered by tokenyard's Rust step scheduler.
+
+:class:`TokenyardScheduler` implements vLLM 0.33's ``SchedulerInterface``
+(``vllm/v1/core/sched/interface.py``) with the constructor of vLLM's own ``Scheduler``, so
+vLLM builds it from its ``scheduler_cls`` setting::
+
+    vllm serve MODEL --scheduler-cls tokenyard.integrations.vllm.TokenyardScheduler
+    # or: LLM(model=..., scheduler_cls="tokenyard.integrations.vllm.TokenyardScheduler")
+
+It takes vLLM ``Request`` objects and returns vLLM's ``SchedulerOutput`` and
+``EngineCoreOutputs``; the decisions (token budget, sequence cap, chunked prefill, the
+long-prefill threshold, prefix caching in a block pool, preemption, FCFS or priority,
+speculative tokens, async scheduling) are tokenyard's :class:`tokenyard.sched.Scheduler`,
+which follows vLLM 0.33's rules (``docs/embedding.md``). The vLLM ``Request`` objects are
+kept up to date (status, ``num_computed_tokens``, output tokens, drafts, placeholders) as
+vLLM's scheduler keeps them, since vLLM's engine and model runner read them.
+
+This module imports vLLM and fails with an ``ImportError`` naming it where vLLM is not
+installed; nothing else in tokenyard imports it. What it does not do (each refused with an
+error naming it, never silently different) is listed in ``docs/integrations.md``: multimodal
+and encoder-decoder requests, prompt embeddings, pooling, structured output, streaming
+sessions, hybrid KV cache groups (sliding window, Mamba), KV and encoder-cache connectors,
+and vLLM's ``KVCacheManager`` object itself (``kv_cache_manager``), whose block pool lives
+in Rust here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+try:
+    from vllm.distributed.kv_events import (
+        AllBlocksCleared,
+        BlockRemoved,
+        BlockStored,
+        EventPublisherFactory,
+        KVEventBatch,
+    )
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+    from vllm.v1.core.sched.interface import PauseState, SchedulerInterface
+    from vllm.v1.core.sched.output import (
+        CachedRequestData,
+        NewRequestData,
+        SchedulerOutput,
+    )
+    from vllm.v1.core.sched.request_queue import SchedulingPolicy
+    from vllm.v1.core.sched.utils import check_stop
+    from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs
+    from vllm.v1.metrics.stats import (
+        PrefixCacheStats,
+        RequestSpecDecodeMetrics,
+        SchedulerStats,
+    )
+    from vllm.v1.request import Request, RequestStatus
+    from vllm.v1.spec_decode.metrics import SpecDecodingStats
+except ImportError as err:  # pragma: no cover - exercised only without vLLM
+    raise ImportError(
+        "tokenyard.integrations.vllm needs vLLM 0.33 (pip install vllm==0.33.0); the rest "
+        "of tokenyard works without it"
+    ) from err
+
+from tokenyard.errors import ConfigError, InputError
+from tokenyard.integrations._vllm_translate import core_config, request_id_list, settings
+from tokenyard.sched import Scheduler as _CoreScheduler
+
+__all__ = ["TokenyardScheduler"]
+
+_RUNNING = RequestStatus.RUNNING
+_PREEMPTED = RequestStatus.PREEMPTED
+_WAITING = RequestStatus.WAITING
+
+
+class _WaitingView:
+    """``scheduler.waiting`` as vLLM's callers read it: the waiting requests in scheduling
+    order (requests holding KV blocks first), with ``len``, iteration, ``in`` and
+    ``peek_request``. A snapshot: it does not change as the scheduler does."""
+
+    __slots__ = ("_requests",)
+
+    def __init__(self, requests: list[Request]) -> None:
+        self._requests = requests
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def __bool__(self) -> bool:
+        return bool(self._requests)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(self._requests)
+
+    def __contains__(self, request: object) -> bool:
+        return request in self._requests
+
+    def __getitem__(self, index: int) -> Request:
+        return self._requests[index]
+
+    def peek_request(self) -> Request:
+        if not self._requests:
+            raise IndexError("peek from an empty queue")
+        return self._requests[0]
+
+    def __repr__(self) -> str:
+        return f"WaitingView({[r.request_id for r in self._requests]})"
+
+
+class _BlockPoolView:
+    """The part of vLLM's ``BlockPool`` a caller can read here: free blocks and size."""
+
+    def __init__(self, scheduler: TokenyardScheduler) -> None:
+        self._scheduler = scheduler
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        return self._scheduler._num_kv_blocks + 1
+
+    def get_num_free_blocks(self) -> int:
+        """Blocks free for allocation, cached blocks no request holds included (vLLM's
+        count; the null block is never free)."""
+        return int(self._scheduler._core.num_free_blocks)
+
+    def get_usage(self) -> float:
+        return self._scheduler.get_kv_cache_usage()
+
+
+class _KVCacheManagerView:
+    """``scheduler.kv_cache_manager`` as far as tokenyard can answer it: block tables, free
+    blocks, usage, the prefix-cache stats being gathered, and the prefix-cache reset. The
+    blocks themselves (``KVCacheBlock`` objects, the free queue, the hash map, the
+    coordinator) live in Rust and are not exposed."""
+
+    def __init__(self, scheduler: TokenyardScheduler) -> None:
+        self._scheduler = scheduler
+        self.block_pool = _BlockPoolView(scheduler)
+
+    @property
+    def usage(self) -> float:
+        return self._scheduler.get_kv_cache_usage()
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats | None:
+        return self._scheduler._prefix_cache_stats
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        scheduler = self._scheduler
+        if scheduler._prefix_cache_stats is None:
+            return None
+        stats, scheduler._prefix_cache_stats = scheduler._prefix_cache_stats, PrefixCacheStats()
+        return stats
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        """The request's block table, one list per KV cache group (tokenyard has one)."""
+        return (self._scheduler._core.block_ids(request_id).tolist(),)
+
+    def get_num_free_blocks(self) -> int:
+        return self.block_pool.get_num_free_blocks()
+
+    def reset_prefix_cache(self) -> bool:
+        reset, _ = self._scheduler._core.reset_prefix_cache(preempt_running=False)
+        return bool(reset)
+
+
+class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
+    """vLLM 0.33's ``SchedulerInterface`` over :class:`tokenyard.sched.Scheduler`.
+
+    Built by vLLM with the arguments it gives its own ``Scheduler``.
+
+    Raises:
+        ConfigError: a setting this scheduler does not serve (several KV cache groups or
+            one that is not full attention, a KV or encoder-cache connector, pipeline
+            parallelism with ``async_scheduling`` off is fine), or one the core refuses.
+    """
+
+    def __init__(
+        self,
+        vllm_config: Any,
+        kv_cache_config: Any,
+        structured_output_manager: Any,
+        block_size: int,
+        hash_block_size: int | None = None,
+        mm_registry: Any = MULTIMODAL_REGISTRY,
+        include_finished_set: bool = False,
+        log_stats: bool = False,
+    ) -> None:
+        self.vllm_config = vllm_config
+        self.scheduler_config = vllm_config.scheduler_config
+        self.cache_config = vllm_config.cache_config
+        self.lora_config = vllm_config.lora_config
+        self.kv_cache_config = kv_cache_config
+        self.kv_events_config = vllm_config.kv_events_config
+        self.parallel_config = vllm_config.parallel_config
+        self.observability_config = vllm_config.observability_config
+        self.structured_output_manager = structured_output_manager
+        self.log_stats = log_stats
+        self.block_size = block_size
+        self.hash_block_size = hash_block_size or block_size
+        if vllm_config.kv_transfer_config is not None:
+            raise ConfigError(
+                "kv_transfer_config: vLLM's KV connectors are not bridged to tokenyard's "
+                "scheduler (tokenyard.sched.KvConnector is its own protocol)",
+                field="kv_transfer_config",
+                value=str(vllm_config.kv_transfer_config.kv_connector),
+            )
+        if getattr(vllm_config, "ec_transfer_config", None) is not None:
+            raise ConfigError(
+                "ec_transfer_config: encoder-cache connectors are not supported",
+                field="ec_transfer_config",
+                value=str(vllm_config.ec_transfer_config.ec_connector),
+            )
+        s = settings(vllm_config, kv_cache_config, block_size)
+        self.max_num_running_reqs = s.max_num_running_reqs
+        self.max_num_active_reqs = s.max_num_active_reqs
+        self.max_num_scheduled_tokens = s.max_num_scheduled_tokens
+        self.max_model_len = s.max_model_len
+        self.num_spec_tokens = s.num_spec_tokens
+        self.num_lookahead_tokens = s.num_lookahead_tokens
+        self.async_scheduling = s.async_scheduling
+        self.policy = SchedulingPolicy(s.policy)
+        # Typed loosely: its ids are vLLM's str ids throughout.
+        self._core: Any = _CoreScheduler(core_config(vllm_config, kv_cache_config, block_size))
+        self._num_kv_blocks = s.num_blocks - 1
+
+        self.requests: dict[str, Request] = {}
+        # Requests that finished since the previous schedule() (SchedulerOutput's field).
+        self.finished_req_ids: set[str] = set()
+        self.finished_req_ids_dict: dict[int, set[str]] | None = (
+            defaultdict(set) if include_finished_set else None
+        )
+        # Requests preempted outside schedule() (reset_prefix_cache), for the next output.
+        self.reset_preempted_req_ids: set[str] = set()
+        self.prev_step_scheduled_req_ids: set[str] = set()
+        self.use_pp = self.parallel_config.pipeline_parallel_size > 1
+        self.use_v2_model_runner = getattr(vllm_config, "use_v2_model_runner", False)
+        self.connector = None
+        self.ec_connector = None
+        self.kv_cache_manager = _KVCacheManagerView(self)
+        self.spec_decode_metrics_level = self.observability_config.per_request_spec_decode_metrics
+        self._num_hash_lookahead_tokens = getattr(vllm_config, "num_hash_lookahead_tokens", 0)
+        self.aux_output_connector: Any = None
+        self.current_step = 0
+        self._pause_state = PauseState.UNPAUSED
+        self._spec_token_placeholders = [-1] * self.num_spec_tokens
+        # Requests preempted by reset_prefix_cache: outputs of their steps then in flight
+        # are dropped, not delivered.
+        self._dropped_outputs: set[str] = set()
+        self._prefix_cache_stats = PrefixCacheStats() if log_stats else None
+        self._prefix_caching = s.enable_prefix_caching
+        self.enable_kv_cache_events = bool(
+            self.kv_events_config is not None and self.kv_events_config.enable_kv_cache_events
+        )
+        self.kv_event_publisher = EventPublisherFactory.create(
+            self.kv_events_config, self.parallel_config.data_parallel_index
+        )
+        if self.enable_kv_cache_events:
+            self._core.enable_kv_events()
+
+    # --- queues -----------------------------------------------------------------------------
+
+    @property
+    def running(self) -> list[Request]:
+        """The running requests in running order (a new list on each read)."""
+        requests = self.requests
+        return [requests[i] for i in self._core.running_ids()]
+
+    @property
+    def waiting(self) -> _WaitingView:
+        """The waiting requests in scheduling order (a snapshot)."""
+        requests = self.requests
+        return _WaitingView([requests[i] for i in self._core.waiting_ids()])
+
+    def get_request_counts(self) -> tuple[int, int]:
+        """(running, waiting)."""
+        return self._core.num_running, self._core.num_waiting
+
+    def get_kv_cache_usage(self) -> float:
+        return float(self._core.stats().kv_usage)
+
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self.requests
+
+    def get_num_unfinished_requests(self) -> int:
+        if self._pause_state == PauseState.PAUSED_ALL:
+            return 0
+        num_running, num_waiting = self.get_request_counts()
+        if self._pause_state == PauseState.PAUSED_NEW:
+            return num_running
+        return num_running + num_waiting
+
+    def has_finished_requests(self) -> bool:
+        return bool(self.finished_req_ids)
+
+    @property
+    def pause_state(self) -> PauseState:
+        return self._pause_state
+
+    def set_pause_state(self, pause_state: PauseState) -> None:
+        self._pause_state = pause_state
+
+    # --- requests in and out ----------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        """Queues a vLLM ``Request``.
+
+        Raises:
+            InputError: a request kind tokenyard does not schedule (multimodal inputs,
+                prompt embeddings, pooling, structured output, a streaming session), a
+                duplicate id, or one the core refuses (e.g. a prompt with no room for an
+                output token under ``max_model_len``).
+        """
+        request_id = request.request_id
+        if request_id in self.requests:
+            raise InputError(
+                f"request_id: {request_id!r} is already queued or running (streaming-input "
+                "sessions are not supported)",
+                field="request_id",
+                value=request_id,
+            )
+        _check_supported(request)
+        params = request.sampling_params
+        lora = request.lora_request
+        self._core.add_request(
+            request_id,
+            request.prompt_token_ids,
+            request.max_tokens,
+            priority=request.priority,
+            arrival_time=request.arrival_time,
+            eos_token_id=params.eos_token_id,
+            stop_token_ids=params.stop_token_ids or None,
+            lora_id=lora.lora_int_id if lora is not None and lora.lora_int_id > 0 else None,
+        )
+        self.requests[request_id] = request
+        if self.spec_decode_metrics_level != "none":
+            request.spec_decode_metrics = RequestSpecDecodeMetrics.new(self.num_spec_tokens)
+        if self.log_stats:
+            request.record_event(EngineCoreEventType.QUEUED)
+
+    def finish_requests(
+        self, request_ids: str | Iterable[str] | None, finished_status: RequestStatus
+    ) -> list[Request]:
+        """Finishes requests from outside (aborts, stop strings found by the detokenizer):
+        one id (a ``str`` is one id), an iterable of ids, or ``None`` for all. Unknown or
+        already finished ids are skipped, as in vLLM. Returns the requests finished."""
+        if not RequestStatus.is_finished(finished_status):
+            raise InputError(
+                f"finished_status: {finished_status!s} is not a finished status",
+                field="finished_status",
+                value=str(finished_status),
+            )
+        ids = [
+            i
+            for i in request_id_list(request_ids, self.requests)
+            if i in self.requests and not self.requests[i].is_finished()
+        ]
+        if not ids:
+            return []
+        self._core.abort(ids)
+        finished = []
+        for request_id in ids:
+            request = self.requests[request_id]
+            request.status = finished_status
+            self._free_request(request)
+            finished.append(request)
+        return finished
+
+    def _free_request(self, request: Request) -> None:
+        if self.aux_output_connector is not None:
+            self.aux_output_connector.request_finished(request)
+        request_id = request.request_id
+        self.finished_req_ids.add(request_id)
+        if self.finished_req_ids_dict is not None:
+            self.finished_req_ids_dict[request.client_index].add(request_id)
+        del self.requests[request_id]
+
+    # --- one step ---------------------------------------------------------------------------
+
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        """Forms the next batch (``throttle_prefills``, DP prefill balancing, is ignored)."""
+        self.current_step += 1
+        requests = self.requests
+        if self._pause_state == PauseState.PAUSED_ALL:
+            out = SchedulerOutput.make_empty()
+            out.finished_req_ids = self.finished_req_ids
+            out.preempted_req_ids = self.reset_preempted_req_ids
+            self.finished_req_ids = set()
+            self.reset_preempted_req_ids = set()
+            return out
+        core = self._core.schedule()
+        now = time.monotonic()
+        log_stats = self.log_stats
+        v2 = self.use_v2_model_runner
+        preempted = self.reset_preempted_req_ids
+        for request_id in core.preempted_req_ids:
+            request = requests[request_id]
+            request.status = _PREEMPTED
+            request.num_computed_tokens = 0
+            request.num_output_placeholders = 0
+            request.num_preemptions += 1
+            if request.spec_token_ids:
+                request.spec_token_ids = []
+            if log_stats:
+                request.record_event(EngineCoreEventType.PREEMPTED, now)
+            preempted.add(request_id)
+
+        new_reqs_data = []
+        resumed = []
+        for data in itertools.chain(core.scheduled_new_reqs, core.scheduled_resumed_reqs):
+            request = requests[data.req_id]
+            was_preempted = request.status == _PREEMPTED
+            if was_preempted:
+                self._dropped_outputs.discard(data.req_id)
+            request.status = _RUNNING
+            request.num_computed_tokens = data.num_computed_tokens
+            if log_stats:
+                request.record_event(EngineCoreEventType.SCHEDULED, now)
+                self._record_prefix_lookup(request, data.num_computed_tokens)
+            block_ids = (data.block_ids.tolist(),)
+            if was_preempted and not v2:
+                resumed.append((request, block_ids))
+            else:
+                new_reqs_data.append(
+                    NewRequestData.from_request(
+                        request, block_ids, request._all_token_ids if v2 else None
+                    )
+                )
+
+        cached = core.scheduled_cached_reqs
+        cached_ids: list[str] = cached.req_ids
+        new_block_ids: list[tuple[list[int], ...] | None] = [
+            (b.tolist(),) if len(b) else None for b in cached.new_block_ids
+        ]
+        num_computed: list[int] = cached.num_computed_tokens.tolist()
+        num_output = [
+            len((r := requests[i])._output_token_ids) + r.num_output_placeholders
+            for i in cached_ids
+        ]
+        all_token_ids: dict[str, list[int]] = {}
+        resumed_ids: set[str] = set()
+        if not v2:
+            prev = self.prev_step_scheduled_req_ids
+            for request_id in cached_ids:
+                if request_id not in prev:
+                    all_token_ids[request_id] = list(requests[request_id].all_token_ids)
+        for request, block_ids in resumed:
+            request_id = request.request_id
+            cached_ids.append(request_id)
+            resumed_ids.add(request_id)
+            new_block_ids.append(block_ids)
+            num_computed.append(request.num_computed_tokens)
+            num_output.append(request.num_output_tokens + request.num_output_placeholders)
+            all_token_ids[request_id] = list(request.all_token_ids)
+        num_scheduled_tokens: dict[str, int] = core.num_scheduled_tokens
+        new_token_ids: list[list[int]] = []
+        if self.use_pp and not self.async_scheduling:
+            for request_id, n in zip(cached_ids, num_computed, strict=False):
+                request = requests[request_id]
+                new_token_ids.append(
+                    list(request.all_token_ids[n : n + num_scheduled_tokens[request_id]])
+                )
+        cached_data = CachedRequestData(
+            req_ids=cached_ids,
+            resumed_req_ids=resumed_ids,
+            new_token_ids=new_token_ids,
+            all_token_ids=all_token_ids,
+            new_block_ids=new_block_ids,
+            num_computed_tokens=num_computed,
+            num_output_tokens=num_output,
+        )
+        # The drafts verified are the request's own (vLLM's ids, -1 placeholders included);
+        # the core decides how many.
+        spec_decode_tokens: dict[str, list[int]] = {}
+        for request_id, drafts in core.scheduled_spec_decode_tokens.items():
+            spec_decode_tokens[request_id] = requests[request_id].spec_token_ids[: len(drafts)]
+
+        out = SchedulerOutput(
+            scheduled_new_reqs=new_reqs_data,
+            scheduled_cached_reqs=cached_data,
+            num_scheduled_tokens=num_scheduled_tokens,
+            total_num_scheduled_tokens=core.total_num_scheduled_tokens,
+            scheduled_spec_decode_tokens=spec_decode_tokens,
+            scheduled_encoder_inputs={},
+            preempted_req_ids=preempted,
+            finished_req_ids=self.finished_req_ids,
+            free_encoder_mm_hashes=[],
+            num_spec_tokens_to_schedule=self.num_spec_tokens,
+        )
+        if not v2:
+            self.prev_step_scheduled_req_ids = set(num_scheduled_tokens)
+        out.skip_drafts = not self._after_schedule(num_scheduled_tokens, spec_decode_tokens)
+        self.finished_req_ids = set()
+        self.reset_preempted_req_ids = set()
+        return out
+
+    def _drafts_unused(
+        self, request: Request, num_computed_tokens: int, num_new_tokens: int
+    ) -> bool:
+        """Whether drafts proposed after this step are sure to go unused (vLLM 0.33's rule):
+        the step is a non-final prefill chunk, or it samples the request's last output
+        token even if every draft is rejected."""
+        if num_computed_tokens + num_new_tokens < request.num_tokens:
+            return True
+        min_num_output_tokens = request.num_output_tokens + 1
+        if request.num_output_placeholders > 0:
+            min_num_output_tokens += 1
+        return bool(min_num_output_tokens >= request.max_tokens)
+
+    def _after_schedule(
+        self, num_scheduled_tokens: dict[str, int], spec_decode_tokens: dict[str, list[int]]
+    ) -> bool:
+        """vLLM's ``_update_after_schedule`` on the vLLM requests: the step is assumed to
+        run; under async scheduling each sampling request gets its output placeholders and
+        placeholder drafts for the next step."""
+        requests = self.requests
+        placeholders = self._spec_token_placeholders if self.async_scheduling else None
+        drafts_for_core: dict[str, list[int]] = {}
+        drafts_needed = not (self.num_lookahead_tokens > 0 and self.use_v2_model_runner)
+        for request_id, n in num_scheduled_tokens.items():
+            request = requests[request_id]
+            if not drafts_needed:
+                drafts_needed = not self._drafts_unused(request, request.num_computed_tokens, n)
+            num_computed = request.num_computed_tokens + n
+            request.num_computed_tokens = num_computed
+            prefill_chunk = num_computed < (
+                len(request._all_token_ids) + request.num_output_placeholders
+            )
+            request.is_prefill_chunk = prefill_chunk
+            if request.spec_token_ids:
+                request.spec_token_ids = []
+            if placeholders is not None and not prefill_chunk:
+                request.num_output_placeholders += 1 + len(spec_decode_tokens.get(request_id, ()))
+                if placeholders:
+                    request.spec_token_ids = placeholders
+                    drafts_for_core[request_id] = [0] * len(placeholders)
+        if drafts_for_core:
+            self._core.update_from_output({}, spec_token_ids=drafts_for_core)
+        return drafts_needed
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: Any
+    ) -> dict[int, EngineCoreOutputs]:
+        """Applies a step's sampled tokens: appends them to the requests, stops requests
+        (EOS, stop ids, ``max_tokens``, ``max_model_len``), rolls back rejected drafts, and
+        returns the outputs by client, with the step's stats."""
+        sampled = model_runner_output.sampled_token_ids
+        index = model_runner_output.req_id_to_index
+        spec_scheduled = scheduler_output.scheduled_spec_decode_tokens
+        requests = self.requests
+        to_core: dict[str, list[int]] = {}
+        rejected: dict[str, int] = {}
+        spec_stats: SpecDecodingStats | None = None
+        invalid = scheduler_output.num_invalid_spec_tokens
+        live: list[tuple[Request, list[int]]] = []
+        dropped = self._dropped_outputs
+        scheduled_ids: Iterable[str] = scheduler_output.num_scheduled_tokens if sampled else ()
+        for request_id in scheduled_ids:
+            request = requests.get(request_id)
+            # Finished while its step ran (an abort): statuses after PREEMPTED are finished.
+            if request is None or request.status > _PREEMPTED:
+                continue
+            if dropped and request_id in dropped and request.status == _PREEMPTED:
+                continue
+            tokens = sampled[index[request_id]]
+            if not tokens:
+                continue
+            if spec_scheduled and (drafts := spec_scheduled.get(request_id)):
+                num_accepted = max(len(tokens) - 1, 0)
+                num_rejected = len(drafts) - num_accepted
+                if request.status == _RUNNING:
+                    if num_rejected:
+                        rejected[request_id] = num_rejected
+                    request.num_computed_tokens -= num_rejected
+                    if request.num_output_placeholders > 0:
+                        request.num_output_placeholders -= num_rejected
+                num_drafts = len(drafts)
+                if invalid:
+                    num_drafts -= invalid.get(request_id, 0)
+                spec_stats = self._spec_stats(spec_stats, num_drafts, num_accepted)
+                if request.spec_decode_metrics is not None:
+                    request.spec_decode_metrics.observe(
+                        num_draft_tokens=num_drafts,
+                        num_accepted=num_accepted,
+                        detailed=self.spec_decode_metrics_level == "detailed",
+                    )
+            to_core[request_id] = tokens
+            live.append((request, tokens))
+        finished = self._core.update_from_output(to_core, num_rejected_tokens=rejected or None)
+        finished_ids = {request_id for request_id, _ in finished} if finished else ()
+
+        outputs: dict[int, list[EngineCoreOutput]] = defaultdict(list)
+        hash_block_size = self.hash_block_size
+        always_hash = self._num_hash_lookahead_tokens > 0
+        for request, tokens in live:
+            request_id = request.request_id
+            if request_id in finished_ids:
+                tokens = self._append_until_stop(request, tokens)
+                finish_reason = request.get_finished_reason()
+                self._free_request(request)
+            else:
+                # Request.append_output_token_ids, with its block hasher called only when a
+                # block fills (it hashes nothing otherwise).
+                all_token_ids = request._all_token_ids
+                request._output_token_ids.extend(tokens)
+                all_token_ids.extend(tokens)
+                if request._block_hasher is not None and (
+                    always_hash or len(all_token_ids) // hash_block_size > len(request.block_hashes)
+                ):
+                    request.update_block_hashes()
+                if request.num_output_placeholders > 0:
+                    request.num_output_placeholders -= len(tokens)
+                finish_reason = None
+            events = request.events
+            if events:
+                request.events = []
+            outputs[request.client_index].append(
+                EngineCoreOutput(
+                    request_id=request_id,
+                    new_token_ids=tokens,
+                    finish_reason=finish_reason,
+                    stop_reason=request.stop_reason,
+                    events=events or None,
+                    spec_decode_metrics=(
+                        request.spec_decode_metrics if finish_reason is not None else None
+                    ),
+                    trace_headers=request.trace_headers,
+                    num_nans_in_logits=request.num_nans_in_logits,
+                )
+            )
+
+        self._publish_kv_events()
+        engine_core_outputs = {
+            client: EngineCoreOutputs(outputs=outs) for client, outs in outputs.items()
+        }
+        if self.finished_req_ids_dict:
+            for client, finished_set in self.finished_req_ids_dict.items():
+                if (eco := engine_core_outputs.get(client)) is not None:
+                    eco.finished_requests = finished_set
+                else:
+                    engine_core_outputs[client] = EngineCoreOutputs(finished_requests=finished_set)
+            self.finished_req_ids_dict.clear()
+        kv_output = model_runner_output.kv_connector_output
+        ec_output = getattr(model_runner_output, "ec_connector_output", None)
+        stats = self.make_stats(
+            spec_stats,
+            kv_output.kv_connector_stats if kv_output else None,
+            model_runner_output.cudagraph_stats,
+            None,
+            ec_connector_stats=ec_output.ec_connector_stats if ec_output else None,
+        )
+        if stats is not None:
+            if (eco := next(iter(engine_core_outputs.values()), None)) is None:
+                engine_core_outputs[0] = eco = EngineCoreOutputs()
+            eco.scheduler_stats = stats
+        return engine_core_outputs
+
+    def _append_until_stop(self, request: Request, tokens: list[int]) -> list[int]:
+        """Appends tokens up to the one that stopped the request (vLLM's ``check_stop``,
+        which also sets its status and ``stop_reason``); returns the tokens kept."""
+        for num_kept, token in enumerate(tokens, 1):
+            request.append_output_token_ids(token)
+            if check_stop(request, self.max_model_len):
+                if request.status == _RUNNING or request.num_output_placeholders == 0:
+                    request.num_computed_tokens -= len(tokens) - num_kept
+                return tokens[:num_kept]
+        # The core stopped it where vLLM's check would not (never expected): length.
+        request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        return tokens
+
+    def _spec_stats(
+        self, stats: SpecDecodingStats | None, num_drafts: int, num_accepted: int
+    ) -> SpecDecodingStats | None:
+        if not self.log_stats or not num_drafts:
+            return stats
+        if stats is None:
+            stats = SpecDecodingStats.new(self.num_spec_tokens)
+        stats.observe_draft(num_draft_tokens=num_drafts, num_accepted_tokens=num_accepted)
+        return stats
+
+    def _record_prefix_lookup(self, request: Request, num_hits: int) -> None:
+        stats = self._prefix_cache_stats
+        if stats is None or not self._prefix_caching:
+            return
+        stats.record(
+            num_tokens=request.num_tokens,
+            num_hits=num_hits,
+            preempted=request.num_preemptions > 0,
+        )
+
+    # --- speculative decoding ---------------------------------------------------------------
+
+    def update_draft_token_ids(self, draft_token_ids: Any) -> None:
+        """Drafts proposed for the next step (vLLM calls this after ``update_from_output``)."""
+        requests = self.requests
+        for_core: dict[str, list[int]] = {}
+        for request_id, drafts in zip(
+            draft_token_ids.req_ids, draft_token_ids.draft_token_ids, strict=False
+        ):
+            request = requests.get(request_id)
+            if request is None or request.is_finished():
+                continue
+            if request.is_prefill_chunk:
+                if request.spec_token_ids:
+                    request.spec_token_ids = []
+                    for_core[request_id] = []
+                continue
+            drafts = self.structured_output_manager.validate_tokens(request, list(drafts))
+            request.spec_token_ids = drafts
+            # The core counts drafts; the ids the model verifies are the request's own.
+            for_core[request_id] = [0] * len(drafts)
+        if for_core:
+            self._core.update_from_output({}, spec_token_ids=for_core)
+
+    def update_draft_token_ids_in_output(
+        self, draft_token_ids: Any, scheduler_output: SchedulerOutput
+    ) -> None:
+        """Async scheduling: real drafts replace the step's placeholder drafts in place
+        (trimmed to the drafts scheduled, padded back with -1 where the grammar refuses
+        them), as vLLM 0.33 does."""
+        num_invalid: dict[str, int] = {}
+        scheduled = scheduler_output.scheduled_spec_decode_tokens
+        for request_id, drafts in zip(
+            draft_token_ids.req_ids, draft_token_ids.draft_token_ids, strict=False
+        ):
+            request = self.requests.get(request_id)
+            if request is None or request.is_finished():
+                continue
+            placeholders = scheduled.get(request_id)
+            if not placeholders:
+                continue
+            num_scheduled = len(placeholders)
+            del drafts[num_scheduled:]
+            drafts = self.structured_output_manager.validate_tokens(request, drafts)
+            if len(drafts) < num_scheduled:
+                num_invalid[request_id] = num_scheduled - len(drafts)
+                drafts.extend([-1] * (num_scheduled - len(drafts)))
+            scheduled[request_id] = drafts
+        scheduler_output.num_invalid_spec_tokens = num_invalid
+
+    def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> None:
+        """Structured output is not supported: never a bitmask."""
+        return None
+
+    # --- caches, stats, events --------------------------------------------------------------
+
+    def reset_prefix_cache(
+        self, reset_running_requests: bool = False, reset_connector: bool = False
+    ) -> bool:
+        """Forgets every cached prefix. Only possible when no request holds KV blocks;
+        with ``reset_running_requests`` the running requests are preempted first (they
+        appear in the next step's ``preempted_req_ids`` and are recomputed)."""
+        preempted: list[str] = []
+        if reset_running_requests:
+            _, preempted = self._core.reset_prefix_cache(preempt_running=True)
+        for request_id in preempted:
+            request = self.requests[request_id]
+            request.status = _PREEMPTED
+            request.num_computed_tokens = 0
+            request.num_output_placeholders = 0
+            request.num_preemptions += 1
+            if request.spec_token_ids:
+                request.spec_token_ids = []
+            # Their steps in flight are dropped (vLLM's drop_stale_output): the request
+            # may resume before they land.
+            self._dropped_outputs.add(request_id)
+            self.reset_preempted_req_ids.add(request_id)
+        if preempted:
+            self.prev_step_scheduled_req_ids.clear()
+        reset = self.kv_cache_manager.reset_prefix_cache()
+        if reset_running_requests and not reset:
+            raise RuntimeError(
+                "Failed to reset the prefix cache after preempting every running request"
+            )
+        if reset and self._prefix_cache_stats is not None:
+            self._prefix_cache_stats.reset = True
+        if reset and self.aux_output_connector is not None:
+            self.aux_output_connector.reset()
+        return bool(reset)
+
+    def reset_connector_cache(self) -> bool:
+        return True
+
+    def reset_encoder_cache(self) -> None:
+        """No encoder cache: nothing to reset."""
+
+    def make_stats(
+        self,
+        spec_decoding_stats: SpecDecodingStats | None = None,
+        kv_connector_stats: Any = None,
+        cudagraph_stats: Any = None,
+        perf_stats: Any = None,
+        ec_connector_stats: Any = None,
+    ) -> SchedulerStats | None:
+        """vLLM's per-step ``SchedulerStats``: queue sizes, KV usage, the prefix-cache
+        lookups since the previous call, speculative-decoding counts."""
+        if not self.log_stats:
+            return None
+        prefix_cache_stats = self._prefix_cache_stats
+        self._prefix_cache_stats = PrefixCacheStats()
+        num_running, num_waiting = self.get_request_counts()
+        return SchedulerStats(
+            num_running_reqs=num_running,
+            num_waiting_reqs=num_waiting,
+            kv_cache_usage=self._core.stats().kv_usage,
+            prefix_cache_stats=prefix_cache_stats,
+            spec_decoding_stats=spec_decoding_stats,
+            kv_connector_stats=kv_connector_stats.to_dict() if kv_connector_stats else None,
+            ec_connector_stats=ec_connector_stats.data if ec_connector_stats else None,
+            cudagraph_stats=cudagraph_stats,
+            perf_stats=perf_stats,
+        )
+
+    def _publish_kv_events(self) -> None:
+        if not self.enable_kv_cache_events:
+            return
+        events: list[Any] = []
+        for kind, block_hash in self._core.drain_kv_events():
+            if kind == "stored":
+                events.append(
+                    BlockStored(
+                        block_hashes=[block_hash],
+                        parent_block_hash=None,
+                        token_ids=[],
+                        block_size=self.block_size,
+                        lora_id=None,
+                        medium="GPU",
+                    )
+                )
+            elif kind == "removed":
+                events.append(BlockRemoved(block_hashes=[block_hash], medium="GPU"))
+            elif kind == "all_cleared":
+                events.append(AllBlocksCleared())
+        if events:
+            self.kv_event_publisher.publish(KVEventBatch(ts=time.time(), events=events))
+
+    def shutdown(self) -> None:
+        if self.kv_event_publisher:
+            self.kv_event_publisher.shutdown()
+
+    def get_kv_connector(self) -> None:
+        return None
+
+    def get_ec_connector(self) -> None:
+        return None
+
+    def get_kv_event_publisher_config(self) -> Any:
+        return self.kv_event_publisher.get_publisher_config()
+
+
+def _check_supported(request: Request) -> None:
+    """Refuses request kinds tokenyard's scheduler has no notion of, naming the field."""
+    reason = None
+    if request.prompt_token_ids is None or request.prompt_embeds is not None:
+        reason = "prompt_embeds", "prompt embeddings"
+    elif request.mm_features:
+        reason = "mm_features", "multimodal inputs (no encoder budget or encoder cache)"
+    elif request.pooling_params is not None:
+        reason = "pooling_params", "pooling requests"
+    elif request.sampling_params is None:
+        reason = "sampling_params", "a request without sampling params"
+    elif request.use_structured_output:
+        reason = "structured_outputs", "structured output (no grammar bitmask)"
+    elif request.resumable:
+        reason = "resumable", "streaming-input sessions"
+    elif request.sampling_params.repetition_detection is not None:
+        reason = "repetition_detection", "repetition detection"
+    if reason is not None:
+        field, what = reason
+        raise InputError(
+            f"{field}: tokenyard's scheduler does not serve {what} "
+            f"(request {request.request_id!r})",
+            field=field,
+            value=request.request_id,
+        )

@@ -1,0 +1,237 @@
+"""tokenyard.integrations.vllm: vLLM 0.33's scheduler interface over the step scheduler.
+
+The translation of vLLM's configs runs here without vLLM, on stand-ins with vLLM's
+attribute names. The scheduler itself needs vLLM; those tests are skipped where it is not
+installed (CI), and run in the bench venv (``.venv-bench``, ``benches/peers/setup.sh``),
+where ``benches/peers/vllm_own_tests.sh`` also runs vLLM's own scheduler tests on it.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tokenyard.errors import ConfigError
+from tokenyard.integrations._vllm_translate import core_config, request_id_list, settings
+from tokenyard.sched import Scheduler
+
+
+class FullAttentionSpec(SimpleNamespace):
+    """Stands in for vLLM's spec class: the adapter reads the class name."""
+
+
+class SlidingWindowSpec(SimpleNamespace):
+    pass
+
+
+def vllm_config(**scheduler: Any) -> SimpleNamespace:
+    sched = {
+        "max_num_seqs": 8,
+        "max_num_active_seqs": None,
+        "max_num_batched_tokens": 64,
+        "max_num_scheduled_tokens": None,
+        "long_prefill_token_threshold": 0,
+        "long_prefill_token_threshold_adaptive": False,
+        "enable_chunked_prefill": True,
+        "policy": "fcfs",
+        "async_scheduling": False,
+        "scheduler_reserve_full_isl": True,
+    }
+    sched.update(scheduler)
+    return SimpleNamespace(
+        scheduler_config=SimpleNamespace(**sched),
+        cache_config=SimpleNamespace(enable_prefix_caching=True, num_gpu_blocks=33),
+        model_config=SimpleNamespace(max_model_len=256),
+        lora_config=None,
+        num_speculative_tokens=0,
+        num_lookahead_tokens=0,
+    )
+
+
+def kv_config(*specs: Any) -> SimpleNamespace:
+    groups = [SimpleNamespace(kv_cache_spec=s) for s in specs or (FullAttentionSpec(),)]
+    return SimpleNamespace(num_blocks=33, kv_cache_groups=groups)
+
+
+def test_vllm_names_map_to_the_core_config() -> None:
+    config = core_config(vllm_config(policy="priority"), kv_config(), block_size=16)
+    assert (config.max_num_seqs, config.max_num_batched_tokens) == (8, 64)
+    assert (config.num_blocks, config.block_size, config.policy) == (33, 16, "priority")
+    assert config.reserve_null_block
+    assert config.scheduler_reserve_full_isl
+    assert config.max_model_len == 256  # 32 KV blocks of 16 hold 512 tokens
+    Scheduler(config)  # the core accepts it
+
+
+def test_admission_cap_and_budget_are_vllms_active_seqs_and_scheduled_tokens() -> None:
+    config = core_config(
+        vllm_config(max_num_active_seqs=3, max_num_scheduled_tokens=48), kv_config(), 16
+    )
+    assert (config.max_num_seqs, config.max_num_batched_tokens) == (3, 48)
+    s = settings(vllm_config(max_num_active_seqs=3), kv_config(), 16)
+    assert (s.max_num_running_reqs, s.max_num_active_reqs) == (8, 3)
+
+
+def test_max_model_len_is_capped_by_the_kv_capacity_and_the_unchunked_budget() -> None:
+    small = vllm_config()
+    small.cache_config.num_gpu_blocks = 5  # 4 KV blocks of 16: 64 tokens
+    assert core_config(small, kv_config(), 16).max_model_len == 64
+    unchunked = core_config(vllm_config(enable_chunked_prefill=False), kv_config(), 16)
+    assert (unchunked.max_model_len, unchunked.enable_chunked_prefill) == (64, False)
+    Scheduler(unchunked)
+
+
+def test_kv_layouts_with_more_than_one_pool_are_refused_by_name() -> None:
+    with pytest.raises(ConfigError) as info:
+        core_config(vllm_config(), kv_config(FullAttentionSpec(), FullAttentionSpec()), 16)
+    assert info.value.field == "kv_cache_groups"
+    with pytest.raises(ConfigError) as info:
+        core_config(vllm_config(), kv_config(SlidingWindowSpec(sliding_window=128)), 16)
+    assert info.value.field == "kv_cache_spec"
+
+
+def test_one_request_id_is_one_id_not_its_characters() -> None:
+    every = ["a", "req", "b"]
+    assert request_id_list("req", every) == ["req"]
+    assert request_id_list(["b", "a", "b"], every) == ["b", "a"]
+    assert request_id_list(iter(("a",)), every) == ["a"]
+    assert request_id_list(None, every) == every
+
+
+def test_the_core_abort_takes_a_str_as_one_id() -> None:
+    scheduler = Scheduler(core_config(vllm_config(), kv_config(), 16))
+    scheduler.add_request("req", [1, 2, 3], max_tokens=2)
+    scheduler.add_request("r", [4], max_tokens=2)
+    scheduler.abort("req")
+    assert scheduler.waiting_ids() == ["r"]
+
+
+def test_reset_prefix_cache_needs_every_block_free_or_preempts_the_running() -> None:
+    scheduler = Scheduler(core_config(vllm_config(), kv_config(), 16))
+    scheduler.add_request("a", list(range(40)), max_tokens=4)
+    scheduler.schedule()
+    assert scheduler.reset_prefix_cache() == (False, [])
+    reset, preempted = scheduler.reset_prefix_cache(preempt_running=True)
+    assert (reset, preempted) == (True, ["a"])
+    assert scheduler.num_computed_tokens("a") == 0
+    assert scheduler.waiting_ids() == ["a"]
+    out = scheduler.schedule()
+    assert out.num_scheduled_tokens == {"a": 40}
+    assert out.scheduled_resumed_reqs[0].num_computed_tokens == 0  # nothing cached
+
+
+def test_module_without_vllm_names_vllm() -> None:
+    if "vllm" in sys.modules or _vllm_installed():
+        pytest.skip("vLLM is installed here")
+    with pytest.raises(ImportError, match="vLLM"):
+        import tokenyard.integrations.vllm  # noqa: F401
+
+
+def _vllm_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+# --- with vLLM ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vllm_parts() -> Any:
+    pytest.importorskip("vllm", reason="vLLM 0.33 is installed only in the bench venv")
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[1] / "benches/peers"))
+    from vllm_peer import VllmSchedulerPeer
+
+    return VllmSchedulerPeer
+
+
+def build(peer_cls: Any, **kwargs: Any) -> tuple[Any, Any]:
+    from tokenyard.integrations.vllm import TokenyardScheduler
+
+    options = {
+        "num_blocks": 64,
+        "max_num_seqs": 4,
+        "max_num_batched_tokens": 32,
+        "max_model_len": 256,
+    }
+    options.update(kwargs)
+    peer = peer_cls(**options)
+    scheduler = TokenyardScheduler(
+        vllm_config=peer.vllm_config,
+        kv_cache_config=peer.scheduler.kv_cache_config,
+        structured_output_manager=peer.scheduler.structured_output_manager,
+        block_size=16,
+        log_stats=True,
+    )
+    return scheduler, peer
+
+
+def run_step(scheduler: Any, token: int = 7) -> tuple[Any, dict[int, Any]]:
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    out = scheduler.schedule()
+    ids = list(out.num_scheduled_tokens)
+    sampled = [
+        [token]
+        if scheduler.requests[i].num_computed_tokens >= scheduler.requests[i].num_tokens
+        else []
+        for i in ids
+    ]
+    mro = ModelRunnerOutput(
+        req_ids=ids, req_id_to_index={i: n for n, i in enumerate(ids)}, sampled_token_ids=sampled
+    )
+    return out, scheduler.update_from_output(out, mro)
+
+
+def test_vllm_requests_run_to_max_tokens_through_vllms_interface(vllm_parts: Any) -> None:
+    from vllm.v1.request import RequestStatus
+
+    scheduler, peer = build(vllm_parts)
+    requests = [peer.make_request(f"r{i}", list(range(i, i + 20)), max_tokens=3) for i in range(3)]
+    for r in requests:
+        scheduler.add_request(r)
+    out, _ = run_step(scheduler)
+    # Budget 32: 20 tokens + 12 of the second prompt; the third waits.
+    assert out.num_scheduled_tokens == {"r0": 20, "r1": 12}
+    assert [r.req_id for r in out.scheduled_new_reqs] == ["r0", "r1"]
+    assert requests[0].status == RequestStatus.RUNNING
+    assert list(requests[0].output_token_ids) == [7]
+    finished = set()
+    for _ in range(20):
+        _, outputs = run_step(scheduler)
+        for eco in outputs.values():
+            finished |= {o.request_id for o in eco.outputs if o.finish_reason is not None}
+    assert finished == {"r0", "r1", "r2"}
+    assert all(len(r.output_token_ids) == 3 for r in requests)
+    assert scheduler.get_num_unfinished_requests() == 0
+
+
+def test_finish_requests_takes_one_id_or_many(vllm_parts: Any) -> None:
+    from vllm.v1.request import RequestStatus
+
+    scheduler, peer = build(vllm_parts)
+    for i in range(3):
+        scheduler.add_request(peer.make_request(f"req{i}", [1, 2, 3], max_tokens=2))
+    done = scheduler.finish_requests("req0", RequestStatus.FINISHED_ABORTED)
+    assert [r.request_id for r in done] == ["req0"]
+    assert scheduler.get_num_unfinished_requests() == 2
+    assert scheduler.finish_requests(["req1", "nope"], RequestStatus.FINISHED_ABORTED)
+    assert [r.request_id for r in scheduler.waiting] == ["req2"]
+    assert scheduler.schedule().finished_req_ids == {"req0", "req1"}
+
+
+def test_unsupported_request_kinds_are_refused_by_name(vllm_parts: Any) -> None:
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.request import Request
+
+    from tokenyard.errors import InputError
+
+    scheduler, _ = build(vllm_parts)
+    sampling = SamplingParams(max_tokens=2)
+    request = Request("s", [1, 2], sampling, None, resumable=True)
+    with pytest.raises(InputError) as info:
+        scheduler.add_request(request)
+    assert info.value.field == "resumable"

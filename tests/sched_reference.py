@@ -63,6 +63,12 @@ class RefScheduler:
         self.running: list[RefRequest] = []
         self.finished_since: list[Any] = []
         self.seq = 0
+        # vLLM 0.33's prefill cadence and DP throttling (scheduler.rs `prefill_gate`).
+        self.interval = cfg.prefill_schedule_interval
+        self.num_executed_steps = 0
+        self.last_prefill_step = -self.interval
+        self.capacity_bound = False
+        self.deferred: set[Any] = set()  # vLLM's deferred_waiting
 
     # --- requests in -------------------------------------------------------------------
     def add_request(self, rid: Any, prompt: list[int], max_tokens: int, priority: int = 0,
@@ -93,8 +99,21 @@ class RefScheduler:
             self.waiting.sort(key=lambda w: w.key(by_id))
 
     # --- one step ----------------------------------------------------------------------
-    def schedule(self) -> dict[str, Any]:
+    def schedule(self, throttle_prefills: bool = False) -> dict[str, Any]:
         self.budget = self.cfg.max_num_batched_tokens
+        decoding = any(not r.prefill_chunk for r in self.running)
+        self.defer = (
+            not self.capacity_bound
+            and decoding
+            and (
+                throttle_prefills
+                or (
+                    self.interval > 1
+                    and self.num_executed_steps + 1 - self.last_prefill_step < self.interval
+                )
+            )
+        )
+        self.prefill_admitted = False
         # vLLM 0.33: the threshold applies only when more than one request competes.
         eligible = len(self.running) + len(self.waiting)
         self.threshold = self.cfg.long_prefill_token_threshold if eligible > 1 else 0
@@ -114,6 +133,10 @@ class RefScheduler:
             self._running(only_prefills=None)
             if not self.preempted:
                 self._waiting()
+        if self.scheduled:
+            self.num_executed_steps += 1
+        if self.interval > 1 and (self.prefill_scheduled or self.prefill_admitted):
+            self.last_prefill_step = self.num_executed_steps
         spec = []
         for r, n in self.scheduled:
             num_drafts = min(max(n - (len(r.tokens) - r.num_computed), 0), len(r.drafts))
@@ -154,7 +177,11 @@ class RefScheduler:
             r = self.running[i]
             done = any(s is r for s, _ in self.scheduled)
             n = self._clamp(r.pending, r.num_computed)
+            held = self.defer and r.prefill_chunk
             if done or (only_prefills is not None and r.prefilling != only_prefills) or n == 0:
+                i += 1
+                continue
+            if held:
                 i += 1
                 continue
             while True:
@@ -220,8 +247,11 @@ class RefScheduler:
                 and r.lora_id not in self.loras
             ):
                 skipped.append(self.waiting.pop(0))
+                self.deferred.add(r.request_id)
                 continue
             hit = self.pool.get_computed_blocks(r.tokens, r.lora_id)
+            if self.defer and hit.num_computed_tokens < len(r.tokens) - 1:
+                break
             if not self._full_sequence_fits(r, hit):
                 break
             computed = hit.num_computed_tokens
@@ -253,6 +283,8 @@ class RefScheduler:
                 break
             self.waiting.pop(0)
             self.running.append(r)
+            self.deferred.discard(r.request_id)
+            self.prefill_admitted |= hit.num_computed_tokens < len(r.tokens) - 1
             self.admitted[r.request_id] = r.status == "preempted"
             r.status, r.num_computed = "running", hit.num_computed_tokens
             if padded:
@@ -263,6 +295,8 @@ class RefScheduler:
             self.budget -= n
         for r in reversed(skipped):
             self._enqueue(r, front=True)
+        if not self.defer:
+            self.capacity_bound = len(self.waiting) > len(self.deferred)
 
     # --- results back ------------------------------------------------------------------
     def update_from_output(
@@ -342,5 +376,6 @@ class RefScheduler:
             self.pool.free(r.request_id)
         else:
             self.waiting.remove(r)
+        self.deferred.discard(r.request_id)
         del self.requests[r.request_id]
         self.finished_since.append(r.request_id)

@@ -73,12 +73,54 @@ def test_forced_preemption_recomputes_and_every_request_finishes() -> None:
         ({"num_speculative_tokens": -1}, "num_speculative_tokens"),
         ({"pad_spec_decode": 1}, "pad_spec_decode"),
         ({"cache_accepted_drafts": "yes"}, "cache_accepted_drafts"),
+        ({"prefill_schedule_interval": 0}, "prefill_schedule_interval"),
+        ({"prefill_schedule_interval": 2.0}, "prefill_schedule_interval"),
     ],
 )
 def test_bad_config_names_the_field(overrides: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError) as info:
         small(**overrides)
     assert info.value.field == field
+
+
+def test_prefill_cadence_interval_3_holds_a_prompt_behind_a_decode_for_two_steps() -> None:
+    # vLLM 0.33's prefill_schedule_interval: r0's prefill is executed step 1; r1 waits
+    # through steps 2 and 3 while r0 decodes, and is admitted on step 4.
+    scheduler = small(prefill_schedule_interval=3)
+    scheduler.add_request("r0", [1, 2, 3, 4], max_tokens=20)
+    out = scheduler.schedule()
+    scheduler.update_from_output({"r0": [7]})
+    scheduler.add_request("r1", [5, 6, 7, 8], max_tokens=20)
+    steps = []
+    for _ in range(3):
+        out = scheduler.schedule()
+        steps.append(out.num_scheduled_tokens)
+        scheduler.update_from_output({r: [7] for r in out.num_scheduled_tokens})
+    assert steps == [{"r0": 1}, {"r0": 1}, {"r0": 1, "r1": 4}]
+    assert (scheduler.num_executed_steps, scheduler.last_prefill_step) == (4, 4)
+
+
+def test_throttle_prefills_defers_until_a_release_leaves_the_queue_undrained() -> None:
+    scheduler = small()
+    scheduler.add_request("a", range(10), max_tokens=20)
+    scheduler.add_request("b", range(100, 110), max_tokens=20)
+    assert scheduler.schedule(throttle_prefills=True).num_scheduled_tokens == {"a": 10}
+    scheduler.update_from_output({"a": [7]})
+    # The release step left b waiting: the throttle stands aside.
+    assert scheduler.prefill_capacity_bound
+    out = scheduler.schedule(throttle_prefills=True)
+    assert out.num_scheduled_tokens == {"a": 1, "b": 9}
+    scheduler.update_from_output({"a": [7]})
+    assert scheduler.schedule(throttle_prefills=True).num_scheduled_tokens == {"a": 1}
+
+
+def test_skipped_requests_are_reported_as_deferred() -> None:
+    scheduler = small(max_loras=1)
+    scheduler.add_request("a", [1, 2], max_tokens=4, lora_id=1)
+    scheduler.add_request("b", [3, 4], max_tokens=4, lora_id=2)
+    scheduler.schedule()
+    assert scheduler.deferred_waiting_ids() == ["b"]
+    assert scheduler.stats().num_deferred_waiting == 1
 
 
 def test_bad_calls_raise_and_change_nothing() -> None:

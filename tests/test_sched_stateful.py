@@ -43,6 +43,7 @@ def configs() -> st.SearchStrategy[SchedulerConfig]:
         num_speculative_tokens=st.sampled_from([0, 0, 2]),
         pad_spec_decode=st.booleans(),
         cache_accepted_drafts=st.booleans(),
+        prefill_schedule_interval=st.sampled_from([1, 1, 2, 3]),
     )
 
 
@@ -86,10 +87,14 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.ref.add_request(rid, tokens, max_tokens, priority, EOS, lora, self.arrival_time)
 
     @precondition(lambda self: hasattr(self, "rust"))
-    @rule(eos_every=st.integers(2, 12), accept=st.integers(0, 2))
-    def step(self, eos_every: int, accept: int = 0) -> None:
-        out = self.rust.schedule()
-        ref = self.ref.schedule()
+    @rule(
+        eos_every=st.integers(2, 12),
+        accept=st.integers(0, 2),
+        throttle=st.sampled_from([False, False, True]),
+    )
+    def step(self, eos_every: int, accept: int = 0, throttle: bool = False) -> None:
+        out = self.rust.schedule(throttle_prefills=throttle)
+        ref = self.ref.schedule(throttle)
         assert list(out.num_scheduled_tokens.items()) == ref["num_scheduled_tokens"]
         spec = [(rid, d.tolist()) for rid, d in out.scheduled_spec_decode_tokens.items()]
         assert spec == ref["spec"]
@@ -162,6 +167,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         for r in self.ref.running:
             assert self.rust.num_computed_tokens(r.request_id) == r.num_computed
         stats = self.rust.stats()
+        assert stats.num_deferred_waiting == len(self.ref.deferred)
+        assert self.rust.num_executed_steps == self.ref.num_executed_steps
+        assert self.rust.last_prefill_step == self.ref.last_prefill_step
+        assert self.rust.prefill_capacity_bound == self.ref.capacity_bound
         # Usage over the blocks that hold KV (vLLM's get_usage leaves the null block out).
         num_kv_blocks = self.cfg.num_blocks - int(self.cfg.reserve_null_block)
         used = num_kv_blocks - self.ref.pool.num_free_blocks

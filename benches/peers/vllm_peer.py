@@ -221,6 +221,7 @@ class VllmSchedulerPeer:
         hash_algo: str = DEFAULT_HASH_ALGO,
         scheduler_reserve_full_isl: bool = True,
         num_speculative_tokens: int = 0,
+        prefill_schedule_interval: int = 1,
     ) -> None:
         """``scheduler_reserve_full_isl`` (vLLM's default True): admit a waiting request
         only if its whole prompt fits in free blocks, not just its first chunk.
@@ -259,6 +260,7 @@ class VllmSchedulerPeer:
             # pick AsyncScheduler when async scheduling is on.
             async_scheduling=False,
             scheduler_reserve_full_isl=scheduler_reserve_full_isl,
+            prefill_schedule_interval=prefill_schedule_interval,
         )
         cache_config = CacheConfig(
             block_size=block_size,

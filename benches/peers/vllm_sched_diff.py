@@ -11,6 +11,8 @@ speculative decoding (vLLM's n-gram method, ``k`` of 1 to 4 drafts): after each 
 drafter proposes ``k`` drafts for every scheduled request, each the model's own token at its
 position with a seeded chance (so the model accepts a prefix of them, drawn per scenario),
 and the model emits the accepted drafts and its own token (vLLM's rejection sampling).
+Half the scenarios set a ``prefill_schedule_interval`` (1 to 8) and some schedule a share of
+their steps with ``throttle_prefills`` (vLLM's DP prefill balancing).
 Both schedulers get the same calls; after every step they must agree on the scheduled
 tokens of each request and its scheduled drafts, the preempted requests, and the finished
 requests with their reasons. A scenario agrees when every step does; for one that does
@@ -61,6 +63,9 @@ class Config:
     policy: str
     num_speculative_tokens: int = 0
     draft_accept_rate: float = 0.0
+    prefill_schedule_interval: int = 1
+    throttle_rate: float = 0.0
+    """Chance that a step is scheduled with ``throttle_prefills`` (DP prefill balancing)."""
 
 
 @dataclass
@@ -107,6 +112,11 @@ def draw_scenario(seed: int, steps: int) -> Scenario:
     if spec_rng.random() < 0.5:
         config.num_speculative_tokens = spec_rng.randrange(1, 5)
         config.draft_accept_rate = spec_rng.choice([0.0, 0.5, 0.8, 1.0])
+    # The prefill cadence and DP throttling, from a stream of their own too.
+    cadence_rng = random.Random(f"{seed}/cadence")
+    if cadence_rng.random() < 0.5:
+        config.prefill_schedule_interval = cadence_rng.choice([1, 2, 3, 4, 8])
+        config.throttle_rate = cadence_rng.choice([0.0, 0.3, 0.6])
     # Prompts open with one of a few shared runs, so prefixes are hit and blocks shared.
     runs = [[rng.randrange(1000, 30000) for _ in range(rng.randrange(8, 80))] for _ in range(4)]
     arrivals = []
@@ -216,6 +226,7 @@ class TokenyardSide:
                 num_speculative_tokens=c.num_speculative_tokens,
                 pad_spec_decode=spec_rules,
                 cache_accepted_drafts=spec_rules,
+                prefill_schedule_interval=c.prefill_schedule_interval,
             )
         )
         self.num_padded = 0
@@ -231,10 +242,10 @@ class TokenyardSide:
             stop_token_ids=[STOP] if a.stop else None,
         )
 
-    def schedule(self) -> tuple[dict[str, int], list[str], dict[str, list[int]]]:
+    def schedule(self, throttle: bool) -> tuple[dict[str, int], list[str], dict[str, list[int]]]:
         from tokenyard.sched import PLACEHOLDER_DRAFT
 
-        out = self.s.schedule()
+        out = self.s.schedule(throttle_prefills=throttle)
         drafts = {
             rid: [-1 if t == PLACEHOLDER_DRAFT else int(t) for t in tokens]
             for rid, tokens in out.scheduled_spec_decode_tokens.items()
@@ -286,6 +297,7 @@ class VllmSide:
             policy=c.policy,
             scheduler_reserve_full_isl=reserve_full_isl,
             num_speculative_tokens=c.num_speculative_tokens,
+            prefill_schedule_interval=c.prefill_schedule_interval,
         )
         self.s = self.peer.scheduler
         self.last: Any = None
@@ -309,8 +321,8 @@ class VllmSide:
             )
         )
 
-    def schedule(self) -> tuple[dict[str, int], list[str], dict[str, list[int]]]:
-        self.last = self.s.schedule()
+    def schedule(self, throttle: bool) -> tuple[dict[str, int], list[str], dict[str, list[int]]]:
+        self.last = self.s.schedule(throttle_prefills=throttle)
         drafts = {rid: list(t) for rid, t in self.last.scheduled_spec_decode_tokens.items()}
         return (
             dict(self.last.num_scheduled_tokens),
@@ -377,6 +389,7 @@ def _run(
     counts: Counter[str] | None,
 ) -> tuple[int, str] | None:
     live: list[str] = []
+    throttle_rng = random.Random(f"{scenario.seed}/throttle")
     for step in range(steps):
         for a in scenario.arrivals:
             if a.step == step:
@@ -391,8 +404,11 @@ def _run(
             if step > max(a.step for a in scenario.arrivals):
                 return None
             continue
-        our_tokens, our_preempted, our_drafts = ours.schedule()
-        their_tokens, their_preempted, their_drafts = theirs.schedule()
+        throttle = throttle_rng.random() < scenario.config.throttle_rate
+        if counts is not None:
+            counts["throttled steps"] += throttle
+        our_tokens, our_preempted, our_drafts = ours.schedule(throttle)
+        their_tokens, their_preempted, their_drafts = theirs.schedule(throttle)
         if our_tokens != their_tokens:
             return step, f"scheduled tokens: vLLM {their_tokens}, tokenyard {our_tokens}"
         if our_drafts != their_drafts:
@@ -445,6 +461,7 @@ def main() -> int:
     shown = 0
     agree = 0
     agree_spec = num_spec = num_run = 0
+    agree_cadence = num_cadence = 0
     exercised: Counter[str] = Counter()
     for seed in range(args.first_seed, args.first_seed + args.scenarios):
         scenario = draw_scenario(seed, args.steps)
@@ -453,6 +470,8 @@ def main() -> int:
             continue
         num_run += 1
         num_spec += spec
+        cadence = scenario.config.prefill_schedule_interval > 1 or scenario.config.throttle_rate > 0
+        num_cadence += cadence
         diff = run_scenario(
             scenario,
             args.steps,
@@ -464,6 +483,7 @@ def main() -> int:
         if diff is None:
             agree += 1
             agree_spec += spec
+            agree_cadence += cadence
             continue
         step, what = diff
         kinds[what.split(":")[0]] += 1
@@ -473,8 +493,9 @@ def main() -> int:
     print(
         f"{agree}/{num_run} scenarios agree on every step (scheduled tokens and drafts, "
         f"preemptions, finishes and reasons), {agree_spec}/{num_spec} of those with "
-        f"speculative decoding; first differences by kind: {dict(kinds)}; "
-        f"spec decode exercised: {dict(exercised)}"
+        f"speculative decoding, {agree_cadence}/{num_cadence} with a prefill cadence or DP "
+        f"throttling; first differences by kind: {dict(kinds)}; "
+        f"exercised: {dict(exercised)}"
     )
     return 0 if agree == num_run else 1
 

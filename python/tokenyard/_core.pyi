@@ -474,6 +474,9 @@ class SchedulerStats:
     @property
     def num_waiting(self) -> int: ...
     @property
+    def num_deferred_waiting(self) -> int:
+        """Of ``num_waiting``, those the admission scan skipped (``deferred_waiting_ids``)."""
+    @property
     def num_running(self) -> int: ...
     @property
     def kv_usage(self) -> float: ...
@@ -569,8 +572,11 @@ class Scheduler:
             InputError: duplicate id, empty prompt, ``max_tokens < 1``, or a prompt that
                 leaves no room for an output token under ``max_model_len``.
         """
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, *, throttle_prefills: bool = False) -> SchedulerOutput:
         """Forms the next batch: running requests first, then admissions.
+        ``throttle_prefills`` (vLLM 0.33's DP prefill balancing: the step is not
+        cadence-aligned) holds prefill work back while a request decodes, unless the last
+        step that released prefill left the waiting queue undrained.
 
         Raises:
             PolicyError: the plugin's answer is not a reordering of the ids it was given.
@@ -640,9 +646,24 @@ class Scheduler:
     def num_kv_transfers(self) -> tuple[int, int]:
         """``(loading, held)``: requests waiting for a KV load, and finished requests whose
         blocks are held for a transfer (a send, or an aborted request's load)."""
+    @property
+    def num_executed_steps(self) -> int:
+        """Steps that scheduled any token (vLLM 0.33's ``num_executed_steps``)."""
+    @property
+    def last_prefill_step(self) -> int:
+        """The executed step that last carried prefill (``prefill_schedule_interval``);
+        a full interval before 0 until one has."""
+    @property
+    def prefill_capacity_bound(self) -> bool:
+        """The last step that released prefill left requests waiting that it did not skip
+        (vLLM 0.33's ``prefill_capacity_bound``): throttling stands aside."""
     def running_ids(self) -> list[_RequestId]: ...
     def waiting_ids(self) -> list[_RequestId]:
         """Waiting requests in the order they would be admitted."""
+    def deferred_waiting_ids(self) -> list[_RequestId]:
+        """Waiting requests the admission scan skipped (a KV load not landed, a LoRA slot,
+        a connector that could not tell) and not admitted since (vLLM 0.33's
+        ``deferred_waiting``), in admission order."""
     def num_computed_tokens(self, request_id: _RequestId) -> int:
         """Tokens with KV, counting those scheduled in the latest step."""
     def num_tokens(self, request_id: _RequestId) -> int:

@@ -191,12 +191,21 @@ class SchedulerConfig:
     """Blocks of a host-memory KV tier that evicted cached blocks are offloaded to, and
     that prefix hits load back from (asynchronously: ``kv_loads``); needs
     ``enable_prefix_caching`` with ``prefix_cache="block_hash"``. 0 = none."""
+    prefill_schedule_interval: int = 1
+    """vLLM 0.33's prefill cadence as one engine applies it: while a running request
+    decodes, prefill work (admissions with prompt left beyond its last token, running
+    prefill chunks) is held until this many executed steps (steps that scheduled any
+    token) have passed since the last one that carried prefill; not while the last step
+    that released prefill left the waiting queue undrained. 1 = off."""
     async_scheduling: bool = False
     """Allow ``schedule()`` before the previous step's output arrived (vLLM V1's default)."""
 
     def __post_init__(self) -> None:
         for name in _COUNT_FIELDS:
             check_key_int(name, getattr(self, name), low=0, high=MAX_COUNT)
+        check_key_int(
+            "prefill_schedule_interval", self.prefill_schedule_interval, low=1, high=MAX_COUNT
+        )
         for name in _FLAG_FIELDS:
             if not isinstance(getattr(self, name), bool):
                 value = getattr(self, name)

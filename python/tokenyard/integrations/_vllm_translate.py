@@ -15,7 +15,7 @@ from typing import Any
 from tokenyard.errors import ConfigError
 from tokenyard.sched import SchedulerConfig
 
-__all__ = ["VllmSettings", "core_config", "request_id_list"]
+__all__ = ["VllmSettings", "core_config", "local_prefill_interval", "request_id_list"]
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,16 @@ def core_config(vllm_config: Any, kv_cache_config: Any, block_size: int) -> Sche
         scheduler_reserve_full_isl=bool(_get(sched, "scheduler_reserve_full_isl", True)),
         reserve_null_block=True,
         async_scheduling=s.async_scheduling,
+        prefill_schedule_interval=local_prefill_interval(vllm_config),
     )
+
+
+def local_prefill_interval(vllm_config: Any) -> int:
+    """vLLM 0.33's ``local_prefill_interval``: ``prefill_schedule_interval`` without data
+    parallelism, else 1 (a DP engine core drives the cadence through ``throttle_prefills``)."""
+    interval = int(_get(vllm_config.scheduler_config, "prefill_schedule_interval", 1) or 1)
+    dp = int(_get(_get(vllm_config, "parallel_config"), "data_parallel_size", 1) or 1)
+    return interval if dp == 1 else 1
 
 
 def request_id_list(request_ids: str | Iterable[str] | None, every: Iterable[str]) -> list[str]:

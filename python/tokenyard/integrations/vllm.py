@@ -64,7 +64,12 @@ except ImportError as err:  # pragma: no cover - exercised only without vLLM
     ) from err
 
 from tokenyard.errors import ConfigError, InputError
-from tokenyard.integrations._vllm_translate import core_config, request_id_list, settings
+from tokenyard.integrations._vllm_translate import (
+    core_config,
+    local_prefill_interval,
+    request_id_list,
+    settings,
+)
 from tokenyard.sched import Scheduler as _CoreScheduler
 
 __all__ = ["TokenyardScheduler"]
@@ -223,6 +228,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         # Typed loosely: its ids are vLLM's str ids throughout.
         self._core: Any = _CoreScheduler(core_config(vllm_config, kv_cache_config, block_size))
         self._num_kv_blocks = s.num_blocks - 1
+        self.local_prefill_interval = local_prefill_interval(vllm_config)
 
         self.requests: dict[str, Request] = {}
         # Requests that finished since the previous schedule() (SchedulerOutput's field).
@@ -271,6 +277,16 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         """The waiting requests in scheduling order (a snapshot)."""
         requests = self.requests
         return _WaitingView([requests[i] for i in self._core.waiting_ids()])
+
+    # vLLM 0.33's prefill cadence state, read from the core.
+    num_executed_steps = property(lambda self: self._core.num_executed_steps)
+    last_prefill_step = property(lambda self: self._core.last_prefill_step)
+    prefill_capacity_bound = property(lambda self: self._core.prefill_capacity_bound)
+
+    @property
+    def deferred_waiting(self) -> set[Request]:
+        """Waiting requests the admission scan skipped, not admitted since (a snapshot)."""
+        return {self.requests[i] for i in self._core.deferred_waiting_ids()}
 
     def get_request_counts(self) -> tuple[int, int]:
         """(running, waiting)."""
@@ -378,7 +394,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
     # --- one step ---------------------------------------------------------------------------
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
-        """Forms the next batch (``throttle_prefills``, DP prefill balancing, is ignored)."""
+        """Forms the next batch (``throttle_prefills``: vLLM's DP prefill balancing)."""
         self.current_step += 1
         requests = self.requests
         if self._pause_state == PauseState.PAUSED_ALL:
@@ -388,7 +404,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             self.finished_req_ids = set()
             self.reset_preempted_req_ids = set()
             return out
-        core = self._core.schedule()
+        core = self._core.schedule(throttle_prefills=throttle_prefills)
         now = time.monotonic()
         log_stats = self.log_stats
         v2 = self.use_v2_model_runner
@@ -799,9 +815,11 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         prefix_cache_stats = self._prefix_cache_stats
         self._prefix_cache_stats = PrefixCacheStats()
         num_running, num_waiting = self.get_request_counts()
+        num_deferred = self._core.stats().num_deferred_waiting
         return SchedulerStats(
             num_running_reqs=num_running,
-            num_waiting_reqs=num_waiting,
+            num_waiting_reqs=num_waiting - num_deferred,
+            num_skipped_waiting_reqs=num_deferred,
             kv_cache_usage=self._core.stats().kv_usage,
             prefix_cache_stats=prefix_cache_stats,
             spec_decoding_stats=spec_decoding_stats,

@@ -119,6 +119,7 @@ pub(crate) fn core_config(config: &Bound<'_, PyAny>) -> PyResult<(SchedulerConfi
         host_num_blocks: count_field(config, "host_num_blocks")?,
         scheduler_reserve_full_isl: field(config, "scheduler_reserve_full_isl")?,
         reserve_null_block: field(config, "reserve_null_block")?,
+        prefill_schedule_interval: count_field(config, "prefill_schedule_interval")?,
     };
     Ok((core, field(config, "async_scheduling")?))
 }
@@ -262,8 +263,9 @@ impl PyScheduler {
         self.inner.add_request(id, spec).or_raise(py)
     }
 
-    fn schedule(&mut self, py: Python<'_>) -> PyResult<PySchedulerOutput> {
-        match self.inner.schedule() {
+    #[pyo3(signature = (*, throttle_prefills = false))]
+    fn schedule(&mut self, py: Python<'_>, throttle_prefills: bool) -> PyResult<PySchedulerOutput> {
+        match self.inner.schedule_throttled(throttle_prefills) {
             Ok(inner) => Ok(PySchedulerOutput { inner }),
             Err(err) => Err(self.raise(py, err)),
         }
@@ -450,6 +452,29 @@ impl PyScheduler {
     #[getter]
     fn num_running(&self) -> usize {
         self.inner.num_running()
+    }
+
+    #[getter]
+    fn num_executed_steps(&self) -> i64 {
+        self.inner.num_executed_steps()
+    }
+
+    #[getter]
+    fn last_prefill_step(&self) -> i64 {
+        self.inner.last_prefill_step()
+    }
+
+    #[getter]
+    fn prefill_capacity_bound(&self) -> bool {
+        self.inner.prefill_capacity_bound()
+    }
+
+    fn deferred_waiting_ids<'py>(&self, py: Python<'py>) -> PyResult<Vec<Py<PyAny>>> {
+        self.inner
+            .deferred_waiting_ids()
+            .into_iter()
+            .map(|id| id.into_py(py))
+            .collect()
     }
 
     fn running_ids<'py>(&self, py: Python<'py>) -> PyResult<Vec<Py<PyAny>>> {
@@ -708,6 +733,10 @@ impl PySchedulerStats {
     #[getter]
     fn num_waiting(&self) -> usize {
         self.inner.num_waiting
+    }
+    #[getter]
+    fn num_deferred_waiting(&self) -> usize {
+        self.inner.num_deferred_waiting
     }
     #[getter]
     fn num_running(&self) -> usize {

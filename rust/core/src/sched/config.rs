@@ -129,6 +129,12 @@ pub struct SchedulerConfig {
     /// Blocks of the host-memory KV tier evicted cached blocks are offloaded to (block-hash
     /// pool with prefix caching only; `kv::host_tier`); 0 = none.
     pub host_num_blocks: usize,
+    /// vLLM 0.33's `prefill_schedule_interval` as one engine applies it (its
+    /// `local_prefill_interval`): while a running request decodes, prefill work (admissions
+    /// with prompt left to compute, running prefill chunks) is held until this many
+    /// executed steps have passed since the last step that carried prefill, unless the last
+    /// release step left the waiting queue undrained. 1 = off.
+    pub prefill_schedule_interval: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -155,6 +161,7 @@ impl Default for SchedulerConfig {
             host_num_blocks: 0,
             scheduler_reserve_full_isl: true,
             reserve_null_block: true,
+            prefill_schedule_interval: 1,
         }
     }
 }
@@ -181,6 +188,7 @@ impl SchedulerConfig {
             ("max_num_batched_tokens", self.max_num_batched_tokens),
             ("block_size", self.block_size),
             ("num_blocks", self.num_blocks),
+            ("prefill_schedule_interval", self.prefill_schedule_interval),
         ];
         for (field, value) in positive {
             if value == 0 {

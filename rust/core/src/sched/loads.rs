@@ -168,6 +168,9 @@ impl<R: RequestKey> Scheduler<R> {
         plan: &mut StepPlan<R>,
     ) -> Result<Admission> {
         let num_computed = self.req(slot).num_computed_tokens;
+        if self.holds_prefill(slot, num_computed) {
+            return Ok(Admission::Blocked);
+        }
         let Some(AdmissionTokens { n, padded }) =
             self.admission_tokens(slot, num_computed, *budget, plan)
         else {

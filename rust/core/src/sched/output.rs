@@ -59,6 +59,9 @@ pub struct SampledOutput<R> {
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct SchedulerStats {
     pub num_waiting: usize,
+    /// Of `num_waiting`, those the admission scan skipped (vLLM 0.33's `deferred_waiting`,
+    /// its stats' `num_skipped_waiting_reqs`).
+    pub num_deferred_waiting: usize,
     pub num_running: usize,
     pub kv_usage: f64,
     pub prefix_cache_queries: u64,

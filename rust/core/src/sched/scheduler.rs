@@ -58,6 +58,21 @@ pub struct Scheduler<R: RequestKey> {
     interrupted_step: Option<SchedulerOutput<R>>,
     /// This step's `long_prefill_token_threshold` (`long_prefill_threshold`).
     step_threshold: usize,
+    /// This step holds prefill work back (vLLM 0.33's `defer_prefills`; `prefill_gate`).
+    defer_prefills: bool,
+    /// Steps that scheduled any token (vLLM 0.33's `num_executed_steps`): an empty step
+    /// does not advance the prefill cadence.
+    pub(super) num_executed_steps: i64,
+    /// The executed step that last carried prefill (`last_prefill_step`); starts a full
+    /// `prefill_schedule_interval` back, so the first step is never held.
+    pub(super) last_prefill_step: i64,
+    /// The last step that released prefill left the waiting queue undrained (vLLM 0.33's
+    /// `prefill_capacity_bound`): throttling and the cadence stand aside until one drains it.
+    pub(super) prefill_capacity_bound: bool,
+    /// Waiting requests the admission scan skipped (vLLM 0.33's `deferred_waiting`): a
+    /// load not landed, a LoRA slot, a connector that cannot tell yet. A slot stays until
+    /// its request is admitted or finishes.
+    pub(super) deferred: FxHashSet<u32>,
 }
 
 /// A finished request with outputs still in flight (async scheduling).
@@ -82,6 +97,9 @@ pub(super) struct StepPlan<R> {
     /// A running request still prefilling was scheduled (vLLM's `prefill_scheduled`): no
     /// admission is padded with placeholder drafts.
     prefill_scheduled: bool,
+    /// A request was admitted with more than its last token to compute (vLLM's
+    /// `prefill_admitted`).
+    prefill_admitted: bool,
 }
 
 impl<R> Default for StepPlan<R> {
@@ -94,6 +112,7 @@ impl<R> Default for StepPlan<R> {
             loras: FxHashSet::default(),
             kv_loads: Vec::new(),
             prefill_scheduled: false,
+            prefill_admitted: false,
         }
     }
 }
@@ -109,6 +128,7 @@ impl<R> StepPlan<R> {
         self.loras.clear();
         self.kv_loads.clear();
         self.prefill_scheduled = false;
+        self.prefill_admitted = false;
     }
 
     /// Running requests (not admissions) scheduled so far in this step.
@@ -172,6 +192,7 @@ impl<R: RequestKey> Scheduler<R> {
                 })
             }
         };
+        let interval = config.prefill_schedule_interval as i64;
         Ok(Self {
             waiting: Waiting::new(config.policy),
             config,
@@ -197,6 +218,11 @@ impl<R: RequestKey> Scheduler<R> {
             transfer_holds: FxHashMap::default(),
             interrupted_step: None,
             step_threshold: 0,
+            defer_prefills: false,
+            num_executed_steps: 0,
+            last_prefill_step: -interval,
+            prefill_capacity_bound: false,
+            deferred: FxHashSet::default(),
         })
     }
 
@@ -276,10 +302,38 @@ impl<R: RequestKey> Scheduler<R> {
         self.kv.stats()
     }
 
+    /// Waiting requests the admission scan skipped and that have not been admitted since
+    /// (vLLM 0.33's `deferred_waiting`), in scheduling order.
+    pub fn deferred_waiting_ids(&self) -> Vec<R> {
+        self.waiting
+            .ordered()
+            .into_iter()
+            .filter(|s| self.deferred.contains(s))
+            .map(|s| self.req(s).request_id.clone())
+            .collect()
+    }
+
+    /// Steps that scheduled any token (vLLM 0.33's `num_executed_steps`).
+    pub fn num_executed_steps(&self) -> i64 {
+        self.num_executed_steps
+    }
+
+    /// The executed step that last carried prefill (vLLM 0.33's `last_prefill_step`).
+    pub fn last_prefill_step(&self) -> i64 {
+        self.last_prefill_step
+    }
+
+    /// Whether the last step that released prefill left requests waiting that it did not
+    /// skip (vLLM 0.33's `prefill_capacity_bound`).
+    pub fn prefill_capacity_bound(&self) -> bool {
+        self.prefill_capacity_bound
+    }
+
     pub fn stats(&self) -> SchedulerStats {
         let prefix = self.kv.stats();
         SchedulerStats {
             num_waiting: self.waiting.len(),
+            num_deferred_waiting: self.deferred.len(),
             num_running: self.running.len(),
             kv_usage: self.kv.usage(),
             prefix_cache_queries: prefix.num_query_tokens,
@@ -320,6 +374,13 @@ impl<R: RequestKey> Scheduler<R> {
     /// until then is completed but kept: this call returns the error, the next returns the
     /// step.
     pub fn schedule(&mut self) -> Result<SchedulerOutput<R>> {
+        self.schedule_throttled(false)
+    }
+
+    /// [`Self::schedule`], with vLLM 0.33's `throttle_prefills` (DP prefill balancing: the
+    /// engine says this step is not cadence-aligned): while a running request decodes and
+    /// the last release step drained the waiting queue, no prefill work runs this step.
+    pub fn schedule_throttled(&mut self, throttle_prefills: bool) -> Result<SchedulerOutput<R>> {
         if let Some(out) = self.interrupted_step.take() {
             return Ok(out);
         }
@@ -331,6 +392,7 @@ impl<R: RequestKey> Scheduler<R> {
         }
         let mut budget = self.config.max_num_batched_tokens;
         self.step_threshold = self.long_prefill_threshold();
+        self.defer_prefills = self.prefill_gate(throttle_prefills);
         // The plan's maps keep their capacity from step to step (no rehashing as they grow).
         let mut plan = std::mem::take(&mut self.spare_plan);
         let mut admission_error = None;
@@ -347,6 +409,15 @@ impl<R: RequestKey> Scheduler<R> {
             }
         }
         self.num_steps += 1;
+        if !plan.scheduled.is_empty() {
+            self.num_executed_steps += 1;
+        }
+        // Stamped after counting: the step that carried the prefill is the one recorded.
+        if self.config.prefill_schedule_interval > 1
+            && (plan.prefill_scheduled || plan.prefill_admitted)
+        {
+            self.last_prefill_step = self.num_executed_steps;
+        }
         let out = self.finish_step(&mut plan);
         plan.clear();
         self.spare_plan = plan;
@@ -357,6 +428,24 @@ impl<R: RequestKey> Scheduler<R> {
             }
             None => Ok(out),
         }
+    }
+
+    /// Whether this step holds prefill work back (vLLM 0.33's `defer_prefills`). Only while
+    /// a running request decodes (a held step is never left empty), and not while the last
+    /// release step left requests waiting (the capacity escape: a backed-up engine that
+    /// held prefill for most steps would grow its queue without bound). Then either the
+    /// engine throttles this step (DP prefill balancing) or, with a
+    /// `prefill_schedule_interval` of `k > 1`, fewer than `k` executed steps separate this
+    /// one (if it runs anything) from the last that carried prefill.
+    fn prefill_gate(&self, throttle_prefills: bool) -> bool {
+        if self.prefill_capacity_bound
+            || !self.running.iter().any(|&s| !self.req(s).is_prefill_chunk)
+        {
+            return false;
+        }
+        let interval = self.config.prefill_schedule_interval as i64;
+        throttle_prefills
+            || (interval > 1 && (self.num_executed_steps + 1) - self.last_prefill_step < interval)
     }
 
     /// This step's cap on one request's tokens (vLLM 0.33): the configured threshold, only
@@ -443,7 +532,8 @@ impl<R: RequestKey> Scheduler<R> {
             let slot = self.running[i];
             let request = self.req(slot);
             let skip = plan.is_scheduled(slot)
-                || only_prefills.is_some_and(|want| request.is_prefilling() != want);
+                || only_prefills.is_some_and(|want| request.is_prefilling() != want)
+                || (self.defer_prefills && request.is_prefill_chunk);
             let n = self.clamp(
                 request.num_pending_tokens(),
                 *budget,
@@ -623,6 +713,7 @@ impl<R: RequestKey> Scheduler<R> {
             let loading = self.req(slot).status == RequestStatus::WaitingForRemoteKvs;
             if (loading && !self.take_landed_load(slot)?) || self.lora_gated(slot, plan) {
                 self.waiting.pop();
+                self.deferred.insert(slot);
                 skipped.push(slot);
                 continue;
             }
@@ -636,6 +727,7 @@ impl<R: RequestKey> Scheduler<R> {
                 }
                 Ok(Admission::SteppedAside) => {
                     self.waiting.pop();
+                    self.deferred.insert(slot);
                     skipped.push(slot);
                 }
                 Err(err) => {
@@ -647,6 +739,10 @@ impl<R: RequestKey> Scheduler<R> {
         for slot in skipped.into_iter().rev() {
             let key = self.priority_key(slot);
             self.waiting.push_front(slot, key, self.holds_kv(slot));
+        }
+        if !self.defer_prefills {
+            // A release step: did it leave requests waiting that it did not skip?
+            self.prefill_capacity_bound = self.waiting.len() > self.deferred.len();
         }
         Ok(admission_error)
     }
@@ -699,6 +795,10 @@ impl<R: RequestKey> Scheduler<R> {
             return self.start_load(slot, hit, external.num_tokens, plan);
         }
         let num_computed = hit.num_computed_tokens() + external.num_tokens;
+        if self.holds_prefill(slot, num_computed) {
+            self.blocked_head = Some((seq, hit));
+            return Ok(Admission::Blocked);
+        }
         let Some(AdmissionTokens { mut n, mut padded }) =
             self.admission_tokens(slot, num_computed, *budget, plan)
         else {
@@ -747,6 +847,12 @@ impl<R: RequestKey> Scheduler<R> {
         let notified = self.notify_allocation(slot, external.num_tokens);
         self.start_running(slot, num_computed, n, padded, blocks, budget, plan);
         notified.map(|()| Admission::Scheduled)
+    }
+
+    /// A held step stops admission at a request with prompt left to compute beyond its last
+    /// token (one loaded or hit whole but that token has no prefill to hold).
+    pub(super) fn holds_prefill(&self, slot: u32, num_computed: usize) -> bool {
+        self.defer_prefills && num_computed + 1 < self.req(slot).num_tokens()
     }
 
     /// vLLM 0.33's `scheduler_reserve_full_isl` gate at admission: the request's whole
@@ -820,6 +926,8 @@ impl<R: RequestKey> Scheduler<R> {
     ) {
         self.waiting.pop();
         self.running.push(slot);
+        self.deferred.remove(&slot);
+        plan.prefill_admitted |= num_computed + 1 < self.req(slot).num_tokens();
         let request = self.req_mut(slot);
         if padded {
             request.spec_token_ids = vec![PLACEHOLDER_DRAFT; n - 1];

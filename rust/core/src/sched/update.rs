@@ -373,6 +373,7 @@ impl<R: RequestKey> Scheduler<R> {
         self.index.remove(&request.request_id);
         self.landed.remove(&slot);
         self.failed_loads.remove(&slot);
+        self.deferred.remove(&slot);
         if in_flight > 0 {
             // A transfer hold frees the blocks, after the outputs landed (`release_hold`).
             let held_slot = (hold_until_landed && !for_transfer).then_some(slot);

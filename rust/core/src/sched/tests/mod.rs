@@ -3,6 +3,7 @@
 
 mod async_scheduling;
 mod budgets;
+mod cadence;
 mod connectors;
 mod lifecycle;
 mod memory;

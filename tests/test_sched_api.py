@@ -72,6 +72,8 @@ def test_forced_preemption_recomputes_and_every_request_finishes() -> None:
         ({"enable_chunked_prefill": False}, "max_num_batched_tokens"),
         ({"num_speculative_tokens": -1}, "num_speculative_tokens"),
         ({"pad_spec_decode": 1}, "pad_spec_decode"),
+        # A one-token admission padded to 1 + k = 3 tokens never fits a 2-token step.
+        ({"num_speculative_tokens": 2, "max_num_batched_tokens": 2}, "max_num_batched_tokens"),
         ({"cache_accepted_drafts": "yes"}, "cache_accepted_drafts"),
         ({"prefill_schedule_interval": 0}, "prefill_schedule_interval"),
         ({"prefill_schedule_interval": 2.0}, "prefill_schedule_interval"),

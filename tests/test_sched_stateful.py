@@ -44,6 +44,9 @@ def configs() -> st.SearchStrategy[SchedulerConfig]:
         pad_spec_decode=st.booleans(),
         cache_accepted_drafts=st.booleans(),
         prefill_schedule_interval=st.sampled_from([1, 1, 2, 3]),
+    ).filter(
+        # A padded admission needs 1 + k tokens of budget (a smaller one is refused).
+        lambda c: not c.pad_spec_decode or c.max_num_batched_tokens > c.num_speculative_tokens
     )
 
 

@@ -236,6 +236,23 @@ impl SchedulerConfig {
                  prefix_cache = \"block_hash\"",
             ));
         }
+        let padded = 1 + self.num_speculative_tokens;
+        if self.num_speculative_tokens > 0
+            && self.pad_spec_decode
+            && self.max_num_batched_tokens < padded
+        {
+            // vLLM 0.33 accepts it and then never admits a request padded past the budget
+            // (it stops admission rather than schedule it unpadded): a hang, not a config.
+            return Err(Error::config(
+                "max_num_batched_tokens",
+                self.max_num_batched_tokens,
+                format!(
+                    "must be >= 1 + num_speculative_tokens = {padded} with pad_spec_decode: a \
+                     request admitted with one token left is padded to {padded} tokens and \
+                     would never fit the step"
+                ),
+            ));
+        }
         if !self.enable_chunked_prefill && self.max_num_batched_tokens < self.max_model_len {
             return Err(Error::config(
                 "max_num_batched_tokens",

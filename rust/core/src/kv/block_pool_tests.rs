@@ -66,7 +66,11 @@ fn every_copy_of_a_block_is_cached_and_serves_hits_after_the_first_is_evicted() 
             .unwrap();
     }
     assert_eq!(pool.block_ids(&2).unwrap(), [2, 3]);
-    assert_eq!(pool.num_cached_blocks(), 4, "two copies of each of two blocks");
+    assert_eq!(
+        pool.num_cached_blocks(),
+        4,
+        "two copies of each of two blocks"
+    );
     let stored = pool
         .drain_events()
         .iter()
@@ -92,7 +96,11 @@ fn every_copy_of_a_block_is_cached_and_serves_hits_after_the_first_is_evicted() 
         .count();
     assert_eq!(removed, 2);
     let hit = pool.get_computed_blocks(&tokens(0..12), None);
-    assert_eq!(hit.block_ids, [2, 3], "the later copies still serve the prefix");
+    assert_eq!(
+        hit.block_ids,
+        [2, 3],
+        "the later copies still serve the prefix"
+    );
     assert_eq!(pool.num_cached_blocks(), 6);
     pool.check_invariants().unwrap();
 }

@@ -294,10 +294,7 @@ mod tests {
             let probe = hash_of(next());
             let want = eager.get(&probe);
             assert_eq!(map.get(&probe, &blocks), want.map(|c| c[0]));
-            assert_eq!(
-                map.later_copies(&probe),
-                want.map_or(&[][..], |c| &c[1..])
-            );
+            assert_eq!(map.later_copies(&probe), want.map_or(&[][..], |c| &c[1..]));
         }
         for (hash, copies) in &eager {
             assert_eq!(map.get(hash, &blocks), Some(copies[0]));

@@ -396,11 +396,12 @@ class MooncakeTrace(_TraceReader):
                 buf = pending + data
                 start = 0
                 while True:
-                    *columns, end, line, handed_back = _core.read_mooncake_lines(
-                        buf, start, line, block, _BATCH_ROWS, is_final
+                    lines, times, inputs, outputs, offsets, ids, end, line, handed_back = (
+                        _core.read_mooncake_lines(buf, start, line, block, _BATCH_ROWS, is_final)
                     )
-                    if len(columns[0]):
-                        yield _Rows(*columns)
+                    num_rows = len(lines)
+                    if num_rows:
+                        yield _Rows(lines, times, inputs, outputs, offsets, ids)
                     start = end
                     if handed_back is not None:
                         line += 1
@@ -412,7 +413,7 @@ class MooncakeTrace(_TraceReader):
                         if record is not None:
                             yield _Rows.of(record)
                         start = handed_back
-                    elif len(columns[0]) < _BATCH_ROWS:
+                    elif num_rows < _BATCH_ROWS:
                         break
                 pending = buf[start:]
                 if is_final:

@@ -421,7 +421,9 @@ class MooncakeTrace(_TraceReader):
 
     def _kept_columns(self) -> Iterator[_Rows]:
         """``_kept`` on column batches: the same rows with the same (original) times. Rows
-        that would raise, and an empty selection, go to ``_kept`` row by row."""
+        that would raise, and an empty selection, go to ``_kept`` row by row (past the rows
+        already given), which raises its own error. One difference: text that is not UTF-8
+        may be reported after more rows than before (the text reader decodes ahead)."""
         yielded = 0
         try:
             for rows in self._fast_kept():

@@ -33,6 +33,7 @@ __all__ = [
     "block_hashes",
     "build_profile",
     "evaluate_ops",
+    "read_mooncake_lines",
     "simulate",
 ]
 
@@ -881,4 +882,30 @@ def evaluate_ops(
 
     Raises:
         ConfigError: a bad model (the field and value) or mismatched columns.
+    """
+
+def read_mooncake_lines(
+    buf: bytes,
+    start: int,
+    first_line: int,
+    hash_block_size: int,
+    max_rows: int,
+    is_final: bool,
+) -> tuple[
+    npt.NDArray[np.uint64],
+    npt.NDArray[np.float64],
+    npt.NDArray[np.uint32],
+    npt.NDArray[np.uint32],
+    npt.NDArray[np.uint64],
+    npt.NDArray[np.uint64],
+    int,
+    int,
+    int | None,
+]:
+    """Whole lines of a Mooncake trace from byte ``start`` (line ``first_line + 1``) read
+    into columns, at most ``max_rows`` rows: ``(lines, times_s, input_lengths,
+    output_lengths, hash_offsets, hash_ids, end, last_line, handed_back)``. Only rows
+    Python's reader takes on its fast path are read; reading stops before any other line,
+    whose end is ``handed_back`` (``tokenyard.workload.traces`` reads it). Without
+    ``is_final`` a last line that may continue in the next buffer is left unread.
     """

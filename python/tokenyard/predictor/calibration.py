@@ -25,6 +25,7 @@ times: each device keeps its own datasheet peaks).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
@@ -147,7 +148,7 @@ def curve_value(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
         return ys[0]
     if x >= xs[-1]:
         return ys[-1]
-    j = int(np.searchsorted(xs, x))
+    j = bisect.bisect_left(xs, x)  # np.searchsorted's answer, without the array copy
     w = (math.log(x) - math.log(xs[j - 1])) / (math.log(xs[j]) - math.log(xs[j - 1]))
     return ys[j - 1] + (ys[j] - ys[j - 1]) * w
 
@@ -155,8 +156,14 @@ def curve_value(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
 def decode_efficiency(calibration: Calibration, parallelism: float, kv_len: float) -> float:
     """The decode-attention efficiency of ``parallelism`` (decodes x KV heads per GPU)
     queries over ``kv_len`` keys each."""
+    rows = decode_efficiency_rows(calibration, kv_len)
+    return curve_value(calibration.decode_parallelism, rows, parallelism)
+
+
+def decode_efficiency_rows(calibration: Calibration, kv_len: float) -> list[float]:
+    """The decode efficiency at ``kv_len`` keys for each of ``decode_parallelism``."""
     nk = len(calibration.decode_kv_lens)
-    rows = [
+    return [
         curve_value(
             calibration.decode_kv_lens,
             calibration.decode_efficiency[i * nk : (i + 1) * nk],
@@ -164,7 +171,6 @@ def decode_efficiency(calibration: Calibration, parallelism: float, kv_len: floa
         )
         for i in range(len(calibration.decode_parallelism))
     ]
-    return curve_value(calibration.decode_parallelism, rows, parallelism)
 
 
 # ---- built-in fits ------------------------------------------------------------------------

@@ -46,7 +46,7 @@ from tokenyard.predictor import grids
 from tokenyard.predictor.calibration import (
     Calibration,
     curve_value,
-    decode_efficiency,
+    decode_efficiency_rows,
     decode_roofline_s,
     prefill_roofline_s,
 )
@@ -209,10 +209,16 @@ def _calibrated_attention(b: _Builder, c: Calibration, s: _Sizes) -> None:
         return roofline / curve_value(c.prefill_seq_lens, c.prefill_efficiency, seq + prefix)
 
     kv_heads = s.kv / s.head_dim
+    # The efficiency curves at each key count, computed once per column of the grid (the
+    # same numbers decode_efficiency gives; half of a short run's predictor build).
+    rows: dict[float, list[float]] = {}
 
     def decode(batch: float, keys: float) -> float:
         roofline = decode_roofline_s(device, batch, keys, s.q, s.kv, s.c)
-        return roofline / decode_efficiency(c, batch * kv_heads, keys)
+        at = rows.get(keys)
+        if at is None:
+            at = rows[keys] = decode_efficiency_rows(c, keys)
+        return roofline / curve_value(c.decode_parallelism, at, batch * kv_heads)
 
     b.table("attn_prefill", grids.prefill_attention_table(prefill), gate="num_prefill_tokens")
     b.table("attn_decode", grids.decode_attention_table(decode), gate="num_decode_tokens")

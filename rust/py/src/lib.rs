@@ -9,6 +9,7 @@ mod plugin;
 mod sched;
 mod sched_connector;
 mod sim;
+mod workload;
 
 use pyo3::prelude::*;
 
@@ -27,5 +28,6 @@ fn _core(module: &Bound<'_, PyModule>) -> PyResult<()> {
     sched::register(module)?;
     sim::register(module)?;
     exec::register(module)?;
+    workload::register(module)?;
     Ok(())
 }

@@ -170,7 +170,16 @@ pub struct BlockPool<R: RequestKey> {
     /// Cache events for KV-aware routers (vLLM's BlockStored / BlockRemoved), when enabled.
     events: Option<Vec<KvEvent>>,
     host: Option<HostTier>,
+    /// Entries of freed requests, emptied, whose vectors the next requests reuse (at most
+    /// `MAX_SPARE`): a replay admits a request every few steps, and each entry's three
+    /// vectors were fresh allocations, often fresh pages.
+    spare: Vec<RequestBlocks>,
+    /// `free`'s list of uncached blocks, kept between calls.
+    evict_first: Vec<BlockId>,
 }
+
+/// Freed request entries kept for reuse, per pool.
+const MAX_SPARE: usize = 64;
 
 /// A change to what the prefix cache holds, as vLLM and SGLang publish them to routers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -209,6 +218,8 @@ impl<R: RequestKey> BlockPool<R> {
             stats: BlockPoolStats::default(),
             events: None,
             host: None,
+            spare: Vec::new(),
+            evict_first: Vec::new(),
         })
     }
 
@@ -635,7 +646,7 @@ impl<R: RequestKey> BlockPool<R> {
             .requests
             .remove(request_id)
             .ok_or_else(|| Error::unknown_request(request_id))?;
-        let mut evict_first = Vec::new();
+        let mut evict_first = std::mem::take(&mut self.evict_first);
         for &block in request.block_ids.iter().rev() {
             let meta = &mut self.blocks[block as usize];
             debug_assert!(meta.ref_cnt > 0, "block {block} freed with ref count 0");
@@ -652,6 +663,15 @@ impl<R: RequestKey> BlockPool<R> {
         // Prepending in reverse keeps `evict_first` in order at the front.
         for &block in evict_first.iter().rev() {
             self.free_queue.push_front(block);
+        }
+        evict_first.clear();
+        self.evict_first = evict_first;
+        if self.spare.len() < MAX_SPARE {
+            let mut request = request;
+            request.block_ids.clear();
+            request.block_hashes.clear();
+            request.tail_tokens.clear();
+            self.spare.push(request);
         }
         Ok(())
     }
@@ -767,7 +787,7 @@ impl<R: RequestKey> BlockPool<R> {
     /// them before this allocation's evictions offload anything, so even an entry those
     /// offloads push out of the tier has been loaded.
     fn admit(&mut self, hit: Option<&ComputedBlocks>, extra_key: Option<u64>) -> RequestBlocks {
-        let mut request = RequestBlocks {
+        let mut request = self.spare.pop().unwrap_or_else(|| RequestBlocks {
             block_ids: Vec::new(),
             block_hashes: Vec::new(),
             tail_tokens: Vec::new(),
@@ -775,7 +795,13 @@ impl<R: RequestKey> BlockPool<R> {
             num_computed_tokens: 0,
             num_cached_blocks: 0,
             extra_key,
-        };
+        });
+        debug_assert!(request.block_ids.is_empty() && request.tail_tokens.is_empty());
+        request.block_hashes.clear();
+        request.num_tokens = 0;
+        request.num_computed_tokens = 0;
+        request.num_cached_blocks = 0;
+        request.extra_key = extra_key;
         if let Some(hit) = hit {
             for &block in &hit.block_ids {
                 self.touch(block);
@@ -784,8 +810,8 @@ impl<R: RequestKey> BlockPool<R> {
                 hit.host_hashes().iter().for_each(|&h| host.touch(h));
             }
             self.stats.num_loaded_blocks += hit.num_host_blocks as u64;
-            request.block_ids = hit.block_ids.clone();
-            request.block_hashes = hit.block_hashes.clone();
+            request.block_ids.extend_from_slice(&hit.block_ids);
+            request.block_hashes.extend_from_slice(&hit.block_hashes);
             request.num_computed_tokens = hit.num_computed_tokens + hit.num_host_tokens();
             request.num_cached_blocks = hit.block_ids.len();
             request.extra_key = hit.extra_key;

@@ -139,6 +139,12 @@ def core_config(vllm_config: Any, kv_cache_config: Any, block_size: int) -> Sche
         num_blocks=s.num_blocks,
         max_model_len=max_model_len,
         num_lookahead_tokens=s.num_lookahead_tokens,
+        num_speculative_tokens=s.num_spec_tokens,
+        # vLLM 0.33 pads one-token admissions to 1 + k unless k varies with the batch size
+        # (num_speculative_tokens_per_batch_size, not modelled: k is fixed here).
+        pad_spec_decode=not _get(
+            _get(vllm_config, "speculative_config"), "num_speculative_tokens_per_batch_size"
+        ),
         max_loras=int(_get(_get(vllm_config, "lora_config"), "max_loras", 0) or 0),
         scheduler_reserve_full_isl=bool(_get(sched, "scheduler_reserve_full_isl", True)),
         reserve_null_block=True,

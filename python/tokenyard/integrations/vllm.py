@@ -159,6 +159,25 @@ class _KVCacheManagerView:
     def get_num_free_blocks(self) -> int:
         return self.block_pool.get_num_free_blocks()
 
+    def get_computed_blocks(
+        self, request: Request, max_cache_hit_length: int | None = None
+    ) -> tuple[None, int, int]:
+        """The prefix-cache hit an admission of ``request`` would find now (a probe:
+        nothing is allocated), as ``(blocks, num_computed_tokens, shared_prefix_boundary)``.
+        The blocks themselves live in Rust and are not exposed (``None``); the boundary is
+        always 0 (one full-attention group)."""
+        if getattr(request, "skip_reading_prefix_cache", False):
+            return None, 0, 0
+        lora = request.lora_request
+        num_tokens = self._scheduler._core.num_cached_prefix_tokens(
+            request.all_token_ids,
+            lora_id=lora.lora_int_id if lora is not None and lora.lora_int_id > 0 else None,
+        )
+        if max_cache_hit_length is not None and num_tokens > max_cache_hit_length:
+            block_size = self._scheduler.block_size
+            num_tokens = max_cache_hit_length // block_size * block_size
+        return None, num_tokens, 0
+
     def reset_prefix_cache(self) -> bool:
         reset, _ = self._scheduler._core.reset_prefix_cache(preempt_running=False)
         return bool(reset)
@@ -235,6 +254,9 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         self.prev_step_scheduled_req_ids: set[str] = set()
         self.use_pp = self.parallel_config.pipeline_parallel_size > 1
         self.use_v2_model_runner = getattr(vllm_config, "use_v2_model_runner", False)
+        # vLLM 0.33's flag: drafts may be skipped (skip_drafts) only for drafters with their
+        # own forward pass on the V2 runner (they reserve lookahead slots).
+        self.can_skip_drafts = self.num_lookahead_tokens > 0 and self.use_v2_model_runner
         self.connector = None
         self.ec_connector = None
         self.kv_cache_manager = _KVCacheManagerView(self)
@@ -471,9 +493,15 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         )
         # The drafts verified are the request's own (vLLM's ids, -1 placeholders included);
         # the core decides how many.
+        # A padded admission (rule 2 in docs/embedding.md) has no drafts of its own: its
+        # k placeholders are vLLM's -1.
         spec_decode_tokens: dict[str, list[int]] = {}
         for request_id, drafts in core.scheduled_spec_decode_tokens.items():
-            spec_decode_tokens[request_id] = requests[request_id].spec_token_ids[: len(drafts)]
+            num_drafts = len(drafts)
+            own = requests[request_id].spec_token_ids[:num_drafts]
+            if len(own) < num_drafts:
+                own = list(own) + [-1] * (num_drafts - len(own))
+            spec_decode_tokens[request_id] = own
 
         out = SchedulerOutput(
             scheduled_new_reqs=new_reqs_data,
@@ -516,7 +544,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         requests = self.requests
         placeholders = self._spec_token_placeholders if self.async_scheduling else None
         drafts_for_core: dict[str, list[int]] = {}
-        drafts_needed = not (self.num_lookahead_tokens > 0 and self.use_v2_model_runner)
+        drafts_needed = not self.can_skip_drafts
         for request_id, n in num_scheduled_tokens.items():
             request = requests[request_id]
             if not drafts_needed:

@@ -40,7 +40,11 @@ try:
         EventPublisherFactory,
         KVEventBatch,
     )
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from vllm.multimodal import MULTIMODAL_REGISTRY
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.kv_cache_utils import KVCacheBlock
     from vllm.v1.core.sched.interface import PauseState, SchedulerInterface
     from vllm.v1.core.sched.output import (
         CachedRequestData,
@@ -72,6 +76,72 @@ __all__ = ["TokenyardScheduler"]
 _RUNNING = RequestStatus.RUNNING
 _PREEMPTED = RequestStatus.PREEMPTED
 _WAITING = RequestStatus.WAITING
+_WAITING_FOR_REMOTE_KVS = RequestStatus.WAITING_FOR_REMOTE_KVS
+
+
+class _ConnectorBridge:
+    """A vLLM ``KVConnectorBase_V1`` (scheduler role) as a ``tokenyard.sched.KvConnector``:
+    the core calls these three methods with its ``RequestView``; each calls the vLLM
+    connector with the vLLM ``Request`` and vLLM's argument types, and keeps what the
+    adapter reports back to vLLM (``kv_transfer_params``, the connector's prefix-cache
+    lookups, the transfers in flight)."""
+
+    def __init__(self, scheduler: TokenyardScheduler, connector: Any) -> None:
+        self._scheduler = scheduler
+        self.connector = connector
+        # Requests whose asynchronous load is in flight / whose blocks a send holds.
+        self.loading: set[str] = set()
+        self.sending: set[str] = set()
+        # request_finished's kv_transfer_params, for the request's last EngineCoreOutput.
+        self.transfer_params: dict[str, Any] = {}
+        # (queries, hits) of the latest connector lookup, recorded once blocks are given.
+        self._lookups: dict[str, tuple[int, int]] = {}
+
+    def get_num_new_matched_tokens(
+        self, view: Any, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        request = self._scheduler.requests[view.request_id]
+        num_tokens, load_async = self.connector.get_num_new_matched_tokens(
+            request, num_computed_tokens
+        )
+        if request.skip_reading_prefix_cache:
+            num_tokens, load_async = 0, False
+        if num_tokens is not None:
+            self._lookups[request.request_id] = (
+                request.num_tokens - num_computed_tokens,
+                num_tokens,
+            )
+        return num_tokens, bool(load_async)
+
+    def update_state_after_alloc(
+        self, view: Any, block_ids: Any, num_external_tokens: int
+    ) -> None:
+        scheduler = self._scheduler
+        request = scheduler.requests[view.request_id]
+        # vLLM's connectors read block ids off KVCacheBlocks; the blocks' hash and ref-count
+        # state lives in Rust and is not mirrored on these objects.
+        blocks = KVCacheBlocks((tuple(KVCacheBlock(int(b)) for b in block_ids.tolist()),))
+        self.connector.update_state_after_alloc(request, blocks, num_external_tokens)
+        queries, hits = self._lookups.pop(request.request_id, (0, 0))
+        stats = scheduler.connector_prefix_cache_stats
+        if stats is not None and queries:
+            preempted = request.num_preemptions > 0
+            sources = None
+            if hits and not preempted:
+                sources = self.connector.get_external_cache_hit_sources(request, hits)
+            stats.record(
+                num_tokens=queries, num_hits=hits, preempted=preempted, hits_by_source=sources
+            )
+
+    def request_finished(self, view: Any, block_ids: Any) -> bool:
+        request_id = view.request_id
+        request = self._scheduler.requests[request_id]
+        delay_free, params = self.connector.request_finished(request, block_ids.tolist())
+        if params is not None:
+            self.transfer_params[request_id] = params
+        if delay_free:
+            self.sending.add(request_id)
+        return bool(delay_free)
 
 
 class _WaitingView:
@@ -217,13 +287,6 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         self.log_stats = log_stats
         self.block_size = block_size
         self.hash_block_size = hash_block_size or block_size
-        if vllm_config.kv_transfer_config is not None:
-            raise ConfigError(
-                "kv_transfer_config: vLLM's KV connectors are not bridged to tokenyard's "
-                "scheduler (tokenyard.sched.KvConnector is its own protocol)",
-                field="kv_transfer_config",
-                value=str(vllm_config.kv_transfer_config.kv_connector),
-            )
         if getattr(vllm_config, "ec_transfer_config", None) is not None:
             raise ConfigError(
                 "ec_transfer_config: encoder-cache connectors are not supported",
@@ -240,10 +303,23 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         self.async_scheduling = s.async_scheduling
         self.policy = SchedulingPolicy(s.policy)
         # Typed loosely: its ids are vLLM's str ids throughout.
-        self._core: Any = _CoreScheduler(core_config(vllm_config, kv_cache_config, block_size))
+        self.requests: dict[str, Request] = {}
+        # vLLM's KV connector (kv_transfer_config), bridged to the core's connector protocol.
+        self.connector: Any = None
+        self.connector_prefix_cache_stats: PrefixCacheStats | None = None
+        self._bridge: _ConnectorBridge | None = None
+        if vllm_config.kv_transfer_config is not None:
+            self.connector = KVConnectorFactory.create_connector(
+                config=vllm_config, role=KVConnectorRole.SCHEDULER, kv_cache_config=kv_cache_config
+            )
+            self._bridge = _ConnectorBridge(self, self.connector)
+            if log_stats:
+                self.connector_prefix_cache_stats = PrefixCacheStats()
+        self._core: Any = _CoreScheduler(
+            core_config(vllm_config, kv_cache_config, block_size), connector=self._bridge
+        )
         self._num_kv_blocks = s.num_blocks - 1
 
-        self.requests: dict[str, Request] = {}
         # Requests that finished since the previous schedule() (SchedulerOutput's field).
         self.finished_req_ids: set[str] = set()
         self.finished_req_ids_dict: dict[int, set[str]] | None = (
@@ -257,7 +333,6 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         # vLLM 0.33's flag: drafts may be skipped (skip_drafts) only for drafters with their
         # own forward pass on the V2 runner (they reserve lookahead slots).
         self.can_skip_drafts = self.num_lookahead_tokens > 0 and self.use_v2_model_runner
-        self.connector = None
         self.ec_connector = None
         self.kv_cache_manager = _KVCacheManagerView(self)
         self.spec_decode_metrics_level = self.observability_config.per_request_spec_decode_metrics
@@ -357,6 +432,8 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         self.requests[request_id] = request
         if self.spec_decode_metrics_level != "none":
             request.spec_decode_metrics = RequestSpecDecodeMetrics.new(self.num_spec_tokens)
+        if self.connector is not None:
+            self.connector.on_new_request(request)
         if self.log_stats:
             request.record_event(EngineCoreEventType.QUEUED)
 
@@ -395,7 +472,11 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         self.finished_req_ids.add(request_id)
         if self.finished_req_ids_dict is not None:
             self.finished_req_ids_dict[request.client_index].add(request_id)
-        del self.requests[request_id]
+        bridge = self._bridge
+        # As vLLM's: a request whose blocks a KV send (or an aborted load) holds stays in
+        # `requests` until the transfer is reported.
+        if bridge is None or (request_id not in bridge.sending and request_id not in bridge.loading):
+            del self.requests[request_id]
 
     # --- one step ---------------------------------------------------------------------------
 
@@ -411,6 +492,11 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             self.reset_preempted_req_ids = set()
             return out
         core = self._core.schedule()
+        bridge = self._bridge
+        if bridge is not None:
+            for load in core.kv_loads:
+                requests[load.request_id].status = _WAITING_FOR_REMOTE_KVS
+                bridge.loading.add(load.request_id)
         now = time.monotonic()
         log_stats = self.log_stats
         v2 = self.use_v2_model_runner
@@ -518,6 +604,8 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         if not v2:
             self.prev_step_scheduled_req_ids = set(num_scheduled_tokens)
         out.skip_drafts = not self._after_schedule(num_scheduled_tokens, spec_decode_tokens)
+        if self.connector is not None:
+            out.kv_connector_metadata = self.connector.build_connector_meta(out)
         self.finished_req_ids = set()
         self.reset_preempted_req_ids = set()
         return out
@@ -572,6 +660,9 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         """Applies a step's sampled tokens: appends them to the requests, stops requests
         (EOS, stop ids, ``max_tokens``, ``max_model_len``), rolls back rejected drafts, and
         returns the outputs by client, with the step's stats."""
+        kv_output = model_runner_output.kv_connector_output
+        if kv_output is not None and self._bridge is not None:
+            self._update_from_kv_transfers(kv_output)
         sampled = model_runner_output.sampled_token_ids
         index = model_runner_output.req_id_to_index
         spec_scheduled = scheduler_output.scheduled_spec_decode_tokens
@@ -581,6 +672,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         spec_stats: SpecDecodingStats | None = None
         invalid = scheduler_output.num_invalid_spec_tokens
         live: list[tuple[Request, list[int]]] = []
+        transfer_params: Any = None
         dropped = self._dropped_outputs
         scheduled_ids: Iterable[str] = scheduler_output.num_scheduled_tokens if sampled else ()
         for request_id in scheduled_ids:
@@ -626,6 +718,9 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                 tokens = self._append_until_stop(request, tokens)
                 finish_reason = request.get_finished_reason()
                 self._free_request(request)
+                transfer_params = (
+                    self._bridge.transfer_params.pop(request_id, None) if self._bridge else None
+                )
             else:
                 # Request.append_output_token_ids, with its block hasher called only when a
                 # block fills (it hashes nothing otherwise).
@@ -639,6 +734,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                 if request.num_output_placeholders > 0:
                     request.num_output_placeholders -= len(tokens)
                 finish_reason = None
+                transfer_params = None
             events = request.events
             if events:
                 request.events = []
@@ -654,6 +750,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                     ),
                     trace_headers=request.trace_headers,
                     num_nans_in_logits=request.num_nans_in_logits,
+                    kv_transfer_params=transfer_params,
                 )
             )
 
@@ -668,11 +765,15 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                 else:
                     engine_core_outputs[client] = EngineCoreOutputs(finished_requests=finished_set)
             self.finished_req_ids_dict.clear()
-        kv_output = model_runner_output.kv_connector_output
         ec_output = getattr(model_runner_output, "ec_connector_output", None)
+        kv_stats = kv_output.kv_connector_stats if kv_output else None
+        if self.connector is not None:
+            own = self.connector.get_kv_connector_stats()
+            if own is not None and not own.is_empty():
+                kv_stats = kv_stats.aggregate(own) if kv_stats is not None else own
         stats = self.make_stats(
             spec_stats,
-            kv_output.kv_connector_stats if kv_output else None,
+            kv_stats,
             model_runner_output.cudagraph_stats,
             None,
             ec_connector_stats=ec_output.ec_connector_stats if ec_output else None,
@@ -682,6 +783,41 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                 engine_core_outputs[0] = eco = EngineCoreOutputs()
             eco.scheduler_stats = stats
         return engine_core_outputs
+
+    def _update_from_kv_transfers(self, kv_output: Any) -> None:
+        """vLLM's ``_update_from_kv_xfer_finished``: the connector sees the workers' report,
+        then the loads that landed or failed and the sends that completed go to the core.
+        Blocks a failed load wrote (``invalid_block_ids``) fail that load, and the request
+        recomputes its prompt (vLLM's ``kv_load_failure_policy="recompute"`` for
+        asynchronous loads)."""
+        bridge = self._bridge
+        if bridge is None:
+            return
+        self.connector.update_connector_output(kv_output)
+        recving = [i for i in kv_output.finished_recving or () if i in bridge.loading]
+        sending = [i for i in kv_output.finished_sending or () if i in bridge.sending]
+        failed: list[str] = []
+        invalid = kv_output.invalid_block_ids
+        if invalid:
+            for request_id in list(bridge.loading):
+                if request_id in self.requests and not invalid.isdisjoint(
+                    self._core.block_ids(request_id).tolist()
+                ):
+                    failed.append(request_id)
+            recving = [i for i in recving if i not in failed]
+        if not (recving or sending or failed):
+            return
+        self._core.finish_kv_transfers(
+            finished_recving=recving, finished_sending=sending, failed_recving=failed
+        )
+        for request_id in itertools.chain(recving, failed):
+            bridge.loading.discard(request_id)
+        for request_id in sending:
+            bridge.sending.discard(request_id)
+        for request_id in itertools.chain(recving, failed, sending):
+            request = self.requests.get(request_id)
+            if request is not None and request.is_finished() and request_id not in bridge.sending:
+                del self.requests[request_id]
 
     def _append_until_stop(self, request: Request, tokens: list[int]) -> list[int]:
         """Appends tokens up to the one that stopped the request (vLLM's ``check_stop``,
@@ -807,6 +943,13 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         return bool(reset)
 
     def reset_connector_cache(self) -> bool:
+        """vLLM's: resets the connector's external cache, if it has one."""
+        if self.connector is None:
+            return True
+        if self.connector.reset_cache() is False:
+            return False
+        if self.connector_prefix_cache_stats is not None:
+            self.connector_prefix_cache_stats.reset = True
         return True
 
     def reset_encoder_cache(self) -> None:
@@ -826,12 +969,16 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             return None
         prefix_cache_stats = self._prefix_cache_stats
         self._prefix_cache_stats = PrefixCacheStats()
+        connector_prefix_cache_stats = self.connector_prefix_cache_stats
+        if connector_prefix_cache_stats is not None:
+            self.connector_prefix_cache_stats = PrefixCacheStats()
         num_running, num_waiting = self.get_request_counts()
         return SchedulerStats(
             num_running_reqs=num_running,
             num_waiting_reqs=num_waiting,
             kv_cache_usage=self._core.stats().kv_usage,
             prefix_cache_stats=prefix_cache_stats,
+            connector_prefix_cache_stats=connector_prefix_cache_stats,
             spec_decoding_stats=spec_decoding_stats,
             kv_connector_stats=kv_connector_stats.to_dict() if kv_connector_stats else None,
             ec_connector_stats=ec_connector_stats.data if ec_connector_stats else None,
@@ -840,10 +987,9 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         )
 
     def _publish_kv_events(self) -> None:
-        if not self.enable_kv_cache_events:
-            return
         events: list[Any] = []
-        for kind, block_hash in self._core.drain_kv_events():
+        core_events = self._core.drain_kv_events() if self.enable_kv_cache_events else ()
+        for kind, block_hash in core_events:
             if kind == "stored":
                 events.append(
                     BlockStored(
@@ -859,15 +1005,19 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                 events.append(BlockRemoved(block_hashes=[block_hash], medium="GPU"))
             elif kind == "all_cleared":
                 events.append(AllBlocksCleared())
+        if self.connector is not None:
+            events.extend(self.connector.take_events() or ())
         if events:
             self.kv_event_publisher.publish(KVEventBatch(ts=time.time(), events=events))
 
     def shutdown(self) -> None:
+        if self.connector is not None:
+            self.connector.shutdown()
         if self.kv_event_publisher:
             self.kv_event_publisher.shutdown()
 
-    def get_kv_connector(self) -> None:
-        return None
+    def get_kv_connector(self) -> Any:
+        return self.connector
 
     def get_ec_connector(self) -> None:
         return None

@@ -96,6 +96,8 @@ class _ConnectorBridge:
         self.transfer_params: dict[str, Any] = {}
         # (queries, hits) of the latest connector lookup, recorded once blocks are given.
         self._lookups: dict[str, tuple[int, int]] = {}
+        # Tokens the connector gave an admitted request (not local prefix hits).
+        self.external_hits: dict[str, int] = {}
 
     def get_num_new_matched_tokens(
         self, view: Any, num_computed_tokens: int
@@ -123,6 +125,8 @@ class _ConnectorBridge:
         blocks = KVCacheBlocks((tuple(KVCacheBlock(int(b)) for b in block_ids.tolist()),))
         self.connector.update_state_after_alloc(request, blocks, num_external_tokens)
         queries, hits = self._lookups.pop(request.request_id, (0, 0))
+        if num_external_tokens:
+            self.external_hits[request.request_id] = num_external_tokens
         stats = scheduler.connector_prefix_cache_stats
         if stats is not None and queries:
             preempted = request.num_preemptions > 0
@@ -365,9 +369,23 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
 
     @property
     def waiting(self) -> _WaitingView:
-        """The waiting requests in scheduling order (a snapshot)."""
+        """The waiting requests in scheduling order (a snapshot), those whose KV a
+        connector is loading excepted (vLLM keeps them in ``kv_holding_waiting``)."""
         requests = self.requests
-        return _WaitingView([requests[i] for i in self._core.waiting_ids()])
+        loading = self._bridge.loading if self._bridge is not None else ()
+        return _WaitingView(
+            [requests[i] for i in self._core.waiting_ids() if not loading or i not in loading]
+        )
+
+    @property
+    def kv_holding_waiting(self) -> _WaitingView:
+        """The waiting requests that hold KV blocks: those whose KV a connector is loading
+        (a snapshot, in scheduling order)."""
+        requests = self.requests
+        if self._bridge is None or not self._bridge.loading:
+            return _WaitingView([])
+        loading = self._bridge.loading
+        return _WaitingView([requests[i] for i in self._core.waiting_ids() if i in loading])
 
     def get_request_counts(self) -> tuple[int, int]:
         """(running, waiting)."""
@@ -388,7 +406,13 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         return num_running + num_waiting
 
     def has_finished_requests(self) -> bool:
-        return bool(self.finished_req_ids)
+        if self.finished_req_ids:
+            return True
+        # Finished requests whose blocks a KV transfer holds stay in `requests` (vLLM's).
+        if self.connector is None:
+            return False
+        num_running, num_waiting = self.get_request_counts()
+        return len(self.requests) > num_running + num_waiting
 
     @property
     def pause_state(self) -> PauseState:
@@ -524,7 +548,10 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             request.num_computed_tokens = data.num_computed_tokens
             if log_stats:
                 request.record_event(EngineCoreEventType.SCHEDULED, now)
-                self._record_prefix_lookup(request, data.num_computed_tokens)
+                num_local = data.num_computed_tokens
+                if bridge is not None:
+                    num_local -= bridge.external_hits.pop(data.req_id, 0)
+                self._record_prefix_lookup(request, num_local)
             block_ids = (data.block_ids.tolist(),)
             if was_preempted and not v2:
                 resumed.append((request, block_ids))

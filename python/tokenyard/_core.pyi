@@ -643,9 +643,7 @@ class Scheduler:
     def running_ids(self) -> list[_RequestId]: ...
     def waiting_ids(self) -> list[_RequestId]:
         """Waiting requests in the order they would be admitted."""
-    def num_cached_prefix_tokens(
-        self, token_ids: _TokenIds, *, lora_id: int | None = None
-    ) -> int:
+    def num_cached_prefix_tokens(self, token_ids: _TokenIds, *, lora_id: int | None = None) -> int:
         """Tokens of ``token_ids`` the prefix cache holds now (whole blocks, never the last
         token), as an admission would find them; nothing is allocated."""
     def num_computed_tokens(self, request_id: _RequestId) -> int:

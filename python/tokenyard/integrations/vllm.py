@@ -115,9 +115,7 @@ class _ConnectorBridge:
             )
         return num_tokens, bool(load_async)
 
-    def update_state_after_alloc(
-        self, view: Any, block_ids: Any, num_external_tokens: int
-    ) -> None:
+    def update_state_after_alloc(self, view: Any, block_ids: Any, num_external_tokens: int) -> None:
         scheduler = self._scheduler
         request = scheduler.requests[view.request_id]
         # vLLM's connectors read block ids off KVCacheBlocks; the blocks' hash and ref-count
@@ -499,7 +497,9 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         bridge = self._bridge
         # As vLLM's: a request whose blocks a KV send (or an aborted load) holds stays in
         # `requests` until the transfer is reported.
-        if bridge is None or (request_id not in bridge.sending and request_id not in bridge.loading):
+        if bridge is None or (
+            request_id not in bridge.sending and request_id not in bridge.loading
+        ):
             del self.requests[request_id]
 
     # --- one step ---------------------------------------------------------------------------

@@ -98,6 +98,11 @@ class _ConnectorBridge:
         self._lookups: dict[str, tuple[int, int]] = {}
         # Tokens the connector gave an admitted request (not local prefix hits).
         self.external_hits: dict[str, int] = {}
+        # Whether the latest lookup of a request offered an asynchronous load.
+        self._load_async: dict[str, bool] = {}
+        # A synchronous load was admitted in the step being formed (vLLM's
+        # SchedulerOutput.has_sync_kv_loads).
+        self.has_sync_kv_loads = False
 
     def get_num_new_matched_tokens(
         self, view: Any, num_computed_tokens: int
@@ -109,6 +114,7 @@ class _ConnectorBridge:
         if request.skip_reading_prefix_cache:
             num_tokens, load_async = 0, False
         if num_tokens is not None:
+            self._load_async[request.request_id] = bool(load_async)
             self._lookups[request.request_id] = (
                 request.num_tokens - num_computed_tokens,
                 num_tokens,
@@ -123,8 +129,11 @@ class _ConnectorBridge:
         blocks = KVCacheBlocks((tuple(KVCacheBlock(int(b)) for b in block_ids.tolist()),))
         self.connector.update_state_after_alloc(request, blocks, num_external_tokens)
         queries, hits = self._lookups.pop(request.request_id, (0, 0))
+        load_async = self._load_async.pop(request.request_id, False)
         if num_external_tokens:
             self.external_hits[request.request_id] = num_external_tokens
+            if not load_async:
+                self.has_sync_kv_loads = True
         stats = scheduler.connector_prefix_cache_stats
         if stats is not None and queries:
             preempted = request.num_preemptions > 0
@@ -310,6 +319,8 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         self.connector: Any = None
         self.connector_prefix_cache_stats: PrefixCacheStats | None = None
         self._bridge: _ConnectorBridge | None = None
+        # Loads reported landed whose request has not been scheduled since (vLLM's).
+        self.finished_recving_kv_req_ids: set[str] = set()
         if vllm_config.kv_transfer_config is not None:
             self.connector = KVConnectorFactory.create_connector(
                 config=vllm_config, role=KVConnectorRole.SCHEDULER, kv_cache_config=kv_cache_config
@@ -544,6 +555,8 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             was_preempted = request.status == _PREEMPTED
             if was_preempted:
                 self._dropped_outputs.discard(data.req_id)
+            if bridge is not None:
+                self.finished_recving_kv_req_ids.discard(data.req_id)
             request.status = _RUNNING
             request.num_computed_tokens = data.num_computed_tokens
             if log_stats:
@@ -631,6 +644,9 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         if not v2:
             self.prev_step_scheduled_req_ids = set(num_scheduled_tokens)
         out.skip_drafts = not self._after_schedule(num_scheduled_tokens, spec_decode_tokens)
+        if bridge is not None:
+            out.has_sync_kv_loads = bridge.has_sync_kv_loads
+            bridge.has_sync_kv_loads = False
         if self.connector is not None:
             out.kv_connector_metadata = self.connector.build_connector_meta(out)
         self.finished_req_ids = set()
@@ -688,7 +704,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         (EOS, stop ids, ``max_tokens``, ``max_model_len``), rolls back rejected drafts, and
         returns the outputs by client, with the step's stats."""
         kv_output = model_runner_output.kv_connector_output
-        if kv_output is not None and self._bridge is not None:
+        if kv_output is not None and self.connector is not None:
             self._update_from_kv_transfers(kv_output)
         sampled = model_runner_output.sampled_token_ids
         index = model_runner_output.req_id_to_index
@@ -817,10 +833,10 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         Blocks a failed load wrote (``invalid_block_ids``) fail that load, and the request
         recomputes its prompt (vLLM's ``kv_load_failure_policy="recompute"`` for
         asynchronous loads)."""
+        self.connector.update_connector_output(kv_output)
         bridge = self._bridge
         if bridge is None:
             return
-        self.connector.update_connector_output(kv_output)
         recving = [i for i in kv_output.finished_recving or () if i in bridge.loading]
         sending = [i for i in kv_output.finished_sending or () if i in bridge.sending]
         failed: list[str] = []
@@ -839,6 +855,10 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         )
         for request_id in itertools.chain(recving, failed):
             bridge.loading.discard(request_id)
+        for request_id in recving:
+            request = self.requests.get(request_id)
+            if request is not None and not request.is_finished():
+                self.finished_recving_kv_req_ids.add(request_id)
         for request_id in sending:
             bridge.sending.discard(request_id)
         for request_id in itertools.chain(recving, failed, sending):

@@ -71,7 +71,7 @@ from tokenyard.errors import ConfigError, InputError
 from tokenyard.integrations._vllm_translate import core_config, request_id_list, settings
 from tokenyard.sched import Scheduler as _CoreScheduler
 
-__all__ = ["TokenyardScheduler"]
+__all__ = ["AsyncTokenyardScheduler", "TokenyardScheduler"]
 
 _RUNNING = RequestStatus.RUNNING
 _PREEMPTED = RequestStatus.PREEMPTED
@@ -98,6 +98,9 @@ class _ConnectorBridge:
         self._lookups: dict[str, tuple[int, int]] = {}
         # Tokens the connector gave an admitted request (not local prefix hits).
         self.external_hits: dict[str, int] = {}
+        # Requests whose local prefix lookup was recorded when their blocks were given (an
+        # asynchronous load: vLLM records lookups at admission, not when scheduled).
+        self.lookups_recorded: set[str] = set()
         # Whether the latest lookup of a request offered an asynchronous load.
         self._load_async: dict[str, bool] = {}
         # A synchronous load was admitted in the step being formed (vLLM's
@@ -130,6 +133,9 @@ class _ConnectorBridge:
         self.connector.update_state_after_alloc(request, blocks, num_external_tokens)
         queries, hits = self._lookups.pop(request.request_id, (0, 0))
         load_async = self._load_async.pop(request.request_id, False)
+        if load_async and num_external_tokens:
+            scheduler._record_prefix_lookup(request, request.num_tokens - queries)
+            self.lookups_recorded.add(request.request_id)
         if num_external_tokens:
             self.external_hits[request.request_id] = num_external_tokens
             if not load_async:
@@ -275,6 +281,9 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             parallelism with ``async_scheduling`` off is fine), or one the core refuses.
     """
 
+    # Async scheduling whatever scheduler_config.async_scheduling says (AsyncTokenyardScheduler).
+    _async_scheduling_class = False
+
     def __init__(
         self,
         vllm_config: Any,
@@ -304,7 +313,8 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                 field="ec_transfer_config",
                 value=str(vllm_config.ec_transfer_config.ec_connector),
             )
-        s = settings(vllm_config, kv_cache_config, block_size)
+        force_async = self._async_scheduling_class
+        s = settings(vllm_config, kv_cache_config, block_size, async_scheduling=force_async)
         self.max_num_running_reqs = s.max_num_running_reqs
         self.max_num_active_reqs = s.max_num_active_reqs
         self.max_num_scheduled_tokens = s.max_num_scheduled_tokens
@@ -329,7 +339,8 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             if log_stats:
                 self.connector_prefix_cache_stats = PrefixCacheStats()
         self._core: Any = _CoreScheduler(
-            core_config(vllm_config, kv_cache_config, block_size), connector=self._bridge
+            core_config(vllm_config, kv_cache_config, block_size, async_scheduling=force_async),
+            connector=self._bridge,
         )
         self._num_kv_blocks = s.num_blocks - 1
 
@@ -552,7 +563,11 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         resumed = []
         for data in itertools.chain(core.scheduled_new_reqs, core.scheduled_resumed_reqs):
             request = requests[data.req_id]
-            was_preempted = request.status == _PREEMPTED
+            # A preempted request whose KV a connector loaded resumes too (vLLM promotes it
+            # to PREEMPTED when its load lands).
+            was_preempted = request.status == _PREEMPTED or (
+                request.status == _WAITING_FOR_REMOTE_KVS and request.num_preemptions > 0
+            )
             if was_preempted:
                 self._dropped_outputs.discard(data.req_id)
             if bridge is not None:
@@ -561,10 +576,14 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             request.num_computed_tokens = data.num_computed_tokens
             if log_stats:
                 request.record_event(EngineCoreEventType.SCHEDULED, now)
-                num_local = data.num_computed_tokens
-                if bridge is not None:
+                if bridge is None:
+                    self._record_prefix_lookup(request, data.num_computed_tokens)
+                elif data.req_id in bridge.lookups_recorded:
+                    bridge.lookups_recorded.discard(data.req_id)
+                else:
+                    num_local = data.num_computed_tokens
                     num_local -= bridge.external_hits.pop(data.req_id, 0)
-                self._record_prefix_lookup(request, num_local)
+                    self._record_prefix_lookup(request, num_local)
             block_ids = (data.block_ids.tolist(),)
             if was_preempted and not v2:
                 resumed.append((request, block_ids))
@@ -868,16 +887,22 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
 
     def _append_until_stop(self, request: Request, tokens: list[int]) -> list[int]:
         """Appends tokens up to the one that stopped the request (vLLM's ``check_stop``,
-        which also sets its status and ``stop_reason``); returns the tokens kept."""
+        which also sets its status and ``stop_reason``) and resolves the output placeholders
+        of all of them, as vLLM 0.33's ``_update_request_with_output``; returns the tokens
+        kept."""
+        kept = tokens
         for num_kept, token in enumerate(tokens, 1):
             request.append_output_token_ids(token)
             if check_stop(request, self.max_model_len):
-                if request.status == _RUNNING or request.num_output_placeholders == 0:
-                    request.num_computed_tokens -= len(tokens) - num_kept
-                return tokens[:num_kept]
-        # The core stopped it where vLLM's check would not (never expected): length.
-        request.status = RequestStatus.FINISHED_LENGTH_CAPPED
-        return tokens
+                request.num_computed_tokens -= len(tokens) - num_kept
+                kept = tokens[:num_kept]
+                break
+        else:
+            # The core stopped it where vLLM's check would not (never expected): length.
+            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        if request.num_output_placeholders > 0:
+            request.num_output_placeholders = max(request.num_output_placeholders - len(tokens), 0)
+        return kept
 
     def _spec_stats(
         self, stats: SpecDecodingStats | None, num_drafts: int, num_accepted: int
@@ -1071,6 +1096,15 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
 
     def get_kv_event_publisher_config(self) -> Any:
         return self.kv_event_publisher.get_publisher_config()
+
+
+class AsyncTokenyardScheduler(TokenyardScheduler):
+    """:class:`TokenyardScheduler` with async scheduling on, as vLLM's ``AsyncScheduler`` is
+    its ``Scheduler`` with async scheduling (vLLM picks that class from
+    ``scheduler_config.async_scheduling``; this one is for callers that pick the class, as
+    vLLM's tests do)."""
+
+    _async_scheduling_class = True
 
 
 def _check_supported(request: Request) -> None:

@@ -33,6 +33,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 try:
+    from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorRole
+    from vllm.distributed.ec_transfer.ec_connector.factory import ECConnectorFactory
     from vllm.distributed.kv_events import (
         AllBlocksCleared,
         BlockRemoved,
@@ -307,12 +309,6 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         self.log_stats = log_stats
         self.block_size = block_size
         self.hash_block_size = hash_block_size or block_size
-        if getattr(vllm_config, "ec_transfer_config", None) is not None:
-            raise ConfigError(
-                "ec_transfer_config: encoder-cache connectors are not supported",
-                field="ec_transfer_config",
-                value=str(vllm_config.ec_transfer_config.ec_connector),
-            )
         force_async = self._async_scheduling_class
         s = settings(vllm_config, kv_cache_config, block_size, async_scheduling=force_async)
         self.max_num_running_reqs = s.max_num_running_reqs
@@ -357,7 +353,13 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         # vLLM 0.33's flag: drafts may be skipped (skip_drafts) only for drafters with their
         # own forward pass on the V2 runner (they reserve lookahead slots).
         self.can_skip_drafts = self.num_lookahead_tokens > 0 and self.use_v2_model_runner
-        self.ec_connector = None
+        # vLLM's encoder-cache connector: built and driven as vLLM does, though with
+        # multimodal requests refused it never has an encoder input to move.
+        self.ec_connector: Any = None
+        if getattr(vllm_config, "ec_transfer_config", None) is not None:
+            self.ec_connector = ECConnectorFactory.create_connector(
+                config=vllm_config, role=ECConnectorRole.SCHEDULER
+            )
         self.kv_cache_manager = _KVCacheManagerView(self)
         self.spec_decode_metrics_level = self.observability_config.per_request_spec_decode_metrics
         self._num_hash_lookahead_tokens = getattr(vllm_config, "num_hash_lookahead_tokens", 0)
@@ -512,6 +514,10 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
     def _free_request(self, request: Request) -> None:
         if self.aux_output_connector is not None:
             self.aux_output_connector.request_finished(request)
+        if self.ec_connector is not None:
+            # A text-only request has no encoder outputs for the connector to keep: its
+            # delay-free answer has nothing to delay.
+            self.ec_connector.request_finished(request)
         request_id = request.request_id
         self.finished_req_ids.add(request_id)
         if self.finished_req_ids_dict is not None:
@@ -668,6 +674,8 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             bridge.has_sync_kv_loads = False
         if self.connector is not None:
             out.kv_connector_metadata = self.connector.build_connector_meta(out)
+        if self.ec_connector is not None:
+            out.ec_connector_metadata = self.ec_connector.build_connector_meta(out)
         self.finished_req_ids = set()
         self.reset_preempted_req_ids = set()
         return out
@@ -828,6 +836,13 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                     engine_core_outputs[client] = EngineCoreOutputs(finished_requests=finished_set)
             self.finished_req_ids_dict.clear()
         ec_output = getattr(model_runner_output, "ec_connector_output", None)
+        ec_stats = ec_output.ec_connector_stats if ec_output else None
+        if self.ec_connector is not None:
+            if ec_output:
+                self.ec_connector.update_connector_output(ec_output)
+            own_ec = self.ec_connector.get_ec_connector_stats()
+            if own_ec is not None and not own_ec.is_empty():
+                ec_stats = ec_stats.aggregate(own_ec) if ec_stats is not None else own_ec
         kv_stats = kv_output.kv_connector_stats if kv_output else None
         if self.connector is not None:
             own = self.connector.get_kv_connector_stats()
@@ -838,7 +853,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             kv_stats,
             model_runner_output.cudagraph_stats,
             None,
-            ec_connector_stats=ec_output.ec_connector_stats if ec_output else None,
+            ec_connector_stats=ec_stats,
         )
         if stats is not None:
             if (eco := next(iter(engine_core_outputs.values()), None)) is None:
@@ -1085,14 +1100,16 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
     def shutdown(self) -> None:
         if self.connector is not None:
             self.connector.shutdown()
+        if self.ec_connector is not None:
+            self.ec_connector.shutdown()
         if self.kv_event_publisher:
             self.kv_event_publisher.shutdown()
 
     def get_kv_connector(self) -> Any:
         return self.connector
 
-    def get_ec_connector(self) -> None:
-        return None
+    def get_ec_connector(self) -> Any:
+        return self.ec_connector
 
     def get_kv_event_publisher_config(self) -> Any:
         return self.kv_event_publisher.get_publisher_config()

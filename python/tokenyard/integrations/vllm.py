@@ -69,7 +69,7 @@ except ImportError as err:  # pragma: no cover - exercised only without vLLM
         "of tokenyard works without it"
     ) from err
 
-from tokenyard.errors import ConfigError, InputError
+from tokenyard.errors import InputError
 from tokenyard.integrations._vllm_translate import core_config, request_id_list, settings
 from tokenyard.sched import Scheduler as _CoreScheduler
 

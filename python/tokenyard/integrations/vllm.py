@@ -10,8 +10,8 @@ vLLM builds it from its ``scheduler_cls`` setting::
 It takes vLLM ``Request`` objects and returns vLLM's ``SchedulerOutput`` and
 ``EngineCoreOutputs``; the decisions (token budget, sequence cap, chunked prefill, the
 long-prefill threshold, prefix caching in a block pool, preemption, FCFS or priority,
-speculative tokens, async scheduling) are tokenyard's :class:`tokenyard.sched.Scheduler`,
-which follows vLLM 0.33's rules (``docs/embedding.md``). The vLLM ``Request`` objects are
+speculative tokens and their padding, async scheduling, KV connector loads and sends) are
+tokenyard's :class:`tokenyard.sched.Scheduler`, which follows vLLM 0.33's rules (``docs/embedding.md``). The vLLM ``Request`` objects are
 kept up to date (status, ``num_computed_tokens``, output tokens, drafts, placeholders) as
 vLLM's scheduler keeps them, since vLLM's engine and model runner read them.
 
@@ -19,9 +19,8 @@ This module imports vLLM and fails with an ``ImportError`` naming it where vLLM 
 installed; nothing else in tokenyard imports it. What it does not do (each refused with an
 error naming it, never silently different) is listed in ``docs/integrations.md``: multimodal
 and encoder-decoder requests, prompt embeddings, pooling, structured output, streaming
-sessions, hybrid KV cache groups (sliding window, Mamba), KV and encoder-cache connectors,
-and vLLM's ``KVCacheManager`` object itself (``kv_cache_manager``), whose block pool lives
-in Rust here.
+sessions, hybrid KV cache groups (sliding window, Mamba), and vLLM's ``KVCacheManager``
+object itself (``kv_cache_manager``), whose block pool lives in Rust here.
 """
 
 from __future__ import annotations
@@ -279,8 +278,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
 
     Raises:
         ConfigError: a setting this scheduler does not serve (several KV cache groups or
-            one that is not full attention, a KV or encoder-cache connector, pipeline
-            parallelism with ``async_scheduling`` off is fine), or one the core refuses.
+            one that is not full attention), or one the core refuses.
     """
 
     # Async scheduling whatever scheduler_config.async_scheduling says (AsyncTokenyardScheduler).

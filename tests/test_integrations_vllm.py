@@ -102,6 +102,11 @@ def test_speculative_tokens_reach_the_core_with_vllms_padding() -> None:
     # k varying with the batch size (not modelled): vLLM does not pad then.
     config.speculative_config = SimpleNamespace(num_speculative_tokens_per_batch_size=[(1, 8, 3)])
     assert not core_config(config, kv_config(), block_size=16).pad_spec_decode
+    # Diffusion models sample no token per step: their drafts are not padded either.
+    config = vllm_config()
+    config.num_speculative_tokens = 3
+    config.model_config.is_diffusion = True
+    assert not core_config(config, kv_config(), block_size=16).pad_spec_decode
 
 
 def test_prefix_probe_finds_cached_whole_blocks_and_allocates_nothing() -> None:

@@ -146,16 +146,24 @@ def core_config(
         max_model_len=max_model_len,
         num_lookahead_tokens=s.num_lookahead_tokens,
         num_speculative_tokens=s.num_spec_tokens,
-        # vLLM 0.33 pads one-token admissions to 1 + k unless k varies with the batch size
-        # (num_speculative_tokens_per_batch_size, not modelled: k is fixed here).
-        pad_spec_decode=not _get(
-            _get(vllm_config, "speculative_config"), "num_speculative_tokens_per_batch_size"
-        ),
+        pad_spec_decode=_pads_spec_decode(vllm_config),
         max_loras=int(_get(_get(vllm_config, "lora_config"), "max_loras", 0) or 0),
         scheduler_reserve_full_isl=bool(_get(sched, "scheduler_reserve_full_isl", True)),
         reserve_null_block=True,
         async_scheduling=s.async_scheduling,
     )
+
+
+def _pads_spec_decode(vllm_config: Any) -> bool:
+    """vLLM 0.33 pads one-token admissions to ``1 + k`` unless ``k`` varies with the batch
+    size (``num_speculative_tokens_per_batch_size``, not modelled: ``k`` is fixed here) or
+    the model samples no token per step (pooling and diffusion models, whose drafts are not
+    rejectable)."""
+    spec = _get(vllm_config, "speculative_config")
+    model = _get(vllm_config, "model_config")
+    if _get(spec, "num_speculative_tokens_per_batch_size"):
+        return False
+    return not (_get(model, "runner_type") == "pooling" or _get(model, "is_diffusion", False))
 
 
 def request_id_list(request_ids: str | Iterable[str] | None, every: Iterable[str]) -> list[str]:

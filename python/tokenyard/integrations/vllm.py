@@ -11,9 +11,10 @@ It takes vLLM ``Request`` objects and returns vLLM's ``SchedulerOutput`` and
 ``EngineCoreOutputs``; the decisions (token budget, sequence cap, chunked prefill, the
 long-prefill threshold, prefix caching in a block pool, preemption, FCFS or priority,
 speculative tokens and their padding, async scheduling, KV connector loads and sends) are
-tokenyard's :class:`tokenyard.sched.Scheduler`, which follows vLLM 0.33's rules (``docs/embedding.md``). The vLLM ``Request`` objects are
-kept up to date (status, ``num_computed_tokens``, output tokens, drafts, placeholders) as
-vLLM's scheduler keeps them, since vLLM's engine and model runner read them.
+tokenyard's :class:`tokenyard.sched.Scheduler`, which follows vLLM 0.33's rules
+(``docs/embedding.md``). The vLLM ``Request`` objects are kept up to date (status,
+``num_computed_tokens``, output tokens, drafts, placeholders) as vLLM's scheduler keeps
+them, since vLLM's engine and model runner read them.
 
 This module imports vLLM and fails with an ``ImportError`` naming it where vLLM is not
 installed; nothing else in tokenyard imports it. What it does not do (each refused with an

@@ -643,6 +643,9 @@ class Scheduler:
     def running_ids(self) -> list[_RequestId]: ...
     def waiting_ids(self) -> list[_RequestId]:
         """Waiting requests in the order they would be admitted."""
+    def set_admit_new(self, admit_new: bool) -> None:
+        """With ``False``, only waiting requests that hold KV blocks (their load began) are
+        admitted; the rest keep their places (vLLM's ``PAUSED_NEW``)."""
     def num_cached_prefix_tokens(self, token_ids: _TokenIds, *, lora_id: int | None = None) -> int:
         """Tokens of ``token_ids`` the prefix cache holds now (whole blocks, never the last
         token), as an admission would find them; nothing is allocated."""

@@ -393,20 +393,27 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         """The waiting requests in scheduling order (a snapshot), those whose KV a
         connector is loading excepted (vLLM keeps them in ``kv_holding_waiting``)."""
         requests = self.requests
-        loading = self._bridge.loading if self._bridge is not None else ()
+        holding = self._holding_kv()
         return _WaitingView(
-            [requests[i] for i in self._core.waiting_ids() if not loading or i not in loading]
+            [requests[i] for i in self._core.waiting_ids() if not holding or i not in holding]
         )
 
     @property
     def kv_holding_waiting(self) -> _WaitingView:
         """The waiting requests that hold KV blocks: those whose KV a connector is loading
-        (a snapshot, in scheduling order)."""
+        or has loaded (a snapshot, in scheduling order)."""
         requests = self.requests
-        if self._bridge is None or not self._bridge.loading:
+        holding = self._holding_kv()
+        if not holding:
             return _WaitingView([])
-        loading = self._bridge.loading
-        return _WaitingView([requests[i] for i in self._core.waiting_ids() if i in loading])
+        return _WaitingView([requests[i] for i in self._core.waiting_ids() if i in holding])
+
+    def _holding_kv(self) -> set[str]:
+        """Waiting requests holding KV blocks: loads in flight, and loads that landed
+        whose request has not been scheduled since."""
+        if self._bridge is None:
+            return set()
+        return self._bridge.loading | self.finished_recving_kv_req_ids
 
     def get_request_counts(self) -> tuple[int, int]:
         """(running, waiting)."""
@@ -423,7 +430,8 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             return 0
         num_running, num_waiting = self.get_request_counts()
         if self._pause_state == PauseState.PAUSED_NEW:
-            return num_running
+            # Requests holding KV blocks still drain; queued ones stay queued.
+            return num_running + len(self.kv_holding_waiting)
         return num_running + num_waiting
 
     def has_finished_requests(self) -> bool:
@@ -440,7 +448,10 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         return self._pause_state
 
     def set_pause_state(self, pause_state: PauseState) -> None:
+        """vLLM's pause states: ``PAUSED_NEW`` admits only waiting requests that hold KV
+        blocks (their loads drain), ``PAUSED_ALL`` schedules nothing."""
         self._pause_state = pause_state
+        self._core.set_admit_new(pause_state == PauseState.UNPAUSED)
 
     # --- requests in and out ----------------------------------------------------------------
 
@@ -518,6 +529,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             # delay-free answer has nothing to delay.
             self.ec_connector.request_finished(request)
         request_id = request.request_id
+        self.finished_recving_kv_req_ids.discard(request_id)
         self.finished_req_ids.add(request_id)
         if self.finished_req_ids_dict is not None:
             self.finished_req_ids_dict[request.client_index].add(request_id)

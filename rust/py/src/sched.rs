@@ -468,6 +468,11 @@ impl PyScheduler {
             .collect()
     }
 
+    /// With `False`, only waiting requests holding KV blocks are admitted (vLLM's PAUSED_NEW).
+    fn set_admit_new(&mut self, admit_new: bool) {
+        self.inner.set_admit_new(admit_new);
+    }
+
     /// Tokens of `token_ids` the prefix cache holds (a probe: nothing is allocated).
     #[pyo3(signature = (token_ids, *, lora_id=None))]
     fn num_cached_prefix_tokens(

@@ -93,6 +93,37 @@ def test_kv_layouts_with_more_than_one_pool_are_refused_by_name() -> None:
     assert info.value.field == "kv_cache_spec"
 
 
+def test_speculative_tokens_reach_the_core_with_vllms_padding() -> None:
+    config = vllm_config()
+    config.num_speculative_tokens = 3
+    core = core_config(config, kv_config(), block_size=16)
+    assert core.num_speculative_tokens == 3
+    assert core.pad_spec_decode
+    # k varying with the batch size (not modelled): vLLM does not pad then.
+    config.speculative_config = SimpleNamespace(num_speculative_tokens_per_batch_size=[(1, 8, 3)])
+    assert not core_config(config, kv_config(), block_size=16).pad_spec_decode
+    # Diffusion models sample no token per step: their drafts are not padded either.
+    config = vllm_config()
+    config.num_speculative_tokens = 3
+    config.model_config.is_diffusion = True
+    assert not core_config(config, kv_config(), block_size=16).pad_spec_decode
+
+
+def test_prefix_probe_finds_cached_whole_blocks_and_allocates_nothing() -> None:
+    """The probe behind the adapter's kv_cache_manager.get_computed_blocks: two 4-token
+    blocks of a finished request are cached; a 9-token prompt sharing them hits 8, a
+    prompt of exactly those 8 hits 4 (the last token is recomputed)."""
+    scheduler = Scheduler(core_config(vllm_config(), kv_config(), block_size=4))
+    scheduler.add_request("a", list(range(8)), max_tokens=1)
+    scheduler.schedule()
+    scheduler.update_from_output({"a": [99]})
+    free = scheduler.num_free_blocks
+    assert scheduler.num_cached_prefix_tokens([*range(8), 7]) == 8
+    assert scheduler.num_cached_prefix_tokens(list(range(8))) == 4
+    assert scheduler.num_cached_prefix_tokens(list(range(8)), lora_id=1) == 0
+    assert scheduler.num_free_blocks == free
+
+
 def test_one_request_id_is_one_id_not_its_characters() -> None:
     every = ["a", "req", "b"]
     assert request_id_list("req", every) == ["req"]

@@ -8,7 +8,7 @@ import functools
 
 from tests.v1.core import utils
 
-from tokenyard.integrations.vllm import TokenyardScheduler
+from tokenyard.integrations.vllm import AsyncTokenyardScheduler, TokenyardScheduler
 
 _create_scheduler = utils.create_scheduler
 
@@ -16,7 +16,12 @@ _create_scheduler = utils.create_scheduler
 @functools.wraps(_create_scheduler)
 def _create_tokenyard_scheduler(*args, **kwargs):  # type: ignore[no-untyped-def]
     if kwargs.get("scheduler_cls") is None:
-        kwargs["scheduler_cls"] = TokenyardScheduler
+        # create_scheduler picks vLLM's AsyncScheduler for async_scheduling=True (the
+        # config's flag may be off on a CPU-only machine); the same choice here.
+        async_scheduling = kwargs.get("async_scheduling", False)
+        kwargs["scheduler_cls"] = (
+            AsyncTokenyardScheduler if async_scheduling else TokenyardScheduler
+        )
     return _create_scheduler(*args, **kwargs)
 
 

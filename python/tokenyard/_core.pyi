@@ -665,6 +665,12 @@ class Scheduler:
         """Waiting requests the admission scan skipped (a KV load not landed, a LoRA slot,
         a connector that could not tell) and not admitted since (vLLM 0.33's
         ``deferred_waiting``), in admission order."""
+    def set_admit_new(self, admit_new: bool) -> None:
+        """With ``False``, only waiting requests that hold KV blocks (their load began) are
+        admitted; the rest keep their places (vLLM's ``PAUSED_NEW``)."""
+    def num_cached_prefix_tokens(self, token_ids: _TokenIds, *, lora_id: int | None = None) -> int:
+        """Tokens of ``token_ids`` the prefix cache holds now (whole blocks, never the last
+        token), as an admission would find them; nothing is allocated."""
     def num_computed_tokens(self, request_id: _RequestId) -> int:
         """Tokens with KV, counting those scheduled in the latest step."""
     def num_tokens(self, request_id: _RequestId) -> int:

@@ -42,8 +42,12 @@ def _get(obj: Any, name: str, default: Any = None) -> Any:
     return getattr(obj, name, default) if obj is not None else default
 
 
-def settings(vllm_config: Any, kv_cache_config: Any, block_size: int) -> VllmSettings:
-    """Reads what the adapter needs from vLLM's ``VllmConfig`` and ``KVCacheConfig``.
+def settings(
+    vllm_config: Any, kv_cache_config: Any, block_size: int, *, async_scheduling: bool = False
+) -> VllmSettings:
+    """Reads what the adapter needs from vLLM's ``VllmConfig`` and ``KVCacheConfig``;
+    ``async_scheduling=True`` turns async scheduling on whatever the config says (the
+    scheduler class decides it, as vLLM's ``AsyncScheduler`` does).
 
     Raises:
         ConfigError: a KV cache layout tokenyard's one-pool scheduler cannot serve (several
@@ -89,7 +93,7 @@ def settings(vllm_config: Any, kv_cache_config: Any, block_size: int) -> VllmSet
         max_model_len=int(model.max_model_len),
         num_spec_tokens=int(_get(vllm_config, "num_speculative_tokens", 0) or 0),
         num_lookahead_tokens=int(_get(vllm_config, "num_lookahead_tokens", 0) or 0),
-        async_scheduling=bool(_get(sched, "async_scheduling", False)),
+        async_scheduling=async_scheduling or bool(_get(sched, "async_scheduling", False)),
         enable_prefix_caching=bool(_get(cache, "enable_prefix_caching", False)),
         policy=str(_get(sched, "policy", "fcfs")),
         num_blocks=int(num_blocks),
@@ -97,7 +101,9 @@ def settings(vllm_config: Any, kv_cache_config: Any, block_size: int) -> VllmSet
     )
 
 
-def core_config(vllm_config: Any, kv_cache_config: Any, block_size: int) -> SchedulerConfig:
+def core_config(
+    vllm_config: Any, kv_cache_config: Any, block_size: int, *, async_scheduling: bool = False
+) -> SchedulerConfig:
     """tokenyard's ``SchedulerConfig`` for a vLLM 0.33 ``VllmConfig`` and ``KVCacheConfig``.
 
     Field by field: the admission cap is ``max_num_active_seqs`` (else ``max_num_seqs``);
@@ -112,7 +118,7 @@ def core_config(vllm_config: Any, kv_cache_config: Any, block_size: int) -> Sche
         ConfigError: see :func:`settings`; the core's own checks run when the scheduler is
             built.
     """
-    s = settings(vllm_config, kv_cache_config, block_size)
+    s = settings(vllm_config, kv_cache_config, block_size, async_scheduling=async_scheduling)
     sched = vllm_config.scheduler_config
     capacity = max(s.num_blocks - 1, 1) * s.block_size - s.num_lookahead_tokens
     max_model_len = min(s.max_model_len, capacity)
@@ -139,6 +145,8 @@ def core_config(vllm_config: Any, kv_cache_config: Any, block_size: int) -> Sche
         num_blocks=s.num_blocks,
         max_model_len=max_model_len,
         num_lookahead_tokens=s.num_lookahead_tokens,
+        num_speculative_tokens=s.num_spec_tokens,
+        pad_spec_decode=_pads_spec_decode(vllm_config),
         max_loras=int(_get(_get(vllm_config, "lora_config"), "max_loras", 0) or 0),
         scheduler_reserve_full_isl=bool(_get(sched, "scheduler_reserve_full_isl", True)),
         reserve_null_block=True,
@@ -153,6 +161,18 @@ def local_prefill_interval(vllm_config: Any) -> int:
     interval = int(_get(vllm_config.scheduler_config, "prefill_schedule_interval", 1) or 1)
     dp = int(_get(_get(vllm_config, "parallel_config"), "data_parallel_size", 1) or 1)
     return interval if dp == 1 else 1
+
+
+def _pads_spec_decode(vllm_config: Any) -> bool:
+    """vLLM 0.33 pads one-token admissions to ``1 + k`` unless ``k`` varies with the batch
+    size (``num_speculative_tokens_per_batch_size``, not modelled: ``k`` is fixed here) or
+    the model samples no token per step (pooling and diffusion models, whose drafts are not
+    rejectable)."""
+    spec = _get(vllm_config, "speculative_config")
+    model = _get(vllm_config, "model_config")
+    if _get(spec, "num_speculative_tokens_per_batch_size"):
+        return False
+    return not (_get(model, "runner_type") == "pooling" or _get(model, "is_diffusion", False))
 
 
 def request_id_list(request_ids: str | Iterable[str] | None, every: Iterable[str]) -> list[str]:

@@ -10,18 +10,18 @@ vLLM builds it from its ``scheduler_cls`` setting::
 It takes vLLM ``Request`` objects and returns vLLM's ``SchedulerOutput`` and
 ``EngineCoreOutputs``; the decisions (token budget, sequence cap, chunked prefill, the
 long-prefill threshold, prefix caching in a block pool, preemption, FCFS or priority,
-speculative tokens, async scheduling) are tokenyard's :class:`tokenyard.sched.Scheduler`,
-which follows vLLM 0.33's rules (``docs/embedding.md``). The vLLM ``Request`` objects are
-kept up to date (status, ``num_computed_tokens``, output tokens, drafts, placeholders) as
-vLLM's scheduler keeps them, since vLLM's engine and model runner read them.
+speculative tokens and their padding, async scheduling, KV connector loads and sends) are
+tokenyard's :class:`tokenyard.sched.Scheduler`, which follows vLLM 0.33's rules
+(``docs/embedding.md``). The vLLM ``Request`` objects are kept up to date (status,
+``num_computed_tokens``, output tokens, drafts, placeholders) as vLLM's scheduler keeps
+them, since vLLM's engine and model runner read them.
 
 This module imports vLLM and fails with an ``ImportError`` naming it where vLLM is not
 installed; nothing else in tokenyard imports it. What it does not do (each refused with an
 error naming it, never silently different) is listed in ``docs/integrations.md``: multimodal
 and encoder-decoder requests, prompt embeddings, pooling, structured output, streaming
-sessions, hybrid KV cache groups (sliding window, Mamba), KV and encoder-cache connectors,
-and vLLM's ``KVCacheManager`` object itself (``kv_cache_manager``), whose block pool lives
-in Rust here.
+sessions, hybrid KV cache groups (sliding window, Mamba), and vLLM's ``KVCacheManager``
+object itself (``kv_cache_manager``), whose block pool lives in Rust here.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 try:
+    from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorRole
+    from vllm.distributed.ec_transfer.ec_connector.factory import ECConnectorFactory
     from vllm.distributed.kv_events import (
         AllBlocksCleared,
         BlockRemoved,
@@ -40,7 +42,11 @@ try:
         EventPublisherFactory,
         KVEventBatch,
     )
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from vllm.multimodal import MULTIMODAL_REGISTRY
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.kv_cache_utils import KVCacheBlock
     from vllm.v1.core.sched.interface import PauseState, SchedulerInterface
     from vllm.v1.core.sched.output import (
         CachedRequestData,
@@ -63,7 +69,7 @@ except ImportError as err:  # pragma: no cover - exercised only without vLLM
         "of tokenyard works without it"
     ) from err
 
-from tokenyard.errors import ConfigError, InputError
+from tokenyard.errors import InputError
 from tokenyard.integrations._vllm_translate import (
     core_config,
     local_prefill_interval,
@@ -72,11 +78,94 @@ from tokenyard.integrations._vllm_translate import (
 )
 from tokenyard.sched import Scheduler as _CoreScheduler
 
-__all__ = ["TokenyardScheduler"]
+__all__ = ["AsyncTokenyardScheduler", "TokenyardScheduler"]
 
 _RUNNING = RequestStatus.RUNNING
 _PREEMPTED = RequestStatus.PREEMPTED
 _WAITING = RequestStatus.WAITING
+_WAITING_FOR_REMOTE_KVS = RequestStatus.WAITING_FOR_REMOTE_KVS
+
+
+class _ConnectorBridge:
+    """A vLLM ``KVConnectorBase_V1`` (scheduler role) as a ``tokenyard.sched.KvConnector``:
+    the core calls these three methods with its ``RequestView``; each calls the vLLM
+    connector with the vLLM ``Request`` and vLLM's argument types, and keeps what the
+    adapter reports back to vLLM (``kv_transfer_params``, the connector's prefix-cache
+    lookups, the transfers in flight)."""
+
+    def __init__(self, scheduler: TokenyardScheduler, connector: Any) -> None:
+        self._scheduler = scheduler
+        self.connector = connector
+        # Requests whose asynchronous load is in flight / whose blocks a send holds.
+        self.loading: set[str] = set()
+        self.sending: set[str] = set()
+        # request_finished's kv_transfer_params, for the request's last EngineCoreOutput.
+        self.transfer_params: dict[str, Any] = {}
+        # (queries, hits) of the latest connector lookup, recorded once blocks are given.
+        self._lookups: dict[str, tuple[int, int]] = {}
+        # Tokens the connector gave an admitted request (not local prefix hits).
+        self.external_hits: dict[str, int] = {}
+        # Requests whose local prefix lookup was recorded when their blocks were given (an
+        # asynchronous load: vLLM records lookups at admission, not when scheduled).
+        self.lookups_recorded: set[str] = set()
+        # Whether the latest lookup of a request offered an asynchronous load.
+        self._load_async: dict[str, bool] = {}
+        # A synchronous load was admitted in the step being formed (vLLM's
+        # SchedulerOutput.has_sync_kv_loads).
+        self.has_sync_kv_loads = False
+
+    def get_num_new_matched_tokens(
+        self, view: Any, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        request = self._scheduler.requests[view.request_id]
+        num_tokens, load_async = self.connector.get_num_new_matched_tokens(
+            request, num_computed_tokens
+        )
+        if request.skip_reading_prefix_cache:
+            num_tokens, load_async = 0, False
+        if num_tokens is not None:
+            self._load_async[request.request_id] = bool(load_async)
+            self._lookups[request.request_id] = (
+                request.num_tokens - num_computed_tokens,
+                num_tokens,
+            )
+        return num_tokens, bool(load_async)
+
+    def update_state_after_alloc(self, view: Any, block_ids: Any, num_external_tokens: int) -> None:
+        scheduler = self._scheduler
+        request = scheduler.requests[view.request_id]
+        # vLLM's connectors read block ids off KVCacheBlocks; the blocks' hash and ref-count
+        # state lives in Rust and is not mirrored on these objects.
+        blocks = KVCacheBlocks((tuple(KVCacheBlock(int(b)) for b in block_ids.tolist()),))
+        self.connector.update_state_after_alloc(request, blocks, num_external_tokens)
+        queries, hits = self._lookups.pop(request.request_id, (0, 0))
+        load_async = self._load_async.pop(request.request_id, False)
+        if load_async and num_external_tokens:
+            scheduler._record_prefix_lookup(request, request.num_tokens - queries)
+            self.lookups_recorded.add(request.request_id)
+        if num_external_tokens:
+            self.external_hits[request.request_id] = num_external_tokens
+            if not load_async:
+                self.has_sync_kv_loads = True
+        stats = scheduler.connector_prefix_cache_stats
+        if stats is not None and queries:
+            preempted = request.num_preemptions > 0
+            sources = None
+            if hits and not preempted:
+                sources = self.connector.get_external_cache_hit_sources(request, hits)
+            stats.record(
+                num_tokens=queries, num_hits=hits, preempted=preempted, hits_by_source=sources
+            )
+
+    def request_finished(self, view: Any, block_ids: Any) -> bool:
+        request_id = view.request_id
+        request = self._scheduler.requests[request_id]
+        delay_free, params = self.connector.request_finished(request, block_ids.tolist())
+        if params is not None:
+            self.transfer_params[request_id] = params
+        if delay_free:
+            self.sending.add(request_id)
+        return bool(delay_free)
 
 
 class _WaitingView:
@@ -164,6 +253,25 @@ class _KVCacheManagerView:
     def get_num_free_blocks(self) -> int:
         return self.block_pool.get_num_free_blocks()
 
+    def get_computed_blocks(
+        self, request: Request, max_cache_hit_length: int | None = None
+    ) -> tuple[None, int, int]:
+        """The prefix-cache hit an admission of ``request`` would find now (a probe:
+        nothing is allocated), as ``(blocks, num_computed_tokens, shared_prefix_boundary)``.
+        The blocks themselves live in Rust and are not exposed (``None``); the boundary is
+        always 0 (one full-attention group)."""
+        if getattr(request, "skip_reading_prefix_cache", False):
+            return None, 0, 0
+        lora = request.lora_request
+        num_tokens = self._scheduler._core.num_cached_prefix_tokens(
+            request.all_token_ids,
+            lora_id=lora.lora_int_id if lora is not None and lora.lora_int_id > 0 else None,
+        )
+        if max_cache_hit_length is not None and num_tokens > max_cache_hit_length:
+            block_size = self._scheduler.block_size
+            num_tokens = max_cache_hit_length // block_size * block_size
+        return None, num_tokens, 0
+
     def reset_prefix_cache(self) -> bool:
         reset, _ = self._scheduler._core.reset_prefix_cache(preempt_running=False)
         return bool(reset)
@@ -176,9 +284,11 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
 
     Raises:
         ConfigError: a setting this scheduler does not serve (several KV cache groups or
-            one that is not full attention, a KV or encoder-cache connector, pipeline
-            parallelism with ``async_scheduling`` off is fine), or one the core refuses.
+            one that is not full attention), or one the core refuses.
     """
+
+    # Async scheduling whatever scheduler_config.async_scheduling says (AsyncTokenyardScheduler).
+    _async_scheduling_class = False
 
     def __init__(
         self,
@@ -203,20 +313,8 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         self.log_stats = log_stats
         self.block_size = block_size
         self.hash_block_size = hash_block_size or block_size
-        if vllm_config.kv_transfer_config is not None:
-            raise ConfigError(
-                "kv_transfer_config: vLLM's KV connectors are not bridged to tokenyard's "
-                "scheduler (tokenyard.sched.KvConnector is its own protocol)",
-                field="kv_transfer_config",
-                value=str(vllm_config.kv_transfer_config.kv_connector),
-            )
-        if getattr(vllm_config, "ec_transfer_config", None) is not None:
-            raise ConfigError(
-                "ec_transfer_config: encoder-cache connectors are not supported",
-                field="ec_transfer_config",
-                value=str(vllm_config.ec_transfer_config.ec_connector),
-            )
-        s = settings(vllm_config, kv_cache_config, block_size)
+        force_async = self._async_scheduling_class
+        s = settings(vllm_config, kv_cache_config, block_size, async_scheduling=force_async)
         self.max_num_running_reqs = s.max_num_running_reqs
         self.max_num_active_reqs = s.max_num_active_reqs
         self.max_num_scheduled_tokens = s.max_num_scheduled_tokens
@@ -226,11 +324,27 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         self.async_scheduling = s.async_scheduling
         self.policy = SchedulingPolicy(s.policy)
         # Typed loosely: its ids are vLLM's str ids throughout.
-        self._core: Any = _CoreScheduler(core_config(vllm_config, kv_cache_config, block_size))
+        self.requests: dict[str, Request] = {}
+        # vLLM's KV connector (kv_transfer_config), bridged to the core's connector protocol.
+        self.connector: Any = None
+        self.connector_prefix_cache_stats: PrefixCacheStats | None = None
+        self._bridge: _ConnectorBridge | None = None
+        # Loads reported landed whose request has not been scheduled since (vLLM's).
+        self.finished_recving_kv_req_ids: set[str] = set()
+        if vllm_config.kv_transfer_config is not None:
+            self.connector = KVConnectorFactory.create_connector(
+                config=vllm_config, role=KVConnectorRole.SCHEDULER, kv_cache_config=kv_cache_config
+            )
+            self._bridge = _ConnectorBridge(self, self.connector)
+            if log_stats:
+                self.connector_prefix_cache_stats = PrefixCacheStats()
+        self._core: Any = _CoreScheduler(
+            core_config(vllm_config, kv_cache_config, block_size, async_scheduling=force_async),
+            connector=self._bridge,
+        )
         self._num_kv_blocks = s.num_blocks - 1
         self.local_prefill_interval = local_prefill_interval(vllm_config)
 
-        self.requests: dict[str, Request] = {}
         # Requests that finished since the previous schedule() (SchedulerOutput's field).
         self.finished_req_ids: set[str] = set()
         self.finished_req_ids_dict: dict[int, set[str]] | None = (
@@ -241,8 +355,16 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         self.prev_step_scheduled_req_ids: set[str] = set()
         self.use_pp = self.parallel_config.pipeline_parallel_size > 1
         self.use_v2_model_runner = getattr(vllm_config, "use_v2_model_runner", False)
-        self.connector = None
-        self.ec_connector = None
+        # vLLM 0.33's flag: drafts may be skipped (skip_drafts) only for drafters with their
+        # own forward pass on the V2 runner (they reserve lookahead slots).
+        self.can_skip_drafts = self.num_lookahead_tokens > 0 and self.use_v2_model_runner
+        # vLLM's encoder-cache connector: built and driven as vLLM does, though with
+        # multimodal requests refused it never has an encoder input to move.
+        self.ec_connector: Any = None
+        if getattr(vllm_config, "ec_transfer_config", None) is not None:
+            self.ec_connector = ECConnectorFactory.create_connector(
+                config=vllm_config, role=ECConnectorRole.SCHEDULER
+            )
         self.kv_cache_manager = _KVCacheManagerView(self)
         self.spec_decode_metrics_level = self.observability_config.per_request_spec_decode_metrics
         self._num_hash_lookahead_tokens = getattr(vllm_config, "num_hash_lookahead_tokens", 0)
@@ -274,9 +396,30 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
 
     @property
     def waiting(self) -> _WaitingView:
-        """The waiting requests in scheduling order (a snapshot)."""
+        """The waiting requests in scheduling order (a snapshot), those whose KV a
+        connector is loading excepted (vLLM keeps them in ``kv_holding_waiting``)."""
         requests = self.requests
-        return _WaitingView([requests[i] for i in self._core.waiting_ids()])
+        holding = self._holding_kv()
+        return _WaitingView(
+            [requests[i] for i in self._core.waiting_ids() if not holding or i not in holding]
+        )
+
+    @property
+    def kv_holding_waiting(self) -> _WaitingView:
+        """The waiting requests that hold KV blocks: those whose KV a connector is loading
+        or has loaded (a snapshot, in scheduling order)."""
+        requests = self.requests
+        holding = self._holding_kv()
+        if not holding:
+            return _WaitingView([])
+        return _WaitingView([requests[i] for i in self._core.waiting_ids() if i in holding])
+
+    def _holding_kv(self) -> set[str]:
+        """Waiting requests holding KV blocks: loads in flight, and loads that landed
+        whose request has not been scheduled since."""
+        if self._bridge is None:
+            return set()
+        return self._bridge.loading | self.finished_recving_kv_req_ids
 
     # vLLM 0.33's prefill cadence state, read from the core.
     num_executed_steps = property(lambda self: self._core.num_executed_steps)
@@ -303,18 +446,28 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             return 0
         num_running, num_waiting = self.get_request_counts()
         if self._pause_state == PauseState.PAUSED_NEW:
-            return num_running
+            # Requests holding KV blocks still drain; queued ones stay queued.
+            return num_running + len(self.kv_holding_waiting)
         return num_running + num_waiting
 
     def has_finished_requests(self) -> bool:
-        return bool(self.finished_req_ids)
+        if self.finished_req_ids:
+            return True
+        # Finished requests whose blocks a KV transfer holds stay in `requests` (vLLM's).
+        if self.connector is None:
+            return False
+        num_running, num_waiting = self.get_request_counts()
+        return len(self.requests) > num_running + num_waiting
 
     @property
     def pause_state(self) -> PauseState:
         return self._pause_state
 
     def set_pause_state(self, pause_state: PauseState) -> None:
+        """vLLM's pause states: ``PAUSED_NEW`` admits only waiting requests that hold KV
+        blocks (their loads drain), ``PAUSED_ALL`` schedules nothing."""
         self._pause_state = pause_state
+        self._core.set_admit_new(pause_state == PauseState.UNPAUSED)
 
     # --- requests in and out ----------------------------------------------------------------
 
@@ -351,6 +504,8 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         self.requests[request_id] = request
         if self.spec_decode_metrics_level != "none":
             request.spec_decode_metrics = RequestSpecDecodeMetrics.new(self.num_spec_tokens)
+        if self.connector is not None:
+            self.connector.on_new_request(request)
         if self.log_stats:
             request.record_event(EngineCoreEventType.QUEUED)
 
@@ -385,11 +540,22 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
     def _free_request(self, request: Request) -> None:
         if self.aux_output_connector is not None:
             self.aux_output_connector.request_finished(request)
+        if self.ec_connector is not None:
+            # A text-only request has no encoder outputs for the connector to keep: its
+            # delay-free answer has nothing to delay.
+            self.ec_connector.request_finished(request)
         request_id = request.request_id
+        self.finished_recving_kv_req_ids.discard(request_id)
         self.finished_req_ids.add(request_id)
         if self.finished_req_ids_dict is not None:
             self.finished_req_ids_dict[request.client_index].add(request_id)
-        del self.requests[request_id]
+        bridge = self._bridge
+        # As vLLM's: a request whose blocks a KV send (or an aborted load) holds stays in
+        # `requests` until the transfer is reported.
+        if bridge is None or (
+            request_id not in bridge.sending and request_id not in bridge.loading
+        ):
+            del self.requests[request_id]
 
     # --- one step ---------------------------------------------------------------------------
 
@@ -405,6 +571,11 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             self.reset_preempted_req_ids = set()
             return out
         core = self._core.schedule(throttle_prefills=throttle_prefills)
+        bridge = self._bridge
+        if bridge is not None:
+            for load in core.kv_loads:
+                requests[load.request_id].status = _WAITING_FOR_REMOTE_KVS
+                bridge.loading.add(load.request_id)
         now = time.monotonic()
         log_stats = self.log_stats
         v2 = self.use_v2_model_runner
@@ -425,14 +596,27 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         resumed = []
         for data in itertools.chain(core.scheduled_new_reqs, core.scheduled_resumed_reqs):
             request = requests[data.req_id]
-            was_preempted = request.status == _PREEMPTED
+            # A preempted request whose KV a connector loaded resumes too (vLLM promotes it
+            # to PREEMPTED when its load lands).
+            was_preempted = request.status == _PREEMPTED or (
+                request.status == _WAITING_FOR_REMOTE_KVS and request.num_preemptions > 0
+            )
             if was_preempted:
                 self._dropped_outputs.discard(data.req_id)
+            if bridge is not None:
+                self.finished_recving_kv_req_ids.discard(data.req_id)
             request.status = _RUNNING
             request.num_computed_tokens = data.num_computed_tokens
             if log_stats:
                 request.record_event(EngineCoreEventType.SCHEDULED, now)
-                self._record_prefix_lookup(request, data.num_computed_tokens)
+                if bridge is None:
+                    self._record_prefix_lookup(request, data.num_computed_tokens)
+                elif data.req_id in bridge.lookups_recorded:
+                    bridge.lookups_recorded.discard(data.req_id)
+                else:
+                    num_local = data.num_computed_tokens
+                    num_local -= bridge.external_hits.pop(data.req_id, 0)
+                    self._record_prefix_lookup(request, num_local)
             block_ids = (data.block_ids.tolist(),)
             if was_preempted and not v2:
                 resumed.append((request, block_ids))
@@ -487,9 +671,15 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         )
         # The drafts verified are the request's own (vLLM's ids, -1 placeholders included);
         # the core decides how many.
+        # A padded admission (rule 2 in docs/embedding.md) has no drafts of its own: its
+        # k placeholders are vLLM's -1.
         spec_decode_tokens: dict[str, list[int]] = {}
         for request_id, drafts in core.scheduled_spec_decode_tokens.items():
-            spec_decode_tokens[request_id] = requests[request_id].spec_token_ids[: len(drafts)]
+            num_drafts = len(drafts)
+            own = requests[request_id].spec_token_ids[:num_drafts]
+            if len(own) < num_drafts:
+                own = list(own) + [-1] * (num_drafts - len(own))
+            spec_decode_tokens[request_id] = own
 
         out = SchedulerOutput(
             scheduled_new_reqs=new_reqs_data,
@@ -506,6 +696,13 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         if not v2:
             self.prev_step_scheduled_req_ids = set(num_scheduled_tokens)
         out.skip_drafts = not self._after_schedule(num_scheduled_tokens, spec_decode_tokens)
+        if bridge is not None:
+            out.has_sync_kv_loads = bridge.has_sync_kv_loads
+            bridge.has_sync_kv_loads = False
+        if self.connector is not None:
+            out.kv_connector_metadata = self.connector.build_connector_meta(out)
+        if self.ec_connector is not None:
+            out.ec_connector_metadata = self.ec_connector.build_connector_meta(out)
         self.finished_req_ids = set()
         self.reset_preempted_req_ids = set()
         return out
@@ -532,7 +729,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         requests = self.requests
         placeholders = self._spec_token_placeholders if self.async_scheduling else None
         drafts_for_core: dict[str, list[int]] = {}
-        drafts_needed = not (self.num_lookahead_tokens > 0 and self.use_v2_model_runner)
+        drafts_needed = not self.can_skip_drafts
         for request_id, n in num_scheduled_tokens.items():
             request = requests[request_id]
             if not drafts_needed:
@@ -560,6 +757,9 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         """Applies a step's sampled tokens: appends them to the requests, stops requests
         (EOS, stop ids, ``max_tokens``, ``max_model_len``), rolls back rejected drafts, and
         returns the outputs by client, with the step's stats."""
+        kv_output = model_runner_output.kv_connector_output
+        if kv_output is not None and self.connector is not None:
+            self._update_from_kv_transfers(kv_output)
         sampled = model_runner_output.sampled_token_ids
         index = model_runner_output.req_id_to_index
         spec_scheduled = scheduler_output.scheduled_spec_decode_tokens
@@ -569,6 +769,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         spec_stats: SpecDecodingStats | None = None
         invalid = scheduler_output.num_invalid_spec_tokens
         live: list[tuple[Request, list[int]]] = []
+        transfer_params: Any = None
         dropped = self._dropped_outputs
         scheduled_ids: Iterable[str] = scheduler_output.num_scheduled_tokens if sampled else ()
         for request_id in scheduled_ids:
@@ -614,6 +815,9 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                 tokens = self._append_until_stop(request, tokens)
                 finish_reason = request.get_finished_reason()
                 self._free_request(request)
+                transfer_params = (
+                    self._bridge.transfer_params.pop(request_id, None) if self._bridge else None
+                )
             else:
                 # Request.append_output_token_ids, with its block hasher called only when a
                 # block fills (it hashes nothing otherwise).
@@ -627,6 +831,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                 if request.num_output_placeholders > 0:
                     request.num_output_placeholders -= len(tokens)
                 finish_reason = None
+                transfer_params = None
             events = request.events
             if events:
                 request.events = []
@@ -642,6 +847,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                     ),
                     trace_headers=request.trace_headers,
                     num_nans_in_logits=request.num_nans_in_logits,
+                    kv_transfer_params=transfer_params,
                 )
             )
 
@@ -656,14 +862,25 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                 else:
                     engine_core_outputs[client] = EngineCoreOutputs(finished_requests=finished_set)
             self.finished_req_ids_dict.clear()
-        kv_output = model_runner_output.kv_connector_output
         ec_output = getattr(model_runner_output, "ec_connector_output", None)
+        ec_stats = ec_output.ec_connector_stats if ec_output else None
+        if self.ec_connector is not None:
+            if ec_output:
+                self.ec_connector.update_connector_output(ec_output)
+            own_ec = self.ec_connector.get_ec_connector_stats()
+            if own_ec is not None and not own_ec.is_empty():
+                ec_stats = ec_stats.aggregate(own_ec) if ec_stats is not None else own_ec
+        kv_stats = kv_output.kv_connector_stats if kv_output else None
+        if self.connector is not None:
+            own = self.connector.get_kv_connector_stats()
+            if own is not None and not own.is_empty():
+                kv_stats = kv_stats.aggregate(own) if kv_stats is not None else own
         stats = self.make_stats(
             spec_stats,
-            kv_output.kv_connector_stats if kv_output else None,
+            kv_stats,
             model_runner_output.cudagraph_stats,
             None,
-            ec_connector_stats=ec_output.ec_connector_stats if ec_output else None,
+            ec_connector_stats=ec_stats,
         )
         if stats is not None:
             if (eco := next(iter(engine_core_outputs.values()), None)) is None:
@@ -671,18 +888,63 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             eco.scheduler_stats = stats
         return engine_core_outputs
 
+    def _update_from_kv_transfers(self, kv_output: Any) -> None:
+        """vLLM's ``_update_from_kv_xfer_finished``: the connector sees the workers' report,
+        then the loads that landed or failed and the sends that completed go to the core.
+        Blocks a failed load wrote (``invalid_block_ids``) fail that load, and the request
+        recomputes its prompt (vLLM's ``kv_load_failure_policy="recompute"`` for
+        asynchronous loads)."""
+        self.connector.update_connector_output(kv_output)
+        bridge = self._bridge
+        if bridge is None:
+            return
+        recving = [i for i in kv_output.finished_recving or () if i in bridge.loading]
+        sending = [i for i in kv_output.finished_sending or () if i in bridge.sending]
+        failed: list[str] = []
+        invalid = kv_output.invalid_block_ids
+        if invalid:
+            for request_id in list(bridge.loading):
+                if request_id in self.requests and not invalid.isdisjoint(
+                    self._core.block_ids(request_id).tolist()
+                ):
+                    failed.append(request_id)
+            recving = [i for i in recving if i not in failed]
+        if not (recving or sending or failed):
+            return
+        self._core.finish_kv_transfers(
+            finished_recving=recving, finished_sending=sending, failed_recving=failed
+        )
+        for request_id in itertools.chain(recving, failed):
+            bridge.loading.discard(request_id)
+        for request_id in recving:
+            request = self.requests.get(request_id)
+            if request is not None and not request.is_finished():
+                self.finished_recving_kv_req_ids.add(request_id)
+        for request_id in sending:
+            bridge.sending.discard(request_id)
+        for request_id in itertools.chain(recving, failed, sending):
+            request = self.requests.get(request_id)
+            if request is not None and request.is_finished() and request_id not in bridge.sending:
+                del self.requests[request_id]
+
     def _append_until_stop(self, request: Request, tokens: list[int]) -> list[int]:
         """Appends tokens up to the one that stopped the request (vLLM's ``check_stop``,
-        which also sets its status and ``stop_reason``); returns the tokens kept."""
+        which also sets its status and ``stop_reason``) and resolves the output placeholders
+        of all of them, as vLLM 0.33's ``_update_request_with_output``; returns the tokens
+        kept."""
+        kept = tokens
         for num_kept, token in enumerate(tokens, 1):
             request.append_output_token_ids(token)
             if check_stop(request, self.max_model_len):
-                if request.status == _RUNNING or request.num_output_placeholders == 0:
-                    request.num_computed_tokens -= len(tokens) - num_kept
-                return tokens[:num_kept]
-        # The core stopped it where vLLM's check would not (never expected): length.
-        request.status = RequestStatus.FINISHED_LENGTH_CAPPED
-        return tokens
+                request.num_computed_tokens -= len(tokens) - num_kept
+                kept = tokens[:num_kept]
+                break
+        else:
+            # The core stopped it where vLLM's check would not (never expected): length.
+            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        if request.num_output_placeholders > 0:
+            request.num_output_placeholders = max(request.num_output_placeholders - len(tokens), 0)
+        return kept
 
     def _spec_stats(
         self, stats: SpecDecodingStats | None, num_drafts: int, num_accepted: int
@@ -795,6 +1057,13 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         return bool(reset)
 
     def reset_connector_cache(self) -> bool:
+        """vLLM's: resets the connector's external cache, if it has one."""
+        if self.connector is None:
+            return True
+        if self.connector.reset_cache() is False:
+            return False
+        if self.connector_prefix_cache_stats is not None:
+            self.connector_prefix_cache_stats.reset = True
         return True
 
     def reset_encoder_cache(self) -> None:
@@ -814,6 +1083,9 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             return None
         prefix_cache_stats = self._prefix_cache_stats
         self._prefix_cache_stats = PrefixCacheStats()
+        connector_prefix_cache_stats = self.connector_prefix_cache_stats
+        if connector_prefix_cache_stats is not None:
+            self.connector_prefix_cache_stats = PrefixCacheStats()
         num_running, num_waiting = self.get_request_counts()
         num_deferred = self._core.stats().num_deferred_waiting
         return SchedulerStats(
@@ -822,6 +1094,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             num_skipped_waiting_reqs=num_deferred,
             kv_cache_usage=self._core.stats().kv_usage,
             prefix_cache_stats=prefix_cache_stats,
+            connector_prefix_cache_stats=connector_prefix_cache_stats,
             spec_decoding_stats=spec_decoding_stats,
             kv_connector_stats=kv_connector_stats.to_dict() if kv_connector_stats else None,
             ec_connector_stats=ec_connector_stats.data if ec_connector_stats else None,
@@ -830,10 +1103,9 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         )
 
     def _publish_kv_events(self) -> None:
-        if not self.enable_kv_cache_events:
-            return
         events: list[Any] = []
-        for kind, block_hash in self._core.drain_kv_events():
+        core_events = self._core.drain_kv_events() if self.enable_kv_cache_events else ()
+        for kind, block_hash in core_events:
             if kind == "stored":
                 events.append(
                     BlockStored(
@@ -849,21 +1121,36 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                 events.append(BlockRemoved(block_hashes=[block_hash], medium="GPU"))
             elif kind == "all_cleared":
                 events.append(AllBlocksCleared())
+        if self.connector is not None:
+            events.extend(self.connector.take_events() or ())
         if events:
             self.kv_event_publisher.publish(KVEventBatch(ts=time.time(), events=events))
 
     def shutdown(self) -> None:
+        if self.connector is not None:
+            self.connector.shutdown()
+        if self.ec_connector is not None:
+            self.ec_connector.shutdown()
         if self.kv_event_publisher:
             self.kv_event_publisher.shutdown()
 
-    def get_kv_connector(self) -> None:
-        return None
+    def get_kv_connector(self) -> Any:
+        return self.connector
 
-    def get_ec_connector(self) -> None:
-        return None
+    def get_ec_connector(self) -> Any:
+        return self.ec_connector
 
     def get_kv_event_publisher_config(self) -> Any:
         return self.kv_event_publisher.get_publisher_config()
+
+
+class AsyncTokenyardScheduler(TokenyardScheduler):
+    """:class:`TokenyardScheduler` with async scheduling on, as vLLM's ``AsyncScheduler`` is
+    its ``Scheduler`` with async scheduling (vLLM picks that class from
+    ``scheduler_config.async_scheduling``; this one is for callers that pick the class, as
+    vLLM's tests do)."""
+
+    _async_scheduling_class = True
 
 
 def _check_supported(request: Request) -> None:

@@ -493,6 +493,22 @@ impl PyScheduler {
             .collect()
     }
 
+    /// With `False`, only waiting requests holding KV blocks are admitted (vLLM's PAUSED_NEW).
+    fn set_admit_new(&mut self, admit_new: bool) {
+        self.inner.set_admit_new(admit_new);
+    }
+
+    /// Tokens of `token_ids` the prefix cache holds (a probe: nothing is allocated).
+    #[pyo3(signature = (token_ids, *, lora_id=None))]
+    fn num_cached_prefix_tokens(
+        &mut self,
+        token_ids: &Bound<'_, PyAny>,
+        lora_id: Option<u64>,
+    ) -> PyResult<usize> {
+        let token_ids = crate::convert::token_ids(token_ids, "token_ids")?;
+        Ok(self.inner.num_cached_prefix_tokens(&token_ids, lora_id))
+    }
+
     fn num_computed_tokens(&self, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
         let id = RequestId::from_py(request_id)?;
         match self.inner.get_request(&id) {

@@ -233,3 +233,18 @@ impl Kv {
         on_pool!(self, p => PrefixPool::<u32>::check_invariants(p))
     }
 }
+
+impl<R: crate::kv::RequestKey> super::Scheduler<R> {
+    /// Tokens of `token_ids` the prefix cache holds now, as an admission would find them
+    /// (whole cached blocks, never the last token); nothing is allocated or pinned (vLLM's
+    /// `KVCacheManager.get_computed_blocks`). The pool's lookup counters count the query.
+    pub fn num_cached_prefix_tokens(
+        &mut self,
+        token_ids: &[TokenId],
+        lora_id: Option<u64>,
+    ) -> usize {
+        self.kv
+            .lookup(token_ids, lora_id, None)
+            .num_computed_tokens()
+    }
+}

@@ -11,6 +11,13 @@ use crate::Result;
 use crate::kv::RequestKey;
 
 impl<R: RequestKey> Scheduler<R> {
+    /// With `false`, only waiting requests that hold KV blocks (their load began) are
+    /// admitted; the rest keep their places (vLLM 0.33's `PauseState.PAUSED_NEW`, which lets
+    /// those drain). `true` (the default) admits every waiting request.
+    pub fn set_admit_new(&mut self, admit_new: bool) {
+        self.admit_new = admit_new;
+    }
+
     /// Whether a waiting request holds KV blocks (its load began), so it is served before
     /// the waiting requests that hold none.
     pub(super) fn holds_kv(&self, slot: u32) -> bool {

@@ -35,6 +35,8 @@ pub struct Scheduler<R: RequestKey> {
     pub(super) async_scheduling: bool,
     /// Leave token and block ids out of `NewRequestData` (callers that only need counts).
     pub(super) lean_output: bool,
+    /// Whether waiting requests that hold no KV blocks are admitted (`set_admit_new`).
+    pub(super) admit_new: bool,
     spare_plan: StepPlan<R>,
     pub(super) plugin: Option<Box<dyn PolicyPlugin<R>>>,
     /// This step's preemption order from the plugin: slot -> rank (0 = first victim).
@@ -223,6 +225,7 @@ impl<R: RequestKey> Scheduler<R> {
             last_prefill_step: -interval,
             prefill_capacity_bound: false,
             deferred: FxHashSet::default(),
+            admit_new: true,
         })
     }
 
@@ -708,6 +711,10 @@ impl<R: RequestKey> Scheduler<R> {
             };
             let max_seqs = self.config.max_num_seqs;
             if max_seqs > 0 && self.running.len() >= max_seqs {
+                break;
+            }
+            // Block holders come first: the first request holding none ends admission.
+            if !self.admit_new && !self.holds_kv(slot) {
                 break;
             }
             let loading = self.req(slot).status == RequestStatus::WaitingForRemoteKvs;

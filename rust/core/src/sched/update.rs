@@ -234,12 +234,13 @@ impl<R: RequestKey> Scheduler<R> {
         }
         // vLLM 0.33 caches what accepted drafts completed right away, before a request that
         // stopped frees its blocks (`cache_blocks` in its `update_from_output`). Under async
-        // scheduling later steps' tokens count as computed already; those blocks are cached
-        // at the next allocation, as before.
+        // scheduling only when no later step of the request is in flight: vLLM caches up to
+        // the tokens of steps no longer in flight, which is then all of them; with steps in
+        // flight, those blocks are cached at the next allocation.
         if self.config.cache_accepted_drafts
             && verified_drafts
             && running
-            && !self.async_scheduling
+            && (!self.async_scheduling || self.req(slot).num_sampling_steps == 0)
             && !output.token_ids.is_empty()
         {
             let known = self.kv.num_tokens(slot).unwrap_or(0);

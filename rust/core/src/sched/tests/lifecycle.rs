@@ -184,3 +184,20 @@ fn bad_requests_and_configs_are_rejected() {
         "budget below max_model_len"
     );
 }
+
+#[test]
+fn with_admit_new_off_waiting_requests_without_blocks_keep_their_places() {
+    // vLLM's PAUSED_NEW: request 0 runs on, request 1 (holding no blocks) is not admitted
+    // until admission is switched back on.
+    let mut s = Scheduler::new(config(), false).unwrap();
+    s.add_request(0, prompt(0, 4)).unwrap();
+    assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 4)]);
+    s.update_from_output(&[sample(0, 1)]).unwrap();
+    s.add_request(1, prompt(1, 4)).unwrap();
+    s.set_admit_new(false);
+    assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 1)]);
+    s.update_from_output(&[sample(0, 1)]).unwrap();
+    assert_eq!(s.waiting_ids(), [1]);
+    s.set_admit_new(true);
+    assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 1), (1, 4)]);
+}

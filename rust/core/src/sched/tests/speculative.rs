@@ -180,13 +180,16 @@ fn a_threshold_below_one_plus_k_drops_the_padding() {
 /// Caching on, k = 3, events on: request 0 (4-token prompt, `max_tokens` 5) prefills and
 /// samples 100 with drafts 101, 102, 103; step 2 verifies them (positions 4..7) and the
 /// model accepts all three and adds 104: five outputs, so it finishes in that update.
-fn all_drafts_accepted_at_the_end(cache_accepted_drafts: bool) -> Scheduler<u32> {
+fn all_drafts_accepted_at_the_end(
+    cache_accepted_drafts: bool,
+    async_scheduling: bool,
+) -> Scheduler<u32> {
     let cfg = SchedulerConfig {
         enable_prefix_caching: true,
         cache_accepted_drafts,
         ..spec_config(3)
     };
-    let mut s = Scheduler::new(cfg, false).unwrap();
+    let mut s = Scheduler::new(cfg, async_scheduling).unwrap();
     s.enable_kv_events();
     s.add_request(
         0,
@@ -216,7 +219,7 @@ fn all_drafts_accepted_at_the_end(cache_accepted_drafts: bool) -> Scheduler<u32>
 fn blocks_that_accepted_drafts_complete_are_cached_in_the_update() {
     // Positions 4..7 (100 and the three accepted drafts) fill block 1: cached in the update
     // although the request finished there. A prompt of those 8 tokens and one more hits 8.
-    let mut s = all_drafts_accepted_at_the_end(true);
+    let mut s = all_drafts_accepted_at_the_end(true, false);
     assert!(matches!(s.drain_kv_events()[..], [KvEvent::Stored(_)]));
     let mut tokens = prompt(0, 4).prompt_token_ids;
     tokens.extend([100, 101, 102, 103, 9]);
@@ -234,8 +237,16 @@ fn blocks_that_accepted_drafts_complete_are_cached_in_the_update() {
 }
 
 #[test]
+fn under_async_scheduling_they_are_cached_in_the_update_when_no_step_is_in_flight() {
+    // The same steps, each output landing before the next schedule(): nothing of the
+    // request is in flight at its last update, so vLLM caches there too.
+    let mut s = all_drafts_accepted_at_the_end(true, true);
+    assert!(matches!(s.drain_kv_events()[..], [KvEvent::Stored(_)]));
+}
+
+#[test]
 fn cache_accepted_drafts_off_never_caches_them_once_the_request_finished() {
-    let mut s = all_drafts_accepted_at_the_end(false);
+    let mut s = all_drafts_accepted_at_the_end(false, false);
     assert!(s.drain_kv_events().is_empty());
     let mut tokens = prompt(0, 4).prompt_token_ids;
     tokens.extend([100, 101, 102, 103, 9]);

@@ -29,7 +29,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Container, Iterable, Iterator
 from typing import Any
 
 try:
@@ -577,10 +577,41 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                 requests[load.request_id].status = _WAITING_FOR_REMOTE_KVS
                 bridge.loading.add(load.request_id)
         now = time.monotonic()
-        log_stats = self.log_stats
-        v2 = self.use_v2_model_runner
-        preempted = self.reset_preempted_req_ids
-        for request_id in core.preempted_req_ids:
+        self._apply_preemptions(core.preempted_req_ids, now)
+        new_reqs_data, resumed = self._new_and_resumed(core, now)
+        cached_data = self._cached_request_data(core, resumed)
+        num_scheduled_tokens: dict[str, int] = core.num_scheduled_tokens
+        spec_decode_tokens = self._spec_decode_tokens(core.scheduled_spec_decode_tokens)
+        out = SchedulerOutput(
+            scheduled_new_reqs=new_reqs_data,
+            scheduled_cached_reqs=cached_data,
+            num_scheduled_tokens=num_scheduled_tokens,
+            total_num_scheduled_tokens=core.total_num_scheduled_tokens,
+            scheduled_spec_decode_tokens=spec_decode_tokens,
+            scheduled_encoder_inputs={},
+            preempted_req_ids=self.reset_preempted_req_ids,
+            finished_req_ids=self.finished_req_ids,
+            free_encoder_mm_hashes=[],
+            num_spec_tokens_to_schedule=self.num_spec_tokens,
+        )
+        if not self.use_v2_model_runner:
+            self.prev_step_scheduled_req_ids = set(num_scheduled_tokens)
+        out.skip_drafts = not self._after_schedule(num_scheduled_tokens, spec_decode_tokens)
+        if bridge is not None:
+            out.has_sync_kv_loads = bridge.has_sync_kv_loads
+            bridge.has_sync_kv_loads = False
+        if self.connector is not None:
+            out.kv_connector_metadata = self.connector.build_connector_meta(out)
+        if self.ec_connector is not None:
+            out.ec_connector_metadata = self.ec_connector.build_connector_meta(out)
+        self.finished_req_ids = set()
+        self.reset_preempted_req_ids = set()
+        return out
+
+    def _apply_preemptions(self, preempted_ids: list[str], now: float) -> None:
+        """The core's preemptions on the vLLM requests, as vLLM's ``_preempt_request``."""
+        requests = self.requests
+        for request_id in preempted_ids:
             request = requests[request_id]
             request.status = _PREEMPTED
             request.num_computed_tokens = 0
@@ -588,12 +619,22 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             request.num_preemptions += 1
             if request.spec_token_ids:
                 request.spec_token_ids = []
-            if log_stats:
+            if self.log_stats:
                 request.record_event(EngineCoreEventType.PREEMPTED, now)
-            preempted.add(request_id)
+            self.reset_preempted_req_ids.add(request_id)
 
+    def _new_and_resumed(
+        self, core: Any, now: float
+    ) -> tuple[list[NewRequestData], list[tuple[Request, tuple[list[int], ...]]]]:
+        """The step's admissions: ``NewRequestData`` for new requests (and resumed ones
+        under the V2 runner), and the resumed requests with their block ids for the V1
+        runner's ``CachedRequestData``."""
+        requests = self.requests
+        bridge = self._bridge
+        log_stats = self.log_stats
+        v2 = self.use_v2_model_runner
         new_reqs_data = []
-        resumed = []
+        resumed: list[tuple[Request, tuple[list[int], ...]]] = []
         for data in itertools.chain(core.scheduled_new_reqs, core.scheduled_resumed_reqs):
             request = requests[data.req_id]
             # A preempted request whose KV a connector loaded resumes too (vLLM promotes it
@@ -626,7 +667,15 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                         request, block_ids, request._all_token_ids if v2 else None
                     )
                 )
+        return new_reqs_data, resumed
 
+    def _cached_request_data(
+        self, core: Any, resumed: list[tuple[Request, tuple[list[int], ...]]]
+    ) -> CachedRequestData:
+        """``CachedRequestData`` for the requests that ran before, and (V1 runner) the
+        resumed ones with their whole token lists."""
+        requests = self.requests
+        v2 = self.use_v2_model_runner
         cached = core.scheduled_cached_reqs
         cached_ids: list[str] = cached.req_ids
         new_block_ids: list[tuple[list[int], ...] | None] = [
@@ -652,15 +701,16 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             num_computed.append(request.num_computed_tokens)
             num_output.append(request.num_output_tokens + request.num_output_placeholders)
             all_token_ids[request_id] = list(request.all_token_ids)
-        num_scheduled_tokens: dict[str, int] = core.num_scheduled_tokens
         new_token_ids: list[list[int]] = []
         if self.use_pp and not self.async_scheduling:
+            # Built when read (SchedulerOutput's fields are): only on this path.
+            num_scheduled_tokens: dict[str, int] = core.num_scheduled_tokens
             for request_id, n in zip(cached_ids, num_computed, strict=False):
                 request = requests[request_id]
                 new_token_ids.append(
                     list(request.all_token_ids[n : n + num_scheduled_tokens[request_id]])
                 )
-        cached_data = CachedRequestData(
+        return CachedRequestData(
             req_ids=cached_ids,
             resumed_req_ids=resumed_ids,
             new_token_ids=new_token_ids,
@@ -669,43 +719,20 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             num_computed_tokens=num_computed,
             num_output_tokens=num_output,
         )
-        # The drafts verified are the request's own (vLLM's ids, -1 placeholders included);
-        # the core decides how many.
-        # A padded admission (rule 2 in docs/embedding.md) has no drafts of its own: its
-        # k placeholders are vLLM's -1.
+
+    def _spec_decode_tokens(self, scheduled: dict[str, Any]) -> dict[str, list[int]]:
+        """The drafts verified this step: the request's own (vLLM's ids, -1 placeholders
+        included), as many as the core scheduled. A padded admission (rule 2 in
+        docs/embedding.md) has no drafts of its own: its k placeholders are vLLM's -1."""
+        requests = self.requests
         spec_decode_tokens: dict[str, list[int]] = {}
-        for request_id, drafts in core.scheduled_spec_decode_tokens.items():
+        for request_id, drafts in scheduled.items():
             num_drafts = len(drafts)
             own = requests[request_id].spec_token_ids[:num_drafts]
             if len(own) < num_drafts:
                 own = list(own) + [-1] * (num_drafts - len(own))
             spec_decode_tokens[request_id] = own
-
-        out = SchedulerOutput(
-            scheduled_new_reqs=new_reqs_data,
-            scheduled_cached_reqs=cached_data,
-            num_scheduled_tokens=num_scheduled_tokens,
-            total_num_scheduled_tokens=core.total_num_scheduled_tokens,
-            scheduled_spec_decode_tokens=spec_decode_tokens,
-            scheduled_encoder_inputs={},
-            preempted_req_ids=preempted,
-            finished_req_ids=self.finished_req_ids,
-            free_encoder_mm_hashes=[],
-            num_spec_tokens_to_schedule=self.num_spec_tokens,
-        )
-        if not v2:
-            self.prev_step_scheduled_req_ids = set(num_scheduled_tokens)
-        out.skip_drafts = not self._after_schedule(num_scheduled_tokens, spec_decode_tokens)
-        if bridge is not None:
-            out.has_sync_kv_loads = bridge.has_sync_kv_loads
-            bridge.has_sync_kv_loads = False
-        if self.connector is not None:
-            out.kv_connector_metadata = self.connector.build_connector_meta(out)
-        if self.ec_connector is not None:
-            out.ec_connector_metadata = self.ec_connector.build_connector_meta(out)
-        self.finished_req_ids = set()
-        self.reset_preempted_req_ids = set()
-        return out
+        return spec_decode_tokens
 
     def _drafts_unused(
         self, request: Request, num_computed_tokens: int, num_new_tokens: int
@@ -760,6 +787,39 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         kv_output = model_runner_output.kv_connector_output
         if kv_output is not None and self.connector is not None:
             self._update_from_kv_transfers(kv_output)
+        to_core, rejected, spec_stats, live = self._sampled(scheduler_output, model_runner_output)
+        finished = self._core.update_from_output(to_core, num_rejected_tokens=rejected or None)
+        finished_ids = {request_id for request_id, _ in finished} if finished else ()
+        outputs = self._outputs_by_client(live, finished_ids)
+        self._publish_kv_events()
+        engine_core_outputs = {
+            client: EngineCoreOutputs(outputs=outs) for client, outs in outputs.items()
+        }
+        if self.finished_req_ids_dict:
+            for client, finished_set in self.finished_req_ids_dict.items():
+                if (eco := engine_core_outputs.get(client)) is not None:
+                    eco.finished_requests = finished_set
+                else:
+                    engine_core_outputs[client] = EngineCoreOutputs(finished_requests=finished_set)
+            self.finished_req_ids_dict.clear()
+        stats = self._step_stats(model_runner_output, kv_output, spec_stats)
+        if stats is not None:
+            if (eco := next(iter(engine_core_outputs.values()), None)) is None:
+                engine_core_outputs[0] = eco = EngineCoreOutputs()
+            eco.scheduler_stats = stats
+        return engine_core_outputs
+
+    def _sampled(
+        self, scheduler_output: SchedulerOutput, model_runner_output: Any
+    ) -> tuple[
+        dict[str, list[int]],
+        dict[str, int],
+        SpecDecodingStats | None,
+        list[tuple[Request, list[int]]],
+    ]:
+        """The step's sampled tokens per live request, for the core (with the rejected
+        draft counts) and for the outputs; rolls the vLLM requests back by their rejected
+        drafts and gathers the spec-decode stats."""
         sampled = model_runner_output.sampled_token_ids
         index = model_runner_output.req_id_to_index
         spec_scheduled = scheduler_output.scheduled_spec_decode_tokens
@@ -769,7 +829,6 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         spec_stats: SpecDecodingStats | None = None
         invalid = scheduler_output.num_invalid_spec_tokens
         live: list[tuple[Request, list[int]]] = []
-        transfer_params: Any = None
         dropped = self._dropped_outputs
         scheduled_ids: Iterable[str] = scheduler_output.num_scheduled_tokens if sampled else ()
         for request_id in scheduled_ids:
@@ -803,9 +862,13 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                     )
             to_core[request_id] = tokens
             live.append((request, tokens))
-        finished = self._core.update_from_output(to_core, num_rejected_tokens=rejected or None)
-        finished_ids = {request_id for request_id, _ in finished} if finished else ()
+        return to_core, rejected, spec_stats, live
 
+    def _outputs_by_client(
+        self, live: list[tuple[Request, list[int]]], finished_ids: Container[str]
+    ) -> dict[int, list[EngineCoreOutput]]:
+        """Appends each live request's tokens (up to its stop, for those the core finished),
+        frees the finished ones, and builds one ``EngineCoreOutput`` per request."""
         outputs: dict[int, list[EngineCoreOutput]] = defaultdict(list)
         hash_block_size = self.hash_block_size
         always_hash = self._num_hash_lookahead_tokens > 0
@@ -850,18 +913,12 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                     kv_transfer_params=transfer_params,
                 )
             )
+        return outputs
 
-        self._publish_kv_events()
-        engine_core_outputs = {
-            client: EngineCoreOutputs(outputs=outs) for client, outs in outputs.items()
-        }
-        if self.finished_req_ids_dict:
-            for client, finished_set in self.finished_req_ids_dict.items():
-                if (eco := engine_core_outputs.get(client)) is not None:
-                    eco.finished_requests = finished_set
-                else:
-                    engine_core_outputs[client] = EngineCoreOutputs(finished_requests=finished_set)
-            self.finished_req_ids_dict.clear()
+    def _step_stats(
+        self, model_runner_output: Any, kv_output: Any, spec_stats: SpecDecodingStats | None
+    ) -> SchedulerStats | None:
+        """The step's ``SchedulerStats``, with the connectors' stats aggregated."""
         ec_output = getattr(model_runner_output, "ec_connector_output", None)
         ec_stats = ec_output.ec_connector_stats if ec_output else None
         if self.ec_connector is not None:
@@ -875,18 +932,13 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             own = self.connector.get_kv_connector_stats()
             if own is not None and not own.is_empty():
                 kv_stats = kv_stats.aggregate(own) if kv_stats is not None else own
-        stats = self.make_stats(
+        return self.make_stats(
             spec_stats,
             kv_stats,
             model_runner_output.cudagraph_stats,
             None,
             ec_connector_stats=ec_stats,
         )
-        if stats is not None:
-            if (eco := next(iter(engine_core_outputs.values()), None)) is None:
-                engine_core_outputs[0] = eco = EngineCoreOutputs()
-            eco.scheduler_stats = stats
-        return engine_core_outputs
 
     def _update_from_kv_transfers(self, kv_output: Any) -> None:
         """vLLM's ``_update_from_kv_xfer_finished``: the connector sees the workers' report,

@@ -3,7 +3,7 @@
 //! ids, so each block id is expanded into the same tokens wherever it appears, and the rest
 //! of a prompt gets tokens unique to its request.
 
-use crate::kv::TokenId;
+use crate::kv::{BlockHash, TokenId, hash_block};
 
 fn mix(a: u64, b: u64) -> TokenId {
     let mut z = a
@@ -106,6 +106,92 @@ impl BlockTokens {
     }
 }
 
+/// Block hashes the memo holds at most, over all its trace blocks (4 MiB).
+pub const MEMO_HASHES: usize = 1 << 18;
+
+/// The KV block hashes of a prompt's trace blocks, computed once per (parent hash, block
+/// id, extra key) while they stay in a small memo. A trace block's tokens depend only on
+/// its id, so the hashes of the KV blocks it holds depend only on the hash before it, its
+/// id and the extra key: a popular prefix is hashed once, not at every prompt repeating
+/// it. Direct-mapped and bounded (`memo_hashes`) like [`BlockTokens`]. The hashes are the
+/// block-hash pool's own (`crate::kv::hash_block`), with or without the memo.
+pub struct TraceBlockHashes {
+    /// Tokens per trace block and per KV block; the second divides the first.
+    trace_block: usize,
+    kv_block: usize,
+    slots: Vec<(Option<MemoKey>, Box<[BlockHash]>)>,
+}
+
+type MemoKey = (Option<BlockHash>, u64, Option<u64>);
+
+impl TraceBlockHashes {
+    /// `None` when KV blocks of `block_size` tokens do not tile trace blocks of
+    /// `hash_block_size` (a KV block would straddle two ids).
+    pub fn new(hash_block_size: u32, block_size: usize, memo_hashes: usize) -> Option<Self> {
+        let trace_block = hash_block_size as usize;
+        if block_size == 0 || trace_block == 0 || !trace_block.is_multiple_of(block_size) {
+            return None;
+        }
+        let per_block = trace_block / block_size;
+        Some(Self {
+            trace_block,
+            kv_block: block_size,
+            slots: (0..memo_hashes / per_block)
+                .map(|_| (None, Box::default()))
+                .collect(),
+        })
+    }
+
+    /// Appends to `hashes` (empty) the hashes of the KV blocks in the leading trace blocks
+    /// that `tokens`, the prompt made from `hash_ids`, holds whole.
+    pub fn extend(
+        &mut self,
+        hashes: &mut Vec<BlockHash>,
+        tokens: &[TokenId],
+        hash_ids: &[u64],
+        extra_key: Option<u64>,
+    ) {
+        debug_assert!(hashes.is_empty());
+        let num_whole = (tokens.len() / self.trace_block).min(hash_ids.len());
+        hashes.reserve(num_whole * (self.trace_block / self.kv_block));
+        for (k, &id) in hash_ids[..num_whole].iter().enumerate() {
+            let parent = hashes.last().copied();
+            let block_tokens = &tokens[k * self.trace_block..(k + 1) * self.trace_block];
+            let key = (parent, id, extra_key);
+            let num_slots = self.slots.len() as u64;
+            if num_slots == 0 {
+                push_hashes(hashes, parent, block_tokens, self.kv_block, extra_key);
+                continue;
+            }
+            let parent_bits = parent.map_or(0, |h| h.0 as u64 ^ (h.0 >> 64) as u64);
+            let index = u64::from(mix(id ^ extra_key.unwrap_or(0), parent_bits)) % num_slots;
+            let (held, memo) = &mut self.slots[index as usize];
+            if *held != Some(key) {
+                let mut fresh = Vec::with_capacity(self.trace_block / self.kv_block);
+                push_hashes(&mut fresh, parent, block_tokens, self.kv_block, extra_key);
+                *memo = fresh.into_boxed_slice();
+                *held = Some(key);
+            }
+            hashes.extend_from_slice(memo);
+        }
+    }
+}
+
+/// Pushes the chained hashes of `tokens`' blocks, the first chained to `parent`.
+fn push_hashes(
+    hashes: &mut Vec<BlockHash>,
+    mut parent: Option<BlockHash>,
+    tokens: &[TokenId],
+    block_size: usize,
+    extra_key: Option<u64>,
+) {
+    for block in tokens.chunks_exact(block_size) {
+        let hash = hash_block(parent, block, extra_key);
+        hashes.push(hash);
+        parent = Some(hash);
+    }
+}
+
 /// The output token at `position` (counted from the start of the prompt) when the request's
 /// block ids reach past its prompt: a conversation's turn carries ids for its output too,
 /// because the next turn's prompt repeats that output, and the two must share tokens for a
@@ -166,6 +252,35 @@ mod tests {
                 .collect();
             assert_eq!(tokens, expected, "{num_tokens} tokens");
         }
+    }
+
+    #[test]
+    fn trace_block_hashes_are_the_pools_own_with_or_without_the_memo() {
+        use crate::kv::hash_full_blocks;
+        let ids = [7, 8, 9, 7];
+        // Two 16-hash slots for 16-token trace blocks of 4-token KV blocks: 7 and 9 may
+        // share one, so entries are replaced.
+        let mut memo = TraceBlockHashes::new(16, 4, 8).unwrap();
+        let mut bare = TraceBlockHashes::new(16, 4, 0).unwrap();
+        for (request, num_tokens) in [(1, 10), (2, 16), (3, 47), (4, 48), (5, 64), (6, 70)] {
+            for extra_key in [None, Some(3)] {
+                let tokens = synthesize_prompt(request, num_tokens, &ids, 16);
+                let mut expected = Vec::new();
+                hash_full_blocks(&mut expected, &tokens, 4, extra_key);
+                let whole = (num_tokens as usize / 16).min(ids.len()) * 4;
+                expected.truncate(whole);
+                for pass in 0..3 {
+                    let hashes = if pass < 2 { &mut memo } else { &mut bare };
+                    let mut got = Vec::new();
+                    hashes.extend(&mut got, &tokens, &ids, extra_key);
+                    assert_eq!(got, expected, "{num_tokens} tokens, key {extra_key:?}");
+                }
+            }
+        }
+        assert!(
+            TraceBlockHashes::new(16, 5, 8).is_none(),
+            "5 does not divide 16"
+        );
     }
 
     #[test]

@@ -13,15 +13,17 @@ use super::{BatchPlan, PdRole, ReplicaPolicy};
 use crate::Result;
 use crate::kv::{BlockId, KvEvent, TokenId};
 use crate::sched::{
-    DecodeWindow, DeferredPrompt, ExternalTokens, KvConnector, KvLoad, PolicyPlugin, PromptSource,
-    Request, RequestSpec, Scheduler, SchedulerConfig,
+    DecodeWindow, DeferredPrompt, ExternalTokens, KvConnector, KvLoad, PolicyPlugin, PrefixCache,
+    PromptSource, Request, RequestSpec, Scheduler, SchedulerConfig,
 };
 use crate::sim::arena::Requests;
 use crate::sim::batch::Batch;
 use crate::sim::lora::{AdapterCache, LoraConfig, LoraShape};
 use crate::sim::request::{ReqIdx, RestartMode, SimRequest};
 use crate::sim::spec::{SpecConfig, SpecDecoder};
-use crate::sim::tokens::{BlockTokens, MEMO_TOKENS, shared_output_token};
+use crate::sim::tokens::{
+    BlockTokens, MEMO_HASHES, MEMO_TOKENS, TraceBlockHashes, shared_output_token,
+};
 
 /// The token a simulated step samples unless the request's block ids cover its output (a
 /// conversation turn; see `shared_output_token`). Its value is never looked at: EOS is
@@ -72,6 +74,9 @@ struct Window {
 struct Prompts {
     /// Synthesizes prompts, generating a popular block's tokens once.
     tokens: BlockTokens,
+    /// Hashes their trace blocks, hashing a popular block once; `None` when the
+    /// scheduler's pool takes no hashes or its blocks do not tile trace blocks.
+    hashes: Option<TraceBlockHashes>,
     /// The requests added and not admitted yet.
     pending: FxHashMap<ReqIdx, PendingPrompt>,
 }
@@ -81,6 +86,8 @@ struct PendingPrompt {
     id: u64,
     num_prefill_tokens: u32,
     hash_ids: Vec<u64>,
+    /// The block hashes' extra key (the scheduler's: the LoRA adapter).
+    lora_id: Option<u64>,
     /// Room for the outputs: the scheduler appends them to the prompt's vector.
     room: usize,
     /// A decode replica's prompt ends with the first token, sampled on the prefill replica.
@@ -95,10 +102,14 @@ impl PromptSource<ReqIdx> for Prompts {
         let mut token_ids = self
             .tokens
             .prompt(p.id, p.num_prefill_tokens, &p.hash_ids, p.room);
+        let mut block_hashes = Vec::new();
+        if let Some(hashes) = &mut self.hashes {
+            hashes.extend(&mut block_hashes, &token_ids, &p.hash_ids, p.lora_id);
+        }
         token_ids.extend(p.first_token);
         DeferredPrompt {
             token_ids,
-            block_hashes: Vec::new(),
+            block_hashes,
         }
     }
 
@@ -164,6 +175,11 @@ impl KvConnector<ReqIdx> for ReceivesFromPrefill {
 
 impl VllmV1 {
     pub fn new(config: SchedulerConfig, hash_block_size: u32, kv_events: bool) -> Result<Self> {
+        // Only the block-hash pool takes hashes, and only with caching on.
+        let hashes = (config.enable_prefix_caching
+            && config.prefix_cache == PrefixCache::BlockHash)
+            .then(|| TraceBlockHashes::new(hash_block_size, config.block_size, MEMO_HASHES))
+            .flatten();
         let mut scheduler = Scheduler::new(config, false)?;
         scheduler.set_lean_output(true);
         if kv_events {
@@ -171,6 +187,7 @@ impl VllmV1 {
         }
         scheduler.set_prompt_source(Box::new(Prompts {
             tokens: BlockTokens::new(hash_block_size, MEMO_TOKENS),
+            hashes,
             pending: FxHashMap::default(),
         }));
         Ok(Self {
@@ -367,6 +384,7 @@ impl ReplicaPolicy for VllmV1 {
             id: request.id,
             num_prefill_tokens: request.num_prefill_tokens,
             hash_ids: request.hash_ids.clone(),
+            lora_id: request.lora_id,
             room: request.num_decode_tokens as usize,
             first_token,
         };

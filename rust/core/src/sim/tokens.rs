@@ -167,9 +167,18 @@ impl TraceBlockHashes {
             let index = u64::from(mix(id ^ extra_key.unwrap_or(0), parent_bits)) % num_slots;
             let (held, memo) = &mut self.slots[index as usize];
             if *held != Some(key) {
-                let mut fresh = Vec::with_capacity(self.trace_block / self.kv_block);
-                push_hashes(&mut fresh, parent, block_tokens, self.kv_block, extra_key);
-                *memo = fresh.into_boxed_slice();
+                let per_block = self.trace_block / self.kv_block;
+                if memo.len() != per_block {
+                    *memo = vec![BlockHash(0); per_block].into_boxed_slice();
+                }
+                let mut parent = parent;
+                for (hash, kv_block) in memo
+                    .iter_mut()
+                    .zip(block_tokens.chunks_exact(self.kv_block))
+                {
+                    *hash = hash_block(parent, kv_block, extra_key);
+                    parent = Some(*hash);
+                }
                 *held = Some(key);
             }
             hashes.extend_from_slice(memo);

@@ -6,12 +6,16 @@
 use crate::kv::{BlockHash, TokenId, hash_block};
 
 fn mix(a: u64, b: u64) -> TokenId {
+    mix64(a, b) as TokenId
+}
+
+fn mix64(a: u64, b: u64) -> u64 {
     let mut z = a
         .wrapping_mul(0x9E37_79B9_7F4A_7C15)
         .wrapping_add(b.wrapping_mul(0xD1B5_4A32_D192_ED03));
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    (z ^ (z >> 31)) as TokenId
+    z ^ (z >> 31)
 }
 
 /// The prompt of request `request_id` with `num_tokens` tokens and block ids `hash_ids`.
@@ -115,11 +119,17 @@ pub const MEMO_HASHES: usize = 1 << 18;
 /// id and the extra key: a popular prefix is hashed once, not at every prompt repeating
 /// it. Direct-mapped and bounded (`memo_hashes`) like [`BlockTokens`]. The hashes are the
 /// block-hash pool's own (`crate::kv::hash_block`), with or without the memo.
+///
+/// A block enters the memo the second time its slot sees it: a trace of mostly unique
+/// ids (the Mooncake traces) then writes a fingerprint per block, not its hashes (writing
+/// each unique block's hashes into a 4 MiB memo cost more than the hits saved there).
 pub struct TraceBlockHashes {
     /// Tokens per trace block and per KV block; the second divides the first.
     trace_block: usize,
     kv_block: usize,
     slots: Vec<(Option<MemoKey>, Box<[BlockHash]>)>,
+    /// Per slot, the fingerprint of the last block it saw and did not keep.
+    seen: Vec<u64>,
 }
 
 type MemoKey = (Option<BlockHash>, u64, Option<u64>);
@@ -139,6 +149,7 @@ impl TraceBlockHashes {
             slots: (0..memo_hashes / per_block)
                 .map(|_| (None, Box::default()))
                 .collect(),
+            seen: vec![0; memo_hashes / per_block],
         })
     }
 
@@ -164,8 +175,15 @@ impl TraceBlockHashes {
                 continue;
             }
             let parent_bits = parent.map_or(0, |h| h.0 as u64 ^ (h.0 >> 64) as u64);
-            let index = u64::from(mix(id ^ extra_key.unwrap_or(0), parent_bits)) % num_slots;
-            let (held, memo) = &mut self.slots[index as usize];
+            let fingerprint = mix64(id ^ extra_key.map_or(0, |k| mix64(k, 1)), parent_bits);
+            let index = (fingerprint % num_slots) as usize;
+            let (held, memo) = &mut self.slots[index];
+            if *held != Some(key) && self.seen[index] != fingerprint {
+                // First sight: hashed, not kept.
+                self.seen[index] = fingerprint;
+                push_hashes(hashes, parent, block_tokens, self.kv_block, extra_key);
+                continue;
+            }
             if *held != Some(key) {
                 let per_block = self.trace_block / self.kv_block;
                 if memo.len() != per_block {
@@ -278,8 +296,9 @@ mod tests {
                 hash_full_blocks(&mut expected, &tokens, 4, extra_key);
                 let whole = (num_tokens as usize / 16).min(ids.len()) * 4;
                 expected.truncate(whole);
-                for pass in 0..3 {
-                    let hashes = if pass < 2 { &mut memo } else { &mut bare };
+                // First sight, kept on the second, read from the memo on the third.
+                for pass in 0..4 {
+                    let hashes = if pass < 3 { &mut memo } else { &mut bare };
                     let mut got = Vec::new();
                     hashes.extend(&mut got, &tokens, &ids, extra_key);
                     assert_eq!(got, expected, "{num_tokens} tokens, key {extra_key:?}");

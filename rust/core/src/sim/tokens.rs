@@ -113,6 +113,9 @@ impl BlockTokens {
 /// Block hashes the memo holds at most, over all its trace blocks (4 MiB).
 pub const MEMO_HASHES: usize = 1 << 18;
 
+/// Trace blocks the memo holds at most (8,192: 32-hash blocks fill `MEMO_HASHES`).
+const MEMO_SLOTS: usize = 1 << 13;
+
 /// The KV block hashes of a prompt's trace blocks, computed once per (parent hash, block
 /// id, extra key) while they stay in a small memo. A trace block's tokens depend only on
 /// its id, so the hashes of the KV blocks it holds depend only on the hash before it, its
@@ -127,6 +130,9 @@ pub struct TraceBlockHashes {
     /// Tokens per trace block and per KV block; the second divides the first.
     trace_block: usize,
     kv_block: usize,
+    /// Allocated at the first prompt (`num_slots` of them): a replica that never hashes
+    /// (or a cluster of hundreds of small ones) holds none.
+    num_slots: usize,
     slots: Vec<(Option<MemoKey>, Box<[BlockHash]>)>,
     /// Per slot, the fingerprint of the last block it saw and did not keep.
     seen: Vec<u64>,
@@ -146,10 +152,11 @@ impl TraceBlockHashes {
         Some(Self {
             trace_block,
             kv_block: block_size,
-            slots: (0..memo_hashes / per_block)
-                .map(|_| (None, Box::default()))
-                .collect(),
-            seen: vec![0; memo_hashes / per_block],
+            // Capped: with trace blocks of one KV block each, slots would outnumber what
+            // they save (96 bytes of slot per 16-byte hash).
+            num_slots: (memo_hashes / per_block).min(MEMO_SLOTS),
+            slots: Vec::new(),
+            seen: Vec::new(),
         })
     }
 
@@ -163,6 +170,12 @@ impl TraceBlockHashes {
         extra_key: Option<u64>,
     ) {
         debug_assert!(hashes.is_empty());
+        if self.slots.len() != self.num_slots {
+            self.slots = (0..self.num_slots)
+                .map(|_| (None, Box::default()))
+                .collect();
+            self.seen = vec![0; self.num_slots];
+        }
         let num_whole = (tokens.len() / self.trace_block).min(hash_ids.len());
         hashes.reserve(num_whole * (self.trace_block / self.kv_block));
         for (k, &id) in hash_ids[..num_whole].iter().enumerate() {

@@ -116,6 +116,10 @@ pub const MEMO_HASHES: usize = 1 << 18;
 /// Trace blocks the memo holds at most (8,192: 32-hash blocks fill `MEMO_HASHES`).
 const MEMO_SLOTS: usize = 1 << 13;
 
+/// KV blocks a trace block must hold for [`TraceBlockHashes`] to be used (with 16-token
+/// trace blocks and KV blocks, the built-in workload's, it made the replay 1.3x slower).
+pub const MIN_KV_BLOCKS: usize = 8;
+
 /// The KV block hashes of a prompt's trace blocks, computed once per (parent hash, block
 /// id, extra key) while they stay in a small memo. A trace block's tokens depend only on
 /// its id, so the hashes of the KV blocks it holds depend only on the hash before it, its
@@ -142,13 +146,17 @@ type MemoKey = (Option<BlockHash>, u64, Option<u64>);
 
 impl TraceBlockHashes {
     /// `None` when KV blocks of `block_size` tokens do not tile trace blocks of
-    /// `hash_block_size` (a KV block would straddle two ids).
+    /// `hash_block_size` (a KV block would straddle two ids), or when a trace block holds
+    /// fewer than [`MIN_KV_BLOCKS`] of them (the memo's lookup would cost what it saves).
     pub fn new(hash_block_size: u32, block_size: usize, memo_hashes: usize) -> Option<Self> {
         let trace_block = hash_block_size as usize;
         if block_size == 0 || trace_block == 0 || !trace_block.is_multiple_of(block_size) {
             return None;
         }
         let per_block = trace_block / block_size;
+        if per_block < MIN_KV_BLOCKS {
+            return None;
+        }
         Some(Self {
             trace_block,
             kv_block: block_size,
@@ -298,16 +306,16 @@ mod tests {
     fn trace_block_hashes_are_the_pools_own_with_or_without_the_memo() {
         use crate::kv::hash_full_blocks;
         let ids = [7, 8, 9, 7];
-        // Two 16-hash slots for 16-token trace blocks of 4-token KV blocks: 7 and 9 may
+        // Two 8-hash slots for 32-token trace blocks of 4-token KV blocks: 7 and 9 may
         // share one, so entries are replaced.
-        let mut memo = TraceBlockHashes::new(16, 4, 8).unwrap();
-        let mut bare = TraceBlockHashes::new(16, 4, 0).unwrap();
-        for (request, num_tokens) in [(1, 10), (2, 16), (3, 47), (4, 48), (5, 64), (6, 70)] {
+        let mut memo = TraceBlockHashes::new(32, 4, 16).unwrap();
+        let mut bare = TraceBlockHashes::new(32, 4, 0).unwrap();
+        for (request, num_tokens) in [(1, 10), (2, 32), (3, 95), (4, 96), (5, 128), (6, 140)] {
             for extra_key in [None, Some(3)] {
-                let tokens = synthesize_prompt(request, num_tokens, &ids, 16);
+                let tokens = synthesize_prompt(request, num_tokens, &ids, 32);
                 let mut expected = Vec::new();
                 hash_full_blocks(&mut expected, &tokens, 4, extra_key);
-                let whole = (num_tokens as usize / 16).min(ids.len()) * 4;
+                let whole = (num_tokens as usize / 32).min(ids.len()) * 8;
                 expected.truncate(whole);
                 // First sight, kept on the second, read from the memo on the third.
                 for pass in 0..4 {
@@ -319,8 +327,12 @@ mod tests {
             }
         }
         assert!(
-            TraceBlockHashes::new(16, 5, 8).is_none(),
-            "5 does not divide 16"
+            TraceBlockHashes::new(64, 5, 8).is_none(),
+            "5 does not divide 64"
+        );
+        assert!(
+            TraceBlockHashes::new(16, 4, 8).is_none(),
+            "4 blocks: too few"
         );
     }
 

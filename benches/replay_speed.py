@@ -16,8 +16,9 @@ routing, the default execution model. The script builds nothing: OLD is a
     .venv/bin/python benches/replay_speed.py [--repeat 3] [--old /tmp/kv-old]
 
 For each workload it prints the median of requests per wall second of ``simulate()``'s
-Rust loop (``summary["wall_s"]``) for each side, the ratio new/old, and whether the two
-sides' outputs are bit-identical (a hash of every per-request column).
+Rust loop (``summary["wall_s"]``) for each side, the ratio new/old, whether the two
+sides' outputs are bit-identical (a hash of every per-request column), and each side's
+peak RSS (the whole child process).
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def job(trace: Path) -> dict[str, object]:
 
 # Run in the child: simulate, then hash every per-request column (name, dtype, bytes).
 CHILD = """
-import hashlib, json, sys
+import hashlib, json, resource, sys
 from tokenyard.simulation import config_from_mapping, simulate
 r = simulate(config_from_mapping(json.loads(sys.argv[1])))
 h = hashlib.sha256()
@@ -96,7 +97,8 @@ for name in sorted(r.columns):
     col = r.columns[name]
     h.update(name.encode()); h.update(str(col.dtype).encode()); h.update(col.tobytes())
 print(json.dumps({"wall_s": r.summary["wall_s"], "n": r.summary["num_requests"],
-                  "hash": h.hexdigest(), "hit": r.summary["throughput"]["prefix_hit_rate"]}))
+                  "hash": h.hexdigest(), "hit": r.summary["throughput"]["prefix_hit_rate"],
+                  "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
 
@@ -123,11 +125,12 @@ def compare(name: str, config: dict[str, object], old: str, repeat: int) -> None
     rate = {}
     for side, rs in runs.items():
         walls = [float(str(r["wall_s"])) for r in rs]
+        peak_mb = max(float(str(r["maxrss_mb"])) for r in rs)
         rate[side] = int(str(rs[0]["n"])) / statistics.median(walls)
         print(
             f"{name} {side}: {rate[side]:,.0f} requests/wall s "
             f"(median of {len(walls)}: {statistics.median(walls):.3f} s; runs {walls}) "
-            f"prefix hit rate {rs[0]['hit']:.4f}"
+            f"prefix hit rate {rs[0]['hit']:.4f}, peak RSS {peak_mb:,.0f} MB"
         )
     hashes = {str(r["hash"]) for rs in runs.values() for r in rs}
     print(f"{name} ratio new/old (requests per wall s): {rate['new'] / rate['old']:.2f}")

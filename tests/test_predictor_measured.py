@@ -496,3 +496,43 @@ def test_predictor_show_refuses_a_negative_size(capsys: pytest.CaptureFixture[st
             ]
         )
     assert "must be an integer in [0, 16777216], got -5000" in capsys.readouterr().err
+
+
+def test_a_built_predictor_is_kept_on_disk_and_rebuilt_when_its_tables_change(
+    tables: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    from tokenyard.predictor.measured import build
+    from tokenyard.simulation import execution as ex
+
+    monkeypatch.setenv("TOKENYARD_CACHE_DIR", str(tmp_path / "cache"))
+    root = tmp_path / "data"
+    shutil.copytree(tables, root)
+    measured = {"model": "measured", "measured": {"data_dir": str(root)}}
+
+    def columns() -> dict[str, bytes]:
+        ex._cached_measured.cache_clear()  # the in-process caches: only the disk's is left
+        build._read.cache_clear()
+        result = run(measured)
+        return {name: col.tobytes() for name, col in result.columns.items()}
+
+    built = columns()
+    kept = sorted((tmp_path / "cache/predictors").glob("measured-*.json"))
+    assert len(kept) == 1
+
+    def no_build(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("built again instead of read from the cache")
+
+    with monkeypatch.context() as m:
+        m.setattr(ex, "measured_predictor", no_build)
+        assert columns() == built, "the kept predictor prices exactly as the built one"
+    # Slower GEMMs: a new key, a new build, new times.
+    gemm = root / "h100_sxm/gemm/vllm/0.2.0/gemm_perf.parquet"
+    slower = gemm_columns()
+    slower["latency"] = [3 * v for v in slower["latency"]]
+    write(gemm, slower)
+    assert columns() != built
+    assert len(list((tmp_path / "cache/predictors").glob("measured-*.json"))) == 2
+    ex._cached_measured.cache_clear()
+    build._read.cache_clear()

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +29,7 @@ from tokenyard.predictor.measured.data import (
     package_root,
     resolve_source,
 )
-from tokenyard.predictor.profiled import profiled_predictor
+from tokenyard.predictor.profiled import default_cache_dir, profiled_predictor
 from tokenyard.predictor.profiles import read_profiles
 from tokenyard.predictor.roofline import CpuOverheads, Efficiencies, roofline_predictor
 from tokenyard.simulation.catalog import catalog_for
@@ -164,8 +167,18 @@ def _cached_measured(
     cpu: Any,
     moe_distribution: str,
 ) -> CompiledPredictor:
+    # Built once per machine: the build interpolates thousands of grid points (most of a
+    # short run's start-up), so the result is kept on disk under every input that shapes
+    # it, the tables' files and the predictor code included.
+    inputs = (spec, gpu, tp, pp, dtype, kv_dtype, cpu, moe_distribution)
+    path = default_cache_dir() / f"measured-{_measured_key(source, inputs)}.json"
+    if path.exists():
+        try:
+            return CompiledPredictor.load(path)
+        except ConfigError:  # unreadable (a crash mid-write elsewhere): build again
+            path.unlink(missing_ok=True)
     weight_bytes, kv_bytes = dtype_bytes(dtype, kv_dtype)
-    return measured_predictor(
+    predictor = measured_predictor(
         spec,
         gpu,
         source,
@@ -178,6 +191,54 @@ def _cached_measured(
         cpu=cpu,
         moe_distribution=moe_distribution,
     )
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        predictor.save(partial)
+        partial.replace(path)
+    except OSError:  # a read-only home: build every time
+        pass
+    return predictor
+
+
+MEASURED_CACHE_VERSION = 1
+
+
+def _measured_key(source: MeasuredSource, inputs: tuple[Any, ...]) -> str:
+    """A digest of what a measured predictor is built from: ``inputs`` (the model and
+    device specs, layout, dtypes, CPU overheads), the tables' files (name, size and
+    modification time), and the predictor package's code and the shipped calibration."""
+    digest = hashlib.sha256()
+    tables = {
+        family: sorted(
+            (f.name, f.stat().st_size, f.stat().st_mtime_ns)
+            for f in Path(folder).iterdir()
+            if f.is_file()
+        )
+        for family, folder in sorted(source.folders.items())
+    }
+    header = {
+        "version": MEASURED_CACHE_VERSION,
+        "source": [str(source.root), source.system, source.framework, source.version],
+        "folders": {family: str(folder) for family, folder in source.folders.items()},
+        "tables": tables,
+        "inputs": repr(inputs),
+    }
+    digest.update(json.dumps(header, sort_keys=True).encode())
+    for path in _predictor_code():
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:32]
+
+
+def _predictor_code() -> list[Path]:
+    """The files a measured predictor's build runs or reads: the predictor package, this
+    module and the dtype sizes (`planner.py`), and the shipped calibration."""
+    package = Path(__file__).resolve().parent.parent
+    files = sorted((package / "predictor").rglob("*.py"))
+    here = Path(__file__).resolve()
+    extra = [here, here.with_name("planner.py"), package / "catalog" / "calibration.toml"]
+    return [*files, *extra]
 
 
 def build_predictor(

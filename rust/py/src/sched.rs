@@ -259,6 +259,7 @@ impl PyScheduler {
                 .map(|l| int_arg(l, "lora_id", 0, i64_max).map(|l| l as u64))
                 .transpose()?,
             external_id: None,
+            num_deferred_prompt_tokens: 0,
         };
         self.inner.add_request(id, spec).or_raise(py)
     }

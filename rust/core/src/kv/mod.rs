@@ -20,7 +20,7 @@ mod prefix_pool;
 mod radix;
 mod radix_pool;
 
-pub use block_hash::{BlockHash, hash_full_blocks};
+pub use block_hash::{BlockHash, hash_block, hash_full_blocks};
 pub use block_pool::{BlockId, BlockPool, BlockPoolStats, ComputedBlocks, KvEvent};
 pub use counting::CountingAllocator;
 pub use host_tier::HostTier;

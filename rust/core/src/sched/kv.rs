@@ -3,8 +3,8 @@
 //! (static dispatch, so the step pays no virtual calls) and pairs each hit with its pool.
 
 use crate::kv::{
-    BlockId, BlockPool, BlockPoolStats, ComputedBlocks, KvCapacity, KvEvent, PrefixPool, RadixHit,
-    RadixPool, TokenId,
+    BlockHash, BlockId, BlockPool, BlockPoolStats, ComputedBlocks, KvCapacity, KvEvent, PrefixPool,
+    RadixHit, RadixPool, TokenId,
 };
 use crate::{Error, Result};
 
@@ -54,18 +54,20 @@ impl Hit {
 
 impl Kv {
     /// The cached prefix of `token_ids`. `earlier`: this request's previous hit, whose
-    /// block hashes are reused (the block-hash pool's; its block ids are looked up again).
+    /// block hashes are reused (the block-hash pool's; its block ids are looked up again);
+    /// without one, `known`: hashes of the first full blocks, if the caller has them.
     pub fn lookup(
         &mut self,
         token_ids: &[TokenId],
         extra_key: Option<u64>,
         earlier: Option<Hit>,
+        known: Vec<BlockHash>,
     ) -> Hit {
         match self {
             Kv::BlockHash(p) => {
                 let known = match earlier {
                     Some(Hit::BlockHash(hit)) => hit.into_block_hashes(),
-                    _ => Vec::new(),
+                    _ => known,
                 };
                 Hit::BlockHash(p.get_computed_blocks_from(token_ids, extra_key, known))
             }
@@ -244,7 +246,7 @@ impl<R: crate::kv::RequestKey> super::Scheduler<R> {
         lora_id: Option<u64>,
     ) -> usize {
         self.kv
-            .lookup(token_ids, lora_id, None)
+            .lookup(token_ids, lora_id, None, Vec::new())
             .num_computed_tokens()
     }
 }

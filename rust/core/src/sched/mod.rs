@@ -21,7 +21,10 @@ pub use output::{
     CachedRequestData, NewRequestData, SampledOutput, SchedulerOutput, SchedulerStats,
 };
 pub use plugin::{PolicyPlugin, RequestView};
-pub use request::{FinishReason, PLACEHOLDER_DRAFT, Request, RequestSpec, RequestStatus};
+pub use request::{
+    DeferredPrompt, FinishReason, PLACEHOLDER_DRAFT, PromptSource, Request, RequestSpec,
+    RequestStatus,
+};
 pub use scheduler::Scheduler;
 
 #[cfg(test)]

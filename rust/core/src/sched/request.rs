@@ -2,7 +2,7 @@
 //! `num_computed_tokens` have KV in the cache; the scheduler's one rule is to give each
 //! request tokens until it catches up.
 
-use crate::kv::TokenId;
+use crate::kv::{BlockHash, TokenId};
 
 /// A draft the scheduler makes up when it pads a newly admitted one-token request to
 /// `1 + num_speculative_tokens` tokens (`SchedulerConfig::pad_spec_decode`): vLLM 0.33's
@@ -55,13 +55,39 @@ pub struct RequestSpec {
     /// The caller's own id for the request, shown to policy plugins instead of the key
     /// (the simulator's workload position).
     pub external_id: Option<u64>,
+    /// A prompt given by length only (`prompt_token_ids` empty): the scheduler's
+    /// [`PromptSource`] makes its tokens when they are first needed. 0: the prompt is
+    /// `prompt_token_ids`.
+    pub num_deferred_prompt_tokens: usize,
+}
+
+/// A prompt a [`PromptSource`] made: its tokens, and optionally the block hashes of its
+/// first full blocks (under the scheduler's `block_size` and the request's `lora_id` as
+/// extra key, exactly as the block-hash pool would compute them), which spare the pool
+/// hashing those blocks.
+#[derive(Debug, Clone, Default)]
+pub struct DeferredPrompt {
+    pub token_ids: Vec<TokenId>,
+    pub block_hashes: Vec<BlockHash>,
+}
+
+/// Makes the tokens of prompts given by length only
+/// (`RequestSpec::num_deferred_prompt_tokens`), at the request's first admission attempt.
+/// A simulator whose replicas queue thousands of requests then holds a prompt's tokens
+/// only from its admission on, not from its arrival.
+pub trait PromptSource<R>: Send + Sync {
+    /// The `num_tokens`-token prompt of `request_id` (asked once per request).
+    fn prompt(&mut self, request_id: &R, num_tokens: usize) -> DeferredPrompt;
+    /// The source as its own type, for its owner (`Scheduler::prompt_source_mut`).
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
 }
 
 #[derive(Debug, Clone)]
 pub struct Request<R> {
     pub request_id: R,
     pub spec: RequestSpec,
-    /// Prompt then output token ids.
+    /// Prompt then output token ids; empty while a deferred prompt
+    /// (`RequestSpec::num_deferred_prompt_tokens`) waits for its first admission attempt.
     pub all_token_ids: Vec<TokenId>,
     /// The prompt's length: `all_token_ids[..num_prompt_tokens]` is the prompt.
     pub num_prompt_tokens: usize,
@@ -99,16 +125,23 @@ impl<R> Request<R> {
         self.num_prompt_tokens
     }
 
+    /// The prompt's tokens (empty for a deferred prompt not yet made).
     pub fn prompt_token_ids(&self) -> &[TokenId] {
-        &self.all_token_ids[..self.num_prompt_tokens]
+        &self.all_token_ids[..self.num_prompt_tokens.min(self.all_token_ids.len())]
     }
 
     pub fn num_tokens(&self) -> usize {
-        self.all_token_ids.len()
+        // A deferred prompt counts before its tokens exist.
+        self.all_token_ids.len().max(self.num_prompt_tokens)
     }
 
     pub fn num_output_tokens(&self) -> usize {
-        self.all_token_ids.len() - self.num_prompt_tokens
+        self.num_tokens() - self.num_prompt_tokens
+    }
+
+    /// Whether the prompt is deferred and not made yet.
+    pub fn prompt_is_deferred(&self) -> bool {
+        self.all_token_ids.len() < self.num_prompt_tokens
     }
 
     /// Tokens the request still needs computed: known ones, drafts and in-flight outputs.

@@ -11,10 +11,11 @@ use super::kv::{Hit, Kv};
 use super::output::{CachedRequestData, NewRequestData, SchedulerOutput, SchedulerStats};
 use super::plugin::{PolicyPlugin, RequestView, check_permutation};
 use super::queue::{PriorityKey, Waiting};
-use super::request::{PLACEHOLDER_DRAFT, Request, RequestStatus};
+use super::request::{DeferredPrompt, PLACEHOLDER_DRAFT, PromptSource, Request, RequestStatus};
+use super::update::reserved_outputs;
 use super::{Policy, PrefixCache, PriorityTies, SchedulerConfig};
-use crate::Result;
-use crate::kv::{BlockId, BlockPool, RadixPool, RequestKey};
+use crate::kv::{BlockHash, BlockId, BlockPool, RadixPool, RequestKey};
+use crate::{Error, Result};
 
 pub struct Scheduler<R: RequestKey> {
     pub(super) config: SchedulerConfig,
@@ -46,6 +47,8 @@ pub struct Scheduler<R: RequestKey> {
     pub(super) blocked_head: Option<(u64, Hit)>,
     /// The KV connector, if any (`sched::connector`).
     pub(super) connector: Option<Box<dyn KvConnector<R>>>,
+    /// Makes deferred prompts (`RequestSpec::num_deferred_prompt_tokens`), if set.
+    pub(super) prompt_source: Option<Box<dyn PromptSource<R>>>,
     /// Slots of requests whose KV load the engine reported landed / failed; each is taken
     /// when its request next reaches the head of the waiting queue (vLLM's
     /// `finished_recving_kv_req_ids` / `failed_recving_kv_req_ids`).
@@ -215,6 +218,7 @@ impl<R: RequestKey> Scheduler<R> {
             victim_rank: FxHashMap::default(),
             blocked_head: None,
             connector: None,
+            prompt_source: None,
             landed: FxHashSet::default(),
             failed_loads: FxHashSet::default(),
             transfer_holds: FxHashMap::default(),
@@ -227,6 +231,17 @@ impl<R: RequestKey> Scheduler<R> {
             deferred: FxHashSet::default(),
             admit_new: true,
         })
+    }
+
+    /// Makes the prompts of requests added by length only (`RequestSpec::
+    /// num_deferred_prompt_tokens`) with `source`, at their first admission attempt.
+    pub fn set_prompt_source(&mut self, source: Box<dyn PromptSource<R>>) {
+        self.prompt_source = Some(source);
+    }
+
+    /// The prompt source, if set (`set_prompt_source`).
+    pub fn prompt_source_mut(&mut self) -> Option<&mut (dyn PromptSource<R> + 'static)> {
+        self.prompt_source.as_deref_mut()
     }
 
     /// Hands the waiting order and the choice of preemption victims to `plugin`.
@@ -780,6 +795,7 @@ impl<R: RequestKey> Scheduler<R> {
         if self.kv.block_ids(slot).is_some() {
             return self.admit_loaded(slot, budget, plan);
         }
+        let known = self.make_deferred_prompt(slot)?;
         let request = self.slots[slot as usize]
             .as_ref()
             .expect("waiting slot is live");
@@ -790,7 +806,9 @@ impl<R: RequestKey> Scheduler<R> {
             .take()
             .filter(|(blocked, _)| *blocked == seq)
             .map(|(_, hit)| hit);
-        let hit = self.kv.lookup(&request.all_token_ids, lora_id, earlier);
+        let hit = self
+            .kv
+            .lookup(&request.all_token_ids, lora_id, earlier, known);
         if !self.full_sequence_fits(slot, Some(&hit)) {
             self.blocked_head = Some((seq, hit));
             return Ok(Admission::Blocked);
@@ -854,6 +872,41 @@ impl<R: RequestKey> Scheduler<R> {
         let notified = self.notify_allocation(slot, external.num_tokens);
         self.start_running(slot, num_computed, n, padded, blocks, budget, plan);
         notified.map(|()| Admission::Scheduled)
+    }
+
+    /// Makes the prompt of `slot` if it is deferred and not made yet (its first admission
+    /// attempt), reserving room for its outputs as `add_request` does. Returns the block
+    /// hashes the source gave with it (empty if none, or if the prompt was made before).
+    fn make_deferred_prompt(&mut self, slot: u32) -> Result<Vec<BlockHash>> {
+        let request = self.slots[slot as usize]
+            .as_mut()
+            .expect("waiting slot is live");
+        if !request.prompt_is_deferred() {
+            return Ok(Vec::new());
+        }
+        let Some(source) = self.prompt_source.as_mut() else {
+            return Err(Error::Plugin(
+                "a deferred prompt needs a prompt source (Scheduler::set_prompt_source)".into(),
+            ));
+        };
+        let num_prompt_tokens = request.num_prompt_tokens;
+        let DeferredPrompt {
+            token_ids: mut tokens,
+            block_hashes,
+        } = source.prompt(&request.request_id, num_prompt_tokens);
+        if tokens.len() != num_prompt_tokens {
+            return Err(Error::Plugin(format!(
+                "the prompt source made {} tokens for a {num_prompt_tokens}-token prompt",
+                tokens.len()
+            )));
+        }
+        tokens.reserve_exact(reserved_outputs(
+            request.spec.max_tokens,
+            self.config.max_model_len,
+            num_prompt_tokens,
+        ));
+        request.all_token_ids = tokens;
+        Ok(block_hashes)
     }
 
     /// A held step stops admission at a request with prompt left to compute beyond its last

@@ -11,6 +11,19 @@ use crate::{Error, Result};
 /// The most output tokens a new request's token vector reserves room for.
 const RESERVED_OUTPUT_TOKENS: usize = 4096;
 
+/// Room a new prompt's vector reserves for outputs: capped, so a queue of requests with a
+/// huge `max_tokens` does not hold memory for outputs most will never sample (past the cap
+/// the vector grows as usual).
+pub(super) fn reserved_outputs(
+    max_tokens: usize,
+    max_model_len: usize,
+    num_prompt_tokens: usize,
+) -> usize {
+    max_tokens
+        .min(max_model_len - num_prompt_tokens)
+        .min(RESERVED_OUTPUT_TOKENS)
+}
+
 impl<R: RequestKey> Scheduler<R> {
     /// Queues a new request.
     pub fn add_request(&mut self, request_id: R, mut spec: RequestSpec) -> Result<()> {
@@ -21,17 +34,33 @@ impl<R: RequestKey> Scheduler<R> {
                 "is already queued or running",
             ));
         }
-        if spec.prompt_token_ids.is_empty() {
+        let num_deferred = spec.num_deferred_prompt_tokens;
+        if num_deferred > 0 && !spec.prompt_token_ids.is_empty() {
+            return Err(Error::input(
+                "num_deferred_prompt_tokens",
+                num_deferred,
+                "must be 0 when prompt_token_ids are given",
+            ));
+        }
+        if num_deferred > 0 && self.prompt_source.is_none() {
+            return Err(Error::input(
+                "num_deferred_prompt_tokens",
+                num_deferred,
+                "needs a prompt source (Scheduler::set_prompt_source)",
+            ));
+        }
+        let num_prompt_tokens = spec.prompt_token_ids.len().max(num_deferred);
+        if num_prompt_tokens == 0 {
             return Err(Error::input("prompt_token_ids", "[]", "must not be empty"));
         }
         if spec.max_tokens == 0 {
             return Err(Error::input("max_tokens", 0, "must be at least 1"));
         }
         let max_prompt = self.config.max_model_len - 1;
-        if spec.prompt_token_ids.len() > max_prompt {
+        if num_prompt_tokens > max_prompt {
             return Err(Error::input(
                 "prompt_token_ids",
-                format!("{} tokens", spec.prompt_token_ids.len()),
+                format!("{num_prompt_tokens} tokens"),
                 format!(
                     "must leave room for one output token under max_model_len={}",
                     self.config.max_model_len
@@ -47,16 +76,16 @@ impl<R: RequestKey> Scheduler<R> {
         }
         // The prompt moves into `all_token_ids` with room for the outputs reserved up front:
         // a copy, or regrowing a long prompt's vector as outputs arrive, cost a tenth of a
-        // replay's time in page faults and memmove.
+        // replay's time in page faults and memmove. A deferred prompt reserves when it is
+        // made.
         let mut all_token_ids = std::mem::take(&mut spec.prompt_token_ids);
-        let num_prompt_tokens = all_token_ids.len();
-        // Capped, so a queue of requests with a huge `max_tokens` does not hold memory for
-        // outputs most will never sample (past the cap the vector grows as usual).
-        let max_outputs = spec
-            .max_tokens
-            .min(self.config.max_model_len - num_prompt_tokens)
-            .min(RESERVED_OUTPUT_TOKENS);
-        all_token_ids.reserve_exact(max_outputs);
+        if num_deferred == 0 {
+            all_token_ids.reserve_exact(reserved_outputs(
+                spec.max_tokens,
+                self.config.max_model_len,
+                num_prompt_tokens,
+            ));
+        }
         let request = Request {
             request_id: request_id.clone(),
             all_token_ids,

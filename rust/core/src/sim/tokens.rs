@@ -3,15 +3,19 @@
 //! ids, so each block id is expanded into the same tokens wherever it appears, and the rest
 //! of a prompt gets tokens unique to its request.
 
-use crate::kv::TokenId;
+use crate::kv::{BlockHash, TokenId, hash_block};
 
 fn mix(a: u64, b: u64) -> TokenId {
+    mix64(a, b) as TokenId
+}
+
+fn mix64(a: u64, b: u64) -> u64 {
     let mut z = a
         .wrapping_mul(0x9E37_79B9_7F4A_7C15)
         .wrapping_add(b.wrapping_mul(0xD1B5_4A32_D192_ED03));
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    (z ^ (z >> 31)) as TokenId
+    z ^ (z >> 31)
 }
 
 /// The prompt of request `request_id` with `num_tokens` tokens and block ids `hash_ids`.
@@ -106,6 +110,136 @@ impl BlockTokens {
     }
 }
 
+/// Block hashes the memo holds at most, over all its trace blocks (4 MiB).
+pub const MEMO_HASHES: usize = 1 << 18;
+
+/// Trace blocks the memo holds at most (8,192: 32-hash blocks fill `MEMO_HASHES`).
+const MEMO_SLOTS: usize = 1 << 13;
+
+/// KV blocks a trace block must hold for [`TraceBlockHashes`] to be used (with 16-token
+/// trace blocks and KV blocks, the built-in workload's, it made the replay 1.3x slower).
+pub const MIN_KV_BLOCKS: usize = 8;
+
+/// The KV block hashes of a prompt's trace blocks, computed once per (parent hash, block
+/// id, extra key) while they stay in a small memo. A trace block's tokens depend only on
+/// its id, so the hashes of the KV blocks it holds depend only on the hash before it, its
+/// id and the extra key: a popular prefix is hashed once, not at every prompt repeating
+/// it. Direct-mapped and bounded (`memo_hashes`) like [`BlockTokens`]. The hashes are the
+/// block-hash pool's own (`crate::kv::hash_block`), with or without the memo.
+///
+/// A block enters the memo the second time its slot sees it: a trace of mostly unique
+/// ids (the Mooncake traces) then writes a fingerprint per block, not its hashes (writing
+/// each unique block's hashes into a 4 MiB memo cost more than the hits saved there).
+pub struct TraceBlockHashes {
+    /// Tokens per trace block and per KV block; the second divides the first.
+    trace_block: usize,
+    kv_block: usize,
+    /// Allocated at the first prompt (`num_slots` of them): a replica that never hashes
+    /// (or a cluster of hundreds of small ones) holds none.
+    num_slots: usize,
+    slots: Vec<(Option<MemoKey>, Box<[BlockHash]>)>,
+    /// Per slot, the fingerprint of the last block it saw and did not keep.
+    seen: Vec<u64>,
+}
+
+type MemoKey = (Option<BlockHash>, u64, Option<u64>);
+
+impl TraceBlockHashes {
+    /// `None` when KV blocks of `block_size` tokens do not tile trace blocks of
+    /// `hash_block_size` (a KV block would straddle two ids), or when a trace block holds
+    /// fewer than [`MIN_KV_BLOCKS`] of them (the memo's lookup would cost what it saves).
+    pub fn new(hash_block_size: u32, block_size: usize, memo_hashes: usize) -> Option<Self> {
+        let trace_block = hash_block_size as usize;
+        if block_size == 0 || trace_block == 0 || !trace_block.is_multiple_of(block_size) {
+            return None;
+        }
+        let per_block = trace_block / block_size;
+        if per_block < MIN_KV_BLOCKS {
+            return None;
+        }
+        Some(Self {
+            trace_block,
+            kv_block: block_size,
+            // Capped: with trace blocks of one KV block each, slots would outnumber what
+            // they save (96 bytes of slot per 16-byte hash).
+            num_slots: (memo_hashes / per_block).min(MEMO_SLOTS),
+            slots: Vec::new(),
+            seen: Vec::new(),
+        })
+    }
+
+    /// Appends to `hashes` (empty) the hashes of the KV blocks in the leading trace blocks
+    /// that `tokens`, the prompt made from `hash_ids`, holds whole.
+    pub fn extend(
+        &mut self,
+        hashes: &mut Vec<BlockHash>,
+        tokens: &[TokenId],
+        hash_ids: &[u64],
+        extra_key: Option<u64>,
+    ) {
+        debug_assert!(hashes.is_empty());
+        if self.slots.len() != self.num_slots {
+            self.slots = (0..self.num_slots)
+                .map(|_| (None, Box::default()))
+                .collect();
+            self.seen = vec![0; self.num_slots];
+        }
+        let num_whole = (tokens.len() / self.trace_block).min(hash_ids.len());
+        hashes.reserve(num_whole * (self.trace_block / self.kv_block));
+        for (k, &id) in hash_ids[..num_whole].iter().enumerate() {
+            let parent = hashes.last().copied();
+            let block_tokens = &tokens[k * self.trace_block..(k + 1) * self.trace_block];
+            let key = (parent, id, extra_key);
+            let num_slots = self.slots.len() as u64;
+            if num_slots == 0 {
+                push_hashes(hashes, parent, block_tokens, self.kv_block, extra_key);
+                continue;
+            }
+            let parent_bits = parent.map_or(0, |h| h.0 as u64 ^ (h.0 >> 64) as u64);
+            let fingerprint = mix64(id ^ extra_key.map_or(0, |k| mix64(k, 1)), parent_bits);
+            let index = (fingerprint % num_slots) as usize;
+            let (held, memo) = &mut self.slots[index];
+            if *held != Some(key) && self.seen[index] != fingerprint {
+                // First sight: hashed, not kept.
+                self.seen[index] = fingerprint;
+                push_hashes(hashes, parent, block_tokens, self.kv_block, extra_key);
+                continue;
+            }
+            if *held != Some(key) {
+                let per_block = self.trace_block / self.kv_block;
+                if memo.len() != per_block {
+                    *memo = vec![BlockHash(0); per_block].into_boxed_slice();
+                }
+                let mut parent = parent;
+                for (hash, kv_block) in memo
+                    .iter_mut()
+                    .zip(block_tokens.chunks_exact(self.kv_block))
+                {
+                    *hash = hash_block(parent, kv_block, extra_key);
+                    parent = Some(*hash);
+                }
+                *held = Some(key);
+            }
+            hashes.extend_from_slice(memo);
+        }
+    }
+}
+
+/// Pushes the chained hashes of `tokens`' blocks, the first chained to `parent`.
+fn push_hashes(
+    hashes: &mut Vec<BlockHash>,
+    mut parent: Option<BlockHash>,
+    tokens: &[TokenId],
+    block_size: usize,
+    extra_key: Option<u64>,
+) {
+    for block in tokens.chunks_exact(block_size) {
+        let hash = hash_block(parent, block, extra_key);
+        hashes.push(hash);
+        parent = Some(hash);
+    }
+}
+
 /// The output token at `position` (counted from the start of the prompt) when the request's
 /// block ids reach past its prompt: a conversation's turn carries ids for its output too,
 /// because the next turn's prompt repeats that output, and the two must share tokens for a
@@ -166,6 +300,40 @@ mod tests {
                 .collect();
             assert_eq!(tokens, expected, "{num_tokens} tokens");
         }
+    }
+
+    #[test]
+    fn trace_block_hashes_are_the_pools_own_with_or_without_the_memo() {
+        use crate::kv::hash_full_blocks;
+        let ids = [7, 8, 9, 7];
+        // Two 8-hash slots for 32-token trace blocks of 4-token KV blocks: 7 and 9 may
+        // share one, so entries are replaced.
+        let mut memo = TraceBlockHashes::new(32, 4, 16).unwrap();
+        let mut bare = TraceBlockHashes::new(32, 4, 0).unwrap();
+        for (request, num_tokens) in [(1, 10), (2, 32), (3, 95), (4, 96), (5, 128), (6, 140)] {
+            for extra_key in [None, Some(3)] {
+                let tokens = synthesize_prompt(request, num_tokens, &ids, 32);
+                let mut expected = Vec::new();
+                hash_full_blocks(&mut expected, &tokens, 4, extra_key);
+                let whole = (num_tokens as usize / 32).min(ids.len()) * 8;
+                expected.truncate(whole);
+                // First sight, kept on the second, read from the memo on the third.
+                for pass in 0..4 {
+                    let hashes = if pass < 3 { &mut memo } else { &mut bare };
+                    let mut got = Vec::new();
+                    hashes.extend(&mut got, &tokens, &ids, extra_key);
+                    assert_eq!(got, expected, "{num_tokens} tokens, key {extra_key:?}");
+                }
+            }
+        }
+        assert!(
+            TraceBlockHashes::new(64, 5, 8).is_none(),
+            "5 does not divide 64"
+        );
+        assert!(
+            TraceBlockHashes::new(16, 4, 8).is_none(),
+            "4 blocks: too few"
+        );
     }
 
     #[test]

@@ -5,6 +5,7 @@ mod async_scheduling;
 mod budgets;
 mod cadence;
 mod connectors;
+mod deferred;
 mod lifecycle;
 mod memory;
 mod multistep;

@@ -13,15 +13,17 @@ use super::{BatchPlan, PdRole, ReplicaPolicy};
 use crate::Result;
 use crate::kv::{BlockId, KvEvent, TokenId};
 use crate::sched::{
-    DecodeWindow, ExternalTokens, KvConnector, KvLoad, PolicyPlugin, Request, RequestSpec,
-    Scheduler, SchedulerConfig,
+    DecodeWindow, DeferredPrompt, ExternalTokens, KvConnector, KvLoad, PolicyPlugin, PrefixCache,
+    PromptSource, Request, RequestSpec, Scheduler, SchedulerConfig,
 };
 use crate::sim::arena::Requests;
 use crate::sim::batch::Batch;
 use crate::sim::lora::{AdapterCache, LoraConfig, LoraShape};
 use crate::sim::request::{ReqIdx, RestartMode, SimRequest};
 use crate::sim::spec::{SpecConfig, SpecDecoder};
-use crate::sim::tokens::{BlockTokens, MEMO_TOKENS, shared_output_token};
+use crate::sim::tokens::{
+    BlockTokens, MEMO_HASHES, MEMO_TOKENS, TraceBlockHashes, shared_output_token,
+};
 
 /// The token a simulated step samples unless the request's block ids cover its output (a
 /// conversation turn; see `shared_output_token`). Its value is never looked at: EOS is
@@ -31,8 +33,6 @@ const SAMPLED_TOKEN: u32 = 1;
 pub struct VllmV1 {
     scheduler: Scheduler<ReqIdx>,
     hash_block_size: u32,
-    /// Synthesizes prompts, generating a popular block's tokens once.
-    prompts: BlockTokens,
     /// Per batch in flight, oldest first: the requests that sample at its end (the step
     /// caught them up with their known tokens). With pipeline stages a request may be in
     /// two batches (two chunks of one prompt); only the batch that caught it up samples.
@@ -66,6 +66,56 @@ struct Window {
     ones: Vec<u32>,
     /// Steps whose batch has ended.
     num_ended: usize,
+}
+
+/// The replica's prompts, made at admission rather than arrival (`sched::PromptSource`): a
+/// queued request holds its block ids, not its tokens, so an overloaded replica's memory
+/// does not grow with its queue.
+struct Prompts {
+    /// Synthesizes prompts, generating a popular block's tokens once.
+    tokens: BlockTokens,
+    /// Hashes their trace blocks, hashing a popular block once; `None` when the
+    /// scheduler's pool takes no hashes or its blocks do not tile trace blocks.
+    hashes: Option<TraceBlockHashes>,
+    /// The requests added and not admitted yet.
+    pending: FxHashMap<ReqIdx, PendingPrompt>,
+}
+
+/// What a queued request's prompt is made from.
+struct PendingPrompt {
+    id: u64,
+    num_prefill_tokens: u32,
+    hash_ids: Vec<u64>,
+    /// The block hashes' extra key (the scheduler's: the LoRA adapter).
+    lora_id: Option<u64>,
+    /// Room for the outputs: the scheduler appends them to the prompt's vector.
+    room: usize,
+    /// A decode replica's prompt ends with the first token, sampled on the prefill replica.
+    first_token: Option<TokenId>,
+}
+
+impl PromptSource<ReqIdx> for Prompts {
+    fn prompt(&mut self, idx: &ReqIdx, _num_tokens: usize) -> DeferredPrompt {
+        let Some(p) = self.pending.remove(idx) else {
+            return DeferredPrompt::default();
+        };
+        let mut token_ids = self
+            .tokens
+            .prompt(p.id, p.num_prefill_tokens, &p.hash_ids, p.room);
+        let mut block_hashes = Vec::new();
+        if let Some(hashes) = &mut self.hashes {
+            hashes.extend(&mut block_hashes, &token_ids, &p.hash_ids, p.lora_id);
+        }
+        token_ids.extend(p.first_token);
+        DeferredPrompt {
+            token_ids,
+            block_hashes,
+        }
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
 }
 
 /// A prefill replica's connector: nothing to load; every finished request keeps its
@@ -125,15 +175,24 @@ impl KvConnector<ReqIdx> for ReceivesFromPrefill {
 
 impl VllmV1 {
     pub fn new(config: SchedulerConfig, hash_block_size: u32, kv_events: bool) -> Result<Self> {
+        // Only the block-hash pool takes hashes, and only with caching on.
+        let hashes = (config.enable_prefix_caching
+            && config.prefix_cache == PrefixCache::BlockHash)
+            .then(|| TraceBlockHashes::new(hash_block_size, config.block_size, MEMO_HASHES))
+            .flatten();
         let mut scheduler = Scheduler::new(config, false)?;
         scheduler.set_lean_output(true);
         if kv_events {
             scheduler.enable_kv_events();
         }
+        scheduler.set_prompt_source(Box::new(Prompts {
+            tokens: BlockTokens::new(hash_block_size, MEMO_TOKENS),
+            hashes,
+            pending: FxHashMap::default(),
+        }));
         Ok(Self {
             scheduler,
             hash_block_size,
-            prompts: BlockTokens::new(hash_block_size, MEMO_TOKENS),
             samplers: VecDeque::new(),
             spare: Vec::new(),
             adapters: None,
@@ -159,6 +218,13 @@ impl VllmV1 {
 }
 
 impl VllmV1 {
+    /// The prompt source this replica gave its scheduler.
+    fn prompts_mut(&mut self) -> &mut Prompts {
+        let source = self.scheduler.prompt_source_mut();
+        let source = source.expect("set by VllmV1::new").as_any_mut();
+        source.downcast_mut().expect("the replica's own")
+    }
+
     /// The adapter cache of `config`, whose GPU slots must be the step scheduler's
     /// `max_loras` gate (a batch never needs more adapters than there are slots).
     fn lora_cache(&self, config: &LoraConfig) -> Result<AdapterCache> {
@@ -304,25 +370,28 @@ impl ReplicaPolicy for VllmV1 {
             }
         }
         let request = requests.get(idx);
-        let mut prompt = self.prompts.prompt(
-            request.id,
-            request.num_prefill_tokens,
-            &request.hash_ids,
-            // Room for the outputs: the scheduler appends them to this vector.
-            request.num_decode_tokens as usize,
-        );
-        let max_tokens = match self.role {
-            PdRole::Aggregated => request.num_decode_tokens,
-            PdRole::Prefill => 1,
+        let (max_tokens, first_token) = match self.role {
+            PdRole::Aggregated => (request.num_decode_tokens, None),
+            PdRole::Prefill => (1, None),
             PdRole::Decode => {
                 // The prompt and the first token, sampled on the prefill replica.
                 let first = request.num_prefill_tokens as u64;
-                prompt.push(output_token(request, first, self.hash_block_size));
-                request.num_decode_tokens - 1
+                let token = output_token(request, first, self.hash_block_size);
+                (request.num_decode_tokens - 1, Some(token))
             }
         };
+        let pending = PendingPrompt {
+            id: request.id,
+            num_prefill_tokens: request.num_prefill_tokens,
+            hash_ids: request.hash_ids.clone(),
+            lora_id: request.lora_id,
+            room: request.num_decode_tokens as usize,
+            first_token,
+        };
+        let num_prompt_tokens =
+            request.num_prefill_tokens as usize + usize::from(first_token.is_some());
         let spec = RequestSpec {
-            prompt_token_ids: prompt,
+            num_deferred_prompt_tokens: num_prompt_tokens,
             max_tokens: max_tokens as usize,
             arrival_time: request.arrived_at,
             ignore_eos: true,
@@ -330,6 +399,7 @@ impl ReplicaPolicy for VllmV1 {
             lora_id: request.lora_id,
             ..RequestSpec::default()
         };
+        self.prompts_mut().pending.insert(idx, pending);
         self.scheduler.add_request(idx, spec)?;
         Ok(())
     }

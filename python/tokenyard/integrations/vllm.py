@@ -29,7 +29,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import defaultdict
-from collections.abc import Container, Iterable, Iterator
+from collections.abc import Container, Iterable
 from typing import Any
 
 try:
@@ -45,8 +45,6 @@ try:
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from vllm.multimodal import MULTIMODAL_REGISTRY
-    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
-    from vllm.v1.core.kv_cache_utils import KVCacheBlock
     from vllm.v1.core.sched.interface import PauseState, SchedulerInterface
     from vllm.v1.core.sched.output import (
         CachedRequestData,
@@ -76,6 +74,11 @@ from tokenyard.integrations._vllm_translate import (
     request_id_list,
     settings,
 )
+from tokenyard.integrations._vllm_views import (
+    _ConnectorBridge,
+    _KVCacheManagerView,
+    _WaitingView,
+)
 from tokenyard.sched import Scheduler as _CoreScheduler
 
 __all__ = ["AsyncTokenyardScheduler", "TokenyardScheduler"]
@@ -84,197 +87,6 @@ _RUNNING = RequestStatus.RUNNING
 _PREEMPTED = RequestStatus.PREEMPTED
 _WAITING = RequestStatus.WAITING
 _WAITING_FOR_REMOTE_KVS = RequestStatus.WAITING_FOR_REMOTE_KVS
-
-
-class _ConnectorBridge:
-    """A vLLM ``KVConnectorBase_V1`` (scheduler role) as a ``tokenyard.sched.KvConnector``:
-    the core calls these three methods with its ``RequestView``; each calls the vLLM
-    connector with the vLLM ``Request`` and vLLM's argument types, and keeps what the
-    adapter reports back to vLLM (``kv_transfer_params``, the connector's prefix-cache
-    lookups, the transfers in flight)."""
-
-    def __init__(self, scheduler: TokenyardScheduler, connector: Any) -> None:
-        self._scheduler = scheduler
-        self.connector = connector
-        # Requests whose asynchronous load is in flight / whose blocks a send holds.
-        self.loading: set[str] = set()
-        self.sending: set[str] = set()
-        # request_finished's kv_transfer_params, for the request's last EngineCoreOutput.
-        self.transfer_params: dict[str, Any] = {}
-        # (queries, hits) of the latest connector lookup, recorded once blocks are given.
-        self._lookups: dict[str, tuple[int, int]] = {}
-        # Tokens the connector gave an admitted request (not local prefix hits).
-        self.external_hits: dict[str, int] = {}
-        # Requests whose local prefix lookup was recorded when their blocks were given (an
-        # asynchronous load: vLLM records lookups at admission, not when scheduled).
-        self.lookups_recorded: set[str] = set()
-        # Whether the latest lookup of a request offered an asynchronous load.
-        self._load_async: dict[str, bool] = {}
-        # A synchronous load was admitted in the step being formed (vLLM's
-        # SchedulerOutput.has_sync_kv_loads).
-        self.has_sync_kv_loads = False
-
-    def get_num_new_matched_tokens(
-        self, view: Any, num_computed_tokens: int
-    ) -> tuple[int | None, bool]:
-        request = self._scheduler.requests[view.request_id]
-        num_tokens, load_async = self.connector.get_num_new_matched_tokens(
-            request, num_computed_tokens
-        )
-        if request.skip_reading_prefix_cache:
-            num_tokens, load_async = 0, False
-        if num_tokens is not None:
-            self._load_async[request.request_id] = bool(load_async)
-            self._lookups[request.request_id] = (
-                request.num_tokens - num_computed_tokens,
-                num_tokens,
-            )
-        return num_tokens, bool(load_async)
-
-    def update_state_after_alloc(self, view: Any, block_ids: Any, num_external_tokens: int) -> None:
-        scheduler = self._scheduler
-        request = scheduler.requests[view.request_id]
-        # vLLM's connectors read block ids off KVCacheBlocks; the blocks' hash and ref-count
-        # state lives in Rust and is not mirrored on these objects.
-        blocks = KVCacheBlocks((tuple(KVCacheBlock(int(b)) for b in block_ids.tolist()),))
-        self.connector.update_state_after_alloc(request, blocks, num_external_tokens)
-        queries, hits = self._lookups.pop(request.request_id, (0, 0))
-        load_async = self._load_async.pop(request.request_id, False)
-        if load_async and num_external_tokens:
-            scheduler._record_prefix_lookup(request, request.num_tokens - queries)
-            self.lookups_recorded.add(request.request_id)
-        if num_external_tokens:
-            self.external_hits[request.request_id] = num_external_tokens
-            if not load_async:
-                self.has_sync_kv_loads = True
-        stats = scheduler.connector_prefix_cache_stats
-        if stats is not None and queries:
-            preempted = request.num_preemptions > 0
-            sources = None
-            if hits and not preempted:
-                sources = self.connector.get_external_cache_hit_sources(request, hits)
-            stats.record(
-                num_tokens=queries, num_hits=hits, preempted=preempted, hits_by_source=sources
-            )
-
-    def request_finished(self, view: Any, block_ids: Any) -> bool:
-        request_id = view.request_id
-        request = self._scheduler.requests[request_id]
-        delay_free, params = self.connector.request_finished(request, block_ids.tolist())
-        if params is not None:
-            self.transfer_params[request_id] = params
-        if delay_free:
-            self.sending.add(request_id)
-        return bool(delay_free)
-
-
-class _WaitingView:
-    """``scheduler.waiting`` as vLLM's callers read it: the waiting requests in scheduling
-    order (requests holding KV blocks first), with ``len``, iteration, ``in`` and
-    ``peek_request``. A snapshot: it does not change as the scheduler does."""
-
-    __slots__ = ("_requests",)
-
-    def __init__(self, requests: list[Request]) -> None:
-        self._requests = requests
-
-    def __len__(self) -> int:
-        return len(self._requests)
-
-    def __bool__(self) -> bool:
-        return bool(self._requests)
-
-    def __iter__(self) -> Iterator[Request]:
-        return iter(self._requests)
-
-    def __contains__(self, request: object) -> bool:
-        return request in self._requests
-
-    def __getitem__(self, index: int) -> Request:
-        return self._requests[index]
-
-    def peek_request(self) -> Request:
-        if not self._requests:
-            raise IndexError("peek from an empty queue")
-        return self._requests[0]
-
-    def __repr__(self) -> str:
-        return f"WaitingView({[r.request_id for r in self._requests]})"
-
-
-class _BlockPoolView:
-    """The part of vLLM's ``BlockPool`` a caller can read here: free blocks and size."""
-
-    def __init__(self, scheduler: TokenyardScheduler) -> None:
-        self._scheduler = scheduler
-
-    @property
-    def num_gpu_blocks(self) -> int:
-        return self._scheduler._num_kv_blocks + 1
-
-    def get_num_free_blocks(self) -> int:
-        """Blocks free for allocation, cached blocks no request holds included (vLLM's
-        count; the null block is never free)."""
-        return int(self._scheduler._core.num_free_blocks)
-
-    def get_usage(self) -> float:
-        return self._scheduler.get_kv_cache_usage()
-
-
-class _KVCacheManagerView:
-    """``scheduler.kv_cache_manager`` as far as tokenyard can answer it: block tables, free
-    blocks, usage, the prefix-cache stats being gathered, and the prefix-cache reset. The
-    blocks themselves (``KVCacheBlock`` objects, the free queue, the hash map, the
-    coordinator) live in Rust and are not exposed."""
-
-    def __init__(self, scheduler: TokenyardScheduler) -> None:
-        self._scheduler = scheduler
-        self.block_pool = _BlockPoolView(scheduler)
-
-    @property
-    def usage(self) -> float:
-        return self._scheduler.get_kv_cache_usage()
-
-    @property
-    def prefix_cache_stats(self) -> PrefixCacheStats | None:
-        return self._scheduler._prefix_cache_stats
-
-    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
-        scheduler = self._scheduler
-        if scheduler._prefix_cache_stats is None:
-            return None
-        stats, scheduler._prefix_cache_stats = scheduler._prefix_cache_stats, PrefixCacheStats()
-        return stats
-
-    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
-        """The request's block table, one list per KV cache group (tokenyard has one)."""
-        return (self._scheduler._core.block_ids(request_id).tolist(),)
-
-    def get_num_free_blocks(self) -> int:
-        return self.block_pool.get_num_free_blocks()
-
-    def get_computed_blocks(
-        self, request: Request, max_cache_hit_length: int | None = None
-    ) -> tuple[None, int, int]:
-        """The prefix-cache hit an admission of ``request`` would find now (a probe:
-        nothing is allocated), as ``(blocks, num_computed_tokens, shared_prefix_boundary)``.
-        The blocks themselves live in Rust and are not exposed (``None``); the boundary is
-        always 0 (one full-attention group)."""
-        if getattr(request, "skip_reading_prefix_cache", False):
-            return None, 0, 0
-        lora = request.lora_request
-        num_tokens = self._scheduler._core.num_cached_prefix_tokens(
-            request.all_token_ids,
-            lora_id=lora.lora_int_id if lora is not None and lora.lora_int_id > 0 else None,
-        )
-        if max_cache_hit_length is not None and num_tokens > max_cache_hit_length:
-            block_size = self._scheduler.block_size
-            num_tokens = max_cache_hit_length // block_size * block_size
-        return None, num_tokens, 0
-
-    def reset_prefix_cache(self) -> bool:
-        reset, _ = self._scheduler._core.reset_prefix_cache(preempt_running=False)
-        return bool(reset)
 
 
 class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]

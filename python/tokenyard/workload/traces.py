@@ -233,6 +233,12 @@ class _TraceReader(ABC):
                 first = time
             last = time
             count += 1
+        return self._qps_scale(count, first, last)
+
+    def _qps_scale(self, count: int, first: float, last: float) -> float:
+        """The time scale that replays ``count`` selected requests spanning ``first`` to
+        ``last`` at ``target_qps``."""
+        assert self.target_qps is not None
         if count < 2 or last <= first:
             raise TraceError(
                 f"target_qps needs at least two selected requests at different times; "
@@ -480,14 +486,7 @@ class MooncakeTrace(_TraceReader):
                 first = float(rows.times_s[0])
             last = float(rows.times_s[-1])
             count += len(rows.times_s)
-        if count < 2 or last <= first:
-            raise TraceError(
-                f"target_qps needs at least two selected requests at different times; "
-                f"got {count} spanning {last - first:g} s",
-                path=self._name,
-                field="target_qps",
-            )
-        return (count - 1) / (last - first) / float(self.target_qps)
+        return self._qps_scale(count, first, last)
 
     def _chunks(self, chunk_size: int) -> Iterator[RequestChunk]:
         scale = self._scale()

@@ -530,21 +530,7 @@ impl<R: RequestKey> BlockPool<R> {
     /// Registers the request's loaded blocks (see [`Self::allocate_slots_external`]) in the
     /// prefix cache: their data has landed.
     pub fn cache_loaded_blocks(&mut self, request_id: &R) -> Result<()> {
-        let (block_size, caching) = (self.block_size, self.enable_caching);
-        let Self {
-            requests,
-            cached,
-            blocks,
-            events,
-            ..
-        } = self;
-        let request = requests
-            .get_mut(request_id)
-            .ok_or_else(|| Error::unknown_request(request_id))?;
-        if caching {
-            cache_full_blocks(block_size, cached, blocks, events, request);
-        }
-        Ok(())
+        self.cache_blocks(request_id, &[])
     }
 
     /// Gives the pool the request's `new_token_ids` (known now, past those it has) and

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -154,4 +155,33 @@ def test_the_default_job_is_identical_at_a_smaller_size() -> None:
     assert_identical(
         simulate(config, coalesce_decode_steps=False),
         simulate(config, coalesce_decode_steps=True),
+    )
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_coalescing_keeps_the_prefill_cadence(seed: int) -> None:
+    # vLLM's prefill_schedule_interval counts executed steps: a replica holding prefill
+    # behind decodes must hold it for the same steps whether decode steps coalesce or not.
+    config = config_from_mapping(
+        {
+            "seed": seed,
+            "cluster": {"num_replicas": 2, "global_scheduler": {"policy": "round_robin"}},
+            "replica": {
+                "over_length": "skip",
+                "scheduler": {
+                    "policy": "vllm_v1",
+                    "vllm_v1": {
+                        "block_size": 16,
+                        "num_blocks": 80,
+                        "max_num_batched_tokens": 2048,
+                        "prefill_schedule_interval": 2 + seed % 3,
+                    },
+                },
+            },
+            "workload": workload("unique", seed, 30, None),
+        }
+    )
+    assert_identical(
+        simulate(config, coalesce_decode_steps=True),
+        simulate(config, coalesce_decode_steps=False),
     )

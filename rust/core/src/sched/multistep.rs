@@ -86,6 +86,8 @@ impl<R: RequestKey> Scheduler<R> {
             && self.running.len() <= self.config.max_num_batched_tokens
             && self.config.num_lookahead_tokens == 0
             && self.config.host_num_blocks == 0
+            // The prefill cadence counts executed steps, which a window does not advance.
+            && self.config.prefill_schedule_interval == 1
             && !self.kv.is_radix()
             && self.finished_in_flight.is_empty()
             && self.landed.is_empty()

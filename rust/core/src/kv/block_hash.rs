@@ -13,41 +13,80 @@ use super::TokenId;
 pub struct BlockHash(pub u128);
 
 thread_local! {
-    /// The bytes of the block being hashed, reused from block to block.
+    /// The bytes of a block too long for the stack buffer, reused from block to block.
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
+
+/// Tokens a block may hold to be laid out on the stack (vLLM's block sizes go to 64; a
+/// sim's 512-token hash blocks are hashed in KV-block pieces).
+const STACK_TOKENS: usize = 128;
+
+/// Bytes of the tagged parent hash and tagged extra key at most.
+const HEADER_BYTES: usize = 1 + 16 + 1 + 8;
 
 /// Hash of one full block, chained to its parent's hash.
 ///
 /// The bytes hashed are: a tagged parent hash, a tagged extra key, then the token ids
 /// little-endian. They are laid out in one buffer and hashed in one call: xxh3's one-shot
 /// and streaming forms give the same digest, and the one-shot form is the faster (the
-/// streaming hasher copied every block through its own buffer).
+/// streaming hasher copied every block through its own buffer). The buffer is on the
+/// stack for blocks of up to `STACK_TOKENS` tokens (this runs for every block of every
+/// replayed prompt).
 pub fn hash_block(
     parent: Option<BlockHash>,
     tokens: &[TokenId],
     extra_key: Option<u64>,
 ) -> BlockHash {
+    if tokens.len() <= STACK_TOKENS {
+        let mut bytes = [0u8; HEADER_BYTES + 4 * STACK_TOKENS];
+        let len = lay_out(&mut bytes, parent, tokens, extra_key);
+        return BlockHash(xxh3_128(&bytes[..len]));
+    }
     SCRATCH.with_borrow_mut(|bytes| {
         bytes.clear();
-        // Tag the optional parts so "no parent" and "no extra key" never collide with a value.
-        match parent {
-            Some(BlockHash(h)) => {
-                bytes.push(1);
-                bytes.extend_from_slice(&h.to_le_bytes());
-            }
-            None => bytes.push(0),
-        }
-        match extra_key {
-            Some(key) => {
-                bytes.push(1);
-                bytes.extend_from_slice(&key.to_le_bytes());
-            }
-            None => bytes.push(0),
-        }
-        bytes.extend(tokens.iter().flat_map(|t| t.to_le_bytes()));
-        BlockHash(xxh3_128(bytes))
+        bytes.resize(HEADER_BYTES + 4 * tokens.len(), 0);
+        let len = lay_out(bytes, parent, tokens, extra_key);
+        BlockHash(xxh3_128(&bytes[..len]))
     })
+}
+
+/// Writes the hashed bytes of a block into the front of `bytes` (long enough) and returns
+/// how many there are.
+fn lay_out(
+    bytes: &mut [u8],
+    parent: Option<BlockHash>,
+    tokens: &[TokenId],
+    extra_key: Option<u64>,
+) -> usize {
+    // Tag the optional parts so "no parent" and "no extra key" never collide with a value.
+    let mut len = 0;
+    match parent {
+        Some(BlockHash(h)) => {
+            bytes[0] = 1;
+            bytes[1..17].copy_from_slice(&h.to_le_bytes());
+            len += 17;
+        }
+        None => {
+            bytes[0] = 0;
+            len += 1;
+        }
+    }
+    match extra_key {
+        Some(key) => {
+            bytes[len] = 1;
+            bytes[len + 1..len + 9].copy_from_slice(&key.to_le_bytes());
+            len += 9;
+        }
+        None => {
+            bytes[len] = 0;
+            len += 1;
+        }
+    }
+    let body = &mut bytes[len..len + 4 * tokens.len()];
+    for (out, token) in body.chunks_exact_mut(4).zip(tokens) {
+        out.copy_from_slice(&token.to_le_bytes());
+    }
+    len + body.len()
 }
 
 /// Appends to `hashes` the hashes of every full block of `tokens` beyond the ones already

@@ -53,6 +53,25 @@ pub struct DecodeWindow {
 }
 
 impl DecodeWindow {
+    /// Empties the window for the requests `running`, keeping its buffers.
+    fn reset(&mut self, running: &[u32], block_size: usize) {
+        self.slots.clear();
+        self.slots.extend_from_slice(running);
+        self.base.clear();
+        self.last.clear();
+        self.first_alloc.clear();
+        self.buckets.resize_with(block_size, Vec::new);
+        for bucket in &mut self.buckets {
+            bucket.clear();
+        }
+        self.num_steps = 0;
+        self.formed = 0;
+        self.finishes.clear();
+        self.next_finish = 0;
+        self.done.clear();
+        self.done.resize(running.len(), false);
+    }
+
     pub fn num_steps(&self) -> usize {
         self.num_steps
     }
@@ -78,6 +97,13 @@ impl<R: RequestKey> Scheduler<R> {
     /// step is not one (see the module doc) or the window would be a single step. Changes
     /// nothing.
     pub fn open_decode_window(&self) -> Option<DecodeWindow> {
+        let mut window = DecodeWindow::default();
+        self.open_decode_window_in(&mut window).then_some(window)
+    }
+
+    /// [`Self::open_decode_window`] into `window`, reusing its buffers (a replica opens a
+    /// window every few steps); `false`: none opens, and `window` holds nothing valid.
+    pub fn open_decode_window_in(&self, window: &mut DecodeWindow) -> bool {
         let coalescible = self.plugin.is_none()
             && self.connector.is_none()
             && !self.async_scheduling
@@ -93,19 +119,10 @@ impl<R: RequestKey> Scheduler<R> {
             && self.landed.is_empty()
             && self.failed_loads.is_empty();
         if !coalescible {
-            return None;
+            return false;
         }
         let bs = self.config.block_size;
-        let n = self.running.len();
-        let mut window = DecodeWindow {
-            slots: self.running.clone(),
-            base: Vec::with_capacity(n),
-            last: Vec::with_capacity(n),
-            first_alloc: Vec::with_capacity(n),
-            buckets: vec![Vec::new(); bs],
-            done: vec![false; n],
-            ..DecodeWindow::default()
-        };
+        window.reset(&self.running, bs);
         for (i, &slot) in self.running.iter().enumerate() {
             let r = self.req(slot);
             let decoding = r.status == RequestStatus::Running
@@ -116,7 +133,7 @@ impl<R: RequestKey> Scheduler<R> {
                 && r.spec.stop_token_ids.is_empty()
                 && (r.spec.ignore_eos || r.spec.eos_token_id.is_none());
             if !decoding {
-                return None;
+                return false;
             }
             // Step s appends the request's (num_output + s)-th output: it finishes at the
             // first s reaching max_tokens or max_model_len (`stop_reason`); no step clamps
@@ -139,16 +156,15 @@ impl<R: RequestKey> Scheduler<R> {
             window.num_steps = window.num_steps.max(last);
         }
         if window.num_steps < 2 {
-            return None;
+            return false;
         }
         for bucket in &mut window.buckets {
             bucket.sort_unstable();
         }
-        window.finishes = (window.last.iter().enumerate())
-            .map(|(i, &l)| (l as u32, i as u32))
-            .collect();
+        let finishes = (window.last.iter().enumerate()).map(|(i, &l)| (l as u32, i as u32));
+        window.finishes.extend(finishes);
         window.finishes.sort_unstable();
-        Some(window)
+        true
     }
 
     /// Schedules the window's next step: the pool's moves of that step happen now (see the

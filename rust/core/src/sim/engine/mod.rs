@@ -189,6 +189,12 @@ pub struct Simulator<'a> {
     replicas: Vec<Replica>,
     router: Router,
     events: BinaryHeap<Event>,
+    /// Events due now that follow every other kind at their time (class 1): most of a
+    /// step's events (stage arrival, stage schedule, batch end, the next schedule) are
+    /// pushed for the current time. They are in heap order already (one time, one class,
+    /// rising `seq`), so a queue holds them, merged with the heap at each pop: the same
+    /// order as one heap, without its sifting.
+    due_now: VecDeque<Event>,
     seq: u64,
     now: f64,
     batches: FxHashMap<u64, Batch>,
@@ -320,6 +326,7 @@ impl<'a> Simulator<'a> {
             replicas,
             router,
             events: BinaryHeap::new(),
+            due_now: VecDeque::new(),
             seq: 0,
             now: 0.0,
             batches: FxHashMap::default(),
@@ -364,7 +371,8 @@ impl<'a> Simulator<'a> {
     /// Runs until every request has completed.
     pub fn run(mut self, source: &mut dyn RequestSource) -> Result<SimOutput> {
         self.schedule_next_arrival(source)?;
-        while let Some(event) = self.events.pop() {
+        while let Some(event) = self.pop_event() {
+            debug_assert!(event.time >= self.now);
             self.now = event.time;
             self.out.num_events += 1;
             self.handle(event.kind, source)?;
@@ -417,12 +425,28 @@ impl<'a> Simulator<'a> {
             kind,
             EventKind::Arrival | EventKind::TurnArrival { .. }
         ));
-        self.events.push(Event {
+        let event = Event {
             time,
             class,
             seq: self.seq,
             kind,
-        });
+        };
+        // `time == now` exactly: the handlers push `self.now` itself for what follows at once.
+        if class == 1 && time == self.now {
+            self.due_now.push_back(event);
+        } else {
+            self.events.push(event);
+        }
+    }
+
+    /// The earliest event of the heap and the due-now queue (`Event`'s order is reversed:
+    /// the greater is the earlier).
+    fn pop_event(&mut self) -> Option<Event> {
+        match (self.events.peek(), self.due_now.front()) {
+            (Some(heap), Some(now)) if heap > now => self.events.pop(),
+            (_, Some(_)) => self.due_now.pop_front(),
+            (_, None) => self.events.pop(),
+        }
     }
 
     fn handle(&mut self, kind: EventKind, source: &mut dyn RequestSource) -> Result<()> {

@@ -54,6 +54,8 @@ pub struct VllmV1 {
     /// progress, if any.
     coalesce: bool,
     window: Option<Window>,
+    /// The last window's plan, whose buffers the next one reuses.
+    spare_plan: DecodeWindow,
 }
 
 /// A decode window in progress: each of its steps is a batch of `ids`, one token each.
@@ -202,6 +204,7 @@ impl VllmV1 {
             kv_loads: Vec::new(),
             coalesce: false,
             window: None,
+            spare_plan: DecodeWindow::default(),
         })
     }
 
@@ -254,12 +257,11 @@ impl VllmV1 {
                 && self.adapters.is_none()
                 && self.role == PdRole::Aggregated
                 && self.samplers.is_empty();
-            let Some(plan) = eligible
-                .then(|| self.scheduler.open_decode_window())
-                .flatten()
-            else {
+            let mut plan = std::mem::take(&mut self.spare_plan);
+            if !(eligible && self.scheduler.open_decode_window_in(&mut plan)) {
+                self.spare_plan = plan;
                 return Ok(None);
-            };
+            }
             let ids = self.scheduler.running_ids();
             let ones = vec![1; ids.len()];
             self.window = Some(Window {
@@ -282,6 +284,8 @@ impl VllmV1 {
             let window = self.window.take().expect("checked above");
             if window.plan.num_formed() > 0 {
                 self.end_window_early(window, requests)?;
+            } else {
+                self.spare_plan = window.plan;
             }
             return Ok(None);
         }
@@ -342,6 +346,7 @@ impl VllmV1 {
         };
         self.scheduler.catch_up_all(&mut window.plan, token)?;
         let finished = self.scheduler.append_one_token_each(&window.ids, token)?;
+        self.spare_plan = window.plan;
         Ok(finished.into_iter().map(|(idx, _)| idx).collect())
     }
 }

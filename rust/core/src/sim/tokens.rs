@@ -47,12 +47,18 @@ pub const MEMO_TOKENS: usize = 1 << 20;
 /// Prompt synthesis that generates each shared block's tokens once while it stays in a
 /// small memo, instead of at every prompt that repeats its block id (a popular prefix is
 /// repeated by thousands of requests). Direct-mapped by block id and bounded
-/// (`memo_tokens`), so a trace of mostly unique ids costs a copy, not memory. The tokens
-/// are the same as [`synthesize_prompt`]'s with or without it.
+/// (`memo_tokens`). A block enters the memo the second time its slot sees its id: the
+/// first time its tokens go straight into the prompt, so a trace of mostly unique ids (the
+/// built-in workload gives every unshared block an id of its own, Mooncake's ids rarely
+/// repeat) writes an id per block, not its tokens twice. The tokens are the same as
+/// [`synthesize_prompt`]'s with or without it.
 pub struct BlockTokens {
     block: usize,
     /// Slot `id % len`: the block id whose tokens it holds (`None`: empty) and the tokens.
     slots: Vec<(Option<u64>, Box<[TokenId]>)>,
+    /// Per slot, the last id it saw and did not keep, plus one (0: none; an id of
+    /// `u64::MAX` then counts as seen, which only keeps it a sight early).
+    seen: Vec<u64>,
 }
 
 impl BlockTokens {
@@ -62,6 +68,7 @@ impl BlockTokens {
         Self {
             block,
             slots: (0..num_slots).map(|_| (None, Box::default())).collect(),
+            seen: vec![0; num_slots],
         }
     }
 
@@ -88,16 +95,21 @@ impl BlockTokens {
         tokens
     }
 
-    /// The whole block of `id`, from the memo (generated into it on a miss); `None`
-    /// without a memo.
+    /// The whole block of `id` from the memo (generated into it on its second sight);
+    /// `None` without a memo or on a first sight.
     fn block_tokens(&mut self, id: u64) -> Option<&[TokenId]> {
         let num_slots = self.slots.len() as u64;
         if num_slots == 0 {
             return None;
         }
         let block = self.block;
-        let (held, memo) = &mut self.slots[(id % num_slots) as usize];
+        let index = (id % num_slots) as usize;
+        let (held, memo) = &mut self.slots[index];
         if *held != Some(id) {
+            if self.seen[index] != id.wrapping_add(1) {
+                self.seen[index] = id.wrapping_add(1);
+                return None;
+            }
             if memo.len() != block {
                 *memo = vec![0; block].into_boxed_slice();
             }
@@ -290,7 +302,8 @@ mod tests {
         for num_tokens in [1, 4, 5, 11, 12, 13, 20] {
             let tokens = synthesize_prompt_with_room(3, num_tokens, &ids, 4, 6);
             assert!(tokens.capacity() >= num_tokens as usize + 6);
-            assert_eq!(memo.prompt(3, num_tokens, &ids, 0), tokens);
+            assert_eq!(memo.prompt(3, num_tokens, &ids, 0), tokens, "first sight");
+            assert_eq!(memo.prompt(3, num_tokens, &ids, 0), tokens, "kept");
             assert_eq!(memo.prompt(3, num_tokens, &ids, 0), tokens, "from the memo");
             let expected: Vec<TokenId> = (0..num_tokens as u64)
                 .map(|pos| match ids.get(pos as usize / 4) {

@@ -195,6 +195,8 @@ pub struct Simulator<'a> {
     /// rising `seq`), so a queue holds them, merged with the heap at each pop: the same
     /// order as one heap, without its sifting.
     due_now: VecDeque<Event>,
+    /// Epoch vectors of ended batches, for the next batches.
+    spare_epochs: Vec<Vec<u32>>,
     seq: u64,
     now: f64,
     batches: FxHashMap<u64, Batch>,
@@ -327,6 +329,7 @@ impl<'a> Simulator<'a> {
             router,
             events: BinaryHeap::new(),
             due_now: VecDeque::new(),
+            spare_epochs: Vec::new(),
             seq: 0,
             now: 0.0,
             batches: FxHashMap::default(),
@@ -561,7 +564,8 @@ impl<'a> Simulator<'a> {
             shape.lora = self.replicas[r]
                 .policy
                 .lora_shape(&ids, &num_tokens, &self.requests)?;
-            let mut epochs = Vec::with_capacity(ids.len());
+            let mut epochs = self.spare_epochs.pop().unwrap_or_default();
+            epochs.clear();
             for &idx in &ids {
                 let request = self.requests.get_mut(idx);
                 request.on_batch_schedule(self.now);
@@ -682,6 +686,16 @@ impl<'a> Simulator<'a> {
             if self.out.requests.len().is_multiple_of(PROGRESS_EVERY) {
                 self.progress_due = true;
             }
+        }
+        let Batch {
+            requests: ids,
+            num_tokens,
+            epochs,
+            ..
+        } = batch;
+        self.replicas[r].policy.recycle((ids, num_tokens));
+        if self.spare_epochs.len() < 4 {
+            self.spare_epochs.push(epochs);
         }
         let events = self.replicas[r].policy.drain_kv_events();
         if !events.is_empty() {

@@ -69,6 +69,10 @@ pub trait ReplicaPolicy: Send {
     /// Fraction of the KV memory allocated.
     fn kv_usage(&self) -> f64;
 
+    /// Takes back the vectors of a plan this replica made, once its batch has ended, for
+    /// its next plans (a replica that plans every step need not allocate every step).
+    fn recycle(&mut self, _plan: BatchPlan) {}
+
     /// Cache events since the last call (replicas with a prefix cache).
     fn drain_kv_events(&mut self) -> Vec<KvEvent> {
         Vec::new()

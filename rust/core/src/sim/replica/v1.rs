@@ -56,6 +56,8 @@ pub struct VllmV1 {
     window: Option<Window>,
     /// The last window's plan, whose buffers the next one reuses.
     spare_plan: DecodeWindow,
+    /// Vectors of ended batches, for the next window steps' plans.
+    spare_batches: Vec<BatchPlan>,
 }
 
 /// A decode window in progress: each of its steps is a batch of `ids`, one token each.
@@ -205,6 +207,7 @@ impl VllmV1 {
             coalesce: false,
             window: None,
             spare_plan: DecodeWindow::default(),
+            spare_batches: Vec::new(),
         })
     }
 
@@ -289,7 +292,10 @@ impl VllmV1 {
             }
             return Ok(None);
         }
-        Ok(Some((window.ids.clone(), window.ones.clone())))
+        let (mut ids, mut ones) = self.spare_batches.pop().unwrap_or_default();
+        ids.clone_from(&window.ids);
+        ones.clone_from(&window.ones);
+        Ok(Some((ids, ones)))
     }
 
     /// The window's step in flight ended: the requests it finished are released (the
@@ -548,6 +554,13 @@ impl ReplicaPolicy for VllmV1 {
 
     fn drain_kv_events(&mut self) -> Vec<KvEvent> {
         self.scheduler.drain_kv_events()
+    }
+
+    fn recycle(&mut self, plan: BatchPlan) {
+        // A batch or two is in flight at a time: a few spares serve every step.
+        if self.spare_batches.len() < 4 {
+            self.spare_batches.push(plan);
+        }
     }
 
     fn set_pd_role(&mut self, role: PdRole) -> Result<()> {

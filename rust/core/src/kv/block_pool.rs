@@ -981,7 +981,7 @@ fn append_tokens(
     request.block_hashes.reserve(num_new_hashes);
     if !request.tail_tokens.is_empty() {
         let take = (bs - request.tail_tokens.len()).min(rest.len());
-        request.tail_tokens.extend_from_slice(&rest[..take]);
+        extend_tokens(&mut request.tail_tokens, &rest[..take]);
         rest = &rest[take..];
         if request.tail_tokens.len() < bs {
             return;
@@ -998,7 +998,17 @@ fn append_tokens(
             .block_hashes
             .push(hash_block(parent, block, request.extra_key));
     }
-    request.tail_tokens.extend_from_slice(&rest[num_whole..]);
+    extend_tokens(&mut request.tail_tokens, &rest[num_whole..]);
+}
+
+/// `tokens.extend_from_slice(new)`, without a `memcpy` call for the one token of a decode
+/// step (every running request's every step appends one).
+fn extend_tokens(tokens: &mut Vec<TokenId>, new: &[TokenId]) {
+    match new {
+        [] => {}
+        [token] => tokens.push(*token),
+        _ => tokens.extend_from_slice(new),
+    }
 }
 
 /// Blocks whose map slots are read ahead together.

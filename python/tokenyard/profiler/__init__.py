@@ -8,15 +8,41 @@ rows of tokenyard profile format v1; :func:`write_profile` writes them as CSV, w
 
 from __future__ import annotations
 
-from tokenyard.profiler.run import (
-    GRIDS,
-    ModelShape,
-    ProfileGrid,
-    ProfileRow,
-    comms_available,
-    profile_model,
-    write_profile,
-)
+from typing import TYPE_CHECKING, Any
+
+from tokenyard._lazy import lazy_attribute, lazy_dir
+
+if TYPE_CHECKING:
+    from tokenyard.profiler.run import (
+        GRIDS,
+        ModelShape,
+        ProfileGrid,
+        ProfileRow,
+        comms_available,
+        profile_model,
+        write_profile,
+    )
+
+# Imported at first use: the command line imports this package to add its
+# subcommand, and every other command would pay for its modules at start-up.
+_EXPORTS = {
+    "GRIDS": "tokenyard.profiler.run",
+    "ModelShape": "tokenyard.profiler.run",
+    "ProfileGrid": "tokenyard.profiler.run",
+    "ProfileRow": "tokenyard.profiler.run",
+    "comms_available": "tokenyard.profiler.run",
+    "profile_model": "tokenyard.profiler.run",
+    "write_profile": "tokenyard.profiler.run",
+}
+
+
+def __getattr__(name: str) -> Any:
+    return lazy_attribute(globals(), _EXPORTS, name)
+
+
+def __dir__() -> list[str]:
+    return lazy_dir(globals(), _EXPORTS)
+
 
 __all__ = [
     "GRIDS",

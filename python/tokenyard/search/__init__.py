@@ -20,24 +20,64 @@ search). Locally on a process pool or on a Ray cluster; results are the same eit
 See ``docs/search.md``.
 """
 
-from tokenyard.search.capacity import CapacityResult, CapacitySearch, Probe, with_rate
-from tokenyard.search.config import (
-    SLO,
-    SearchConfig,
-    SearchParams,
-    load_search_config,
-    search_config_from_mapping,
-)
-from tokenyard.search.deployments import (
-    CapacityReport,
-    Point,
-    SearchResult,
-    capacity_search,
-    deployment_search,
-    expand,
-)
-from tokenyard.search.executors import LocalExecutor, RayExecutor, SerialExecutor
-from tokenyard.search.plots import plot_capacity, plot_pareto, write_plots
+from typing import TYPE_CHECKING, Any
+
+from tokenyard._lazy import lazy_attribute, lazy_dir
+
+if TYPE_CHECKING:
+    from tokenyard.search.capacity import CapacityResult, CapacitySearch, Probe, with_rate
+    from tokenyard.search.config import (
+        SLO,
+        SearchConfig,
+        SearchParams,
+        load_search_config,
+        search_config_from_mapping,
+    )
+    from tokenyard.search.deployments import (
+        CapacityReport,
+        Point,
+        SearchResult,
+        capacity_search,
+        deployment_search,
+        expand,
+    )
+    from tokenyard.search.executors import LocalExecutor, RayExecutor, SerialExecutor
+    from tokenyard.search.plots import plot_capacity, plot_pareto, write_plots
+
+# Imported at first use: the command line imports this package to add its
+# subcommand, and every other command would pay for its modules at start-up.
+_EXPORTS = {
+    "CapacityResult": "tokenyard.search.capacity",
+    "CapacitySearch": "tokenyard.search.capacity",
+    "Probe": "tokenyard.search.capacity",
+    "with_rate": "tokenyard.search.capacity",
+    "SLO": "tokenyard.search.config",
+    "SearchConfig": "tokenyard.search.config",
+    "SearchParams": "tokenyard.search.config",
+    "load_search_config": "tokenyard.search.config",
+    "search_config_from_mapping": "tokenyard.search.config",
+    "CapacityReport": "tokenyard.search.deployments",
+    "Point": "tokenyard.search.deployments",
+    "SearchResult": "tokenyard.search.deployments",
+    "capacity_search": "tokenyard.search.deployments",
+    "deployment_search": "tokenyard.search.deployments",
+    "expand": "tokenyard.search.deployments",
+    "LocalExecutor": "tokenyard.search.executors",
+    "RayExecutor": "tokenyard.search.executors",
+    "SerialExecutor": "tokenyard.search.executors",
+    "plot_capacity": "tokenyard.search.plots",
+    "plot_pareto": "tokenyard.search.plots",
+    "write_plots": "tokenyard.search.plots",
+}
+
+
+def __getattr__(name: str) -> Any:
+    return lazy_attribute(globals(), _EXPORTS, name)
+
+
+def __dir__() -> list[str]:
+    return lazy_dir(globals(), _EXPORTS)
+
 
 __all__ = [
     "SLO",

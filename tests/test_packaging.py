@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -67,3 +69,27 @@ def test_the_kernels_import_as_tokenyard_kernels() -> None:
     if origin.is_relative_to(ROOT / "python"):
         assert Path(kernels.__file__).resolve().parent == KERNELS.resolve()
         assert Path(reference.__file__).resolve().parent == KERNELS.resolve()
+
+
+@pytest.mark.parametrize("package", ["tokenyard.search", "tokenyard.profiler"])
+def test_lazy_packages_export_every_name_and_import_nothing_until_asked(package: str) -> None:
+    """The command line imports these packages to list their subcommands: importing one
+    must not import its modules (start-up), and every name of its `__all__` must still
+    resolve, to the object its module defines."""
+    import importlib
+
+    code = (
+        f"import sys, {package} as p\n"
+        f"print(sorted(m for m in sys.modules if m.startswith('{package}.')))\n"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert loaded.strip() == "[]", loaded
+    module = importlib.import_module(package)
+    for name in module.__all__:
+        value = getattr(module, name)
+        assert getattr(importlib.import_module(module._EXPORTS[name]), name) is value
+        assert name in dir(module)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        _ = module.nope

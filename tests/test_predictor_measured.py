@@ -513,7 +513,7 @@ def test_a_built_predictor_is_kept_on_disk_and_rebuilt_when_its_tables_change(
 
     def columns() -> dict[str, bytes]:
         ex._cached_measured.cache_clear()  # the in-process caches: only the disk's is left
-        build._read.cache_clear()
+        build._read_version.cache_clear()
         result = run(measured)
         return {name: col.tobytes() for name, col in result.columns.items()}
 
@@ -534,5 +534,17 @@ def test_a_built_predictor_is_kept_on_disk_and_rebuilt_when_its_tables_change(
     write(gemm, slower)
     assert columns() != built
     assert len(list((tmp_path / "cache/predictors").glob("measured-*.json"))) == 2
+    # Rewritten during the session: the in-process caches answer by file version too, so
+    # the original latencies price as at first without clearing anything.
+    write(gemm, gemm_columns())
+    restored = run(measured)
+    assert {name: col.tobytes() for name, col in restored.columns.items()} == built
+    # Another numpy (it interpolates the tables) is another key: built again.
     ex._cached_measured.cache_clear()
-    build._read.cache_clear()
+    with monkeypatch.context() as m:
+        m.setattr(np, "__version__", "0.0.0+another")
+        m.setattr(ex, "measured_predictor", no_build)
+        with pytest.raises(AssertionError, match="built again"):
+            run(measured)
+    ex._cached_measured.cache_clear()
+    build._read_version.cache_clear()

@@ -13,10 +13,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import importlib.util
 import json
 import os
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from tokenyard.catalog import DeviceSpec, ModelSpec
 from tokenyard.errors import ConfigError
@@ -139,6 +142,10 @@ def choose_execution(config: SimulationConfig) -> ExecutionChoice:
     return ExecutionChoice("measured", source=source)
 
 
+#: Each table folder (family) with its files' (name, size, modification time).
+TableFiles = tuple[tuple[str, tuple[tuple[str, int, int], ...]], ...]
+
+
 def _build_measured(config: SimulationConfig, source: MeasuredSource) -> CompiledPredictor:
     replica = config.replica
     catalog = catalog_for(config)
@@ -152,6 +159,26 @@ def _build_measured(config: SimulationConfig, source: MeasuredSource) -> Compile
         _resolve_kv_dtype(replica.dtype, replica.kv_cache_dtype),
         config.execution.cpu or CpuOverheads(),
         (config.execution.measured or MeasuredConfig()).moe_distribution,
+        _table_files(source),
+    )
+
+
+def _table_files(source: MeasuredSource) -> TableFiles:
+    """Each table folder's files (name, size, modification time): part of every key a
+    measured predictor is kept under, in this process and on disk, so a table rewritten
+    during a session is not answered from the old one."""
+    return tuple(
+        (
+            family,
+            tuple(
+                sorted(
+                    (f.name, f.stat().st_size, f.stat().st_mtime_ns)
+                    for f in Path(folder).iterdir()
+                    if f.is_file()
+                )
+            ),
+        )
+        for family, folder in sorted(source.folders.items())
     )
 
 
@@ -166,12 +193,13 @@ def _cached_measured(
     kv_dtype: str,
     cpu: Any,
     moe_distribution: str,
+    tables: TableFiles,
 ) -> CompiledPredictor:
     # Built once per machine: the build interpolates thousands of grid points (most of a
     # short run's start-up), so the result is kept on disk under every input that shapes
     # it, the tables' files and the predictor code included.
     inputs = (spec, gpu, tp, pp, dtype, kv_dtype, cpu, moe_distribution)
-    path = default_cache_dir() / f"measured-{_measured_key(source, inputs)}.json"
+    path = default_cache_dir() / f"measured-{_measured_key(source, inputs, tables)}.json"
     if path.exists():
         try:
             return CompiledPredictor.load(path)
@@ -201,34 +229,43 @@ def _cached_measured(
     return predictor
 
 
-MEASURED_CACHE_VERSION = 1
+MEASURED_CACHE_VERSION = 2
 
 
-def _measured_key(source: MeasuredSource, inputs: tuple[Any, ...]) -> str:
+def _measured_key(
+    source: MeasuredSource,
+    inputs: tuple[Any, ...],
+    tables: TableFiles,
+) -> str:
     """A digest of what a measured predictor is built from: ``inputs`` (the model and
     device specs, layout, dtypes, CPU overheads), the tables' files (name, size and
-    modification time), and the predictor package's code and the shipped calibration."""
+    modification time), the predictor package's code and the shipped calibration, and the
+    libraries that read and interpolate the tables (numpy's version; pyarrow's installed
+    files, stamped without importing it: a hit must not pay for pyarrow's import)."""
     digest = hashlib.sha256()
-    tables = {
-        family: sorted(
-            (f.name, f.stat().st_size, f.stat().st_mtime_ns)
-            for f in Path(folder).iterdir()
-            if f.is_file()
-        )
-        for family, folder in sorted(source.folders.items())
-    }
     header = {
         "version": MEASURED_CACHE_VERSION,
         "source": [str(source.root), source.system, source.framework, source.version],
         "folders": {family: str(folder) for family, folder in source.folders.items()},
-        "tables": tables,
+        "tables": {family: [list(f) for f in files] for family, files in tables},
         "inputs": repr(inputs),
+        "libraries": {"numpy": np.__version__, "pyarrow": _installed_stamp("pyarrow")},
     }
     digest.update(json.dumps(header, sort_keys=True).encode())
     for path in _predictor_code():
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:32]
+
+
+def _installed_stamp(module: str) -> list[object]:
+    """The size and modification time of an installed module's entry file (an upgrade or
+    reinstall changes them), found without importing it; empty when it is absent."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        return []
+    stat = Path(spec.origin).stat()
+    return [spec.origin, stat.st_size, stat.st_mtime_ns]
 
 
 def _predictor_code() -> list[Path]:

@@ -48,8 +48,14 @@ __all__ = ["TABLE_DTYPES", "measured_predictor"]
 TABLE_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp8": "fp8", "int8": "int8", "int4": "int4"}
 
 
-@functools.lru_cache(maxsize=16)
 def _read(path: Path) -> Columns:
+    # Kept per file version: a table rewritten during a session is read again.
+    stat = path.stat()
+    return _read_version(path, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _read_version(path: Path, size: int, mtime_ns: int) -> Columns:
     return read_table(path)
 
 

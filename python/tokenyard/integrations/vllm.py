@@ -27,6 +27,7 @@ object itself (``kv_cache_manager``), whose block pool lives in Rust here.
 from __future__ import annotations
 
 import itertools
+import operator
 import time
 from collections import defaultdict
 from collections.abc import Iterable
@@ -89,6 +90,7 @@ _RUNNING = RequestStatus.RUNNING
 _PREEMPTED = RequestStatus.PREEMPTED
 _WAITING = RequestStatus.WAITING
 _WAITING_FOR_REMOTE_KVS = RequestStatus.WAITING_FOR_REMOTE_KVS
+_client_index = operator.attrgetter("client_index")
 
 
 class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
@@ -416,13 +418,14 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         now = time.monotonic()
         self._apply_preemptions(core.preempted_req_ids, now)
         new_reqs_data, resumed = self._new_and_resumed(core, now)
+        scheduled: tuple[Any, list[str]] | None = None
         if self._int_ids:
             ids, counts = core.num_scheduled_tokens_arrays()
-            scheduled_ids = list(map(vllm_ids.__getitem__, ids.tolist()))
-            num_scheduled_tokens = dict(zip(scheduled_ids, counts.tolist(), strict=True))
+            scheduled = ids, list(map(vllm_ids.__getitem__, ids.tolist()))
+            num_scheduled_tokens = dict(zip(scheduled[1], counts.tolist(), strict=True))
         else:
             num_scheduled_tokens = {vllm_ids[i]: n for i, n in core.num_scheduled_tokens.items()}
-        cached_data = self._cached_request_data(core, resumed, num_scheduled_tokens)
+        cached_data = self._cached_request_data(core, resumed, num_scheduled_tokens, scheduled)
         spec_decode_tokens = self._spec_decode_tokens(core.scheduled_spec_decode_tokens)
         out = SchedulerOutput(
             scheduled_new_reqs=new_reqs_data,
@@ -511,9 +514,12 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                 )
         return new_reqs_data, resumed
 
-    def _cached_blocks(self, core: Any) -> tuple[list[str], list[int], list[Any]]:
+    def _cached_blocks(
+        self, core: Any, scheduled: tuple[Any, list[str]] | None
+    ) -> tuple[list[str], list[int], list[Any]]:
         """The core's running requests this step: their vLLM ids, computed tokens, and
-        new block ids (``None`` where none)."""
+        new block ids (``None`` where none). ``scheduled``: the step's core ids and their
+        vLLM ids (int ids only), which the running requests usually begin with."""
         vllm_ids = self._vllm_ids
         if not self._int_ids:
             cached = core.scheduled_cached_reqs
@@ -523,27 +529,35 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                 [(b.tolist(),) if len(b) else None for b in cached.new_block_ids],
             )
         ids, computed, num_new, blocks = core.scheduled_cached_reqs_arrays()
-        new_block_ids: list[Any] = [None] * len(ids)
+        num = len(ids)
+        if scheduled is not None and np.array_equal(ids, scheduled[0][:num]):
+            cached_ids = scheduled[1][:num]
+        else:
+            cached_ids = list(map(vllm_ids.__getitem__, ids.tolist()))
+        new_block_ids: list[Any] = [None] * num
         if len(blocks):
             # Most decodes get no block: only those that do are sliced.
-            ends = np.cumsum(num_new)
+            with_blocks = np.flatnonzero(num_new)
+            ends = np.cumsum(num_new)[with_blocks].tolist()
             block_list = blocks.tolist()
-            for i in np.flatnonzero(num_new).tolist():
-                end = int(ends[i])
-                new_block_ids[i] = (block_list[end - int(num_new[i]) : end],)
-        return list(map(vllm_ids.__getitem__, ids.tolist())), computed.tolist(), new_block_ids
+            for i, n, end in zip(
+                with_blocks.tolist(), num_new[with_blocks].tolist(), ends, strict=True
+            ):
+                new_block_ids[i] = (block_list[end - n : end],)
+        return cached_ids, computed.tolist(), new_block_ids
 
     def _cached_request_data(
         self,
         core: Any,
         resumed: list[tuple[Request, tuple[list[int], ...]]],
         num_scheduled_tokens: dict[str, int],
+        scheduled: tuple[Any, list[str]] | None,
     ) -> CachedRequestData:
         """``CachedRequestData`` for the requests that ran before, and (V1 runner) the
         resumed ones with their whole token lists."""
         requests = self.requests
         v2 = self.use_v2_model_runner
-        cached_ids, num_computed, new_block_ids = self._cached_blocks(core)
+        cached_ids, num_computed, new_block_ids = self._cached_blocks(core, scheduled)
         num_output = [
             len(r._output_token_ids) + r.num_output_placeholders
             for r in map(requests.__getitem__, cached_ids)
@@ -670,21 +684,22 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         live_ids, live, live_tokens, rejected, spec_stats = self._sampled(
             scheduler_output, model_runner_output
         )
+        live_core_ids = list(map(self._core_ids.__getitem__, live_ids))
         if self._int_ids and not rejected:
             # The bulk path: one list of ids, one of counts, one of all the tokens.
             finished = self._core.update_from_output_arrays(
-                live_ids,
+                live_core_ids,
                 list(itertools.chain.from_iterable(live_tokens)),
                 list(map(len, live_tokens)),
             )
         else:
             finished = self._core.update_from_output(
-                dict(zip(live_ids, live_tokens, strict=True)),
+                dict(zip(live_core_ids, live_tokens, strict=True)),
                 num_rejected_tokens=rejected or None,
             )
         vllm_ids = self._vllm_ids
         finished_ids = {vllm_ids[i] for i, _ in finished} if finished else set()
-        outputs = self._outputs_by_client(live, live_tokens, finished_ids)
+        outputs = self._outputs_by_client(live, live_ids, live_tokens, finished_ids)
         self._publish_kv_events()
         engine_core_outputs = {
             client: EngineCoreOutputs(outputs=outs) for client, outs in outputs.items()
@@ -705,9 +720,9 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
 
     def _sampled(
         self, scheduler_output: SchedulerOutput, model_runner_output: Any
-    ) -> tuple[list[Any], list[Request], list[list[int]], dict[Any, int], SpecDecodingStats | None]:
+    ) -> tuple[list[str], list[Request], list[list[int]], dict[Any, int], SpecDecodingStats | None]:
         """The step's live requests (those with sampled tokens) as parallel lists: their
-        core ids, the vLLM requests, their tokens; with the rejected draft counts for the
+        ids, the vLLM requests, their tokens; with the rejected draft counts for the
         core. Rolls the vLLM requests back by their rejected drafts and gathers the
         spec-decode stats."""
         sampled = model_runner_output.sampled_token_ids
@@ -718,7 +733,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         rejected: dict[Any, int] = {}
         spec_stats: SpecDecodingStats | None = None
         invalid = scheduler_output.num_invalid_spec_tokens
-        live_ids: list[Any] = []
+        live_ids: list[str] = []
         live: list[Request] = []
         live_tokens: list[list[int]] = []
         dropped = self._dropped_outputs
@@ -752,23 +767,28 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                         num_accepted=num_accepted,
                         detailed=self.spec_decode_metrics_level == "detailed",
                     )
-            live_ids.append(core_ids[request_id])
+            live_ids.append(request_id)
             live.append(request)
             live_tokens.append(tokens)
         return live_ids, live, live_tokens, rejected, spec_stats
 
     def _outputs_by_client(
-        self, live: list[Request], live_tokens: list[list[int]], finished_ids: set[str]
+        self,
+        live: list[Request],
+        live_ids: list[str],
+        live_tokens: list[list[int]],
+        finished_ids: set[str],
     ) -> dict[int, list[EngineCoreOutput]]:
         """Appends each live request's tokens (up to its stop, for those the core finished),
         frees the finished ones, and builds one ``EngineCoreOutput`` per request."""
-        outputs: dict[int, list[EngineCoreOutput]] = defaultdict(list)
         hash_block_size = self.hash_block_size
         always_hash = self._num_hash_lookahead_tokens > 0
-        for request, tokens in zip(live, live_tokens, strict=True):
-            request_id = request.request_id
-            if finished_ids and request_id in finished_ids:
-                outputs[request.client_index].append(self._finished_output(request, tokens))
+        # Every field but the first two at its default, as a decode step's output usually
+        # is; the loop replaces those that need more.
+        outputs = list(map(EngineCoreOutput, live_ids, live_tokens))
+        for i, (request, tokens) in enumerate(zip(live, live_tokens, strict=True)):
+            if finished_ids and request.request_id in finished_ids:
+                outputs[i] = self._finished_output(request, tokens)
                 continue
             # Request.append_output_token_ids, with its block hasher called only when a
             # block fills (it hashes nothing otherwise).
@@ -782,25 +802,29 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             if request.num_output_placeholders > 0:
                 request.num_output_placeholders -= len(tokens)
             events = request.events
-            trace_headers = request.trace_headers
-            num_nans = request.num_nans_in_logits
-            stop_reason = request.stop_reason
-            if events or trace_headers is not None or num_nans or stop_reason is not None:
+            if (
+                events
+                or request.trace_headers is not None
+                or request.num_nans_in_logits
+                or request.stop_reason is not None
+            ):
                 if events:
                     request.events = []
-                output = EngineCoreOutput(
-                    request_id=request_id,
+                outputs[i] = EngineCoreOutput(
+                    request_id=request.request_id,
                     new_token_ids=tokens,
-                    stop_reason=stop_reason,
+                    stop_reason=request.stop_reason,
                     events=events or None,
-                    trace_headers=trace_headers,
-                    num_nans_in_logits=num_nans,
+                    trace_headers=request.trace_headers,
+                    num_nans_in_logits=request.num_nans_in_logits,
                 )
-            else:
-                # Every other field at its default: the common decode step.
-                output = EngineCoreOutput(request_id, tokens)
-            outputs[request.client_index].append(output)
-        return outputs
+        clients = set(map(_client_index, live))
+        if len(clients) <= 1:
+            return {clients.pop(): outputs} if outputs else {}
+        by_client: dict[int, list[EngineCoreOutput]] = defaultdict(list)
+        for request, output in zip(live, outputs, strict=True):
+            by_client[request.client_index].append(output)
+        return by_client
 
     def _finished_output(self, request: Request, tokens: list[int]) -> EngineCoreOutput:
         """A request the core finished: its tokens up to its stop appended, the request

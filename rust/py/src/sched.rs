@@ -696,7 +696,11 @@ impl PySchedulerOutput {
         py: Python<'py>,
     ) -> PyResult<(Int64Array<'py>, Int64Array<'py>)> {
         let scheduled = &self.inner.num_scheduled_tokens;
-        let ids = int_ids(py, scheduled.iter().map(|(id, _)| id), "num_scheduled_tokens")?;
+        let ids = int_ids(
+            py,
+            scheduled.iter().map(|(id, _)| id),
+            "num_scheduled_tokens",
+        )?;
         let counts = scheduled.iter().map(|&(_, n)| n as i64).collect();
         Ok((PyArray1::from_vec(py, ids), PyArray1::from_vec(py, counts)))
     }

@@ -240,6 +240,32 @@ def test_vllm_requests_run_to_max_tokens_through_vllms_interface(vllm_parts: Any
     assert scheduler.get_num_unfinished_requests() == 0
 
 
+def test_the_core_knows_requests_by_int_under_fcfs_and_forgets_them(vllm_parts: Any) -> None:
+    scheduler, peer = build(vllm_parts)
+    for i in range(3):
+        scheduler.add_request(peer.make_request(f"r{i}", list(range(i, i + 20)), max_tokens=2))
+    assert scheduler._core.waiting_ids() == [0, 1, 2]
+    assert [r.request_id for r in scheduler.waiting] == ["r0", "r1", "r2"]
+    for _ in range(10):
+        run_step(scheduler)
+    assert scheduler.get_num_unfinished_requests() == 0
+    assert scheduler._core_ids == {}
+    assert scheduler._vllm_ids == {}
+
+
+def test_priority_ties_go_by_vllms_str_ids(vllm_parts: Any) -> None:
+    """vLLM's Request.__lt__ breaks (priority, arrival_time) ties by request id: "r10"
+    sorts before "r2" and "r9", whatever the order they were added in."""
+    scheduler, peer = build(vllm_parts, policy="priority")
+    for n, request_id in enumerate(("r9", "r10", "r2")):
+        request = peer.make_request(request_id, list(range(n * 20, n * 20 + 20)), max_tokens=2)
+        request.arrival_time = 1.0
+        scheduler.add_request(request)
+    assert scheduler._core.waiting_ids() == ["r10", "r2", "r9"]
+    out, _ = run_step(scheduler)
+    assert list(out.num_scheduled_tokens) == ["r10", "r2"]
+
+
 def test_finish_requests_takes_one_id_or_many(vllm_parts: Any) -> None:
     from vllm.v1.request import RequestStatus
 

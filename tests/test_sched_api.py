@@ -176,6 +176,12 @@ def _drive(scheduler: Scheduler, bulk: bool, seed: int) -> list[Any]:
         out = scheduler.schedule()
         ids, counts = out.num_scheduled_tokens_arrays()
         assert dict(zip(ids.tolist(), counts.tolist(), strict=True)) == out.num_scheduled_tokens
+        cached = out.scheduled_cached_reqs
+        cached_ids, cached_computed, num_new, new_blocks = out.scheduled_cached_reqs_arrays()
+        assert cached_ids.tolist() == cached.req_ids
+        assert cached_computed.tolist() == cached.num_computed_tokens.tolist()
+        assert num_new.tolist() == [len(b) for b in cached.new_block_ids]
+        assert new_blocks.tolist() == [b for bs in cached.new_block_ids for b in bs.tolist()]
         for rid in out.preempted_req_ids:
             computed.pop(rid, None)
         sampled: dict[int, list[int]] = {}
@@ -223,3 +229,7 @@ def test_the_bulk_array_path_refuses_what_does_not_line_up() -> None:
     # Nothing was applied: the real update still works.
     assert scheduler.update_from_output_arrays([1], [5]) == []
     assert scheduler.num_tokens(1) == 5
+    # A str id among the running requests: the cached requests' arrays refuse it too.
+    scheduler.update_from_output({"s": [5]})
+    with pytest.raises(InputError, match="request_id"):
+        scheduler.schedule().scheduled_cached_reqs_arrays()

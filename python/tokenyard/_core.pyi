@@ -439,6 +439,15 @@ class SchedulerOutput:
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """``num_scheduled_tokens`` as ``(request_ids, num_tokens)`` int64 arrays in batch
         order: the bulk path for integer request ids (InputError on a str id)."""
+    def scheduled_cached_reqs_arrays(
+        self,
+    ) -> tuple[
+        npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.uint32]
+    ]:
+        """``scheduled_cached_reqs`` as arrays in its order, for integer request ids:
+        ``(request_ids, num_computed_tokens, num_new_block_ids, new_block_ids)``, the last
+        the new blocks of all of them concatenated (``num_new_block_ids[i]`` each).
+        InputError on a str id."""
     @property
     def total_num_scheduled_tokens(self) -> int: ...
     @property

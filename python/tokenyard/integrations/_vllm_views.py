@@ -48,7 +48,7 @@ class _ConnectorBridge:
     def get_num_new_matched_tokens(
         self, view: Any, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
-        request = self._scheduler.requests[view.request_id]
+        request = self._scheduler._request_of(view.request_id)
         num_tokens, load_async = self.connector.get_num_new_matched_tokens(
             request, num_computed_tokens
         )
@@ -64,7 +64,7 @@ class _ConnectorBridge:
 
     def update_state_after_alloc(self, view: Any, block_ids: Any, num_external_tokens: int) -> None:
         scheduler = self._scheduler
-        request = scheduler.requests[view.request_id]
+        request = scheduler._request_of(view.request_id)
         # vLLM's connectors read block ids off KVCacheBlocks; the blocks' hash and ref-count
         # state lives in Rust and is not mirrored on these objects.
         blocks = KVCacheBlocks((tuple(KVCacheBlock(int(b)) for b in block_ids.tolist()),))
@@ -89,8 +89,8 @@ class _ConnectorBridge:
             )
 
     def request_finished(self, view: Any, block_ids: Any) -> bool:
-        request_id = view.request_id
-        request = self._scheduler.requests[request_id]
+        request = self._scheduler._request_of(view.request_id)
+        request_id = request.request_id
         delay_free, params = self.connector.request_finished(request, block_ids.tolist())
         if params is not None:
             self.transfer_params[request_id] = params
@@ -179,7 +179,10 @@ class _KVCacheManagerView:
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         """The request's block table, one list per KV cache group (tokenyard has one)."""
-        return (self._scheduler._core.block_ids(request_id).tolist(),)
+        scheduler = self._scheduler
+        # An unknown id goes to the core as it is, which raises naming it.
+        core_id = scheduler._core_ids.get(request_id, request_id)
+        return (scheduler._core.block_ids(core_id).tolist(),)
 
     def get_num_free_blocks(self) -> int:
         return self.block_pool.get_num_free_blocks()

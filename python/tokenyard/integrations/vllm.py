@@ -27,10 +27,13 @@ object itself (``kv_cache_manager``), whose block pool lives in Rust here.
 from __future__ import annotations
 
 import itertools
+import operator
 import time
 from collections import defaultdict
-from collections.abc import Container, Iterable
+from collections.abc import Iterable
 from typing import Any
+
+import numpy as np
 
 try:
     from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorRole
@@ -87,6 +90,7 @@ _RUNNING = RequestStatus.RUNNING
 _PREEMPTED = RequestStatus.PREEMPTED
 _WAITING = RequestStatus.WAITING
 _WAITING_FOR_REMOTE_KVS = RequestStatus.WAITING_FOR_REMOTE_KVS
+_client_index = operator.attrgetter("client_index")
 
 
 class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
@@ -137,6 +141,14 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         self.policy = SchedulingPolicy(s.policy)
         # Typed loosely: its ids are vLLM's str ids throughout.
         self.requests: dict[str, Request] = {}
+        # The core's id of each request and back. Under FCFS the core gets ints (the next one
+        # at each add_request: its bulk, array paths take them, and its maps hash them
+        # faster than strs); under the priority policy vLLM breaks ties by the str id, so
+        # the core gets the str itself. Entries go when the request leaves `requests`.
+        self._core_ids: dict[str, Any] = {}
+        self._vllm_ids: dict[Any, str] = {}
+        self._int_ids = s.policy != "priority"
+        self._next_core_id = itertools.count()
         # vLLM's KV connector (kv_transfer_config), bridged to the core's connector protocol.
         self.connector: Any = None
         self.connector_prefix_cache_stats: PrefixCacheStats | None = None
@@ -200,31 +212,32 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
 
     # --- queues -----------------------------------------------------------------------------
 
+    def _vllm_requests(self, core_ids: Iterable[Any]) -> list[Request]:
+        """The vLLM requests of core ids, in their order."""
+        return list(map(self.requests.__getitem__, map(self._vllm_ids.__getitem__, core_ids)))
+
     @property
     def running(self) -> list[Request]:
         """The running requests in running order (a new list on each read)."""
-        requests = self.requests
-        return [requests[i] for i in self._core.running_ids()]
+        return self._vllm_requests(self._core.running_ids())
 
     @property
     def waiting(self) -> _WaitingView:
         """The waiting requests in scheduling order (a snapshot), those whose KV a
         connector is loading excepted (vLLM keeps them in ``kv_holding_waiting``)."""
-        requests = self.requests
         holding = self._holding_kv()
-        return _WaitingView(
-            [requests[i] for i in self._core.waiting_ids() if not holding or i not in holding]
-        )
+        waiting = self._vllm_requests(self._core.waiting_ids())
+        return _WaitingView([r for r in waiting if not holding or r.request_id not in holding])
 
     @property
     def kv_holding_waiting(self) -> _WaitingView:
         """The waiting requests that hold KV blocks: those whose KV a connector is loading
         or has loaded (a snapshot, in scheduling order)."""
-        requests = self.requests
         holding = self._holding_kv()
         if not holding:
             return _WaitingView([])
-        return _WaitingView([requests[i] for i in self._core.waiting_ids() if i in holding])
+        waiting = self._vllm_requests(self._core.waiting_ids())
+        return _WaitingView([r for r in waiting if r.request_id in holding])
 
     def _holding_kv(self) -> set[str]:
         """Waiting requests holding KV blocks: loads in flight, and loads that landed
@@ -241,7 +254,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
     @property
     def deferred_waiting(self) -> set[Request]:
         """Waiting requests the admission scan skipped, not admitted since (a snapshot)."""
-        return {self.requests[i] for i in self._core.deferred_waiting_ids()}
+        return set(self._vllm_requests(self._core.deferred_waiting_ids()))
 
     def get_request_counts(self) -> tuple[int, int]:
         """(running, waiting)."""
@@ -303,8 +316,9 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         _check_supported(request)
         params = request.sampling_params
         lora = request.lora_request
+        core_id = next(self._next_core_id) if self._int_ids else request_id
         self._core.add_request(
-            request_id,
+            core_id,
             request.prompt_token_ids,
             request.max_tokens,
             priority=request.priority,
@@ -314,6 +328,8 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             lora_id=lora.lora_int_id if lora is not None and lora.lora_int_id > 0 else None,
         )
         self.requests[request_id] = request
+        self._core_ids[request_id] = core_id
+        self._vllm_ids[core_id] = request_id
         if self.spec_decode_metrics_level != "none":
             request.spec_decode_metrics = RequestSpecDecodeMetrics.new(self.num_spec_tokens)
         if self.connector is not None:
@@ -340,7 +356,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         ]
         if not ids:
             return []
-        self._core.abort(ids)
+        self._core.abort([self._core_ids[i] for i in ids])
         finished = []
         for request_id in ids:
             request = self.requests[request_id]
@@ -367,7 +383,16 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         if bridge is None or (
             request_id not in bridge.sending and request_id not in bridge.loading
         ):
-            del self.requests[request_id]
+            self._forget(request_id)
+
+    def _request_of(self, core_id: Any) -> Request:
+        """The vLLM request of a core id."""
+        return self.requests[self._vllm_ids[core_id]]
+
+    def _forget(self, request_id: str) -> None:
+        """Drops a request the core no longer holds."""
+        del self.requests[request_id]
+        del self._vllm_ids[self._core_ids.pop(request_id)]
 
     # --- one step ---------------------------------------------------------------------------
 
@@ -375,6 +400,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         """Forms the next batch (``throttle_prefills``: vLLM's DP prefill balancing)."""
         self.current_step += 1
         requests = self.requests
+        vllm_ids = self._vllm_ids
         if self._pause_state == PauseState.PAUSED_ALL:
             out = SchedulerOutput.make_empty()
             out.finished_req_ids = self.finished_req_ids
@@ -386,13 +412,20 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         bridge = self._bridge
         if bridge is not None:
             for load in core.kv_loads:
-                requests[load.request_id].status = _WAITING_FOR_REMOTE_KVS
-                bridge.loading.add(load.request_id)
+                request_id = vllm_ids[load.request_id]
+                requests[request_id].status = _WAITING_FOR_REMOTE_KVS
+                bridge.loading.add(request_id)
         now = time.monotonic()
         self._apply_preemptions(core.preempted_req_ids, now)
         new_reqs_data, resumed = self._new_and_resumed(core, now)
-        cached_data = self._cached_request_data(core, resumed)
-        num_scheduled_tokens: dict[str, int] = core.num_scheduled_tokens
+        scheduled: tuple[Any, list[str]] | None = None
+        if self._int_ids:
+            ids, counts = core.num_scheduled_tokens_arrays()
+            scheduled = ids, list(map(vllm_ids.__getitem__, ids.tolist()))
+            num_scheduled_tokens = dict(zip(scheduled[1], counts.tolist(), strict=True))
+        else:
+            num_scheduled_tokens = {vllm_ids[i]: n for i, n in core.num_scheduled_tokens.items()}
+        cached_data = self._cached_request_data(core, resumed, num_scheduled_tokens, scheduled)
         spec_decode_tokens = self._spec_decode_tokens(core.scheduled_spec_decode_tokens)
         out = SchedulerOutput(
             scheduled_new_reqs=new_reqs_data,
@@ -420,11 +453,9 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         self.reset_preempted_req_ids = set()
         return out
 
-    def _apply_preemptions(self, preempted_ids: list[str], now: float) -> None:
+    def _apply_preemptions(self, preempted_ids: list[Any], now: float) -> None:
         """The core's preemptions on the vLLM requests, as vLLM's ``_preempt_request``."""
-        requests = self.requests
-        for request_id in preempted_ids:
-            request = requests[request_id]
+        for request in self._vllm_requests(preempted_ids):
             request.status = _PREEMPTED
             request.num_computed_tokens = 0
             request.num_output_placeholders = 0
@@ -433,7 +464,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                 request.spec_token_ids = []
             if self.log_stats:
                 request.record_event(EngineCoreEventType.PREEMPTED, now)
-            self.reset_preempted_req_ids.add(request_id)
+            self.reset_preempted_req_ids.add(request.request_id)
 
     def _new_and_resumed(
         self, core: Any, now: float
@@ -442,33 +473,35 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         under the V2 runner), and the resumed requests with their block ids for the V1
         runner's ``CachedRequestData``."""
         requests = self.requests
+        vllm_ids = self._vllm_ids
         bridge = self._bridge
         log_stats = self.log_stats
         v2 = self.use_v2_model_runner
         new_reqs_data = []
         resumed: list[tuple[Request, tuple[list[int], ...]]] = []
         for data in itertools.chain(core.scheduled_new_reqs, core.scheduled_resumed_reqs):
-            request = requests[data.req_id]
+            request_id = vllm_ids[data.req_id]
+            request = requests[request_id]
             # A preempted request whose KV a connector loaded resumes too (vLLM promotes it
             # to PREEMPTED when its load lands).
             was_preempted = request.status == _PREEMPTED or (
                 request.status == _WAITING_FOR_REMOTE_KVS and request.num_preemptions > 0
             )
             if was_preempted:
-                self._dropped_outputs.discard(data.req_id)
+                self._dropped_outputs.discard(request_id)
             if bridge is not None:
-                self.finished_recving_kv_req_ids.discard(data.req_id)
+                self.finished_recving_kv_req_ids.discard(request_id)
             request.status = _RUNNING
             request.num_computed_tokens = data.num_computed_tokens
             if log_stats:
                 request.record_event(EngineCoreEventType.SCHEDULED, now)
                 if bridge is None:
                     self._record_prefix_lookup(request, data.num_computed_tokens)
-                elif data.req_id in bridge.lookups_recorded:
-                    bridge.lookups_recorded.discard(data.req_id)
+                elif request_id in bridge.lookups_recorded:
+                    bridge.lookups_recorded.discard(request_id)
                 else:
                     num_local = data.num_computed_tokens
-                    num_local -= bridge.external_hits.pop(data.req_id, 0)
+                    num_local -= bridge.external_hits.pop(request_id, 0)
                     self._record_prefix_lookup(request, num_local)
             block_ids = (data.block_ids.tolist(),)
             if was_preempted and not v2:
@@ -481,30 +514,62 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                 )
         return new_reqs_data, resumed
 
+    def _cached_blocks(
+        self, core: Any, scheduled: tuple[Any, list[str]] | None
+    ) -> tuple[list[str], list[int], list[Any]]:
+        """The core's running requests this step: their vLLM ids, computed tokens, and
+        new block ids (``None`` where none). ``scheduled``: the step's core ids and their
+        vLLM ids (int ids only), which the running requests usually begin with."""
+        vllm_ids = self._vllm_ids
+        if not self._int_ids:
+            cached = core.scheduled_cached_reqs
+            return (
+                [vllm_ids[i] for i in cached.req_ids],
+                cached.num_computed_tokens.tolist(),
+                [(b.tolist(),) if len(b) else None for b in cached.new_block_ids],
+            )
+        ids, computed, num_new, blocks = core.scheduled_cached_reqs_arrays()
+        num = len(ids)
+        if scheduled is not None and np.array_equal(ids, scheduled[0][:num]):
+            cached_ids = scheduled[1][:num]
+        else:
+            cached_ids = list(map(vllm_ids.__getitem__, ids.tolist()))
+        new_block_ids: list[Any] = [None] * num
+        if len(blocks):
+            # Most decodes get no block: only those that do are sliced.
+            with_blocks = np.flatnonzero(num_new)
+            ends = np.cumsum(num_new)[with_blocks].tolist()
+            block_list = blocks.tolist()
+            for i, n, end in zip(
+                with_blocks.tolist(), num_new[with_blocks].tolist(), ends, strict=True
+            ):
+                new_block_ids[i] = (block_list[end - n : end],)
+        return cached_ids, computed.tolist(), new_block_ids
+
     def _cached_request_data(
-        self, core: Any, resumed: list[tuple[Request, tuple[list[int], ...]]]
+        self,
+        core: Any,
+        resumed: list[tuple[Request, tuple[list[int], ...]]],
+        num_scheduled_tokens: dict[str, int],
+        scheduled: tuple[Any, list[str]] | None,
     ) -> CachedRequestData:
         """``CachedRequestData`` for the requests that ran before, and (V1 runner) the
         resumed ones with their whole token lists."""
         requests = self.requests
         v2 = self.use_v2_model_runner
-        cached = core.scheduled_cached_reqs
-        cached_ids: list[str] = cached.req_ids
-        new_block_ids: list[tuple[list[int], ...] | None] = [
-            (b.tolist(),) if len(b) else None for b in cached.new_block_ids
-        ]
-        num_computed: list[int] = cached.num_computed_tokens.tolist()
+        cached_ids, num_computed, new_block_ids = self._cached_blocks(core, scheduled)
         num_output = [
-            len((r := requests[i])._output_token_ids) + r.num_output_placeholders
-            for i in cached_ids
+            len(r._output_token_ids) + r.num_output_placeholders
+            for r in map(requests.__getitem__, cached_ids)
         ]
         all_token_ids: dict[str, list[int]] = {}
         resumed_ids: set[str] = set()
         if not v2:
             prev = self.prev_step_scheduled_req_ids
-            for request_id in cached_ids:
-                if request_id not in prev:
-                    all_token_ids[request_id] = list(requests[request_id].all_token_ids)
+            if not prev.issuperset(cached_ids):
+                for request_id in cached_ids:
+                    if request_id not in prev:
+                        all_token_ids[request_id] = list(requests[request_id].all_token_ids)
         for request, block_ids in resumed:
             request_id = request.request_id
             cached_ids.append(request_id)
@@ -515,8 +580,6 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             all_token_ids[request_id] = list(request.all_token_ids)
         new_token_ids: list[list[int]] = []
         if self.use_pp and not self.async_scheduling:
-            # Built when read (SchedulerOutput's fields are): only on this path.
-            num_scheduled_tokens: dict[str, int] = core.num_scheduled_tokens
             for request_id, n in zip(cached_ids, num_computed, strict=False):
                 request = requests[request_id]
                 new_token_ids.append(
@@ -532,13 +595,15 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             num_output_tokens=num_output,
         )
 
-    def _spec_decode_tokens(self, scheduled: dict[str, Any]) -> dict[str, list[int]]:
+    def _spec_decode_tokens(self, scheduled: dict[Any, Any]) -> dict[str, list[int]]:
         """The drafts verified this step: the request's own (vLLM's ids, -1 placeholders
         included), as many as the core scheduled. A padded admission (rule 2 in
         docs/embedding.md) has no drafts of its own: its k placeholders are vLLM's -1."""
         requests = self.requests
+        vllm_ids = self._vllm_ids
         spec_decode_tokens: dict[str, list[int]] = {}
-        for request_id, drafts in scheduled.items():
+        for core_id, drafts in scheduled.items():
+            request_id = vllm_ids[core_id]
             num_drafts = len(drafts)
             own = requests[request_id].spec_token_ids[:num_drafts]
             if len(own) < num_drafts:
@@ -566,11 +631,27 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         run; under async scheduling each sampling request gets its output placeholders and
         placeholder drafts for the next step."""
         requests = self.requests
+        scheduled = zip(
+            map(requests.__getitem__, num_scheduled_tokens),
+            num_scheduled_tokens.values(),
+            strict=True,
+        )
+        if not self.async_scheduling and not self.can_skip_drafts:
+            # The common case, without the branches below.
+            for request, n in scheduled:
+                num_computed = request.num_computed_tokens + n
+                request.num_computed_tokens = num_computed
+                request.is_prefill_chunk = num_computed < (
+                    len(request._all_token_ids) + request.num_output_placeholders
+                )
+                if request.spec_token_ids:
+                    request.spec_token_ids = []
+            return True
         placeholders = self._spec_token_placeholders if self.async_scheduling else None
-        drafts_for_core: dict[str, list[int]] = {}
+        drafts_for_core: dict[Any, list[int]] = {}
+        core_ids = self._core_ids
         drafts_needed = not self.can_skip_drafts
-        for request_id, n in num_scheduled_tokens.items():
-            request = requests[request_id]
+        for request, n in scheduled:
             if not drafts_needed:
                 drafts_needed = not self._drafts_unused(request, request.num_computed_tokens, n)
             num_computed = request.num_computed_tokens + n
@@ -582,10 +663,11 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             if request.spec_token_ids:
                 request.spec_token_ids = []
             if placeholders is not None and not prefill_chunk:
+                request_id = request.request_id
                 request.num_output_placeholders += 1 + len(spec_decode_tokens.get(request_id, ()))
                 if placeholders:
                     request.spec_token_ids = placeholders
-                    drafts_for_core[request_id] = [0] * len(placeholders)
+                    drafts_for_core[core_ids[request_id]] = [0] * len(placeholders)
         if drafts_for_core:
             self._core.update_from_output({}, spec_token_ids=drafts_for_core)
         return drafts_needed
@@ -599,10 +681,25 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         kv_output = model_runner_output.kv_connector_output
         if kv_output is not None and self.connector is not None:
             self._update_from_kv_transfers(kv_output)
-        to_core, rejected, spec_stats, live = self._sampled(scheduler_output, model_runner_output)
-        finished = self._core.update_from_output(to_core, num_rejected_tokens=rejected or None)
-        finished_ids = {request_id for request_id, _ in finished} if finished else ()
-        outputs = self._outputs_by_client(live, finished_ids)
+        live_ids, live, live_tokens, rejected, spec_stats = self._sampled(
+            scheduler_output, model_runner_output
+        )
+        live_core_ids = list(map(self._core_ids.__getitem__, live_ids))
+        if self._int_ids and not rejected:
+            # The bulk path: one list of ids, one of counts, one of all the tokens.
+            finished = self._core.update_from_output_arrays(
+                live_core_ids,
+                list(itertools.chain.from_iterable(live_tokens)),
+                list(map(len, live_tokens)),
+            )
+        else:
+            finished = self._core.update_from_output(
+                dict(zip(live_core_ids, live_tokens, strict=True)),
+                num_rejected_tokens=rejected or None,
+            )
+        vllm_ids = self._vllm_ids
+        finished_ids = {vllm_ids[i] for i, _ in finished} if finished else set()
+        outputs = self._outputs_by_client(live, live_ids, live_tokens, finished_ids)
         self._publish_kv_events()
         engine_core_outputs = {
             client: EngineCoreOutputs(outputs=outs) for client, outs in outputs.items()
@@ -623,28 +720,26 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
 
     def _sampled(
         self, scheduler_output: SchedulerOutput, model_runner_output: Any
-    ) -> tuple[
-        dict[str, list[int]],
-        dict[str, int],
-        SpecDecodingStats | None,
-        list[tuple[Request, list[int]]],
-    ]:
-        """The step's sampled tokens per live request, for the core (with the rejected
-        draft counts) and for the outputs; rolls the vLLM requests back by their rejected
-        drafts and gathers the spec-decode stats."""
+    ) -> tuple[list[str], list[Request], list[list[int]], dict[Any, int], SpecDecodingStats | None]:
+        """The step's live requests (those with sampled tokens) as parallel lists: their
+        ids, the vLLM requests, their tokens; with the rejected draft counts for the
+        core. Rolls the vLLM requests back by their rejected drafts and gathers the
+        spec-decode stats."""
         sampled = model_runner_output.sampled_token_ids
         index = model_runner_output.req_id_to_index
         spec_scheduled = scheduler_output.scheduled_spec_decode_tokens
-        requests = self.requests
-        to_core: dict[str, list[int]] = {}
-        rejected: dict[str, int] = {}
+        requests_get = self.requests.get
+        core_ids = self._core_ids
+        rejected: dict[Any, int] = {}
         spec_stats: SpecDecodingStats | None = None
         invalid = scheduler_output.num_invalid_spec_tokens
-        live: list[tuple[Request, list[int]]] = []
+        live_ids: list[str] = []
+        live: list[Request] = []
+        live_tokens: list[list[int]] = []
         dropped = self._dropped_outputs
         scheduled_ids: Iterable[str] = scheduler_output.num_scheduled_tokens if sampled else ()
         for request_id in scheduled_ids:
-            request = requests.get(request_id)
+            request = requests_get(request_id)
             # Finished while its step ran (an abort): statuses after PREEMPTED are finished.
             if request is None or request.status > _PREEMPTED:
                 continue
@@ -658,7 +753,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                 num_rejected = len(drafts) - num_accepted
                 if request.status == _RUNNING:
                     if num_rejected:
-                        rejected[request_id] = num_rejected
+                        rejected[core_ids[request_id]] = num_rejected
                     request.num_computed_tokens -= num_rejected
                     if request.num_output_placeholders > 0:
                         request.num_output_placeholders -= num_rejected
@@ -672,60 +767,88 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                         num_accepted=num_accepted,
                         detailed=self.spec_decode_metrics_level == "detailed",
                     )
-            to_core[request_id] = tokens
-            live.append((request, tokens))
-        return to_core, rejected, spec_stats, live
+            live_ids.append(request_id)
+            live.append(request)
+            live_tokens.append(tokens)
+        return live_ids, live, live_tokens, rejected, spec_stats
 
     def _outputs_by_client(
-        self, live: list[tuple[Request, list[int]]], finished_ids: Container[str]
+        self,
+        live: list[Request],
+        live_ids: list[str],
+        live_tokens: list[list[int]],
+        finished_ids: set[str],
     ) -> dict[int, list[EngineCoreOutput]]:
         """Appends each live request's tokens (up to its stop, for those the core finished),
         frees the finished ones, and builds one ``EngineCoreOutput`` per request."""
-        outputs: dict[int, list[EngineCoreOutput]] = defaultdict(list)
         hash_block_size = self.hash_block_size
         always_hash = self._num_hash_lookahead_tokens > 0
-        for request, tokens in live:
-            request_id = request.request_id
-            if request_id in finished_ids:
-                tokens = self._append_until_stop(request, tokens)
-                finish_reason = request.get_finished_reason()
-                self._free_request(request)
-                transfer_params = (
-                    self._bridge.transfer_params.pop(request_id, None) if self._bridge else None
-                )
-            else:
-                # Request.append_output_token_ids, with its block hasher called only when a
-                # block fills (it hashes nothing otherwise).
-                all_token_ids = request._all_token_ids
-                request._output_token_ids.extend(tokens)
-                all_token_ids.extend(tokens)
-                if request._block_hasher is not None and (
-                    always_hash or len(all_token_ids) // hash_block_size > len(request.block_hashes)
-                ):
-                    request.update_block_hashes()
-                if request.num_output_placeholders > 0:
-                    request.num_output_placeholders -= len(tokens)
-                finish_reason = None
-                transfer_params = None
+        # Every field but the first two at its default, as a decode step's output usually
+        # is; the loop replaces those that need more.
+        outputs = list(map(EngineCoreOutput, live_ids, live_tokens))
+        for i, (request, tokens) in enumerate(zip(live, live_tokens, strict=True)):
+            if finished_ids and request.request_id in finished_ids:
+                outputs[i] = self._finished_output(request, tokens)
+                continue
+            # Request.append_output_token_ids, with its block hasher called only when a
+            # block fills (it hashes nothing otherwise).
+            all_token_ids = request._all_token_ids
+            request._output_token_ids.extend(tokens)
+            all_token_ids.extend(tokens)
+            if request._block_hasher is not None and (
+                always_hash or len(all_token_ids) // hash_block_size > len(request.block_hashes)
+            ):
+                request.update_block_hashes()
+            if request.num_output_placeholders > 0:
+                request.num_output_placeholders -= len(tokens)
             events = request.events
-            if events:
-                request.events = []
-            outputs[request.client_index].append(
-                EngineCoreOutput(
-                    request_id=request_id,
+            if (
+                events
+                or request.trace_headers is not None
+                or request.num_nans_in_logits
+                or request.stop_reason is not None
+            ):
+                if events:
+                    request.events = []
+                outputs[i] = EngineCoreOutput(
+                    request_id=request.request_id,
                     new_token_ids=tokens,
-                    finish_reason=finish_reason,
                     stop_reason=request.stop_reason,
                     events=events or None,
-                    spec_decode_metrics=(
-                        request.spec_decode_metrics if finish_reason is not None else None
-                    ),
                     trace_headers=request.trace_headers,
                     num_nans_in_logits=request.num_nans_in_logits,
-                    kv_transfer_params=transfer_params,
                 )
-            )
-        return outputs
+        clients = set(map(_client_index, live))
+        if len(clients) <= 1:
+            return {clients.pop(): outputs} if outputs else {}
+        by_client: dict[int, list[EngineCoreOutput]] = defaultdict(list)
+        for request, output in zip(live, outputs, strict=True):
+            by_client[request.client_index].append(output)
+        return by_client
+
+    def _finished_output(self, request: Request, tokens: list[int]) -> EngineCoreOutput:
+        """A request the core finished: its tokens up to its stop appended, the request
+        freed, and its last ``EngineCoreOutput``."""
+        request_id = request.request_id
+        tokens = self._append_until_stop(request, tokens)
+        finish_reason = request.get_finished_reason()
+        self._free_request(request)
+        bridge = self._bridge
+        transfer_params = bridge.transfer_params.pop(request_id, None) if bridge else None
+        events = request.events
+        if events:
+            request.events = []
+        return EngineCoreOutput(
+            request_id=request_id,
+            new_token_ids=tokens,
+            finish_reason=finish_reason,
+            stop_reason=request.stop_reason,
+            events=events or None,
+            spec_decode_metrics=request.spec_decode_metrics,
+            trace_headers=request.trace_headers,
+            num_nans_in_logits=request.num_nans_in_logits,
+            kv_transfer_params=transfer_params,
+        )
 
     def _step_stats(
         self, model_runner_output: Any, kv_output: Any, spec_stats: SpecDecodingStats | None
@@ -769,14 +892,17 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         if invalid:
             for request_id in list(bridge.loading):
                 if request_id in self.requests and not invalid.isdisjoint(
-                    self._core.block_ids(request_id).tolist()
+                    self._core.block_ids(self._core_ids[request_id]).tolist()
                 ):
                     failed.append(request_id)
             recving = [i for i in recving if i not in failed]
         if not (recving or sending or failed):
             return
+        core_ids = self._core_ids
         self._core.finish_kv_transfers(
-            finished_recving=recving, finished_sending=sending, failed_recving=failed
+            finished_recving=[core_ids[i] for i in recving],
+            finished_sending=[core_ids[i] for i in sending],
+            failed_recving=[core_ids[i] for i in failed],
         )
         for request_id in itertools.chain(recving, failed):
             bridge.loading.discard(request_id)
@@ -789,7 +915,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         for request_id in itertools.chain(recving, failed, sending):
             request = self.requests.get(request_id)
             if request is not None and request.is_finished() and request_id not in bridge.sending:
-                del self.requests[request_id]
+                self._forget(request_id)
 
     def _append_until_stop(self, request: Request, tokens: list[int]) -> list[int]:
         """Appends tokens up to the one that stopped the request (vLLM's ``check_stop``,
@@ -835,7 +961,8 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
     def update_draft_token_ids(self, draft_token_ids: Any) -> None:
         """Drafts proposed for the next step (vLLM calls this after ``update_from_output``)."""
         requests = self.requests
-        for_core: dict[str, list[int]] = {}
+        core_ids = self._core_ids
+        for_core: dict[Any, list[int]] = {}
         for request_id, drafts in zip(
             draft_token_ids.req_ids, draft_token_ids.draft_token_ids, strict=False
         ):
@@ -845,12 +972,12 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             if request.is_prefill_chunk:
                 if request.spec_token_ids:
                     request.spec_token_ids = []
-                    for_core[request_id] = []
+                    for_core[core_ids[request_id]] = []
                 continue
             drafts = self.structured_output_manager.validate_tokens(request, list(drafts))
             request.spec_token_ids = drafts
             # The core counts drafts; the ids the model verifies are the request's own.
-            for_core[request_id] = [0] * len(drafts)
+            for_core[core_ids[request_id]] = [0] * len(drafts)
         if for_core:
             self._core.update_from_output({}, spec_token_ids=for_core)
 
@@ -892,11 +1019,12 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         """Forgets every cached prefix. Only possible when no request holds KV blocks;
         with ``reset_running_requests`` the running requests are preempted first (they
         appear in the next step's ``preempted_req_ids`` and are recomputed)."""
-        preempted: list[str] = []
+        preempted: list[Request] = []
         if reset_running_requests:
-            _, preempted = self._core.reset_prefix_cache(preempt_running=True)
-        for request_id in preempted:
-            request = self.requests[request_id]
+            _, preempted_ids = self._core.reset_prefix_cache(preempt_running=True)
+            preempted = self._vllm_requests(preempted_ids)
+        for request in preempted:
+            request_id = request.request_id
             request.status = _PREEMPTED
             request.num_computed_tokens = 0
             request.num_output_placeholders = 0

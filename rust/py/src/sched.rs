@@ -622,6 +622,24 @@ fn id_list<'py>(py: Python<'py>, ids: &[RequestId]) -> PyResult<Bound<'py, PyLis
     Ok(list)
 }
 
+/// The ids as integers, or InputError naming the str one (`field`: the per-id reading).
+fn int_ids<'a>(
+    py: Python<'_>,
+    ids: impl Iterator<Item = &'a RequestId>,
+    field: &str,
+) -> PyResult<Vec<i64>> {
+    ids.map(|id| match id {
+        RequestId::Int(i) => Ok(*i),
+        RequestId::Str(_) => Err(crate::errors::input_error(
+            py,
+            "request_id",
+            format!("{id:?}"),
+            &format!("arrays need integer request ids; read {field}"),
+        )),
+    })
+    .collect()
+}
+
 fn new_requests(
     py: Python<'_>,
     reqs: &[NewRequestData<RequestId>],
@@ -678,22 +696,51 @@ impl PySchedulerOutput {
         py: Python<'py>,
     ) -> PyResult<(Int64Array<'py>, Int64Array<'py>)> {
         let scheduled = &self.inner.num_scheduled_tokens;
-        let mut ids = Vec::with_capacity(scheduled.len());
-        for (id, _) in scheduled {
-            match id {
-                RequestId::Int(i) => ids.push(*i),
-                RequestId::Str(_) => {
-                    return Err(crate::errors::input_error(
-                        py,
-                        "request_id",
-                        format!("{id:?}"),
-                        "arrays need integer request ids; read num_scheduled_tokens",
-                    ));
-                }
-            }
-        }
+        let ids = int_ids(
+            py,
+            scheduled.iter().map(|(id, _)| id),
+            "num_scheduled_tokens",
+        )?;
         let counts = scheduled.iter().map(|&(_, n)| n as i64).collect();
         Ok((PyArray1::from_vec(py, ids), PyArray1::from_vec(py, counts)))
+    }
+
+    /// `scheduled_cached_reqs` as arrays in its order, for integer request ids:
+    /// `(request_ids, num_computed_tokens, num_new_block_ids, new_block_ids)`, the last
+    /// the new blocks of all of them concatenated (`num_new_block_ids[i]` each).
+    fn scheduled_cached_reqs_arrays<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<(
+        Int64Array<'py>,
+        Int64Array<'py>,
+        Int64Array<'py>,
+        Bound<'py, PyArray1<u32>>,
+    )> {
+        let running = &self.inner.scheduled_running_reqs;
+        let ids = int_ids(
+            py,
+            running.iter().map(|r| &r.request_id),
+            "scheduled_cached_reqs",
+        )?;
+        let computed = running
+            .iter()
+            .map(|r| r.num_computed_tokens as i64)
+            .collect();
+        let counts = running
+            .iter()
+            .map(|r| r.new_block_ids.len() as i64)
+            .collect();
+        let blocks: Vec<u32> = running
+            .iter()
+            .flat_map(|r| r.new_block_ids.iter().copied())
+            .collect();
+        Ok((
+            PyArray1::from_vec(py, ids),
+            PyArray1::from_vec(py, computed),
+            PyArray1::from_vec(py, counts),
+            PyArray1::from_vec(py, blocks),
+        ))
     }
 
     #[getter]

@@ -93,6 +93,14 @@ def test_kv_layouts_with_more_than_one_pool_are_refused_by_name() -> None:
     assert info.value.field == "kv_cache_spec"
 
 
+def test_sampling_masks_asked_for_are_refused_by_name() -> None:
+    config = vllm_config()
+    config.model_config.return_sampling_mask = True
+    with pytest.raises(ConfigError) as info:
+        core_config(config, kv_config(), block_size=16)
+    assert info.value.field == "model_config.return_sampling_mask"
+
+
 def test_speculative_tokens_reach_the_core_with_vllms_padding() -> None:
     config = vllm_config()
     config.num_speculative_tokens = 3
@@ -292,3 +300,75 @@ def test_unsupported_request_kinds_are_refused_by_name(vllm_parts: Any) -> None:
     with pytest.raises(InputError) as info:
         scheduler.add_request(request)
     assert info.value.field == "resumable"
+
+
+def test_logprobs_prompt_logprobs_and_nan_counts_reach_the_outputs_as_in_vllm(
+    vllm_parts: Any,
+) -> None:
+    """The runner's logprobs go out as vLLM's own scheduler sends them: sampled logprobs
+    to a request that asks for them (cut at its stop), prompt logprobs with the output
+    ending its prefill, NaN counts on the request and its output."""
+    import numpy as np
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.outputs import LogprobsLists, ModelRunnerOutput
+    from vllm.v1.request import Request
+
+    scheduler, peer = build(vllm_parts)
+    sides = {"vllm": peer.scheduler, "tokenyard": scheduler}
+    asks = SamplingParams(max_tokens=4, logprobs=2, stop_token_ids=[9], ignore_eos=True)
+    plain = SamplingParams(max_tokens=3, ignore_eos=True)
+    for scheduler_side in sides.values():
+        for request_id, params in (("lp", asks), ("plain", plain)):
+            prompt = list(range(20)) if request_id == "lp" else list(range(50, 70))
+            request = Request(request_id, prompt, params, None, block_hasher=peer._block_hasher)
+            scheduler_side.add_request(request)
+
+    def step(side: Any, n: int) -> list[tuple[Any, ...]]:
+        out = side.schedule()
+        ids = list(out.num_scheduled_tokens)
+        sampled = [
+            [9 if n == 2 else 7]
+            if side.requests[i].num_computed_tokens >= side.requests[i].num_tokens
+            else []
+            for i in ids
+        ]
+        rows = len(ids)
+        mro = ModelRunnerOutput(
+            req_ids=ids,
+            req_id_to_index={i: k for k, i in enumerate(ids)},
+            sampled_token_ids=sampled,
+            logprobs=LogprobsLists(
+                np.arange(rows * 3).reshape(rows, 3) + 100 * n,
+                -np.arange(rows * 3, dtype=np.float32).reshape(rows, 3) - n,
+                np.arange(rows) + n,
+            ),
+            # With the output that ends the prefill (the runner sends none before it).
+            prompt_logprobs_dict={
+                i: f"prompt-{i}"
+                for i, tokens in zip(ids, sampled, strict=True)
+                if tokens and side.requests[i].num_output_tokens == 0
+            },
+            num_nans_in_logits={i: n + 1 for i in ids},
+        )
+        result = []
+        for eco in side.update_from_output(out, mro).values():
+            for o in eco.outputs:
+                logprobs = (
+                    None if o.new_logprobs is None else [a.tolist() for a in o.new_logprobs[:3]]
+                )
+                result.append(
+                    (
+                        o.request_id,
+                        o.new_token_ids,
+                        o.finish_reason,
+                        logprobs,
+                        o.new_prompt_logprobs_tensors,
+                        o.num_nans_in_logits,
+                    )
+                )
+        return result
+
+    for n in range(5):
+        expected, got = (step(side, n) for side in sides.values())
+        assert got == expected, f"step {n}"
+    assert scheduler.get_num_unfinished_requests() == 0

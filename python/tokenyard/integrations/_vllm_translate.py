@@ -51,8 +51,8 @@ def settings(
 
     Raises:
         ConfigError: a KV cache layout tokenyard's one-pool scheduler cannot serve (several
-            KV cache groups, or a group that is not plain full attention), or a value of
-            the wrong type.
+            KV cache groups, or a group that is not plain full attention), sampling masks
+            asked for (``return_sampling_mask``), or a value of the wrong type.
     """
     sched = vllm_config.scheduler_config
     cache = vllm_config.cache_config
@@ -80,6 +80,13 @@ def settings(
                 field="kv_cache_spec",
                 value=kind,
             )
+    if _get(model, "return_sampling_mask"):
+        raise ConfigError(
+            "model_config.return_sampling_mask: tokenyard's scheduler does not hand sampling "
+            "masks back to the engine",
+            field="model_config.return_sampling_mask",
+            value="True",
+        )
     num_blocks = _get(cache, "num_gpu_blocks") or _get(kv_cache_config, "num_blocks")
     max_num_seqs = int(sched.max_num_seqs)
     active = _get(sched, "max_num_active_seqs")

@@ -699,7 +699,13 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             )
         vllm_ids = self._vllm_ids
         finished_ids = {vllm_ids[i] for i, _ in finished} if finished else set()
+        nans = model_runner_output.num_nans_in_logits
+        if nans:
+            for request_id, request in zip(live_ids, live, strict=True):
+                if request_id in nans:
+                    request.num_nans_in_logits = nans[request_id]
         outputs = self._outputs_by_client(live, live_ids, live_tokens, finished_ids)
+        _attach_logprobs(outputs, live, model_runner_output)
         self._publish_kv_events()
         engine_core_outputs = {
             client: EngineCoreOutputs(outputs=outs) for client, outs in outputs.items()
@@ -1143,6 +1149,32 @@ class AsyncTokenyardScheduler(TokenyardScheduler):
     vLLM's tests do)."""
 
     _async_scheduling_class = True
+
+
+def _attach_logprobs(
+    outputs: dict[int, list[EngineCoreOutput]], live: list[Request], model_runner_output: Any
+) -> None:
+    """Hands each output the runner's logprobs for it, as vLLM's ``update_from_output``
+    does: the sampled tokens' logprobs (for a request asking for them, as many as the
+    tokens it emits after its stop) and the prompt logprobs (with the output that ends
+    its prefill). Nothing to do on the usual step, which carries none."""
+    logprobs = model_runner_output.logprobs
+    prompt_logprobs = model_runner_output.prompt_logprobs_dict or {}
+    prompt_token_logprobs = getattr(model_runner_output, "prompt_token_id_logprobs_dict", None)
+    if not (logprobs or prompt_logprobs or prompt_token_logprobs):
+        return
+    index = model_runner_output.req_id_to_index
+    requests = {request.request_id: request for request in live}
+    for output in itertools.chain.from_iterable(outputs.values()):
+        request_id = output.request_id
+        params = requests[request_id].sampling_params
+        if logprobs and params is not None and params.num_logprobs is not None:
+            output.new_logprobs = logprobs.slice_request(
+                index[request_id], len(output.new_token_ids)
+            )
+        output.new_prompt_logprobs_tensors = prompt_logprobs.get(request_id)
+        if prompt_token_logprobs:
+            output.prompt_token_id_logprobs = prompt_token_logprobs.get(request_id)
 
 
 def _check_supported(request: Request) -> None:

@@ -6,9 +6,9 @@
 
 mod arrivals;
 mod disagg;
+mod events;
 
-use std::cmp::Ordering;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
 
@@ -26,6 +26,7 @@ use super::request::{ReqIdx, SimRequest};
 use super::sessions::{Sessions, Turn};
 use super::tokens::synthesize_prompt;
 use crate::{Error, Result};
+use events::EventQueue;
 
 /// A request as the workload delivers it.
 #[derive(Debug, Clone, PartialEq)]
@@ -126,38 +127,6 @@ enum EventKind {
     },
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Event {
-    time: f64,
-    /// 0 for arrivals: at equal times they run first, as in Vidur, where every arrival
-    /// event exists before the events it causes.
-    class: u8,
-    seq: u64,
-    kind: EventKind,
-}
-
-impl PartialEq for Event {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-impl Eq for Event {}
-impl PartialOrd for Event {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Event {
-    /// Reversed: the heap pops the earliest time, arrivals first, then the earliest created.
-    fn cmp(&self, other: &Self) -> Ordering {
-        other
-            .time
-            .total_cmp(&self.time)
-            .then(other.class.cmp(&self.class))
-            .then(other.seq.cmp(&self.seq))
-    }
-}
-
 struct Replica {
     policy: Box<dyn ReplicaPolicy>,
     /// Pipeline stages (each pool has its own layout) and whether it is a decode replica,
@@ -188,16 +157,9 @@ pub struct Simulator<'a> {
     requests: Requests,
     replicas: Vec<Replica>,
     router: Router,
-    events: BinaryHeap<Event>,
-    /// Events due now that follow every other kind at their time (class 1): most of a
-    /// step's events (stage arrival, stage schedule, batch end, the next schedule) are
-    /// pushed for the current time. They are in heap order already (one time, one class,
-    /// rising `seq`), so a queue holds them, merged with the heap at each pop: the same
-    /// order as one heap, without its sifting.
-    due_now: VecDeque<Event>,
+    events: EventQueue<EventKind>,
     /// Epoch vectors of ended batches, for the next batches.
     spare_epochs: Vec<Vec<u32>>,
-    seq: u64,
     now: f64,
     batches: FxHashMap<u64, Batch>,
     next_batch_id: u64,
@@ -327,10 +289,8 @@ impl<'a> Simulator<'a> {
             requests: Requests::default(),
             replicas,
             router,
-            events: BinaryHeap::new(),
-            due_now: VecDeque::new(),
+            events: EventQueue::default(),
             spare_epochs: Vec::new(),
-            seq: 0,
             now: 0.0,
             batches: FxHashMap::default(),
             next_batch_id: 0,
@@ -374,8 +334,7 @@ impl<'a> Simulator<'a> {
     /// Runs until every request has completed.
     pub fn run(mut self, source: &mut dyn RequestSource) -> Result<SimOutput> {
         self.schedule_next_arrival(source)?;
-        while let Some(event) = self.pop_event() {
-            debug_assert!(event.time >= self.now);
+        while let Some(event) = self.events.pop() {
             self.now = event.time;
             self.out.num_events += 1;
             self.handle(event.kind, source)?;
@@ -423,33 +382,11 @@ impl<'a> Simulator<'a> {
     }
 
     fn push(&mut self, time: f64, kind: EventKind) {
-        self.seq += 1;
         let class = u8::from(!matches!(
             kind,
             EventKind::Arrival | EventKind::TurnArrival { .. }
         ));
-        let event = Event {
-            time,
-            class,
-            seq: self.seq,
-            kind,
-        };
-        // `time == now` exactly: the handlers push `self.now` itself for what follows at once.
-        if class == 1 && time == self.now {
-            self.due_now.push_back(event);
-        } else {
-            self.events.push(event);
-        }
-    }
-
-    /// The earliest event of the heap and the due-now queue (`Event`'s order is reversed:
-    /// the greater is the earlier).
-    fn pop_event(&mut self) -> Option<Event> {
-        match (self.events.peek(), self.due_now.front()) {
-            (Some(heap), Some(now)) if heap > now => self.events.pop(),
-            (_, Some(_)) => self.due_now.pop_front(),
-            (_, None) => self.events.pop(),
-        }
+        self.events.push(self.now, time, class, kind);
     }
 
     fn handle(&mut self, kind: EventKind, source: &mut dyn RequestSource) -> Result<()> {

@@ -302,12 +302,13 @@ def test_unsupported_request_kinds_are_refused_by_name(vllm_parts: Any) -> None:
     assert info.value.field == "resumable"
 
 
-def test_logprobs_prompt_logprobs_and_nan_counts_reach_the_outputs_as_in_vllm(
+def test_logprobs_prefill_stats_and_nan_counts_reach_the_outputs_as_in_vllm(
     vllm_parts: Any,
 ) -> None:
     """The runner's logprobs go out as vLLM's own scheduler sends them: sampled logprobs
     to a request that asks for them (cut at its stop), prompt logprobs with the output
-    ending its prefill, NaN counts on the request and its output."""
+    ending its prefill, NaN counts on the request and its output; and each request's
+    PrefillStats (prompt, local hits, cache creation) with its first output."""
     import numpy as np
     from vllm.sampling_params import SamplingParams
     from vllm.v1.outputs import LogprobsLists, ModelRunnerOutput
@@ -318,8 +319,13 @@ def test_logprobs_prompt_logprobs_and_nan_counts_reach_the_outputs_as_in_vllm(
     asks = SamplingParams(max_tokens=4, logprobs=2, stop_token_ids=[9], ignore_eos=True)
     plain = SamplingParams(max_tokens=3, ignore_eos=True)
     for scheduler_side in sides.values():
-        for request_id, params in (("lp", asks), ("plain", plain)):
-            prompt = list(range(20)) if request_id == "lp" else list(range(50, 70))
+        # "again" repeats "lp"'s first 16-token block: a local prefix hit once "lp" ran.
+        for request_id, params in (("lp", asks), ("plain", plain), ("again", plain)):
+            prompt = {
+                "lp": list(range(20)),
+                "plain": list(range(50, 70)),
+                "again": [*range(16), 90, 91, 92, 93, 94],
+            }[request_id]
             request = Request(request_id, prompt, params, None, block_hasher=peer._block_hasher)
             scheduler_side.add_request(request)
 
@@ -356,6 +362,7 @@ def test_logprobs_prompt_logprobs_and_nan_counts_reach_the_outputs_as_in_vllm(
                 logprobs = (
                     None if o.new_logprobs is None else [a.tolist() for a in o.new_logprobs[:3]]
                 )
+                stats = o.prefill_stats and vars(o.prefill_stats)
                 result.append(
                     (
                         o.request_id,
@@ -364,11 +371,16 @@ def test_logprobs_prompt_logprobs_and_nan_counts_reach_the_outputs_as_in_vllm(
                         logprobs,
                         o.new_prompt_logprobs_tensors,
                         o.num_nans_in_logits,
+                        stats,
                     )
                 )
         return result
 
-    for n in range(5):
+    hit = None
+    for n in range(8):
         expected, got = (step(side, n) for side in sides.values())
         assert got == expected, f"step {n}"
+        hit = hit or next((o[6] for o in got if o[0] == "again" and o[6]), None)
     assert scheduler.get_num_unfinished_requests() == 0
+    assert hit is not None
+    assert hit["num_local_cached_tokens"] == 16, hit

@@ -58,6 +58,7 @@ try:
     from vllm.v1.core.sched.utils import check_stop
     from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs
     from vllm.v1.metrics.stats import (
+        PrefillStats,
         PrefixCacheStats,
         RequestSpecDecodeMetrics,
         SchedulerStats,
@@ -199,6 +200,10 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         # Requests preempted by reset_prefix_cache: outputs of their steps then in flight
         # are dropped, not delivered.
         self._dropped_outputs: set[str] = set()
+        # Admitted requests whose PrefillStats go out with their first output, and the
+        # stats of this step's first outputs.
+        self._prefill_stats_due: set[str] = set()
+        self._prefill_stats_ready: dict[str, PrefillStats] = {}
         self._prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self._prefix_caching = s.enable_prefix_caching
         self.enable_kv_cache_events = bool(
@@ -493,16 +498,15 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                 self.finished_recving_kv_req_ids.discard(request_id)
             request.status = _RUNNING
             request.num_computed_tokens = data.num_computed_tokens
+            external = bridge.external_hits.pop(request_id, 0) if bridge is not None else 0
             if log_stats:
                 request.record_event(EngineCoreEventType.SCHEDULED, now)
-                if bridge is None:
-                    self._record_prefix_lookup(request, data.num_computed_tokens)
-                elif request_id in bridge.lookups_recorded:
+                if bridge is not None and request_id in bridge.lookups_recorded:
                     bridge.lookups_recorded.discard(request_id)
                 else:
-                    num_local = data.num_computed_tokens
-                    num_local -= bridge.external_hits.pop(request_id, 0)
-                    self._record_prefix_lookup(request, num_local)
+                    self._record_prefix_lookup(request, data.num_computed_tokens - external)
+            if not was_preempted and request.num_preemptions <= 0:
+                self._set_prefill_stats(request, data.num_computed_tokens, external)
             block_ids = (data.block_ids.tolist(),)
             if was_preempted and not v2:
                 resumed.append((request, block_ids))
@@ -513,6 +517,38 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                     )
                 )
         return new_reqs_data, resumed
+
+    def _finish_prefill_stats(self, live: list[Request], live_ids: list[str]) -> None:
+        """Takes the stats of the requests emitting their first output, finalized with the
+        tokens they leave in the prefix cache (vLLM's ``estimate_cached_tokens``: their
+        full prompt blocks, with prefix caching on)."""
+        due = self._prefill_stats_due
+        bs = self.block_size
+        for request_id, request in zip(live_ids, live, strict=True):
+            if request_id not in due:
+                continue
+            due.discard(request_id)
+            stats = request.take_prefill_stats()
+            if stats is None:
+                continue
+            cached = 0
+            if self._prefix_caching:
+                cached = min(request.num_computed_tokens, request.num_prompt_tokens) // bs * bs
+            stats.finalize(cached)
+            self._prefill_stats_ready[request_id] = stats
+
+    def _set_prefill_stats(self, request: Request, num_computed: int, num_external: int) -> None:
+        """vLLM's ``PrefillStats.set`` at a request's first admission: its prompt, and the
+        tokens it found cached locally and the connector gave it."""
+        stats = request.prefill_stats
+        if stats is None:
+            return
+        stats.set(
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_local_cached_tokens=num_computed - num_external,
+            num_external_cached_tokens=num_external,
+        )
+        self._prefill_stats_due.add(request.request_id)
 
     def _cached_blocks(
         self, core: Any, scheduled: tuple[Any, list[str]] | None
@@ -704,7 +740,12 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             for request_id, request in zip(live_ids, live, strict=True):
                 if request_id in nans:
                     request.num_nans_in_logits = nans[request_id]
+        if self._prefill_stats_due:
+            self._finish_prefill_stats(live, live_ids)
         outputs = self._outputs_by_client(live, live_ids, live_tokens, finished_ids)
+        if self._prefill_stats_ready:
+            _attach_prefill_stats(outputs, self._prefill_stats_ready)
+            self._prefill_stats_ready.clear()
         _attach_logprobs(outputs, live, model_runner_output)
         self._publish_kv_events()
         engine_core_outputs = {
@@ -1149,6 +1190,21 @@ class AsyncTokenyardScheduler(TokenyardScheduler):
     vLLM's tests do)."""
 
     _async_scheduling_class = True
+
+
+def _attach_prefill_stats(
+    outputs: dict[int, list[EngineCoreOutput]], ready: dict[str, PrefillStats]
+) -> None:
+    """Hands the step's first outputs their requests' ``PrefillStats`` (and a remote
+    prefill's transfer params its cached tokens, as vLLM does)."""
+    for output in itertools.chain.from_iterable(outputs.values()):
+        stats = ready.get(output.request_id)
+        if stats is None:
+            continue
+        output.prefill_stats = stats
+        params = output.kv_transfer_params
+        if params is not None and params.get("do_remote_prefill"):
+            params["remote_prefill_cached_tokens"] = stats.num_cached_tokens
 
 
 def _attach_logprobs(

@@ -29,6 +29,9 @@ pub enum Error {
     /// A policy plugin failed or returned an invalid answer.
     #[error("policy plugin: {0}")]
     Plugin(String),
+    /// An internal invariant broke: a bug in tokenyard, not in its input or a plugin.
+    #[error("internal error (a bug in tokenyard): {0}")]
+    Internal(String),
     /// A KV connector (`sched::KvConnector`) failed in `method` or returned an invalid
     /// answer (`value`).
     #[error("KV connector {method}(): {reason}, got {value}")]

@@ -68,6 +68,7 @@ pub(crate) fn to_py_err(py: Python<'_>, err: Error) -> PyErr {
             Some("plugin"),
             None,
         ),
+        Error::Internal(_) => raise(py, &INTERNAL_ERROR, "InternalError", message, None, None),
         Error::Connector { method, value, .. } => raise(
             py,
             &CONNECTOR_ERROR,

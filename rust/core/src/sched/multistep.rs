@@ -177,7 +177,7 @@ impl<R: RequestKey> Scheduler<R> {
         mut token: impl FnMut(&R, usize) -> TokenId,
     ) -> Result<bool> {
         if window.formed >= window.num_steps {
-            return Err(Error::Plugin(
+            return Err(Error::Internal(
                 "a decode window ran past its last step".into(),
             ));
         }
@@ -224,7 +224,7 @@ impl<R: RequestKey> Scheduler<R> {
             let id = self.req(window.slots[i as usize]).request_id.clone();
             let done = self.append_one_token_each(std::slice::from_ref(&id), &mut token)?;
             if done.is_empty() {
-                return Err(Error::Plugin(
+                return Err(Error::Internal(
                     "a coalesced decode step's request did not finish when planned".into(),
                 ));
             }
@@ -278,7 +278,7 @@ impl<R: RequestKey> Scheduler<R> {
             .kv
             .allocate(slot, new_tokens, n, 0, None, None, false)?;
         if allocated.is_none() {
-            return Err(Error::Plugin(
+            return Err(Error::Internal(
                 "a coalesced decode step found no free block (the window was planned wrong)".into(),
             ));
         }

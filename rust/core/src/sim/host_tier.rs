@@ -58,7 +58,7 @@ impl HostPorts {
     /// Schedules a load of `tokens` into replica `r`, asked for at `now`.
     pub fn load(&mut self, now: f64, r: usize, tokens: u64) -> Result<Transfer> {
         let Some(link) = self.links[r] else {
-            return Err(Error::Plugin(format!(
+            return Err(Error::Internal(format!(
                 "replica {r} loaded blocks from a host tier it does not have"
             )));
         };

@@ -155,7 +155,7 @@ impl AdapterCache {
             }
         }
         if self.batch.len() > self.gpu.capacity {
-            return Err(Error::Plugin(format!(
+            return Err(Error::Internal(format!(
                 "a vllm_v1 batch holds {} adapters, more than replica.lora.max_loras = {}",
                 self.batch.len(),
                 self.gpu.capacity

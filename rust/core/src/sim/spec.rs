@@ -301,7 +301,7 @@ impl SpecDecoder {
         token: impl Fn(&SimRequest, u64) -> TokenId,
     ) -> Result<Vec<ReqIdx>> {
         let Some(mut list) = self.in_flight.pop_front() else {
-            return Err(Error::Plugin(
+            return Err(Error::Internal(
                 "vllm_v1: a batch ended that this replica never formed".into(),
             ));
         };

@@ -576,3 +576,18 @@ fn sarathi_restart_vidur_folds_a_partial_prefill_into_a_shorter_prompt() {
         assert_eq!(out.requests.len(), 2, "both complete");
     }
 }
+
+#[test]
+fn a_broken_internal_invariant_is_an_internal_error_not_a_plugins() {
+    // A KV transfer can only end on a replica that runs one: elsewhere it is a bug in the
+    // simulator, reported as such (Python's InternalError), not blamed on a plugin.
+    let mut policy = ReplicaPolicyConfig::Vidur(VidurKind::Vllm, limits())
+        .build(16, false)
+        .unwrap();
+    let err = policy.finish_kv_transfer(0, true).unwrap_err();
+    assert!(matches!(err, crate::Error::Internal(_)), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with("internal error (a bug in tokenyard): ")
+    );
+}

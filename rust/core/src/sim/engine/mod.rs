@@ -367,7 +367,7 @@ impl<'a> Simulator<'a> {
         for (r, replica) in self.replicas.iter().enumerate() {
             let allocated = replica.policy.num_allocated_blocks();
             if allocated > 0 {
-                return Err(Error::Plugin(format!(
+                return Err(Error::Internal(format!(
                     "replica {r} still holds {allocated} KV blocks after every request was \
                      released (blocks leaked)"
                 )));

@@ -127,7 +127,7 @@ pub trait ReplicaPolicy: Send {
     /// A transfer of request `idx` ended here: its KV landed (`sent = false`) or, on the
     /// replica that computed it, it has been sent and its blocks can go.
     fn finish_kv_transfer(&mut self, _idx: ReqIdx, _sent: bool) -> Result<()> {
-        Err(crate::Error::Plugin(
+        Err(crate::Error::Internal(
             "a KV transfer ended on a replica that runs none".into(),
         ))
     }

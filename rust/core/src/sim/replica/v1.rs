@@ -337,7 +337,7 @@ impl VllmV1 {
         if self.end_window(window, requests)?.is_empty() {
             Ok(())
         } else {
-            Err(crate::Error::Plugin(
+            Err(crate::Error::Internal(
                 "vllm_v1: a request of a decode window finished before its planned step".into(),
             ))
         }
@@ -503,7 +503,7 @@ impl ReplicaPolicy for VllmV1 {
         }
         // Batches of one replica end in the order they were formed (stages are FIFO).
         let Some(mut caught_up) = self.samplers.pop_front() else {
-            return Err(crate::Error::Plugin(
+            return Err(crate::Error::Internal(
                 "vllm_v1: a batch ended that this replica never formed".into(),
             ));
         };

@@ -456,14 +456,13 @@ impl<R: RequestKey> Scheduler<R> {
     /// `prefill_schedule_interval` of `k > 1`, fewer than `k` executed steps separate this
     /// one (if it runs anything) from the last that carried prefill.
     fn prefill_gate(&self, throttle_prefills: bool) -> bool {
-        if self.prefill_capacity_bound
-            || !self.running.iter().any(|&s| !self.req(s).is_prefill_chunk)
-        {
-            return false;
-        }
         let interval = self.config.prefill_schedule_interval as i64;
-        throttle_prefills
-            || (interval > 1 && (self.num_executed_steps + 1) - self.last_prefill_step < interval)
+        let held = throttle_prefills
+            || (interval > 1 && (self.num_executed_steps + 1) - self.last_prefill_step < interval);
+        // The scan of the running requests last: most steps hold nothing (no cadence, no
+        // throttling) and skip it.
+        held && !self.prefill_capacity_bound
+            && self.running.iter().any(|&s| !self.req(s).is_prefill_chunk)
     }
 
     /// This step's cap on one request's tokens (vLLM 0.33): the configured threshold, only

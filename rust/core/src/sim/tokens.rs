@@ -54,6 +54,9 @@ pub const MEMO_TOKENS: usize = 1 << 20;
 /// [`synthesize_prompt`]'s with or without it.
 pub struct BlockTokens {
     block: usize,
+    /// Slots of the memo, allocated at the first prompt (a replica that never makes one,
+    /// or a cluster of hundreds of small ones, holds none).
+    num_slots: usize,
     /// Slot `id % len`: the block id whose tokens it holds (`None`: empty) and the tokens.
     slots: Vec<(Option<u64>, Box<[TokenId]>)>,
     /// Per slot, the last id it saw and did not keep, plus one (0: none; an id of
@@ -67,8 +70,9 @@ impl BlockTokens {
         let num_slots = memo_tokens / block;
         Self {
             block,
-            slots: (0..num_slots).map(|_| (None, Box::default())).collect(),
-            seen: vec![0; num_slots],
+            num_slots,
+            slots: Vec::new(),
+            seen: Vec::new(),
         }
     }
 
@@ -98,10 +102,16 @@ impl BlockTokens {
     /// The whole block of `id` from the memo (generated into it on its second sight);
     /// `None` without a memo or on a first sight.
     fn block_tokens(&mut self, id: u64) -> Option<&[TokenId]> {
-        let num_slots = self.slots.len() as u64;
-        if num_slots == 0 {
+        if self.num_slots == 0 {
             return None;
         }
+        if self.slots.is_empty() {
+            self.slots = (0..self.num_slots)
+                .map(|_| (None, Box::default()))
+                .collect();
+            self.seen = vec![0; self.num_slots];
+        }
+        let num_slots = self.num_slots as u64;
         let block = self.block;
         let index = (id % num_slots) as usize;
         let (held, memo) = &mut self.slots[index];

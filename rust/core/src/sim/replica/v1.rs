@@ -410,8 +410,9 @@ impl ReplicaPolicy for VllmV1 {
             lora_id: request.lora_id,
             ..RequestSpec::default()
         };
-        self.prompts_mut().pending.insert(idx, pending);
+        // Kept only once the scheduler took the request: a refused one leaves nothing.
         self.scheduler.add_request(idx, spec)?;
+        self.prompts_mut().pending.insert(idx, pending);
         Ok(())
     }
 

@@ -72,6 +72,11 @@ except ImportError as err:  # pragma: no cover - exercised only without vLLM
     ) from err
 
 from tokenyard.errors import InputError
+from tokenyard.integrations._vllm_outputs import (
+    attach_logprobs,
+    attach_prefill_stats,
+    check_supported,
+)
 from tokenyard.integrations._vllm_translate import (
     core_config,
     local_prefill_interval,
@@ -318,7 +323,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                 field="request_id",
                 value=request_id,
             )
-        _check_supported(request)
+        check_supported(request)
         params = request.sampling_params
         lora = request.lora_request
         core_id = next(self._next_core_id) if self._int_ids else request_id
@@ -379,6 +384,8 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             self.ec_connector.request_finished(request)
         request_id = request.request_id
         self.finished_recving_kv_req_ids.discard(request_id)
+        # Finished before its first output (an abort): its PrefillStats never go out.
+        self._prefill_stats_due.discard(request_id)
         self.finished_req_ids.add(request_id)
         if self.finished_req_ids_dict is not None:
             self.finished_req_ids_dict[request.client_index].add(request_id)
@@ -744,9 +751,9 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             self._finish_prefill_stats(live, live_ids)
         outputs = self._outputs_by_client(live, live_ids, live_tokens, finished_ids)
         if self._prefill_stats_ready:
-            _attach_prefill_stats(outputs, self._prefill_stats_ready)
+            attach_prefill_stats(outputs, self._prefill_stats_ready)
             self._prefill_stats_ready.clear()
-        _attach_logprobs(outputs, live, model_runner_output)
+        attach_logprobs(outputs, live, model_runner_output)
         self._publish_kv_events()
         engine_core_outputs = {
             client: EngineCoreOutputs(outputs=outs) for client, outs in outputs.items()
@@ -1190,71 +1197,3 @@ class AsyncTokenyardScheduler(TokenyardScheduler):
     vLLM's tests do)."""
 
     _async_scheduling_class = True
-
-
-def _attach_prefill_stats(
-    outputs: dict[int, list[EngineCoreOutput]], ready: dict[str, PrefillStats]
-) -> None:
-    """Hands the step's first outputs their requests' ``PrefillStats`` (and a remote
-    prefill's transfer params its cached tokens, as vLLM does)."""
-    for output in itertools.chain.from_iterable(outputs.values()):
-        stats = ready.get(output.request_id)
-        if stats is None:
-            continue
-        output.prefill_stats = stats
-        params = output.kv_transfer_params
-        if params is not None and params.get("do_remote_prefill"):
-            params["remote_prefill_cached_tokens"] = stats.num_cached_tokens
-
-
-def _attach_logprobs(
-    outputs: dict[int, list[EngineCoreOutput]], live: list[Request], model_runner_output: Any
-) -> None:
-    """Hands each output the runner's logprobs for it, as vLLM's ``update_from_output``
-    does: the sampled tokens' logprobs (for a request asking for them, as many as the
-    tokens it emits after its stop) and the prompt logprobs (with the output that ends
-    its prefill). Nothing to do on the usual step, which carries none."""
-    logprobs = model_runner_output.logprobs
-    prompt_logprobs = model_runner_output.prompt_logprobs_dict or {}
-    prompt_token_logprobs = getattr(model_runner_output, "prompt_token_id_logprobs_dict", None)
-    if not (logprobs or prompt_logprobs or prompt_token_logprobs):
-        return
-    index = model_runner_output.req_id_to_index
-    requests = {request.request_id: request for request in live}
-    for output in itertools.chain.from_iterable(outputs.values()):
-        request_id = output.request_id
-        params = requests[request_id].sampling_params
-        if logprobs and params is not None and params.num_logprobs is not None:
-            output.new_logprobs = logprobs.slice_request(
-                index[request_id], len(output.new_token_ids)
-            )
-        output.new_prompt_logprobs_tensors = prompt_logprobs.get(request_id)
-        if prompt_token_logprobs:
-            output.prompt_token_id_logprobs = prompt_token_logprobs.get(request_id)
-
-
-def _check_supported(request: Request) -> None:
-    """Refuses request kinds tokenyard's scheduler has no notion of, naming the field."""
-    reason = None
-    if request.prompt_token_ids is None or request.prompt_embeds is not None:
-        reason = "prompt_embeds", "prompt embeddings"
-    elif request.mm_features:
-        reason = "mm_features", "multimodal inputs (no encoder budget or encoder cache)"
-    elif request.pooling_params is not None:
-        reason = "pooling_params", "pooling requests"
-    elif request.sampling_params is None:
-        reason = "sampling_params", "a request without sampling params"
-    elif request.use_structured_output:
-        reason = "structured_outputs", "structured output (no grammar bitmask)"
-    elif request.resumable:
-        reason = "resumable", "streaming-input sessions"
-    elif request.sampling_params.repetition_detection is not None:
-        reason = "repetition_detection", "repetition detection"
-    if reason is not None:
-        field, what = reason
-        raise InputError(
-            f"{field}: tokenyard's scheduler does not serve {what} "
-            f"(request {request.request_id!r})",
-            field=field,
-            value=request.request_id,
-        )

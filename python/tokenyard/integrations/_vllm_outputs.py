@@ -1,0 +1,82 @@
+"""What ``TokenyardScheduler`` (``tokenyard.integrations.vllm``) hands vLLM with a step's
+outputs beyond their tokens (logprobs, prompt logprobs, ``PrefillStats``), and the request
+kinds it refuses. Imported only by that module, so vLLM is installed when this runs."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from vllm.v1.engine import EngineCoreOutput
+from vllm.v1.metrics.stats import PrefillStats
+from vllm.v1.request import Request
+
+from tokenyard.errors import InputError
+
+
+def attach_prefill_stats(
+    outputs: dict[int, list[EngineCoreOutput]], ready: dict[str, PrefillStats]
+) -> None:
+    """Hands the step's first outputs their requests' ``PrefillStats`` (and a remote
+    prefill's transfer params its cached tokens, as vLLM does)."""
+    for output in itertools.chain.from_iterable(outputs.values()):
+        stats = ready.get(output.request_id)
+        if stats is None:
+            continue
+        output.prefill_stats = stats
+        params = output.kv_transfer_params
+        if params is not None and params.get("do_remote_prefill"):
+            params["remote_prefill_cached_tokens"] = stats.num_cached_tokens
+
+
+def attach_logprobs(
+    outputs: dict[int, list[EngineCoreOutput]], live: list[Request], model_runner_output: Any
+) -> None:
+    """Hands each output the runner's logprobs for it, as vLLM's ``update_from_output``
+    does: the sampled tokens' logprobs (for a request asking for them, as many as the
+    tokens it emits after its stop) and the prompt logprobs (with the output that ends
+    its prefill). Nothing to do on the usual step, which carries none."""
+    logprobs = model_runner_output.logprobs
+    prompt_logprobs = model_runner_output.prompt_logprobs_dict or {}
+    prompt_token_logprobs = getattr(model_runner_output, "prompt_token_id_logprobs_dict", None)
+    if not (logprobs or prompt_logprobs or prompt_token_logprobs):
+        return
+    index = model_runner_output.req_id_to_index
+    requests = {request.request_id: request for request in live}
+    for output in itertools.chain.from_iterable(outputs.values()):
+        request_id = output.request_id
+        params = requests[request_id].sampling_params
+        if logprobs and params is not None and params.num_logprobs is not None:
+            output.new_logprobs = logprobs.slice_request(
+                index[request_id], len(output.new_token_ids)
+            )
+        output.new_prompt_logprobs_tensors = prompt_logprobs.get(request_id)
+        if prompt_token_logprobs:
+            output.prompt_token_id_logprobs = prompt_token_logprobs.get(request_id)
+
+
+def check_supported(request: Request) -> None:
+    """Refuses request kinds tokenyard's scheduler has no notion of, naming the field."""
+    reason = None
+    if request.prompt_token_ids is None or request.prompt_embeds is not None:
+        reason = "prompt_embeds", "prompt embeddings"
+    elif request.mm_features:
+        reason = "mm_features", "multimodal inputs (no encoder budget or encoder cache)"
+    elif request.pooling_params is not None:
+        reason = "pooling_params", "pooling requests"
+    elif request.sampling_params is None:
+        reason = "sampling_params", "a request without sampling params"
+    elif request.use_structured_output:
+        reason = "structured_outputs", "structured output (no grammar bitmask)"
+    elif request.resumable:
+        reason = "resumable", "streaming-input sessions"
+    elif request.sampling_params.repetition_detection is not None:
+        reason = "repetition_detection", "repetition detection"
+    if reason is not None:
+        field, what = reason
+        raise InputError(
+            f"{field}: tokenyard's scheduler does not serve {what} "
+            f"(request {request.request_id!r})",
+            field=field,
+            value=request.request_id,
+        )

@@ -4,7 +4,7 @@ of its submodules does not import all of them."""
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 
@@ -22,3 +22,17 @@ def lazy_attribute(namespace: dict[str, Any], exports: Mapping[str, str], name: 
 def lazy_dir(namespace: dict[str, Any], exports: Mapping[str, str]) -> list[str]:
     """The package's names, those not imported yet included (for `dir()` and completion)."""
     return sorted(set(namespace) | set(exports))
+
+
+def lazy_module(
+    namespace: dict[str, Any], exports: Mapping[str, str]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """A package's ``__getattr__`` and ``__dir__`` over ``exports`` (name -> module)."""
+
+    def getattr_(name: str) -> Any:
+        return lazy_attribute(namespace, exports, name)
+
+    def dir_() -> list[str]:
+        return lazy_dir(namespace, exports)
+
+    return getattr_, dir_

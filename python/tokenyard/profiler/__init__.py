@@ -8,9 +8,9 @@ rows of tokenyard profile format v1; :func:`write_profile` writes them as CSV, w
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from tokenyard._lazy import lazy_attribute, lazy_dir
+from tokenyard._lazy import lazy_module
 
 if TYPE_CHECKING:
     from tokenyard.profiler.run import (
@@ -36,12 +36,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    return lazy_attribute(globals(), _EXPORTS, name)
-
-
-def __dir__() -> list[str]:
-    return lazy_dir(globals(), _EXPORTS)
+__getattr__, __dir__ = lazy_module(globals(), _EXPORTS)
 
 
 __all__ = [

@@ -20,9 +20,9 @@ search). Locally on a process pool or on a Ray cluster; results are the same eit
 See ``docs/search.md``.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from tokenyard._lazy import lazy_attribute, lazy_dir
+from tokenyard._lazy import lazy_module
 
 if TYPE_CHECKING:
     from tokenyard.search.capacity import CapacityResult, CapacitySearch, Probe, with_rate
@@ -71,12 +71,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    return lazy_attribute(globals(), _EXPORTS, name)
-
-
-def __dir__() -> list[str]:
-    return lazy_dir(globals(), _EXPORTS)
+__getattr__, __dir__ = lazy_module(globals(), _EXPORTS)
 
 
 __all__ = [

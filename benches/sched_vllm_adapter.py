@@ -90,20 +90,28 @@ def step(scheduler: object, runner_output_cls: type) -> dict[str, int]:
     return dict(out.num_scheduled_tokens)
 
 
-def run_side(
-    kind: str, running: int, steps: int, prefix_caching: bool, profile: bool
-) -> tuple[list[int], list[dict[str, int]], str]:
+def decoding(kind: str, running: int, prefix_caching: bool) -> object:
+    """A scheduler (``kind``) with ``running`` requests added and stepped until every one
+    decodes (one token each)."""
     from vllm.v1.outputs import ModelRunnerOutput
 
     scheduler, peer = build(kind, running, prefix_caching)
     for i in range(running):
         prompt = [1000 + (i * 7919 + j) % 30000 for j in range(PROMPT_TOKENS)]
         scheduler.add_request(peer.make_request(f"r{i}", prompt, max_tokens=4000))  # type: ignore[attr-defined]
-    # Warm-up: until every request decodes (one token each).
     for _ in range(1000):
         decided = step(scheduler, ModelRunnerOutput)
         if len(decided) == running and all(n == 1 for n in decided.values()):
             break
+    return scheduler
+
+
+def run_side(
+    kind: str, running: int, steps: int, prefix_caching: bool, profile: bool
+) -> tuple[list[int], list[dict[str, int]], str]:
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    scheduler = decoding(kind, running, prefix_caching)
     times, decisions = [], []
     profiler = cProfile.Profile() if profile else None
     gc.collect()
@@ -161,14 +169,7 @@ def breakdown(running: int, steps: int, prefix_caching: bool) -> str:
     and the whole step."""
     from vllm.v1.outputs import ModelRunnerOutput
 
-    scheduler, peer = build("tokenyard", running, prefix_caching)
-    for i in range(running):
-        prompt = [1000 + (i * 7919 + j) % 30000 for j in range(PROMPT_TOKENS)]
-        scheduler.add_request(peer.make_request(f"r{i}", prompt, max_tokens=4000))  # type: ignore[attr-defined]
-    for _ in range(1000):
-        decided = step(scheduler, ModelRunnerOutput)
-        if len(decided) == running and all(n == 1 for n in decided.values()):
-            break
+    scheduler = decoding("tokenyard", running, prefix_caching)
     acc: dict[str, list[int]] = {}
     for name in _PARTS:
         method = getattr(scheduler, name)

@@ -178,18 +178,7 @@ fn capacity_escape_lifts_the_cadence_too() {
 
 fn run_step_throttled(s: &mut Scheduler<u32>) -> SchedulerOutput<u32> {
     let out = s.schedule_throttled(true).unwrap();
-    let outputs: Vec<_> = out
-        .num_scheduled_tokens
-        .iter()
-        .filter(|(id, _)| {
-            let r = s.get_request(id).unwrap();
-            r.num_computed_tokens >= r.num_tokens()
-        })
-        .map(|&(id, _)| sample(id, 7))
-        .collect();
-    s.update_from_output(&outputs).unwrap();
-    s.check_invariants().unwrap();
-    out
+    answer_step(s, out)
 }
 
 #[test]

@@ -41,6 +41,15 @@ pub(super) fn scheduled(out: &SchedulerOutput<u32>) -> Vec<(u32, usize)> {
 /// A fake model: one token (`7`) for each request that caught up with its tokens.
 pub(super) fn run_step(s: &mut Scheduler<u32>) -> SchedulerOutput<u32> {
     let out = s.schedule().unwrap();
+    answer_step(s, out)
+}
+
+/// The fake model's answer to the step `out`: one token (`7`) for each request that caught
+/// up with its tokens. Returns `out`.
+pub(super) fn answer_step(
+    s: &mut Scheduler<u32>,
+    out: SchedulerOutput<u32>,
+) -> SchedulerOutput<u32> {
     let outputs: Vec<_> = out
         .num_scheduled_tokens
         .iter()

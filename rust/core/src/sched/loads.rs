@@ -3,10 +3,11 @@
 //! that landed or failed, and letting landed loads go when they hold the memory a blocked
 //! head needs while nothing runs.
 
+use super::admission::{Admission, AdmissionTokens};
 use super::connector::{ExternalTokens, KvLoad};
 use super::kv::Hit;
 use super::request::RequestStatus;
-use super::scheduler::{Admission, AdmissionTokens, Scheduler, StepPlan};
+use super::scheduler::{Scheduler, StepPlan};
 use crate::Result;
 use crate::kv::RequestKey;
 

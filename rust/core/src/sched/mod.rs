@@ -2,6 +2,7 @@
 //! running requests first, then admits waiting ones, under a token budget, a sequence cap
 //! and KV memory, preempting (recompute) when memory runs out.
 
+mod admission;
 mod config;
 mod connector;
 mod kv;

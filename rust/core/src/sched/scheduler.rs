@@ -1,5 +1,7 @@
 //! The scheduler state and one step of it. It owns every unfinished request (an arena
-//! indexed by slot), the waiting queue, the running list and the KV block pool.
+//! indexed by slot), the waiting queue, the running list and the KV block pool. A step
+//! serves the running requests here, admits waiting ones (`admission`), and its outputs
+//! come back through `update`.
 //! Invariants (see `check_invariants`): each unfinished request is in exactly one of
 //! waiting / running; a running request holds blocks for all its computed tokens; a
 //! waiting one holds none unless its KV load began (those are served first: `Waiting`).
@@ -11,11 +13,10 @@ use super::kv::{Hit, Kv};
 use super::output::{CachedRequestData, NewRequestData, SchedulerOutput, SchedulerStats};
 use super::plugin::{PolicyPlugin, RequestView, check_permutation};
 use super::queue::{PriorityKey, Waiting};
-use super::request::{DeferredPrompt, PLACEHOLDER_DRAFT, PromptSource, Request, RequestStatus};
-use super::update::reserved_outputs;
+use super::request::{PromptSource, Request, RequestStatus};
 use super::{Policy, PrefixCache, PriorityTies, SchedulerConfig};
-use crate::kv::{BlockHash, BlockId, BlockPool, RadixPool, RequestKey};
-use crate::{Error, Result};
+use crate::Result;
+use crate::kv::{BlockId, BlockPool, RadixPool, RequestKey};
 
 pub struct Scheduler<R: RequestKey> {
     pub(super) config: SchedulerConfig,
@@ -62,9 +63,9 @@ pub struct Scheduler<R: RequestKey> {
     /// would leave the engine without requests the scheduler counts as running).
     interrupted_step: Option<SchedulerOutput<R>>,
     /// This step's `long_prefill_token_threshold` (`long_prefill_threshold`).
-    step_threshold: usize,
+    pub(super) step_threshold: usize,
     /// This step holds prefill work back (vLLM 0.33's `defer_prefills`; `prefill_gate`).
-    defer_prefills: bool,
+    pub(super) defer_prefills: bool,
     /// Steps that scheduled any token (vLLM 0.33's `num_executed_steps`): an empty step
     /// does not advance the prefill cadence.
     pub(super) num_executed_steps: i64,
@@ -90,21 +91,21 @@ pub(super) struct FinishedInFlight {
 /// The decisions of one step before they become a `SchedulerOutput`.
 pub(super) struct StepPlan<R> {
     /// (slot, tokens) in batch order.
-    scheduled: Vec<(u32, usize)>,
+    pub(super) scheduled: Vec<(u32, usize)>,
     /// By slot: the blocks a scheduled request gets this step (`Some` = scheduled). A dense
     /// vector, not a map: every running request is looked up here every step.
     new_blocks: Vec<Option<Vec<BlockId>>>,
     /// Slots admitted from the waiting queue this step, and whether they were preempted.
-    admitted: FxHashMap<u32, bool>,
+    pub(super) admitted: FxHashMap<u32, bool>,
     pub(super) preempted: Vec<u32>,
-    loras: FxHashSet<u64>,
+    pub(super) loras: FxHashSet<u64>,
     pub(super) kv_loads: Vec<KvLoad<R>>,
     /// A running request still prefilling was scheduled (vLLM's `prefill_scheduled`): no
     /// admission is padded with placeholder drafts.
-    prefill_scheduled: bool,
+    pub(super) prefill_scheduled: bool,
     /// A request was admitted with more than its last token to compute (vLLM's
     /// `prefill_admitted`).
-    prefill_admitted: bool,
+    pub(super) prefill_admitted: bool,
 }
 
 impl<R> Default for StepPlan<R> {
@@ -137,7 +138,7 @@ impl<R> StepPlan<R> {
     }
 
     /// Running requests (not admissions) scheduled so far in this step.
-    fn num_running_scheduled(&self) -> usize {
+    pub(super) fn num_running_scheduled(&self) -> usize {
         self.scheduled.len() - self.admitted.len()
     }
 
@@ -147,7 +148,7 @@ impl<R> StepPlan<R> {
             .is_some_and(|blocks| blocks.is_some())
     }
 
-    fn set_blocks(&mut self, slot: u32, blocks: Vec<BlockId>) {
+    pub(super) fn set_blocks(&mut self, slot: u32, blocks: Vec<BlockId>) {
         let slot = slot as usize;
         if self.new_blocks.len() <= slot {
             self.new_blocks.resize(slot + 1, None);
@@ -160,26 +161,9 @@ impl<R> StepPlan<R> {
     }
 }
 
-/// What an admission computes this step (`Scheduler::admission_tokens`).
-pub(super) struct AdmissionTokens {
-    pub(super) n: usize,
-    /// Padded with `n - 1` placeholder drafts.
-    pub(super) padded: bool,
-}
-
 enum Allocation {
     Scheduled(Vec<BlockId>),
     PreemptedItself,
-}
-
-/// What became of the request at the head of the waiting queue.
-pub(super) enum Admission {
-    Scheduled,
-    /// It does not fit (budget or memory): admission stops here (head-of-line blocking).
-    Blocked,
-    /// It steps aside for now, keeping its place: its KV is being loaded, or the connector
-    /// cannot tell yet what it can load.
-    SteppedAside,
 }
 
 impl<R: RequestKey> Scheduler<R> {
@@ -693,314 +677,6 @@ impl<R: RequestKey> Scheduler<R> {
         plan.preempted.push(victim);
         self.num_preemptions += 1;
         Ok(())
-    }
-
-    /// Phase 2: admits waiting requests in order (block holders first) until the budget, the
-    /// sequence cap or memory says stop (head-of-line blocking: a request that does not fit
-    /// stops admission).
-    /// An error while admitting (the connector's) stops admission too, and is returned for
-    /// `schedule` to report once the step is consistent.
-    fn schedule_waiting(
-        &mut self,
-        budget: &mut usize,
-        plan: &mut StepPlan<R>,
-    ) -> Result<Option<crate::Error>> {
-        if self.config.max_loras > 0 {
-            // vLLM counts the adapters of the running requests scheduled in this step; we
-            // count every running request's, so the running set never holds more than
-            // max_loras adapters and no later step needs more GPU slots than there are
-            // (vLLM's schedule() asserts the scheduled running requests hold at most
-            // max_loras adapters; a step after one that left some unscheduled can fail it).
-            for &slot in &self.running {
-                if let Some(lora) = self.req(slot).spec.lora_id {
-                    plan.loras.insert(lora);
-                }
-            }
-        }
-        let mut skipped = Vec::new();
-        let mut admission_error = None;
-        while *budget > 0 {
-            let Some(slot) = self.waiting.peek() else {
-                break;
-            };
-            let max_seqs = self.config.max_num_seqs;
-            if max_seqs > 0 && self.running.len() >= max_seqs {
-                break;
-            }
-            // Block holders come first: the first request holding none ends admission.
-            if !self.admit_new && !self.holds_kv(slot) {
-                break;
-            }
-            let loading = self.req(slot).status == RequestStatus::WaitingForRemoteKvs;
-            if (loading && !self.take_landed_load(slot)?) || self.lora_gated(slot, plan) {
-                self.waiting.pop();
-                self.deferred.insert(slot);
-                skipped.push(slot);
-                continue;
-            }
-            match self.admit(slot, budget, plan) {
-                Ok(Admission::Scheduled) => {}
-                Ok(Admission::Blocked) => {
-                    if self.running.is_empty() && self.release_landed_loads(slot, &skipped, plan)? {
-                        continue;
-                    }
-                    break;
-                }
-                Ok(Admission::SteppedAside) => {
-                    self.waiting.pop();
-                    self.deferred.insert(slot);
-                    skipped.push(slot);
-                }
-                Err(err) => {
-                    admission_error = Some(err);
-                    break;
-                }
-            }
-        }
-        for slot in skipped.into_iter().rev() {
-            let key = self.priority_key(slot);
-            self.waiting.push_front(slot, key, self.holds_kv(slot));
-        }
-        if !self.defer_prefills {
-            // A release step: did it leave requests waiting that it did not skip?
-            self.prefill_capacity_bound = self.waiting.len() > self.deferred.len();
-        }
-        Ok(admission_error)
-    }
-
-    /// Seed 004 §3.3.1: with `max_loras` adapters already in the batch, a request needing
-    /// another one waits (skipped, keeping its place).
-    fn lora_gated(&self, slot: u32, plan: &StepPlan<R>) -> bool {
-        let max_loras = self.config.max_loras;
-        match self.req(slot).spec.lora_id {
-            Some(lora) => {
-                max_loras > 0 && plan.loras.len() >= max_loras && !plan.loras.contains(&lora)
-            }
-            None => false,
-        }
-    }
-
-    /// Tries to admit the request at the head of the waiting queue. A connector error leaves
-    /// the request as it was if its blocks were not allocated yet, and admitted (or loading)
-    /// if they were: the scheduler's state stays consistent either way.
-    fn admit(
-        &mut self,
-        slot: u32,
-        budget: &mut usize,
-        plan: &mut StepPlan<R>,
-    ) -> Result<Admission> {
-        // A landed load holds blocks even when none of its tokens count as computed (a
-        // one-token prompt loaded whole recomputes that token in them).
-        if self.kv.block_ids(slot).is_some() {
-            return self.admit_loaded(slot, budget, plan);
-        }
-        let known = self.make_deferred_prompt(slot)?;
-        let request = self.slots[slot as usize]
-            .as_ref()
-            .expect("waiting slot is live");
-        let lora_id = request.spec.lora_id;
-        let seq = request.arrival_seq;
-        let earlier = self
-            .blocked_head
-            .take()
-            .filter(|(blocked, _)| *blocked == seq)
-            .map(|(_, hit)| hit);
-        let hit = self
-            .kv
-            .lookup(&request.all_token_ids, lora_id, earlier, known);
-        if !self.full_sequence_fits(slot, Some(&hit)) {
-            self.blocked_head = Some((seq, hit));
-            return Ok(Admission::Blocked);
-        }
-        let Some(external) = self.ask_connector(slot, &hit)? else {
-            return Ok(Admission::SteppedAside);
-        };
-        if hit.num_host_tokens() > 0 || (external.load_async && external.num_tokens > 0) {
-            return self.start_load(slot, hit, external.num_tokens, plan);
-        }
-        let num_computed = hit.num_computed_tokens() + external.num_tokens;
-        if self.holds_prefill(slot, num_computed) {
-            self.blocked_head = Some((seq, hit));
-            return Ok(Admission::Blocked);
-        }
-        let Some(AdmissionTokens { mut n, mut padded }) =
-            self.admission_tokens(slot, num_computed, *budget, plan)
-        else {
-            self.blocked_head = Some((seq, hit));
-            return Ok(Admission::Blocked);
-        };
-        let lookahead = self.lookahead(num_computed + n);
-        let tokens = &self.slots[slot as usize]
-            .as_ref()
-            .expect("live")
-            .all_token_ids;
-        let with_ids = !self.lean_output;
-        let allocated = if external.num_tokens > 0 {
-            // Loaded before the step runs: slots for the loaded and the computed tokens at
-            // once, all cached as computed ones are. Placeholder drafts get theirs after,
-            // and are dropped if those do not fit (vLLM allocates all at once and would
-            // wait; a known gap, documented).
-            let known_new = if padded { 1 } else { n };
-            let loaded_and_new = external.num_tokens + known_new;
-            let fits = self
-                .kv
-                .allocate_external(slot, tokens, loaded_and_new, &hit, lora_id)?;
-            if fits {
-                self.kv.cache_loaded(slot)?;
-                if padded
-                    && self
-                        .kv
-                        .allocate(slot, &[], n - known_new, 0, None, lora_id, false)?
-                        .is_none()
-                {
-                    (n, padded) = (known_new, false);
-                }
-            }
-            fits.then(Vec::new)
-        } else {
-            self.kv
-                .allocate(slot, tokens, n, lookahead, Some(&hit), lora_id, with_ids)?
-        };
-        let Some(mut blocks) = allocated else {
-            self.blocked_head = Some((seq, hit));
-            return Ok(Admission::Blocked);
-        };
-        if external.num_tokens > 0 && with_ids {
-            blocks = self.kv.block_ids(slot).unwrap_or_default().to_vec();
-        }
-        let notified = self.notify_allocation(slot, external.num_tokens);
-        self.start_running(slot, num_computed, n, padded, blocks, budget, plan);
-        notified.map(|()| Admission::Scheduled)
-    }
-
-    /// Makes the prompt of `slot` if it is deferred and not made yet (its first admission
-    /// attempt), reserving room for its outputs as `add_request` does. Returns the block
-    /// hashes the source gave with it (empty if none, or if the prompt was made before).
-    fn make_deferred_prompt(&mut self, slot: u32) -> Result<Vec<BlockHash>> {
-        let request = self.slots[slot as usize]
-            .as_mut()
-            .expect("waiting slot is live");
-        if !request.prompt_is_deferred() {
-            return Ok(Vec::new());
-        }
-        let Some(source) = self.prompt_source.as_mut() else {
-            return Err(Error::Plugin(
-                "a deferred prompt needs a prompt source (Scheduler::set_prompt_source)".into(),
-            ));
-        };
-        let num_prompt_tokens = request.num_prompt_tokens;
-        let DeferredPrompt {
-            token_ids: mut tokens,
-            block_hashes,
-        } = source.prompt(&request.request_id, num_prompt_tokens);
-        if tokens.len() != num_prompt_tokens {
-            return Err(Error::Plugin(format!(
-                "the prompt source made {} tokens for a {num_prompt_tokens}-token prompt",
-                tokens.len()
-            )));
-        }
-        tokens.reserve_exact(reserved_outputs(
-            request.spec.max_tokens,
-            self.config.max_model_len,
-            num_prompt_tokens,
-        ));
-        request.all_token_ids = tokens;
-        Ok(block_hashes)
-    }
-
-    /// A held step stops admission at a request with prompt left to compute beyond its last
-    /// token (one loaded or hit whole but that token has no prefill to hold).
-    pub(super) fn holds_prefill(&self, slot: u32, num_computed: usize) -> bool {
-        self.defer_prefills && num_computed + 1 < self.req(slot).num_tokens()
-    }
-
-    /// vLLM 0.33's `scheduler_reserve_full_isl` gate at admission: the request's whole
-    /// sequence (up to `max_model_len`) must fit beside what it holds or hits.
-    pub(super) fn full_sequence_fits(&self, slot: u32, hit: Option<&Hit>) -> bool {
-        if !self.config.scheduler_reserve_full_isl {
-            return true;
-        }
-        let num_tokens = self.req(slot).num_tokens().min(self.config.max_model_len);
-        self.kv.full_sequence_fits(slot, num_tokens, hit)
-    }
-
-    /// Tokens a new admission computes this step, after `num_computed` hit or loaded ones;
-    /// `None` if it must wait (its prompt, or its padded decode, does not fit the budget).
-    ///
-    /// vLLM 0.33 (`pad_spec_decode`): with `k` speculative tokens, an admission left with
-    /// one token to compute, in a step that schedules no running prefill, while running
-    /// requests were scheduled or it hit (or loaded) a prefix, computes `1 + k`: its token
-    /// and `k` placeholder drafts, if they leave a token's room under `max_model_len`; if
-    /// `1 + k` exceeds the budget, admission stops ("prefer to not schedule than schedule
-    /// un-padded"). A long-prefill threshold below `1 + k` drops the padding (vLLM would
-    /// fail its assertion there; its Mamba alignment drops it the same way).
-    pub(super) fn admission_tokens(
-        &self,
-        slot: u32,
-        num_computed: usize,
-        budget: usize,
-        plan: &StepPlan<R>,
-    ) -> Option<AdmissionTokens> {
-        let mut n = self.req(slot).num_tokens() - num_computed;
-        let k = self.config.num_speculative_tokens;
-        let mut padded = false;
-        if n == 1
-            && k > 0
-            && self.config.pad_spec_decode
-            && !plan.prefill_scheduled
-            && (plan.num_running_scheduled() > 0 || num_computed > 0)
-            && num_computed + 1 + k < self.config.max_model_len
-        {
-            if 1 + k > budget {
-                return None;
-            }
-            (n, padded) = (1 + k, true);
-        }
-        let threshold = self.step_threshold;
-        if threshold > 0 && n > threshold {
-            n = if padded { 1 } else { threshold };
-            padded = false;
-        }
-        if !self.config.enable_chunked_prefill && n > budget {
-            return None;
-        }
-        Some(AdmissionTokens {
-            n: n.min(budget),
-            padded,
-        })
-    }
-
-    /// The admitted request leaves the waiting queue and runs `n` tokens this step
-    /// (`padded`: its last `n - 1` are placeholder drafts).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn start_running(
-        &mut self,
-        slot: u32,
-        num_computed: usize,
-        n: usize,
-        padded: bool,
-        blocks: Vec<BlockId>,
-        budget: &mut usize,
-        plan: &mut StepPlan<R>,
-    ) {
-        self.waiting.pop();
-        self.running.push(slot);
-        self.deferred.remove(&slot);
-        plan.prefill_admitted |= num_computed + 1 < self.req(slot).num_tokens();
-        let request = self.req_mut(slot);
-        if padded {
-            request.spec_token_ids = vec![PLACEHOLDER_DRAFT; n - 1];
-        }
-        let was_preempted = request.status == RequestStatus::Preempted;
-        request.status = RequestStatus::Running;
-        request.num_computed_tokens = num_computed;
-        if let Some(lora) = request.spec.lora_id {
-            plan.loras.insert(lora);
-        }
-        plan.admitted.insert(slot, was_preempted);
-        plan.scheduled.push((slot, n));
-        plan.set_blocks(slot, blocks);
-        *budget -= n;
     }
 
     /// Turns the plan into the output and advances each scheduled request's computed tokens

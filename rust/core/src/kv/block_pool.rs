@@ -9,6 +9,8 @@
 //!   allows) answers lookups with its oldest copy;
 //! - free + in use = total, where free = uncached-free + cached-free.
 //!
+//! The per-block steps (taking a free block, hashing, caching) are in `block_ops`.
+//!
 //! With a host tier ([`BlockPool::with_host_tier`]), a cached hash evicted from a GPU block
 //! is offloaded to the tier, and lookups continue into it. A hash may be both GPU-cached and
 //! in the tier: loading a block back leaves its host copy (as vLLM's offloading connector
@@ -17,7 +19,10 @@
 use rustc_hash::FxHashMap;
 
 use super::block_hash::{BlockHash, hash_block};
-use super::cache_map::{CacheMap, HashOf};
+use super::block_ops::{
+    BlockMeta, Eviction, WARM_RUN, append_tokens, cache_full_blocks, take_free_block,
+};
+use super::cache_map::CacheMap;
 use super::free_queue::FreeBlockQueue;
 use super::host_tier::HostTier;
 use super::{KvCapacity, RequestKey, TokenId, blocks_needed, check_allocation, check_num_blocks};
@@ -27,41 +32,6 @@ pub type BlockId = u32;
 
 /// The largest block size accepted (vLLM's are 16–128; LightLLM's is 1).
 pub const MAX_BLOCK_SIZE: usize = 1 << 16;
-
-/// 24 bytes, not the 48 of a `u32` beside an `Option<u128>` (aligned to 16): a pool that
-/// evicts on every allocation reads one of these per block, mostly from outside the cache.
-#[derive(Debug, Clone, Default)]
-struct BlockMeta {
-    /// The cached hash's halves (meaningful while `cached`).
-    hash: [u64; 2],
-    ref_cnt: u32,
-    /// Set while the block is registered in the prefix cache.
-    cached: bool,
-}
-
-impl BlockMeta {
-    fn hash(&self) -> Option<BlockHash> {
-        self.cached
-            .then(|| BlockHash(u128::from(self.hash[0]) | (u128::from(self.hash[1]) << 64)))
-    }
-
-    fn set_hash(&mut self, hash: BlockHash) {
-        self.hash = [hash.0 as u64, (hash.0 >> 64) as u64];
-        self.cached = true;
-    }
-
-    fn take_hash(&mut self) -> Option<BlockHash> {
-        let hash = self.hash();
-        self.cached = false;
-        hash
-    }
-}
-
-impl HashOf for [BlockMeta] {
-    fn hash_of(&self, block: BlockId) -> Option<BlockHash> {
-        self[block as usize].hash()
-    }
-}
 
 /// The longest cached prefix of some token ids, from [`BlockPool::get_computed_blocks`].
 /// Hand it to [`BlockPool::allocate_slots`] when admitting the request, so the hit blocks are
@@ -145,17 +115,17 @@ struct NewTokens<'a> {
 }
 
 #[derive(Debug, Clone)]
-struct RequestBlocks {
-    block_ids: Vec<BlockId>,
+pub(super) struct RequestBlocks {
+    pub(super) block_ids: Vec<BlockId>,
     /// Hashes of the request's full blocks so far (maintained only with caching on).
-    block_hashes: Vec<BlockHash>,
+    pub(super) block_hashes: Vec<BlockHash>,
     /// Token ids after the last full block, waiting for their block to fill up.
-    tail_tokens: Vec<TokenId>,
-    num_tokens: usize,
-    num_computed_tokens: usize,
+    pub(super) tail_tokens: Vec<TokenId>,
+    pub(super) num_tokens: usize,
+    pub(super) num_computed_tokens: usize,
     /// Leading blocks already registered in (or offered to) the prefix cache.
-    num_cached_blocks: usize,
-    extra_key: Option<u64>,
+    pub(super) num_cached_blocks: usize,
+    pub(super) extra_key: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -899,148 +869,6 @@ impl<R: RequestKey> KvCapacity for BlockPool<R> {
     fn num_free_blocks(&self) -> usize {
         self.free_queue.len()
     }
-}
-
-/// Where a reused block's cached hash goes: out of the cache map, into the events and the
-/// host tier. The pool's parts, borrowed apart from the request's entry.
-struct Eviction<'a> {
-    cached: &'a mut CacheMap,
-    events: &'a mut Option<Vec<KvEvent>>,
-    host: &'a mut Option<HostTier>,
-    stats: &'a mut BlockPoolStats,
-}
-
-/// Pops the least recently freed block, evicting its cached prefix if it had one. A free
-/// function over the pool's parts, so the caller can hold the request's entry meanwhile.
-fn take_free_block(
-    free_queue: &mut FreeBlockQueue,
-    blocks: &mut [BlockMeta],
-    eviction: &mut Eviction<'_>,
-) -> BlockId {
-    let block = free_queue
-        .pop_front()
-        .expect("allocation was checked against the free count");
-    let meta = &mut blocks[block as usize];
-    meta.ref_cnt = 1;
-    if let Some(hash) = meta.take_hash() {
-        // The map's entry goes stale with the block's hash (no probe: `cache_map`).
-        eviction.cached.forget(block, &hash);
-        if let Some(events) = eviction.events {
-            events.push(KvEvent::Removed(hash));
-        }
-        // The only cost of the tier to a pool without one: this branch, on evictions only.
-        if let Some(host) = eviction.host {
-            offload(host, eviction.events, eviction.stats, hash);
-        }
-    }
-    block
-}
-
-/// Writes an evicted block's hash back to the host tier (write-back on eviction). When the
-/// tier is full its least recent hash leaves first; a hash already held is only refreshed.
-fn offload(
-    host: &mut HostTier,
-    events: &mut Option<Vec<KvEvent>>,
-    stats: &mut BlockPoolStats,
-    hash: BlockHash,
-) {
-    let num_held = host.len();
-    let dropped = host.offload(hash);
-    if dropped.is_none() && host.len() == num_held {
-        return;
-    }
-    stats.num_offloaded_blocks += 1;
-    if let Some(events) = events {
-        events.extend(dropped.map(KvEvent::HostRemoved));
-        events.push(KvEvent::HostStored(hash));
-    }
-}
-
-/// Records `new_token_ids` and hashes every block they complete. Hashes that arrived
-/// with a prefix hit already cover the request's first tokens and are not recomputed.
-fn append_tokens(
-    block_size: usize,
-    enable_caching: bool,
-    request: &mut RequestBlocks,
-    new_token_ids: &[TokenId],
-) {
-    let first_new = request.num_tokens;
-    request.num_tokens += new_token_ids.len();
-    if !enable_caching {
-        return;
-    }
-    let bs = block_size;
-    let num_hashed = request.block_hashes.len() * bs + request.tail_tokens.len();
-    let skip = num_hashed
-        .saturating_sub(first_new)
-        .min(new_token_ids.len());
-    let mut rest = &new_token_ids[skip..];
-    // Room for every hash this call adds, at once: a long prompt's hashes regrown one
-    // doubling at a time cost a realloc and a copy each.
-    let num_new_hashes = (request.tail_tokens.len() + rest.len()) / bs;
-    request.block_hashes.reserve(num_new_hashes);
-    if !request.tail_tokens.is_empty() {
-        let take = (bs - request.tail_tokens.len()).min(rest.len());
-        extend_tokens(&mut request.tail_tokens, &rest[..take]);
-        rest = &rest[take..];
-        if request.tail_tokens.len() < bs {
-            return;
-        }
-        let parent = request.block_hashes.last().copied();
-        let hash = hash_block(parent, &request.tail_tokens, request.extra_key);
-        request.block_hashes.push(hash);
-        request.tail_tokens.clear();
-    }
-    let num_whole = rest.len() / bs * bs;
-    for block in rest[..num_whole].chunks_exact(bs) {
-        let parent = request.block_hashes.last().copied();
-        request
-            .block_hashes
-            .push(hash_block(parent, block, request.extra_key));
-    }
-    extend_tokens(&mut request.tail_tokens, &rest[num_whole..]);
-}
-
-/// `tokens.extend_from_slice(new)`, without a `memcpy` call for the one token of a decode
-/// step (every running request's every step appends one).
-fn extend_tokens(tokens: &mut Vec<TokenId>, new: &[TokenId]) {
-    match new {
-        [] => {}
-        [token] => tokens.push(*token),
-        _ => tokens.extend_from_slice(new),
-    }
-}
-
-/// Blocks whose map slots are read ahead together.
-const WARM_RUN: usize = 16;
-
-/// Registers the request's newly computed full blocks in the prefix cache. As in vLLM, a
-/// block whose content another block already caches is registered too, as a later copy:
-/// block tables are append-only, so the duplicate is not swapped for the cached block, and
-/// it keeps the prefix cached once the first copy is evicted.
-fn cache_full_blocks(
-    block_size: usize,
-    cached: &mut CacheMap,
-    blocks: &mut [BlockMeta],
-    events: &mut Option<Vec<KvEvent>>,
-    request: &mut RequestBlocks,
-) {
-    let num_full = request.num_computed_tokens.min(request.num_tokens) / block_size;
-    let first = request.num_cached_blocks.min(num_full);
-    let hashes = &request.block_hashes[first..num_full];
-    let ids = &request.block_ids[first..num_full];
-    // A prefill chunk caches hundreds of blocks: their slots are read ahead a run at a time.
-    for (run_hashes, run_ids) in hashes.chunks(WARM_RUN).zip(ids.chunks(WARM_RUN)) {
-        cached.warm(run_hashes);
-        for (&hash, &block) in run_hashes.iter().zip(run_ids) {
-            cached.insert(hash, block, blocks);
-            blocks[block as usize].set_hash(hash);
-            if let Some(events) = events {
-                events.push(KvEvent::Stored(hash));
-            }
-        }
-    }
-    request.num_cached_blocks = request.num_cached_blocks.max(num_full);
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@
 //! memory is conserved — nothing is owned twice and nothing is lost.
 
 mod block_hash;
+mod block_ops;
 mod block_pool;
 mod cache_map;
 mod counting;

@@ -1,0 +1,188 @@
+//! What happens to one block of the [`BlockPool`](super::BlockPool): its record, and the
+//! per-block steps of allocation, hashing and caching, as free functions over the pool's
+//! parts (so a caller can hold a request's entry while they run). These run for every
+//! block of every replayed prompt: their costs are the replay's (see benches/RESULTS.md).
+
+use super::TokenId;
+use super::block_hash::{BlockHash, hash_block};
+use super::block_pool::{BlockId, BlockPoolStats, KvEvent, RequestBlocks};
+use super::cache_map::{CacheMap, HashOf};
+use super::free_queue::FreeBlockQueue;
+use super::host_tier::HostTier;
+
+/// 24 bytes, not the 48 of a `u32` beside an `Option<u128>` (aligned to 16): a pool that
+/// evicts on every allocation reads one of these per block, mostly from outside the cache.
+#[derive(Debug, Clone, Default)]
+pub(super) struct BlockMeta {
+    /// The cached hash's halves (meaningful while `cached`).
+    pub(super) hash: [u64; 2],
+    pub(super) ref_cnt: u32,
+    /// Set while the block is registered in the prefix cache.
+    pub(super) cached: bool,
+}
+
+impl BlockMeta {
+    pub(super) fn hash(&self) -> Option<BlockHash> {
+        self.cached
+            .then(|| BlockHash(u128::from(self.hash[0]) | (u128::from(self.hash[1]) << 64)))
+    }
+
+    pub(super) fn set_hash(&mut self, hash: BlockHash) {
+        self.hash = [hash.0 as u64, (hash.0 >> 64) as u64];
+        self.cached = true;
+    }
+
+    pub(super) fn take_hash(&mut self) -> Option<BlockHash> {
+        let hash = self.hash();
+        self.cached = false;
+        hash
+    }
+}
+
+impl HashOf for [BlockMeta] {
+    fn hash_of(&self, block: BlockId) -> Option<BlockHash> {
+        self[block as usize].hash()
+    }
+}
+
+/// Where a reused block's cached hash goes: out of the cache map, into the events and the
+/// host tier. The pool's parts, borrowed apart from the request's entry.
+pub(super) struct Eviction<'a> {
+    pub(super) cached: &'a mut CacheMap,
+    pub(super) events: &'a mut Option<Vec<KvEvent>>,
+    pub(super) host: &'a mut Option<HostTier>,
+    pub(super) stats: &'a mut BlockPoolStats,
+}
+
+/// Pops the least recently freed block, evicting its cached prefix if it had one. A free
+/// function over the pool's parts, so the caller can hold the request's entry meanwhile.
+pub(super) fn take_free_block(
+    free_queue: &mut FreeBlockQueue,
+    blocks: &mut [BlockMeta],
+    eviction: &mut Eviction<'_>,
+) -> BlockId {
+    let block = free_queue
+        .pop_front()
+        .expect("allocation was checked against the free count");
+    let meta = &mut blocks[block as usize];
+    meta.ref_cnt = 1;
+    if let Some(hash) = meta.take_hash() {
+        // The map's entry goes stale with the block's hash (no probe: `cache_map`).
+        eviction.cached.forget(block, &hash);
+        if let Some(events) = eviction.events {
+            events.push(KvEvent::Removed(hash));
+        }
+        // The only cost of the tier to a pool without one: this branch, on evictions only.
+        if let Some(host) = eviction.host {
+            offload(host, eviction.events, eviction.stats, hash);
+        }
+    }
+    block
+}
+
+/// Writes an evicted block's hash back to the host tier (write-back on eviction). When the
+/// tier is full its least recent hash leaves first; a hash already held is only refreshed.
+fn offload(
+    host: &mut HostTier,
+    events: &mut Option<Vec<KvEvent>>,
+    stats: &mut BlockPoolStats,
+    hash: BlockHash,
+) {
+    let num_held = host.len();
+    let dropped = host.offload(hash);
+    if dropped.is_none() && host.len() == num_held {
+        return;
+    }
+    stats.num_offloaded_blocks += 1;
+    if let Some(events) = events {
+        events.extend(dropped.map(KvEvent::HostRemoved));
+        events.push(KvEvent::HostStored(hash));
+    }
+}
+
+/// Records `new_token_ids` and hashes every block they complete. Hashes that arrived
+/// with a prefix hit already cover the request's first tokens and are not recomputed.
+pub(super) fn append_tokens(
+    block_size: usize,
+    enable_caching: bool,
+    request: &mut RequestBlocks,
+    new_token_ids: &[TokenId],
+) {
+    let first_new = request.num_tokens;
+    request.num_tokens += new_token_ids.len();
+    if !enable_caching {
+        return;
+    }
+    let bs = block_size;
+    let num_hashed = request.block_hashes.len() * bs + request.tail_tokens.len();
+    let skip = num_hashed
+        .saturating_sub(first_new)
+        .min(new_token_ids.len());
+    let mut rest = &new_token_ids[skip..];
+    // Room for every hash this call adds, at once: a long prompt's hashes regrown one
+    // doubling at a time cost a realloc and a copy each.
+    let num_new_hashes = (request.tail_tokens.len() + rest.len()) / bs;
+    request.block_hashes.reserve(num_new_hashes);
+    if !request.tail_tokens.is_empty() {
+        let take = (bs - request.tail_tokens.len()).min(rest.len());
+        extend_tokens(&mut request.tail_tokens, &rest[..take]);
+        rest = &rest[take..];
+        if request.tail_tokens.len() < bs {
+            return;
+        }
+        let parent = request.block_hashes.last().copied();
+        let hash = hash_block(parent, &request.tail_tokens, request.extra_key);
+        request.block_hashes.push(hash);
+        request.tail_tokens.clear();
+    }
+    let num_whole = rest.len() / bs * bs;
+    for block in rest[..num_whole].chunks_exact(bs) {
+        let parent = request.block_hashes.last().copied();
+        request
+            .block_hashes
+            .push(hash_block(parent, block, request.extra_key));
+    }
+    extend_tokens(&mut request.tail_tokens, &rest[num_whole..]);
+}
+
+/// `tokens.extend_from_slice(new)`, without a `memcpy` call for the one token of a decode
+/// step (every running request's every step appends one).
+fn extend_tokens(tokens: &mut Vec<TokenId>, new: &[TokenId]) {
+    match new {
+        [] => {}
+        [token] => tokens.push(*token),
+        _ => tokens.extend_from_slice(new),
+    }
+}
+
+/// Blocks whose map slots are read ahead together.
+pub(super) const WARM_RUN: usize = 16;
+
+/// Registers the request's newly computed full blocks in the prefix cache. As in vLLM, a
+/// block whose content another block already caches is registered too, as a later copy:
+/// block tables are append-only, so the duplicate is not swapped for the cached block, and
+/// it keeps the prefix cached once the first copy is evicted.
+pub(super) fn cache_full_blocks(
+    block_size: usize,
+    cached: &mut CacheMap,
+    blocks: &mut [BlockMeta],
+    events: &mut Option<Vec<KvEvent>>,
+    request: &mut RequestBlocks,
+) {
+    let num_full = request.num_computed_tokens.min(request.num_tokens) / block_size;
+    let first = request.num_cached_blocks.min(num_full);
+    let hashes = &request.block_hashes[first..num_full];
+    let ids = &request.block_ids[first..num_full];
+    // A prefill chunk caches hundreds of blocks: their slots are read ahead a run at a time.
+    for (run_hashes, run_ids) in hashes.chunks(WARM_RUN).zip(ids.chunks(WARM_RUN)) {
+        cached.warm(run_hashes);
+        for (&hash, &block) in run_hashes.iter().zip(run_ids) {
+            cached.insert(hash, block, blocks);
+            blocks[block as usize].set_hash(hash);
+            if let Some(events) = events {
+                events.push(KvEvent::Stored(hash));
+            }
+        }
+    }
+    request.num_cached_blocks = request.num_cached_blocks.max(num_full);
+}

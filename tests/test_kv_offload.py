@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from tokenyard.errors import ConfigError
 from tokenyard.simulation import simulate
 from tokenyard.simulation.config import config_from_mapping
+from tokenyard.simulation.kv_offload_config import DEFAULT_HOST_HIT_WEIGHT
 
 STEP_MODEL = FAST_LINEAR
 #: Llama-3.1-8B in bf16: 32 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes per token.
@@ -110,11 +111,26 @@ def test_a_slower_host_link_makes_the_same_loads_take_longer() -> None:
     assert slow.summary["kv_offload"]["load_s"]["p50"] > fast.summary["kv_offload"]["load_s"]["p50"]
 
 
+def test_host_hit_weight_changes_prefix_affinity_routing_and_unset_means_the_default() -> None:
+    m = mapping({"host_memory_gb": 0.5}, num_blocks=40)
+    m["workload"] = workload(num_requests=120, seed=3, groups=12)
+    m["cluster"] = {"num_replicas": 3, "global_scheduler": {"policy": "prefix_affinity"}}
+    unset = run(m)
+    m["replica"]["kv_offload"]["host_hit_weight"] = DEFAULT_HOST_HIT_WEIGHT
+    default = run(m)
+    m["replica"]["kv_offload"]["host_hit_weight"] = 1.0
+    full = run(m)
+    assert np.array_equal(unset.columns["replica"], default.columns["replica"])
+    assert unset.summary["config"]["kv_offload"]["host_hit_weight"] == DEFAULT_HOST_HIT_WEIGHT
+    assert not np.array_equal(full.columns["replica"], default.columns["replica"])
+
+
 def test_prefix_affinity_routing_learns_what_each_replica_holds_in_host_memory() -> None:
     m = mapping({"host_memory_gb": 4.0, "host_hit_weight": 0.5})
     m["cluster"] = {"num_replicas": 2, "global_scheduler": {"policy": "prefix_affinity"}}
     affine = run(m)
     m["cluster"]["global_scheduler"] = {"policy": "round_robin"}
+    del m["replica"]["kv_offload"]["host_hit_weight"]  # refused with round_robin
     spread = run(m)
     # Following the GPU and host copies, a prefix is hit on the replica that holds it.
     assert (
@@ -168,6 +184,11 @@ def test_every_request_completes_once_and_runs_repeat_bit_for_bit(
         ({"kv_offload": {"host_memory_gb": 1e-6}}, "replica.kv_offload.host_memory_gb"),
         (
             {"kv_offload": {"host_memory_gb": 1, "host_hit_weight": 2}},
+            "replica.kv_offload.host_hit_weight",
+        ),
+        # The default router (round_robin) does not read the tier: the weight would be ignored.
+        (
+            {"kv_offload": {"host_memory_gb": 1, "host_hit_weight": 0.3}},
             "replica.kv_offload.host_hit_weight",
         ),
         ({"kv_offload": {"host_memory_gb": 1, "latency_us": -1}}, "replica.kv_offload.latency_us"),

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from tokenyard.errors import CapacityError, ConfigError, InputError
 from tokenyard.simulation import config_from_mapping, simulate
+from tokenyard.simulation.config import DEFAULT_BALANCE
 from tokenyard.workload import TraceError
 
 REPLICA_POLICIES = [
@@ -184,6 +185,35 @@ def test_prefix_affinity_finds_more_cached_prefix_than_round_robin() -> None:
     assert hit["prefix_affinity"] > hit["round_robin"]
     assert hit["prefix_affinity"] > hit["lor"]
     assert ttft["prefix_affinity"] < ttft["round_robin"]
+
+
+def test_balance_weighs_prefix_affinity_and_is_refused_with_a_router_that_ignores_it() -> None:
+    def routed(global_scheduler: dict[str, Any]) -> Any:
+        cfg = config_from_mapping(
+            {
+                "cluster": {"num_replicas": 3, "global_scheduler": global_scheduler},
+                "replica": {"scheduler": {"policy": "vllm_v1"}},
+                "workload": {
+                    "kind": "synthetic",
+                    "num_requests": 300,
+                    "arrival": {"kind": "poisson", "qps": 30.0},
+                    "prompt_tokens": {"kind": "fixed", "value": 1024},
+                    "output_tokens": {"kind": "fixed", "value": 16},
+                    "shared_prefix": {"num_groups": 2, "prefix_tokens": 768, "share_ratio": 1.0},
+                },
+            }
+        )
+        return simulate(cfg).columns["replica"]
+
+    unset = routed({"policy": "prefix_affinity"})
+    default = routed({"policy": "prefix_affinity", "balance": DEFAULT_BALANCE})
+    assert np.array_equal(unset, default)
+    assert not np.array_equal(routed({"policy": "prefix_affinity", "balance": 0.0}), default)
+    for policy in ("round_robin", "lor", "least_kv_load"):
+        with pytest.raises(ConfigError) as err:
+            routed({"policy": policy, "balance": DEFAULT_BALANCE})
+        assert err.value.field == "cluster.global_scheduler.balance"
+        assert policy in str(err.value)
 
 
 def test_a_python_execution_model_gives_the_same_result_as_the_rust_linear_one(

@@ -90,26 +90,43 @@ __all__ = [
 ]
 
 
+#: ``prefix_affinity``'s ``balance`` when unset: one cached token against one queued one.
+DEFAULT_BALANCE = 1.0
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class GlobalSchedulerConfig:
     """``policy``: one of the built-in routers or ``"module:Class"`` (a plugin, built with
     ``options`` as keyword arguments)."""
 
     policy: str = "round_robin"
-    #: prefix_affinity: queued prefill tokens one cached token is worth.
-    balance: float = 1.0
+    #: prefix_affinity: queued prefill tokens one cached token is worth (unset:
+    #: ``DEFAULT_BALANCE``). Refused with another router, which would ignore it.
+    balance: float | None = None
     #: A plugin's own options (``module:Class`` policies only).
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def check(self, where: str) -> None:
         check_policy(f"{where}.policy", self.policy, GLOBAL_POLICIES)
-        check_key_number(f"{where}.balance", self.balance, low=0, high=1e9)
+        if self.balance is not None:
+            check_key_number(f"{where}.balance", self.balance, low=0, high=1e9)
+            if self.policy != "prefix_affinity":
+                raise fail(
+                    f"{where}.balance",
+                    f"weighs cached tokens for the prefix_affinity router only; the "
+                    f"{self.policy!r} router would ignore it",
+                    self.balance,
+                )
         if self.options and ":" not in self.policy:
             raise fail(
                 f"{where}.options",
                 f"applies to plugin policies ('module:Class'), not {self.policy!r}",
                 dict(self.options),
             )
+
+    def effective_balance(self) -> float:
+        """``balance``, or ``DEFAULT_BALANCE`` when unset."""
+        return DEFAULT_BALANCE if self.balance is None else self.balance
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -456,6 +473,21 @@ class SimulationConfig:
         self.metrics.check("metrics")
         self._check_lora()
         self._check_disaggregation()
+        self._check_host_hit_weight()
+
+    def _check_host_hit_weight(self) -> None:
+        """``host_hit_weight`` weighs host-held tokens in prefix_affinity routing: with
+        another router it would change nothing."""
+        offload = self.replica.kv_offload
+        policy = self.cluster.global_scheduler.policy
+        if offload is None or offload.host_hit_weight is None or policy == "prefix_affinity":
+            return
+        raise fail(
+            "replica.kv_offload.host_hit_weight",
+            f"weighs host-held tokens for the prefix_affinity router only; the {policy!r} "
+            "router (cluster.global_scheduler.policy) would ignore it",
+            offload.host_hit_weight,
+        )
 
     def _check_disaggregation(self) -> None:
         """Both pools run vllm_v1 (their KV connectors); other features are not simulated

@@ -16,7 +16,10 @@ from tokenyard._checks import check_key_number, fail
 from tokenyard.catalog import DeviceSpec
 from tokenyard.simulation.lora_config import host_to_device_bytes_per_s
 
-__all__ = ["KvOffloadConfig"]
+__all__ = ["DEFAULT_HOST_HIT_WEIGHT", "KvOffloadConfig"]
+
+#: ``host_hit_weight`` when unset: a host-held token counts half a GPU-held one.
+DEFAULT_HOST_HIT_WEIGHT = 0.5
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -32,8 +35,9 @@ class KvOffloadConfig:
     #: Fixed cost of one load (a kernel launch and a transfer set-up), in microseconds.
     latency_us: float = 10.0
     #: ``prefix_affinity`` routing: a cached token in host memory is worth this many cached
-    #: on a GPU (it still has to cross PCIe, but costs no compute).
-    host_hit_weight: float = 0.5
+    #: on a GPU (it still has to cross PCIe, but costs no compute). Unset:
+    #: ``DEFAULT_HOST_HIT_WEIGHT``. Refused with another router, which would ignore it.
+    host_hit_weight: float | None = None
 
     def check(self, where: str) -> None:
         check_key_number(f"{where}.host_memory_gb", self.host_memory_gb, low=0, high=1e7)
@@ -46,7 +50,14 @@ class KvOffloadConfig:
             )
         check_key_number(f"{where}.host_to_device_gbps", self.host_to_device_gbps, low=0, high=1e6)
         check_key_number(f"{where}.latency_us", self.latency_us, low=0, high=1e9)
-        check_key_number(f"{where}.host_hit_weight", self.host_hit_weight, low=0, high=1)
+        if self.host_hit_weight is not None:
+            check_key_number(f"{where}.host_hit_weight", self.host_hit_weight, low=0, high=1)
+
+    def effective_host_hit_weight(self) -> float:
+        """``host_hit_weight``, or ``DEFAULT_HOST_HIT_WEIGHT`` when unset."""
+        if self.host_hit_weight is None:
+            return DEFAULT_HOST_HIT_WEIGHT
+        return self.host_hit_weight
 
     def host_to_device_bytes_per_s(self, device: DeviceSpec) -> float:
         return host_to_device_bytes_per_s(

@@ -143,6 +143,7 @@ def simulate(
     if config.replica.kv_offload is not None:
         description["kv_offload"] = {
             **dataclasses.asdict(config.replica.kv_offload),
+            "host_hit_weight": config.replica.kv_offload.effective_host_hit_weight(),
             "host_num_blocks": replica_host_blocks(config, plan),
             "kv_bytes_per_block": plan.kv_bytes_per_token
             * config.replica.tensor_parallel_size
@@ -294,7 +295,7 @@ def _kv_offload(config: SimulationConfig, plan: MemoryPlan) -> dict[str, float] 
     link = _host_link(config, plan)
     if link is None or config.replica.kv_offload is None:
         return None
-    return {**link, "host_hit_weight": config.replica.kv_offload.host_hit_weight}
+    return {**link, "host_hit_weight": config.replica.kv_offload.effective_host_hit_weight()}
 
 
 def _plugins(config: SimulationConfig, num_blocks: int) -> tuple[Any, list[Any] | None]:
@@ -478,7 +479,7 @@ def _core_config(
         num_stages=config.replica.num_pipeline_stages,
         # A routing plugin replaces the router; the core's is never consulted.
         global_policy="round_robin" if ":" in g.policy else g.policy,
-        balance=g.balance,
+        balance=g.effective_balance(),
         replica=replica,
         linear=_core.LinearModel(**config.execution.linear_coefficients()),
         seed=config.seed,

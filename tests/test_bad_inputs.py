@@ -98,6 +98,12 @@ def test_a_huge_prompt_fails_at_once_without_allocating(tmp_path: Path) -> None:
         ("replica.scheduler.max_num_batched_tokens", 2**40, "max_num_batched_tokens"),
         ("execution.efficiency.gemm", 1e-300, "execution.efficiency.gemm"),
         ("seed", 2**64, "seed"),
+        # vLLM refuses a step budget below the sequence cap (256 by default).
+        (
+            "replica.scheduler.vllm_v1.max_num_batched_tokens",
+            128,
+            "replica.scheduler.vllm_v1.max_num_batched_tokens",
+        ),
     ],
 )
 def test_every_size_knob_is_bounded(key: str, value: Any, field: str) -> None:

@@ -143,7 +143,7 @@ def test_every_request_completes_once_with_its_tokens_deterministically(
             "max_request_tokens": 64,
             # Each policy reads its own section; the others are inert.
             "vidur": {"chunk_size": 16},
-            "vllm_v1": {"max_num_batched_tokens": 16},
+            "vllm_v1": {"max_num_batched_tokens": 16, "max_num_seqs": 16},
             "sglang": {"chunked_prefill_size": 16},
         },
     )
@@ -385,7 +385,7 @@ def test_vllm_v1_under_pipeline_stages_samples_only_in_the_batch_that_caught_up(
             scheduler={
                 "num_blocks": 24,
                 "max_request_tokens": 64,
-                "vllm_v1": {"max_num_batched_tokens": 16},
+                "vllm_v1": {"max_num_batched_tokens": 16, "max_num_seqs": 16},
             },
         )
     )

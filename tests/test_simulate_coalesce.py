@@ -127,7 +127,8 @@ def test_coalesced_decode_steps_change_no_result(
                         "block_size": block_size,
                         "num_blocks": num_blocks,
                         "max_num_batched_tokens": budget,
-                        "max_num_seqs": max_num_seqs,
+                        # vLLM refuses a budget below the sequence cap (0: no cap).
+                        "max_num_seqs": min(max_num_seqs, budget),
                     },
                 },
             },

@@ -283,6 +283,14 @@ class ReplicaSchedulerConfig:
             f"{where}.max_num_batched_tokens", c.max_num_batched_tokens, low=1, high=MAX_TOKENS
         )
         check_key_int(f"{where}.max_num_seqs", c.max_num_seqs, low=0, high=MAX_TOKENS)
+        if c.max_num_batched_tokens < c.max_num_seqs:
+            # vLLM 0.33's SchedulerConfig refuses it too: a deployment vLLM will not start.
+            raise fail(
+                f"{where}.max_num_batched_tokens",
+                f"must be >= max_num_seqs ({c.max_num_seqs}), as vLLM requires; got "
+                f"{c.max_num_batched_tokens} (lower max_num_seqs, or raise this)",
+                c.max_num_batched_tokens,
+            )
         if c.max_loras != 0:
             # vLLM keeps it in LoRAConfig, with the host cache and the rank beside it.
             raise fail(

@@ -426,11 +426,11 @@ def replica_spec(
                 # [replica.lora]'s GPU slots are the step scheduler's adapter gate.
                 max_loras=config.replica.lora.max_loras if config.replica.lora else 0,
                 host_num_blocks=replica_host_blocks(config, plan),
-                # Speculative drafts take lookahead slots beyond the longest request.
+                # A drafter's lookahead slots go beyond the longest request.
                 max_model_len=min(
                     c.max_model_len or s.max_request_tokens,
                     (num_blocks - c.reserve_null_block) * c.block_size
-                    - (config.replica.speculative.num_speculative_tokens or 0),
+                    - config.replica.speculative.num_lookahead_tokens(),
                 ),
                 enable_prefix_caching=c.enable_prefix_caching and prefix_caching,
             )

@@ -43,6 +43,15 @@ class SpeculativeConfig:
     def enabled(self) -> bool:
         return self.method is not None
 
+    def num_lookahead_tokens(self) -> int:
+        """KV slots a step reserves past its scheduled tokens for the drafter's own writes,
+        as vLLM 0.33 does (``VllmConfig.num_lookahead_tokens``): ``k`` for a drafter with a
+        forward pass (``draft_model``, ``mtp``, ``eagle``), none for ``ngram`` or without
+        speculation. The core's ``SpecMethod::num_lookahead_tokens`` is the same rule."""
+        if self.method is None or self.method == "ngram":
+            return 0
+        return self.num_speculative_tokens or 0
+
     def check(self, where: str, policy: str) -> None:
         """Raises ConfigError naming the key of the first bad value."""
         if self.method is None:

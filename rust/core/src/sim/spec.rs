@@ -45,6 +45,16 @@ impl SpecMethod {
         Self::NAMES[self as usize]
     }
 
+    /// KV slots a step reserves past its scheduled tokens for the drafter's own writes
+    /// (vLLM 0.33's `VllmConfig.num_lookahead_tokens`): `k` for the drafters with a forward
+    /// pass of their own (a draft model, EAGLE, MTP), none for n-gram prompt lookup.
+    pub fn num_lookahead_tokens(self, num_speculative_tokens: u32) -> u32 {
+        match self {
+            Self::Ngram => 0,
+            Self::DraftModel | Self::Mtp | Self::Eagle => num_speculative_tokens,
+        }
+    }
+
     pub fn parse(name: &str) -> Result<Self> {
         Ok(match name {
             "draft_model" => Self::DraftModel,
@@ -137,13 +147,17 @@ impl SpecConfig {
     }
 }
 
-/// The step scheduler's config with `k` drafts and `k` lookahead slots per step, as vLLM
-/// reserves them for its drafts. With `k` set, the scheduler pads a one-token admission to
-/// `1 + k` with placeholder drafts as vLLM 0.33 does (`pad_spec_decode`): a request whose
-/// prompt was hit or loaded but its last token, or a one-token prompt beside decodes.
+/// The step scheduler's config with `k` drafts per step and the method's lookahead slots
+/// (`SpecMethod::num_lookahead_tokens`), as vLLM reserves them. With `k` set, the scheduler
+/// pads a one-token admission to `1 + k` with placeholder drafts as vLLM 0.33 does
+/// (`pad_spec_decode`): a request whose prompt was hit or loaded but its last token, or a
+/// one-token prompt beside decodes.
 pub fn scheduler_config(config: &SchedulerConfig, spec: &SpecConfig) -> SchedulerConfig {
     SchedulerConfig {
-        num_lookahead_tokens: spec.num_speculative_tokens as usize,
+        num_lookahead_tokens: spec
+            .method
+            .num_lookahead_tokens(spec.num_speculative_tokens)
+            as usize,
         num_speculative_tokens: spec.num_speculative_tokens as usize,
         ..config.clone()
     }
@@ -509,6 +523,11 @@ mod tests {
         }
         assert!(SpecMethod::parse("medusa").is_err());
         assert_eq!(SpecMethod::parse("eagle").unwrap(), SpecMethod::Eagle);
+        // vLLM 0.33 reserves lookahead slots for drafters with a forward pass only.
+        assert_eq!(SpecMethod::Ngram.num_lookahead_tokens(4), 0);
+        for method in [SpecMethod::DraftModel, SpecMethod::Mtp, SpecMethod::Eagle] {
+            assert_eq!(method.num_lookahead_tokens(4), 4);
+        }
     }
 
     #[test]

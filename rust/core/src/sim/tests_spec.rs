@@ -221,8 +221,13 @@ fn speculation_outside_vllm_v1_is_refused_naming_the_method_key() {
     let mut exec = exec();
     let err = Simulator::new(c, &mut exec).err().unwrap().to_string();
     assert!(err.contains("replica.speculative.method"), "{err}");
-    // Lookahead slots count against the KV: 64 + 2 tokens need more than 16 blocks of 4.
-    let c = config(sched(16, 64), 2, Acceptance::Rate(0.5));
+    // A drafter with a forward pass of its own reserves k lookahead slots, which count
+    // against the KV: 64 + 2 tokens need more than 16 blocks of 4. N-gram lookup reserves
+    // none (vLLM 0.33's `num_lookahead_tokens`), so 64 tokens fit.
+    let mut c = config(sched(16, 64), 2, Acceptance::Rate(0.5));
+    c.speculative.as_mut().unwrap().method = SpecMethod::Eagle;
     let err = Simulator::new(c, &mut exec).err().unwrap().to_string();
     assert!(err.contains("max_model_len"), "{err}");
+    let c = config(sched(16, 64), 2, Acceptance::Rate(0.5));
+    assert!(Simulator::new(c, &mut exec).is_ok());
 }

@@ -214,9 +214,11 @@ impl VllmV1 {
     /// Turns on speculative decoding (replica `replica`'s draws of `seed`). The scheduler's
     /// config must reserve the drafts' lookahead slots (`sim::spec::scheduler_config`).
     pub fn with_speculative(mut self, spec: &SpecConfig, seed: u64, replica: u32) -> Self {
+        let k = spec.num_speculative_tokens;
+        debug_assert_eq!(self.scheduler.config().num_speculative_tokens, k as usize);
         debug_assert_eq!(
             self.scheduler.config().num_lookahead_tokens,
-            spec.num_speculative_tokens as usize
+            spec.method.num_lookahead_tokens(k) as usize
         );
         self.spec = Some(SpecDecoder::new(spec, seed, replica));
         self

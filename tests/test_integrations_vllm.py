@@ -288,6 +288,30 @@ def test_finish_requests_takes_one_id_or_many(vllm_parts: Any) -> None:
     assert scheduler.schedule().finished_req_ids == {"req0", "req1"}
 
 
+def test_core_errors_name_vllms_request_ids_not_the_cores_ints(vllm_parts: Any) -> None:
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    from tokenyard.errors import InputError
+
+    scheduler, peer = build(vllm_parts)
+    for name in ("first", "second"):
+        scheduler.add_request(peer.make_request(name, list(range(20)), max_tokens=4))
+    out = scheduler.schedule()
+    ids = list(out.num_scheduled_tokens)
+    assert ids == ["first", "second"]
+    # Three tokens for "second", scheduled for one: the core refuses them by its own id.
+    mro = ModelRunnerOutput(
+        req_ids=ids,
+        req_id_to_index={i: n for n, i in enumerate(ids)},
+        sampled_token_ids=[[1], [1, 2, 3]],
+    )
+    with pytest.raises(InputError) as info:
+        scheduler.update_from_output(out, mro)
+    assert info.value.field == "sampled_token_ids"
+    assert info.value.value == "3 tokens for 'second'"
+    assert "sampled_token_ids=3 tokens for 'second':" in str(info.value)
+
+
 def test_unsupported_request_kinds_are_refused_by_name(vllm_parts: Any) -> None:
     from vllm.sampling_params import SamplingParams
     from vllm.v1.request import Request

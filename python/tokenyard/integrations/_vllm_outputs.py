@@ -1,10 +1,14 @@
 """What ``TokenyardScheduler`` (``tokenyard.integrations.vllm``) hands vLLM with a step's
-outputs beyond their tokens (logprobs, prompt logprobs, ``PrefillStats``), and the request
-kinds it refuses. Imported only by that module, so vLLM is installed when this runs."""
+outputs beyond their tokens (logprobs, prompt logprobs, ``PrefillStats``), the request
+kinds it refuses, and its errors in vLLM's request ids. Imported only by that module, so
+vLLM is installed when this runs."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import re
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from vllm.v1.engine import EngineCoreOutput
@@ -80,3 +84,34 @@ def check_supported(request: Request) -> None:
             field=field,
             value=request.request_id,
         )
+
+
+#: A core request id in an error's value: the whole value (``request_id``) or its end
+#: (``"3 tokens for 17"``). Integer ids print bare; a str id prints quoted, so never matches.
+_CORE_ID = re.compile(r"(?:^|for )(\d+)$")
+
+
+@contextlib.contextmanager
+def errors_in_vllm_ids(vllm_ids: Mapping[Any, str]) -> Iterator[None]:
+    """Re-raises the core's request errors naming vLLM's request id instead of the integer
+    the adapter gave the core (``InputError`` and ``UnknownRequestError``, same class,
+    ``field`` and message, the id in ``value`` and the message replaced)."""
+    try:
+        yield
+    except InputError as err:
+        raise in_vllm_ids(err, vllm_ids) from None
+
+
+def in_vllm_ids(err: InputError, vllm_ids: Mapping[Any, str]) -> InputError:
+    """``err`` with the core id in its value (see ``_CORE_ID``) written as vLLM's id;
+    ``err`` itself when it names no request the adapter knows."""
+    value = err.value
+    found = _CORE_ID.search(value) if value is not None else None
+    if value is None or found is None:
+        return err
+    vllm_id = vllm_ids.get(int(found.group(1)))
+    if vllm_id is None:
+        return err
+    new_value = value[: found.start(1)] + repr(vllm_id)
+    message = str(err).replace(f"={value}", f"={new_value}", 1)
+    return type(err)(message, field=err.field, value=new_value)

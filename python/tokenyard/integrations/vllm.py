@@ -76,6 +76,7 @@ from tokenyard.integrations._vllm_outputs import (
     attach_logprobs,
     attach_prefill_stats,
     check_supported,
+    errors_in_vllm_ids,
 )
 from tokenyard.integrations._vllm_translate import (
     core_config,
@@ -712,7 +713,8 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                     request.spec_token_ids = placeholders
                     drafts_for_core[core_ids[request_id]] = [0] * len(placeholders)
         if drafts_for_core:
-            self._core.update_from_output({}, spec_token_ids=drafts_for_core)
+            with errors_in_vllm_ids(self._vllm_ids):
+                self._core.update_from_output({}, spec_token_ids=drafts_for_core)
         return drafts_needed
 
     def update_from_output(
@@ -728,19 +730,21 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             scheduler_output, model_runner_output
         )
         live_core_ids = list(map(self._core_ids.__getitem__, live_ids))
+        vllm_ids = self._vllm_ids
         if self._int_ids and not rejected:
             # The bulk path: one list of ids, one of counts, one of all the tokens.
-            finished = self._core.update_from_output_arrays(
-                live_core_ids,
-                list(itertools.chain.from_iterable(live_tokens)),
-                list(map(len, live_tokens)),
-            )
+            with errors_in_vllm_ids(vllm_ids):
+                finished = self._core.update_from_output_arrays(
+                    live_core_ids,
+                    list(itertools.chain.from_iterable(live_tokens)),
+                    list(map(len, live_tokens)),
+                )
         else:
-            finished = self._core.update_from_output(
-                dict(zip(live_core_ids, live_tokens, strict=True)),
-                num_rejected_tokens=rejected or None,
-            )
-        vllm_ids = self._vllm_ids
+            with errors_in_vllm_ids(vllm_ids):
+                finished = self._core.update_from_output(
+                    dict(zip(live_core_ids, live_tokens, strict=True)),
+                    num_rejected_tokens=rejected or None,
+                )
         finished_ids = {vllm_ids[i] for i, _ in finished} if finished else set()
         nans = model_runner_output.num_nans_in_logits
         if nans:
@@ -953,11 +957,12 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         if not (recving or sending or failed):
             return
         core_ids = self._core_ids
-        self._core.finish_kv_transfers(
-            finished_recving=[core_ids[i] for i in recving],
-            finished_sending=[core_ids[i] for i in sending],
-            failed_recving=[core_ids[i] for i in failed],
-        )
+        with errors_in_vllm_ids(self._vllm_ids):
+            self._core.finish_kv_transfers(
+                finished_recving=[core_ids[i] for i in recving],
+                finished_sending=[core_ids[i] for i in sending],
+                failed_recving=[core_ids[i] for i in failed],
+            )
         for request_id in itertools.chain(recving, failed):
             bridge.loading.discard(request_id)
         for request_id in recving:
@@ -1033,7 +1038,8 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             # The core counts drafts; the ids the model verifies are the request's own.
             for_core[core_ids[request_id]] = [0] * len(drafts)
         if for_core:
-            self._core.update_from_output({}, spec_token_ids=for_core)
+            with errors_in_vllm_ids(self._vllm_ids):
+                self._core.update_from_output({}, spec_token_ids=for_core)
 
     def update_draft_token_ids_in_output(
         self, draft_token_ids: Any, scheduler_output: SchedulerOutput

@@ -221,7 +221,7 @@ impl<R: RequestKey> Scheduler<R> {
             if output.num_rejected_tokens > request.last_num_spec_tokens {
                 return Err(Error::input(
                     "num_rejected_tokens",
-                    output.num_rejected_tokens,
+                    format!("{} for {id:?}", output.num_rejected_tokens),
                     format!(
                         "only {} speculative tokens were scheduled",
                         request.last_num_spec_tokens

@@ -143,7 +143,10 @@ def simulate(
     if config.replica.kv_offload is not None:
         description["kv_offload"] = {
             **dataclasses.asdict(config.replica.kv_offload),
-            "host_hit_weight": config.replica.kv_offload.effective_host_hit_weight(),
+            # The weight routing used (none unless prefix_affinity reads the tier).
+            "host_hit_weight": config.replica.kv_offload.effective_host_hit_weight()
+            if config.cluster.global_scheduler.policy == "prefix_affinity"
+            else None,
             "host_num_blocks": replica_host_blocks(config, plan),
             "kv_bytes_per_block": plan.kv_bytes_per_token
             * config.replica.tensor_parallel_size

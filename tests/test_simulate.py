@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from tokenyard.errors import CapacityError, ConfigError, InputError
 from tokenyard.simulation import config_from_mapping, simulate
-from tokenyard.simulation.config import DEFAULT_BALANCE
+from tokenyard.simulation.config import DEFAULT_BALANCE, default_workload
 from tokenyard.workload import TraceError
 
 REPLICA_POLICIES = [
@@ -185,6 +185,39 @@ def test_prefix_affinity_finds_more_cached_prefix_than_round_robin() -> None:
     assert hit["prefix_affinity"] > hit["round_robin"]
     assert hit["prefix_affinity"] > hit["lor"]
     assert ttft["prefix_affinity"] < ttft["round_robin"]
+
+
+def test_the_simulation_seed_drives_the_workload_unless_the_workload_pins_its_own() -> None:
+    def arrivals(simulation_seed: int, **workload: Any) -> Any:
+        spec = {**default_workload(), "num_requests": 50, **workload}
+        return simulate(config_from_mapping({"seed": simulation_seed, "workload": spec})).columns
+
+    base = arrivals(0)
+    assert np.array_equal(base["arrived_at"], arrivals(0, seed=0)["arrived_at"])
+    assert not np.array_equal(base["arrived_at"], arrivals(1)["arrived_at"])
+    assert np.array_equal(base["arrived_at"], arrivals(1, seed=0)["arrived_at"])
+    # The seeded parts inherit it too: a closed loop's think times, LoRA draws.
+    closed = {"concurrency": 4, "think_time": {"kind": "exponential", "mean_s": 0.5}}
+    config = config_from_mapping(
+        {"seed": 3, "workload": {**default_workload(), "closed_loop": closed}}
+    )
+    assert config.seeded_workload()["closed_loop"]["seed"] == 3
+    assert config.seeded_workload()["seed"] == 3
+    pinned = {**closed, "seed": 9}
+    config = config_from_mapping(
+        {"seed": 3, "workload": {**default_workload(), "closed_loop": pinned}}
+    )
+    assert config.seeded_workload()["closed_loop"]["seed"] == 9
+    lora = {"num_adapters": 4}
+    config = config_from_mapping(
+        {
+            "seed": 5,
+            "replica": {"lora": {"max_loras": 2}},
+            "workload": {**default_workload(), "lora": lora},
+        }
+    )
+    assert config.seeded_workload()["lora"] == {"num_adapters": 4, "seed": 5}
+    assert "seed" not in config.workload  # the config itself is left as given
 
 
 def test_balance_weighs_prefix_affinity_and_is_refused_with_a_router_that_ignores_it() -> None:

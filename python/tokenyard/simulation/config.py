@@ -422,13 +422,17 @@ class MetricsConfig:
             check_key_number(f"{where}.{name}", getattr(self, name), low=0, high=1e9)
 
 
+#: Workload kinds drawn from a seed (``SimulationConfig.seeded_workload`` fills it in).
+SEEDED_WORKLOAD_KINDS = ("synthetic", "sessions")
+
+
 def default_workload() -> dict[str, Any]:
     """The built-in job's workload: 10,000 Poisson requests at 20 QPS, lognormal lengths,
-    half the prompts opening with one of 16 shared system prompts."""
+    half the prompts opening with one of 16 shared system prompts. Its draws follow the
+    simulation's ``seed``."""
     return {
         "kind": "synthetic",
         "num_requests": 10_000,
-        "seed": 0,
         "arrival": {"kind": "poisson", "qps": 20.0},
         "prompt_tokens": {"kind": "lognormal", "median": 512, "sigma": 0.8, "max_tokens": 4096},
         "output_tokens": {"kind": "lognormal", "median": 128, "sigma": 0.8, "max_tokens": 1024},
@@ -464,6 +468,23 @@ class SimulationConfig:
         if name.endswith(".json") and not Path(name).is_absolute() and self.base_dir:
             return str(self.path(name))
         return name
+
+    def seeded_workload(self) -> dict[str, Any]:
+        """``workload`` with the simulation's ``seed`` in each of its random parts that sets
+        no seed of its own (a synthetic or session stream, ``lora`` draws, a closed loop's
+        think times), so the one seed drives every random choice; an explicit seed there
+        pins that part."""
+        spec = dict(self.workload)
+        if spec.get("kind") in SEEDED_WORKLOAD_KINDS and "seed" not in spec:
+            spec["seed"] = self.seed
+        lora = spec.get("lora")
+        if isinstance(lora, Mapping):
+            spec["lora"] = {"seed": self.seed, **lora}
+        closed = spec.get("closed_loop")
+        # A closed loop draws only think times; without them it takes no seed.
+        if isinstance(closed, Mapping) and closed.get("think_time") is not None:
+            spec["closed_loop"] = {"seed": self.seed, **closed}
+        return spec
 
     def __post_init__(self) -> None:
         check_key_int("seed", self.seed, low=0, high=2**64 - 1)

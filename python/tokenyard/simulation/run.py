@@ -65,7 +65,7 @@ def simulate(
         InputError / TraceError: a bad request in the workload (the file, line and field).
         CapacityError: requests the replicas could never schedule.
     """
-    workload = load_workload(config.workload, base_dir=config.base_dir)
+    workload = load_workload(config.seeded_workload(), base_dir=config.base_dir)
     plan = plan_for(config)
     num_blocks = config.replica.scheduler.num_blocks or plan.num_blocks
     # No prefix identity: every prompt is unique, so a prefix cache would only cost time.

@@ -220,6 +220,37 @@ def test_the_simulation_seed_drives_the_workload_unless_the_workload_pins_its_ow
     assert "seed" not in config.workload  # the config itself is left as given
 
 
+@pytest.mark.parametrize(
+    ("vllm_v1", "key"),
+    [
+        ({"pad_spec_decode": False}, "replica.scheduler.vllm_v1.pad_spec_decode"),
+        ({"cache_accepted_drafts": False}, "replica.scheduler.vllm_v1.cache_accepted_drafts"),
+        (
+            {"long_prefill_token_threshold_adaptive": True},
+            "replica.scheduler.vllm_v1.long_prefill_token_threshold_adaptive",
+        ),
+    ],
+)
+def test_vllm_v1_knobs_that_would_change_nothing_here_are_refused(
+    vllm_v1: dict[str, Any], key: str
+) -> None:
+    mapping: dict[str, Any] = {"replica": {"scheduler": {"policy": "vllm_v1", "vllm_v1": vllm_v1}}}
+    with pytest.raises(ConfigError) as err:
+        config_from_mapping(mapping)
+    assert err.value.field == key
+    # Where they apply they are accepted: with speculation, or with a threshold to floor.
+    if "long_prefill_token_threshold_adaptive" in vllm_v1:
+        vllm_v1 = {**vllm_v1, "long_prefill_token_threshold": 256}
+    else:
+        mapping["replica"]["speculative"] = {
+            "method": "ngram",
+            "num_speculative_tokens": 2,
+            "acceptance_rate": 0.5,
+        }
+    mapping["replica"]["scheduler"]["vllm_v1"] = vllm_v1
+    config_from_mapping(mapping)
+
+
 def test_balance_weighs_prefix_affinity_and_is_refused_with_a_router_that_ignores_it() -> None:
     def routed(global_scheduler: dict[str, Any]) -> Any:
         cfg = config_from_mapping(

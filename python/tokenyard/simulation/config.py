@@ -57,6 +57,7 @@ from tokenyard.simulation.scheduler_config import (
     SglangSchedulerConfig,
     VidurSchedulerConfig,
     check_policy,
+    default_vllm_v1,
     move_legacy_keys,
     pipeline_parallel,
     section_path,
@@ -203,6 +204,7 @@ class ReplicaConfig:
                     policy,
                 )
         self.speculative.check(f"{where}.speculative", policy)
+        self._check_draft_knobs(where)
         self._check_kv_offload(where)
         if self.num_pipeline_stages > 1 and not pipeline_parallel(policy):
             raise fail(
@@ -211,6 +213,22 @@ class ReplicaConfig:
                 f"(num_pipeline_stages must be 1, got {self.num_pipeline_stages})",
                 self.num_pipeline_stages,
             )
+
+    def _check_draft_knobs(self, where: str) -> None:
+        """``pad_spec_decode`` and ``cache_accepted_drafts`` shape speculative steps: on a
+        ``vllm_v1`` replica without ``[replica.speculative]`` they would change nothing."""
+        if self.scheduler.policy != "vllm_v1" or self.speculative.enabled:
+            return
+        given, default = self.scheduler.vllm_v1, default_vllm_v1()
+        for name in ("pad_spec_decode", "cache_accepted_drafts"):
+            value = getattr(given, name)
+            if value != getattr(default, name):
+                raise fail(
+                    f"{where}.scheduler.vllm_v1.{name}",
+                    f"shapes speculative steps only: without [replica.speculative] (a method) it "
+                    f"would change nothing; leave it at {getattr(default, name)!r}",
+                    value,
+                )
 
     def _check_kv_offload(self, where: str) -> None:
         """The tier holds cached blocks of vLLM V1's block pool: it needs ``vllm_v1`` with

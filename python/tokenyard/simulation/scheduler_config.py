@@ -283,6 +283,13 @@ class ReplicaSchedulerConfig:
             f"{where}.max_num_batched_tokens", c.max_num_batched_tokens, low=1, high=MAX_TOKENS
         )
         check_key_int(f"{where}.max_num_seqs", c.max_num_seqs, low=0, high=MAX_TOKENS)
+        if c.long_prefill_token_threshold_adaptive and c.long_prefill_token_threshold == 0:
+            raise fail(
+                f"{where}.long_prefill_token_threshold_adaptive",
+                "floors long_prefill_token_threshold at a fair share of the step, and that is "
+                "0 (no cap): it would change nothing; set long_prefill_token_threshold too",
+                c.long_prefill_token_threshold_adaptive,
+            )
         if c.max_num_batched_tokens < c.max_num_seqs:
             # vLLM 0.33's SchedulerConfig refuses it too: a deployment vLLM will not start.
             raise fail(

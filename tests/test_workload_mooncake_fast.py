@@ -11,25 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from workload_outcomes import outcome
 
 from tokenyard.errors import TokenyardError
-from tokenyard.workload.chunk import RequestChunk
 from tokenyard.workload.traces import MooncakeTrace, _TraceReader
-
-COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens", "hash_offsets", "hash_ids")
-
-
-def _outcome(chunks: object) -> tuple[object, ...]:
-    got: list[RequestChunk] = []
-    try:
-        for chunk in chunks:  # type: ignore[attr-defined]
-            got.append(chunk)
-    except TokenyardError as error:
-        return ("error", type(error).__name__, str(error), len(got))
-    return (
-        "ok",
-        [[(getattr(c, n).dtype.str, getattr(c, n).tobytes()) for n in COLUMNS] for c in got],
-    )
 
 
 def _line(rng: random.Random, stamp: float) -> str:
@@ -115,8 +100,8 @@ def test_fast_path_reads_what_the_row_reader_reads(tmp_path: Path, seed: int) ->
         )
         reader = MooncakeTrace(path, hash_block_size=16, **options)  # type: ignore[arg-type]
         size = rng.choice([1, 3, 64])
-        fast = _outcome(reader.chunks(size))
-        rows = _outcome(_TraceReader._chunks(reader, size))
+        fast = outcome(reader.chunks(size))
+        rows = outcome(_TraceReader._chunks(reader, size))
         assert fast == rows, (seed, case, options, data[:300])
 
 

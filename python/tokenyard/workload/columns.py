@@ -18,13 +18,13 @@ from typing import ClassVar, Literal, final
 
 from tokenyard._checks import UINT32_MAX, check_choice, check_int, field_error
 from tokenyard.workload.errors import TraceError
+from tokenyard.workload.trace_rows import Record as _Record
 from tokenyard.workload.traces import (
     _JSON,
     _check_hash_ids,
     _count,
     _csv_rows,
     _DayClock,
-    _Record,
     _TraceReader,
     json_lines,
 )

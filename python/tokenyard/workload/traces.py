@@ -10,10 +10,11 @@ multiplied by the scale (``time_scale``, or the one that makes the mean rate
 ``columns.py``'s ``ColumnTrace`` (any layout, through a column mapping) is one more reader
 of this pipeline.
 
-The Mooncake reader has a fast path with the same answers (issue 18): the Rust core reads
-the lines into columns (``_core.read_mooncake_lines``; a line it cannot vouch for is read
-here, row by row) and the pipeline runs on numpy arrays. Whatever would raise, it hands
-to the row-by-row pipeline, which raises exactly as before.
+The Mooncake and Vidur readers have a fast path with the same answers (issue 18): the
+Rust core reads Mooncake's lines into columns (``_core.read_mooncake_lines``; a line it
+cannot vouch for is read here, row by row), pyarrow reads a large Vidur CSV
+(``csv_columns.py``), and the pipeline runs on numpy arrays. Whatever would raise, it
+hands to the row-by-row pipeline, which raises exactly as before.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from pathlib import Path
 from typing import BinaryIO, ClassVar, Literal, TextIO, cast, final
 
 import numpy as np
-import numpy.typing as npt
 
 from tokenyard import _core
 from tokenyard._checks import (
@@ -53,7 +53,10 @@ from tokenyard.workload.chunk import (
     rechunk,
     summarize,
 )
+from tokenyard.workload.csv_columns import csv_columns
 from tokenyard.workload.errors import TraceError
+from tokenyard.workload.trace_rows import BATCH_ROWS, READ_BYTES, Fallback, Rows
+from tokenyard.workload.trace_rows import Record as _Record
 
 __all__ = [
     "TRACE_FORMATS",
@@ -69,9 +72,6 @@ ZERO_OUTPUT: tuple[ZeroOutput, ...] = ("error", "clamp", "skip")
 TRACE_FORMATS = ("vidur", "mooncake", "azure")
 UINT64_MAX = 2**64 - 1
 
-# line, time in seconds, the time as read, prefill tokens, decode tokens, hash ids, LoRA
-# adapter (-1: the base model; None: the format has no adapters)
-_Record = tuple[int, float, object, int, int, "list[int] | None", "int | None"]
 _JSON = json.JSONDecoder()
 
 
@@ -277,9 +277,108 @@ class _TraceReader(ABC):
             yield _chunk(arrived, prefill, decode, offsets, ids, loras)
 
 
+@dataclass(frozen=True)
+class _ColumnTraceReader(_TraceReader):
+    """A reader with a fast path: its rows come in column batches (``_row_columns``) and the
+    pipeline runs on numpy arrays, with the same answers as the row-by-row pipeline, which
+    stays the reference. Whatever would raise goes to the row-by-row pipeline (``Fallback``)
+    past the rows already given, which raises exactly as before."""
+
+    @property
+    @abstractmethod
+    def hash_block_size(self) -> int | None:
+        """Tokens per hash id; ``None`` for a format without prefix identity."""
+
+    @abstractmethod
+    def _row_columns(self) -> Iterator[Rows]:
+        """Every row of the file in column batches, in file order; raises ``Fallback``
+        for anything only the row-by-row reader reports exactly."""
+
+    def _kept_columns(self) -> Iterator[Rows]:
+        """``_kept`` on column batches: the same rows with the same (original) times. Rows
+        that would raise, and an empty selection, go to ``_kept`` row by row (past the rows
+        already given), which raises its own error. One difference: text that is not UTF-8
+        may be reported after more rows than before (the text reader decodes ahead)."""
+        yielded = 0
+        try:
+            for rows in self._fast_kept():
+                yield rows
+                yielded += len(rows.times_s)
+            return
+        except Fallback:
+            pass
+        for i, record in enumerate(self._kept()):
+            if i >= yielded:
+                yield Rows.of(record)
+
+    def _fast_kept(self) -> Iterator[Rows]:
+        first: float | None = None
+        previous = -math.inf
+        kept = 0
+        skip_zero = self.zero_output == "skip"
+        for rows in self._row_columns():
+            times = rows.times_s
+            if first is None:
+                first = float(times[0])
+            keep = ~(times - first < self.start_offset_s)
+            zero = rows.output_lengths == 0
+            if skip_zero:
+                keep &= ~zero
+            if self.limit is not None:
+                # Rows after the one that completes the limit are never read.
+                count = kept + np.cumsum(keep)
+                reached = np.flatnonzero(count == self.limit)
+                if len(reached):
+                    n = int(reached[0]) + 1
+                    rows, times, keep, zero = rows.head(n), times[:n], keep[:n], zero[:n]
+            out_of_order = times[0] < previous or bool((times[1:] < times[:-1]).any())
+            if out_of_order or (self.zero_output == "error" and zero.any()):
+                raise Fallback
+            previous = float(times[-1])
+            if not skip_zero and zero.any():
+                rows.output_lengths[zero] = 1  # clamp
+            if keep.any():
+                selected = rows if keep.all() else rows.select(keep)
+                kept += len(selected.times_s)
+                yield selected
+            if kept == self.limit:
+                return
+        if kept == 0:
+            raise Fallback  # an empty trace or none selected: the row reader's messages
+
+    def _scale(self) -> float:
+        if self.target_qps is None:
+            return float(self.time_scale)
+        count, first, last = 0, 0.0, 0.0
+        for rows in self._kept_columns():
+            if count == 0:
+                first = float(rows.times_s[0])
+            last = float(rows.times_s[-1])
+            count += len(rows.times_s)
+        return self._qps_scale(count, first, last)
+
+    def _chunks(self, chunk_size: int) -> Iterator[RequestChunk]:
+        scale = self._scale()
+        yield from rechunk(self._pieces(scale), chunk_size)
+
+    def _pieces(self, scale: float) -> Iterator[RequestChunk]:
+        first: float | None = None
+        for rows in self._kept_columns():
+            if first is None:
+                first = float(rows.times_s[0])
+            identity = self.hash_block_size is not None
+            yield RequestChunk(
+                (rows.times_s - first) * scale,
+                rows.input_lengths,
+                rows.output_lengths,
+                rows.hash_offsets if identity else None,
+                rows.hash_ids if identity else None,
+            )
+
+
 @final
 @dataclass(frozen=True)
-class VidurTrace(_TraceReader):
+class VidurTrace(_ColumnTraceReader):
     """Vidur's request trace: CSV with ``arrived_at`` (seconds), ``num_prefill_tokens``,
     ``num_decode_tokens``; other columns are ignored. No prefix identity.
 
@@ -296,6 +395,13 @@ class VidurTrace(_TraceReader):
     def hash_block_size(self) -> int | None:
         """Always ``None``: the trace has no prefix identity."""
         return None
+
+    def _row_columns(self) -> Iterator[Rows]:
+        """pyarrow's column batches for a large trace (``csv_columns``); a small one is
+        read row by row (``Fallback`` at once)."""
+        columns = (self.time_field, self.prefill_field, self.decode_field)
+        with _open_binary(self._name) as raw:
+            yield from csv_columns(self._name, raw, columns)
 
     def _records(self) -> Iterator[_Record]:
         name = self._name
@@ -318,7 +424,7 @@ class VidurTrace(_TraceReader):
 
 @final
 @dataclass(frozen=True)
-class MooncakeTrace(_TraceReader):
+class MooncakeTrace(_ColumnTraceReader):
     """Mooncake's trace: JSON lines with ``timestamp`` (milliseconds), ``input_length``,
     ``output_length`` and ``hash_ids`` (block ids of the prompt, ``hash_block_size`` tokens
     each; optional, empty when absent). Blank lines are skipped; other keys are ignored.
@@ -384,9 +490,9 @@ class MooncakeTrace(_TraceReader):
             return line, stamp / 1000.0, stamp, prefill, decode, hash_ids, None
         return self._checked(line, row)
 
-    def _row_columns(self) -> Iterator[_Rows]:
+    def _row_columns(self) -> Iterator[Rows]:
         """Every row of the file in column batches: lines read by the Rust core, and the
-        ones it leaves read by ``_row``. Raises ``_Fallback`` for text that is not UTF-8
+        ones it leaves read by ``_row``. Raises ``Fallback`` for text that is not UTF-8
         (the row-by-row reader says where)."""
         block = self.hash_block_size
         with _open_binary(self._name) as f:
@@ -394,7 +500,7 @@ class MooncakeTrace(_TraceReader):
             pending = b""
             at_start = True
             while True:
-                data = f.read(_READ_BYTES)
+                data = f.read(READ_BYTES)
                 if at_start and data.startswith(codecs.BOM_UTF8):
                     data = data[len(codecs.BOM_UTF8) :]  # utf-8-sig, as the text reader
                 at_start = False
@@ -403,107 +509,27 @@ class MooncakeTrace(_TraceReader):
                 start = 0
                 while True:
                     lines, times, inputs, outputs, offsets, ids, end, line, handed_back = (
-                        _core.read_mooncake_lines(buf, start, line, block, _BATCH_ROWS, is_final)
+                        _core.read_mooncake_lines(buf, start, line, block, BATCH_ROWS, is_final)
                     )
                     num_rows = len(lines)
                     if num_rows:
-                        yield _Rows(lines, times, inputs, outputs, offsets, ids)
+                        yield Rows(lines, times, inputs, outputs, offsets, ids)
                     start = end
                     if handed_back is not None:
                         line += 1
                         try:
                             text = buf[start:handed_back].decode("utf-8")
                         except UnicodeDecodeError:
-                            raise _Fallback from None
+                            raise Fallback from None
                         record = self._row(line, text)
                         if record is not None:
-                            yield _Rows.of(record)
+                            yield Rows.of(record)
                         start = handed_back
-                    elif num_rows < _BATCH_ROWS:
+                    elif num_rows < BATCH_ROWS:
                         break
                 pending = buf[start:]
                 if is_final:
                     return
-
-    def _kept_columns(self) -> Iterator[_Rows]:
-        """``_kept`` on column batches: the same rows with the same (original) times. Rows
-        that would raise, and an empty selection, go to ``_kept`` row by row (past the rows
-        already given), which raises its own error. One difference: text that is not UTF-8
-        may be reported after more rows than before (the text reader decodes ahead)."""
-        yielded = 0
-        try:
-            for rows in self._fast_kept():
-                yield rows
-                yielded += len(rows.times_s)
-            return
-        except _Fallback:
-            pass
-        for i, record in enumerate(self._kept()):
-            if i >= yielded:
-                yield _Rows.of(record)
-
-    def _fast_kept(self) -> Iterator[_Rows]:
-        first: float | None = None
-        previous = -math.inf
-        kept = 0
-        skip_zero = self.zero_output == "skip"
-        for rows in self._row_columns():
-            times = rows.times_s
-            if first is None:
-                first = float(times[0])
-            keep = ~(times - first < self.start_offset_s)
-            zero = rows.output_lengths == 0
-            if skip_zero:
-                keep &= ~zero
-            if self.limit is not None:
-                # Rows after the one that completes the limit are never read.
-                count = kept + np.cumsum(keep)
-                reached = np.flatnonzero(count == self.limit)
-                if len(reached):
-                    n = int(reached[0]) + 1
-                    rows, times, keep, zero = rows.head(n), times[:n], keep[:n], zero[:n]
-            out_of_order = times[0] < previous or bool((times[1:] < times[:-1]).any())
-            if out_of_order or (self.zero_output == "error" and zero.any()):
-                raise _Fallback
-            previous = float(times[-1])
-            if not skip_zero and zero.any():
-                rows.output_lengths[zero] = 1  # clamp
-            if keep.any():
-                selected = rows if keep.all() else rows.select(keep)
-                kept += len(selected.times_s)
-                yield selected
-            if kept == self.limit:
-                return
-        if kept == 0:
-            raise _Fallback  # an empty trace or none selected: the row reader's messages
-
-    def _scale(self) -> float:
-        if self.target_qps is None:
-            return float(self.time_scale)
-        count, first, last = 0, 0.0, 0.0
-        for rows in self._kept_columns():
-            if count == 0:
-                first = float(rows.times_s[0])
-            last = float(rows.times_s[-1])
-            count += len(rows.times_s)
-        return self._qps_scale(count, first, last)
-
-    def _chunks(self, chunk_size: int) -> Iterator[RequestChunk]:
-        scale = self._scale()
-        yield from rechunk(self._pieces(scale), chunk_size)
-
-    def _pieces(self, scale: float) -> Iterator[RequestChunk]:
-        first: float | None = None
-        for rows in self._kept_columns():
-            if first is None:
-                first = float(rows.times_s[0])
-            yield RequestChunk(
-                (rows.times_s - first) * scale,
-                rows.input_lengths,
-                rows.output_lengths,
-                rows.hash_offsets,
-                rows.hash_ids,
-            )
 
     def _checked(self, line: int, row: object) -> _Record:
         """A row off the fast path: normalised (integral floats are accepted), or a
@@ -579,86 +605,6 @@ class AzureTrace(_TraceReader):
             num_prefill = _count(name, line, columns[1], prefill, 1)
             num_decode = _count(name, line, columns[2], decode, 0)
             yield line, time, written, num_prefill, num_decode, None, None
-
-
-_READ_BYTES = 1 << 22
-"""Bytes of a trace read at a time by the Mooncake fast path."""
-_BATCH_ROWS = 1 << 16
-"""Rows per column batch of the Mooncake fast path."""
-
-
-_Index = npt.NDArray[np.int64]
-
-
-class _Fallback(Exception):
-    """The fast path met what only the row-by-row reader reports exactly (an error)."""
-
-
-@dataclass(frozen=True)
-class _Rows:
-    """Consecutive rows of a Mooncake trace as columns, in file order."""
-
-    lines: npt.NDArray[np.uint64]
-    times_s: npt.NDArray[np.float64]
-    """The time as read, in seconds (before the offset, the shift and the scale)."""
-    input_lengths: npt.NDArray[np.uint32]
-    output_lengths: npt.NDArray[np.uint32]
-    hash_offsets: npt.NDArray[np.uint64]
-    hash_ids: npt.NDArray[np.uint64]
-
-    @staticmethod
-    def of(record: _Record) -> _Rows:
-        """One row read by the row-by-row reader."""
-        line, time, _, num_prefill, num_decode, hash_ids, _ = record
-        ids = hash_ids or []
-        return _Rows(
-            np.array([line], dtype=np.uint64),
-            np.array([time], dtype=np.float64),
-            np.array([num_prefill], dtype=np.uint32),
-            np.array([num_decode], dtype=np.uint32),
-            np.array([0, len(ids)], dtype=np.uint64),
-            np.array(ids, dtype=np.uint64),
-        )
-
-    def head(self, n: int) -> _Rows:
-        """The first ``n`` rows."""
-        end = int(self.hash_offsets[n])
-        return _Rows(
-            self.lines[:n],
-            self.times_s[:n],
-            self.input_lengths[:n],
-            self.output_lengths[:n],
-            self.hash_offsets[: n + 1],
-            self.hash_ids[:end],
-        )
-
-    def select(self, mask: npt.NDArray[np.bool_]) -> _Rows:
-        """The rows where ``mask`` is set (their ids kept, in order)."""
-        counts = np.diff(self.hash_offsets)[mask]
-        offsets = np.zeros(len(counts) + 1, dtype=np.uint64)
-        np.cumsum(counts, out=offsets[1:])
-        starts = self.hash_offsets[:-1][mask]
-        ids = self.hash_ids[_ranges(starts, counts)]
-        return _Rows(
-            self.lines[mask],
-            self.times_s[mask],
-            self.input_lengths[mask],
-            self.output_lengths[mask],
-            offsets,
-            ids,
-        )
-
-
-def _ranges(starts: npt.NDArray[np.uint64], counts: npt.NDArray[np.uint64]) -> _Index:
-    """The indices ``starts[i] .. starts[i] + counts[i]`` for every ``i``, concatenated."""
-    total = int(counts.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    ends = np.cumsum(counts.astype(np.int64))
-    index = np.arange(total, dtype=np.int64)
-    # Each position's offset from its run's start in the output, plus the run's source start.
-    run = np.repeat(np.arange(len(counts)), counts.astype(np.int64))
-    return index - (ends - counts.astype(np.int64))[run] + starts.astype(np.int64)[run]
 
 
 def _open_binary(path: str) -> BinaryIO:

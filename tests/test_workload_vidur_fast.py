@@ -1,0 +1,127 @@
+"""The Vidur reader's fast path (pyarrow reads the CSV's columns, the pipeline runs on numpy
+arrays; issue 18) against its row-by-row reader, which stays the reference: the same
+chunks, or the same error, for random traces full of odd cells and every reader option."""
+
+from __future__ import annotations
+
+import gzip
+import random
+from pathlib import Path
+
+import pytest
+from workload_outcomes import outcome
+
+from tokenyard.workload import csv_columns
+from tokenyard.workload.traces import VidurTrace, _TraceReader
+
+HEADER = ["arrived_at", "num_prefill_tokens", "num_decode_tokens", "note"]
+
+
+def _cell(rng: random.Random, good: str, odd: list[str], oddness: float) -> str:
+    return rng.choice(odd) if rng.random() < oddness else good
+
+
+def _row(rng: random.Random, stamp: float, oddness: float) -> list[str]:
+    """A row, mostly plain, sometimes odd (quoted, spaced, integral floats, blanks, NA,
+    out of range, ragged) or bad."""
+    prefill = str(rng.choice([1, 5, 16, 4000]))
+    decode = str(rng.choice([0, 1, 3, 9]) if rng.random() < 0.2 else rng.randint(1, 9))
+    time = rng.choice([f"{stamp:.3f}", repr(stamp), f"{stamp:e}"])
+    row = [
+        _cell(rng, time, ["", " 1.5", "NA", "nan", "inf", "1e400", '"2.0"', "x"], oddness),
+        _cell(rng, prefill, ["0", "12.0", "+3", " 7", "-1", "4294967296", '"8"', ""], oddness),
+        _cell(rng, decode, ["2.0", "-2", "null", "4294967295", '"5"'], oddness),
+        rng.choice(["", "a", '"x, y"', "\u00e9"]),
+    ]
+    if rng.random() < oddness / 2:
+        row = row[:2]  # too short
+    elif rng.random() < oddness / 2:
+        row = [*row, "extra"]
+    return row
+
+
+def _trace(rng: random.Random) -> bytes:
+    # Half the traces are clean, so the fast path also runs to the end.
+    oddness = rng.choice([0.0, 0.0, 0.005, 0.02])
+    header = list(HEADER)
+    rng.shuffle(header)
+    if rng.random() < 0.02:
+        header[0] = " " + header[0]
+    order = [HEADER.index(name.strip()) for name in header]
+    lines = [",".join(header)]
+    stamp = 10.0
+    for _ in range(rng.randint(0, 60)):
+        if rng.random() < 2 * oddness:
+            lines.append(rng.choice(["", "   "]))
+            continue
+        stamp += rng.choice([0.0, 0.25, 1.0005, 3.0])
+        if rng.random() < oddness / 2:
+            stamp -= 5.0  # out of order
+        row = _row(rng, stamp, oddness)
+        lines.append(
+            ",".join(row[i] for i in order if i < len(row)) if len(row) >= 4 else ",".join(row)
+        )
+    end = rng.choice(["\n", "\r\n"])
+    text = end.join(lines) + (end if rng.random() < 0.7 else "")
+    data = text.encode()
+    if rng.random() < 0.1:
+        data = b"\xef\xbb\xbf" + data
+    if rng.random() < 0.1:
+        # Not UTF-8, in the note column (which the fast path does not convert).
+        data = data.replace("\u00e9".encode(), b"\xc3\x28", 1)
+    return data
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fast_path_reads_what_the_row_reader_reads(
+    tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(csv_columns, "MIN_BYTES", 0)  # every trace takes the fast path
+    rng = random.Random(seed)
+    for case in range(120):
+        data = _trace(rng)
+        path = tmp_path / f"t{case}.csv"
+        if rng.random() < 0.15:
+            path = path.with_suffix(".csv.gz")
+            path.write_bytes(gzip.compress(data))
+        else:
+            path.write_bytes(data)
+        options = rng.choice(
+            [
+                {},
+                {"limit": rng.randint(1, 30)},
+                {"start_offset_s": rng.choice([0.5, 3.0, 50.0])},
+                {"zero_output": "skip"},
+                {"zero_output": "clamp", "limit": rng.randint(1, 30)},
+                {"target_qps": 2.0, "zero_output": "clamp"},
+                {"time_scale": 0.5, "zero_output": "skip", "start_offset_s": 2.0},
+            ]
+        )
+        reader = VidurTrace(path, **options)  # type: ignore[arg-type]
+        size = rng.choice([1, 3, 64])
+        fast = outcome(reader.chunks(size))
+        rows = outcome(_TraceReader._chunks(reader, size))
+        assert fast == rows, (seed, case, options, data[:300])
+
+
+def test_a_large_trace_takes_the_fast_path_and_a_small_one_does_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.5,10,2\n1.5,20,3\n")
+    taken: list[int] = []
+    original = csv_columns.Rows
+
+    def counted(*args: object) -> object:
+        taken.append(1)
+        return original(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(csv_columns, "Rows", counted)
+    chunks = list(VidurTrace(path).chunks(8))
+    assert taken == []
+    assert [len(c) for c in chunks] == [2]
+    monkeypatch.setattr(csv_columns, "MIN_BYTES", 0)
+    again = list(VidurTrace(path).chunks(8))
+    assert taken == [1]
+    assert again[0].arrived_at.tolist() == [0.0, 1.0]
+    assert again[0].hash_offsets is None  # no prefix identity, as row by row

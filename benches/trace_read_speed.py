@@ -1,11 +1,12 @@
-"""Reading a Vidur CSV trace: the fast path (pyarrow's CSV reader, ``csv_columns.py``)
-against the line-by-line reader it falls back to, on the same generated trace.
+"""Reading CSV traces: the fast path (pyarrow's CSV reader, ``csv_columns.py``) against the
+line-by-line reader it falls back to, on the same generated trace: a Vidur CSV, and the
+same rows in a BurstGPT-like layout read by ``format = "columns"`` with its two filters.
 
 Each measurement is a fresh interpreter pinned to one core (``taskset -c 1`` where there is
 one), the two alternating; a run reads every chunk of the trace (``chunks(4096)``) and
 reports its wall time and a hash of the chunks, which must agree. Medians of ``--repeat``.
 
-    .venv/bin/python benches/trace_read_speed.py                  # 1M rows, 3 rounds, ~25 s
+    .venv/bin/python benches/trace_read_speed.py                  # 1M rows, 3 rounds, ~60 s
     .venv/bin/python benches/trace_read_speed.py --rows 100000 --repeat 5
 """
 
@@ -23,10 +24,18 @@ from pathlib import Path
 
 CHILD = """
 import hashlib, json, sys, time
+from tokenyard.workload.columns import ColumnFilter, ColumnTrace, TraceColumns
 from tokenyard.workload.traces import VidurTrace, _TraceReader
-path, side = sys.argv[1], sys.argv[2]
+path, side, kind = sys.argv[1], sys.argv[2], sys.argv[3]
 start = time.perf_counter()
-reader = VidurTrace(path)
+if kind == "vidur":
+    reader = VidurTrace(path)
+else:
+    columns = TraceColumns(time="Timestamp", time_unit="s", input_tokens="Request tokens",
+                           output_tokens="Response tokens")
+    filters = (ColumnFilter("Model", values=("ChatGPT",)),
+               ColumnFilter("Log Type", values=("Conversation log",)))
+    reader = ColumnTrace(path, columns=columns, filter=filters)
 chunks = reader.chunks(4096) if side == "fast" else _TraceReader._chunks(reader, 4096)
 digest, rows = hashlib.sha256(), 0
 for chunk in chunks:
@@ -38,20 +47,27 @@ print(json.dumps({"wall_s": wall, "rows": rows, "hash": digest.hexdigest()[:16]}
 """
 
 
-def write_trace(path: Path, rows: int) -> None:
+def write_traces(vidur: Path, burst: Path, rows: int) -> None:
+    """The same requests as a Vidur CSV and in BurstGPT's layout (a fifth of them GPT-4 or
+    API logs, which the filters drop)."""
     rng = random.Random(0)
     time = 0.0
-    with path.open("w") as f:
-        f.write("arrived_at,num_prefill_tokens,num_decode_tokens\n")
+    with vidur.open("w") as v, burst.open("w") as b:
+        v.write("arrived_at,num_prefill_tokens,num_decode_tokens\n")
+        b.write("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n")
         for _ in range(rows):
             time += rng.expovariate(20.0)
-            f.write(f"{time:.6f},{rng.randint(10, 4000)},{rng.randint(1, 1000)}\n")
+            prompt, output = rng.randint(10, 4000), rng.randint(1, 1000)
+            model = "GPT-4" if rng.random() < 0.1 else "ChatGPT"
+            log = "API log" if rng.random() < 0.1 else "Conversation log"
+            v.write(f"{time:.6f},{prompt},{output}\n")
+            b.write(f"{time:.6f},{model},{prompt},{output},{prompt + output},{log}\n")
 
 
-def run(path: Path, side: str) -> dict[str, float | str]:
+def run(path: Path, side: str, kind: str) -> dict[str, float | str]:
     pin = ["taskset", "-c", "1"] if shutil.which("taskset") else []
     out = subprocess.run(
-        [*pin, sys.executable, "-c", CHILD, str(path), side],
+        [*pin, sys.executable, "-c", CHILD, str(path), side, kind],
         check=True,
         capture_output=True,
         text=True,
@@ -66,22 +82,26 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "trace.csv"
-        write_trace(path, args.rows)
-        size_mb = path.stat().st_size / 1e6
-        walls: dict[str, list[float]] = {"rows": [], "fast": []}
-        hashes = set()
-        for _ in range(args.repeat):
-            for side in ("rows", "fast"):
-                result = run(path, side)
-                walls[side].append(float(result["wall_s"]))
-                hashes.add(result["hash"])
+        paths = {"vidur": Path(folder) / "vidur.csv", "columns": Path(folder) / "burst.csv"}
+        write_traces(paths["vidur"], paths["columns"], args.rows)
+        for kind, path in paths.items():
+            measure(kind, path, args.rows, args.repeat)
+
+
+def measure(kind: str, path: Path, rows: int, repeat: int) -> None:
+    size_mb = path.stat().st_size / 1e6
+    walls: dict[str, list[float]] = {"rows": [], "fast": []}
+    hashes = set()
+    for _ in range(repeat):
+        for side in ("rows", "fast"):
+            result = run(path, side, kind)
+            walls[side].append(float(result["wall_s"]))
+            hashes.add(result["hash"])
     medians = {side: statistics.median(values) for side, values in walls.items()}
-    print(f"Vidur CSV, {args.rows:,} rows ({size_mb:.0f} MB), medians of {args.repeat}:")
+    print(f"{kind}: {rows:,} rows ({size_mb:.0f} MB), medians of {repeat}:")
     for side, label in (("rows", "line by line"), ("fast", "fast path (pyarrow)")):
         runs = ", ".join(f"{v:.2f}" for v in walls[side])
-        rate = args.rows / medians[side] / 1e6
-        print(f"  {label}: {medians[side]:.2f} s ({rate:.2f}M rows/s; runs {runs})")
+        print(f"  {label}: {medians[side]:.2f} s (runs {runs})")
     print(f"  ratio: {medians['rows'] / medians['fast']:.1f}x; same chunks: {len(hashes) == 1}")
 
 

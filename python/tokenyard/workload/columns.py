@@ -16,15 +16,22 @@ from dataclasses import KW_ONLY, dataclass, field
 from pathlib import PurePath
 from typing import ClassVar, Literal, final
 
+import numpy as np
+
 from tokenyard._checks import UINT32_MAX, check_choice, check_int, field_error
+from tokenyard.workload.chunk import RequestChunk
+from tokenyard.workload.csv_columns import csv_batches
 from tokenyard.workload.errors import TraceError
+from tokenyard.workload.trace_rows import Fallback, Rows
 from tokenyard.workload.trace_rows import Record as _Record
 from tokenyard.workload.traces import (
     _JSON,
     _check_hash_ids,
+    _ColumnTraceReader,
     _count,
     _csv_rows,
     _DayClock,
+    _open_binary,
     _TraceReader,
     json_lines,
 )
@@ -191,7 +198,7 @@ class _Match:
 
 @final
 @dataclass(frozen=True)
-class ColumnTrace(_TraceReader):
+class ColumnTrace(_ColumnTraceReader):
     """A CSV (with a header row), TSV or JSON-lines trace of any layout, read through
     ``columns``; ``filter`` keeps the rows that match every filter. The file type is
     ``file_format``, or else the suffix (``.csv``, ``.tsv``, ``.jsonl``, ``.ndjson``, each
@@ -288,6 +295,50 @@ class ColumnTrace(_TraceReader):
     @staticmethod
     def _written(stamp: object) -> str:
         return repr(stamp)
+
+    def _fast_path_applies(self) -> bool:
+        """A CSV or TSV with timestamps in a number unit, no hash ids or adapters, and
+        filters on unmapped columns: what ``csv_columns.py`` reads (the column pipeline
+        carries no LoRA ids)."""
+        c = self.columns
+        mapped = {c.time_column, c.input_tokens, c.output_tokens}
+        return (
+            self._file_type != "jsonl"
+            and c.time is not None
+            and c.time_unit != "datetime"
+            and c.hash_ids is None
+            and c.lora is None
+            # A filter reads its cells as text; a mapped column is read as a number.
+            and not any(f.column in mapped for f in self.filter)
+        )
+
+    def _chunks(self, chunk_size: int) -> Iterator[RequestChunk]:
+        if not self._fast_path_applies():
+            return _TraceReader._chunks(self, chunk_size)
+        return super()._chunks(chunk_size)
+
+    def _row_columns(self) -> Iterator[Rows]:
+        """pyarrow's batches of a large trace the fast path applies to (filters asked once
+        per distinct cell text; times in seconds from the first kept row, as ``_Clock``);
+        ``Fallback`` otherwise, and for a time past 2**53 (which ``_Clock`` keeps exact)."""
+        if not self._fast_path_applies():
+            raise Fallback
+        c = self.columns
+        columns = (c.time_column, c.input_tokens, c.output_tokens)
+        filters = tuple((f.column, _Match(f, typed=False)) for f in self.filter)
+        delimiter = "\t" if self._file_type == "tsv" else ","
+        per_second = _PER_SECOND.get(c.time_unit, 1)
+        first = math.nan  # the first kept row's value
+        with _open_binary(self._name) as raw:
+            for batch in csv_batches(self._name, raw, columns, filters, delimiter):
+                values = batch.times[batch.kept]
+                if not len(values):
+                    continue
+                if not (np.isfinite(values).all() and (np.abs(values) < _EXACT_FLOAT).all()):
+                    raise Fallback
+                if math.isnan(first):
+                    first = float(values[0])
+                yield batch.rows((values - first) / per_second)
 
     def _records(self) -> Iterator[_Record]:
         mapped = self.columns.mapped()

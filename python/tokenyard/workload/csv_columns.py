@@ -1,28 +1,63 @@
-"""The CSV readers' fast path: a trace's time and length columns read by pyarrow's CSV
-reader in column batches (``Rows``), for the numpy pipeline of ``traces.py``.
+"""The CSV readers' fast path: a trace's time, length and filter columns read by pyarrow's
+CSV reader in batches, for the numpy pipeline of ``traces.py``.
 
 It only ever reads what the row-by-row reader would read the same way: anything pyarrow
 does not parse as a plain number (a blank or quoted-empty cell, ``12.0`` in a count, spaces,
-a ragged row), a value out of range, text that is not UTF-8 anywhere in the file, or a
-header it does not find raises ``Fallback``, and the row-by-row reader takes over from the
-rows already given, with its own messages. pyarrow is imported only for traces of at least
-``MIN_BYTES`` (its import costs more than reading a small trace row by row).
+a ragged row), text that is not UTF-8 anywhere in the file, or a header it does not find
+raises ``Fallback``, and so does a reader's own check on the numbers; the row-by-row reader
+then takes over from the rows already given, with its own messages. pyarrow is imported
+only for traces of at least ``MIN_BYTES`` (its import costs more than reading a small
+trace row by row).
 """
 
 from __future__ import annotations
 
 import codecs
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import BinaryIO
 
 import numpy as np
+import numpy.typing as npt
 
 from tokenyard._checks import UINT32_MAX
 from tokenyard.workload.trace_rows import READ_BYTES, Fallback, Rows
 
 #: Traces smaller than this (file bytes) are read row by row.
 MIN_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class CsvBatch:
+    """Consecutive data rows: the time column as float64 (parsed as Python's ``float``
+    parses it), the two lengths as int64, and whether each row passes the filters."""
+
+    first_line: int
+    times: npt.NDArray[np.float64]
+    inputs: npt.NDArray[np.int64]
+    outputs: npt.NDArray[np.int64]
+    kept: npt.NDArray[np.bool_]
+
+    def rows(self, times_s: npt.NDArray[np.float64]) -> Rows:
+        """The kept rows, with these times (one per kept row), as ``Rows``; ``Fallback``
+        for a length out of its range."""
+        inputs, outputs = self.inputs[self.kept], self.outputs[self.kept]
+        in_range = ((inputs >= 1) & (inputs <= UINT32_MAX)).all() and (
+            (outputs >= 0) & (outputs <= UINT32_MAX)
+        ).all()
+        if not in_range:
+            raise Fallback
+        n = len(inputs)
+        lines = np.arange(self.first_line, self.first_line + len(self.kept), dtype=np.uint64)
+        return Rows(
+            lines[self.kept],
+            times_s,
+            inputs.astype(np.uint32),
+            outputs.astype(np.uint32),
+            np.zeros(n + 1, dtype=np.uint64),
+            np.zeros(0, dtype=np.uint64),
+        )
 
 
 class _Utf8Checked:
@@ -49,44 +84,73 @@ class _Utf8Checked:
         self.closed = True
 
 
-def csv_columns(path: str, raw: BinaryIO, columns: tuple[str, str, str]) -> Iterator[Rows]:
-    """The rows of the CSV ``raw`` (opened from ``path``) in batches: the time column in
-    seconds (float64, parsed as Python's ``float`` parses it) and the prompt and output
-    lengths (integers in their ranges). Raises ``Fallback`` as the module says; line
-    numbers count one line per row (the row reader's errors name the real lines)."""
+#: A filter: its column and whether a cell's text keeps the row.
+TextFilter = tuple[str, Callable[[str], bool]]
+
+
+def csv_batches(
+    path: str,
+    raw: BinaryIO,
+    columns: tuple[str, str, str],
+    filters: tuple[TextFilter, ...] = (),
+    delimiter: str = ",",
+) -> Iterator[CsvBatch]:
+    """The data rows of the CSV ``raw`` (opened from ``path``) in batches: ``columns`` are
+    the time, prompt-length and output-length columns; a row is kept when every filter
+    keeps its cell's text. Raises ``Fallback`` as the module says; line numbers count one
+    line per row (the row reader's errors name the real lines)."""
     if os.path.getsize(path) < MIN_BYTES:
         raise Fallback
     import pyarrow as pa  # type: ignore[import-untyped]
     import pyarrow.csv as pa_csv  # type: ignore[import-untyped]
 
     time, prefill, decode = columns
+    texts = [column for column, _ in filters if column not in columns]
+    types = {name: pa.string() for name in texts}
+    types.update({time: pa.float64(), prefill: pa.int64(), decode: pa.int64()})
     convert = pa_csv.ConvertOptions(
-        include_columns=list(columns),
-        column_types={time: pa.float64(), prefill: pa.int64(), decode: pa.int64()},
+        include_columns=[*columns, *texts],
+        column_types=types,
         null_values=[],
         strings_can_be_null=False,
     )
     read = pa_csv.ReadOptions(block_size=READ_BYTES, use_threads=False)
-    line = 1
+    parse = pa_csv.ParseOptions(delimiter=delimiter)
+    line = 2
     try:
-        for batch in pa_csv.open_csv(_Utf8Checked(raw), read_options=read, convert_options=convert):
-            times, inputs, outputs = (batch.column(i).to_numpy() for i in range(3))
-            in_range = (
-                np.isfinite(times).all()
-                and ((inputs >= 1) & (inputs <= UINT32_MAX)).all()
-                and ((outputs >= 0) & (outputs <= UINT32_MAX)).all()
-            )
-            if not in_range:
-                raise Fallback
-            n = len(times)
-            yield Rows(
-                np.arange(line + 1, line + 1 + n, dtype=np.uint64),
-                times,
-                inputs.astype(np.uint32),
-                outputs.astype(np.uint32),
-                np.zeros(n + 1, dtype=np.uint64),
-                np.zeros(0, dtype=np.uint64),
+        source = _Utf8Checked(raw)
+        for batch in pa_csv.open_csv(source, read, parse, convert):
+            n = batch.num_rows
+            kept = np.ones(n, dtype=np.bool_)
+            for column, keeps in filters:
+                kept &= _matches(batch.column(column), keeps)
+            yield CsvBatch(
+                line,
+                batch.column(time).to_numpy(),
+                batch.column(prefill).to_numpy(),
+                batch.column(decode).to_numpy(),
+                kept,
             )
             line += n
     except (pa.ArrowException, UnicodeDecodeError):
         raise Fallback from None
+
+
+def _matches(cells: object, keeps: Callable[[str], bool]) -> npt.NDArray[np.bool_]:
+    """Whether ``keeps`` keeps each cell: asked once per distinct text (a trace's filter
+    columns hold a few values, a model or a log type), so the rule is the row reader's own."""
+    encoded = cells.dictionary_encode()  # type: ignore[attr-defined]
+    verdicts = np.array([keeps(text) for text in encoded.dictionary.to_pylist()], dtype=np.bool_)
+    indices: npt.NDArray[np.int64] = encoded.indices.to_numpy().astype(np.int64)
+    return verdicts[indices] if len(verdicts) else np.zeros(len(indices), dtype=np.bool_)
+
+
+def plain_rows(batches: Iterator[CsvBatch]) -> Iterator[Rows]:
+    """Batches as ``Rows``, their times as read (seconds), for a reader without filters or
+    units (Vidur's); ``Fallback`` for a time that is not finite."""
+    for batch in batches:
+        if not len(batch.times):
+            continue
+        if not np.isfinite(batch.times).all():
+            raise Fallback
+        yield batch.rows(batch.times)

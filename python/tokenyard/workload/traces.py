@@ -53,7 +53,7 @@ from tokenyard.workload.chunk import (
     rechunk,
     summarize,
 )
-from tokenyard.workload.csv_columns import csv_columns
+from tokenyard.workload.csv_columns import csv_batches, plain_rows
 from tokenyard.workload.errors import TraceError
 from tokenyard.workload.trace_rows import BATCH_ROWS, READ_BYTES, Fallback, Rows
 from tokenyard.workload.trace_rows import Record as _Record
@@ -397,11 +397,11 @@ class VidurTrace(_ColumnTraceReader):
         return None
 
     def _row_columns(self) -> Iterator[Rows]:
-        """pyarrow's column batches for a large trace (``csv_columns``); a small one is
+        """pyarrow's column batches for a large trace (``csv_columns.py``); a small one is
         read row by row (``Fallback`` at once)."""
         columns = (self.time_field, self.prefill_field, self.decode_field)
         with _open_binary(self._name) as raw:
-            yield from csv_columns(self._name, raw, columns)
+            yield from plain_rows(csv_batches(self._name, raw, columns))
 
     def _records(self) -> Iterator[_Record]:
         name = self._name

@@ -1,6 +1,7 @@
-"""The Vidur reader's fast path (pyarrow reads the CSV's columns, the pipeline runs on numpy
-arrays; issue 18) against its row-by-row reader, which stays the reference: the same
-chunks, or the same error, for random traces full of odd cells and every reader option."""
+"""The CSV readers' fast path (pyarrow reads the columns, the pipeline runs on numpy arrays;
+issue 18) against their row-by-row reader, which stays the reference: the same chunks, or
+the same error, for random traces full of odd cells and every reader option. Vidur's
+reader, and ``ColumnTrace`` (any layout) with units, TSV and filters."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from workload_outcomes import outcome
 
 from tokenyard.workload import csv_columns
+from tokenyard.workload.columns import ColumnFilter, ColumnTrace, TraceColumns
 from tokenyard.workload.traces import VidurTrace, _TraceReader
 
 HEADER = ["arrived_at", "num_prefill_tokens", "num_decode_tokens", "note"]
@@ -31,7 +33,7 @@ def _row(rng: random.Random, stamp: float, oddness: float) -> list[str]:
         _cell(rng, time, ["", " 1.5", "NA", "nan", "inf", "1e400", '"2.0"', "x"], oddness),
         _cell(rng, prefill, ["0", "12.0", "+3", " 7", "-1", "4294967296", '"8"', ""], oddness),
         _cell(rng, decode, ["2.0", "-2", "null", "4294967295", '"5"'], oddness),
-        rng.choice(["", "a", '"x, y"', "\u00e9"]),
+        rng.choice(["", "a", " a ", "b", '"x, y"', "\u00e9"]),
     ]
     if rng.random() < oddness / 2:
         row = row[:2]  # too short
@@ -40,7 +42,7 @@ def _row(rng: random.Random, stamp: float, oddness: float) -> list[str]:
     return row
 
 
-def _trace(rng: random.Random) -> bytes:
+def _trace(rng: random.Random, delimiter: str = ",") -> bytes:
     # Half the traces are clean, so the fast path also runs to the end.
     oddness = rng.choice([0.0, 0.0, 0.005, 0.02])
     header = list(HEADER)
@@ -48,7 +50,7 @@ def _trace(rng: random.Random) -> bytes:
     if rng.random() < 0.02:
         header[0] = " " + header[0]
     order = [HEADER.index(name.strip()) for name in header]
-    lines = [",".join(header)]
+    lines = [delimiter.join(header)]
     stamp = 10.0
     for _ in range(rng.randint(0, 60)):
         if rng.random() < 2 * oddness:
@@ -86,7 +88,17 @@ def test_fast_path_reads_what_the_row_reader_reads(
             path.write_bytes(gzip.compress(data))
         else:
             path.write_bytes(data)
-        options = rng.choice(
+        options = _options(rng)
+        reader = VidurTrace(path, **options)  # type: ignore[arg-type]
+        size = rng.choice([1, 3, 64])
+        fast = outcome(reader.chunks(size))
+        rows = outcome(_TraceReader._chunks(reader, size))
+        assert fast == rows, (seed, case, options, data[:300])
+
+
+def _options(rng: random.Random) -> dict[str, object]:
+    return dict(
+        rng.choice(
             [
                 {},
                 {"limit": rng.randint(1, 30)},
@@ -97,11 +109,41 @@ def test_fast_path_reads_what_the_row_reader_reads(
                 {"time_scale": 0.5, "zero_output": "skip", "start_offset_s": 2.0},
             ]
         )
-        reader = VidurTrace(path, **options)  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_column_trace_fast_path_reads_what_the_row_reader_reads(
+    tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(csv_columns, "MIN_BYTES", 0)
+    rng = random.Random(1000 + seed)
+    for case in range(100):
+        tsv = rng.random() < 0.3
+        data = _trace(rng, "\t" if tsv else ",")
+        path = tmp_path / f"t{case}.{'tsv' if tsv else 'csv'}"
+        path.write_bytes(data)
+        columns = TraceColumns(
+            time="arrived_at",
+            time_unit=rng.choice(["s", "ms", "us"]),
+            input_tokens="num_prefill_tokens",
+            output_tokens="num_decode_tokens",
+        )
+        filters = rng.choice(
+            [
+                (),
+                (ColumnFilter("note", values=("a",)),),
+                (ColumnFilter("note", values=("a", "b"), exclude=True),),
+                (ColumnFilter("note", values=("zzz",)),),  # nothing selected
+                (ColumnFilter("num_decode_tokens", values=("3",), exclude=True),),  # mapped
+            ]
+        )
+        options = _options(rng)
+        reader = ColumnTrace(path, columns=columns, filter=filters, **options)  # type: ignore[arg-type]
         size = rng.choice([1, 3, 64])
         fast = outcome(reader.chunks(size))
         rows = outcome(_TraceReader._chunks(reader, size))
-        assert fast == rows, (seed, case, options, data[:300])
+        assert fast == rows, (seed, case, filters, options, data[:300])
 
 
 def test_a_large_trace_takes_the_fast_path_and_a_small_one_does_not(

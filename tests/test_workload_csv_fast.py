@@ -1,7 +1,8 @@
 """The CSV readers' fast path (pyarrow reads the columns, the pipeline runs on numpy arrays;
 issue 18) against their row-by-row reader, which stays the reference: the same chunks, or
 the same error, for random traces full of odd cells and every reader option. Vidur's
-reader, and ``ColumnTrace`` (any layout) with units, TSV and filters."""
+reader, Azure's (its datetimes parsed in bulk), and ``ColumnTrace`` (any layout) with units,
+TSV and filters."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from workload_outcomes import outcome
 
 from tokenyard.workload import csv_columns
 from tokenyard.workload.columns import ColumnFilter, ColumnTrace, TraceColumns
-from tokenyard.workload.traces import VidurTrace, _TraceReader
+from tokenyard.workload.traces import AzureTrace, VidurTrace, _TraceReader
 
 HEADER = ["arrived_at", "num_prefill_tokens", "num_decode_tokens", "note"]
 
@@ -167,3 +168,60 @@ def test_a_large_trace_takes_the_fast_path_and_a_small_one_does_not(
     assert taken == [1]
     assert again[0].arrived_at.tolist() == [0.0, 1.0]
     assert again[0].hash_offsets is None  # no prefix identity, as row by row
+
+
+def _datetime(rng: random.Random, seconds: float, zone: str, digits: int, oddness: float) -> str:
+    """An Azure timestamp ``seconds`` after 2023-11-16 00:00 (in ``zone``, with ``digits``
+    fractional digits), sometimes with a ``T``, odd or bad."""
+    day, rest = divmod(int(seconds), 86400)
+    text = f"2023-11-{16 + day:02d} {rest // 3600:02d}:{rest // 60 % 60:02d}:{rest % 60:02d}"
+    if digits:  # truncated, so the times never go back
+        text += "." + str(int((seconds % 1) * 10**digits)).zfill(digits)
+    text += zone
+    if rng.random() < 0.1:
+        text = text.replace(" ", "T")
+    if rng.random() < oddness:
+        text = rng.choice(
+            [
+                text[:20] + str(rng.randrange(10**17, 10**18)) + zone,  # too long to read in bulk
+                " " + text + " ",
+                text.replace("2023-11", "2023-02").replace("-16", "-30"),  # not a date
+                text[:11] + "24" + text[13:],  # hour 24
+                text[:17] + "60" + text[19:],  # a leap second (accepted)
+                "16/11/2023 " + text[11:],
+                "",
+            ]
+        )
+    return text
+
+
+def _azure_trace(rng: random.Random) -> bytes:
+    # Odd datetimes and odd counts apart, so each kind also meets the fast path alone.
+    oddness, count_oddness = rng.choice([(0.0, 0.0), (0.0, 0.02), (0.03, 0.0), (0.03, 0.02)])
+    zone = rng.choice(["", "", "Z", "+00:00", "-0130", "+05:30"])
+    digits = rng.choice([0, 1, 3, 7, 7, 15])
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    seconds = rng.uniform(0, 86000)
+    for _ in range(rng.randint(0, 60)):
+        seconds += rng.choice([0.0, 0.123456789, 0.5, 30.0, 3000.0])
+        row = _row(rng, seconds, count_oddness)
+        lines.append(",".join([_datetime(rng, seconds, zone, digits, oddness), *row[1:3]]))
+    return ("\n".join(lines) + "\n").encode()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_azure_fast_path_reads_what_the_row_reader_reads(
+    tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(csv_columns, "MIN_BYTES", 0)
+    rng = random.Random(2000 + seed)
+    for case in range(100):
+        data = _azure_trace(rng)
+        path = tmp_path / f"t{case}.csv"
+        path.write_bytes(data)
+        options = _options(rng)
+        reader = AzureTrace(path, **options)  # type: ignore[arg-type]
+        size = rng.choice([1, 3, 64])
+        fast = outcome(reader.chunks(size))
+        rows = outcome(_TraceReader._chunks(reader, size))
+        assert fast == rows, (seed, case, options, data[:300])

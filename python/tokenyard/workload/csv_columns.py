@@ -16,7 +16,7 @@ import codecs
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 import numpy.typing as npt
@@ -31,13 +31,15 @@ MIN_BYTES = 1 << 20
 @dataclass(frozen=True)
 class CsvBatch:
     """Consecutive data rows: the time column as float64 (parsed as Python's ``float``
-    parses it), the two lengths as int64, and whether each row passes the filters."""
+    parses it) or, for a reader that parses it itself, as pyarrow text (``time_text``,
+    ``times`` then empty); the two lengths as int64; whether each row passes the filters."""
 
     first_line: int
     times: npt.NDArray[np.float64]
     inputs: npt.NDArray[np.int64]
     outputs: npt.NDArray[np.int64]
     kept: npt.NDArray[np.bool_]
+    time_text: object = None
 
     def rows(self, times_s: npt.NDArray[np.float64]) -> Rows:
         """The kept rows, with these times (one per kept row), as ``Rows``; ``Fallback``
@@ -94,6 +96,7 @@ def csv_batches(
     columns: tuple[str, str, str],
     filters: tuple[TextFilter, ...] = (),
     delimiter: str = ",",
+    time_as_text: bool = False,
 ) -> Iterator[CsvBatch]:
     """The data rows of the CSV ``raw`` (opened from ``path``) in batches: ``columns`` are
     the time, prompt-length and output-length columns; a row is kept when every filter
@@ -107,7 +110,8 @@ def csv_batches(
     time, prefill, decode = columns
     texts = [column for column, _ in filters if column not in columns]
     types = {name: pa.string() for name in texts}
-    types.update({time: pa.float64(), prefill: pa.int64(), decode: pa.int64()})
+    time_type = pa.string() if time_as_text else pa.float64()
+    types.update({time: time_type, prefill: pa.int64(), decode: pa.int64()})
     convert = pa_csv.ConvertOptions(
         include_columns=[*columns, *texts],
         column_types=types,
@@ -124,12 +128,14 @@ def csv_batches(
             kept = np.ones(n, dtype=np.bool_)
             for column, keeps in filters:
                 kept &= _matches(batch.column(column), keeps)
+            cells = batch.column(time)
             yield CsvBatch(
                 line,
-                batch.column(time).to_numpy(),
+                np.zeros(0) if time_as_text else cells.to_numpy(),
                 batch.column(prefill).to_numpy(),
                 batch.column(decode).to_numpy(),
                 kept,
+                cells if time_as_text else None,
             )
             line += n
     except (pa.ArrowException, UnicodeDecodeError):
@@ -154,3 +160,94 @@ def plain_rows(batches: Iterator[CsvBatch]) -> Iterator[Rows]:
         if not np.isfinite(batch.times).all():
             raise Fallback
         yield batch.rows(batch.times)
+
+
+#: ``traces._DATETIME`` with named groups, for pyarrow (RE2: its ``\\d`` and ``\\s`` are
+#: ASCII, a subset of Python's, so it matches a subset of what the row reader matches).
+_DATETIME = (
+    r"^\s*(?P<y>\d{4})-(?P<m>\d{2})-(?P<d>\d{2})[T ](?P<H>\d{2}):(?P<M>\d{2}):(?P<S>\d{2})"
+    r"(?:\.(?P<f>\d+))?\s*(?P<z>Z|[+-]\d{2}:?\d{2})?\s*$"
+)
+
+#: Fractional digits read exactly (an int64 numerator below 2**53, a power of ten exact).
+_MAX_FRACTION_DIGITS = 15
+
+
+def datetime_rows(
+    batches: Iterator[CsvBatch], day_ordinal: Callable[[str], int | None]
+) -> Iterator[Rows]:
+    """Batches whose time column holds datetimes (Azure's) as ``Rows`` with the row
+    reader's seconds: since midnight of the first row's day, the whole seconds in integers
+    plus ``int(fraction) / 10 ** len(fraction)``, less the zone's offset. ``day_ordinal``
+    is the row reader's date rule (``None``: not a date). ``Fallback`` for anything else:
+    a cell the pattern does not match, a field out of range, a long fraction."""
+    import pyarrow as pa
+    import pyarrow.compute as pc  # type: ignore[import-untyped]
+
+    first_day: int | None = None
+    for batch in batches:
+        if not len(batch.kept):
+            continue
+        try:
+            times, first_day = _datetime_seconds(batch.time_text, first_day, day_ordinal, pc)
+        except pa.ArrowException:
+            raise Fallback from None
+        yield batch.rows(times)
+
+
+def _datetime_seconds(
+    cells: object, first_day: int | None, day_ordinal: Callable[[str], int | None], pc: Any
+) -> tuple[npt.NDArray[np.float64], int]:
+    """The seconds of one batch's datetimes (``datetime_rows``), and the first row's day."""
+    parts = pc.extract_regex(cells, pattern=_DATETIME)
+    if parts.null_count:
+        raise Fallback
+
+    day_text = pc.binary_join_element_wise(parts.field("y"), parts.field("m"), parts.field("d"), "")
+    days = _per_distinct(day_text, day_ordinal)
+    if first_day is None:
+        first_day = int(days[0])
+    hours, minutes, seconds = (_integers(parts.field(name)) for name in "HMS")
+    if (hours > 23).any() or (minutes > 59).any() or (seconds > 60).any():
+        raise Fallback
+    whole = (days - first_day) * 86400 + hours * 3600 + minutes * 60 + seconds
+    whole -= _per_distinct(parts.field("z"), _zone_seconds)
+    fraction = parts.field("f")
+    digits = np.asarray(pc.utf8_length(fraction).to_numpy(), dtype=np.int64)
+    if (digits > _MAX_FRACTION_DIGITS).any():
+        raise Fallback
+    padded = pc.if_else(pc.equal(pc.utf8_length(fraction), 0), "0", fraction)
+    numerator = _integers(padded).astype(np.float64)
+    fractions = np.where(digits > 0, numerator / np.power(10.0, digits), 0.0)
+    return whole.astype(np.float64) + fractions, first_day
+
+
+def _integers(digits: object) -> npt.NDArray[np.int64]:
+    """Cells of ASCII digits (the pattern's) as int64."""
+    import pyarrow as pa
+
+    values: npt.NDArray[np.int64] = np.asarray(
+        digits.cast(pa.int64()).to_numpy(),  # type: ignore[attr-defined]
+        dtype=np.int64,
+    )
+    return values
+
+
+def _zone_seconds(zone: str) -> int:
+    """The row reader's zone offset in seconds (``""`` and ``Z``: 0)."""
+    if not zone or zone == "Z":
+        return 0
+    sign = 1 if zone[0] == "+" else -1
+    return sign * (int(zone[1:3]) * 3600 + int(zone[-2:]) * 60)
+
+
+def _per_distinct(cells: object, rule: Callable[[str], int | None]) -> npt.NDArray[np.int64]:
+    """``rule`` of each cell's text, asked once per distinct text; ``Fallback`` where it
+    answers ``None``."""
+    encoded = cells.dictionary_encode()  # type: ignore[attr-defined]
+    answers = [rule(text) for text in encoded.dictionary.to_pylist()]
+    if any(answer is None for answer in answers):
+        raise Fallback
+    indices = encoded.indices.to_numpy().astype(np.int64)
+    values: npt.NDArray[np.int64] = np.asarray(answers, dtype=np.int64)[indices]
+    return values

@@ -10,9 +10,9 @@ multiplied by the scale (``time_scale``, or the one that makes the mean rate
 ``columns.py``'s ``ColumnTrace`` (any layout, through a column mapping) is one more reader
 of this pipeline.
 
-The Mooncake and Vidur readers have a fast path with the same answers (issue 18): the
-Rust core reads Mooncake's lines into columns (``_core.read_mooncake_lines``; a line it
-cannot vouch for is read here, row by row), pyarrow reads a large Vidur CSV
+The readers have a fast path with the same answers (issue 18): the Rust core reads
+Mooncake's lines into columns (``_core.read_mooncake_lines``; a line it cannot vouch for
+is read here, row by row), pyarrow reads a large Vidur or Azure CSV
 (``csv_columns.py``), and the pipeline runs on numpy arrays. Whatever would raise, it
 hands to the row-by-row pipeline, which raises exactly as before.
 """
@@ -53,7 +53,7 @@ from tokenyard.workload.chunk import (
     rechunk,
     summarize,
 )
-from tokenyard.workload.csv_columns import csv_batches, plain_rows
+from tokenyard.workload.csv_columns import csv_batches, datetime_rows, plain_rows
 from tokenyard.workload.errors import TraceError
 from tokenyard.workload.trace_rows import BATCH_ROWS, READ_BYTES, Fallback, Rows
 from tokenyard.workload.trace_rows import Record as _Record
@@ -563,7 +563,7 @@ class MooncakeTrace(_ColumnTraceReader):
 
 @final
 @dataclass(frozen=True)
-class AzureTrace(_TraceReader):
+class AzureTrace(_ColumnTraceReader):
     """Azure's LLM inference trace (2023/2024): CSV with ``TIMESTAMP`` (a datetime such as
     ``2023-11-16 18:15:46.6805900``: any number of fractional digits, an optional ``T``
     separator and ``Z``/``±HH:MM`` offset), ``ContextTokens``, ``GeneratedTokens``. No
@@ -587,6 +587,14 @@ class AzureTrace(_TraceReader):
     @staticmethod
     def _written(stamp: object) -> str:
         return repr(stamp)
+
+    def _row_columns(self) -> Iterator[Rows]:
+        """pyarrow's batches for a large trace, the datetimes parsed in bulk as ``_DayClock``
+        parses them (``csv_columns.datetime_rows``); a small one row by row."""
+        columns = (self.time_field, self.prefill_field, self.decode_field)
+        with _open_binary(self._name) as raw:
+            batches = csv_batches(self._name, raw, columns, time_as_text=True)
+            yield from datetime_rows(batches, day_ordinal)
 
     def _records(self) -> Iterator[_Record]:
         name = self._name
@@ -803,6 +811,14 @@ _DATETIME = re.compile(
 )
 
 
+def day_ordinal(day_text: str) -> int | None:
+    """The proleptic Gregorian ordinal of ``YYYYMMDD`` (``None``: not a date)."""
+    try:
+        return date(int(day_text[:4]), int(day_text[4:6]), int(day_text[6:8])).toordinal()
+    except ValueError:
+        return None
+
+
 class _DayClock:
     """Datetimes to seconds since midnight of the first row's day, so a float64 keeps every
     fractional digit (seconds since 1970 would lose the seventh)."""
@@ -819,10 +835,10 @@ class _DayClock:
         year, month, day, hour, minute, second, fraction, zone = match.groups()
         day_text = year + month + day
         if day_text != self.day_text:  # rows come in order: one date lookup per day
-            try:
-                self.day = date(int(year), int(month), int(day)).toordinal()
-            except ValueError:
+            ordinal = day_ordinal(day_text)
+            if ordinal is None:
                 return None
+            self.day = ordinal
             self.day_text = day_text
         if self.first_day is None:
             self.first_day = self.day

@@ -230,3 +230,57 @@ def test_a_workload_without_prefix_identity_is_refused_with_a_tier() -> None:
     with pytest.raises(ConfigError, match="prefix identity") as caught:
         run(m)
     assert caught.value.field == "replica.kv_offload"
+
+
+def pd_mapping(decode_tier: dict[str, Any] | None, prefill_tier: dict[str, Any] | None) -> Any:
+    m = mapping(prefill_tier, num_blocks=60)
+    m["workload"] = workload(num_requests=120, seed=5, groups=12)
+    m["cluster"] = {"num_replicas": 2, "decode": {"num_replicas": 2}}
+    if decode_tier is not None:
+        m["cluster"]["decode"]["kv_offload"] = decode_tier
+    return m
+
+
+def test_a_decode_pool_takes_its_own_tier_or_the_prefill_pools() -> None:
+    # Unset: the decode pool inherits [replica.kv_offload], as before.
+    inherited = run(pd_mapping(None, {"host_memory_gb": 1.0}))
+    tier = inherited.summary["config"]["decode"]["kv_offload"]
+    assert tier["host_memory_gb"] == 1.0
+    assert tier["host_num_blocks"] == inherited.summary["config"]["kv_offload"]["host_num_blocks"]
+    # Its own: a tier on the decode pool alone, described and summarized.
+    own = run(pd_mapping({"host_memory_gb": 1.0}, None))
+    assert "kv_offload" not in own.summary["config"]
+    assert own.summary["config"]["decode"]["kv_offload"]["host_num_blocks"] == 476
+    assert own.summary["kv_offload"]["loaded_blocks"] > 0
+    decode_replica = own.columns["replica"] >= 2
+    assert own.columns["host_load_tokens"][decode_replica].sum() > 0
+    assert own.columns["host_load_tokens"][~decode_replica].sum() == 0
+    # A different size changes the answer.
+    small = run(pd_mapping({"host_memory_gb": 0.05}, None))
+    assert (
+        small.summary["kv_offload"]["loaded_blocks"] != own.summary["kv_offload"]["loaded_blocks"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("decode_tier", "key"),
+    [
+        (
+            {"host_memory_gb": 1.0, "host_hit_weight": 0.5},
+            "cluster.decode.kv_offload.host_hit_weight",
+        ),
+        ({"host_memory_gb": 0}, "cluster.decode.kv_offload.host_memory_gb"),
+    ],
+)
+def test_a_decode_pools_bad_tier_names_its_key(decode_tier: dict[str, Any], key: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        run(pd_mapping(decode_tier, None))
+    assert caught.value.field == key, caught.value
+
+
+def test_a_decode_tier_without_prefix_identity_is_refused() -> None:
+    m = pd_mapping({"host_memory_gb": 1.0}, None)
+    del m["workload"]["shared_prefix"]
+    with pytest.raises(ConfigError) as caught:
+        run(m)
+    assert caught.value.field == "cluster.decode.kv_offload"

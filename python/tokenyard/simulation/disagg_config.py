@@ -12,6 +12,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from tokenyard._checks import check_key_int, check_key_number, fail
+from tokenyard.simulation.kv_offload_config import KvOffloadConfig
 from tokenyard.simulation.scheduler_config import MAX_REPLICAS, ReplicaSchedulerConfig
 
 if TYPE_CHECKING:
@@ -50,6 +51,9 @@ class DecodePoolConfig:
     global_scheduler: DecodeRouterConfig = dataclasses.field(default_factory=DecodeRouterConfig)
     #: The decode replicas' scheduler (``vllm_v1``); unset: the prefill pool's.
     scheduler: ReplicaSchedulerConfig | None = None
+    #: The decode replicas' host-memory KV tier (their own host memory and link); unset:
+    #: the prefill pool's ``[replica.kv_offload]``, if any.
+    kv_offload: KvOffloadConfig | None = None
 
     def check(self, where: str) -> None:
         check_key_int(f"{where}.num_replicas", self.num_replicas, low=1, high=MAX_REPLICAS)
@@ -68,6 +72,16 @@ class DecodePoolConfig:
         self.global_scheduler.check(f"{where}.global_scheduler")
         if self.scheduler is not None:
             self.scheduler.check(f"{where}.scheduler")
+        if self.kv_offload is not None:
+            self.kv_offload.check(f"{where}.kv_offload")
+            if self.kv_offload.host_hit_weight is not None:
+                # Decode routers place requests whose KV arrives with them: no prefix index.
+                raise fail(
+                    f"{where}.kv_offload.host_hit_weight",
+                    "weighs host-held tokens for prefix_affinity routing, and decode pools are "
+                    "not routed by prefix; it would change nothing",
+                    self.kv_offload.host_hit_weight,
+                )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -254,30 +254,37 @@ def summarize(
         found["speculative"] = speculative_summary(columns)
     if decode_pool:
         found["disaggregation"] = disaggregation_summary(columns, busy, num_prefill)
-    if "kv_offload" in description:
-        block_bytes = description["kv_offload"]["kv_bytes_per_block"]
+    decode_tier = decode_pool.get("kv_offload") if decode_pool else None
+    if "kv_offload" in description or decode_tier:
+        # Each pool's blocks hold its own layout's bytes.
+        block_bytes = np.zeros(len(replicas["busy_time"]))
+        block_bytes[:num_prefill] = description.get("kv_offload", {}).get("kv_bytes_per_block", 0)
+        block_bytes[num_prefill:] = (decode_tier or {}).get("kv_bytes_per_block", 0)
         found["kv_offload"] = kv_offload_summary(columns, replicas, block_bytes)
     return found
 
 
 def kv_offload_summary(
-    columns: dict[str, np.ndarray], replicas: dict[str, Any], kv_bytes_per_block: float
+    columns: dict[str, np.ndarray], replicas: dict[str, Any], kv_bytes_per_block: np.ndarray
 ) -> dict[str, Any]:
     """The host-memory tier: prompt tokens hit on the GPUs and in host memory, blocks and
-    bytes offloaded and loaded back, and the loads' times (requests that loaded)."""
+    bytes offloaded and loaded back (each replica's blocks at its ``kv_bytes_per_block``),
+    and the loads' times (requests that loaded)."""
     prompt = max(int(columns["num_prefill_tokens"].astype(np.int64).sum()), 1)
     host = int(columns["host_hit_tokens"].astype(np.int64).sum())
     hits = int(columns["prefix_hit_tokens"].astype(np.int64).sum())
     loaded = columns["host_load_tokens"] > 0
-    offloaded = int(replicas["host_offloaded_blocks"].sum())
-    loaded_blocks = int(replicas["host_loaded_blocks"].sum())
+    offloaded_per_replica = replicas["host_offloaded_blocks"]
+    loaded_per_replica = replicas["host_loaded_blocks"]
+    offloaded = int(offloaded_per_replica.sum())
+    loaded_blocks = int(loaded_per_replica.sum())
     return {
         "gpu_hit_rate": (hits - host) / prompt,
         "host_hit_rate": host / prompt,
         "offloaded_blocks": offloaded,
         "loaded_blocks": loaded_blocks,
-        "offloaded_gb": offloaded * kv_bytes_per_block / 1e9,
-        "loaded_gb": loaded_blocks * kv_bytes_per_block / 1e9,
+        "offloaded_gb": float((offloaded_per_replica * kv_bytes_per_block).sum()) / 1e9,
+        "loaded_gb": float((loaded_per_replica * kv_bytes_per_block).sum()) / 1e9,
         "num_requests_loading": int(loaded.sum()),
         "load_s": _stats(columns["host_load_s"][loaded]),
         "load_wait_s": _stats(columns["host_load_wait_s"][loaded]),

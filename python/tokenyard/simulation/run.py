@@ -70,13 +70,18 @@ def simulate(
     num_blocks = config.replica.scheduler.num_blocks or plan.num_blocks
     # No prefix identity: every prompt is unique, so a prefix cache would only cost time.
     caching = workload.hash_block_size is not None
-    if config.replica.kv_offload is not None and not caching:
-        raise ConfigError(
-            "replica.kv_offload: the workload gives its requests no prefix identity (hash "
-            "ids), so no KV is ever reused and a host tier would change nothing",
-            field="replica.kv_offload",
-            value="set",
-        )
+    decode_tier = config.cluster.decode.kv_offload if config.cluster.decode else None
+    for key, tier_config in (
+        ("replica.kv_offload", config.replica.kv_offload),
+        ("cluster.decode.kv_offload", decode_tier),
+    ):
+        if tier_config is not None and not caching:
+            raise ConfigError(
+                f"{key}: the workload gives its requests no prefix identity (hash ids), so "
+                "no KV is ever reused and a host tier would change nothing",
+                field=key,
+                value="set",
+            )
     replica = replica_spec(config, plan, prefix_caching=caching)
     concurrency = workload.concurrency if isinstance(workload, ClosedLoop) else None
     decode = _decode_pool(config, prefix_caching=caching)
@@ -140,19 +145,12 @@ def simulate(
         description["lora"] = dataclasses.asdict(config.replica.lora)
     if config.replica.speculative.enabled:
         description["speculative"] = dataclasses.asdict(config.replica.speculative)
-    if config.replica.kv_offload is not None:
-        description["kv_offload"] = {
-            **dataclasses.asdict(config.replica.kv_offload),
-            # The weight routing used (none unless prefix_affinity reads the tier).
-            "host_hit_weight": config.replica.kv_offload.effective_host_hit_weight()
-            if config.cluster.global_scheduler.policy == "prefix_affinity"
-            else None,
-            "host_num_blocks": replica_host_blocks(config, plan),
-            "kv_bytes_per_block": plan.kv_bytes_per_token
-            * config.replica.tensor_parallel_size
-            * config.replica.num_pipeline_stages
-            * config.replica.scheduler.block_size,
-        }
+    tier = _tier_description(config, plan)
+    if tier is not None and config.replica.kv_offload is not None:
+        # The weight routing used (none unless prefix_affinity reads the tier).
+        routed = config.cluster.global_scheduler.policy == "prefix_affinity"
+        weight = config.replica.kv_offload.effective_host_hit_weight()
+        description["kv_offload"] = {**tier, "host_hit_weight": weight if routed else None}
     if decode is not None:
         description["decode"] = decode.description
     summary = summarize(
@@ -184,8 +182,8 @@ class DecodePool:
 
 
 def decode_config(config: SimulationConfig) -> SimulationConfig:
-    """``config`` as the decode pool sees it: its replicas, device, layout and scheduler
-    (each unset one the replica's); same model and dtypes."""
+    """``config`` as the decode pool sees it: its replicas, device, layout, scheduler and
+    host tier (each unset one the replica's); same model and dtypes."""
     pool = config.cluster.decode
     if pool is None:
         raise ValueError("not a disaggregated config")
@@ -206,6 +204,7 @@ def decode_config(config: SimulationConfig) -> SimulationConfig:
                 pool.memory_margin_fraction, replica.memory_margin_fraction
             ),
             scheduler=either(pool.scheduler, replica.scheduler),
+            kv_offload=either(pool.kv_offload, replica.kv_offload),
         ),
     )
 
@@ -265,9 +264,26 @@ def _decode_pool(config: SimulationConfig, *, prefix_caching: bool) -> DecodePoo
             "num_blocks": decode.replica.scheduler.num_blocks or plan.num_blocks,
             "execution": describe_execution(predictor, decode, choice),
             "link": link,
+            **({"kv_offload": tier} if (tier := _tier_description(decode, plan)) else {}),
         },
     )
     return DecodePool(core, exec_model, description)
+
+
+def _tier_description(config: SimulationConfig, plan: MemoryPlan) -> dict[str, Any] | None:
+    """A pool's host tier as the summary's config describes it (``None`` without one)."""
+    offload = config.replica.kv_offload
+    if offload is None:
+        return None
+    layout = config.replica
+    return {
+        **dataclasses.asdict(offload),
+        "host_num_blocks": replica_host_blocks(config, plan),
+        "kv_bytes_per_block": plan.kv_bytes_per_token
+        * layout.tensor_parallel_size
+        * layout.num_pipeline_stages
+        * layout.scheduler.block_size,
+    }
 
 
 def replica_host_blocks(config: SimulationConfig, plan: MemoryPlan) -> int:

@@ -73,19 +73,25 @@ def build(kind: str, running: int, prefix_caching: bool) -> tuple[object, VllmSc
     return scheduler, peer
 
 
-def step(scheduler: object, runner_output_cls: type) -> dict[str, int]:
-    out = scheduler.schedule()  # type: ignore[attr-defined]
+def runner_output(scheduler: object, out: object, runner_output_cls: type) -> object:
+    """The fake model's output for a step: one token for each request whose prompt is
+    computed, none for a prefill chunk."""
     requests = scheduler.requests  # type: ignore[attr-defined]
-    req_ids = list(out.num_scheduled_tokens)
+    req_ids = list(out.num_scheduled_tokens)  # type: ignore[attr-defined]
     sampled = []
     for rid in req_ids:
         r = requests[rid]
         sampled.append([7] if r.num_computed_tokens >= r.num_tokens else [])
-    mro = runner_output_cls(
+    return runner_output_cls(
         req_ids=req_ids,
         req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
         sampled_token_ids=sampled,
     )
+
+
+def step(scheduler: object, runner_output_cls: type) -> dict[str, int]:
+    out = scheduler.schedule()  # type: ignore[attr-defined]
+    mro = runner_output(scheduler, out, runner_output_cls)
     scheduler.update_from_output(out, mro)  # type: ignore[attr-defined]
     return dict(out.num_scheduled_tokens)
 
@@ -187,17 +193,7 @@ def breakdown(running: int, steps: int, prefix_caching: bool) -> str:
         t0 = time.perf_counter_ns()
         out = scheduler.schedule()  # type: ignore[attr-defined]
         t1 = time.perf_counter_ns()
-        requests = scheduler.requests  # type: ignore[attr-defined]
-        req_ids = list(out.num_scheduled_tokens)
-        sampled = []
-        for rid in req_ids:  # as step() does
-            r = requests[rid]
-            sampled.append([7] if r.num_computed_tokens >= r.num_tokens else [])
-        mro = ModelRunnerOutput(
-            req_ids=req_ids,
-            req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
-            sampled_token_ids=sampled,
-        )
+        mro = runner_output(scheduler, out, ModelRunnerOutput)
         t2 = time.perf_counter_ns()
         scheduler.update_from_output(out, mro)  # type: ignore[attr-defined]
         t3 = time.perf_counter_ns()

@@ -19,7 +19,6 @@ from typing import ClassVar, Literal, final
 import numpy as np
 
 from tokenyard._checks import UINT32_MAX, check_choice, check_int, field_error
-from tokenyard.workload.chunk import RequestChunk
 from tokenyard.workload.csv_columns import csv_batches
 from tokenyard.workload.errors import TraceError
 from tokenyard.workload.trace_rows import Fallback, Rows
@@ -31,8 +30,6 @@ from tokenyard.workload.traces import (
     _count,
     _csv_rows,
     _DayClock,
-    _open_binary,
-    _TraceReader,
     json_lines,
 )
 
@@ -296,7 +293,7 @@ class ColumnTrace(_ColumnTraceReader):
     def _written(stamp: object) -> str:
         return repr(stamp)
 
-    def _fast_path_applies(self) -> bool:
+    def _has_fast_path(self) -> bool:
         """A CSV or TSV with timestamps in a number unit, no hash ids or adapters, and
         filters on unmapped columns: what ``csv_columns.py`` reads (the column pipeline
         carries no LoRA ids)."""
@@ -312,33 +309,25 @@ class ColumnTrace(_ColumnTraceReader):
             and not any(f.column in mapped for f in self.filter)
         )
 
-    def _chunks(self, chunk_size: int) -> Iterator[RequestChunk]:
-        if not self._fast_path_applies():
-            return _TraceReader._chunks(self, chunk_size)
-        return super()._chunks(chunk_size)
-
     def _row_columns(self) -> Iterator[Rows]:
-        """pyarrow's batches of a large trace the fast path applies to (filters asked once
-        per distinct cell text; times in seconds from the first kept row, as ``_Clock``);
-        ``Fallback`` otherwise, and for a time past 2**53 (which ``_Clock`` keeps exact)."""
-        if not self._fast_path_applies():
-            raise Fallback
+        """pyarrow's batches of a large trace (filters asked once per distinct cell text;
+        times in seconds from the first kept row, as ``_Clock``); ``Fallback`` for a time
+        past 2**53 (which ``_Clock`` keeps exact)."""
         c = self.columns
         columns = (c.time_column, c.input_tokens, c.output_tokens)
         filters = tuple((f.column, _Match(f, typed=False)) for f in self.filter)
         delimiter = "\t" if self._file_type == "tsv" else ","
         per_second = _PER_SECOND.get(c.time_unit, 1)
         first = math.nan  # the first kept row's value
-        with _open_binary(self._name) as raw:
-            for batch in csv_batches(self._name, raw, columns, filters, delimiter):
-                values = batch.times[batch.kept]
-                if not len(values):
-                    continue
-                if not (np.isfinite(values).all() and (np.abs(values) < _EXACT_FLOAT).all()):
-                    raise Fallback
-                if math.isnan(first):
-                    first = float(values[0])
-                yield batch.rows((values - first) / per_second)
+        for batch in csv_batches(self._name, columns, filters, delimiter):
+            values = batch.times[batch.kept]
+            if not len(values):
+                continue
+            if not (np.isfinite(values).all() and (np.abs(values) < _EXACT_FLOAT).all()):
+                raise Fallback
+            if math.isnan(first):
+                first = float(values[0])
+            yield batch.rows((values - first) / per_second)
 
     def _records(self) -> Iterator[_Record]:
         mapped = self.columns.mapped()

@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenyard._checks import UINT32_MAX
-from tokenyard.workload.trace_rows import READ_BYTES, Fallback, Rows
+from tokenyard.workload.trace_rows import READ_BYTES, Fallback, Rows, open_binary
 
 #: Traces smaller than this (file bytes) are read row by row.
 MIN_BYTES = 1 << 20
@@ -92,13 +92,12 @@ TextFilter = tuple[str, Callable[[str], bool]]
 
 def csv_batches(
     path: str,
-    raw: BinaryIO,
     columns: tuple[str, str, str],
     filters: tuple[TextFilter, ...] = (),
     delimiter: str = ",",
     time_as_text: bool = False,
 ) -> Iterator[CsvBatch]:
-    """The data rows of the CSV ``raw`` (opened from ``path``) in batches: ``columns`` are
+    """The data rows of the CSV at ``path`` (gzip for ``.gz``) in batches: ``columns`` are
     the time, prompt-length and output-length columns; a row is kept when every filter
     keeps its cell's text. Raises ``Fallback`` as the module says; line numbers count one
     line per row (the row reader's errors name the real lines)."""
@@ -122,33 +121,24 @@ def csv_batches(
     parse = pa_csv.ParseOptions(delimiter=delimiter)
     line = 2
     try:
-        source = _Utf8Checked(raw)
-        for batch in pa_csv.open_csv(source, read, parse, convert):
-            n = batch.num_rows
-            kept = np.ones(n, dtype=np.bool_)
-            for column, keeps in filters:
-                kept &= _matches(batch.column(column), keeps)
-            cells = batch.column(time)
-            yield CsvBatch(
-                line,
-                np.zeros(0) if time_as_text else cells.to_numpy(),
-                batch.column(prefill).to_numpy(),
-                batch.column(decode).to_numpy(),
-                kept,
-                cells if time_as_text else None,
-            )
-            line += n
+        with open_binary(path) as raw:
+            for batch in pa_csv.open_csv(_Utf8Checked(raw), read, parse, convert):
+                n = batch.num_rows
+                kept = np.ones(n, dtype=np.bool_)
+                for column, keeps in filters:
+                    kept &= _per_distinct(batch.column(column), keeps, np.bool_)
+                cells = batch.column(time)
+                yield CsvBatch(
+                    line,
+                    np.zeros(0) if time_as_text else cells.to_numpy(),
+                    batch.column(prefill).to_numpy(),
+                    batch.column(decode).to_numpy(),
+                    kept,
+                    cells if time_as_text else None,
+                )
+                line += n
     except (pa.ArrowException, UnicodeDecodeError):
         raise Fallback from None
-
-
-def _matches(cells: object, keeps: Callable[[str], bool]) -> npt.NDArray[np.bool_]:
-    """Whether ``keeps`` keeps each cell: asked once per distinct text (a trace's filter
-    columns hold a few values, a model or a log type), so the rule is the row reader's own."""
-    encoded = cells.dictionary_encode()  # type: ignore[attr-defined]
-    verdicts = np.array([keeps(text) for text in encoded.dictionary.to_pylist()], dtype=np.bool_)
-    indices: npt.NDArray[np.int64] = encoded.indices.to_numpy().astype(np.int64)
-    return verdicts[indices] if len(verdicts) else np.zeros(len(indices), dtype=np.bool_)
 
 
 def plain_rows(batches: Iterator[CsvBatch]) -> Iterator[Rows]:
@@ -204,14 +194,14 @@ def _datetime_seconds(
         raise Fallback
 
     day_text = pc.binary_join_element_wise(parts.field("y"), parts.field("m"), parts.field("d"), "")
-    days = _per_distinct(day_text, day_ordinal)
+    days = _per_distinct(day_text, day_ordinal, np.int64)
     if first_day is None:
         first_day = int(days[0])
     hours, minutes, seconds = (_integers(parts.field(name)) for name in "HMS")
     if (hours > 23).any() or (minutes > 59).any() or (seconds > 60).any():
         raise Fallback
     whole = (days - first_day) * 86400 + hours * 3600 + minutes * 60 + seconds
-    whole -= _per_distinct(parts.field("z"), _zone_seconds)
+    whole -= _per_distinct(parts.field("z"), _zone_seconds, np.int64)
     fraction = parts.field("f")
     digits = np.asarray(pc.utf8_length(fraction).to_numpy(), dtype=np.int64)
     if (digits > _MAX_FRACTION_DIGITS).any():
@@ -241,13 +231,14 @@ def _zone_seconds(zone: str) -> int:
     return sign * (int(zone[1:3]) * 3600 + int(zone[-2:]) * 60)
 
 
-def _per_distinct(cells: object, rule: Callable[[str], int | None]) -> npt.NDArray[np.int64]:
-    """``rule`` of each cell's text, asked once per distinct text; ``Fallback`` where it
-    answers ``None``."""
+def _per_distinct(cells: object, rule: Callable[[str], Any], dtype: type) -> npt.NDArray[Any]:
+    """``rule`` of each cell's text as an array of ``dtype``, asked once per distinct text
+    (a trace's filter columns and dates hold a few values), so the rule is the row reader's
+    own; ``Fallback`` where it answers ``None``."""
     encoded = cells.dictionary_encode()  # type: ignore[attr-defined]
     answers = [rule(text) for text in encoded.dictionary.to_pylist()]
     if any(answer is None for answer in answers):
         raise Fallback
     indices = encoded.indices.to_numpy().astype(np.int64)
-    values: npt.NDArray[np.int64] = np.asarray(answers, dtype=np.int64)[indices]
+    values: npt.NDArray[Any] = np.asarray(answers, dtype=dtype)[indices]
     return values

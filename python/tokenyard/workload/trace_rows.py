@@ -3,7 +3,9 @@ numpy pipeline, and the exception that sends them back to the row-by-row reader.
 
 from __future__ import annotations
 
+import gzip
 from dataclasses import dataclass
+from typing import BinaryIO, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -92,3 +94,10 @@ def ranges(starts: npt.NDArray[np.uint64], counts: npt.NDArray[np.uint64]) -> In
     # Each position's offset from its run's start in the output, plus the run's source start.
     run = np.repeat(np.arange(len(counts)), counts.astype(np.int64))
     return index - (ends - counts.astype(np.int64))[run] + starts.astype(np.int64)[run]
+
+
+def open_binary(path: str) -> BinaryIO:
+    """A trace file's bytes, through ``gzip`` for a ``.gz`` name."""
+    if path.endswith(".gz"):
+        return cast(BinaryIO, gzip.open(path, "rb"))
+    return open(path, "rb")

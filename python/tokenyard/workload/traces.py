@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from dataclasses import KW_ONLY, dataclass, field, fields
 from datetime import date
 from pathlib import Path
-from typing import BinaryIO, ClassVar, Literal, TextIO, cast, final
+from typing import ClassVar, Literal, TextIO, cast, final
 
 import numpy as np
 
@@ -55,7 +55,7 @@ from tokenyard.workload.chunk import (
 )
 from tokenyard.workload.csv_columns import csv_batches, datetime_rows, plain_rows
 from tokenyard.workload.errors import TraceError
-from tokenyard.workload.trace_rows import BATCH_ROWS, READ_BYTES, Fallback, Rows
+from tokenyard.workload.trace_rows import BATCH_ROWS, READ_BYTES, Fallback, Rows, open_binary
 from tokenyard.workload.trace_rows import Record as _Record
 
 __all__ = [
@@ -294,6 +294,11 @@ class _ColumnTraceReader(_TraceReader):
         """Every row of the file in column batches, in file order; raises ``Fallback``
         for anything only the row-by-row reader reports exactly."""
 
+    def _has_fast_path(self) -> bool:
+        """Whether these options can take the fast path at all (else the row-by-row
+        pipeline reads the file, as ``_TraceReader``)."""
+        return True
+
     def _kept_columns(self) -> Iterator[Rows]:
         """``_kept`` on column batches: the same rows with the same (original) times. Rows
         that would raise, and an empty selection, go to ``_kept`` row by row (past the rows
@@ -347,6 +352,8 @@ class _ColumnTraceReader(_TraceReader):
             raise Fallback  # an empty trace or none selected: the row reader's messages
 
     def _scale(self) -> float:
+        if not self._has_fast_path():
+            return super()._scale()
         if self.target_qps is None:
             return float(self.time_scale)
         count, first, last = 0, 0.0, 0.0
@@ -358,15 +365,17 @@ class _ColumnTraceReader(_TraceReader):
         return self._qps_scale(count, first, last)
 
     def _chunks(self, chunk_size: int) -> Iterator[RequestChunk]:
-        scale = self._scale()
-        yield from rechunk(self._pieces(scale), chunk_size)
+        if not self._has_fast_path():
+            yield from super()._chunks(chunk_size)
+            return
+        yield from rechunk(self._pieces(self._scale()), chunk_size)
 
     def _pieces(self, scale: float) -> Iterator[RequestChunk]:
         first: float | None = None
+        identity = self.hash_block_size is not None
         for rows in self._kept_columns():
             if first is None:
                 first = float(rows.times_s[0])
-            identity = self.hash_block_size is not None
             yield RequestChunk(
                 (rows.times_s - first) * scale,
                 rows.input_lengths,
@@ -400,8 +409,7 @@ class VidurTrace(_ColumnTraceReader):
         """pyarrow's column batches for a large trace (``csv_columns.py``); a small one is
         read row by row (``Fallback`` at once)."""
         columns = (self.time_field, self.prefill_field, self.decode_field)
-        with _open_binary(self._name) as raw:
-            yield from plain_rows(csv_batches(self._name, raw, columns))
+        return plain_rows(csv_batches(self._name, columns))
 
     def _records(self) -> Iterator[_Record]:
         name = self._name
@@ -495,7 +503,7 @@ class MooncakeTrace(_ColumnTraceReader):
         ones it leaves read by ``_row``. Raises ``Fallback`` for text that is not UTF-8
         (the row-by-row reader says where)."""
         block = self.hash_block_size
-        with _open_binary(self._name) as f:
+        with open_binary(self._name) as f:
             line = 0
             pending = b""
             at_start = True
@@ -592,9 +600,7 @@ class AzureTrace(_ColumnTraceReader):
         """pyarrow's batches for a large trace, the datetimes parsed in bulk as ``_DayClock``
         parses them (``csv_columns.datetime_rows``); a small one row by row."""
         columns = (self.time_field, self.prefill_field, self.decode_field)
-        with _open_binary(self._name) as raw:
-            batches = csv_batches(self._name, raw, columns, time_as_text=True)
-            yield from datetime_rows(batches, day_ordinal)
+        return datetime_rows(csv_batches(self._name, columns, time_as_text=True), day_ordinal)
 
     def _records(self) -> Iterator[_Record]:
         name = self._name
@@ -613,12 +619,6 @@ class AzureTrace(_ColumnTraceReader):
             num_prefill = _count(name, line, columns[1], prefill, 1)
             num_decode = _count(name, line, columns[2], decode, 0)
             yield line, time, written, num_prefill, num_decode, None, None
-
-
-def _open_binary(path: str) -> BinaryIO:
-    if path.endswith(".gz"):
-        return cast(BinaryIO, gzip.open(path, "rb"))
-    return open(path, "rb")
 
 
 def _chunk(

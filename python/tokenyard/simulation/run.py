@@ -16,6 +16,7 @@ from tokenyard.simulation.catalog import catalog_for
 from tokenyard.simulation.config import SimulationConfig, config_document
 from tokenyard.simulation.execution import build_predictor, choose_execution, lora_core, with_lora
 from tokenyard.simulation.execution import describe as describe_execution
+from tokenyard.simulation.kv_offload_config import KvOffloadConfig
 from tokenyard.simulation.lora_config import slot_bytes
 from tokenyard.simulation.planner import MemoryPlan, dtype_bytes, plan_memory
 from tokenyard.simulation.results import (
@@ -145,12 +146,13 @@ def simulate(
         description["lora"] = dataclasses.asdict(config.replica.lora)
     if config.replica.speculative.enabled:
         description["speculative"] = dataclasses.asdict(config.replica.speculative)
-    tier = _tier_description(config, plan)
-    if tier is not None and config.replica.kv_offload is not None:
+    offload = config.replica.kv_offload
+    if offload is not None:
         # The weight routing used (none unless prefix_affinity reads the tier).
         routed = config.cluster.global_scheduler.policy == "prefix_affinity"
-        weight = config.replica.kv_offload.effective_host_hit_weight()
-        description["kv_offload"] = {**tier, "host_hit_weight": weight if routed else None}
+        weight = offload.effective_host_hit_weight() if routed else None
+        tier = _tier_description(config, offload, plan)
+        description["kv_offload"] = {**tier, "host_hit_weight": weight}
     if decode is not None:
         description["decode"] = decode.description
     summary = summarize(
@@ -264,17 +266,18 @@ def _decode_pool(config: SimulationConfig, *, prefix_caching: bool) -> DecodePoo
             "num_blocks": decode.replica.scheduler.num_blocks or plan.num_blocks,
             "execution": describe_execution(predictor, decode, choice),
             "link": link,
-            **({"kv_offload": tier} if (tier := _tier_description(decode, plan)) else {}),
         },
     )
+    if decode.replica.kv_offload is not None:
+        description["kv_offload"] = _tier_description(decode, decode.replica.kv_offload, plan)
     return DecodePool(core, exec_model, description)
 
 
-def _tier_description(config: SimulationConfig, plan: MemoryPlan) -> dict[str, Any] | None:
-    """A pool's host tier as the summary's config describes it (``None`` without one)."""
-    offload = config.replica.kv_offload
-    if offload is None:
-        return None
+def _tier_description(
+    config: SimulationConfig, offload: KvOffloadConfig, plan: MemoryPlan
+) -> dict[str, Any]:
+    """A pool's host tier (``offload``, its ``config.replica.kv_offload``) as the summary's
+    config describes it."""
     layout = config.replica
     return {
         **dataclasses.asdict(offload),

@@ -281,6 +281,8 @@ def _tier_description(
     layout = config.replica
     return {
         **dataclasses.asdict(offload),
+        # Only prefix_affinity routing of the prefill pool reads a weight (set by the caller).
+        "host_hit_weight": None,
         "host_num_blocks": replica_host_blocks(config, plan),
         "kv_bytes_per_block": plan.kv_bytes_per_token
         * layout.tensor_parallel_size

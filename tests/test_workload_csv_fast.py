@@ -6,16 +6,15 @@ TSV and filters."""
 
 from __future__ import annotations
 
-import gzip
 import random
 from pathlib import Path
 
 import pytest
-from workload_outcomes import outcome
+from workload_outcomes import assert_fast_path_reads_as_rows, reader_options, write_trace
 
 from tokenyard.workload import csv_columns
 from tokenyard.workload.columns import ColumnFilter, ColumnTrace, TraceColumns
-from tokenyard.workload.traces import AzureTrace, VidurTrace, _TraceReader
+from tokenyard.workload.traces import AzureTrace, VidurTrace
 
 HEADER = ["arrived_at", "num_prefill_tokens", "num_decode_tokens", "note"]
 
@@ -83,34 +82,10 @@ def test_fast_path_reads_what_the_row_reader_reads(
     rng = random.Random(seed)
     for case in range(120):
         data = _trace(rng)
-        path = tmp_path / f"t{case}.csv"
-        if rng.random() < 0.15:
-            path = path.with_suffix(".csv.gz")
-            path.write_bytes(gzip.compress(data))
-        else:
-            path.write_bytes(data)
-        options = _options(rng)
+        path = write_trace(tmp_path / f"t{case}.csv", data, rng)
+        options = reader_options(rng)
         reader = VidurTrace(path, **options)  # type: ignore[arg-type]
-        size = rng.choice([1, 3, 64])
-        fast = outcome(reader.chunks(size))
-        rows = outcome(_TraceReader._chunks(reader, size))
-        assert fast == rows, (seed, case, options, data[:300])
-
-
-def _options(rng: random.Random) -> dict[str, object]:
-    return dict(
-        rng.choice(
-            [
-                {},
-                {"limit": rng.randint(1, 30)},
-                {"start_offset_s": rng.choice([0.5, 3.0, 50.0])},
-                {"zero_output": "skip"},
-                {"zero_output": "clamp", "limit": rng.randint(1, 30)},
-                {"target_qps": 2.0, "zero_output": "clamp"},
-                {"time_scale": 0.5, "zero_output": "skip", "start_offset_s": 2.0},
-            ]
-        )
-    )
+        assert_fast_path_reads_as_rows(reader, rng, (seed, case, options, data[:300]))
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -139,12 +114,9 @@ def test_column_trace_fast_path_reads_what_the_row_reader_reads(
                 (ColumnFilter("num_decode_tokens", values=("3",), exclude=True),),  # mapped
             ]
         )
-        options = _options(rng)
+        options = reader_options(rng)
         reader = ColumnTrace(path, columns=columns, filter=filters, **options)  # type: ignore[arg-type]
-        size = rng.choice([1, 3, 64])
-        fast = outcome(reader.chunks(size))
-        rows = outcome(_TraceReader._chunks(reader, size))
-        assert fast == rows, (seed, case, filters, options, data[:300])
+        assert_fast_path_reads_as_rows(reader, rng, (seed, case, filters, options, data[:300]))
 
 
 def test_a_large_trace_takes_the_fast_path_and_a_small_one_does_not(
@@ -219,9 +191,6 @@ def test_azure_fast_path_reads_what_the_row_reader_reads(
         data = _azure_trace(rng)
         path = tmp_path / f"t{case}.csv"
         path.write_bytes(data)
-        options = _options(rng)
+        options = reader_options(rng)
         reader = AzureTrace(path, **options)  # type: ignore[arg-type]
-        size = rng.choice([1, 3, 64])
-        fast = outcome(reader.chunks(size))
-        rows = outcome(_TraceReader._chunks(reader, size))
-        assert fast == rows, (seed, case, options, data[:300])
+        assert_fast_path_reads_as_rows(reader, rng, (seed, case, options, data[:300]))

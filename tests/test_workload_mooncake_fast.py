@@ -4,17 +4,16 @@ chunks, or the same error, for random traces full of odd lines and every reader 
 
 from __future__ import annotations
 
-import gzip
 import json
 import random
 from pathlib import Path
 
 import numpy as np
 import pytest
-from workload_outcomes import outcome
+from workload_outcomes import assert_fast_path_reads_as_rows, reader_options, write_trace
 
 from tokenyard.errors import TokenyardError
-from tokenyard.workload.traces import MooncakeTrace, _TraceReader
+from tokenyard.workload.traces import MooncakeTrace
 
 
 def _line(rng: random.Random, stamp: float) -> str:
@@ -81,28 +80,10 @@ def test_fast_path_reads_what_the_row_reader_reads(tmp_path: Path, seed: int) ->
     rng = random.Random(seed)
     for case in range(120):
         data = _trace(rng)
-        path = tmp_path / f"t{case}.jsonl"
-        if rng.random() < 0.15:
-            path = path.with_suffix(".jsonl.gz")
-            path.write_bytes(gzip.compress(data))
-        else:
-            path.write_bytes(data)
-        options = rng.choice(
-            [
-                {},
-                {"limit": rng.randint(1, 30)},
-                {"start_offset_s": rng.choice([0.5, 3.0, 50.0])},
-                {"zero_output": "skip"},
-                {"zero_output": "clamp", "limit": rng.randint(1, 30)},
-                {"target_qps": 2.0, "zero_output": "clamp"},
-                {"time_scale": 0.5, "zero_output": "skip", "start_offset_s": 2.0},
-            ]
-        )
+        path = write_trace(tmp_path / f"t{case}.jsonl", data, rng)
+        options = reader_options(rng)
         reader = MooncakeTrace(path, hash_block_size=16, **options)  # type: ignore[arg-type]
-        size = rng.choice([1, 3, 64])
-        fast = outcome(reader.chunks(size))
-        rows = outcome(_TraceReader._chunks(reader, size))
-        assert fast == rows, (seed, case, options, data[:300])
+        assert_fast_path_reads_as_rows(reader, rng, (seed, case, options, data[:300]))
 
 
 def test_rows_past_the_limit_are_never_read(tmp_path: Path) -> None:

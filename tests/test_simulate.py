@@ -161,23 +161,52 @@ def test_every_request_completes_once_with_its_tokens_deterministically(
         assert np.array_equal(values, again.columns[name], equal_nan=True), name
 
 
+def shared_prefix_job(
+    global_scheduler: dict[str, Any],
+    *,
+    replicas: int,
+    requests: int,
+    qps: float,
+    prompt: int,
+    output: int,
+    groups: int,
+    prefix: int,
+) -> Any:
+    """``vllm_v1`` replicas behind ``global_scheduler``, every prompt (``prompt`` tokens)
+    opening with one of ``groups`` shared prefixes of ``prefix`` tokens."""
+    return config_from_mapping(
+        {
+            "cluster": {"num_replicas": replicas, "global_scheduler": global_scheduler},
+            "replica": {"scheduler": {"policy": "vllm_v1"}},
+            "workload": {
+                "kind": "synthetic",
+                "num_requests": requests,
+                "arrival": {"kind": "poisson", "qps": qps},
+                "prompt_tokens": {"kind": "fixed", "value": prompt},
+                "output_tokens": {"kind": "fixed", "value": output},
+                "shared_prefix": {
+                    "num_groups": groups,
+                    "prefix_tokens": prefix,
+                    "share_ratio": 1.0,
+                },
+            },
+        }
+    )
+
+
 def test_prefix_affinity_finds_more_cached_prefix_than_round_robin() -> None:
     """The documented experiment (docs/simulate.md), scaled down."""
     results = {}
     for router in ("round_robin", "lor", "prefix_affinity"):
-        cfg = config_from_mapping(
-            {
-                "cluster": {"num_replicas": 4, "global_scheduler": {"policy": router}},
-                "replica": {"scheduler": {"policy": "vllm_v1"}},
-                "workload": {
-                    "kind": "synthetic",
-                    "num_requests": 2000,
-                    "arrival": {"kind": "poisson", "qps": 16.0},
-                    "prompt_tokens": {"kind": "fixed", "value": 2048},
-                    "output_tokens": {"kind": "fixed", "value": 32},
-                    "shared_prefix": {"num_groups": 8, "prefix_tokens": 1792, "share_ratio": 1.0},
-                },
-            }
+        cfg = shared_prefix_job(
+            {"policy": router},
+            replicas=4,
+            requests=2000,
+            qps=16.0,
+            prompt=2048,
+            output=32,
+            groups=8,
+            prefix=1792,
         )
         results[router] = simulate(cfg).summary
     hit = {k: v["throughput"]["prefix_hit_rate"] for k, v in results.items()}
@@ -253,19 +282,15 @@ def test_vllm_v1_knobs_that_would_change_nothing_here_are_refused(
 
 def test_balance_weighs_prefix_affinity_and_is_refused_with_a_router_that_ignores_it() -> None:
     def routed(global_scheduler: dict[str, Any]) -> Any:
-        cfg = config_from_mapping(
-            {
-                "cluster": {"num_replicas": 3, "global_scheduler": global_scheduler},
-                "replica": {"scheduler": {"policy": "vllm_v1"}},
-                "workload": {
-                    "kind": "synthetic",
-                    "num_requests": 300,
-                    "arrival": {"kind": "poisson", "qps": 30.0},
-                    "prompt_tokens": {"kind": "fixed", "value": 1024},
-                    "output_tokens": {"kind": "fixed", "value": 16},
-                    "shared_prefix": {"num_groups": 2, "prefix_tokens": 768, "share_ratio": 1.0},
-                },
-            }
+        cfg = shared_prefix_job(
+            global_scheduler,
+            replicas=3,
+            requests=300,
+            qps=30.0,
+            prompt=1024,
+            output=16,
+            groups=2,
+            prefix=768,
         )
         return simulate(cfg).columns["replica"]
 

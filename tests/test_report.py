@@ -7,6 +7,7 @@ import base64
 import dataclasses
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -193,3 +194,57 @@ def test_the_cli_writes_the_report_and_compares(
     assert (second / "plots" / "latency.svg").is_file()
     assert cli_main(["compare", str(out), str(second)]) == 0
     assert "best (*): run: best on" in capsys.readouterr().out
+
+
+def copy_run(run_dir: Path, folder: Path) -> Path:
+    """The run's results (not its report) in a folder of its own, to plant links in."""
+    shutil.copytree(run_dir, folder, ignore=shutil.ignore_patterns("plots", "report.html"))
+    return folder
+
+
+def plant_links(folder: Path, page: str, tmp_path: Path) -> tuple[Path, Path]:
+    """``folder/page`` a link to a file outside, ``folder/plots`` a link to a folder
+    outside (what a results tarball from someone else may hold)."""
+    victim, elsewhere = tmp_path / "victim.txt", tmp_path / "elsewhere"
+    victim.write_text("not yours\n")
+    elsewhere.mkdir()
+    folder.mkdir(exist_ok=True)
+    (folder / page).symlink_to(victim)
+    (folder / "plots").symlink_to(elsewhere, target_is_directory=True)
+    return victim, elsewhere
+
+
+def assert_links_replaced(folder: Path, page: str, victim: Path, elsewhere: Path) -> None:
+    assert victim.read_text() == "not yours\n"
+    assert list(elsewhere.iterdir()) == []
+    assert not (folder / page).is_symlink()
+    assert "<html" in (folder / page).read_text()
+    assert not (folder / "plots").is_symlink()
+    assert (folder / "plots" / "latency.png").is_file()
+    assert not [p for p in folder.iterdir() if p.name.startswith(".tokenyard-")]
+
+
+def test_report_replaces_links_in_the_folder_instead_of_writing_through_them(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = copy_run(run_dir, tmp_path / "run")
+    victim, elsewhere = plant_links(folder, "report.html", tmp_path)
+    assert cli_main(["report", str(folder)]) == 0
+    assert_links_replaced(folder, "report.html", victim, elsewhere)
+
+
+def test_compare_replaces_links_in_its_output_folder(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "cmp"
+    victim, elsewhere = plant_links(out, "compare.html", tmp_path)
+    assert cli_main(["compare", str(run_dir), str(run_dir) + "/", "-o", str(out)]) == 0
+    assert_links_replaced(out, "compare.html", victim, elsewhere)
+
+
+def test_a_rerun_leaves_no_plot_of_an_earlier_run(run_dir: Path, tmp_path: Path) -> None:
+    folder = copy_run(run_dir, tmp_path / "run")
+    write_report(folder, ["png", "svg"])
+    assert len(list((folder / "plots").glob("*.svg"))) == 4
+    write_report(folder, ["png"])
+    assert sorted(p.suffix for p in (folder / "plots").iterdir()) == [".png"] * 4

@@ -518,3 +518,46 @@ def test_an_open_loop_session_workload_is_refused_by_the_search() -> None:
     }
     with pytest.raises(ConfigError, match="closed_loop"):
         capacity_search(simulation, {"ttft_p99_s": 1.0})
+
+
+TINY_SEARCH = """
+[simulation.workload]
+kind = "synthetic"
+num_requests = 50
+arrival = { kind = "poisson", qps = 1.0 }
+prompt_tokens = { kind = "fixed", value = 200 }
+output_tokens = { kind = "fixed", value = 8 }
+[slo]
+ttft_p99_s = 1.0
+[search]
+initial_qps = 4.0
+max_simulations = 3
+[grid]
+"cluster.num_replicas" = [1]
+"""
+
+
+def test_search_replaces_links_in_its_output_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    config, out, elsewhere = tmp_path / "search.toml", tmp_path / "out", tmp_path / "elsewhere"
+    config.write_text(TINY_SEARCH)
+    out.mkdir()
+    elsewhere.mkdir()
+    names = ("capacity.json", "results.csv", "summary.txt", "search.json", "capacity.png")
+    for name in names:
+        (tmp_path / f"victim-{name}").write_text("not yours\n")
+        (out / name).symlink_to(tmp_path / f"victim-{name}")
+    (out / "points").symlink_to(elsewhere, target_is_directory=True)
+    capacity = main(["search", "capacity", str(config), "-o", str(out), "--set", "grid={}"])
+    assert capacity == 0
+    deployments = ["search", "deployments", str(config), "-o", str(out), "--plots", "png"]
+    assert main([*deployments, "--workers", "1", "--no-progress"]) == 0
+    for name in names:
+        assert (tmp_path / f"victim-{name}").read_text() == "not yours\n"
+        assert not (out / name).is_symlink()
+    assert list(elsewhere.iterdir()) == []
+    assert not (out / "points").is_symlink()
+    assert len(list((out / "points").glob("*.json"))) == 1
+    assert (out / "capacity.png").stat().st_size > 0

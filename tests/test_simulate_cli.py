@@ -123,3 +123,36 @@ def test_an_unknown_key_is_an_error_naming_it(
 def test_a_missing_config_file_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "/no/such/file.toml"]) == 2
     assert "/no/such/file.toml" in capsys.readouterr().err
+
+
+TINY = ["simulate", "--requests", "20", "--replicas", "1", "--no-progress"]
+
+
+def test_json_with_output_keeps_stdout_one_json_document(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*TINY, "--json", "--output", str(tmp_path / "out")]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["num_requests"] == 20
+    assert "wrote" in captured.err
+
+
+def test_links_in_the_output_folder_are_replaced_not_written_through(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    names = ("summary.json", "command.txt", "report.html")
+    for name in names:
+        (tmp_path / f"victim-{name}").write_text("not yours\n")
+        (out / name).symlink_to(tmp_path / f"victim-{name}")
+    (out / "plots").symlink_to(elsewhere, target_is_directory=True)
+    assert main([*TINY, "--output", str(out), "--plots"]) == 0
+    for name in names:
+        assert (tmp_path / f"victim-{name}").read_text() == "not yours\n"
+        assert not (out / name).is_symlink()
+    assert json.loads((out / "summary.json").read_text())["num_requests"] == 20
+    assert list(elsewhere.iterdir()) == []
+    assert not (out / "plots").is_symlink()
+    assert (out / "plots" / "latency.png").is_file()

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from tokenyard._output import staged_output
 from tokenyard.errors import ConfigError
 from tokenyard.report.html import compare_html, comparison_rows, run_html, wins
 from tokenyard.report.plots import FORMATS, parse_formats, write_plots
@@ -32,16 +33,19 @@ __all__ = [
 
 def write_report(run_dir: str | Path, formats: Sequence[str] = ("png",)) -> Path:
     """Draws the run's plots into ``run_dir/plots`` and writes ``run_dir/report.html``.
+    Both are renamed in at the end (``tokenyard._output``): a link already there is
+    replaced, not written through, and ``plots/`` holds only this report's plots.
 
     Raises:
         ConfigError: ``run_dir`` is not a results folder, or a bad format.
+        OSError: a file could not be written.
     """
     formats = _check(formats)
     run = load_run(run_dir)
-    plots = write_plots([run], run.path / "plots", formats)
-    page = run.path / "report.html"
-    page.write_text(run_html(run, plots))
-    return page
+    with staged_output(run.path) as staging:
+        plots = write_plots([run], staging / "plots", formats)
+        (staging / "report.html").write_text(run_html(run, plots))
+    return run.path / "report.html"
 
 
 def _check(formats: Sequence[str]) -> tuple[str, ...]:
@@ -85,6 +89,7 @@ def compare_runs(
     Raises:
         ConfigError: fewer than two folders, a folder that is not a results folder, or a
             bad format.
+        OSError: a file could not be written.
     """
     if len(dirs) < 2:
         raise ConfigError(
@@ -97,8 +102,7 @@ def compare_runs(
     text = compare_text(runs)
     if output is None:
         return text, None
-    folder = Path(output)
-    plots = write_plots(runs, folder / "plots", formats)
-    page = folder / "compare.html"
-    page.write_text(compare_html(runs, plots))
-    return text, page
+    with staged_output(output) as staging:  # as write_report writes
+        plots = write_plots(runs, staging / "plots", formats)
+        (staging / "compare.html").write_text(compare_html(runs, plots))
+    return text, Path(output) / "compare.html"

@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import Any
 
-from tokenyard.errors import TokenyardError
+from tokenyard.errors import OutputError, TokenyardError
 
 __all__ = ["add_parsers", "run_compare", "run_report"]
 
@@ -45,6 +45,9 @@ def run_report(args: argparse.Namespace) -> int:
     except TokenyardError as exc:
         print(f"tokenyard report: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        print(f"tokenyard report: error: {OutputError.of(exc, args.run)}", file=sys.stderr)
+        return 2
     print(f"wrote {page} and {page.parent / 'plots'}/")
     return 0
 
@@ -56,6 +59,9 @@ def run_compare(args: argparse.Namespace) -> int:
         text, page = compare_runs(args.runs, output=args.output, formats=parse_formats(args.plots))
     except TokenyardError as exc:
         print(f"tokenyard compare: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"tokenyard compare: error: {OutputError.of(exc, args.output)}", file=sys.stderr)
         return 2
     print(text)
     if page is not None:

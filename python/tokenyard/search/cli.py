@@ -7,9 +7,9 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
+from tokenyard._output import write_text
 from tokenyard.errors import ConfigError, TokenyardError
 from tokenyard.search.capacity import is_closed_loop
 from tokenyard.simulation.config import parse_set_options
@@ -120,9 +120,7 @@ def _capacity(args: argparse.Namespace, config: Any, executor: str | None) -> in
     )
     wall = time.perf_counter() - start
     if args.output:
-        out = Path(args.output)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "capacity.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        write_text(args.output, "capacity.json", json.dumps(report.to_dict(), indent=2) + "\n")
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
         return 0

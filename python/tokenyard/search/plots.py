@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tokenyard._output import staged_output
 from tokenyard.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -101,9 +102,11 @@ def _save(fig: Any, plt: Any, path: str | Path) -> Path:
 def write_plots(
     result: SearchResult, directory: str | Path, formats: tuple[str, ...] = ("png",)
 ) -> list[Path]:
-    """``capacity.<fmt>`` and ``pareto.<fmt>`` in ``directory`` for each format."""
-    out = []
-    for fmt in formats:
-        out.append(plot_capacity(result, Path(directory) / f"capacity.{fmt}"))
-        out.append(plot_pareto(result, Path(directory) / f"pareto.{fmt}"))
-    return out
+    """``capacity.<fmt>`` and ``pareto.<fmt>`` in ``directory`` for each format, renamed in
+    at the end over a link already there rather than through it (``tokenyard._output``)."""
+    names = []
+    with staged_output(directory) as staging:
+        for fmt in formats:
+            names.append(plot_capacity(result, staging / f"capacity.{fmt}").name)
+            names.append(plot_pareto(result, staging / f"pareto.{fmt}").name)
+    return [Path(directory) / name for name in names]

@@ -98,8 +98,12 @@ def _content_digest(path: str, size: int, mtime_ns: int) -> str:
 
 
 def write_record(directory: Path, record: PointRecord) -> None:
-    """Writes ``points/<key>.json`` atomically (a temporary file moved in place)."""
+    """Writes ``points/<key>.json`` atomically (a temporary file moved in place). A link
+    named ``points`` is replaced by a folder, never followed (as ``tokenyard._output``
+    does with every output)."""
     folder = directory / "points"
+    if folder.is_symlink():
+        folder.unlink()
     folder.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".point-", dir=folder)
     with os.fdopen(fd, "w") as f:
@@ -108,7 +112,10 @@ def write_record(directory: Path, record: PointRecord) -> None:
 
 
 def load_records(directory: Path) -> dict[str, PointRecord]:
-    """The records already in ``directory`` (unreadable ones are ignored: re-run)."""
+    """The records already in ``directory`` (unreadable ones are ignored: re-run; none are
+    read through a link named ``points``, which ``write_record`` replaces)."""
+    if (directory / "points").is_symlink():
+        return {}
     out = {}
     for path in sorted((directory / "points").glob("*.json")):
         try:

@@ -10,6 +10,7 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tokenyard._output import staged_output
 from tokenyard.search.results import PointRecord
 
 if TYPE_CHECKING:
@@ -283,15 +284,11 @@ def format_summary(result: SearchResult, *, top: int = 20) -> str:
 
 
 def write_tables(result: SearchResult, directory: Path) -> Path:
+    """Writes the tables into ``directory``; they are renamed in together at the end, over a
+    link already there rather than through it (``tokenyard._output``)."""
     import pyarrow.csv as pacsv  # type: ignore[import-untyped]
     import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
-    directory.mkdir(parents=True, exist_ok=True)
-    table = to_arrow(result.rows)
-    pq.write_table(table, directory / "results.parquet")
-    pacsv.write_csv(table, directory / "results.csv")
-    pq.write_table(to_arrow(result.probes), directory / "probes.parquet")
-    (directory / "summary.txt").write_text(format_summary(result) + "\n")
     config = result.config
     doc = {
         "slos": [s.to_dict() for s in config.effective_slos()],
@@ -306,5 +303,11 @@ def write_tables(result: SearchResult, directory: Path) -> Path:
             if r["pareto"]
         ],
     }
-    (directory / "search.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    with staged_output(directory) as staging:
+        table = to_arrow(result.rows)
+        pq.write_table(table, staging / "results.parquet")
+        pacsv.write_csv(table, staging / "results.csv")
+        pq.write_table(to_arrow(result.probes), staging / "probes.parquet")
+        (staging / "summary.txt").write_text(format_summary(result) + "\n")
+        (staging / "search.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
     return directory

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tokenyard._output import write_text
 from tokenyard.errors import ConfigError, OutputError, TokenyardError
 from tokenyard.simulation.config import (
     apply_overrides,
@@ -212,7 +213,7 @@ def _write_outputs(args: argparse.Namespace, result: SimulationResult, formats: 
     result.write(args.output)
     argv = getattr(args, "argv", None)
     if argv is not None:
-        (Path(args.output) / "command.txt").write_text(shlex.join(["tokenyard", *argv]) + "\n")
+        write_text(args.output, "command.txt", shlex.join(["tokenyard", *argv]) + "\n")
     if formats:
         from tokenyard.report import write_report
 
@@ -246,10 +247,14 @@ def run_command(args: argparse.Namespace) -> int:
     if args.output:
         trace = ", trace.json" if result.stages is not None else ""
         report = ", report.html, plots/" if args.plots is not None else ""
-        print(
-            f"\nwrote {args.output}/: requests.parquet, requests.csv, summary.json, "
+        note = (
+            f"wrote {args.output}/: requests.parquet, requests.csv, summary.json, "
             f"samples.parquet, token_gaps.parquet, config.json{trace}{report}"
         )
+        if args.json:  # stdout stays one JSON document
+            print(note, file=sys.stderr)
+        else:
+            print(f"\n{note}")
     return 0
 
 

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +23,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tokenyard.errors import ConfigError
+from tokenyard._output import staged_output
 
 __all__ = ["SimulationResult"]
 
@@ -61,22 +59,18 @@ class SimulationResult:
         """Writes ``requests.parquet``, ``requests.csv``, ``summary.json``,
         ``samples.parquet``, ``token_gaps.parquet`` and ``config.json`` (where known) and, if
         stages were recorded, ``trace.json`` (Chrome/Perfetto). The files appear together or
-        not at all: they are written to a temporary folder beside ``directory`` and moved in
-        at the end."""
+        not at all: they are written to a temporary folder and renamed in at the end, over a
+        link already in ``directory`` rather than through it (``tokenyard._output``).
+
+        Raises:
+            ConfigError: ``directory`` exists and is not a folder.
+            OSError: a file could not be written.
+        """
         import pyarrow as pa
         import pyarrow.csv as pacsv  # type: ignore[import-untyped]
         import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
-        target = Path(directory)
-        if target.exists() and not target.is_dir():
-            raise ConfigError(
-                f"--output {target}: exists and is not a directory",
-                field="output",
-                value=str(target),
-            )
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".tokenyard-", dir=target.parent))
-        try:
+        with staged_output(directory) as staging:
             table = self.table()
             pq.write_table(table, staging / "requests.parquet")
             pacsv.write_csv(table, staging / "requests.csv")
@@ -88,12 +82,7 @@ class SimulationResult:
                 (staging / "config.json").write_text(json.dumps(self.config, indent=2) + "\n")
             if self.stages is not None:
                 (staging / "trace.json").write_text(json.dumps(_chrome_trace(self.stages)))
-            target.mkdir(exist_ok=True)
-            for item in staging.iterdir():
-                os.replace(item, target / item.name)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-        return target
+        return Path(directory)
 
 
 def _chrome_trace(stages: dict[str, np.ndarray]) -> dict[str, Any]:

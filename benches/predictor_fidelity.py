@@ -31,6 +31,7 @@ SMALL = ModelSpec(
     head_dim=64,
     intermediate_size=8192,
     vocab_size=128256,
+    context_length=131072,
     tied_embeddings=True,
     attention_bias=False,
     num_experts=1,

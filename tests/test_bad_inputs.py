@@ -518,10 +518,12 @@ def test_the_over_length_message_names_the_real_key(tmp_path: Path) -> None:
 
 
 def test_lightllm_refuses_at_arrival_what_its_peak_rule_never_admits(tmp_path: Path) -> None:
-    # 4096 token slots, decode 1: the peak is prompt + 1, which must stay below 4096.
+    # 4096 token slots, decode 1: the peak is prompt + 1, which must stay below 4096
+    # (the request itself is within the model's 4096-token context).
     path = trace(tmp_path / "t.csv", [(0.0, 4095, 1)])
+    limits = {"watermark_blocks_fraction": 0.0, "max_request_tokens": 4096}
     with pytest.raises(InputError, match="worst-case peak"):
-        run(path, "lightllm", scheduler={"watermark_blocks_fraction": 0.0})
+        run(path, "lightllm", scheduler=limits)
     ok = trace(tmp_path / "ok.csv", [(0.0, 4094, 1)])
     assert (
         run(

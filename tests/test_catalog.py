@@ -141,6 +141,7 @@ num_heads = 8
 num_kv_heads = 2
 intermediate_size = 1024
 vocab_size = 1000
+context_length = 8192
 source = "made up for a test"
 
 [devices.my-gpu]
@@ -224,7 +225,7 @@ def test_a_yaml_catalog_file(tmp_path: Path) -> None:
     path.write_text(
         "models:\n  yaml-model:\n    num_layers: 2\n    hidden_size: 64\n    num_heads: 4\n"
         "    num_kv_heads: 4\n    intermediate_size: 128\n    vocab_size: 10\n"
-        "    tied_embeddings: true\n"
+        "    context_length: 1024\n    tied_embeddings: true\n"
     )
     catalog.load_catalog_file(path)
     assert catalog.model("yaml-model").tied_embeddings
@@ -232,7 +233,7 @@ def test_a_yaml_catalog_file(tmp_path: Path) -> None:
 
 GOOD_MODEL = (
     "num_layers = 2\nhidden_size = 64\nnum_heads = 4\nnum_kv_heads = 2\n"
-    "intermediate_size = 128\nvocab_size = 10\n"
+    "intermediate_size = 128\nvocab_size = 10\ncontext_length = 2048\n"
 )
 GOOD_DEVICE = (
     "memory_gib = 8.0\ndense_bf16_tflops = 10.0\nmemory_bandwidth_gbps = 100.0\n"

@@ -108,7 +108,7 @@ def _vidur(
     replicas: int = 1,
     router: str = "round_robin",
     stages: int = 1,
-    max_request_tokens: int = 8192,
+    max_request_tokens: int = 4096,  # llama-2-7b's context
     **knobs: Any,
 ) -> dict[str, Any]:
     """A trace scenario under one of Vidur's policies, ``knobs`` its ``vidur`` section."""

@@ -80,6 +80,7 @@ def test_tied_embeddings_are_held_once_per_stage() -> None:
         head_dim=16,
         intermediate_size=128,
         vocab_size=1000,
+        context_length=4096,
         tied_embeddings=True,
     )
     layer = 4 * 64 * 64 + 3 * 64 * 128 + 2 * 64

@@ -29,7 +29,7 @@ from tokenyard.predictor.grids import prefill_shape
 from tokenyard.predictor.measured.build import measured_predictor
 from tokenyard.predictor.measured.data import resolve_source
 from tokenyard.predictor.measured.interpolate import Curve
-from tokenyard.predictor.measured.ops import GemmTimes
+from tokenyard.predictor.measured.ops import AttentionTimes, GemmTimes, NotMeasured
 from tokenyard.predictor.measured.tables import read_table
 from tokenyard.simulation import config_from_mapping, load_config, simulate
 from tokenyard.simulation.execution import choose_execution
@@ -127,15 +127,16 @@ def prefill(chunk: int, prefix: int) -> dict[str, float]:
 # ---- readers --------------------------------------------------------------------------
 
 
-def test_a_table_missing_a_column_names_the_file_and_the_column(tmp_path: Path) -> None:
+def test_a_table_missing_a_column_names_the_key_the_file_and_the_column(tmp_path: Path) -> None:
     columns = gemm_columns()
     del columns["k"]
     path = tmp_path / "gemm_perf.parquet"
     write(path, columns)
     with pytest.raises(ProfileError) as err:
-        read_table(path)
-    assert err.value.field == f"{path}:k"
-    assert "missing column(s) k" in str(err.value)
+        read_table(path, field="execution.measured.data_dir")
+    # field: the config key that named the tables; path: the file.
+    assert (err.value.field, err.value.path) == ("execution.measured.data_dir", str(path))
+    assert str(err.value).startswith(f"execution.measured.data_dir: {path}:k: missing column(s) k")
 
 
 def test_text_where_a_number_belongs_names_the_column(tmp_path: Path) -> None:
@@ -145,7 +146,8 @@ def test_text_where_a_number_belongs_names_the_column(tmp_path: Path) -> None:
     write(path, columns)
     with pytest.raises(ProfileError, match="must hold numbers") as err:
         read_table(path)
-    assert err.value.field == f"{path}:m"
+    assert err.value.field == "execution.measured"
+    assert f"{path}:m: must hold numbers" in str(err.value)
 
 
 def test_an_empty_grid_and_a_negative_latency_are_refused(tmp_path: Path) -> None:
@@ -159,13 +161,70 @@ def test_an_empty_grid_and_a_negative_latency_are_refused(tmp_path: Path) -> Non
     write(path, columns)
     with pytest.raises(ProfileError, match="row 3") as err:
         read_table(path)
-    assert err.value.field == f"{path}:latency"
+    assert err.value.path == str(path)
+    assert f"{path}:latency: row 3" in str(err.value)
 
 
 def test_an_unmeasured_dtype_lists_the_measured_ones(tables: Path) -> None:
     rows = read_table(tables / "h100_sxm/gemm/vllm/0.2.0/gemm_perf.parquet")
     with pytest.raises(ProfileError, match=r"gemm_dtype 'fp8'.*\['bfloat16'\]"):
         GemmTimes(rows, "fp8")
+
+
+# ---- coverage: what the interpolation needs (issue 32) ---------------------------------
+
+
+def rows_where(columns: dict[str, list[Any]], **equal: Any) -> dict[str, list[Any]]:
+    """The rows whose columns equal the given values."""
+    keep = [
+        all(columns[c][i] == v for c, v in equal.items()) for i in range(len(columns["latency"]))
+    ]
+    return {c: [v for v, k in zip(vs, keep, strict=True) if k] for c, vs in columns.items()}
+
+
+@pytest.mark.parametrize(
+    ("kind", "equal", "axis"),
+    [
+        ("gemm", {"n": 4096}, "n"),
+        ("gemm", {"k": 4096}, "k"),
+        ("context", {"batch_size": 4}, "batch_size"),
+        ("generation", {"step": 1023}, "isl + step"),
+    ],
+)
+def test_an_axis_measured_at_one_value_is_too_sparse_to_interpolate(
+    tmp_path: Path, kind: str, equal: dict[str, Any], axis: str
+) -> None:
+    columns = gemm_columns() if kind == "gemm" else attention_columns(kind == "generation")
+    path = tmp_path / f"{kind}.parquet"
+    write(path, rows_where(columns, **equal))
+    rows = read_table(path, required=("latency",))
+
+    def times() -> Any:
+        if kind == "gemm":
+            return GemmTimes(rows, "bfloat16")
+        return AttentionTimes(
+            rows,
+            generation=kind == "generation",
+            num_heads=32,
+            num_kv_heads=8,
+            head_dim=128,
+            kv_cache_dtype="bfloat16",
+        )
+
+    with pytest.raises(ProfileError) as err:
+        times()
+    assert not isinstance(err.value, NotMeasured)  # refused, not priced another way
+    assert f"{path}:{axis}: too sparse: " in str(err.value)
+    assert "needs at least two distinct values" in str(err.value)
+
+
+def test_a_zero_on_an_axis_is_refused_not_a_math_error(tmp_path: Path) -> None:
+    columns = gemm_columns()
+    columns["m"] = [0 if m == 1 else m for m in columns["m"]]
+    path = tmp_path / "gemm_perf.parquet"
+    write(path, columns)
+    with pytest.raises(ProfileError, match=r":m: gemm_dtype 'bfloat16': must be > 0"):
+        GemmTimes(read_table(path), "bfloat16")
 
 
 # ---- sources --------------------------------------------------------------------------
@@ -379,6 +438,119 @@ def test_measured_with_an_unmeasured_dtype_lists_the_measured_ones(tables: Path)
     assert err.value.field == "replica.dtype"
 
 
+def copy_tables(tables: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(tables, tmp_path / "data"))
+
+
+def measured_in(root: Path, **measured: Any) -> dict[str, Any]:
+    return {"model": "measured", "measured": {"data_dir": str(root), **measured}}
+
+
+@pytest.mark.parametrize("link", ["dangling", "looping"])
+def test_a_broken_link_in_data_dir_is_a_profile_error_naming_the_key_and_the_file(
+    tables: Path, tmp_path: Path, link: str
+) -> None:
+    root = copy_tables(tables, tmp_path)
+    path = root / "h100_sxm/attention/vllm/0.2.0/generation_attention_perf.parquet"
+    path.unlink()
+    path.symlink_to(tmp_path / "moved.parquet" if link == "dangling" else path)
+    with pytest.raises(ProfileError) as err:  # was a bare FileNotFoundError / OSError
+        run(measured_in(root))
+    assert (err.value.field, err.value.path) == ("execution.measured.data_dir", str(path))
+    assert str(err.value).startswith(f"execution.measured.data_dir: {path}: cannot read the table")
+
+
+def test_a_gemm_table_cut_to_one_row_is_refused_naming_the_table_and_the_axis(
+    tables: Path, tmp_path: Path
+) -> None:
+    # It used to price every GEMM from that one launch-bound reading (issue 32: TTFT p50
+    # 21.6 s where the whole table gives 0.010 s).
+    root = copy_tables(tables, tmp_path)
+    gemm = root / "h100_sxm/gemm/vllm/0.2.0/gemm_perf.parquet"
+    write(gemm, {name: values[:1] for name, values in gemm_columns().items()})
+    with pytest.raises(ProfileError) as err:
+        run(measured_in(root))
+    assert (err.value.field, err.value.path) == ("execution.measured.data_dir", str(gemm))
+    assert f"{gemm}:m: too sparse: gemm_dtype 'bfloat16' has one measured m (1)" in str(err.value)
+
+
+def moe_columns(distributions: tuple[str, ...], tokens: list[int]) -> dict[str, list[Any]]:
+    """Mixtral-8x7B's MoE block at TP 1 (times from a simple formula, in ms)."""
+    rows = [(t, d) for d in distributions for t in tokens]
+    n = len(rows)
+    shape = {"hidden_size": 4096, "inter_size": 14336, "topk": 2, "num_experts": 8}
+    return {
+        "num_tokens": [r[0] for r in rows],
+        **{name: [value] * n for name, value in shape.items()},
+        "moe_tp_size": [1] * n,
+        "moe_ep_size": [1] * n,
+        "moe_dtype": ["bfloat16"] * n,
+        "distribution": [r[1] for r in rows],
+        "latency": [0.05 + 1e-4 * r[0] for r in rows],
+    }
+
+
+def mixtral_measured(root: Path, **kwargs: Any) -> Any:
+    source = resolve_source(root, "h100_sxm", "vllm", "latest")
+    return measured_predictor(
+        catalog.model("mixtral-8x7b"), catalog.device("h100-sxm"), source, **kwargs
+    )
+
+
+def test_an_moe_routing_the_tables_lack_is_refused_listing_the_measured_ones(
+    tables: Path, tmp_path: Path
+) -> None:
+    root = copy_tables(tables, tmp_path)
+    routings = ("power_law_1.01", "power_law_1.2")
+    write(root / "h100_sxm/moe/vllm/0.2.0/moe_perf.parquet", moe_columns(routings, POWERS))
+    predictor = mixtral_measured(root)
+    assert {op.name: op.source for op in predictor.ops}["moe_experts"] == "measured:moe (0.2.0)"
+    # It used to fall back to the calibrated roofline, changing the answer unasked.
+    with pytest.raises(ConfigError) as err:
+        mixtral_measured(root, moe_distribution="balanced")
+    assert err.value.field == "execution.measured.moe_distribution"
+    assert "under power_law_1.01, power_law_1.2, got 'balanced'" in str(err.value)
+
+
+def test_an_moe_shape_measured_at_one_token_count_is_not_measured(
+    tables: Path, tmp_path: Path
+) -> None:
+    # aiconfigurator-core's own vLLM tables hold a few such shapes (a collection that
+    # stopped early): the calibrated roofline prices them, and says why.
+    root = copy_tables(tables, tmp_path)
+    write(root / "h100_sxm/moe/vllm/0.2.0/moe_perf.parquet", moe_columns(("power_law_1.2",), [1]))
+    predictor = mixtral_measured(root)
+    assert {op.name: op.source for op in predictor.ops}["gate_up_proj"] == "calibrated"
+    assert "one point, too few to interpolate" in predictor.description["fallbacks"]["gate_up_proj"]
+
+
+@pytest.mark.parametrize(
+    ("measured", "field", "message"),
+    [
+        ({"system": ""}, "system", "must not be empty (leave it out for the default), got ''"),
+        ({"framework": " "}, "framework", "must not be empty"),
+        ({"data_dir": ""}, "data_dir", "must not be empty"),
+        ({"version": ""}, "version", "must not be empty (name one, or 'latest')"),
+        (
+            {"moe_distribution": "x"},
+            "moe_distribution",
+            "must be one of balanced, power_law_1.01, power_law_1.2 (the routings the MoE "
+            "tables measure), got 'x'",
+        ),
+    ],
+)
+def test_an_empty_or_unmeasured_measured_setting_is_refused_at_config_time(
+    measured: dict[str, Any], field: str, message: str
+) -> None:
+    # An empty system used to mean the default, and an unknown routing to change the answer.
+    with pytest.raises(ConfigError) as err:
+        config_from_mapping({"execution": {"measured": measured}})
+    assert err.value.field == f"execution.measured.{field}"
+    assert message in str(err.value)
+
+
 def test_the_constant_efficiencies_still_price_the_datasheet_roofline() -> None:
     calibrated = run({"model": "roofline"})
     datasheet = run({"model": "roofline", "efficiency": {}})
@@ -411,6 +583,8 @@ def test_the_default_run_prices_batches_from_measured_tables() -> None:
     choice = choose_execution(config)
     assert choice.kind == "measured"
     assert choice.label().startswith("measured: a100_sxm, vllm ")
+    assert choice.source is not None
+    assert choice.source.field == "execution.measured"  # what errors about its tables name
 
 
 @pytest.mark.usefixtures("package")
@@ -453,6 +627,7 @@ def test_a_qwen3_config_json_relative_to_the_config_file_runs(tmp_path: Path) ->
         "num_key_value_heads": 8,
         "head_dim": 128,
         "vocab_size": 1000,
+        "max_position_embeddings": 40960,
         "tie_word_embeddings": True,
     }
     (tmp_path / "qwen3.json").write_text(json.dumps(config))

@@ -34,7 +34,7 @@ value = 16
 
 SMALL_YAML = """
 cluster: {num_replicas: 2, global_scheduler: {policy: power_of_two}}
-replica: {scheduler: {policy: orca, max_request_tokens: 16384}}
+replica: {model: llama-3.1-8b, scheduler: {policy: orca, max_request_tokens: 16384}}
 workload:
   kind: trace
   format: mooncake

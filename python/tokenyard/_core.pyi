@@ -745,6 +745,8 @@ class _RequestChunkLike(Protocol):
 REPLICA_POLICIES: dict[str, dict[str, Any]]
 #: The built-in global (routing) policies.
 GLOBAL_POLICIES: list[str]
+#: The most KV blocks (GPU and host tier, every pool) one simulation tracks.
+MAX_CLUSTER_BLOCKS: int
 
 @final
 class ReplicaSpec:
@@ -828,7 +830,10 @@ class SpeculativeConfig:
 class SimConfig:
     """A whole simulation's config, checked by the core when built.
     ``coalesce_decode_steps``: ``vllm_v1`` replicas of one pipeline stage advance runs of
-    pure-decode steps at once (the same results bit for bit; ``False`` steps one by one)."""
+    pure-decode steps at once (the same results bit for bit; ``False`` steps one by one).
+    ``request_limit``: ``(max_tokens, setting)``, the longest request (prompt + output) any
+    replica serves, refused at arrival alike for every policy; ``setting`` names what sets
+    it, for the message."""
 
     def __new__(
         cls,
@@ -850,6 +855,7 @@ class SimConfig:
         decode: dict[str, Any] | None = None,
         kv_offload: dict[str, float] | None = None,
         coalesce_decode_steps: bool = True,
+        request_limit: tuple[int, str] | None = None,
     ) -> SimConfig: ...
     @property
     def replica_policy(self) -> str: ...

@@ -29,6 +29,7 @@ MODEL_FIELDS: dict[str, str] = {
     "head_dim": "int",
     "intermediate_size": "int",
     "vocab_size": "int",
+    "context_length": "int",
     "tied_embeddings": "bool",
     "attention_bias": "bool",
     "qk_norm": "bool",
@@ -114,6 +115,9 @@ class ModelSpec:
     head_dim: int
     intermediate_size: int
     vocab_size: int
+    #: The longest sequence (prompt + output) the model takes: its config's
+    #: ``max_position_embeddings``. The default ``max_model_len`` of a deployment.
+    context_length: int
     tied_embeddings: bool = False
     attention_bias: bool = False
     qk_norm: bool = False

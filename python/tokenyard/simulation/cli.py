@@ -271,6 +271,12 @@ def format_summary(result: SimulationResult) -> str:
         f"simulated {s['makespan_s']:.1f} s in {s['wall_s']:.2f} s of wall time "
         f"({s['requests_per_wall_s'] or 0:,.0f} requests per wall second)",
     ]
+    skipped = s.get("num_skipped_over_length", 0)
+    if skipped:
+        lines.append(
+            f"skipped {skipped:,} requests longer than a replica serves "
+            '(replica.over_length = "skip"; not in the figures below)'
+        )
     loop = c["workload"].get("closed_loop")
     if loop:
         lines.append(f"closed-loop load: {loop['concurrency']:,} users")

@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tokenyard import _core
 from tokenyard._checks import (
     build_dataclass,
     check_key_choice,
@@ -43,6 +44,7 @@ from tokenyard._checks import (
     toml_module,
 )
 from tokenyard.errors import ConfigError
+from tokenyard.predictor.measured.data import MOE_DISTRIBUTIONS
 from tokenyard.predictor.profiled import TrainingOptions
 from tokenyard.predictor.roofline import CpuOverheads, Efficiencies
 from tokenyard.simulation.disagg_config import DecodePoolConfig, KvTransferConfig
@@ -64,6 +66,7 @@ from tokenyard.simulation.scheduler_config import (
     translate_legacy_scheduler,
 )
 from tokenyard.simulation.speculative import SpeculativeConfig
+from tokenyard.workload.config import check_workload_sizes
 
 __all__ = [
     "ClusterConfig",
@@ -312,27 +315,40 @@ MEASURED_FRAMEWORKS = ("vllm", "sglang", "trtllm")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MeasuredConfig:
     """Which measured tables price the batches (``docs/predictor.md#measured``): a system
-    (empty: the one measured on ``replica.device``), a framework (empty: ``sglang`` for the
+    (unset: the one measured on ``replica.device``), a framework (unset: ``sglang`` for the
     sglang replica policy, else ``vllm``), a version (``latest``: the package's current one)
-    and, for tables of your own in the same layout, their folder."""
+    and, for tables of your own in the same layout, their folder. A key that is set must
+    not be empty: an empty string is refused, never read as "the default"."""
 
-    system: str = ""
-    framework: str = ""
+    system: str | None = None
+    framework: str | None = None
     version: str = "latest"
     data_dir: str | None = None
-    #: MoE models: the measured expert routing (``balanced``, ``power_law_1.01``,
-    #: ``power_law_1.2``); real traffic loads experts unevenly.
+    #: MoE models: the measured expert routing (one of ``MOE_DISTRIBUTIONS``: ``balanced``,
+    #: ``power_law_1.01``, ``power_law_1.2``); real traffic loads experts unevenly.
     moe_distribution: str = "power_law_1.2"
 
     def check(self, where: str) -> None:
-        if self.framework and self.framework not in MEASURED_FRAMEWORKS:
+        for key in ("system", "framework", "version", "data_dir"):
+            value = getattr(self, key)
+            if value is not None and not value.strip():
+                hint = (
+                    "name one, or 'latest'" if key == "version" else "leave it out for the default"
+                )
+                raise fail(f"{where}.{key}", f"must not be empty ({hint}), got {value!r}", value)
+        if self.framework is not None and self.framework not in MEASURED_FRAMEWORKS:
             raise fail(
                 f"{where}.framework",
                 f"must be one of {', '.join(MEASURED_FRAMEWORKS)}, got {self.framework!r}",
                 self.framework,
             )
-        if not self.version:
-            raise fail(f"{where}.version", "must be a version or 'latest', got ''", self.version)
+        if self.moe_distribution not in MOE_DISTRIBUTIONS:
+            raise fail(
+                f"{where}.moe_distribution",
+                f"must be one of {', '.join(MOE_DISTRIBUTIONS)} (the routings the MoE "
+                f"tables measure), got {self.moe_distribution!r}",
+                self.moe_distribution,
+            )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -447,12 +463,13 @@ SEEDED_WORKLOAD_KINDS = ("synthetic", "sessions")
 def default_workload() -> dict[str, Any]:
     """The built-in job's workload: 10,000 Poisson requests at 20 QPS, lognormal lengths,
     half the prompts opening with one of 16 shared system prompts. Its draws follow the
-    simulation's ``seed``."""
+    simulation's ``seed``. The longest request (3,072 prompt + 1,024 output tokens) fits
+    the default model's 4,096-token context."""
     return {
         "kind": "synthetic",
         "num_requests": 10_000,
         "arrival": {"kind": "poisson", "qps": 20.0},
-        "prompt_tokens": {"kind": "lognormal", "median": 512, "sigma": 0.8, "max_tokens": 4096},
+        "prompt_tokens": {"kind": "lognormal", "median": 512, "sigma": 0.8, "max_tokens": 3072},
         "output_tokens": {"kind": "lognormal", "median": 128, "sigma": 0.8, "max_tokens": 1024},
         "shared_prefix": {"num_groups": 16, "prefix_tokens": 256, "share_ratio": 0.5},
     }
@@ -510,9 +527,32 @@ class SimulationConfig:
         self.replica.check("replica")
         self.execution.check("execution")
         self.metrics.check("metrics")
+        check_workload_sizes(self.workload)
         self._check_lora()
         self._check_disaggregation()
         self._check_host_hit_weight()
+        self._check_cluster_blocks()
+
+    def _check_cluster_blocks(self) -> None:
+        """One budget for the KV blocks a run tracks one by one, across both pools, checked
+        here for the sizes the config gives (the core checks it again once the planner has
+        sized the rest, before allocating anything)."""
+        prefill = self.replica.scheduler
+        pools = [(self.cluster.num_replicas, prefill)]
+        decode = self.cluster.decode
+        if decode is not None:
+            pools.append((decode.num_replicas, decode.scheduler or prefill))
+        per_replica = [(n, _tracked_blocks(s)) for n, s in pools]
+        total = sum(n * blocks for n, blocks in per_replica)
+        if total > _core.MAX_CLUSTER_BLOCKS:
+            sizes = " and ".join(f"{n} replicas of {b} KV blocks" for n, b in per_replica)
+            raise fail(
+                "cluster.num_replicas",
+                f"{sizes} make {total} blocks, over the simulator's limit of "
+                f"{_core.MAX_CLUSTER_BLOCKS} in all (each block is tracked one by one); use "
+                "fewer replicas or a larger block size",
+                self.cluster.num_replicas,
+            )
 
     def _check_host_hit_weight(self) -> None:
         """``host_hit_weight`` weighs host-held tokens in prefix_affinity routing: with
@@ -587,6 +627,16 @@ class SimulationConfig:
                 "with replica.lora",
                 self.execution.model,
             )
+
+
+def _tracked_blocks(scheduler: ReplicaSchedulerConfig) -> int:
+    """KV blocks a replica tracks one by one as the config gives them (GPU blocks and host
+    tier; 0 where the planner sizes them, or where Vidur's policies only count them)."""
+    if scheduler.section == "vllm_v1":
+        return scheduler.vllm_v1.num_blocks + scheduler.vllm_v1.host_num_blocks
+    if scheduler.section == "sglang":
+        return scheduler.sglang.num_pages
+    return 0
 
 
 def _names_adapters(workload: object) -> bool:

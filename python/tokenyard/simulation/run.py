@@ -411,6 +411,13 @@ def _construct(cls: Any, where: str, kwargs: dict[str, Any]) -> Any:
         ) from None
 
 
+def request_limit(config: SimulationConfig) -> tuple[int, str]:
+    """The longest request ``config``'s replicas serve and the setting that makes it so
+    (``ReplicaSchedulerConfig.request_limit``, against the model's context length)."""
+    model = catalog_for(config).model(config.model_name(), field="replica.model")
+    return config.replica.scheduler.request_limit(model.name, model.context_length)
+
+
 def plan_for(config: SimulationConfig) -> MemoryPlan:
     """The memory plan ``simulate`` uses for ``config`` (raises ConfigError if it does not fit)."""
     replica = config.replica
@@ -424,7 +431,7 @@ def plan_for(config: SimulationConfig) -> MemoryPlan:
         tensor_parallel_size=replica.tensor_parallel_size,
         num_pipeline_stages=replica.num_pipeline_stages,
         memory_margin_fraction=replica.memory_margin_fraction,
-        max_request_tokens=replica.scheduler.max_request_tokens,
+        max_request_tokens=replica.scheduler.request_limit(model.name, model.context_length)[0],
         block_size=replica.scheduler.block_size,
         weight_dtype=replica.dtype,
         kv_cache_dtype=replica.kv_cache_dtype,
@@ -438,6 +445,7 @@ def replica_spec(
     """The selected replica policy with every size derived, checked by the core."""
     s = config.replica.scheduler
     num_blocks = s.num_blocks or plan.num_blocks
+    max_request_tokens, _ = request_limit(config)
     section = s.section
     if section == "plugin":
         return _core.ReplicaSpec.plugin(s.plugin.block_size)
@@ -452,7 +460,7 @@ def replica_spec(
                 host_num_blocks=replica_host_blocks(config, plan),
                 # A drafter's lookahead slots go beyond the longest request.
                 max_model_len=min(
-                    c.max_model_len or s.max_request_tokens,
+                    max_request_tokens,
                     (num_blocks - c.reserve_null_block) * c.block_size
                     - config.replica.speculative.num_lookahead_tokens(),
                 ),
@@ -480,7 +488,7 @@ def replica_spec(
         max_batch_size=max_batch_size,
         num_stages=num_stages,
         restart=v.restart,
-        max_blocks_per_sequence=s.max_request_tokens // v.block_size,
+        max_blocks_per_sequence=max_request_tokens // v.block_size,
         max_tokens_in_batch=v.max_tokens_in_batch,
         chunk_size=v.chunk_size,
         max_waiting_iters=v.max_waiting_iters,
@@ -517,4 +525,5 @@ def _core_config(
         decode=decode,
         kv_offload=kv_offload,
         coalesce_decode_steps=coalesce_decode_steps,
+        request_limit=request_limit(config),
     )

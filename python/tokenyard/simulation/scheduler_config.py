@@ -195,9 +195,11 @@ class ReplicaSchedulerConfig:
     own words. Only the selected policy's section is used; the others are inert."""
 
     policy: str = "vllm_v1"
-    #: Longest request (prompt + output): the planner sizes batches for it, orca and
-    #: faster_transformer reserve it, vllm_v1 uses it as max_model_len unless set.
-    max_request_tokens: int = 8192
+    #: Longest request (prompt + output), at most the model's context length; unset: the
+    #: model's context length. Every policy refuses a longer request at arrival; the
+    #: planner sizes batches for it, orca and faster_transformer reserve it, vllm_v1 uses
+    #: it as max_model_len unless that is set.
+    max_request_tokens: int | None = None
     #: ``tokenyard.sched.SchedulerConfig`` itself (``docs/embedding.md``).
     vllm_v1: SchedulerConfig = dataclasses.field(default_factory=default_vllm_v1)
     #: vllm_v1: a ``"module:Class"`` step-scheduler policy plugin (``order_waiting``,
@@ -231,11 +233,44 @@ class ReplicaSchedulerConfig:
             return self.sglang.num_pages
         return int(getattr(self, section).num_blocks)
 
+    def request_limit(
+        self, model_name: str, context_length: int, where: str = "replica.scheduler"
+    ) -> tuple[int, str]:
+        """The longest request a replica serves and the setting that makes it so:
+        ``vllm_v1.max_model_len`` where that policy sets it, else ``max_request_tokens``,
+        else the model's context length (as vLLM's ``max_model_len`` and SGLang's
+        ``context_length`` default to it).
+
+        Raises:
+            ConfigError: a setting exceeds the model's context length (vLLM refuses such a
+                ``max_model_len`` at start-up, SGLang such a ``context_length``).
+        """
+        settings = [(f"{where}.max_request_tokens", self.max_request_tokens)]
+        if self.section == "vllm_v1":
+            max_model_len = self.vllm_v1.max_model_len or None  # 0: unset
+            settings.insert(0, (f"{where}.vllm_v1.max_model_len", max_model_len))
+        for key, value in settings:
+            if value is not None and value > context_length:
+                raise fail(
+                    key,
+                    f"must be at most {model_name}'s context length of {context_length} "
+                    "tokens (its max_position_embeddings; catalog context_length)",
+                    value,
+                )
+        for key, value in settings:
+            if value is not None:
+                return value, f"{key} = {value}"
+        return context_length, (
+            f"{model_name}'s context length of {context_length} tokens (the default of "
+            f"{where}.max_request_tokens)"
+        )
+
     def check(self, where: str) -> None:
         check_policy(f"{where}.policy", self.policy, REPLICA_POLICIES)
-        check_key_int(
-            f"{where}.max_request_tokens", self.max_request_tokens, low=2, high=MAX_TOKENS
-        )
+        if self.max_request_tokens is not None:
+            check_key_int(
+                f"{where}.max_request_tokens", self.max_request_tokens, low=2, high=MAX_TOKENS
+            )
         self.vidur.check(f"{where}.vidur")
         self.sglang.check(f"{where}.sglang")
         self.plugin.check(f"{where}.plugin")

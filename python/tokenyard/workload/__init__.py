@@ -24,7 +24,14 @@ millions of requests is replayed with memory flat in its length::
 See ``docs/workloads.md`` for every option and the trace formats.
 """
 
-from tokenyard.workload.chunk import NO_SESSION, RequestChunk, Workload, WorkloadStats, summarize
+from tokenyard.workload.chunk import (
+    MAX_REQUESTS,
+    NO_SESSION,
+    RequestChunk,
+    Workload,
+    WorkloadStats,
+    summarize,
+)
 from tokenyard.workload.columns import ColumnFilter, ColumnTrace, TraceColumns
 from tokenyard.workload.config import load_workload
 from tokenyard.workload.errors import TraceError
@@ -40,6 +47,7 @@ from tokenyard.workload.synthetic import (
 from tokenyard.workload.traces import AzureTrace, MooncakeTrace, VidurTrace, sample_path
 
 __all__ = [
+    "MAX_REQUESTS",
     "NO_SESSION",
     "SHARED_ID_BIT",
     "ArrivalProcess",

@@ -17,9 +17,13 @@ import numpy.typing as npt
 
 from tokenyard.errors import InputError
 
-__all__ = ["NO_SESSION", "RequestChunk", "Workload", "WorkloadStats", "summarize"]
+__all__ = ["MAX_REQUESTS", "NO_SESSION", "RequestChunk", "Workload", "WorkloadStats", "summarize"]
 
 DEFAULT_CHUNK_SIZE = 65536
+#: The most requests (or sessions, or closed-loop users) one workload gives. A simulation
+#: keeps ~200 bytes per request until it writes its results, so this bounds a run near
+#: 20 GB; larger studies split the load across runs.
+MAX_REQUESTS = 10**8
 NO_SESSION = 2**64 - 1
 """``RequestChunk.session_ids`` of a request outside any session."""
 

@@ -12,8 +12,9 @@ from collections.abc import Mapping
 from dataclasses import MISSING, fields
 from typing import Any, TypeVar
 
+from tokenyard._checks import check_key_int
 from tokenyard.errors import ConfigError
-from tokenyard.workload.chunk import Workload
+from tokenyard.workload.chunk import MAX_REQUESTS, Workload
 from tokenyard.workload.columns import TIME_UNITS, ColumnFilter, ColumnTrace, TraceColumns
 from tokenyard.workload.lora import LoraPopularity, LoraWorkload
 from tokenyard.workload.session_traces import BailianTrace, SessionTrace
@@ -56,6 +57,26 @@ _SESSION_PARTS: dict[str, _Part] = {
     "output_tokens": LengthDistribution,
     "think_time": ThinkTime,
 }
+
+
+def check_workload_sizes(spec: Mapping[str, object], where: str = "workload") -> None:
+    """The counts a workload config gives (requests, sessions, a trace's ``limit``,
+    closed-loop users) within ``[1, MAX_REQUESTS]``, checked without building the workload
+    (a trace file need not exist yet): the same bound ``load_workload`` applies, at config
+    time.
+
+    Raises:
+        ConfigError: a count out of range; ``field`` is its key path.
+    """
+    spec = _mapping(spec, where)
+    keys = ("num_requests", "num_sessions", "limit")
+    counts = [(f"{where}.{key}", spec.get(key)) for key in keys]
+    closed = spec.get("closed_loop")
+    if isinstance(closed, Mapping):
+        counts.append((f"{where}.closed_loop.concurrency", closed.get("concurrency")))
+    for key, value in counts:
+        if value is not None:
+            check_key_int(key, value, low=1, high=MAX_REQUESTS)
 
 
 def load_workload(

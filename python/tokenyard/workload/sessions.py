@@ -29,6 +29,7 @@ from tokenyard._checks import check_choice, check_int, check_number, field_error
 from tokenyard.errors import InputError
 from tokenyard.workload.chunk import (
     DEFAULT_CHUNK_SIZE,
+    MAX_REQUESTS,
     NO_SESSION,
     RequestChunk,
     Workload,
@@ -150,7 +151,7 @@ class SessionWorkload:
 
     def __post_init__(self) -> None:
         owner = "SessionWorkload"
-        check_int(owner, "num_sessions", self.num_sessions, low=1)
+        check_int(owner, "num_sessions", self.num_sessions, low=1, high=MAX_REQUESTS)
         check_int(owner, "seed", self.seed, low=0, high=2**64 - 1)
         check_int(owner, "hash_block_size", self.hash_block_size, low=1, high=MAX_REQUEST_TOKENS)
         if self.max_context_tokens is not None:
@@ -303,7 +304,7 @@ class ClosedLoop:
         think_time: ThinkTime | None = None,
         seed: int | None = None,
     ) -> None:
-        check_int("ClosedLoop", "concurrency", concurrency, low=1, high=2**32 - 1)
+        check_int("ClosedLoop", "concurrency", concurrency, low=1, high=MAX_REQUESTS)
         if seed is not None:
             check_int("ClosedLoop", "seed", seed, low=0, high=2**64 - 1)
             if think_time is None:

@@ -29,6 +29,7 @@ from tokenyard._checks import (
 from tokenyard.workload.chunk import (
     DEFAULT_CHUNK_SIZE,
     F64,
+    MAX_REQUESTS,
     U64,
     RequestChunk,
     check_chunk_size,
@@ -311,7 +312,7 @@ class SyntheticWorkload:
 
     def __post_init__(self) -> None:
         owner = "SyntheticWorkload"
-        check_int(owner, "num_requests", self.num_requests, low=1)
+        check_int(owner, "num_requests", self.num_requests, low=1, high=MAX_REQUESTS)
         check_int(owner, "seed", self.seed, low=0, high=2**64 - 1)
         for name, cls in (
             ("arrival", ArrivalProcess),

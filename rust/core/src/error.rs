@@ -23,6 +23,10 @@ pub enum Error {
         value: String,
         reason: String,
     },
+    /// A request no replica will ever serve (longer than the deployment's limit); the
+    /// message names the request, its lengths and the limiting setting.
+    #[error("{reason}")]
+    Rejected { request: u64, reason: String },
     /// The request id is not known to the structure (never added, or already freed).
     #[error("unknown request_id={0}")]
     UnknownRequest(String),

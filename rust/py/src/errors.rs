@@ -52,6 +52,14 @@ pub(crate) fn to_py_err(py: Python<'_>, err: Error) -> PyErr {
             Some(arg),
             Some(value),
         ),
+        Error::Rejected { request, .. } => raise(
+            py,
+            &INPUT_ERROR,
+            "InputError",
+            message,
+            Some("request"),
+            Some(&request.to_string()),
+        ),
         Error::UnknownRequest(id) => raise(
             py,
             &UNKNOWN_REQUEST_ERROR,

@@ -181,9 +181,9 @@ impl<R: RequestKey> BlockPool<R> {
         Ok(Self {
             block_size,
             enable_caching,
-            blocks: vec![BlockMeta::default(); num_blocks],
-            free_queue: FreeBlockQueue::with_all_blocks(num_blocks),
-            cached: CacheMap::new(num_blocks),
+            blocks: super::try_filled_vec(num_blocks, BlockMeta::default(), "num_blocks")?,
+            free_queue: FreeBlockQueue::with_all_blocks(num_blocks)?,
+            cached: CacheMap::new(num_blocks)?,
             requests: FxHashMap::default(),
             stats: BlockPoolStats::default(),
             events: None,

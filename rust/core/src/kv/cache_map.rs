@@ -65,10 +65,16 @@ fn block_of(slot: u64) -> BlockId {
 }
 
 impl CacheMap {
-    pub(super) fn new(num_blocks: usize) -> Self {
+    pub(super) fn new(num_blocks: usize) -> crate::Result<Self> {
+        let block_tags = super::try_filled_vec(num_blocks, 0, "num_blocks")?;
+        Ok(Self::empty(block_tags))
+    }
+
+    /// An empty map over `block_tags` (all zero: no block caches a hash).
+    fn empty(block_tags: Vec<u32>) -> Self {
         Self {
             slots: vec![0; MIN_SLOTS],
-            block_tags: vec![0; num_blocks],
+            block_tags,
             num_used: 0,
             num_live: 0,
             num_blocks: 0,
@@ -222,7 +228,10 @@ impl CacheMap {
     }
 
     pub(super) fn clear(&mut self) {
-        *self = Self::new(self.block_tags.len());
+        // In place: the per-block tags keep their allocation (a reset never allocates).
+        let mut block_tags = std::mem::take(&mut self.block_tags);
+        block_tags.fill(0);
+        *self = Self::empty(block_tags);
     }
 
     /// Re-inserts the live slots into a table at most a quarter full (grown if need be).
@@ -267,7 +276,7 @@ mod tests {
     fn answers_as_an_eager_map_through_copies_evictions_rebuilds_and_tag_collisions() {
         const NUM_BLOCKS: usize = 40;
         let mut blocks = Hashes(vec![None; NUM_BLOCKS]);
-        let mut map = CacheMap::new(NUM_BLOCKS);
+        let mut map = CacheMap::new(NUM_BLOCKS).unwrap();
         // Every block caching each hash, oldest first (vLLM's dict of copies).
         let mut eager: HashMap<BlockHash, Vec<BlockId>> = HashMap::new();
         let mut state = 0x2545_F491_4F6C_DD1Du64;

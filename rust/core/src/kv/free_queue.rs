@@ -20,17 +20,18 @@ pub(crate) struct FreeBlockQueue {
 
 impl FreeBlockQueue {
     /// A queue holding every block, in id order.
-    pub(crate) fn with_all_blocks(num_blocks: usize) -> Self {
+    pub(crate) fn with_all_blocks(num_blocks: usize) -> crate::Result<Self> {
         let size = num_blocks as u32 + 1;
-        let links = (0..size)
-            .map(|i| [(i + size - 1) % size, (i + 1) % size])
-            .collect();
+        let mut links = super::try_filled_vec(size as usize, [0; 2], "num_blocks")?;
+        for (i, link) in (0..size).zip(links.iter_mut()) {
+            *link = [(i + size - 1) % size, (i + 1) % size];
+        }
         let queue = Self {
             links,
             len: num_blocks,
         };
         debug_assert_eq!(queue.links[num_blocks][NEXT], 0);
-        queue
+        Ok(queue)
     }
 
     fn sentinel(&self) -> u32 {
@@ -106,7 +107,7 @@ mod tests {
 
     #[test]
     fn starts_in_id_order_and_removes_from_the_middle() {
-        let mut queue = FreeBlockQueue::with_all_blocks(5);
+        let mut queue = FreeBlockQueue::with_all_blocks(5).unwrap();
         assert_eq!(queue.iter().collect::<Vec<_>>(), [0, 1, 2, 3, 4]);
         queue.remove(2);
         assert!(!queue.contains(2));
@@ -118,7 +119,7 @@ mod tests {
 
     #[test]
     fn empties_and_refills() {
-        let mut queue = FreeBlockQueue::with_all_blocks(2);
+        let mut queue = FreeBlockQueue::with_all_blocks(2).unwrap();
         assert_eq!(queue.pop_front(), Some(0));
         assert_eq!(queue.pop_front(), Some(1));
         assert_eq!(queue.pop_front(), None);

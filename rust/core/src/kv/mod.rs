@@ -70,6 +70,29 @@ fn check_num_blocks(num_blocks: usize) -> crate::Result<()> {
     Ok(())
 }
 
+/// `vec![value; len]` for a pool's per-block arrays, or a `Config` error naming `field`
+/// when the machine cannot give the memory: a size it cannot hold is refused, never an
+/// abort of the process.
+pub(crate) fn try_filled_vec<T: Clone>(
+    len: usize,
+    value: T,
+    field: &'static str,
+) -> crate::Result<Vec<T>> {
+    let mut items = Vec::new();
+    if items.try_reserve_exact(len).is_err() {
+        return Err(crate::Error::config(
+            field,
+            len,
+            format!(
+                "the machine cannot allocate {} MB for it",
+                (len as u64 * std::mem::size_of::<T>() as u64).div_ceil(1 << 20)
+            ),
+        ));
+    }
+    items.resize(len, value);
+    Ok(items)
+}
+
 /// Argument checks shared by the block pools' `allocate_slots`.
 fn check_allocation(
     request_id: &impl Debug,

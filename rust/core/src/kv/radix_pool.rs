@@ -54,11 +54,15 @@ pub struct RadixPool<R: RequestKey> {
 impl<R: RequestKey> RadixPool<R> {
     pub fn new(num_pages: usize, page_size: usize) -> Result<Self> {
         check_num_blocks(num_pages)?;
+        let mut free_pages = super::try_filled_vec(num_pages, 0, "num_pages")?;
+        for (page, id) in free_pages.iter_mut().zip((0..num_pages as BlockId).rev()) {
+            *page = id;
+        }
         Ok(Self {
             tree: RadixCache::new(page_size)?,
             page_size,
             num_pages,
-            free_pages: (0..num_pages as BlockId).rev().collect(),
+            free_pages,
             requests: FxHashMap::default(),
             stats: BlockPoolStats::default(),
         })

@@ -175,6 +175,16 @@ impl ReplicaPolicyConfig {
         }
     }
 
+    /// KV blocks a replica of this policy tracks one by one (GPU blocks and host-tier
+    /// slots); Vidur's policies only count theirs.
+    pub fn tracked_blocks(&self) -> u64 {
+        match self {
+            Self::VllmV1(config) => config.num_blocks as u64 + config.host_num_blocks as u64,
+            Self::Sglang(limits) => limits.num_pages as u64,
+            Self::Vidur(..) | Self::External { .. } => 0,
+        }
+    }
+
     /// Whether pipeline stages may run several batches of this policy at once.
     pub fn pipeline_parallel(&self) -> bool {
         match self {
@@ -379,6 +389,9 @@ pub struct SimConfig {
     pub sample_interval_s: f64,
     pub record_stages: bool,
     pub over_length: OverLength,
+    /// The longest request any replica serves, judged alike for every policy before its
+    /// own limits; `None`: only the policy's limits.
+    pub request_limit: Option<RequestLimit>,
     /// Closed-loop load: this many users, each sending its next session (or request) when
     /// its previous one completed (`super::sessions`); `None`: requests arrive at their
     /// times (open loop).
@@ -400,6 +413,17 @@ pub struct SimConfig {
     pub coalesce_decode_steps: bool,
 }
 
+/// The longest request (prompt + output) a deployment serves: the model's context length
+/// or the user's lower setting (vLLM's `max_model_len`, SGLang's `context_length`). Every
+/// replica policy refuses a longer request at arrival, for this one reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestLimit {
+    pub max_tokens: u64,
+    /// What sets it, with its value, for messages: `replica.scheduler.max_request_tokens =
+    /// 4096`, or the model's context length when no setting lowers it.
+    pub setting: String,
+}
+
 /// The host tier's link and what `prefix_affinity` makes of its hits.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct KvOffload {
@@ -417,22 +441,14 @@ impl SimConfig {
                 format!("must be in [1, {MAX_REPLICAS}]"),
             ));
         }
-        let per_block = match &self.replica_policy {
-            ReplicaPolicyConfig::VllmV1(c) => c.num_blocks as u64,
-            ReplicaPolicyConfig::Sglang(l) => l.num_pages as u64,
-            _ => 0,
-        };
-        if per_block * self.num_replicas as u64 > MAX_CLUSTER_BLOCKS {
+        self.check_cluster_blocks()?;
+        if let Some(limit) = &self.request_limit
+            && limit.max_tokens < 2
+        {
             return Err(Error::config(
-                "cluster.num_replicas",
-                self.num_replicas,
-                format!(
-                    "{} replicas of {per_block} KV blocks each exceed the simulator's limit of \
-                     {MAX_CLUSTER_BLOCKS} blocks in all (each block is tracked one by one \
-                     under {}); use fewer replicas or a larger block size",
-                    self.num_replicas,
-                    self.replica_policy.name()
-                ),
+                "replica.scheduler.max_request_tokens",
+                limit.max_tokens,
+                "must be >= 2 (a prompt token and an output token)",
             ));
         }
         if self.num_stages == 0 {
@@ -513,6 +529,44 @@ impl SimConfig {
             }
         }
         self.exec.validate()
+    }
+
+    /// One budget for every KV structure the run builds block by block: both pools' GPU
+    /// blocks and host tiers, checked before anything is allocated.
+    fn check_cluster_blocks(&self) -> Result<()> {
+        let prefill = self.replica_policy.tracked_blocks() * self.num_replicas as u64;
+        let decode = self.pd.as_ref().map_or(0, |pd| {
+            pd.decode_policy.tracked_blocks() * pd.num_decode_replicas as u64
+        });
+        if prefill + decode <= MAX_CLUSTER_BLOCKS {
+            return Ok(());
+        }
+        let pools = match &self.pd {
+            None => format!(
+                "{} replicas of {} KV blocks each (GPU and host tier)",
+                self.num_replicas,
+                self.replica_policy.tracked_blocks()
+            ),
+            Some(pd) => format!(
+                "{} prefill replicas of {} KV blocks and {} decode replicas of {} (GPU and host \
+                 tiers)",
+                self.num_replicas,
+                self.replica_policy.tracked_blocks(),
+                pd.num_decode_replicas,
+                pd.decode_policy.tracked_blocks()
+            ),
+        };
+        Err(Error::config(
+            "cluster.num_replicas",
+            self.num_replicas,
+            format!(
+                "{pools} make {} blocks, over the simulator's limit of {MAX_CLUSTER_BLOCKS} in \
+                 all (each block is tracked one by one under {}); use fewer replicas or a \
+                 larger block size",
+                prefill + decode,
+                self.replica_policy.name()
+            ),
+        ))
     }
 
     /// Routers' weight of a host-tier hit (0 without a tier).

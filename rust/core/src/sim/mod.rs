@@ -30,8 +30,8 @@ mod tokens;
 pub use arena::Requests;
 pub use batch::{Batch, BatchShape};
 pub use config::{
-    KvOffload, OverLength, REPLICA_POLICIES, ReplicaPolicyConfig, ReplicaPolicyEntry, SimConfig,
-    VidurKind,
+    KvOffload, MAX_CLUSTER_BLOCKS, OverLength, REPLICA_POLICIES, ReplicaPolicyConfig,
+    ReplicaPolicyEntry, RequestLimit, SimConfig, VidurKind,
 };
 pub use disagg::{KvLink, Links, PdConfig, Transfer};
 pub use engine::{ArrivingRequest, RequestSource, SimOutput, Simulator};

@@ -176,3 +176,28 @@ fn a_request_restarted_on_the_prefill_replica_still_decodes_once_on_the_decode_s
     let b = (t.request_id[0] != 1) as usize;
     assert_eq!(t.num_restarts[b], 1, "B restarted on the prefill replica");
 }
+
+#[test]
+fn the_block_budget_counts_the_decode_pool_before_allocating() {
+    // Each pool alone fits the budget; together they do not: refused, nothing allocated.
+    let half = (crate::sim::MAX_CLUSTER_BLOCKS / 2) as usize;
+    let mut config = pd_config(1, 2);
+    config.replica_policy = v1(half);
+    config.pd.as_mut().unwrap().decode_policy = v1(half);
+    let mut exec = config.exec;
+    let err = Simulator::new(config, &mut exec)
+        .err()
+        .expect("over the budget");
+    let text = err.to_string();
+    assert!(
+        matches!(
+            err,
+            crate::Error::Config {
+                field: "cluster.num_replicas",
+                ..
+            }
+        ),
+        "{text}"
+    );
+    assert!(text.contains("2 decode replicas"), "{text}");
+}

@@ -71,6 +71,7 @@ pub(super) fn config(
         pd: None,
         kv_offload: None,
         coalesce_decode_steps: true,
+        request_limit: None,
     }
 }
 
@@ -416,7 +417,10 @@ fn an_over_length_request_is_one_input_error_naming_the_limit_for_every_policy()
         let requests = vec![req(0.0, 8, 2), req(1.0, 200, 200)];
         let err = sim.run(&mut VecSource(Some(requests))).unwrap_err();
         let text = err.to_string();
-        assert!(matches!(err, crate::Error::Input { .. }), "{name}: {text}");
+        assert!(
+            matches!(err, crate::Error::Rejected { request: 1, .. }),
+            "{name}: {text}"
+        );
         assert!(
             text.contains("request 1 (200 prompt + 200 output"),
             "{name}: {text}"
@@ -439,6 +443,77 @@ fn over_length_skip_counts_the_request_and_runs_the_rest() {
     let out = sim.run(&mut VecSource(Some(requests))).unwrap();
     assert_eq!(out.num_skipped_over_length, 1);
     assert_eq!(out.requests.request_id, vec![0, 2]);
+}
+
+#[test]
+fn the_request_limit_refuses_alike_for_every_policy_naming_its_setting() {
+    let v1 = ReplicaPolicyConfig::VllmV1(SchedulerConfig {
+        block_size: 16,
+        num_blocks: 64,
+        max_model_len: 1024,
+        ..SchedulerConfig::without_vllm_reservations()
+    });
+    let sglang = ReplicaPolicyConfig::Sglang(SglangLimits {
+        num_pages: 64,
+        page_size: 16,
+        max_running_requests: 8,
+        max_extend_tokens: 64,
+        graph_batch_sizes: vec![1, 2, 4, 8],
+    });
+    let policies = [
+        ReplicaPolicyConfig::Vidur(VidurKind::Vllm, limits()),
+        ReplicaPolicyConfig::Vidur(VidurKind::Sarathi, limits()),
+        v1,
+        sglang,
+    ];
+    for policy in policies {
+        let name = policy.name();
+        let mut exec = linear(1.0, 0.0, 0.0);
+        let mut cfg = config(policy, 1, exec);
+        cfg.request_limit = Some(RequestLimit {
+            max_tokens: 300,
+            setting: "the model's context length of 300 tokens".into(),
+        });
+        let sim = Simulator::new(cfg, &mut exec).unwrap();
+        // 250 + 51 fits every policy's memory, but not the deployment's limit.
+        let requests = vec![req(0.0, 8, 2), req(1.0, 250, 51)];
+        let err = sim.run(&mut VecSource(Some(requests))).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            matches!(err, crate::Error::Rejected { request: 1, .. }),
+            "{name}: {text}"
+        );
+        assert!(
+            text.contains("it exceeds the model's context length of 300 tokens"),
+            "{name}: {text}"
+        );
+        assert!(!text.contains("invalid argument"), "{name}: {text}");
+    }
+}
+
+#[test]
+fn a_skipped_request_still_takes_its_routing_turn() {
+    // Round robin over 2 replicas: the router places request 1 on replica 1 before the
+    // replica rejects it, so request 2 goes to replica 0 and request 3 to replica 1.
+    let mut exec = linear(1.0, 0.0, 0.0);
+    let mut cfg = config(
+        ReplicaPolicyConfig::Vidur(VidurKind::Vllm, limits()),
+        1,
+        exec,
+    );
+    cfg.num_replicas = 2;
+    cfg.over_length = OverLength::Skip;
+    let sim = Simulator::new(cfg, &mut exec).unwrap();
+    let requests = vec![
+        req(0.0, 8, 2),
+        req(1.0, 200, 200),
+        req(2.0, 8, 2),
+        req(3.0, 8, 2),
+    ];
+    let out = sim.run(&mut VecSource(Some(requests))).unwrap();
+    assert_eq!(out.num_skipped_over_length, 1);
+    assert_eq!(out.requests.request_id, vec![0, 2, 3]);
+    assert_eq!(out.requests.replica, vec![0, 0, 1]);
 }
 
 #[test]

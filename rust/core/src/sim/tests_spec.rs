@@ -51,6 +51,7 @@ fn config(sched: SchedulerConfig, k: u32, acceptance: Acceptance) -> SimConfig {
         pd: None,
         kv_offload: None,
         coalesce_decode_steps: true,
+        request_limit: None,
     }
 }
 

@@ -7,8 +7,8 @@ use pyo3::types::PyDict;
 use tokenyard_core::sim::spec::{Acceptance, SpecConfig, SpecMethod};
 use tokenyard_core::sim::{
     GlobalPolicy, HostLink, KvLink, KvOffload, LinearModel, LoraConfig, OverLength, PdConfig,
-    ReplicaPolicyConfig, ReplicaPolicyEntry, RestartMode, SglangLimits, SimConfig, VidurKind,
-    VidurLimits,
+    ReplicaPolicyConfig, ReplicaPolicyEntry, RequestLimit, RestartMode, SglangLimits, SimConfig,
+    VidurKind, VidurLimits,
 };
 
 use crate::errors::{OrRaise, input_error};
@@ -228,7 +228,7 @@ impl PySimConfig {
     #[pyo3(signature = (*, num_replicas, num_stages, global_policy, balance, replica, linear,
         seed, hash_block_size, sample_interval_s, record_stages, over_length, concurrency=None,
         lora=None, speculative=None, decode=None, kv_offload=None,
-        coalesce_decode_steps=true))]
+        coalesce_decode_steps=true, request_limit=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -249,6 +249,7 @@ impl PySimConfig {
         decode: Option<&Bound<'_, PyDict>>,
         kv_offload: Option<&Bound<'_, PyDict>>,
         coalesce_decode_steps: bool,
+        request_limit: Option<(u64, String)>,
     ) -> PyResult<Self> {
         let lora = lora.map(lora_config).transpose()?;
         let pd = decode.map(pd_config).transpose()?;
@@ -277,6 +278,10 @@ impl PySimConfig {
             pd,
             kv_offload,
             coalesce_decode_steps,
+            request_limit: request_limit.map(|(max_tokens, setting)| RequestLimit {
+                max_tokens,
+                setting,
+            }),
         };
         inner.validate().or_raise(py)?;
         Ok(Self { inner })

@@ -13,8 +13,8 @@ use tokenyard_core::sched::PolicyPlugin;
 use tokenyard_core::sim::exec::Repeated;
 use tokenyard_core::sim::spec::{DraftPricing, SpecExec};
 use tokenyard_core::sim::{
-    ExecModel, GapHistogram, GlobalPolicy, OpModel, PluginReplica, REPLICA_POLICIES, ReplicaPolicy,
-    SimOutput, Simulator,
+    ExecModel, GapHistogram, GlobalPolicy, MAX_CLUSTER_BLOCKS, OpModel, PluginReplica,
+    REPLICA_POLICIES, ReplicaPolicy, SimOutput, Simulator,
 };
 
 use crate::errors::{ErrorSlot, OrRaise};
@@ -39,6 +39,7 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     }
     module.add("REPLICA_POLICIES", registry)?;
     module.add("GLOBAL_POLICIES", GlobalPolicy::NAMES.to_vec())?;
+    module.add("MAX_CLUSTER_BLOCKS", MAX_CLUSTER_BLOCKS)?;
     module.add_function(wrap_pyfunction!(simulate, module)?)
 }
 

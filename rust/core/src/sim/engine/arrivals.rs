@@ -140,27 +140,7 @@ impl Simulator<'_> {
         } = turn;
         // A request naming an adapter the replicas cannot serve is refused, never skipped.
         lora::check_request(self.config.lora.as_ref(), id, arriving.lora_id)?;
-        let limit = self
-            .config
-            .replica_policy
-            .request_limit(arriving.num_prefill_tokens, arriving.num_decode_tokens);
-        if let Some(reason) = limit {
-            if self.config.over_length == OverLength::Skip {
-                self.out.num_skipped_over_length += 1;
-                // A skipped turn ends at once, so its session goes on.
-                return self.on_turn_done(arriving.session, source);
-            }
-            return Err(Error::input(
-                "request",
-                id,
-                format!(
-                    "request {id} ({} prompt + {} output tokens) can never run on a replica: \
-                     {reason}; shorten it, raise the setting, or set \
-                     replica.over_length = \"skip\"",
-                    arriving.num_prefill_tokens, arriving.num_decode_tokens
-                ),
-            ));
-        }
+        let (prefill, decode) = (arriving.num_prefill_tokens, arriving.num_decode_tokens);
         let mut request = SimRequest::new(
             id,
             self.now,
@@ -171,7 +151,24 @@ impl Simulator<'_> {
         request.session = arriving.session;
         request.turn = turn;
         request.lora_id = arriving.lora_id;
+        // The router places every request, as a deployment's does; the replica then
+        // rejects one it can never serve, so a rejection still takes its routing turn.
         let replica = self.route(&request)?;
+        if let Some(reason) = self.never_served(prefill, decode) {
+            if self.config.over_length == OverLength::Skip {
+                self.out.num_skipped_over_length += 1;
+                // A skipped turn ends at once, so its session goes on.
+                return self.on_turn_done(arriving.session, source);
+            }
+            return Err(Error::Rejected {
+                request: id,
+                reason: format!(
+                    "request {id} ({prefill} prompt + {decode} output tokens) can never run on \
+                     a replica: {reason}; shorten it, raise the setting, or set \
+                     replica.over_length = \"skip\""
+                ),
+            });
+        }
         request.replica = replica as u32;
         let idx = self.requests.insert(request);
         self.replicas[replica]
@@ -184,6 +181,17 @@ impl Simulator<'_> {
             },
         );
         Ok(())
+    }
+
+    /// Why no replica can ever serve a request of these lengths: the deployment's limit
+    /// first, alike for every policy, then the policy's own (memory, batch limits).
+    fn never_served(&self, prefill: u32, decode: u32) -> Option<String> {
+        if let Some(limit) = &self.config.request_limit
+            && prefill as u64 + decode as u64 > limit.max_tokens
+        {
+            return Some(format!("it exceeds {}", limit.setting));
+        }
+        self.config.replica_policy.request_limit(prefill, decode)
     }
 
     /// A turn of `session` (or a request on its own) is over: the next turn is sent, or

@@ -323,6 +323,11 @@ def test_an_unsupported_architecture_is_refused_listing_the_supported(tmp_path: 
         ({"num_key_value_heads": 5}, "num_key_value_heads: must divide num_heads (32), got 5"),
         ({"tie_word_embeddings": "no"}, "tie_word_embeddings: must be true or false, got 'no'"),
         ({"architectures": "LlamaForCausalLM"}, "architectures: must be a non-empty list"),
+        (
+            {"hidden_size": 4100},  # head_dim used to be floored to 128
+            "hidden_size: must be a multiple of num_attention_heads (32) when no head_dim is "
+            "given, got 4100",
+        ),
     ],
 )
 def test_a_missing_or_bad_key_is_named(
@@ -330,6 +335,19 @@ def test_a_missing_or_bad_key_is_named(
 ) -> None:
     config = {k: v for k, v in {**LLAMA_3_1_8B, **change}.items() if v is not None}
     assert message in refusal(write(tmp_path, config)).message
+
+
+@pytest.mark.parametrize(("head_dim", "expected"), [(128, 128), (None, 64)])
+def test_an_explicit_head_dim_is_used_as_it_is_else_hidden_size_over_heads(
+    tmp_path: Path, head_dim: int | None, expected: int
+) -> None:
+    # Qwen3.5-27B gives head_dim 256 with hidden_size 5120 and 24 heads (5120 / 24 is not
+    # whole); Qwen3 and Gemma give one other than hidden_size / heads. Null is no head_dim.
+    odd = {**QWEN3_0_6B, "hidden_size": 1000, "head_dim": head_dim}
+    if head_dim is None:
+        assert "hidden_size: must be a multiple of" in refusal(write(tmp_path, odd)).message
+        odd["hidden_size"] = 1024
+    assert catalog.model(str(write(tmp_path, odd))).head_dim == expected
 
 
 def test_moe_keys_are_required_for_a_moe(tmp_path: Path) -> None:
@@ -350,6 +368,14 @@ def test_a_file_that_is_not_a_json_object_is_refused(
     path = tmp_path / "config.json"
     path.write_text(text)
     assert refusal(path).message.endswith(message)
+
+
+def test_json_nested_too_deep_is_refused_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"  # 100,000 levels: json's decoder used to overflow the stack
+    path.write_text('{"a": ' * 100_000 + "1" + "}" * 100_000)
+    assert refusal(path).message.endswith("not a config.json (nested too deep to read)")
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    assert refusal(path).message.endswith("not a config.json (nested too deep to read)")
 
 
 def test_a_missing_json_file_cannot_be_read(tmp_path: Path) -> None:

@@ -74,6 +74,8 @@ def _read(path: Path) -> dict[str, Any]:
         raw = json.loads(path.read_bytes())
     except ValueError as exc:
         raise ConfigError(f"not a JSON file ({exc})") from None
+    except RecursionError:  # json recurses once per level of nesting
+        raise ConfigError("not a config.json (nested too deep to read)") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"must be a JSON object (a config.json), got {type(raw).__name__}")
     return raw
@@ -150,6 +152,18 @@ def _flag(cfg: dict[str, Any], key: str) -> bool:
     return value
 
 
+def _head_dim(cfg: dict[str, Any], hidden: int, heads: int) -> int:
+    """The config's ``head_dim``, as it is (Qwen3, Gemma and Mistral-Nemo give one other
+    than hidden_size / heads); without one, ``hidden_size / num_attention_heads``, which
+    must then divide exactly."""
+    if cfg.get("head_dim") is not None:
+        return _count(cfg, "head_dim")
+    if hidden % heads:
+        problem = f"must be a multiple of num_attention_heads ({heads}) when no head_dim is given"
+        raise _bad("hidden_size", f"{problem}, got {hidden}")
+    return hidden // heads
+
+
 def _spec(cfg: dict[str, Any], family: _Family, name: str, source: str) -> ModelSpec:
     heads, hidden = _count(cfg, "num_attention_heads"), _count(cfg, "hidden_size")
     moe = bool(family.experts_key)
@@ -159,7 +173,7 @@ def _spec(cfg: dict[str, Any], family: _Family, name: str, source: str) -> Model
         "hidden_size": hidden,
         "num_heads": heads,
         "num_kv_heads": _count(cfg, "num_key_value_heads", heads),
-        "head_dim": _count(cfg, "head_dim", hidden // heads or None),
+        "head_dim": _head_dim(cfg, hidden, heads),
         "intermediate_size": _count(cfg, family.intermediate_key),
         "vocab_size": _count(cfg, "vocab_size"),
         "tied_embeddings": _flag(cfg, "tie_word_embeddings"),

@@ -30,6 +30,7 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from importlib import resources
+from pathlib import Path
 from statistics import median
 from typing import Any
 
@@ -401,10 +402,10 @@ def _fit_collectives(source: Any, device: DeviceSpec) -> tuple[list[int], list[f
 
     custom = source.folders.get("comm")
     if custom is not None and (custom / "custom_allreduce_perf.parquet").is_file():
-        rows = read_table(custom / "custom_allreduce_perf.parquet")
+        rows = read_table(custom / "custom_allreduce_perf.parquet", field=source.field)
         return fit_all_reduce(rows, device, dtype_column="allreduce_dtype", dtype="bfloat16")
     if "nccl" in source.folders:
-        rows = read_table(source.folders["nccl"] / "nccl_perf.parquet")
+        rows = read_table(source.folders["nccl"] / "nccl_perf.parquet", field=source.field)
         return fit_all_reduce(rows, device, dtype_column="nccl_dtype", dtype="half")
     return [], [], []
 
@@ -413,19 +414,20 @@ def fit_calibration(source: Any, device: DeviceSpec, *, note: str = "") -> Calib
     """Fits every curve to the tables of ``source`` (a ``MeasuredSource``) for ``device``."""
     from tokenyard.predictor.measured.tables import read_table
 
-    gemm = read_table(source.folders["gemm"] / "gemm_perf.parquet").where(gemm_dtype="bfloat16")
+    def read(path: Path) -> Any:
+        return read_table(path, field=source.field)
+
+    gemm = read(source.folders["gemm"] / "gemm_perf.parquet").where(gemm_dtype="bfloat16")
     tokens, gemm_eff, memory_eff, memory_latency = fit_gemm(gemm, device)
     attention = source.folders["attention"]
-    seq_lens, prefill_eff = fit_prefill(
-        read_table(attention / "context_attention_perf.parquet"), device
-    )
+    seq_lens, prefill_eff = fit_prefill(read(attention / "context_attention_perf.parquet"), device)
     parallelism, kv_lens, decode_eff = fit_decode(
-        read_table(attention / "generation_attention_perf.parquet"), device
+        read(attention / "generation_attention_perf.parquet"), device
     )
     collective = _fit_collectives(source, device)
     moe: tuple[list[float], list[float]] = ([], [])
     if "moe" in source.folders and (source.folders["moe"] / "moe_perf.parquet").is_file():
-        moe_rows = read_table(source.folders["moe"] / "moe_perf.parquet")
+        moe_rows = read(source.folders["moe"] / "moe_perf.parquet")
         moe = fit_moe(moe_rows, device, memory_latency)
     return Calibration(
         device=device.name,

@@ -164,7 +164,9 @@ def _calibrate(args: argparse.Namespace) -> int:
     version = package_version()
     fits = [
         fit_calibration(
-            resolve_source(root, system, args.framework, "latest", where="calibrate"),
+            resolve_source(
+                root, system, args.framework, "latest", where="calibrate", field="calibrate"
+            ),
             device(name),
             note=f" of aiconfigurator-core {version}",
         )

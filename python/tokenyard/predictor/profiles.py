@@ -121,11 +121,27 @@ UNKNOWN_DEVICE = "vidur"
 
 
 class ProfileError(InputError):
-    """A profile file is unreadable, malformed, or leaves nothing after filtering.
+    """A profile file or measured table is unreadable, malformed, or leaves nothing after
+    filtering.
 
-    ``field`` is ``"FILE:LINE:COLUMN"`` (line 1 is the header) or ``"FILE"`` / ``"FILE:COLUMN"``
-    where no line applies; ``value`` is the offending value.
+    For a profile file ``field`` is ``"FILE:LINE:COLUMN"`` (line 1 is the header) or
+    ``"FILE"`` / ``"FILE:COLUMN"`` where no line applies. For a measured table
+    (``tokenyard.predictor.measured``) ``field`` is the config key that names the tables
+    (``execution.measured.data_dir``, or ``execution.measured`` for the installed
+    package's) and ``path`` the file; the message names both, and the column. ``value``
+    is the offending value.
     """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        field: str | None = None,
+        value: str | None = None,
+        path: str | None = None,
+    ):
+        super().__init__(message, field=field, value=value)
+        self.path = path
 
 
 @dataclass(frozen=True)

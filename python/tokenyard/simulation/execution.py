@@ -120,7 +120,10 @@ def _measured_source(config: SimulationConfig, spec: DeviceSpec) -> MeasuredSour
             field="replica.device",
             value=repr(spec.name),
         )
-    return resolve_source(root, system, _framework(config, measured), measured.version)
+    # Errors about the tables name the key that chose them: data_dir, else the section.
+    field = "execution.measured.data_dir" if measured.data_dir else "execution.measured"
+    framework = _framework(config, measured)
+    return resolve_source(root, system, framework, measured.version, field=field)
 
 
 def choose_execution(config: SimulationConfig) -> ExecutionChoice:

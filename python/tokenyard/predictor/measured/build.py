@@ -28,8 +28,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tokenyard.catalog import DeviceSpec, ModelSpec
 from tokenyard.errors import ConfigError
@@ -37,9 +39,15 @@ from tokenyard.predictor import grids
 from tokenyard.predictor.calibration import Calibration, builtin_calibration, fit_calibration
 from tokenyard.predictor.compiled import CompiledOp, CompiledPredictor, TableCost
 from tokenyard.predictor.measured.data import MeasuredSource
-from tokenyard.predictor.measured.ops import AttentionTimes, CollectiveTimes, GemmTimes, MoeTimes
-from tokenyard.predictor.measured.tables import Columns, read_table
-from tokenyard.predictor.profiles import ProfileError
+from tokenyard.predictor.measured.ops import (
+    AttentionTimes,
+    CollectiveTimes,
+    GemmTimes,
+    MoeTimes,
+    NotMeasured,
+    moe_rows,
+)
+from tokenyard.predictor.measured.tables import Columns, read_table, table_error
 from tokenyard.predictor.roofline import CpuOverheads, roofline_predictor
 
 __all__ = ["TABLE_DTYPES", "measured_predictor"]
@@ -48,15 +56,21 @@ __all__ = ["TABLE_DTYPES", "measured_predictor"]
 TABLE_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp8": "fp8", "int8": "int8", "int4": "int4"}
 
 
-def _read(path: Path) -> Columns:
+def _read(source: MeasuredSource, path: Path) -> Columns:
     # Kept per file version: a table rewritten during a session is read again.
-    stat = path.stat()
-    return _read_version(path, stat.st_size, stat.st_mtime_ns)
+    try:
+        stat = path.stat()
+    except OSError as exc:  # missing, or a dangling or looping link
+        reason = exc.strerror or str(exc)
+        if path.is_symlink():
+            reason += f"; it is a link to {os.readlink(path)}"
+        raise table_error(source.field, path, None, f"cannot read the table ({reason})") from None
+    return _read_version(path, stat.st_size, stat.st_mtime_ns, source.field)
 
 
 @functools.lru_cache(maxsize=16)
-def _read_version(path: Path, size: int, mtime_ns: int) -> Columns:
-    return read_table(path)
+def _read_version(path: Path, size: int, mtime_ns: int, field: str) -> Columns:
+    return read_table(path, field=field)
 
 
 def _table_dtype(name: str, field: str, available: list[str]) -> str:
@@ -100,6 +114,11 @@ def _shapes(model: ModelSpec, tp: int) -> _Shapes:
     )
 
 
+def _present(path: Path) -> bool:
+    """A table file is there, perhaps as a broken link (which reading then reports)."""
+    return path.is_file() or path.is_symlink()
+
+
 def _gemm_table(gemm: GemmTimes, n: int, k: int, feature: str) -> TableCost:
     xs = tuple(float(m) for m in gemm.m_grid)
     return TableCost(x=feature, xs=xs, values=tuple(gemm(m, n, k) for m in xs))
@@ -130,7 +149,7 @@ def _measured_ops(
 ) -> dict[str, tuple[TableCost | None, str, str]]:
     """Operation name -> (table, source label, reason it is absent); ``None`` tables keep
     the roofline."""
-    gemm_rows = _read(source.folders["gemm"] / "gemm_perf.parquet")
+    gemm_rows = _read(source, source.folders["gemm"] / "gemm_perf.parquet")
     dtype = _table_dtype(weight_dtype, "replica.dtype", gemm_rows.values("gemm_dtype"))
     gemm = GemmTimes(gemm_rows, dtype)
     label = f"measured:gemm ({source.folders['gemm'].name})"
@@ -155,8 +174,8 @@ def _attention_ops(
     source: MeasuredSource, s: _Shapes, kv_dtype: str
 ) -> dict[str, tuple[TableCost | None, str, str]]:
     folder = source.folders["attention"]
-    context_rows = _read(folder / "context_attention_perf.parquet")
-    generation_rows = _read(folder / "generation_attention_perf.parquet")
+    context_rows = _read(source, folder / "context_attention_perf.parquet")
+    generation_rows = _read(source, folder / "generation_attention_perf.parquet")
     kv_name = _table_dtype(
         kv_dtype, "replica.kv_cache_dtype", context_rows.values("kv_cache_dtype")
     )
@@ -166,7 +185,7 @@ def _attention_ops(
     try:
         context = AttentionTimes(context_rows, generation=False, **layout)  # type: ignore[arg-type]
         generation = AttentionTimes(generation_rows, generation=True, **layout)  # type: ignore[arg-type]
-    except ProfileError as exc:
+    except NotMeasured as exc:
         raise ConfigError(
             f"replica.model: the measured attention tables do not cover its layout per GPU "
             f"({s.q_heads} heads, {s.kv_heads} KV heads, head_dim {s.head_dim}): {exc}",
@@ -184,9 +203,8 @@ def _all_reduce_op(
     source: MeasuredSource, s: _Shapes, tp: int
 ) -> tuple[TableCost | None, str, str]:
     tables = []
-    if (
-        "comm" in source.folders
-        and (source.folders["comm"] / "custom_allreduce_perf.parquet").is_file()
+    if "comm" in source.folders and _present(
+        source.folders["comm"] / "custom_allreduce_perf.parquet"
     ):
         path = source.folders["comm"] / "custom_allreduce_perf.parquet"
         tables.append(
@@ -196,9 +214,10 @@ def _all_reduce_op(
         path = source.folders["nccl"] / "nccl_perf.parquet"
         tables.append((path, "nccl_dtype", "half", f"measured:nccl ({path.parent.name})"))
     for path, column, dtype, label in tables:
+        rows = _read(source, path)
         try:
-            times = CollectiveTimes(_read(path), tp, dtype_column=column, dtype=dtype)
-        except ProfileError:
+            times = CollectiveTimes(rows, tp, dtype_column=column, dtype=dtype)
+        except NotMeasured:
             continue  # this table lacks the GPU count: try the next
         return _all_reduce_table(times, s.h), label, ""
     return None, "calibrated", f"no all-reduce measured over {tp} GPUs"
@@ -212,20 +231,29 @@ def _moe_op(
     source: MeasuredSource, model: ModelSpec, tp: int, dtype: str, distribution: str
 ) -> tuple[TableCost | None, str, str]:
     path = source.folders.get("moe")
-    if path is None or not (path / "moe_perf.parquet").is_file():
+    if path is None or not _present(path / "moe_perf.parquet"):
         return None, "calibrated", "no MoE table"
-    try:
-        times = MoeTimes(
-            _read(path / "moe_perf.parquet"),
-            dtype=dtype,
-            hidden_size=model.hidden_size,
-            inter_size=model.intermediate_size,
-            topk=model.experts_per_token,
-            num_experts=model.num_experts,
-            tensor_parallel_size=tp,
-            distribution=distribution,
+    rows = _read(source, path / "moe_perf.parquet")
+    shape: dict[str, Any] = {
+        "dtype": dtype,
+        "hidden_size": model.hidden_size,
+        "inter_size": model.intermediate_size,
+        "topk": model.experts_per_token,
+        "num_experts": model.num_experts,
+        "tensor_parallel_size": tp,
+    }
+    routings = moe_rows(rows, **shape).values("distribution")
+    if routings and distribution not in routings:
+        # The shape is measured, not under this routing: refused, not priced another way.
+        raise ConfigError(
+            f"execution.measured.moe_distribution: {rows.path} measures {model.name}'s "
+            f"experts under {', '.join(routings)}, got {distribution!r}",
+            field="execution.measured.moe_distribution",
+            value=repr(distribution),
         )
-    except ProfileError as exc:
+    try:
+        times = MoeTimes(rows, **shape, distribution=distribution)
+    except NotMeasured as exc:
         return None, "calibrated", str(exc)
     table = grids.token_table("num_tokens", times, 2.0**17)
     return table, f"measured:moe ({path.name})", ""
@@ -252,9 +280,10 @@ def measured_predictor(
     device's built-in one, else curves fitted to ``source`` itself).
 
     Raises:
-        ConfigError: a dtype or attention layout the tables do not measure (the key and
-            what is measured), or a bad layout.
-        ProfileError: a malformed table (its file and column).
+        ConfigError: a dtype, attention layout or MoE routing the tables do not measure
+            (the key and what is measured), or a bad layout.
+        ProfileError: a table that is unreadable, malformed or too sparse to interpolate
+            (``field`` is ``source.field``; the message names the file and column).
     """
     tp = tensor_parallel_size
     model.check_layout(tp, num_pipeline_stages)

@@ -26,6 +26,7 @@ from tokenyard.errors import ConfigError
 __all__ = [
     "FAMILIES",
     "FRAMEWORKS",
+    "MOE_DISTRIBUTIONS",
     "SYSTEM_OF_DEVICE",
     "MeasuredSource",
     "package_root",
@@ -34,6 +35,9 @@ __all__ = [
 
 FRAMEWORKS = ("vllm", "sglang", "trtllm")
 FAMILIES = ("gemm", "attention", "comm", "moe")
+#: The expert routings the MoE tables measure (``moe_perf.parquet``'s ``distribution``;
+#: every table of aiconfigurator-core 0.12.0 holds the power laws, most also ``balanced``).
+MOE_DISTRIBUTIONS = ("balanced", "power_law_1.01", "power_law_1.2")
 
 #: Catalog device -> measured system. Only a system measured on that very GPU is listed:
 #: an A100 40GB has the A100 80GB's chip but not its memory bandwidth, an H100 PCIe has
@@ -82,13 +86,15 @@ def _version_key(version: str) -> tuple[tuple[int, int | str], ...]:
 
 @dataclasses.dataclass(frozen=True)
 class MeasuredSource:
-    """The folders one predictor reads: ``folders[family]`` (absent if not measured)."""
+    """The folders one predictor reads: ``folders[family]`` (absent if not measured);
+    ``field`` is the config key that named them, for errors about their tables."""
 
     root: Path
     system: str
     framework: str
     version: str
     folders: Mapping[str, Path] = dataclasses.field(hash=False, compare=False)
+    field: str = dataclasses.field(default="execution.measured", compare=False)
 
     def describe(self) -> str:
         """``h100_sxm, vllm 0.24.0`` (with the families that came from older versions)."""
@@ -154,9 +160,19 @@ def _fail(field: str, message: str, value: object) -> ConfigError:
 
 
 def resolve_source(
-    root: Path, system: str, framework: str, version: str, *, where: str = "execution.measured"
+    root: Path,
+    system: str,
+    framework: str,
+    version: str,
+    *,
+    where: str = "execution.measured",
+    field: str | None = None,
 ) -> MeasuredSource:
     """The folders of each family for ``system``/``framework``/``version`` under ``root``.
+
+    ``where`` prefixes the keys of errors about the choice; ``field`` is the key that named
+    ``root`` (default ``{where}.data_dir``; ``where`` itself for the package's tables), which
+    errors about its tables name.
 
     Raises:
         ConfigError: the system, framework or version has no GEMM or attention tables; the
@@ -212,4 +228,4 @@ def resolve_source(
                 f"measured: {_listing(root)}",
                 version,
             )
-    return MeasuredSource(root, system, framework, version, folders)
+    return MeasuredSource(root, system, framework, version, folders, field or f"{where}.data_dir")

@@ -17,6 +17,15 @@ log-log interpolation (``interpolate.py``) over the measured grid:
 Where several kernels were measured for one slice (FlashAttention 3 and 4, say), the one
 with the most rows in the slice is used: the framework's default path is the one the
 collection covers best.
+
+Coverage: a slice with no rows is :class:`NotMeasured` (the caller may price the operation
+another way). A slice that has rows must give each axis it is interpolated along at least
+two distinct values, all > 0 (:func:`_check_axis`), else the table is refused: one point
+has no range, so every other size would be that one reading scaled by the extrapolation
+rule (a GEMM table cut to one launch-bound row prices every GEMM from it). Two exceptions,
+both seen in the package's own tables: head counts may be one (many layouts are measured
+at one head count, and the model's count is fixed), and an MoE shape measured at one token
+count is a collection that stopped early, so it counts as not measured.
 """
 
 from __future__ import annotations
@@ -35,9 +44,16 @@ __all__ = [
     "CollectiveTimes",
     "GemmTimes",
     "MoeTimes",
+    "NotMeasured",
     "all_reduce_rows",
     "main_kernel",
+    "moe_rows",
 ]
+
+
+class NotMeasured(ProfileError):
+    """The table holds no rows for the slice asked for (a dtype, layout, GPU count or MoE
+    shape); a table with rows that are too sparse or malformed is a plain ProfileError."""
 
 
 def main_kernel(rows: Columns) -> Columns:
@@ -71,9 +87,30 @@ def _curves(
     return out
 
 
-def _no_rows(rows: Columns, what: str, available: str) -> ProfileError:
-    field = str(rows.path)
-    return ProfileError(f"{field}: no rows for {what}; the table has {available}", field=field)
+def _no_rows(rows: Columns, what: str, available: str) -> NotMeasured:
+    return NotMeasured(
+        f"{rows.field}: {rows.path}: no rows for {what}; the table has {available}",
+        field=rows.field,
+        path=str(rows.path),
+    )
+
+
+def _check_axis(
+    rows: Columns, what: str, name: str, values: np.ndarray, *, two: bool = True
+) -> None:
+    """Refuses an axis ``values`` (column ``name`` of ``rows``, the slice ``what``) that the
+    interpolation cannot use: a value <= 0 (curves and the outer axes work in log space), or,
+    with ``two``, fewer than two distinct values."""
+    distinct = np.unique(values)
+    if distinct[0] <= 0:
+        raise rows.error(name, f"{what}: must be > 0 to interpolate along", float(distinct[0]))
+    if two and len(distinct) < 2:
+        raise rows.error(
+            name,
+            f"too sparse: {what} has one measured {name} ({distinct[0]:g}); each axis "
+            "interpolated along needs at least two distinct values",
+            float(distinct[0]),
+        )
 
 
 class GemmTimes:
@@ -83,10 +120,12 @@ class GemmTimes:
         selected = main_kernel(rows.where(gemm_dtype=dtype))
         if len(selected) == 0:
             raise _no_rows(rows, f"gemm_dtype {dtype!r}", f"{rows.values('gemm_dtype')}")
+        for axis in ("m", "n", "k"):
+            _check_axis(rows, f"gemm_dtype {dtype!r}", axis, selected.col(axis))
         self.path = rows.path
         self.m_grid = selected.values("m")
         pair = selected.col("n") * 1e6 + selected.col("k")  # one key per (n, k)
-        keyed = Columns(selected.path, {**selected.data, "pair": pair})
+        keyed = selected.with_data({**selected.data, "pair": pair})
         curves = _curves(keyed, "pair", "m", above_power=1.0)
         self._by_n: dict[float, dict[float, Curve]] = {}
         for key, curve in curves.items():
@@ -133,11 +172,12 @@ class AttentionTimes:
         # Multi-head attention is measured with as many KV heads as heads; grouped-query
         # attention at the model's KV head count, over several head counts.
         mask = kv == heads if num_kv_heads == num_heads else kv == num_kv_heads
-        picked = main_kernel(Columns(picked.path, {c: v[mask] for c, v in picked.data.items()}))
+        picked = main_kernel(picked.with_data({c: v[mask] for c, v in picked.data.items()}))
+        what = f"head_dim {head_dim}, {num_kv_heads} KV heads, kv_cache_dtype {kv_cache_dtype!r}"
         if len(picked) == 0:
             raise _no_rows(
                 rows,
-                f"head_dim {head_dim}, {num_kv_heads} KV heads, kv_cache_dtype {kv_cache_dtype!r}",
+                what,
                 f"head_dim {rows.values('head_dim')}, KV heads "
                 f"{rows.values('num_key_value_heads')}, kv_cache_dtype "
                 f"{rows.values('kv_cache_dtype')}",
@@ -146,12 +186,16 @@ class AttentionTimes:
         self.num_heads = num_heads
         s = picked.col("isl") + (picked.col("step") if generation else 0.0)
         data = {**picked.data, "s": s}
+        _check_axis(rows, what, "batch_size", picked.col("batch_size"))
+        _check_axis(rows, what, "num_heads", picked.col("num_heads"), two=False)
         # Context work grows with the square of the prompt, generation work with the keys.
         s_power = 1.0 if generation else 2.0
         self._by_heads: dict[float, tuple[list[float], dict[float, Curve]]] = {}
         for n in picked.values("num_heads"):
             mask = picked.col("num_heads") == n
-            sub = Columns(picked.path, {c: v[mask] for c, v in data.items()})
+            sub = picked.with_data({c: v[mask] for c, v in data.items()})
+            s_name = "isl + step" if generation else "isl"
+            _check_axis(rows, f"{what}, {n:g} heads", s_name, sub.col("s"))
             by_s = _curves(sub, "s", "batch_size", above_power=1.0, below_power=1.0)
             self._by_heads[n] = (sorted(by_s), by_s)
         self._heads_axis = sorted(self._by_heads)
@@ -191,12 +235,35 @@ class CollectiveTimes:
         picked = picked.where(num_gpus=num_gpus)
         if len(picked) == 0:
             raise _no_rows(rows, f"{num_gpus} GPUs", f"num_gpus {rows.values('num_gpus')}")
+        _check_axis(rows, f"{num_gpus} GPUs", "message_size", picked.col("message_size"))
         self.path = rows.path
-        keyed = Columns(picked.path, {**picked.data, "one": np.zeros(len(picked))})
+        keyed = picked.with_data({**picked.data, "one": np.zeros(len(picked))})
         self._curve = _curves(keyed, "one", "message_size", above_power=1.0)[0.0]
 
     def __call__(self, elements: float) -> float:
         return self._curve(elements)
+
+
+def moe_rows(
+    rows: Columns,
+    *,
+    dtype: str,
+    hidden_size: int,
+    inter_size: int,
+    topk: int,
+    num_experts: int,
+    tensor_parallel_size: int,
+) -> Columns:
+    """The MoE rows of one shape at TP (no expert parallelism), under every routing."""
+    return rows.where(
+        moe_dtype=dtype,
+        hidden_size=hidden_size,
+        inter_size=inter_size,
+        topk=topk,
+        num_experts=num_experts,
+        moe_tp_size=tensor_parallel_size,
+        moe_ep_size=1,
+    )
 
 
 class MoeTimes:
@@ -216,28 +283,33 @@ class MoeTimes:
         tensor_parallel_size: int,
         distribution: str = "power_law_1.2",
     ):
-        picked = rows.where(
-            moe_dtype=dtype,
+        picked = moe_rows(
+            rows,
+            dtype=dtype,
             hidden_size=hidden_size,
             inter_size=inter_size,
             topk=topk,
             num_experts=num_experts,
-            moe_tp_size=tensor_parallel_size,
-            moe_ep_size=1,
+            tensor_parallel_size=tensor_parallel_size,
         )
         measured = picked.values("distribution")
         if measured and distribution not in measured:
             raise _no_rows(rows, f"the {distribution!r} routing", f"routings {measured}")
         picked = main_kernel(picked.where(distribution=distribution))
+        what = (
+            f"{num_experts} experts (top-{topk}) of hidden {hidden_size} x {inter_size} "
+            f"at TP {tensor_parallel_size}"
+        )
         if len(picked) == 0:
+            raise _no_rows(rows, what, "other shapes")
+        _check_axis(rows, what, "num_tokens", picked.col("num_tokens"), two=False)
+        tokens = picked.values("num_tokens")
+        if len(tokens) < 2:
             raise _no_rows(
-                rows,
-                f"{num_experts} experts (top-{topk}) of hidden {hidden_size} x {inter_size} "
-                f"at TP {tensor_parallel_size}",
-                "other shapes",
+                rows, f"{what} beyond {tokens[0]:g} tokens", "one point, too few to interpolate"
             )
         self.path = rows.path
-        keyed = Columns(picked.path, {**picked.data, "one": np.zeros(len(picked))})
+        keyed = picked.with_data({**picked.data, "one": np.zeros(len(picked))})
         self._curve = _curves(keyed, "one", "num_tokens", above_power=1.0)[0.0]
 
     def __call__(self, tokens: float) -> float:

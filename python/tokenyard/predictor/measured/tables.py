@@ -2,8 +2,10 @@
 
 Each reader checks that the columns it needs are there and hold numbers where numbers are
 expected, converts latencies from milliseconds to seconds, and returns the rows as numpy
-columns. A bad file is a :class:`~tokenyard.predictor.ProfileError` whose ``field`` is
-``FILE:COLUMN`` (or ``FILE``), never a raw pyarrow or numpy error.
+columns. A bad file is a :class:`~tokenyard.predictor.ProfileError` whose ``field`` is the
+config key that names the tables (``execution.measured.data_dir``, or ``execution.measured``
+for the package's) and whose ``path`` is the file; the message names both and the column.
+Never a raw OS, pyarrow or numpy error.
 
 Schemas (one row per measured shape; ``latency`` in ms):
 
@@ -22,7 +24,7 @@ Schemas (one row per measured shape; ``latency`` in ms):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +32,10 @@ import numpy as np
 
 from tokenyard.predictor.profiles import ProfileError
 
-__all__ = ["Columns", "read_table"]
+__all__ = ["TABLES_FIELD", "Columns", "read_table", "table_error"]
+
+#: The config key a table's errors name when the caller gives none.
+TABLES_FIELD = "execution.measured"
 
 _NUMERIC = {
     "m",
@@ -81,10 +86,12 @@ REQUIRED: Mapping[str, tuple[str, ...]] = {
 
 @dataclasses.dataclass(frozen=True)
 class Columns:
-    """A table's rows as columns; ``latency_s`` in seconds. ``path`` names the file."""
+    """A table's rows as columns; ``latency_s`` in seconds. ``path`` names the file and
+    ``field`` the config key that named its tables (both for errors)."""
 
     path: Path
     data: Mapping[str, np.ndarray]
+    field: str = TABLES_FIELD
 
     def __len__(self) -> int:
         return len(self.data["latency_s"])
@@ -101,25 +108,51 @@ class Columns:
         for name, value in equal.items():
             if name in self.data:
                 mask &= self.data[name] == value
-        return Columns(self.path, {k: v[mask] for k, v in self.data.items()})
+        return self.with_data({k: v[mask] for k, v in self.data.items()})
+
+    def with_data(self, data: Mapping[str, np.ndarray]) -> Columns:
+        """These columns replaced by ``data`` (the same file and config key)."""
+        return dataclasses.replace(self, data=data)
 
     def values(self, name: str) -> list[Any]:
         """The distinct values of a column, sorted."""
         return sorted(set(self.data[name].tolist())) if name in self.data else []
 
+    def error(self, column: str | None, message: str, value: object = None) -> ProfileError:
+        """The error about this table (and ``column``, if one applies)."""
+        return table_error(self.field, self.path, column, message, value)
 
-def _fail(path: Path, column: str | None, message: str, value: object = None) -> ProfileError:
-    field = f"{path}:{column}" if column else str(path)
-    return ProfileError(f"{field}: {message}", field=field, value=repr(value))
+
+def table_error(
+    field: str, path: Path, column: str | None, message: str, value: object = None
+) -> ProfileError:
+    """``FIELD: FILE[:COLUMN]: message``, with ``field`` the config key and ``path`` the
+    file."""
+    where = f"{path}:{column}" if column else str(path)
+    return ProfileError(
+        f"{field}: {where}: {message}", field=field, value=repr(value), path=str(path)
+    )
 
 
-def read_table(path: Path, required: Sequence[str] | None = None) -> Columns:
+def read_table(
+    path: Path, required: Sequence[str] | None = None, *, field: str = TABLES_FIELD
+) -> Columns:
     """The rows of one measured table.
 
+    Args:
+        path: the Parquet file.
+        required: the columns it must have (default: ``REQUIRED`` for its name).
+        field: the config key that named the tables, for errors.
+
     Raises:
-        ProfileError: unreadable, a required column missing, a non-numeric or negative
-            number, or no rows (``field`` names the file and column).
+        ProfileError: unreadable (missing, a dangling or looping link, not Parquet), a
+            required column missing, a non-numeric or negative number, or no rows
+            (``field`` is ``field``; ``path`` and the message name the file and column).
     """
+
+    def fail(column: str | None, message: str, value: object = None) -> ProfileError:
+        return table_error(field, path, column, message, value)
+
     import pyarrow as pa  # type: ignore[import-untyped]
     import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
@@ -129,25 +162,24 @@ def read_table(path: Path, required: Sequence[str] | None = None) -> Columns:
         # it pandas (0.7 s of a 10-request run's start-up).
         table = pq.ParquetFile(path).read()
     except (OSError, pa.ArrowException) as exc:
-        raise _fail(path, None, f"cannot read the table ({exc})") from None
+        raise fail(None, f"cannot read the table ({exc})") from None
     missing = [c for c in required if c not in table.column_names]
     if missing:
-        raise _fail(
-            path,
+        raise fail(
             missing[0],
             f"missing column(s) {', '.join(missing)}; the file has {', '.join(table.column_names)}",
         )
     if table.num_rows == 0:
-        raise _fail(path, None, "the table has no rows (an empty grid)")
+        raise fail(None, "the table has no rows (an empty grid)")
     data: dict[str, np.ndarray] = {}
     for name in table.column_names:
         column = table.column(name)
         if name in _NUMERIC:
-            data[name] = _numeric(path, name, column)
+            data[name] = _numeric(fail, name, column)
         else:
             data[name] = np.asarray(column.to_pylist(), dtype=object)
     data["latency_s"] = data.pop("latency") * 1e-3
-    return Columns(path, data)
+    return Columns(path, data, field)
 
 
 def _to_numpy(array: Any) -> np.ndarray:
@@ -166,18 +198,17 @@ def _to_numpy(array: Any) -> np.ndarray:
     )
 
 
-def _numeric(path: Path, name: str, column: Any) -> np.ndarray:
+def _numeric(fail: Callable[..., ProfileError], name: str, column: Any) -> np.ndarray:
     import pyarrow as pa
 
     if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
-        raise _fail(path, name, f"must hold numbers, holds {column.type}")
+        raise fail(name, f"must hold numbers, holds {column.type}")
     values = np.asarray(_to_numpy(column.combine_chunks()), dtype=float)
     bad = ~np.isfinite(values) | (values < 0)
     if name == "latency":
         bad |= values <= 0
     if bad.any():
-        raise _fail(
-            path,
+        raise fail(
             name,
             f"row {int(np.argmax(bad))}: must be a finite number "
             f"{'> 0' if name == 'latency' else '>= 0'}",

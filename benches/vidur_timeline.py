@@ -58,8 +58,8 @@ def requests(seed: int, n: int, qps: float, prompt: tuple[int, int], out: tuple[
 
 
 def scenarios() -> list[dict[str, Any]]:
-    """About ten: each policy, light and heavy load (> 29 running), 1 and 2 stages, and
-    memory tight enough to preempt."""
+    """About fifteen: each policy, light and heavy load (> 29 running), 1, 2 and 4 stages,
+    and memory tight enough to preempt."""
     base = {
         "block_size": 16,
         "watermark_blocks_fraction": 0.01,
@@ -99,6 +99,45 @@ def scenarios() -> list[dict[str, Any]]:
             "num_blocks": 600,
             "chunk_size": 128,
             "requests": midchunk_b,
+        },
+        # Four stages under memory pressure: restart victims come from the running list in
+        # Vidur's order (issue 32 item 12).
+        {
+            "name": "sarathi-preempt-pp4",
+            "scheduler": "sarathi",
+            "num_stages": 4,
+            "num_blocks": 900,
+            "requests": long,
+        },
+        {
+            "name": "sarathi-preempt-midchunk-pp4",
+            "scheduler": "sarathi",
+            "num_stages": 4,
+            "num_blocks": 200,
+            "chunk_size": 128,
+            "requests": midchunk_a,
+        },
+        # sarathi.rs's regression test, as Vidur runs it: B, the last request of the batch
+        # that just ended, is the victim, not C, the latest arrival.
+        {
+            "name": "sarathi-victim-pp2 (unit test)",
+            "scheduler": "sarathi",
+            "num_stages": 2,
+            "block_size": 4,
+            "num_blocks": 4,
+            "watermark_blocks_fraction": 0.0,
+            "chunk_size": 4,
+            "batch_size_cap": 4,
+            "max_tokens": 64,
+            "exec": {"constant_s": 1.0, "per_prefill_token_s": 0.0, "per_decode_token_s": 0.0},
+            "requests": [[0.0, 6, 2], [0.5, 4, 4], [1.0, 4, 4]],
+        },
+        {
+            "name": "vllm-preempt-pp4",
+            "scheduler": "vllm",
+            "num_stages": 4,
+            "num_blocks": 600,
+            "requests": heavy,
         },
         {"name": "orca-heavy", "scheduler": "orca", "batch_size_cap": 16, "requests": heavy},
         {

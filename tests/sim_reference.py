@@ -153,7 +153,9 @@ class Replica:
                 return 1
             return max(0, min(r.prefill - r.processed, self.limits.chunk_size - tokens))
 
-        self.running.sort(key=lambda r: (r.arrived_at, r.id))
+        # Vidur 0.0.26's Sarathi walks its running list as it stands (sorted after the last
+        # batch was formed, then each ended batch appended): the victims popped from its back
+        # are the latest batch's last requests, not the latest arrivals.
         while self.running:
             if len(batch) >= self.limits.max_micro_batch_size:
                 break

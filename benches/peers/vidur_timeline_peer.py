@@ -94,8 +94,9 @@ def patch_github_pipeline() -> None:
     microsoft/vidur's (and seed 000's) pipeline admission instead of 0.0.26's. 0.0.26 forms
     at most one batch per replica-schedule event and only while stage 0 runs none of this
     replica's batches; microsoft/vidur forms batches while fewer than ``num_stages`` are
-    in flight. (0.0.26's Sarathi also checks stage 0 inside ``_get_next_batch``, which this
-    leaves alone.)"""
+    in flight. 0.0.26's Sarathi also returns no batch from ``_get_next_batch`` while stage 0
+    runs one, a check microsoft/vidur's Sarathi does not have: it is skipped too (the rest
+    of that method, restart order included, runs unchanged)."""
     import vidur.events.replica_schedule_event as rse
     from vidur.events.batch_stage_arrival_event import BatchStageArrivalEvent
     from vidur.scheduler.replica_scheduler.base_replica_scheduler import (
@@ -122,6 +123,21 @@ def patch_github_pipeline() -> None:
 
     BaseReplicaScheduler.on_schedule = on_schedule
     rse.ReplicaScheduleEvent.handle_event = handle_event
+
+    from vidur.scheduler.replica_scheduler.sarathi_replica_scheduler import (
+        SarathiReplicaScheduler,
+    )
+
+    sarathi_next_batch = SarathiReplicaScheduler._get_next_batch
+
+    def next_batch_whatever_stage_0_runs(self: Any, time: float) -> Any:
+        running_stages, self._num_running_stages = self._num_running_stages, 0
+        try:
+            return sarathi_next_batch(self, time)
+        finally:
+            self._num_running_stages = running_stages
+
+    SarathiReplicaScheduler._get_next_batch = next_batch_whatever_stage_0_runs
 
 
 def reset_entity_ids() -> None:

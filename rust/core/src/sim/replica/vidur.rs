@@ -157,9 +157,11 @@ impl VidurBase {
         }
     }
 
-    /// vLLM/Sarathi: gives `idx` its block, restarting the latest arrivals among `later`
-    /// (reversed: index 0 is the latest) until it fits (LIFO eviction); with no victim left
-    /// the request restarts itself. Returns whether it was scheduled.
+    /// vLLM/Sarathi: gives `idx` its block, restarting the requests at the back of the
+    /// running list first (Vidur's `pop(-1)`; `later` is that list reversed, so index 0 is
+    /// its last request) until it fits; with no victim left the request restarts itself.
+    /// vLLM sorts the list by arrival first, so its victims are the latest arrivals;
+    /// Sarathi does not. Returns whether it was scheduled.
     pub fn allocate_evicting(
         &mut self,
         requests: &mut Requests,
@@ -215,9 +217,10 @@ impl VidurBase {
         self.kv.num_allocated_blocks() as f64 / self.limits.num_blocks as f64
     }
 
-    /// The running requests in arrival order (Vidur sorts them before each batch). Request
-    /// ids follow arrival order, so sorting by id is the same; the list is usually sorted
-    /// already (batches end in that order), which one pass detects.
+    /// The running requests in arrival order (Vidur's vLLM sorts them before its decode
+    /// batch, its Sarathi after forming each batch). Request ids follow arrival order, so
+    /// sorting by id is the same, except between equal arrival times: Vidur's stable sort
+    /// leaves those in list order. The list is often sorted already, which one pass detects.
     pub fn sort_running_by_arrival(&mut self, requests: &Requests) {
         let id = |idx: &ReqIdx| requests.get(*idx).id;
         if !self.running.is_sorted_by_key(id) {

@@ -529,7 +529,7 @@ def test_lightllm_refuses_at_arrival_what_its_peak_rule_never_admits(tmp_path: P
         run(
             ok,
             "lightllm",
-            scheduler={"watermark_blocks_fraction": 0.0, "max_tokens_in_batch": 8192},
+            scheduler={**limits, "max_tokens_in_batch": 8192},
         ).summary["num_requests"]
         == 1
     )

@@ -176,6 +176,7 @@ def _spec(cfg: dict[str, Any], family: _Family, name: str, source: str) -> Model
         "head_dim": _head_dim(cfg, hidden, heads),
         "intermediate_size": _count(cfg, family.intermediate_key),
         "vocab_size": _count(cfg, "vocab_size"),
+        "context_length": _count(cfg, "max_position_embeddings"),
         "tied_embeddings": _flag(cfg, "tie_word_embeddings"),
         "attention_bias": _flag(cfg, "attention_bias") if bias is None else bias,
         "qk_norm": family.qk_norm,

@@ -14,6 +14,13 @@ the same information for programs. A call that raises leaves its object unchange
 - ``OutputError``: a result could not be written (the path and the OS's reason; also an
   ``OSError``).
 - ``InternalError``: an internal invariant broke; this is a tokenyard bug, please report it.
+
+Warnings (``warnings.warn``) share one base too, ``TokenyardWarning``, so a program can
+filter them as a group:
+
+- ``MeasuredUnavailableWarning``: the default execution model cannot use the measured GPU
+  tables on this Python (the ``tokenyard[measured]`` extra does not install there) and prices
+  batches with the calibrated roofline instead.
 """
 
 from __future__ import annotations
@@ -24,9 +31,11 @@ __all__ = [
     "ConnectorError",
     "InputError",
     "InternalError",
+    "MeasuredUnavailableWarning",
     "OutputError",
     "PolicyError",
     "TokenyardError",
+    "TokenyardWarning",
     "UnknownRequestError",
 ]
 
@@ -87,3 +96,13 @@ class OutputError(TokenyardError, OSError):
 
 class InternalError(TokenyardError, RuntimeError):
     """An internal invariant broke: a bug in tokenyard."""
+
+
+class TokenyardWarning(UserWarning):
+    """Base class of every warning tokenyard issues."""
+
+
+class MeasuredUnavailableWarning(TokenyardWarning):
+    """``execution.model = "auto"`` cannot use the measured tables on the running Python
+    (their package, ``aiconfigurator-core``, does not support it) and falls back to the
+    calibrated roofline; the message says what to do."""

@@ -5,7 +5,10 @@
 (calibrated to measured tables where the device has a calibration). ``linear`` needs nothing
 here (the core reads the coefficients); ``module:callable`` loads a Python function (the
 slow path). What was chosen, from which data, is recorded by :func:`describe`, and the CLI
-prints it.
+prints it. Where ``auto`` falls back only because the running Python cannot install the
+tables' package, it also warns (``MeasuredUnavailableWarning``): the banner alone is easy to
+miss. A measured predictor is built once per machine and kept on disk; the build says so
+on stderr.
 """
 
 from __future__ import annotations
@@ -16,13 +19,15 @@ import hashlib
 import importlib.util
 import json
 import os
+import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tokenyard.catalog import DeviceSpec, ModelSpec
-from tokenyard.errors import ConfigError
+from tokenyard.errors import ConfigError, MeasuredUnavailableWarning
 from tokenyard.predictor.calibration import Calibration, builtin_calibration
 from tokenyard.predictor.compiled import CompiledPredictor
 from tokenyard.predictor.measured.build import measured_predictor
@@ -82,6 +87,62 @@ class ExecutionChoice:
         return self.kind
 
 
+#: The Pythons the tables' package installs on: aiconfigurator-core 0.12.0 requires
+#: ``>=3.11, <3.14`` (the ``measured`` extra's marker skips it below 3.11, so pip installs
+#: nothing there and says nothing).
+MEASURED_PYTHONS = ((3, 11), (3, 14))
+
+
+def _running_python() -> tuple[int, int]:
+    """This interpreter's (major, minor); the tests stand in other Pythons here."""
+    return (sys.version_info.major, sys.version_info.minor)
+
+
+def _python_lacks_measured() -> str | None:
+    """Why the running Python cannot have the measured tables' package, or None."""
+    running = _running_python()
+    low, high = MEASURED_PYTHONS
+    if low <= running < high:
+        return None
+    return (
+        f"the measured tables cannot be installed on Python {running[0]}.{running[1]}: their "
+        f"package, aiconfigurator-core (the tokenyard[measured] extra), supports Python "
+        f"{low[0]}.{low[1]} to {high[0]}.{high[1] - 1}"
+    )
+
+
+def _missing_tables_advice() -> str:
+    """What to do when the package's tables are absent, for this Python."""
+    low, high = MEASURED_PYTHONS
+    if _python_lacks_measured():
+        return (
+            f"run tokenyard on Python {low[0]}.{low[1]}-{high[0]}.{high[1] - 1} with "
+            "pip install 'tokenyard[measured]', or name a folder of tables in "
+            "[execution.measured] data_dir"
+        )
+    return (
+        "pip install 'tokenyard[measured]' (aiconfigurator-core), or name your own folder "
+        "in [execution.measured] data_dir"
+    )
+
+
+def _warn_measured_unavailable(spec: DeviceSpec) -> None:
+    """``auto`` on a device the tables measure, without them because of this Python: a
+    warning that says why and what to do (the banner alone is easy to miss)."""
+    why = _python_lacks_measured()
+    if why is None or package_root() is not None or spec.name not in SYSTEM_OF_DEVICE:
+        return
+    warnings.warn(
+        MeasuredUnavailableWarning(
+            f"{why}, so the default execution model prices batches on {spec.name} with the "
+            f"roofline calibrated to them instead. To use the measured tables, "
+            f'{_missing_tables_advice()}; set execution.model = "roofline" to choose the '
+            "roofline and silence this warning (docs/install.md)"
+        ),
+        stacklevel=3,
+    )
+
+
 def _framework(config: SimulationConfig, measured: MeasuredConfig) -> str:
     if measured.framework:
         return measured.framework
@@ -103,10 +164,9 @@ def _measured_source(config: SimulationConfig, spec: DeviceSpec) -> MeasuredSour
     else:
         found = package_root()
         if found is None:
+            why = _python_lacks_measured() or "the measured tables are not installed"
             raise ConfigError(
-                "execution.model: the measured tables are not installed; "
-                "pip install 'tokenyard[measured]' (aiconfigurator-core), or name your own "
-                "folder in [execution.measured] data_dir",
+                f"execution.model: {why}; {_missing_tables_advice()}",
                 field="execution.model",
                 value=repr(config.execution.model),
             )
@@ -141,6 +201,7 @@ def choose_execution(config: SimulationConfig) -> ExecutionChoice:
     except ConfigError as exc:
         if kind == "measured" or config.execution.measured is not None:
             raise  # tables were asked for by name: not having them is an error, not a fallback
+        _warn_measured_unavailable(spec)
         return ExecutionChoice("roofline", calibration=calibration, reason=str(exc))
     return ExecutionChoice("measured", source=source)
 
@@ -208,6 +269,13 @@ def _cached_measured(
             return CompiledPredictor.load(path)
         except ConfigError:  # unreadable (a crash mid-write elsewhere): build again
             path.unlink(missing_ok=True)
+    # The one line a first run shows while it builds (later runs load the file above).
+    print(
+        f"tokenyard: building measured tables for {spec.name} on {source.system} "
+        "(first run only, up to a few seconds)...",
+        file=sys.stderr,
+        flush=True,
+    )
     weight_bytes, kv_bytes = dtype_bytes(dtype, kv_dtype)
     predictor = measured_predictor(
         spec,

@@ -42,6 +42,8 @@ MODEL_FIELDS: dict[str, str] = {
 DEVICE_FIELDS: dict[str, str] = {
     "memory_gib": "float",
     "dense_bf16_tflops": "float",
+    "dense_fp8_tflops": "float",
+    "dense_fp4_tflops": "float",
     "memory_bandwidth_gbps": "float",
     "interconnect_gbps": "float",
     "interconnect_latency_us": "float",
@@ -198,7 +200,9 @@ class DeviceSpec:
     """One accelerator, from its vendor's datasheet.
 
     ``memory_gib`` is the marketed capacity (80 for an "80 GB" GPU), used as GiB by the
-    memory planner; ``dense_bf16_tflops`` is without sparsity; the two bandwidths are in
+    memory planner; ``dense_bf16_tflops`` is without sparsity, as are
+    ``dense_fp8_tflops`` and ``dense_fp4_tflops`` (0: the tensor cores have no such
+    precision, or it is not known; the roofline then computes at BF16); the two bandwidths are in
     GB/s (10^9 bytes per second); ``interconnect_gbps`` is one GPU's GPU-to-GPU bandwidth as
     the vendor quotes it (both directions together), used by the all-reduce ring model.
     ``price_per_hour`` is USD per GPU-hour (0 = unknown), illustrative: set your own.
@@ -213,6 +217,10 @@ class DeviceSpec:
     dense_bf16_tflops: float
     memory_bandwidth_gbps: float
     interconnect_gbps: float
+    #: FP8 and FP4 tensor-core peaks without sparsity; 0 = no such tensor cores (FP8 before
+    #: Hopper and Ada, FP4 before Blackwell) or unknown.
+    dense_fp8_tflops: float = 0.0
+    dense_fp4_tflops: float = 0.0
     interconnect_latency_us: float = 10.0
     #: Host-to-GPU link (PCIe) in GB/s, one direction; 0 = unknown.
     host_link_gbps: float = 0.0
@@ -237,6 +245,8 @@ class DeviceSpec:
         _check_at_least(
             self,
             (
+                "dense_fp8_tflops",
+                "dense_fp4_tflops",
                 "interconnect_latency_us",
                 "host_link_gbps",
                 "network_gbps",

@@ -452,8 +452,11 @@ def fit_calibration(source: Any, device: DeviceSpec, *, note: str = "") -> Calib
 #: Devices without tables of their own -> the device whose fitted fractions they borrow.
 PROXIES = {
     "a100-40gb": "a100-80gb",  # the same chip; its own (lower) bandwidth stays in the roofline
+    "a100-pcie": "a100-80gb",  # the same chip at a lower power limit and bandwidth
+    "a30": "a100-80gb",  # the same architecture (GA100), a cut-down die
     "h100-pcie": "h100-sxm",  # the same architecture at lower clocks and bandwidth
     "a10g": "l40s",  # GDDR parts of consecutive generations
+    "l4": "l40s",  # the same architecture (Ada), a smaller GDDR part
     "mi300x": "h100-sxm",  # no AMD tables exist: the nearest HBM part in class
 }
 

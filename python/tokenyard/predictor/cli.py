@@ -133,6 +133,8 @@ def _show(args: argparse.Namespace) -> int:
     )
     sources = {op.name: op.source for op in predictor.ops}
     print(f"execution model: {choice.label()}")
+    if choice.reason:  # auto fell back to the roofline: say why
+        print(f"  not measured: {choice.reason}")
     for stage in range(args.pp):
         total, model_s = predictor.stage_time(features, stage, args.pp)
         print(f"stage {stage}: {1e3 * total:.3f} ms ({1e3 * model_s:.3f} ms on the GPU)")

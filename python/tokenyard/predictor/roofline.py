@@ -33,6 +33,13 @@ chunk's own Q, K, V and output as traffic: it is compute-bound, and the cached p
 read once per query tile, which a roofline cannot see. A MoE layer reads the weights of
 ``min(experts, top-k x T)`` experts: not linear in ``T``, so its expert GEMMs compile to
 a table of the exact formula on a fine token grid.
+
+The decoder layers' projections (q, k, v, o, the MLP or experts) multiply in
+``gemm_activations``: ``bf16`` (the default, and weight-only quantization, which dequantizes
+to BF16) at the device's ``dense_bf16_tflops``; ``fp8`` or ``fp4`` (W8A8 FP8, NVFP4) at its
+``dense_fp8_tflops`` / ``dense_fp4_tflops``, refused on a device without that tensor-core
+precision. Attention, the router and the LM head stay at the BF16 peak. The calibrated
+curves, fitted to BF16 GEMMs, are applied to the FP8 and FP4 peaks unchanged.
 """
 
 from __future__ import annotations
@@ -137,12 +144,53 @@ def _sizes(model: ModelSpec, tp: int, weight_bytes: float, kv_bytes: float) -> _
     )
 
 
+#: GEMM input formats -> the catalog field with their tensor-core peak.
+GEMM_ACTIVATIONS = {
+    "bf16": "dense_bf16_tflops",
+    "fp8": "dense_fp8_tflops",
+    "fp4": "dense_fp4_tflops",
+}
+
+
+def gemm_peak_tflops(device: DeviceSpec, activations: str = "bf16") -> float:
+    """The dense tensor-core peak ``device`` multiplies ``activations`` inputs at.
+
+    Raises:
+        ConfigError: an unknown format, or ``fp8``/``fp4`` on a device whose catalog entry
+            has no such peak (0: its tensor cores lack that precision); ``field`` is
+            ``replica.device``.
+    """
+    field = GEMM_ACTIVATIONS.get(activations)
+    if field is None:
+        raise ConfigError(
+            f"gemm_activations: must be one of {', '.join(GEMM_ACTIVATIONS)}, got {activations!r}",
+            field="gemm_activations",
+            value=repr(activations),
+        )
+    peak = float(getattr(device, field))
+    if peak <= 0:
+        raise ConfigError(
+            f"replica.device: {device.name} has no {activations.upper()} tensor cores "
+            f"(devices.{device.name}.{field} is 0), so it cannot run {activations} GEMMs; "
+            "use a weight-only scheme (bf16 activations) or another device",
+            field="replica.device",
+            value=repr(device.name),
+        )
+    return peak
+
+
 class _Builder:
     def __init__(
-        self, device: DeviceSpec, efficiencies: Efficiencies, calibration: Calibration | None
+        self,
+        device: DeviceSpec,
+        efficiencies: Efficiencies,
+        calibration: Calibration | None,
+        gemm_activations: str = "bf16",
     ):
         self.device = device
         self.flops_per_s = device.dense_bf16_tflops * 1e12
+        #: The decoder layers' projections: at the peak of their input format.
+        self.gemm_flops_per_s = gemm_peak_tflops(device, gemm_activations) * 1e12
         self.bytes_per_s = device.memory_bandwidth_gbps * 1e9
         self.eff = efficiencies
         self.calibration = calibration
@@ -158,6 +206,7 @@ class _Builder:
         gate: str = "num_tokens",
         scope: str = "layer",
         count: float = 1.0,
+        flops_per_s: float | None = None,
     ) -> None:
         compute = self.eff.attention if attention else self.eff.gemm
         memory, latency = self.eff.memory, 0.0
@@ -166,7 +215,7 @@ class _Builder:
         cost = RooflineCost(
             flops={k: v for k, v in flops.items() if v},
             bytes={k: v for k, v in bytes.items() if v},
-            flops_per_s=self.flops_per_s * compute,
+            flops_per_s=(flops_per_s or self.flops_per_s) * compute,
             bytes_per_s=self.bytes_per_s * memory,
             latency_s=latency,
         )
@@ -177,15 +226,26 @@ class _Builder:
         self.ops.append(CompiledOp(name, scope, gate, cost, source="calibrated"))  # type: ignore[arg-type]
 
 
-def _gemm(b: _Builder, name: str, k: int, n: int, s: _Sizes, feature: str = "num_tokens") -> None:
-    """A ``[T, k] x [k, n]`` projection (``T``: the ``feature``)."""
+def _gemm(
+    b: _Builder,
+    name: str,
+    k: int,
+    n: int,
+    s: _Sizes,
+    feature: str = "num_tokens",
+    *,
+    layer_linear: bool = True,
+) -> None:
+    """A ``[T, k] x [k, n]`` projection (``T``: the ``feature``); ``layer_linear``: one of
+    the decoder layers' projections, at ``b.gemm_flops_per_s`` (else the BF16 peak)."""
+    peak = b.gemm_flops_per_s if layer_linear else b.flops_per_s
     if b.calibration is not None:
         c = b.calibration
 
         def seconds(m: float) -> float:
             flops = 2.0 * m * k * n
             moved = k * n * s.w + m * (k + n) * s.a
-            roofline = max(flops / b.flops_per_s, moved / b.bytes_per_s)
+            roofline = max(flops / peak, moved / b.bytes_per_s)
             efficiency = curve_value(c.gemm_tokens, c.gemm_efficiency, m)
             return roofline / efficiency + c.memory_latency_s
 
@@ -198,6 +258,7 @@ def _gemm(b: _Builder, name: str, k: int, n: int, s: _Sizes, feature: str = "num
         name,
         flops={"num_tokens": 2.0 * k * n},
         bytes={"one": k * n * s.w, "num_tokens": (k + n) * s.a},
+        flops_per_s=peak,
     )
 
 
@@ -270,7 +331,7 @@ def _expert_gemm(b: _Builder, model: ModelSpec, s: _Sizes, name: str, k: int, n:
             hit = min(experts, rows)
             flops = 2.0 * k * n * rows
             moved = hit * k * n * s.w + rows * (k + n) * s.a
-            roofline = max(flops / b.flops_per_s, moved / b.bytes_per_s)
+            roofline = max(flops / b.gemm_flops_per_s, moved / b.bytes_per_s)
             # Each expert runs its own GEMM of rows / hit rows; the fused MoE kernels'
             # own curve where one was fitted.
             if c.moe_rows_per_expert:
@@ -281,7 +342,7 @@ def _expert_gemm(b: _Builder, model: ModelSpec, s: _Sizes, name: str, k: int, n:
 
         b.table(name, grids.token_table("num_tokens", calibrated, 2.0**17), gate="num_tokens")
         return
-    compute_rate = b.flops_per_s * b.eff.gemm
+    compute_rate = b.gemm_flops_per_s * b.eff.gemm
     memory_rate = b.bytes_per_s * b.eff.memory
 
     def seconds(tokens: float) -> float:
@@ -310,7 +371,7 @@ def _expert_gemm(b: _Builder, model: ModelSpec, s: _Sizes, name: str, k: int, n:
 def _mlp(b: _Builder, model: ModelSpec, s: _Sizes) -> None:
     top_k = model.experts_per_token
     if model.num_experts > 1:
-        _gemm(b, "router", s.h, model.num_experts, s)
+        _gemm(b, "router", s.h, model.num_experts, s, layer_linear=False)
     _expert_gemm(b, model, s, "gate_up_proj", s.h, 2 * s.i)
     b.add(
         "act",
@@ -378,16 +439,20 @@ def roofline_predictor(
     efficiencies: Efficiencies | None = None,
     cpu: CpuOverheads | None = None,
     calibration: Calibration | None = None,
+    gemm_activations: str = "bf16",
 ) -> CompiledPredictor:
     """The roofline model of ``model`` on ``device`` under TP x PP, compiled for Rust.
 
     With a ``calibration`` (``calibration.builtin_calibration(device)``), GEMMs, attention,
     memory-bound kernels and all-reduces follow its fitted efficiency curves and
     ``efficiencies`` is not used; without one, the constant ``efficiencies`` apply.
+    ``gemm_activations`` (``bf16``, ``fp8``, ``fp4``: a ``Quantization``'s activations) is
+    the format the decoder layers' projections multiply in, at that tensor-core peak.
 
     Raises:
-        ConfigError: a layout that does not divide the model's heads or layers, or a bad
-            efficiency, overhead or byte size (the field and the value).
+        ConfigError: a layout that does not divide the model's heads or layers, a bad
+            efficiency, overhead or byte size (the field and the value), or ``fp8``/``fp4``
+            GEMMs on a device without that precision (``replica.device``).
     """
     tp, pp = tensor_parallel_size, num_pipeline_stages
     efficiencies = efficiencies or Efficiencies()
@@ -396,7 +461,7 @@ def roofline_predictor(
     efficiencies.check("execution.efficiency")
     cpu.check("execution.cpu")
     s = _sizes(model, tp, weight_bytes, kv_bytes)
-    b = _Builder(device, efficiencies, calibration)
+    b = _Builder(device, efficiencies, calibration, gemm_activations)
     _norm(b, "input_norm", s)
     _gemm(b, "qkv_proj", s.h, s.q + 2 * s.kv, s)
     b.add(
@@ -424,7 +489,7 @@ def roofline_predictor(
     _communication(b, device, s, tp, pp)
     b.add("embedding", flops={}, bytes={"num_tokens": 2.0 * s.h * s.a}, scope="first_stage")
     if calibration is not None:
-        _gemm(b, "lm_head", s.h, s.vocab, s, feature="num_requests")
+        _gemm(b, "lm_head", s.h, s.vocab, s, feature="num_requests", layer_linear=False)
     else:
         b.add(
             "lm_head",
@@ -445,5 +510,6 @@ def roofline_predictor(
             "num_pipeline_stages": pp,
             "efficiencies": dataclasses.asdict(efficiencies) if calibration is None else None,
             "calibration": calibration.source if calibration is not None else None,
+            "gemm_activations": gemm_activations,
         },
     )

@@ -268,6 +268,11 @@ def format_summary(result: SimulationResult) -> str:
         f"{c['replica_policy']} replicas, {c['global_policy']} routing, "
         f"{s['num_requests']:,} requests",
         f"execution model: {c['execution']['label']}",
+    ]
+    why_not = c["execution"].get("why_not_measured")
+    if why_not:  # auto fell back to the roofline: say why on the banner, not only in the JSON
+        lines.append(f"  not measured: {why_not}")
+    lines += [
         f"simulated {s['makespan_s']:.1f} s in {s['wall_s']:.2f} s of wall time "
         f"({s['requests_per_wall_s'] or 0:,.0f} requests per wall second)",
     ]

@@ -42,11 +42,19 @@ MOE_DISTRIBUTIONS = ("balanced", "power_law_1.01", "power_law_1.2")
 #: Catalog device -> measured system. Only a system measured on that very GPU is listed:
 #: an A100 40GB has the A100 80GB's chip but not its memory bandwidth, an H100 PCIe has
 #: neither the SXM's clocks nor its bandwidth, so both price with the calibrated roofline.
+#: aiconfigurator-core 0.12.0 also ships system files for h100_pcie, a100_pcie, l4 and a30,
+#: but no tables under them: those devices borrow a sibling's calibrated curves
+#: (``calibration.PROXIES``), and ``auto`` says why in the simulator's banner.
 SYSTEM_OF_DEVICE: Mapping[str, str] = {
     "a100-80gb": "a100_sxm",
     "h100-sxm": "h100_sxm",
     "h200": "h200_sxm",
     "l40s": "l40s",
+    "b200": "b200_sxm",
+    "b300": "b300_sxm",
+    "gb200": "gb200",
+    "gb300": "gb300",
+    "rtx-pro-6000": "rtx_pro_6000_server",
 }
 
 

@@ -264,7 +264,7 @@ def test_invalid_json_and_empty_files(tmp_path: Path) -> None:
             "workload.file_format",
             "unknown value 'parquet'; expected one of 'csv', 'jsonl', 'tsv'",
         ),
-        ({"limit": 0}, "workload.limit", "must be an int >= 1"),
+        ({"limit": 0}, "workload.limit", "must be an int in [1, 100000000]"),
         ({"time_unit": "s"}, "workload.time_unit", "unknown key for format='columns'"),
     ],
 )

@@ -385,7 +385,7 @@ def test_a_simulation_names_its_tables_and_every_op_source(tables: Path) -> None
     result = run({"model": "measured", "measured": {"data_dir": str(tables)}})
     execution = result.summary["config"]["execution"]
     assert execution["model"] == "measured"
-    assert execution["label"] == "measured: h100_sxm, vllm 0.2.0"
+    assert execution["label"] == "measured: h100_sxm, vllm 0.2.0; GEMM bfloat16"
     assert execution["op_sources"]["attn_prefill"] == "measured:attention (0.2.0)"
 
 

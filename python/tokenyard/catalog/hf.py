@@ -5,7 +5,8 @@
 into a ``ModelSpec``. Invariant: a config loads only if its architecture is one of
 ``SUPPORTED_ARCHITECTURES``, every layer has full attention and every MoE layer routed
 experts only; anything else is a ConfigError naming the file and the key that makes it a
-model tokenyard does not simulate.
+model tokenyard does not simulate. A quantized checkpoint's ``quantization_config`` (or the
+``hf_quant_config.json`` beside it) becomes ``ModelSpec.quantization`` (``quant.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from tokenyard.catalog.quant import read_quantization
 from tokenyard.catalog.specs import ModelSpec
 from tokenyard.errors import ConfigError
 
@@ -164,7 +166,9 @@ def _head_dim(cfg: dict[str, Any], hidden: int, heads: int) -> int:
     return hidden // heads
 
 
-def _spec(cfg: dict[str, Any], family: _Family, name: str, source: str) -> ModelSpec:
+def _spec(
+    cfg: dict[str, Any], family: _Family, name: str, source: str, quantization: Any = None
+) -> ModelSpec:
     heads, hidden = _count(cfg, "num_attention_heads"), _count(cfg, "hidden_size")
     moe = bool(family.experts_key)
     bias = family.attention_bias
@@ -182,6 +186,7 @@ def _spec(cfg: dict[str, Any], family: _Family, name: str, source: str) -> Model
         "qk_norm": family.qk_norm,
         "num_experts": _count(cfg, family.experts_key) if moe else 1,
         "experts_per_token": _count(cfg, "num_experts_per_tok") if moe else 1,
+        "quantization": quantization,
     }
     try:
         return ModelSpec(name=name, source=source, **kwargs)
@@ -204,7 +209,7 @@ def _load(path: Path, mtime_ns: int, name: str) -> ModelSpec:
     refusal = _moe_refusal(cfg)
     if refusal is not None:
         raise refusal
-    return _spec(cfg, family, name, str(path))
+    return _spec(cfg, family, name, str(path), read_quantization(raw, cfg, path))
 
 
 def model_from_config(
@@ -220,8 +225,9 @@ def model_from_config(
 
     Raises:
         ConfigError: unreadable or not JSON, an unsupported architecture, attention or MoE
-            layout (MLA, sliding window, linear or Mamba layers, shared experts), or a
-            missing or bad key; ``field`` is ``field`` and the message names the file and
+            layout (MLA, sliding window, linear or Mamba layers, shared experts), a
+            quantization format it does not model (``catalog/quant.py``), or a missing or
+            bad key; ``field`` is ``field`` and the message names the file and
             the key.
     """
     path = Path(path).expanduser().resolve()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenyard._checks import check_key_int
+from tokenyard.catalog.quant import Quantization
 from tokenyard.errors import ConfigError
 
 #: The most GPUs one parallel dimension of a replica spans.
@@ -126,6 +127,9 @@ class ModelSpec:
     num_experts: int = 1
     experts_per_token: int = 1
     source: str = ""
+    #: The checkpoint's quantization (its ``quantization_config``; ``catalog/quant.py``),
+    #: None for 16-bit weights. Read from Hugging Face configs, not from catalog files.
+    quantization: Quantization | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:

@@ -54,6 +54,15 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         "roofline at constant efficiencies)",
     )
     show.add_argument("--framework", default="", help="measured tables' framework")
+    show.add_argument(
+        "--dtype", default="auto", help="replica.dtype (auto: the checkpoint's, else bf16)"
+    )
+    show.add_argument(
+        "--quantization",
+        default="auto",
+        help="replica.quantization: auto (the checkpoint's), none, fp8, fp8_block, nvfp4, "
+        "mxfp4, int4_awq, int4_gptq, int4",
+    )
     cal = actions.add_parser("calibrate", help="refit the roofline to the measured tables")
     cal.add_argument("--framework", default="vllm", help="whose kernels (vllm, sglang, trtllm)")
     cal.add_argument("--out", help="write the TOML here (default: print it)")
@@ -113,6 +122,8 @@ def _show(args: argparse.Namespace) -> int:
                 "device": args.device,
                 "tensor_parallel_size": args.tp,
                 "num_pipeline_stages": args.pp,
+                "dtype": args.dtype,
+                "quantization": args.quantization,
             },
             "execution": execution,
         }

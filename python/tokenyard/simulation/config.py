@@ -7,7 +7,8 @@ Layout (every section and key optional; see ``docs/simulate.md``)::
     catalog = ["my_gpus.toml"]  # extra models and GPUs (docs/catalog.md)
     [cluster]                 num_replicas, global_scheduler = {policy, balance, options}
     [replica]                 model, device, tensor_parallel_size, num_pipeline_stages,
-                              memory_margin_fraction, dtype, kv_cache_dtype, over_length,
+                              memory_margin_fraction, dtype, quantization, kv_cache_dtype,
+                              over_length,
                               lora = {max_loras, max_cpu_loras, max_lora_rank, ...}
                               (``lora_config.py``),
                               kv_offload = {host_memory_gb, host_to_device_gbps, latency_us,
@@ -43,6 +44,7 @@ from tokenyard._checks import (
     read_document,
     toml_module,
 )
+from tokenyard.catalog.quant import QUANTIZATION_CHOICES
 from tokenyard.errors import ConfigError
 from tokenyard.predictor.measured.data import MOE_DISTRIBUTIONS
 from tokenyard.predictor.profiled import TrainingOptions
@@ -168,8 +170,14 @@ class ReplicaConfig:
     tensor_parallel_size: int = 1
     num_pipeline_stages: int = 1
     memory_margin_fraction: float = 0.1
-    #: Weights' data type (``bf16``, ``fp16``, ``fp32``, ``fp8``, ``int8``, ``int4``).
-    dtype: str = "bf16"
+    #: Weights' data type (``bf16``, ``fp16``, ``fp32``, ``fp8``, ``int8``, ``int4``);
+    #: ``auto``: the checkpoint's quantization (``quantization``), else bf16.
+    dtype: str = "auto"
+    #: The weights' quantization scheme (``catalog/quant.py``): ``auto`` is the
+    #: checkpoint's ``quantization_config``; ``none`` prices the model unquantized; a scheme
+    #: (``fp8``, ``fp8_block``, ``nvfp4``, ``mxfp4``, ``int4_awq``, ``int4_gptq``, ``int4``)
+    #: assumes it, which picks the measured kernel family and the bytes per weight.
+    quantization: str = "auto"
     #: The KV cache's data type; ``auto`` is the compute dtype (the weights' if 16 or 32
     #: bits, else bf16).
     kv_cache_dtype: str = "auto"
@@ -195,6 +203,7 @@ class ReplicaConfig:
                 self.memory_margin_fraction,
             )
         dtype_bytes(self.dtype, self.kv_cache_dtype)  # names replica.dtype / .kv_cache_dtype
+        check_key_choice(f"{where}.quantization", self.quantization, QUANTIZATION_CHOICES)
         self.scheduler.check(f"{where}.scheduler")
         check_key_choice(f"{where}.over_length", self.over_length, ("error", "skip"))
         policy = self.scheduler.policy

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from tokenyard.catalog import DeviceSpec, ModelSpec
+from tokenyard.catalog.quant import Quantization, resolve_quantization
 from tokenyard.errors import ConfigError, MeasuredUnavailableWarning
 from tokenyard.predictor.calibration import Calibration, builtin_calibration
 from tokenyard.predictor.compiled import CompiledPredictor
@@ -51,6 +52,7 @@ __all__ = [
     "choose_execution",
     "describe",
     "lora_core",
+    "quantization_for",
     "with_lora",
 ]
 
@@ -70,11 +72,15 @@ class ExecutionChoice:
     source: MeasuredSource | None = None
     calibration: Calibration | None = None
     reason: str = ""
+    #: Which kernel families priced the GEMMs and experts (``measured`` only).
+    kernels: str = ""
 
     def label(self) -> str:
-        """The banner's words: ``measured: h100_sxm, vllm 0.24.0`` and the like."""
+        """The banner's words: ``measured: h100_sxm, vllm 0.24.0; GEMM bfloat16, MoE
+        bfloat16`` and the like."""
         if self.kind == "measured" and self.source is not None:
-            return f"measured: {self.source.describe()}"
+            kernels = f"; {self.kernels}" if self.kernels else ""
+            return f"measured: {self.source.describe()}{kernels}"
         if self.kind == "roofline":
             if self.calibration is None:
                 return "roofline: datasheet peaks x constant efficiencies"
@@ -197,13 +203,22 @@ def choose_execution(config: SimulationConfig) -> ExecutionChoice:
         return ExecutionChoice("roofline", calibration=calibration)
     try:
         source = _measured_source(config, spec)
-        _build_measured(config, source)  # coverage of the model and dtypes
+        built = _build_measured(config, source)  # coverage of the model and dtypes
     except ConfigError as exc:
         if kind == "measured" or config.execution.measured is not None:
             raise  # tables were asked for by name: not having them is an error, not a fallback
         _warn_measured_unavailable(spec)
         return ExecutionChoice("roofline", calibration=calibration, reason=str(exc))
-    return ExecutionChoice("measured", source=source)
+    kernels = str(built.description.get("kernels", ""))
+    return ExecutionChoice("measured", source=source, kernels=kernels)
+
+
+def quantization_for(config: SimulationConfig, model: ModelSpec) -> Quantization | None:
+    """The quantization ``config``'s replica runs ``model`` with: ``replica.quantization``,
+    ``auto`` being the checkpoint's; a ``replica.dtype`` that contradicts it is refused
+    (``catalog.quant.resolve_quantization``)."""
+    replica = config.replica
+    return resolve_quantization(model.quantization, replica.dtype, replica.quantization)
 
 
 #: Each table folder (family) with its files' (name, size, modification time).
@@ -213,8 +228,9 @@ TableFiles = tuple[tuple[str, tuple[tuple[str, int, int], ...]], ...]
 def _build_measured(config: SimulationConfig, source: MeasuredSource) -> CompiledPredictor:
     replica = config.replica
     catalog = catalog_for(config)
+    model = catalog.model(config.model_name(), field="replica.model")
     return _cached_measured(
-        catalog.model(config.model_name(), field="replica.model"),
+        model,
         catalog.device(replica.device, field="replica.device"),
         source,
         replica.tensor_parallel_size,
@@ -224,6 +240,7 @@ def _build_measured(config: SimulationConfig, source: MeasuredSource) -> Compile
         config.execution.cpu or CpuOverheads(),
         (config.execution.measured or MeasuredConfig()).moe_distribution,
         _table_files(source),
+        quantization_for(config, model),
     )
 
 
@@ -258,11 +275,12 @@ def _cached_measured(
     cpu: Any,
     moe_distribution: str,
     tables: TableFiles,
+    quantization: Quantization | None = None,
 ) -> CompiledPredictor:
     # Built once per machine: the build interpolates thousands of grid points (most of a
     # short run's start-up), so the result is kept on disk under every input that shapes
     # it, the tables' files and the predictor code included.
-    inputs = (spec, gpu, tp, pp, dtype, kv_dtype, cpu, moe_distribution)
+    inputs = (spec, gpu, tp, pp, dtype, kv_dtype, cpu, moe_distribution, quantization)
     path = default_cache_dir() / f"measured-{_measured_key(source, inputs, tables)}.json"
     if path.exists():
         try:
@@ -277,6 +295,8 @@ def _cached_measured(
         flush=True,
     )
     weight_bytes, kv_bytes = dtype_bytes(dtype, kv_dtype)
+    if quantization is not None:
+        weight_bytes = quantization.bytes_per_weight
     predictor = measured_predictor(
         spec,
         gpu,
@@ -289,6 +309,7 @@ def _cached_measured(
         kv_bytes=kv_bytes,
         cpu=cpu,
         moe_distribution=moe_distribution,
+        quantization=quantization,
     )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -363,6 +384,9 @@ def build_predictor(
     spec = catalog.model(config.model_name(), field="replica.model")
     gpu = catalog.device(replica.device, field="replica.device")
     weight_bytes, kv_bytes = dtype_bytes(replica.dtype, replica.kv_cache_dtype)
+    quantization = quantization_for(config, spec)
+    if quantization is not None:  # the roofline reads every weight at this size
+        weight_bytes = quantization.bytes_per_weight
     roofline = roofline_predictor(
         spec,
         gpu,
@@ -397,6 +421,8 @@ def describe(
     """What the summary records about the execution model."""
     out: dict[str, Any] = {"model": choice.kind, "requested": config.execution.model}
     out["label"] = choice.label()
+    if choice.kernels:
+        out["kernels"] = choice.kernels
     if choice.reason:
         out["why_not_measured"] = choice.reason
     if choice.calibration is not None:

@@ -23,8 +23,14 @@ dim, ``kv = ceil(num_kv_heads / TP)``: KV heads are replicated once ``TP > num_k
 
 Every device of a replica holds the same tokens' KV for its own layers and heads, so the
 device's pool is the replica's. Bytes per value: fp32 4, fp16/bf16 2, fp8 (e4m3, e5m2) 1,
-int8 1, int4 0.5 (weights only; quantization scales are not counted). Activations, CUDA
-graphs and the allocator's slack are what ``memory_margin_fraction`` is for.
+int8 1, int4 0.5 (a plain ``weight_dtype`` takes every weight at that size, scales not
+counted; ``auto`` is bf16). A ``quantization`` (a quantized checkpoint's, or
+``replica.quantization``; ``catalog/quant.py``) prices the decoder layers' linear weights
+(q, k, v, o, the MLP or experts) at its ``bytes_per_weight``, scales included (FP8 1,
+block FP8 1 + 4/16384, NVFP4 0.5 + 1/16, MXFP4 0.5 + 1/32, AWQ/GPTQ int4 0.5 + 2.5/128),
+and the rest (embeddings, LM head, norms, biases, router) at bf16's 2, as vLLM loads them.
+Activations, CUDA graphs and the allocator's slack are what ``memory_margin_fraction`` is
+for.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from dataclasses import dataclass
 
 from tokenyard._checks import check_key_int
 from tokenyard.catalog import DeviceSpec, ModelSpec
+from tokenyard.catalog.quant import Quantization
 from tokenyard.errors import ConfigError
 
 __all__ = [
@@ -94,13 +101,16 @@ def _dtype_bytes(dtype: str, choices: tuple[str, ...], field: str) -> float:
 
 
 def dtype_bytes(weight_dtype: str, kv_cache_dtype: str = "auto") -> tuple[float, int]:
-    """Bytes per weight and per KV value. ``auto`` KV is the model's compute dtype, as in
-    vLLM: the weight dtype for fp32, fp16 and bf16 weights, bf16 for quantised ones.
+    """Bytes per weight and per KV value. ``auto`` weights are bf16 (a quantized
+    checkpoint's are its ``Quantization``'s, which the caller resolves). ``auto`` KV is the
+    model's compute dtype, as in vLLM: the weight dtype for fp32, fp16 and bf16 weights,
+    bf16 for quantised ones.
 
     Raises:
         ConfigError: an unknown dtype (field ``replica.dtype`` or ``replica.kv_cache_dtype``).
     """
-    weight_bytes = _dtype_bytes(weight_dtype, tuple(DTYPE_BYTES), "replica.dtype")
+    weight_dtype = "bf16" if weight_dtype == "auto" else weight_dtype
+    weight_bytes = _dtype_bytes(weight_dtype, ("auto", *DTYPE_BYTES), "replica.dtype")
     kv_cache_dtype = _resolve_kv_dtype(weight_dtype, kv_cache_dtype)
     kv_bytes = int(_dtype_bytes(kv_cache_dtype, KV_CACHE_DTYPES[1:], "replica.kv_cache_dtype"))
     return weight_bytes, kv_bytes
@@ -114,19 +124,39 @@ def _resolve_kv_dtype(weight_dtype: str, kv_cache_dtype: str) -> str:
 
 def parameters_per_device(model: ModelSpec, tp: int, pp: int) -> int:
     """Weights (a count, not bytes) on the fullest device of a ``TP x PP`` replica."""
+    return sum(_parameter_split(model, tp, pp))
+
+
+def _parameter_split(model: ModelSpec, tp: int, pp: int) -> tuple[int, int]:
+    """(decoder-layer linear weights, every other weight) on the fullest device: the
+    first is what a quantized checkpoint quantizes."""
     model.check_layout(tp, pp)
     h, d = model.hidden_size, model.head_dim
     q = model.num_heads // tp * d
     kv = math.ceil(model.num_kv_heads / tp) * d
-    attention = 2 * h * q + 2 * h * kv + ((q + 2 * kv) if model.attention_bias else 0)
-    mlp = 3 * h * math.ceil(model.intermediate_size / tp) * model.num_experts
+    linear = (
+        2 * h * q
+        + 2 * h * kv
+        + 3 * h * math.ceil(model.intermediate_size / tp) * (model.num_experts)
+    )
+    bias = (q + 2 * kv) if model.attention_bias else 0
     router = h * model.num_experts if model.num_experts > 1 else 0
-    layer = attention + mlp + router + 2 * h
+    other = bias + router + 2 * h
     vocab_shard = math.ceil(model.vocab_size / tp) * h
     first = vocab_shard
     last = h + (0 if model.tied_embeddings and pp == 1 else vocab_shard)
     edge = first + last if pp == 1 else max(first, last)
-    return model.num_layers // pp * layer + edge
+    layers = model.num_layers // pp
+    return layers * linear, layers * other + edge
+
+
+def _weight_bytes(
+    model: ModelSpec, tp: int, pp: int, weight_bytes: float, quantization: Quantization | None
+) -> int:
+    linear, other = _parameter_split(model, tp, pp)
+    if quantization is None:
+        return math.ceil((linear + other) * weight_bytes)
+    return math.ceil(linear * quantization.bytes_per_weight + other * DTYPE_BYTES["bf16"])
 
 
 def plan_memory(
@@ -141,6 +171,7 @@ def plan_memory(
     weight_dtype: str = "bf16",
     kv_cache_dtype: str = "auto",
     reserved_bytes: int = 0,
+    quantization: Quantization | None = None,
 ) -> MemoryPlan:
     """Sizes one replica's KV pool (formulas in the module docstring).
 
@@ -150,10 +181,14 @@ def plan_memory(
         memory_margin_fraction: the share of device memory kept free of weights and KV.
         max_request_tokens: the longest request (prompt + output), for ``max_batch_size``.
         block_size: tokens per KV block.
-        weight_dtype: one of ``DTYPE_BYTES``.
+        weight_dtype: one of ``DTYPE_BYTES``, or ``auto`` (bf16, or ``quantization``'s).
+            With a ``quantization`` it is not read: resolve the two first
+            (``catalog.quant.resolve_quantization``).
         kv_cache_dtype: one of ``KV_CACHE_DTYPES``; ``auto`` is the compute dtype: the
             weight dtype for fp32, fp16 and bf16, else bf16.
         reserved_bytes: other memory per device held before the KV cache (LoRA slots).
+        quantization: the weights' quantization: the decoder layers' linear weights at its
+            ``bytes_per_weight``, the rest at bf16.
 
     Raises:
         ConfigError: a layout that does not divide the model (field
@@ -173,7 +208,8 @@ def plan_memory(
     check_key_int("replica.scheduler.max_request_tokens", max_request_tokens, low=1, high=2**24)
     check_key_int("replica.scheduler.block_size", block_size, low=1, high=2**16)
 
-    parameter_bytes = math.ceil(parameters_per_device(model, tp, pp) * weight_bytes)
+    parameter_bytes = _weight_bytes(model, tp, pp, weight_bytes, quantization)
+    weight_name = quantization.scheme if quantization else weight_dtype
     kv_per_token = (
         2
         * kv_bytes
@@ -186,7 +222,7 @@ def plan_memory(
     max_batch_size = available // (kv_per_token * max_request_tokens) if available > 0 else 0
     if max_batch_size < 1:
         raise ConfigError(
-            f"{model.name} on {device.name} (TP {tp}, PP {pp}, {weight_dtype} weights, "
+            f"{model.name} on {device.name} (TP {tp}, PP {pp}, {weight_name} weights, "
             f"{kv_cache_dtype} KV): {parameter_bytes / 1024**3:.1f} GiB of weights per device "
             f"leave {max(available, 0) / 1024**3:.1f} GiB of the {total / 1024**3:.1f} GiB "
             f"usable, not enough for one request of {max_request_tokens} tokens "
@@ -201,7 +237,7 @@ def plan_memory(
         available_kv_bytes=available,
         max_batch_size=max_batch_size,
         num_blocks=num_blocks,
-        parameter_bytes_total=math.ceil(model.num_parameters() * weight_bytes),
+        parameter_bytes_total=_weight_bytes(model, 1, 1, weight_bytes, quantization),
         max_kv_tokens=num_blocks * block_size,
         max_request_slots=num_blocks,
     )

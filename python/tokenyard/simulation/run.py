@@ -14,7 +14,13 @@ from tokenyard.errors import ConfigError
 from tokenyard.simulation import disagg_config
 from tokenyard.simulation.catalog import catalog_for
 from tokenyard.simulation.config import SimulationConfig, config_document
-from tokenyard.simulation.execution import build_predictor, choose_execution, lora_core, with_lora
+from tokenyard.simulation.execution import (
+    build_predictor,
+    choose_execution,
+    lora_core,
+    quantization_for,
+    with_lora,
+)
 from tokenyard.simulation.execution import describe as describe_execution
 from tokenyard.simulation.kv_offload_config import KvOffloadConfig
 from tokenyard.simulation.lora_config import slot_bytes
@@ -436,6 +442,7 @@ def plan_for(config: SimulationConfig) -> MemoryPlan:
         weight_dtype=replica.dtype,
         kv_cache_dtype=replica.kv_cache_dtype,
         reserved_bytes=slot_bytes(lora, model, replica.dtype, tp, pp) if lora else 0,
+        quantization=quantization_for(config, model),
     )
 
 

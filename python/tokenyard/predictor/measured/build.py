@@ -21,6 +21,15 @@ operation            table, shape
 Everything else (norms, RoPE, the KV store, the activation, embedding, pipeline sends, and
 any operation whose slice the tables lack) keeps the calibrated roofline's cost, and
 ``CompiledOp.source`` says which is which (``measured:<table>`` or ``calibrated``).
+
+Kernel families: the tables measure one GEMM and one MoE kernel per weight format
+(``gemm_dtype``, ``moe_dtype``). A quantized model (``catalog/quant.py``) prices its layers'
+GEMMs and experts with its scheme's family (block FP8: ``fp8_block``; per-tensor FP8:
+``fp8``; NVFP4: ``nvfp4``; MXFP4 experts: ``w4a16_mxfp4``; int4: ``int4_wo``) and the LM
+head and router, which stay 16-bit, with ``bfloat16``. A family the tables lack is a
+ConfigError on ``replica.quantization`` listing what they measure. A plain
+``replica.dtype`` prices every GEMM and the experts at that dtype (``fp8``: per-tensor).
+``description["kernels"]`` says which family priced what.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenyard.catalog import DeviceSpec, ModelSpec
+from tokenyard.catalog.quant import Quantization
 from tokenyard.errors import ConfigError
 from tokenyard.predictor import grids
 from tokenyard.predictor.calibration import Calibration, builtin_calibration, fit_calibration
@@ -53,7 +63,14 @@ from tokenyard.predictor.roofline import CpuOverheads, roofline_predictor
 __all__ = ["TABLE_DTYPES", "measured_predictor"]
 
 #: tokenyard dtype -> the tables' name for it (GEMM, KV cache).
-TABLE_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp8": "fp8", "int8": "int8", "int4": "int4"}
+TABLE_DTYPES = {
+    "auto": "bfloat16",
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "fp8": "fp8",
+    "int8": "int8",
+    "int4": "int4",
+}
 
 
 def _read(source: MeasuredSource, path: Path) -> Columns:
@@ -138,6 +155,23 @@ def _prefill_seconds(context: AttentionTimes) -> Callable[[float, float, float],
     return seconds
 
 
+def _quantized_dtype(quant: Quantization, family: str, path: Path, available: list[str]) -> str:
+    """The table dtype of ``quant``'s ``family`` (``gemm`` or ``moe``) kernels, or a
+    ConfigError on ``replica.quantization`` listing what ``path`` measures."""
+    dtype = quant.gemm_dtype if family == "gemm" else quant.moe_dtype
+    if dtype not in available:
+        raise ConfigError(
+            f"replica.quantization: {quant.describe()} ({quant.source}) runs "
+            f"{family}_dtype {dtype!r} kernels, which {path} does not measure; measured: "
+            f"{', '.join(str(a) for a in available)}. Set replica.quantization to a measured "
+            "scheme (or 'none'), other tables ([execution.measured]), or "
+            'execution.model = "roofline"',
+            field="replica.quantization",
+            value=repr(quant.scheme),
+        )
+    return dtype
+
+
 def _measured_ops(
     source: MeasuredSource,
     model: ModelSpec,
@@ -146,28 +180,90 @@ def _measured_ops(
     weight_dtype: str,
     kv_dtype: str,
     moe_distribution: str,
-) -> dict[str, tuple[TableCost | None, str, str]]:
+    quantization: Quantization | None = None,
+) -> tuple[dict[str, tuple[TableCost | None, str, str]], dict[str, str]]:
     """Operation name -> (table, source label, reason it is absent); ``None`` tables keep
-    the roofline."""
-    gemm_rows = _read(source, source.folders["gemm"] / "gemm_perf.parquet")
-    dtype = _table_dtype(weight_dtype, "replica.dtype", gemm_rows.values("gemm_dtype"))
+    the roofline. Also which kernel family priced what (``gemm``, ``moe``, ``lm_head``)."""
+    gemm_path = source.folders["gemm"] / "gemm_perf.parquet"
+    gemm_rows = _read(source, gemm_path)
+    measured = gemm_rows.values("gemm_dtype")
+    if quantization is None:
+        dtype = _table_dtype(weight_dtype, "replica.dtype", measured)
+        moe_dtype, edge_dtype = dtype, dtype
+    else:
+        dtype = _quantized_dtype(quantization, "gemm", gemm_path, measured)
+        # The LM head and the router stay 16-bit in quantized checkpoints (vLLM loads them
+        # unquantized), so they run the bf16 GEMM.
+        edge_dtype = _table_dtype("bf16", "replica.dtype", measured)
+        moe_dtype = quantization.moe_dtype
+        if model.num_experts > 1 and "moe" in source.folders:
+            moe_path = source.folders["moe"] / "moe_perf.parquet"
+            if _present(moe_path):
+                moe_measured = _read(source, moe_path).values("moe_dtype")
+                _quantized_dtype(quantization, "moe", moe_path, moe_measured)
     gemm = GemmTimes(gemm_rows, dtype)
+    edge = gemm if edge_dtype == dtype else GemmTimes(gemm_rows, edge_dtype)
+    kernels = {"gemm": dtype, "lm_head": edge_dtype}
+    if dtype == "fp8_block" and "fp8" in measured:
+        floor = _floored(gemm, edge, s, model.num_experts == 1)
+        if floor:
+            # vLLM's block-FP8 rows carry a host-side floor of 60-340 us up to thousands of
+            # rows (eager launches; SGLang's and TRT-LLM's block-FP8 GEMMs on the same H100
+            # take 9 us at m = 8), which CUDA-graphed serving does not pay. The per-tensor
+            # FP8 GEMM (the same FP8 tensor-core work and bytes) stands in, said loudly.
+            gemm = GemmTimes(gemm_rows, "fp8")
+            kernels["gemm"] = "fp8"
+            kernels["gemm_note"] = f"fp8 rows stand in for fp8_block, floored at {floor}"
+            kernels["gemm_why"] = (
+                f"per-tensor fp8 rows stand in for block FP8: {gemm_path}'s fp8_block rows "
+                f"are slower than its bfloat16 rows at decode sizes ({floor})"
+            )
     label = f"measured:gemm ({source.folders['gemm'].name})"
     out: dict[str, tuple[TableCost | None, str, str]] = {
         "qkv_proj": (_gemm_table(gemm, s.q + 2 * s.kv, s.h, "num_tokens"), label, ""),
         "o_proj": (_gemm_table(gemm, s.h, s.q, "num_tokens"), label, ""),
-        "lm_head": (_gemm_table(gemm, s.vocab, s.h, "num_requests"), label, ""),
+        "lm_head": (_gemm_table(edge, s.vocab, s.h, "num_requests"), label, ""),
     }
     if model.num_experts == 1:
         out["gate_up_proj"] = (_gemm_table(gemm, 2 * s.i, s.h, "num_tokens"), label, "")
         out["down_proj"] = (_gemm_table(gemm, s.h, s.i, "num_tokens"), label, "")
     else:
-        out["router"] = (_gemm_table(gemm, model.num_experts, s.h, "num_tokens"), label, "")
-        out["moe_experts"] = _moe_op(source, model, tp, dtype, moe_distribution)
+        out["router"] = (_gemm_table(edge, model.num_experts, s.h, "num_tokens"), label, "")
+        out["moe_experts"] = _moe_op(source, model, tp, moe_dtype, moe_distribution)
+        kernels["moe"] = moe_dtype if out["moe_experts"][0] is not None else "calibrated"
     out.update(_attention_ops(source, s, kv_dtype))
     if tp > 1:
         out["all_reduce"] = out["embedding_all_reduce"] = _all_reduce_op(source, s, tp)
-    return out
+    return out, kernels
+
+
+def _floored(block: GemmTimes, bf16: GemmTimes, s: _Shapes, dense: bool) -> str:
+    """Why ``block`` (fp8_block) rows look launch-floored for this model: the model's
+    layer GEMMs at 8 rows take longer in FP8 (half the bytes) than in BF16; "" if not."""
+    shapes = [(s.q + 2 * s.kv, s.h), (s.h, s.q)]
+    if dense:
+        shapes += [(2 * s.i, s.h), (s.h, s.i)]
+    fp8 = sum(block(8.0, n, k) for n, k in shapes)
+    bf = sum(bf16(8.0, n, k) for n, k in shapes)
+    if fp8 <= bf:
+        return ""
+    return f"{1e6 * fp8:.0f} us against bf16's {1e6 * bf:.0f} us per layer at 8 rows"
+
+
+def _kernels_text(kernels: dict[str, str], quantization: Quantization | None) -> str:
+    """The banner's words: ``GEMM fp8_block (LM head bfloat16), MoE fp8_block``."""
+    text = f"GEMM {kernels['gemm']}"
+    if kernels["lm_head"] != kernels["gemm"]:
+        text += f" (LM head{', router' if 'moe' in kernels else ''} {kernels['lm_head']})"
+    if "moe" in kernels:
+        text += f", MoE {kernels['moe']}"
+    if quantization is not None:
+        text += f"; {quantization.scheme} from {quantization.source}"
+        if "gemm_note" in kernels:
+            text += f"; {kernels['gemm_note']}"
+    elif kernels["gemm"] == "fp8":
+        text += "; per-tensor fp8 from replica.dtype"
+    return text
 
 
 def _attention_ops(
@@ -273,15 +369,18 @@ def measured_predictor(
     cpu: CpuOverheads | None = None,
     calibration: Calibration | None = None,
     moe_distribution: str = "power_law_1.2",
+    quantization: Quantization | None = None,
 ) -> CompiledPredictor:
     """``model`` on ``device`` priced from ``source``'s tables, compiled for Rust.
 
     Operations the tables lack keep the calibrated roofline (``calibration``, else the
-    device's built-in one, else curves fitted to ``source`` itself).
+    device's built-in one, else curves fitted to ``source`` itself). ``quantization`` (the
+    resolved one: ``catalog.quant.resolve_quantization``) picks the GEMM and MoE kernel
+    families; without one, ``weight_dtype`` does.
 
     Raises:
-        ConfigError: a dtype, attention layout or MoE routing the tables do not measure
-            (the key and what is measured), or a bad layout.
+        ConfigError: a dtype, quantization, attention layout or MoE routing the tables do
+            not measure (the key and what is measured), or a bad layout.
         ProfileError: a table that is unreadable, malformed or too sparse to interpolate
             (``field`` is ``source.field``; the message names the file and column).
     """
@@ -298,8 +397,15 @@ def measured_predictor(
         cpu=cpu,
         calibration=calibration,
     )
-    measured = _measured_ops(
-        source, model, _shapes(model, tp), tp, weight_dtype, kv_cache_dtype, moe_distribution
+    measured, kernels = _measured_ops(
+        source,
+        model,
+        _shapes(model, tp),
+        tp,
+        weight_dtype,
+        kv_cache_dtype,
+        moe_distribution,
+        quantization,
     )
     ops: list[CompiledOp] = []
     notes: dict[str, str] = {}
@@ -325,5 +431,8 @@ def measured_predictor(
         "measured": source.describe(),
         "calibration": calibration.source,
         "fallbacks": notes,
+        "kernels": _kernels_text(kernels, quantization),
     }
+    if "gemm_why" in kernels:
+        notes["gemm"] = kernels["gemm_why"]
     return dataclasses.replace(base, ops=tuple(ops), description=description)

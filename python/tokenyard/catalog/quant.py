@@ -1,0 +1,333 @@
+"""Quantized checkpoints: what a Hugging Face ``quantization_config`` says, as a
+``Quantization``, and the measured kernel family each format runs on.
+
+A checkpoint's weights format decides its memory (bytes per weight, scales included) and
+which measured kernels price it: block-wise FP8 (Qwen3-FP8, DeepSeek-V3) runs block-scaled
+GEMMs and MoE kernels, which are faster than per-tensor FP8's and than BF16's, and pricing
+it with the wrong family reverses the comparison (issue 29). Invariant: every format read
+here maps to exactly one scheme of ``SCHEMES``; anything else is refused, never read as
+BF16.
+
+Read (``read_quantization``): ``quantization_config`` in ``config.json`` (or its
+``text_config``), else ``hf_quant_config.json`` beside it (NVIDIA ModelOpt's file;
+``<repo>_hf_quant_config.json`` beside the configs ``aiconfigurator-core`` bundles).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from tokenyard.errors import ConfigError
+
+__all__ = [
+    "QUANTIZATION_CHOICES",
+    "SCHEMES",
+    "Quantization",
+    "read_quantization",
+    "resolve_quantization",
+    "scheme",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Quantization:
+    """How a checkpoint's decoder-layer linear weights (attention projections, MLP or
+    experts) are stored and computed. Embeddings, the LM head, norms and the MoE router
+    stay in the compute dtype (bf16), as vLLM loads them.
+
+    ``scheme`` is a key of ``SCHEMES`` (the kernel family); ``weights`` and
+    ``activations`` the formats (``fp8``, ``fp4``, ``int4``, ``bf16``); ``group_size``
+    the weights per scale (0: one scale per tensor or channel); ``kv_cache_dtype`` the KV
+    cache format the checkpoint was calibrated for (``fp8``), or ``""``; ``method`` and
+    ``source`` what said so.
+    """
+
+    scheme: str
+    weights: str
+    activations: str
+    group_size: int = 0
+    bytes_per_weight: float = 1.0
+    kv_cache_dtype: str = ""
+    method: str = ""
+    source: str = ""
+
+    @property
+    def gemm_dtype(self) -> str:
+        """The measured GEMM tables' ``gemm_dtype`` for these linear layers."""
+        return SCHEMES[self.scheme][1]
+
+    @property
+    def moe_dtype(self) -> str:
+        """The measured MoE tables' ``moe_dtype`` for these experts."""
+        return SCHEMES[self.scheme][2]
+
+    def describe(self) -> str:
+        """``fp8_block (fp8 weights, 128 x 128 blocks; fp8 activations)``."""
+        group = (
+            f", {self.group_size} per scale"
+            if self.group_size and self.scheme != "fp8_block"
+            else ", 128 x 128 blocks"
+            if self.scheme == "fp8_block"
+            else ""
+        )
+        return f"{self.scheme} ({self.weights} weights{group}; {self.activations} activations)"
+
+
+#: scheme -> (what it is, GEMM table dtype, MoE table dtype). The table names are
+#: aiconfigurator-core's (``gemm_dtype``, ``moe_dtype`` columns); a GEMM family no table
+#: measures (int4 and MXFP4 on vLLM) makes the measured predictor refuse the combination.
+SCHEMES: dict[str, tuple[str, str, str]] = {
+    "fp8": ("FP8 weights and activations, one scale per tensor", "fp8", "fp8"),
+    "fp8_block": (
+        "FP8 weights in 128 x 128 blocks, FP8 activations per 128-value group",
+        "fp8_block",
+        "fp8_block",
+    ),
+    "nvfp4": ("NVFP4: FP4 weights and activations, an FP8 scale per 16", "nvfp4", "nvfp4"),
+    "mxfp4": ("MXFP4 weights (an E8M0 scale per 32), BF16 activations", "mxfp4", "w4a16_mxfp4"),
+    "int4_awq": ("AWQ: int4 weights per group, BF16 activations", "int4_wo", "int4_wo"),
+    "int4_gptq": ("GPTQ: int4 weights per group, BF16 activations", "int4_wo", "int4_wo"),
+    "int4": ("int4 weights per group (compressed-tensors W4A16)", "int4_wo", "int4_wo"),
+}
+
+#: The values ``replica.quantization`` takes.
+QUANTIZATION_CHOICES = ("auto", "none", *SCHEMES)
+
+_DEFAULT_GROUP = {"nvfp4": 16, "mxfp4": 32, "int4_awq": 128, "int4_gptq": 128, "int4": 128}
+
+
+def _bytes_per_weight(key: str, group: int) -> float:
+    """Bytes per weight with the scales: FP8 blocks carry an fp32 scale per block, NVFP4 an
+    E4M3 byte per 16 values, MXFP4 an E8M0 byte per 32, AWQ and GPTQ an fp16 scale and a
+    4-bit zero point per group, compressed-tensors' symmetric int4 an fp16 scale."""
+    if key == "fp8":
+        return 1.0
+    if key == "fp8_block":
+        return 1.0 + 4.0 / group
+    if key in ("nvfp4", "mxfp4"):
+        return 0.5 + 1.0 / group
+    if key == "int4":
+        return 0.5 + 2.0 / group
+    return 0.5 + 2.5 / group  # int4_awq, int4_gptq
+
+
+def scheme(
+    key: str, *, group_size: int = 0, kv_cache_dtype: str = "", method: str = "", source: str = ""
+) -> Quantization:
+    """The ``Quantization`` of scheme ``key`` (``group_size`` 0: the format's usual)."""
+    weights = {"fp8": "fp8", "fp8_block": "fp8", "nvfp4": "fp4", "mxfp4": "fp4"}.get(key, "int4")
+    activations = {"fp8": "fp8", "fp8_block": "fp8", "nvfp4": "fp4"}.get(key, "bf16")
+    group = group_size or (128 * 128 if key == "fp8_block" else _DEFAULT_GROUP.get(key, 0))
+    return Quantization(
+        scheme=key,
+        weights=weights,
+        activations=activations,
+        group_size=group,
+        bytes_per_weight=_bytes_per_weight(key, group),
+        kv_cache_dtype=kv_cache_dtype,
+        method=method or key,
+        source=source,
+    )
+
+
+def _bad(key: str, problem: str) -> ConfigError:
+    return ConfigError(f"{key}: {problem}", field=key)
+
+
+def _kv(qc: dict[str, Any]) -> str:
+    """``fp8`` where the config says its KV cache is FP8 (ModelOpt's ``kv_cache_quant_algo``,
+    compressed-tensors' ``kv_cache_scheme``)."""
+    algo = qc.get("kv_cache_quant_algo")
+    if isinstance(algo, str) and algo.upper() == "FP8":
+        return "fp8"
+    kv = qc.get("kv_cache_scheme")
+    if kv == "FP8" or (
+        isinstance(kv, dict) and kv.get("num_bits") == 8 and kv.get("type") == "float"
+    ):
+        return "fp8"
+    return ""
+
+
+def _group(value: Any, key: str) -> int:
+    if value is None or value == -1:  # GPTQ's -1: one group per channel
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _bad(key, f"must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _modelopt(qc: dict[str, Any], where: str, source: str) -> Quantization:
+    algo = qc.get("quant_algo")
+    kv = _kv(qc)
+    if algo == "FP8":
+        return scheme("fp8", kv_cache_dtype=kv, method="modelopt FP8", source=source)
+    if algo == "NVFP4":
+        group = _group(qc.get("group_size"), f"{where}.group_size") or 16
+        return scheme(
+            "nvfp4", group_size=group, kv_cache_dtype=kv, method="modelopt NVFP4", source=source
+        )
+    raise _bad(
+        f"{where}.quant_algo",
+        f"ModelOpt {algo!r} is not modelled (mixed precision and other algorithms); "
+        "tokenyard reads FP8 and NVFP4",
+    )
+
+
+def _compressed_tensors(qc: dict[str, Any], where: str, source: str) -> Quantization:
+    groups = qc.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        raise _bad(f"{where}.config_groups", f"must be a non-empty object, got {groups!r}")
+    found = set()
+    for name, group in groups.items():
+        weights = group.get("weights") if isinstance(group, dict) else None
+        acts = group.get("input_activations") if isinstance(group, dict) else None
+        if not isinstance(weights, dict):
+            raise _bad(f"{where}.config_groups.{name}.weights", f"not read, got {weights!r}")
+        bits, kind = weights.get("num_bits"), weights.get("type")
+        act_bits = acts.get("num_bits") if isinstance(acts, dict) else None
+        size = _group(weights.get("group_size"), f"{where}.config_groups.{name}.group_size")
+        if bits == 8 and kind == "float" and act_bits == 8:
+            block = weights.get("block_structure") or (
+                [128, 128] if weights.get("strategy") == "block" else None
+            )
+            found.add(("fp8_block", 128 * 128) if block else ("fp8", 0))
+        elif bits == 4 and kind == "float" and act_bits == 4:
+            found.add(("nvfp4", size or 16))
+        elif bits == 4 and kind == "float" and act_bits is None:
+            found.add(("mxfp4", size or 32))
+        elif bits == 4 and kind == "int" and act_bits is None:
+            found.add(("int4", size or 128))
+        else:
+            raise _bad(
+                f"{where}.config_groups.{name}",
+                f"{bits}-bit {kind} weights with {act_bits or 16}-bit activations are not "
+                "modelled; tokenyard reads FP8, NVFP4, MXFP4 and int4 weight-only",
+            )
+    if len(found) > 1:
+        raise _bad(f"{where}.config_groups", f"mixed formats are not modelled: {sorted(found)}")
+    key, size = found.pop()
+    return scheme(
+        key, group_size=size, kv_cache_dtype=_kv(qc), method="compressed-tensors", source=source
+    )
+
+
+def _from_config(qc: Any, where: str, source: str) -> Quantization:
+    if not isinstance(qc, dict):
+        raise _bad(where, f"must be an object, got {qc!r}")
+    method = qc.get("quant_method")
+    if method is None and "quant_algo" in qc:  # ModelOpt's keys without a quant_method
+        method = "modelopt"
+    if method == "fp8":
+        if qc.get("quant_algo") == "MIXED_PRECISION" or qc.get("moe_quant_algo"):
+            raise _bad(f"{where}.moe_quant_algo", "mixed-precision checkpoints are not modelled")
+        block = qc.get("weight_block_size")
+        if block is None:
+            return scheme("fp8", kv_cache_dtype=_kv(qc), method="fp8", source=source)
+        if (
+            not isinstance(block, list)
+            or len(block) != 2
+            or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
+        ):
+            raise _bad(f"{where}.weight_block_size", f"must be two integers > 0, got {block!r}")
+        return scheme(
+            "fp8_block",
+            group_size=block[0] * block[1],
+            kv_cache_dtype=_kv(qc),
+            method=f"fp8, weight_block_size {block}",
+            source=source,
+        )
+    if method == "modelopt":
+        return _modelopt(qc, where, source)
+    if method == "mxfp4":
+        return scheme("mxfp4", method="mxfp4", source=source)
+    if method in ("awq", "awq_marlin", "gptq", "gptq_marlin"):
+        bits = qc.get("bits", qc.get("w_bit"))
+        if bits != 4:
+            raise _bad(f"{where}.bits", f"only 4-bit {method} is modelled, got {bits!r}")
+        size = _group(qc.get("group_size", qc.get("q_group_size")), f"{where}.group_size")
+        key = "int4_awq" if method.startswith("awq") else "int4_gptq"
+        return scheme(key, group_size=size or 128, method=method, source=source)
+    if method == "compressed-tensors":
+        return _compressed_tensors(qc, where, source)
+    raise _bad(
+        f"{where}.quant_method",
+        f"{method!r} is not modelled; tokenyard reads fp8 (per-tensor or weight_block_size), "
+        "modelopt (FP8, NVFP4), mxfp4, awq, gptq and compressed-tensors (FP8, NVFP4, MXFP4, "
+        "int4); a quantized checkpoint is never read as BF16",
+    )
+
+
+def _quant_file(path: Path) -> Path:
+    """``hf_quant_config.json`` beside ``config.json``; ``X_hf_quant_config.json`` beside
+    a bundled ``X_config.json``."""
+    return path.with_name(path.name.removesuffix("config.json") + "hf_quant_config.json")
+
+
+def read_quantization(raw: dict[str, Any], cfg: dict[str, Any], path: Path) -> Quantization | None:
+    """The checkpoint's quantization, from ``config.json`` (``raw``, its decoder ``cfg``) at
+    ``path`` or the ModelOpt file beside it; None for an unquantized checkpoint.
+
+    Raises:
+        ConfigError: a format tokenyard does not model; ``field`` is the config key.
+    """
+    for where, qc in (
+        ("quantization_config", raw.get("quantization_config")),
+        ("text_config.quantization_config", cfg.get("quantization_config")),
+    ):
+        if qc is not None:
+            return _from_config(qc, where, f"{path.name} {where}")
+    side = _quant_file(path)
+    if side == path or not side.is_file():
+        return None
+    try:
+        data = json.loads(side.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise _bad(side.name, f"cannot read ({exc})") from None
+    qc = data.get("quantization") if isinstance(data, dict) else None
+    return _modelopt(qc if isinstance(qc, dict) else {}, f"{side.name}: quantization", side.name)
+
+
+def resolve_quantization(
+    checkpoint: Quantization | None, dtype: str, override: str
+) -> Quantization | None:
+    """The weights a replica runs: ``replica.quantization`` (``override``) names a scheme,
+    ``none`` or ``auto`` (the checkpoint's); ``replica.dtype`` (``dtype``) must agree.
+
+    ``auto`` dtype takes the quantization's weights (bf16 without one). A dtype other than
+    the quantization's weights is refused: pricing an FP8 checkpoint's weights at 2 bytes
+    would be the silent BF16 this module exists to end. ``replica.quantization = "none"``
+    prices the model unquantized at ``replica.dtype``.
+
+    Raises:
+        ConfigError: an unknown ``replica.quantization``, or a ``replica.dtype`` that
+            contradicts the quantization (naming both and where it was read).
+    """
+    if override not in QUANTIZATION_CHOICES:
+        raise ConfigError(
+            f"replica.quantization: must be one of {', '.join(QUANTIZATION_CHOICES)}, "
+            f"got {override!r}",
+            field="replica.quantization",
+            value=repr(override),
+        )
+    if override == "none":
+        return None
+    if override == "auto":
+        quant = checkpoint
+    else:
+        kv = checkpoint.kv_cache_dtype if checkpoint else ""
+        quant = scheme(override, kv_cache_dtype=kv, source="replica.quantization")
+    if quant is None or dtype == "auto":
+        return quant
+    weights = {"fp8": ("fp8", "fp8_e4m3"), "int4": ("int4",), "fp4": ()}[quant.weights]
+    if dtype not in weights:
+        raise ConfigError(
+            f"replica.dtype: {dtype!r} contradicts the {quant.describe()} weights "
+            f"({quant.source}); leave replica.dtype at 'auto', or set "
+            "replica.quantization = 'none' to price the model unquantized",
+            field="replica.dtype",
+            value=repr(dtype),
+        )
+    return quant

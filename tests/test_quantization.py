@@ -1,0 +1,257 @@
+"""Quantized checkpoints (issue 29, part 2): ``quantization_config`` is read, sizes the
+weights, and picks the measured kernel family; what has no table is refused or falls back
+to the roofline saying why."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tokenyard import catalog
+from tokenyard.catalog.quant import resolve_quantization, scheme
+from tokenyard.errors import ConfigError
+from tokenyard.predictor import batch_features
+from tokenyard.simulation import config_from_mapping
+from tokenyard.simulation.execution import build_predictor, choose_execution, describe
+from tokenyard.simulation.planner import parameters_per_device, plan_memory
+
+QWEN3_MOE = {  # Qwen/Qwen3-30B-A3B's shape
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 48,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "max_position_embeddings": 40960,
+    "vocab_size": 151936,
+}
+BLOCK_FP8 = {"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "dynamic"}
+
+
+def write_config(tmp_path: Path, quantization: Any = None, **extra: Any) -> str:
+    config = {**QWEN3_MOE, **extra}
+    if quantization is not None:
+        config["quantization_config"] = quantization
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("quantization", "expected", "bytes_per_weight"),
+    [
+        (BLOCK_FP8, "fp8_block", 1 + 4 / 16384),
+        ({"quant_method": "fp8", "activation_scheme": "static"}, "fp8", 1.0),
+        ({"quant_method": "mxfp4"}, "mxfp4", 0.5 + 1 / 32),
+        ({"quant_method": "awq", "bits": 4, "group_size": 128}, "int4_awq", 0.5 + 2.5 / 128),
+        ({"quant_method": "gptq", "bits": 4, "group_size": 64}, "int4_gptq", 0.5 + 2.5 / 64),
+        (
+            {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16},
+            "nvfp4",
+            0.5 + 1 / 16,
+        ),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "config_groups": {
+                    "group_0": {
+                        "weights": {"num_bits": 4, "type": "int", "group_size": 32},
+                        "input_activations": None,
+                    }
+                },
+            },
+            "int4",
+            0.5 + 2 / 32,
+        ),
+    ],
+)
+def test_quantization_config_is_read_into_a_scheme(
+    tmp_path: Path, quantization: dict[str, Any], expected: str, bytes_per_weight: float
+) -> None:
+    spec = catalog.model(write_config(tmp_path, quantization))
+    assert spec.quantization is not None
+    assert spec.quantization.scheme == expected
+    assert spec.quantization.bytes_per_weight == pytest.approx(bytes_per_weight)
+
+
+def test_an_unquantized_config_has_no_quantization(tmp_path: Path) -> None:
+    assert catalog.model(write_config(tmp_path)).quantization is None
+
+
+def test_modelopt_hf_quant_config_beside_config_json_is_read(tmp_path: Path) -> None:
+    path = write_config(tmp_path)
+    (tmp_path / "hf_quant_config.json").write_text(
+        json.dumps({"quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}})
+    )
+    quant = catalog.model(path).quantization
+    assert quant is not None
+    assert (quant.scheme, quant.kv_cache_dtype, quant.source) == (
+        "fp8",
+        "fp8",
+        "hf_quant_config.json",
+    )
+
+
+def test_an_unknown_quant_method_is_refused_not_read_as_bf16(tmp_path: Path) -> None:
+    path = write_config(tmp_path, {"quant_method": "bitsandbytes", "load_in_4bit": True})
+    with pytest.raises(ConfigError, match=r"quantization_config.quant_method: 'bitsandbytes'"):
+        catalog.model(path, field="replica.model")
+
+
+def test_a_bad_replica_quantization_is_a_config_error_naming_the_key() -> None:
+    with pytest.raises(ConfigError) as info:
+        config_from_mapping({"replica": {"quantization": "fp4"}})
+    assert info.value.field == "replica.quantization"
+    assert "'fp4'" in str(info.value)
+    with pytest.raises(ConfigError, match=r"replica\.quantization") as info:
+        resolve_quantization(None, "auto", "q4_k_m")
+    assert info.value.field == "replica.quantization"
+
+
+def test_a_dtype_contradicting_the_checkpoint_is_refused(tmp_path: Path) -> None:
+    quant = catalog.model(write_config(tmp_path, BLOCK_FP8)).quantization
+    with pytest.raises(ConfigError, match=r"replica\.dtype: 'bf16' contradicts") as info:
+        resolve_quantization(quant, "bf16", "auto")
+    assert info.value.field == "replica.dtype"
+    assert resolve_quantization(quant, "fp8", "auto") == quant  # agreeing is fine
+    assert resolve_quantization(quant, "bf16", "none") is None  # priced unquantized on purpose
+
+
+def test_quantized_linear_weights_are_planned_at_their_bytes_the_rest_at_bf16(
+    tmp_path: Path,
+) -> None:
+    spec = catalog.model(write_config(tmp_path, BLOCK_FP8))
+    options: dict[str, Any] = dict(
+        tensor_parallel_size=1,
+        num_pipeline_stages=1,
+        memory_margin_fraction=0.1,
+        max_request_tokens=4096,
+        block_size=16,
+    )
+    bf16 = plan_memory(spec, catalog.device("h100-sxm"), **options)
+    fp8 = plan_memory(spec, catalog.device("h100-sxm"), quantization=spec.quantization, **options)
+    h, layers = 2048, 48
+    linear = layers * (2 * h * 32 * 128 + 2 * h * 4 * 128 + 3 * h * 768 * 128)
+    other = parameters_per_device(spec, 1, 1) - linear  # embeddings, lm_head, norms, router
+    assert bf16.parameter_bytes_total == 2 * (linear + other)
+    assert fp8.parameter_bytes_total == pytest.approx(linear * (1 + 4 / 16384) + 2 * other, abs=1)
+    assert fp8.available_kv_bytes > bf16.available_kv_bytes
+
+
+def measured_config(model: str, **replica: Any) -> Any:
+    return config_from_mapping(
+        {
+            "replica": {"model": model, "device": "h100-sxm", **replica},
+            "execution": {"model": "measured"},
+        }
+    )
+
+
+DECODE_8 = batch_features(
+    num_requests=8,
+    num_prefill_tokens=0,
+    num_decode_tokens=8,
+    sum_decode_context=8 * 1024,
+    sum_prefill_context=0,
+    sum_prefill_squared=0,
+    num_padding_rows=0,
+)
+PREFILL_2048 = batch_features(
+    num_requests=1,
+    num_prefill_tokens=2048,
+    num_decode_tokens=0,
+    sum_decode_context=0,
+    sum_prefill_context=2048 * 2048,
+    sum_prefill_squared=2048 * 2048,
+    num_padding_rows=0,
+)
+
+
+def test_a_block_fp8_moe_prices_as_block_fp8_and_faster_than_bf16_on_h100() -> None:
+    """The regression: Qwen3-30B-A3B-FP8 was priced as BF16 (its quantization_config
+    ignored), and ``dtype = "fp8"`` with the per-tensor MoE kernel, 2.4x slower than BF16
+    at 8 decodes. Its checkpoint is block-quantized: ``fp8_block`` runs."""
+    pytest.importorskip("aiconfigurator_core", reason="the measured tables need the package")
+    fp8 = measured_config("Qwen/Qwen3-30B-A3B-FP8")
+    bf16 = measured_config("Qwen/Qwen3-30B-A3B")
+    choice = choose_execution(fp8)
+    assert "MoE fp8_block" in choice.label()
+    assert "MoE fp8;" not in choice.label()
+    assert "MoE bfloat16" not in choice.label()
+    fp8_predictor, bf16_predictor = build_predictor(fp8, choice), build_predictor(bf16)
+    assert fp8_predictor is not None
+    assert bf16_predictor is not None
+    assert describe(fp8_predictor, fp8, choice)["kernels"].startswith("GEMM ")
+    for batch in (DECODE_8, PREFILL_2048):
+        ratio = fp8_predictor.stage_time(batch)[1] / bf16_predictor.stage_time(batch)[1]
+        assert ratio < 1, batch
+
+
+def test_llama_3_1_70b_fp8_is_planned_with_one_byte_weights() -> None:
+    pytest.importorskip("aiconfigurator_core", reason="the bundled configs need the package")
+    from tokenyard.simulation.run import plan_for
+
+    config = config_from_mapping(
+        {
+            "replica": {
+                "model": "nvidia/Llama-3.1-70B-Instruct-FP8",
+                "device": "h100-sxm",
+                "tensor_parallel_size": 2,
+            }
+        }
+    )
+    spec = catalog.model("nvidia/Llama-3.1-70B-Instruct-FP8")
+    assert spec.quantization == scheme(
+        "fp8",
+        kv_cache_dtype="fp8",
+        method="modelopt FP8",
+        source="nvidia--Llama-3.1-70B-Instruct-FP8_hf_quant_config.json",
+    )
+    plan = plan_for(config)
+    # 70.55B weights: the decoder layers' 68.45B at 1 byte, embeddings and lm_head at 2.
+    edge = 2 * 128256 * 8192 + 8192
+    layers = spec.num_parameters() - edge
+    norms = 80 * 2 * 8192
+    assert plan.parameter_bytes_total == (layers - norms) + 2 * (edge + norms)
+    assert plan.parameter_bytes_total < 0.55 * 2 * spec.num_parameters()
+
+
+def test_qwen3_235b_fp8_fits_where_bf16_does_not() -> None:
+    pytest.importorskip("aiconfigurator_core", reason="the bundled configs need the package")
+    from tokenyard.simulation.run import plan_for
+
+    replica = {"device": "h100-sxm", "tensor_parallel_size": 4}
+    with pytest.raises(ConfigError, match="not enough for one request"):
+        plan_for(config_from_mapping({"replica": {"model": "Qwen/Qwen3-235B-A22B", **replica}}))
+    fp8 = plan_for(
+        config_from_mapping({"replica": {"model": "Qwen/Qwen3-235B-A22B-FP8", **replica}})
+    )
+    assert fp8.max_batch_size >= 1
+
+
+def test_nvfp4_without_tables_is_refused_or_falls_back_saying_why() -> None:
+    pytest.importorskip("aiconfigurator_core", reason="the measured tables need the package")
+    replica = {"tensor_parallel_size": 4}
+    with pytest.raises(ConfigError, match=r"'nvfp4'.*measured: bfloat16, fp8, fp8_block") as info:
+        choose_execution(measured_config("nvidia/Qwen3-235B-A22B-NVFP4", **replica))
+    assert info.value.field == "replica.quantization"
+    auto = config_from_mapping(
+        {
+            "replica": {
+                "model": "nvidia/Qwen3-235B-A22B-NVFP4",
+                "device": "h100-sxm",
+                **replica,
+            }
+        }
+    )
+    choice = choose_execution(auto)
+    assert choice.kind == "roofline"
+    assert "nvfp4" in choice.reason
+    assert "does not measure" in choice.reason

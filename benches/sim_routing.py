@@ -3,11 +3,13 @@ cache hit rate and TTFT `prefix_affinity` gains over `round_robin`, `lor` and `p
 
     .venv/bin/python benches/sim_routing.py [--requests N]
 
-8 Llama-2-7B replicas (A100-80GB, memory planner: ~117k tokens of KV each) under vLLM V1
+8 Llama-3.1-8B replicas (A100-80GB, memory planner: ~467k tokens of KV each) under vLLM V1
 scheduling with prefix caching; 400 system prompts of 2,048 tokens (zipf popularity, theta
-0.8) opening 90% of the prompts (lognormal, median 3,000 tokens); outputs median 128 tokens.
-Together the system prompts (819k tokens) do not fit in one replica's cache; routed by
-affinity, each replica holds its share.
+0.8) opening 90% of the prompts (lognormal, median 3,000 tokens, at most 6,000); outputs
+median 128 tokens; 24 and 44 QPS. Together the system prompts (819k tokens) do not fit in
+one replica's cache; routed by affinity, each replica holds its share. (Until 2026-11-27
+the replicas were Llama-2-7B at 12 and 20 QPS; its 4,096-token context cannot hold the
+6,000-token prompts, which the simulator now refuses.)
 """
 
 from __future__ import annotations
@@ -17,13 +19,15 @@ import argparse
 from tokenyard.simulation import config_from_mapping, simulate
 
 ROUTERS = ("round_robin", "lor", "power_of_two", "prefix_affinity")
+MODEL = "llama-3.1-8b"
+RATES = (24.0, 44.0)
 
 
 def run(router: str, qps: float, num_requests: int) -> dict[str, float]:
     cfg = config_from_mapping(
         {
             "cluster": {"num_replicas": 8, "global_scheduler": {"policy": router}},
-            "replica": {"scheduler": {"policy": "vllm_v1"}},
+            "replica": {"model": MODEL, "scheduler": {"policy": "vllm_v1"}},
             "workload": {
                 "kind": "synthetic",
                 "num_requests": num_requests,
@@ -67,7 +71,7 @@ def main() -> None:
     args = parser.parse_args()
     print("| QPS | router | prefix hit rate | TTFT mean s | TTFT p50 s | TTFT p99 s | e2e p50 s |")
     print("|---:|---|---:|---:|---:|---:|---:|")
-    for qps in (12.0, 20.0):
+    for qps in RATES:
         for router in ROUTERS:
             r = run(router, qps, args.requests)
             print(

@@ -293,7 +293,7 @@ def test_the_shipped_example_configs_run_from_the_installed_wheel(installed: Ins
     routing = installed.run(
         "tokenyard", "simulate", folder / "routing.toml", "--requests", "300", "--no-progress"
     )
-    assert "8 x llama-2-7b on a100-80gb" in routing.stdout
+    assert "8 x llama-3.1-8b on a100-80gb" in routing.stdout
     small = ["--set", "simulation.workload.num_requests=100", "--set", "search.max_simulations=2"]
     capacity = installed.run(
         "tokenyard", "search", "capacity", folder / "search_capacity.toml", "--no-progress", *small

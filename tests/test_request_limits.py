@@ -146,3 +146,18 @@ def test_skipped_requests_show_in_the_text_summary(
     printed = capsys.readouterr().out
     assert "2 requests" in printed
     assert "skipped 1 requests longer than a replica serves" in printed
+
+
+def test_vidur_batches_sized_for_the_whole_context_say_so(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Vidur's planner divides KV memory by the longest request; unset, that is the model's
+    # context, which caps sarathi at 3 requests per batch on Llama-3.1-8B: the banner says.
+    argv = ["simulate", "--requests", "50", "--no-progress", "--replica-policy", "sarathi"]
+    assert main([*argv, "--set", "replica.model=llama-3.1-8b"]) == 0
+    printed = capsys.readouterr().out
+    assert "note: sarathi batches hold at most 3 requests" in printed
+    assert "replica.scheduler.max_request_tokens" in printed
+    setting = "replica.scheduler.max_request_tokens=8192"
+    assert main([*argv, "--set", "replica.model=llama-3.1-8b", "--set", setting]) == 0
+    assert "note:" not in capsys.readouterr().out

@@ -272,6 +272,7 @@ def format_summary(result: SimulationResult) -> str:
     why_not = c["execution"].get("why_not_measured")
     if why_not:  # auto fell back to the roofline: say why on the banner, not only in the JSON
         lines.append(f"  not measured: {why_not}")
+    lines += [f"note: {note}" for note in c.get("notes", [])]
     lines += [
         f"simulated {s['makespan_s']:.1f} s in {s['wall_s']:.2f} s of wall time "
         f"({s['requests_per_wall_s'] or 0:,.0f} requests per wall second)",

@@ -144,10 +144,14 @@ def simulate(
         "model": config.replica.model,
         "device": config.replica.device,
         "num_blocks": num_blocks,
+        "max_request_tokens": request_limit(config)[0],
         "execution": describe_execution(predictor, config, choice),
         "workload": workload.describe(),
         "seed": config.seed,
     }
+    notes = planning_notes(config, plan)
+    if notes:
+        description["notes"] = notes
     if config.replica.lora is not None:
         description["lora"] = dataclasses.asdict(config.replica.lora)
     if config.replica.speculative.enabled:
@@ -422,6 +426,23 @@ def request_limit(config: SimulationConfig) -> tuple[int, str]:
     (``ReplicaSchedulerConfig.request_limit``, against the model's context length)."""
     model = catalog_for(config).model(config.model_name(), field="replica.model")
     return config.replica.scheduler.request_limit(model.name, model.context_length)
+
+
+def planning_notes(config: SimulationConfig, plan: MemoryPlan) -> list[str]:
+    """What the run assumed that bounds its answer and the user did not set, said on the
+    banner: Vidur's policies cap their batches at the requests that fit if each grows to
+    the longest request, which by default is the model's whole context."""
+    s = config.replica.scheduler
+    if s.section != "vidur" or s.max_request_tokens is not None:
+        return []
+    if plan.max_batch_size >= s.vidur.batch_size_cap:
+        return []
+    limit, _ = request_limit(config)
+    return [
+        f"{s.policy} batches hold at most {plan.max_batch_size} requests: the memory planner "
+        f"sizes them for requests as long as the model's context ({limit:,} tokens); set "
+        "replica.scheduler.max_request_tokens to the workload's longest request"
+    ]
 
 
 def plan_for(config: SimulationConfig) -> MemoryPlan:

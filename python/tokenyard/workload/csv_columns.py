@@ -3,11 +3,11 @@ CSV reader in batches, for the numpy pipeline of ``traces.py``.
 
 It only ever reads what the row-by-row reader would read the same way: anything pyarrow
 does not parse as a plain number (a blank or quoted-empty cell, ``12.0`` in a count, spaces,
-a ragged row), text that is not UTF-8 anywhere in the file, or a header it does not find
-raises ``Fallback``, and so does a reader's own check on the numbers; the row-by-row reader
-then takes over from the rows already given, with its own messages. pyarrow is imported
-only for traces of at least ``MIN_BYTES`` (its import costs more than reading a small
-trace row by row).
+a ragged row), text that is not UTF-8 anywhere in the file, a line longer than
+``MAX_LINE_CHARS`` bytes, or a header it does not find raises ``Fallback``, and so does a
+reader's own check on the numbers; the row-by-row reader then takes over from the rows
+already given, with its own messages. pyarrow is imported only for traces of at least
+``MIN_BYTES`` (its import costs more than reading a small trace row by row).
 """
 
 from __future__ import annotations
@@ -22,7 +22,13 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenyard._checks import UINT32_MAX
-from tokenyard.workload.trace_rows import READ_BYTES, Fallback, Rows, open_binary
+from tokenyard.workload.trace_rows import (
+    MAX_LINE_CHARS,
+    READ_BYTES,
+    Fallback,
+    Rows,
+    open_binary,
+)
 
 #: Traces smaller than this (file bytes) are read row by row.
 MIN_BYTES = 1 << 20
@@ -62,18 +68,27 @@ class CsvBatch:
         )
 
 
-class _Utf8Checked:
-    """A binary file whose reads fail (``UnicodeDecodeError``) on text that is not UTF-8:
-    pyarrow does not decode the columns it skips, and the row reader decodes them all."""
+class _Checked:
+    """A binary file whose reads fail on text that is not UTF-8 (``UnicodeDecodeError``:
+    pyarrow does not decode the columns it skips, and the row reader decodes them all) and
+    on a line longer than ``MAX_LINE_CHARS`` bytes (``Fallback``: pyarrow would read on
+    for tens of MB before it gave up on the row)."""
 
     def __init__(self, raw: BinaryIO) -> None:
         self._raw = raw
         self._decoder = codecs.getincrementaldecoder("utf-8")()
+        self._line_bytes = 0  # of the last line read, so far
         self.closed = False
 
     def read(self, size: int = -1) -> bytes:
         data = self._raw.read(size)
         self._decoder.decode(data, final=not data)
+        end = data.rfind(b"\n")
+        if end < 0:
+            end = data.rfind(b"\r")
+        self._line_bytes = len(data) - 1 - end if end >= 0 else self._line_bytes + len(data)
+        if self._line_bytes > MAX_LINE_CHARS:
+            raise Fallback
         return data
 
     def readable(self) -> bool:
@@ -122,7 +137,7 @@ def csv_batches(
     line = 2
     try:
         with open_binary(path) as raw:
-            for batch in pa_csv.open_csv(_Utf8Checked(raw), read, parse, convert):
+            for batch in pa_csv.open_csv(_Checked(raw), read, parse, convert):
                 n = batch.num_rows
                 kept = np.ones(n, dtype=np.bool_)
                 for column, keeps in filters:

@@ -17,6 +17,15 @@ Record = tuple[int, float, object, int, int, "list[int] | None", "int | None"]
 
 READ_BYTES = 1 << 22
 """Bytes of a trace read at a time by the fast paths."""
+MAX_LINE_CHARS = 1 << 23
+"""The longest trace line read (8 Mi characters, its terminator not counted); a longer one
+is a ``TraceError`` naming its line, found after reading this much of it, so that a file
+with one enormous line (a broken export, a ``.gz`` that expands a thousandfold) is refused
+in bounded memory and time. Real lines are far shorter: the longest of Mooncake's
+published conversation trace is 2,053 bytes (247 hash ids for 126,195 tokens), and a
+1M-token prompt hashed in 16-token blocks with 20-digit ids writes about 1.4 MB. Traces
+are ASCII, so this is also bytes; the fast paths, which see bytes, hand any line longer
+than this in bytes to the row-by-row reader, which decides."""
 BATCH_ROWS = 1 << 16
 """Rows per column batch of the Mooncake fast path."""
 

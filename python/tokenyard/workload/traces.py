@@ -55,7 +55,14 @@ from tokenyard.workload.chunk import (
 )
 from tokenyard.workload.csv_columns import csv_batches, datetime_rows, plain_rows
 from tokenyard.workload.errors import TraceError
-from tokenyard.workload.trace_rows import BATCH_ROWS, READ_BYTES, Fallback, Rows, open_binary
+from tokenyard.workload.trace_rows import (
+    BATCH_ROWS,
+    MAX_LINE_CHARS,
+    READ_BYTES,
+    Fallback,
+    Rows,
+    open_binary,
+)
 from tokenyard.workload.trace_rows import Record as _Record
 
 __all__ = [
@@ -73,6 +80,7 @@ TRACE_FORMATS = ("vidur", "mooncake", "azure")
 UINT64_MAX = 2**64 - 1
 
 _JSON = json.JSONDecoder()
+_LINE_END = re.compile(b"[\r\n]")
 
 
 def sample_path(trace_format: str) -> Path:
@@ -302,8 +310,7 @@ class _ColumnTraceReader(_TraceReader):
     def _kept_columns(self) -> Iterator[Rows]:
         """``_kept`` on column batches: the same rows with the same (original) times. Rows
         that would raise, and an empty selection, go to ``_kept`` row by row (past the rows
-        already given), which raises its own error. One difference: text that is not UTF-8
-        may be reported after more rows than before (the text reader decodes ahead)."""
+        already given), which raises its own error."""
         yielded = 0
         try:
             for rows in self._fast_kept():
@@ -501,7 +508,8 @@ class MooncakeTrace(_ColumnTraceReader):
     def _row_columns(self) -> Iterator[Rows]:
         """Every row of the file in column batches: lines read by the Rust core, and the
         ones it leaves read by ``_row``. Raises ``Fallback`` for text that is not UTF-8
-        (the row-by-row reader says where)."""
+        or a line longer than ``MAX_LINE_CHARS`` bytes (the row-by-row reader says
+        where)."""
         block = self.hash_block_size
         with open_binary(self._name) as f:
             line = 0
@@ -514,6 +522,14 @@ class MooncakeTrace(_ColumnTraceReader):
                 at_start = False
                 is_final = not data
                 buf = pending + data
+                if (
+                    len(buf) > MAX_LINE_CHARS
+                    and _LINE_END.search(buf, 0, MAX_LINE_CHARS + 1) is None
+                ):
+                    # The first line is longer than the bound (every other line lies in
+                    # `data`, READ_BYTES < MAX_LINE_CHARS): the row reader refuses it, or
+                    # reads it if its characters are fewer than its bytes.
+                    raise Fallback
                 start = 0
                 while True:
                     lines, times, inputs, outputs, offsets, ids, end, line, handed_back = (
@@ -666,22 +682,49 @@ def json_lines(path: str) -> Iterator[tuple[int, object]]:
 
 
 def _open_text(path: str) -> TextIO:
+    """The file as text for ``_decoded``: UTF-8 after an optional BOM, universal newlines
+    kept as written, bytes that are not UTF-8 escaped (``surrogateescape``) so that
+    ``_decoded`` reports them on their own line rather than where decoding got to."""
     if path.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8-sig", newline="")
-    return open(path, encoding="utf-8-sig", newline="")
+        return gzip.open(path, "rt", encoding="utf-8-sig", errors="surrogateescape", newline="")
+    return open(path, encoding="utf-8-sig", errors="surrogateescape", newline="")
+
+
+#: The characters ``surrogateescape`` makes of bytes that are not UTF-8 (UTF-8 itself can
+#: not encode them).
+_ESCAPED = re.compile("[\udc80-\udcff]")
 
 
 def _decoded(path: str, lines: TextIO) -> Iterator[str]:
-    """``lines``, with a decoding error turned into a ``TraceError``."""
+    """Each line of ``lines`` (opened by ``_open_text``), with its terminator. Raises
+    ``TraceError`` naming the line for one longer than ``MAX_LINE_CHARS`` (having read no
+    more of it than that) or one that is not UTF-8."""
+    readline = lines.readline
     line = 0
+    while True:
+        # Room for the longest line and a "\r\n", so that one is never split.
+        text = readline(MAX_LINE_CHARS + 2)
+        if not text:
+            return
+        line += 1
+        if len(text) > MAX_LINE_CHARS and len(text.rstrip("\r\n")) > MAX_LINE_CHARS:
+            raise TraceError(
+                f"line longer than {MAX_LINE_CHARS} characters, the most a trace line may have",
+                path=path,
+                line=line,
+            )
+        if not text.isascii() and _ESCAPED.search(text):
+            raise TraceError(_not_utf8(text), path=path, line=line)
+        yield text
+
+
+def _not_utf8(text: str) -> str:
+    """What is wrong with a line that ``surrogateescape`` decoded, as UTF-8 says it."""
     try:
-        for text in lines:
-            line += 1
-            yield text
+        text.encode("utf-8", "surrogateescape").decode("utf-8")
     except UnicodeDecodeError as error:
-        raise TraceError(
-            f"not UTF-8 text near line {line + 1}: {error.reason}", path=path
-        ) from None
+        return f"not UTF-8 text: {error.reason} at byte {error.start + 1} of the line"
+    return "not UTF-8 text"
 
 
 def _csv_rows(

@@ -123,7 +123,7 @@ class Replica:
             batch.append((r, n))
         if batch:
             return batch
-        self.running.sort(key=lambda r: (r.arrived_at, r.id))
+        self.running.sort(key=lambda r: r.arrived_at)  # stable, as Vidur's
         while self.running:
             if len(batch) >= self.limits.max_micro_batch_size:
                 break
@@ -177,7 +177,7 @@ class Replica:
                 continue
             tokens += n
             batch.append((r, n))
-        self.running = sorted(skipped + self.running, key=lambda r: (r.arrived_at, r.id))
+        self.running = sorted(skipped + self.running, key=lambda r: r.arrived_at)
         while self.queue:
             r = self.queue[0]
             if (

@@ -218,13 +218,15 @@ impl VidurBase {
     }
 
     /// The running requests in arrival order (Vidur's vLLM sorts them before its decode
-    /// batch, its Sarathi after forming each batch). Request ids follow arrival order, so
-    /// sorting by id is the same, except between equal arrival times: Vidur's stable sort
-    /// leaves those in list order. The list is often sorted already, which one pass detects.
+    /// batch, its Sarathi after forming each batch): a stable sort on the arrival time
+    /// alone, as Vidur's `sorted(..., key=arrived_at)`, so requests that arrived at the same
+    /// time keep their list order (not their ids'). The list is often sorted already, which
+    /// one pass detects.
     pub fn sort_running_by_arrival(&mut self, requests: &Requests) {
-        let id = |idx: &ReqIdx| requests.get(*idx).id;
-        if !self.running.is_sorted_by_key(id) {
-            self.running.sort_unstable_by_key(id);
+        let arrived = |idx: &ReqIdx| requests.get(*idx).arrived_at;
+        if !self.running.is_sorted_by(|a, b| arrived(a) <= arrived(b)) {
+            self.running
+                .sort_by(|a, b| arrived(a).total_cmp(&arrived(b)));
         }
     }
 }

@@ -28,7 +28,12 @@ from typing import Any, ClassVar, final
 import numpy as np
 
 from tokenyard._checks import check_int, check_number
-from tokenyard.workload.chunk import DEFAULT_CHUNK_SIZE, RequestChunk, check_chunk_size
+from tokenyard.workload.chunk import (
+    DEFAULT_CHUNK_SIZE,
+    MAX_REQUESTS,
+    RequestChunk,
+    check_chunk_size,
+)
 from tokenyard.workload.errors import TraceError
 from tokenyard.workload.traces import _count, check_trace_path, json_lines
 
@@ -77,7 +82,7 @@ class _SessionReader(ABC):
         check_trace_path(owner, self.path)
         check_number(owner, "time_scale", self.time_scale, low=0.0, low_open=True)
         if self.limit is not None:
-            check_int(owner, "limit", self.limit, low=1)
+            check_int(owner, "limit", self.limit, low=1, high=MAX_REQUESTS)
         check_int(owner, "hash_block_size", self.hash_block_size, low=1, high=1 << 24)
 
     @property

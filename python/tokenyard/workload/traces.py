@@ -46,6 +46,7 @@ from tokenyard._checks import (
 )
 from tokenyard.workload.chunk import (
     DEFAULT_CHUNK_SIZE,
+    MAX_REQUESTS,
     RequestChunk,
     Workload,
     WorkloadStats,
@@ -131,7 +132,7 @@ class _TraceReader(ABC):
                 )
         check_number(owner, "start_offset_s", self.start_offset_s, low=0.0)
         if self.limit is not None:
-            check_int(owner, "limit", self.limit, low=1)
+            check_int(owner, "limit", self.limit, low=1, high=MAX_REQUESTS)
         check_choice(owner, "zero_output", self.zero_output, ZERO_OUTPUT)
 
     def chunks(self, chunk_size: int = DEFAULT_CHUNK_SIZE) -> Iterator[RequestChunk]:

@@ -237,10 +237,20 @@ def test_the_simulator_lookup_reads_a_config_under_replica_model(tmp_path: Path)
     assert info.value.field == "replica.model"
 
 
-def test_mla_is_refused_naming_kv_lora_rank(tmp_path: Path) -> None:
-    error = refusal(write(tmp_path, DEEPSEEK_V3))
-    assert "kv_lora_rank: multi-head latent attention" in error.message
-    assert error.message.endswith("got 512")
+def test_mla_outside_the_deepseek_architectures_is_refused_naming_kv_lora_rank(
+    tmp_path: Path,
+) -> None:
+    """MLA is read for DeepseekV2/V3ForCausalLM (tests/test_mla.py); elsewhere it is
+    not what the architecture's other keys describe."""
+    error = refusal(write(tmp_path, {**LLAMA_3_1_8B, "kv_lora_rank": 512}))
+    assert "kv_lora_rank: multi-head latent attention is read for" in error.message
+    assert error.message.endswith("got 512 in a llama config")
+
+
+def test_sparse_attention_is_refused_naming_index_topk(tmp_path: Path) -> None:
+    error = refusal(write(tmp_path, {**DEEPSEEK_V3, "index_topk": 2048}))
+    assert "index_topk: sparse attention" in error.message
+    assert error.message.endswith("got 2048")
 
 
 @pytest.mark.parametrize(

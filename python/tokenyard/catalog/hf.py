@@ -5,8 +5,11 @@
 into a ``ModelSpec``. Invariant: a config loads only if its architecture is one of
 ``SUPPORTED_ARCHITECTURES``, every layer has full attention and every MoE layer routed
 experts only; anything else is a ConfigError naming the file and the key that makes it a
-model tokenyard does not simulate. A quantized checkpoint's ``quantization_config`` (or the
-``hf_quant_config.json`` beside it) becomes ``ModelSpec.quantization`` (``quant.py``).
+model tokenyard does not simulate. DeepSeek-V2/V3 (and Kimi-K2, which is a DeepSeek-V3)
+configs read their multi-head latent attention, shared experts and leading dense layers
+into ``ModelSpec.mla`` and its MoE layout fields. A quantized checkpoint's
+``quantization_config`` (or the ``hf_quant_config.json`` beside it) becomes
+``ModelSpec.quantization`` (``quant.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from tokenyard.catalog.quant import read_quantization
-from tokenyard.catalog.specs import ModelSpec
+from tokenyard.catalog.specs import MlaAttention, ModelSpec
 from tokenyard.errors import ConfigError
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "bundled_model_names", "config_path", "model_from_config"]
@@ -31,6 +34,7 @@ class _Family(NamedTuple):
     qk_norm: bool = False
     experts_key: str = ""  # the number of routed experts; "" for a dense model
     intermediate_key: str = "intermediate_size"  # per expert for a MoE
+    deepseek: bool = False  # MLA, shared experts, first_k_dense_replace, moe_layer_freq
 
 
 _FAMILIES: dict[str, _Family] = {
@@ -51,8 +55,24 @@ _FAMILIES: dict[str, _Family] = {
         experts_key="num_experts",
         intermediate_key="moe_intermediate_size",
     ),
+    "DeepseekV2ForCausalLM": _Family(
+        "deepseek_v2",
+        experts_key="n_routed_experts",
+        intermediate_key="moe_intermediate_size",
+        deepseek=True,
+    ),
+    "DeepseekV3ForCausalLM": _Family(
+        "deepseek_v3",
+        experts_key="n_routed_experts",
+        intermediate_key="moe_intermediate_size",
+        deepseek=True,
+    ),
 }
 _BY_MODEL_TYPE = {family.model_type: family for family in _FAMILIES.values()}
+_BY_MODEL_TYPE["kimi_k2"] = _FAMILIES["DeepseekV3ForCausalLM"]
+# Sparse attention (DeepSeek-V3.2's and GLM-5's DSA, DeepSeek-V4's): an indexer picks
+# index_topk keys per query, with a cache of its own.
+_DSA_KEYS = ("index_topk", "index_n_heads", "index_head_dim")
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_FAMILIES)
 
 _HYBRID_MODEL_TYPES = ("nemotron_h", "mamba", "qwen3_next")
@@ -63,7 +83,12 @@ _MOE_LAYOUT: dict[str, tuple[tuple[Any, ...], str]] = {
     "mlp_only_layers": ((None, []), "dense layers in a MoE are not modelled"),
 }
 # ModelSpec's field -> the config key, for the checks only ModelSpec makes.
-_CONFIG_KEYS = {"num_kv_heads": "num_key_value_heads", "experts_per_token": "num_experts_per_tok"}
+_CONFIG_KEYS = {
+    "num_kv_heads": "num_key_value_heads",
+    "experts_per_token": "num_experts_per_tok",
+    "num_dense_layers": "first_k_dense_replace",
+    "num_shared_experts": "n_shared_experts",
+}
 
 
 def _bad(key: str, problem: str) -> ConfigError:
@@ -84,10 +109,13 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def _attention_refusal(raw: dict[str, Any], cfg: dict[str, Any]) -> ConfigError | None:
-    """Why the model's attention is not the full GQA tokenyard models, if it is not."""
-    for key in ("kv_lora_rank", "q_lora_rank"):
+    """Why the model's attention is not the full GQA or MLA tokenyard models, if it is not."""
+    for key in _DSA_KEYS:
         if cfg.get(key) is not None:
-            why = "multi-head latent attention (MLA: DeepSeek-V2/V3/R1, Kimi-K2) is not modelled"
+            why = (
+                "sparse attention (DeepSeek-V3.2's and GLM-5's DSA, DeepSeek-V4's: an indexer "
+                "picks the keys each query reads, with a KV cache of its own) is not modelled"
+            )
             return _bad(key, f"{why}, got {cfg[key]!r}")
     for model_type in (str(raw.get("model_type", "")), str(cfg.get("model_type", ""))):
         if any(kind in model_type for kind in _HYBRID_MODEL_TYPES):
@@ -166,28 +194,82 @@ def _head_dim(cfg: dict[str, Any], hidden: int, heads: int) -> int:
     return hidden // heads
 
 
+def _mla(cfg: dict[str, Any]) -> MlaAttention:
+    """The latent attention of a DeepSeek config; ``q_lora_rank`` null: no query
+    compression (DeepSeek-V2-Lite)."""
+    q_lora = cfg.get("q_lora_rank")
+    return MlaAttention(
+        q_lora_rank=0 if q_lora is None else _count(cfg, "q_lora_rank"),
+        kv_lora_rank=_count(cfg, "kv_lora_rank"),
+        qk_nope_head_dim=_count(cfg, "qk_nope_head_dim"),
+        qk_rope_head_dim=_count(cfg, "qk_rope_head_dim"),
+        v_head_dim=_count(cfg, "v_head_dim"),
+    )
+
+
+def _zero_or_count(cfg: dict[str, Any], key: str) -> int:
+    """A count that may be 0 or absent (0)."""
+    value = cfg.get(key)
+    if value is None or value == 0:
+        return 0
+    return _count(cfg, key)
+
+
+def _deepseek(cfg: dict[str, Any], heads: int) -> dict[str, Any]:
+    """DeepSeek-V2/V3's keys: MLA in every layer; a MoE with ``n_shared_experts`` beside
+    the routed ones, in the layers from ``first_k_dense_replace`` on whose index
+    ``moe_layer_freq`` divides (dense ``intermediate_size`` FFNs elsewhere)."""
+    mla = _mla(cfg)
+    moe = cfg.get("n_routed_experts") is not None
+    return {
+        "mla": mla,
+        # The attention's q and k width per head; the cache holds the latent instead.
+        "head_dim": mla.qk_head_dim,
+        "num_kv_heads": heads,
+        "num_experts": _count(cfg, "n_routed_experts") if moe else 1,
+        "experts_per_token": _count(cfg, "num_experts_per_tok") if moe else 1,
+        "intermediate_size": _count(cfg, "moe_intermediate_size" if moe else "intermediate_size"),
+        "num_shared_experts": _zero_or_count(cfg, "n_shared_experts") if moe else 0,
+        "num_dense_layers": _zero_or_count(cfg, "first_k_dense_replace") if moe else 0,
+        "dense_intermediate_size": _count(cfg, "intermediate_size") if moe else 0,
+        "moe_layer_freq": _count(cfg, "moe_layer_freq", 1),
+        "num_mtp_layers": _zero_or_count(cfg, "num_nextn_predict_layers"),
+    }
+
+
 def _spec(
     cfg: dict[str, Any], family: _Family, name: str, source: str, quantization: Any = None
 ) -> ModelSpec:
     heads, hidden = _count(cfg, "num_attention_heads"), _count(cfg, "hidden_size")
     moe = bool(family.experts_key)
     bias = family.attention_bias
+    if not family.deepseek:
+        for key in ("kv_lora_rank", "q_lora_rank"):
+            if cfg.get(key) is not None:
+                why = (
+                    "multi-head latent attention is read for DeepseekV2ForCausalLM and "
+                    "DeepseekV3ForCausalLM configs only"
+                )
+                raise _bad(key, f"{why}, got {cfg[key]!r} in a {family.model_type} config")
     kwargs: dict[str, Any] = {
         "num_layers": _count(cfg, "num_hidden_layers"),
         "hidden_size": hidden,
         "num_heads": heads,
         "num_kv_heads": _count(cfg, "num_key_value_heads", heads),
-        "head_dim": _head_dim(cfg, hidden, heads),
-        "intermediate_size": _count(cfg, family.intermediate_key),
+        "intermediate_size": _count(cfg, family.intermediate_key) if not family.deepseek else 1,
         "vocab_size": _count(cfg, "vocab_size"),
         "context_length": _count(cfg, "max_position_embeddings"),
         "tied_embeddings": _flag(cfg, "tie_word_embeddings"),
         "attention_bias": _flag(cfg, "attention_bias") if bias is None else bias,
         "qk_norm": family.qk_norm,
-        "num_experts": _count(cfg, family.experts_key) if moe else 1,
-        "experts_per_token": _count(cfg, "num_experts_per_tok") if moe else 1,
         "quantization": quantization,
     }
+    if family.deepseek:
+        kwargs.update(_deepseek(cfg, heads))
+    else:
+        kwargs["head_dim"] = _head_dim(cfg, hidden, heads)
+        kwargs["num_experts"] = _count(cfg, family.experts_key) if moe else 1
+        kwargs["experts_per_token"] = _count(cfg, "num_experts_per_tok") if moe else 1
     try:
         return ModelSpec(name=name, source=source, **kwargs)
     except ConfigError as exc:  # a check between keys, e.g. kv heads that divide no heads
@@ -206,7 +288,7 @@ def _load(path: Path, mtime_ns: int, name: str) -> ModelSpec:
     if refusal is not None:
         raise refusal
     family = _family(raw)
-    refusal = _moe_refusal(cfg)
+    refusal = None if family.deepseek else _moe_refusal(cfg)
     if refusal is not None:
         raise refusal
     return _spec(cfg, family, name, str(path), read_quantization(raw, cfg, path))
@@ -225,7 +307,8 @@ def model_from_config(
 
     Raises:
         ConfigError: unreadable or not JSON, an unsupported architecture, attention or MoE
-            layout (MLA, sliding window, linear or Mamba layers, shared experts), a
+            layout (sparse DSA attention, sliding window, linear or Mamba layers, Qwen2-MoE's
+            shared experts), a
             quantization format it does not model (``catalog/quant.py``), or a missing or
             bad key; ``field`` is ``field`` and the message names the file and
             the key.

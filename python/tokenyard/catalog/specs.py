@@ -19,7 +19,7 @@ from tokenyard.errors import ConfigError
 #: The most GPUs one parallel dimension of a replica spans.
 MAX_PARALLELISM = 512
 
-__all__ = ["DEVICE_FIELDS", "MODEL_FIELDS", "DeviceSpec", "ModelSpec"]
+__all__ = ["DEVICE_FIELDS", "MODEL_FIELDS", "DeviceSpec", "LayerKind", "MlaAttention", "ModelSpec"]
 
 #: Field name -> kind, for the catalog-file fields of a model (``name`` is the table key).
 MODEL_FIELDS: dict[str, str] = {
@@ -95,6 +95,73 @@ def _check_at_least(obj: Any, fields: tuple[str, ...], minimum: int, noun: str, 
 
 
 @dataclass(frozen=True, kw_only=True)
+class MlaAttention:
+    """Multi-head latent attention (DeepSeek-V2/V3/R1, Kimi-K2), as its ``config.json``
+    says it. Per layer (``h`` hidden, ``n`` heads):
+
+    - ``q_a_proj`` ``h x q_lora_rank`` and its RMSNorm, then ``q_b_proj`` ``q_lora_rank x
+      n(qk_nope + qk_rope)``; with ``q_lora_rank`` 0 (``null``: DeepSeek-V2-Lite) one
+      ``q_proj`` ``h x n(qk_nope + qk_rope)``;
+    - ``kv_a_proj_with_mqa`` ``h x (kv_lora_rank + qk_rope)`` and an RMSNorm over the
+      latent, ``kv_b_proj`` ``kv_lora_rank x n(qk_nope + v_head_dim)``;
+    - ``o_proj`` ``n v_head_dim x h``.
+
+    The KV cache holds one latent per token and layer: ``kv_lora_rank + qk_rope_head_dim``
+    values (``latent_dim``), one "head" that every tensor-parallel rank keeps whole
+    (vLLM's ``MLAAttentionSpec``: ``num_kv_heads = 1``, ``head_size = kv_lora_rank +
+    qk_rope_head_dim``). Under TP the ``a`` projections are replicated (vLLM's
+    ``ReplicatedLinear``), the ``b`` projections and ``o_proj`` split by heads.
+    """
+
+    q_lora_rank: int  # 0: no query compression
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            low = 0 if field.name == "q_lora_rank" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise _fail("mla", field.name, f"must be an integer >= {low}", value)
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Query and key width per head: ``qk_nope_head_dim + qk_rope_head_dim``."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def latent_dim(self) -> int:
+        """Values cached per token and layer: ``kv_lora_rank + qk_rope_head_dim``."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    def split_parameters(self, hidden: int, heads: int) -> tuple[int, int, int]:
+        """(linear weights every TP rank holds whole, linear weights split by heads, norm
+        weights) of one layer, for ``heads`` heads (the model's, or one rank's share)."""
+        n = heads
+        q_a = hidden * self.q_lora_rank
+        q_b = (self.q_lora_rank or hidden) * n * self.qk_head_dim
+        kv_a = hidden * self.latent_dim
+        kv_b = self.kv_lora_rank * n * (self.qk_nope_head_dim + self.v_head_dim)
+        o = n * self.v_head_dim * hidden
+        return q_a + kv_a, q_b + kv_b + o, self.q_lora_rank + self.kv_lora_rank
+
+
+@dataclass(frozen=True)
+class LayerKind:
+    """One kind of decoder layer and how many of the model's layers are of it: attention
+    ``gqa`` (grouped-query, every token's K and V) or ``mla`` (latent), FFN ``dense``
+    (SwiGLU of ``intermediate_size``) or ``moe`` (routed experts plus
+    ``num_shared_experts`` shared ones, each of the per-expert ``intermediate_size``)."""
+
+    attention: str
+    ffn: str
+    intermediate_size: int
+    count: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     """The shape of a Llama-style decoder (RMSNorm, rotary attention, SwiGLU MLP), as in the
     model's Hugging Face ``config.json``.
@@ -130,6 +197,23 @@ class ModelSpec:
     #: The checkpoint's quantization (its ``quantization_config``; ``catalog/quant.py``),
     #: None for 16-bit weights. Read from Hugging Face configs, not from catalog files.
     quantization: Quantization | None = None
+    #: Multi-head latent attention in every layer (DeepSeek-V2/V3, Kimi-K2); None: GQA.
+    #: ``num_kv_heads`` and ``head_dim`` then only record the config (the latent is what
+    #: is cached). Read from Hugging Face configs, as are the four fields below.
+    mla: MlaAttention | None = None
+    #: MoE layers' shared experts (DeepSeek's ``n_shared_experts``), each of
+    #: ``intermediate_size``, run by every token beside the routed ones.
+    num_shared_experts: int = 0
+    #: The first layers with a dense FFN instead of experts (``first_k_dense_replace``),
+    #: of ``dense_intermediate_size``; after them a layer ``i`` is MoE when ``i %
+    #: moe_layer_freq == 0`` (HF's DeepSeek rule), dense otherwise.
+    num_dense_layers: int = 0
+    dense_intermediate_size: int = 0
+    moe_layer_freq: int = 1
+    #: Multi-token-prediction layers the checkpoint ships (``num_nextn_predict_layers``):
+    #: recorded, not counted (the published sizes leave them out; vLLM loads them only as
+    #: a speculative drafter, which tokenyard does not model for them yet).
+    num_mtp_layers: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -152,19 +236,74 @@ class ModelSpec:
                 f"must be <= num_experts ({self.num_experts})",
                 self.experts_per_token,
             )
+        if self.mla is not None and not isinstance(self.mla, MlaAttention):
+            raise _fail(where, "mla", "must be an MlaAttention or None", self.mla)
+        for field, low in (
+            ("num_shared_experts", 0),
+            ("num_dense_layers", 0),
+            ("dense_intermediate_size", 0),
+            ("moe_layer_freq", 1),
+            ("num_mtp_layers", 0),
+        ):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise _fail(where, field, f"must be an integer >= {low}", value)
+        if self.num_dense_layers > self.num_layers:
+            raise _fail(
+                where,
+                "num_dense_layers",
+                f"must be <= num_layers ({self.num_layers})",
+                self.num_dense_layers,
+            )
+        if self.num_experts == 1 and (self.num_shared_experts or self.num_dense_layers):
+            raise _fail(
+                where,
+                "num_shared_experts" if self.num_shared_experts else "num_dense_layers",
+                "needs routed experts (num_experts > 1)",
+                self.num_shared_experts or self.num_dense_layers,
+            )
 
-    def _layer_parameters(self, experts: int) -> int:
-        h, q, kv = (
-            self.hidden_size,
-            self.num_heads * self.head_dim,
-            self.num_kv_heads * self.head_dim,
-        )
+    @property
+    def num_moe_layers(self) -> int:
+        """Layers with experts: none for a dense model; else those from
+        ``num_dense_layers`` on whose index ``moe_layer_freq`` divides."""
+        if self.num_experts == 1:
+            return 0
+        first = self.num_dense_layers
+        return sum(1 for i in range(first, self.num_layers) if i % self.moe_layer_freq == 0)
+
+    def layer_kinds(self) -> tuple[LayerKind, ...]:
+        """The model as a sequence of layer kinds, each with its count (dense FFN layers
+        first, as DeepSeek's ``first_k_dense_replace`` puts them)."""
+        attention = "mla" if self.mla is not None else "gqa"
+        if self.num_experts == 1:
+            return (LayerKind(attention, "dense", self.intermediate_size, self.num_layers),)
+        moe = self.num_moe_layers
+        dense = self.num_layers - moe
+        kinds = []
+        if dense:
+            inter = self.dense_intermediate_size or self.intermediate_size
+            kinds.append(LayerKind(attention, "dense", inter, dense))
+        if moe:
+            kinds.append(LayerKind(attention, "moe", self.intermediate_size, moe))
+        return tuple(kinds)
+
+    def _attention_parameters(self) -> int:
+        h = self.hidden_size
+        if self.mla is not None:
+            return sum(self.mla.split_parameters(h, self.num_heads))
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         attention = h * (q + 2 * kv) + q * h  # q, k, v, then o
         if self.attention_bias:
             attention += q + 2 * kv
-        mlp = 3 * h * self.intermediate_size * experts  # gate, up, down per expert
-        router = h * self.num_experts if self.num_experts > 1 else 0
-        return attention + mlp + router + 2 * h  # two RMSNorms
+        return attention
+
+    def _ffn_parameters(self, kind: LayerKind, experts: int) -> int:
+        h = self.hidden_size
+        if kind.ffn == "dense":
+            return 3 * h * kind.intermediate_size
+        mlp = 3 * h * kind.intermediate_size * (experts + self.num_shared_experts)
+        return mlp + h * self.num_experts  # gate, up, down per expert; the router
 
     def _edge_parameters(self) -> int:
         embeddings = self.vocab_size * self.hidden_size * (1 if self.tied_embeddings else 2)
@@ -186,17 +325,26 @@ class ModelSpec:
                     value=str(value),
                 )
 
-    def num_parameters(self) -> int:
-        """All weights: every layer with all its experts, the embeddings and the final norm."""
-        return self.num_layers * self._layer_parameters(self.num_experts) + self._edge_parameters()
-
-    def num_active_parameters(self) -> int:
-        """Weights one token passes through: ``experts_per_token`` experts per layer (equal
-        to ``num_parameters()`` for a dense model). The router counts in full."""
+    def _parameters(self, experts: int) -> int:
+        layer = self._attention_parameters() + 2 * self.hidden_size  # two RMSNorms
         return (
-            self.num_layers * self._layer_parameters(self.experts_per_token)
+            sum(
+                kind.count * (layer + self._ffn_parameters(kind, experts))
+                for kind in self.layer_kinds()
+            )
             + self._edge_parameters()
         )
+
+    def num_parameters(self) -> int:
+        """All weights: every layer with all its experts, the embeddings and the final norm
+        (not the MTP layers, which published sizes leave out)."""
+        return self._parameters(self.num_experts)
+
+    def num_active_parameters(self) -> int:
+        """Weights one token passes through: ``experts_per_token`` routed experts (and the
+        shared ones) per MoE layer (equal to ``num_parameters()`` for a dense model). The
+        router and the embeddings count in full."""
+        return self._parameters(self.experts_per_token)
 
 
 @dataclass(frozen=True, kw_only=True)

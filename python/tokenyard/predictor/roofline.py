@@ -128,6 +128,7 @@ class _Sizes:
     w: float  # bytes per weight
     a: float  # bytes per activation
     c: float  # bytes per KV value
+    heads: int = 0  # attention heads on one TP worker
 
 
 def _sizes(model: ModelSpec, tp: int, weight_bytes: float, kv_bytes: float) -> _Sizes:
@@ -141,6 +142,7 @@ def _sizes(model: ModelSpec, tp: int, weight_bytes: float, kv_bytes: float) -> _
         w=weight_bytes,
         a=2.0,  # activations stay in 16 bits even with 8- or 4-bit weights
         c=kv_bytes,
+        heads=model.num_heads // tp,
     )
 
 
@@ -239,6 +241,7 @@ def _gemm(
     """A ``[T, k] x [k, n]`` projection (``T``: the ``feature``); ``layer_linear``: one of
     the decoder layers' projections, at ``b.gemm_flops_per_s`` (else the BF16 peak)."""
     peak = b.gemm_flops_per_s if layer_linear else b.flops_per_s
+    scope = "last_stage" if feature == "num_requests" else "layer"
     if b.calibration is not None:
         c = b.calibration
 
@@ -250,15 +253,38 @@ def _gemm(
             return roofline / efficiency + c.memory_latency_s
 
         table = grids.token_table(feature, seconds, 2.0**17, c.gemm_tokens)
-        b.table(
-            name, table, gate=feature, scope="layer" if feature == "num_tokens" else "last_stage"
-        )
+        b.table(name, table, gate=feature, scope=scope)
         return
     b.add(
         name,
-        flops={"num_tokens": 2.0 * k * n},
-        bytes={"one": k * n * s.w, "num_tokens": (k + n) * s.a},
+        flops={feature: 2.0 * k * n},
+        bytes={"one": k * n * s.w, feature: (k + n) * s.a},
         flops_per_s=peak,
+        gate=feature,
+        scope=scope,
+    )
+
+
+def _bmm(b: _Builder, name: str, heads: int, k: int, n: int, s: _Sizes, feature: str) -> None:
+    """``heads`` batched ``[T, k] x [k, n]`` products in BF16 (MLA's absorbed ``W_UK`` and
+    ``W_UV``, which vLLM keeps in 16 bits whatever the checkpoint's format)."""
+    weights, per_row = heads * k * n * s.a, heads * (k + n) * s.a
+    if b.calibration is not None:
+        c = b.calibration
+
+        def seconds(m: float) -> float:
+            roofline = max(
+                2.0 * m * heads * k * n / b.flops_per_s, (weights + m * per_row) / b.bytes_per_s
+            )
+            return roofline / curve_value(c.gemm_tokens, c.gemm_efficiency, m) + c.memory_latency_s
+
+        b.table(name, grids.token_table(feature, seconds, 2.0**17, c.gemm_tokens), gate=feature)
+        return
+    b.add(
+        name,
+        flops={feature: 2.0 * heads * k * n},
+        bytes={"one": weights, feature: per_row},
+        gate=feature,
     )
 
 
@@ -368,17 +394,104 @@ def _expert_gemm(b: _Builder, model: ModelSpec, s: _Sizes, name: str, k: int, n:
     b.ops.append(CompiledOp(name, "layer", "num_tokens", cost))
 
 
-def _mlp(b: _Builder, model: ModelSpec, s: _Sizes) -> None:
-    top_k = model.experts_per_token
-    if model.num_experts > 1:
-        _gemm(b, "router", s.h, model.num_experts, s, layer_linear=False)
-    _expert_gemm(b, model, s, "gate_up_proj", s.h, 2 * s.i)
+def _dense_mlp(b: _Builder, s: _Sizes, i: int, prefix: str = "") -> None:
+    """A SwiGLU MLP of ``i`` (per TP worker) intermediate values."""
+    _gemm(b, f"{prefix}gate_up_proj", s.h, 2 * i, s)
+    b.add(f"{prefix}act", flops={"num_tokens": 3.0 * i}, bytes={"num_tokens": 3.0 * i * s.a})
+    _gemm(b, f"{prefix}down_proj", i, s.h, s)
+
+
+def _mlp(b: _Builder, model: ModelSpec, s: _Sizes, tp: int) -> None:
+    """Each layer kind's FFN. A model of several kinds (DeepSeek: dense layers, then MoE
+    ones) runs each kind's operations ``count / num_layers`` times per layer, so a stage
+    of ``L`` layers costs the model's mix (exact at PP 1); the dense layers' operations
+    are then named ``dense_*``. A MoE layer's shared experts are a dense MLP of
+    ``num_shared_experts x intermediate_size`` beside the routed ones (``shared_*``)."""
+    kinds = model.layer_kinds()
+    for kind in kinds:
+        start = len(b.ops)
+        if kind.ffn == "dense":
+            _dense_mlp(b, s, kind.intermediate_size // tp, "dense_" if len(kinds) > 1 else "")
+        else:
+            top_k = model.experts_per_token
+            _gemm(b, "router", s.h, model.num_experts, s, layer_linear=False)
+            _expert_gemm(b, model, s, "gate_up_proj", s.h, 2 * s.i)
+            b.add(
+                "act",
+                flops={"num_tokens": 3.0 * s.i * top_k},
+                bytes={"num_tokens": 3.0 * s.i * s.a * top_k},
+            )
+            _expert_gemm(b, model, s, "down_proj", s.i, s.h)
+            if model.num_shared_experts:
+                shared = model.num_shared_experts * kind.intermediate_size // tp
+                _dense_mlp(b, s, shared, "shared_")
+        if len(kinds) > 1:
+            share = kind.count / model.num_layers
+            b.ops[start:] = [
+                dataclasses.replace(op, count=op.count * share) for op in b.ops[start:]
+            ]
+
+
+def _mla_attention(b: _Builder, model: ModelSpec, s: _Sizes) -> None:
+    """Multi-head latent attention on one TP worker (``n`` heads, ``r = qk_nope +
+    qk_rope``): the a projections (replicated), the latent norms, ``q_b_proj``, RoPE on
+    the rotary parts, the latent's store; prefill un-absorbed (``kv_b_proj`` up-projects
+    the chunk's latents to per-head K and V, then attention of head dims ``r`` and ``v``);
+    decode absorbed (``W_UK`` into the query, MQA over the cached latents, ``W_UV`` out);
+    ``o_proj``. The up-projection of a cached prefix for a chunk is not counted."""
+    mla = model.mla
+    if mla is None:  # the caller checked
+        return
+    n, r, v, lat, kvr = s.heads, mla.qk_head_dim, mla.v_head_dim, mla.latent_dim, mla.kv_lora_rank
+    nope, rope = mla.qk_nope_head_dim, mla.qk_rope_head_dim
+    _gemm(b, "qkv_a_proj", s.h, mla.q_lora_rank + lat, s)
+    norms = mla.q_lora_rank + kvr
+    b.add("latent_norm", flops={"num_tokens": 4.0 * norms}, bytes={"num_tokens": 2.0 * norms * s.a})
+    _gemm(b, "q_b_proj", mla.q_lora_rank or s.h, n * r, s)
     b.add(
-        "act",
-        flops={"num_tokens": 3.0 * s.i * top_k},
-        bytes={"num_tokens": 3.0 * s.i * s.a * top_k},
+        "rope",
+        flops={"num_tokens": 3.0 * (n + 1) * rope},
+        bytes={"num_tokens": 2.0 * (n + 1) * rope * s.a},
     )
-    _expert_gemm(b, model, s, "down_proj", s.i, s.h)
+    b.add("kv_store", flops={}, bytes={"num_tokens": lat * (s.a + s.c)})
+    _gemm(b, "kv_b_proj", kvr, n * (nope + v), s, feature="num_prefill_tokens")
+    _bmm(b, "mla_bmm_pre", n, nope, kvr, s, "num_decode_tokens")
+    if b.calibration is not None:
+        c, device = b.calibration, b.device
+        # Un-absorbed prefill: q and k of width n r, v of n v (the roofline's q = kv = half
+        # their sum gives its 2 n (r + v) FLOPs per pair); absorbed decode: n heads over
+        # one latent (2 n (2 kv_lora + qk_rope) FLOPs per key, the latent read once).
+        wide = n * (r + v) / 2.0
+        narrow = n * (2 * kvr + rope) / 2.0
+
+        def prefill(batch: float, seq: float, prefix: float) -> float:
+            roofline = prefill_roofline_s(device, batch, seq, prefix, wide, wide, s.a)
+            return roofline / curve_value(c.prefill_seq_lens, c.prefill_efficiency, seq + prefix)
+
+        def decode(batch: float, keys: float) -> float:
+            roofline = decode_roofline_s(device, batch, keys, narrow, lat / 2.0, s.c)
+            rows = decode_efficiency_rows(c, keys)
+            return roofline / curve_value(c.decode_parallelism, rows, batch)
+
+        b.table("attn_prefill", grids.prefill_attention_table(prefill), gate="num_prefill_tokens")
+        b.table("attn_decode", grids.decode_attention_table(decode), gate="num_decode_tokens")
+    else:
+        b.add(
+            "attn_prefill",
+            flops={"prefill_attention_pairs": 2.0 * n * (r + v)},
+            bytes={"num_prefill_tokens": 2.0 * n * (r + v) * s.a},
+            attention=True,
+            gate="num_prefill_tokens",
+        )
+        b.add(
+            "attn_decode",
+            flops={"decode_attention_keys": 2.0 * n * (2 * kvr + rope)},
+            bytes={"decode_attention_keys": lat * s.c, "num_decode_tokens": n * (lat + kvr) * s.a},
+            attention=True,
+            gate="num_decode_tokens",
+        )
+    _bmm(b, "mla_bmm_post", n, kvr, v, s, "num_decode_tokens")
+    _gemm(b, "o_proj", n * v, s.h, s)
 
 
 def _communication(b: _Builder, device: DeviceSpec, s: _Sizes, tp: int, pp: int) -> None:
@@ -463,22 +576,25 @@ def roofline_predictor(
     s = _sizes(model, tp, weight_bytes, kv_bytes)
     b = _Builder(device, efficiencies, calibration, gemm_activations)
     _norm(b, "input_norm", s)
-    _gemm(b, "qkv_proj", s.h, s.q + 2 * s.kv, s)
-    b.add(
-        "rope",
-        flops={"num_tokens": 3.0 * (s.q + s.kv)},
-        bytes={"num_tokens": 2.0 * (s.q + s.kv) * s.a},
-    )
-    if model.qk_norm:  # Qwen3: an RMSNorm over each query and key head
+    if model.mla is not None:
+        _mla_attention(b, model, s)
+    else:
+        _gemm(b, "qkv_proj", s.h, s.q + 2 * s.kv, s)
         b.add(
-            "qk_norm",
-            flops={"num_tokens": 4.0 * (s.q + s.kv)},
-            bytes={"one": 2.0 * s.head_dim * s.w, "num_tokens": 2.0 * (s.q + s.kv) * s.a},
+            "rope",
+            flops={"num_tokens": 3.0 * (s.q + s.kv)},
+            bytes={"num_tokens": 2.0 * (s.q + s.kv) * s.a},
         )
-    _attention(b, s)
-    _gemm(b, "o_proj", s.q, s.h, s)
+        if model.qk_norm:  # Qwen3: an RMSNorm over each query and key head
+            b.add(
+                "qk_norm",
+                flops={"num_tokens": 4.0 * (s.q + s.kv)},
+                bytes={"one": 2.0 * s.head_dim * s.w, "num_tokens": 2.0 * (s.q + s.kv) * s.a},
+            )
+        _attention(b, s)
+        _gemm(b, "o_proj", s.q, s.h, s)
     _norm(b, "post_attn_norm", s)
-    _mlp(b, model, s)
+    _mlp(b, model, s, tp)
     if calibration is None:  # calibrated: fused into the norms
         b.add(
             "residual_add",

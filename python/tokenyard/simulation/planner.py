@@ -7,6 +7,15 @@ dim, ``kv = ceil(num_kv_heads / TP)``: KV heads are replicated once ``TP > num_k
 
     layer   = h*(heads/TP)*d*2 [q, o] + h*kv*d*2 [k, v] (+ (heads/TP + 2 kv)*d biases)
               + 3*h*ceil(inter/TP)*experts [SwiGLU] + h*experts [router, MoE only] + 2*h
+
+A model of several layer kinds (``ModelSpec.layer_kinds()``: DeepSeek's dense FFN layers
+before its MoE ones) sums each kind's layer over its count; a MoE layer's experts are its
+routed ones plus ``num_shared_experts``, each split by TP (no expert parallelism). Multi-head
+latent attention (``ModelSpec.mla``, ``n = heads/TP``, ``r = qk_nope + qk_rope``):
+
+    attention = h*q_lora + h*(kv_lora + qk_rope) [a projections, on every rank]
+                + q_lora*n*r [q_b; h*n*r as q_proj without q_lora]
+                + kv_lora*n*(qk_nope + v) [kv_b] + n*v*h [o] + q_lora + kv_lora [norms]
     first   = ceil(vocab/TP)*h                          [input embeddings, first stage]
     last    = ceil(vocab/TP)*h + h                      [lm_head and final norm, last stage]
     params  = layers/PP * layer + (first + last if PP == 1 else max(first, last))
@@ -18,6 +27,8 @@ dim, ``kv = ceil(num_kv_heads / TP)``: KV heads are replicated once ``TP > num_k
     available KV bytes      = usable - weight bytes per device - reserved bytes
                               [reserved: LoRA slots, docs/lora.md]
     KV bytes per token      = 2 [K and V] x bytes(kv_cache_dtype) x d x kv x layers / PP
+                              [MLA: (kv_lora + qk_rope) x bytes x layers / PP, the same
+                              on every TP rank: one latent head, not split]
     max_batch_size          = available // (KV bytes per token x max_request_tokens)
     num_blocks              = available // (KV bytes per token x block_size)
 
@@ -41,6 +52,7 @@ from dataclasses import dataclass
 from tokenyard._checks import check_key_int
 from tokenyard.catalog import DeviceSpec, ModelSpec
 from tokenyard.catalog.quant import Quantization
+from tokenyard.catalog.specs import LayerKind
 from tokenyard.errors import ConfigError
 
 __all__ = [
@@ -48,6 +60,7 @@ __all__ = [
     "KV_CACHE_DTYPES",
     "MemoryPlan",
     "dtype_bytes",
+    "kv_values_per_token_layer",
     "parameters_per_device",
     "plan_memory",
 ]
@@ -127,27 +140,56 @@ def parameters_per_device(model: ModelSpec, tp: int, pp: int) -> int:
     return sum(_parameter_split(model, tp, pp))
 
 
-def _parameter_split(model: ModelSpec, tp: int, pp: int) -> tuple[int, int]:
-    """(decoder-layer linear weights, every other weight) on the fullest device: the
-    first is what a quantized checkpoint quantizes."""
-    model.check_layout(tp, pp)
-    h, d = model.hidden_size, model.head_dim
+def _attention_split(model: ModelSpec, tp: int) -> tuple[int, int]:
+    """(linear weights, other weights) of one layer's attention on one TP rank."""
+    h = model.hidden_size
+    if model.mla is not None:  # the a projections replicated, the rest split by heads
+        replicated, split, norms = model.mla.split_parameters(h, model.num_heads // tp)
+        return replicated + split, norms
+    d = model.head_dim
     q = model.num_heads // tp * d
     kv = math.ceil(model.num_kv_heads / tp) * d
-    linear = (
-        2 * h * q
-        + 2 * h * kv
-        + 3 * h * math.ceil(model.intermediate_size / tp) * (model.num_experts)
-    )
     bias = (q + 2 * kv) if model.attention_bias else 0
-    router = h * model.num_experts if model.num_experts > 1 else 0
-    other = bias + router + 2 * h
+    return 2 * h * q + 2 * h * kv, bias
+
+
+def _ffn_split(model: ModelSpec, kind: LayerKind, tp: int) -> tuple[int, int]:
+    """(linear weights, other weights) of one layer's FFN on one TP rank: every expert's
+    (routed and shared) intermediate split by TP (no expert parallelism); the router whole."""
+    h, inter = model.hidden_size, math.ceil(kind.intermediate_size / tp)
+    if kind.ffn == "dense":
+        return 3 * h * inter, 0
+    experts = model.num_experts + model.num_shared_experts
+    return 3 * h * inter * experts, h * model.num_experts
+
+
+def _parameter_split(model: ModelSpec, tp: int, pp: int) -> tuple[int, int]:
+    """(decoder-layer linear weights, every other weight) on the fullest device: the
+    first is what a quantized checkpoint quantizes. With layers of several kinds (dense
+    FFN layers before MoE ones) the stages' layers are taken as the model's mix, ``1/PP``
+    of each kind (exact at PP 1)."""
+    model.check_layout(tp, pp)
+    h = model.hidden_size
+    attention_linear, attention_other = _attention_split(model, tp)
+    linear = other = 0
+    for kind in model.layer_kinds():
+        ffn_linear, ffn_other = _ffn_split(model, kind, tp)
+        linear += kind.count * (attention_linear + ffn_linear)
+        other += kind.count * (attention_other + ffn_other + 2 * h)
     vocab_shard = math.ceil(model.vocab_size / tp) * h
     first = vocab_shard
     last = h + (0 if model.tied_embeddings and pp == 1 else vocab_shard)
     edge = first + last if pp == 1 else max(first, last)
-    layers = model.num_layers // pp
-    return layers * linear, layers * other + edge
+    return math.ceil(linear / pp), math.ceil(other / pp) + edge
+
+
+def kv_values_per_token_layer(model: ModelSpec, tp: int) -> int:
+    """KV values one TP rank caches per token and layer: K and V of its
+    ``ceil(kv_heads / TP)`` heads, or for MLA the whole latent (``kv_lora_rank +
+    qk_rope_head_dim``, one head every rank keeps: vLLM's ``MLAAttentionSpec``)."""
+    if model.mla is not None:
+        return model.mla.latent_dim
+    return 2 * model.head_dim * math.ceil(model.num_kv_heads / tp)
 
 
 def _weight_bytes(
@@ -210,13 +252,7 @@ def plan_memory(
 
     parameter_bytes = _weight_bytes(model, tp, pp, weight_bytes, quantization)
     weight_name = quantization.scheme if quantization else weight_dtype
-    kv_per_token = (
-        2
-        * kv_bytes
-        * model.head_dim
-        * math.ceil(model.num_kv_heads / tp)
-        * (model.num_layers // pp)
-    )
+    kv_per_token = kv_bytes * kv_values_per_token_layer(model, tp) * (model.num_layers // pp)
     total = int(device.memory_gib * 1024**3 * (1 - memory_margin_fraction))
     available = total - parameter_bytes - reserved_bytes
     max_batch_size = available // (kv_per_token * max_request_tokens) if available > 0 else 0

@@ -53,6 +53,8 @@ from tokenyard.predictor.measured.ops import (
     AttentionTimes,
     CollectiveTimes,
     GemmTimes,
+    MlaBmmTimes,
+    MlaModuleTimes,
     MoeTimes,
     NotMeasured,
     moe_rows,
@@ -141,7 +143,9 @@ def _gemm_table(gemm: GemmTimes, n: int, k: int, feature: str) -> TableCost:
     return TableCost(x=feature, xs=xs, values=tuple(gemm(m, n, k) for m in xs))
 
 
-def _prefill_seconds(context: AttentionTimes) -> Callable[[float, float, float], float]:
+def _prefill_seconds(
+    context: Callable[[float, float], float],
+) -> Callable[[float, float, float], float]:
     def seconds(batch: float, seq: float, prefix: float) -> float:
         alone = context(batch, seq)
         if prefix <= 0.0:
@@ -205,7 +209,7 @@ def _measured_ops(
     edge = gemm if edge_dtype == dtype else GemmTimes(gemm_rows, edge_dtype)
     kernels = {"gemm": dtype, "lm_head": edge_dtype}
     if dtype == "fp8_block" and "fp8" in measured:
-        floor = _floored(gemm, edge, s, model.num_experts == 1)
+        floor = _floored(gemm, edge, model, s, tp)
         if floor:
             # vLLM's block-FP8 rows carry a host-side floor of 60-340 us up to thousands of
             # rows (eager launches; SGLang's and TRT-LLM's block-FP8 GEMMs on the same H100
@@ -220,28 +224,43 @@ def _measured_ops(
             )
     label = f"measured:gemm ({source.folders['gemm'].name})"
     out: dict[str, tuple[TableCost | None, str, str]] = {
-        "qkv_proj": (_gemm_table(gemm, s.q + 2 * s.kv, s.h, "num_tokens"), label, ""),
-        "o_proj": (_gemm_table(gemm, s.h, s.q, "num_tokens"), label, ""),
         "lm_head": (_gemm_table(edge, s.vocab, s.h, "num_requests"), label, ""),
     }
-    if model.num_experts == 1:
-        out["gate_up_proj"] = (_gemm_table(gemm, 2 * s.i, s.h, "num_tokens"), label, "")
-        out["down_proj"] = (_gemm_table(gemm, s.h, s.i, "num_tokens"), label, "")
+    if model.mla is None:
+        out["qkv_proj"] = (_gemm_table(gemm, s.q + 2 * s.kv, s.h, "num_tokens"), label, "")
+        out["o_proj"] = (_gemm_table(gemm, s.h, s.q, "num_tokens"), label, "")
+        out.update(_attention_ops(source, s, kv_dtype))
     else:
+        module_gemm = "bfloat16" if quantization is None else quantization.gemm_dtype
+        mla, kernels["mla"] = _mla_ops(source, model, tp, kv_dtype, module_gemm, gemm, label)
+        out.update(mla)
+    for kind in model.layer_kinds():
+        if kind.ffn == "dense":
+            i = kind.intermediate_size // tp
+            prefix = "dense_" if model.num_experts > 1 else ""
+            out[f"{prefix}gate_up_proj"] = (_gemm_table(gemm, 2 * i, s.h, "num_tokens"), label, "")
+            out[f"{prefix}down_proj"] = (_gemm_table(gemm, s.h, i, "num_tokens"), label, "")
+            continue
         out["router"] = (_gemm_table(edge, model.num_experts, s.h, "num_tokens"), label, "")
         out["moe_experts"] = _moe_op(source, model, tp, moe_dtype, moe_distribution)
         kernels["moe"] = moe_dtype if out["moe_experts"][0] is not None else "calibrated"
-    out.update(_attention_ops(source, s, kv_dtype))
+        if model.num_shared_experts:
+            i = model.num_shared_experts * kind.intermediate_size // tp
+            out["shared_gate_up_proj"] = (_gemm_table(gemm, 2 * i, s.h, "num_tokens"), label, "")
+            out["shared_down_proj"] = (_gemm_table(gemm, s.h, i, "num_tokens"), label, "")
     if tp > 1:
         out["all_reduce"] = out["embedding_all_reduce"] = _all_reduce_op(source, s, tp)
     return out, kernels
 
 
-def _floored(block: GemmTimes, bf16: GemmTimes, s: _Shapes, dense: bool) -> str:
+def _floored(block: GemmTimes, bf16: GemmTimes, model: ModelSpec, s: _Shapes, tp: int) -> str:
     """Why ``block`` (fp8_block) rows look launch-floored for this model: the model's
     layer GEMMs at 8 rows take longer in FP8 (half the bytes) than in BF16; "" if not."""
-    shapes = [(s.q + 2 * s.kv, s.h), (s.h, s.q)]
-    if dense:
+    if model.mla is None:
+        shapes = [(s.q + 2 * s.kv, s.h), (s.h, s.q)]
+    else:
+        shapes = [(n, k) for n, k, _ in _mla_gemm_shapes(model, tp).values()]
+    if model.num_experts == 1:
         shapes += [(2 * s.i, s.h), (s.h, s.i)]
     fp8 = sum(block(8.0, n, k) for n, k in shapes)
     bf = sum(bf16(8.0, n, k) for n, k in shapes)
@@ -257,6 +276,8 @@ def _kernels_text(kernels: dict[str, str], quantization: Quantization | None) ->
         text += f" (LM head{', router' if 'moe' in kernels else ''} {kernels['lm_head']})"
     if "moe" in kernels:
         text += f", MoE {kernels['moe']}"
+    if "mla" in kernels:
+        text += f", MLA {kernels['mla']}"
     if quantization is not None:
         text += f"; {quantization.scheme} from {quantization.source}"
         if "gemm_note" in kernels:
@@ -264,6 +285,140 @@ def _kernels_text(kernels: dict[str, str], quantization: Quantization | None) ->
     elif kernels["gemm"] == "fp8":
         text += "; per-tensor fp8 from replica.dtype"
     return text
+
+
+#: Operations of the roofline's MLA attention that one measured MLA module row includes.
+MLA_MODULE_OPS = (
+    "qkv_a_proj",
+    "latent_norm",
+    "q_b_proj",
+    "rope",
+    "kv_store",
+    "kv_b_proj",
+    "mla_bmm_pre",
+    "mla_bmm_post",
+    "o_proj",
+)
+#: The MLA dims vLLM's MLA BMM collector measures (DeepSeek-V3's: qk_nope, kv_lora, v).
+_MLA_BMM_DIMS = (128, 512, 128)
+
+
+def _mla_gemm_shapes(model: ModelSpec, tp: int) -> dict[str, tuple[int, int, str]]:
+    """The MLA projections on one TP rank: op -> (n, k, the feature of its rows)."""
+    mla = model.mla
+    if mla is None:
+        return {}
+    h, n = model.hidden_size, model.num_heads // tp
+    return {
+        "qkv_a_proj": (mla.q_lora_rank + mla.latent_dim, h, "num_tokens"),
+        "q_b_proj": (n * mla.qk_head_dim, mla.q_lora_rank or h, "num_tokens"),
+        "kv_b_proj": (
+            n * (mla.qk_nope_head_dim + mla.v_head_dim),
+            mla.kv_lora_rank,
+            "num_prefill_tokens",
+        ),
+        "o_proj": (h, n * mla.v_head_dim, "num_tokens"),
+    }
+
+
+def _module_model(rows: Columns, model: ModelSpec) -> tuple[str, str]:
+    """The ``model`` of the MLA module rows whose config has ``model``'s shape (hidden
+    size and MLA dims; the head count is a column), or ("", why none has)."""
+    from tokenyard import catalog
+
+    mine = (model.hidden_size, model.mla)
+    seen = []
+    for name in rows.values("model"):
+        try:
+            measured = catalog.model(str(name), field="execution.measured")
+        except ConfigError:
+            seen.append(f"{name} (its config is not known here)")
+            continue
+        if (measured.hidden_size, measured.mla) == mine:
+            return str(name), ""
+        seen.append(f"{name} (hidden {measured.hidden_size}, {measured.mla})")
+    return "", (
+        f"{rows.path} measures the MLA module of {', '.join(seen)}, not {model.name}'s shape "
+        f"(hidden {model.hidden_size}, {model.mla})"
+    )
+
+
+def _mla_ops(
+    source: MeasuredSource,
+    model: ModelSpec,
+    tp: int,
+    kv_dtype: str,
+    gemm_type: str,
+    gemm: GemmTimes,
+    gemm_label: str,
+) -> tuple[dict[str, tuple[TableCost | None, str, str]], str]:
+    """MLA attention: the measured module (one row = one layer's whole attention at one
+    TP rank's heads) for prefill chunks and for decodes, where the tables measure this
+    model's shape, GEMM family and KV dtype; else the projections from the GEMM table,
+    the absorbed-decode BMMs from ``mla_bmm`` (at DeepSeek-V3's dims) and the attention
+    itself from the calibrated roofline, each with its reason. Also the banner's words."""
+    heads = model.num_heads // tp
+    why = _mla_module_why(source, model)
+    if not why:
+        folder = source.folders["mla"]
+        context_rows = _read(source, folder / "mla_context_module_perf.parquet")
+        generation_rows = _read(source, folder / "mla_generation_module_perf.parquet")
+        name, why = _module_model(context_rows, model)
+    if not why:
+        kv_name = TABLE_DTYPES.get(kv_dtype, kv_dtype)
+        layout = dict(num_heads=heads, kv_cache_dtype=kv_name, gemm_type=gemm_type)
+        try:
+            context = MlaModuleTimes(context_rows.where(model=name), generation=False, **layout)  # type: ignore[arg-type]
+            generation = MlaModuleTimes(
+                generation_rows.where(model=name),
+                generation=True,
+                **layout,  # type: ignore[arg-type]
+            )
+        except NotMeasured as exc:
+            why = str(exc)
+    if not why:
+        label = f"measured:mla_module ({source.folders['mla'].name})"
+        out: dict[str, tuple[TableCost | None, str, str]] = {
+            "attn_prefill": (grids.prefill_attention_table(_prefill_seconds(context)), label, ""),
+            "attn_decode": (grids.decode_attention_table(generation), label, ""),
+        }
+        inside = f"in the measured MLA module ({label})"
+        for op in MLA_MODULE_OPS:
+            out[op] = (None, "dropped", inside)
+        return out, f"module ({gemm_type}, KV {kv_name}, {heads} heads per GPU)"
+    out = {
+        op: (_gemm_table(gemm, n, k, feature), gemm_label, "")
+        for op, (n, k, feature) in _mla_gemm_shapes(model, tp).items()
+    }
+    out["attn_prefill"] = (None, "calibrated", why)
+    out["attn_decode"] = (None, "calibrated", why)
+    bmm = "calibrated"
+    mla = model.mla
+    dims = (mla.qk_nope_head_dim, mla.kv_lora_rank, mla.v_head_dim) if mla else ()
+    bmm_path = source.folders.get("mla_bmm", Path()) / "mla_bmm_perf.parquet"
+    if dims == _MLA_BMM_DIMS and "mla_bmm" in source.folders and _present(bmm_path):
+        rows = _read(source, bmm_path)
+        label = f"measured:mla_bmm ({bmm_path.parent.name})"
+        for op, name in (("mla_bmm_pre", "mla_gen_pre"), ("mla_bmm_post", "mla_gen_post")):
+            try:
+                times = MlaBmmTimes(rows, op_name=name, num_heads=heads)
+            except NotMeasured as exc:
+                out[op] = (None, "calibrated", str(exc))
+                continue
+            out[op] = (grids.token_table("num_decode_tokens", times, 2.0**17), label, "")
+            bmm = "mla_bmm"
+    else:
+        for op in ("mla_bmm_pre", "mla_bmm_post"):
+            out[op] = (None, "calibrated", f"no MLA BMM table measures dims {dims}")
+    return out, f"GEMMs + {bmm} BMMs + calibrated attention"
+
+
+def _mla_module_why(source: MeasuredSource, model: ModelSpec) -> str:
+    folder = source.folders.get("mla")
+    names = ("mla_context_module_perf.parquet", "mla_generation_module_perf.parquet")
+    if folder is None or not all(_present(folder / n) for n in names):
+        return f"no MLA module tables for {source.system}/{source.framework}"
+    return ""
 
 
 def _attention_ops(
@@ -416,9 +571,11 @@ def measured_predictor(
                 ops.append(op)
                 notes[op.name] = why
             elif op.name == "gate_up_proj":  # one measured block stands for all three
-                ops.append(CompiledOp("moe_experts", "layer", "num_tokens", table, 1.0, label))
+                ops.append(CompiledOp("moe_experts", "layer", "num_tokens", table, op.count, label))
             continue
         entry = measured.get(op.name)
+        if entry is not None and entry[1] == "dropped":
+            continue  # priced inside a measured block (the MLA module)
         if entry is None or entry[0] is None:
             ops.append(op)
             if entry is not None:

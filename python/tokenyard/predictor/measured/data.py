@@ -2,7 +2,8 @@
 
 The tables follow ``aiconfigurator-core``'s layout (NVIDIA, Apache-2.0): under a data root,
 ``<system>/<family>/<framework>/<version>/<table>.parquet``, with ``family`` one of
-``gemm``, ``attention``, ``comm``, ``moe``. The package's own root is found by importing
+``gemm``, ``attention``, ``comm``, ``moe``, ``mla`` (MLA attention modules) and
+``mla_bmm`` (MLA's absorbed-decode BMMs). The package's own root is found by importing
 ``aiconfigurator_core`` (the ``tokenyard[measured]`` extra); any folder in the same layout
 may be named instead (``[execution.measured] data_dir``), which is how the tests feed
 small tables of their own.
@@ -34,7 +35,7 @@ __all__ = [
 ]
 
 FRAMEWORKS = ("vllm", "sglang", "trtllm")
-FAMILIES = ("gemm", "attention", "comm", "moe")
+FAMILIES = ("gemm", "attention", "comm", "moe", "mla", "mla_bmm")
 #: The expert routings the MoE tables measure (``moe_perf.parquet``'s ``distribution``;
 #: every table of aiconfigurator-core 0.12.0 holds the power laws, most also ``balanced``).
 MOE_DISTRIBUTIONS = ("balanced", "power_law_1.01", "power_law_1.2")

@@ -13,6 +13,12 @@ log-log interpolation (``interpolate.py``) over the measured grid:
   grows with the work: ``s**2`` for context, ``s`` for generation.
 - :class:`CollectiveTimes`: an all-reduce over ``num_gpus`` by message size (elements).
 - :class:`MoeTimes`: a whole MoE block (the experts of one layer) by tokens.
+- :class:`MlaModuleTimes`: a whole MLA attention module (vLLM's
+  ``DeepseekV2MLAAttention`` forward: every projection, RoPE, the latent's store, the
+  attention and ``o_proj``) for ``batch_size`` prompts of ``isl`` tokens (context) or
+  ``batch_size`` decodes over ``step`` keys (generation), at a head count per GPU.
+- :class:`MlaBmmTimes`: vLLM's absorbed-decode BMMs (``W_UK`` before, ``W_UV`` after the
+  latent attention) by decode tokens, at a head count per GPU.
 
 Where several kernels were measured for one slice (FlashAttention 3 and 4, say), the one
 with the most rows in the slice is used: the framework's default path is the one the
@@ -43,6 +49,8 @@ __all__ = [
     "AttentionTimes",
     "CollectiveTimes",
     "GemmTimes",
+    "MlaBmmTimes",
+    "MlaModuleTimes",
     "MoeTimes",
     "NotMeasured",
     "all_reduce_rows",
@@ -308,6 +316,86 @@ class MoeTimes:
             raise _no_rows(
                 rows, f"{what} beyond {tokens[0]:g} tokens", "one point, too few to interpolate"
             )
+        self.path = rows.path
+        keyed = picked.with_data({**picked.data, "one": np.zeros(len(picked))})
+        self._curve = _curves(keyed, "one", "num_tokens", above_power=1.0)[0.0]
+
+    def __call__(self, tokens: float) -> float:
+        return self._curve(tokens)
+
+
+class MlaModuleTimes:
+    """Seconds of one layer's MLA attention module for ``batch_size`` rows of ``s`` tokens
+    (context: prompts of ``isl`` tokens, no cached prefix) or keys (generation: decodes of
+    ``step`` keys, the cache holding ``step - 1`` and the new token), at ``num_heads`` heads
+    per GPU (the module is measured at TP 1 with the head count overridden, which is one TP
+    rank's share: its ``a`` projections whole, the rest at those heads).
+
+    Every row of the slice is kept, whatever its ``kernel_source``: the collector records the
+    backend vLLM chose for that very shape (FlashMLA for the shortest prompts, which vLLM
+    runs as decodes; FlashAttention above), one row per shape.
+    """
+
+    def __init__(
+        self,
+        rows: Columns,
+        *,
+        generation: bool,
+        num_heads: int,
+        kv_cache_dtype: str,
+        gemm_type: str,
+    ):
+        picked = rows.where(
+            kv_cache_dtype=kv_cache_dtype, gemm_type=gemm_type, mla_dtype="bfloat16", tp_size=1
+        )
+        what = f"kv_cache_dtype {kv_cache_dtype!r}, gemm_type {gemm_type!r}"
+        if len(picked) == 0:
+            raise _no_rows(
+                rows,
+                what,
+                f"kv_cache_dtype {rows.values('kv_cache_dtype')}, gemm_type "
+                f"{rows.values('gemm_type')}",
+            )
+        s_name = "step" if generation else "isl"
+        _check_axis(rows, what, "batch_size", picked.col("batch_size"))
+        _check_axis(rows, what, "num_heads", picked.col("num_heads"), two=False)
+        self.path = rows.path
+        self.num_heads = num_heads
+        data = {**picked.data, "s": picked.col(s_name).astype(float)}
+        self._by_heads: dict[float, tuple[list[float], dict[float, Curve]]] = {}
+        for n in picked.values("num_heads"):
+            mask = picked.col("num_heads") == n
+            sub = picked.with_data({c: v[mask] for c, v in data.items()})
+            _check_axis(rows, f"{what}, {n:g} heads", s_name, sub.col("s"))
+            by_s = _curves(sub, "s", "batch_size", above_power=1.0, below_power=1.0)
+            self._by_heads[n] = (sorted(by_s), by_s)
+        self._heads_axis = sorted(self._by_heads)
+        self._s_power = 1.0 if generation else 2.0
+
+    def __call__(self, batch_size: float, s: float) -> float:
+        def at_heads(n: float) -> float:
+            s_axis, by_s = self._by_heads[n]
+            return between(s_axis, s, lambda sj: by_s[sj](batch_size), above_power=self._s_power)
+
+        return between(self._heads_axis, self.num_heads, at_heads, below_power=0.0)
+
+
+class MlaBmmTimes:
+    """vLLM's MLA decode BMM (``op_name`` ``mla_gen_pre``: ``q_nope x W_UK``, or
+    ``mla_gen_post``: ``latent out x W_UV``) seconds by decode tokens, at ``num_heads``
+    heads per GPU; BF16 (vLLM has no quantized kernel for them on NVIDIA GPUs). The
+    collector's shapes are DeepSeek-V3's (``qk_nope_head_dim`` 128, ``kv_lora_rank`` 512,
+    ``v_head_dim`` 128): the caller checks the model has them."""
+
+    def __init__(self, rows: Columns, *, op_name: str, num_heads: int):
+        picked = rows.where(op_name=op_name)
+        if len(picked) == 0:
+            raise _no_rows(rows, f"op_name {op_name!r}", f"op_name {rows.values('op_name')}")
+        heads = picked.values("num_heads")
+        if num_heads not in heads:
+            raise _no_rows(rows, f"{op_name} at {num_heads} heads", f"heads {heads}")
+        picked = picked.where(num_heads=num_heads)
+        _check_axis(rows, f"{op_name}, {num_heads} heads", "num_tokens", picked.col("num_tokens"))
         self.path = rows.path
         keyed = picked.with_data({**picked.data, "one": np.zeros(len(picked))})
         self._curve = _curves(keyed, "one", "num_tokens", above_power=1.0)[0.0]

@@ -19,6 +19,15 @@ Schemas (one row per measured shape; ``latency`` in ms):
   message_size`` (elements of 16 bits), ``latency`` (NCCL's also ``op_name``).
 - MoE ``moe_perf.parquet``: ``num_tokens, hidden_size, inter_size, topk, num_experts,
   moe_tp_size, moe_ep_size, moe_dtype, distribution, latency``.
+- MLA module ``mla_context_module_perf.parquet`` / ``mla_generation_module_perf.parquet``:
+  ``model, num_heads, batch_size, isl, step, tp_size, mla_dtype, kv_cache_dtype,
+  gemm_type, latency``. One row is one layer's whole ``DeepseekV2MLAAttention`` forward in
+  vLLM (the ``a`` projections and their norms, ``q_b_proj``, RoPE, the latent's store,
+  the attention, ``o_proj``) for the config of ``model`` at ``num_heads`` heads (one TP
+  rank's share; ``tp_size`` is 1); context: ``batch_size`` prompts of ``isl`` tokens (no
+  prefix, ``step`` 0); generation: ``batch_size`` decodes over ``step`` keys (``isl`` 1).
+- MLA BMM ``mla_bmm_perf.parquet``: ``op_name`` (``mla_gen_pre``, ``mla_gen_post``),
+  ``num_tokens, num_heads, latency`` (DeepSeek-V3's dims, BF16).
 """
 
 from __future__ import annotations
@@ -58,6 +67,7 @@ _NUMERIC = {
     "num_experts",
     "moe_tp_size",
     "moe_ep_size",
+    "tp_size",
     "latency",
 }
 
@@ -70,6 +80,27 @@ REQUIRED: Mapping[str, tuple[str, ...]] = {
     "generation_attention_perf.parquet": (*_ATTENTION, "step", "latency"),
     "custom_allreduce_perf.parquet": ("num_gpus", "message_size", "latency"),
     "nccl_perf.parquet": ("op_name", "num_gpus", "message_size", "latency"),
+    "mla_context_module_perf.parquet": (
+        "model",
+        "num_heads",
+        "batch_size",
+        "isl",
+        "step",
+        "kv_cache_dtype",
+        "gemm_type",
+        "latency",
+    ),
+    "mla_generation_module_perf.parquet": (
+        "model",
+        "num_heads",
+        "batch_size",
+        "isl",
+        "step",
+        "kv_cache_dtype",
+        "gemm_type",
+        "latency",
+    ),
+    "mla_bmm_perf.parquet": ("op_name", "num_tokens", "num_heads", "latency"),
     "moe_perf.parquet": (
         "num_tokens",
         "hidden_size",

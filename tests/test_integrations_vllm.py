@@ -75,10 +75,13 @@ def test_admission_cap_and_budget_are_vllms_active_seqs_and_scheduled_tokens() -
     assert (s.max_num_running_reqs, s.max_num_active_reqs) == (8, 3)
 
 
-def test_max_model_len_is_capped_by_the_kv_capacity_and_the_unchunked_budget() -> None:
+def test_max_model_len_is_the_models_whatever_the_kv_capacity_capped_by_unchunked_budget() -> None:
     small = vllm_config()
     small.cache_config.num_gpu_blocks = 5  # 4 KV blocks of 16: 64 tokens
-    assert core_config(small, kv_config(), 16).max_model_len == 64
+    config = core_config(small, kv_config(), 16)
+    # vLLM's Scheduler runs with a cache smaller than max_model_len; so does the core.
+    assert config.max_model_len == 256
+    Scheduler(config)
     unchunked = core_config(vllm_config(enable_chunked_prefill=False), kv_config(), 16)
     assert (unchunked.max_model_len, unchunked.enable_chunked_prefill) == (64, False)
     Scheduler(unchunked)

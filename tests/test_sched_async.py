@@ -101,3 +101,43 @@ def test_async_and_sync_agree_on_finishes(
         stops_early = stop is not None and stop + 1 <= n
         assert sync_finished[rid] == ("stop" if stops_early else "length")
         assert len(sync_tokens[rid]) == (stop + 1 if stops_early else n)
+
+
+def test_requests_stopping_on_eos_with_a_step_in_flight_free_their_blocks_at_once() -> None:
+    """Issue 30: three requests stopping on EOS while their next step is in flight left the
+    KV usage at 0.9 (vLLM 0.33 returns to 0.0): their blocks waited for late outputs that
+    the vLLM adapter never passed on. Freed when they stop, as vLLM frees them; the late
+    outputs are still accepted, and dropped."""
+    config = SchedulerConfig(
+        max_num_batched_tokens=64,
+        block_size=4,
+        num_blocks=11,  # 10 KV blocks beside vLLM's null block
+        max_model_len=32,
+        async_scheduling=True,
+    )
+    scheduler = Scheduler(config)
+    for rid in range(3):
+        scheduler.add_request(rid, range(100 * rid, 100 * rid + 11), 8, eos_token_id=EOS)
+    assert dict(scheduler.schedule().num_scheduled_tokens) == {0: 11, 1: 11, 2: 11}
+    assert dict(scheduler.schedule().num_scheduled_tokens) == {0: 1, 1: 1, 2: 1}
+    assert abs(scheduler.stats().kv_usage - 0.9) < 1e-9
+    finished = scheduler.update_from_output({rid: [EOS] for rid in range(3)})
+    assert sorted(finished) == [(0, "stop"), (1, "stop"), (2, "stop")]
+    assert scheduler.stats().kv_usage == 0.0
+    assert [scheduler.num_outputs_in_flight(rid) for rid in range(3)] == [1, 1, 1]
+    assert scheduler.update_from_output({rid: [7] for rid in range(3)}) == []
+    assert [scheduler.num_outputs_in_flight(rid) for rid in range(3)] == [0, 0, 0]
+    scheduler.check_invariants()
+
+
+def test_a_kv_cache_below_max_model_len_is_accepted_as_vllm_accepts_it() -> None:
+    """Issue 30: the core refused (ConfigError) a KV cache holding less than max_model_len;
+    vLLM 0.33's Scheduler runs, and a request too long for the cache never fits."""
+    config = SchedulerConfig(block_size=4, num_blocks=4, max_model_len=64, async_scheduling=True)
+    scheduler = Scheduler(config)  # 3 KV blocks: 12 tokens
+    scheduler.add_request("long", range(20), 4)
+    assert dict(scheduler.schedule().num_scheduled_tokens) == {}
+    scheduler.add_request("short", range(6), 4)
+    assert scheduler.num_waiting == 2  # FCFS: the long one blocks the queue, as in vLLM
+    scheduler.abort(["long"])
+    assert dict(scheduler.schedule().num_scheduled_tokens) == {"short": 6}

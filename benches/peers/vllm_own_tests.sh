@@ -25,7 +25,7 @@ CACHE="${CACHE:-$HOME/.cache/tokenyard-vllm-tests}"
 VERSION=0.33.0
 SDIST="vllm-$VERSION.tar.gz"
 SHA256=f4c33c2503d52bb411146afa9618a4f48bed68912f617e6803ac8d76e4c74112
-TESTS=(tests/v1/core/test_scheduler.py)
+TESTS=(tests/v1/core/test_scheduler.py tests/v1/core/test_async_scheduler.py)
 FILTER="${1:-}"
 
 mkdir -p "$CACHE"
@@ -69,7 +69,8 @@ EOF
 fi
 
 export HF_HUB_OFFLINE=1 HF_HOME="$CACHE/hf" VLLM_TARGET_DEVICE=cpu VLLM_LOGGING_LEVEL=ERROR
-export PYTHONPATH="$REPO/python${PYTHONPATH:+:$PYTHONPATH}"
+# TOKENYARD_PYTHON: another tokenyard python/ tree (e.g. a copy of an earlier build).
+export PYTHONPATH="${TOKENYARD_PYTHON:-$REPO/python}${PYTHONPATH:+:$PYTHONPATH}"
 OUT="$CACHE/results"
 mkdir -p "$OUT"
 args=(-q -p no:cacheprovider -W ignore "${TESTS[@]}")
@@ -90,7 +91,7 @@ import xml.etree.ElementTree as ET
 def outcomes(path):
     result = {}
     for case in ET.parse(path).getroot().iter("testcase"):
-        name = case.get("name")
+        name = f"{case.get('classname', '').rsplit('.', 1)[-1]}.py::{case.get('name')}"
         bad = case.find("failure") is not None or case.find("error") is not None
         skipped = case.find("skipped") is not None
         result[name] = "failed" if bad else "skipped" if skipped else "passed"
@@ -106,6 +107,9 @@ print(f"passed on TokenyardScheduler:    {len(on_tokenyard)}")
 print(f"  of those that pass on vLLM:    {len(on_vllm & on_tokenyard)}")
 lost = sorted(on_vllm - on_tokenyard)
 print(f"pass on vLLM, fail on tokenyard: {len(lost)}")
+for file in sorted({n.split("::")[0] for n in vllm}):
+    ours = {n for n in on_vllm if n.startswith(file + "::")}
+    print(f"  {file}: {len(ours & on_tokenyard)} of the {len(ours)} that pass on vLLM")
 for name in lost:
     print(f"  {name}")
 EOF

@@ -222,11 +222,14 @@ class VllmSchedulerPeer:
         scheduler_reserve_full_isl: bool = True,
         num_speculative_tokens: int = 0,
         prefill_schedule_interval: int = 1,
+        scheduler_cls: type | None = None,
     ) -> None:
         """``scheduler_reserve_full_isl`` (vLLM's default True): admit a waiting request
         only if its whole prompt fits in free blocks, not just its first chunk.
         ``num_speculative_tokens`` > 0: speculative decoding with vLLM's n-gram method (no
-        draft model to load; the caller hands drafts to ``update_draft_token_ids``)."""
+        draft model to load; the caller hands drafts to ``update_draft_token_ids``).
+        ``scheduler_cls``: the class to build with vLLM's arguments instead of its
+        ``Scheduler`` (its ``AsyncScheduler``, or tokenyard's adapters)."""
         from vllm.config import (
             CacheConfig,
             DeviceConfig,
@@ -291,7 +294,7 @@ class VllmSchedulerPeer:
             kv_cache_groups=[KVCacheGroupSpec(["layers.0.attn"], spec)],
         )
         cache_config.num_gpu_blocks = num_blocks
-        self.scheduler = Scheduler(
+        self.scheduler = (scheduler_cls or Scheduler)(
             vllm_config=self.vllm_config,
             kv_cache_config=kv_cache_config,
             structured_output_manager=StructuredOutputManager(self.vllm_config),

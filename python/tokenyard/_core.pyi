@@ -684,6 +684,11 @@ class Scheduler:
         """Tokens with KV, counting those scheduled in the latest step."""
     def num_tokens(self, request_id: _RequestId) -> int:
         """Prompt plus output tokens so far."""
+    def num_outputs_in_flight(self, request_id: _RequestId) -> int:
+        """Outputs still expected for the request (its sampling steps in flight), live or
+        finished: a request that finished with steps in flight (async scheduling) has its
+        blocks freed at once, and its late outputs are accepted and dropped. 0 for an id
+        never seen or done with."""
     def block_ids(self, request_id: _RequestId) -> npt.NDArray[np.uint32]:
         """The request's block table in order; empty while it holds none.
 

@@ -117,9 +117,10 @@ def core_config(
     the token budget is ``max_num_scheduled_tokens`` (else ``max_num_batched_tokens``);
     ``num_blocks`` is vLLM's ``num_gpu_blocks``, its null block included (tokenyard's
     ``reserve_null_block`` sets it aside the same way); ``max_model_len`` is the model
-    config's, capped at what the KV cache can hold (vLLM accepts a longer one, but a request
-    that long could never be scheduled) and, with chunked prefill off, at the token budget
-    (vLLM's own ``SchedulerConfig`` refuses a longer one then). The rest keep vLLM's names.
+    config's (a KV cache that holds less is accepted, as vLLM's ``Scheduler`` accepts it: a
+    request that outgrows the cache is never admitted, or preempts itself) capped, with
+    chunked prefill off, at the token budget (vLLM's own ``SchedulerConfig`` refuses a
+    longer one then). The rest keep vLLM's names.
 
     Raises:
         ConfigError: see :func:`settings`; the core's own checks run when the scheduler is
@@ -127,8 +128,7 @@ def core_config(
     """
     s = settings(vllm_config, kv_cache_config, block_size, async_scheduling=async_scheduling)
     sched = vllm_config.scheduler_config
-    capacity = max(s.num_blocks - 1, 1) * s.block_size - s.num_lookahead_tokens
-    max_model_len = min(s.max_model_len, capacity)
+    max_model_len = s.max_model_len
     chunked = bool(_get(sched, "enable_chunked_prefill", True))
     if not chunked:
         # vLLM's own SchedulerConfig refuses a budget below max_model_len with chunked

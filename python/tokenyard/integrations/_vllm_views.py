@@ -67,7 +67,7 @@ class _ConnectorBridge:
         request = scheduler._request_of(view.request_id)
         # vLLM's connectors read block ids off KVCacheBlocks; the blocks' hash and ref-count
         # state lives in Rust and is not mirrored on these objects.
-        blocks = KVCacheBlocks((tuple(KVCacheBlock(int(b)) for b in block_ids.tolist()),))
+        blocks = KVCacheBlocks((tuple(KVCacheBlock(b) for b in (block_ids + 1).tolist()),))
         self.connector.update_state_after_alloc(request, blocks, num_external_tokens)
         queries, hits = self._lookups.pop(request.request_id, (0, 0))
         load_async = self._load_async.pop(request.request_id, False)
@@ -91,7 +91,7 @@ class _ConnectorBridge:
     def request_finished(self, view: Any, block_ids: Any) -> bool:
         request = self._scheduler._request_of(view.request_id)
         request_id = request.request_id
-        delay_free, params = self.connector.request_finished(request, block_ids.tolist())
+        delay_free, params = self.connector.request_finished(request, (block_ids + 1).tolist())
         if params is not None:
             self.transfer_params[request_id] = params
         if delay_free:
@@ -182,7 +182,7 @@ class _KVCacheManagerView:
         scheduler = self._scheduler
         # An unknown id goes to the core as it is, which raises naming it.
         core_id = scheduler._core_ids.get(request_id, request_id)
-        return (scheduler._core.block_ids(core_id).tolist(),)
+        return ((scheduler._core.block_ids(core_id) + 1).tolist(),)
 
     def get_num_free_blocks(self) -> int:
         return self.block_pool.get_num_free_blocks()

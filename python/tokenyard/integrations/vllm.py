@@ -154,6 +154,10 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         # the core gets the str itself. Entries go when the request leaves `requests`.
         self._core_ids: dict[str, Any] = {}
         self._vllm_ids: dict[Any, str] = {}
+        # Finished requests with outputs still in flight (async scheduling), by vLLM id: the
+        # core id their late outputs go to (the core drops them; their blocks were freed
+        # when they finished, as vLLM frees them). An entry goes when the last one lands.
+        self._late_core_ids: dict[str, Any] = {}
         self._int_ids = s.policy != "priority"
         self._next_core_id = itertools.count()
         # vLLM's KV connector (kv_transfer_config), bridged to the core's connector protocol.
@@ -403,9 +407,14 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         return self.requests[self._vllm_ids[core_id]]
 
     def _forget(self, request_id: str) -> None:
-        """Drops a request the core no longer holds."""
+        """Drops a request the core no longer holds. One with outputs in flight keeps its
+        core id until they land (``_late_core_ids``)."""
         del self.requests[request_id]
-        del self._vllm_ids[self._core_ids.pop(request_id)]
+        core_id = self._core_ids.pop(request_id)
+        if self.async_scheduling and self._core.num_outputs_in_flight(core_id):
+            self._late_core_ids[request_id] = core_id
+        else:
+            del self._vllm_ids[core_id]
 
     # --- one step ---------------------------------------------------------------------------
 
@@ -515,7 +524,9 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                     self._record_prefix_lookup(request, data.num_computed_tokens - external)
             if not was_preempted and request.num_preemptions <= 0:
                 self._set_prefill_stats(request, data.num_computed_tokens, external)
-            block_ids = (data.block_ids.tolist(),)
+            # vLLM's block ids: 0 is its null block, the core numbers the others from 0
+            # (here and wherever block ids reach vLLM).
+            block_ids = ((data.block_ids + 1).tolist(),)
             if was_preempted and not v2:
                 resumed.append((request, block_ids))
             else:
@@ -570,7 +581,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             return (
                 [vllm_ids[i] for i in cached.req_ids],
                 cached.num_computed_tokens.tolist(),
-                [(b.tolist(),) if len(b) else None for b in cached.new_block_ids],
+                [((b + 1).tolist(),) if len(b) else None for b in cached.new_block_ids],
             )
         ids, computed, num_new, blocks = core.scheduled_cached_reqs_arrays()
         num = len(ids)
@@ -583,7 +594,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             # Most decodes get no block: only those that do are sliced.
             with_blocks = np.flatnonzero(num_new)
             ends = np.cumsum(num_new)[with_blocks].tolist()
-            block_list = blocks.tolist()
+            block_list = (blocks + 1).tolist()
             for i, n, end in zip(
                 with_blocks.tolist(), num_new[with_blocks].tolist(), ends, strict=True
             ):
@@ -726,25 +737,42 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         kv_output = model_runner_output.kv_connector_output
         if kv_output is not None and self.connector is not None:
             self._update_from_kv_transfers(kv_output)
-        live_ids, live, live_tokens, rejected, spec_stats = self._sampled(
+        live_ids, live, live_tokens, rejected, spec_stats, late = self._sampled(
             scheduler_output, model_runner_output
         )
         live_core_ids = list(map(self._core_ids.__getitem__, live_ids))
+        core_ids, core_tokens = live_core_ids, live_tokens
+        if late:
+            # Outputs of finished requests go to the core too: it expects them (and drops
+            # them), as vLLM's update skips a request it no longer holds.
+            core_ids = live_core_ids + [core_id for core_id, _ in late]
+            core_tokens = live_tokens + [tokens for _, tokens in late]
         vllm_ids = self._vllm_ids
-        if self._int_ids and not rejected:
+        kept_drafts: dict[Any, list[int]] = {}
+        if self.async_scheduling and self.num_spec_tokens:
+            # The placeholder drafts of the step scheduled since (vLLM keeps them on the
+            # request through this update): the core replaces a request's drafts with those
+            # given in the update, so they are given again.
+            for core_id, request in zip(live_core_ids, live, strict=True):
+                if request.spec_token_ids and request.status == _RUNNING:
+                    kept_drafts[core_id] = [0] * len(request.spec_token_ids)
+        if self._int_ids and not rejected and not kept_drafts:
             # The bulk path: one list of ids, one of counts, one of all the tokens.
             with errors_in_vllm_ids(vllm_ids):
                 finished = self._core.update_from_output_arrays(
-                    live_core_ids,
-                    list(itertools.chain.from_iterable(live_tokens)),
-                    list(map(len, live_tokens)),
+                    core_ids,
+                    list(itertools.chain.from_iterable(core_tokens)),
+                    list(map(len, core_tokens)),
                 )
         else:
             with errors_in_vllm_ids(vllm_ids):
                 finished = self._core.update_from_output(
-                    dict(zip(live_core_ids, live_tokens, strict=True)),
+                    dict(zip(core_ids, core_tokens, strict=True)),
                     num_rejected_tokens=rejected or None,
+                    spec_token_ids=kept_drafts or None,
                 )
+        if late:
+            self._forget_landed(late)
         finished_ids = {vllm_ids[i] for i, _ in finished} if finished else set()
         nans = model_runner_output.num_nans_in_logits
         if nans:
@@ -776,13 +804,30 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             eco.scheduler_stats = stats
         return engine_core_outputs
 
+    def _forget_landed(self, late: list[tuple[Any, list[int]]]) -> None:
+        """Forgets the core ids of finished requests whose last output has landed."""
+        late_core_ids = self._late_core_ids
+        for core_id, _ in late:
+            if not self._core.num_outputs_in_flight(core_id):
+                request_id = self._vllm_ids.pop(core_id, None)
+                if request_id is not None and late_core_ids.get(request_id) == core_id:
+                    del late_core_ids[request_id]
+
     def _sampled(
         self, scheduler_output: SchedulerOutput, model_runner_output: Any
-    ) -> tuple[list[str], list[Request], list[list[int]], dict[Any, int], SpecDecodingStats | None]:
+    ) -> tuple[
+        list[str],
+        list[Request],
+        list[list[int]],
+        dict[Any, int],
+        SpecDecodingStats | None,
+        list[tuple[Any, list[int]]],
+    ]:
         """The step's live requests (those with sampled tokens) as parallel lists: their
         ids, the vLLM requests, their tokens; with the rejected draft counts for the
         core. Rolls the vLLM requests back by their rejected drafts and gathers the
-        spec-decode stats."""
+        spec-decode stats. Last, the late outputs of finished requests, by core id: they
+        reach no vLLM request, only the core."""
         sampled = model_runner_output.sampled_token_ids
         index = model_runner_output.req_id_to_index
         spec_scheduled = scheduler_output.scheduled_spec_decode_tokens
@@ -795,11 +840,21 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         live: list[Request] = []
         live_tokens: list[list[int]] = []
         dropped = self._dropped_outputs
+        late: list[tuple[Any, list[int]]] = []
         scheduled_ids: Iterable[str] = scheduler_output.num_scheduled_tokens if sampled else ()
         for request_id in scheduled_ids:
             request = requests_get(request_id)
-            # Finished while its step ran (an abort): statuses after PREEMPTED are finished.
+            # Finished while its step ran (a stop or an abort): statuses after PREEMPTED are
+            # finished. Its output goes to the core alone.
             if request is None or request.status > _PREEMPTED:
+                core_id = (
+                    self._late_core_ids.get(request_id)
+                    if request is None
+                    else core_ids.get(request_id)
+                )
+                tokens = sampled[index[request_id]]
+                if core_id is not None and tokens:
+                    late.append((core_id, tokens))
                 continue
             if dropped and request_id in dropped and request.status == _PREEMPTED:
                 continue
@@ -828,7 +883,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             live_ids.append(request_id)
             live.append(request)
             live_tokens.append(tokens)
-        return live_ids, live, live_tokens, rejected, spec_stats
+        return live_ids, live, live_tokens, rejected, spec_stats, late
 
     def _outputs_by_client(
         self,
@@ -950,7 +1005,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         if invalid:
             for request_id in list(bridge.loading):
                 if request_id in self.requests and not invalid.isdisjoint(
-                    self._core.block_ids(self._core_ids[request_id]).tolist()
+                    (self._core.block_ids(self._core_ids[request_id]) + 1).tolist()
                 ):
                     failed.append(request_id)
             recving = [i for i in recving if i not in failed]

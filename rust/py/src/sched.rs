@@ -536,6 +536,13 @@ impl PyScheduler {
         ))
     }
 
+    /// Outputs still expected for the request (its sampling steps in flight), live or
+    /// finished; 0 for an id the scheduler has never seen or has done with.
+    fn num_outputs_in_flight(&self, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let id = RequestId::from_py(request_id)?;
+        Ok(self.inner.num_outputs_in_flight(&id))
+    }
+
     fn num_tokens(&self, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
         let id = RequestId::from_py(request_id)?;
         match self.inner.get_request(&id) {

@@ -183,7 +183,41 @@ impl SchedulerConfig {
         self.num_blocks - usize::from(self.reserve_null_block && self.num_blocks > 0)
     }
 
+    /// The step scheduler's checks ([`SchedulerConfig::validate_scheduler`]) and that one
+    /// request of `max_model_len` fits the KV cache: what the simulator requires (and what
+    /// vLLM's engine checks against the memory it profiled).
     pub fn validate(&self) -> Result<()> {
+        self.validate_scheduler()?;
+        self.validate_capacity()
+    }
+
+    /// That one request of `max_model_len` (and its lookahead slots) fits the KV cache.
+    pub fn validate_capacity(&self) -> Result<()> {
+        let capacity = self.num_kv_blocks().saturating_mul(self.block_size);
+        if self.max_model_len.saturating_add(self.num_lookahead_tokens) > capacity {
+            return Err(Error::config(
+                "max_model_len",
+                self.max_model_len,
+                format!(
+                    "one request of this length (plus {} lookahead slots) needs more than the \
+                     KV capacity of {} blocks * block_size = {capacity} tokens",
+                    self.num_lookahead_tokens,
+                    if self.reserve_null_block {
+                        "(num_blocks - 1 null block)"
+                    } else {
+                        "num_blocks"
+                    }
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// What the embeddable [`super::Scheduler`] checks. Not the KV capacity: vLLM 0.33's
+    /// `Scheduler` runs with a cache smaller than `max_model_len` (its engine, not its
+    /// scheduler, checks the memory), and a request that cannot fit is simply never
+    /// admitted, or preempts itself when it outgrows the cache.
+    pub fn validate_scheduler(&self) -> Result<()> {
         let positive = [
             ("max_num_batched_tokens", self.max_num_batched_tokens),
             ("block_size", self.block_size),
@@ -207,23 +241,6 @@ impl SchedulerConfig {
                 "max_model_len",
                 self.max_model_len,
                 "must be at least 2",
-            ));
-        }
-        let capacity = self.num_kv_blocks().saturating_mul(self.block_size);
-        if self.max_model_len.saturating_add(self.num_lookahead_tokens) > capacity {
-            return Err(Error::config(
-                "max_model_len",
-                self.max_model_len,
-                format!(
-                    "one request of this length (plus {} lookahead slots) needs more than the \
-                     KV capacity of {} blocks * block_size = {capacity} tokens",
-                    self.num_lookahead_tokens,
-                    if self.reserve_null_block {
-                        "(num_blocks - 1 null block)"
-                    } else {
-                        "num_blocks"
-                    }
-                ),
             ));
         }
         if self.host_num_blocks > 0

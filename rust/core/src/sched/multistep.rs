@@ -285,6 +285,8 @@ impl<R: RequestKey> Scheduler<R> {
         let request = self.req_mut(slot);
         request.num_computed_tokens = computed;
         request.num_sampling_steps = 1;
+        request.in_flight_tokens.clear();
+        request.in_flight_tokens.push_back(n);
         request.last_num_spec_tokens = 0;
         Ok(())
     }

@@ -100,6 +100,10 @@ pub struct Request<R> {
     /// Steps in flight in which this request samples: `update_from_output` accepts tokens
     /// for it only while this is above 0.
     pub num_sampling_steps: u32,
+    /// The tokens each of those steps scheduled, oldest first (vLLM 0.33's
+    /// `num_in_flight_tokens`, by step): blocks are cached in `update_from_output` up to
+    /// the tokens of the steps that landed.
+    pub in_flight_tokens: std::collections::VecDeque<usize>,
     /// The most draft tokens any of those steps verifies: a step's output holds at most
     /// one more token than its drafts.
     pub max_spec_in_flight: usize,

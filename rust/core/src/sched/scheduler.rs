@@ -31,8 +31,8 @@ pub struct Scheduler<R: RequestKey> {
     pub(super) num_preemptions: u64,
     pub(super) num_steps: u64,
     /// Async scheduling: requests that finished while steps that include them were still in
-    /// flight. Their late outputs are dropped when they land, and their KV blocks are held
-    /// until the last one has (the in-flight batch may still read them).
+    /// flight. Their late outputs are dropped when they land (their blocks were freed when
+    /// they finished, as vLLM 0.33 frees them).
     pub(super) finished_in_flight: FxHashMap<R, FinishedInFlight>,
     pub(super) async_scheduling: bool,
     /// Leave token and block ids out of `NewRequestData` (callers that only need counts).
@@ -84,8 +84,6 @@ pub struct Scheduler<R: RequestKey> {
 /// A finished request with outputs still in flight (async scheduling).
 pub(super) struct FinishedInFlight {
     pub(super) outputs_left: usize,
-    /// The slot whose KV blocks are held until the last output lands; `None` if it held none.
-    pub(super) held_slot: Option<u32>,
 }
 
 /// The decisions of one step before they become a `SchedulerOutput`.
@@ -168,7 +166,7 @@ enum Allocation {
 
 impl<R: RequestKey> Scheduler<R> {
     pub fn new(config: SchedulerConfig, async_scheduling: bool) -> Result<Self> {
-        config.validate()?;
+        config.validate_scheduler()?;
         let kv = match (config.enable_prefix_caching, config.prefix_cache) {
             (true, PrefixCache::Radix) => {
                 Kv::Radix(RadixPool::new(config.num_kv_blocks(), config.block_size)?)
@@ -755,6 +753,7 @@ impl<R: RequestKey> Scheduler<R> {
             request.is_prefill_chunk = !samples;
             if samples {
                 request.num_sampling_steps += 1;
+                request.in_flight_tokens.push_back(n);
                 request.max_spec_in_flight = request.max_spec_in_flight.max(num_spec);
                 if async_scheduling {
                     request.num_output_placeholders += 1;

@@ -96,6 +96,7 @@ impl<R: RequestKey> Scheduler<R> {
             spec_token_ids: Vec::new(),
             num_output_placeholders: 0,
             num_sampling_steps: 0,
+            in_flight_tokens: std::collections::VecDeque::new(),
             max_spec_in_flight: 0,
             num_preemptions: 0,
             last_num_spec_tokens: 0,
@@ -150,23 +151,30 @@ impl<R: RequestKey> Scheduler<R> {
         connector_error.map_or(Ok(finished), Err)
     }
 
-    /// A late output of a request that already finished (async scheduling): dropped. Once
-    /// the last one lands, no batch can read the request's KV any more and it is freed.
+    /// A late output of a request that already finished (async scheduling): dropped, as
+    /// vLLM 0.33 drops the output of a request it no longer holds. Its blocks were freed
+    /// when it finished.
     fn drop_late_output(&mut self, request_id: &R) -> Result<()> {
         let in_flight = self
             .finished_in_flight
             .get_mut(request_id)
             .expect("checked by the caller");
         in_flight.outputs_left -= 1;
-        if in_flight.outputs_left > 0 {
-            return Ok(());
+        if in_flight.outputs_left == 0 {
+            self.finished_in_flight.remove(request_id);
         }
-        if let Some(slot) = in_flight.held_slot {
-            self.kv.free(slot)?;
-            self.free_slots.push(slot);
-        }
-        self.finished_in_flight.remove(request_id);
         Ok(())
+    }
+
+    /// Outputs still expected for `request_id`: its steps in flight that sample, whether it
+    /// is live or finished (a finished request's late outputs are dropped when they land).
+    pub fn num_outputs_in_flight(&self, request_id: &R) -> usize {
+        if let Some(in_flight) = self.finished_in_flight.get(request_id) {
+            return in_flight.outputs_left;
+        }
+        self.index
+            .get(request_id)
+            .map_or(0, |&slot| self.req(slot).num_sampling_steps as usize)
     }
 
     fn check_outputs(&self, outputs: &[SampledOutput<R>]) -> Result<()> {
@@ -243,6 +251,7 @@ impl<R: RequestKey> Scheduler<R> {
             self.req_mut(slot).num_computed_tokens -= output.num_rejected_tokens;
         }
         let request = self.req_mut(slot);
+        let had_placeholders = request.num_output_placeholders > 0;
         // vLLM's update_draft_token_ids: a request whose step did not sample (a prefill
         // chunk) keeps no drafts.
         if request.is_prefill_chunk {
@@ -261,21 +270,25 @@ impl<R: RequestKey> Scheduler<R> {
             self.kv.rewind(slot, num_dropped)?;
             self.req_mut(slot).num_computed_tokens -= num_dropped;
         }
-        // vLLM 0.33 caches what accepted drafts completed right away, before a request that
-        // stopped frees its blocks (`cache_blocks` in its `update_from_output`). Under async
-        // scheduling only when no later step of the request is in flight: vLLM caches up to
-        // the tokens of steps no longer in flight, which is then all of them; with steps in
-        // flight, those blocks are cached at the next allocation.
-        if self.config.cache_accepted_drafts
-            && verified_drafts
-            && running
-            && (!self.async_scheduling || self.req(slot).num_sampling_steps == 0)
-            && !output.token_ids.is_empty()
-        {
+        // vLLM 0.33's `update_from_output` caches the full blocks of the tokens computed by
+        // the steps that landed (`num_computed_tokens - num_in_flight_tokens`) whenever the
+        // request had output placeholders (async scheduling) or speculative decoding is on,
+        // before a request that stopped frees its blocks: blocks completed by accepted
+        // drafts, or by steps that ran ahead of their outputs, are prefix hits at once.
+        let spec_rule = self.config.cache_accepted_drafts
+            && (verified_drafts || self.config.num_speculative_tokens > 0);
+        if (had_placeholders || spec_rule) && running && !output.token_ids.is_empty() {
             let known = self.kv.num_tokens(slot).unwrap_or(0);
             let request = self.slots[slot as usize].as_ref().expect("live");
-            self.kv
-                .cache_blocks(slot, &request.all_token_ids[known..])?;
+            let in_flight: usize = request.in_flight_tokens.iter().sum();
+            let landed = request.num_computed_tokens.saturating_sub(in_flight);
+            // The pool caches up to the tokens it knows: give it those up to `landed`. (It
+            // never knows more: its tokens come from allocations, which see only landed
+            // outputs.)
+            if landed >= known {
+                self.kv
+                    .cache_blocks(slot, &request.all_token_ids[known..landed])?;
+            }
         }
         Ok(reason)
     }
@@ -287,6 +300,7 @@ impl<R: RequestKey> Scheduler<R> {
         if !token_ids.is_empty() {
             request.num_output_placeholders = request.num_output_placeholders.saturating_sub(1);
             request.num_sampling_steps = request.num_sampling_steps.saturating_sub(1);
+            request.in_flight_tokens.pop_front();
             if request.num_sampling_steps == 0 {
                 request.max_spec_in_flight = 0;
             }
@@ -358,8 +372,10 @@ impl<R: RequestKey> Scheduler<R> {
 
     /// Removes a request for good, freeing its blocks (their full blocks stay cached). The
     /// outputs of steps still in flight (`num_sampling_steps`: a request aborted or stopped
-    /// while another of its steps runs) are dropped when they land; under async scheduling
-    /// the blocks are held until then, since a batch in flight may still read them.
+    /// while another of its steps runs) are dropped when they land. The blocks are freed at
+    /// once even then, as vLLM 0.33 frees them (a batch in flight still reads them, but
+    /// nothing allocated after it can write them before it ends: the device runs steps in
+    /// order).
     ///
     /// A KV connector may keep the blocks of a finished request until their send completes;
     /// a request aborted while its KV loads keeps them until the load stops writing. Both
@@ -389,8 +405,6 @@ impl<R: RequestKey> Scheduler<R> {
             }
             _ => false,
         };
-        let hold_until_landed =
-            status == RequestStatus::Running && in_flight > 0 && self.async_scheduling;
         if status == RequestStatus::Running {
             self.running.retain(|&s| s != slot);
         } else {
@@ -405,19 +419,16 @@ impl<R: RequestKey> Scheduler<R> {
         self.failed_loads.remove(&slot);
         self.deferred.remove(&slot);
         if in_flight > 0 {
-            // A transfer hold frees the blocks, after the outputs landed (`release_hold`).
-            let held_slot = (hold_until_landed && !for_transfer).then_some(slot);
             self.finished_in_flight.insert(
                 request.request_id.clone(),
                 FinishedInFlight {
                     outputs_left: in_flight,
-                    held_slot,
                 },
             );
         }
         if for_transfer {
             self.transfer_holds.insert(request.request_id.clone(), slot);
-        } else if !hold_until_landed {
+        } else {
             if holds_blocks {
                 self.kv.free(slot)?;
             }
@@ -475,16 +486,11 @@ impl<R: RequestKey> Scheduler<R> {
         Ok(())
     }
 
-    /// Frees the blocks a finished request kept for a transfer (once its outputs in flight
-    /// have landed too, under async scheduling).
+    /// Frees the blocks a finished request kept for a transfer.
     fn release_hold(&mut self, request_id: &R) -> Result<()> {
         let Some(slot) = self.transfer_holds.remove(request_id) else {
             return Ok(()); // reported twice in one call
         };
-        if let Some(in_flight) = self.finished_in_flight.get_mut(request_id) {
-            in_flight.held_slot = Some(slot);
-            return Ok(());
-        }
         if self.kv.block_ids(slot).is_some() {
             self.kv.free(slot)?;
         }
@@ -529,6 +535,7 @@ impl<R: RequestKey> Scheduler<R> {
                 self.preempt(slot, &mut 0, &mut plan)?;
                 let request = self.req_mut(slot);
                 request.num_sampling_steps = 0;
+                request.in_flight_tokens.clear();
                 preempted.push(request.request_id.clone());
             }
         }

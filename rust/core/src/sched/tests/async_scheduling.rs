@@ -39,7 +39,9 @@ fn async_scheduling_schedules_ahead_and_drops_late_outputs_of_finished_requests(
 }
 
 #[test]
-fn async_scheduling_holds_blocks_of_a_finished_request_until_its_in_flight_step_lands() {
+fn async_scheduling_frees_a_finished_request_at_once_and_drops_its_late_output() {
+    // vLLM 0.33 frees a request's blocks when it stops, even with its next step in flight
+    // (nothing allocated after that step can write them before it ends).
     let mut s = Scheduler::new(config(), true).unwrap();
     s.add_request(
         0,
@@ -54,11 +56,69 @@ fn async_scheduling_holds_blocks_of_a_finished_request_until_its_in_flight_step_
     let finished = s.update_from_output(&[sample(0, 5)]).unwrap();
     assert_eq!(finished, [(0, FinishReason::Stop)]);
     assert!(!s.has_unfinished_requests());
-    // Step 2 may still read the request's KV: its block stays allocated.
-    assert!(s.stats().kv_usage > 0.0);
+    assert_eq!(s.stats().kv_usage, 0.0);
+    assert_eq!(s.num_outputs_in_flight(&0), 1);
     assert!(s.schedule().unwrap().num_scheduled_tokens.is_empty());
     assert!(s.update_from_output(&[sample(0, 9)]).unwrap().is_empty());
+    assert_eq!(s.num_outputs_in_flight(&0), 0);
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn three_requests_stopping_on_eos_with_steps_in_flight_leave_no_block_held() {
+    // Issue 30: three requests stopping on EOS while their next step is in flight left
+    // the KV usage at 0.9 until late outputs that an engine may never deliver.
+    let cfg = SchedulerConfig {
+        num_blocks: 10,
+        max_model_len: 32,
+        max_num_batched_tokens: 64,
+        ..config()
+    };
+    let mut s = Scheduler::new(cfg, true).unwrap();
+    for id in 0..3 {
+        let spec = RequestSpec {
+            eos_token_id: Some(5),
+            ..prompt(id, 11)
+        };
+        s.add_request(id, spec).unwrap();
+    }
+    assert_eq!(
+        scheduled(&s.schedule().unwrap()),
+        [(0, 11), (1, 11), (2, 11)]
+    );
+    assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 1), (1, 1), (2, 1)]);
+    assert!((s.stats().kv_usage - 0.9).abs() < 1e-9, "9 of 10 blocks");
+    let eos: Vec<_> = (0..3).map(|id| sample(id, 5)).collect();
+    assert_eq!(s.update_from_output(&eos).unwrap().len(), 3);
     assert_eq!(s.stats().kv_usage, 0.0);
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn async_scheduling_caches_the_blocks_of_landed_steps_in_the_update() {
+    // vLLM 0.33 caches up to num_computed_tokens - num_in_flight_tokens in
+    // update_from_output when the request has output placeholders: a block that the
+    // landed steps completed is a prefix hit before the request's next allocation.
+    let cfg = SchedulerConfig {
+        enable_prefix_caching: true,
+        ..config()
+    };
+    let mut s = Scheduler::new(cfg, true).unwrap();
+    let spec = RequestSpec {
+        max_tokens: 2,
+        ..prompt(0, 3)
+    };
+    s.add_request(0, spec).unwrap();
+    s.schedule().unwrap(); // step 1: 3 prompt tokens
+    s.schedule().unwrap(); // step 2: the first output's KV, in flight
+    s.update_from_output(&[sample(0, 7)]).unwrap(); // step 1 lands
+    // Step 2 lands: the request stops (max_tokens) with its first block complete; no
+    // allocation came after, so only the update can cache it.
+    let finished = s.update_from_output(&[sample(0, 8)]).unwrap();
+    assert_eq!(finished, [(0, FinishReason::Length)]);
+    let mut full = prompt(0, 3).prompt_token_ids;
+    full.extend([7, 8]);
+    assert_eq!(s.num_cached_prefix_tokens(&full, None), 4);
     s.check_invariants().unwrap();
 }
 

@@ -171,10 +171,9 @@ fn bad_requests_and_configs_are_rejected() {
         max_model_len: 1000,
         ..config()
     };
-    assert!(
-        Scheduler::<u32>::new(too_long, false).is_err(),
-        "longer than the KV capacity"
-    );
+    // vLLM 0.33's Scheduler accepts a KV cache below max_model_len; the simulator does not.
+    assert!(too_long.validate().is_err(), "longer than the KV capacity");
+    assert!(Scheduler::<u32>::new(too_long, false).is_ok());
     let no_chunking = SchedulerConfig {
         enable_chunked_prefill: false,
         ..config()
@@ -200,4 +199,28 @@ fn with_admit_new_off_waiting_requests_without_blocks_keep_their_places() {
     assert_eq!(s.waiting_ids(), [1]);
     s.set_admit_new(true);
     assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 1), (1, 4)]);
+}
+
+#[test]
+fn a_kv_cache_below_max_model_len_is_accepted_and_a_request_too_long_for_it_never_admits() {
+    // As vLLM 0.33's Scheduler: 3 KV blocks of 4 (the null block aside) hold 12 tokens,
+    // max_model_len is 64. A 20-token prompt never fits and blocks the queue (FCFS); the
+    // scheduler still runs.
+    let cfg = SchedulerConfig {
+        block_size: 4,
+        num_blocks: 4,
+        max_model_len: 64,
+        max_num_batched_tokens: 64,
+        ..SchedulerConfig::default()
+    };
+    let mut s = Scheduler::new(cfg, false).unwrap();
+    s.add_request(0, prompt(0, 20)).unwrap();
+    for _ in 0..3 {
+        assert!(s.schedule().unwrap().num_scheduled_tokens.is_empty());
+    }
+    assert_eq!(s.num_waiting(), 1);
+    s.abort(&[0]).unwrap();
+    s.add_request(1, prompt(1, 6)).unwrap();
+    assert_eq!(scheduled(&s.schedule().unwrap()), [(1, 6)]);
+    s.check_invariants().unwrap();
 }

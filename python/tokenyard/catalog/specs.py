@@ -325,6 +325,31 @@ class ModelSpec:
                     value=str(value),
                 )
 
+    def check_expert_parallel(self, expert_parallel_size: int) -> None:
+        """Raises ConfigError (field ``replica.expert_parallel_size``) unless EP is 1, or
+        the model has routed experts (``num_experts > 1``) and EP divides them: each EP
+        rank holds ``num_experts / EP`` whole experts (vLLM's ``FusedMoE`` under
+        ``--enable-expert-parallel`` without redundant experts)."""
+        field = "replica.expert_parallel_size"
+        ep = expert_parallel_size
+        check_key_int(field, ep, low=1, high=MAX_PARALLELISM)
+        if ep == 1:
+            return
+        if self.num_experts == 1:
+            raise ConfigError(
+                f"{field}: expert parallelism needs a mixture-of-experts model; {self.name} is "
+                f"dense (num_experts 1), got {ep}",
+                field=field,
+                value=str(ep),
+            )
+        if self.num_experts % ep:
+            raise ConfigError(
+                f"{field}: {ep} does not divide the {self.num_experts} routed experts of "
+                f"{self.name} (each EP rank holds num_experts / EP whole experts)",
+                field=field,
+                value=str(ep),
+            )
+
     def _parameters(self, experts: int) -> int:
         layer = self._attention_parameters() + 2 * self.hidden_size  # two RMSNorms
         return (

@@ -342,13 +342,36 @@ def _norm(b: _Builder, name: str, s: _Sizes) -> None:
     )
 
 
-def _expert_gemm(b: _Builder, model: ModelSpec, s: _Sizes, name: str, k: int, n: int) -> None:
-    """An MLP projection. For MoE: top-k x T rows over the ``min(experts, top-k x T)``
-    experts they hit, tabulated on a fine token grid (not linear in T)."""
+@dataclasses.dataclass(frozen=True)
+class _Experts:
+    """What one GPU computes of a MoE layer: ``rows_per_token`` expert rows per token of
+    its own batch (top-k under TP; ``top-k x DP / EP`` under expert parallelism, the
+    combined batch's rows spread evenly over the EP ranks), over ``local`` experts of
+    ``inter`` intermediate values each (all experts at ``intermediate / TP`` under TP;
+    ``num_experts / EP`` whole ones under EP)."""
+
+    rows_per_token: float
+    local: int
+    inter: int
+
+
+def _experts(model: ModelSpec, tp: int, ep: int, dp: int) -> _Experts:
+    if ep == 1:
+        return _Experts(model.experts_per_token, model.num_experts, model.intermediate_size // tp)
+    return _Experts(
+        model.experts_per_token * dp / ep, model.num_experts // ep, model.intermediate_size
+    )
+
+
+def _expert_gemm(
+    b: _Builder, model: ModelSpec, s: _Sizes, name: str, k: int, n: int, e: _Experts
+) -> None:
+    """An MLP projection. For MoE: ``rows_per_token x T`` rows over the ``min(local
+    experts, rows)`` experts they hit, tabulated on a fine token grid (not linear in T)."""
     if model.num_experts == 1:
         _gemm(b, name, k, n, s)
         return
-    top_k, experts = model.experts_per_token, model.num_experts
+    top_k, experts = e.rows_per_token, e.local
     if b.calibration is not None:
         c = b.calibration
 
@@ -401,7 +424,7 @@ def _dense_mlp(b: _Builder, s: _Sizes, i: int, prefix: str = "") -> None:
     _gemm(b, f"{prefix}down_proj", i, s.h, s)
 
 
-def _mlp(b: _Builder, model: ModelSpec, s: _Sizes, tp: int) -> None:
+def _mlp(b: _Builder, model: ModelSpec, s: _Sizes, tp: int, e: _Experts) -> None:
     """Each layer kind's FFN. A model of several kinds (DeepSeek: dense layers, then MoE
     ones) runs each kind's operations ``count / num_layers`` times per layer, so a stage
     of ``L`` layers costs the model's mix (exact at PP 1); the dense layers' operations
@@ -413,15 +436,15 @@ def _mlp(b: _Builder, model: ModelSpec, s: _Sizes, tp: int) -> None:
         if kind.ffn == "dense":
             _dense_mlp(b, s, kind.intermediate_size // tp, "dense_" if len(kinds) > 1 else "")
         else:
-            top_k = model.experts_per_token
+            rows = e.rows_per_token
             _gemm(b, "router", s.h, model.num_experts, s, layer_linear=False)
-            _expert_gemm(b, model, s, "gate_up_proj", s.h, 2 * s.i)
+            _expert_gemm(b, model, s, "gate_up_proj", s.h, 2 * e.inter, e)
             b.add(
                 "act",
-                flops={"num_tokens": 3.0 * s.i * top_k},
-                bytes={"num_tokens": 3.0 * s.i * s.a * top_k},
+                flops={"num_tokens": 3.0 * e.inter * rows},
+                bytes={"num_tokens": 3.0 * e.inter * s.a * rows},
             )
-            _expert_gemm(b, model, s, "down_proj", s.i, s.h)
+            _expert_gemm(b, model, s, "down_proj", e.inter, s.h, e)
             if model.num_shared_experts:
                 shared = model.num_shared_experts * kind.intermediate_size // tp
                 _dense_mlp(b, s, shared, "shared_")
@@ -530,6 +553,50 @@ def _communication(b: _Builder, device: DeviceSpec, s: _Sizes, tp: int, pp: int)
         b.ops.append(CompiledOp("send_recv", "between_stages", "num_tokens", cost))
 
 
+#: The expert all-to-all's two halves under attention data parallelism.
+A2A_OPS = ("moe_dispatch", "moe_combine")
+
+
+def _all_to_all(b: _Builder, model: ModelSpec, s: _Sizes, tp: int, ep: int, dp: int) -> None:
+    """Attention DP with expert parallelism: each MoE layer dispatches its tokens' hidden
+    states to the GPUs holding their top-k experts and combines the results back (DeepEP,
+    or vLLM's all-gather / reduce-scatter). One GPU sends ``combined tokens x h x top-k /
+    EP`` 16-bit values each way (the combined batch is ``DP x`` the rank's), over one
+    direction of its link, at the all-reduce fit's link fraction and latency for ``EP``
+    GPUs where there is one (else the ``network`` efficiency and one hop)."""
+    if dp == 1 or ep == 1:
+        return
+    link = b.device.interconnect_gbps / 2 * 1e9
+    fitted = b.calibration.all_reduce(ep) if b.calibration is not None else None
+    if fitted is not None:
+        latency, link = fitted[0], link * fitted[1]
+    else:
+        latency, link = b.device.interconnect_latency_us * 1e-6, link * b.eff.network
+    per_token = dp * s.h * model.experts_per_token * s.a / ep
+    share = model.num_moe_layers / model.num_layers
+    source = "calibrated" if fitted is not None else "roofline"
+    for name in A2A_OPS:
+        cost = RooflineCost(
+            flops={},
+            bytes={"num_tokens": per_token},
+            flops_per_s=b.flops_per_s,
+            bytes_per_s=link,
+            latency_s=latency,
+        )
+        b.ops.append(CompiledOp(name, "layer", "num_tokens", cost, share, source))
+
+
+def _a2a_words(b: _Builder, ep: int, dp: int) -> str | None:
+    """What priced the expert all-to-all, for the banner (None without one)."""
+    if dp == 1 or ep == 1:
+        return None
+    if b.calibration is not None and b.calibration.all_reduce(ep) is not None:
+        return (
+            f"roofline: tokens x hidden x top-k / EP over the link at the {ep}-GPU all-reduce's fit"
+        )
+    return "roofline: tokens x hidden x top-k / EP over the link at the network efficiency"
+
+
 def _check_inputs(model: ModelSpec, tp: int, pp: int, weight_bytes: float, kv_bytes: float) -> None:
     model.check_layout(tp, pp)
     for field, size in (("weight_bytes", weight_bytes), ("kv_bytes", kv_bytes)):
@@ -553,8 +620,16 @@ def roofline_predictor(
     cpu: CpuOverheads | None = None,
     calibration: Calibration | None = None,
     gemm_activations: str = "bf16",
+    expert_parallel_size: int = 1,
+    data_parallel_size: int = 1,
 ) -> CompiledPredictor:
     """The roofline model of ``model`` on ``device`` under TP x PP, compiled for Rust.
+
+    With expert parallelism (``expert_parallel_size`` EP > 1: ``TP x DP``, as vLLM sets
+    it) a GPU computes ``num_experts / EP`` whole experts; with attention data parallelism
+    (``data_parallel_size`` DP > 1) the predictor prices one DP rank's step, its batch one
+    of ``DP`` alike ones whose combined tokens the experts see, plus the expert
+    all-to-all (``moe_dispatch``, ``moe_combine``).
 
     With a ``calibration`` (``calibration.builtin_calibration(device)``), GEMMs, attention,
     memory-bound kernels and all-reduces follow its fitted efficiency curves and
@@ -568,9 +643,18 @@ def roofline_predictor(
             GEMMs on a device without that precision (``replica.device``).
     """
     tp, pp = tensor_parallel_size, num_pipeline_stages
+    ep, dp = expert_parallel_size, data_parallel_size
     efficiencies = efficiencies or Efficiencies()
     cpu = cpu or CpuOverheads()
     _check_inputs(model, tp, pp, weight_bytes, kv_bytes)
+    model.check_expert_parallel(ep)
+    if (ep > 1 and ep != tp * dp) or (dp > 1 and ep == 1):
+        raise ConfigError(
+            f"replica.expert_parallel_size: must be tensor_parallel_size x data_parallel_size "
+            f"= {tp * dp} with data parallelism, got {ep}",
+            field="replica.expert_parallel_size",
+            value=str(ep),
+        )
     efficiencies.check("execution.efficiency")
     cpu.check("execution.cpu")
     s = _sizes(model, tp, weight_bytes, kv_bytes)
@@ -594,7 +678,7 @@ def roofline_predictor(
         _attention(b, s)
         _gemm(b, "o_proj", s.q, s.h, s)
     _norm(b, "post_attn_norm", s)
-    _mlp(b, model, s, tp)
+    _mlp(b, model, s, tp, _experts(model, tp, ep, dp))
     if calibration is None:  # calibrated: fused into the norms
         b.add(
             "residual_add",
@@ -603,6 +687,7 @@ def roofline_predictor(
             count=2.0,
         )
     _communication(b, device, s, tp, pp)
+    _all_to_all(b, model, s, tp, ep, dp)
     b.add("embedding", flops={}, bytes={"num_tokens": 2.0 * s.h * s.a}, scope="first_stage")
     if calibration is not None:
         _gemm(b, "lm_head", s.h, s.vocab, s, feature="num_requests", layer_linear=False)
@@ -624,6 +709,9 @@ def roofline_predictor(
             "device": device.name,
             "tensor_parallel_size": tp,
             "num_pipeline_stages": pp,
+            "expert_parallel_size": ep,
+            "data_parallel_size": dp,
+            "a2a": _a2a_words(b, ep, dp),
             "efficiencies": dataclasses.asdict(efficiencies) if calibration is None else None,
             "calibration": calibration.source if calibration is not None else None,
             "gemm_activations": gemm_activations,

@@ -130,9 +130,11 @@ def _headline_table(summary: dict[str, Any]) -> str:
 def _headline(summary: dict[str, Any]) -> str:
     c = summary["config"]
     execution = c.get("execution", {}).get("label", c.get("execution", {}).get("model", ""))
+    layout = c.get("layout") or f"TP {c['tensor_parallel_size']}, PP {c['num_pipeline_stages']}"
     return (
-        f"{c['num_replicas']} x {c['model']} on {c['device']} (TP "
-        f"{c['tensor_parallel_size']}, PP {c['num_pipeline_stages']}), {c['replica_policy']} "
+        f"{c['num_replicas']} x {c['model']} on {c['device']} ("
+        f"{layout}), "
+        f"{c['replica_policy']} "
         f"replicas, {c['global_policy']} routing, {summary['num_requests']:,} requests; "
         f"execution model: {execution}"
     )

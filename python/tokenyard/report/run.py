@@ -54,7 +54,10 @@ class Run:
 
     @property
     def num_replicas(self) -> int:
-        return int(self.summary["config"]["num_replicas"])
+        """Schedulers, as the per-replica columns number them: each attention DP rank of
+        a replica is one (``data_parallel_size``, absent before it existed: 1)."""
+        config = self.summary["config"]
+        return int(config["num_replicas"]) * int(config.get("data_parallel_size", 1))
 
     @property
     def makespan_s(self) -> float:

@@ -39,8 +39,8 @@ def _epilog() -> str:
 Config keys (file sections, or --set with dotted names; see docs/simulate.md):
   seed
   cluster.num_replicas, cluster.global_scheduler.{{policy,balance,options}}
-  replica.{{model,device,tensor_parallel_size,num_pipeline_stages,memory_margin_fraction,
-    dtype,kv_cache_dtype,over_length}}
+  replica.{{model,device,tensor_parallel_size,num_pipeline_stages,expert_parallel_size,
+    data_parallel_size,memory_margin_fraction,dtype,kv_cache_dtype,over_length}}
   replica.scheduler.{{policy,max_request_tokens}} and the policy's own section:
     replica.scheduler.vllm_v1.*  (tokenyard.sched.SchedulerConfig: max_num_seqs, ...)
     replica.scheduler.vidur.*    (block_size, num_blocks, batch_size_cap, chunk_size, restart, ...)
@@ -262,13 +262,16 @@ def format_summary(result: SimulationResult) -> str:
     s = result.summary
     c = s["config"]
     lat = s["latency_s"]
+    layout = c.get("layout") or f"TP {c['tensor_parallel_size']}, PP {c['num_pipeline_stages']}"
     lines = [
         f"tokenyard simulate: {c['num_replicas']} x {c['model']} on {c['device']}"
-        f" (TP {c['tensor_parallel_size']}, PP {c['num_pipeline_stages']}), "
+        f" ({layout}), "
         f"{c['replica_policy']} replicas, {c['global_policy']} routing, "
         f"{s['num_requests']:,} requests",
         f"execution model: {c['execution']['label']}",
     ]
+    if c["execution"].get("a2a"):  # attention DP: what priced the experts' all-to-all
+        lines.append(f"  expert all-to-all: {c['execution']['a2a']}")
     why_not = c["execution"].get("why_not_measured")
     if why_not:  # auto fell back to the roofline: say why on the banner, not only in the JSON
         lines.append(f"  not measured: {why_not}")

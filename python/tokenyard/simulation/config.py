@@ -7,8 +7,8 @@ Layout (every section and key optional; see ``docs/simulate.md``)::
     catalog = ["my_gpus.toml"]  # extra models and GPUs (docs/catalog.md)
     [cluster]                 num_replicas, global_scheduler = {policy, balance, options}
     [replica]                 model, device, tensor_parallel_size, num_pipeline_stages,
-                              memory_margin_fraction, dtype, quantization, kv_cache_dtype,
-                              over_length,
+                              expert_parallel_size, data_parallel_size, memory_margin_fraction,
+                              dtype, quantization, kv_cache_dtype, over_length,
                               lora = {max_loras, max_cpu_loras, max_lora_rank, ...}
                               (``lora_config.py``),
                               kv_offload = {host_memory_gb, host_to_device_gbps, latency_us,
@@ -169,6 +169,14 @@ class ReplicaConfig:
     device: str = "a100-80gb"
     tensor_parallel_size: int = 1
     num_pipeline_stages: int = 1
+    #: EP: 1 splits a MoE model's experts by TP; else vLLM's ``--enable-expert-parallel``,
+    #: where it must be ``tensor_parallel_size x data_parallel_size``: each GPU holds
+    #: ``num_experts / EP`` experts whole (docs/simulate.md, "Expert and data parallelism").
+    expert_parallel_size: int = 1
+    #: Attention data parallelism (vLLM ``--data-parallel-size`` with expert parallelism,
+    #: SGLang ``--enable-dp-attention``): a replica is ``DP`` ranks of ``TP`` GPUs, each
+    #: rank with its own scheduler and KV cache, sharing the MoE layers. Needs EP.
+    data_parallel_size: int = 1
     memory_margin_fraction: float = 0.1
     #: Weights' data type (``bf16``, ``fp16``, ``fp32``, ``fp8``, ``int8``, ``int4``);
     #: ``auto``: the checkpoint's quantization (``quantization``), else bf16.
@@ -196,6 +204,7 @@ class ReplicaConfig:
     def check(self, where: str) -> None:
         check_key_int(f"{where}.tensor_parallel_size", self.tensor_parallel_size, low=1, high=512)
         check_key_int(f"{where}.num_pipeline_stages", self.num_pipeline_stages, low=1, high=512)
+        self._check_expert_layout(where)
         if not 0 <= self.memory_margin_fraction < 1:
             raise fail(
                 f"{where}.memory_margin_fraction",
@@ -224,6 +233,32 @@ class ReplicaConfig:
                 f"the {policy} scheduler does not support pipeline parallelism "
                 f"(num_pipeline_stages must be 1, got {self.num_pipeline_stages})",
                 self.num_pipeline_stages,
+            )
+
+    def _check_expert_layout(self, where: str) -> None:
+        """EP and attention DP as vLLM serves them: DP ranks need expert parallelism (else
+        vLLM runs the experts as one TP group over DP x TP GPUs, which is not modelled),
+        and EP is then every GPU of the replica's TP x DP (vLLM sets it so). Whether the
+        model has experts for EP to split is checked with the model (the planner)."""
+        ep, dp, tp = self.expert_parallel_size, self.data_parallel_size, self.tensor_parallel_size
+        check_key_int(f"{where}.expert_parallel_size", ep, low=1, high=512)
+        check_key_int(f"{where}.data_parallel_size", dp, low=1, high=512)
+        if dp > 1 and ep == 1:
+            raise fail(
+                f"{where}.data_parallel_size",
+                f"attention data parallelism needs expert parallelism: set "
+                f"{where}.expert_parallel_size = {tp * dp} (tensor_parallel_size x "
+                f"data_parallel_size, vLLM's --enable-expert-parallel); without it vLLM runs "
+                f"the experts as one TP group over {tp * dp} GPUs, which is not modelled, got {dp}",
+                dp,
+            )
+        if ep > 1 and ep != tp * dp:
+            raise fail(
+                f"{where}.expert_parallel_size",
+                f"must be 1 (experts split by TP) or tensor_parallel_size x data_parallel_size "
+                f"= {tp} x {dp} = {tp * dp} (vLLM's --enable-expert-parallel spreads the experts "
+                f"over every GPU of the replica), got {ep}",
+                ep,
             )
 
     def _check_draft_knobs(self, where: str) -> None:
@@ -538,16 +573,31 @@ class SimulationConfig:
         self.metrics.check("metrics")
         check_workload_sizes(self.workload)
         self._check_lora()
+        self._check_data_parallel_ranks()
         self._check_disaggregation()
         self._check_host_hit_weight()
         self._check_cluster_blocks()
+
+    def _check_data_parallel_ranks(self) -> None:
+        """The simulator runs one scheduler per attention DP rank: replicas x DP of them,
+        bounded as replicas are."""
+        dp = self.replica.data_parallel_size
+        ranks = self.cluster.num_replicas * dp
+        if ranks > MAX_REPLICAS:
+            raise fail(
+                "cluster.num_replicas",
+                f"{self.cluster.num_replicas} replicas of {dp} data-parallel ranks make {ranks} "
+                f"schedulers, over the simulator's limit of {MAX_REPLICAS}",
+                self.cluster.num_replicas,
+            )
 
     def _check_cluster_blocks(self) -> None:
         """One budget for the KV blocks a run tracks one by one, across both pools, checked
         here for the sizes the config gives (the core checks it again once the planner has
         sized the rest, before allocating anything)."""
         prefill = self.replica.scheduler
-        pools = [(self.cluster.num_replicas, prefill)]
+        # Each attention DP rank of a replica has its own scheduler and KV pool.
+        pools = [(self.cluster.num_replicas * self.replica.data_parallel_size, prefill)]
         decode = self.cluster.decode
         if decode is not None:
             pools.append((decode.num_replicas, decode.scheduler or prefill))
@@ -583,6 +633,12 @@ class SimulationConfig:
         decode = self.cluster.decode
         if decode is None:
             return
+        if self.replica.expert_parallel_size > 1:
+            raise fail(
+                "replica.expert_parallel_size",
+                "expert parallelism is not simulated in disaggregated pools yet",
+                self.replica.expert_parallel_size,
+            )
         policies = [("replica.scheduler.policy", self.replica.scheduler.policy)]
         if decode.scheduler is not None:
             policies.append(("cluster.decode.scheduler.policy", decode.scheduler.policy))

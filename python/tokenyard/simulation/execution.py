@@ -241,6 +241,8 @@ def _build_measured(config: SimulationConfig, source: MeasuredSource) -> Compile
         (config.execution.measured or MeasuredConfig()).moe_distribution,
         _table_files(source),
         quantization_for(config, model),
+        replica.expert_parallel_size,
+        replica.data_parallel_size,
     )
 
 
@@ -276,11 +278,13 @@ def _cached_measured(
     moe_distribution: str,
     tables: TableFiles,
     quantization: Quantization | None = None,
+    ep: int = 1,
+    dp: int = 1,
 ) -> CompiledPredictor:
     # Built once per machine: the build interpolates thousands of grid points (most of a
     # short run's start-up), so the result is kept on disk under every input that shapes
     # it, the tables' files and the predictor code included.
-    inputs = (spec, gpu, tp, pp, dtype, kv_dtype, cpu, moe_distribution, quantization)
+    inputs = (spec, gpu, tp, pp, dtype, kv_dtype, cpu, moe_distribution, quantization, ep, dp)
     path = default_cache_dir() / f"measured-{_measured_key(source, inputs, tables)}.json"
     if path.exists():
         try:
@@ -310,6 +314,8 @@ def _cached_measured(
         cpu=cpu,
         moe_distribution=moe_distribution,
         quantization=quantization,
+        expert_parallel_size=ep,
+        data_parallel_size=dp,
     )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -397,6 +403,8 @@ def build_predictor(
         efficiencies=execution.efficiency or Efficiencies(),
         cpu=execution.cpu or CpuOverheads(),
         calibration=choice.calibration if choice.kind == "roofline" else None,
+        expert_parallel_size=replica.expert_parallel_size,
+        data_parallel_size=replica.data_parallel_size,
     )
     if choice.kind == "roofline":
         return roofline
@@ -432,6 +440,8 @@ def describe(
         fallbacks = predictor.description.get("fallbacks")
         if fallbacks:
             out["fallbacks"] = dict(fallbacks)
+        if predictor.description.get("a2a"):
+            out["a2a"] = predictor.description["a2a"]
     if choice.kind == "linear":
         out["ignores"] = ["replica.model", "replica.device", "replica.dtype", "parallelism"]
     return out

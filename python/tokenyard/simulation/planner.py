@@ -10,7 +10,11 @@ dim, ``kv = ceil(num_kv_heads / TP)``: KV heads are replicated once ``TP > num_k
 
 A model of several layer kinds (``ModelSpec.layer_kinds()``: DeepSeek's dense FFN layers
 before its MoE ones) sums each kind's layer over its count; a MoE layer's experts are its
-routed ones plus ``num_shared_experts``, each split by TP (no expert parallelism). Multi-head
+routed ones plus ``num_shared_experts``, each split by TP. Under expert parallelism
+(``expert_parallel_size`` EP > 1, vLLM's ``--enable-expert-parallel``) a GPU holds instead
+``num_experts / EP`` routed experts whole (``3*h*inter`` each) and the shared experts at
+``ceil(inter/TP)``; attention, dense layers, embeddings and the router as under TP. With
+attention data parallelism (EP = TP x DP) the plan is one DP rank's. Multi-head
 latent attention (``ModelSpec.mla``, ``n = heads/TP``, ``r = qk_nope + qk_rope``):
 
     attention = h*q_lora + h*(kv_lora + qk_rope) [a projections, on every rank]
@@ -135,9 +139,10 @@ def _resolve_kv_dtype(weight_dtype: str, kv_cache_dtype: str) -> str:
     return weight_dtype if weight_dtype in ("fp32", "fp16", "bf16") else "bf16"
 
 
-def parameters_per_device(model: ModelSpec, tp: int, pp: int) -> int:
-    """Weights (a count, not bytes) on the fullest device of a ``TP x PP`` replica."""
-    return sum(_parameter_split(model, tp, pp))
+def parameters_per_device(model: ModelSpec, tp: int, pp: int, ep: int = 1) -> int:
+    """Weights (a count, not bytes) on the fullest device of a ``TP x PP`` replica (its
+    experts split over ``ep`` GPUs under expert parallelism)."""
+    return sum(_parameter_split(model, tp, pp, ep))
 
 
 def _attention_split(model: ModelSpec, tp: int) -> tuple[int, int]:
@@ -153,27 +158,34 @@ def _attention_split(model: ModelSpec, tp: int) -> tuple[int, int]:
     return 2 * h * q + 2 * h * kv, bias
 
 
-def _ffn_split(model: ModelSpec, kind: LayerKind, tp: int) -> tuple[int, int]:
-    """(linear weights, other weights) of one layer's FFN on one TP rank: every expert's
-    (routed and shared) intermediate split by TP (no expert parallelism); the router whole."""
+def _ffn_split(model: ModelSpec, kind: LayerKind, tp: int, ep: int = 1) -> tuple[int, int]:
+    """(linear weights, other weights) of one layer's FFN on one GPU. Without expert
+    parallelism (``ep`` 1) every expert's (routed and shared) intermediate is split by TP;
+    with it, the GPU holds ``num_experts / ep`` routed experts whole, and the shared
+    experts split by the attention TP (vLLM's shared MLP runs on the TP group of its DP
+    rank, replicated across DP ranks). The router is whole on every GPU."""
     h, inter = model.hidden_size, math.ceil(kind.intermediate_size / tp)
     if kind.ffn == "dense":
         return 3 * h * inter, 0
-    experts = model.num_experts + model.num_shared_experts
-    return 3 * h * inter * experts, h * model.num_experts
+    if ep == 1:
+        experts = model.num_experts + model.num_shared_experts
+        return 3 * h * inter * experts, h * model.num_experts
+    routed = 3 * h * kind.intermediate_size * (model.num_experts // ep)
+    return routed + 3 * h * inter * model.num_shared_experts, h * model.num_experts
 
 
-def _parameter_split(model: ModelSpec, tp: int, pp: int) -> tuple[int, int]:
+def _parameter_split(model: ModelSpec, tp: int, pp: int, ep: int = 1) -> tuple[int, int]:
     """(decoder-layer linear weights, every other weight) on the fullest device: the
     first is what a quantized checkpoint quantizes. With layers of several kinds (dense
     FFN layers before MoE ones) the stages' layers are taken as the model's mix, ``1/PP``
     of each kind (exact at PP 1)."""
     model.check_layout(tp, pp)
+    model.check_expert_parallel(ep)
     h = model.hidden_size
     attention_linear, attention_other = _attention_split(model, tp)
     linear = other = 0
     for kind in model.layer_kinds():
-        ffn_linear, ffn_other = _ffn_split(model, kind, tp)
+        ffn_linear, ffn_other = _ffn_split(model, kind, tp, ep)
         linear += kind.count * (attention_linear + ffn_linear)
         other += kind.count * (attention_other + ffn_other + 2 * h)
     vocab_shard = math.ceil(model.vocab_size / tp) * h
@@ -193,9 +205,14 @@ def kv_values_per_token_layer(model: ModelSpec, tp: int) -> int:
 
 
 def _weight_bytes(
-    model: ModelSpec, tp: int, pp: int, weight_bytes: float, quantization: Quantization | None
+    model: ModelSpec,
+    tp: int,
+    pp: int,
+    weight_bytes: float,
+    quantization: Quantization | None,
+    ep: int = 1,
 ) -> int:
-    linear, other = _parameter_split(model, tp, pp)
+    linear, other = _parameter_split(model, tp, pp, ep)
     if quantization is None:
         return math.ceil((linear + other) * weight_bytes)
     return math.ceil(linear * quantization.bytes_per_weight + other * DTYPE_BYTES["bf16"])
@@ -214,6 +231,7 @@ def plan_memory(
     kv_cache_dtype: str = "auto",
     reserved_bytes: int = 0,
     quantization: Quantization | None = None,
+    expert_parallel_size: int = 1,
 ) -> MemoryPlan:
     """Sizes one replica's KV pool (formulas in the module docstring).
 
@@ -231,14 +249,19 @@ def plan_memory(
         reserved_bytes: other memory per device held before the KV cache (LoRA slots).
         quantization: the weights' quantization: the decoder layers' linear weights at its
             ``bytes_per_weight``, the rest at bf16.
+        expert_parallel_size: EP: a MoE model's routed experts split over this many GPUs,
+            ``num_experts / EP`` whole experts on each (1: split by TP). With attention
+            data parallelism (EP = TP x DP) the plan is one DP rank's: its TP GPUs hold
+            its own requests' KV.
 
     Raises:
         ConfigError: a layout that does not divide the model (field
-            ``replica.num_pipeline_stages`` or ``replica.tensor_parallel_size``), an unknown
+            ``replica.num_pipeline_stages``, ``replica.tensor_parallel_size`` or
+            ``replica.expert_parallel_size``), an unknown
             dtype (``replica.dtype``, ``replica.kv_cache_dtype``), a bad size, or a model
             that leaves no room for one request (``replica.device``).
     """
-    tp, pp = tensor_parallel_size, num_pipeline_stages
+    tp, pp, ep = tensor_parallel_size, num_pipeline_stages, expert_parallel_size
     weight_bytes, kv_bytes = dtype_bytes(weight_dtype, kv_cache_dtype)
     kv_cache_dtype = _resolve_kv_dtype(weight_dtype, kv_cache_dtype)
     if not 0 <= memory_margin_fraction < 1:
@@ -250,7 +273,7 @@ def plan_memory(
     check_key_int("replica.scheduler.max_request_tokens", max_request_tokens, low=1, high=2**24)
     check_key_int("replica.scheduler.block_size", block_size, low=1, high=2**16)
 
-    parameter_bytes = _weight_bytes(model, tp, pp, weight_bytes, quantization)
+    parameter_bytes = _weight_bytes(model, tp, pp, weight_bytes, quantization, ep)
     weight_name = quantization.scheme if quantization else weight_dtype
     kv_per_token = kv_bytes * kv_values_per_token_layer(model, tp) * (model.num_layers // pp)
     total = int(device.memory_gib * 1024**3 * (1 - memory_margin_fraction))
@@ -258,7 +281,8 @@ def plan_memory(
     max_batch_size = available // (kv_per_token * max_request_tokens) if available > 0 else 0
     if max_batch_size < 1:
         raise ConfigError(
-            f"{model.name} on {device.name} (TP {tp}, PP {pp}, {weight_name} weights, "
+            f"{model.name} on {device.name} (TP {tp}, PP {pp}{f', EP {ep}' if ep > 1 else ''}, "
+            f"{weight_name} weights, "
             f"{kv_cache_dtype} KV): {parameter_bytes / 1024**3:.1f} GiB of weights per device "
             f"leave {max(available, 0) / 1024**3:.1f} GiB of the {total / 1024**3:.1f} GiB "
             f"usable, not enough for one request of {max_request_tokens} tokens "

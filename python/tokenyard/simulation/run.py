@@ -141,6 +141,9 @@ def simulate(
         "num_replicas": config.cluster.num_replicas,
         "tensor_parallel_size": config.replica.tensor_parallel_size,
         "num_pipeline_stages": config.replica.num_pipeline_stages,
+        "expert_parallel_size": config.replica.expert_parallel_size,
+        "data_parallel_size": config.replica.data_parallel_size,
+        "layout": layout_text(config),
         "model": config.replica.model,
         "device": config.replica.device,
         "num_blocks": num_blocks,
@@ -341,7 +344,7 @@ def _plugins(config: SimulationConfig, num_blocks: int) -> tuple[Any, list[Any] 
         route_plugin = _construct(
             cls,
             "cluster.global_scheduler",
-            dict(num_replicas=config.cluster.num_replicas, seed=config.seed, **g.options),
+            dict(num_replicas=num_schedulers(config), seed=config.seed, **g.options),
         )
     replica_plugins = None
     s = config.replica.scheduler
@@ -358,7 +361,7 @@ def _plugins(config: SimulationConfig, num_blocks: int) -> tuple[Any, list[Any] 
                     **s.plugin.options,
                 ),
             )
-            for i in range(config.cluster.num_replicas)
+            for i in range(num_schedulers(config))
         ]
     return route_plugin, replica_plugins
 
@@ -371,7 +374,7 @@ def _policy_plugins(config: SimulationConfig) -> list[Any] | None:
     cls = load_object(s.policy_plugin, "replica.scheduler.policy_plugin")
     return [
         _construct(cls, "replica.scheduler.policy_plugin", dict(s.policy_plugin_options))
-        for _ in range(config.cluster.num_replicas)
+        for _ in range(num_schedulers(config))
     ]
 
 
@@ -464,7 +467,31 @@ def plan_for(config: SimulationConfig) -> MemoryPlan:
         kv_cache_dtype=replica.kv_cache_dtype,
         reserved_bytes=slot_bytes(lora, model, replica.dtype, tp, pp) if lora else 0,
         quantization=quantization_for(config, model),
+        expert_parallel_size=replica.expert_parallel_size,
     )
+
+
+def num_schedulers(config: SimulationConfig) -> int:
+    """The step schedulers the core runs: one per attention DP rank of each replica
+    (``cluster.num_replicas x replica.data_parallel_size``). A DP rank batches its own
+    requests over its own KV cache, as each of vLLM's DP engine cores does."""
+    return config.cluster.num_replicas * config.replica.data_parallel_size
+
+
+def layout_text(config: SimulationConfig) -> str:
+    """The banner's words for a replica's layout: ``TP 8, PP 1`` or, with expert and
+    attention data parallelism, ``TP 1 x DP 8 (8 schedulers), EP 8, PP 1``."""
+    r = config.replica
+    tp, pp, ep, dp = (
+        r.tensor_parallel_size,
+        r.num_pipeline_stages,
+        r.expert_parallel_size,
+        r.data_parallel_size,
+    )
+    if ep == 1:
+        return f"TP {tp}, PP {pp}"
+    attention = f"TP {tp} x DP {dp} ({dp} schedulers)" if dp > 1 else f"TP {tp}"
+    return f"{attention}, EP {ep}, PP {pp}"
 
 
 def replica_spec(
@@ -535,7 +562,7 @@ def _core_config(
 ) -> _core.SimConfig:
     g = config.cluster.global_scheduler
     return _core.SimConfig(
-        num_replicas=config.cluster.num_replicas,
+        num_replicas=num_schedulers(config),
         num_stages=config.replica.num_pipeline_stages,
         # A routing plugin replaces the router; the core's is never consulted.
         global_policy="round_robin" if ":" in g.policy else g.policy,

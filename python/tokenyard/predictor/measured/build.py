@@ -50,6 +50,7 @@ from tokenyard.predictor.calibration import Calibration, builtin_calibration, fi
 from tokenyard.predictor.compiled import CompiledOp, CompiledPredictor, TableCost
 from tokenyard.predictor.measured.data import MeasuredSource
 from tokenyard.predictor.measured.ops import (
+    A2aTimes,
     AttentionTimes,
     CollectiveTimes,
     GemmTimes,
@@ -60,7 +61,7 @@ from tokenyard.predictor.measured.ops import (
     moe_rows,
 )
 from tokenyard.predictor.measured.tables import Columns, read_table, table_error
-from tokenyard.predictor.roofline import CpuOverheads, roofline_predictor
+from tokenyard.predictor.roofline import A2A_OPS, CpuOverheads, roofline_predictor
 
 __all__ = ["TABLE_DTYPES", "measured_predictor"]
 
@@ -185,6 +186,8 @@ def _measured_ops(
     kv_dtype: str,
     moe_distribution: str,
     quantization: Quantization | None = None,
+    ep: int = 1,
+    dp: int = 1,
 ) -> tuple[dict[str, tuple[TableCost | None, str, str]], dict[str, str]]:
     """Operation name -> (table, source label, reason it is absent); ``None`` tables keep
     the roofline. Also which kernel family priced what (``gemm``, ``moe``, ``lm_head``)."""
@@ -242,7 +245,7 @@ def _measured_ops(
             out[f"{prefix}down_proj"] = (_gemm_table(gemm, s.h, i, "num_tokens"), label, "")
             continue
         out["router"] = (_gemm_table(edge, model.num_experts, s.h, "num_tokens"), label, "")
-        out["moe_experts"] = _moe_op(source, model, tp, moe_dtype, moe_distribution)
+        out["moe_experts"] = _moe_op(source, model, tp, moe_dtype, moe_distribution, ep, dp)
         kernels["moe"] = moe_dtype if out["moe_experts"][0] is not None else "calibrated"
         if model.num_shared_experts:
             i = model.num_shared_experts * kind.intermediate_size // tp
@@ -250,6 +253,9 @@ def _measured_ops(
             out["shared_down_proj"] = (_gemm_table(gemm, s.h, i, "num_tokens"), label, "")
     if tp > 1:
         out["all_reduce"] = out["embedding_all_reduce"] = _all_reduce_op(source, s, tp)
+    if dp > 1 and model.num_moe_layers:
+        a2a, kernels["a2a"] = _a2a_ops(source, model, tp, ep)
+        out.update(a2a)
     return out, kernels
 
 
@@ -278,6 +284,8 @@ def _kernels_text(kernels: dict[str, str], quantization: Quantization | None) ->
         text += f", MoE {kernels['moe']}"
     if "mla" in kernels:
         text += f", MLA {kernels['mla']}"
+    if "a2a" in kernels:
+        text += f", all-to-all {kernels['a2a']}"
     if quantization is not None:
         text += f"; {quantization.scheme} from {quantization.source}"
         if "gemm_note" in kernels:
@@ -479,8 +487,18 @@ def _all_reduce_table(times: CollectiveTimes, hidden: int) -> TableCost:
 
 
 def _moe_op(
-    source: MeasuredSource, model: ModelSpec, tp: int, dtype: str, distribution: str
+    source: MeasuredSource,
+    model: ModelSpec,
+    tp: int,
+    dtype: str,
+    distribution: str,
+    ep: int = 1,
+    dp: int = 1,
 ) -> tuple[TableCost | None, str, str]:
+    """The routed experts from the MoE table: at ``moe_tp_size = TP`` without expert
+    parallelism, else at ``moe_tp_size = 1, moe_ep_size = EP``, where a row's
+    ``num_tokens`` are the tokens entering the layer across the EP group: a DP rank's
+    tokens times DP (each rank's batch taken as one of DP alike ones)."""
     path = source.folders.get("moe")
     if path is None or not _present(path / "moe_perf.parquet"):
         return None, "calibrated", "no MoE table"
@@ -491,7 +509,8 @@ def _moe_op(
         "inter_size": model.intermediate_size,
         "topk": model.experts_per_token,
         "num_experts": model.num_experts,
-        "tensor_parallel_size": tp,
+        "tensor_parallel_size": tp if ep == 1 else 1,
+        "expert_parallel_size": ep,
     }
     routings = moe_rows(rows, **shape).values("distribution")
     if routings and distribution not in routings:
@@ -506,8 +525,88 @@ def _moe_op(
         times = MoeTimes(rows, **shape, distribution=distribution)
     except NotMeasured as exc:
         return None, "calibrated", str(exc)
-    table = grids.token_table("num_tokens", times, 2.0**17)
+    table = grids.token_table("num_tokens", lambda tokens: times(tokens * dp), 2.0**17)
     return table, f"measured:moe ({path.name})", ""
+
+
+#: DeepEP's two modes in the ``moe_a2a`` tables: low latency (decode, CUDA graphs) and
+#: high throughput (prefill), as vLLM's ``--all2all-backend deepep_low_latency`` /
+#: ``deepep_high_throughput`` and SGLang's ``--deepep-mode`` name them.
+A2A_BACKENDS = ("deepep_ll", "deepep_ht")
+#: GPUs per node for the tables' ``node_num`` (HGX and DGX nodes: 8).
+GPUS_PER_NODE = 8
+
+
+def _a2a_ops(
+    source: MeasuredSource, model: ModelSpec, tp: int, ep: int
+) -> tuple[dict[str, tuple[TableCost | None, str, str]], str]:
+    """The expert all-to-all under attention DP (``moe_dispatch``, ``moe_combine``) from
+    the framework's ``comm/moe_a2a_perf`` table, at ``ep_size = EP`` over ``ceil(EP / 8)``
+    nodes and the model's hidden size, top-k and expert count, by the tokens each GPU
+    sends (the DP rank's tokens / TP, as aiconfigurator keys it). A step of at most as
+    many tokens per GPU as the low-latency kernels are measured at (decode-sized steps)
+    takes ``deepep_ll``, a larger one (prefill chunks) ``deepep_ht``; with one mode
+    measured, that one. Missing rows keep the calibrated roofline, with the reason. Also
+    the banner's words."""
+    path = source.folders.get("comm", Path()) / "moe_a2a_perf.parquet"
+    if "comm" not in source.folders or not _present(path):
+        why = f"no moe_a2a_perf table for {source.system}/{source.framework} {source.version}"
+        return {op: (None, "calibrated", why) for op in A2A_OPS}, "calibrated"
+    rows = _read(source, path)
+    nodes = -(-ep // GPUS_PER_NODE)
+    out: dict[str, tuple[TableCost | None, str, str]] = {}
+    used: set[str] = set()
+    whys = []
+    for op in A2A_OPS:
+        phase = op.removeprefix("moe_")
+        modes = {}
+        for backend in A2A_BACKENDS:
+            try:
+                modes[backend] = A2aTimes(
+                    rows,
+                    comm_backend=backend,
+                    phase=phase,
+                    ep_size=ep,
+                    node_num=nodes,
+                    hidden_size=model.hidden_size,
+                    topk=model.experts_per_token,
+                    num_experts=model.num_experts,
+                )
+            except NotMeasured as exc:
+                whys.append(str(exc))
+        if not modes:
+            out[op] = (None, "calibrated", whys[-1])
+            continue
+        used.update(modes)
+        low, high = modes.get("deepep_ll"), modes.get("deepep_ht")
+
+        def seconds(
+            tokens: float, low: A2aTimes | None = low, high: A2aTimes | None = high
+        ) -> float:
+            per_gpu = tokens / tp
+            if low is not None and (high is None or per_gpu <= low.max_tokens):
+                return low(per_gpu)
+            return high(per_gpu) if high is not None else 0.0
+
+        table = grids.token_table("num_tokens", seconds, 2.0**17)
+        out[op] = (table, f"measured:moe_a2a ({path.parent.name})", "")
+    if not used:
+        return out, "calibrated"
+    limit = ""
+    if len(used) == 2:
+        ll = A2aTimes(
+            rows,
+            comm_backend="deepep_ll",
+            phase="dispatch",
+            ep_size=ep,
+            node_num=nodes,
+            hidden_size=model.hidden_size,
+            topk=model.experts_per_token,
+            num_experts=model.num_experts,
+        )
+        limit = f" up to {ll.max_tokens:g} tokens per GPU, deepep_ht above"
+    first = "deepep_ll" if "deepep_ll" in used else "deepep_ht"
+    return out, f"{first}{limit} (EP {ep}, moe_a2a {path.parent.name})"
 
 
 def measured_predictor(
@@ -525,8 +624,15 @@ def measured_predictor(
     calibration: Calibration | None = None,
     moe_distribution: str = "power_law_1.2",
     quantization: Quantization | None = None,
+    expert_parallel_size: int = 1,
+    data_parallel_size: int = 1,
 ) -> CompiledPredictor:
     """``model`` on ``device`` priced from ``source``'s tables, compiled for Rust.
+
+    ``expert_parallel_size`` (EP = TP x DP, or 1) and ``data_parallel_size`` (attention
+    DP) price one DP rank's step: the experts from the MoE table at ``moe_ep_size = EP``
+    at the combined tokens, and with DP the expert all-to-all from ``moe_a2a_perf``
+    (``roofline_predictor`` says what the layout means).
 
     Operations the tables lack keep the calibrated roofline (``calibration``, else the
     device's built-in one, else curves fitted to ``source`` itself). ``quantization`` (the
@@ -551,6 +657,8 @@ def measured_predictor(
         kv_bytes=kv_bytes,
         cpu=cpu,
         calibration=calibration,
+        expert_parallel_size=expert_parallel_size,
+        data_parallel_size=data_parallel_size,
     )
     measured, kernels = _measured_ops(
         source,
@@ -561,6 +669,8 @@ def measured_predictor(
         kv_cache_dtype,
         moe_distribution,
         quantization,
+        expert_parallel_size,
+        data_parallel_size,
     )
     ops: list[CompiledOp] = []
     notes: dict[str, str] = {}
@@ -590,6 +700,10 @@ def measured_predictor(
         "fallbacks": notes,
         "kernels": _kernels_text(kernels, quantization),
     }
+    if kernels.get("a2a") == "calibrated":
+        description["a2a"] = f"{base.description['a2a']}; not measured: {notes['moe_dispatch']}"
+    elif "a2a" in kernels:
+        description["a2a"] = f"measured: {kernels['a2a']}"
     if "gemm_why" in kernels:
         notes["gemm"] = kernels["gemm_why"]
     return dataclasses.replace(base, ops=tuple(ops), description=description)

@@ -46,6 +46,7 @@ from tokenyard.predictor.measured.tables import Columns
 from tokenyard.predictor.profiles import ProfileError
 
 __all__ = [
+    "A2aTimes",
     "AttentionTimes",
     "CollectiveTimes",
     "GemmTimes",
@@ -261,8 +262,10 @@ def moe_rows(
     topk: int,
     num_experts: int,
     tensor_parallel_size: int,
+    expert_parallel_size: int = 1,
 ) -> Columns:
-    """The MoE rows of one shape at TP (no expert parallelism), under every routing."""
+    """The MoE rows of one shape at ``moe_tp_size`` TP and ``moe_ep_size`` EP, under
+    every routing."""
     return rows.where(
         moe_dtype=dtype,
         hidden_size=hidden_size,
@@ -270,14 +273,17 @@ def moe_rows(
         topk=topk,
         num_experts=num_experts,
         moe_tp_size=tensor_parallel_size,
-        moe_ep_size=1,
+        moe_ep_size=expert_parallel_size,
     )
 
 
 class MoeTimes:
     """One layer's MoE experts (``moe_perf``) by the number of tokens routed in, under one
     measured routing: ``balanced`` experts, or a ``power_law_<alpha>`` skew (real traffic
-    loads experts unevenly; aiconfigurator's default is ``power_law_1.2``)."""
+    loads experts unevenly; aiconfigurator's default is ``power_law_1.2``). Under expert
+    parallelism (``moe_ep_size`` > 1, ``moe_tp_size`` 1) a row is one GPU's time for its
+    ``num_experts / EP`` experts when ``num_tokens`` tokens enter the layer across the EP
+    group (aiconfigurator queries it at the rank's tokens x attention DP)."""
 
     def __init__(
         self,
@@ -289,6 +295,7 @@ class MoeTimes:
         topk: int,
         num_experts: int,
         tensor_parallel_size: int,
+        expert_parallel_size: int = 1,
         distribution: str = "power_law_1.2",
     ):
         picked = moe_rows(
@@ -299,6 +306,7 @@ class MoeTimes:
             topk=topk,
             num_experts=num_experts,
             tensor_parallel_size=tensor_parallel_size,
+            expert_parallel_size=expert_parallel_size,
         )
         measured = picked.values("distribution")
         if measured and distribution not in measured:
@@ -307,6 +315,7 @@ class MoeTimes:
         what = (
             f"{num_experts} experts (top-{topk}) of hidden {hidden_size} x {inter_size} "
             f"at TP {tensor_parallel_size}"
+            + (f", EP {expert_parallel_size}" if expert_parallel_size > 1 else "")
         )
         if len(picked) == 0:
             raise _no_rows(rows, what, "other shapes")
@@ -318,6 +327,62 @@ class MoeTimes:
             )
         self.path = rows.path
         keyed = picked.with_data({**picked.data, "one": np.zeros(len(picked))})
+        self._curve = _curves(keyed, "one", "num_tokens", above_power=1.0)[0.0]
+
+    def __call__(self, tokens: float) -> float:
+        return self._curve(tokens)
+
+
+class A2aTimes:
+    """One half (``phase``: ``dispatch`` or ``combine``) of the expert all-to-all by the
+    tokens each GPU sends (``moe_a2a_perf``: aiconfigurator's comm ops see per-rank token
+    counts), for one comm backend (DeepEP ``deepep_ll``, low latency, or ``deepep_ht``,
+    high throughput), EP size, node count and MoE shape. ``latency`` is in microseconds.
+    ``max_tokens`` is the largest count measured."""
+
+    def __init__(
+        self,
+        rows: Columns,
+        *,
+        comm_backend: str,
+        phase: str,
+        ep_size: int,
+        node_num: int,
+        hidden_size: int,
+        topk: int,
+        num_experts: int,
+    ):
+        picked = rows.where(
+            op_name="moe_a2a",
+            comm_backend=comm_backend,
+            phase=phase,
+            ep_size=ep_size,
+            node_num=node_num,
+            hidden_size=hidden_size,
+            topk=topk,
+            num_experts=num_experts,
+        )
+        what = (
+            f"{comm_backend} {phase} over EP {ep_size} ({node_num} node(s)), hidden "
+            f"{hidden_size}, top-{topk} of {num_experts} experts"
+        )
+        if len(picked) == 0:
+            raise _no_rows(
+                rows,
+                what,
+                f"backends {rows.values('comm_backend')}, EP {rows.values('ep_size')}, nodes "
+                f"{rows.values('node_num')}, hidden {rows.values('hidden_size')}, top-k "
+                f"{rows.values('topk')}, experts {rows.values('num_experts')}",
+            )
+        picked = main_kernel(picked)
+        _check_axis(rows, what, "num_tokens", picked.col("num_tokens"))
+        self.path = rows.path
+        self.max_tokens = float(picked.col("num_tokens").max())
+        # The table's latency is in microseconds, not the milliseconds read_table assumes.
+        seconds = picked.col("latency_s") * 1e-3
+        keyed = picked.with_data(
+            {**picked.data, "one": np.zeros(len(picked)), "latency_s": seconds}
+        )
         self._curve = _curves(keyed, "one", "num_tokens", above_power=1.0)[0.0]
 
     def __call__(self, tokens: float) -> float:

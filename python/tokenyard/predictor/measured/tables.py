@@ -26,6 +26,11 @@ Schemas (one row per measured shape; ``latency`` in ms):
   the attention, ``o_proj``) for the config of ``model`` at ``num_heads`` heads (one TP
   rank's share; ``tp_size`` is 1); context: ``batch_size`` prompts of ``isl`` tokens (no
   prefix, ``step`` 0); generation: ``batch_size`` decodes over ``step`` keys (``isl`` 1).
+- expert all-to-all ``moe_a2a_perf.parquet`` (under ``comm/``): ``op_name`` (``moe_a2a``),
+  ``comm_backend`` (``deepep_ll``, ``deepep_ht``, ...), ``phase`` (``dispatch``,
+  ``combine``), ``ep_size, node_num, hidden_size, topk, num_experts, num_tokens`` (tokens
+  each GPU sends), ``latency``: **in microseconds** (``transmit_us + notify_us``), so its
+  ``latency_s`` here is a thousand times the seconds (``ops.A2aTimes`` converts).
 - MLA BMM ``mla_bmm_perf.parquet``: ``op_name`` (``mla_gen_pre``, ``mla_gen_post``),
   ``num_tokens, num_heads, latency`` (DeepSeek-V3's dims, BF16).
 """
@@ -68,6 +73,8 @@ _NUMERIC = {
     "moe_tp_size",
     "moe_ep_size",
     "tp_size",
+    "ep_size",
+    "node_num",
     "latency",
 }
 
@@ -101,6 +108,18 @@ REQUIRED: Mapping[str, tuple[str, ...]] = {
         "latency",
     ),
     "mla_bmm_perf.parquet": ("op_name", "num_tokens", "num_heads", "latency"),
+    "moe_a2a_perf.parquet": (
+        "op_name",
+        "comm_backend",
+        "phase",
+        "ep_size",
+        "node_num",
+        "hidden_size",
+        "topk",
+        "num_experts",
+        "num_tokens",
+        "latency",
+    ),
     "moe_perf.parquet": (
         "num_tokens",
         "hidden_size",

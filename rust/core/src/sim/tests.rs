@@ -412,21 +412,29 @@ fn an_over_length_request_is_one_input_error_naming_the_limit_for_every_policy()
     ];
     for (policy, setting) in policies {
         let name = policy.name();
-        let mut exec = linear(1.0, 0.0, 0.0);
-        let sim = Simulator::new(config(policy, 1, exec), &mut exec).unwrap();
-        let requests = vec![req(0.0, 8, 2), req(1.0, 200, 200)];
-        let err = sim.run(&mut VecSource(Some(requests))).unwrap_err();
-        let text = err.to_string();
-        assert!(
-            matches!(err, crate::Error::Rejected { request: 1, .. }),
-            "{name}: {text}"
-        );
+        let text = rejection_of_request_1(config(policy, 1, linear(1.0, 0.0, 0.0)), 200, 200);
         assert!(
             text.contains("request 1 (200 prompt + 200 output"),
             "{name}: {text}"
         );
         assert!(text.contains(setting), "{name}: {text}");
     }
+}
+
+/// The error that stops a run whose request 1 (`prefill` + `decode` tokens, after a small
+/// request 0) no replica can serve: a `Rejected` naming request 1, as its message.
+fn rejection_of_request_1(config: SimConfig, prefill: u32, decode: u32) -> String {
+    let name = config.replica_policy.name();
+    let mut exec = config.exec;
+    let sim = Simulator::new(config, &mut exec).unwrap();
+    let requests = vec![req(0.0, 8, 2), req(1.0, prefill, decode)];
+    let err = sim.run(&mut VecSource(Some(requests))).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        matches!(err, crate::Error::Rejected { request: 1, .. }),
+        "{name}: {text}"
+    );
+    text
 }
 
 #[test]
@@ -468,21 +476,13 @@ fn the_request_limit_refuses_alike_for_every_policy_naming_its_setting() {
     ];
     for policy in policies {
         let name = policy.name();
-        let mut exec = linear(1.0, 0.0, 0.0);
-        let mut cfg = config(policy, 1, exec);
+        let mut cfg = config(policy, 1, linear(1.0, 0.0, 0.0));
         cfg.request_limit = Some(RequestLimit {
             max_tokens: 300,
             setting: "the model's context length of 300 tokens".into(),
         });
-        let sim = Simulator::new(cfg, &mut exec).unwrap();
         // 250 + 51 fits every policy's memory, but not the deployment's limit.
-        let requests = vec![req(0.0, 8, 2), req(1.0, 250, 51)];
-        let err = sim.run(&mut VecSource(Some(requests))).unwrap_err();
-        let text = err.to_string();
-        assert!(
-            matches!(err, crate::Error::Rejected { request: 1, .. }),
-            "{name}: {text}"
-        );
+        let text = rejection_of_request_1(cfg, 250, 51);
         assert!(
             text.contains("it exceeds the model's context length of 300 tokens"),
             "{name}: {text}"

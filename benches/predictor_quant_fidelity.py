@@ -30,9 +30,9 @@ Per deployment: median / p90 |error| per step kind, the per-operation-group sign
 contributions to the gap (``predictor_measured.OP_GROUPS``), and the quantized/BF16 (and
 NVFP4/FP8) step-time ratios of both tools at the same steps. For block FP8 it also prices
 tokenyard's layer GEMMs at the ``fp8_block`` rows themselves ("tokenyard, fp8_block
-rows"): tokenyard deliberately prices them with the per-tensor ``fp8`` rows when the
-``fp8_block`` rows carry vLLM's eager floor (docs/predictor.md), and this column shows
-what remains once that one choice is undone.
+rows"). Until 2026-11-27 tokenyard priced them with the per-tensor ``fp8`` rows, and this
+column showed what the stand-in hid; it now prices the ``fp8_block`` rows itself, every
+kernel where it was measured, so the column equals the main one (kept as a check).
 
     .venv/bin/python benches/predictor_quant_fidelity.py \\
         --out benches/out/predictor_quant_fidelity.json
@@ -458,8 +458,8 @@ def diagnostics() -> dict[str, Any]:
     out: dict[str, Any] = {}
 
     # 1. fp8_block: the table's three kernels partition the grid (FlashInfer m <= 17,
-    # DeepGEMM m >= 32, CUTLASS the n or k below 128); tokenyard's GemmTimes keeps the
-    # kernel with the most rows (main_kernel), aiconfigurator reads them all.
+    # DeepGEMM m >= 32, CUTLASS the n or k below 128); tokenyard's GemmTimes kept only the
+    # kernel with the most rows until 2026-11-27, and now reads them all, as aiconfigurator.
     qwen = catalog.model("Qwen/Qwen3-32B-FP8")
     dep = next(d for d in DEPLOYMENTS if d.model == "Qwen/Qwen3-32B-FP8")
     aic = aic_handle(dep, "h100_sxm", False)
@@ -470,7 +470,7 @@ def diagnostics() -> dict[str, Any]:
     small = GemmTimes(flashinfer, "fp8_block")
     n, k = _layer_gemms(qwen, dep.tp)[0][1:]
     print(f"\nQwen3-32B-FP8 TP2 qkv_proj ({n} x {k}), fp8_block, us per layer, H100 vLLM:\n")
-    print("| rows | tokenyard GemmTimes (DeepGEMM rows only) | FlashInfer rows | aiconfigurator |")
+    print("| rows | tokenyard GemmTimes (every kernel) | FlashInfer rows | aiconfigurator |")
     print("|---:|---:|---:|---:|")
     out["fp8_block_kernels"] = []
     for m in (1, 8, 16, 128):
@@ -482,11 +482,13 @@ def diagnostics() -> dict[str, Any]:
 
     # 2. Static per-tensor FP8 (ModelOpt): aiconfigurator's fp8_static GEMM is the table's
     # dynamic fp8 row less the dynamic-quant surcharge (computescale table) and, for
-    # o_proj and down_proj, less the static input quant too (scale_matrix table).
+    # o_proj and down_proj, less the static input quant too (scale_matrix table);
+    # tokenyard's predictor takes the same off since 2026-11-27 (last column).
     llama = catalog.model("nvidia/Llama-3.1-70B-Instruct-FP8")
     dep = next(d for d in DEPLOYMENTS if d.model == "nvidia/Llama-3.1-70B-Instruct-FP8")
     aic = aic_handle(dep, "h100_sxm", False)
     fp8 = GemmTimes(rows, "fp8")
+    predictor, _ = tokenyard_predictor(dep, "h100_sxm", "auto")
     quantize = source.folders["gemm"].parents[2] / "quantize" / "vllm" / source.version
     tables = {}
     for name in ("computescale", "scale_matrix"):
@@ -496,22 +498,25 @@ def diagnostics() -> dict[str, Any]:
     names["down_proj"] = "ffn2_gemm"
     print("\nLlama-3.1-70B-Instruct-FP8 TP4 (ModelOpt static FP8), us per layer, H100 vLLM:\n")
     print(
-        "| op | rows | tokenyard (fp8 rows) | aiconfigurator fp8_static | computescale | "
-        "scale_matrix | fp8 - computescale - scale_matrix |"
+        "| op | rows | fp8 row (dynamic) | aiconfigurator fp8_static | computescale | "
+        "scale_matrix | fp8 - computescale - scale_matrix | tokenyard |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     out["fp8_static"] = []
     for m in (8, 128):
         their_ops = aic.ops_ms(Step("decode", (m, 1024)))
+        mine = our_ops_ms(predictor, Step("decode", (m, 1024)))
         for op, n, k in _layer_gemms(llama, dep.tp):
             ours = fp8(m, n, k) * 1e6
             theirs = their_ops[names[op]] * 1e3 / llama.num_layers
             cs = tables["computescale"].get((m, k), math.nan) * 1e3
             sm = tables["scale_matrix"].get((m, k), math.nan) * 1e3
-            out["fp8_static"].append((op, m, ours, theirs, cs, sm))
+            now = mine[op] * 1e3 / llama.num_layers
+            out["fp8_static"].append((op, m, ours, theirs, cs, sm, now))
+            low = op in ("o_proj", "down_proj")
             print(
                 f"| {op} | {m} | {ours:.2f} | {theirs:.2f} | {cs:.2f} | {sm:.2f} | "
-                f"{ours - cs - sm:.2f} |"
+                f"{ours - cs - (sm if low else 0.0):.2f} | {now:.2f} |"
             )
     return out
 

@@ -723,3 +723,109 @@ def test_a_built_predictor_is_kept_on_disk_and_rebuilt_when_its_tables_change(
             run(measured)
     ex._cached_measured.cache_clear()
     build._read_version.cache_clear()
+
+
+# ---- GEMM kernels that split the grid; static FP8 (issue 29 fidelity findings) ---------
+
+
+def test_gemm_kernels_that_split_the_grid_are_each_priced_where_measured(tmp_path: Path) -> None:
+    """vLLM dispatches one GEMM dtype to several kernels by shape (block FP8 on an H100:
+    FlashInfer up to 17 rows, DeepGEMM from 32): each kernel's rows price the points it
+    measured, and only a point measured twice takes the kernel with the most rows."""
+    small = [1, 2, 4, 8, 16]  # a kernel for few rows, measured slow
+    large = [16, 32, 64, 128, 256, 512, 1024]  # the kernel with the most rows; 16 twice
+    columns: dict[str, list[Any]] = {c: [] for c in ("m", "n", "k", "gemm_dtype", "latency")}
+    columns["kernel_source"] = []
+    for kernel, ms, scale in (("Small", small, 3.0), ("Large", large, 1.0)):
+        for m, n, k in itertools.product(ms, (4096, 8192), (4096, 8192)):
+            for name, value in zip(
+                ("m", "n", "k", "gemm_dtype", "kernel_source", "latency"),
+                (m, n, k, "fp8_block", kernel, scale * gemm_ms(m, n, k)),
+                strict=True,
+            ):
+                columns[name].append(value)
+    path = tmp_path / "gemm_perf.parquet"
+    write(path, columns)
+    gemm = GemmTimes(read_table(path), "fp8_block")
+    assert gemm.m_grid == sorted(set(small) | set(large))
+    for m in (1, 8):  # measured by the small kernel only: its own rows
+        assert gemm(m, 4096, 8192) == pytest.approx(3e-3 * gemm_ms(m, 4096, 8192), rel=1e-12)
+    for m in (16, 64):  # 16: measured by both, the kernel with the most rows wins
+        assert gemm(m, 4096, 8192) == pytest.approx(1e-3 * gemm_ms(m, 4096, 8192), rel=1e-12)
+    # Between the two kernels' ranges: linear in m between their edge points.
+    edge8, edge16 = 3e-3 * gemm_ms(8, 4096, 4096), 1e-3 * gemm_ms(16, 4096, 4096)
+    assert gemm(12, 4096, 4096) == pytest.approx((edge8 + edge16) / 2, rel=1e-12)
+
+
+def test_the_h100_block_fp8_gemm_reads_flashinfer_below_32_rows_as_aiconfigurator() -> None:
+    """Qwen3-32B-FP8 at TP 2, qkv_proj (5120 x 5120) on an H100, vLLM 0.24.0: 59.9 us at 8
+    rows (FlashInfer's row, aiconfigurator's answer; DeepGEMM's 32-row time, 86.5 us, was
+    priced before) and 166.9 us at 128 (DeepGEMM's)."""
+    pytest.importorskip("aiconfigurator_core", reason="the measured tables need the package")
+    from tokenyard.predictor.measured.data import package_root
+
+    root = package_root()
+    assert root is not None
+    source = resolve_source(root, "h100_sxm", "vllm", "0.24.0")
+    rows = read_table(source.folders["gemm"] / "gemm_perf.parquet")
+    gemm = GemmTimes(rows, "fp8_block")
+    assert gemm(8, 5120, 5120) * 1e6 == pytest.approx(59.9, abs=0.05)
+    assert gemm(128, 5120, 5120) * 1e6 == pytest.approx(166.9, abs=0.05)
+    flashinfer = rows.where(kernel_source="FlashInferFp8BlockScaledMMKernel")
+    assert gemm(8, 5120, 5120) == GemmTimes(flashinfer, "fp8_block")(8, 5120, 5120)
+
+
+def quantize_tables(root: Path, compute_scale_ms: float, scale_matrix_ms: float) -> None:
+    """vLLM's quantize tables, at constant costs (a zero difference is allowed)."""
+    grid = list(itertools.product(POWERS, DIMS))
+    for name, value in (("computescale", compute_scale_ms), ("scale_matrix", scale_matrix_ms)):
+        write(
+            root / f"h100_sxm/quantize/vllm/0.2.0/{name}_perf.parquet",
+            {
+                "m": [m for m, _ in grid],
+                "k": [k for _, k in grid],
+                "quant_dtype": ["fp8"] * len(grid),
+                "latency": [value] * len(grid),
+            },
+        )
+
+
+def test_static_fp8_takes_off_the_quantize_tables_costs_or_says_it_cannot(tmp_path: Path) -> None:
+    from tokenyard.catalog.quant import scheme
+
+    root = tmp_path / "data"
+    fp8 = gemm_columns()
+    fp8["gemm_dtype"] = ["fp8"] * len(fp8["m"])
+    both = {c: fp8[c] + gemm_columns()[c] for c in fp8}
+    write(root / "h100_sxm/gemm/vllm/0.2.0/gemm_perf.parquet", both)
+    attention = root / "h100_sxm/attention/vllm/0.2.0"
+    write(attention / "context_attention_perf.parquet", attention_columns(False))
+    write(attention / "generation_attention_perf.parquet", attention_columns(True))
+    static = scheme("fp8", activation_scales="static", source="test")
+    # Llama-3.1-8B, 64 decodes: qkv [64, 4096] x [4096, 6144], o [64, 4096] x [4096, 4096]
+    qkv, o_proj = gemm_ms(64, 6144, 4096) * 1e-3, gemm_ms(64, 4096, 4096) * 1e-3
+    # No quantize tables: the dynamic rows, said so.
+    without = llama_8b_measured(root, quantization=static)
+    assert without.description["fallbacks"]["gemm"].startswith(
+        "static FP8 activations priced as dynamic: no quantize tables"
+    )
+    assert (
+        "static fp8 activations priced at the dynamic fp8 rows" in (without.description["kernels"])
+    )
+    times = without.op_times(decodes(64, 2047))
+    assert times["qkv_proj"] == pytest.approx(32 * qkv, rel=1e-9)
+    # With them: less computescale everywhere, less scale_matrix too before o and down.
+    quantize_tables(root, compute_scale_ms=0.0, scale_matrix_ms=0.001)
+    assert "quantize" in resolve_source(root, "h100_sxm", "vllm", "latest").folders
+    times = llama_8b_measured(root, quantization=static).op_times(decodes(64, 2047))
+    assert times["qkv_proj"] == pytest.approx(32 * qkv, rel=1e-9)
+    assert times["o_proj"] == pytest.approx(32 * (o_proj - 1e-6), rel=1e-9)
+    quantize_tables(root, compute_scale_ms=0.0005, scale_matrix_ms=0.001)
+    predictor = llama_8b_measured(root, quantization=static)
+    assert "gemm" not in predictor.description["fallbacks"]
+    times = predictor.op_times(decodes(64, 2047))
+    assert times["qkv_proj"] == pytest.approx(32 * (qkv - 0.5e-6), rel=1e-9)
+    assert times["o_proj"] == pytest.approx(32 * (o_proj - 1.5e-6), rel=1e-9)
+    # Dynamic scales (the default for "fp8"): the rows as measured.
+    dynamic = llama_8b_measured(root, quantization=scheme("fp8")).op_times(decodes(64, 2047))
+    assert dynamic["o_proj"] == pytest.approx(32 * o_proj, rel=1e-9)

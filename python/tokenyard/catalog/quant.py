@@ -11,6 +11,14 @@ BF16.
 Read (``read_quantization``): ``quantization_config`` in ``config.json`` (or its
 ``text_config``), else ``hf_quant_config.json`` beside it (NVIDIA ModelOpt's file;
 ``<repo>_hf_quant_config.json`` beside the configs ``aiconfigurator-core`` bundles).
+
+Per-tensor FP8 also records how its activations are scaled (``activation_scales``):
+``static`` scales calibrated into the checkpoint (ModelOpt FP8, ``activation_scheme:
+static``, compressed-tensors ``input_activations.dynamic: false``) or ``dynamic`` ones
+computed per token at run time (``activation_scheme: dynamic``, compressed-tensors
+``dynamic: true``, and vLLM's online ``--quantization fp8``). vLLM's measured ``fp8``
+GEMM rows are dynamic; static checkpoints skip that quantization's extra cost
+(``predictor/measured/ops.py``'s ``StaticFp8GemmTimes``).
 """
 
 from __future__ import annotations
@@ -42,7 +50,10 @@ class Quantization:
     ``activations`` the formats (``fp8``, ``fp4``, ``int4``, ``bf16``); ``group_size``
     the weights per scale (0: one scale per tensor or channel); ``kv_cache_dtype`` the KV
     cache format the checkpoint was calibrated for (``fp8``), or ``""``; ``method`` and
-    ``source`` what said so.
+    ``source`` what said so. ``activation_scales`` is how FP8 activations are scaled:
+    ``static`` (calibrated scales in the checkpoint) or ``dynamic`` (computed at run time:
+    per token for per-tensor ``fp8``, per 128-value group for ``fp8_block``); ``""`` for
+    the other schemes.
     """
 
     scheme: str
@@ -53,6 +64,7 @@ class Quantization:
     kv_cache_dtype: str = ""
     method: str = ""
     source: str = ""
+    activation_scales: str = ""
 
     @property
     def gemm_dtype(self) -> str:
@@ -65,7 +77,7 @@ class Quantization:
         return SCHEMES[self.scheme][2]
 
     def describe(self) -> str:
-        """``fp8_block (fp8 weights, 128 x 128 blocks; fp8 activations)``."""
+        """``fp8_block (fp8 weights, 128 x 128 blocks; fp8 activations, dynamic scales)``."""
         group = (
             f", {self.group_size} per scale"
             if self.group_size and self.scheme != "fp8_block"
@@ -73,7 +85,10 @@ class Quantization:
             if self.scheme == "fp8_block"
             else ""
         )
-        return f"{self.scheme} ({self.weights} weights{group}; {self.activations} activations)"
+        scales = f", {self.activation_scales} scales" if self.activation_scales else ""
+        return (
+            f"{self.scheme} ({self.weights} weights{group}; {self.activations} activations{scales})"
+        )
 
 
 #: scheme -> (what it is, GEMM table dtype, MoE table dtype). The table names are
@@ -114,10 +129,24 @@ def _bytes_per_weight(key: str, group: int) -> float:
     return 0.5 + 2.5 / group  # int4_awq, int4_gptq
 
 
+#: Activation scales a scheme takes unless its config says otherwise: per-tensor FP8 is
+#: dynamic unless the checkpoint carries static scales (vLLM's online ``--quantization
+#: fp8`` and ``Fp8Config``'s default); block FP8 is always dynamic (per 128-value group;
+#: vLLM refuses static block FP8).
+_ACTIVATION_SCALES = {"fp8": "dynamic", "fp8_block": "dynamic"}
+
+
 def scheme(
-    key: str, *, group_size: int = 0, kv_cache_dtype: str = "", method: str = "", source: str = ""
+    key: str,
+    *,
+    group_size: int = 0,
+    kv_cache_dtype: str = "",
+    method: str = "",
+    source: str = "",
+    activation_scales: str = "",
 ) -> Quantization:
-    """The ``Quantization`` of scheme ``key`` (``group_size`` 0: the format's usual)."""
+    """The ``Quantization`` of scheme ``key`` (``group_size`` 0: the format's usual;
+    ``activation_scales`` "": the scheme's default, ``_ACTIVATION_SCALES``)."""
     weights = {"fp8": "fp8", "fp8_block": "fp8", "nvfp4": "fp4", "mxfp4": "fp4"}.get(key, "int4")
     activations = {"fp8": "fp8", "fp8_block": "fp8", "nvfp4": "fp4"}.get(key, "bf16")
     group = group_size or (128 * 128 if key == "fp8_block" else _DEFAULT_GROUP.get(key, 0))
@@ -130,6 +159,7 @@ def scheme(
         kv_cache_dtype=kv_cache_dtype,
         method=method or key,
         source=source,
+        activation_scales=activation_scales or _ACTIVATION_SCALES.get(key, ""),
     )
 
 
@@ -159,11 +189,34 @@ def _group(value: Any, key: str) -> int:
     return value
 
 
+def _dynamic_inputs(qc: dict[str, Any]) -> bool | None:
+    """compressed-tensors' ``config_groups.*.input_activations.dynamic`` (True if any group
+    says so), or None where no group says."""
+    groups = qc.get("config_groups")
+    found = [
+        bool(group["input_activations"]["dynamic"])
+        for group in (groups.values() if isinstance(groups, dict) else ())
+        if isinstance(group, dict)
+        and isinstance(group.get("input_activations"), dict)
+        and "dynamic" in group["input_activations"]
+    ]
+    return any(found) if found else None
+
+
 def _modelopt(qc: dict[str, Any], where: str, source: str) -> Quantization:
     algo = qc.get("quant_algo")
     kv = _kv(qc)
     if algo == "FP8":
-        return scheme("fp8", kv_cache_dtype=kv, method="modelopt FP8", source=source)
+        # ModelOpt FP8 calibrates static input scales (``input_scale`` per linear layer),
+        # unless a compressed-tensors style group in the same config says dynamic.
+        scales = "dynamic" if _dynamic_inputs(qc) else "static"
+        return scheme(
+            "fp8",
+            kv_cache_dtype=kv,
+            method="modelopt FP8",
+            source=source,
+            activation_scales=scales,
+        )
     if algo == "NVFP4":
         group = _group(qc.get("group_size"), f"{where}.group_size") or 16
         return scheme(
@@ -193,6 +246,7 @@ def _compressed_tensors(qc: dict[str, Any], where: str, source: str) -> Quantiza
             block = weights.get("block_structure") or (
                 [128, 128] if weights.get("strategy") == "block" else None
             )
+            # compressed-tensors' QuantizationArgs default to static (``dynamic: false``).
             found.add(("fp8_block", 128 * 128) if block else ("fp8", 0))
         elif bits == 4 and kind == "float" and act_bits == 4:
             found.add(("nvfp4", size or 16))
@@ -209,8 +263,16 @@ def _compressed_tensors(qc: dict[str, Any], where: str, source: str) -> Quantiza
     if len(found) > 1:
         raise _bad(f"{where}.config_groups", f"mixed formats are not modelled: {sorted(found)}")
     key, size = found.pop()
+    scales = ""
+    if key == "fp8":
+        scales = "dynamic" if _dynamic_inputs(qc) else "static"
     return scheme(
-        key, group_size=size, kv_cache_dtype=_kv(qc), method="compressed-tensors", source=source
+        key,
+        group_size=size,
+        kv_cache_dtype=_kv(qc),
+        method="compressed-tensors",
+        source=source,
+        activation_scales=scales,
     )
 
 
@@ -224,8 +286,26 @@ def _from_config(qc: Any, where: str, source: str) -> Quantization:
         if qc.get("quant_algo") == "MIXED_PRECISION" or qc.get("moe_quant_algo"):
             raise _bad(f"{where}.moe_quant_algo", "mixed-precision checkpoints are not modelled")
         block = qc.get("weight_block_size")
+        # vLLM's Fp8Config: activation_scheme "static" or "dynamic" (its default); block
+        # FP8 takes only dynamic.
+        activation = qc.get("activation_scheme", "dynamic")
+        if activation not in ("static", "dynamic") or (
+            block is not None and activation != "dynamic"
+        ):
+            allowed = "'dynamic'" if block is not None else "'static' or 'dynamic'"
+            raise _bad(
+                f"{where}.activation_scheme",
+                f"must be {allowed}{' with weight_block_size' if block is not None else ''}, "
+                f"got {activation!r}",
+            )
         if block is None:
-            return scheme("fp8", kv_cache_dtype=_kv(qc), method="fp8", source=source)
+            return scheme(
+                "fp8",
+                kv_cache_dtype=_kv(qc),
+                method=f"fp8, activation_scheme {activation}",
+                source=source,
+                activation_scales=activation,
+            )
         if (
             not isinstance(block, list)
             or len(block) != 2
@@ -318,7 +398,13 @@ def resolve_quantization(
         quant = checkpoint
     else:
         kv = checkpoint.kv_cache_dtype if checkpoint else ""
-        quant = scheme(override, kv_cache_dtype=kv, source="replica.quantization")
+        # The checkpoint's own scheme named again keeps its activation scales (a static
+        # FP8 checkpoint stays static); another scheme is an online quantization.
+        same = checkpoint is not None and checkpoint.scheme == override
+        scales = checkpoint.activation_scales if same and checkpoint else ""
+        quant = scheme(
+            override, kv_cache_dtype=kv, source="replica.quantization", activation_scales=scales
+        )
     if quant is None or dtype == "auto":
         return quant
     weights = {"fp8": ("fp8", "fp8_e4m3"), "int4": ("int4",), "fp4": ()}[quant.weights]

@@ -26,7 +26,9 @@ Kernel families: the tables measure one GEMM and one MoE kernel per weight forma
 (``gemm_dtype``, ``moe_dtype``). A quantized model (``catalog/quant.py``) prices its layers'
 GEMMs and experts with its scheme's family (block FP8: ``fp8_block``; per-tensor FP8:
 ``fp8``; NVFP4: ``nvfp4``; MXFP4 experts: ``w4a16_mxfp4``; int4: ``int4_wo``) and the LM
-head and router, which stay 16-bit, with ``bfloat16``. A family the tables lack is a
+head and router, which stay 16-bit, with ``bfloat16``. Per-tensor FP8 with static
+activation scales (ModelOpt) takes the ``fp8`` rows less the ``quantize`` tables' costs
+(``ops.StaticFp8GemmTimes``), as aiconfigurator's ``fp8_static``. A family the tables lack is a
 ConfigError on ``replica.quantization`` listing what they measure. A plain
 ``replica.dtype`` prices every GEMM and the experts at that dtype (``fp8``: per-tensor).
 ``description["kernels"]`` says which family priced what.
@@ -58,6 +60,8 @@ from tokenyard.predictor.measured.ops import (
     MlaModuleTimes,
     MoeTimes,
     NotMeasured,
+    QuantizeTimes,
+    StaticFp8GemmTimes,
     moe_rows,
 )
 from tokenyard.predictor.measured.tables import Columns, read_table, table_error
@@ -139,9 +143,19 @@ def _present(path: Path) -> bool:
     return path.is_file() or path.is_symlink()
 
 
-def _gemm_table(gemm: GemmTimes, n: int, k: int, feature: str) -> TableCost:
+def _gemm_table(
+    gemm: GemmTimes | StaticFp8GemmTimes,
+    n: int,
+    k: int,
+    feature: str,
+    *,
+    quantized_input: bool = False,
+) -> TableCost:
+    """A GEMM's seconds over the measured rows; ``quantized_input``: the op before it hands
+    it quantized activations (``o_proj``, ``down_proj``; ``StaticFp8GemmTimes``)."""
     xs = tuple(float(m) for m in gemm.m_grid)
-    return TableCost(x=feature, xs=xs, values=tuple(gemm(m, n, k) for m in xs))
+    values = tuple(gemm(m, n, k, quantized_input=quantized_input) for m in xs)
+    return TableCost(x=feature, xs=xs, values=values)
 
 
 def _prefill_seconds(
@@ -208,30 +222,24 @@ def _measured_ops(
             if _present(moe_path):
                 moe_measured = _read(source, moe_path).values("moe_dtype")
                 _quantized_dtype(quantization, "moe", moe_path, moe_measured)
-    gemm = GemmTimes(gemm_rows, dtype)
-    edge = gemm if edge_dtype == dtype else GemmTimes(gemm_rows, edge_dtype)
+    # Each dtype's GEMMs from its own rows, every kernel where it was measured (block FP8
+    # included: its rows are priced as measured, as aiconfigurator prices them).
+    base = GemmTimes(gemm_rows, dtype)
+    edge = base if edge_dtype == dtype else GemmTimes(gemm_rows, edge_dtype)
+    gemm: GemmTimes | StaticFp8GemmTimes = base
     kernels = {"gemm": dtype, "lm_head": edge_dtype}
-    if dtype == "fp8_block" and "fp8" in measured:
-        floor = _floored(gemm, edge, model, s, tp)
-        if floor:
-            # vLLM's block-FP8 rows carry a host-side floor of 60-340 us up to thousands of
-            # rows (eager launches; SGLang's and TRT-LLM's block-FP8 GEMMs on the same H100
-            # take 9 us at m = 8), which CUDA-graphed serving does not pay. The per-tensor
-            # FP8 GEMM (the same FP8 tensor-core work and bytes) stands in, said loudly.
-            gemm = GemmTimes(gemm_rows, "fp8")
-            kernels["gemm"] = "fp8"
-            kernels["gemm_note"] = f"fp8 rows stand in for fp8_block, floored at {floor}"
-            kernels["gemm_why"] = (
-                f"per-tensor fp8 rows stand in for block FP8: {gemm_path}'s fp8_block rows "
-                f"are slower than its bfloat16 rows at decode sizes ({floor})"
-            )
+    if quantization is not None and dtype == "fp8" and quantization.activation_scales == "static":
+        gemm, kernels["gemm_note"], why = _static_fp8(source, base)
+        if why:
+            kernels["gemm_why"] = why
     label = f"measured:gemm ({source.folders['gemm'].name})"
     out: dict[str, tuple[TableCost | None, str, str]] = {
         "lm_head": (_gemm_table(edge, s.vocab, s.h, "num_requests"), label, ""),
     }
     if model.mla is None:
         out["qkv_proj"] = (_gemm_table(gemm, s.q + 2 * s.kv, s.h, "num_tokens"), label, "")
-        out["o_proj"] = (_gemm_table(gemm, s.h, s.q, "num_tokens"), label, "")
+        o_proj = _gemm_table(gemm, s.h, s.q, "num_tokens", quantized_input=True)
+        out["o_proj"] = (o_proj, label, "")
         out.update(_attention_ops(source, s, kv_dtype))
     else:
         module_gemm = "bfloat16" if quantization is None else quantization.gemm_dtype
@@ -242,7 +250,8 @@ def _measured_ops(
             i = kind.intermediate_size // tp
             prefix = "dense_" if model.num_experts > 1 else ""
             out[f"{prefix}gate_up_proj"] = (_gemm_table(gemm, 2 * i, s.h, "num_tokens"), label, "")
-            out[f"{prefix}down_proj"] = (_gemm_table(gemm, s.h, i, "num_tokens"), label, "")
+            down = _gemm_table(gemm, s.h, i, "num_tokens", quantized_input=True)
+            out[f"{prefix}down_proj"] = (down, label, "")
             continue
         out["router"] = (_gemm_table(edge, model.num_experts, s.h, "num_tokens"), label, "")
         out["moe_experts"] = _moe_op(source, model, tp, moe_dtype, moe_distribution, ep, dp)
@@ -250,7 +259,8 @@ def _measured_ops(
         if model.num_shared_experts:
             i = model.num_shared_experts * kind.intermediate_size // tp
             out["shared_gate_up_proj"] = (_gemm_table(gemm, 2 * i, s.h, "num_tokens"), label, "")
-            out["shared_down_proj"] = (_gemm_table(gemm, s.h, i, "num_tokens"), label, "")
+            down = _gemm_table(gemm, s.h, i, "num_tokens", quantized_input=True)
+            out["shared_down_proj"] = (down, label, "")
     if tp > 1:
         out["all_reduce"] = out["embedding_all_reduce"] = _all_reduce_op(source, s, tp)
     if dp > 1 and model.num_moe_layers:
@@ -259,20 +269,28 @@ def _measured_ops(
     return out, kernels
 
 
-def _floored(block: GemmTimes, bf16: GemmTimes, model: ModelSpec, s: _Shapes, tp: int) -> str:
-    """Why ``block`` (fp8_block) rows look launch-floored for this model: the model's
-    layer GEMMs at 8 rows take longer in FP8 (half the bytes) than in BF16; "" if not."""
-    if model.mla is None:
-        shapes = [(s.q + 2 * s.kv, s.h), (s.h, s.q)]
-    else:
-        shapes = [(n, k) for n, k, _ in _mla_gemm_shapes(model, tp).values()]
-    if model.num_experts == 1:
-        shapes += [(2 * s.i, s.h), (s.h, s.i)]
-    fp8 = sum(block(8.0, n, k) for n, k in shapes)
-    bf = sum(bf16(8.0, n, k) for n, k in shapes)
-    if fp8 <= bf:
-        return ""
-    return f"{1e6 * fp8:.0f} us against bf16's {1e6 * bf:.0f} us per layer at 8 rows"
+def _static_fp8(
+    source: MeasuredSource, gemm: GemmTimes
+) -> tuple[GemmTimes | StaticFp8GemmTimes, str, str]:
+    """Per-tensor FP8 GEMMs with static activation scales: ``gemm`` (the dynamic ``fp8``
+    rows) less the ``quantize`` tables' costs (``StaticFp8GemmTimes``); where those tables
+    are missing, ``gemm`` itself, said so. Also the banner's note and the fallback's why."""
+    folder = source.folders.get("quantize")
+    names = ("computescale_perf.parquet", "scale_matrix_perf.parquet")
+    why = f"no quantize tables ({', '.join(names)}) for {source.system}/{source.framework}"
+    if folder is not None and all(_present(folder / name) for name in names):
+        try:
+            compute_scale, scale_matrix = (QuantizeTimes(_read(source, folder / n)) for n in names)
+        except NotMeasured as exc:
+            why = str(exc)
+        else:
+            note = (
+                "static fp8 activations: fp8 rows less computescale, o_proj and down_proj "
+                f"also less scale_matrix (quantize {folder.name})"
+            )
+            return StaticFp8GemmTimes(gemm, compute_scale, scale_matrix), note, ""
+    note = "static fp8 activations priced at the dynamic fp8 rows"
+    return gemm, note, f"static FP8 activations priced as dynamic: {why}"
 
 
 def _kernels_text(kernels: dict[str, str], quantization: Quantization | None) -> str:
@@ -357,7 +375,7 @@ def _mla_ops(
     tp: int,
     kv_dtype: str,
     gemm_type: str,
-    gemm: GemmTimes,
+    gemm: GemmTimes | StaticFp8GemmTimes,
     gemm_label: str,
 ) -> tuple[dict[str, tuple[TableCost | None, str, str]], str]:
     """MLA attention: the measured module (one row = one layer's whole attention at one
@@ -395,7 +413,7 @@ def _mla_ops(
             out[op] = (None, "dropped", inside)
         return out, f"module ({gemm_type}, KV {kv_name}, {heads} heads per GPU)"
     out = {
-        op: (_gemm_table(gemm, n, k, feature), gemm_label, "")
+        op: (_gemm_table(gemm, n, k, feature, quantized_input=op == "o_proj"), gemm_label, "")
         for op, (n, k, feature) in _mla_gemm_shapes(model, tp).items()
     }
     out["attn_prefill"] = (None, "calibrated", why)

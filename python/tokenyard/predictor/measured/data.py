@@ -35,7 +35,9 @@ __all__ = [
 ]
 
 FRAMEWORKS = ("vllm", "sglang", "trtllm")
-FAMILIES = ("gemm", "attention", "comm", "moe", "mla", "mla_bmm")
+#: ``quantize``: vLLM's activation-quantization costs, which price static FP8 GEMMs
+#: (``ops.StaticFp8GemmTimes``).
+FAMILIES = ("gemm", "attention", "comm", "moe", "mla", "mla_bmm", "quantize")
 #: The expert routings the MoE tables measure (``moe_perf.parquet``'s ``distribution``;
 #: every table of aiconfigurator-core 0.12.0 holds the power laws, most also ``balanced``).
 MOE_DISTRIBUTIONS = ("balanced", "power_law_1.01", "power_law_1.2")

@@ -7,6 +7,9 @@ log-log interpolation (``interpolate.py``) over the measured grid:
 - :class:`GemmTimes`: ``[m, k] x [k, n]``: a curve over ``m`` per measured ``(n, k)``, then
   ``k`` and ``n`` between their neighbours (above them time scales with ``n`` and ``k``;
   below them, launch-bound, it holds).
+- :class:`StaticFp8GemmTimes`: per-tensor FP8 with static activation scales: the (dynamic)
+  ``fp8`` GEMM rows less the quantization costs static scales do not pay
+  (:class:`QuantizeTimes`, the ``quantize`` tables), as aiconfigurator prices it.
 - :class:`AttentionTimes`: context (``batch_size`` prompts of ``s`` tokens, causal, no
   prefix) or generation (``batch_size`` queries over ``s`` keys each): a curve over the
   batch per ``s`` per head count, then ``s``, then heads. Beyond the longest context, time
@@ -22,7 +25,11 @@ log-log interpolation (``interpolate.py``) over the measured grid:
 
 Where several kernels were measured for one slice (FlashAttention 3 and 4, say), the one
 with the most rows in the slice is used: the framework's default path is the one the
-collection covers best.
+collection covers best. GEMMs are the exception (:func:`gemm_kernels`): vLLM dispatches
+one GEMM dtype to several kernels by shape (block FP8 on an H100: FlashInfer up to 17 rows,
+DeepGEMM from 32, CUTLASS where ``n`` or ``k`` is below 128), so each measured point keeps
+the kernel that measured it, and only a point measured by several takes the one with the
+most rows.
 
 Coverage: a slice with no rows is :class:`NotMeasured` (the caller may price the operation
 another way). A slice that has rows must give each axis it is interpolated along at least
@@ -54,7 +61,10 @@ __all__ = [
     "MlaModuleTimes",
     "MoeTimes",
     "NotMeasured",
+    "QuantizeTimes",
+    "StaticFp8GemmTimes",
     "all_reduce_rows",
+    "gemm_kernels",
     "main_kernel",
     "moe_rows",
 ]
@@ -72,6 +82,34 @@ def main_kernel(rows: Columns) -> Columns:
     sources = rows.col("kernel_source").tolist()
     best = max(sorted(set(sources)), key=sources.count)
     return rows.where(kernel_source=best)
+
+
+def gemm_kernels(rows: Columns) -> Columns:
+    """The GEMM rows of one dtype, one kernel per measured ``(m, n, k)``: the kernel that
+    measured it, or where several did, the one with the most rows (ties: by name).
+
+    vLLM splits a GEMM dtype between kernels by shape, without overlap: block FP8 on an
+    H100 or H200 runs FlashInfer up to 17 rows, DeepGEMM from 32 and CUTLASS where ``n`` or
+    ``k`` is below 128 (vLLM 0.24.0 tables), so every kernel's rows are priced where they
+    were measured. aiconfigurator reads a GEMM table the same way: its GEMM lookup is keyed
+    by dtype and ``(m, n, k)`` only, over every row whatever its ``kernel_source``.
+    """
+    if not rows.has("kernel_source") or len(rows) == 0:
+        return rows
+    sources = rows.col("kernel_source").tolist()
+    counts = {name: sources.count(name) for name in set(sources)}
+    if len(counts) == 1:
+        return rows
+    order = sorted(counts, key=lambda name: (-counts[name], str(name)))
+    position = {name: i for i, name in enumerate(order)}
+    rank = np.array([position[name] for name in sources])
+    points = np.stack([rows.col("m"), rows.col("n"), rows.col("k")], axis=1)
+    _, point = np.unique(points, axis=0, return_inverse=True)
+    point = point.reshape(-1)
+    best = np.full(point.max() + 1, len(order))
+    np.minimum.at(best, point, rank)
+    keep = rank == best[point]
+    return rows.with_data({name: column[keep] for name, column in rows.data.items()})
 
 
 def _curves(
@@ -123,10 +161,12 @@ def _check_axis(
 
 
 class GemmTimes:
-    """GEMM seconds for ``(m, n, k)`` in one dtype."""
+    """GEMM seconds for ``(m, n, k)`` in one dtype, over every kernel measured for it
+    (:func:`gemm_kernels`). ``quantized_input`` (the op before the GEMM hands it FP8
+    activations) changes nothing here: see :class:`StaticFp8GemmTimes`."""
 
     def __init__(self, rows: Columns, dtype: str):
-        selected = main_kernel(rows.where(gemm_dtype=dtype))
+        selected = gemm_kernels(rows.where(gemm_dtype=dtype))
         if len(selected) == 0:
             raise _no_rows(rows, f"gemm_dtype {dtype!r}", f"{rows.values('gemm_dtype')}")
         for axis in ("m", "n", "k"):
@@ -142,13 +182,91 @@ class GemmTimes:
             self._by_n.setdefault(n, {})[k] = curve
         self._n_axis = sorted(self._by_n)
 
-    def __call__(self, m: float, n: float, k: float) -> float:
+    def __call__(self, m: float, n: float, k: float, *, quantized_input: bool = False) -> float:
         def at_n(ni: float) -> float:
             by_k = self._by_n[ni]
             return between(sorted(by_k), k, lambda kj: by_k[kj](m), below_power=0.0)
 
         # Below the smallest measured n or k a GEMM is launch-bound: the edge time holds.
         return between(self._n_axis, n, at_n, below_power=0.0)
+
+
+class QuantizeTimes:
+    """Seconds of an activation-quantization cost for ``m`` rows of width ``k`` (vLLM's
+    ``quantize`` tables, ``computescale_perf`` or ``scale_matrix_perf``: ``m, k, latency``).
+
+    ``computescale`` is a difference, vLLM's dynamic per-token FP8 quantization less the
+    static one (``kernel_source`` says so), zero where they tie; ``scale_matrix`` is the
+    static quantization itself. A curve over ``m`` per measured ``k`` (piecewise linear),
+    then linear in ``k`` between its neighbours (a difference may be zero, so not log-log).
+    Beyond the largest ``m`` or ``k`` the cost grows with it (the kernels stream ``m x k``
+    values); below the smallest it holds.
+    """
+
+    def __init__(self, rows: Columns):
+        picked = rows.where(quant_dtype="fp8")
+        if len(picked) == 0:
+            raise _no_rows(rows, "quant_dtype 'fp8'", f"{rows.values('quant_dtype')}")
+        for axis in ("m", "k"):
+            _check_axis(rows, "quant_dtype 'fp8'", axis, picked.col(axis))
+        self.path = rows.path
+        ms, ks, ys = picked.col("m"), picked.col("k"), picked.col("latency_s")
+        self._k_axis = [float(k) for k in sorted(set(ks.tolist()))]
+        self._by_k: dict[float, tuple[np.ndarray, np.ndarray]] = {}
+        for k in self._k_axis:
+            mask = ks == k
+            points: dict[float, list[float]] = {}
+            for mi, yi in zip(ms[mask].tolist(), ys[mask].tolist(), strict=True):
+                points.setdefault(mi, []).append(yi)
+            grid = sorted(points)
+            self._by_k[k] = (np.array(grid), np.array([median(points[g]) for g in grid]))
+
+    def _at_k(self, k: float, m: float) -> float:
+        xs, ys = self._by_k[k]
+        if m > xs[-1]:
+            return float(ys[-1]) * m / float(xs[-1])
+        return float(np.interp(m, xs, ys))
+
+    def __call__(self, m: float, k: float) -> float:
+        axis = self._k_axis
+        if k <= axis[0]:
+            return self._at_k(axis[0], m)
+        if k >= axis[-1]:
+            return self._at_k(axis[-1], m) * k / axis[-1]
+        j = int(np.searchsorted(axis, k))
+        if axis[j] == k:
+            return self._at_k(k, m)
+        low, high = axis[j - 1], axis[j]
+        w = (k - low) / (high - low)
+        return (1 - w) * self._at_k(low, m) + w * self._at_k(high, m)
+
+
+class StaticFp8GemmTimes:
+    """Per-tensor FP8 GEMM seconds with static activation scales (ModelOpt FP8 checkpoints,
+    ``activation_scheme: static``), as aiconfigurator 0.12.0 prices its ``fp8_static``:
+    vLLM's ``fp8`` GEMM rows are measured with dynamic per-token activation quantization,
+    so the extra cost of dynamic over static quantization (``compute_scale``) comes off
+    every GEMM, and where the op before hands the GEMM FP8 activations already
+    (``quantized_input``: vLLM fuses the static quantization into the attention output
+    and the activation function, before ``o_proj`` and ``down_proj``) the static
+    quantization (``scale_matrix``) comes off too, unclamped as aiconfigurator takes it:
+    up to half a small GEMM (4096 x 1024 at tens of rows: 46-50% on B200 and GB200). Only
+    a guard remains, never below a tenth of the dynamic row, which no shape of the vLLM
+    0.24.0 tables comes near."""
+
+    def __init__(self, gemm: GemmTimes, compute_scale: QuantizeTimes, scale_matrix: QuantizeTimes):
+        self.gemm = gemm
+        self.compute_scale = compute_scale
+        self.scale_matrix = scale_matrix
+        self.path = gemm.path
+        self.m_grid = gemm.m_grid
+
+    def __call__(self, m: float, n: float, k: float, *, quantized_input: bool = False) -> float:
+        dynamic = self.gemm(m, n, k)
+        less = self.compute_scale(m, k)
+        if quantized_input:
+            less += self.scale_matrix(m, k)
+        return max(dynamic - less, 0.1 * dynamic)
 
 
 class AttentionTimes:

@@ -33,6 +33,10 @@ Schemas (one row per measured shape; ``latency`` in ms):
   ``latency_s`` here is a thousand times the seconds (``ops.A2aTimes`` converts).
 - MLA BMM ``mla_bmm_perf.parquet``: ``op_name`` (``mla_gen_pre``, ``mla_gen_post``),
   ``num_tokens, num_heads, latency`` (DeepSeek-V3's dims, BF16).
+- activation quantization ``computescale_perf.parquet`` / ``scale_matrix_perf.parquet``
+  (under ``quantize/``): ``m, k, quant_dtype, latency``: the extra cost of vLLM's dynamic
+  per-token FP8 quantization over the static one (``>= 0``, zero where they tie), and the
+  static quantization itself, of ``m`` rows of ``k`` values (``ops.QuantizeTimes``).
 """
 
 from __future__ import annotations
@@ -131,7 +135,13 @@ REQUIRED: Mapping[str, tuple[str, ...]] = {
         "moe_dtype",
         "latency",
     ),
+    "computescale_perf.parquet": ("m", "k", "latency"),
+    "scale_matrix_perf.parquet": ("m", "k", "latency"),
 }
+
+#: Tables whose latency is a difference of two kernels, so zero where they tie: vLLM's
+#: ``computescale`` (dynamic per-token FP8 quantization less the static one).
+ZERO_LATENCY_OK = frozenset({"computescale_perf.parquet"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,7 +235,7 @@ def read_table(
     for name in table.column_names:
         column = table.column(name)
         if name in _NUMERIC:
-            data[name] = _numeric(fail, name, column)
+            data[name] = _numeric(fail, name, column, path.name in ZERO_LATENCY_OK)
         else:
             data[name] = np.asarray(column.to_pylist(), dtype=object)
     data["latency_s"] = data.pop("latency") * 1e-3
@@ -248,20 +258,22 @@ def _to_numpy(array: Any) -> np.ndarray:
     )
 
 
-def _numeric(fail: Callable[..., ProfileError], name: str, column: Any) -> np.ndarray:
+def _numeric(
+    fail: Callable[..., ProfileError], name: str, column: Any, zero_ok: bool = False
+) -> np.ndarray:
     import pyarrow as pa
 
     if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
         raise fail(name, f"must hold numbers, holds {column.type}")
     values = np.asarray(_to_numpy(column.combine_chunks()), dtype=float)
     bad = ~np.isfinite(values) | (values < 0)
-    if name == "latency":
+    if name == "latency" and not zero_ok:
         bad |= values <= 0
     if bad.any():
         raise fail(
             name,
             f"row {int(np.argmax(bad))}: must be a finite number "
-            f"{'> 0' if name == 'latency' else '>= 0'}",
+            f"{'> 0' if name == 'latency' and not zero_ok else '>= 0'}",
             float(values[bad][0]),
         )
     return values

@@ -129,7 +129,8 @@ class SchedulerConfig:
 
     Raises:
         ConfigError: a field has the wrong type or an impossible value (checked here and
-            again, with the KV capacity, when the ``Scheduler`` is built).
+            again when the ``Scheduler`` is built; a KV cache smaller than
+            ``max_model_len`` is accepted there, as vLLM 0.33's scheduler accepts it).
     """
 
     max_num_seqs: int = 256

@@ -95,7 +95,8 @@ pub struct Request<R> {
     pub status: RequestStatus,
     /// Draft tokens proposed for the next step (speculative decoding).
     pub spec_token_ids: Vec<TokenId>,
-    /// Outputs scheduled but not yet returned (async scheduling).
+    /// Output tokens scheduled but not yet returned (async scheduling): as in vLLM 0.33,
+    /// each sampling step in flight counts its sampled token and its drafts.
     pub num_output_placeholders: usize,
     /// Steps in flight in which this request samples: `update_from_output` accepts tokens
     /// for it only while this is above 0.
@@ -151,8 +152,11 @@ impl<R> Request<R> {
     /// Tokens the request still needs computed: known ones, drafts and in-flight outputs.
     /// None once the outputs in flight already reach `max_tokens` (async scheduling).
     pub fn num_pending_tokens(&self) -> usize {
+        // vLLM 0.33: (computed + 1) - (placeholders - 1) tokens are certain even if every
+        // draft in flight is rejected; at max_tokens no further step is needed.
         if self.num_output_placeholders > 0
-            && self.num_output_tokens() + self.num_output_placeholders >= self.spec.max_tokens
+            && self.num_computed_tokens + 2
+                >= self.num_output_placeholders + self.num_prompt_tokens + self.spec.max_tokens
         {
             return 0;
         }

@@ -734,9 +734,8 @@ impl<R: RequestKey> Scheduler<R> {
                     num_computed_tokens: request.num_computed_tokens,
                 }),
             }
-            // Drafts beyond the known tokens are verified this step.
-            let known_pending = request
-                .num_tokens()
+            // Drafts beyond the known tokens and the outputs in flight are verified this step.
+            let known_pending = (request.num_tokens() + request.num_output_placeholders)
                 .saturating_sub(request.num_computed_tokens);
             let num_spec = n
                 .saturating_sub(known_pending)
@@ -756,7 +755,8 @@ impl<R: RequestKey> Scheduler<R> {
                 request.in_flight_tokens.push_back(n);
                 request.max_spec_in_flight = request.max_spec_in_flight.max(num_spec);
                 if async_scheduling {
-                    request.num_output_placeholders += 1;
+                    // vLLM 0.33 counts tokens: the sampled one and the drafts verified.
+                    request.num_output_placeholders += 1 + num_spec;
                 }
             }
             request.last_num_spec_tokens = num_spec;

@@ -226,14 +226,14 @@ impl<R: RequestKey> Scheduler<R> {
                     format!("at most {most} can be sampled (1 + its scheduled draft tokens)"),
                 ));
             }
-            if output.num_rejected_tokens > request.last_num_spec_tokens {
+            // The step reported may be an earlier one than the latest (async scheduling):
+            // bounded by the most drafts any step in flight verifies.
+            let most_drafts = request.last_num_spec_tokens.max(request.max_spec_in_flight);
+            if output.num_rejected_tokens > most_drafts {
                 return Err(Error::input(
                     "num_rejected_tokens",
                     format!("{} for {id:?}", output.num_rejected_tokens),
-                    format!(
-                        "only {} speculative tokens were scheduled",
-                        request.last_num_spec_tokens
-                    ),
+                    format!("only {most_drafts} speculative tokens were scheduled"),
                 ));
             }
         }
@@ -248,7 +248,11 @@ impl<R: RequestKey> Scheduler<R> {
         let running = self.req(slot).status == RequestStatus::Running;
         if output.num_rejected_tokens > 0 && running {
             self.kv.rewind(slot, output.num_rejected_tokens)?;
-            self.req_mut(slot).num_computed_tokens -= output.num_rejected_tokens;
+            let request = self.req_mut(slot);
+            request.num_computed_tokens -= output.num_rejected_tokens;
+            request.num_output_placeholders = request
+                .num_output_placeholders
+                .saturating_sub(output.num_rejected_tokens);
         }
         let request = self.req_mut(slot);
         let had_placeholders = request.num_output_placeholders > 0;
@@ -259,7 +263,7 @@ impl<R: RequestKey> Scheduler<R> {
         } else {
             request.spec_token_ids.clone_from(&output.spec_token_ids);
         }
-        let verified_drafts = request.last_num_spec_tokens > 0;
+        let verified_drafts = request.last_num_spec_tokens.max(request.max_spec_in_flight) > 0;
         let num_tokens_before = request.num_tokens();
         let reason = self.append_sampled(slot, &output.token_ids);
         // Tokens after the one that stopped the request (accepted drafts past an EOS) are
@@ -298,7 +302,10 @@ impl<R: RequestKey> Scheduler<R> {
         let max_model_len = self.config.max_model_len;
         let request = self.req_mut(slot);
         if !token_ids.is_empty() {
-            request.num_output_placeholders = request.num_output_placeholders.saturating_sub(1);
+            // Every returned token resolves a placeholder, those after a stop included.
+            request.num_output_placeholders = request
+                .num_output_placeholders
+                .saturating_sub(token_ids.len());
             request.num_sampling_steps = request.num_sampling_steps.saturating_sub(1);
             request.in_flight_tokens.pop_front();
             if request.num_sampling_steps == 0 {

@@ -22,19 +22,25 @@ fn async_scheduling_schedules_ahead_and_drops_late_outputs_of_finished_requests(
     assert_eq!(scheduled(&first), [(0, 3)]);
     // Before step 1's token lands, step 2 already schedules the next decode.
     assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 1)]);
-    // max_tokens=2 outputs are in flight: nothing more is scheduled.
-    assert!(s.schedule().unwrap().num_scheduled_tokens.is_empty());
+    // With two steps in flight, vLLM 0.33's rule ((computed + 1) - (placeholders - 1) >=
+    // prompt + max_tokens: 3 < 5) reads the second placeholder as a draft that may be
+    // rejected, and schedules a third step.
+    assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 1)]);
+    // Once one has landed, max_tokens=2 outputs are certain: nothing more is scheduled.
     let sample = |t| SampledOutput {
         request_id: 0,
         token_ids: vec![t],
         ..Default::default()
     };
     assert!(s.update_from_output(&[sample(1)]).unwrap().is_empty());
+    assert!(s.schedule().unwrap().num_scheduled_tokens.is_empty());
     assert_eq!(
         s.update_from_output(&[sample(2)]).unwrap(),
         [(0, FinishReason::Length)]
     );
     assert!(!s.has_unfinished_requests());
+    // The third step's output is late: dropped.
+    assert!(s.update_from_output(&[sample(3)]).unwrap().is_empty());
     s.check_invariants().unwrap();
 }
 

@@ -8,6 +8,7 @@ import numpy.typing as npt
 
 __all__ = [
     "GLOBAL_POLICIES",
+    "MAX_CLUSTER_BLOCKS",
     "REPLICA_POLICIES",
     "BlockPool",
     "BlockPoolStats",

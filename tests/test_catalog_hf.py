@@ -256,18 +256,13 @@ def test_sparse_attention_is_refused_naming_index_topk(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("config", "key"),
     [
-        # Mistral-7B-v0.1: the window applies whenever it is set.
-        (
-            {**LLAMA_3_1_8B, "architectures": ["MistralForCausalLM"], "sliding_window": 4096},
-            "sliding_window",
-        ),
         ({**QWEN2_5_7B, "use_sliding_window": True, "sliding_window": 4096}, "sliding_window"),
         (
             {**QWEN3_0_6B, "layer_types": ["sliding_attention", "full_attention"] * 14},
             "layer_types",
         ),
     ],
-    ids=["mistral-v0.1-window", "qwen2-use_sliding_window", "layer_types-sliding"],
+    ids=["qwen2-use_sliding_window", "layer_types-sliding"],
 )
 def test_sliding_window_attention_is_refused(
     tmp_path: Path, config: dict[str, Any], key: str

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from tokenyard.catalog.quant import read_quantization
-from tokenyard.catalog.specs import MlaAttention, ModelSpec
+from tokenyard.catalog.specs import LinearAttention, MlaAttention, ModelSpec
 from tokenyard.errors import ConfigError
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "bundled_model_names", "config_path", "model_from_config"]
@@ -35,11 +35,15 @@ class _Family(NamedTuple):
     experts_key: str = ""  # the number of routed experts; "" for a dense model
     intermediate_key: str = "intermediate_size"  # per expert for a MoE
     deepseek: bool = False  # MLA, shared experts, first_k_dense_replace, moe_layer_freq
+    #: How the config lays out its layers beyond full attention: "" none; "layer_types"
+    #: (gpt-oss, Gemma, Qwen3-Next/3.5), "sliding" (Mistral's sliding_window on every
+    #: layer), "llama4" (chunked local + NoPE global), "nemotron_h" (the pattern).
+    layers: str = ""
 
 
 _FAMILIES: dict[str, _Family] = {
     "LlamaForCausalLM": _Family("llama"),
-    "MistralForCausalLM": _Family("mistral"),
+    "MistralForCausalLM": _Family("mistral", layers="sliding"),
     "Qwen2ForCausalLM": _Family("qwen2", attention_bias=True),
     "Qwen3ForCausalLM": _Family("qwen3", qk_norm=True),
     "MixtralForCausalLM": _Family("mixtral", experts_key="num_local_experts"),
@@ -67,6 +71,35 @@ _FAMILIES: dict[str, _Family] = {
         intermediate_key="moe_intermediate_size",
         deepseek=True,
     ),
+    "GptOssForCausalLM": _Family("gpt_oss", experts_key="num_local_experts", layers="types"),
+    "Gemma3ForCausalLM": _Family("gemma3_text", qk_norm=True, layers="types"),
+    "Gemma4ForConditionalGeneration": _Family(
+        "gemma4", qk_norm=True, experts_key="num_experts", layers="types"
+    ),
+    "Llama4ForConditionalGeneration": _Family(
+        "llama4", experts_key="num_local_experts", layers="llama4"
+    ),
+    "Qwen3NextForCausalLM": _Family(
+        "qwen3_next",
+        qk_norm=True,
+        experts_key="num_experts",
+        intermediate_key="moe_intermediate_size",
+        layers="types",
+    ),
+    "Qwen3_5ForConditionalGeneration": _Family("qwen3_5", qk_norm=True, layers="types"),
+    "Qwen3_5MoeForConditionalGeneration": _Family(
+        "qwen3_5_moe",
+        qk_norm=True,
+        experts_key="num_experts",
+        intermediate_key="moe_intermediate_size",
+        layers="types",
+    ),
+    "NemotronHForCausalLM": _Family(
+        "nemotron_h",
+        experts_key="n_routed_experts",
+        intermediate_key="moe_intermediate_size",
+        layers="nemotron_h",
+    ),
 }
 _BY_MODEL_TYPE = {family.model_type: family for family in _FAMILIES.values()}
 _BY_MODEL_TYPE["kimi_k2"] = _FAMILIES["DeepseekV3ForCausalLM"]
@@ -75,7 +108,20 @@ _BY_MODEL_TYPE["kimi_k2"] = _FAMILIES["DeepseekV3ForCausalLM"]
 _DSA_KEYS = ("index_topk", "index_n_heads", "index_head_dim")
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_FAMILIES)
 
-_HYBRID_MODEL_TYPES = ("nemotron_h", "mamba", "qwen3_next")
+_HYBRID_MODEL_TYPES = ("nemotron_h", "mamba", "qwen3_next", "qwen3_5")
+# Layer-type names in configs -> the mixer tokenyard models.
+_LAYER_TYPES = {
+    "full_attention": "gqa",
+    "sliding_attention": "sliding",
+    "linear_attention": "gdn",
+}
+# Nemotron-H's hybrid_override_pattern: one layer per character, (mixer, FFN).
+_NEMOTRON_H = {
+    "M": ("mamba2", "none"),
+    "*": ("gqa", "none"),
+    "-": ("none", "dense"),
+    "E": ("none", "moe"),
+}
 # Qwen2-MoE/Qwen3-MoE layout keys: the values that leave every layer with routed experts only.
 _MOE_LAYOUT: dict[str, tuple[tuple[Any, ...], str]] = {
     "shared_expert_intermediate_size": ((None, 0), "shared experts are not modelled"),
@@ -108,8 +154,11 @@ def _read(path: Path) -> dict[str, Any]:
     return raw
 
 
-def _attention_refusal(raw: dict[str, Any], cfg: dict[str, Any]) -> ConfigError | None:
-    """Why the model's attention is not the full GQA or MLA tokenyard models, if it is not."""
+def _attention_refusal(
+    raw: dict[str, Any], cfg: dict[str, Any], family: _Family | None = None
+) -> ConfigError | None:
+    """Why the model's attention is not what tokenyard models, if it is not: full GQA or
+    MLA, or for a family that lays out its layers (``_Family.layers``) the kinds it lists."""
     for key in _DSA_KEYS:
         if cfg.get(key) is not None:
             why = (
@@ -117,26 +166,50 @@ def _attention_refusal(raw: dict[str, Any], cfg: dict[str, Any]) -> ConfigError 
                 "picks the keys each query reads, with a KV cache of its own) is not modelled"
             )
             return _bad(key, f"{why}, got {cfg[key]!r}")
+    if family is not None and family.layers:
+        return None  # _layers reads (or refuses) the layout
     for model_type in (str(raw.get("model_type", "")), str(cfg.get("model_type", ""))):
         if any(kind in model_type for kind in _HYBRID_MODEL_TYPES):
-            why = "linear-attention and Mamba hybrids are not modelled"
+            why = (
+                "linear-attention and Mamba hybrids are read for the Qwen3-Next, Qwen3.5 and "
+                "NemotronH architectures only; this one is not modelled"
+            )
             return _bad("model_type", f"{why}, got {model_type!r}")
     if "hybrid_override_pattern" in cfg:
-        return _bad("hybrid_override_pattern", "Mamba/attention hybrids are not modelled")
+        return _bad(
+            "hybrid_override_pattern",
+            "Mamba/attention hybrids are read for NemotronHForCausalLM configs only; not modelled here",
+        )
     layer_types = cfg.get("layer_types")
     if layer_types is not None:
         listed = layer_types if isinstance(layer_types, list) else [layer_types]
         kinds = sorted({str(kind) for kind in listed} - {"full_attention"})
         if kinds:
-            why = "layers without full attention (sliding-window, linear, sparse) are not modelled"
+            why = (
+                "layers without full attention are read for the gpt-oss, Gemma 3/4, "
+                "Qwen3-Next and Qwen3.5 architectures only; not modelled here"
+            )
             return _bad("layer_types", f"{why}, got layers of kind {', '.join(kinds)}")
+    if _window(cfg):
+        why = (
+            "sliding-window attention is read for Mistral (every layer) and the layer_types "
+            "architectures only (Qwen2/3 keep every token's KV unless use_sliding_window)"
+        )
+        return _bad("sliding_window", f"{why}, got {cfg['sliding_window']!r}")
+    return None
+
+
+def _window(cfg: dict[str, Any]) -> int:
+    """The sliding window a config applies, 0 if none (unset, ``use_sliding_window``
+    false, or no shorter than ``max_position_embeddings``)."""
     window, context = cfg.get("sliding_window"), cfg.get("max_position_embeddings")
     covers_context = isinstance(window, int) and isinstance(context, int) and window >= context
     # Mistral applies sliding_window whenever it is set; Qwen2/3 only with use_sliding_window.
-    if window is not None and cfg.get("use_sliding_window") is not False and not covers_context:
-        why = "sliding-window attention is not modelled (every token's KV is kept)"
-        return _bad("sliding_window", f"{why}, got {window!r}")
-    return None
+    if window is None or cfg.get("use_sliding_window") is False or covers_context:
+        return 0
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise _bad("sliding_window", f"must be an integer >= 1 or null, got {window!r}")
+    return window
 
 
 def _moe_refusal(cfg: dict[str, Any]) -> ConfigError | None:
@@ -237,6 +310,186 @@ def _deepseek(cfg: dict[str, Any], heads: int) -> dict[str, Any]:
     }
 
 
+def _ssm_dtype_bytes(cfg: dict[str, Any]) -> int:
+    """Bytes per value of the recurrent state: the config's ``mamba_ssm_dtype`` (Qwen3.5)
+    or ``mamba_ssm_cache_dtype`` (Nemotron-H), as vLLM reads them; ``auto`` or none: the
+    model dtype (bf16), except Nemotron-H's float32 default."""
+    for key in ("mamba_ssm_dtype", "mamba_ssm_cache_dtype"):
+        value = cfg.get(key)
+        if value is None or value == "auto":
+            continue
+        sizes = {"float32": 4, "float16": 2, "bfloat16": 2}
+        if value not in sizes:
+            raise _bad(key, f"must be one of {', '.join(sizes)} or auto, got {value!r}")
+        return sizes[value]
+    return 4 if cfg.get("model_type") == "nemotron_h" else 2
+
+
+def _linear(cfg: dict[str, Any], kind: str) -> LinearAttention:
+    if kind == "gdn":
+        keys = (
+            "linear_num_value_heads",
+            "linear_value_head_dim",
+            "linear_num_key_heads",
+            "linear_key_head_dim",
+            "linear_conv_kernel_dim",
+        )
+    else:
+        keys = ("mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel")
+    heads, head_dim, groups, group_dim, conv = (_count(cfg, key) for key in keys)
+    return LinearAttention(
+        kind=kind,
+        num_heads=heads,
+        head_dim=head_dim,
+        num_groups=groups,
+        group_dim=group_dim,
+        conv_kernel=conv,
+        state_dtype_bytes=_ssm_dtype_bytes(cfg),
+    )
+
+
+def _listed_types(cfg: dict[str, Any], layers: int) -> tuple[str, ...]:
+    """``layer_types`` as mixers; else Gemma 3's ``sliding_window_pattern`` (every
+    n-th layer global) or Qwen3-Next's ``full_attention_interval`` (every n-th full, the
+    rest gated DeltaNet); else every layer full."""
+    listed = cfg.get("layer_types")
+    if listed is not None:
+        if not isinstance(listed, list) or len(listed) != layers:
+            raise _bad(
+                "layer_types", f"must list num_hidden_layers ({layers}) kinds, got {listed!r}"
+            )
+        unknown = sorted({str(k) for k in listed} - set(_LAYER_TYPES))
+        if unknown:
+            known = ", ".join(_LAYER_TYPES)
+            why = f"kinds {', '.join(unknown)} are not modelled (tokenyard reads {known})"
+            return _fail_types(why)
+        return tuple(_LAYER_TYPES[k] for k in listed)
+    for key, every, other in (
+        ("sliding_window_pattern", "gqa", "sliding"),
+        ("full_attention_interval", "gqa", "gdn"),
+    ):
+        if cfg.get(key) is not None:
+            n = _count(cfg, key)
+            return tuple(every if (i + 1) % n == 0 else other for i in range(layers))
+    return ()
+
+
+def _fail_types(why: str) -> tuple[str, ...]:
+    raise _bad("layer_types", why)
+
+
+def _layers(cfg: dict[str, Any], family: _Family, layers: int) -> dict[str, Any]:
+    """The per-layer fields of a family that lays out its layers (``_Family.layers``)."""
+    out: dict[str, Any] = {}
+    if family.layers == "sliding":  # Mistral: the window on every layer, if any
+        window = _window(cfg)
+        if window:
+            out.update(layer_types=("sliding",) * layers, sliding_window=window)
+        return out
+    if family.layers == "types":
+        types = _listed_types(cfg, layers)
+        if "sliding" in types:
+            window = _window(cfg)
+            if not window:
+                raise _bad(
+                    "sliding_window",
+                    f"must be set for sliding_attention layers, got {cfg.get('sliding_window')!r}",
+                )
+            out["sliding_window"] = window
+        if "gdn" in types:
+            out["linear"] = _linear(cfg, "gdn")
+        if set(types) - {"gqa"}:
+            out["layer_types"] = types
+        return out
+    if family.layers == "llama4":
+        # HF's Llama 4: a layer without RoPE (no_rope_layers[i] == 0; by default every
+        # fourth) attends globally, the others within chunks of attention_chunk_size;
+        # layer i has experts when (i + 1) % interleave_moe_layer_step == 0.
+        rope = cfg.get("no_rope_layers") or [int((i + 1) % 4 != 0) for i in range(layers)]
+        if not isinstance(rope, list) or len(rope) != layers:
+            raise _bad(
+                "no_rope_layers", f"must list num_hidden_layers ({layers}) flags, got {rope!r}"
+            )
+        chunk = cfg.get("attention_chunk_size")
+        if chunk is not None:
+            out["attention_chunk_size"] = _count(cfg, "attention_chunk_size")
+        out["layer_types"] = tuple("chunked" if r and chunk else "gqa" for r in rope)
+        step = _count(cfg, "interleave_moe_layer_step", 1)
+        out["ffn_types"] = tuple("moe" if (i + 1) % step == 0 else "dense" for i in range(layers))
+        return out
+    pattern = cfg.get("hybrid_override_pattern")  # nemotron_h
+    if not isinstance(pattern, str) or len(pattern) != layers or set(pattern) - set(_NEMOTRON_H):
+        why = f"must be a string of num_hidden_layers ({layers}) of {', '.join(_NEMOTRON_H)}"
+        raise _bad("hybrid_override_pattern", f"{why}, got {pattern!r}")
+    out["layer_types"] = tuple(_NEMOTRON_H[c][0] for c in pattern)
+    out["ffn_types"] = tuple(_NEMOTRON_H[c][1] for c in pattern)
+    if "M" in pattern:
+        out["linear"] = _linear(cfg, "mamba2")
+    return out
+
+
+def _hybrid_fields(cfg: dict[str, Any], family: _Family, heads: int) -> dict[str, Any]:
+    """What the newer families add beside their layout: shared experts, Gemma 4's global
+    attention shape and dense MLP beside the experts, Qwen's output gate, Nemotron-H's
+    non-gated MLP, Llama 4's dense layers and shared expert."""
+    out: dict[str, Any] = {}
+    model_type = family.model_type
+    if model_type in ("qwen3_next", "qwen3_5_moe"):
+        shared = cfg.get("shared_expert_intermediate_size")
+        if shared:
+            out.update(
+                num_shared_experts=1,
+                shared_expert_intermediate_size=_count(cfg, "shared_expert_intermediate_size"),
+            )
+    if model_type in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
+        out["attention_output_gate"] = (
+            _flag(cfg, "attn_output_gate") if "attn_output_gate" in cfg else True
+        )
+    if model_type == "gemma4":
+        if cfg.get("num_global_key_value_heads") is not None:
+            out["global_num_kv_heads"] = _count(cfg, "num_global_key_value_heads")
+        if cfg.get("global_head_dim") is not None:
+            out["global_head_dim"] = _count(cfg, "global_head_dim")
+        out["attention_k_eq_v"] = _flag(cfg, "attention_k_eq_v")
+        if cfg.get("num_experts"):
+            # Every layer runs a dense MLP of intermediate_size beside its experts: a
+            # shared expert of that size.
+            out.update(
+                intermediate_size=_count(cfg, "moe_intermediate_size"),
+                experts_per_token=_count(cfg, "top_k_experts"),
+                num_shared_experts=1,
+                shared_expert_intermediate_size=_count(cfg, "intermediate_size"),
+            )
+    if model_type == "llama4":
+        out.update(
+            num_shared_experts=1,
+            dense_intermediate_size=_count(cfg, "intermediate_size_mlp"),
+            qk_norm=False,
+        )
+    if model_type == "nemotron_h":
+        if cfg.get("moe_latent_size"):
+            raise _bad(
+                "moe_latent_size",
+                f"latent MoE experts are not modelled, got {cfg['moe_latent_size']!r}",
+            )
+        act = cfg.get("mlp_hidden_act", "relu2")
+        if act != "relu2":
+            raise _bad("mlp_hidden_act", f"only Nemotron-H's relu2 MLP is modelled, got {act!r}")
+        out["gated_ffn"] = False
+        if cfg.get("n_routed_experts"):
+            shared = cfg.get("moe_shared_expert_intermediate_size")
+            out["num_shared_experts"] = _zero_or_count(cfg, "n_shared_experts")
+            if shared and out["num_shared_experts"]:
+                out["shared_expert_intermediate_size"] = _count(
+                    cfg, "moe_shared_expert_intermediate_size"
+                )
+            out["dense_intermediate_size"] = _count(cfg, "intermediate_size")
+        else:
+            out["intermediate_size"] = _count(cfg, "intermediate_size")
+            out["num_experts"] = out["experts_per_token"] = 1
+    return out
+
+
 def _spec(
     cfg: dict[str, Any], family: _Family, name: str, source: str, quantization: Any = None
 ) -> ModelSpec:
@@ -256,7 +509,11 @@ def _spec(
         "hidden_size": hidden,
         "num_heads": heads,
         "num_kv_heads": _count(cfg, "num_key_value_heads", heads),
-        "intermediate_size": _count(cfg, family.intermediate_key) if not family.deepseek else 1,
+        "intermediate_size": (
+            _count(cfg, family.intermediate_key)
+            if not family.deepseek and (cfg.get(family.experts_key) or not family.experts_key)
+            else 1
+        ),
         "vocab_size": _count(cfg, "vocab_size"),
         "context_length": _count(cfg, "max_position_embeddings"),
         "tied_embeddings": _flag(cfg, "tie_word_embeddings"),
@@ -268,8 +525,17 @@ def _spec(
         kwargs.update(_deepseek(cfg, heads))
     else:
         kwargs["head_dim"] = _head_dim(cfg, hidden, heads)
+        moe = moe and bool(cfg.get(family.experts_key))  # Qwen3.5-27B: dense
+        if family.model_type == "gemma4" and moe:
+            kwargs["experts_per_token"] = 1  # read below (top_k_experts)
         kwargs["num_experts"] = _count(cfg, family.experts_key) if moe else 1
-        kwargs["experts_per_token"] = _count(cfg, "num_experts_per_tok") if moe else 1
+        if family.model_type != "gemma4" or not moe:
+            kwargs["experts_per_token"] = _count(cfg, "num_experts_per_tok") if moe else 1
+        if not moe and family.experts_key and family.model_type != "nemotron_h":
+            kwargs["intermediate_size"] = _count(cfg, "intermediate_size")
+    if family.layers:
+        kwargs.update(_layers(cfg, family, kwargs["num_layers"]))
+        kwargs.update(_hybrid_fields(cfg, family, heads))
     try:
         return ModelSpec(name=name, source=source, **kwargs)
     except ConfigError as exc:  # a check between keys, e.g. kv heads that divide no heads
@@ -284,11 +550,22 @@ def _load(path: Path, mtime_ns: int, name: str) -> ModelSpec:
     raw = _read(path)
     text = raw.get("text_config")
     cfg = {**raw, **text} if isinstance(text, dict) else raw  # vision-language wrappers
-    refusal = _attention_refusal(raw, cfg)
+    try:
+        known: _Family | None = _family(raw)
+    except ConfigError:
+        known = None  # refused below, after the attention (whose reason is the sharper)
+    refusal = _attention_refusal(raw, cfg, known)
     if refusal is not None:
         raise refusal
-    family = _family(raw)
-    refusal = None if family.deepseek else _moe_refusal(cfg)
+    family = known or _family(raw)
+    if family.layers == "nemotron_h" and cfg.get("moe_latent_size"):
+        why = "latent MoE experts (Nemotron-3 Super and Ultra) are not modelled"
+        raise _bad("moe_latent_size", f"{why}, got {cfg['moe_latent_size']!r}")
+    refusal = (
+        None
+        if family.deepseek or (family.layers == "types" and "qwen3" in family.model_type)
+        else _moe_refusal(cfg)
+    )
     if refusal is not None:
         raise refusal
     return _spec(cfg, family, name, str(path), read_quantization(raw, cfg, path))

@@ -65,6 +65,9 @@ class Quantization:
     method: str = ""
     source: str = ""
     activation_scales: str = ""
+    #: Only the routed experts are quantized; attention and dense projections stay bf16
+    #: (gpt-oss's MXFP4: ``modules_to_not_convert`` lists ``self_attn``).
+    experts_only: bool = False
 
     @property
     def gemm_dtype(self) -> str:
@@ -322,7 +325,10 @@ def _from_config(qc: Any, where: str, source: str) -> Quantization:
     if method == "modelopt":
         return _modelopt(qc, where, source)
     if method == "mxfp4":
-        return scheme("mxfp4", method="mxfp4", source=source)
+        kept = qc.get("modules_to_not_convert") or []
+        experts_only = any("self_attn" in str(m) for m in kept)
+        quant = scheme("mxfp4", method="mxfp4", source=source)
+        return dataclasses.replace(quant, experts_only=experts_only)
     if method in ("awq", "awq_marlin", "gptq", "gptq_marlin"):
         bits = qc.get("bits", qc.get("w_bit"))
         if bits != 4:

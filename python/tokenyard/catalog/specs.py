@@ -19,7 +19,30 @@ from tokenyard.errors import ConfigError
 #: The most GPUs one parallel dimension of a replica spans.
 MAX_PARALLELISM = 512
 
-__all__ = ["DEVICE_FIELDS", "MODEL_FIELDS", "DeviceSpec", "LayerKind", "MlaAttention", "ModelSpec"]
+__all__ = [
+    "ATTENTION_MIXERS",
+    "DEVICE_FIELDS",
+    "LINEAR_MIXERS",
+    "MIXERS",
+    "MODEL_FIELDS",
+    "DeviceSpec",
+    "LayerKind",
+    "LinearAttention",
+    "MlaAttention",
+    "ModelSpec",
+]
+
+#: A layer's token mixer: attention that caches every token's K and V (``gqa``, or
+#: ``mla`` for latent attention), a ``sliding`` window of the last ``sliding_window``
+#: tokens, ``chunked`` local attention within blocks of ``attention_chunk_size`` tokens
+#: (Llama 4), a linear-attention state (``gdn``: gated DeltaNet; ``mamba2``), or ``none``
+#: (a Nemotron-H layer that is an FFN only).
+ATTENTION_MIXERS = ("gqa", "mla", "sliding", "chunked")
+LINEAR_MIXERS = ("gdn", "mamba2")
+MIXERS = (*ATTENTION_MIXERS, *LINEAR_MIXERS, "none")
+#: A layer's FFN: SwiGLU (or a non-gated MLP, ``gated_ffn`` false), experts, or none
+#: (a Nemotron-H mixer-only layer).
+FFNS = ("dense", "moe", "none")
 
 #: Field name -> kind, for the catalog-file fields of a model (``name`` is the table key).
 MODEL_FIELDS: dict[str, str] = {
@@ -148,17 +171,99 @@ class MlaAttention:
         return q_a + kv_a, q_b + kv_b + o, self.q_lora_rank + self.kv_lora_rank
 
 
+@dataclass(frozen=True, kw_only=True)
+class LinearAttention:
+    """A linear-attention layer's shape: gated DeltaNet (``gdn``: Qwen3-Next, Qwen3.5) or
+    Mamba2 (``mamba2``: Nemotron-H), in one vocabulary, vLLM's
+    (``MambaStateShapeCalculator``):
+
+    ==============  ==============================  ==============================
+    field           gdn (config key)                mamba2 (config key)
+    ==============  ==============================  ==============================
+    ``num_heads``   ``linear_num_value_heads``      ``mamba_num_heads``
+    ``head_dim``    ``linear_value_head_dim``       ``mamba_head_dim``
+    ``num_groups``  ``linear_num_key_heads``        ``n_groups``
+    ``group_dim``   ``linear_key_head_dim``         ``ssm_state_size``
+    ``conv_kernel`` ``linear_conv_kernel_dim``      ``conv_kernel``
+    ==============  ==============================  ==============================
+
+    With ``d = num_heads x head_dim`` and ``g = num_groups x group_dim``, both cache per
+    request and layer a convolution window, ``(d + 2g) x (conv_kernel - 1)`` values in the
+    model dtype, and a recurrent state, ``num_heads x head_dim x group_dim`` values in
+    ``state_dtype_bytes`` (the config's ``mamba_ssm_dtype`` / ``mamba_ssm_cache_dtype``,
+    float32 in the bundled configs; bf16 without one, vLLM's ``auto``). Under TP the
+    heads and groups split (Mamba2's groups are replicated up to TP when TP does not
+    divide them, vLLM's ``extra_groups_for_head_shards``).
+    """
+
+    kind: str
+    num_heads: int
+    head_dim: int
+    num_groups: int
+    group_dim: int
+    conv_kernel: int
+    state_dtype_bytes: int = 2
+
+    def __post_init__(self) -> None:
+        if self.kind not in LINEAR_MIXERS:
+            raise _fail("linear", "kind", f"must be one of {', '.join(LINEAR_MIXERS)}", self.kind)
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name != "kind" and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise _fail("linear", field.name, "must be an integer >= 1", value)
+
+    @property
+    def inner(self) -> int:
+        """``num_heads x head_dim``: the values the state is read out to."""
+        return self.num_heads * self.head_dim
+
+    def groups(self, tp: int) -> int:
+        """The groups one TP rank holds x TP (Mamba2 replicates them up to TP)."""
+        if self.kind == "mamba2" and self.num_groups % tp:
+            return tp  # vLLM: num_groups + (tp - num_groups)
+        return self.num_groups
+
+    def state_bytes(self, tp: int, conv_bytes: int = 2) -> int:
+        """Bytes of one request's state in one layer on one TP rank: the convolution
+        window (``conv_bytes`` per value, the model dtype) and the recurrent state."""
+        conv_dim = self.inner + 2 * self.groups(tp) * self.group_dim
+        conv = conv_dim // tp * (self.conv_kernel - 1) * conv_bytes
+        ssm = self.num_heads // tp * self.head_dim * self.group_dim * self.state_dtype_bytes
+        return conv + ssm
+
+    def in_proj_width(self) -> int:
+        """Output width of the input projection(s): GDN's ``in_proj_qkvz`` (q, k, v, z)
+        and ``in_proj_ba`` (two scalars per value head); Mamba2's ``in_proj`` (z, x, B, C
+        and one dt per head)."""
+        g = self.num_groups * self.group_dim
+        extra = 2 * self.num_heads if self.kind == "gdn" else self.num_heads
+        return 2 * self.inner + 2 * g + extra
+
+    def parameters(self, hidden: int) -> tuple[int, int]:
+        """(linear weights, other weights) of one layer: the projections; the depthwise
+        convolution, per-head A, dt bias (and Mamba2's D), the gated norm."""
+        conv_dim = self.inner + 2 * self.num_groups * self.group_dim
+        linear = hidden * self.in_proj_width() + self.inner * hidden
+        per_head = 3 if self.kind == "mamba2" else 2
+        norm = self.inner if self.kind == "mamba2" else self.head_dim
+        return linear, conv_dim * self.conv_kernel + per_head * self.num_heads + norm
+
+
 @dataclass(frozen=True)
 class LayerKind:
-    """One kind of decoder layer and how many of the model's layers are of it: attention
-    ``gqa`` (grouped-query, every token's K and V) or ``mla`` (latent), FFN ``dense``
-    (SwiGLU of ``intermediate_size``) or ``moe`` (routed experts plus
-    ``num_shared_experts`` shared ones, each of the per-expert ``intermediate_size``)."""
+    """One kind of decoder layer and how many of the model's layers are of it: its token
+    mixer (``attention``, one of ``MIXERS``: ``gqa`` grouped-query, every token's K and
+    V; ``mla`` latent; ``sliding`` and ``chunked`` with ``window`` tokens; ``gdn`` and
+    ``mamba2`` linear state; ``none``), FFN ``dense`` (SwiGLU of ``intermediate_size``),
+    ``moe`` (routed experts plus shared ones) or ``none``."""
 
     attention: str
     ffn: str
     intermediate_size: int
     count: int
+    window: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -214,6 +319,33 @@ class ModelSpec:
     #: recorded, not counted (the published sizes leave them out; vLLM loads them only as
     #: a speculative drafter, which tokenyard does not model for them yet).
     num_mtp_layers: int = 0
+    #: Each layer's token mixer (one of ``MIXERS``), from the config's ``layer_types``,
+    #: ``hybrid_override_pattern`` or ``no_rope_layers``; empty: every layer ``gqa`` (or
+    #: ``mla``). Read from Hugging Face configs, as are the fields below.
+    layer_types: tuple[str, ...] = ()
+    #: Each layer's FFN (one of ``FFNS``) where the config lists them (Nemotron-H's
+    #: pattern, Llama 4's ``interleave_moe_layer_step``); empty: the DeepSeek rule above.
+    ffn_types: tuple[str, ...] = ()
+    #: The window of ``sliding`` layers and the chunk of ``chunked`` ones, in tokens.
+    sliding_window: int = 0
+    attention_chunk_size: int = 0
+    #: The ``gqa`` (global) layers' KV heads and head dim where they differ from the
+    #: sliding ones (Gemma 4: ``num_global_key_value_heads``, ``global_head_dim``), 0:
+    #: the same; ``attention_k_eq_v``: those layers have no ``v_proj`` (V is K).
+    global_num_kv_heads: int = 0
+    global_head_dim: int = 0
+    attention_k_eq_v: bool = False
+    #: ``q_proj`` also produces a per-head output gate (Qwen3-Next, Qwen3.5).
+    attention_output_gate: bool = False
+    #: The linear-attention layers' shape (``gdn`` or ``mamba2`` layers).
+    linear: LinearAttention | None = None
+    #: The shared experts' intermediate size in all (Qwen's
+    #: ``shared_expert_intermediate_size``, Nemotron-H's
+    #: ``moe_shared_expert_intermediate_size``); 0: ``num_shared_experts x
+    #: intermediate_size``.
+    shared_expert_intermediate_size: int = 0
+    #: SwiGLU (gate, up, down) FFNs; false: an MLP of up and down only (Nemotron-H's relu2).
+    gated_ffn: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -255,6 +387,7 @@ class ModelSpec:
                 f"must be <= num_layers ({self.num_layers})",
                 self.num_dense_layers,
             )
+        self._check_layers(where)
         if self.num_experts == 1 and (self.num_shared_experts or self.num_dense_layers):
             raise _fail(
                 where,
@@ -263,46 +396,116 @@ class ModelSpec:
                 self.num_shared_experts or self.num_dense_layers,
             )
 
+    def _check_layers(self, where: str) -> None:
+        for field, choices in (("layer_types", MIXERS), ("ffn_types", FFNS)):
+            listed = getattr(self, field)
+            if not isinstance(listed, tuple) or (listed and len(listed) != self.num_layers):
+                raise _fail(where, field, f"must list num_layers ({self.num_layers}) kinds", listed)
+            bad = sorted({k for k in listed if k not in choices}, key=str)
+            if bad:
+                raise _fail(where, field, f"kinds must be among {', '.join(choices)}", bad)
+        for field in ("sliding_window", "attention_chunk_size", "global_num_kv_heads"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise _fail(where, field, "must be an integer >= 0", value)
+        mixers = set(self.mixers())
+        for kind, field in (("sliding", "sliding_window"), ("chunked", "attention_chunk_size")):
+            if kind in mixers and getattr(self, field) < 1:
+                raise _fail(where, field, f"must be >= 1 with {kind} layers", getattr(self, field))
+        if mixers & set(LINEAR_MIXERS) and (
+            not isinstance(self.linear, LinearAttention) or self.linear.kind not in mixers
+        ):
+            raise _fail(where, "linear", "must give the linear layers' shape", self.linear)
+
+    def mixers(self) -> tuple[str, ...]:
+        """Each layer's token mixer (``MIXERS``)."""
+        if self.layer_types:
+            return self.layer_types
+        return ("mla" if self.mla is not None else "gqa",) * self.num_layers
+
+    def ffns(self) -> tuple[str, ...]:
+        """Each layer's FFN (``FFNS``): as listed, else none with experts for a dense
+        model; else MoE from ``num_dense_layers`` on where ``moe_layer_freq`` divides."""
+        if self.ffn_types:
+            return self.ffn_types
+        if self.num_experts == 1:
+            return ("dense",) * self.num_layers
+        first = self.num_dense_layers
+        return tuple(
+            "moe" if i >= first and i % self.moe_layer_freq == 0 else "dense"
+            for i in range(self.num_layers)
+        )
+
     @property
     def num_moe_layers(self) -> int:
         """Layers with experts: none for a dense model; else those from
-        ``num_dense_layers`` on whose index ``moe_layer_freq`` divides."""
-        if self.num_experts == 1:
-            return 0
-        first = self.num_dense_layers
-        return sum(1 for i in range(first, self.num_layers) if i % self.moe_layer_freq == 0)
+        ``num_dense_layers`` on whose index ``moe_layer_freq`` divides (or as listed)."""
+        return self.ffns().count("moe")
+
+    def window_of(self, mixer: str) -> int:
+        """The keys a query of a ``mixer`` layer reads at most (0: every one)."""
+        return {"sliding": self.sliding_window, "chunked": self.attention_chunk_size}.get(mixer, 0)
 
     def layer_kinds(self) -> tuple[LayerKind, ...]:
-        """The model as a sequence of layer kinds, each with its count (dense FFN layers
-        first, as DeepSeek's ``first_k_dense_replace`` puts them)."""
-        attention = "mla" if self.mla is not None else "gqa"
-        if self.num_experts == 1:
-            return (LayerKind(attention, "dense", self.intermediate_size, self.num_layers),)
-        moe = self.num_moe_layers
-        dense = self.num_layers - moe
-        kinds = []
-        if dense:
-            inter = self.dense_intermediate_size or self.intermediate_size
-            kinds.append(LayerKind(attention, "dense", inter, dense))
-        if moe:
-            kinds.append(LayerKind(attention, "moe", self.intermediate_size, moe))
-        return tuple(kinds)
+        """The model as a sequence of layer kinds, each with its count, in the order of
+        their first layer (DeepSeek's dense FFN layers first)."""
+        counts: dict[tuple[str, str, int], int] = {}
+        dense_inter = self.dense_intermediate_size or self.intermediate_size
+        for mixer, ffn in zip(self.mixers(), self.ffns(), strict=True):
+            inter = {"dense": dense_inter, "moe": self.intermediate_size}.get(ffn, 0)
+            if ffn == "dense" and self.num_experts == 1:
+                inter = self.intermediate_size
+            key = (mixer, ffn, inter)
+            counts[key] = counts.get(key, 0) + 1
+        return tuple(
+            LayerKind(mixer, ffn, inter, count, self.window_of(mixer))
+            for (mixer, ffn, inter), count in counts.items()
+        )
 
-    def _attention_parameters(self) -> int:
+    def kv_shape(self, mixer: str) -> tuple[int, int]:
+        """(KV heads, head dim) of an attention mixer's layers: the ``gqa`` (global)
+        layers' own where the config gives them (Gemma 4)."""
+        if mixer == "gqa":
+            return (
+                self.global_num_kv_heads or self.num_kv_heads,
+                self.global_head_dim or self.head_dim,
+            )
+        return self.num_kv_heads, self.head_dim
+
+    def _attention_parameters(self, mixer: str = "gqa") -> int:
         h = self.hidden_size
+        if mixer == "none":
+            return 0
+        if mixer in LINEAR_MIXERS and self.linear is not None:
+            return sum(self.linear.parameters(h))
         if self.mla is not None:
             return sum(self.mla.split_parameters(h, self.num_heads))
-        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        attention = h * (q + 2 * kv) + q * h  # q, k, v, then o
+        kv_heads, head_dim = self.kv_shape(mixer)
+        q, kv = self.num_heads * head_dim, kv_heads * head_dim
+        kv_proj = kv if mixer == "gqa" and self.attention_k_eq_v else 2 * kv
+        gate = q if self.attention_output_gate else 0
+        attention = h * (q + gate + kv_proj) + q * h  # q (and its gate), k, v, then o
         if self.attention_bias:
-            attention += q + 2 * kv
+            attention += q + kv_proj
         return attention
+
+    @property
+    def shared_intermediate(self) -> int:
+        """All shared experts' intermediate size together (0 without any)."""
+        if not self.num_shared_experts:
+            return 0
+        return self.shared_expert_intermediate_size or (
+            self.num_shared_experts * self.intermediate_size
+        )
 
     def _ffn_parameters(self, kind: LayerKind, experts: int) -> int:
         h = self.hidden_size
+        matrices = 3 if self.gated_ffn else 2
+        if kind.ffn == "none":
+            return 0
         if kind.ffn == "dense":
-            return 3 * h * kind.intermediate_size
-        mlp = 3 * h * kind.intermediate_size * (experts + self.num_shared_experts)
+            return matrices * h * kind.intermediate_size
+        mlp = matrices * h * (kind.intermediate_size * experts + self.shared_intermediate)
         return mlp + h * self.num_experts  # gate, up, down per expert; the router
 
     def _edge_parameters(self) -> int:
@@ -351,14 +554,13 @@ class ModelSpec:
             )
 
     def _parameters(self, experts: int) -> int:
-        layer = self._attention_parameters() + 2 * self.hidden_size  # two RMSNorms
-        return (
-            sum(
-                kind.count * (layer + self._ffn_parameters(kind, experts))
-                for kind in self.layer_kinds()
-            )
-            + self._edge_parameters()
-        )
+        total = self._edge_parameters()
+        for kind in self.layer_kinds():
+            # An RMSNorm before the mixer and before the FFN (one for a one-part layer).
+            norms = (kind.attention != "none") + (kind.ffn != "none")
+            layer = self._attention_parameters(kind.attention) + norms * self.hidden_size
+            total += kind.count * (layer + self._ffn_parameters(kind, experts))
+        return total
 
     def num_parameters(self) -> int:
         """All weights: every layer with all its experts, the embeddings and the final norm

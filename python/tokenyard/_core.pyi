@@ -13,11 +13,16 @@ __all__ = [
     "BlockPool",
     "BlockPoolStats",
     "CachedRequestData",
+    "ChunkedLocalAttentionSpec",
     "CompiledOps",
     "ComputedBlocks",
     "CountingAllocator",
+    "FullAttentionSpec",
+    "GroupedComputedBlocks",
+    "KvCoordinator",
     "KvLoad",
     "LinearModel",
+    "MambaSpec",
     "MatchResult",
     "NewRequestData",
     "NodeHandle",
@@ -29,6 +34,7 @@ __all__ = [
     "SchedulerStats",
     "SimConfig",
     "SimRequestView",
+    "SlidingWindowSpec",
     "SpeculativeConfig",
     "__version__",
     "block_hashes",
@@ -273,6 +279,166 @@ class BlockPool:
         """Number of requests holding the block. Raises InputError for a bad id."""
     def reset_prefix_cache(self) -> bool:
         """Forgets every cached prefix if no request holds blocks; returns whether it did."""
+    def __contains__(self, request_id: _RequestId, /) -> bool: ...
+    def __len__(self) -> int: ...
+    def check_invariants(self) -> None:
+        """Raises InternalError if the internal bookkeeping is inconsistent (a bug)."""
+
+@final
+class FullAttentionSpec:
+    """A full-attention KV cache group (vLLM's ``FullAttentionSpec``)."""
+
+    def __new__(cls) -> FullAttentionSpec: ...
+
+@final
+class SlidingWindowSpec:
+    """A sliding-window group: each token attends to the ``sliding_window`` tokens ending
+    at itself (vLLM's ``SlidingWindowSpec``).
+
+    Raises:
+        ConfigError: ``sliding_window`` is not an int >= 1.
+    """
+
+    def __new__(cls, *, sliding_window: int) -> SlidingWindowSpec: ...
+    @property
+    def sliding_window(self) -> int: ...
+
+@final
+class ChunkedLocalAttentionSpec:
+    """A chunked local attention group: tokens attend within their chunk of
+    ``attention_chunk_size`` tokens (vLLM's ``ChunkedLocalAttentionSpec``).
+
+    Raises:
+        ConfigError: ``attention_chunk_size`` is not an int >= 1.
+    """
+
+    def __new__(cls, *, attention_chunk_size: int) -> ChunkedLocalAttentionSpec: ...
+    @property
+    def attention_chunk_size(self) -> int: ...
+
+@final
+class MambaSpec:
+    """A Mamba / linear-attention state group: one block per request, not prefix-cached
+    (vLLM's ``MambaSpec`` with ``mamba_cache_mode="none"``)."""
+
+    def __new__(cls) -> MambaSpec: ...
+
+_GroupSpec: TypeAlias = (
+    FullAttentionSpec | SlidingWindowSpec | ChunkedLocalAttentionSpec | MambaSpec
+)
+
+@final
+class GroupedComputedBlocks:
+    """The prefix hit every group agrees on, from ``KvCoordinator.get_computed_blocks``."""
+
+    @property
+    def block_ids(self) -> tuple[npt.NDArray[np.uint32], ...]:
+        """Per group, the blocks covering the hit (``NULL_BLOCK_ID`` where it does not attend)."""
+    @property
+    def num_computed_tokens(self) -> int:
+        """Tokens of the hit, the same for every group."""
+
+@final
+class KvCoordinator:
+    """vLLM V1's KV cache coordinator: one KV cache group per layer kind of a hybrid
+    model, over one pool of ``num_blocks`` blocks of which block 0 is the null block.
+
+    Raises:
+        ConfigError: no groups or a value that is not a group spec; ``num_blocks < 2``;
+            ``block_size < 1``; a Mamba group with ``enable_caching=True``.
+    """
+
+    NULL_BLOCK_ID: int
+    def __new__(
+        cls,
+        *,
+        groups: Sequence[_GroupSpec],
+        num_blocks: int,
+        block_size: int,
+        enable_caching: bool = True,
+    ) -> KvCoordinator: ...
+    @property
+    def groups(self) -> tuple[_GroupSpec, ...]: ...
+    @property
+    def num_groups(self) -> int: ...
+    @property
+    def num_blocks(self) -> int:
+        """Blocks of the pool, the null block included."""
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def enable_caching(self) -> bool: ...
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks no request holds, cached ones included (evicted on demand)."""
+    @property
+    def num_used_blocks(self) -> int: ...
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks registered in the prefix cache, every group's, held or free."""
+    @property
+    def num_requests(self) -> int: ...
+    @property
+    def usage(self) -> float:
+        """Fraction of the blocks (the null block aside) held by requests."""
+    def stats(self) -> BlockPoolStats:
+        """Lookups and hit tokens (hits agreed across groups; no host tier)."""
+    def get_computed_blocks(
+        self, token_ids: _TokenIds, *, extra_key: int | None = None
+    ) -> GroupedComputedBlocks:
+        """The longest prefix of ``token_ids`` every group can serve, never all of it.
+
+        Full-attention groups are looked up first; each other group verifies within that
+        length (a sliding window needs only its window's blocks before the hit's end).
+
+        Raises:
+            InputError: a token id is negative or >= 2**32.
+        """
+    def allocate_slots(
+        self,
+        request_id: _RequestId,
+        num_new_tokens: int,
+        num_lookahead_tokens: int = 0,
+        *,
+        token_ids: _TokenIds | None = None,
+        new_computed_blocks: GroupedComputedBlocks | None = None,
+        extra_key: int | None = None,
+    ) -> tuple[npt.NDArray[np.uint32], ...] | None:
+        """Slots in every group for ``num_new_tokens`` more tokens (+ lookahead slots).
+
+        First each group frees the blocks wholly before the tokens the next token attends
+        to (null blocks in their place), then counts what every group needs against the
+        free blocks. ``token_ids`` are the token ids not given before (the prompt on the
+        first call); ``new_computed_blocks`` is taken on the first call only.
+
+        Returns:
+            Each group's newly allocated block ids, or ``None`` if they do not fit: then
+            nothing changed but the blocks freed for leaving a window (as in vLLM).
+
+        Raises:
+            InputError: ``num_new_tokens < 1``, a stale or mismatched
+                ``new_computed_blocks``, or bad token ids (and nothing changed).
+        """
+    def cache_blocks(self, request_id: _RequestId, token_ids: _TokenIds) -> None:
+        """Gives the request's newly known ``token_ids`` and caches its full computed blocks.
+
+        Raises:
+            UnknownRequestError: the request holds no blocks.
+        """
+    def free(self, request_id: _RequestId) -> None:
+        """Releases the request's blocks group by group, each last block first.
+
+        Raises:
+            UnknownRequestError: the request holds no blocks.
+        """
+    def block_ids(self, request_id: _RequestId) -> tuple[npt.NDArray[np.uint32], ...]:
+        """The request's block table of each group. Raises UnknownRequestError."""
+    def num_computed_tokens(self, request_id: _RequestId) -> int:
+        """Tokens of the request with slots. Raises UnknownRequestError."""
+    def free_block_ids(self) -> npt.NDArray[np.uint32]:
+        """Free block ids in eviction order, next evicted first."""
+    def ref_count(self, block_id: int) -> int:
+        """Number of table entries holding the block. Raises InputError for a bad id."""
     def __contains__(self, request_id: _RequestId, /) -> bool: ...
     def __len__(self) -> int: ...
     def check_invariants(self) -> None:

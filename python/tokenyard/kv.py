@@ -5,6 +5,9 @@
   queue, chained block hashes), optionally with a host-memory tier; :func:`block_hashes`
   computes its hashes.
 - :class:`RadixCache` — SGLang's radix prefix cache (token-level tree of KV slot indices).
+- :class:`KvCoordinator` — vLLM's KV cache coordinator for hybrid models: one group per
+  layer kind (:class:`FullAttentionSpec`, :class:`SlidingWindowSpec`,
+  :class:`ChunkedLocalAttentionSpec`, :class:`MambaSpec`) over one shared block pool.
 
 See ``docs/kv.md`` for the semantics and a worked example of each.
 """
@@ -12,21 +15,33 @@ See ``docs/kv.md`` for the semantics and a worked example of each.
 from tokenyard._core import (
     BlockPool,
     BlockPoolStats,
+    ChunkedLocalAttentionSpec,
     ComputedBlocks,
     CountingAllocator,
+    FullAttentionSpec,
+    GroupedComputedBlocks,
+    KvCoordinator,
+    MambaSpec,
     MatchResult,
     NodeHandle,
     RadixCache,
+    SlidingWindowSpec,
     block_hashes,
 )
 
 __all__ = [
     "BlockPool",
     "BlockPoolStats",
+    "ChunkedLocalAttentionSpec",
     "ComputedBlocks",
     "CountingAllocator",
+    "FullAttentionSpec",
+    "GroupedComputedBlocks",
+    "KvCoordinator",
+    "MambaSpec",
     "MatchResult",
     "NodeHandle",
     "RadixCache",
+    "SlidingWindowSpec",
     "block_hashes",
 ]

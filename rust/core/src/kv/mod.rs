@@ -5,7 +5,9 @@
 //!   block-hash prefix cache.
 //! - [`RadixCache`] — SGLang's: a radix tree over token ids whose values are KV slots.
 //!
-//! [`HostTier`] extends the block pool's prefix cache into host memory.
+//! [`HostTier`] extends the block pool's prefix cache into host memory. [`KvCoordinator`]
+//! is vLLM's KV cache coordinator: one group per layer kind of a hybrid model (full
+//! attention, sliding window, chunked local, Mamba) over one pool of blocks.
 //!
 //! Invariant shared by all three (checked by `check_invariants` and by property tests):
 //! memory is conserved — nothing is owned twice and nothing is lost.
@@ -14,17 +16,21 @@ mod block_hash;
 mod block_ops;
 mod block_pool;
 mod cache_map;
+mod coordinator;
 mod counting;
 mod free_queue;
 mod host_tier;
+mod layer_groups;
 mod prefix_pool;
 mod radix;
 mod radix_pool;
 
 pub use block_hash::{BlockHash, hash_block, hash_full_blocks};
 pub use block_pool::{BlockId, BlockPool, BlockPoolStats, ComputedBlocks, KvEvent};
+pub use coordinator::{GroupedComputedBlocks, KvCoordinator, MAX_NUM_GROUPS};
 pub use counting::CountingAllocator;
 pub use host_tier::HostTier;
+pub use layer_groups::{KvGroupSpec, NULL_BLOCK};
 pub use prefix_pool::PrefixPool;
 pub use radix::{MatchResult, NodeHandle, RadixCache};
 pub use radix_pool::{RadixHit, RadixPool};

@@ -1,6 +1,7 @@
 //! Python classes of `tokenyard.kv`: thin wrappers over `tokenyard_core::kv`.
 
 mod block_pool;
+mod coordinator;
 mod counting;
 mod radix;
 
@@ -12,6 +13,12 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<block_pool::PyComputedBlocks>()?;
     module.add_class::<block_pool::PyBlockPoolStats>()?;
     module.add_function(wrap_pyfunction!(block_pool::block_hashes, module)?)?;
+    module.add_class::<coordinator::PyKvCoordinator>()?;
+    module.add_class::<coordinator::PyGroupedComputedBlocks>()?;
+    module.add_class::<coordinator::PyFullAttentionSpec>()?;
+    module.add_class::<coordinator::PySlidingWindowSpec>()?;
+    module.add_class::<coordinator::PyChunkedLocalAttentionSpec>()?;
+    module.add_class::<coordinator::PyMambaSpec>()?;
     module.add_class::<radix::PyRadixCache>()?;
     module.add_class::<radix::PyMatchResult>()?;
     module.add_class::<radix::PyNodeHandle>()?;

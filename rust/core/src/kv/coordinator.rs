@@ -1,0 +1,697 @@
+//! vLLM V1's KV cache coordinator (0.33's `kv_cache_coordinator.py` with the managers of
+//! `single_type_kv_cache_manager.py`): the KV cache of a hybrid model, one group per layer
+//! kind ([`KvGroupSpec`]), over one shared pool of blocks.
+//!
+//! The pool is the [`BlockPool`](super::BlockPool)'s machinery: block records with ref
+//! counts, the LRU free queue and the hash → block map, with block 0 set aside as vLLM's
+//! null block. A block belongs to one group at a time; it is cached under its chained
+//! block hash *and its group id* (vLLM's `BlockHashWithGroupId`), so the same tokens are
+//! cached once per group. Each request has a block table per group.
+//!
+//! Invariants (see `check_invariants`): a block's ref count is the number of table entries
+//! naming it; it is in the free queue exactly when that is 0; the null block is never
+//! free, held or cached; free + held = `num_blocks - 1`; no request holds a block twice.
+//! `allocate_slots` first frees the blocks a group no longer attends to (vLLM's step 1,
+//! `remove_skipped_blocks`), so a sliding-window group holds at most
+//! [`KvGroupSpec::max_live_blocks`] blocks per request after each allocation.
+
+use rustc_hash::FxHashMap;
+use xxhash_rust::xxh3::xxh3_128;
+
+use super::block_hash::{BlockHash, hash_block};
+use super::block_ops::{BlockMeta, Eviction, append_tokens, take_free_block};
+use super::block_pool::{BlockId, BlockPoolStats, MAX_BLOCK_SIZE, RequestBlocks};
+use super::cache_map::CacheMap;
+use super::free_queue::FreeBlockQueue;
+use super::layer_groups::{
+    KvGroupSpec, NULL_BLOCK, SpecGroup, find_longest_cache_hit, spec_groups,
+};
+use super::{KvCapacity, RequestKey, TokenId, check_allocation, check_num_blocks};
+use crate::{Error, Result};
+
+/// The most groups a coordinator takes (vLLM's hybrid models have two or three).
+pub const MAX_NUM_GROUPS: usize = 64;
+
+/// The prefix hit every group agrees on, from [`KvCoordinator::get_computed_blocks`]:
+/// per group, the blocks covering `num_computed_tokens` (null blocks where the group does
+/// not attend). Hand it to [`KvCoordinator::allocate_slots`] on admission.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GroupedComputedBlocks {
+    pub block_ids: Vec<Vec<BlockId>>,
+    pub num_computed_tokens: usize,
+    num_query_tokens: usize,
+    extra_key: Option<u64>,
+    /// Hashes of the query's full blocks that may hit (all but the last token's).
+    block_hashes: Vec<BlockHash>,
+}
+
+#[derive(Debug, Clone)]
+struct CoordinatedRequest {
+    /// Token ids, hashes and computed count (its `block_ids` stay empty).
+    tokens: RequestBlocks,
+    tables: Vec<Vec<BlockId>>,
+    /// Per group, leading blocks already offered to the prefix cache (vLLM's
+    /// `num_cached_block`).
+    num_cached: Vec<usize>,
+}
+
+#[derive(Debug, Clone)]
+pub struct KvCoordinator<R: RequestKey> {
+    groups: Vec<KvGroupSpec>,
+    lookup_order: Vec<SpecGroup>,
+    block_size: usize,
+    enable_caching: bool,
+    blocks: Vec<BlockMeta>,
+    free_queue: FreeBlockQueue,
+    cached: CacheMap,
+    requests: FxHashMap<R, CoordinatedRequest>,
+    stats: BlockPoolStats,
+}
+
+/// A block hash keyed by its group (vLLM appends the group id to the hash bytes).
+fn group_key(hash: BlockHash, group: usize) -> BlockHash {
+    let mut bytes = [0u8; 24];
+    bytes[..16].copy_from_slice(&hash.0.to_le_bytes());
+    bytes[16..].copy_from_slice(&(group as u64).to_le_bytes());
+    BlockHash(xxh3_128(&bytes))
+}
+
+impl<R: RequestKey> KvCoordinator<R> {
+    /// A coordinator over `num_blocks` blocks of `block_size` tokens, block 0 of which is
+    /// the null block. Mamba groups hold states that are not prefix-cached, so they need
+    /// `enable_caching = false` (as vLLM's `mamba_cache_mode="none"` does).
+    pub fn new(
+        groups: Vec<KvGroupSpec>,
+        num_blocks: usize,
+        block_size: usize,
+        enable_caching: bool,
+    ) -> Result<Self> {
+        check_num_blocks(num_blocks)?;
+        if num_blocks < 2 {
+            return Err(Error::config(
+                "num_blocks",
+                num_blocks,
+                "must be at least 2: block 0 is the null block",
+            ));
+        }
+        if block_size == 0 || block_size > MAX_BLOCK_SIZE {
+            return Err(Error::config(
+                "block_size",
+                block_size,
+                format!("must be between 1 and {MAX_BLOCK_SIZE}"),
+            ));
+        }
+        if groups.is_empty() || groups.len() > MAX_NUM_GROUPS {
+            return Err(Error::config(
+                "groups",
+                groups.len(),
+                format!("must name between 1 and {MAX_NUM_GROUPS} KV cache groups"),
+            ));
+        }
+        for (i, spec) in groups.iter().enumerate() {
+            spec.check(i)?;
+            if enable_caching && *spec == KvGroupSpec::Mamba {
+                return Err(Error::config(
+                    "enable_caching",
+                    "True",
+                    format!(
+                        "groups[{i}] is a Mamba group, whose states are not prefix-cached \
+                         (vLLM's mamba_cache_mode='none'); pass enable_caching=False"
+                    ),
+                ));
+            }
+        }
+        let mut free_queue = FreeBlockQueue::with_all_blocks(num_blocks)?;
+        free_queue.remove(NULL_BLOCK);
+        Ok(Self {
+            lookup_order: spec_groups(&groups),
+            groups,
+            block_size,
+            enable_caching,
+            blocks: super::try_filled_vec(num_blocks, BlockMeta::default(), "num_blocks")?,
+            free_queue,
+            cached: CacheMap::new(num_blocks)?,
+            requests: FxHashMap::default(),
+            stats: BlockPoolStats::default(),
+        })
+    }
+
+    pub fn groups(&self) -> &[KvGroupSpec] {
+        &self.groups
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    pub fn enable_caching(&self) -> bool {
+        self.enable_caching
+    }
+
+    /// Lookups, query tokens and hit tokens (hits agreed across groups).
+    pub fn stats(&self) -> BlockPoolStats {
+        self.stats
+    }
+
+    /// Blocks registered in the prefix cache, every group's, held or free.
+    pub fn num_cached_blocks(&self) -> usize {
+        self.cached.num_blocks()
+    }
+
+    pub fn num_requests(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// The request's block table of each group, or `None` if it holds no blocks.
+    pub fn block_ids(&self, request_id: &R) -> Option<Vec<&[BlockId]>> {
+        let request = self.requests.get(request_id)?;
+        Some(request.tables.iter().map(Vec::as_slice).collect())
+    }
+
+    pub fn num_computed_tokens(&self, request_id: &R) -> Option<usize> {
+        self.requests
+            .get(request_id)
+            .map(|r| r.tokens.num_computed_tokens)
+    }
+
+    /// How many requests hold the block (0 for the null block), or `None` past the pool.
+    pub fn ref_count(&self, block: BlockId) -> Option<u32> {
+        self.blocks.get(block as usize).map(|m| m.ref_cnt)
+    }
+
+    /// Free block ids, next to be handed out first.
+    pub fn free_block_ids(&self) -> Vec<BlockId> {
+        self.free_queue.iter().collect()
+    }
+
+    /// vLLM's `find_longest_cache_hit` of the coordinator: the longest prefix of
+    /// `token_ids` (never all of it: the last token is recomputed) that every group can
+    /// serve. Full-attention groups are looked up first (their hit only shrinks), then
+    /// each other spec group verifies within the current length; when any group shortens
+    /// it, all are checked again, except in the "simple hybrid" (one full-attention spec
+    /// group + one other), where vLLM stops after one round.
+    pub fn get_computed_blocks(
+        &mut self,
+        token_ids: &[TokenId],
+        extra_key: Option<u64>,
+    ) -> GroupedComputedBlocks {
+        let num_groups = self.groups.len();
+        let mut hit = GroupedComputedBlocks {
+            block_ids: vec![Vec::new(); num_groups],
+            num_query_tokens: token_ids.len(),
+            extra_key,
+            ..GroupedComputedBlocks::default()
+        };
+        if !self.enable_caching {
+            return hit;
+        }
+        let bs = self.block_size;
+        let max_length = token_ids.len().saturating_sub(1);
+        let mut hashes: Vec<BlockHash> = Vec::with_capacity(max_length / bs);
+        for block in token_ids[..max_length / bs * bs].chunks_exact(bs) {
+            hashes.push(hash_block(hashes.last().copied(), block, extra_key));
+        }
+        let simple_hybrid =
+            self.lookup_order.len() == 2 && self.lookup_order[0].spec.is_full_attention();
+        let mut hit_length = max_length;
+        let mut found: Vec<Option<Vec<BlockId>>> = vec![None; num_groups];
+        let mut found_length = vec![0usize; num_groups];
+        loop {
+            let mut current = hit_length;
+            for group in &self.lookup_order {
+                let first = group.group_ids[0];
+                if group.spec.is_full_attention() && found[first].is_some() {
+                    current = current.min(found_length[first]);
+                    continue;
+                }
+                let (cached, blocks) = (&self.cached, self.blocks.as_slice());
+                let lookup = |i: usize| {
+                    (group.group_ids.iter())
+                        .map(|&g| cached.get(&group_key(hashes[i], g), blocks))
+                        .collect::<Option<Vec<_>>>()
+                };
+                let result = find_longest_cache_hit(
+                    group.spec,
+                    group.group_ids.len(),
+                    bs,
+                    hashes.len(),
+                    current,
+                    lookup,
+                );
+                current = result.num_tokens;
+                for (&g, table) in group.group_ids.iter().zip(result.blocks) {
+                    found[g] = Some(table);
+                    found_length[g] = current;
+                }
+            }
+            if current >= hit_length {
+                break;
+            }
+            hit_length = current;
+            if simple_hybrid {
+                break;
+            }
+        }
+        for (g, spec) in self.groups.iter().enumerate() {
+            if let (true, Some(table)) = (spec.is_full_attention(), &mut found[g]) {
+                table.truncate(hit_length.div_ceil(bs));
+            }
+        }
+        hit.block_ids = found.into_iter().map(Option::unwrap_or_default).collect();
+        hit.num_computed_tokens = hit_length;
+        hit.block_hashes = hashes;
+        self.stats.record_lookup(token_ids.len(), hit_length);
+        hit
+    }
+
+    /// vLLM's `KVCacheManager.allocate_slots` for `num_new_tokens` tokens to compute (and
+    /// `num_lookahead_tokens` slots for speculative ones): first each group frees the
+    /// blocks before its window (`remove_skipped_blocks`, null blocks in their place),
+    /// then the blocks every group needs are counted against the free blocks, the hit is
+    /// taken (its skipped blocks left as nulls), new blocks are allocated group by group,
+    /// and newly full computed blocks are cached per group.
+    ///
+    /// `token_ids` are the request's tokens not yet given (the prompt on admission).
+    /// Returns each group's new blocks, or `Ok(None)` when they do not fit: then nothing
+    /// changed but the skipped blocks freed in step 1 (as in vLLM: no group attends to
+    /// them any more). An `Err` changes nothing.
+    pub fn allocate_slots(
+        &mut self,
+        request_id: &R,
+        token_ids: &[TokenId],
+        num_new_tokens: usize,
+        num_lookahead_tokens: usize,
+        new_computed: Option<&GroupedComputedBlocks>,
+        extra_key: Option<u64>,
+    ) -> Result<Option<Vec<Vec<BlockId>>>> {
+        let existing = self.requests.get(request_id);
+        check_allocation(
+            request_id,
+            num_new_tokens,
+            existing.is_some(),
+            new_computed.is_some(),
+        )?;
+        if let Some(request) = existing
+            && extra_key.is_some()
+            && extra_key != request.tokens.extra_key
+        {
+            return Err(Error::input(
+                "extra_key",
+                format!("{extra_key:?}"),
+                format!("request was admitted with {:?}", request.tokens.extra_key),
+            ));
+        }
+        if let Some(hit) = new_computed {
+            self.check_hit_is_current(hit, token_ids.len(), extra_key)?;
+        }
+        let num_computed = match (existing, new_computed) {
+            (Some(request), _) => request.tokens.num_computed_tokens,
+            (None, Some(hit)) => hit.num_computed_tokens,
+            (None, None) => 0,
+        };
+        let num_slots = num_computed + num_new_tokens + num_lookahead_tokens;
+
+        self.remove_skipped_blocks(request_id, num_computed);
+        let needed = self.num_blocks_to_allocate(request_id, num_slots, num_computed, new_computed);
+        if needed > self.free_queue.len() {
+            return Ok(None);
+        }
+        if !self.requests.contains_key(request_id) {
+            let request = self.admit(new_computed, num_computed, extra_key);
+            self.requests.insert(request_id.clone(), request);
+        }
+        let Self {
+            groups,
+            requests,
+            blocks,
+            free_queue,
+            cached,
+            stats,
+            block_size,
+            enable_caching,
+            ..
+        } = self;
+        let request = requests.get_mut(request_id).expect("inserted above");
+        let mut eviction = Eviction {
+            cached,
+            events: &mut None,
+            host: &mut None,
+            stats,
+        };
+        let mut new_blocks = Vec::with_capacity(groups.len());
+        for (spec, table) in groups.iter().zip(&mut request.tables) {
+            let required = spec.num_required_blocks(num_slots, *block_size);
+            let added: Vec<BlockId> = (table.len()..required)
+                .map(|_| take_free_block(free_queue, blocks, &mut eviction))
+                .collect();
+            table.extend_from_slice(&added);
+            new_blocks.push(added);
+        }
+        append_tokens(*block_size, *enable_caching, &mut request.tokens, token_ids);
+        request.tokens.num_computed_tokens += num_new_tokens;
+        if *enable_caching {
+            cache_full_blocks(*block_size, groups, cached, blocks, request);
+        }
+        Ok(Some(new_blocks))
+    }
+
+    /// Gives the coordinator the request's `new_token_ids` (known now, past those it has)
+    /// and caches its full computed blocks in every group, without allocating (vLLM's
+    /// `cache_blocks`).
+    pub fn cache_blocks(&mut self, request_id: &R, new_token_ids: &[TokenId]) -> Result<()> {
+        let request = self
+            .requests
+            .get_mut(request_id)
+            .ok_or_else(|| Error::unknown_request(request_id))?;
+        append_tokens(
+            self.block_size,
+            self.enable_caching,
+            &mut request.tokens,
+            new_token_ids,
+        );
+        if self.enable_caching {
+            cache_full_blocks(
+                self.block_size,
+                &self.groups,
+                &mut self.cached,
+                &mut self.blocks,
+                request,
+            );
+        }
+        Ok(())
+    }
+
+    /// Releases the request's blocks group by group, in group order, as vLLM's
+    /// coordinator does: each group's table without its leading nulls, last block first;
+    /// a block left unheld and uncached goes to the front of the free queue, a cached one
+    /// to the back (so a later group's uncached blocks are reused before an earlier's).
+    pub fn free(&mut self, request_id: &R) -> Result<()> {
+        let request = self
+            .requests
+            .remove(request_id)
+            .ok_or_else(|| Error::unknown_request(request_id))?;
+        for table in &request.tables {
+            self.free_blocks(table.iter().rev().copied());
+        }
+        Ok(())
+    }
+
+    /// vLLM's `BlockPool.free_blocks`: `ordered` first-evicted first; null blocks skipped.
+    fn free_blocks(&mut self, ordered: impl Iterator<Item = BlockId>) {
+        let mut evict_first = Vec::new();
+        for block in ordered.filter(|&b| b != NULL_BLOCK) {
+            let meta = &mut self.blocks[block as usize];
+            debug_assert!(meta.ref_cnt > 0, "block {block} freed with ref count 0");
+            meta.ref_cnt -= 1;
+            if meta.ref_cnt > 0 {
+                continue;
+            }
+            if meta.cached {
+                self.free_queue.push_back(block);
+            } else {
+                evict_first.push(block);
+            }
+        }
+        for &block in evict_first.iter().rev() {
+            self.free_queue.push_front(block);
+        }
+    }
+
+    /// vLLM's `remove_skipped_blocks` for every group: blocks wholly before the tokens the
+    /// next token attends to are freed (last first) and replaced by the null block. A
+    /// group stops at a null it already left, as vLLM's backward scan does.
+    fn remove_skipped_blocks(&mut self, request_id: &R, num_computed_tokens: usize) {
+        let Some(request) = self.requests.get_mut(request_id) else {
+            return;
+        };
+        let mut freed = Vec::new();
+        for (spec, table) in self.groups.iter().zip(&mut request.tables) {
+            let num_skipped = spec.num_skipped_tokens(num_computed_tokens) / self.block_size;
+            let end = num_skipped.min(table.len());
+            let mut group_freed = Vec::new();
+            for slot in table[..end].iter_mut().rev() {
+                if *slot == NULL_BLOCK {
+                    break;
+                }
+                group_freed.push(std::mem::replace(slot, NULL_BLOCK));
+            }
+            freed.push(group_freed);
+        }
+        for group_freed in freed {
+            self.free_blocks(group_freed.into_iter());
+        }
+    }
+
+    /// vLLM's `get_num_blocks_to_allocate` summed over groups: new blocks beyond those
+    /// held (or, on admission, beyond the hit and the skipped blocks), plus hit blocks
+    /// that now sit in the free queue (taking them removes them from it).
+    fn num_blocks_to_allocate(
+        &self,
+        request_id: &R,
+        num_slots: usize,
+        num_computed: usize,
+        hit: Option<&GroupedComputedBlocks>,
+    ) -> usize {
+        let bs = self.block_size;
+        let request = self.requests.get(request_id);
+        let mut total = 0;
+        for (g, spec) in self.groups.iter().enumerate() {
+            let required = spec.num_required_blocks(num_slots, bs);
+            if let Some(request) = request {
+                total += required.saturating_sub(request.tables[g].len());
+                continue;
+            }
+            let hit_blocks = hit.map_or(&[][..], |h| h.block_ids[g].as_slice());
+            let num_skipped = spec.num_skipped_tokens(num_computed) / bs;
+            total += required.saturating_sub(num_skipped.max(hit_blocks.len()));
+            total += hit_blocks
+                .iter()
+                .skip(num_skipped)
+                .filter(|&&b| b != NULL_BLOCK && self.blocks[b as usize].ref_cnt == 0)
+                .count();
+        }
+        total
+    }
+
+    /// A new request's entry: per group, the hit's blocks past the skipped ones taken
+    /// (their ref counts raised), nulls before them (vLLM's `add_local_computed_blocks`).
+    fn admit(
+        &mut self,
+        hit: Option<&GroupedComputedBlocks>,
+        num_computed: usize,
+        extra_key: Option<u64>,
+    ) -> CoordinatedRequest {
+        let num_groups = self.groups.len();
+        let mut request = CoordinatedRequest {
+            tokens: RequestBlocks {
+                block_ids: Vec::new(),
+                block_hashes: Vec::new(),
+                tail_tokens: Vec::new(),
+                num_tokens: 0,
+                num_computed_tokens: num_computed,
+                num_cached_blocks: 0,
+                extra_key,
+            },
+            tables: vec![Vec::new(); num_groups],
+            num_cached: vec![0; num_groups],
+        };
+        let Some(hit) = hit else {
+            return request;
+        };
+        request.tokens.block_hashes = hit.block_hashes.clone();
+        request.tokens.extra_key = hit.extra_key;
+        for (g, spec) in self.groups.iter().enumerate() {
+            let hit_blocks = &hit.block_ids[g];
+            let num_skipped = spec.num_skipped_tokens(num_computed) / self.block_size;
+            let kept = &hit_blocks[num_skipped.min(hit_blocks.len())..];
+            for &block in kept.iter().filter(|&&b| b != NULL_BLOCK) {
+                let meta = &mut self.blocks[block as usize];
+                if meta.ref_cnt == 0 {
+                    self.free_queue.remove(block);
+                }
+                meta.ref_cnt += 1;
+            }
+            let table = &mut request.tables[g];
+            table.resize(num_skipped, NULL_BLOCK);
+            table.extend_from_slice(kept);
+            request.num_cached[g] = table.len();
+        }
+        request
+    }
+
+    fn check_hit_is_current(
+        &self,
+        hit: &GroupedComputedBlocks,
+        num_token_ids: usize,
+        extra_key: Option<u64>,
+    ) -> Result<()> {
+        if hit.block_ids.len() != self.groups.len() {
+            return Err(Error::input(
+                "new_computed_blocks",
+                format!("{} groups", hit.block_ids.len()),
+                format!("this coordinator has {} groups", self.groups.len()),
+            ));
+        }
+        if hit.num_query_tokens != num_token_ids {
+            return Err(Error::input(
+                "new_computed_blocks",
+                format!("lookup over {} tokens", hit.num_query_tokens),
+                format!("token_ids has {num_token_ids} tokens; pass the ids that were looked up"),
+            ));
+        }
+        if extra_key.is_some() && extra_key != hit.extra_key {
+            return Err(Error::input(
+                "extra_key",
+                format!("{extra_key:?}"),
+                format!("the lookup used {:?}", hit.extra_key),
+            ));
+        }
+        for (g, table) in hit.block_ids.iter().enumerate() {
+            for (i, &block) in table.iter().enumerate() {
+                if block == NULL_BLOCK {
+                    continue;
+                }
+                let expected = hit.block_hashes.get(i).map(|&h| group_key(h, g));
+                let current = self.blocks.get(block as usize).and_then(BlockMeta::hash);
+                if expected.is_none() || current != expected {
+                    return Err(Error::input(
+                        "new_computed_blocks",
+                        format!("group {g} block {block}"),
+                        "stale: a hit block was evicted since the lookup",
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Describes the first broken invariant, if any. O(blocks + held blocks).
+    pub fn check_invariants(&self) -> std::result::Result<(), String> {
+        let null = &self.blocks[NULL_BLOCK as usize];
+        if null.ref_cnt != 0 || null.cached || self.free_queue.contains(NULL_BLOCK) {
+            return Err("the null block is held, cached or free".into());
+        }
+        let mut holders = vec![0u32; self.blocks.len()];
+        for (id, request) in &self.requests {
+            let mut seen: Vec<BlockId> = (request.tables.iter().flatten().copied())
+                .filter(|&b| b != NULL_BLOCK)
+                .collect();
+            seen.iter().for_each(|&b| holders[b as usize] += 1);
+            seen.sort_unstable();
+            if seen.windows(2).any(|w| w[0] == w[1]) {
+                return Err(format!("request {id:?} holds a block twice"));
+            }
+            let computed = request.tokens.num_computed_tokens;
+            for (g, (spec, table)) in self.groups.iter().zip(&request.tables).enumerate() {
+                if table.len() < spec.num_required_blocks(computed, self.block_size) {
+                    return Err(format!(
+                        "request {id:?} group {g}: fewer slots than computed tokens"
+                    ));
+                }
+                let num_full = computed.min(request.tokens.num_tokens) / self.block_size;
+                if self.enable_caching && request.num_cached[g] > num_full.max(table.len()) {
+                    return Err(format!("request {id:?} group {g}: cached past its blocks"));
+                }
+            }
+        }
+        for (b, meta) in self.blocks.iter().enumerate().skip(1) {
+            if meta.ref_cnt != holders[b] {
+                return Err(format!(
+                    "block {b}: ref count {} but {} holders",
+                    meta.ref_cnt, holders[b]
+                ));
+            }
+            if (meta.ref_cnt == 0) != self.free_queue.contains(b as BlockId) {
+                return Err(format!(
+                    "block {b}: ref count {} disagrees with the free queue",
+                    meta.ref_cnt
+                ));
+            }
+            if let Some(hash) = meta.hash() {
+                let first = self.cached.get(&hash, self.blocks.as_slice());
+                let is_copy = self.cached.later_copies(&hash).contains(&(b as BlockId));
+                if first != Some(b as BlockId) && !is_copy {
+                    return Err(format!(
+                        "block {b} has a hash the cache map does not point back from"
+                    ));
+                }
+            }
+        }
+        let linked = self.free_queue.iter().count();
+        if linked != self.free_queue.len() {
+            return Err(format!(
+                "free queue links {linked} blocks but counts {}",
+                self.free_queue.len()
+            ));
+        }
+        let held = holders.iter().filter(|&&h| h > 0).count();
+        if held + self.free_queue.len() + 1 != self.blocks.len() {
+            return Err(format!(
+                "{held} held + {} free + the null block != {} blocks",
+                self.free_queue.len(),
+                self.blocks.len()
+            ));
+        }
+        let num_hashed = self.blocks.iter().filter(|m| m.cached).count();
+        if num_hashed != self.cached.num_blocks() {
+            return Err(format!(
+                "{num_hashed} blocks hold a hash but the cache map counts {}",
+                self.cached.num_blocks()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// vLLM's `cache_blocks` per group: the request's full blocks of computed, known tokens
+/// past those already offered are cached under (hash, group); null blocks are skipped.
+fn cache_full_blocks(
+    block_size: usize,
+    groups: &[KvGroupSpec],
+    cached: &mut CacheMap,
+    blocks: &mut [BlockMeta],
+    request: &mut CoordinatedRequest,
+) {
+    let tokens = &request.tokens;
+    let num_full = (tokens.num_computed_tokens.min(tokens.num_tokens) / block_size)
+        .min(tokens.block_hashes.len());
+    for (g, _) in groups
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| **s != KvGroupSpec::Mamba)
+    {
+        let table = &request.tables[g];
+        let first = request.num_cached[g];
+        if first >= num_full {
+            continue;
+        }
+        let end = num_full.min(table.len());
+        for (&block, &hash) in table[first.min(end)..end]
+            .iter()
+            .zip(&tokens.block_hashes[first..])
+        {
+            if block == NULL_BLOCK {
+                continue;
+            }
+            let key = group_key(hash, g);
+            cached.insert(key, block, blocks);
+            blocks[block as usize].set_hash(key);
+        }
+        request.num_cached[g] = num_full;
+    }
+}
+
+impl<R: RequestKey> KvCapacity for KvCoordinator<R> {
+    /// Blocks that can hold KV: the pool's, less the null block.
+    fn num_total_blocks(&self) -> usize {
+        self.blocks.len() - 1
+    }
+
+    fn num_free_blocks(&self) -> usize {
+        self.free_queue.len()
+    }
+}
+
+#[cfg(test)]
+#[path = "coordinator_tests.rs"]
+mod tests;

@@ -1,0 +1,301 @@
+use super::*;
+use crate::kv::KvCapacity;
+use proptest::prelude::*;
+
+const FULL: KvGroupSpec = KvGroupSpec::FullAttention;
+
+fn window(tokens: usize) -> KvGroupSpec {
+    KvGroupSpec::SlidingWindow {
+        sliding_window: tokens,
+    }
+}
+
+fn tokens(range: std::ops::Range<u32>) -> Vec<TokenId> {
+    range.collect()
+}
+
+fn tables(coord: &KvCoordinator<u64>, id: u64) -> Vec<Vec<BlockId>> {
+    let tables = coord.block_ids(&id).unwrap();
+    tables.iter().map(|t| t.to_vec()).collect()
+}
+
+/// Window 32, block 16: once 80 tokens are computed, the next step holds window blocks for
+/// tokens 48.. only; the first three are the null block, and they went back to the pool.
+#[test]
+fn window_group_frees_blocks_that_left_the_window() {
+    let mut coord = KvCoordinator::new(vec![FULL, window(32)], 16, 16, true).unwrap();
+    let prompt = tokens(0..80);
+    let new = coord
+        .allocate_slots(&1u64, &prompt, 80, 0, None, None)
+        .unwrap()
+        .unwrap();
+    assert_eq!(new, [vec![1, 2, 3, 4, 5], vec![6, 7, 8, 9, 10]]);
+    // Decode: 80 computed, so the next token attends to tokens 49..80; blocks 0-2 (tokens
+    // 0..48) are skipped. Freed last first; cached blocks go to the back of the queue.
+    coord
+        .allocate_slots(&1u64, &[80], 1, 0, None, None)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        tables(&coord, 1),
+        [vec![1, 2, 3, 4, 5, 11], vec![0, 0, 0, 9, 10, 12]]
+    );
+    assert_eq!(coord.free_block_ids(), [13, 14, 15, 8, 7, 6]);
+    assert_eq!(coord.num_free_blocks(), 6);
+    coord.check_invariants().unwrap();
+}
+
+/// vLLM frees group by group: each group's uncached blocks go to the front in turn, so
+/// the later group's are reused first; cached blocks go to the back, tail first.
+#[test]
+fn free_goes_group_by_group_tail_first() {
+    let mut coord = KvCoordinator::new(vec![FULL, window(8)], 9, 4, true).unwrap();
+    coord
+        .allocate_slots(&1u64, &tokens(0..12), 12, 0, None, None)
+        .unwrap()
+        .unwrap();
+    coord
+        .allocate_slots(&1u64, &[100], 1, 0, None, None)
+        .unwrap()
+        .unwrap();
+    assert_eq!(tables(&coord, 1), [vec![1, 2, 3, 7], vec![0, 5, 6, 8]]);
+    assert_eq!(coord.free_block_ids(), [4]);
+    coord.free(&1).unwrap();
+    assert_eq!(coord.free_block_ids(), [8, 7, 4, 3, 2, 1, 6, 5]);
+    coord.check_invariants().unwrap();
+}
+
+/// The window group needs only the blocks of its window before the hit's end: the hit
+/// is the full-attention one, with nulls where the window does not reach.
+#[test]
+fn hit_is_agreed_across_groups() {
+    let mut coord = KvCoordinator::new(vec![FULL, window(8)], 9, 4, true).unwrap();
+    coord
+        .allocate_slots(&1u64, &tokens(0..12), 12, 0, None, None)
+        .unwrap()
+        .unwrap();
+    coord
+        .allocate_slots(&1u64, &[100], 1, 0, None, None)
+        .unwrap()
+        .unwrap();
+    coord.free(&1).unwrap();
+    let prompt: Vec<TokenId> = (0..12).chain(200..204).collect();
+    let hit = coord.get_computed_blocks(&prompt, None);
+    assert_eq!(hit.num_computed_tokens, 12);
+    assert_eq!(hit.block_ids, [vec![1, 2, 3], vec![0, 5, 6]]);
+    let new = coord
+        .allocate_slots(&2u64, &prompt, 4, 0, Some(&hit), None)
+        .unwrap()
+        .unwrap();
+    // 16 slots: one more block each; the window's first block is skipped at 12 tokens.
+    assert_eq!(new, [vec![8], vec![7]]);
+    assert_eq!(tables(&coord, 2), [vec![1, 2, 3, 8], vec![0, 5, 6, 7]]);
+    coord.check_invariants().unwrap();
+
+    // Evict the window group's block of tokens 0..4 and the full group's of 8..12: full
+    // attention now serves 8 tokens, but the window cannot (position 8 needs tokens 1..8).
+    coord.free(&2).unwrap();
+    coord
+        .allocate_slots(&3u64, &tokens(300..309), 9, 0, None, None)
+        .unwrap()
+        .unwrap();
+    let hit = coord.get_computed_blocks(&prompt, None);
+    assert_eq!(hit.num_computed_tokens, 0);
+    coord.check_invariants().unwrap();
+}
+
+#[test]
+fn window_hit_needs_only_the_window_before_its_end() {
+    // Window 5, block 4: a hit needs one block before its end, so 12 tokens hit with the
+    // block of tokens 8..12 alone, nulls before it.
+    let mut coord = KvCoordinator::new(vec![window(5)], 5, 4, true).unwrap();
+    for chunk in [0..4, 4..8, 8..12] {
+        coord
+            .allocate_slots(&1u64, &tokens(chunk), 4, 0, None, None)
+            .unwrap()
+            .unwrap();
+    }
+    // Before the third chunk (8 computed) the block of tokens 0..4 left the window.
+    assert_eq!(tables(&coord, 1), [vec![0, 2, 3]]);
+    coord.free(&1).unwrap();
+    let hit = coord.get_computed_blocks(&tokens(0..13), None);
+    assert_eq!(
+        (hit.block_ids[0].as_slice(), hit.num_computed_tokens),
+        ([0, 0, 3].as_slice(), 12)
+    );
+    coord.check_invariants().unwrap();
+}
+
+#[test]
+fn chunked_local_frees_previous_chunks_and_mamba_holds_one_block() {
+    let local = KvGroupSpec::ChunkedLocalAttention {
+        attention_chunk_size: 8,
+    };
+    let mut coord =
+        KvCoordinator::new(vec![FULL, local, KvGroupSpec::Mamba], 20, 4, false).unwrap();
+    coord
+        .allocate_slots(&1u64, &tokens(0..13), 13, 0, None, None)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        tables(&coord, 1),
+        [vec![1, 2, 3, 4], vec![5, 6, 7, 8], vec![9]]
+    );
+    coord
+        .allocate_slots(&1u64, &[13, 14, 15, 16], 4, 0, None, None)
+        .unwrap()
+        .unwrap();
+    // 13 computed: the chunk of token 13 starts at 8, so blocks 0 and 1 are skipped.
+    // Uncached (caching is off), they go to the front of the queue and are reused first.
+    assert_eq!(
+        tables(&coord, 1),
+        [vec![1, 2, 3, 4, 6], vec![0, 0, 7, 8, 5], vec![9]]
+    );
+    coord.check_invariants().unwrap();
+}
+
+#[test]
+fn a_failed_allocation_keeps_only_the_skipped_blocks_freed() {
+    let mut coord = KvCoordinator::new(vec![FULL, window(4)], 7, 4, false).unwrap();
+    coord
+        .allocate_slots(&1u64, &tokens(0..12), 12, 0, None, None)
+        .unwrap()
+        .unwrap();
+    assert_eq!(coord.num_free_blocks(), 0);
+    // 12 computed + 8 new = 5 blocks a group: 2 + 2 new, but only the 2 skipped window
+    // blocks are free.
+    assert_eq!(
+        coord.allocate_slots(&1u64, &tokens(12..20), 8, 0, None, None),
+        Ok(None)
+    );
+    assert_eq!(tables(&coord, 1), [vec![1, 2, 3], vec![0, 0, 6]]);
+    assert_eq!(coord.num_computed_tokens(&1), Some(12));
+    assert_eq!(coord.num_free_blocks(), 2);
+    coord.check_invariants().unwrap();
+}
+
+#[test]
+fn errors_change_nothing() {
+    let mut coord = KvCoordinator::new(vec![FULL, window(8)], 9, 4, true).unwrap();
+    coord
+        .allocate_slots(&1u64, &tokens(0..9), 9, 0, None, None)
+        .unwrap()
+        .unwrap();
+    let before = (tables(&coord, 1), coord.free_block_ids());
+    let hit = coord.get_computed_blocks(&tokens(0..9), None);
+    assert!(coord.allocate_slots(&1u64, &[], 0, 0, None, None).is_err());
+    assert!(
+        coord
+            .allocate_slots(&1u64, &[], 1, 0, Some(&hit), None)
+            .is_err()
+    );
+    assert!(
+        coord
+            .allocate_slots(&2u64, &tokens(0..5), 1, 0, Some(&hit), None)
+            .is_err()
+    );
+    assert!(coord.free(&7).is_err());
+    assert_eq!((tables(&coord, 1), coord.free_block_ids()), before);
+    assert!(KvCoordinator::<u64>::new(vec![KvGroupSpec::Mamba], 9, 4, true).is_err());
+    assert!(KvCoordinator::<u64>::new(vec![window(0)], 9, 4, false).is_err());
+    assert!(KvCoordinator::<u64>::new(vec![], 9, 4, false).is_err());
+    assert!(KvCoordinator::<u64>::new(vec![FULL], 1, 4, false).is_err());
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Admit {
+        id: u64,
+        prefix: u8,
+        len: u8,
+        chunk: u8,
+    },
+    Step {
+        id: u64,
+        len: u8,
+        lookahead: u8,
+    },
+    Free {
+        id: u64,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (0..6u64, 0..3u8, 1..40u8, 1..40u8).prop_map(|(id, prefix, len, chunk)| Op::Admit {
+            id,
+            prefix,
+            len,
+            chunk
+        }),
+        (0..6u64, 1..12u8, 0..3u8).prop_map(|(id, len, lookahead)| Op::Step { id, len, lookahead }),
+        (0..6u64).prop_map(|id| Op::Free { id }),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn random_streams_keep_invariants_and_window_bounds(
+        ops in prop::collection::vec(op(), 1..60),
+        w in 1..20usize,
+        bs in 1..6usize,
+        chunk_size in 1..20usize,
+    ) {
+        let groups = vec![
+            FULL,
+            window(w),
+            KvGroupSpec::ChunkedLocalAttention { attention_chunk_size: chunk_size },
+            window(w),
+        ];
+        let mut coord = KvCoordinator::new(groups.clone(), 40, bs, true).unwrap();
+        let mut next_token = 1000u32;
+        // Per request, the end of its slots (computed + new + lookahead, at most).
+        let mut slots_end = std::collections::HashMap::new();
+        for op in ops {
+            let added = match op {
+                Op::Admit { id, prefix, len, chunk } => {
+                    if coord.block_ids(&id).is_some() { continue; }
+                    let prompt: Vec<TokenId> =
+                        (0..len as u32).map(|t| t + 100 * prefix as u32).collect();
+                    let hit = coord.get_computed_blocks(&prompt, None);
+                    let n = (prompt.len() - hit.num_computed_tokens).min(chunk as usize);
+                    let got = coord.allocate_slots(&id, &prompt, n, 0, Some(&hit), None).unwrap();
+                    if got.is_some() {
+                        slots_end.insert(id, hit.num_computed_tokens + n);
+                    }
+                    got.map(|_| (id, n))
+                }
+                Op::Step { id, len, lookahead } => {
+                    if coord.block_ids(&id).is_none() { continue; }
+                    let new: Vec<TokenId> = (0..len as u32).map(|t| next_token + t).collect();
+                    next_token += len as u32;
+                    let computed = coord.num_computed_tokens(&id).unwrap();
+                    let got = coord
+                        .allocate_slots(&id, &new, len as usize, lookahead as usize, None, None)
+                        .unwrap();
+                    got.map(|_| {
+                        // Slots reserved by an earlier lookahead stay held.
+                        let end = slots_end.get(&id).copied().unwrap_or(0);
+                        let end = end.max(computed + len as usize + lookahead as usize);
+                        slots_end.insert(id, end);
+                        (id, end - computed)
+                    })
+                }
+                Op::Free { id } => {
+                    let _ = coord.free(&id);
+                    slots_end.remove(&id);
+                    None
+                }
+            };
+            prop_assert_eq!(coord.check_invariants(), Ok(()));
+            if let Some((id, num_added)) = added {
+                for (spec, table) in groups.iter().zip(coord.block_ids(&id).unwrap()) {
+                    let live = table.iter().filter(|&&b| b != NULL_BLOCK).count();
+                    if let Some(bound) = spec.max_live_blocks(num_added, bs) {
+                        prop_assert!(live <= bound, "{:?}: {} live > {}", spec, live, bound);
+                    }
+                }
+            }
+        }
+    }
+}

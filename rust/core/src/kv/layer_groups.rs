@@ -1,0 +1,250 @@
+//! The KV cache groups of a hybrid model, and what each kind of layer needs of its blocks
+//! (vLLM 0.33's `single_type_kv_cache_manager.py`): which leading tokens it no longer
+//! attends to (`get_num_skipped_tokens`), how many blocks it holds for a number of token
+//! slots, and how it finds a prefix-cache hit (`find_longest_cache_hit` of
+//! `FullAttentionManager`, `SlidingWindowManager`, `ChunkedLocalAttentionManager`).
+//!
+//! The finders read the pool only through `lookup`, which answers the cached block of one
+//! block index for every group of a spec group, or `None` when any of them misses (vLLM's
+//! `BlockPool.get_cached_block`).
+
+use super::block_pool::BlockId;
+
+/// The block id that stands for "no block" in a block table: vLLM's null block, the
+/// pool's block 0, never allocated, whose slots an attention kernel may read but never
+/// attends to.
+pub const NULL_BLOCK: BlockId = 0;
+
+/// One KV cache group's layer kind (vLLM's `KVCacheSpec` subclasses). All groups share
+/// the pool's block size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KvGroupSpec {
+    /// Every token attends to every earlier one: blocks are held until the request ends.
+    FullAttention,
+    /// Each token attends to the `sliding_window` tokens ending at itself: blocks wholly
+    /// before the window are freed and replaced by the null block.
+    SlidingWindow { sliding_window: usize },
+    /// Tokens attend within their chunk of `attention_chunk_size` tokens (Llama 4's local
+    /// layers): blocks before the current chunk are freed.
+    ChunkedLocalAttention { attention_chunk_size: usize },
+    /// A recurrent (Mamba, linear-attention) state of constant size: one block per
+    /// request, as vLLM's `MambaManager` holds it with `mamba_cache_mode="none"` (its
+    /// block covers `max_model_len` tokens). Its states are not prefix-cached.
+    Mamba,
+}
+
+impl KvGroupSpec {
+    /// vLLM's `get_num_skipped_tokens`: leading tokens the next token no longer attends to.
+    pub fn num_skipped_tokens(&self, num_computed_tokens: usize) -> usize {
+        match *self {
+            Self::FullAttention | Self::Mamba => 0,
+            Self::SlidingWindow { sliding_window } => {
+                (num_computed_tokens + 1).saturating_sub(sliding_window)
+            }
+            Self::ChunkedLocalAttention {
+                attention_chunk_size,
+            } => num_computed_tokens / attention_chunk_size * attention_chunk_size,
+        }
+    }
+
+    /// Blocks a request needs for `num_slots` token slots (including skipped ones, which
+    /// hold the null block).
+    pub fn num_required_blocks(&self, num_slots: usize, block_size: usize) -> usize {
+        match self {
+            Self::Mamba => usize::from(num_slots > 0),
+            _ => num_slots.div_ceil(block_size),
+        }
+    }
+
+    pub(super) fn is_full_attention(&self) -> bool {
+        matches!(self, Self::FullAttention)
+    }
+
+    /// The most blocks that are not the null block a request of this group holds right
+    /// after an allocation that added `num_slots_added` slots (new tokens + lookahead),
+    /// when the bound exists (sliding window, chunked local, Mamba). Derived in docs/kv.md.
+    pub fn max_live_blocks(&self, num_slots_added: usize, block_size: usize) -> Option<usize> {
+        match *self {
+            Self::FullAttention => None,
+            Self::SlidingWindow { sliding_window } => Some(
+                (sliding_window + num_slots_added)
+                    .saturating_sub(2)
+                    .div_ceil(block_size)
+                    + 1,
+            ),
+            Self::ChunkedLocalAttention {
+                attention_chunk_size,
+            } => Some(if attention_chunk_size % block_size == 0 {
+                (attention_chunk_size + num_slots_added - 1).div_ceil(block_size)
+            } else {
+                (attention_chunk_size + num_slots_added - 2).div_ceil(block_size) + 1
+            }),
+            Self::Mamba => Some(1),
+        }
+    }
+
+    /// Checks the spec's own values (the message names `groups[index]`).
+    pub(super) fn check(&self, index: usize) -> crate::Result<()> {
+        let (field, value) = match *self {
+            Self::SlidingWindow { sliding_window } => ("sliding_window", sliding_window),
+            Self::ChunkedLocalAttention {
+                attention_chunk_size,
+            } => ("attention_chunk_size", attention_chunk_size),
+            _ => return Ok(()),
+        };
+        if value == 0 || value > super::MAX_NUM_BLOCKS {
+            return Err(crate::Error::config(
+                "groups",
+                format!("groups[{index}].{field}={value}"),
+                format!("must be between 1 and {}", super::MAX_NUM_BLOCKS),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Groups with one spec, looked up together (vLLM's `SpecGroup`).
+#[derive(Debug, Clone)]
+pub(super) struct SpecGroup {
+    pub(super) spec: KvGroupSpec,
+    pub(super) group_ids: Vec<usize>,
+}
+
+/// vLLM's `HybridKVCacheCoordinator.verify_and_split_kv_cache_groups`: groups of equal
+/// spec batched, full attention first (a stable sort, so otherwise in group order).
+pub(super) fn spec_groups(groups: &[KvGroupSpec]) -> Vec<SpecGroup> {
+    let mut out: Vec<SpecGroup> = Vec::new();
+    for (i, spec) in groups.iter().enumerate() {
+        match out.iter_mut().find(|g| g.spec == *spec) {
+            Some(group) => group.group_ids.push(i),
+            None => out.push(SpecGroup {
+                spec: *spec,
+                group_ids: vec![i],
+            }),
+        }
+    }
+    out.sort_by_key(|g| !g.spec.is_full_attention());
+    out
+}
+
+/// The hit of one spec group: a block table per member group, and its length in tokens.
+pub(super) struct GroupHit {
+    pub(super) blocks: Vec<Vec<BlockId>>,
+    pub(super) num_tokens: usize,
+}
+
+/// One spec group's `find_longest_cache_hit` over the first `num_hashes` block hashes
+/// (those are the request's full blocks), no longer than `max_length` tokens. `lookup(i)`
+/// answers block index i's cached block for every member group, or `None`.
+pub(super) fn find_longest_cache_hit(
+    spec: KvGroupSpec,
+    num_groups: usize,
+    block_size: usize,
+    num_hashes: usize,
+    max_length: usize,
+    mut lookup: impl FnMut(usize) -> Option<Vec<BlockId>>,
+) -> GroupHit {
+    let max_blocks = (max_length / block_size).min(num_hashes);
+    let mut blocks = vec![Vec::new(); num_groups];
+    match spec {
+        KvGroupSpec::FullAttention => {
+            for i in 0..max_blocks {
+                let Some(found) = lookup(i) else { break };
+                blocks.iter_mut().zip(found).for_each(|(t, b)| t.push(b));
+            }
+        }
+        KvGroupSpec::SlidingWindow { sliding_window } => {
+            // The hit's last `need` blocks must all be cached; those before it are nulls.
+            // Searched right to left, the first run long enough wins; a run reaching
+            // block 0 is a hit even if shorter.
+            let need = (sliding_window - 1).div_ceil(block_size);
+            blocks
+                .iter_mut()
+                .for_each(|t| t.resize(max_blocks, NULL_BLOCK));
+            let mut run = 0;
+            let mut end = None;
+            for i in (0..max_blocks).rev() {
+                match lookup(i) {
+                    Some(found) => {
+                        blocks.iter_mut().zip(found).for_each(|(t, b)| t[i] = b);
+                        run += 1;
+                        if run >= need {
+                            end = Some(i + run);
+                            break;
+                        }
+                    }
+                    None => run = 0,
+                }
+            }
+            let end = end.unwrap_or(run);
+            blocks.iter_mut().for_each(|t| t.truncate(end));
+        }
+        KvGroupSpec::ChunkedLocalAttention {
+            attention_chunk_size,
+        } => {
+            // Blocks before the chunk of the hit's end are nulls; the rest must be cached.
+            let chunk_start = max_length / attention_chunk_size * attention_chunk_size;
+            let first = chunk_start / block_size;
+            blocks.iter_mut().for_each(|t| t.resize(first, NULL_BLOCK));
+            for i in first..max_blocks {
+                let Some(found) = lookup(i) else { break };
+                blocks.iter_mut().zip(found).for_each(|(t, b)| t.push(b));
+            }
+        }
+        KvGroupSpec::Mamba => {}
+    }
+    let num_tokens = blocks[0].len() * block_size;
+    GroupHit { blocks, num_tokens }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skipped_tokens_follow_vllm_examples() {
+        let window = KvGroupSpec::SlidingWindow { sliding_window: 4 };
+        assert_eq!(window.num_skipped_tokens(7), 4);
+        assert_eq!(window.num_skipped_tokens(2), 0);
+        let local = KvGroupSpec::ChunkedLocalAttention {
+            attention_chunk_size: 8,
+        };
+        assert_eq!([13, 8, 7].map(|n| local.num_skipped_tokens(n)), [8, 8, 0]);
+        assert_eq!(KvGroupSpec::Mamba.num_required_blocks(1000, 16), 1);
+    }
+
+    #[test]
+    fn sliding_window_hit_needs_a_full_window_run_or_one_from_the_start() {
+        // Window 8, block 4: a hit needs the 2 blocks before its end (vLLM's example:
+        // [NULL, NULL, 7, 8]).
+        let spec = KvGroupSpec::SlidingWindow { sliding_window: 8 };
+        let cached = [false, true, true, true, false, true];
+        let lookup = |i: usize| cached[i].then(|| vec![10 + i as BlockId]);
+        let hit = find_longest_cache_hit(spec, 1, 4, 6, 24, lookup);
+        assert_eq!(hit.blocks[0], [0, 0, 12, 13]);
+        assert_eq!(hit.num_tokens, 16);
+        let from_start = [true, false, true];
+        let hit = find_longest_cache_hit(spec, 1, 4, 3, 12, |i| {
+            from_start[i].then(|| vec![20 + i as BlockId])
+        });
+        assert_eq!(
+            (hit.blocks[0].as_slice(), hit.num_tokens),
+            ([20].as_slice(), 4)
+        );
+    }
+
+    #[test]
+    fn chunked_local_hit_starts_at_the_last_chunk() {
+        // vLLM's examples: chunk 8, block 4, max length 15 → [null, null, block 3?].
+        let spec = KvGroupSpec::ChunkedLocalAttention {
+            attention_chunk_size: 8,
+        };
+        let hit = find_longest_cache_hit(spec, 1, 4, 4, 15, |i| Some(vec![i as BlockId + 1]));
+        assert_eq!(hit.blocks[0], [0, 0, 3]);
+        let hit = find_longest_cache_hit(spec, 1, 4, 4, 16, |_| None);
+        assert_eq!(
+            (hit.blocks[0].as_slice(), hit.num_tokens),
+            ([0; 4].as_slice(), 16)
+        );
+    }
+}

@@ -1,0 +1,404 @@
+use numpy::PyArray1;
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+use tokenyard_core::kv::{
+    BlockId, GroupedComputedBlocks, KvCapacity, KvCoordinator, KvGroupSpec, NULL_BLOCK,
+};
+
+use super::block_pool::PyBlockPoolStats;
+use crate::convert::{
+    RequestId, count_arg, positive_field, short_repr, token_ids as read_token_ids,
+};
+use crate::errors::{OrRaise, config_error, input_error, invariants, unknown_request};
+
+/// A full-attention KV cache group (vLLM's `FullAttentionSpec`).
+#[pyclass(name = "FullAttentionSpec", module = "tokenyard.kv", frozen)]
+pub(crate) struct PyFullAttentionSpec;
+
+/// A sliding-window KV cache group: each token attends to the `sliding_window` tokens
+/// ending at itself (vLLM's `SlidingWindowSpec`).
+#[pyclass(name = "SlidingWindowSpec", module = "tokenyard.kv", frozen, get_all)]
+pub(crate) struct PySlidingWindowSpec {
+    sliding_window: usize,
+}
+
+/// A chunked local attention KV cache group (vLLM's `ChunkedLocalAttentionSpec`).
+#[pyclass(
+    name = "ChunkedLocalAttentionSpec",
+    module = "tokenyard.kv",
+    frozen,
+    get_all
+)]
+pub(crate) struct PyChunkedLocalAttentionSpec {
+    attention_chunk_size: usize,
+}
+
+/// A Mamba / linear-attention state group: one block per request (vLLM's `MambaSpec`
+/// with `mamba_cache_mode="none"`).
+#[pyclass(name = "MambaSpec", module = "tokenyard.kv", frozen)]
+pub(crate) struct PyMambaSpec;
+
+#[pymethods]
+impl PyFullAttentionSpec {
+    #[new]
+    fn new() -> Self {
+        Self
+    }
+
+    fn __repr__(&self) -> &'static str {
+        "FullAttentionSpec()"
+    }
+}
+
+#[pymethods]
+impl PySlidingWindowSpec {
+    #[new]
+    #[pyo3(signature = (*, sliding_window))]
+    fn new(sliding_window: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let sliding_window = positive_field(sliding_window, "sliding_window")?;
+        Ok(Self { sliding_window })
+    }
+
+    fn __repr__(&self) -> String {
+        format!("SlidingWindowSpec(sliding_window={})", self.sliding_window)
+    }
+}
+
+#[pymethods]
+impl PyChunkedLocalAttentionSpec {
+    #[new]
+    #[pyo3(signature = (*, attention_chunk_size))]
+    fn new(attention_chunk_size: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let attention_chunk_size = positive_field(attention_chunk_size, "attention_chunk_size")?;
+        Ok(Self {
+            attention_chunk_size,
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "ChunkedLocalAttentionSpec(attention_chunk_size={})",
+            self.attention_chunk_size
+        )
+    }
+}
+
+#[pymethods]
+impl PyMambaSpec {
+    #[new]
+    fn new() -> Self {
+        Self
+    }
+
+    fn __repr__(&self) -> &'static str {
+        "MambaSpec()"
+    }
+}
+
+fn group_spec(obj: &Bound<'_, PyAny>, index: usize) -> PyResult<KvGroupSpec> {
+    if obj.is_instance_of::<PyFullAttentionSpec>() {
+        return Ok(KvGroupSpec::FullAttention);
+    }
+    if let Ok(spec) = obj.cast::<PySlidingWindowSpec>() {
+        return Ok(KvGroupSpec::SlidingWindow {
+            sliding_window: spec.get().sliding_window,
+        });
+    }
+    if let Ok(spec) = obj.cast::<PyChunkedLocalAttentionSpec>() {
+        return Ok(KvGroupSpec::ChunkedLocalAttention {
+            attention_chunk_size: spec.get().attention_chunk_size,
+        });
+    }
+    if obj.is_instance_of::<PyMambaSpec>() {
+        return Ok(KvGroupSpec::Mamba);
+    }
+    Err(config_error(
+        obj.py(),
+        "groups",
+        format!("groups[{index}]={}", short_repr(obj)),
+        "must be a FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec or MambaSpec",
+    ))
+}
+
+fn spec_object(py: Python<'_>, spec: KvGroupSpec) -> PyResult<Py<PyAny>> {
+    Ok(match spec {
+        KvGroupSpec::FullAttention => Py::new(py, PyFullAttentionSpec)?.into_any(),
+        KvGroupSpec::SlidingWindow { sliding_window } => {
+            Py::new(py, PySlidingWindowSpec { sliding_window })?.into_any()
+        }
+        KvGroupSpec::ChunkedLocalAttention {
+            attention_chunk_size,
+        } => Py::new(
+            py,
+            PyChunkedLocalAttentionSpec {
+                attention_chunk_size,
+            },
+        )?
+        .into_any(),
+        KvGroupSpec::Mamba => Py::new(py, PyMambaSpec)?.into_any(),
+    })
+}
+
+/// A tuple of one numpy array per group.
+fn group_arrays<'py, T: AsRef<[BlockId]>>(
+    py: Python<'py>,
+    tables: impl IntoIterator<Item = T>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let arrays: Vec<_> = (tables.into_iter())
+        .map(|t| PyArray1::from_slice(py, t.as_ref()))
+        .collect();
+    PyTuple::new(py, arrays)
+}
+
+/// vLLM's KV cache coordinator: one KV cache group per layer kind of a hybrid model,
+/// sharing one pool of blocks (block 0 is the null block).
+#[pyclass(name = "KvCoordinator", module = "tokenyard.kv")]
+pub(crate) struct PyKvCoordinator {
+    inner: KvCoordinator<RequestId>,
+}
+
+/// The prefix hit agreed across groups, from `KvCoordinator.get_computed_blocks`.
+#[pyclass(name = "GroupedComputedBlocks", module = "tokenyard.kv", frozen)]
+pub(crate) struct PyGroupedComputedBlocks {
+    inner: GroupedComputedBlocks,
+}
+
+#[pymethods]
+impl PyGroupedComputedBlocks {
+    #[getter]
+    fn block_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        group_arrays(py, &self.inner.block_ids)
+    }
+
+    #[getter]
+    fn num_computed_tokens(&self) -> usize {
+        self.inner.num_computed_tokens
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "GroupedComputedBlocks(num_computed_tokens={}, block_ids={:?})",
+            self.inner.num_computed_tokens, self.inner.block_ids
+        )
+    }
+}
+
+#[pymethods]
+impl PyKvCoordinator {
+    #[classattr]
+    const NULL_BLOCK_ID: BlockId = NULL_BLOCK;
+
+    #[new]
+    #[pyo3(
+        signature = (*, groups, num_blocks, block_size, enable_caching = true),
+        text_signature = "(*, groups, num_blocks, block_size, enable_caching=True)"
+    )]
+    fn new(
+        py: Python<'_>,
+        groups: &Bound<'_, PyAny>,
+        num_blocks: &Bound<'_, PyAny>,
+        block_size: &Bound<'_, PyAny>,
+        enable_caching: bool,
+    ) -> PyResult<Self> {
+        let num_blocks = positive_field(num_blocks, "num_blocks")?;
+        let block_size = positive_field(block_size, "block_size")?;
+        if groups.is_instance_of::<pyo3::types::PyString>() {
+            return Err(config_error(
+                py,
+                "groups",
+                short_repr(groups),
+                "must be a sequence of group specs",
+            ));
+        }
+        let items = groups.try_iter().map_err(|_| {
+            config_error(
+                py,
+                "groups",
+                short_repr(groups),
+                "must be a sequence of group specs",
+            )
+        })?;
+        let mut specs = Vec::new();
+        for (i, item) in items.enumerate() {
+            specs.push(group_spec(&item?, i)?);
+        }
+        let inner =
+            KvCoordinator::new(specs, num_blocks, block_size, enable_caching).or_raise(py)?;
+        Ok(Self { inner })
+    }
+
+    #[getter]
+    fn groups<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let specs = (self.inner.groups().iter())
+            .map(|&s| spec_object(py, s))
+            .collect::<PyResult<Vec<_>>>()?;
+        PyTuple::new(py, specs)
+    }
+
+    #[getter]
+    fn num_groups(&self) -> usize {
+        self.inner.groups().len()
+    }
+
+    #[getter]
+    fn num_blocks(&self) -> usize {
+        self.inner.num_total_blocks() + 1
+    }
+
+    #[getter]
+    fn block_size(&self) -> usize {
+        self.inner.block_size()
+    }
+
+    #[getter]
+    fn enable_caching(&self) -> bool {
+        self.inner.enable_caching()
+    }
+
+    #[getter]
+    fn num_free_blocks(&self) -> usize {
+        self.inner.num_free_blocks()
+    }
+
+    #[getter]
+    fn num_used_blocks(&self) -> usize {
+        self.inner.num_total_blocks() - self.inner.num_free_blocks()
+    }
+
+    #[getter]
+    fn num_cached_blocks(&self) -> usize {
+        self.inner.num_cached_blocks()
+    }
+
+    #[getter]
+    fn num_requests(&self) -> usize {
+        self.inner.num_requests()
+    }
+
+    #[getter]
+    fn usage(&self) -> f64 {
+        self.inner.usage()
+    }
+
+    fn stats(&self) -> PyBlockPoolStats {
+        self.inner.stats().into()
+    }
+
+    #[pyo3(signature = (token_ids, *, extra_key = None))]
+    fn get_computed_blocks(
+        &mut self,
+        token_ids: &Bound<'_, PyAny>,
+        extra_key: Option<u64>,
+    ) -> PyResult<PyGroupedComputedBlocks> {
+        let tokens = read_token_ids(token_ids, "token_ids")?;
+        let inner = self.inner.get_computed_blocks(&tokens, extra_key);
+        Ok(PyGroupedComputedBlocks { inner })
+    }
+
+    #[pyo3(signature = (request_id, num_new_tokens, num_lookahead_tokens = 0, *, token_ids = None, new_computed_blocks = None, extra_key = None))]
+    fn allocate_slots<'py>(
+        &mut self,
+        request_id: &Bound<'py, PyAny>,
+        num_new_tokens: i64,
+        num_lookahead_tokens: i64,
+        token_ids: Option<&Bound<'py, PyAny>>,
+        new_computed_blocks: Option<PyRef<'py, PyGroupedComputedBlocks>>,
+        extra_key: Option<u64>,
+    ) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        let py = request_id.py();
+        let request_id = RequestId::from_py(request_id)?;
+        let num_new_tokens = count_arg(py, "num_new_tokens", num_new_tokens, 1)?;
+        let num_lookahead_tokens = count_arg(py, "num_lookahead_tokens", num_lookahead_tokens, 0)?;
+        let tokens = match token_ids {
+            Some(obj) => read_token_ids(obj, "token_ids")?,
+            None => Vec::new(),
+        };
+        let hit = new_computed_blocks.as_ref().map(|h| &h.inner);
+        let new = self
+            .inner
+            .allocate_slots(
+                &request_id,
+                &tokens,
+                num_new_tokens,
+                num_lookahead_tokens,
+                hit,
+                extra_key,
+            )
+            .or_raise(py)?;
+        new.map(|tables| group_arrays(py, tables)).transpose()
+    }
+
+    fn cache_blocks(
+        &mut self,
+        request_id: &Bound<'_, PyAny>,
+        token_ids: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let py = request_id.py();
+        let id = RequestId::from_py(request_id)?;
+        let tokens = read_token_ids(token_ids, "token_ids")?;
+        self.inner.cache_blocks(&id, &tokens).or_raise(py)
+    }
+
+    fn free(&mut self, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let py = request_id.py();
+        self.inner
+            .free(&RequestId::from_py(request_id)?)
+            .or_raise(py)
+    }
+
+    fn block_ids<'py>(&self, request_id: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyTuple>> {
+        let py = request_id.py();
+        let id = RequestId::from_py(request_id)?;
+        let tables = self
+            .inner
+            .block_ids(&id)
+            .ok_or_else(|| unknown_request(py, &id))?;
+        group_arrays(py, tables)
+    }
+
+    fn num_computed_tokens(&self, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let py = request_id.py();
+        let id = RequestId::from_py(request_id)?;
+        self.inner
+            .num_computed_tokens(&id)
+            .ok_or_else(|| unknown_request(py, &id))
+    }
+
+    fn free_block_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<BlockId>> {
+        PyArray1::from_vec(py, self.inner.free_block_ids())
+    }
+
+    fn ref_count(&self, py: Python<'_>, block_id: i64) -> PyResult<u32> {
+        let block = count_arg(py, "block_id", block_id, 0)?;
+        u32::try_from(block)
+            .ok()
+            .and_then(|b| self.inner.ref_count(b))
+            .ok_or_else(|| input_error(py, "block_id", block_id, "no such block"))
+    }
+
+    fn __contains__(&self, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {
+        Ok(self
+            .inner
+            .block_ids(&RequestId::from_py(request_id)?)
+            .is_some())
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.num_requests()
+    }
+
+    fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
+        invariants(py, self.inner.check_invariants())
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "KvCoordinator(groups={:?}, num_blocks={}, block_size={}, num_free_blocks={}, num_requests={})",
+            self.inner.groups(),
+            self.inner.num_total_blocks() + 1,
+            self.inner.block_size(),
+            self.inner.num_free_blocks(),
+            self.inner.num_requests()
+        )
+    }
+}

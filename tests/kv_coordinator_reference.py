@@ -1,0 +1,331 @@
+"""A pure-Python reference model of ``tokenyard.kv.KvCoordinator``, written from vLLM
+0.33's ``KVCacheManager.allocate_slots``, ``kv_cache_coordinator.py`` and the managers of
+``single_type_kv_cache_manager.py`` (FullAttention, SlidingWindow, ChunkedLocalAttention,
+Mamba with ``mamba_cache_mode="none"``), restricted to what tokenyard models: one block
+size for every group, no EAGLE, no external (connector) tokens, dense caching.
+
+Obvious rather than fast: the free queue is a list, a block's cache key is the tuple of
+every token up to its end plus the group, and a lookup scans.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenyard.errors import InputError, UnknownRequestError
+
+NULL = 0
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class Spec:
+    kind: str  # "full", "window", "local", "mamba"
+    size: int = 0  # the window or the chunk, in tokens
+
+    def skipped_tokens(self, num_computed: int) -> int:
+        if self.kind == "window":
+            return max(0, num_computed - self.size + 1)
+        if self.kind == "local":
+            return num_computed // self.size * self.size
+        return 0
+
+    def required_blocks(self, num_slots: int, block_size: int) -> int:
+        if self.kind == "mamba":
+            return 1 if num_slots > 0 else 0
+        return cdiv(num_slots, block_size)
+
+    def max_live_blocks(self, num_added: int, block_size: int) -> int | None:
+        """The most non-null blocks right after an allocation of ``num_added`` slots."""
+        if self.kind == "window":
+            return cdiv(max(0, self.size + num_added - 2), block_size) + 1
+        if self.kind == "local":
+            if self.size % block_size == 0:
+                return cdiv(self.size + num_added - 1, block_size)
+            return cdiv(self.size + num_added - 2, block_size) + 1
+        if self.kind == "mamba":
+            return 1
+        return None
+
+
+@dataclass
+class Hit:
+    blocks: list[list[int]]
+    num_tokens: int
+    query: tuple[int, ...]
+    keys: list[list[tuple[object, ...] | None]]
+
+
+@dataclass
+class Req:
+    tokens: list[int]
+    num_computed: int
+    tables: list[list[int]]
+    num_cached: list[int]
+    extra_key: int | None
+
+
+@dataclass
+class RefCoordinator:
+    specs: list[Spec]
+    num_blocks: int
+    block_size: int
+    caching: bool
+    ref: list[int] = field(default_factory=list)
+    key_of: dict[int, tuple[object, ...]] = field(default_factory=dict)
+    # key -> blocks caching it, oldest first (vLLM answers the first)
+    cache: dict[tuple[object, ...], list[int]] = field(default_factory=dict)
+    free_queue: list[int] = field(default_factory=list)
+    requests: dict[Any, Req] = field(default_factory=dict)
+    num_lookups: int = 0
+    num_hit_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        self.ref = [0] * self.num_blocks
+        self.free_queue = list(range(1, self.num_blocks))  # block 0 is the null block
+
+    # --- the pool (vLLM's BlockPool) ---
+    def key(
+        self, tokens: list[int] | tuple[int, ...], i: int, g: int, extra: int | None
+    ) -> tuple[object, ...]:
+        return (g, extra, tuple(tokens[: (i + 1) * self.block_size]))
+
+    def cached_block(self, key: tuple[object, ...]) -> int | None:
+        blocks = self.cache.get(key)
+        return blocks[0] if blocks else None
+
+    def take_free_block(self) -> int:
+        block = self.free_queue.pop(0)
+        old = self.key_of.pop(block, None)
+        if old is not None:
+            self.cache[old].remove(block)
+            if not self.cache[old]:
+                del self.cache[old]
+        self.ref[block] = 1
+        return block
+
+    def free_blocks(self, ordered: list[int]) -> None:
+        first: list[int] = []
+        last: list[int] = []
+        for block in ordered:
+            if block == NULL:
+                continue
+            self.ref[block] -= 1
+            if self.ref[block] == 0:
+                (last if block in self.key_of else first).append(block)
+        self.free_queue = first + self.free_queue + last
+
+    # --- lookup (vLLM's HybridKVCacheCoordinator.find_longest_cache_hit) ---
+    def spec_groups(self) -> list[tuple[Spec, list[int]]]:
+        out: list[tuple[Spec, list[int]]] = []
+        for g, spec in enumerate(self.specs):
+            for s, ids in out:
+                if s == spec:
+                    ids.append(g)
+                    break
+            else:
+                out.append((spec, [g]))
+        return sorted(out, key=lambda sg: sg[0].kind != "full")
+
+    def find(
+        self, spec: Spec, ids: list[int], tokens: list[int], extra: int | None, max_length: int
+    ) -> tuple[list[list[int]], int]:
+        bs = self.block_size
+        max_blocks = min(max_length // bs, len(tokens) // bs)
+
+        def lookup(i: int) -> list[int] | None:
+            found = [self.cached_block(self.key(tokens, i, g, extra)) for g in ids]
+            return [b for b in found if b is not None] if None not in found else None
+
+        tables: list[list[int]] = [[] for _ in ids]
+        if spec.kind == "full":
+            for i in range(max_blocks):
+                found = lookup(i)
+                if found is None:
+                    break
+                for t, b in zip(tables, found, strict=True):
+                    t.append(b)
+        elif spec.kind == "window":
+            need = cdiv(spec.size - 1, bs)
+            tables = [[NULL] * max_blocks for _ in ids]
+            run, end = 0, None
+            for i in range(max_blocks - 1, -1, -1):
+                found = lookup(i)
+                if found is None:
+                    run = 0
+                    continue
+                for t, b in zip(tables, found, strict=True):
+                    t[i] = b
+                run += 1
+                if run >= need:
+                    end = i + run
+                    break
+            end = run if end is None else end
+            tables = [t[:end] for t in tables]
+        elif spec.kind == "local":
+            first = max_length // spec.size * spec.size // bs
+            tables = [[NULL] * first for _ in ids]
+            for i in range(first, max_blocks):
+                found = lookup(i)
+                if found is None:
+                    break
+                for t, b in zip(tables, found, strict=True):
+                    t.append(b)
+        return tables, len(tables[0]) * bs
+
+    def get_computed_blocks(self, tokens: list[int], extra_key: int | None = None) -> Hit:
+        n = len(self.specs)
+        empty = Hit([[] for _ in range(n)], 0, tuple(tokens), [[] for _ in range(n)])
+        if not self.caching:
+            return empty
+        groups = self.spec_groups()
+        simple = len(groups) == 2 and groups[0][0].kind == "full"
+        hit_length = max(0, len(tokens) - 1)
+        found: list[list[int] | None] = [None] * n
+        found_len = [0] * n
+        while True:
+            current = hit_length
+            for spec, ids in groups:
+                if spec.kind == "full" and found[ids[0]] is not None:
+                    current = min(current, found_len[ids[0]])
+                    continue
+                tables, current = self.find(spec, ids, tokens, extra_key, current)
+                for g, t in zip(ids, tables, strict=True):
+                    found[g], found_len[g] = t, current
+            if current >= hit_length:
+                break
+            hit_length = current
+            if simple:
+                break
+        blocks = []
+        for g, spec in enumerate(self.specs):
+            t = found[g] or []
+            blocks.append(t[: cdiv(hit_length, self.block_size)] if spec.kind == "full" else t)
+        keys = [
+            [None if b == NULL else self.key(tokens, i, g, extra_key) for i, b in enumerate(t)]
+            for g, t in enumerate(blocks)
+        ]
+        self.num_lookups += 1
+        self.num_hit_tokens += hit_length
+        return Hit(blocks, hit_length, tuple(tokens), keys)
+
+    # --- allocation (vLLM's KVCacheManager.allocate_slots) ---
+    def allocate_slots(
+        self,
+        rid: object,
+        num_new: int,
+        lookahead: int = 0,
+        token_ids: list[int] | None = None,
+        hit: Hit | None = None,
+        extra_key: int | None = None,
+    ) -> list[list[int]] | None:
+        token_ids = list(token_ids or [])
+        req = self.requests.get(rid)
+        if num_new < 1:
+            raise InputError("num_new_tokens")
+        if req is not None and hit is not None:
+            raise InputError("new_computed_blocks")
+        if req is not None and extra_key is not None and extra_key != req.extra_key:
+            raise InputError("extra_key")
+        if hit is not None:
+            if len(hit.query) != len(token_ids):
+                raise InputError("new_computed_blocks")
+            for g, t in enumerate(hit.blocks):
+                for i, b in enumerate(t):
+                    if b != NULL and self.key_of.get(b) != hit.keys[g][i]:
+                        raise InputError("new_computed_blocks")
+        bs = self.block_size
+        computed = req.num_computed if req else (hit.num_tokens if hit else 0)
+        slots = computed + num_new + lookahead
+        # Step 1: remove the blocks outside each group's window (remove_skipped_blocks).
+        if req is not None:
+            for spec, table in zip(self.specs, req.tables, strict=True):
+                end = min(spec.skipped_tokens(computed) // bs, len(table))
+                freed = []
+                for i in range(end - 1, -1, -1):
+                    if table[i] == NULL:
+                        break
+                    freed.append(table[i])
+                    table[i] = NULL
+                self.free_blocks(freed)
+        # get_num_blocks_to_allocate, summed over groups.
+        needed = 0
+        for g, spec in enumerate(self.specs):
+            required = spec.required_blocks(slots, bs)
+            if req is not None:
+                needed += max(0, required - len(req.tables[g]))
+                continue
+            hit_blocks = hit.blocks[g] if hit else []
+            skipped = spec.skipped_tokens(computed) // bs
+            needed += max(0, required - max(skipped, len(hit_blocks)))
+            needed += sum(1 for b in hit_blocks[skipped:] if b != NULL and self.ref[b] == 0)
+        if needed > len(self.free_queue):
+            return None
+        if req is None:
+            n = len(self.specs)
+            req = Req([], computed, [[] for _ in range(n)], [0] * n, extra_key)
+            if hit is not None:
+                req.tokens = list(token_ids)  # the hit's tokens are the prompt's
+                token_ids = []
+                for g, spec in enumerate(self.specs):
+                    skipped = spec.skipped_tokens(computed) // bs
+                    kept = hit.blocks[g][skipped:]
+                    for b in kept:
+                        if b == NULL:
+                            continue
+                        if self.ref[b] == 0:
+                            self.free_queue.remove(b)
+                        self.ref[b] += 1
+                    req.tables[g] = [NULL] * skipped + list(kept)
+                    req.num_cached[g] = len(req.tables[g])
+            self.requests[rid] = req
+        new = []
+        for spec, table in zip(self.specs, req.tables, strict=True):
+            added = [
+                self.take_free_block()
+                for _ in range(max(0, spec.required_blocks(slots, bs) - len(table)))
+            ]
+            table.extend(added)
+            new.append(added)
+        req.tokens.extend(token_ids)
+        req.num_computed += num_new
+        self.cache_full(req)
+        return new
+
+    def cache_full(self, req: Req) -> None:
+        if not self.caching:
+            return
+        num_full = min(req.num_computed, len(req.tokens)) // self.block_size
+        for g, spec in enumerate(self.specs):
+            if spec.kind == "mamba" or req.num_cached[g] >= num_full:
+                continue
+            table = req.tables[g]
+            for i in range(req.num_cached[g], min(num_full, len(table))):
+                if table[i] == NULL:
+                    continue
+                key = self.key(req.tokens, i, g, req.extra_key)
+                self.key_of[table[i]] = key
+                self.cache.setdefault(key, []).append(table[i])
+            req.num_cached[g] = num_full
+
+    def cache_blocks(self, rid: object, token_ids: list[int]) -> None:
+        req = self.requests.get(rid)
+        if req is None:
+            raise UnknownRequestError(str(rid))
+        req.tokens.extend(token_ids)
+        self.cache_full(req)
+
+    def free(self, rid: object) -> None:
+        req = self.requests.pop(rid, None)
+        if req is None:
+            raise UnknownRequestError(str(rid))
+        for table in req.tables:
+            self.free_blocks(list(reversed(table)))
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)

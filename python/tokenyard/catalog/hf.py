@@ -178,7 +178,8 @@ def _attention_refusal(
     if "hybrid_override_pattern" in cfg:
         return _bad(
             "hybrid_override_pattern",
-            "Mamba/attention hybrids are read for NemotronHForCausalLM configs only; not modelled here",
+            "Mamba/attention hybrids are read for NemotronHForCausalLM configs only; "
+            "not modelled here",
         )
     layer_types = cfg.get("layer_types")
     if layer_types is not None:

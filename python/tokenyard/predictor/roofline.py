@@ -332,6 +332,183 @@ def _attention(b: _Builder, s: _Sizes) -> None:
     )
 
 
+def window_pairs(seq: float, prefix: float, window: float, chunked: bool = False) -> float:
+    """Query-key pairs of a chunk of ``seq`` tokens after ``prefix`` cached ones when a
+    query reads at most ``window`` keys: the last ``window`` (sliding) or those of its own
+    ``window``-token chunk (chunked local attention, Llama 4); ``window`` 0: all."""
+
+    def upto(n: float) -> float:  # pairs of the first n positions
+        if window <= 0:
+            return n * (n + 1.0) / 2.0
+        if chunked:
+            whole, rest = divmod(n, window)
+            return whole * window * (window + 1.0) / 2.0 + rest * (rest + 1.0) / 2.0
+        if n <= window:
+            return n * (n + 1.0) / 2.0
+        return window * (window + 1.0) / 2.0 + (n - window) * window
+
+    return max(upto(seq + prefix) - upto(prefix), 0.0)
+
+
+def window_keys(keys: float, window: float, chunked: bool = False) -> float:
+    """Keys a decode at ``keys`` cached tokens reads: at most ``window`` (sliding); within
+    its chunk (chunked: on average half a chunk once past the first)."""
+    if window <= 0 or keys <= window:
+        return keys
+    return (window + 1.0) / 2.0 if chunked else float(window)
+
+
+def _windowed_attention(b: _Builder, s: _Sizes, window: int, chunked: bool, prefix: str) -> None:
+    """Attention over a window (``prefix`` names the ops): the pairs and keys a window
+    leaves, priced as full attention of that work (calibrated curves where there are)."""
+    device, c = b.device, b.calibration
+    b.add(f"{prefix}kv_store", flops={}, bytes={"num_tokens": 2.0 * s.kv * (s.a + s.c)})
+    peak = device.dense_bf16_tflops * 1e12
+    bandwidth = device.memory_bandwidth_gbps * 1e9
+
+    def prefill(batch: float, seq: float, cached: float) -> float:
+        pairs = window_pairs(seq, cached, window, chunked)
+        keys = min(seq + cached, window) if window and not chunked else seq + cached
+        flops = 4.0 * s.q * batch * pairs
+        moved = batch * (4.0 * s.q * seq + s.c * 2.0 * s.kv * keys)
+        if c is not None:
+            roofline = max(flops / peak, moved / bandwidth)
+            span = min(seq + cached, float(window)) if window else seq + cached
+            return roofline / curve_value(c.prefill_seq_lens, c.prefill_efficiency, span)
+        return max(flops / (peak * b.eff.attention), moved / (bandwidth * b.eff.memory))
+
+    kv_heads = s.kv / s.head_dim
+
+    def decode(batch: float, keys: float) -> float:
+        read = window_keys(keys, window, chunked)
+        roofline = decode_roofline_s(device, batch, read, s.q, s.kv, s.c)
+        if c is not None:
+            rows = decode_efficiency_rows(c, read)
+            return roofline / curve_value(c.decode_parallelism, rows, batch * kv_heads)
+        flops = 4.0 * s.q * batch * read
+        moved = batch * (4.0 * s.q + s.c * 2.0 * s.kv * read)
+        return max(flops / (peak * b.eff.attention), moved / (bandwidth * b.eff.memory))
+
+    for name, table, gate in (
+        ("attn_prefill", grids.prefill_attention_table(prefill), "num_prefill_tokens"),
+        ("attn_decode", grids.decode_attention_table(decode), "num_decode_tokens"),
+    ):
+        source = "calibrated" if c is not None else "roofline"
+        b.ops.append(CompiledOp(f"{prefix}{name}", "layer", gate, table, 1.0, source))
+
+
+def _linear_attention(b: _Builder, model: ModelSpec, s: _Sizes, tp: int, prefix: str) -> None:
+    """A gated DeltaNet or Mamba2 layer on one TP worker (``d = heads/TP x head_dim``
+    values read out of a ``heads/TP x head_dim x group_dim`` state): the input
+    projection(s), the depthwise causal conv over ``d + 2g`` channels, the chunked scan
+    of a prefill (about ``6 x state`` FLOPs per token: decay, update and read-out) and
+    the recurrent step of a decode (the state read and written once), the gated norm and
+    ``out_proj``."""
+    lin = model.linear
+    if lin is None:
+        return
+    heads = lin.num_heads // tp
+    inner = heads * lin.head_dim
+    conv_dim = (lin.inner + 2 * lin.groups(tp) * lin.group_dim) // tp
+    state = heads * lin.head_dim * lin.group_dim
+    _gemm(b, f"{prefix}in_proj", s.h, lin.in_proj_width() // tp, s)
+    b.add(
+        f"{prefix}conv",
+        flops={"num_tokens": 2.0 * conv_dim * lin.conv_kernel},
+        bytes={"num_tokens": 2.0 * conv_dim * s.a},
+    )
+    b.add(
+        f"{prefix}scan_prefill",
+        flops={"num_prefill_tokens": 6.0 * state},
+        bytes={"num_prefill_tokens": 4.0 * inner * s.a},
+        attention=True,
+        gate="num_prefill_tokens",
+    )
+    b.add(
+        f"{prefix}scan_decode",
+        flops={"num_decode_tokens": 6.0 * state},
+        bytes={"num_decode_tokens": 2.0 * state * lin.state_dtype_bytes + 4.0 * inner * s.a},
+        attention=True,
+        gate="num_decode_tokens",
+    )
+    b.add(
+        f"{prefix}gated_norm",
+        flops={"num_tokens": 5.0 * inner},
+        bytes={"num_tokens": 3.0 * inner * s.a},
+    )
+    _gemm(b, f"{prefix}out_proj", inner, s.h, s)
+
+
+def _mixer_sizes(model: ModelSpec, s: _Sizes, tp: int, mixer: str) -> _Sizes:
+    kv_heads, head_dim = model.kv_shape(mixer)
+    return dataclasses.replace(
+        s,
+        q=model.num_heads // tp * head_dim,
+        kv=math.ceil(kv_heads / tp) * head_dim,
+        head_dim=head_dim,
+    )
+
+
+def _gqa_attention(
+    b: _Builder,
+    model: ModelSpec,
+    s: _Sizes,
+    prefix: str = "",
+    window: int = 0,
+    chunked: bool = False,
+    mixer: str = "gqa",
+) -> None:
+    """A GQA layer's attention block (``prefix`` names a non-full kind's ops)."""
+    gate = s.q if model.attention_output_gate else 0
+    kv_proj = s.kv if mixer == "gqa" and model.attention_k_eq_v else 2 * s.kv
+    _gemm(b, f"{prefix}qkv_proj", s.h, s.q + gate + kv_proj, s)
+    b.add(
+        f"{prefix}rope",
+        flops={"num_tokens": 3.0 * (s.q + s.kv)},
+        bytes={"num_tokens": 2.0 * (s.q + s.kv) * s.a},
+    )
+    if model.qk_norm:  # Qwen3: an RMSNorm over each query and key head
+        b.add(
+            f"{prefix}qk_norm",
+            flops={"num_tokens": 4.0 * (s.q + s.kv)},
+            bytes={"one": 2.0 * s.head_dim * s.w, "num_tokens": 2.0 * (s.q + s.kv) * s.a},
+        )
+    if window:
+        _windowed_attention(b, s, window, chunked, prefix)
+    else:
+        _attention(b, s)
+        if prefix:
+            for i in range(len(b.ops) - 3, len(b.ops)):
+                b.ops[i] = dataclasses.replace(b.ops[i], name=prefix + b.ops[i].name)
+    _gemm(b, f"{prefix}o_proj", s.q, s.h, s)
+
+
+def _mixers(b: _Builder, model: ModelSpec, s: _Sizes, tp: int) -> None:
+    """Each kind of token mixer the model's layers have, its ops run ``count /
+    num_layers`` times per layer (exact at PP 1). Full attention keeps the plain op
+    names; a ``sliding``, ``chunked``, ``gdn`` or ``mamba2`` layer's ops are named with
+    its kind (``sliding_attn_decode``)."""
+    counts: dict[str, int] = {}
+    for mixer in model.mixers():
+        counts[mixer] = counts.get(mixer, 0) + 1
+    for mixer, count in counts.items():
+        start = len(b.ops)
+        prefix = "" if mixer in ("gqa", "mla") else f"{mixer}_"
+        if mixer == "mla":
+            _mla_attention(b, model, s)
+        elif mixer in ("gqa", "sliding", "chunked"):
+            sizes = _mixer_sizes(model, s, tp, mixer)
+            window = model.window_of(mixer)
+            _gqa_attention(b, model, sizes, prefix, window, mixer == "chunked", mixer)
+        elif mixer in ("gdn", "mamba2"):
+            _linear_attention(b, model, s, tp, prefix)
+        if count != model.num_layers:
+            share = count / model.num_layers
+            b.ops[start:] = [
+                dataclasses.replace(op, count=op.count * share) for op in b.ops[start:]
+            ]
+
+
 def _norm(b: _Builder, name: str, s: _Sizes) -> None:
     # Calibrated: serving engines fuse the residual add into the norm (read both, write both).
     per_token = 4.0 if b.calibration is not None else 2.0
@@ -417,9 +594,10 @@ def _expert_gemm(
     b.ops.append(CompiledOp(name, "layer", "num_tokens", cost))
 
 
-def _dense_mlp(b: _Builder, s: _Sizes, i: int, prefix: str = "") -> None:
-    """A SwiGLU MLP of ``i`` (per TP worker) intermediate values."""
-    _gemm(b, f"{prefix}gate_up_proj", s.h, 2 * i, s)
+def _dense_mlp(b: _Builder, s: _Sizes, i: int, prefix: str = "", gated: bool = True) -> None:
+    """A SwiGLU MLP of ``i`` (per TP worker) intermediate values (``gated`` false: up
+    and down only, Nemotron-H's relu2)."""
+    _gemm(b, f"{prefix}gate_up_proj", s.h, (2 if gated else 1) * i, s)
     b.add(f"{prefix}act", flops={"num_tokens": 3.0 * i}, bytes={"num_tokens": 3.0 * i * s.a})
     _gemm(b, f"{prefix}down_proj", i, s.h, s)
 
@@ -433,12 +611,17 @@ def _mlp(b: _Builder, model: ModelSpec, s: _Sizes, tp: int, e: _Experts) -> None
     kinds = model.layer_kinds()
     for kind in kinds:
         start = len(b.ops)
+        if kind.ffn == "none":
+            continue
         if kind.ffn == "dense":
-            _dense_mlp(b, s, kind.intermediate_size // tp, "dense_" if len(kinds) > 1 else "")
+            prefix = "dense_" if model.num_experts > 1 else ""
+            _dense_mlp(b, s, kind.intermediate_size // tp, prefix, model.gated_ffn)
         else:
             rows = e.rows_per_token
             _gemm(b, "router", s.h, model.num_experts, s, layer_linear=False)
-            _expert_gemm(b, model, s, "gate_up_proj", s.h, 2 * e.inter, e)
+            _expert_gemm(
+                b, model, s, "gate_up_proj", s.h, (2 if model.gated_ffn else 1) * e.inter, e
+            )
             b.add(
                 "act",
                 flops={"num_tokens": 3.0 * e.inter * rows},
@@ -446,9 +629,8 @@ def _mlp(b: _Builder, model: ModelSpec, s: _Sizes, tp: int, e: _Experts) -> None
             )
             _expert_gemm(b, model, s, "down_proj", e.inter, s.h, e)
             if model.num_shared_experts:
-                shared = model.num_shared_experts * kind.intermediate_size // tp
-                _dense_mlp(b, s, shared, "shared_")
-        if len(kinds) > 1:
+                _dense_mlp(b, s, model.shared_intermediate // tp, "shared_", model.gated_ffn)
+        if kind.count != model.num_layers:
             share = kind.count / model.num_layers
             b.ops[start:] = [
                 dataclasses.replace(op, count=op.count * share) for op in b.ops[start:]
@@ -660,24 +842,15 @@ def roofline_predictor(
     s = _sizes(model, tp, weight_bytes, kv_bytes)
     b = _Builder(device, efficiencies, calibration, gemm_activations)
     _norm(b, "input_norm", s)
-    if model.mla is not None:
-        _mla_attention(b, model, s)
-    else:
-        _gemm(b, "qkv_proj", s.h, s.q + 2 * s.kv, s)
-        b.add(
-            "rope",
-            flops={"num_tokens": 3.0 * (s.q + s.kv)},
-            bytes={"num_tokens": 2.0 * (s.q + s.kv) * s.a},
-        )
-        if model.qk_norm:  # Qwen3: an RMSNorm over each query and key head
-            b.add(
-                "qk_norm",
-                flops={"num_tokens": 4.0 * (s.q + s.kv)},
-                bytes={"one": 2.0 * s.head_dim * s.w, "num_tokens": 2.0 * (s.q + s.kv) * s.a},
-            )
-        _attention(b, s)
-        _gemm(b, "o_proj", s.q, s.h, s)
+    _mixers(b, model, s, tp)
     _norm(b, "post_attn_norm", s)
+    if model.layer_types:  # a one-part layer (Nemotron-H) has one norm
+        both = sum(
+            1
+            for m, f in zip(model.mixers(), model.ffns(), strict=True)
+            if m != "none" and f != "none"
+        )
+        b.ops[-1] = dataclasses.replace(b.ops[-1], count=both / model.num_layers)
     _mlp(b, model, s, tp, _experts(model, tp, ep, dp))
     if calibration is None:  # calibrated: fused into the norms
         b.add(

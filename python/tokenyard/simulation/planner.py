@@ -56,14 +56,17 @@ from dataclasses import dataclass
 from tokenyard._checks import check_key_int
 from tokenyard.catalog import DeviceSpec, ModelSpec
 from tokenyard.catalog.quant import Quantization
-from tokenyard.catalog.specs import LayerKind
+from tokenyard.catalog.specs import ATTENTION_MIXERS, LINEAR_MIXERS, LayerKind
 from tokenyard.errors import ConfigError
 
 __all__ = [
     "DTYPE_BYTES",
     "KV_CACHE_DTYPES",
+    "KvGroup",
     "MemoryPlan",
     "dtype_bytes",
+    "hybrid_kv_words",
+    "kv_groups",
     "kv_values_per_token_layer",
     "parameters_per_device",
     "plan_memory",
@@ -105,6 +108,11 @@ class MemoryPlan:
     #: ``num_blocks x block_size``.
     max_kv_tokens: int = 0
     max_request_slots: int = 0
+    #: The layers by KV group (``kv_groups``), and the linear-attention state held for
+    #: ``max_num_seqs`` requests out of the KV memory (vLLM sizes its Mamba blocks so).
+    groups: tuple[KvGroup, ...] = ()
+    state_bytes_per_request: int = 0
+    reserved_state_bytes: int = 0
 
 
 def _dtype_bytes(dtype: str, choices: tuple[str, ...], field: str) -> float:
@@ -145,17 +153,26 @@ def parameters_per_device(model: ModelSpec, tp: int, pp: int, ep: int = 1) -> in
     return sum(_parameter_split(model, tp, pp, ep))
 
 
-def _attention_split(model: ModelSpec, tp: int) -> tuple[int, int]:
-    """(linear weights, other weights) of one layer's attention on one TP rank."""
+def _attention_split(model: ModelSpec, tp: int, mixer: str = "gqa") -> tuple[int, int]:
+    """(linear weights, other weights) of one layer's token mixer on one TP rank: its
+    attention (a ``gqa`` layer at the global shape where the config gives one), or its
+    linear-attention projections (split by heads) and conv, per-head and norm weights."""
     h = model.hidden_size
+    if mixer == "none":
+        return 0, 0
+    if mixer in LINEAR_MIXERS and model.linear is not None:
+        linear, other = model.linear.parameters(h)
+        return math.ceil(linear / tp), math.ceil(other / tp)
     if model.mla is not None:  # the a projections replicated, the rest split by heads
         replicated, split, norms = model.mla.split_parameters(h, model.num_heads // tp)
         return replicated + split, norms
-    d = model.head_dim
+    kv_heads, d = model.kv_shape(mixer)
     q = model.num_heads // tp * d
-    kv = math.ceil(model.num_kv_heads / tp) * d
-    bias = (q + 2 * kv) if model.attention_bias else 0
-    return 2 * h * q + 2 * h * kv, bias
+    kv = math.ceil(kv_heads / tp) * d
+    kv_proj = kv if mixer == "gqa" and model.attention_k_eq_v else 2 * kv
+    gate = q if model.attention_output_gate else 0
+    bias = (q + kv_proj) if model.attention_bias else 0
+    return h * (2 * q + gate) + h * kv_proj, bias
 
 
 def _ffn_split(model: ModelSpec, kind: LayerKind, tp: int, ep: int = 1) -> tuple[int, int]:
@@ -165,13 +182,16 @@ def _ffn_split(model: ModelSpec, kind: LayerKind, tp: int, ep: int = 1) -> tuple
     experts split by the attention TP (vLLM's shared MLP runs on the TP group of its DP
     rank, replicated across DP ranks). The router is whole on every GPU."""
     h, inter = model.hidden_size, math.ceil(kind.intermediate_size / tp)
+    m = 3 if model.gated_ffn else 2  # gate, up, down (Nemotron-H: up, down)
+    if kind.ffn == "none":
+        return 0, 0
     if kind.ffn == "dense":
-        return 3 * h * inter, 0
+        return m * h * inter, 0
+    shared = m * h * math.ceil(model.shared_intermediate / tp)
     if ep == 1:
-        experts = model.num_experts + model.num_shared_experts
-        return 3 * h * inter * experts, h * model.num_experts
-    routed = 3 * h * kind.intermediate_size * (model.num_experts // ep)
-    return routed + 3 * h * inter * model.num_shared_experts, h * model.num_experts
+        return m * h * inter * model.num_experts + shared, h * model.num_experts
+    routed = m * h * kind.intermediate_size * (model.num_experts // ep)
+    return routed + shared, h * model.num_experts
 
 
 def _parameter_split(model: ModelSpec, tp: int, pp: int, ep: int = 1) -> tuple[int, int]:
@@ -182,12 +202,13 @@ def _parameter_split(model: ModelSpec, tp: int, pp: int, ep: int = 1) -> tuple[i
     model.check_layout(tp, pp)
     model.check_expert_parallel(ep)
     h = model.hidden_size
-    attention_linear, attention_other = _attention_split(model, tp)
     linear = other = 0
     for kind in model.layer_kinds():
+        attention_linear, attention_other = _attention_split(model, tp, kind.attention)
         ffn_linear, ffn_other = _ffn_split(model, kind, tp, ep)
+        norms = ((kind.attention != "none") + (kind.ffn != "none")) * h
         linear += kind.count * (attention_linear + ffn_linear)
-        other += kind.count * (attention_other + ffn_other + 2 * h)
+        other += kind.count * (attention_other + ffn_other + norms)
     vocab_shard = math.ceil(model.vocab_size / tp) * h
     first = vocab_shard
     last = h + (0 if model.tied_embeddings and pp == 1 else vocab_shard)
@@ -195,13 +216,74 @@ def _parameter_split(model: ModelSpec, tp: int, pp: int, ep: int = 1) -> tuple[i
     return math.ceil(linear / pp), math.ceil(other / pp) + edge
 
 
-def kv_values_per_token_layer(model: ModelSpec, tp: int) -> int:
+def kv_values_per_token_layer(model: ModelSpec, tp: int, mixer: str = "gqa") -> int:
     """KV values one TP rank caches per token and layer: K and V of its
-    ``ceil(kv_heads / TP)`` heads, or for MLA the whole latent (``kv_lora_rank +
-    qk_rope_head_dim``, one head every rank keeps: vLLM's ``MLAAttentionSpec``)."""
+    ``ceil(kv_heads / TP)`` heads (a ``gqa`` layer's at the global shape where the config
+    gives one: Gemma 4), or for MLA the whole latent (``kv_lora_rank + qk_rope_head_dim``,
+    one head every rank keeps: vLLM's ``MLAAttentionSpec``); none for linear-attention
+    and FFN-only layers."""
+    if mixer not in ATTENTION_MIXERS:
+        return 0
     if model.mla is not None:
         return model.mla.latent_dim
-    return 2 * model.head_dim * math.ceil(model.num_kv_heads / tp)
+    kv_heads, head_dim = model.kv_shape(mixer)
+    return 2 * head_dim * math.ceil(kv_heads / tp)
+
+
+@dataclass(frozen=True)
+class KvGroup:
+    """One of vLLM's KV cache groups (its hybrid allocator keeps one per attention kind):
+    ``layers`` layers of ``mixer`` (``gqa``/``mla`` full, ``sliding``, ``chunked``,
+    ``gdn``/``mamba2`` state) on one device, the KV bytes they cache per token, the
+    tokens a request keeps in them at most (``window``; 0: all), and for a linear group
+    the state bytes per request instead."""
+
+    mixer: str
+    layers: int
+    bytes_per_token: int
+    window: int = 0
+    state_bytes_per_request: int = 0
+
+
+def kv_groups(model: ModelSpec, tp: int, pp: int, kv_bytes: int) -> tuple[KvGroup, ...]:
+    """The model's layers on one device (``1/PP`` of each kind) grouped by mixer."""
+    counts: dict[str, int] = {}
+    for mixer in model.mixers():
+        counts[mixer] = counts.get(mixer, 0) + 1
+    groups = []
+    for mixer, count in counts.items():
+        layers = count // pp if count % pp == 0 else math.ceil(count / pp)
+        if mixer in ATTENTION_MIXERS:
+            per_layer = kv_bytes * kv_values_per_token_layer(model, tp, mixer)
+            groups.append(KvGroup(mixer, layers, per_layer * layers, model.window_of(mixer)))
+        elif mixer in LINEAR_MIXERS and model.linear is not None:
+            state = model.linear.state_bytes(tp) * layers
+            groups.append(KvGroup(mixer, layers, 0, state_bytes_per_request=state))
+    return tuple(groups)
+
+
+def hybrid_kv_words(groups: tuple[KvGroup, ...], request_tokens: int, block_size: int) -> str:
+    """What vLLM's hybrid allocator (without ``--disable-hybrid-kv-cache-manager``) would
+    hold per request of ``request_tokens`` against what the plan holds (every attention
+    layer a full one): a window group keeps at most its window plus a block."""
+    parts, full, hybrid = [], 0, 0
+    for g in groups:
+        if g.state_bytes_per_request:
+            parts.append(f"{g.mixer} {g.layers} layers {g.state_bytes_per_request:,} B/request")
+            full += g.state_bytes_per_request
+            hybrid += g.state_bytes_per_request
+            continue
+        kept = min(request_tokens, g.window + block_size) if g.window else request_tokens
+        window = f" (window {g.window})" if g.window else ""
+        parts.append(f"{g.mixer} {g.layers} layers{window} {g.bytes_per_token:,} B/token")
+        full += g.bytes_per_token * request_tokens
+        hybrid += g.bytes_per_token * kept
+    return (
+        f"KV groups: {'; '.join(parts)}. A {request_tokens:,}-token request holds "
+        f"{full / 2**20:,.1f} MiB as planned (sliding/chunked layers allocated as full "
+        f"attention, vLLM --disable-hybrid-kv-cache-manager), {hybrid / 2**20:,.1f} MiB under "
+        "vLLM's hybrid allocator"
+    )
 
 
 def _weight_bytes(
@@ -215,7 +297,25 @@ def _weight_bytes(
     linear, other = _parameter_split(model, tp, pp, ep)
     if quantization is None:
         return math.ceil((linear + other) * weight_bytes)
+    if quantization.experts_only:  # gpt-oss MXFP4: only the routed experts quantized
+        experts = _routed_expert_weights(model, tp, pp, ep)
+        return math.ceil(experts * quantization.bytes_per_weight + (linear - experts + other) * 2)
     return math.ceil(linear * quantization.bytes_per_weight + other * DTYPE_BYTES["bf16"])
+
+
+def _routed_expert_weights(model: ModelSpec, tp: int, pp: int, ep: int) -> int:
+    """The routed experts' linear weights on the fullest device."""
+    m = 3 if model.gated_ffn else 2
+    total = 0
+    for kind in model.layer_kinds():
+        if kind.ffn == "moe":
+            if ep == 1:
+                per = m * model.hidden_size * math.ceil(kind.intermediate_size / tp)
+                total += kind.count * per * model.num_experts
+            else:
+                per = m * model.hidden_size * kind.intermediate_size
+                total += kind.count * per * (model.num_experts // ep)
+    return math.ceil(total / pp)
 
 
 def plan_memory(
@@ -232,6 +332,7 @@ def plan_memory(
     reserved_bytes: int = 0,
     quantization: Quantization | None = None,
     expert_parallel_size: int = 1,
+    max_num_seqs: int = 0,
 ) -> MemoryPlan:
     """Sizes one replica's KV pool (formulas in the module docstring).
 
@@ -275,9 +376,17 @@ def plan_memory(
 
     parameter_bytes = _weight_bytes(model, tp, pp, weight_bytes, quantization, ep)
     weight_name = quantization.scheme if quantization else weight_dtype
-    kv_per_token = kv_bytes * kv_values_per_token_layer(model, tp) * (model.num_layers // pp)
+    groups = kv_groups(model, tp, pp, kv_bytes)
+    if model.layer_types:
+        # Every attention layer as a full one (vLLM --disable-hybrid-kv-cache-manager:
+        # sliding and chunked specs promoted to full attention).
+        kv_per_token = sum(g.bytes_per_token for g in groups)
+    else:
+        kv_per_token = kv_bytes * kv_values_per_token_layer(model, tp) * (model.num_layers // pp)
+    state = sum(g.state_bytes_per_request for g in groups)
+    reserved_state = state * max(max_num_seqs, 1) if state else 0
     total = int(device.memory_gib * 1024**3 * (1 - memory_margin_fraction))
-    available = total - parameter_bytes - reserved_bytes
+    available = total - parameter_bytes - reserved_bytes - reserved_state
     max_batch_size = available // (kv_per_token * max_request_tokens) if available > 0 else 0
     if max_batch_size < 1:
         raise ConfigError(
@@ -300,4 +409,7 @@ def plan_memory(
         parameter_bytes_total=_weight_bytes(model, 1, 1, weight_bytes, quantization),
         max_kv_tokens=num_blocks * block_size,
         max_request_slots=num_blocks,
+        groups=groups,
+        state_bytes_per_request=state,
+        reserved_state_bytes=reserved_state,
     )

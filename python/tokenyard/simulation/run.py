@@ -24,7 +24,7 @@ from tokenyard.simulation.execution import (
 from tokenyard.simulation.execution import describe as describe_execution
 from tokenyard.simulation.kv_offload_config import KvOffloadConfig
 from tokenyard.simulation.lora_config import slot_bytes
-from tokenyard.simulation.planner import MemoryPlan, dtype_bytes, plan_memory
+from tokenyard.simulation.planner import MemoryPlan, dtype_bytes, hybrid_kv_words, plan_memory
 from tokenyard.simulation.results import (
     SimulationResult,
     request_columns,
@@ -435,17 +435,60 @@ def planning_notes(config: SimulationConfig, plan: MemoryPlan) -> list[str]:
     """What the run assumed that bounds its answer and the user did not set, said on the
     banner: Vidur's policies cap their batches at the requests that fit if each grows to
     the longest request, which by default is the model's whole context."""
+    notes = _layer_kind_notes(config, plan)
     s = config.replica.scheduler
     if s.section != "vidur" or s.max_request_tokens is not None:
-        return []
+        return notes
     if plan.max_batch_size >= s.vidur.batch_size_cap:
-        return []
+        return notes
     limit, _ = request_limit(config)
     return [
+        *notes,
         f"{s.policy} batches hold at most {plan.max_batch_size} requests: the memory planner "
         f"sizes them for requests as long as the model's context ({limit:,} tokens); set "
-        "replica.scheduler.max_request_tokens to the workload's longest request"
+        "replica.scheduler.max_request_tokens to the workload's longest request",
     ]
+
+
+#: The requests whose linear-attention state is reserved when the scheduler sets no
+#: max_num_seqs (vLLM's default max_num_seqs).
+DEFAULT_STATE_SEQS = 256
+
+
+def state_seqs(config: SimulationConfig) -> int:
+    """The running requests whose linear-attention state the plan reserves: the
+    scheduler's ``max_num_seqs`` (``max_running_requests``), else vLLM's default 256."""
+    s = config.replica.scheduler
+    section = getattr(s, s.section, None)
+    seqs = getattr(section, "max_num_seqs", 0) or getattr(section, "max_running_requests", 0)
+    return int(seqs) if seqs else DEFAULT_STATE_SEQS
+
+
+def _layer_kind_notes(config: SimulationConfig, plan: MemoryPlan) -> list[str]:
+    """The banner's words on what the KV plan assumes for windowed and linear layers."""
+    groups = plan.groups
+    notes = []
+    windowed = [g for g in groups if g.window]
+    if windowed:
+        limit, _ = request_limit(config)
+        words = hybrid_kv_words(groups, limit, config.replica.scheduler.block_size)
+        kinds = ", ".join(f"{g.mixer} (window {g.window})" for g in windowed)
+        notes.append(
+            f"KV PLANNED AS vLLM --disable-hybrid-kv-cache-manager: {kinds} layers hold every "
+            f"token's KV, as full attention (the simulator's KV does not yet free blocks that "
+            f"leave a window). {words}"
+        )
+    if plan.state_bytes_per_request:
+        seqs = state_seqs(config)
+        linear = ", ".join(f"{g.mixer} x {g.layers}" for g in groups if g.state_bytes_per_request)
+        notes.append(
+            f"LINEAR-ATTENTION STATE RESERVED for {seqs} requests ({linear} layers, "
+            f"{plan.state_bytes_per_request:,} B per request, "
+            f"{plan.reserved_state_bytes / 2**30:.2f} GiB) out of the KV memory, as vLLM sizes "
+            "its Mamba blocks; the block pool does not hold per-request state, so more running "
+            "requests than that are not refused"
+        )
+    return notes
 
 
 def plan_for(config: SimulationConfig) -> MemoryPlan:
@@ -468,6 +511,7 @@ def plan_for(config: SimulationConfig) -> MemoryPlan:
         reserved_bytes=slot_bytes(lora, model, replica.dtype, tp, pp) if lora else 0,
         quantization=quantization_for(config, model),
         expert_parallel_size=replica.expert_parallel_size,
+        max_num_seqs=state_seqs(config),
     )
 
 

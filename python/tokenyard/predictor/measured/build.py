@@ -212,7 +212,10 @@ def _measured_ops(
         dtype = _table_dtype(weight_dtype, "replica.dtype", measured)
         moe_dtype, edge_dtype = dtype, dtype
     else:
-        dtype = _quantized_dtype(quantization, "gemm", gemm_path, measured)
+        if quantization.experts_only:  # gpt-oss MXFP4: attention and dense GEMMs in bf16
+            dtype = _table_dtype("bf16", "replica.dtype", measured)
+        else:
+            dtype = _quantized_dtype(quantization, "gemm", gemm_path, measured)
         # The LM head and the router stay 16-bit in quantized checkpoints (vLLM loads them
         # unquantized), so they run the bf16 GEMM.
         edge_dtype = _table_dtype("bf16", "replica.dtype", measured)
@@ -236,11 +239,27 @@ def _measured_ops(
     out: dict[str, tuple[TableCost | None, str, str]] = {
         "lm_head": (_gemm_table(edge, s.vocab, s.h, "num_requests"), label, ""),
     }
+    if quantization is not None and quantization.experts_only:
+        gemm = edge  # gpt-oss: attention and dense projections in bf16
+        kernels["gemm"] = edge_dtype
     if model.mla is None:
-        out["qkv_proj"] = (_gemm_table(gemm, s.q + 2 * s.kv, s.h, "num_tokens"), label, "")
-        o_proj = _gemm_table(gemm, s.h, s.q, "num_tokens", quantized_input=True)
-        out["o_proj"] = (o_proj, label, "")
-        out.update(_attention_ops(source, s, kv_dtype))
+        for mixer in dict.fromkeys(model.mixers()):
+            if mixer not in ("gqa", "sliding", "chunked"):
+                continue
+            prefix = "" if mixer == "gqa" else f"{mixer}_"
+            kv_heads, head_dim = model.kv_shape(mixer)
+            m = dataclasses.replace(s, kv_heads=math.ceil(kv_heads / tp), head_dim=head_dim)
+            gate = m.q if model.attention_output_gate else 0
+            kv_proj = m.kv if mixer == "gqa" and model.attention_k_eq_v else 2 * m.kv
+            qkv = _gemm_table(gemm, m.q + gate + kv_proj, m.h, "num_tokens")
+            out[f"{prefix}qkv_proj"] = (qkv, label, "")
+            o_proj = _gemm_table(gemm, m.h, m.q, "num_tokens", quantized_input=True)
+            out[f"{prefix}o_proj"] = (o_proj, label, "")
+            window = model.window_of(mixer)
+            ops = _attention_ops(source, m, kv_dtype, window, mixer == "chunked")
+            out.update({prefix + name: entry for name, entry in ops.items()})
+            if window:
+                kernels[f"{mixer}_attention"] = next(iter(ops.values()))[1]
     else:
         module_gemm = "bfloat16" if quantization is None else quantization.gemm_dtype
         mla, kernels["mla"] = _mla_ops(source, model, tp, kv_dtype, module_gemm, gemm, label)
@@ -263,6 +282,18 @@ def _measured_ops(
             out["shared_down_proj"] = (down, label, "")
     if tp > 1:
         out["all_reduce"] = out["embedding_all_reduce"] = _all_reduce_op(source, s, tp)
+    if model.linear is not None:
+        lin = model.linear.kind
+        table = "linear_attention/gdn_perf" if lin == "gdn" else "linear_attention/mamba2_perf"
+        why = (
+            f"{lin} layers priced by the calibrated roofline (state-sized scan, conv and "
+            f"projections): the {table} rows are per-kernel (conv1d, scan) by model and not "
+            f"yet mapped"
+            + ("; vLLM has no mamba2_perf table (TRT-LLM only)" if lin == "mamba2" else "")
+        )
+        for op in ("in_proj", "conv", "scan_prefill", "scan_decode", "gated_norm", "out_proj"):
+            out[f"{lin}_{op}"] = (None, "calibrated", why)
+        kernels[lin] = "calibrated roofline"
     if dp > 1 and model.num_moe_layers:
         a2a, kernels["a2a"] = _a2a_ops(source, model, tp, ep)
         out.update(a2a)
@@ -304,6 +335,12 @@ def _kernels_text(kernels: dict[str, str], quantization: Quantization | None) ->
         text += f", MLA {kernels['mla']}"
     if "a2a" in kernels:
         text += f", all-to-all {kernels['a2a']}"
+    for mixer in ("gdn", "mamba2"):
+        if mixer in kernels:
+            text += f", {mixer} {kernels[mixer]}"
+    for mixer in ("sliding", "chunked"):
+        if f"{mixer}_attention" in kernels:
+            text += f", {mixer} attention {kernels[f'{mixer}_attention']}"
     if quantization is not None:
         text += f"; {quantization.scheme} from {quantization.source}"
         if "gemm_note" in kernels:
@@ -448,8 +485,67 @@ def _mla_module_why(source: MeasuredSource, model: ModelSpec) -> str:
 
 
 def _attention_ops(
-    source: MeasuredSource, s: _Shapes, kv_dtype: str
+    source: MeasuredSource, s: _Shapes, kv_dtype: str, window: int = 0, chunked: bool = False
 ) -> dict[str, tuple[TableCost | None, str, str]]:
+    """Prefill and decode attention. A windowed layer (``window`` > 0) takes the rows
+    measured at ``window_size = window`` for its layout (gpt-oss's 128, Gemma's 1024,
+    Llama 4's chunk of 8192, which aiconfigurator maps to ``sliding_window_size``); where
+    the tables lack that window, the full-attention rows at the work the window leaves
+    (keys capped, pairs scaled: ``roofline.window_pairs``), said so in the label."""
+    if window:
+        return _windowed_attention_ops(source, s, kv_dtype, window, chunked)
+    ops: dict[str, tuple[TableCost | None, str, str]] = _full_attention_ops(source, s, kv_dtype)
+    return ops
+
+
+def _windowed_attention_ops(
+    source: MeasuredSource, s: _Shapes, kv_dtype: str, window: int, chunked: bool
+) -> dict[str, tuple[TableCost | None, str, str]]:
+    from tokenyard.predictor.roofline import window_keys, window_pairs
+
+    folder = source.folders["attention"]
+    context_rows = _read(source, folder / "context_attention_perf.parquet")
+    generation_rows = _read(source, folder / "generation_attention_perf.parquet")
+    kv_name = _table_dtype(
+        kv_dtype, "replica.kv_cache_dtype", context_rows.values("kv_cache_dtype")
+    )
+    layout = dict(
+        num_heads=s.q_heads, num_kv_heads=s.kv_heads, head_dim=s.head_dim, kv_cache_dtype=kv_name
+    )
+    try:
+        context = AttentionTimes(context_rows, generation=False, window_size=window, **layout)  # type: ignore[arg-type]
+        generation = AttentionTimes(generation_rows, generation=True, window_size=window, **layout)  # type: ignore[arg-type]
+        label = f"measured:attention window_size {window} ({folder.name})"
+        return {
+            "attn_prefill": (grids.prefill_attention_table(_prefill_seconds(context)), label, ""),
+            "attn_decode": (grids.decode_attention_table(generation), label, ""),
+        }
+    except NotMeasured:
+        pass
+    full = _full_attention_ops(source, s, kv_dtype, tables=True)
+    context, generation = full
+
+    def prefill(batch: float, seq: float, prefix: float) -> float:
+        whole = _prefill_seconds(context)(batch, seq, prefix)
+        full_pairs = window_pairs(seq, prefix, 0)
+        return whole * window_pairs(seq, prefix, window, chunked) / max(full_pairs, 1.0)
+
+    def decode(batch: float, keys: float) -> float:
+        return float(generation(batch, window_keys(keys, window, chunked)))
+
+    label = (
+        f"measured:attention ({folder.name}) full-attention rows at the work of a "
+        f"{window}-token window (window_size {window} not measured for this layout)"
+    )
+    return {
+        "attn_prefill": (grids.prefill_attention_table(prefill), label, ""),
+        "attn_decode": (grids.decode_attention_table(decode), label, ""),
+    }
+
+
+def _full_attention_ops(
+    source: MeasuredSource, s: _Shapes, kv_dtype: str, tables: bool = False
+) -> Any:
     folder = source.folders["attention"]
     context_rows = _read(source, folder / "context_attention_perf.parquet")
     generation_rows = _read(source, folder / "generation_attention_perf.parquet")
@@ -469,6 +565,8 @@ def _attention_ops(
             field="replica.model",
             value=repr((s.q_heads, s.kv_heads, s.head_dim)),
         ) from None
+    if tables:
+        return context, generation
     label = f"measured:attention ({folder.name})"
     return {
         "attn_prefill": (grids.prefill_attention_table(_prefill_seconds(context)), label, ""),

@@ -288,9 +288,10 @@ class AttentionTimes:
         num_kv_heads: int,
         head_dim: int,
         kv_cache_dtype: str,
+        window_size: int = 0,
     ):
         picked = rows.where(
-            head_dim=head_dim, kv_cache_dtype=kv_cache_dtype, window_size=0, beam_width=1
+            head_dim=head_dim, kv_cache_dtype=kv_cache_dtype, window_size=window_size, beam_width=1
         )
         if picked.has("attn_dtype"):
             picked = picked.where(attn_dtype="bfloat16")
@@ -301,6 +302,8 @@ class AttentionTimes:
         mask = kv == heads if num_kv_heads == num_heads else kv == num_kv_heads
         picked = main_kernel(picked.with_data({c: v[mask] for c, v in picked.data.items()}))
         what = f"head_dim {head_dim}, {num_kv_heads} KV heads, kv_cache_dtype {kv_cache_dtype!r}"
+        if window_size:
+            what += f", window_size {window_size}"
         if len(picked) == 0:
             raise _no_rows(
                 rows,

@@ -22,6 +22,14 @@ so its peak RSS (``ru_maxrss``) is its own. Each child reports:
 
     .venv/bin/python benches/sim_scale.py --json benches/out/sim_scale.json   # ~5 min
     .venv/bin/python benches/sim_scale.py --sizes 10000 --repeat 1            # ~5 s
+
+``--cli-peak`` instead measures whole ``tokenyard simulate`` commands writing their results
+(issue 32's memory cases, ``CLI_CASES``): each command's peak RSS (``wait4``'s
+``ru_maxrss``), wall time and the SHA-256 of its ``requests.csv``, so two builds' outputs
+can be compared byte for byte. Run it twice on a fresh machine: the first run of a build
+also builds the measured predictor (~80 MB more).
+
+    .venv/bin/python benches/sim_scale.py --cli-peak all                      # ~2 min
 """
 
 from __future__ import annotations
@@ -30,12 +38,14 @@ import argparse
 import hashlib
 import importlib.util
 import json
+import os
 import platform
 import resource
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -51,6 +61,12 @@ PROMPT_TOKENS = {"kind": "zipf", "low": 64, "high": 3072, "theta": 0.6}
 OUTPUT_TOKENS = {"kind": "zipf", "low": 16, "high": 1024, "theta": 0.6}
 MAX_REQUEST_TOKENS = 4096
 DERIVED_COLUMNS = ("ttft", "tpot", "e2e", "scheduling_delay")
+#: ``tokenyard simulate`` flags of the ``--cli-peak`` cases (the built-in job otherwise).
+CLI_CASES = {
+    "1000x200": ["--replicas", "1000", "--requests", "200"],
+    "1000x20k": ["--replicas", "1000", "--requests", "20000"],
+    "default-2M": ["--requests", "2000000"],
+}
 
 
 def workload(num_requests: int, qps: float = QPS) -> dict[str, Any]:
@@ -192,6 +208,37 @@ def child(policy: str, num_requests: int, qps: float) -> dict[str, Any]:
     }
 
 
+def cli_peak(flags: list[str]) -> dict[str, Any]:
+    """One ``tokenyard simulate`` command writing its results: its peak RSS, wall time and
+    the SHA-256 of the ``requests.csv`` it wrote."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out"
+        cmd = [sys.executable, "-m", "tokenyard", "simulate", "--no-progress", "-o", str(out)]
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([*cmd, *flags], stdout=subprocess.DEVNULL)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall_s = time.perf_counter() - t0
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise RuntimeError(f"{' '.join(flags)}: exit status {status}")
+        csv = hashlib.sha256((out / "requests.csv").read_bytes()).hexdigest()
+    return {"peak_rss_mb": usage.ru_maxrss / 1000, "wall_s": wall_s, "requests_csv": csv}
+
+
+def main_cli_peak(names: str) -> int:
+    build = build_fingerprint()
+    print(f"{cpu_model()}, Python {platform.python_version()}, {build}")
+    print(f"{'case':<11} {'flags':<34} {'peak MB':>8} {'wall s':>7}  requests.csv sha256")
+    for name in CLI_CASES if names == "all" else names.split(","):
+        r = cli_peak(CLI_CASES[name])
+        flags = " ".join(CLI_CASES[name])
+        print(
+            f"{name:<11} {flags:<34} {r['peak_rss_mb']:>8,.0f} {r['wall_s']:>7.1f}  "
+            f"{r['requests_csv'][:16]}",
+            flush=True,
+        )
+    return 0
+
+
 def run_child(policy: str, n: int, qps: float, cpu: str | None) -> dict[str, Any]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", policy, str(n), str(qps)]
     if cpu is not None:
@@ -241,7 +288,14 @@ def main() -> int:
     p.add_argument("--repeat-large", type=int, default=1, help="runs per size of 1M or more")
     p.add_argument("--cpu", default="0", help="taskset core list; '' to not pin")
     p.add_argument("--json", type=Path, help="write every run here")
+    p.add_argument(
+        "--cli-peak",
+        metavar="CASES",
+        help=f"peak RSS of whole commands instead: 'all' or some of {', '.join(CLI_CASES)}",
+    )
     args = p.parse_args()
+    if args.cli_peak:
+        return main_cli_peak(args.cli_peak)
     cpu = args.cpu or None
     if cpu is not None and shutil.which("taskset") is None:
         print("taskset not found: running unpinned", file=sys.stderr)

@@ -121,7 +121,7 @@ def request_columns(raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     emptied)."""
     order = np.argsort(raw["request_id"], kind="stable")
     # Column by column, dropping each unsorted original: the peak stays near one table.
-    c = {name: raw.pop(name)[order] for name in list(raw)}
+    c = {name: _reordered(raw.pop(name), order) for name in list(raw)}
     decode = c["num_decode_tokens"].astype(np.float64)
     c["ttft"] = c["first_token_at"] - c["arrived_at"]
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -132,6 +132,17 @@ def request_columns(raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     c["second_token_gap"] = c["second_token_at"] - c["first_token_at"]
     c["scheduling_delay"] = c["scheduled_at"] - c["arrived_at"]
     return c
+
+
+def _reordered(column: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """``column[order]``. A column of one value (bit for bit: the columns of features a run
+    did not use) is its own reordering and is kept, not copied: the core allocates its
+    columns of zeros zeroed, and they stay out of memory until something writes them."""
+    bits = column.view(f"u{column.itemsize}")
+    if bits.size and bool((bits == bits[0]).all()):
+        return column
+    reordered: np.ndarray = column[order]
+    return reordered
 
 
 def token_gap_table(raw: dict[str, Any]) -> dict[str, np.ndarray]:

@@ -6,6 +6,13 @@ use super::lora::LoraShape;
 use super::request::SimRequest;
 
 /// Column-wise per-request results, in release order.
+///
+/// The columns of features a run may not use (sessions, speculative decoding,
+/// disaggregation, a host tier) stay empty while every value is the column's default and
+/// are filled in by [`RequestTable::finish`]: a run without those features holds 92 of the
+/// 168 bytes per request while it runs, and hands over their zero columns allocated
+/// zeroed (memory the OS provides at its first write: a column of zeros need never be
+/// resident).
 #[derive(Debug, Default, Clone)]
 pub struct RequestTable {
     pub request_id: Vec<u64>,
@@ -43,7 +50,10 @@ pub struct RequestTable {
 }
 
 impl RequestTable {
+    /// Adds a released request. Until [`Self::finish`], the optional features' columns may
+    /// be shorter than the others.
     pub fn push(&mut self, r: &SimRequest) {
+        let row = self.len();
         self.request_id.push(r.id);
         self.replica.push(r.replica);
         self.arrived_at.push(r.arrived_at);
@@ -58,22 +68,47 @@ impl RequestTable {
         self.execution_time.push(r.timing.execution_time);
         self.model_execution_time
             .push(r.timing.model_execution_time);
-        // Session ids are checked to be < 2^63 when they arrive.
-        self.session_id.push(r.session.map_or(-1, |s| s as i64));
-        self.turn.push(r.turn);
-        self.spec_steps.push(r.spec.num_steps);
-        self.spec_draft_tokens.push(r.spec.num_draft_tokens);
-        self.spec_accepted_tokens.push(r.spec.num_accepted_tokens);
-        self.prefill_replica
-            .push(r.kv.prefill_replica.map_or(-1, i64::from));
         self.second_token_at.push(r.timing.second_token_at);
-        self.kv_transfer_tokens.push(r.kv.transfer_tokens);
-        self.kv_transfer_wait_s.push(r.kv.transfer_wait_s);
-        self.kv_transfer_s.push(r.kv.transfer_s);
-        self.host_hit_tokens.push(r.kv.host_hit_tokens);
-        self.host_load_tokens.push(r.kv.host_load_tokens);
-        self.host_load_wait_s.push(r.kv.host_load_wait_s);
-        self.host_load_s.push(r.kv.host_load_s);
+        // Session ids are checked to be < 2^63 when they arrive.
+        let session = r.session.map_or(-1, |s| s as i64);
+        push_sparse(&mut self.session_id, row, session, -1);
+        push_sparse(&mut self.turn, row, r.turn, 0);
+        push_sparse(&mut self.spec_steps, row, r.spec.num_steps, 0);
+        push_sparse(&mut self.spec_draft_tokens, row, r.spec.num_draft_tokens, 0);
+        push_sparse(
+            &mut self.spec_accepted_tokens,
+            row,
+            r.spec.num_accepted_tokens,
+            0,
+        );
+        let prefill_replica = r.kv.prefill_replica.map_or(-1, i64::from);
+        push_sparse(&mut self.prefill_replica, row, prefill_replica, -1);
+        push_sparse(&mut self.kv_transfer_tokens, row, r.kv.transfer_tokens, 0);
+        push_sparse(&mut self.kv_transfer_wait_s, row, r.kv.transfer_wait_s, 0.0);
+        push_sparse(&mut self.kv_transfer_s, row, r.kv.transfer_s, 0.0);
+        push_sparse(&mut self.host_hit_tokens, row, r.kv.host_hit_tokens, 0);
+        push_sparse(&mut self.host_load_tokens, row, r.kv.host_load_tokens, 0);
+        push_sparse(&mut self.host_load_wait_s, row, r.kv.host_load_wait_s, 0.0);
+        push_sparse(&mut self.host_load_s, row, r.kv.host_load_s, 0.0);
+    }
+
+    /// Fills the optional features' columns to the table's length (with their defaults):
+    /// after it, every column has a value per request.
+    pub fn finish(&mut self) {
+        let len = self.len();
+        fill(&mut self.session_id, len, -1);
+        fill(&mut self.turn, len, 0);
+        fill(&mut self.spec_steps, len, 0);
+        fill(&mut self.spec_draft_tokens, len, 0);
+        fill(&mut self.spec_accepted_tokens, len, 0);
+        fill(&mut self.prefill_replica, len, -1);
+        fill(&mut self.kv_transfer_tokens, len, 0);
+        fill(&mut self.kv_transfer_wait_s, len, 0.0);
+        fill(&mut self.kv_transfer_s, len, 0.0);
+        fill(&mut self.host_hit_tokens, len, 0);
+        fill(&mut self.host_load_tokens, len, 0);
+        fill(&mut self.host_load_wait_s, len, 0.0);
+        fill(&mut self.host_load_s, len, 0.0);
     }
 
     pub fn len(&self) -> usize {
@@ -82,6 +117,49 @@ impl RequestTable {
 
     pub fn is_empty(&self) -> bool {
         self.request_id.is_empty()
+    }
+}
+
+/// A column value compared by its bits (a default of 0.0 is not -0.0).
+trait Bits: Copy {
+    fn bits(self) -> u64;
+}
+
+impl Bits for u32 {
+    fn bits(self) -> u64 {
+        self.into()
+    }
+}
+
+impl Bits for i64 {
+    fn bits(self) -> u64 {
+        self as u64
+    }
+}
+
+impl Bits for f64 {
+    fn bits(self) -> u64 {
+        self.to_bits()
+    }
+}
+
+/// Puts `value` at `row` of an optional feature's column, which stays empty while every
+/// value is `default` (and is then brought up to `row` with it).
+fn push_sparse<T: Bits>(column: &mut Vec<T>, row: usize, value: T, default: T) {
+    if column.is_empty() && value.bits() == default.bits() {
+        return;
+    }
+    column.resize(row, default);
+    column.push(value);
+}
+
+/// Brings `column` to `len` rows of `default`. An empty one is made whole, which for a
+/// default of zero is an allocation of zeroed memory, left untouched.
+fn fill<T: Bits>(column: &mut Vec<T>, len: usize, default: T) {
+    if column.is_empty() {
+        *column = vec![default; len];
+    } else {
+        column.resize(len, default);
     }
 }
 
@@ -192,5 +270,49 @@ impl ReplicaTotals {
         self.lora_loads[r] += lora.num_loads as u64;
         self.lora_disk_loads[r] += lora.num_disk_loads as u64;
         self.lora_load_s[r] += lora.load_s * num_stages as f64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn released(id: u64) -> SimRequest {
+        SimRequest::new(id, id as f64, 10, 3, Vec::new())
+    }
+
+    #[test]
+    fn optional_columns_are_whole_after_finish() {
+        let mut table = RequestTable::default();
+        for id in 0..3 {
+            table.push(&released(id));
+        }
+        assert!(
+            table.turn.is_empty() && table.session_id.is_empty(),
+            "all defaults so far"
+        );
+        let mut turn = released(3);
+        turn.session = Some(9);
+        turn.turn = 2;
+        turn.kv.transfer_s = -0.0;
+        table.push(&turn);
+        table.push(&released(4));
+        table.finish();
+        table.push(&released(5));
+        table.finish();
+        assert_eq!(table.request_id, [0, 1, 2, 3, 4, 5]);
+        assert_eq!(table.session_id, [-1, -1, -1, 9, -1, -1]);
+        assert_eq!(table.turn, [0, 0, 0, 2, 0, 0]);
+        assert_eq!(table.prefill_replica, [-1; 6]);
+        assert_eq!(table.spec_steps, [0; 6]);
+        assert_eq!(table.host_load_s, [0.0; 6]);
+        let signs: Vec<bool> = (table.kv_transfer_s.iter())
+            .map(|s| s.is_sign_negative())
+            .collect();
+        assert_eq!(
+            signs,
+            [false, false, false, true, false, false],
+            "-0.0 is kept"
+        );
     }
 }

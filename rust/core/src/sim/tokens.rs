@@ -3,6 +3,8 @@
 //! ids, so each block id is expanded into the same tokens wherever it appears, and the rest
 //! of a prompt gets tokens unique to its request.
 
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
 use crate::kv::{BlockHash, TokenId, hash_block};
 
 fn mix(a: u64, b: u64) -> TokenId {
@@ -65,6 +67,11 @@ pub struct BlockTokens {
 }
 
 impl BlockTokens {
+    /// What its tokens depend on besides the ids: memos of one shape can be shared.
+    fn shape(&self) -> (usize, usize) {
+        (self.block, self.num_slots)
+    }
+
     pub fn new(hash_block_size: u32, memo_tokens: usize) -> Self {
         let block = hash_block_size.max(1) as usize;
         let num_slots = memo_tokens / block;
@@ -167,6 +174,11 @@ pub struct TraceBlockHashes {
 type MemoKey = (Option<BlockHash>, u64, Option<u64>);
 
 impl TraceBlockHashes {
+    /// What its hashes depend on besides the keys: memos of one shape can be shared.
+    fn shape(&self) -> (usize, usize, usize) {
+        (self.trace_block, self.kv_block, self.num_slots)
+    }
+
     /// `None` when KV blocks of `block_size` tokens do not tile trace blocks of
     /// `hash_block_size` (a KV block would straddle two ids), or when a trace block holds
     /// fewer than [`MIN_KV_BLOCKS`] of them (the memo's lookup would cost what it saves).
@@ -244,6 +256,46 @@ impl TraceBlockHashes {
             }
             hashes.extend_from_slice(memo);
         }
+    }
+}
+
+/// A memo that replicas may share (each holds a handle; one replica runs at a time).
+pub type Shared<T> = Arc<Mutex<T>>;
+
+/// Locks a shared memo. The lock is never contended (replicas run one at a time), and a
+/// panic while it is held ends the run that owns the memo, so poisoning is ignored.
+pub fn lock<T>(memo: &Shared<T>) -> MutexGuard<'_, T> {
+    memo.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The prompt memos of one simulation's replicas. A block's tokens depend only on its id,
+/// a trace block's KV hashes only on (parent hash, id, extra key), so what one replica
+/// memoized serves the others: the cluster keeps one memo per shape instead of one per
+/// replica (up to 2.5 MB of slots each: 2.5 GB for 1,000 replicas). Memos are shared, not
+/// copied; a replica offers its own and takes the first of the same shape.
+#[derive(Default)]
+pub struct PromptMemos {
+    tokens: Vec<Shared<BlockTokens>>,
+    hashes: Vec<Shared<TraceBlockHashes>>,
+}
+
+impl PromptMemos {
+    /// Replaces `memo` with the shared token memo of its shape (or shares it, the first).
+    pub fn share_tokens(&mut self, memo: &mut Shared<BlockTokens>) {
+        share(&mut self.tokens, memo, BlockTokens::shape);
+    }
+
+    /// Replaces `memo` with the shared hash memo of its shape (or shares it, the first).
+    pub fn share_hashes(&mut self, memo: &mut Shared<TraceBlockHashes>) {
+        share(&mut self.hashes, memo, TraceBlockHashes::shape);
+    }
+}
+
+fn share<T, K: PartialEq>(pool: &mut Vec<Shared<T>>, memo: &mut Shared<T>, shape: fn(&T) -> K) {
+    let key = shape(&lock(memo));
+    match pool.iter().find(|shared| shape(&lock(shared)) == key) {
+        Some(shared) => *memo = Arc::clone(shared),
+        None => pool.push(Arc::clone(memo)),
     }
 }
 
@@ -357,6 +409,39 @@ mod tests {
             TraceBlockHashes::new(16, 4, 8).is_none(),
             "4 blocks: too few"
         );
+    }
+
+    #[test]
+    fn replicas_share_one_memo_per_shape() {
+        let mut memos = PromptMemos::default();
+        let mut first = Arc::new(Mutex::new(BlockTokens::new(16, MEMO_TOKENS)));
+        let mut second = Arc::new(Mutex::new(BlockTokens::new(16, MEMO_TOKENS)));
+        let mut other = Arc::new(Mutex::new(BlockTokens::new(32, MEMO_TOKENS)));
+        memos.share_tokens(&mut first);
+        memos.share_tokens(&mut second);
+        memos.share_tokens(&mut other);
+        assert!(Arc::ptr_eq(&first, &second), "same shape: one memo");
+        assert!(
+            !Arc::ptr_eq(&first, &other),
+            "another trace block size: its own"
+        );
+        let mut hashes = |block_size| {
+            let mut memo = Arc::new(Mutex::new(
+                TraceBlockHashes::new(512, block_size, MEMO_HASHES).unwrap(),
+            ));
+            memos.share_hashes(&mut memo);
+            memo
+        };
+        let (a, b, c) = (hashes(16), hashes(16), hashes(32));
+        assert!(Arc::ptr_eq(&a, &b));
+        assert!(!Arc::ptr_eq(&a, &c), "another KV block size: its own");
+        // A shared memo answers each replica as its own would.
+        let ids = [7, 8, 9];
+        let expected = synthesize_prompt(5, 40, &ids, 16);
+        for _ in 0..3 {
+            assert_eq!(lock(&first).prompt(5, 40, &ids, 0), expected);
+            assert_eq!(lock(&second).prompt(5, 40, &ids, 0), expected);
+        }
     }
 
     #[test]

@@ -26,12 +26,16 @@ fn convert_chunk(chunk: &Bound<'_, PyAny>) -> PyResult<Vec<ArrivingRequest>> {
     let decode: PyReadonlyArray1<'_, u32> = chunk.getattr("num_decode_tokens")?.extract()?;
     let (arrived, prefill, decode) = (arrived.as_slice()?, prefill.as_slice()?, decode.as_slice()?);
     let offsets = chunk.getattr("hash_offsets")?;
-    let hashes: Option<(Vec<u64>, Vec<u64>)> = if offsets.is_none() {
-        None
-    } else {
-        let offsets: PyReadonlyArray1<'_, u64> = offsets.extract()?;
-        let ids: PyReadonlyArray1<'_, u64> = chunk.getattr("hash_ids")?.extract()?;
-        Some((offsets.as_slice()?.to_vec(), ids.as_slice()?.to_vec()))
+    // Read in place: each request copies its own ids out, the chunk's are not copied whole.
+    let hash_arrays: Option<(PyReadonlyArray1<'_, u64>, PyReadonlyArray1<'_, u64>)> =
+        if offsets.is_none() {
+            None
+        } else {
+            Some((offsets.extract()?, chunk.getattr("hash_ids")?.extract()?))
+        };
+    let hashes = match &hash_arrays {
+        Some((offsets, ids)) => Some((offsets.as_slice()?, ids.as_slice()?)),
+        None => None,
     };
     let n = arrived.len();
     let session_ids = optional_array::<u64>(chunk, "session_ids")?;

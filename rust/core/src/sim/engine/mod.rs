@@ -24,7 +24,7 @@ use super::metrics::{GapHistogram, ReplicaTotals, RequestTable, Samples, StageTr
 use super::replica::{PdRole, ReplicaPolicy};
 use super::request::{ReqIdx, SimRequest};
 use super::sessions::{Sessions, Turn};
-use super::tokens::synthesize_prompt;
+use super::tokens::{PromptMemos, synthesize_prompt};
 use crate::{Error, Result};
 use events::EventQueue;
 
@@ -243,7 +243,9 @@ impl<'a> Simulator<'a> {
                 }
             })
             .collect();
+        let mut memos = PromptMemos::default();
         for replica in &mut replicas {
+            replica.policy.share_prompt_memos(&mut memos);
             if let Some(lora) = &config.lora {
                 replica.policy.enable_lora(lora)?;
             }
@@ -376,6 +378,7 @@ impl<'a> Simulator<'a> {
             self.out.replicas.host_offloaded_blocks[r] = offloaded;
             self.out.replicas.host_loaded_blocks[r] = loaded;
         }
+        self.out.requests.finish();
         self.out.makespan = self.now;
         self.out.num_batches = self.next_batch_id;
         Ok(self.out)

@@ -26,6 +26,7 @@ use super::arena::Requests;
 use super::batch::Batch;
 use super::lora::{LoraConfig, LoraShape};
 use super::request::ReqIdx;
+use super::tokens::PromptMemos;
 use crate::Result;
 use crate::kv::KvEvent;
 use crate::sched::{KvLoad, PolicyPlugin};
@@ -146,6 +147,10 @@ pub trait ReplicaPolicy: Send {
     /// Lets the replica coalesce pure-decode steps (`SimConfig::coalesce_decode_steps`; a
     /// replica of one pipeline stage). Only `vllm_v1` does; the others ignore it.
     fn enable_decode_coalescing(&mut self) {}
+
+    /// Shares the replica's prompt memos with the other replicas' (`memos`: one per
+    /// shape for the whole simulation). Only `vllm_v1` keeps any; the others ignore it.
+    fn share_prompt_memos(&mut self, _memos: &mut PromptMemos) {}
 
     /// Padding rows of decode batches (SGLang's CUDA-graph sizes); 0 by default.
     fn padding_rows(&self, _plan: &BatchPlan, _requests: &Requests) -> u64 {

@@ -6,6 +6,7 @@
 //! (`crate::sim::spec`) a batch's end emits each sampler's accepted drafts too.
 
 use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 
 use rustc_hash::FxHashMap;
 
@@ -22,7 +23,8 @@ use crate::sim::lora::{AdapterCache, LoraConfig, LoraShape};
 use crate::sim::request::{ReqIdx, RestartMode, SimRequest};
 use crate::sim::spec::{SpecConfig, SpecDecoder};
 use crate::sim::tokens::{
-    BlockTokens, MEMO_HASHES, MEMO_TOKENS, TraceBlockHashes, shared_output_token,
+    BlockTokens, MEMO_HASHES, MEMO_TOKENS, PromptMemos, Shared, TraceBlockHashes, lock,
+    shared_output_token,
 };
 
 /// The token a simulated step samples unless the request's block ids cover its output (a
@@ -76,11 +78,12 @@ struct Window {
 /// queued request holds its block ids, not its tokens, so an overloaded replica's memory
 /// does not grow with its queue.
 struct Prompts {
-    /// Synthesizes prompts, generating a popular block's tokens once.
-    tokens: BlockTokens,
-    /// Hashes their trace blocks, hashing a popular block once; `None` when the
-    /// scheduler's pool takes no hashes or its blocks do not tile trace blocks.
-    hashes: Option<TraceBlockHashes>,
+    /// Synthesizes prompts, generating a popular block's tokens once (the memo is shared
+    /// with the other replicas, `PromptMemos`).
+    tokens: Shared<BlockTokens>,
+    /// Hashes their trace blocks, hashing a popular block once (shared too); `None` when
+    /// the scheduler's pool takes no hashes or its blocks do not tile trace blocks.
+    hashes: Option<Shared<TraceBlockHashes>>,
     /// The requests added and not admitted yet.
     pending: FxHashMap<ReqIdx, PendingPrompt>,
 }
@@ -103,12 +106,11 @@ impl PromptSource<ReqIdx> for Prompts {
         let Some(p) = self.pending.remove(idx) else {
             return DeferredPrompt::default();
         };
-        let mut token_ids = self
-            .tokens
-            .prompt(p.id, p.num_prefill_tokens, &p.hash_ids, p.room);
+        let mut token_ids =
+            lock(&self.tokens).prompt(p.id, p.num_prefill_tokens, &p.hash_ids, p.room);
         let mut block_hashes = Vec::new();
-        if let Some(hashes) = &mut self.hashes {
-            hashes.extend(&mut block_hashes, &token_ids, &p.hash_ids, p.lora_id);
+        if let Some(hashes) = &self.hashes {
+            lock(hashes).extend(&mut block_hashes, &token_ids, &p.hash_ids, p.lora_id);
         }
         token_ids.extend(p.first_token);
         DeferredPrompt {
@@ -183,14 +185,15 @@ impl VllmV1 {
         let hashes = (config.enable_prefix_caching
             && config.prefix_cache == PrefixCache::BlockHash)
             .then(|| TraceBlockHashes::new(hash_block_size, config.block_size, MEMO_HASHES))
-            .flatten();
+            .flatten()
+            .map(|memo| Arc::new(Mutex::new(memo)));
         let mut scheduler = Scheduler::new(config, false)?;
         scheduler.set_lean_output(true);
         if kv_events {
             scheduler.enable_kv_events();
         }
         scheduler.set_prompt_source(Box::new(Prompts {
-            tokens: BlockTokens::new(hash_block_size, MEMO_TOKENS),
+            tokens: Arc::new(Mutex::new(BlockTokens::new(hash_block_size, MEMO_TOKENS))),
             hashes,
             pending: FxHashMap::default(),
         }));
@@ -608,6 +611,14 @@ impl ReplicaPolicy for VllmV1 {
 
     fn enable_decode_coalescing(&mut self) {
         self.coalesce = true;
+    }
+
+    fn share_prompt_memos(&mut self, memos: &mut PromptMemos) {
+        let prompts = self.prompts_mut();
+        memos.share_tokens(&mut prompts.tokens);
+        if let Some(hashes) = &mut prompts.hashes {
+            memos.share_hashes(hashes);
+        }
     }
 
     fn enable_lora(&mut self, config: &LoraConfig) -> Result<()> {

@@ -301,7 +301,9 @@ class RefCoordinator:
             return
         num_full = min(req.num_computed, len(req.tokens)) // self.block_size
         for g, spec in enumerate(self.specs):
-            if spec.kind == "mamba" or req.num_cached[g] >= num_full:
+            # vLLM caches no block of a one-token window (no hit could use one).
+            no_cache = spec.kind == "mamba" or (spec.kind == "window" and spec.size == 1)
+            if no_cache or req.num_cached[g] >= num_full:
                 continue
             table = req.tables[g]
             for i in range(req.num_cached[g], min(num_full, len(table))):

@@ -655,11 +655,7 @@ fn cache_full_blocks(
     let tokens = &request.tokens;
     let num_full = (tokens.num_computed_tokens.min(tokens.num_tokens) / block_size)
         .min(tokens.block_hashes.len());
-    for (g, _) in groups
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| **s != KvGroupSpec::Mamba)
-    {
+    for (g, _) in groups.iter().enumerate().filter(|(_, s)| s.caches_blocks()) {
         let table = &request.tables[g];
         let first = request.num_cached[g];
         if first >= num_full {

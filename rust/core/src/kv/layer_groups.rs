@@ -56,6 +56,16 @@ impl KvGroupSpec {
         }
     }
 
+    /// Whether its full blocks enter the prefix cache. vLLM's `reachable_block_mask` caches
+    /// a window group's blocks only where a hit could use them: with a window of one
+    /// token a hit needs no earlier block, so none is cached (nor, then, ever hit).
+    pub(super) fn caches_blocks(&self) -> bool {
+        !matches!(
+            self,
+            Self::Mamba | Self::SlidingWindow { sliding_window: 1 }
+        )
+    }
+
     pub(super) fn is_full_attention(&self) -> bool {
         matches!(self, Self::FullAttention)
     }

@@ -489,10 +489,28 @@ def _layer_kind_notes(config: SimulationConfig, plan: MemoryPlan) -> list[str]:
             f"LINEAR-ATTENTION STATE RESERVED for {seqs} requests ({linear} layers, "
             f"{plan.state_bytes_per_request:,} B per request, "
             f"{plan.reserved_state_bytes / 2**30:.2f} GiB) out of the KV memory, as vLLM sizes "
-            "its Mamba blocks; the block pool does not hold per-request state, so more running "
-            "requests than that are not refused"
+            f"its Mamba blocks; {_state_bound_words(config, seqs)}"
         )
     return notes
+
+
+def _state_bound_words(config: SimulationConfig, seqs: int) -> str:
+    """How the scheduler keeps its running requests within the ``seqs`` whose state is
+    reserved (a request beyond them would have no state memory)."""
+    s = config.replica.scheduler
+    if s.section == "vllm_v1":
+        if s.vllm_v1.max_num_seqs == 0:
+            return (
+                f"vllm_v1.max_num_seqs 0 (unbounded) is set to {seqs} per scheduler, as a "
+                "request beyond the reservation would have no state memory"
+            )
+        return f"vllm_v1.max_num_seqs ({seqs}) keeps the running requests within it"
+    if s.section == "sglang":
+        return f"sglang.max_running_requests ({seqs}) keeps the running requests within it"
+    return (
+        "the block pool does not hold per-request state, so more running requests than that "
+        "are not refused"
+    )
 
 
 def plan_for(config: SimulationConfig) -> MemoryPlan:
@@ -568,6 +586,13 @@ def replica_spec(
                     - config.replica.speculative.num_lookahead_tokens(),
                 ),
                 enable_prefix_caching=c.enable_prefix_caching and prefix_caching,
+                # Linear-attention state is reserved for state_seqs requests only: no more
+                # may run at once (planning_notes says so).
+                max_num_seqs=(
+                    state_seqs(config)
+                    if c.max_num_seqs == 0 and plan.state_bytes_per_request
+                    else c.max_num_seqs
+                ),
             )
         )
     if section == "sglang":

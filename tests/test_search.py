@@ -148,6 +148,8 @@ def test_capacity_search_on_a_trace_retimed_to_each_rate() -> None:
 
     sim = {
         "cluster": {"num_replicas": 1},
+        # The sample's longest request (4,210 tokens) needs more than Llama-2-7B's context.
+        "replica": {"model": "llama-3.1-8b"},
         "workload": {"kind": "trace", "format": "vidur", "path": str(sample_path("vidur"))},
     }
     report = capacity_search(sim, {"ttft_p99_s": 2.0}, search={"tolerance": 0.1})

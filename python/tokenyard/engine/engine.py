@@ -6,8 +6,8 @@ Two loops produce the same tokens:
 - overlap (seed 003, with the scheduler's async mode): schedule and prepare step N+1 while
   step N runs on the device, launch N+1, then process N's results. Step N+1's inputs that
   depend on N's samples are filled on the device. A finished request's blocks go back to the
-  pool only once the step in flight that still reads them has completed (the scheduler holds
-  them until that step's late output is reported).
+  pool at once, as vLLM's do: the step in flight still reads them, but the device runs steps
+  in launch order, so no later step writes them first; its late output is dropped.
 """
 
 from __future__ import annotations

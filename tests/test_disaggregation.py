@@ -12,9 +12,11 @@ from exec_models import FAST_LINEAR
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tokenyard import catalog
 from tokenyard.errors import ConfigError
 from tokenyard.simulation import simulate
 from tokenyard.simulation.config import config_from_mapping
+from tokenyard.simulation.disagg_config import check_transferable, kv_bytes_per_token
 
 STEP_MODEL = FAST_LINEAR
 
@@ -167,3 +169,15 @@ def test_bad_pd_configs_name_the_key(
     with pytest.raises(ConfigError) as error:
         run(mapping)
     assert error.value.field == key, error.value
+
+
+def test_the_link_moves_each_layer_kinds_own_kv() -> None:
+    # Llama-3.1-8B: K and V of 8 heads of 128 in 32 layers; DeepSeek-V3: one latent of
+    # 512 + 64 values in each of 61 layers (not 128 heads' K and V); bf16.
+    assert kv_bytes_per_token(catalog.model("llama-3.1-8b"), 2) == 2 * 2 * 8 * 128 * 32
+    if "deepseek-ai/DeepSeek-V3" in catalog.bundled_model_names():
+        assert kv_bytes_per_token(catalog.model("deepseek-ai/DeepSeek-V3"), 2) == 2 * 576 * 61
+    if "Qwen/Qwen3.5-35B-A3B" in catalog.bundled_model_names():
+        # Its gated-DeltaNet state (tens of MB a request) would cross too: refused.
+        with pytest.raises(ConfigError, match="linear-attention state"):
+            check_transferable(catalog.model("Qwen/Qwen3.5-35B-A3B"))

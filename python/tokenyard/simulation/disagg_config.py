@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from tokenyard._checks import check_key_int, check_key_number, fail
 from tokenyard.simulation.kv_offload_config import KvOffloadConfig
+from tokenyard.simulation.planner import kv_values_per_token_layer
 from tokenyard.simulation.scheduler_config import MAX_REPLICAS, ReplicaSchedulerConfig
 
 if TYPE_CHECKING:
@@ -173,8 +174,25 @@ def check_head_layouts(model: ModelSpec, prefill_tp: int, decode_tp: int) -> Non
 
 
 def kv_bytes_per_token(model: ModelSpec, kv_bytes: float) -> float:
-    """One token's KV, every layer and KV head: what crosses the link."""
-    return 2 * kv_bytes * model.head_dim * model.num_kv_heads * model.num_layers
+    """One token's KV, every attention layer and KV head (an MLA layer's one latent; a
+    layer's own shape where the model has several): what crosses the link. Linear
+    attention layers cache no tokens (their state is per request: refused by
+    ``check_transferable``)."""
+    values = sum(kv_values_per_token_layer(model, 1, mixer) for mixer in model.mixers())
+    return kv_bytes * values
+
+
+def check_transferable(model: ModelSpec) -> None:
+    """A disaggregated pool moves each request's KV per token; a model with linear
+    attention state (GDN, Mamba2: tens of MB per request) would move that too, which is not
+    simulated: refused rather than priced without it."""
+    if model.linear is not None:
+        raise fail(
+            "cluster.decode",
+            f"{model.name} keeps linear-attention state per request, and moving it between "
+            "pools is not simulated yet",
+            model.name,
+        )
 
 
 def describe(pool: DecodePoolConfig, fields: dict[str, Any]) -> dict[str, Any]:

@@ -241,6 +241,7 @@ def _decode_pool(config: SimulationConfig, *, prefix_caching: bool) -> DecodePoo
     decode_device = catalog.device(decode.replica.device, field="cluster.decode.device")
     prefill_tp, decode_tp = config.replica.tensor_parallel_size, decode.replica.tensor_parallel_size
     disagg_config.check_head_layouts(model, prefill_tp, decode_tp)
+    disagg_config.check_transferable(model)
     try:
         plan = plan_for(decode)
     except ConfigError as exc:

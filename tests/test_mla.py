@@ -131,13 +131,14 @@ BUNDLED = {
     "deepseek-ai/DeepSeek-R1": None,
     "moonshotai/Kimi-K2-Instruct": None,
     "nvidia/DeepSeek-V3.1-NVFP4": None,
-    "deepseek-ai/DeepSeek-V3.2": "index_topk",  # DSA sparse attention
-    "nvidia/DeepSeek-V3.2-NVFP4": "index_topk",
-    "zai-org/GLM-5": "index_topk",
-    "zai-org/GLM-5-FP8": "index_topk",
-    "nvidia/GLM-5-NVFP4": "index_topk",
+    "deepseek-ai/DeepSeek-V3.2": None,  # DSA sparse attention: ModelSpec.indexer
+    "nvidia/DeepSeek-V3.2-NVFP4": None,
+    "zai-org/GLM-5": None,
+    "zai-org/GLM-5-FP8": None,
+    "nvidia/GLM-5-NVFP4": None,
+    "zai-org/GLM-5.2": "index_topk_freq",  # an indexer shared across layers
     "moonshotai/Kimi-K2.5": "architectures",  # a vision-language wrapper
-    "deepseek-ai/DeepSeek-V4-Flash": "index_topk",  # compressed sparse attention
+    "deepseek-ai/DeepSeek-V4-Flash": "compress_ratios",  # compressed sparse attention
     "moonshotai/Kimi-K3": "architectures",
 }
 

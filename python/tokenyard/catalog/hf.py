@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from tokenyard.catalog.quant import read_quantization
-from tokenyard.catalog.specs import LinearAttention, MlaAttention, ModelSpec
+from tokenyard.catalog.specs import LinearAttention, MlaAttention, ModelSpec, SparseIndexer
 from tokenyard.errors import ConfigError
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "bundled_model_names", "config_path", "model_from_config"]
@@ -71,6 +71,19 @@ _FAMILIES: dict[str, _Family] = {
         intermediate_key="moe_intermediate_size",
         deepseek=True,
     ),
+    # DeepSeek sparse attention (DSA): a DeepSeek-V3 with an indexer beside each MLA layer.
+    "DeepseekV32ForCausalLM": _Family(
+        "deepseek_v32",
+        experts_key="n_routed_experts",
+        intermediate_key="moe_intermediate_size",
+        deepseek=True,
+    ),
+    "GlmMoeDsaForCausalLM": _Family(
+        "glm_moe_dsa",
+        experts_key="n_routed_experts",
+        intermediate_key="moe_intermediate_size",
+        deepseek=True,
+    ),
     "GptOssForCausalLM": _Family("gpt_oss", experts_key="num_local_experts", layers="types"),
     "Gemma3ForCausalLM": _Family("gemma3_text", qk_norm=True, layers="types"),
     "Gemma4ForConditionalGeneration": _Family(
@@ -104,8 +117,19 @@ _FAMILIES: dict[str, _Family] = {
 _BY_MODEL_TYPE = {family.model_type: family for family in _FAMILIES.values()}
 _BY_MODEL_TYPE["kimi_k2"] = _FAMILIES["DeepseekV3ForCausalLM"]
 # Sparse attention (DeepSeek-V3.2's and GLM-5's DSA, DeepSeek-V4's): an indexer picks
-# index_topk keys per query, with a cache of its own.
+# index_topk keys per query, with a cache of its own. Read for the DSA families above.
 _DSA_KEYS = ("index_topk", "index_n_heads", "index_head_dim")
+# DSA variants that are not what SparseIndexer models: the key and why.
+_DSA_REFUSED = {
+    "compress_ratios": (
+        "DeepSeek-V4's attention (compressed sparse and heavily compressed KV per layer, "
+        "a sliding window, hyper-connections) is not modelled"
+    ),
+    "index_topk_freq": (
+        "an indexer shared across layers (GLM-5.2's index_topk_freq / "
+        "index_skip_topk_offset: most layers reuse another layer's top-k) is not modelled"
+    ),
+}
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_FAMILIES)
 
 _HYBRID_MODEL_TYPES = ("nemotron_h", "mamba", "qwen3_next", "qwen3_5")
@@ -159,11 +183,15 @@ def _attention_refusal(
 ) -> ConfigError | None:
     """Why the model's attention is not what tokenyard models, if it is not: full GQA or
     MLA, or for a family that lays out its layers (``_Family.layers``) the kinds it lists."""
-    for key in _DSA_KEYS:
+    for key, why in _DSA_REFUSED.items():
+        if cfg.get(key) not in (None, 1):
+            return _bad(key, f"{why}, got {cfg[key]!r}")
+    dsa = family is not None and family.model_type in ("deepseek_v32", "glm_moe_dsa")
+    for key in () if dsa else _DSA_KEYS:
         if cfg.get(key) is not None:
             why = (
-                "sparse attention (DeepSeek-V3.2's and GLM-5's DSA, DeepSeek-V4's: an indexer "
-                "picks the keys each query reads, with a KV cache of its own) is not modelled"
+                "sparse attention (an indexer that picks the keys each query reads) is read "
+                "for DeepseekV32ForCausalLM and GlmMoeDsaForCausalLM configs only"
             )
             return _bad(key, f"{why}, got {cfg[key]!r}")
     if family is not None and family.layers:
@@ -295,8 +323,16 @@ def _deepseek(cfg: dict[str, Any], heads: int) -> dict[str, Any]:
     ``moe_layer_freq`` divides (dense ``intermediate_size`` FFNs elsewhere)."""
     mla = _mla(cfg)
     moe = cfg.get("n_routed_experts") is not None
+    indexer = None
+    if cfg.get("index_topk") is not None:
+        indexer = SparseIndexer(
+            num_heads=_count(cfg, "index_n_heads"),
+            head_dim=_count(cfg, "index_head_dim"),
+            topk=_count(cfg, "index_topk"),
+        )
     return {
         "mla": mla,
+        "indexer": indexer,
         # The attention's q and k width per head; the cache holds the latent instead.
         "head_dim": mla.qk_head_dim,
         "num_kv_heads": heads,
@@ -443,6 +479,7 @@ def _hybrid_fields(cfg: dict[str, Any], family: _Family, heads: int) -> dict[str
                 shared_expert_intermediate_size=_count(cfg, "shared_expert_intermediate_size"),
             )
     if model_type in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
+        out["num_mtp_layers"] = _zero_or_count(cfg, "mtp_num_hidden_layers")
         out["attention_output_gate"] = (
             _flag(cfg, "attn_output_gate") if "attn_output_gate" in cfg else True
         )

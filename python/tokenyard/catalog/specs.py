@@ -30,6 +30,7 @@ __all__ = [
     "LinearAttention",
     "MlaAttention",
     "ModelSpec",
+    "SparseIndexer",
 ]
 
 #: A layer's token mixer: attention that caches every token's K and V (``gqa``, or
@@ -169,6 +170,42 @@ class MlaAttention:
         kv_b = self.kv_lora_rank * n * (self.qk_nope_head_dim + self.v_head_dim)
         o = n * self.v_head_dim * hidden
         return q_a + kv_a, q_b + kv_b + o, self.q_lora_rank + self.kv_lora_rank
+
+
+@dataclass(frozen=True, kw_only=True)
+class SparseIndexer:
+    """DeepSeek sparse attention's (DSA: DeepSeek-V3.2, GLM-5) lightning indexer, beside
+    an MLA layer: ``index_n_heads`` heads of ``index_head_dim`` score every cached token
+    for each query (FP8 MQA logits) and the MLA attention then reads only the
+    ``index_topk`` best. Per layer (vLLM 0.33's ``Indexer``, replicated on every TP
+    rank): ``wq_b`` ``q_lora_rank x n d``, ``wk`` ``h x d`` and ``weights_proj`` ``h x
+    n`` (one fused GEMM), the key's LayerNorm (``2 d``). It caches one key per token and
+    layer: ``d`` FP8 values and one float32 scale per 128 (vLLM's
+    ``DeepseekV32IndexerCache``: ``head_dim + head_dim // 128 * 4`` bytes, whatever the
+    KV cache dtype)."""
+
+    num_heads: int
+    head_dim: int
+    topk: int
+
+    #: vLLM's indexer quantizes its keys in blocks of 128 values, one fp32 scale each.
+    QUANT_BLOCK = 128
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise _fail("indexer", field.name, "must be an integer >= 1", value)
+
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes the indexer caches per token and layer (on every TP rank)."""
+        return self.head_dim + self.head_dim // self.QUANT_BLOCK * 4
+
+    def parameters(self, hidden: int, q_lora_rank: int) -> tuple[int, int]:
+        """(linear weights, norm weights) of one layer's indexer."""
+        n, d = self.num_heads, self.head_dim
+        return (q_lora_rank or hidden) * n * d + hidden * (d + n), 2 * d
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -315,10 +352,17 @@ class ModelSpec:
     num_dense_layers: int = 0
     dense_intermediate_size: int = 0
     moe_layer_freq: int = 1
-    #: Multi-token-prediction layers the checkpoint ships (``num_nextn_predict_layers``):
-    #: recorded, not counted (the published sizes leave them out; vLLM loads them only as
-    #: a speculative drafter, which tokenyard does not model for them yet).
+    #: DSA's indexer beside every MLA layer (DeepSeek-V3.2, GLM-5); None: dense MLA.
+    indexer: SparseIndexer | None = None
+    #: Multi-token-prediction layers the checkpoint ships (``num_nextn_predict_layers``,
+    #: Qwen's ``mtp_num_hidden_layers``): not counted in the sizes (the published ones
+    #: leave them out); vLLM loads them only as the ``mtp`` speculative drafter
+    #: (``mtp_drafter()``).
     num_mtp_layers: int = 0
+    #: This spec is an MTP module (``mtp_drafter()``): its one layer also concatenates the
+    #: token's embedding with the previous hidden state (two RMSNorms, ``h`` each) and
+    #: projects them back (``eh_proj``, ``2h x h``).
+    mtp_module: bool = False
     #: Each layer's token mixer (one of ``MIXERS``), from the config's ``layer_types``,
     #: ``hybrid_override_pattern`` or ``no_rope_layers``; empty: every layer ``gqa`` (or
     #: ``mla``). Read from Hugging Face configs, as are the fields below.
@@ -370,6 +414,10 @@ class ModelSpec:
             )
         if self.mla is not None and not isinstance(self.mla, MlaAttention):
             raise _fail(where, "mla", "must be an MlaAttention or None", self.mla)
+        if self.indexer is not None and (
+            not isinstance(self.indexer, SparseIndexer) or self.mla is None
+        ):
+            raise _fail(where, "indexer", "must be a SparseIndexer beside MLA", self.indexer)
         for field, low in (
             ("num_shared_experts", 0),
             ("num_dense_layers", 0),
@@ -479,7 +527,8 @@ class ModelSpec:
         if mixer in LINEAR_MIXERS and self.linear is not None:
             return sum(self.linear.parameters(h))
         if self.mla is not None:
-            return sum(self.mla.split_parameters(h, self.num_heads))
+            indexer = self.indexer.parameters(h, self.mla.q_lora_rank) if self.indexer else ()
+            return sum(self.mla.split_parameters(h, self.num_heads)) + sum(indexer)
         kv_heads, head_dim = self.kv_shape(mixer)
         q, kv = self.num_heads * head_dim, kv_heads * head_dim
         kv_proj = kv if mixer == "gqa" and self.attention_k_eq_v else 2 * kv
@@ -552,6 +601,38 @@ class ModelSpec:
                 field=field,
                 value=str(ep),
             )
+
+    def mtp_drafter(self) -> ModelSpec:
+        """The model's MTP module as a one-layer model (vLLM's ``DeepSeekMTP`` /
+        ``Qwen3NextMTP``): a decoder layer of the main model's last layer's kind (MLA and
+        experts for DeepSeek-V3), ``eh_proj`` and its norms (``mtp_module``), sharing the
+        main model's embedding and LM head. vLLM runs it ``k`` times per step for ``k``
+        drafts (``num_speculative_tokens`` above ``num_mtp_layers`` reuses the layer).
+
+        Raises:
+            ConfigError: the model has no MTP layers (field ``replica.speculative.method``).
+        """
+        if not self.num_mtp_layers:
+            raise ConfigError(
+                f"replica.speculative.method: 'mtp' needs a model with multi-token-prediction "
+                f"layers (num_nextn_predict_layers or mtp_num_hidden_layers in its config); "
+                f"{self.name} has none, got 'mtp'",
+                field="replica.speculative.method",
+                value="'mtp'",
+            )
+        mixer = "gqa" if "gqa" in self.mixers() else self.mixers()[-1]
+        ffn = self.ffns()[-1]
+        return dataclasses.replace(
+            self,
+            name=f"{self.name}:mtp",
+            num_layers=1,
+            num_dense_layers=0 if ffn == "moe" else min(self.num_dense_layers, 1),
+            moe_layer_freq=1,
+            layer_types=(mixer,) if self.layer_types else (),
+            ffn_types=(ffn,) if self.ffn_types else (),
+            num_mtp_layers=0,
+            mtp_module=True,
+        )
 
     def _parameters(self, experts: int) -> int:
         total = self._edge_parameters()

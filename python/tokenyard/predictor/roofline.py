@@ -661,7 +661,9 @@ def _mla_attention(b: _Builder, model: ModelSpec, s: _Sizes) -> None:
     b.add("kv_store", flops={}, bytes={"num_tokens": lat * (s.a + s.c)})
     _gemm(b, "kv_b_proj", kvr, n * (nope + v), s, feature="num_prefill_tokens")
     _bmm(b, "mla_bmm_pre", n, nope, kvr, s, "num_decode_tokens")
-    if b.calibration is not None:
+    if model.indexer is not None:
+        _sparse_mla_attention(b, model, s)
+    elif b.calibration is not None:
         c, device = b.calibration, b.device
         # Un-absorbed prefill: q and k of width n r, v of n v (the roofline's q = kv = half
         # their sum gives its 2 n (r + v) FLOPs per pair); absorbed decode: n heads over
@@ -697,6 +699,91 @@ def _mla_attention(b: _Builder, model: ModelSpec, s: _Sizes) -> None:
         )
     _bmm(b, "mla_bmm_post", n, kvr, v, s, "num_decode_tokens")
     _gemm(b, "o_proj", n * v, s.h, s)
+
+
+#: The indexer's per-key logits (fp32) written by the MQA-logits kernel and read by top-k.
+_INDEXER_LOGIT_BYTES = 8.0
+
+
+def _sparse_mla_attention(b: _Builder, model: ModelSpec, s: _Sizes) -> None:
+    """DSA (DeepSeek-V3.2, GLM-5): the indexer, then MLA over at most ``index_topk`` keys.
+
+    Indexer (replicated on every TP rank, vLLM's ``Indexer``): ``indexer_q_proj``
+    (``wq_b``, ``q_lora x n_i d_i``), ``indexer_k_proj`` (``wk`` and ``weights_proj``
+    fused, ``h x (d_i + n_i)``), its key's store (``d_i`` FP8 bytes + a scale per 128),
+    and the scan (``indexer_prefill``, ``indexer_decode``): every query scores every
+    cached key it may see, ``2 n_i d_i`` FLOPs a pair at the FP8 peak (the BF16 one on a
+    device without FP8), reading each key's cached bytes and writing and re-reading a fp32
+    logit per key for the top-k. The top-k selection's own compute is left out.
+
+    Attention: the MLA prefill (un-absorbed) and decode (absorbed) of ``_mla_attention``
+    at the pairs and keys the top-k leaves: a query at position ``p`` reads ``min(p,
+    index_topk)`` keys (the count of a sliding window of ``index_topk``:
+    ``window_pairs``, ``window_keys``), so a decode's attention stops growing past
+    ``index_topk`` while the indexer's scan keeps growing with the context."""
+    mla, indexer = model.mla, model.indexer
+    if mla is None or indexer is None:  # the caller checked
+        return
+    device, c = b.device, b.calibration
+    n, r, v, lat, kvr = s.heads, mla.qk_head_dim, mla.v_head_dim, mla.latent_dim, mla.kv_lora_rank
+    ni, di, topk, cached = indexer.num_heads, indexer.head_dim, indexer.topk, indexer.cache_bytes
+    _gemm(b, "indexer_q_proj", mla.q_lora_rank or s.h, ni * di, s)
+    _gemm(b, "indexer_k_proj", s.h, di + ni, s)
+    b.add("indexer_k_store", flops={}, bytes={"num_tokens": di * s.a + cached})
+    peak = device.dense_bf16_tflops * 1e12
+    fp8_peak = (device.dense_fp8_tflops or device.dense_bf16_tflops) * 1e12
+    bandwidth = device.memory_bandwidth_gbps * 1e9
+    memory = c.memory_efficiency if c is not None else b.eff.memory
+    compute = 1.0 if c is not None else b.eff.attention
+    per_key = cached + _INDEXER_LOGIT_BYTES
+
+    def index_prefill(batch: float, seq: float, prefix: float) -> float:
+        pairs = window_pairs(seq, prefix, 0)
+        flops = 2.0 * ni * di * batch * pairs
+        moved = batch * (seq * ni * di + (seq + prefix) * cached + pairs * _INDEXER_LOGIT_BYTES)
+        return max(flops / (fp8_peak * compute), moved / (bandwidth * memory))
+
+    def index_decode(batch: float, keys: float) -> float:
+        flops = 2.0 * ni * di * batch * keys
+        moved = batch * (ni * di + keys * per_key)
+        return max(flops / (fp8_peak * compute), moved / (bandwidth * memory))
+
+    wide = n * (r + v) / 2.0
+    narrow = n * (2 * kvr + mla.qk_rope_head_dim) / 2.0
+
+    def prefill(batch: float, seq: float, prefix: float) -> float:
+        pairs = window_pairs(seq, prefix, topk)
+        flops = 4.0 * wide * batch * pairs
+        moved = batch * (2.0 * wide * seq + 2.0 * wide * (seq + prefix)) * s.a
+        if c is not None:
+            span = min(seq + prefix, float(topk))
+            roofline = max(flops / peak, moved / bandwidth)
+            return roofline / curve_value(c.prefill_seq_lens, c.prefill_efficiency, span)
+        return max(flops / (peak * b.eff.attention), moved / (bandwidth * b.eff.memory))
+
+    def decode(batch: float, keys: float) -> float:
+        read = window_keys(keys, topk)
+        roofline = decode_roofline_s(device, batch, read, narrow, lat / 2.0, s.c)
+        if c is not None:
+            rows = decode_efficiency_rows(c, read)
+            return roofline / curve_value(c.decode_parallelism, rows, batch)
+        flops = 4.0 * narrow * batch * read
+        moved = batch * (4.0 * narrow + s.c * lat * read)
+        return max(flops / (peak * b.eff.attention), moved / (bandwidth * b.eff.memory))
+
+    source = "calibrated" if c is not None else "roofline"
+    for name, fn, gate in (
+        ("indexer_prefill", index_prefill, "num_prefill_tokens"),
+        ("indexer_decode", index_decode, "num_decode_tokens"),
+        ("attn_prefill", prefill, "num_prefill_tokens"),
+        ("attn_decode", decode, "num_decode_tokens"),
+    ):
+        table = (
+            grids.prefill_attention_table(fn)  # type: ignore[arg-type]
+            if gate == "num_prefill_tokens"
+            else grids.decode_attention_table(fn)  # type: ignore[arg-type]
+        )
+        b.ops.append(CompiledOp(name, "layer", gate, table, 1.0, source))
 
 
 def _communication(b: _Builder, device: DeviceSpec, s: _Sizes, tp: int, pp: int) -> None:
@@ -852,6 +939,10 @@ def roofline_predictor(
         )
         b.ops[-1] = dataclasses.replace(b.ops[-1], count=both / model.num_layers)
     _mlp(b, model, s, tp, _experts(model, tp, ep, dp))
+    if model.mtp_module:  # an MTP module (ModelSpec.mtp_drafter): enorm, hnorm, eh_proj
+        _norm(b, "mtp_norms", s)
+        b.ops[-1] = dataclasses.replace(b.ops[-1], count=2.0)
+        _gemm(b, "eh_proj", 2 * s.h, s.h, s, layer_linear=False)  # bf16 in vLLM, whole
     if calibration is None:  # calibrated: fused into the norms
         b.add(
             "residual_add",

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from tokenyard._checks import check_key_int, check_key_number, fail
 from tokenyard.simulation.kv_offload_config import KvOffloadConfig
-from tokenyard.simulation.planner import kv_values_per_token_layer
+from tokenyard.simulation.planner import indexer_bytes_per_token_layer, kv_values_per_token_layer
 from tokenyard.simulation.scheduler_config import MAX_REPLICAS, ReplicaSchedulerConfig
 
 if TYPE_CHECKING:
@@ -179,7 +179,8 @@ def kv_bytes_per_token(model: ModelSpec, kv_bytes: float) -> float:
     attention layers cache no tokens (their state is per request: refused by
     ``check_transferable``)."""
     values = sum(kv_values_per_token_layer(model, 1, mixer) for mixer in model.mixers())
-    return kv_bytes * values
+    indexer = sum(indexer_bytes_per_token_layer(model, mixer) for mixer in model.mixers())
+    return kv_bytes * values + indexer
 
 
 def check_transferable(model: ModelSpec) -> None:

@@ -225,10 +225,12 @@ def quantization_for(config: SimulationConfig, model: ModelSpec) -> Quantization
 TableFiles = tuple[tuple[str, tuple[tuple[str, int, int], ...]], ...]
 
 
-def _build_measured(config: SimulationConfig, source: MeasuredSource) -> CompiledPredictor:
+def _build_measured(
+    config: SimulationConfig, source: MeasuredSource, spec: ModelSpec | None = None
+) -> CompiledPredictor:
     replica = config.replica
     catalog = catalog_for(config)
-    model = catalog.model(config.model_name(), field="replica.model")
+    model = spec or catalog.model(config.model_name(), field="replica.model")
     return _cached_measured(
         model,
         catalog.device(replica.device, field="replica.device"),
@@ -380,14 +382,28 @@ def build_predictor(
     config: SimulationConfig, choice: ExecutionChoice | None = None
 ) -> CompiledPredictor | None:
     """The compiled predictor of ``config``; None for ``linear`` and Python callables."""
-    choice = choice or choose_execution(config)
+    return _build(config, choice or choose_execution(config))
+
+
+def build_mtp_predictor(config: SimulationConfig, drafter: ModelSpec) -> CompiledPredictor | None:
+    """The ``mtp`` drafter's predictor: ``drafter`` (``ModelSpec.mtp_drafter()``) priced
+    as ``config``'s model would be, one pipeline stage; None for ``linear`` and Python
+    callables."""
+    replica = dataclasses.replace(config.replica, num_pipeline_stages=1)
+    config = dataclasses.replace(config, replica=replica)
+    return _build(config, choose_execution(config), drafter)
+
+
+def _build(
+    config: SimulationConfig, choice: ExecutionChoice, model: ModelSpec | None = None
+) -> CompiledPredictor | None:
     execution, replica = config.execution, config.replica
     if choice.kind == "measured" and choice.source is not None:
-        return _build_measured(config, choice.source)
+        return _build_measured(config, choice.source, model)
     if choice.kind not in ("roofline", "profiled"):
         return None
     catalog = catalog_for(config)
-    spec = catalog.model(config.model_name(), field="replica.model")
+    spec = model or catalog.model(config.model_name(), field="replica.model")
     gpu = catalog.device(replica.device, field="replica.device")
     weight_bytes, kv_bytes = dtype_bytes(replica.dtype, replica.kv_cache_dtype)
     quantization = quantization_for(config, spec)

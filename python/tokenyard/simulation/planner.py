@@ -32,7 +32,10 @@ latent attention (``ModelSpec.mla``, ``n = heads/TP``, ``r = qk_nope + qk_rope``
                               [reserved: LoRA slots, docs/lora.md]
     KV bytes per token      = 2 [K and V] x bytes(kv_cache_dtype) x d x kv x layers / PP
                               [MLA: (kv_lora + qk_rope) x bytes x layers / PP, the same
-                              on every TP rank: one latent head, not split]
+                              on every TP rank: one latent head, not split; with DSA's
+                              indexer (DeepSeek-V3.2, GLM-5) plus its key per layer,
+                              index_head_dim FP8 bytes + 4 per 128 (fp32 scales),
+                              whatever the KV dtype: vLLM's DeepseekV32IndexerCache]
     max_batch_size          = available // (KV bytes per token x max_request_tokens)
     num_blocks              = available // (KV bytes per token x block_size)
 
@@ -66,6 +69,7 @@ __all__ = [
     "MemoryPlan",
     "dtype_bytes",
     "hybrid_kv_words",
+    "indexer_bytes_per_token_layer",
     "kv_groups",
     "kv_values_per_token_layer",
     "parameters_per_device",
@@ -165,6 +169,9 @@ def _attention_split(model: ModelSpec, tp: int, mixer: str = "gqa") -> tuple[int
         return math.ceil(linear / tp), math.ceil(other / tp)
     if model.mla is not None:  # the a projections replicated, the rest split by heads
         replicated, split, norms = model.mla.split_parameters(h, model.num_heads // tp)
+        if model.indexer is not None:  # DSA's indexer: replicated on every rank
+            indexer, indexer_norm = model.indexer.parameters(h, model.mla.q_lora_rank)
+            replicated, norms = replicated + indexer, norms + indexer_norm
         return replicated + split, norms
     kv_heads, d = model.kv_shape(mixer)
     q = model.num_heads // tp * d
@@ -230,6 +237,14 @@ def kv_values_per_token_layer(model: ModelSpec, tp: int, mixer: str = "gqa") -> 
     return 2 * head_dim * math.ceil(kv_heads / tp)
 
 
+def indexer_bytes_per_token_layer(model: ModelSpec, mixer: str = "mla") -> int:
+    """Bytes DSA's indexer caches per token in one ``mla`` layer, on every TP rank (its
+    key is replicated, like the latent); 0 without an indexer."""
+    if mixer != "mla" or model.indexer is None:
+        return 0
+    return model.indexer.cache_bytes
+
+
 @dataclass(frozen=True)
 class KvGroup:
     """One of vLLM's KV cache groups (its hybrid allocator keeps one per attention kind):
@@ -255,6 +270,7 @@ def kv_groups(model: ModelSpec, tp: int, pp: int, kv_bytes: int) -> tuple[KvGrou
         layers = count // pp if count % pp == 0 else math.ceil(count / pp)
         if mixer in ATTENTION_MIXERS:
             per_layer = kv_bytes * kv_values_per_token_layer(model, tp, mixer)
+            per_layer += indexer_bytes_per_token_layer(model, mixer)
             groups.append(KvGroup(mixer, layers, per_layer * layers, model.window_of(mixer)))
         elif mixer in LINEAR_MIXERS and model.linear is not None:
             state = model.linear.state_bytes(tp) * layers
@@ -382,7 +398,9 @@ def plan_memory(
         # sliding and chunked specs promoted to full attention).
         kv_per_token = sum(g.bytes_per_token for g in groups)
     else:
-        kv_per_token = kv_bytes * kv_values_per_token_layer(model, tp) * (model.num_layers // pp)
+        per_layer = kv_bytes * kv_values_per_token_layer(model, tp)
+        per_layer += indexer_bytes_per_token_layer(model, model.mixers()[0])
+        kv_per_token = per_layer * (model.num_layers // pp)
     state = sum(g.state_bytes_per_request for g in groups)
     reserved_state = state * max(max_num_seqs, 1) if state else 0
     total = int(device.memory_gib * 1024**3 * (1 - memory_margin_fraction))

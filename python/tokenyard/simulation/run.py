@@ -15,6 +15,7 @@ from tokenyard.simulation import disagg_config
 from tokenyard.simulation.catalog import catalog_for
 from tokenyard.simulation.config import SimulationConfig, config_document
 from tokenyard.simulation.execution import (
+    build_mtp_predictor,
     build_predictor,
     choose_execution,
     lora_core,
@@ -391,7 +392,9 @@ def _draft_pricing(config: SimulationConfig) -> dict[str, Any]:
     if spec.method in (None, "ngram"):
         return {}
     catalog = catalog_for(config)
-    if spec.method in ("mtp", "eagle"):
+    if spec.method == "mtp":
+        return _mtp_pricing(config)
+    if spec.method == "eagle":
         target = catalog.model(config.model_name(), field="replica.model")
         return {"draft_layer_fraction": 1.0 / target.num_layers}
     draft = str(spec.draft_model)
@@ -414,6 +417,35 @@ def _draft_pricing(config: SimulationConfig) -> dict[str, Any]:
             field="replica.speculative.draft_model",
             value=repr(draft),
         )
+    return {"draft_exec_model": _core.CompiledOps(predictor.fused(1).to_core())}
+
+
+def mtp_module(config: SimulationConfig) -> bool:
+    """Whether the ``mtp`` drafter is priced as its own module (a compiled execution
+    model), which the core then runs as a draft model."""
+    kind = choose_execution(config).kind
+    return config.replica.speculative.method == "mtp" and kind in (
+        "measured",
+        "roofline",
+        "profiled",
+    )
+
+
+def _mtp_pricing(config: SimulationConfig) -> dict[str, Any]:
+    """The ``mtp`` drafter: the target's MTP module (``ModelSpec.mtp_drafter()``: one
+    decoder layer of the target's shape, ``eh_proj``, the shared LM head) priced by the
+    execution model the config chose, on the same device and layout, one pipeline stage;
+    the core runs it as a draft model (``draft_exec_model``). ``linear`` and Python
+    functions cannot price a module: they keep one target layer per pass.
+
+    Raises:
+        ConfigError: the model has no MTP layers (``replica.speculative.method``)."""
+    catalog = catalog_for(config)
+    target = catalog.model(config.model_name(), field="replica.model")
+    drafter = target.mtp_drafter()
+    predictor = build_mtp_predictor(config, drafter)
+    if predictor is None:
+        return {"draft_layer_fraction": 1.0 / target.num_layers}
     return {"draft_exec_model": _core.CompiledOps(predictor.fused(1).to_core())}
 
 
@@ -650,7 +682,7 @@ def _core_config(
         over_length=config.replica.over_length,
         concurrency=concurrency,
         lora=lora_core(config),
-        speculative=config.replica.speculative.to_core(),
+        speculative=config.replica.speculative.to_core(mtp_as_draft_model=mtp_module(config)),
         decode=decode,
         kv_offload=kv_offload,
         coalesce_decode_steps=coalesce_decode_steps,

@@ -130,12 +130,15 @@ class SpeculativeConfig:
                 dist,
             )
 
-    def to_core(self) -> _core.SpeculativeConfig | None:
-        """The core's config, or None when off."""
+    def to_core(self, *, mtp_as_draft_model: bool = False) -> _core.SpeculativeConfig | None:
+        """The core's config, or None when off. ``mtp_as_draft_model``: the MTP module is
+        priced as a model of its own (``ModelSpec.mtp_drafter()``), which the core runs
+        through its ``draft_model`` mechanism (the same ``k`` lookahead slots)."""
         if self.method is None or self.num_speculative_tokens is None:
             return None
+        method = "draft_model" if self.method == "mtp" and mtp_as_draft_model else self.method
         return _core.SpeculativeConfig(
-            method=self.method,
+            method=method,
             num_speculative_tokens=self.num_speculative_tokens,
             acceptance_rate=self.acceptance_rate,
             acceptance_rates=self.acceptance_rates,

@@ -280,6 +280,8 @@ def _measured_ops(
             out["shared_gate_up_proj"] = (_gemm_table(gemm, 2 * i, s.h, "num_tokens"), label, "")
             down = _gemm_table(gemm, s.h, i, "num_tokens", quantized_input=True)
             out["shared_down_proj"] = (down, label, "")
+    if model.mtp_module:  # [embedding; hidden] -> h: a whole bf16 nn.Linear in vLLM's MTP
+        out["eh_proj"] = (_gemm_table(edge, s.h, 2 * s.h, "num_tokens"), label, "")
     if tp > 1:
         out["all_reduce"] = out["embedding_all_reduce"] = _all_reduce_op(source, s, tp)
     if model.linear is not None:
@@ -381,6 +383,22 @@ def _mla_gemm_shapes(model: ModelSpec, tp: int) -> dict[str, tuple[int, int, str
             "num_prefill_tokens",
         ),
         "o_proj": (h, n * mla.v_head_dim, "num_tokens"),
+        **(
+            {
+                "indexer_q_proj": (
+                    model.indexer.num_heads * model.indexer.head_dim,
+                    mla.q_lora_rank or h,
+                    "num_tokens",
+                ),
+                "indexer_k_proj": (
+                    model.indexer.head_dim + model.indexer.num_heads,
+                    h,
+                    "num_tokens",
+                ),
+            }
+            if model.indexer is not None
+            else {}
+        ),
     }
 
 
@@ -389,7 +407,7 @@ def _module_model(rows: Columns, model: ModelSpec) -> tuple[str, str]:
     size and MLA dims; the head count is a column), or ("", why none has)."""
     from tokenyard import catalog
 
-    mine = (model.hidden_size, model.mla)
+    mine = (model.hidden_size, model.mla, model.indexer)
     seen = []
     for name in rows.values("model"):
         try:
@@ -397,7 +415,7 @@ def _module_model(rows: Columns, model: ModelSpec) -> tuple[str, str]:
         except ConfigError:
             seen.append(f"{name} (its config is not known here)")
             continue
-        if (measured.hidden_size, measured.mla) == mine:
+        if (measured.hidden_size, measured.mla, measured.indexer) == mine:
             return str(name), ""
         seen.append(f"{name} (hidden {measured.hidden_size}, {measured.mla})")
     return "", (
@@ -422,10 +440,12 @@ def _mla_ops(
     itself from the calibrated roofline, each with its reason. Also the banner's words."""
     heads = model.num_heads // tp
     why = _mla_module_why(source, model)
+    dsa = _dsa_folder(source) if model.indexer is not None else None
+    table = "dsa" if model.indexer is not None else "mla"
     if not why:
-        folder = source.folders["mla"]
-        context_rows = _read(source, folder / "mla_context_module_perf.parquet")
-        generation_rows = _read(source, folder / "mla_generation_module_perf.parquet")
+        folder = dsa or source.folders["mla"]
+        context_rows = _read(source, folder / f"{table}_context_module_perf.parquet")
+        generation_rows = _read(source, folder / f"{table}_generation_module_perf.parquet")
         name, why = _module_model(context_rows, model)
     if not why:
         kv_name = TABLE_DTYPES.get(kv_dtype, kv_dtype)
@@ -440,21 +460,25 @@ def _mla_ops(
         except NotMeasured as exc:
             why = str(exc)
     if not why:
-        label = f"measured:mla_module ({source.folders['mla'].name})"
+        label = f"measured:{table}_module ({(dsa or source.folders['mla']).name})"
         out: dict[str, tuple[TableCost | None, str, str]] = {
             "attn_prefill": (grids.prefill_attention_table(_prefill_seconds(context)), label, ""),
             "attn_decode": (grids.decode_attention_table(generation), label, ""),
         }
-        inside = f"in the measured MLA module ({label})"
-        for op in MLA_MODULE_OPS:
+        inside = f"in the measured {table.upper()} module ({label})"
+        for op in MLA_MODULE_OPS + (DSA_MODULE_OPS if dsa else ()):
             out[op] = (None, "dropped", inside)
-        return out, f"module ({gemm_type}, KV {kv_name}, {heads} heads per GPU)"
+        kind = "DSA module" if dsa else "module"
+        return out, f"{kind} ({gemm_type}, KV {kv_name}, {heads} heads per GPU)"
     out = {
         op: (_gemm_table(gemm, n, k, feature, quantized_input=op == "o_proj"), gemm_label, "")
         for op, (n, k, feature) in _mla_gemm_shapes(model, tp).items()
     }
     out["attn_prefill"] = (None, "calibrated", why)
     out["attn_decode"] = (None, "calibrated", why)
+    if model.indexer is not None:
+        for op in ("indexer_prefill", "indexer_decode", "indexer_k_store"):
+            out[op] = (None, "calibrated", why)
     bmm = "calibrated"
     mla = model.mla
     dims = (mla.qk_nope_head_dim, mla.kv_lora_rank, mla.v_head_dim) if mla else ()
@@ -476,7 +500,44 @@ def _mla_ops(
     return out, f"GEMMs + {bmm} BMMs + calibrated attention"
 
 
+#: The indexer's operations, inside a measured DSA module row (aiconfigurator's
+#: ``ContextDSAModule`` / ``GenerationDSAModule``: wq_b, weights_proj, FP8 MQA logits,
+#: top-k, then the sparse MLA).
+DSA_MODULE_OPS = (
+    "indexer_q_proj",
+    "indexer_k_proj",
+    "indexer_k_store",
+    "indexer_prefill",
+    "indexer_decode",
+)
+
+
+def _dsa_folder(source: MeasuredSource) -> Path | None:
+    """The ``sparse_attention`` tables beside ``source``'s (the newest version at or
+    below its own), None if its framework has none."""
+    from tokenyard.predictor.measured.data import _version_key, _versions
+
+    found = [
+        v
+        for v in _versions(source.root, source.system, "sparse_attention", source.framework)
+        if _version_key(v) <= _version_key(source.version)
+    ]
+    if not found:
+        return None
+    return source.root / source.system / "sparse_attention" / source.framework / found[-1]
+
+
 def _mla_module_why(source: MeasuredSource, model: ModelSpec) -> str:
+    if model.indexer is not None:
+        folder = _dsa_folder(source)
+        names = ("dsa_context_module_perf.parquet", "dsa_generation_module_perf.parquet")
+        if folder is None or not all(_present(folder / n) for n in names):
+            return (
+                f"no sparse_attention (DSA module) tables for {source.system}/"
+                f"{source.framework} at or below {source.version}; sparse MLA and the indexer "
+                "priced by the calibrated roofline"
+            )
+        return ""
     folder = source.folders.get("mla")
     names = ("mla_context_module_perf.parquet", "mla_generation_module_perf.parquet")
     if folder is None or not all(_present(folder / n) for n in names):

@@ -14,6 +14,7 @@ into ``ModelSpec.mla`` and its MoE layout fields. A quantized checkpoint's
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any, NamedTuple
 
 from tokenyard.catalog.quant import read_quantization
 from tokenyard.catalog.specs import LinearAttention, MlaAttention, ModelSpec, SparseIndexer
+from tokenyard.catalog.vision import VisionEncoder
 from tokenyard.errors import ConfigError
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "bundled_model_names", "config_path", "model_from_config"]
@@ -39,6 +41,8 @@ class _Family(NamedTuple):
     #: (gpt-oss, Gemma, Qwen3-Next/3.5), "sliding" (Mistral's sliding_window on every
     #: layer), "llama4" (chunked local + NoPE global), "nemotron_h" (the pattern).
     layers: str = ""
+    #: The vision tower under ``vision_config`` (``VisionEncoder.kind``); "" none read.
+    vision: str = ""
 
 
 _FAMILIES: dict[str, _Family] = {
@@ -106,6 +110,19 @@ _FAMILIES: dict[str, _Family] = {
         experts_key="num_experts",
         intermediate_key="moe_intermediate_size",
         layers="types",
+    ),
+    # Vision-language models: the decoder under text_config (Qwen2.5-VL: at the top level),
+    # the vision tower under vision_config.
+    "Qwen2_5_VLForConditionalGeneration": _Family(
+        "qwen2_5_vl", attention_bias=True, vision="qwen2_5_vl"
+    ),
+    "Qwen3VLForConditionalGeneration": _Family("qwen3_vl", qk_norm=True, vision="qwen3_vl"),
+    "Qwen3VLMoeForConditionalGeneration": _Family(
+        "qwen3_vl_moe",
+        qk_norm=True,
+        experts_key="num_experts",
+        intermediate_key="moe_intermediate_size",
+        vision="qwen3_vl",
     ),
     "NemotronHForCausalLM": _Family(
         "nemotron_h",
@@ -582,6 +599,50 @@ def _spec(
         raise _bad(_CONFIG_KEYS.get(spec_field, spec_field), problem) from None
 
 
+def _vision(raw: dict[str, Any], kind: str) -> VisionEncoder:
+    """The ``vision_config`` of a vision-language config (``catalog/vision.py``); errors
+    name ``vision_config.<key>``."""
+    cfg = raw.get("vision_config")
+    if not isinstance(cfg, dict):
+        raise _bad("vision_config", f"must be a table (the vision tower), got {cfg!r}")
+
+    def count(key: str, default: int | None = None) -> int:
+        try:
+            return _count(cfg, key, default)
+        except ConfigError as exc:
+            problem = exc.message.removeprefix(f"{key}: ")
+            raise _bad(f"vision_config.{key}", problem) from None
+
+    def indexes(key: str) -> tuple[int, ...]:
+        listed = cfg.get(key) or []
+        if not isinstance(listed, list):
+            raise _bad(f"vision_config.{key}", f"must be a list of block indexes, got {listed!r}")
+        return tuple(listed)
+
+    try:
+        return VisionEncoder(
+            kind=kind,
+            depth=count("depth"),
+            hidden_size=count("hidden_size"),
+            num_heads=count("num_heads"),
+            intermediate_size=count("intermediate_size"),
+            patch_size=count("patch_size"),
+            spatial_merge_size=count("spatial_merge_size"),
+            temporal_patch_size=count("temporal_patch_size"),
+            out_hidden_size=count("out_hidden_size"),
+            in_channels=count("in_channels" if "in_channels" in cfg else "in_chans", 3),
+            num_position_embeddings=(
+                count("num_position_embeddings") if kind == "qwen3_vl" else 0
+            ),
+            deepstack_layers=indexes("deepstack_visual_indexes"),
+            window_size=count("window_size") if kind == "qwen2_5_vl" else 0,
+            fullatt_blocks=indexes("fullatt_block_indexes"),
+        )
+    except ConfigError as exc:
+        problem = exc.message.removeprefix(f"{exc.field}: ")
+        raise _bad(exc.field or "vision_config", problem) from None
+
+
 @functools.lru_cache(maxsize=256)
 def _load(path: Path, mtime_ns: int, name: str) -> ModelSpec:
     """``path`` parsed once per name and modification time (an edited file is re-read)."""
@@ -606,7 +667,10 @@ def _load(path: Path, mtime_ns: int, name: str) -> ModelSpec:
     )
     if refusal is not None:
         raise refusal
-    return _spec(cfg, family, name, str(path), read_quantization(raw, cfg, path))
+    spec = _spec(cfg, family, name, str(path), read_quantization(raw, cfg, path))
+    if family.vision:
+        spec = dataclasses.replace(spec, vision=_vision(raw, family.vision))
+    return spec
 
 
 def model_from_config(

@@ -14,6 +14,7 @@ from typing import Any
 
 from tokenyard._checks import check_key_int
 from tokenyard.catalog.quant import Quantization
+from tokenyard.catalog.vision import VisionEncoder
 from tokenyard.errors import ConfigError
 
 #: The most GPUs one parallel dimension of a replica spans.
@@ -390,6 +391,9 @@ class ModelSpec:
     shared_expert_intermediate_size: int = 0
     #: SwiGLU (gate, up, down) FFNs; false: an MLP of up and down only (Nemotron-H's relu2).
     gated_ffn: bool = True
+    #: A vision-language model's vision tower (its ``vision_config``; Qwen2.5-VL, Qwen3-VL),
+    #: counted in the parameters and the weights; None: a text-only model.
+    vision: VisionEncoder | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -414,6 +418,8 @@ class ModelSpec:
             )
         if self.mla is not None and not isinstance(self.mla, MlaAttention):
             raise _fail(where, "mla", "must be an MlaAttention or None", self.mla)
+        if self.vision is not None and not isinstance(self.vision, VisionEncoder):
+            raise _fail(where, "vision", "must be a VisionEncoder or None", self.vision)
         if self.indexer is not None and (
             not isinstance(self.indexer, SparseIndexer) or self.mla is None
         ):
@@ -636,6 +642,8 @@ class ModelSpec:
 
     def _parameters(self, experts: int) -> int:
         total = self._edge_parameters()
+        if self.vision is not None:  # the vision tower runs for every image
+            total += self.vision.parameters()
         for kind in self.layer_kinds():
             # An RMSNorm before the mixer and before the FFN (one for a one-part layer).
             norms = (kind.attention != "none") + (kind.ffn != "none")
@@ -644,8 +652,8 @@ class ModelSpec:
         return total
 
     def num_parameters(self) -> int:
-        """All weights: every layer with all its experts, the embeddings and the final norm
-        (not the MTP layers, which published sizes leave out)."""
+        """All weights: every layer with all its experts, the embeddings and the final norm,
+        the vision tower if any (not the MTP layers, which published sizes leave out)."""
         return self._parameters(self.num_experts)
 
     def num_active_parameters(self) -> int:

@@ -203,7 +203,8 @@ def _ffn_split(model: ModelSpec, kind: LayerKind, tp: int, ep: int = 1) -> tuple
 
 def _parameter_split(model: ModelSpec, tp: int, pp: int, ep: int = 1) -> tuple[int, int]:
     """(decoder-layer linear weights, every other weight) on the fullest device: the
-    first is what a quantized checkpoint quantizes. With layers of several kinds (dense
+    first is what a quantized checkpoint quantizes (a vision tower is among the others:
+    its linears split by TP, on the first stage, in 16 bits). With layers of several kinds (dense
     FFN layers before MoE ones) the stages' layers are taken as the model's mix, ``1/PP``
     of each kind (exact at PP 1)."""
     model.check_layout(tp, pp)
@@ -218,6 +219,8 @@ def _parameter_split(model: ModelSpec, tp: int, pp: int, ep: int = 1) -> tuple[i
         other += kind.count * (attention_other + ffn_other + norms)
     vocab_shard = math.ceil(model.vocab_size / tp) * h
     first = vocab_shard
+    if model.vision is not None:  # the vision tower, on the first stage, in 16 bits
+        first += sum(model.vision.parameter_split(tp))
     last = h + (0 if model.tied_embeddings and pp == 1 else vocab_shard)
     edge = first + last if pp == 1 else max(first, last)
     return math.ceil(linear / pp), math.ceil(other / pp) + edge

@@ -33,6 +33,7 @@ from tokenyard.simulation.results import (
     token_gap_table,
 )
 from tokenyard.simulation.speculative import SpeculativeConfig
+from tokenyard.simulation.vision import vision_for, with_images
 from tokenyard.workload import ClosedLoop, load_workload
 
 __all__ = ["load_object", "plan_for", "replica_spec", "simulate"]
@@ -77,7 +78,8 @@ def simulate(
         InputError / TraceError: a bad request in the workload (the file, line and field).
         CapacityError: requests the replicas could never schedule.
     """
-    workload = load_workload(config.seeded_workload(), base_dir=config.base_dir)
+    vision = vision_for(config)
+    workload = load_workload(config.seeded_workload(), base_dir=config.base_dir, vision=vision)
     plan = plan_for(config)
     num_blocks = config.replica.scheduler.num_blocks or plan.num_blocks
     # No prefix identity: every prompt is unique, so a prefix cache would only cost time.
@@ -109,6 +111,11 @@ def simulate(
     choice = choose_execution(config)
     predictor = build_predictor(config, choice)
     exec_model: Any = None
+    vision_record: dict[str, Any] | None = None
+    if vision is not None:
+        predictor, vision_record, vision_note = with_images(
+            config, predictor, workload, vision, choice
+        )
     if predictor is not None:
         predictor = with_lora(config, predictor)
         exec_model = _core.CompiledOps(
@@ -158,6 +165,9 @@ def simulate(
         "seed": config.seed,
     }
     notes = planning_notes(config, plan)
+    if vision_record is not None:
+        description["vision"] = vision_record
+        notes = [*notes, vision_note]
     if notes:
         description["notes"] = notes
     if config.replica.lora is not None:

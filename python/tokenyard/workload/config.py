@@ -13,9 +13,11 @@ from dataclasses import MISSING, fields
 from typing import Any, TypeVar
 
 from tokenyard._checks import check_key_int
+from tokenyard.catalog.vision import VisionEncoder
 from tokenyard.errors import ConfigError
 from tokenyard.workload.chunk import MAX_REQUESTS, Workload
 from tokenyard.workload.columns import TIME_UNITS, ColumnFilter, ColumnTrace, TraceColumns
+from tokenyard.workload.images import ImageInputs
 from tokenyard.workload.lora import LoraPopularity, LoraWorkload
 from tokenyard.workload.session_traces import BailianTrace, SessionTrace
 from tokenyard.workload.sessions import ClosedLoop, SessionWorkload, ThinkTime
@@ -42,12 +44,13 @@ _READERS: dict[
     "bailian": BailianTrace,
 }
 _FILTER_TESTS = ("equals", "in", "not_in")
-_Part = type[ArrivalProcess | LengthDistribution | SharedPrefix | ThinkTime]
+_Part = type[ArrivalProcess | LengthDistribution | SharedPrefix | ThinkTime | ImageInputs]
 _SYNTHETIC_PARTS: dict[str, _Part] = {
     "arrival": ArrivalProcess,
     "prompt_tokens": LengthDistribution,
     "output_tokens": LengthDistribution,
     "shared_prefix": SharedPrefix,
+    "images": ImageInputs,
 }
 _SESSION_PARTS: dict[str, _Part] = {
     "arrival": ArrivalProcess,
@@ -84,6 +87,7 @@ def load_workload(
     *,
     base_dir: str | os.PathLike[str] | None = None,
     where: str = "workload",
+    vision: VisionEncoder | None = None,
 ) -> Workload:
     """Build a workload from its config.
 
@@ -103,8 +107,14 @@ def load_workload(
     ``"closed_loop": {...}`` table (``concurrency``, ``think_time``, ``seed``): a fixed
     number of users send the requests (``ClosedLoop``).
 
+    A synthetic workload's ``"images": {...}`` table (``ImageInputs``' fields, ``count``
+    a ``LengthDistribution`` table) adds vision tokens to its prompts; ``vision`` maps an
+    image's pixels to tokens.
+
     Args:
         spec: the config mapping.
+        vision: the model's vision tower (``ModelSpec.vision``), for ``images`` given in
+            pixels.
         base_dir: a relative trace ``path`` is taken from here (e.g. the config file's
             folder); by default from the working directory.
         where: the key path of ``spec`` in the whole config, for error messages.
@@ -116,7 +126,8 @@ def load_workload(
     spec = _mapping(spec, where)
     if "closed_loop" in spec:
         inner = {k: v for k, v in spec.items() if k != "closed_loop"}
-        return _closed_loop(load_workload(inner, base_dir=base_dir, where=where), spec, where)
+        inner_workload = load_workload(inner, base_dir=base_dir, where=where, vision=vision)
+        return _closed_loop(inner_workload, spec, where)
     if "lora" in spec:
         # Any workload takes adapters from a popularity model (workload/lora.py).
         columns = spec.get("columns")
@@ -131,10 +142,11 @@ def load_workload(
         table = _mapping(spec["lora"], f"{where}.lora")
         _check_keys(table, f"{where}.lora", _field_names(LoraPopularity), {"num_adapters"}, None)
         popularity = _construct(LoraPopularity, f"{where}.lora", **table)
-        return LoraWorkload(load_workload(inner, base_dir=base_dir, where=where), popularity)
+        inner_workload = load_workload(inner, base_dir=base_dir, where=where, vision=vision)
+        return LoraWorkload(inner_workload, popularity)
     kind = _choice(spec, "kind", WORKLOAD_KINDS, where)
     if kind == "synthetic":
-        return _with_parts(SyntheticWorkload, _SYNTHETIC_PARTS, spec, where)
+        return _with_parts(SyntheticWorkload, _SYNTHETIC_PARTS, spec, where, vision)
     if kind == "sessions":
         return _with_parts(SessionWorkload, _SESSION_PARTS, spec, where)
     trace_format = _choice(spec, "format", tuple(_READERS), where)
@@ -151,7 +163,11 @@ def load_workload(
 
 
 def _with_parts(
-    cls: type[T], parts: Mapping[str, _Part], spec: Mapping[str, object], where: str
+    cls: type[T],
+    parts: Mapping[str, _Part],
+    spec: Mapping[str, object],
+    where: str,
+    vision: VisionEncoder | None = None,
 ) -> T:
     """``cls`` from ``spec``, its nested tables built as ``parts`` say."""
     names = _field_names(cls) | {"kind"}
@@ -161,11 +177,27 @@ def _with_parts(
         if key in parts and value is not None:
             part = parts[key]
             table = _mapping(value, f"{where}.{key}")
-            _check_keys(table, f"{where}.{key}", _field_names(part), _required(part), None)
+            names = _field_names(part) - {"vision"}
+            _check_keys(table, f"{where}.{key}", names, _required(part), None)
+            if part is ImageInputs:
+                table = _image_table(table, f"{where}.{key}", vision)
             options[key] = _construct(part, f"{where}.{key}", **table)
         elif key != "kind":
             options[key] = value
     return _construct(cls, where, **options)
+
+
+def _image_table(
+    table: Mapping[str, object], where: str, vision: VisionEncoder | None
+) -> dict[str, object]:
+    """An ``images`` table with its ``count`` built and the model's tower set."""
+    out: dict[str, object] = {**table, "vision": vision}
+    if table.get("count") is not None:
+        count = _mapping(table["count"], f"{where}.count")
+        names, required = _field_names(LengthDistribution), _required(LengthDistribution)
+        _check_keys(count, f"{where}.count", names, required, None)
+        out["count"] = _construct(LengthDistribution, f"{where}.count", **count)
+    return out
 
 
 def _closed_loop(workload: Workload, spec: Mapping[str, object], where: str) -> ClosedLoop:

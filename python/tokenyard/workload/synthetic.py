@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
-from typing import Literal, final
+from typing import TYPE_CHECKING, Literal, final
 
 import numpy as np
 import numpy.typing as npt
@@ -35,6 +35,9 @@ from tokenyard.workload.chunk import (
     check_chunk_size,
     rechunk,
 )
+
+if TYPE_CHECKING:
+    from tokenyard.workload.images import ImageInputs
 
 __all__ = [
     "ARRIVAL_KINDS",
@@ -62,7 +65,7 @@ MAX_REQUEST_TOKENS = 1 << 24
 MAX_PREFIX_IDS = 1 << 24
 """Largest support of a zipf draw (its CDF is a table of this many float64)."""
 
-_ARRIVAL, _PROMPT, _OUTPUT, _SHARE, _GROUP = range(5)
+_ARRIVAL, _PROMPT, _OUTPUT, _SHARE, _GROUP, _IMAGE_SHARE, _IMAGE_COUNT = range(7)
 
 I64 = npt.NDArray[np.int64]
 _Sampler = Callable[[np.random.Generator, int], I64]
@@ -297,7 +300,10 @@ class SharedPrefix:
 @dataclass(frozen=True, kw_only=True)
 class SyntheticWorkload:
     """``num_requests`` requests drawn from ``arrival``, ``prompt_tokens``,
-    ``output_tokens`` and optionally ``shared_prefix``, all from ``seed``.
+    ``output_tokens`` and optionally ``shared_prefix`` and ``images``, all from ``seed``.
+
+    ``images`` (``ImageInputs``): a request's images add their vision tokens to its drawn
+    prompt length, before the shared prefix (which then covers text only) is applied.
 
     Raises:
         ConfigError: a field of the wrong type or out of range.
@@ -309,6 +315,7 @@ class SyntheticWorkload:
     output_tokens: LengthDistribution
     shared_prefix: SharedPrefix | None = None
     seed: int = 0
+    images: ImageInputs | None = None
 
     def __post_init__(self) -> None:
         owner = "SyntheticWorkload"
@@ -332,6 +339,13 @@ class SyntheticWorkload:
                 f"must be a SharedPrefix or None, got {type(value).__name__}",
                 value,
             )
+
+        from tokenyard.workload.images import ImageInputs
+
+        if self.images is not None and not isinstance(self.images, ImageInputs):
+            value = self.images
+            problem = f"must be an ImageInputs or None, got {type(value).__name__}"
+            raise field_error(owner, "images", problem, value)
 
     @property
     def hash_block_size(self) -> int | None:
@@ -359,7 +373,17 @@ class SyntheticWorkload:
         }
         if self.shared_prefix is not None:
             found["shared_prefix"] = self.shared_prefix.describe()
+        if self.images is not None:
+            found["images"] = self.images.describe()
         return found
+
+    def image_counts(self, block: int, size: int) -> I64:
+        """Images of each of the ``size`` requests of block ``block`` (0 without images)."""
+        if self.images is None:
+            return np.zeros(size, dtype=np.int64)
+        has = self._rng(_IMAGE_SHARE, block).random(BLOCK)[:size] < self.images.share
+        counts = self.images.count._sampler()(self._rng(_IMAGE_COUNT, block), BLOCK)[:size]
+        return np.where(has, counts, 0)
 
     def _rng(self, component: int, block: int) -> np.random.Generator:
         return np.random.Generator(
@@ -371,11 +395,14 @@ class SyntheticWorkload:
         draw_prompt = self.prompt_tokens._sampler()
         draw_output = self.output_tokens._sampler()
         prefix = None if self.shared_prefix is None else _PrefixIds(self.shared_prefix)
+        vision_tokens = 0 if self.images is None else self.images.tokens()
         for block, start in enumerate(range(0, self.num_requests, BLOCK)):
             size = min(BLOCK, self.num_requests - start)
             arrived = arrivals.block(self._rng(_ARRIVAL, block), start, size)
             prompt = draw_prompt(self._rng(_PROMPT, block), BLOCK)[:size]
             output = draw_output(self._rng(_OUTPUT, block), BLOCK)[:size]
+            if self.images is not None:
+                prompt = prompt + self.image_counts(block, size) * vision_tokens
             offsets = ids = None
             if prefix is not None:
                 prompt, offsets, ids = prefix.block(

@@ -28,9 +28,8 @@ from tokenyard import catalog
 from tokenyard.catalog.quant import resolve_quantization
 from tokenyard.errors import ConfigError
 from tokenyard.predictor import batch_features, roofline_predictor
-from tokenyard.predictor.calibration import builtin_calibration, curve_value
 from tokenyard.predictor.compiled import CompiledPredictor
-from tokenyard.predictor.measured.ops import main_kernel
+from tokenyard.predictor.measured.ops import GemmTimes, LinearMixerTimes, NotMeasured, main_kernel
 from tokenyard.predictor.measured.tables import read_table
 from tokenyard.predictor.roofline import window_keys, window_pairs
 from tokenyard.simulation import config_from_mapping, plan_memory, simulate
@@ -575,7 +574,8 @@ def kind_config(kind: str) -> Any:
 def kind_ops(kind: str) -> tuple[str, ...]:
     if kind in ("gdn", "mamba2"):
         return tuple(
-            f"{kind}_{op}" for op in ("in_proj", "conv", "scan_decode", "gated_norm", "out_proj")
+            f"{kind}_{op}"
+            for op in ("in_proj", "conv_decode", "scan_decode", "gated_norm", "out_proj")
         )
     prefix = "" if kind == "gqa" else f"{kind}_"
     return (f"{prefix}kv_store", f"{prefix}attn_decode")
@@ -632,35 +632,48 @@ def attention_row_dip(kind: str) -> float:
 
 
 @functools.cache
-def linear_gemm_dip(kind: str) -> float:
-    """The largest dip of the calibrated GEMMs of a linear layer (in_proj, out_proj):
-    roofline / efficiency + launch latency at the calibration's measured rows (the only
-    ops of the layer that are not a plain roofline, which only grows with the tokens)."""
+def linear_row_dip(kind: str) -> float:
+    """The largest dip of what prices a linear layer's decode: its GEMMs (in_proj, out_proj)
+    at the measured ``m`` of the GEMM rows up to 1,024, and its measured conv and scan
+    decode rows (``linear_attention/<kind>_perf`` at the layer's shape per TP rank) in
+    increasing batch size. The gated norm, and a kernel without rows, are a calibrated
+    roofline, which only grows with the tokens."""
     config = kind_config(kind)
     spec = catalog.model(config.replica.model)
-    device = catalog.device(config.replica.device)
     tp = config.replica.tensor_parallel_size
-    calibration = builtin_calibration(device)
-    assert calibration is not None
+    choice = choose_execution(config)
+    assert choice.source is not None
     assert spec.linear is not None
-    lin = spec.linear
+    lin, h = spec.linear, spec.hidden_size
+    gemm = GemmTimes(read_table(choice.source.folders["gemm"] / "gemm_perf.parquet"), "bfloat16")
+    m = [x for x in gemm.m_grid if x <= 1024]
     inner = lin.num_heads // tp * lin.head_dim
-    shapes = [(spec.hidden_size, lin.in_proj_width() // tp), (inner, spec.hidden_size)]
-    m = np.asarray([x for x in calibration.gemm_tokens if x <= 1024])
-    worst = 0.0
-    for k, n in shapes:
-        flops = 2.0 * m * k * n / (device.dense_bf16_tflops * 1e12)
-        moved = (k * n * 2.0 + m * (k + n) * 2.0) / (device.memory_bandwidth_gbps * 1e9)
-        efficiency = np.asarray(
-            [curve_value(calibration.gemm_tokens, calibration.gemm_efficiency, x) for x in m]
+    if kind == "gdn":
+        qkvz = (2 * lin.inner + 2 * lin.num_groups * lin.group_dim) // tp
+        ins = [gemm(x, qkvz, h) + gemm(x, 2 * lin.num_heads // tp, h) for x in m]
+    else:
+        ins = [gemm(x, lin.in_proj_width() // tp, h) for x in m]
+    worst = max(
+        largest_dip(np.asarray(ins)), largest_dip(np.asarray([gemm(x, h, inner) for x in m]))
+    )
+    path = choice.source.folders["linear_attention"] / f"{kind}_perf.parquet"
+    if kind == "gdn":
+        rows = read_table(path).where(
+            phase="generation",
+            d_model=h,
+            num_k_heads=lin.num_groups // tp,
+            num_v_heads=lin.num_heads // tp,
         )
-        times = np.maximum(flops, moved) / efficiency + calibration.memory_latency_s
-        worst = max(worst, largest_dip(times))
+        assert len(rows) > 0
+        for kernel in rows.values("kernel_source"):
+            picked = rows.where(kernel_source=kernel)
+            order = np.argsort(picked.col("batch_size"), kind="stable")
+            worst = max(worst, largest_dip(picked.col("latency_s")[order]))
     return worst
 
 
 def allowed_dip(kind: str) -> float:
-    return linear_gemm_dip(kind) if kind in ("gdn", "mamba2") else attention_row_dip(kind)
+    return linear_row_dip(kind) if kind in ("gdn", "mamba2") else attention_row_dip(kind)
 
 
 @needs_tables
@@ -694,9 +707,162 @@ def test_the_kinds_ops_are_what_the_predictor_prices(kind: str) -> None:
     for name in kind_ops(kind):
         if name.endswith("attn_decode"):
             assert sources[name].startswith("measured:attention")
-        elif kind in ("gdn", "mamba2"):
+        elif name.endswith(("_in_proj", "_out_proj")):
+            assert sources[name].startswith("measured:gemm")
+        elif kind == "gdn" and not name.endswith("gated_norm"):
+            assert sources[name].startswith("measured:gdn_perf")
+        elif kind in ("gdn", "mamba2"):  # vLLM has no mamba2_perf; no table has the norm
             assert sources[name] == "calibrated"
     assert 0 <= allowed_dip(kind) < 0.5
+
+
+# ---- gated DeltaNet and Mamba2 from the linear_attention tables ------------------------
+
+GDN_KEY = {
+    "d_model": 2048,
+    "num_k_heads": 8,
+    "head_k_dim": 128,
+    "num_v_heads": 16,
+    "head_v_dim": 128,
+    "d_conv": 4,
+}
+
+
+def gdn_table(tmp_path: Path) -> Path:
+    """A gated-DeltaNet table of one layer shape: the chunked scan at 0.01 ms per 128
+    tokens, over 1 and 4 prompts of 128 and 1,024 tokens, and the recurrent decode step
+    at 0.004 ms for one decode and 0.011 ms for eight."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows: list[dict[str, Any]] = []
+    for b in (1, 4):
+        for s in (128, 1024):
+            rows.append(
+                dict(
+                    phase="context",
+                    kernel_source="chunk_gated_delta_rule",
+                    batch_size=b,
+                    seq_len=s,
+                    latency=0.01 * b * s / 128,
+                )
+            )
+    for b, ms in ((1, 0.004), (8, 0.011)):
+        rows.append(
+            dict(
+                phase="generation",
+                kernel_source="fused_recurrent_gated_delta_rule",
+                batch_size=b,
+                seq_len=1,
+                latency=ms,
+            )
+        )
+    columns = {name: [r[name] for r in rows] for name in rows[0]}
+    columns["num_tokens"] = [r["batch_size"] * r["seq_len"] for r in rows]
+    for name, value in GDN_KEY.items():
+        columns[name] = [value] * len(rows)
+    columns["model_name"] = ["Qwen/Qwen3.5-35B-A3B"] * len(rows)
+    path = tmp_path / "gdn_perf.parquet"
+    pq.write_table(pa.table(columns), path)
+    return path
+
+
+def test_a_gdn_row_is_one_layers_kernel_for_prompts_of_seq_len_or_one_step_decodes(
+    tmp_path: Path,
+) -> None:
+    rows = read_table(gdn_table(tmp_path))
+    scan = LinearMixerTimes(
+        rows, kernel_source="chunk_gated_delta_rule", phase="context", key=GDN_KEY
+    )
+    assert scan(4, 1024) == pytest.approx(0.32e-3)  # a measured point: 4 x 1,024 tokens
+    assert scan(2, 128) == pytest.approx(0.02e-3)  # linear in the batch between 1 and 4
+    assert scan(1, 2048) == pytest.approx(0.16e-3)  # past the longest prompt: x tokens
+    assert scan(0.5, 64) == pytest.approx(0.01e-3)  # below the grid: the edge holds
+    decode = LinearMixerTimes(
+        rows, kernel_source="fused_recurrent_gated_delta_rule", phase="generation", key=GDN_KEY
+    )
+    assert decode(4) == pytest.approx((0.004 + 3 / 7 * 0.007) * 1e-3)
+    assert decode(16) == pytest.approx(0.022e-3)  # past the largest batch: x decodes
+    with pytest.raises(NotMeasured, match=r"num_v_heads 32.*the table has \(d_model"):
+        LinearMixerTimes(
+            rows,
+            kernel_source="chunk_gated_delta_rule",
+            phase="context",
+            key={**GDN_KEY, "num_v_heads": 32},
+        )
+
+
+def prompt(tokens: int) -> dict[str, float]:
+    return batch_features(
+        num_requests=1,
+        num_prefill_tokens=tokens,
+        num_decode_tokens=0,
+        sum_decode_context=0,
+        sum_prefill_context=tokens * tokens,
+        sum_prefill_squared=tokens * tokens,
+        num_padding_rows=0,
+    )
+
+
+@needs_tables
+def test_qwen3_5_gdn_layers_take_the_rows_of_their_shape_per_tp_rank() -> None:
+    """Qwen3.5-35B-A3B on an H200 at TP 2: 30 GDN layers of 8 key and 16 value heads per
+    rank; a 4,096-token prompt is one row of 1 x 4,096 per kernel and layer, 64 decodes
+    one row of batch 64 (vLLM 0.24.0's causal_conv1d_fn, chunk_gated_delta_rule_flashinfer,
+    causal_conv1d_update, fused_recurrent_gated_delta_rule_packed_decode)."""
+    predictor = kind_predictor("gdn")
+    choice = choose_execution(kind_config("gdn"))
+    assert choice.source is not None
+    rows = read_table(choice.source.folders["linear_attention"] / "gdn_perf.parquet")
+    rows = rows.where(**GDN_KEY)
+
+    def row(kernel: str, batch: int, seq: int) -> float:
+        at = rows.where(kernel_source=kernel, batch_size=batch, seq_len=seq)
+        assert len(at) == 1
+        return float(at.col("latency_s")[0])
+
+    prefill = predictor.op_times(prompt(4096))
+    for op, kernel in (
+        ("gdn_conv_prefill", "causal_conv1d_fn"),
+        ("gdn_scan_prefill", "chunk_gated_delta_rule_flashinfer"),
+    ):
+        assert prefill[op] == pytest.approx(30 * row(kernel, 1, 4096), rel=1e-3), op
+    decode = predictor.op_times(decodes(64, 2048))
+    for op, kernel in (
+        ("gdn_conv_decode", "causal_conv1d_update"),
+        ("gdn_scan_decode", "fused_recurrent_gated_delta_rule_packed_decode"),
+    ):
+        assert decode[op] == pytest.approx(30 * row(kernel, 64, 1), rel=1e-3), op
+    assert decode["gdn_conv_prefill"] == decode["gdn_scan_prefill"] == 0.0
+
+
+@needs_tables
+def test_nemotron_mamba2_conv_is_measured_under_trtllm_and_its_scan_says_why_not() -> None:
+    """aiconfigurator-core measures mamba2_perf under TRT-LLM only, and only its conv1d
+    kernels (whole layers: all heads), so at TP 1 the conv is measured and the scan is not."""
+    config = config_from_mapping(
+        {
+            "replica": {
+                "model": "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
+                "device": "h100-sxm",
+                "tensor_parallel_size": 1,
+            },
+            "execution": {"model": "measured", "measured": {"framework": "trtllm"}},
+            "workload": {"kind": "synthetic", "num_requests": 1},
+        }
+    )
+    predictor = build_predictor(config, choose_execution(config))
+    assert predictor is not None
+    sources = {op.name: op.source for op in predictor.ops}
+    assert sources["mamba2_conv_prefill"] == "measured:mamba2_perf causal_conv1d_fn (1.3.0rc20)"
+    assert sources["mamba2_conv_decode"].startswith("measured:mamba2_perf causal_conv1d_update")
+    why = predictor.description["fallbacks"]["mamba2_scan_decode"]
+    assert why.endswith(
+        "measures only causal_conv1d_update for generation at this layer shape, no scan kernel"
+    )
+    assert (
+        "mamba2 measured:mamba2_perf conv_prefill, conv_decode" in predictor.description["kernels"]
+    )
 
 
 # ---- the bundled configs of these families --------------------------------------------
@@ -844,14 +1010,26 @@ END_TO_END = {
     "Qwen/Qwen3.5-35B-A3B": (
         "h200",
         2,
-        {"gdn_scan_decode": "calibrated", "gdn_in_proj": "calibrated", "attn_decode": "measured:"},
-        "gdn calibrated roofline",
+        {
+            "gdn_scan_decode": "measured:gdn_perf fused_recurrent_gated_delta_rule_packed_decode",
+            "gdn_scan_prefill": "measured:gdn_perf chunk_gated_delta_rule_flashinfer",
+            "gdn_conv_prefill": "measured:gdn_perf causal_conv1d_fn",
+            "gdn_in_proj": "measured:gemm",
+            "gdn_gated_norm": "calibrated",
+            "attn_decode": "measured:",
+        },
+        "gdn measured:gdn_perf (conv, scan; 0.24.0)",
         ["LINEAR-ATTENTION STATE RESERVED for 256 requests (gdn x 30 layers, 32,194,560 B"],
     ),
     "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": (
         "h100-sxm",
         1,
-        {"mamba2_scan_decode": "calibrated", "attn_decode": "measured:"},
+        {
+            "mamba2_scan_decode": "calibrated",
+            "mamba2_conv_decode": "calibrated",
+            "mamba2_out_proj": "measured:gemm",
+            "attn_decode": "measured:",
+        },
         "mamba2 calibrated roofline",
         ["LINEAR-ATTENTION STATE RESERVED for 256 requests (mamba2 x 23 layers, 49,082,368 B"],
     ),
@@ -903,9 +1081,14 @@ def test_bundled_models_simulate_and_the_banner_says_what_priced_each_kind(name:
         assert any(words in note for note in result.summary["config"]["notes"]), words
         assert words in banner
     if "gdn" in kernels or "mamba2" in kernels:
-        lin = "gdn" if "gdn" in kernels else "mamba2"
-        why = execution["fallbacks"][f"{lin}_scan_decode"]
-        assert f"linear_attention/{lin}_perf" in why
+        fallbacks = execution["fallbacks"]
+        assert "not a kernel the linear_attention tables measure" in next(
+            why for op, why in fallbacks.items() if op.endswith("_gated_norm")
+        )
+        if "mamba2" in kernels:  # TRT-LLM's only, and only its conv kernels
+            why = fallbacks["mamba2_scan_decode"]
+            assert "no linear_attention/mamba2_perf.parquet for h100_sxm/vllm" in why
+            assert "(measured for h100_sxm under trtllm 1.3.0rc20)" in why
         assert "vllm_v1.max_num_seqs (256) keeps the running requests within it" in banner
     else:
         assert "--disable-hybrid-kv-cache-manager" in banner

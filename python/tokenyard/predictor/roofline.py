@@ -400,10 +400,11 @@ def _windowed_attention(b: _Builder, s: _Sizes, window: int, chunked: bool, pref
 def _linear_attention(b: _Builder, model: ModelSpec, s: _Sizes, tp: int, prefix: str) -> None:
     """A gated DeltaNet or Mamba2 layer on one TP worker (``d = heads/TP x head_dim``
     values read out of a ``heads/TP x head_dim x group_dim`` state): the input
-    projection(s), the depthwise causal conv over ``d + 2g`` channels, the chunked scan
-    of a prefill (about ``6 x state`` FLOPs per token: decay, update and read-out) and
-    the recurrent step of a decode (the state read and written once), the gated norm and
-    ``out_proj``."""
+    projection(s), the depthwise causal conv over ``d + 2g`` channels (a prefill's over
+    its chunk, a decode's one-step update: separate kernels, as vLLM runs them), the
+    chunked scan of a prefill (about ``6 x state`` FLOPs per token: decay, update and
+    read-out) and the recurrent step of a decode (the state read and written once), the
+    gated norm and ``out_proj``."""
     lin = model.linear
     if lin is None:
         return
@@ -412,11 +413,14 @@ def _linear_attention(b: _Builder, model: ModelSpec, s: _Sizes, tp: int, prefix:
     conv_dim = (lin.inner + 2 * lin.groups(tp) * lin.group_dim) // tp
     state = heads * lin.head_dim * lin.group_dim
     _gemm(b, f"{prefix}in_proj", s.h, lin.in_proj_width() // tp, s)
-    b.add(
-        f"{prefix}conv",
-        flops={"num_tokens": 2.0 * conv_dim * lin.conv_kernel},
-        bytes={"num_tokens": 2.0 * conv_dim * s.a},
-    )
+    for phase in ("prefill", "decode"):
+        tokens = f"num_{phase}_tokens"
+        b.add(
+            f"{prefix}conv_{phase}",
+            flops={tokens: 2.0 * conv_dim * lin.conv_kernel},
+            bytes={tokens: 2.0 * conv_dim * s.a},
+            gate=tokens,
+        )
     b.add(
         f"{prefix}scan_prefill",
         flops={"num_prefill_tokens": 6.0 * state},

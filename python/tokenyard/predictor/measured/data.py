@@ -2,8 +2,9 @@
 
 The tables follow ``aiconfigurator-core``'s layout (NVIDIA, Apache-2.0): under a data root,
 ``<system>/<family>/<framework>/<version>/<table>.parquet``, with ``family`` one of
-``gemm``, ``attention``, ``comm``, ``moe``, ``mla`` (MLA attention modules) and
-``mla_bmm`` (MLA's absorbed-decode BMMs). The package's own root is found by importing
+``gemm``, ``attention``, ``comm``, ``moe``, ``mla`` (MLA attention modules),
+``mla_bmm`` (MLA's absorbed-decode BMMs) and ``linear_attention`` (gated DeltaNet and
+Mamba2 kernels). The package's own root is found by importing
 ``aiconfigurator_core`` (the ``tokenyard[measured]`` extra); any folder in the same layout
 may be named instead (``[execution.measured] data_dir``), which is how the tests feed
 small tables of their own.
@@ -36,8 +37,9 @@ __all__ = [
 
 FRAMEWORKS = ("vllm", "sglang", "trtllm")
 #: ``quantize``: vLLM's activation-quantization costs, which price static FP8 GEMMs
-#: (``ops.StaticFp8GemmTimes``).
-FAMILIES = ("gemm", "attention", "comm", "moe", "mla", "mla_bmm", "quantize")
+#: (``ops.StaticFp8GemmTimes``); ``linear_attention``: the GDN and Mamba2 kernels
+#: (``ops.LinearMixerTimes``).
+FAMILIES = ("gemm", "attention", "comm", "moe", "mla", "mla_bmm", "quantize", "linear_attention")
 #: The expert routings the MoE tables measure (``moe_perf.parquet``'s ``distribution``;
 #: every table of aiconfigurator-core 0.12.0 holds the power laws, most also ``balanced``).
 MOE_DISTRIBUTIONS = ("balanced", "power_law_1.01", "power_law_1.2")

@@ -22,6 +22,10 @@ log-log interpolation (``interpolate.py``) over the measured grid:
   ``batch_size`` decodes over ``step`` keys (generation), at a head count per GPU.
 - :class:`MlaBmmTimes`: vLLM's absorbed-decode BMMs (``W_UK`` before, ``W_UV`` after the
   latent attention) by decode tokens, at a head count per GPU.
+- :class:`LinearMixerTimes`: one kernel of a gated DeltaNet or Mamba2 layer (the causal
+  conv or the scan) for ``batch_size`` prompts of ``seq_len`` tokens (context: a curve over
+  the batch per ``seq_len``, then ``seq_len``; beyond the longest, time grows with the
+  tokens) or ``batch_size`` single-token decodes (generation), at one layer shape.
 
 Where several kernels were measured for one slice (FlashAttention 3 and 4, say), the one
 with the most rows in the slice is used: the framework's default path is the one the
@@ -57,6 +61,7 @@ __all__ = [
     "AttentionTimes",
     "CollectiveTimes",
     "GemmTimes",
+    "LinearMixerTimes",
     "MlaBmmTimes",
     "MlaModuleTimes",
     "MoeTimes",
@@ -65,6 +70,7 @@ __all__ = [
     "StaticFp8GemmTimes",
     "all_reduce_rows",
     "gemm_kernels",
+    "layer_shapes",
     "main_kernel",
     "moe_rows",
 ]
@@ -588,6 +594,55 @@ class MlaBmmTimes:
 
     def __call__(self, tokens: float) -> float:
         return self._curve(tokens)
+
+
+class LinearMixerTimes:
+    """One linear-attention kernel's seconds per layer (``linear_attention/gdn_perf`` or
+    ``mamba2_perf``): ``kernel_source`` in ``phase`` at the layer shape ``key`` (column ->
+    value: the structural columns of the table, heads as the table keys them).
+
+    Context rows are ``batch_size`` prompts of ``seq_len`` tokens, no state carried in;
+    generation rows ``batch_size`` decodes of one token. Context time is a curve over the
+    batch per ``seq_len``, then log-log between ``seq_len`` values; past the longest prompt
+    or the largest batch it grows with the tokens (the conv and the chunked scan are linear
+    in them), below the smallest it holds (launch-bound). Generation time is a curve over
+    the batch.
+    """
+
+    def __init__(self, rows: Columns, *, kernel_source: str, phase: str, key: dict[str, int]):
+        picked = rows.where(kernel_source=kernel_source, phase=phase, **key)
+        what = f"{kernel_source} ({phase}) at " + ", ".join(f"{k} {v}" for k, v in key.items())
+        if len(picked) == 0:
+            raise _no_rows(rows, what, layer_shapes(rows, key))
+        self.path = rows.path
+        self.generation = phase != "context"
+        _check_axis(rows, what, "batch_size", picked.col("batch_size"))
+        if self.generation:
+            keyed = picked.with_data({**picked.data, "one": np.zeros(len(picked))})
+            self._by_seq = {1.0: _curves(keyed, "one", "batch_size", above_power=1.0)[0.0]}
+            self._seq_axis = [1.0]
+            return
+        _check_axis(rows, what, "seq_len", picked.col("seq_len"))
+        self._by_seq = _curves(picked, "seq_len", "batch_size", above_power=1.0)
+        self._seq_axis = sorted(self._by_seq)
+
+    def __call__(self, batch_size: float, seq_len: float = 1.0) -> float:
+        """Seconds for ``batch_size`` prompts of ``seq_len`` tokens (context) or
+        ``batch_size`` decodes (generation; ``seq_len`` is not read)."""
+        if self.generation:
+            return self._by_seq[1.0](batch_size)
+        return between(
+            self._seq_axis, seq_len, lambda s: self._by_seq[s](batch_size), above_power=1.0
+        )
+
+
+def layer_shapes(rows: Columns, key: dict[str, int]) -> str:
+    """The layer shapes a linear-attention table measures, in ``key``'s columns."""
+    names = [k for k in key if rows.has(k)]
+    shapes = sorted({tuple(int(rows.col(k)[i]) for k in names) for i in range(len(rows))})
+    models = rows.values("model_name")
+    text = f"({', '.join(names)}) in {shapes}"
+    return text + (f" (configs of {', '.join(str(m) for m in models)})" if models else "")
 
 
 TimeOf = Callable[[float], float]

@@ -37,6 +37,16 @@ Schemas (one row per measured shape; ``latency`` in ms):
   (under ``quantize/``): ``m, k, quant_dtype, latency``: the extra cost of vLLM's dynamic
   per-token FP8 quantization over the static one (``>= 0``, zero where they tie), and the
   static quantization itself, of ``m`` rows of ``k`` values (``ops.QuantizeTimes``).
+- linear attention ``gdn_perf.parquet`` / ``mamba2_perf.parquet`` (under
+  ``linear_attention/``): ``kernel_source, phase, batch_size, seq_len, latency`` and the
+  layer's structural key (GDN: ``d_model, num_k_heads, head_k_dim, num_v_heads,
+  head_v_dim, d_conv``, heads per TP rank; Mamba2: ``d_model, nheads, head_dim, d_state,
+  n_groups, d_conv, chunk_size``, the whole layer's). One row is one kernel of one layer:
+  ``phase`` ``context``, ``batch_size`` prompts of ``seq_len`` tokens each (the causal
+  conv, ``causal_conv1d_fn``, or the chunked scan, ``chunk_gated_delta_rule*``);
+  ``generation``, ``batch_size`` decodes of one token (``causal_conv1d_update``, or the
+  recurrent step, ``fused_recurrent_gated_delta_rule*``). ``model_name`` names the config
+  measured (``ops.LinearMixerTimes``).
 """
 
 from __future__ import annotations
@@ -79,9 +89,21 @@ _NUMERIC = {
     "tp_size",
     "ep_size",
     "node_num",
+    "seq_len",
+    "d_model",
+    "d_conv",
+    "num_k_heads",
+    "head_k_dim",
+    "num_v_heads",
+    "head_v_dim",
+    "nheads",
+    "d_state",
+    "n_groups",
+    "chunk_size",
     "latency",
 }
 
+_LINEAR = ("kernel_source", "phase", "batch_size", "seq_len", "d_model", "d_conv")
 _ATTENTION = ("batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim", "kv_cache_dtype")
 
 #: Table file -> the columns it must have.
@@ -133,6 +155,23 @@ REQUIRED: Mapping[str, tuple[str, ...]] = {
         "moe_tp_size",
         "moe_ep_size",
         "moe_dtype",
+        "latency",
+    ),
+    "gdn_perf.parquet": (
+        *_LINEAR,
+        "num_k_heads",
+        "head_k_dim",
+        "num_v_heads",
+        "head_v_dim",
+        "latency",
+    ),
+    "mamba2_perf.parquet": (
+        *_LINEAR,
+        "nheads",
+        "head_dim",
+        "d_state",
+        "n_groups",
+        "chunk_size",
         "latency",
     ),
     "computescale_perf.parquet": ("m", "k", "latency"),

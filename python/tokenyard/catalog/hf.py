@@ -631,9 +631,7 @@ def _vision(raw: dict[str, Any], kind: str) -> VisionEncoder:
             temporal_patch_size=count("temporal_patch_size"),
             out_hidden_size=count("out_hidden_size"),
             in_channels=count("in_channels" if "in_channels" in cfg else "in_chans", 3),
-            num_position_embeddings=(
-                count("num_position_embeddings") if kind == "qwen3_vl" else 0
-            ),
+            num_position_embeddings=(count("num_position_embeddings") if kind == "qwen3_vl" else 0),
             deepstack_layers=indexes("deepstack_visual_indexes"),
             window_size=count("window_size") if kind == "qwen2_5_vl" else 0,
             fullatt_blocks=indexes("fullatt_block_indexes"),

@@ -86,6 +86,7 @@ from tokenyard.predictor.measured.ops import (
     AttentionTimes,
     CollectiveTimes,
     GemmTimes,
+    MoeShape,
     MoeTimes,
     all_reduce_rows,
     main_kernel,
@@ -365,8 +366,7 @@ def _moe_slices(source: MeasuredSource) -> list[Slice]:
             held: list[tuple[float, ...]],
             args: tuple[int, ...] = (hidden, inter, topk, experts, tp),
         ) -> list[float]:
-            times = MoeTimes(
-                train,
+            moe_shape = MoeShape(
                 dtype="bfloat16",
                 hidden_size=args[0],
                 inter_size=args[1],
@@ -374,6 +374,7 @@ def _moe_slices(source: MeasuredSource) -> list[Slice]:
                 num_experts=args[3],
                 tensor_parallel_size=args[4],
             )
+            times = MoeTimes(train, moe_shape)
             return [times(tokens) for (tokens,) in held]
 
         label = f"{experts}x top-{topk} {hidden}x{inter} TP{tp} ({distribution})"
@@ -930,19 +931,19 @@ def diagnostics() -> dict[str, Any]:
 
     # MoE: tokenyard reads balanced routing, aiconfigurator prices Mixtral with a power law.
     table = read_table(source.folders["moe"] / "moe_perf.parquet")
+    mixtral_moe = MoeShape(
+        dtype="bfloat16",
+        hidden_size=spec.hidden_size,
+        inter_size=spec.intermediate_size,
+        topk=spec.experts_per_token,
+        num_experts=spec.num_experts,
+        tensor_parallel_size=mixtral.tp,
+    )
     moe = {}
     for distribution in ("balanced", "power_law_1.2"):
         rows = table.where(distribution=distribution)
         rows = Columns(rows.path, {k: v for k, v in rows.data.items() if k != "distribution"})
-        moe[distribution] = MoeTimes(
-            rows,
-            dtype="bfloat16",
-            hidden_size=spec.hidden_size,
-            inter_size=spec.intermediate_size,
-            topk=spec.experts_per_token,
-            num_experts=spec.num_experts,
-            tensor_parallel_size=mixtral.tp,
-        )
+        moe[distribution] = MoeTimes(rows, mixtral_moe)
     print("\nMixtral-8x7B TP2 MoE block per layer (µs), H100 vLLM: routing assumption\n")
     print("| tokens | aiconfigurator | tokenyard, balanced rows | tokenyard, power_law_1.2 rows |")
     print("|---:|---:|---:|---:|")

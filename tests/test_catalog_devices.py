@@ -8,11 +8,12 @@ import re
 from pathlib import Path
 
 import pytest
+from step_shapes import prompt
 
 from tokenyard import catalog
 from tokenyard.cli import main as cli_main
 from tokenyard.errors import ConfigError
-from tokenyard.predictor import batch_features, roofline_predictor
+from tokenyard.predictor import roofline_predictor
 from tokenyard.predictor.calibration import PROXIES, builtin_calibration
 from tokenyard.predictor.measured.data import SYSTEM_OF_DEVICE, package_root
 from tokenyard.simulation import config_from_mapping
@@ -123,26 +124,20 @@ def test_every_device_has_a_calibration_its_own_where_it_has_tables() -> None:
             assert calibration.proxy_for == PROXIES[name]
 
 
+def simulate_50(capsys: pytest.CaptureFixture[str], *settings: str) -> list[str]:
+    """The output lines of ``tokenyard simulate`` over 50 requests on one replica, each of
+    ``settings`` given as ``--set``."""
+    sets = [arg for setting in settings for arg in ("--set", setting)]
+    code = cli_main(["simulate", *sets, "--requests", "50", "--replicas", "1", "--no-progress"])
+    assert code == 0
+    return capsys.readouterr().out.splitlines()
+
+
 @pytest.mark.usefixtures("package")
 def test_simulate_on_b200_prices_from_its_measured_tables_by_default(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code = cli_main(
-        [
-            "simulate",
-            "--set",
-            "replica.device=b200",
-            "--set",
-            "replica.model=llama-3.1-8b",
-            "--requests",
-            "50",
-            "--replicas",
-            "1",
-            "--no-progress",
-        ]
-    )
-    lines = capsys.readouterr().out.splitlines()
-    assert code == 0
+    lines = simulate_50(capsys, "replica.device=b200", "replica.model=llama-3.1-8b")
     assert lines[1].startswith("execution model: measured: b200_sxm, vllm "), lines[1]
     assert "not measured" not in lines[2]
 
@@ -159,24 +154,12 @@ def test_auto_chooses_each_blackwell_systems_tables(name: str) -> None:
 def test_a_device_without_tables_falls_back_and_says_why(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code = cli_main(
-        [
-            "simulate",
-            "--set",
-            "replica.device=l4",
-            "--set",
-            "replica.model=llama-3.1-8b",
-            "--set",
-            "replica.scheduler.max_request_tokens=8192",
-            "--requests",
-            "50",
-            "--replicas",
-            "1",
-            "--no-progress",
-        ]
+    lines = simulate_50(
+        capsys,
+        "replica.device=l4",
+        "replica.model=llama-3.1-8b",
+        "replica.scheduler.max_request_tokens=8192",
     )
-    lines = capsys.readouterr().out.splitlines()
-    assert code == 0
     assert lines[1] == "execution model: roofline calibrated to measured tables (curves of l40s)"
     assert lines[2].startswith("  not measured: "), lines[2]
     if package_root() is not None:  # else the reason is the missing package
@@ -195,15 +178,7 @@ def test_predictor_show_says_why_a_device_is_not_measured(
 
 # ---- FP8 and FP4 in the roofline -----------------------------------------------------------
 
-PREFILL = batch_features(
-    num_requests=1,
-    num_prefill_tokens=8192,
-    num_decode_tokens=0,
-    sum_decode_context=0,
-    sum_prefill_context=8192 * 8192,
-    sum_prefill_squared=8192 * 8192,
-    num_padding_rows=0,
-)
+PREFILL = prompt(8192)
 
 
 @pytest.mark.parametrize("calibrated", [False, True])

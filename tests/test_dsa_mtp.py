@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from model_configs import load_config
+from step_shapes import decodes
 from test_mla import SMALL
 
 from tokenyard import catalog
 from tokenyard.errors import ConfigError
-from tokenyard.predictor import batch_features, roofline_predictor
+from tokenyard.predictor import roofline_predictor
 from tokenyard.simulation import config_from_mapping, simulate
 from tokenyard.simulation.planner import kv_groups
 
@@ -27,26 +28,8 @@ SMALL_DSA = {
 }
 
 
-def load(tmp_path: Path, config: dict[str, Any]) -> catalog.ModelSpec:
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(config))
-    return catalog.model(str(path))
-
-
-def decodes(n: int, context: int) -> Any:
-    return batch_features(
-        num_requests=n,
-        num_prefill_tokens=0,
-        num_decode_tokens=n,
-        sum_decode_context=n * context,
-        sum_prefill_context=0,
-        sum_prefill_squared=0,
-        num_padding_rows=0,
-    )
-
-
 def test_dsa_kv_per_token_is_the_latent_plus_the_indexer_key(tmp_path: Path) -> None:
-    spec = load(tmp_path, SMALL_DSA)
+    spec = load_config(tmp_path, SMALL_DSA)
     assert spec.indexer is not None
     assert spec.indexer.cache_bytes == 128 + 4  # fp8 + a scale
     # 4 layers x (144 latent values x 2 bytes + 132 indexer bytes), on every TP rank.
@@ -57,15 +40,15 @@ def test_dsa_kv_per_token_is_the_latent_plus_the_indexer_key(tmp_path: Path) -> 
 
 
 def test_dsa_weights_add_the_replicated_indexer(tmp_path: Path) -> None:
-    dense = load(tmp_path, SMALL)
-    sparse = load(tmp_path, SMALL_DSA)
+    dense = load_config(tmp_path, SMALL)
+    sparse = load_config(tmp_path, SMALL_DSA)
     # wq_b (q_lora 256 x 4 x 128) + wk and weights_proj (1024 x (128 + 4)) + LayerNorm 2 x 128.
     per_layer = 256 * 4 * 128 + 1024 * (128 + 4) + 2 * 128
     assert sparse.num_parameters() - dense.num_parameters() == 4 * per_layer
 
 
 def test_sparse_decode_attention_flattens_past_index_topk(tmp_path: Path) -> None:
-    spec = load(tmp_path, SMALL_DSA)
+    spec = load_config(tmp_path, SMALL_DSA)
     predictor = roofline_predictor(spec, catalog.device("h100-sxm"))
     times = {k: predictor.op_times(decodes(64, k)) for k in (128, 256, 1024, 8192)}
     attention = {k: t["attn_decode"] for k, t in times.items()}
@@ -73,7 +56,7 @@ def test_sparse_decode_attention_flattens_past_index_topk(tmp_path: Path) -> Non
     assert attention[128] < attention[256]
     assert attention[256] == attention[1024] == attention[8192]  # min(context, index_topk)
     assert indexer[1024] < indexer[8192]  # the indexer still scans every key
-    dense = roofline_predictor(load(tmp_path, SMALL), catalog.device("h100-sxm"))
+    dense = roofline_predictor(load_config(tmp_path, SMALL), catalog.device("h100-sxm"))
     assert dense.op_times(decodes(64, 8192))["attn_decode"] > attention[8192]
 
 
@@ -132,7 +115,7 @@ def test_deepseek_v32_simulates_on_8_h200() -> None:
 
 
 def test_the_mtp_drafter_is_one_layer_and_eh_proj(tmp_path: Path) -> None:
-    spec = load(tmp_path, SMALL)
+    spec = load_config(tmp_path, SMALL)
     drafter = spec.mtp_drafter()
     assert drafter.num_layers == 1
     assert drafter.mtp_module

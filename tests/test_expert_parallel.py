@@ -7,13 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from step_shapes import decodes
 
 from tokenyard import catalog
 from tokenyard.catalog.quant import resolve_quantization
 from tokenyard.errors import ConfigError
-from tokenyard.predictor import batch_features, roofline_predictor
+from tokenyard.predictor import roofline_predictor
 from tokenyard.predictor.measured.build import measured_predictor
-from tokenyard.predictor.measured.data import package_root, resolve_source
+from tokenyard.predictor.measured.data import SYSTEM_OF_DEVICE, package_root, resolve_source
 from tokenyard.simulation import config_from_mapping, plan_memory, simulate
 from tokenyard.simulation.planner import parameters_per_device
 
@@ -115,30 +116,22 @@ def test_contradictory_layouts_are_refused_naming_the_key(
     assert words in str(error.value)
 
 
+def _refused_by_simulate(replica: dict[str, Any], match: str) -> ConfigError:
+    """The error simulating ``replica`` on an H100 raises (its config builds)."""
+    config = _config({"device": "h100-sxm", **replica})
+    with pytest.raises(ConfigError, match=match) as error:
+        simulate(config)
+    return error.value
+
+
 def test_expert_parallelism_needs_experts_it_divides() -> None:
-    dense = _config(
-        {
-            "model": "llama-3.1-8b",
-            "device": "h100-sxm",
-            "tensor_parallel_size": 2,
-            "expert_parallel_size": 2,
-        }
-    )
-    with pytest.raises(ConfigError, match="needs a mixture-of-experts model") as error:
-        simulate(dense)
-    assert error.value.field == "replica.expert_parallel_size"
+    dense = {"model": "llama-3.1-8b", "tensor_parallel_size": 2, "expert_parallel_size": 2}
+    error = _refused_by_simulate(dense, "needs a mixture-of-experts model")
+    assert error.field == "replica.expert_parallel_size"
     # Mixtral's 8 experts over TP 1 x DP 3: 3 does not divide them.
-    uneven = _config(
-        {
-            "model": "mixtral-8x7b",
-            "device": "h100-sxm",
-            "expert_parallel_size": 3,
-            "data_parallel_size": 3,
-        }
-    )
-    with pytest.raises(ConfigError, match="does not divide the 8 routed experts") as error:
-        simulate(uneven)
-    assert error.value.field == "replica.expert_parallel_size"
+    uneven = {"model": "mixtral-8x7b", "expert_parallel_size": 3, "data_parallel_size": 3}
+    error = _refused_by_simulate(uneven, "does not divide the 8 routed experts")
+    assert error.field == "replica.expert_parallel_size"
 
 
 def test_expert_parallelism_is_refused_in_disaggregated_pools() -> None:
@@ -188,7 +181,8 @@ def _bundled(name: str) -> catalog.ModelSpec:
     return catalog.model(name)
 
 
-def _measured(model: catalog.ModelSpec, device: str, system: str, **layout: Any) -> Any:
+def _measured(model: catalog.ModelSpec, device: str, **layout: Any) -> Any:
+    """The measured predictor of ``model`` on ``device``'s tables (vLLM, latest), FP8 KV."""
     root = package_root()
     assert root is not None
     quant = resolve_quantization(model.quantization, "auto", "auto")
@@ -196,7 +190,7 @@ def _measured(model: catalog.ModelSpec, device: str, system: str, **layout: Any)
     return measured_predictor(
         model,
         catalog.device(device),
-        resolve_source(root, system, "vllm", "latest"),
+        resolve_source(root, SYSTEM_OF_DEVICE[device], "vllm", "latest"),
         weight_dtype="auto",
         kv_cache_dtype="fp8",
         weight_bytes=quant.bytes_per_weight,
@@ -206,17 +200,13 @@ def _measured(model: catalog.ModelSpec, device: str, system: str, **layout: Any)
     )
 
 
-def _decode_ms(predictor: Any, decodes: int, context: int = 2047) -> float:
-    shape = batch_features(
-        num_requests=decodes,
-        num_prefill_tokens=0,
-        num_decode_tokens=decodes,
-        sum_decode_context=decodes * (context + 1),
-        sum_prefill_context=0,
-        sum_prefill_squared=0,
-        num_padding_rows=0,
-    )
-    return float(predictor.stage_time(shape)[1]) * 1e3
+def _attention_dp(ranks: int) -> dict[str, int]:
+    """TP 1 x DP ``ranks``, the experts spread over all of them (EP ``ranks``)."""
+    return {"tensor_parallel_size": 1, "expert_parallel_size": ranks, "data_parallel_size": ranks}
+
+
+def _decode_ms(predictor: Any, batch: int, context: int = 2047) -> float:
+    return float(predictor.stage_time(decodes(batch, context + 1))[1]) * 1e3
 
 
 def test_deepseek_v3_ep8_dp8_on_h200s_against_tp8() -> None:
@@ -240,15 +230,8 @@ def test_deepseek_v3_ep8_dp8_on_h200s_against_tp8() -> None:
     assert tp8.max_kv_tokens == 1_454_848  # docs/catalog.md
     assert 15e9 < ep8.parameter_bytes_per_device - tp8.parameter_bytes_per_device < 16.5e9
     assert 8 * ep8.max_kv_tokens > 5 * tp8.max_kv_tokens  # 8 pools, not one replicated
-    tp = _measured(model, "h200", "h200_sxm", tensor_parallel_size=8)
-    ep = _measured(
-        model,
-        "h200",
-        "h200_sxm",
-        tensor_parallel_size=1,
-        expert_parallel_size=8,
-        data_parallel_size=8,
-    )
+    tp = _measured(model, "h200", tensor_parallel_size=8)
+    ep = _measured(model, "h200", **_attention_dp(8))
     sources = {op.name: op.source for op in ep.ops}
     assert sources["moe_experts"].startswith("measured:moe")
     assert sources["moe_dispatch"].startswith("measured:moe_a2a")
@@ -309,8 +292,8 @@ def test_qwen3_235b_fp8_tp4_against_ep4_on_h100s() -> None:
     tp = plan_memory(model, h100, **common)
     ep = plan_memory(model, h100, expert_parallel_size=4, **common)
     assert tp.parameter_bytes_per_device == ep.parameter_bytes_per_device
-    by_tp = _measured(model, "h100-sxm", "h100_sxm", tensor_parallel_size=4)
-    by_ep = _measured(model, "h100-sxm", "h100_sxm", tensor_parallel_size=4, expert_parallel_size=4)
+    by_tp = _measured(model, "h100-sxm", tensor_parallel_size=4)
+    by_ep = _measured(model, "h100-sxm", tensor_parallel_size=4, expert_parallel_size=4)
     assert not any(op.name.startswith("moe_dis") for op in by_ep.ops)
     assert {op.name: op.source for op in by_ep.ops}["moe_experts"].startswith("measured:moe")
     assert _decode_ms(by_ep, 256) != _decode_ms(by_tp, 256)
@@ -320,14 +303,7 @@ def test_an_all_to_all_the_tables_lack_falls_back_with_its_reason() -> None:
     """Qwen3-235B over TP 1 x DP 4: vLLM 0.24.0's H100 all-to-all table measures EP 8 at
     other MoE shapes only, so the calibrated roofline prices it and says why."""
     model = _bundled("Qwen/Qwen3-235B-A22B-FP8")
-    predictor = _measured(
-        model,
-        "h100-sxm",
-        "h100_sxm",
-        tensor_parallel_size=1,
-        expert_parallel_size=4,
-        data_parallel_size=4,
-    )
+    predictor = _measured(model, "h100-sxm", **_attention_dp(4))
     sources = {op.name: op.source for op in predictor.ops}
     assert sources["moe_dispatch"] == "calibrated"
     assert "moe_a2a_perf" in predictor.description["fallbacks"]["moe_dispatch"]

@@ -13,7 +13,6 @@ measured tables; the bundled configs of these families; five of them simulated.
 from __future__ import annotations
 
 import functools
-import json
 import math
 import re
 from pathlib import Path
@@ -23,11 +22,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from model_configs import load_config, write_config
+from step_shapes import decodes, prompt
 
 from tokenyard import catalog
 from tokenyard.catalog.quant import resolve_quantization
 from tokenyard.errors import ConfigError
-from tokenyard.predictor import batch_features, roofline_predictor
+from tokenyard.predictor import roofline_predictor
 from tokenyard.predictor.compiled import CompiledPredictor
 from tokenyard.predictor.measured.ops import GemmTimes, LinearMixerTimes, NotMeasured, main_kernel
 from tokenyard.predictor.measured.tables import read_table
@@ -185,16 +186,6 @@ NEMOTRON_H = {
 }
 
 
-def write_config(tmp_path: Path, config: dict[str, Any], **changes: Any) -> Path:
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps({**config, **changes}))
-    return path
-
-
-def load(tmp_path: Path, config: dict[str, Any], **changes: Any) -> catalog.ModelSpec:
-    return catalog.model(str(write_config(tmp_path, config, **changes)), field="replica.model")
-
-
 def plan(
     spec: catalog.ModelSpec, *, tp: int = 1, request_tokens: int = 4096, max_num_seqs: int = 0
 ) -> MemoryPlan:
@@ -248,7 +239,7 @@ def hybrid_words(groups: list[tuple[str, int, int, int]], tokens: int) -> str:
 
 
 def test_gpt_oss_like_alternates_sliding_and_full_layers(tmp_path: Path) -> None:
-    spec = load(tmp_path, GPT_OSS)
+    spec = load_config(tmp_path, GPT_OSS)
     kinds = [(k.attention, k.ffn, k.count, k.window) for k in spec.layer_kinds()]
     assert kinds == [("sliding", "moe", 2, 128), ("gqa", "moe", 2, 0)]
 
@@ -256,7 +247,7 @@ def test_gpt_oss_like_alternates_sliding_and_full_layers(tmp_path: Path) -> None
 @pytest.mark.parametrize("tp", [1, 2])
 def test_gpt_oss_like_kv_counts_every_layer_as_full(tmp_path: Path, tp: int) -> None:
     """4 layers x K and V x ceil(2 KV heads / TP) x 64 x 2 bytes, the sliding ones too."""
-    p = plan(load(tmp_path, GPT_OSS), tp=tp)
+    p = plan(load_config(tmp_path, GPT_OSS), tp=tp)
     per_group = kv_bytes(2, 2 // tp, 64)  # 1,024 at TP 1, 512 at TP 2
     assert p.kv_bytes_per_token == 2 * per_group == {1: 2048, 2: 1024}[tp]
     assert [(g.mixer, g.layers, g.bytes_per_token, g.window) for g in p.groups] == [
@@ -305,7 +296,7 @@ def test_gemma_like_five_sliding_layers_to_one_global(tmp_path: Path) -> None:
 
 def test_gemma_4_like_global_layers_keep_their_own_kv_shape(tmp_path: Path) -> None:
     """Sliding layers 2 KV heads of 64, the global one 1 head of 256: 5 x 512 + 1 x 1,024."""
-    p = plan(load(tmp_path, GEMMA_4))
+    p = plan(load_config(tmp_path, GEMMA_4))
     assert [(g.mixer, g.bytes_per_token) for g in p.groups] == [
         ("sliding", kv_bytes(5, 2, 64)),
         ("gqa", kv_bytes(1, 1, 256)),
@@ -329,7 +320,7 @@ def test_mistral_like_window_on_every_layer(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("window", [None, 32768, 65536])
 def test_mistral_without_a_shorter_window_is_full_attention(tmp_path: Path, window: Any) -> None:
-    spec = load(tmp_path, MISTRAL, sliding_window=window)
+    spec = load_config(tmp_path, MISTRAL, sliding_window=window)
     assert spec.mixers() == ("gqa", "gqa")
     assert plan(spec).groups[0].window == 0
 
@@ -366,7 +357,7 @@ def gdn_state(tp: int, ssm_bytes: int = 2) -> int:
 
 
 def test_qwen3_next_like_three_gdn_layers_to_one_full(tmp_path: Path) -> None:
-    spec = load(tmp_path, QWEN3_NEXT)
+    spec = load_config(tmp_path, QWEN3_NEXT)
     assert spec.mixers() == ("gdn", "gdn", "gdn", "gqa")
     p = plan(spec)
     assert p.kv_bytes_per_token == kv_bytes(1, 2, 64) == 512  # the one full layer
@@ -377,7 +368,7 @@ def test_qwen3_next_like_three_gdn_layers_to_one_full(tmp_path: Path) -> None:
 
 def test_gdn_state_at_the_configs_mamba_ssm_dtype(tmp_path: Path) -> None:
     """Qwen3.5's mamba_ssm_dtype float32: the recurrent state at 4 bytes, the conv not."""
-    spec = load(tmp_path, QWEN3_NEXT, mamba_ssm_dtype="float32")
+    spec = load_config(tmp_path, QWEN3_NEXT, mamba_ssm_dtype="float32")
     assert plan(spec).state_bytes_per_request == 3 * gdn_state(1, 4) == 107_520
 
 
@@ -392,7 +383,7 @@ def mamba2_state(tp: int, ssm_bytes: int = 4) -> int:
 
 
 def test_nemotron_h_like_pattern_and_mamba2_state(tmp_path: Path) -> None:
-    spec = load(tmp_path, NEMOTRON_H)
+    spec = load_config(tmp_path, NEMOTRON_H)
     kinds = [(k.attention, k.ffn, k.count) for k in spec.layer_kinds()]
     assert kinds == [("mamba2", "none", 2), ("none", "dense", 1), ("gqa", "none", 1)]
     p = plan(spec)
@@ -402,7 +393,7 @@ def test_nemotron_h_like_pattern_and_mamba2_state(tmp_path: Path) -> None:
     # TP 4: the 2 groups become 4 (one per rank): conv (256 + 128) / 4 x 3 x 2 = 576.
     assert mamba2_state(4) == 576 + 4096
     assert plan(spec, tp=4).state_bytes_per_request == 2 * mamba2_state(4) == 9_344
-    bf16 = load(tmp_path, NEMOTRON_H, mamba_ssm_cache_dtype="bfloat16")
+    bf16 = load_config(tmp_path, NEMOTRON_H, mamba_ssm_cache_dtype="bfloat16")
     assert plan(bf16).state_bytes_per_request == 2 * mamba2_state(1, 2)
 
 
@@ -410,7 +401,7 @@ def test_nemotron_h_like_pattern_and_mamba2_state(tmp_path: Path) -> None:
 def test_linear_state_is_reserved_for_max_num_seqs(
     tmp_path: Path, config: dict[str, Any], state: int
 ) -> None:
-    spec = load(tmp_path, config)
+    spec = load_config(tmp_path, config)
     one, many = plan(spec, max_num_seqs=1), plan(spec, max_num_seqs=64)
     assert many.reserved_state_bytes == 64 * state
     assert one.available_kv_bytes - many.available_kv_bytes == 63 * state
@@ -482,16 +473,9 @@ def test_a_set_max_num_seqs_is_the_reservation_and_the_bound(tmp_path: Path) -> 
 # ---- step cost on the datasheet roofline ----------------------------------------------
 
 
-def decodes(batch: int, keys: int) -> dict[str, float]:
-    return batch_features(
-        num_requests=batch,
-        num_prefill_tokens=0,
-        num_decode_tokens=batch,
-        sum_decode_context=batch * (keys - 1),
-        sum_prefill_context=0,
-        sum_prefill_squared=0,
-        num_padding_rows=0,
-    )
+def decodes_over(batch: int, keys: int) -> dict[str, float]:
+    """``batch`` decodes, each attending ``keys`` keys (its new token's among them)."""
+    return decodes(batch, keys - 1)
 
 
 def test_a_window_caps_the_keys_a_sliding_decode_reads(tmp_path: Path) -> None:
@@ -499,7 +483,7 @@ def test_a_window_caps_the_keys_a_sliding_decode_reads(tmp_path: Path) -> None:
     reads 128 keys a decode, a full layer all 2,048. Per layer, q = 8 x 64, kv = 2 x 64:
     4q FLOPs per key, 2 kv x 2 B per key read and 2q x 2 B of query and output per decode;
     FLOPs at 50% of 989 TFLOPS, bytes at 85% of 3,350 GB/s. Two layers of each kind."""
-    spec = load(tmp_path, GPT_OSS)
+    spec = load_config(tmp_path, GPT_OSS)
     predictor = roofline_predictor(spec, catalog.device("h100-sxm"), tensor_parallel_size=1)
     q, kv = 8 * 64, 2 * 64
 
@@ -508,11 +492,11 @@ def test_a_window_caps_the_keys_a_sliding_decode_reads(tmp_path: Path) -> None:
         moved = 2 * kv * 2 * 16 * keys + 2 * q * 2 * 16
         return max(flops / (989e12 * 0.5), moved / (3350e9 * 0.85))
 
-    times = predictor.op_times(decodes(16, 2048))
+    times = predictor.op_times(decodes_over(16, 2048))
     assert times["sliding_attn_decode"] == pytest.approx(2 * per_layer(128), rel=1e-9)
     assert times["attn_decode"] == pytest.approx(2 * per_layer(2048), rel=1e-9)
     # Within the window a sliding layer reads every key, as a full one.
-    short = predictor.op_times(decodes(16, 100))
+    short = predictor.op_times(decodes_over(16, 100))
     assert short["sliding_attn_decode"] == pytest.approx(short["attn_decode"], rel=1e-9)
     ops = {op.name: op.source for op in predictor.ops}
     assert ops["sliding_attn_decode"] == ops["attn_decode"] == "roofline"
@@ -689,13 +673,13 @@ def test_step_time_grows_with_the_batch_but_for_the_tables_own_dips(
     predictor = kind_predictor(kind)
     small, large = sorted(batches)
     ops = kind_ops(kind)
-    times = [predictor.op_times(decodes(b, keys)) for b in (small, large)]
+    times = [predictor.op_times(decodes_over(b, keys)) for b in (small, large)]
     assert all(name in times[0] for name in ops)
     kind_s = [sum(t[name] for name in ops) for t in times]
     assert kind_s[0] > 0
     tolerance = allowed_dip(kind)
     assert kind_s[1] >= kind_s[0] * (1 - tolerance) - 1e-15, (kind, keys, batches, tolerance)
-    steps = [predictor.stage_time(decodes(b, keys))[0] for b in (small, large)]
+    steps = [predictor.stage_time(decodes_over(b, keys))[0] for b in (small, large)]
     assert min(steps) > 0
 
 
@@ -792,18 +776,6 @@ def test_a_gdn_row_is_one_layers_kernel_for_prompts_of_seq_len_or_one_step_decod
         )
 
 
-def prompt(tokens: int) -> dict[str, float]:
-    return batch_features(
-        num_requests=1,
-        num_prefill_tokens=tokens,
-        num_decode_tokens=0,
-        sum_decode_context=0,
-        sum_prefill_context=tokens * tokens,
-        sum_prefill_squared=tokens * tokens,
-        num_padding_rows=0,
-    )
-
-
 @needs_tables
 def test_qwen3_5_gdn_layers_take_the_rows_of_their_shape_per_tp_rank() -> None:
     """Qwen3.5-35B-A3B on an H200 at TP 2: 30 GDN layers of 8 key and 16 value heads per
@@ -827,7 +799,7 @@ def test_qwen3_5_gdn_layers_take_the_rows_of_their_shape_per_tp_rank() -> None:
         ("gdn_scan_prefill", "chunk_gated_delta_rule_flashinfer"),
     ):
         assert prefill[op] == pytest.approx(30 * row(kernel, 1, 4096), rel=1e-3), op
-    decode = predictor.op_times(decodes(64, 2048))
+    decode = predictor.op_times(decodes_over(64, 2048))
     for op, kernel in (
         ("gdn_conv_decode", "causal_conv1d_update"),
         ("gdn_scan_decode", "fused_recurrent_gated_delta_rule_packed_decode"),
@@ -1107,20 +1079,11 @@ def test_docs_predictor_gpt_oss_figures() -> None:
     """docs/predictor.md's table: gpt-oss-120b, H100 TP 2, full against sliding layers."""
     predictor = kind_predictor("sliding")
     text = (DOCS / "predictor.md").read_text()
-    prompt = batch_features(
-        num_requests=1,
-        num_prefill_tokens=8192,
-        num_decode_tokens=0,
-        sum_decode_context=0,
-        sum_prefill_context=8192 * 8192,
-        sum_prefill_squared=8192 * 8192,
-        num_padding_rows=0,
-    )
     rows = [
-        (f"64 decodes over {keys:,} keys", predictor.op_times(decodes(64, keys)), "decode", 3)
+        (f"64 decodes over {keys:,} keys", predictor.op_times(decodes_over(64, keys)), "decode", 3)
         for keys in (2048, 8192)
     ]
-    rows.append(("one 8,192-token prompt", predictor.op_times(prompt), "prefill", 2))
+    rows.append(("one 8,192-token prompt", predictor.op_times(prompt(8192)), "prefill", 2))
     for words, times, phase, digits in rows:
         full, sliding = times[f"attn_{phase}"], times[f"sliding_attn_{phase}"]
         line = f"| {words} | {full * 1e3:.{digits}f} ms | {sliding * 1e3:.{digits}f} ms |"

@@ -8,18 +8,19 @@ H200s.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 import pytest
+from model_configs import load_config
+from step_shapes import decodes, prompt
 
 from tests.test_predictor_measured import gemm_columns, write
 from tokenyard import catalog
 from tokenyard.catalog.quant import resolve_quantization
 from tokenyard.errors import ConfigError
-from tokenyard.predictor import batch_features, roofline_predictor
+from tokenyard.predictor import roofline_predictor
 from tokenyard.predictor.measured.build import MLA_MODULE_OPS, measured_predictor
 from tokenyard.predictor.measured.data import resolve_source
 from tokenyard.simulation import config_from_mapping, plan_memory, simulate
@@ -63,9 +64,7 @@ EDGE = 2 * 1000 * 1024 + 1024  # embeddings, lm_head, final norm
 
 
 def small(tmp_path: Path, **changes: Any) -> catalog.ModelSpec:
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps({**SMALL, **changes}))
-    return catalog.model(str(path), field="replica.model")
+    return load_config(tmp_path, SMALL, **changes)
 
 
 def test_a_deepseek_config_reads_as_mla_layers_with_dense_then_moe_ffns(tmp_path: Path) -> None:
@@ -239,15 +238,7 @@ def test_roofline_prices_absorbed_decode_over_the_latent(tmp_path: Path) -> None
     spec = small(tmp_path)
     device = catalog.device("h100-sxm")
     predictor = roofline_predictor(spec, device, tensor_parallel_size=1)
-    shape = batch_features(
-        num_requests=16,
-        num_prefill_tokens=0,
-        num_decode_tokens=16,
-        sum_decode_context=16 * 999,
-        sum_prefill_context=0,
-        sum_prefill_squared=0,
-        num_padding_rows=0,
-    )
+    shape = decodes(16, 999)
     keys = 16 * 1000
     flops = keys * 8 * 2 * (2 * 128 + 16)
     moved = keys * 144 * 2 + 16 * 8 * (144 + 128) * 2
@@ -319,29 +310,11 @@ def test_one_module_row_prices_a_layers_whole_attention(
     assert not set(MLA_MODULE_OPS) & set(names)  # the projections are inside the module rows
     assert "MLA module (bfloat16, KV bfloat16, 4 heads per GPU)" in predictor.description["kernels"]
     # 32 decodes over 256 keys each: 4 layers x the 4-head row (b 32, step 256).
-    decodes = batch_features(
-        num_requests=32,
-        num_prefill_tokens=0,
-        num_decode_tokens=32,
-        sum_decode_context=32 * 255,
-        sum_prefill_context=0,
-        sum_prefill_squared=0,
-        num_padding_rows=0,
-    )
     expected = 4 * module_ms(32, 256, 4, True) * 1e-3
-    assert predictor.op_times(decodes)["attn_decode"] == pytest.approx(expected, rel=1e-3)
+    assert predictor.op_times(decodes(32, 255))["attn_decode"] == pytest.approx(expected, rel=1e-3)
     # One 1,024-token prompt: 4 layers x the 4-head context row (b 1, isl 1024).
-    prompt = batch_features(
-        num_requests=1,
-        num_prefill_tokens=1024,
-        num_decode_tokens=0,
-        sum_decode_context=0,
-        sum_prefill_context=1024 * 1024,
-        sum_prefill_squared=1024 * 1024,
-        num_padding_rows=0,
-    )
     expected = 4 * module_ms(1, 1024, 4, False) * 1e-3
-    assert predictor.op_times(prompt)["attn_prefill"] == pytest.approx(expected, rel=1e-3)
+    assert predictor.op_times(prompt(1024))["attn_prefill"] == pytest.approx(expected, rel=1e-3)
 
 
 def test_a_module_measured_for_another_shape_falls_back_and_says_why(

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from step_shapes import decodes, prompt
 
 from tokenyard import _core, catalog
 from tokenyard.cli import main as cli_main
@@ -22,7 +23,6 @@ from tokenyard.predictor import (
     Efficiencies,
     TableCost,
     TrainingOptions,
-    batch_features,
     fit_op,
     profiled_predictor,
     read_profiles,
@@ -44,30 +44,6 @@ SHAPE_KEYS = (
     "sum_prefill_squared",
     "num_padding_rows",
 )
-
-
-def prompt(tokens: int, cached: int = 0) -> dict[str, float]:
-    return batch_features(
-        num_requests=1,
-        num_prefill_tokens=tokens,
-        num_decode_tokens=0,
-        sum_decode_context=0,
-        sum_prefill_context=tokens * (cached + tokens),
-        sum_prefill_squared=tokens * tokens,
-        num_padding_rows=0,
-    )
-
-
-def decodes(batch: int, context: int) -> dict[str, float]:
-    return batch_features(
-        num_requests=batch,
-        num_prefill_tokens=0,
-        num_decode_tokens=batch,
-        sum_decode_context=batch * context,
-        sum_prefill_context=0,
-        sum_prefill_squared=0,
-        num_padding_rows=0,
-    )
 
 
 # --- roofline ----------------------------------------------------------------------------

@@ -20,11 +20,11 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from step_shapes import decodes, prompt
 
-from tests.test_predictor import decodes
 from tokenyard import catalog
 from tokenyard.errors import ConfigError
-from tokenyard.predictor import ProfileError, batch_features
+from tokenyard.predictor import ProfileError
 from tokenyard.predictor.grids import prefill_shape
 from tokenyard.predictor.measured.build import measured_predictor
 from tokenyard.predictor.measured.data import resolve_source
@@ -110,18 +110,6 @@ def tables(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write(attention / "context_attention_perf.parquet", attention_columns(False))
     write(attention / "generation_attention_perf.parquet", attention_columns(True))
     return root
-
-
-def prefill(chunk: int, prefix: int) -> dict[str, float]:
-    return batch_features(
-        num_requests=1,
-        num_prefill_tokens=chunk,
-        num_decode_tokens=0,
-        sum_decode_context=0,
-        sum_prefill_context=chunk * (prefix + chunk),
-        sum_prefill_squared=chunk * chunk,
-        num_padding_rows=0,
-    )
 
 
 # ---- readers --------------------------------------------------------------------------
@@ -330,9 +318,9 @@ def test_measured_operations_follow_the_tables_and_the_rest_the_calibrated_roofl
     )
     # A whole 2048-token prompt, and 512 tokens over 1536 cached: the whole prompt's
     # attention less the prefix's share of pairs.
-    whole = predictor.op_times(prefill(2048, 0))["attn_prefill"]
+    whole = predictor.op_times(prompt(2048))["attn_prefill"]
     assert whole == pytest.approx(layers * context_ms(1, 2048, 32) * 1e-3, rel=0.01)
-    chunk = predictor.op_times(prefill(512, 1536))["attn_prefill"]
+    chunk = predictor.op_times(prompt(512, cached=1536))["attn_prefill"]
     share = (2048**2 - 1536**2) / 2048**2
     assert chunk == pytest.approx(whole * share, rel=0.02)
 

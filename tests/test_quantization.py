@@ -8,12 +8,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import model_configs
 import pytest
+from step_shapes import decodes, prompt
 
 from tokenyard import catalog
 from tokenyard.catalog.quant import resolve_quantization, scheme
 from tokenyard.errors import ConfigError
-from tokenyard.predictor import batch_features
 from tokenyard.simulation import config_from_mapping
 from tokenyard.simulation.execution import build_predictor, choose_execution, describe
 from tokenyard.simulation.planner import parameters_per_device, plan_memory
@@ -39,9 +40,7 @@ def write_config(tmp_path: Path, quantization: Any = None, **extra: Any) -> str:
     config = {**QWEN3_MOE, **extra}
     if quantization is not None:
         config["quantization_config"] = quantization
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(config))
-    return str(path)
+    return str(model_configs.write_config(tmp_path, config))
 
 
 @pytest.mark.parametrize(
@@ -154,24 +153,8 @@ def measured_config(model: str, **replica: Any) -> Any:
     )
 
 
-DECODE_8 = batch_features(
-    num_requests=8,
-    num_prefill_tokens=0,
-    num_decode_tokens=8,
-    sum_decode_context=8 * 1024,
-    sum_prefill_context=0,
-    sum_prefill_squared=0,
-    num_padding_rows=0,
-)
-PREFILL_2048 = batch_features(
-    num_requests=1,
-    num_prefill_tokens=2048,
-    num_decode_tokens=0,
-    sum_decode_context=0,
-    sum_prefill_context=2048 * 2048,
-    sum_prefill_squared=2048 * 2048,
-    num_padding_rows=0,
-)
+DECODE_8 = decodes(8, 1024)
+PREFILL_2048 = prompt(2048)
 
 
 def aic_step_ratio(model: str, baseline: str, tp: int = 1) -> tuple[float, float]:
@@ -232,7 +215,7 @@ def test_block_fp8_moe_is_never_priced_per_tensor_or_bf16() -> None:
     ``fp8`` rows (4x slower at 8 tokens on an H100) or BF16's would mis-price them."""
     pytest.importorskip("aiconfigurator_core", reason="the measured tables need the package")
     from tokenyard.predictor.measured.data import package_root, resolve_source
-    from tokenyard.predictor.measured.ops import MoeTimes
+    from tokenyard.predictor.measured.ops import MoeShape, MoeTimes
     from tokenyard.predictor.measured.tables import read_table
 
     config = measured_config("Qwen/Qwen3-30B-A3B-FP8")
@@ -246,7 +229,8 @@ def test_block_fp8_moe_is_never_priced_per_tensor_or_bf16() -> None:
     )
     shape = dict(hidden_size=2048, inter_size=768, topk=8, num_experts=128, tensor_parallel_size=1)
     by_dtype = {
-        dtype: MoeTimes(rows, dtype=dtype, **shape)(8) for dtype in ("fp8_block", "fp8", "bfloat16")
+        dtype: MoeTimes(rows, MoeShape(dtype=dtype, **shape))(8)
+        for dtype in ("fp8_block", "fp8", "bfloat16")
     }
     assert experts == pytest.approx(by_dtype["fp8_block"], rel=1e-3)
     # 0.11 ms against 0.48 (fp8) and 0.17 (bfloat16) under power_law_1.2
@@ -321,6 +305,20 @@ def test_nvfp4_without_tables_is_refused_or_falls_back_saying_why() -> None:
 # ---- activation scales: static FP8 (issue 29 fidelity finding 2) ------------------------
 
 
+def compressed_tensors_fp8(strategy: str, *, dynamic: bool) -> dict[str, Any]:
+    """A compressed-tensors FP8 checkpoint's quantization_config: weights scaled per
+    ``strategy``, activations scaled dynamically or by static scales."""
+    return {
+        "quant_method": "compressed-tensors",
+        "config_groups": {
+            "group_0": {
+                "weights": {"num_bits": 8, "type": "float", "strategy": strategy},
+                "input_activations": {"num_bits": 8, "type": "float", "dynamic": dynamic},
+            }
+        },
+    }
+
+
 @pytest.mark.parametrize(
     ("quantization", "scheme_key", "scales"),
     [
@@ -329,32 +327,8 @@ def test_nvfp4_without_tables_is_refused_or_falls_back_saying_why() -> None:
         ({"quant_method": "fp8"}, "fp8", "dynamic"),  # vLLM's Fp8Config default
         (BLOCK_FP8, "fp8_block", "dynamic"),
         ({"quant_method": "modelopt", "quant_algo": "FP8"}, "fp8", "static"),
-        (
-            {
-                "quant_method": "compressed-tensors",
-                "config_groups": {
-                    "group_0": {
-                        "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
-                        "input_activations": {"num_bits": 8, "type": "float", "dynamic": True},
-                    }
-                },
-            },
-            "fp8",
-            "dynamic",
-        ),
-        (
-            {
-                "quant_method": "compressed-tensors",
-                "config_groups": {
-                    "group_0": {
-                        "weights": {"num_bits": 8, "type": "float", "strategy": "tensor"},
-                        "input_activations": {"num_bits": 8, "type": "float", "dynamic": False},
-                    }
-                },
-            },
-            "fp8",
-            "static",
-        ),
+        (compressed_tensors_fp8("channel", dynamic=True), "fp8", "dynamic"),
+        (compressed_tensors_fp8("tensor", dynamic=False), "fp8", "static"),
         ({"quant_method": "awq", "bits": 4, "group_size": 128}, "int4_awq", ""),
     ],
 )

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from model_configs import load_config, write_config
 
 from tokenyard import catalog
 from tokenyard.catalog.vision import smart_resize
@@ -58,9 +59,7 @@ def bundled(name: str) -> None:
 
 @pytest.fixture
 def qwen2_5_vl(tmp_path: Path) -> str:
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(QWEN2_5_VL_7B))
-    return str(path)
+    return str(write_config(tmp_path, QWEN2_5_VL_7B))
 
 
 # ---- the tower and its weights ---------------------------------------------------------
@@ -123,10 +122,8 @@ def test_vision_weights_are_in_the_memory_plan() -> None:
 def test_a_bad_vision_key_is_named(tmp_path: Path) -> None:
     config = json.loads(json.dumps(QWEN2_5_VL_7B))
     del config["vision_config"]["depth"]
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(config))
     with pytest.raises(ConfigError, match=r"vision_config\.depth: missing"):
-        catalog.model(str(path), field="replica.model")
+        load_config(tmp_path, config)
 
 
 # ---- images to tokens ------------------------------------------------------------------

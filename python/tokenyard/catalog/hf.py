@@ -45,49 +45,26 @@ class _Family(NamedTuple):
     vision: str = ""
 
 
+#: Qwen's MoE configs: the routed experts under num_experts, each moe_intermediate_size wide.
+_QWEN_MOE = _Family("", experts_key="num_experts", intermediate_key="moe_intermediate_size")
+#: DeepSeek's (and the configs that follow it): n_routed_experts of moe_intermediate_size.
+_DEEPSEEK = _Family(
+    "", experts_key="n_routed_experts", intermediate_key="moe_intermediate_size", deepseek=True
+)
+
 _FAMILIES: dict[str, _Family] = {
     "LlamaForCausalLM": _Family("llama"),
     "MistralForCausalLM": _Family("mistral", layers="sliding"),
     "Qwen2ForCausalLM": _Family("qwen2", attention_bias=True),
     "Qwen3ForCausalLM": _Family("qwen3", qk_norm=True),
     "MixtralForCausalLM": _Family("mixtral", experts_key="num_local_experts"),
-    "Qwen2MoeForCausalLM": _Family(
-        "qwen2_moe",
-        attention_bias=True,
-        experts_key="num_experts",
-        intermediate_key="moe_intermediate_size",
-    ),
-    "Qwen3MoeForCausalLM": _Family(
-        "qwen3_moe",
-        qk_norm=True,
-        experts_key="num_experts",
-        intermediate_key="moe_intermediate_size",
-    ),
-    "DeepseekV2ForCausalLM": _Family(
-        "deepseek_v2",
-        experts_key="n_routed_experts",
-        intermediate_key="moe_intermediate_size",
-        deepseek=True,
-    ),
-    "DeepseekV3ForCausalLM": _Family(
-        "deepseek_v3",
-        experts_key="n_routed_experts",
-        intermediate_key="moe_intermediate_size",
-        deepseek=True,
-    ),
+    "Qwen2MoeForCausalLM": _QWEN_MOE._replace(model_type="qwen2_moe", attention_bias=True),
+    "Qwen3MoeForCausalLM": _QWEN_MOE._replace(model_type="qwen3_moe", qk_norm=True),
+    "DeepseekV2ForCausalLM": _DEEPSEEK._replace(model_type="deepseek_v2"),
+    "DeepseekV3ForCausalLM": _DEEPSEEK._replace(model_type="deepseek_v3"),
     # DeepSeek sparse attention (DSA): a DeepSeek-V3 with an indexer beside each MLA layer.
-    "DeepseekV32ForCausalLM": _Family(
-        "deepseek_v32",
-        experts_key="n_routed_experts",
-        intermediate_key="moe_intermediate_size",
-        deepseek=True,
-    ),
-    "GlmMoeDsaForCausalLM": _Family(
-        "glm_moe_dsa",
-        experts_key="n_routed_experts",
-        intermediate_key="moe_intermediate_size",
-        deepseek=True,
-    ),
+    "DeepseekV32ForCausalLM": _DEEPSEEK._replace(model_type="deepseek_v32"),
+    "GlmMoeDsaForCausalLM": _DEEPSEEK._replace(model_type="glm_moe_dsa"),
     "GptOssForCausalLM": _Family("gpt_oss", experts_key="num_local_experts", layers="types"),
     "Gemma3ForCausalLM": _Family("gemma3_text", qk_norm=True, layers="types"),
     "Gemma4ForConditionalGeneration": _Family(
@@ -96,20 +73,12 @@ _FAMILIES: dict[str, _Family] = {
     "Llama4ForConditionalGeneration": _Family(
         "llama4", experts_key="num_local_experts", layers="llama4"
     ),
-    "Qwen3NextForCausalLM": _Family(
-        "qwen3_next",
-        qk_norm=True,
-        experts_key="num_experts",
-        intermediate_key="moe_intermediate_size",
-        layers="types",
+    "Qwen3NextForCausalLM": _QWEN_MOE._replace(
+        model_type="qwen3_next", qk_norm=True, layers="types"
     ),
     "Qwen3_5ForConditionalGeneration": _Family("qwen3_5", qk_norm=True, layers="types"),
-    "Qwen3_5MoeForConditionalGeneration": _Family(
-        "qwen3_5_moe",
-        qk_norm=True,
-        experts_key="num_experts",
-        intermediate_key="moe_intermediate_size",
-        layers="types",
+    "Qwen3_5MoeForConditionalGeneration": _QWEN_MOE._replace(
+        model_type="qwen3_5_moe", qk_norm=True, layers="types"
     ),
     # Vision-language models: the decoder under text_config (Qwen2.5-VL: at the top level),
     # the vision tower under vision_config.
@@ -117,12 +86,8 @@ _FAMILIES: dict[str, _Family] = {
         "qwen2_5_vl", attention_bias=True, vision="qwen2_5_vl"
     ),
     "Qwen3VLForConditionalGeneration": _Family("qwen3_vl", qk_norm=True, vision="qwen3_vl"),
-    "Qwen3VLMoeForConditionalGeneration": _Family(
-        "qwen3_vl_moe",
-        qk_norm=True,
-        experts_key="num_experts",
-        intermediate_key="moe_intermediate_size",
-        vision="qwen3_vl",
+    "Qwen3VLMoeForConditionalGeneration": _QWEN_MOE._replace(
+        model_type="qwen3_vl_moe", qk_norm=True, vision="qwen3_vl"
     ),
     "NemotronHForCausalLM": _Family(
         "nemotron_h",

@@ -193,28 +193,6 @@ class VisionEncoder:
         """``(min_pixels, max_pixels)`` of the checkpoint's image processor (its defaults)."""
         return DEFAULT_PIXELS[self.kind]
 
-    def image_patches(
-        self,
-        width: int,
-        height: int,
-        *,
-        min_pixels: int | None = None,
-        max_pixels: int | None = None,
-    ) -> int:
-        """Patches the tower runs for one image of ``width x height`` pixels: the resized
-        image's ``(H / patch) x (W / patch)`` (one temporal patch: a still image is repeated
-        ``temporal_patch_size`` times)."""
-        low, high = self.pixel_bounds()
-        factor = self.patch_size * self.spatial_merge_size
-        h, w = smart_resize(
-            height,
-            width,
-            factor=factor,
-            min_pixels=low if min_pixels is None else min_pixels,
-            max_pixels=high if max_pixels is None else max_pixels,
-        )
-        return (h // self.patch_size) * (w // self.patch_size)
-
     def image_tokens(
         self,
         width: int,
@@ -224,7 +202,18 @@ class VisionEncoder:
         max_pixels: int | None = None,
     ) -> int:
         """LM tokens one image becomes (the ``<|image_pad|>`` tokens the processor puts in
-        the prompt): ``image_patches / spatial_merge_size^2``. The chat template's
+        the prompt): the patches the tower runs, the resized image's ``(H / patch) x
+        (W / patch)`` (one temporal patch: a still image is repeated ``temporal_patch_size``
+        times), over ``spatial_merge_size^2``. The chat template's
         ``<|vision_start|>``/``<|vision_end|>`` around them are text tokens."""
-        patches = self.image_patches(width, height, min_pixels=min_pixels, max_pixels=max_pixels)
+        low, high = self.pixel_bounds()
+        factor = self.patch_size * self.spatial_merge_size
+        h, w = smart_resize(
+            height,
+            width,
+            factor=factor,
+            min_pixels=low if min_pixels is None else min_pixels,
+            max_pixels=high if max_pixels is None else max_pixels,
+        )
+        patches = (h // self.patch_size) * (w // self.patch_size)
         return patches // self.spatial_merge_size**2

@@ -59,12 +59,12 @@ from tokenyard.predictor.measured.ops import (
     LinearMixerTimes,
     MlaBmmTimes,
     MlaModuleTimes,
+    MoeShape,
     MoeTimes,
     NotMeasured,
     QuantizeTimes,
     StaticFp8GemmTimes,
     layer_shapes,
-    moe_rows,
 )
 from tokenyard.predictor.measured.tables import Columns, read_table, table_error
 from tokenyard.predictor.roofline import A2A_OPS, CpuOverheads, roofline_predictor
@@ -694,8 +694,7 @@ def _attention_ops(
     (keys capped, pairs scaled: ``roofline.window_pairs``), said so in the label."""
     if window:
         return _windowed_attention_ops(source, s, kv_dtype, window, chunked)
-    ops: dict[str, tuple[TableCost | None, str, str]] = _full_attention_ops(source, s, kv_dtype)
-    return ops
+    return _full_attention_ops(source, s, kv_dtype)
 
 
 def _windowed_attention_ops(
@@ -704,26 +703,13 @@ def _windowed_attention_ops(
     from tokenyard.predictor.roofline import window_keys, window_pairs
 
     folder = source.folders["attention"]
-    context_rows = _read(source, folder / "context_attention_perf.parquet")
-    generation_rows = _read(source, folder / "generation_attention_perf.parquet")
-    kv_name = _table_dtype(
-        kv_dtype, "replica.kv_cache_dtype", context_rows.values("kv_cache_dtype")
-    )
-    layout = dict(
-        num_heads=s.q_heads, num_kv_heads=s.kv_heads, head_dim=s.head_dim, kv_cache_dtype=kv_name
-    )
     try:
-        context = AttentionTimes(context_rows, generation=False, window_size=window, **layout)  # type: ignore[arg-type]
-        generation = AttentionTimes(generation_rows, generation=True, window_size=window, **layout)  # type: ignore[arg-type]
+        context, generation = _attention_times(source, s, kv_dtype, window)
         label = f"measured:attention window_size {window} ({folder.name})"
-        return {
-            "attn_prefill": (grids.prefill_attention_table(_prefill_seconds(context)), label, ""),
-            "attn_decode": (grids.decode_attention_table(generation), label, ""),
-        }
+        return _attention_tables(_prefill_seconds(context), generation, label)
     except NotMeasured:
         pass
-    full = _full_attention_ops(source, s, kv_dtype, tables=True)
-    context, generation = full
+    context, generation = _full_attention_times(source, s, kv_dtype)
 
     def prefill(batch: float, seq: float, prefix: float) -> float:
         whole = _prefill_seconds(context)(batch, seq, prefix)
@@ -737,27 +723,23 @@ def _windowed_attention_ops(
         f"measured:attention ({folder.name}) full-attention rows at the work of a "
         f"{window}-token window (window_size {window} not measured for this layout)"
     )
-    return {
-        "attn_prefill": (grids.prefill_attention_table(prefill), label, ""),
-        "attn_decode": (grids.decode_attention_table(decode), label, ""),
-    }
+    return _attention_tables(prefill, decode, label)
 
 
 def _full_attention_ops(
-    source: MeasuredSource, s: _Shapes, kv_dtype: str, tables: bool = False
-) -> Any:
-    folder = source.folders["attention"]
-    context_rows = _read(source, folder / "context_attention_perf.parquet")
-    generation_rows = _read(source, folder / "generation_attention_perf.parquet")
-    kv_name = _table_dtype(
-        kv_dtype, "replica.kv_cache_dtype", context_rows.values("kv_cache_dtype")
-    )
-    layout = dict(
-        num_heads=s.q_heads, num_kv_heads=s.kv_heads, head_dim=s.head_dim, kv_cache_dtype=kv_name
-    )
+    source: MeasuredSource, s: _Shapes, kv_dtype: str
+) -> dict[str, tuple[TableCost | None, str, str]]:
+    context, generation = _full_attention_times(source, s, kv_dtype)
+    label = f"measured:attention ({source.folders['attention'].name})"
+    return _attention_tables(_prefill_seconds(context), generation, label)
+
+
+def _full_attention_times(
+    source: MeasuredSource, s: _Shapes, kv_dtype: str
+) -> tuple[AttentionTimes, AttentionTimes]:
+    """The full-attention rows of the layout, refused where the tables lack it."""
     try:
-        context = AttentionTimes(context_rows, generation=False, **layout)  # type: ignore[arg-type]
-        generation = AttentionTimes(generation_rows, generation=True, **layout)  # type: ignore[arg-type]
+        return _attention_times(source, s, kv_dtype)
     except NotMeasured as exc:
         raise ConfigError(
             f"replica.model: the measured attention tables do not cover its layout per GPU "
@@ -765,12 +747,42 @@ def _full_attention_ops(
             field="replica.model",
             value=repr((s.q_heads, s.kv_heads, s.head_dim)),
         ) from None
-    if tables:
-        return context, generation
-    label = f"measured:attention ({folder.name})"
+
+
+def _attention_times(
+    source: MeasuredSource, s: _Shapes, kv_dtype: str, window: int = 0
+) -> tuple[AttentionTimes, AttentionTimes]:
+    """(context, generation) attention at the layout per GPU and ``window_size``.
+
+    Raises:
+        NotMeasured: a table lacks the layout or the window.
+    """
+    folder = source.folders["attention"]
+    context_rows = _read(source, folder / "context_attention_perf.parquet")
+    generation_rows = _read(source, folder / "generation_attention_perf.parquet")
+    kv_name = _table_dtype(
+        kv_dtype, "replica.kv_cache_dtype", context_rows.values("kv_cache_dtype")
+    )
+    layout: dict[str, Any] = dict(
+        num_heads=s.q_heads,
+        num_kv_heads=s.kv_heads,
+        head_dim=s.head_dim,
+        kv_cache_dtype=kv_name,
+        window_size=window,
+    )
+    context = AttentionTimes(context_rows, generation=False, **layout)
+    generation = AttentionTimes(generation_rows, generation=True, **layout)
+    return context, generation
+
+
+def _attention_tables(
+    prefill: Callable[[float, float, float], float],
+    decode: Callable[[float, float], float],
+    label: str,
+) -> dict[str, tuple[TableCost | None, str, str]]:
     return {
-        "attn_prefill": (grids.prefill_attention_table(_prefill_seconds(context)), label, ""),
-        "attn_decode": (grids.decode_attention_table(generation), label, ""),
+        "attn_prefill": (grids.prefill_attention_table(prefill), label, ""),
+        "attn_decode": (grids.decode_attention_table(decode), label, ""),
     }
 
 
@@ -819,16 +831,16 @@ def _moe_op(
     if path is None or not _present(path / "moe_perf.parquet"):
         return None, "calibrated", "no MoE table"
     rows = _read(source, path / "moe_perf.parquet")
-    shape: dict[str, Any] = {
-        "dtype": dtype,
-        "hidden_size": model.hidden_size,
-        "inter_size": model.intermediate_size,
-        "topk": model.experts_per_token,
-        "num_experts": model.num_experts,
-        "tensor_parallel_size": tp if ep == 1 else 1,
-        "expert_parallel_size": ep,
-    }
-    routings = moe_rows(rows, **shape).values("distribution")
+    shape = MoeShape(
+        dtype=dtype,
+        hidden_size=model.hidden_size,
+        inter_size=model.intermediate_size,
+        topk=model.experts_per_token,
+        num_experts=model.num_experts,
+        tensor_parallel_size=tp if ep == 1 else 1,
+        expert_parallel_size=ep,
+    )
+    routings = shape.rows(rows).values("distribution")
     if routings and distribution not in routings:
         # The shape is measured, not under this routing: refused, not priced another way.
         raise ConfigError(
@@ -838,7 +850,7 @@ def _moe_op(
             value=repr(distribution),
         )
     try:
-        times = MoeTimes(rows, **shape, distribution=distribution)
+        times = MoeTimes(rows, shape, distribution=distribution)
     except NotMeasured as exc:
         return None, "calibrated", str(exc)
     table = grids.token_table("num_tokens", lambda tokens: times(tokens * dp), 2.0**17)

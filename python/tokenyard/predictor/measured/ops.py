@@ -47,6 +47,7 @@ count is a collection that stopped early, so it counts as not measured.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from statistics import median
 
@@ -64,6 +65,7 @@ __all__ = [
     "LinearMixerTimes",
     "MlaBmmTimes",
     "MlaModuleTimes",
+    "MoeShape",
     "MoeTimes",
     "NotMeasured",
     "QuantizeTimes",
@@ -72,7 +74,6 @@ __all__ = [
     "gemm_kernels",
     "layer_shapes",
     "main_kernel",
-    "moe_rows",
 ]
 
 
@@ -380,28 +381,39 @@ class CollectiveTimes:
         return self._curve(elements)
 
 
-def moe_rows(
-    rows: Columns,
-    *,
-    dtype: str,
-    hidden_size: int,
-    inter_size: int,
-    topk: int,
-    num_experts: int,
-    tensor_parallel_size: int,
-    expert_parallel_size: int = 1,
-) -> Columns:
-    """The MoE rows of one shape at ``moe_tp_size`` TP and ``moe_ep_size`` EP, under
-    every routing."""
-    return rows.where(
-        moe_dtype=dtype,
-        hidden_size=hidden_size,
-        inter_size=inter_size,
-        topk=topk,
-        num_experts=num_experts,
-        moe_tp_size=tensor_parallel_size,
-        moe_ep_size=expert_parallel_size,
-    )
+@dataclasses.dataclass(frozen=True)
+class MoeShape:
+    """One layer's experts as the MoE table keys them: ``moe_dtype``, the sizes, and the
+    layout (``moe_tp_size`` TP, ``moe_ep_size`` EP)."""
+
+    dtype: str
+    hidden_size: int
+    inter_size: int
+    topk: int
+    num_experts: int
+    tensor_parallel_size: int
+    expert_parallel_size: int = 1
+
+    def rows(self, table: Columns) -> Columns:
+        """The table's rows of this shape, under every routing."""
+        return table.where(
+            moe_dtype=self.dtype,
+            hidden_size=self.hidden_size,
+            inter_size=self.inter_size,
+            topk=self.topk,
+            num_experts=self.num_experts,
+            moe_tp_size=self.tensor_parallel_size,
+            moe_ep_size=self.expert_parallel_size,
+        )
+
+    @property
+    def description(self) -> str:
+        ep = self.expert_parallel_size
+        return (
+            f"{self.num_experts} experts (top-{self.topk}) of hidden {self.hidden_size} x "
+            f"{self.inter_size} at TP {self.tensor_parallel_size}"
+            + (f", EP {ep}" if ep > 1 else "")
+        )
 
 
 class MoeTimes:
@@ -412,38 +424,13 @@ class MoeTimes:
     ``num_experts / EP`` experts when ``num_tokens`` tokens enter the layer across the EP
     group (aiconfigurator queries it at the rank's tokens x attention DP)."""
 
-    def __init__(
-        self,
-        rows: Columns,
-        *,
-        dtype: str,
-        hidden_size: int,
-        inter_size: int,
-        topk: int,
-        num_experts: int,
-        tensor_parallel_size: int,
-        expert_parallel_size: int = 1,
-        distribution: str = "power_law_1.2",
-    ):
-        picked = moe_rows(
-            rows,
-            dtype=dtype,
-            hidden_size=hidden_size,
-            inter_size=inter_size,
-            topk=topk,
-            num_experts=num_experts,
-            tensor_parallel_size=tensor_parallel_size,
-            expert_parallel_size=expert_parallel_size,
-        )
+    def __init__(self, rows: Columns, shape: MoeShape, *, distribution: str = "power_law_1.2"):
+        picked = shape.rows(rows)
         measured = picked.values("distribution")
         if measured and distribution not in measured:
             raise _no_rows(rows, f"the {distribution!r} routing", f"routings {measured}")
         picked = main_kernel(picked.where(distribution=distribution))
-        what = (
-            f"{num_experts} experts (top-{topk}) of hidden {hidden_size} x {inter_size} "
-            f"at TP {tensor_parallel_size}"
-            + (f", EP {expert_parallel_size}" if expert_parallel_size > 1 else "")
-        )
+        what = shape.description
         if len(picked) == 0:
             raise _no_rows(rows, what, "other shapes")
         _check_axis(rows, what, "num_tokens", picked.col("num_tokens"), two=False)

@@ -105,6 +105,17 @@ _NUMERIC = {
 
 _LINEAR = ("kernel_source", "phase", "batch_size", "seq_len", "d_model", "d_conv")
 _ATTENTION = ("batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim", "kv_cache_dtype")
+#: The columns of both MLA module tables (context and generation).
+_MLA_MODULE = (
+    "model",
+    "num_heads",
+    "batch_size",
+    "isl",
+    "step",
+    "kv_cache_dtype",
+    "gemm_type",
+    "latency",
+)
 
 #: Table file -> the columns it must have.
 REQUIRED: Mapping[str, tuple[str, ...]] = {
@@ -113,26 +124,8 @@ REQUIRED: Mapping[str, tuple[str, ...]] = {
     "generation_attention_perf.parquet": (*_ATTENTION, "step", "latency"),
     "custom_allreduce_perf.parquet": ("num_gpus", "message_size", "latency"),
     "nccl_perf.parquet": ("op_name", "num_gpus", "message_size", "latency"),
-    "mla_context_module_perf.parquet": (
-        "model",
-        "num_heads",
-        "batch_size",
-        "isl",
-        "step",
-        "kv_cache_dtype",
-        "gemm_type",
-        "latency",
-    ),
-    "mla_generation_module_perf.parquet": (
-        "model",
-        "num_heads",
-        "batch_size",
-        "isl",
-        "step",
-        "kv_cache_dtype",
-        "gemm_type",
-        "latency",
-    ),
+    "mla_context_module_perf.parquet": _MLA_MODULE,
+    "mla_generation_module_perf.parquet": _MLA_MODULE,
     "mla_bmm_perf.parquet": ("op_name", "num_tokens", "num_heads", "latency"),
     "moe_a2a_perf.parquet": (
         "op_name",

@@ -1,7 +1,9 @@
 //! What happens to one block of the [`BlockPool`](super::BlockPool): its record, and the
-//! per-block steps of allocation, hashing and caching, as free functions over the pool's
-//! parts (so a caller can hold a request's entry while they run). These run for every
+//! per-block steps of allocation, release, hashing and caching, as free functions over the
+//! pool's parts (so a caller can hold a request's entry while they run). These run for every
 //! block of every replayed prompt: their costs are the replay's (see benches/RESULTS.md).
+//! The [`KvCoordinator`](super::KvCoordinator) runs the same steps over the same parts, and
+//! both check the parts' invariants here (`check_pool_blocks`).
 
 use super::TokenId;
 use super::block_hash::{BlockHash, hash_block};
@@ -78,6 +80,36 @@ pub(super) fn take_free_block(
         }
     }
     block
+}
+
+/// vLLM's `BlockPool.free_blocks`: drops one reference on each block of `ordered` (first
+/// evicted first). A block left unheld goes to the free queue: a cached one to the back
+/// (LRU), an uncached one to the front (reused first), in `ordered`'s order. `evict_first`
+/// is scratch space, left empty.
+pub(super) fn release_blocks(
+    free_queue: &mut FreeBlockQueue,
+    blocks: &mut [BlockMeta],
+    ordered: impl IntoIterator<Item = BlockId>,
+    evict_first: &mut Vec<BlockId>,
+) {
+    for block in ordered {
+        let meta = &mut blocks[block as usize];
+        debug_assert!(meta.ref_cnt > 0, "block {block} freed with ref count 0");
+        meta.ref_cnt -= 1;
+        if meta.ref_cnt > 0 {
+            continue;
+        }
+        if meta.cached {
+            free_queue.push_back(block);
+        } else {
+            evict_first.push(block);
+        }
+    }
+    // Prepending in reverse keeps `evict_first` in order at the front.
+    for &block in evict_first.iter().rev() {
+        free_queue.push_front(block);
+    }
+    evict_first.clear();
 }
 
 /// Writes an evicted block's hash back to the host tier (write-back on eviction). When the
@@ -185,4 +217,70 @@ pub(super) fn cache_full_blocks(
         }
     }
     request.num_cached_blocks = request.num_cached_blocks.max(num_full);
+}
+
+/// Adds one request's blocks to `holders` (per block, the requests holding it); returns
+/// whether the request holds a block twice.
+pub(super) fn count_holders(holders: &mut [u32], held: impl IntoIterator<Item = BlockId>) -> bool {
+    let mut seen: Vec<BlockId> = held.into_iter().collect();
+    seen.iter().for_each(|&b| holders[b as usize] += 1);
+    seen.sort_unstable();
+    seen.windows(2).any(|w| w[0] == w[1])
+}
+
+/// The invariants of the pool's parts for blocks `first_block..` (the coordinator's null
+/// block, before them, is checked apart): each ref count equals the block's `holders`, it
+/// is 0 exactly when the block is free, a cached block is the cache map's answer for its
+/// hash or a later copy of it, and the free queue links as many blocks as it counts.
+/// O(blocks).
+pub(super) fn check_pool_blocks(
+    blocks: &[BlockMeta],
+    free_queue: &FreeBlockQueue,
+    cached: &CacheMap,
+    holders: &[u32],
+    first_block: usize,
+) -> Result<(), String> {
+    for (b, meta) in blocks.iter().enumerate().skip(first_block) {
+        if meta.ref_cnt != holders[b] {
+            return Err(format!(
+                "block {b}: ref count {} but {} holders",
+                meta.ref_cnt, holders[b]
+            ));
+        }
+        if (meta.ref_cnt == 0) != free_queue.contains(b as BlockId) {
+            return Err(format!(
+                "block {b}: ref count {} disagrees with the free queue",
+                meta.ref_cnt
+            ));
+        }
+        if let Some(hash) = meta.hash() {
+            let first = cached.get(&hash, blocks);
+            let is_copy = cached.later_copies(&hash).contains(&(b as BlockId));
+            if first != Some(b as BlockId) && !is_copy {
+                return Err(format!(
+                    "block {b} has a hash the cache map does not point back from"
+                ));
+            }
+        }
+    }
+    let linked = free_queue.iter().count();
+    if linked != free_queue.len() {
+        return Err(format!(
+            "free queue links {linked} blocks but counts {}",
+            free_queue.len()
+        ));
+    }
+    Ok(())
+}
+
+/// The cache map counts every block that holds a hash.
+pub(super) fn check_cached_count(blocks: &[BlockMeta], cached: &CacheMap) -> Result<(), String> {
+    let num_hashed = blocks.iter().filter(|m| m.cached).count();
+    if num_hashed != cached.num_blocks() {
+        return Err(format!(
+            "{num_hashed} blocks hold a hash but the cache map counts {}",
+            cached.num_blocks()
+        ));
+    }
+    Ok(())
 }

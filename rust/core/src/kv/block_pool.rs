@@ -20,12 +20,16 @@ use rustc_hash::FxHashMap;
 
 use super::block_hash::{BlockHash, hash_block};
 use super::block_ops::{
-    BlockMeta, Eviction, WARM_RUN, append_tokens, cache_full_blocks, take_free_block,
+    BlockMeta, Eviction, WARM_RUN, append_tokens, cache_full_blocks, check_cached_count,
+    check_pool_blocks, count_holders, release_blocks, take_free_block,
 };
 use super::cache_map::CacheMap;
 use super::free_queue::FreeBlockQueue;
 use super::host_tier::HostTier;
-use super::{KvCapacity, RequestKey, TokenId, blocks_needed, check_allocation, check_num_blocks};
+use super::{
+    KvCapacity, LookupQuery, RequestKey, TokenId, blocks_needed, check_allocation,
+    check_block_size, check_extra_key, check_num_blocks,
+};
 use crate::{Error, Result};
 
 pub type BlockId = u32;
@@ -45,8 +49,7 @@ pub struct ComputedBlocks {
     /// Blocks after the GPU hit whose hashes the host tier holds: loaded on admission.
     pub num_host_blocks: usize,
     block_size: usize,
-    num_query_tokens: usize,
-    extra_key: Option<u64>,
+    query: LookupQuery,
     /// Hashes of the GPU hits, the host hits, the first block that missed and up to
     /// `WARM_RUN - 1` blocks after it (empty when caching is off); the request's later
     /// blocks are hashed when it is admitted.
@@ -171,13 +174,7 @@ pub enum KvEvent {
 impl<R: RequestKey> BlockPool<R> {
     pub fn new(num_blocks: usize, block_size: usize, enable_caching: bool) -> Result<Self> {
         check_num_blocks(num_blocks)?;
-        if block_size == 0 || block_size > MAX_BLOCK_SIZE {
-            return Err(Error::config(
-                "block_size",
-                block_size,
-                format!("must be between 1 and {MAX_BLOCK_SIZE}"),
-            ));
-        }
+        check_block_size(block_size)?;
         Ok(Self {
             block_size,
             enable_caching,
@@ -329,8 +326,10 @@ impl<R: RequestKey> BlockPool<R> {
     ) -> ComputedBlocks {
         let mut result = ComputedBlocks {
             block_size: self.block_size,
-            num_query_tokens: token_ids.len(),
-            extra_key,
+            query: LookupQuery {
+                num_tokens: token_ids.len(),
+                extra_key,
+            },
             ..ComputedBlocks::default()
         };
         if !self.enable_caching {
@@ -602,26 +601,13 @@ impl<R: RequestKey> BlockPool<R> {
             .requests
             .remove(request_id)
             .ok_or_else(|| Error::unknown_request(request_id))?;
-        let mut evict_first = std::mem::take(&mut self.evict_first);
-        for &block in request.block_ids.iter().rev() {
-            let meta = &mut self.blocks[block as usize];
-            debug_assert!(meta.ref_cnt > 0, "block {block} freed with ref count 0");
-            meta.ref_cnt -= 1;
-            if meta.ref_cnt > 0 {
-                continue;
-            }
-            if meta.cached {
-                self.free_queue.push_back(block);
-            } else {
-                evict_first.push(block);
-            }
-        }
-        // Prepending in reverse keeps `evict_first` in order at the front.
-        for &block in evict_first.iter().rev() {
-            self.free_queue.push_front(block);
-        }
-        evict_first.clear();
-        self.evict_first = evict_first;
+        let ordered = request.block_ids.iter().rev().copied();
+        release_blocks(
+            &mut self.free_queue,
+            &mut self.blocks,
+            ordered,
+            &mut self.evict_first,
+        );
         if self.spare.len() < MAX_SPARE {
             let mut request = request;
             request.block_ids.clear();
@@ -668,13 +654,7 @@ impl<R: RequestKey> BlockPool<R> {
         )?;
         let (num_computed, num_held) = match existing {
             Some(request) => {
-                if extra_key.is_some() && extra_key != request.extra_key {
-                    return Err(Error::input(
-                        "extra_key",
-                        format!("{extra_key:?}"),
-                        format!("request was admitted with {:?}", request.extra_key),
-                    ));
-                }
+                check_extra_key(extra_key, request.extra_key, "request was admitted with")?;
                 (request.num_computed_tokens, request.block_ids.len())
             }
             None => match new_computed {
@@ -696,20 +676,7 @@ impl<R: RequestKey> BlockPool<R> {
         num_token_ids: usize,
         extra_key: Option<u64>,
     ) -> Result<()> {
-        if hit.num_query_tokens != num_token_ids {
-            return Err(Error::input(
-                "new_computed_blocks",
-                format!("lookup over {} tokens", hit.num_query_tokens),
-                format!("token_ids has {num_token_ids} tokens; pass the ids that were looked up"),
-            ));
-        }
-        if extra_key.is_some() && extra_key != hit.extra_key {
-            return Err(Error::input(
-                "extra_key",
-                format!("{extra_key:?}"),
-                format!("the lookup used {:?}", hit.extra_key),
-            ));
-        }
+        hit.query.check_matches(num_token_ids, extra_key)?;
         let stale = hit
             .block_ids
             .iter()
@@ -770,7 +737,7 @@ impl<R: RequestKey> BlockPool<R> {
             request.block_hashes.extend_from_slice(&hit.block_hashes);
             request.num_computed_tokens = hit.num_computed_tokens + hit.num_host_tokens();
             request.num_cached_blocks = hit.block_ids.len();
-            request.extra_key = hit.extra_key;
+            request.extra_key = hit.query.extra_key;
         }
         request
     }
@@ -787,13 +754,8 @@ impl<R: RequestKey> BlockPool<R> {
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
         let mut holders = vec![0u32; self.blocks.len()];
         for (id, request) in &self.requests {
-            let mut seen = request.block_ids.clone();
-            seen.sort_unstable();
-            if seen.windows(2).any(|w| w[0] == w[1]) {
+            if count_holders(&mut holders, request.block_ids.iter().copied()) {
                 return Err(format!("request {id:?} holds a block twice"));
-            }
-            for &b in &request.block_ids {
-                holders[b as usize] += 1;
             }
             if request.num_cached_blocks * self.block_size
                 > request.num_computed_tokens.min(request.num_tokens)
@@ -806,36 +768,7 @@ impl<R: RequestKey> BlockPool<R> {
                 ));
             }
         }
-        for (b, meta) in self.blocks.iter().enumerate() {
-            if meta.ref_cnt != holders[b] {
-                return Err(format!(
-                    "block {b}: ref count {} but {} holders",
-                    meta.ref_cnt, holders[b]
-                ));
-            }
-            if (meta.ref_cnt == 0) != self.free_queue.contains(b as u32) {
-                return Err(format!(
-                    "block {b}: ref count {} disagrees with the free queue",
-                    meta.ref_cnt
-                ));
-            }
-            if let Some(hash) = meta.hash() {
-                let first = self.cached.get(&hash, self.blocks.as_slice());
-                let is_copy = self.cached.later_copies(&hash).contains(&(b as u32));
-                if first != Some(b as u32) && !is_copy {
-                    return Err(format!(
-                        "block {b} has a hash the cache map does not point back from"
-                    ));
-                }
-            }
-        }
-        let linked = self.free_queue.iter().count();
-        if linked != self.free_queue.len() {
-            return Err(format!(
-                "free queue links {linked} blocks but counts {}",
-                self.free_queue.len()
-            ));
-        }
+        check_pool_blocks(&self.blocks, &self.free_queue, &self.cached, &holders, 0)?;
         let num_hashes = self
             .blocks
             .iter()
@@ -848,13 +781,7 @@ impl<R: RequestKey> BlockPool<R> {
                 self.cached.num_hashes()
             ));
         }
-        let num_hashed = self.blocks.iter().filter(|m| m.cached).count();
-        if num_hashed != self.cached.num_blocks() {
-            return Err(format!(
-                "{num_hashed} blocks hold a hash but the cache map counts {}",
-                self.cached.num_blocks()
-            ));
-        }
+        check_cached_count(&self.blocks, &self.cached)?;
         self.host
             .as_ref()
             .map_or(Ok(()), HostTier::check_invariants)

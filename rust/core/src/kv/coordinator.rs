@@ -19,14 +19,20 @@ use rustc_hash::FxHashMap;
 use xxhash_rust::xxh3::xxh3_128;
 
 use super::block_hash::{BlockHash, hash_block};
-use super::block_ops::{BlockMeta, Eviction, append_tokens, take_free_block};
-use super::block_pool::{BlockId, BlockPoolStats, MAX_BLOCK_SIZE, RequestBlocks};
+use super::block_ops::{
+    BlockMeta, Eviction, append_tokens, check_cached_count, check_pool_blocks, count_holders,
+    release_blocks, take_free_block,
+};
+use super::block_pool::{BlockId, BlockPoolStats, RequestBlocks};
 use super::cache_map::CacheMap;
 use super::free_queue::FreeBlockQueue;
 use super::layer_groups::{
     KvGroupSpec, NULL_BLOCK, SpecGroup, find_longest_cache_hit, spec_groups,
 };
-use super::{KvCapacity, RequestKey, TokenId, check_allocation, check_num_blocks};
+use super::{
+    KvCapacity, LookupQuery, RequestKey, TokenId, check_allocation, check_block_size,
+    check_extra_key, check_num_blocks,
+};
 use crate::{Error, Result};
 
 /// The most groups a coordinator takes (vLLM's hybrid models have two or three).
@@ -39,8 +45,7 @@ pub const MAX_NUM_GROUPS: usize = 64;
 pub struct GroupedComputedBlocks {
     pub block_ids: Vec<Vec<BlockId>>,
     pub num_computed_tokens: usize,
-    num_query_tokens: usize,
-    extra_key: Option<u64>,
+    query: LookupQuery,
     /// Hashes of the query's full blocks that may hit (all but the last token's).
     block_hashes: Vec<BlockHash>,
 }
@@ -94,13 +99,7 @@ impl<R: RequestKey> KvCoordinator<R> {
                 "must be at least 2: block 0 is the null block",
             ));
         }
-        if block_size == 0 || block_size > MAX_BLOCK_SIZE {
-            return Err(Error::config(
-                "block_size",
-                block_size,
-                format!("must be between 1 and {MAX_BLOCK_SIZE}"),
-            ));
-        }
+        check_block_size(block_size)?;
         if groups.is_empty() || groups.len() > MAX_NUM_GROUPS {
             return Err(Error::config(
                 "groups",
@@ -198,8 +197,10 @@ impl<R: RequestKey> KvCoordinator<R> {
         let num_groups = self.groups.len();
         let mut hit = GroupedComputedBlocks {
             block_ids: vec![Vec::new(); num_groups],
-            num_query_tokens: token_ids.len(),
-            extra_key,
+            query: LookupQuery {
+                num_tokens: token_ids.len(),
+                extra_key,
+            },
             ..GroupedComputedBlocks::default()
         };
         if !self.enable_caching {
@@ -291,15 +292,9 @@ impl<R: RequestKey> KvCoordinator<R> {
             existing.is_some(),
             new_computed.is_some(),
         )?;
-        if let Some(request) = existing
-            && extra_key.is_some()
-            && extra_key != request.tokens.extra_key
-        {
-            return Err(Error::input(
-                "extra_key",
-                format!("{extra_key:?}"),
-                format!("request was admitted with {:?}", request.tokens.extra_key),
-            ));
+        if let Some(request) = existing {
+            let admitted_key = request.tokens.extra_key;
+            check_extra_key(extra_key, admitted_key, "request was admitted with")?;
         }
         if let Some(hit) = new_computed {
             self.check_hit_is_current(hit, token_ids.len(), extra_key)?;
@@ -398,23 +393,13 @@ impl<R: RequestKey> KvCoordinator<R> {
 
     /// vLLM's `BlockPool.free_blocks`: `ordered` first-evicted first; null blocks skipped.
     fn free_blocks(&mut self, ordered: impl Iterator<Item = BlockId>) {
-        let mut evict_first = Vec::new();
-        for block in ordered.filter(|&b| b != NULL_BLOCK) {
-            let meta = &mut self.blocks[block as usize];
-            debug_assert!(meta.ref_cnt > 0, "block {block} freed with ref count 0");
-            meta.ref_cnt -= 1;
-            if meta.ref_cnt > 0 {
-                continue;
-            }
-            if meta.cached {
-                self.free_queue.push_back(block);
-            } else {
-                evict_first.push(block);
-            }
-        }
-        for &block in evict_first.iter().rev() {
-            self.free_queue.push_front(block);
-        }
+        let ordered = ordered.filter(|&b| b != NULL_BLOCK);
+        release_blocks(
+            &mut self.free_queue,
+            &mut self.blocks,
+            ordered,
+            &mut Vec::new(),
+        );
     }
 
     /// vLLM's `remove_skipped_blocks` for every group: blocks wholly before the tokens the
@@ -499,7 +484,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             return request;
         };
         request.tokens.block_hashes = hit.block_hashes.clone();
-        request.tokens.extra_key = hit.extra_key;
+        request.tokens.extra_key = hit.query.extra_key;
         for (g, spec) in self.groups.iter().enumerate() {
             let hit_blocks = &hit.block_ids[g];
             let num_skipped = spec.num_skipped_tokens(num_computed) / self.block_size;
@@ -532,20 +517,7 @@ impl<R: RequestKey> KvCoordinator<R> {
                 format!("this coordinator has {} groups", self.groups.len()),
             ));
         }
-        if hit.num_query_tokens != num_token_ids {
-            return Err(Error::input(
-                "new_computed_blocks",
-                format!("lookup over {} tokens", hit.num_query_tokens),
-                format!("token_ids has {num_token_ids} tokens; pass the ids that were looked up"),
-            ));
-        }
-        if extra_key.is_some() && extra_key != hit.extra_key {
-            return Err(Error::input(
-                "extra_key",
-                format!("{extra_key:?}"),
-                format!("the lookup used {:?}", hit.extra_key),
-            ));
-        }
+        hit.query.check_matches(num_token_ids, extra_key)?;
         for (g, table) in hit.block_ids.iter().enumerate() {
             for (i, &block) in table.iter().enumerate() {
                 if block == NULL_BLOCK {
@@ -573,12 +545,8 @@ impl<R: RequestKey> KvCoordinator<R> {
         }
         let mut holders = vec![0u32; self.blocks.len()];
         for (id, request) in &self.requests {
-            let mut seen: Vec<BlockId> = (request.tables.iter().flatten().copied())
-                .filter(|&b| b != NULL_BLOCK)
-                .collect();
-            seen.iter().for_each(|&b| holders[b as usize] += 1);
-            seen.sort_unstable();
-            if seen.windows(2).any(|w| w[0] == w[1]) {
+            let held = request.tables.iter().flatten().copied();
+            if count_holders(&mut holders, held.filter(|&b| b != NULL_BLOCK)) {
                 return Err(format!("request {id:?} holds a block twice"));
             }
             let computed = request.tokens.num_computed_tokens;
@@ -594,36 +562,14 @@ impl<R: RequestKey> KvCoordinator<R> {
                 }
             }
         }
-        for (b, meta) in self.blocks.iter().enumerate().skip(1) {
-            if meta.ref_cnt != holders[b] {
-                return Err(format!(
-                    "block {b}: ref count {} but {} holders",
-                    meta.ref_cnt, holders[b]
-                ));
-            }
-            if (meta.ref_cnt == 0) != self.free_queue.contains(b as BlockId) {
-                return Err(format!(
-                    "block {b}: ref count {} disagrees with the free queue",
-                    meta.ref_cnt
-                ));
-            }
-            if let Some(hash) = meta.hash() {
-                let first = self.cached.get(&hash, self.blocks.as_slice());
-                let is_copy = self.cached.later_copies(&hash).contains(&(b as BlockId));
-                if first != Some(b as BlockId) && !is_copy {
-                    return Err(format!(
-                        "block {b} has a hash the cache map does not point back from"
-                    ));
-                }
-            }
-        }
-        let linked = self.free_queue.iter().count();
-        if linked != self.free_queue.len() {
-            return Err(format!(
-                "free queue links {linked} blocks but counts {}",
-                self.free_queue.len()
-            ));
-        }
+        let first_block = NULL_BLOCK as usize + 1;
+        check_pool_blocks(
+            &self.blocks,
+            &self.free_queue,
+            &self.cached,
+            &holders,
+            first_block,
+        )?;
         let held = holders.iter().filter(|&&h| h > 0).count();
         if held + self.free_queue.len() + 1 != self.blocks.len() {
             return Err(format!(
@@ -632,14 +578,7 @@ impl<R: RequestKey> KvCoordinator<R> {
                 self.blocks.len()
             ));
         }
-        let num_hashed = self.blocks.iter().filter(|m| m.cached).count();
-        if num_hashed != self.cached.num_blocks() {
-            return Err(format!(
-                "{num_hashed} blocks hold a hash but the cache map counts {}",
-                self.cached.num_blocks()
-            ));
-        }
-        Ok(())
+        check_cached_count(&self.blocks, &self.cached)
     }
 }
 

@@ -14,6 +14,27 @@ fn tokens(range: std::ops::Range<u32>) -> Vec<TokenId> {
     range.collect()
 }
 
+/// `num_new_tokens` more tokens for request `id` (no hit, no lookahead), which must fit:
+/// each group's new blocks.
+fn allocate(
+    coord: &mut KvCoordinator<u64>,
+    id: u64,
+    token_ids: &[TokenId],
+    num_new_tokens: usize,
+) -> Vec<Vec<BlockId>> {
+    let new = coord.allocate_slots(&id, token_ids, num_new_tokens, 0, None, None);
+    new.unwrap().expect("the blocks fit")
+}
+
+/// Full attention + window 8 over 9 blocks of 4 tokens, request 1 after a 12-token prompt
+/// and one decode step: tables [1, 2, 3, 7] and [0, 5, 6, 8].
+fn window_8_after_one_decode() -> KvCoordinator<u64> {
+    let mut coord = KvCoordinator::new(vec![FULL, window(8)], 9, 4, true).unwrap();
+    allocate(&mut coord, 1, &tokens(0..12), 12);
+    allocate(&mut coord, 1, &[100], 1);
+    coord
+}
+
 fn tables(coord: &KvCoordinator<u64>, id: u64) -> Vec<Vec<BlockId>> {
     let tables = coord.block_ids(&id).unwrap();
     tables.iter().map(|t| t.to_vec()).collect()
@@ -25,17 +46,11 @@ fn tables(coord: &KvCoordinator<u64>, id: u64) -> Vec<Vec<BlockId>> {
 fn window_group_frees_blocks_that_left_the_window() {
     let mut coord = KvCoordinator::new(vec![FULL, window(32)], 16, 16, true).unwrap();
     let prompt = tokens(0..80);
-    let new = coord
-        .allocate_slots(&1u64, &prompt, 80, 0, None, None)
-        .unwrap()
-        .unwrap();
+    let new = allocate(&mut coord, 1, &prompt, 80);
     assert_eq!(new, [vec![1, 2, 3, 4, 5], vec![6, 7, 8, 9, 10]]);
     // Decode: 80 computed, so the next token attends to tokens 49..80; blocks 0-2 (tokens
     // 0..48) are skipped. Freed last first; cached blocks go to the back of the queue.
-    coord
-        .allocate_slots(&1u64, &[80], 1, 0, None, None)
-        .unwrap()
-        .unwrap();
+    allocate(&mut coord, 1, &[80], 1);
     assert_eq!(
         tables(&coord, 1),
         [vec![1, 2, 3, 4, 5, 11], vec![0, 0, 0, 9, 10, 12]]
@@ -49,15 +64,7 @@ fn window_group_frees_blocks_that_left_the_window() {
 /// the later group's are reused first; cached blocks go to the back, tail first.
 #[test]
 fn free_goes_group_by_group_tail_first() {
-    let mut coord = KvCoordinator::new(vec![FULL, window(8)], 9, 4, true).unwrap();
-    coord
-        .allocate_slots(&1u64, &tokens(0..12), 12, 0, None, None)
-        .unwrap()
-        .unwrap();
-    coord
-        .allocate_slots(&1u64, &[100], 1, 0, None, None)
-        .unwrap()
-        .unwrap();
+    let mut coord = window_8_after_one_decode();
     assert_eq!(tables(&coord, 1), [vec![1, 2, 3, 7], vec![0, 5, 6, 8]]);
     assert_eq!(coord.free_block_ids(), [4]);
     coord.free(&1).unwrap();
@@ -69,15 +76,7 @@ fn free_goes_group_by_group_tail_first() {
 /// is the full-attention one, with nulls where the window does not reach.
 #[test]
 fn hit_is_agreed_across_groups() {
-    let mut coord = KvCoordinator::new(vec![FULL, window(8)], 9, 4, true).unwrap();
-    coord
-        .allocate_slots(&1u64, &tokens(0..12), 12, 0, None, None)
-        .unwrap()
-        .unwrap();
-    coord
-        .allocate_slots(&1u64, &[100], 1, 0, None, None)
-        .unwrap()
-        .unwrap();
+    let mut coord = window_8_after_one_decode();
     coord.free(&1).unwrap();
     let prompt: Vec<TokenId> = (0..12).chain(200..204).collect();
     let hit = coord.get_computed_blocks(&prompt, None);
@@ -95,10 +94,7 @@ fn hit_is_agreed_across_groups() {
     // Evict the window group's block of tokens 0..4 and the full group's of 8..12: full
     // attention now serves 8 tokens, but the window cannot (position 8 needs tokens 1..8).
     coord.free(&2).unwrap();
-    coord
-        .allocate_slots(&3u64, &tokens(300..309), 9, 0, None, None)
-        .unwrap()
-        .unwrap();
+    allocate(&mut coord, 3, &tokens(300..309), 9);
     let hit = coord.get_computed_blocks(&prompt, None);
     assert_eq!(hit.num_computed_tokens, 0);
     coord.check_invariants().unwrap();
@@ -110,10 +106,7 @@ fn window_hit_needs_only_the_window_before_its_end() {
     // block of tokens 8..12 alone, nulls before it.
     let mut coord = KvCoordinator::new(vec![window(5)], 5, 4, true).unwrap();
     for chunk in [0..4, 4..8, 8..12] {
-        coord
-            .allocate_slots(&1u64, &tokens(chunk), 4, 0, None, None)
-            .unwrap()
-            .unwrap();
+        allocate(&mut coord, 1, &tokens(chunk), 4);
     }
     // Before the third chunk (8 computed) the block of tokens 0..4 left the window.
     assert_eq!(tables(&coord, 1), [vec![0, 2, 3]]);
@@ -133,18 +126,12 @@ fn chunked_local_frees_previous_chunks_and_mamba_holds_one_block() {
     };
     let mut coord =
         KvCoordinator::new(vec![FULL, local, KvGroupSpec::Mamba], 20, 4, false).unwrap();
-    coord
-        .allocate_slots(&1u64, &tokens(0..13), 13, 0, None, None)
-        .unwrap()
-        .unwrap();
+    allocate(&mut coord, 1, &tokens(0..13), 13);
     assert_eq!(
         tables(&coord, 1),
         [vec![1, 2, 3, 4], vec![5, 6, 7, 8], vec![9]]
     );
-    coord
-        .allocate_slots(&1u64, &[13, 14, 15, 16], 4, 0, None, None)
-        .unwrap()
-        .unwrap();
+    allocate(&mut coord, 1, &[13, 14, 15, 16], 4);
     // 13 computed: the chunk of token 13 starts at 8, so blocks 0 and 1 are skipped.
     // Uncached (caching is off), they go to the front of the queue and are reused first.
     assert_eq!(
@@ -157,10 +144,7 @@ fn chunked_local_frees_previous_chunks_and_mamba_holds_one_block() {
 #[test]
 fn a_failed_allocation_keeps_only_the_skipped_blocks_freed() {
     let mut coord = KvCoordinator::new(vec![FULL, window(4)], 7, 4, false).unwrap();
-    coord
-        .allocate_slots(&1u64, &tokens(0..12), 12, 0, None, None)
-        .unwrap()
-        .unwrap();
+    allocate(&mut coord, 1, &tokens(0..12), 12);
     assert_eq!(coord.num_free_blocks(), 0);
     // 12 computed + 8 new = 5 blocks a group: 2 + 2 new, but only the 2 skipped window
     // blocks are free.
@@ -177,10 +161,7 @@ fn a_failed_allocation_keeps_only_the_skipped_blocks_freed() {
 #[test]
 fn errors_change_nothing() {
     let mut coord = KvCoordinator::new(vec![FULL, window(8)], 9, 4, true).unwrap();
-    coord
-        .allocate_slots(&1u64, &tokens(0..9), 9, 0, None, None)
-        .unwrap()
-        .unwrap();
+    allocate(&mut coord, 1, &tokens(0..9), 9);
     let before = (tables(&coord, 1), coord.free_block_ids());
     let hit = coord.get_computed_blocks(&tokens(0..9), None);
     assert!(coord.allocate_slots(&1u64, &[], 0, 0, None, None).is_err());

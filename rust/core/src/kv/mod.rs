@@ -76,6 +76,18 @@ fn check_num_blocks(num_blocks: usize) -> crate::Result<()> {
     Ok(())
 }
 
+/// Checks a block size shared by the block pool's and the coordinator's constructors.
+fn check_block_size(block_size: usize) -> crate::Result<()> {
+    if block_size == 0 || block_size > block_pool::MAX_BLOCK_SIZE {
+        return Err(crate::Error::config(
+            "block_size",
+            block_size,
+            format!("must be between 1 and {}", block_pool::MAX_BLOCK_SIZE),
+        ));
+    }
+    Ok(())
+}
+
 /// `vec![value; len]` for a pool's per-block arrays, or a `Config` error naming `field`
 /// when the machine cannot give the memory: a size it cannot hold is refused, never an
 /// abort of the process.
@@ -121,6 +133,44 @@ fn check_allocation(
         ));
     }
     Ok(())
+}
+
+/// An `extra_key` passed again must be the one used before (`None` keeps it): `used_before`
+/// says where, e.g. "the lookup used".
+fn check_extra_key(
+    extra_key: Option<u64>,
+    expected: Option<u64>,
+    used_before: &str,
+) -> crate::Result<()> {
+    if extra_key.is_some() && extra_key != expected {
+        return Err(crate::Error::input(
+            "extra_key",
+            format!("{extra_key:?}"),
+            format!("{used_before} {expected:?}"),
+        ));
+    }
+    Ok(())
+}
+
+/// What a prefix lookup was over, kept with its hit: the hit handed to `allocate_slots`
+/// must come from a lookup over the same token ids under the same extra key.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct LookupQuery {
+    num_tokens: usize,
+    extra_key: Option<u64>,
+}
+
+impl LookupQuery {
+    fn check_matches(&self, num_token_ids: usize, extra_key: Option<u64>) -> crate::Result<()> {
+        if self.num_tokens != num_token_ids {
+            return Err(crate::Error::input(
+                "new_computed_blocks",
+                format!("lookup over {} tokens", self.num_tokens),
+                format!("token_ids has {num_token_ids} tokens; pass the ids that were looked up"),
+            ));
+        }
+        check_extra_key(extra_key, self.extra_key, "the lookup used")
+    }
 }
 
 /// Blocks to add so `num_slots` token slots fit, given `num_held` blocks of `block_size`.

@@ -5,10 +5,11 @@ use tokenyard_core::kv::{
     hash_full_blocks,
 };
 
+use super::{AllocateArgs, block_ref_count, of_request, on_request};
 use crate::convert::{
     RequestId, count_arg, non_negative_field, positive_field, token_ids as read_token_ids,
 };
-use crate::errors::{OrRaise, input_error, invariants, unknown_request};
+use crate::errors::{OrRaise, invariants};
 
 /// vLLM V1's prefix-caching block pool: block ids with ref counts, an LRU free queue and a
 /// chained block-hash cache, plus each request's block table.
@@ -222,21 +223,15 @@ impl PyBlockPool {
         extra_key: Option<u64>,
     ) -> PyResult<Option<Bound<'py, PyArray1<BlockId>>>> {
         let py = request_id.py();
-        let request_id = RequestId::from_py(request_id)?;
-        let num_new_tokens = count_arg(py, "num_new_tokens", num_new_tokens, 1)?;
-        let num_lookahead_tokens = count_arg(py, "num_lookahead_tokens", num_lookahead_tokens, 0)?;
-        let tokens = match token_ids {
-            Some(obj) => read_token_ids(obj, "token_ids")?,
-            None => Vec::new(),
-        };
+        let args = AllocateArgs::read(request_id, num_new_tokens, num_lookahead_tokens, token_ids)?;
         let hit = new_computed_blocks.as_ref().map(|h| &h.inner);
         let blocks = self
             .inner
             .allocate_slots(
-                &request_id,
-                &tokens,
-                num_new_tokens,
-                num_lookahead_tokens,
+                &args.request_id,
+                &args.token_ids,
+                args.num_new_tokens,
+                args.num_lookahead_tokens,
                 hit,
                 extra_key,
             )
@@ -269,38 +264,23 @@ impl PyBlockPool {
     }
 
     fn cache_loaded_blocks(&mut self, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
-        let py = request_id.py();
-        self.inner
-            .cache_loaded_blocks(&RequestId::from_py(request_id)?)
-            .or_raise(py)
+        on_request(request_id, |id| self.inner.cache_loaded_blocks(id))
     }
 
     fn free(&mut self, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
-        let py = request_id.py();
-        self.inner
-            .free(&RequestId::from_py(request_id)?)
-            .or_raise(py)
+        on_request(request_id, |id| self.inner.free(id))
     }
 
     fn block_ids<'py>(
         &self,
         request_id: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<BlockId>>> {
-        let py = request_id.py();
-        let id = RequestId::from_py(request_id)?;
-        let ids = self
-            .inner
-            .block_ids(&id)
-            .ok_or_else(|| unknown_request(py, &id))?;
-        Ok(PyArray1::from_slice(py, ids))
+        let ids = of_request(request_id, |id| self.inner.block_ids(id))?;
+        Ok(PyArray1::from_slice(request_id.py(), ids))
     }
 
     fn num_computed_tokens(&self, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let py = request_id.py();
-        let id = RequestId::from_py(request_id)?;
-        self.inner
-            .num_computed_tokens(&id)
-            .ok_or_else(|| unknown_request(py, &id))
+        of_request(request_id, |id| self.inner.num_computed_tokens(id))
     }
 
     fn free_block_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<BlockId>> {
@@ -308,11 +288,7 @@ impl PyBlockPool {
     }
 
     fn ref_count(&self, py: Python<'_>, block_id: i64) -> PyResult<u32> {
-        let block = count_arg(py, "block_id", block_id, 0)?;
-        u32::try_from(block)
-            .ok()
-            .and_then(|b| self.inner.ref_count(b))
-            .ok_or_else(|| input_error(py, "block_id", block_id, "no such block"))
+        block_ref_count(py, block_id, |b| self.inner.ref_count(b))
     }
 
     fn reset_prefix_cache(&mut self) -> bool {

@@ -6,10 +6,9 @@ use tokenyard_core::kv::{
 };
 
 use super::block_pool::PyBlockPoolStats;
-use crate::convert::{
-    RequestId, count_arg, positive_field, short_repr, token_ids as read_token_ids,
-};
-use crate::errors::{OrRaise, config_error, input_error, invariants, unknown_request};
+use super::{AllocateArgs, block_ref_count, of_request, on_request};
+use crate::convert::{RequestId, positive_field, short_repr, token_ids as read_token_ids};
+use crate::errors::{OrRaise, config_error, invariants};
 
 /// A full-attention KV cache group (vLLM's `FullAttentionSpec`).
 #[pyclass(name = "FullAttentionSpec", module = "tokenyard.kv", frozen)]
@@ -306,21 +305,15 @@ impl PyKvCoordinator {
         extra_key: Option<u64>,
     ) -> PyResult<Option<Bound<'py, PyTuple>>> {
         let py = request_id.py();
-        let request_id = RequestId::from_py(request_id)?;
-        let num_new_tokens = count_arg(py, "num_new_tokens", num_new_tokens, 1)?;
-        let num_lookahead_tokens = count_arg(py, "num_lookahead_tokens", num_lookahead_tokens, 0)?;
-        let tokens = match token_ids {
-            Some(obj) => read_token_ids(obj, "token_ids")?,
-            None => Vec::new(),
-        };
+        let args = AllocateArgs::read(request_id, num_new_tokens, num_lookahead_tokens, token_ids)?;
         let hit = new_computed_blocks.as_ref().map(|h| &h.inner);
         let new = self
             .inner
             .allocate_slots(
-                &request_id,
-                &tokens,
-                num_new_tokens,
-                num_lookahead_tokens,
+                &args.request_id,
+                &args.token_ids,
+                args.num_new_tokens,
+                args.num_lookahead_tokens,
                 hit,
                 extra_key,
             )
@@ -340,28 +333,16 @@ impl PyKvCoordinator {
     }
 
     fn free(&mut self, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
-        let py = request_id.py();
-        self.inner
-            .free(&RequestId::from_py(request_id)?)
-            .or_raise(py)
+        on_request(request_id, |id| self.inner.free(id))
     }
 
     fn block_ids<'py>(&self, request_id: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyTuple>> {
-        let py = request_id.py();
-        let id = RequestId::from_py(request_id)?;
-        let tables = self
-            .inner
-            .block_ids(&id)
-            .ok_or_else(|| unknown_request(py, &id))?;
-        group_arrays(py, tables)
+        let tables = of_request(request_id, |id| self.inner.block_ids(id))?;
+        group_arrays(request_id.py(), tables)
     }
 
     fn num_computed_tokens(&self, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let py = request_id.py();
-        let id = RequestId::from_py(request_id)?;
-        self.inner
-            .num_computed_tokens(&id)
-            .ok_or_else(|| unknown_request(py, &id))
+        of_request(request_id, |id| self.inner.num_computed_tokens(id))
     }
 
     fn free_block_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<BlockId>> {
@@ -369,11 +350,7 @@ impl PyKvCoordinator {
     }
 
     fn ref_count(&self, py: Python<'_>, block_id: i64) -> PyResult<u32> {
-        let block = count_arg(py, "block_id", block_id, 0)?;
-        u32::try_from(block)
-            .ok()
-            .and_then(|b| self.inner.ref_count(b))
-            .ok_or_else(|| input_error(py, "block_id", block_id, "no such block"))
+        block_ref_count(py, block_id, |b| self.inner.ref_count(b))
     }
 
     fn __contains__(&self, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {

@@ -6,6 +6,10 @@ mod counting;
 mod radix;
 
 use pyo3::prelude::*;
+use tokenyard_core::kv::{BlockId, TokenId};
+
+use crate::convert::{RequestId, count_arg, token_ids as read_token_ids};
+use crate::errors::{OrRaise, input_error, unknown_request};
 
 pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<counting::PyCountingAllocator>()?;
@@ -23,4 +27,64 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<radix::PyMatchResult>()?;
     module.add_class::<radix::PyNodeHandle>()?;
     Ok(())
+}
+
+/// The arguments `BlockPool.allocate_slots` and `KvCoordinator.allocate_slots` share,
+/// converted (a missing `token_ids` is none).
+struct AllocateArgs {
+    request_id: RequestId,
+    num_new_tokens: usize,
+    num_lookahead_tokens: usize,
+    token_ids: Vec<TokenId>,
+}
+
+impl AllocateArgs {
+    fn read(
+        request_id: &Bound<'_, PyAny>,
+        num_new_tokens: i64,
+        num_lookahead_tokens: i64,
+        token_ids: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let py = request_id.py();
+        Ok(Self {
+            request_id: RequestId::from_py(request_id)?,
+            num_new_tokens: count_arg(py, "num_new_tokens", num_new_tokens, 1)?,
+            num_lookahead_tokens: count_arg(py, "num_lookahead_tokens", num_lookahead_tokens, 0)?,
+            token_ids: match token_ids {
+                Some(obj) => read_token_ids(obj, "token_ids")?,
+                None => Vec::new(),
+            },
+        })
+    }
+}
+
+/// Runs a core operation on the request `request_id` names, raising its error.
+fn on_request<T>(
+    request_id: &Bound<'_, PyAny>,
+    op: impl FnOnce(&RequestId) -> tokenyard_core::Result<T>,
+) -> PyResult<T> {
+    let id = RequestId::from_py(request_id)?;
+    op(&id).or_raise(request_id.py())
+}
+
+/// What `get` knows of the request `request_id` names; `UnknownRequestError` if nothing.
+fn of_request<T>(
+    request_id: &Bound<'_, PyAny>,
+    get: impl FnOnce(&RequestId) -> Option<T>,
+) -> PyResult<T> {
+    let id = RequestId::from_py(request_id)?;
+    get(&id).ok_or_else(|| unknown_request(request_id.py(), &id))
+}
+
+/// The ref count `ref_count` gives the block `block_id`; an `InputError` past the pool.
+fn block_ref_count(
+    py: Python<'_>,
+    block_id: i64,
+    ref_count: impl FnOnce(BlockId) -> Option<u32>,
+) -> PyResult<u32> {
+    let block = count_arg(py, "block_id", block_id, 0)?;
+    BlockId::try_from(block)
+        .ok()
+        .and_then(ref_count)
+        .ok_or_else(|| input_error(py, "block_id", block_id, "no such block"))
 }

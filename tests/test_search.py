@@ -22,7 +22,7 @@ from tokenyard.search import (
     with_rate,
 )
 from tokenyard.search import deployments as deployments_module
-from tokenyard.search.tables import pareto_front
+from tokenyard.search.tables import label, pareto_front
 from tokenyard.workload import load_workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -563,3 +563,106 @@ def test_search_replaces_links_in_its_output_folder(
     assert not (out / "points").is_symlink()
     assert len(list((out / "points").glob("*.json"))) == 1
     assert (out / "capacity.png").stat().st_size > 0
+
+
+def moe_grid_doc(grid: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """Mixtral-8x7B on H100s under the roofline, one replica per point, a few requests."""
+    doc = grid_doc(grid=grid, prices={"h100-80gb": 3.0}, **extra)
+    doc["simulation"]["cluster"] = {"num_replicas": 1}
+    doc["simulation"]["replica"] = {"model": "mixtral-8x7b", "device": "h100-80gb"}
+    doc["simulation"]["execution"] = {"model": "roofline"}
+    doc["simulation"]["workload"]["num_requests"] = 40
+    doc["search"] = {"initial_qps": 4.0, "tolerance": 0.25, "max_qps": 64.0}
+    return doc
+
+
+def test_expert_and_data_parallel_layouts_count_every_gpu_and_skip_what_vllm_refuses() -> None:
+    # A replica is TP x DP x PP GPUs. Mixtral's 87 GiB of weights fit an H100 two ways:
+    # TP 2, or TP 1 x DP 2 with its 8 experts over EP 2. TP 2 x DP 2 x EP 4 is 4 GPUs, over
+    # the budget of 2 (counted as TP x PP it was 2). The other combinations are layouts
+    # vLLM refuses: skipped with the reason, not failures.
+    doc = moe_grid_doc(
+        {
+            "replica.tensor_parallel_size": [1, 2],
+            "replica.data_parallel_size": [1, 2],
+            "replica.expert_parallel_size": [1, 2, 4],
+        },
+        constraints={"max_gpus": 2},
+    )
+    result = deployment_search(search_config_from_mapping(doc), executor="serial")
+    rows = {r["label"]: r for r in result.rows}
+    assert len(rows) == 12
+    assert not [r for r in result.rows if r["status"] == "error"]
+    for name in ("tp=1 dp=2 ep=2", "tp=2 dp=1 ep=1", "tp=2 dp=1 ep=2"):
+        row = rows[name]
+        assert row["status"] == "ok", row["reason"]
+        assert row["num_gpus"] == 2
+        assert row["cost_per_hour"] == 2 * 3.0
+        assert row["qps_per_dollar"] == pytest.approx(row["capacity_qps"] / 6.0)
+    dp2 = rows["tp=1 dp=2 ep=2"]
+    assert (dp2["tensor_parallel_size"], dp2["data_parallel_size"]) == (1, 2)
+    assert dp2["expert_parallel_size"] == 2
+    over = rows["tp=2 dp=2 ep=4"]
+    assert (over["status"], over["num_gpus"], over["cost_per_hour"]) == ("skipped", 4, 12.0)
+    assert over["reason"] == "over budget: 4 GPUs > constraints.max_gpus = 2"
+    assert rows["tp=1 dp=1 ep=1"]["reason"].startswith("does not fit:")
+    assert rows["tp=1 dp=2 ep=1"]["reason"].startswith(
+        "infeasible layout: replica.data_parallel_size: attention data parallelism needs "
+        "expert parallelism"
+    )
+    assert rows["tp=1 dp=2 ep=1"]["num_gpus"] == 2  # counted as asked for
+    for name in ("tp=1 dp=1 ep=2", "tp=1 dp=2 ep=4", "tp=2 dp=2 ep=2", "tp=2 dp=1 ep=4"):
+        assert rows[name]["status"] == "skipped"
+        assert rows[name]["reason"].startswith(
+            "infeasible layout: replica.expert_parallel_size: must be 1 (experts split by TP) "
+            "or tensor_parallel_size x data_parallel_size"
+        )
+    summary = result.summary()
+    assert "(9 skipped, 0 failed)" in summary
+    assert "  tp=1 dp=2 ep=2     2     6.00" in summary
+
+
+def test_expert_parallelism_on_a_dense_model_is_a_skip_when_the_grid_chose_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_simulation(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a simulation started")
+
+    monkeypatch.setattr(deployments_module, "make_executor", no_simulation)
+    doc = moe_grid_doc({"replica.model": ["llama-2-7b"]})
+    doc["variants"] = [
+        {"name": "tp2-ep2", "replica.tensor_parallel_size": 2, "replica.expert_parallel_size": 2}
+    ]
+    result = deployment_search(search_config_from_mapping(doc), executor="serial")
+    (row,) = result.rows
+    assert (row["label"], row["status"]) == ("tp2-ep2 model=llama-2-7b", "skipped")
+    assert (row["num_gpus"], row["expert_parallel_size"]) == (2, 2)
+    assert row["reason"] == (
+        "infeasible layout: replica.expert_parallel_size: expert parallelism needs a "
+        "mixture-of-experts model; llama-2-7b is dense (num_experts 1), got 2"
+    )
+    # The same layout in the base simulation, with no grid key choosing it: an error.
+    doc = moe_grid_doc({"replica.device": ["h100-80gb"]})
+    doc["simulation"]["replica"] |= {"model": "llama-2-7b", "tensor_parallel_size": 2}
+    doc["simulation"]["replica"]["expert_parallel_size"] = 2
+    with pytest.raises(ConfigError, match=r"^simulation\.replica\.expert_parallel_size: exp"):
+        deployment_search(search_config_from_mapping(doc), executor="serial")
+    # A value that is no size at all is an error wherever it is set.
+    bad = moe_grid_doc({"replica.expert_parallel_size": [2, 0]})
+    with pytest.raises(ConfigError, match=r"^grid\.replica\.expert_parallel_size: must be an int"):
+        deployment_search(search_config_from_mapping(bad), executor="serial")
+
+
+def test_a_point_without_overrides_is_labelled_with_its_layout() -> None:
+    layout = {
+        "model": "mixtral-8x7b",
+        "device": "h100-80gb",
+        "num_replicas": 1,
+        "tensor_parallel_size": 1,
+        "data_parallel_size": 2,
+        "expert_parallel_size": 2,
+        "num_pipeline_stages": 1,
+    }
+    assert label({}, layout) == "1 x mixtral-8x7b on h100-80gb (TP 1 x DP 2, EP 2, PP 1)"
+    layout |= {"data_parallel_size": 1, "expert_parallel_size": 1, "tensor_parallel_size": 2}
+    assert label({}, layout) == "1 x mixtral-8x7b on h100-80gb (TP 2, PP 1)"

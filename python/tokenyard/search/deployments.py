@@ -5,8 +5,11 @@ best point per SLO set.
 ``expand`` turns the grid into points and checks all of them before anything runs: a bad
 key or value, an unknown model or GPU, a TP that does not divide the heads (or a PP the
 layers), a missing price or a rate the search cannot set is a ``ConfigError`` naming the
-key; a point over the GPU or cost budget, or whose model does not fit the GPU's memory, is
-skipped with the reason recorded.
+key; a point over the GPU or cost budget, whose model does not fit the GPU's memory, or
+whose expert/data-parallel layout vLLM would refuse (expert parallelism on a dense model,
+data parallelism without it, an EP other than TP x DP, ...) when the grid or a variant
+chose it, is skipped with the reason recorded. A deployment's GPUs are counted in one
+place, ``gpu_pools``.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tokenyard._checks import check_key_int
 from tokenyard.catalog import Catalog, current_catalog
+from tokenyard.catalog.specs import MAX_PARALLELISM
 from tokenyard.errors import ConfigError
 from tokenyard.search.capacity import CapacityResult, Probe, check_rate_settable, with_rate
 from tokenyard.search.config import SLO, SearchConfig, SearchParams, rekey
@@ -28,6 +33,7 @@ from tokenyard.search.results import PointRecord, load_records, point_key, write
 from tokenyard.search.tables import assemble, format_summary, to_arrow, write_tables
 from tokenyard.simulation.catalog import catalog_for
 from tokenyard.simulation.config import (
+    ReplicaConfig,
     SimulationConfig,
     apply_overrides,
     config_from_mapping,
@@ -41,7 +47,16 @@ __all__ = [
     "capacity_search",
     "deployment_search",
     "expand",
+    "gpu_pools",
+    "replica_gpus",
 ]
+
+#: The keys of an expert/data-parallel layout (docs/simulate.md, "Expert and data
+#: parallelism") whose refusals are a grid point to skip, not a bad config...
+_LAYOUT_FIELDS = ("replica.expert_parallel_size", "replica.data_parallel_size")
+#: ...when the grid or a variant sets one of these (the layout's inputs: a disaggregated
+#: decode pool refuses EP too). Otherwise every point would be refused alike: an error.
+_LAYOUT_KEYS = (*_LAYOUT_FIELDS, "replica.model", "replica.tensor_parallel_size", "cluster.decode")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +64,8 @@ class Point:
     """One deployment of the grid. ``overrides``: the dotted keys the grid and variant set
     (``variant``: the variant's ``name``, if it has one);
     ``simulation``: the whole simulation document; ``layout``: model, device, replicas,
-    TP, PP and GPUs; ``skip``: why it is not simulated (``None``: it is)."""
+    TP, DP, EP, PP and GPUs (``gpu_pools``); ``skip``: why it is not simulated (``None``:
+    it is)."""
 
     index: int
     overrides: Mapping[str, Any]
@@ -65,6 +81,28 @@ class Point:
         if self.price_per_gpu_hour is None:
             return None
         return float(self.layout["num_gpus"]) * self.price_per_gpu_hour
+
+
+def replica_gpus(replica: ReplicaConfig) -> int:
+    """One replica's GPUs: ``TP x DP x PP`` (each attention DP rank is TP GPUs per stage;
+    the experts are spread over those same GPUs, so EP adds none)."""
+    return replica.tensor_parallel_size * replica.data_parallel_size * replica.num_pipeline_stages
+
+
+def gpu_pools(
+    config: SimulationConfig, *, replica: ReplicaConfig | None = None
+) -> list[tuple[str, int]]:
+    """``(device, GPUs)`` per pool of the deployment: the replicas' (the prefill pool of a
+    disaggregated cluster), then the decode pool's if there is one. Every GPU count of the
+    search (cost, ``constraints.max_gpus``, the ``num_gpus`` column) is their sum.
+    ``replica``: the replicas' config in place of ``config.replica`` (a point whose layout
+    is refused is counted as the grid asked for it)."""
+    replica = replica or config.replica
+    pools = [(replica.device, config.cluster.num_replicas * replica_gpus(replica))]
+    if config.cluster.decode is not None:
+        decode = decode_config(config).replica
+        pools.append((decode.device, config.cluster.decode.num_replicas * replica_gpus(decode)))
+    return pools
 
 
 def _pool_price(
@@ -112,12 +150,65 @@ def _source(field: str, origins: Mapping[str, str]) -> str:
 
 
 def _check_layout(config: SimulationConfig) -> None:
-    """Unknown model or device, or a TP/PP that does not divide the model: errors."""
+    """Unknown model or device, or a TP/PP that does not divide the model: errors. Then an
+    EP the model cannot take (a dense model, experts it does not divide): a ConfigError
+    naming ``replica.expert_parallel_size`` (a skip if the grid chose it: ``_layout_skip``)."""
     catalog = catalog_for(config)
     replica = config.replica
     model = catalog.model(config.model_name(), field="replica.model")
     catalog.device(replica.device, field="replica.device")
     model.check_layout(replica.tensor_parallel_size, replica.num_pipeline_stages)
+    model.check_expert_parallel(replica.expert_parallel_size)
+
+
+def _layout_skip(error: ConfigError, overrides: Mapping[str, Any]) -> str | None:
+    """The skip reason when ``error`` refuses an expert/data-parallel layout that the
+    point's grid values or variant chose; ``None``: it is a plain config error."""
+    if error.field not in _LAYOUT_FIELDS:
+        return None
+    chosen = any(
+        key == k or key.startswith(k + ".") or k.startswith(key + ".")
+        for key in overrides
+        for k in _LAYOUT_KEYS
+    )
+    return f"infeasible layout: {error}" if chosen else None
+
+
+def _build(
+    doc: Mapping[str, Any], overrides: Mapping[str, Any]
+) -> tuple[SimulationConfig, ReplicaConfig, str | None]:
+    """The point's config, its replica as asked, and why its layout is infeasible
+    (``None``: it is not). An infeasible point's config is built with EP and DP 1, so the
+    rest of it is still checked; its replica keeps the EP and DP asked for (which must still
+    be whole numbers in range), to count its GPUs and label it.
+
+    Raises:
+        ConfigError: any error but an infeasible layout the grid chose.
+    """
+    try:
+        sim = config_from_mapping(doc)
+        _check_layout(sim)
+        return sim, sim.replica, None
+    except ConfigError as error:
+        skip = _layout_skip(error, overrides)
+        if skip is None:
+            raise
+    replica = doc.get("replica", {})
+    sizes = {
+        field: check_key_int(
+            field, replica.get(field.split(".")[1], 1), low=1, high=MAX_PARALLELISM
+        )
+        for field in _LAYOUT_FIELDS
+    }
+    relaxed = apply_overrides(doc, {field: 1 for field in _LAYOUT_FIELDS})
+    sim = config_from_mapping(relaxed)
+    _check_layout(sim)
+    asked = dataclasses.replace(
+        sim.replica,
+        expert_parallel_size=sizes["replica.expert_parallel_size"],
+        data_parallel_size=sizes["replica.data_parallel_size"],
+    )
+    return sim, asked, skip
 
 
 def _combinations(
@@ -162,9 +253,8 @@ def expand(config: SearchConfig, *, need_prices: bool = True) -> list[Point]:
     for variant, overrides, origins in _combinations(config):
         try:
             doc = apply_overrides(config.simulation, overrides)
-            sim = config_from_mapping(doc)
+            sim, replica, infeasible = _build(doc, overrides)
             check_rate_settable(sim.workload)
-            _check_layout(sim)
             workload_text = json.dumps(dict(sim.workload), sort_keys=True, default=str)
             if workload_text not in checked_workloads:
                 from tokenyard.workload import load_workload
@@ -175,30 +265,21 @@ def expand(config: SearchConfig, *, need_prices: bool = True) -> list[Point]:
                 checked_workloads.add(workload_text)
         except ConfigError as error:
             raise rekey(error, _source(error.field or "", origins)) from None
-        replica = sim.replica
-        num_gpus = (
-            sim.cluster.num_replicas * replica.tensor_parallel_size * replica.num_pipeline_stages
-        )
+        pools = gpu_pools(sim, replica=replica)
+        num_gpus = sum(n for _, n in pools)
         layout: dict[str, Any] = {
             "model": replica.model,
             "device": replica.device,
             "num_replicas": sim.cluster.num_replicas,
             "tensor_parallel_size": replica.tensor_parallel_size,
+            "data_parallel_size": replica.data_parallel_size,
+            "expert_parallel_size": replica.expert_parallel_size,
             "num_pipeline_stages": replica.num_pipeline_stages,
             "num_gpus": num_gpus,
         }
-        pools = [(replica.device, num_gpus)]
         if sim.cluster.decode is not None:
             decode = decode_config(sim).replica
-            decode_gpus = (
-                sim.cluster.decode.num_replicas
-                * decode.tensor_parallel_size
-                * decode.num_pipeline_stages
-            )
-            pools.append((decode.device, decode_gpus))
-            num_gpus += decode_gpus
             layout.update(
-                num_gpus=num_gpus,
                 decode_num_replicas=sim.cluster.decode.num_replicas,
                 decode_device=decode.device,
                 decode_tensor_parallel_size=decode.tensor_parallel_size,
@@ -209,29 +290,31 @@ def expand(config: SearchConfig, *, need_prices: bool = True) -> list[Point]:
             continue
         seen.add(key)
         point = Point(len(points), overrides, doc, layout, price, key, variant)
-        skip = None
-        if config.max_gpus is not None and num_gpus > config.max_gpus:
-            skip = f"over budget: {num_gpus} GPUs > constraints.max_gpus = {config.max_gpus}"
-        elif (
-            config.max_cost_per_hour is not None
-            and point.cost_per_hour is not None
-            and point.cost_per_hour > config.max_cost_per_hour
-        ):
-            skip = (
-                f"over budget: {point.cost_per_hour:.2f} $/h > constraints.max_cost_per_hour "
-                f"= {config.max_cost_per_hour}"
-            )
-        else:
+        skip = infeasible or _over_budget(config, num_gpus, point.cost_per_hour)
+        if skip is None:
             try:
                 plan_for(sim)
                 if sim.cluster.decode is not None:
                     plan_for(decode_config(sim))
             except ConfigError as error:
-                if error.field != "replica.device":  # a bad value, not a model too big
-                    raise
-                skip = f"does not fit: {error}"
+                if error.field == "replica.device":
+                    skip = f"does not fit: {error}"
+                else:  # a bad value, not a model too big
+                    skip = _layout_skip(error, overrides)
+                    if skip is None:
+                        raise rekey(error, _source(error.field or "", origins)) from None
         points.append(dataclasses.replace(point, skip=skip))
     return points
+
+
+def _over_budget(config: SearchConfig, num_gpus: int, cost_per_hour: float | None) -> str | None:
+    """Why a deployment of ``num_gpus`` at ``cost_per_hour`` is over ``[constraints]``."""
+    if config.max_gpus is not None and num_gpus > config.max_gpus:
+        return f"over budget: {num_gpus} GPUs > constraints.max_gpus = {config.max_gpus}"
+    limit = config.max_cost_per_hour
+    if limit is not None and cost_per_hour is not None and cost_per_hour > limit:
+        return f"over budget: {cost_per_hour:.2f} $/h > constraints.max_cost_per_hour = {limit}"
+    return None
 
 
 def _record(point: Point, job: PointJob | None) -> PointRecord:

@@ -35,6 +35,8 @@ _SHORT = {
     "cluster.decode.device": "decode_device",
     "cluster.num_replicas": "replicas",
     "tensor_parallel_size": "tp",
+    "data_parallel_size": "dp",
+    "expert_parallel_size": "ep",
     "num_pipeline_stages": "pp",
     "num_replicas": "replicas",
     "global_scheduler.policy": "router",
@@ -54,10 +56,8 @@ def label(
         rest = {k: v for k, v in overrides.items() if k in grid_keys}
         return " ".join([variant, *([label(rest, layout)] if rest else [])])
     if not overrides:
-        return (
-            f"{layout['num_replicas']} x {layout['model']} on {layout['device']} "
-            f"(TP {layout['tensor_parallel_size']}, PP {layout['num_pipeline_stages']})"
-        )
+        where = f"{layout['model']} on {layout['device']}"
+        return f"{layout['num_replicas']} x {where} ({_layout(layout)})"
     parts = []
     for key, value in overrides.items():
         name = key.rsplit(".", 1)[-1]
@@ -67,6 +67,15 @@ def label(
                 break
         parts.append(f"{name}={_text(value)}")
     return " ".join(parts)
+
+
+def _layout(layout: Mapping[str, Any]) -> str:
+    """``TP 2, PP 1``, or with expert and attention data parallelism ``TP 1 x DP 2, EP 2,
+    PP 1`` (the simulate banner's words)."""
+    tp, pp = layout["tensor_parallel_size"], layout["num_pipeline_stages"]
+    dp, ep = layout.get("data_parallel_size", 1), layout.get("expert_parallel_size", 1)
+    attention = f"TP {tp} x DP {dp}" if dp > 1 else f"TP {tp}"
+    return f"{attention}, EP {ep}, PP {pp}" if ep > 1 or dp > 1 else f"TP {tp}, PP {pp}"
 
 
 def _text(value: Any) -> str:

@@ -1,5 +1,6 @@
 """What the vLLM adapter translates without importing vLLM: its configs into a
-``tokenyard.sched.SchedulerConfig``, and the id arguments its scheduler interface takes.
+``tokenyard.sched.SchedulerConfig``, the id arguments its scheduler interface takes, and the
+core's block ids as vLLM numbers them.
 
 Everything here reads vLLM's objects by attribute (``VllmConfig``, ``KVCacheConfig``), so it
 runs, and is tested, where vLLM is not installed. :mod:`tokenyard.integrations.vllm` builds
@@ -15,7 +16,13 @@ from typing import Any
 from tokenyard.errors import ConfigError
 from tokenyard.sched import SchedulerConfig
 
-__all__ = ["VllmSettings", "core_config", "local_prefill_interval", "request_id_list"]
+__all__ = [
+    "VllmSettings",
+    "core_config",
+    "local_prefill_interval",
+    "request_id_list",
+    "vllm_block_ids",
+]
 
 
 @dataclass(frozen=True)
@@ -191,3 +198,10 @@ def request_id_list(request_ids: str | Iterable[str] | None, every: Iterable[str
     if isinstance(request_ids, str):
         return [request_ids]
     return list(dict.fromkeys(request_ids))
+
+
+def vllm_block_ids(core_block_ids: Any) -> list[int]:
+    """The core's block ids (a numpy array) as vLLM numbers them: vLLM's block 0 is its null
+    block, and the core numbers the others from 0 (``reserve_null_block``). Every block id
+    that reaches vLLM goes through here."""
+    return (core_block_ids + 1).tolist()  # type: ignore[no-any-return]

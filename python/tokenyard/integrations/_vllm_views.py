@@ -6,15 +6,32 @@ and the read-only views vLLM's callers read (``waiting``, ``kv_cache_manager`` a
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request
 
-if TYPE_CHECKING:
-    from tokenyard.integrations.vllm import TokenyardScheduler
+from tokenyard.integrations._vllm_translate import vllm_block_ids
+
+
+class AdapterState(Protocol):
+    """What these views read of ``tokenyard.integrations.vllm.TokenyardScheduler`` (named
+    here so that this module need not import the one that imports it)."""
+
+    block_size: int
+    connector_prefix_cache_stats: PrefixCacheStats | None
+    _core: Any
+    _core_ids: dict[str, Any]
+    _num_kv_blocks: int
+    _prefix_cache_stats: PrefixCacheStats | None
+
+    def _request_of(self, core_id: Any) -> Request: ...
+
+    def _record_prefix_lookup(self, request: Request, num_hits: int) -> None: ...
+
+    def get_kv_cache_usage(self) -> float: ...
 
 
 class _ConnectorBridge:
@@ -24,7 +41,7 @@ class _ConnectorBridge:
     adapter reports back to vLLM (``kv_transfer_params``, the connector's prefix-cache
     lookups, the transfers in flight)."""
 
-    def __init__(self, scheduler: TokenyardScheduler, connector: Any) -> None:
+    def __init__(self, scheduler: AdapterState, connector: Any) -> None:
         self._scheduler = scheduler
         self.connector = connector
         # Requests whose asynchronous load is in flight / whose blocks a send holds.
@@ -67,7 +84,7 @@ class _ConnectorBridge:
         request = scheduler._request_of(view.request_id)
         # vLLM's connectors read block ids off KVCacheBlocks; the blocks' hash and ref-count
         # state lives in Rust and is not mirrored on these objects.
-        blocks = KVCacheBlocks((tuple(KVCacheBlock(b) for b in (block_ids + 1).tolist()),))
+        blocks = KVCacheBlocks((tuple(KVCacheBlock(b) for b in vllm_block_ids(block_ids)),))
         self.connector.update_state_after_alloc(request, blocks, num_external_tokens)
         queries, hits = self._lookups.pop(request.request_id, (0, 0))
         load_async = self._load_async.pop(request.request_id, False)
@@ -91,7 +108,7 @@ class _ConnectorBridge:
     def request_finished(self, view: Any, block_ids: Any) -> bool:
         request = self._scheduler._request_of(view.request_id)
         request_id = request.request_id
-        delay_free, params = self.connector.request_finished(request, (block_ids + 1).tolist())
+        delay_free, params = self.connector.request_finished(request, vllm_block_ids(block_ids))
         if params is not None:
             self.transfer_params[request_id] = params
         if delay_free:
@@ -136,7 +153,7 @@ class _WaitingView:
 class _BlockPoolView:
     """The part of vLLM's ``BlockPool`` a caller can read here: free blocks and size."""
 
-    def __init__(self, scheduler: TokenyardScheduler) -> None:
+    def __init__(self, scheduler: AdapterState) -> None:
         self._scheduler = scheduler
 
     @property
@@ -158,7 +175,7 @@ class _KVCacheManagerView:
     blocks themselves (``KVCacheBlock`` objects, the free queue, the hash map, the
     coordinator) live in Rust and are not exposed."""
 
-    def __init__(self, scheduler: TokenyardScheduler) -> None:
+    def __init__(self, scheduler: AdapterState) -> None:
         self._scheduler = scheduler
         self.block_pool = _BlockPoolView(scheduler)
 
@@ -182,7 +199,7 @@ class _KVCacheManagerView:
         scheduler = self._scheduler
         # An unknown id goes to the core as it is, which raises naming it.
         core_id = scheduler._core_ids.get(request_id, request_id)
-        return ((scheduler._core.block_ids(core_id) + 1).tolist(),)
+        return (vllm_block_ids(scheduler._core.block_ids(core_id)),)
 
     def get_num_free_blocks(self) -> int:
         return self.block_pool.get_num_free_blocks()

@@ -83,6 +83,7 @@ from tokenyard.integrations._vllm_translate import (
     local_prefill_interval,
     request_id_list,
     settings,
+    vllm_block_ids,
 )
 from tokenyard.integrations._vllm_views import (
     _ConnectorBridge,
@@ -524,9 +525,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
                     self._record_prefix_lookup(request, data.num_computed_tokens - external)
             if not was_preempted and request.num_preemptions <= 0:
                 self._set_prefill_stats(request, data.num_computed_tokens, external)
-            # vLLM's block ids: 0 is its null block, the core numbers the others from 0
-            # (here and wherever block ids reach vLLM).
-            block_ids = ((data.block_ids + 1).tolist(),)
+            block_ids = (vllm_block_ids(data.block_ids),)
             if was_preempted and not v2:
                 resumed.append((request, block_ids))
             else:
@@ -581,7 +580,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             return (
                 [vllm_ids[i] for i in cached.req_ids],
                 cached.num_computed_tokens.tolist(),
-                [((b + 1).tolist(),) if len(b) else None for b in cached.new_block_ids],
+                [(vllm_block_ids(b),) if len(b) else None for b in cached.new_block_ids],
             )
         ids, computed, num_new, blocks = core.scheduled_cached_reqs_arrays()
         num = len(ids)
@@ -594,7 +593,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
             # Most decodes get no block: only those that do are sliced.
             with_blocks = np.flatnonzero(num_new)
             ends = np.cumsum(num_new)[with_blocks].tolist()
-            block_list = (blocks + 1).tolist()
+            block_list = vllm_block_ids(blocks)
             for i, n, end in zip(
                 with_blocks.tolist(), num_new[with_blocks].tolist(), ends, strict=True
             ):
@@ -1005,7 +1004,7 @@ class TokenyardScheduler(SchedulerInterface):  # type: ignore[misc]
         if invalid:
             for request_id in list(bridge.loading):
                 if request_id in self.requests and not invalid.isdisjoint(
-                    (self._core.block_ids(self._core_ids[request_id]) + 1).tolist()
+                    vllm_block_ids(self._core.block_ids(self._core_ids[request_id]))
                 ):
                     failed.append(request_id)
             recving = [i for i in recving if i not in failed]

@@ -14,7 +14,7 @@ from typing import final
 from tokenyard._checks import check_int, check_number, field_error
 from tokenyard.catalog.vision import VisionEncoder
 from tokenyard.errors import ConfigError
-from tokenyard.workload.synthetic import LengthDistribution
+from tokenyard.workload.lengths import LengthDistribution
 
 __all__ = ["ImageInputs"]
 

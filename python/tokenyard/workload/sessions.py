@@ -36,13 +36,8 @@ from tokenyard.workload.chunk import (
     check_chunk_size,
     rechunk,
 )
-from tokenyard.workload.synthetic import (
-    BLOCK,
-    MAX_REQUEST_TOKENS,
-    ArrivalProcess,
-    LengthDistribution,
-    _Arrivals,
-)
+from tokenyard.workload.lengths import MAX_REQUEST_TOKENS, LengthDistribution
+from tokenyard.workload.synthetic import BLOCK, ArrivalProcess, _Arrivals
 
 __all__ = ["THINK_KINDS", "ClosedLoop", "SessionWorkload", "ThinkTime"]
 

@@ -1,5 +1,5 @@
-"""Synthetic workloads: arrival processes, length distributions and shared-prefix groups,
-generated chunk by chunk from one seed.
+"""Synthetic workloads: arrival processes, shared-prefix groups and the length
+distributions of ``lengths.py``, generated chunk by chunk from one seed.
 
 Requests are generated in fixed blocks of ``BLOCK`` requests, and block ``b`` of component
 ``c`` (arrivals, prompt lengths, output lengths, prefix membership, prefix group) draws from
@@ -11,13 +11,11 @@ Only one block (plus one output chunk) is held at a time.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Literal, final
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal, final
 
 import numpy as np
-import numpy.typing as npt
 
 from tokenyard._checks import (
     check_choice,
@@ -35,9 +33,16 @@ from tokenyard.workload.chunk import (
     check_chunk_size,
     rechunk,
 )
-
-if TYPE_CHECKING:
-    from tokenyard.workload.images import ImageInputs
+from tokenyard.workload.images import ImageInputs
+from tokenyard.workload.lengths import (
+    I64,
+    LENGTH_KINDS,
+    MAX_REQUEST_TOKENS,
+    MAX_ZIPF_SIZE,
+    LengthDistribution,
+    set_fields,
+    zipf_ranks,
+)
 
 __all__ = [
     "ARRIVAL_KINDS",
@@ -50,25 +55,16 @@ __all__ = [
 ]
 
 ArrivalKind = Literal["poisson", "gamma", "constant", "bursty"]
-LengthKind = Literal["fixed", "uniform", "zipf", "lognormal"]
 ARRIVAL_KINDS: tuple[ArrivalKind, ...] = ("poisson", "gamma", "constant", "bursty")
-LENGTH_KINDS: tuple[LengthKind, ...] = ("fixed", "uniform", "zipf", "lognormal")
 
 BLOCK = 4096
 """Requests per generation block (fixed: changing it changes every workload)."""
 SHARED_ID_BIT = 1 << 63
 """Set in every shared-prefix hash id, never in a request's own ids."""
-MAX_ZIPF_SIZE = 1 << 22
-#: The longest request a workload draws (no replica serves more).
-MAX_REQUEST_TOKENS = 1 << 24
 #: Hash ids of all shared prefixes together.
 MAX_PREFIX_IDS = 1 << 24
-"""Largest support of a zipf draw (its CDF is a table of this many float64)."""
 
 _ARRIVAL, _PROMPT, _OUTPUT, _SHARE, _GROUP, _IMAGE_SHARE, _IMAGE_COUNT = range(7)
-
-I64 = npt.NDArray[np.int64]
-_Sampler = Callable[[np.random.Generator, int], I64]
 
 
 @final
@@ -141,110 +137,10 @@ class ArrivalProcess:
 
     def describe(self) -> dict[str, object]:
         """The fields that apply to this kind."""
-        found = _set_fields(self)
+        found = set_fields(self)
         if self.kind != "gamma":
             found.pop("cv")
         return found
-
-
-@final
-@dataclass(frozen=True, kw_only=True)
-class LengthDistribution:
-    """A token count per request (prompt or output).
-
-    - ``"fixed"``: always ``value``.
-    - ``"uniform"``: an integer uniform on ``[low, high]``.
-    - ``"zipf"``: ``low + r`` with ``P(r) ∝ (r + 1) ** -theta`` for ``r`` in
-      ``[0, high - low]``: ``low`` is the most frequent length (``theta=0`` is uniform).
-      The support holds at most ``MAX_ZIPF_SIZE`` values.
-    - ``"lognormal"``: ``median * exp(sigma * N(0, 1))`` rounded to the nearest integer;
-      mean before the caps ``median * exp(sigma**2 / 2)``.
-
-    Every draw is then clipped to ``[min_tokens, max_tokens]``.
-
-    Raises:
-        ConfigError: an unknown kind, a missing parameter of the kind, a parameter of
-            another kind, or a value out of range.
-    """
-
-    kind: LengthKind
-    value: int | None = None
-    low: int | None = None
-    high: int | None = None
-    theta: float | None = None
-    median: float | None = None
-    sigma: float | None = None
-    min_tokens: int = 1
-    """Lower cap, >= 1."""
-    max_tokens: int | None = None
-    """Upper cap; ``None`` = the uint32 range."""
-
-    def __post_init__(self) -> None:
-        owner = "LengthDistribution"
-        check_choice(owner, "kind", self.kind, LENGTH_KINDS)
-        wanted = _LENGTH_PARAMS[self.kind]
-        for name in ("value", "low", "high", "theta", "median", "sigma"):
-            value = getattr(self, name)
-            if name not in wanted:
-                check_unset(owner, name, value, self.kind)
-            elif value is None:
-                raise field_error(owner, name, f"required when kind={self.kind!r}", None)
-        if self.kind == "fixed":
-            check_int(owner, "value", self.value, low=1, high=MAX_REQUEST_TOKENS)
-        if self.kind in ("uniform", "zipf"):
-            low = check_int(owner, "low", self.low, low=1, high=MAX_REQUEST_TOKENS)
-            high = check_int(owner, "high", self.high, low=low, high=MAX_REQUEST_TOKENS)
-            if self.kind == "zipf":
-                check_number(owner, "theta", self.theta, low=0.0, high=100.0)
-                if high - low + 1 > MAX_ZIPF_SIZE:
-                    raise field_error(
-                        owner,
-                        "high",
-                        f"zipf support high - low + 1 must be <= {MAX_ZIPF_SIZE}, got "
-                        f"{high - low + 1}",
-                        high,
-                    )
-        if self.kind == "lognormal":
-            check_number(
-                owner, "median", self.median, low=0.0, low_open=True, high=MAX_REQUEST_TOKENS
-            )
-            # exp(10 sigma) already spans every length a request can have.
-            check_number(owner, "sigma", self.sigma, low=0.0, high=10.0)
-        min_tokens = check_int(owner, "min_tokens", self.min_tokens, low=1, high=MAX_REQUEST_TOKENS)
-        if self.max_tokens is not None:
-            check_int(owner, "max_tokens", self.max_tokens, low=min_tokens, high=MAX_REQUEST_TOKENS)
-
-    def describe(self) -> dict[str, object]:
-        """The fields that apply to this kind, and the caps."""
-        return _set_fields(self)
-
-    def _sampler(self) -> _Sampler:
-        """``draw(rng, n)``: n lengths as int64 (tables are built once, here)."""
-        lo = self.min_tokens
-        hi = MAX_REQUEST_TOKENS if self.max_tokens is None else self.max_tokens
-
-        def capped(values: I64) -> I64:
-            return np.clip(values, lo, hi)
-
-        if self.kind == "fixed":
-            value = int(self.value or 0)
-            return lambda rng, n: capped(np.full(n, value, dtype=np.int64))
-        if self.kind == "uniform":
-            low, high = int(self.low or 0), int(self.high or 0)
-            return lambda rng, n: capped(rng.integers(low, high, size=n, endpoint=True))
-        if self.kind == "zipf":
-            low = int(self.low or 0)
-            draw_rank = _zipf(int(self.high or 0) - low + 1, float(self.theta or 0.0))
-            return lambda rng, n: capped(low + draw_rank(rng, n))
-        log_median, sigma = math.log(float(self.median or 1.0)), float(self.sigma or 0.0)
-        log_lo, log_hi = math.log(lo) - 1.0, math.log(hi) + 1.0
-
-        def lognormal(rng: np.random.Generator, n: int) -> I64:
-            # Clip in log space first: exp() never overflows and the cast never wraps.
-            logs = np.clip(log_median + sigma * rng.standard_normal(n), log_lo, log_hi)
-            return capped(np.rint(np.exp(logs)).astype(np.int64))
-
-        return lognormal
 
 
 @final
@@ -293,7 +189,7 @@ class SharedPrefix:
 
     def describe(self) -> dict[str, object]:
         """Every field."""
-        return _set_fields(self)
+        return set_fields(self)
 
 
 @final
@@ -339,8 +235,6 @@ class SyntheticWorkload:
                 f"must be a SharedPrefix or None, got {type(value).__name__}",
                 value,
             )
-
-        from tokenyard.workload.images import ImageInputs
 
         if self.images is not None and not isinstance(self.images, ImageInputs):
             value = self.images
@@ -413,37 +307,12 @@ class SyntheticWorkload:
             )
 
 
-_LENGTH_PARAMS: dict[str, tuple[str, ...]] = {
-    "fixed": ("value",),
-    "uniform": ("low", "high"),
-    "zipf": ("low", "high", "theta"),
-    "lognormal": ("median", "sigma"),
-}
-
-
-def _set_fields(config: object) -> dict[str, object]:
-    return {
-        f.name: getattr(config, f.name)
-        for f in fields(config)  # type: ignore[arg-type]
-        if getattr(config, f.name) is not None
-    }
-
-
 def _burst(process: ArrivalProcess) -> tuple[float, float, float]:
     return (
         float(process.burst_qps or 0.0),
         float(process.burst_duration_s or 0.0),
         float(process.burst_interval_s or 0.0),
     )
-
-
-def _zipf(size: int, theta: float) -> _Sampler:
-    """``draw(rng, n)``: ranks in ``[0, size)`` with ``P(r) ∝ (r + 1) ** -theta``, by
-    inverting a CDF table."""
-    cdf = np.cumsum(np.arange(1, size + 1, dtype=np.float64) ** -theta)
-    cdf /= cdf[-1]
-    cdf[-1] = 1.0  # random() < 1, so every draw lands inside the table
-    return lambda rng, n: np.searchsorted(cdf, rng.random(n), side="right").astype(np.int64)
 
 
 class _Arrivals:
@@ -501,7 +370,7 @@ class _PrefixIds:
 
     def __init__(self, prefix: SharedPrefix):
         self.prefix = prefix
-        self.draw_group = _zipf(prefix.num_groups, float(prefix.zipf_theta))
+        self.draw_group = zipf_ranks(prefix.num_groups, float(prefix.zipf_theta))
         self.next_own_id = 0
 
     def block(

@@ -128,7 +128,7 @@ impl<R: RequestKey> Scheduler<R> {
             let decoding = r.status == RequestStatus::Running
                 && r.num_computed_tokens + 1 == r.num_tokens()
                 && r.num_output_placeholders == 0
-                && r.num_sampling_steps == 0
+                && r.num_sampling_steps() == 0
                 && r.spec_token_ids.is_empty()
                 && r.spec.stop_token_ids.is_empty()
                 && (r.spec.ignore_eos || r.spec.eos_token_id.is_none());
@@ -284,7 +284,6 @@ impl<R: RequestKey> Scheduler<R> {
         }
         let request = self.req_mut(slot);
         request.num_computed_tokens = computed;
-        request.num_sampling_steps = 1;
         request.in_flight_tokens.clear();
         request.in_flight_tokens.push_back(n);
         request.last_num_spec_tokens = 0;

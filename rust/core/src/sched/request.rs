@@ -98,12 +98,10 @@ pub struct Request<R> {
     /// Output tokens scheduled but not yet returned (async scheduling): as in vLLM 0.33,
     /// each sampling step in flight counts its sampled token and its drafts.
     pub num_output_placeholders: usize,
-    /// Steps in flight in which this request samples: `update_from_output` accepts tokens
-    /// for it only while this is above 0.
-    pub num_sampling_steps: u32,
-    /// The tokens each of those steps scheduled, oldest first (vLLM 0.33's
-    /// `num_in_flight_tokens`, by step): blocks are cached in `update_from_output` up to
-    /// the tokens of the steps that landed.
+    /// The tokens each step in flight in which this request samples scheduled, oldest
+    /// first (vLLM 0.33's `num_in_flight_tokens`, by step, of the sampling steps):
+    /// `update_from_output` accepts tokens for it only while one is in flight, and caches
+    /// blocks up to the tokens of the steps that landed.
     pub in_flight_tokens: std::collections::VecDeque<usize>,
     /// The most draft tokens any of those steps verifies: a step's output holds at most
     /// one more token than its drafts.
@@ -126,6 +124,11 @@ pub struct Request<R> {
 }
 
 impl<R> Request<R> {
+    /// Steps in flight in which this request samples.
+    pub fn num_sampling_steps(&self) -> usize {
+        self.in_flight_tokens.len()
+    }
+
     pub fn num_prompt_tokens(&self) -> usize {
         self.num_prompt_tokens
     }

@@ -751,7 +751,6 @@ impl<R: RequestKey> Scheduler<R> {
                 >= request.num_tokens() + request.num_output_placeholders;
             request.is_prefill_chunk = !samples;
             if samples {
-                request.num_sampling_steps += 1;
                 request.in_flight_tokens.push_back(n);
                 request.max_spec_in_flight = request.max_spec_in_flight.max(num_spec);
                 if async_scheduling {

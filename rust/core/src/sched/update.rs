@@ -95,7 +95,6 @@ impl<R: RequestKey> Scheduler<R> {
             status: RequestStatus::Waiting,
             spec_token_ids: Vec::new(),
             num_output_placeholders: 0,
-            num_sampling_steps: 0,
             in_flight_tokens: std::collections::VecDeque::new(),
             max_spec_in_flight: 0,
             num_preemptions: 0,
@@ -174,7 +173,7 @@ impl<R: RequestKey> Scheduler<R> {
         }
         self.index
             .get(request_id)
-            .map_or(0, |&slot| self.req(slot).num_sampling_steps as usize)
+            .map_or(0, |&slot| self.req(slot).num_sampling_steps())
     }
 
     fn check_outputs(&self, outputs: &[SampledOutput<R>]) -> Result<()> {
@@ -210,7 +209,7 @@ impl<R: RequestKey> Scheduler<R> {
                     "is not running",
                 ));
             }
-            if !output.token_ids.is_empty() && request.num_sampling_steps == 0 {
+            if !output.token_ids.is_empty() && request.num_sampling_steps() == 0 {
                 return Err(Error::input(
                     "request_id",
                     format!("{id:?}"),
@@ -306,9 +305,8 @@ impl<R: RequestKey> Scheduler<R> {
             request.num_output_placeholders = request
                 .num_output_placeholders
                 .saturating_sub(token_ids.len());
-            request.num_sampling_steps = request.num_sampling_steps.saturating_sub(1);
             request.in_flight_tokens.pop_front();
-            if request.num_sampling_steps == 0 {
+            if request.in_flight_tokens.is_empty() {
                 request.max_spec_in_flight = 0;
             }
         }
@@ -378,7 +376,7 @@ impl<R: RequestKey> Scheduler<R> {
     }
 
     /// Removes a request for good, freeing its blocks (their full blocks stay cached). The
-    /// outputs of steps still in flight (`num_sampling_steps`: a request aborted or stopped
+    /// outputs of steps still in flight (`num_sampling_steps()`: a request aborted or stopped
     /// while another of its steps runs) are dropped when they land. The blocks are freed at
     /// once even then, as vLLM 0.33 frees them (a batch in flight still reads them, but
     /// nothing allocated after it can write them before it ends: the device runs steps in
@@ -393,7 +391,7 @@ impl<R: RequestKey> Scheduler<R> {
     /// freed, as if the connector had not asked to keep them; the error is returned after.
     fn finish(&mut self, slot: u32, reason: FinishReason) -> Result<()> {
         let request = self.slots[slot as usize].as_ref().expect("live");
-        let in_flight = request.num_sampling_steps as usize;
+        let in_flight = request.num_sampling_steps();
         let status = request.status;
         let holds_blocks = self.kv.block_ids(slot).is_some();
         let mut connector_error = None;
@@ -541,7 +539,6 @@ impl<R: RequestKey> Scheduler<R> {
             while let Some(&slot) = self.running.last() {
                 self.preempt(slot, &mut 0, &mut plan)?;
                 let request = self.req_mut(slot);
-                request.num_sampling_steps = 0;
                 request.in_flight_tokens.clear();
                 preempted.push(request.request_id.clone());
             }

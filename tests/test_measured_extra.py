@@ -13,8 +13,9 @@ import warnings
 from pathlib import Path
 
 import pytest
+from measured_tables import attention_columns, gemm_columns, write
+from synthetic_jobs import SMALL_WORKLOAD
 
-from tests.test_predictor_measured import SMALL_WORKLOAD, attention_columns, gemm_columns, write
 from tokenyard.errors import ConfigError, MeasuredUnavailableWarning, TokenyardWarning
 from tokenyard.predictor.measured import build
 from tokenyard.simulation import config_from_mapping, simulate

@@ -43,10 +43,8 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 from vllm_sched_diff import (
     BLOCK_SIZE,
-    EOS,
-    STOP,
-    Arrival,
     Scenario,
+    VllmSide,
     draw_scenario,
     sampled_token,
 )
@@ -63,53 +61,11 @@ def draw(seed: int, steps: int) -> Scenario:
     return scenario
 
 
-class Side:
+class Side(VllmSide):
     """One scheduler class behind vLLM's interface, with its own vLLM requests."""
 
     def __init__(self, scenario: Scenario, cls: type) -> None:
-        import vllm_peer
-
-        c = scenario.config
-        self.peer = vllm_peer.VllmSchedulerPeer(
-            num_blocks=c.num_blocks,
-            max_num_seqs=c.max_num_seqs,
-            max_num_batched_tokens=c.max_num_batched_tokens,
-            max_model_len=c.max_model_len,
-            block_size=BLOCK_SIZE,
-            enable_prefix_caching=c.enable_prefix_caching,
-            enable_chunked_prefill=c.enable_chunked_prefill,
-            long_prefill_token_threshold=c.long_prefill_token_threshold,
-            long_prefill_token_threshold_adaptive=c.long_prefill_token_threshold_adaptive,
-            policy=c.policy,
-            num_speculative_tokens=c.num_speculative_tokens,
-            prefill_schedule_interval=c.prefill_schedule_interval,
-            scheduler_cls=cls,
-        )
-        self.s = self.peer.scheduler
-
-    def add(self, a: Arrival, arrival_time: float) -> None:
-        from vllm.sampling_params import SamplingParams
-        from vllm.v1.request import Request
-
-        params = SamplingParams(max_tokens=a.max_tokens, stop_token_ids=[STOP] if a.stop else [])
-        if a.eos:
-            params.update_from_generation_config({}, eos_token_id=EOS)
-        self.s.add_request(
-            Request(
-                request_id=a.request_id,
-                prompt_token_ids=list(a.prompt),
-                sampling_params=params,
-                pooling_params=None,
-                arrival_time=arrival_time,
-                priority=a.priority,
-                block_hasher=self.peer._block_hasher,
-            )
-        )
-
-    def abort(self, request_id: str) -> None:
-        from vllm.v1.request import RequestStatus
-
-        self.s.finish_requests([request_id], RequestStatus.FINISHED_ABORTED)
+        super().__init__(scenario.config, scheduler_cls=cls)
 
     def state(self) -> dict[str, Any]:
         """What vLLM's engine reads between steps."""

@@ -279,7 +279,16 @@ class TokenyardSide:
 
 
 class VllmSide:
-    def __init__(self, c: Config, extra_blocks: int, reserve_full_isl: bool) -> None:
+    """vLLM's ``Scheduler`` (or ``scheduler_cls``, built with the same vLLM arguments) with
+    its own vLLM requests."""
+
+    def __init__(
+        self,
+        c: Config,
+        extra_blocks: int = 0,
+        reserve_full_isl: bool = True,
+        scheduler_cls: type | None = None,
+    ) -> None:
         import vllm_peer
         from vllm.v1.outputs import ModelRunnerOutput
 
@@ -298,6 +307,7 @@ class VllmSide:
             scheduler_reserve_full_isl=reserve_full_isl,
             num_speculative_tokens=c.num_speculative_tokens,
             prefill_schedule_interval=c.prefill_schedule_interval,
+            scheduler_cls=scheduler_cls,
         )
         self.s = self.peer.scheduler
         self.last: Any = None

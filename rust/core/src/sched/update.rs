@@ -380,7 +380,9 @@ impl<R: RequestKey> Scheduler<R> {
     /// while another of its steps runs) are dropped when they land. The blocks are freed at
     /// once even then, as vLLM 0.33 frees them (a batch in flight still reads them, but
     /// nothing allocated after it can write them before it ends: the device runs steps in
-    /// order).
+    /// order). vLLM defers that free only for a KV-consumer connector with several batches
+    /// in flight (`defer_block_free`: a connector's load is not ordered against the
+    /// device's steps); here the blocks are freed at once with a connector too.
     ///
     /// A KV connector may keep the blocks of a finished request until their send completes;
     /// a request aborted while its KV loads keeps them until the load stops writing. Both

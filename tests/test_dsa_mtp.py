@@ -6,20 +6,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from model_configs import load_config
+from model_configs import SMALL_DEEPSEEK, load_config, require_bundled
 from step_shapes import decodes
-from test_mla import SMALL
+from synthetic_jobs import one_replica, synthetic_workload
 
 from tokenyard import catalog
 from tokenyard.errors import ConfigError
 from tokenyard.predictor import roofline_predictor
-from tokenyard.simulation import config_from_mapping, simulate
+from tokenyard.simulation import simulate
 from tokenyard.simulation.planner import kv_groups
 
-#: SMALL (tests/test_mla.py: 4 MLA layers, latent 128 + 16) as a DSA model: an indexer of
+#: SMALL_DEEPSEEK (4 MLA layers, latent 128 + 16) as a DSA model: an indexer of
 #: 4 heads of 128, top 256 keys.
 SMALL_DSA = {
-    **SMALL,
+    **SMALL_DEEPSEEK,
     "architectures": ["DeepseekV32ForCausalLM"],
     "model_type": "deepseek_v32",
     "index_n_heads": 4,
@@ -40,7 +40,7 @@ def test_dsa_kv_per_token_is_the_latent_plus_the_indexer_key(tmp_path: Path) -> 
 
 
 def test_dsa_weights_add_the_replicated_indexer(tmp_path: Path) -> None:
-    dense = load_config(tmp_path, SMALL)
+    dense = load_config(tmp_path, SMALL_DEEPSEEK)
     sparse = load_config(tmp_path, SMALL_DSA)
     # wq_b (q_lora 256 x 4 x 128) + wk and weights_proj (1024 x (128 + 4)) + LayerNorm 2 x 128.
     per_layer = 256 * 4 * 128 + 1024 * (128 + 4) + 2 * 128
@@ -56,7 +56,7 @@ def test_sparse_decode_attention_flattens_past_index_topk(tmp_path: Path) -> Non
     assert attention[128] < attention[256]
     assert attention[256] == attention[1024] == attention[8192]  # min(context, index_topk)
     assert indexer[1024] < indexer[8192]  # the indexer still scans every key
-    dense = roofline_predictor(load_config(tmp_path, SMALL), catalog.device("h100-sxm"))
+    dense = roofline_predictor(load_config(tmp_path, SMALL_DEEPSEEK), catalog.device("h100-sxm"))
     assert dense.op_times(decodes(64, 8192))["attn_decode"] > attention[8192]
 
 
@@ -65,15 +65,13 @@ def test_sparse_decode_attention_flattens_past_index_topk(tmp_path: Path) -> Non
     [("zai-org/GLM-5.2", "index_topk_freq"), ("deepseek-ai/DeepSeek-V4-Flash", "compress_ratios")],
 )
 def test_dsa_variants_not_modelled_name_their_key(name: str, key: str) -> None:
-    if name not in catalog.bundled_model_names():
-        pytest.skip("aiconfigurator-core's bundled configs are not installed")
+    require_bundled(name)
     with pytest.raises(ConfigError, match=f": {key}: "):
         catalog.model(name, field="replica.model")
 
 
 def test_bundled_dsa_configs_read_their_indexer() -> None:
-    if "deepseek-ai/DeepSeek-V3.2" not in catalog.bundled_model_names():
-        pytest.skip("aiconfigurator-core's bundled configs are not installed")
+    require_bundled("deepseek-ai/DeepSeek-V3.2")
     v32 = catalog.model("deepseek-ai/DeepSeek-V3.2")
     glm = catalog.model("zai-org/GLM-5")
     assert (v32.indexer.num_heads, v32.indexer.head_dim, v32.indexer.topk) == (64, 128, 2048)
@@ -86,26 +84,12 @@ def run(model: str, speculative: dict[str, Any] | None = None) -> Any:
     replica: dict[str, Any] = {"model": model, "device": "h200", "tensor_parallel_size": 8}
     if speculative:
         replica["speculative"] = speculative
-    return simulate(
-        config_from_mapping(
-            {
-                "cluster": {"num_replicas": 1},
-                "replica": replica,
-                "workload": {
-                    "kind": "synthetic",
-                    "num_requests": 6,
-                    "arrival": {"kind": "poisson", "qps": 2.0},
-                    "prompt_tokens": {"kind": "fixed", "value": 3000},
-                    "output_tokens": {"kind": "fixed", "value": 32},
-                },
-            }
-        )
-    )
+    workload = synthetic_workload(6, qps=2.0, prompt_tokens=3000, output_tokens=32)
+    return simulate(one_replica(replica, workload))
 
 
 def test_deepseek_v32_simulates_on_8_h200() -> None:
-    if "deepseek-ai/DeepSeek-V3.2" not in catalog.bundled_model_names():
-        pytest.skip("aiconfigurator-core's bundled configs are not installed")
+    require_bundled("deepseek-ai/DeepSeek-V3.2")
     result = run("deepseek-ai/DeepSeek-V3.2")
     assert result.summary["num_requests"] == 6
     assert result.summary["num_skipped_over_length"] == 0
@@ -115,7 +99,7 @@ def test_deepseek_v32_simulates_on_8_h200() -> None:
 
 
 def test_the_mtp_drafter_is_one_layer_and_eh_proj(tmp_path: Path) -> None:
-    spec = load_config(tmp_path, SMALL)
+    spec = load_config(tmp_path, SMALL_DEEPSEEK)
     drafter = spec.mtp_drafter()
     assert drafter.num_layers == 1
     assert drafter.mtp_module
@@ -145,8 +129,7 @@ def test_mtp_is_refused_for_a_model_without_mtp_layers() -> None:
 
 
 def test_deepseek_v3_with_mtp_simulates_on_8_h200() -> None:
-    if "deepseek-ai/DeepSeek-V3" not in catalog.bundled_model_names():
-        pytest.skip("aiconfigurator-core's bundled configs are not installed")
+    require_bundled("deepseek-ai/DeepSeek-V3")
     spec = {"method": "mtp", "num_speculative_tokens": 1, "acceptance_rate": 0.85}
     result = run("deepseek-ai/DeepSeek-V3", spec)
     assert result.summary["num_requests"] == 6

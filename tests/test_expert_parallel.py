@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from step_shapes import decodes
+from synthetic_jobs import one_replica, synthetic_workload
 
 from tokenyard import catalog
 from tokenyard.catalog.quant import resolve_quantization
@@ -15,7 +16,7 @@ from tokenyard.errors import ConfigError
 from tokenyard.predictor import roofline_predictor
 from tokenyard.predictor.measured.build import measured_predictor
 from tokenyard.predictor.measured.data import SYSTEM_OF_DEVICE, package_root, resolve_source
-from tokenyard.simulation import config_from_mapping, plan_memory, simulate
+from tokenyard.simulation import plan_memory, simulate
 from tokenyard.simulation.planner import parameters_per_device
 
 #: 2 layers, h 1024, 8 heads of 128 (8 KV heads), 8 experts (top-2) of 512, vocab 1000.
@@ -71,20 +72,8 @@ def test_kv_per_gpu_is_the_dp_ranks_own() -> None:
 
 
 def _config(replica: dict[str, Any], **cluster: Any) -> Any:
-    return config_from_mapping(
-        {
-            "cluster": {"num_replicas": 1, **cluster},
-            "replica": replica,
-            "execution": {"model": "roofline"},
-            "workload": {
-                "kind": "synthetic",
-                "num_requests": 20,
-                "arrival": {"kind": "poisson", "qps": 5.0},
-                "prompt_tokens": {"kind": "fixed", "value": 100},
-                "output_tokens": {"kind": "fixed", "value": 10},
-            },
-        }
-    )
+    workload = synthetic_workload(20, qps=5.0, prompt_tokens=100, output_tokens=10)
+    return one_replica(replica, workload, cluster=cluster, execution={"model": "roofline"})
 
 
 @pytest.mark.parametrize(
@@ -244,27 +233,16 @@ def test_deepseek_v3_ep8_dp8_on_h200s_against_tp8() -> None:
 
 def test_deepseek_v3_ep8_dp8_simulates_end_to_end() -> None:
     _bundled("deepseek-ai/DeepSeek-V3")
-    config = config_from_mapping(
-        {
-            "cluster": {"num_replicas": 1},
-            "replica": {
-                "model": "deepseek-ai/DeepSeek-V3",
-                "device": "h200",
-                "tensor_parallel_size": 1,
-                "expert_parallel_size": 8,
-                "data_parallel_size": 8,
-                "kv_cache_dtype": "fp8",
-            },
-            "workload": {
-                "kind": "synthetic",
-                "num_requests": 40,
-                "arrival": {"kind": "poisson", "qps": 4.0},
-                "prompt_tokens": {"kind": "uniform", "low": 100, "high": 2000},
-                "output_tokens": {"kind": "uniform", "low": 10, "high": 50},
-            },
-        }
-    )
-    result = simulate(config)
+    replica = {
+        "model": "deepseek-ai/DeepSeek-V3",
+        "device": "h200",
+        "tensor_parallel_size": 1,
+        "expert_parallel_size": 8,
+        "data_parallel_size": 8,
+        "kv_cache_dtype": "fp8",
+    }
+    workload = synthetic_workload(40, qps=4.0, prompt_tokens=(100, 2000), output_tokens=(10, 50))
+    result = simulate(one_replica(replica, workload))
     c = result.summary["config"]
     assert c["layout"] == "TP 1 x DP 8 (8 schedulers), EP 8, PP 1"
     assert c["execution"]["model"] == "measured"

@@ -13,44 +13,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from model_configs import load_config
+from measured_tables import attention_columns, gemm_columns, write
+from model_configs import SMALL_DEEPSEEK, load_config, require_bundled
 from step_shapes import decodes, prompt
+from synthetic_jobs import one_replica, synthetic_workload
 
-from tests.test_predictor_measured import gemm_columns, write
 from tokenyard import catalog
 from tokenyard.catalog.quant import resolve_quantization
 from tokenyard.errors import ConfigError
 from tokenyard.predictor import roofline_predictor
 from tokenyard.predictor.measured.build import MLA_MODULE_OPS, measured_predictor
 from tokenyard.predictor.measured.data import resolve_source
-from tokenyard.simulation import config_from_mapping, plan_memory, simulate
-
-#: A small DeepSeek-V3-shaped config: 4 layers, the first dense, then 3 MoE layers of 8
-#: routed experts (top-2) and one shared expert.
-SMALL = {
-    "architectures": ["DeepseekV3ForCausalLM"],
-    "model_type": "deepseek_v3",
-    "hidden_size": 1024,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 8,
-    "q_lora_rank": 256,
-    "kv_lora_rank": 128,
-    "qk_nope_head_dim": 32,
-    "qk_rope_head_dim": 16,
-    "v_head_dim": 32,
-    "intermediate_size": 2048,
-    "moe_intermediate_size": 256,
-    "n_routed_experts": 8,
-    "n_shared_experts": 1,
-    "num_experts_per_tok": 2,
-    "first_k_dense_replace": 1,
-    "moe_layer_freq": 1,
-    "num_nextn_predict_layers": 1,
-    "vocab_size": 1000,
-    "max_position_embeddings": 4096,
-    "tie_word_embeddings": False,
-}
+from tokenyard.simulation import plan_memory, simulate
 
 # Per layer, by hand (h 1024, 8 heads, r = 32 + 16 = 48):
 Q_A, Q_B = 1024 * 256, 256 * 8 * 48  # 262 144, 98 304
@@ -64,7 +38,7 @@ EDGE = 2 * 1000 * 1024 + 1024  # embeddings, lm_head, final norm
 
 
 def small(tmp_path: Path, **changes: Any) -> catalog.ModelSpec:
-    return load_config(tmp_path, SMALL, **changes)
+    return load_config(tmp_path, SMALL_DEEPSEEK, **changes)
 
 
 def test_a_deepseek_config_reads_as_mla_layers_with_dense_then_moe_ffns(tmp_path: Path) -> None:
@@ -117,8 +91,7 @@ def test_published_sizes(name: str, total: float, active: float) -> None:
     """Totals within 1%. The active figures are published rounded to a billion and our
     count includes the input embedding table (0.93B for DeepSeek-V3, 1.17B for Kimi-K2):
     within 3% (37.55B and 32.86B; 36.6B and 31.7B without the input embeddings)."""
-    if name not in catalog.bundled_model_names():
-        pytest.skip("aiconfigurator-core's bundled configs are not installed")
+    require_bundled(name)
     spec = catalog.model(name)
     assert spec.num_parameters() == pytest.approx(total, rel=0.01)
     assert spec.num_active_parameters() == pytest.approx(active, rel=0.03)
@@ -144,8 +117,7 @@ BUNDLED = {
 
 @pytest.mark.parametrize(("name", "key"), sorted(BUNDLED.items()))
 def test_every_bundled_mla_config_loads_or_names_the_key(name: str, key: str | None) -> None:
-    if name not in catalog.bundled_model_names():
-        pytest.skip("aiconfigurator-core's bundled configs are not installed")
+    require_bundled(name)
     if key is None:
         spec = catalog.model(name)
         assert spec.mla is not None
@@ -158,8 +130,7 @@ def test_every_bundled_mla_config_loads_or_names_the_key(name: str, key: str | N
 
 
 def test_fp8_block_deepseek_checkpoints_take_the_quantization_path() -> None:
-    if "deepseek-ai/DeepSeek-V3" not in catalog.bundled_model_names():
-        pytest.skip("aiconfigurator-core's bundled configs are not installed")
+    require_bundled("deepseek-ai/DeepSeek-V3")
     for name in (
         "deepseek-ai/DeepSeek-V3",
         "deepseek-ai/DeepSeek-R1",
@@ -201,8 +172,7 @@ def test_deepseek_v3_on_eight_h200s_kv_tokens_by_vllms_arithmetic() -> None:
     """vLLM's MLAAttentionSpec: one KV head of kv_lora_rank + qk_rope_head_dim = 576
     values, at the KV dtype, in every layer, whole on every TP rank; a block of 16 tokens
     is 16 x 576 bytes per layer in FP8. Blocks = free bytes // (61 layers x page)."""
-    if "deepseek-ai/DeepSeek-V3" not in catalog.bundled_model_names():
-        pytest.skip("aiconfigurator-core's bundled configs are not installed")
+    require_bundled("deepseek-ai/DeepSeek-V3")
     spec = catalog.model("deepseek-ai/DeepSeek-V3")
     quant = resolve_quantization(spec.quantization, "auto", "auto")
     plan = plan_memory(
@@ -288,7 +258,6 @@ def mla_tables(tmp_path: Path) -> tuple[Path, catalog.ModelSpec]:
     spec = small(tmp_path)
     root = tmp_path / "data"
     write(root / "h100_sxm/gemm/vllm/0.2.0/gemm_perf.parquet", gemm_columns())
-    from tests.test_predictor_measured import attention_columns
 
     attention = root / "h100_sxm/attention/vllm/0.2.0"
     write(attention / "context_attention_perf.parquet", attention_columns(False))
@@ -337,26 +306,10 @@ def test_a_module_measured_for_another_shape_falls_back_and_says_why(
 
 
 def test_deepseek_v3_on_eight_h200s_simulates_with_mla_and_moe_measured() -> None:
-    if "deepseek-ai/DeepSeek-V3" not in catalog.bundled_model_names():
-        pytest.skip("aiconfigurator-core's bundled configs are not installed")
-    config = config_from_mapping(
-        {
-            "cluster": {"num_replicas": 1},
-            "replica": {
-                "model": "deepseek-ai/DeepSeek-V3",
-                "device": "h200",
-                "tensor_parallel_size": 8,
-            },
-            "workload": {
-                "kind": "synthetic",
-                "num_requests": 20,
-                "arrival": {"kind": "poisson", "qps": 2.0},
-                "prompt_tokens": {"kind": "uniform", "low": 100, "high": 2000},
-                "output_tokens": {"kind": "uniform", "low": 10, "high": 50},
-            },
-        }
-    )
-    result = simulate(config)
+    require_bundled("deepseek-ai/DeepSeek-V3")
+    replica = {"model": "deepseek-ai/DeepSeek-V3", "device": "h200", "tensor_parallel_size": 8}
+    workload = synthetic_workload(20, qps=2.0, prompt_tokens=(100, 2000), output_tokens=(10, 50))
+    result = simulate(one_replica(replica, workload))
     execution = result.summary["config"]["execution"]
     assert execution["model"] == "measured"
     assert "MoE fp8_block, MLA module (fp8_block" in execution["label"]

@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from model_configs import load_config, write_config
+from model_configs import load_config, require_bundled, write_config
+from synthetic_jobs import synthetic_workload
 
 from tokenyard import catalog
 from tokenyard.catalog.vision import smart_resize
@@ -52,11 +53,6 @@ QWEN2_5_VL_7B: dict[str, Any] = {
 }
 
 
-def bundled(name: str) -> None:
-    if name not in catalog.bundled_model_names():
-        pytest.skip("aiconfigurator-core's bundled configs are not installed")
-
-
 @pytest.fixture
 def qwen2_5_vl(tmp_path: Path) -> str:
     return str(write_config(tmp_path, QWEN2_5_VL_7B))
@@ -77,7 +73,7 @@ PUBLISHED = {
 
 @pytest.mark.parametrize(("name", "billions"), sorted(PUBLISHED.items()))
 def test_qwen3_vl_parameters_match_the_published_sizes(name: str, billions: float) -> None:
-    bundled(name)
+    require_bundled(name)
     spec = catalog.model(name)
     assert spec.vision is not None
     assert spec.vision.kind == "qwen3_vl"
@@ -87,7 +83,7 @@ def test_qwen3_vl_parameters_match_the_published_sizes(name: str, billions: floa
 def test_qwen3_vl_8b_tower_reads_its_vision_config() -> None:
     """27 blocks of 1152 (16 heads of 72), merge 2 -> 4608, three deepstack mergers:
     576.4M weights, 8.19B + 0.58B = 8.77B in all."""
-    bundled(QWEN3_VL_8B)
+    require_bundled(QWEN3_VL_8B)
     spec = catalog.model(QWEN3_VL_8B)
     v = spec.vision
     assert v is not None
@@ -114,7 +110,7 @@ def test_qwen2_5_vl_7b_loads_with_its_windowed_tower(qwen2_5_vl: str) -> None:
 def test_vision_weights_are_in_the_memory_plan() -> None:
     from tokenyard.simulation.planner import parameters_per_device
 
-    bundled(QWEN3_VL_8B)
+    require_bundled(QWEN3_VL_8B)
     spec = catalog.model(QWEN3_VL_8B)
     assert parameters_per_device(spec, 1, 1) == spec.num_parameters()
 
@@ -140,7 +136,7 @@ def test_a_bad_vision_key_is_named(tmp_path: Path) -> None:
     ],
 )
 def test_qwen3_vl_vision_tokens_by_hand(width: int, height: int, tokens: int) -> None:
-    bundled(QWEN3_VL_8B)
+    require_bundled(QWEN3_VL_8B)
     vision = catalog.model(QWEN3_VL_8B).vision
     assert vision is not None
     assert vision.image_tokens(width, height) == tokens
@@ -161,15 +157,9 @@ def test_smart_resize_refuses_extreme_aspect_ratios() -> None:
 
 
 def synthetic(images: dict[str, Any], n: int = 64) -> dict[str, Any]:
-    return {
-        "kind": "synthetic",
-        "num_requests": n,
-        "seed": 3,
-        "arrival": {"kind": "poisson", "qps": 4.0},
-        "prompt_tokens": {"kind": "fixed", "value": 200},
-        "output_tokens": {"kind": "fixed", "value": 50},
-        "images": images,
-    }
+    return synthetic_workload(
+        n, qps=4.0, prompt_tokens=200, output_tokens=50, seed=3, images=images
+    )
 
 
 def test_images_add_their_tokens_to_the_prompts() -> None:
@@ -220,7 +210,7 @@ def sim(model: str, images: dict[str, Any] | None, n: int = 64) -> Any:
 def test_qwen3_vl_8b_simulates_with_images_on_h100() -> None:
     """One 1024 x 1024 image per request: 1,024 vision tokens, the encoder priced from the
     encoder_attention and GEMM tables; the banner says how it is charged."""
-    bundled(QWEN3_VL_8B)
+    require_bundled(QWEN3_VL_8B)
     with_images = sim(QWEN3_VL_8B, {"width": 1024, "height": 1024}).summary
     without = sim(QWEN3_VL_8B, None).summary
     description = with_images["config"]
@@ -242,7 +232,7 @@ def test_qwen3_vl_8b_simulates_with_images_on_h100() -> None:
 def test_the_banner_names_the_encoder_pricing() -> None:
     from tokenyard.simulation.cli import format_summary
 
-    bundled(QWEN3_VL_8B)
+    require_bundled(QWEN3_VL_8B)
     lines = format_summary(sim(QWEN3_VL_8B, {"tokens_per_image": 256}, n=16)).splitlines()
     assert any(line.startswith("note: VISION ENCODER SPREAD") for line in lines)
 

@@ -5,7 +5,7 @@ Gemma, Mistral), chunked-local (Llama 4), gated DeltaNet (Qwen3-Next, Qwen3.5) a
 Hand-checkable memory on small configs the tests write: every attention layer's KV counted
 as full attention (vLLM ``--disable-hybrid-kv-cache-manager``), the hybrid allocator's
 figure on the banner, and the linear layers' state by vLLM's ``MambaStateShapeCalculator``
-(``catalog.specs.LinearAttention``) reserved for ``max_num_seqs`` requests; one sliding
+(``catalog.layers.LinearAttention``) reserved for ``max_num_seqs`` requests; one sliding
 layer's decode by hand on the datasheet roofline; step time against the batch on the
 measured tables; the bundled configs of these families; five of them simulated.
 """

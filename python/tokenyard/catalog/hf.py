@@ -20,8 +20,9 @@ import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from tokenyard.catalog.layers import LinearAttention, MlaAttention, SparseIndexer
 from tokenyard.catalog.quant import read_quantization
-from tokenyard.catalog.specs import LinearAttention, MlaAttention, ModelSpec, SparseIndexer
+from tokenyard.catalog.specs import ModelSpec
 from tokenyard.catalog.vision import VisionEncoder
 from tokenyard.errors import ConfigError
 

@@ -25,6 +25,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from tokenyard.catalog.layers import _fail as _spec_fail
+from tokenyard.catalog.layers import check_count
 from tokenyard.errors import ConfigError
 
 __all__ = ["VISION_KINDS", "VisionEncoder", "smart_resize"]
@@ -37,8 +39,7 @@ DEFAULT_PIXELS = {"qwen3_vl": (65_536, 16_777_216), "qwen2_5_vl": (3_136, 12_845
 
 
 def _fail(field: str, problem: str, value: object) -> ConfigError:
-    key = f"vision_config.{field}"
-    return ConfigError(f"{key}: {problem}, got {value!r}", field=key, value=repr(value))
+    return _spec_fail("vision_config", field, problem, value)
 
 
 def smart_resize(
@@ -106,12 +107,10 @@ class VisionEncoder:
         if self.kind not in VISION_KINDS:
             raise _fail("model_type", f"must be one of {', '.join(VISION_KINDS)}", self.kind)
         for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
             if field.name in ("kind", "deepstack_layers", "fullatt_blocks"):
                 continue
             low = 0 if field.name in ("num_position_embeddings", "window_size") else 1
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise _fail(field.name, f"must be an integer >= {low}", value)
+            check_count("vision_config", field.name, getattr(self, field.name), low)
         if self.hidden_size % self.num_heads:
             raise _fail(
                 "hidden_size",

@@ -1,0 +1,138 @@
+"""Measured MoE layers: the routed experts from ``moe_perf`` (at TP, or at EP over the
+combined tokens of the DP ranks) and, under attention DP, the expert all-to-all from
+``comm/moe_a2a_perf``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tokenyard.catalog import ModelSpec
+from tokenyard.errors import ConfigError
+from tokenyard.predictor import grids
+from tokenyard.predictor.measured.data import MeasuredSource
+from tokenyard.predictor.measured.lookup import Entry, present, read
+from tokenyard.predictor.measured.ops import A2aTimes, MoeShape, MoeTimes, NotMeasured
+from tokenyard.predictor.roofline import A2A_OPS
+
+
+def moe_op(
+    source: MeasuredSource,
+    model: ModelSpec,
+    tp: int,
+    dtype: str,
+    distribution: str,
+    ep: int = 1,
+    dp: int = 1,
+) -> Entry:
+    """The routed experts from the MoE table: at ``moe_tp_size = TP`` without expert
+    parallelism, else at ``moe_tp_size = 1, moe_ep_size = EP``, where a row's
+    ``num_tokens`` are the tokens entering the layer across the EP group: a DP rank's
+    tokens times DP (each rank's batch taken as one of DP alike ones)."""
+    path = source.folders.get("moe")
+    if path is None or not present(path / "moe_perf.parquet"):
+        return None, "calibrated", "no MoE table"
+    rows = read(source, path / "moe_perf.parquet")
+    shape = MoeShape(
+        dtype=dtype,
+        hidden_size=model.hidden_size,
+        inter_size=model.intermediate_size,
+        topk=model.experts_per_token,
+        num_experts=model.num_experts,
+        tensor_parallel_size=tp if ep == 1 else 1,
+        expert_parallel_size=ep,
+    )
+    routings = shape.rows(rows).values("distribution")
+    if routings and distribution not in routings:
+        # The shape is measured, not under this routing: refused, not priced another way.
+        raise ConfigError(
+            f"execution.measured.moe_distribution: {rows.path} measures {model.name}'s "
+            f"experts under {', '.join(routings)}, got {distribution!r}",
+            field="execution.measured.moe_distribution",
+            value=repr(distribution),
+        )
+    try:
+        times = MoeTimes(rows, shape, distribution=distribution)
+    except NotMeasured as exc:
+        return None, "calibrated", str(exc)
+    table = grids.token_table("num_tokens", lambda tokens: times(tokens * dp), 2.0**17)
+    return table, f"measured:moe ({path.name})", ""
+
+
+#: DeepEP's two modes in the ``moe_a2a`` tables: low latency (decode, CUDA graphs) and
+#: high throughput (prefill), as vLLM's ``--all2all-backend deepep_low_latency`` /
+#: ``deepep_high_throughput`` and SGLang's ``--deepep-mode`` name them.
+A2A_BACKENDS = ("deepep_ll", "deepep_ht")
+#: GPUs per node for the tables' ``node_num`` (HGX and DGX nodes: 8).
+GPUS_PER_NODE = 8
+
+
+def a2a_ops(
+    source: MeasuredSource, model: ModelSpec, tp: int, ep: int
+) -> tuple[dict[str, Entry], str]:
+    """The expert all-to-all under attention DP (``moe_dispatch``, ``moe_combine``) from
+    the framework's ``comm/moe_a2a_perf`` table, at ``ep_size = EP`` over ``ceil(EP / 8)``
+    nodes and the model's hidden size, top-k and expert count, by the tokens each GPU
+    sends (the DP rank's tokens / TP, as aiconfigurator keys it). A step of at most as
+    many tokens per GPU as the low-latency kernels are measured at (decode-sized steps)
+    takes ``deepep_ll``, a larger one (prefill chunks) ``deepep_ht``; with one mode
+    measured, that one. Missing rows keep the calibrated roofline, with the reason. Also
+    the banner's words."""
+    path = source.folders.get("comm", Path()) / "moe_a2a_perf.parquet"
+    if "comm" not in source.folders or not present(path):
+        why = f"no moe_a2a_perf table for {source.system}/{source.framework} {source.version}"
+        return {op: (None, "calibrated", why) for op in A2A_OPS}, "calibrated"
+    rows = read(source, path)
+    nodes = -(-ep // GPUS_PER_NODE)
+    out: dict[str, Entry] = {}
+    used: set[str] = set()
+    whys = []
+    for op in A2A_OPS:
+        phase = op.removeprefix("moe_")
+        modes = {}
+        for backend in A2A_BACKENDS:
+            try:
+                modes[backend] = A2aTimes(
+                    rows,
+                    comm_backend=backend,
+                    phase=phase,
+                    ep_size=ep,
+                    node_num=nodes,
+                    hidden_size=model.hidden_size,
+                    topk=model.experts_per_token,
+                    num_experts=model.num_experts,
+                )
+            except NotMeasured as exc:
+                whys.append(str(exc))
+        if not modes:
+            out[op] = (None, "calibrated", whys[-1])
+            continue
+        used.update(modes)
+        low, high = modes.get("deepep_ll"), modes.get("deepep_ht")
+
+        def seconds(
+            tokens: float, low: A2aTimes | None = low, high: A2aTimes | None = high
+        ) -> float:
+            per_gpu = tokens / tp
+            if low is not None and (high is None or per_gpu <= low.max_tokens):
+                return low(per_gpu)
+            return high(per_gpu) if high is not None else 0.0
+
+        table = grids.token_table("num_tokens", seconds, 2.0**17)
+        out[op] = (table, f"measured:moe_a2a ({path.parent.name})", "")
+    if not used:
+        return out, "calibrated"
+    limit = ""
+    if len(used) == 2:
+        ll = A2aTimes(
+            rows,
+            comm_backend="deepep_ll",
+            phase="dispatch",
+            ep_size=ep,
+            node_num=nodes,
+            hidden_size=model.hidden_size,
+            topk=model.experts_per_token,
+            num_experts=model.num_experts,
+        )
+        limit = f" up to {ll.max_tokens:g} tokens per GPU, deepep_ht above"
+    first = "deepep_ll" if "deepep_ll" in used else "deepep_ht"
+    return out, f"{first}{limit} (EP {ep}, moe_a2a {path.parent.name})"

@@ -66,17 +66,26 @@ import shutil
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from machine import cpu_model, loadavg
+from aic_steps import (
+    OP_GROUPS,
+    Aic,
+    Step,
+    error_stats,
+    fits,
+    op_groups,
+    our_ops_ms,
+    pct_error,
+    report_header,
+    step_shapes,
+)
 
 from tokenyard import catalog
-from tokenyard.catalog import ModelSpec
 from tokenyard.predictor import batch_features, read_profiles
 from tokenyard.predictor.calibration import builtin_calibration
 from tokenyard.predictor.compiled import CompiledPredictor
@@ -123,23 +132,6 @@ QUICK_DEPLOYMENTS = (DEPLOYMENTS[0], DEPLOYMENTS[1], DEPLOYMENTS[5])
 
 
 # --- statistics ----------------------------------------------------------------------------
-
-
-def _stats(signed: Sequence[float]) -> dict[str, float]:
-    """Median and p90 of |error| and the signed median, in percent."""
-    if not signed:
-        return {"n": 0, "median": math.nan, "p90": math.nan, "signed": math.nan}
-    values = np.asarray(signed, dtype=float)
-    return {
-        "n": len(values),
-        "median": float(np.median(np.abs(values))),
-        "p90": float(np.percentile(np.abs(values), 90)),
-        "signed": float(np.median(values)),
-    }
-
-
-def _pct(predicted: float, actual: float) -> float:
-    return 100.0 * (predicted / actual - 1.0)
 
 
 def _subset(rows: Columns, mask: np.ndarray) -> Columns:
@@ -193,7 +185,7 @@ def _holdout(s: Slice, rng: np.random.Generator) -> dict[str, Any]:
     latency = s.rows.col("latency_s")
     actual = [float(np.median(latency[rows_of[p]])) for p in held]
     predicted = s.predict(_subset(s.rows, mask), held)
-    errors = [_pct(p, a) for p, a in zip(predicted, actual, strict=True)]
+    errors = [pct_error(p, a) for p, a in zip(predicted, actual, strict=True)]
     return {
         "family": s.family,
         "slice": s.label,
@@ -254,7 +246,7 @@ def gemm_pair_roughness(rows: Columns) -> dict[str, float]:
         for (n, k, m), t in latency.items()
         if m >= 32 and (n, k, m + 1) in latency
     ]
-    return {"pairs": len(ratios), **(_stats(ratios) if ratios else {})}
+    return {"pairs": len(ratios), **(error_stats(ratios) if ratios else {})}
 
 
 def _attention_slices(source: MeasuredSource, generation: bool) -> list[Slice]:
@@ -421,13 +413,13 @@ def holdout_section(seed: int, draws: int) -> dict[str, Any]:
             wide = [e for e, x in zip(errors, spans, strict=True) if x > 2.0 + 1e-9]
             folder = next(s.rows.path.parent for s in slices if s.family == family)
             summary = {
-                **_stats(errors),
+                **error_stats(errors),
                 "points": sum(r["points"] for r in parts) // draws,
                 "interior": sum(r.get("interior", 0) for r in parts) // draws,
                 "held": sum(r["held"] for r in parts) // draws,
                 "tables": f"{folder.parent.name} {folder.name}",
-                "bridge_2x": _stats(narrow),
-                "bridge_wider": _stats(wide),
+                "bridge_2x": error_stats(narrow),
+                "bridge_wider": error_stats(wide),
                 "slices": [
                     {k: v for k, v in r.items() if k not in ("errors", "spans")} for r in parts
                 ],
@@ -462,22 +454,6 @@ def holdout_section(seed: int, draws: int) -> dict[str, Any]:
 # --- b. step times against aiconfigurator ----------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Step:
-    kind: str  # decode | prefill | mixed
-    args: tuple[int, ...]  # decode (b, ctx); prefill (b, chunk, prefix); mixed (C, G, I)
-
-    def label(self) -> str:
-        names = {
-            "decode": ("b", "ctx"),
-            "prefill": ("b", "chunk", "prefix"),
-            "mixed": ("C", "G", "I"),
-        }
-        return f"{self.kind} " + " ".join(
-            f"{n}={v}" for n, v in zip(names[self.kind], self.args, strict=True)
-        )
-
-
 def step_grid(quick: bool) -> list[Step]:
     if quick:
         batches, contexts = (1, 16, 128, 512), (128, 2048, 32768)
@@ -497,80 +473,6 @@ def step_grid(quick: bool) -> list[Step]:
     steps += [Step("prefill", p) for p in prefill]
     steps += [Step("mixed", m) for m in mixed]
     return steps
-
-
-def _shapes(step: Step) -> list[dict[str, float]]:
-    """tokenyard's batch features for a step (several for a mixed step: one per chunk)."""
-
-    def features(chunks: Sequence[tuple[int, int]], decodes: int, context: int) -> dict[str, float]:
-        return batch_features(
-            num_requests=len(chunks) + decodes,
-            num_prefill_tokens=sum(c for c, _ in chunks),
-            num_decode_tokens=decodes,
-            sum_decode_context=decodes * context,
-            sum_prefill_context=sum(c * (p + c) for c, p in chunks),
-            sum_prefill_squared=sum(c * c for c, _ in chunks),
-            num_padding_rows=0,
-        )
-
-    if step.kind == "decode":
-        b, ctx = step.args
-        return [features((), b, ctx)]
-    if step.kind == "prefill":
-        b, c, p = step.args
-        return [features([(c, p)] * b, 0, 0)]
-    chunk, decodes, prompt = step.args
-    return [features([(chunk, j * chunk)], decodes, prompt + 1) for j in range(prompt // chunk)]
-
-
-def _kv_tokens(step: Step) -> int:
-    if step.kind == "decode":
-        return step.args[0] * (step.args[1] + 1)
-    if step.kind == "prefill":
-        return step.args[0] * (step.args[1] + step.args[2])
-    return step.args[2] + step.args[1] * (step.args[2] + 2)
-
-
-def fits(model: ModelSpec, tp: int, step: Step, memory_gib: float) -> bool:
-    """The step's KV cache fits next to the weights on one GPU (90% of its memory usable)."""
-    weights = model.num_parameters() * 2.0 / tp
-    per_token = 2 * math.ceil(model.num_kv_heads / tp) * model.head_dim * 2.0 * model.num_layers
-    return weights + _kv_tokens(step) * per_token <= 0.9 * memory_gib * 2**30
-
-
-class Aic:
-    """aiconfigurator's estimator for one deployment, and its per-op breakdowns (ms)."""
-
-    def __init__(self, handle: Any):
-        self.h = handle
-
-    def step_ms(self, step: Step) -> float:
-        if step.kind == "decode":
-            return self.h.predict_decode_latency(*step.args, 2)
-        if step.kind == "prefill":
-            b, c, p = step.args
-            return self.h.predict_prefill_latency(b, p + c, p)
-        c, g, i = step.args
-        return self.h.mixed_step_latency(c, g, i, 2, 0)
-
-    def ops_ms(self, step: Step) -> dict[str, float]:
-        if step.kind == "decode":
-            b, ctx = step.args
-            entries = self.h.decode_step_per_op(b, ctx - 1, 2)
-        elif step.kind == "prefill":
-            b, c, p = step.args
-            entries = self.h.run_static_per_op(batch_size=b, isl=p + c, osl=2, prefix=p)[0]
-        else:
-            c, g, i = step.args
-            entries = [
-                e for part in self.h.mixed_step_breakdown_per_op(c, g, i, 2, 0) for e in part
-            ]
-        ops: dict[str, float] = defaultdict(float)
-        for name, ms, *_ in entries:
-            if name not in ("context_attention", "generation_attention"):
-                name = name.removeprefix("context_").removeprefix("generation_")
-            ops[name] += ms
-        return dict(ops)
 
 
 @functools.cache
@@ -601,69 +503,6 @@ def _aic_handle(dep: Deployment, system: str, source: MeasuredSource) -> Any:
     return EngineHandle.compile(
         path, system, source.framework, backend_version=source.version, tp_size=dep.tp, **moe
     )
-
-
-OP_GROUPS = (
-    # (group, tokenyard ops, aiconfigurator ops without the context_/generation_ prefix)
-    ("embedding", ("embedding",), ("embedding", "embedding_ar")),
-    (
-        "norms (+ residual add)",
-        ("input_norm", "post_attn_norm", "residual_add"),
-        ("add_norm_1", "add_norm_2"),
-    ),
-    ("qkv_proj", ("qkv_proj",), ("qkv_gemm",)),
-    # aiconfigurator folds RoPE, the KV write and QK-norm into context attention
-    # ("mixed" source) and leaves them out of generation steps.
-    ("rope + qk_norm + kv_store", ("rope", "qk_norm", "kv_store"), ()),
-    ("attention, prefill", ("attn_prefill",), ("context_attention",)),
-    ("attention, decode", ("attn_decode",), ("generation_attention",)),
-    ("o_proj", ("o_proj",), ("proj_gemm",)),
-    ("gate_up_proj", ("gate_up_proj",), ("gate_ffn1_gemm",)),
-    ("act", ("act",), ("act_gate",)),
-    ("down_proj", ("down_proj",), ("ffn2_gemm",)),
-    ("router", ("router",), ("router_gemm",)),
-    ("MoE experts", ("moe_experts",), ("moe",)),
-    ("all_reduce", ("all_reduce",), ("ar_1", "ar_2", "moe_pre_dispatch", "moe_post_dispatch")),
-    ("lm_head", ("lm_head",), ("logits_gemm",)),
-)
-
-
-def _groups(
-    ours: dict[str, float], theirs: dict[str, float], moe: bool
-) -> dict[str, tuple[float, float]]:
-    """Per group: (tokenyard ms, aiconfigurator ms). A MoE model's MLP ops (the calibrated
-    fallback) count as its experts."""
-    out: dict[str, tuple[float, float]] = {}
-    seen_ours: set[str] = set()
-    seen_theirs: set[str] = set()
-    for group, our_ops, their_ops in OP_GROUPS:
-        ops = our_ops
-        if moe and group == "MoE experts":
-            ops = (*our_ops, "gate_up_proj", "act", "down_proj")
-        elif moe and group in ("gate_up_proj", "act", "down_proj"):
-            ops = ()
-        a = sum(ours.get(o, 0.0) for o in ops)
-        b = sum(theirs.get(o, 0.0) for o in their_ops)
-        seen_ours.update(ops)
-        seen_theirs.update(their_ops)
-        if a or b:
-            out[group] = (a, b)
-    rest = (
-        sum(v for k, v in ours.items() if k not in seen_ours),
-        sum(v for k, v in theirs.items() if k not in seen_theirs and k != "p2p"),
-    )
-    if rest[0] or rest[1]:
-        out["other"] = rest
-    return out
-
-
-def _our_ops_ms(predictor: CompiledPredictor, shapes: list[dict[str, float]]) -> dict[str, float]:
-    """Per-op ms, averaged over the shapes (a mixed step's chunk positions)."""
-    total: dict[str, float] = defaultdict(float)
-    for shape in shapes:
-        for op, seconds in predictor.op_times(shape).items():
-            total[op] += seconds * 1e3 / len(shapes)
-    return dict(total)
 
 
 def _predictors(
@@ -764,10 +603,10 @@ def step_section(quick: bool) -> dict[str, Any]:
                 memory = catalog.device(SYSTEMS[system]).memory_gib
                 points = []
                 for step in steps:
-                    shapes = _shapes(step)
+                    shapes = step_shapes(step)
                     theirs_ms = aic.step_ms(step)
                     theirs_ops = aic.ops_ms(step)
-                    ours = {p: _our_ops_ms(pred, shapes) for p, pred in predictors.items()}
+                    ours = {p: our_ops_ms(pred, shapes) for p, pred in predictors.items()}
                     points.append(
                         {
                             "step": step.label(),
@@ -778,7 +617,7 @@ def step_section(quick: bool) -> dict[str, Any]:
                             "ms": {p: sum(v.values()) for p, v in ours.items()},
                             "measured_aligned_ms": _aligned(ours["measured"], step),
                             "groups": {
-                                pr: _groups(ours[pr], theirs_ops, model.num_experts > 1)
+                                pr: op_groups(ours[pr], theirs_ops, model.num_experts > 1)
                                 for pr in ("measured", "calibrated")
                             },
                         }
@@ -795,11 +634,13 @@ def step_section(quick: bool) -> dict[str, Any]:
                             "kind": kind,
                             "stats": {
                                 **{
-                                    pr: _stats([_pct(p["ms"][pr], p["aic_ms"]) for p in kept])
+                                    pr: error_stats(
+                                        [pct_error(p["ms"][pr], p["aic_ms"]) for p in kept]
+                                    )
                                     for pr in PREDICTORS
                                 },
-                                "aligned": _stats(
-                                    [_pct(p["measured_aligned_ms"], p["aic_ms"]) for p in kept]
+                                "aligned": error_stats(
+                                    [pct_error(p["measured_aligned_ms"], p["aic_ms"]) for p in kept]
                                 ),
                             },
                             "points": kept,
@@ -815,7 +656,9 @@ def step_section(quick: bool) -> dict[str, Any]:
                             "framework": framework,
                             "kind": "beyond memory",
                             "stats": {
-                                pr: _stats([_pct(p["ms"][pr], p["aic_ms"]) for p in beyond])
+                                pr: error_stats(
+                                    [pct_error(p["ms"][pr], p["aic_ms"]) for p in beyond]
+                                )
                                 for pr in PREDICTORS
                             },
                             "points": beyond,
@@ -860,9 +703,11 @@ def _print_steps(cells: list[dict[str, Any]], skipped: list[str], checks: dict[s
             continue
         row = []
         for pr in ("measured", "aligned", "calibrated", "datasheet"):
-            s = _stats(
+            s = error_stats(
                 [
-                    _pct(p["measured_aligned_ms"] if pr == "aligned" else p["ms"][pr], p["aic_ms"])
+                    pct_error(
+                        p["measured_aligned_ms"] if pr == "aligned" else p["ms"][pr], p["aic_ms"]
+                    )
                     for p in pts
                 ]
             )
@@ -899,12 +744,13 @@ def gaps_section(steps: dict[str, Any], worst: int) -> dict[str, Any]:
             print(f"| {group} | " + " | ".join(row) + " |")
     ranked = sorted(cells, key=lambda c: -c["stats"]["measured"]["median"])[:worst]
     for c in ranked:
-        point = max(c["points"], key=lambda p: abs(_pct(p["ms"]["measured"], p["aic_ms"])))
+        point = max(c["points"], key=lambda p: abs(pct_error(p["ms"]["measured"], p["aic_ms"])))
         head = (
             f"{c['model']} TP{c['tp']} {c['system']} {c['framework']}, {c['kind']} "
             f"(cell median {c['stats']['measured']['median']:.1f}%); worst point {point['step']}: "
             f"tokenyard {point['ms']['measured']:.3f} ms vs aiconfigurator "
-            f"{point['aic_ms']:.3f} ms ({_pct(point['ms']['measured'], point['aic_ms']):+.1f}%)"
+            f"{point['aic_ms']:.3f} ms "
+            f"({pct_error(point['ms']['measured'], point['aic_ms']):+.1f}%)"
         )
         print(f"\n{head}\n")
         print("| op group | tokenyard ms | aiconfigurator ms | difference ms |")
@@ -984,7 +830,7 @@ def diagnostics() -> dict[str, Any]:
     print("|---:|---:|---:|")
     out["prefix"] = []
     for prefix in (0, 1024, 4096, 16384):
-        (shape,) = _shapes(Step("prefill", (1, 128, prefix)))
+        (shape,) = step_shapes(Step("prefill", (1, 128, prefix)))
         ours = measured.op_times(shape)["attn_prefill"] * 1e6 / model.num_layers
         theirs = aic.ops_ms(Step("prefill", (1, 128, prefix)))["context_attention"]
         out["prefix"].append((prefix, ours, theirs * 1e3 / model.num_layers))
@@ -1070,7 +916,7 @@ def vidur_section() -> dict[str, Any]:
                             if ours is None:
                                 continue
                             per_layer = ours if op == "embedding" else ours / model.num_layers
-                            error = _pct(per_layer, seconds)
+                            error = pct_error(per_layer, seconds)
                             errors[(device_dir, op, pr)].append(error)
                             if n <= 128 or n >= 1024:
                                 size = "small" if n <= 128 else "large"
@@ -1085,7 +931,7 @@ def vidur_section() -> dict[str, Any]:
     for device_dir in VIDUR_DEVICES:
         for op in VIDUR_OPS:
             keys = [f"{pr}{size}" for pr in PREDICTORS for size in ("", " small", " large")]
-            stats = {k: _stats(errors.get((device_dir, op, k), [])) for k in keys}
+            stats = {k: error_stats(errors.get((device_dir, op, k), [])) for k in keys}
             if stats["measured"]["n"] == 0:
                 continue
             table[f"{device_dir} {op}"] = stats
@@ -1119,22 +965,16 @@ def main() -> None:
     )
     args = parser.parse_args()
     started = time.perf_counter()
-    root = package_root()
-    if root is None:
-        raise SystemExit("aiconfigurator-core is not installed: pip install aiconfigurator-core")
-    report: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{cpu_model()}, load {loadavg()}",
-        "aiconfigurator_core": version("aiconfigurator-core"),
-        "quick": args.quick,
-        "seed": args.seed,
-        "tables": {
+    root, report = report_header()
+    report.update(
+        quick=args.quick,
+        seed=args.seed,
+        tables={
             f"{s} {fw}": resolve_source(root, s, fw, "latest").describe()
             for s in SYSTEMS
             for fw in FRAMEWORKS
         },
-    }
-    print(f"aiconfigurator-core {report['aiconfigurator_core']}; {report['machine']}")
+    )
     for key, text in report["tables"].items():
         print(f"  tables {key}: {text}")
     timings = {}

@@ -27,7 +27,7 @@ price the same cache; ``--fp8-kv`` prices an FP8 cache on both sides (tokenyard
 for these checkpoints).
 
 Per deployment: median / p90 |error| per step kind, the per-operation-group signed
-contributions to the gap (``predictor_measured.OP_GROUPS``), and the quantized/BF16 (and
+contributions to the gap (``aic_steps.OP_GROUPS``), and the quantized/BF16 (and
 NVFP4/FP8) step-time ratios of both tools at the same steps. For block FP8 it also prices
 tokenyard's layer GEMMs at the ``fp8_block`` rows themselves ("tokenyard, fp8_block
 rows"). Until 2026-11-27 tokenyard priced them with the per-tensor ``fp8`` rows, and this
@@ -47,23 +47,23 @@ import logging
 import math
 import sys
 import time
-from collections import defaultdict
 from dataclasses import dataclass
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import cpu_model, loadavg
-from predictor_measured import (
+from aic_steps import (
     Aic,
     Step,
-    _groups,
-    _pct,
-    _shapes,
-    _stats,
+    error_stats,
+    fits,
+    op_groups,
+    our_ops_ms,
+    pct_error,
+    report_header,
+    step_shapes,
 )
 
 from tokenyard import catalog
@@ -217,29 +217,6 @@ def _rows_of(step: Step) -> int:
     return step.args[0] + step.args[1]
 
 
-def our_ops_ms(predictor: CompiledPredictor, step: Step) -> dict[str, float]:
-    shapes = _shapes(step)
-    total: dict[str, float] = defaultdict(float)
-    for shape in shapes:
-        for op, seconds in predictor.op_times(shape).items():
-            total[op] += seconds * 1e3 / len(shapes)
-    return dict(total)
-
-
-def fits(model: Any, tp: int, step: Step, memory_gib: float) -> bool:
-    """The step's KV cache (bf16) fits beside the weights on one GPU, 90% usable."""
-    quant = model.quantization
-    weights = model.num_parameters() * (quant.bytes_per_weight if quant else 2.0) / tp
-    per_token = 2 * math.ceil(model.num_kv_heads / tp) * model.head_dim * 2.0 * model.num_layers
-    if step.kind == "decode":
-        tokens = step.args[0] * (step.args[1] + 1)
-    elif step.kind == "prefill":
-        tokens = step.args[0] * (step.args[1] + step.args[2])
-    else:
-        tokens = step.args[2] + step.args[1] * (step.args[2] + 2)
-    return weights + tokens * per_token <= 0.9 * memory_gib * 2**30
-
-
 # --- one deployment ------------------------------------------------------------------------
 
 
@@ -257,7 +234,7 @@ def run_deployment(dep: Deployment, system: str, steps: list[Step], fp8_kv: bool
     memory = catalog.device(DEVICE[system]).memory_gib
     points = []
     for step in steps:
-        ours = our_ops_ms(predictor, step)
+        ours = our_ops_ms(predictor, step_shapes(step))
         theirs_ms = aic.step_ms(step)
         point = {
             "step": step.label(),
@@ -266,7 +243,7 @@ def run_deployment(dep: Deployment, system: str, steps: list[Step], fp8_kv: bool
             "fits": fits(model, dep.tp, step, memory),
             "ours_ms": sum(ours.values()),
             "aic_ms": theirs_ms,
-            "groups": _groups(ours, aic.ops_ms(step), model.num_experts > 1),
+            "groups": op_groups(ours, aic.ops_ms(step), model.num_experts > 1),
         }
         if block_gemm is not None:
             m = _rows_of(step)
@@ -279,9 +256,11 @@ def run_deployment(dep: Deployment, system: str, steps: list[Step], fp8_kv: bool
     cells = {}
     for kind in ("decode", "prefill", "mixed"):
         kept = [p for p in points if p["kind"] == kind and p["fits"]]
-        cell = {"stats": _stats([_pct(p["ours_ms"], p["aic_ms"]) for p in kept])}
+        cell = {"stats": error_stats([pct_error(p["ours_ms"], p["aic_ms"]) for p in kept])}
         if block:
-            cell["block_rows"] = _stats([_pct(p["ours_block_rows_ms"], p["aic_ms"]) for p in kept])
+            cell["block_rows"] = error_stats(
+                [pct_error(p["ours_block_rows_ms"], p["aic_ms"]) for p in kept]
+            )
         groups = sorted({g for p in kept for g in p["groups"]}, key=str)
         cell["contributions"] = {
             g: float(
@@ -306,7 +285,7 @@ def run_deployment(dep: Deployment, system: str, steps: list[Step], fp8_kv: bool
         "tokenyard": banner,
         "quantization": model.quantization.describe() if model.quantization else "none",
         "cells": cells,
-        "beyond_memory": _stats([_pct(p["ours_ms"], p["aic_ms"]) for p in beyond]),
+        "beyond_memory": error_stats([pct_error(p["ours_ms"], p["aic_ms"]) for p in beyond]),
         "points": points,
     }
 
@@ -505,7 +484,7 @@ def diagnostics() -> dict[str, Any]:
     out["fp8_static"] = []
     for m in (8, 128):
         their_ops = aic.ops_ms(Step("decode", (m, 1024)))
-        mine = our_ops_ms(predictor, Step("decode", (m, 1024)))
+        mine = our_ops_ms(predictor, step_shapes(Step("decode", (m, 1024))))
         for op, n, k in _layer_gemms(llama, dep.tp):
             ours = fp8(m, n, k) * 1e6
             theirs = their_ops[names[op]] * 1e3 / llama.num_layers
@@ -536,16 +515,8 @@ def main() -> None:
     args = parser.parse_args()
     logging.disable(logging.WARNING)  # aiconfigurator logs every fallback it takes
     started = time.perf_counter()
-    root = package_root()
-    if root is None:
-        raise SystemExit("aiconfigurator-core is not installed: pip install aiconfigurator-core")
-    report: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{cpu_model()}, load {loadavg()}",
-        "aiconfigurator_core": version("aiconfigurator-core"),
-        "fp8_kv": args.fp8_kv,
-    }
-    print(f"aiconfigurator-core {report['aiconfigurator_core']}; {report['machine']}")
+    _, report = report_header()
+    report["fp8_kv"] = args.fp8_kv
     steps = step_grid()
     runs, skipped = [], []
     for dep in DEPLOYMENTS:

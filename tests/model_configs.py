@@ -56,3 +56,17 @@ def require_bundled(*names: str) -> None:
     bundled = catalog.bundled_model_names()
     if any(name not in bundled for name in names):
         pytest.skip("aiconfigurator-core's bundled configs are not installed")
+
+
+def needs_measured(*names: str) -> pytest.MarkDecorator:
+    """Skip unless aiconfigurator-core is installed: its tables, and bundled configs of
+    ``names``."""
+    try:
+        import aiconfigurator_core  # noqa: F401
+    except ImportError:
+        installed = False
+    else:
+        installed = all(name in catalog.bundled_model_names() for name in names)
+    return pytest.mark.skipif(
+        not installed, reason="aiconfigurator-core's tables and configs are not installed"
+    )

@@ -30,3 +30,8 @@ def decodes(batch: int, context: int) -> dict[str, float]:
         sum_prefill_squared=0,
         num_padding_rows=0,
     )
+
+
+def decodes_over(batch: int, keys: int) -> dict[str, float]:
+    """``batch`` decodes, each attending ``keys`` keys (its new token's among them)."""
+    return decodes(batch, keys - 1)

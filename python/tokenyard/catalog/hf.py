@@ -3,11 +3,15 @@
 
 ``config_path`` says which file a model name stands for; ``model_from_config`` reads one
 into a ``ModelSpec``. Invariant: a config loads only if its architecture is one of
-``SUPPORTED_ARCHITECTURES``, every layer has full attention and every MoE layer routed
-experts only; anything else is a ConfigError naming the file and the key that makes it a
-model tokenyard does not simulate. DeepSeek-V2/V3 (and Kimi-K2, which is a DeepSeek-V3)
-configs read their multi-head latent attention, shared experts and leading dense layers
-into ``ModelSpec.mla`` and its MoE layout fields. A quantized checkpoint's
+``SUPPORTED_ARCHITECTURES`` and its layers are of the kinds that family's reader knows
+(``_Family``: full attention everywhere, or the sliding, chunked, linear-attention and
+FFN layouts of the families that list their layers; routed experts only, except where the
+family reads its shared experts and dense layers); anything else is a ConfigError naming
+the file and the key that makes it a model tokenyard does not simulate. DeepSeek-V2/V3
+(and Kimi-K2, which is a DeepSeek-V3) configs read their multi-head latent attention,
+shared experts and leading dense layers into ``ModelSpec.mla`` and its MoE layout fields,
+DeepSeek-V3.2 and GLM-5 also their DSA indexer (``ModelSpec.indexer``). A quantized
+checkpoint's
 ``quantization_config`` (or the ``hf_quant_config.json`` beside it) becomes
 ``ModelSpec.quantization`` (``quant.py``).
 """
@@ -382,7 +386,7 @@ def _listed_types(cfg: dict[str, Any], layers: int) -> tuple[str, ...]:
         if unknown:
             known = ", ".join(_LAYER_TYPES)
             why = f"kinds {', '.join(unknown)} are not modelled (tokenyard reads {known})"
-            return _fail_types(why)
+            raise _bad("layer_types", why)
         return tuple(_LAYER_TYPES[k] for k in listed)
     for key, every, other in (
         ("sliding_window_pattern", "gqa", "sliding"),
@@ -392,10 +396,6 @@ def _listed_types(cfg: dict[str, Any], layers: int) -> tuple[str, ...]:
             n = _count(cfg, key)
             return tuple(every if (i + 1) % n == 0 else other for i in range(layers))
     return ()
-
-
-def _fail_types(why: str) -> tuple[str, ...]:
-    raise _bad("layer_types", why)
 
 
 def _layers(cfg: dict[str, Any], family: _Family, layers: int) -> dict[str, Any]:
@@ -448,7 +448,7 @@ def _layers(cfg: dict[str, Any], family: _Family, layers: int) -> dict[str, Any]
     return out
 
 
-def _hybrid_fields(cfg: dict[str, Any], family: _Family, heads: int) -> dict[str, Any]:
+def _hybrid_fields(cfg: dict[str, Any], family: _Family) -> dict[str, Any]:
     """What the newer families add beside their layout: shared experts, Gemma 4's global
     attention shape and dense MLP beside the experts, Qwen's output gate, Nemotron-H's
     non-gated MLP, Llama 4's dense layers and shared expert."""
@@ -488,11 +488,6 @@ def _hybrid_fields(cfg: dict[str, Any], family: _Family, heads: int) -> dict[str
             qk_norm=False,
         )
     if model_type == "nemotron_h":
-        if cfg.get("moe_latent_size"):
-            raise _bad(
-                "moe_latent_size",
-                f"latent MoE experts are not modelled, got {cfg['moe_latent_size']!r}",
-            )
         act = cfg.get("mlp_hidden_act", "relu2")
         if act != "relu2":
             raise _bad("mlp_hidden_act", f"only Nemotron-H's relu2 MLP is modelled, got {act!r}")
@@ -556,7 +551,7 @@ def _spec(
             kwargs["intermediate_size"] = _count(cfg, "intermediate_size")
     if family.layers:
         kwargs.update(_layers(cfg, family, kwargs["num_layers"]))
-        kwargs.update(_hybrid_fields(cfg, family, heads))
+        kwargs.update(_hybrid_fields(cfg, family))
     try:
         return ModelSpec(name=name, source=source, **kwargs)
     except ConfigError as exc:  # a check between keys, e.g. kv heads that divide no heads
@@ -649,12 +644,12 @@ def model_from_config(
         field: the caller's config key, for errors (e.g. ``replica.model``).
 
     Raises:
-        ConfigError: unreadable or not JSON, an unsupported architecture, attention or MoE
-            layout (sparse DSA attention, sliding window, linear or Mamba layers, Qwen2-MoE's
-            shared experts), a
-            quantization format it does not model (``catalog/quant.py``), or a missing or
-            bad key; ``field`` is ``field`` and the message names the file and
-            the key.
+        ConfigError: unreadable or not JSON, an unsupported architecture, or an attention
+            or MoE layout its family's reader does not know (e.g. DSA outside DeepSeek-V3.2
+            and GLM-5, a sliding window outside Mistral and the layer_types families,
+            Qwen2-MoE's shared experts), a quantization format it does not model
+            (``catalog/quant.py``), or a missing or bad key; ``field`` is ``field`` and the
+            message names the file and the key.
     """
     path = Path(path).expanduser().resolve()
     name = str(path) if name is None else name

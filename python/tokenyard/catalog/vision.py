@@ -47,9 +47,12 @@ def smart_resize(
 ) -> tuple[int, int]:
     """The size the Qwen2-VL image processor resizes an image to (``smart_resize`` in
     ``transformers/models/qwen2_vl/image_processing_qwen2_vl.py``, which Qwen2.5-VL and
-    Qwen3-VL use): each side rounded to a multiple of ``factor`` (patch x merge), then
-    scaled down (or up) with the aspect ratio kept until the area is within
-    ``[min_pixels, max_pixels]``.
+    Qwen3-VL use, as does vLLM 0.33's token count): each side rounded to a multiple of
+    ``factor`` (patch x merge), then scaled down (or up) with the aspect ratio kept until
+    the area is within ``[min_pixels, max_pixels]``. One difference: the first rounding
+    here is at least ``factor`` (``qwen_vl_utils``' form); transformers 5.19 rounds a side
+    under ``factor / 2`` to 0 and so rescales to ``min_pixels`` (13 x 2600 at factor 28:
+    28 x 812 there, 28 x 2604 here).
 
     Raises:
         ConfigError: a side < 1, or an aspect ratio above 200 (the processor refuses it).

@@ -44,8 +44,8 @@ def pick_gemms(
         else:
             dtype = _quantized_dtype(quantization, "gemm", gemm_path, measured)
         # The LM head and the router stay 16-bit in quantized checkpoints (vLLM 0.33 builds
-        # DeepSeek-V2's gate with no quant config; Qwen3-MoE's takes the checkpoint's, whose
-        # ignore list leaves it out), so they run the bf16 GEMM.
+        # DeepSeek-V2's gate with no quant config; Qwen3-MoE's follows the checkpoint's
+        # config, taken here to leave it out), so they run the bf16 GEMM.
         edge_dtype = table_dtype("bf16", "replica.dtype", measured)
         moe_dtype = quantization.moe_dtype
         if model.num_experts > 1 and "moe" in source.folders:

@@ -35,14 +35,14 @@ if TYPE_CHECKING:
     )
     from tokenyard.search.deployments import (
         CapacityReport,
-        Point,
-        SearchResult,
         capacity_search,
         deployment_search,
         expand,
     )
     from tokenyard.search.executors import LocalExecutor, RayExecutor, SerialExecutor
     from tokenyard.search.plots import plot_capacity, plot_pareto, write_plots
+    from tokenyard.search.results import Point
+    from tokenyard.search.tables import SearchResult
 
 # Imported at first use: the command line imports this package to add its
 # subcommand, and every other command would pay for its modules at start-up.
@@ -57,8 +57,8 @@ _EXPORTS = {
     "load_search_config": "tokenyard.search.config",
     "search_config_from_mapping": "tokenyard.search.config",
     "CapacityReport": "tokenyard.search.deployments",
-    "Point": "tokenyard.search.deployments",
-    "SearchResult": "tokenyard.search.deployments",
+    "Point": "tokenyard.search.results",
+    "SearchResult": "tokenyard.search.tables",
     "capacity_search": "tokenyard.search.deployments",
     "deployment_search": "tokenyard.search.deployments",
     "expand": "tokenyard.search.deployments",

@@ -29,8 +29,8 @@ from tokenyard.search.capacity import CapacityResult, Probe, check_rate_settable
 from tokenyard.search.config import SLO, SearchConfig, SearchParams, rekey
 from tokenyard.search.driver import PointJob, Progress, run_jobs
 from tokenyard.search.executors import Executor, make_executor
-from tokenyard.search.results import PointRecord, load_records, point_key, write_record
-from tokenyard.search.tables import assemble, format_summary, to_arrow, write_tables
+from tokenyard.search.results import Point, PointRecord, load_records, point_key, write_record
+from tokenyard.search.tables import SearchResult, assemble
 from tokenyard.simulation.catalog import catalog_for
 from tokenyard.simulation.config import (
     ReplicaConfig,
@@ -42,8 +42,6 @@ from tokenyard.simulation.run import decode_config, plan_for
 
 __all__ = [
     "CapacityReport",
-    "Point",
-    "SearchResult",
     "capacity_search",
     "deployment_search",
     "expand",
@@ -57,30 +55,6 @@ _LAYOUT_FIELDS = ("replica.expert_parallel_size", "replica.data_parallel_size")
 #: ...when the grid or a variant sets one of these (the layout's inputs: a disaggregated
 #: decode pool refuses EP too). Otherwise every point would be refused alike: an error.
 _LAYOUT_KEYS = (*_LAYOUT_FIELDS, "replica.model", "replica.tensor_parallel_size", "cluster.decode")
-
-
-@dataclasses.dataclass(frozen=True)
-class Point:
-    """One deployment of the grid. ``overrides``: the dotted keys the grid and variant set
-    (``variant``: the variant's ``name``, if it has one);
-    ``simulation``: the whole simulation document; ``layout``: model, device, replicas,
-    TP, DP, EP, PP and GPUs (``gpu_pools``); ``skip``: why it is not simulated (``None``:
-    it is)."""
-
-    index: int
-    overrides: Mapping[str, Any]
-    simulation: Mapping[str, Any]
-    layout: Mapping[str, Any]
-    price_per_gpu_hour: float | None
-    key: str
-    variant: str | None = None
-    skip: str | None = None
-
-    @property
-    def cost_per_hour(self) -> float | None:
-        if self.price_per_gpu_hour is None:
-            return None
-        return float(self.layout["num_gpus"]) * self.price_per_gpu_hour
 
 
 def replica_gpus(replica: ReplicaConfig) -> int:
@@ -337,35 +311,6 @@ def _record(point: Point, job: PointJob | None) -> PointRecord:
         record["breaks"] = job.breaks()
         record["probes"] = [job.probes[r].to_dict() for r in sorted(job.probes)]
     return record
-
-
-@dataclasses.dataclass
-class SearchResult:
-    """A deployment search's outcome: ``rows`` (one per point and SLO set; see
-    ``docs/search.md`` for the columns), ``probes`` (one per simulation), ``best`` (SLO
-    set -> its best row, or ``None``), and the number of simulations run now (``ran``)
-    and points taken from an earlier run (``reused``)."""
-
-    rows: list[dict[str, Any]]
-    probes: list[dict[str, Any]]
-    best: dict[str, dict[str, Any] | None]
-    config: SearchConfig
-    ran: int = 0
-    reused: int = 0
-
-    def table(self) -> Any:
-        """The rows as a ``pyarrow.Table``."""
-        return to_arrow(self.rows)
-
-    def to_pandas(self) -> Any:
-        return self.table().to_pandas()
-
-    def summary(self, top: int = 20) -> str:
-        return format_summary(self, top=top)
-
-    def write(self, directory: str | Path) -> Path:
-        """Writes results.parquet, probes.parquet, summary.txt and search.json."""
-        return write_tables(self, Path(directory))
 
 
 def deployment_search(

@@ -12,7 +12,7 @@ from tokenyard._output import staged_output
 from tokenyard.errors import ConfigError
 
 if TYPE_CHECKING:
-    from tokenyard.search.deployments import SearchResult
+    from tokenyard.search.tables import SearchResult
 
 __all__ = ["plot_capacity", "plot_pareto", "write_plots"]
 

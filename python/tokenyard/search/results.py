@@ -20,6 +20,7 @@ applied when the tables are assembled, so changing a price (or ``target_qps``,
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -29,9 +30,34 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PointRecord", "load_records", "point_key", "write_record"]
+__all__ = ["Point", "PointRecord", "load_records", "point_key", "write_record"]
 
 FORMAT = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One deployment of the grid. ``overrides``: the dotted keys the grid and variant set
+    (``variant``: the variant's ``name``, if it has one);
+    ``simulation``: the whole simulation document; ``layout``: model, device, replicas,
+    TP, DP, EP, PP and GPUs (``gpu_pools``); ``skip``: why it is not simulated (``None``:
+    it is)."""
+
+    index: int
+    overrides: Mapping[str, Any]
+    simulation: Mapping[str, Any]
+    layout: Mapping[str, Any]
+    price_per_gpu_hour: float | None
+    key: str
+    variant: str | None = None
+    skip: str | None = None
+
+    @property
+    def cost_per_hour(self) -> float | None:
+        if self.price_per_gpu_hour is None:
+            return None
+        return float(self.layout["num_gpus"]) * self.price_per_gpu_hour
+
 
 #: A point's record: ``key``, ``index``, ``overrides``, ``layout``, ``status`` (ok,
 #: skipped, error), ``reason``, ``capacities`` (SLO set -> CapacityResult dict), ``breaks``

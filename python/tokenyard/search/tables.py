@@ -1,9 +1,10 @@
 """A deployment search's tables: one row per (point, SLO set) with its cost, capacity and
 metrics, the Pareto front of cost against latency, the best row per SLO set, and the text
-summary. Prices and budgets enter here, not in the simulations."""
+summary, held in ``SearchResult``. Prices and budgets enter here, not in the simulations."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Collection, Mapping, Sequence
@@ -11,13 +12,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tokenyard._output import staged_output
-from tokenyard.search.results import PointRecord
+from tokenyard.search.results import Point, PointRecord
 
 if TYPE_CHECKING:
     from tokenyard.search.config import SearchConfig
-    from tokenyard.search.deployments import Point, SearchResult
 
-__all__ = ["assemble", "format_summary", "pareto_front", "to_arrow", "write_tables"]
+__all__ = [
+    "SearchResult",
+    "assemble",
+    "format_summary",
+    "pareto_front",
+    "to_arrow",
+    "write_tables",
+]
 
 #: Metrics always reported at capacity (besides every SLO key).
 SHOWN_METRICS = (
@@ -320,3 +327,32 @@ def write_tables(result: SearchResult, directory: Path) -> Path:
         (staging / "summary.txt").write_text(format_summary(result) + "\n")
         (staging / "search.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
     return directory
+
+
+@dataclasses.dataclass
+class SearchResult:
+    """A deployment search's outcome: ``rows`` (one per point and SLO set; see
+    ``docs/search.md`` for the columns), ``probes`` (one per simulation), ``best`` (SLO
+    set -> its best row, or ``None``), and the number of simulations run now (``ran``)
+    and points taken from an earlier run (``reused``)."""
+
+    rows: list[dict[str, Any]]
+    probes: list[dict[str, Any]]
+    best: dict[str, dict[str, Any] | None]
+    config: SearchConfig
+    ran: int = 0
+    reused: int = 0
+
+    def table(self) -> Any:
+        """The rows as a ``pyarrow.Table``."""
+        return to_arrow(self.rows)
+
+    def to_pandas(self) -> Any:
+        return self.table().to_pandas()
+
+    def summary(self, top: int = 20) -> str:
+        return format_summary(self, top=top)
+
+    def write(self, directory: str | Path) -> Path:
+        """Writes results.parquet, probes.parquet, summary.txt and search.json."""
+        return write_tables(self, Path(directory))

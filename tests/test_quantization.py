@@ -324,7 +324,8 @@ def compressed_tensors_fp8(strategy: str, *, dynamic: bool) -> dict[str, Any]:
     [
         ({"quant_method": "fp8", "activation_scheme": "static"}, "fp8", "static"),
         ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "fp8", "dynamic"),
-        ({"quant_method": "fp8"}, "fp8", "dynamic"),  # vLLM's Fp8Config default
+        # Fp8Config()'s default (vLLM 0.33's from_config requires the key)
+        ({"quant_method": "fp8"}, "fp8", "dynamic"),
         (BLOCK_FP8, "fp8_block", "dynamic"),
         ({"quant_method": "modelopt", "quant_algo": "FP8"}, "fp8", "static"),
         (compressed_tensors_fp8("channel", dynamic=True), "fp8", "dynamic"),

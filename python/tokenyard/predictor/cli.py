@@ -57,11 +57,13 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     show.add_argument(
         "--dtype", default="auto", help="replica.dtype (auto: the checkpoint's, else bf16)"
     )
+    from tokenyard.catalog.quant import QUANTIZATION_CHOICES
+
+    others = ", ".join(c for c in QUANTIZATION_CHOICES if c != "auto")
     show.add_argument(
         "--quantization",
         default="auto",
-        help="replica.quantization: auto (the checkpoint's), none, fp8, fp8_block, nvfp4, "
-        "mxfp4, int4_awq, int4_gptq, int4",
+        help=f"replica.quantization: auto (the checkpoint's), {others}",
     )
     cal = actions.add_parser("calibrate", help="refit the roofline to the measured tables")
     cal.add_argument("--framework", default="vllm", help="whose kernels (vllm, sglang, trtllm)")

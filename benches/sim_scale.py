@@ -218,8 +218,8 @@ def cli_peak(flags: list[str]) -> dict[str, Any]:
         proc = subprocess.Popen([*cmd, *flags], stdout=subprocess.DEVNULL)
         _, status, usage = os.wait4(proc.pid, 0)
         wall_s = time.perf_counter() - t0
-        if os.waitstatus_to_exitcode(status) != 0:
-            raise RuntimeError(f"{' '.join(flags)}: exit status {status}")
+        if code := os.waitstatus_to_exitcode(status):
+            raise RuntimeError(f"{' '.join(flags)}: exit status {code}")
         csv = hashlib.sha256((out / "requests.csv").read_bytes()).hexdigest()
     return {"peak_rss_mb": usage.ru_maxrss / 1000, "wall_s": wall_s, "requests_csv": csv}
 

@@ -113,7 +113,8 @@ class MemoryPlan:
     max_kv_tokens: int = 0
     max_request_slots: int = 0
     #: The layers by KV group (``kv_groups``), and the linear-attention state held for
-    #: ``max_num_seqs`` requests out of the KV memory (vLLM sizes its Mamba blocks so).
+    #: ``max_num_seqs`` requests out of the KV memory (vLLM 0.33 takes it from the shared
+    #: block pool as requests run; the simulator's pool holds no per-request state).
     groups: tuple[KvGroup, ...] = ()
     state_bytes_per_request: int = 0
     reserved_state_bytes: int = 0
@@ -186,8 +187,10 @@ def _ffn_split(model: ModelSpec, kind: LayerKind, tp: int, ep: int = 1) -> tuple
     """(linear weights, other weights) of one layer's FFN on one GPU. Without expert
     parallelism (``ep`` 1) every expert's (routed and shared) intermediate is split by TP;
     with it, the GPU holds ``num_experts / ep`` routed experts whole, and the shared
-    experts split by the attention TP (vLLM's shared MLP runs on the TP group of its DP
-    rank, replicated across DP ranks). The router is whole on every GPU."""
+    experts split by the attention TP, replicated across DP ranks. (vLLM 0.33 splits them
+    so with DP 1; with TP > 1 and DP > 1 its sequence-parallel MoE, on by default, loads
+    them whole on every GPU: ``DeepseekV2MLP(disable_tp=use_sequence_parallel_moe)``, which
+    this plan undercounts.) The router is whole on every GPU."""
     h, inter = model.hidden_size, math.ceil(kind.intermediate_size / tp)
     m = 3 if model.gated_ffn else 2  # gate, up, down (Nemotron-H: up, down)
     if kind.ffn == "none":

@@ -531,8 +531,9 @@ def _layer_kind_notes(config: SimulationConfig, plan: MemoryPlan) -> list[str]:
         notes.append(
             f"LINEAR-ATTENTION STATE RESERVED for {seqs} requests ({linear} layers, "
             f"{plan.state_bytes_per_request:,} B per request, "
-            f"{plan.reserved_state_bytes / 2**30:.2f} GiB) out of the KV memory, as vLLM sizes "
-            f"its Mamba blocks; {_state_bound_words(config, seqs)}"
+            f"{plan.reserved_state_bytes / 2**30:.2f} GiB) out of the KV memory (vLLM 0.33 "
+            "instead takes a running request's state from its shared block pool, one block "
+            f"per Mamba KV group); {_state_bound_words(config, seqs)}"
         )
     return notes
 

@@ -242,8 +242,12 @@ class ReplicaSchedulerConfig:
         ``context_length`` default to it).
 
         Raises:
-            ConfigError: a setting exceeds the model's context length (vLLM refuses such a
-                ``max_model_len`` at start-up, SGLang such a ``context_length``).
+            ConfigError: a setting exceeds the model's context length (vLLM 0.33 refuses
+                such a ``max_model_len`` at start-up unless ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1``,
+                SGLang such a ``context_length`` unless
+                ``SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1``; vLLM's own bound is
+                ``max_position_embeddings`` times a ``linear``/``dynamic`` RoPE factor, and
+                at most the tokenizer's ``model_max_length``).
         """
         settings = [(f"{where}.max_request_tokens", self.max_request_tokens)]
         if self.section == "vllm_v1":

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from tokenyard.errors import CapacityError, ConfigError, InputError
 from tokenyard.simulation import config_from_mapping, simulate
-from tokenyard.simulation.config import DEFAULT_BALANCE, default_workload
+from tokenyard.simulation.cluster_config import DEFAULT_BALANCE
+from tokenyard.simulation.config import default_workload
 from tokenyard.workload import TraceError
 
 REPLICA_POLICIES = [

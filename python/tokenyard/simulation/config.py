@@ -1,6 +1,9 @@
 """The simulation's configuration: frozen dataclasses, built from a TOML/YAML file or a
 mapping, with every unknown key and bad value reported by its full key path.
 
+The ``cluster`` and ``replica`` sections are ``cluster_config.py``'s; the others, and
+reading and overriding a whole config, are here.
+
 Layout (every section and key optional; see ``docs/simulate.md``)::
 
     seed = 0
@@ -37,33 +40,30 @@ from typing import Any
 from tokenyard import _core
 from tokenyard._checks import (
     build_dataclass,
-    check_key_choice,
     check_key_int,
     check_key_number,
     fail,
     read_document,
     toml_module,
 )
-from tokenyard.catalog.quant import QUANTIZATION_CHOICES
 from tokenyard.errors import ConfigError
 from tokenyard.predictor.measured.data import MOE_DISTRIBUTIONS
 from tokenyard.predictor.profiled import TrainingOptions
 from tokenyard.predictor.roofline import CpuOverheads, Efficiencies
-from tokenyard.simulation.disagg_config import DecodePoolConfig, KvTransferConfig
+from tokenyard.simulation.cluster_config import (
+    ClusterConfig,
+    GlobalSchedulerConfig,
+    ReplicaConfig,
+)
 from tokenyard.simulation.kv_offload_config import KvOffloadConfig
 from tokenyard.simulation.lora_config import LoraConfig
-from tokenyard.simulation.planner import dtype_bytes
 from tokenyard.simulation.scheduler_config import (
-    GLOBAL_POLICIES,
     MAX_REPLICAS,
     PluginSchedulerConfig,
     ReplicaSchedulerConfig,
     SglangSchedulerConfig,
     VidurSchedulerConfig,
-    check_policy,
-    default_vllm_v1,
     move_legacy_keys,
-    pipeline_parallel,
     section_path,
     translate_legacy_scheduler,
 )
@@ -94,218 +94,6 @@ __all__ = [
     "parse_set_options",
     "read_config_file",
 ]
-
-
-#: ``prefix_affinity``'s ``balance`` when unset: one cached token against one queued one.
-DEFAULT_BALANCE = 1.0
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class GlobalSchedulerConfig:
-    """``policy``: one of the built-in routers or ``"module:Class"`` (a plugin, built with
-    ``options`` as keyword arguments)."""
-
-    policy: str = "round_robin"
-    #: prefix_affinity: queued prefill tokens one cached token is worth (unset:
-    #: ``DEFAULT_BALANCE``). Refused with another router, which would ignore it.
-    balance: float | None = None
-    #: A plugin's own options (``module:Class`` policies only).
-    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-
-    def check(self, where: str) -> None:
-        check_policy(f"{where}.policy", self.policy, GLOBAL_POLICIES)
-        if self.balance is not None:
-            check_key_number(f"{where}.balance", self.balance, low=0, high=1e9)
-            if self.policy != "prefix_affinity":
-                raise fail(
-                    f"{where}.balance",
-                    f"weighs cached tokens for the prefix_affinity router only; the "
-                    f"{self.policy!r} router would ignore it",
-                    self.balance,
-                )
-        if self.options and ":" not in self.policy:
-            raise fail(
-                f"{where}.options",
-                f"applies to plugin policies ('module:Class'), not {self.policy!r}",
-                dict(self.options),
-            )
-
-    def effective_balance(self) -> float:
-        """``balance``, or ``DEFAULT_BALANCE`` when unset."""
-        return DEFAULT_BALANCE if self.balance is None else self.balance
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ClusterConfig:
-    """``num_replicas`` replicas behind ``global_scheduler``; with ``decode`` set they are
-    the prefill pool of a disaggregated cluster (docs/disaggregation.md)."""
-
-    num_replicas: int = 4
-    global_scheduler: GlobalSchedulerConfig = dataclasses.field(
-        default_factory=GlobalSchedulerConfig
-    )
-    decode: DecodePoolConfig | None = None
-    kv_transfer: KvTransferConfig | None = None
-
-    def check(self, where: str) -> None:
-        check_key_int(f"{where}.num_replicas", self.num_replicas, low=1, high=MAX_REPLICAS)
-        self.global_scheduler.check(f"{where}.global_scheduler")
-        if self.decode is not None:
-            self.decode.check(f"{where}.decode")
-        if self.kv_transfer is not None:
-            if self.decode is None:
-                raise fail(
-                    f"{where}.kv_transfer",
-                    "applies to disaggregated clusters (a [cluster.decode] pool); without "
-                    "one it would change nothing",
-                    "set",
-                )
-            self.kv_transfer.check(f"{where}.kv_transfer")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ReplicaConfig:
-    model: str = "llama-2-7b"
-    device: str = "a100-80gb"
-    tensor_parallel_size: int = 1
-    num_pipeline_stages: int = 1
-    #: EP: 1 splits a MoE model's experts by TP; else vLLM's ``--enable-expert-parallel``,
-    #: where it must be ``tensor_parallel_size x data_parallel_size``: each GPU holds
-    #: ``num_experts / EP`` experts whole (docs/simulate.md, "Expert and data parallelism").
-    expert_parallel_size: int = 1
-    #: Attention data parallelism (vLLM ``--data-parallel-size`` with expert parallelism,
-    #: SGLang ``--enable-dp-attention``): a replica is ``DP`` ranks of ``TP`` GPUs, each
-    #: rank with its own scheduler and KV cache, sharing the MoE layers. Needs EP.
-    data_parallel_size: int = 1
-    memory_margin_fraction: float = 0.1
-    #: Weights' data type (``bf16``, ``fp16``, ``fp32``, ``fp8``, ``int8``, ``int4``);
-    #: ``auto``: the checkpoint's quantization (``quantization``), else bf16.
-    dtype: str = "auto"
-    #: The weights' quantization scheme (``catalog/quant.py``): ``auto`` is the
-    #: checkpoint's ``quantization_config``; ``none`` prices the model unquantized; a scheme
-    #: (``fp8``, ``fp8_block``, ``nvfp4``, ``mxfp4``, ``int4_awq``, ``int4_gptq``, ``int4``)
-    #: assumes it, which picks the measured kernel family and the bytes per weight.
-    quantization: str = "auto"
-    #: The KV cache's data type; ``auto`` is the compute dtype (the weights' if 16 or 32
-    #: bits, else bf16).
-    kv_cache_dtype: str = "auto"
-    scheduler: ReplicaSchedulerConfig = dataclasses.field(default_factory=ReplicaSchedulerConfig)
-    #: A request longer than a replica can ever serve: ``error`` stops the run naming it
-    #: and the limiting setting; ``skip`` leaves it out and counts it in the summary.
-    over_length: str = "error"
-    #: Multi-LoRA serving (``vllm_v1`` only; ``simulation/lora_config.py``, docs/lora.md).
-    lora: LoraConfig | None = None
-    #: Speculative decoding (``vllm_v1`` only; off unless ``method`` is set).
-    speculative: SpeculativeConfig = dataclasses.field(default_factory=SpeculativeConfig)
-    #: A host-memory KV tier (``vllm_v1`` with prefix caching; ``kv_offload_config.py``,
-    #: docs/disaggregation.md); the decode pool of a disaggregated cluster has one too.
-    kv_offload: KvOffloadConfig | None = None
-
-    def check(self, where: str) -> None:
-        check_key_int(f"{where}.tensor_parallel_size", self.tensor_parallel_size, low=1, high=512)
-        check_key_int(f"{where}.num_pipeline_stages", self.num_pipeline_stages, low=1, high=512)
-        self._check_expert_layout(where)
-        if not 0 <= self.memory_margin_fraction < 1:
-            raise fail(
-                f"{where}.memory_margin_fraction",
-                f"must be in [0, 1), got {self.memory_margin_fraction}",
-                self.memory_margin_fraction,
-            )
-        dtype_bytes(self.dtype, self.kv_cache_dtype)  # names replica.dtype / .kv_cache_dtype
-        check_key_choice(f"{where}.quantization", self.quantization, QUANTIZATION_CHOICES)
-        self.scheduler.check(f"{where}.scheduler")
-        check_key_choice(f"{where}.over_length", self.over_length, ("error", "skip"))
-        policy = self.scheduler.policy
-        if self.lora is not None:
-            self.lora.check(f"{where}.lora")
-            if policy != "vllm_v1":
-                raise fail(
-                    f"{where}.lora",
-                    f"LoRA adapters are simulated on vllm_v1 replicas only, not {policy}",
-                    policy,
-                )
-        self.speculative.check(f"{where}.speculative", policy)
-        self._check_draft_knobs(where)
-        self._check_kv_offload(where)
-        if self.num_pipeline_stages > 1 and not pipeline_parallel(policy):
-            raise fail(
-                f"{where}.num_pipeline_stages",
-                f"the {policy} scheduler does not support pipeline parallelism "
-                f"(num_pipeline_stages must be 1, got {self.num_pipeline_stages})",
-                self.num_pipeline_stages,
-            )
-
-    def _check_expert_layout(self, where: str) -> None:
-        """EP and attention DP as vLLM serves them: DP ranks need expert parallelism (else
-        vLLM runs the experts as one TP group over DP x TP GPUs, which is not modelled),
-        and EP is then every GPU of the replica's TP x DP (vLLM sets it so). Whether the
-        model has experts for EP to split is checked with the model (the planner)."""
-        ep, dp, tp = self.expert_parallel_size, self.data_parallel_size, self.tensor_parallel_size
-        check_key_int(f"{where}.expert_parallel_size", ep, low=1, high=512)
-        check_key_int(f"{where}.data_parallel_size", dp, low=1, high=512)
-        if dp > 1 and ep == 1:
-            raise fail(
-                f"{where}.data_parallel_size",
-                f"attention data parallelism needs expert parallelism: set "
-                f"{where}.expert_parallel_size = {tp * dp} (tensor_parallel_size x "
-                f"data_parallel_size, vLLM's --enable-expert-parallel); without it vLLM runs "
-                f"the experts as one TP group over {tp * dp} GPUs, which is not modelled, got {dp}",
-                dp,
-            )
-        if ep > 1 and ep != tp * dp:
-            raise fail(
-                f"{where}.expert_parallel_size",
-                f"must be 1 (experts split by TP) or tensor_parallel_size x data_parallel_size "
-                f"= {tp} x {dp} = {tp * dp} (vLLM's --enable-expert-parallel spreads the experts "
-                f"over every GPU of the replica), got {ep}",
-                ep,
-            )
-
-    def _check_draft_knobs(self, where: str) -> None:
-        """``pad_spec_decode`` and ``cache_accepted_drafts`` shape speculative steps: on a
-        ``vllm_v1`` replica without ``[replica.speculative]`` they would change nothing."""
-        if self.scheduler.policy != "vllm_v1" or self.speculative.enabled:
-            return
-        given, default = self.scheduler.vllm_v1, default_vllm_v1()
-        for name in ("pad_spec_decode", "cache_accepted_drafts"):
-            value = getattr(given, name)
-            if value != getattr(default, name):
-                raise fail(
-                    f"{where}.scheduler.vllm_v1.{name}",
-                    f"shapes speculative steps only: without [replica.speculative] (a method) it "
-                    f"would change nothing; leave it at {getattr(default, name)!r}",
-                    value,
-                )
-
-    def _check_kv_offload(self, where: str) -> None:
-        """The tier holds cached blocks of vLLM V1's block pool: it needs ``vllm_v1`` with
-        prefix caching on the block-hash pool; its size comes from ``kv_offload``."""
-        scheduler = self.scheduler
-        if self.kv_offload is None:
-            if scheduler.section == "vllm_v1" and scheduler.vllm_v1.host_num_blocks:
-                raise fail(
-                    f"{where}.scheduler.vllm_v1.host_num_blocks",
-                    "sizes a host tier, which needs a [replica.kv_offload] section (its link); "
-                    "set kv_offload.host_memory_gb instead",
-                    scheduler.vllm_v1.host_num_blocks,
-                )
-            return
-        self.kv_offload.check(f"{where}.kv_offload")
-        if scheduler.policy != "vllm_v1":
-            raise fail(
-                f"{where}.kv_offload",
-                f"a host-memory tier is simulated on vllm_v1 replicas only, not {scheduler.policy}",
-                scheduler.policy,
-            )
-        c = scheduler.vllm_v1
-        if not c.enable_prefix_caching or c.prefix_cache != "block_hash":
-            raise fail(
-                f"{where}.kv_offload",
-                "a host-memory tier holds cached blocks: it needs "
-                "scheduler.vllm_v1.enable_prefix_caching = true with prefix_cache = "
-                f"'block_hash', got {c.enable_prefix_caching} / {c.prefix_cache!r}",
-                "set",
-            )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

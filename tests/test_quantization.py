@@ -36,6 +36,15 @@ QWEN3_MOE = {  # Qwen/Qwen3-30B-A3B's shape
 BLOCK_FP8 = {"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "dynamic"}
 
 
+def compressed_tensors_fp4(group_size: int | None) -> dict[str, Any]:
+    """compressed-tensors FP4 weights only (no input activations)."""
+    weights = {"num_bits": 4, "type": "float", "group_size": group_size}
+    return {
+        "quant_method": "compressed-tensors",
+        "config_groups": {"group_0": {"weights": weights, "input_activations": None}},
+    }
+
+
 def write_config(tmp_path: Path, quantization: Any = None, **extra: Any) -> str:
     config = {**QWEN3_MOE, **extra}
     if quantization is not None:
@@ -68,6 +77,26 @@ def write_config(tmp_path: Path, quantization: Any = None, **extra: Any) -> str:
             },
             "int4",
             0.5 + 2 / 32,
+        ),
+        # NVFP4A16: FP4 weights in groups of 16, no input activations (vLLM 0.33:
+        # CompressedTensorsW4A4Fp4(use_a16=True)); in groups of 32 it is MXFP4.
+        (compressed_tensors_fp4(16), "nvfp4_a16", 0.5 + 1 / 16),
+        (compressed_tensors_fp4(32), "mxfp4", 0.5 + 1 / 32),
+        (
+            {"quant_method": "modelopt", "quant_algo": "W4A16_NVFP4", "group_size": 16},
+            "nvfp4_a16",
+            0.5 + 1 / 16,
+        ),
+        # ModelOpt NVFP4 whose every group has null input activations runs W4A16
+        # (vLLM 0.33's ModelOptNvFp4Config.from_config).
+        (
+            {
+                "quant_method": "modelopt",
+                "quant_algo": "NVFP4",
+                "config_groups": compressed_tensors_fp4(16)["config_groups"],
+            },
+            "nvfp4_a16",
+            0.5 + 1 / 16,
         ),
     ],
 )
@@ -324,8 +353,6 @@ def compressed_tensors_fp8(strategy: str, *, dynamic: bool) -> dict[str, Any]:
     [
         ({"quant_method": "fp8", "activation_scheme": "static"}, "fp8", "static"),
         ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "fp8", "dynamic"),
-        # Fp8Config()'s default (vLLM 0.33's from_config requires the key)
-        ({"quant_method": "fp8"}, "fp8", "dynamic"),
         (BLOCK_FP8, "fp8_block", "dynamic"),
         ({"quant_method": "modelopt", "quant_algo": "FP8"}, "fp8", "static"),
         (compressed_tensors_fp8("channel", dynamic=True), "fp8", "dynamic"),
@@ -341,6 +368,30 @@ def test_fp8_activation_scales_are_read_static_or_dynamic(
     assert (quant.scheme, quant.activation_scales) == (scheme_key, scales)
     if scales:
         assert f"fp8 activations, {scales} scales)" in quant.describe()
+
+
+def test_fp8_without_an_activation_scheme_is_refused_as_vllm_refuses_it(tmp_path: Path) -> None:
+    # vLLM 0.33's Fp8Config.from_config: get_from_keys(config, ["activation_scheme"]) raises.
+    with pytest.raises(ConfigError, match=r"quantization_config.activation_scheme: missing"):
+        catalog.model(write_config(tmp_path, {"quant_method": "fp8"}))
+    block = {k: v for k, v in BLOCK_FP8.items() if k != "activation_scheme"}
+    with pytest.raises(ConfigError, match=r"activation_scheme: missing"):
+        catalog.model(write_config(tmp_path, block))
+
+
+def test_fp4_weights_in_groups_neither_16_nor_32_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"config_groups.group_0: 4-bit float weights"):
+        catalog.model(write_config(tmp_path, compressed_tensors_fp4(64)))
+
+
+def test_nvfp4a16_is_refused_by_the_measured_tables_with_what_they_measure(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("aiconfigurator_core", reason="the measured tables need the package")
+    path = write_config(tmp_path, compressed_tensors_fp4(16))
+    with pytest.raises(ConfigError, match=r"nvfp4_w4a16.*measured: .*nvfp4") as info:
+        choose_execution(measured_config(path, device="b200"))
+    assert info.value.field == "replica.quantization"
 
 
 def test_an_unknown_or_static_block_activation_scheme_is_refused(tmp_path: Path) -> None:

@@ -105,6 +105,14 @@ SCHEMES: dict[str, tuple[str, str, str]] = {
         "fp8_block",
     ),
     "nvfp4": ("NVFP4: FP4 weights and activations, an FP8 scale per 16", "nvfp4", "nvfp4"),
+    # vLLM 0.33 runs these on its W4A16 NVFP4 kernels (Marlin and others:
+    # init_nvfp4_linear_kernel(use_a16=True)); aiconfigurator-core 0.12.0 measures none, so
+    # the measured predictor refuses them with the list of what is measured.
+    "nvfp4_a16": (
+        "NVFP4A16: FP4 weights (an FP8 scale per 16), BF16 activations",
+        "nvfp4_w4a16",
+        "nvfp4_w4a16",
+    ),
     "mxfp4": ("MXFP4 weights (an E8M0 scale per 32), BF16 activations", "mxfp4", "w4a16_mxfp4"),
     "int4_awq": ("AWQ: int4 weights per group, BF16 activations", "int4_wo", "int4_wo"),
     "int4_gptq": ("GPTQ: int4 weights per group, BF16 activations", "int4_wo", "int4_wo"),
@@ -114,7 +122,14 @@ SCHEMES: dict[str, tuple[str, str, str]] = {
 #: The values ``replica.quantization`` takes.
 QUANTIZATION_CHOICES = ("auto", "none", *SCHEMES)
 
-_DEFAULT_GROUP = {"nvfp4": 16, "mxfp4": 32, "int4_awq": 128, "int4_gptq": 128, "int4": 128}
+_DEFAULT_GROUP = {
+    "nvfp4": 16,
+    "nvfp4_a16": 16,
+    "mxfp4": 32,
+    "int4_awq": 128,
+    "int4_gptq": 128,
+    "int4": 128,
+}
 
 
 def _bytes_per_weight(key: str, group: int) -> float:
@@ -125,7 +140,7 @@ def _bytes_per_weight(key: str, group: int) -> float:
         return 1.0
     if key == "fp8_block":
         return 1.0 + 4.0 / group
-    if key in ("nvfp4", "mxfp4"):
+    if key in ("nvfp4", "nvfp4_a16", "mxfp4"):
         return 0.5 + 1.0 / group
     if key == "int4":
         return 0.5 + 2.0 / group
@@ -150,7 +165,8 @@ def scheme(
 ) -> Quantization:
     """The ``Quantization`` of scheme ``key`` (``group_size`` 0: the format's usual;
     ``activation_scales`` "": the scheme's default, ``_ACTIVATION_SCALES``)."""
-    weights = {"fp8": "fp8", "fp8_block": "fp8", "nvfp4": "fp4", "mxfp4": "fp4"}.get(key, "int4")
+    fp4 = ("nvfp4", "nvfp4_a16", "mxfp4")
+    weights = "fp8" if key in ("fp8", "fp8_block") else "fp4" if key in fp4 else "int4"
     activations = {"fp8": "fp8", "fp8_block": "fp8", "nvfp4": "fp4"}.get(key, "bf16")
     group = group_size or (128 * 128 if key == "fp8_block" else _DEFAULT_GROUP.get(key, 0))
     return Quantization(
@@ -220,15 +236,25 @@ def _modelopt(qc: dict[str, Any], where: str, source: str) -> Quantization:
             source=source,
             activation_scales=scales,
         )
-    if algo == "NVFP4":
+    if algo in ("NVFP4", "W4A16_NVFP4"):
         group = _group(qc.get("group_size"), f"{where}.group_size") or 16
-        return scheme(
-            "nvfp4", group_size=group, kv_cache_dtype=kv, method="modelopt NVFP4", source=source
+        # vLLM 0.33's ModelOptNvFp4Config.from_config: W4A16_NVFP4, or NVFP4 whose every
+        # config group has null input_activations, runs the weight-only (A16) kernels.
+        groups = qc.get("config_groups")
+        weight_only = algo == "W4A16_NVFP4" or (
+            isinstance(groups, dict)
+            and bool(groups)
+            and all(
+                isinstance(g, dict) and g.get("input_activations") is None for g in groups.values()
+            )
         )
+        key = "nvfp4_a16" if weight_only else "nvfp4"
+        method = f"modelopt {'W4A16_NVFP4' if weight_only else 'NVFP4'}"
+        return scheme(key, group_size=group, kv_cache_dtype=kv, method=method, source=source)
     raise _bad(
         f"{where}.quant_algo",
         f"ModelOpt {algo!r} is not modelled (mixed precision and other algorithms); "
-        "tokenyard reads FP8 and NVFP4",
+        "tokenyard reads FP8, NVFP4 and W4A16_NVFP4",
     )
 
 
@@ -253,15 +279,20 @@ def _compressed_tensors(qc: dict[str, Any], where: str, source: str) -> Quantiza
             found.add(("fp8_block", 128 * 128) if block else ("fp8", 0))
         elif bits == 4 and kind == "float" and act_bits == 4:
             found.add(("nvfp4", size or 16))
-        elif bits == 4 and kind == "float" and act_bits is None:
-            found.add(("mxfp4", size or 32))
+        elif bits == 4 and kind == "float" and act_bits is None and size in (16, 32):
+            # vLLM 0.33's CompressedTensorsConfig._get_scheme_from_parts: FP4 weights in
+            # groups of 16 are NVFP4 (CompressedTensorsW4A4Fp4(use_a16=True) without input
+            # activations: NVFP4A16), in groups of 32 MXFP4 (W4A16 via Marlin off SM100).
+            found.add(("nvfp4_a16", 16) if size == 16 else ("mxfp4", 32))
         elif bits == 4 and kind == "int" and act_bits is None:
             found.add(("int4", size or 128))
         else:
             raise _bad(
                 f"{where}.config_groups.{name}",
-                f"{bits}-bit {kind} weights with {act_bits or 16}-bit activations are not "
-                "modelled; tokenyard reads FP8, NVFP4, MXFP4 and int4 weight-only",
+                f"{bits}-bit {kind} weights (group size {size or 'none'}) with "
+                f"{act_bits or 16}-bit activations are not modelled; tokenyard reads FP8, "
+                "NVFP4, NVFP4A16 (4-bit float weights in groups of 16), MXFP4 (groups of 32) "
+                "and int4 weight-only",
             )
     if len(found) > 1:
         raise _bad(f"{where}.config_groups", f"mixed formats are not modelled: {sorted(found)}")
@@ -289,9 +320,17 @@ def _from_config(qc: Any, where: str, source: str) -> Quantization:
         if qc.get("quant_algo") == "MIXED_PRECISION" or qc.get("moe_quant_algo"):
             raise _bad(f"{where}.moe_quant_algo", "mixed-precision checkpoints are not modelled")
         block = qc.get("weight_block_size")
-        # vLLM's Fp8Config: activation_scheme "static" or "dynamic" (its default); block
-        # FP8 takes only dynamic.
-        activation = qc.get("activation_scheme", "dynamic")
+        # vLLM 0.33's Fp8Config.from_config reads activation_scheme with get_from_keys,
+        # which raises when it is missing ("Cannot find any of ['activation_scheme']"):
+        # only the online --quantization fp8 defaults to dynamic. Block FP8 takes only
+        # dynamic.
+        if "activation_scheme" not in qc:
+            raise _bad(
+                f"{where}.activation_scheme",
+                "missing; a quant_method fp8 checkpoint must say 'static' or 'dynamic' "
+                "(vLLM 0.33's Fp8Config.from_config refuses it without one), got no key",
+            )
+        activation = qc["activation_scheme"]
         if activation not in ("static", "dynamic") or (
             block is not None and activation != "dynamic"
         ):
@@ -341,8 +380,8 @@ def _from_config(qc: Any, where: str, source: str) -> Quantization:
     raise _bad(
         f"{where}.quant_method",
         f"{method!r} is not modelled; tokenyard reads fp8 (per-tensor or weight_block_size), "
-        "modelopt (FP8, NVFP4), mxfp4, awq, gptq and compressed-tensors (FP8, NVFP4, MXFP4, "
-        "int4); a quantized checkpoint is never read as BF16",
+        "modelopt (FP8, NVFP4, W4A16_NVFP4), mxfp4, awq, gptq and compressed-tensors (FP8, "
+        "NVFP4, NVFP4A16, MXFP4, int4); a quantized checkpoint is never read as BF16",
     )
 
 

@@ -1,0 +1,338 @@
+"""Forming one step for ``TokenyardScheduler`` (``tokenyard.integrations.vllm``): the core's
+batch decision turned into vLLM's ``SchedulerOutput`` (new and cached requests with vLLM's
+block ids, scheduled tokens and drafts), and the vLLM ``Request`` objects brought up to date
+as vLLM's ``schedule()`` leaves them (status, ``num_computed_tokens``, preemptions, output
+placeholders under async scheduling). Imported only by that module, so vLLM is installed
+when this runs."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+import numpy as np
+from vllm.v1.core.sched.interface import PauseState
+from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+from vllm.v1.engine import EngineCoreEventType
+from vllm.v1.request import Request, RequestStatus
+
+from tokenyard.integrations._vllm_outputs import errors_in_vllm_ids
+from tokenyard.integrations._vllm_state import AdapterBase
+from tokenyard.integrations._vllm_translate import vllm_block_ids
+
+_RUNNING = RequestStatus.RUNNING
+_PREEMPTED = RequestStatus.PREEMPTED
+_WAITING_FOR_REMOTE_KVS = RequestStatus.WAITING_FOR_REMOTE_KVS
+
+
+class ScheduleStep(AdapterBase):
+    """``schedule()`` and what it does to the vLLM requests."""
+
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        """Forms the next batch (``throttle_prefills``: vLLM's DP prefill balancing)."""
+        self.current_step += 1
+        requests = self.requests
+        vllm_ids = self._vllm_ids
+        if self._pause_state == PauseState.PAUSED_ALL:
+            out = SchedulerOutput.make_empty()
+            out.finished_req_ids = self.finished_req_ids
+            out.preempted_req_ids = self.reset_preempted_req_ids
+            self.finished_req_ids = set()
+            self.reset_preempted_req_ids = set()
+            return out
+        core = self._core.schedule(throttle_prefills=throttle_prefills)
+        bridge = self._bridge
+        if bridge is not None:
+            for load in core.kv_loads:
+                request_id = vllm_ids[load.request_id]
+                requests[request_id].status = _WAITING_FOR_REMOTE_KVS
+                bridge.loading.add(request_id)
+        now = time.monotonic()
+        self._apply_preemptions(core.preempted_req_ids, now)
+        new_reqs_data, resumed = self._new_and_resumed(core, now)
+        scheduled: tuple[Any, list[str]] | None = None
+        if self._int_ids:
+            ids, counts = core.num_scheduled_tokens_arrays()
+            scheduled = ids, list(map(vllm_ids.__getitem__, ids.tolist()))
+            num_scheduled_tokens = dict(zip(scheduled[1], counts.tolist(), strict=True))
+        else:
+            num_scheduled_tokens = {vllm_ids[i]: n for i, n in core.num_scheduled_tokens.items()}
+        cached_data = self._cached_request_data(core, resumed, num_scheduled_tokens, scheduled)
+        spec_decode_tokens = self._spec_decode_tokens(core.scheduled_spec_decode_tokens)
+        out = SchedulerOutput(
+            scheduled_new_reqs=new_reqs_data,
+            scheduled_cached_reqs=cached_data,
+            num_scheduled_tokens=num_scheduled_tokens,
+            total_num_scheduled_tokens=core.total_num_scheduled_tokens,
+            scheduled_spec_decode_tokens=spec_decode_tokens,
+            scheduled_encoder_inputs={},
+            preempted_req_ids=self.reset_preempted_req_ids,
+            finished_req_ids=self.finished_req_ids,
+            free_encoder_mm_hashes=[],
+            num_spec_tokens_to_schedule=self.num_spec_tokens,
+        )
+        if not self.use_v2_model_runner:
+            self.prev_step_scheduled_req_ids = set(num_scheduled_tokens)
+        out.skip_drafts = not self._after_schedule(num_scheduled_tokens, spec_decode_tokens)
+        if bridge is not None:
+            out.has_sync_kv_loads = bridge.has_sync_kv_loads
+            bridge.has_sync_kv_loads = False
+        if self.connector is not None:
+            out.kv_connector_metadata = self.connector.build_connector_meta(out)
+        if self.ec_connector is not None:
+            out.ec_connector_metadata = self.ec_connector.build_connector_meta(out)
+        self.finished_req_ids = set()
+        self.reset_preempted_req_ids = set()
+        return out
+
+    def _apply_preemptions(self, preempted_ids: list[Any], now: float) -> None:
+        """The core's preemptions on the vLLM requests, as vLLM's ``_preempt_request``."""
+        for request in self._vllm_requests(preempted_ids):
+            request.status = _PREEMPTED
+            request.num_computed_tokens = 0
+            request.num_output_placeholders = 0
+            request.num_preemptions += 1
+            if request.spec_token_ids:
+                request.spec_token_ids = []
+            if self.log_stats:
+                request.record_event(EngineCoreEventType.PREEMPTED, now)
+            self.reset_preempted_req_ids.add(request.request_id)
+
+    def _new_and_resumed(
+        self, core: Any, now: float
+    ) -> tuple[list[NewRequestData], list[tuple[Request, tuple[list[int], ...]]]]:
+        """The step's admissions: ``NewRequestData`` for new requests (and resumed ones
+        under the V2 runner), and the resumed requests with their block ids for the V1
+        runner's ``CachedRequestData``."""
+        requests = self.requests
+        vllm_ids = self._vllm_ids
+        bridge = self._bridge
+        log_stats = self.log_stats
+        v2 = self.use_v2_model_runner
+        new_reqs_data = []
+        resumed: list[tuple[Request, tuple[list[int], ...]]] = []
+        for data in itertools.chain(core.scheduled_new_reqs, core.scheduled_resumed_reqs):
+            request_id = vllm_ids[data.req_id]
+            request = requests[request_id]
+            # A preempted request whose KV a connector loaded resumes too (vLLM promotes it
+            # to PREEMPTED when its load lands).
+            was_preempted = request.status == _PREEMPTED or (
+                request.status == _WAITING_FOR_REMOTE_KVS and request.num_preemptions > 0
+            )
+            if was_preempted:
+                self._dropped_outputs.discard(request_id)
+            if bridge is not None:
+                self.finished_recving_kv_req_ids.discard(request_id)
+            request.status = _RUNNING
+            request.num_computed_tokens = data.num_computed_tokens
+            external = bridge.external_hits.pop(request_id, 0) if bridge is not None else 0
+            if log_stats:
+                request.record_event(EngineCoreEventType.SCHEDULED, now)
+                if bridge is not None and request_id in bridge.lookups_recorded:
+                    bridge.lookups_recorded.discard(request_id)
+                else:
+                    self._record_prefix_lookup(request, data.num_computed_tokens - external)
+            if not was_preempted and request.num_preemptions <= 0:
+                self._set_prefill_stats(request, data.num_computed_tokens, external)
+            block_ids = (vllm_block_ids(data.block_ids),)
+            if was_preempted and not v2:
+                resumed.append((request, block_ids))
+            else:
+                new_reqs_data.append(
+                    NewRequestData.from_request(
+                        request, block_ids, request._all_token_ids if v2 else None
+                    )
+                )
+        return new_reqs_data, resumed
+
+    def _finish_prefill_stats(self, live: list[Request], live_ids: list[str]) -> None:
+        """Takes the stats of the requests emitting their first output, finalized with the
+        tokens they leave in the prefix cache (vLLM's ``estimate_cached_tokens``: their
+        full prompt blocks, with prefix caching on)."""
+        due = self._prefill_stats_due
+        bs = self.block_size
+        for request_id, request in zip(live_ids, live, strict=True):
+            if request_id not in due:
+                continue
+            due.discard(request_id)
+            stats = request.take_prefill_stats()
+            if stats is None:
+                continue
+            cached = 0
+            if self._prefix_caching:
+                cached = min(request.num_computed_tokens, request.num_prompt_tokens) // bs * bs
+            stats.finalize(cached)
+            self._prefill_stats_ready[request_id] = stats
+
+    def _set_prefill_stats(self, request: Request, num_computed: int, num_external: int) -> None:
+        """vLLM's ``PrefillStats.set`` at a request's first admission: its prompt, and the
+        tokens it found cached locally and the connector gave it."""
+        stats = request.prefill_stats
+        if stats is None:
+            return
+        stats.set(
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_local_cached_tokens=num_computed - num_external,
+            num_external_cached_tokens=num_external,
+        )
+        self._prefill_stats_due.add(request.request_id)
+
+    def _cached_blocks(
+        self, core: Any, scheduled: tuple[Any, list[str]] | None
+    ) -> tuple[list[str], list[int], list[Any]]:
+        """The core's running requests this step: their vLLM ids, computed tokens, and
+        new block ids (``None`` where none). ``scheduled``: the step's core ids and their
+        vLLM ids (int ids only), which the running requests usually begin with."""
+        vllm_ids = self._vllm_ids
+        if not self._int_ids:
+            cached = core.scheduled_cached_reqs
+            return (
+                [vllm_ids[i] for i in cached.req_ids],
+                cached.num_computed_tokens.tolist(),
+                [(vllm_block_ids(b),) if len(b) else None for b in cached.new_block_ids],
+            )
+        ids, computed, num_new, blocks = core.scheduled_cached_reqs_arrays()
+        num = len(ids)
+        if scheduled is not None and np.array_equal(ids, scheduled[0][:num]):
+            cached_ids = scheduled[1][:num]
+        else:
+            cached_ids = list(map(vllm_ids.__getitem__, ids.tolist()))
+        new_block_ids: list[Any] = [None] * num
+        if len(blocks):
+            # Most decodes get no block: only those that do are sliced.
+            with_blocks = np.flatnonzero(num_new)
+            ends = np.cumsum(num_new)[with_blocks].tolist()
+            block_list = vllm_block_ids(blocks)
+            for i, n, end in zip(
+                with_blocks.tolist(), num_new[with_blocks].tolist(), ends, strict=True
+            ):
+                new_block_ids[i] = (block_list[end - n : end],)
+        return cached_ids, computed.tolist(), new_block_ids
+
+    def _cached_request_data(
+        self,
+        core: Any,
+        resumed: list[tuple[Request, tuple[list[int], ...]]],
+        num_scheduled_tokens: dict[str, int],
+        scheduled: tuple[Any, list[str]] | None,
+    ) -> CachedRequestData:
+        """``CachedRequestData`` for the requests that ran before, and (V1 runner) the
+        resumed ones with their whole token lists."""
+        requests = self.requests
+        v2 = self.use_v2_model_runner
+        cached_ids, num_computed, new_block_ids = self._cached_blocks(core, scheduled)
+        num_output = [
+            len(r._output_token_ids) + r.num_output_placeholders
+            for r in map(requests.__getitem__, cached_ids)
+        ]
+        all_token_ids: dict[str, list[int]] = {}
+        resumed_ids: set[str] = set()
+        if not v2:
+            prev = self.prev_step_scheduled_req_ids
+            if not prev.issuperset(cached_ids):
+                for request_id in cached_ids:
+                    if request_id not in prev:
+                        all_token_ids[request_id] = list(requests[request_id].all_token_ids)
+        for request, block_ids in resumed:
+            request_id = request.request_id
+            cached_ids.append(request_id)
+            resumed_ids.add(request_id)
+            new_block_ids.append(block_ids)
+            num_computed.append(request.num_computed_tokens)
+            num_output.append(request.num_output_tokens + request.num_output_placeholders)
+            all_token_ids[request_id] = list(request.all_token_ids)
+        new_token_ids: list[list[int]] = []
+        if self.use_pp and not self.async_scheduling:
+            for request_id, n in zip(cached_ids, num_computed, strict=False):
+                request = requests[request_id]
+                new_token_ids.append(
+                    list(request.all_token_ids[n : n + num_scheduled_tokens[request_id]])
+                )
+        return CachedRequestData(
+            req_ids=cached_ids,
+            resumed_req_ids=resumed_ids,
+            new_token_ids=new_token_ids,
+            all_token_ids=all_token_ids,
+            new_block_ids=new_block_ids,
+            num_computed_tokens=num_computed,
+            num_output_tokens=num_output,
+        )
+
+    def _spec_decode_tokens(self, scheduled: dict[Any, Any]) -> dict[str, list[int]]:
+        """The drafts verified this step: the request's own (vLLM's ids, -1 placeholders
+        included), as many as the core scheduled. A padded admission (rule 2 in
+        docs/embedding.md) has no drafts of its own: its k placeholders are vLLM's -1."""
+        requests = self.requests
+        vllm_ids = self._vllm_ids
+        spec_decode_tokens: dict[str, list[int]] = {}
+        for core_id, drafts in scheduled.items():
+            request_id = vllm_ids[core_id]
+            num_drafts = len(drafts)
+            own = requests[request_id].spec_token_ids[:num_drafts]
+            if len(own) < num_drafts:
+                own = list(own) + [-1] * (num_drafts - len(own))
+            spec_decode_tokens[request_id] = own
+        return spec_decode_tokens
+
+    def _drafts_unused(
+        self, request: Request, num_computed_tokens: int, num_new_tokens: int
+    ) -> bool:
+        """Whether drafts proposed after this step are sure to go unused (vLLM 0.33's rule):
+        the step is a non-final prefill chunk, or it samples the request's last output
+        token even if every draft is rejected."""
+        if num_computed_tokens + num_new_tokens < request.num_tokens:
+            return True
+        min_num_output_tokens = request.num_output_tokens + 1
+        if request.num_output_placeholders > 0:
+            min_num_output_tokens += 1
+        return bool(min_num_output_tokens >= request.max_tokens)
+
+    def _after_schedule(
+        self, num_scheduled_tokens: dict[str, int], spec_decode_tokens: dict[str, list[int]]
+    ) -> bool:
+        """vLLM's ``_update_after_schedule`` on the vLLM requests: the step is assumed to
+        run; under async scheduling each sampling request gets its output placeholders and
+        placeholder drafts for the next step."""
+        requests = self.requests
+        scheduled = zip(
+            map(requests.__getitem__, num_scheduled_tokens),
+            num_scheduled_tokens.values(),
+            strict=True,
+        )
+        if not self.async_scheduling and not self.can_skip_drafts:
+            # The common case, without the branches below.
+            for request, n in scheduled:
+                num_computed = request.num_computed_tokens + n
+                request.num_computed_tokens = num_computed
+                request.is_prefill_chunk = num_computed < (
+                    len(request._all_token_ids) + request.num_output_placeholders
+                )
+                if request.spec_token_ids:
+                    request.spec_token_ids = []
+            return True
+        placeholders = self._spec_token_placeholders if self.async_scheduling else None
+        drafts_for_core: dict[Any, list[int]] = {}
+        core_ids = self._core_ids
+        drafts_needed = not self.can_skip_drafts
+        for request, n in scheduled:
+            if not drafts_needed:
+                drafts_needed = not self._drafts_unused(request, request.num_computed_tokens, n)
+            num_computed = request.num_computed_tokens + n
+            request.num_computed_tokens = num_computed
+            prefill_chunk = num_computed < (
+                len(request._all_token_ids) + request.num_output_placeholders
+            )
+            request.is_prefill_chunk = prefill_chunk
+            if request.spec_token_ids:
+                request.spec_token_ids = []
+            if placeholders is not None and not prefill_chunk:
+                request_id = request.request_id
+                request.num_output_placeholders += 1 + len(spec_decode_tokens.get(request_id, ()))
+                if placeholders:
+                    request.spec_token_ids = placeholders
+                    drafts_for_core[core_ids[request_id]] = [0] * len(placeholders)
+        if drafts_for_core:
+            with errors_in_vllm_ids(self._vllm_ids):
+                self._core.update_from_output({}, spec_token_ids=drafts_for_core)
+        return drafts_needed

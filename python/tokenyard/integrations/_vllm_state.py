@@ -1,0 +1,79 @@
+"""The state ``TokenyardScheduler`` (``tokenyard.integrations.vllm``) keeps beside the core,
+named once for the modules that build a step (``_vllm_schedule``) and apply its results
+(``_vllm_update``): vLLM's requests by id, the id maps to and from the core, and what vLLM's
+``Scheduler`` carries between steps. ``TokenyardScheduler.__init__`` sets every attribute
+named here. Imported only by those modules, so vLLM is installed when this runs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from vllm.v1.metrics.stats import PrefillStats, PrefixCacheStats
+from vllm.v1.request import Request
+
+if TYPE_CHECKING:
+    from tokenyard.integrations._vllm_views import _ConnectorBridge
+
+
+class AdapterBase:
+    """Attributes and the helpers every part of the adapter calls (typed here; set and
+    defined in ``tokenyard.integrations.vllm.TokenyardScheduler``)."""
+
+    requests: dict[str, Request]
+    _core: Any
+    _core_ids: dict[str, Any]
+    _vllm_ids: dict[Any, str]
+    _late_core_ids: dict[str, Any]
+    _int_ids: bool
+    _bridge: _ConnectorBridge | None
+    connector: Any
+    ec_connector: Any
+    structured_output_manager: Any
+    block_size: int
+    hash_block_size: int
+    max_model_len: int
+    num_spec_tokens: int
+    async_scheduling: bool
+    can_skip_drafts: bool
+    use_pp: bool
+    use_v2_model_runner: bool
+    log_stats: bool
+    spec_decode_metrics_level: str
+    current_step: int
+    _pause_state: Any
+    _prefix_caching: bool
+    _num_hash_lookahead_tokens: int
+    _spec_token_placeholders: list[int]
+    finished_req_ids: set[str]
+    finished_req_ids_dict: dict[int, set[str]] | None
+    reset_preempted_req_ids: set[str]
+    prev_step_scheduled_req_ids: set[str]
+    finished_recving_kv_req_ids: set[str]
+    _dropped_outputs: set[str]
+    _prefill_stats_due: set[str]
+    _prefill_stats_ready: dict[str, PrefillStats]
+    _prefix_cache_stats: PrefixCacheStats | None
+
+    if TYPE_CHECKING:
+
+        def _vllm_requests(self, core_ids: Iterable[Any]) -> list[Request]: ...
+
+        def _free_request(self, request: Request) -> None: ...
+
+        def _forget(self, request_id: str) -> None: ...
+
+        def _record_prefix_lookup(self, request: Request, num_hits: int) -> None: ...
+
+        def _finish_prefill_stats(self, live: list[Request], live_ids: list[str]) -> None: ...
+
+        def _publish_kv_events(self) -> None: ...
+
+        def make_stats(
+            self,
+            spec_decoding_stats: Any = None,
+            kv_connector_stats: Any = None,
+            cudagraph_stats: Any = None,
+            perf_stats: Any = None,
+            ec_connector_stats: Any = None,
+        ) -> Any: ...

@@ -1,0 +1,424 @@
+"""Applying one step's results for ``TokenyardScheduler`` (``tokenyard.integrations.vllm``):
+vLLM's ``update_from_output`` (sampled tokens appended up to a stop, rejected drafts rolled
+back, finished requests freed, ``EngineCoreOutputs`` by client with the step's stats), the KV
+connector's finished transfers, and the drafts proposed for the next step. Imported only by
+that module, so vLLM is installed when this runs."""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.utils import check_stop
+from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
+from vllm.v1.metrics.stats import SchedulerStats
+from vllm.v1.request import Request, RequestStatus
+from vllm.v1.spec_decode.metrics import SpecDecodingStats
+
+from tokenyard.integrations._vllm_outputs import (
+    attach_logprobs,
+    attach_prefill_stats,
+    errors_in_vllm_ids,
+)
+from tokenyard.integrations._vllm_state import AdapterBase
+from tokenyard.integrations._vllm_translate import vllm_block_ids
+
+_RUNNING = RequestStatus.RUNNING
+_PREEMPTED = RequestStatus.PREEMPTED
+_client_index = operator.attrgetter("client_index")
+
+
+class UpdateFromOutput(AdapterBase):
+    """``update_from_output`` and the drafts' updates."""
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: Any
+    ) -> dict[int, EngineCoreOutputs]:
+        """Applies a step's sampled tokens: appends them to the requests, stops requests
+        (EOS, stop ids, ``max_tokens``, ``max_model_len``), rolls back rejected drafts, and
+        returns the outputs by client, with the step's stats."""
+        kv_output = model_runner_output.kv_connector_output
+        if kv_output is not None and self.connector is not None:
+            self._update_from_kv_transfers(kv_output)
+        live_ids, live, live_tokens, rejected, spec_stats, late = self._sampled(
+            scheduler_output, model_runner_output
+        )
+        live_core_ids = list(map(self._core_ids.__getitem__, live_ids))
+        core_ids, core_tokens = live_core_ids, live_tokens
+        if late:
+            # Outputs of finished requests go to the core too: it expects them (and drops
+            # them), as vLLM's update skips a request it no longer holds.
+            core_ids = live_core_ids + [core_id for core_id, _ in late]
+            core_tokens = live_tokens + [tokens for _, tokens in late]
+        vllm_ids = self._vllm_ids
+        kept_drafts: dict[Any, list[int]] = {}
+        if self.async_scheduling and self.num_spec_tokens:
+            # The placeholder drafts of the step scheduled since (vLLM keeps them on the
+            # request through this update): the core replaces a request's drafts with those
+            # given in the update, so they are given again.
+            for core_id, request in zip(live_core_ids, live, strict=True):
+                if request.spec_token_ids and request.status == _RUNNING:
+                    kept_drafts[core_id] = [0] * len(request.spec_token_ids)
+        if self._int_ids and not rejected and not kept_drafts:
+            # The bulk path: one list of ids, one of counts, one of all the tokens.
+            with errors_in_vllm_ids(vllm_ids):
+                finished = self._core.update_from_output_arrays(
+                    core_ids,
+                    list(itertools.chain.from_iterable(core_tokens)),
+                    list(map(len, core_tokens)),
+                )
+        else:
+            with errors_in_vllm_ids(vllm_ids):
+                finished = self._core.update_from_output(
+                    dict(zip(core_ids, core_tokens, strict=True)),
+                    num_rejected_tokens=rejected or None,
+                    spec_token_ids=kept_drafts or None,
+                )
+        if late:
+            self._forget_landed(late)
+        finished_ids = {vllm_ids[i] for i, _ in finished} if finished else set()
+        nans = model_runner_output.num_nans_in_logits
+        if nans:
+            for request_id, request in zip(live_ids, live, strict=True):
+                if request_id in nans:
+                    request.num_nans_in_logits = nans[request_id]
+        if self._prefill_stats_due:
+            self._finish_prefill_stats(live, live_ids)
+        outputs = self._outputs_by_client(live, live_ids, live_tokens, finished_ids)
+        if self._prefill_stats_ready:
+            attach_prefill_stats(outputs, self._prefill_stats_ready)
+            self._prefill_stats_ready.clear()
+        attach_logprobs(outputs, live, model_runner_output)
+        self._publish_kv_events()
+        engine_core_outputs = {
+            client: EngineCoreOutputs(outputs=outs) for client, outs in outputs.items()
+        }
+        if self.finished_req_ids_dict:
+            for client, finished_set in self.finished_req_ids_dict.items():
+                if (eco := engine_core_outputs.get(client)) is not None:
+                    eco.finished_requests = finished_set
+                else:
+                    engine_core_outputs[client] = EngineCoreOutputs(finished_requests=finished_set)
+            self.finished_req_ids_dict.clear()
+        stats = self._step_stats(model_runner_output, kv_output, spec_stats)
+        if stats is not None:
+            if (eco := next(iter(engine_core_outputs.values()), None)) is None:
+                engine_core_outputs[0] = eco = EngineCoreOutputs()
+            eco.scheduler_stats = stats
+        return engine_core_outputs
+
+    def _forget_landed(self, late: list[tuple[Any, list[int]]]) -> None:
+        """Forgets the core ids of finished requests whose last output has landed."""
+        late_core_ids = self._late_core_ids
+        for core_id, _ in late:
+            if not self._core.num_outputs_in_flight(core_id):
+                request_id = self._vllm_ids.pop(core_id, None)
+                if request_id is not None and late_core_ids.get(request_id) == core_id:
+                    del late_core_ids[request_id]
+
+    def _sampled(
+        self, scheduler_output: SchedulerOutput, model_runner_output: Any
+    ) -> tuple[
+        list[str],
+        list[Request],
+        list[list[int]],
+        dict[Any, int],
+        SpecDecodingStats | None,
+        list[tuple[Any, list[int]]],
+    ]:
+        """The step's live requests (those with sampled tokens) as parallel lists: their
+        ids, the vLLM requests, their tokens; with the rejected draft counts for the
+        core. Rolls the vLLM requests back by their rejected drafts and gathers the
+        spec-decode stats. Last, the late outputs of finished requests, by core id: they
+        reach no vLLM request, only the core."""
+        sampled = model_runner_output.sampled_token_ids
+        index = model_runner_output.req_id_to_index
+        spec_scheduled = scheduler_output.scheduled_spec_decode_tokens
+        requests_get = self.requests.get
+        core_ids = self._core_ids
+        rejected: dict[Any, int] = {}
+        spec_stats: SpecDecodingStats | None = None
+        invalid = scheduler_output.num_invalid_spec_tokens
+        live_ids: list[str] = []
+        live: list[Request] = []
+        live_tokens: list[list[int]] = []
+        dropped = self._dropped_outputs
+        late: list[tuple[Any, list[int]]] = []
+        scheduled_ids: Iterable[str] = scheduler_output.num_scheduled_tokens if sampled else ()
+        for request_id in scheduled_ids:
+            request = requests_get(request_id)
+            # Finished while its step ran (a stop or an abort): statuses after PREEMPTED are
+            # finished. Its output goes to the core alone.
+            if request is None or request.status > _PREEMPTED:
+                core_id = (
+                    self._late_core_ids.get(request_id)
+                    if request is None
+                    else core_ids.get(request_id)
+                )
+                tokens = sampled[index[request_id]]
+                if core_id is not None and tokens:
+                    late.append((core_id, tokens))
+                continue
+            if dropped and request_id in dropped and request.status == _PREEMPTED:
+                continue
+            tokens = sampled[index[request_id]]
+            if not tokens:
+                continue
+            if spec_scheduled and (drafts := spec_scheduled.get(request_id)):
+                num_accepted = max(len(tokens) - 1, 0)
+                num_rejected = len(drafts) - num_accepted
+                if request.status == _RUNNING:
+                    if num_rejected:
+                        rejected[core_ids[request_id]] = num_rejected
+                    request.num_computed_tokens -= num_rejected
+                    if request.num_output_placeholders > 0:
+                        request.num_output_placeholders -= num_rejected
+                num_drafts = len(drafts)
+                if invalid:
+                    num_drafts -= invalid.get(request_id, 0)
+                spec_stats = self._spec_stats(spec_stats, num_drafts, num_accepted)
+                if request.spec_decode_metrics is not None:
+                    request.spec_decode_metrics.observe(
+                        num_draft_tokens=num_drafts,
+                        num_accepted=num_accepted,
+                        detailed=self.spec_decode_metrics_level == "detailed",
+                    )
+            live_ids.append(request_id)
+            live.append(request)
+            live_tokens.append(tokens)
+        return live_ids, live, live_tokens, rejected, spec_stats, late
+
+    def _outputs_by_client(
+        self,
+        live: list[Request],
+        live_ids: list[str],
+        live_tokens: list[list[int]],
+        finished_ids: set[str],
+    ) -> dict[int, list[EngineCoreOutput]]:
+        """Appends each live request's tokens (up to its stop, for those the core finished),
+        frees the finished ones, and builds one ``EngineCoreOutput`` per request."""
+        hash_block_size = self.hash_block_size
+        always_hash = self._num_hash_lookahead_tokens > 0
+        # Every field but the first two at its default, as a decode step's output usually
+        # is; the loop replaces those that need more.
+        outputs = list(map(EngineCoreOutput, live_ids, live_tokens))
+        for i, (request, tokens) in enumerate(zip(live, live_tokens, strict=True)):
+            if finished_ids and request.request_id in finished_ids:
+                outputs[i] = self._finished_output(request, tokens)
+                continue
+            # Request.append_output_token_ids, with its block hasher called only when a
+            # block fills (it hashes nothing otherwise).
+            all_token_ids = request._all_token_ids
+            request._output_token_ids.extend(tokens)
+            all_token_ids.extend(tokens)
+            if request._block_hasher is not None and (
+                always_hash or len(all_token_ids) // hash_block_size > len(request.block_hashes)
+            ):
+                request.update_block_hashes()
+            if request.num_output_placeholders > 0:
+                request.num_output_placeholders -= len(tokens)
+            events = request.events
+            if (
+                events
+                or request.trace_headers is not None
+                or request.num_nans_in_logits
+                or request.stop_reason is not None
+            ):
+                if events:
+                    request.events = []
+                outputs[i] = EngineCoreOutput(
+                    request_id=request.request_id,
+                    new_token_ids=tokens,
+                    stop_reason=request.stop_reason,
+                    events=events or None,
+                    trace_headers=request.trace_headers,
+                    num_nans_in_logits=request.num_nans_in_logits,
+                )
+        clients = set(map(_client_index, live))
+        if len(clients) <= 1:
+            return {clients.pop(): outputs} if outputs else {}
+        by_client: dict[int, list[EngineCoreOutput]] = defaultdict(list)
+        for request, output in zip(live, outputs, strict=True):
+            by_client[request.client_index].append(output)
+        return by_client
+
+    def _finished_output(self, request: Request, tokens: list[int]) -> EngineCoreOutput:
+        """A request the core finished: its tokens up to its stop appended, the request
+        freed, and its last ``EngineCoreOutput``."""
+        request_id = request.request_id
+        tokens = self._append_until_stop(request, tokens)
+        finish_reason = request.get_finished_reason()
+        self._free_request(request)
+        bridge = self._bridge
+        transfer_params = bridge.transfer_params.pop(request_id, None) if bridge else None
+        events = request.events
+        if events:
+            request.events = []
+        return EngineCoreOutput(
+            request_id=request_id,
+            new_token_ids=tokens,
+            finish_reason=finish_reason,
+            stop_reason=request.stop_reason,
+            events=events or None,
+            spec_decode_metrics=request.spec_decode_metrics,
+            trace_headers=request.trace_headers,
+            num_nans_in_logits=request.num_nans_in_logits,
+            kv_transfer_params=transfer_params,
+        )
+
+    def _step_stats(
+        self, model_runner_output: Any, kv_output: Any, spec_stats: SpecDecodingStats | None
+    ) -> SchedulerStats | None:
+        """The step's ``SchedulerStats``, with the connectors' stats aggregated."""
+        ec_output = getattr(model_runner_output, "ec_connector_output", None)
+        ec_stats = ec_output.ec_connector_stats if ec_output else None
+        if self.ec_connector is not None:
+            if ec_output:
+                self.ec_connector.update_connector_output(ec_output)
+            own_ec = self.ec_connector.get_ec_connector_stats()
+            if own_ec is not None and not own_ec.is_empty():
+                ec_stats = ec_stats.aggregate(own_ec) if ec_stats is not None else own_ec
+        kv_stats = kv_output.kv_connector_stats if kv_output else None
+        if self.connector is not None:
+            own = self.connector.get_kv_connector_stats()
+            if own is not None and not own.is_empty():
+                kv_stats = kv_stats.aggregate(own) if kv_stats is not None else own
+        return self.make_stats(
+            spec_stats,
+            kv_stats,
+            model_runner_output.cudagraph_stats,
+            None,
+            ec_connector_stats=ec_stats,
+        )
+
+    def _update_from_kv_transfers(self, kv_output: Any) -> None:
+        """vLLM's ``_update_from_kv_xfer_finished``: the connector sees the workers' report,
+        then the loads that landed or failed and the sends that completed go to the core.
+        Blocks a failed load wrote (``invalid_block_ids``) fail that load, and the request
+        recomputes its prompt (vLLM's ``kv_load_failure_policy="recompute"`` for
+        asynchronous loads)."""
+        self.connector.update_connector_output(kv_output)
+        bridge = self._bridge
+        if bridge is None:
+            return
+        recving = [i for i in kv_output.finished_recving or () if i in bridge.loading]
+        sending = [i for i in kv_output.finished_sending or () if i in bridge.sending]
+        failed: list[str] = []
+        invalid = kv_output.invalid_block_ids
+        if invalid:
+            for request_id in list(bridge.loading):
+                if request_id in self.requests and not invalid.isdisjoint(
+                    vllm_block_ids(self._core.block_ids(self._core_ids[request_id]))
+                ):
+                    failed.append(request_id)
+            recving = [i for i in recving if i not in failed]
+        if not (recving or sending or failed):
+            return
+        core_ids = self._core_ids
+        with errors_in_vllm_ids(self._vllm_ids):
+            self._core.finish_kv_transfers(
+                finished_recving=[core_ids[i] for i in recving],
+                finished_sending=[core_ids[i] for i in sending],
+                failed_recving=[core_ids[i] for i in failed],
+            )
+        for request_id in itertools.chain(recving, failed):
+            bridge.loading.discard(request_id)
+        for request_id in recving:
+            request = self.requests.get(request_id)
+            if request is not None and not request.is_finished():
+                self.finished_recving_kv_req_ids.add(request_id)
+        for request_id in sending:
+            bridge.sending.discard(request_id)
+        for request_id in itertools.chain(recving, failed, sending):
+            request = self.requests.get(request_id)
+            if request is not None and request.is_finished() and request_id not in bridge.sending:
+                self._forget(request_id)
+
+    def _append_until_stop(self, request: Request, tokens: list[int]) -> list[int]:
+        """Appends tokens up to the one that stopped the request (vLLM's ``check_stop``,
+        which also sets its status and ``stop_reason``) and resolves the output placeholders
+        of all of them, as vLLM 0.33's ``_update_request_with_output``; returns the tokens
+        kept."""
+        kept = tokens
+        for num_kept, token in enumerate(tokens, 1):
+            request.append_output_token_ids(token)
+            if check_stop(request, self.max_model_len):
+                request.num_computed_tokens -= len(tokens) - num_kept
+                kept = tokens[:num_kept]
+                break
+        else:
+            # The core stopped it where vLLM's check would not (never expected): length.
+            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        if request.num_output_placeholders > 0:
+            request.num_output_placeholders = max(request.num_output_placeholders - len(tokens), 0)
+        return kept
+
+    def _spec_stats(
+        self, stats: SpecDecodingStats | None, num_drafts: int, num_accepted: int
+    ) -> SpecDecodingStats | None:
+        if not self.log_stats or not num_drafts:
+            return stats
+        if stats is None:
+            stats = SpecDecodingStats.new(self.num_spec_tokens)
+        stats.observe_draft(num_draft_tokens=num_drafts, num_accepted_tokens=num_accepted)
+        return stats
+
+    # --- speculative decoding ---------------------------------------------------------------
+
+    def update_draft_token_ids(self, draft_token_ids: Any) -> None:
+        """Drafts proposed for the next step (vLLM calls this after ``update_from_output``)."""
+        requests = self.requests
+        core_ids = self._core_ids
+        for_core: dict[Any, list[int]] = {}
+        for request_id, drafts in zip(
+            draft_token_ids.req_ids, draft_token_ids.draft_token_ids, strict=False
+        ):
+            request = requests.get(request_id)
+            if request is None or request.is_finished():
+                continue
+            if request.is_prefill_chunk:
+                if request.spec_token_ids:
+                    request.spec_token_ids = []
+                    for_core[core_ids[request_id]] = []
+                continue
+            drafts = self.structured_output_manager.validate_tokens(request, list(drafts))
+            request.spec_token_ids = drafts
+            # The core counts drafts; the ids the model verifies are the request's own.
+            for_core[core_ids[request_id]] = [0] * len(drafts)
+        if for_core:
+            with errors_in_vllm_ids(self._vllm_ids):
+                self._core.update_from_output({}, spec_token_ids=for_core)
+
+    def update_draft_token_ids_in_output(
+        self, draft_token_ids: Any, scheduler_output: SchedulerOutput
+    ) -> None:
+        """Async scheduling: real drafts replace the step's placeholder drafts in place
+        (trimmed to the drafts scheduled, padded back with -1 where the grammar refuses
+        them), as vLLM 0.33 does."""
+        num_invalid: dict[str, int] = {}
+        scheduled = scheduler_output.scheduled_spec_decode_tokens
+        for request_id, drafts in zip(
+            draft_token_ids.req_ids, draft_token_ids.draft_token_ids, strict=False
+        ):
+            request = self.requests.get(request_id)
+            if request is None or request.is_finished():
+                continue
+            placeholders = scheduled.get(request_id)
+            if not placeholders:
+                continue
+            num_scheduled = len(placeholders)
+            del drafts[num_scheduled:]
+            drafts = self.structured_output_manager.validate_tokens(request, drafts)
+            if len(drafts) < num_scheduled:
+                num_invalid[request_id] = num_scheduled - len(drafts)
+                drafts.extend([-1] * (num_scheduled - len(drafts)))
+            scheduled[request_id] = drafts
+        scheduler_output.num_invalid_spec_tokens = num_invalid
+
+    def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> None:
+        """Structured output is not supported: never a bitmask."""
+        return None

@@ -76,6 +76,8 @@ DEVICE_FIELDS: dict[str, str] = {
     "network_latency_us": "float",
     "price_per_hour": "float",
     "price_source": "str",
+    "power_w": "float",
+    "idle_power_w": "float",
     "source": "str",
     "aliases": "str_list",
 }
@@ -501,6 +503,11 @@ class DeviceSpec:
     network_latency_us: float = 0.0
     price_per_hour: float = 0.0
     price_source: str = ""
+    #: Board power (TDP) in W, drawn busy at the most; 0 = unknown. ``idle_power_w``: the
+    #: draw with a model loaded and nothing running; 0 = modelled from ``power_w``
+    #: (``tokenyard.recommend.cost``).
+    power_w: float = 0.0
+    idle_power_w: float = 0.0
     source: str = ""
     aliases: tuple[str, ...] = ()
 
@@ -523,11 +530,20 @@ class DeviceSpec:
                 "network_gbps",
                 "network_latency_us",
                 "price_per_hour",
+                "power_w",
+                "idle_power_w",
             ),
             0,
             "a number",
             where,
         )
+        if self.power_w and self.idle_power_w > self.power_w:
+            raise _fail(
+                where,
+                "idle_power_w",
+                f"must be at most power_w ({self.power_w} W), the most the GPU draws",
+                self.idle_power_w,
+            )
 
 
 def required_fields(spec: type[ModelSpec] | type[DeviceSpec]) -> tuple[str, ...]:

@@ -50,7 +50,8 @@ Config keys (file sections, or --set with dotted names; see docs/simulate.md):
     | measured | roofline | linear | profiled | module:callable
   execution.measured.{{system,framework,version,data_dir}}, execution.efficiency.*,
   execution.cpu.*, execution.{{constant_s,per_prefill_token_s,...}} (linear only)
-  workload.* (docs/workloads.md), metrics.{{sample_interval_s,record_stages,slo_ttft_s,slo_tpot_s}}
+  workload.* (docs/workloads.md), metrics.{{sample_interval_s,record_stages,slo_ttft_s,slo_tpot_s,
+    trace_events,trace_window_s,trace_requests,trace_max_events}}
 
 Global policies: {", ".join(_core.GLOBAL_POLICIES)}, or module:Class.
 Replica policies (or module:Class):
@@ -100,6 +101,23 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         "--stage-trace", action="store_true", help="also write trace.json (Chrome/Perfetto)"
     )
     p.add_argument(
+        "--trace-events",
+        metavar="FILE",
+        help="write a Chrome / Perfetto trace-event JSON of the run to FILE (open it in "
+        "ui.perfetto.dev; metrics.trace_events)",
+    )
+    p.add_argument(
+        "--trace-window",
+        metavar="START:END",
+        help="with --trace-events: only simulated seconds START to END (metrics.trace_window_s)",
+    )
+    p.add_argument(
+        "--trace-requests",
+        metavar="A:B",
+        help="with --trace-events: only requests A to B-1 and the batches while they ran "
+        "(metrics.trace_requests)",
+    )
+    p.add_argument(
         "--plots",
         nargs="?",
         const="png",
@@ -124,6 +142,7 @@ def _overrides(args: argparse.Namespace, workload: dict[str, Any]) -> dict[str, 
         out["seed"] = args.seed
     if args.stage_trace:
         out["metrics.record_stages"] = True
+    out.update(_trace_overrides(args))
     is_trace = workload.get("kind") == "trace"
     if args.requests is not None:
         count = "workload.num_sessions" if workload.get("kind") == "sessions" else None
@@ -132,6 +151,50 @@ def _overrides(args: argparse.Namespace, workload: dict[str, Any]) -> dict[str, 
         out["workload.target_qps" if is_trace else "workload.arrival.qps"] = args.qps
     out.update(parse_set_options(args.overrides))
     return out
+
+
+def _range(text: str, flag: str, kind: type) -> list[Any]:
+    """``"A:B"`` -> ``[A, B]`` (numbers of ``kind``); a ConfigError names the flag."""
+    start, sep, end = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError(text)
+        return [kind(start), kind(end)]
+    except ValueError:
+        noun = "seconds" if kind is float else "request ids"
+        raise ConfigError(
+            f"{flag}: must be START:END ({noun}), got {text!r}", field=flag, value=repr(text)
+        ) from None
+
+
+def _trace_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """``--trace-events`` and its bounds as metrics keys; the window and range need it."""
+    out: dict[str, Any] = {}
+    for flag, value in (
+        ("--trace-window", args.trace_window),
+        ("--trace-requests", args.trace_requests),
+    ):
+        if value is not None and args.trace_events is None:
+            raise ConfigError(f"{flag}: needs --trace-events FILE", field=flag, value=repr(value))
+    if args.trace_events is not None:
+        # From the shell's folder, not the config's (as --trace).
+        out["metrics.trace_events"] = str(Path(args.trace_events).absolute())
+    if args.trace_window is not None:
+        out["metrics.trace_window_s"] = _range(args.trace_window, "--trace-window", float)
+    if args.trace_requests is not None:
+        out["metrics.trace_requests"] = _range(args.trace_requests, "--trace-requests", int)
+    return out
+
+
+def _trace_sampling(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """A trace's KV use is each batch's own when every batch is sampled: a run writing
+    trace events samples every batch (``metrics.sample_interval_s = 0``) unless the config
+    or ``--set`` gives an interval."""
+    metrics = data.get("metrics") or {}
+    traced = overrides.get("metrics.trace_events") or metrics.get("trace_events")
+    if traced and "sample_interval_s" not in metrics:
+        return {"metrics.sample_interval_s": 0.0, **overrides}
+    return overrides
 
 
 class _ProgressBar:
@@ -226,7 +289,8 @@ def run_command(args: argparse.Namespace) -> int:
         data = read_config_file(args.config) if args.config else {"workload": default_workload()}
         if args.trace:
             data["workload"] = _trace_workload(data.get("workload"), args)
-        config = config_from_mapping(apply_overrides(data, _overrides(args, data["workload"])))
+        overrides = _trace_sampling(data, _overrides(args, data["workload"]))
+        config = config_from_mapping(apply_overrides(data, overrides))
         if args.output:
             check_output_dir(args.output)
         total = config.workload.get("num_requests") or config.workload.get("limit")
@@ -247,6 +311,8 @@ def run_command(args: argparse.Namespace) -> int:
     if args.output:
         trace = ", trace.json" if result.stages is not None else ""
         report = ", report.html, plots/" if args.plots is not None else ""
+        if config.metrics.trace_events:
+            report += f"; trace events: {config.metrics.trace_events}"
         note = (
             f"wrote {args.output}/: requests.parquet, requests.csv, summary.json, "
             f"samples.parquet, token_gaps.parquet, config.json{trace}{report}"

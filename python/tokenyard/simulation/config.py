@@ -26,7 +26,8 @@ Layout (every section and key optional; see ``docs/simulate.md``)::
                               cpu = {...}, measured = {system, framework, version, data_dir},
                               profiled = {profiles, regressor, ...}
     [workload]                see tokenyard.workload.load_workload
-    [metrics]                 sample_interval_s, record_stages, slo_ttft_s, slo_tpot_s
+    [metrics]                 sample_interval_s, record_stages, slo_ttft_s, slo_tpot_s,
+                              trace_events, trace_window_s, trace_requests, trace_max_events
 """
 
 from __future__ import annotations
@@ -282,10 +283,22 @@ class MetricsConfig:
     #: Goodput counts requests meeting both SLOs.
     slo_ttft_s: float = 2.0
     slo_tpot_s: float = 0.2
+    #: Write a Chrome / Perfetto trace-event JSON of the run to this file, relative to
+    #: ``base_dir`` (records every batch stage; ``tokenyard.simulation.trace_events``).
+    trace_events: str | None = None
+    #: The trace's window ``[start, end]`` in simulated seconds (empty: the whole run).
+    trace_window_s: tuple[float, ...] = ()
+    #: The trace's requests ``[first, end)`` by request id (empty: all of them).
+    trace_requests: tuple[int, ...] = ()
+    #: At most this many trace events; past it the trace is cut and says so.
+    trace_max_events: int = 1_000_000
 
     def check(self, where: str) -> None:
         for name in ("sample_interval_s", "slo_ttft_s", "slo_tpot_s"):
             check_key_number(f"{where}.{name}", getattr(self, name), low=0, high=1e9)
+        from tokenyard.simulation.trace_events import check_trace_options
+
+        check_trace_options(self, where)
 
 
 #: Workload kinds drawn from a seed (``SimulationConfig.seeded_workload`` fills it in).

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tokenyard import _core
-from tokenyard.errors import ConfigError
+from tokenyard.errors import ConfigError, OutputError
 from tokenyard.simulation import disagg_config
 from tokenyard.simulation.catalog import catalog_for
 from tokenyard.simulation.config import SimulationConfig, config_document
@@ -192,14 +192,31 @@ def simulate(
         wall_s=wall_s,
         description=description,
     )
-    return SimulationResult(
+    stages = raw.get("stages")
+    result = SimulationResult(
         summary,
         columns,
         raw["samples"],
-        raw.get("stages"),
+        stages if config.metrics.record_stages else None,
         token_gaps=token_gap_table(raw),
         config=config_document(config),
     )
+    metrics = config.metrics
+    if metrics.trace_events is not None:
+        from tokenyard.simulation.trace_events import write_trace_events
+
+        try:
+            write_trace_events(
+                result,
+                config.path(metrics.trace_events),
+                window_s=metrics.trace_window_s,
+                requests=metrics.trace_requests,
+                max_events=metrics.trace_max_events,
+                stages=stages,
+            )
+        except OSError as exc:
+            raise OutputError.of(exc, metrics.trace_events) from None
+    return result
 
 
 @dataclasses.dataclass(frozen=True)
@@ -689,7 +706,9 @@ def _core_config(
         seed=config.seed,
         hash_block_size=hash_block_size,
         sample_interval_s=config.metrics.sample_interval_s,
-        record_stages=config.metrics.record_stages,
+        # A trace-event file needs every batch stage (the result keeps them only when
+        # record_stages asks for them too).
+        record_stages=config.metrics.record_stages or config.metrics.trace_events is not None,
         over_length=config.replica.over_length,
         concurrency=concurrency,
         lora=lora_core(config),

@@ -112,8 +112,10 @@ def _measured_ops(
             if window:
                 kernels[f"{mixer}_attention"] = next(iter(ops.values()))[1]
     else:
-        module_gemm = "bfloat16" if quantization is None else quantization.gemm_dtype
-        mla, kernels["mla"] = mla_ops(source, model, tp, kv_dtype, module_gemm, gemm, label)
+        # The module rows of the layers' own GEMM family: replica.dtype's, or the
+        # checkpoint's scheme (a family the module tables lack prices the projections from
+        # the GEMM rows, with the reason).
+        mla, kernels["mla"] = mla_ops(source, model, tp, kv_dtype, kernels["gemm"], gemm, label)
         out.update(mla)
     for kind in model.layer_kinds():
         if kind.ffn == "dense":

@@ -10,14 +10,20 @@ from typing import Any
 
 import pytest
 from measured_tables import attention_columns, gemm_columns, write
-from model_configs import SMALL_DEEPSEEK, load_config
+from model_configs import SMALL_DEEPSEEK, load_config, require_bundled
 from step_shapes import decodes
 from test_mla import module_columns
 
 from tokenyard import catalog
+from tokenyard.catalog.quant import resolve_quantization
+from tokenyard.predictor.compiled import TableCost
 from tokenyard.predictor.measured.build import measured_predictor
-from tokenyard.predictor.measured.data import resolve_source
-from tokenyard.predictor.measured.moe import a2a_ops
+from tokenyard.predictor.measured.data import SYSTEM_OF_DEVICE, package_root, resolve_source
+from tokenyard.predictor.measured.moe import (
+    SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD,
+    a2a_ops,
+    overlap_shared_experts,
+)
 
 
 def _gemm_bf16_and_fp8() -> dict[str, list[Any]]:
@@ -75,6 +81,77 @@ def test_the_mla_module_follows_replica_dtype_fp8(
     shape = decodes(16, 511)
     ratio = fp8.op_times(shape)["q_b_proj"] / projections.op_times(shape)["q_b_proj"]
     assert ratio == pytest.approx(0.5, rel=1e-6)
+
+
+# ---- shared experts beside the routed ones ---------------------------------------------
+
+
+def _flat(seconds: float) -> TableCost:
+    return TableCost(x="num_tokens", xs=(1.0, 4096.0), values=(seconds, seconds))
+
+
+def test_shared_experts_hide_behind_the_routed_path_up_to_256_tokens() -> None:
+    """Shared path 3 + 1 us, routed path 0.5 + 2.5 us: up to 256 tokens the layer costs
+    max(4, 3) = 4 us, the shared GEMMs keeping (4 - 3) / 4 of their time (0.75 and
+    0.25 us); above 256 tokens, all of it (3 and 1 us)."""
+    out: dict[str, Any] = {
+        "router": (_flat(0.5e-6), "measured:gemm", ""),
+        "moe_experts": (_flat(2.5e-6), "measured:moe", ""),
+        "shared_gate_up_proj": (_flat(3e-6), "measured:gemm", ""),
+        "shared_down_proj": (_flat(1e-6), "measured:gemm", ""),
+    }
+    words = overlap_shared_experts(out)
+    assert words == "shared experts beside the routed ones up to 256 tokens"
+    assert SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD == 256
+    up, down = out["shared_gate_up_proj"][0], out["shared_down_proj"][0]
+    for tokens, expected in ((8, (0.75e-6, 0.25e-6)), (256, (0.75e-6, 0.25e-6))):
+        at = {"num_tokens": float(tokens)}
+        assert (up.time(at), down.time(at)) == pytest.approx(expected, rel=1e-9)
+    at = {"num_tokens": 512.0}
+    assert (up.time(at), down.time(at)) == pytest.approx((3e-6, 1e-6), rel=1e-9)
+
+
+def test_shared_experts_longer_than_nothing_routed_are_left_whole() -> None:
+    """Unmeasured experts (the roofline prices them): nothing is rewritten."""
+    out: dict[str, Any] = {
+        "moe_experts": (None, "calibrated", "no MoE table"),
+        "shared_gate_up_proj": (_flat(3e-6), "measured:gemm", ""),
+        "shared_down_proj": (_flat(1e-6), "measured:gemm", ""),
+    }
+    assert overlap_shared_experts(out) == ""
+    assert out["shared_gate_up_proj"][0].values == (3e-6, 3e-6)
+
+
+def _bundled_predictor(name: str, device: str, **layout: Any) -> Any:
+    require_bundled(name)
+    root = package_root()
+    if root is None:
+        pytest.skip("aiconfigurator-core's tables are not installed")
+    model = catalog.model(name)
+    quant = resolve_quantization(model.quantization, "auto", "auto")
+    return measured_predictor(
+        model,
+        catalog.device(device),
+        resolve_source(root, SYSTEM_OF_DEVICE[device], "vllm", "latest"),
+        weight_dtype="auto",
+        kv_cache_dtype="bf16",
+        weight_bytes=quant.bytes_per_weight if quant else 2.0,
+        quantization=quant,
+        **layout,
+    )
+
+
+def test_deepseek_v3_tp8_shared_experts_cost_little_until_257_tokens() -> None:
+    """DeepSeek-V3 on 8 H200s: at 256 decodes the shared GEMMs run beside the routed
+    experts and add only what outlasts them; at 257 vLLM runs them after, in full."""
+    predictor = _bundled_predictor("deepseek-ai/DeepSeek-V3", "h200", tensor_parallel_size=8)
+    assert "shared experts beside the routed ones" in predictor.description["kernels"]
+
+    def shared(batch: int) -> float:
+        ops = predictor.op_times(decodes(batch, 1023))
+        return float(ops["shared_gate_up_proj"] + ops["shared_down_proj"])
+
+    assert shared(256) < 0.25 * shared(257)
 
 
 # ---- the all-to-all -------------------------------------------------------------------

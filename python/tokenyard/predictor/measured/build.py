@@ -64,7 +64,7 @@ from tokenyard.predictor.measured.lookup import (
     shapes,
 )
 from tokenyard.predictor.measured.mla import MLA_MODULE_OPS, mla_ops
-from tokenyard.predictor.measured.moe import a2a_ops, moe_op
+from tokenyard.predictor.measured.moe import a2a_ops, moe_op, overlap_shared_experts
 from tokenyard.predictor.measured.ops import CollectiveTimes, NotMeasured
 from tokenyard.predictor.roofline import CpuOverheads, roofline_predictor
 
@@ -143,6 +143,10 @@ def _measured_ops(
     if dp > 1 and model.num_moe_layers:
         a2a, kernels["a2a"] = a2a_ops(source, model, tp, ep)
         out.update(a2a)
+    if model.num_shared_experts:
+        overlap = overlap_shared_experts(out)
+        if overlap:
+            kernels["shared"] = overlap
     return out, kernels
 
 
@@ -183,6 +187,8 @@ def _kernels_text(kernels: dict[str, str], quantization: Quantization | None) ->
         text += f", MLA {kernels['mla']}"
     if "a2a" in kernels:
         text += f", all-to-all {kernels['a2a']}"
+    if "shared" in kernels:
+        text += f", {kernels['shared']}"
     for mixer in ("gdn", "mamba2"):
         if mixer in kernels:
             text += f", {mixer} {kernels[mixer]}"

@@ -5,10 +5,12 @@ combined tokens of the DP ranks) and, under attention DP, the expert all-to-all 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from tokenyard.catalog import ModelSpec
 from tokenyard.errors import ConfigError
 from tokenyard.predictor import grids
+from tokenyard.predictor.compiled import TableCost
 from tokenyard.predictor.measured.data import MeasuredSource
 from tokenyard.predictor.measured.lookup import Entry, present, read
 from tokenyard.predictor.measured.ops import A2aTimes, MoeShape, MoeTimes, NotMeasured
@@ -130,3 +132,47 @@ def a2a_ops(
     first = "deepep_ll" if "deepep_ll" in used else "deepep_ht"
     return out, f"{first}{limit} (EP {ep}, moe_a2a {path.parent.name})"
 
+
+#: vLLM 0.33 runs a MoE layer's shared experts on an auxiliary CUDA stream beside the
+#: routed path (router, dispatch, experts, combine) when the layer sees at most this many
+#: tokens (``fused_moe/runner/shared_experts.py``, ``_determine_shared_experts_order``:
+#: ``VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD``, 256 by default); above it they run after.
+SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD = 256
+#: The routed path's operations and the shared experts' measured GEMMs.
+ROUTED_OPS = ("router", "moe_experts", "moe_dispatch", "moe_combine")
+SHARED_OPS = ("shared_gate_up_proj", "shared_down_proj")
+
+
+def overlap_shared_experts(out: dict[str, Entry]) -> str:
+    """Price the shared experts as vLLM overlaps them: at up to
+    ``SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD`` tokens a layer costs the longer of the routed
+    path and the shared one, so each shared GEMM keeps only its share of what the shared
+    path adds beyond the routed one; above it, both in full. Rewrites ``out``'s shared
+    GEMM entries in place where they and the experts are measured; returns the banner's
+    words ("" where nothing was rewritten)."""
+    shared = [out.get(op, (None, "", ""))[0] for op in SHARED_OPS]
+    routed = [out[op][0] for op in ROUTED_OPS if op in out and out[op][0] is not None]
+    if any(t is None for t in shared) or "moe_experts" not in out or out["moe_experts"][0] is None:
+        return ""
+    tables = [t for t in shared if t is not None]
+    if any(t.x != "num_tokens" or t.y is not None for t in (*tables, *routed)):
+        return ""
+    limit = float(SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD)
+    xs = sorted({x for t in tables for x in t.xs} | {limit, limit + 1.0})
+
+    def at(table: Any, tokens: float) -> float:
+        return table.time({"num_tokens": tokens})
+
+    def factor(tokens: float) -> float:
+        if tokens > limit:
+            return 1.0
+        s = sum(at(t, tokens) for t in tables)
+        r = sum(at(t, tokens) for t in routed)
+        return max(0.0, s - r) / s if s > 0 else 1.0
+
+    for op, table in zip(SHARED_OPS, tables, strict=True):
+        values = tuple(at(table, x) * factor(x) for x in xs)
+        label = out[op][1]
+        out[op] = (TableCost(x="num_tokens", xs=tuple(xs), values=values), label, "")
+    limit_words = SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD
+    return f"shared experts beside the routed ones up to {limit_words} tokens"

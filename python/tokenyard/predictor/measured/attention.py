@@ -3,6 +3,7 @@ from the ``attention`` tables at one TP worker's head layout and KV dtype."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -17,18 +18,72 @@ from tokenyard.predictor.roofline import window_keys, window_pairs
 def attention_ops(
     source: MeasuredSource, s: Shapes, kv_dtype: str, window: int = 0, chunked: bool = False
 ) -> dict[str, Entry]:
-    """Prefill and decode attention. A windowed layer (``window`` > 0) takes the rows
-    measured at ``window_size = window`` for its layout (gpt-oss's 128, Gemma's 1024,
-    Llama 4's chunk of 8192, which aiconfigurator maps to ``sliding_window_size``); where
-    the tables lack that window, the full-attention rows at the work the window leaves
-    (keys capped, pairs scaled: ``roofline.window_pairs``), said so in the label."""
+    """Prefill and decode attention. A sliding layer (``window`` > 0) takes the rows
+    measured at ``window_size = window`` for its layout (gpt-oss's 128, Gemma's 1024);
+    where the tables lack that window, the full-attention rows at the work the window
+    leaves (keys capped, pairs scaled: ``roofline.window_pairs``), said so in the label.
+    A chunked layer (``chunked``, Llama 4's chunk of 8192) is priced at the chunk-local
+    shapes it runs (``_chunked_attention_ops``)."""
+    if window and chunked:
+        return _chunked_attention_ops(source, s, kv_dtype, window)
     if window:
-        return _windowed_attention_ops(source, s, kv_dtype, window, chunked)
+        return _windowed_attention_ops(source, s, kv_dtype, window)
     return _full_attention_ops(source, s, kv_dtype)
 
 
+def chunk_pieces(seq: float, prefix: float, chunk: float) -> list[tuple[float, float, float]]:
+    """``(copies, seq, prefix)`` of the virtual requests that a prefill chunk of ``seq``
+    tokens after ``prefix`` cached ones becomes under chunked local attention of ``chunk``
+    tokens (vLLM 0.33's ``make_local_attention_virtual_batches``,
+    ``v1/attention/backends/utils.py``): the rest of the prefix's chunk over that chunk's
+    cached part, then whole chunks, then the remainder, each attending only its own
+    chunk's keys."""
+    start = math.fmod(prefix, chunk)
+    first = min(chunk - start, seq)
+    pieces = [(1.0, first, start)]
+    rest = seq - first
+    whole = math.floor(rest / chunk + 1e-9)
+    if whole >= 1:
+        pieces.append((float(whole), chunk, 0.0))
+    tail = rest - whole * chunk
+    if tail > 1e-9:
+        pieces.append((1.0, tail, 0.0))
+    return pieces
+
+
+def _chunked_attention_ops(
+    source: MeasuredSource, s: Shapes, kv_dtype: str, chunk: int
+) -> dict[str, Entry]:
+    """Chunked local attention priced as what it runs: a prefill chunk as the virtual
+    requests vLLM makes of it (``chunk_pieces``), a decode over the keys of its own chunk
+    (``roofline.window_keys``: all of them within the first chunk, half a chunk on average
+    past it, the mean over a batch at spread positions). Each piece's keys stay within one
+    chunk, so the rows at ``window_size = chunk`` (a window that never binds there) price
+    it where measured, the full-attention rows otherwise. aiconfigurator 0.12 instead
+    prices Llama 4's local layers as a sliding window of the chunk
+    (``sdk/utils.py``: ``sliding_window_size = attention_chunk_size``), up to twice the
+    keys past the first chunk."""
+    folder = source.folders["attention"]
+    try:
+        context, generation = _attention_times(source, s, kv_dtype, chunk)
+        rows = f"window_size {chunk} rows"
+    except NotMeasured:
+        context, generation = _full_attention_times(source, s, kv_dtype)
+        rows = f"full-attention rows (window_size {chunk} not measured for this layout)"
+    piece = prefill_seconds(context)
+
+    def prefill(batch: float, seq: float, prefix: float) -> float:
+        return sum(piece(batch * n, c, p) for n, c, p in chunk_pieces(seq, prefix, chunk))
+
+    def decode(batch: float, keys: float) -> float:
+        return float(generation(batch, window_keys(keys, chunk, True)))
+
+    label = f"measured:attention ({folder.name}) {rows} at {chunk}-token chunk-local shapes"
+    return _attention_tables(prefill, decode, label)
+
+
 def _windowed_attention_ops(
-    source: MeasuredSource, s: Shapes, kv_dtype: str, window: int, chunked: bool
+    source: MeasuredSource, s: Shapes, kv_dtype: str, window: int
 ) -> dict[str, Entry]:
     folder = source.folders["attention"]
     try:
@@ -43,10 +98,10 @@ def _windowed_attention_ops(
     def prefill(batch: float, seq: float, prefix: float) -> float:
         whole = full(batch, seq, prefix)
         full_pairs = window_pairs(seq, prefix, 0)
-        return whole * window_pairs(seq, prefix, window, chunked) / max(full_pairs, 1.0)
+        return whole * window_pairs(seq, prefix, window) / max(full_pairs, 1.0)
 
     def decode(batch: float, keys: float) -> float:
-        return float(generation(batch, window_keys(keys, window, chunked)))
+        return float(generation(batch, window_keys(keys, window)))
 
     label = (
         f"measured:attention ({folder.name}) full-attention rows at the work of a "

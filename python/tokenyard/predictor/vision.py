@@ -15,12 +15,22 @@ part                priced from
 ``proj`` (x depth)  GEMM ``m = P, n = h, k = h/TP``
 ``mlp`` (x depth)   GEMMs ``m = P``: ``n = i/TP`` (SwiGLU ``2i/TP``), ``k = h``; ``n = h, k = i/TP``
 ``mergers``         GEMMs ``m = N``: ``n = k = 4h/TP``-ish (``merge^2 h``), ``n = out``
+``norms`` (x depth) two fused residual-add + norms, ``2h`` values in, ``2h`` out per patch
+``act`` (x depth)   the MLP's activation, ``i/TP`` (SwiGLU ``2i/TP`` in) values per patch
+``rope`` (x depth)  the 2D rotary embedding over q and k, ``6h/TP`` in, ``6h/TP`` out
+``merger_act``      the merger's GELU, ``merge^2 h / TP`` per merged token, per merger
 ==================  ========================================================
 
-Norms, GELU, the 2D rotary embedding, position interpolation and TP all-reduces are not
-priced (a few percent of the GEMMs). Without the tables (or a shape they lack) every part is
-a roofline at the device's BF16 peak and HBM bandwidth times ``Efficiencies``' defaults,
-and ``source`` says why.
+The element-wise parts (norms, activations, rotary) have no table anywhere: each is
+memory-bound, its bf16 bytes at the device's calibrated bandwidth fraction plus its
+calibrated launch latency (as the LLM's norms; ``Efficiencies().memory`` without one), with
+the byte counts aiconfigurator 0.12 gives the same kernels (``sdk/models/blocks/vit.py``,
+``_vit_transformer_ops`` and ``_projector_ops``: the rotary reads a full-width cos/sin
+table beside q and k). They were left out until 2026-11-27, which put the tower 15-26%
+under aiconfigurator's on Qwen3-VL-8B (``benches/fidelity_hybrid.py``). Position
+interpolation and the TP all-reduces stay unpriced (one per block at TP > 1). Without the
+tables (or a shape they lack) every part is a roofline at the device's BF16 peak and HBM
+bandwidth times ``Efficiencies``' defaults, and ``source`` says why.
 
 How it reaches the simulator (no core hook yet): the core prices a batch by its shape and
 cannot tell a vision token from a text token, so the encoder's seconds are spread over
@@ -38,6 +48,7 @@ from pathlib import Path
 
 from tokenyard.catalog import DeviceSpec
 from tokenyard.catalog.vision import VisionEncoder
+from tokenyard.predictor.calibration import builtin_calibration
 from tokenyard.predictor.compiled import CompiledOp, CompiledPredictor, RooflineCost
 from tokenyard.predictor.measured.data import MeasuredSource
 from tokenyard.predictor.measured.ops import GemmTimes, NotMeasured
@@ -135,6 +146,33 @@ def _gemm_shapes(v: VisionEncoder, patches: int, tp: int) -> dict[str, tuple[int
     }
 
 
+def _elementwise_values(v: VisionEncoder, patches: int, tp: int) -> dict[str, tuple[int, int, int]]:
+    """Part -> (values read, values written, runs per image) of the memory-bound parts."""
+    h, i, tokens = v.hidden_size, v.intermediate_size, patches // v.spatial_merge_size**2
+    act_in = (2 * i if v.gated_mlp else i) // tp
+    return {
+        "norms": (patches * 2 * h, patches * 2 * h, 2 * v.depth),
+        "act": (patches * act_in, patches * (i // tp), v.depth),
+        "rope": (patches * 6 * h // tp, patches * 6 * h // tp, v.depth),
+        "merger_act": (tokens * v.merged_size // tp, tokens * v.merged_size // tp, v.num_mergers),
+    }
+
+
+def _elementwise(v: VisionEncoder, device: DeviceSpec, patches: int, tp: int) -> dict[str, float]:
+    """The memory-bound parts as the LLM's norms are priced: the device's calibrated
+    bandwidth fraction and launch latency (``calibration.builtin_calibration``), else
+    ``Efficiencies().memory`` and no launch cost."""
+    calibration = builtin_calibration(device)
+    efficiency, launch_s = Efficiencies().memory, 0.0
+    if calibration is not None:
+        efficiency, launch_s = calibration.memory_efficiency, calibration.memory_latency_s
+    bandwidth = device.memory_bandwidth_gbps * 1e9 * efficiency
+    return {
+        name: runs * (2.0 * (read + written) / bandwidth + launch_s)
+        for name, (read, written, runs) in _elementwise_values(v, patches, tp).items()
+    }
+
+
 def _attention_batches(v: VisionEncoder, patches: int) -> list[tuple[int, int, int]]:
     """(batch, isl, blocks) of the tower's attention calls for one image."""
     if not v.window_size:
@@ -160,6 +198,7 @@ def _roofline(v: VisionEncoder, device: DeviceSpec, patches: int, tp: int, why: 
         blocks * 4.0 * batch * isl * isl * width / (peak * eff.attention)
         for batch, isl, blocks in _attention_batches(v, patches)
     )
+    parts.update(_elementwise(v, device, patches, tp))
     return EncoderCost(patches, parts, f"roofline (datasheet x default efficiencies): {why}")
 
 
@@ -197,9 +236,11 @@ def encoder_cost(
     parts["attention"] = sum(
         blocks * attention(batch, isl) for batch, isl, blocks in _attention_batches(vision, patches)
     )
+    parts.update(_elementwise(vision, device, patches, tp))
     label = (
         f"measured: encoder_attention ({folder.parent.name} {folder.name}), "
-        f"gemm bfloat16 ({source.folders['gemm'].name})"
+        f"gemm bfloat16 ({source.folders['gemm'].name}); norms, activations and rotary "
+        "at HBM bandwidth"
     )
     return EncoderCost(patches, parts, label)
 

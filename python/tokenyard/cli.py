@@ -37,6 +37,9 @@ def _main(argv: Sequence[str] | None) -> int:
     from tokenyard.search import cli as search_cli
 
     search_cli.add_parser(commands)
+    from tokenyard.recommend import cli as recommend_cli
+
+    recommend_cli.add_parser(commands)
     from tokenyard.report import cli as report_cli
 
     report_cli.add_parsers(commands)
@@ -57,6 +60,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return predictor_cli.run_command(args)
     if args.command == "search":
         return search_cli.run_command(args)
+    if args.command == "recommend":
+        return recommend_cli.run_command(args)
     if args.command == "report":
         return report_cli.run_report(args)
     if args.command == "compare":

@@ -1,0 +1,434 @@
+"""The candidate deployments of ``tokenyard recommend`` and their steady-state estimates.
+
+A ``Candidate`` is one deployment: aggregated (``replicas`` copies of one layout) or
+disaggregated (a prefill pool and a decode pool, xPyD, each with its own layout), with its
+step budget (``max_num_batched_tokens``, the chunk size), its batch cap (``max_num_seqs``)
+and, where the model ships an MTP module and an acceptance rate is given, speculative
+decoding. ``enumerate_candidates`` builds every layout that the memory planner fits and
+whose GPUs divide the budget (or, for a target rate, the replicas it needs), and prices
+each with ``estimate``. Layouts that do not fit are returned as skips with the reason.
+
+Invariant: a candidate's ``simulation()`` is a complete ``tokenyard simulate`` document;
+its GPU count is ``gpus`` (both pools), as ``tokenyard.search.deployments.gpu_pools``
+counts it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from tokenyard.errors import ConfigError
+from tokenyard.recommend import estimate as est
+from tokenyard.simulation.config import apply_overrides, config_from_mapping
+
+__all__ = [
+    "CHUNK_SIZES",
+    "GPUS_PER_NODE",
+    "Candidate",
+    "Layout",
+    "Space",
+    "enumerate_candidates",
+]
+
+#: Step token budgets tried (vLLM 0.33's ``max_num_batched_tokens`` default is 8192 for
+#: ``vllm serve`` on H100/H200 and 16384 on B200/B300: ``EngineArgs.
+#: _set_default_max_num_seqs_and_batched_tokens_args`` in vllm/engine/arg_utils.py).
+CHUNK_SIZES = (2048, 8192, 16384)
+#: TP (and a P/D transfer on NVLink) stays within one node of this many GPUs.
+GPUS_PER_NODE = 8
+_TP = (1, 2, 4, 8)
+_PP = (1, 2, 4)
+_DP = (1, 2, 4, 8)
+
+Kind = Literal["agg", "disagg"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """One replica's parallelism on ``device``: TP x PP x DP GPUs; EP spreads the experts
+    over the TP x DP ranks (1: experts split by TP)."""
+
+    device: str
+    tp: int
+    pp: int = 1
+    dp: int = 1
+    ep: int = 1
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def label(self) -> str:
+        parts = [f"TP{self.tp}"]
+        if self.pp > 1:
+            parts.append(f"PP{self.pp}")
+        if self.dp > 1:
+            parts.append(f"DP{self.dp}")
+        if self.ep > 1:
+            parts.append(f"EP{self.ep}")
+        return " ".join(parts)
+
+    def replica(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "tensor_parallel_size": self.tp,
+            "num_pipeline_stages": self.pp,
+            "data_parallel_size": self.dp,
+            "expert_parallel_size": self.ep,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One deployment to simulate. ``estimate``: its steady-state figures (capacity in
+    requests/s or users, tokens/s/GPU, TPOT, TTFT) from ``estimate``."""
+
+    kind: Kind
+    layout: Layout
+    replicas: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    decode: Layout | None = None
+    decode_replicas: int = 0
+    decode_max_num_seqs: int = 0
+    speculative: Mapping[str, Any] | None = None
+    estimate: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    @property
+    def gpus(self) -> int:
+        extra = self.decode.gpus * self.decode_replicas if self.decode is not None else 0
+        return self.layout.gpus * self.replicas + extra
+
+    @property
+    def label(self) -> str:
+        if self.decode is None:
+            spec = f" MTP{self.speculative['num_speculative_tokens']}" if self.speculative else ""
+            return f"{self.layout.label} x{self.replicas}{spec}"
+        return (
+            f"prefill {self.layout.label} x{self.replicas} + "
+            f"decode {self.decode.label} x{self.decode_replicas}"
+        )
+
+    @property
+    def knobs(self) -> str:
+        """The scheduler caps, in vLLM's words."""
+        seqs = self.max_num_seqs if self.decode is None else self.decode_max_num_seqs
+        return f"max_num_seqs={seqs} max_num_batched_tokens={self.max_num_batched_tokens}"
+
+    def with_replicas(self, replicas: int, decode_replicas: int = 0) -> Candidate:
+        return dataclasses.replace(
+            self, replicas=replicas, decode_replicas=decode_replicas or self.decode_replicas
+        )
+
+    def simulation(self, base: Mapping[str, Any], policy: str) -> dict[str, Any]:
+        """The ``tokenyard simulate`` document of this deployment on ``base`` (seed,
+        model, dtypes, execution, workload) under scheduler ``policy``."""
+        replica = {
+            **self.layout.replica(),
+            "scheduler": _scheduler(policy, self.max_num_seqs, self.max_num_batched_tokens),
+        }
+        if self.speculative:
+            replica["speculative"] = dict(self.speculative)
+        cluster: dict[str, Any] = {"num_replicas": self.replicas}
+        if self.decode is not None:
+            cluster["decode"] = {
+                "num_replicas": self.decode_replicas,
+                "device": self.decode.device,
+                "tensor_parallel_size": self.decode.tp,
+                "num_pipeline_stages": self.decode.pp,
+                "scheduler": _scheduler(
+                    policy, self.decode_max_num_seqs, self.max_num_batched_tokens
+                ),
+            }
+        return apply_overrides(base, _dotted({"replica": replica, "cluster": cluster}))
+
+
+def _dotted(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` as ``{"a.b": 1}``: overrides that merge into ``base``."""
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, Mapping) and value:
+            out.update(_dotted(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _scheduler(policy: str, max_num_seqs: int, max_num_batched_tokens: int) -> dict[str, Any]:
+    if policy == "sglang":
+        section = {
+            "max_running_requests": max_num_seqs,
+            "chunked_prefill_size": max_num_batched_tokens,
+        }
+    else:
+        section = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens}
+    return {"policy": policy, policy: section}
+
+
+@dataclasses.dataclass(frozen=True)
+class Space:
+    """What the candidates are built for: the load's mean lengths, the SLO bounds the
+    estimator checks (seconds; the stat the user asked for is applied by the simulation),
+    and the GPU budget or the target load (requests/s, or users for a closed loop)."""
+
+    isl: float
+    osl: float
+    ttft_s: float | None
+    tpot_s: float | None
+    gpus: int | None = None
+    target: float | None = None
+    closed_loop: bool = False
+    margin: float = 0.1
+    disaggregated: bool = True
+    mtp_acceptance: float | None = None
+
+
+def _layouts(model: Any, device: str, max_gpus: int) -> list[Layout]:
+    moe = model.num_experts > 1
+    out = []
+    for tp in _TP:
+        for pp in _PP:
+            for dp in _DP if moe else (1,):
+                if tp * pp * dp > max_gpus or tp > GPUS_PER_NODE:
+                    continue
+                try:
+                    model.check_layout(tp, pp)
+                except ConfigError:
+                    continue
+                eps = (1, tp * dp) if moe else (1,)
+                for ep in dict.fromkeys(eps):
+                    if dp > 1 and ep == 1:
+                        continue  # attention DP needs EP (vLLM)
+                    try:
+                        model.check_expert_parallel(ep)
+                    except ConfigError:
+                        continue
+                    out.append(Layout(device, tp, pp, dp, ep))
+    return out
+
+
+@dataclasses.dataclass
+class _Priced:
+    layout: Layout
+    price: est.Pricer
+    max_kv_tokens: int
+
+
+def _price_layouts(
+    base: Mapping[str, Any], layouts: Sequence[Layout], skipped: list[tuple[str, str]]
+) -> list[_Priced]:
+    from tokenyard.simulation.run import plan_for
+
+    out = []
+    for layout in layouts:
+        doc = apply_overrides(base, _dotted({"replica": layout.replica()}))
+        try:
+            config = config_from_mapping(doc)
+            plan = plan_for(config)
+        except ConfigError as error:
+            if error.field in (
+                "replica.device",
+                "replica.expert_parallel_size",
+                "replica.data_parallel_size",
+            ):
+                skipped.append((layout.label + f" on {layout.device}", str(error)))
+                continue
+            raise
+        out.append(_Priced(layout, est.pricer(config), plan.max_kv_tokens))
+    return out
+
+
+def _aggregated(space: Space, priced: _Priced, budget: int) -> est.Estimate | None:
+    layout = priced.layout
+    return est.best_batch(
+        lambda b: est.aggregated(
+            priced.price,
+            isl=space.isl,
+            osl=space.osl,
+            batch_size=b,
+            max_num_batched_tokens=budget,
+            num_stages=layout.pp,
+            data_parallel_size=layout.dp,
+            gpus=layout.gpus,
+        ),
+        max_kv_tokens=priced.max_kv_tokens,
+        ttft_s=space.ttft_s,
+        tpot_s=space.tpot_s,
+    )
+
+
+def _replicas_for(space: Space, per_replica: float) -> int:
+    """Replicas to carry the target with the margin (the estimate is optimistic)."""
+    if space.target is None or per_replica <= 0:
+        return 0
+    return max(1, math.ceil(space.target / (per_replica * (1.0 - space.margin))))
+
+
+def _agg_candidates(space: Space, priced: Sequence[_Priced]) -> list[Candidate]:
+    out = []
+    for p in priced:
+        for budget in CHUNK_SIZES:
+            e = _aggregated(space, p, budget)
+            if e is None:
+                continue
+            # Closed loop: a replica's capacity is its users, the batch it holds.
+            per_replica = e.batch_size * p.layout.dp if space.closed_loop else e.requests_per_s
+            if space.gpus is not None:
+                if space.gpus % p.layout.gpus:
+                    continue
+                replicas = space.gpus // p.layout.gpus
+            else:
+                replicas = _replicas_for(space, per_replica)
+            cap = min(2 * e.batch_size, budget)
+            for seqs in dict.fromkeys((e.batch_size, cap)):
+                out.append(
+                    Candidate(
+                        "agg",
+                        p.layout,
+                        replicas,
+                        budget,
+                        seqs,
+                        estimate={
+                            "capacity": per_replica * replicas,
+                            "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu,
+                            "tokens_per_s_per_user": e.tokens_per_s_per_user,
+                            "tpot_s": e.tpot_s,
+                            "ttft_s": e.ttft_s,
+                            "batch_size": e.batch_size,
+                        },
+                    )
+                )
+    return out
+
+
+def _disagg_candidates(space: Space, priced: Sequence[_Priced]) -> list[Candidate]:
+    plain = [p for p in priced if p.layout.dp == 1 and p.layout.ep == 1]
+    prefills = []
+    for p in plain:
+        for budget in CHUNK_SIZES[1:]:
+            pe = est.prefill_only(
+                p.price,
+                isl=space.isl,
+                max_num_batched_tokens=budget,
+                ttft_s=space.ttft_s if space.ttft_s is not None else math.inf,
+                num_stages=p.layout.pp,
+            )
+            if pe is not None:
+                prefills.append((p, budget, pe))
+    decodes = []
+    for p in plain:
+        de = est.best_batch(
+            lambda b, p=p: est.decode_only(
+                p.price, isl=space.isl, osl=space.osl, batch_size=b, num_stages=p.layout.pp
+            ),
+            max_kv_tokens=p.max_kv_tokens,
+            ttft_s=None,
+            tpot_s=space.tpot_s,
+        )
+        if de is not None:
+            decodes.append((p, de))
+    out = []
+    max_gpus = space.gpus
+    for p, budget, pe in prefills:
+        for d, de in decodes:
+            if p.layout.device != d.layout.device:
+                continue  # one GPU type per deployment (KV layouts alike)
+            rp = pe.requests_per_s
+            rd = de.requests_per_s
+            if space.closed_loop:  # users: what the decode pool holds
+                rd = float(de.batch_size)
+            if max_gpus is not None:
+                best: tuple[float, int, int] | None = None
+                for x in range(1, max_gpus // p.layout.gpus + 1):
+                    room = max_gpus - x * p.layout.gpus
+                    y = room // d.layout.gpus
+                    if y < 1:
+                        break
+                    # Fewest decode replicas that keep up with x prefill replicas.
+                    need = math.ceil(x * rp / rd) if not space.closed_loop else y
+                    y = max(1, min(y, need))
+                    rate = min(x * rp, y * rd) if not space.closed_loop else y * rd
+                    per_gpu = rate / (x * p.layout.gpus + y * d.layout.gpus)
+                    if best is None or per_gpu > best[0]:
+                        best = (per_gpu, x, y)
+                if best is None:
+                    continue
+                _, x, y = best
+            else:
+                x = _replicas_for(space, rp if not space.closed_loop else math.inf) or 1
+                y = _replicas_for(space, rd)
+            rate = min(x * rp, y * rd) if not space.closed_loop else y * rd
+            gpus = x * p.layout.gpus + y * d.layout.gpus
+            tokens = rate * (space.osl if not space.closed_loop else 1.0 / de.tpot_s)
+            out.append(
+                Candidate(
+                    "disagg",
+                    p.layout,
+                    x,
+                    budget,
+                    min(budget, 256),  # prompts held until their KV has left
+                    decode=d.layout,
+                    decode_replicas=y,
+                    decode_max_num_seqs=min(de.batch_size, budget),
+                    estimate={
+                        "capacity": rate,
+                        "tokens_per_s_per_gpu": tokens / gpus,
+                        "tokens_per_s_per_user": 1.0 / de.tpot_s,
+                        "tpot_s": de.tpot_s,
+                        "ttft_s": pe.ttft_s,
+                        "batch_size": de.batch_size,
+                    },
+                )
+            )
+    return out
+
+
+def _mtp_candidates(space: Space, model: Any, agg: Sequence[Candidate]) -> list[Candidate]:
+    """Speculative (MTP) variants of the aggregated candidates, where the model ships an
+    MTP module and an acceptance rate was given (it is a property of the data, which no
+    estimate knows)."""
+    if space.mtp_acceptance is None or not getattr(model, "num_mtp_layers", 0):
+        return []
+    out = []
+    for c in agg:
+        for k in (1, 2, 3):
+            spec = {
+                "method": "mtp",
+                "num_speculative_tokens": k,
+                "acceptance_rate": space.mtp_acceptance,
+            }
+            out.append(dataclasses.replace(c, speculative=spec))
+    return out
+
+
+def enumerate_candidates(
+    space: Space,
+    base: Mapping[str, Any],
+    devices: Sequence[str],
+    *,
+    framework: str,
+) -> tuple[list[Candidate], list[tuple[str, str]]]:
+    """Every candidate on ``devices`` with its estimate, and the layouts skipped (label,
+    reason). ``base``: the simulation document without a layout (model, dtypes, execution,
+    workload)."""
+    from tokenyard.simulation.catalog import catalog_for
+
+    config = config_from_mapping(base)
+    model = catalog_for(config).model(config.model_name(), field="replica.model")
+    skipped: list[tuple[str, str]] = []
+    max_gpus = space.gpus if space.gpus is not None else 4 * GPUS_PER_NODE
+    out: list[Candidate] = []
+    for device in devices:
+        priced = _price_layouts(base, _layouts(model, device, max_gpus), skipped)
+        agg = _agg_candidates(space, priced)
+        out.extend(agg)
+        out.extend(_mtp_candidates(space, model, agg))
+        if space.disaggregated and framework == "vllm":
+            out.extend(_disagg_candidates(space, priced))
+    if space.gpus is not None:
+        out = [c for c in out if c.gpus <= space.gpus]
+    return out, skipped

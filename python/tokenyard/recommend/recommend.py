@@ -1,0 +1,503 @@
+"""``recommend``: from a model, GPU types, a load and SLOs to verified deployments.
+
+Three phases, each narrower and dearer than the one before:
+
+1. **Estimate** (``candidates``, ``estimate``): every layout that fits (TP, PP, EP and
+   attention DP, xPyD pools, chunk sizes, batch caps, MTP) priced at its steady state by
+   the simulator's own step predictor; seconds for hundreds of candidates.
+2. **Simulate** the best ``top_k`` of each kind (aggregated, disaggregated) on the load:
+   capacity by bisection (``tokenyard.search``'s ``PointJob`` on its executors: a process
+   pool or Ray); with a target rate, pools that fall short are grown and searched again.
+3. **Verify** (``verify``) the best simulated points on the WHOLE load at ``(1 - margin) x``
+   capacity (or at the target rate); only points that hold are recommended.
+
+Invariant: every row of ``Recommendation.rows`` held all the SLOs in a simulation of the
+whole load at its ``target_qps``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
+
+from tokenyard._checks import check_key_int
+from tokenyard.errors import ConfigError
+from tokenyard.recommend.candidates import Candidate, Space, enumerate_candidates
+from tokenyard.recommend.verify import Verdict, verify_points
+from tokenyard.search.capacity import CapacityResult
+from tokenyard.search.config import SLO, SearchParams, check_slo_key
+from tokenyard.search.driver import PointJob, run_jobs
+from tokenyard.search.executors import Executor, make_executor
+
+__all__ = ["FRAMEWORKS", "Ask", "Recommendation", "recommend", "resolve_device"]
+
+#: ``--framework`` -> the replica policy that schedules like it.
+FRAMEWORKS = {"vllm": "vllm_v1", "sglang": "sglang"}
+#: Without a TTFT or e2e bound nothing sees a queue grow past saturation: this guard does
+#: (the search's ``max_scheduling_delay_p99_s``), and the output names it.
+GUARD = ("scheduling_delay_p99_s", 2.0)
+
+
+def resolve_device(name: str) -> str:
+    """A catalog GPU from a catalog name or alias, or an aiconfigurator system name
+    (``h200_sxm``: the device whose measured tables it names).
+
+    Raises:
+        ConfigError: no such GPU (field ``--system``).
+    """
+    from tokenyard.catalog import current_catalog
+    from tokenyard.predictor.measured.data import SYSTEM_OF_DEVICE
+
+    catalog = current_catalog()
+    by_system = {system: device for device, system in SYSTEM_OF_DEVICE.items()}
+    for guess in (name, by_system.get(name), name.replace("_", "-")):
+        if guess is None:
+            continue
+        try:
+            return str(catalog.device(guess, field="--system").name)
+        except ConfigError:
+            continue
+    systems = ", ".join(sorted(by_system))
+    try:
+        catalog.device(name, field="--system")
+    except ConfigError as error:
+        raise ConfigError(
+            f"{error} (or an aiconfigurator system: {systems})", field="--system", value=repr(name)
+        ) from None
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+@dataclasses.dataclass(frozen=True)
+class Ask:
+    """The planner's question. One of ``gpus`` (a budget: every layout uses it whole, or
+    fewer GPUs for P/D), ``rate`` (requests/s to serve) or ``concurrency`` (users of a
+    closed loop). ``workload``: the whole load, as ``tokenyard simulate``'s ``[workload]``
+    (its rate is set by the search); ``sample``: how much of it the search simulates
+    (a trace's first requests; a synthetic load's count), the whole of it being verified.
+    ``slo``: bounds such as ``{"ttft_p90_s": 1.0, "tpot_p90_s": 0.05}``."""
+
+    model: str
+    systems: tuple[str, ...]
+    workload: Mapping[str, Any]
+    slo: Mapping[str, float]
+    framework: str = "vllm"
+    gpus: int | None = None
+    rate: float | None = None
+    concurrency: int | None = None
+    margin: float = 0.10
+    sample: int | None = 1000
+    top_k: int = 3
+    show: int = 3
+    execution: Mapping[str, Any] = dataclasses.field(default_factory=lambda: {"model": "auto"})
+    replica: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    disaggregated: bool = True
+    mtp_acceptance: float | None = None
+    seed: int = 0
+
+    def check(self) -> None:
+        """Raises ConfigError naming the first bad field."""
+        given = [k for k in ("gpus", "rate", "concurrency") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ConfigError(
+                f"--gpus/--rate/--concurrency: give exactly one, got {given or 'none'}",
+                field="--gpus",
+            )
+        if self.gpus is not None:
+            check_key_int("--gpus", self.gpus, low=1, high=4096)
+        if self.concurrency is not None:
+            check_key_int("--concurrency", self.concurrency, low=1, high=1_000_000)
+        if self.rate is not None and not (math.isfinite(self.rate) and self.rate > 0):
+            raise ConfigError(
+                f"--rate: must be a finite number > 0, got {self.rate!r}",
+                field="--rate",
+                value=repr(self.rate),
+            )
+        if self.framework not in FRAMEWORKS:
+            raise ConfigError(
+                f"--framework: must be one of {', '.join(FRAMEWORKS)}, got {self.framework!r}",
+                field="--framework",
+                value=repr(self.framework),
+            )
+        if not 0.0 <= self.margin < 0.9:
+            raise ConfigError(
+                f"--margin: must be in [0, 0.9), got {self.margin!r}",
+                field="--margin",
+                value=repr(self.margin),
+            )
+        if not self.slo:
+            raise ConfigError("--ttft/--tpot/--e2e/--slo: give at least one SLO", field="--slo")
+        for key, bound in self.slo.items():
+            check_slo_key(key, "--slo")
+            if not (math.isfinite(bound) and bound > 0):
+                raise ConfigError(
+                    f"--slo {key}: must be a finite number of seconds > 0, got {bound!r}",
+                    field="--slo",
+                    value=repr(bound),
+                )
+        if not self.systems:
+            raise ConfigError("--system: give at least one GPU system", field="--system")
+        check_key_int("--top-k", self.top_k, low=1, high=100)
+        check_key_int("--show", self.show, low=1, high=100)
+        if self.sample is not None:
+            check_key_int("--sample", self.sample, low=10, high=100_000_000)
+        if self.mtp_acceptance is not None and not 0.0 < self.mtp_acceptance <= 1.0:
+            raise ConfigError(
+                f"--mtp-acceptance: must be in (0, 1], got {self.mtp_acceptance!r}",
+                field="--mtp-acceptance",
+                value=repr(self.mtp_acceptance),
+            )
+
+    @property
+    def policy(self) -> str:
+        return FRAMEWORKS[self.framework]
+
+    @property
+    def closed_loop(self) -> bool:
+        return self.concurrency is not None
+
+    def slo_set(self) -> tuple[SLO, str | None]:
+        """The SLO set simulated, and the note when the saturation guard joins it."""
+        bounds = dict(self.slo)
+        if any(k.startswith(("ttft_", "e2e_", "scheduling_delay_")) for k in bounds):
+            return SLO("recommend", bounds), None
+        bounds[GUARD[0]] = GUARD[1]
+        note = (
+            f"no TTFT or e2e bound: {GUARD[0]} <= {GUARD[1]:g} s added, or a queue growing "
+            "past saturation would go unseen"
+        )
+        return SLO("recommend", bounds), note
+
+    def whole_workload(self) -> dict[str, Any]:
+        workload = dict(self.workload)
+        if self.concurrency is not None:
+            loop = dict(workload.get("closed_loop") or {})
+            loop["concurrency"] = self.concurrency
+            workload["closed_loop"] = loop
+        return workload
+
+    def sample_workload(self) -> dict[str, Any]:
+        """The load the search simulates: the whole load cut to ``sample`` requests."""
+        workload = self.whole_workload()
+        if self.sample is None:
+            return workload
+        if workload.get("kind") == "trace":
+            limit = workload.get("limit")
+            workload["limit"] = self.sample if limit is None else min(int(limit), self.sample)
+        elif "num_requests" in workload:
+            workload["num_requests"] = min(int(workload["num_requests"]), self.sample)
+        return workload
+
+    def base(self, workload: Mapping[str, Any]) -> dict[str, Any]:
+        """The simulation document without a layout."""
+        replica = {**self.replica, "model": self.model, "scheduler": {"policy": self.policy}}
+        return {
+            "seed": self.seed,
+            "replica": replica,
+            "execution": dict(self.execution),
+            "workload": dict(workload),
+        }
+
+
+@dataclasses.dataclass
+class Simulated:
+    """A candidate after its capacity search: ``capacity`` (requests/s, or users)."""
+
+    candidate: Candidate
+    result: CapacityResult
+    rounds: int = 1
+
+    @property
+    def capacity(self) -> float:
+        return self.result.capacity_qps
+
+
+@dataclasses.dataclass
+class Recommendation:
+    """The answer: ``points`` (verified, best first per kind), ``rejected`` (simulated
+    and verified, but the whole load broke an SLO), counts and wall times per phase."""
+
+    ask: Ask
+    slo: SLO
+    points: list[tuple[Simulated, Verdict]]
+    rejected: list[tuple[Simulated, Verdict]]
+    simulated: list[Simulated]
+    num_candidates: int
+    skipped: list[tuple[str, str]]
+    mean_isl: float
+    mean_osl: float
+    notes: list[str]
+    wall_s: dict[str, float]
+    num_simulations: int = 0
+    #: The summary of each recommended point's whole-load run (``points`` order): busy
+    #: fractions and KV use for the cost and energy figures.
+    summaries: list[Mapping[str, Any]] = dataclasses.field(default_factory=list)
+
+    def best(self, kind: str) -> tuple[Simulated, Verdict] | None:
+        return next((p for p in self.points if p[0].candidate.kind == kind), None)
+
+
+class _Kept:
+    """An executor that survives ``run_jobs`` (which closes what it is given), so one
+    process pool serves every phase; ``close_now`` ends it."""
+
+    def __init__(self, inner: Executor):
+        self.inner = inner
+        self.max_in_flight = inner.max_in_flight
+        self.count = 0
+
+    def submit(self, tag: Hashable, payload: dict[str, Any]) -> None:
+        self.count += 1
+        self.inner.submit(tag, payload)
+
+    def wait(self) -> list[tuple[Hashable, dict[str, Any]]]:
+        return self.inner.wait()
+
+    def close(self) -> None:
+        pass
+
+    def close_now(self) -> None:
+        self.inner.close()
+
+
+def _load_stats(ask: Ask) -> tuple[float, float]:
+    from tokenyard.search.capacity import with_rate
+    from tokenyard.workload import load_workload
+    from tokenyard.workload.chunk import summarize
+
+    doc = with_rate({"workload": ask.sample_workload()}, 1.0)
+    stats = summarize(load_workload(doc["workload"]))
+    return stats.mean_prefill_tokens, max(1.0, stats.mean_decode_tokens)
+
+
+def _survivors(candidates: Sequence[Candidate], top_k: int) -> list[Candidate]:
+    """The best ``top_k`` distinct layouts of each kind by estimated tokens/s/GPU (with a
+    target: fewest GPUs first), each with all its cap and chunk variants among the best."""
+    out: list[Candidate] = []
+    for kind in ("agg", "disagg"):
+        ranked = sorted(
+            (c for c in candidates if c.kind == kind),
+            key=lambda c: (-c.estimate["tokens_per_s_per_gpu"], c.gpus, c.label),
+        )
+        layouts: list[str] = []
+        for c in ranked:
+            key = c.label
+            if key not in layouts:
+                if len(layouts) >= top_k:
+                    continue
+                layouts.append(key)
+            same = [o for o in out if o.label == key]
+            if len(same) < 2:  # at most two cap/chunk variants per layout
+                out.append(c)
+    return out
+
+
+def _params(candidate: Candidate, closed_loop: bool) -> SearchParams:
+    guess = candidate.estimate.get("capacity", 1.0) * 0.7
+    low = 1.0 if closed_loop else 0.01
+    initial = max(low, round(guess) if closed_loop else float(f"{guess:.3g}"))
+    return SearchParams(
+        initial_qps=initial,
+        min_qps=low,
+        max_qps=max(initial, 1e5),
+        tolerance=0.03,
+        max_simulations=24,
+        max_scheduling_delay_p99_s=math.inf,
+    )
+
+
+def _search(
+    candidates: Sequence[Candidate], ask: Ask, slo: SLO, executor: _Kept, rounds: int = 1
+) -> list[Simulated]:
+    base = ask.base(ask.sample_workload())
+    jobs = [
+        PointJob(str(i), c.simulation(base, ask.policy), [slo], _params(c, ask.closed_loop))
+        for i, c in enumerate(candidates)
+    ]
+    run_jobs(jobs, executor)
+    return [
+        Simulated(c, job.results()[slo.name], rounds)
+        for c, job in zip(candidates, jobs, strict=True)
+    ]
+
+
+def _grow(sim: Simulated, target: float, margin: float) -> Candidate | None:
+    """The candidate with its pools grown to carry ``target`` at ``(1 - margin) x``
+    capacity; ``None`` if it carries it already (or never held any load)."""
+    c, usable = sim.candidate, sim.capacity * (1.0 - margin)
+    if usable >= target or sim.capacity <= 0:
+        return None
+    factor = target / usable
+    return c.with_replicas(
+        math.ceil(c.replicas * factor),
+        math.ceil(c.decode_replicas * factor) if c.decode is not None else 0,
+    )
+
+
+def _usable(sim: Simulated, ask: Ask) -> float:
+    """The rate (or users) a point is verified at."""
+    target = ask.rate if ask.rate is not None else ask.concurrency
+    if target is not None:
+        return float(target)
+    usable = sim.capacity * (1.0 - ask.margin)
+    return float(max(1, math.floor(usable))) if ask.closed_loop else usable
+
+
+def tokens_per_s_per_gpu(sim: Simulated, verdict: Verdict, osl: float) -> float:
+    """Output tokens/s per GPU at the verified rate: the rate x mean output tokens (what
+    was served: a run that held its SLOs kept up), or, under closed loop, the simulated
+    completions/s x mean output tokens."""
+    served = verdict.requests_per_s if verdict.closed_loop else verdict.rate
+    return served * osl / sim.candidate.gpus
+
+
+def recommend(
+    ask: Ask,
+    *,
+    executor: str | Executor | None = None,
+    workers: int | None = None,
+    ray_address: str | None = None,
+) -> Recommendation:
+    """Answers ``ask`` (see the module docstring).
+
+    Raises:
+        ConfigError: a bad ask, model, system or workload, before any simulation.
+    """
+    ask.check()
+    start = time.perf_counter()
+    devices = list(dict.fromkeys(resolve_device(s) for s in ask.systems))
+    slo, guard_note = ask.slo_set()
+    notes = [guard_note] if guard_note else []
+    isl, osl = _load_stats(ask)
+    bound = {k.split("_")[0]: v for k, v in ask.slo.items()}
+    space = Space(
+        isl=isl,
+        osl=osl,
+        ttft_s=bound.get("ttft"),
+        tpot_s=bound.get("tpot"),
+        gpus=ask.gpus,
+        target=ask.rate if ask.rate is not None else ask.concurrency,
+        closed_loop=ask.closed_loop,
+        margin=ask.margin,
+        disaggregated=ask.disaggregated,
+        mtp_acceptance=ask.mtp_acceptance,
+    )
+    if ask.disaggregated and ask.framework != "vllm":
+        notes.append(
+            "P/D not searched: the simulator's disaggregated pools run vllm_v1 replicas "
+            "(docs/disaggregation.md)"
+        )
+    candidates, skipped = enumerate_candidates(
+        space, ask.base(ask.sample_workload()), devices, framework=ask.framework
+    )
+    if not candidates:
+        reasons = "; ".join(f"{label}: {why}" for label, why in skipped[:3]) or "none fit"
+        raise ConfigError(
+            f"--gpus/--system: no layout of {ask.model} fits the budget on "
+            f"{', '.join(devices)} within the SLOs by the estimate ({reasons})",
+            field="--gpus",
+        )
+    t_estimate = time.perf_counter()
+    survivors = _survivors(candidates, ask.top_k)
+    kept = _Kept(make_executor(executor, workers=workers, ray_address=ray_address))
+    try:
+        simulated = _search(survivors, ask, slo, kept)
+        target = space.target
+        for round_ in (2, 3):  # a target the estimate missed: grow the pools, search again
+            if target is None:
+                break
+            grown = [(i, g) for i, s in enumerate(simulated) if (g := _grow(s, target, ask.margin))]
+            if not grown:
+                break
+            again = _search([g for _, g in grown], ask, slo, kept, round_)
+            for (i, _), s in zip(grown, again, strict=True):
+                simulated[i] = s
+        t_search = time.perf_counter()
+        points, rejected = _verify(simulated, ask, slo, kept, osl)
+    finally:
+        kept.close_now()
+    summaries = [point_config(ask, s, v)[1] for s, v in points]
+    end = time.perf_counter()
+    return Recommendation(
+        ask=ask,
+        slo=slo,
+        points=points,
+        rejected=rejected,
+        simulated=simulated,
+        num_candidates=len(candidates),
+        skipped=skipped,
+        mean_isl=isl,
+        mean_osl=osl,
+        notes=notes,
+        wall_s={
+            "estimate": t_estimate - start,
+            "search": t_search - t_estimate,
+            "verify": end - t_search,
+            "total": end - start,
+        },
+        num_simulations=kept.count + len(points),
+        summaries=summaries,
+    )
+
+
+def _verify(
+    simulated: Sequence[Simulated], ask: Ask, slo: SLO, executor: _Kept, osl: float
+) -> tuple[list[tuple[Simulated, Verdict]], list[tuple[Simulated, Verdict]]]:
+    """Verifies the best simulated points of each kind on the whole load, in rounds, until
+    ``ask.show`` of a kind held or none is left."""
+    whole = ask.base(ask.whole_workload())
+    target = ask.rate if ask.rate is not None else ask.concurrency
+    held: list[tuple[Simulated, Verdict]] = []
+    rejected: list[tuple[Simulated, Verdict]] = []
+    for kind in ("agg", "disagg"):
+        ranked = sorted(
+            (s for s in simulated if s.candidate.kind == kind and s.capacity > 0),
+            key=lambda s: (
+                -_usable(s, ask) * osl / s.candidate.gpus if target is None else s.candidate.gpus,
+                -s.capacity,
+            ),
+        )
+        if target is not None:
+            ranked = [s for s in ranked if s.capacity * (1.0 - ask.margin) >= target]
+        # One point per layout: its best cap/chunk variant (the others only repeat it).
+        seen: set[str] = set()
+        ranked = [
+            s for s in ranked if not (s.candidate.label in seen or seen.add(s.candidate.label))
+        ]
+        mine: list[tuple[Simulated, Verdict]] = []
+        while ranked and len(mine) < ask.show:
+            batch, ranked = ranked[: ask.show - len(mine)], ranked[ask.show - len(mine) :]
+            points = [
+                (i, s.candidate.simulation(whole, ask.policy), _usable(s, ask))
+                for i, s in enumerate(batch)
+            ]
+            verdicts = verify_points(
+                points,
+                slo,
+                executor,
+                margin=ask.margin,
+                step_down=target is None,
+                closed_loop=ask.closed_loop,
+            )
+            for i, s in enumerate(batch):
+                (mine if verdicts[i].held else rejected).append((s, verdicts[i]))
+        mine.sort(key=lambda p: -tokens_per_s_per_gpu(p[0], p[1], osl))
+        held.extend(mine)
+    return held, rejected
+
+
+def point_config(
+    ask: Ask, sim: Simulated, verdict: Verdict, *, run: bool = True
+) -> tuple[Any, Mapping[str, Any]]:
+    """The ``SimulationConfig`` of a point on the whole load at its verified rate (what
+    ``--out`` writes as the tokenyard config that reproduces it) and, with ``run``, the
+    summary of that run (the verified one again: same config, same seed, same result)."""
+    from tokenyard.search.capacity import with_rate
+    from tokenyard.simulation import simulate
+    from tokenyard.simulation.config import config_from_mapping
+
+    doc = sim.candidate.simulation(ask.base(ask.whole_workload()), ask.policy)
+    config = config_from_mapping(with_rate(doc, verdict.rate))
+    return config, (simulate(config).summary if run else {})

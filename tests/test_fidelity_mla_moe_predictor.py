@@ -198,3 +198,60 @@ def test_a_low_latency_table_measuring_only_combine_is_handled(tmp_path: Path) -
     at = {"num_tokens": 64.0}
     assert combine.time(at) == pytest.approx(74e-6, rel=1e-3)
     assert dispatch.time(at) == pytest.approx(138e-6, rel=1e-3)
+
+
+# ---- expert parallelism across nodes --------------------------------------------------
+
+
+def test_kimi_k2_ep16_over_two_nodes_prices_deepep_from_the_inter_node_rows() -> None:
+    """Kimi-K2 over TP 1 x DP 16 (EP 16) on H200s: two 8-GPU nodes. vLLM 0.24.0's own
+    table measures one node only, so the all-to-all comes from DeepEP's 2-node rows
+    (SGLang 0.5.6.post2: hidden 7168, top-8, 256 or 288 experts; 288 is nearest to
+    Kimi's 384). 8 decodes per rank: the low-latency dispatch row at 8 tokens, 24.60 us,
+    and combine 37.70 us, in each of the 60 MoE layers."""
+    predictor = _bundled_predictor(
+        "moonshotai/Kimi-K2-Instruct",
+        "h200",
+        tensor_parallel_size=1,
+        expert_parallel_size=16,
+        data_parallel_size=16,
+    )
+    sources = {op.name: op.source for op in predictor.ops}
+    assert sources["moe_dispatch"] == sources["moe_combine"] == "measured:wideep_deepep"
+    kernels = predictor.description["kernels"]
+    assert "DeepEP over 2 nodes from sglang 0.5.6.post2" in kernels
+    assert "at 288 experts (nearest)" in kernels
+    ops = predictor.op_times(decodes(8, 1023))
+    assert ops["moe_dispatch"] == pytest.approx(60 * 24.60e-6, rel=1e-3)
+    assert ops["moe_combine"] == pytest.approx(60 * 37.70e-6, rel=1e-3)
+
+
+def test_one_node_of_ep_keeps_the_frameworks_own_table() -> None:
+    """EP 8 fits a node: vLLM's moe_a2a rows, not the inter-node ones."""
+    predictor = _bundled_predictor(
+        "deepseek-ai/DeepSeek-V3",
+        "h200",
+        tensor_parallel_size=1,
+        expert_parallel_size=8,
+        data_parallel_size=8,
+    )
+    assert {op.name: op.source for op in predictor.ops}["moe_dispatch"].startswith(
+        "measured:moe_a2a"
+    )
+
+
+def test_without_inter_node_rows_the_all_to_all_is_calibrated_and_says_why() -> None:
+    """B200: DeepEP's tables measure one node only, so EP 16 keeps the calibrated
+    roofline, the reason naming both tables it looked in."""
+    predictor = _bundled_predictor(
+        "moonshotai/Kimi-K2-Instruct",
+        "b200",
+        tensor_parallel_size=1,
+        expert_parallel_size=16,
+        data_parallel_size=16,
+    )
+    assert {op.name: op.source for op in predictor.ops}["moe_dispatch"] == "calibrated"
+    why = predictor.description["fallbacks"]["moe_dispatch"]
+    assert "moe_a2a_perf" in why
+    assert "no DeepEP inter-node table" in why
+    assert "2 nodes" in why

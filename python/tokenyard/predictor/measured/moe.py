@@ -5,7 +5,6 @@ combined tokens of the DP ranks) and, under attention DP, the expert all-to-all 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from tokenyard.catalog import ModelSpec
 from tokenyard.errors import ConfigError
@@ -14,6 +13,7 @@ from tokenyard.predictor.compiled import TableCost
 from tokenyard.predictor.measured.data import MeasuredSource
 from tokenyard.predictor.measured.lookup import Entry, present, read
 from tokenyard.predictor.measured.ops import A2aTimes, MoeShape, MoeTimes, NotMeasured
+from tokenyard.predictor.measured.wide_ep import WideEp, wide_ep
 from tokenyard.predictor.roofline import A2A_OPS
 
 
@@ -80,11 +80,11 @@ def a2a_ops(
     measured, that one. Missing rows keep the calibrated roofline, with the reason. Also
     the banner's words."""
     path = source.folders.get("comm", Path()) / "moe_a2a_perf.parquet"
+    nodes = -(-ep // GPUS_PER_NODE)
     if "comm" not in source.folders or not present(path):
         why = f"no moe_a2a_perf table for {source.system}/{source.framework} {source.version}"
-        return {op: (None, "calibrated", why) for op in A2A_OPS}, "calibrated"
+        return _wide_or_calibrated(source, model, tp, nodes, why)
     rows = read(source, path)
-    nodes = -(-ep // GPUS_PER_NODE)
     out: dict[str, Entry] = {}
     used: set[str] = set()
     whys = []
@@ -125,12 +125,34 @@ def a2a_ops(
         table = grids.token_table("num_tokens", seconds, 2.0**17)
         out[op] = (table, f"measured:moe_a2a ({path.parent.name})", "")
     if not used:
-        return out, "calibrated"
+        return _wide_or_calibrated(source, model, tp, nodes, whys[-1])
     limit = ""
     if len(used) == 2:  # the low-latency limit of a phase that measures it
         limit = f" up to {max(lows):g} tokens per GPU, deepep_ht above"
     first = "deepep_ll" if "deepep_ll" in used else "deepep_ht"
     return out, f"{first}{limit} (EP {ep}, moe_a2a {path.parent.name})"
+
+
+def _wide_or_calibrated(
+    source: MeasuredSource, model: ModelSpec, tp: int, nodes: int, why: str
+) -> tuple[dict[str, Entry], str]:
+    """An EP group over several nodes that the framework's table lacks: DeepEP's
+    inter-node tables (``wide_ep.py``), else the calibrated roofline with both reasons."""
+    if nodes > 1:
+        wide, why_wide = wide_ep(source, model, nodes)
+        if wide is not None:
+            label = "measured:wideep_deepep"
+            out: dict[str, Entry] = {}
+            for op in A2A_OPS:
+                phase = op.removeprefix("moe_")
+
+                def seconds(tokens: float, phase: str = phase, w: WideEp = wide) -> float:
+                    return w.seconds(phase, tokens / tp)
+
+                out[op] = (grids.token_table("num_tokens", seconds, 2.0**17), label, "")
+            return out, wide.words
+        why = f"{why}; {why_wide}"
+    return {op: (None, "calibrated", why) for op in A2A_OPS}, "calibrated"
 
 
 #: vLLM 0.33 runs a MoE layer's shared experts on an auxiliary CUDA stream beside the
@@ -150,18 +172,17 @@ def overlap_shared_experts(out: dict[str, Entry]) -> str:
     path adds beyond the routed one; above it, both in full. Rewrites ``out``'s shared
     GEMM entries in place where they and the experts are measured; returns the banner's
     words ("" where nothing was rewritten)."""
-    shared = [out.get(op, (None, "", ""))[0] for op in SHARED_OPS]
-    routed = [out[op][0] for op in ROUTED_OPS if op in out and out[op][0] is not None]
-    if any(t is None for t in shared) or "moe_experts" not in out or out["moe_experts"][0] is None:
+    tables = [t for op in SHARED_OPS if op in out and (t := out[op][0]) is not None]
+    routed = [t for op in ROUTED_OPS if op in out and (t := out[op][0]) is not None]
+    if len(tables) < len(SHARED_OPS) or "moe_experts" not in out or out["moe_experts"][0] is None:
         return ""
-    tables = [t for t in shared if t is not None]
     if any(t.x != "num_tokens" or t.y is not None for t in (*tables, *routed)):
         return ""
     limit = float(SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD)
     xs = sorted({x for t in tables for x in t.xs} | {limit, limit + 1.0})
 
-    def at(table: Any, tokens: float) -> float:
-        return table.time({"num_tokens": tokens})
+    def at(table: TableCost, tokens: float) -> float:
+        return float(table.time({"num_tokens": tokens}))
 
     def factor(tokens: float) -> float:
         if tokens > limit:

@@ -568,7 +568,12 @@ class NewRequestData:
         """The prompt (new request), or prompt + outputs so far (resumed: it recomputes)."""
     @property
     def block_ids(self) -> npt.NDArray[np.uint32]:
-        """Its whole block table."""
+        """Its whole block table (empty with several KV groups: ``group_block_ids``)."""
+    @property
+    def group_block_ids(self) -> tuple[npt.NDArray[np.uint32], ...]:
+        """With several KV groups (``SchedulerConfig.kv_groups``), its block table of each
+        group, vLLM's ``block_ids`` tuple (null blocks, id 0, where a group no longer
+        attends); ``()`` with one group."""
     @property
     def num_computed_tokens(self) -> int:
         """Tokens already in the KV cache before this step (prefix-cache hit)."""
@@ -583,7 +588,12 @@ class CachedRequestData:
     def req_ids(self) -> list[_RequestId]: ...
     @property
     def new_block_ids(self) -> list[npt.NDArray[np.uint32]]:
-        """Blocks appended to each table this step (usually empty for a decode)."""
+        """Blocks appended to each table this step (usually empty for a decode; empty with
+        several KV groups)."""
+    @property
+    def new_group_block_ids(self) -> list[tuple[npt.NDArray[np.uint32], ...]]:
+        """With several KV groups, the blocks appended to each group's table this step, per
+        request; ``()`` for each with one group."""
     @property
     def num_computed_tokens(self) -> npt.NDArray[np.uint64]:
         """Computed tokens of each before this step."""
@@ -862,6 +872,9 @@ class Scheduler:
         Raises:
             UnknownRequestError: an id the scheduler does not hold.
         """
+    def group_block_ids(self, request_id: _RequestId) -> tuple[npt.NDArray[np.uint32], ...]:
+        """With several KV groups, the request's block table of each group; ``()`` with one
+        group. Raises UnknownRequestError."""
     def reset_prefix_cache(self, *, preempt_running: bool = False) -> tuple[bool, list[_RequestId]]:
         """vLLM's ``reset_prefix_cache``: forgets every cached prefix, which needs every
         block free (``prefix_cache="radix"`` never resets). With ``preempt_running`` the

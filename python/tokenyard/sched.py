@@ -24,12 +24,16 @@ import numpy.typing as npt
 from tokenyard._checks import check_key_choice, check_key_int, fail
 from tokenyard._core import (
     CachedRequestData,
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
     KvLoad,
+    MambaSpec,
     NewRequestData,
     RequestView,
     Scheduler,
     SchedulerOutput,
     SchedulerStats,
+    SlidingWindowSpec,
 )
 
 __all__ = [
@@ -200,8 +204,30 @@ class SchedulerConfig:
     that released prefill left the waiting queue undrained. 1 = off."""
     async_scheduling: bool = False
     """Allow ``schedule()`` before the previous step's output arrived (vLLM V1's default)."""
+    kv_groups: tuple[
+        FullAttentionSpec | SlidingWindowSpec | ChunkedLocalAttentionSpec | MambaSpec, ...
+    ] = ()
+    """A hybrid model's KV cache groups (``tokenyard.kv`` specs), as vLLM 0.33's hybrid
+    allocator forms them: one block table per group over one pool (vLLM's coordinator),
+    a sliding-window or chunked group freeing blocks that leave its window, a Mamba group
+    holding one block per request. Outputs then carry ``group_block_ids``. ``()`` or one
+    ``FullAttentionSpec``: the single-group pool. Refused with ``prefix_cache="radix"``,
+    ``host_num_blocks``, a KV connector, and a ``MambaSpec`` with prefix caching (see
+    ``docs/kv.md``)."""
 
     def __post_init__(self) -> None:
+        groups = self.kv_groups
+        if isinstance(groups, str) or not isinstance(groups, (tuple, list)):
+            raise fail("kv_groups", f"must be a tuple of KV group specs, got {groups!r}", groups)
+        for i, group in enumerate(groups):
+            if not isinstance(group, _GROUP_SPECS):
+                raise fail(
+                    "kv_groups",
+                    f"kv_groups[{i}] must be a FullAttentionSpec, SlidingWindowSpec, "
+                    f"ChunkedLocalAttentionSpec or MambaSpec, got {group!r}",
+                    group,
+                )
+        object.__setattr__(self, "kv_groups", tuple(groups))
         for name in _COUNT_FIELDS:
             check_key_int(name, getattr(self, name), low=0, high=MAX_COUNT)
         check_key_int(
@@ -215,6 +241,8 @@ class SchedulerConfig:
         check_key_choice("priority_ties", self.priority_ties, ("vllm", "arrival_order"))
         check_key_choice("prefix_cache", self.prefix_cache, ("block_hash", "radix"))
 
+
+_GROUP_SPECS = (FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec, MambaSpec)
 
 _COUNT_FIELDS = (
     "max_num_seqs",

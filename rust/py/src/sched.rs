@@ -122,8 +122,26 @@ pub(crate) fn core_config(config: &Bound<'_, PyAny>) -> PyResult<(SchedulerConfi
         scheduler_reserve_full_isl: field(config, "scheduler_reserve_full_isl")?,
         reserve_null_block: field(config, "reserve_null_block")?,
         prefill_schedule_interval: count_field(config, "prefill_schedule_interval")?,
+        kv_groups: kv_groups(config)?,
     };
     Ok((core, field(config, "async_scheduling")?))
+}
+
+/// `config.kv_groups` (a sequence of `tokenyard.kv` group specs) as the core's groups.
+fn kv_groups(config: &Bound<'_, PyAny>) -> PyResult<Vec<tokenyard_core::kv::KvGroupSpec>> {
+    let groups = config.getattr("kv_groups")?;
+    let items = groups.try_iter().map_err(|_| {
+        config_error(
+            config.py(),
+            "kv_groups",
+            crate::convert::short_repr(&groups),
+            "must be a sequence of KV group specs",
+        )
+    })?;
+    items
+        .enumerate()
+        .map(|(i, item)| crate::kv::group_spec(&item?, "kv_groups", i))
+        .collect()
 }
 
 /// Merges rejected counts and new drafts into the outputs, adding an entry for a request
@@ -534,6 +552,21 @@ impl PyScheduler {
             py,
             self.inner.block_ids(&id).unwrap_or_default(),
         ))
+    }
+
+    /// With several KV groups, the request's block table of each group (a tuple of arrays,
+    /// null blocks as 0); an empty tuple with one group (see `block_ids`).
+    fn group_block_ids<'py>(
+        &self,
+        request_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
+        let py = request_id.py();
+        let id = RequestId::from_py(request_id)?;
+        if self.inner.get_request(&id).is_none() {
+            return Err(unknown_request(py, &id));
+        }
+        let tables = self.inner.group_block_ids(&id);
+        crate::sched_output::group_tuple(py, &tables)
     }
 
     /// Outputs still expected for the request (its sampling steps in flight), live or

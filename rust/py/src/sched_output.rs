@@ -4,7 +4,7 @@
 
 use numpy::PyArray1;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyDict, PyList, PyTuple};
 use tokenyard_core::sched::{NewRequestData, SchedulerOutput, SchedulerStats};
 
 use crate::convert::RequestId;
@@ -29,6 +29,10 @@ impl PyNewRequestData {
     #[getter]
     fn block_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u32>> {
         PyArray1::from_slice(py, &self.inner.block_ids)
+    }
+    #[getter]
+    fn group_block_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        group_tuple(py, &self.inner.group_block_ids)
     }
     #[getter]
     fn num_computed_tokens(&self) -> usize {
@@ -59,7 +63,16 @@ impl PyNewRequestData {
 pub(crate) struct PyCachedRequestData {
     req_ids: Py<PyList>,
     new_block_ids: Py<PyList>,
+    new_group_block_ids: Py<PyList>,
     num_computed_tokens: Py<PyArray1<u64>>,
+}
+
+/// One array per KV group (vLLM's `block_ids` tuple); empty with a single group.
+pub(crate) fn group_tuple<'py>(
+    py: Python<'py>,
+    tables: &[Vec<tokenyard_core::kv::BlockId>],
+) -> PyResult<Bound<'py, PyTuple>> {
+    PyTuple::new(py, tables.iter().map(|t| PyArray1::from_slice(py, t)))
 }
 
 type Int64Array<'py> = Bound<'py, PyArray1<i64>>;
@@ -123,8 +136,10 @@ impl PySchedulerOutput {
         let running = &self.inner.scheduled_running_reqs;
         let ids: Vec<RequestId> = running.iter().map(|r| r.request_id.clone()).collect();
         let blocks = PyList::empty(py);
+        let group_blocks = PyList::empty(py);
         for r in running {
             blocks.append(PyArray1::from_slice(py, &r.new_block_ids))?;
+            group_blocks.append(group_tuple(py, &r.new_group_block_ids)?)?;
         }
         let computed: Vec<u64> = running
             .iter()
@@ -133,6 +148,7 @@ impl PySchedulerOutput {
         Ok(PyCachedRequestData {
             req_ids: id_list(py, &ids)?.unbind(),
             new_block_ids: blocks.unbind(),
+            new_group_block_ids: group_blocks.unbind(),
             num_computed_tokens: PyArray1::from_vec(py, computed).unbind(),
         })
     }

@@ -307,7 +307,8 @@ impl<R: RequestKey> KvCoordinator<R> {
         let num_slots = num_computed + num_new_tokens + num_lookahead_tokens;
 
         self.remove_skipped_blocks(request_id, num_computed);
-        let needed = self.num_blocks_to_allocate(request_id, num_slots, num_computed, new_computed);
+        let needed =
+            self.num_blocks_to_allocate(request_id, num_slots, num_computed, new_computed, None);
         if needed > self.free_queue.len() {
             return Ok(None);
         }
@@ -376,6 +377,84 @@ impl<R: RequestKey> KvCoordinator<R> {
         Ok(())
     }
 
+    /// Tokens of the request the coordinator knows (given ids), or `None` if it holds none.
+    pub fn num_tokens(&self, request_id: &R) -> Option<usize> {
+        self.requests.get(request_id).map(|r| r.tokens.num_tokens)
+    }
+
+    /// The request's block table of group `group` (null blocks where it no longer
+    /// attends), or `None` if it holds no blocks or the group does not exist.
+    pub fn group_block_ids(&self, request_id: &R, group: usize) -> Option<&[BlockId]> {
+        let request = self.requests.get(request_id)?;
+        request.tables.get(group).map(Vec::as_slice)
+    }
+
+    /// Steps the request's computed tokens back by `num_tokens` (speculative tokens the
+    /// model rejected); their slots stay allocated. Only tokens past the blocks already
+    /// cached in some group may be rewound.
+    pub fn rewind_computed_tokens(&mut self, request_id: &R, num_tokens: usize) -> Result<()> {
+        let block_size = self.block_size;
+        let groups = &self.groups;
+        let request = self
+            .requests
+            .get_mut(request_id)
+            .ok_or_else(|| Error::unknown_request(request_id))?;
+        let num_cached = (groups.iter().zip(&request.num_cached))
+            .filter(|(spec, _)| self.enable_caching && spec.caches_blocks())
+            .map(|(_, &n)| n)
+            .max()
+            .unwrap_or(0);
+        let computed = request.tokens.num_computed_tokens;
+        let num_uncached = computed.saturating_sub(num_cached * block_size);
+        if num_tokens > num_uncached {
+            return Err(Error::input(
+                "num_tokens",
+                num_tokens,
+                format!("only {num_uncached} computed tokens are not yet cached"),
+            ));
+        }
+        request.tokens.num_computed_tokens -= num_tokens;
+        Ok(())
+    }
+
+    /// vLLM 0.33's full-sequence admission gate (`allocate_slots` with
+    /// `full_sequence_must_fit`): whether `num_tokens` of the request fit in the free
+    /// blocks beside what it holds or `hit`, each window group's need capped at
+    /// [`KvGroupSpec::max_admission_blocks`] for `max_in_flight_tokens`.
+    pub fn full_sequence_fits(
+        &self,
+        request_id: &R,
+        num_tokens: usize,
+        hit: Option<&GroupedComputedBlocks>,
+        max_in_flight_tokens: usize,
+    ) -> bool {
+        let num_computed = match (self.requests.get(request_id), hit) {
+            (Some(request), _) => request.tokens.num_computed_tokens,
+            (None, Some(hit)) => hit.num_computed_tokens,
+            (None, None) => 0,
+        };
+        let hit = hit.filter(|_| !self.requests.contains_key(request_id));
+        let needed = self.num_blocks_to_allocate(
+            request_id,
+            num_tokens,
+            num_computed,
+            hit,
+            Some(max_in_flight_tokens),
+        );
+        needed <= self.free_queue.len()
+    }
+
+    /// Forgets every cached block of every group if no request holds blocks (vLLM's
+    /// `reset_prefix_cache`); `false`, changing nothing, otherwise.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        if !self.requests.is_empty() {
+            return false;
+        }
+        self.cached.clear();
+        self.blocks.iter_mut().for_each(|b| b.cached = false);
+        true
+    }
+
     /// Releases the request's blocks group by group, in group order, as vLLM's
     /// coordinator does: each group's table without its leading nulls, last block first;
     /// a block left unheld and uncached goes to the front of the free queue, a cached one
@@ -429,19 +508,25 @@ impl<R: RequestKey> KvCoordinator<R> {
 
     /// vLLM's `get_num_blocks_to_allocate` summed over groups: new blocks beyond those
     /// held (or, on admission, beyond the hit and the skipped blocks), plus hit blocks
-    /// that now sit in the free queue (taking them removes them from it).
+    /// that now sit in the free queue (taking them removes them from it). With
+    /// `max_in_flight_tokens`, each window group's need is capped as vLLM's admission gate
+    /// caps it (`apply_admission_cap`).
     fn num_blocks_to_allocate(
         &self,
         request_id: &R,
         num_slots: usize,
         num_computed: usize,
         hit: Option<&GroupedComputedBlocks>,
+        max_in_flight_tokens: Option<usize>,
     ) -> usize {
         let bs = self.block_size;
         let request = self.requests.get(request_id);
         let mut total = 0;
         for (g, spec) in self.groups.iter().enumerate() {
-            let required = spec.num_required_blocks(num_slots, bs);
+            let mut required = spec.num_required_blocks(num_slots, bs);
+            if let Some(cap) = max_in_flight_tokens.and_then(|f| spec.max_admission_blocks(f, bs)) {
+                required = required.min(cap);
+            }
             if let Some(request) = request {
                 total += required.saturating_sub(request.tables[g].len());
                 continue;

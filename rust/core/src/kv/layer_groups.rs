@@ -93,6 +93,26 @@ impl KvGroupSpec {
         }
     }
 
+    /// vLLM 0.33's `max_admission_blocks_per_request` (`kv_cache_interface.py`): the most
+    /// blocks the full-sequence admission gate counts for one request of this group, with
+    /// `max_in_flight_tokens` scheduled but not yet processed (out-of-window blocks are
+    /// freed on the processed-token basis). `None`: no cap (full attention, Mamba).
+    pub fn max_admission_blocks(
+        &self,
+        max_in_flight_tokens: usize,
+        block_size: usize,
+    ) -> Option<usize> {
+        match *self {
+            Self::FullAttention | Self::Mamba => None,
+            Self::SlidingWindow { sliding_window } => {
+                Some((sliding_window - 1 + max_in_flight_tokens).div_ceil(block_size) + 1)
+            }
+            Self::ChunkedLocalAttention {
+                attention_chunk_size,
+            } => Some((attention_chunk_size + max_in_flight_tokens).div_ceil(block_size)),
+        }
+    }
+
     /// Checks the spec's own values (the message names `groups[index]`).
     pub(super) fn check(&self, index: usize) -> crate::Result<()> {
         let (field, value) = match *self {

@@ -1,5 +1,6 @@
 //! Configuration of the step scheduler (vLLM V1's `SchedulerConfig` and cache options).
 
+use crate::kv::KvGroupSpec;
 use crate::{Error, Result};
 
 /// Order of the waiting queue and choice of preemption victim.
@@ -135,6 +136,12 @@ pub struct SchedulerConfig {
     /// executed steps have passed since the last step that carried prefill, unless the last
     /// release step left the waiting queue undrained. 1 = off.
     pub prefill_schedule_interval: usize,
+    /// The model's KV cache groups as vLLM 0.33's hybrid allocator forms them (one per
+    /// layer kind and layer count: `kv_cache_planning.get_kv_cache_groups`), served by
+    /// vLLM's coordinator over one pool (`kv::KvCoordinator`): a sliding-window group frees
+    /// what leaves its window, a Mamba group holds one block per request. Empty, or one
+    /// full-attention group: the single-group pool of `prefix_cache`.
+    pub kv_groups: Vec<KvGroupSpec>,
 }
 
 impl Default for SchedulerConfig {
@@ -162,6 +169,7 @@ impl Default for SchedulerConfig {
             scheduler_reserve_full_isl: true,
             reserve_null_block: true,
             prefill_schedule_interval: 1,
+            kv_groups: Vec::new(),
         }
     }
 }
@@ -176,6 +184,29 @@ impl SchedulerConfig {
             reserve_null_block: false,
             ..Self::default()
         }
+    }
+
+    /// Whether the KV cache has several groups, or one that is not full attention (served
+    /// by the coordinator rather than the single-group pool).
+    pub fn is_hybrid(&self) -> bool {
+        !matches!(self.kv_groups.as_slice(), [] | [KvGroupSpec::FullAttention])
+    }
+
+    /// Blocks one request of `num_tokens` tokens holds at most: one table per group, a
+    /// window group's capped at vLLM's admission cap for one step in flight.
+    pub fn blocks_per_request(&self, num_tokens: usize) -> usize {
+        let bs = self.block_size;
+        if !self.is_hybrid() {
+            return num_tokens.div_ceil(bs);
+        }
+        let in_flight = self.max_num_batched_tokens;
+        (self.kv_groups.iter())
+            .map(|g| {
+                let required = g.num_required_blocks(num_tokens, bs);
+                g.max_admission_blocks(in_flight, bs)
+                    .map_or(required, |cap| required.min(cap))
+            })
+            .sum()
     }
 
     /// Blocks that hold KV: `num_blocks`, less vLLM's null block.
@@ -194,7 +225,25 @@ impl SchedulerConfig {
     /// That one request of `max_model_len` (and its lookahead slots) fits the KV cache.
     pub fn validate_capacity(&self) -> Result<()> {
         let capacity = self.num_kv_blocks().saturating_mul(self.block_size);
-        if self.max_model_len.saturating_add(self.num_lookahead_tokens) > capacity {
+        let longest = self.max_model_len.saturating_add(self.num_lookahead_tokens);
+        if self.is_hybrid() {
+            let needed = self.blocks_per_request(longest);
+            if needed > self.num_kv_blocks() {
+                return Err(Error::config(
+                    "max_model_len",
+                    self.max_model_len,
+                    format!(
+                        "one request of this length (plus {} lookahead slots) needs {needed} \
+                         blocks over its {} KV groups, more than the {} that hold KV",
+                        self.num_lookahead_tokens,
+                        self.kv_groups.len(),
+                        self.num_kv_blocks()
+                    ),
+                ));
+            }
+            return Ok(());
+        }
+        if longest > capacity {
             return Err(Error::config(
                 "max_model_len",
                 self.max_model_len,
@@ -253,6 +302,7 @@ impl SchedulerConfig {
                  prefix_cache = \"block_hash\"",
             ));
         }
+        self.validate_kv_groups()?;
         let padded = 1 + self.num_speculative_tokens;
         if self.num_speculative_tokens > 0
             && self.pad_spec_decode
@@ -280,6 +330,71 @@ impl SchedulerConfig {
                     self.max_model_len
                 ),
             ));
+        }
+        Ok(())
+    }
+}
+
+impl SchedulerConfig {
+    /// What the coordinator serves with several KV groups, refusing what vLLM 0.33's
+    /// hybrid manager refuses or this scheduler cannot do.
+    fn validate_kv_groups(&self) -> Result<()> {
+        if !self.is_hybrid() {
+            return Ok(());
+        }
+        let groups = || format!("{:?}", self.kv_groups);
+        if self.kv_groups.len() > crate::kv::MAX_NUM_GROUPS {
+            return Err(Error::config(
+                "kv_groups",
+                self.kv_groups.len(),
+                format!("at most {} groups", crate::kv::MAX_NUM_GROUPS),
+            ));
+        }
+        if self.enable_prefix_caching && self.prefix_cache == PrefixCache::Radix {
+            return Err(Error::config(
+                "prefix_cache",
+                "radix",
+                format!(
+                    "KV groups {} are served by vLLM's coordinator over block hashes: use \
+                     prefix_cache = \"block_hash\" (SGLang's radix cache has no groups)",
+                    groups()
+                ),
+            ));
+        }
+        if self.host_num_blocks > 0 {
+            return Err(Error::config(
+                "host_num_blocks",
+                self.host_num_blocks,
+                format!(
+                    "a host-memory tier is not supported with KV groups {} (vLLM 0.33 turns \
+                     its hybrid manager off for a KV connector without HMA support)",
+                    groups()
+                ),
+            ));
+        }
+        if self.enable_prefix_caching && self.kv_groups.contains(&KvGroupSpec::Mamba) {
+            return Err(Error::config(
+                "enable_prefix_caching",
+                "true",
+                "a Mamba KV group's states are not prefix-cached (vLLM's \
+                 mamba_cache_mode='none'): set enable_prefix_caching = false",
+            ));
+        }
+        for (i, group) in self.kv_groups.iter().enumerate() {
+            let (field, value) = match *group {
+                KvGroupSpec::SlidingWindow { sliding_window } => ("sliding_window", sliding_window),
+                KvGroupSpec::ChunkedLocalAttention {
+                    attention_chunk_size,
+                } => ("attention_chunk_size", attention_chunk_size),
+                _ => continue,
+            };
+            if value == 0 {
+                return Err(Error::config(
+                    "kv_groups",
+                    format!("kv_groups[{i}].{field}=0"),
+                    "must be at least 1",
+                ));
+            }
         }
         Ok(())
     }

@@ -1,10 +1,18 @@
 //! The scheduler's KV memory: vLLM's block-hash pool or SGLang's radix pool, chosen by
-//! `SchedulerConfig::prefix_cache`. Both implement [`PrefixPool`]; this enum only picks one
-//! (static dispatch, so the step pays no virtual calls) and pairs each hit with its pool.
+//! `SchedulerConfig::prefix_cache`, or, for a model with several KV cache groups
+//! (`SchedulerConfig::kv_groups`), vLLM's coordinator over one pool. The two single-group
+//! pools implement [`PrefixPool`]; this enum only picks one (static dispatch, so the step
+//! pays no virtual calls) and pairs each hit with its pool.
+//!
+//! The coordinator's allocations return a block list per group; the step's output takes
+//! them from here (`take_group_blocks`), so the single-group path keeps its flat lists.
 
+use rustc_hash::FxHashMap;
+
+use super::{PrefixCache, SchedulerConfig};
 use crate::kv::{
-    BlockHash, BlockId, BlockPool, BlockPoolStats, ComputedBlocks, KvCapacity, KvEvent, PrefixPool,
-    RadixHit, RadixPool, TokenId,
+    BlockHash, BlockId, BlockPool, BlockPoolStats, ComputedBlocks, GroupedComputedBlocks,
+    KvCapacity, KvCoordinator, KvEvent, PrefixPool, RadixHit, RadixPool, TokenId,
 };
 use crate::{Error, Result};
 
@@ -12,12 +20,25 @@ use crate::{Error, Result};
 pub(super) enum Kv {
     BlockHash(BlockPool<u32>),
     Radix(RadixPool<u32>),
+    Hybrid(Box<HybridKv>),
 }
 
-/// A prefix hit from either pool.
+/// vLLM's KV cache coordinator with what the scheduler keeps beside it.
+#[derive(Debug, Clone)]
+pub(super) struct HybridKv {
+    pool: KvCoordinator<u32>,
+    /// vLLM 0.33's `max_in_flight_tokens` (`max_concurrent_batches x
+    /// max_num_batched_tokens`), which caps a window group's admission need.
+    max_in_flight_tokens: usize,
+    /// Per slot, each group's blocks allocated this step (only when ids are asked for).
+    new_blocks: FxHashMap<u32, Vec<Vec<BlockId>>>,
+}
+
+/// A prefix hit from any pool.
 pub(super) enum Hit {
     BlockHash(ComputedBlocks),
     Radix(RadixHit),
+    Hybrid(GroupedComputedBlocks),
 }
 
 fn other_pool(slot: u32) -> Error {
@@ -30,6 +51,10 @@ macro_rules! on_pool {
         match $kv {
             Kv::BlockHash($pool) => $call,
             Kv::Radix($pool) => $call,
+            Kv::Hybrid(h) => {
+                let $pool = &h.pool;
+                $call
+            }
         }
     };
 }
@@ -39,6 +64,7 @@ impl Hit {
         match self {
             Hit::BlockHash(h) => <BlockPool<u32> as PrefixPool<u32>>::hit_tokens(h),
             Hit::Radix(h) => <RadixPool<u32> as PrefixPool<u32>>::hit_tokens(h),
+            Hit::Hybrid(h) => h.num_computed_tokens,
         }
     }
 
@@ -47,12 +73,41 @@ impl Hit {
     pub fn num_host_tokens(&self) -> usize {
         match self {
             Hit::BlockHash(h) => h.num_host_tokens(),
-            Hit::Radix(_) => 0,
+            Hit::Radix(_) | Hit::Hybrid(_) => 0,
         }
     }
 }
 
 impl Kv {
+    /// The pool `config` asks for (checked by `SchedulerConfig::validate_scheduler`).
+    /// `async_scheduling` doubles the tokens in flight a window group reserves for.
+    pub fn new(config: &SchedulerConfig, async_scheduling: bool) -> Result<Self> {
+        if config.is_hybrid() {
+            // The coordinator's block 0 is vLLM's null block.
+            let num_blocks = config.num_kv_blocks() + 1;
+            let (groups, caching) = (config.kv_groups.clone(), config.enable_prefix_caching);
+            let pool = KvCoordinator::new(groups, num_blocks, config.block_size, caching)?;
+            let batches = if async_scheduling { 2 } else { 1 };
+            return Ok(Kv::Hybrid(Box::new(HybridKv {
+                pool,
+                max_in_flight_tokens: batches * config.max_num_batched_tokens,
+                new_blocks: FxHashMap::default(),
+            })));
+        }
+        Ok(match (config.enable_prefix_caching, config.prefix_cache) {
+            (true, PrefixCache::Radix) => {
+                Kv::Radix(RadixPool::new(config.num_kv_blocks(), config.block_size)?)
+            }
+            (caching, _) => {
+                let pool = BlockPool::new(config.num_kv_blocks(), config.block_size, caching)?;
+                Kv::BlockHash(match config.host_num_blocks {
+                    0 => pool,
+                    n => pool.with_host_tier(n)?,
+                })
+            }
+        })
+    }
+
     /// The cached prefix of `token_ids`. `earlier`: this request's previous hit, whose
     /// block hashes are reused (the block-hash pool's; its block ids are looked up again);
     /// without one, `known`: hashes of the first full blocks, if the caller has them.
@@ -72,11 +127,14 @@ impl Kv {
                 Hit::BlockHash(p.get_computed_blocks_from(token_ids, extra_key, known))
             }
             Kv::Radix(p) => Hit::Radix(p.lookup(token_ids, extra_key)),
+            Kv::Hybrid(h) => Hit::Hybrid(h.pool.get_computed_blocks(token_ids, extra_key)),
         }
     }
 
     /// Slots for the request's new tokens (see `BlockPool::allocate_slots`). The new block
     /// ids come back only `with_ids`; otherwise the vector is empty (and never allocated).
+    /// With several groups the vector is empty too: each group's new blocks wait in
+    /// `take_group_blocks`.
     #[allow(clippy::too_many_arguments)]
     pub fn allocate(
         &mut self,
@@ -94,7 +152,7 @@ impl Kv {
                 let hit = match hit {
                     None => None,
                     Some(Hit::BlockHash(h)) => Some(h),
-                    Some(Hit::Radix(_)) => return Err(other_pool(slot)),
+                    Some(_) => return Err(other_pool(slot)),
                 };
                 if with_ids {
                     p.allocate_slots(&slot, new_token_ids, n, lookahead, hit, extra_key)
@@ -122,7 +180,50 @@ impl Kv {
                 Some(h),
                 extra_key,
             ),
+            (Kv::Hybrid(h), hit) => {
+                let hit = match hit {
+                    None => None,
+                    Some(Hit::Hybrid(h)) => Some(h),
+                    Some(_) => return Err(other_pool(slot)),
+                };
+                let allocated =
+                    (h.pool).allocate_slots(&slot, new_token_ids, n, lookahead, hit, extra_key)?;
+                Ok(allocated.map(|groups| {
+                    if with_ids {
+                        match h.new_blocks.get_mut(&slot) {
+                            Some(earlier) => earlier
+                                .iter_mut()
+                                .zip(groups)
+                                .for_each(|(e, g)| e.extend(g)),
+                            None => {
+                                h.new_blocks.insert(slot, groups);
+                            }
+                        }
+                    }
+                    Vec::new()
+                }))
+            }
             (_, Some(_)) => Err(other_pool(slot)),
+        }
+    }
+
+    /// Each group's blocks allocated to `slot` since the last call (several KV groups
+    /// only; empty otherwise, or when ids were not asked for).
+    pub fn take_group_blocks(&mut self, slot: u32) -> Vec<Vec<BlockId>> {
+        match self {
+            Kv::Hybrid(h) => h.new_blocks.remove(&slot).unwrap_or_default(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Each group's block table of `slot` (several KV groups only; empty otherwise).
+    pub fn group_block_ids(&self, slot: u32) -> Vec<Vec<BlockId>> {
+        match self {
+            Kv::Hybrid(h) => (h.pool.block_ids(&slot).unwrap_or_default())
+                .into_iter()
+                .map(<[BlockId]>::to_vec)
+                .collect(),
+            _ => Vec::new(),
         }
     }
 
@@ -141,6 +242,11 @@ impl Kv {
             (Kv::BlockHash(p), Hit::BlockHash(h)) => Ok(p
                 .allocate_slots_external(&slot, token_ids, num_external_tokens, Some(h), extra_key)?
                 .is_some()),
+            (Kv::Hybrid(h), _) => Err(Error::config(
+                "kv_groups",
+                format!("{:?}", h.pool.groups()),
+                "KV connectors and loads need a single full-attention group",
+            )),
             _ => Err(Error::config(
                 "prefix_cache",
                 "radix",
@@ -158,6 +264,13 @@ impl Kv {
             }
             (Kv::BlockHash(p), _) => p.full_sequence_fits(&slot, num_tokens, None),
             (Kv::Radix(_), _) => true,
+            (Kv::Hybrid(h), hit) => {
+                let hit = match hit {
+                    Some(Hit::Hybrid(g)) => Some(g),
+                    _ => None,
+                };
+                (h.pool).full_sequence_fits(&slot, num_tokens, hit, h.max_in_flight_tokens)
+            }
         }
     }
 
@@ -165,7 +278,7 @@ impl Kv {
     pub fn cache_loaded(&mut self, slot: u32) -> Result<()> {
         match self {
             Kv::BlockHash(p) => p.cache_loaded_blocks(&slot),
-            Kv::Radix(_) => Ok(()),
+            Kv::Radix(_) | Kv::Hybrid(_) => Ok(()),
         }
     }
 
@@ -174,6 +287,7 @@ impl Kv {
     pub fn cache_blocks(&mut self, slot: u32, new_token_ids: &[TokenId]) -> Result<()> {
         match self {
             Kv::BlockHash(p) => p.cache_blocks(&slot, new_token_ids),
+            Kv::Hybrid(h) => h.pool.cache_blocks(&slot, new_token_ids),
             Kv::Radix(_) => Ok(()),
         }
     }
@@ -183,6 +297,7 @@ impl Kv {
     pub fn reset_prefix_cache(&mut self) -> bool {
         match self {
             Kv::BlockHash(p) => p.reset_prefix_cache(),
+            Kv::Hybrid(h) => h.pool.reset_prefix_cache(),
             Kv::Radix(_) => false,
         }
     }
@@ -191,32 +306,73 @@ impl Kv {
         matches!(self, Kv::Radix(_))
     }
 
+    /// Whether this is the single-group block-hash pool (what decode windows and KV
+    /// connectors need).
+    pub fn is_block_hash(&self) -> bool {
+        matches!(self, Kv::BlockHash(_))
+    }
+
+    /// The coordinator records no cache events: routers reading them see none (the
+    /// simulator refuses KV-event routing with KV groups).
     pub fn enable_events(&mut self) {
-        on_pool!(self, p => PrefixPool::<u32>::enable_events(p));
+        match self {
+            Kv::BlockHash(p) => PrefixPool::<u32>::enable_events(p),
+            Kv::Radix(p) => PrefixPool::<u32>::enable_events(p),
+            Kv::Hybrid(_) => {}
+        }
     }
 
     pub fn drain_events(&mut self) -> Vec<KvEvent> {
-        on_pool!(self, p => PrefixPool::<u32>::drain_events(p))
+        match self {
+            Kv::BlockHash(p) => PrefixPool::<u32>::drain_events(p),
+            Kv::Radix(p) => PrefixPool::<u32>::drain_events(p),
+            Kv::Hybrid(_) => Vec::new(),
+        }
     }
 
     pub fn free(&mut self, slot: u32) -> Result<()> {
-        on_pool!(self, p => PrefixPool::free(p, &slot))
+        match self {
+            Kv::BlockHash(p) => PrefixPool::free(p, &slot),
+            Kv::Radix(p) => PrefixPool::free(p, &slot),
+            Kv::Hybrid(h) => {
+                h.new_blocks.remove(&slot);
+                h.pool.free(&slot)
+            }
+        }
     }
 
     pub fn rewind(&mut self, slot: u32, num_tokens: usize) -> Result<()> {
-        on_pool!(self, p => PrefixPool::rewind_computed_tokens(p, &slot, num_tokens))
+        match self {
+            Kv::BlockHash(p) => PrefixPool::rewind_computed_tokens(p, &slot, num_tokens),
+            Kv::Radix(p) => PrefixPool::rewind_computed_tokens(p, &slot, num_tokens),
+            Kv::Hybrid(h) => h.pool.rewind_computed_tokens(&slot, num_tokens),
+        }
     }
 
     pub fn num_tokens(&self, slot: u32) -> Option<usize> {
-        on_pool!(self, p => PrefixPool::num_tokens(p, &slot))
+        match self {
+            Kv::BlockHash(p) => PrefixPool::num_tokens(p, &slot),
+            Kv::Radix(p) => PrefixPool::num_tokens(p, &slot),
+            Kv::Hybrid(h) => h.pool.num_tokens(&slot),
+        }
     }
 
     pub fn num_computed_tokens(&self, slot: u32) -> Option<usize> {
-        on_pool!(self, p => PrefixPool::num_computed_tokens(p, &slot))
+        match self {
+            Kv::BlockHash(p) => PrefixPool::num_computed_tokens(p, &slot),
+            Kv::Radix(p) => PrefixPool::num_computed_tokens(p, &slot),
+            Kv::Hybrid(h) => h.pool.num_computed_tokens(&slot),
+        }
     }
 
+    /// The request's block table; with several KV groups, group 0's (`group_block_ids`
+    /// has them all). `None` if it holds no blocks.
     pub fn block_ids(&self, slot: u32) -> Option<&[BlockId]> {
-        on_pool!(self, p => PrefixPool::block_ids(p, &slot))
+        match self {
+            Kv::BlockHash(p) => PrefixPool::block_ids(p, &slot),
+            Kv::Radix(p) => PrefixPool::block_ids(p, &slot),
+            Kv::Hybrid(h) => h.pool.group_block_ids(&slot, 0),
+        }
     }
 
     pub fn num_free_blocks(&self) -> usize {
@@ -228,11 +384,19 @@ impl Kv {
     }
 
     pub fn stats(&self) -> BlockPoolStats {
-        on_pool!(self, p => PrefixPool::<u32>::stats(p))
+        match self {
+            Kv::BlockHash(p) => PrefixPool::<u32>::stats(p),
+            Kv::Radix(p) => PrefixPool::<u32>::stats(p),
+            Kv::Hybrid(h) => h.pool.stats(),
+        }
     }
 
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
-        on_pool!(self, p => PrefixPool::<u32>::check_invariants(p))
+        match self {
+            Kv::BlockHash(p) => PrefixPool::<u32>::check_invariants(p),
+            Kv::Radix(p) => PrefixPool::<u32>::check_invariants(p),
+            Kv::Hybrid(h) => h.pool.check_invariants(),
+        }
     }
 }
 

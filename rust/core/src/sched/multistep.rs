@@ -114,7 +114,7 @@ impl<R: RequestKey> Scheduler<R> {
             && self.config.host_num_blocks == 0
             // The prefill cadence counts executed steps, which a window does not advance.
             && self.config.prefill_schedule_interval == 1
-            && !self.kv.is_radix()
+            && self.kv.is_block_hash()
             && self.finished_in_flight.is_empty()
             && self.landed.is_empty()
             && self.failed_loads.is_empty();

@@ -10,7 +10,12 @@ pub struct NewRequestData<R> {
     pub request_id: R,
     /// Prompt for a new request; prompt + output so far for a resumed one.
     pub token_ids: Vec<TokenId>,
+    /// Its block table (empty with several KV groups: see `group_block_ids`).
     pub block_ids: Vec<BlockId>,
+    /// With several KV groups (`SchedulerConfig::kv_groups`), one block table per group
+    /// (vLLM's `block_ids` tuple; null blocks, id 0, where a group no longer attends);
+    /// empty otherwise.
+    pub group_block_ids: Vec<Vec<BlockId>>,
     /// Tokens already computed (prefix-cache hit) before this step.
     pub num_computed_tokens: usize,
     pub lora_id: Option<u64>,
@@ -20,8 +25,11 @@ pub struct NewRequestData<R> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct CachedRequestData<R> {
     pub request_id: R,
-    /// Blocks appended to its table this step.
+    /// Blocks appended to its table this step (empty with several KV groups).
     pub new_block_ids: Vec<BlockId>,
+    /// With several KV groups, the blocks appended to each group's table this step;
+    /// empty otherwise.
+    pub new_group_block_ids: Vec<Vec<BlockId>>,
     pub num_computed_tokens: usize,
 }
 

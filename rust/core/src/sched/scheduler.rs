@@ -14,9 +14,9 @@ use super::output::{CachedRequestData, NewRequestData, SchedulerOutput, Schedule
 use super::plugin::{PolicyPlugin, RequestView, check_permutation};
 use super::queue::{PriorityKey, Waiting};
 use super::request::{PromptSource, Request, RequestStatus};
-use super::{Policy, PrefixCache, PriorityTies, SchedulerConfig};
+use super::{Policy, PriorityTies, SchedulerConfig};
 use crate::Result;
-use crate::kv::{BlockId, BlockPool, RadixPool, RequestKey};
+use crate::kv::{BlockId, RequestKey};
 
 pub struct Scheduler<R: RequestKey> {
     pub(super) config: SchedulerConfig,
@@ -167,18 +167,7 @@ enum Allocation {
 impl<R: RequestKey> Scheduler<R> {
     pub fn new(config: SchedulerConfig, async_scheduling: bool) -> Result<Self> {
         config.validate_scheduler()?;
-        let kv = match (config.enable_prefix_caching, config.prefix_cache) {
-            (true, PrefixCache::Radix) => {
-                Kv::Radix(RadixPool::new(config.num_kv_blocks(), config.block_size)?)
-            }
-            (caching, _) => {
-                let pool = BlockPool::new(config.num_kv_blocks(), config.block_size, caching)?;
-                Kv::BlockHash(match config.host_num_blocks {
-                    0 => pool,
-                    n => pool.with_host_tier(n)?,
-                })
-            }
-        };
+        let kv = Kv::new(&config, async_scheduling)?;
         let interval = config.prefill_schedule_interval as i64;
         Ok(Self {
             waiting: Waiting::new(config.policy),
@@ -288,8 +277,18 @@ impl<R: RequestKey> Scheduler<R> {
             .collect()
     }
 
+    /// The request's block table (with several KV groups, group 0's), `None` if it holds
+    /// no blocks.
     pub fn block_ids(&self, request_id: &R) -> Option<&[BlockId]> {
         self.kv.block_ids(*self.index.get(request_id)?)
+    }
+
+    /// With several KV groups, the request's block table of each group (empty if it holds
+    /// no blocks, or with a single group: see `block_ids`).
+    pub fn group_block_ids(&self, request_id: &R) -> Vec<Vec<BlockId>> {
+        self.index
+            .get(request_id)
+            .map_or_else(Vec::new, |&slot| self.kv.group_block_ids(slot))
     }
 
     /// Blocks free for allocation (including cached blocks no request holds).
@@ -699,6 +698,12 @@ impl<R: RequestKey> Scheduler<R> {
         };
         for &(slot, n) in &plan.scheduled {
             let blocks = plan.new_blocks[slot as usize].take().unwrap_or_default();
+            let hybrid = self.config.is_hybrid();
+            let group_blocks = if hybrid {
+                self.kv.take_group_blocks(slot)
+            } else {
+                Vec::new()
+            };
             let async_scheduling = self.async_scheduling;
             let lean = self.lean_output;
             let request = self.slots[slot as usize]
@@ -714,10 +719,15 @@ impl<R: RequestKey> Scheduler<R> {
                             (false, true) => request.all_token_ids.clone(),
                             (false, false) => request.prompt_token_ids().to_vec(),
                         },
-                        block_ids: if lean {
+                        block_ids: if lean || hybrid {
                             Vec::new()
                         } else {
                             self.kv.block_ids(slot).unwrap_or_default().to_vec()
+                        },
+                        group_block_ids: if lean || !hybrid {
+                            Vec::new()
+                        } else {
+                            self.kv.group_block_ids(slot)
                         },
                         num_computed_tokens: request.num_computed_tokens,
                         lora_id: request.spec.lora_id,
@@ -731,6 +741,7 @@ impl<R: RequestKey> Scheduler<R> {
                 None => out.scheduled_running_reqs.push(CachedRequestData {
                     request_id: id.clone(),
                     new_block_ids: blocks,
+                    new_group_block_ids: group_blocks,
                     num_computed_tokens: request.num_computed_tokens,
                 }),
             }

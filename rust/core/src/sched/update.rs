@@ -515,6 +515,16 @@ impl<R: RequestKey> Scheduler<R> {
                 "KV connectors need the block-hash pool (prefix_cache = \"block_hash\")",
             ));
         }
+        if self.config.is_hybrid() {
+            // vLLM 0.33 turns its hybrid manager off for a connector without HMA support;
+            // the coordinator here serves no connector.
+            return Err(Error::config(
+                "kv_groups",
+                format!("{:?}", self.config.kv_groups),
+                "KV connectors need a single full-attention group (vLLM runs them with \
+                 --disable-hybrid-kv-cache-manager)",
+            ));
+        }
         self.connector = Some(connector);
         Ok(())
     }

@@ -94,7 +94,12 @@ impl PyMambaSpec {
     }
 }
 
-fn group_spec(obj: &Bound<'_, PyAny>, index: usize) -> PyResult<KvGroupSpec> {
+/// `obj` as a group spec, or ConfigError naming `field[index]`.
+pub(crate) fn group_spec(
+    obj: &Bound<'_, PyAny>,
+    field: &'static str,
+    index: usize,
+) -> PyResult<KvGroupSpec> {
     if obj.is_instance_of::<PyFullAttentionSpec>() {
         return Ok(KvGroupSpec::FullAttention);
     }
@@ -113,8 +118,8 @@ fn group_spec(obj: &Bound<'_, PyAny>, index: usize) -> PyResult<KvGroupSpec> {
     }
     Err(config_error(
         obj.py(),
-        "groups",
-        format!("groups[{index}]={}", short_repr(obj)),
+        field,
+        format!("{field}[{index}]={}", short_repr(obj)),
         "must be a FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec or MambaSpec",
     ))
 }
@@ -219,7 +224,7 @@ impl PyKvCoordinator {
         })?;
         let mut specs = Vec::new();
         for (i, item) in items.enumerate() {
-            specs.push(group_spec(&item?, i)?);
+            specs.push(group_spec(&item?, "groups", i)?);
         }
         let inner =
             KvCoordinator::new(specs, num_blocks, block_size, enable_caching).or_raise(py)?;

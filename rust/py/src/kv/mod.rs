@@ -5,6 +5,7 @@ mod coordinator;
 mod counting;
 mod radix;
 
+pub(crate) use coordinator::group_spec;
 use pyo3::prelude::*;
 use tokenyard_core::kv::{BlockId, TokenId};
 

@@ -1,0 +1,273 @@
+//! KV cache groups (`SchedulerConfig::kv_groups`): the step scheduler over vLLM's
+//! coordinator. A window group frees what leaves its window, blocks are conserved, the
+//! output carries a block table per group, and one full-attention group is today's pool.
+
+use super::*;
+use crate::kv::{KvGroupSpec, NULL_BLOCK};
+use crate::sched::*;
+
+const WINDOW: KvGroupSpec = KvGroupSpec::SlidingWindow { sliding_window: 8 };
+
+/// gpt-oss's shape in miniature: a full-attention group and a window-8 group, block 4.
+fn hybrid_config() -> SchedulerConfig {
+    SchedulerConfig {
+        kv_groups: vec![KvGroupSpec::FullAttention, WINDOW],
+        ..config()
+    }
+}
+
+fn live(table: &[u32]) -> usize {
+    table.iter().filter(|&&b| b != NULL_BLOCK).count()
+}
+
+#[test]
+fn a_window_group_holds_at_most_window_over_block_size_plus_one_live_blocks() {
+    let mut s = Scheduler::new(hybrid_config(), false).unwrap();
+    let spec = RequestSpec {
+        max_tokens: 40,
+        ..prompt(0, 6)
+    };
+    s.add_request(0, spec).unwrap();
+    let mut decode_steps = 0;
+    while s.has_unfinished_requests() {
+        run_step(&mut s);
+        let Some(r) = s.get_request(&0) else { break };
+        let tables = s.group_block_ids(&0);
+        let computed = r.num_computed_tokens;
+        // The full group holds a block per 4 computed tokens; the window group (8 tokens,
+        // block 4) keeps at most 8/4 + 1 = 3 of its blocks once the request decodes.
+        assert_eq!(
+            tables[0].len(),
+            computed.div_ceil(4),
+            "full group at {computed}"
+        );
+        assert_eq!(live(&tables[0]), tables[0].len());
+        if computed > 6 {
+            decode_steps += 1;
+            assert!(
+                live(&tables[1]) <= 8 / 4 + 1,
+                "window group {:?}",
+                tables[1]
+            );
+            assert_eq!(tables[1].len(), tables[0].len(), "nulls keep positions");
+        }
+    }
+    assert!(decode_steps >= 30);
+    // 45 tokens: the window group freed all but its last blocks, into the null block.
+    assert_eq!(
+        s.num_free_blocks(),
+        64,
+        "all returned (the null block is extra)"
+    );
+}
+
+#[test]
+fn blocks_are_conserved_across_groups_under_preemption() {
+    // 11 usable blocks: three requests of 12-token prompts growing to 28 tokens need
+    // 7 full + up to 3 window blocks each, so they preempt one another.
+    let cfg = SchedulerConfig {
+        num_blocks: 11,
+        max_model_len: 32,
+        ..hybrid_config()
+    };
+    let mut s = Scheduler::new(cfg, false).unwrap();
+    for id in 0..3 {
+        let spec = RequestSpec {
+            max_tokens: 16,
+            ..prompt(id, 12)
+        };
+        s.add_request(id, spec).unwrap();
+    }
+    let mut steps = 0;
+    while s.has_unfinished_requests() && steps < 500 {
+        run_step(&mut s); // checks the coordinator's invariants each step
+        let held: usize = (0..3)
+            .map(|id| {
+                s.group_block_ids(&id)
+                    .iter()
+                    .map(|t| live(t))
+                    .sum::<usize>()
+            })
+            .sum();
+        assert!(held + s.num_free_blocks() <= 11, "no block owned twice");
+        steps += 1;
+    }
+    assert!(!s.has_unfinished_requests());
+    assert!(s.stats().num_preemptions > 0, "memory was short");
+    assert_eq!(s.num_free_blocks(), 11);
+}
+
+#[test]
+fn the_output_carries_a_block_table_per_group() {
+    let mut s = Scheduler::new(hybrid_config(), false).unwrap();
+    let spec = RequestSpec {
+        max_tokens: 10,
+        ..prompt(0, 10)
+    };
+    s.add_request(0, spec).unwrap();
+    let out = run_step(&mut s);
+    let new = &out.scheduled_new_reqs[0];
+    assert!(new.block_ids.is_empty());
+    assert_eq!(new.group_block_ids.len(), 2);
+    // 10 tokens: 3 blocks per group; the window of 8 at token 10 still reads block 0.
+    assert_eq!(new.group_block_ids[0].len(), 3);
+    assert_eq!(new.group_block_ids[1].len(), 3);
+    // Decodes 11 and 12 fit the third block; 13 opens a fourth in each group, and the
+    // window group has freed block 0 (tokens 0-3, outside the window of token 12).
+    run_step(&mut s);
+    run_step(&mut s);
+    let out = run_step(&mut s);
+    let cached = &out.scheduled_running_reqs[0];
+    assert!(cached.new_block_ids.is_empty());
+    assert_eq!(
+        cached
+            .new_group_block_ids
+            .iter()
+            .map(Vec::len)
+            .collect::<Vec<_>>(),
+        [1, 1]
+    );
+    assert_eq!(s.group_block_ids(&0)[1][0], NULL_BLOCK);
+    assert_eq!(
+        s.block_ids(&0).unwrap(),
+        s.group_block_ids(&0)[0].as_slice()
+    );
+}
+
+/// Runs the same workload (a shared prefix, preemption, prefix hits) to the end and
+/// returns every step's output.
+fn outputs_of(cfg: SchedulerConfig) -> Vec<SchedulerOutput<u32>> {
+    let mut s = Scheduler::new(cfg, false).unwrap();
+    for id in 0..4 {
+        let mut spec = prompt(0, 12);
+        spec.prompt_token_ids.push(id);
+        spec.max_tokens = 20;
+        s.add_request(id, spec).unwrap();
+    }
+    let mut outs = Vec::new();
+    while s.has_unfinished_requests() {
+        outs.push(run_step(&mut s));
+    }
+    outs
+}
+
+#[test]
+fn one_full_attention_group_is_the_single_group_pool() {
+    let base = SchedulerConfig {
+        num_blocks: 16,
+        enable_prefix_caching: true,
+        ..config()
+    };
+    let grouped = SchedulerConfig {
+        kv_groups: vec![KvGroupSpec::FullAttention],
+        ..base.clone()
+    };
+    assert!(!grouped.is_hybrid());
+    let (a, b) = (outputs_of(base), outputs_of(grouped));
+    assert!(a.iter().any(|o| !o.preempted_req_ids.is_empty()));
+    assert_eq!(a, b);
+    assert!(a[0].scheduled_new_reqs[0].group_block_ids.is_empty());
+}
+
+#[test]
+fn a_window_model_runs_more_requests_at_once_than_its_full_attention_plan() {
+    // 20 usable blocks of 4; four 30-token requests. As full attention each holds 8
+    // blocks: two run at once. With a window of 8 each holds at most 3: all four.
+    let base = SchedulerConfig {
+        num_blocks: 20,
+        max_model_len: 32,
+        max_num_batched_tokens: 200,
+        ..config()
+    };
+    let window = SchedulerConfig {
+        kv_groups: vec![WINDOW],
+        ..base.clone()
+    };
+    let mut peaks = Vec::new();
+    for cfg in [base, window] {
+        let mut s = Scheduler::new(cfg, false).unwrap();
+        for id in 0..4 {
+            let spec = RequestSpec {
+                max_tokens: 22,
+                ..prompt(id, 8)
+            };
+            s.add_request(id, spec).unwrap();
+        }
+        let mut peak = 0;
+        while s.has_unfinished_requests() {
+            run_step(&mut s);
+            peak = peak.max(s.num_running());
+        }
+        peaks.push((peak, s.stats().num_preemptions));
+    }
+    assert_eq!(peaks[1], (4, 0));
+    assert!(peaks[0].0 < 4 || peaks[0].1 > 0, "{peaks:?}");
+}
+
+fn config_error(cfg: SchedulerConfig) -> &'static str {
+    match Scheduler::<u32>::new(cfg, false) {
+        Err(crate::Error::Config { field, .. }) => field,
+        Err(other) => panic!("not a config error: {other}"),
+        Ok(_) => panic!("accepted"),
+    }
+}
+
+#[test]
+fn combinations_the_coordinator_cannot_serve_are_refused_by_field() {
+    let radix = SchedulerConfig {
+        enable_prefix_caching: true,
+        prefix_cache: PrefixCache::Radix,
+        ..hybrid_config()
+    };
+    assert_eq!(config_error(radix), "prefix_cache");
+    let host = SchedulerConfig {
+        enable_prefix_caching: true,
+        host_num_blocks: 8,
+        ..hybrid_config()
+    };
+    assert_eq!(config_error(host), "host_num_blocks");
+    let mamba = SchedulerConfig {
+        enable_prefix_caching: true,
+        kv_groups: vec![KvGroupSpec::FullAttention, KvGroupSpec::Mamba],
+        ..config()
+    };
+    assert_eq!(config_error(mamba), "enable_prefix_caching");
+    let zero = SchedulerConfig {
+        kv_groups: vec![KvGroupSpec::SlidingWindow { sliding_window: 0 }],
+        ..config()
+    };
+    assert_eq!(config_error(zero), "kv_groups");
+
+    struct Sends;
+    impl KvConnector<u32> for Sends {
+        fn get_num_new_matched_tokens(
+            &mut self,
+            _: &Request<u32>,
+            _: usize,
+        ) -> crate::Result<Option<ExternalTokens>> {
+            Ok(Some(ExternalTokens::default()))
+        }
+        fn request_finished(&mut self, _: &Request<u32>, _: &[u32]) -> crate::Result<bool> {
+            Ok(false)
+        }
+    }
+    let mut s = Scheduler::new(hybrid_config(), false).unwrap();
+    match s.set_connector(Box::new(Sends)) {
+        Err(crate::Error::Config { field, .. }) => assert_eq!(field, "kv_groups"),
+        other => panic!("{:?}", other.err()),
+    }
+}
+
+#[test]
+fn a_mamba_group_holds_one_block_per_request() {
+    let cfg = SchedulerConfig {
+        kv_groups: vec![KvGroupSpec::FullAttention, KvGroupSpec::Mamba],
+        ..config()
+    };
+    let mut s = Scheduler::new(cfg, false).unwrap();
+    s.add_request(0, prompt(0, 10)).unwrap();
+    run_step(&mut s);
+    run_step(&mut s);
+    let tables = s.group_block_ids(&0);
+    assert_eq!((tables[0].len(), tables[1].len()), (3, 1));
+}

@@ -4,6 +4,7 @@ pricing of DeepSeek-V3 (EP 8 over DP 8 on H200s) and Qwen3-235B (TP 4 against EP
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -53,6 +54,22 @@ def test_memory_per_gpu_by_hand_tp2_against_ep2() -> None:
     attention_tp1 = 2 * H * 1024 + 2 * H * 1024
     ep2_dp2 = 2 * (attention_tp1 + experts_ep2 + ROUTER + NORMS) + 2 * 1000 * H + H
     assert parameters_per_device(TINY, 1, 1, 2) == ep2_dp2 == 23_041_024
+
+
+def test_shared_experts_are_whole_under_sequence_parallel_moe() -> None:
+    """vLLM 0.33 turns on sequence-parallel MoE with EP, TP > 1 and DP > 1
+    (``ParallelConfig.use_sequence_parallel_moe``) and builds the shared experts whole
+    on every GPU (``DeepseekV2MLP(disable_tp=is_sequence_parallel)``); with DP 1 they are
+    split by TP. Gemma 4's dense MLP beside its experts is never sequence parallel."""
+    shared = dataclasses.replace(TINY, num_shared_experts=1)  # one more expert of 512
+    tp2 = parameters_per_device(TINY, 2, 1, 2)  # EP 2 = TP 2 x DP 1
+    assert parameters_per_device(shared, 2, 1, 2) - tp2 == 2 * 3 * H * 256  # split by TP
+    # EP 4 = TP 2 x DP 2: the routed experts halve again (2 whole ones a GPU), the shared
+    # one is whole (3 x 1024 x 512 per layer) where DP 1 had half of it.
+    ep4 = parameters_per_device(shared, 2, 1, 4)
+    assert ep4 == tp2 - 2 * 3 * H * 512 * 2 + 2 * 3 * H * 512
+    kept_split = dataclasses.replace(shared, sequence_parallel_shared_experts=False)
+    assert parameters_per_device(kept_split, 2, 1, 4) == ep4 - 2 * 3 * H * 256
 
 
 def test_kv_per_gpu_is_the_dp_ranks_own() -> None:
@@ -229,6 +246,50 @@ def test_deepseek_v3_ep8_dp8_on_h200s_against_tp8() -> None:
         in ep.description["kernels"]
     )
     assert _decode_ms(ep, 128) < 0.85 * _decode_ms(tp, 1024)
+
+
+def test_sequence_parallel_shared_experts_run_whole_on_a_tp_share_of_the_tokens() -> None:
+    """DeepSeek-V3 over TP 2 x DP 4 (EP 8) on H200s: vLLM 0.33's sequence-parallel MoE
+    runs the shared expert whole (2048 wide) on each GPU's half of the layer's tokens, so
+    its measured GEMMs at 4096 tokens are TP 1's at 2048 (TP 1 x DP 8, whole, every
+    token); with DP 1 (TP 2, EP 2) they are split by TP (1024 wide) over all 4096."""
+    model = _bundled("deepseek-ai/DeepSeek-V3")
+    sp = _measured(
+        model, "h200", tensor_parallel_size=2, expert_parallel_size=8, data_parallel_size=4
+    )
+    whole = _measured(model, "h200", **_attention_dp(8))
+    split = _measured(model, "h200", tensor_parallel_size=2, expert_parallel_size=2)
+
+    def ms(predictor: Any, op: str, tokens: float) -> float:
+        cost = {o.name: o.cost for o in predictor.ops}[op]
+        return float(cost.time({"num_tokens": tokens})) * 1e3
+
+    for op in ("shared_gate_up_proj", "shared_down_proj"):
+        assert ms(sp, op, 4096) == pytest.approx(ms(whole, op, 2048), rel=1e-9)
+        assert ms(sp, op, 4096) != pytest.approx(ms(split, op, 4096), rel=1e-3)
+
+
+def test_shared_expert_gemms_take_the_shared_width_not_the_routed_one() -> None:
+    """Gemma 4's dense MLP beside its experts (its shared expert) is 2112 wide, its routed
+    experts 704: the measured shared GEMMs are priced at 2112; Nemotron-H's non-gated
+    shared MLP (up, down of 3712) at up 3712, down 3712 (not gate-up 2 x 1856)."""
+    root = package_root()
+    assert root is not None
+    source = resolve_source(root, SYSTEM_OF_DEVICE["h100-sxm"], "vllm", "latest")
+
+    def ms(model: catalog.ModelSpec, op: str) -> float:
+        predictor = measured_predictor(
+            model, catalog.device("h100-sxm"), source, weight_dtype="bf16", kv_bytes=2.0
+        )
+        cost = {o.name: o.cost for o in predictor.ops}[op]
+        return float(cost.time({"num_tokens": 4096.0})) * 1e3
+
+    gemma = _bundled("google/gemma-4-26B-A4B")
+    narrow = dataclasses.replace(gemma, shared_expert_intermediate_size=704)
+    assert ms(gemma, "shared_down_proj") > 1.5 * ms(narrow, "shared_down_proj")
+    nano = _bundled("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16")
+    half = dataclasses.replace(nano, shared_expert_intermediate_size=1856)
+    assert ms(nano, "shared_down_proj") > 1.5 * ms(half, "shared_down_proj")
 
 
 def test_deepseek_v3_ep8_dp8_simulates_end_to_end() -> None:

@@ -198,6 +198,13 @@ class ModelSpec:
     #: ``moe_shared_expert_intermediate_size``); 0: ``num_shared_experts x
     #: intermediate_size``.
     shared_expert_intermediate_size: int = 0
+    #: The shared experts are loaded whole on every GPU under vLLM 0.33's sequence-parallel
+    #: MoE (``ParallelConfig.use_sequence_parallel_moe``: expert parallelism with TP > 1
+    #: and DP > 1), each GPU running them on its 1/TP of the tokens: DeepSeek-V2/V3's,
+    #: Qwen3-Next/3.5's, Llama 4's and Nemotron-H's shared-expert MLPs take
+    #: ``disable_tp=is_sequence_parallel``. False: split by TP there too (Gemma 4's dense
+    #: MLP beside its experts, which vLLM builds without sequence parallelism).
+    sequence_parallel_shared_experts: bool = True
     #: SwiGLU (gate, up, down) FFNs; false: an MLP of up and down only (Nemotron-H's relu2).
     gated_ffn: bool = True
     #: A vision-language model's vision tower (its ``vision_config``; Qwen2.5-VL, Qwen3-VL),

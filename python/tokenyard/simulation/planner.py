@@ -13,8 +13,9 @@ before its MoE ones) sums each kind's layer over its count; a MoE layer's expert
 routed ones plus ``num_shared_experts``, each split by TP. Under expert parallelism
 (``expert_parallel_size`` EP > 1, vLLM's ``--enable-expert-parallel``) a GPU holds instead
 ``num_experts / EP`` routed experts whole (``3*h*inter`` each) and the shared experts at
-``ceil(inter/TP)``; attention, dense layers, embeddings and the router as under TP. With
-attention data parallelism (EP = TP x DP) the plan is one DP rank's. Multi-head
+``ceil(inter/TP)`` (whole with TP > 1 and DP > 1: vLLM's sequence-parallel MoE); attention,
+dense layers, embeddings and the router as under TP. With attention data parallelism
+(EP = TP x DP) the plan is one DP rank's. Multi-head
 latent attention (``ModelSpec.mla``, ``n = heads/TP``, ``r = qk_nope + qk_rope``):
 
     attention = h*q_lora + h*(kv_lora + qk_rope) [a projections, on every rank]
@@ -187,17 +188,21 @@ def _ffn_split(model: ModelSpec, kind: LayerKind, tp: int, ep: int = 1) -> tuple
     """(linear weights, other weights) of one layer's FFN on one GPU. Without expert
     parallelism (``ep`` 1) every expert's (routed and shared) intermediate is split by TP;
     with it, the GPU holds ``num_experts / ep`` routed experts whole, and the shared
-    experts split by the attention TP, replicated across DP ranks. (vLLM 0.33 splits them
-    so with DP 1; with TP > 1 and DP > 1 its sequence-parallel MoE, on by default, loads
-    them whole on every GPU: ``DeepseekV2MLP(disable_tp=use_sequence_parallel_moe)``, which
-    this plan undercounts.) The router is whole on every GPU."""
+    experts split by the attention TP, replicated across DP ranks, as vLLM 0.33 does with
+    TP or DP 1. With TP > 1 and DP > 1 (``ep = TP x DP``) vLLM's sequence-parallel MoE
+    (``ParallelConfig.use_sequence_parallel_moe``, on with its default all2all backend)
+    builds them whole on every GPU (``DeepseekV2MLP(disable_tp=is_sequence_parallel)``;
+    Qwen2MoeMLP, Llama 4's and Nemotron-H's alike), unless the model keeps them split
+    (``ModelSpec.sequence_parallel_shared_experts``: Gemma 4). The router is whole on
+    every GPU."""
     h, inter = model.hidden_size, math.ceil(kind.intermediate_size / tp)
     m = 3 if model.gated_ffn else 2  # gate, up, down (Nemotron-H: up, down)
     if kind.ffn == "none":
         return 0, 0
     if kind.ffn == "dense":
         return m * h * inter, 0
-    shared = m * h * math.ceil(model.shared_intermediate / tp)
+    whole = tp > 1 and ep > tp and model.sequence_parallel_shared_experts
+    shared = m * h * math.ceil(model.shared_intermediate / (1 if whole else tp))
     if ep == 1:
         return m * h * inter * model.num_experts + shared, h * model.num_experts
     routed = m * h * kind.intermediate_size * (model.num_experts // ep)

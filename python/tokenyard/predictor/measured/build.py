@@ -129,10 +129,17 @@ def _measured_ops(
         out["moe_experts"] = moe_op(source, model, tp, moe_dtype, moe_distribution, ep, dp)
         kernels["moe"] = moe_dtype if out["moe_experts"][0] is not None else "calibrated"
         if model.num_shared_experts:
-            i = model.num_shared_experts * kind.intermediate_size // tp
-            out["shared_gate_up_proj"] = (gemm_table(gemm, 2 * i, s.h, "num_tokens"), label, "")
+            # Their own width (Gemma 4's dense MLP, Nemotron-H's non-gated one). Under vLLM
+            # 0.33's sequence-parallel MoE (EP with TP > 1 and DP > 1) they are whole on
+            # every GPU, each running its 1/TP of the layer's tokens
+            # (ModelSpec.sequence_parallel_shared_experts).
+            sp = tp if ep > 1 and dp > 1 and model.sequence_parallel_shared_experts else 1
+            i = model.shared_intermediate // (tp // sp)
+            up = gemm_table(gemm, (2 if model.gated_ffn else 1) * i, s.h, "num_tokens")
             down = gemm_table(gemm, s.h, i, "num_tokens", quantized_input=True)
-            out["shared_down_proj"] = (down, label, "")
+            for op, table in (("shared_gate_up_proj", up), ("shared_down_proj", down)):
+                xs = tuple(x * sp for x in table.xs)  # the layer's tokens, 1/sp per GPU
+                out[op] = (dataclasses.replace(table, xs=xs), label, "")
     if model.mtp_module:  # [embedding; hidden] -> h: a whole bf16 nn.Linear in vLLM's MTP
         out["eh_proj"] = (gemm_table(edge, s.h, 2 * s.h, "num_tokens"), label, "")
     if tp > 1:

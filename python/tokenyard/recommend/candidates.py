@@ -244,7 +244,7 @@ def _price_layouts(
 
 def _aggregated(space: Space, priced: _Priced, budget: int) -> est.Estimate | None:
     layout = priced.layout
-    return est.best_batch(
+    best: est.Estimate | None = est.best_batch(
         lambda b: est.aggregated(
             priced.price,
             isl=space.isl,
@@ -259,6 +259,7 @@ def _aggregated(space: Space, priced: _Priced, budget: int) -> est.Estimate | No
         ttft_s=space.ttft_s,
         tpot_s=space.tpot_s,
     )
+    return best
 
 
 def _replicas_for(space: Space, per_replica: float) -> int:
@@ -321,10 +322,14 @@ def _disagg_candidates(space: Space, priced: Sequence[_Priced]) -> list[Candidat
                 prefills.append((p, budget, pe))
     decodes = []
     for p in plain:
-        de = est.best_batch(
-            lambda b, p=p: est.decode_only(
+
+        def decode(b: int, p: _Priced = p) -> est.DecodeEstimate:
+            return est.decode_only(
                 p.price, isl=space.isl, osl=space.osl, batch_size=b, num_stages=p.layout.pp
-            ),
+            )
+
+        de = est.best_batch(
+            decode,
             max_kv_tokens=p.max_kv_tokens,
             ttft_s=None,
             tpot_s=space.tpot_s,

@@ -294,6 +294,36 @@ def _survivors(candidates: Sequence[Candidate], top_k: int) -> list[Candidate]:
     return out
 
 
+#: A run must last this many times the largest latency bound at the rate it is run at,
+#: or a queue too short-lived to break an SLO hides an overload (docs/search.md,
+#: "Workload size").
+RUN_LENGTH_BOUNDS = 50
+
+
+def _long_enough(ask: Ask, survivors: Sequence[Candidate], slo: SLO) -> tuple[Ask, str | None]:
+    """``ask`` with its sample grown so a run at the best estimated capacity lasts
+    ``RUN_LENGTH_BOUNDS`` x the largest bound (up to the whole load), and a note saying
+    so, or that the whole load itself is shorter than that."""
+    if ask.sample is None or ask.closed_loop or not survivors:
+        return ask, None
+    rate = max(c.estimate.get("capacity", 0.0) for c in survivors)
+    needed = math.ceil(rate * RUN_LENGTH_BOUNDS * max(slo.bounds.values()))
+    whole = ask.whole_workload()
+    total = whole.get("num_requests") if whole.get("kind") != "trace" else whole.get("limit")
+    if needed <= ask.sample:
+        return ask, None
+    if total is not None and needed > int(total):
+        return dataclasses.replace(ask, sample=None), (
+            f"the whole load ({total} requests) lasts under {RUN_LENGTH_BOUNDS}x the largest "
+            f"bound at the estimated {rate:.3g} requests/s: the search runs all of it, and a "
+            "longer load would test the SLOs better"
+        )
+    return dataclasses.replace(ask, sample=needed), (
+        f"sample raised to {needed} requests: {RUN_LENGTH_BOUNDS}x the largest bound at "
+        f"the estimated {rate:.3g} requests/s"
+    )
+
+
 def _params(candidate: Candidate, closed_loop: bool) -> SearchParams:
     guess = candidate.estimate.get("capacity", 1.0) * 0.7
     low = 1.0 if closed_loop else 0.01
@@ -301,7 +331,8 @@ def _params(candidate: Candidate, closed_loop: bool) -> SearchParams:
     return SearchParams(
         initial_qps=initial,
         min_qps=low,
-        max_qps=max(initial, 1e5),
+        # Far above the estimate only a run too short to build a queue still holds.
+        max_qps=max(initial, 10.0 * candidate.estimate.get("capacity", 1e4)),
         tolerance=0.03,
         max_simulations=24,
         max_scheduling_delay_p99_s=math.inf,
@@ -401,6 +432,8 @@ def recommend(
         )
     t_estimate = time.perf_counter()
     survivors = _survivors(candidates, ask.top_k)
+    ask, note = _long_enough(ask, survivors, slo)
+    notes += [note] if note else []
     kept = _Kept(make_executor(executor, workers=workers, ray_address=ray_address))
     try:
         simulated = _search(survivors, ask, slo, kept)
@@ -462,10 +495,10 @@ def _verify(
         if target is not None:
             ranked = [s for s in ranked if s.capacity * (1.0 - ask.margin) >= target]
         # One point per layout: its best cap/chunk variant (the others only repeat it).
-        seen: set[str] = set()
-        ranked = [
-            s for s in ranked if not (s.candidate.label in seen or seen.add(s.candidate.label))
-        ]
+        firsts: dict[str, Simulated] = {}
+        for s in ranked:
+            firsts.setdefault(s.candidate.label, s)
+        ranked = list(firsts.values())
         mine: list[tuple[Simulated, Verdict]] = []
         while ranked and len(mine) < ask.show:
             batch, ranked = ranked[: ask.show - len(mine)], ranked[ask.show - len(mine) :]

@@ -227,9 +227,11 @@ def write_outputs(
     rec: Recommendation, table: list[dict[str, Any]], directory: str | Path, text: str
 ) -> list[str]:
     """Writes ``--out DIR`` (see the module docstring); returns the names written."""
-    import pandas as pd
+    import pyarrow.csv as pacsv  # type: ignore[import-untyped]
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
     from tokenyard._output import staged_output
+    from tokenyard.search.tables import to_arrow
 
     names = [
         "recommendations.csv",
@@ -239,10 +241,10 @@ def write_outputs(
         "launch/",
         "configs/",
     ]
-    frame = pd.DataFrame(table)
+    frame = to_arrow(table)
     with staged_output(directory) as stage:
-        frame.to_csv(stage / "recommendations.csv", index=False)
-        frame.to_parquet(stage / "recommendations.parquet", index=False)
+        pacsv.write_csv(frame, stage / "recommendations.csv")
+        pq.write_table(frame, stage / "recommendations.parquet")
         (stage / "summary.txt").write_text(text + "\n")
         (stage / "launch").mkdir()
         (stage / "configs").mkdir()

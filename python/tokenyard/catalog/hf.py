@@ -63,6 +63,12 @@ _FAMILIES: dict[str, _Family] = {
     "Qwen2ForCausalLM": _Family("qwen2", attention_bias=True),
     "Qwen3ForCausalLM": _Family("qwen3", qk_norm=True),
     "MixtralForCausalLM": _Family("mixtral", experts_key="num_local_experts"),
+    # vLLM 0.33's minimax_m2.py: full GQA in every layer (a partial rotary_dim), a q/k
+    # RMSNorm over all heads, num_local_experts experts of intermediate_size, no shared
+    # expert (shared_intermediate_size 0, checked), the MTP modules not loaded.
+    "MiniMaxM2ForCausalLM": _Family("minimax_m2", qk_norm=True, experts_key="num_local_experts"),
+    # vLLM 0.33's mimo.py: a Qwen2ForCausalLM (q, k, v biases) whose mtp_layers it skips.
+    "MiMoForCausalLM": _Family("mimo", attention_bias=True),
     "Qwen2MoeForCausalLM": _QWEN_MOE._replace(model_type="qwen2_moe", attention_bias=True),
     "Qwen3MoeForCausalLM": _QWEN_MOE._replace(model_type="qwen3_moe", qk_norm=True),
     "DeepseekV2ForCausalLM": _DEEPSEEK._replace(model_type="deepseek_v2"),
@@ -118,6 +124,40 @@ _DSA_REFUSED = {
     ),
 }
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_FAMILIES)
+# Architectures of bundled configs that are not read, and why (checked against vLLM 0.33's
+# model code): named before any other refusal, since the reason is the architecture's.
+_REFUSED_ARCHITECTURES = {
+    "KimiK25ForConditionalGeneration": (
+        "Kimi-K2.5's MoonViT vision tower (vision_config) is not modelled; its decoder "
+        "(text_config) is a DeepSeek-V3, which a DeepseekV3ForCausalLM config loads"
+    ),
+    "KimiK3ForConditionalGeneration": (
+        "Kimi-K3's decoder is Kimi Linear (KDA linear attention between MLA layers, "
+        "KimiLinearForCausalLM) with a vision tower: neither is modelled"
+    ),
+    "DeciLMForCausalLM": (
+        "Nemotron-NAS (Llama-3.3-Nemotron-Super): block_configs give each layer its own "
+        "attention (some none or linear) and FFN width (ffn_mult); per-layer shapes are "
+        "not modelled"
+    ),
+    "MiniMaxM3ForCausalLM": (
+        "MiniMax-M3's block-sparse attention (use_sparse_attention: an index picks "
+        "sparse_topk_blocks blocks per query) is not modelled"
+    ),
+    "MiniMaxM3SparseForConditionalGeneration": (
+        "MiniMax-M3's block-sparse attention and vision tower are not modelled"
+    ),
+    "MiMoV2FlashForCausalLM": (
+        "MiMo-V2-Flash's sliding layers have their own heads and head dims "
+        "(swa_num_key_value_heads, swa_head_dim) and V heads narrower than K (v_head_dim "
+        "128, head_dim 192): not modelled"
+    ),
+    "Step3p7FlashForCausalLM": (
+        "vLLM 0.33 registers no Step3p7FlashForCausalLM (its step3p7.py is the "
+        "vision-language Step3p7ForConditionalGeneration), and its sliding layers' own head "
+        "counts and head-wise attention gate are not modelled"
+    ),
+}
 
 _HYBRID_MODEL_TYPES = ("nemotron_h", "mamba", "qwen3_next", "qwen3_5")
 # Layer-type names in configs -> the mixer tokenyard models.
@@ -136,6 +176,7 @@ _NEMOTRON_H = {
 # Qwen2-MoE/Qwen3-MoE layout keys: the values that leave every layer with routed experts only.
 _MOE_LAYOUT: dict[str, tuple[tuple[Any, ...], str]] = {
     "shared_expert_intermediate_size": ((None, 0), "shared experts are not modelled"),
+    "shared_intermediate_size": ((None, 0), "shared experts are not modelled"),  # MiniMax
     "decoder_sparse_step": ((None, 1), "dense layers between MoE layers are not modelled"),
     "mlp_only_layers": ((None, []), "dense layers in a MoE are not modelled"),
 }
@@ -281,6 +322,36 @@ def _head_dim(cfg: dict[str, Any], hidden: int, heads: int) -> int:
         problem = f"must be a multiple of num_attention_heads ({heads}) when no head_dim is given"
         raise _bad("hidden_size", f"{problem}, got {hidden}")
     return hidden // heads
+
+
+# RoPE types whose factor vLLM 0.33 does not apply to max_position_embeddings (YaRN's and
+# Llama 3's configs give the scaled length already; "default" has no factor).
+_ROPE_UNSCALED = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+
+
+def _context_length(cfg: dict[str, Any], family: _Family) -> int:
+    """The longest sequence, as vLLM 0.33's ``_get_and_verify_max_len``
+    (``vllm/config/model.py``) derives it: ``max_position_embeddings`` times the RoPE
+    scaling factor of ``rope_scaling`` / ``rope_parameters`` (each layer type's where they
+    are nested) for a type other than ``_ROPE_UNSCALED`` (``linear``, ``dynamic``); Gemma
+    3's length is already scaled. vLLM's cap by the tokenizer's ``model_max_length`` is
+    not applied (tokenyard reads no tokenizer config)."""
+    length = _count(cfg, "max_position_embeddings")
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling")
+    if not isinstance(rope, dict) or family.model_type.startswith("gemma3"):
+        return length
+    nested = all(isinstance(v, dict) for v in rope.values())
+    factor: Any = 1.0
+    for params in rope.values() if nested else (rope,):
+        kind = params.get("rope_type", params.get("type", "default"))
+        if params and kind not in _ROPE_UNSCALED and "factor" in params:
+            factor = params["factor"]
+    if factor is None:  # vLLM warns and takes 1.0
+        return length
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor <= 0:
+        key = "rope_parameters" if "rope_parameters" in cfg else "rope_scaling"
+        raise _bad(f"{key}.factor", f"must be a number > 0, got {factor!r}")
+    return int(length * factor)
 
 
 def _mla(cfg: dict[str, Any]) -> MlaAttention:
@@ -467,6 +538,8 @@ def _hybrid_fields(cfg: dict[str, Any], family: _Family) -> dict[str, Any]:
             _flag(cfg, "attn_output_gate") if "attn_output_gate" in cfg else True
         )
     if model_type == "gemma4":
+        # vLLM 0.33's gemma4.py builds its MLP and experts without sequence parallelism.
+        out["sequence_parallel_shared_experts"] = False
         if cfg.get("num_global_key_value_heads") is not None:
             out["global_num_kv_heads"] = _count(cfg, "num_global_key_value_heads")
         if cfg.get("global_head_dim") is not None:
@@ -531,7 +604,7 @@ def _spec(
             else 1
         ),
         "vocab_size": _count(cfg, "vocab_size"),
-        "context_length": _count(cfg, "max_position_embeddings"),
+        "context_length": _context_length(cfg, family),
         "tied_embeddings": _flag(cfg, "tie_word_embeddings"),
         "attention_bias": _flag(cfg, "attention_bias") if bias is None else bias,
         "qk_norm": family.qk_norm,
@@ -606,6 +679,11 @@ def _vision(raw: dict[str, Any], kind: str) -> VisionEncoder:
 def _load(path: Path, mtime_ns: int, name: str) -> ModelSpec:
     """``path`` parsed once per name and modification time (an edited file is re-read)."""
     raw = _read(path)
+    listed = raw.get("architectures")
+    for architecture in listed if isinstance(listed, list) else ():
+        if architecture in _REFUSED_ARCHITECTURES:
+            why = _REFUSED_ARCHITECTURES[architecture]
+            raise _bad("architectures", f"{why}, got {architecture!r}")
     text = raw.get("text_config")
     cfg = {**raw, **text} if isinstance(text, dict) else raw  # vision-language wrappers
     try:

@@ -5,6 +5,7 @@ expert-parallel group wider than a node prices its all-to-all over the network."
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +16,11 @@ from step_shapes import decodes
 from test_mla import module_columns
 
 from tokenyard import catalog
-from tokenyard.catalog.quant import resolve_quantization
+from tokenyard.catalog.quant import Quantization, resolve_quantization, scheme
 from tokenyard.predictor.compiled import TableCost
 from tokenyard.predictor.measured.build import measured_predictor
 from tokenyard.predictor.measured.data import SYSTEM_OF_DEVICE, package_root, resolve_source
+from tokenyard.predictor.measured.mla import MLA_PROJECTIONS, projections_unquantized
 from tokenyard.predictor.measured.moe import (
     SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD,
     a2a_ops,
@@ -255,3 +257,40 @@ def test_without_inter_node_rows_the_all_to_all_is_calibrated_and_says_why() -> 
     assert "moe_a2a_perf" in why
     assert "no DeepEP inter-node table" in why
     assert "2 nodes" in why
+
+
+# ---- checkpoints that keep the MLA projections 16-bit ---------------------------------
+
+
+def _nvfp4(*kept: str) -> Quantization:
+    return dataclasses.replace(scheme("nvfp4"), unquantized_modules=kept)
+
+
+def test_which_exclude_lists_keep_the_mla_projections_16_bit(tmp_path: Path) -> None:
+    """The small DeepSeek has 4 layers: a ``self_attn*`` wildcard, or the projections
+    named in 2 of the 4 layers, keep them 16-bit; 1 of 4, or only the LM head, do not."""
+    spec = load_config(tmp_path, SMALL_DEEPSEEK)
+    assert projections_unquantized(_nvfp4("model.layers.*.self_attn*"), spec)
+    two = [f"model.layers.{i}.self_attn.{p}" for i in (0, 1) for p in MLA_PROJECTIONS]
+    assert projections_unquantized(_nvfp4(*two), spec)
+    assert not projections_unquantized(_nvfp4(*two[:4]), spec)
+    assert not projections_unquantized(_nvfp4("lm_head"), spec)
+    assert not projections_unquantized(None, spec)
+
+
+def test_deepseek_v3_1_nvfp4_prices_its_16_bit_projections_with_the_bf16_module() -> None:
+    """nvidia/DeepSeek-V3.1-NVFP4's hf_quant_config excludes q_a, kv_a, q_b and kv_b of
+    every layer from NVFP4 (vLLM builds them unquantized): the MLA module's bfloat16
+    rows, not its nvfp4 ones (which price NVFP4 projection GEMMs that never run), while
+    the experts stay NVFP4. Before the fix the banner read ``MLA module (nvfp4``."""
+    require_bundled("nvidia/DeepSeek-V3.1-NVFP4")
+    quant = resolve_quantization(
+        catalog.model("nvidia/DeepSeek-V3.1-NVFP4").quantization, "auto", "auto"
+    )
+    assert quant is not None
+    assert "model.layers.0.self_attn.q_b_proj" in quant.unquantized_modules
+    predictor = _bundled_predictor("nvidia/DeepSeek-V3.1-NVFP4", "b200", tensor_parallel_size=4)
+    kernels = predictor.description["kernels"]
+    assert "MLA module (bfloat16, KV bfloat16, 32 heads per GPU)" in kernels
+    assert "(projections 16-bit in the checkpoint)" in kernels
+    assert "MoE nvfp4" in kernels

@@ -63,7 +63,7 @@ from tokenyard.predictor.measured.lookup import (
     read,
     shapes,
 )
-from tokenyard.predictor.measured.mla import MLA_MODULE_OPS, mla_ops
+from tokenyard.predictor.measured.mla import MLA_MODULE_OPS, mla_ops, projections_unquantized
 from tokenyard.predictor.measured.moe import a2a_ops, moe_op, overlap_shared_experts
 from tokenyard.predictor.measured.ops import CollectiveTimes, NotMeasured
 from tokenyard.predictor.roofline import CpuOverheads, roofline_predictor
@@ -114,8 +114,15 @@ def _measured_ops(
     else:
         # The module rows of the layers' own GEMM family: replica.dtype's, or the
         # checkpoint's scheme (a family the module tables lack prices the projections from
-        # the GEMM rows, with the reason).
-        mla, kernels["mla"] = mla_ops(source, model, tp, kv_dtype, kernels["gemm"], gemm, label)
+        # the GEMM rows, with the reason); 16-bit where the checkpoint keeps the
+        # projections so (ModelOpt NVFP4 DeepSeek: exclude_modules), as vLLM runs them.
+        module_gemm, module_rows = kernels["gemm"], gemm
+        kept = projections_unquantized(quantization, model)
+        if kept:
+            module_gemm, module_rows = kernels["lm_head"], edge
+        mla, kernels["mla"] = mla_ops(source, model, tp, kv_dtype, module_gemm, module_rows, label)
+        if kept:
+            kernels["mla"] += " (projections 16-bit in the checkpoint)"
         out.update(mla)
     for kind in model.layer_kinds():
         if kind.ffn == "dense":

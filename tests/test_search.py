@@ -71,7 +71,8 @@ def test_capacity_search_recovers_the_saturation_rate_computed_by_hand() -> None
     report = capacity_search(
         one_at_a_time(),
         {"scheduling_delay_max_s": 1e-6},
-        search={"tolerance": 0.02, "refine_breaks": True},
+        # The set bounds queueing: the guard applies only when asked for.
+        search={"tolerance": 0.02, "refine_breaks": True, "max_scheduling_delay_p99_s": 2.0},
     )
     result = report.results["default"]
     assert result.stop == "tolerance"
@@ -375,6 +376,8 @@ def test_results_are_written_as_parquet_with_a_summary_and_plots(tmp_path: Path)
     assert sorted(p.name for p in paths) == [
         "capacity.png",
         "capacity.svg",
+        "frontier.png",
+        "frontier.svg",
         "pareto.png",
         "pareto.svg",
     ]

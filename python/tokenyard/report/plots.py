@@ -20,8 +20,9 @@ from tokenyard.report.run import Run, binned_mean, binned_rate, cdf, gap_cdf, ti
 __all__ = ["FORMATS", "PLOTS", "parse_formats", "write_plots"]
 
 FORMATS = ("png", "svg")
-#: Above this many replicas a run's time series show the mean and the range, not a line each.
-MAX_REPLICA_LINES = 12
+#: Above this many replicas a run's time series show the median and the range (min to
+#: max), not a line each: more lines overlap into noise.
+MAX_REPLICA_LINES = 4
 
 
 def parse_formats(text: str, field: str = "--plots") -> tuple[str, ...]:
@@ -116,19 +117,72 @@ def _of(runs: Sequence[Run]) -> str:
     return f" ({runs[0].name})" if len(runs) == 1 else ""
 
 
+def batch_cap(run: Run) -> tuple[int, str] | None:
+    """The replicas' configured batch cap and its key (``max_num_seqs`` for vllm_v1,
+    ``max_running_requests`` for sglang, ``batch_size_cap`` for Vidur's policies), or
+    ``None`` without a saved config, for a plugin, or when it is 0 (unbounded)."""
+    from tokenyard import _core
+
+    if run.config is None:
+        return None
+    scheduler = run.config["replica"]["scheduler"]
+    info = _core.REPLICA_POLICIES.get(scheduler["policy"])
+    section = info["section"] if info else "plugin"
+    key = {"vllm_v1": "max_num_seqs", "sglang": "max_running_requests"}.get(
+        section, "batch_size_cap" if section == "vidur" else ""
+    )
+    value = int(scheduler.get(section, {}).get(key) or 0) if key else 0
+    return (value, key) if value > 0 else None
+
+
+def binned_last(times: np.ndarray, values: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """The sampled state at each bin's end: the last sample at or before it, carried
+    forward (0 before the first). A count stays a whole number: nothing is averaged."""
+    index = np.searchsorted(times, edges[1:], side="right") - 1
+    return np.where(index >= 0, values[np.maximum(index, 0)], 0.0)
+
+
 def _replica_series(run: Run, column: str, edges: np.ndarray) -> list[np.ndarray]:
+    """Per replica: ``waiting`` (requests queued, a whole number: the last sample in each
+    bin), ``batch_fill`` (mean batch size in % of the batch cap; requests without one),
+    or the bin mean of a sampled column."""
     samples = run.samples
+    reduce = binned_mean
     if column == "waiting":  # sampled when a batch forms: the rest of the replica's requests
-        values = samples["num_outstanding"].astype(np.float64) - samples["batch_size"]
-        values = np.maximum(values, 0.0)
+        values = samples["num_outstanding"].astype(np.int64) - samples["batch_size"]
+        values = np.maximum(values, 0).astype(np.float64)
+        reduce = binned_last
+    elif column == "batch_fill":
+        cap = batch_cap(run)
+        values = samples["batch_size"].astype(np.float64) * (100.0 / cap[0] if cap else 1.0)
     else:
         values = samples[column].astype(np.float64)
     return [
-        binned_mean(
-            samples["time"][samples["replica"] == r], values[samples["replica"] == r], edges
+        _carried(
+            reduce(samples["time"][samples["replica"] == r], values[samples["replica"] == r], edges)
         )
         for r in range(run.num_replicas)
     ]
+
+
+def _carried(values: np.ndarray) -> np.ndarray:
+    """A bin without a sample keeps the last sampled value (a replica is sampled at most
+    once per ``sample_interval_s``; its state holds between samples); 0 before the first."""
+    index = np.where(np.isnan(values), 0, np.arange(values.size))
+    np.maximum.accumulate(index, out=index)
+    filled = values[index]
+    return np.where(np.isnan(filled), 0.0, filled)
+
+
+def _cap_words(runs: Sequence[Run]) -> str:
+    """The batch panel's unit: % of the one cap all runs share, of each run's own, or
+    requests when a run has none."""
+    caps = [batch_cap(run) for run in runs]
+    if any(c is None for c in caps):
+        return "batch size (requests)"
+    if len(set(caps)) == 1 and caps[0] is not None:
+        return f"batch fill (% of {caps[0][1]} = {caps[0][0]})"
+    return "batch fill (% of each run's cap)"
 
 
 def _completions(run: Run, edges: np.ndarray) -> list[np.ndarray]:
@@ -137,27 +191,33 @@ def _completions(run: Run, edges: np.ndarray) -> list[np.ndarray]:
 
 
 def over_time(runs: Sequence[Run], stem: Path, formats: Sequence[str]) -> list[Path]:
-    """Throughput (completions per second), waiting requests, batch size and KV usage over
-    time: per replica for one run, per run (cluster total or replica mean) for
-    several."""
+    """Throughput (completions per second), waiting requests (whole numbers), batch fill
+    against the batch cap and KV usage over time, each bin drawn flat (no interpolation
+    between bins): per replica for one run (the median and range beyond
+    ``MAX_REPLICA_LINES`` replicas), per run (cluster total or replica mean) for several.
+    Batch fill and KV use, not "busy", say how loaded a replica is: one running a batch of
+    5 is busy all the time at 2% of a cap of 256."""
     plt = _pyplot()
     fig, axes = plt.subplots(4, 1, figsize=(10, 11), sharex=True)
     panels = (
         ("completed requests / s", "completions", "sum"),
         ("waiting requests", "waiting", "sum"),
-        ("batch size (requests)", "batch_size", "mean"),
+        (_cap_words(runs), "batch_fill", "mean"),
         ("KV cache usage (%)", "kv_usage", "mean"),
     )
     for i, run in enumerate(runs):
         edges = time_bins(run.makespan_s)
-        middles = (edges[:-1] + edges[1:]) / 2
         for ax, (_, column, combine) in zip(axes, panels, strict=True):
             if column == "completions":
                 per_replica = _completions(run, edges)
             else:
                 per_replica = _replica_series(run, column, edges)
             scale = 100.0 if column == "kv_usage" else 1.0
-            _draw_series(ax, middles, per_replica, scale, i, run, len(runs), combine)
+            _draw_series(ax, edges, per_replica, scale, i, run, len(runs), combine)
+    from matplotlib.ticker import MaxNLocator
+
+    axes[1].yaxis.set_major_locator(MaxNLocator(integer=True))  # requests are whole
+    axes[1].set_ylim(0, max(1.0, axes[1].get_ylim()[1]))
     for ax, (label, _, _) in zip(axes, panels, strict=True):
         ax.set_ylabel(label, fontsize=9)
         ax.grid(alpha=0.3)
@@ -171,7 +231,7 @@ def over_time(runs: Sequence[Run], stem: Path, formats: Sequence[str]) -> list[P
 
 def _draw_series(
     ax: Any,
-    xs: np.ndarray,
+    edges: np.ndarray,
     per_replica: list[np.ndarray],
     scale: float,
     index: int,
@@ -179,37 +239,63 @@ def _draw_series(
     num_runs: int,
     combine: str,
 ) -> None:
+    """Each bin's value drawn flat over the bin (``stairs``): one line per run, per replica
+    up to ``MAX_REPLICA_LINES``, else the replicas' median and their min-max band."""
     stacked = np.vstack(per_replica) * scale
     with warnings.catch_warnings():  # a time bin no replica sampled is NaN: a gap
         warnings.simplefilter("ignore", RuntimeWarning)
         if num_runs > 1:
             line = np.nansum(stacked, axis=0) if combine == "sum" else np.nanmean(stacked, axis=0)
-            ax.plot(xs, line, color=f"C{index}", lw=1.2, label=run.name)
+            ax.stairs(line, edges, color=f"C{index}", lw=1.2, label=run.name)
         elif len(per_replica) <= MAX_REPLICA_LINES:
             for r, values in enumerate(stacked):
-                ax.plot(xs, values, color=f"C{r % 10}", lw=0.9, label=f"replica {r}")
+                ax.stairs(values, edges, color=f"C{r % 10}", lw=0.9, label=f"replica {r}")
         else:
             low, high = np.nanmin(stacked, axis=0), np.nanmax(stacked, axis=0)
-            ax.fill_between(xs, low, high, alpha=0.25, color="C0", label="replica range")
-            ax.plot(xs, np.nanmean(stacked, axis=0), color="C0", lw=1.2, label="replica mean")
+            n = len(per_replica)
+            ax.stairs(
+                high, edges, baseline=low, fill=True, alpha=0.25, color="C0",
+                label=f"min-max of {n} replicas",
+            )  # fmt: skip
+            ax.stairs(
+                np.nanmedian(stacked, axis=0), edges, color="C0", lw=1.2, label="replica median"
+            )
+
+
+def replica_fill(run: Run) -> tuple[np.ndarray, np.ndarray]:
+    """Per replica: the mean batch fill (% of the batch cap; requests without one) and
+    the mean sampled KV use (%)."""
+    cap = batch_cap(run)
+    batch = np.asarray(run.summary["replicas"]["mean_batch_size"], dtype=np.float64)
+    fill = batch * (100.0 / cap[0]) if cap else batch
+    replica, kv = run.samples["replica"], run.samples["kv_usage"].astype(np.float64)
+    counts = np.bincount(replica, minlength=run.num_replicas)
+    sums = np.bincount(replica, weights=kv, minlength=run.num_replicas)
+    kv_mean = 100.0 * sums / np.maximum(counts, 1)
+    return fill[: run.num_replicas], kv_mean[: run.num_replicas]
 
 
 def replica_load(runs: Sequence[Run], stem: Path, formats: Sequence[str]) -> list[Path]:
-    """Per replica: requests served, busy fraction and mean batch size (grouped by run)."""
+    """Per replica: requests served, time with a batch running, mean batch fill against
+    the batch cap and mean KV use (grouped by run). "Busy" alone reads as saturated: a
+    replica running batches of 5 is busy all the time; the fill and KV panels say how
+    much of it is used."""
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.8))
+    fig, axes = plt.subplots(1, 4, figsize=(15, 3.8))
     width = 0.8 / len(runs)
     for i, run in enumerate(runs):
         replicas = np.arange(run.num_replicas)
         served = np.bincount(run.requests["replica"], minlength=run.num_replicas)
         busy = 100 * np.asarray(run.summary["replicas"]["busy_fraction"])
-        batch = np.asarray(run.summary["replicas"]["mean_batch_size"])
+        fill, kv = replica_fill(run)
         x = replicas + (i - (len(runs) - 1) / 2) * width
-        for ax, values in zip(axes, (served, busy, batch), strict=True):
+        for ax, values in zip(axes, (served, busy, fill, kv), strict=True):
             ax.bar(x, values, width=width, color=f"C{i}", label=run.name)
-    for ax, title in zip(
-        axes, ("requests served", "busy (% of the run)", "mean batch size"), strict=True
-    ):
+    fill_title = _cap_words(runs).replace("batch fill", "mean batch fill")
+    if fill_title.startswith("batch size"):
+        fill_title = "mean batch size (requests)"
+    titles = ("requests served", "a batch running (% of the run)", fill_title, "mean KV use (%)")
+    for ax, title in zip(axes, titles, strict=True):
         ax.set_title(title)
         ax.set_xlabel("replica")
         ax.grid(alpha=0.3, axis="y")

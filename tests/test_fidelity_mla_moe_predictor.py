@@ -17,6 +17,7 @@ from test_mla import module_columns
 
 from tokenyard import catalog
 from tokenyard.catalog.quant import Quantization, resolve_quantization, scheme
+from tokenyard.errors import ConfigError
 from tokenyard.predictor.compiled import TableCost
 from tokenyard.predictor.measured.build import measured_predictor
 from tokenyard.predictor.measured.data import SYSTEM_OF_DEVICE, package_root, resolve_source
@@ -294,3 +295,28 @@ def test_deepseek_v3_1_nvfp4_prices_its_16_bit_projections_with_the_bf16_module(
     assert "MLA module (bfloat16, KV bfloat16, 32 heads per GPU)" in kernels
     assert "(projections 16-bit in the checkpoint)" in kernels
     assert "MoE nvfp4" in kernels
+
+
+def test_an_nvl72_rack_is_one_nvlink_domain_for_the_all_to_all() -> None:
+    """GB200 NVL72: 72 GPUs in one NVLink domain, so EP 16 is one node there (no
+    inter-node rows are looked for: the reason names 1 node), where 8-GPU H200 nodes
+    make it two."""
+    assert catalog.device("gb200").nvlink_domain == 72
+    assert catalog.device("gb300").nvlink_domain == 72
+    assert catalog.device("h200").nvlink_domain == 8
+    predictor = _bundled_predictor(
+        "moonshotai/Kimi-K2-Instruct",
+        "gb200",
+        tensor_parallel_size=1,
+        expert_parallel_size=16,
+        data_parallel_size=16,
+    )
+    why = predictor.description["fallbacks"]["moe_dispatch"]
+    assert "EP 16 (1 node(s))" in why
+    assert "inter-node" not in why
+
+
+def test_nvlink_domain_must_be_a_positive_integer() -> None:
+    h200 = catalog.device("h200")
+    with pytest.raises(ConfigError, match=r"devices\.h200.*nvlink_domain"):
+        dataclasses.replace(h200, nvlink_domain=0)

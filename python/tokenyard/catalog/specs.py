@@ -78,6 +78,7 @@ DEVICE_FIELDS: dict[str, str] = {
     "price_source": "str",
     "power_w": "float",
     "idle_power_w": "float",
+    "nvlink_domain": "int",
     "source": "str",
     "aliases": "str_list",
 }
@@ -515,6 +516,11 @@ class DeviceSpec:
     #: (``tokenyard.recommend.cost``).
     power_w: float = 0.0
     idle_power_w: float = 0.0
+    #: GPUs one NVLink (NVSwitch) domain joins, which an expert-parallel all-to-all spans
+    #: without the network: 8 on HGX/DGX boards, 72 on a GB200/GB300 NVL72 rack. An EP
+    #: group over more GPUs spans ``ceil(EP / nvlink_domain)`` nodes (the ``node_num`` of
+    #: the measured all-to-all tables).
+    nvlink_domain: int = 8
     source: str = ""
     aliases: tuple[str, ...] = ()
 
@@ -544,6 +550,8 @@ class DeviceSpec:
             "a number",
             where,
         )
+        if self.nvlink_domain < 1:
+            raise _fail(where, "nvlink_domain", "must be an integer >= 1", self.nvlink_domain)
         if self.power_w and self.idle_power_w > self.power_w:
             raise _fail(
                 where,

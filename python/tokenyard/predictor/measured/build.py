@@ -64,7 +64,12 @@ from tokenyard.predictor.measured.lookup import (
     shapes,
 )
 from tokenyard.predictor.measured.mla import MLA_MODULE_OPS, mla_ops, projections_unquantized
-from tokenyard.predictor.measured.moe import a2a_ops, moe_op, overlap_shared_experts
+from tokenyard.predictor.measured.moe import (
+    GPUS_PER_NODE,
+    a2a_ops,
+    moe_op,
+    overlap_shared_experts,
+)
 from tokenyard.predictor.measured.ops import CollectiveTimes, NotMeasured
 from tokenyard.predictor.roofline import CpuOverheads, roofline_predictor
 
@@ -85,6 +90,7 @@ def _measured_ops(
     quantization: Quantization | None = None,
     ep: int = 1,
     dp: int = 1,
+    nvlink_domain: int = GPUS_PER_NODE,
 ) -> tuple[dict[str, Entry], dict[str, str]]:
     """Operation name -> (table, source label, reason it is absent); ``None`` tables keep
     the roofline. Also which kernel family priced what (``gemm``, ``moe``, ``lm_head``)."""
@@ -155,7 +161,7 @@ def _measured_ops(
         linear, kernels[model.linear.kind] = linear_ops(source, model, tp, gemm, label)
         out.update(linear)
     if dp > 1 and model.num_moe_layers:
-        a2a, kernels["a2a"] = a2a_ops(source, model, tp, ep)
+        a2a, kernels["a2a"] = a2a_ops(source, model, tp, ep, nvlink_domain)
         out.update(a2a)
     if model.num_shared_experts:
         overlap = overlap_shared_experts(out)
@@ -280,6 +286,7 @@ def measured_predictor(
         quantization,
         expert_parallel_size,
         data_parallel_size,
+        device.nvlink_domain,
     )
     ops: list[CompiledOp] = []
     notes: dict[str, str] = {}

@@ -64,23 +64,29 @@ def moe_op(
 #: high throughput (prefill), as vLLM's ``--all2all-backend deepep_low_latency`` /
 #: ``deepep_high_throughput`` and SGLang's ``--deepep-mode`` name them.
 A2A_BACKENDS = ("deepep_ll", "deepep_ht")
-#: GPUs per node for the tables' ``node_num`` (HGX and DGX nodes: 8).
+#: GPUs per node for the tables' ``node_num`` where the device does not say
+#: (``DeviceSpec.nvlink_domain``: 8 on HGX and DGX nodes, 72 on GB200/GB300 NVL72).
 GPUS_PER_NODE = 8
 
 
 def a2a_ops(
-    source: MeasuredSource, model: ModelSpec, tp: int, ep: int
+    source: MeasuredSource,
+    model: ModelSpec,
+    tp: int,
+    ep: int,
+    nvlink_domain: int = GPUS_PER_NODE,
 ) -> tuple[dict[str, Entry], str]:
     """The expert all-to-all under attention DP (``moe_dispatch``, ``moe_combine``) from
-    the framework's ``comm/moe_a2a_perf`` table, at ``ep_size = EP`` over ``ceil(EP / 8)``
-    nodes and the model's hidden size, top-k and expert count, by the tokens each GPU
-    sends (the DP rank's tokens / TP, as aiconfigurator keys it). A step of at most as
-    many tokens per GPU as the low-latency kernels are measured at (decode-sized steps)
-    takes ``deepep_ll``, a larger one (prefill chunks) ``deepep_ht``; with one mode
-    measured, that one. Missing rows keep the calibrated roofline, with the reason. Also
-    the banner's words."""
+    the framework's ``comm/moe_a2a_perf`` table, at ``ep_size = EP`` over
+    ``ceil(EP / nvlink_domain)`` nodes and the model's hidden size, top-k and expert
+    count, by the tokens each GPU sends (the DP rank's tokens / TP, as aiconfigurator keys
+    it). A step of at most as many tokens per GPU as the low-latency kernels are measured
+    at (decode-sized steps) takes ``deepep_ll``, a larger one (prefill chunks)
+    ``deepep_ht``; with one mode measured, that one. Rows missing over several nodes:
+    DeepEP's inter-node tables (``wide_ep.py``); else the calibrated roofline, with the
+    reason. Also the banner's words."""
     path = source.folders.get("comm", Path()) / "moe_a2a_perf.parquet"
-    nodes = -(-ep // GPUS_PER_NODE)
+    nodes = -(-ep // nvlink_domain)  # an NVL72 rack is one node of 72
     if "comm" not in source.folders or not present(path):
         why = f"no moe_a2a_perf table for {source.system}/{source.framework} {source.version}"
         return _wide_or_calibrated(source, model, tp, nodes, why)

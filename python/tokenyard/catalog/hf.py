@@ -7,13 +7,15 @@ into a ``ModelSpec``. Invariant: a config loads only if its architecture is one 
 (``_Family``: full attention everywhere, or the sliding, chunked, linear-attention and
 FFN layouts of the families that list their layers; routed experts only, except where the
 family reads its shared experts and dense layers); anything else is a ConfigError naming
-the file and the key that makes it a model tokenyard does not simulate. DeepSeek-V2/V3
-(and Kimi-K2, which is a DeepSeek-V3) configs read their multi-head latent attention,
-shared experts and leading dense layers into ``ModelSpec.mla`` and its MoE layout fields,
-DeepSeek-V3.2 and GLM-5 also their DSA indexer (``ModelSpec.indexer``). A quantized
-checkpoint's
-``quantization_config`` (or the ``hf_quant_config.json`` beside it) becomes
-``ModelSpec.quantization`` (``quant.py``).
+the file and the key that makes it a model tokenyard does not simulate (the architectures
+of ``_REFUSED_ARCHITECTURES`` with their own reason, checked against vLLM 0.33's model
+code). DeepSeek-V2/V3 (and Kimi-K2, which is a DeepSeek-V3) configs read their multi-head
+latent attention, shared experts and leading dense layers into ``ModelSpec.mla`` and its
+MoE layout fields, DeepSeek-V3.2 and GLM-5 also their DSA indexer (``ModelSpec.indexer``).
+``context_length`` is ``max_position_embeddings`` scaled as vLLM 0.33 scales
+``max_model_len`` (``_context_length``). A quantized checkpoint's ``quantization_config``
+(or the ``hf_quant_config.json`` beside it) becomes ``ModelSpec.quantization``
+(``quant.py``).
 """
 
 from __future__ import annotations
@@ -128,8 +130,9 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_FAMILIES)
 # model code): named before any other refusal, since the reason is the architecture's.
 _REFUSED_ARCHITECTURES = {
     "KimiK25ForConditionalGeneration": (
-        "Kimi-K2.5's MoonViT vision tower (vision_config) is not modelled; its decoder "
-        "(text_config) is a DeepSeek-V3, which a DeepseekV3ForCausalLM config loads"
+        "the Kimi-K2.5 family's (K2.5, K2.6, K2.7) MoonViT vision tower (vision_config) is "
+        "not modelled; its decoder (text_config) is a DeepSeek-V3, which a "
+        "DeepseekV3ForCausalLM config loads"
     ),
     "KimiK3ForConditionalGeneration": (
         "Kimi-K3's decoder is Kimi Linear (KDA linear attention between MLA layers, "

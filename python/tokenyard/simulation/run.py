@@ -23,6 +23,7 @@ from tokenyard.simulation.execution import (
     with_lora,
 )
 from tokenyard.simulation.execution import describe as describe_execution
+from tokenyard.simulation.hybrid_kv import group_specs, max_model_len_fitting, plan_hybrid
 from tokenyard.simulation.kv_offload_config import KvOffloadConfig
 from tokenyard.simulation.lora_config import slot_bytes
 from tokenyard.simulation.planner import MemoryPlan, dtype_bytes, hybrid_kv_words, plan_memory
@@ -533,14 +534,18 @@ def _layer_kind_notes(config: SimulationConfig, plan: MemoryPlan) -> list[str]:
     groups = plan.groups
     notes = []
     windowed = [g for g in groups if g.window]
-    if windowed:
+    if plan.kv_cache_groups:
+        notes.append(plan.kv_groups_note)
+    elif windowed:
         limit, _ = request_limit(config)
         words = hybrid_kv_words(groups, limit, config.replica.scheduler.block_size)
         kinds = ", ".join(f"{g.mixer} (window {g.window})" for g in windowed)
         notes.append(
-            f"KV PLANNED AS vLLM --disable-hybrid-kv-cache-manager: {kinds} layers hold every "
-            f"token's KV, as full attention (the simulator's KV does not yet free blocks that "
-            f"leave a window). {words}"
+            f"KV PLANNED AS vLLM --disable-hybrid-kv-cache-manager (replica."
+            f"hybrid_kv_cache_manager {_hybrid_setting_words(config)}): {kinds} layers hold "
+            f"every token's KV, as full attention. "
+            + (f"Why: {plan.kv_groups_note}. " if plan.kv_groups_note else "")
+            + words
         )
     if plan.state_bytes_per_request:
         seqs = state_seqs(config)
@@ -550,9 +555,16 @@ def _layer_kind_notes(config: SimulationConfig, plan: MemoryPlan) -> list[str]:
             f"{plan.state_bytes_per_request:,} B per request, "
             f"{plan.reserved_state_bytes / 2**30:.2f} GiB) out of the KV memory (vLLM 0.33 "
             "instead takes a running request's state from its shared block pool, one block "
-            f"per Mamba KV group); {_state_bound_words(config, seqs)}"
+            f"per Mamba KV group"
+            + (f"; {plan.kv_groups_note}" if plan.kv_groups_note and not windowed else "")
+            + f"); {_state_bound_words(config, seqs)}"
         )
     return notes
+
+
+def _hybrid_setting_words(config: SimulationConfig) -> str:
+    setting = config.replica.hybrid_kv_cache_manager
+    return "unset: vLLM 0.33's choice" if setting is None else str(setting).lower()
 
 
 def _state_bound_words(config: SimulationConfig, seqs: int) -> str:
@@ -581,7 +593,7 @@ def plan_for(config: SimulationConfig) -> MemoryPlan:
     model = catalog.model(config.model_name(), field="replica.model")
     tp, pp = replica.tensor_parallel_size, replica.num_pipeline_stages
     lora = replica.lora
-    return plan_memory(
+    plan = plan_memory(
         model,
         catalog.device(replica.device, field="replica.device"),
         tensor_parallel_size=replica.tensor_parallel_size,
@@ -595,6 +607,12 @@ def plan_for(config: SimulationConfig) -> MemoryPlan:
         quantization=quantization_for(config, model),
         expert_parallel_size=replica.expert_parallel_size,
         max_num_seqs=state_seqs(config),
+    )
+    return plan_hybrid(
+        config,
+        plan,
+        max_request_tokens=replica.scheduler.request_limit(model.name, model.context_length)[0],
+        block_size=replica.scheduler.block_size,
     )
 
 
@@ -633,6 +651,13 @@ def replica_spec(
         return _core.ReplicaSpec.plugin(s.plugin.block_size)
     if section == "vllm_v1":
         c = s.vllm_v1
+        if plan.kv_cache_groups:
+            hybrid = _hybrid_scheduler(config, plan, num_blocks)
+            return _core.ReplicaSpec.vllm_v1(
+                dataclasses.replace(
+                    hybrid, enable_prefix_caching=c.enable_prefix_caching and prefix_caching
+                )
+            )
         return _core.ReplicaSpec.vllm_v1(
             dataclasses.replace(
                 c,
@@ -681,6 +706,29 @@ def replica_spec(
         max_tokens_in_batch=v.max_tokens_in_batch,
         chunk_size=v.chunk_size,
         max_waiting_iters=v.max_waiting_iters,
+    )
+
+
+def _hybrid_scheduler(config: SimulationConfig, plan: MemoryPlan, num_blocks: int) -> Any:
+    """The ``vllm_v1`` section with vLLM's hybrid KV cache groups (``hybrid_kv``): the
+    longest request is the longest whose blocks over every group fit."""
+    c = config.replica.scheduler.vllm_v1
+    fitting = max_model_len_fitting(
+        plan.kv_cache_groups,
+        num_blocks - c.reserve_null_block,
+        c.block_size,
+        c.max_num_batched_tokens,
+    )
+    return dataclasses.replace(
+        c,
+        num_blocks=num_blocks,
+        max_loras=config.replica.lora.max_loras if config.replica.lora else 0,
+        # A drafter's lookahead slots go beyond the longest request.
+        max_model_len=min(
+            request_limit(config)[0],
+            fitting - config.replica.speculative.num_lookahead_tokens(),
+        ),
+        kv_groups=group_specs(plan.kv_cache_groups),
     )
 
 

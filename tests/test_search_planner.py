@@ -57,6 +57,7 @@ def test_the_table_shows_the_percentiles_the_slos_name_and_the_target(result: An
     assert "TPOT p90" in header
     assert "p99" not in header, "no percentile the SLOs did not ask for"
     assert "target_qps: 6" in text
+    assert "* on the Pareto front of cost against ttft_p90_s" in text
     for row in result.rows:
         assert row["target_qps"] == 6.0
         assert row["ttft_p90_s"] is not None
@@ -166,3 +167,15 @@ def test_a_rerun_leaves_no_plot_of_other_results(tmp_path: Path) -> None:
     deployment_search(config, output_dir=tmp_path, executor="serial")
     assert not (tmp_path / "capacity.png").exists()
     assert outside.read_text() == "keep"
+
+
+def test_the_cost_latency_front_follows_the_slos_percentile(result: Any) -> None:
+    from tokenyard.search.tables import pareto_metric
+
+    assert pareto_metric(result.config) == "ttft_p90_s"
+    tpot_only = search_config_from_mapping(doc(slo={"tpot_p90_s": 0.05}))
+    assert pareto_metric(tpot_only) == "tpot_p90_s"
+    chosen = search_config_from_mapping(
+        doc(search={"pareto_metric": "e2e_p99_s", "initial_qps": 4.0})
+    )
+    assert pareto_metric(chosen) == "e2e_p99_s", "a set metric is kept"

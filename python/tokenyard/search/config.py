@@ -153,8 +153,9 @@ class SearchParams:
     #: Deployment search: the traffic to serve; adds ``meets_target`` and makes the Pareto
     #: front's cost axis dollars per hour among the deployments that meet it.
     target_qps: float | None = None
-    #: The latency axis of the Pareto front (an SLO key, value at capacity).
-    pareto_metric: str = "ttft_p99_s"
+    #: The latency axis of the Pareto front (an SLO key, value at capacity). ``None``: the
+    #: first SLO set's TTFT bound (its first bound without one; ``tables.pareto_metric``).
+    pareto_metric: str | None = None
 
     def check(self, where: str) -> None:
         for name in ("initial_qps", "min_qps", "max_qps", "tolerance"):
@@ -184,7 +185,8 @@ class SearchParams:
                 f"must be a finite number > 0, got {self.target_qps!r}",
                 self.target_qps,
             )
-        check_slo_key(self.pareto_metric, f"{where}.pareto_metric")
+        if self.pareto_metric is not None:
+            check_slo_key(self.pareto_metric, f"{where}.pareto_metric")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

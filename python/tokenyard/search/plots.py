@@ -59,10 +59,12 @@ def plot_capacity(result: SearchResult, path: str | Path) -> Path:
 
 def plot_pareto(result: SearchResult, path: str | Path) -> Path:
     """Cost against the Pareto metric at capacity, every usable row, the front joined."""
+    from tokenyard.search.tables import pareto_metric
+
     plt = _pyplot()
     config = result.config.search
     axis = "cost_per_hour" if config.target_qps is not None else "cost_per_qps"
-    metric = config.pareto_metric
+    metric = pareto_metric(result.config)
     rows = [r for r in result.rows if r[axis] is not None and r.get(metric) is not None]
     fig, ax = plt.subplots(figsize=(7, 5))
     for slo in result.config.slos:

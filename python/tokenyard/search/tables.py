@@ -25,6 +25,7 @@ __all__ = [
     "format_summary",
     "frontier_rows",
     "pareto_front",
+    "pareto_metric",
     "pool_text",
     "to_arrow",
     "write_tables",
@@ -148,9 +149,7 @@ def assemble(
     target = config.search.target_qps
     axes = list(dict.fromkeys(k for p in points for k in p.overrides))
     metrics = list(
-        dict.fromkeys(
-            [*SHOWN_METRICS, *(k for s in slos for k in s.bounds), config.search.pareto_metric]
-        )
+        dict.fromkeys([*SHOWN_METRICS, *(k for s in slos for k in s.bounds), pareto_metric(config)])
     )
     break_keys = list(dict.fromkeys(k for s in slos for k in s.bounds))
     rows: list[dict[str, Any]] = []
@@ -273,6 +272,16 @@ def _mark_frontier(rows: list[dict[str, Any]]) -> None:
             r["frontier"] = flag
 
 
+def pareto_metric(config: SearchConfig) -> str:
+    """The cost-latency front's latency axis: ``search.pareto_metric`` if set, else the
+    first SLO set's TTFT bound (the percentile the user asked for), else its first bound."""
+    if config.search.pareto_metric is not None:
+        return config.search.pareto_metric
+    first = list(config.slos[0].bounds) if config.slos else []
+    ttft = [k for k in first if k.startswith("ttft_")]
+    return (ttft or first or ["ttft_p99_s"])[0]
+
+
 def _usable(row: Mapping[str, Any], config: SearchConfig) -> bool:
     target = config.search.target_qps
     return bool(
@@ -287,7 +296,7 @@ def _mark_pareto(rows: list[dict[str, Any]], config: SearchConfig) -> None:
     """Cost (``cost_per_hour`` with a target rate, else ``cost_per_qps``) against the
     latency metric at capacity, over every SLO set's rows."""
     axis = "cost_per_hour" if config.search.target_qps is not None else "cost_per_qps"
-    metric = config.search.pareto_metric
+    metric = pareto_metric(config)
     usable = [
         r for r in rows if _usable(r, config) and r[metric] is not None and math.isfinite(r[metric])
     ]
@@ -422,7 +431,7 @@ def format_summary(result: SearchResult, *, top: int = 20) -> str:
                 "SLOs (search.max_scheduling_delay_p99_s; inf turns it off)"
             )
     if any(r["pareto"] for r in rows):
-        lines += ["", "* on the Pareto front of cost against " + config.search.pareto_metric]
+        lines += ["", "* on the Pareto front of cost against " + pareto_metric(config)]
     for r in [*skipped.values(), *errors.values()]:
         lines.append(f"{r['status']}: {r['label']}: {r['reason']}")
     return "\n".join(lines)
@@ -452,7 +461,7 @@ def write_tables(result: SearchResult, directory: Path) -> Path:
     config = result.config
     doc = {
         "slos": [s.to_dict() for s in config.effective_slos()],
-        "search": {k: v for k, v in vars(config.search).items()},
+        "search": {**vars(config.search), "pareto_metric": pareto_metric(config)},
         "best": {
             name: (row and {k: row[k] for k in ("point", "key", "label")})
             for name, row in result.best.items()

@@ -70,8 +70,6 @@ def check_supported(request: Request) -> None:
         reason = "pooling_params", "pooling requests"
     elif request.sampling_params is None:
         reason = "sampling_params", "a request without sampling params"
-    elif request.use_structured_output:
-        reason = "structured_outputs", "structured output (no grammar bitmask)"
     elif request.resumable:
         reason = "resumable", "streaming-input sessions"
     elif request.sampling_params.repetition_detection is not None:

@@ -54,6 +54,9 @@ class AdapterBase:
     _prefill_stats_due: set[str]
     _prefill_stats_ready: dict[str, PrefillStats]
     _prefix_cache_stats: PrefixCacheStats | None
+    _grammar_waiting: dict[str, Request]
+    grammar_compile_error_reqs: dict[str, Any]
+    _structured_ids: set[str]
 
     if TYPE_CHECKING:
 
@@ -68,6 +71,10 @@ class AdapterBase:
         def _finish_prefill_stats(self, live: list[Request], live_ids: list[str]) -> None: ...
 
         def _publish_kv_events(self) -> None: ...
+
+        def _admit_grammar_ready(self) -> None: ...
+
+        def finish_requests(self, request_ids: Any, finished_status: Any) -> list[Request]: ...
 
         def make_stats(
             self,

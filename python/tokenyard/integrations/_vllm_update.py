@@ -12,12 +12,13 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.core.sched.utils import check_stop
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.metrics.stats import SchedulerStats
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
+from vllm.v1.structured_output.utils import strip_speculative_padding
 
 from tokenyard.integrations._vllm_outputs import (
     attach_logprobs,
@@ -93,6 +94,8 @@ class UpdateFromOutput(AdapterBase):
             attach_prefill_stats(outputs, self._prefill_stats_ready)
             self._prefill_stats_ready.clear()
         attach_logprobs(outputs, live, model_runner_output)
+        if self._structured_ids or self.grammar_compile_error_reqs:
+            self._grammar_updates(outputs)
         self._publish_kv_events()
         engine_core_outputs = {
             client: EngineCoreOutputs(outputs=outs) for client, outs in outputs.items()
@@ -419,6 +422,63 @@ class UpdateFromOutput(AdapterBase):
             scheduled[request_id] = drafts
         scheduler_output.num_invalid_spec_tokens = num_invalid
 
-    def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> None:
-        """Structured output is not supported: never a bitmask."""
-        return None
+    def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> GrammarOutput | None:
+        """vLLM 0.33's: the grammar bitmask of the step's structured-output requests past
+        their prefill, from the structured output manager, in the step's order, with the
+        drafts each may accept (its scheduled drafts less -1 padding)."""
+        if not scheduler_output.has_structured_output_requests:
+            return None
+        requests = self.requests
+        ids = [
+            request_id
+            for request_id in scheduler_output.num_scheduled_tokens
+            if (request := requests.get(request_id)) is not None
+            and request.use_structured_output
+            and not request.is_prefill_chunk
+        ]
+        if not ids:
+            return None
+        spec_tokens = scheduler_output.scheduled_spec_decode_tokens
+        bitmask = self.structured_output_manager.grammar_bitmask(requests, ids, spec_tokens)
+        num_acceptable_drafts = [
+            len(strip_speculative_padding(spec_tokens.get(request_id, []))) for request_id in ids
+        ]
+        return GrammarOutput(ids, bitmask, num_acceptable_drafts)
+
+    def _grammar_updates(self, outputs: dict[int, list[EngineCoreOutput]]) -> None:
+        """vLLM's grammar steps in ``update_from_output``: each structured-output request's
+        new tokens advance its grammar; one the grammar rejects finishes with an error
+        (``FINISHED_ERROR``), and a request whose grammar failed to compile finishes with a
+        ``validation_error``."""
+        manager = self.structured_output_manager
+        rejected: list[str] = []
+        structured = self._structured_ids
+        if structured:
+            # Those still live (a finished request's grammar has nothing left to check).
+            for output in itertools.chain.from_iterable(outputs.values()):
+                request_id = output.request_id
+                if request_id in structured and not manager.accept_tokens(
+                    self.requests[request_id], output.new_token_ids
+                ):
+                    rejected.append(request_id)
+        for request in self.finish_requests(rejected, RequestStatus.FINISHED_ERROR):
+            for output in outputs[request.client_index]:
+                if output.request_id == request.request_id:
+                    output.finish_reason = request.get_finished_reason()
+        errors = self.grammar_compile_error_reqs
+        if not errors:
+            return
+        self.grammar_compile_error_reqs = {}
+        for request in self.finish_requests(list(errors), RequestStatus.FINISHED_ERROR):
+            events = request.events
+            request.events = []
+            outputs.setdefault(request.client_index, []).append(
+                EngineCoreOutput(
+                    request_id=request.request_id,
+                    new_token_ids=[],
+                    finish_reason=request.get_finished_reason(),
+                    events=events or None,
+                    trace_headers=request.trace_headers,
+                    error=errors.get(request.request_id),
+                )
+            )

@@ -46,6 +46,7 @@ try:
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from vllm.multimodal import MULTIMODAL_REGISTRY
+    from vllm.outputs import RequestError
     from vllm.v1.core.sched.interface import PauseState, SchedulerInterface
     from vllm.v1.core.sched.request_queue import SchedulingPolicy
     from vllm.v1.engine import EngineCoreEventType
@@ -88,6 +89,7 @@ _RUNNING = RequestStatus.RUNNING
 _PREEMPTED = RequestStatus.PREEMPTED
 _WAITING = RequestStatus.WAITING
 _WAITING_FOR_REMOTE_KVS = RequestStatus.WAITING_FOR_REMOTE_KVS
+_WAITING_FOR_GRAMMAR = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
 _client_index = operator.attrgetter("client_index")
 
 
@@ -198,6 +200,21 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
         self.current_step = 0
         self._pause_state = PauseState.UNPAUSED
         self._spec_token_placeholders = [-1] * self.num_spec_tokens
+        # Structured output: requests waiting for their grammar (vLLM's
+        # WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR; the core gets them once it compiles), those
+        # whose compilation failed (finished by the next update, vLLM's), and the live
+        # requests with a grammar.
+        self._grammar_waiting: dict[str, Request] = {}
+        self.grammar_compile_error_reqs: dict[str, Any] = {}
+        self._structured_ids: set[str] = set()
+        # vLLM 0.33's connector flags: whether a preempted request's in-flight output is
+        # dropped (a KV producer hands KV off when a request completes), and the deferred
+        # free of a finished request's blocks (not done here: docs/integrations.md).
+        self.requires_kv_delivery = bool(
+            self.connector is not None and self.connector.requires_kv_delivery
+        )
+        self.defer_block_free = False
+        self.recompute_kv_load_failures = True
         # Requests preempted by reset_prefix_cache: outputs of their steps then in flight
         # are dropped, not delivered.
         self._dropped_outputs: set[str] = set()
@@ -233,7 +250,12 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
         connector is loading excepted (vLLM keeps them in ``kv_holding_waiting``)."""
         holding = self._holding_kv()
         waiting = self._vllm_requests(self._core.waiting_ids())
-        return _WaitingView([r for r in waiting if not holding or r.request_id not in holding])
+        # Requests waiting for their grammar first: vLLM skips them at each step and puts
+        # them back at the head of the queue.
+        blocked = list(self._grammar_waiting.values())
+        return _WaitingView(
+            blocked + [r for r in waiting if not holding or r.request_id not in holding]
+        )
 
     @property
     def kv_holding_waiting(self) -> _WaitingView:
@@ -260,11 +282,12 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
     @property
     def deferred_waiting(self) -> set[Request]:
         """Waiting requests the admission scan skipped, not admitted since (a snapshot)."""
-        return set(self._vllm_requests(self._core.deferred_waiting_ids()))
+        deferred = set(self._vllm_requests(self._core.deferred_waiting_ids()))
+        return deferred.union(self._grammar_waiting.values())
 
     def get_request_counts(self) -> tuple[int, int]:
         """(running, waiting)."""
-        return self._core.num_running, self._core.num_waiting
+        return self._core.num_running, self._core.num_waiting + len(self._grammar_waiting)
 
     def get_kv_cache_usage(self) -> float:
         return float(self._core.stats().kv_usage)
@@ -320,6 +343,24 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
                 value=request_id,
             )
         check_supported(request)
+        self.requests[request_id] = request
+        if request.use_structured_output:
+            self._structured_ids.add(request_id)
+        if request.status == _WAITING_FOR_GRAMMAR:
+            # vLLM keeps it waiting, skipped at each step, until its grammar compiles; the
+            # core gets it then (_admit_grammar_ready).
+            self._grammar_waiting[request_id] = request
+        else:
+            self._add_to_core(request)
+        if self.spec_decode_metrics_level != "none":
+            request.spec_decode_metrics = RequestSpecDecodeMetrics.new(self.num_spec_tokens)
+        if self.connector is not None:
+            self.connector.on_new_request(request)
+        if self.log_stats:
+            request.record_event(EngineCoreEventType.QUEUED)
+
+    def _add_to_core(self, request: Request) -> None:
+        request_id = request.request_id
         params = request.sampling_params
         lora = request.lora_request
         core_id = next(self._next_core_id) if self._int_ids else request_id
@@ -333,15 +374,27 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
             stop_token_ids=params.stop_token_ids or None,
             lora_id=lora.lora_int_id if lora is not None and lora.lora_int_id > 0 else None,
         )
-        self.requests[request_id] = request
         self._core_ids[request_id] = core_id
         self._vllm_ids[core_id] = request_id
-        if self.spec_decode_metrics_level != "none":
-            request.spec_decode_metrics = RequestSpecDecodeMetrics.new(self.num_spec_tokens)
-        if self.connector is not None:
-            self.connector.on_new_request(request)
-        if self.log_stats:
-            request.record_event(EngineCoreEventType.QUEUED)
+
+    def _admit_grammar_ready(self) -> None:
+        """vLLM's ``_handle_blocked_waiting_request`` for structured output: a request whose
+        grammar compiled becomes ``WAITING`` and goes to the core (in arrival order); one
+        whose compilation failed is kept for ``update_from_output`` to finish with a
+        ``validation_error``; the others keep waiting."""
+        for request_id, request in list(self._grammar_waiting.items()):
+            grammar = request.structured_output_request.grammar
+            if grammar is None:
+                continue
+            if isinstance(grammar, Exception):
+                self.grammar_compile_error_reqs[request_id] = RequestError(
+                    code="validation_error",
+                    message=f"Invalid structured outputs: {grammar}",
+                )
+                continue
+            del self._grammar_waiting[request_id]
+            request.status = _WAITING
+            self._add_to_core(request)
 
     def finish_requests(
         self, request_ids: str | Iterable[str] | None, finished_status: RequestStatus
@@ -362,7 +415,10 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
         ]
         if not ids:
             return []
-        self._core.abort([self._core_ids[i] for i in ids])
+        pending = self._grammar_waiting
+        in_core = [self._core_ids[i] for i in ids if i not in pending]
+        if in_core:
+            self._core.abort(in_core)
         finished = []
         for request_id in ids:
             request = self.requests[request_id]
@@ -380,6 +436,15 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
             self.ec_connector.request_finished(request)
         request_id = request.request_id
         self.finished_recving_kv_req_ids.discard(request_id)
+        self._structured_ids.discard(request_id)
+        if self._grammar_waiting.pop(request_id, None) is not None:
+            # Never reached the core.
+            self.grammar_compile_error_reqs.pop(request_id, None)
+            self.finished_req_ids.add(request_id)
+            if self.finished_req_ids_dict is not None:
+                self.finished_req_ids_dict[request.client_index].add(request_id)
+            del self.requests[request_id]
+            return
         # Finished before its first output (an abort): its PrefillStats never go out.
         self._prefill_stats_due.discard(request_id)
         self.finished_req_ids.add(request_id)
@@ -485,7 +550,7 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
         if connector_prefix_cache_stats is not None:
             self.connector_prefix_cache_stats = PrefixCacheStats()
         num_running, num_waiting = self.get_request_counts()
-        num_deferred = self._core.stats().num_deferred_waiting
+        num_deferred = self._core.stats().num_deferred_waiting + len(self._grammar_waiting)
         return SchedulerStats(
             num_running_reqs=num_running,
             num_waiting_reqs=num_waiting - num_deferred,

@@ -147,6 +147,18 @@ def test_context_length_takes_the_rope_scaling_factor_as_vllm_does(
     assert context_of(tmp_path, rope_parameters=rope) == context
 
 
+def test_context_length_is_the_smallest_length_key_as_vllm_derives_it(tmp_path: Path) -> None:
+    # vLLM 0.33's derive_max_model_len_and_key: the smallest of the length keys, then
+    # model_max_length in the config (Command-R) replaces them; the factor applies after.
+    assert context_of(tmp_path, seq_length=2048) == 2048
+    assert context_of(tmp_path, n_positions=8192) == 4096
+    assert context_of(tmp_path, seq_length=2048, model_max_length=6000) == 6000
+    linear = {"rope_type": "linear", "factor": 2.0}
+    assert context_of(tmp_path, max_seq_len=1024, rope_scaling=linear) == 2048
+    with pytest.raises(ConfigError, match=r"seq_length: must be an integer >= 1"):
+        context_of(tmp_path, seq_length=0)
+
+
 def test_a_nested_rope_config_scales_by_its_layer_types_factor(tmp_path: Path) -> None:
     nested = {"full_attention": {"rope_type": "linear", "factor": 2.0}, "sliding": {}}
     assert context_of(tmp_path, rope_parameters=nested) == 8192

@@ -332,14 +332,34 @@ def _head_dim(cfg: dict[str, Any], hidden: int, heads: int) -> int:
 _ROPE_UNSCALED = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
 
 
+# The other length keys vLLM 0.33 takes the smallest of with max_position_embeddings
+# (ModelArchConfigConvertorBase.derive_max_model_len_and_key); model_max_length, where the
+# config gives it, replaces them all.
+_LENGTH_KEYS = (
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "max_target_positions",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
+
+
 def _context_length(cfg: dict[str, Any], family: _Family) -> int:
     """The longest sequence, as vLLM 0.33's ``_get_and_verify_max_len``
-    (``vllm/config/model.py``) derives it: ``max_position_embeddings`` times the RoPE
-    scaling factor of ``rope_scaling`` / ``rope_parameters`` (each layer type's where they
-    are nested) for a type other than ``_ROPE_UNSCALED`` (``linear``, ``dynamic``); Gemma
-    3's length is already scaled. vLLM's cap by the tokenizer's ``model_max_length`` is
-    not applied (tokenyard reads no tokenizer config)."""
+    (``vllm/config/model.py``) derives it: the smallest of ``max_position_embeddings`` and
+    the ``_LENGTH_KEYS`` the config gives (its ``model_max_length`` instead, if any), times
+    the RoPE scaling factor of ``rope_scaling`` / ``rope_parameters`` (each layer type's
+    where they are nested) for a type other than ``_ROPE_UNSCALED`` (``linear``,
+    ``dynamic``); Gemma 3's length is already scaled. vLLM's cap by the tokenizer's
+    ``model_max_length`` is not applied (tokenyard reads no tokenizer config)."""
     length = _count(cfg, "max_position_embeddings")
+    for key in _LENGTH_KEYS:
+        if cfg.get(key) is not None:
+            length = min(length, _count(cfg, key))
+    if cfg.get("model_max_length"):
+        length = _count(cfg, "model_max_length")
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling")
     if not isinstance(rope, dict) or family.model_type.startswith("gemma3"):
         return length

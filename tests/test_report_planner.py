@@ -107,3 +107,40 @@ def test_a_band_replaces_one_line_per_replica_beyond_a_few(replicas: int) -> Non
         assert labels == [f"replica {r}" for r in range(replicas)]
     else:
         assert labels == [f"min-max of {replicas} replicas", "replica median"]
+
+
+def test_a_rerun_into_the_same_folder_leaves_nothing_of_the_earlier_run(tmp_path: Path) -> None:
+    from tokenyard.cli import main as cli_main
+
+    folder = tmp_path / "out"
+    base = ["simulate", "--no-progress", "--requests", "200", "-o", str(folder)]
+    assert cli_main([*base, "--stage-trace", "--plots", "png"]) == 0
+    assert {"trace.json", "report.html", "plots", "command.txt"} <= {
+        p.name for p in folder.iterdir()
+    }
+    outside = tmp_path / "mine.txt"
+    outside.write_text("keep")
+    # Nothing from the first run stays: no trace, report or plots of other results.
+    assert cli_main(base) == 0
+    names = {p.name for p in folder.iterdir()}
+    assert "trace.json" not in names
+    assert "report.html" not in names
+    assert "plots" not in names
+    assert "command.txt" in names, "this run's own"
+    # Through the API: the CLI's command line is removed too, and a link is removed, not
+    # what it points to.
+    (folder / "report.html").symlink_to(outside)
+    result = simulate(config_from_mapping({"workload": {**_SMALL}}))
+    result.write(folder)
+    assert not (folder / "command.txt").exists()
+    assert not (folder / "report.html").exists()
+    assert outside.read_text() == "keep"
+
+
+_SMALL = {
+    "kind": "synthetic",
+    "num_requests": 50,
+    "arrival": {"kind": "poisson", "qps": 5.0},
+    "prompt_tokens": {"kind": "fixed", "value": 64},
+    "output_tokens": {"kind": "fixed", "value": 8},
+}

@@ -60,7 +60,9 @@ class SimulationResult:
         ``samples.parquet``, ``token_gaps.parquet`` and ``config.json`` (where known) and, if
         stages were recorded, ``trace.json`` (Chrome/Perfetto). The files appear together or
         not at all: they are written to a temporary folder and renamed in at the end, over a
-        link already in ``directory`` rather than through it (``tokenyard._output``).
+        link already in ``directory`` rather than through it (``tokenyard._output``). What
+        an earlier run left that describes it (``STALE_OUTPUTS``: its command, report and
+        plots, a stage trace this run did not record) is removed.
 
         Raises:
             ConfigError: ``directory`` exists and is not a folder.
@@ -82,7 +84,39 @@ class SimulationResult:
                 (staging / "config.json").write_text(json.dumps(self.config, indent=2) + "\n")
             if self.stages is not None:
                 (staging / "trace.json").write_text(json.dumps(_chrome_trace(self.stages)))
+            written = {path.name for path in staging.iterdir()}
+            _remove_stale(Path(directory), written)
         return Path(directory)
+
+
+#: What an earlier run may have left beside its results that describes that run, not this
+#: one, unless this run writes it too: the command line, the report and its plots (the CLI
+#: writes this run's after ``write``), and a stage trace, token gaps or config this run
+#: did not have.
+STALE_OUTPUTS = (
+    "command.txt",
+    "report.html",
+    "plots",
+    "trace.json",
+    "token_gaps.parquet",
+    "config.json",
+)
+
+
+def _remove_stale(directory: Path, written: set[str]) -> None:
+    """Removes the ``STALE_OUTPUTS`` not in ``written`` from ``directory`` (a link is
+    removed, never what it points to; ``plots/`` as a whole, as ``tokenyard report``
+    replaces it)."""
+    import shutil
+
+    for name in STALE_OUTPUTS:
+        path = directory / name
+        if name in written:
+            continue
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        elif path.is_dir():
+            shutil.rmtree(path)
 
 
 def _chrome_trace(stages: dict[str, np.ndarray]) -> dict[str, Any]:

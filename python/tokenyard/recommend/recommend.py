@@ -89,7 +89,7 @@ class Ask:
     concurrency: int | None = None
     margin: float = 0.10
     sample: int | None = 1000
-    top_k: int = 3
+    top_k: int = 4
     show: int = 3
     execution: Mapping[str, Any] = dataclasses.field(default_factory=lambda: {"model": "auto"})
     replica: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -273,23 +273,23 @@ def _load_stats(ask: Ask) -> tuple[float, float]:
 
 
 def _survivors(candidates: Sequence[Candidate], top_k: int) -> list[Candidate]:
-    """The best ``top_k`` distinct layouts of each kind by estimated tokens/s/GPU (with a
-    target: fewest GPUs first), each with all its cap and chunk variants among the best."""
+    """The best ``top_k`` distinct layouts of each kind by estimated tokens/s/GPU, each
+    with its best cap/chunk variant; the best layout also with its second (the estimate
+    ranks variants of one layout less surely than layouts)."""
     out: list[Candidate] = []
     for kind in ("agg", "disagg"):
         ranked = sorted(
             (c for c in candidates if c.kind == kind),
             key=lambda c: (-c.estimate["tokens_per_s_per_gpu"], c.gpus, c.label),
         )
-        layouts: list[str] = []
+        layouts: dict[str, int] = {}
         for c in ranked:
-            key = c.label
-            if key not in layouts:
-                if len(layouts) >= top_k:
-                    continue
-                layouts.append(key)
-            same = [o for o in out if o.label == key]
-            if len(same) < 2:  # at most two cap/chunk variants per layout
+            if c.label not in layouts and len(layouts) >= top_k:
+                continue
+            first = not layouts
+            taken = layouts.setdefault(c.label, 0)
+            if taken < (2 if first or c.label == next(iter(layouts)) else 1):
+                layouts[c.label] += 1
                 out.append(c)
     return out
 
@@ -333,7 +333,7 @@ def _params(candidate: Candidate, closed_loop: bool) -> SearchParams:
         min_qps=low,
         # Far above the estimate only a run too short to build a queue still holds.
         max_qps=max(initial, 10.0 * candidate.estimate.get("capacity", 1e4)),
-        tolerance=0.03,
+        tolerance=0.05,
         max_simulations=24,
         max_scheduling_delay_p99_s=math.inf,
     )

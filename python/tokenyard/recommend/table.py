@@ -125,6 +125,7 @@ def format_table(rec: Recommendation, table: list[dict[str, Any]]) -> str:
     head = [
         "#",
         "deployment",
+        "GPU",
         "GPUs",
         f"target_{unit}",
         *slo_cols,
@@ -140,6 +141,7 @@ def format_table(rec: Recommendation, table: list[dict[str, Any]]) -> str:
     widths = [
         2,
         width,
+        max([3] + [len(r["device"]) for r in shown]),
         4,
         10,
         *[max(9, len(k)) for k in slo_cols],
@@ -161,6 +163,7 @@ def format_table(rec: Recommendation, table: list[dict[str, Any]]) -> str:
         cells = [
             f"{r['rank']}{'a' if r['kind'] == 'aggregated' else 'd'}",
             r["deployment"].ljust(width),
+            r["device"],
             r["gpus"],
             r[f"target_{unit}"],
             *[r[k] for k in slo_cols],
@@ -194,7 +197,8 @@ def format_table(rec: Recommendation, table: list[dict[str, Any]]) -> str:
         sim, verdict = best
         lines += [
             "",
-            f"best {_KIND[kind]}: {sim.candidate.label} ({sim.candidate.knobs}), "
+            f"best {_KIND[kind]}: {sim.candidate.label} on {sim.candidate.layout.device} "
+            f"({sim.candidate.knobs}), "
             f"{verdict.rate:.4g} {unit}:",
         ]
         lines += [

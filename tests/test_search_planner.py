@@ -86,6 +86,8 @@ def test_pd_rows_name_their_pools(result: Any) -> None:
     assert pool_text(layout) == "prefill 2 x TP4 / decode 3 x TP8"
     overrides = {"cluster.num_replicas": 2, "cluster.decode.num_replicas": 3, "seed": 1}
     assert label(overrides, layout) == "prefill 2 x TP4 / decode 3 x TP8 seed=1"
+    nested = {"cluster.decode": {"num_replicas": 3}, "replica.device": "h100-sxm"}
+    assert label(nested, layout) == "prefill 2 x TP4 / decode 3 x TP8 device=h100-sxm"
 
 
 def test_the_frontier_chart_is_one_point_per_evaluated_deployment(result: Any) -> None:

@@ -68,7 +68,7 @@ def label(
     pools = pool_text(layout)
     if pools is not None:
         # The pools in their own words (cluster.num_replicas is the prefill pool's).
-        overrides = {k: v for k, v in overrides.items() if not k.endswith(_POOL_KEYS)}
+        overrides = {k: v for k, v in overrides.items() if not _said_by_pools(k, v)}
     if variant is not None:
         rest = {k: v for k, v in overrides.items() if k in grid_keys}
         words = [variant, *([pools] if pools else [])]
@@ -96,6 +96,17 @@ _POOL_KEYS = (
     "replica.tensor_parallel_size",
     "cluster.decode.tensor_parallel_size",
 )
+
+
+def _said_by_pools(key: str, value: Any) -> bool:
+    """Whether the pools' words already say override ``key = value``."""
+    if key.endswith(_POOL_KEYS):
+        return True
+    return (
+        key.endswith("cluster.decode")
+        and isinstance(value, Mapping)
+        and set(value) <= {"num_replicas", "tensor_parallel_size"}
+    )
 
 
 def pool_text(layout: Mapping[str, Any]) -> str | None:

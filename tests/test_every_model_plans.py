@@ -85,7 +85,13 @@ PLANS: dict[str, Plan] = {
     # NVFP4 kernels are measured on Blackwell only: on Hopper the measured tables refuse.
     "nvidia/DeepSeek-V3.1-NVFP4": Plan(
         {"h100-sxm": 8, "h200": 4, "b200": 4},
-        ("GEMM nvfp4 (LM head, router bfloat16)", "MoE nvfp4", "MLA module (nvfp4"),
+        # Its MLA projections are 16-bit in the checkpoint (ModelOpt exclude_modules).
+        (
+            "GEMM nvfp4 (LM head, router bfloat16)",
+            "MoE nvfp4",
+            "MLA module (bfloat16",
+            "(projections 16-bit in the checkpoint)",
+        ),
     ),
 }
 NOT_MEASURED = {("nvidia/DeepSeek-V3.1-NVFP4", "h100-sxm"), ("nvidia/DeepSeek-V3.1-NVFP4", "h200")}
@@ -154,6 +160,9 @@ def test_simulate_plans_from_measured_tables_or_says_why_not(
     if tp < 0:
         assert code == 2
         assert "does not fit" in err or "not enough for one request" in err, err
+        quant = catalog.model(model).quantization
+        if quant is not None:
+            assert f"{quant.scheme} weights" in err, err
         return
     if (model, device) in NOT_MEASURED:
         assert code == 2
@@ -227,6 +236,9 @@ def test_deployment_search_plans_every_device_or_skips_it_saying_why(
         if tp < 0:
             assert row["status"] == "skipped"
             assert row["reason"].startswith("does not fit: "), row["reason"]
+            quant = catalog.model(model).quantization
+            if quant is not None:  # planned at the checkpoint's bytes, not BF16's
+                assert f"{quant.scheme} weights" in row["reason"], row["reason"]
         elif (model, device) in NOT_MEASURED:
             assert row["status"] != "ok"
             assert "does not measure; measured: " in row["reason"], row["reason"]

@@ -144,8 +144,10 @@ _REFUSED_ARCHITECTURES = {
         "not modelled"
     ),
     "MiniMaxM3ForCausalLM": (
-        "MiniMax-M3's block-sparse attention (use_sparse_attention: an index picks "
-        "sparse_topk_blocks blocks per query) is not modelled"
+        "vLLM 0.33 registers no MiniMaxM3ForCausalLM (its minimax_m3 models are "
+        "MiniMaxM3SparseForCausalLM and the vision-language one), and MiniMax-M3's "
+        "block-sparse attention (use_sparse_attention: an index picks sparse_topk_blocks "
+        "blocks per query) is not modelled"
     ),
     "MiniMaxM3SparseForConditionalGeneration": (
         "MiniMax-M3's block-sparse attention and vision tower are not modelled"

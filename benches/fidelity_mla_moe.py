@@ -2,7 +2,8 @@
 
 ``predictor_quant_fidelity.py``'s comparison (step times against aiconfigurator-core's own
 estimator, ``EngineHandle``, on the same step grid and statistics, ``aic_steps.py``) for
-what it left out: MLA models (DeepSeek-V3, Kimi-K2, DeepSeek-V3.1-NVFP4), expert
+what it left out: MLA models (DeepSeek-V3, Kimi-K2, DeepSeek-V3.1-NVFP4; DeepSeek-V3.2's
+sparse DSA attention, H200, the only system with vLLM DSA module tables), expert
 parallelism and attention data parallelism (the ``moe_a2a`` tables), and Qwen3-235B's
 experts under TP and under EP.
 
@@ -43,12 +44,22 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from aic_steps import Aic, Step, error_stats, our_ops_ms, pct_error, report_header, step_shapes
+from aic_steps import (
+    Aic,
+    Step,
+    error_stats,
+    kv_tokens,
+    our_ops_ms,
+    pct_error,
+    report_header,
+    step_shapes,
+)
 
 from tokenyard import catalog
+from tokenyard.catalog.quant import resolve_quantization
 from tokenyard.predictor.compiled import CompiledPredictor
 from tokenyard.predictor.measured.data import package_root, resolve_source
-from tokenyard.simulation import config_from_mapping
+from tokenyard.simulation import config_from_mapping, plan_memory
 from tokenyard.simulation.execution import build_predictor, choose_execution
 
 DEVICE = {"h200_sxm": "h200", "b200_sxm": "b200", "gb200": "gb200"}
@@ -78,6 +89,7 @@ DS = "power_law_1.01"  # aiconfigurator's DeepSeek routing
 DEPLOYMENTS = (
     Deployment(DEEPSEEK, "h200_sxm", 8, moe_distribution=DS),
     Deployment(DEEPSEEK, "b200_sxm", 8, moe_distribution=DS),
+    Deployment("deepseek-ai/DeepSeek-V3.2", "h200_sxm", 8, moe_distribution=DS),  # DSA
     Deployment(DEEPSEEK, "h200_sxm", 1, ep=8, dp=8, moe_distribution=DS),
     Deployment("moonshotai/Kimi-K2-Instruct", "h200_sxm", 1, ep=16, dp=16, moe_distribution=DS),
     Deployment("nvidia/DeepSeek-V3.1-NVFP4", "b200_sxm", 4, moe_distribution=DS),
@@ -184,6 +196,12 @@ def op_groups(ours: dict[str, float], theirs: dict[str, float]) -> dict[str, tup
     return out
 
 
+def _double_counted(groups: dict[str, tuple[float, float]]) -> bool:
+    """aiconfigurator prices both the two TP all-reduces a layer and a MoE dispatch."""
+    ours, theirs = groups.get("all_reduce", (0.0, 0.0))
+    return DISPATCH in groups and ours > 0 and theirs >= 0.9 * ours
+
+
 def step_grid() -> list[Step]:
     """``predictor_quant_fidelity.py``'s grid."""
     steps = [Step("decode", (b, c)) for b in (1, 8, 32, 128, 512) for c in (512, 2048, 8192)]
@@ -254,10 +272,30 @@ def _aic_model_path(model: str) -> str:
     return str(folder)
 
 
+def kv_capacity(dep: Deployment) -> int:
+    """The KV tokens one DP rank holds (the memory planner: margin 0.1, bf16 KV; MLA's one
+    latent a token, whole on every GPU), which a step's cache must fit, as
+    ``aic_steps.fits`` asks of the dense report's steps."""
+    model = catalog.model(dep.model)
+    quant = resolve_quantization(model.quantization, "auto", "auto")
+    plan = plan_memory(
+        model,
+        catalog.device(DEVICE[dep.system]),
+        tensor_parallel_size=dep.tp,
+        num_pipeline_stages=1,
+        memory_margin_fraction=0.1,
+        max_request_tokens=8192,
+        block_size=16,
+        quantization=quant,
+        expert_parallel_size=dep.ep,
+    )
+    return int(plan.max_kv_tokens)
+
+
 def run_deployment(dep: Deployment, steps: list[Step]) -> dict[str, Any]:
     predictor, banner, fallbacks = tokenyard_predictor(dep)
     aic = aic_handle(dep)
-    mla = catalog.model(dep.model).mla is not None
+    capacity = kv_capacity(dep)
     points = []
     for step in steps:
         ours = our_ops_ms(predictor, step_shapes(step))
@@ -266,6 +304,7 @@ def run_deployment(dep: Deployment, steps: list[Step]) -> dict[str, Any]:
             {
                 "step": step.label(),
                 "kind": step.kind,
+                "fits": kv_tokens(step) <= capacity,
                 "ours_ms": sum(ours.values()),
                 "aic_ms": theirs,
                 "groups": op_groups(ours, aic.ops_ms(step)),
@@ -273,21 +312,23 @@ def run_deployment(dep: Deployment, steps: list[Step]) -> dict[str, Any]:
         )
     cells = {}
     for kind in ("decode", "prefill", "mixed"):
-        kept = [p for p in points if p["kind"] == kind and p["aic_ms"] > 0]
+        kept = [p for p in points if p["kind"] == kind and p["fits"]]
         groups = sorted({g for p in kept for g in p["groups"]}, key=str)
         cells[kind] = {
             "stats": error_stats([pct_error(p["ours_ms"], p["aic_ms"]) for p in kept]),
-            # DeepSeek wiring without DP: aiconfigurator counts the TP all-reduce twice a
-            # layer (tp_allreduce) and MoEDispatch pre and post besides, TP collectives
-            # vLLM does not run (DeepseekV2MoE.forward: the experts' output is reduced by
-            # the one all-reduce inside FusedMoE). Its step less them, where they add up
-            # (prefill and mixed; in decode they sit inside moe_overlap). Qwen3's wiring
-            # (sdk/models/moe.py) counts its MoE all-reduce as the dispatch instead: kept.
+            # Where aiconfigurator counts the TP all-reduce twice a layer (tp_allreduce, as
+            # tokenyard) and MoEDispatch pre and post besides (its vLLM DeepSeek-V3 wiring
+            # without DP), the dispatch is TP collectives vLLM does not run
+            # (DeepseekV2MoE.forward: the experts' output is reduced by the one all-reduce
+            # inside FusedMoE): its step less them, where they add up (prefill and mixed;
+            # in decode they sit inside moe_overlap). Where its all-reduce is short of
+            # tokenyard's (Qwen3's wiring, sdk/models/moe.py, and DeepSeek-V3.2's count the
+            # MoE all-reduce as the dispatch), nothing is taken out.
             "less_dispatch": error_stats(
                 [
                     pct_error(p["ours_ms"], p["aic_ms"] - p["groups"][DISPATCH][1])
                     for p in kept
-                    if mla and dep.dp == 1 and kind != "decode" and DISPATCH in p["groups"]
+                    if dep.dp == 1 and kind != "decode" and _double_counted(p["groups"])
                 ]
             ),
             "contributions": {
@@ -303,7 +344,10 @@ def run_deployment(dep: Deployment, steps: list[Step]) -> dict[str, Any]:
                 for g in groups
             },
         }
+    beyond = [p for p in points if not p["fits"]]
     return {
+        "beyond_memory": error_stats([pct_error(p["ours_ms"], p["aic_ms"]) for p in beyond]),
+        "kv_capacity_tokens": capacity,
         "name": dep.name,
         "model": dep.model,
         "system": dep.system,
@@ -323,15 +367,16 @@ def print_report(runs: list[dict[str, Any]]) -> None:
     print("\n## Step times vs aiconfigurator (GPU ms; median / p90 / signed |error| %)\n")
     print(
         "| deployment | decode | prefill | mixed | prefill, aic less its TP dispatch | "
-        "mixed, same |"
+        "mixed, same | beyond memory |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for r in runs:
         c = r["cells"]
         print(
             f"| {r['name']} | "
             + " | ".join(_cell(c[k]["stats"]) for k in ("decode", "prefill", "mixed"))
-            + f" | {_cell(c['prefill']['less_dispatch'])} | {_cell(c['mixed']['less_dispatch'])} |"
+            + f" | {_cell(c['prefill']['less_dispatch'])} | {_cell(c['mixed']['less_dispatch'])}"
+            + f" | {_cell(r['beyond_memory'])} |"
         )
     print("\ntokenyard's banners:\n")
     for r in runs:

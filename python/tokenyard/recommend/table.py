@@ -187,7 +187,8 @@ def format_table(rec: Recommendation, table: list[dict[str, Any]]) -> str:
     for r in table:
         if not r["recommended"]:
             lines.append(
-                f"not recommended: {r['deployment']} (max_num_seqs={r['max_num_seqs']}, "
+                f"not recommended: {r['deployment']} on {r['device']} "
+                f"(max_num_seqs={r['max_num_seqs']}, "
                 f"max_num_batched_tokens={r['max_num_batched_tokens']}): {r['note']}"
             )
     for kind in ("agg", "disagg"):

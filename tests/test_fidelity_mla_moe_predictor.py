@@ -193,7 +193,7 @@ def test_a_low_latency_table_measuring_only_combine_is_handled(tmp_path: Path) -
     write(root / "h100_sxm/comm/vllm/0.2.0/moe_a2a_perf.parquet", columns)
     source = resolve_source(root, "h100_sxm", "vllm", "latest")
     out, words = a2a_ops(source, spec, 1, 2)
-    assert words.startswith("deepep_ll up to 128 tokens per GPU, deepep_ht above")
+    assert words.startswith("deepep_ll (combine only) up to 128 tokens per GPU, deepep_ht above")
     combine, dispatch = out["moe_combine"][0], out["moe_dispatch"][0]
     assert combine is not None
     assert dispatch is not None

@@ -95,6 +95,7 @@ def a2a_ops(
     used: set[str] = set()
     whys = []
     lows: list[float] = []
+    ll_ops: set[str] = set()
     for op in A2A_OPS:
         phase = op.removeprefix("moe_")
         modes = {}
@@ -119,6 +120,7 @@ def a2a_ops(
         low, high = modes.get("deepep_ll"), modes.get("deepep_ht")
         if low is not None:
             lows.append(low.max_tokens)
+            ll_ops.add(op)
 
         def seconds(
             tokens: float, low: A2aTimes | None = low, high: A2aTimes | None = high
@@ -135,6 +137,10 @@ def a2a_ops(
     limit = ""
     if len(used) == 2:  # the low-latency limit of a phase that measures it
         limit = f" up to {max(lows):g} tokens per GPU, deepep_ht above"
+        if len(lows) < len(A2A_OPS):  # a phase without low-latency rows: said
+            ll_phases = sorted(op for op in out if out[op][0] is not None and op in ll_ops)
+            only = " and ".join(op.removeprefix("moe_") for op in ll_phases)
+            limit = f" ({only} only){limit}"
     first = "deepep_ll" if "deepep_ll" in used else "deepep_ht"
     return out, f"{first}{limit} (EP {ep}, moe_a2a {path.parent.name})"
 

@@ -8,7 +8,7 @@ import dataclasses
 from typing import Any
 
 import pytest
-from step_shapes import decodes
+from step_shapes import decodes, prompt
 from synthetic_jobs import one_replica, synthetic_workload
 
 from tokenyard import catalog
@@ -70,6 +70,28 @@ def test_shared_experts_are_whole_under_sequence_parallel_moe() -> None:
     assert ep4 == tp2 - 2 * 3 * H * 512 * 2 + 2 * 3 * H * 512
     kept_split = dataclasses.replace(shared, sequence_parallel_shared_experts=False)
     assert parameters_per_device(kept_split, 2, 1, 4) == ep4 - 2 * 3 * H * 256
+
+
+def test_the_roofline_runs_sequence_parallel_shared_experts_whole_on_a_tp_share() -> None:
+    """The roofline's shared GEMMs under TP 2 x DP 2 (EP 4) are TP 1 x DP 4's (whole) at
+    half the tokens: the same FLOPs per token as split by TP, but the whole weights read."""
+    shared = dataclasses.replace(TINY, num_shared_experts=1)
+    h100 = catalog.device("h100-sxm")
+    sp = roofline_predictor(
+        shared, h100, tensor_parallel_size=2, expert_parallel_size=4, data_parallel_size=2
+    )
+    whole = roofline_predictor(
+        shared, h100, tensor_parallel_size=1, expert_parallel_size=4, data_parallel_size=4
+    )
+    split = roofline_predictor(shared, h100, tensor_parallel_size=2, expert_parallel_size=2)
+
+    def seconds(predictor: Any, op: str, tokens: int) -> float:
+        return float({o.name: o.cost for o in predictor.ops}[op].time(prompt(tokens)))
+
+    for op in ("shared_gate_up_proj", "shared_down_proj"):
+        assert seconds(sp, op, 4096) == pytest.approx(seconds(whole, op, 2048), rel=1e-12)
+        # Weight-bound at 16 tokens: the whole weights take longer than TP's half.
+        assert seconds(sp, op, 16) > 1.5 * seconds(split, op, 16)
 
 
 def test_kv_per_gpu_is_the_dp_ranks_own() -> None:

@@ -237,15 +237,19 @@ def _gemm(
     feature: str = "num_tokens",
     *,
     layer_linear: bool = True,
+    rows: float = 1.0,
 ) -> None:
-    """A ``[T, k] x [k, n]`` projection (``T``: the ``feature``); ``layer_linear``: one of
-    the decoder layers' projections, at ``b.gemm_flops_per_s`` (else the BF16 peak)."""
+    """A ``[T, k] x [k, n]`` projection (``T``: the ``feature``, times ``rows``: 1/TP for
+    the shared experts under sequence-parallel MoE, each GPU on its share of the tokens);
+    ``layer_linear``: one of the decoder layers' projections, at ``b.gemm_flops_per_s``
+    (else the BF16 peak)."""
     peak = b.gemm_flops_per_s if layer_linear else b.flops_per_s
     scope = "last_stage" if feature == "num_requests" else "layer"
     if b.calibration is not None:
         c = b.calibration
 
-        def seconds(m: float) -> float:
+        def seconds(tokens: float) -> float:
+            m = tokens * rows
             flops = 2.0 * m * k * n
             moved = k * n * s.w + m * (k + n) * s.a
             roofline = max(flops / peak, moved / b.bytes_per_s)
@@ -257,8 +261,8 @@ def _gemm(
         return
     b.add(
         name,
-        flops={feature: 2.0 * k * n},
-        bytes={"one": k * n * s.w, feature: (k + n) * s.a},
+        flops={feature: 2.0 * k * n * rows},
+        bytes={"one": k * n * s.w, feature: (k + n) * s.a * rows},
         flops_per_s=peak,
         gate=feature,
         scope=scope,
@@ -598,20 +602,24 @@ def _expert_gemm(
     b.ops.append(CompiledOp(name, "layer", "num_tokens", cost))
 
 
-def _dense_mlp(b: _Builder, s: _Sizes, i: int, prefix: str = "", gated: bool = True) -> None:
+def _dense_mlp(
+    b: _Builder, s: _Sizes, i: int, prefix: str = "", gated: bool = True, rows: float = 1.0
+) -> None:
     """A SwiGLU MLP of ``i`` (per TP worker) intermediate values (``gated`` false: up
-    and down only, Nemotron-H's relu2)."""
-    _gemm(b, f"{prefix}gate_up_proj", s.h, (2 if gated else 1) * i, s)
-    b.add(f"{prefix}act", flops={"num_tokens": 3.0 * i}, bytes={"num_tokens": 3.0 * i * s.a})
-    _gemm(b, f"{prefix}down_proj", i, s.h, s)
+    and down only, Nemotron-H's relu2), on ``rows`` rows per token (``_gemm``)."""
+    _gemm(b, f"{prefix}gate_up_proj", s.h, (2 if gated else 1) * i, s, rows=rows)
+    act = 3.0 * i * rows
+    b.add(f"{prefix}act", flops={"num_tokens": act}, bytes={"num_tokens": act * s.a})
+    _gemm(b, f"{prefix}down_proj", i, s.h, s, rows=rows)
 
 
-def _mlp(b: _Builder, model: ModelSpec, s: _Sizes, tp: int, e: _Experts) -> None:
+def _mlp(b: _Builder, model: ModelSpec, s: _Sizes, tp: int, e: _Experts, sp: int = 1) -> None:
     """Each layer kind's FFN. A model of several kinds (DeepSeek: dense layers, then MoE
     ones) runs each kind's operations ``count / num_layers`` times per layer, so a stage
     of ``L`` layers costs the model's mix (exact at PP 1); the dense layers' operations
     are then named ``dense_*``. A MoE layer's shared experts are a dense MLP of
-    ``num_shared_experts x intermediate_size`` beside the routed ones (``shared_*``)."""
+    ``shared_intermediate`` beside the routed ones (``shared_*``), split by TP, or with
+    ``sp`` = TP (vLLM 0.33's sequence-parallel MoE) whole on ``1/TP`` of the tokens."""
     kinds = model.layer_kinds()
     for kind in kinds:
         start = len(b.ops)
@@ -633,7 +641,8 @@ def _mlp(b: _Builder, model: ModelSpec, s: _Sizes, tp: int, e: _Experts) -> None
             )
             _expert_gemm(b, model, s, "down_proj", e.inter, s.h, e)
             if model.num_shared_experts:
-                _dense_mlp(b, s, model.shared_intermediate // tp, "shared_", model.gated_ffn)
+                i = model.shared_intermediate // (tp // sp)
+                _dense_mlp(b, s, i, "shared_", model.gated_ffn, rows=1.0 / sp)
         if kind.count != model.num_layers:
             share = kind.count / model.num_layers
             b.ops[start:] = [
@@ -942,7 +951,10 @@ def roofline_predictor(
             if m != "none" and f != "none"
         )
         b.ops[-1] = dataclasses.replace(b.ops[-1], count=both / model.num_layers)
-    _mlp(b, model, s, tp, _experts(model, tp, ep, dp))
+    # vLLM 0.33's sequence-parallel MoE (EP, TP > 1, DP > 1): the shared experts whole on
+    # each GPU's 1/TP of the tokens (ModelSpec.sequence_parallel_shared_experts).
+    sp = tp if ep > 1 and dp > 1 and model.sequence_parallel_shared_experts else 1
+    _mlp(b, model, s, tp, _experts(model, tp, ep, dp), sp)
     if model.mtp_module:  # an MTP module (ModelSpec.mtp_drafter): enorm, hnorm, eh_proj
         _norm(b, "mtp_norms", s)
         b.ops[-1] = dataclasses.replace(b.ops[-1], count=2.0)

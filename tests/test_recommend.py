@@ -328,3 +328,29 @@ def test_length_distributions() -> None:
     }
     with pytest.raises(ConfigError, match="--osl: 'high' is not key=number"):
         length_distribution("uniform:low=1,high", "--osl")
+
+
+def test_a_target_rate_sizes_the_replicas() -> None:
+    """40 requests/s where one TP1 replica carries about 12-13 (the estimate says 14): the
+    answer is the fewest GPUs whose capacity, less the margin, covers 40, verified at 40."""
+    result = recommend(_ask(gpus=None, rate=40.0), executor="serial")
+    sim, verdict = result.best("agg")
+    assert sim.candidate.label == "TP1 x4"
+    assert verdict.rate == 40.0
+    assert sim.capacity * 0.9 >= 40.0
+    assert rows(result)[0]["target_qps"] == 40.0
+
+
+def test_a_concurrency_is_served_closed_loop() -> None:
+    """48 users: the load is a number of users (the synthetic arrivals no bound), verified
+    at 48, and the throughput is what the users drew."""
+    result = recommend(_ask(gpus=None, concurrency=48), executor="serial")
+    sim, verdict = result.best("agg")
+    assert verdict.closed_loop
+    assert verdict.rate == 48.0
+    row = rows(result)[0]
+    assert row["target_users"] == 48.0
+    assert row["tokens_per_s_per_gpu"] == pytest.approx(
+        verdict.requests_per_s * 50 / sim.candidate.gpus
+    )
+    assert verdict.requests_per_s > 10  # users, not the workload's 1 QPS, set the load

@@ -176,6 +176,10 @@ class Ask:
             loop = dict(workload.get("closed_loop") or {})
             loop["concurrency"] = self.concurrency
             workload["closed_loop"] = loop
+            if workload.get("kind") == "synthetic":
+                # Arrival times are lower bounds under a closed loop: make them no bound,
+                # so the users alone set the load (docs/sessions.md).
+                workload["arrival"] = {"kind": "poisson", "qps": 1e6}
         return workload
 
     def sample_workload(self) -> dict[str, Any]:

@@ -320,3 +320,34 @@ def test_nvlink_domain_must_be_a_positive_integer() -> None:
     h200 = catalog.device("h200")
     with pytest.raises(ConfigError, match=r"devices\.h200.*nvlink_domain"):
         dataclasses.replace(h200, nvlink_domain=0)
+
+
+def test_under_deepep_the_shared_experts_overlap_the_combine_at_any_size() -> None:
+    """With attention DP (DeepEP), vLLM's modular kernel runs the shared experts while the
+    combine is in flight, at every token count: shared 3 + 1 us beside a 2.5 us combine
+    keep (4 - 2.5) / 4 of their time at 8 tokens and at 4,096 alike; the experts (9 us)
+    are not beside them."""
+    out: dict[str, Any] = {
+        "router": (_flat(0.5e-6), "measured:gemm", ""),
+        "moe_experts": (_flat(9e-6), "measured:moe", ""),
+        "moe_dispatch": (_flat(2e-6), "measured:moe_a2a", ""),
+        "moe_combine": (_flat(2.5e-6), "measured:moe_a2a", ""),
+        "shared_gate_up_proj": (_flat(3e-6), "measured:gemm", ""),
+        "shared_down_proj": (_flat(1e-6), "measured:gemm", ""),
+    }
+    assert overlap_shared_experts(out) == "shared experts beside the all-to-all's combine"
+    up, down = out["shared_gate_up_proj"][0], out["shared_down_proj"][0]
+    for tokens in (8.0, 4096.0):
+        at = {"num_tokens": tokens}
+        assert (up.time(at), down.time(at)) == pytest.approx((1.125e-6, 0.375e-6), rel=1e-9)
+
+
+def test_an_unmeasured_combine_leaves_the_shared_experts_whole() -> None:
+    out: dict[str, Any] = {
+        "moe_experts": (_flat(9e-6), "measured:moe", ""),
+        "moe_combine": (None, "calibrated", "no rows"),
+        "shared_gate_up_proj": (_flat(3e-6), "measured:gemm", ""),
+        "shared_down_proj": (_flat(1e-6), "measured:gemm", ""),
+    }
+    assert overlap_shared_experts(out) == ""
+    assert out["shared_gate_up_proj"][0].values == (3e-6, 3e-6)

@@ -4,6 +4,7 @@ combined tokens of the DP ranks) and, under attention DP, the expert all-to-all 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from tokenyard.catalog import ModelSpec
@@ -168,30 +169,46 @@ def _wide_or_calibrated(
 
 
 #: vLLM 0.33 runs a MoE layer's shared experts on an auxiliary CUDA stream beside the
-#: routed path (router, dispatch, experts, combine) when the layer sees at most this many
-#: tokens (``fused_moe/runner/shared_experts.py``, ``_determine_shared_experts_order``:
+#: routed path (router, experts) when the layer sees at most this many tokens
+#: (``fused_moe/runner/shared_experts.py``, ``_determine_shared_experts_order``:
 #: ``VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD``, 256 by default); above it they run after.
 SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD = 256
 #: The routed path's operations and the shared experts' measured GEMMs.
-ROUTED_OPS = ("router", "moe_experts", "moe_dispatch", "moe_combine")
+ROUTED_OPS = ("router", "moe_experts")
 SHARED_OPS = ("shared_gate_up_proj", "shared_down_proj")
 
 
 def overlap_shared_experts(out: dict[str, Entry]) -> str:
-    """Price the shared experts as vLLM overlaps them: at up to
-    ``SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD`` tokens a layer costs the longer of the routed
-    path and the shared one, so each shared GEMM keeps only its share of what the shared
-    path adds beyond the routed one; above it, both in full. Rewrites ``out``'s shared
-    GEMM entries in place where they and the experts are measured; returns the banner's
-    words ("" where nothing was rewritten)."""
+    """Price the shared experts as vLLM overlaps them, rewriting ``out``'s shared GEMM
+    entries in place so that each keeps only its share of what the shared path outlasts
+    the path beside it by; returns the banner's words ("" where nothing was rewritten).
+
+    - Without an all-to-all: beside the router and the experts, at up to
+      ``SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD`` tokens (the auxiliary stream); above it,
+      in full.
+    - With DeepEP's all-to-all (attention DP): vLLM's modular kernel overlaps them itself
+      (``MK_INTERNAL_OVERLAPPED``, chosen first: DeepEP's prepare/finalize
+      ``supports_async``), running them while the combine is in flight
+      (``modular_kernel.py``, ``finalize_async`` then ``_maybe_apply_shared_experts``): beside
+      ``moe_combine`` only, at every token count. An all-to-all the tables do not measure
+      leaves them in full.
+    """
     tables = [t for op in SHARED_OPS if op in out and (t := out[op][0]) is not None]
-    routed = [t for op in ROUTED_OPS if op in out and (t := out[op][0]) is not None]
     if len(tables) < len(SHARED_OPS) or "moe_experts" not in out or out["moe_experts"][0] is None:
         return ""
-    if any(t.x != "num_tokens" or t.y is not None for t in (*tables, *routed)):
+    if "moe_combine" in out:
+        combine = out["moe_combine"][0]
+        if combine is None:
+            return ""
+        beside, limit = [combine], math.inf
+        words = "shared experts beside the all-to-all's combine"
+    else:
+        beside = [t for op in ROUTED_OPS if op in out and (t := out[op][0]) is not None]
+        limit = float(SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD)
+        words = f"shared experts beside the routed ones up to {limit:g} tokens"
+    if any(t.x != "num_tokens" or t.y is not None for t in (*tables, *beside)):
         return ""
-    limit = float(SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD)
-    xs = sorted({x for t in tables for x in t.xs} | {limit, limit + 1.0})
+    xs = sorted({x for t in tables for x in t.xs} | ({limit, limit + 1.0} - {math.inf}))
 
     def at(table: TableCost, tokens: float) -> float:
         return float(table.time({"num_tokens": tokens}))
@@ -200,12 +217,11 @@ def overlap_shared_experts(out: dict[str, Entry]) -> str:
         if tokens > limit:
             return 1.0
         s = sum(at(t, tokens) for t in tables)
-        r = sum(at(t, tokens) for t in routed)
+        r = sum(at(t, tokens) for t in beside)
         return max(0.0, s - r) / s if s > 0 else 1.0
 
     for op, table in zip(SHARED_OPS, tables, strict=True):
         values = tuple(at(table, x) * factor(x) for x in xs)
         label = out[op][1]
         out[op] = (TableCost(x="num_tokens", xs=tuple(xs), values=values), label, "")
-    limit_words = SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD
-    return f"shared experts beside the routed ones up to {limit_words} tokens"
+    return words

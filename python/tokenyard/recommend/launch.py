@@ -408,7 +408,16 @@ def sglang_commands(config: SimulationConfig) -> list[LaunchCommand]:
     if spec.enabled and spec.method is not None and spec.num_speculative_tokens is not None:
         k = spec.num_speculative_tokens
         base += ["--speculative-algorithm", SGLANG_SPEC[spec.method]]
-        base += ["--speculative-num-steps", str(k), "--speculative-eagle-topk", "1"]
+        if spec.method != "ngram":
+            # A chain of k drafts: k steps of top-1, k + 1 tokens verified.
+            base += ["--speculative-num-steps", str(k), "--speculative-eagle-topk", "1"]
+        else:
+            # SGLang's NGRAM derives steps and top-k itself (speculative_hook.py,
+            # _handle_ngram: top-k is --speculative-ngram-max-bfs-breadth).
+            notes.append(
+                "replica.speculative.method = 'ngram': SGLang verifies a tree of "
+                "--speculative-num-draft-tokens; the simulation's chain of k drafts is k + 1"
+            )
         base += ["--speculative-num-draft-tokens", str(k + 1)]
         if spec.method == "draft_model" and spec.draft_model:
             base += ["--speculative-draft-model-path", hf_model_id(spec.draft_model)]

@@ -248,6 +248,9 @@ def _place_sglang(
     pool = "cluster.decode" if role == "decode" else "replica"
     sched = f"{pool}.scheduler"
     out = dict(found)
+    steps = "replica.speculative.num_speculative_tokens"
+    if "replica.speculative.method" in out and steps not in out and "@draft_tokens" in raw:
+        out[steps] = raw["@draft_tokens"] - 1  # NGRAM: no --speculative-num-steps
     out[f"{pool}.tensor_parallel_size"] = tp
     out[f"{pool}.num_pipeline_stages"] = raw.get("@pp", 1)
     if "@margin" in raw:

@@ -195,10 +195,12 @@ END_TO_END = {
         "h100-sxm",
         4,
         {
-            "chunked_attn_decode": "measured:attention window_size 8192",
+            "chunked_attn_decode": "measured:attention (0.24.0) window_size 8192 rows at "
+            "8192-token chunk-local shapes",
             "attn_decode": "measured:attention (",
         },
-        "chunked attention measured:attention window_size 8192",
+        "chunked attention measured:attention (0.24.0) window_size 8192 rows at 8192-token "
+        "chunk-local shapes",
         ["chunked 36 layers (window 8192) 36,864 B/token; gqa 12 layers 12,288 B/token"],
     ),
 }

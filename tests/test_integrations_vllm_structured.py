@@ -215,3 +215,94 @@ def test_kv_delivery_is_required_of_a_kv_producer(
         )
         assert scheduler.requires_kv_delivery is expected, cls.__name__
         scheduler.shutdown()
+
+
+def _consumer_pair(tmp_path: Path) -> dict[str, Any]:
+    """vLLM's AsyncScheduler and AsyncTokenyardScheduler with a KV-consumer connector and two
+    batches in flight (vLLM's ``max_concurrent_batches``, which a CPU build keeps at 1:
+    patched as vLLM's own tests patch it)."""
+    from unittest.mock import PropertyMock, patch
+
+    from vllm.config import KVTransferConfig, VllmConfig
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    from tokenyard.integrations.vllm import AsyncTokenyardScheduler
+
+    peer = VllmSchedulerPeer(
+        num_blocks=64, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=256
+    )
+    peer.vllm_config.kv_transfer_config = KVTransferConfig(
+        kv_connector="ExampleConnector",
+        kv_role="kv_consumer",
+        kv_connector_extra_config={"shared_storage_path": str(tmp_path)},
+    )
+    pair = {}
+    with patch.object(
+        VllmConfig, "max_concurrent_batches", new_callable=PropertyMock, return_value=2
+    ):
+        for name, cls in (("vllm", AsyncScheduler), ("tokenyard", AsyncTokenyardScheduler)):
+            pair[name] = cls(
+                vllm_config=peer.vllm_config,
+                kv_cache_config=peer.scheduler.kv_cache_config,
+                structured_output_manager=_Manager(),
+                block_size=16,
+            )
+    return pair
+
+
+def _runner_output(out: Any, token: int) -> ModelRunnerOutput:
+    ids = list(out.num_scheduled_tokens)
+    return ModelRunnerOutput(
+        req_ids=ids,
+        req_id_to_index={i: n for n, i in enumerate(ids)},
+        sampled_token_ids=[[token] for _ in ids],
+    )
+
+
+def test_a_kv_consumer_defers_a_finished_requests_free_past_its_step_in_flight(
+    tmp_path: Path,
+) -> None:
+    """33-token prompt (3 blocks), stop token 42: it stops on its prefill's output while
+    its next step is in flight; its 3 blocks stay taken until that step's output lands."""
+    for name, scheduler in _consumer_pair(tmp_path).items():
+        assert scheduler.defer_block_free, name
+        pool = scheduler.kv_cache_manager.block_pool
+        free_initially = pool.get_num_free_blocks()
+        params = SamplingParams(max_tokens=5, stop_token_ids=[42])
+        request = Request("r", list(range(33)), params, None)
+        scheduler.add_request(request)
+        out0 = scheduler.schedule()
+        out1 = scheduler.schedule()
+        assert out1.num_scheduled_tokens == {"r": 1}, name
+        free_running = pool.get_num_free_blocks()
+        assert free_running == free_initially - 3, name
+        scheduler.update_from_output(out0, _runner_output(out0, 42))
+        assert request.is_finished(), name
+        assert len(scheduler.deferred_frees) == 1, name
+        assert pool.get_num_free_blocks() == free_running, name
+        scheduler.update_from_output(out1, _runner_output(out1, 0))
+        assert not scheduler.deferred_frees, name
+        assert pool.get_num_free_blocks() == free_initially, name
+        scheduler.shutdown()
+
+
+def test_a_kv_consumer_frees_at_once_when_no_step_is_in_flight(tmp_path: Path) -> None:
+    for name, scheduler in _consumer_pair(tmp_path).items():
+        pool = scheduler.kv_cache_manager.block_pool
+        free_initially = pool.get_num_free_blocks()
+        params = SamplingParams(max_tokens=5, stop_token_ids=[42])
+        scheduler.add_request(Request("r", list(range(33)), params, None))
+        out0 = scheduler.schedule()
+        scheduler.update_from_output(out0, _runner_output(out0, 42))
+        assert not scheduler.deferred_frees, name
+        assert pool.get_num_free_blocks() == free_initially, name
+        scheduler.shutdown()
+
+
+def test_deferring_frees_without_a_kv_connector_is_refused_by_name() -> None:
+    from tokenyard.errors import ConfigError
+
+    scheduler = _both()["tokenyard"]
+    with pytest.raises(ConfigError) as info:
+        scheduler.defer_block_free = True
+    assert info.value.field == "defer_block_free"

@@ -87,6 +87,11 @@ class ScheduleStep(AdapterBase):
             out.kv_connector_metadata = self.connector.build_connector_meta(out)
         if self.ec_connector is not None:
             out.ec_connector_metadata = self.ec_connector.build_connector_meta(out)
+        if self.defer_block_free and out.total_num_scheduled_tokens > 0:
+            self.sched_step_seq += 1
+            seq = self.sched_step_seq
+            for request_id in num_scheduled_tokens:
+                self.requests[request_id].last_sched_seq = seq
         self._after_schedule(out, spec_decode_tokens)
         self.finished_req_ids = set()
         self.reset_preempted_req_ids = set()

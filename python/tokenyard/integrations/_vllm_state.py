@@ -57,6 +57,9 @@ class AdapterBase:
     _grammar_waiting: dict[str, Request]
     grammar_compile_error_reqs: dict[str, Any]
     _structured_ids: set[str]
+    defer_block_free: bool
+    sched_step_seq: int
+    processed_step_seq: int
 
     if TYPE_CHECKING:
 
@@ -73,6 +76,8 @@ class AdapterBase:
         def _publish_kv_events(self) -> None: ...
 
         def _admit_grammar_ready(self) -> None: ...
+
+        def _drain_deferred_frees(self) -> None: ...
 
         def finish_requests(self, request_ids: Any, finished_status: Any) -> list[Request]: ...
 

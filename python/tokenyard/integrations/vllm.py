@@ -29,7 +29,7 @@ from __future__ import annotations
 import itertools
 import operator
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterable
 from typing import Any
 
@@ -64,7 +64,7 @@ except ImportError as err:  # pragma: no cover - exercised only without vLLM
         "of tokenyard works without it"
     ) from err
 
-from tokenyard.errors import InputError
+from tokenyard.errors import ConfigError, InputError
 from tokenyard.integrations._vllm_outputs import (
     check_supported,
 )
@@ -208,13 +208,25 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
         self.grammar_compile_error_reqs: dict[str, Any] = {}
         self._structured_ids: set[str] = set()
         # vLLM 0.33's connector flags: whether a preempted request's in-flight output is
-        # dropped (a KV producer hands KV off when a request completes), and the deferred
-        # free of a finished request's blocks (not done here: docs/integrations.md).
+        # dropped (a KV producer hands KV off when a request completes), and whether a
+        # finished request's blocks wait for its steps in flight (a KV consumer with
+        # overlapping batches, whose loads are not ordered against those steps' writes).
         self.requires_kv_delivery = bool(
             self.connector is not None and self.connector.requires_kv_delivery
         )
-        self.defer_block_free = False
+        transfer = vllm_config.kv_transfer_config
+        self._defer_block_free = bool(
+            self.connector is not None
+            and vllm_config.max_concurrent_batches > 1
+            and transfer.is_kv_consumer
+        )
         self.recompute_kv_load_failures = True
+        # The deferred frees' fences (vLLM's sched_step_seq / processed_step_seq): a
+        # finished request scheduled in a step not yet processed keeps its blocks (the
+        # core holds them as for a KV send) until that step's output lands.
+        self.sched_step_seq = 0
+        self.processed_step_seq = 0
+        self._deferred_frees: deque[tuple[int, Any]] = deque()
         # Requests preempted by reset_prefix_cache: outputs of their steps then in flight
         # are dropped, not delivered.
         self._dropped_outputs: set[str] = set()
@@ -312,6 +324,42 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
             return False
         num_running, num_waiting = self.get_request_counts()
         return len(self.requests) > num_running + num_waiting
+
+    @property
+    def defer_block_free(self) -> bool:
+        """vLLM 0.33's gate: finished requests' blocks wait for their steps in flight."""
+        return self._defer_block_free
+
+    @defer_block_free.setter
+    def defer_block_free(self, value: bool) -> None:
+        if value and self._bridge is None:
+            # The core holds a finished request's blocks only for its KV connector.
+            raise ConfigError(
+                "defer_block_free: tokenyard defers a finished request's block free through "
+                "the KV connector (vLLM sets it for a KV consumer); there is none",
+                field="defer_block_free",
+                value=str(value),
+            )
+        self._defer_block_free = bool(value)
+
+    @property
+    def deferred_frees(self) -> list[tuple[int, str]]:
+        """The deferred frees as (fence step, vLLM request id), oldest first (vLLM keeps
+        the blocks themselves; they are the core's here)."""
+        return [(fence, self._late_vllm_id(core_id)) for fence, core_id in self._deferred_frees]
+
+    def _late_vllm_id(self, core_id: Any) -> str:
+        return self._vllm_ids.get(core_id, str(core_id))
+
+    def _drain_deferred_frees(self) -> None:
+        """Frees the blocks whose fence step has been processed (vLLM's
+        ``_drain_deferred_frees``)."""
+        deferred = self._deferred_frees
+        done = []
+        while deferred and deferred[0][0] <= self.processed_step_seq:
+            done.append(deferred.popleft()[1])
+        if done:
+            self._core.finish_kv_transfers(finished_sending=done)
 
     @property
     def pause_state(self) -> PauseState:

@@ -366,7 +366,9 @@ def _sglang_scheduler(
     elif v.prefix_cache != "radix":
         notes.append(f"{where}.prefix_cache = 'block_hash': SGLang caches prefixes in a radix tree")
     if v.policy == "priority":
-        argv.append("--enable-priority-scheduling")
+        # vLLM (and the simulation) serve the lowest priority value first; SGLang the
+        # highest unless told (fields/schedule.py, schedule_low_priority_values_first).
+        argv += ["--enable-priority-scheduling", "--schedule-low-priority-values-first"]
     argv += ["--schedule-policy", "fcfs"]
 
 

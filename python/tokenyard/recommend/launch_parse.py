@@ -204,6 +204,8 @@ def parse_sglang_command(text: str, *, policy: str = "sglang") -> dict[str, Any]
         flag = argv[i]
         if flag in ("--disable-radix-cache", "--enable-priority-scheduling", "--enable-lora"):
             raw[flag] = True
+        elif flag == "--schedule-low-priority-values-first":
+            pass  # always beside --enable-priority-scheduling in what tokenyard writes
         elif flag == "--cuda-graph-bs-decode":
             sizes = []
             while i + 1 < len(argv) and not argv[i + 1].startswith("--"):

@@ -122,7 +122,8 @@ _DSA_REFUSED = {
     ),
     "index_topk_freq": (
         "an indexer shared across layers (GLM-5.2's index_topk_freq / "
-        "index_skip_topk_offset: most layers reuse another layer's top-k) is not modelled"
+        "index_skip_topk_offset / indexer_types: most layers reuse another layer's top-k) "
+        "is not modelled, and vLLM 0.33's GlmMoeDsaForCausalLM reads none of those keys"
     ),
 }
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_FAMILIES)

@@ -13,6 +13,7 @@ import pytest
 from measured_tables import attention_columns, gemm_columns, write
 from model_configs import SMALL_DEEPSEEK, load_config, require_bundled
 from step_shapes import decodes
+from synthetic_jobs import one_replica, synthetic_workload
 from test_mla import module_columns
 
 from tokenyard import catalog
@@ -27,6 +28,7 @@ from tokenyard.predictor.measured.moe import (
     a2a_ops,
     overlap_shared_experts,
 )
+from tokenyard.simulation import simulate
 
 
 def _gemm_bf16_and_fp8() -> dict[str, list[Any]]:
@@ -351,3 +353,21 @@ def test_an_unmeasured_combine_leaves_the_shared_experts_whole() -> None:
     }
     assert overlap_shared_experts(out) == ""
     assert out["shared_gate_up_proj"][0].values == (3e-6, 3e-6)
+
+
+def test_kimi_k2_ep16_over_two_nodes_simulates_end_to_end() -> None:
+    require_bundled("moonshotai/Kimi-K2-Instruct")
+    replica = {
+        "model": "moonshotai/Kimi-K2-Instruct",
+        "device": "h200",
+        "tensor_parallel_size": 1,
+        "expert_parallel_size": 16,
+        "data_parallel_size": 16,
+    }
+    workload = synthetic_workload(40, qps=4.0, prompt_tokens=(100, 2000), output_tokens=(10, 50))
+    result = simulate(one_replica(replica, workload))
+    c = result.summary["config"]
+    assert c["layout"] == "TP 1 x DP 16 (16 schedulers), EP 16, PP 1"
+    assert c["execution"]["a2a"].startswith("measured: DeepEP over 2 nodes")
+    assert c["execution"]["op_sources"]["moe_dispatch"] == "measured:wideep_deepep"
+    assert result.summary["num_requests"] == 40

@@ -184,6 +184,11 @@ def format_table(rec: Recommendation, table: list[dict[str, Any]]) -> str:
             lines.append(f"{'':4}note: {r['note']}")
     if not shown:
         lines.append("  (no point held its SLOs on the whole load)")
+    for sim in unverified(rec):
+        lines.append(
+            f"not verified: {sim.candidate.label} on {sim.candidate.layout.device}: "
+            f"{why_short(rec, sim)}"
+        )
     for r in table:
         if not r["recommended"]:
             lines.append(
@@ -212,6 +217,33 @@ def format_table(rec: Recommendation, table: list[dict[str, Any]]) -> str:
         f"verify {rec.wall_s['verify']:.1f} s"
     )
     return "\n".join(lines)
+
+
+def unverified(rec: Recommendation) -> list[Simulated]:
+    """Simulated points that were never verified because they fell short: capacity 0, or
+    (with a target) a capacity that, less the margin, stays under it after growing."""
+    verified = {id(s) for s, _ in (*rec.points, *rec.rejected)}
+    target = rec.ask.rate if rec.ask.rate is not None else rec.ask.concurrency
+    return [
+        s
+        for s in rec.simulated
+        if id(s) not in verified
+        and (s.capacity <= 0 or (target is not None and s.capacity * (1 - rec.ask.margin) < target))
+    ]
+
+
+def why_short(rec: Recommendation, sim: Simulated) -> str:
+    r = sim.result
+    if r.error:
+        return f"its simulation failed: {r.error}"
+    broke = ", ".join(r.binding) or "an SLO"
+    if sim.capacity <= 0:
+        return f"{broke} broke at every rate tried, down to {min(r.rates, default=0):.3g}"
+    target = rec.ask.rate if rec.ask.rate is not None else rec.ask.concurrency
+    return (
+        f"capacity {sim.capacity:.4g} after growing its pools {sim.rounds - 1}x ({broke} broke "
+        f"above it), under the target {target:g} / (1 - margin)"
+    )
 
 
 def best_commands(rec: Recommendation, sim: Simulated, verdict: Verdict) -> dict[str, str]:
@@ -295,5 +327,16 @@ def _summary(rec: Recommendation, table: list[dict[str, Any]]) -> dict[str, Any]
         "wall_s": rec.wall_s,
         "notes": rec.notes,
         "skipped": [{"layout": a, "reason": b} for a, b in rec.skipped],
+        "simulated": [
+            {
+                "deployment": s.candidate.label,
+                "device": s.candidate.layout.device,
+                "gpus": s.candidate.gpus,
+                "knobs": s.candidate.knobs,
+                "estimate": dict(s.candidate.estimate),
+                "capacity": s.result.to_dict(),
+            }
+            for s in rec.simulated
+        ],
         "rows": table,
     }

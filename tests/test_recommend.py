@@ -354,3 +354,24 @@ def test_a_concurrency_is_served_closed_loop() -> None:
         verdict.requests_per_s * 50 / sim.candidate.gpus
     )
     assert verdict.requests_per_s > 10  # users, not the workload's 1 QPS, set the load
+
+
+def test_the_package_imports_nothing_until_asked() -> None:
+    """The command line imports ``tokenyard.recommend.cli`` to add the subcommand: that
+    must not import the search, the simulator or the other modules (start-up)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, tokenyard.recommend, tokenyard.recommend.cli\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('tokenyard.recommend.', "
+        "'tokenyard.search.', 'tokenyard.simulation'))))\n"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert loaded.strip() == "['tokenyard.recommend.cli']", loaded
+    import tokenyard.recommend as package
+
+    for name in package.__all__:
+        assert getattr(package, name) is not None

@@ -245,9 +245,12 @@ def test_one_node_of_ep_keeps_the_frameworks_own_table() -> None:
     )
 
 
-def test_without_inter_node_rows_the_all_to_all_is_calibrated_and_says_why() -> None:
-    """B200: DeepEP's tables measure one node only, so EP 16 keeps the calibrated
-    roofline, the reason naming both tables it looked in."""
+def test_without_inter_node_rows_the_network_prices_the_off_node_share() -> None:
+    """B200: DeepEP's tables measure one node only, so EP 16 (two 8-GPU nodes) is priced
+    over the network: half of each GPU's 8 tokens x 7168 x top-8 x 2 bytes leaves the node
+    at 50 GB/s after 10 us, 10 + 9.175 = 19.175 us in each of the 60 MoE layers, the
+    banner naming both tables it looked in. (The roofline's fallback prices it at NVLink's
+    900 GB/s a direction.)"""
     predictor = _bundled_predictor(
         "moonshotai/Kimi-K2-Instruct",
         "b200",
@@ -255,11 +258,15 @@ def test_without_inter_node_rows_the_all_to_all_is_calibrated_and_says_why() -> 
         expert_parallel_size=16,
         data_parallel_size=16,
     )
-    assert {op.name: op.source for op in predictor.ops}["moe_dispatch"] == "calibrated"
-    why = predictor.description["fallbacks"]["moe_dispatch"]
-    assert "moe_a2a_perf" in why
-    assert "no DeepEP inter-node table" in why
-    assert "2 nodes" in why
+    assert {op.name: op.source for op in predictor.ops}["moe_dispatch"] == "roofline:network"
+    words = predictor.description["kernels"]
+    assert "roofline over the network (50% of each GPU's tokens" in words
+    assert "moe_a2a_perf" in words
+    assert "no DeepEP inter-node table" in words
+    assert predictor.description["a2a"].startswith("roofline over the network")
+    ops = predictor.op_times(decodes(8, 1023))
+    assert ops["moe_dispatch"] == pytest.approx(60 * 19.175e-6, rel=1e-3)
+    assert ops["moe_combine"] == ops["moe_dispatch"]
 
 
 # ---- checkpoints that keep the MLA projections 16-bit ---------------------------------

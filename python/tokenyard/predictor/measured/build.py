@@ -64,12 +64,7 @@ from tokenyard.predictor.measured.lookup import (
     shapes,
 )
 from tokenyard.predictor.measured.mla import MLA_MODULE_OPS, mla_ops, projections_unquantized
-from tokenyard.predictor.measured.moe import (
-    GPUS_PER_NODE,
-    a2a_ops,
-    moe_op,
-    overlap_shared_experts,
-)
+from tokenyard.predictor.measured.moe import a2a_ops, moe_op, overlap_shared_experts
 from tokenyard.predictor.measured.ops import CollectiveTimes, NotMeasured
 from tokenyard.predictor.roofline import CpuOverheads, roofline_predictor
 
@@ -90,7 +85,7 @@ def _measured_ops(
     quantization: Quantization | None = None,
     ep: int = 1,
     dp: int = 1,
-    nvlink_domain: int = GPUS_PER_NODE,
+    device: DeviceSpec | None = None,
 ) -> tuple[dict[str, Entry], dict[str, str]]:
     """Operation name -> (table, source label, reason it is absent); ``None`` tables keep
     the roofline. Also which kernel family priced what (``gemm``, ``moe``, ``lm_head``)."""
@@ -161,7 +156,7 @@ def _measured_ops(
         linear, kernels[model.linear.kind] = linear_ops(source, model, tp, gemm, label)
         out.update(linear)
     if dp > 1 and model.num_moe_layers:
-        a2a, kernels["a2a"] = a2a_ops(source, model, tp, ep, nvlink_domain)
+        a2a, kernels["a2a"] = a2a_ops(source, model, tp, ep, device)
         out.update(a2a)
     if model.num_shared_experts:
         overlap = overlap_shared_experts(out)
@@ -286,7 +281,7 @@ def measured_predictor(
         quantization,
         expert_parallel_size,
         data_parallel_size,
-        device.nvlink_domain,
+        device,
     )
     ops: list[CompiledOp] = []
     notes: dict[str, str] = {}
@@ -318,6 +313,8 @@ def measured_predictor(
     }
     if kernels.get("a2a") == "calibrated":
         description["a2a"] = f"{base.description['a2a']}; not measured: {notes['moe_dispatch']}"
+    elif "a2a" in kernels and kernels["a2a"].startswith("roofline"):  # over the network
+        description["a2a"] = kernels["a2a"]
     elif "a2a" in kernels:
         description["a2a"] = f"measured: {kernels['a2a']}"
     if "gemm_why" in kernels:

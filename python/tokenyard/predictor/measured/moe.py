@@ -7,14 +7,14 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from tokenyard.catalog import ModelSpec
+from tokenyard.catalog import DeviceSpec, ModelSpec
 from tokenyard.errors import ConfigError
 from tokenyard.predictor import grids
 from tokenyard.predictor.compiled import TableCost
 from tokenyard.predictor.measured.data import MeasuredSource
 from tokenyard.predictor.measured.lookup import Entry, present, read
 from tokenyard.predictor.measured.ops import A2aTimes, MoeShape, MoeTimes, NotMeasured
-from tokenyard.predictor.measured.wide_ep import WideEp, wide_ep
+from tokenyard.predictor.measured.wide_ep import WideEp, network_seconds, wide_ep
 from tokenyard.predictor.roofline import A2A_OPS
 
 
@@ -75,7 +75,7 @@ def a2a_ops(
     model: ModelSpec,
     tp: int,
     ep: int,
-    nvlink_domain: int = GPUS_PER_NODE,
+    device: DeviceSpec | None = None,
 ) -> tuple[dict[str, Entry], str]:
     """The expert all-to-all under attention DP (``moe_dispatch``, ``moe_combine``) from
     the framework's ``comm/moe_a2a_perf`` table, at ``ep_size = EP`` over
@@ -87,10 +87,11 @@ def a2a_ops(
     DeepEP's inter-node tables (``wide_ep.py``); else the calibrated roofline, with the
     reason. Also the banner's words."""
     path = source.folders.get("comm", Path()) / "moe_a2a_perf.parquet"
-    nodes = -(-ep // nvlink_domain)  # an NVL72 rack is one node of 72
+    domain = device.nvlink_domain if device is not None else GPUS_PER_NODE
+    nodes = -(-ep // domain)  # an NVL72 rack is one node of 72
     if "comm" not in source.folders or not present(path):
         why = f"no moe_a2a_perf table for {source.system}/{source.framework} {source.version}"
-        return _wide_or_calibrated(source, model, tp, nodes, why)
+        return _wide_or_calibrated(source, model, tp, ep, device, why)
     rows = read(source, path)
     out: dict[str, Entry] = {}
     used: set[str] = set()
@@ -134,7 +135,7 @@ def a2a_ops(
         table = grids.token_table("num_tokens", seconds, 2.0**17)
         out[op] = (table, f"measured:moe_a2a ({path.parent.name})", "")
     if not used:
-        return _wide_or_calibrated(source, model, tp, nodes, whys[-1])
+        return _wide_or_calibrated(source, model, tp, ep, device, whys[-1])
     limit = ""
     if len(used) == 2:  # the low-latency limit of a phase that measures it
         limit = f" up to {max(lows):g} tokens per GPU, deepep_ht above"
@@ -147,10 +148,19 @@ def a2a_ops(
 
 
 def _wide_or_calibrated(
-    source: MeasuredSource, model: ModelSpec, tp: int, nodes: int, why: str
+    source: MeasuredSource,
+    model: ModelSpec,
+    tp: int,
+    ep: int,
+    device: DeviceSpec | None,
+    why: str,
 ) -> tuple[dict[str, Entry], str]:
     """An EP group over several nodes that the framework's table lacks: DeepEP's
-    inter-node tables (``wide_ep.py``), else the calibrated roofline with both reasons."""
+    inter-node tables (``wide_ep.py``), else its off-node share over the device's network
+    (``wide_ep.network_seconds``) where the catalog knows the NIC, else the calibrated
+    roofline (which prices the link as NVLink) with the reasons."""
+    domain = device.nvlink_domain if device is not None else GPUS_PER_NODE
+    nodes = -(-ep // domain)
     if nodes > 1:
         wide, why_wide = wide_ep(source, model, nodes)
         if wide is not None:
@@ -165,6 +175,16 @@ def _wide_or_calibrated(
                 out[op] = (grids.token_table("num_tokens", seconds, 2.0**17), label, "")
             return out, wide.words
         why = f"{why}; {why_wide}"
+        if device is not None and device.network_gbps > 0:
+            seconds_of = network_seconds(model, device, tp, ep)
+            table = grids.token_table("num_tokens", seconds_of, 2.0**17)
+            label = "roofline:network"
+            words = (
+                f"roofline over the network ({1 - domain / ep:.0%} of each GPU's tokens x "
+                f"hidden x top-k / EP leaves its {domain}-GPU NVLink domain at "
+                f"{device.network_gbps:g} GB/s) ({why})"
+            )
+            return {op: (table, label, "") for op in A2A_OPS}, words
     return {op: (None, "calibrated", why) for op in A2A_OPS}, "calibrated"
 
 

@@ -489,3 +489,101 @@ def test_vllms_own_parser_reads_the_same_values(tmp_path: Path) -> None:
     assert first["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 2}
     assert (prefill["kv_connector"], prefill["kv_role"]) == ("NixlConnector", "kv_producer")
     assert (decode["kv_role"], decode["tensor_parallel_size"]) == ("kv_consumer", 8)
+
+
+SGLANG_SRC = REPO / ".venv-bench" / "sglang_src"
+
+
+@pytest.mark.skipif(
+    not (VLLM_PEER.exists() and (SGLANG_SRC / "sglang").is_dir()),
+    reason="needs the bench venv with SGLang 0.5.23's sources",
+)
+def test_sglangs_own_parser_reads_the_same_values(tmp_path: Path) -> None:
+    """SGLang 0.5.23's ``ServerArgs`` parser (benches/peers/sglang_launch_args.py) accepts
+    every flag and reads the values the config holds, the whole-server caps x DP."""
+    aggregated = config_from_mapping(
+        {
+            "replica": {
+                "model": "deepseek-ai/DeepSeek-V3",
+                "device": "h200",
+                "tensor_parallel_size": 2,
+                "data_parallel_size": 4,
+                "expert_parallel_size": 8,
+                "dtype": "bf16",
+                "kv_cache_dtype": "fp8",
+                "quantization": "fp8",
+                "memory_margin_fraction": 0.15,
+                "scheduler": {
+                    "vllm_v1": {
+                        "max_num_seqs": 96,
+                        "max_num_batched_tokens": 3000,
+                        "enable_prefix_caching": False,
+                        "block_size": 64,
+                        "num_blocks": 1000,
+                        "policy": "priority",
+                        "max_model_len": 8192,
+                    }
+                },
+                "speculative": {
+                    "method": "mtp",
+                    "num_speculative_tokens": 2,
+                    "acceptance_rate": 0.8,
+                },
+            }
+        }
+    )
+    own = config_from_mapping(
+        {
+            "replica": {
+                "model": "llama-3.1-70b",
+                "scheduler": {"policy": "sglang", "sglang": {"cuda_graph_bs": [1, 2, 4]}},
+            }
+        }
+    )
+    pd = config_from_mapping(
+        {
+            "replica": {"model": "llama-3.1-70b", "tensor_parallel_size": 4},
+            "cluster": {"decode": {"num_replicas": 1, "tensor_parallel_size": 8}},
+        }
+    )
+    lines = [
+        line
+        for config in (aggregated, own, pd)
+        for command in sglang_commands(config)
+        for line in command.text().splitlines()
+        if not line.startswith("#")
+    ]
+    done = subprocess.run(
+        [str(VLLM_PEER), str(REPO / "benches" / "peers" / "sglang_launch_args.py")],
+        input=json.dumps(lines),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(SGLANG_SRC), "PATH": "/usr/bin:/bin"},
+        timeout=300,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.fail(done.stderr[-3000:])
+    first, graphs, prefill, decode = json.loads(done.stdout)
+    assert first["model_path"] == "deepseek-ai/DeepSeek-V3"
+    assert (first["tp_size"], first["attn_dp_size"], first["ep_size"]) == (8, 4, 8)
+    assert (first["max_running_requests"], first["chunked_prefill_size"]) == (96 * 4, 3000 * 4)
+    assert (first["max_prefill_tokens"], first["page_size"]) == (3000, 64)
+    assert (first["max_total_tokens"], first["disable_radix_cache"]) == (64_000, True)
+    assert (first["kv_cache_dtype"], first["dtype"], first["quantization"]) == (
+        "fp8_e4m3",
+        "bfloat16",
+        "fp8",
+    )
+    assert first["mem_fraction_static"] == pytest.approx(0.85)
+    assert first["context_length"] == 8192
+    assert first["enable_priority_scheduling"] is True
+    assert first["schedule_low_priority_values_first"] is True
+    assert (first["speculative_algorithm"], first["speculative_num_draft_tokens"]) == ("NEXTN", 3)
+    assert (prefill["disaggregation_mode"], prefill["disaggregation_transfer_backend"]) == (
+        "prefill",
+        "nixl",
+    )
+    assert graphs["cuda_graph_bs_decode"] == [1, 2, 4]
+    assert (decode["disaggregation_mode"], decode["tp_size"]) == ("decode", 8)

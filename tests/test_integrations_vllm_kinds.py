@@ -1,4 +1,5 @@
-"""tokenyard.integrations.vllm: structured output and KV-connector flags as vLLM 0.33's
+"""tokenyard.integrations.vllm: request kinds (structured output, pooling) and KV-connector
+behaviours (``requires_kv_delivery``, a KV consumer's deferred block free) as vLLM 0.33's
 ``Scheduler`` has them (``vllm/v1/core/sched/scheduler.py``), each case run on vLLM's own
 scheduler and on ``TokenyardScheduler`` with the same vLLM arguments, and the answers
 compared. Needs vLLM (the bench venv, ``.venv-bench``); skipped elsewhere.
@@ -306,3 +307,35 @@ def test_deferring_frees_without_a_kv_connector_is_refused_by_name() -> None:
     with pytest.raises(ConfigError) as info:
         scheduler.defer_block_free = True
     assert info.value.field == "defer_block_free"
+
+
+def test_a_pooling_request_prefills_in_chunks_and_stops_at_its_pooler_output() -> None:
+    """A 20-token pooling request under a 16-token budget: chunks of 16 and 4; the first
+    step's pooler output is None, the second's ends the request (``FINISHED_STOPPED``, the
+    output carries it and no token) and frees its blocks."""
+    import torch
+    from vllm.pooling_params import PoolingParams
+
+    for name, scheduler in _both(max_num_batched_tokens=16).items():
+        pool = scheduler.kv_cache_manager.block_pool
+        free_initially = pool.get_num_free_blocks()
+        request = Request("p", list(range(20)), None, PoolingParams(task="embed"))
+        scheduler.add_request(request)
+        embedding = torch.ones(4)
+        for num_scheduled, pooled in ((16, None), (4, embedding)):
+            out = scheduler.schedule()
+            assert out.num_scheduled_tokens == {"p": num_scheduled}, name
+            runner = ModelRunnerOutput(
+                req_ids=["p"],
+                req_id_to_index={"p": 0},
+                sampled_token_ids=[],
+                pooler_output=[pooled],
+            )
+            outputs = scheduler.update_from_output(out, runner)
+        (output,) = outputs[0].outputs
+        assert output.pooling_output is embedding, name
+        assert output.new_token_ids == [], name
+        assert str(output.finish_reason) == "stop", name
+        assert request.status == RequestStatus.FINISHED_STOPPED, name
+        assert pool.get_num_free_blocks() == free_initially, name
+        assert scheduler.get_request_counts() == (0, 0), name

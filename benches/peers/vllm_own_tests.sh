@@ -5,6 +5,7 @@
 #
 #   bash benches/peers/vllm_own_tests.sh [pytest -k expression]
 #   FILES="tests/v1/core/test_scheduler.py" bash benches/peers/vllm_own_tests.sh   # some files
+#   SKIP_VLLM=1 bash benches/peers/vllm_own_tests.sh   # tokenyard's side only, vLLM's kept
 #
 # Needs the bench venv with vLLM 0.33.0 (benches/peers/setup.sh, or VENV=...) and a built
 # tokenyard (maturin develop): tokenyard is taken from python/ on PYTHONPATH. Fetches the
@@ -89,7 +90,10 @@ args=(-q -p no:cacheprovider -W ignore -o junit_family=xunit1 --continue-on-coll
 [[ -n "$FILTER" ]] && args+=(-k "$FILTER")
 
 rm -f tests/v1/core/conftest.py
-"$PY" -m pytest "${args[@]}" --junitxml="$OUT/vllm.xml" >"$OUT/vllm.log" 2>&1 || true
+# SKIP_VLLM=1: keep the previous run's vLLM results (vLLM's side does not change).
+if [[ -z "${SKIP_VLLM:-}" || ! -f "$OUT/vllm.xml" ]]; then
+    "$PY" -m pytest "${args[@]}" --junitxml="$OUT/vllm.xml" >"$OUT/vllm.log" 2>&1 || true
+fi
 cp "$HERE/vllm_own_tests_conftest.py" tests/v1/core/conftest.py
 "$PY" -m pytest "${args[@]}" --junitxml="$OUT/tokenyard.xml" >"$OUT/tokenyard.log" 2>&1 || true
 rm -f tests/v1/core/conftest.py

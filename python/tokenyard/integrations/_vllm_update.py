@@ -52,6 +52,7 @@ class UpdateFromOutput(AdapterBase):
         live_ids, live, live_tokens, rejected, spec_stats, late = self._sampled(
             scheduler_output, model_runner_output
         )
+        pooled = self._pooled(scheduler_output, model_runner_output)
         live_core_ids = list(map(self._core_ids.__getitem__, live_ids))
         core_ids, core_tokens = live_core_ids, live_tokens
         if late:
@@ -59,6 +60,10 @@ class UpdateFromOutput(AdapterBase):
             # them), as vLLM's update skips a request it no longer holds.
             core_ids = live_core_ids + [core_id for core_id, _ in late]
             core_tokens = live_tokens + [tokens for _, tokens in late]
+        if pooled:
+            # The core finishes a pooling request (max_tokens 1) on one token.
+            core_ids = core_ids + [self._core_ids[r.request_id] for r, _ in pooled]
+            core_tokens = core_tokens + [[0]] * len(pooled)
         vllm_ids = self._vllm_ids
         kept_drafts: dict[Any, list[int]] = {}
         if self.async_scheduling and self.num_spec_tokens:
@@ -85,6 +90,8 @@ class UpdateFromOutput(AdapterBase):
                 )
         if late:
             self._forget_landed(late)
+        if pooled:
+            self._finish_pooled(pooled)
         finished_ids = {vllm_ids[i] for i, _ in finished} if finished else set()
         nans = model_runner_output.num_nans_in_logits
         if nans:
@@ -98,6 +105,10 @@ class UpdateFromOutput(AdapterBase):
             attach_prefill_stats(outputs, self._prefill_stats_ready)
             self._prefill_stats_ready.clear()
         attach_logprobs(outputs, live, model_runner_output)
+        for request, pooler_output in pooled:
+            outputs.setdefault(request.client_index, []).append(
+                self._pooled_output(request, pooler_output)
+            )
         if self._structured_ids or self.grammar_compile_error_reqs:
             self._grammar_updates(outputs)
         self._publish_kv_events()
@@ -117,6 +128,51 @@ class UpdateFromOutput(AdapterBase):
                 engine_core_outputs[0] = eco = EngineCoreOutputs()
             eco.scheduler_stats = stats
         return engine_core_outputs
+
+    def _pooled(
+        self, scheduler_output: SchedulerOutput, model_runner_output: Any
+    ) -> list[tuple[Request, Any]]:
+        """The pooling requests the step gave a pooler output (their last prefill chunk),
+        with it."""
+        pooler_outputs = model_runner_output.pooler_output
+        if not pooler_outputs:
+            return []
+        index = model_runner_output.req_id_to_index
+        requests = self.requests
+        pooled = []
+        for request_id in scheduler_output.num_scheduled_tokens:
+            request = requests.get(request_id)
+            if request is None or request.pooling_params is None or request.is_finished():
+                continue
+            pooler_output = pooler_outputs[index[request_id]]
+            if pooler_output is not None:
+                pooled.append((request, pooler_output))
+        return pooled
+
+    def _finish_pooled(self, pooled: list[tuple[Request, Any]]) -> None:
+        """vLLM's: a pooling request stops as soon as it has its output."""
+        for request, _ in pooled:
+            request.status = RequestStatus.FINISHED_STOPPED
+
+    def _pooled_output(self, request: Request, pooler_output: Any) -> EngineCoreOutput:
+        """A pooling request's last ``EngineCoreOutput``, its blocks freed."""
+        self._free_request(request)
+        bridge = self._bridge
+        transfer_params = bridge.transfer_params.pop(request.request_id, None) if bridge else None
+        events = request.events
+        if events:
+            request.events = []
+        return EngineCoreOutput(
+            request_id=request.request_id,
+            new_token_ids=[],
+            finish_reason=request.get_finished_reason(),
+            pooling_output=pooler_output,
+            stop_reason=request.stop_reason,
+            events=events or None,
+            trace_headers=request.trace_headers,
+            num_nans_in_logits=request.num_nans_in_logits,
+            kv_transfer_params=transfer_params,
+        )
 
     def _forget_landed(self, late: list[tuple[Any, list[int]]]) -> None:
         """Forgets the core ids of finished requests whose last output has landed."""

@@ -418,8 +418,9 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
             request.max_tokens,
             priority=request.priority,
             arrival_time=request.arrival_time,
-            eos_token_id=params.eos_token_id,
-            stop_token_ids=params.stop_token_ids or None,
+            # A pooling request (no sampling params) stops at its pooler output.
+            eos_token_id=params.eos_token_id if params is not None else None,
+            stop_token_ids=(params.stop_token_ids or None) if params is not None else None,
             lora_id=lora.lora_int_id if lora is not None and lora.lora_int_id > 0 else None,
         )
         self._core_ids[request_id] = core_id

@@ -409,6 +409,12 @@ def run_case(name: str, case: Case, args: argparse.Namespace) -> dict[str, Any]:
     return found
 
 
+def _version(python: Path, package: str) -> str:
+    code = f"import importlib.metadata as m; print(m.version({package!r}))"
+    done = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=False)
+    return done.stdout.strip() or "unknown"
+
+
 def _fmt(value: Any, digits: int = 0) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
@@ -471,6 +477,17 @@ def main() -> int:
         return 2
     results = {
         "date": time.strftime("%Y-%m-%d"),
+        "versions": {
+            "aiconfigurator": _version(AIC.parent / "python", "aiconfigurator"),
+            "aiconfigurator-core": _version(Path(sys.executable), "aiconfigurator-core"),
+            "tokenyard_commit": subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"],
+                capture_output=True,
+                text=True,
+                cwd=REPO,
+                check=False,
+            ).stdout.strip(),
+        },
         "machine": {
             "cpu": cpu_model(),
             "cores": os.cpu_count(),

@@ -72,6 +72,16 @@ def test_gpt_oss_pool_is_vllms_arithmetic_for_its_groups() -> None:
     assert disabled.kv_cache_groups == ()
 
 
+def test_a_request_that_fits_only_the_hybrid_groups_is_planned_with_them() -> None:
+    """131,072 tokens: 6 GiB with every layer full (8,192 blocks of 786,432 B) against the
+    4.8 GiB there are; the hybrid groups need 8,192 + 137 = 8,329 of their 13,097 blocks."""
+    longest = {"scheduler": {"max_request_tokens": 131072}}
+    assert plan_for(config(hybrid=True, **longest)).max_batch_size == 1
+    with pytest.raises(ConfigError, match="not enough for one request of 131072") as err:
+        plan_for(config(hybrid=False, **longest))
+    assert err.value.field == "replica.device"
+
+
 def test_the_default_is_vllms_choice_and_the_banner_says_it() -> None:
     plan = plan_for(config())
     assert plan.kv_cache_groups, "vLLM 0.33 runs its hybrid manager for gpt-oss"

@@ -23,7 +23,12 @@ from tokenyard.simulation.execution import (
     with_lora,
 )
 from tokenyard.simulation.execution import describe as describe_execution
-from tokenyard.simulation.hybrid_kv import group_specs, max_model_len_fitting, plan_hybrid
+from tokenyard.simulation.hybrid_kv import (
+    group_specs,
+    max_model_len_fitting,
+    plan_hybrid,
+    resolve_hybrid,
+)
 from tokenyard.simulation.kv_offload_config import KvOffloadConfig
 from tokenyard.simulation.lora_config import slot_bytes
 from tokenyard.simulation.planner import MemoryPlan, dtype_bytes, hybrid_kv_words, plan_memory
@@ -593,13 +598,11 @@ def plan_for(config: SimulationConfig) -> MemoryPlan:
     model = catalog.model(config.model_name(), field="replica.model")
     tp, pp = replica.tensor_parallel_size, replica.num_pipeline_stages
     lora = replica.lora
-    plan = plan_memory(
-        model,
-        catalog.device(replica.device, field="replica.device"),
+    max_request_tokens = replica.scheduler.request_limit(model.name, model.context_length)[0]
+    options: dict[str, Any] = dict(
         tensor_parallel_size=replica.tensor_parallel_size,
         num_pipeline_stages=replica.num_pipeline_stages,
         memory_margin_fraction=replica.memory_margin_fraction,
-        max_request_tokens=replica.scheduler.request_limit(model.name, model.context_length)[0],
         block_size=replica.scheduler.block_size,
         weight_dtype=replica.dtype,
         kv_cache_dtype=replica.kv_cache_dtype,
@@ -608,10 +611,21 @@ def plan_for(config: SimulationConfig) -> MemoryPlan:
         expert_parallel_size=replica.expert_parallel_size,
         max_num_seqs=state_seqs(config),
     )
+    device = catalog.device(replica.device, field="replica.device")
+    try:
+        plan = plan_memory(model, device, max_request_tokens=max_request_tokens, **options)
+    except ConfigError as exc:
+        # No room for one request with every layer full attention: the hybrid groups hold
+        # less per request, so they decide (plan_hybrid refuses if it does not fit either).
+        if exc.field != "replica.device":
+            raise
+        plan = plan_memory(model, device, max_request_tokens=1, **options)
+        if not resolve_hybrid(config, plan.groups)[0]:
+            raise
     return plan_hybrid(
         config,
         plan,
-        max_request_tokens=replica.scheduler.request_limit(model.name, model.context_length)[0],
+        max_request_tokens=max_request_tokens,
         block_size=replica.scheduler.block_size,
     )
 

@@ -355,6 +355,28 @@ def test_a_setting_without_a_flag_is_a_note_naming_its_key(
     assert any(key in line for line in launch_script(config, "vllm").splitlines() if line[0] == "#")
 
 
+@pytest.mark.parametrize(
+    ("document", "key"),
+    [
+        (
+            {"cluster": {"global_scheduler": {"policy": "prefix_affinity", "balance": 2.0}}},
+            "cluster.global_scheduler.balance",
+        ),
+        (
+            {"cluster": {"decode": {"num_replicas": 1}, "kv_transfer": {"network_gbps": 25.0}}},
+            "cluster.kv_transfer",
+        ),
+        ({"replica": {"scheduler": {"policy_plugin": "my.mod:Order"}}}, "policy_plugin"),
+    ],
+)
+def test_cluster_settings_without_a_flag_are_notes(document: dict[str, Any], key: str) -> None:
+    replica = {"model": "llama-3.1-70b", **document.get("replica", {})}
+    config = config_from_mapping({**document, "replica": replica})
+    for render in (vllm_commands, sglang_commands):
+        notes = [note for command in render(config) for note in command.notes]
+        assert any(key in note for note in notes), notes
+
+
 def test_settings_every_command_names() -> None:
     config = config_from_mapping({"replica": {"model": "llama-3.1-70b"}})
     (command,) = vllm_commands(config)

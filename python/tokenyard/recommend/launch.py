@@ -132,6 +132,28 @@ def _shared_notes(config: SimulationConfig) -> list[str]:
         "over the instances with a router of that policy (no server flag)",
         f"execution.model = {config.execution.model!r}: how the simulation priced batches",
     ]
+    router = c.global_scheduler
+    if router.balance is not None or router.options:
+        notes.append(
+            f"cluster.global_scheduler.balance / options ({router.balance}, "
+            f"{dict(router.options)}): the router's own settings"
+        )
+    if c.kv_transfer is not None:
+        notes.append(
+            "cluster.kv_transfer: the link figures the simulation assumed between the pools "
+            "(the cluster's network, not a flag)"
+        )
+    if r.scheduler.policy_plugin is not None:
+        notes.append(
+            f"replica.scheduler.policy_plugin = {r.scheduler.policy_plugin!r}: a simulated "
+            "ordering plugin; no engine flag runs it"
+        )
+    if r.lora is not None:
+        notes.append(
+            f"replica.lora (rank {r.lora.rank or r.lora.max_lora_rank}, lora_dtype "
+            f"{r.lora.lora_dtype!r}, links {r.lora.host_to_device_gbps} / {r.lora.disk_gbps} "
+            "GB/s): the adapters' and the host's own, not flags"
+        )
     if r.over_length != "error":
         notes.append(f"replica.over_length = {r.over_length!r}: no server flag")
     if r.kv_offload is not None:
@@ -294,6 +316,11 @@ def vllm_commands(config: SimulationConfig) -> list[LaunchCommand]:
         argv += ["--tensor-parallel-size", str(dtp), "--pipeline-parallel-size", str(dpp)]
         argv += ["--gpu-memory-utilization", _fraction(1 - margin)]
         dnotes = [_decode_router_note(decode.global_scheduler.policy)]
+        if decode.kv_offload is not None:
+            dnotes.append(
+                "cluster.decode.kv_offload: a host KV tier; configure the engine's offloading "
+                "connector by hand"
+            )
         sched = decode.scheduler.vllm_v1 if decode.scheduler is not None else r.scheduler.vllm_v1
         _vllm_scheduler(argv, dnotes, sched, "cluster.decode.scheduler.vllm_v1", 1)
         argv += ["--kv-transfer-config", _nixl("kv_consumer")]
@@ -477,6 +504,11 @@ def sglang_commands(config: SimulationConfig) -> list[LaunchCommand]:
         argv = [*base, "--tp-size", str(dtp), "--pp-size", str(dpp)]
         argv += ["--mem-fraction-static", _fraction(1 - margin)]
         dnotes = [_decode_router_note(decode.global_scheduler.policy)]
+        if decode.kv_offload is not None:
+            dnotes.append(
+                "cluster.decode.kv_offload: a host KV tier; configure the engine's offloading "
+                "connector by hand"
+            )
         sched = decode.scheduler if decode.scheduler is not None else r.scheduler
         _sglang_scheduler(argv, dnotes, config, sched, "cluster.decode.scheduler", 1)
         argv += ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "nixl"]

@@ -367,6 +367,7 @@ def _aic_summary(kind: str, pick: dict[str, Any] | None) -> dict[str, Any] | Non
         "concurrency": row.get("concurrency"),
         "bs": row.get("bs") or f"(p){row.get('(p)bs')} (d){row.get('(d)bs')}",
         "flags": pick["flags"],
+        "row": row,
     }
 
 

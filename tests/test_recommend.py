@@ -331,14 +331,17 @@ def test_length_distributions() -> None:
 
 
 def test_a_target_rate_sizes_the_replicas() -> None:
-    """40 requests/s where one TP1 replica carries about 12-13 (the estimate says 14): the
-    answer is the fewest GPUs whose capacity, less the margin, covers 40, verified at 40."""
+    """40 requests/s where one TP1 replica carries about 15: the estimate sizes TP1 x4, whose
+    simulated capacity (57 requests/s) shows 3 replicas would do (x3: 46.0, and 46.0 x 0.9
+    >= 40); the answer is the smallest size that fits, verified at 40."""
     result = recommend(_ask(gpus=None, rate=40.0), executor="serial")
     sim, verdict = result.best("agg")
-    assert sim.candidate.label == "TP1 x4"
+    assert sim.candidate.label == "TP1 x3"
     assert verdict.rate == 40.0
     assert sim.capacity * 0.9 >= 40.0
     assert rows(result)[0]["target_qps"] == 40.0
+    shapes = [s.candidate.shape for s, _ in result.points]
+    assert len(shapes) == len(set(shapes))  # one size per layout
 
 
 def test_a_concurrency_is_served_closed_loop() -> None:

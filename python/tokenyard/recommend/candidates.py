@@ -114,6 +114,14 @@ class Candidate:
         )
 
     @property
+    def shape(self) -> str:
+        """The layout without its replica counts: points of one shape differ in size only."""
+        spec = f" MTP{self.speculative['num_speculative_tokens']}" if self.speculative else ""
+        if self.decode is None:
+            return f"{self.layout.label}{spec} on {self.layout.device}"
+        return f"prefill {self.layout.label} + decode {self.decode.label} on {self.layout.device}"
+
+    @property
     def knobs(self) -> str:
         """The scheduler caps, in vLLM's words."""
         seqs = self.max_num_seqs if self.decode is None else self.decode_max_num_seqs

@@ -7,7 +7,8 @@ Three phases, each narrower and dearer than the one before:
    the simulator's own step predictor; seconds for hundreds of candidates.
 2. **Simulate** the best ``top_k`` of each kind (aggregated, disaggregated) on the load:
    capacity by bisection (``tokenyard.search``'s ``PointJob`` on its executors: a process
-   pool or Ray); with a target rate, pools that fall short are grown and searched again.
+   pool or Ray); with a target rate, pools are resized to it from the simulated capacity
+   and searched again (twice at most).
 3. **Verify** (``verify``) the best simulated points on the WHOLE load at ``(1 - margin) x``
    capacity (or at the target rate); only points that hold are recommended.
 
@@ -358,17 +359,21 @@ def _search(
     ]
 
 
-def _grow(sim: Simulated, target: float, margin: float) -> Candidate | None:
-    """The candidate with its pools grown to carry ``target`` at ``(1 - margin) x``
-    capacity; ``None`` if it carries it already (or never held any load)."""
+def _resize(sim: Simulated, target: float, margin: float) -> Candidate | None:
+    """The candidate with its pools scaled so ``(1 - margin) x`` capacity just covers
+    ``target``, capacity taken as proportional to the replicas (round-robin routing over
+    identical replicas): grown when short, shrunk when a smaller size would do. ``None``
+    when the size would not change or the point never held any load."""
     c, usable = sim.candidate, sim.capacity * (1.0 - margin)
-    if usable >= target or sim.capacity <= 0:
+    if sim.capacity <= 0:
         return None
     factor = target / usable
-    return c.with_replicas(
-        math.ceil(c.replicas * factor),
-        math.ceil(c.decode_replicas * factor) if c.decode is not None else 0,
+    resized = c.with_replicas(
+        max(1, math.ceil(c.replicas * factor)),
+        max(1, math.ceil(c.decode_replicas * factor)) if c.decode is not None else 0,
     )
+    same = (resized.replicas, resized.decode_replicas) == (c.replicas, c.decode_replicas)
+    return None if same else resized
 
 
 def _usable(sim: Simulated, ask: Ask) -> float:
@@ -442,15 +447,24 @@ def recommend(
     try:
         simulated = _search(survivors, ask, slo, kept)
         target = space.target
-        for round_ in (2, 3):  # a target the estimate missed: grow the pools, search again
+        tried = [{(s.candidate.replicas, s.candidate.decode_replicas)} for s in simulated]
+        for round_ in (2, 3):  # size the pools to the target from the simulated capacity
             if target is None:
                 break
-            grown = [(i, g) for i, s in enumerate(simulated) if (g := _grow(s, target, ask.margin))]
-            if not grown:
+            resized = [
+                (i, r)
+                for i, s in enumerate(simulated)
+                if (r := _resize(s, target, ask.margin))
+                and (r.replicas, r.decode_replicas) not in tried[i]
+            ]
+            if not resized:
                 break
-            again = _search([g for _, g in grown], ask, slo, kept, round_)
-            for (i, _), s in zip(grown, again, strict=True):
-                simulated[i] = s
+            again = _search([r for _, r in resized], ask, slo, kept, round_)
+            for (i, r), s in zip(resized, again, strict=True):
+                tried[i].add((r.replicas, r.decode_replicas))
+                fits = s.capacity * (1.0 - ask.margin) >= target
+                if fits or simulated[i].capacity * (1.0 - ask.margin) < target:
+                    simulated[i] = s  # a smaller size that fits, or the old one did not
         t_search = time.perf_counter()
         points, rejected = _verify(simulated, ask, slo, kept, osl)
     finally:
@@ -498,10 +512,10 @@ def _verify(
         )
         if target is not None:
             ranked = [s for s in ranked if s.capacity * (1.0 - ask.margin) >= target]
-        # One point per layout: its best cap/chunk variant (the others only repeat it).
+        # One point per layout: its best size and cap/chunk variant (the rest repeat it).
         firsts: dict[str, Simulated] = {}
         for s in ranked:
-            firsts.setdefault(s.candidate.label, s)
+            firsts.setdefault(s.candidate.shape, s)
         ranked = list(firsts.values())
         mine: list[tuple[Simulated, Verdict]] = []
         while ranked and len(mine) < ask.show:

@@ -241,7 +241,7 @@ def why_short(rec: Recommendation, sim: Simulated) -> str:
         return f"{broke} broke at every rate tried, down to {min(r.rates, default=0):.3g}"
     target = rec.ask.rate if rec.ask.rate is not None else rec.ask.concurrency
     return (
-        f"capacity {sim.capacity:.4g} after growing its pools {sim.rounds - 1}x ({broke} broke "
+        f"capacity {sim.capacity:.4g} after {sim.rounds - 1} resizing round(s) ({broke} broke "
         f"above it), under the target {target:g} / (1 - margin)"
     )
 

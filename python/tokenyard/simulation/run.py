@@ -569,7 +569,12 @@ def _layer_kind_notes(config: SimulationConfig, plan: MemoryPlan) -> list[str]:
 
 def _hybrid_setting_words(config: SimulationConfig) -> str:
     setting = config.replica.hybrid_kv_cache_manager
-    return "unset: vLLM 0.33's choice" if setting is None else str(setting).lower()
+    if setting is not None:
+        return str(setting).lower()
+    policy = config.replica.scheduler.policy
+    if policy != "vllm_v1":
+        return f"unset; KV groups are simulated on vllm_v1 replicas only, not {policy}"
+    return "unset: vLLM 0.33's choice"
 
 
 def _state_bound_words(config: SimulationConfig, seqs: int) -> str:

@@ -7,7 +7,6 @@ deterministic: no dates or software versions in their metadata, a fixed SVG id s
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -241,25 +240,20 @@ def _draw_series(
 ) -> None:
     """Each bin's value drawn flat over the bin (``stairs``): one line per run, per replica
     up to ``MAX_REPLICA_LINES``, else the replicas' median and their min-max band."""
+    # No bin is NaN: each series carries its last sample forward (``_carried``).
     stacked = np.vstack(per_replica) * scale
-    with warnings.catch_warnings():  # a time bin no replica sampled is NaN: a gap
-        warnings.simplefilter("ignore", RuntimeWarning)
-        if num_runs > 1:
-            line = np.nansum(stacked, axis=0) if combine == "sum" else np.nanmean(stacked, axis=0)
-            ax.stairs(line, edges, color=f"C{index}", lw=1.2, label=run.name)
-        elif len(per_replica) <= MAX_REPLICA_LINES:
-            for r, values in enumerate(stacked):
-                ax.stairs(values, edges, color=f"C{r % 10}", lw=0.9, label=f"replica {r}")
-        else:
-            low, high = np.nanmin(stacked, axis=0), np.nanmax(stacked, axis=0)
-            n = len(per_replica)
-            ax.stairs(
-                high, edges, baseline=low, fill=True, alpha=0.25, color="C0",
-                label=f"min-max of {n} replicas",
-            )  # fmt: skip
-            ax.stairs(
-                np.nanmedian(stacked, axis=0), edges, color="C0", lw=1.2, label="replica median"
-            )
+    if num_runs > 1:
+        line = stacked.sum(axis=0) if combine == "sum" else stacked.mean(axis=0)
+        ax.stairs(line, edges, color=f"C{index}", lw=1.2, label=run.name)
+    elif len(per_replica) <= MAX_REPLICA_LINES:
+        for r, values in enumerate(stacked):
+            ax.stairs(values, edges, color=f"C{r % 10}", lw=0.9, label=f"replica {r}")
+    else:
+        ax.stairs(
+            stacked.max(axis=0), edges, baseline=stacked.min(axis=0), fill=True, alpha=0.25,
+            color="C0", label=f"min-max of {len(per_replica)} replicas",
+        )  # fmt: skip
+        ax.stairs(np.median(stacked, axis=0), edges, color="C0", lw=1.2, label="replica median")
 
 
 def replica_fill(run: Run) -> tuple[np.ndarray, np.ndarray]:
@@ -291,9 +285,7 @@ def replica_load(runs: Sequence[Run], stem: Path, formats: Sequence[str]) -> lis
         x = replicas + (i - (len(runs) - 1) / 2) * width
         for ax, values in zip(axes, (served, busy, fill, kv), strict=True):
             ax.bar(x, values, width=width, color=f"C{i}", label=run.name)
-    fill_title = _cap_words(runs).replace("batch fill", "mean batch fill")
-    if fill_title.startswith("batch size"):
-        fill_title = "mean batch size (requests)"
+    fill_title = "mean " + _cap_words(runs)
     titles = ("requests served", "a batch running (% of the run)", fill_title, "mean KV use (%)")
     for ax, title in zip(axes, titles, strict=True):
         ax.set_title(title)

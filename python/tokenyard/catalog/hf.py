@@ -557,6 +557,7 @@ def _hybrid_fields(cfg: dict[str, Any], family: _Family) -> dict[str, Any]:
             out.update(
                 num_shared_experts=1,
                 shared_expert_intermediate_size=_count(cfg, "shared_expert_intermediate_size"),
+                shared_expert_gate=True,  # vLLM 0.33 qwen3_next.py: shared_expert_gate
             )
     if model_type in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
         out["num_mtp_layers"] = _zero_or_count(cfg, "mtp_num_hidden_layers")
@@ -566,6 +567,8 @@ def _hybrid_fields(cfg: dict[str, Any], family: _Family) -> dict[str, Any]:
     if model_type == "gemma4":
         # vLLM 0.33's gemma4.py builds its MLP and experts without sequence parallelism.
         out["sequence_parallel_shared_experts"] = False
+        # ... and runs the dense MLP before the experts on the main stream, not overlapped.
+        out["shared_experts_overlap"] = False
         if cfg.get("num_global_key_value_heads") is not None:
             out["global_num_kv_heads"] = _count(cfg, "num_global_key_value_heads")
         if cfg.get("global_head_dim") is not None:

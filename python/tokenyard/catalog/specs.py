@@ -206,6 +206,15 @@ class ModelSpec:
     #: ``disable_tp=is_sequence_parallel``. False: split by TP there too (Gemma 4's dense
     #: MLP beside its experts, which vLLM builds without sequence parallelism).
     sequence_parallel_shared_experts: bool = True
+    #: The shared experts are handed to vLLM 0.33's ``FusedMoE`` (``shared_experts=``),
+    #: which runs them on an auxiliary stream beside the routed path; False: a dense MLP
+    #: the layer runs on the main stream before its experts, added in full (Gemma 4's
+    #: ``self.mlp`` in ``Gemma4DecoderLayer.forward``; the model sets no shared experts).
+    shared_experts_overlap: bool = True
+    #: The shared expert's output is scaled by ``sigmoid(x W)``, ``W`` a 16-bit ``h x 1``
+    #: ``ReplicatedLinear`` (Qwen2-MoE, Qwen3-Next and Qwen3.5's ``shared_expert_gate``,
+    #: vLLM's ``Qwen2MoeMLP.expert_gate``).
+    shared_expert_gate: bool = False
     #: SwiGLU (gate, up, down) FFNs; false: an MLP of up and down only (Nemotron-H's relu2).
     gated_ffn: bool = True
     #: A vision-language model's vision tower (its ``vision_config``; Qwen2.5-VL, Qwen3-VL),

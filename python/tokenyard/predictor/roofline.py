@@ -643,11 +643,49 @@ def _mlp(b: _Builder, model: ModelSpec, s: _Sizes, tp: int, e: _Experts, sp: int
             if model.num_shared_experts:
                 i = model.shared_intermediate // (tp // sp)
                 _dense_mlp(b, s, i, "shared_", model.gated_ffn, rows=1.0 / sp)
+                _shared_gate_and_merge(b, model, s, tp, sp)
         if kind.count != model.num_layers:
             share = kind.count / model.num_layers
             b.ops[start:] = [
                 dataclasses.replace(op, count=op.count * share) for op in b.ops[start:]
             ]
+
+
+def _shared_gate_and_merge(b: _Builder, model: ModelSpec, s: _Sizes, tp: int, sp: int) -> None:
+    """What vLLM 0.33 runs around the shared experts it hands to ``FusedMoE`` besides
+    their MLP, on the rows each GPU holds (``1/sp`` of the tokens under sequence-parallel
+    MoE):
+
+    - ``shared_expert_gate`` (``ModelSpec.shared_expert_gate``: Qwen3-Next, Qwen3.5): the
+      16-bit ``h -> 1`` ``ReplicatedLinear`` (whole on every GPU) and
+      ``shared_gate_mul``, ``sigmoid(gate) * out`` (``Qwen2MoeMLP.forward``: reads and
+      writes ``h`` values). They run inside the opaque ``moe_forward_shared`` custom op
+      (``fused_moe/runner/moe_runner.py``), so eagerly, in the shared branch.
+    - ``shared_merge``, at TP > 1: ``shared_output + fused_output`` in
+      ``MoERunner.forward``, outside that op, in the compiled graph, written out before
+      the layer's all-reduce (reads ``2h`` values, writes ``h``). At TP 1 it feeds the
+      next residual add and norm, with which the compiled graph fuses it (tokenyard
+      counts the residual adds inside the norms); Gemma 4 adds its dense MLP's and
+      experts' outputs in the graph between its norms (``shared_experts_overlap``
+      false), likewise not a kernel of its own.
+
+    The element-wise kernels are memory-bound (the calibrated bandwidth and launch
+    latency where calibrated), as aiconfigurator's ``ElementWise`` ops price them
+    (``sdk/models/qwen35.py``: ``shared_expert_gate_mul``, ``shared_merge``)."""
+    rows = 1.0 / sp
+    if model.shared_expert_gate:
+        _gemm(b, "shared_expert_gate", s.h, 1, s, layer_linear=False, rows=rows)
+        b.add(
+            "shared_gate_mul",
+            flops={"num_tokens": 2.0 * s.h * rows},
+            bytes={"num_tokens": 2.0 * s.h * s.a * rows},
+        )
+    if tp > 1 and model.shared_experts_overlap:
+        b.add(
+            "shared_merge",
+            flops={"num_tokens": float(s.h) * rows},
+            bytes={"num_tokens": 3.0 * s.h * s.a * rows},
+        )
 
 
 def _mla_attention(b: _Builder, model: ModelSpec, s: _Sizes) -> None:

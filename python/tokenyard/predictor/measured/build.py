@@ -48,7 +48,7 @@ from tokenyard.catalog import DeviceSpec, ModelSpec
 from tokenyard.catalog.quant import Quantization
 from tokenyard.predictor import grids
 from tokenyard.predictor.calibration import Calibration, builtin_calibration, fit_calibration
-from tokenyard.predictor.compiled import CompiledOp, CompiledPredictor, TableCost
+from tokenyard.predictor.compiled import FEATURES, CompiledOp, CompiledPredictor, Cost, TableCost
 from tokenyard.predictor.measured import lookup
 from tokenyard.predictor.measured.attention import attention_ops
 from tokenyard.predictor.measured.data import MeasuredSource
@@ -64,7 +64,12 @@ from tokenyard.predictor.measured.lookup import (
     shapes,
 )
 from tokenyard.predictor.measured.mla import MLA_MODULE_OPS, mla_ops, projections_unquantized
-from tokenyard.predictor.measured.moe import a2a_ops, moe_op, overlap_shared_experts
+from tokenyard.predictor.measured.moe import (
+    SHARED_BRANCH_OPS,
+    a2a_ops,
+    moe_op,
+    overlap_shared_experts,
+)
 from tokenyard.predictor.measured.ops import CollectiveTimes, NotMeasured
 from tokenyard.predictor.roofline import CpuOverheads, roofline_predictor
 
@@ -86,9 +91,12 @@ def _measured_ops(
     ep: int = 1,
     dp: int = 1,
     device: DeviceSpec | None = None,
+    branch: dict[str, Cost] | None = None,
 ) -> tuple[dict[str, Entry], dict[str, str]]:
     """Operation name -> (table, source label, reason it is absent); ``None`` tables keep
-    the roofline. Also which kernel family priced what (``gemm``, ``moe``, ``lm_head``)."""
+    the roofline. Also which kernel family priced what (``gemm``, ``moe``, ``lm_head``).
+    ``branch``: the roofline's costs of the shared branch's unmeasured kernels
+    (``moe.SHARED_BRANCH_OPS``), hidden with the shared GEMMs where vLLM overlaps them."""
     gemm, edge, moe_dtype, kernels = pick_gemms(source, model, weight_dtype, quantization)
     label = f"measured:gemm ({source.folders['gemm'].name})"
     out: dict[str, Entry] = {
@@ -158,11 +166,23 @@ def _measured_ops(
     if dp > 1 and model.num_moe_layers:
         a2a, kernels["a2a"] = a2a_ops(source, model, tp, ep, device)
         out.update(a2a)
-    if model.num_shared_experts:
+    if model.num_shared_experts and model.shared_experts_overlap:
+        for op, cost in (branch or {}).items():  # the calibrated gate, hidden with its branch
+            out[op] = (_tabulated(cost), "calibrated", "")
         overlap = overlap_shared_experts(out)
         if overlap:
             kernels["shared"] = overlap
+    elif model.num_shared_experts:  # Gemma 4's dense MLP: before the experts, in full
+        kernels["shared"] = "dense MLP before the experts (not overlapped)"
     return out, kernels
+
+
+def _tabulated(cost: Cost) -> TableCost:
+    """A one-feature (``num_tokens``) cost as a table on the token grid."""
+    if isinstance(cost, TableCost):
+        return cost
+    base = dict.fromkeys(FEATURES, 0.0) | {"one": 1.0}
+    return grids.token_table("num_tokens", lambda t: cost.time(base | {"num_tokens": t}), 2.0**17)
 
 
 def _all_reduce_op(source: MeasuredSource, s: Shapes, tp: int) -> Entry:
@@ -282,6 +302,7 @@ def measured_predictor(
         expert_parallel_size,
         data_parallel_size,
         device,
+        {op.name: op.cost for op in base.ops if op.name in SHARED_BRANCH_OPS},
     )
     ops: list[CompiledOp] = []
     notes: dict[str, str] = {}

@@ -196,6 +196,10 @@ SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD = 256
 #: The routed path's operations and the shared experts' measured GEMMs.
 ROUTED_OPS = ("router", "moe_experts")
 SHARED_OPS = ("shared_gate_up_proj", "shared_down_proj")
+#: The shared branch's other kernels where the model has them, the calibrated roofline's
+#: (``roofline._shared_gate_and_merge``): Qwen's sigmoid gate, inside the branch, so
+#: hidden with it. The merge after the join (``shared_merge``) is never hidden.
+SHARED_BRANCH_OPS = ("shared_expert_gate", "shared_gate_mul")
 
 
 def overlap_shared_experts(out: dict[str, Entry]) -> str:
@@ -216,6 +220,9 @@ def overlap_shared_experts(out: dict[str, Entry]) -> str:
     tables = [t for op in SHARED_OPS if op in out and (t := out[op][0]) is not None]
     if len(tables) < len(SHARED_OPS) or "moe_experts" not in out or out["moe_experts"][0] is None:
         return ""
+    branch = [op for op in SHARED_BRANCH_OPS if op in out and out[op][0] is not None]
+    names = (*SHARED_OPS, *branch)
+    tables += [t for op in branch if (t := out[op][0]) is not None]
     if "moe_combine" in out:
         combine = out["moe_combine"][0]
         if combine is None:
@@ -240,7 +247,7 @@ def overlap_shared_experts(out: dict[str, Entry]) -> str:
         r = sum(at(t, tokens) for t in beside)
         return max(0.0, s - r) / s if s > 0 else 1.0
 
-    for op, table in zip(SHARED_OPS, tables, strict=True):
+    for op, table in zip(names, tables, strict=True):
         values = tuple(at(table, x) * factor(x) for x in xs)
         label = out[op][1]
         out[op] = (TableCost(x="num_tokens", xs=tuple(xs), values=values), label, "")

@@ -1,0 +1,142 @@
+"""What runs around a MoE layer's shared experts, as vLLM 0.33 runs it (issue 29): Gemma 4's
+dense MLP is not overlapped with the experts, Qwen's sigmoid shared-expert gate is
+priced, and so is the merge of the shared and routed outputs before the TP all-reduce.
+Found by benches/fidelity_hybrid.py; the catalog and roofline parts need nothing, the
+measured ones skip without aiconfigurator-core."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from model_configs import require_bundled
+from step_shapes import decodes
+
+from tokenyard import catalog
+from tokenyard.catalog.quant import resolve_quantization
+from tokenyard.predictor.compiled import RooflineCost
+from tokenyard.predictor.measured.build import measured_predictor
+from tokenyard.predictor.measured.data import SYSTEM_OF_DEVICE, package_root, resolve_source
+from tokenyard.predictor.roofline import roofline_predictor
+
+GEMMA = "google/gemma-4-26B-A4B"
+QWEN35 = "Qwen/Qwen3.5-35B-A3B"
+
+
+def _measured(model: catalog.ModelSpec, device: str, tp: int) -> Any:
+    root = package_root()
+    if root is None:
+        pytest.skip("aiconfigurator-core's tables are not installed")
+    quant = resolve_quantization(model.quantization, "auto", "auto")
+    return measured_predictor(
+        model,
+        catalog.device(device),
+        resolve_source(root, SYSTEM_OF_DEVICE[device], "vllm", "latest"),
+        tensor_parallel_size=tp,
+        weight_dtype="auto",
+        kv_cache_dtype="bf16",
+        weight_bytes=quant.bytes_per_weight if quant else 2.0,
+        quantization=quant,
+    )
+
+
+def _shared(predictor: Any, batch: int) -> float:
+    ops = predictor.op_times(decodes(batch, 1023))
+    return float(ops["shared_gate_up_proj"] + ops["shared_down_proj"])
+
+
+# ---- Gemma 4: a dense MLP on the main stream, before the experts --------------------------
+
+
+def test_gemma4_reads_its_dense_mlp_as_not_overlapped() -> None:
+    """vLLM 0.33's Gemma4DecoderLayer.forward runs ``self.mlp`` then ``self.experts``; the
+    model sets no shared experts (``num_shared_experts = 0``)."""
+    require_bundled(GEMMA)
+    spec = catalog.model(GEMMA)
+    assert spec.num_shared_experts == 1
+    assert not spec.shared_experts_overlap
+    assert not spec.shared_expert_gate
+
+
+def test_gemma4_dense_mlp_costs_in_full_at_8_decodes() -> None:
+    """At 8 decodes on an H100 the MLP's GEMMs keep their whole time (before the fix
+    they kept only what outlasted the router and experts, as if on vLLM's auxiliary
+    stream): the same as the flag set to overlap would give above 256 tokens, and more
+    than it gives at 8."""
+    require_bundled(GEMMA)
+    spec = catalog.model(GEMMA)
+    alone = _measured(spec, "h100-sxm", 1)
+    assert "dense MLP before the experts (not overlapped)" in alone.description["kernels"]
+    overlapped = _measured(dataclasses.replace(spec, shared_experts_overlap=True), "h100-sxm", 1)
+    assert _shared(alone, 8) > 1.5 * _shared(overlapped, 8)
+    assert _shared(alone, 512) == pytest.approx(_shared(overlapped, 512), rel=1e-9)
+
+
+# ---- Qwen3.5 / Qwen3-Next: the sigmoid gate and the merge ------------------------------------
+
+
+def test_qwen35_reads_the_shared_expert_gate() -> None:
+    require_bundled(QWEN35)
+    spec = catalog.model(QWEN35)
+    assert spec.shared_expert_gate
+    assert spec.shared_experts_overlap
+
+
+def _roofline_ops(spec: catalog.ModelSpec, tp: int) -> dict[str, Any]:
+    predictor = roofline_predictor(spec, catalog.device("h200"), tensor_parallel_size=tp)
+    return {op.name: op for op in predictor.ops}
+
+
+def test_the_gate_and_merge_bytes_are_hand_checkable() -> None:
+    """Qwen3.5-35B-A3B (h = 2048, bf16 activations), TP 2: the gate multiply reads and
+    writes h values a token (8,192 bytes), the merge reads 2h and writes h (12,288 bytes),
+    the gate a [T, 2048] x [2048, 1] GEMM (4,096 weight bytes). At TP 1 the merge is
+    fused into the next norm by the compiled graph: not an op of its own."""
+    require_bundled(QWEN35)
+    spec = catalog.model(QWEN35)
+    assert spec.hidden_size == 2048
+    ops = _roofline_ops(spec, 2)
+    mul, merge, gate = (
+        ops["shared_gate_mul"].cost,
+        ops["shared_merge"].cost,
+        ops["shared_expert_gate"].cost,
+    )
+    assert isinstance(mul, RooflineCost)
+    assert isinstance(merge, RooflineCost)
+    assert mul.bytes["num_tokens"] == 8192.0
+    assert merge.bytes["num_tokens"] == 12288.0
+    assert isinstance(gate, RooflineCost)
+    assert gate.bytes == {"one": 4096.0, "num_tokens": 2049 * 2.0}
+    assert "shared_merge" not in _roofline_ops(spec, 1)
+    assert "shared_expert_gate" in _roofline_ops(spec, 1)
+
+
+def test_models_without_the_gate_price_no_gate() -> None:
+    require_bundled("deepseek-ai/DeepSeek-V3")
+    ops = _roofline_ops(catalog.model("deepseek-ai/DeepSeek-V3"), 8)
+    assert "shared_expert_gate" not in ops
+    assert "shared_gate_mul" not in ops
+    assert "shared_merge" in ops
+
+
+def test_qwen35_gate_hides_with_its_branch_and_costs_in_full_above_256_tokens() -> None:
+    """Measured, H200 TP 2: the gate runs inside the shared branch, so at 8 decodes it
+    keeps the same share of its time as the shared GEMMs (against the same model with
+    the branch not overlapped); at 2,048 tokens the gate, multiply and merge add 5 to 30
+    us a layer (aiconfigurator's ElementWise and below-grid GEMM: 0.56 ms over 40
+    layers, 14 us)."""
+    require_bundled(QWEN35)
+    spec = catalog.model(QWEN35)
+    predictor = _measured(spec, "h200", 2)
+    whole = _measured(dataclasses.replace(spec, shared_experts_overlap=False), "h200", 2)
+    sources = {op.name: op.source for op in predictor.ops}
+    assert sources["shared_expert_gate"] == sources["shared_gate_mul"] == "calibrated"
+    big = predictor.op_times(decodes(2048, 1023))
+    extra_us = sum(big[op] for op in ("shared_expert_gate", "shared_gate_mul", "shared_merge"))
+    assert 5.0 <= extra_us / spec.num_layers * 1e6 <= 30.0
+    small, small_whole = predictor.op_times(decodes(8, 1023)), whole.op_times(decodes(8, 1023))
+    share = small["shared_gate_up_proj"] / small_whole["shared_gate_up_proj"]
+    assert share < 0.9
+    for op in ("shared_expert_gate", "shared_gate_mul", "shared_down_proj"):
+        assert small[op] / small_whole[op] == pytest.approx(share, rel=1e-6)

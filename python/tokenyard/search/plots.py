@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from tokenyard._output import staged_output
 from tokenyard.errors import ConfigError
+from tokenyard.search.tables import frontier_rows, pareto_metric
 
 if TYPE_CHECKING:
     from tokenyard.search.tables import SearchResult
@@ -59,8 +60,6 @@ def plot_capacity(result: SearchResult, path: str | Path) -> Path:
 
 def plot_pareto(result: SearchResult, path: str | Path) -> Path:
     """Cost against the Pareto metric at capacity, every usable row, the front joined."""
-    from tokenyard.search.tables import pareto_metric
-
     plt = _pyplot()
     config = result.config.search
     axis = "cost_per_hour" if config.target_qps is not None else "cost_per_qps"
@@ -96,8 +95,6 @@ def plot_frontier(result: SearchResult, path: str | Path) -> Path:
     one point per evaluated deployment at its found capacity (``tables.frontier_rows``;
     never a bisection probe), each kind's frontier joined, its points labelled. Several SLO
     sets: one panel each."""
-    from tokenyard.search.tables import frontier_rows
-
     plt = _pyplot()
     slos = [s.name for s in result.config.slos]
     fig, axes = plt.subplots(1, len(slos), figsize=(7 * len(slos), 5), squeeze=False)

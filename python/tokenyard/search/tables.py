@@ -17,7 +17,7 @@ from tokenyard.search.config import GUARD_KEY
 from tokenyard.search.results import Point, PointRecord
 
 if TYPE_CHECKING:
-    from tokenyard.search.config import SearchConfig
+    from tokenyard.search.config import SLO, SearchConfig
 
 __all__ = [
     "SearchResult",
@@ -206,14 +206,12 @@ def assemble(
             values = cap["metrics"] if cap else {}
             row.update({m: values.get(m) for m in metrics})
             row.update(_tokens(values, point.layout["num_gpus"]))
-            guard = slo.bounds.get(GUARD_KEY)
+            guard = _guard(config, slo)
             # The guard alone stopped it: the user's SLOs still held where it broke.
             row["guard_binding"] = bool(
-                cap
-                and list(cap["binding"]) == [GUARD_KEY]
-                and GUARD_KEY not in _user_bounds(config, slo.name)
+                cap and guard is not None and list(cap["binding"]) == [GUARD_KEY]
             )
-            row["guard_s"] = None if GUARD_KEY in _user_bounds(config, slo.name) else guard
+            row["guard_s"] = guard
             breaks = record["breaks"].get(slo.name, {})
             for k in break_keys:
                 row[f"{k}_break_qps"] = breaks.get(k, {}).get("break_qps")
@@ -241,6 +239,12 @@ def assemble(
 def _user_bounds(config: SearchConfig, name: str) -> Mapping[str, float]:
     """The SLO set ``name`` as the user gave it (without the saturation guard)."""
     return next(s.bounds for s in config.slos if s.name == name)
+
+
+def _guard(config: SearchConfig, slo: SLO) -> float | None:
+    """The saturation guard's bound in the effective set ``slo``, or ``None`` where it does
+    not apply or the user bounds ``scheduling_delay_p99_s`` themselves."""
+    return None if GUARD_KEY in _user_bounds(config, slo.name) else slo.bounds.get(GUARD_KEY)
 
 
 def _tokens(metrics: Mapping[str, float], num_gpus: int) -> dict[str, float | None]:
@@ -389,7 +393,7 @@ def format_summary(result: SearchResult, *, top: int = 20) -> str:
     for slo in config.effective_slos():
         user = _user_bounds(config, slo.name)
         bounds = ", ".join(f"{k} <= {v:g}" for k, v in user.items())
-        guard = slo.bounds.get(GUARD_KEY) if GUARD_KEY not in user else None
+        guard = _guard(config, slo)
         if guard is not None:
             bounds += (
                 f"; saturation guard {GUARD_KEY} <= {guard:g} (search.max_scheduling_delay_p99_s)"

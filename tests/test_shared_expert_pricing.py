@@ -1,6 +1,8 @@
 """What runs around a MoE layer's shared experts, as vLLM 0.33 runs it (issue 29): Gemma 4's
 dense MLP is not overlapped with the experts, Qwen's sigmoid shared-expert gate is
-priced, and so is the merge of the shared and routed outputs before the TP all-reduce.
+priced, and so is the merge of the shared and routed outputs before the TP all-reduce;
+the linears a ModelOpt checkpoint keeps 16-bit (attention, shared experts, GDN) take the
+16-bit GEMM rows.
 Found by benches/fidelity_hybrid.py; the catalog and roofline parts need nothing, the
 measured ones skip without aiconfigurator-core."""
 
@@ -14,14 +16,17 @@ from model_configs import require_bundled
 from step_shapes import decodes
 
 from tokenyard import catalog
-from tokenyard.catalog.quant import resolve_quantization
+from tokenyard.catalog.quant import Quantization, resolve_quantization, scheme
 from tokenyard.predictor.compiled import RooflineCost
 from tokenyard.predictor.measured.build import measured_predictor
 from tokenyard.predictor.measured.data import SYSTEM_OF_DEVICE, package_root, resolve_source
+from tokenyard.predictor.measured.gemm import KEPT_MODULES, modules_unquantized
 from tokenyard.predictor.roofline import roofline_predictor
 
 GEMMA = "google/gemma-4-26B-A4B"
 QWEN35 = "Qwen/Qwen3.5-35B-A3B"
+QWEN35_NVFP4 = "nvidia/Qwen3.5-122B-A10B-NVFP4"
+MINIMAX = "nvidia/MiniMax-M2.7-NVFP4"
 
 
 def _measured(model: catalog.ModelSpec, device: str, tp: int) -> Any:
@@ -140,3 +145,67 @@ def test_qwen35_gate_hides_with_its_branch_and_costs_in_full_above_256_tokens() 
     assert share < 0.9
     for op in ("shared_expert_gate", "shared_gate_mul", "shared_down_proj"):
         assert small[op] / small_whole[op] == pytest.approx(share, rel=1e-6)
+
+
+# ---- linears a ModelOpt checkpoint keeps 16-bit (exclude_modules) -------------------------
+
+
+def _nvfp4(*kept: str) -> Quantization:
+    return dataclasses.replace(scheme("nvfp4"), unquantized_modules=kept)
+
+
+def test_which_exclude_lists_keep_attention_shared_experts_and_gdn_16_bit() -> None:
+    """Qwen3.5-122B-A10B (48 layers: 36 GDN, 12 full attention, every one MoE with a shared
+    expert) under the exclude patterns its NVFP4 release and others use."""
+    require_bundled(QWEN35_NVFP4)
+    spec = catalog.model(QWEN35_NVFP4)
+    gqa = [i for i, m in enumerate(spec.mixers()) if m == "gqa"]
+    gdn = [i for i, m in enumerate(spec.mixers()) if m == "gdn"]
+    assert (len(gqa), len(gdn), spec.num_moe_layers) == (12, 36, 48)
+    prefix = "model.language_model.layers"
+    release = _nvfp4(
+        *(f"{prefix}.{i}.self_attn*" for i in gqa),
+        *(f"{prefix}.{i}.linear_attn*" for i in gdn),
+        *(f"{prefix}.{i}.mlp.shared_expert*" for i in range(48)),
+    )
+    assert [m for m in KEPT_MODULES if modules_unquantized(release, spec, m)] == [
+        "attention",
+        "shared_experts",
+        "linear_attention",
+    ]
+    # A global pattern (no layer number) covers every layer; Kimi's plural name too.
+    assert modules_unquantized(_nvfp4("*.mlp.shared_expert.*"), spec, "shared_experts")
+    # Half the attention layers is enough, fewer is not; the LM head alone keeps nothing.
+    half = _nvfp4(*(f"{prefix}.{i}.self_attn*" for i in gqa[:6]))
+    assert modules_unquantized(half, spec, "attention")
+    assert not modules_unquantized(_nvfp4(*half.unquantized_modules[:5]), spec, "attention")
+    assert not modules_unquantized(_nvfp4("lm_head"), spec, "attention")
+    assert not modules_unquantized(None, spec, "attention")
+    # Only the o_proj excluded: the qkv projection is still NVFP4, so not kept.
+    only_o = _nvfp4(*(f"{prefix}.{i}.self_attn.o_proj" for i in gqa))
+    assert not modules_unquantized(only_o, spec, "attention")
+
+
+def test_minimax_m2_7_nvfp4_prices_its_16_bit_attention_at_the_bf16_rows() -> None:
+    """nvidia/MiniMax-M2.7-NVFP4 excludes ``self_attn*`` of every layer (vLLM builds qkv
+    and o unquantized): B200 TP 4, the projections at the bfloat16 GEMM rows, the experts
+    NVFP4. Before the fix they took the nvfp4 rows (0.57 against 0.39 ms over 62 layers
+    at 64 decodes) and the banner did not say."""
+    require_bundled(MINIMAX)
+    spec = catalog.model(MINIMAX)
+    predictor = _measured(spec, "b200", 4)
+    kernels = predictor.description["kernels"]
+    assert "(attention 16-bit in the checkpoint, bfloat16 rows)" in kernels
+    assert "MoE nvfp4" in kernels
+    plain = dataclasses.replace(
+        spec, quantization=dataclasses.replace(spec.quantization, unquantized_modules=())
+    )
+    nvfp4 = _measured(plain, "b200", 4)
+    bf16 = _measured(dataclasses.replace(spec, quantization=None), "b200", 4)
+    at = decodes(64, 1023)
+    for op in ("qkv_proj", "o_proj"):
+        assert predictor.op_times(at)[op] == pytest.approx(bf16.op_times(at)[op], rel=1e-9)
+        assert predictor.op_times(at)[op] != pytest.approx(nvfp4.op_times(at)[op], rel=1e-3)
+    assert predictor.op_times(at)["moe_experts"] == pytest.approx(
+        nvfp4.op_times(at)["moe_experts"], rel=1e-9
+    )

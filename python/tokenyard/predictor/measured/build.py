@@ -52,7 +52,7 @@ from tokenyard.predictor.compiled import FEATURES, CompiledOp, CompiledPredictor
 from tokenyard.predictor.measured import lookup
 from tokenyard.predictor.measured.attention import attention_ops
 from tokenyard.predictor.measured.data import MeasuredSource
-from tokenyard.predictor.measured.gemm import pick_gemms
+from tokenyard.predictor.measured.gemm import KEPT_MODULES, modules_unquantized, pick_gemms
 from tokenyard.predictor.measured.linear import linear_ops
 from tokenyard.predictor.measured.lookup import (
     TABLE_DTYPES,
@@ -102,7 +102,15 @@ def _measured_ops(
     out: dict[str, Entry] = {
         "lm_head": (gemm_table(edge, s.vocab, s.h, "num_requests"), label, ""),
     }
+    # What the checkpoint keeps 16-bit (ModelOpt exclude_modules), priced at the 16-bit
+    # rows as vLLM builds those linears unquantized (gemm.modules_unquantized).
+    kept16 = [m for m in KEPT_MODULES if modules_unquantized(quantization, model, m)]
+    if kept16 and edge is not gemm:
+        kernels["kept"] = f"{', '.join(m.replace('_', ' ') for m in kept16)} 16-bit"
+    else:
+        kept16 = []
     if model.mla is None:
+        attention_gemm = edge if "attention" in kept16 else gemm
         for mixer in dict.fromkeys(model.mixers()):
             if mixer not in ("gqa", "sliding", "chunked"):
                 continue
@@ -111,9 +119,9 @@ def _measured_ops(
             m = dataclasses.replace(s, kv_heads=math.ceil(kv_heads / tp), head_dim=head_dim)
             gate = m.q if model.attention_output_gate else 0
             kv_proj = m.kv if mixer == "gqa" and model.attention_k_eq_v else 2 * m.kv
-            qkv = gemm_table(gemm, m.q + gate + kv_proj, m.h, "num_tokens")
+            qkv = gemm_table(attention_gemm, m.q + gate + kv_proj, m.h, "num_tokens")
             out[f"{prefix}qkv_proj"] = (qkv, label, "")
-            o_proj = gemm_table(gemm, m.h, m.q, "num_tokens", quantized_input=True)
+            o_proj = gemm_table(attention_gemm, m.h, m.q, "num_tokens", quantized_input=True)
             out[f"{prefix}o_proj"] = (o_proj, label, "")
             window = model.window_of(mixer)
             ops = attention_ops(source, m, kv_dtype, window, mixer == "chunked")
@@ -151,8 +159,9 @@ def _measured_ops(
             # (ModelSpec.sequence_parallel_shared_experts).
             sp = tp if ep > 1 and dp > 1 and model.sequence_parallel_shared_experts else 1
             i = model.shared_intermediate // (tp // sp)
-            up = gemm_table(gemm, (2 if model.gated_ffn else 1) * i, s.h, "num_tokens")
-            down = gemm_table(gemm, s.h, i, "num_tokens", quantized_input=True)
+            shared = edge if "shared_experts" in kept16 else gemm
+            up = gemm_table(shared, (2 if model.gated_ffn else 1) * i, s.h, "num_tokens")
+            down = gemm_table(shared, s.h, i, "num_tokens", quantized_input=True)
             for op, table in (("shared_gate_up_proj", up), ("shared_down_proj", down)):
                 xs = tuple(x * sp for x in table.xs)  # the layer's tokens, 1/sp per GPU
                 out[op] = (dataclasses.replace(table, xs=xs), label, "")
@@ -161,7 +170,8 @@ def _measured_ops(
     if tp > 1:
         out["all_reduce"] = out["embedding_all_reduce"] = _all_reduce_op(source, s, tp)
     if model.linear is not None:
-        linear, kernels[model.linear.kind] = linear_ops(source, model, tp, gemm, label)
+        linear_gemm = edge if "linear_attention" in kept16 else gemm
+        linear, kernels[model.linear.kind] = linear_ops(source, model, tp, linear_gemm, label)
         out.update(linear)
     if dp > 1 and model.num_moe_layers:
         a2a, kernels["a2a"] = a2a_ops(source, model, tp, ep, device)
@@ -232,6 +242,8 @@ def _kernels_text(kernels: dict[str, str], quantization: Quantization | None) ->
             text += f", {mixer} attention {kernels[f'{mixer}_attention']}"
     if quantization is not None:
         text += f"; {quantization.scheme} from {quantization.source}"
+        if "kept" in kernels:
+            text += f" ({kernels['kept']} in the checkpoint, {kernels['lm_head']} rows)"
         if "gemm_note" in kernels:
             text += f"; {kernels['gemm_note']}"
     elif kernels["gemm"] == "fp8":

@@ -50,6 +50,14 @@ pub struct GroupedComputedBlocks {
     block_hashes: Vec<BlockHash>,
 }
 
+impl GroupedComputedBlocks {
+    /// The hashes this lookup computed, for the request's next lookup
+    /// ([`KvCoordinator::get_computed_blocks_from`]).
+    pub(crate) fn into_block_hashes(self) -> Vec<BlockHash> {
+        self.block_hashes
+    }
+}
+
 #[derive(Debug, Clone)]
 struct CoordinatedRequest {
     /// Token ids, hashes and computed count (its `block_ids` stay empty).
@@ -194,6 +202,18 @@ impl<R: RequestKey> KvCoordinator<R> {
         token_ids: &[TokenId],
         extra_key: Option<u64>,
     ) -> GroupedComputedBlocks {
+        self.get_computed_blocks_from(token_ids, extra_key, Vec::new())
+    }
+
+    /// [`Self::get_computed_blocks`], given `known`: the hashes of the first full blocks of
+    /// these token ids under this extra key (an earlier lookup's, or the caller's), which
+    /// are not recomputed (as `BlockPool::get_computed_blocks_from`).
+    pub(crate) fn get_computed_blocks_from(
+        &mut self,
+        token_ids: &[TokenId],
+        extra_key: Option<u64>,
+        known: Vec<BlockHash>,
+    ) -> GroupedComputedBlocks {
         let num_groups = self.groups.len();
         let mut hit = GroupedComputedBlocks {
             block_ids: vec![Vec::new(); num_groups],
@@ -208,8 +228,11 @@ impl<R: RequestKey> KvCoordinator<R> {
         }
         let bs = self.block_size;
         let max_length = token_ids.len().saturating_sub(1);
-        let mut hashes: Vec<BlockHash> = Vec::with_capacity(max_length / bs);
-        for block in token_ids[..max_length / bs * bs].chunks_exact(bs) {
+        let mut hashes = known;
+        hashes.truncate(max_length / bs);
+        hashes.reserve_exact(max_length / bs - hashes.len());
+        let first = hashes.len();
+        for block in token_ids[first * bs..max_length / bs * bs].chunks_exact(bs) {
             hashes.push(hash_block(hashes.last().copied(), block, extra_key));
         }
         let simple_hybrid =

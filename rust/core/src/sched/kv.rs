@@ -109,7 +109,8 @@ impl Kv {
     }
 
     /// The cached prefix of `token_ids`. `earlier`: this request's previous hit, whose
-    /// block hashes are reused (the block-hash pool's; its block ids are looked up again);
+    /// block hashes are reused (the block-hash pool's and the coordinator's; its block ids
+    /// are looked up again);
     /// without one, `known`: hashes of the first full blocks, if the caller has them.
     pub fn lookup(
         &mut self,
@@ -127,7 +128,13 @@ impl Kv {
                 Hit::BlockHash(p.get_computed_blocks_from(token_ids, extra_key, known))
             }
             Kv::Radix(p) => Hit::Radix(p.lookup(token_ids, extra_key)),
-            Kv::Hybrid(h) => Hit::Hybrid(h.pool.get_computed_blocks(token_ids, extra_key)),
+            Kv::Hybrid(h) => {
+                let known = match earlier {
+                    Some(Hit::Hybrid(hit)) => hit.into_block_hashes(),
+                    _ => known,
+                };
+                Hit::Hybrid(h.pool.get_computed_blocks_from(token_ids, extra_key, known))
+            }
         }
     }
 

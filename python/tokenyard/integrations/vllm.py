@@ -432,7 +432,8 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
         whose compilation failed is kept for ``update_from_output`` to finish with a
         ``validation_error``; the others keep waiting."""
         for request_id, request in list(self._grammar_waiting.items()):
-            grammar = request.structured_output_request.grammar
+            structured = request.structured_output_request
+            grammar = structured.grammar if structured is not None else None
             if grammar is None:
                 continue
             if isinstance(grammar, Exception):

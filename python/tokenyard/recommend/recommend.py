@@ -97,6 +97,10 @@ class Ask:
     disaggregated: bool = True
     mtp_acceptance: float | None = None
     seed: int = 0
+    #: ``replica.scheduler.max_request_tokens`` (vLLM's ``--max-model-len``); ``recommend``
+    #: sets it to the load's longest request, so the planner sizes KV for the load and not
+    #: for the model's whole context (which can leave a layout no room at all).
+    max_request_tokens: int | None = None
 
     def check(self) -> None:
         """Raises ConfigError naming the first bad field."""
@@ -197,7 +201,10 @@ class Ask:
 
     def base(self, workload: Mapping[str, Any]) -> dict[str, Any]:
         """The simulation document without a layout."""
-        replica = {**self.replica, "model": self.model, "scheduler": {"policy": self.policy}}
+        scheduler: dict[str, Any] = {"policy": self.policy}
+        if self.max_request_tokens is not None:
+            scheduler["max_request_tokens"] = self.max_request_tokens
+        replica = {**self.replica, "model": self.model, "scheduler": scheduler}
         return {
             "seed": self.seed,
             "replica": replica,
@@ -268,13 +275,46 @@ class _Kept:
 
 
 def _load_stats(ask: Ask) -> tuple[float, float]:
+    """The searched sample's mean prompt and output tokens."""
+    stats = _stats(ask.sample_workload())
+    return stats.mean_prefill_tokens, max(1.0, stats.mean_decode_tokens)
+
+
+def _stats(workload: Mapping[str, Any]) -> Any:
     from tokenyard.search.capacity import with_rate
     from tokenyard.workload import load_workload
     from tokenyard.workload.chunk import summarize
 
-    doc = with_rate({"workload": ask.sample_workload()}, 1.0)
-    stats = summarize(load_workload(doc["workload"]))
-    return stats.mean_prefill_tokens, max(1.0, stats.mean_decode_tokens)
+    doc = with_rate({"workload": dict(workload)}, 1.0)
+    return summarize(load_workload(doc["workload"]))
+
+
+#: ``max_request_tokens`` is the load's longest request rounded up to this.
+REQUEST_TOKENS_STEP = 1024
+
+
+def _request_limit(ask: Ask) -> tuple[Ask, str | None]:
+    """``ask`` with ``max_request_tokens`` at the whole load's longest request (rounded up
+    to ``REQUEST_TOKENS_STEP``, at most the model's context), and the note saying so;
+    unchanged when the user set it in ``replica.scheduler``."""
+    from tokenyard.simulation.catalog import catalog_for
+    from tokenyard.simulation.config import config_from_mapping
+
+    scheduler = ask.replica.get("scheduler") or {}
+    if ask.max_request_tokens is not None or "max_request_tokens" in scheduler:
+        return ask, None
+    stats = _stats(ask.whole_workload())
+    longest = stats.max_prefill_tokens + stats.max_decode_tokens
+    limit = -(-longest // REQUEST_TOKENS_STEP) * REQUEST_TOKENS_STEP
+    config = config_from_mapping(ask.base(ask.sample_workload()))
+    context = catalog_for(config).model(config.model_name(), field="--model").context_length
+    if limit >= context:
+        return ask, None
+    return dataclasses.replace(ask, max_request_tokens=limit), (
+        f"max_request_tokens = {limit} (vLLM --max-model-len, SGLang --context-length): the "
+        f"load's longest request is {longest} tokens; KV is planned for it, not for the "
+        f"model's {context}-token context"
+    )
 
 
 def _survivors(candidates: Sequence[Candidate], top_k: int) -> list[Candidate]:
@@ -410,6 +450,8 @@ def recommend(
     devices = list(dict.fromkeys(resolve_device(s) for s in ask.systems))
     slo, guard_note = ask.slo_set()
     notes = [guard_note] if guard_note else []
+    ask, limit_note = _request_limit(ask)
+    notes += [limit_note] if limit_note else []
     isl, osl = _load_stats(ask)
     bound = {k.split("_")[0]: v for k, v in ask.slo.items()}
     space = Space(

@@ -19,9 +19,10 @@ them, since vLLM's engine and model runner read them.
 This module imports vLLM and fails with an ``ImportError`` naming it where vLLM is not
 installed; nothing else in tokenyard imports it. What it does not do (each refused with an
 error naming it, never silently different) is listed in ``docs/integrations.md``: multimodal
-and encoder-decoder requests, prompt embeddings, pooling, structured output, streaming
-sessions, hybrid KV cache groups (sliding window, Mamba), and vLLM's ``KVCacheManager``
-object itself (``kv_cache_manager``), whose block pool lives in Rust here.
+and encoder-decoder requests, prompt embeddings, streaming sessions, hybrid KV cache groups
+(sliding window, Mamba), and vLLM's ``KVCacheManager`` object itself
+(``kv_cache_manager``), whose block pool lives in Rust here. Structured output (requests
+wait for their grammar here, then go to the core) and pooling requests are served.
 """
 
 from __future__ import annotations
@@ -378,7 +379,7 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
 
         Raises:
             InputError: a request kind tokenyard does not schedule (multimodal inputs,
-                prompt embeddings, pooling, structured output, a streaming session), a
+                prompt embeddings, a streaming session), a
                 duplicate id, or one the core refuses (e.g. a prompt with no room for an
                 output token under ``max_model_len``).
         """

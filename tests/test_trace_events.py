@@ -50,7 +50,7 @@ def mapping(**metrics: Any) -> dict[str, Any]:
 
 def load(path: Path) -> dict[str, Any]:
     """Reads a trace file as a trace-event loader would, checking the format on the way."""
-    document = json.loads(path.read_text())
+    document: dict[str, Any] = json.loads(path.read_text())
     assert set(document) >= {"traceEvents", "displayTimeUnit", "otherData"}
     named_processes, named_threads = set(), set()
     last: dict[tuple[int, int], float] = defaultdict(lambda: -1.0)

@@ -2,7 +2,7 @@
 dense MLP is not overlapped with the experts, Qwen's sigmoid shared-expert gate is
 priced, and so is the merge of the shared and routed outputs before the TP all-reduce;
 the linears a ModelOpt checkpoint keeps 16-bit (attention, shared experts, GDN) take the
-16-bit GEMM rows.
+16-bit GEMM rows; the roofline's all-to-all over nodes crosses the NIC.
 Found by benches/fidelity_hybrid.py; the catalog and roofline parts need nothing, the
 measured ones skip without aiconfigurator-core."""
 
@@ -17,7 +17,7 @@ from step_shapes import decodes
 
 from tokenyard import catalog
 from tokenyard.catalog.quant import Quantization, resolve_quantization, scheme
-from tokenyard.predictor.compiled import RooflineCost
+from tokenyard.predictor.compiled import FEATURES, RooflineCost
 from tokenyard.predictor.measured.build import measured_predictor
 from tokenyard.predictor.measured.data import SYSTEM_OF_DEVICE, package_root, resolve_source
 from tokenyard.predictor.measured.gemm import KEPT_MODULES, modules_unquantized
@@ -209,3 +209,38 @@ def test_minimax_m2_7_nvfp4_prices_its_16_bit_attention_at_the_bf16_rows() -> No
     assert predictor.op_times(at)["moe_experts"] == pytest.approx(
         nvfp4.op_times(at)["moe_experts"], rel=1e-9
     )
+
+
+# ---- the roofline's all-to-all across nodes --------------------------------------------------
+
+
+def test_the_roofline_all_to_all_sends_the_off_node_share_over_the_network() -> None:
+    """Kimi-K2 (h 7168, top-8, 60 MoE layers of 61) at EP 16 = DP 16 on B200s without a
+    calibration: 2,048 tokens a rank, each GPU sends 2,048 x 7168 x 8 x 2 bytes, half of
+    them to the other 8-GPU node over the 50 GB/s NIC after 10 us: 10 + 4,697.6 us a
+    layer and phase, the longer of it and NVLink's half. Before the fix the whole went at
+    NVLink speed (900 GB/s a direction at the network efficiency), some 20 times less.
+    One node (EP 8) and a 72-GPU NVLink domain (GB200) keep the NVLink price."""
+    require_bundled("moonshotai/Kimi-K2-Instruct")
+    spec = catalog.model("moonshotai/Kimi-K2-Instruct")
+    predictor = roofline_predictor(
+        spec,
+        catalog.device("b200"),
+        expert_parallel_size=16,
+        data_parallel_size=16,
+    )
+    assert "leaving the 8-GPU NVLink domain at 50 GB/s" in predictor.description["a2a"]
+    features = {"num_tokens": 2048.0}
+    dispatch = next(op for op in predictor.ops if op.name == "moe_dispatch")
+    assert dispatch.count == pytest.approx(60 / 61)
+    expected = 10e-6 + 2048 * 7168 * 8 * 2 * 0.5 / 50e9
+    assert dispatch.cost.time({**dict.fromkeys(FEATURES, 0.0), **features}) == pytest.approx(
+        expected, rel=1e-3
+    )
+    for device, ep in (("b200", 8), ("gb200", 16)):
+        other = roofline_predictor(
+            spec, catalog.device(device), expert_parallel_size=ep, data_parallel_size=ep
+        )
+        op = next(op for op in other.ops if op.name == "moe_dispatch")
+        assert isinstance(op.cost, RooflineCost)
+        assert "NVLink domain" not in other.description["a2a"]

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 from tokenyard.catalog import DeviceSpec, ModelSpec
 from tokenyard.errors import ConfigError
@@ -877,13 +878,38 @@ def _communication(b: _Builder, device: DeviceSpec, s: _Sizes, tp: int, pp: int)
 A2A_OPS = ("moe_dispatch", "moe_combine")
 
 
+def network_a2a_seconds(
+    model: ModelSpec, device: DeviceSpec, tp: int, ep: int, act_bytes: float = 2.0
+) -> Callable[[float], float] | None:
+    """The off-node part of one half of the all-to-all, by a DP rank's tokens, where the EP
+    group spans several NVLink domains and the catalog knows the NIC (else None): each GPU
+    sends its ``tokens / TP x hidden x top-k`` values spread evenly over the EP group's
+    GPUs, of which the share bound for other domains, ``1 - nvlink_domain / EP``, crosses
+    its NIC (``network_gbps``, one direction) after ``network_latency_us``. The NVLink
+    share runs at the same time. Shared by the roofline and the measured predictor's
+    fallback where no table measures the nodes (``measured/moe.py``)."""
+    if ep <= device.nvlink_domain or device.network_gbps <= 0:
+        return None
+    off_node = 1.0 - device.nvlink_domain / ep
+    per_token = model.hidden_size * model.experts_per_token * act_bytes / tp
+    link = device.network_gbps * 1e9
+    latency = device.network_latency_us * 1e-6
+
+    def seconds(tokens: float) -> float:
+        return latency + tokens * per_token * off_node / link
+
+    return seconds
+
+
 def _all_to_all(b: _Builder, model: ModelSpec, s: _Sizes, tp: int, ep: int, dp: int) -> None:
     """Attention DP with expert parallelism: each MoE layer dispatches its tokens' hidden
     states to the GPUs holding their top-k experts and combines the results back (DeepEP,
     or vLLM's all-gather / reduce-scatter). One GPU sends ``combined tokens x h x top-k /
     EP`` 16-bit values each way (the combined batch is ``DP x`` the rank's), over one
     direction of its link, at the all-reduce fit's link fraction and latency for ``EP``
-    GPUs where there is one (else the ``network`` efficiency and one hop)."""
+    GPUs where there is one (else the ``network`` efficiency and one hop). An EP group
+    wider than the device's NVLink domain sends the off-node share over the NIC
+    (``network_a2a_seconds``) while the rest crosses NVLink: the longer of the two."""
     if dp == 1 or ep == 1:
         return
     link = b.device.interconnect_gbps / 2 * 1e9
@@ -895,14 +921,24 @@ def _all_to_all(b: _Builder, model: ModelSpec, s: _Sizes, tp: int, ep: int, dp: 
     per_token = dp * s.h * model.experts_per_token * s.a / ep
     share = model.num_moe_layers / model.num_layers
     source = "calibrated" if fitted is not None else "roofline"
+    network = network_a2a_seconds(model, b.device, tp, ep, s.a)
+    on_node = b.device.nvlink_domain / ep
     for name in A2A_OPS:
-        cost = RooflineCost(
+        cost: RooflineCost | TableCost = RooflineCost(
             flops={},
             bytes={"num_tokens": per_token},
             flops_per_s=b.flops_per_s,
             bytes_per_s=link,
             latency_s=latency,
         )
+        if network is not None:
+
+            def seconds(
+                tokens: float, over: Callable[[float], float] = network, lat: float = latency
+            ) -> float:
+                return max(lat + tokens * per_token * on_node / link, over(tokens))
+
+            cost = grids.token_table("num_tokens", seconds, 2.0**17)
         b.ops.append(CompiledOp(name, "layer", "num_tokens", cost, share, source))
 
 
@@ -910,6 +946,12 @@ def _a2a_words(b: _Builder, ep: int, dp: int) -> str | None:
     """What priced the expert all-to-all, for the banner (None without one)."""
     if dp == 1 or ep == 1:
         return None
+    if ep > b.device.nvlink_domain and b.device.network_gbps > 0:
+        domain = b.device.nvlink_domain
+        return (
+            f"roofline: tokens x hidden x top-k / EP, {1 - domain / ep:.0%} of it leaving "
+            f"the {domain}-GPU NVLink domain at {b.device.network_gbps:g} GB/s"
+        )
     if b.calibration is not None and b.calibration.all_reduce(ep) is not None:
         return (
             f"roofline: tokens x hidden x top-k / EP over the link at the {ep}-GPU all-reduce's fit"

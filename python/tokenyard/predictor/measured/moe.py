@@ -14,8 +14,8 @@ from tokenyard.predictor.compiled import TableCost
 from tokenyard.predictor.measured.data import MeasuredSource
 from tokenyard.predictor.measured.lookup import Entry, present, read
 from tokenyard.predictor.measured.ops import A2aTimes, MoeShape, MoeTimes, NotMeasured
-from tokenyard.predictor.measured.wide_ep import WideEp, network_seconds, wide_ep
-from tokenyard.predictor.roofline import A2A_OPS
+from tokenyard.predictor.measured.wide_ep import WideEp, wide_ep
+from tokenyard.predictor.roofline import A2A_OPS, network_a2a_seconds
 
 
 def moe_op(
@@ -157,7 +157,7 @@ def _wide_or_calibrated(
 ) -> tuple[dict[str, Entry], str]:
     """An EP group over several nodes that the framework's table lacks: DeepEP's
     inter-node tables (``wide_ep.py``), else its off-node share over the device's network
-    (``wide_ep.network_seconds``) where the catalog knows the NIC, else the calibrated
+    (``roofline.network_a2a_seconds``) where the catalog knows the NIC, else the calibrated
     roofline (which prices the link as NVLink) with the reasons."""
     domain = device.nvlink_domain if device is not None else GPUS_PER_NODE
     nodes = -(-ep // domain)
@@ -175,8 +175,8 @@ def _wide_or_calibrated(
                 out[op] = (grids.token_table("num_tokens", seconds, 2.0**17), label, "")
             return out, wide.words
         why = f"{why}; {why_wide}"
-        if device is not None and device.network_gbps > 0:
-            seconds_of = network_seconds(model, device, tp, ep)
+        seconds_of = network_a2a_seconds(model, device, tp, ep) if device is not None else None
+        if device is not None and seconds_of is not None:
             table = grids.token_table("num_tokens", seconds_of, 2.0**17)
             label = "roofline:network"
             words = (

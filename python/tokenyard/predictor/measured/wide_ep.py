@@ -25,13 +25,12 @@ the H200 rows), and the banner says which.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from tokenyard.catalog import DeviceSpec, ModelSpec
+from tokenyard.catalog import ModelSpec
 from tokenyard.predictor.measured.data import MeasuredSource, _version_key, _versions
 from tokenyard.predictor.measured.interpolate import Curve
 from tokenyard.predictor.measured.tables import table_error
@@ -174,23 +173,3 @@ def _measured(rows: dict[str, np.ndarray]) -> str:
     names = ("node_num", "hidden_size", "num_topk", "num_experts")
     keys = zip(*(rows[n] for n in names), strict=True)
     return ", ".join(f"{n:g} nodes h{h:g} top-{k:g} E{e:g}" for n, h, k, e in sorted(set(keys)))
-
-
-def network_seconds(
-    model: ModelSpec, device: DeviceSpec, tp: int, ep: int
-) -> Callable[[float], float]:
-    """One half of the all-to-all over nodes no table measures, by a DP rank's tokens:
-    each GPU sends its ``tokens / TP x hidden x top-k`` 16-bit values spread evenly over
-    the EP group's GPUs (as the roofline's ``_all_to_all``), of which the share bound for
-    other NVLink domains, ``1 - nvlink_domain / EP``, crosses its NIC (``network_gbps``,
-    one direction) after ``network_latency_us``; the NVLink share runs at the same time
-    and is the shorter."""
-    off_node = 1.0 - device.nvlink_domain / ep
-    per_token = model.hidden_size * model.experts_per_token * 2.0 / tp
-    link = device.network_gbps * 1e9
-    latency = device.network_latency_us * 1e-6
-
-    def seconds(tokens: float) -> float:
-        return latency + tokens * per_token * off_node / link
-
-    return seconds

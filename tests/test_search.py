@@ -669,3 +669,14 @@ def test_a_point_without_overrides_is_labelled_with_its_layout() -> None:
     assert label({}, layout) == "1 x mixtral-8x7b on h100-80gb (TP 1 x DP 2, EP 2, PP 1)"
     layout |= {"data_parallel_size": 1, "expert_parallel_size": 1, "tensor_parallel_size": 2}
     assert label({}, layout) == "1 x mixtral-8x7b on h100-80gb (TP 2, PP 1)"
+
+
+def test_the_package_exports_every_plot_of_search_plots() -> None:
+    """``tokenyard.search`` exports each plotting function ``search.plots`` makes public,
+    lazily (``plot_frontier`` was missing)."""
+    import tokenyard.search as package
+    from tokenyard.search import plots
+
+    for name in plots.__all__:
+        assert name in package.__all__, name
+        assert getattr(package, name) is getattr(plots, name)

@@ -317,25 +317,46 @@ def _request_limit(ask: Ask) -> tuple[Ask, str | None]:
     )
 
 
+#: Candidates within this fraction of a group's best estimated tokens/s/GPU count as tied
+#: (the estimate cannot tell them apart); the tie goes to tokens/s/user.
+ESTIMATE_TIE = 0.03
+
+
 def _survivors(candidates: Sequence[Candidate], top_k: int) -> list[Candidate]:
-    """The best ``top_k`` distinct layouts of each kind by estimated tokens/s/GPU, each
-    with its best cap/chunk variant; the best layout also with its second (the estimate
-    ranks variants of one layout less surely than layouts)."""
+    """The candidates to simulate: per kind, the ``top_k`` best groups by estimated
+    tokens/s/GPU, a group being one layout (aggregated) or one prefill layout (P/D: the
+    decode pool is sized to it, so decode layouts tie). Within a group, the candidates
+    tied with its best (``ESTIMATE_TIE``) go by GPUs used (a budget is for using), then
+    tokens/s/user; the best group also sends its runner-up (the estimate ranks variants
+    less surely than layouts). An aggregated layout's variants tie only exactly (its cap
+    variants, B and 2B)."""
     out: list[Candidate] = []
     for kind in ("agg", "disagg"):
-        ranked = sorted(
-            (c for c in candidates if c.kind == kind),
-            key=lambda c: (-c.estimate["tokens_per_s_per_gpu"], c.gpus, c.label),
-        )
-        layouts: dict[str, int] = {}
-        for c in ranked:
-            if c.label not in layouts and len(layouts) >= top_k:
-                continue
-            first = not layouts
-            taken = layouts.setdefault(c.label, 0)
-            if taken < (2 if first or c.label == next(iter(layouts)) else 1):
-                layouts[c.label] += 1
-                out.append(c)
+        groups: dict[str, list[tuple[int, Candidate]]] = {}
+        for order, c in enumerate(candidates):
+            if c.kind == kind:
+                key = c.label if kind == "agg" else f"{c.layout.label} on {c.layout.device}"
+                groups.setdefault(key, []).append((order, c))
+        ranked_groups: list[tuple[float, str, list[Candidate]]] = []
+        for members in groups.values():
+            best = max(m.estimate["tokens_per_s_per_gpu"] for _, m in members)
+            tie = ESTIMATE_TIE if kind == "disagg" else 0.0
+            tied = [
+                m
+                for _, m in sorted(
+                    members,
+                    key=lambda om: (
+                        om[1].estimate["tokens_per_s_per_gpu"] < (1 - tie) * best,
+                        -om[1].gpus,
+                        -om[1].estimate["tokens_per_s_per_user"],
+                        om[0],  # enumeration order: a layout's cap variants side by side
+                    ),
+                )
+            ]
+            ranked_groups.append((-best, tied[0].label, tied))
+        ranked_groups.sort(key=lambda g: (g[0], g[1]))
+        for i, (_, _, chosen) in enumerate(ranked_groups[:top_k]):
+            out.extend(chosen[: 2 if i == 0 else 1])
     return out
 
 

@@ -2,7 +2,8 @@
 dense MLP is not overlapped with the experts, Qwen's sigmoid shared-expert gate is
 priced, and so is the merge of the shared and routed outputs before the TP all-reduce;
 the linears a ModelOpt checkpoint keeps 16-bit (attention, shared experts, GDN) take the
-16-bit GEMM rows; the roofline's all-to-all over nodes crosses the NIC.
+16-bit GEMM rows; the roofline's all-to-all over nodes crosses the NIC;
+GDN decodes beside a prefill join its one causal conv.
 Found by benches/fidelity_hybrid.py; the catalog and roofline parts need nothing, the
 measured ones skip without aiconfigurator-core."""
 
@@ -11,12 +12,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
 import pytest
 from model_configs import require_bundled
 from step_shapes import decodes
 
-from tokenyard import catalog
+from tokenyard import _core, catalog
 from tokenyard.catalog.quant import Quantization, resolve_quantization, scheme
+from tokenyard.predictor import batch_features
 from tokenyard.predictor.compiled import FEATURES, RooflineCost
 from tokenyard.predictor.measured.build import measured_predictor
 from tokenyard.predictor.measured.data import SYSTEM_OF_DEVICE, package_root, resolve_source
@@ -244,3 +247,41 @@ def test_the_roofline_all_to_all_sends_the_off_node_share_over_the_network() -> 
         op = next(op for op in other.ops if op.name == "moe_dispatch")
         assert isinstance(op.cost, RooflineCost)
         assert "NVLink domain" not in other.description["a2a"]
+
+
+# ---- GDN: one varlen causal conv in a step with a prefill --------------------------------
+
+
+def _mixed_shape(chunk: int, decodes_n: int, context: int) -> dict[str, int]:
+    return {
+        "num_requests": 1 + decodes_n,
+        "num_prefill_tokens": chunk,
+        "num_decode_tokens": decodes_n,
+        "sum_decode_context": decodes_n * context,
+        "sum_prefill_context": chunk * chunk,
+        "sum_prefill_squared": chunk * chunk,
+        "num_padding_rows": 0,
+    }
+
+
+def test_gdn_decodes_beside_a_prefill_join_its_causal_conv() -> None:
+    """Qwen3.5-35B-A3B, H200 TP 2, 256 decodes beside a 256-token chunk: vLLM 0.33 runs one
+    causal_conv1d_fn over all 512 tokens (qwen_gdn_linear_attn.py, _forward_core), so the
+    decodes' conv costs what 256 more tokens add to the chunk's (the context rows at 512
+    less at 256), not a causal_conv1d_update of its own (the whole of it alone: before
+    the fix, in the mixed step too). Rust evaluates the two-feature table as Python."""
+    require_bundled(QWEN35)
+    predictor = _measured(catalog.model(QWEN35), "h200", 2)
+    mixed = predictor.op_times(batch_features(**_mixed_shape(256, 256, 2047)))
+    alone = predictor.op_times(decodes(256, 2047))
+    prompt_256 = predictor.op_times(batch_features(**_mixed_shape(256, 0, 0)))
+    prompt_512 = predictor.op_times(batch_features(**_mixed_shape(512, 0, 0)))
+    assert mixed["gdn_conv_prefill"] == pytest.approx(prompt_256["gdn_conv_prefill"], rel=1e-9)
+    extra = prompt_512["gdn_conv_prefill"] - prompt_256["gdn_conv_prefill"]
+    assert mixed["gdn_conv_decode"] == pytest.approx(extra, rel=1e-2)  # the tables' grids
+    assert mixed["gdn_conv_decode"] < 0.5 * alone["gdn_conv_decode"]
+    shapes = [_mixed_shape(256, 256, 2047), _mixed_shape(0, 256, 2047), _mixed_shape(512, 8, 100)]
+    arrays = {k: np.array([s[k] for s in shapes], dtype=np.uint64) for k in shapes[0]}
+    total, _ = _core.evaluate_ops(predictor.to_core(), arrays, stage=0, num_stages=1)
+    for i, shape in enumerate(shapes):
+        assert total[i] == predictor(stage=0, num_stages=1, **shape)[0]

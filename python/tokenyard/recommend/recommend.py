@@ -54,21 +54,18 @@ def resolve_device(name: str) -> str:
 
     catalog = current_catalog()
     by_system = {system: device for device, system in SYSTEM_OF_DEVICE.items()}
+    refusal: ConfigError | None = None
     for guess in (name, by_system.get(name), name.replace("_", "-")):
         if guess is None:
             continue
         try:
             return str(catalog.device(guess, field="--system").name)
-        except ConfigError:
-            continue
+        except ConfigError as error:
+            refusal = refusal or error  # the plain name's: it lists the catalog's GPUs
     systems = ", ".join(sorted(by_system))
-    try:
-        catalog.device(name, field="--system")
-    except ConfigError as error:
-        raise ConfigError(
-            f"{error} (or an aiconfigurator system: {systems})", field="--system", value=repr(name)
-        ) from None
-    raise AssertionError("unreachable")  # pragma: no cover
+    raise ConfigError(
+        f"{refusal} (or an aiconfigurator system: {systems})", field="--system", value=repr(name)
+    )
 
 
 @dataclasses.dataclass(frozen=True)

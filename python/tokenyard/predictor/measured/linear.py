@@ -160,10 +160,8 @@ def linear_ops(
         else:
             out[name] = (grids.token_table("num_decode_tokens", times, 2.0**17), label, "")
     if kind == "gdn" and "conv_prefill" in timed and "conv_decode" in timed:
-        table, _, _ = out[f"{kind}_conv_decode"]
-        if table is not None:
-            mixed = _one_varlen_conv(timed["conv_prefill"], timed["conv_decode"])
-            out[f"{kind}_conv_decode"] = (mixed, out[f"{kind}_conv_decode"][1], "")
+        mixed = _one_varlen_conv(timed["conv_prefill"], timed["conv_decode"])
+        out[f"{kind}_conv_decode"] = (mixed, out[f"{kind}_conv_decode"][1], "")
     if not measured:
         return out, "calibrated roofline"
     if len(measured) == len(_LINEAR_KERNELS):

@@ -406,7 +406,9 @@ def _linear_attention(b: _Builder, model: ModelSpec, s: _Sizes, tp: int, prefix:
     """A gated DeltaNet or Mamba2 layer on one TP worker (``d = heads/TP x head_dim``
     values read out of a ``heads/TP x head_dim x group_dim`` state): the input
     projection(s), the depthwise causal conv over ``d + 2g`` channels (a prefill's over
-    its chunk, a decode's one-step update: separate kernels, as vLLM runs them), the
+    its chunk, a decode's one-step update: the same bytes and FLOPs a token, so one
+    kernel or two differ by a launch; Mamba2 runs two, GDN one varlen conv over every
+    token of a step with a prefill, ``measured/linear.py``), the
     chunked scan of a prefill (about ``6 x state`` FLOPs per token: decay, update and
     read-out) and the recurrent step of a decode (the state read and written once), the
     gated norm and ``out_proj``."""

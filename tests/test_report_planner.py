@@ -144,3 +144,88 @@ _SMALL = {
     "prompt_tokens": {"kind": "fixed", "value": 64},
     "output_tokens": {"kind": "fixed", "value": 8},
 }
+
+
+def test_a_whole_number_band_median_is_one_replicas_count() -> None:
+    """Six replicas waiting 0..5: the median line is 2 (the lower middle), not 2.5."""
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    edges = np.linspace(0, 10, 11)
+    per_replica = [np.full(10, float(r)) for r in range(6)]
+    _draw_series(ax, edges, per_replica, 1.0, 0, None, 1, "sum", whole=True)  # type: ignore[arg-type]
+    median = [p for p in ax.patches if p.get_label() == "replica median"]
+    plt.close(fig)
+    assert median[0].get_data().values.tolist() == [2.0] * 10
+
+
+def pd_run_into(folder: Path, *, prefill: int, decode: int) -> Any:
+    """A tiny P/D run (prefill replicas 0..prefill-1, then decode ones) whose decode pool
+    caps batches at 8 against the prefill pool's 4."""
+    scheduler = {"policy": "vllm_v1", "vllm_v1": {"max_num_seqs": 4}}
+    mapping = {
+        "cluster": {
+            "num_replicas": prefill,
+            "decode": {
+                "num_replicas": decode,
+                "scheduler": {"policy": "vllm_v1", "vllm_v1": {"max_num_seqs": 8}},
+            },
+        },
+        "replica": {"model": "llama-3.1-8b", "device": "h100-sxm", "scheduler": scheduler},
+        "execution": FAST_LINEAR,
+        "workload": {
+            "kind": "synthetic",
+            "num_requests": 120,
+            "seed": 3,
+            "arrival": {"kind": "poisson", "qps": 30.0},
+            "prompt_tokens": {"kind": "uniform", "low": 20, "high": 300},
+            "output_tokens": {"kind": "uniform", "low": 5, "high": 40},
+        },
+        "metrics": {"sample_interval_s": 0.0},
+    }
+    simulate(config_from_mapping(mapping)).write(folder)
+    return load_run(folder)
+
+
+def test_a_pd_run_reports_both_pools(tmp_path: Path) -> None:
+    """2 prefill + 1 decode replicas: three per-replica series, named by pool, the decode
+    replica's batch fill against its own cap; the report draws (it crashed on a shape
+    mismatch when only the prefill pool was counted)."""
+    from tokenyard.report import write_report
+
+    run = pd_run_into(tmp_path / "run", prefill=2, decode=1)
+    assert run.num_replicas == 3
+    assert run.replica_labels == ["prefill replica 0", "prefill replica 1", "decode replica 0"]
+    edges = time_bins(run.makespan_s)
+    kv = _replica_series(run, "kv_usage", edges)
+    assert len(kv) == 3
+    assert kv[2].max() > 0, "the decode replica holds KV"
+    assert batch_cap(run, "decode") == (8, "max_num_seqs")
+    fill, _ = replica_fill(run)
+    batch = run.summary["replicas"]["mean_batch_size"]
+    assert fill.tolist() == pytest.approx([batch[0] * 25, batch[1] * 25, batch[2] * 12.5])
+    write_report(run.path)
+    assert (run.path / "plots" / "over_time.png").is_file()
+    assert (run.path / "plots" / "replicas.png").is_file()
+
+
+def test_beyond_a_few_replicas_each_pd_pool_gets_its_own_band(tmp_path: Path) -> None:
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run = pd_run_into(tmp_path / "run", prefill=3, decode=3)
+    edges = time_bins(run.makespan_s)
+    fig, ax = plt.subplots()
+    per_replica = _replica_series(run, "kv_usage", edges)
+    _draw_series(ax, edges, per_replica, 100.0, 0, run, 1, "mean")
+    labels = [p.get_label() for p in ax.patches]
+    plt.close(fig)
+    assert labels == [
+        "min-max of 3 prefill replicas",
+        "prefill replica median",
+        "min-max of 3 decode replicas",
+        "decode replica median",
+    ]

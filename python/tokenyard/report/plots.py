@@ -116,15 +116,17 @@ def _of(runs: Sequence[Run]) -> str:
     return f" ({runs[0].name})" if len(runs) == 1 else ""
 
 
-def batch_cap(run: Run) -> tuple[int, str] | None:
-    """The replicas' configured batch cap and its key (``max_num_seqs`` for vllm_v1,
+def batch_cap(run: Run, pool: str = "") -> tuple[int, str] | None:
+    """A pool's configured batch cap and its key (``max_num_seqs`` for vllm_v1,
     ``max_running_requests`` for sglang, ``batch_size_cap`` for Vidur's policies), or
-    ``None`` without a saved config, for a plugin, or when it is 0 (unbounded)."""
+    ``None`` without a saved config, for a plugin, or when it is 0 (unbounded). The
+    ``decode`` pool's is ``[cluster.decode.scheduler]``'s where set, else the replica's."""
     from tokenyard import _core
 
     if run.config is None:
         return None
-    scheduler = run.config["replica"]["scheduler"]
+    decode = (run.config["cluster"].get("decode") or {}) if pool == "decode" else {}
+    scheduler = decode.get("scheduler") or run.config["replica"]["scheduler"]
     info = _core.REPLICA_POLICIES.get(scheduler["policy"])
     section = info["section"] if info else "plugin"
     key = {"vllm_v1": "max_num_seqs", "sglang": "max_running_requests"}.get(
@@ -132,6 +134,17 @@ def batch_cap(run: Run) -> tuple[int, str] | None:
     )
     value = int(scheduler.get(section, {}).get(key) or 0) if key else 0
     return (value, key) if value > 0 else None
+
+
+def _replica_caps(run: Run) -> np.ndarray | None:
+    """Each replica's batch cap (its pool's), or ``None`` when some pool has none."""
+    caps = np.zeros(run.num_replicas)
+    for pool, members in run.pools:
+        cap = batch_cap(run, pool)
+        if cap is None:
+            return None
+        caps[members.start : members.stop] = cap[0]
+    return caps
 
 
 def binned_last(times: np.ndarray, values: np.ndarray, edges: np.ndarray) -> np.ndarray:
@@ -152,8 +165,10 @@ def _replica_series(run: Run, column: str, edges: np.ndarray) -> list[np.ndarray
         values = np.maximum(values, 0).astype(np.float64)
         reduce = binned_last
     elif column == "batch_fill":
-        cap = batch_cap(run)
-        values = samples["batch_size"].astype(np.float64) * (100.0 / cap[0] if cap else 1.0)
+        caps = _replica_caps(run)
+        values = samples["batch_size"].astype(np.float64)
+        if caps is not None:
+            values = values * (100.0 / caps[samples["replica"]])
     else:
         values = samples[column].astype(np.float64)
     return [
@@ -176,12 +191,12 @@ def _carried(values: np.ndarray) -> np.ndarray:
 def _cap_words(runs: Sequence[Run]) -> str:
     """The batch panel's unit: % of the one cap all runs share, of each run's own, or
     requests when a run has none."""
-    caps = [batch_cap(run) for run in runs]
-    if any(c is None for c in caps):
+    caps = [batch_cap(run, pool) for run in runs for pool, _ in run.pools]
+    if any(c is None for c in caps) or any(_replica_caps(run) is None for run in runs):
         return "batch size (requests)"
     if len(set(caps)) == 1 and caps[0] is not None:
         return f"batch fill (% of {caps[0][1]} = {caps[0][0]})"
-    return "batch fill (% of each run's cap)"
+    return "batch fill (% of each pool's cap)"
 
 
 def _completions(run: Run, edges: np.ndarray) -> list[np.ndarray]:
@@ -212,7 +227,8 @@ def over_time(runs: Sequence[Run], stem: Path, formats: Sequence[str]) -> list[P
             else:
                 per_replica = _replica_series(run, column, edges)
             scale = 100.0 if column == "kv_usage" else 1.0
-            _draw_series(ax, edges, per_replica, scale, i, run, len(runs), combine)
+            whole = column == "waiting"
+            _draw_series(ax, edges, per_replica, scale, i, run, len(runs), combine, whole=whole)
     from matplotlib.ticker import MaxNLocator
 
     axes[1].yaxis.set_major_locator(MaxNLocator(integer=True))  # requests are whole
@@ -237,36 +253,59 @@ def _draw_series(
     run: Run,
     num_runs: int,
     combine: str,
+    *,
+    whole: bool = False,
 ) -> None:
     """Each bin's value drawn flat over the bin (``stairs``): one line per run, per replica
-    up to ``MAX_REPLICA_LINES``, else the replicas' median and their min-max band."""
+    up to ``MAX_REPLICA_LINES`` (named by pool in a P/D run), else per pool the replicas'
+    median and their min-max band. A ``whole``-number series (waiting requests) takes the
+    lower of the two middle replicas as its median, a count rather than their mean."""
     # No bin is NaN: each series carries its last sample forward (``_carried``).
     stacked = np.vstack(per_replica) * scale
     if num_runs > 1:
         line = stacked.sum(axis=0) if combine == "sum" else stacked.mean(axis=0)
         ax.stairs(line, edges, color=f"C{index}", lw=1.2, label=run.name)
-    elif len(per_replica) <= MAX_REPLICA_LINES:
+        return
+    count = len(per_replica)
+    pools = run.pools if run is not None else [("", range(count))]
+    if count <= MAX_REPLICA_LINES:
+        labels = run.replica_labels if run is not None else [f"replica {r}" for r in range(count)]
         for r, values in enumerate(stacked):
-            ax.stairs(values, edges, color=f"C{r % 10}", lw=0.9, label=f"replica {r}")
-    else:
-        ax.stairs(
-            stacked.max(axis=0), edges, baseline=stacked.min(axis=0), fill=True, alpha=0.25,
-            color="C0", label=f"min-max of {len(per_replica)} replicas",
-        )  # fmt: skip
-        ax.stairs(np.median(stacked, axis=0), edges, color="C0", lw=1.2, label="replica median")
+            ax.stairs(values, edges, color=f"C{r % 10}", lw=0.9, label=labels[r])
+        return
+    for g, (pool, members) in enumerate(pools):
+        mine = stacked[members.start : members.stop]
+        noun = f"{pool} replica" if pool else "replica"
+        if len(mine) > 1:
+            ax.stairs(
+                mine.max(axis=0), edges, baseline=mine.min(axis=0), fill=True, alpha=0.25,
+                color=f"C{g}", label=f"min-max of {len(mine)} {noun}s",
+            )  # fmt: skip
+        median = np.percentile(mine, 50, axis=0, method="lower") if whole else np.median(mine, 0)
+        ax.stairs(median, edges, color=f"C{g}", lw=1.2, label=f"{noun} median")
 
 
 def replica_fill(run: Run) -> tuple[np.ndarray, np.ndarray]:
     """Per replica: the mean batch fill (% of the batch cap; requests without one) and
     the mean sampled KV use (%)."""
-    cap = batch_cap(run)
+    caps = _replica_caps(run)
     batch = np.asarray(run.summary["replicas"]["mean_batch_size"], dtype=np.float64)
-    fill = batch * (100.0 / cap[0]) if cap else batch
+    fill = batch * (100.0 / caps) if caps is not None else batch
     replica, kv = run.samples["replica"], run.samples["kv_usage"].astype(np.float64)
     counts = np.bincount(replica, minlength=run.num_replicas)
     sums = np.bincount(replica, weights=kv, minlength=run.num_replicas)
     kv_mean = 100.0 * sums / np.maximum(counts, 1)
     return fill[: run.num_replicas], kv_mean[: run.num_replicas]
+
+
+def _served(run: Run) -> np.ndarray:
+    """Requests each replica worked on: where each finished, and in a P/D run also the
+    prefill replica of each handed to the decode pool."""
+    served = np.bincount(run.requests["replica"], minlength=run.num_replicas)
+    prefilled = run.requests.get("prefill_replica")
+    if prefilled is not None:
+        served = served + np.bincount(prefilled[prefilled >= 0], minlength=run.num_replicas)
+    return served
 
 
 def replica_load(runs: Sequence[Run], stem: Path, formats: Sequence[str]) -> list[Path]:
@@ -279,7 +318,7 @@ def replica_load(runs: Sequence[Run], stem: Path, formats: Sequence[str]) -> lis
     width = 0.8 / len(runs)
     for i, run in enumerate(runs):
         replicas = np.arange(run.num_replicas)
-        served = np.bincount(run.requests["replica"], minlength=run.num_replicas)
+        served = _served(run)
         busy = 100 * np.asarray(run.summary["replicas"]["busy_fraction"])
         fill, kv = replica_fill(run)
         x = replicas + (i - (len(runs) - 1) / 2) * width
@@ -287,11 +326,21 @@ def replica_load(runs: Sequence[Run], stem: Path, formats: Sequence[str]) -> lis
             ax.bar(x, values, width=width, color=f"C{i}", label=run.name)
     fill_title = "mean " + _cap_words(runs)
     titles = ("requests served", "a batch running (% of the run)", fill_title, "mean KV use (%)")
+    # A P/D run's replicas: prefill ones first, then decode ones, ticked P0.. D0..
+    shared = {tuple((pool, len(m)) for pool, m in run.pools) for run in runs}
+    pools = runs[0].pools if len(shared) == 1 and len(runs[0].pools) > 1 else None
     for ax, title in zip(axes, titles, strict=True):
         ax.set_title(title)
-        ax.set_xlabel("replica")
         ax.grid(alpha=0.3, axis="y")
-        ax.xaxis.get_major_locator().set_params(integer=True)
+        if pools is not None:
+            ticks = [(r, f"{pool[0].upper()}{i}") for pool, m in pools for i, r in enumerate(m)]
+            ax.set_xticks([r for r, _ in ticks], [text for _, text in ticks])
+            ax.set_xlabel("replica (P prefill, D decode)")
+        else:
+            ax.set_xlabel(
+                "replica" if all(len(r.pools) == 1 for r in runs) else "replica (prefill first)"
+            )
+            ax.xaxis.get_major_locator().set_params(integer=True)
     if len(runs) > 1:
         axes[0].legend(fontsize=8)
     fig.suptitle("load per replica" + _of(runs))

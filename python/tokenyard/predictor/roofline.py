@@ -660,7 +660,7 @@ def _shared_gate_and_merge(b: _Builder, model: ModelSpec, s: _Sizes, tp: int, sp
     MoE):
 
     - ``shared_expert_gate`` (``ModelSpec.shared_expert_gate``: Qwen3-Next, Qwen3.5): the
-      16-bit ``h -> 1`` ``ReplicatedLinear`` (whole on every GPU) and
+      16-bit ``h -> 1`` ``ReplicatedLinear`` (whole on every GPU; a GEMV, memory-bound) and
       ``shared_gate_mul``, ``sigmoid(gate) * out`` (``Qwen2MoeMLP.forward``: reads and
       writes ``h`` values). They run inside the opaque ``moe_forward_shared`` custom op
       (``fused_moe/runner/moe_runner.py``), so eagerly, in the shared branch.
@@ -677,7 +677,12 @@ def _shared_gate_and_merge(b: _Builder, model: ModelSpec, s: _Sizes, tp: int, sp
     (``sdk/models/qwen35.py``: ``shared_expert_gate_mul``, ``shared_merge``)."""
     rows = 1.0 / sp
     if model.shared_expert_gate:
-        _gemm(b, "shared_expert_gate", s.h, 1, s, layer_linear=False, rows=rows)
+        # A GEMV (n = 1): memory-bound, as the norms (the GEMM curves fit wide GEMMs).
+        b.add(
+            "shared_expert_gate",
+            flops={"num_tokens": 2.0 * s.h * rows},
+            bytes={"one": 2.0 * s.h, "num_tokens": (s.h + 1) * s.a * rows},
+        )
         b.add(
             "shared_gate_mul",
             flops={"num_tokens": 2.0 * s.h * rows},

@@ -196,10 +196,11 @@ SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD = 256
 #: The routed path's operations and the shared experts' measured GEMMs.
 ROUTED_OPS = ("router", "moe_experts")
 SHARED_OPS = ("shared_gate_up_proj", "shared_down_proj")
-#: The shared branch's other kernels where the model has them, the calibrated roofline's
-#: (``roofline._shared_gate_and_merge``): Qwen's sigmoid gate, inside the branch, so
-#: hidden with it. The merge after the join (``shared_merge``) is never hidden.
-SHARED_BRANCH_OPS = ("shared_expert_gate", "shared_gate_mul")
+#: The shared branch's other kernels, the calibrated roofline's: the activation between
+#: its GEMMs and, where the model has it, Qwen's sigmoid gate
+#: (``roofline._shared_gate_and_merge``), all inside the branch, so hidden with it. The
+#: merge after the join (``shared_merge``) is never hidden.
+SHARED_BRANCH_OPS = ("shared_act", "shared_expert_gate", "shared_gate_mul")
 
 
 def overlap_shared_experts(out: dict[str, Entry]) -> str:

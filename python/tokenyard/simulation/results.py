@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tokenyard._checks import fail
 from tokenyard._output import staged_output
 
 __all__ = ["SimulationResult"]
@@ -58,20 +59,33 @@ class SimulationResult:
     def write(self, directory: str | os.PathLike[str]) -> Path:
         """Writes ``requests.parquet``, ``requests.csv``, ``summary.json``,
         ``samples.parquet``, ``token_gaps.parquet`` and ``config.json`` (where known) and, if
-        stages were recorded, ``trace.json`` (Chrome/Perfetto). The files appear together or
-        not at all: they are written to a temporary folder and renamed in at the end, over a
-        link already in ``directory`` rather than through it (``tokenyard._output``). What
-        an earlier run left that describes it (``STALE_OUTPUTS``: its command, report and
-        plots, a stage trace this run did not record) is removed.
+        stages were recorded, ``trace.json``: the run's Chrome/Perfetto trace events
+        (``tokenyard.simulation.trace_events``, the whole run up to
+        ``metrics.trace_max_events``). The files appear together or not at all: they are
+        written to a temporary folder and renamed in at the end, over a link already in
+        ``directory`` rather than through it (``tokenyard._output``). What an earlier run
+        left that describes it (``STALE_OUTPUTS``: its command, report and plots, a stage
+        trace this run did not record) is removed. The run's own ``metrics.trace_events``
+        file (``simulate`` wrote it) is never removed or written over: named
+        ``trace.json`` in ``directory``, it stands for the stage trace.
 
         Raises:
-            ConfigError: ``directory`` exists and is not a folder.
+            ConfigError: ``directory`` exists and is not a folder, or
+                ``metrics.trace_events`` names one of the other files written here.
             OSError: a file could not be written.
         """
         import pyarrow as pa
         import pyarrow.csv as pacsv  # type: ignore[import-untyped]
         import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
+        own_trace = self._trace_events_name(Path(directory))
+        if own_trace in OUTPUTS:
+            raise fail(
+                "metrics.trace_events",
+                f"names {Path(directory) / own_trace}, where the results' {own_trace} is "
+                "written; choose another file name",
+                self.config["metrics"]["trace_events"] if self.config else None,
+            )
         with staged_output(directory) as staging:
             table = self.table()
             pq.write_table(table, staging / "requests.parquet")
@@ -82,12 +96,41 @@ class SimulationResult:
                 pq.write_table(pa.table(self.token_gaps), staging / "token_gaps.parquet")
             if self.config is not None:
                 (staging / "config.json").write_text(json.dumps(self.config, indent=2) + "\n")
-            if self.stages is not None:
-                (staging / "trace.json").write_text(json.dumps(_chrome_trace(self.stages)))
+            if self.stages is not None and own_trace != "trace.json":
+                (staging / "trace.json").write_text(self._stage_trace())
             written = {path.name for path in staging.iterdir()}
-            _remove_stale(Path(directory), written)
+            _remove_stale(Path(directory), written | {own_trace} if own_trace else written)
         return Path(directory)
 
+    def _trace_events_name(self, directory: Path) -> str | None:
+        """The name of this run's ``metrics.trace_events`` file if it lies in
+        ``directory`` (as the config resolves it: from ``base_dir``), else ``None``."""
+        config = self.config or {}
+        name = (config.get("metrics") or {}).get("trace_events")
+        if not name:
+            return None
+        path = Path(config.get("base_dir") or Path.cwd()) / name
+        return path.name if path.parent.resolve() == directory.resolve() else None
+
+    def _stage_trace(self) -> str:
+        """The whole run's trace events as ``trace.json`` holds them."""
+        from tokenyard.simulation.trace_events import DEFAULT_MAX_EVENTS, trace_events
+
+        metrics = (self.config or {}).get("metrics") or {}
+        cap = int(metrics.get("trace_max_events") or DEFAULT_MAX_EVENTS)
+        document, _ = trace_events(self, max_events=cap)
+        return json.dumps(document, separators=(",", ":"))
+
+
+#: The files ``write`` writes (``trace.json`` aside).
+OUTPUTS = (
+    "requests.parquet",
+    "requests.csv",
+    "samples.parquet",
+    "summary.json",
+    "token_gaps.parquet",
+    "config.json",
+)
 
 #: What an earlier run may have left beside its results that describes that run, not this
 #: one, unless this run writes it too: the command line, the report and its plots (the CLI
@@ -117,37 +160,6 @@ def _remove_stale(directory: Path, written: set[str]) -> None:
             path.unlink()
         elif path.is_dir():
             shutil.rmtree(path)
-
-
-def _chrome_trace(stages: dict[str, np.ndarray]) -> dict[str, Any]:
-    """One complete event per batch stage: process = replica, thread = pipeline stage."""
-    events = [
-        {
-            "name": f"batch {int(b)}",
-            "ph": "X",
-            "ts": float(start) * 1e6,
-            "dur": float(duration) * 1e6,
-            "pid": int(replica),
-            "tid": int(stage),
-            "args": {
-                "requests": int(n),
-                "prefill_tokens": int(p),
-                "decode_tokens": int(d),
-            },
-        }
-        for b, start, duration, replica, stage, n, p, d in zip(
-            stages["batch_id"],
-            stages["start"],
-            stages["duration"],
-            stages["replica"],
-            stages["stage"],
-            stages["num_requests"],
-            stages["num_prefill_tokens"],
-            stages["num_decode_tokens"],
-            strict=True,
-        )
-    ]
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
 def request_columns(raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -348,3 +348,14 @@ def test_a_trace_events_file_named_as_a_result_file_is_refused(tmp_path: Path) -
     with pytest.raises(ConfigError, match=r"metrics\.trace_events: names .*summary\.json"):
         result.write(out)
     assert json.loads((out / "summary.json").read_text())["otherData"], "the trace is kept"
+
+
+def test_the_cli_refuses_a_trace_events_file_named_as_a_result_before_the_run(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "job.json"
+    config.write_text(json.dumps(mapping()))
+    done = cli(str(config), "--trace-events", "out/requests.csv", "-o", "out", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "metrics.trace_events: names" in done.stderr
+    assert not (tmp_path / "out" / "requests.csv").exists(), "refused before the run"

@@ -78,14 +78,7 @@ class SimulationResult:
         import pyarrow.csv as pacsv  # type: ignore[import-untyped]
         import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
-        own_trace = self._trace_events_name(Path(directory))
-        if own_trace in OUTPUTS:
-            raise fail(
-                "metrics.trace_events",
-                f"names {Path(directory) / own_trace}, where the results' {own_trace} is "
-                "written; choose another file name",
-                self.config["metrics"]["trace_events"] if self.config else None,
-            )
+        own_trace = trace_events_in(directory, self._trace_events_path())
         with staged_output(directory) as staging:
             table = self.table()
             pq.write_table(table, staging / "requests.parquet")
@@ -102,15 +95,12 @@ class SimulationResult:
             _remove_stale(Path(directory), written | {own_trace} if own_trace else written)
         return Path(directory)
 
-    def _trace_events_name(self, directory: Path) -> str | None:
-        """The name of this run's ``metrics.trace_events`` file if it lies in
-        ``directory`` (as the config resolves it: from ``base_dir``), else ``None``."""
+    def _trace_events_path(self) -> Path | None:
+        """This run's ``metrics.trace_events`` file as the config resolves it (from
+        ``base_dir``), if it wrote one."""
         config = self.config or {}
         name = (config.get("metrics") or {}).get("trace_events")
-        if not name:
-            return None
-        path = Path(config.get("base_dir") or Path.cwd()) / name
-        return path.name if path.parent.resolve() == directory.resolve() else None
+        return Path(config.get("base_dir") or Path.cwd()) / name if name else None
 
     def _stage_trace(self) -> str:
         """The whole run's trace events as ``trace.json`` holds them."""
@@ -120,6 +110,25 @@ class SimulationResult:
         cap = int(metrics.get("trace_max_events") or DEFAULT_MAX_EVENTS)
         document, _ = trace_events(self, max_events=cap)
         return json.dumps(document, separators=(",", ":"))
+
+
+def trace_events_in(directory: str | os.PathLike[str], path: Path | None) -> str | None:
+    """The name of the trace-events file ``path`` if it lies in the results folder
+    ``directory`` (``write`` keeps it), else ``None``.
+
+    Raises:
+        ConfigError: it has the name of one of the results (``OUTPUTS``), naming
+            ``metrics.trace_events``.
+    """
+    if path is None or path.parent.resolve() != Path(directory).resolve():
+        return None
+    if path.name in OUTPUTS:
+        raise fail(
+            "metrics.trace_events",
+            f"names {path}, where the results' {path.name} is written; choose another name",
+            str(path),
+        )
+    return path.name
 
 
 #: The files ``write`` writes (``trace.json`` aside).

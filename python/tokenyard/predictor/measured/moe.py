@@ -15,7 +15,7 @@ from tokenyard.predictor.measured.data import MeasuredSource
 from tokenyard.predictor.measured.lookup import Entry, present, read
 from tokenyard.predictor.measured.ops import A2aTimes, MoeShape, MoeTimes, NotMeasured
 from tokenyard.predictor.measured.wide_ep import WideEp, wide_ep
-from tokenyard.predictor.roofline import A2A_OPS, network_a2a_seconds
+from tokenyard.predictor.roofline_moe import A2A_OPS, network_a2a_seconds
 
 
 def moe_op(
@@ -157,7 +157,7 @@ def _wide_or_calibrated(
 ) -> tuple[dict[str, Entry], str]:
     """An EP group over several nodes that the framework's table lacks: DeepEP's
     inter-node tables (``wide_ep.py``), else its off-node share over the device's network
-    (``roofline.network_a2a_seconds``) where the catalog knows the NIC, else the calibrated
+    (``roofline_moe.network_a2a_seconds``) where the catalog knows the NIC, else the calibrated
     roofline (which prices the link as NVLink) with the reasons."""
     domain = device.nvlink_domain if device is not None else GPUS_PER_NODE
     nodes = -(-ep // domain)
@@ -198,7 +198,7 @@ ROUTED_OPS = ("router", "moe_experts")
 SHARED_OPS = ("shared_gate_up_proj", "shared_down_proj")
 #: The shared branch's other kernels, the calibrated roofline's: the activation between
 #: its GEMMs and, where the model has it, Qwen's sigmoid gate
-#: (``roofline._shared_gate_and_merge``), all inside the branch, so hidden with it. The
+#: (``roofline_moe._shared_gate_and_merge``), all inside the branch, so hidden with it. The
 #: merge after the join (``shared_merge``) is never hidden.
 SHARED_BRANCH_OPS = ("shared_act", "shared_expert_gate", "shared_gate_mul")
 

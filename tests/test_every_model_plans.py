@@ -98,7 +98,9 @@ NOT_MEASURED = {("nvidia/DeepSeek-V3.1-NVFP4", "h100-sxm"), ("nvidia/DeepSeek-V3
 #: Ops no table prices (norms, activations, RoPE, the KV store, the embedding lookup): the
 #: calibrated roofline's, by design; every other op is a GEMM, attention, MoE, collective,
 #: conv/scan or the vision encoder.
-ELEMENTWISE = ("norm", "act", "rope", "kv_store", "embedding")
+#: (The shared experts' merge and Qwen's sigmoid gate, a GEMV below every GEMM table's
+#: ``n``, are memory-bound on the calibrated roofline too.)
+ELEMENTWISE = ("norm", "act", "rope", "kv_store", "embedding", "merge", "gate_mul", "expert_gate")
 #: The models whose deployment search runs in the default (fast) test run.
 FAST_SEARCH = ("Qwen/Qwen3-235B-A22B-FP8", "nvidia/DeepSeek-V3.1-NVFP4")
 

@@ -378,3 +378,18 @@ def test_the_package_imports_nothing_until_asked() -> None:
 
     for name in package.__all__:
         assert getattr(package, name) is not None
+
+
+def test_sglang_skips_what_its_policy_refuses() -> None:
+    """Under --framework sglang: no pipeline-parallel layout (SGLang's scheduler has none),
+    no P/D (the simulator's pools are vLLM's), said in a note and in the skips; the best
+    point's launch line is SGLang's."""
+    result = recommend(_ask(framework="sglang", disaggregated=True), executor="serial")
+    sim, _ = result.best("agg")
+    assert sim.candidate.label == "TP1 x2"
+    assert all(s.candidate.layout.pp == 1 for s in result.simulated)
+    assert result.best("disagg") is None
+    assert any("P/D not searched" in n for n in result.notes)
+    assert any("pipeline parallelism" in why for _, why in result.skipped)
+    text = format_table(result, rows(result))
+    assert "python -m sglang.launch_server" in text

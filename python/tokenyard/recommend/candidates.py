@@ -44,6 +44,15 @@ _PP = (1, 2, 4)
 _DP = (1, 2, 4, 8)
 
 Kind = Literal["agg", "disagg"]
+#: Fields whose refusal skips a layout (it does not fit the GPU, or the framework's policy
+#: cannot run it: SGLang's has no pipeline parallelism); any other error is the ask's.
+_LAYOUT_REFUSALS = (
+    "replica.device",
+    "replica.expert_parallel_size",
+    "replica.data_parallel_size",
+    "replica.num_pipeline_stages",
+    "replica.tensor_parallel_size",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,11 +247,7 @@ def _price_layouts(
             config = config_from_mapping(doc)
             plan = plan_for(config)
         except ConfigError as error:
-            if error.field in (
-                "replica.device",
-                "replica.expert_parallel_size",
-                "replica.data_parallel_size",
-            ):
+            if error.field in _LAYOUT_REFUSALS:  # does not fit, or the policy refuses it
                 skipped.append((layout.label + f" on {layout.device}", str(error)))
                 continue
             raise

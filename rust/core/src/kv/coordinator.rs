@@ -440,6 +440,41 @@ impl<R: RequestKey> KvCoordinator<R> {
         Ok(())
     }
 
+    /// Blocks the request's next allocation, at `num_computed_tokens` computed tokens,
+    /// surely returns to the free queue when its groups drop what they no longer attend to
+    /// (`remove_skipped_blocks`): those it holds alone. A block another request also holds
+    /// is not counted (it is freed only if that one let it go first), so this may fall
+    /// short, never over. 0 for an unknown request.
+    pub fn num_blocks_freed_by_skipping(
+        &self,
+        request_id: &R,
+        num_computed_tokens: usize,
+    ) -> usize {
+        let Some(request) = self.requests.get(request_id) else {
+            return 0;
+        };
+        let mut freed = 0;
+        for (spec, table) in self.groups.iter().zip(&request.tables) {
+            let num_skipped = spec.num_skipped_tokens(num_computed_tokens) / self.block_size;
+            let end = num_skipped.min(table.len());
+            freed += (table[..end].iter().rev())
+                .take_while(|&&b| b != NULL_BLOCK)
+                .filter(|&&b| self.blocks[b as usize].ref_cnt == 1)
+                .count();
+        }
+        freed
+    }
+
+    /// New blocks an allocation up to `num_slots` token slots adds to the tables of a
+    /// request that holds blocks, over its groups (after `remove_skipped_blocks`, which
+    /// never shortens a table); 0 for an unknown request.
+    pub fn num_new_blocks(&self, request_id: &R, num_slots: usize) -> usize {
+        if !self.requests.contains_key(request_id) {
+            return 0;
+        }
+        self.num_blocks_to_allocate(request_id, num_slots, 0, None, None)
+    }
+
     /// vLLM 0.33's full-sequence admission gate (`allocate_slots` with
     /// `full_sequence_must_fit`): whether `num_tokens` of the request fit in the free
     /// blocks beside what it holds or `hit`, each window group's need capped at

@@ -12,7 +12,7 @@ use rustc_hash::FxHashMap;
 use super::{PrefixCache, SchedulerConfig};
 use crate::kv::{
     BlockHash, BlockId, BlockPool, BlockPoolStats, ComputedBlocks, GroupedComputedBlocks,
-    KvCapacity, KvCoordinator, KvEvent, PrefixPool, RadixHit, RadixPool, TokenId,
+    KvCapacity, KvCoordinator, KvEvent, KvGroupSpec, PrefixPool, RadixHit, RadixPool, TokenId,
 };
 use crate::{Error, Result};
 
@@ -317,6 +317,33 @@ impl Kv {
     /// connectors need).
     pub fn is_block_hash(&self) -> bool {
         matches!(self, Kv::BlockHash(_))
+    }
+
+    /// The coordinator's groups, when this is it.
+    pub fn hybrid_groups(&self) -> Option<&[KvGroupSpec]> {
+        match self {
+            Kv::Hybrid(h) => Some(h.pool.groups()),
+            _ => None,
+        }
+    }
+
+    /// Blocks the next allocation of `slot` at `num_computed` computed tokens surely frees
+    /// from what its groups no longer attend to (`KvCoordinator::num_blocks_freed_by_skipping`);
+    /// 0 for a single-group pool.
+    pub fn num_blocks_freed_by_skipping(&self, slot: u32, num_computed: usize) -> usize {
+        match self {
+            Kv::Hybrid(h) => h.pool.num_blocks_freed_by_skipping(&slot, num_computed),
+            _ => 0,
+        }
+    }
+
+    /// New blocks, over the groups, an allocation of `slot` up to `num_slots` slots adds
+    /// (several KV groups only; 0 otherwise).
+    pub fn num_new_group_blocks(&self, slot: u32, num_slots: usize) -> usize {
+        match self {
+            Kv::Hybrid(h) => h.pool.num_new_blocks(&slot, num_slots),
+            _ => 0,
+        }
     }
 
     /// The coordinator records no cache events: routers reading them see none (the

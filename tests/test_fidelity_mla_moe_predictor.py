@@ -22,7 +22,7 @@ from tokenyard.errors import ConfigError
 from tokenyard.predictor.compiled import TableCost
 from tokenyard.predictor.measured.build import measured_predictor
 from tokenyard.predictor.measured.data import SYSTEM_OF_DEVICE, package_root, resolve_source
-from tokenyard.predictor.measured.mla import MLA_PROJECTIONS, projections_unquantized
+from tokenyard.predictor.measured.gemm import MLA_PROJECTIONS, modules_unquantized
 from tokenyard.predictor.measured.moe import (
     SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD,
     a2a_ops,
@@ -280,12 +280,12 @@ def test_which_exclude_lists_keep_the_mla_projections_16_bit(tmp_path: Path) -> 
     """The small DeepSeek has 4 layers: a ``self_attn*`` wildcard, or the projections
     named in 2 of the 4 layers, keep them 16-bit; 1 of 4, or only the LM head, do not."""
     spec = load_config(tmp_path, SMALL_DEEPSEEK)
-    assert projections_unquantized(_nvfp4("model.layers.*.self_attn*"), spec)
+    assert modules_unquantized(_nvfp4("model.layers.*.self_attn*"), spec, "mla")
     two = [f"model.layers.{i}.self_attn.{p}" for i in (0, 1) for p in MLA_PROJECTIONS]
-    assert projections_unquantized(_nvfp4(*two), spec)
-    assert not projections_unquantized(_nvfp4(*two[:4]), spec)
-    assert not projections_unquantized(_nvfp4("lm_head"), spec)
-    assert not projections_unquantized(None, spec)
+    assert modules_unquantized(_nvfp4(*two), spec, "mla")
+    assert not modules_unquantized(_nvfp4(*two[:4]), spec, "mla")
+    assert not modules_unquantized(_nvfp4("lm_head"), spec, "mla")
+    assert not modules_unquantized(None, spec, "mla")
 
 
 def test_deepseek_v3_1_nvfp4_prices_its_16_bit_projections_with_the_bf16_module() -> None:

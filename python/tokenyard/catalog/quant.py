@@ -70,8 +70,8 @@ class Quantization:
     experts_only: bool = False
     #: Module names the checkpoint keeps 16-bit, as it writes them (ModelOpt's
     #: ``exclude_modules`` / ``ignore``: ``model.layers.3.self_attn.q_a_proj``,
-    #: ``model.layers.*.self_attn*``); the measured MLA reads them
-    #: (``predictor/measured/mla.py``, ``projections_unquantized``). Not compared: two
+    #: ``model.layers.*.self_attn*``); the measured predictor reads them
+    #: (``predictor/measured/gemm.py``, ``modules_unquantized``). Not compared: two
     #: checkpoints of one scheme are the same quantization.
     unquantized_modules: tuple[str, ...] = dataclasses.field(default=(), compare=False)
 

@@ -63,7 +63,7 @@ from tokenyard.predictor.measured.lookup import (
     read,
     shapes,
 )
-from tokenyard.predictor.measured.mla import MLA_MODULE_OPS, mla_ops, projections_unquantized
+from tokenyard.predictor.measured.mla import MLA_MODULE_OPS, mla_ops
 from tokenyard.predictor.measured.moe import (
     SHARED_BRANCH_OPS,
     a2a_ops,
@@ -103,12 +103,13 @@ def _measured_ops(
         "lm_head": (gemm_table(edge, s.vocab, s.h, "num_requests"), label, ""),
     }
     # What the checkpoint keeps 16-bit (ModelOpt exclude_modules), priced at the 16-bit
-    # rows as vLLM builds those linears unquantized (gemm.modules_unquantized).
-    kept16 = [m for m in KEPT_MODULES if modules_unquantized(quantization, model, m)]
-    if kept16 and edge is not gemm:
+    # rows as vLLM builds those linears unquantized (gemm.modules_unquantized). MLA's
+    # module says so in its own words (below); the other linears switch rows only where
+    # the layers' family is not the 16-bit one already.
+    kept = [m for m in KEPT_MODULES if modules_unquantized(quantization, model, m)]
+    kept16 = [m for m in kept if m != "mla"] if edge is not gemm else []
+    if kept16:
         kernels["kept"] = f"{', '.join(m.replace('_', ' ') for m in kept16)} 16-bit"
-    else:
-        kept16 = []
     if model.mla is None:
         attention_gemm = edge if "attention" in kept16 else gemm
         for mixer in dict.fromkeys(model.mixers()):
@@ -134,11 +135,10 @@ def _measured_ops(
         # the GEMM rows, with the reason); 16-bit where the checkpoint keeps the
         # projections so (ModelOpt NVFP4 DeepSeek: exclude_modules), as vLLM runs them.
         module_gemm, module_rows = kernels["gemm"], gemm
-        kept = projections_unquantized(quantization, model)
-        if kept:
+        if "mla" in kept:
             module_gemm, module_rows = kernels["lm_head"], edge
         mla, kernels["mla"] = mla_ops(source, model, tp, kv_dtype, module_gemm, module_rows, label)
-        if kept:
+        if "mla" in kept:
             kernels["mla"] += " (projections 16-bit in the checkpoint)"
         out.update(mla)
     for kind in model.layer_kinds():

@@ -109,9 +109,13 @@ def _static_fp8(
     return gemm, note, f"static FP8 activations priced as dynamic: {why}"
 
 
+#: The MLA projections a checkpoint may keep 16-bit (NVIDIA's ModelOpt NVFP4 DeepSeek and
+#: Kimi releases list them in ``exclude_modules``; vLLM then builds them unquantized).
+MLA_PROJECTIONS = ("q_a_proj", "kv_a_proj_with_mqa", "q_b_proj", "kv_b_proj")
 #: Modules a ModelOpt checkpoint may keep 16-bit (``exclude_modules``), each a kind of
 #: layer and the linears vLLM builds there (leaf names under a decoder layer; a pattern
-#: must cover all of one entry's leaves). MLA's projections: ``mla.projections_unquantized``.
+#: must cover all of one entry's leaves). MLA's module is priced whole, so any one of its
+#: projections kept 16-bit counts (DeepSeek-V3.1-NVFP4 names each of them per layer).
 KEPT_MODULES: dict[str, tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]] = {
     "attention": (
         ("gqa", "sliding", "chunked"),
@@ -130,6 +134,7 @@ KEPT_MODULES: dict[str, tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]] = {
         ("gdn",),
         (("linear_attn.in_proj_qkvz", "linear_attn.out_proj"),),
     ),
+    "mla": (("mla",), tuple((f"self_attn.{p}",) for p in MLA_PROJECTIONS)),
 }
 
 _LAYER = re.compile(r"^(.*?layers\.)(\d+)\.")
@@ -146,7 +151,7 @@ def modules_unquantized(quantization: Quantization | None, model: ModelSpec, mod
 
     Qwen3.5-*-NVFP4 keep ``self_attn*``, ``linear_attn*`` and ``shared_expert*`` of every
     layer; Kimi-K2.6-NVFP4 ``self_attn*`` and ``shared_experts*``; MiniMax-M2.x-NVFP4
-    ``self_attn*``."""
+    ``self_attn*``; DeepSeek-V3.1-NVFP4 each MLA projection of every layer."""
     if quantization is None or not quantization.unquantized_modules:
         return False
     kinds, entries = KEPT_MODULES[module]

@@ -9,7 +9,6 @@ from pathlib import Path
 
 from tokenyard import catalog
 from tokenyard.catalog import ModelSpec
-from tokenyard.catalog.quant import Quantization
 from tokenyard.errors import ConfigError
 from tokenyard.predictor import grids
 from tokenyard.predictor.measured.data import MeasuredSource, _version_key, _versions
@@ -42,27 +41,6 @@ MLA_MODULE_OPS = (
     "mla_bmm_post",
     "o_proj",
 )
-#: The MLA projections a checkpoint may keep 16-bit (NVIDIA's ModelOpt NVFP4 DeepSeek and
-#: Kimi releases list them in ``exclude_modules``; vLLM then builds them unquantized).
-MLA_PROJECTIONS = ("q_a_proj", "kv_a_proj_with_mqa", "q_b_proj", "kv_b_proj")
-
-
-def projections_unquantized(quantization: Quantization | None, model: ModelSpec) -> bool:
-    """Whether ``quantization`` keeps the MLA projections 16-bit in most of ``model``'s
-    layers: a wildcard over ``self_attn``, or per-layer names covering at least half the
-    layers (DeepSeek-V3.1-NVFP4 lists q_a, kv_a, q_b and kv_b of every layer)."""
-    if quantization is None or model.mla is None:
-        return False
-    layers: set[str] = set()
-    for name in quantization.unquantized_modules:
-        if "self_attn" in name and "*" in name.split("self_attn", 1)[1][:2]:
-            return True  # ``...self_attn*``: the whole attention
-        if any(name.endswith(p) for p in MLA_PROJECTIONS):
-            parts = name.split(".")
-            layers.update(p for p in parts if p.isdigit())
-    return 2 * len(layers) >= model.num_layers
-
-
 #: The MLA dims vLLM's MLA BMM collector measures (DeepSeek-V3's: qk_nope, kv_lora, v).
 _MLA_BMM_DIMS = (128, 512, 128)
 

@@ -375,6 +375,16 @@ class ModelSpec:
             self.num_shared_experts * self.intermediate_size
         )
 
+    def shared_experts_sequence_parallel(self, tp: int, ep: int, dp: int) -> int:
+        """How many ways the tokens of a MoE layer's shared experts are split: ``tp``
+        under vLLM 0.33's sequence-parallel MoE (``use_sequence_parallel_moe``: expert
+        parallelism with TP > 1 and DP > 1) for a model whose shared experts take it
+        (``sequence_parallel_shared_experts``), each GPU running them whole on its 1/TP of
+        the tokens; else 1, the experts' width split by TP instead."""
+        if ep > 1 and dp > 1 and self.sequence_parallel_shared_experts:
+            return tp
+        return 1
+
     def _ffn_parameters(self, kind: LayerKind, experts: int) -> int:
         h = self.hidden_size
         matrices = 3 if self.gated_ffn else 2

@@ -613,9 +613,7 @@ def roofline_predictor(
             if m != "none" and f != "none"
         )
         b.ops[-1] = dataclasses.replace(b.ops[-1], count=both / model.num_layers)
-    # vLLM 0.33's sequence-parallel MoE (EP, TP > 1, DP > 1): the shared experts whole on
-    # each GPU's 1/TP of the tokens (ModelSpec.sequence_parallel_shared_experts).
-    sp = tp if ep > 1 and dp > 1 and model.sequence_parallel_shared_experts else 1
+    sp = model.shared_experts_sequence_parallel(tp, ep, dp)
     _mlp(b, model, s, tp, _experts(model, tp, ep, dp), sp)
     if model.mtp_module:  # an MTP module (ModelSpec.mtp_drafter): enorm, hnorm, eh_proj
         _norm(b, "mtp_norms", s)

@@ -155,9 +155,8 @@ def _measured_ops(
         if model.num_shared_experts:
             # Their own width (Gemma 4's dense MLP, Nemotron-H's non-gated one). Under vLLM
             # 0.33's sequence-parallel MoE (EP with TP > 1 and DP > 1) they are whole on
-            # every GPU, each running its 1/TP of the layer's tokens
-            # (ModelSpec.sequence_parallel_shared_experts).
-            sp = tp if ep > 1 and dp > 1 and model.sequence_parallel_shared_experts else 1
+            # every GPU, each running its 1/TP of the layer's tokens.
+            sp = model.shared_experts_sequence_parallel(tp, ep, dp)
             i = model.shared_intermediate // (tp // sp)
             shared = edge if "shared_experts" in kept16 else gemm
             up = gemm_table(shared, (2 if model.gated_ffn else 1) * i, s.h, "num_tokens")

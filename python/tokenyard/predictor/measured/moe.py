@@ -91,7 +91,7 @@ def a2a_ops(
     nodes = -(-ep // domain)  # an NVL72 rack is one node of 72
     if "comm" not in source.folders or not present(path):
         why = f"no moe_a2a_perf table for {source.system}/{source.framework} {source.version}"
-        return _wide_or_calibrated(source, model, tp, ep, device, why)
+        return _wide_or_calibrated(source, model, tp, ep, nodes, device, why)
     rows = read(source, path)
     out: dict[str, Entry] = {}
     used: set[str] = set()
@@ -135,7 +135,7 @@ def a2a_ops(
         table = grids.token_table("num_tokens", seconds, 2.0**17)
         out[op] = (table, f"measured:moe_a2a ({path.parent.name})", "")
     if not used:
-        return _wide_or_calibrated(source, model, tp, ep, device, whys[-1])
+        return _wide_or_calibrated(source, model, tp, ep, nodes, device, whys[-1])
     limit = ""
     if len(used) == 2:  # the low-latency limit of a phase that measures it
         limit = f" up to {max(lows):g} tokens per GPU, deepep_ht above"
@@ -152,15 +152,14 @@ def _wide_or_calibrated(
     model: ModelSpec,
     tp: int,
     ep: int,
+    nodes: int,
     device: DeviceSpec | None,
     why: str,
 ) -> tuple[dict[str, Entry], str]:
-    """An EP group over several nodes that the framework's table lacks: DeepEP's
+    """An EP group over several ``nodes`` that the framework's table lacks: DeepEP's
     inter-node tables (``wide_ep.py``), else its off-node share over the device's network
-    (``roofline_moe.network_a2a_seconds``) where the catalog knows the NIC, else the calibrated
-    roofline (which prices the link as NVLink) with the reasons."""
-    domain = device.nvlink_domain if device is not None else GPUS_PER_NODE
-    nodes = -(-ep // domain)
+    (``roofline_moe.network_a2a_seconds``) where the catalog knows the NIC, else the
+    calibrated roofline (which prices the link as NVLink) with the reasons."""
     if nodes > 1:
         wide, why_wide = wide_ep(source, model, nodes)
         if wide is not None:
@@ -179,9 +178,10 @@ def _wide_or_calibrated(
         if device is not None and seconds_of is not None:
             table = grids.token_table("num_tokens", seconds_of, 2.0**17)
             label = "roofline:network"
+            domain = device.nvlink_domain
             words = (
                 f"roofline over the network ({1 - domain / ep:.0%} of each GPU's tokens x "
-                f"hidden x top-k / EP leaves its {domain}-GPU NVLink domain at "
+                f"hidden x top-k leaving the {domain}-GPU NVLink domain at "
                 f"{device.network_gbps:g} GB/s) ({why})"
             )
             return {op: (table, label, "") for op in A2A_OPS}, words

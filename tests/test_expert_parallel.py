@@ -162,18 +162,20 @@ def test_expert_parallelism_needs_experts_it_divides() -> None:
     assert error.field == "replica.expert_parallel_size"
 
 
-def test_expert_parallelism_is_refused_in_disaggregated_pools() -> None:
-    with pytest.raises(ConfigError) as error:
-        _config(
-            {
-                "model": "mixtral-8x7b",
-                "device": "h100-sxm",
-                "tensor_parallel_size": 2,
-                "expert_parallel_size": 2,
-            },
-            decode={"num_replicas": 1},
-        )
-    assert error.value.field == "replica.expert_parallel_size"
+def test_expert_parallelism_is_served_in_disaggregated_pools() -> None:
+    """Both pools take the replica's EP 2 over TP 2 (tests/test_decode_pool_layout.py has
+    the decode pool's own layouts)."""
+    config = _config(
+        {
+            "model": "mixtral-8x7b",
+            "device": "h100-sxm",
+            "tensor_parallel_size": 2,
+            "expert_parallel_size": 2,
+        },
+        decode={"num_replicas": 1},
+    )
+    decode = simulate(config).summary["config"]["decode"]
+    assert decode["layout"] == "TP 2, EP 2, PP 1"
 
 
 def test_a_dp_rank_runs_its_own_scheduler_and_prices_the_all_to_all() -> None:

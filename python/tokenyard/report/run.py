@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenyard.errors import ConfigError
+from tokenyard.simulation.disagg_config import decode_schedulers
 
 __all__ = ["Run", "cdf", "gap_cdf", "load_run", "time_bins"]
 
@@ -74,7 +75,7 @@ class Run:
             return [("", range(first))]
         return [
             ("prefill", range(first)),
-            ("decode", range(first, first + int(decode["num_replicas"]))),
+            ("decode", range(first, first + decode_schedulers(decode))),
         ]
 
     @property

@@ -25,6 +25,7 @@ import numpy.typing as npt
 
 from tokenyard._checks import fail
 from tokenyard._output import staged_output
+from tokenyard.simulation.disagg_config import decode_schedulers
 
 __all__ = ["SimulationResult"]
 
@@ -253,7 +254,9 @@ def summarize(
     good = (columns["ttft"] <= slo_ttft_s) & (columns["tpot"] <= slo_tpot_s)
     replicas = raw["replicas"]
     decode_pool = description.get("decode")
-    num_prefill = len(replicas["busy_time"]) - (decode_pool["num_replicas"] if decode_pool else 0)
+    num_prefill = len(replicas["busy_time"]) - (
+        decode_schedulers(decode_pool) if decode_pool else 0
+    )
     stages = np.full(len(replicas["busy_time"]), num_stages, dtype=np.float64)
     if decode_pool:
         stages[num_prefill:] = decode_pool["num_pipeline_stages"]

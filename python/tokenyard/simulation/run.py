@@ -235,30 +235,16 @@ class DecodePool:
 
 
 def decode_config(config: SimulationConfig) -> SimulationConfig:
-    """``config`` as the decode pool sees it: its replicas, device, layout, scheduler and
-    host tier (each unset one the replica's); same model and dtypes."""
+    """``config`` as the decode pool sees it: its replicas, device, layout (EP and
+    attention DP included), scheduler and host tier (each unset one the replica's); same
+    model and dtypes."""
     pool = config.cluster.decode
     if pool is None:
         raise ValueError("not a disaggregated config")
-    replica = config.replica
-
-    def either(value: Any, default: Any) -> Any:
-        return default if value is None else value
-
     return dataclasses.replace(
         config,
         cluster=dataclasses.replace(config.cluster, num_replicas=pool.num_replicas),
-        replica=dataclasses.replace(
-            replica,
-            device=either(pool.device, replica.device),
-            tensor_parallel_size=either(pool.tensor_parallel_size, replica.tensor_parallel_size),
-            num_pipeline_stages=either(pool.num_pipeline_stages, replica.num_pipeline_stages),
-            memory_margin_fraction=either(
-                pool.memory_margin_fraction, replica.memory_margin_fraction
-            ),
-            scheduler=either(pool.scheduler, replica.scheduler),
-            kv_offload=either(pool.kv_offload, replica.kv_offload),
-        ),
+        replica=pool.resolve(config.replica),
     )
 
 
@@ -281,7 +267,12 @@ def _decode_pool(config: SimulationConfig, *, prefix_caching: bool) -> DecodePoo
     except ConfigError as exc:
         # The decode pool's layout keys live under [cluster.decode], not [replica].
         field = (exc.field or "").replace("replica.", "cluster.decode.", 1)
-        raise ConfigError(f"cluster.decode: {exc}", field=field, value=exc.value) from None
+        text = str(exc)
+        if exc.field and text.startswith(exc.field):
+            text = field + text[len(exc.field) :]  # the message names the decode pool's key
+        else:
+            text = f"cluster.decode: {text}"
+        raise ConfigError(text, field=field, value=exc.value) from None
     choice = choose_execution(decode)
     predictor = build_predictor(decode, choice)
     exec_model = (
@@ -293,6 +284,8 @@ def _decode_pool(config: SimulationConfig, *, prefix_caching: bool) -> DecodePoo
     figures = disagg_config.link_figures(transfer, prefill_device, decode_device)
     _, kv_bytes = dtype_bytes(config.replica.dtype, config.replica.kv_cache_dtype)
     layout = decode.replica
+    # The core's replicas are schedulers, one per attention DP rank: a rank's KV lives
+    # on its own TP x PP GPUs, so those send and receive it (ranks placed in order).
     link = {
         "kv_bytes_per_token": disagg_config.kv_bytes_per_token(model, kv_bytes),
         "gpus_per_node": transfer.gpus_per_node,
@@ -301,7 +294,7 @@ def _decode_pool(config: SimulationConfig, *, prefix_caching: bool) -> DecodePoo
         **figures,
     }
     core = {
-        "num_replicas": pool.num_replicas,
+        "num_replicas": num_schedulers(decode),
         "num_stages": layout.num_pipeline_stages,
         "replica": replica_spec(decode, plan, prefix_caching=prefix_caching),
         "global_policy": pool.global_scheduler.policy,
@@ -315,6 +308,9 @@ def _decode_pool(config: SimulationConfig, *, prefix_caching: bool) -> DecodePoo
             "device": layout.device,
             "tensor_parallel_size": decode_tp,
             "num_pipeline_stages": layout.num_pipeline_stages,
+            "expert_parallel_size": layout.expert_parallel_size,
+            "data_parallel_size": layout.data_parallel_size,
+            "layout": layout_text(decode),
             "num_blocks": decode.replica.scheduler.num_blocks or plan.num_blocks,
             "execution": describe_execution(predictor, decode, choice),
             "link": link,

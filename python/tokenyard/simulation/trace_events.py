@@ -25,6 +25,7 @@ import numpy as np
 from tokenyard._checks import check_key_int, fail
 from tokenyard._output import write_text
 from tokenyard.simulation.config import MetricsConfig
+from tokenyard.simulation.disagg_config import decode_schedulers
 
 if TYPE_CHECKING:
     from tokenyard.simulation.results import SimulationResult
@@ -93,7 +94,7 @@ def _pools(result: SimulationResult) -> tuple[int, list[str], list[int]]:
     config = result.summary["config"]
     total = len(result.summary["replicas"]["busy_fraction"])
     decode = config.get("decode")
-    num_prefill = total - (int(decode["num_replicas"]) if decode else 0)
+    num_prefill = total - (decode_schedulers(decode) if decode else 0)
     dp = int(config.get("data_parallel_size", 1))
     names, blocks = [], []
     for r in range(total):

@@ -72,6 +72,8 @@ SGLANG_SCHEDULER_KEYS = (
 DECODE_KEYS = (
     "cluster.decode.tensor_parallel_size",
     "cluster.decode.num_pipeline_stages",
+    "cluster.decode.data_parallel_size",
+    "cluster.decode.expert_parallel_size",
     "cluster.decode.memory_margin_fraction",
 )
 
@@ -99,7 +101,7 @@ def configs(draw: st.DrawFn) -> SimulationConfig:
     tp = draw(st.sampled_from([1, 2, 4, 8]))
     dp = draw(st.sampled_from([1, 1, 2, 4]))
     ep = tp * dp if dp > 1 or draw(st.booleans()) else 1
-    disaggregated = ep == 1 and draw(st.booleans())
+    disaggregated = draw(st.booleans())
     replica: dict[str, Any] = {
         "model": draw(st.sampled_from(["llama-3.1-70b", "qwen2.5-32b", "Qwen/Qwen3-32B"])),
         "device": draw(st.sampled_from(["h100-sxm", "h200", "b200"])),
@@ -129,9 +131,16 @@ def configs(draw: st.DrawFn) -> SimulationConfig:
         }
     cluster: dict[str, Any] = {"num_replicas": draw(st.integers(1, 4))}
     if disaggregated:
+        # The decode pool's own layout: wide-EP decode (DP ranks, EP over all of them) too.
+        decode_tp = draw(st.sampled_from([tp, 2 * tp]))
+        decode_dp = draw(st.sampled_from([1, 1, 2, 8]))
         cluster["decode"] = {
             "num_replicas": draw(st.integers(1, 3)),
-            "tensor_parallel_size": draw(st.sampled_from([tp, 2 * tp])),
+            "tensor_parallel_size": decode_tp,
+            "data_parallel_size": decode_dp,
+            "expert_parallel_size": (
+                decode_tp * decode_dp if decode_dp > 1 or draw(st.booleans()) else 1
+            ),
             "num_pipeline_stages": draw(st.sampled_from([1, 2])),
             "memory_margin_fraction": draw(st.sampled_from([0.05, 0.2])),
             "scheduler": {"policy": "vllm_v1", "vllm_v1": _scheduler(draw)},
@@ -293,6 +302,44 @@ def test_attention_dp_multiplies_sglangs_whole_server_caps() -> None:
     assert vllm.argv[vllm.argv.index("--data-parallel-size") + 1] == "8"
     assert vllm.argv[vllm.argv.index("--max-num-seqs") + 1] == "64"
     assert command.gpus_per_instance == vllm.gpus_per_instance == 8
+
+
+def test_a_wide_ep_decode_pool_gets_its_own_dp_and_ep_flags() -> None:
+    """Prefill TP 8 with EP 8, decode TP 1 x DP 16 with EP 16 (docs/disaggregation.md):
+    each pool's command carries its own layout, the decode one 16 GPUs an instance."""
+    config = config_from_mapping(
+        {
+            "replica": {
+                "model": "deepseek-ai/DeepSeek-V3",
+                "device": "h200",
+                "tensor_parallel_size": 8,
+                "expert_parallel_size": 8,
+            },
+            "cluster": {
+                "decode": {
+                    "tensor_parallel_size": 1,
+                    "data_parallel_size": 16,
+                    "expert_parallel_size": 16,
+                }
+            },
+        }
+    )
+    prefill, decode = vllm_commands(config)
+    assert "--data-parallel-size" not in prefill.argv
+    assert "--enable-expert-parallel" in prefill.argv
+    assert decode.argv[decode.argv.index("--tensor-parallel-size") + 1] == "1"
+    assert decode.argv[decode.argv.index("--data-parallel-size") + 1] == "16"
+    assert "--enable-expert-parallel" in decode.argv
+    assert (prefill.gpus_per_instance, decode.gpus_per_instance) == (8, 16)
+    assert "each of the 16 data-parallel ranks has its own scheduler" in " ".join(decode.notes)
+    _, sg_decode = sglang_commands(config)
+    argv = sg_decode.argv
+    assert argv[argv.index("--tp-size") + 1] == "16"
+    assert argv[argv.index("--attn-dp-size") + 1] == "16"
+    assert argv[argv.index("--ep-size") + 1] == "16"
+    assert parse_vllm_command(decode.text())["cluster.decode.data_parallel_size"] == 16
+    parsed = parse_sglang_command(sg_decode.text(), policy="vllm_v1")
+    assert parsed["cluster.decode.expert_parallel_size"] == 16
 
 
 def test_pd_pools_use_nixl_with_producer_and_consumer_roles() -> None:

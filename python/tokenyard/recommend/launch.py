@@ -306,15 +306,14 @@ def vllm_commands(config: SimulationConfig) -> list[LaunchCommand]:
     )
     if decode is not None:
         argv = list(base)
-        dtp = decode.tensor_parallel_size or tp
-        dpp = decode.num_pipeline_stages or pp
-        margin = (
-            r.memory_margin_fraction
-            if decode.memory_margin_fraction is None
-            else decode.memory_margin_fraction
-        )
+        d = decode.resolve(r)  # the decode pool's layout, unset keys the replica's
+        dtp, dpp, ddp = d.tensor_parallel_size, d.num_pipeline_stages, d.data_parallel_size
         argv += ["--tensor-parallel-size", str(dtp), "--pipeline-parallel-size", str(dpp)]
-        argv += ["--gpu-memory-utilization", _fraction(1 - margin)]
+        if ddp > 1:
+            argv += ["--data-parallel-size", str(ddp)]
+        if d.expert_parallel_size > 1:
+            argv.append("--enable-expert-parallel")
+        argv += ["--gpu-memory-utilization", _fraction(1 - d.memory_margin_fraction)]
         dnotes = [_decode_router_note(decode.global_scheduler.policy)]
         if decode.kv_offload is not None:
             dnotes.append(
@@ -322,15 +321,15 @@ def vllm_commands(config: SimulationConfig) -> list[LaunchCommand]:
                 "connector by hand"
             )
         sched = decode.scheduler.vllm_v1 if decode.scheduler is not None else r.scheduler.vllm_v1
-        _vllm_scheduler(argv, dnotes, sched, "cluster.decode.scheduler.vllm_v1", 1)
+        _vllm_scheduler(argv, dnotes, sched, "cluster.decode.scheduler.vllm_v1", ddp)
         argv += ["--kv-transfer-config", _nixl("kv_consumer")]
         out.append(
             LaunchCommand(
                 "vllm",
                 "decode",
                 decode.num_replicas,
-                _gpus(dtp, dpp, 1),
-                decode.device or r.device,
+                _gpus(dtp, dpp, ddp),
+                d.device,
                 tuple(argv),
                 tuple(dnotes),
             )
@@ -494,15 +493,14 @@ def sglang_commands(config: SimulationConfig) -> list[LaunchCommand]:
         )
     ]
     if decode is not None:
-        dtp = decode.tensor_parallel_size or tp
-        dpp = decode.num_pipeline_stages or pp
-        margin = (
-            r.memory_margin_fraction
-            if decode.memory_margin_fraction is None
-            else decode.memory_margin_fraction
-        )
-        argv = [*base, "--tp-size", str(dtp), "--pp-size", str(dpp)]
-        argv += ["--mem-fraction-static", _fraction(1 - margin)]
+        d = decode.resolve(r)  # the decode pool's layout, unset keys the replica's
+        dtp, dpp, ddp = d.tensor_parallel_size, d.num_pipeline_stages, d.data_parallel_size
+        argv = [*base, "--tp-size", str(dtp * ddp), "--pp-size", str(dpp)]
+        if ddp > 1:
+            argv += ["--attn-dp-size", str(ddp)]
+        if d.expert_parallel_size > 1:
+            argv += ["--ep-size", str(d.expert_parallel_size)]
+        argv += ["--mem-fraction-static", _fraction(1 - d.memory_margin_fraction)]
         dnotes = [_decode_router_note(decode.global_scheduler.policy)]
         if decode.kv_offload is not None:
             dnotes.append(
@@ -510,15 +508,15 @@ def sglang_commands(config: SimulationConfig) -> list[LaunchCommand]:
                 "connector by hand"
             )
         sched = decode.scheduler if decode.scheduler is not None else r.scheduler
-        _sglang_scheduler(argv, dnotes, config, sched, "cluster.decode.scheduler", 1)
+        _sglang_scheduler(argv, dnotes, config, sched, "cluster.decode.scheduler", ddp)
         argv += ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "nixl"]
         out.append(
             LaunchCommand(
                 "sglang",
                 "decode",
                 decode.num_replicas,
-                _gpus(dtp, dpp, 1),
-                decode.device or r.device,
+                _gpus(dtp, dpp, ddp),
+                d.device,
                 tuple(argv),
                 tuple(dnotes),
             )

@@ -156,9 +156,9 @@ def _place(found: dict[str, Any], role: str, section: str) -> dict[str, Any]:
             out[f"replica.scheduler.{name}"] = value
         else:
             out[f"replica.{name}"] = value
-    if role != "decode":
-        out["replica.data_parallel_size"] = dp
-        out["replica.expert_parallel_size"] = tp * dp if expert else 1
+    pool = "cluster.decode" if role == "decode" else "replica"
+    out[f"{pool}.data_parallel_size"] = dp
+    out[f"{pool}.expert_parallel_size"] = tp * dp if expert else 1
     return out
 
 
@@ -257,9 +257,8 @@ def _place_sglang(
     out[f"{pool}.num_pipeline_stages"] = raw.get("@pp", 1)
     if "@margin" in raw:
         out[f"{pool}.memory_margin_fraction"] = raw["@margin"]
-    if role != "decode":
-        out["replica.data_parallel_size"] = dp
-        out["replica.expert_parallel_size"] = raw.get("@ep", 1)
+    out[f"{pool}.data_parallel_size"] = dp
+    out[f"{pool}.expert_parallel_size"] = raw.get("@ep", 1)
     if "@context_length" in raw:
         key = (
             "scheduler.vllm_v1.max_model_len"

@@ -179,3 +179,14 @@ def test_decode_expert_parallelism_needs_experts_it_divides() -> None:
     with pytest.raises(ConfigError, match="needs a mixture-of-experts model") as error:
         simulate(dense)
     assert error.value.field == "cluster.decode.expert_parallel_size"
+
+
+def test_a_search_label_tells_the_decode_pools_dp_from_the_replicas() -> None:
+    from tokenyard.search.tables import label
+
+    overrides = {
+        "replica.data_parallel_size": 2,
+        "cluster.decode.data_parallel_size": 4,
+        "cluster.decode.expert_parallel_size": 4,
+    }
+    assert label(overrides, {}) == "dp=2 decode_dp=4 decode_ep=4"

@@ -45,6 +45,8 @@ _SHORT = {
     # A disaggregated cluster's pools: cluster.num_replicas is then the prefill pool.
     "cluster.decode.num_replicas": "decode",
     "cluster.decode.tensor_parallel_size": "decode_tp",
+    "cluster.decode.data_parallel_size": "decode_dp",
+    "cluster.decode.expert_parallel_size": "decode_ep",
     "cluster.decode.device": "decode_device",
     "cluster.num_replicas": "replicas",
     "tensor_parallel_size": "tp",

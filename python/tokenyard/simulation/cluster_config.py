@@ -210,9 +210,12 @@ class ReplicaConfig:
 
     def _check_expert_layout(self, where: str) -> None:
         """EP and attention DP as vLLM serves them: DP ranks need expert parallelism (else
-        vLLM runs the experts as one TP group over DP x TP GPUs, which is not modelled),
-        and EP is then every GPU of the replica's TP x DP (vLLM sets it so). Whether the
-        model has experts for EP to split is checked with the model (the planner)."""
+        vLLM 0.33 runs the experts as one TP group over DP x TP GPUs, ``FusedMoEParallelConfig
+        .make`` with ``use_ep`` false, each rank's tokens all-gathered across the DP ranks
+        and reduce-scattered back by ``AgRsAll2AllManager``: not modelled), and EP is then
+        every GPU of the replica's TP x DP (vLLM sets it so). ``where`` is ``replica`` or
+        ``cluster.decode`` (the decode pool's resolved layout). Whether the model has
+        experts for EP to split is checked with the model (the planner)."""
         ep, dp, tp = self.expert_parallel_size, self.data_parallel_size, self.tensor_parallel_size
         check_key_int(f"{where}.expert_parallel_size", ep, low=1, high=512)
         check_key_int(f"{where}.data_parallel_size", dp, low=1, high=512)

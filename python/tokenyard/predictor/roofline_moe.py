@@ -232,22 +232,20 @@ def _all_to_all(b: _Builder, model: ModelSpec, s: _Sizes, tp: int, ep: int, dp: 
     source = "calibrated" if fitted is not None else "roofline"
     network = network_a2a_seconds(model, b.device, tp, ep, s.a)
     on_node = b.device.nvlink_domain / ep
-    for name in A2A_OPS:
-        cost: RooflineCost | TableCost = RooflineCost(
-            flops={},
-            bytes={"num_tokens": per_token},
-            flops_per_s=b.flops_per_s,
-            bytes_per_s=link,
-            latency_s=latency,
-        )
-        if network is not None:
+    cost: RooflineCost | TableCost = RooflineCost(
+        flops={},
+        bytes={"num_tokens": per_token},
+        flops_per_s=b.flops_per_s,
+        bytes_per_s=link,
+        latency_s=latency,
+    )
+    if network is not None:
 
-            def seconds(
-                tokens: float, over: Callable[[float], float] = network, lat: float = latency
-            ) -> float:
-                return max(lat + tokens * per_token * on_node / link, over(tokens))
+        def seconds(tokens: float, over: Callable[[float], float] = network) -> float:
+            return max(latency + tokens * per_token * on_node / link, over(tokens))
 
-            cost = grids.token_table("num_tokens", seconds, 2.0**17)
+        cost = grids.token_table("num_tokens", seconds, 2.0**17)
+    for name in A2A_OPS:  # dispatch and combine move the same bytes
         b.ops.append(CompiledOp(name, "layer", "num_tokens", cost, share, source))
 
 

@@ -440,29 +440,25 @@ impl<R: RequestKey> KvCoordinator<R> {
         Ok(())
     }
 
-    /// Blocks the request's next allocation, at `num_computed_tokens` computed tokens,
-    /// surely returns to the free queue when its groups drop what they no longer attend to
-    /// (`remove_skipped_blocks`): those it holds alone. A block another request also holds
-    /// is not counted (it is freed only if that one let it go first), so this may fall
-    /// short, never over. 0 for an unknown request.
-    pub fn num_blocks_freed_by_skipping(
-        &self,
-        request_id: &R,
-        num_computed_tokens: usize,
-    ) -> usize {
+    /// What the request's next allocation, at `num_computed_tokens` computed tokens, drops
+    /// from its groups (`remove_skipped_blocks`): the blocks it drops, and of those the ones
+    /// surely returned to the free queue, which it holds alone. A block another request
+    /// also holds is not counted as returned (it is only if that one let it go first), so
+    /// the second count may fall short, never over. `(0, 0)` for an unknown request.
+    pub fn num_skipped_blocks(&self, request_id: &R, num_computed_tokens: usize) -> (usize, usize) {
         let Some(request) = self.requests.get(request_id) else {
-            return 0;
+            return (0, 0);
         };
-        let mut freed = 0;
+        let (mut dropped, mut freed) = (0, 0);
         for (spec, table) in self.groups.iter().zip(&request.tables) {
             let num_skipped = spec.num_skipped_tokens(num_computed_tokens) / self.block_size;
             let end = num_skipped.min(table.len());
-            freed += (table[..end].iter().rev())
-                .take_while(|&&b| b != NULL_BLOCK)
-                .filter(|&&b| self.blocks[b as usize].ref_cnt == 1)
-                .count();
+            for &b in table[..end].iter().rev().take_while(|&&b| b != NULL_BLOCK) {
+                dropped += 1;
+                freed += usize::from(self.blocks[b as usize].ref_cnt == 1);
+            }
         }
-        freed
+        (dropped, freed)
     }
 
     /// New blocks an allocation up to `num_slots` token slots adds to the tables of a

@@ -327,13 +327,13 @@ impl Kv {
         }
     }
 
-    /// Blocks the next allocation of `slot` at `num_computed` computed tokens surely frees
-    /// from what its groups no longer attend to (`KvCoordinator::num_blocks_freed_by_skipping`);
-    /// 0 for a single-group pool.
-    pub fn num_blocks_freed_by_skipping(&self, slot: u32, num_computed: usize) -> usize {
+    /// What the next allocation of `slot` at `num_computed` computed tokens drops from its
+    /// groups, and how many of those surely return to the free queue
+    /// (`KvCoordinator::num_skipped_blocks`); `(0, 0)` for a single-group pool.
+    pub fn num_skipped_blocks(&self, slot: u32, num_computed: usize) -> (usize, usize) {
         match self {
-            Kv::Hybrid(h) => h.pool.num_blocks_freed_by_skipping(&slot, num_computed),
-            _ => 0,
+            Kv::Hybrid(h) => h.pool.num_skipped_blocks(&slot, num_computed),
+            _ => (0, 0),
         }
     }
 

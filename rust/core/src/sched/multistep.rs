@@ -28,8 +28,8 @@
 //! sliding window of `w` tokens drops one at the steps where `base + s - w` is a multiple
 //! of the block size, a third bucket; a chunked local group drops its chunk's blocks when
 //! the chunk ends, a step that allocates when the chunk is a whole number of blocks (other
-//! chunk sizes open no window). The first step acts for every request (a prefill drops
-//! nothing, so its first decode may drop many blocks). Each catch-up of several steps runs
+//! chunk sizes open no window). The first step also acts for every request that has
+//! blocks to drop then (a prefill drops nothing, so its first decode may drop many). Each catch-up of several steps runs
 //! as two allocations: the lagging steps', in which the pool did nothing, then the
 //! current step's, from the computed count stepping has there, so it drops what stepping
 //! drops. A step is formed only if, in running order, each request's new blocks (all
@@ -68,6 +68,8 @@ pub struct DecodeWindow {
     done: Vec<bool>,
     /// Over the KV groups' coordinator (see "Several KV groups" in the module doc).
     hybrid: bool,
+    /// The requests the pool acts for in the step being formed (KV groups only).
+    acting: Vec<u32>,
 }
 
 impl DecodeWindow {
@@ -266,8 +268,9 @@ impl<R: RequestKey> Scheduler<R> {
     }
 
     /// [`Self::form_decode_step`] over the KV groups' coordinator. The first step acts for
-    /// every request (its groups may drop many blocks: a prefill allocates without
-    /// dropping), the later ones for their bucket's. In running order, each request first
+    /// its bucket's requests and those whose groups drop blocks (a prefill allocates
+    /// without dropping, so its first decode step may drop many), the later ones for their
+    /// bucket's. In running order, each request first
     /// frees what its groups stop attending to, then takes its new blocks; the step is
     /// declined if one would not find them free, counting as freed only the blocks it holds
     /// alone (so a step stepping would run may be declined, one it would preempt never
@@ -279,38 +282,47 @@ impl<R: RequestKey> Scheduler<R> {
     ) -> Result<bool> {
         let step = window.formed + 1;
         let bs = self.config.block_size;
-        let all = 0..if step == 1 {
-            window.slots.len() as u32
-        } else {
-            0
-        };
-        let members = || {
-            let bucket = if step == 1 {
-                &[][..]
-            } else {
-                &window.buckets[step % bs][..]
-            };
-            (all.clone().chain(bucket.iter().copied())).map(|i| i as usize)
-        };
         let in_step = |i: usize| !window.done[i] && window.last[i] >= step;
+        let mut acting = std::mem::take(&mut window.acting);
+        acting.clear();
+        let bucket = &window.buckets[step % bs];
+        if step == 1 {
+            // A request whose groups drop nothing at this step and which is not in its
+            // bucket does nothing here either.
+            let mut in_bucket = bucket.iter().copied().peekable();
+            for i in 0..window.slots.len() as u32 {
+                let listed = in_bucket.next_if_eq(&i).is_some();
+                let (slot, computed) = (window.slots[i as usize], window.base[i as usize]);
+                let acts = listed || self.kv.num_skipped_blocks(slot, computed).0 > 0;
+                if acts && in_step(i as usize) {
+                    acting.push(i);
+                }
+            }
+        } else {
+            acting.extend(bucket.iter().copied().filter(|&i| in_step(i as usize)));
+        }
         let mut free = self.kv.num_free_blocks();
-        for i in members().filter(|&i| in_step(i)) {
-            let (slot, computed) = (window.slots[i], window.base[i] + step - 1);
-            free += self.kv.num_blocks_freed_by_skipping(slot, computed);
+        let mut fits = true;
+        for &i in &acting {
+            let (slot, computed) = (window.slots[i as usize], window.base[i as usize] + step - 1);
+            free += self.kv.num_skipped_blocks(slot, computed).1;
             let needed = self.kv.num_new_group_blocks(slot, computed + 1);
             if needed > free {
-                return Ok(false);
+                fits = false;
+                break;
             }
             free -= needed;
         }
-        window.formed = step;
-        self.num_steps += 1;
-        self.finished_since_last_step.clear();
-        let window = &*window;
-        for i in members().filter(|&i| in_step(i)) {
-            self.catch_up(window, i, &mut token)?;
+        if fits {
+            window.formed = step;
+            self.num_steps += 1;
+            self.finished_since_last_step.clear();
+            for &i in &acting {
+                self.catch_up(window, i as usize, &mut token)?;
+            }
         }
-        Ok(true)
+        window.acting = acting;
+        Ok(fits)
     }
 
     /// Ends the window's latest step, one that is not its last: the requests whose final

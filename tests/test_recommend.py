@@ -393,3 +393,11 @@ def test_sglang_skips_what_its_policy_refuses() -> None:
     assert any("pipeline parallelism" in why for _, why in result.skipped)
     text = format_table(result, rows(result))
     assert "python -m sglang.launch_server" in text
+
+
+def test_a_load_the_search_cannot_time_is_refused_first() -> None:
+    """A session workload has no request rate to bisect (each turn waits for the one
+    before): refused before anything runs, naming the fix."""
+    sessions = {"kind": "sessions", "num_sessions": 10}
+    with pytest.raises(ConfigError, match="closed_loop"):
+        recommend(_ask(workload=sessions), executor="serial")

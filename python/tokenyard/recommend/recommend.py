@@ -463,7 +463,10 @@ def recommend(
     Raises:
         ConfigError: a bad ask, model, system or workload, before any simulation.
     """
+    from tokenyard.search.capacity import check_rate_settable
+
     ask.check()
+    check_rate_settable(ask.whole_workload(), "--workload")
     start = time.perf_counter()
     devices = list(dict.fromkeys(resolve_device(s) for s in ask.systems))
     slo, guard_note = ask.slo_set()

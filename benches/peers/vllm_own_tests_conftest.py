@@ -1,9 +1,11 @@
 """Copied beside vLLM's tests as tests/v1/core/conftest.py by vllm_own_tests.sh: makes
 ``tests/v1/core/utils.py::create_scheduler`` build tokenyard's scheduler unless a test asks
-for another class, and rebinds the name ``Scheduler`` (``AsyncScheduler``) in the test modules
-that build vLLM's ``Scheduler`` themselves. Each test records whether it built a tokenyard
-scheduler (a junit property, ``tokenyard_scheduler``), so that a file whose tests never do is
-reported as one with no scheduler involved. Nothing else in vLLM's tests changes."""
+for another class, and rebinds the name ``Scheduler`` (``AsyncScheduler``) in the test
+modules that build vLLM's ``Scheduler`` themselves (calling the name builds tokenyard's; the
+rest of vLLM's class, its methods called unbound, stays vLLM's). Each test records whether
+it built a tokenyard scheduler (a junit property, ``tokenyard_scheduler``), so that a file
+whose tests never do is reported as one with no scheduler involved. Nothing else in vLLM's
+tests changes."""
 
 from __future__ import annotations
 
@@ -46,15 +48,35 @@ def _counting_init(self: Any, *args: Any, **kwargs: Any) -> None:
 TokenyardScheduler.__init__ = _counting_init  # type: ignore[method-assign]
 
 
+def _builds(cls: type, vllm_cls: type) -> type:
+    """A stand-in for ``vllm_cls`` in a test module: calling it builds ``cls`` (tokenyard's);
+    everything else is vLLM's class (its methods called unbound on a stand-in ``self``,
+    ``object.__new__``), so tests of vLLM's own methods still test vLLM's, and record that
+    no tokenyard scheduler was built."""
+
+    class _Switch(type(vllm_cls)):  # type: ignore[misc]
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return cls(*args, **kwargs)
+
+        def __instancecheck__(self, obj: Any) -> bool:
+            return isinstance(obj, (cls, vllm_cls))
+
+    return _Switch(vllm_cls.__name__, (vllm_cls,), {})
+
+
 def pytest_collection_modifyitems(items: list[Any]) -> None:
+    stand_ins = {
+        Scheduler: _builds(TokenyardScheduler, Scheduler),
+        AsyncScheduler: _builds(AsyncTokenyardScheduler, AsyncScheduler),
+    }
     for item in items:
         module = getattr(item, "module", None)
         if module is None:
             continue
-        if getattr(module, "Scheduler", None) is Scheduler:
-            module.Scheduler = TokenyardScheduler
-        if getattr(module, "AsyncScheduler", None) is AsyncScheduler:
-            module.AsyncScheduler = AsyncTokenyardScheduler
+        for name in ("Scheduler", "AsyncScheduler"):
+            stand_in = stand_ins.get(getattr(module, name, None))  # type: ignore[arg-type]
+            if stand_in is not None:
+                setattr(module, name, stand_in)
 
 
 @pytest.fixture(autouse=True)

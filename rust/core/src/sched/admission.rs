@@ -154,12 +154,17 @@ impl<R: RequestKey> Scheduler<R> {
             self.blocked_head = Some((seq, hit));
             return Ok(Admission::Blocked);
         }
-        let Some(AdmissionTokens { mut n, mut padded }) =
+        let Some(AdmissionTokens { n, mut padded }) =
             self.admission_tokens(slot, num_computed, *budget, plan)
         else {
             self.blocked_head = Some((seq, hit));
             return Ok(Admission::Blocked);
         };
+        let (mut n, encoder) = self.schedule_encoder_inputs(slot, num_computed, n);
+        if n == 0 {
+            // vLLM 0.33 skips it (the encoder budget or cache is spent) and goes on.
+            return Ok(Admission::SteppedAside);
+        }
         let lookahead = self.lookahead(num_computed + n);
         let tokens = &self.slots[slot as usize]
             .as_ref()
@@ -193,9 +198,11 @@ impl<R: RequestKey> Scheduler<R> {
                 .allocate(slot, tokens, n, lookahead, Some(&hit), lora_id, with_ids)?
         };
         let Some(mut blocks) = allocated else {
+            self.encoder_release(slot);
             self.blocked_head = Some((seq, hit));
             return Ok(Admission::Blocked);
         };
+        self.commit_encoder_inputs(slot, encoder);
         if external.num_tokens > 0 && with_ids {
             blocks = self.kv.block_ids(slot).unwrap_or_default().to_vec();
         }

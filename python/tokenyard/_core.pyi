@@ -17,6 +17,7 @@ __all__ = [
     "CompiledOps",
     "ComputedBlocks",
     "CountingAllocator",
+    "EncoderCache",
     "FullAttentionSpec",
     "GroupedComputedBlocks",
     "KvCoordinator",

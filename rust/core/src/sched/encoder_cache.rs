@@ -197,10 +197,13 @@ impl<K: Hash + Eq + Clone> EncoderCache<K> {
             && ids.remove(&input_id)
         {
             let refs = self.request_hash_refs.get_mut(request).expect("paired");
-            let count = refs.get_mut(mm_hash).expect("counted");
-            *count -= 1;
-            if *count == 0 {
-                refs.remove(mm_hash);
+            // A caller naming another identifier than the input's (the standalone cache's
+            // misuse; vLLM raises KeyError) changes no count.
+            if let Some(count) = refs.get_mut(mm_hash) {
+                *count -= 1;
+                if *count == 0 {
+                    refs.remove(mm_hash);
+                }
             }
             if ids.is_empty() {
                 self.request_cached_ids.remove(request);

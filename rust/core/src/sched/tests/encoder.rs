@@ -136,13 +136,14 @@ fn a_full_cache_holds_the_next_image_back_until_an_entry_is_freeable_then_evicts
 
 #[test]
 fn a_prefix_hit_past_the_image_start_without_its_encoding_schedules_no_token() {
-    // Request 0 computes a 41-token prompt with an image at [20, 40) and finishes; request 2
-    // has the same tokens (a 32-token prefix hit) but another image there, and request 1,
-    // ahead of it, spends the encoder budget: request 2 cannot start inside its image, so
-    // it steps aside with no token, and runs at the next step.
+    // Request 0 computes a 41-token prompt with image x at [20, 40) and finishes (its KV
+    // blocks stay cached, its encoder entry freeable). Request 1's image evicts x from the
+    // 20-embedding encoder cache and spends the step's budget; request 2, request 0's prompt
+    // again, hits 32 tokens, past x's start: without x it can compute nothing, and steps
+    // aside. The next step re-encodes x (evicting request 1's passed image).
     let cfg = SchedulerConfig {
         enable_prefix_caching: true,
-        ..enc_config(20, 100)
+        ..enc_config(20, 20)
     };
     let mut s = Scheduler::new(cfg, false).unwrap();
     let mut first = mm_prompt(0, 41, vec![image(20, 20, "x")]);
@@ -151,20 +152,23 @@ fn a_prefix_hit_past_the_image_start_without_its_encoding_schedules_no_token() {
     s.add_request(0, first).unwrap();
     run_step(&mut s);
     assert!(s.get_request(&0).is_none());
+    assert_eq!(s.encoder_cache_refs("x"), 0);
     s.add_request(1, mm_prompt(1, 25, vec![image(0, 20, "e")]))
         .unwrap();
     let again = RequestSpec {
         prompt_token_ids: tokens,
-        ..mm_prompt(2, 41, vec![image(20, 20, "y")])
+        ..mm_prompt(2, 41, vec![image(20, 20, "x")])
     };
     s.add_request(2, again).unwrap();
     let out = run_step(&mut s);
     assert_eq!(scheduled(&out), [(1, 25)]);
+    assert_eq!(out.free_encoder_mm_hashes, ["x"]);
     assert_eq!(s.deferred_waiting_ids(), [2]);
     let out = run_step(&mut s);
     assert_eq!(scheduled(&out), [(1, 1), (2, 9)]);
     assert_eq!(s.get_request(&2).unwrap().num_computed_tokens, 41);
     assert_eq!(encoder_inputs(&out), [(2, vec![0])]);
+    assert_eq!(out.free_encoder_mm_hashes, ["e"]);
 }
 
 #[test]

@@ -95,8 +95,9 @@ pub(super) struct Encoder {
     /// whose passed items `update_from_output` frees.
     last_batch: Vec<u32>,
     /// Requests whose item's identifier is cached with another embedding count (vLLM 0.33
-    /// finishes them with an error at the next update).
-    mismatched: Vec<u32>,
+    /// finishes them with an error at the next update), by slot and `arrival_seq` (a slot
+    /// may hold another request by then).
+    mismatched: Vec<(u32, u64)>,
 }
 
 impl Encoder {
@@ -210,11 +211,10 @@ impl<R: RequestKey> Scheduler<R> {
         num_computed: usize,
         mut n: usize,
     ) -> (usize, Option<EncoderPick>) {
-        let features = &self.slots[slot as usize]
+        let request = self.slots[slot as usize]
             .as_ref()
-            .expect("scheduled slot is live")
-            .spec
-            .mm_features;
+            .expect("scheduled slot is live");
+        let (features, arrival_seq) = (&request.spec.mm_features, request.arrival_seq);
         if n == 0 || features.is_empty() {
             return (n, None);
         }
@@ -241,14 +241,14 @@ impl<R: RequestKey> Scheduler<R> {
             let id = f.identifier.as_str();
             if let Some(&(_, scheduled)) = to_schedule.iter().find(|(h, _)| *h == id) {
                 if scheduled != num_embeds {
-                    self.encoder.mismatched.push(slot);
+                    self.encoder.mismatched.push((slot, arrival_seq));
                     return (0, None);
                 }
                 pick.duplicates.push(i);
                 continue;
             }
             if cache.cached_num_embeds(id).is_some_and(|c| c != num_embeds) {
-                self.encoder.mismatched.push(slot);
+                self.encoder.mismatched.push((slot, arrival_seq));
                 return (0, None);
             }
             if cache.check_and_update_cache(&slot, i, id) {
@@ -362,6 +362,12 @@ impl<R: RequestKey> Scheduler<R> {
         if self.encoder.last_batch.is_empty() || !self.encoder.cache.has_requests() {
             return;
         }
+        // Rejections are rare: look them up in a short list, not every output.
+        let rejections: Vec<(&R, usize)> = outputs
+            .iter()
+            .filter(|o| o.num_rejected_tokens > 0)
+            .map(|o| (&o.request_id, o.num_rejected_tokens))
+            .collect();
         for k in 0..self.encoder.last_batch.len() {
             let slot = self.encoder.last_batch[k];
             let Some(request) = self.slots[slot as usize].as_ref() else {
@@ -370,10 +376,10 @@ impl<R: RequestKey> Scheduler<R> {
             if request.status != super::RequestStatus::Running {
                 continue;
             }
-            let rejected = outputs
+            let rejected = rejections
                 .iter()
-                .find(|o| o.request_id == request.request_id)
-                .map_or(0, |o| o.num_rejected_tokens);
+                .find(|(id, _)| **id == request.request_id)
+                .map_or(0, |&(_, n)| n);
             let placeholders = request.num_output_placeholders.saturating_sub(rejected);
             let done = request
                 .num_computed_tokens
@@ -394,10 +400,18 @@ impl<R: RequestKey> Scheduler<R> {
     /// Requests found with an identifier cached under another embedding count since the last
     /// call (vLLM 0.33 finishes them with an error at the next update).
     pub(super) fn take_encoder_mismatches(&mut self) -> Vec<u32> {
-        let mut slots = std::mem::take(&mut self.encoder.mismatched);
-        slots.dedup();
-        slots.retain(|&s| self.slots[s as usize].is_some());
-        slots
+        let mut flagged = std::mem::take(&mut self.encoder.mismatched);
+        flagged.sort_unstable();
+        flagged.dedup();
+        flagged
+            .into_iter()
+            .filter(|&(slot, seq)| {
+                self.slots[slot as usize]
+                    .as_ref()
+                    .is_some_and(|r| r.arrival_seq == seq)
+            })
+            .map(|(slot, _)| slot)
+            .collect()
     }
 
     /// The encoder cache's counters: embeddings free, free or freeable, and in all.

@@ -363,3 +363,20 @@ fn random_multimodal_traffic_keeps_the_cache_consistent_and_ends_empty() {
         );
     }
 }
+
+#[test]
+fn a_mismatch_flagged_in_two_steps_in_flight_finishes_the_request_once() {
+    let mut s = Scheduler::new(enc_config(600, 600), true).unwrap();
+    s.add_request(0, mm_prompt(0, 30, vec![image(0, 10, "dup")]))
+        .unwrap();
+    s.add_request(1, mm_prompt(1, 30, vec![image(0, 12, "dup")]))
+        .unwrap();
+    assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 30)]);
+    assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 1)]);
+    let finished = s.update_from_output(&[sample(0, 7)]).unwrap();
+    assert_eq!(finished, [(1, FinishReason::Error)]);
+    s.check_invariants().unwrap();
+    // Request 0 reaches its 2 tokens; request 1 is not reported again.
+    let finished = s.update_from_output(&[sample(0, 7)]).unwrap();
+    assert_eq!(finished, [(0, FinishReason::Length)]);
+}

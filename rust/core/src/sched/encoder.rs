@@ -137,11 +137,12 @@ impl<R: RequestKey> Scheduler<R> {
         if features.is_empty() {
             return Ok(());
         }
-        if self.connector.is_some() {
+        if self.connector.is_some() || self.config.host_num_blocks > 0 {
             return Err(Error::input(
                 "mm_features",
                 features.len(),
-                "multimodal requests with a KV connector are not modelled",
+                "multimodal requests with a KV connector or a host KV tier (host_num_blocks) \
+                 are not modelled: their loads bypass the encoder step",
             ));
         }
         let cfg = &self.config;

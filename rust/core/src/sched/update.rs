@@ -534,6 +534,18 @@ impl<R: RequestKey> Scheduler<R> {
                  --disable-hybrid-kv-cache-manager)",
             ));
         }
+        if self
+            .slots
+            .iter()
+            .flatten()
+            .any(|r| !r.spec.mm_features.is_empty())
+        {
+            return Err(Error::config(
+                "connector",
+                "a KV connector",
+                "multimodal requests are queued, and their loads would bypass the encoder step",
+            ));
+        }
         self.connector = Some(connector);
         Ok(())
     }

@@ -297,6 +297,14 @@ fn add_request_refuses_items_that_could_never_be_scheduled() {
     let mut s = Scheduler::new(cfg, false).unwrap();
     let whole = err(&mut s, 0, mm_prompt(0, 300, vec![image(0, 200, "a")]));
     assert!(whole.contains("disable_chunked_mm_input"), "{whole}");
+    let host = SchedulerConfig {
+        host_num_blocks: 8,
+        enable_prefix_caching: true,
+        ..enc_config(600, 600)
+    };
+    let mut s = Scheduler::new(host, false).unwrap();
+    let tier = err(&mut s, 0, mm_prompt(0, 30, vec![image(0, 10, "a")]));
+    assert!(tier.contains("host_num_blocks"), "{tier}");
 }
 
 #[test]

@@ -8,7 +8,7 @@ import dataclasses
 from typing import Any
 
 import pytest
-from step_shapes import decodes
+from step_shapes import decodes, prompt
 from synthetic_jobs import one_replica, synthetic_workload
 
 from tokenyard import catalog
@@ -70,6 +70,28 @@ def test_shared_experts_are_whole_under_sequence_parallel_moe() -> None:
     assert ep4 == tp2 - 2 * 3 * H * 512 * 2 + 2 * 3 * H * 512
     kept_split = dataclasses.replace(shared, sequence_parallel_shared_experts=False)
     assert parameters_per_device(kept_split, 2, 1, 4) == ep4 - 2 * 3 * H * 256
+
+
+def test_the_roofline_runs_sequence_parallel_shared_experts_whole_on_a_tp_share() -> None:
+    """The roofline's shared GEMMs under TP 2 x DP 2 (EP 4) are TP 1 x DP 4's (whole) at
+    half the tokens: the same FLOPs per token as split by TP, but the whole weights read."""
+    shared = dataclasses.replace(TINY, num_shared_experts=1)
+    h100 = catalog.device("h100-sxm")
+    sp = roofline_predictor(
+        shared, h100, tensor_parallel_size=2, expert_parallel_size=4, data_parallel_size=2
+    )
+    whole = roofline_predictor(
+        shared, h100, tensor_parallel_size=1, expert_parallel_size=4, data_parallel_size=4
+    )
+    split = roofline_predictor(shared, h100, tensor_parallel_size=2, expert_parallel_size=2)
+
+    def seconds(predictor: Any, op: str, tokens: int) -> float:
+        return float({o.name: o.cost for o in predictor.ops}[op].time(prompt(tokens)))
+
+    for op in ("shared_gate_up_proj", "shared_down_proj"):
+        assert seconds(sp, op, 4096) == pytest.approx(seconds(whole, op, 2048), rel=1e-12)
+        # Weight-bound at 16 tokens: the whole weights take longer than TP's half.
+        assert seconds(sp, op, 16) > 1.5 * seconds(split, op, 16)
 
 
 def test_kv_per_gpu_is_the_dp_ranks_own() -> None:
@@ -140,18 +162,20 @@ def test_expert_parallelism_needs_experts_it_divides() -> None:
     assert error.field == "replica.expert_parallel_size"
 
 
-def test_expert_parallelism_is_refused_in_disaggregated_pools() -> None:
-    with pytest.raises(ConfigError) as error:
-        _config(
-            {
-                "model": "mixtral-8x7b",
-                "device": "h100-sxm",
-                "tensor_parallel_size": 2,
-                "expert_parallel_size": 2,
-            },
-            decode={"num_replicas": 1},
-        )
-    assert error.value.field == "replica.expert_parallel_size"
+def test_expert_parallelism_is_served_in_disaggregated_pools() -> None:
+    """Both pools take the replica's EP 2 over TP 2 (tests/test_decode_pool_layout.py has
+    the decode pool's own layouts)."""
+    config = _config(
+        {
+            "model": "mixtral-8x7b",
+            "device": "h100-sxm",
+            "tensor_parallel_size": 2,
+            "expert_parallel_size": 2,
+        },
+        decode={"num_replicas": 1},
+    )
+    decode = simulate(config).summary["config"]["decode"]
+    assert decode["layout"] == "TP 2, EP 2, PP 1"
 
 
 def test_a_dp_rank_runs_its_own_scheduler_and_prices_the_all_to_all() -> None:

@@ -5,6 +5,7 @@ expert-parallel group wider than a node prices its all-to-all over the network."
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -12,18 +13,22 @@ import pytest
 from measured_tables import attention_columns, gemm_columns, write
 from model_configs import SMALL_DEEPSEEK, load_config, require_bundled
 from step_shapes import decodes
+from synthetic_jobs import one_replica, synthetic_workload
 from test_mla import module_columns
 
 from tokenyard import catalog
-from tokenyard.catalog.quant import resolve_quantization
+from tokenyard.catalog.quant import Quantization, resolve_quantization, scheme
+from tokenyard.errors import ConfigError
 from tokenyard.predictor.compiled import TableCost
 from tokenyard.predictor.measured.build import measured_predictor
 from tokenyard.predictor.measured.data import SYSTEM_OF_DEVICE, package_root, resolve_source
+from tokenyard.predictor.measured.gemm import MLA_PROJECTIONS, modules_unquantized
 from tokenyard.predictor.measured.moe import (
     SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD,
     a2a_ops,
     overlap_shared_experts,
 )
+from tokenyard.simulation import simulate
 
 
 def _gemm_bf16_and_fp8() -> dict[str, list[Any]]:
@@ -190,7 +195,7 @@ def test_a_low_latency_table_measuring_only_combine_is_handled(tmp_path: Path) -
     write(root / "h100_sxm/comm/vllm/0.2.0/moe_a2a_perf.parquet", columns)
     source = resolve_source(root, "h100_sxm", "vllm", "latest")
     out, words = a2a_ops(source, spec, 1, 2)
-    assert words.startswith("deepep_ll up to 128 tokens per GPU, deepep_ht above")
+    assert words.startswith("deepep_ll (combine only) up to 128 tokens per GPU, deepep_ht above")
     combine, dispatch = out["moe_combine"][0], out["moe_dispatch"][0]
     assert combine is not None
     assert dispatch is not None
@@ -240,9 +245,12 @@ def test_one_node_of_ep_keeps_the_frameworks_own_table() -> None:
     )
 
 
-def test_without_inter_node_rows_the_all_to_all_is_calibrated_and_says_why() -> None:
-    """B200: DeepEP's tables measure one node only, so EP 16 keeps the calibrated
-    roofline, the reason naming both tables it looked in."""
+def test_without_inter_node_rows_the_network_prices_the_off_node_share() -> None:
+    """B200: DeepEP's tables measure one node only, so EP 16 (two 8-GPU nodes) is priced
+    over the network: half of each GPU's 8 tokens x 7168 x top-8 x 2 bytes leaves the node
+    at 50 GB/s after 10 us, 10 + 9.175 = 19.175 us in each of the 60 MoE layers, the
+    banner naming both tables it looked in. (The roofline's fallback prices it at NVLink's
+    900 GB/s a direction.)"""
     predictor = _bundled_predictor(
         "moonshotai/Kimi-K2-Instruct",
         "b200",
@@ -250,8 +258,123 @@ def test_without_inter_node_rows_the_all_to_all_is_calibrated_and_says_why() -> 
         expert_parallel_size=16,
         data_parallel_size=16,
     )
-    assert {op.name: op.source for op in predictor.ops}["moe_dispatch"] == "calibrated"
+    assert {op.name: op.source for op in predictor.ops}["moe_dispatch"] == "roofline:network"
+    words = predictor.description["kernels"]
+    assert "roofline over the network (50% of each GPU's tokens" in words
+    assert "moe_a2a_perf" in words
+    assert "no DeepEP inter-node table" in words
+    assert predictor.description["a2a"].startswith("roofline over the network")
+    ops = predictor.op_times(decodes(8, 1023))
+    assert ops["moe_dispatch"] == pytest.approx(60 * 19.175e-6, rel=1e-3)
+    assert ops["moe_combine"] == ops["moe_dispatch"]
+
+
+# ---- checkpoints that keep the MLA projections 16-bit ---------------------------------
+
+
+def _nvfp4(*kept: str) -> Quantization:
+    return dataclasses.replace(scheme("nvfp4"), unquantized_modules=kept)
+
+
+def test_which_exclude_lists_keep_the_mla_projections_16_bit(tmp_path: Path) -> None:
+    """The small DeepSeek has 4 layers: a ``self_attn*`` wildcard, or the projections
+    named in 2 of the 4 layers, keep them 16-bit; 1 of 4, or only the LM head, do not."""
+    spec = load_config(tmp_path, SMALL_DEEPSEEK)
+    assert modules_unquantized(_nvfp4("model.layers.*.self_attn*"), spec, "mla")
+    two = [f"model.layers.{i}.self_attn.{p}" for i in (0, 1) for p in MLA_PROJECTIONS]
+    assert modules_unquantized(_nvfp4(*two), spec, "mla")
+    assert not modules_unquantized(_nvfp4(*two[:4]), spec, "mla")
+    assert not modules_unquantized(_nvfp4("lm_head"), spec, "mla")
+    assert not modules_unquantized(None, spec, "mla")
+
+
+def test_deepseek_v3_1_nvfp4_prices_its_16_bit_projections_with_the_bf16_module() -> None:
+    """nvidia/DeepSeek-V3.1-NVFP4's hf_quant_config excludes q_a, kv_a, q_b and kv_b of
+    every layer from NVFP4 (vLLM builds them unquantized): the MLA module's bfloat16
+    rows, not its nvfp4 ones (which price NVFP4 projection GEMMs that never run), while
+    the experts stay NVFP4. Before the fix the banner read ``MLA module (nvfp4``."""
+    require_bundled("nvidia/DeepSeek-V3.1-NVFP4")
+    quant = resolve_quantization(
+        catalog.model("nvidia/DeepSeek-V3.1-NVFP4").quantization, "auto", "auto"
+    )
+    assert quant is not None
+    assert "model.layers.0.self_attn.q_b_proj" in quant.unquantized_modules
+    predictor = _bundled_predictor("nvidia/DeepSeek-V3.1-NVFP4", "b200", tensor_parallel_size=4)
+    kernels = predictor.description["kernels"]
+    assert "MLA module (bfloat16, KV bfloat16, 32 heads per GPU)" in kernels
+    assert "(projections 16-bit in the checkpoint)" in kernels
+    assert "MoE nvfp4" in kernels
+
+
+def test_an_nvl72_rack_is_one_nvlink_domain_for_the_all_to_all() -> None:
+    """GB200 NVL72: 72 GPUs in one NVLink domain, so EP 16 is one node there (no
+    inter-node rows are looked for: the reason names 1 node), where 8-GPU H200 nodes
+    make it two."""
+    assert catalog.device("gb200").nvlink_domain == 72
+    assert catalog.device("gb300").nvlink_domain == 72
+    assert catalog.device("h200").nvlink_domain == 8
+    predictor = _bundled_predictor(
+        "moonshotai/Kimi-K2-Instruct",
+        "gb200",
+        tensor_parallel_size=1,
+        expert_parallel_size=16,
+        data_parallel_size=16,
+    )
     why = predictor.description["fallbacks"]["moe_dispatch"]
-    assert "moe_a2a_perf" in why
-    assert "no DeepEP inter-node table" in why
-    assert "2 nodes" in why
+    assert "EP 16 (1 node(s))" in why
+    assert "inter-node" not in why
+
+
+def test_nvlink_domain_must_be_a_positive_integer() -> None:
+    h200 = catalog.device("h200")
+    with pytest.raises(ConfigError, match=r"devices\.h200.*nvlink_domain"):
+        dataclasses.replace(h200, nvlink_domain=0)
+
+
+def test_under_deepep_the_shared_experts_overlap_the_combine_at_any_size() -> None:
+    """With attention DP (DeepEP), vLLM's modular kernel runs the shared experts while the
+    combine is in flight, at every token count: shared 3 + 1 us beside a 2.5 us combine
+    keep (4 - 2.5) / 4 of their time at 8 tokens and at 4,096 alike; the experts (9 us)
+    are not beside them."""
+    out: dict[str, Any] = {
+        "router": (_flat(0.5e-6), "measured:gemm", ""),
+        "moe_experts": (_flat(9e-6), "measured:moe", ""),
+        "moe_dispatch": (_flat(2e-6), "measured:moe_a2a", ""),
+        "moe_combine": (_flat(2.5e-6), "measured:moe_a2a", ""),
+        "shared_gate_up_proj": (_flat(3e-6), "measured:gemm", ""),
+        "shared_down_proj": (_flat(1e-6), "measured:gemm", ""),
+    }
+    assert overlap_shared_experts(out) == "shared experts beside the all-to-all's combine"
+    up, down = out["shared_gate_up_proj"][0], out["shared_down_proj"][0]
+    for tokens in (8.0, 4096.0):
+        at = {"num_tokens": tokens}
+        assert (up.time(at), down.time(at)) == pytest.approx((1.125e-6, 0.375e-6), rel=1e-9)
+
+
+def test_an_unmeasured_combine_leaves_the_shared_experts_whole() -> None:
+    out: dict[str, Any] = {
+        "moe_experts": (_flat(9e-6), "measured:moe", ""),
+        "moe_combine": (None, "calibrated", "no rows"),
+        "shared_gate_up_proj": (_flat(3e-6), "measured:gemm", ""),
+        "shared_down_proj": (_flat(1e-6), "measured:gemm", ""),
+    }
+    assert overlap_shared_experts(out) == ""
+    assert out["shared_gate_up_proj"][0].values == (3e-6, 3e-6)
+
+
+def test_kimi_k2_ep16_over_two_nodes_simulates_end_to_end() -> None:
+    require_bundled("moonshotai/Kimi-K2-Instruct")
+    replica = {
+        "model": "moonshotai/Kimi-K2-Instruct",
+        "device": "h200",
+        "tensor_parallel_size": 1,
+        "expert_parallel_size": 16,
+        "data_parallel_size": 16,
+    }
+    workload = synthetic_workload(40, qps=4.0, prompt_tokens=(100, 2000), output_tokens=(10, 50))
+    result = simulate(one_replica(replica, workload))
+    c = result.summary["config"]
+    assert c["layout"] == "TP 1 x DP 16 (16 schedulers), EP 16, PP 1"
+    assert c["execution"]["a2a"].startswith("measured: DeepEP over 2 nodes")
+    assert c["execution"]["op_sources"]["moe_dispatch"] == "measured:wideep_deepep"
+    assert result.summary["num_requests"] == 40

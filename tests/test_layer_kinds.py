@@ -23,6 +23,7 @@ from step_shapes import decodes_over
 from synthetic_jobs import one_replica, synthetic_workload
 
 from tokenyard import catalog
+from tokenyard.errors import ConfigError
 from tokenyard.predictor import roofline_predictor
 from tokenyard.predictor.roofline import window_keys, window_pairs
 from tokenyard.simulation import config_from_mapping, plan_memory, simulate
@@ -189,16 +190,20 @@ def plan(
     )
 
 
-def notes_for(path: Path, request_tokens: int, **scheduler: Any) -> list[str]:
-    config = config_from_mapping(
-        {
-            "replica": {
-                "model": str(path),
-                "device": "h100-sxm",
-                "scheduler": {"max_request_tokens": request_tokens, **scheduler},
-            }
-        }
-    )
+def notes_for(
+    path: Path, request_tokens: int, hybrid: bool | None = False, **scheduler: Any
+) -> list[str]:
+    """The banner's notes; ``hybrid``: ``replica.hybrid_kv_cache_manager`` (``False``, the
+    full-attention plan these tests check, unless said; tests/test_hybrid_kv.py has the
+    hybrid one)."""
+    replica: dict[str, Any] = {
+        "model": str(path),
+        "device": "h100-sxm",
+        "scheduler": {"max_request_tokens": request_tokens, **scheduler},
+    }
+    if hybrid is not None:
+        replica["hybrid_kv_cache_manager"] = hybrid
+    config = config_from_mapping({"replica": replica})
     return planning_notes(config, plan_for(config))
 
 
@@ -251,8 +256,8 @@ def test_gpt_oss_like_note_names_the_hybrid_allocators_figure(tmp_path: Path) ->
     allocator the sliding group keeps 128 + 16 tokens: 1,024 x (4,096 + 144) B = 4.1 MiB."""
     (note,) = notes_for(write_config(tmp_path, GPT_OSS), 4096)
     assert note.startswith(
-        "KV PLANNED AS vLLM --disable-hybrid-kv-cache-manager: sliding (window 128) layers "
-        "hold every token's KV, as full attention"
+        "KV PLANNED AS vLLM --disable-hybrid-kv-cache-manager (replica.hybrid_kv_cache_manager "
+        "false): sliding (window 128) layers hold every token's KV, as full attention"
     )
     words = hybrid_words([("sliding", 2, 1024, 128), ("gqa", 2, 1024, 0)], 4096)
     assert words.endswith(
@@ -300,10 +305,14 @@ def test_mistral_like_window_on_every_layer(tmp_path: Path) -> None:
     assert [(k.attention, k.count, k.window) for k in spec.layer_kinds()] == [("sliding", 2, 4096)]
     p = plan(spec, request_tokens=32768)
     assert p.kv_bytes_per_token == kv_bytes(2, 2, 64) == 1024
-    (note,) = notes_for(path, 32768)
-    assert note.endswith(hybrid_words([("sliding", 2, 1024, 4096)], 32768))
-    assert "32.0 MiB as planned" in note
-    assert "4.0 MiB under" in note
+    # vLLM keeps one window group whatever its flag: the plan frees what leaves the window,
+    # a request of 32,768 tokens holding ceil((4,095 + 2,048) / 16) + 1 = 385 blocks.
+    (note,) = notes_for(path, 32768, hybrid=None)
+    assert note.startswith("KV PLANNED WITH vLLM's HYBRID KV CACHE MANAGER")
+    assert "1 KV groups of 2 layers (sliding (window 4096))" in note
+    assert "holds 385 blocks" in note
+    with pytest.raises(ConfigError, match="keeps its one window group"):
+        notes_for(path, 32768, hybrid=False)
 
 
 @pytest.mark.parametrize("window", [None, 32768, 65536])

@@ -149,7 +149,11 @@ END_TO_END = {
             "attn_decode": "measured:attention (",
         },
         "sliding attention measured:attention window_size 128",
-        ["KV groups: sliding 18 layers (window 128) 18,432 B/token; gqa 18 layers 18,432 B/token"],
+        # vLLM 0.33's default: its hybrid KV cache manager (tests/test_hybrid_kv.py).
+        [
+            "KV CACHE MANAGER (replica.hybrid_kv_cache_manager unset: vLLM 0.33 default): 2 KV "
+            "groups of 18 layers (sliding (window 128) + gqa)"
+        ],
     ),
     "google/gemma-4-26B-A4B": (
         "h100-sxm",
@@ -191,10 +195,12 @@ END_TO_END = {
         "h100-sxm",
         4,
         {
-            "chunked_attn_decode": "measured:attention window_size 8192",
+            "chunked_attn_decode": "measured:attention (0.24.0) window_size 8192 rows at "
+            "8192-token chunk-local shapes",
             "attn_decode": "measured:attention (",
         },
-        "chunked attention measured:attention window_size 8192",
+        "chunked attention measured:attention (0.24.0) window_size 8192 rows at 8192-token "
+        "chunk-local shapes",
         ["chunked 36 layers (window 8192) 36,864 B/token; gqa 12 layers 12,288 B/token"],
     ),
 }

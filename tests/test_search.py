@@ -71,7 +71,8 @@ def test_capacity_search_recovers_the_saturation_rate_computed_by_hand() -> None
     report = capacity_search(
         one_at_a_time(),
         {"scheduling_delay_max_s": 1e-6},
-        search={"tolerance": 0.02, "refine_breaks": True},
+        # The set bounds queueing: the guard applies only when asked for.
+        search={"tolerance": 0.02, "refine_breaks": True, "max_scheduling_delay_p99_s": 2.0},
     )
     result = report.results["default"]
     assert result.stop == "tolerance"
@@ -375,6 +376,8 @@ def test_results_are_written_as_parquet_with_a_summary_and_plots(tmp_path: Path)
     assert sorted(p.name for p in paths) == [
         "capacity.png",
         "capacity.svg",
+        "frontier.png",
+        "frontier.svg",
         "pareto.png",
         "pareto.svg",
     ]
@@ -666,3 +669,14 @@ def test_a_point_without_overrides_is_labelled_with_its_layout() -> None:
     assert label({}, layout) == "1 x mixtral-8x7b on h100-80gb (TP 1 x DP 2, EP 2, PP 1)"
     layout |= {"data_parallel_size": 1, "expert_parallel_size": 1, "tensor_parallel_size": 2}
     assert label({}, layout) == "1 x mixtral-8x7b on h100-80gb (TP 2, PP 1)"
+
+
+def test_the_package_exports_every_plot_of_search_plots() -> None:
+    """``tokenyard.search`` exports each plotting function ``search.plots`` makes public,
+    lazily (``plot_frontier`` was missing)."""
+    import tokenyard.search as package
+    from tokenyard.search import plots
+
+    for name in plots.__all__:
+        assert name in package.__all__, name
+        assert getattr(package, name) is getattr(plots, name)

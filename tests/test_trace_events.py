@@ -50,7 +50,7 @@ def mapping(**metrics: Any) -> dict[str, Any]:
 
 def load(path: Path) -> dict[str, Any]:
     """Reads a trace file as a trace-event loader would, checking the format on the way."""
-    document = json.loads(path.read_text())
+    document: dict[str, Any] = json.loads(path.read_text())
     assert set(document) >= {"traceEvents", "displayTimeUnit", "otherData"}
     named_processes, named_threads = set(), set()
     last: dict[tuple[int, int], float] = defaultdict(lambda: -1.0)
@@ -307,3 +307,55 @@ def test_a_config_files_trace_path_is_taken_from_its_folder(tmp_path: Path) -> N
     assert done.returncode == 0, done.stderr
     assert (folder / "t.json").exists()
     assert not (tmp_path / "t.json").exists()
+
+
+def test_a_trace_events_file_in_the_output_folder_survives_the_results(tmp_path: Path) -> None:
+    """`--trace-events out/trace.json -o out`: writing the results neither removes the
+    file (as an earlier run's stale stage trace) nor, with `--stage-trace`, writes the
+    whole-run stage trace over the windowed one asked for."""
+    config = tmp_path / "job.json"
+    config.write_text(json.dumps(mapping()))
+    out = tmp_path / "out"
+    done = cli(str(config), "--trace-events", "out/trace.json", "-o", "out", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"trace events: {out / 'trace.json'}" in done.stdout
+    whole = load(out / "trace.json")
+    assert whole["otherData"]["window_s"][0] == 0.0
+    done = cli(
+        str(config),
+        *("--trace-events", "out/trace.json", "--trace-window", "1:2"),
+        *("--stage-trace", "-o", "out"),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert load(out / "trace.json")["otherData"]["window_s"] == [1.0, 2.0]
+
+
+def test_the_results_stage_trace_is_the_trace_event_export(tmp_path: Path) -> None:
+    """`record_stages` writes `trace.json` through the one exporter: the whole run's
+    slices, arrivals and completions, as `trace_events` builds them."""
+    result = simulate(config_from_mapping(mapping(record_stages=True)))
+    out = result.write(tmp_path / "out")
+    document = load(out / "trace.json")
+    assert document == json.loads(json.dumps(trace_events(result)[0]))
+    assert len(events(document, "X")) == len(result.stages["batch_id"])  # type: ignore[index]
+    assert len(events(document, "i", "completion")) == len(result.columns["request_id"])
+
+
+def test_a_trace_events_file_named_as_a_result_file_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = simulate(config_from_mapping(mapping(trace_events=str(out / "summary.json"))))
+    with pytest.raises(ConfigError, match=r"metrics\.trace_events: names .*summary\.json"):
+        result.write(out)
+    assert json.loads((out / "summary.json").read_text())["otherData"], "the trace is kept"
+
+
+def test_the_cli_refuses_a_trace_events_file_named_as_a_result_before_the_run(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "job.json"
+    config.write_text(json.dumps(mapping()))
+    done = cli(str(config), "--trace-events", "out/requests.csv", "-o", "out", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "metrics.trace_events: names" in done.stderr
+    assert not (tmp_path / "out" / "requests.csv").exists(), "refused before the run"

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# vLLM 0.33.0's own scheduler tests, run on vLLM's Scheduler and on tokenyard's
-# (tokenyard.integrations.vllm.TokenyardScheduler), with the cases that pass on vLLM and fail
-# on tokenyard listed.
+# vLLM 0.33.0's own tests/v1/core/ (every file), run on vLLM's Scheduler and on tokenyard's
+# (tokenyard.integrations.vllm.TokenyardScheduler), with a line per file and the cases that
+# pass on vLLM and fail on tokenyard listed.
 #
 #   bash benches/peers/vllm_own_tests.sh [pytest -k expression]
+#   FILES="tests/v1/core/test_scheduler.py" bash benches/peers/vllm_own_tests.sh   # some files
+#   SKIP_VLLM=1 bash benches/peers/vllm_own_tests.sh   # tokenyard's side only, vLLM's kept
 #
 # Needs the bench venv with vLLM 0.33.0 (benches/peers/setup.sh, or VENV=...) and a built
 # tokenyard (maturin develop): tokenyard is taken from python/ on PYTHONPATH. Fetches the
@@ -14,7 +16,11 @@
 #
 # The tokenyard run copies benches/peers/vllm_own_tests_conftest.py beside vLLM's tests as
 # tests/v1/core/conftest.py: it makes tests/v1/core/utils.py::create_scheduler build
-# TokenyardScheduler unless a test names another class. No test is changed or skipped.
+# TokenyardScheduler unless a test names another class, rebinds `Scheduler` in the test
+# modules that build vLLM's Scheduler themselves, and records in each case whether it built a
+# tokenyard scheduler. No test is changed or skipped. A file none of whose cases builds one
+# tests vLLM's own classes (KV cache utilities, the encoder cache manager, ...): it is
+# reported apart, as "no scheduler involved".
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -25,7 +31,6 @@ CACHE="${CACHE:-$HOME/.cache/tokenyard-vllm-tests}"
 VERSION=0.33.0
 SDIST="vllm-$VERSION.tar.gz"
 SHA256=f4c33c2503d52bb411146afa9618a4f48bed68912f617e6803ac8d76e4c74112
-TESTS=(tests/v1/core/test_scheduler.py tests/v1/core/test_async_scheduler.py)
 FILTER="${1:-}"
 
 mkdir -p "$CACHE"
@@ -73,43 +78,76 @@ export HF_HUB_OFFLINE=1 HF_HOME="$CACHE/hf" VLLM_TARGET_DEVICE=cpu VLLM_LOGGING_
 export PYTHONPATH="${TOKENYARD_PYTHON:-$REPO/python}${PYTHONPATH:+:$PYTHONPATH}"
 OUT="$CACHE/results"
 mkdir -p "$OUT"
-args=(-q -p no:cacheprovider -W ignore "${TESTS[@]}")
+cd "$SRC"
+if [[ -n "${FILES:-}" ]]; then
+    read -r -a TESTS <<<"$FILES"
+else
+    mapfile -t TESTS < <(find tests/v1/core -name 'test_*.py' | sort)
+fi
+# A file that cannot be collected here (a missing dependency) is reported, not fatal.
+args=(-q -p no:cacheprovider -W ignore -o junit_family=xunit1 --continue-on-collection-errors
+    "${TESTS[@]}")
 [[ -n "$FILTER" ]] && args+=(-k "$FILTER")
 
-cd "$SRC"
 rm -f tests/v1/core/conftest.py
-"$PY" -m pytest "${args[@]}" --junitxml="$OUT/vllm.xml" >"$OUT/vllm.log" 2>&1 || true
+# SKIP_VLLM=1: keep the previous run's vLLM results (vLLM's side does not change).
+if [[ -z "${SKIP_VLLM:-}" || ! -f "$OUT/vllm.xml" ]]; then
+    "$PY" -m pytest "${args[@]}" --junitxml="$OUT/vllm.xml" >"$OUT/vllm.log" 2>&1 || true
+fi
 cp "$HERE/vllm_own_tests_conftest.py" tests/v1/core/conftest.py
 "$PY" -m pytest "${args[@]}" --junitxml="$OUT/tokenyard.xml" >"$OUT/tokenyard.log" 2>&1 || true
 rm -f tests/v1/core/conftest.py
 
-"$PY" - "$OUT/vllm.xml" "$OUT/tokenyard.xml" <<'EOF'
+"$PY" - "$OUT/vllm.xml" "$OUT/tokenyard.xml" <<'EOF' | tee "$OUT/summary.txt"
 import sys
 import xml.etree.ElementTree as ET
 
 
 def outcomes(path):
-    result = {}
+    result, built = {}, set()
     for case in ET.parse(path).getroot().iter("testcase"):
-        name = f"{case.get('classname', '').rsplit('.', 1)[-1]}.py::{case.get('name')}"
+        # classname: tests.v1.core[.prefix_cache].test_x[.TestClass]
+        # (a file that failed to collect: no classname, the module as the name).
+        parts = (case.get("classname") or case.get("name")).split(".")
+        stem = max(i for i, p in enumerate(parts) if p.startswith("test_"))
+        name = "/".join(parts[3 : stem + 1]) + ".py::" + (
+            case.get("name") if case.get("classname") else "(collection)"
+        )
         bad = case.find("failure") is not None or case.find("error") is not None
         skipped = case.find("skipped") is not None
         result[name] = "failed" if bad else "skipped" if skipped else "passed"
-    return result
+        for prop in case.iter("property"):
+            if prop.get("name") == "tokenyard_scheduler" and prop.get("value") == "1":
+                built.add(name)
+    return result, built
 
 
-vllm, tokenyard = outcomes(sys.argv[1]), outcomes(sys.argv[2])
+vllm, _ = outcomes(sys.argv[1])
+tokenyard, built = outcomes(sys.argv[2])
 on_vllm = {n for n, o in vllm.items() if o == "passed"}
 on_tokenyard = {n for n, o in tokenyard.items() if o == "passed"}
+files = sorted({n.split("::")[0] for n in vllm})
 print(f"cases: {len(vllm)}")
 print(f"passed on vLLM's Scheduler:      {len(on_vllm)}")
 print(f"passed on TokenyardScheduler:    {len(on_tokenyard)}")
 print(f"  of those that pass on vLLM:    {len(on_vllm & on_tokenyard)}")
+print("per file: cases | pass on vLLM | of those, pass through the adapter | cases that")
+print("built a TokenyardScheduler")
+rows = {True: [], False: []}
+for file in files:
+    cases = {n for n in vllm if n.startswith(file + "::")}
+    ours = cases & on_vllm
+    row = (
+        f"  {file}: {len(cases)} | {len(ours)} | {len(ours & on_tokenyard)}"
+        f" | {len(cases & built)}"
+    )
+    rows[bool(cases & built)].append(row)
+print("scheduler involved:")
+print("\n".join(rows[True]) or "  (none)")
+print("no scheduler involved (vLLM's own classes; the adapter is never built):")
+print("\n".join(rows[False]) or "  (none)")
 lost = sorted(on_vllm - on_tokenyard)
 print(f"pass on vLLM, fail on tokenyard: {len(lost)}")
-for file in sorted({n.split("::")[0] for n in vllm}):
-    ours = {n for n in on_vllm if n.startswith(file + "::")}
-    print(f"  {file}: {len(ours & on_tokenyard)} of the {len(ours)} that pass on vLLM")
 for name in lost:
-    print(f"  {name}")
+    print(f"  {name}{'' if name in built else '  (no tokenyard scheduler built)'}")
 EOF

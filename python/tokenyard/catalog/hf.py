@@ -7,13 +7,14 @@ into a ``ModelSpec``. Invariant: a config loads only if its architecture is one 
 (``_Family``: full attention everywhere, or the sliding, chunked, linear-attention and
 FFN layouts of the families that list their layers; routed experts only, except where the
 family reads its shared experts and dense layers); anything else is a ConfigError naming
-the file and the key that makes it a model tokenyard does not simulate. DeepSeek-V2/V3
-(and Kimi-K2, which is a DeepSeek-V3) configs read their multi-head latent attention,
-shared experts and leading dense layers into ``ModelSpec.mla`` and its MoE layout fields,
-DeepSeek-V3.2 and GLM-5 also their DSA indexer (``ModelSpec.indexer``). A quantized
-checkpoint's
-``quantization_config`` (or the ``hf_quant_config.json`` beside it) becomes
-``ModelSpec.quantization`` (``quant.py``).
+the file and the key that makes it a model tokenyard does not simulate (which families
+there are and every refusal: ``hf_families.py``). DeepSeek-V2/V3 (and Kimi-K2, which is
+a DeepSeek-V3) configs read their multi-head latent attention, shared experts and leading
+dense layers into ``ModelSpec.mla`` and its MoE layout fields, DeepSeek-V3.2 and GLM-5
+also their DSA indexer (``ModelSpec.indexer``). ``context_length`` is
+``max_position_embeddings`` scaled as vLLM 0.33 scales ``max_model_len``
+(``_context_length``). A quantized checkpoint's ``quantization_config`` (or the
+``hf_quant_config.json`` beside it) becomes ``ModelSpec.quantization`` (``quant.py``).
 """
 
 from __future__ import annotations
@@ -22,8 +23,15 @@ import dataclasses
 import functools
 import json
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
+from tokenyard.catalog.hf_families import (
+    SUPPORTED_ARCHITECTURES,
+    _bad,
+    _Family,
+    _window,
+    read_family,
+)
 from tokenyard.catalog.layers import LinearAttention, MlaAttention, SparseIndexer
 from tokenyard.catalog.quant import read_quantization
 from tokenyard.catalog.specs import ModelSpec
@@ -32,94 +40,6 @@ from tokenyard.errors import ConfigError
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "bundled_model_names", "config_path", "model_from_config"]
 
-
-class _Family(NamedTuple):
-    """What one architecture's config does not say in keys."""
-
-    model_type: str
-    attention_bias: bool | None = None  # None: the config's attention_bias (default false)
-    qk_norm: bool = False
-    experts_key: str = ""  # the number of routed experts; "" for a dense model
-    intermediate_key: str = "intermediate_size"  # per expert for a MoE
-    deepseek: bool = False  # MLA, shared experts, first_k_dense_replace, moe_layer_freq
-    #: How the config lays out its layers beyond full attention: "" none; "layer_types"
-    #: (gpt-oss, Gemma, Qwen3-Next/3.5), "sliding" (Mistral's sliding_window on every
-    #: layer), "llama4" (chunked local + NoPE global), "nemotron_h" (the pattern).
-    layers: str = ""
-    #: The vision tower under ``vision_config`` (``VisionEncoder.kind``); "" none read.
-    vision: str = ""
-
-
-#: Qwen's MoE configs: the routed experts under num_experts, each moe_intermediate_size wide.
-_QWEN_MOE = _Family("", experts_key="num_experts", intermediate_key="moe_intermediate_size")
-#: DeepSeek's (and the configs that follow it): n_routed_experts of moe_intermediate_size.
-_DEEPSEEK = _Family(
-    "", experts_key="n_routed_experts", intermediate_key="moe_intermediate_size", deepseek=True
-)
-
-_FAMILIES: dict[str, _Family] = {
-    "LlamaForCausalLM": _Family("llama"),
-    "MistralForCausalLM": _Family("mistral", layers="sliding"),
-    "Qwen2ForCausalLM": _Family("qwen2", attention_bias=True),
-    "Qwen3ForCausalLM": _Family("qwen3", qk_norm=True),
-    "MixtralForCausalLM": _Family("mixtral", experts_key="num_local_experts"),
-    "Qwen2MoeForCausalLM": _QWEN_MOE._replace(model_type="qwen2_moe", attention_bias=True),
-    "Qwen3MoeForCausalLM": _QWEN_MOE._replace(model_type="qwen3_moe", qk_norm=True),
-    "DeepseekV2ForCausalLM": _DEEPSEEK._replace(model_type="deepseek_v2"),
-    "DeepseekV3ForCausalLM": _DEEPSEEK._replace(model_type="deepseek_v3"),
-    # DeepSeek sparse attention (DSA): a DeepSeek-V3 with an indexer beside each MLA layer.
-    "DeepseekV32ForCausalLM": _DEEPSEEK._replace(model_type="deepseek_v32"),
-    "GlmMoeDsaForCausalLM": _DEEPSEEK._replace(model_type="glm_moe_dsa"),
-    "GptOssForCausalLM": _Family("gpt_oss", experts_key="num_local_experts", layers="types"),
-    "Gemma3ForCausalLM": _Family("gemma3_text", qk_norm=True, layers="types"),
-    "Gemma4ForConditionalGeneration": _Family(
-        "gemma4", qk_norm=True, experts_key="num_experts", layers="types"
-    ),
-    "Llama4ForConditionalGeneration": _Family(
-        "llama4", experts_key="num_local_experts", layers="llama4"
-    ),
-    "Qwen3NextForCausalLM": _QWEN_MOE._replace(
-        model_type="qwen3_next", qk_norm=True, layers="types"
-    ),
-    "Qwen3_5ForConditionalGeneration": _Family("qwen3_5", qk_norm=True, layers="types"),
-    "Qwen3_5MoeForConditionalGeneration": _QWEN_MOE._replace(
-        model_type="qwen3_5_moe", qk_norm=True, layers="types"
-    ),
-    # Vision-language models: the decoder under text_config (Qwen2.5-VL: at the top level),
-    # the vision tower under vision_config.
-    "Qwen2_5_VLForConditionalGeneration": _Family(
-        "qwen2_5_vl", attention_bias=True, vision="qwen2_5_vl"
-    ),
-    "Qwen3VLForConditionalGeneration": _Family("qwen3_vl", qk_norm=True, vision="qwen3_vl"),
-    "Qwen3VLMoeForConditionalGeneration": _QWEN_MOE._replace(
-        model_type="qwen3_vl_moe", qk_norm=True, vision="qwen3_vl"
-    ),
-    "NemotronHForCausalLM": _Family(
-        "nemotron_h",
-        experts_key="n_routed_experts",
-        intermediate_key="moe_intermediate_size",
-        layers="nemotron_h",
-    ),
-}
-_BY_MODEL_TYPE = {family.model_type: family for family in _FAMILIES.values()}
-_BY_MODEL_TYPE["kimi_k2"] = _FAMILIES["DeepseekV3ForCausalLM"]
-# Sparse attention (DeepSeek-V3.2's and GLM-5's DSA, DeepSeek-V4's): an indexer picks
-# index_topk keys per query, with a cache of its own. Read for the DSA families above.
-_DSA_KEYS = ("index_topk", "index_n_heads", "index_head_dim")
-# DSA variants that are not what SparseIndexer models: the key and why.
-_DSA_REFUSED = {
-    "compress_ratios": (
-        "DeepSeek-V4's attention (compressed sparse and heavily compressed KV per layer, "
-        "a sliding window, hyper-connections) is not modelled"
-    ),
-    "index_topk_freq": (
-        "an indexer shared across layers (GLM-5.2's index_topk_freq / "
-        "index_skip_topk_offset: most layers reuse another layer's top-k) is not modelled"
-    ),
-}
-SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_FAMILIES)
-
-_HYBRID_MODEL_TYPES = ("nemotron_h", "mamba", "qwen3_next", "qwen3_5")
 # Layer-type names in configs -> the mixer tokenyard models.
 _LAYER_TYPES = {
     "full_attention": "gqa",
@@ -133,12 +53,6 @@ _NEMOTRON_H = {
     "-": ("none", "dense"),
     "E": ("none", "moe"),
 }
-# Qwen2-MoE/Qwen3-MoE layout keys: the values that leave every layer with routed experts only.
-_MOE_LAYOUT: dict[str, tuple[tuple[Any, ...], str]] = {
-    "shared_expert_intermediate_size": ((None, 0), "shared experts are not modelled"),
-    "decoder_sparse_step": ((None, 1), "dense layers between MoE layers are not modelled"),
-    "mlp_only_layers": ((None, []), "dense layers in a MoE are not modelled"),
-}
 # ModelSpec's field -> the config key, for the checks only ModelSpec makes.
 _CONFIG_KEYS = {
     "num_kv_heads": "num_key_value_heads",
@@ -146,11 +60,6 @@ _CONFIG_KEYS = {
     "num_dense_layers": "first_k_dense_replace",
     "num_shared_experts": "n_shared_experts",
 }
-
-
-def _bad(key: str, problem: str) -> ConfigError:
-    """An error about one key; ``model_from_config`` adds the caller's field and the file."""
-    return ConfigError(f"{key}: {problem}", field=key)
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -163,94 +72,6 @@ def _read(path: Path) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ConfigError(f"must be a JSON object (a config.json), got {type(raw).__name__}")
     return raw
-
-
-def _attention_refusal(
-    raw: dict[str, Any], cfg: dict[str, Any], family: _Family | None = None
-) -> ConfigError | None:
-    """Why the model's attention is not what tokenyard models, if it is not: full GQA or
-    MLA, or for a family that lays out its layers (``_Family.layers``) the kinds it lists."""
-    for key, why in _DSA_REFUSED.items():
-        if cfg.get(key) not in (None, 1):
-            return _bad(key, f"{why}, got {cfg[key]!r}")
-    dsa = family is not None and family.model_type in ("deepseek_v32", "glm_moe_dsa")
-    for key in () if dsa else _DSA_KEYS:
-        if cfg.get(key) is not None:
-            why = (
-                "sparse attention (an indexer that picks the keys each query reads) is read "
-                "for DeepseekV32ForCausalLM and GlmMoeDsaForCausalLM configs only"
-            )
-            return _bad(key, f"{why}, got {cfg[key]!r}")
-    if family is not None and family.layers:
-        return None  # _layers reads (or refuses) the layout
-    for model_type in (str(raw.get("model_type", "")), str(cfg.get("model_type", ""))):
-        if any(kind in model_type for kind in _HYBRID_MODEL_TYPES):
-            why = (
-                "linear-attention and Mamba hybrids are read for the Qwen3-Next, Qwen3.5 and "
-                "NemotronH architectures only; this one is not modelled"
-            )
-            return _bad("model_type", f"{why}, got {model_type!r}")
-    if "hybrid_override_pattern" in cfg:
-        return _bad(
-            "hybrid_override_pattern",
-            "Mamba/attention hybrids are read for NemotronHForCausalLM configs only; "
-            "not modelled here",
-        )
-    layer_types = cfg.get("layer_types")
-    if layer_types is not None:
-        listed = layer_types if isinstance(layer_types, list) else [layer_types]
-        kinds = sorted({str(kind) for kind in listed} - {"full_attention"})
-        if kinds:
-            why = (
-                "layers without full attention are read for the gpt-oss, Gemma 3/4, "
-                "Qwen3-Next and Qwen3.5 architectures only; not modelled here"
-            )
-            return _bad("layer_types", f"{why}, got layers of kind {', '.join(kinds)}")
-    if _window(cfg):
-        why = (
-            "sliding-window attention is read for Mistral (every layer) and the layer_types "
-            "architectures only (Qwen2/3 keep every token's KV unless use_sliding_window)"
-        )
-        return _bad("sliding_window", f"{why}, got {cfg['sliding_window']!r}")
-    return None
-
-
-def _window(cfg: dict[str, Any]) -> int:
-    """The sliding window a config applies, 0 if none (unset, ``use_sliding_window``
-    false, or no shorter than ``max_position_embeddings``)."""
-    window, context = cfg.get("sliding_window"), cfg.get("max_position_embeddings")
-    covers_context = isinstance(window, int) and isinstance(context, int) and window >= context
-    # Mistral applies sliding_window whenever it is set; Qwen2/3 only with use_sliding_window.
-    if window is None or cfg.get("use_sliding_window") is False or covers_context:
-        return 0
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise _bad("sliding_window", f"must be an integer >= 1 or null, got {window!r}")
-    return window
-
-
-def _moe_refusal(cfg: dict[str, Any]) -> ConfigError | None:
-    """Why the model has layers other than routed experts, if it has."""
-    for key, (harmless, why) in _MOE_LAYOUT.items():
-        if cfg.get(key) not in harmless:
-            return _bad(key, f"{why}, got {cfg[key]!r}")
-    return None
-
-
-def _family(raw: dict[str, Any]) -> _Family:
-    supported = f"tokenyard reads {', '.join(_FAMILIES)}"
-    architectures = raw.get("architectures")
-    if architectures is None:  # older configs: the model_type says it
-        family = _BY_MODEL_TYPE.get(str(raw.get("model_type")))
-        if family is None:
-            problem = f"no architectures key and an unsupported model_type; {supported}"
-            raise _bad("model_type", f"{problem}, got {raw.get('model_type')!r}")
-        return family
-    if not isinstance(architectures, list) or not architectures:
-        raise _bad("architectures", f"must be a non-empty list, got {architectures!r}")
-    for architecture in architectures:
-        if architecture not in _FAMILIES:
-            raise _bad("architectures", f"unsupported {architecture!r}; {supported}")
-    return _FAMILIES[architectures[0]]
 
 
 def _count(cfg: dict[str, Any], key: str, default: int | None = None) -> int:
@@ -281,6 +102,56 @@ def _head_dim(cfg: dict[str, Any], hidden: int, heads: int) -> int:
         problem = f"must be a multiple of num_attention_heads ({heads}) when no head_dim is given"
         raise _bad("hidden_size", f"{problem}, got {hidden}")
     return hidden // heads
+
+
+# RoPE types whose factor vLLM 0.33 does not apply to max_position_embeddings (YaRN's and
+# Llama 3's configs give the scaled length already; "default" has no factor).
+_ROPE_UNSCALED = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+
+
+# The other length keys vLLM 0.33 takes the smallest of with max_position_embeddings
+# (ModelArchConfigConvertorBase.derive_max_model_len_and_key); model_max_length, where the
+# config gives it, replaces them all.
+_LENGTH_KEYS = (
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "max_target_positions",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
+
+
+def _context_length(cfg: dict[str, Any], family: _Family) -> int:
+    """The longest sequence, as vLLM 0.33's ``_get_and_verify_max_len``
+    (``vllm/config/model.py``) derives it: the smallest of ``max_position_embeddings`` and
+    the ``_LENGTH_KEYS`` the config gives (its ``model_max_length`` instead, if any), times
+    the RoPE scaling factor of ``rope_scaling`` / ``rope_parameters`` (each layer type's
+    where they are nested) for a type other than ``_ROPE_UNSCALED`` (``linear``,
+    ``dynamic``); Gemma 3's length is already scaled. vLLM's cap by the tokenizer's
+    ``model_max_length`` is not applied (tokenyard reads no tokenizer config)."""
+    length = _count(cfg, "max_position_embeddings")
+    for key in _LENGTH_KEYS:
+        if cfg.get(key) is not None:
+            length = min(length, _count(cfg, key))
+    if cfg.get("model_max_length"):
+        length = _count(cfg, "model_max_length")
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling")
+    if not isinstance(rope, dict) or family.model_type.startswith("gemma3"):
+        return length
+    nested = all(isinstance(v, dict) for v in rope.values())
+    factor: Any = 1.0
+    for params in rope.values() if nested else (rope,):
+        kind = params.get("rope_type", params.get("type", "default"))
+        if params and kind not in _ROPE_UNSCALED and "factor" in params:
+            factor = params["factor"]
+    if factor is None:  # vLLM warns and takes 1.0
+        return length
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor <= 0:
+        key = "rope_parameters" if "rope_parameters" in cfg else "rope_scaling"
+        raise _bad(f"{key}.factor", f"must be a number > 0, got {factor!r}")
+    return int(length * factor)
 
 
 def _mla(cfg: dict[str, Any]) -> MlaAttention:
@@ -460,6 +331,7 @@ def _hybrid_fields(cfg: dict[str, Any], family: _Family) -> dict[str, Any]:
             out.update(
                 num_shared_experts=1,
                 shared_expert_intermediate_size=_count(cfg, "shared_expert_intermediate_size"),
+                shared_expert_gate=True,  # vLLM 0.33 qwen3_next.py: shared_expert_gate
             )
     if model_type in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
         out["num_mtp_layers"] = _zero_or_count(cfg, "mtp_num_hidden_layers")
@@ -467,6 +339,10 @@ def _hybrid_fields(cfg: dict[str, Any], family: _Family) -> dict[str, Any]:
             _flag(cfg, "attn_output_gate") if "attn_output_gate" in cfg else True
         )
     if model_type == "gemma4":
+        # vLLM 0.33's gemma4.py builds its MLP and experts without sequence parallelism.
+        out["sequence_parallel_shared_experts"] = False
+        # ... and runs the dense MLP before the experts on the main stream, not overlapped.
+        out["shared_experts_overlap"] = False
         if cfg.get("num_global_key_value_heads") is not None:
             out["global_num_kv_heads"] = _count(cfg, "num_global_key_value_heads")
         if cfg.get("global_head_dim") is not None:
@@ -531,7 +407,7 @@ def _spec(
             else 1
         ),
         "vocab_size": _count(cfg, "vocab_size"),
-        "context_length": _count(cfg, "max_position_embeddings"),
+        "context_length": _context_length(cfg, family),
         "tied_embeddings": _flag(cfg, "tie_word_embeddings"),
         "attention_bias": _flag(cfg, "attention_bias") if bias is None else bias,
         "qk_norm": family.qk_norm,
@@ -608,24 +484,7 @@ def _load(path: Path, mtime_ns: int, name: str) -> ModelSpec:
     raw = _read(path)
     text = raw.get("text_config")
     cfg = {**raw, **text} if isinstance(text, dict) else raw  # vision-language wrappers
-    try:
-        known: _Family | None = _family(raw)
-    except ConfigError:
-        known = None  # refused below, after the attention (whose reason is the sharper)
-    refusal = _attention_refusal(raw, cfg, known)
-    if refusal is not None:
-        raise refusal
-    family = known or _family(raw)
-    if family.layers == "nemotron_h" and cfg.get("moe_latent_size"):
-        why = "latent MoE experts (Nemotron-3 Super and Ultra) are not modelled"
-        raise _bad("moe_latent_size", f"{why}, got {cfg['moe_latent_size']!r}")
-    refusal = (
-        None
-        if family.deepseek or (family.layers == "types" and "qwen3" in family.model_type)
-        else _moe_refusal(cfg)
-    )
-    if refusal is not None:
-        raise refusal
+    family = read_family(raw, cfg)
     spec = _spec(cfg, family, name, str(path), read_quantization(raw, cfg, path))
     if family.vision:
         spec = dataclasses.replace(spec, vision=_vision(raw, family.vision))

@@ -68,6 +68,12 @@ class Quantization:
     #: Only the routed experts are quantized; attention and dense projections stay bf16
     #: (gpt-oss's MXFP4: ``modules_to_not_convert`` lists ``self_attn``).
     experts_only: bool = False
+    #: Module names the checkpoint keeps 16-bit, as it writes them (ModelOpt's
+    #: ``exclude_modules`` / ``ignore``: ``model.layers.3.self_attn.q_a_proj``,
+    #: ``model.layers.*.self_attn*``); the measured predictor reads them
+    #: (``predictor/measured/gemm.py``, ``modules_unquantized``). Not compared: two
+    #: checkpoints of one scheme are the same quantization.
+    unquantized_modules: tuple[str, ...] = dataclasses.field(default=(), compare=False)
 
     @property
     def gemm_dtype(self) -> str:
@@ -223,6 +229,14 @@ def _dynamic_inputs(qc: dict[str, Any]) -> bool | None:
 
 
 def _modelopt(qc: dict[str, Any], where: str, source: str) -> Quantization:
+    quant = _modelopt_scheme(qc, where, source)
+    kept = qc.get("exclude_modules") or qc.get("ignore") or ()
+    if isinstance(kept, (list, tuple)):
+        quant = dataclasses.replace(quant, unquantized_modules=tuple(str(m) for m in kept))
+    return quant
+
+
+def _modelopt_scheme(qc: dict[str, Any], where: str, source: str) -> Quantization:
     algo = qc.get("quant_algo")
     kv = _kv(qc)
     if algo == "FP8":

@@ -78,6 +78,7 @@ DEVICE_FIELDS: dict[str, str] = {
     "price_source": "str",
     "power_w": "float",
     "idle_power_w": "float",
+    "nvlink_domain": "int",
     "source": "str",
     "aliases": "str_list",
 }
@@ -205,6 +206,15 @@ class ModelSpec:
     #: ``disable_tp=is_sequence_parallel``. False: split by TP there too (Gemma 4's dense
     #: MLP beside its experts, which vLLM builds without sequence parallelism).
     sequence_parallel_shared_experts: bool = True
+    #: The shared experts are handed to vLLM 0.33's ``FusedMoE`` (``shared_experts=``),
+    #: which runs them on an auxiliary stream beside the routed path; False: a dense MLP
+    #: the layer runs on the main stream before its experts, added in full (Gemma 4's
+    #: ``self.mlp`` in ``Gemma4DecoderLayer.forward``; the model sets no shared experts).
+    shared_experts_overlap: bool = True
+    #: The shared expert's output is scaled by ``sigmoid(x W)``, ``W`` a 16-bit ``h x 1``
+    #: ``ReplicatedLinear`` (Qwen2-MoE, Qwen3-Next and Qwen3.5's ``shared_expert_gate``,
+    #: vLLM's ``Qwen2MoeMLP.expert_gate``).
+    shared_expert_gate: bool = False
     #: SwiGLU (gate, up, down) FFNs; false: an MLP of up and down only (Nemotron-H's relu2).
     gated_ffn: bool = True
     #: A vision-language model's vision tower (its ``vision_config``; Qwen2.5-VL, Qwen3-VL),
@@ -365,6 +375,16 @@ class ModelSpec:
             self.num_shared_experts * self.intermediate_size
         )
 
+    def shared_experts_sequence_parallel(self, tp: int, ep: int, dp: int) -> int:
+        """How many ways the tokens of a MoE layer's shared experts are split: ``tp``
+        under vLLM 0.33's sequence-parallel MoE (``use_sequence_parallel_moe``: expert
+        parallelism with TP > 1 and DP > 1) for a model whose shared experts take it
+        (``sequence_parallel_shared_experts``), each GPU running them whole on its 1/TP of
+        the tokens; else 1, the experts' width split by TP instead."""
+        if ep > 1 and dp > 1 and self.sequence_parallel_shared_experts:
+            return tp
+        return 1
+
     def _ffn_parameters(self, kind: LayerKind, experts: int) -> int:
         h = self.hidden_size
         matrices = 3 if self.gated_ffn else 2
@@ -515,6 +535,11 @@ class DeviceSpec:
     #: (``tokenyard.recommend.cost``).
     power_w: float = 0.0
     idle_power_w: float = 0.0
+    #: GPUs one NVLink (NVSwitch) domain joins, which an expert-parallel all-to-all spans
+    #: without the network: 8 on HGX/DGX boards, 72 on a GB200/GB300 NVL72 rack. An EP
+    #: group over more GPUs spans ``ceil(EP / nvlink_domain)`` nodes (the ``node_num`` of
+    #: the measured all-to-all tables).
+    nvlink_domain: int = 8
     source: str = ""
     aliases: tuple[str, ...] = ()
 
@@ -544,6 +569,8 @@ class DeviceSpec:
             "a number",
             where,
         )
+        if self.nvlink_domain < 1:
+            raise _fail(where, "nvlink_domain", "must be an integer >= 1", self.nvlink_domain)
         if self.power_w and self.idle_power_w > self.power_w:
             raise _fail(
                 where,

@@ -66,15 +66,14 @@ def check_supported(request: Request) -> None:
         reason = "prompt_embeds", "prompt embeddings"
     elif request.mm_features:
         reason = "mm_features", "multimodal inputs (no encoder budget or encoder cache)"
-    elif request.pooling_params is not None:
-        reason = "pooling_params", "pooling requests"
-    elif request.sampling_params is None:
+    elif request.sampling_params is None and request.pooling_params is None:
         reason = "sampling_params", "a request without sampling params"
-    elif request.use_structured_output:
-        reason = "structured_outputs", "structured output (no grammar bitmask)"
     elif request.resumable:
         reason = "resumable", "streaming-input sessions"
-    elif request.sampling_params.repetition_detection is not None:
+    elif (
+        request.sampling_params is not None
+        and request.sampling_params.repetition_detection is not None
+    ):
         reason = "repetition_detection", "repetition detection"
     if reason is not None:
         field, what = reason

@@ -41,6 +41,8 @@ class ScheduleStep(AdapterBase):
             self.finished_req_ids = set()
             self.reset_preempted_req_ids = set()
             return out
+        if self._grammar_waiting:
+            self._admit_grammar_ready()
         core = self._core.schedule(throttle_prefills=throttle_prefills)
         bridge = self._bridge
         if bridge is not None:
@@ -74,14 +76,23 @@ class ScheduleStep(AdapterBase):
         )
         if not self.use_v2_model_runner:
             self.prev_step_scheduled_req_ids = set(num_scheduled_tokens)
-        out.skip_drafts = not self._after_schedule(num_scheduled_tokens, spec_decode_tokens)
+        if self.can_skip_drafts:
+            out.skip_drafts = not self._drafts_needed(num_scheduled_tokens)
         if bridge is not None:
             out.has_sync_kv_loads = bridge.has_sync_kv_loads
             bridge.has_sync_kv_loads = False
+        # As vLLM 0.33's schedule(): the connectors see the requests before this step's
+        # update (computed tokens, output placeholders) is applied to them.
         if self.connector is not None:
             out.kv_connector_metadata = self.connector.build_connector_meta(out)
         if self.ec_connector is not None:
             out.ec_connector_metadata = self.ec_connector.build_connector_meta(out)
+        if self.defer_block_free and out.total_num_scheduled_tokens > 0:
+            self.sched_step_seq += 1
+            seq = self.sched_step_seq
+            for request_id in num_scheduled_tokens:
+                self.requests[request_id].last_sched_seq = seq
+        self._after_schedule(out, spec_decode_tokens)
         self.finished_req_ids = set()
         self.reset_preempted_req_ids = set()
         return out
@@ -288,19 +299,30 @@ class ScheduleStep(AdapterBase):
             min_num_output_tokens += 1
         return bool(min_num_output_tokens >= request.max_tokens)
 
+    def _drafts_needed(self, num_scheduled_tokens: dict[str, int]) -> bool:
+        """vLLM 0.33's ``drafts_needed`` (only asked where drafts may be skipped): some
+        scheduled request may use drafts proposed after this step."""
+        requests = self.requests
+        return not all(
+            self._drafts_unused(requests[request_id], requests[request_id].num_computed_tokens, n)
+            for request_id, n in num_scheduled_tokens.items()
+        )
+
     def _after_schedule(
-        self, num_scheduled_tokens: dict[str, int], spec_decode_tokens: dict[str, list[int]]
-    ) -> bool:
+        self, out: SchedulerOutput, spec_decode_tokens: dict[str, list[int]]
+    ) -> None:
         """vLLM's ``_update_after_schedule`` on the vLLM requests: the step is assumed to
         run; under async scheduling each sampling request gets its output placeholders and
         placeholder drafts for the next step."""
         requests = self.requests
+        num_scheduled_tokens = out.num_scheduled_tokens
         scheduled = zip(
             map(requests.__getitem__, num_scheduled_tokens),
             num_scheduled_tokens.values(),
             strict=True,
         )
-        if not self.async_scheduling and not self.can_skip_drafts:
+        structured = bool(self._structured_ids)
+        if not self.async_scheduling and not structured:
             # The common case, without the branches below.
             for request, n in scheduled:
                 num_computed = request.num_computed_tokens + n
@@ -310,20 +332,20 @@ class ScheduleStep(AdapterBase):
                 )
                 if request.spec_token_ids:
                     request.spec_token_ids = []
-            return True
+            return
         placeholders = self._spec_token_placeholders if self.async_scheduling else None
         drafts_for_core: dict[Any, list[int]] = {}
         core_ids = self._core_ids
-        drafts_needed = not self.can_skip_drafts
+        has_structured = False
         for request, n in scheduled:
-            if not drafts_needed:
-                drafts_needed = not self._drafts_unused(request, request.num_computed_tokens, n)
             num_computed = request.num_computed_tokens + n
             request.num_computed_tokens = num_computed
             prefill_chunk = num_computed < (
                 len(request._all_token_ids) + request.num_output_placeholders
             )
             request.is_prefill_chunk = prefill_chunk
+            if structured and not prefill_chunk and request.use_structured_output:
+                has_structured = True
             if request.spec_token_ids:
                 request.spec_token_ids = []
             if placeholders is not None and not prefill_chunk:
@@ -335,4 +357,4 @@ class ScheduleStep(AdapterBase):
         if drafts_for_core:
             with errors_in_vllm_ids(self._vllm_ids):
                 self._core.update_from_output({}, spec_token_ids=drafts_for_core)
-        return drafts_needed
+        out.has_structured_output_requests = has_structured

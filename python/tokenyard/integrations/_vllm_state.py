@@ -54,6 +54,12 @@ class AdapterBase:
     _prefill_stats_due: set[str]
     _prefill_stats_ready: dict[str, PrefillStats]
     _prefix_cache_stats: PrefixCacheStats | None
+    _grammar_waiting: dict[str, Request]
+    grammar_compile_error_reqs: dict[str, Any]
+    _structured_ids: set[str]
+    defer_block_free: bool
+    sched_step_seq: int
+    processed_step_seq: int
 
     if TYPE_CHECKING:
 
@@ -68,6 +74,12 @@ class AdapterBase:
         def _finish_prefill_stats(self, live: list[Request], live_ids: list[str]) -> None: ...
 
         def _publish_kv_events(self) -> None: ...
+
+        def _admit_grammar_ready(self) -> None: ...
+
+        def _drain_deferred_frees(self) -> None: ...
+
+        def finish_requests(self, request_ids: Any, finished_status: Any) -> list[Request]: ...
 
         def make_stats(
             self,

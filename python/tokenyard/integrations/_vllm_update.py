@@ -12,12 +12,13 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.core.sched.utils import check_stop
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.metrics.stats import SchedulerStats
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
+from vllm.v1.structured_output.utils import strip_speculative_padding
 
 from tokenyard.integrations._vllm_outputs import (
     attach_logprobs,
@@ -41,12 +42,17 @@ class UpdateFromOutput(AdapterBase):
         """Applies a step's sampled tokens: appends them to the requests, stops requests
         (EOS, stop ids, ``max_tokens``, ``max_model_len``), rolls back rejected drafts, and
         returns the outputs by client, with the step's stats."""
+        if self.defer_block_free and scheduler_output.total_num_scheduled_tokens > 0:
+            # Every write of this and earlier steps has completed (vLLM's fence).
+            self.processed_step_seq += 1
+            self._drain_deferred_frees()
         kv_output = model_runner_output.kv_connector_output
         if kv_output is not None and self.connector is not None:
             self._update_from_kv_transfers(kv_output)
         live_ids, live, live_tokens, rejected, spec_stats, late = self._sampled(
             scheduler_output, model_runner_output
         )
+        pooled = self._pooled(scheduler_output, model_runner_output)
         live_core_ids = list(map(self._core_ids.__getitem__, live_ids))
         core_ids, core_tokens = live_core_ids, live_tokens
         if late:
@@ -54,6 +60,10 @@ class UpdateFromOutput(AdapterBase):
             # them), as vLLM's update skips a request it no longer holds.
             core_ids = live_core_ids + [core_id for core_id, _ in late]
             core_tokens = live_tokens + [tokens for _, tokens in late]
+        if pooled:
+            # The core finishes a pooling request (max_tokens 1) on one token.
+            core_ids = core_ids + [self._core_ids[r.request_id] for r, _ in pooled]
+            core_tokens = core_tokens + [[0]] * len(pooled)
         vllm_ids = self._vllm_ids
         kept_drafts: dict[Any, list[int]] = {}
         if self.async_scheduling and self.num_spec_tokens:
@@ -80,6 +90,8 @@ class UpdateFromOutput(AdapterBase):
                 )
         if late:
             self._forget_landed(late)
+        if pooled:
+            self._finish_pooled(pooled)
         finished_ids = {vllm_ids[i] for i, _ in finished} if finished else set()
         nans = model_runner_output.num_nans_in_logits
         if nans:
@@ -93,6 +105,12 @@ class UpdateFromOutput(AdapterBase):
             attach_prefill_stats(outputs, self._prefill_stats_ready)
             self._prefill_stats_ready.clear()
         attach_logprobs(outputs, live, model_runner_output)
+        for request, pooler_output in pooled:
+            outputs.setdefault(request.client_index, []).append(
+                self._pooled_output(request, pooler_output)
+            )
+        if self._structured_ids or self.grammar_compile_error_reqs:
+            self._grammar_updates(outputs)
         self._publish_kv_events()
         engine_core_outputs = {
             client: EngineCoreOutputs(outputs=outs) for client, outs in outputs.items()
@@ -110,6 +128,51 @@ class UpdateFromOutput(AdapterBase):
                 engine_core_outputs[0] = eco = EngineCoreOutputs()
             eco.scheduler_stats = stats
         return engine_core_outputs
+
+    def _pooled(
+        self, scheduler_output: SchedulerOutput, model_runner_output: Any
+    ) -> list[tuple[Request, Any]]:
+        """The pooling requests the step gave a pooler output (their last prefill chunk),
+        with it."""
+        pooler_outputs = model_runner_output.pooler_output
+        if not pooler_outputs:
+            return []
+        index = model_runner_output.req_id_to_index
+        requests = self.requests
+        pooled = []
+        for request_id in scheduler_output.num_scheduled_tokens:
+            request = requests.get(request_id)
+            if request is None or request.pooling_params is None or request.is_finished():
+                continue
+            pooler_output = pooler_outputs[index[request_id]]
+            if pooler_output is not None:
+                pooled.append((request, pooler_output))
+        return pooled
+
+    def _finish_pooled(self, pooled: list[tuple[Request, Any]]) -> None:
+        """vLLM's: a pooling request stops as soon as it has its output."""
+        for request, _ in pooled:
+            request.status = RequestStatus.FINISHED_STOPPED
+
+    def _pooled_output(self, request: Request, pooler_output: Any) -> EngineCoreOutput:
+        """A pooling request's last ``EngineCoreOutput``, its blocks freed."""
+        self._free_request(request)
+        bridge = self._bridge
+        transfer_params = bridge.transfer_params.pop(request.request_id, None) if bridge else None
+        events = request.events
+        if events:
+            request.events = []
+        return EngineCoreOutput(
+            request_id=request.request_id,
+            new_token_ids=[],
+            finish_reason=request.get_finished_reason(),
+            pooling_output=pooler_output,
+            stop_reason=request.stop_reason,
+            events=events or None,
+            trace_headers=request.trace_headers,
+            num_nans_in_logits=request.num_nans_in_logits,
+            kv_transfer_params=transfer_params,
+        )
 
     def _forget_landed(self, late: list[tuple[Any, list[int]]]) -> None:
         """Forgets the core ids of finished requests whose last output has landed."""
@@ -419,6 +482,63 @@ class UpdateFromOutput(AdapterBase):
             scheduled[request_id] = drafts
         scheduler_output.num_invalid_spec_tokens = num_invalid
 
-    def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> None:
-        """Structured output is not supported: never a bitmask."""
-        return None
+    def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> GrammarOutput | None:
+        """vLLM 0.33's: the grammar bitmask of the step's structured-output requests past
+        their prefill, from the structured output manager, in the step's order, with the
+        drafts each may accept (its scheduled drafts less -1 padding)."""
+        if not scheduler_output.has_structured_output_requests:
+            return None
+        requests = self.requests
+        ids = [
+            request_id
+            for request_id in scheduler_output.num_scheduled_tokens
+            if (request := requests.get(request_id)) is not None
+            and request.use_structured_output
+            and not request.is_prefill_chunk
+        ]
+        if not ids:
+            return None
+        spec_tokens = scheduler_output.scheduled_spec_decode_tokens
+        bitmask = self.structured_output_manager.grammar_bitmask(requests, ids, spec_tokens)
+        num_acceptable_drafts = [
+            len(strip_speculative_padding(spec_tokens.get(request_id, []))) for request_id in ids
+        ]
+        return GrammarOutput(ids, bitmask, num_acceptable_drafts)
+
+    def _grammar_updates(self, outputs: dict[int, list[EngineCoreOutput]]) -> None:
+        """vLLM's grammar steps in ``update_from_output``: each structured-output request's
+        new tokens advance its grammar; one the grammar rejects finishes with an error
+        (``FINISHED_ERROR``), and a request whose grammar failed to compile finishes with a
+        ``validation_error``."""
+        manager = self.structured_output_manager
+        rejected: list[str] = []
+        structured = self._structured_ids
+        if structured:
+            # Those still live (a finished request's grammar has nothing left to check).
+            for output in itertools.chain.from_iterable(outputs.values()):
+                request_id = output.request_id
+                if request_id in structured and not manager.accept_tokens(
+                    self.requests[request_id], output.new_token_ids
+                ):
+                    rejected.append(request_id)
+        for request in self.finish_requests(rejected, RequestStatus.FINISHED_ERROR):
+            for output in outputs[request.client_index]:
+                if output.request_id == request.request_id:
+                    output.finish_reason = request.get_finished_reason()
+        errors = self.grammar_compile_error_reqs
+        if not errors:
+            return
+        self.grammar_compile_error_reqs = {}
+        for request in self.finish_requests(list(errors), RequestStatus.FINISHED_ERROR):
+            events = request.events
+            request.events = []
+            outputs.setdefault(request.client_index, []).append(
+                EngineCoreOutput(
+                    request_id=request.request_id,
+                    new_token_ids=[],
+                    finish_reason=request.get_finished_reason(),
+                    events=events or None,
+                    trace_headers=request.trace_headers,
+                    error=errors.get(request.request_id),
+                )
+            )

@@ -5,6 +5,7 @@ and the read-only views vLLM's callers read (``waiting``, ``kv_cache_manager`` a
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -26,6 +27,10 @@ class AdapterState(Protocol):
     _core_ids: dict[str, Any]
     _num_kv_blocks: int
     _prefix_cache_stats: PrefixCacheStats | None
+    defer_block_free: bool
+    sched_step_seq: int
+    processed_step_seq: int
+    _deferred_frees: deque[tuple[int, Any]]
 
     def _request_of(self, core_id: Any) -> Request: ...
 
@@ -113,7 +118,13 @@ class _ConnectorBridge:
             self.transfer_params[request_id] = params
         if delay_free:
             self.sending.add(request_id)
-        return bool(delay_free)
+            return True
+        scheduler = self._scheduler
+        if scheduler.defer_block_free and request.last_sched_seq > scheduler.processed_step_seq:
+            # vLLM 0.33's deferred free: a step still in flight may write these blocks.
+            scheduler._deferred_frees.append((scheduler.sched_step_seq, view.request_id))
+            return True
+        return False
 
 
 class _WaitingView:

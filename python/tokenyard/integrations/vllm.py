@@ -19,9 +19,10 @@ them, since vLLM's engine and model runner read them.
 This module imports vLLM and fails with an ``ImportError`` naming it where vLLM is not
 installed; nothing else in tokenyard imports it. What it does not do (each refused with an
 error naming it, never silently different) is listed in ``docs/integrations.md``: multimodal
-and encoder-decoder requests, prompt embeddings, pooling, structured output, streaming
-sessions, hybrid KV cache groups (sliding window, Mamba), and vLLM's ``KVCacheManager``
-object itself (``kv_cache_manager``), whose block pool lives in Rust here.
+and encoder-decoder requests, prompt embeddings, streaming sessions, hybrid KV cache groups
+(sliding window, Mamba), and vLLM's ``KVCacheManager`` object itself
+(``kv_cache_manager``), whose block pool lives in Rust here. Structured output (requests
+wait for their grammar here, then go to the core) and pooling requests are served.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from __future__ import annotations
 import itertools
 import operator
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterable
 from typing import Any
 
@@ -46,6 +47,7 @@ try:
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from vllm.multimodal import MULTIMODAL_REGISTRY
+    from vllm.outputs import RequestError
     from vllm.v1.core.sched.interface import PauseState, SchedulerInterface
     from vllm.v1.core.sched.request_queue import SchedulingPolicy
     from vllm.v1.engine import EngineCoreEventType
@@ -63,7 +65,7 @@ except ImportError as err:  # pragma: no cover - exercised only without vLLM
         "of tokenyard works without it"
     ) from err
 
-from tokenyard.errors import InputError
+from tokenyard.errors import ConfigError, InputError
 from tokenyard.integrations._vllm_outputs import (
     check_supported,
 )
@@ -88,6 +90,7 @@ _RUNNING = RequestStatus.RUNNING
 _PREEMPTED = RequestStatus.PREEMPTED
 _WAITING = RequestStatus.WAITING
 _WAITING_FOR_REMOTE_KVS = RequestStatus.WAITING_FOR_REMOTE_KVS
+_WAITING_FOR_GRAMMAR = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
 _client_index = operator.attrgetter("client_index")
 
 
@@ -198,6 +201,33 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
         self.current_step = 0
         self._pause_state = PauseState.UNPAUSED
         self._spec_token_placeholders = [-1] * self.num_spec_tokens
+        # Structured output: requests waiting for their grammar (vLLM's
+        # WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR; the core gets them once it compiles), those
+        # whose compilation failed (finished by the next update, vLLM's), and the live
+        # requests with a grammar.
+        self._grammar_waiting: dict[str, Request] = {}
+        self.grammar_compile_error_reqs: dict[str, Any] = {}
+        self._structured_ids: set[str] = set()
+        # vLLM 0.33's connector flags: whether a preempted request's in-flight output is
+        # dropped (a KV producer hands KV off when a request completes), and whether a
+        # finished request's blocks wait for its steps in flight (a KV consumer with
+        # overlapping batches, whose loads are not ordered against those steps' writes).
+        self.requires_kv_delivery = bool(
+            self.connector is not None and self.connector.requires_kv_delivery
+        )
+        transfer = vllm_config.kv_transfer_config
+        self._defer_block_free = bool(
+            self.connector is not None
+            and vllm_config.max_concurrent_batches > 1
+            and transfer.is_kv_consumer
+        )
+        self.recompute_kv_load_failures = True
+        # The deferred frees' fences (vLLM's sched_step_seq / processed_step_seq): a
+        # finished request scheduled in a step not yet processed keeps its blocks (the
+        # core holds them as for a KV send) until that step's output lands.
+        self.sched_step_seq = 0
+        self.processed_step_seq = 0
+        self._deferred_frees: deque[tuple[int, Any]] = deque()
         # Requests preempted by reset_prefix_cache: outputs of their steps then in flight
         # are dropped, not delivered.
         self._dropped_outputs: set[str] = set()
@@ -233,7 +263,12 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
         connector is loading excepted (vLLM keeps them in ``kv_holding_waiting``)."""
         holding = self._holding_kv()
         waiting = self._vllm_requests(self._core.waiting_ids())
-        return _WaitingView([r for r in waiting if not holding or r.request_id not in holding])
+        # Requests waiting for their grammar first: vLLM skips them at each step and puts
+        # them back at the head of the queue.
+        blocked = list(self._grammar_waiting.values())
+        return _WaitingView(
+            blocked + [r for r in waiting if not holding or r.request_id not in holding]
+        )
 
     @property
     def kv_holding_waiting(self) -> _WaitingView:
@@ -260,11 +295,12 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
     @property
     def deferred_waiting(self) -> set[Request]:
         """Waiting requests the admission scan skipped, not admitted since (a snapshot)."""
-        return set(self._vllm_requests(self._core.deferred_waiting_ids()))
+        deferred = set(self._vllm_requests(self._core.deferred_waiting_ids()))
+        return deferred.union(self._grammar_waiting.values())
 
     def get_request_counts(self) -> tuple[int, int]:
         """(running, waiting)."""
-        return self._core.num_running, self._core.num_waiting
+        return self._core.num_running, self._core.num_waiting + len(self._grammar_waiting)
 
     def get_kv_cache_usage(self) -> float:
         return float(self._core.stats().kv_usage)
@@ -291,6 +327,42 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
         return len(self.requests) > num_running + num_waiting
 
     @property
+    def defer_block_free(self) -> bool:
+        """vLLM 0.33's gate: finished requests' blocks wait for their steps in flight."""
+        return self._defer_block_free
+
+    @defer_block_free.setter
+    def defer_block_free(self, value: bool) -> None:
+        if value and self._bridge is None:
+            # The core holds a finished request's blocks only for its KV connector.
+            raise ConfigError(
+                "defer_block_free: tokenyard defers a finished request's block free through "
+                "the KV connector (vLLM sets it for a KV consumer); there is none",
+                field="defer_block_free",
+                value=str(value),
+            )
+        self._defer_block_free = bool(value)
+
+    @property
+    def deferred_frees(self) -> list[tuple[int, str]]:
+        """The deferred frees as (fence step, vLLM request id), oldest first (vLLM keeps
+        the blocks themselves; they are the core's here)."""
+        return [(fence, self._late_vllm_id(core_id)) for fence, core_id in self._deferred_frees]
+
+    def _late_vllm_id(self, core_id: Any) -> str:
+        return self._vllm_ids.get(core_id, str(core_id))
+
+    def _drain_deferred_frees(self) -> None:
+        """Frees the blocks whose fence step has been processed (vLLM's
+        ``_drain_deferred_frees``)."""
+        deferred = self._deferred_frees
+        done = []
+        while deferred and deferred[0][0] <= self.processed_step_seq:
+            done.append(deferred.popleft()[1])
+        if done:
+            self._core.finish_kv_transfers(finished_sending=done)
+
+    @property
     def pause_state(self) -> PauseState:
         return self._pause_state
 
@@ -307,7 +379,7 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
 
         Raises:
             InputError: a request kind tokenyard does not schedule (multimodal inputs,
-                prompt embeddings, pooling, structured output, a streaming session), a
+                prompt embeddings, a streaming session), a
                 duplicate id, or one the core refuses (e.g. a prompt with no room for an
                 output token under ``max_model_len``).
         """
@@ -320,6 +392,24 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
                 value=request_id,
             )
         check_supported(request)
+        self.requests[request_id] = request
+        if request.use_structured_output:
+            self._structured_ids.add(request_id)
+        if request.status == _WAITING_FOR_GRAMMAR:
+            # vLLM keeps it waiting, skipped at each step, until its grammar compiles; the
+            # core gets it then (_admit_grammar_ready).
+            self._grammar_waiting[request_id] = request
+        else:
+            self._add_to_core(request)
+        if self.spec_decode_metrics_level != "none":
+            request.spec_decode_metrics = RequestSpecDecodeMetrics.new(self.num_spec_tokens)
+        if self.connector is not None:
+            self.connector.on_new_request(request)
+        if self.log_stats:
+            request.record_event(EngineCoreEventType.QUEUED)
+
+    def _add_to_core(self, request: Request) -> None:
+        request_id = request.request_id
         params = request.sampling_params
         lora = request.lora_request
         core_id = next(self._next_core_id) if self._int_ids else request_id
@@ -329,19 +419,33 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
             request.max_tokens,
             priority=request.priority,
             arrival_time=request.arrival_time,
-            eos_token_id=params.eos_token_id,
-            stop_token_ids=params.stop_token_ids or None,
+            # A pooling request (no sampling params) stops at its pooler output.
+            eos_token_id=params.eos_token_id if params is not None else None,
+            stop_token_ids=(params.stop_token_ids or None) if params is not None else None,
             lora_id=lora.lora_int_id if lora is not None and lora.lora_int_id > 0 else None,
         )
-        self.requests[request_id] = request
         self._core_ids[request_id] = core_id
         self._vllm_ids[core_id] = request_id
-        if self.spec_decode_metrics_level != "none":
-            request.spec_decode_metrics = RequestSpecDecodeMetrics.new(self.num_spec_tokens)
-        if self.connector is not None:
-            self.connector.on_new_request(request)
-        if self.log_stats:
-            request.record_event(EngineCoreEventType.QUEUED)
+
+    def _admit_grammar_ready(self) -> None:
+        """vLLM's ``_handle_blocked_waiting_request`` for structured output: a request whose
+        grammar compiled becomes ``WAITING`` and goes to the core (in arrival order); one
+        whose compilation failed is kept for ``update_from_output`` to finish with a
+        ``validation_error``; the others keep waiting."""
+        for request_id, request in list(self._grammar_waiting.items()):
+            structured = request.structured_output_request
+            grammar = structured.grammar if structured is not None else None
+            if grammar is None:
+                continue
+            if isinstance(grammar, Exception):
+                self.grammar_compile_error_reqs[request_id] = RequestError(
+                    code="validation_error",
+                    message=f"Invalid structured outputs: {grammar}",
+                )
+                continue
+            del self._grammar_waiting[request_id]
+            request.status = _WAITING
+            self._add_to_core(request)
 
     def finish_requests(
         self, request_ids: str | Iterable[str] | None, finished_status: RequestStatus
@@ -362,7 +466,10 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
         ]
         if not ids:
             return []
-        self._core.abort([self._core_ids[i] for i in ids])
+        pending = self._grammar_waiting
+        in_core = [self._core_ids[i] for i in ids if i not in pending]
+        if in_core:
+            self._core.abort(in_core)
         finished = []
         for request_id in ids:
             request = self.requests[request_id]
@@ -380,6 +487,15 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
             self.ec_connector.request_finished(request)
         request_id = request.request_id
         self.finished_recving_kv_req_ids.discard(request_id)
+        self._structured_ids.discard(request_id)
+        if self._grammar_waiting.pop(request_id, None) is not None:
+            # Never reached the core.
+            self.grammar_compile_error_reqs.pop(request_id, None)
+            self.finished_req_ids.add(request_id)
+            if self.finished_req_ids_dict is not None:
+                self.finished_req_ids_dict[request.client_index].add(request_id)
+            del self.requests[request_id]
+            return
         # Finished before its first output (an abort): its PrefillStats never go out.
         self._prefill_stats_due.discard(request_id)
         self.finished_req_ids.add(request_id)
@@ -485,7 +601,7 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
         if connector_prefix_cache_stats is not None:
             self.connector_prefix_cache_stats = PrefixCacheStats()
         num_running, num_waiting = self.get_request_counts()
-        num_deferred = self._core.stats().num_deferred_waiting
+        num_deferred = self._core.stats().num_deferred_waiting + len(self._grammar_waiting)
         return SchedulerStats(
             num_running_reqs=num_running,
             num_waiting_reqs=num_waiting - num_deferred,

@@ -57,7 +57,21 @@ from tokenyard.predictor.calibration import (
     decode_roofline_s,
     prefill_roofline_s,
 )
-from tokenyard.predictor.compiled import CompiledOp, CompiledPredictor, RooflineCost, TableCost
+from tokenyard.predictor.compiled import CompiledOp, CompiledPredictor, RooflineCost
+from tokenyard.predictor.roofline_builder import (
+    _bmm,
+    _Builder,
+    _gemm,
+    _norm,
+    _Sizes,
+    _sizes,
+)
+from tokenyard.predictor.roofline_moe import (
+    _a2a_words,
+    _all_to_all,
+    _experts,
+    _mlp,
+)
 
 __all__ = ["CpuOverheads", "Efficiencies", "roofline_predictor"]
 
@@ -113,179 +127,6 @@ class CpuOverheads:
     @property
     def total_s(self) -> float:
         return self.schedule_s + self.prepare_inputs_s + self.sample_s + self.process_outputs_s
-
-
-@dataclasses.dataclass(frozen=True)
-class _Sizes:
-    """Per-TP-worker sizes of one layer and the bytes per value."""
-
-    h: int
-    q: int
-    kv: int
-    i: int
-    vocab: int
-    head_dim: int
-    w: float  # bytes per weight
-    a: float  # bytes per activation
-    c: float  # bytes per KV value
-    heads: int = 0  # attention heads on one TP worker
-
-
-def _sizes(model: ModelSpec, tp: int, weight_bytes: float, kv_bytes: float) -> _Sizes:
-    return _Sizes(
-        h=model.hidden_size,
-        q=model.num_heads // tp * model.head_dim,
-        kv=math.ceil(model.num_kv_heads / tp) * model.head_dim,
-        i=model.intermediate_size // tp,
-        vocab=math.ceil(model.vocab_size / tp),
-        head_dim=model.head_dim,
-        w=weight_bytes,
-        a=2.0,  # activations stay in 16 bits even with 8- or 4-bit weights
-        c=kv_bytes,
-        heads=model.num_heads // tp,
-    )
-
-
-#: GEMM input formats -> the catalog field with their tensor-core peak.
-GEMM_ACTIVATIONS = {
-    "bf16": "dense_bf16_tflops",
-    "fp8": "dense_fp8_tflops",
-    "fp4": "dense_fp4_tflops",
-}
-
-
-def gemm_peak_tflops(device: DeviceSpec, activations: str = "bf16") -> float:
-    """The dense tensor-core peak ``device`` multiplies ``activations`` inputs at.
-
-    Raises:
-        ConfigError: an unknown format, or ``fp8``/``fp4`` on a device whose catalog entry
-            has no such peak (0: its tensor cores lack that precision); ``field`` is
-            ``replica.device``.
-    """
-    field = GEMM_ACTIVATIONS.get(activations)
-    if field is None:
-        raise ConfigError(
-            f"gemm_activations: must be one of {', '.join(GEMM_ACTIVATIONS)}, got {activations!r}",
-            field="gemm_activations",
-            value=repr(activations),
-        )
-    peak = float(getattr(device, field))
-    if peak <= 0:
-        raise ConfigError(
-            f"replica.device: {device.name} has no {activations.upper()} tensor cores "
-            f"(devices.{device.name}.{field} is 0), so it cannot run {activations} GEMMs; "
-            "use a weight-only scheme (bf16 activations) or another device",
-            field="replica.device",
-            value=repr(device.name),
-        )
-    return peak
-
-
-class _Builder:
-    def __init__(
-        self,
-        device: DeviceSpec,
-        efficiencies: Efficiencies,
-        calibration: Calibration | None,
-        gemm_activations: str = "bf16",
-    ):
-        self.device = device
-        self.flops_per_s = device.dense_bf16_tflops * 1e12
-        #: The decoder layers' projections: at the peak of their input format.
-        self.gemm_flops_per_s = gemm_peak_tflops(device, gemm_activations) * 1e12
-        self.bytes_per_s = device.memory_bandwidth_gbps * 1e9
-        self.eff = efficiencies
-        self.calibration = calibration
-        self.ops: list[CompiledOp] = []
-
-    def add(
-        self,
-        name: str,
-        *,
-        flops: dict[str, float],
-        bytes: dict[str, float],
-        attention: bool = False,
-        gate: str = "num_tokens",
-        scope: str = "layer",
-        count: float = 1.0,
-        flops_per_s: float | None = None,
-    ) -> None:
-        compute = self.eff.attention if attention else self.eff.gemm
-        memory, latency = self.eff.memory, 0.0
-        if self.calibration is not None:  # a memory-bound kernel: fitted bandwidth and launch
-            memory, latency = self.calibration.memory_efficiency, self.calibration.memory_latency_s
-        cost = RooflineCost(
-            flops={k: v for k, v in flops.items() if v},
-            bytes={k: v for k, v in bytes.items() if v},
-            flops_per_s=(flops_per_s or self.flops_per_s) * compute,
-            bytes_per_s=self.bytes_per_s * memory,
-            latency_s=latency,
-        )
-        source = "calibrated" if self.calibration is not None else "roofline"
-        self.ops.append(CompiledOp(name, scope, gate, cost, count, source))  # type: ignore[arg-type]
-
-    def table(self, name: str, cost: TableCost, *, gate: str, scope: str = "layer") -> None:
-        self.ops.append(CompiledOp(name, scope, gate, cost, source="calibrated"))  # type: ignore[arg-type]
-
-
-def _gemm(
-    b: _Builder,
-    name: str,
-    k: int,
-    n: int,
-    s: _Sizes,
-    feature: str = "num_tokens",
-    *,
-    layer_linear: bool = True,
-) -> None:
-    """A ``[T, k] x [k, n]`` projection (``T``: the ``feature``); ``layer_linear``: one of
-    the decoder layers' projections, at ``b.gemm_flops_per_s`` (else the BF16 peak)."""
-    peak = b.gemm_flops_per_s if layer_linear else b.flops_per_s
-    scope = "last_stage" if feature == "num_requests" else "layer"
-    if b.calibration is not None:
-        c = b.calibration
-
-        def seconds(m: float) -> float:
-            flops = 2.0 * m * k * n
-            moved = k * n * s.w + m * (k + n) * s.a
-            roofline = max(flops / peak, moved / b.bytes_per_s)
-            efficiency = curve_value(c.gemm_tokens, c.gemm_efficiency, m)
-            return roofline / efficiency + c.memory_latency_s
-
-        table = grids.token_table(feature, seconds, 2.0**17, c.gemm_tokens)
-        b.table(name, table, gate=feature, scope=scope)
-        return
-    b.add(
-        name,
-        flops={feature: 2.0 * k * n},
-        bytes={"one": k * n * s.w, feature: (k + n) * s.a},
-        flops_per_s=peak,
-        gate=feature,
-        scope=scope,
-    )
-
-
-def _bmm(b: _Builder, name: str, heads: int, k: int, n: int, s: _Sizes, feature: str) -> None:
-    """``heads`` batched ``[T, k] x [k, n]`` products in BF16 (MLA's absorbed ``W_UK`` and
-    ``W_UV``, which vLLM keeps in 16 bits whatever the checkpoint's format)."""
-    weights, per_row = heads * k * n * s.a, heads * (k + n) * s.a
-    if b.calibration is not None:
-        c = b.calibration
-
-        def seconds(m: float) -> float:
-            roofline = max(
-                2.0 * m * heads * k * n / b.flops_per_s, (weights + m * per_row) / b.bytes_per_s
-            )
-            return roofline / curve_value(c.gemm_tokens, c.gemm_efficiency, m) + c.memory_latency_s
-
-        b.table(name, grids.token_table(feature, seconds, 2.0**17, c.gemm_tokens), gate=feature)
-        return
-    b.add(
-        name,
-        flops={feature: 2.0 * heads * k * n},
-        bytes={"one": weights, feature: per_row},
-        gate=feature,
-    )
 
 
 def _calibrated_attention(b: _Builder, c: Calibration, s: _Sizes) -> None:
@@ -401,7 +242,9 @@ def _linear_attention(b: _Builder, model: ModelSpec, s: _Sizes, tp: int, prefix:
     """A gated DeltaNet or Mamba2 layer on one TP worker (``d = heads/TP x head_dim``
     values read out of a ``heads/TP x head_dim x group_dim`` state): the input
     projection(s), the depthwise causal conv over ``d + 2g`` channels (a prefill's over
-    its chunk, a decode's one-step update: separate kernels, as vLLM runs them), the
+    its chunk, a decode's one-step update: the same bytes and FLOPs a token, so one
+    kernel or two differ by a launch; Mamba2 runs two, GDN one varlen conv over every
+    token of a step with a prefill, ``measured/linear.py``), the
     chunked scan of a prefill (about ``6 x state`` FLOPs per token: decay, update and
     read-out) and the recurrent step of a decode (the state read and written once), the
     gated norm and ``out_proj``."""
@@ -508,134 +351,6 @@ def _mixers(b: _Builder, model: ModelSpec, s: _Sizes, tp: int) -> None:
             _linear_attention(b, model, s, tp, prefix)
         if count != model.num_layers:
             share = count / model.num_layers
-            b.ops[start:] = [
-                dataclasses.replace(op, count=op.count * share) for op in b.ops[start:]
-            ]
-
-
-def _norm(b: _Builder, name: str, s: _Sizes) -> None:
-    # Calibrated: serving engines fuse the residual add into the norm (read both, write both).
-    per_token = 4.0 if b.calibration is not None else 2.0
-    b.add(
-        name,
-        flops={"num_tokens": 4.0 * s.h},
-        bytes={"one": s.h * s.w, "num_tokens": per_token * s.h * s.a},
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class _Experts:
-    """What one GPU computes of a MoE layer: ``rows_per_token`` expert rows per token of
-    its own batch (top-k under TP; ``top-k x DP / EP`` under expert parallelism, the
-    combined batch's rows spread evenly over the EP ranks), over ``local`` experts of
-    ``inter`` intermediate values each (all experts at ``intermediate / TP`` under TP;
-    ``num_experts / EP`` whole ones under EP)."""
-
-    rows_per_token: float
-    local: int
-    inter: int
-
-
-def _experts(model: ModelSpec, tp: int, ep: int, dp: int) -> _Experts:
-    if ep == 1:
-        return _Experts(model.experts_per_token, model.num_experts, model.intermediate_size // tp)
-    return _Experts(
-        model.experts_per_token * dp / ep, model.num_experts // ep, model.intermediate_size
-    )
-
-
-def _expert_gemm(
-    b: _Builder, model: ModelSpec, s: _Sizes, name: str, k: int, n: int, e: _Experts
-) -> None:
-    """An MLP projection. For MoE: ``rows_per_token x T`` rows over the ``min(local
-    experts, rows)`` experts they hit, tabulated on a fine token grid (not linear in T)."""
-    if model.num_experts == 1:
-        _gemm(b, name, k, n, s)
-        return
-    top_k, experts = e.rows_per_token, e.local
-    if b.calibration is not None:
-        c = b.calibration
-
-        def calibrated(tokens: float) -> float:
-            rows = top_k * tokens
-            hit = min(experts, rows)
-            flops = 2.0 * k * n * rows
-            moved = hit * k * n * s.w + rows * (k + n) * s.a
-            roofline = max(flops / b.gemm_flops_per_s, moved / b.bytes_per_s)
-            # Each expert runs its own GEMM of rows / hit rows; the fused MoE kernels'
-            # own curve where one was fitted.
-            if c.moe_rows_per_expert:
-                efficiency = curve_value(c.moe_rows_per_expert, c.moe_efficiency, rows / hit)
-            else:
-                efficiency = curve_value(c.gemm_tokens, c.gemm_efficiency, rows / hit)
-            return roofline / efficiency + c.memory_latency_s
-
-        b.table(name, grids.token_table("num_tokens", calibrated, 2.0**17), gate="num_tokens")
-        return
-    compute_rate = b.gemm_flops_per_s * b.eff.gemm
-    memory_rate = b.bytes_per_s * b.eff.memory
-
-    def seconds(tokens: float) -> float:
-        rows = top_k * tokens
-        flops = 2.0 * k * n * rows
-        moved = min(experts, rows) * k * n * s.w + rows * (k + n) * s.a
-        return max(flops / compute_rate, moved / memory_rate)
-
-    # Piecewise linear in T with bends where every expert is hit (T = E / k) and where
-    # compute overtakes memory on either side of it: put those on the grid, so linear
-    # interpolation between points is exact.
-    per_row_compute = 2.0 * k * n / compute_rate
-    bends = [experts / top_k]
-    for weight_rows, fixed in ((1.0, 0.0), (0.0, experts)):  # below / above E / k
-        per_row_memory = (weight_rows * k * n * s.w + (k + n) * s.a) / memory_rate
-        gap = per_row_compute - per_row_memory
-        if gap > 0:
-            bends.append(fixed * k * n * s.w / memory_rate / gap / top_k)
-    grid = {float(round(2 ** (e / 4))) for e in range(4 * 17 + 1)}
-    xs = sorted(grid | {t for t in bends if t >= 1.0})
-
-    cost = TableCost(x="num_tokens", xs=tuple(xs), values=tuple(seconds(t) for t in xs))
-    b.ops.append(CompiledOp(name, "layer", "num_tokens", cost))
-
-
-def _dense_mlp(b: _Builder, s: _Sizes, i: int, prefix: str = "", gated: bool = True) -> None:
-    """A SwiGLU MLP of ``i`` (per TP worker) intermediate values (``gated`` false: up
-    and down only, Nemotron-H's relu2)."""
-    _gemm(b, f"{prefix}gate_up_proj", s.h, (2 if gated else 1) * i, s)
-    b.add(f"{prefix}act", flops={"num_tokens": 3.0 * i}, bytes={"num_tokens": 3.0 * i * s.a})
-    _gemm(b, f"{prefix}down_proj", i, s.h, s)
-
-
-def _mlp(b: _Builder, model: ModelSpec, s: _Sizes, tp: int, e: _Experts) -> None:
-    """Each layer kind's FFN. A model of several kinds (DeepSeek: dense layers, then MoE
-    ones) runs each kind's operations ``count / num_layers`` times per layer, so a stage
-    of ``L`` layers costs the model's mix (exact at PP 1); the dense layers' operations
-    are then named ``dense_*``. A MoE layer's shared experts are a dense MLP of
-    ``num_shared_experts x intermediate_size`` beside the routed ones (``shared_*``)."""
-    kinds = model.layer_kinds()
-    for kind in kinds:
-        start = len(b.ops)
-        if kind.ffn == "none":
-            continue
-        if kind.ffn == "dense":
-            prefix = "dense_" if model.num_experts > 1 else ""
-            _dense_mlp(b, s, kind.intermediate_size // tp, prefix, model.gated_ffn)
-        else:
-            rows = e.rows_per_token
-            _gemm(b, "router", s.h, model.num_experts, s, layer_linear=False)
-            _expert_gemm(
-                b, model, s, "gate_up_proj", s.h, (2 if model.gated_ffn else 1) * e.inter, e
-            )
-            b.add(
-                "act",
-                flops={"num_tokens": 3.0 * e.inter * rows},
-                bytes={"num_tokens": 3.0 * e.inter * s.a * rows},
-            )
-            _expert_gemm(b, model, s, "down_proj", e.inter, s.h, e)
-            if model.num_shared_experts:
-                _dense_mlp(b, s, model.shared_intermediate // tp, "shared_", model.gated_ffn)
-        if kind.count != model.num_layers:
-            share = kind.count / model.num_layers
             b.ops[start:] = [
                 dataclasses.replace(op, count=op.count * share) for op in b.ops[start:]
             ]
@@ -826,50 +541,6 @@ def _communication(b: _Builder, device: DeviceSpec, s: _Sizes, tp: int, pp: int)
         b.ops.append(CompiledOp("send_recv", "between_stages", "num_tokens", cost))
 
 
-#: The expert all-to-all's two halves under attention data parallelism.
-A2A_OPS = ("moe_dispatch", "moe_combine")
-
-
-def _all_to_all(b: _Builder, model: ModelSpec, s: _Sizes, tp: int, ep: int, dp: int) -> None:
-    """Attention DP with expert parallelism: each MoE layer dispatches its tokens' hidden
-    states to the GPUs holding their top-k experts and combines the results back (DeepEP,
-    or vLLM's all-gather / reduce-scatter). One GPU sends ``combined tokens x h x top-k /
-    EP`` 16-bit values each way (the combined batch is ``DP x`` the rank's), over one
-    direction of its link, at the all-reduce fit's link fraction and latency for ``EP``
-    GPUs where there is one (else the ``network`` efficiency and one hop)."""
-    if dp == 1 or ep == 1:
-        return
-    link = b.device.interconnect_gbps / 2 * 1e9
-    fitted = b.calibration.all_reduce(ep) if b.calibration is not None else None
-    if fitted is not None:
-        latency, link = fitted[0], link * fitted[1]
-    else:
-        latency, link = b.device.interconnect_latency_us * 1e-6, link * b.eff.network
-    per_token = dp * s.h * model.experts_per_token * s.a / ep
-    share = model.num_moe_layers / model.num_layers
-    source = "calibrated" if fitted is not None else "roofline"
-    for name in A2A_OPS:
-        cost = RooflineCost(
-            flops={},
-            bytes={"num_tokens": per_token},
-            flops_per_s=b.flops_per_s,
-            bytes_per_s=link,
-            latency_s=latency,
-        )
-        b.ops.append(CompiledOp(name, "layer", "num_tokens", cost, share, source))
-
-
-def _a2a_words(b: _Builder, ep: int, dp: int) -> str | None:
-    """What priced the expert all-to-all, for the banner (None without one)."""
-    if dp == 1 or ep == 1:
-        return None
-    if b.calibration is not None and b.calibration.all_reduce(ep) is not None:
-        return (
-            f"roofline: tokens x hidden x top-k / EP over the link at the {ep}-GPU all-reduce's fit"
-        )
-    return "roofline: tokens x hidden x top-k / EP over the link at the network efficiency"
-
-
 def _check_inputs(model: ModelSpec, tp: int, pp: int, weight_bytes: float, kv_bytes: float) -> None:
     model.check_layout(tp, pp)
     for field, size in (("weight_bytes", weight_bytes), ("kv_bytes", kv_bytes)):
@@ -942,7 +613,8 @@ def roofline_predictor(
             if m != "none" and f != "none"
         )
         b.ops[-1] = dataclasses.replace(b.ops[-1], count=both / model.num_layers)
-    _mlp(b, model, s, tp, _experts(model, tp, ep, dp))
+    sp = model.shared_experts_sequence_parallel(tp, ep, dp)
+    _mlp(b, model, s, tp, _experts(model, tp, ep, dp), sp)
     if model.mtp_module:  # an MTP module (ModelSpec.mtp_drafter): enorm, hnorm, eh_proj
         _norm(b, "mtp_norms", s)
         b.ops[-1] = dataclasses.replace(b.ops[-1], count=2.0)

@@ -29,8 +29,9 @@ the byte counts aiconfigurator 0.12 gives the same kernels (``sdk/models/blocks/
 table beside q and k). They were left out until 2026-11-27, which put the tower 15-26%
 under aiconfigurator's on Qwen3-VL-8B (``benches/fidelity_hybrid.py``). Position
 interpolation and the TP all-reduces stay unpriced (one per block at TP > 1). Without the
-tables (or a shape they lack) every part is a roofline at the device's BF16 peak and HBM
-bandwidth times ``Efficiencies``' defaults, and ``source`` says why.
+tables (or a shape they lack) the GEMMs and attention are a roofline at the device's BF16
+peak and HBM bandwidth times ``Efficiencies``' defaults (the element-wise parts as above),
+and ``source`` says why.
 
 How it reaches the simulator (no core hook yet): the core prices a batch by its shape and
 cannot tell a vision token from a text token, so the encoder's seconds are spread over

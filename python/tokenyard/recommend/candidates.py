@@ -44,6 +44,15 @@ _PP = (1, 2, 4)
 _DP = (1, 2, 4, 8)
 
 Kind = Literal["agg", "disagg"]
+#: Fields whose refusal skips a layout (it does not fit the GPU, or the framework's policy
+#: cannot run it: SGLang's has no pipeline parallelism); any other error is the ask's.
+_LAYOUT_REFUSALS = (
+    "replica.device",
+    "replica.expert_parallel_size",
+    "replica.data_parallel_size",
+    "replica.num_pipeline_stages",
+    "replica.tensor_parallel_size",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +121,14 @@ class Candidate:
             f"prefill {self.layout.label} x{self.replicas} + "
             f"decode {self.decode.label} x{self.decode_replicas}"
         )
+
+    @property
+    def shape(self) -> str:
+        """The layout without its replica counts: points of one shape differ in size only."""
+        spec = f" MTP{self.speculative['num_speculative_tokens']}" if self.speculative else ""
+        if self.decode is None:
+            return f"{self.layout.label}{spec} on {self.layout.device}"
+        return f"prefill {self.layout.label} + decode {self.decode.label} on {self.layout.device}"
 
     @property
     def knobs(self) -> str:
@@ -230,11 +247,7 @@ def _price_layouts(
             config = config_from_mapping(doc)
             plan = plan_for(config)
         except ConfigError as error:
-            if error.field in (
-                "replica.device",
-                "replica.expert_parallel_size",
-                "replica.data_parallel_size",
-            ):
+            if error.field in _LAYOUT_REFUSALS:  # does not fit, or the policy refuses it
                 skipped.append((layout.label + f" on {layout.device}", str(error)))
                 continue
             raise
@@ -244,7 +257,7 @@ def _price_layouts(
 
 def _aggregated(space: Space, priced: _Priced, budget: int) -> est.Estimate | None:
     layout = priced.layout
-    return est.best_batch(
+    best: est.Estimate | None = est.best_batch(
         lambda b: est.aggregated(
             priced.price,
             isl=space.isl,
@@ -259,6 +272,7 @@ def _aggregated(space: Space, priced: _Priced, budget: int) -> est.Estimate | No
         ttft_s=space.ttft_s,
         tpot_s=space.tpot_s,
     )
+    return best
 
 
 def _replicas_for(space: Space, per_replica: float) -> int:
@@ -321,10 +335,14 @@ def _disagg_candidates(space: Space, priced: Sequence[_Priced]) -> list[Candidat
                 prefills.append((p, budget, pe))
     decodes = []
     for p in plain:
-        de = est.best_batch(
-            lambda b, p=p: est.decode_only(
+
+        def decode(b: int, p: _Priced = p) -> est.DecodeEstimate:
+            return est.decode_only(
                 p.price, isl=space.isl, osl=space.osl, batch_size=b, num_stages=p.layout.pp
-            ),
+            )
+
+        de = est.best_batch(
+            decode,
             max_kv_tokens=p.max_kv_tokens,
             ttft_s=None,
             tpot_s=space.tpot_s,

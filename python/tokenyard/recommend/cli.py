@@ -214,22 +214,12 @@ def _workload(args: argparse.Namespace) -> dict[str, Any]:
 def _workload_file(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"--workload: no file {path}", field="--workload", value=str(path))
-    text = path.read_text()
+    from tokenyard._checks import read_document
+
     try:
-        if path.suffix == ".json":
-            data = json.loads(text)
-        elif path.suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text)
-        else:
-            import tomllib
-
-            data = tomllib.loads(text)
-    except Exception as error:  # any parse error, named with the file
-        raise ConfigError(
-            f"--workload: {path} could not be read: {error}", field="--workload", value=str(path)
-        ) from None
+        data = read_document(path, what="--workload")
+    except ConfigError as error:
+        raise ConfigError(str(error), field="--workload", value=str(path)) from None
     if not isinstance(data, dict):
         raise ConfigError(f"--workload: {path} holds no table", field="--workload", value=str(path))
     workload = dict(data.get("workload", data))

@@ -145,7 +145,7 @@ def cost_and_energy(pools: Sequence[PoolUsage], *, duration_s: float, tokens: in
 
 def pools_from_summary(config: SimulationConfig, summary: Mapping[str, Any]) -> list[PoolUsage]:
     """One ``PoolUsage`` per simulated scheduler (each attention DP rank of each
-    replica, then each decode replica) from a run's summary
+    replica, then of each decode replica) from a run's summary
     (``summary["replicas"]["busy_fraction"]``).
 
     Raises:
@@ -158,10 +158,9 @@ def pools_from_summary(config: SimulationConfig, summary: Mapping[str, Any]) -> 
     )
     decode = c.decode
     if decode is not None:
-        gpus = (decode.tensor_parallel_size or r.tensor_parallel_size) * (
-            decode.num_pipeline_stages or r.num_pipeline_stages
-        )
-        ranks += [(decode.device or r.device, gpus)] * decode.num_replicas
+        d = decode.resolve(r)  # each attention DP rank of a decode replica is a scheduler
+        gpus = d.tensor_parallel_size * d.num_pipeline_stages
+        ranks += [(d.device, gpus)] * (decode.num_replicas * d.data_parallel_size)
     if len(busy) != len(ranks):
         raise fail(
             "summary",

@@ -7,7 +7,8 @@ Three phases, each narrower and dearer than the one before:
    the simulator's own step predictor; seconds for hundreds of candidates.
 2. **Simulate** the best ``top_k`` of each kind (aggregated, disaggregated) on the load:
    capacity by bisection (``tokenyard.search``'s ``PointJob`` on its executors: a process
-   pool or Ray); with a target rate, pools that fall short are grown and searched again.
+   pool or Ray); with a target rate, pools are resized to it from the simulated capacity
+   and searched again (twice at most).
 3. **Verify** (``verify``) the best simulated points on the WHOLE load at ``(1 - margin) x``
    capacity (or at the target rate); only points that hold are recommended.
 
@@ -53,21 +54,18 @@ def resolve_device(name: str) -> str:
 
     catalog = current_catalog()
     by_system = {system: device for device, system in SYSTEM_OF_DEVICE.items()}
+    refusal: ConfigError | None = None
     for guess in (name, by_system.get(name), name.replace("_", "-")):
         if guess is None:
             continue
         try:
             return str(catalog.device(guess, field="--system").name)
-        except ConfigError:
-            continue
+        except ConfigError as error:
+            refusal = refusal or error  # the plain name's: it lists the catalog's GPUs
     systems = ", ".join(sorted(by_system))
-    try:
-        catalog.device(name, field="--system")
-    except ConfigError as error:
-        raise ConfigError(
-            f"{error} (or an aiconfigurator system: {systems})", field="--system", value=repr(name)
-        ) from None
-    raise AssertionError("unreachable")  # pragma: no cover
+    raise ConfigError(
+        f"{refusal} (or an aiconfigurator system: {systems})", field="--system", value=repr(name)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,13 +87,17 @@ class Ask:
     concurrency: int | None = None
     margin: float = 0.10
     sample: int | None = 1000
-    top_k: int = 3
+    top_k: int = 4
     show: int = 3
     execution: Mapping[str, Any] = dataclasses.field(default_factory=lambda: {"model": "auto"})
     replica: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     disaggregated: bool = True
     mtp_acceptance: float | None = None
     seed: int = 0
+    #: ``replica.scheduler.max_request_tokens`` (vLLM's ``--max-model-len``); ``recommend``
+    #: sets it to the load's longest request, so the planner sizes KV for the load and not
+    #: for the model's whole context (which can leave a layout no room at all).
+    max_request_tokens: int | None = None
 
     def check(self) -> None:
         """Raises ConfigError naming the first bad field."""
@@ -176,6 +178,10 @@ class Ask:
             loop = dict(workload.get("closed_loop") or {})
             loop["concurrency"] = self.concurrency
             workload["closed_loop"] = loop
+            if workload.get("kind") == "synthetic":
+                # Arrival times are lower bounds under a closed loop: make them no bound,
+                # so the users alone set the load (docs/sessions.md).
+                workload["arrival"] = {"kind": "poisson", "qps": 1e6}
         return workload
 
     def sample_workload(self) -> dict[str, Any]:
@@ -192,7 +198,10 @@ class Ask:
 
     def base(self, workload: Mapping[str, Any]) -> dict[str, Any]:
         """The simulation document without a layout."""
-        replica = {**self.replica, "model": self.model, "scheduler": {"policy": self.policy}}
+        scheduler: dict[str, Any] = {"policy": self.policy}
+        if self.max_request_tokens is not None:
+            scheduler["max_request_tokens"] = self.max_request_tokens
+        replica = {**self.replica, "model": self.model, "scheduler": scheduler}
         return {
             "seed": self.seed,
             "replica": replica,
@@ -263,35 +272,119 @@ class _Kept:
 
 
 def _load_stats(ask: Ask) -> tuple[float, float]:
+    """The searched sample's mean prompt and output tokens."""
+    stats = _stats(ask.sample_workload())
+    return stats.mean_prefill_tokens, max(1.0, stats.mean_decode_tokens)
+
+
+def _stats(workload: Mapping[str, Any]) -> Any:
     from tokenyard.search.capacity import with_rate
     from tokenyard.workload import load_workload
     from tokenyard.workload.chunk import summarize
 
-    doc = with_rate({"workload": ask.sample_workload()}, 1.0)
-    stats = summarize(load_workload(doc["workload"]))
-    return stats.mean_prefill_tokens, max(1.0, stats.mean_decode_tokens)
+    doc = with_rate({"workload": dict(workload)}, 1.0)
+    return summarize(load_workload(doc["workload"]))
+
+
+#: ``max_request_tokens`` is the load's longest request rounded up to this.
+REQUEST_TOKENS_STEP = 1024
+
+
+def _request_limit(ask: Ask) -> tuple[Ask, str | None]:
+    """``ask`` with ``max_request_tokens`` at the whole load's longest request (rounded up
+    to ``REQUEST_TOKENS_STEP``, at most the model's context), and the note saying so;
+    unchanged when the user set it in ``replica.scheduler``."""
+    from tokenyard.simulation.catalog import catalog_for
+    from tokenyard.simulation.config import config_from_mapping
+
+    scheduler = ask.replica.get("scheduler") or {}
+    if ask.max_request_tokens is not None or "max_request_tokens" in scheduler:
+        return ask, None
+    stats = _stats(ask.whole_workload())
+    longest = stats.max_prefill_tokens + stats.max_decode_tokens
+    limit = -(-longest // REQUEST_TOKENS_STEP) * REQUEST_TOKENS_STEP
+    config = config_from_mapping(ask.base(ask.sample_workload()))
+    context = catalog_for(config).model(config.model_name(), field="--model").context_length
+    if limit >= context:
+        return ask, None
+    return dataclasses.replace(ask, max_request_tokens=limit), (
+        f"max_request_tokens = {limit} (vLLM --max-model-len, SGLang --context-length): the "
+        f"load's longest request is {longest} tokens; KV is planned for it, not for the "
+        f"model's {context}-token context"
+    )
+
+
+#: Candidates within this fraction of a group's best estimated tokens/s/GPU count as tied
+#: (the estimate cannot tell them apart); the tie goes to tokens/s/user.
+ESTIMATE_TIE = 0.03
 
 
 def _survivors(candidates: Sequence[Candidate], top_k: int) -> list[Candidate]:
-    """The best ``top_k`` distinct layouts of each kind by estimated tokens/s/GPU (with a
-    target: fewest GPUs first), each with all its cap and chunk variants among the best."""
+    """The candidates to simulate: per kind, the ``top_k`` best groups by estimated
+    tokens/s/GPU, a group being one layout (aggregated) or one prefill layout (P/D: the
+    decode pool is sized to it, so decode layouts tie). Within a group, the candidates
+    tied with its best (``ESTIMATE_TIE``) go by GPUs used (a budget is for using), then
+    tokens/s/user; the best group also sends its runner-up (the estimate ranks variants
+    less surely than layouts). An aggregated layout's variants tie only exactly (its cap
+    variants, B and 2B)."""
     out: list[Candidate] = []
     for kind in ("agg", "disagg"):
-        ranked = sorted(
-            (c for c in candidates if c.kind == kind),
-            key=lambda c: (-c.estimate["tokens_per_s_per_gpu"], c.gpus, c.label),
-        )
-        layouts: list[str] = []
-        for c in ranked:
-            key = c.label
-            if key not in layouts:
-                if len(layouts) >= top_k:
-                    continue
-                layouts.append(key)
-            same = [o for o in out if o.label == key]
-            if len(same) < 2:  # at most two cap/chunk variants per layout
-                out.append(c)
+        groups: dict[str, list[tuple[int, Candidate]]] = {}
+        for order, c in enumerate(candidates):
+            if c.kind == kind:
+                key = c.label if kind == "agg" else f"{c.layout.label} on {c.layout.device}"
+                groups.setdefault(key, []).append((order, c))
+        ranked_groups: list[tuple[float, str, list[Candidate]]] = []
+        for members in groups.values():
+            best = max(m.estimate["tokens_per_s_per_gpu"] for _, m in members)
+            tie = ESTIMATE_TIE if kind == "disagg" else 0.0
+            tied = [
+                m
+                for _, m in sorted(
+                    members,
+                    key=lambda om: (
+                        om[1].estimate["tokens_per_s_per_gpu"] < (1 - tie) * best,
+                        -om[1].gpus,
+                        -om[1].estimate["tokens_per_s_per_user"],
+                        om[0],  # enumeration order: a layout's cap variants side by side
+                    ),
+                )
+            ]
+            ranked_groups.append((-best, tied[0].label, tied))
+        ranked_groups.sort(key=lambda g: (g[0], g[1]))
+        for i, (_, _, chosen) in enumerate(ranked_groups[:top_k]):
+            out.extend(chosen[: 2 if i == 0 else 1])
     return out
+
+
+#: A run must last this many times the largest latency bound at the rate it is run at,
+#: or a queue too short-lived to break an SLO hides an overload (docs/search.md,
+#: "Workload size").
+RUN_LENGTH_BOUNDS = 50
+
+
+def _long_enough(ask: Ask, survivors: Sequence[Candidate], slo: SLO) -> tuple[Ask, str | None]:
+    """``ask`` with its sample grown so a run at the best estimated capacity lasts
+    ``RUN_LENGTH_BOUNDS`` x the largest bound (up to the whole load), and a note saying
+    so, or that the whole load itself is shorter than that."""
+    if ask.sample is None or ask.closed_loop or not survivors:
+        return ask, None
+    rate = max(c.estimate.get("capacity", 0.0) for c in survivors)
+    needed = math.ceil(rate * RUN_LENGTH_BOUNDS * max(slo.bounds.values()))
+    whole = ask.whole_workload()
+    total = whole.get("num_requests") if whole.get("kind") != "trace" else whole.get("limit")
+    if needed <= ask.sample:
+        return ask, None
+    if total is not None and needed > int(total):
+        return dataclasses.replace(ask, sample=None), (
+            f"the whole load ({total} requests) lasts under {RUN_LENGTH_BOUNDS}x the largest "
+            f"bound at the estimated {rate:.3g} requests/s: the search runs all of it, and a "
+            "longer load would test the SLOs better"
+        )
+    return dataclasses.replace(ask, sample=needed), (
+        f"sample raised to {needed} requests: {RUN_LENGTH_BOUNDS}x the largest bound at "
+        f"the estimated {rate:.3g} requests/s"
+    )
 
 
 def _params(candidate: Candidate, closed_loop: bool) -> SearchParams:
@@ -301,8 +394,9 @@ def _params(candidate: Candidate, closed_loop: bool) -> SearchParams:
     return SearchParams(
         initial_qps=initial,
         min_qps=low,
-        max_qps=max(initial, 1e5),
-        tolerance=0.03,
+        # Far above the estimate only a run too short to build a queue still holds.
+        max_qps=max(initial, 10.0 * candidate.estimate.get("capacity", 1e4)),
+        tolerance=0.05,
         max_simulations=24,
         max_scheduling_delay_p99_s=math.inf,
     )
@@ -323,17 +417,21 @@ def _search(
     ]
 
 
-def _grow(sim: Simulated, target: float, margin: float) -> Candidate | None:
-    """The candidate with its pools grown to carry ``target`` at ``(1 - margin) x``
-    capacity; ``None`` if it carries it already (or never held any load)."""
+def _resize(sim: Simulated, target: float, margin: float) -> Candidate | None:
+    """The candidate with its pools scaled so ``(1 - margin) x`` capacity just covers
+    ``target``, capacity taken as proportional to the replicas (round-robin routing over
+    identical replicas): grown when short, shrunk when a smaller size would do. ``None``
+    when the size would not change or the point never held any load."""
     c, usable = sim.candidate, sim.capacity * (1.0 - margin)
-    if usable >= target or sim.capacity <= 0:
+    if sim.capacity <= 0:
         return None
     factor = target / usable
-    return c.with_replicas(
-        math.ceil(c.replicas * factor),
-        math.ceil(c.decode_replicas * factor) if c.decode is not None else 0,
+    resized = c.with_replicas(
+        max(1, math.ceil(c.replicas * factor)),
+        max(1, math.ceil(c.decode_replicas * factor)) if c.decode is not None else 0,
     )
+    same = (resized.replicas, resized.decode_replicas) == (c.replicas, c.decode_replicas)
+    return None if same else resized
 
 
 def _usable(sim: Simulated, ask: Ask) -> float:
@@ -370,6 +468,8 @@ def recommend(
     devices = list(dict.fromkeys(resolve_device(s) for s in ask.systems))
     slo, guard_note = ask.slo_set()
     notes = [guard_note] if guard_note else []
+    ask, limit_note = _request_limit(ask)
+    notes += [limit_note] if limit_note else []
     isl, osl = _load_stats(ask)
     bound = {k.split("_")[0]: v for k, v in ask.slo.items()}
     space = Space(
@@ -401,19 +501,30 @@ def recommend(
         )
     t_estimate = time.perf_counter()
     survivors = _survivors(candidates, ask.top_k)
+    ask, note = _long_enough(ask, survivors, slo)
+    notes += [note] if note else []
     kept = _Kept(make_executor(executor, workers=workers, ray_address=ray_address))
     try:
         simulated = _search(survivors, ask, slo, kept)
         target = space.target
-        for round_ in (2, 3):  # a target the estimate missed: grow the pools, search again
+        tried = [{(s.candidate.replicas, s.candidate.decode_replicas)} for s in simulated]
+        for round_ in (2, 3):  # size the pools to the target from the simulated capacity
             if target is None:
                 break
-            grown = [(i, g) for i, s in enumerate(simulated) if (g := _grow(s, target, ask.margin))]
-            if not grown:
+            resized = [
+                (i, r)
+                for i, s in enumerate(simulated)
+                if (r := _resize(s, target, ask.margin))
+                and (r.replicas, r.decode_replicas) not in tried[i]
+            ]
+            if not resized:
                 break
-            again = _search([g for _, g in grown], ask, slo, kept, round_)
-            for (i, _), s in zip(grown, again, strict=True):
-                simulated[i] = s
+            again = _search([r for _, r in resized], ask, slo, kept, round_)
+            for (i, r), s in zip(resized, again, strict=True):
+                tried[i].add((r.replicas, r.decode_replicas))
+                fits = s.capacity * (1.0 - ask.margin) >= target
+                if fits or simulated[i].capacity * (1.0 - ask.margin) < target:
+                    simulated[i] = s  # a smaller size that fits, or the old one did not
         t_search = time.perf_counter()
         points, rejected = _verify(simulated, ask, slo, kept, osl)
     finally:
@@ -461,11 +572,11 @@ def _verify(
         )
         if target is not None:
             ranked = [s for s in ranked if s.capacity * (1.0 - ask.margin) >= target]
-        # One point per layout: its best cap/chunk variant (the others only repeat it).
-        seen: set[str] = set()
-        ranked = [
-            s for s in ranked if not (s.candidate.label in seen or seen.add(s.candidate.label))
-        ]
+        # One point per layout: its best size and cap/chunk variant (the rest repeat it).
+        firsts: dict[str, Simulated] = {}
+        for s in ranked:
+            firsts.setdefault(s.candidate.shape, s)
+        ranked = list(firsts.values())
         mine: list[tuple[Simulated, Verdict]] = []
         while ranked and len(mine) < ask.show:
             batch, ranked = ranked[: ask.show - len(mine)], ranked[ask.show - len(mine) :]

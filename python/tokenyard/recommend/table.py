@@ -125,6 +125,7 @@ def format_table(rec: Recommendation, table: list[dict[str, Any]]) -> str:
     head = [
         "#",
         "deployment",
+        "GPU",
         "GPUs",
         f"target_{unit}",
         *slo_cols,
@@ -140,6 +141,7 @@ def format_table(rec: Recommendation, table: list[dict[str, Any]]) -> str:
     widths = [
         2,
         width,
+        max([3] + [len(r["device"]) for r in shown]),
         4,
         10,
         *[max(9, len(k)) for k in slo_cols],
@@ -161,6 +163,7 @@ def format_table(rec: Recommendation, table: list[dict[str, Any]]) -> str:
         cells = [
             f"{r['rank']}{'a' if r['kind'] == 'aggregated' else 'd'}",
             r["deployment"].ljust(width),
+            r["device"],
             r["gpus"],
             r[f"target_{unit}"],
             *[r[k] for k in slo_cols],
@@ -181,10 +184,16 @@ def format_table(rec: Recommendation, table: list[dict[str, Any]]) -> str:
             lines.append(f"{'':4}note: {r['note']}")
     if not shown:
         lines.append("  (no point held its SLOs on the whole load)")
+    for sim in unverified(rec):
+        lines.append(
+            f"not verified: {sim.candidate.label} on {sim.candidate.layout.device}: "
+            f"{why_short(rec, sim)}"
+        )
     for r in table:
         if not r["recommended"]:
             lines.append(
-                f"not recommended: {r['deployment']} (max_num_seqs={r['max_num_seqs']}, "
+                f"not recommended: {r['deployment']} on {r['device']} "
+                f"(max_num_seqs={r['max_num_seqs']}, "
                 f"max_num_batched_tokens={r['max_num_batched_tokens']}): {r['note']}"
             )
     for kind in ("agg", "disagg"):
@@ -194,7 +203,8 @@ def format_table(rec: Recommendation, table: list[dict[str, Any]]) -> str:
         sim, verdict = best
         lines += [
             "",
-            f"best {_KIND[kind]}: {sim.candidate.label} ({sim.candidate.knobs}), "
+            f"best {_KIND[kind]}: {sim.candidate.label} on {sim.candidate.layout.device} "
+            f"({sim.candidate.knobs}), "
             f"{verdict.rate:.4g} {unit}:",
         ]
         lines += [
@@ -207,6 +217,33 @@ def format_table(rec: Recommendation, table: list[dict[str, Any]]) -> str:
         f"verify {rec.wall_s['verify']:.1f} s"
     )
     return "\n".join(lines)
+
+
+def unverified(rec: Recommendation) -> list[Simulated]:
+    """Simulated points that were never verified because they fell short: capacity 0, or
+    (with a target) a capacity that, less the margin, stays under it after growing."""
+    verified = {id(s) for s, _ in (*rec.points, *rec.rejected)}
+    target = rec.ask.rate if rec.ask.rate is not None else rec.ask.concurrency
+    return [
+        s
+        for s in rec.simulated
+        if id(s) not in verified
+        and (s.capacity <= 0 or (target is not None and s.capacity * (1 - rec.ask.margin) < target))
+    ]
+
+
+def why_short(rec: Recommendation, sim: Simulated) -> str:
+    r = sim.result
+    if r.error:
+        return f"its simulation failed: {r.error}"
+    broke = ", ".join(r.binding) or "an SLO"
+    if sim.capacity <= 0:
+        return f"{broke} broke at every rate tried, down to {min(r.rates, default=0):.3g}"
+    target = rec.ask.rate if rec.ask.rate is not None else rec.ask.concurrency
+    return (
+        f"capacity {sim.capacity:.4g} after {sim.rounds - 1} resizing round(s) ({broke} broke "
+        f"above it), under the target {target:g} / (1 - margin)"
+    )
 
 
 def best_commands(rec: Recommendation, sim: Simulated, verdict: Verdict) -> dict[str, str]:
@@ -227,9 +264,11 @@ def write_outputs(
     rec: Recommendation, table: list[dict[str, Any]], directory: str | Path, text: str
 ) -> list[str]:
     """Writes ``--out DIR`` (see the module docstring); returns the names written."""
-    import pandas as pd
+    import pyarrow.csv as pacsv  # type: ignore[import-untyped]
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
     from tokenyard._output import staged_output
+    from tokenyard.search.tables import to_arrow
 
     names = [
         "recommendations.csv",
@@ -239,10 +278,10 @@ def write_outputs(
         "launch/",
         "configs/",
     ]
-    frame = pd.DataFrame(table)
+    frame = to_arrow(table)
     with staged_output(directory) as stage:
-        frame.to_csv(stage / "recommendations.csv", index=False)
-        frame.to_parquet(stage / "recommendations.parquet", index=False)
+        pacsv.write_csv(frame, stage / "recommendations.csv")
+        pq.write_table(frame, stage / "recommendations.parquet")
         (stage / "summary.txt").write_text(text + "\n")
         (stage / "launch").mkdir()
         (stage / "configs").mkdir()
@@ -288,5 +327,16 @@ def _summary(rec: Recommendation, table: list[dict[str, Any]]) -> dict[str, Any]
         "wall_s": rec.wall_s,
         "notes": rec.notes,
         "skipped": [{"layout": a, "reason": b} for a, b in rec.skipped],
+        "simulated": [
+            {
+                "deployment": s.candidate.label,
+                "device": s.candidate.layout.device,
+                "gpus": s.candidate.gpus,
+                "knobs": s.candidate.knobs,
+                "estimate": dict(s.candidate.estimate),
+                "capacity": s.result.to_dict(),
+            }
+            for s in rec.simulated
+        ],
         "rows": table,
     }

@@ -7,7 +7,6 @@ deterministic: no dates or software versions in their metadata, a fixed SVG id s
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,9 @@ from tokenyard.report.run import Run, binned_mean, binned_rate, cdf, gap_cdf, ti
 __all__ = ["FORMATS", "PLOTS", "parse_formats", "write_plots"]
 
 FORMATS = ("png", "svg")
-#: Above this many replicas a run's time series show the mean and the range, not a line each.
-MAX_REPLICA_LINES = 12
+#: Above this many replicas a run's time series show the median and the range (min to
+#: max), not a line each: more lines overlap into noise.
+MAX_REPLICA_LINES = 4
 
 
 def parse_formats(text: str, field: str = "--plots") -> tuple[str, ...]:
@@ -116,19 +116,87 @@ def _of(runs: Sequence[Run]) -> str:
     return f" ({runs[0].name})" if len(runs) == 1 else ""
 
 
+def batch_cap(run: Run, pool: str = "") -> tuple[int, str] | None:
+    """A pool's configured batch cap and its key (``max_num_seqs`` for vllm_v1,
+    ``max_running_requests`` for sglang, ``batch_size_cap`` for Vidur's policies), or
+    ``None`` without a saved config, for a plugin, or when it is 0 (unbounded). The
+    ``decode`` pool's is ``[cluster.decode.scheduler]``'s where set, else the replica's."""
+    from tokenyard import _core
+
+    if run.config is None:
+        return None
+    decode = (run.config["cluster"].get("decode") or {}) if pool == "decode" else {}
+    scheduler = decode.get("scheduler") or run.config["replica"]["scheduler"]
+    info = _core.REPLICA_POLICIES.get(scheduler["policy"])
+    section = info["section"] if info else "plugin"
+    key = {"vllm_v1": "max_num_seqs", "sglang": "max_running_requests"}.get(
+        section, "batch_size_cap" if section == "vidur" else ""
+    )
+    value = int(scheduler.get(section, {}).get(key) or 0) if key else 0
+    return (value, key) if value > 0 else None
+
+
+def _replica_caps(run: Run) -> np.ndarray | None:
+    """Each replica's batch cap (its pool's), or ``None`` when some pool has none."""
+    caps = np.zeros(run.num_replicas)
+    for pool, members in run.pools:
+        cap = batch_cap(run, pool)
+        if cap is None:
+            return None
+        caps[members.start : members.stop] = cap[0]
+    return caps
+
+
+def binned_last(times: np.ndarray, values: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """The sampled state at each bin's end: the last sample at or before it, carried
+    forward (0 before the first). A count stays a whole number: nothing is averaged."""
+    index = np.searchsorted(times, edges[1:], side="right") - 1
+    return np.where(index >= 0, values[np.maximum(index, 0)], 0.0)
+
+
 def _replica_series(run: Run, column: str, edges: np.ndarray) -> list[np.ndarray]:
+    """Per replica: ``waiting`` (requests queued, a whole number: the last sample in each
+    bin), ``batch_fill`` (mean batch size in % of the batch cap; requests without one),
+    or the bin mean of a sampled column."""
     samples = run.samples
+    reduce = binned_mean
     if column == "waiting":  # sampled when a batch forms: the rest of the replica's requests
-        values = samples["num_outstanding"].astype(np.float64) - samples["batch_size"]
-        values = np.maximum(values, 0.0)
+        values = samples["num_outstanding"].astype(np.int64) - samples["batch_size"]
+        values = np.maximum(values, 0).astype(np.float64)
+        reduce = binned_last
+    elif column == "batch_fill":
+        caps = _replica_caps(run)
+        values = samples["batch_size"].astype(np.float64)
+        if caps is not None:
+            values = values * (100.0 / caps[samples["replica"]])
     else:
         values = samples[column].astype(np.float64)
     return [
-        binned_mean(
-            samples["time"][samples["replica"] == r], values[samples["replica"] == r], edges
+        _carried(
+            reduce(samples["time"][samples["replica"] == r], values[samples["replica"] == r], edges)
         )
         for r in range(run.num_replicas)
     ]
+
+
+def _carried(values: np.ndarray) -> np.ndarray:
+    """A bin without a sample keeps the last sampled value (a replica is sampled at most
+    once per ``sample_interval_s``; its state holds between samples); 0 before the first."""
+    index = np.where(np.isnan(values), 0, np.arange(values.size))
+    np.maximum.accumulate(index, out=index)
+    filled = values[index]
+    return np.where(np.isnan(filled), 0.0, filled)
+
+
+def _cap_words(runs: Sequence[Run]) -> str:
+    """The batch panel's unit: % of the one cap all runs share, of each run's own, or
+    requests when a run has none."""
+    caps = [batch_cap(run, pool) for run in runs for pool, _ in run.pools]
+    if any(c is None for c in caps) or any(_replica_caps(run) is None for run in runs):
+        return "batch size (requests)"
+    if len(set(caps)) == 1 and caps[0] is not None:
+        return f"batch fill (% of {caps[0][1]} = {caps[0][0]})"
+    return "batch fill (% of each pool's cap)"
 
 
 def _completions(run: Run, edges: np.ndarray) -> list[np.ndarray]:
@@ -137,27 +205,34 @@ def _completions(run: Run, edges: np.ndarray) -> list[np.ndarray]:
 
 
 def over_time(runs: Sequence[Run], stem: Path, formats: Sequence[str]) -> list[Path]:
-    """Throughput (completions per second), waiting requests, batch size and KV usage over
-    time: per replica for one run, per run (cluster total or replica mean) for
-    several."""
+    """Throughput (completions per second), waiting requests (whole numbers), batch fill
+    against the batch cap and KV usage over time, each bin drawn flat (no interpolation
+    between bins): per replica for one run (the median and range beyond
+    ``MAX_REPLICA_LINES`` replicas), per run (cluster total or replica mean) for several.
+    Batch fill and KV use, not "busy", say how loaded a replica is: one running a batch of
+    5 is busy all the time at 2% of a cap of 256."""
     plt = _pyplot()
     fig, axes = plt.subplots(4, 1, figsize=(10, 11), sharex=True)
     panels = (
         ("completed requests / s", "completions", "sum"),
         ("waiting requests", "waiting", "sum"),
-        ("batch size (requests)", "batch_size", "mean"),
+        (_cap_words(runs), "batch_fill", "mean"),
         ("KV cache usage (%)", "kv_usage", "mean"),
     )
     for i, run in enumerate(runs):
         edges = time_bins(run.makespan_s)
-        middles = (edges[:-1] + edges[1:]) / 2
         for ax, (_, column, combine) in zip(axes, panels, strict=True):
             if column == "completions":
                 per_replica = _completions(run, edges)
             else:
                 per_replica = _replica_series(run, column, edges)
             scale = 100.0 if column == "kv_usage" else 1.0
-            _draw_series(ax, middles, per_replica, scale, i, run, len(runs), combine)
+            whole = column == "waiting"
+            _draw_series(ax, edges, per_replica, scale, i, run, len(runs), combine, whole=whole)
+    from matplotlib.ticker import MaxNLocator
+
+    axes[1].yaxis.set_major_locator(MaxNLocator(integer=True))  # requests are whole
+    axes[1].set_ylim(0, max(1.0, axes[1].get_ylim()[1]))
     for ax, (label, _, _) in zip(axes, panels, strict=True):
         ax.set_ylabel(label, fontsize=9)
         ax.grid(alpha=0.3)
@@ -171,49 +246,101 @@ def over_time(runs: Sequence[Run], stem: Path, formats: Sequence[str]) -> list[P
 
 def _draw_series(
     ax: Any,
-    xs: np.ndarray,
+    edges: np.ndarray,
     per_replica: list[np.ndarray],
     scale: float,
     index: int,
     run: Run,
     num_runs: int,
     combine: str,
+    *,
+    whole: bool = False,
 ) -> None:
+    """Each bin's value drawn flat over the bin (``stairs``): one line per run, per replica
+    up to ``MAX_REPLICA_LINES`` (named by pool in a P/D run), else per pool the replicas'
+    median and their min-max band. A ``whole``-number series (waiting requests) takes the
+    lower of the two middle replicas as its median, a count rather than their mean."""
+    # No bin is NaN: each series carries its last sample forward (``_carried``).
     stacked = np.vstack(per_replica) * scale
-    with warnings.catch_warnings():  # a time bin no replica sampled is NaN: a gap
-        warnings.simplefilter("ignore", RuntimeWarning)
-        if num_runs > 1:
-            line = np.nansum(stacked, axis=0) if combine == "sum" else np.nanmean(stacked, axis=0)
-            ax.plot(xs, line, color=f"C{index}", lw=1.2, label=run.name)
-        elif len(per_replica) <= MAX_REPLICA_LINES:
-            for r, values in enumerate(stacked):
-                ax.plot(xs, values, color=f"C{r % 10}", lw=0.9, label=f"replica {r}")
-        else:
-            low, high = np.nanmin(stacked, axis=0), np.nanmax(stacked, axis=0)
-            ax.fill_between(xs, low, high, alpha=0.25, color="C0", label="replica range")
-            ax.plot(xs, np.nanmean(stacked, axis=0), color="C0", lw=1.2, label="replica mean")
+    if num_runs > 1:
+        line = stacked.sum(axis=0) if combine == "sum" else stacked.mean(axis=0)
+        ax.stairs(line, edges, color=f"C{index}", lw=1.2, label=run.name)
+        return
+    count = len(per_replica)
+    pools = run.pools if run is not None else [("", range(count))]
+    if count <= MAX_REPLICA_LINES:
+        labels = run.replica_labels if run is not None else [f"replica {r}" for r in range(count)]
+        for r, values in enumerate(stacked):
+            ax.stairs(values, edges, color=f"C{r % 10}", lw=0.9, label=labels[r])
+        return
+    for g, (pool, members) in enumerate(pools):
+        mine = stacked[members.start : members.stop]
+        noun = f"{pool} replica" if pool else "replica"
+        if len(mine) > 1:
+            ax.stairs(
+                mine.max(axis=0), edges, baseline=mine.min(axis=0), fill=True, alpha=0.25,
+                color=f"C{g}", label=f"min-max of {len(mine)} {noun}s",
+            )  # fmt: skip
+        median = np.percentile(mine, 50, axis=0, method="lower") if whole else np.median(mine, 0)
+        ax.stairs(median, edges, color=f"C{g}", lw=1.2, label=f"{noun} median")
+
+
+def replica_fill(run: Run) -> tuple[np.ndarray, np.ndarray]:
+    """Per replica: the mean batch fill (% of the batch cap; requests without one) and
+    the mean sampled KV use (%)."""
+    caps = _replica_caps(run)
+    batch = np.asarray(run.summary["replicas"]["mean_batch_size"], dtype=np.float64)
+    fill = batch * (100.0 / caps) if caps is not None else batch
+    replica, kv = run.samples["replica"], run.samples["kv_usage"].astype(np.float64)
+    counts = np.bincount(replica, minlength=run.num_replicas)
+    sums = np.bincount(replica, weights=kv, minlength=run.num_replicas)
+    kv_mean = 100.0 * sums / np.maximum(counts, 1)
+    return fill[: run.num_replicas], kv_mean[: run.num_replicas]
+
+
+def _served(run: Run) -> np.ndarray:
+    """Requests each replica worked on: where each finished, and in a P/D run also the
+    prefill replica of each handed to the decode pool."""
+    served = np.bincount(run.requests["replica"], minlength=run.num_replicas)
+    prefilled = run.requests.get("prefill_replica")
+    if prefilled is not None:
+        served = served + np.bincount(prefilled[prefilled >= 0], minlength=run.num_replicas)
+    return served
 
 
 def replica_load(runs: Sequence[Run], stem: Path, formats: Sequence[str]) -> list[Path]:
-    """Per replica: requests served, busy fraction and mean batch size (grouped by run)."""
+    """Per replica: requests served, time with a batch running, mean batch fill against
+    the batch cap and mean KV use (grouped by run). "Busy" alone reads as saturated: a
+    replica running batches of 5 is busy all the time; the fill and KV panels say how
+    much of it is used."""
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.8))
+    fig, axes = plt.subplots(1, 4, figsize=(15, 3.8))
     width = 0.8 / len(runs)
     for i, run in enumerate(runs):
         replicas = np.arange(run.num_replicas)
-        served = np.bincount(run.requests["replica"], minlength=run.num_replicas)
+        served = _served(run)
         busy = 100 * np.asarray(run.summary["replicas"]["busy_fraction"])
-        batch = np.asarray(run.summary["replicas"]["mean_batch_size"])
+        fill, kv = replica_fill(run)
         x = replicas + (i - (len(runs) - 1) / 2) * width
-        for ax, values in zip(axes, (served, busy, batch), strict=True):
+        for ax, values in zip(axes, (served, busy, fill, kv), strict=True):
             ax.bar(x, values, width=width, color=f"C{i}", label=run.name)
-    for ax, title in zip(
-        axes, ("requests served", "busy (% of the run)", "mean batch size"), strict=True
-    ):
+    fill_title = "mean " + _cap_words(runs)
+    titles = ("requests served", "a batch running (% of the run)", fill_title, "mean KV use (%)")
+    # A P/D run's replicas: prefill ones first, then decode ones, ticked P0.. D0..
+    shared = {tuple((pool, len(m)) for pool, m in run.pools) for run in runs}
+    pools = runs[0].pools if len(shared) == 1 and len(runs[0].pools) > 1 else None
+    for ax, title in zip(axes, titles, strict=True):
         ax.set_title(title)
-        ax.set_xlabel("replica")
         ax.grid(alpha=0.3, axis="y")
-        ax.xaxis.get_major_locator().set_params(integer=True)
+        if pools is not None:
+            ticks = [(r, f"{pool[0].upper()}{i}") for pool, m in pools for i, r in enumerate(m)]
+            ax.set_xticks([r for r, _ in ticks], [text for _, text in ticks])
+            ax.set_xlabel("replica (P prefill, D decode)")
+        else:
+            ax.set_xlabel(
+                "replica" if all(len(r.pools) == 1 for r in runs) else "replica (prefill first)"
+            )
+            ax.xaxis.get_major_locator().set_params(integer=True)
     if len(runs) > 1:
         axes[0].legend(fontsize=8)
     fig.suptitle("load per replica" + _of(runs))

@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenyard.errors import ConfigError
+from tokenyard.simulation.disagg_config import decode_schedulers
 
 __all__ = ["Run", "cdf", "gap_cdf", "load_run", "time_bins"]
 
@@ -35,6 +36,9 @@ REQUEST_COLUMNS = (
     "tpot",
     "e2e",
 )
+#: Read where present: the replica that prefilled a request handed to the decode pool
+#: (-1 otherwise).
+OPTIONAL_COLUMNS = ("prefill_replica",)
 
 
 @dataclass(frozen=True)
@@ -55,9 +59,34 @@ class Run:
     @property
     def num_replicas(self) -> int:
         """Schedulers, as the per-replica columns number them: each attention DP rank of
-        a replica is one (``data_parallel_size``, absent before it existed: 1)."""
+        a replica is one (``data_parallel_size``, absent before it existed: 1), and in a
+        disaggregated run the decode pool's replicas follow the prefill pool's."""
+        return sum(len(members) for _, members in self.pools)
+
+    @property
+    def pools(self) -> list[tuple[str, range]]:
+        """Each pool's name and its replicas' numbers: ``("prefill", ...)`` then
+        ``("decode", ...)`` for a disaggregated run (summary ``config.decode``), else one
+        pool named ``""``."""
         config = self.summary["config"]
-        return int(config["num_replicas"]) * int(config.get("data_parallel_size", 1))
+        first = int(config["num_replicas"]) * int(config.get("data_parallel_size", 1))
+        decode = config.get("decode")
+        if not decode:
+            return [("", range(first))]
+        return [
+            ("prefill", range(first)),
+            ("decode", range(first, first + decode_schedulers(decode))),
+        ]
+
+    @property
+    def replica_labels(self) -> list[str]:
+        """Each replica's name in plots: ``replica r``, or ``prefill replica i`` /
+        ``decode replica j`` (numbered within the pool) in a disaggregated run."""
+        return [
+            f"{pool} replica {i}" if pool else f"replica {r}"
+            for pool, members in self.pools
+            for i, r in enumerate(members)
+        ]
 
     @property
     def makespan_s(self) -> float:
@@ -87,7 +116,10 @@ def load_run(path: str | Path, name: str | None = None) -> Run:
         raise _missing(folder, "no such folder")
     try:
         summary = json.loads((folder / "summary.json").read_text())
-        requests = pq.read_table(folder / "requests.parquet", columns=list(REQUEST_COLUMNS))
+        table = folder / "requests.parquet"
+        # A P/D run's prefill replicas (older folders, from before P/D, have no column).
+        extra = [c for c in OPTIONAL_COLUMNS if c in pq.read_schema(table).names]
+        requests = pq.read_table(table, columns=[*REQUEST_COLUMNS, *extra])
         samples = pq.read_table(folder / "samples.parquet")
     except (OSError, ValueError, KeyError) as exc:
         raise _missing(folder, str(exc).splitlines()[0]) from None

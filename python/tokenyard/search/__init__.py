@@ -40,7 +40,7 @@ if TYPE_CHECKING:
         expand,
     )
     from tokenyard.search.executors import LocalExecutor, RayExecutor, SerialExecutor
-    from tokenyard.search.plots import plot_capacity, plot_pareto, write_plots
+    from tokenyard.search.plots import plot_capacity, plot_frontier, plot_pareto, write_plots
     from tokenyard.search.results import Point
     from tokenyard.search.tables import SearchResult
 
@@ -66,6 +66,7 @@ _EXPORTS = {
     "RayExecutor": "tokenyard.search.executors",
     "SerialExecutor": "tokenyard.search.executors",
     "plot_capacity": "tokenyard.search.plots",
+    "plot_frontier": "tokenyard.search.plots",
     "plot_pareto": "tokenyard.search.plots",
     "write_plots": "tokenyard.search.plots",
 }
@@ -92,6 +93,7 @@ __all__ = [
     "expand",
     "load_search_config",
     "plot_capacity",
+    "plot_frontier",
     "plot_pareto",
     "search_config_from_mapping",
     "with_rate",

@@ -46,6 +46,9 @@ __all__ = [
 
 #: Every metric a probe reports (each SLO key's value), in seconds.
 METRIC_KEYS = tuple(f"{m}_{s}_s" for m, stats in METRIC_STATS.items() for s in stats)
+#: A probe's output tokens per second (decode tokens, the first included), beside its
+#: latency metrics.
+DECODE_TOKENS_KEY = "decode_tokens_per_s"
 
 
 def is_closed_loop(simulation: Mapping[str, Any]) -> bool:
@@ -115,8 +118,9 @@ def with_rate(simulation: Mapping[str, Any], rate: float) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class Probe:
-    """One simulation at ``rate``: every metric (``METRIC_KEYS``), the throughput, and the
-    wall time; or the error that stopped it."""
+    """One simulation at ``rate``: every metric (``METRIC_KEYS`` and the output tokens per
+    second, ``DECODE_TOKENS_KEY``), the throughput, and the wall time; or the error that
+    stopped it."""
 
     rate: float
     metrics: Mapping[str, float]
@@ -164,9 +168,12 @@ def run_probe(payload: Mapping[str, Any]) -> dict[str, Any]:
     except TokenyardError as error:
         return Probe(rate, {}, error=f"{type(error).__name__}: {error}").to_dict()
     summary = result.summary
+    metrics = {key: metric_value(summary, key) for key in METRIC_KEYS}
+    # Not an SLO key: the output tokens served, for tokens/s per GPU at capacity.
+    metrics[DECODE_TOKENS_KEY] = float(summary["throughput"]["decode_tokens_per_s"])
     return Probe(
         rate,
-        {key: metric_value(summary, key) for key in METRIC_KEYS},
+        metrics,
         requests_per_s=float(summary["throughput"]["requests_per_s"]),
         num_requests=int(summary["num_requests"]),
         wall_s=time.perf_counter() - start,

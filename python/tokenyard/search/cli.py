@@ -202,7 +202,7 @@ def _deployments(args: argparse.Namespace, config: Any, executor: str | None) ->
     print(result.summary(top=args.top))
     print(f"\n{wall:.1f} s of wall time")
     if args.output:
-        extra = "".join(f", capacity.{f}, pareto.{f}" for f in formats)
+        extra = "".join(f", capacity.{f}, pareto.{f}, frontier.{f}" for f in formats)
         print(
             f"wrote {args.output}/: results.parquet, results.csv, probes.parquet, "
             f"summary.txt, search.json, points/{extra}"

@@ -54,6 +54,11 @@ METRIC_STATS: dict[str, tuple[str, ...]] = {
 _SLO_KEY = re.compile(r"^(?P<metric>[a-z0-9_]+?)_(?P<stat>mean|p50|p90|p99|max)_s$")
 #: The saturation guard's metric (``search.max_scheduling_delay_p99_s``).
 GUARD_KEY = "scheduling_delay_p99_s"
+#: The guard's bound when the search sets none and the SLO set bounds no queueing.
+GUARD_DEFAULT_S = 2.0
+#: Metrics that hold a request's wait in the queue: an SLO set bounding one of them needs
+#: no default guard.
+QUEUE_METRICS = ("ttft_", "e2e_", "scheduling_delay_")
 #: Keys of the simulation that the search sets itself (the arrival rate).
 RATE_KEYS = ("workload.arrival.qps", "workload.arrival.burst_qps", "workload.target_qps")
 _TOP_KEYS = (
@@ -137,17 +142,20 @@ class SearchParams:
     tolerance: float = 0.02
     #: Simulations per capacity search, at most.
     max_simulations: int = 40
-    #: Saturation guard added to every SLO set: p99 scheduling delay bound, seconds
-    #: (``inf`` turns it off).
-    max_scheduling_delay_p99_s: float = 2.0
+    #: Saturation guard: a p99 scheduling delay bound (seconds) added to the SLO sets.
+    #: ``None`` (the default): ``GUARD_DEFAULT_S`` for the sets that bound no TTFT, e2e or
+    #: scheduling delay (nothing else sees a queue grow past saturation); the others are
+    #: the user's own. A number: added to every set; ``inf`` turns it off.
+    max_scheduling_delay_p99_s: float | None = None
     #: Bisect each SLO's own breaking rate too (more simulations; without it the rate at
     #: which an SLO breaks is the first simulated rate at which it did).
     refine_breaks: bool = False
     #: Deployment search: the traffic to serve; adds ``meets_target`` and makes the Pareto
     #: front's cost axis dollars per hour among the deployments that meet it.
     target_qps: float | None = None
-    #: The latency axis of the Pareto front (an SLO key, value at capacity).
-    pareto_metric: str = "ttft_p99_s"
+    #: The latency axis of the Pareto front (an SLO key, value at capacity). ``None``: the
+    #: first SLO set's TTFT bound (its first bound without one; ``tables.pareto_metric``).
+    pareto_metric: str | None = None
 
     def check(self, where: str) -> None:
         for name in ("initial_qps", "min_qps", "max_qps", "tolerance"):
@@ -162,7 +170,8 @@ class SearchParams:
                 self.initial_qps,
             )
         check_key_int(f"{where}.max_simulations", self.max_simulations, low=2, high=100_000)
-        if not self.max_scheduling_delay_p99_s > 0:
+        guard = self.max_scheduling_delay_p99_s
+        if guard is not None and not guard > 0:
             raise _fail(
                 f"{where}.max_scheduling_delay_p99_s",
                 f"must be > 0 (inf turns it off), got {self.max_scheduling_delay_p99_s}",
@@ -176,7 +185,8 @@ class SearchParams:
                 f"must be a finite number > 0, got {self.target_qps!r}",
                 self.target_qps,
             )
-        check_slo_key(self.pareto_metric, f"{where}.pareto_metric")
+        if self.pareto_metric is not None:
+            check_slo_key(self.pareto_metric, f"{where}.pareto_metric")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -195,11 +205,15 @@ class SearchConfig:
     prices: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def effective_slos(self) -> tuple[SLO, ...]:
-        """Each SLO set with the saturation guard (the tighter bound wins)."""
-        guard = self.search.max_scheduling_delay_p99_s
+        """Each SLO set with the saturation guard where it applies (the tighter bound wins;
+        ``SearchParams.max_scheduling_delay_p99_s``)."""
         out = []
         for slo in self.slos:
             bounds = dict(slo.bounds)
+            guard = self.search.max_scheduling_delay_p99_s
+            if guard is None:
+                queued = any(k.startswith(QUEUE_METRICS) for k in bounds)
+                guard = math.inf if queued else GUARD_DEFAULT_S
             if math.isfinite(guard):
                 bounds[GUARD_KEY] = min(bounds.get(GUARD_KEY, math.inf), guard)
             out.append(SLO(slo.name, bounds))

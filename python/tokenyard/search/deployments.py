@@ -421,7 +421,7 @@ def capacity_search(
         simulation: the deployment and its workload (the workload's rate is replaced).
         slo: bounds such as ``{"ttft_p99_s": 2.0, "tbt_p99_s": 0.2}`` (default those two),
             or ``SLO`` sets; the saturation guard ``search.max_scheduling_delay_p99_s`` is
-            added to each.
+            added where it applies (by default, to a set that bounds no queueing).
         search: ``SearchParams`` or a mapping of its fields.
         executor: ``"serial"`` (default: the bisection is sequential), ``"local"``,
             ``"ray"`` or an executor object; only ``refine_breaks`` and several SLO sets

@@ -1,6 +1,7 @@
 """Plots of a deployment search (matplotlib, imported lazily): capacity per configuration,
-and cost against latency with the Pareto front. The format follows the file's suffix
-(``.png``, ``.svg``, ``.pdf``)."""
+cost against latency with the Pareto front, and tokens/s per GPU against tokens/s per user
+(aggregated against disaggregated) from the evaluated deployments. The format follows the
+file's suffix (``.png``, ``.svg``, ``.pdf``)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 from tokenyard._output import staged_output
 from tokenyard.errors import ConfigError
+from tokenyard.search.tables import frontier_rows, pareto_metric
 
 if TYPE_CHECKING:
     from tokenyard.search.tables import SearchResult
 
-__all__ = ["plot_capacity", "plot_pareto", "write_plots"]
+__all__ = ["plot_capacity", "plot_frontier", "plot_pareto", "write_plots"]
 
 
 def _pyplot() -> Any:
@@ -61,7 +63,7 @@ def plot_pareto(result: SearchResult, path: str | Path) -> Path:
     plt = _pyplot()
     config = result.config.search
     axis = "cost_per_hour" if config.target_qps is not None else "cost_per_qps"
-    metric = config.pareto_metric
+    metric = pareto_metric(result.config)
     rows = [r for r in result.rows if r[axis] is not None and r.get(metric) is not None]
     fig, ax = plt.subplots(figsize=(7, 5))
     for slo in result.config.slos:
@@ -88,6 +90,57 @@ def plot_pareto(result: SearchResult, path: str | Path) -> Path:
     return _save(fig, plt, path)
 
 
+def plot_frontier(result: SearchResult, path: str | Path) -> Path:
+    """Output tokens/s per GPU against tokens/s per user, aggregated against disaggregated:
+    one point per evaluated deployment at its found capacity (``tables.frontier_rows``;
+    never a bisection probe), each kind's frontier joined, its points labelled. Several SLO
+    sets: one panel each."""
+    plt = _pyplot()
+    slos = [s.name for s in result.config.slos]
+    fig, axes = plt.subplots(1, len(slos), figsize=(7 * len(slos), 5), squeeze=False)
+    rows = frontier_rows(result.rows)
+    styles = {"aggregated": ("C0", "o"), "disaggregated": ("C3", "s")}
+    for ax, name in zip(axes[0], slos, strict=True):
+        for kind, (color, marker) in styles.items():
+            mine = [r for r in rows if r["slo"] == name and r["deployment"] == kind]
+            if not mine:
+                continue
+            ax.scatter(
+                [r["tokens_per_s_per_user"] for r in mine],
+                [r["tokens_per_s_per_gpu"] for r in mine],
+                s=22,
+                color=color,
+                marker=marker,
+                alpha=0.5,
+                label=f"{kind} ({len(mine)})",
+            )
+            front = sorted(
+                (r for r in mine if r["frontier"]), key=lambda r: r["tokens_per_s_per_user"]
+            )
+            ax.plot(
+                [r["tokens_per_s_per_user"] for r in front],
+                [r["tokens_per_s_per_gpu"] for r in front],
+                color=color,
+                lw=1.2,
+                label=f"{kind} frontier",
+            )
+            for r in front:
+                ax.annotate(
+                    r["label"],
+                    (r["tokens_per_s_per_user"], r["tokens_per_s_per_gpu"]),
+                    fontsize=6,
+                    xytext=(3, 3),
+                    textcoords="offset points",
+                )
+        ax.set_xlabel("output tokens/s per user (1 / mean TPOT)")
+        ax.set_ylabel("output tokens/s per GPU at capacity")
+        ax.set_title(f"SLO set {name!r}: each deployment at its capacity")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    return _save(fig, plt, path)
+
+
 def _save(fig: Any, plt: Any, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -102,11 +155,13 @@ def _save(fig: Any, plt: Any, path: str | Path) -> Path:
 def write_plots(
     result: SearchResult, directory: str | Path, formats: tuple[str, ...] = ("png",)
 ) -> list[Path]:
-    """``capacity.<fmt>`` and ``pareto.<fmt>`` in ``directory`` for each format, renamed in
+    """``capacity.<fmt>``, ``pareto.<fmt>`` and ``frontier.<fmt>`` in ``directory`` for each
+    format, renamed in
     at the end over a link already there rather than through it (``tokenyard._output``)."""
     names = []
     with staged_output(directory) as staging:
         for fmt in formats:
             names.append(plot_capacity(result, staging / f"capacity.{fmt}").name)
             names.append(plot_pareto(result, staging / f"pareto.{fmt}").name)
+            names.append(plot_frontier(result, staging / f"frontier.{fmt}").name)
     return [Path(directory) / name for name in names]

@@ -22,7 +22,7 @@ from tokenyard.simulation.config import (
     parse_set_options,
     read_config_file,
 )
-from tokenyard.simulation.results import SimulationResult
+from tokenyard.simulation.results import SimulationResult, trace_events_in
 from tokenyard.simulation.run import simulate
 
 __all__ = ["add_parser", "run_command"]
@@ -293,6 +293,9 @@ def run_command(args: argparse.Namespace) -> int:
         config = config_from_mapping(apply_overrides(data, overrides))
         if args.output:
             check_output_dir(args.output)
+            # Refused before the run rather than after it (SimulationResult.write).
+            traced = config.metrics.trace_events
+            trace_events_in(args.output, config.path(traced) if traced else None)
         total = config.workload.get("num_requests") or config.workload.get("limit")
         bar = _ProgressBar(total if isinstance(total, int) else None, not args.no_progress)
         try:

@@ -138,6 +138,13 @@ class ReplicaConfig:
     #: A host-memory KV tier (``vllm_v1`` with prefix caching; ``kv_offload_config.py``,
     #: docs/disaggregation.md); the decode pool of a disaggregated cluster has one too.
     kv_offload: KvOffloadConfig | None = None
+    #: vLLM's hybrid KV cache manager for a model with windowed layers (``vllm_v1``;
+    #: ``simulation/hybrid_kv.py``, docs/catalog.md "KV"): ``true`` gives each layer kind
+    #: its own KV cache group over one pool, a sliding-window group freeing the blocks that
+    #: leave its window, and sizes ``num_blocks`` as vLLM does for those groups; ``false``
+    #: is ``--disable-hybrid-kv-cache-manager`` (every attention layer as full attention).
+    #: Unset: what vLLM 0.33 does for the model and configuration (the banner says which).
+    hybrid_kv_cache_manager: bool | None = None
 
     def check(self, where: str) -> None:
         check_key_int(f"{where}.tensor_parallel_size", self.tensor_parallel_size, low=1, high=512)
@@ -165,6 +172,7 @@ class ReplicaConfig:
         self.speculative.check(f"{where}.speculative", policy)
         self._check_draft_knobs(where)
         self._check_kv_offload(where)
+        self._check_hybrid_kv(where)
         if self.num_pipeline_stages > 1 and not pipeline_parallel(policy):
             raise fail(
                 f"{where}.num_pipeline_stages",
@@ -173,11 +181,41 @@ class ReplicaConfig:
                 self.num_pipeline_stages,
             )
 
+    def _check_hybrid_kv(self, where: str) -> None:
+        """``hybrid_kv_cache_manager = true`` needs what the KV groups' coordinator serves:
+        a ``vllm_v1`` replica without a host tier (the model is checked with the plan)."""
+        value = self.hybrid_kv_cache_manager
+        if value is not None and not isinstance(value, bool):
+            raise fail(
+                f"{where}.hybrid_kv_cache_manager", f"must be true or false, got {value!r}", value
+            )
+        if value is not True:
+            return
+        policy = self.scheduler.policy
+        if policy != "vllm_v1":
+            raise fail(
+                f"{where}.hybrid_kv_cache_manager",
+                "vLLM's hybrid KV cache manager is simulated on vllm_v1 replicas only, not "
+                f"{policy}",
+                value,
+            )
+        if self.kv_offload is not None:
+            raise fail(
+                f"{where}.hybrid_kv_cache_manager",
+                "the KV groups' coordinator serves no host tier (replica.kv_offload): set it "
+                "false (--disable-hybrid-kv-cache-manager), as vLLM 0.33 does for a KV "
+                "connector without hybrid support",
+                value,
+            )
+
     def _check_expert_layout(self, where: str) -> None:
         """EP and attention DP as vLLM serves them: DP ranks need expert parallelism (else
-        vLLM runs the experts as one TP group over DP x TP GPUs, which is not modelled),
-        and EP is then every GPU of the replica's TP x DP (vLLM sets it so). Whether the
-        model has experts for EP to split is checked with the model (the planner)."""
+        vLLM 0.33 runs the experts as one TP group over DP x TP GPUs, ``FusedMoEParallelConfig
+        .make`` with ``use_ep`` false, each rank's tokens all-gathered across the DP ranks
+        and reduce-scattered back by ``AgRsAll2AllManager``: not modelled), and EP is then
+        every GPU of the replica's TP x DP (vLLM sets it so). ``where`` is ``replica`` or
+        ``cluster.decode`` (the decode pool's resolved layout). Whether the model has
+        experts for EP to split is checked with the model (the planner)."""
         ep, dp, tp = self.expert_parallel_size, self.data_parallel_size, self.tensor_parallel_size
         check_key_int(f"{where}.expert_parallel_size", ep, low=1, high=512)
         check_key_int(f"{where}.data_parallel_size", dp, low=1, high=512)

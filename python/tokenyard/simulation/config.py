@@ -56,6 +56,7 @@ from tokenyard.simulation.cluster_config import (
     GlobalSchedulerConfig,
     ReplicaConfig,
 )
+from tokenyard.simulation.disagg_config import DecodePoolConfig
 from tokenyard.simulation.kv_offload_config import KvOffloadConfig
 from tokenyard.simulation.lora_config import LoraConfig
 from tokenyard.simulation.scheduler_config import (
@@ -380,17 +381,24 @@ class SimulationConfig:
         self._check_cluster_blocks()
 
     def _check_data_parallel_ranks(self) -> None:
-        """The simulator runs one scheduler per attention DP rank: replicas x DP of them,
-        bounded as replicas are."""
-        dp = self.replica.data_parallel_size
-        ranks = self.cluster.num_replicas * dp
-        if ranks > MAX_REPLICAS:
-            raise fail(
-                "cluster.num_replicas",
-                f"{self.cluster.num_replicas} replicas of {dp} data-parallel ranks make {ranks} "
-                f"schedulers, over the simulator's limit of {MAX_REPLICAS}",
-                self.cluster.num_replicas,
+        """The simulator runs one scheduler per attention DP rank: replicas x DP of them
+        in each pool, bounded as replicas are."""
+        pools = [("cluster.num_replicas", self.cluster.num_replicas, self.replica)]
+        decode = self.cluster.decode
+        if decode is not None:
+            pools.append(
+                ("cluster.decode.num_replicas", decode.num_replicas, decode.resolve(self.replica))
             )
+        for key, replicas, layout in pools:
+            dp = layout.data_parallel_size
+            ranks = replicas * dp
+            if ranks > MAX_REPLICAS:
+                raise fail(
+                    key,
+                    f"{replicas} replicas of {dp} data-parallel ranks make {ranks} "
+                    f"schedulers, over the simulator's limit of {MAX_REPLICAS}",
+                    replicas,
+                )
 
     def _check_cluster_blocks(self) -> None:
         """One budget for the KV blocks a run tracks one by one, across both pools, checked
@@ -401,7 +409,8 @@ class SimulationConfig:
         pools = [(self.cluster.num_replicas * self.replica.data_parallel_size, prefill)]
         decode = self.cluster.decode
         if decode is not None:
-            pools.append((decode.num_replicas, decode.scheduler or prefill))
+            ranks = decode.num_replicas * decode.resolve(self.replica).data_parallel_size
+            pools.append((ranks, decode.scheduler or prefill))
         per_replica = [(n, _tracked_blocks(s)) for n, s in pools]
         total = sum(n * blocks for n, blocks in per_replica)
         if total > _core.MAX_CLUSTER_BLOCKS:
@@ -434,12 +443,7 @@ class SimulationConfig:
         decode = self.cluster.decode
         if decode is None:
             return
-        if self.replica.expert_parallel_size > 1:
-            raise fail(
-                "replica.expert_parallel_size",
-                "expert parallelism is not simulated in disaggregated pools yet",
-                self.replica.expert_parallel_size,
-            )
+        self._check_decode_layout(decode)
         policies = [("replica.scheduler.policy", self.replica.scheduler.policy)]
         if decode.scheduler is not None:
             policies.append(("cluster.decode.scheduler.policy", decode.scheduler.policy))
@@ -464,6 +468,27 @@ class SimulationConfig:
                 "routing plugins are not supported with a decode pool yet",
                 self.cluster.global_scheduler.policy,
             )
+
+    def _check_decode_layout(self, decode: DecodePoolConfig) -> None:
+        """The decode pool's EP and attention DP obey the replica's rules (DP needs EP =
+        TP x DP), checked on its resolved layout: a key the pool leaves unset is the
+        replica's, which the message says, as the contradiction may come from there."""
+        try:
+            decode.resolve(self.replica)._check_expert_layout("cluster.decode")
+        except ConfigError as exc:
+            inherited = [
+                key
+                for key in ("tensor_parallel_size", "expert_parallel_size", "data_parallel_size")
+                if getattr(decode, key) is None
+            ]
+            if not inherited:
+                raise
+            taken = ", ".join(inherited)
+            raise ConfigError(
+                f"{exc} (unset in [cluster.decode], taken from [replica]: {taken})",
+                field=exc.field,
+                value=exc.value,
+            ) from None
 
     def _check_lora(self) -> None:
         """Adapters in the workload need ``[replica.lora]`` and a model that prices them;

@@ -3,7 +3,8 @@
 layout and scheduler; ``[cluster.kv_transfer]`` overrides the catalog's link figures.
 
 The decode pool serves the same model with the same dtypes (its KV must be the prefill
-pool's); device, TP, PP, memory margin and the ``vllm_v1`` scheduler section may differ.
+pool's); device, TP, PP, EP, attention DP, memory margin and the ``vllm_v1`` scheduler
+section may differ.
 """
 
 from __future__ import annotations
@@ -18,8 +19,15 @@ from tokenyard.simulation.scheduler_config import MAX_REPLICAS, ReplicaScheduler
 
 if TYPE_CHECKING:
     from tokenyard.catalog import DeviceSpec, ModelSpec
+    from tokenyard.simulation.cluster_config import ReplicaConfig
 
-__all__ = ["DecodePoolConfig", "KvTransferConfig", "check_head_layouts", "link_figures"]
+__all__ = [
+    "DecodePoolConfig",
+    "KvTransferConfig",
+    "check_head_layouts",
+    "decode_schedulers",
+    "link_figures",
+]
 
 #: Routers a decode pool may use (plugins route arrivals only).
 DECODE_ROUTERS = ("round_robin", "lor", "random", "least_kv_load", "power_of_two")
@@ -48,6 +56,11 @@ class DecodePoolConfig:
     device: str | None = None
     tensor_parallel_size: int | None = None
     num_pipeline_stages: int | None = None
+    #: EP and attention DP as ``replica.expert_parallel_size`` / ``data_parallel_size``
+    #: (the same rules: DP needs EP = TP x DP); a decode replica is DP ranks, each its own
+    #: scheduler and KV cache, as vLLM's wide-EP decode instances are.
+    expert_parallel_size: int | None = None
+    data_parallel_size: int | None = None
     memory_margin_fraction: float | None = None
     global_scheduler: DecodeRouterConfig = dataclasses.field(default_factory=DecodeRouterConfig)
     #: The decode replicas' scheduler (``vllm_v1``); unset: the prefill pool's.
@@ -62,8 +75,10 @@ class DecodePoolConfig:
             check_key_int(
                 f"{where}.tensor_parallel_size", self.tensor_parallel_size, low=1, high=512
             )
-        if self.num_pipeline_stages is not None:
-            check_key_int(f"{where}.num_pipeline_stages", self.num_pipeline_stages, low=1, high=512)
+        for key in ("num_pipeline_stages", "expert_parallel_size", "data_parallel_size"):
+            value = getattr(self, key)
+            if value is not None:
+                check_key_int(f"{where}.{key}", value, low=1, high=512)
         if self.memory_margin_fraction is not None and not 0 <= self.memory_margin_fraction < 1:
             raise fail(
                 f"{where}.memory_margin_fraction",
@@ -83,6 +98,27 @@ class DecodePoolConfig:
                     "not routed by prefix; it would change nothing",
                     self.kv_offload.host_hit_weight,
                 )
+
+    def resolve(self, replica: ReplicaConfig) -> ReplicaConfig:
+        """``replica`` as the decode pool runs it: the pool's device, layout, margin,
+        scheduler and host tier, each unset one the replica's (same model and dtypes)."""
+
+        def either(value: Any, default: Any) -> Any:
+            return default if value is None else value
+
+        return dataclasses.replace(
+            replica,
+            device=either(self.device, replica.device),
+            tensor_parallel_size=either(self.tensor_parallel_size, replica.tensor_parallel_size),
+            num_pipeline_stages=either(self.num_pipeline_stages, replica.num_pipeline_stages),
+            expert_parallel_size=either(self.expert_parallel_size, replica.expert_parallel_size),
+            data_parallel_size=either(self.data_parallel_size, replica.data_parallel_size),
+            memory_margin_fraction=either(
+                self.memory_margin_fraction, replica.memory_margin_fraction
+            ),
+            scheduler=either(self.scheduler, replica.scheduler),
+            kv_offload=either(self.kv_offload, replica.kv_offload),
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -199,3 +235,10 @@ def check_transferable(model: ModelSpec) -> None:
 def describe(pool: DecodePoolConfig, fields: dict[str, Any]) -> dict[str, Any]:
     """The decode pool as the summary's config describes it."""
     return {"num_replicas": pool.num_replicas, "router": pool.global_scheduler.policy, **fields}
+
+
+def decode_schedulers(described: dict[str, Any]) -> int:
+    """The schedulers a run's decode pool ran, from the summary's ``config.decode``: one
+    per attention DP rank of each decode replica (``data_parallel_size`` is absent from
+    results written before the pool had it: 1)."""
+    return int(described["num_replicas"]) * int(described.get("data_parallel_size", 1))

@@ -119,6 +119,11 @@ class MemoryPlan:
     groups: tuple[KvGroup, ...] = ()
     state_bytes_per_request: int = 0
     reserved_state_bytes: int = 0
+    #: vLLM's hybrid allocator's KV cache groups when the plan uses them
+    #: (``hybrid_kv.plan_hybrid``; ``num_blocks`` is then its pool), with the banner's words
+    #: on them; empty: one group, every attention layer as full attention.
+    kv_cache_groups: tuple[KvGroup, ...] = ()
+    kv_groups_note: str = ""
 
 
 def _dtype_bytes(dtype: str, choices: tuple[str, ...], field: str) -> float:

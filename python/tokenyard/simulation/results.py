@@ -23,7 +23,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tokenyard._checks import fail
 from tokenyard._output import staged_output
+from tokenyard.simulation.disagg_config import decode_schedulers
 
 __all__ = ["SimulationResult"]
 
@@ -58,18 +60,26 @@ class SimulationResult:
     def write(self, directory: str | os.PathLike[str]) -> Path:
         """Writes ``requests.parquet``, ``requests.csv``, ``summary.json``,
         ``samples.parquet``, ``token_gaps.parquet`` and ``config.json`` (where known) and, if
-        stages were recorded, ``trace.json`` (Chrome/Perfetto). The files appear together or
-        not at all: they are written to a temporary folder and renamed in at the end, over a
-        link already in ``directory`` rather than through it (``tokenyard._output``).
+        stages were recorded, ``trace.json``: the run's Chrome/Perfetto trace events
+        (``tokenyard.simulation.trace_events``, the whole run up to
+        ``metrics.trace_max_events``). The files appear together or not at all: they are
+        written to a temporary folder and renamed in at the end, over a link already in
+        ``directory`` rather than through it (``tokenyard._output``). What an earlier run
+        left that describes it (``STALE_OUTPUTS``: its command, report and plots, a stage
+        trace this run did not record) is removed. The run's own ``metrics.trace_events``
+        file (``simulate`` wrote it) is never removed or written over: named
+        ``trace.json`` in ``directory``, it stands for the stage trace.
 
         Raises:
-            ConfigError: ``directory`` exists and is not a folder.
+            ConfigError: ``directory`` exists and is not a folder, or
+                ``metrics.trace_events`` names one of the other files written here.
             OSError: a file could not be written.
         """
         import pyarrow as pa
         import pyarrow.csv as pacsv  # type: ignore[import-untyped]
         import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
+        own_trace = trace_events_in(directory, self._trace_events_path())
         with staged_output(directory) as staging:
             table = self.table()
             pq.write_table(table, staging / "requests.parquet")
@@ -80,40 +90,86 @@ class SimulationResult:
                 pq.write_table(pa.table(self.token_gaps), staging / "token_gaps.parquet")
             if self.config is not None:
                 (staging / "config.json").write_text(json.dumps(self.config, indent=2) + "\n")
-            if self.stages is not None:
-                (staging / "trace.json").write_text(json.dumps(_chrome_trace(self.stages)))
+            if self.stages is not None and own_trace != "trace.json":
+                (staging / "trace.json").write_text(self._stage_trace())
+            written = {path.name for path in staging.iterdir()}
+            _remove_stale(Path(directory), written | {own_trace} if own_trace else written)
         return Path(directory)
 
+    def _trace_events_path(self) -> Path | None:
+        """This run's ``metrics.trace_events`` file as the config resolves it (from
+        ``base_dir``), if it wrote one."""
+        config = self.config or {}
+        name = (config.get("metrics") or {}).get("trace_events")
+        return Path(config.get("base_dir") or Path.cwd()) / name if name else None
 
-def _chrome_trace(stages: dict[str, np.ndarray]) -> dict[str, Any]:
-    """One complete event per batch stage: process = replica, thread = pipeline stage."""
-    events = [
-        {
-            "name": f"batch {int(b)}",
-            "ph": "X",
-            "ts": float(start) * 1e6,
-            "dur": float(duration) * 1e6,
-            "pid": int(replica),
-            "tid": int(stage),
-            "args": {
-                "requests": int(n),
-                "prefill_tokens": int(p),
-                "decode_tokens": int(d),
-            },
-        }
-        for b, start, duration, replica, stage, n, p, d in zip(
-            stages["batch_id"],
-            stages["start"],
-            stages["duration"],
-            stages["replica"],
-            stages["stage"],
-            stages["num_requests"],
-            stages["num_prefill_tokens"],
-            stages["num_decode_tokens"],
-            strict=True,
+    def _stage_trace(self) -> str:
+        """The whole run's trace events as ``trace.json`` holds them."""
+        from tokenyard.simulation.trace_events import DEFAULT_MAX_EVENTS, trace_events
+
+        metrics = (self.config or {}).get("metrics") or {}
+        cap = int(metrics.get("trace_max_events") or DEFAULT_MAX_EVENTS)
+        document, _ = trace_events(self, max_events=cap)
+        return json.dumps(document, separators=(",", ":"))
+
+
+def trace_events_in(directory: str | os.PathLike[str], path: Path | None) -> str | None:
+    """The name of the trace-events file ``path`` if it lies in the results folder
+    ``directory`` (``write`` keeps it), else ``None``.
+
+    Raises:
+        ConfigError: it has the name of one of the results (``OUTPUTS``), naming
+            ``metrics.trace_events``.
+    """
+    if path is None or path.parent.resolve() != Path(directory).resolve():
+        return None
+    if path.name in OUTPUTS:
+        raise fail(
+            "metrics.trace_events",
+            f"names {path}, where the results' {path.name} is written; choose another name",
+            str(path),
         )
-    ]
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
+    return path.name
+
+
+#: The files ``write`` writes (``trace.json`` aside).
+OUTPUTS = (
+    "requests.parquet",
+    "requests.csv",
+    "samples.parquet",
+    "summary.json",
+    "token_gaps.parquet",
+    "config.json",
+)
+
+#: What an earlier run may have left beside its results that describes that run, not this
+#: one, unless this run writes it too: the command line, the report and its plots (the CLI
+#: writes this run's after ``write``), and a stage trace, token gaps or config this run
+#: did not have.
+STALE_OUTPUTS = (
+    "command.txt",
+    "report.html",
+    "plots",
+    "trace.json",
+    "token_gaps.parquet",
+    "config.json",
+)
+
+
+def _remove_stale(directory: Path, written: set[str]) -> None:
+    """Removes the ``STALE_OUTPUTS`` not in ``written`` from ``directory`` (a link is
+    removed, never what it points to; ``plots/`` as a whole, as ``tokenyard report``
+    replaces it)."""
+    import shutil
+
+    for name in STALE_OUTPUTS:
+        path = directory / name
+        if name in written:
+            continue
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        elif path.is_dir():
+            shutil.rmtree(path)
 
 
 def request_columns(raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -198,7 +254,9 @@ def summarize(
     good = (columns["ttft"] <= slo_ttft_s) & (columns["tpot"] <= slo_tpot_s)
     replicas = raw["replicas"]
     decode_pool = description.get("decode")
-    num_prefill = len(replicas["busy_time"]) - (decode_pool["num_replicas"] if decode_pool else 0)
+    num_prefill = len(replicas["busy_time"]) - (
+        decode_schedulers(decode_pool) if decode_pool else 0
+    )
     stages = np.full(len(replicas["busy_time"]), num_stages, dtype=np.float64)
     if decode_pool:
         stages[num_prefill:] = decode_pool["num_pipeline_stages"]

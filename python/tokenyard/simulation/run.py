@@ -23,6 +23,12 @@ from tokenyard.simulation.execution import (
     with_lora,
 )
 from tokenyard.simulation.execution import describe as describe_execution
+from tokenyard.simulation.hybrid_kv import (
+    group_specs,
+    max_model_len_fitting,
+    plan_hybrid,
+    resolve_hybrid,
+)
 from tokenyard.simulation.kv_offload_config import KvOffloadConfig
 from tokenyard.simulation.lora_config import slot_bytes
 from tokenyard.simulation.planner import MemoryPlan, dtype_bytes, hybrid_kv_words, plan_memory
@@ -229,30 +235,16 @@ class DecodePool:
 
 
 def decode_config(config: SimulationConfig) -> SimulationConfig:
-    """``config`` as the decode pool sees it: its replicas, device, layout, scheduler and
-    host tier (each unset one the replica's); same model and dtypes."""
+    """``config`` as the decode pool sees it: its replicas, device, layout (EP and
+    attention DP included), scheduler and host tier (each unset one the replica's); same
+    model and dtypes."""
     pool = config.cluster.decode
     if pool is None:
         raise ValueError("not a disaggregated config")
-    replica = config.replica
-
-    def either(value: Any, default: Any) -> Any:
-        return default if value is None else value
-
     return dataclasses.replace(
         config,
         cluster=dataclasses.replace(config.cluster, num_replicas=pool.num_replicas),
-        replica=dataclasses.replace(
-            replica,
-            device=either(pool.device, replica.device),
-            tensor_parallel_size=either(pool.tensor_parallel_size, replica.tensor_parallel_size),
-            num_pipeline_stages=either(pool.num_pipeline_stages, replica.num_pipeline_stages),
-            memory_margin_fraction=either(
-                pool.memory_margin_fraction, replica.memory_margin_fraction
-            ),
-            scheduler=either(pool.scheduler, replica.scheduler),
-            kv_offload=either(pool.kv_offload, replica.kv_offload),
-        ),
+        replica=pool.resolve(config.replica),
     )
 
 
@@ -275,7 +267,12 @@ def _decode_pool(config: SimulationConfig, *, prefix_caching: bool) -> DecodePoo
     except ConfigError as exc:
         # The decode pool's layout keys live under [cluster.decode], not [replica].
         field = (exc.field or "").replace("replica.", "cluster.decode.", 1)
-        raise ConfigError(f"cluster.decode: {exc}", field=field, value=exc.value) from None
+        text = str(exc)
+        if exc.field and text.startswith(exc.field):
+            text = field + text[len(exc.field) :]  # the message names the decode pool's key
+        else:
+            text = f"cluster.decode: {text}"
+        raise ConfigError(text, field=field, value=exc.value) from None
     choice = choose_execution(decode)
     predictor = build_predictor(decode, choice)
     exec_model = (
@@ -287,6 +284,8 @@ def _decode_pool(config: SimulationConfig, *, prefix_caching: bool) -> DecodePoo
     figures = disagg_config.link_figures(transfer, prefill_device, decode_device)
     _, kv_bytes = dtype_bytes(config.replica.dtype, config.replica.kv_cache_dtype)
     layout = decode.replica
+    # The core's replicas are schedulers, one per attention DP rank: a rank's KV lives
+    # on its own TP x PP GPUs, so those send and receive it (ranks placed in order).
     link = {
         "kv_bytes_per_token": disagg_config.kv_bytes_per_token(model, kv_bytes),
         "gpus_per_node": transfer.gpus_per_node,
@@ -295,7 +294,7 @@ def _decode_pool(config: SimulationConfig, *, prefix_caching: bool) -> DecodePoo
         **figures,
     }
     core = {
-        "num_replicas": pool.num_replicas,
+        "num_replicas": num_schedulers(decode),
         "num_stages": layout.num_pipeline_stages,
         "replica": replica_spec(decode, plan, prefix_caching=prefix_caching),
         "global_policy": pool.global_scheduler.policy,
@@ -309,6 +308,9 @@ def _decode_pool(config: SimulationConfig, *, prefix_caching: bool) -> DecodePoo
             "device": layout.device,
             "tensor_parallel_size": decode_tp,
             "num_pipeline_stages": layout.num_pipeline_stages,
+            "expert_parallel_size": layout.expert_parallel_size,
+            "data_parallel_size": layout.data_parallel_size,
+            "layout": layout_text(decode),
             "num_blocks": decode.replica.scheduler.num_blocks or plan.num_blocks,
             "execution": describe_execution(predictor, decode, choice),
             "link": link,
@@ -533,14 +535,18 @@ def _layer_kind_notes(config: SimulationConfig, plan: MemoryPlan) -> list[str]:
     groups = plan.groups
     notes = []
     windowed = [g for g in groups if g.window]
-    if windowed:
+    if plan.kv_cache_groups:
+        notes.append(plan.kv_groups_note)
+    elif windowed:
         limit, _ = request_limit(config)
         words = hybrid_kv_words(groups, limit, config.replica.scheduler.block_size)
         kinds = ", ".join(f"{g.mixer} (window {g.window})" for g in windowed)
         notes.append(
-            f"KV PLANNED AS vLLM --disable-hybrid-kv-cache-manager: {kinds} layers hold every "
-            f"token's KV, as full attention (the simulator's KV does not yet free blocks that "
-            f"leave a window). {words}"
+            f"KV PLANNED AS vLLM --disable-hybrid-kv-cache-manager (replica."
+            f"hybrid_kv_cache_manager {_hybrid_setting_words(config)}): {kinds} layers hold "
+            f"every token's KV, as full attention. "
+            + (f"Why: {plan.kv_groups_note}. " if plan.kv_groups_note else "")
+            + words
         )
     if plan.state_bytes_per_request:
         seqs = state_seqs(config)
@@ -550,9 +556,21 @@ def _layer_kind_notes(config: SimulationConfig, plan: MemoryPlan) -> list[str]:
             f"{plan.state_bytes_per_request:,} B per request, "
             f"{plan.reserved_state_bytes / 2**30:.2f} GiB) out of the KV memory (vLLM 0.33 "
             "instead takes a running request's state from its shared block pool, one block "
-            f"per Mamba KV group); {_state_bound_words(config, seqs)}"
+            f"per Mamba KV group"
+            + (f"; {plan.kv_groups_note}" if plan.kv_groups_note and not windowed else "")
+            + f"); {_state_bound_words(config, seqs)}"
         )
     return notes
+
+
+def _hybrid_setting_words(config: SimulationConfig) -> str:
+    setting = config.replica.hybrid_kv_cache_manager
+    if setting is not None:
+        return str(setting).lower()
+    policy = config.replica.scheduler.policy
+    if policy != "vllm_v1":
+        return f"unset; KV groups are simulated on vllm_v1 replicas only, not {policy}"
+    return "unset: vLLM 0.33's choice"
 
 
 def _state_bound_words(config: SimulationConfig, seqs: int) -> str:
@@ -581,13 +599,11 @@ def plan_for(config: SimulationConfig) -> MemoryPlan:
     model = catalog.model(config.model_name(), field="replica.model")
     tp, pp = replica.tensor_parallel_size, replica.num_pipeline_stages
     lora = replica.lora
-    return plan_memory(
-        model,
-        catalog.device(replica.device, field="replica.device"),
+    max_request_tokens = replica.scheduler.request_limit(model.name, model.context_length)[0]
+    options: dict[str, Any] = dict(
         tensor_parallel_size=replica.tensor_parallel_size,
         num_pipeline_stages=replica.num_pipeline_stages,
         memory_margin_fraction=replica.memory_margin_fraction,
-        max_request_tokens=replica.scheduler.request_limit(model.name, model.context_length)[0],
         block_size=replica.scheduler.block_size,
         weight_dtype=replica.dtype,
         kv_cache_dtype=replica.kv_cache_dtype,
@@ -595,6 +611,23 @@ def plan_for(config: SimulationConfig) -> MemoryPlan:
         quantization=quantization_for(config, model),
         expert_parallel_size=replica.expert_parallel_size,
         max_num_seqs=state_seqs(config),
+    )
+    device = catalog.device(replica.device, field="replica.device")
+    try:
+        plan = plan_memory(model, device, max_request_tokens=max_request_tokens, **options)
+    except ConfigError as exc:
+        # No room for one request with every layer full attention: the hybrid groups hold
+        # less per request, so they decide (plan_hybrid refuses if it does not fit either).
+        if exc.field != "replica.device":
+            raise
+        plan = plan_memory(model, device, max_request_tokens=1, **options)
+        if not resolve_hybrid(config, plan.groups)[0]:
+            raise
+    return plan_hybrid(
+        config,
+        plan,
+        max_request_tokens=max_request_tokens,
+        block_size=replica.scheduler.block_size,
     )
 
 
@@ -633,6 +666,13 @@ def replica_spec(
         return _core.ReplicaSpec.plugin(s.plugin.block_size)
     if section == "vllm_v1":
         c = s.vllm_v1
+        if plan.kv_cache_groups:
+            hybrid = _hybrid_scheduler(config, plan, num_blocks)
+            return _core.ReplicaSpec.vllm_v1(
+                dataclasses.replace(
+                    hybrid, enable_prefix_caching=c.enable_prefix_caching and prefix_caching
+                )
+            )
         return _core.ReplicaSpec.vllm_v1(
             dataclasses.replace(
                 c,
@@ -681,6 +721,29 @@ def replica_spec(
         max_tokens_in_batch=v.max_tokens_in_batch,
         chunk_size=v.chunk_size,
         max_waiting_iters=v.max_waiting_iters,
+    )
+
+
+def _hybrid_scheduler(config: SimulationConfig, plan: MemoryPlan, num_blocks: int) -> Any:
+    """The ``vllm_v1`` section with vLLM's hybrid KV cache groups (``hybrid_kv``): the
+    longest request is the longest whose blocks over every group fit."""
+    c = config.replica.scheduler.vllm_v1
+    fitting = max_model_len_fitting(
+        plan.kv_cache_groups,
+        num_blocks - c.reserve_null_block,
+        c.block_size,
+        c.max_num_batched_tokens,
+    )
+    return dataclasses.replace(
+        c,
+        num_blocks=num_blocks,
+        max_loras=config.replica.lora.max_loras if config.replica.lora else 0,
+        # A drafter's lookahead slots go beyond the longest request.
+        max_model_len=min(
+            request_limit(config)[0],
+            fitting - config.replica.speculative.num_lookahead_tokens(),
+        ),
+        kv_groups=group_specs(plan.kv_cache_groups),
     )
 
 

@@ -48,11 +48,11 @@ from tokenyard.catalog import DeviceSpec, ModelSpec
 from tokenyard.catalog.quant import Quantization
 from tokenyard.predictor import grids
 from tokenyard.predictor.calibration import Calibration, builtin_calibration, fit_calibration
-from tokenyard.predictor.compiled import CompiledOp, CompiledPredictor, TableCost
+from tokenyard.predictor.compiled import FEATURES, CompiledOp, CompiledPredictor, Cost, TableCost
 from tokenyard.predictor.measured import lookup
 from tokenyard.predictor.measured.attention import attention_ops
 from tokenyard.predictor.measured.data import MeasuredSource
-from tokenyard.predictor.measured.gemm import pick_gemms
+from tokenyard.predictor.measured.gemm import KEPT_MODULES, modules_unquantized, pick_gemms
 from tokenyard.predictor.measured.linear import linear_ops
 from tokenyard.predictor.measured.lookup import (
     TABLE_DTYPES,
@@ -64,7 +64,12 @@ from tokenyard.predictor.measured.lookup import (
     shapes,
 )
 from tokenyard.predictor.measured.mla import MLA_MODULE_OPS, mla_ops
-from tokenyard.predictor.measured.moe import a2a_ops, moe_op, overlap_shared_experts
+from tokenyard.predictor.measured.moe import (
+    SHARED_BRANCH_OPS,
+    a2a_ops,
+    moe_op,
+    overlap_shared_experts,
+)
 from tokenyard.predictor.measured.ops import CollectiveTimes, NotMeasured
 from tokenyard.predictor.roofline import CpuOverheads, roofline_predictor
 
@@ -85,15 +90,28 @@ def _measured_ops(
     quantization: Quantization | None = None,
     ep: int = 1,
     dp: int = 1,
+    device: DeviceSpec | None = None,
+    branch: dict[str, Cost] | None = None,
 ) -> tuple[dict[str, Entry], dict[str, str]]:
     """Operation name -> (table, source label, reason it is absent); ``None`` tables keep
-    the roofline. Also which kernel family priced what (``gemm``, ``moe``, ``lm_head``)."""
+    the roofline. Also which kernel family priced what (``gemm``, ``moe``, ``lm_head``).
+    ``branch``: the roofline's costs of the shared branch's unmeasured kernels
+    (``moe.SHARED_BRANCH_OPS``), hidden with the shared GEMMs where vLLM overlaps them."""
     gemm, edge, moe_dtype, kernels = pick_gemms(source, model, weight_dtype, quantization)
     label = f"measured:gemm ({source.folders['gemm'].name})"
     out: dict[str, Entry] = {
         "lm_head": (gemm_table(edge, s.vocab, s.h, "num_requests"), label, ""),
     }
+    # What the checkpoint keeps 16-bit (ModelOpt exclude_modules), priced at the 16-bit
+    # rows as vLLM builds those linears unquantized (gemm.modules_unquantized). MLA's
+    # module says so in its own words (below); the other linears switch rows only where
+    # the layers' family is not the 16-bit one already.
+    kept = [m for m in KEPT_MODULES if modules_unquantized(quantization, model, m)]
+    kept16 = [m for m in kept if m != "mla"] if edge is not gemm else []
+    if kept16:
+        kernels["kept"] = f"{', '.join(m.replace('_', ' ') for m in kept16)} 16-bit"
     if model.mla is None:
+        attention_gemm = edge if "attention" in kept16 else gemm
         for mixer in dict.fromkeys(model.mixers()):
             if mixer not in ("gqa", "sliding", "chunked"):
                 continue
@@ -102,9 +120,9 @@ def _measured_ops(
             m = dataclasses.replace(s, kv_heads=math.ceil(kv_heads / tp), head_dim=head_dim)
             gate = m.q if model.attention_output_gate else 0
             kv_proj = m.kv if mixer == "gqa" and model.attention_k_eq_v else 2 * m.kv
-            qkv = gemm_table(gemm, m.q + gate + kv_proj, m.h, "num_tokens")
+            qkv = gemm_table(attention_gemm, m.q + gate + kv_proj, m.h, "num_tokens")
             out[f"{prefix}qkv_proj"] = (qkv, label, "")
-            o_proj = gemm_table(gemm, m.h, m.q, "num_tokens", quantized_input=True)
+            o_proj = gemm_table(attention_gemm, m.h, m.q, "num_tokens", quantized_input=True)
             out[f"{prefix}o_proj"] = (o_proj, label, "")
             window = model.window_of(mixer)
             ops = attention_ops(source, m, kv_dtype, window, mixer == "chunked")
@@ -114,8 +132,14 @@ def _measured_ops(
     else:
         # The module rows of the layers' own GEMM family: replica.dtype's, or the
         # checkpoint's scheme (a family the module tables lack prices the projections from
-        # the GEMM rows, with the reason).
-        mla, kernels["mla"] = mla_ops(source, model, tp, kv_dtype, kernels["gemm"], gemm, label)
+        # the GEMM rows, with the reason); 16-bit where the checkpoint keeps the
+        # projections so (ModelOpt NVFP4 DeepSeek: exclude_modules), as vLLM runs them.
+        module_gemm, module_rows = kernels["gemm"], gemm
+        if "mla" in kept:
+            module_gemm, module_rows = kernels["lm_head"], edge
+        mla, kernels["mla"] = mla_ops(source, model, tp, kv_dtype, module_gemm, module_rows, label)
+        if "mla" in kept:
+            kernels["mla"] += " (projections 16-bit in the checkpoint)"
         out.update(mla)
     for kind in model.layer_kinds():
         if kind.ffn == "dense":
@@ -131,12 +155,12 @@ def _measured_ops(
         if model.num_shared_experts:
             # Their own width (Gemma 4's dense MLP, Nemotron-H's non-gated one). Under vLLM
             # 0.33's sequence-parallel MoE (EP with TP > 1 and DP > 1) they are whole on
-            # every GPU, each running its 1/TP of the layer's tokens
-            # (ModelSpec.sequence_parallel_shared_experts).
-            sp = tp if ep > 1 and dp > 1 and model.sequence_parallel_shared_experts else 1
+            # every GPU, each running its 1/TP of the layer's tokens.
+            sp = model.shared_experts_sequence_parallel(tp, ep, dp)
             i = model.shared_intermediate // (tp // sp)
-            up = gemm_table(gemm, (2 if model.gated_ffn else 1) * i, s.h, "num_tokens")
-            down = gemm_table(gemm, s.h, i, "num_tokens", quantized_input=True)
+            shared = edge if "shared_experts" in kept16 else gemm
+            up = gemm_table(shared, (2 if model.gated_ffn else 1) * i, s.h, "num_tokens")
+            down = gemm_table(shared, s.h, i, "num_tokens", quantized_input=True)
             for op, table in (("shared_gate_up_proj", up), ("shared_down_proj", down)):
                 xs = tuple(x * sp for x in table.xs)  # the layer's tokens, 1/sp per GPU
                 out[op] = (dataclasses.replace(table, xs=xs), label, "")
@@ -145,16 +169,29 @@ def _measured_ops(
     if tp > 1:
         out["all_reduce"] = out["embedding_all_reduce"] = _all_reduce_op(source, s, tp)
     if model.linear is not None:
-        linear, kernels[model.linear.kind] = linear_ops(source, model, tp, gemm, label)
+        linear_gemm = edge if "linear_attention" in kept16 else gemm
+        linear, kernels[model.linear.kind] = linear_ops(source, model, tp, linear_gemm, label)
         out.update(linear)
     if dp > 1 and model.num_moe_layers:
-        a2a, kernels["a2a"] = a2a_ops(source, model, tp, ep)
+        a2a, kernels["a2a"] = a2a_ops(source, model, tp, ep, device)
         out.update(a2a)
-    if model.num_shared_experts:
+    if model.num_shared_experts and model.shared_experts_overlap:
+        for op, cost in (branch or {}).items():  # the calibrated gate, hidden with its branch
+            out[op] = (_tabulated(cost), "calibrated", "")
         overlap = overlap_shared_experts(out)
         if overlap:
             kernels["shared"] = overlap
+    elif model.num_shared_experts:  # Gemma 4's dense MLP: before the experts, in full
+        kernels["shared"] = "dense MLP before the experts (not overlapped)"
     return out, kernels
+
+
+def _tabulated(cost: Cost) -> TableCost:
+    """A one-feature (``num_tokens``) cost as a table on the token grid."""
+    if isinstance(cost, TableCost):
+        return cost
+    base = dict.fromkeys(FEATURES, 0.0) | {"one": 1.0}
+    return grids.token_table("num_tokens", lambda t: cost.time(base | {"num_tokens": t}), 2.0**17)
 
 
 def _all_reduce_op(source: MeasuredSource, s: Shapes, tp: int) -> Entry:
@@ -204,6 +241,8 @@ def _kernels_text(kernels: dict[str, str], quantization: Quantization | None) ->
             text += f", {mixer} attention {kernels[f'{mixer}_attention']}"
     if quantization is not None:
         text += f"; {quantization.scheme} from {quantization.source}"
+        if "kept" in kernels:
+            text += f" ({kernels['kept']} in the checkpoint, {kernels['lm_head']} rows)"
         if "gemm_note" in kernels:
             text += f"; {kernels['gemm_note']}"
     elif kernels["gemm"] == "fp8":
@@ -273,6 +312,8 @@ def measured_predictor(
         quantization,
         expert_parallel_size,
         data_parallel_size,
+        device,
+        {op.name: op.cost for op in base.ops if op.name in SHARED_BRANCH_OPS},
     )
     ops: list[CompiledOp] = []
     notes: dict[str, str] = {}
@@ -304,6 +345,8 @@ def measured_predictor(
     }
     if kernels.get("a2a") == "calibrated":
         description["a2a"] = f"{base.description['a2a']}; not measured: {notes['moe_dispatch']}"
+    elif "a2a" in kernels and kernels["a2a"].startswith("roofline"):  # over the network
+        description["a2a"] = kernels["a2a"]
     elif "a2a" in kernels:
         description["a2a"] = f"measured: {kernels['a2a']}"
     if "gemm_why" in kernels:

@@ -4,6 +4,8 @@ activations as the ``fp8`` rows less the ``quantize`` tables' costs."""
 
 from __future__ import annotations
 
+import fnmatch
+import re
 from pathlib import Path
 
 from tokenyard.catalog import ModelSpec
@@ -105,3 +107,70 @@ def _static_fp8(
             return StaticFp8GemmTimes(gemm, compute_scale, scale_matrix), note, ""
     note = "static fp8 activations priced at the dynamic fp8 rows"
     return gemm, note, f"static FP8 activations priced as dynamic: {why}"
+
+
+#: The MLA projections a checkpoint may keep 16-bit (NVIDIA's ModelOpt NVFP4 DeepSeek and
+#: Kimi releases list them in ``exclude_modules``; vLLM then builds them unquantized).
+MLA_PROJECTIONS = ("q_a_proj", "kv_a_proj_with_mqa", "q_b_proj", "kv_b_proj")
+#: Modules a ModelOpt checkpoint may keep 16-bit (``exclude_modules``), each a kind of
+#: layer and the linears vLLM builds there (leaf names under a decoder layer; a pattern
+#: must cover all of one entry's leaves). MLA's module is priced whole, so any one of its
+#: projections kept 16-bit counts (DeepSeek-V3.1-NVFP4 names each of them per layer).
+KEPT_MODULES: dict[str, tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]] = {
+    "attention": (
+        ("gqa", "sliding", "chunked"),
+        (("self_attn.qkv_proj", "self_attn.o_proj"), ("self_attn.q_proj", "self_attn.o_proj")),
+    ),
+    "shared_experts": (
+        ("moe",),
+        (
+            ("mlp.shared_expert.gate_up_proj", "mlp.shared_expert.down_proj"),
+            ("mlp.shared_experts.gate_up_proj", "mlp.shared_experts.down_proj"),
+            ("mlp.shared_expert.up_proj", "mlp.shared_expert.down_proj"),
+            ("mlp.gate_up_proj", "mlp.down_proj"),  # Gemma 4's dense MLP beside the experts
+        ),
+    ),
+    "linear_attention": (
+        ("gdn",),
+        (("linear_attn.in_proj_qkvz", "linear_attn.out_proj"),),
+    ),
+    "mla": (("mla",), tuple((f"self_attn.{p}",) for p in MLA_PROJECTIONS)),
+}
+
+_LAYER = re.compile(r"^(.*?layers\.)(\d+)\.")
+
+
+def modules_unquantized(quantization: Quantization | None, model: ModelSpec, module: str) -> bool:
+    """Whether ``quantization``'s ``exclude_modules`` keep ``module`` (a ``KEPT_MODULES``
+    key) 16-bit in at least half the layers that have it, as vLLM 0.33 then builds those
+    linears unquantized (``modelopt.py``, ``ModelOptQuantConfigBase.is_layer_excluded``:
+    the list is wildcards over the module's prefix). Patterns are matched with
+    ``fnmatch`` against each layer's names under the pattern's own prefix
+    (``model.language_model.layers.``, ``language_model.model.layers.``, ...), or
+    ``model.layers.`` for a pattern naming no layer (``*.mlp.shared_expert.*``).
+
+    Qwen3.5-*-NVFP4 keep ``self_attn*``, ``linear_attn*`` and ``shared_expert*`` of every
+    layer; Kimi-K2.6-NVFP4 ``self_attn*`` and ``shared_experts*``; MiniMax-M2.x-NVFP4
+    ``self_attn*``; DeepSeek-V3.1-NVFP4 each MLA projection of every layer."""
+    if quantization is None or not quantization.unquantized_modules:
+        return False
+    kinds, entries = KEPT_MODULES[module]
+    mixers, ffns = model.mixers(), model.ffns()
+    kind_of = ffns if module == "shared_experts" else mixers
+    layers = [i for i, kind in enumerate(kind_of) if kind in kinds]
+    if module == "shared_experts" and not model.num_shared_experts:
+        return False
+    if not layers:
+        return False
+    kept = 0
+    for i in layers:
+        for pattern in quantization.unquantized_modules:
+            found = _LAYER.match(pattern)
+            prefix = found.group(1) if found else "model.layers."
+            if any(
+                all(fnmatch.fnmatchcase(f"{prefix}{i}.{leaf}", pattern) for leaf in leaves)
+                for leaves in entries
+            ):
+                kept += 1
+                break
+    return 2 * kept >= len(layers)

@@ -125,6 +125,7 @@ def linear_ops(
         rows = read(source, folder / table)
     version = folder.name if folder is not None else ""
     measured = []
+    timed: dict[str, LinearMixerTimes] = {}
     for op, (phase, conv) in _LINEAR_KERNELS.items():
         name = f"{kind}_{op}"
         times, reason, kernel = None, why, ""
@@ -151,14 +152,39 @@ def linear_ops(
             out[name] = (None, "calibrated", f"{name} by the calibrated roofline: {reason}")
             continue
         measured.append(op)
+        timed[op] = times
         label = f"measured:{kind}_perf {kernel} ({version})"
         if phase == "context":  # a chunk after cached tokens resumes from the state
             seconds = functools.partial(_linear_prefill, times)
             out[name] = (grids.prefill_attention_table(seconds), label, "")
         else:
             out[name] = (grids.token_table("num_decode_tokens", times, 2.0**17), label, "")
+    if kind == "gdn" and "conv_prefill" in timed and "conv_decode" in timed:
+        mixed = _one_varlen_conv(timed["conv_prefill"], timed["conv_decode"])
+        out[f"{kind}_conv_decode"] = (mixed, out[f"{kind}_conv_decode"][1], "")
     if not measured:
         return out, "calibrated roofline"
     if len(measured) == len(_LINEAR_KERNELS):
         return out, f"measured:{kind}_perf (conv, scan; {version})"
     return out, f"measured:{kind}_perf {', '.join(measured)} ({version}), the rest calibrated"
+
+
+def _one_varlen_conv(prefill: LinearMixerTimes, decode: LinearMixerTimes) -> TableCost:
+    """The decodes' causal conv by (decode tokens, prefill tokens). vLLM 0.33's GDN layer
+    (``layers/mamba/gdn/qwen_gdn_linear_attn.py``, ``_forward_core``) runs a step with a
+    prefill as one varlen ``causal_conv1d_fn`` over every non-speculative token, the
+    decodes' one-token sequences included (``causal_conv1d_update`` only in decode-only
+    steps; the recurrence is split, ``split_non_spec``). So the decodes add, beside a
+    prefill, what ``D`` more tokens add to that conv: the context rows at ``P + D``
+    tokens less those at ``P`` (one sequence's shape: the rows measure no mix of prompts
+    and one-token sequences; a depthwise conv's cost follows its tokens); alone, the
+    ``causal_conv1d_update`` rows. The gate stays ``num_decode_tokens``, the prefill's
+    own conv ``gdn_conv_prefill``. (Mamba2's mixer runs the two kernels separately.)"""
+    ds = grids.geometric(2.0**17)
+    ps = (0.0, *grids.geometric(2.0**20))
+    values = tuple(
+        decode(d) if p == 0.0 else max(0.0, prefill(1.0, p + d) - prefill(1.0, p))
+        for d in ds
+        for p in ps
+    )
+    return TableCost(x="num_decode_tokens", xs=ds, values=values, y="num_prefill_tokens", ys=ps)

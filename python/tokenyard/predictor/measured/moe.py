@@ -4,9 +4,10 @@ combined tokens of the DP ranks) and, under attention DP, the expert all-to-all 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
-from tokenyard.catalog import ModelSpec
+from tokenyard.catalog import DeviceSpec, ModelSpec
 from tokenyard.errors import ConfigError
 from tokenyard.predictor import grids
 from tokenyard.predictor.compiled import TableCost
@@ -14,7 +15,7 @@ from tokenyard.predictor.measured.data import MeasuredSource
 from tokenyard.predictor.measured.lookup import Entry, present, read
 from tokenyard.predictor.measured.ops import A2aTimes, MoeShape, MoeTimes, NotMeasured
 from tokenyard.predictor.measured.wide_ep import WideEp, wide_ep
-from tokenyard.predictor.roofline import A2A_OPS
+from tokenyard.predictor.roofline_moe import A2A_OPS, network_a2a_seconds
 
 
 def moe_op(
@@ -64,31 +65,39 @@ def moe_op(
 #: high throughput (prefill), as vLLM's ``--all2all-backend deepep_low_latency`` /
 #: ``deepep_high_throughput`` and SGLang's ``--deepep-mode`` name them.
 A2A_BACKENDS = ("deepep_ll", "deepep_ht")
-#: GPUs per node for the tables' ``node_num`` (HGX and DGX nodes: 8).
+#: GPUs per node for the tables' ``node_num`` where the device does not say
+#: (``DeviceSpec.nvlink_domain``: 8 on HGX and DGX nodes, 72 on GB200/GB300 NVL72).
 GPUS_PER_NODE = 8
 
 
 def a2a_ops(
-    source: MeasuredSource, model: ModelSpec, tp: int, ep: int
+    source: MeasuredSource,
+    model: ModelSpec,
+    tp: int,
+    ep: int,
+    device: DeviceSpec | None = None,
 ) -> tuple[dict[str, Entry], str]:
     """The expert all-to-all under attention DP (``moe_dispatch``, ``moe_combine``) from
-    the framework's ``comm/moe_a2a_perf`` table, at ``ep_size = EP`` over ``ceil(EP / 8)``
-    nodes and the model's hidden size, top-k and expert count, by the tokens each GPU
-    sends (the DP rank's tokens / TP, as aiconfigurator keys it). A step of at most as
-    many tokens per GPU as the low-latency kernels are measured at (decode-sized steps)
-    takes ``deepep_ll``, a larger one (prefill chunks) ``deepep_ht``; with one mode
-    measured, that one. Missing rows keep the calibrated roofline, with the reason. Also
-    the banner's words."""
+    the framework's ``comm/moe_a2a_perf`` table, at ``ep_size = EP`` over
+    ``ceil(EP / nvlink_domain)`` nodes and the model's hidden size, top-k and expert
+    count, by the tokens each GPU sends (the DP rank's tokens / TP, as aiconfigurator keys
+    it). A step of at most as many tokens per GPU as the low-latency kernels are measured
+    at (decode-sized steps) takes ``deepep_ll``, a larger one (prefill chunks)
+    ``deepep_ht``; with one mode measured, that one. Rows missing over several nodes:
+    DeepEP's inter-node tables (``wide_ep.py``); else the calibrated roofline, with the
+    reason. Also the banner's words."""
     path = source.folders.get("comm", Path()) / "moe_a2a_perf.parquet"
-    nodes = -(-ep // GPUS_PER_NODE)
+    domain = device.nvlink_domain if device is not None else GPUS_PER_NODE
+    nodes = -(-ep // domain)  # an NVL72 rack is one node of 72
     if "comm" not in source.folders or not present(path):
         why = f"no moe_a2a_perf table for {source.system}/{source.framework} {source.version}"
-        return _wide_or_calibrated(source, model, tp, nodes, why)
+        return _wide_or_calibrated(source, model, tp, ep, nodes, device, why)
     rows = read(source, path)
     out: dict[str, Entry] = {}
     used: set[str] = set()
     whys = []
     lows: list[float] = []
+    ll_ops: set[str] = set()
     for op in A2A_OPS:
         phase = op.removeprefix("moe_")
         modes = {}
@@ -113,6 +122,7 @@ def a2a_ops(
         low, high = modes.get("deepep_ll"), modes.get("deepep_ht")
         if low is not None:
             lows.append(low.max_tokens)
+            ll_ops.add(op)
 
         def seconds(
             tokens: float, low: A2aTimes | None = low, high: A2aTimes | None = high
@@ -125,19 +135,31 @@ def a2a_ops(
         table = grids.token_table("num_tokens", seconds, 2.0**17)
         out[op] = (table, f"measured:moe_a2a ({path.parent.name})", "")
     if not used:
-        return _wide_or_calibrated(source, model, tp, nodes, whys[-1])
+        return _wide_or_calibrated(source, model, tp, ep, nodes, device, whys[-1])
     limit = ""
     if len(used) == 2:  # the low-latency limit of a phase that measures it
         limit = f" up to {max(lows):g} tokens per GPU, deepep_ht above"
+        if len(lows) < len(A2A_OPS):  # a phase without low-latency rows: said
+            ll_phases = sorted(op for op in out if out[op][0] is not None and op in ll_ops)
+            only = " and ".join(op.removeprefix("moe_") for op in ll_phases)
+            limit = f" ({only} only){limit}"
     first = "deepep_ll" if "deepep_ll" in used else "deepep_ht"
     return out, f"{first}{limit} (EP {ep}, moe_a2a {path.parent.name})"
 
 
 def _wide_or_calibrated(
-    source: MeasuredSource, model: ModelSpec, tp: int, nodes: int, why: str
+    source: MeasuredSource,
+    model: ModelSpec,
+    tp: int,
+    ep: int,
+    nodes: int,
+    device: DeviceSpec | None,
+    why: str,
 ) -> tuple[dict[str, Entry], str]:
-    """An EP group over several nodes that the framework's table lacks: DeepEP's
-    inter-node tables (``wide_ep.py``), else the calibrated roofline with both reasons."""
+    """An EP group over several ``nodes`` that the framework's table lacks: DeepEP's
+    inter-node tables (``wide_ep.py``), else its off-node share over the device's network
+    (``roofline_moe.network_a2a_seconds``) where the catalog knows the NIC, else the
+    calibrated roofline (which prices the link as NVLink) with the reasons."""
     if nodes > 1:
         wide, why_wide = wide_ep(source, model, nodes)
         if wide is not None:
@@ -152,34 +174,69 @@ def _wide_or_calibrated(
                 out[op] = (grids.token_table("num_tokens", seconds, 2.0**17), label, "")
             return out, wide.words
         why = f"{why}; {why_wide}"
+        seconds_of = network_a2a_seconds(model, device, tp, ep) if device is not None else None
+        if device is not None and seconds_of is not None:
+            table = grids.token_table("num_tokens", seconds_of, 2.0**17)
+            label = "roofline:network"
+            domain = device.nvlink_domain
+            words = (
+                f"roofline over the network ({1 - domain / ep:.0%} of each GPU's tokens x "
+                f"hidden x top-k leaving the {domain}-GPU NVLink domain at "
+                f"{device.network_gbps:g} GB/s) ({why})"
+            )
+            return {op: (table, label, "") for op in A2A_OPS}, words
     return {op: (None, "calibrated", why) for op in A2A_OPS}, "calibrated"
 
 
 #: vLLM 0.33 runs a MoE layer's shared experts on an auxiliary CUDA stream beside the
-#: routed path (router, dispatch, experts, combine) when the layer sees at most this many
-#: tokens (``fused_moe/runner/shared_experts.py``, ``_determine_shared_experts_order``:
+#: routed path (router, experts) when the layer sees at most this many tokens
+#: (``fused_moe/runner/shared_experts.py``, ``_determine_shared_experts_order``:
 #: ``VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD``, 256 by default); above it they run after.
 SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD = 256
 #: The routed path's operations and the shared experts' measured GEMMs.
-ROUTED_OPS = ("router", "moe_experts", "moe_dispatch", "moe_combine")
+ROUTED_OPS = ("router", "moe_experts")
 SHARED_OPS = ("shared_gate_up_proj", "shared_down_proj")
+#: The shared branch's other kernels, the calibrated roofline's: the activation between
+#: its GEMMs and, where the model has it, Qwen's sigmoid gate
+#: (``roofline_moe._shared_gate_and_merge``), all inside the branch, so hidden with it. The
+#: merge after the join (``shared_merge``) is never hidden.
+SHARED_BRANCH_OPS = ("shared_act", "shared_expert_gate", "shared_gate_mul")
 
 
 def overlap_shared_experts(out: dict[str, Entry]) -> str:
-    """Price the shared experts as vLLM overlaps them: at up to
-    ``SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD`` tokens a layer costs the longer of the routed
-    path and the shared one, so each shared GEMM keeps only its share of what the shared
-    path adds beyond the routed one; above it, both in full. Rewrites ``out``'s shared
-    GEMM entries in place where they and the experts are measured; returns the banner's
-    words ("" where nothing was rewritten)."""
+    """Price the shared experts as vLLM overlaps them, rewriting ``out``'s shared GEMM
+    entries in place so that each keeps only its share of what the shared path outlasts
+    the path beside it by; returns the banner's words ("" where nothing was rewritten).
+
+    - Without an all-to-all: beside the router and the experts, at up to
+      ``SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD`` tokens (the auxiliary stream); above it,
+      in full.
+    - With DeepEP's all-to-all (attention DP): vLLM's modular kernel overlaps them itself
+      (``MK_INTERNAL_OVERLAPPED``, chosen first: DeepEP's prepare/finalize
+      ``supports_async``), running them while the combine is in flight
+      (``modular_kernel.py``, ``finalize_async`` then ``_maybe_apply_shared_experts``): beside
+      ``moe_combine`` only, at every token count. An all-to-all the tables do not measure
+      leaves them in full.
+    """
     tables = [t for op in SHARED_OPS if op in out and (t := out[op][0]) is not None]
-    routed = [t for op in ROUTED_OPS if op in out and (t := out[op][0]) is not None]
     if len(tables) < len(SHARED_OPS) or "moe_experts" not in out or out["moe_experts"][0] is None:
         return ""
-    if any(t.x != "num_tokens" or t.y is not None for t in (*tables, *routed)):
+    branch = [op for op in SHARED_BRANCH_OPS if op in out and out[op][0] is not None]
+    names = (*SHARED_OPS, *branch)
+    tables += [t for op in branch if (t := out[op][0]) is not None]
+    if "moe_combine" in out:
+        combine = out["moe_combine"][0]
+        if combine is None:
+            return ""
+        beside, limit = [combine], math.inf
+        words = "shared experts beside the all-to-all's combine"
+    else:
+        beside = [t for op in ROUTED_OPS if op in out and (t := out[op][0]) is not None]
+        limit = float(SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD)
+        words = f"shared experts beside the routed ones up to {limit:g} tokens"
+    if any(t.x != "num_tokens" or t.y is not None for t in (*tables, *beside)):
         return ""
-    limit = float(SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD)
-    xs = sorted({x for t in tables for x in t.xs} | {limit, limit + 1.0})
+    xs = sorted({x for t in tables for x in t.xs} | ({limit, limit + 1.0} - {math.inf}))
 
     def at(table: TableCost, tokens: float) -> float:
         return float(table.time({"num_tokens": tokens}))
@@ -188,12 +245,11 @@ def overlap_shared_experts(out: dict[str, Entry]) -> str:
         if tokens > limit:
             return 1.0
         s = sum(at(t, tokens) for t in tables)
-        r = sum(at(t, tokens) for t in routed)
+        r = sum(at(t, tokens) for t in beside)
         return max(0.0, s - r) / s if s > 0 else 1.0
 
-    for op, table in zip(SHARED_OPS, tables, strict=True):
+    for op, table in zip(names, tables, strict=True):
         values = tuple(at(table, x) * factor(x) for x in xs)
         label = out[op][1]
         out[op] = (TableCost(x="num_tokens", xs=tuple(xs), values=values), label, "")
-    limit_words = SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD
-    return f"shared experts beside the routed ones up to {limit_words} tokens"
+    return words

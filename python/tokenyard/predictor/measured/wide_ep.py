@@ -6,7 +6,7 @@ The framework's own ``moe_a2a`` table measures one node (vLLM 0.24.0: EP 8, ``no
 ``deepep_low_latency`` / ``deepep_high_throughput`` all2all backends and SGLang's
 ``--deepep-mode`` run the same ``Buffer.low_latency_dispatch`` / ``Buffer.dispatch``), so
 across nodes tokenyard prices them from the tables aiconfigurator-core collected under
-SGLang, which measure 2, 4 and 8 nodes (H200, SGLang 0.5.6.post2), and says so.
+SGLang, which measure 2, 4 and 8 nodes (H100 and H200, SGLang 0.5.6.post2), and says so.
 
 Schemas (one row per tokens-per-GPU count, ``num_token``; times in microseconds):
 
@@ -35,9 +35,10 @@ from tokenyard.predictor.measured.data import MeasuredSource, _version_key, _ver
 from tokenyard.predictor.measured.interpolate import Curve
 from tokenyard.predictor.measured.tables import table_error
 
-#: vLLM's DeepEP high-throughput kernels run on 20 SMs (``device_communicators/
-#: all2all.py``, ``DeepEPHTAll2AllManager``: ``self.num_sms = 20``); vLLM 0.24.0's own
-#: ``moe_a2a`` rows record ``sms = 20`` too.
+#: vLLM 0.33's DeepEP high-throughput kernels run on 20 SMs (``device_communicators/
+#: all2all.py``, ``DeepEPAll2AllManagerBase``: ``self.num_sms = 20``, which
+#: ``DeepEPHTAll2AllManager`` passes to DeepEP); vLLM 0.24.0's own ``moe_a2a`` rows record
+#: ``sms = 20`` too.
 WIDE_EP_SMS = 20
 #: Where the inter-node tables live: DeepEP collected under this framework.
 WIDE_EP_FRAMEWORK = "sglang"

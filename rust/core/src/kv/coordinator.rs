@@ -50,6 +50,14 @@ pub struct GroupedComputedBlocks {
     block_hashes: Vec<BlockHash>,
 }
 
+impl GroupedComputedBlocks {
+    /// The hashes this lookup computed, for the request's next lookup
+    /// ([`KvCoordinator::get_computed_blocks_from`]).
+    pub(crate) fn into_block_hashes(self) -> Vec<BlockHash> {
+        self.block_hashes
+    }
+}
+
 #[derive(Debug, Clone)]
 struct CoordinatedRequest {
     /// Token ids, hashes and computed count (its `block_ids` stay empty).
@@ -194,6 +202,18 @@ impl<R: RequestKey> KvCoordinator<R> {
         token_ids: &[TokenId],
         extra_key: Option<u64>,
     ) -> GroupedComputedBlocks {
+        self.get_computed_blocks_from(token_ids, extra_key, Vec::new())
+    }
+
+    /// [`Self::get_computed_blocks`], given `known`: the hashes of the first full blocks of
+    /// these token ids under this extra key (an earlier lookup's, or the caller's), which
+    /// are not recomputed (as `BlockPool::get_computed_blocks_from`).
+    pub(crate) fn get_computed_blocks_from(
+        &mut self,
+        token_ids: &[TokenId],
+        extra_key: Option<u64>,
+        known: Vec<BlockHash>,
+    ) -> GroupedComputedBlocks {
         let num_groups = self.groups.len();
         let mut hit = GroupedComputedBlocks {
             block_ids: vec![Vec::new(); num_groups],
@@ -208,8 +228,11 @@ impl<R: RequestKey> KvCoordinator<R> {
         }
         let bs = self.block_size;
         let max_length = token_ids.len().saturating_sub(1);
-        let mut hashes: Vec<BlockHash> = Vec::with_capacity(max_length / bs);
-        for block in token_ids[..max_length / bs * bs].chunks_exact(bs) {
+        let mut hashes = known;
+        hashes.truncate(max_length / bs);
+        hashes.reserve_exact(max_length / bs - hashes.len());
+        let first = hashes.len();
+        for block in token_ids[first * bs..max_length / bs * bs].chunks_exact(bs) {
             hashes.push(hash_block(hashes.last().copied(), block, extra_key));
         }
         let simple_hybrid =
@@ -415,6 +438,37 @@ impl<R: RequestKey> KvCoordinator<R> {
         }
         request.tokens.num_computed_tokens -= num_tokens;
         Ok(())
+    }
+
+    /// What the request's next allocation, at `num_computed_tokens` computed tokens, drops
+    /// from its groups (`remove_skipped_blocks`): the blocks it drops, and of those the ones
+    /// surely returned to the free queue, which it holds alone. A block another request
+    /// also holds is not counted as returned (it is only if that one let it go first), so
+    /// the second count may fall short, never over. `(0, 0)` for an unknown request.
+    pub fn num_skipped_blocks(&self, request_id: &R, num_computed_tokens: usize) -> (usize, usize) {
+        let Some(request) = self.requests.get(request_id) else {
+            return (0, 0);
+        };
+        let (mut dropped, mut freed) = (0, 0);
+        for (spec, table) in self.groups.iter().zip(&request.tables) {
+            let num_skipped = spec.num_skipped_tokens(num_computed_tokens) / self.block_size;
+            let end = num_skipped.min(table.len());
+            for &b in table[..end].iter().rev().take_while(|&&b| b != NULL_BLOCK) {
+                dropped += 1;
+                freed += usize::from(self.blocks[b as usize].ref_cnt == 1);
+            }
+        }
+        (dropped, freed)
+    }
+
+    /// New blocks an allocation up to `num_slots` token slots adds to the tables of a
+    /// request that holds blocks, over its groups (after `remove_skipped_blocks`, which
+    /// never shortens a table); 0 for an unknown request.
+    pub fn num_new_blocks(&self, request_id: &R, num_slots: usize) -> usize {
+        if !self.requests.contains_key(request_id) {
+            return 0;
+        }
+        self.num_blocks_to_allocate(request_id, num_slots, 0, None, None)
     }
 
     /// vLLM 0.33's full-sequence admission gate (`allocate_slots` with

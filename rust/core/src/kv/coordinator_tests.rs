@@ -280,3 +280,31 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn the_full_sequence_gate_caps_a_window_group_at_its_admission_blocks() {
+    // 17 blocks of 4 (16 usable). A 40-token request needs 10 full-attention blocks; its
+    // window-8 group, with 4 tokens in flight, is capped at ceil((8 - 1 + 4) / 4) + 1 = 4:
+    // 14 blocks fit, where uncapped it would need 20.
+    let coord = KvCoordinator::<u64>::new(vec![FULL, window(8)], 17, 4, false).unwrap();
+    assert!(coord.full_sequence_fits(&1, 40, None, 4));
+    assert_eq!(window(8).max_admission_blocks(4, 4), Some(4));
+    // 56 tokens: 14 + 4 = 18 > 16.
+    assert!(!coord.full_sequence_fits(&1, 56, None, 4));
+}
+
+#[test]
+fn rewinding_stops_at_cached_blocks_and_a_reset_needs_no_holders() {
+    let mut coord = window_8_after_one_decode();
+    // 13 computed tokens, 3 full blocks cached (12 tokens): one token may be rewound.
+    assert!(coord.rewind_computed_tokens(&1, 2).is_err());
+    coord.rewind_computed_tokens(&1, 1).unwrap();
+    assert_eq!(coord.num_computed_tokens(&1), Some(12));
+    assert_eq!(coord.num_tokens(&1), Some(13));
+    assert!(!coord.reset_prefix_cache(), "a request holds blocks");
+    coord.free(&1).unwrap();
+    assert!(coord.num_cached_blocks() > 0);
+    assert!(coord.reset_prefix_cache());
+    assert_eq!(coord.num_cached_blocks(), 0);
+    coord.check_invariants().unwrap();
+}

@@ -12,7 +12,7 @@ use rustc_hash::FxHashMap;
 use super::{PrefixCache, SchedulerConfig};
 use crate::kv::{
     BlockHash, BlockId, BlockPool, BlockPoolStats, ComputedBlocks, GroupedComputedBlocks,
-    KvCapacity, KvCoordinator, KvEvent, PrefixPool, RadixHit, RadixPool, TokenId,
+    KvCapacity, KvCoordinator, KvEvent, KvGroupSpec, PrefixPool, RadixHit, RadixPool, TokenId,
 };
 use crate::{Error, Result};
 
@@ -109,7 +109,8 @@ impl Kv {
     }
 
     /// The cached prefix of `token_ids`. `earlier`: this request's previous hit, whose
-    /// block hashes are reused (the block-hash pool's; its block ids are looked up again);
+    /// block hashes are reused (the block-hash pool's and the coordinator's; its block ids
+    /// are looked up again);
     /// without one, `known`: hashes of the first full blocks, if the caller has them.
     pub fn lookup(
         &mut self,
@@ -127,7 +128,13 @@ impl Kv {
                 Hit::BlockHash(p.get_computed_blocks_from(token_ids, extra_key, known))
             }
             Kv::Radix(p) => Hit::Radix(p.lookup(token_ids, extra_key)),
-            Kv::Hybrid(h) => Hit::Hybrid(h.pool.get_computed_blocks(token_ids, extra_key)),
+            Kv::Hybrid(h) => {
+                let known = match earlier {
+                    Some(Hit::Hybrid(hit)) => hit.into_block_hashes(),
+                    _ => known,
+                };
+                Hit::Hybrid(h.pool.get_computed_blocks_from(token_ids, extra_key, known))
+            }
         }
     }
 
@@ -310,6 +317,33 @@ impl Kv {
     /// connectors need).
     pub fn is_block_hash(&self) -> bool {
         matches!(self, Kv::BlockHash(_))
+    }
+
+    /// The coordinator's groups, when this is it.
+    pub fn hybrid_groups(&self) -> Option<&[KvGroupSpec]> {
+        match self {
+            Kv::Hybrid(h) => Some(h.pool.groups()),
+            _ => None,
+        }
+    }
+
+    /// What the next allocation of `slot` at `num_computed` computed tokens drops from its
+    /// groups, and how many of those surely return to the free queue
+    /// (`KvCoordinator::num_skipped_blocks`); `(0, 0)` for a single-group pool.
+    pub fn num_skipped_blocks(&self, slot: u32, num_computed: usize) -> (usize, usize) {
+        match self {
+            Kv::Hybrid(h) => h.pool.num_skipped_blocks(&slot, num_computed),
+            _ => (0, 0),
+        }
+    }
+
+    /// New blocks, over the groups, an allocation of `slot` up to `num_slots` slots adds
+    /// (several KV groups only; 0 otherwise).
+    pub fn num_new_group_blocks(&self, slot: u32, num_slots: usize) -> usize {
+        match self {
+            Kv::Hybrid(h) => h.pool.num_new_blocks(&slot, num_slots),
+            _ => 0,
+        }
     }
 
     /// The coordinator records no cache events: routers reading them see none (the

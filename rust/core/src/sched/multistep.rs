@@ -6,7 +6,8 @@
 //! A window opens only when a step would schedule exactly the running requests, one decode
 //! token each, in running order: nothing waits, no request has work in flight, drafts,
 //! stop tokens or a connector, the token budget covers them all, and the pool is the
-//! block-hash one without a host tier. A request leaves the window at the end of the step
+//! block-hash one without a host tier or vLLM's coordinator over KV groups (whose chunked
+//! local groups, if any, have chunks a whole number of blocks long). A request leaves the window at the end of the step
 //! whose token finishes it (`end_decode_step` finishes it then, freeing its blocks, as
 //! stepping does). The window lasts until its last request finishes, or until a step whose
 //! new blocks the free ones cannot cover (stepping would preempt there: `form_decode_step`
@@ -21,10 +22,25 @@
 //! Invariant: after `form_decode_step` for step `j`, the pool's block counts (free blocks,
 //! usage, events) are those of the stepped run once step `j` is scheduled; after
 //! `catch_up_all`, every request's state is too.
+//!
+//! Several KV groups. A window group also frees, at a decode step, the blocks its next
+//! token no longer attends to (`remove_skipped_blocks`, before the step's allocation): a
+//! sliding window of `w` tokens drops one at the steps where `base + s - w` is a multiple
+//! of the block size, a third bucket; a chunked local group drops its chunk's blocks when
+//! the chunk ends, a step that allocates when the chunk is a whole number of blocks (other
+//! chunk sizes open no window). The first step also acts for every request that has
+//! blocks to drop then (a prefill drops nothing, so its first decode may drop many). Each catch-up of several steps runs
+//! as two allocations: the lagging steps', in which the pool did nothing, then the
+//! current step's, from the computed count stepping has there, so it drops what stepping
+//! drops. A step is formed only if, in running order, each request's new blocks (all
+//! groups) fit the free blocks plus those freed so far in the step, counting as freed only
+//! blocks a request holds alone: a shared block may be freed by another's drop first,
+//! which the count does not see, so a step stepping would run may end the window (then
+//! stepped), while a step that would preempt never runs in one.
 
 use super::Scheduler;
 use super::request::{FinishReason, RequestStatus};
-use crate::kv::{RequestKey, TokenId};
+use crate::kv::{KvGroupSpec, RequestKey, TokenId};
 use crate::{Error, Result};
 
 /// A run of decode steps over the running requests (see the module doc). Requests are
@@ -50,6 +66,10 @@ pub struct DecodeWindow {
     next_finish: usize,
     /// Requests finished by `end_decode_step`.
     done: Vec<bool>,
+    /// Over the KV groups' coordinator (see "Several KV groups" in the module doc).
+    hybrid: bool,
+    /// The requests the pool acts for in the step being formed (KV groups only).
+    acting: Vec<u32>,
 }
 
 impl DecodeWindow {
@@ -70,6 +90,7 @@ impl DecodeWindow {
         self.next_finish = 0;
         self.done.clear();
         self.done.resize(running.len(), false);
+        self.hybrid = false;
     }
 
     pub fn num_steps(&self) -> usize {
@@ -114,7 +135,7 @@ impl<R: RequestKey> Scheduler<R> {
             && self.config.host_num_blocks == 0
             // The prefill cadence counts executed steps, which a window does not advance.
             && self.config.prefill_schedule_interval == 1
-            && self.kv.is_block_hash()
+            && (self.kv.is_block_hash() || self.kv.hybrid_groups().is_some())
             && self.finished_in_flight.is_empty()
             && self.landed.is_empty()
             && self.failed_loads.is_empty();
@@ -123,6 +144,32 @@ impl<R: RequestKey> Scheduler<R> {
         }
         let bs = self.config.block_size;
         window.reset(&self.running, bs);
+        // Steps modulo the block size at which a window group may drop blocks, as
+        // (window size or chunk size) residues: see the module doc.
+        let mut windows = [0usize; 4];
+        let mut num_windows = 0;
+        if let Some(groups) = self.kv.hybrid_groups() {
+            window.hybrid = true;
+            for spec in groups {
+                match *spec {
+                    KvGroupSpec::SlidingWindow { sliding_window } => {
+                        let w = sliding_window % bs;
+                        if !windows[..num_windows].contains(&w) {
+                            if num_windows == windows.len() {
+                                return false;
+                            }
+                            windows[num_windows] = w;
+                            num_windows += 1;
+                        }
+                    }
+                    // A chunk a whole number of blocks long ends at a step that allocates.
+                    KvGroupSpec::ChunkedLocalAttention {
+                        attention_chunk_size,
+                    } if !attention_chunk_size.is_multiple_of(bs) => return false,
+                    _ => {}
+                }
+            }
+        }
         for (i, &slot) in self.running.iter().enumerate() {
             let r = self.req(slot);
             let decoding = r.status == RequestStatus::Running
@@ -149,6 +196,18 @@ impl<R: RequestKey> Scheduler<R> {
             let fills = (bs - base % bs) % bs;
             if self.config.enable_prefix_caching && fills != first_alloc % bs {
                 window.buckets[fills].push(i as u32);
+            }
+            // Step s drops the window's blocks when base + s - w is a multiple of bs.
+            for (k, &w) in windows[..num_windows].iter().enumerate() {
+                let drops = (w + bs - base % bs) % bs;
+                let seen = drops == first_alloc % bs
+                    || (self.config.enable_prefix_caching && drops == fills)
+                    || windows[..k]
+                        .iter()
+                        .any(|&v| (v + bs - base % bs) % bs == drops);
+                if !seen {
+                    window.buckets[drops].push(i as u32);
+                }
             }
             window.base.push(base);
             window.last.push(last);
@@ -183,6 +242,9 @@ impl<R: RequestKey> Scheduler<R> {
         }
         let step = window.formed + 1;
         let bs = self.config.block_size;
+        if window.hybrid {
+            return self.form_hybrid_decode_step(window, token);
+        }
         let bucket = &window.buckets[step % bs];
         let in_step = |i: usize| !window.done[i] && window.last[i] >= step;
         let num_new_blocks = (bucket.iter().map(|&i| i as usize))
@@ -203,6 +265,64 @@ impl<R: RequestKey> Scheduler<R> {
             }
         }
         Ok(true)
+    }
+
+    /// [`Self::form_decode_step`] over the KV groups' coordinator. The first step acts for
+    /// its bucket's requests and those whose groups drop blocks (a prefill allocates
+    /// without dropping, so its first decode step may drop many), the later ones for their
+    /// bucket's. In running order, each request first
+    /// frees what its groups stop attending to, then takes its new blocks; the step is
+    /// declined if one would not find them free, counting as freed only the blocks it holds
+    /// alone (so a step stepping would run may be declined, one it would preempt never
+    /// runs).
+    fn form_hybrid_decode_step(
+        &mut self,
+        window: &mut DecodeWindow,
+        mut token: impl FnMut(&R, usize) -> TokenId,
+    ) -> Result<bool> {
+        let step = window.formed + 1;
+        let bs = self.config.block_size;
+        let in_step = |i: usize| !window.done[i] && window.last[i] >= step;
+        let mut acting = std::mem::take(&mut window.acting);
+        acting.clear();
+        let bucket = &window.buckets[step % bs];
+        if step == 1 {
+            // A request whose groups drop nothing at this step and which is not in its
+            // bucket does nothing here either.
+            let mut in_bucket = bucket.iter().copied().peekable();
+            for i in 0..window.slots.len() as u32 {
+                let listed = in_bucket.next_if_eq(&i).is_some();
+                let (slot, computed) = (window.slots[i as usize], window.base[i as usize]);
+                let acts = listed || self.kv.num_skipped_blocks(slot, computed).0 > 0;
+                if acts && in_step(i as usize) {
+                    acting.push(i);
+                }
+            }
+        } else {
+            acting.extend(bucket.iter().copied().filter(|&i| in_step(i as usize)));
+        }
+        let mut free = self.kv.num_free_blocks();
+        let mut fits = true;
+        for &i in &acting {
+            let (slot, computed) = (window.slots[i as usize], window.base[i as usize] + step - 1);
+            free += self.kv.num_skipped_blocks(slot, computed).1;
+            let needed = self.kv.num_new_group_blocks(slot, computed + 1);
+            if needed > free {
+                fits = false;
+                break;
+            }
+            free -= needed;
+        }
+        if fits {
+            window.formed = step;
+            self.num_steps += 1;
+            self.finished_since_last_step.clear();
+            for &i in &acting {
+                self.catch_up(window, i as usize, &mut token)?;
+            }
+        }
+        window.acting = acting;
+        Ok(fits)
     }
 
     /// Ends the window's latest step, one that is not its last: the requests whose final
@@ -271,12 +391,29 @@ impl<R: RequestKey> Scheduler<R> {
             let t = token(&request.request_id, request.num_tokens());
             request.all_token_ids.push(t);
         }
-        let known = self.kv.num_tokens(slot).unwrap_or(0);
-        let new_tokens = &request.all_token_ids[known..computed];
+        let mut known = self.kv.num_tokens(slot).unwrap_or(0);
         let n = computed - request.num_computed_tokens;
+        if window.hybrid && n > 1 {
+            // The steps before this one, in which the pool did nothing for the request, in
+            // one allocation; this step's own, from their computed count, drops what its
+            // window groups no longer attend to as the stepped one does.
+            let lagged = &request.all_token_ids[known..computed - 1];
+            let allocated = (self.kv).allocate(slot, lagged, n - 1, 0, None, None, false)?;
+            if allocated.is_none() {
+                return Err(Error::Internal(
+                    "a coalesced decode step's lagging tokens found no free block".into(),
+                ));
+            }
+            known = computed - 1;
+        }
+        let request = self.slots[slot as usize]
+            .as_ref()
+            .expect("a window's request is live");
+        let new_tokens = &request.all_token_ids[known..computed];
+        let last = if window.hybrid { n.min(1) } else { n };
         let allocated = self
             .kv
-            .allocate(slot, new_tokens, n, 0, None, None, false)?;
+            .allocate(slot, new_tokens, last, 0, None, None, false)?;
         if allocated.is_none() {
             return Err(Error::Internal(
                 "a coalesced decode step found no free block (the window was planned wrong)".into(),

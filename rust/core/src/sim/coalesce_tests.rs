@@ -8,6 +8,7 @@ use proptest::prelude::*;
 use super::tests::{VecSource, config};
 use super::*;
 use crate::Result;
+use crate::kv::KvGroupSpec;
 use crate::sched::{Policy, SchedulerConfig};
 
 /// Everything a run produced, as text: `{:?}` of an `f64` is its shortest round-trip form,
@@ -43,6 +44,8 @@ struct Case {
     max_num_seqs: usize,
     coefficients: (f64, f64, f64, f64),
     concurrency: Option<u32>,
+    /// KV cache groups beside full attention (none: the single-group pool).
+    kv_groups: Vec<KvGroupSpec>,
     requests: Vec<ArrivingRequest>,
 }
 
@@ -63,6 +66,7 @@ fn run_case(case: &Case, coalesce: bool) -> Result<SimOutput> {
             Policy::Fcfs
         },
         enable_prefix_caching: case.caching,
+        kv_groups: case.kv_groups.clone(),
         ..SchedulerConfig::default()
     };
     let (c, a, b, d) = case.coefficients;
@@ -143,6 +147,10 @@ fn cases() -> impl Strategy<Value = Case> {
         (prop::sample::select(vec![16usize, 64, 2048]), 0usize..12),
         (0.001f64..0.05, 0.0f64..0.003, 0.0f64..0.002, 0.0f64..0.0002),
         prop::option::weighted(0.15, 1u32..6),
+        (
+            0u8..6,
+            prop::sample::select(vec![1usize, 3, 4, 7, 8, 16, 20, 32]),
+        ),
         requests(),
     )
         .prop_map(
@@ -153,10 +161,29 @@ fn cases() -> impl Strategy<Value = Case> {
                 (max_num_batched_tokens, max_num_seqs),
                 coefficients,
                 concurrency,
+                (groups, window),
                 requests,
             )| {
+                // Half the cases run over vLLM's coordinator: full attention beside a
+                // sliding window (gpt-oss) or a chunked local group (Llama 4).
+                let full = KvGroupSpec::FullAttention;
+                let kv_groups = match groups {
+                    0..=2 => Vec::new(),
+                    3 | 4 => vec![
+                        full,
+                        KvGroupSpec::SlidingWindow {
+                            sliding_window: window,
+                        },
+                    ],
+                    _ => vec![
+                        full,
+                        KvGroupSpec::ChunkedLocalAttention {
+                            attention_chunk_size: window,
+                        },
+                    ],
+                };
                 // Tight pools preempt: just enough for the longest request, or a little more.
-                let per_request = MAX_MODEL_LEN.div_ceil(block_size);
+                let per_request = MAX_MODEL_LEN.div_ceil(block_size) * kv_groups.len().max(1);
                 let num_blocks = per_request * [1, 2, 8][tightness] + 1;
                 Case {
                     num_replicas,
@@ -172,6 +199,7 @@ fn cases() -> impl Strategy<Value = Case> {
                     max_num_seqs,
                     coefficients,
                     concurrency,
+                    kv_groups,
                     requests,
                 }
             },
@@ -216,6 +244,7 @@ fn a_lone_long_decode_is_coalesced_and_identical() {
         max_num_seqs: 0,
         coefficients: (0.01, 0.001, 0.0005, 0.00001),
         concurrency: None,
+        kv_groups: Vec::new(),
         requests: (0..12)
             .map(|i| ArrivingRequest {
                 hash_ids: vec![1, 2, i + 100],
@@ -226,4 +255,42 @@ fn a_lone_long_decode_is_coalesced_and_identical() {
     let a = fingerprint(&run_case(&case, false).unwrap());
     let b = fingerprint(&run_case(&case, true).unwrap());
     assert_eq!(a, b);
+}
+
+/// Over KV groups too: long decodes beside a sliding-window or chunked local group, on a
+/// roomy pool and on one tight enough to preempt, give the stepped output (that windows
+/// open over groups is `sched::tests::multistep::decode_windows_open_over_kv_groups`).
+#[test]
+fn long_decodes_over_kv_groups_are_coalesced_and_identical() {
+    let window = KvGroupSpec::SlidingWindow { sliding_window: 7 };
+    let chunked = KvGroupSpec::ChunkedLocalAttention {
+        attention_chunk_size: 8,
+    };
+    for (group, num_blocks) in [(window, 400), (window, 90), (chunked, 400), (chunked, 90)] {
+        let case = Case {
+            num_replicas: 1,
+            num_stages: 1,
+            router: 0,
+            caching: true,
+            chunked: true,
+            prioritize_prefill: false,
+            priority: false,
+            block_size: 4,
+            num_blocks,
+            max_num_batched_tokens: 2048,
+            max_num_seqs: 0,
+            coefficients: (0.01, 0.001, 0.0005, 0.00001),
+            concurrency: None,
+            kv_groups: vec![KvGroupSpec::FullAttention, group],
+            requests: (0..12)
+                .map(|i| ArrivingRequest {
+                    hash_ids: vec![1, 2, i + 100],
+                    ..ArrivingRequest::new(i as f64 * 0.3, 10, 100 + 3 * i as u32)
+                })
+                .collect(),
+        };
+        let stepped = run_case(&case, false).unwrap();
+        let coalesced = run_case(&case, true).unwrap();
+        assert_eq!(fingerprint(&stepped), fingerprint(&coalesced), "{group:?}");
+    }
 }

@@ -249,6 +249,17 @@ impl ReplicaPolicyConfig {
                         "it exceeds replica.scheduler.vllm_v1.max_model_len = {}",
                         c.max_model_len
                     ))
+                } else if c.is_hybrid() {
+                    let needed = c.blocks_per_request(total as usize);
+                    (needed > c.num_kv_blocks()).then(|| {
+                        format!(
+                            "it needs {needed} KV blocks of {} tokens over its {} KV groups and \
+                             a replica has {} (replica.scheduler.vllm_v1.num_blocks)",
+                            c.block_size,
+                            c.kv_groups.len(),
+                            c.num_kv_blocks()
+                        )
+                    })
                 } else if blocks(c.block_size as u32) > c.num_blocks as u64 {
                     Some(format!(
                         "it needs {} KV blocks of {} tokens and a replica has {} \

@@ -7,6 +7,7 @@
 use proptest::prelude::*;
 
 use super::*;
+use crate::kv::KvGroupSpec;
 
 /// Outputs depend on the position only, so requests with one prompt write blocks with one
 /// hash (the pool then finds them cached already).
@@ -14,7 +15,10 @@ fn token(_: &u32, position: usize) -> u32 {
     (position % 5) as u32 + 1
 }
 
-fn state(s: &Scheduler<u32>, ids: &[u32]) -> Vec<(u32, Vec<u32>, usize, Vec<u32>)> {
+type State = (u32, Vec<u32>, usize, Vec<u32>, Vec<Vec<u32>>);
+
+/// Each request's tokens, computed count and block tables (every group's, with several).
+fn state(s: &Scheduler<u32>, ids: &[u32]) -> Vec<State> {
     ids.iter()
         .filter_map(|id| {
             let r = s.get_request(id)?;
@@ -23,6 +27,7 @@ fn state(s: &Scheduler<u32>, ids: &[u32]) -> Vec<(u32, Vec<u32>, usize, Vec<u32>
                 r.all_token_ids.clone(),
                 r.num_computed_tokens,
                 s.block_ids(id).unwrap_or_default().to_vec(),
+                s.group_block_ids(id),
             ))
         })
         .collect()
@@ -39,13 +44,16 @@ fn samplers(s: &Scheduler<u32>, out: &SchedulerOutput<u32>) -> Vec<u32> {
         .collect()
 }
 
+/// Runs `arrivals` stepped and windowed; returns the steps run in windows.
 fn check(
     caching: bool,
     block_size: usize,
     num_blocks: usize,
+    kv_groups: &[KvGroupSpec],
     arrivals: &[(usize, usize, usize, usize)],
-) -> std::result::Result<(), TestCaseError> {
+) -> std::result::Result<usize, TestCaseError> {
     let config = SchedulerConfig {
+        kv_groups: kv_groups.to_vec(),
         max_num_batched_tokens: 24,
         block_size,
         num_blocks,
@@ -121,7 +129,12 @@ fn check(
             "cache events of step {}",
             step
         );
-        prop_assert_eq!(stepped.num_free_blocks(), windowed.num_free_blocks());
+        prop_assert_eq!(
+            stepped.num_free_blocks(),
+            windowed.num_free_blocks(),
+            "free blocks after step {}",
+            step
+        );
         let finished = stepped
             .append_one_token_each(&samplers(&stepped, &out), token)
             .unwrap();
@@ -154,9 +167,8 @@ fn check(
         }
     }
     prop_assert!(!stepped.has_unfinished_requests());
-    // Not a guarantee for every case, but the judge is idle if windows never open.
-    let _ = num_windowed_steps;
-    Ok(())
+    prop_assert_eq!(stepped.num_free_blocks(), windowed.num_free_blocks());
+    Ok(num_windowed_steps)
 }
 
 proptest! {
@@ -171,7 +183,66 @@ proptest! {
     ) {
         // One more than the longest request needs (vLLM 0.33 reserves a null block).
         let num_blocks = 96usize.div_ceil(block_size) * [1, 2, 6][tightness] + 1;
-        check(caching, block_size, num_blocks, &arrivals)?;
+        check(caching, block_size, num_blocks, &[], &arrivals)?;
+    }
+
+    /// The same over vLLM's coordinator: a full-attention group beside a sliding-window
+    /// group (gpt-oss) or a chunked local one (Llama 4), whose window or chunk may or may
+    /// not be a whole number of blocks (a chunk that is not declines windows). Each
+    /// group's block table, the free blocks and the tokens must agree with stepping.
+    #[test]
+    fn decode_windows_over_kv_groups_make_the_moves_stepping_makes(
+        caching in any::<bool>(),
+        block_size in prop::sample::select(vec![1usize, 2, 4, 8]),
+        tightness in 0usize..3,
+        window in prop::sample::select(vec![1usize, 3, 5, 8, 13, 16, 24]),
+        chunked in prop::bool::weighted(0.3),
+        second_window in prop::bool::weighted(0.2),
+        arrivals in prop::collection::vec((0usize..60, 0usize..3, 1usize..30, 1usize..60), 1..12),
+    ) {
+        let mut groups = vec![KvGroupSpec::FullAttention];
+        groups.push(if chunked {
+            KvGroupSpec::ChunkedLocalAttention { attention_chunk_size: window }
+        } else {
+            KvGroupSpec::SlidingWindow { sliding_window: window }
+        });
+        if second_window {
+            groups.push(KvGroupSpec::SlidingWindow { sliding_window: window + 3 });
+        }
+        // Every group may hold a block per block_size tokens.
+        let per_request = 96usize.div_ceil(block_size) * groups.len();
+        let num_blocks = per_request * [1, 2, 6][tightness] + 1;
+        check(caching, block_size, num_blocks, &groups, &arrivals)?;
+    }
+}
+
+/// The windows the property test judges do open over KV groups, and run long.
+#[test]
+fn decode_windows_open_over_kv_groups() {
+    let arrivals: Vec<_> = (0..8).map(|i| (i * 2, i % 3, 5 + 3 * i, 50)).collect();
+    for (groups, caching) in [
+        (
+            vec![
+                KvGroupSpec::FullAttention,
+                KvGroupSpec::SlidingWindow { sliding_window: 5 },
+            ],
+            true,
+        ),
+        (
+            vec![
+                KvGroupSpec::FullAttention,
+                KvGroupSpec::ChunkedLocalAttention {
+                    attention_chunk_size: 8,
+                },
+            ],
+            false,
+        ),
+    ] {
+        // Tight enough that windows end at a step that would preempt.
+        for num_blocks in [2 * 24 + 1, 200] {
+            let windowed = check(caching, 4, num_blocks, &groups, &arrivals).unwrap();
+            assert!(windowed > 40, "{groups:?} {num_blocks}: {windowed} steps");
+        }
     }
 }
 

@@ -187,6 +187,15 @@ impl VllmV1 {
             .then(|| TraceBlockHashes::new(hash_block_size, config.block_size, MEMO_HASHES))
             .flatten()
             .map(|memo| Arc::new(Mutex::new(memo)));
+        if kv_events && config.is_hybrid() {
+            return Err(crate::Error::config(
+                "hybrid_kv_cache_manager",
+                "true",
+                "prefix_affinity routing reads the replicas' KV cache events, which the KV \
+                 groups' coordinator does not record: set replica.hybrid_kv_cache_manager = \
+                 false, or another global scheduler",
+            ));
+        }
         let mut scheduler = Scheduler::new(config, false)?;
         scheduler.set_lean_output(true);
         if kv_events {

@@ -1,0 +1,601 @@
+"""Launch lines for a simulated deployment: the ``vllm serve`` (vLLM 0.33) and
+``python -m sglang.launch_server`` (SGLang 0.5.23) commands that realise a tokenyard
+simulation config, the parsers that read them back into the config keys they came from,
+and the TOML file that reproduces the simulation (``launch_parse`` reads the commands back).
+
+Invariant: every setting of the config is either a flag of the command, which
+``parse_vllm_command`` / ``parse_sglang_command`` read back to the same value, or a
+``#`` note above the command naming the key (settings with no flag are never dropped
+silently). Flag names are the engines' own, checked against vLLM 0.33's
+``vllm/engine/arg_utils.py`` (``EngineArgs.add_cli_args``) and SGLang 0.5.23's
+``sglang/srt/arg_groups/fields/*.py`` (one dataclass field per flag).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import shlex
+from collections.abc import Mapping
+from typing import Any
+
+from tokenyard._checks import fail
+from tokenyard.errors import ConfigError
+from tokenyard.simulation.config import SimulationConfig, config_document
+from tokenyard.simulation.scheduler_config import SGLANG_GRAPH_SIZES, default_vllm_v1
+
+__all__ = [
+    "LaunchCommand",
+    "config_toml",
+    "hf_model_id",
+    "launch_script",
+    "sglang_commands",
+    "vllm_commands",
+]
+
+FRAMEWORKS = ("vllm", "sglang")
+
+#: tokenyard KV dtype -> vLLM ``--kv-cache-dtype`` (``vllm/config/cache.py``, ``CacheDType``).
+VLLM_KV_DTYPES = {
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "fp8": "fp8",
+    "fp8_e4m3": "fp8_e4m3",
+    "fp8_e5m2": "fp8_e5m2",
+}
+#: tokenyard KV dtype -> SGLang ``--kv-cache-dtype`` (``fields/model.py``: no plain
+#: ``fp8`` and no fp16 choice; SGLang's FP8 KV is e4m3 unless told e5m2).
+SGLANG_KV_DTYPES = {
+    "bf16": "bf16",
+    "fp8": "fp8_e4m3",
+    "fp8_e4m3": "fp8_e4m3",
+    "fp8_e5m2": "fp8_e5m2",
+}
+#: tokenyard weight dtype -> ``--dtype`` (the same choices in both engines).
+WEIGHT_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+#: Speculative methods: tokenyard -> SGLang's ``--speculative-algorithm``. SGLang runs an
+#: MTP head as NEXTN and a separate draft model as STANDALONE.
+SGLANG_SPEC = {"mtp": "NEXTN", "eagle": "EAGLE", "draft_model": "STANDALONE", "ngram": "NGRAM"}
+_HF_SOURCE = re.compile(r"huggingface\.co/([^/]+/[^/]+)/")
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchCommand:
+    """One server command and how many to run: ``role`` is ``aggregated``, ``prefill``
+    or ``decode``; ``notes`` the settings no flag carries (each names its config key)."""
+
+    framework: str
+    role: str
+    num_instances: int
+    gpus_per_instance: int
+    device: str
+    argv: tuple[str, ...]
+    notes: tuple[str, ...]
+
+    def text(self) -> str:
+        """The notes as ``#`` lines, then the command (one shell line)."""
+        head = (
+            f"# {self.role}: {self.num_instances} instance(s) of {self.gpus_per_instance} x "
+            f"{self.device} GPU(s)"
+        )
+        return "\n".join([head, *(f"# {n}" for n in self.notes), shlex.join(self.argv)])
+
+
+def hf_model_id(name: str) -> str:
+    """The checkpoint a server loads for ``replica.model``: an HF id stays as it is, a
+    ``config.json`` path becomes its folder, a catalog name the HF id its ``source`` names.
+
+    Raises:
+        ConfigError: a catalog model without a Hugging Face source (field ``replica.model``).
+    """
+    if name.endswith(".json"):
+        return name.rsplit("/", 1)[0] if "/" in name else "."
+    if "/" in name:
+        return name
+    from tokenyard import catalog
+
+    spec = catalog.model(name, field="replica.model")
+    match = _HF_SOURCE.search(spec.source)
+    if match is None:
+        raise fail(
+            "replica.model",
+            f"the catalog entry names no Hugging Face checkpoint (source {spec.source!r}); "
+            "give replica.model as an HF id or a config.json path",
+            name,
+        )
+    return match.group(1)
+
+
+def _gpus(tp: int, pp: int, dp: int) -> int:
+    return tp * pp * dp
+
+
+def _scheduler_check(config: SimulationConfig, framework: str) -> None:
+    policy = config.replica.scheduler.policy
+    allowed = ("vllm_v1",) if framework == "vllm" else ("vllm_v1", "sglang")
+    if policy not in allowed:
+        raise fail(
+            "replica.scheduler.policy",
+            f"a {framework} launch line realises the {' or '.join(allowed)} scheduler; the "
+            f"simulated {policy!r} scheduler is not what {framework} runs",
+            policy,
+        )
+
+
+def _shared_notes(config: SimulationConfig) -> list[str]:
+    """Settings of the whole simulation that no server flag carries."""
+    r, c = config.replica, config.cluster
+    notes = [
+        f"cluster.global_scheduler.policy = {c.global_scheduler.policy!r}: route requests "
+        "over the instances with a router of that policy (no server flag)",
+        f"execution.model = {config.execution.model!r}: how the simulation priced batches",
+    ]
+    router = c.global_scheduler
+    if router.balance is not None or router.options:
+        notes.append(
+            f"cluster.global_scheduler.balance / options ({router.balance}, "
+            f"{dict(router.options)}): the router's own settings"
+        )
+    if c.kv_transfer is not None:
+        notes.append(
+            "cluster.kv_transfer: the link figures the simulation assumed between the pools "
+            "(the cluster's network, not a flag)"
+        )
+    if r.scheduler.policy_plugin is not None:
+        notes.append(
+            f"replica.scheduler.policy_plugin = {r.scheduler.policy_plugin!r}: a simulated "
+            "ordering plugin; no engine flag runs it"
+        )
+    if r.lora is not None:
+        notes.append(
+            f"replica.lora (rank {r.lora.rank or r.lora.max_lora_rank}, lora_dtype "
+            f"{r.lora.lora_dtype!r}, links {r.lora.host_to_device_gbps} / {r.lora.disk_gbps} "
+            "GB/s): the adapters' and the host's own, not flags"
+        )
+    if r.over_length != "error":
+        notes.append(f"replica.over_length = {r.over_length!r}: no server flag")
+    if r.kv_offload is not None:
+        notes.append(
+            f"replica.kv_offload (host_memory_gb = {r.kv_offload.host_memory_gb}): a host KV "
+            "tier; configure the engine's offloading connector by hand"
+        )
+    if r.quantization == "none":
+        notes.append("replica.quantization = 'none': serve the unquantized checkpoint")
+    elif r.quantization not in ("auto", "fp8"):
+        notes.append(
+            f"replica.quantization = {r.quantization!r}: serve a {r.quantization} checkpoint "
+            "(the engine reads its quantization_config; no flag needed)"
+        )
+    if r.dtype not in ("auto", *WEIGHT_DTYPES):
+        notes.append(
+            f"replica.dtype = {r.dtype!r}: no --dtype choice; it comes from the checkpoint"
+        )
+    spec = r.speculative
+    if spec.enabled:
+        acceptance = spec.acceptance_rate or spec.acceptance_rates or spec.accepted_distribution
+        notes.append(
+            f"replica.speculative acceptance {acceptance}: a property of the drafter and the "
+            "traffic, not a flag"
+        )
+    return notes
+
+
+def _vllm_scheduler(argv: list[str], notes: list[str], s: Any, where: str, dp: int) -> None:
+    """vLLM's scheduler flags for a ``vllm_v1`` section (``tokenyard.sched.SchedulerConfig``)."""
+    default = default_vllm_v1()
+    if s.max_num_seqs == 0:
+        notes.append(f"{where}.max_num_seqs = 0 (unbounded): vLLM needs a cap; none is passed")
+    else:
+        argv += ["--max-num-seqs", str(s.max_num_seqs)]
+    argv += ["--max-num-batched-tokens", str(s.max_num_batched_tokens)]
+    argv.append(
+        "--enable-chunked-prefill" if s.enable_chunked_prefill else "--no-enable-chunked-prefill"
+    )
+    argv.append(
+        "--enable-prefix-caching" if s.enable_prefix_caching else "--no-enable-prefix-caching"
+    )
+    argv += ["--block-size", str(s.block_size)]
+    if s.num_blocks:
+        argv += ["--num-gpu-blocks-override", str(s.num_blocks)]
+    if s.long_prefill_token_threshold:
+        argv += ["--long-prefill-token-threshold", str(s.long_prefill_token_threshold)]
+    if s.long_prefill_token_threshold_adaptive:
+        argv.append("--long-prefill-token-threshold-adaptive")
+    if s.policy == "priority":
+        argv += ["--scheduling-policy", "priority"]
+    if s.enable_prefix_caching and s.prefix_cache != "block_hash":
+        notes.append(f"{where}.prefix_cache = {s.prefix_cache!r}: vLLM caches by block hash only")
+    for name in (
+        "prioritize_prefill",
+        "priority_ties",
+        "pad_spec_decode",
+        "cache_accepted_drafts",
+        "scheduler_reserve_full_isl",
+        "reserve_null_block",
+        "prefill_schedule_interval",
+    ):
+        if getattr(s, name) != getattr(default, name):
+            notes.append(
+                f"{where}.{name} = {getattr(s, name)!r}: simulated behaviour that differs from "
+                "vLLM 0.33's; no flag makes vLLM do it"
+            )
+    if dp > 1:
+        notes.append(f"each of the {dp} data-parallel ranks has its own scheduler with these caps")
+
+
+def vllm_commands(config: SimulationConfig) -> list[LaunchCommand]:
+    """The ``vllm serve`` command(s): one aggregated, or a prefill and a decode pool
+    joined by NixlConnector (``kv_producer`` / ``kv_consumer``, as vLLM 0.33's
+    ``NixlConnector.__init__`` asks; ``kv_both`` is deprecated there).
+
+    Raises:
+        ConfigError: the simulated scheduler is not vLLM's (``replica.scheduler.policy``),
+            or the model has no HF checkpoint to name.
+    """
+    _scheduler_check(config, "vllm")
+    r, c = config.replica, config.cluster
+    model = hf_model_id(config.model_name())
+    base = ["vllm", "serve", model]
+    if r.dtype in WEIGHT_DTYPES:
+        base += ["--dtype", WEIGHT_DTYPES[r.dtype]]
+    if r.quantization == "fp8":
+        base += ["--quantization", "fp8"]  # vLLM's online FP8 of a 16-bit checkpoint
+    notes = _shared_notes(config)
+    if r.kv_cache_dtype in VLLM_KV_DTYPES:
+        base += ["--kv-cache-dtype", VLLM_KV_DTYPES[r.kv_cache_dtype]]
+    elif r.kv_cache_dtype != "auto":
+        notes.append(f"replica.kv_cache_dtype = {r.kv_cache_dtype!r}: vLLM has no such KV dtype")
+    limit = r.scheduler.vllm_v1.max_model_len or r.scheduler.max_request_tokens
+    if limit:
+        base += ["--max-model-len", str(limit)]
+    spec = r.speculative
+    if spec.enabled:
+        body: dict[str, Any] = {
+            "method": spec.method,
+            "num_speculative_tokens": spec.num_speculative_tokens,
+        }
+        if spec.method == "draft_model" and spec.draft_model:
+            body["model"] = hf_model_id(spec.draft_model)
+        if spec.method == "eagle":
+            notes.append(
+                "replica.speculative.method = 'eagle': add the EAGLE head's checkpoint as \"model\""
+            )
+        base += ["--speculative-config", json.dumps(body, separators=(",", ":"))]
+    if r.lora is not None:
+        base += [
+            "--enable-lora",
+            "--max-loras",
+            str(r.lora.max_loras),
+            "--max-lora-rank",
+            str(r.lora.max_lora_rank),
+        ]
+        if r.lora.max_cpu_loras:
+            base += ["--max-cpu-loras", str(r.lora.max_cpu_loras)]
+    out: list[LaunchCommand] = []
+    prefill = list(base)
+    tp, pp, dp, ep = (
+        r.tensor_parallel_size,
+        r.num_pipeline_stages,
+        r.data_parallel_size,
+        r.expert_parallel_size,
+    )
+    prefill += ["--tensor-parallel-size", str(tp), "--pipeline-parallel-size", str(pp)]
+    if dp > 1:
+        prefill += ["--data-parallel-size", str(dp)]
+    if ep > 1:
+        prefill.append("--enable-expert-parallel")
+    prefill += ["--gpu-memory-utilization", _fraction(1 - r.memory_margin_fraction)]
+    first_notes = list(notes)
+    _vllm_scheduler(prefill, first_notes, r.scheduler.vllm_v1, "replica.scheduler.vllm_v1", dp)
+    decode = c.decode
+    role = "aggregated" if decode is None else "prefill"
+    if decode is not None:
+        prefill += ["--kv-transfer-config", _nixl("kv_producer")]
+    out.append(
+        LaunchCommand(
+            "vllm",
+            role,
+            c.num_replicas,
+            _gpus(tp, pp, dp),
+            r.device,
+            tuple(prefill),
+            tuple(first_notes),
+        )
+    )
+    if decode is not None:
+        argv = list(base)
+        d = decode.resolve(r)  # the decode pool's layout, unset keys the replica's
+        dtp, dpp, ddp = d.tensor_parallel_size, d.num_pipeline_stages, d.data_parallel_size
+        argv += ["--tensor-parallel-size", str(dtp), "--pipeline-parallel-size", str(dpp)]
+        if ddp > 1:
+            argv += ["--data-parallel-size", str(ddp)]
+        if d.expert_parallel_size > 1:
+            argv.append("--enable-expert-parallel")
+        argv += ["--gpu-memory-utilization", _fraction(1 - d.memory_margin_fraction)]
+        dnotes = [_decode_router_note(decode.global_scheduler.policy)]
+        if decode.kv_offload is not None:
+            dnotes.append(
+                "cluster.decode.kv_offload: a host KV tier; configure the engine's offloading "
+                "connector by hand"
+            )
+        sched = decode.scheduler.vllm_v1 if decode.scheduler is not None else r.scheduler.vllm_v1
+        _vllm_scheduler(argv, dnotes, sched, "cluster.decode.scheduler.vllm_v1", ddp)
+        argv += ["--kv-transfer-config", _nixl("kv_consumer")]
+        out.append(
+            LaunchCommand(
+                "vllm",
+                "decode",
+                decode.num_replicas,
+                _gpus(dtp, dpp, ddp),
+                d.device,
+                tuple(argv),
+                tuple(dnotes),
+            )
+        )
+    return out
+
+
+def _decode_router_note(policy: str) -> str:
+    return (
+        f"cluster.decode.global_scheduler.policy = {policy!r}: route prefilled requests to "
+        "decode instances with it"
+    )
+
+
+def _nixl(role: str) -> str:
+    return json.dumps({"kv_connector": "NixlConnector", "kv_role": role}, separators=(",", ":"))
+
+
+def _fraction(value: float) -> str:
+    return f"{value:.6g}"
+
+
+def _sglang_scheduler(
+    argv: list[str], notes: list[str], config: SimulationConfig, sched: Any, where: str, dp: int
+) -> None:
+    """SGLang's scheduler flags. Under attention DP SGLang divides ``--max-running-requests``
+    and ``--chunked-prefill-size`` by the DP size (``model_executor/pool_configurator.py``,
+    ``arg_groups/parallel_hook.py``'s ``_handle_data_parallelism``), so they are given
+    times DP for each rank to get the simulated cap."""
+    if sched.policy == "sglang":
+        s = sched.sglang
+        argv += ["--max-running-requests", str(s.max_running_requests * dp)]
+        argv += ["--chunked-prefill-size", str(s.chunked_prefill_size * dp)]
+        argv += ["--page-size", str(s.page_size)]
+        if s.num_pages:
+            argv += ["--max-total-tokens", str(s.num_pages * s.page_size)]
+        if tuple(s.cuda_graph_bs) != SGLANG_GRAPH_SIZES:
+            argv += ["--cuda-graph-bs-decode", *map(str, s.cuda_graph_bs)]
+        argv += ["--schedule-policy", "fcfs"]
+        return
+    v = sched.vllm_v1
+    notes.append(
+        f"{where}: simulated with vLLM's scheduler (vllm_v1); SGLang schedules prefill and "
+        "decode batches apart, so its figures will differ"
+    )
+    if v.max_num_seqs == 0:
+        notes.append(f"{where}.max_num_seqs = 0 (unbounded): no --max-running-requests passed")
+    else:
+        argv += ["--max-running-requests", str(v.max_num_seqs * dp)]
+    if v.enable_chunked_prefill:
+        argv += ["--chunked-prefill-size", str(v.max_num_batched_tokens * dp)]
+    else:
+        argv += ["--chunked-prefill-size", "-1"]
+    argv += ["--max-prefill-tokens", str(v.max_num_batched_tokens)]
+    argv += ["--page-size", str(v.block_size)]
+    if v.num_blocks:
+        argv += ["--max-total-tokens", str(v.num_blocks * v.block_size)]
+    if not v.enable_prefix_caching:
+        argv.append("--disable-radix-cache")
+    elif v.prefix_cache != "radix":
+        notes.append(f"{where}.prefix_cache = 'block_hash': SGLang caches prefixes in a radix tree")
+    if v.policy == "priority":
+        # vLLM (and the simulation) serve the lowest priority value first; SGLang the
+        # highest unless told (fields/schedule.py, schedule_low_priority_values_first).
+        argv += ["--enable-priority-scheduling", "--schedule-low-priority-values-first"]
+    argv += ["--schedule-policy", "fcfs"]
+
+
+def sglang_commands(config: SimulationConfig) -> list[LaunchCommand]:
+    """The ``python -m sglang.launch_server`` command(s). Attention DP is SGLang 0.5.23's
+    ``--attn-dp-size`` (``--dp-size N --enable-dp-attention`` is its deprecated spelling),
+    whose ``--tp-size`` counts every GPU of the group (``tp_size % attn_dp_size == 0``).
+    P/D: ``--disaggregation-mode prefill|decode`` over NIXL.
+
+    Raises:
+        ConfigError: the simulated scheduler is neither ``vllm_v1`` nor ``sglang``.
+    """
+    _scheduler_check(config, "sglang")
+    r, c = config.replica, config.cluster
+    notes = _shared_notes(config)
+    base = [
+        "python",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        hf_model_id(config.model_name()),
+    ]
+    if r.dtype in WEIGHT_DTYPES:
+        base += ["--dtype", WEIGHT_DTYPES[r.dtype]]
+    if r.quantization == "fp8":
+        base += ["--quantization", "fp8"]
+    if r.kv_cache_dtype in SGLANG_KV_DTYPES:
+        base += ["--kv-cache-dtype", SGLANG_KV_DTYPES[r.kv_cache_dtype]]
+        if r.kv_cache_dtype == "fp8":
+            notes.append("replica.kv_cache_dtype = 'fp8': SGLang's FP8 KV is fp8_e4m3")
+    elif r.kv_cache_dtype != "auto":
+        notes.append(f"replica.kv_cache_dtype = {r.kv_cache_dtype!r}: SGLang has no such KV dtype")
+    limit = (
+        r.scheduler.vllm_v1.max_model_len if r.scheduler.policy == "vllm_v1" else 0
+    ) or r.scheduler.max_request_tokens
+    if limit:
+        base += ["--context-length", str(limit)]
+    spec = r.speculative
+    if spec.enabled and spec.method is not None and spec.num_speculative_tokens is not None:
+        k = spec.num_speculative_tokens
+        base += ["--speculative-algorithm", SGLANG_SPEC[spec.method]]
+        if spec.method != "ngram":
+            # A chain of k drafts: k steps of top-1, k + 1 tokens verified.
+            base += ["--speculative-num-steps", str(k), "--speculative-eagle-topk", "1"]
+        else:
+            # SGLang's NGRAM derives steps and top-k itself (speculative_hook.py,
+            # _handle_ngram: top-k is --speculative-ngram-max-bfs-breadth).
+            notes.append(
+                "replica.speculative.method = 'ngram': SGLang verifies a tree of "
+                "--speculative-num-draft-tokens; the simulation's chain of k drafts is k + 1"
+            )
+        base += ["--speculative-num-draft-tokens", str(k + 1)]
+        if spec.method == "draft_model" and spec.draft_model:
+            base += ["--speculative-draft-model-path", hf_model_id(spec.draft_model)]
+        if spec.method == "eagle":
+            notes.append("replica.speculative.method = 'eagle': add --speculative-draft-model-path")
+    if r.lora is not None:
+        base += [
+            "--enable-lora",
+            "--max-loras-per-batch",
+            str(r.lora.max_loras),
+            "--max-lora-rank",
+            str(r.lora.max_lora_rank),
+        ]
+        if r.lora.max_cpu_loras:
+            notes.append(
+                f"replica.lora.max_cpu_loras = {r.lora.max_cpu_loras}: SGLang has no cap on "
+                "adapters cached on the host"
+            )
+    tp, pp, dp, ep = (
+        r.tensor_parallel_size,
+        r.num_pipeline_stages,
+        r.data_parallel_size,
+        r.expert_parallel_size,
+    )
+    first = [*base, "--tp-size", str(tp * dp), "--pp-size", str(pp)]
+    if dp > 1:
+        first += ["--attn-dp-size", str(dp)]
+    if ep > 1:
+        first += ["--ep-size", str(ep)]
+    first += ["--mem-fraction-static", _fraction(1 - r.memory_margin_fraction)]
+    first_notes = list(notes)
+    _sglang_scheduler(first, first_notes, config, r.scheduler, "replica.scheduler", dp)
+    decode = c.decode
+    if decode is not None:
+        first += ["--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "nixl"]
+    out = [
+        LaunchCommand(
+            "sglang",
+            "aggregated" if decode is None else "prefill",
+            c.num_replicas,
+            _gpus(tp, pp, dp),
+            r.device,
+            tuple(first),
+            tuple(first_notes),
+        )
+    ]
+    if decode is not None:
+        d = decode.resolve(r)  # the decode pool's layout, unset keys the replica's
+        dtp, dpp, ddp = d.tensor_parallel_size, d.num_pipeline_stages, d.data_parallel_size
+        argv = [*base, "--tp-size", str(dtp * ddp), "--pp-size", str(dpp)]
+        if ddp > 1:
+            argv += ["--attn-dp-size", str(ddp)]
+        if d.expert_parallel_size > 1:
+            argv += ["--ep-size", str(d.expert_parallel_size)]
+        argv += ["--mem-fraction-static", _fraction(1 - d.memory_margin_fraction)]
+        dnotes = [_decode_router_note(decode.global_scheduler.policy)]
+        if decode.kv_offload is not None:
+            dnotes.append(
+                "cluster.decode.kv_offload: a host KV tier; configure the engine's offloading "
+                "connector by hand"
+            )
+        sched = decode.scheduler if decode.scheduler is not None else r.scheduler
+        _sglang_scheduler(argv, dnotes, config, sched, "cluster.decode.scheduler", ddp)
+        argv += ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "nixl"]
+        out.append(
+            LaunchCommand(
+                "sglang",
+                "decode",
+                decode.num_replicas,
+                _gpus(dtp, dpp, ddp),
+                d.device,
+                tuple(argv),
+                tuple(dnotes),
+            )
+        )
+    return out
+
+
+def launch_script(config: SimulationConfig, framework: str) -> str:
+    """A shell script: a header, then each pool's notes and command.
+
+    Raises:
+        ConfigError: ``framework`` is not ``vllm`` or ``sglang``, or the config cannot be
+            launched on it (see ``vllm_commands`` / ``sglang_commands``).
+    """
+    if framework not in FRAMEWORKS:
+        raise ConfigError(
+            f"framework: must be one of {', '.join(FRAMEWORKS)}, got {framework!r}",
+            field="framework",
+            value=framework,
+        )
+    commands = vllm_commands(config) if framework == "vllm" else sglang_commands(config)
+    version = "vLLM 0.33" if framework == "vllm" else "SGLang 0.5.23"
+    header = [
+        "#!/usr/bin/env bash",
+        f"# {version} launch lines for a tokenyard-simulated deployment (tokenyard recommend).",
+        "# Lines starting with '#' are settings no flag carries; run each command on its own GPUs.",
+    ]
+    return "\n".join(header + [cmd.text() for cmd in commands]) + "\n"
+
+
+# ---- the tokenyard config ------------------------------------------------------------
+
+
+def config_toml(config: SimulationConfig) -> str:
+    """``config`` as a TOML document (every default filled in, ``base_dir`` absolute):
+    ``tokenyard simulate`` on it reruns the same simulation. Unset (``None``) keys are left
+    out, which reads back as unset."""
+    document = config_document(config)
+    lines: list[str] = ["# tokenyard simulation config (written by tokenyard recommend)"]
+    _toml_table(lines, [], document)
+    return "\n".join(lines) + "\n"
+
+
+def _toml_table(lines: list[str], path: list[str], table: Mapping[str, Any]) -> None:
+    scalars = [(k, v) for k, v in table.items() if v is not None and not isinstance(v, Mapping)]
+    tables = [(k, v) for k, v in table.items() if isinstance(v, Mapping)]
+    if path and (scalars or not tables):
+        lines.append("")
+        lines.append(f"[{'.'.join(_toml_key(p) for p in path)}]")
+    for key, value in scalars:
+        lines.append(f"{_toml_key(key)} = {_toml_value(value)}")
+    for key, value in tables:
+        _toml_table(lines, [*path, key], value)
+
+
+def _toml_key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, Mapping):
+        inner = ", ".join(
+            f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items() if v is not None
+        )
+        return "{" + inner + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise ConfigError(
+        f"config: {type(value).__name__} has no TOML form", field="config", value=repr(value)
+    )

@@ -17,6 +17,7 @@ __all__ = [
     "CompiledOps",
     "ComputedBlocks",
     "CountingAllocator",
+    "EncoderCache",
     "FullAttentionSpec",
     "GroupedComputedBlocks",
     "KvCoordinator",
@@ -525,6 +526,33 @@ class RadixCache:
     def check_invariants(self) -> None:
         """Raises InternalError if the internal bookkeeping is inconsistent (a bug)."""
 
+class _MmPositionLike(Protocol):
+    @property
+    def offset(self) -> int: ...
+    @property
+    def length(self) -> int: ...
+
+class _VllmMmFeatureLike(Protocol):
+    @property
+    def identifier(self) -> str: ...
+    @property
+    def mm_position(self) -> _MmPositionLike: ...
+
+class _MmFeatureObjectLike(Protocol):
+    @property
+    def offset(self) -> int: ...
+    @property
+    def length(self) -> int: ...
+    @property
+    def identifier(self) -> str: ...
+
+_MmFeatureLike: TypeAlias = (
+    _MmFeatureObjectLike
+    | _VllmMmFeatureLike
+    | tuple[int, int, str]
+    | tuple[int, int, str, Sequence[bool] | None]
+)
+
 class _SchedulerConfigLike(Protocol):
     """Read-only view of ``tokenyard.sched.SchedulerConfig`` (a frozen dataclass)."""
 
@@ -639,6 +667,13 @@ class SchedulerOutput:
     def kv_loads(self) -> list[KvLoad]:
         """KV loads that began this step (a KV connector's asynchronous loads); each
         request waits until ``Scheduler.finish_kv_transfers`` reports its load."""
+    @property
+    def scheduled_encoder_inputs(self) -> dict[_RequestId, list[int]]:
+        """Per request whose items the encoder runs this step, their indices in its
+        ``mm_features`` (vLLM's name)."""
+    @property
+    def free_encoder_mm_hashes(self) -> list[str]:
+        """Identifiers the encoder cache evicted since the last step (vLLM's name)."""
 
 @final
 class KvLoad:
@@ -751,13 +786,20 @@ class Scheduler:
         stop_token_ids: _TokenIds | None = None,
         ignore_eos: bool = False,
         lora_id: int | None = None,
+        mm_features: Sequence[_MmFeatureLike] | None = None,
     ) -> None:
         """Queues a request. ``priority`` (default 0): lower runs first
         (policy="priority"); ties go by ``arrival_time`` (default 0.0) then arrival order.
+        ``mm_features``: its multimodal items (``tokenyard.sched.MmFeature``, vLLM's
+        ``MultiModalFeatureSpec`` or ``(offset, length, identifier[, is_embed])``), sorted by
+        offset, under the encoder budget and cache (docs/embedding.md).
 
         Raises:
-            InputError: duplicate id, empty prompt, ``max_tokens < 1``, or a prompt that
-                leaves no room for an output token under ``max_model_len``.
+            InputError: duplicate id, empty prompt, ``max_tokens < 1``, a prompt that
+                leaves no room for an output token under ``max_model_len``, or an item that
+                overlaps another, leaves the prompt, or could never be scheduled (more
+                embeddings than ``max_num_encoder_input_tokens`` or ``encoder_cache_size``;
+                longer than ``max_num_batched_tokens`` under ``disable_chunked_mm_input``).
         """
     def schedule(self, *, throttle_prefills: bool = False) -> SchedulerOutput:
         """Forms the next batch: running requests first, then admissions.
@@ -890,6 +932,49 @@ class Scheduler:
     def stats(self) -> SchedulerStats: ...
     def check_invariants(self) -> None:
         """Raises InternalError if the internal bookkeeping is inconsistent (a bug)."""
+    def encoder_cache_usage(self) -> tuple[int, int, int]:
+        """The encoder cache's ``(num_free_slots, num_freeable_slots, cache_size)``, in
+        embeddings."""
+    def encoder_cache_refs(self, mm_hash: str) -> int | None:
+        """Requests referencing the encoder cache's entry ``mm_hash`` (0: freeable);
+        ``None`` if no entry is held."""
+
+@final
+class EncoderCache:
+    """vLLM 0.33's ``EncoderCacheManager`` on its own (the scheduler's encoder cache), with
+    its method names; counts are encoder embeddings."""
+
+    def __new__(cls, cache_size: int) -> EncoderCache: ...
+    @property
+    def cache_size(self) -> int: ...
+    @property
+    def num_free_slots(self) -> int: ...
+    @property
+    def num_freeable_slots(self) -> int:
+        """Free slots plus those of entries no request references."""
+    def check_and_update_cache(self, request_id: _RequestId, input_id: int, mm_hash: str) -> bool:
+        """Whether ``mm_hash`` is held; if so the request references it."""
+    def can_allocate(self, num_embeds: int, budget: int, num_embeds_to_schedule: int) -> bool:
+        """Whether ``num_embeds`` fit the budget and (after those already promised) the
+        cache, evicting unreferenced entries oldest first if needed."""
+    def allocate(
+        self, request_id: _RequestId, input_id: int, mm_hash: str, num_embeds: int
+    ) -> None:
+        """Raises:
+        InputError: no room (``can_allocate`` first), or ``mm_hash`` held with another
+            count."""
+    def free_encoder_input(self, request_id: _RequestId, input_id: int, mm_hash: str) -> None: ...
+    def get_cached_input_ids(self, request_id: _RequestId) -> list[int]: ...
+    def get_cached_num_encoder_embeds(self, mm_hash: str) -> int | None: ...
+    def num_refs(self, mm_hash: str) -> int: ...
+    def entries(self) -> list[str]:
+        """Held identifiers, sorted."""
+    def freeable(self) -> list[str]:
+        """Unreferenced identifiers, oldest first (the eviction order)."""
+    def get_freed_mm_hashes(self) -> list[str]:
+        """Identifiers evicted since the last call, less those allocated again."""
+    def check_invariants(self) -> None:
+        """Raises InternalError if the counters disagree with the entries (a bug)."""
 
 @final
 class SimRequestView:

@@ -25,6 +25,7 @@ from tokenyard._checks import check_key_choice, check_key_int, fail
 from tokenyard._core import (
     CachedRequestData,
     ChunkedLocalAttentionSpec,
+    EncoderCache,
     FullAttentionSpec,
     KvLoad,
     MambaSpec,
@@ -39,8 +40,10 @@ from tokenyard._core import (
 __all__ = [
     "PLACEHOLDER_DRAFT",
     "CachedRequestData",
+    "EncoderCache",
     "KvConnector",
     "KvLoad",
+    "MmFeature",
     "NewRequestData",
     "PolicyPlugin",
     "RequestView",
@@ -214,6 +217,19 @@ class SchedulerConfig:
     ``FullAttentionSpec``: the single-group pool. Refused with ``prefix_cache="radix"``,
     ``host_num_blocks``, a KV connector, and a ``MambaSpec`` with prefix caching (see
     ``docs/kv.md``)."""
+    max_num_encoder_input_tokens: int = 0
+    """Encoder embeddings computed per step, all requests together (vLLM 0.33's encoder
+    compute budget); 0 = ``max_num_batched_tokens``, vLLM's default. A request's item whose
+    encoder output is not cached and does not fit what is left stops the request's tokens
+    just before the item (``docs/embedding.md``). vLLM raises the budget to the model's
+    largest item; here a larger item is refused at ``add_request``."""
+    encoder_cache_size: int = 0
+    """Embeddings the encoder cache holds (vLLM 0.33's ``encoder_cache_size``); 0 =
+    ``max_num_batched_tokens``. Items with one identifier share an entry; an entry no
+    request needs stays until an allocation evicts it (oldest first)."""
+    disable_chunked_mm_input: bool = False
+    """vLLM 0.33: never schedule part of an item's placeholder range; a chunk that would end
+    inside one stops before it."""
 
     def __post_init__(self) -> None:
         groups = self.kv_groups
@@ -242,6 +258,25 @@ class SchedulerConfig:
         check_key_choice("prefix_cache", self.prefix_cache, ("block_hash", "radix"))
 
 
+@dataclass(frozen=True)
+class MmFeature:
+    """One multimodal item of a prompt (vLLM 0.33's ``MultiModalFeatureSpec`` with its
+    ``PlaceholderRange``), for ``Scheduler.add_request(..., mm_features=[...])``. vLLM's own
+    ``MultiModalFeatureSpec`` objects and ``(offset, length, identifier)`` tuples are
+    accepted there too."""
+
+    offset: int
+    """Where the item's placeholder tokens start in the prompt."""
+    length: int
+    """Its placeholder tokens."""
+    identifier: str
+    """The encoder cache's key (vLLM's ``mm_hash``): items with one identifier share one
+    encoder output."""
+    is_embed: tuple[bool, ...] | None = None
+    """Which placeholder positions take an encoder embedding (vLLM's ``is_embed``);
+    ``None``: all. The item costs its embeddings in the budget and the cache."""
+
+
 _GROUP_SPECS = (FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec, MambaSpec)
 
 _COUNT_FIELDS = (
@@ -255,6 +290,8 @@ _COUNT_FIELDS = (
     "num_speculative_tokens",
     "max_loras",
     "host_num_blocks",
+    "max_num_encoder_input_tokens",
+    "encoder_cache_size",
 )
 _FLAG_FIELDS = (
     "pad_spec_decode",
@@ -266,6 +303,7 @@ _FLAG_FIELDS = (
     "enable_prefix_caching",
     "prioritize_prefill",
     "async_scheduling",
+    "disable_chunked_mm_input",
 )
 
 

@@ -8,6 +8,7 @@ mod kv;
 mod plugin;
 mod sched;
 mod sched_connector;
+mod sched_encoder;
 mod sched_output;
 mod sim;
 mod workload;

@@ -25,6 +25,7 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<PySchedulerStats>()?;
     module.add_class::<crate::plugin::PyRequestView>()?;
     module.add_class::<crate::sched_connector::PyKvLoad>()?;
+    module.add_class::<crate::sched_encoder::PyEncoderCache>()?;
     Ok(())
 }
 
@@ -123,6 +124,7 @@ pub(crate) fn core_config(config: &Bound<'_, PyAny>) -> PyResult<(SchedulerConfi
         reserve_null_block: field(config, "reserve_null_block")?,
         prefill_schedule_interval: count_field(config, "prefill_schedule_interval")?,
         kv_groups: kv_groups(config)?,
+        encoder: crate::sched_encoder::encoder_config(config)?,
     };
     Ok((core, field(config, "async_scheduling")?))
 }
@@ -232,7 +234,8 @@ impl PyScheduler {
     }
 
     #[pyo3(signature = (request_id, prompt_token_ids, max_tokens, *, priority = None, arrival_time = None,
-        eos_token_id = None, stop_token_ids = None, ignore_eos = false, lora_id = None))]
+        eos_token_id = None, stop_token_ids = None, ignore_eos = false, lora_id = None,
+        mm_features = None))]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &mut self,
@@ -245,6 +248,7 @@ impl PyScheduler {
         stop_token_ids: Option<&Bound<'_, PyAny>>,
         ignore_eos: bool,
         lora_id: Option<&Bound<'_, PyAny>>,
+        mm_features: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let py = request_id.py();
         let id = RequestId::from_py(request_id)?;
@@ -280,6 +284,10 @@ impl PyScheduler {
                 .transpose()?,
             external_id: None,
             num_deferred_prompt_tokens: 0,
+            mm_features: match mm_features {
+                Some(items) if !items.is_none() => crate::sched_encoder::mm_features(items)?,
+                _ => Vec::new(),
+            },
         };
         self.inner.add_request(id, spec).or_raise(py)
     }
@@ -592,5 +600,17 @@ impl PyScheduler {
 
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
         invariants(py, self.inner.check_invariants())
+    }
+
+    /// The encoder cache's `(num_free_slots, num_freeable_slots, cache_size)`.
+    fn encoder_cache_usage(&self) -> (usize, usize, usize) {
+        self.inner.encoder_cache_usage()
+    }
+
+    /// Requests referencing the encoder cache's entry `mm_hash`; `None` if none is held.
+    fn encoder_cache_refs(&self, mm_hash: &str) -> Option<usize> {
+        self.inner
+            .encoder_cache_contains(mm_hash)
+            .then(|| self.inner.encoder_cache_refs(mm_hash))
     }
 }

@@ -245,6 +245,16 @@ impl PySchedulerOutput {
         kv_loads(py, &self.inner.kv_loads)
     }
 
+    #[getter]
+    fn scheduled_encoder_inputs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        crate::sched_encoder::scheduled_encoder_inputs(py, &self.inner)
+    }
+
+    #[getter]
+    fn free_encoder_mm_hashes(&self) -> Vec<String> {
+        self.inner.free_encoder_mm_hashes.clone()
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "SchedulerOutput(new={}, resumed={}, running={}, total_num_scheduled_tokens={}, preempted={}, finished={}, kv_loads={})",

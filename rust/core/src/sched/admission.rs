@@ -139,7 +139,12 @@ impl<R: RequestKey> Scheduler<R> {
         let hit = self
             .kv
             .lookup(&request.all_token_ids, lora_id, earlier, known);
-        if !self.full_sequence_fits(slot, Some(&hit)) {
+        let fits = self.full_sequence_fits(slot, Some(&hit));
+        // A multimodal request is refused by that gate only after its items are looked up
+        // (vLLM 0.33 checks it in allocate_slots, after the encoder step, whose lookups and
+        // evictions stand).
+        let has_mm = !self.req(slot).spec.mm_features.is_empty();
+        if !fits && (!has_mm || hit.num_host_tokens() > 0) {
             self.blocked_head = Some((seq, hit));
             return Ok(Admission::Blocked);
         }
@@ -154,12 +159,22 @@ impl<R: RequestKey> Scheduler<R> {
             self.blocked_head = Some((seq, hit));
             return Ok(Admission::Blocked);
         }
-        let Some(AdmissionTokens { mut n, mut padded }) =
+        let Some(AdmissionTokens { n, mut padded }) =
             self.admission_tokens(slot, num_computed, *budget, plan)
         else {
             self.blocked_head = Some((seq, hit));
             return Ok(Admission::Blocked);
         };
+        let (mut n, encoder) = self.schedule_encoder_inputs(slot, num_computed, n);
+        if n == 0 {
+            // vLLM 0.33 skips it (the encoder budget or cache is spent) and goes on.
+            return Ok(Admission::SteppedAside);
+        }
+        if !fits {
+            self.encoder_release(slot);
+            self.blocked_head = Some((seq, hit));
+            return Ok(Admission::Blocked);
+        }
         let lookahead = self.lookahead(num_computed + n);
         let tokens = &self.slots[slot as usize]
             .as_ref()
@@ -193,9 +208,11 @@ impl<R: RequestKey> Scheduler<R> {
                 .allocate(slot, tokens, n, lookahead, Some(&hit), lora_id, with_ids)?
         };
         let Some(mut blocks) = allocated else {
+            self.encoder_release(slot);
             self.blocked_head = Some((seq, hit));
             return Ok(Admission::Blocked);
         };
+        self.commit_encoder_inputs(slot, encoder);
         if external.num_tokens > 0 && with_ids {
             blocks = self.kv.block_ids(slot).unwrap_or_default().to_vec();
         }

@@ -142,6 +142,8 @@ pub struct SchedulerConfig {
     /// what leaves its window, a Mamba group holds one block per request. Empty, or one
     /// full-attention group: the single-group pool of `prefix_cache`.
     pub kv_groups: Vec<KvGroupSpec>,
+    /// Multimodal encoder budget and cache (`sched::encoder`).
+    pub encoder: super::EncoderConfig,
 }
 
 impl Default for SchedulerConfig {
@@ -170,6 +172,7 @@ impl Default for SchedulerConfig {
             reserve_null_block: true,
             prefill_schedule_interval: 1,
             kv_groups: Vec::new(),
+            encoder: super::EncoderConfig::default(),
         }
     }
 }

@@ -5,6 +5,8 @@
 mod admission;
 mod config;
 mod connector;
+mod encoder;
+mod encoder_cache;
 mod kv;
 mod loads;
 mod multistep;
@@ -17,6 +19,8 @@ mod update;
 
 pub use config::{Policy, PrefixCache, PriorityTies, SchedulerConfig};
 pub use connector::{ExternalTokens, KvConnector, KvLoad};
+pub use encoder::{EncoderConfig, MmFeature};
+pub use encoder_cache::EncoderCache;
 pub use multistep::DecodeWindow;
 pub use output::{
     CachedRequestData, NewRequestData, SampledOutput, SchedulerOutput, SchedulerStats,

@@ -49,6 +49,12 @@ pub struct SchedulerOutput<R> {
     /// KV loads that began this step; their requests wait in `WAITING_FOR_REMOTE_KVS`
     /// until `Scheduler::finish_kv_transfers` reports them landed.
     pub kv_loads: Vec<super::KvLoad<R>>,
+    /// Per request whose items the encoder runs this step, their indices in its
+    /// `mm_features` (vLLM's `scheduled_encoder_inputs`), in scheduling order.
+    pub scheduled_encoder_inputs: Vec<(R, Vec<usize>)>,
+    /// Identifiers the encoder cache evicted since the last step (vLLM's
+    /// `free_encoder_mm_hashes`): the worker drops those outputs.
+    pub free_encoder_mm_hashes: Vec<String>,
 }
 
 /// The engine's result for one request of a step.

@@ -27,6 +27,9 @@ pub enum FinishReason {
     /// Sampled the EOS token or a stop token.
     Stop,
     Abort,
+    /// vLLM 0.33's `FINISHED_ERROR`: an item's identifier was cached with another
+    /// embedding count (`sched::encoder`).
+    Error,
 }
 
 impl FinishReason {
@@ -35,6 +38,7 @@ impl FinishReason {
             FinishReason::Length => "length",
             FinishReason::Stop => "stop",
             FinishReason::Abort => "abort",
+            FinishReason::Error => "error",
         }
     }
 }
@@ -59,6 +63,8 @@ pub struct RequestSpec {
     /// [`PromptSource`] makes its tokens when they are first needed. 0: the prompt is
     /// `prompt_token_ids`.
     pub num_deferred_prompt_tokens: usize,
+    /// Its multimodal items, sorted by offset (`sched::encoder`); empty for a text prompt.
+    pub mm_features: Vec<super::MmFeature>,
 }
 
 /// A prompt a [`PromptSource`] made: its tokens, and optionally the block hashes of its

@@ -79,6 +79,8 @@ pub struct Scheduler<R: RequestKey> {
     /// load not landed, a LoRA slot, a connector that cannot tell yet. A slot stays until
     /// its request is admitted or finishes.
     pub(super) deferred: FxHashSet<u32>,
+    /// Multimodal encoder budget and cache (`sched::encoder`).
+    pub(super) encoder: super::encoder::Encoder,
 }
 
 /// A finished request with outputs still in flight (async scheduling).
@@ -169,6 +171,7 @@ impl<R: RequestKey> Scheduler<R> {
         config.validate_scheduler()?;
         let kv = Kv::new(&config, async_scheduling)?;
         let interval = config.prefill_schedule_interval as i64;
+        let encoder = super::encoder::Encoder::new(&config);
         Ok(Self {
             waiting: Waiting::new(config.policy),
             config,
@@ -201,6 +204,7 @@ impl<R: RequestKey> Scheduler<R> {
             prefill_capacity_bound: false,
             deferred: FxHashSet::default(),
             admit_new: true,
+            encoder,
         })
     }
 
@@ -392,6 +396,7 @@ impl<R: RequestKey> Scheduler<R> {
         let mut budget = self.config.max_num_batched_tokens;
         self.step_threshold = self.long_prefill_threshold();
         self.defer_prefills = self.prefill_gate(throttle_prefills);
+        self.encoder_begin_step();
         // The plan's maps keep their capacity from step to step (no rehashing as they grow).
         let mut plan = std::mem::take(&mut self.spare_plan);
         let mut admission_error = None;
@@ -541,14 +546,21 @@ impl<R: RequestKey> Scheduler<R> {
                 i += 1;
                 continue;
             }
+            let (n, encoder) =
+                self.schedule_encoder_inputs(slot, self.req(slot).num_computed_tokens, n);
+            if n == 0 {
+                i += 1;
+                continue;
+            }
             let num_running = self.running.len();
-            let prefill_chunk = request.is_prefill_chunk;
+            let prefill_chunk = self.req(slot).is_prefill_chunk;
             match self.allocate_running(slot, n, budget, plan)? {
                 Allocation::Scheduled(blocks) => {
                     plan.prefill_scheduled |= prefill_chunk;
                     plan.scheduled.push((slot, n));
                     plan.set_blocks(slot, blocks);
                     *budget -= n;
+                    self.commit_encoder_inputs(slot, encoder);
                 }
                 Allocation::PreemptedItself => {}
             }
@@ -649,6 +661,7 @@ impl<R: RequestKey> Scheduler<R> {
         plan: &mut StepPlan<R>,
     ) -> Result<()> {
         self.kv.free(victim)?;
+        self.encoder_preempted(victim);
         self.running.retain(|&s| s != victim);
         if plan.take_blocks(victim).is_some() {
             let pos = plan
@@ -695,7 +708,10 @@ impl<R: RequestKey> Scheduler<R> {
                 .collect(),
             finished_req_ids: std::mem::take(&mut self.finished_since_last_step),
             kv_loads: std::mem::take(&mut plan.kv_loads),
+            scheduled_encoder_inputs: Vec::new(),
+            free_encoder_mm_hashes: Vec::new(),
         };
+        self.encoder_end_step(&plan.scheduled, &mut out);
         for &(slot, n) in &plan.scheduled {
             let blocks = plan.new_blocks[slot as usize].take().unwrap_or_default();
             let hybrid = self.config.is_hybrid();

@@ -67,6 +67,7 @@ impl<R: RequestKey> Scheduler<R> {
                 ),
             ));
         }
+        self.check_mm_features(&spec, num_prompt_tokens)?;
         if !spec.arrival_time.is_finite() {
             return Err(Error::input(
                 "arrival_time",
@@ -132,6 +133,7 @@ impl<R: RequestKey> Scheduler<R> {
         outputs: &[SampledOutput<R>],
     ) -> Result<Vec<(R, FinishReason)>> {
         self.check_outputs(outputs)?;
+        self.encoder_free_passed(outputs);
         let mut finished = Vec::new();
         let mut connector_error = None;
         for output in outputs {
@@ -145,6 +147,12 @@ impl<R: RequestKey> Scheduler<R> {
                 if let Err(err) = self.finish(slot, reason) {
                     connector_error.get_or_insert(err);
                 }
+            }
+        }
+        for slot in self.take_encoder_mismatches() {
+            finished.push((self.req(slot).request_id.clone(), FinishReason::Error));
+            if let Err(err) = self.finish(slot, FinishReason::Error) {
+                connector_error.get_or_insert(err);
             }
         }
         connector_error.map_or(Ok(finished), Err)
@@ -392,6 +400,7 @@ impl<R: RequestKey> Scheduler<R> {
     /// left running past its stop would never finish at `max_model_len`) and its blocks are
     /// freed, as if the connector had not asked to keep them; the error is returned after.
     fn finish(&mut self, slot: u32, reason: FinishReason) -> Result<()> {
+        self.encoder_release(slot);
         let request = self.slots[slot as usize].as_ref().expect("live");
         let in_flight = request.num_sampling_steps();
         let status = request.status;
@@ -525,6 +534,18 @@ impl<R: RequestKey> Scheduler<R> {
                  --disable-hybrid-kv-cache-manager)",
             ));
         }
+        if self
+            .slots
+            .iter()
+            .flatten()
+            .any(|r| !r.spec.mm_features.is_empty())
+        {
+            return Err(Error::config(
+                "connector",
+                "a KV connector",
+                "multimodal requests are queued, and their loads would bypass the encoder step",
+            ));
+        }
         self.connector = Some(connector);
         Ok(())
     }
@@ -561,6 +582,7 @@ impl<R: RequestKey> Scheduler<R> {
     /// Describes the first broken invariant, if any.
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
         self.kv.check_invariants()?;
+        self.check_encoder()?;
         let waiting = self.waiting.ordered();
         if waiting.len() + self.running.len() != self.index.len() {
             return Err(format!(

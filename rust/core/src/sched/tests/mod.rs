@@ -6,6 +6,7 @@ mod budgets;
 mod cadence;
 mod connectors;
 mod deferred;
+mod encoder;
 mod hybrid;
 mod lifecycle;
 mod memory;

@@ -1,0 +1,457 @@
+//! Multimodal encoder inputs in the step (vLLM 0.33's `Scheduler._try_schedule_encoder_inputs`
+//! and its callers, `v1/core/sched/scheduler.py`). A request's items (images, audio clips)
+//! sit at placeholder ranges of its prompt; before the decoder computes any token of an
+//! item's range, the item's encoder output must be in the encoder cache (`encoder_cache`),
+//! cached from an earlier step or request, or computed this step under the encoder compute
+//! budget (`max_num_encoder_input_tokens`, in embeddings) and with room in the cache. When
+//! neither, the request's tokens stop just before the item (none if it already passed the
+//! item's start, as after a prefix hit). A request lets go of an item once its computed
+//! tokens pass it, and of all of them when it finishes or is preempted.
+//!
+//! Invariant: the cache's references are the items of live requests (`EncoderCache::check`
+//! for the cache's own counters).
+
+use super::encoder_cache::EncoderCache;
+use super::output::{SampledOutput, SchedulerOutput};
+use super::scheduler::Scheduler;
+use super::{RequestSpec, SchedulerConfig};
+use crate::kv::RequestKey;
+use crate::{Error, Result};
+
+/// The encoder options of vLLM 0.33's `SchedulerConfig`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EncoderConfig {
+    /// Encoder embeddings computed per step, all requests together (0: vLLM's default,
+    /// `max_num_batched_tokens`). vLLM raises it to the model's largest item
+    /// (`compute_mm_encoder_budget`); here an item larger than it is refused at
+    /// `add_request`.
+    pub max_num_encoder_input_tokens: usize,
+    /// Embeddings the encoder cache holds (0: `max_num_batched_tokens`, vLLM's default).
+    pub encoder_cache_size: usize,
+    /// Never schedule part of an item's placeholder range: a chunk that would end inside
+    /// one stops before it.
+    pub disable_chunked_mm_input: bool,
+}
+
+impl EncoderConfig {
+    /// The compute budget per step, in embeddings.
+    pub fn compute_budget(&self, max_num_batched_tokens: usize) -> usize {
+        match self.max_num_encoder_input_tokens {
+            0 => max_num_batched_tokens,
+            n => n,
+        }
+    }
+
+    /// The cache's size, in embeddings.
+    pub fn cache_size(&self, max_num_batched_tokens: usize) -> usize {
+        match self.encoder_cache_size {
+            0 => max_num_batched_tokens,
+            n => n,
+        }
+    }
+}
+
+/// One multimodal item of a prompt (vLLM's `MultiModalFeatureSpec` with its
+/// `PlaceholderRange`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MmFeature {
+    /// Where its placeholder range starts in the prompt.
+    pub offset: usize,
+    /// Its placeholder tokens.
+    pub length: usize,
+    /// The cache key (vLLM's `mm_hash`): items with equal identifiers share one entry.
+    pub identifier: String,
+    /// Which placeholder positions take an encoder embedding (vLLM's `is_embed`); `None`:
+    /// all of them.
+    pub is_embed: Option<Vec<bool>>,
+}
+
+impl MmFeature {
+    /// Encoder embeddings the item makes: what it costs in the budget and holds in the cache.
+    pub fn num_embeds(&self) -> usize {
+        self.is_embed
+            .as_ref()
+            .map_or(self.length, |mask| mask.iter().filter(|&&e| e).count())
+    }
+
+    /// Embeddings at placeholder positions `[start, end)` (relative to `offset`).
+    fn num_embeds_in(&self, start: usize, end: usize) -> usize {
+        match &self.is_embed {
+            None => end.saturating_sub(start),
+            Some(mask) => mask[start.min(end)..end].iter().filter(|&&e| e).count(),
+        }
+    }
+}
+
+/// The scheduler's encoder state: the cache (keyed by slot) and this step's budget.
+pub(super) struct Encoder {
+    pub(super) cache: EncoderCache<u32>,
+    budget_per_step: usize,
+    /// Budget left in this step.
+    budget: usize,
+    /// Inputs to encode this step, by request, in scheduling order.
+    step_inputs: Vec<(u32, Vec<usize>)>,
+    /// The latest step's scheduled requests that have items, in batch order: the requests
+    /// whose passed items `update_from_output` frees.
+    last_batch: Vec<u32>,
+    /// Requests whose item's identifier is cached with another embedding count (vLLM 0.33
+    /// finishes them with an error at the next update), by slot and `arrival_seq` (a slot
+    /// may hold another request by then).
+    mismatched: Vec<(u32, u64)>,
+}
+
+impl Encoder {
+    pub(super) fn new(config: &SchedulerConfig) -> Self {
+        let budget = config.encoder.compute_budget(config.max_num_batched_tokens);
+        Self {
+            cache: EncoderCache::new(config.encoder.cache_size(config.max_num_batched_tokens)),
+            budget_per_step: budget,
+            budget,
+            step_inputs: Vec::new(),
+            last_batch: Vec::new(),
+            mismatched: Vec::new(),
+        }
+    }
+}
+
+/// What `schedule_encoder_inputs` decided for one request, applied by
+/// `commit_encoder_inputs` only if the request is scheduled.
+#[derive(Default)]
+pub(super) struct EncoderPick {
+    inputs: Vec<usize>,
+    /// Items whose identifier an earlier input of this request encodes this step.
+    duplicates: Vec<usize>,
+    budget_left: usize,
+}
+
+impl<R: RequestKey> Scheduler<R> {
+    /// `add_request`'s checks on the items: sorted, disjoint, inside the prompt, each able
+    /// to be scheduled one day (within the budget and the cache; whole under
+    /// `disable_chunked_mm_input`).
+    pub(super) fn check_mm_features(
+        &self,
+        spec: &RequestSpec,
+        num_prompt_tokens: usize,
+    ) -> Result<()> {
+        let features = &spec.mm_features;
+        if features.is_empty() {
+            return Ok(());
+        }
+        if self.connector.is_some() || self.config.host_num_blocks > 0 {
+            return Err(Error::input(
+                "mm_features",
+                features.len(),
+                "multimodal requests with a KV connector or a host KV tier (host_num_blocks) \
+                 are not modelled: their loads bypass the encoder step",
+            ));
+        }
+        let cfg = &self.config;
+        let budget = cfg.encoder.compute_budget(cfg.max_num_batched_tokens);
+        let cache_size = cfg.encoder.cache_size(cfg.max_num_batched_tokens);
+        let mut end = 0;
+        for (i, f) in features.iter().enumerate() {
+            let bad = |why: String| Error::input("mm_features", format!("item {i} {f:?}"), why);
+            if f.length == 0 {
+                return Err(bad("must have at least one placeholder token".into()));
+            }
+            if i > 0 && f.offset < end {
+                return Err(bad(format!(
+                    "must start at or after the previous item's end ({end}): items are \
+                     sorted by offset and disjoint"
+                )));
+            }
+            end = f.offset + f.length;
+            if end > num_prompt_tokens {
+                return Err(bad(format!(
+                    "must lie inside the {num_prompt_tokens}-token prompt"
+                )));
+            }
+            if f.is_embed.as_ref().is_some_and(|m| m.len() != f.length) {
+                return Err(bad(
+                    "is_embed must have one entry per placeholder token".into()
+                ));
+            }
+            let num_embeds = f.num_embeds();
+            if num_embeds > budget {
+                return Err(bad(format!(
+                    "needs {num_embeds} encoder embeddings, more than \
+                     max_num_encoder_input_tokens={budget} (vLLM raises the budget to the \
+                     largest item; it would never be scheduled)"
+                )));
+            }
+            if num_embeds > cache_size {
+                return Err(bad(format!(
+                    "needs {num_embeds} encoder embeddings, more than \
+                     encoder_cache_size={cache_size}"
+                )));
+            }
+            if cfg.encoder.disable_chunked_mm_input && f.length > cfg.max_num_batched_tokens {
+                return Err(bad(format!(
+                    "is longer than max_num_batched_tokens={} under \
+                     disable_chunked_mm_input (vLLM refuses such a model at start-up)",
+                    cfg.max_num_batched_tokens
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// A new step: the full encoder budget, no inputs yet.
+    pub(super) fn encoder_begin_step(&mut self) {
+        self.encoder.budget = self.encoder.budget_per_step;
+        self.encoder.step_inputs.clear();
+    }
+
+    /// vLLM 0.33's `_try_schedule_encoder_inputs`: the tokens `n` the request at `slot`
+    /// (with `num_computed` computed) may take given its items in `[num_computed,
+    /// num_computed + n)`, and the inputs to encode for them. Looking items up references
+    /// the cached ones, as in vLLM, whether or not the request is then scheduled.
+    pub(super) fn schedule_encoder_inputs(
+        &mut self,
+        slot: u32,
+        num_computed: usize,
+        mut n: usize,
+    ) -> (usize, Option<EncoderPick>) {
+        let request = self.slots[slot as usize]
+            .as_ref()
+            .expect("scheduled slot is live");
+        let (features, arrival_seq) = (&request.spec.mm_features, request.arrival_seq);
+        if n == 0 || features.is_empty() {
+            return (n, None);
+        }
+        let window_end = num_computed + n;
+        // Items overlapping [num_computed, window_end) (vLLM's get_mm_features_in_window).
+        let lo = features.partition_point(|f| f.offset + f.length < num_computed + 1);
+        let hi = features.partition_point(|f| f.offset < window_end);
+        let cache = &mut self.encoder.cache;
+        let mut pick = EncoderPick {
+            budget_left: self.encoder.budget,
+            ..EncoderPick::default()
+        };
+        let mut to_schedule: Vec<(&str, usize)> = Vec::new();
+        let mut num_embeds_to_schedule = 0;
+        for (i, f) in features.iter().enumerate().take(hi).skip(lo) {
+            let (start, num_embeds) = (f.offset, f.num_embeds());
+            if self.config.encoder.disable_chunked_mm_input
+                && num_computed <= start
+                && num_computed + n < start + f.length
+            {
+                n = start - num_computed;
+                break;
+            }
+            let id = f.identifier.as_str();
+            if let Some(&(_, scheduled)) = to_schedule.iter().find(|(h, _)| *h == id) {
+                if scheduled != num_embeds {
+                    self.encoder.mismatched.push((slot, arrival_seq));
+                    return (0, None);
+                }
+                pick.duplicates.push(i);
+                continue;
+            }
+            if cache.cached_num_embeds(id).is_some_and(|c| c != num_embeds) {
+                self.encoder.mismatched.push((slot, arrival_seq));
+                return (0, None);
+            }
+            if cache.check_and_update_cache(&slot, i, id) {
+                continue;
+            }
+            if !cache.can_allocate(num_embeds, pick.budget_left, num_embeds_to_schedule) {
+                // The encoder sees an item whole (bidirectional attention): stop before it.
+                n = if num_computed < start {
+                    n.min(start - num_computed)
+                } else {
+                    0
+                };
+                break;
+            }
+            let start_rel = num_computed.saturating_sub(start);
+            let end_rel = f.length.min(window_end - start);
+            if f.num_embeds_in(start_rel, end_rel) == 0 {
+                continue;
+            }
+            num_embeds_to_schedule += num_embeds;
+            pick.budget_left -= num_embeds;
+            to_schedule.push((id, num_embeds));
+            pick.inputs.push(i);
+        }
+        (n, Some(pick))
+    }
+
+    /// The request at `slot` was scheduled with `pick`: its inputs take budget and cache
+    /// room (vLLM's `_allocate_encoder_inputs`).
+    pub(super) fn commit_encoder_inputs(&mut self, slot: u32, pick: Option<EncoderPick>) {
+        let Some(pick) = pick else { return };
+        if pick.inputs.is_empty() {
+            return;
+        }
+        let features = &self.slots[slot as usize]
+            .as_ref()
+            .expect("live")
+            .spec
+            .mm_features;
+        let cache = &mut self.encoder.cache;
+        for &i in &pick.inputs {
+            let f = &features[i];
+            cache.allocate(&slot, i, &f.identifier, f.num_embeds());
+        }
+        for &i in &pick.duplicates {
+            cache.check_and_update_cache(&slot, i, &features[i].identifier);
+        }
+        self.encoder.budget = pick.budget_left;
+        self.encoder.step_inputs.push((slot, pick.inputs));
+    }
+
+    /// Drops every reference of the request at `slot` (it finished, was preempted, or could
+    /// not be admitted after its items were looked up).
+    pub(super) fn encoder_release(&mut self, slot: u32) {
+        let Some(request) = self.slots[slot as usize].as_ref() else {
+            return;
+        };
+        let features = &request.spec.mm_features;
+        if features.is_empty() {
+            return;
+        }
+        self.encoder
+            .cache
+            .free(&slot, |i| features[i].identifier.clone());
+    }
+
+    /// A preempted request: its references go, and inputs it had this step give their
+    /// budget back (vLLM restores it when a scheduled request is preempted).
+    pub(super) fn encoder_preempted(&mut self, slot: u32) {
+        if let Some(pos) = self
+            .encoder
+            .step_inputs
+            .iter()
+            .position(|(s, _)| *s == slot)
+        {
+            let (_, inputs) = self.encoder.step_inputs.remove(pos);
+            let features = &self.req(slot).spec.mm_features;
+            self.encoder.budget += inputs
+                .iter()
+                .map(|&i| features[i].num_embeds())
+                .sum::<usize>();
+        }
+        self.encoder_release(slot);
+    }
+
+    /// The step's encoder fields of `out` (`scheduled`: its requests in batch order), and
+    /// the requests whose passed items the next update frees.
+    pub(super) fn encoder_end_step(
+        &mut self,
+        scheduled: &[(u32, usize)],
+        out: &mut SchedulerOutput<R>,
+    ) {
+        self.encoder.last_batch.clear();
+        for &(slot, _) in scheduled {
+            if !self.req(slot).spec.mm_features.is_empty() {
+                self.encoder.last_batch.push(slot);
+            }
+        }
+        out.scheduled_encoder_inputs = std::mem::take(&mut self.encoder.step_inputs)
+            .into_iter()
+            .map(|(slot, inputs)| (self.req(slot).request_id.clone(), inputs))
+            .collect();
+        out.free_encoder_mm_hashes = self.encoder.cache.take_freed();
+    }
+
+    /// vLLM 0.33's `_free_encoder_inputs` in `update_from_output`, for the latest step's
+    /// requests in batch order: an item whose range lies wholly before the tokens computed
+    /// for sure (less rejected drafts and outputs in flight) is let go. Runs before
+    /// `outputs` are applied, with their rejections counted as vLLM counts them.
+    pub(super) fn encoder_free_passed(&mut self, outputs: &[SampledOutput<R>]) {
+        if self.encoder.last_batch.is_empty() || !self.encoder.cache.has_requests() {
+            return;
+        }
+        // Rejections are rare: look them up in a short list, not every output.
+        let rejections: Vec<(&R, usize)> = outputs
+            .iter()
+            .filter(|o| o.num_rejected_tokens > 0)
+            .map(|o| (&o.request_id, o.num_rejected_tokens))
+            .collect();
+        for k in 0..self.encoder.last_batch.len() {
+            let slot = self.encoder.last_batch[k];
+            let Some(request) = self.slots[slot as usize].as_ref() else {
+                continue;
+            };
+            if request.status != super::RequestStatus::Running {
+                continue;
+            }
+            let rejected = rejections
+                .iter()
+                .find(|(id, _)| **id == request.request_id)
+                .map_or(0, |&(_, n)| n);
+            let placeholders = request.num_output_placeholders.saturating_sub(rejected);
+            let done = request
+                .num_computed_tokens
+                .saturating_sub(rejected)
+                .saturating_sub(placeholders);
+            let features = &request.spec.mm_features;
+            for i in self.encoder.cache.cached_input_ids(&slot) {
+                let f = &features[i];
+                if f.offset + f.length <= done {
+                    self.encoder
+                        .cache
+                        .free_encoder_input(&slot, i, &f.identifier);
+                }
+            }
+        }
+    }
+
+    /// Requests found with an identifier cached under another embedding count since the last
+    /// call (vLLM 0.33 finishes them with an error at the next update).
+    pub(super) fn take_encoder_mismatches(&mut self) -> Vec<u32> {
+        let mut flagged = std::mem::take(&mut self.encoder.mismatched);
+        flagged.sort_unstable();
+        flagged.dedup();
+        flagged
+            .into_iter()
+            .filter(|&(slot, seq)| {
+                self.slots[slot as usize]
+                    .as_ref()
+                    .is_some_and(|r| r.arrival_seq == seq)
+            })
+            .map(|(slot, _)| slot)
+            .collect()
+    }
+
+    /// The encoder cache's counters: embeddings free, free or freeable, and in all.
+    pub fn encoder_cache_usage(&self) -> (usize, usize, usize) {
+        let cache = &self.encoder.cache;
+        (
+            cache.num_free_slots(),
+            cache.num_freeable_slots(),
+            cache.cache_size(),
+        )
+    }
+
+    /// Requests referencing the encoder cache's entry `mm_hash` (0: freeable or absent).
+    pub fn encoder_cache_refs(&self, mm_hash: &str) -> usize {
+        self.encoder.cache.num_refs(mm_hash)
+    }
+
+    /// Whether the encoder cache holds an entry for `mm_hash` (referenced or freeable).
+    pub fn encoder_cache_contains(&self, mm_hash: &str) -> bool {
+        self.encoder.cache.contains(mm_hash)
+    }
+
+    /// The encoder side of `check_invariants`: the cache's counters, and its references
+    /// held by live requests only.
+    pub(super) fn check_encoder(&self) -> std::result::Result<(), String> {
+        self.encoder.cache.check()?;
+        for (slot, request) in self.slots.iter().enumerate() {
+            if request.is_none()
+                && !self
+                    .encoder
+                    .cache
+                    .cached_input_ids(&(slot as u32))
+                    .is_empty()
+            {
+                return Err(format!(
+                    "the encoder cache holds inputs of freed slot {slot}"
+                ));
+            }
+        }
+        Ok(())
+    }
+}

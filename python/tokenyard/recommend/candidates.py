@@ -157,6 +157,8 @@ class Candidate:
                 "device": self.decode.device,
                 "tensor_parallel_size": self.decode.tp,
                 "num_pipeline_stages": self.decode.pp,
+                "data_parallel_size": self.decode.dp,
+                "expert_parallel_size": self.decode.ep,
                 "scheduler": _scheduler(
                     policy, self.decode_max_num_seqs, self.max_num_batched_tokens
                 ),
@@ -320,7 +322,8 @@ def _agg_candidates(space: Space, priced: Sequence[_Priced]) -> list[Candidate]:
 
 
 def _disagg_candidates(space: Space, priced: Sequence[_Priced]) -> list[Candidate]:
-    plain = [p for p in priced if p.layout.dp == 1 and p.layout.ep == 1]
+    # Either pool may run EP and attention DP (MoE), as cluster.decode takes them too.
+    plain = list(priced)
     prefills = []
     for p in plain:
         for budget in CHUNK_SIZES[1:]:
@@ -330,6 +333,7 @@ def _disagg_candidates(space: Space, priced: Sequence[_Priced]) -> list[Candidat
                 max_num_batched_tokens=budget,
                 ttft_s=space.ttft_s if space.ttft_s is not None else math.inf,
                 num_stages=p.layout.pp,
+                data_parallel_size=p.layout.dp,
             )
             if pe is not None:
                 prefills.append((p, budget, pe))
@@ -338,7 +342,12 @@ def _disagg_candidates(space: Space, priced: Sequence[_Priced]) -> list[Candidat
 
         def decode(b: int, p: _Priced = p) -> est.DecodeEstimate:
             return est.decode_only(
-                p.price, isl=space.isl, osl=space.osl, batch_size=b, num_stages=p.layout.pp
+                p.price,
+                isl=space.isl,
+                osl=space.osl,
+                batch_size=b,
+                num_stages=p.layout.pp,
+                data_parallel_size=p.layout.dp,
             )
 
         de = est.best_batch(
@@ -358,7 +367,7 @@ def _disagg_candidates(space: Space, priced: Sequence[_Priced]) -> list[Candidat
             rp = pe.requests_per_s
             rd = de.requests_per_s
             if space.closed_loop:  # users: what the decode pool holds
-                rd = float(de.batch_size)
+                rd = float(de.batch_size * d.layout.dp)
             if max_gpus is not None:
                 best: tuple[float, int, int] | None = None
                 for x in range(1, max_gpus // p.layout.gpus + 1):

@@ -401,3 +401,32 @@ def test_a_load_the_search_cannot_time_is_refused_first() -> None:
     sessions = {"kind": "sessions", "num_sessions": 10}
     with pytest.raises(ConfigError, match="closed_loop"):
         recommend(_ask(workload=sessions), executor="serial")
+
+
+def test_mtp_variants_need_a_drafter_and_an_acceptance_rate() -> None:
+    """MTP speculative variants (1-3 tokens) join the aggregated candidates only for a model
+    with an MTP module and only with an acceptance rate (a property of the data); their
+    simulation configs are accepted as they are."""
+    from tokenyard.recommend.candidates import Space, enumerate_candidates
+
+    space = Space(isl=200, osl=50, ttft_s=0.5, tpot_s=0.05, gpus=16, disaggregated=False)
+    deepseek = _ask(model="deepseek-ai/DeepSeek-V3", systems=("h200",), gpus=16)
+    base = deepseek.base(deepseek.sample_workload())
+    plain, _ = enumerate_candidates(space, base, ["h200"], framework="vllm")
+    assert not any(c.speculative for c in plain)
+    with_mtp = dataclasses.replace(space, mtp_acceptance=0.7)
+    found, _ = enumerate_candidates(with_mtp, base, ["h200"], framework="vllm")
+    spec = [c for c in found if c.speculative]
+    assert len(spec) == 3 * len(plain)
+    assert {c.speculative["num_speculative_tokens"] for c in spec} == {1, 2, 3}
+    config = config_from_mapping(spec[0].simulation(base, "vllm_v1"))
+    assert config.replica.speculative.method == "mtp"
+    assert spec[0].label.endswith(" MTP1")
+    llama = _ask()  # Llama-3.1 ships no MTP module: no variants even with a rate
+    found, _ = enumerate_candidates(
+        dataclasses.replace(with_mtp, gpus=2),
+        llama.base(llama.sample_workload()),
+        ["h100-sxm"],
+        framework="vllm",
+    )
+    assert not any(c.speculative for c in found)

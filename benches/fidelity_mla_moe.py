@@ -10,11 +10,12 @@ experts under TP and under EP.
 Each deployment is mapped to both tools as a vLLM deployment would be:
 
 - tokenyard: ``replica.tensor_parallel_size`` (attention TP), ``expert_parallel_size``
-  (EP = TP x DP, or 1), ``data_parallel_size`` (attention DP), driven the way a
+  (EP = TP x DP, or 1), ``data_parallel_size`` (attention DP; without EP the experts
+  are one TP group of TP x DP GPUs), driven the way a
   simulation drives it (``config_from_mapping`` -> ``choose_execution`` ->
   ``build_predictor``); one DP rank's step is priced.
 - aiconfigurator (``sdk/engine.py`` ``compile_engine``): ``tp_size`` (attention TP),
-  ``attention_dp_size`` (DP), ``moe_tp_size`` / ``moe_ep_size`` (TP and 1 without
+  ``attention_dp_size`` (DP), ``moe_tp_size`` / ``moe_ep_size`` (TP x DP and 1 without
   expert parallelism; 1 and EP with it), ``nextn = 0`` (no MTP draft),
   ``kvcache_quant_mode = "bfloat16"`` (tokenyard's ``auto`` KV cache is the compute
   dtype; aiconfigurator infers FP8 for these checkpoints). Its batch is a DP rank's too
@@ -95,6 +96,7 @@ DEPLOYMENTS = (
     Deployment("nvidia/DeepSeek-V3.1-NVFP4", "b200_sxm", 4, moe_distribution=DS),
     Deployment("Qwen/Qwen3-235B-A22B-FP8", "h200_sxm", 4),
     Deployment("Qwen/Qwen3-235B-A22B-FP8", "h200_sxm", 4, ep=4),
+    Deployment("Qwen/Qwen3-235B-A22B-FP8", "h200_sxm", 2, dp=2),  # DP without EP
 )
 
 #: (group, tokenyard ops, aiconfigurator ops without the context_/generation_ prefix).
@@ -169,8 +171,13 @@ OP_GROUPS = (
         ),
     ),
     # Under TP, aiconfigurator's MoEDispatch (pre and post) costs a TP collective each;
-    # under attention DP, the all-to-all (its moe_a2a rows).
-    ("MoE pre/post dispatch (aiconfigurator)", (), ("moe_pre_dispatch", "moe_post_dispatch")),
+    # under attention DP, the all-to-all (its moe_a2a rows); under DP without EP, the
+    # gather and scatter over the DP ranks, tokenyard's moe_all_gather / reduce_scatter.
+    (
+        "MoE pre/post dispatch (aiconfigurator)",
+        ("moe_all_gather", "moe_reduce_scatter"),
+        ("moe_pre_dispatch", "moe_post_dispatch"),
+    ),
     ("all_reduce", ("all_reduce", "embedding_all_reduce"), ("tp_allreduce", "ar_1", "ar_2")),
     ("lm_head", ("lm_head",), ("logits_gemm",)),
 )
@@ -247,7 +254,7 @@ def aic_handle(dep: Deployment) -> Aic:
     kwargs: dict[str, Any] = {
         "tp_size": dep.tp,
         "attention_dp_size": dep.dp,
-        "moe_tp_size": dep.tp if dep.ep == 1 else 1,
+        "moe_tp_size": dep.tp * dep.dp if dep.ep == 1 else 1,  # DP without EP: TP x DP
         "moe_ep_size": dep.ep,
         "kvcache_quant_mode": "bfloat16",
         "nextn": 0,
@@ -403,13 +410,17 @@ def main() -> None:
     )
     parser.add_argument("--out", help="write every figure to this JSON file")
     parser.add_argument("--quick", action="store_true", help="DeepSeek-V3 H200 TP8 only")
+    parser.add_argument("--only", help="the deployments whose name contains this text")
     args = parser.parse_args()
     logging.disable(logging.WARNING)  # aiconfigurator logs every fallback it takes
     started = time.perf_counter()
     _, report = report_header()
     steps = step_grid()
     runs, skipped = [], []
-    for dep in DEPLOYMENTS[:1] if args.quick else DEPLOYMENTS:
+    chosen = DEPLOYMENTS[:1] if args.quick else DEPLOYMENTS
+    if args.only:
+        chosen = tuple(d for d in chosen if args.only in d.name)
+    for dep in chosen:
         try:
             run = run_deployment(dep, steps)
         except Exception as exc:  # report it and go on

@@ -131,12 +131,6 @@ def test_a_prefill_pool_with_expert_and_data_parallelism_is_served() -> None:
         ),
         (
             {},
-            {"tensor_parallel_size": 1, "expert_parallel_size": 1, "data_parallel_size": 4},
-            "cluster.decode.data_parallel_size",
-            "set cluster.decode.expert_parallel_size = 4",
-        ),
-        (
-            {},
             {"tensor_parallel_size": 2, "expert_parallel_size": 4, "data_parallel_size": 1},
             "cluster.decode.expert_parallel_size",
             "tensor_parallel_size x data_parallel_size = 2 x 1 = 2",

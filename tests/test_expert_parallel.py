@@ -1,6 +1,7 @@
 """Expert parallelism and attention data parallelism, as vLLM serves MoE models (issue 29,
-item 3): the layout keys and their refusals, memory per GPU by hand, and the measured
-pricing of DeepSeek-V3 (EP 8 over DP 8 on H200s) and Qwen3-235B (TP 4 against EP 4)."""
+item 3): the layout keys and their refusals (DP without EP accepted: test_dp_without_ep.py),
+memory per GPU by hand, and the measured pricing of DeepSeek-V3 (EP 8 over DP 8 on
+H200s) and Qwen3-235B (TP 4 against EP 4)."""
 
 from __future__ import annotations
 
@@ -119,11 +120,6 @@ def _config(replica: dict[str, Any], **cluster: Any) -> Any:
     ("replica", "field", "words"),
     [
         (
-            {"model": "mixtral-8x7b", "data_parallel_size": 2},
-            "replica.data_parallel_size",
-            "needs expert parallelism",
-        ),
-        (
             {"model": "mixtral-8x7b", "tensor_parallel_size": 2, "expert_parallel_size": 4},
             "replica.expert_parallel_size",
             "tensor_parallel_size x data_parallel_size = 2 x 1 = 2",
@@ -142,6 +138,16 @@ def test_contradictory_layouts_are_refused_naming_the_key(
         _config({"device": "h100-sxm", **replica})
     assert error.value.field == field
     assert words in str(error.value)
+
+
+def test_attention_dp_without_ep_is_accepted() -> None:
+    """DP 2 without EP was refused before vLLM's layout for it was modelled; it now runs
+    (tests/test_dp_without_ep.py prices it): the experts as TP over TP x DP GPUs."""
+    config = _config({"device": "h100-sxm", "model": "mixtral-8x7b", "data_parallel_size": 2})
+    assert config.replica.expert_parallel_size == 1
+    c = simulate(config).summary["config"]
+    assert c["layout"] == "TP 1 x DP 2 (2 schedulers), PP 1"
+    assert "DP 2 without EP" in c["execution"]["a2a"]
 
 
 def _refused_by_simulate(replica: dict[str, Any], match: str) -> ConfigError:

@@ -582,7 +582,8 @@ def moe_grid_doc(grid: dict[str, Any], **extra: Any) -> dict[str, Any]:
 def test_expert_and_data_parallel_layouts_count_every_gpu_and_skip_what_vllm_refuses() -> None:
     # A replica is TP x DP x PP GPUs. Mixtral's 87 GiB of weights fit an H100 two ways:
     # TP 2, or TP 1 x DP 2 with its 8 experts over EP 2. TP 2 x DP 2 x EP 4 is 4 GPUs, over
-    # the budget of 2 (counted as TP x PP it was 2). The other combinations are layouts
+    # the budget of 2 (counted as TP x PP it was 2). TP 1 x DP 2 without EP splits every
+    # expert over both GPUs. The other combinations are layouts
     # vLLM refuses: skipped with the reason, not failures.
     doc = moe_grid_doc(
         {
@@ -596,7 +597,7 @@ def test_expert_and_data_parallel_layouts_count_every_gpu_and_skip_what_vllm_ref
     rows = {r["label"]: r for r in result.rows}
     assert len(rows) == 12
     assert not [r for r in result.rows if r["status"] == "error"]
-    for name in ("tp=1 dp=2 ep=2", "tp=2 dp=1 ep=1", "tp=2 dp=1 ep=2"):
+    for name in ("tp=1 dp=2 ep=2", "tp=2 dp=1 ep=1", "tp=2 dp=1 ep=2", "tp=1 dp=2 ep=1"):
         row = rows[name]
         assert row["status"] == "ok", row["reason"]
         assert row["num_gpus"] == 2
@@ -609,11 +610,10 @@ def test_expert_and_data_parallel_layouts_count_every_gpu_and_skip_what_vllm_ref
     assert (over["status"], over["num_gpus"], over["cost_per_hour"]) == ("skipped", 4, 12.0)
     assert over["reason"] == "over budget: 4 GPUs > constraints.max_gpus = 2"
     assert rows["tp=1 dp=1 ep=1"]["reason"].startswith("does not fit:")
-    assert rows["tp=1 dp=2 ep=1"]["reason"].startswith(
-        "infeasible layout: replica.data_parallel_size: attention data parallelism needs "
-        "expert parallelism"
-    )
-    assert rows["tp=1 dp=2 ep=1"]["num_gpus"] == 2  # counted as asked for
+    # DP 2 without EP: the experts as TP over both GPUs (vLLM 0.33 without
+    # --enable-expert-parallel), a layout of its own, no longer refused.
+    assert rows["tp=1 dp=2 ep=1"]["status"] == "ok", rows["tp=1 dp=2 ep=1"]["reason"]
+    assert rows["tp=1 dp=2 ep=1"]["num_gpus"] == 2
     for name in ("tp=1 dp=1 ep=2", "tp=1 dp=2 ep=4", "tp=2 dp=2 ep=2", "tp=2 dp=1 ep=4"):
         assert rows[name]["status"] == "skipped"
         assert rows[name]["reason"].startswith(
@@ -621,7 +621,7 @@ def test_expert_and_data_parallel_layouts_count_every_gpu_and_skip_what_vllm_ref
             "or tensor_parallel_size x data_parallel_size"
         )
     summary = result.summary()
-    assert "(9 skipped, 0 failed)" in summary
+    assert "(8 skipped, 0 failed)" in summary
     assert "  tp=1 dp=2 ep=2     2     6.00" in summary
 
 

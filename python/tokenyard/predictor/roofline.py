@@ -69,6 +69,7 @@ from tokenyard.predictor.roofline_builder import (
 from tokenyard.predictor.roofline_moe import (
     _a2a_words,
     _all_to_all,
+    _dp_gather,
     _experts,
     _mlp,
 )
@@ -573,7 +574,10 @@ def roofline_predictor(
     it) a GPU computes ``num_experts / EP`` whole experts; with attention data parallelism
     (``data_parallel_size`` DP > 1) the predictor prices one DP rank's step, its batch one
     of ``DP`` alike ones whose combined tokens the experts see, plus the expert
-    all-to-all (``moe_dispatch``, ``moe_combine``).
+    all-to-all (``moe_dispatch``, ``moe_combine``). DP without EP (EP 1, vLLM's
+    ``--data-parallel-size`` without ``--enable-expert-parallel``) runs the experts as one
+    TP group of ``TP x DP`` GPUs on those combined tokens, all-gathered and
+    reduce-scattered over the DP ranks (``moe_all_gather``, ``moe_reduce_scatter``).
 
     With a ``calibration`` (``calibration.builtin_calibration(device)``), GEMMs, attention,
     memory-bound kernels and all-reduces follow its fitted efficiency curves and
@@ -592,10 +596,10 @@ def roofline_predictor(
     cpu = cpu or CpuOverheads()
     _check_inputs(model, tp, pp, weight_bytes, kv_bytes)
     model.check_expert_parallel(ep)
-    if (ep > 1 and ep != tp * dp) or (dp > 1 and ep == 1):
+    if ep > 1 and ep != tp * dp:
         raise ConfigError(
-            f"replica.expert_parallel_size: must be tensor_parallel_size x data_parallel_size "
-            f"= {tp * dp} with data parallelism, got {ep}",
+            f"replica.expert_parallel_size: must be 1 or tensor_parallel_size x "
+            f"data_parallel_size = {tp * dp}, got {ep}",
             field="replica.expert_parallel_size",
             value=str(ep),
         )
@@ -628,6 +632,7 @@ def roofline_predictor(
         )
     _communication(b, device, s, tp, pp)
     _all_to_all(b, model, s, tp, ep, dp)
+    _dp_gather(b, model, s, tp, ep, dp)
     b.add("embedding", flops={}, bytes={"num_tokens": 2.0 * s.h * s.a}, scope="first_stage")
     if calibration is not None:
         _gemm(b, "lm_head", s.h, s.vocab, s, feature="num_requests", layer_linear=False)
@@ -651,7 +656,7 @@ def roofline_predictor(
             "num_pipeline_stages": pp,
             "expert_parallel_size": ep,
             "data_parallel_size": dp,
-            "a2a": _a2a_words(b, ep, dp),
+            "a2a": _a2a_words(b, ep, dp, tp),
             "efficiencies": dataclasses.asdict(efficiencies) if calibration is None else None,
             "calibration": calibration.source if calibration is not None else None,
             "gemm_activations": gemm_activations,

@@ -1,7 +1,9 @@
-"""The calibrated roofline's MoE pieces: the routed experts (at TP, or at EP over the
-combined tokens of the DP ranks), the dense and shared MLPs beside them with what vLLM
-0.33 runs around the shared branch (Qwen's gate, the merge), and the expert all-to-all
-under attention DP, over NVLink or, past the device's NVLink domain, the NIC."""
+"""The calibrated roofline's MoE pieces: the routed experts (at TP; at EP over the
+combined tokens of the DP ranks; or, DP without EP, at TP x DP over those tokens), the
+dense and shared MLPs beside them with what vLLM 0.33 runs around the shared branch
+(Qwen's gate, the merge), the expert all-to-all under attention DP with EP, over NVLink
+or, past the device's NVLink domain, the NIC, and DP without EP's all-gather and
+reduce-scatter over the DP ranks."""
 
 from __future__ import annotations
 
@@ -21,9 +23,12 @@ from tokenyard.predictor.roofline_builder import _Builder, _gemm, _Sizes
 class _Experts:
     """What one GPU computes of a MoE layer: ``rows_per_token`` expert rows per token of
     its own batch (top-k under TP; ``top-k x DP / EP`` under expert parallelism, the
-    combined batch's rows spread evenly over the EP ranks), over ``local`` experts of
-    ``inter`` intermediate values each (all experts at ``intermediate / TP`` under TP;
-    ``num_experts / EP`` whole ones under EP)."""
+    combined batch's rows spread evenly over the EP ranks; ``top-k x DP`` under DP without
+    EP, every GPU running the gathered batch), over ``local`` experts of ``inter``
+    intermediate values each (all experts at ``intermediate / TP`` under TP, at
+    ``intermediate / (TP x DP)`` under DP without EP: vLLM 0.33's
+    ``FusedMoEParallelConfig.make`` with ``use_ep`` false flattens the experts' TP over
+    the DP ranks; ``num_experts / EP`` whole ones under EP)."""
 
     rows_per_token: float
     local: int
@@ -31,8 +36,10 @@ class _Experts:
 
 
 def _experts(model: ModelSpec, tp: int, ep: int, dp: int) -> _Experts:
-    if ep == 1:
-        return _Experts(model.experts_per_token, model.num_experts, model.intermediate_size // tp)
+    if ep == 1:  # dp 1: plain TP; dp > 1: one TP group of TP x DP on the gathered tokens
+        return _Experts(
+            model.experts_per_token * dp, model.num_experts, model.intermediate_size // (tp * dp)
+        )
     return _Experts(
         model.experts_per_token * dp / ep, model.num_experts // ep, model.intermediate_size
     )
@@ -249,10 +256,71 @@ def _all_to_all(b: _Builder, model: ModelSpec, s: _Sizes, tp: int, ep: int, dp: 
         b.ops.append(CompiledOp(name, "layer", "num_tokens", cost, share, source))
 
 
-def _a2a_words(b: _Builder, ep: int, dp: int) -> str | None:
-    """What priced the expert all-to-all, for the banner (None without one)."""
-    if dp == 1 or ep == 1:
+#: DP without EP's two collectives over the DP ranks (vLLM 0.33's ``AgRsAll2AllManager``:
+#: ``dispatch_router_logits`` all-gathers, ``combine`` reduce-scatters).
+GATHER_OPS = ("moe_all_gather", "moe_reduce_scatter")
+
+
+def _dp_gather(b: _Builder, model: ModelSpec, s: _Sizes, tp: int, ep: int, dp: int) -> None:
+    """DP without EP: before each MoE layer every GPU all-gathers its DP peers' hidden
+    states (``T x h`` values from each of the ``DP`` ranks, a rank's ``T`` tokens taken
+    as every rank's), and after it reduce-scatters the ``DP x T x h`` partial sums back;
+    the attention TP's all-reduce then finishes the sum (``all_reduce``, as under TP).
+    A ring moves ``(DP - 1) x T x h`` values through each GPU each way, over one direction
+    of its link at the ``DP``-GPU all-reduce fit's link fraction and latency where there
+    is one (else the ``network`` efficiency and ``DP - 1`` hops), or over the NIC where
+    the replica's ``TP x DP`` GPUs outgrow the NVLink domain. The top-k ids and weights
+    gathered beside the hidden states (8 x top-k bytes a token) are left out."""
+    if dp == 1 or ep > 1 or not model.num_moe_layers:
+        return
+    link = b.device.interconnect_gbps / 2 * 1e9
+    fitted = b.calibration.all_reduce(dp) if b.calibration is not None else None
+    if fitted is not None:
+        latency, link = fitted[0], link * fitted[1]
+    else:
+        latency = (dp - 1) * b.device.interconnect_latency_us * 1e-6
+        link *= b.eff.network
+    source = "calibrated" if fitted is not None else "roofline"
+    if tp * dp > b.device.nvlink_domain and b.device.network_gbps > 0:
+        link = min(link, b.device.network_gbps * 1e9)
+        latency = max(latency, b.device.network_latency_us * 1e-6)
+        source = "roofline"
+    cost = RooflineCost(
+        flops={},
+        bytes={"num_tokens": (dp - 1) * s.h * s.a},
+        flops_per_s=b.flops_per_s,
+        bytes_per_s=link,
+        latency_s=latency,
+    )
+    share = model.num_moe_layers / model.num_layers
+    for name in GATHER_OPS:  # the gather and the scatter move the same bytes
+        b.ops.append(CompiledOp(name, "layer", "num_tokens", cost, share, source))
+
+
+def dp_without_ep_words(tp: int, dp: int, how: str) -> str:
+    """The banner's words for DP without EP: the layout, the equal-load assumption and
+    what priced the two collectives (``how``)."""
+    return (
+        f"none (DP {dp} without EP): the experts one TP group of {tp} x {dp} = {tp * dp} "
+        f"GPUs (moe_tp {tp * dp}) on every DP rank's tokens, taken as {dp} x this rank's "
+        f"(equal load per rank), all-gathered and reduce-scattered over the {dp} DP ranks: "
+        f"{how}"
+    )
+
+
+def _a2a_words(b: _Builder, ep: int, dp: int, tp: int = 1) -> str | None:
+    """What priced the expert all-to-all (or DP without EP's gather), for the banner
+    (None without one)."""
+    if dp == 1:
         return None
+    if ep == 1:
+        if tp * dp > b.device.nvlink_domain and b.device.network_gbps > 0:
+            how = f"roofline, ring over the NIC at {b.device.network_gbps:g} GB/s"
+        elif b.calibration is not None and b.calibration.all_reduce(dp) is not None:
+            how = f"roofline, ring at the {dp}-GPU all-reduce's fit"
+        else:
+            how = "roofline, ring at the network efficiency"
+        return dp_without_ep_words(tp, dp, how)
     if ep > b.device.nvlink_domain and b.device.network_gbps > 0:
         domain = b.device.nvlink_domain
         return (

@@ -398,6 +398,18 @@ def _sglang_scheduler(
     argv += ["--schedule-policy", "fcfs"]
 
 
+def _sglang_dp_without_ep_note(where: str, dp: int) -> str:
+    """Attention DP without ``--ep-size``: SGLang runs the experts TP over every GPU, as
+    simulated, but gathers the DP ranks' tokens with its own collectives."""
+    return (
+        f"{where}.data_parallel_size = {dp} without expert parallelism: SGLang runs the "
+        "experts as TP over all --tp-size GPUs, as simulated, but gathers the DP ranks' "
+        "tokens its own way (sglang/srt/layers/dp_attention.py: dp_gather, an all-reduce or "
+        "a reduce-scatter and all-gather over the whole TP group); the simulation priced "
+        "vLLM 0.33's all-gather and reduce-scatter over the DP ranks"
+    )
+
+
 def sglang_commands(config: SimulationConfig) -> list[LaunchCommand]:
     """The ``python -m sglang.launch_server`` command(s). Attention DP is SGLang 0.5.23's
     ``--attn-dp-size`` (``--dp-size N --enable-dp-attention`` is its deprecated spelling),
@@ -477,6 +489,8 @@ def sglang_commands(config: SimulationConfig) -> list[LaunchCommand]:
         first += ["--ep-size", str(ep)]
     first += ["--mem-fraction-static", _fraction(1 - r.memory_margin_fraction)]
     first_notes = list(notes)
+    if dp > 1 and ep == 1:
+        first_notes.append(_sglang_dp_without_ep_note("replica", dp))
     _sglang_scheduler(first, first_notes, config, r.scheduler, "replica.scheduler", dp)
     decode = c.decode
     if decode is not None:
@@ -502,6 +516,8 @@ def sglang_commands(config: SimulationConfig) -> list[LaunchCommand]:
             argv += ["--ep-size", str(d.expert_parallel_size)]
         argv += ["--mem-fraction-static", _fraction(1 - d.memory_margin_fraction)]
         dnotes = [_decode_router_note(decode.global_scheduler.policy)]
+        if ddp > 1 and d.expert_parallel_size == 1:
+            dnotes.append(_sglang_dp_without_ep_note("cluster.decode", ddp))
         if decode.kv_offload is not None:
             dnotes.append(
                 "cluster.decode.kv_offload: a host KV tier; configure the engine's offloading "

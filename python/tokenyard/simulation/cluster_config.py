@@ -111,9 +111,10 @@ class ReplicaConfig:
     #: where it must be ``tensor_parallel_size x data_parallel_size``: each GPU holds
     #: ``num_experts / EP`` experts whole (docs/simulate.md, "Expert and data parallelism").
     expert_parallel_size: int = 1
-    #: Attention data parallelism (vLLM ``--data-parallel-size`` with expert parallelism,
-    #: SGLang ``--enable-dp-attention``): a replica is ``DP`` ranks of ``TP`` GPUs, each
-    #: rank with its own scheduler and KV cache, sharing the MoE layers. Needs EP.
+    #: Attention data parallelism (vLLM ``--data-parallel-size``, SGLang
+    #: ``--enable-dp-attention``): a replica is ``DP`` ranks of ``TP`` GPUs, each rank with
+    #: its own scheduler and KV cache, sharing the MoE layers: by EP, or without it (EP 1)
+    #: as one TP group of ``TP x DP`` GPUs on the DP ranks' gathered tokens.
     data_parallel_size: int = 1
     memory_margin_fraction: float = 0.1
     #: Weights' data type (``bf16``, ``fp16``, ``fp32``, ``fp8``, ``int8``, ``int4``);
@@ -209,25 +210,17 @@ class ReplicaConfig:
             )
 
     def _check_expert_layout(self, where: str) -> None:
-        """EP and attention DP as vLLM serves them: DP ranks need expert parallelism (else
-        vLLM 0.33 runs the experts as one TP group over DP x TP GPUs, ``FusedMoEParallelConfig
-        .make`` with ``use_ep`` false, each rank's tokens all-gathered across the DP ranks
-        and reduce-scattered back by ``AgRsAll2AllManager``: not modelled), and EP is then
-        every GPU of the replica's TP x DP (vLLM sets it so). ``where`` is ``replica`` or
-        ``cluster.decode`` (the decode pool's resolved layout). Whether the model has
-        experts for EP to split is checked with the model (the planner)."""
+        """EP and attention DP as vLLM serves them: EP is 1 or every GPU of the replica's
+        TP x DP (vLLM sets it so). DP without EP is what vLLM 0.33 runs for
+        ``--data-parallel-size`` without ``--enable-expert-parallel``: the experts as one
+        TP group over DP x TP GPUs (``FusedMoEParallelConfig.make`` with ``use_ep`` false),
+        each rank's tokens all-gathered across the DP ranks and reduce-scattered back
+        (``AgRsAll2AllManager``); the planner and predictors model it. ``where`` is
+        ``replica`` or ``cluster.decode`` (the decode pool's resolved layout). Whether the
+        model has experts for EP to split is checked with the model (the planner)."""
         ep, dp, tp = self.expert_parallel_size, self.data_parallel_size, self.tensor_parallel_size
         check_key_int(f"{where}.expert_parallel_size", ep, low=1, high=512)
         check_key_int(f"{where}.data_parallel_size", dp, low=1, high=512)
-        if dp > 1 and ep == 1:
-            raise fail(
-                f"{where}.data_parallel_size",
-                f"attention data parallelism needs expert parallelism: set "
-                f"{where}.expert_parallel_size = {tp * dp} (tensor_parallel_size x "
-                f"data_parallel_size, vLLM's --enable-expert-parallel); without it vLLM runs "
-                f"the experts as one TP group over {tp * dp} GPUs, which is not modelled, got {dp}",
-                dp,
-            )
         if ep > 1 and ep != tp * dp:
             raise fail(
                 f"{where}.expert_parallel_size",

@@ -15,7 +15,10 @@ routed ones plus ``num_shared_experts``, each split by TP. Under expert parallel
 ``num_experts / EP`` routed experts whole (``3*h*inter`` each) and the shared experts at
 ``ceil(inter/TP)`` (whole with TP > 1 and DP > 1: vLLM's sequence-parallel MoE); attention,
 dense layers, embeddings and the router as under TP. With attention data parallelism
-(EP = TP x DP) the plan is one DP rank's. Multi-head
+(EP = TP x DP) the plan is one DP rank's. DP without EP (EP 1, DP > 1: vLLM 0.33's
+``FusedMoEParallelConfig.make`` with ``use_ep`` false) splits every routed expert's
+intermediate over all ``TP x DP`` GPUs of the replica, ``ceil(inter/(TP x DP))`` each;
+the shared experts stay split by the attention TP. Multi-head
 latent attention (``ModelSpec.mla``, ``n = heads/TP``, ``r = qk_nope + qk_rope``):
 
     attention = h*q_lora + h*(kv_lora + qk_rope) [a projections, on every rank]
@@ -158,10 +161,11 @@ def _resolve_kv_dtype(weight_dtype: str, kv_cache_dtype: str) -> str:
     return weight_dtype if weight_dtype in ("fp32", "fp16", "bf16") else "bf16"
 
 
-def parameters_per_device(model: ModelSpec, tp: int, pp: int, ep: int = 1) -> int:
+def parameters_per_device(model: ModelSpec, tp: int, pp: int, ep: int = 1, dp: int = 1) -> int:
     """Weights (a count, not bytes) on the fullest device of a ``TP x PP`` replica (its
-    experts split over ``ep`` GPUs under expert parallelism)."""
-    return sum(_parameter_split(model, tp, pp, ep))
+    experts split over ``ep`` GPUs under expert parallelism, or by ``TP x dp`` under
+    attention DP without it)."""
+    return sum(_parameter_split(model, tp, pp, ep, dp))
 
 
 def _attention_split(model: ModelSpec, tp: int, mixer: str = "gqa") -> tuple[int, int]:
@@ -189,9 +193,13 @@ def _attention_split(model: ModelSpec, tp: int, mixer: str = "gqa") -> tuple[int
     return h * (2 * q + gate) + h * kv_proj, bias
 
 
-def _ffn_split(model: ModelSpec, kind: LayerKind, tp: int, ep: int = 1) -> tuple[int, int]:
+def _ffn_split(
+    model: ModelSpec, kind: LayerKind, tp: int, ep: int = 1, dp: int = 1
+) -> tuple[int, int]:
     """(linear weights, other weights) of one layer's FFN on one GPU. Without expert
-    parallelism (``ep`` 1) every expert's (routed and shared) intermediate is split by TP;
+    parallelism (``ep`` 1) every expert's (routed and shared) intermediate is split by TP,
+    the routed ones by ``TP x dp`` under attention DP (vLLM flattens their TP over the DP
+    ranks);
     with it, the GPU holds ``num_experts / ep`` routed experts whole, and the shared
     experts split by the attention TP, replicated across DP ranks, as vLLM 0.33 does with
     TP or DP 1. With TP > 1 and DP > 1 (``ep = TP x DP``) vLLM's sequence-parallel MoE
@@ -209,12 +217,15 @@ def _ffn_split(model: ModelSpec, kind: LayerKind, tp: int, ep: int = 1) -> tuple
     whole = tp > 1 and ep > tp and model.sequence_parallel_shared_experts
     shared = m * h * math.ceil(model.shared_intermediate / (1 if whole else tp))
     if ep == 1:
-        return m * h * inter * model.num_experts + shared, h * model.num_experts
+        routed_inter = math.ceil(kind.intermediate_size / (tp * dp))
+        return m * h * routed_inter * model.num_experts + shared, h * model.num_experts
     routed = m * h * kind.intermediate_size * (model.num_experts // ep)
     return routed + shared, h * model.num_experts
 
 
-def _parameter_split(model: ModelSpec, tp: int, pp: int, ep: int = 1) -> tuple[int, int]:
+def _parameter_split(
+    model: ModelSpec, tp: int, pp: int, ep: int = 1, dp: int = 1
+) -> tuple[int, int]:
     """(decoder-layer linear weights, every other weight) on the fullest device: the
     first is what a quantized checkpoint quantizes (a vision tower is among the others:
     its linears split by TP, on the first stage, in 16 bits). With layers of several kinds (dense
@@ -222,11 +233,19 @@ def _parameter_split(model: ModelSpec, tp: int, pp: int, ep: int = 1) -> tuple[i
     of each kind (exact at PP 1)."""
     model.check_layout(tp, pp)
     model.check_expert_parallel(ep)
+    if dp > 1 and model.num_experts == 1:
+        raise ConfigError(
+            f"replica.data_parallel_size: attention data parallelism shares a MoE model's "
+            f"experts between its ranks; {model.name} is dense (num_experts 1), where DP ranks "
+            f"are independent engines: set cluster.num_replicas instead, got {dp}",
+            field="replica.data_parallel_size",
+            value=str(dp),
+        )
     h = model.hidden_size
     linear = other = 0
     for kind in model.layer_kinds():
         attention_linear, attention_other = _attention_split(model, tp, kind.attention)
-        ffn_linear, ffn_other = _ffn_split(model, kind, tp, ep)
+        ffn_linear, ffn_other = _ffn_split(model, kind, tp, ep, dp)
         norms = ((kind.attention != "none") + (kind.ffn != "none")) * h
         linear += kind.count * (attention_linear + ffn_linear)
         other += kind.count * (attention_other + ffn_other + norms)
@@ -325,29 +344,58 @@ def _weight_bytes(
     weight_bytes: float,
     quantization: Quantization | None,
     ep: int = 1,
+    dp: int = 1,
 ) -> int:
-    linear, other = _parameter_split(model, tp, pp, ep)
+    linear, other = _parameter_split(model, tp, pp, ep, dp)
     if quantization is None:
         return math.ceil((linear + other) * weight_bytes)
     if quantization.experts_only:  # gpt-oss MXFP4: only the routed experts quantized
-        experts = _routed_expert_weights(model, tp, pp, ep)
+        experts = _routed_expert_weights(model, tp, pp, ep, dp)
         return math.ceil(experts * quantization.bytes_per_weight + (linear - experts + other) * 2)
     return math.ceil(linear * quantization.bytes_per_weight + other * DTYPE_BYTES["bf16"])
 
 
-def _routed_expert_weights(model: ModelSpec, tp: int, pp: int, ep: int) -> int:
+def _routed_expert_weights(model: ModelSpec, tp: int, pp: int, ep: int, dp: int = 1) -> int:
     """The routed experts' linear weights on the fullest device."""
     m = 3 if model.gated_ffn else 2
     total = 0
     for kind in model.layer_kinds():
         if kind.ffn == "moe":
             if ep == 1:
-                per = m * model.hidden_size * math.ceil(kind.intermediate_size / tp)
+                per = m * model.hidden_size * math.ceil(kind.intermediate_size / (tp * dp))
                 total += kind.count * per * model.num_experts
             else:
                 per = m * model.hidden_size * kind.intermediate_size
                 total += kind.count * per * (model.num_experts // ep)
     return math.ceil(total / pp)
+
+
+def _check_block_split(
+    model: ModelSpec, tp: int, ep: int, dp: int, quantization: Quantization | None
+) -> None:
+    """DP without EP splits each routed expert's intermediate over ``TP x DP`` GPUs; a
+    block-quantized FP8 checkpoint needs every share a whole number of blocks, as vLLM
+    0.33 requires (``fp8_utils.validate_fp8_block_shape_moe``, a ValueError at load; the
+    blocks square, ``group_size = block_n x block_k``). Plain TP's split is not checked
+    here (unchanged behaviour)."""
+    if dp == 1 or ep > 1 or model.num_experts == 1 or quantization is None:
+        return
+    if quantization.scheme != "fp8_block" or not quantization.group_size:
+        return
+    block = math.isqrt(quantization.group_size)
+    for kind in model.layer_kinds():
+        share = kind.intermediate_size // (tp * dp)
+        if kind.ffn == "moe" and (kind.intermediate_size % (tp * dp) or share % block):
+            raise ConfigError(
+                f"replica.data_parallel_size: without expert parallelism each of "
+                f"{model.name}'s experts ({kind.intermediate_size} intermediate) is split over "
+                f"TP x DP = {tp * dp} GPUs, {kind.intermediate_size / (tp * dp):g} each, not a "
+                f"multiple of the checkpoint's {block}-wide FP8 blocks (vLLM refuses it: "
+                f"validate_fp8_block_shape_moe); set expert_parallel_size = {tp * dp} or a "
+                f"smaller layout, got {dp}",
+                field="replica.data_parallel_size",
+                value=str(dp),
+            )
 
 
 def plan_memory(
@@ -365,6 +413,7 @@ def plan_memory(
     quantization: Quantization | None = None,
     expert_parallel_size: int = 1,
     max_num_seqs: int = 0,
+    data_parallel_size: int = 1,
 ) -> MemoryPlan:
     """Sizes one replica's KV pool (formulas in the module docstring).
 
@@ -386,6 +435,8 @@ def plan_memory(
             ``num_experts / EP`` whole experts on each (1: split by TP). With attention
             data parallelism (EP = TP x DP) the plan is one DP rank's: its TP GPUs hold
             its own requests' KV.
+        data_parallel_size: DP, attention data parallelism. Without expert parallelism
+            (EP 1) the routed experts' intermediate is split over all ``TP x DP`` GPUs.
 
     Raises:
         ConfigError: a layout that does not divide the model (field
@@ -395,6 +446,8 @@ def plan_memory(
             that leaves no room for one request (``replica.device``).
     """
     tp, pp, ep = tensor_parallel_size, num_pipeline_stages, expert_parallel_size
+    dp = data_parallel_size
+    check_key_int("replica.data_parallel_size", dp, low=1, high=512)
     weight_bytes, kv_bytes = dtype_bytes(weight_dtype, kv_cache_dtype)
     kv_cache_dtype = _resolve_kv_dtype(weight_dtype, kv_cache_dtype)
     if not 0 <= memory_margin_fraction < 1:
@@ -406,7 +459,8 @@ def plan_memory(
     check_key_int("replica.scheduler.max_request_tokens", max_request_tokens, low=1, high=2**24)
     check_key_int("replica.scheduler.block_size", block_size, low=1, high=2**16)
 
-    parameter_bytes = _weight_bytes(model, tp, pp, weight_bytes, quantization, ep)
+    _check_block_split(model, tp, ep, dp, quantization)
+    parameter_bytes = _weight_bytes(model, tp, pp, weight_bytes, quantization, ep, dp)
     weight_name = quantization.scheme if quantization else weight_dtype
     groups = kv_groups(model, tp, pp, kv_bytes)
     if model.layer_types:
@@ -424,7 +478,8 @@ def plan_memory(
     max_batch_size = available // (kv_per_token * max_request_tokens) if available > 0 else 0
     if max_batch_size < 1:
         raise ConfigError(
-            f"{model.name} on {device.name} (TP {tp}, PP {pp}{f', EP {ep}' if ep > 1 else ''}, "
+            f"{model.name} on {device.name} (TP {tp}, PP {pp}{f', EP {ep}' if ep > 1 else ''}"
+            f"{f', DP {dp}' if dp > 1 else ''}, "
             f"{weight_name} weights, "
             f"{kv_cache_dtype} KV): {parameter_bytes / 1024**3:.1f} GiB of weights per device "
             f"leave {max(available, 0) / 1024**3:.1f} GiB of the {total / 1024**3:.1f} GiB "

@@ -610,6 +610,7 @@ def plan_for(config: SimulationConfig) -> MemoryPlan:
         reserved_bytes=slot_bytes(lora, model, replica.dtype, tp, pp) if lora else 0,
         quantization=quantization_for(config, model),
         expert_parallel_size=replica.expert_parallel_size,
+        data_parallel_size=replica.data_parallel_size,
         max_num_seqs=state_seqs(config),
     )
     device = catalog.device(replica.device, field="replica.device")
@@ -648,10 +649,9 @@ def layout_text(config: SimulationConfig) -> str:
         r.expert_parallel_size,
         r.data_parallel_size,
     )
-    if ep == 1:
-        return f"TP {tp}, PP {pp}"
     attention = f"TP {tp} x DP {dp} ({dp} schedulers)" if dp > 1 else f"TP {tp}"
-    return f"{attention}, EP {ep}, PP {pp}"
+    experts = f", EP {ep}" if ep > 1 else ""  # DP without EP: the experts by TP x DP
+    return f"{attention}{experts}, PP {pp}"
 
 
 def replica_spec(

@@ -13,7 +13,9 @@ operation            table, shape
 ``o_proj``           GEMM ``n = h, k = q``
 ``gate_up_proj``     GEMM ``n = 2i, k = h`` (dense)
 ``down_proj``        GEMM ``n = h, k = i`` (dense)
-``moe_experts``      MoE block at TP (MoE models; the router is a GEMM)
+``moe_experts``      MoE block at TP (MoE models; the router is a GEMM), at TP x DP
+                     under attention DP without EP, at EP with it
+``moe_all_gather``   DP without EP: NCCL all-gather, then ``moe_reduce_scatter``
 ``all_reduce`` x2    the framework's all-reduce (else NCCL's) of ``tokens x h`` values
 ``lm_head``          GEMM ``m = requests, n = vocab/TP, k = h``
 ===================  ===============================================================
@@ -67,11 +69,13 @@ from tokenyard.predictor.measured.mla import MLA_MODULE_OPS, mla_ops
 from tokenyard.predictor.measured.moe import (
     SHARED_BRANCH_OPS,
     a2a_ops,
+    gather_ops,
     moe_op,
     overlap_shared_experts,
 )
 from tokenyard.predictor.measured.ops import CollectiveTimes, NotMeasured
 from tokenyard.predictor.roofline import CpuOverheads, roofline_predictor
+from tokenyard.predictor.roofline_moe import dp_without_ep_words
 
 __all__ = ["MLA_MODULE_OPS", "TABLE_DTYPES", "measured_predictor"]
 
@@ -172,9 +176,12 @@ def _measured_ops(
         linear_gemm = edge if "linear_attention" in kept16 else gemm
         linear, kernels[model.linear.kind] = linear_ops(source, model, tp, linear_gemm, label)
         out.update(linear)
-    if dp > 1 and model.num_moe_layers:
+    if dp > 1 and model.num_moe_layers and ep > 1:
         a2a, kernels["a2a"] = a2a_ops(source, model, tp, ep, device)
         out.update(a2a)
+    elif dp > 1 and model.num_moe_layers:  # DP without EP: all-gather, reduce-scatter
+        gather, kernels["gather"] = gather_ops(source, model, tp, dp, device)
+        out.update(gather)
     if model.num_shared_experts and model.shared_experts_overlap:
         for op, cost in (branch or {}).items():  # the calibrated gate, hidden with its branch
             out[op] = (_tabulated(cost), "calibrated", "")
@@ -272,8 +279,9 @@ def measured_predictor(
 
     ``expert_parallel_size`` (EP = TP x DP, or 1) and ``data_parallel_size`` (attention
     DP) price one DP rank's step: the experts from the MoE table at ``moe_ep_size = EP``
-    at the combined tokens, and with DP the expert all-to-all from ``moe_a2a_perf``
-    (``roofline_predictor`` says what the layout means).
+    (or, EP 1, ``moe_tp_size = TP x DP``) at the combined tokens, and with DP the expert
+    all-to-all from ``moe_a2a_perf`` (with EP) or NCCL's all-gather and reduce-scatter
+    over the DP ranks (without; ``roofline_predictor`` says what the layout means).
 
     Operations the tables lack keep the calibrated roofline (``calibration``, else the
     device's built-in one, else curves fitted to ``source`` itself). ``quantization`` (the
@@ -343,6 +351,12 @@ def measured_predictor(
         "fallbacks": notes,
         "kernels": _kernels_text(kernels, quantization),
     }
+    if kernels.get("gather") == "calibrated":
+        description["a2a"] = f"{base.description['a2a']}; not measured: {notes['moe_all_gather']}"
+    elif "gather" in kernels:
+        description["a2a"] = dp_without_ep_words(
+            tensor_parallel_size, data_parallel_size, kernels["gather"]
+        )
     if kernels.get("a2a") == "calibrated":
         description["a2a"] = f"{base.description['a2a']}; not measured: {notes['moe_dispatch']}"
     elif "a2a" in kernels and kernels["a2a"].startswith("roofline"):  # over the network

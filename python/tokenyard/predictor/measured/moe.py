@@ -1,6 +1,7 @@
-"""Measured MoE layers: the routed experts from ``moe_perf`` (at TP, or at EP over the
-combined tokens of the DP ranks) and, under attention DP, the expert all-to-all from
-``comm/moe_a2a_perf``."""
+"""Measured MoE layers: the routed experts from ``moe_perf`` (at TP; at EP over the
+combined tokens of the DP ranks; or, DP without EP, at ``moe_tp_size = TP x DP`` over
+them) and, under attention DP, the expert all-to-all from ``comm/moe_a2a_perf`` (with EP)
+or NCCL's all-gather and reduce-scatter over the DP ranks (without)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,15 @@ from tokenyard.predictor import grids
 from tokenyard.predictor.compiled import TableCost
 from tokenyard.predictor.measured.data import MeasuredSource
 from tokenyard.predictor.measured.lookup import Entry, present, read
-from tokenyard.predictor.measured.ops import A2aTimes, MoeShape, MoeTimes, NotMeasured
+from tokenyard.predictor.measured.ops import (
+    A2aTimes,
+    CollectiveTimes,
+    MoeShape,
+    MoeTimes,
+    NotMeasured,
+)
 from tokenyard.predictor.measured.wide_ep import WideEp, wide_ep
-from tokenyard.predictor.roofline_moe import A2A_OPS, network_a2a_seconds
+from tokenyard.predictor.roofline_moe import A2A_OPS, GATHER_OPS, network_a2a_seconds
 
 
 def moe_op(
@@ -27,10 +34,12 @@ def moe_op(
     ep: int = 1,
     dp: int = 1,
 ) -> Entry:
-    """The routed experts from the MoE table: at ``moe_tp_size = TP`` without expert
-    parallelism, else at ``moe_tp_size = 1, moe_ep_size = EP``, where a row's
-    ``num_tokens`` are the tokens entering the layer across the EP group: a DP rank's
-    tokens times DP (each rank's batch taken as one of DP alike ones)."""
+    """The routed experts from the MoE table: at ``moe_tp_size = TP x DP`` without expert
+    parallelism (DP 1: plain TP; DP > 1: vLLM 0.33 flattens the experts' TP over the DP
+    ranks, ``FusedMoEParallelConfig.make`` with ``use_ep`` false), else at ``moe_tp_size
+    = 1, moe_ep_size = EP``; either way a row's ``num_tokens`` are the tokens entering the
+    layer across the group: a DP rank's tokens times DP (each rank's batch taken as one of
+    DP alike ones)."""
     path = source.folders.get("moe")
     if path is None or not present(path / "moe_perf.parquet"):
         return None, "calibrated", "no MoE table"
@@ -41,7 +50,7 @@ def moe_op(
         inter_size=model.intermediate_size,
         topk=model.experts_per_token,
         num_experts=model.num_experts,
-        tensor_parallel_size=tp if ep == 1 else 1,
+        tensor_parallel_size=tp * dp if ep == 1 else 1,
         expert_parallel_size=ep,
     )
     routings = shape.rows(rows).values("distribution")
@@ -186,6 +195,50 @@ def _wide_or_calibrated(
             )
             return {op: (table, label, "") for op in A2A_OPS}, words
     return {op: (None, "calibrated", why) for op in A2A_OPS}, "calibrated"
+
+
+def gather_ops(
+    source: MeasuredSource,
+    model: ModelSpec,
+    tp: int,
+    dp: int,
+    device: DeviceSpec | None = None,
+) -> tuple[dict[str, Entry], str]:
+    """DP without EP's collectives over the ``DP`` ranks (``moe_all_gather``,
+    ``moe_reduce_scatter``: vLLM 0.33's ``AgRsAll2AllManager.dispatch_router_logits`` and
+    ``combine``) from NCCL's ``all_gather`` / ``reduce_scatter`` rows at ``num_gpus = DP``,
+    by a rank's ``tokens x hidden`` 16-bit values (each rank's share, as the table keys
+    it). The tables measure one node: a replica of ``TP x DP`` GPUs past the device's
+    NVLink domain, or a DP the rows lack, keeps the calibrated roofline with the reason.
+    Also the banner's words."""
+    domain = device.nvlink_domain if device is not None else GPUS_PER_NODE
+    why = ""
+    if "nccl" not in source.folders:
+        why = f"no NCCL table for {source.system}"
+    elif tp * dp > domain:
+        why = (
+            f"the DP group spans {-(-tp * dp // domain)} NVLink domains of {domain} GPUs; "
+            "the NCCL table measures one"
+        )
+    out: dict[str, Entry] = {}
+    if not why:
+        path = source.folders["nccl"] / "nccl_perf.parquet"
+        rows = read(source, path)
+        label = f"measured:nccl ({path.parent.name})"
+        for op, nccl in zip(GATHER_OPS, ("all_gather", "reduce_scatter"), strict=True):
+            try:
+                times = CollectiveTimes(rows, dp, dtype_column="nccl_dtype", dtype="half", op=nccl)
+            except NotMeasured as exc:
+                why = str(exc)
+                break
+
+            def seconds(tokens: float, t: CollectiveTimes = times) -> float:
+                return t(tokens * model.hidden_size)
+
+            out[op] = (grids.token_table("num_tokens", seconds, 2.0**17), label, "")
+    if why:
+        return {op: (None, "calibrated", why) for op in GATHER_OPS}, "calibrated"
+    return out, f"measured, NCCL all_gather / reduce_scatter over {dp} GPUs ({path.parent.name})"
 
 
 #: vLLM 0.33 runs a MoE layer's shared experts on an auxiliary CUDA stream beside the

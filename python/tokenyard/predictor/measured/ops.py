@@ -351,13 +351,16 @@ class AttentionTimes:
         return min(a[0] for a in axes), max(a[-1] for a in axes)
 
 
-def all_reduce_rows(rows: Columns, *, dtype_column: str, dtype: str) -> Columns:
-    """The all-reduce rows of a collective table in one dtype. vLLM measures its custom
-    all-reduce eager and under CUDA graphs; serving steps run captured, so the graph rows
-    are the ones that apply where there are some."""
+def all_reduce_rows(
+    rows: Columns, *, dtype_column: str, dtype: str, op: str = "all_reduce"
+) -> Columns:
+    """The all-reduce rows (or ``op``'s: NCCL's ``all_gather``, ``reduce_scatter``) of a
+    collective table in one dtype. vLLM measures its custom all-reduce eager and under
+    CUDA graphs; serving steps run captured, so the graph rows are the ones that apply
+    where there are some."""
     picked = rows.where(**{dtype_column: dtype})
     if picked.has("op_name"):
-        picked = picked.where(op_name="all_reduce")
+        picked = picked.where(op_name=op)
     if picked.has("kernel_source"):
         graph = [s for s in picked.values("kernel_source") if "graph" in str(s)]
         picked = picked.where(kernel_source=graph[0]) if graph else main_kernel(picked)
@@ -365,14 +368,25 @@ def all_reduce_rows(rows: Columns, *, dtype_column: str, dtype: str) -> Columns:
 
 
 class CollectiveTimes:
-    """All-reduce seconds over ``num_gpus`` GPUs by message size in 16-bit elements."""
+    """All-reduce (or ``op``'s) seconds over ``num_gpus`` GPUs by message size in 16-bit
+    elements (NCCL's all-gather and reduce-scatter rows: each rank's share, as
+    aiconfigurator keys them, ``operations/afd_transfer.py``'s ``per_rank_elements``)."""
 
-    def __init__(self, rows: Columns, num_gpus: int, *, dtype_column: str, dtype: str):
-        picked = all_reduce_rows(rows, dtype_column=dtype_column, dtype=dtype)
+    def __init__(
+        self,
+        rows: Columns,
+        num_gpus: int,
+        *,
+        dtype_column: str,
+        dtype: str,
+        op: str = "all_reduce",
+    ):
+        picked = all_reduce_rows(rows, dtype_column=dtype_column, dtype=dtype, op=op)
         picked = picked.where(num_gpus=num_gpus)
+        what = f"{op} over {num_gpus} GPUs"
         if len(picked) == 0:
-            raise _no_rows(rows, f"{num_gpus} GPUs", f"num_gpus {rows.values('num_gpus')}")
-        _check_axis(rows, f"{num_gpus} GPUs", "message_size", picked.col("message_size"))
+            raise _no_rows(rows, what, f"num_gpus {rows.values('num_gpus')}")
+        _check_axis(rows, what, "message_size", picked.col("message_size"))
         self.path = rows.path
         keyed = picked.with_data({**picked.data, "one": np.zeros(len(picked))})
         self._curve = _curves(keyed, "one", "message_size", above_power=1.0)[0.0]

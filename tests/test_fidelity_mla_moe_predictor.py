@@ -19,6 +19,8 @@ from test_mla import module_columns
 from tokenyard import catalog
 from tokenyard.catalog.quant import Quantization, resolve_quantization, scheme
 from tokenyard.errors import ConfigError
+from tokenyard.predictor import roofline_predictor
+from tokenyard.predictor.calibration import builtin_calibration
 from tokenyard.predictor.compiled import TableCost
 from tokenyard.predictor.measured.build import measured_predictor
 from tokenyard.predictor.measured.data import SYSTEM_OF_DEVICE, package_root, resolve_source
@@ -28,6 +30,7 @@ from tokenyard.predictor.measured.moe import (
     a2a_ops,
     overlap_shared_experts,
 )
+from tokenyard.predictor.roofline_moe import network_a2a_seconds
 from tokenyard.simulation import simulate
 
 
@@ -267,6 +270,35 @@ def test_without_inter_node_rows_the_network_prices_the_off_node_share() -> None
     ops = predictor.op_times(decodes(8, 1023))
     assert ops["moe_dispatch"] == pytest.approx(60 * 19.175e-6, rel=1e-3)
     assert ops["moe_combine"] == ops["moe_dispatch"]
+
+
+def test_the_network_fallback_takes_the_longer_of_nic_and_nvlink_as_the_roofline() -> None:
+    """One rule for both predictors: where no table measures the nodes, the measured
+    predictor keeps the calibrated roofline's all-to-all, the longer of the off-node share
+    over the NIC and the rest over NVLink. With a NIC faster than NVLink (a made-up B200
+    at 20 TB/s) the NVLink half decides, which the off-node share alone would not price."""
+    require_bundled("moonshotai/Kimi-K2-Instruct")
+    root = package_root()
+    if root is None:
+        pytest.skip("aiconfigurator-core's tables are not installed")
+    model = catalog.model("moonshotai/Kimi-K2-Instruct")
+    fast_nic = dataclasses.replace(catalog.device("b200"), network_gbps=20_000.0)
+    source = resolve_source(root, SYSTEM_OF_DEVICE["b200"], "vllm", "latest")
+    layout: dict[str, Any] = dict(
+        tensor_parallel_size=1, expert_parallel_size=16, data_parallel_size=16
+    )
+    measured = measured_predictor(model, fast_nic, source, **layout)
+    roofline = roofline_predictor(
+        model, fast_nic, calibration=builtin_calibration(fast_nic), **layout
+    )
+    assert {op.name: op.source for op in measured.ops}["moe_dispatch"] == "roofline:network"
+    off_node = network_a2a_seconds(model, fast_nic, 1, 16)
+    assert off_node is not None
+    for tokens in (8, 2048):
+        priced = measured.op_times(decodes(tokens, 1023))["moe_dispatch"]
+        assert priced == pytest.approx(roofline.op_times(decodes(tokens, 1023))["moe_dispatch"])
+    # 2,048 tokens a rank: NVLink's half outlasts the NIC's (8 tokens: the NIC's latency).
+    assert priced > model.num_moe_layers * off_node(2048) * 1.5
 
 
 # ---- checkpoints that keep the MLA projections 16-bit ---------------------------------

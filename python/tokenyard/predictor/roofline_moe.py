@@ -202,8 +202,8 @@ def network_a2a_seconds(
     sends its ``tokens / TP x hidden x top-k`` values spread evenly over the EP group's
     GPUs, of which the share bound for other domains, ``1 - nvlink_domain / EP``, crosses
     its NIC (``network_gbps``, one direction) after ``network_latency_us``. The NVLink
-    share runs at the same time. Shared by the roofline and the measured predictor's
-    fallback where no table measures the nodes (``measured/moe.py``)."""
+    share runs at the same time: ``_all_to_all`` takes the longer of the two, which the
+    measured predictor keeps where no table measures the nodes (``measured/moe.py``)."""
     if ep <= device.nvlink_domain or device.network_gbps <= 0:
         return None
     off_node = 1.0 - device.nvlink_domain / ep

@@ -338,8 +338,11 @@ def measured_predictor(
         if entry is not None and entry[1] == "dropped":
             continue  # priced inside a measured block (the MLA module)
         if entry is None or entry[0] is None:
-            ops.append(op)
-            if entry is not None:
+            if entry is not None and entry[1] not in ("calibrated", "dropped"):
+                ops.append(dataclasses.replace(op, source=entry[1]))  # roofline:network
+            else:
+                ops.append(op)
+            if entry is not None and entry[1] != "roofline:network":
                 notes[op.name] = entry[2]
             continue
         ops.append(dataclasses.replace(op, cost=entry[0], source=entry[1]))

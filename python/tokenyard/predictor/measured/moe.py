@@ -166,9 +166,12 @@ def _wide_or_calibrated(
     why: str,
 ) -> tuple[dict[str, Entry], str]:
     """An EP group over several ``nodes`` that the framework's table lacks: DeepEP's
-    inter-node tables (``wide_ep.py``), else its off-node share over the device's network
+    inter-node tables (``wide_ep.py``), else the roofline's network rule
     (``roofline_moe.network_a2a_seconds``) where the catalog knows the NIC, else the
-    calibrated roofline (which prices the link as NVLink) with the reasons."""
+    calibrated roofline (which prices the link as NVLink) with the reasons. The network
+    case keeps the calibrated roofline's all-to-all (``None`` tables labelled
+    ``roofline:network``): the longer of the off-node share over the NIC and the rest
+    over NVLink, one rule for both predictors."""
     if nodes > 1:
         wide, why_wide = wide_ep(source, model, nodes)
         if wide is not None:
@@ -183,17 +186,18 @@ def _wide_or_calibrated(
                 out[op] = (grids.token_table("num_tokens", seconds, 2.0**17), label, "")
             return out, wide.words
         why = f"{why}; {why_wide}"
-        seconds_of = network_a2a_seconds(model, device, tp, ep) if device is not None else None
-        if device is not None and seconds_of is not None:
-            table = grids.token_table("num_tokens", seconds_of, 2.0**17)
-            label = "roofline:network"
+        if device is not None and network_a2a_seconds(model, device, tp, ep) is not None:
+            # The roofline's own rule, not a second one: its all-to-all (kept, a None
+            # table) takes the longer of the off-node share over the NIC and the rest
+            # over NVLink (roofline_moe._all_to_all); only the label says so.
             domain = device.nvlink_domain
             words = (
                 f"roofline over the network ({1 - domain / ep:.0%} of each GPU's tokens x "
                 f"hidden x top-k leaving the {domain}-GPU NVLink domain at "
-                f"{device.network_gbps:g} GB/s) ({why})"
+                f"{device.network_gbps:g} GB/s, the rest over NVLink, the longer of the "
+                f"two) ({why})"
             )
-            return {op: (table, label, "") for op in A2A_OPS}, words
+            return {op: (None, "roofline:network", "") for op in A2A_OPS}, words
     return {op: (None, "calibrated", why) for op in A2A_OPS}, "calibrated"
 
 

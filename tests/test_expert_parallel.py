@@ -73,6 +73,19 @@ def test_shared_experts_are_whole_under_sequence_parallel_moe() -> None:
     assert parameters_per_device(kept_split, 2, 1, 4) == ep4 - 2 * 3 * H * 256
 
 
+def test_the_planner_splits_shared_experts_by_the_predictors_rule_and_rounding() -> None:
+    """A shared width TP does not divide (513 over TP 2) is floored, 256 a GPU, as the
+    predictors' GEMMs take it (``shared_intermediate // (TP // sp)``), not rounded up; and
+    whole under sequence-parallel MoE exactly when
+    ``ModelSpec.shared_experts_sequence_parallel`` says so (EP 4 = TP 2 x DP 2)."""
+    odd = dataclasses.replace(TINY, num_shared_experts=1, shared_expert_intermediate_size=513)
+    base = parameters_per_device(TINY, 2, 1)
+    assert parameters_per_device(odd, 2, 1) - base == 2 * 3 * H * 256
+    assert odd.shared_experts_sequence_parallel(2, 4, 2) == 2
+    whole = parameters_per_device(odd, 2, 1, 4, 2) - parameters_per_device(TINY, 2, 1, 4, 2)
+    assert whole == 2 * 3 * H * 513
+
+
 def test_the_roofline_runs_sequence_parallel_shared_experts_whole_on_a_tp_share() -> None:
     """The roofline's shared GEMMs under TP 2 x DP 2 (EP 4) are TP 1 x DP 4's (whole) at
     half the tokens: the same FLOPs per token as split by TP, but the whole weights read."""

@@ -13,7 +13,8 @@ before its MoE ones) sums each kind's layer over its count; a MoE layer's expert
 routed ones plus ``num_shared_experts``, each split by TP. Under expert parallelism
 (``expert_parallel_size`` EP > 1, vLLM's ``--enable-expert-parallel``) a GPU holds instead
 ``num_experts / EP`` routed experts whole (``3*h*inter`` each) and the shared experts at
-``ceil(inter/TP)`` (whole with TP > 1 and DP > 1: vLLM's sequence-parallel MoE); attention,
+``shared_inter // TP`` (whole with TP > 1 and DP > 1: vLLM's sequence-parallel MoE,
+``ModelSpec.shared_experts_sequence_parallel``, as the predictors price them); attention,
 dense layers, embeddings and the router as under TP. With attention data parallelism
 (EP = TP x DP) the plan is one DP rank's. DP without EP (EP 1, DP > 1: vLLM 0.33's
 ``FusedMoEParallelConfig.make`` with ``use_ep`` false) splits every routed expert's
@@ -161,10 +162,15 @@ def _resolve_kv_dtype(weight_dtype: str, kv_cache_dtype: str) -> str:
     return weight_dtype if weight_dtype in ("fp32", "fp16", "bf16") else "bf16"
 
 
-def parameters_per_device(model: ModelSpec, tp: int, pp: int, ep: int = 1, dp: int = 1) -> int:
+def parameters_per_device(
+    model: ModelSpec, tp: int, pp: int, ep: int = 1, dp: int | None = None
+) -> int:
     """Weights (a count, not bytes) on the fullest device of a ``TP x PP`` replica (its
     experts split over ``ep`` GPUs under expert parallelism, or by ``TP x dp`` under
-    attention DP without it)."""
+    attention DP without it). ``dp`` unset: ``ep / TP`` under expert parallelism (vLLM's
+    EP = TP x DP), else 1."""
+    if dp is None:
+        dp = ep // tp if ep > tp else 1
     return sum(_parameter_split(model, tp, pp, ep, dp))
 
 
@@ -214,8 +220,10 @@ def _ffn_split(
         return 0, 0
     if kind.ffn == "dense":
         return m * h * inter, 0
-    whole = tp > 1 and ep > tp and model.sequence_parallel_shared_experts
-    shared = m * h * math.ceil(model.shared_intermediate / (1 if whole else tp))
+    # Split by TP, or whole under sequence-parallel MoE: the predictors' rule and rounding
+    # (ModelSpec.shared_experts_sequence_parallel; a width TP does not divide, floored).
+    sp = model.shared_experts_sequence_parallel(tp, ep, dp)
+    shared = m * h * (model.shared_intermediate // (tp // sp))
     if ep == 1:
         routed_inter = math.ceil(kind.intermediate_size / (tp * dp))
         return m * h * routed_inter * model.num_experts + shared, h * model.num_experts

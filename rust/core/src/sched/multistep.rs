@@ -4,7 +4,7 @@
 //! request, not any decision.
 //!
 //! A window opens only when a step would schedule exactly the running requests, one decode
-//! token each, in running order: nothing waits, no request has work in flight, drafts,
+//! token each (not a prompt's last token), in running order: nothing waits, no request has work in flight, drafts,
 //! stop tokens or a connector, the token budget covers them all, and the pool is the
 //! block-hash one without a host tier or vLLM's coordinator over KV groups (whose chunked
 //! local groups, if any, have chunks a whole number of blocks long). A request leaves the window at the end of the step
@@ -172,7 +172,10 @@ impl<R: RequestKey> Scheduler<R> {
         }
         for (i, &slot) in self.running.iter().enumerate() {
             let r = self.req(slot);
+            // A prompt's last token is a one-token step too, but a prefill chunk's: with
+            // `prioritize_prefill` it is scheduled first, and its flags differ.
             let decoding = r.status == RequestStatus::Running
+                && !r.is_prefilling()
                 && r.num_computed_tokens + 1 == r.num_tokens()
                 && r.num_output_placeholders == 0
                 && r.num_sampling_steps() == 0
@@ -191,7 +194,13 @@ impl<R: RequestKey> Scheduler<R> {
             let held = self.kv.block_ids(slot).map_or(0, <[_]>::len);
             // Step s needs slots for base + s tokens: a new block at the step whose token
             // opens one. With caching, the step whose token fills a block caches it.
-            let first_alloc = (held * bs + 1).saturating_sub(base).max(1);
+            let mut first_alloc = (held * bs + 1).saturating_sub(base).max(1);
+            if window.hybrid {
+                // Group 0 may be a Mamba group (one block): every other group takes a
+                // block at the steps whose token opens one (`form_hybrid_decode_step`
+                // counts them), so only the residue matters.
+                first_alloc = (bs + 1 - base % bs) % bs;
+            }
             window.buckets[first_alloc % bs].push(i as u32);
             let fills = (bs - base % bs) % bs;
             if self.config.enable_prefix_caching && fills != first_alloc % bs {

@@ -188,7 +188,8 @@ proptest! {
 
     /// The same over vLLM's coordinator: a full-attention group beside a sliding-window
     /// group (gpt-oss) or a chunked local one (Llama 4), whose window or chunk may or may
-    /// not be a whole number of blocks (a chunk that is not declines windows). Each
+    /// not be a whole number of blocks (a chunk that is not declines windows), sometimes a
+    /// second window group or a Mamba group first. Each
     /// group's block table, the free blocks and the tokens must agree with stepping.
     #[test]
     fn decode_windows_over_kv_groups_make_the_moves_stepping_makes(
@@ -198,6 +199,7 @@ proptest! {
         window in prop::sample::select(vec![1usize, 3, 5, 8, 13, 16, 24]),
         chunked in prop::bool::weighted(0.3),
         second_window in prop::bool::weighted(0.2),
+        mamba_first in prop::bool::weighted(0.15),
         arrivals in prop::collection::vec((0usize..60, 0usize..3, 1usize..30, 1usize..60), 1..12),
     ) {
         let mut groups = vec![KvGroupSpec::FullAttention];
@@ -209,6 +211,11 @@ proptest! {
         if second_window {
             groups.push(KvGroupSpec::SlidingWindow { sliding_window: window + 3 });
         }
+        // A recurrent group (one block per request) first: its states are not cached.
+        if mamba_first {
+            groups.insert(0, KvGroupSpec::Mamba);
+        }
+        let caching = caching && !mamba_first;
         // Every group may hold a block per block_size tokens.
         let per_request = 96usize.div_ceil(block_size) * groups.len();
         let num_blocks = per_request * [1, 2, 6][tightness] + 1;
@@ -279,4 +286,27 @@ fn a_window_runs_until_its_last_request_finishes() {
     assert_eq!(finished, vec![(1, FinishReason::Length)]);
     assert!(!s.has_unfinished_requests());
     assert_eq!(s.num_free_blocks(), 64);
+}
+
+/// A prompt's last token is a one-token step but a prefill chunk's (`prioritize_prefill`
+/// schedules it first): no window opens on it, one opens on the next step.
+#[test]
+fn no_window_opens_on_a_prompts_last_token() {
+    let cfg = SchedulerConfig {
+        max_num_batched_tokens: 8,
+        prioritize_prefill: true,
+        ..config()
+    };
+    let mut s = Scheduler::<u32>::new(cfg, false).unwrap();
+    let spec = RequestSpec {
+        max_tokens: 6,
+        ignore_eos: true,
+        ..prompt(1, 9)
+    };
+    s.add_request(1, spec).unwrap();
+    run_step(&mut s); // 8 of the 9 prompt tokens
+    assert_eq!(s.get_request(&1).unwrap().num_computed_tokens, 8);
+    assert!(s.open_decode_window().is_none());
+    run_step(&mut s); // the last prompt token, sampling the first output
+    assert!(s.open_decode_window().is_some());
 }

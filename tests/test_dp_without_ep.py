@@ -22,6 +22,7 @@ from tokenyard.predictor.measured.lookup import read
 from tokenyard.predictor.measured.ops import CollectiveTimes, MoeShape, MoeTimes
 from tokenyard.recommend.launch import sglang_commands, vllm_commands
 from tokenyard.simulation import plan_memory, simulate
+from tokenyard.simulation.run import decode_config, plan_for
 
 QWEN = "Qwen/Qwen3-30B-A3B"  # 48 layers, h 2048, 32 heads / 4 KV heads of 128, 128 x 768
 H, LAYERS, EXPERTS = 2048, 48, 128
@@ -188,3 +189,26 @@ def test_a_block_fp8_split_vllm_refuses_is_refused() -> None:
         plan_memory(model, h200, tensor_parallel_size=4, data_parallel_size=2, **common)
     assert error.value.field == "replica.data_parallel_size"
     plan_memory(model, h200, tensor_parallel_size=2, data_parallel_size=2, **common)
+
+
+def test_a_decode_pool_runs_dp_without_ep_with_its_own_plan() -> None:
+    """A disaggregated cluster's decode pool of TP 1 x DP 4 without EP: each GPU holds
+    every expert at 768 / 4 = 192 wide (the replica's TP 2 prefill pool at 384), and the
+    decode pool's ranks each run a scheduler."""
+    workload = synthetic_workload(10, qps=5.0, prompt_tokens=100, output_tokens=10)
+    config = one_replica(
+        {"model": QWEN, "device": "h200", "tensor_parallel_size": 2},
+        workload,
+        cluster={"decode": {"tensor_parallel_size": 1, "data_parallel_size": 4}},
+        execution={"model": "roofline"},
+    )
+    decode = plan_for(decode_config(config))
+    one_gpu = _plan(tensor_parallel_size=1, data_parallel_size=4)
+    assert decode.parameter_bytes_per_device == one_gpu.parameter_bytes_per_device
+    assert (
+        _plan(tensor_parallel_size=1).parameter_bytes_per_device
+        - (one_gpu.parameter_bytes_per_device)
+        == 2 * LAYERS * 3 * H * (768 - 192) * EXPERTS
+    )
+    summary = simulate(config).summary["config"]
+    assert summary["decode"]["layout"] == "TP 1 x DP 4 (4 schedulers), PP 1"

@@ -15,7 +15,13 @@ from typing import Any
 
 from tokenyard.errors import ConfigError, TokenyardError
 
-__all__ = ["add_parser", "length_distribution", "run_command", "slo_bounds"]
+__all__ = [
+    "add_parser",
+    "length_distribution",
+    "plot_formats",
+    "run_command",
+    "slo_bounds",
+]
 
 EPILOG = """\
 Lengths (--isl/--osl): 4000 (fixed), lognormal:median=4000,sigma=0.5, uniform:low=100,high=8000,
@@ -100,8 +106,46 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, help="local worker processes (default: all cores)")
     p.add_argument("--ray", nargs="?", const="auto", metavar="ADDRESS", help="run on Ray")
     p.add_argument("--out", metavar="DIR", help="write the table, launch scripts and configs")
+    p.add_argument(
+        "--plots",
+        metavar="FMT",
+        help="formats of --out's frontier chart, comma-separated (png, svg, pdf) or none; "
+        "default png where matplotlib is installed",
+    )
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     return p
+
+
+def plot_formats(args: argparse.Namespace) -> tuple[str, ...]:
+    """The formats of ``--out``'s ``frontier.<fmt>``: ``--plots`` (``none``: no chart), or
+    png when matplotlib is installed.
+
+    Raises:
+        ConfigError: ``--plots`` without ``--out``, an unknown format, or ``--plots``
+            without matplotlib.
+    """
+    if args.plots is None:
+        if not args.out:
+            return ()
+        import importlib.util
+
+        return ("png",) if importlib.util.find_spec("matplotlib") else ()
+    formats = tuple(f.strip().lstrip(".").lower() for f in args.plots.split(",") if f.strip())
+    if formats == ("none",):
+        return ()
+    if not args.out:
+        raise ConfigError("--plots needs --out DIR", field="--plots", value=repr(args.plots))
+    bad = [f for f in formats if f not in ("png", "svg", "pdf")]
+    if bad or not formats:
+        raise ConfigError(
+            f"--plots: formats are png, svg, pdf or none, got {args.plots!r}",
+            field="--plots",
+            value=repr(args.plots),
+        )
+    from tokenyard.search.plots import _pyplot
+
+    _pyplot()  # refused before the search when matplotlib is missing
+    return formats
 
 
 def length_distribution(text: str, flag: str) -> dict[str, Any]:
@@ -238,6 +282,8 @@ def run_command(args: argparse.Namespace) -> int:
             replica["dtype"] = args.dtype
         if args.kv_cache_dtype:
             replica["kv_cache_dtype"] = args.kv_cache_dtype
+        plots = plot_formats(args)
+        written: list[str] = []
         ask = Ask(
             model=args.model,
             systems=tuple(args.system),
@@ -266,7 +312,7 @@ def run_command(args: argparse.Namespace) -> int:
         table = rows(result)
         text = format_table(result, table)
         if args.out:
-            write_outputs(result, table, args.out, text)
+            written = write_outputs(result, table, args.out, text, plots)
     except TokenyardError as exc:
         print(f"tokenyard recommend: error: {exc}", file=sys.stderr)
         return 2
@@ -275,8 +321,5 @@ def run_command(args: argparse.Namespace) -> int:
     else:
         print(text)
         if args.out:
-            print(
-                f"wrote {args.out}/: recommendations.csv, recommendations.parquet, "
-                "summary.txt, recommend.json, launch/, configs/"
-            )
+            print(f"wrote {args.out}/: {', '.join(written)}")
     return 0 if result.points else 1

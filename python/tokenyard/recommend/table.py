@@ -3,8 +3,9 @@
 cost and energy per million tokens), the text table with the best aggregated and
 disaggregated points and their launch lines, and ``--out DIR``'s files.
 
-``--out DIR`` writes fresh: ``recommendations.csv``/``.parquet``, ``summary.txt`` and
-``recommend.json`` by fixed names, and ``launch/`` and ``configs/`` swapped in whole
+``--out DIR`` writes fresh: ``recommendations.csv``/``.parquet``, ``summary.txt``,
+``recommend.json`` and ``frontier.<fmt>`` (``frontier``) by fixed names, and ``launch/``
+and ``configs/`` swapped in whole
 (``tokenyard._output``), so no file of an earlier run stays beside the new ones.
 """
 
@@ -261,9 +262,18 @@ def best_commands(rec: Recommendation, sim: Simulated, verdict: Verdict) -> dict
 
 
 def write_outputs(
-    rec: Recommendation, table: list[dict[str, Any]], directory: str | Path, text: str
+    rec: Recommendation,
+    table: list[dict[str, Any]],
+    directory: str | Path,
+    text: str,
+    plots: tuple[str, ...] = (),
 ) -> list[str]:
-    """Writes ``--out DIR`` (see the module docstring); returns the names written."""
+    """Writes ``--out DIR`` (see the module docstring), with ``frontier.<fmt>`` for each
+    format in ``plots``; returns the names written.
+
+    Raises:
+        ConfigError: ``plots`` given without matplotlib installed.
+    """
     import pyarrow.csv as pacsv  # type: ignore[import-untyped]
     import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
@@ -277,6 +287,7 @@ def write_outputs(
         "recommend.json",
         "launch/",
         "configs/",
+        *(f"frontier.{fmt}" for fmt in plots),
     ]
     frame = to_arrow(table)
     with staged_output(directory) as stage:
@@ -293,6 +304,14 @@ def write_outputs(
         (stage / "recommend.json").write_text(
             json.dumps(_summary(rec, table), indent=2, default=str) + "\n"
         )
+        if plots:
+            from tokenyard.recommend.frontier import plot_frontier
+
+            for fmt in plots:
+                plot_frontier(rec, stage / f"frontier.{fmt}")
+    for old in Path(directory).glob("frontier.*"):  # an earlier run's other formats
+        if old.name not in names and old.is_file():
+            old.unlink()
     return names
 
 

@@ -6,6 +6,7 @@ file's suffix (``.png``, ``.svg``, ``.pdf``)."""
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +17,14 @@ from tokenyard.search.tables import frontier_rows, pareto_metric
 if TYPE_CHECKING:
     from tokenyard.search.tables import SearchResult
 
-__all__ = ["plot_capacity", "plot_frontier", "plot_pareto", "write_plots"]
+__all__ = [
+    "draw_frontier",
+    "plot_capacity",
+    "plot_frontier",
+    "plot_frontier_rows",
+    "plot_pareto",
+    "write_plots",
+]
 
 
 def _pyplot() -> Any:
@@ -99,32 +107,60 @@ def plot_frontier(result: SearchResult, path: str | Path) -> Path:
     slos = [s.name for s in result.config.slos]
     fig, axes = plt.subplots(1, len(slos), figsize=(7 * len(slos), 5), squeeze=False)
     rows = frontier_rows(result.rows)
-    styles = {"aggregated": ("C0", "o"), "disaggregated": ("C3", "s")}
     for ax, name in zip(axes[0], slos, strict=True):
-        for kind, (color, marker) in styles.items():
-            mine = [r for r in rows if r["slo"] == name and r["deployment"] == kind]
-            if not mine:
-                continue
-            ax.scatter(
-                [r["tokens_per_s_per_user"] for r in mine],
-                [r["tokens_per_s_per_gpu"] for r in mine],
-                s=22,
-                color=color,
-                marker=marker,
-                alpha=0.5,
-                label=f"{kind} ({len(mine)})",
-            )
-            front = sorted(
-                (r for r in mine if r["frontier"]), key=lambda r: r["tokens_per_s_per_user"]
-            )
-            ax.plot(
-                [r["tokens_per_s_per_user"] for r in front],
-                [r["tokens_per_s_per_gpu"] for r in front],
-                color=color,
-                lw=1.2,
-                label=f"{kind} frontier",
-            )
-            for r in front:
+        draw_frontier(
+            ax,
+            [r for r in rows if r["slo"] == name],
+            f"SLO set {name!r}: each deployment at its capacity",
+        )
+    return _save(fig, plt, path)
+
+
+def plot_frontier_rows(rows: Sequence[Mapping[str, Any]], path: str | Path, title: str) -> Path:
+    """``plot_frontier``'s chart, one panel, from rows already chosen (``draw_frontier``
+    says which keys they carry): ``tokenyard recommend`` draws its evaluated points so."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 5))
+    draw_frontier(ax, rows, title)
+    return _save(fig, plt, path)
+
+
+#: ``verdict`` of a row -> (legend text, marker, size) drawn over its point.
+_VERDICTS = {
+    "recommended": ("recommended (held on the whole load)", "*", 140),
+    "rejected": ("rejected by the whole load", "x", 60),
+}
+
+
+def draw_frontier(ax: Any, rows: Sequence[Mapping[str, Any]], title: str) -> None:
+    """Draws ``rows`` on ``ax``: ``tokens_per_s_per_user`` across, ``tokens_per_s_per_gpu``
+    up, coloured by ``deployment`` (``aggregated`` / ``disaggregated``); rows with
+    ``frontier`` true are joined per kind and labelled with ``label``. A row's optional
+    ``verdict`` (``recommended``, ``rejected``) is marked over its point (and labelled)."""
+    styles = {"aggregated": ("C0", "o"), "disaggregated": ("C3", "s")}
+    for kind, (color, marker) in styles.items():
+        mine = [r for r in rows if r["deployment"] == kind]
+        if not mine:
+            continue
+        ax.scatter(
+            [r["tokens_per_s_per_user"] for r in mine],
+            [r["tokens_per_s_per_gpu"] for r in mine],
+            s=22,
+            color=color,
+            marker=marker,
+            alpha=0.5,
+            label=f"{kind} ({len(mine)})",
+        )
+        front = sorted((r for r in mine if r["frontier"]), key=lambda r: r["tokens_per_s_per_user"])
+        ax.plot(
+            [r["tokens_per_s_per_user"] for r in front],
+            [r["tokens_per_s_per_gpu"] for r in front],
+            color=color,
+            lw=1.2,
+            label=f"{kind} frontier",
+        )
+        for r in mine:
+            if r["frontier"] or r.get("verdict") in _VERDICTS:
                 ax.annotate(
                     r["label"],
                     (r["tokens_per_s_per_user"], r["tokens_per_s_per_gpu"]),
@@ -132,13 +168,25 @@ def plot_frontier(result: SearchResult, path: str | Path) -> Path:
                     xytext=(3, 3),
                     textcoords="offset points",
                 )
-        ax.set_xlabel("output tokens/s per user (1 / mean TPOT)")
-        ax.set_ylabel("output tokens/s per GPU at capacity")
-        ax.set_title(f"SLO set {name!r}: each deployment at its capacity")
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    return _save(fig, plt, path)
+    for verdict, (text, marker, size) in _VERDICTS.items():
+        marked = [r for r in rows if r.get("verdict") == verdict]
+        if marked:
+            ax.scatter(
+                [r["tokens_per_s_per_user"] for r in marked],
+                [r["tokens_per_s_per_gpu"] for r in marked],
+                s=size,
+                marker=marker,
+                facecolors="none" if marker == "*" else "k",
+                edgecolors="k",
+                linewidths=1.0,
+                label=f"{text} ({len(marked)})",
+            )
+    ax.set_xlabel("output tokens/s per user (1 / mean TPOT)")
+    ax.set_ylabel("output tokens/s per GPU at capacity")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
 
 
 def _save(fig: Any, plt: Any, path: str | Path) -> Path:

@@ -18,7 +18,7 @@
 use rustc_hash::FxHashMap;
 use xxhash_rust::xxh3::xxh3_128;
 
-use super::block_hash::{BlockHash, hash_block};
+use super::block_hash::{BlockHash, hash_full_blocks};
 use super::block_ops::{
     BlockMeta, Eviction, append_tokens, check_cached_count, check_pool_blocks, count_holders,
     release_blocks, take_free_block,
@@ -231,10 +231,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         let mut hashes = known;
         hashes.truncate(max_length / bs);
         hashes.reserve_exact(max_length / bs - hashes.len());
-        let first = hashes.len();
-        for block in token_ids[first * bs..max_length / bs * bs].chunks_exact(bs) {
-            hashes.push(hash_block(hashes.last().copied(), block, extra_key));
-        }
+        hash_full_blocks(&mut hashes, &token_ids[..max_length], bs, extra_key);
         let simple_hybrid =
             self.lookup_order.len() == 2 && self.lookup_order[0].spec.is_full_attention();
         let mut hit_length = max_length;

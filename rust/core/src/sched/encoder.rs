@@ -160,7 +160,7 @@ impl<R: RequestKey> Scheduler<R> {
                      sorted by offset and disjoint"
                 )));
             }
-            end = f.offset + f.length;
+            end = f.offset.saturating_add(f.length);
             if end > num_prompt_tokens {
                 return Err(bad(format!(
                     "must lie inside the {num_prompt_tokens}-token prompt"

@@ -308,6 +308,15 @@ fn add_request_refuses_items_that_could_never_be_scheduled() {
 }
 
 #[test]
+fn add_request_refuses_an_item_whose_end_overflows() {
+    // offset + length past usize::MAX: refused (it wrapped to 1 in a release build).
+    let mut s = Scheduler::new(enc_config(600, 600), false).unwrap();
+    let spec = mm_prompt(0, 20, vec![image(usize::MAX, 2, "a")]);
+    let err = s.add_request(0, spec).unwrap_err().to_string();
+    assert!(err.contains("inside the 20-token prompt"), "{err}");
+}
+
+#[test]
 fn random_multimodal_traffic_keeps_the_cache_consistent_and_ends_empty() {
     // A seeded stream of requests with shared and private images through a small pool
     // (preemptions), a small budget and a small cache; invariants after every step.

@@ -40,7 +40,14 @@ if TYPE_CHECKING:
         expand,
     )
     from tokenyard.search.executors import LocalExecutor, RayExecutor, SerialExecutor
-    from tokenyard.search.plots import plot_capacity, plot_frontier, plot_pareto, write_plots
+    from tokenyard.search.plots import (
+        draw_frontier,
+        plot_capacity,
+        plot_frontier,
+        plot_frontier_rows,
+        plot_pareto,
+        write_plots,
+    )
     from tokenyard.search.results import Point
     from tokenyard.search.tables import SearchResult
 
@@ -65,8 +72,10 @@ _EXPORTS = {
     "LocalExecutor": "tokenyard.search.executors",
     "RayExecutor": "tokenyard.search.executors",
     "SerialExecutor": "tokenyard.search.executors",
+    "draw_frontier": "tokenyard.search.plots",
     "plot_capacity": "tokenyard.search.plots",
     "plot_frontier": "tokenyard.search.plots",
+    "plot_frontier_rows": "tokenyard.search.plots",
     "plot_pareto": "tokenyard.search.plots",
     "write_plots": "tokenyard.search.plots",
 }
@@ -90,10 +99,12 @@ __all__ = [
     "SerialExecutor",
     "capacity_search",
     "deployment_search",
+    "draw_frontier",
     "expand",
     "load_search_config",
     "plot_capacity",
     "plot_frontier",
+    "plot_frontier_rows",
     "plot_pareto",
     "search_config_from_mapping",
     "with_rate",

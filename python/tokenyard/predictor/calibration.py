@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from importlib import resources
@@ -177,7 +178,10 @@ def decode_efficiency_rows(calibration: Calibration, kv_len: float) -> list[floa
 # ---- built-in fits ------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=1)
 def _builtin_file() -> dict[str, Any]:
+    # Parsed once per process: every simulation's execution choice reads it, and parsing
+    # its arrays costs ~30 ms (most of a short capacity probe's set-up). Read only.
     import sys
 
     if sys.version_info >= (3, 11):

@@ -532,7 +532,10 @@ def recommend(
         points, rejected = _verify(simulated, ask, slo, kept, osl)
     finally:
         kept.close_now()
-    summaries = [point_config(ask, s, v)[1] for s, v in points]
+    # The verified run's own summary (the same config and seed would give it again).
+    summaries = [
+        v.summary if v.summary is not None else point_config(ask, s, v)[1] for s, v in points
+    ]
     end = time.perf_counter()
     return Recommendation(
         ask=ask,
@@ -551,7 +554,7 @@ def recommend(
             "verify": end - t_search,
             "total": end - start,
         },
-        num_simulations=kept.count + len(points),
+        num_simulations=kept.count + sum(v.summary is None for _, v in points),
         summaries=summaries,
     )
 
@@ -560,11 +563,11 @@ def _verify(
     simulated: Sequence[Simulated], ask: Ask, slo: SLO, executor: _Kept, osl: float
 ) -> tuple[list[tuple[Simulated, Verdict]], list[tuple[Simulated, Verdict]]]:
     """Verifies the best simulated points of each kind on the whole load, in rounds, until
-    ``ask.show`` of a kind held or none is left."""
+    ``ask.show`` of a kind held or none is left. Both kinds' rounds run side by side (one
+    batch on the executor), each kind's points chosen as if it ran alone."""
     whole = ask.base(ask.whole_workload())
     target = ask.rate if ask.rate is not None else ask.concurrency
-    held: list[tuple[Simulated, Verdict]] = []
-    rejected: list[tuple[Simulated, Verdict]] = []
+    queues: dict[str, list[Simulated]] = {}
     for kind in ("agg", "disagg"):
         ranked = sorted(
             (s for s in simulated if s.candidate.kind == kind and s.capacity > 0),
@@ -579,27 +582,36 @@ def _verify(
         firsts: dict[str, Simulated] = {}
         for s in ranked:
             firsts.setdefault(s.candidate.shape, s)
-        ranked = list(firsts.values())
-        mine: list[tuple[Simulated, Verdict]] = []
-        while ranked and len(mine) < ask.show:
-            batch, ranked = ranked[: ask.show - len(mine)], ranked[ask.show - len(mine) :]
-            points = [
-                (i, s.candidate.simulation(whole, ask.policy), _usable(s, ask))
-                for i, s in enumerate(batch)
-            ]
-            verdicts = verify_points(
-                points,
-                slo,
-                executor,
-                margin=ask.margin,
-                step_down=target is None,
-                closed_loop=ask.closed_loop,
-            )
-            for i, s in enumerate(batch):
-                (mine if verdicts[i].held else rejected).append((s, verdicts[i]))
-        mine.sort(key=lambda p: -tokens_per_s_per_gpu(p[0], p[1], osl))
-        held.extend(mine)
-    return held, rejected
+        queues[kind] = list(firsts.values())
+    held: dict[str, list[tuple[Simulated, Verdict]]] = {kind: [] for kind in queues}
+    rejected: dict[str, list[tuple[Simulated, Verdict]]] = {kind: [] for kind in queues}
+    while True:
+        batch: list[tuple[tuple[str, int], Simulated]] = []
+        for kind, queue in queues.items():
+            wanted = ask.show - len(held[kind])
+            if wanted > 0:
+                batch += [((kind, i), s) for i, s in enumerate(queue[:wanted])]
+                queues[kind] = queue[wanted:]
+        if not batch:
+            break
+        points = [
+            (tag, s.candidate.simulation(whole, ask.policy), _usable(s, ask)) for tag, s in batch
+        ]
+        verdicts = verify_points(
+            points,
+            slo,
+            executor,
+            margin=ask.margin,
+            step_down=target is None,
+            closed_loop=ask.closed_loop,
+        )
+        for (kind, i), s in batch:
+            verdict = verdicts[(kind, i)]
+            (held if verdict.held else rejected)[kind].append((s, verdict))
+    out: list[tuple[Simulated, Verdict]] = []
+    for mine in held.values():
+        out += sorted(mine, key=lambda p: -tokens_per_s_per_gpu(p[0], p[1], osl))
+    return out, [p for kind in rejected for p in rejected[kind]]
 
 
 def point_config(

@@ -48,6 +48,9 @@ class Verdict:
     #: The rate is a number of users (a closed loop), not requests/s.
     closed_loop: bool = False
     error: str | None = None
+    #: The summary of the run at ``rate`` (what the rows' cost and utilisation come from),
+    #: kept so it is not simulated again.
+    summary: Mapping[str, Any] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def binding(self) -> str:
@@ -93,13 +96,16 @@ def verify_points(
         in_flight = 0
         queue = list(pending)
         results: dict[Hashable, Probe] = {}
+        summaries: dict[Hashable, Mapping[str, Any] | None] = {}
         while queue or in_flight:
             while queue and in_flight < executor.max_in_flight:
                 tag = queue.pop(0)
-                executor.submit(tag, {"simulation": sims[tag], "rate": rates[tag][-1]})
+                payload = {"simulation": sims[tag], "rate": rates[tag][-1], "keep_summary": True}
+                executor.submit(tag, payload)
                 in_flight += 1
             for tag, result in executor.wait():
                 results[tag] = Probe.from_dict(result)
+                summaries[tag] = result.get("summary")
                 in_flight -= 1
         pending = []
         for tag, probe in results.items():
@@ -123,5 +129,6 @@ def verify_points(
                 requests_per_s=probe.requests_per_s,
                 closed_loop=closed_loop,
                 error=probe.error,
+                summary=summaries[tag],
             )
     return verdicts

@@ -152,7 +152,8 @@ class Probe:
 
 
 def run_probe(payload: Mapping[str, Any]) -> dict[str, Any]:
-    """The task function: simulate ``payload["simulation"]`` at ``payload["rate"]``.
+    """The task function: simulate ``payload["simulation"]`` at ``payload["rate"]``; with
+    ``payload["keep_summary"]`` true the result also carries the run's ``summary``.
 
     Top-level and taking only plain data, so a process pool (spawn/forkserver) or Ray can
     ship it. A tokenyard error comes back as the probe's ``error``; anything else (a bug)
@@ -171,13 +172,16 @@ def run_probe(payload: Mapping[str, Any]) -> dict[str, Any]:
     metrics = {key: metric_value(summary, key) for key in METRIC_KEYS}
     # Not an SLO key: the output tokens served, for tokens/s per GPU at capacity.
     metrics[DECODE_TOKENS_KEY] = float(summary["throughput"]["decode_tokens_per_s"])
-    return Probe(
+    out = Probe(
         rate,
         metrics,
         requests_per_s=float(summary["throughput"]["requests_per_s"]),
         num_requests=int(summary["num_requests"]),
         wall_s=time.perf_counter() - start,
     ).to_dict()
+    if payload.get("keep_summary"):  # the caller reports from this run (recommend's rows)
+        out["summary"] = summary
+    return out
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,9 +19,11 @@ same, never filling forward).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from tokenyard.errors import ConfigError
 
@@ -128,6 +130,15 @@ def _versions(root: Path, system: str, family: str, framework: str) -> list[str]
     return sorted(found, key=_version_key)
 
 
+@functools.lru_cache(maxsize=8)
+def _query_versions(path: Path, mtime_ns: int) -> object:
+    """``path`` parsed (read only), once per process and file version: every simulation's
+    execution choice asks, and the YAML parse costs ~9 ms. Raises yaml.YAMLError."""
+    import yaml
+
+    return yaml.safe_load(path.read_text())
+
+
 def _current_version(root: Path, system: str, framework: str) -> str | None:
     """The package's ``current`` slot for (system, framework), if it says one."""
     path = root.parent / "query_versions.yaml"
@@ -136,7 +147,7 @@ def _current_version(root: Path, system: str, framework: str) -> str | None:
     import yaml
 
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data: Any = _query_versions(path, path.stat().st_mtime_ns) or {}
         slots = (data.get("overrides") or {}).get(system, {}).get(framework)
         slots = slots or (data.get("defaults") or {}).get(framework) or {}
         current = slots.get("current")

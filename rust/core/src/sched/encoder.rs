@@ -343,9 +343,13 @@ impl<R: RequestKey> Scheduler<R> {
         out: &mut SchedulerOutput<R>,
     ) {
         self.encoder.last_batch.clear();
-        for &(slot, _) in scheduled {
-            if !self.req(slot).spec.mm_features.is_empty() {
-                self.encoder.last_batch.push(slot);
+        // With no references in the cache the next update frees nothing: a text-only step
+        // skips the scan.
+        if self.encoder.cache.has_requests() {
+            for &(slot, _) in scheduled {
+                if !self.req(slot).spec.mm_features.is_empty() {
+                    self.encoder.last_batch.push(slot);
+                }
             }
         }
         out.scheduled_encoder_inputs = std::mem::take(&mut self.encoder.step_inputs)

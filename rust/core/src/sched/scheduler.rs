@@ -712,9 +712,9 @@ impl<R: RequestKey> Scheduler<R> {
             free_encoder_mm_hashes: Vec::new(),
         };
         self.encoder_end_step(&plan.scheduled, &mut out);
+        let hybrid = self.config.is_hybrid();
         for &(slot, n) in &plan.scheduled {
             let blocks = plan.new_blocks[slot as usize].take().unwrap_or_default();
-            let hybrid = self.config.is_hybrid();
             let group_blocks = if hybrid {
                 self.kv.take_group_blocks(slot)
             } else {

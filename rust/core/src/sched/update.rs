@@ -530,7 +530,8 @@ impl<R: RequestKey> Scheduler<R> {
             return Err(Error::config(
                 "kv_groups",
                 format!("{:?}", self.config.kv_groups),
-                "KV connectors need a single full-attention group (vLLM runs them with \
+                "KV connectors need a single full-attention group (vLLM 0.33 turns its \
+                 hybrid manager off for a connector without HMA support, as \
                  --disable-hybrid-kv-cache-manager)",
             ));
         }

@@ -131,15 +131,15 @@ print(f"cases: {len(vllm)}")
 print(f"passed on vLLM's Scheduler:      {len(on_vllm)}")
 print(f"passed on TokenyardScheduler:    {len(on_tokenyard)}")
 print(f"  of those that pass on vLLM:    {len(on_vllm & on_tokenyard)}")
-print("per file: cases | pass on vLLM | of those, pass through the adapter | cases that")
-print("built a TokenyardScheduler")
+print("per file: cases | pass on vLLM | of those, pass through the adapter | of those, built")
+print("a TokenyardScheduler | cases that built one")
 rows = {True: [], False: []}
 for file in files:
     cases = {n for n in vllm if n.startswith(file + "::")}
     ours = cases & on_vllm
     row = (
         f"  {file}: {len(cases)} | {len(ours)} | {len(ours & on_tokenyard)}"
-        f" | {len(cases & built)}"
+        f" | {len(ours & on_tokenyard & built)} | {len(cases & built)}"
     )
     rows[bool(cases & built)].append(row)
 print("scheduler involved:")

@@ -116,7 +116,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             ));
         }
         for (i, spec) in groups.iter().enumerate() {
-            spec.check(i)?;
+            spec.check("groups", i)?;
             if enable_caching && *spec == KvGroupSpec::Mamba {
                 return Err(Error::config(
                     "enable_caching",

@@ -113,8 +113,9 @@ impl KvGroupSpec {
         }
     }
 
-    /// Checks the spec's own values (the message names `groups[index]`).
-    pub(super) fn check(&self, index: usize) -> crate::Result<()> {
+    /// Checks the spec's own values (the message names `{list}[index]`, `list` being the
+    /// field that holds the groups).
+    pub(crate) fn check(&self, list: &'static str, index: usize) -> crate::Result<()> {
         let (field, value) = match *self {
             Self::SlidingWindow { sliding_window } => ("sliding_window", sliding_window),
             Self::ChunkedLocalAttention {
@@ -124,8 +125,8 @@ impl KvGroupSpec {
         };
         if value == 0 || value > super::MAX_NUM_BLOCKS {
             return Err(crate::Error::config(
-                "groups",
-                format!("groups[{index}].{field}={value}"),
+                list,
+                format!("{list}[{index}].{field}={value}"),
                 format!("must be between 1 and {}", super::MAX_NUM_BLOCKS),
             ));
         }

@@ -384,20 +384,7 @@ impl SchedulerConfig {
             ));
         }
         for (i, group) in self.kv_groups.iter().enumerate() {
-            let (field, value) = match *group {
-                KvGroupSpec::SlidingWindow { sliding_window } => ("sliding_window", sliding_window),
-                KvGroupSpec::ChunkedLocalAttention {
-                    attention_chunk_size,
-                } => ("attention_chunk_size", attention_chunk_size),
-                _ => continue,
-            };
-            if value == 0 {
-                return Err(Error::config(
-                    "kv_groups",
-                    format!("kv_groups[{i}].{field}=0"),
-                    "must be at least 1",
-                ));
-            }
+            group.check("kv_groups", i)?;
         }
         Ok(())
     }

@@ -397,3 +397,49 @@ fn a_mismatch_flagged_in_two_steps_in_flight_finishes_the_request_once() {
     let finished = s.update_from_output(&[sample(0, 7)]).unwrap();
     assert_eq!(finished, [(0, FinishReason::Length)]);
 }
+
+#[test]
+fn items_are_scheduled_and_let_go_over_kv_groups() {
+    // A full group and a window-8 group (block 4), budget 10 tokens and 8 embeddings:
+    // request 0's 6-token image at 2 and request 1's at 0 share one identifier.
+    let cfg = SchedulerConfig {
+        kv_groups: vec![
+            crate::kv::KvGroupSpec::FullAttention,
+            crate::kv::KvGroupSpec::SlidingWindow { sliding_window: 8 },
+        ],
+        encoder: EncoderConfig {
+            max_num_encoder_input_tokens: 8,
+            encoder_cache_size: 8,
+            disable_chunked_mm_input: false,
+        },
+        ..config()
+    };
+    let mut s = Scheduler::new(cfg, false).unwrap();
+    s.add_request(0, mm_prompt(0, 20, vec![image(2, 6, "a")]))
+        .unwrap();
+    s.add_request(1, mm_prompt(1, 20, vec![image(0, 6, "a")]))
+        .unwrap();
+    let (mut steps, mut inputs) = (Vec::new(), Vec::new());
+    while s.has_unfinished_requests() {
+        let out = run_step(&mut s);
+        steps.push(scheduled(&out));
+        inputs.push(encoder_inputs(&out));
+    }
+    // Request 0 encodes the image in its first chunk and lets go of it at that update; the
+    // entry stays, so request 1 (admitted at step 3, its image at 0) finds it cached.
+    assert_eq!(
+        steps,
+        [
+            vec![(0, 10)],
+            vec![(0, 10)],
+            vec![(0, 1), (1, 9)],
+            vec![(1, 10)],
+            vec![(1, 1)],
+            vec![(1, 1)],
+        ]
+    );
+    assert_eq!(inputs[0], [(0, vec![0])]);
+    assert!(inputs[1..].iter().all(Vec::is_empty), "{inputs:?}");
+    assert_eq!(s.num_free_blocks(), 64);
+    assert_eq!(s.encoder_cache_refs("a"), 0);
+}

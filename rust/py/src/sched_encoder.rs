@@ -209,8 +209,10 @@ impl PyEncoderCache {
             .can_allocate(num_embeds, budget, num_embeds_to_schedule)
     }
 
-    /// Raises InputError where vLLM asserts: no room (`can_allocate` did not say yes), or
-    /// an identifier held with another count.
+    /// Raises InputError where vLLM asserts: no room (`can_allocate` did not say yes); and
+    /// for an identifier already held (with any count), which `check_and_update_cache`
+    /// references instead: vLLM's scheduler never allocates one, and a second allocation
+    /// would leave a referenced entry on the freeable list.
     fn allocate(
         &mut self,
         request_id: &Bound<'_, PyAny>,
@@ -220,16 +222,12 @@ impl PyEncoderCache {
     ) -> PyResult<()> {
         let py = request_id.py();
         let id = RequestId::from_py(request_id)?;
-        if self
-            .inner
-            .cached_num_embeds(mm_hash)
-            .is_some_and(|n| n != num_embeds)
-        {
+        if self.inner.contains(mm_hash) {
             return Err(input_error(
                 py,
-                "num_embeds",
-                num_embeds,
-                "differs from the entry's",
+                "mm_hash",
+                mm_hash,
+                "is already cached: check_and_update_cache references it",
             ));
         }
         if num_embeds > self.inner.num_free_slots() {

@@ -415,9 +415,6 @@ impl<R: RequestKey> Scheduler<R> {
             }
             known = computed - 1;
         }
-        let request = self.slots[slot as usize]
-            .as_ref()
-            .expect("a window's request is live");
         let new_tokens = &request.all_token_ids[known..computed];
         let last = if window.hybrid { n.min(1) } else { n };
         let allocated = self

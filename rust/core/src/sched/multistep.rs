@@ -4,14 +4,15 @@
 //! request, not any decision.
 //!
 //! A window opens only when a step would schedule exactly the running requests, one decode
-//! token each (not a prompt's last token), in running order: nothing waits, no request has work in flight, drafts,
-//! stop tokens or a connector, the token budget covers them all, and the pool is the
-//! block-hash one without a host tier or vLLM's coordinator over KV groups (whose chunked
-//! local groups, if any, have chunks a whole number of blocks long). A request leaves the window at the end of the step
-//! whose token finishes it (`end_decode_step` finishes it then, freeing its blocks, as
-//! stepping does). The window lasts until its last request finishes, or until a step whose
-//! new blocks the free ones cannot cover (stepping would preempt there: `form_decode_step`
-//! declines it), or until the caller cuts it (a new request).
+//! token each (not a prompt's last token), in running order: nothing waits, no request has
+//! work in flight, drafts, stop tokens or a connector, the token budget covers them all,
+//! and the pool is the block-hash one without a host tier or vLLM's coordinator over KV
+//! groups (whose chunked local groups, if any, have chunks a whole number of blocks long).
+//! A request leaves the window at the end of the step whose token finishes it
+//! (`end_decode_step` finishes it then, freeing its blocks, as stepping does). The window
+//! lasts until its last request finishes, or until a step whose new blocks the free ones
+//! cannot cover (stepping would preempt there: `form_decode_step` declines it), or until
+//! the caller cuts it (a new request).
 //!
 //! Within the window each request's tokens and computed count lag behind, and are caught up
 //! only at the steps where the pool does something for it: a new block (which may evict a
@@ -28,15 +29,15 @@
 //! sliding window of `w` tokens drops one at the steps where `base + s - w` is a multiple
 //! of the block size, a third bucket; a chunked local group drops its chunk's blocks when
 //! the chunk ends, a step that allocates when the chunk is a whole number of blocks (other
-//! chunk sizes open no window). The first step also acts for every request that has
-//! blocks to drop then (a prefill drops nothing, so its first decode may drop many). Each catch-up of several steps runs
-//! as two allocations: the lagging steps', in which the pool did nothing, then the
-//! current step's, from the computed count stepping has there, so it drops what stepping
-//! drops. A step is formed only if, in running order, each request's new blocks (all
-//! groups) fit the free blocks plus those freed so far in the step, counting as freed only
-//! blocks a request holds alone: a shared block may be freed by another's drop first,
-//! which the count does not see, so a step stepping would run may end the window (then
-//! stepped), while a step that would preempt never runs in one.
+//! chunk sizes open no window). The first step also acts for every request that has blocks
+//! to drop then (a prefill drops nothing, so its first decode may drop many). Each catch-up
+//! of several steps runs as two allocations: the lagging steps', in which the pool did
+//! nothing, then the current step's, from the computed count stepping has there, so it
+//! drops what stepping drops. A step is formed only if, in running order, each request's
+//! new blocks (all groups) fit the free blocks plus those freed so far in the step,
+//! counting as freed only blocks a request holds alone: a shared block may be freed by
+//! another's drop first, which the count does not see, so a step stepping would run may end
+//! the window (then stepped), while a step that would preempt never runs in one.
 
 use super::Scheduler;
 use super::request::{FinishReason, RequestStatus};

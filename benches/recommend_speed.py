@@ -12,7 +12,9 @@ candidates, simulations; the best aggregated and disaggregated points with token
 
 ``--case qwen32b`` asks the second question of benches/recommend_vs_aiconfigurator.py
 instead (Qwen3-32B on 8 x H100, mean TTFT <= 1 s and TPOT <= 50 ms, 3,000 requests).
-``--serial`` runs every simulation in the one process and reports its CPU seconds too.
+``--aiconfigurator`` times ``aiconfigurator cli default`` on the same question too, its
+runs alternating with recommend's. ``--serial`` runs every simulation in the one process
+and reports its CPU seconds too.
 ``--compare DIR`` times another copy of the package too (``DIR`` put first on
 ``PYTHONPATH``: a checkout's ``python/`` folder), its runs alternating with this tree's, and
 says whether both gave the same answers:
@@ -80,6 +82,26 @@ QWEN = [
     "3000",
 ]
 CASES = {"llama70b": COMMAND, "qwen32b": QWEN}
+#: ``--aiconfigurator``: the same question to ``aiconfigurator cli default`` (its venv from
+#: benches/peers/aic_setup.sh), agg and disagg in one run, as recommend_vs_aiconfigurator.py
+#: asks it.
+AIC_CASES = {
+    "llama70b": ["meta-llama/Meta-Llama-3.1-70B", "h200_sxm", "16"],
+    "qwen32b": ["Qwen/Qwen3-32B", "h100_sxm", "8"],
+}
+
+
+def run_aiconfigurator(case: str, save_dir: Path) -> float:
+    model, system, gpus = AIC_CASES[case]
+    venv = Path(os.environ.get("AIC_VENV", Path(__file__).parents[1] / ".venv-aic"))
+    argv = [str(venv / "bin" / "aiconfigurator"), "cli", "default", "--model-path", model]
+    argv += ["--system", system, "--total-gpus", gpus, "--backend", "vllm", "--isl", "4000"]
+    argv += ["--osl", "500", "--ttft", "1000", "--tpot", "50", "--save-dir", str(save_dir)]
+    start = time.perf_counter()
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=1800)
+    if done.returncode != 0:
+        raise SystemExit(f"aiconfigurator failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    return time.perf_counter() - start
 
 
 #: ``--serial``: the same command in one process, every simulation in it (the ``serial``
@@ -158,15 +180,21 @@ def main() -> None:
     parser.add_argument(
         "--serial", action="store_true", help="one process, no pool; report its CPU seconds"
     )
+    parser.add_argument(
+        "--aiconfigurator", action="store_true", help="also time aiconfigurator cli default"
+    )
     args = parser.parse_args()
     command = CASES[args.case]
     runs = []
     other: list[dict[str, Any]] = []
+    aic: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeat):
             if args.compare:
                 out = Path(tmp) / f"other{i}"
                 other.append(run_once(args.workers, out, command, args.compare, args.serial))
+            if args.aiconfigurator:
+                aic.append(run_aiconfigurator(args.case, Path(tmp) / f"aic{i}"))
             runs.append(run_once(args.workers, Path(tmp) / f"run{i}", command, None, args.serial))
     if other:
         walls = [r["wall_s"] for r in other]
@@ -186,11 +214,18 @@ def main() -> None:
         if not same:
             print(f"  {args.compare}: {other[0]['answers']}\n  this tree: {runs[0]['answers']}")
     walls = [r["wall_s"] for r in runs]
+    if aic:
+        print(
+            f"aiconfigurator cli default: median {statistics.median(aic):.1f} s "
+            f"({', '.join(f'{w:.1f}' for w in aic)}); recommend / aiconfigurator: "
+            f"{statistics.median(walls) / statistics.median(aic):.2f}"
+        )
     result = {
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "loadavg": loadavg()},
         "median_wall_s": statistics.median(walls),
         "runs": runs,
         "compared": {"path": args.compare, "runs": other} if other else None,
+        "aiconfigurator_wall_s": aic or None,
     }
     first = runs[0]
     print(f"command: tokenyard {' '.join(command)}" + (" (serial)" if args.serial else ""))

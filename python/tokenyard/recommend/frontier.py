@@ -70,9 +70,5 @@ def plot_frontier(rec: Recommendation, path: str | Path) -> Path:
     """
     from tokenyard.search.plots import plot_frontier_rows
 
-    unit = "users" if rec.ask.closed_loop else "requests/s"
-    title = (
-        f"{rec.ask.model}: each simulated layout at its capacity ({unit}), "
-        f"{len(rec.simulated)} simulated"
-    )
+    title = f"{rec.ask.model}: {len(rec.simulated)} simulated layouts, each at its capacity"
     return plot_frontier_rows(frontier_rows(rec), path, title)

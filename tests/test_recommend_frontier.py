@@ -181,3 +181,17 @@ def test_every_drawn_figure_is_finite(both: Any) -> None:
         assert p["tokens_per_s_per_gpu"] > 0
         assert math.isfinite(p["tokens_per_s_per_user"])
         assert p["tokens_per_s_per_user"] > 0
+
+
+def test_plot_formats_follow_the_flags() -> None:
+    import argparse
+
+    from tokenyard.recommend.cli import plot_formats
+
+    def formats(plots: str | None, out: str | None) -> tuple[str, ...]:
+        return plot_formats(argparse.Namespace(plots=plots, out=out))
+
+    assert formats(None, "rec") == ("png",)  # matplotlib is installed here
+    assert formats(None, None) == ()
+    assert formats("none", "rec") == ()
+    assert formats("svg, .PDF", "rec") == ("svg", "pdf")

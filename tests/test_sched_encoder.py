@@ -261,3 +261,20 @@ class EncoderCacheMachine(RuleBasedStateMachine):
 
 TestEncoderCacheMachine = EncoderCacheMachine.TestCase
 TestEncoderCacheMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def test_allocating_an_identifier_already_cached_is_refused_and_changes_nothing() -> None:
+    """allocate -> free -> allocate of one hash once left a referenced entry on the freeable
+    list (a later eviction panicked); a cached identifier is referenced, never allocated."""
+    cache = EncoderCache(20)
+    cache.allocate(0, 0, "a", 4)
+    cache.free_encoder_input(0, 0, "a")
+    with pytest.raises(InputError) as caught:
+        cache.allocate(1, 0, "a", 4)
+    assert caught.value.field == "mm_hash"
+    assert cache.num_refs("a") == 0
+    assert cache.check_and_update_cache(1, 0, "a")  # the way in: a hit, referenced again
+    assert cache.num_refs("a") == 1
+    assert cache.can_allocate(16, 100, 0)  # 16 slots left; the entry is held, not freeable
+    assert not cache.can_allocate(17, 100, 0)
+    cache.check_invariants()

@@ -961,8 +961,8 @@ class EncoderCache:
         self, request_id: _RequestId, input_id: int, mm_hash: str, num_embeds: int
     ) -> None:
         """Raises:
-        InputError: no room (``can_allocate`` first), or ``mm_hash`` held with another
-            count."""
+        InputError: no room (``can_allocate`` first), or ``mm_hash`` already cached
+            (``check_and_update_cache`` references it instead)."""
     def free_encoder_input(self, request_id: _RequestId, input_id: int, mm_hash: str) -> None: ...
     def get_cached_input_ids(self, request_id: _RequestId) -> list[int]: ...
     def get_cached_num_encoder_embeds(self, mm_hash: str) -> int | None: ...

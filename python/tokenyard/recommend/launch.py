@@ -237,11 +237,7 @@ def vllm_commands(config: SimulationConfig) -> list[LaunchCommand]:
     _scheduler_check(config, "vllm")
     r, c = config.replica, config.cluster
     model = hf_model_id(config.model_name())
-    base = ["vllm", "serve", model]
-    if r.dtype in WEIGHT_DTYPES:
-        base += ["--dtype", WEIGHT_DTYPES[r.dtype]]
-    if r.quantization == "fp8":
-        base += ["--quantization", "fp8"]  # vLLM's online FP8 of a 16-bit checkpoint
+    base = ["vllm", "serve", model, *_weight_flags(r)]
     notes = _shared_notes(config)
     if r.kv_cache_dtype in VLLM_KV_DTYPES:
         base += ["--kv-cache-dtype", VLLM_KV_DTYPES[r.kv_cache_dtype]]
@@ -264,23 +260,12 @@ def vllm_commands(config: SimulationConfig) -> list[LaunchCommand]:
             )
         base += ["--speculative-config", json.dumps(body, separators=(",", ":"))]
     if r.lora is not None:
-        base += [
-            "--enable-lora",
-            "--max-loras",
-            str(r.lora.max_loras),
-            "--max-lora-rank",
-            str(r.lora.max_lora_rank),
-        ]
+        base += _lora_flags(r.lora, "--max-loras")
         if r.lora.max_cpu_loras:
             base += ["--max-cpu-loras", str(r.lora.max_cpu_loras)]
     out: list[LaunchCommand] = []
     prefill = list(base)
-    tp, pp, dp, ep = (
-        r.tensor_parallel_size,
-        r.num_pipeline_stages,
-        r.data_parallel_size,
-        r.expert_parallel_size,
-    )
+    tp, pp, dp, ep = _layout(r)
     prefill += ["--tensor-parallel-size", str(tp), "--pipeline-parallel-size", str(pp)]
     if dp > 1:
         prefill += ["--data-parallel-size", str(dp)]
@@ -307,41 +292,77 @@ def vllm_commands(config: SimulationConfig) -> list[LaunchCommand]:
     if decode is not None:
         argv = list(base)
         d = decode.resolve(r)  # the decode pool's layout, unset keys the replica's
-        dtp, dpp, ddp = d.tensor_parallel_size, d.num_pipeline_stages, d.data_parallel_size
+        dtp, dpp, ddp, dep = _layout(d)
         argv += ["--tensor-parallel-size", str(dtp), "--pipeline-parallel-size", str(dpp)]
         if ddp > 1:
             argv += ["--data-parallel-size", str(ddp)]
-        if d.expert_parallel_size > 1:
+        if dep > 1:
             argv.append("--enable-expert-parallel")
         argv += ["--gpu-memory-utilization", _fraction(1 - d.memory_margin_fraction)]
-        dnotes = [_decode_router_note(decode.global_scheduler.policy)]
-        if decode.kv_offload is not None:
-            dnotes.append(
-                "cluster.decode.kv_offload: a host KV tier; configure the engine's offloading "
-                "connector by hand"
-            )
+        dnotes = _decode_notes(decode, [])
         sched = decode.scheduler.vllm_v1 if decode.scheduler is not None else r.scheduler.vllm_v1
         _vllm_scheduler(argv, dnotes, sched, "cluster.decode.scheduler.vllm_v1", ddp)
         argv += ["--kv-transfer-config", _nixl("kv_consumer")]
-        out.append(
-            LaunchCommand(
-                "vllm",
-                "decode",
-                decode.num_replicas,
-                _gpus(dtp, dpp, ddp),
-                d.device,
-                tuple(argv),
-                tuple(dnotes),
-            )
-        )
+        out.append(_decode_command("vllm", decode, d, argv, dnotes))
     return out
 
 
-def _decode_router_note(policy: str) -> str:
-    return (
-        f"cluster.decode.global_scheduler.policy = {policy!r}: route prefilled requests to "
-        "decode instances with it"
+def _decode_command(
+    framework: str, decode: Any, d: Any, argv: list[str], notes: list[str]
+) -> LaunchCommand:
+    """The decode pool's command; ``d`` is its resolved layout."""
+    gpus = _gpus(d.tensor_parallel_size, d.num_pipeline_stages, d.data_parallel_size)
+    return LaunchCommand(
+        framework, "decode", decode.num_replicas, gpus, d.device, tuple(argv), tuple(notes)
     )
+
+
+def _weight_flags(r: Any) -> list[str]:
+    """``--dtype`` and ``--quantization``, spelled alike by vLLM and SGLang; ``fp8`` is the
+    engine's online FP8 of a 16-bit checkpoint."""
+    flags: list[str] = []
+    if r.dtype in WEIGHT_DTYPES:
+        flags += ["--dtype", WEIGHT_DTYPES[r.dtype]]
+    if r.quantization == "fp8":
+        flags += ["--quantization", "fp8"]
+    return flags
+
+
+def _lora_flags(lora: Any, max_loras_flag: str) -> list[str]:
+    """LoRA on, with the adapters per batch under ``max_loras_flag`` (vLLM ``--max-loras``,
+    SGLang ``--max-loras-per-batch``) and ``--max-lora-rank``."""
+    return [
+        "--enable-lora",
+        max_loras_flag,
+        str(lora.max_loras),
+        "--max-lora-rank",
+        str(lora.max_lora_rank),
+    ]
+
+
+def _layout(r: Any) -> tuple[int, int, int, int]:
+    """A pool's (TP, PP, DP, EP) sizes."""
+    return (
+        r.tensor_parallel_size,
+        r.num_pipeline_stages,
+        r.data_parallel_size,
+        r.expert_parallel_size,
+    )
+
+
+def _decode_notes(decode: Any, layout_notes: list[str]) -> list[str]:
+    """A decode pool's notes: its router, ``layout_notes``, then its host KV tier if any."""
+    notes = [
+        f"cluster.decode.global_scheduler.policy = {decode.global_scheduler.policy!r}: "
+        "route prefilled requests to decode instances with it",
+        *layout_notes,
+    ]
+    if decode.kv_offload is not None:
+        notes.append(
+            "cluster.decode.kv_offload: a host KV tier; configure the engine's offloading "
+            "connector by hand"
+        )
+    return notes
 
 
 def _nixl(role: str) -> str:
@@ -429,10 +450,7 @@ def sglang_commands(config: SimulationConfig) -> list[LaunchCommand]:
         "--model-path",
         hf_model_id(config.model_name()),
     ]
-    if r.dtype in WEIGHT_DTYPES:
-        base += ["--dtype", WEIGHT_DTYPES[r.dtype]]
-    if r.quantization == "fp8":
-        base += ["--quantization", "fp8"]
+    base += _weight_flags(r)
     if r.kv_cache_dtype in SGLANG_KV_DTYPES:
         base += ["--kv-cache-dtype", SGLANG_KV_DTYPES[r.kv_cache_dtype]]
         if r.kv_cache_dtype == "fp8":
@@ -464,24 +482,13 @@ def sglang_commands(config: SimulationConfig) -> list[LaunchCommand]:
         if spec.method == "eagle":
             notes.append("replica.speculative.method = 'eagle': add --speculative-draft-model-path")
     if r.lora is not None:
-        base += [
-            "--enable-lora",
-            "--max-loras-per-batch",
-            str(r.lora.max_loras),
-            "--max-lora-rank",
-            str(r.lora.max_lora_rank),
-        ]
+        base += _lora_flags(r.lora, "--max-loras-per-batch")
         if r.lora.max_cpu_loras:
             notes.append(
                 f"replica.lora.max_cpu_loras = {r.lora.max_cpu_loras}: SGLang has no cap on "
                 "adapters cached on the host"
             )
-    tp, pp, dp, ep = (
-        r.tensor_parallel_size,
-        r.num_pipeline_stages,
-        r.data_parallel_size,
-        r.expert_parallel_size,
-    )
+    tp, pp, dp, ep = _layout(r)
     first = [*base, "--tp-size", str(tp * dp), "--pp-size", str(pp)]
     if dp > 1:
         first += ["--attn-dp-size", str(dp)]
@@ -508,35 +515,21 @@ def sglang_commands(config: SimulationConfig) -> list[LaunchCommand]:
     ]
     if decode is not None:
         d = decode.resolve(r)  # the decode pool's layout, unset keys the replica's
-        dtp, dpp, ddp = d.tensor_parallel_size, d.num_pipeline_stages, d.data_parallel_size
+        dtp, dpp, ddp, dep = _layout(d)
         argv = [*base, "--tp-size", str(dtp * ddp), "--pp-size", str(dpp)]
         if ddp > 1:
             argv += ["--attn-dp-size", str(ddp)]
-        if d.expert_parallel_size > 1:
-            argv += ["--ep-size", str(d.expert_parallel_size)]
+        if dep > 1:
+            argv += ["--ep-size", str(dep)]
         argv += ["--mem-fraction-static", _fraction(1 - d.memory_margin_fraction)]
-        dnotes = [_decode_router_note(decode.global_scheduler.policy)]
-        if ddp > 1 and d.expert_parallel_size == 1:
-            dnotes.append(_sglang_dp_without_ep_note("cluster.decode", ddp))
-        if decode.kv_offload is not None:
-            dnotes.append(
-                "cluster.decode.kv_offload: a host KV tier; configure the engine's offloading "
-                "connector by hand"
-            )
+        dp_note = ddp > 1 and dep == 1
+        dnotes = _decode_notes(
+            decode, [_sglang_dp_without_ep_note("cluster.decode", ddp)] if dp_note else []
+        )
         sched = decode.scheduler if decode.scheduler is not None else r.scheduler
         _sglang_scheduler(argv, dnotes, config, sched, "cluster.decode.scheduler", ddp)
         argv += ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "nixl"]
-        out.append(
-            LaunchCommand(
-                "sglang",
-                "decode",
-                decode.num_replicas,
-                _gpus(dtp, dpp, ddp),
-                d.device,
-                tuple(argv),
-                tuple(dnotes),
-            )
-        )
+        out.append(_decode_command("sglang", decode, d, argv, dnotes))
     return out
 
 

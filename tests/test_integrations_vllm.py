@@ -27,6 +27,18 @@ class SlidingWindowSpec(SimpleNamespace):
     pass
 
 
+class ChunkedLocalAttentionSpec(SimpleNamespace):
+    pass
+
+
+class MambaSpec(SimpleNamespace):
+    pass
+
+
+class CrossAttentionSpec(SimpleNamespace):
+    pass
+
+
 def vllm_config(**scheduler: Any) -> SimpleNamespace:
     sched = {
         "max_num_seqs": 8,
@@ -78,7 +90,9 @@ def test_admission_cap_and_budget_are_vllms_active_seqs_and_scheduled_tokens() -
 def test_max_model_len_is_the_models_whatever_the_kv_capacity_capped_by_unchunked_budget() -> None:
     small = vllm_config()
     small.cache_config.num_gpu_blocks = 5  # 4 KV blocks of 16: 64 tokens
-    config = core_config(small, kv_config(), 16)
+    kv = kv_config()
+    kv.num_blocks = 5
+    config = core_config(small, kv, 16)
     # vLLM's Scheduler runs with a cache smaller than max_model_len; so does the core.
     assert config.max_model_len == 256
     Scheduler(config)
@@ -87,13 +101,61 @@ def test_max_model_len_is_the_models_whatever_the_kv_capacity_capped_by_unchunke
     Scheduler(unchunked)
 
 
-def test_kv_layouts_with_more_than_one_pool_are_refused_by_name() -> None:
+def test_kv_cache_groups_become_the_cores_kv_groups_spec_by_spec() -> None:
+    from tokenyard import kv as sched
+
+    one = core_config(vllm_config(), kv_config(FullAttentionSpec()), 16)
+    assert one.kv_groups == ()  # one full-attention group: the single pool
+    mixed = core_config(
+        vllm_config(),
+        kv_config(
+            FullAttentionSpec(),
+            SlidingWindowSpec(sliding_window=128),
+            ChunkedLocalAttentionSpec(attention_chunk_size=64),
+        ),
+        16,
+    )
+    assert [type(g) for g in mixed.kv_groups] == [
+        sched.FullAttentionSpec,
+        sched.SlidingWindowSpec,
+        sched.ChunkedLocalAttentionSpec,
+    ]
+    assert mixed.kv_groups[1].sliding_window == 128
+    assert mixed.kv_groups[2].attention_chunk_size == 64
+    assert mixed.num_blocks == 33  # kv_cache_config.num_blocks, as vLLM's block pool
+    Scheduler(mixed)
+    # A lone sliding-window group is a group table too (group_block_ids).
+    (window,) = core_config(
+        vllm_config(), kv_config(SlidingWindowSpec(sliding_window=8)), 16
+    ).kv_groups
+    assert isinstance(window, sched.SlidingWindowSpec)
+
+
+def test_kv_layouts_the_core_has_no_group_for_are_refused_by_name() -> None:
     with pytest.raises(ConfigError) as info:
-        core_config(vllm_config(), kv_config(FullAttentionSpec(), FullAttentionSpec()), 16)
-    assert info.value.field == "kv_cache_groups"
+        core_config(vllm_config(), kv_config(FullAttentionSpec(), CrossAttentionSpec()), 16)
+    assert info.value.field == "kv_cache_groups[1].kv_cache_spec"
+    assert info.value.value == "CrossAttentionSpec"
     with pytest.raises(ConfigError) as info:
-        core_config(vllm_config(), kv_config(SlidingWindowSpec(sliding_window=128)), 16)
-    assert info.value.field == "kv_cache_spec"
+        core_config(vllm_config(), kv_config(FullAttentionSpec(sliding_window=128)), 16)
+    assert info.value.field == "kv_cache_groups[0].kv_cache_spec"
+    with pytest.raises(ConfigError) as info:
+        core_config(vllm_config(), kv_config(MambaSpec(mamba_cache_mode="align")), 16)
+    assert "align" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        core_config(vllm_config(), kv_config(FullAttentionSpec(block_size=32)), 16)
+    assert "block_size" in str(info.value)
+
+
+def test_a_mamba_group_needs_prefix_caching_off_as_vllms_mamba_manager() -> None:
+    with pytest.raises(ConfigError) as info:
+        core_config(vllm_config(), kv_config(FullAttentionSpec(), MambaSpec()), 16)
+    assert info.value.field == "cache_config.enable_prefix_caching"
+    config = vllm_config()
+    config.cache_config.enable_prefix_caching = False
+    core = core_config(config, kv_config(FullAttentionSpec(), MambaSpec()), 16)
+    assert len(core.kv_groups) == 2
+    Scheduler(core)
 
 
 def test_sampling_masks_asked_for_are_refused_by_name() -> None:

@@ -146,7 +146,11 @@ class ScheduleStep(AdapterBase):
                     self._record_prefix_lookup(request, data.num_computed_tokens - external)
             if not was_preempted and request.num_preemptions <= 0:
                 self._set_prefill_stats(request, data.num_computed_tokens, external)
-            block_ids = (vllm_block_ids(data.block_ids),)
+            block_ids = (
+                tuple(g.tolist() for g in data.group_block_ids)
+                if self._kv_groups
+                else (vllm_block_ids(data.block_ids),)
+            )
             if was_preempted and not v2:
                 resumed.append((request, block_ids))
             else:
@@ -196,6 +200,18 @@ class ScheduleStep(AdapterBase):
         new block ids (``None`` where none). ``scheduled``: the step's core ids and their
         vLLM ids (int ids only), which the running requests usually begin with."""
         vllm_ids = self._vllm_ids
+        if self._kv_groups:
+            # Several KV groups: each group's new blocks, already in vLLM's numbering (the
+            # coordinator's block 0 is vLLM's null block); None where no group got one.
+            cached = core.scheduled_cached_reqs
+            return (
+                [vllm_ids[i] for i in cached.req_ids],
+                cached.num_computed_tokens.tolist(),
+                [
+                    tuple(g.tolist() for g in groups) if any(len(g) for g in groups) else None
+                    for groups in cached.new_group_block_ids
+                ],
+            )
         if not self._int_ids:
             cached = core.scheduled_cached_reqs
             return (

@@ -26,6 +26,8 @@ class AdapterBase:
     _vllm_ids: dict[Any, str]
     _late_core_ids: dict[str, Any]
     _int_ids: bool
+    _kv_groups: int
+    """The core's KV groups: 0 for its single pool, else block ids go per group."""
     _bridge: _ConnectorBridge | None
     connector: Any
     ec_connector: Any

@@ -14,11 +14,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenyard.errors import ConfigError
+from tokenyard.kv import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
 from tokenyard.sched import SchedulerConfig
 
 __all__ = [
     "VllmSettings",
     "core_config",
+    "kv_groups_of",
     "local_prefill_interval",
     "request_id_list",
     "vllm_block_ids",
@@ -43,6 +50,8 @@ class VllmSettings:
     policy: str
     num_blocks: int
     block_size: int
+    kv_groups: tuple[Any, ...] = ()
+    """The core's ``kv_groups`` (``()``: one full-attention group, the single pool)."""
 
 
 def _get(obj: Any, name: str, default: Any = None) -> Any:
@@ -57,36 +66,22 @@ def settings(
     scheduler class decides it, as vLLM's ``AsyncScheduler`` does).
 
     Raises:
-        ConfigError: a KV cache layout tokenyard's one-pool scheduler cannot serve (several
-            KV cache groups, or a group that is not plain full attention), sampling masks
-            asked for (``return_sampling_mask``), or a value of the wrong type.
+        ConfigError: a KV cache group the core has no kind for (:func:`kv_groups_of`), a
+            Mamba group with prefix caching on, sampling masks asked for
+            (``return_sampling_mask``), or a value of the wrong type.
     """
     sched = vllm_config.scheduler_config
     cache = vllm_config.cache_config
     model = vllm_config.model_config
-    groups = list(_get(kv_cache_config, "kv_cache_groups", []) or [])
-    if len(groups) > 1:
+    kv_groups = kv_groups_of(kv_cache_config, block_size)
+    if any(isinstance(g, MambaSpec) for g in kv_groups) and _get(cache, "enable_prefix_caching"):
+        # vLLM 0.33's MambaManager asserts mamba_cache_mode == "align" or caching off.
         raise ConfigError(
-            f"kv_cache_groups: tokenyard's scheduler has one KV pool, got {len(groups)} groups "
-            "(hybrid models: sliding window, Mamba, cross-attention)",
-            field="kv_cache_groups",
-            value=str(len(groups)),
+            "cache_config.enable_prefix_caching: a Mamba group (mamba_cache_mode='none') "
+            "is served with prefix caching off, as vLLM's MambaManager requires",
+            field="cache_config.enable_prefix_caching",
+            value="True",
         )
-    for group in groups:
-        spec = _get(group, "kv_cache_spec")
-        kind = type(spec).__name__
-        if kind not in ("FullAttentionSpec", "MLAAttentionSpec"):
-            raise ConfigError(
-                f"kv_cache_spec: only full attention is supported, got {kind}",
-                field="kv_cache_spec",
-                value=kind,
-            )
-        if _get(spec, "sliding_window") or _get(spec, "attention_chunk_size"):
-            raise ConfigError(
-                "kv_cache_spec: sliding-window and chunked-local attention are not supported",
-                field="kv_cache_spec",
-                value=kind,
-            )
     if _get(model, "return_sampling_mask"):
         raise ConfigError(
             "model_config.return_sampling_mask: tokenyard's scheduler does not hand sampling "
@@ -94,7 +89,8 @@ def settings(
             field="model_config.return_sampling_mask",
             value="True",
         )
-    num_blocks = _get(cache, "num_gpu_blocks") or _get(kv_cache_config, "num_blocks")
+    # vLLM's KVCacheManager sizes its block pool by the KV cache config's num_blocks.
+    num_blocks = _get(kv_cache_config, "num_blocks") or _get(cache, "num_gpu_blocks")
     max_num_seqs = int(sched.max_num_seqs)
     active = _get(sched, "max_num_active_seqs")
     scheduled = _get(sched, "max_num_scheduled_tokens")
@@ -112,6 +108,7 @@ def settings(
         policy=str(_get(sched, "policy", "fcfs")),
         num_blocks=int(num_blocks),
         block_size=int(block_size),
+        kv_groups=kv_groups,
     )
 
 
@@ -165,8 +162,70 @@ def core_config(
         scheduler_reserve_full_isl=bool(_get(sched, "scheduler_reserve_full_isl", True)),
         reserve_null_block=True,
         async_scheduling=s.async_scheduling,
+        kv_groups=s.kv_groups,
         prefill_schedule_interval=local_prefill_interval(vllm_config),
     )
+
+
+def kv_groups_of(kv_cache_config: Any, block_size: int) -> tuple[Any, ...]:
+    """The core's ``kv_groups`` for vLLM 0.33's ``kv_cache_config.kv_cache_groups``, spec by
+    spec: ``FullAttentionSpec`` (``MLAAttentionSpec`` too) → ``FullAttentionSpec()``,
+    ``SlidingWindowSpec`` → ``SlidingWindowSpec(sliding_window=...)``,
+    ``ChunkedLocalAttentionSpec`` → ``ChunkedLocalAttentionSpec(attention_chunk_size=...)``,
+    ``MambaSpec`` (``mamba_cache_mode="none"``) → ``MambaSpec()``. ``()`` for no group or
+    one full-attention group: the core's single pool, as before groups existed.
+
+    Raises:
+        ConfigError: a spec kind the core has no group for (cross-attention, sink full
+            attention, uniform-type spec lists, ...), named; a full-attention spec carrying
+            a sliding window or chunk (vLLM's layout with its hybrid manager off); a
+            sliding window with ``extra_retained_tokens`` or prefix replay; a Mamba group
+            in ``align`` mode or with speculative state blocks; a group whose
+            ``block_size`` differs from the scheduler's.
+    """
+    groups = list(_get(kv_cache_config, "kv_cache_groups", []) or [])
+    specs: list[Any] = []
+    for i, group in enumerate(groups):
+        spec = _get(group, "kv_cache_spec")
+        kind = type(spec).__name__
+        field = f"kv_cache_groups[{i}].kv_cache_spec"
+
+        def refuse(what: str, field: str = field, kind: str = kind) -> ConfigError:
+            return ConfigError(f"{field}: {what} ({kind})", field=field, value=kind)
+
+        if kind in ("FullAttentionSpec", "MLAAttentionSpec"):
+            if _get(spec, "sliding_window") or _get(spec, "attention_chunk_size"):
+                raise refuse(
+                    "a full-attention spec with a sliding window or chunk (vLLM's hybrid "
+                    "manager turned off) is not supported"
+                )
+            specs.append(FullAttentionSpec())
+        elif kind == "SlidingWindowSpec":
+            if _get(spec, "extra_retained_tokens", 0) or _get(spec, "prefix_replay_tokens", 0):
+                raise refuse("extra retained tokens / prefix replay are not supported")
+            specs.append(SlidingWindowSpec(sliding_window=int(spec.sliding_window)))
+        elif kind == "ChunkedLocalAttentionSpec":
+            specs.append(
+                ChunkedLocalAttentionSpec(attention_chunk_size=int(spec.attention_chunk_size))
+            )
+        elif kind == "MambaSpec":
+            mode = _get(spec, "mamba_cache_mode", "none")
+            if mode != "none":
+                raise refuse(f"mamba_cache_mode={mode!r} is not supported (only 'none')")
+            if _get(spec, "num_speculative_blocks", 0):
+                raise refuse("Mamba speculative state blocks are not supported")
+            specs.append(MambaSpec())
+        else:
+            raise refuse("tokenyard's scheduler has no KV group of this kind")
+        spec_block_size = _get(spec, "block_size")
+        if spec_block_size is not None and int(spec_block_size) != int(block_size):
+            raise refuse(
+                f"block_size {spec_block_size} differs from the scheduler's {block_size} "
+                "(the core's groups share one block size)"
+            )
+    if len(specs) == 1 and isinstance(specs[0], FullAttentionSpec):
+        return ()
+    return tuple(specs)
 
 
 def local_prefill_interval(vllm_config: Any) -> int:

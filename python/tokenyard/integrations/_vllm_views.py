@@ -26,6 +26,7 @@ class AdapterState(Protocol):
     _core: Any
     _core_ids: dict[str, Any]
     _num_kv_blocks: int
+    _kv_groups: int
     _prefix_cache_stats: PrefixCacheStats | None
     defer_block_free: bool
     sched_step_seq: int
@@ -206,10 +207,16 @@ class _KVCacheManagerView:
         return stats
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
-        """The request's block table, one list per KV cache group (tokenyard has one)."""
+        """The request's block table, one list per KV cache group (null blocks, id 0, where
+        a group no longer attends)."""
         scheduler = self._scheduler
         # An unknown id goes to the core as it is, which raises naming it.
         core_id = scheduler._core_ids.get(request_id, request_id)
+        if scheduler._kv_groups:
+            groups = scheduler._core.group_block_ids(core_id)
+            if not groups:  # no blocks yet: an empty table per group, as vLLM's
+                return tuple([] for _ in range(scheduler._kv_groups))
+            return tuple(g.tolist() for g in groups)
         return (vllm_block_ids(scheduler._core.block_ids(core_id)),)
 
     def get_num_free_blocks(self) -> int:

@@ -172,6 +172,7 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
             connector=self._bridge,
         )
         self._num_kv_blocks = s.num_blocks - 1
+        self._kv_groups = len(s.kv_groups)
         self.local_prefill_interval = local_prefill_interval(vllm_config)
 
         # Requests that finished since the previous schedule() (SchedulerOutput's field).

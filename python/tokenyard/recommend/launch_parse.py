@@ -78,6 +78,19 @@ def _reverse(table: Mapping[str, str], value: str, flag: str) -> str:
     raise ConfigError(f"{flag}: no tokenyard equivalent of {value!r}", field=flag, value=value)
 
 
+def _weight_key(flag: str, value: str, kv_dtypes: Mapping[str, str]) -> tuple[str, str] | None:
+    """``--dtype``, ``--quantization`` and ``--kv-cache-dtype`` (both engines spell them
+    alike; ``kv_dtypes`` is the engine's KV table) as (config key, value); None for
+    another flag."""
+    if flag == "--dtype":
+        return "replica.dtype", _reverse(WEIGHT_DTYPES, value, flag)
+    if flag == "--quantization":
+        return "replica.quantization", value
+    if flag == "--kv-cache-dtype":
+        return "replica.kv_cache_dtype", _reverse(kv_dtypes, value, flag)
+    return None
+
+
 def parse_vllm_command(text: str) -> dict[str, Any]:
     """The config keys (dotted, as ``apply_overrides`` takes them) a ``vllm serve`` line
     sets: ``replica.*`` for an aggregated or prefill server, the scheduler and layout under
@@ -107,12 +120,8 @@ def parse_vllm_command(text: str) -> dict[str, Any]:
         else:
             value = _take(rest, i, flag)
             i += 1
-            if flag == "--dtype":
-                found["replica.dtype"] = _reverse(WEIGHT_DTYPES, value, flag)
-            elif flag == "--quantization":
-                found["replica.quantization"] = value
-            elif flag == "--kv-cache-dtype":
-                found["replica.kv_cache_dtype"] = _reverse(VLLM_KV_DTYPES, value, flag)
+            if (weight := _weight_key(flag, value, VLLM_KV_DTYPES)) is not None:
+                found[weight[0]] = weight[1]
             elif flag == "--gpu-memory-utilization":
                 found["@memory_margin_fraction"] = round(1 - float(value), 9)
             elif flag == "--speculative-config":
@@ -220,12 +229,8 @@ def parse_sglang_command(text: str, *, policy: str = "sglang") -> dict[str, Any]
                 (raw if target.startswith("@") else found)[target] = int(value)
             elif flag == "--model-path":
                 found["replica.model"] = value
-            elif flag == "--dtype":
-                found["replica.dtype"] = _reverse(WEIGHT_DTYPES, value, flag)
-            elif flag == "--quantization":
-                found["replica.quantization"] = value
-            elif flag == "--kv-cache-dtype":
-                found["replica.kv_cache_dtype"] = _reverse(SGLANG_KV_DTYPES, value, flag)
+            elif (weight := _weight_key(flag, value, SGLANG_KV_DTYPES)) is not None:
+                found[weight[0]] = weight[1]
             elif flag == "--mem-fraction-static":
                 raw["@margin"] = round(1 - float(value), 9)
             elif flag == "--speculative-algorithm":

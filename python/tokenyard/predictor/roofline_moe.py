@@ -217,6 +217,18 @@ def network_a2a_seconds(
     return seconds
 
 
+def _link(b: _Builder, gpus: int, hops: int) -> tuple[float, float, str]:
+    """One direction of a GPU's link for a collective over ``gpus`` GPUs: (latency s,
+    bytes/s, source). The all-reduce fit's latency and link fraction for ``gpus`` where
+    there is one ("calibrated"), else ``hops`` x the device's latency at the ``network``
+    efficiency ("roofline")."""
+    link = b.device.interconnect_gbps / 2 * 1e9
+    fitted = b.calibration.all_reduce(gpus) if b.calibration is not None else None
+    if fitted is not None:
+        return fitted[0], link * fitted[1], "calibrated"
+    return hops * b.device.interconnect_latency_us * 1e-6, link * b.eff.network, "roofline"
+
+
 def _all_to_all(b: _Builder, model: ModelSpec, s: _Sizes, tp: int, ep: int, dp: int) -> None:
     """Attention DP with expert parallelism: each MoE layer dispatches its tokens' hidden
     states to the GPUs holding their top-k experts and combines the results back (DeepEP,
@@ -228,15 +240,9 @@ def _all_to_all(b: _Builder, model: ModelSpec, s: _Sizes, tp: int, ep: int, dp: 
     (``network_a2a_seconds``) while the rest crosses NVLink: the longer of the two."""
     if dp == 1 or ep == 1:
         return
-    link = b.device.interconnect_gbps / 2 * 1e9
-    fitted = b.calibration.all_reduce(ep) if b.calibration is not None else None
-    if fitted is not None:
-        latency, link = fitted[0], link * fitted[1]
-    else:
-        latency, link = b.device.interconnect_latency_us * 1e-6, link * b.eff.network
+    latency, link, source = _link(b, ep, 1)
     per_token = dp * s.h * model.experts_per_token * s.a / ep
     share = model.num_moe_layers / model.num_layers
-    source = "calibrated" if fitted is not None else "roofline"
     network = network_a2a_seconds(model, b.device, tp, ep, s.a)
     on_node = b.device.nvlink_domain / ep
     cost: RooflineCost | TableCost = RooflineCost(
@@ -273,14 +279,7 @@ def _dp_gather(b: _Builder, model: ModelSpec, s: _Sizes, tp: int, ep: int, dp: i
     gathered beside the hidden states (8 x top-k bytes a token) are left out."""
     if dp == 1 or ep > 1 or not model.num_moe_layers:
         return
-    link = b.device.interconnect_gbps / 2 * 1e9
-    fitted = b.calibration.all_reduce(dp) if b.calibration is not None else None
-    if fitted is not None:
-        latency, link = fitted[0], link * fitted[1]
-    else:
-        latency = (dp - 1) * b.device.interconnect_latency_us * 1e-6
-        link *= b.eff.network
-    source = "calibrated" if fitted is not None else "roofline"
+    latency, link, source = _link(b, dp, dp - 1)
     if tp * dp > b.device.nvlink_domain and b.device.network_gbps > 0:
         link = min(link, b.device.network_gbps * 1e9)
         latency = max(latency, b.device.network_latency_us * 1e-6)

@@ -58,6 +58,39 @@ def pct_error(predicted: float, actual: float) -> float:
     return 100.0 * (predicted / actual - 1.0)
 
 
+def stats_cell(s: dict[str, float]) -> str:
+    """A table cell of ``error_stats``: median / p90 / signed, or ``-`` with no steps."""
+    return f"{s['median']:.1f} / {s['p90']:.1f} / {s['signed']:+.1f}" if s["n"] else "-"
+
+
+def group_contributions(kept: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Per operation group (sorted), the median over the points holding it of
+    (tokenyard - aiconfigurator) ms as a % of aiconfigurator's step (``aic_ms``)."""
+    groups = sorted({g for p in kept for g in p["groups"]}, key=str)
+    return {
+        g: float(
+            np.median(
+                [
+                    100 * (p["groups"][g][0] - p["groups"][g][1]) / p["aic_ms"]
+                    for p in kept
+                    if g in p["groups"]
+                ]
+            )
+        )
+        for g in groups
+    }
+
+
+def contributions_line(cells: dict[str, Any], kinds: Sequence[str]) -> str:
+    """The report's line of contributions of at least 0.5% per cell kind, ``-`` for none."""
+    parts = []
+    for kind in kinds:
+        contrib = cells[kind]["contributions"]
+        big = [f"{g} {v:+.1f}" for g, v in contrib.items() if abs(v) >= 0.5]
+        parts.append(f"{kind}: {', '.join(big) or '-'}")
+    return "; ".join(parts)
+
+
 @dataclass(frozen=True)
 class Step:
     kind: str  # decode | prefill | mixed
@@ -176,14 +209,18 @@ OP_GROUPS = (
 
 
 def op_groups(
-    ours: dict[str, float], theirs: dict[str, float], moe: bool
+    ours: dict[str, float],
+    theirs: dict[str, float],
+    moe: bool,
+    table: Sequence[tuple[str, tuple[str, ...], tuple[str, ...]]] = OP_GROUPS,
 ) -> dict[str, tuple[float, float]]:
-    """Per group: (tokenyard ms, aiconfigurator ms). A MoE model's MLP ops (the calibrated
-    fallback) count as its experts."""
+    """Per group of ``table`` (rows as ``OP_GROUPS``'s): (tokenyard ms, aiconfigurator ms),
+    the ops of no group as ``other`` (aiconfigurator's ``p2p`` left out). Under ``moe`` a
+    model's MLP ops (the calibrated fallback) count as its experts."""
     out: dict[str, tuple[float, float]] = {}
     seen_ours: set[str] = set()
     seen_theirs: set[str] = set()
-    for group, our_ops, their_ops in OP_GROUPS:
+    for group, our_ops, their_ops in table:
         ops = our_ops
         if moe and group == "MoE experts":
             ops = (*our_ops, "gate_up_proj", "act", "down_proj")

@@ -50,16 +50,17 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from aic_steps import (
     Aic,
     Step,
+    contributions_line,
     error_stats,
+    group_contributions,
     our_ops_ms,
     pct_error,
     report_header,
+    stats_cell,
     step_shapes,
 )
 from predictor_quant_fidelity import (
@@ -199,22 +200,9 @@ def _cells(points: list[dict[str, Any]]) -> dict[str, Any]:
     cells = {}
     for kind in ("decode", "prefill", "mixed", "long"):
         kept = [p for p in points if p["cell"] == kind and p["fits"]]
-        groups = sorted({g for p in kept for g in p["groups"]})
-        contributions = {
-            g: float(
-                np.median(
-                    [
-                        100 * (p["groups"][g][0] - p["groups"][g][1]) / p["aic_ms"]
-                        for p in kept
-                        if g in p["groups"]
-                    ]
-                )
-            )
-            for g in groups
-        }
         cells[kind] = {
             "stats": error_stats([pct_error(p["ours_ms"], p["aic_ms"]) for p in kept]),
-            "contributions": contributions,
+            "contributions": group_contributions(kept),
         }
     return cells
 
@@ -382,10 +370,6 @@ def run_vision(dep: Deployment, system: str) -> dict[str, Any]:
 # --- report --------------------------------------------------------------------------------
 
 
-def _cell(s: dict[str, float]) -> str:
-    return f"{s['median']:.1f} / {s['p90']:.1f} / {s['signed']:+.1f}" if s["n"] else "-"
-
-
 def print_report(runs: list[dict[str, Any]], vision: dict[str, Any] | None) -> None:
     print("\n## Step times vs aiconfigurator (GPU ms; median / p90 / signed |error| %)\n")
     print("| model | TP | system | layers | decode | prefill | mixed | long (past windows) |")
@@ -395,17 +379,13 @@ def print_report(runs: list[dict[str, Any]], vision: dict[str, Any] | None) -> N
         c = r["cells"]
         print(
             f"| {r['name']} | {r['tp']} | {r['system']} | {layers} | "
-            + " | ".join(_cell(c[k]["stats"]) for k in ("decode", "prefill", "mixed", "long"))
+            + " | ".join(stats_cell(c[k]["stats"]) for k in ("decode", "prefill", "mixed", "long"))
             + " |"
         )
     print("\n## Where the gaps come from: median signed contribution per group (% of aic step)\n")
     for r in runs:
-        parts = []
-        for kind in ("decode", "prefill", "mixed", "long"):
-            contrib = r["cells"][kind]["contributions"]
-            big = [f"{g} {v:+.1f}" for g, v in contrib.items() if abs(v) >= 0.5]
-            parts.append(f"{kind}: {', '.join(big) or '-'}")
-        print(f"- {r['name']} TP{r['tp']} {r['system']}: " + "; ".join(parts))
+        parts = contributions_line(r["cells"], ("decode", "prefill", "mixed", "long"))
+        print(f"- {r['name']} TP{r['tp']} {r['system']}: {parts}")
         for line in r["aic_refused"]:
             print(f"  - aiconfigurator refused {line}")
     print("\nbanners:")

@@ -42,17 +42,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from aic_steps import (
     Aic,
     Step,
+    contributions_line,
     error_stats,
+    group_contributions,
     kv_tokens,
+    op_groups,
     our_ops_ms,
     pct_error,
     report_header,
+    stats_cell,
     step_shapes,
 )
 
@@ -186,26 +188,6 @@ OP_GROUPS = (
 DISPATCH = "MoE pre/post dispatch (aiconfigurator)"
 
 
-def op_groups(ours: dict[str, float], theirs: dict[str, float]) -> dict[str, tuple[float, float]]:
-    out: dict[str, tuple[float, float]] = {}
-    seen_ours: set[str] = set()
-    seen_theirs: set[str] = {"p2p"}
-    for group, our_ops, their_ops in OP_GROUPS:
-        a = sum(ours.get(o, 0.0) for o in our_ops)
-        b = sum(theirs.get(o, 0.0) for o in their_ops)
-        seen_ours.update(our_ops)
-        seen_theirs.update(their_ops)
-        if a or b:
-            out[group] = (a, b)
-    rest = (
-        sum(v for k, v in ours.items() if k not in seen_ours),
-        sum(v for k, v in theirs.items() if k not in seen_theirs),
-    )
-    if rest[0] or rest[1]:
-        out["other"] = rest
-    return out
-
-
 def _double_counted(groups: dict[str, tuple[float, float]]) -> bool:
     """aiconfigurator prices both the two TP all-reduces a layer and a MoE dispatch."""
     ours, theirs = groups.get("all_reduce", (0.0, 0.0))
@@ -317,13 +299,12 @@ def run_deployment(dep: Deployment, steps: list[Step]) -> dict[str, Any]:
                 "fits": kv_tokens(step) <= capacity,
                 "ours_ms": sum(ours.values()),
                 "aic_ms": theirs,
-                "groups": op_groups(ours, aic.ops_ms(step)),
+                "groups": op_groups(ours, aic.ops_ms(step), False, OP_GROUPS),
             }
         )
     cells = {}
     for kind in ("decode", "prefill", "mixed"):
         kept = [p for p in points if p["kind"] == kind and p["fits"]]
-        groups = sorted({g for p in kept for g in p["groups"]}, key=str)
         cells[kind] = {
             "stats": error_stats([pct_error(p["ours_ms"], p["aic_ms"]) for p in kept]),
             # Where aiconfigurator counts the TP all-reduce twice a layer (tp_allreduce, as
@@ -341,18 +322,7 @@ def run_deployment(dep: Deployment, steps: list[Step]) -> dict[str, Any]:
                     if dep.dp == 1 and kind != "decode" and _double_counted(p["groups"])
                 ]
             ),
-            "contributions": {
-                g: float(
-                    np.median(
-                        [
-                            100 * (p["groups"][g][0] - p["groups"][g][1]) / p["aic_ms"]
-                            for p in kept
-                            if g in p["groups"]
-                        ]
-                    )
-                )
-                for g in groups
-            },
+            "contributions": group_contributions(kept),
         }
     beyond = [p for p in points if not p["fits"]]
     return {
@@ -369,10 +339,6 @@ def run_deployment(dep: Deployment, steps: list[Step]) -> dict[str, Any]:
     }
 
 
-def _cell(s: dict[str, float]) -> str:
-    return f"{s['median']:.1f} / {s['p90']:.1f} / {s['signed']:+.1f}" if s["n"] else "-"
-
-
 def print_report(runs: list[dict[str, Any]]) -> None:
     print("\n## Step times vs aiconfigurator (GPU ms; median / p90 / signed |error| %)\n")
     print(
@@ -384,9 +350,10 @@ def print_report(runs: list[dict[str, Any]]) -> None:
         c = r["cells"]
         print(
             f"| {r['name']} | "
-            + " | ".join(_cell(c[k]["stats"]) for k in ("decode", "prefill", "mixed"))
-            + f" | {_cell(c['prefill']['less_dispatch'])} | {_cell(c['mixed']['less_dispatch'])}"
-            + f" | {_cell(r['beyond_memory'])} |"
+            + " | ".join(stats_cell(c[k]["stats"]) for k in ("decode", "prefill", "mixed"))
+            + f" | {stats_cell(c['prefill']['less_dispatch'])}"
+            + f" | {stats_cell(c['mixed']['less_dispatch'])}"
+            + f" | {stats_cell(r['beyond_memory'])} |"
         )
     print("\ntokenyard's banners:\n")
     for r in runs:
@@ -394,12 +361,7 @@ def print_report(runs: list[dict[str, Any]]) -> None:
         print(f"- {r['name']}: {kernels}")
     print("\n## Where the gaps come from: median signed contribution per group (% of aic step)\n")
     for r in runs:
-        parts = []
-        for kind in ("decode", "prefill", "mixed"):
-            contrib = r["cells"][kind]["contributions"]
-            big = [f"{g} {v:+.1f}" for g, v in contrib.items() if abs(v) >= 0.5]
-            parts.append(f"{kind}: {', '.join(big) or '-'}")
-        print(f"- {r['name']}: " + "; ".join(parts))
+        print(f"- {r['name']}: " + contributions_line(r["cells"], ("decode", "prefill", "mixed")))
         if r["fallbacks"]:
             print(f"  - tokenyard fallbacks: {r['fallbacks']}")
 

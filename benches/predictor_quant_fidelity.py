@@ -57,12 +57,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from aic_steps import (
     Aic,
     Step,
+    contributions_line,
     error_stats,
     fits,
+    group_contributions,
     op_groups,
     our_ops_ms,
     pct_error,
     report_header,
+    stats_cell,
     step_shapes,
 )
 
@@ -261,19 +264,7 @@ def run_deployment(dep: Deployment, system: str, steps: list[Step], fp8_kv: bool
             cell["block_rows"] = error_stats(
                 [pct_error(p["ours_block_rows_ms"], p["aic_ms"]) for p in kept]
             )
-        groups = sorted({g for p in kept for g in p["groups"]}, key=str)
-        cell["contributions"] = {
-            g: float(
-                np.median(
-                    [
-                        100 * (p["groups"][g][0] - p["groups"][g][1]) / p["aic_ms"]
-                        for p in kept
-                        if g in p["groups"]
-                    ]
-                )
-            )
-            for g in groups
-        }
+        cell["contributions"] = group_contributions(kept)
         cells[kind] = cell
     beyond = [p for p in points if not p["fits"]]
     return {
@@ -354,10 +345,6 @@ def ratios(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # --- report --------------------------------------------------------------------------------
 
 
-def _cell(s: dict[str, float]) -> str:
-    return f"{s['median']:.1f} / {s['p90']:.1f} / {s['signed']:+.1f}" if s["n"] else "-"
-
-
 def print_report(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> None:
     print("\n## Step times vs aiconfigurator (GPU ms; median / p90 / signed |error| %)\n")
     print("| model | TP | system | tokenyard kernels | decode | prefill | mixed | beyond memory |")
@@ -370,8 +357,8 @@ def print_report(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> None
         c = r["cells"]
         print(
             f"| {r['name']} | {r['tp']} | {r['system']} | {kernels} | "
-            + " | ".join(_cell(c[kind]["stats"]) for kind in ("decode", "prefill", "mixed"))
-            + f" | {_cell(r['beyond_memory'])} |"
+            + " | ".join(stats_cell(c[kind]["stats"]) for kind in ("decode", "prefill", "mixed"))
+            + f" | {stats_cell(r['beyond_memory'])} |"
         )
     block = [r for r in runs if "block_rows" in r["cells"]["decode"]]
     if block:
@@ -381,17 +368,14 @@ def print_report(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> None
         for r in block:
             c = r["cells"]
             print(
-                f"| {r['name']} | {r['system']} | {_cell(c['decode']['block_rows'])} | "
-                f"{_cell(c['prefill']['block_rows'])} | {_cell(c['mixed']['block_rows'])} |"
+                f"| {r['name']} | {r['system']} | {stats_cell(c['decode']['block_rows'])} | "
+                f"{stats_cell(c['prefill']['block_rows'])} | "
+                f"{stats_cell(c['mixed']['block_rows'])} |"
             )
     print("\n## Where the gaps come from: median signed contribution per group (% of aic step)\n")
     for r in runs:
-        parts = []
-        for kind in ("decode", "prefill", "mixed"):
-            contrib = r["cells"][kind]["contributions"]
-            big = [f"{g} {v:+.1f}" for g, v in contrib.items() if abs(v) >= 0.5]
-            parts.append(f"{kind}: {', '.join(big) or '-'}")
-        print(f"- {r['name']} TP{r['tp']} {r['system']}: " + "; ".join(parts))
+        parts = contributions_line(r["cells"], ("decode", "prefill", "mixed"))
+        print(f"- {r['name']} TP{r['tp']} {r['system']}: {parts}")
     print("\n## Step-time ratios, quantized / baseline (median over the steps; tokenyard vs aic)\n")
     print(
         "| model / baseline | system | decode tokenyard / aic (sign agrees) | prefill | mixed | "

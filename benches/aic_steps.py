@@ -8,6 +8,7 @@ both tools' per-op times are compared in, and the error statistics both report.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections import defaultdict
@@ -39,6 +40,16 @@ def report_header() -> tuple[Path, dict[str, Any]]:
     }
     print(f"aiconfigurator-core {header['aiconfigurator_core']}; {header['machine']}")
     return root, header
+
+
+def finish_report(report: dict[str, Any], started: float, out: str | None) -> None:
+    """Sets the report's ``wall_s`` (since ``started``, a ``time.perf_counter()``), prints
+    it, and writes the report as JSON to ``out`` where given."""
+    report["wall_s"] = time.perf_counter() - started
+    print(f"\nwall {report['wall_s']:.0f} s")
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(report, indent=1, default=str))
 
 
 def error_stats(signed: Sequence[float]) -> dict[str, float]:

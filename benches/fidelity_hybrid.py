@@ -40,7 +40,6 @@ the same patch count.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import re
@@ -56,6 +55,7 @@ from aic_steps import (
     Step,
     contributions_line,
     error_stats,
+    finish_report,
     group_contributions,
     our_ops_ms,
     pct_error,
@@ -447,11 +447,7 @@ def main() -> None:
     print_report(runs, vision)
     report.update(runs=runs, vision=vision, skipped=skipped, grid=[s.label() for s in steps])
     report["long"] = [s.label() for s in LONG]
-    report["wall_s"] = time.perf_counter() - started
-    print(f"\nwall {report['wall_s']:.0f} s")
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=1, default=str))
+    finish_report(report, started, args.out)
 
 
 if __name__ == "__main__":

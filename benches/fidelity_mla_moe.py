@@ -32,7 +32,6 @@ groups of ``aic_steps`` plus MLA's module, the shared experts and the all-to-all
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import shutil
 import sys
@@ -48,6 +47,7 @@ from aic_steps import (
     Step,
     contributions_line,
     error_stats,
+    finish_report,
     group_contributions,
     kv_tokens,
     op_groups,
@@ -394,11 +394,7 @@ def main() -> None:
         print(f"  skipped {line}")
     print_report(runs)
     report.update(runs=runs, skipped=skipped, grid=[s.label() for s in steps])
-    report["wall_s"] = time.perf_counter() - started
-    print(f"\nwall {report['wall_s']:.0f} s")
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=1, default=str))
+    finish_report(report, started, args.out)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,6 @@ kernel where it was measured, so the column equals the main one (kept as a check
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import sys
@@ -59,6 +58,7 @@ from aic_steps import (
     Step,
     contributions_line,
     error_stats,
+    finish_report,
     fits,
     group_contributions,
     op_groups,
@@ -523,11 +523,7 @@ def main() -> None:
     report.update(runs=runs, ratios=rows, skipped=skipped, grid=[s.label() for s in steps])
     if not args.quick:
         report["diagnostics"] = diagnostics()
-    report["wall_s"] = time.perf_counter() - started
-    print(f"\nwall {report['wall_s']:.0f} s")
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=1, default=str))
+    finish_report(report, started, args.out)
 
 
 if __name__ == "__main__":

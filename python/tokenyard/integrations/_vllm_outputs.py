@@ -59,13 +59,14 @@ def attach_logprobs(
             output.prompt_token_id_logprobs = prompt_token_logprobs.get(request_id)
 
 
-def check_supported(request: Request) -> None:
-    """Refuses request kinds tokenyard's scheduler has no notion of, naming the field."""
+def check_supported(request: Request, multimodal: str | None = None) -> None:
+    """Refuses request kinds tokenyard's scheduler has no notion of, naming the field.
+    ``multimodal``: why this scheduler refuses multimodal items (``None``: it serves them)."""
     reason = None
     if request.prompt_token_ids is None or request.prompt_embeds is not None:
         reason = "prompt_embeds", "prompt embeddings"
-    elif request.mm_features:
-        reason = "mm_features", "multimodal inputs (no encoder budget or encoder cache)"
+    elif request.mm_features and multimodal is not None:
+        reason = "mm_features", f"multimodal inputs {multimodal}"
     elif request.sampling_params is None and request.pooling_params is None:
         reason = "sampling_params", "a request without sampling params"
     elif request.resumable:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from vllm.v1.core.sched.interface import PauseState
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler as _VllmScheduler
 from vllm.v1.engine import EngineCoreEventType
 from vllm.v1.request import Request, RequestStatus
 
@@ -62,20 +63,33 @@ class ScheduleStep(AdapterBase):
             num_scheduled_tokens = {vllm_ids[i]: n for i, n in core.num_scheduled_tokens.items()}
         cached_data = self._cached_request_data(core, resumed, num_scheduled_tokens, scheduled)
         spec_decode_tokens = self._spec_decode_tokens(core.scheduled_spec_decode_tokens)
+        encoder_inputs = core.scheduled_encoder_inputs
         out = SchedulerOutput(
             scheduled_new_reqs=new_reqs_data,
             scheduled_cached_reqs=cached_data,
             num_scheduled_tokens=num_scheduled_tokens,
             total_num_scheduled_tokens=core.total_num_scheduled_tokens,
             scheduled_spec_decode_tokens=spec_decode_tokens,
-            scheduled_encoder_inputs={},
+            scheduled_encoder_inputs=(
+                {vllm_ids[i]: list(items) for i, items in encoder_inputs.items()}
+                if encoder_inputs
+                else {}
+            ),
             preempted_req_ids=self.reset_preempted_req_ids,
             finished_req_ids=self.finished_req_ids,
-            free_encoder_mm_hashes=[],
+            free_encoder_mm_hashes=list(core.free_encoder_mm_hashes),
             num_spec_tokens_to_schedule=self.num_spec_tokens,
         )
         if not self.use_v2_model_runner:
             self.prev_step_scheduled_req_ids = set(num_scheduled_tokens)
+        elif self._pending_encoder_input_ids or out.scheduled_encoder_inputs:
+            # The V2 runner's multimodal data, sent with an item's first encoding and
+            # released once the request's computed tokens pass it: vLLM 0.33's own
+            # Scheduler._get_encoder_input_updates (it reads requests,
+            # _pending_encoder_input_ids, use_v2_model_runner and is_encoder_decoder).
+            out.encoder_input_updates = _VllmScheduler._get_encoder_input_updates(
+                self, num_scheduled_tokens, new_reqs_data, out.scheduled_encoder_inputs
+            )
         if self.can_skip_drafts:
             out.skip_drafts = not self._drafts_needed(num_scheduled_tokens)
         if bridge is not None:
@@ -100,6 +114,7 @@ class ScheduleStep(AdapterBase):
     def _apply_preemptions(self, preempted_ids: list[Any], now: float) -> None:
         """The core's preemptions on the vLLM requests, as vLLM's ``_preempt_request``."""
         for request in self._vllm_requests(preempted_ids):
+            self._pending_encoder_input_ids.pop(request.request_id, None)
             request.status = _PREEMPTED
             request.num_computed_tokens = 0
             request.num_output_placeholders = 0

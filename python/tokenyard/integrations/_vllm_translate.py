@@ -9,6 +9,7 @@ the scheduler class itself on top of it.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ from tokenyard.sched import SchedulerConfig
 __all__ = [
     "VllmSettings",
     "core_config",
+    "core_prompt",
     "kv_groups_of",
     "local_prefill_interval",
     "request_id_list",
@@ -113,7 +115,13 @@ def settings(
 
 
 def core_config(
-    vllm_config: Any, kv_cache_config: Any, block_size: int, *, async_scheduling: bool = False
+    vllm_config: Any,
+    kv_cache_config: Any,
+    block_size: int,
+    *,
+    async_scheduling: bool = False,
+    max_num_encoder_input_tokens: int = 0,
+    encoder_cache_size: int = 0,
 ) -> SchedulerConfig:
     """tokenyard's ``SchedulerConfig`` for a vLLM 0.33 ``VllmConfig`` and ``KVCacheConfig``.
 
@@ -163,6 +171,9 @@ def core_config(
         reserve_null_block=True,
         async_scheduling=s.async_scheduling,
         kv_groups=s.kv_groups,
+        max_num_encoder_input_tokens=max_num_encoder_input_tokens,
+        encoder_cache_size=encoder_cache_size,
+        disable_chunked_mm_input=bool(_get(sched, "disable_chunked_mm_input", False)),
         prefill_schedule_interval=local_prefill_interval(vllm_config),
     )
 
@@ -257,6 +268,29 @@ def request_id_list(request_ids: str | Iterable[str] | None, every: Iterable[str
     if isinstance(request_ids, str):
         return [request_ids]
     return list(dict.fromkeys(request_ids))
+
+
+#: Token ids the core sees at placeholder positions start here (above any vocabulary).
+_MM_TOKEN_BASE = 1 << 31
+
+
+def core_prompt(prompt_token_ids: list[int], mm_features: Any) -> list[int]:
+    """The prompt the core gets for a multimodal request under prefix caching: each item's
+    placeholder tokens replaced by ids made from its identifier and the position within
+    the item. vLLM keys a block's hash by the items it holds and where they start
+    (``_gen_mm_extra_hash_keys``, ``("mm", identifier, start offset)``); the core keys
+    blocks by tokens alone, so two prompts with one placeholder id and different images
+    would otherwise share blocks. The core never hands prompt tokens back to vLLM."""
+    if not mm_features:
+        return prompt_token_ids
+    tokens = list(prompt_token_ids)
+    for feature in mm_features:
+        digest = hashlib.blake2b(str(feature.identifier).encode(), digest_size=4).digest()
+        base = _MM_TOKEN_BASE + (int.from_bytes(digest, "little") >> 2)
+        position = feature.mm_position
+        for i in range(position.offset, min(position.offset + position.length, len(tokens))):
+            tokens[i] = (base + i - position.offset) % (1 << 32)
+    return tokens
 
 
 def vllm_block_ids(core_block_ids: Any) -> list[int]:

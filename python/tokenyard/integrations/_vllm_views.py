@@ -14,7 +14,7 @@ from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request
 
-from tokenyard.integrations._vllm_translate import vllm_block_ids
+from tokenyard.integrations._vllm_translate import core_prompt, vllm_block_ids
 
 
 class AdapterState(Protocol):
@@ -27,6 +27,7 @@ class AdapterState(Protocol):
     _core_ids: dict[str, Any]
     _num_kv_blocks: int
     _kv_groups: int
+    _prefix_caching: bool
     _prefix_cache_stats: PrefixCacheStats | None
     defer_block_free: bool
     sched_step_seq: int
@@ -232,8 +233,16 @@ class _KVCacheManagerView:
         if getattr(request, "skip_reading_prefix_cache", False):
             return None, 0, 0
         lora = request.lora_request
+        token_ids = request.all_token_ids
+        if request.mm_features and self._scheduler._prefix_caching:
+            # The tokens the core keyed the request's blocks by (core_prompt).
+            num_prompt = request.num_prompt_tokens
+            token_ids = [
+                *core_prompt(list(token_ids[:num_prompt]), request.mm_features),
+                *token_ids[num_prompt:],
+            ]
         num_tokens = self._scheduler._core.num_cached_prefix_tokens(
-            request.all_token_ids,
+            token_ids,
             lora_id=lora.lora_int_id if lora is not None and lora.lora_int_id > 0 else None,
         )
         if max_cache_hit_length is not None and num_tokens > max_cache_hit_length:

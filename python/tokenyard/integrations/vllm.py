@@ -47,6 +47,7 @@ try:
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from vllm.multimodal import MULTIMODAL_REGISTRY
+    from vllm.multimodal.encoder_budget import MultiModalBudget
     from vllm.outputs import RequestError
     from vllm.v1.core.sched.interface import PauseState, SchedulerInterface
     from vllm.v1.core.sched.request_queue import SchedulingPolicy
@@ -72,6 +73,7 @@ from tokenyard.integrations._vllm_outputs import (
 from tokenyard.integrations._vllm_schedule import ScheduleStep
 from tokenyard.integrations._vllm_translate import (
     core_config,
+    core_prompt,
     local_prefill_interval,
     request_id_list,
     settings,
@@ -167,8 +169,27 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
             self._bridge = _ConnectorBridge(self, self.connector)
             if log_stats:
                 self.connector_prefix_cache_stats = PrefixCacheStats()
+        # vLLM 0.33's encoder budget and cache size (Scheduler.__init__: MultiModalBudget
+        # for a model that takes multimodal inputs, else 0 and 0).
+        model_config = vllm_config.model_config
+        self.is_encoder_decoder = bool(getattr(model_config, "is_encoder_decoder", False))
+        supports_mm = bool(getattr(model_config, "supports_multimodal_inputs", False))
+        mm_budget = (
+            MultiModalBudget(vllm_config, mm_registry)
+            if supports_mm and not self.is_encoder_decoder
+            else None
+        )
+        self.max_num_encoder_input_tokens = mm_budget.encoder_compute_budget if mm_budget else 0
+        self._encoder_cache_size = mm_budget.encoder_cache_size if mm_budget else 0
         self._core: Any = _CoreScheduler(
-            core_config(vllm_config, kv_cache_config, block_size, async_scheduling=force_async),
+            core_config(
+                vllm_config,
+                kv_cache_config,
+                block_size,
+                async_scheduling=force_async,
+                max_num_encoder_input_tokens=self.max_num_encoder_input_tokens,
+                encoder_cache_size=self._encoder_cache_size,
+            ),
             connector=self._bridge,
         )
         self._num_kv_blocks = s.num_blocks - 1
@@ -189,12 +210,27 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
         # own forward pass on the V2 runner (they reserve lookahead slots).
         self.can_skip_drafts = self.num_lookahead_tokens > 0 and self.use_v2_model_runner
         # vLLM's encoder-cache connector: built and driven as vLLM does, though with
-        # multimodal requests refused it never has an encoder input to move.
+        # multimodal requests refused beside it, it never has an encoder input to move.
         self.ec_connector: Any = None
         if getattr(vllm_config, "ec_transfer_config", None) is not None:
             self.ec_connector = ECConnectorFactory.create_connector(
                 config=vllm_config, role=ECConnectorRole.SCHEDULER
             )
+        # The V2 runner's encoder inputs sent and not yet released, per request (vLLM's;
+        # _get_encoder_input_updates keeps it).
+        self._pending_encoder_input_ids: dict[str, set[int]] = {}
+        # Why multimodal items are refused here (None: served, under the encoder budget).
+        self._mm_refusal: str | None = None
+        if mm_budget is None:
+            self._mm_refusal = "(the model takes none, or is an encoder-decoder model)"
+        elif self.ec_connector is not None:
+            self._mm_refusal = "with an encoder-cache connector (ec_transfer_config)"
+        elif self.use_v2_model_runner and self.async_scheduling:
+            # vLLM's encoder_input_updates read request.num_in_flight_tokens, which the
+            # adapter does not keep; synchronous, it is 0 when they are formed.
+            self._mm_refusal = "on the V2 model runner with async scheduling"
+        elif self.connector is not None:
+            self._mm_refusal = "with a KV connector (its loads would bypass the encoder)"
         self.kv_cache_manager = _KVCacheManagerView(self)
         self.spec_decode_metrics_level = self.observability_config.per_request_spec_decode_metrics
         self._num_hash_lookahead_tokens = getattr(vllm_config, "num_hash_lookahead_tokens", 0)
@@ -392,7 +428,7 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
                 field="request_id",
                 value=request_id,
             )
-        check_supported(request)
+        check_supported(request, self._mm_refusal)
         self.requests[request_id] = request
         if request.use_structured_output:
             self._structured_ids.add(request_id)
@@ -414,9 +450,13 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
         params = request.sampling_params
         lora = request.lora_request
         core_id = next(self._next_core_id) if self._int_ids else request_id
+        mm_features = request.mm_features or None
+        prompt = request.prompt_token_ids
+        if mm_features is not None and self._prefix_caching:
+            prompt = core_prompt(prompt, mm_features)
         self._core.add_request(
             core_id,
-            request.prompt_token_ids,
+            prompt,
             request.max_tokens,
             priority=request.priority,
             arrival_time=request.arrival_time,
@@ -424,6 +464,7 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
             eos_token_id=params.eos_token_id if params is not None else None,
             stop_token_ids=(params.stop_token_ids or None) if params is not None else None,
             lora_id=lora.lora_int_id if lora is not None and lora.lora_int_id > 0 else None,
+            mm_features=mm_features,
         )
         self._core_ids[request_id] = core_id
         self._vllm_ids[core_id] = request_id
@@ -518,6 +559,7 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
         """Drops a request the core no longer holds. One with outputs in flight keeps its
         core id until they land (``_late_core_ids``)."""
         del self.requests[request_id]
+        self._pending_encoder_input_ids.pop(request_id, None)
         core_id = self._core_ids.pop(request_id)
         if self.async_scheduling and self._core.num_outputs_in_flight(core_id):
             self._late_core_ids[request_id] = core_id

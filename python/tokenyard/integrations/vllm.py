@@ -18,11 +18,13 @@ them, since vLLM's engine and model runner read them.
 
 This module imports vLLM and fails with an ``ImportError`` naming it where vLLM is not
 installed; nothing else in tokenyard imports it. What it does not do (each refused with an
-error naming it, never silently different) is listed in ``docs/integrations.md``: multimodal
-and encoder-decoder requests, prompt embeddings, streaming sessions, hybrid KV cache groups
-(sliding window, Mamba), and vLLM's ``KVCacheManager`` object itself
-(``kv_cache_manager``), whose block pool lives in Rust here. Structured output (requests
-wait for their grammar here, then go to the core) and pooling requests are served.
+error naming it, never silently different) is listed in ``docs/integrations.md``:
+encoder-decoder requests, prompt embeddings, streaming sessions, KV cache group kinds the
+core has none for (cross-attention, Mamba in ``align`` mode), and vLLM's ``KVCacheManager``
+object itself (``kv_cache_manager``), whose block pool lives in Rust here. Structured
+output (requests wait for their grammar here, then go to the core), pooling requests,
+hybrid KV cache groups (full attention, sliding window, chunked local, Mamba) and
+multimodal requests (vLLM's encoder budget and cache) are served.
 """
 
 from __future__ import annotations
@@ -102,8 +104,8 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
     Built by vLLM with the arguments it gives its own ``Scheduler``.
 
     Raises:
-        ConfigError: a setting this scheduler does not serve (several KV cache groups or
-            one that is not full attention), or one the core refuses.
+        ConfigError: a setting this scheduler does not serve (a KV cache group kind the
+            core has none for, named), or one the core refuses.
     """
 
     # Async scheduling whatever scheduler_config.async_scheduling says (AsyncTokenyardScheduler).

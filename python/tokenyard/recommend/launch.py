@@ -264,56 +264,34 @@ def vllm_commands(config: SimulationConfig) -> list[LaunchCommand]:
         if r.lora.max_cpu_loras:
             base += ["--max-cpu-loras", str(r.lora.max_cpu_loras)]
     out: list[LaunchCommand] = []
-    prefill = list(base)
-    tp, pp, dp, ep = _layout(r)
-    prefill += ["--tensor-parallel-size", str(tp), "--pipeline-parallel-size", str(pp)]
-    if dp > 1:
-        prefill += ["--data-parallel-size", str(dp)]
-    if ep > 1:
-        prefill.append("--enable-expert-parallel")
-    prefill += ["--gpu-memory-utilization", _fraction(1 - r.memory_margin_fraction)]
+    prefill = [*base, *_vllm_layout_flags(r)]
     first_notes = list(notes)
+    dp = r.data_parallel_size
     _vllm_scheduler(prefill, first_notes, r.scheduler.vllm_v1, "replica.scheduler.vllm_v1", dp)
     decode = c.decode
     role = "aggregated" if decode is None else "prefill"
     if decode is not None:
         prefill += ["--kv-transfer-config", _nixl("kv_producer")]
-    out.append(
-        LaunchCommand(
-            "vllm",
-            role,
-            c.num_replicas,
-            _gpus(tp, pp, dp),
-            r.device,
-            tuple(prefill),
-            tuple(first_notes),
-        )
-    )
+    out.append(_command("vllm", role, c.num_replicas, r, prefill, first_notes))
     if decode is not None:
-        argv = list(base)
         d = decode.resolve(r)  # the decode pool's layout, unset keys the replica's
-        dtp, dpp, ddp, dep = _layout(d)
-        argv += ["--tensor-parallel-size", str(dtp), "--pipeline-parallel-size", str(dpp)]
-        if ddp > 1:
-            argv += ["--data-parallel-size", str(ddp)]
-        if dep > 1:
-            argv.append("--enable-expert-parallel")
-        argv += ["--gpu-memory-utilization", _fraction(1 - d.memory_margin_fraction)]
+        argv = [*base, *_vllm_layout_flags(d)]
+        ddp = d.data_parallel_size
         dnotes = _decode_notes(decode, [])
         sched = decode.scheduler.vllm_v1 if decode.scheduler is not None else r.scheduler.vllm_v1
         _vllm_scheduler(argv, dnotes, sched, "cluster.decode.scheduler.vllm_v1", ddp)
         argv += ["--kv-transfer-config", _nixl("kv_consumer")]
-        out.append(_decode_command("vllm", decode, d, argv, dnotes))
+        out.append(_command("vllm", "decode", decode.num_replicas, d, argv, dnotes))
     return out
 
 
-def _decode_command(
-    framework: str, decode: Any, d: Any, argv: list[str], notes: list[str]
+def _command(
+    framework: str, role: str, num_replicas: int, pool: Any, argv: list[str], notes: list[str]
 ) -> LaunchCommand:
-    """The decode pool's command; ``d`` is its resolved layout."""
-    gpus = _gpus(d.tensor_parallel_size, d.num_pipeline_stages, d.data_parallel_size)
+    """One pool's command; ``pool`` is its layout (the replica, or the resolved decode pool)."""
+    gpus = _gpus(pool.tensor_parallel_size, pool.num_pipeline_stages, pool.data_parallel_size)
     return LaunchCommand(
-        framework, "decode", decode.num_replicas, gpus, d.device, tuple(argv), tuple(notes)
+        framework, role, num_replicas, gpus, pool.device, tuple(argv), tuple(notes)
     )
 
 
@@ -340,14 +318,38 @@ def _lora_flags(lora: Any, max_loras_flag: str) -> list[str]:
     ]
 
 
-def _layout(r: Any) -> tuple[int, int, int, int]:
+def _layout(pool: Any) -> tuple[int, int, int, int]:
     """A pool's (TP, PP, DP, EP) sizes."""
     return (
-        r.tensor_parallel_size,
-        r.num_pipeline_stages,
-        r.data_parallel_size,
-        r.expert_parallel_size,
+        pool.tensor_parallel_size,
+        pool.num_pipeline_stages,
+        pool.data_parallel_size,
+        pool.expert_parallel_size,
     )
+
+
+def _vllm_layout_flags(pool: Any) -> list[str]:
+    """A pool's (the replica's, or the resolved decode pool's) parallel layout and memory
+    share as vLLM flags."""
+    tp, pp, dp, ep = _layout(pool)
+    flags = ["--tensor-parallel-size", str(tp), "--pipeline-parallel-size", str(pp)]
+    if dp > 1:
+        flags += ["--data-parallel-size", str(dp)]
+    if ep > 1:
+        flags.append("--enable-expert-parallel")
+    return [*flags, "--gpu-memory-utilization", _fraction(1 - pool.memory_margin_fraction)]
+
+
+def _sglang_layout_flags(pool: Any) -> list[str]:
+    """As ``_vllm_layout_flags`` for SGLang: ``--tp-size`` counts every GPU of the attention
+    DP group."""
+    tp, pp, dp, ep = _layout(pool)
+    flags = ["--tp-size", str(tp * dp), "--pp-size", str(pp)]
+    if dp > 1:
+        flags += ["--attn-dp-size", str(dp)]
+    if ep > 1:
+        flags += ["--ep-size", str(ep)]
+    return [*flags, "--mem-fraction-static", _fraction(1 - pool.memory_margin_fraction)]
 
 
 def _decode_notes(decode: Any, layout_notes: list[str]) -> list[str]:
@@ -488,13 +490,8 @@ def sglang_commands(config: SimulationConfig) -> list[LaunchCommand]:
                 f"replica.lora.max_cpu_loras = {r.lora.max_cpu_loras}: SGLang has no cap on "
                 "adapters cached on the host"
             )
-    tp, pp, dp, ep = _layout(r)
-    first = [*base, "--tp-size", str(tp * dp), "--pp-size", str(pp)]
-    if dp > 1:
-        first += ["--attn-dp-size", str(dp)]
-    if ep > 1:
-        first += ["--ep-size", str(ep)]
-    first += ["--mem-fraction-static", _fraction(1 - r.memory_margin_fraction)]
+    dp, ep = r.data_parallel_size, r.expert_parallel_size
+    first = [*base, *_sglang_layout_flags(r)]
     first_notes = list(notes)
     if dp > 1 and ep == 1:
         first_notes.append(_sglang_dp_without_ep_note("replica", dp))
@@ -502,34 +499,20 @@ def sglang_commands(config: SimulationConfig) -> list[LaunchCommand]:
     decode = c.decode
     if decode is not None:
         first += ["--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "nixl"]
-    out = [
-        LaunchCommand(
-            "sglang",
-            "aggregated" if decode is None else "prefill",
-            c.num_replicas,
-            _gpus(tp, pp, dp),
-            r.device,
-            tuple(first),
-            tuple(first_notes),
-        )
-    ]
+    role = "aggregated" if decode is None else "prefill"
+    out = [_command("sglang", role, c.num_replicas, r, first, first_notes)]
     if decode is not None:
         d = decode.resolve(r)  # the decode pool's layout, unset keys the replica's
-        dtp, dpp, ddp, dep = _layout(d)
-        argv = [*base, "--tp-size", str(dtp * ddp), "--pp-size", str(dpp)]
-        if ddp > 1:
-            argv += ["--attn-dp-size", str(ddp)]
-        if dep > 1:
-            argv += ["--ep-size", str(dep)]
-        argv += ["--mem-fraction-static", _fraction(1 - d.memory_margin_fraction)]
-        dp_note = ddp > 1 and dep == 1
+        ddp = d.data_parallel_size
+        argv = [*base, *_sglang_layout_flags(d)]
+        dp_note = ddp > 1 and d.expert_parallel_size == 1
         dnotes = _decode_notes(
             decode, [_sglang_dp_without_ep_note("cluster.decode", ddp)] if dp_note else []
         )
         sched = decode.scheduler if decode.scheduler is not None else r.scheduler
         _sglang_scheduler(argv, dnotes, config, sched, "cluster.decode.scheduler", ddp)
         argv += ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "nixl"]
-        out.append(_decode_command("sglang", decode, d, argv, dnotes))
+        out.append(_command("sglang", "decode", decode.num_replicas, d, argv, dnotes))
     return out
 
 

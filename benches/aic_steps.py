@@ -1,9 +1,11 @@
 """Step times against aiconfigurator-core's own estimator: the harness that
-``predictor_measured.py`` (part b) and ``predictor_quant_fidelity.py`` share.
+``predictor_measured.py`` (part b), ``predictor_quant_fidelity.py``, ``fidelity_mla_moe.py``
+and ``fidelity_hybrid.py`` share.
 
 A ``Step`` (decode, prefill or a mixed chunk), tokenyard's batch features for it and
 aiconfigurator's ``EngineHandle`` calls for the same step (``Aic``), the operation groups
-both tools' per-op times are compared in, and the error statistics both report.
+both tools' per-op times are compared in, the error statistics and per-group contributions
+the reports print, and the report's JSON.
 """
 
 from __future__ import annotations

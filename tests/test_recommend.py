@@ -430,3 +430,52 @@ def test_mtp_variants_need_a_drafter_and_an_acceptance_rate() -> None:
         framework="vllm",
     )
     assert not any(c.speculative for c in found)
+
+
+def test_moe_candidates_include_attention_dp_without_ep() -> None:
+    """A MoE model's candidates include attention DP without EP (vLLM's
+    ``--data-parallel-size`` without ``--enable-expert-parallel``: the experts one TP group
+    of TP x DP GPUs) beside EP = TP x DP, each a document the simulator accepts; a dense
+    model's include no DP at all (its DP ranks would be more replicas)."""
+    from tokenyard.recommend.candidates import Space, enumerate_candidates
+
+    space = Space(isl=200, osl=50, ttft_s=0.5, tpot_s=0.05, gpus=4, disaggregated=False)
+    qwen = _ask(model="Qwen/Qwen3-30B-A3B", systems=("h200",), gpus=4)
+    base = qwen.base(qwen.sample_workload())
+    found, _ = enumerate_candidates(space, base, ["h200"], framework="vllm")
+    layouts = {(c.layout.tp, c.layout.dp, c.layout.ep) for c in found}
+    assert {(1, 2, 1), (2, 2, 1), (1, 4, 1)} <= layouts  # DP without EP
+    assert {(1, 2, 2), (2, 2, 4), (1, 4, 4)} <= layouts  # and with EP
+    plain = next(c for c in found if c.layout.dp == 2 and c.layout.ep == 1)
+    assert plain.layout.label == f"TP{plain.layout.tp} DP2"
+    config = config_from_mapping(plain.simulation(base, "vllm_v1"))
+    assert config.replica.data_parallel_size == 2
+    assert config.replica.expert_parallel_size == 1
+    llama = _ask(gpus=4)
+    found, _ = enumerate_candidates(
+        dataclasses.replace(space, gpus=4),
+        llama.base(llama.sample_workload()),
+        ["h100-sxm"],
+        framework="vllm",
+    )
+    assert found
+    assert all(c.layout.dp == 1 and c.layout.ep == 1 for c in found)
+
+
+def test_block_fp8_slices_vllm_refuses_are_skipped() -> None:
+    """Qwen3-235B-A22B-FP8 (128 x 1536 experts, 128-wide FP8 blocks): DP without EP over
+    8 GPUs would give each 1536 / 8 = 192 of every expert, which vLLM refuses
+    (``validate_fp8_block_shape_moe``); the config refuses it, so it is a skip with the
+    reason, while EP 8 over the same GPUs is a candidate."""
+    from tokenyard.recommend.candidates import Space, enumerate_candidates
+
+    space = Space(isl=200, osl=50, ttft_s=0.5, tpot_s=0.05, gpus=8, disaggregated=False)
+    ask = _ask(model="Qwen/Qwen3-235B-A22B-FP8", systems=("h200",), gpus=8)
+    found, skipped = enumerate_candidates(
+        space, ask.base(ask.sample_workload()), ["h200"], framework="vllm"
+    )
+    layouts = {(c.layout.tp, c.layout.dp, c.layout.ep) for c in found}
+    assert (4, 2, 8) in layouts
+    assert (4, 2, 1) not in layouts
+    reasons = dict(skipped)
+    assert "FP8 blocks" in reasons["TP4 DP2 on h200"]

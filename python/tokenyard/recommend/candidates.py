@@ -58,7 +58,7 @@ _LAYOUT_REFUSALS = (
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """One replica's parallelism on ``device``: TP x PP x DP GPUs; EP spreads the experts
-    over the TP x DP ranks (1: experts split by TP)."""
+    over the TP x DP ranks (1: every expert split by TP, over TP x DP GPUs where DP > 1)."""
 
     device: str
     tp: int
@@ -218,10 +218,11 @@ def _layouts(model: Any, device: str, max_gpus: int) -> list[Layout]:
                     model.check_layout(tp, pp)
                 except ConfigError:
                     continue
+                # EP 1 with DP > 1: vLLM's --data-parallel-size without
+                # --enable-expert-parallel, the experts one TP group of TP x DP GPUs;
+                # the block-FP8 slices vLLM refuses are the config's to refuse.
                 eps = (1, tp * dp) if moe else (1,)
                 for ep in dict.fromkeys(eps):
-                    if dp > 1 and ep == 1:
-                        continue  # attention DP needs EP (vLLM)
                     try:
                         model.check_expert_parallel(ep)
                     except ConfigError:

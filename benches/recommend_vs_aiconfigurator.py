@@ -160,7 +160,10 @@ def _workload(case: Case, requests: int) -> dict[str, Any]:
 
 def _layout(row: dict[str, str], prefix: str = "") -> dict[str, int]:
     """TP, PP, attention DP and EP of one worker, as tokenyard's replica keys. A MoE
-    worker is ``moe_tp x moe_ep = tp x dp`` GPUs; tokenyard's EP is all of them or none."""
+    worker is ``moe_tp x moe_ep = tp x dp`` GPUs; tokenyard's EP is all of them or none.
+    Attention DP with MoE TP over all ``tp x dp`` GPUs (aiconfigurator's script passes no
+    ``--enable-expert-parallel``) is vLLM's DP without EP, the experts one TP group of
+    ``tp x dp``: tokenyard simulates it as such (EP 1, docs/simulate.md)."""
     tp, pp, dp = (int(row[f"{prefix}{k}"]) for k in ("tp", "pp", "dp"))
     moe_tp, moe_ep = int(row[f"{prefix}moe_tp"]), int(row[f"{prefix}moe_ep"])
     if moe_ep > 1 and moe_tp > 1:
@@ -169,12 +172,6 @@ def _layout(row: dict[str, str], prefix: str = "") -> dict[str, int]:
             "not simulated (tokenyard's EP is every GPU of the replica or none)"
         )
     ep = moe_ep if moe_ep > 1 else 1
-    if dp > 1 and ep == 1:
-        # aiconfigurator's vLLM worker with attention DP and MoE TP over all tp x dp GPUs
-        # (its script passes no --enable-expert-parallel): vLLM then runs the experts as
-        # one TP group, which tokenyard does not model. The nearest it simulates: the
-        # experts split by EP over the same GPUs (APPROXIMATED in the output).
-        ep = tp * dp
     return {
         "tensor_parallel_size": tp,
         "num_pipeline_stages": pp,
@@ -221,14 +218,7 @@ def aic_pick_simulation(
                 "scheduler": _scheduler(flags["agg"]),
             },
         }
-        built = {"simulation": simulation, "gpus": replicas * per_worker}
-        if layout["expert_parallel_size"] > 1 and int(row["moe_ep"]) == 1:
-            built["approximated"] = (
-                f"experts by EP {layout['expert_parallel_size']} where aiconfigurator's pick "
-                f"splits them by MoE TP {row['moe_tp']} (vLLM's DP without expert "
-                "parallelism, not modelled)"
-            )
-        return built
+        return {"simulation": simulation, "gpus": replicas * per_worker}
     prefill, decode = _layout(row, "(p)"), _layout(row, "(d)")
     p_gpus = (
         prefill["tensor_parallel_size"]
@@ -243,8 +233,6 @@ def aic_pick_simulation(
     p_workers, d_workers = int(row["(p)workers"]), int(row["(d)workers"])
     per_replica = p_workers * p_gpus + d_workers * d_gpus
     copies = case.gpus // per_replica
-    if decode["data_parallel_size"] > 1 or decode["expert_parallel_size"] > 1:
-        raise TokenyardError("a decode pool with attention DP or EP is not simulated")
     simulation = {
         "cluster": {
             "num_replicas": p_workers * copies,
@@ -252,6 +240,8 @@ def aic_pick_simulation(
                 "num_replicas": d_workers * copies,
                 "tensor_parallel_size": decode["tensor_parallel_size"],
                 "num_pipeline_stages": decode["num_pipeline_stages"],
+                "data_parallel_size": decode["data_parallel_size"],
+                "expert_parallel_size": decode["expert_parallel_size"],
                 "scheduler": _scheduler(flags["decode"]),
             },
         },

@@ -787,16 +787,22 @@ class Scheduler:
         ignore_eos: bool = False,
         lora_id: int | None = None,
         mm_features: Sequence[_MmFeatureLike] | None = None,
+        num_computed_tokens: int | None = None,
     ) -> None:
         """Queues a request. ``priority`` (default 0): lower runs first
         (policy="priority"); ties go by ``arrival_time`` (default 0.0) then arrival order.
         ``mm_features``: its multimodal items (``tokenyard.sched.MmFeature``, vLLM's
         ``MultiModalFeatureSpec`` or ``(offset, length, identifier[, is_embed])``), sorted by
         offset, under the encoder budget and cache (docs/embedding.md).
+        ``num_computed_tokens``: prompt tokens whose KV is already computed (a P/D decode
+        side's request, vLLM 0.33's): its first admission counts them, with no prefix
+        lookup, and allocates blocks for them with its first chunk.
 
         Raises:
             InputError: duplicate id, empty prompt, ``max_tokens < 1``, a prompt that
-                leaves no room for an output token under ``max_model_len``, or an item that
+                leaves no room for an output token under ``max_model_len`` (none needed
+                with ``num_sampled_tokens_per_step=0``), ``num_computed_tokens`` not below
+                the prompt's length or with several KV groups, or an item that
                 overlaps another, leaves the prompt, or could never be scheduled (more
                 embeddings than ``max_num_encoder_input_tokens`` or ``encoder_cache_size``;
                 longer than ``max_num_batched_tokens`` under ``disable_chunked_mm_input``).

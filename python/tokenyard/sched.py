@@ -166,6 +166,10 @@ class SchedulerConfig:
     block_size: int = 16
     num_blocks: int = 8192
     max_model_len: int = 8192
+    num_sampled_tokens_per_step: int = 1
+    """Tokens a step samples once a request's known tokens are computed, kept as room under
+    ``max_model_len`` (vLLM 0.33's ``num_sampled_tokens_per_step``): 1, or 0 for a pooling
+    or diffusion model, whose prompt may then fill ``max_model_len``."""
     prioritize_prefill: bool = False
     """Seed 001: running prefills and admissions take the budget before decodes."""
     num_lookahead_tokens: int = 0
@@ -248,6 +252,9 @@ class SchedulerConfig:
             check_key_int(name, getattr(self, name), low=0, high=MAX_COUNT)
         check_key_int(
             "prefill_schedule_interval", self.prefill_schedule_interval, low=1, high=MAX_COUNT
+        )
+        check_key_int(
+            "num_sampled_tokens_per_step", self.num_sampled_tokens_per_step, low=0, high=1
         )
         for name in _FLAG_FIELDS:
             if not isinstance(getattr(self, name), bool):

@@ -163,6 +163,8 @@ def core_config(
         block_size=s.block_size,
         num_blocks=s.num_blocks,
         max_model_len=max_model_len,
+        # vLLM 0.33 keeps no room for a sampled token under a pooling or diffusion model.
+        num_sampled_tokens_per_step=0 if _samples_nothing(vllm_config) else 1,
         num_lookahead_tokens=s.num_lookahead_tokens,
         num_speculative_tokens=s.num_spec_tokens,
         pad_spec_decode=_pads_spec_decode(vllm_config),
@@ -253,10 +255,16 @@ def _pads_spec_decode(vllm_config: Any) -> bool:
     the model samples no token per step (pooling and diffusion models, whose drafts are not
     rejectable)."""
     spec = _get(vllm_config, "speculative_config")
-    model = _get(vllm_config, "model_config")
     if _get(spec, "num_speculative_tokens_per_batch_size"):
         return False
-    return not (_get(model, "runner_type") == "pooling" or _get(model, "is_diffusion", False))
+    return not _samples_nothing(vllm_config)
+
+
+def _samples_nothing(vllm_config: Any) -> bool:
+    """vLLM 0.33's ``num_sampled_tokens_per_step == 0`` (``Scheduler.__init__``): a pooling
+    or diffusion model appends no sampled token after its prefill."""
+    model = _get(vllm_config, "model_config")
+    return _get(model, "runner_type") == "pooling" or bool(_get(model, "is_diffusion", False))
 
 
 def request_id_list(request_ids: str | Iterable[str] | None, every: Iterable[str]) -> list[str]:

@@ -467,6 +467,8 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
             stop_token_ids=(params.stop_token_ids or None) if params is not None else None,
             lora_id=lora.lora_int_id if lora is not None and lora.lora_int_id > 0 else None,
             mm_features=mm_features,
+            # A P/D decode side's request arrives with its prompt computed (vLLM's).
+            num_computed_tokens=request.num_computed_tokens,
         )
         self._core_ids[request_id] = core_id
         self._vllm_ids[core_id] = request_id

@@ -113,6 +113,11 @@ pub(crate) fn core_config(config: &Bound<'_, PyAny>) -> PyResult<(SchedulerConfi
         block_size: count_field(config, "block_size")?,
         num_blocks: count_field(config, "num_blocks")?,
         max_model_len: count_field(config, "max_model_len")?,
+        num_sampled_tokens_per_step: if config.hasattr("num_sampled_tokens_per_step")? {
+            count_field(config, "num_sampled_tokens_per_step")?
+        } else {
+            1
+        },
         prioritize_prefill: field(config, "prioritize_prefill")?,
         num_lookahead_tokens: count_field(config, "num_lookahead_tokens")?,
         num_speculative_tokens: count_field(config, "num_speculative_tokens")?,
@@ -235,7 +240,7 @@ impl PyScheduler {
 
     #[pyo3(signature = (request_id, prompt_token_ids, max_tokens, *, priority = None, arrival_time = None,
         eos_token_id = None, stop_token_ids = None, ignore_eos = false, lora_id = None,
-        mm_features = None))]
+        mm_features = None, num_computed_tokens = None))]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &mut self,
@@ -249,6 +254,7 @@ impl PyScheduler {
         ignore_eos: bool,
         lora_id: Option<&Bound<'_, PyAny>>,
         mm_features: Option<&Bound<'_, PyAny>>,
+        num_computed_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let py = request_id.py();
         let id = RequestId::from_py(request_id)?;
@@ -288,6 +294,10 @@ impl PyScheduler {
                 Some(items) if !items.is_none() => crate::sched_encoder::mm_features(items)?,
                 _ => Vec::new(),
             },
+            num_computed_tokens: num_computed_tokens
+                .map(|n| int_arg(n, "num_computed_tokens", 0, u32::MAX as i128))
+                .transpose()?
+                .unwrap_or(0) as usize,
         };
         self.inner.add_request(id, spec).or_raise(py)
     }

@@ -125,6 +125,11 @@ impl<R: RequestKey> Scheduler<R> {
         if self.kv.block_ids(slot).is_some() {
             return self.admit_loaded(slot, budget, plan);
         }
+        // Only a request that arrived with computed tokens counts some before it holds
+        // blocks (preemption and failed loads reset the count with the blocks).
+        if self.req(slot).num_computed_tokens > 0 {
+            return self.admit_computed(slot, budget, plan);
+        }
         let known = self.make_deferred_prompt(slot)?;
         let request = self.slots[slot as usize]
             .as_ref()
@@ -221,6 +226,60 @@ impl<R: RequestKey> Scheduler<R> {
         notified.map(|()| Admission::Scheduled)
     }
 
+    /// A request that arrived with `num_computed_tokens` (`RequestSpec::num_computed_tokens`)
+    /// at its first admission, as vLLM 0.33 admits a waiting request whose
+    /// `num_computed_tokens > 0`: no prefix lookup and no connector query; new blocks for
+    /// the computed tokens and the chunk at once (`allocate_slots` with nothing held), their
+    /// full blocks cached as the chunk's are.
+    fn admit_computed(
+        &mut self,
+        slot: u32,
+        budget: &mut usize,
+        plan: &mut StepPlan<R>,
+    ) -> Result<Admission> {
+        self.make_deferred_prompt(slot)?;
+        let num_computed = self.req(slot).num_computed_tokens;
+        let fits = self.full_sequence_fits(slot, None);
+        let has_mm = !self.req(slot).spec.mm_features.is_empty();
+        if (!fits && !has_mm) || self.holds_prefill(slot, num_computed) {
+            return Ok(Admission::Blocked);
+        }
+        let Some(AdmissionTokens { n, padded }) =
+            self.admission_tokens(slot, num_computed, *budget, plan)
+        else {
+            return Ok(Admission::Blocked);
+        };
+        let (n, encoder) = self.schedule_encoder_inputs(slot, num_computed, n);
+        if n == 0 {
+            return Ok(Admission::SteppedAside);
+        }
+        if !fits {
+            self.encoder_release(slot);
+            return Ok(Admission::Blocked);
+        }
+        let lookahead = self.lookahead(num_computed + n);
+        let request = self.slots[slot as usize].as_ref().expect("live");
+        let lora_id = request.spec.lora_id;
+        let with_ids = !self.lean_output;
+        let allocated = self.kv.allocate(
+            slot,
+            &request.all_token_ids,
+            num_computed + n,
+            lookahead,
+            None,
+            lora_id,
+            with_ids,
+        )?;
+        let Some(blocks) = allocated else {
+            self.encoder_release(slot);
+            return Ok(Admission::Blocked);
+        };
+        self.commit_encoder_inputs(slot, encoder);
+        let notified = self.notify_allocation(slot, 0);
+        self.start_running(slot, num_computed, n, padded, blocks, budget, plan);
+        notified.map(|()| Admission::Scheduled)
+    }
+
     /// Makes the prompt of `slot` if it is deferred and not made yet (its first admission
     /// attempt), reserving room for its outputs as `add_request` does. Returns the block
     /// hashes the source gave with it (empty if none, or if the prompt was made before).
@@ -297,7 +356,8 @@ impl<R: RequestKey> Scheduler<R> {
             && self.config.pad_spec_decode
             && !plan.prefill_scheduled
             && (plan.num_running_scheduled() > 0 || num_computed > 0)
-            && num_computed + 1 + k < self.config.max_model_len
+            && num_computed + 1 + k + self.config.num_sampled_tokens_per_step
+                <= self.config.max_model_len
         {
             if 1 + k > budget {
                 return None;

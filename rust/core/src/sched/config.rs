@@ -98,6 +98,11 @@ pub struct SchedulerConfig {
     pub num_blocks: usize,
     /// Longest sequence (prompt + output) a request may reach.
     pub max_model_len: usize,
+    /// Tokens the model samples in a step that completes a request's known tokens, kept
+    /// as room under `max_model_len` (vLLM 0.33's `num_sampled_tokens_per_step`): 1, or 0
+    /// for a pooling or diffusion model, whose prompt may then fill `max_model_len` and
+    /// whose last chunk may reach it.
+    pub num_sampled_tokens_per_step: usize,
     /// Seed 001: prefill work takes the budget first, decodes fill the rest.
     pub prioritize_prefill: bool,
     /// KV slots reserved past a request's scheduled tokens, for a drafter that writes its
@@ -161,6 +166,7 @@ impl Default for SchedulerConfig {
             block_size: 16,
             num_blocks: 8192,
             max_model_len: 8192,
+            num_sampled_tokens_per_step: 1,
             prioritize_prefill: false,
             num_lookahead_tokens: 0,
             num_speculative_tokens: 0,
@@ -293,6 +299,13 @@ impl SchedulerConfig {
                 "max_model_len",
                 self.max_model_len,
                 "must be at least 2",
+            ));
+        }
+        if self.num_sampled_tokens_per_step > 1 {
+            return Err(Error::config(
+                "num_sampled_tokens_per_step",
+                self.num_sampled_tokens_per_step,
+                "must be 1, or 0 for a pooling or diffusion model (vLLM 0.33's values)",
             ));
         }
         if self.host_num_blocks > 0

@@ -65,6 +65,12 @@ pub struct RequestSpec {
     pub num_deferred_prompt_tokens: usize,
     /// Its multimodal items, sorted by offset (`sched::encoder`); empty for a text prompt.
     pub mm_features: Vec<super::MmFeature>,
+    /// Prompt tokens whose KV is already computed when it arrives (vLLM 0.33's request
+    /// added with `num_computed_tokens > 0`: a P/D decode side's). Its first admission
+    /// counts them as computed, with no prefix lookup and no connector query, and
+    /// allocates new blocks for them with its first chunk; once preempted it recomputes
+    /// them. Less than the prompt.
+    pub num_computed_tokens: usize,
 }
 
 /// A prompt a [`PromptSource`] made: its tokens, and optionally the block hashes of its

@@ -512,8 +512,8 @@ impl<R: RequestKey> Scheduler<R> {
         if threshold > 0 {
             n = n.min(threshold);
         }
-        n.min(budget)
-            .min((self.config.max_model_len - 1).saturating_sub(num_computed))
+        let room = self.config.max_model_len - self.config.num_sampled_tokens_per_step;
+        n.min(budget).min(room.saturating_sub(num_computed))
     }
 
     /// Lookahead slots past `num_tokens` (computed and scheduled): vLLM caps the slots a

@@ -56,7 +56,8 @@ impl<R: RequestKey> Scheduler<R> {
         if spec.max_tokens == 0 {
             return Err(Error::input("max_tokens", 0, "must be at least 1"));
         }
-        let max_prompt = self.config.max_model_len - 1;
+        // vLLM 0.33 keeps room for the token a step samples, none for a pooling model.
+        let max_prompt = self.config.max_model_len - self.config.num_sampled_tokens_per_step;
         if num_prompt_tokens > max_prompt {
             return Err(Error::input(
                 "prompt_token_ids",
@@ -67,6 +68,7 @@ impl<R: RequestKey> Scheduler<R> {
                 ),
             ));
         }
+        self.check_computed_on_arrival(&spec, num_prompt_tokens)?;
         self.check_mm_features(&spec, num_prompt_tokens)?;
         if !spec.arrival_time.is_finite() {
             return Err(Error::input(
@@ -91,8 +93,8 @@ impl<R: RequestKey> Scheduler<R> {
             request_id: request_id.clone(),
             all_token_ids,
             num_prompt_tokens,
+            num_computed_tokens: spec.num_computed_tokens,
             spec,
-            num_computed_tokens: 0,
             status: RequestStatus::Waiting,
             spec_token_ids: Vec::new(),
             num_output_placeholders: 0,
@@ -119,6 +121,36 @@ impl<R: RequestKey> Scheduler<R> {
         self.index.insert(request_id, slot);
         let key = self.priority_key(slot);
         self.waiting.push_back(slot, key);
+        Ok(())
+    }
+
+    /// `RequestSpec::num_computed_tokens`: less than the prompt (a token is left for the
+    /// model's logits, as vLLM's scheduler asserts), and on the single-group pool, whose
+    /// first allocation can stand for computed tokens as for new ones.
+    fn check_computed_on_arrival(
+        &self,
+        spec: &RequestSpec,
+        num_prompt_tokens: usize,
+    ) -> Result<()> {
+        let num_computed = spec.num_computed_tokens;
+        if num_computed == 0 {
+            return Ok(());
+        }
+        if num_computed >= num_prompt_tokens {
+            return Err(Error::input(
+                "num_computed_tokens",
+                num_computed,
+                format!("must be less than the prompt's {num_prompt_tokens} tokens"),
+            ));
+        }
+        if self.config.is_hybrid() {
+            return Err(Error::input(
+                "num_computed_tokens",
+                num_computed,
+                "needs a single full-attention KV group (vLLM's windowed groups would hold \
+                 null blocks for the computed tokens; not modelled)",
+            ));
+        }
         Ok(())
     }
 

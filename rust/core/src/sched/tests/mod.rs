@@ -1,6 +1,7 @@
 //! Behaviours of the step scheduler, each with numbers checkable by hand, by topic; the
 //! shared fixtures are here.
 
+mod arrivals;
 mod async_scheduling;
 mod budgets;
 mod cadence;

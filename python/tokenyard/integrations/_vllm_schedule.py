@@ -19,7 +19,7 @@ from vllm.v1.engine import EngineCoreEventType
 from vllm.v1.request import Request, RequestStatus
 
 from tokenyard.integrations._vllm_outputs import errors_in_vllm_ids
-from tokenyard.integrations._vllm_state import AdapterBase
+from tokenyard.integrations._vllm_state import AdapterBase, Batch
 from tokenyard.integrations._vllm_translate import vllm_block_ids
 
 _RUNNING = RequestStatus.RUNNING
@@ -54,14 +54,14 @@ class ScheduleStep(AdapterBase):
         now = time.monotonic()
         self._apply_preemptions(core.preempted_req_ids, now)
         new_reqs_data, resumed = self._new_and_resumed(core, now)
-        scheduled: tuple[Any, list[str]] | None = None
+        batch: Batch | None = None
         if self._int_ids:
             ids, counts = core.num_scheduled_tokens_arrays()
-            scheduled = ids, list(map(vllm_ids.__getitem__, ids.tolist()))
-            num_scheduled_tokens = dict(zip(scheduled[1], counts.tolist(), strict=True))
+            batch = self._batch(ids)
+            num_scheduled_tokens = dict(zip(batch.vllm_ids, counts.tolist(), strict=True))
         else:
             num_scheduled_tokens = {vllm_ids[i]: n for i, n in core.num_scheduled_tokens.items()}
-        cached_data = self._cached_request_data(core, resumed, num_scheduled_tokens, scheduled)
+        cached_data = self._cached_request_data(core, resumed, num_scheduled_tokens, batch)
         spec_decode_tokens = self._spec_decode_tokens(core.scheduled_spec_decode_tokens)
         encoder_inputs = core.scheduled_encoder_inputs
         out = SchedulerOutput(
@@ -106,10 +106,25 @@ class ScheduleStep(AdapterBase):
             seq = self.sched_step_seq
             for request_id in num_scheduled_tokens:
                 self.requests[request_id].last_sched_seq = seq
-        self._after_schedule(out, spec_decode_tokens)
+        if batch is not None:
+            self._batches = ((out, batch), *self._batches[:3])
+            if self.connector is not None or self.ec_connector is not None:
+                batch = None  # the connectors saw the output; it is read afresh below
+        self._after_schedule(out, spec_decode_tokens, batch)
         self.finished_req_ids = set()
         self.reset_preempted_req_ids = set()
         return out
+
+    def _batch(self, ids: Any) -> Batch:
+        """The step's ``Batch`` for the core's scheduled ids: the previous step's when they
+        are the same ids in the same order (the usual decode step), else a new one."""
+        if self._batches:
+            last = self._batches[0][1]
+            if np.array_equal(ids, last.ids):
+                return last
+        core_ids = ids.tolist()
+        vllm_ids = list(map(self._vllm_ids.__getitem__, core_ids))
+        return Batch(ids, core_ids, vllm_ids, list(map(self.requests.__getitem__, vllm_ids)))
 
     def _apply_preemptions(self, preempted_ids: list[Any], now: float) -> None:
         """The core's preemptions on the vLLM requests, as vLLM's ``_preempt_request``."""
@@ -209,11 +224,12 @@ class ScheduleStep(AdapterBase):
         self._prefill_stats_due.add(request.request_id)
 
     def _cached_blocks(
-        self, core: Any, scheduled: tuple[Any, list[str]] | None
-    ) -> tuple[list[str], list[int], list[Any]]:
-        """The core's running requests this step: their vLLM ids, computed tokens, and
-        new block ids (``None`` where none). ``scheduled``: the step's core ids and their
-        vLLM ids (int ids only), which the running requests usually begin with."""
+        self, core: Any, batch: Batch | None
+    ) -> tuple[list[str], list[int], list[Any], list[Request] | None]:
+        """The core's running requests this step: their vLLM ids, computed tokens, new
+        block ids (``None`` where none), and the vLLM requests where ``batch`` had them at
+        hand (else ``None``). ``batch``: the step's scheduled requests (int ids only), which
+        the running requests usually begin with."""
         vllm_ids = self._vllm_ids
         if self._kv_groups:
             # Several KV groups: each group's new blocks, already in vLLM's numbering (the
@@ -226,6 +242,7 @@ class ScheduleStep(AdapterBase):
                     tuple(g.tolist() for g in groups) if any(len(g) for g in groups) else None
                     for groups in cached.new_group_block_ids
                 ],
+                None,
             )
         if not self._int_ids:
             cached = core.scheduled_cached_reqs
@@ -233,11 +250,14 @@ class ScheduleStep(AdapterBase):
                 [vllm_ids[i] for i in cached.req_ids],
                 cached.num_computed_tokens.tolist(),
                 [(vllm_block_ids(b),) if len(b) else None for b in cached.new_block_ids],
+                None,
             )
         ids, computed, num_new, blocks = core.scheduled_cached_reqs_arrays()
         num = len(ids)
-        if scheduled is not None and np.array_equal(ids, scheduled[0][:num]):
-            cached_ids = scheduled[1][:num]
+        cached_requests = None
+        if batch is not None and np.array_equal(ids, batch.ids[:num]):
+            cached_ids = batch.vllm_ids[:num]
+            cached_requests = batch.requests[:num]
         else:
             cached_ids = list(map(vllm_ids.__getitem__, ids.tolist()))
         new_block_ids: list[Any] = [None] * num
@@ -250,23 +270,23 @@ class ScheduleStep(AdapterBase):
                 with_blocks.tolist(), num_new[with_blocks].tolist(), ends, strict=True
             ):
                 new_block_ids[i] = (block_list[end - n : end],)
-        return cached_ids, computed.tolist(), new_block_ids
+        return cached_ids, computed.tolist(), new_block_ids, cached_requests
 
     def _cached_request_data(
         self,
         core: Any,
         resumed: list[tuple[Request, tuple[list[int], ...]]],
         num_scheduled_tokens: dict[str, int],
-        scheduled: tuple[Any, list[str]] | None,
+        batch: Batch | None,
     ) -> CachedRequestData:
         """``CachedRequestData`` for the requests that ran before, and (V1 runner) the
         resumed ones with their whole token lists."""
         requests = self.requests
         v2 = self.use_v2_model_runner
-        cached_ids, num_computed, new_block_ids = self._cached_blocks(core, scheduled)
+        cached_ids, num_computed, new_block_ids, cached = self._cached_blocks(core, batch)
         num_output = [
             len(r._output_token_ids) + r.num_output_placeholders
-            for r in map(requests.__getitem__, cached_ids)
+            for r in (cached if cached is not None else map(requests.__getitem__, cached_ids))
         ]
         all_token_ids: dict[str, list[int]] = {}
         resumed_ids: set[str] = set()
@@ -340,15 +360,20 @@ class ScheduleStep(AdapterBase):
         )
 
     def _after_schedule(
-        self, out: SchedulerOutput, spec_decode_tokens: dict[str, list[int]]
+        self,
+        out: SchedulerOutput,
+        spec_decode_tokens: dict[str, list[int]],
+        batch: Batch | None = None,
     ) -> None:
         """vLLM's ``_update_after_schedule`` on the vLLM requests: the step is assumed to
         run; under async scheduling each sampling request gets its output placeholders and
-        placeholder drafts for the next step."""
-        requests = self.requests
+        placeholder drafts for the next step. ``batch``: the requests of
+        ``out.num_scheduled_tokens``, in its order, where at hand."""
         num_scheduled_tokens = out.num_scheduled_tokens
         scheduled = zip(
-            map(requests.__getitem__, num_scheduled_tokens),
+            batch.requests
+            if batch is not None
+            else map(self.requests.__getitem__, num_scheduled_tokens),
             num_scheduled_tokens.values(),
             strict=True,
         )

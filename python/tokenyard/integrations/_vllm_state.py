@@ -16,6 +16,27 @@ if TYPE_CHECKING:
     from tokenyard.integrations._vllm_views import _ConnectorBridge
 
 
+class Batch:
+    """One step's scheduled requests (int core ids), in the order of its
+    ``num_scheduled_tokens``: the core's ids (array and list), vLLM's ids, the vLLM requests
+    and their clients. ``schedule()`` reuses the previous step's when the core scheduled the
+    same ids (a core id is never reused and a live request's object never replaced, so the
+    lists stay right), and ``update_from_output`` finds the step's by its ``SchedulerOutput``.
+    Read-only once built: the lists are shared between steps."""
+
+    __slots__ = ("clients", "core_ids", "ids", "requests", "vllm_ids")
+
+    def __init__(
+        self, ids: Any, core_ids: list[int], vllm_ids: list[str], requests: list[Request]
+    ) -> None:
+        self.ids = ids
+        self.core_ids = core_ids
+        self.vllm_ids = vllm_ids
+        self.requests = requests
+        self.clients: set[int] | None = None
+        """The requests' client indices, computed on first use."""
+
+
 class AdapterBase:
     """Attributes and the helpers every part of the adapter calls (typed here; set and
     defined in ``tokenyard.integrations.vllm.TokenyardScheduler``)."""
@@ -64,6 +85,9 @@ class AdapterBase:
     defer_block_free: bool
     sched_step_seq: int
     processed_step_seq: int
+    _batches: tuple[tuple[Any, Batch], ...] = ()
+    """The last steps' ``(SchedulerOutput, Batch)``, newest first (a few, for async
+    scheduling's batch queue); set by ``schedule()``, read by ``update_from_output``."""
 
     if TYPE_CHECKING:
 

@@ -25,12 +25,13 @@ from tokenyard.integrations._vllm_outputs import (
     attach_prefill_stats,
     errors_in_vllm_ids,
 )
-from tokenyard.integrations._vllm_state import AdapterBase
+from tokenyard.integrations._vllm_state import AdapterBase, Batch
 from tokenyard.integrations._vllm_translate import vllm_block_ids
 
 _RUNNING = RequestStatus.RUNNING
 _PREEMPTED = RequestStatus.PREEMPTED
 _client_index = operator.attrgetter("client_index")
+_status = operator.attrgetter("status")
 
 
 class UpdateFromOutput(AdapterBase):
@@ -49,11 +50,15 @@ class UpdateFromOutput(AdapterBase):
         kv_output = model_runner_output.kv_connector_output
         if kv_output is not None and self.connector is not None:
             self._update_from_kv_transfers(kv_output)
+        batch = self._batch_of(scheduler_output)
         live_ids, live, live_tokens, rejected, spec_stats, late = self._sampled(
-            scheduler_output, model_runner_output
+            scheduler_output, model_runner_output, batch
         )
         pooled = self._pooled(scheduler_output, model_runner_output)
-        live_core_ids = list(map(self._core_ids.__getitem__, live_ids))
+        if batch is not None and live_ids is batch.vllm_ids:
+            live_core_ids = batch.core_ids
+        else:
+            live_core_ids = list(map(self._core_ids.__getitem__, live_ids))
         core_ids, core_tokens = live_core_ids, live_tokens
         if late:
             # Outputs of finished requests go to the core too: it expects them (and drops
@@ -100,7 +105,13 @@ class UpdateFromOutput(AdapterBase):
                     request.num_nans_in_logits = nans[request_id]
         if self._prefill_stats_due:
             self._finish_prefill_stats(live, live_ids)
-        outputs = self._outputs_by_client(live, live_ids, live_tokens, finished_ids)
+        outputs = self._outputs_by_client(
+            live,
+            live_ids,
+            live_tokens,
+            finished_ids,
+            batch if batch is not None and live is batch.requests else None,
+        )
         if self._prefill_stats_ready:
             attach_prefill_stats(outputs, self._prefill_stats_ready)
             self._prefill_stats_ready.clear()
@@ -183,8 +194,43 @@ class UpdateFromOutput(AdapterBase):
                 if request_id is not None and late_core_ids.get(request_id) == core_id:
                     del late_core_ids[request_id]
 
+    def _batch_of(self, scheduler_output: SchedulerOutput) -> Batch | None:
+        """The ``Batch`` ``schedule()`` formed ``scheduler_output`` with, if it is one of
+        the last few and its ``num_scheduled_tokens`` still names the batch's requests in
+        the batch's order; else ``None`` (the requests are looked up by id then)."""
+        for out, batch in self._batches:
+            if out is scheduler_output:
+                if list(scheduler_output.num_scheduled_tokens) == batch.vllm_ids:
+                    return batch
+                return None
+        return None
+
+    def _sampled_whole_batch(
+        self, batch: Batch, sampled: Any, index: dict[str, int]
+    ) -> tuple[list[str], list[Request], list[list[int]]] | None:
+        """``_sampled``'s usual case in bulk: no drafts scheduled, no dropped outputs, and
+        every request of the batch still live (none finished meanwhile): the requests
+        with sampled tokens, their ids and tokens (the batch's own lists where all
+        sampled). ``None`` where that case does not hold."""
+        requests = batch.requests
+        if max(map(_status, requests), default=_RUNNING) > _PREEMPTED:
+            return None
+        vllm_ids = batch.vllm_ids
+        tokens = list(map(sampled.__getitem__, map(index.__getitem__, vllm_ids)))
+        if all(tokens):
+            return vllm_ids, requests, tokens
+        keep = list(map(bool, tokens))
+        return (
+            list(itertools.compress(vllm_ids, keep)),
+            list(itertools.compress(requests, keep)),
+            list(itertools.compress(tokens, keep)),
+        )
+
     def _sampled(
-        self, scheduler_output: SchedulerOutput, model_runner_output: Any
+        self,
+        scheduler_output: SchedulerOutput,
+        model_runner_output: Any,
+        batch: Batch | None = None,
     ) -> tuple[
         list[str],
         list[Request],
@@ -197,10 +243,15 @@ class UpdateFromOutput(AdapterBase):
         ids, the vLLM requests, their tokens; with the rejected draft counts for the
         core. Rolls the vLLM requests back by their rejected drafts and gathers the
         spec-decode stats. Last, the late outputs of finished requests, by core id: they
-        reach no vLLM request, only the core."""
+        reach no vLLM request, only the core. ``batch``: the step's scheduled requests,
+        where at hand (``_batch_of``)."""
         sampled = model_runner_output.sampled_token_ids
         index = model_runner_output.req_id_to_index
         spec_scheduled = scheduler_output.scheduled_spec_decode_tokens
+        if batch is not None and sampled and not spec_scheduled and not self._dropped_outputs:
+            whole = self._sampled_whole_batch(batch, sampled, index)
+            if whole is not None:
+                return *whole, {}, None, []
         requests_get = self.requests.get
         core_ids = self._core_ids
         rejected: dict[Any, int] = {}
@@ -261,9 +312,12 @@ class UpdateFromOutput(AdapterBase):
         live_ids: list[str],
         live_tokens: list[list[int]],
         finished_ids: set[str],
+        batch: Batch | None = None,
     ) -> dict[int, list[EngineCoreOutput]]:
         """Appends each live request's tokens (up to its stop, for those the core finished),
-        frees the finished ones, and builds one ``EngineCoreOutput`` per request."""
+        frees the finished ones, and builds one ``EngineCoreOutput`` per request.
+        ``batch``: the step's batch where ``live`` is its requests (their clients are kept
+        there)."""
         hash_block_size = self.hash_block_size
         always_hash = self._num_hash_lookahead_tokens > 0
         # Every field but the first two at its default, as a decode step's output usually
@@ -301,9 +355,14 @@ class UpdateFromOutput(AdapterBase):
                     trace_headers=request.trace_headers,
                     num_nans_in_logits=request.num_nans_in_logits,
                 )
-        clients = set(map(_client_index, live))
+        if batch is not None:
+            if batch.clients is None:
+                batch.clients = set(map(_client_index, live))
+            clients = batch.clients
+        else:
+            clients = set(map(_client_index, live))
         if len(clients) <= 1:
-            return {clients.pop(): outputs} if outputs else {}
+            return {next(iter(clients)): outputs} if outputs else {}
         by_client: dict[int, list[EngineCoreOutput]] = defaultdict(list)
         for request, output in zip(live, outputs, strict=True):
             by_client[request.client_index].append(output)

@@ -384,7 +384,6 @@ def run_case(name: str, case: Case, args: argparse.Namespace) -> dict[str, Any]:
             )
             sims[kind] = {
                 "config": built["simulation"],
-                "approximated": built.get("approximated"),
                 **simulate_capacity(case, built, args.requests, rate),
             }
         except TokenyardError as error:
@@ -433,7 +432,7 @@ def markdown(results: dict[str, Any]) -> str:
                 simulated = "not simulated: " + sim["error"].split(": ", 1)[-1][:90]
             else:
                 simulated = _fmt(sim.get("tokens_per_s_per_gpu"), 1)
-                if sim.get("approximated"):
+                if sim.get("approximated"):  # --json files written before 0dbfc4d
                     simulated += " (approx.: " + sim["approximated"][:60] + ")"
             best = next((r for r in rows if r.get("kind") == label), None)
             if best is not None:

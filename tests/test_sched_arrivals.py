@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tokenyard import _core
 from tokenyard.errors import ConfigError, InputError
 from tokenyard.sched import Scheduler, SchedulerConfig
 
@@ -51,6 +52,14 @@ def test_num_sampled_tokens_per_step_other_than_0_or_1_is_refused(value: Any) ->
     with pytest.raises(ConfigError) as info:
         SchedulerConfig(num_sampled_tokens_per_step=value)
     assert info.value.field == "num_sampled_tokens_per_step"
+
+
+def test_a_simulated_replica_refuses_a_model_that_samples_nothing() -> None:
+    # Simulated requests decode: 0 would change nothing but the max_model_len edge.
+    with pytest.raises(ConfigError) as info:
+        _core.ReplicaSpec.vllm_v1(SchedulerConfig(num_sampled_tokens_per_step=0))
+    assert info.value.field == "num_sampled_tokens_per_step"
+    _core.ReplicaSpec.vllm_v1(SchedulerConfig(num_sampled_tokens_per_step=1))
 
 
 def test_a_request_arriving_computed_schedules_its_last_token_with_blocks_for_all() -> None:

@@ -289,6 +289,13 @@ impl ReplicaPolicyConfig {
     pub fn validate(&self) -> Result<()> {
         match self {
             Self::Vidur(..) => self.build(16, false).map(|_| ()), // counting: no pool to fill
+            // Simulated requests decode: a model that samples no token is not simulated.
+            Self::VllmV1(config) if config.num_sampled_tokens_per_step == 0 => Err(Error::config(
+                "num_sampled_tokens_per_step",
+                0,
+                "a simulated replica samples a token at each step (a generation model); 0, a \
+                 pooling or diffusion model, is not simulated",
+            )),
             Self::VllmV1(config) => config.validate(),
             Self::Sglang(l) => {
                 let positive = [

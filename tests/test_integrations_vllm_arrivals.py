@@ -115,3 +115,19 @@ def _hasher() -> Any:
     hash_fn = get_hash_fn_by_name("sha256")
     kv_cache_utils.init_none_hash(hash_fn)
     return kv_cache_utils.get_request_block_hasher(16, hash_fn)
+
+
+def test_a_request_the_core_refuses_is_not_kept() -> None:
+    from tokenyard.errors import InputError
+
+    scheduler = _both(num_blocks=64, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=256)[
+        "tokenyard"
+    ]
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    request = Request("pd", list(range(10)), params, None)
+    request.num_computed_tokens = 10
+    with pytest.raises(InputError) as info:
+        scheduler.add_request(request)
+    assert info.value.field == "num_computed_tokens"
+    assert not scheduler.has_request("pd")
+    assert scheduler.get_request_counts() == (0, 0)

@@ -439,7 +439,13 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
             # core gets it then (_admit_grammar_ready).
             self._grammar_waiting[request_id] = request
         else:
-            self._add_to_core(request)
+            try:
+                self._add_to_core(request)
+            except Exception:
+                # Refused by the core (e.g. computed tokens not below the prompt): not kept.
+                del self.requests[request_id]
+                self._structured_ids.discard(request_id)
+                raise
         if self.spec_decode_metrics_level != "none":
             request.spec_decode_metrics = RequestSpecDecodeMetrics.new(self.num_spec_tokens)
         if self.connector is not None:

@@ -479,3 +479,54 @@ def test_block_fp8_slices_vllm_refuses_are_skipped() -> None:
     assert (4, 2, 1) not in layouts
     reasons = dict(skipped)
     assert "FP8 blocks" in reasons["TP4 DP2 on h200"]
+
+
+def test_vllm_default_caps_by_gpu() -> None:
+    """``vllm serve``'s caps without flags (vLLM 0.33, ``EngineArgs.get_batch_defaults``,
+    online serving): 1024 / 8192 on H100 and H200, 1024 / 16384 on B200, 256 / 2048 on an
+    A100 80 GB (its name keeps it on the small tier) and on an L40S."""
+    from tokenyard.catalog import current_catalog
+    from tokenyard.recommend.candidates import vllm_default_caps
+
+    devices = current_catalog().devices
+    assert vllm_default_caps(devices["h100-sxm"]) == (1024, 8192)
+    assert vllm_default_caps(devices["h200"]) == (1024, 8192)
+    assert vllm_default_caps(devices["b200"]) == (1024, 16384)
+    assert vllm_default_caps(devices["a100-80gb"]) == (256, 2048)
+    assert vllm_default_caps(devices["l40s"]) == (256, 2048)
+
+
+def test_vllm_default_caps_are_simulated_and_win_where_better(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An estimate that believes only 4 requests fit (its batch B = 4, so the caps it
+    proposes are 4 and 8) is worse than vLLM's default caps (1024 / 8192 on H100) in
+    simulation: every simulated aggregated layout also runs the default, at most one more
+    search per layout, and the answer carries the default caps and their capacity."""
+    real = est.best_batch
+
+    def cramped(price: Any, *, max_kv_tokens: int, **kwargs: Any) -> Any:
+        return real(price, max_kv_tokens=min(max_kv_tokens, 4 * 250), **kwargs)
+
+    monkeypatch.setattr(est, "best_batch", cramped)
+    result = recommend(_ask(top_k=2), executor="serial")
+    by_shape: dict[str, list[Any]] = {}
+    for s in result.simulated:
+        by_shape.setdefault(s.candidate.shape, []).append(s)
+    assert len(by_shape) == 2  # top_k layouts
+    for sims in by_shape.values():
+        defaults = [s for s in sims if s.candidate.default_caps]
+        assert len(defaults) == 1
+        assert (
+            defaults[0].candidate.max_num_seqs,
+            defaults[0].candidate.max_num_batched_tokens,
+        ) == (
+            1024,
+            8192,
+        )
+        assert all(s.candidate.max_num_seqs <= 8 for s in sims if not s.candidate.default_caps)
+    assert len(result.simulated) == 2 + 1 + 2  # best layout: B and 2B; the next: B; + defaults
+    sim, _ = result.best("agg")
+    assert sim.candidate.default_caps
+    estimated = [s for s in by_shape[sim.candidate.shape] if not s.candidate.default_caps]
+    assert sim.capacity > 1.2 * max(s.capacity for s in estimated)

@@ -7,6 +7,9 @@ and, where the model ships an MTP module and an acceptance rate is given, specul
 decoding. ``enumerate_candidates`` builds every layout that the memory planner fits and
 whose GPUs divide the budget (or, for a target rate, the replicas it needs), and prices
 each with ``estimate``. Layouts that do not fit are returned as skips with the reason.
+Under ``--framework vllm`` every aggregated layout also gets the caps ``vllm serve`` runs
+with when neither flag is given (``vllm_default_caps``, ``Candidate.default_caps``), which
+``recommend`` simulates for every layout it simulates at all.
 
 Invariant: a candidate's ``simulation()`` is a complete ``tokenyard simulate`` document;
 its GPU count is ``gpus`` (both pools), as ``tokenyard.search.deployments.gpu_pools``
@@ -31,6 +34,7 @@ __all__ = [
     "Layout",
     "Space",
     "enumerate_candidates",
+    "vllm_default_caps",
 ]
 
 #: Step token budgets tried (vLLM 0.33's ``max_num_batched_tokens`` default is 8192 for
@@ -44,6 +48,26 @@ _PP = (1, 2, 4)
 _DP = (1, 2, 4, 8)
 
 Kind = Literal["agg", "disagg"]
+
+
+def vllm_default_caps(device: Any) -> tuple[int, int]:
+    """``(max_num_seqs, max_num_batched_tokens)`` of ``vllm serve`` on catalog GPU
+    ``device`` when neither flag is given: vLLM 0.33's ``EngineArgs.get_batch_defaults``
+    (vllm/engine/arg_utils.py) for ``UsageContext.OPENAI_API_SERVER``, applied by
+    ``_set_default_max_num_seqs_and_batched_tokens_args``: 1024 / 16384 on GPUs of 160 GiB
+    or more (B200, B300, MI300X), 1024 / 8192 on 70 GiB or more except A100s (H100, H200),
+    256 / 2048 on the rest. vLLM reads the memory the driver reports; the catalog's
+    marketed size stands for it (no catalog GPU is near either threshold). Not modelled:
+    ``--performance-mode throughput`` (doubles both) and the DeepEP low-latency backend's
+    256-token budget (``use_batched_dp_moe``), neither of which a plain launch sets."""
+    memory = float(device.memory_gib)
+    if memory >= 160:
+        return 1024, 16384
+    if memory >= 70 and "a100" not in str(device.name).lower():
+        return 1024, 8192
+    return 256, 2048
+
+
 #: Fields whose refusal skips a layout (it does not fit the GPU, or the framework's policy
 #: cannot run it: SGLang's has no pipeline parallelism); any other error is the ask's.
 _LAYOUT_REFUSALS = (
@@ -106,6 +130,9 @@ class Candidate:
     decode_max_num_seqs: int = 0
     speculative: Mapping[str, Any] | None = None
     estimate: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    #: The caps are vLLM's defaults on this GPU (``vllm_default_caps``), not the estimate's
+    #: choice: simulated for every simulated layout, whatever the estimate prefers.
+    default_caps: bool = False
 
     @property
     def gpus(self) -> int:
@@ -236,10 +263,16 @@ class _Priced:
     layout: Layout
     price: est.Pricer
     max_kv_tokens: int
+    #: vLLM's default caps on this layout (``vllm_default_caps``), or None: not vLLM, or
+    #: the linear-attention state reserved for its ``max_num_seqs`` leaves no KV room.
+    defaults: tuple[int, int] | None = None
 
 
 def _price_layouts(
-    base: Mapping[str, Any], layouts: Sequence[Layout], skipped: list[tuple[str, str]]
+    base: Mapping[str, Any],
+    layouts: Sequence[Layout],
+    skipped: list[tuple[str, str]],
+    defaults: tuple[int, int] | None = None,
 ) -> list[_Priced]:
     from tokenyard.simulation.run import plan_for
 
@@ -254,7 +287,20 @@ def _price_layouts(
                 skipped.append((layout.label + f" on {layout.device}", str(error)))
                 continue
             raise
-        out.append(_Priced(layout, est.pricer(config), plan.max_kv_tokens))
+        mine = defaults
+        if mine is not None and plan.state_bytes_per_request:
+            # The state reserved grows with max_num_seqs: plan the default cap too.
+            seqs, budget = mine
+            caps = {"vllm_v1": {"max_num_seqs": seqs, "max_num_batched_tokens": budget}}
+            try:
+                plan_for(
+                    config_from_mapping(
+                        apply_overrides(doc, _dotted({"replica": {"scheduler": caps}}))
+                    )
+                )
+            except ConfigError:
+                mine = None
+        out.append(_Priced(layout, est.pricer(config), plan.max_kv_tokens, mine))
     return out
 
 
@@ -286,40 +332,65 @@ def _replicas_for(space: Space, per_replica: float) -> int:
 
 
 def _agg_candidates(space: Space, priced: Sequence[_Priced]) -> list[Candidate]:
+    """Per layout and step budget, the estimate's batch B as the cap and 2B; and, where
+    ``_Priced.defaults``, vLLM's default caps (priced by the estimate at the default
+    budget, or at the layout's best budget where the default one fails it: the estimate
+    only guides the capacity search's first guess there)."""
     out = []
     for p in priced:
+        if space.gpus is not None and space.gpus % p.layout.gpus:
+            continue
+        mine = []
         for budget in CHUNK_SIZES:
             e = _aggregated(space, p, budget)
             if e is None:
                 continue
-            # Closed loop: a replica's capacity is its users, the batch it holds.
-            per_replica = e.batch_size * p.layout.dp if space.closed_loop else e.requests_per_s
-            if space.gpus is not None:
-                if space.gpus % p.layout.gpus:
-                    continue
-                replicas = space.gpus // p.layout.gpus
-            else:
-                replicas = _replicas_for(space, per_replica)
             cap = min(2 * e.batch_size, budget)
             for seqs in dict.fromkeys((e.batch_size, cap)):
-                out.append(
-                    Candidate(
-                        "agg",
-                        p.layout,
-                        replicas,
-                        budget,
-                        seqs,
-                        estimate={
-                            "capacity": per_replica * replicas,
-                            "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu,
-                            "tokens_per_s_per_user": e.tokens_per_s_per_user,
-                            "tpot_s": e.tpot_s,
-                            "ttft_s": e.ttft_s,
-                            "batch_size": e.batch_size,
-                        },
-                    )
-                )
+                mine.append(_agg_candidate(space, p, budget, seqs, e))
+        if p.defaults is not None and mine:
+            seqs, budget = p.defaults
+            e = _aggregated(space, p, budget)
+            if e is None:  # the layout's best budget prices it
+                best = max(mine, key=lambda c: c.estimate["tokens_per_s_per_gpu"])
+                e = _aggregated(space, p, best.max_num_batched_tokens)
+            assert e is not None  # priced above
+            mine.append(_agg_candidate(space, p, budget, seqs, e, default_caps=True))
+        out.extend(mine)
     return out
+
+
+def _agg_candidate(
+    space: Space,
+    p: _Priced,
+    budget: int,
+    seqs: int,
+    e: est.Estimate,
+    *,
+    default_caps: bool = False,
+) -> Candidate:
+    # Closed loop: a replica's capacity is its users, the batch it holds.
+    per_replica = e.batch_size * p.layout.dp if space.closed_loop else e.requests_per_s
+    if space.gpus is not None:
+        replicas = space.gpus // p.layout.gpus
+    else:
+        replicas = _replicas_for(space, per_replica)
+    return Candidate(
+        "agg",
+        p.layout,
+        replicas,
+        budget,
+        seqs,
+        estimate={
+            "capacity": per_replica * replicas,
+            "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu,
+            "tokens_per_s_per_user": e.tokens_per_s_per_user,
+            "tpot_s": e.tpot_s,
+            "ttft_s": e.ttft_s,
+            "batch_size": e.batch_size,
+        },
+        default_caps=default_caps,
+    )
 
 
 def _disagg_candidates(space: Space, priced: Sequence[_Priced]) -> list[Candidate]:
@@ -446,12 +517,18 @@ def enumerate_candidates(
     from tokenyard.simulation.catalog import catalog_for
 
     config = config_from_mapping(base)
-    model = catalog_for(config).model(config.model_name(), field="replica.model")
+    catalog = catalog_for(config)
+    model = catalog.model(config.model_name(), field="replica.model")
     skipped: list[tuple[str, str]] = []
     max_gpus = space.gpus if space.gpus is not None else 4 * GPUS_PER_NODE
     out: list[Candidate] = []
     for device in devices:
-        priced = _price_layouts(base, _layouts(model, device, max_gpus), skipped)
+        defaults = (
+            vllm_default_caps(catalog.device(device, field="--system"))
+            if framework == "vllm"
+            else None
+        )
+        priced = _price_layouts(base, _layouts(model, device, max_gpus), skipped, defaults)
         agg = _agg_candidates(space, priced)
         out.extend(agg)
         out.extend(_mtp_candidates(space, model, agg))

@@ -326,12 +326,16 @@ def _survivors(candidates: Sequence[Candidate], top_k: int) -> list[Candidate]:
     tied with its best (``ESTIMATE_TIE``) go by GPUs used (a budget is for using), then
     tokens/s/user; the best group also sends its runner-up (the estimate ranks variants
     less surely than layouts). An aggregated layout's variants tie only exactly (its cap
-    variants, B and 2B)."""
+    variants, B and 2B). Every aggregated layout simulated also sends its vLLM-default
+    variant (``Candidate.default_caps``) unless one of its chosen variants has those caps:
+    the estimate can prefer caps the simulation finds worse than vLLM's defaults (a small
+    cap queues prompts; a small budget splits them), so at most ``top_k`` more searches."""
     out: list[Candidate] = []
+    defaults = {c.shape: c for c in candidates if c.kind == "agg" and c.default_caps}
     for kind in ("agg", "disagg"):
         groups: dict[str, list[tuple[int, Candidate]]] = {}
         for order, c in enumerate(candidates):
-            if c.kind == kind:
+            if c.kind == kind and not c.default_caps:
                 key = c.label if kind == "agg" else f"{c.layout.label} on {c.layout.device}"
                 groups.setdefault(key, []).append((order, c))
         ranked_groups: list[tuple[float, str, list[Candidate]]] = []
@@ -353,8 +357,26 @@ def _survivors(candidates: Sequence[Candidate], top_k: int) -> list[Candidate]:
             ranked_groups.append((-best, tied[0].label, tied))
         ranked_groups.sort(key=lambda g: (g[0], g[1]))
         for i, (_, _, chosen) in enumerate(ranked_groups[:top_k]):
-            out.extend(chosen[: 2 if i == 0 else 1])
+            sent = chosen[: 2 if i == 0 else 1]
+            default = defaults.get(sent[0].shape) if kind == "agg" else None
+            caps = {(c.max_num_seqs, c.max_num_batched_tokens) for c in sent}
+            if (
+                default is not None
+                and (default.max_num_seqs, default.max_num_batched_tokens) not in caps
+            ):
+                sent.append(_sized_as(default, sent[0]))
+            out.extend(sent)
     return out
+
+
+def _sized_as(default: Candidate, chosen: Candidate) -> Candidate:
+    """``default`` with ``chosen``'s replicas (a target rate sizes each variant by its own
+    estimate), its estimated capacity scaled with them."""
+    if default.replicas == chosen.replicas:
+        return default
+    estimate = dict(default.estimate)
+    estimate["capacity"] = estimate.get("capacity", 0.0) * chosen.replicas / default.replicas
+    return dataclasses.replace(default, replicas=chosen.replicas, estimate=estimate)
 
 
 #: A run must last this many times the largest latency bound at the rate it is run at,

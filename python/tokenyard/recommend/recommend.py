@@ -160,6 +160,12 @@ class Ask:
     def closed_loop(self) -> bool:
         return self.concurrency is not None
 
+    @property
+    def target(self) -> float | None:
+        """The load to serve: ``rate`` (requests/s) or ``concurrency`` (users); ``None``
+        for a GPU budget."""
+        return self.rate if self.rate is not None else self.concurrency
+
     def slo_set(self) -> tuple[SLO, str | None]:
         """The SLO set simulated, and the note when the saturation guard joins it."""
         bounds = dict(self.slo)
@@ -456,11 +462,36 @@ def _resize(sim: Simulated, target: float, margin: float) -> Candidate | None:
     return None if same else resized
 
 
+def _size_to_target(
+    simulated: Sequence[Simulated], target: float, ask: Ask, slo: SLO, executor: _Kept
+) -> list[Simulated]:
+    """``simulated`` with each point's pools sized to ``target`` from its simulated
+    capacity (``_resize``) and searched again, twice at most: a resized point replaces the
+    one before when it fits, or when the one before did not; no size is searched twice."""
+    simulated = list(simulated)
+    tried = [{(s.candidate.replicas, s.candidate.decode_replicas)} for s in simulated]
+    for round_ in (2, 3):
+        resized = [
+            (i, r)
+            for i, s in enumerate(simulated)
+            if (r := _resize(s, target, ask.margin))
+            and (r.replicas, r.decode_replicas) not in tried[i]
+        ]
+        if not resized:
+            break
+        again = _search([r for _, r in resized], ask, slo, executor, round_)
+        for (i, r), s in zip(resized, again, strict=True):
+            tried[i].add((r.replicas, r.decode_replicas))
+            fits = s.capacity * (1.0 - ask.margin) >= target
+            if fits or simulated[i].capacity * (1.0 - ask.margin) < target:
+                simulated[i] = s  # a smaller size that fits, or the old one did not
+    return simulated
+
+
 def _usable(sim: Simulated, ask: Ask) -> float:
     """The rate (or users) a point is verified at."""
-    target = ask.rate if ask.rate is not None else ask.concurrency
-    if target is not None:
-        return float(target)
+    if ask.target is not None:
+        return float(ask.target)
     usable = sim.capacity * (1.0 - ask.margin)
     return float(max(1, math.floor(usable))) if ask.closed_loop else usable
 
@@ -503,7 +534,7 @@ def recommend(
         ttft_s=bound.get("ttft"),
         tpot_s=bound.get("tpot"),
         gpus=ask.gpus,
-        target=ask.rate if ask.rate is not None else ask.concurrency,
+        target=ask.target,
         closed_loop=ask.closed_loop,
         margin=ask.margin,
         disaggregated=ask.disaggregated,
@@ -531,25 +562,8 @@ def recommend(
     kept = _Kept(make_executor(executor, workers=workers, ray_address=ray_address))
     try:
         simulated = _search(survivors, ask, slo, kept)
-        target = space.target
-        tried = [{(s.candidate.replicas, s.candidate.decode_replicas)} for s in simulated]
-        for round_ in (2, 3):  # size the pools to the target from the simulated capacity
-            if target is None:
-                break
-            resized = [
-                (i, r)
-                for i, s in enumerate(simulated)
-                if (r := _resize(s, target, ask.margin))
-                and (r.replicas, r.decode_replicas) not in tried[i]
-            ]
-            if not resized:
-                break
-            again = _search([r for _, r in resized], ask, slo, kept, round_)
-            for (i, r), s in zip(resized, again, strict=True):
-                tried[i].add((r.replicas, r.decode_replicas))
-                fits = s.capacity * (1.0 - ask.margin) >= target
-                if fits or simulated[i].capacity * (1.0 - ask.margin) < target:
-                    simulated[i] = s  # a smaller size that fits, or the old one did not
+        if ask.target is not None:
+            simulated = _size_to_target(simulated, ask.target, ask, slo, kept)
         t_search = time.perf_counter()
         points, rejected = _verify(simulated, ask, slo, kept, osl)
     finally:
@@ -581,6 +595,28 @@ def recommend(
     )
 
 
+def _verify_queue(
+    simulated: Sequence[Simulated], kind: str, ask: Ask, osl: float
+) -> list[Simulated]:
+    """The points of ``kind`` to verify, best first: by tokens/s/GPU at the rate verified
+    (a budget), or by fewest GPUs among those whose usable capacity covers the target;
+    one point per layout, its best size and cap/chunk variant (the rest repeat it)."""
+    target = ask.target
+    ranked = sorted(
+        (s for s in simulated if s.candidate.kind == kind and s.capacity > 0),
+        key=lambda s: (
+            -_usable(s, ask) * osl / s.candidate.gpus if target is None else s.candidate.gpus,
+            -s.capacity,
+        ),
+    )
+    if target is not None:
+        ranked = [s for s in ranked if s.capacity * (1.0 - ask.margin) >= target]
+    firsts: dict[str, Simulated] = {}
+    for s in ranked:
+        firsts.setdefault(s.candidate.shape, s)
+    return list(firsts.values())
+
+
 def _verify(
     simulated: Sequence[Simulated], ask: Ask, slo: SLO, executor: _Kept, osl: float
 ) -> tuple[list[tuple[Simulated, Verdict]], list[tuple[Simulated, Verdict]]]:
@@ -588,23 +624,7 @@ def _verify(
     ``ask.show`` of a kind held or none is left. Both kinds' rounds run side by side (one
     batch on the executor), each kind's points chosen as if it ran alone."""
     whole = ask.base(ask.whole_workload())
-    target = ask.rate if ask.rate is not None else ask.concurrency
-    queues: dict[str, list[Simulated]] = {}
-    for kind in ("agg", "disagg"):
-        ranked = sorted(
-            (s for s in simulated if s.candidate.kind == kind and s.capacity > 0),
-            key=lambda s: (
-                -_usable(s, ask) * osl / s.candidate.gpus if target is None else s.candidate.gpus,
-                -s.capacity,
-            ),
-        )
-        if target is not None:
-            ranked = [s for s in ranked if s.capacity * (1.0 - ask.margin) >= target]
-        # One point per layout: its best size and cap/chunk variant (the rest repeat it).
-        firsts: dict[str, Simulated] = {}
-        for s in ranked:
-            firsts.setdefault(s.candidate.shape, s)
-        queues[kind] = list(firsts.values())
+    queues = {kind: _verify_queue(simulated, kind, ask, osl) for kind in ("agg", "disagg")}
     held: dict[str, list[tuple[Simulated, Verdict]]] = {kind: [] for kind in queues}
     rejected: dict[str, list[tuple[Simulated, Verdict]]] = {kind: [] for kind in queues}
     while True:
@@ -624,7 +644,7 @@ def _verify(
             slo,
             executor,
             margin=ask.margin,
-            step_down=target is None,
+            step_down=ask.target is None,
             closed_loop=ask.closed_loop,
         )
         for (kind, i), s in batch:

@@ -224,7 +224,7 @@ def unverified(rec: Recommendation) -> list[Simulated]:
     """Simulated points that were never verified because they fell short: capacity 0, or
     (with a target) a capacity that, less the margin, stays under it after growing."""
     verified = {id(s) for s, _ in (*rec.points, *rec.rejected)}
-    target = rec.ask.rate if rec.ask.rate is not None else rec.ask.concurrency
+    target = rec.ask.target
     return [
         s
         for s in rec.simulated
@@ -240,7 +240,7 @@ def why_short(rec: Recommendation, sim: Simulated) -> str:
     broke = ", ".join(r.binding) or "an SLO"
     if sim.capacity <= 0:
         return f"{broke} broke at every rate tried, down to {min(r.rates, default=0):.3g}"
-    target = rec.ask.rate if rec.ask.rate is not None else rec.ask.concurrency
+    target = rec.ask.target
     return (
         f"capacity {sim.capacity:.4g} after {sim.rounds - 1} resizing round(s) ({broke} broke "
         f"above it), under the target {target:g} / (1 - margin)"

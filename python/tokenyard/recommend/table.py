@@ -122,6 +122,17 @@ def format_table(rec: Recommendation, table: list[dict[str, Any]]) -> str:
         f"({rec.num_simulations} simulations, {rec.wall_s['total']:.1f} s)",
         "",
     ]
+    shown = [r for r in table if r["recommended"]]
+    lines += _table_lines(rec, shown, unit)
+    if not shown:
+        lines.append("  (no point held its SLOs on the whole load)")
+    lines += _trailer(rec, table, unit)
+    return "\n".join(lines)
+
+
+def _table_lines(rec: Recommendation, shown: list[dict[str, Any]], unit: str) -> list[str]:
+    """The header and one line per recommended row (and its note)."""
+    lines: list[str] = []
     slo_cols = list(rec.slo.bounds)
     head = [
         "#",
@@ -137,7 +148,6 @@ def format_table(rec: Recommendation, table: list[dict[str, Any]]) -> str:
         "$/Mtok",
         "kWh/Mtok",
     ]
-    shown = [r for r in table if r["recommended"]]
     width = max([len("deployment")] + [len(r["deployment"]) for r in shown])
     widths = [
         2,
@@ -183,8 +193,14 @@ def format_table(rec: Recommendation, table: list[dict[str, Any]]) -> str:
         )
         if r["note"]:
             lines.append(f"{'':4}note: {r['note']}")
-    if not shown:
-        lines.append("  (no point held its SLOs on the whole load)")
+    return lines
+
+
+def _trailer(rec: Recommendation, table: list[dict[str, Any]], unit: str) -> list[str]:
+    """What follows the table: the points not verified or not recommended and why, the
+    best of each kind with its launch lines, the notes and the wall time."""
+    ask = rec.ask
+    lines: list[str] = []
     for sim in unverified(rec):
         lines.append(
             f"not verified: {sim.candidate.label} on {sim.candidate.layout.device}: "
@@ -217,7 +233,7 @@ def format_table(rec: Recommendation, table: list[dict[str, Any]]) -> str:
         f"wall: estimate {rec.wall_s['estimate']:.1f} s, search {rec.wall_s['search']:.1f} s, "
         f"verify {rec.wall_s['verify']:.1f} s"
     )
-    return "\n".join(lines)
+    return lines
 
 
 def unverified(rec: Recommendation) -> list[Simulated]:

@@ -473,6 +473,28 @@ def test_the_toml_config_reproduces_the_simulation(config: SimulationConfig) -> 
 VLLM_PEER = REPO / ".venv-bench" / "bin" / "python"
 
 
+def _peer_parse(
+    script: str, commands: list[Any], tmp_path: Path, env: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """The values an engine's own parser (``benches/peers/<script>``, run in the bench
+    venv) reads from each command line of ``commands`` (their ``#`` notes left out)."""
+    lines = [line for c in commands for line in c.text().splitlines() if not line.startswith("#")]
+    done = subprocess.run(
+        [str(VLLM_PEER), str(REPO / "benches" / "peers" / script)],
+        input=json.dumps(lines),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,  # away from the repository's kernels/ package
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.fail(done.stderr[-3000:])
+    parsed: list[dict[str, Any]] = json.loads(done.stdout)
+    return parsed
+
+
 @pytest.mark.skipif(not VLLM_PEER.exists(), reason="needs the bench venv with vLLM 0.33")
 def test_vllms_own_parser_reads_the_same_values(tmp_path: Path) -> None:
     """vLLM 0.33's ``vllm serve`` argument parser (benches/peers/vllm_launch_args.py)
@@ -518,27 +540,8 @@ def test_vllms_own_parser_reads_the_same_values(tmp_path: Path) -> None:
             },
         },
     ]
-    configs_ = [config_from_mapping(s) for s in samples]
-    commands = [c for config in configs_ for c in vllm_commands(config)]
-    lines = [
-        shlex_line
-        for c in commands
-        for shlex_line in c.text().splitlines()
-        if not shlex_line.startswith("#")
-    ]
-    script = REPO / "benches" / "peers" / "vllm_launch_args.py"
-    done = subprocess.run(
-        [str(VLLM_PEER), str(script)],
-        input=json.dumps(lines),
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,  # away from the repository's kernels/ package
-        timeout=300,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.fail(done.stderr[-3000:])
-    first, prefill, decode = json.loads(done.stdout)
+    commands = [c for s in samples for c in vllm_commands(config_from_mapping(s))]
+    first, prefill, decode = _peer_parse("vllm_launch_args.py", commands, tmp_path)
     assert first["model"] == "deepseek-ai/DeepSeek-V3"
     assert (first["tensor_parallel_size"], first["data_parallel_size"]) == (2, 4)
     assert first["enable_expert_parallel"] is True
@@ -615,26 +618,9 @@ def test_sglangs_own_parser_reads_the_same_values(tmp_path: Path) -> None:
             "cluster": {"decode": {"num_replicas": 1, "tensor_parallel_size": 8}},
         }
     )
-    lines = [
-        line
-        for config in (aggregated, own, pd)
-        for command in sglang_commands(config)
-        for line in command.text().splitlines()
-        if not line.startswith("#")
-    ]
-    done = subprocess.run(
-        [str(VLLM_PEER), str(REPO / "benches" / "peers" / "sglang_launch_args.py")],
-        input=json.dumps(lines),
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={"PYTHONPATH": str(SGLANG_SRC), "PATH": "/usr/bin:/bin"},
-        timeout=300,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.fail(done.stderr[-3000:])
-    first, graphs, prefill, decode = json.loads(done.stdout)
+    commands = [c for config in (aggregated, own, pd) for c in sglang_commands(config)]
+    env = {"PYTHONPATH": str(SGLANG_SRC), "PATH": "/usr/bin:/bin"}
+    first, graphs, prefill, decode = _peer_parse("sglang_launch_args.py", commands, tmp_path, env)
     assert first["model_path"] == "deepseek-ai/DeepSeek-V3"
     assert (first["tp_size"], first["attn_dp_size"], first["ep_size"]) == (8, 4, 8)
     assert (first["max_running_requests"], first["chunked_prefill_size"]) == (96 * 4, 3000 * 4)

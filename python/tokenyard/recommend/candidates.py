@@ -395,44 +395,9 @@ def _agg_candidate(
 
 def _disagg_candidates(space: Space, priced: Sequence[_Priced]) -> list[Candidate]:
     # Either pool may run EP and attention DP (MoE), as cluster.decode takes them too.
-    plain = list(priced)
-    prefills = []
-    for p in plain:
-        for budget in CHUNK_SIZES[1:]:
-            pe = est.prefill_only(
-                p.price,
-                isl=space.isl,
-                max_num_batched_tokens=budget,
-                ttft_s=space.ttft_s if space.ttft_s is not None else math.inf,
-                num_stages=p.layout.pp,
-                data_parallel_size=p.layout.dp,
-            )
-            if pe is not None:
-                prefills.append((p, budget, pe))
-    decodes = []
-    for p in plain:
-
-        def decode(b: int, p: _Priced = p) -> est.DecodeEstimate:
-            return est.decode_only(
-                p.price,
-                isl=space.isl,
-                osl=space.osl,
-                batch_size=b,
-                num_stages=p.layout.pp,
-                data_parallel_size=p.layout.dp,
-            )
-
-        de = est.best_batch(
-            decode,
-            max_kv_tokens=p.max_kv_tokens,
-            ttft_s=None,
-            tpot_s=space.tpot_s,
-        )
-        if de is not None:
-            decodes.append((p, de))
+    decodes = _decode_pools(space, priced)
     out = []
-    max_gpus = space.gpus
-    for p, budget, pe in prefills:
+    for p, budget, pe in _prefill_pools(space, priced):
         for d, de in decodes:
             if p.layout.device != d.layout.device:
                 continue  # one GPU type per deployment (KV layouts alike)
@@ -440,26 +405,10 @@ def _disagg_candidates(space: Space, priced: Sequence[_Priced]) -> list[Candidat
             rd = de.requests_per_s
             if space.closed_loop:  # users: what the decode pool holds
                 rd = float(de.batch_size * d.layout.dp)
-            if max_gpus is not None:
-                best: tuple[float, int, int] | None = None
-                for x in range(1, max_gpus // p.layout.gpus + 1):
-                    room = max_gpus - x * p.layout.gpus
-                    y = room // d.layout.gpus
-                    if y < 1:
-                        break
-                    # Fewest decode replicas that keep up with x prefill replicas.
-                    need = math.ceil(x * rp / rd) if not space.closed_loop else y
-                    y = max(1, min(y, need))
-                    rate = min(x * rp, y * rd) if not space.closed_loop else y * rd
-                    per_gpu = rate / (x * p.layout.gpus + y * d.layout.gpus)
-                    if best is None or per_gpu > best[0]:
-                        best = (per_gpu, x, y)
-                if best is None:
-                    continue
-                _, x, y = best
-            else:
-                x = _replicas_for(space, rp if not space.closed_loop else math.inf) or 1
-                y = _replicas_for(space, rd)
+            sizes = _pool_sizes(space, p.layout.gpus, d.layout.gpus, rp, rd)
+            if sizes is None:
+                continue
+            x, y = sizes
             rate = min(x * rp, y * rd) if not space.closed_loop else y * rd
             gpus = x * p.layout.gpus + y * d.layout.gpus
             tokens = rate * (space.osl if not space.closed_loop else 1.0 / de.tpot_s)
@@ -484,6 +433,81 @@ def _disagg_candidates(space: Space, priced: Sequence[_Priced]) -> list[Candidat
                 )
             )
     return out
+
+
+def _prefill_pools(
+    space: Space, priced: Sequence[_Priced]
+) -> list[tuple[_Priced, int, est.PrefillEstimate]]:
+    """Each layout as a prefill pool at each step budget above the smallest, where its
+    estimate meets the TTFT bound."""
+    out = []
+    for p in priced:
+        for budget in CHUNK_SIZES[1:]:
+            pe = est.prefill_only(
+                p.price,
+                isl=space.isl,
+                max_num_batched_tokens=budget,
+                ttft_s=space.ttft_s if space.ttft_s is not None else math.inf,
+                num_stages=p.layout.pp,
+                data_parallel_size=p.layout.dp,
+            )
+            if pe is not None:
+                out.append((p, budget, pe))
+    return out
+
+
+def _decode_pools(
+    space: Space, priced: Sequence[_Priced]
+) -> list[tuple[_Priced, est.DecodeEstimate]]:
+    """Each layout as a decode pool at its best batch within the TPOT bound and its KV."""
+    out = []
+    for p in priced:
+
+        def decode(b: int, p: _Priced = p) -> est.DecodeEstimate:
+            return est.decode_only(
+                p.price,
+                isl=space.isl,
+                osl=space.osl,
+                batch_size=b,
+                num_stages=p.layout.pp,
+                data_parallel_size=p.layout.dp,
+            )
+
+        de = est.best_batch(
+            decode,
+            max_kv_tokens=p.max_kv_tokens,
+            ttft_s=None,
+            tpot_s=space.tpot_s,
+        )
+        if de is not None:
+            out.append((p, de))
+    return out
+
+
+def _pool_sizes(
+    space: Space, prefill_gpus: int, decode_gpus: int, rp: float, rd: float
+) -> tuple[int, int] | None:
+    """Prefill and decode replicas ``(x, y)`` for pools of ``rp`` and ``rd`` requests/s
+    each (users, for the decode pool of a closed loop): within a GPU budget the split
+    with the best estimated rate per GPU (``None``: no split fits), else the fewest that
+    carry the target."""
+    if space.gpus is None:
+        x = _replicas_for(space, rp if not space.closed_loop else math.inf) or 1
+        return x, _replicas_for(space, rd)
+    best: tuple[float, int, int] | None = None
+    for x in range(1, space.gpus // prefill_gpus + 1):
+        room = space.gpus - x * prefill_gpus
+        y = room // decode_gpus
+        if y < 1:
+            break
+        # Fewest decode replicas that keep up with x prefill replicas.
+        need = math.ceil(x * rp / rd) if not space.closed_loop else y
+        y = max(1, min(y, need))
+        rate = min(x * rp, y * rd) if not space.closed_loop else y * rd
+        per_gpu = rate / (x * prefill_gpus + y * decode_gpus)
+        if best is None or per_gpu > best[0]:
+            best = (per_gpu, x, y)
+    return None if best is None else (best[1], best[2])
 
 
 def _mtp_candidates(space: Space, model: Any, agg: Sequence[Candidate]) -> list[Candidate]:

@@ -89,8 +89,8 @@ def rows(rec: Recommendation) -> list[dict[str, Any]]:
             row["binding"] = verdict.binding
             row["verified_requests"] = verdict.num_requests
             row["note"] = verdict.note(rec.ask.margin)
-            if recommended:
-                row.update(_details(rec, rec.points.index((sim, verdict))))
+            if recommended:  # group is rec.points: rank - 1 is the point's index
+                row.update(_details(rec, rank - 1))
             out.append(row)
     return out
 

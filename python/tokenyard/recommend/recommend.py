@@ -178,6 +178,23 @@ class Ask:
         )
         return SLO("recommend", bounds), note
 
+    def space(self, isl: float, osl: float) -> Space:
+        """What the candidates are built for, on a load of these mean lengths; the
+        estimate checks the TTFT and TPOT bounds (the last given of each)."""
+        bound = {k.split("_")[0]: v for k, v in self.slo.items()}
+        return Space(
+            isl=isl,
+            osl=osl,
+            ttft_s=bound.get("ttft"),
+            tpot_s=bound.get("tpot"),
+            gpus=self.gpus,
+            target=self.target,
+            closed_loop=self.closed_loop,
+            margin=self.margin,
+            disaggregated=self.disaggregated,
+            mtp_acceptance=self.mtp_acceptance,
+        )
+
     def whole_workload(self) -> dict[str, Any]:
         workload = dict(self.workload)
         if self.concurrency is not None:
@@ -527,19 +544,7 @@ def recommend(
     ask, limit_note = _request_limit(ask)
     notes += [limit_note] if limit_note else []
     isl, osl = _load_stats(ask)
-    bound = {k.split("_")[0]: v for k, v in ask.slo.items()}
-    space = Space(
-        isl=isl,
-        osl=osl,
-        ttft_s=bound.get("ttft"),
-        tpot_s=bound.get("tpot"),
-        gpus=ask.gpus,
-        target=ask.target,
-        closed_loop=ask.closed_loop,
-        margin=ask.margin,
-        disaggregated=ask.disaggregated,
-        mtp_acceptance=ask.mtp_acceptance,
-    )
+    space = ask.space(isl, osl)
     if ask.disaggregated and ask.framework != "vllm":
         notes.append(
             "P/D not searched: the simulator's disaggregated pools run vllm_v1 replicas "

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_recommend import LINEAR  # TP buys nothing, a prefill token a tenth of a decode one
 
 from tokenyard.cli import main
 from tokenyard.recommend.frontier import frontier_rows
@@ -18,17 +19,6 @@ from tokenyard.recommend.table import rows, write_outputs
 from tokenyard.search.capacity import DECODE_TOKENS_KEY
 
 pytest.importorskip("matplotlib")
-
-#: TP buys nothing, a prefill token costs a tenth of a decode token (test_recommend.py's).
-LINEAR = {
-    "model": "linear",
-    "constant_s": 0.020,
-    "per_prefill_token_s": 5e-5,
-    "per_decode_token_s": 5e-4,
-    "per_decode_context_token_s": 0.0,
-    "per_prefill_context_token_s": 0.0,
-    "cpu_overhead_s": 0.002,
-}
 
 
 @pytest.fixture(scope="module")

@@ -9,20 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_recommend import LINEAR  # TP buys nothing: the small, fast step model
 
 from tokenyard.recommend.recommend import Ask, point_config, recommend
 from tokenyard.search.capacity import run_probe
 from tokenyard.search.executors import SerialExecutor
-
-LINEAR = {
-    "model": "linear",
-    "constant_s": 0.020,
-    "per_prefill_token_s": 5e-5,
-    "per_decode_token_s": 5e-4,
-    "per_decode_context_token_s": 0.0,
-    "per_prefill_context_token_s": 0.0,
-    "cpu_overhead_s": 0.002,
-}
 
 
 class Counting(SerialExecutor):

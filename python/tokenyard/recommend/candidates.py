@@ -341,20 +341,21 @@ def _agg_candidates(space: Space, priced: Sequence[_Priced]) -> list[Candidate]:
         if space.gpus is not None and space.gpus % p.layout.gpus:
             continue
         mine = []
+        estimates: dict[int, est.Estimate] = {}
         for budget in CHUNK_SIZES:
             e = _aggregated(space, p, budget)
             if e is None:
                 continue
+            estimates[budget] = e
             cap = min(2 * e.batch_size, budget)
             for seqs in dict.fromkeys((e.batch_size, cap)):
                 mine.append(_agg_candidate(space, p, budget, seqs, e))
         if p.defaults is not None and mine:
-            seqs, budget = p.defaults
-            e = _aggregated(space, p, budget)
+            seqs, budget = p.defaults  # vLLM's default budgets are among CHUNK_SIZES
+            e = estimates.get(budget)
             if e is None:  # the layout's best budget prices it
                 best = max(mine, key=lambda c: c.estimate["tokens_per_s_per_gpu"])
-                e = _aggregated(space, p, best.max_num_batched_tokens)
-            assert e is not None  # priced above
+                e = estimates[best.max_num_batched_tokens]
             mine.append(_agg_candidate(space, p, budget, seqs, e, default_caps=True))
         out.extend(mine)
     return out

@@ -175,7 +175,10 @@ def test_table_has_the_asked_percentiles_and_target(small: Any) -> None:
     assert first[f"headroom_{first['binding']}"] == min(
         first["headroom_ttft_p90_s"], first["headroom_tpot_p90_s"]
     )
-    assert first["tokens_per_s_per_gpu"] == pytest.approx(first["target_qps"] * 50 / 2)
+    # What the run served (its Poisson draw and drain included), near the rate x 50 tokens
+    served = small.points[0][1].metrics["decode_tokens_per_s"] / 2
+    assert first["tokens_per_s_per_gpu"] == pytest.approx(served)
+    assert first["tokens_per_s_per_gpu"] == pytest.approx(first["target_qps"] * 50 / 2, rel=0.05)
     text = format_table(small, table)
     assert "TP1 x2" in text
     assert "best aggregated" in text
@@ -262,18 +265,40 @@ def test_a_point_the_whole_trace_breaks_is_not_recommended(tmp_path: Path) -> No
     assert all(r["recommended"] == (r["note"] == "" or "stepped" in r["note"]) for r in table)
 
 
+def test_tokens_per_gpu_come_from_the_whole_load_run(tmp_path: Path) -> None:
+    """The sample (the first 300 requests) has 10 output tokens each, the whole trace
+    mostly 100: a point's output tokens/s per GPU is what its whole-load run served, not
+    its rate x the sample's mean output (about 8x too low here)."""
+    lines = ["arrived_at,num_prefill_tokens,num_decode_tokens"]
+    for i in range(1500):
+        lines.append(f"{i * 0.1:.3f},200,{10 if i < 300 else 100}")
+    trace = tmp_path / "trace.csv"
+    trace.write_text("\n".join(lines) + "\n")
+    ask = _ask(
+        workload={"kind": "trace", "format": "vidur", "path": str(trace)},
+        slo={"e2e_p90_s": 5.0},
+        sample=300,
+        show=1,
+    )
+    result = recommend(ask, executor="serial")
+    assert result.points
+    assert result.mean_osl == pytest.approx(10.0)
+    for r, (sim, verdict) in zip(rows(result), result.points, strict=False):
+        served = verdict.metrics["decode_tokens_per_s"] / sim.candidate.gpus
+        assert r["tokens_per_s_per_gpu"] == pytest.approx(served)
+        assert served > 5 * verdict.rate * result.mean_osl / sim.candidate.gpus
+
+
 def test_stale_outputs_are_replaced(small: Any, tmp_path: Path) -> None:
     out = tmp_path / "rec"
     write_outputs(small, rows(small), out, "first")
     first = sorted(p.name for p in (out / "launch").iterdir())
-    assert len(first) == 2 * len(small.points)
+    # vLLM's scheduler was simulated: only vLLM launch lines, none for an unverified engine
+    assert first == [f"agg-{i}.vllm.sh" for i in range(1, len(small.points) + 1)]
     (out / "launch" / "agg-9.vllm.sh").write_text("stale")
     one = dataclasses.replace(small, points=small.points[:1], summaries=small.summaries[:1])
     write_outputs(one, rows(one), out, "second")
-    assert sorted(p.name for p in (out / "launch").iterdir()) == [
-        "agg-1.sglang.sh",
-        "agg-1.vllm.sh",
-    ]
+    assert sorted(p.name for p in (out / "launch").iterdir()) == ["agg-1.vllm.sh"]
     assert sorted(p.name for p in (out / "configs").iterdir()) == ["agg-1.toml"]
     assert (out / "summary.txt").read_text() == "second\n"
     assert "tensor_parallel_size = 1" in (out / "configs" / "agg-1.toml").read_text()
@@ -299,6 +324,35 @@ def test_stale_outputs_are_replaced(small: Any, tmp_path: Path) -> None:
         (["--gpus", "2", "--isl", "100", "--osl", "10"], "--slo"),
         (["--gpus", "2", "--isl", "100", "--osl", "10", "--slo", "ttft_p95=1"], "--slo"),
         (["--gpus", "0", "--isl", "100", "--osl", "10", "--ttft", "1"], "--gpus"),
+        # Flags that would change nothing are refused, not ignored.
+        (["--gpus", "2", "--workload", "w.toml", "--requests", "99", "--ttft", "1"], "--requests"),
+        (
+            ["--gpus", "2", "--isl", "9", "--osl", "9", "--trace-format", "azure", "--ttft", "1"],
+            "--trace-format",
+        ),
+        (
+            [
+                "--gpus",
+                "2",
+                "--isl",
+                "9",
+                "--osl",
+                "9",
+                "--slo",
+                "ttft_p99=1",
+                "--percentile",
+                "50",
+            ],
+            "--percentile",
+        ),
+        (
+            ["--gpus", "2", "--isl", "9", "--osl", "9", "--ttft", "1", "--mtp-acceptance", "0.7"],
+            "--mtp-acceptance",
+        ),
+        (
+            ["--gpus", "2", "--isl", "9", "--osl", "9", "--ttft", "1", "--workers", "2", "--ray"],
+            "--workers",
+        ),
     ],
 )
 def test_cli_errors_name_the_flag(
@@ -530,3 +584,24 @@ def test_vllm_default_caps_are_simulated_and_win_where_better(
     assert sim.candidate.default_caps
     estimated = [s for s in by_shape[sim.candidate.shape] if not s.candidate.default_caps]
     assert sim.capacity > 1.2 * max(s.capacity for s in estimated)
+
+
+def test_a_users_scheduler_table_is_kept(small: Any) -> None:
+    """``replica.scheduler`` settings survive ``Ask.base`` (only the policy is the
+    framework's), a user's ``max_request_tokens`` among them: recommend plans for it and
+    adds no limit of its own."""
+    from tokenyard.recommend.recommend import _request_limit
+
+    user = {"max_request_tokens": 2048, "vllm_v1": {"enable_prefix_caching": False}}
+    ask = _ask(replica={"scheduler": user})
+    scheduler = ask.base(ask.sample_workload())["replica"]["scheduler"]
+    assert scheduler == {**user, "policy": "vllm_v1"}
+    limited, note = _request_limit(ask)
+    assert note is None
+    config = config_from_mapping(limited.base(limited.sample_workload()))
+    assert config.replica.scheduler.max_request_tokens == 2048
+    assert config.replica.scheduler.vllm_v1.enable_prefix_caching is False
+    # The candidates set their caps on top of the user's table, not instead of it.
+    candidate = small.points[0][0].candidate
+    doc = candidate.simulation(limited.base(limited.sample_workload()), "vllm_v1")
+    assert config_from_mapping(doc).replica.scheduler.max_request_tokens == 2048

@@ -23,6 +23,10 @@ __all__ = [
     "slo_bounds",
 ]
 
+#: Synthetic requests verified when --requests is not given.
+DEFAULT_REQUESTS = 4000
+
+
 EPILOG = """\
 Lengths (--isl/--osl): 4000 (fixed), lognormal:median=4000,sigma=0.5, uniform:low=100,high=8000,
 zipf:low=16,high=1024,theta=1.1. SLOs: --ttft/--tpot/--e2e seconds at --percentile (p90 by
@@ -59,10 +63,16 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     load.add_argument("--isl", metavar="DIST", help="prompt tokens: N or KIND:k=v,...")
     load.add_argument("--osl", metavar="DIST", help="output tokens: N or KIND:k=v,...")
     load.add_argument(
-        "--requests", type=int, default=4000, help="synthetic requests verified (default 4000)"
+        "--requests",
+        type=int,
+        help=f"synthetic requests verified (with --isl/--osl; default {DEFAULT_REQUESTS})",
     )
     load.add_argument("--trace", metavar="FILE", help="a request trace (the whole is verified)")
-    load.add_argument("--trace-format", choices=("vidur", "mooncake", "azure"), default="vidur")
+    load.add_argument(
+        "--trace-format",
+        choices=("vidur", "mooncake", "azure"),
+        help="the format of --trace (default vidur)",
+    )
     load.add_argument("--workload", metavar="FILE", help="a [workload] table (TOML/YAML/JSON)")
     load.add_argument(
         "--sample",
@@ -76,7 +86,6 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     slo.add_argument("--e2e", type=float, help="end-to-end latency bound")
     slo.add_argument(
         "--percentile",
-        default="90",
         help="the statistic of --ttft/--tpot/--e2e: 50, 90, 99, mean or max (default 90)",
     )
     slo.add_argument(
@@ -191,7 +200,14 @@ def slo_bounds(args: argparse.Namespace) -> dict[str, float]:
     Raises:
         ConfigError: a bad percentile or ``--slo`` entry (the key checked later).
     """
-    stat = str(args.percentile).strip().lower()
+    if args.percentile is not None and all(v is None for v in (args.ttft, args.tpot, args.e2e)):
+        raise ConfigError(
+            "--percentile: applies to --ttft/--tpot/--e2e, none given (--slo names its own "
+            "statistic, e.g. ttft_p99=2.0)",
+            field="--percentile",
+            value=repr(args.percentile),
+        )
+    stat = str("90" if args.percentile is None else args.percentile).strip().lower()
     stat = {"50": "p50", "90": "p90", "99": "p99"}.get(stat, stat)
     if stat not in ("p50", "p90", "p99", "mean", "max"):
         raise ConfigError(
@@ -230,24 +246,38 @@ def _workload(args: argparse.Namespace) -> dict[str, Any]:
             f"--isl/--osl, --trace, --workload: give exactly one load, got {given or 'none'}",
             field="--isl",
         )
+    if args.requests is not None and not (args.isl or args.osl):
+        raise ConfigError(
+            f"--requests: sizes a synthetic --isl/--osl load; {given[0]} sets its own",
+            field="--requests",
+            value=str(args.requests),
+        )
+    if args.trace_format is not None and not args.trace:
+        raise ConfigError(
+            "--trace-format: applies to --trace only",
+            field="--trace-format",
+            value=repr(args.trace_format),
+        )
     if args.trace:
         path = Path(args.trace)
         if not path.is_file():
             raise ConfigError(f"--trace: no file {path}", field="--trace", value=str(path))
-        return {"kind": "trace", "format": args.trace_format, "path": str(path.absolute())}
+        fmt = args.trace_format or "vidur"
+        return {"kind": "trace", "format": fmt, "path": str(path.absolute())}
     if args.workload:
         return _workload_file(Path(args.workload))
     if not (args.isl and args.osl):
         raise ConfigError("--isl/--osl: give both", field="--isl" if not args.isl else "--osl")
-    if args.requests < 10:
+    requests = DEFAULT_REQUESTS if args.requests is None else args.requests
+    if requests < 10:
         raise ConfigError(
-            f"--requests: must be at least 10, got {args.requests}",
+            f"--requests: must be at least 10, got {requests}",
             field="--requests",
-            value=str(args.requests),
+            value=str(requests),
         )
     return {
         "kind": "synthetic",
-        "num_requests": args.requests,
+        "num_requests": requests,
         "seed": args.seed,
         "arrival": {"kind": "poisson", "qps": 1.0},
         "prompt_tokens": length_distribution(args.isl, "--isl"),
@@ -283,6 +313,12 @@ def run_command(args: argparse.Namespace) -> int:
         if args.kv_cache_dtype:
             replica["kv_cache_dtype"] = args.kv_cache_dtype
         plots = plot_formats(args)
+        if args.workers is not None and args.ray:
+            raise ConfigError(
+                "--workers: sets local worker processes; --ray runs on the Ray cluster's",
+                field="--workers",
+                value=str(args.workers),
+            )
         written: list[str] = []
         ask = Ask(
             model=args.model,

@@ -28,7 +28,7 @@ from tokenyard._checks import check_key_int
 from tokenyard.errors import ConfigError
 from tokenyard.recommend.candidates import Candidate, Space, enumerate_candidates
 from tokenyard.recommend.verify import Verdict, verify_points
-from tokenyard.search.capacity import CapacityResult
+from tokenyard.search.capacity import DECODE_TOKENS_KEY, CapacityResult
 from tokenyard.search.config import SLO, SearchParams, check_slo_key
 from tokenyard.search.driver import PointJob, run_jobs
 from tokenyard.search.executors import Executor, make_executor
@@ -221,7 +221,8 @@ class Ask:
 
     def base(self, workload: Mapping[str, Any]) -> dict[str, Any]:
         """The simulation document without a layout."""
-        scheduler: dict[str, Any] = {"policy": self.policy}
+        # The user's scheduler table (caps, limits) stays; the policy is the framework's.
+        scheduler: dict[str, Any] = {**(self.replica.get("scheduler") or {}), "policy": self.policy}
         if self.max_request_tokens is not None:
             scheduler["max_request_tokens"] = self.max_request_tokens
         replica = {**self.replica, "model": self.model, "scheduler": scheduler}
@@ -309,6 +310,26 @@ def _stats(workload: Mapping[str, Any]) -> Any:
     return summarize(load_workload(doc["workload"]))
 
 
+def _model(ask: Ask) -> Any:
+    """The catalog entry of ``ask.model``."""
+    from tokenyard.simulation.catalog import catalog_for
+    from tokenyard.simulation.config import config_from_mapping
+
+    config = config_from_mapping(ask.base(ask.sample_workload()))
+    return catalog_for(config).model(config.model_name(), field="--model")
+
+
+def _check_mtp(ask: Ask) -> None:
+    """Raises ConfigError when an MTP acceptance rate is given for a model without an MTP
+    module (no speculative variant could use it: a setting that changes nothing)."""
+    if ask.mtp_acceptance is not None and not getattr(_model(ask), "num_mtp_layers", 0):
+        raise ConfigError(
+            f"--mtp-acceptance: {ask.model} ships no MTP module, so no MTP variant is tried",
+            field="--mtp-acceptance",
+            value=repr(ask.mtp_acceptance),
+        )
+
+
 #: ``max_request_tokens`` is the load's longest request rounded up to this.
 REQUEST_TOKENS_STEP = 1024
 
@@ -317,17 +338,13 @@ def _request_limit(ask: Ask) -> tuple[Ask, str | None]:
     """``ask`` with ``max_request_tokens`` at the whole load's longest request (rounded up
     to ``REQUEST_TOKENS_STEP``, at most the model's context), and the note saying so;
     unchanged when the user set it in ``replica.scheduler``."""
-    from tokenyard.simulation.catalog import catalog_for
-    from tokenyard.simulation.config import config_from_mapping
-
     scheduler = ask.replica.get("scheduler") or {}
     if ask.max_request_tokens is not None or "max_request_tokens" in scheduler:
         return ask, None
     stats = _stats(ask.whole_workload())
     longest = stats.max_prefill_tokens + stats.max_decode_tokens
     limit = -(-longest // REQUEST_TOKENS_STEP) * REQUEST_TOKENS_STEP
-    config = config_from_mapping(ask.base(ask.sample_workload()))
-    context = catalog_for(config).model(config.model_name(), field="--model").context_length
+    context = _model(ask).context_length
     if limit >= context:
         return ask, None
     return dataclasses.replace(ask, max_request_tokens=limit), (
@@ -513,12 +530,11 @@ def _usable(sim: Simulated, ask: Ask) -> float:
     return float(max(1, math.floor(usable))) if ask.closed_loop else usable
 
 
-def tokens_per_s_per_gpu(sim: Simulated, verdict: Verdict, osl: float) -> float:
-    """Output tokens/s per GPU at the verified rate: the rate x mean output tokens (what
-    was served: a run that held its SLOs kept up), or, under closed loop, the simulated
-    completions/s x mean output tokens."""
-    served = verdict.requests_per_s if verdict.closed_loop else verdict.rate
-    return served * osl / sim.candidate.gpus
+def tokens_per_s_per_gpu(sim: Simulated, verdict: Verdict) -> float:
+    """Output tokens/s per GPU at the verified rate: the whole-load run's own output
+    tokens/s (its summary's ``throughput.decode_tokens_per_s``) over the point's GPUs, not
+    the searched sample's mean output length (a sample need not look like the whole)."""
+    return verdict.metrics.get(DECODE_TOKENS_KEY, 0.0) / sim.candidate.gpus
 
 
 def recommend(
@@ -541,6 +557,7 @@ def recommend(
     devices = list(dict.fromkeys(resolve_device(s) for s in ask.systems))
     slo, guard_note = ask.slo_set()
     notes = [guard_note] if guard_note else []
+    _check_mtp(ask)
     ask, limit_note = _request_limit(ask)
     notes += [limit_note] if limit_note else []
     isl, osl = _load_stats(ask)
@@ -657,7 +674,7 @@ def _verify(
             (held if verdict.held else rejected)[kind].append((s, verdict))
     out: list[tuple[Simulated, Verdict]] = []
     for mine in held.values():
-        out += sorted(mine, key=lambda p: -tokens_per_s_per_gpu(p[0], p[1], osl))
+        out += sorted(mine, key=lambda p: -tokens_per_s_per_gpu(p[0], p[1]))
     return out, [p for kind in rejected for p in rejected[kind]]
 
 

@@ -62,7 +62,7 @@ def rows(rec: Recommendation) -> list[dict[str, Any]]:
     for recommended, group in ((True, rec.points), (False, rec.rejected)):
         for rank, (sim, verdict) in enumerate(group, 1):
             c = sim.candidate
-            tps = tokens_per_s_per_gpu(sim, verdict, rec.mean_osl) if verdict.held else 0.0
+            tps = tokens_per_s_per_gpu(sim, verdict) if verdict.held else 0.0
             tpot = verdict.metrics.get("tpot_p50_s", math.nan)
             row: dict[str, Any] = {
                 "recommended": recommended,
@@ -264,16 +264,18 @@ def why_short(rec: Recommendation, sim: Simulated) -> str:
 
 
 def best_commands(rec: Recommendation, sim: Simulated, verdict: Verdict) -> dict[str, str]:
-    """The launch script per framework and the tokenyard config of one point."""
+    """The tokenyard config of one point and the launch script of the framework it was
+    simulated under (``--framework``): a line for the other engine would run a scheduler
+    the point was never verified with, so none is written."""
     from tokenyard.recommend import launch
 
     config = _config(rec, sim, verdict)
+    framework = rec.ask.framework
     out = {"config": launch.config_toml(config)}
-    for framework in ("vllm", "sglang"):
-        try:
-            out[framework] = launch.launch_script(config, framework)
-        except Exception as error:  # a layout one engine cannot launch
-            out[framework] = f"# {framework}: {error}"
+    try:
+        out[framework] = launch.launch_script(config, framework)
+    except Exception as error:  # a layout the engine cannot launch
+        out[framework] = f"# {framework}: {error}"
     return out
 
 
@@ -315,8 +317,8 @@ def write_outputs(
         for kind_rank, (sim, verdict) in _named(rec):
             commands = best_commands(rec, sim, verdict)
             (stage / "configs" / f"{kind_rank}.toml").write_text(commands["config"])
-            for framework in ("vllm", "sglang"):
-                (stage / "launch" / f"{kind_rank}.{framework}.sh").write_text(commands[framework])
+            fw = rec.ask.framework  # only the engine whose scheduler was simulated
+            (stage / "launch" / f"{kind_rank}.{fw}.sh").write_text(commands[fw])
         (stage / "recommend.json").write_text(
             json.dumps(_summary(rec, table), indent=2, default=str) + "\n"
         )

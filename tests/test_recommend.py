@@ -605,3 +605,7 @@ def test_a_users_scheduler_table_is_kept(small: Any) -> None:
     candidate = small.points[0][0].candidate
     doc = candidate.simulation(limited.base(limited.sample_workload()), "vllm_v1")
     assert config_from_mapping(doc).replica.scheduler.max_request_tokens == 2048
+    # vLLM's max_model_len is a user's limit too (it wins over max_request_tokens there)
+    own = _ask(replica={"scheduler": {"vllm_v1": {"max_model_len": 4096}}})
+    assert _request_limit(own)[1] is None
+    assert _request_limit(_ask())[1] is not None  # no limit given: recommend sets one

@@ -337,9 +337,14 @@ REQUEST_TOKENS_STEP = 1024
 def _request_limit(ask: Ask) -> tuple[Ask, str | None]:
     """``ask`` with ``max_request_tokens`` at the whole load's longest request (rounded up
     to ``REQUEST_TOKENS_STEP``, at most the model's context), and the note saying so;
-    unchanged when the user set it in ``replica.scheduler``."""
+    unchanged when the user set a limit (``replica.scheduler.max_request_tokens``, or
+    ``vllm_v1.max_model_len`` under vLLM): ``Ask.base`` keeps the user's table."""
     scheduler = ask.replica.get("scheduler") or {}
-    if ask.max_request_tokens is not None or "max_request_tokens" in scheduler:
+    # vLLM's own max_model_len takes precedence over max_request_tokens under vllm_v1
+    # (SchedulerConfig.request_limit): a user's setting of either is the limit.
+    max_model_len = (scheduler.get("vllm_v1") or {}).get("max_model_len")
+    given = ask.policy == "vllm_v1" and bool(max_model_len)
+    if ask.max_request_tokens is not None or "max_request_tokens" in scheduler or given:
         return ask, None
     stats = _stats(ask.whole_workload())
     longest = stats.max_prefill_tokens + stats.max_decode_tokens

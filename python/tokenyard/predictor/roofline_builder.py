@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING
 
 from tokenyard.catalog import DeviceSpec, ModelSpec
 from tokenyard.errors import ConfigError
@@ -18,9 +17,7 @@ from tokenyard.predictor.calibration import (
     curve_value,
 )
 from tokenyard.predictor.compiled import CompiledOp, RooflineCost, TableCost
-
-if TYPE_CHECKING:
-    from tokenyard.predictor.roofline import Efficiencies
+from tokenyard.predictor.efficiencies import Efficiencies
 
 
 @dataclasses.dataclass(frozen=True)

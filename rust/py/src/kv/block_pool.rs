@@ -5,7 +5,7 @@ use tokenyard_core::kv::{
     hash_full_blocks,
 };
 
-use super::{AllocateArgs, block_ref_count, of_request, on_request};
+use super::{allocate_slots, block_ref_count, has_request, of_request, on_request};
 use crate::convert::{
     RequestId, count_arg, non_negative_field, positive_field, token_ids as read_token_ids,
 };
@@ -222,21 +222,24 @@ impl PyBlockPool {
         new_computed_blocks: Option<PyRef<'py, PyComputedBlocks>>,
         extra_key: Option<u64>,
     ) -> PyResult<Option<Bound<'py, PyArray1<BlockId>>>> {
-        let py = request_id.py();
-        let args = AllocateArgs::read(request_id, num_new_tokens, num_lookahead_tokens, token_ids)?;
         let hit = new_computed_blocks.as_ref().map(|h| &h.inner);
-        let blocks = self
-            .inner
-            .allocate_slots(
-                &args.request_id,
-                &args.token_ids,
-                args.num_new_tokens,
-                args.num_lookahead_tokens,
-                hit,
-                extra_key,
-            )
-            .or_raise(py)?;
-        Ok(blocks.map(|ids| block_array(py, ids)))
+        let blocks = allocate_slots(
+            request_id,
+            num_new_tokens,
+            num_lookahead_tokens,
+            token_ids,
+            |id, tokens, num_new_tokens, num_lookahead_tokens| {
+                self.inner.allocate_slots(
+                    id,
+                    tokens,
+                    num_new_tokens,
+                    num_lookahead_tokens,
+                    hit,
+                    extra_key,
+                )
+            },
+        )?;
+        Ok(blocks.map(|ids| block_array(request_id.py(), ids)))
     }
 
     #[pyo3(signature = (request_id, num_external_tokens, *, token_ids, new_computed_blocks = None, extra_key = None))]
@@ -296,10 +299,7 @@ impl PyBlockPool {
     }
 
     fn __contains__(&self, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {
-        Ok(self
-            .inner
-            .block_ids(&RequestId::from_py(request_id)?)
-            .is_some())
+        has_request(request_id, |id| self.inner.block_ids(id).is_some())
     }
 
     fn __len__(&self) -> usize {

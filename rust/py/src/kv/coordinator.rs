@@ -6,7 +6,7 @@ use tokenyard_core::kv::{
 };
 
 use super::block_pool::PyBlockPoolStats;
-use super::{AllocateArgs, block_ref_count, of_request, on_request};
+use super::{allocate_slots, block_ref_count, has_request, of_request, on_request};
 use crate::convert::{RequestId, positive_field, short_repr, token_ids as read_token_ids};
 use crate::errors::{OrRaise, config_error, invariants};
 
@@ -309,21 +309,25 @@ impl PyKvCoordinator {
         new_computed_blocks: Option<PyRef<'py, PyGroupedComputedBlocks>>,
         extra_key: Option<u64>,
     ) -> PyResult<Option<Bound<'py, PyTuple>>> {
-        let py = request_id.py();
-        let args = AllocateArgs::read(request_id, num_new_tokens, num_lookahead_tokens, token_ids)?;
         let hit = new_computed_blocks.as_ref().map(|h| &h.inner);
-        let new = self
-            .inner
-            .allocate_slots(
-                &args.request_id,
-                &args.token_ids,
-                args.num_new_tokens,
-                args.num_lookahead_tokens,
-                hit,
-                extra_key,
-            )
-            .or_raise(py)?;
-        new.map(|tables| group_arrays(py, tables)).transpose()
+        let new = allocate_slots(
+            request_id,
+            num_new_tokens,
+            num_lookahead_tokens,
+            token_ids,
+            |id, tokens, num_new_tokens, num_lookahead_tokens| {
+                self.inner.allocate_slots(
+                    id,
+                    tokens,
+                    num_new_tokens,
+                    num_lookahead_tokens,
+                    hit,
+                    extra_key,
+                )
+            },
+        )?;
+        new.map(|tables| group_arrays(request_id.py(), tables))
+            .transpose()
     }
 
     fn cache_blocks(
@@ -359,10 +363,7 @@ impl PyKvCoordinator {
     }
 
     fn __contains__(&self, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {
-        Ok(self
-            .inner
-            .block_ids(&RequestId::from_py(request_id)?)
-            .is_some())
+        has_request(request_id, |id| self.inner.block_ids(id).is_some())
     }
 
     fn __len__(&self) -> usize {

@@ -2,6 +2,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use tokenyard_core::kv::{CountingAllocator, KvCapacity};
 
+use super::has_request;
 use crate::convert::{RequestId, count_arg, positive_field};
 use crate::errors::{OrRaise, invariants};
 
@@ -92,10 +93,7 @@ impl PyCountingAllocator {
     }
 
     fn __contains__(&self, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {
-        Ok(self
-            .inner
-            .num_blocks_of(&RequestId::from_py(request_id)?)
-            .is_some())
+        has_request(request_id, |id| self.inner.num_blocks_of(id).is_some())
     }
 
     fn __len__(&self) -> usize {

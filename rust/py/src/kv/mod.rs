@@ -30,33 +30,25 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-/// The arguments `BlockPool.allocate_slots` and `KvCoordinator.allocate_slots` share,
-/// converted (a missing `token_ids` is none).
-struct AllocateArgs {
-    request_id: RequestId,
-    num_new_tokens: usize,
-    num_lookahead_tokens: usize,
-    token_ids: Vec<TokenId>,
-}
-
-impl AllocateArgs {
-    fn read(
-        request_id: &Bound<'_, PyAny>,
-        num_new_tokens: i64,
-        num_lookahead_tokens: i64,
-        token_ids: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Self> {
-        let py = request_id.py();
-        Ok(Self {
-            request_id: RequestId::from_py(request_id)?,
-            num_new_tokens: count_arg(py, "num_new_tokens", num_new_tokens, 1)?,
-            num_lookahead_tokens: count_arg(py, "num_lookahead_tokens", num_lookahead_tokens, 0)?,
-            token_ids: match token_ids {
-                Some(obj) => read_token_ids(obj, "token_ids")?,
-                None => Vec::new(),
-            },
-        })
-    }
+/// `allocate_slots` of `BlockPool` and `KvCoordinator`: converts the arguments they share
+/// (a missing `token_ids` is none) and runs `allocate(request_id, token_ids,
+/// num_new_tokens, num_lookahead_tokens)` on them, raising its error.
+fn allocate_slots<T>(
+    request_id: &Bound<'_, PyAny>,
+    num_new_tokens: i64,
+    num_lookahead_tokens: i64,
+    token_ids: Option<&Bound<'_, PyAny>>,
+    allocate: impl FnOnce(&RequestId, &[TokenId], usize, usize) -> tokenyard_core::Result<T>,
+) -> PyResult<T> {
+    let py = request_id.py();
+    let id = RequestId::from_py(request_id)?;
+    let num_new_tokens = count_arg(py, "num_new_tokens", num_new_tokens, 1)?;
+    let num_lookahead_tokens = count_arg(py, "num_lookahead_tokens", num_lookahead_tokens, 0)?;
+    let token_ids = match token_ids {
+        Some(obj) => read_token_ids(obj, "token_ids")?,
+        None => Vec::new(),
+    };
+    allocate(&id, &token_ids, num_new_tokens, num_lookahead_tokens).or_raise(py)
 }
 
 /// Runs a core operation on the request `request_id` names, raising its error.
@@ -75,6 +67,14 @@ fn of_request<T>(
 ) -> PyResult<T> {
     let id = RequestId::from_py(request_id)?;
     get(&id).ok_or_else(|| unknown_request(request_id.py(), &id))
+}
+
+/// `__contains__`: whether `known` knows the request `request_id` names.
+fn has_request(
+    request_id: &Bound<'_, PyAny>,
+    known: impl FnOnce(&RequestId) -> bool,
+) -> PyResult<bool> {
+    Ok(known(&RequestId::from_py(request_id)?))
 }
 
 /// The ref count `ref_count` gives the block `block_id`; an `InputError` past the pool.

@@ -2,7 +2,7 @@
 its columns (which one holds the arrival time, in which unit; the prompt and output lengths;
 optionally prefix hash ids) and optional row filters.
 
-It is one more reader of ``traces.py``'s pipeline (offset, limit, ``zero_output``, shift
+It is one more reader of ``trace_pipeline.py``'s pipeline (offset, limit, ``zero_output``, shift
 to 0, scale, chunks; ``TraceError`` naming path, line and column). Rows a filter rejects
 are as if absent, except that their gaps still add up when the time column holds gaps.
 """

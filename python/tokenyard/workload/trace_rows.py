@@ -1,4 +1,4 @@
-"""Column batches of trace rows: what the readers' fast paths (``traces.py``) hand their
+"""Column batches of trace rows: what the readers' fast paths (``trace_pipeline.py``) hand their
 numpy pipeline, and the exception that sends them back to the row-by-row reader."""
 
 from __future__ import annotations

@@ -167,7 +167,7 @@ def plain_rows(batches: Iterator[CsvBatch]) -> Iterator[Rows]:
         yield batch.rows(batch.times)
 
 
-#: ``traces._DATETIME`` with named groups, for pyarrow (RE2: its ``\\d`` and ``\\s`` are
+#: ``trace_parse._DATETIME`` with named groups, for pyarrow (RE2: its ``\\d`` and ``\\s`` are
 #: ASCII, a subset of Python's, so it matches a subset of what the row reader matches).
 _DATETIME = (
     r"^\s*(?P<y>\d{4})-(?P<m>\d{2})-(?P<d>\d{2})[T ](?P<H>\d{2}):(?P<M>\d{2}):(?P<S>\d{2})"

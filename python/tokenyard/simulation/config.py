@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -297,9 +298,31 @@ class MetricsConfig:
     def check(self, where: str) -> None:
         for name in ("sample_interval_s", "slo_ttft_s", "slo_tpot_s"):
             check_key_number(f"{where}.{name}", getattr(self, name), low=0, high=1e9)
-        from tokenyard.simulation.trace_events import check_trace_options
-
         check_trace_options(self, where)
+
+
+def check_trace_options(metrics: MetricsConfig, where: str) -> None:
+    """Raises ``ConfigError`` naming the key when a trace option is malformed."""
+    window = metrics.trace_window_s
+    if window:
+        if len(window) != 2 or not all(math.isfinite(v) for v in window):
+            raise fail(f"{where}.trace_window_s", f"must be [start, end], got {window!r}", window)
+        if not 0 <= window[0] < window[1]:
+            raise fail(
+                f"{where}.trace_window_s",
+                f"must have 0 <= start < end, got {list(window)!r}",
+                window,
+            )
+    requests = metrics.trace_requests
+    if requests and (len(requests) != 2 or not 0 <= requests[0] < requests[1]):
+        raise fail(
+            f"{where}.trace_requests",
+            f"must be [first, end) with 0 <= first < end, got {list(requests)!r}",
+            requests,
+        )
+    check_key_int(f"{where}.trace_max_events", metrics.trace_max_events, low=1, high=10**9)
+    if metrics.trace_events is not None and not metrics.trace_events:
+        raise fail(f"{where}.trace_events", "must be a file name, got ''", metrics.trace_events)
 
 
 #: Workload kinds drawn from a seed (``SimulationConfig.seeded_workload`` fills it in).

@@ -18,17 +18,14 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from tokenyard._checks import check_key_int, fail
+from tokenyard._checks import fail
 from tokenyard._output import write_text
-from tokenyard.simulation.config import MetricsConfig
+from tokenyard.simulation.config import MetricsConfig, check_trace_options
 from tokenyard.simulation.disagg_config import decode_schedulers
-
-if TYPE_CHECKING:
-    from tokenyard.simulation.results import SimulationResult
 
 __all__ = [
     "DEFAULT_MAX_EVENTS",
@@ -45,6 +42,16 @@ REQUESTS_TID = 1000
 CLUSTER_PID = 0
 
 
+class _Result(Protocol):
+    """What a trace reads of a ``SimulationResult`` (``results.py``, which writes its trace
+    through this module): the summary, request table, replica samples and stages."""
+
+    summary: dict[str, Any]
+    columns: dict[str, np.ndarray]
+    samples: dict[str, np.ndarray]
+    stages: dict[str, np.ndarray] | None
+
+
 @dataclasses.dataclass(frozen=True)
 class TraceInfo:
     """What a trace holds: its slices and instant events (``num_events``, metadata events
@@ -58,30 +65,6 @@ class TraceInfo:
     kv_exact: bool
 
 
-def check_trace_options(metrics: MetricsConfig, where: str) -> None:
-    """Raises ``ConfigError`` naming the key when a trace option is malformed."""
-    window = metrics.trace_window_s
-    if window:
-        if len(window) != 2 or not all(math.isfinite(v) for v in window):
-            raise fail(f"{where}.trace_window_s", f"must be [start, end], got {window!r}", window)
-        if not 0 <= window[0] < window[1]:
-            raise fail(
-                f"{where}.trace_window_s",
-                f"must have 0 <= start < end, got {list(window)!r}",
-                window,
-            )
-    requests = metrics.trace_requests
-    if requests and (len(requests) != 2 or not 0 <= requests[0] < requests[1]):
-        raise fail(
-            f"{where}.trace_requests",
-            f"must be [first, end) with 0 <= first < end, got {list(requests)!r}",
-            requests,
-        )
-    check_key_int(f"{where}.trace_max_events", metrics.trace_max_events, low=1, high=10**9)
-    if metrics.trace_events is not None and not metrics.trace_events:
-        raise fail(f"{where}.trace_events", "must be a file name, got ''", metrics.trace_events)
-
-
 def _us(seconds: np.ndarray) -> np.ndarray:
     """Simulated seconds as microseconds, rounded to the nanosecond (a monotone map, so the
     order of the times, and a stage's end before the next start, survive it)."""
@@ -89,7 +72,7 @@ def _us(seconds: np.ndarray) -> np.ndarray:
     return rounded
 
 
-def _pools(result: SimulationResult) -> tuple[int, list[str], list[int]]:
+def _pools(result: _Result) -> tuple[int, list[str], list[int]]:
     """(replicas the core ran, each one's name, each one's KV blocks)."""
     config = result.summary["config"]
     total = len(result.summary["replicas"]["busy_fraction"])
@@ -109,7 +92,7 @@ def _pools(result: SimulationResult) -> tuple[int, list[str], list[int]]:
     return total, names, blocks
 
 
-def _batch_kv(result: SimulationResult, stages: dict[str, np.ndarray]) -> tuple[np.ndarray, bool]:
+def _batch_kv(result: _Result, stages: dict[str, np.ndarray]) -> tuple[np.ndarray, bool]:
     """Each stage record's KV use fraction at its batch's formation, and whether that is
     each batch's own sample (``metrics.sample_interval_s = 0`` samples every batch, in
     batch-id order) or else the replica's latest sample at or before the stage's start."""
@@ -135,7 +118,7 @@ def _batch_kv(result: SimulationResult, stages: dict[str, np.ndarray]) -> tuple[
 
 
 def _window(
-    result: SimulationResult, window_s: tuple[float, ...], requests: tuple[int, ...]
+    result: _Result, window_s: tuple[float, ...], requests: tuple[int, ...]
 ) -> tuple[float, float, np.ndarray]:
     """The time window and the requests whose instants are shown: the request range's
     arrivals to completions (within ``window_s`` if given too)."""
@@ -155,7 +138,7 @@ def _window(
 
 
 def trace_events(
-    result: SimulationResult,
+    result: _Result,
     *,
     window_s: tuple[float, ...] = (),
     requests: tuple[int, ...] = (),
@@ -371,7 +354,7 @@ def _metadata(total: int, names: list[str], stages: dict[str, np.ndarray]) -> li
 
 
 def write_trace_events(
-    result: SimulationResult,
+    result: _Result,
     path: str | os.PathLike[str],
     *,
     window_s: tuple[float, ...] = (),

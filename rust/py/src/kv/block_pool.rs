@@ -228,15 +228,9 @@ impl PyBlockPool {
             num_new_tokens,
             num_lookahead_tokens,
             token_ids,
-            |id, tokens, num_new_tokens, num_lookahead_tokens| {
-                self.inner.allocate_slots(
-                    id,
-                    tokens,
-                    num_new_tokens,
-                    num_lookahead_tokens,
-                    hit,
-                    extra_key,
-                )
+            |id, tokens, num_new, lookahead| {
+                self.inner
+                    .allocate_slots(id, tokens, num_new, lookahead, hit, extra_key)
             },
         )?;
         Ok(blocks.map(|ids| block_array(request_id.py(), ids)))

@@ -315,15 +315,9 @@ impl PyKvCoordinator {
             num_new_tokens,
             num_lookahead_tokens,
             token_ids,
-            |id, tokens, num_new_tokens, num_lookahead_tokens| {
-                self.inner.allocate_slots(
-                    id,
-                    tokens,
-                    num_new_tokens,
-                    num_lookahead_tokens,
-                    hit,
-                    extra_key,
-                )
+            |id, tokens, num_new, lookahead| {
+                self.inner
+                    .allocate_slots(id, tokens, num_new, lookahead, hit, extra_key)
             },
         )?;
         new.map(|tables| group_arrays(request_id.py(), tables))

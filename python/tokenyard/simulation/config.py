@@ -1,8 +1,9 @@
 """The simulation's configuration: frozen dataclasses, built from a TOML/YAML file or a
 mapping, with every unknown key and bad value reported by its full key path.
 
-The ``cluster`` and ``replica`` sections are ``cluster_config.py``'s; the others, and
-reading and overriding a whole config, are here.
+The ``cluster`` and ``replica`` sections are ``cluster_config.py``'s (``ReplicaConfig``
+defined in ``replica_config.py``); the others, and reading and overriding a whole config,
+are here.
 
 Layout (every section and key optional; see ``docs/simulate.md``)::
 

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 from tokenyard._checks import check_key_int, check_key_number, fail
 from tokenyard.simulation.kv_offload_config import KvOffloadConfig
 from tokenyard.simulation.planner import indexer_bytes_per_token_layer, kv_values_per_token_layer
+from tokenyard.simulation.replica_config import ReplicaConfig
 from tokenyard.simulation.scheduler_config import MAX_REPLICAS, ReplicaSchedulerConfig
 
 if TYPE_CHECKING:
     from tokenyard.catalog import DeviceSpec, ModelSpec
-    from tokenyard.simulation.cluster_config import ReplicaConfig
 
 __all__ = [
     "DecodePoolConfig",

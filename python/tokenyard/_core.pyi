@@ -923,6 +923,26 @@ class Scheduler:
     def group_block_ids(self, request_id: _RequestId) -> tuple[npt.NDArray[np.uint32], ...]:
         """With several KV groups, the request's block table of each group; ``()`` with one
         group. Raises UnknownRequestError."""
+    def block_ref_counts(self) -> npt.NDArray[np.uint32]:
+        """Per KV block, the requests holding it, in block-id order: the single pool's own
+        ids (vLLM's less one), or with several KV groups the coordinator's, whose block 0 is
+        vLLM's null block. Empty with ``prefix_cache="radix"``. O(blocks)."""
+    def block_hashes(self) -> list[int | None]:
+        """Per KV block, in the order of ``block_ref_counts``, the 128-bit hash it caches
+        (tokenyard's own, not vLLM's), or ``None``. O(blocks)."""
+    def free_block_ids(self) -> npt.NDArray[np.uint32]:
+        """Free KV block ids, next to be handed out first (ids as in
+        ``block_ref_counts``); cached blocks no request holds included."""
+    def kv_request_ids(self) -> list[_RequestId]:
+        """The requests holding a block table in the KV pool (finished ones whose blocks a
+        KV transfer holds included), in no order."""
+    def kv_block_tables(self, request_id: _RequestId) -> tuple[npt.NDArray[np.uint32], ...] | None:
+        """The request's block table of each KV group (one with a single group; ids as in
+        ``block_ref_counts``), a finished request's whose blocks a KV transfer holds
+        included; ``None`` if it holds none."""
+    def num_cached_blocks_of(self, request_id: _RequestId) -> list[int] | None:
+        """Per KV group, the request's leading blocks registered in the prefix cache
+        (vLLM's ``num_cached_block``); ``None`` if it holds no blocks."""
     def reset_prefix_cache(self, *, preempt_running: bool = False) -> tuple[bool, list[_RequestId]]:
         """vLLM's ``reset_prefix_cache``: forgets every cached prefix, which needs every
         block free (``prefix_cache="radix"`` never resets). With ``preempt_running`` the

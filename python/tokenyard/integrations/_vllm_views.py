@@ -1,7 +1,8 @@
 """What ``TokenyardScheduler`` (``tokenyard.integrations.vllm``) shows vLLM beside the
 scheduler itself: its connector bridge (a vLLM KV connector as a tokenyard ``KvConnector``)
-and the read-only views vLLM's callers read (``waiting``, ``kv_cache_manager`` and its
-``block_pool``). Imported only by that module, so vLLM is installed when this runs."""
+and the read-only views vLLM's callers read (``waiting``, ``kv_cache_manager``; its
+``block_pool`` and ``coordinator`` are ``_vllm_coordinator_view``'s). Imported only by that
+module, so vLLM is installed when this runs."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request
 
+from tokenyard.integrations._vllm_coordinator_view import BlockPoolView, CoordinatorView
 from tokenyard.integrations._vllm_translate import core_prompt, vllm_block_ids
 
 
@@ -22,6 +24,7 @@ class AdapterState(Protocol):
     here so that this module need not import the one that imports it)."""
 
     block_size: int
+    kv_cache_config: Any
     connector_prefix_cache_stats: PrefixCacheStats | None
     _core: Any
     _core_ids: dict[str, Any]
@@ -163,34 +166,25 @@ class _WaitingView:
         return f"WaitingView({[r.request_id for r in self._requests]})"
 
 
-class _BlockPoolView:
-    """The part of vLLM's ``BlockPool`` a caller can read here: free blocks and size."""
-
-    def __init__(self, scheduler: AdapterState) -> None:
-        self._scheduler = scheduler
-
-    @property
-    def num_gpu_blocks(self) -> int:
-        return self._scheduler._num_kv_blocks + 1
-
-    def get_num_free_blocks(self) -> int:
-        """Blocks free for allocation, cached blocks no request holds included (vLLM's
-        count; the null block is never free)."""
-        return int(self._scheduler._core.num_free_blocks)
-
-    def get_usage(self) -> float:
-        return self._scheduler.get_kv_cache_usage()
-
-
 class _KVCacheManagerView:
     """``scheduler.kv_cache_manager`` as far as tokenyard can answer it: block tables, free
-    blocks, usage, the prefix-cache stats being gathered, and the prefix-cache reset. The
-    blocks themselves (``KVCacheBlock`` objects, the free queue, the hash map, the
-    coordinator) live in Rust and are not exposed."""
+    blocks, usage, the prefix-cache stats being gathered, the prefix-cache reset, and
+    read-only views of the block pool and the coordinator (``_vllm_coordinator_view``:
+    per-block ref counts, each group's ``req_to_blocks`` and ``num_cached_block``, the null
+    block), read from the core. vLLM's hash map, keyed by vLLM's block hashes, is not
+    offered (the core hashes blocks its own way)."""
 
     def __init__(self, scheduler: AdapterState) -> None:
         self._scheduler = scheduler
-        self.block_pool = _BlockPoolView(scheduler)
+        self.kv_cache_config = scheduler.kv_cache_config
+        self.block_size = scheduler.block_size
+        self.block_pool = BlockPoolView(scheduler)
+        self.coordinator = CoordinatorView(scheduler, self.block_pool)
+        self.num_kv_cache_groups = len(scheduler.kv_cache_config.kv_cache_groups)
+
+    @property
+    def enable_caching(self) -> bool:
+        return self._scheduler._prefix_caching
 
     @property
     def usage(self) -> float:

@@ -612,6 +612,56 @@ impl PyScheduler {
         invariants(py, self.inner.check_invariants())
     }
 
+    /// Per KV block, the requests holding it, in block-id order: the single pool's own ids
+    /// (vLLM's less one), or with several KV groups the coordinator's (block 0 is vLLM's
+    /// null block). Empty for the radix pool.
+    fn block_ref_counts<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u32>> {
+        let counts: Vec<u32> = (self.inner.kv_block_states().into_iter())
+            .map(|(ref_cnt, _)| ref_cnt)
+            .collect();
+        PyArray1::from_vec(py, counts)
+    }
+
+    /// Per KV block, in the order of `block_ref_counts`, the 128-bit hash it caches
+    /// (tokenyard's, not vLLM's), or `None`.
+    fn block_hashes(&self) -> Vec<Option<u128>> {
+        (self.inner.kv_block_states().into_iter())
+            .map(|(_, hash)| hash.map(|h| h.0))
+            .collect()
+    }
+
+    /// Free KV block ids, next to be handed out first (ids as in `block_ref_counts`).
+    fn free_block_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u32>> {
+        PyArray1::from_vec(py, self.inner.kv_free_block_ids())
+    }
+
+    /// The requests holding a block table in the KV pool, finished ones whose blocks a KV
+    /// transfer holds included, in no order.
+    fn kv_request_ids<'py>(&self, py: Python<'py>) -> PyResult<Vec<Py<PyAny>>> {
+        (self.inner.kv_request_ids().into_iter())
+            .map(|id| id.into_py(py))
+            .collect()
+    }
+
+    /// The request's block table of each KV group (one with a single group; ids as in
+    /// `block_ref_counts`), or `None` if it holds none.
+    fn kv_block_tables<'py>(
+        &self,
+        request_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, pyo3::types::PyTuple>>> {
+        let id = RequestId::from_py(request_id)?;
+        (self.inner.kv_block_tables(&id))
+            .map(|tables| crate::sched_output::group_tuple(request_id.py(), &tables))
+            .transpose()
+    }
+
+    /// Per KV group, the request's leading blocks registered in the prefix cache (vLLM's
+    /// `num_cached_block`), or `None` if it holds no blocks.
+    fn num_cached_blocks_of(&self, request_id: &Bound<'_, PyAny>) -> PyResult<Option<Vec<usize>>> {
+        let id = RequestId::from_py(request_id)?;
+        Ok(self.inner.kv_num_cached_blocks(&id))
+    }
+
     /// The encoder cache's `(num_free_slots, num_freeable_slots, cache_size)`.
     fn encoder_cache_usage(&self) -> (usize, usize, usize) {
         self.inner.encoder_cache_usage()

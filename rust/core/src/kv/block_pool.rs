@@ -302,6 +302,22 @@ impl<R: RequestKey> BlockPool<R> {
         self.blocks.get(block_id as usize).map(|b| b.ref_cnt)
     }
 
+    /// The hash a block caches (`None` if it caches none, or past the pool).
+    pub fn block_hash(&self, block_id: BlockId) -> Option<BlockHash> {
+        self.blocks.get(block_id as usize).and_then(BlockMeta::hash)
+    }
+
+    /// Leading blocks of the request registered in the prefix cache (vLLM's
+    /// `num_cached_block`), or `None` if it holds no blocks.
+    pub fn num_cached_blocks_of(&self, request_id: &R) -> Option<usize> {
+        self.requests.get(request_id).map(|r| r.num_cached_blocks)
+    }
+
+    /// The requests the pool holds an entry (a block table) for, in no order.
+    pub fn request_ids(&self) -> impl Iterator<Item = &R> {
+        self.requests.keys()
+    }
+
     /// The longest run of leading full blocks of `token_ids` that is cached, then the run
     /// of blocks after it that the host tier holds. Never covers the whole prompt (GPU and
     /// host hits together): the last token is always recomputed so the model yields logits.

@@ -191,6 +191,25 @@ impl<R: RequestKey> KvCoordinator<R> {
         self.free_queue.iter().collect()
     }
 
+    /// The key a block caches (its hash keyed by its group), `None` if it caches none or
+    /// is past the pool.
+    pub fn block_hash(&self, block: BlockId) -> Option<BlockHash> {
+        self.blocks.get(block as usize).and_then(BlockMeta::hash)
+    }
+
+    /// Per group, the request's leading blocks offered to the prefix cache (vLLM's
+    /// `num_cached_block`), or `None` if it holds no blocks.
+    pub fn num_cached_blocks_of(&self, request_id: &R) -> Option<&[usize]> {
+        self.requests
+            .get(request_id)
+            .map(|r| r.num_cached.as_slice())
+    }
+
+    /// The requests the coordinator holds block tables for, in no order.
+    pub fn request_ids(&self) -> impl Iterator<Item = &R> {
+        self.requests.keys()
+    }
+
     /// vLLM's `find_longest_cache_hit` of the coordinator: the longest prefix of
     /// `token_ids` (never all of it: the last token is recomputed) that every group can
     /// serve. Full-attention groups are looked up first (their hit only shrinks), then

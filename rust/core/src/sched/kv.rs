@@ -425,6 +425,54 @@ impl Kv {
         }
     }
 
+    /// Per block of the block-hash pool or the coordinator, how many requests hold it and
+    /// the hash it caches (the coordinator's block 0 is the null block: 0 and `None`).
+    /// Empty for the radix pool, whose pages carry no per-block state. O(blocks).
+    pub fn block_states(&self) -> Vec<(u32, Option<BlockHash>)> {
+        match self {
+            Kv::BlockHash(p) => (0..p.num_total_blocks() as BlockId)
+                .map(|b| (p.ref_count(b).unwrap_or(0), p.block_hash(b)))
+                .collect(),
+            Kv::Radix(_) => Vec::new(),
+            Kv::Hybrid(h) => (0..h.pool.num_total_blocks() as BlockId + 1)
+                .map(|b| (h.pool.ref_count(b).unwrap_or(0), h.pool.block_hash(b)))
+                .collect(),
+        }
+    }
+
+    /// Free block ids, next to be handed out first (empty for the radix pool).
+    pub fn free_block_ids(&self) -> Vec<BlockId> {
+        match self {
+            Kv::BlockHash(p) => p.free_block_ids(),
+            Kv::Radix(_) => Vec::new(),
+            Kv::Hybrid(h) => h.pool.free_block_ids(),
+        }
+    }
+
+    /// The slot's block table of each group (one for a single pool), `None` if it holds
+    /// no blocks.
+    pub fn block_tables(&self, slot: u32) -> Option<Vec<Vec<BlockId>>> {
+        match self {
+            Kv::Hybrid(h) => Some(
+                (h.pool.block_ids(&slot)?)
+                    .into_iter()
+                    .map(<[BlockId]>::to_vec)
+                    .collect(),
+            ),
+            _ => Some(vec![self.block_ids(slot)?.to_vec()]),
+        }
+    }
+
+    /// Per group, the slot's leading blocks registered in the prefix cache (vLLM's
+    /// `num_cached_block`), `None` if it holds no blocks or the pool is the radix one.
+    pub fn num_cached_blocks_of(&self, slot: u32) -> Option<Vec<usize>> {
+        match self {
+            Kv::BlockHash(p) => Some(vec![p.num_cached_blocks_of(&slot)?]),
+            Kv::Radix(_) => None,
+            Kv::Hybrid(h) => Some(h.pool.num_cached_blocks_of(&slot)?.to_vec()),
+        }
+    }
+
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
         match self {
             Kv::BlockHash(p) => PrefixPool::<u32>::check_invariants(p),
@@ -435,6 +483,47 @@ impl Kv {
 }
 
 impl<R: crate::kv::RequestKey> super::Scheduler<R> {
+    /// The pool slot of a request that holds (or may hold) blocks: a live one, or a
+    /// finished one whose blocks a KV transfer holds.
+    fn kv_slot(&self, request_id: &R) -> Option<u32> {
+        (self.index.get(request_id))
+            .or_else(|| self.transfer_holds.get(request_id))
+            .copied()
+    }
+
+    /// Per KV block, how many requests hold it and the hash it caches, in block-id order
+    /// (the single pool's own ids; with several KV groups block 0 is vLLM's null block).
+    /// Empty for the radix pool. O(blocks): for inspection, not for a step.
+    pub fn kv_block_states(&self) -> Vec<(u32, Option<BlockHash>)> {
+        self.kv.block_states()
+    }
+
+    /// Free KV block ids, next to be handed out first. O(free blocks).
+    pub fn kv_free_block_ids(&self) -> Vec<BlockId> {
+        self.kv.free_block_ids()
+    }
+
+    /// The requests holding a block table in the KV pool (live ones and finished ones a KV
+    /// transfer holds), in no order (vLLM's `req_to_blocks` keys).
+    pub fn kv_request_ids(&self) -> Vec<R> {
+        (self.index.iter().chain(self.transfer_holds.iter()))
+            .filter(|&(_, &slot)| self.kv.num_tokens(slot).is_some())
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// The request's block table of each KV group (one with a single group), a finished
+    /// request's whose blocks a KV transfer holds included; `None` if it holds none.
+    pub fn kv_block_tables(&self, request_id: &R) -> Option<Vec<Vec<BlockId>>> {
+        self.kv.block_tables(self.kv_slot(request_id)?)
+    }
+
+    /// Per KV group, the request's leading blocks registered in the prefix cache (vLLM's
+    /// `num_cached_block`); `None` if it holds no blocks.
+    pub fn kv_num_cached_blocks(&self, request_id: &R) -> Option<Vec<usize>> {
+        self.kv.num_cached_blocks_of(self.kv_slot(request_id)?)
+    }
+
     /// Tokens of `token_ids` the prefix cache holds now, as an admission would find them
     /// (whole cached blocks, never the last token); nothing is allocated or pinned (vLLM's
     /// `KVCacheManager.get_computed_blocks`). The pool's lookup counters count the query.

@@ -1,0 +1,245 @@
+"""vLLM's KV cache internals as ``TokenyardScheduler`` (``tokenyard.integrations.vllm``)
+shows them: ``kv_cache_manager.block_pool`` with its blocks and free queue, and
+``kv_cache_manager.coordinator`` with one single-type manager per KV cache group
+(``req_to_blocks``, ``num_cached_block``, the null block). vLLM 0.33's names and meaning
+(``vllm/v1/core/block_pool.py``, ``kv_cache_coordinator.py``,
+``single_type_kv_cache_manager.py``), read from the Rust core each time they are read:
+nothing here is a copy that could drift from it, and nothing can be written through them.
+
+Block ids are vLLM's: the core's single pool numbers its blocks from 0 and vLLM's from 1
+(vLLM's block 0 is the null block), so its ids are shifted by one here; with several KV
+groups the core's coordinator numbers them as vLLM does, null block included. A block's
+``block_hash`` is the core's own 128-bit hash (an ``int``), not vLLM's bytes. Imported only
+by ``_vllm_views``, so vLLM is installed when this runs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class CoreState(Protocol):
+    """What these views read of ``TokenyardScheduler`` (named here so that this module
+    need not import the one that imports it)."""
+
+    kv_cache_config: Any
+    hash_block_size: int
+    _core: Any
+    _core_ids: dict[str, Any]
+    _num_kv_blocks: int
+    _kv_groups: int
+    _prefix_caching: bool
+
+    def get_kv_cache_usage(self) -> float: ...
+
+
+class KVCacheBlockView:
+    """One KV block as vLLM's ``KVCacheBlock`` presents it: ``block_id``, ``ref_cnt`` (the
+    requests holding it), ``block_hash`` (the core's hash it caches, or ``None``) and
+    ``is_null``. Its fields are read from the core when read; the pool hands out one object
+    per block, so ``is`` compares blocks as it does in vLLM (the null block included)."""
+
+    __slots__ = ("_pool", "block_id")
+
+    def __init__(self, pool: BlockPoolView, block_id: int) -> None:
+        self._pool = pool
+        self.block_id = block_id
+
+    @property
+    def is_null(self) -> bool:
+        return self.block_id == 0
+
+    @property
+    def ref_cnt(self) -> int:
+        if self.block_id == 0:
+            return 0
+        return int(self._pool._ref_counts()[self._pool._core_index(self.block_id)])
+
+    @property
+    def block_hash(self) -> int | None:
+        if self.block_id == 0:
+            return None
+        hashes = self._pool._scheduler._core.block_hashes()
+        result: int | None = hashes[self._pool._core_index(self.block_id)]
+        return result
+
+    def __repr__(self) -> str:
+        return f"KVCacheBlockView(block_id={self.block_id}, ref_cnt={self.ref_cnt})"
+
+
+class _FreeBlockQueueView:
+    """vLLM's ``FreeKVCacheBlockQueue`` read-only: ``num_free_blocks`` and the free blocks
+    in eviction order (``get_all_free_blocks``)."""
+
+    __slots__ = ("_pool",)
+
+    def __init__(self, pool: BlockPoolView) -> None:
+        self._pool = pool
+
+    @property
+    def num_free_blocks(self) -> int:
+        return int(self._pool._scheduler._core.num_free_blocks)
+
+    def get_all_free_blocks(self) -> list[KVCacheBlockView]:
+        pool = self._pool
+        return pool._blocks_of(pool._scheduler._core.free_block_ids())
+
+
+class BlockPoolView:
+    """vLLM's ``BlockPool`` read-only: its size, free blocks, usage, ``blocks`` (every
+    block, the null block first), ``null_block`` and ``free_block_queue``. The hash map
+    (``cached_block_hash_to_block``) is keyed by vLLM's block hashes, which the core does
+    not compute; it is not offered."""
+
+    def __init__(self, scheduler: CoreState) -> None:
+        self._scheduler = scheduler
+        # The core's single pool numbers blocks from 0, vLLM's from 1.
+        self._offset = 0 if scheduler._kv_groups else 1
+        self._views: dict[int, KVCacheBlockView] = {}
+        self.null_block = self._block(0)
+        self.free_block_queue = _FreeBlockQueueView(self)
+        self.hash_block_size = scheduler.hash_block_size
+
+    @property
+    def enable_caching(self) -> bool:
+        return self._scheduler._prefix_caching
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        return self._scheduler._num_kv_blocks + 1
+
+    @property
+    def blocks(self) -> list[KVCacheBlockView]:
+        """Every block in id order, the null block (id 0) first."""
+        return [self._block(i) for i in range(self.num_gpu_blocks)]
+
+    def get_num_free_blocks(self) -> int:
+        """Blocks free for allocation, cached blocks no request holds included (vLLM's
+        count; the null block is never free)."""
+        return int(self._scheduler._core.num_free_blocks)
+
+    def get_usage(self) -> float:
+        return self._scheduler.get_kv_cache_usage()
+
+    def _block(self, block_id: int) -> KVCacheBlockView:
+        view = self._views.get(block_id)
+        if view is None:
+            view = self._views[block_id] = KVCacheBlockView(self, block_id)
+        return view
+
+    def _blocks_of(self, core_ids: np.ndarray) -> list[KVCacheBlockView]:
+        """The views of core block ids, in their order."""
+        return [self._block(b) for b in (core_ids + self._offset).tolist()]
+
+    def _core_index(self, block_id: int) -> int:
+        if not 0 < block_id < self.num_gpu_blocks:
+            raise IndexError(f"block_id {block_id} is not a block of this pool")
+        return block_id - self._offset
+
+    def _ref_counts(self) -> np.ndarray:
+        return self._scheduler._core.block_ref_counts()
+
+
+class _RequestMap(Mapping[str, Any]):
+    """A per-request mapping of one KV group, read from the core on each access: keys are
+    the vLLM ids of the requests holding a block table there."""
+
+    __slots__ = ("_manager",)
+
+    def __init__(self, manager: SingleTypeManagerView) -> None:
+        self._manager = manager
+
+    def _core_id(self, request_id: str) -> Any:
+        return self._manager._scheduler._core_ids.get(request_id)
+
+    def _value(self, core_id: Any) -> Any:
+        raise NotImplementedError
+
+    def __getitem__(self, request_id: str) -> Any:
+        core_id = self._core_id(request_id)
+        value = None if core_id is None else self._value(core_id)
+        if value is None:
+            raise KeyError(request_id)
+        return value
+
+    def __contains__(self, request_id: object) -> bool:
+        core_id = self._core_id(request_id) if isinstance(request_id, str) else None
+        return core_id is not None and self._value(core_id) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        scheduler = self._manager._scheduler
+        core_ids = scheduler._core.kv_request_ids() if self._present() else []
+        vllm_ids = {core: vllm for vllm, core in scheduler._core_ids.items()}
+        return iter([vllm_ids[c] for c in core_ids if c in vllm_ids])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def _present(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({dict(self)!r})"
+
+
+class _ReqToBlocks(_RequestMap):
+    """``req_to_blocks``: each request's block table in this group, as block views (the
+    null block where the group no longer attends)."""
+
+    def _value(self, core_id: Any) -> list[KVCacheBlockView] | None:
+        manager = self._manager
+        tables = manager._scheduler._core.kv_block_tables(core_id)
+        if tables is None:
+            return None
+        return manager.block_pool._blocks_of(tables[manager.kv_cache_group_id])
+
+
+class _NumCachedBlock(_RequestMap):
+    """``num_cached_block``: each request's leading blocks registered in the prefix cache
+    in this group. vLLM fills it only with prefix caching on (``cache_blocks``)."""
+
+    def _value(self, core_id: Any) -> int | None:
+        if not self._present():
+            return None
+        counts = self._manager._scheduler._core.num_cached_blocks_of(core_id)
+        return None if counts is None else int(counts[self._manager.kv_cache_group_id])
+
+    def _present(self) -> bool:
+        return self._manager._scheduler._prefix_caching
+
+
+class SingleTypeManagerView:
+    """vLLM's ``SingleTypeKVCacheManager`` of one KV cache group, read-only:
+    ``req_to_blocks``, ``num_cached_block``, the null block, its spec and block size."""
+
+    def __init__(self, scheduler: CoreState, block_pool: BlockPoolView, group_id: int) -> None:
+        self._scheduler = scheduler
+        self.block_pool = block_pool
+        self.kv_cache_group_id = group_id
+        group = scheduler.kv_cache_config.kv_cache_groups[group_id]
+        self.kv_cache_spec = group.kv_cache_spec
+        self.block_size = self.kv_cache_spec.block_size
+        self._null_block = block_pool.null_block
+        self.req_to_blocks = _ReqToBlocks(self)
+        self.num_cached_block = _NumCachedBlock(self)
+
+
+class CoordinatorView:
+    """vLLM's ``KVCacheCoordinator`` read-only: one ``single_type_managers`` entry per KV
+    cache group, over the one ``block_pool``."""
+
+    def __init__(self, scheduler: CoreState, block_pool: BlockPoolView) -> None:
+        self.block_pool = block_pool
+        self.kv_cache_config = scheduler.kv_cache_config
+        groups = scheduler.kv_cache_config.kv_cache_groups
+        self.single_type_managers = tuple(
+            SingleTypeManagerView(scheduler, block_pool, i) for i in range(len(groups))
+        )
+        self.num_single_type_manager = len(self.single_type_managers)
+        self._scheduler = scheduler
+
+    @property
+    def enable_caching(self) -> bool:
+        return self._scheduler._prefix_caching

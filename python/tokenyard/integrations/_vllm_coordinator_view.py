@@ -139,7 +139,8 @@ class BlockPoolView:
         return block_id - self._offset
 
     def _ref_counts(self) -> np.ndarray:
-        return self._scheduler._core.block_ref_counts()
+        counts: np.ndarray = self._scheduler._core.block_ref_counts()
+        return counts
 
 
 class _RequestMap(Mapping[str, Any]):
@@ -172,7 +173,7 @@ class _RequestMap(Mapping[str, Any]):
         scheduler = self._manager._scheduler
         core_ids = scheduler._core.kv_request_ids() if self._present() else []
         vllm_ids = {core: vllm for vllm, core in scheduler._core_ids.items()}
-        return iter([vllm_ids[c] for c in core_ids if c in vllm_ids])
+        return iter([vllm_ids[c] for c in core_ids if c in vllm_ids and self._value(c) is not None])
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
@@ -198,13 +199,18 @@ class _ReqToBlocks(_RequestMap):
 
 class _NumCachedBlock(_RequestMap):
     """``num_cached_block``: each request's leading blocks registered in the prefix cache
-    in this group. vLLM fills it only with prefix caching on (``cache_blocks``)."""
+    in this group. vLLM's manager fills it only with prefix caching on, and enters a
+    request with its first cached block (a prefix hit at admission, or ``cache_blocks``
+    caching a full block), so a request with none has no entry."""
 
     def _value(self, core_id: Any) -> int | None:
         if not self._present():
             return None
         counts = self._manager._scheduler._core.num_cached_blocks_of(core_id)
-        return None if counts is None else int(counts[self._manager.kv_cache_group_id])
+        if counts is None:
+            return None
+        count = int(counts[self._manager.kv_cache_group_id])
+        return count if count > 0 else None
 
     def _present(self) -> bool:
         return self._manager._scheduler._prefix_caching

@@ -18,6 +18,7 @@ from vllm.v1.core.sched.scheduler import Scheduler as _VllmScheduler
 from vllm.v1.engine import EngineCoreEventType
 from vllm.v1.request import Request, RequestStatus
 
+from tokenyard.errors import InputError
 from tokenyard.integrations._vllm_outputs import errors_in_vllm_ids
 from tokenyard.integrations._vllm_state import AdapterBase, Batch
 from tokenyard.integrations._vllm_translate import vllm_block_ids
@@ -127,18 +128,55 @@ class ScheduleStep(AdapterBase):
         return Batch(ids, core_ids, vllm_ids, list(map(self.requests.__getitem__, vllm_ids)))
 
     def _apply_preemptions(self, preempted_ids: list[Any], now: float) -> None:
-        """The core's preemptions on the vLLM requests, as vLLM's ``_preempt_request``."""
-        for request in self._vllm_requests(preempted_ids):
-            self._pending_encoder_input_ids.pop(request.request_id, None)
-            request.status = _PREEMPTED
-            request.num_computed_tokens = 0
-            request.num_output_placeholders = 0
-            request.num_preemptions += 1
-            if request.spec_token_ids:
-                request.spec_token_ids = []
-            if self.log_stats:
-                request.record_event(EngineCoreEventType.PREEMPTED, now)
-            self.reset_preempted_req_ids.add(request.request_id)
+        """The core's preemptions on the vLLM requests, each through ``_preempt_request``
+        (looked up on the scheduler, so a wrapped one sees every preemption, as vLLM's
+        ``schedule()`` calls its own)."""
+        if not preempted_ids:
+            return
+        preempted = self._vllm_requests(preempted_ids)
+        self._core_preempted.update(r.request_id for r in preempted)
+        try:
+            for request in preempted:
+                self._preempt_request(request, now)
+        finally:
+            self._core_preempted.clear()
+
+    def _preempt_request(
+        self, request: Request, timestamp: float, drop_stale_output: bool = False
+    ) -> None:
+        """vLLM 0.33's ``_preempt_request`` on the vLLM side of a preemption the core made
+        (the core freed the request's blocks and put it back at the head of its waiting
+        queue): status, computed tokens, drafts, placeholders, the in-flight tokens that
+        become stale (``num_stale_output_tokens``), the preemption count and event.
+
+        Raises:
+            InputError: the core did not preempt ``request`` (the core decides
+                preemptions; a caller cannot preempt a request it runs).
+        """
+        request_id = request.request_id
+        if request_id not in self._core_preempted:
+            raise InputError(
+                f"request_id: {request_id!r} was not preempted by tokenyard's scheduler "
+                "(it decides preemptions; _preempt_request only mirrors them)",
+                field="request_id",
+                value=request_id,
+            )
+        if self.aux_output_connector is not None:
+            self.aux_output_connector.request_finished(request)
+        self._pending_encoder_input_ids.pop(request_id, None)
+        request.status = _PREEMPTED
+        request.num_computed_tokens = 0
+        if request.spec_token_ids:
+            request.spec_token_ids = []
+        request.drop_stale_output = drop_stale_output or (
+            request.drop_stale_output and request.num_stale_output_tokens > 0
+        )
+        request.num_stale_output_tokens = request.num_in_flight_tokens
+        request.num_output_placeholders = 0
+        request.num_preemptions += 1
+        if self.log_stats:
+            request.record_event(EngineCoreEventType.PREEMPTED, timestamp)
+        self.reset_preempted_req_ids.add(request_id)
 
     def _new_and_resumed(
         self, core: Any, now: float
@@ -383,6 +421,7 @@ class ScheduleStep(AdapterBase):
             for request, n in scheduled:
                 num_computed = request.num_computed_tokens + n
                 request.num_computed_tokens = num_computed
+                request.num_in_flight_tokens += n
                 request.is_prefill_chunk = num_computed < (
                     len(request._all_token_ids) + request.num_output_placeholders
                 )
@@ -396,6 +435,7 @@ class ScheduleStep(AdapterBase):
         for request, n in scheduled:
             num_computed = request.num_computed_tokens + n
             request.num_computed_tokens = num_computed
+            request.num_in_flight_tokens += n
             prefill_chunk = num_computed < (
                 len(request._all_token_ids) + request.num_output_placeholders
             )

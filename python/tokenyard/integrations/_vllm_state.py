@@ -76,6 +76,8 @@ class AdapterBase:
     prev_step_scheduled_req_ids: set[str]
     finished_recving_kv_req_ids: set[str]
     _dropped_outputs: set[str]
+    _core_preempted: set[str]
+    aux_output_connector: Any
     _prefill_stats_due: set[str]
     _prefill_stats_ready: dict[str, PrefillStats]
     _prefix_cache_stats: PrefixCacheStats | None

@@ -51,8 +51,9 @@ class UpdateFromOutput(AdapterBase):
         if kv_output is not None and self.connector is not None:
             self._update_from_kv_transfers(kv_output)
         batch = self._batch_of(scheduler_output)
+        stale = self._land_in_flight(scheduler_output, batch)
         live_ids, live, live_tokens, rejected, spec_stats, late = self._sampled(
-            scheduler_output, model_runner_output, batch
+            scheduler_output, model_runner_output, batch, stale
         )
         pooled = self._pooled(scheduler_output, model_runner_output)
         if batch is not None and live_ids is batch.vllm_ids:
@@ -139,6 +140,37 @@ class UpdateFromOutput(AdapterBase):
                 engine_core_outputs[0] = eco = EngineCoreOutputs()
             eco.scheduler_stats = stats
         return engine_core_outputs
+
+    def _land_in_flight(
+        self, scheduler_output: SchedulerOutput, batch: Batch | None
+    ) -> set[str] | None:
+        """vLLM 0.33's in-flight accounting as the step lands: each scheduled request still
+        held takes its scheduled tokens off ``num_in_flight_tokens``, and a preempted one's
+        stale share (``num_stale_output_tokens``, set by ``_preempt_request``) drains in
+        lockstep. Returns the requests whose output in this step is stale (it predates
+        their preemption), or ``None`` if none is."""
+        counts = scheduler_output.num_scheduled_tokens
+        stale: set[str] | None = None
+        if batch is not None and max(map(_status, batch.requests), default=_RUNNING) <= _PREEMPTED:
+            # The usual step: every request of the batch is live, in the output's order.
+            for request, n in zip(batch.requests, counts.values(), strict=True):
+                request.num_in_flight_tokens -= n
+                if request.num_stale_output_tokens > 0:
+                    request.num_stale_output_tokens -= n
+                    stale = stale or set()
+                    stale.add(request.request_id)
+            return stale
+        requests_get = self.requests.get
+        for request_id, n in counts.items():
+            request = requests_get(request_id)
+            if request is None:
+                continue
+            request.num_in_flight_tokens -= n
+            if request.num_stale_output_tokens > 0:
+                request.num_stale_output_tokens -= n
+                stale = stale or set()
+                stale.add(request_id)
+        return stale
 
     def _pooled(
         self, scheduler_output: SchedulerOutput, model_runner_output: Any
@@ -231,6 +263,7 @@ class UpdateFromOutput(AdapterBase):
         scheduler_output: SchedulerOutput,
         model_runner_output: Any,
         batch: Batch | None = None,
+        stale: set[str] | None = None,
     ) -> tuple[
         list[str],
         list[Request],
@@ -244,11 +277,20 @@ class UpdateFromOutput(AdapterBase):
         core. Rolls the vLLM requests back by their rejected drafts and gathers the
         spec-decode stats. Last, the late outputs of finished requests, by core id: they
         reach no vLLM request, only the core. ``batch``: the step's scheduled requests,
-        where at hand (``_batch_of``)."""
+        where at hand (``_batch_of``). ``stale``: the requests whose output predates their
+        preemption (``_land_in_flight``): dropped where vLLM drops it
+        (``drop_stale_output``), and their rejected drafts not rolled back (vLLM's
+        rollback of a stale output predates the preemption's)."""
         sampled = model_runner_output.sampled_token_ids
         index = model_runner_output.req_id_to_index
         spec_scheduled = scheduler_output.scheduled_spec_decode_tokens
-        if batch is not None and sampled and not spec_scheduled and not self._dropped_outputs:
+        if (
+            batch is not None
+            and sampled
+            and not spec_scheduled
+            and not self._dropped_outputs
+            and not stale
+        ):
             whole = self._sampled_whole_batch(batch, sampled, index)
             if whole is not None:
                 return *whole, {}, None, []
@@ -279,13 +321,16 @@ class UpdateFromOutput(AdapterBase):
                 continue
             if dropped and request_id in dropped and request.status == _PREEMPTED:
                 continue
+            is_stale = stale is not None and request_id in stale
+            if is_stale and request.drop_stale_output:
+                continue
             tokens = sampled[index[request_id]]
             if not tokens:
                 continue
             if spec_scheduled and (drafts := spec_scheduled.get(request_id)):
                 num_accepted = max(len(tokens) - 1, 0)
                 num_rejected = len(drafts) - num_accepted
-                if request.status == _RUNNING:
+                if request.status == _RUNNING and not is_stale:
                     if num_rejected:
                         rejected[core_ids[request_id]] = num_rejected
                     request.num_computed_tokens -= num_rejected

@@ -24,6 +24,7 @@ class AdapterState(Protocol):
     here so that this module need not import the one that imports it)."""
 
     block_size: int
+    hash_block_size: int
     kv_cache_config: Any
     connector_prefix_cache_stats: PrefixCacheStats | None
     _core: Any

@@ -270,6 +270,8 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
         # Requests preempted by reset_prefix_cache: outputs of their steps then in flight
         # are dropped, not delivered.
         self._dropped_outputs: set[str] = set()
+        # The requests the core preempted whose vLLM side _preempt_request is mirroring.
+        self._core_preempted: set[str] = set()
         # Admitted requests whose PrefillStats go out with their first output, and the
         # stats of this step's first outputs.
         self._prefill_stats_due: set[str] = set()
@@ -598,18 +600,16 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
         if reset_running_requests:
             _, preempted_ids = self._core.reset_prefix_cache(preempt_running=True)
             preempted = self._vllm_requests(preempted_ids)
-        for request in preempted:
-            request_id = request.request_id
-            request.status = _PREEMPTED
-            request.num_computed_tokens = 0
-            request.num_output_placeholders = 0
-            request.num_preemptions += 1
-            if request.spec_token_ids:
-                request.spec_token_ids = []
-            # Their steps in flight are dropped (vLLM's drop_stale_output): the request
-            # may resume before they land.
-            self._dropped_outputs.add(request_id)
-            self.reset_preempted_req_ids.add(request_id)
+        now = time.monotonic()
+        self._core_preempted.update(r.request_id for r in preempted)
+        try:
+            for request in preempted:
+                # Their steps in flight are dropped (vLLM's drop_stale_output): the
+                # request may resume before they land.
+                self._preempt_request(request, now, drop_stale_output=True)
+                self._dropped_outputs.add(request.request_id)
+        finally:
+            self._core_preempted.clear()
         if preempted:
             self.prev_step_scheduled_req_ids.clear()
         reset = self.kv_cache_manager.reset_prefix_cache()

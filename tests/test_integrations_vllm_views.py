@@ -1,0 +1,275 @@
+"""tokenyard.integrations.vllm's views of vLLM's internals (``_vllm_coordinator_view``):
+``kv_cache_manager.coordinator.single_type_managers[i]`` (``req_to_blocks``,
+``num_cached_block``, the null block), ``kv_cache_manager.block_pool`` (``blocks`` with their
+ref counts and cached hashes, ``free_block_queue``), ``_preempt_request`` as the hook every
+preemption goes through, and ``num_in_flight_tokens`` / ``num_stale_output_tokens`` on
+vLLM's ``Request``. Each case runs vLLM 0.33's own ``Scheduler`` (``AsyncScheduler``) and
+the adapter on the same configs and requests, and compares what vLLM's real
+``KVCacheManager`` holds with what the views read from the core, step by step. Needs vLLM
+(the bench venv, ``.venv-bench``); skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM 0.33 is installed only in the bench venv")
+sys.path.insert(0, str(Path(__file__).parents[1] / "benches/peers"))
+
+import torch
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    SlidingWindowSpec,
+)
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import RequestStatus
+from vllm.v1.structured_output import StructuredOutputManager
+from vllm_peer import VllmSchedulerPeer
+
+from tokenyard.errors import InputError
+from tokenyard.integrations.vllm import AsyncTokenyardScheduler, TokenyardScheduler
+
+BLOCK_SIZE = 16
+
+
+def _spec(kind: str) -> Any:
+    common = {"block_size": BLOCK_SIZE, "num_kv_heads": 1, "head_size": 1, "dtype": torch.float16}
+    if kind == "full":
+        return FullAttentionSpec(**common)
+    return SlidingWindowSpec(**common, sliding_window=int(kind[len("window") :]))
+
+
+def _both(
+    kinds: tuple[str, ...] = ("full",),
+    num_blocks: int = 40,
+    async_scheduling: bool = False,
+    **options: Any,
+) -> tuple[Any, Any, VllmSchedulerPeer]:
+    """vLLM's scheduler and the adapter over one KV cache config, and the peer that makes
+    requests (with vLLM's block hasher)."""
+    config: dict[str, Any] = {"max_num_seqs": 4, "max_num_batched_tokens": 64}
+    config.update(options)
+    peer = VllmSchedulerPeer(
+        num_blocks=num_blocks, max_model_len=512, block_size=BLOCK_SIZE, **config
+    )
+    classes = (
+        (AsyncScheduler, AsyncTokenyardScheduler)
+        if async_scheduling
+        else (Scheduler, TokenyardScheduler)
+    )
+    schedulers = []
+    for cls in classes:
+        kv_cache_config = KVCacheConfig(
+            num_blocks=num_blocks,
+            kv_cache_tensors=[],
+            kv_cache_groups=[
+                KVCacheGroupSpec([f"layers.{i}.attn"], _spec(kind)) for i, kind in enumerate(kinds)
+            ],
+        )
+        schedulers.append(
+            cls(
+                vllm_config=peer.vllm_config,
+                kv_cache_config=kv_cache_config,
+                structured_output_manager=StructuredOutputManager(peer.vllm_config),
+                block_size=BLOCK_SIZE,
+                hash_block_size=BLOCK_SIZE,
+                log_stats=True,
+            )
+        )
+    return schedulers[0], schedulers[1], peer
+
+
+def _runner(scheduler: Any, out: Any, token: int = 7) -> ModelRunnerOutput:
+    """One token for each request whose known tokens are computed, none for a chunk."""
+    ids = list(out.num_scheduled_tokens)
+    sampled = []
+    for request_id in ids:
+        request = scheduler.requests.get(request_id)
+        done = request is None or request.num_computed_tokens >= request.num_tokens
+        sampled.append([token] if done else [])
+    return ModelRunnerOutput(
+        req_ids=ids, req_id_to_index={r: n for n, r in enumerate(ids)}, sampled_token_ids=sampled
+    )
+
+
+def _manager_state(scheduler: Any) -> list[dict[str, Any]]:
+    """Per KV group: each request's block ids, null blocks counted by identity, and its
+    cached-block count, as the scheduler's coordinator (real or view) shows them."""
+    state = []
+    for manager in scheduler.kv_cache_manager.coordinator.single_type_managers:
+        null = manager._null_block
+        state.append(
+            {
+                "blocks": {r: [b.block_id for b in bs] for r, bs in manager.req_to_blocks.items()},
+                "nulls": {r: sum(b is null for b in bs) for r, bs in manager.req_to_blocks.items()},
+                "cached": dict(manager.num_cached_block),
+            }
+        )
+    return state
+
+
+def _pool_state(scheduler: Any) -> dict[str, Any]:
+    """The block pool's per-block ref counts and cached flags, free blocks and size."""
+    pool = scheduler.kv_cache_manager.block_pool
+    blocks = pool.blocks
+    return {
+        "num_gpu_blocks": pool.num_gpu_blocks,
+        "ref_cnt": [b.ref_cnt for b in blocks],
+        "cached": [b.block_hash is not None for b in blocks],
+        "free": pool.free_block_queue.num_free_blocks,
+        "free_ids": sorted(b.block_id for b in pool.free_block_queue.get_all_free_blocks()),
+        "null": blocks[0] is pool.null_block and pool.null_block.is_null,
+    }
+
+
+def _run_and_compare(
+    kinds: tuple[str, ...], num_blocks: int, seed: int, abort_every: int = 0, **options: Any
+) -> int:
+    """A seeded stream with shared prefixes on both schedulers; after every step the
+    coordinators and block pools must agree. Returns the steps compared."""
+    theirs, ours, peer = _both(kinds, num_blocks, **options)
+    rng = random.Random(seed)
+    prefix = [rng.randrange(1000) for _ in range(48)]
+    arrivals = []
+    for i in range(8):
+        tail = [rng.randrange(1000) for _ in range(rng.randrange(1, 100))]
+        prompt = prefix[: rng.choice((0, 16, 48))] + tail
+        arrivals.append((rng.randrange(6), f"r{i}", prompt, rng.randrange(1, 30)))
+    for step in range(2000):
+        for at, request_id, prompt, max_tokens in arrivals:
+            if at == step:
+                for scheduler in (theirs, ours):
+                    scheduler.add_request(peer.make_request(request_id, prompt, max_tokens))
+        if abort_every and step % abort_every == abort_every - 1 and theirs.running:
+            victim = theirs.running[0].request_id
+            for scheduler in (theirs, ours):
+                scheduler.finish_requests(victim, RequestStatus.FINISHED_ABORTED)
+        outs = [scheduler.schedule() for scheduler in (theirs, ours)]
+        assert dict(outs[1].num_scheduled_tokens) == dict(outs[0].num_scheduled_tokens)
+        assert _manager_state(ours) == _manager_state(theirs), f"step {step}, scheduled"
+        for scheduler, out in zip((theirs, ours), outs, strict=True):
+            scheduler.update_from_output(out, _runner(scheduler, out))
+        assert _manager_state(ours) == _manager_state(theirs), f"step {step}, updated"
+        assert _pool_state(ours) == _pool_state(theirs), f"step {step}"
+        if step > 6 and not theirs.has_unfinished_requests():
+            assert not ours.has_unfinished_requests()
+            return step
+    raise AssertionError("the stream did not drain")
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_single_group_coordinator_and_pool_match_vllms_kv_cache_manager(seed: int) -> None:
+    assert _run_and_compare(("full",), num_blocks=40, seed=seed, abort_every=7) > 6
+
+
+def test_without_prefix_caching_num_cached_block_stays_empty_as_in_vllm() -> None:
+    steps = _run_and_compare(("full",), num_blocks=40, seed=2, enable_prefix_caching=False)
+    assert steps > 6
+
+
+def test_a_tight_pool_that_preempts_keeps_the_views_equal() -> None:
+    _run_and_compare(("full",), num_blocks=14, seed=3, max_num_seqs=6)
+
+
+def test_hybrid_groups_show_null_blocks_where_a_window_left_as_vllm() -> None:
+    theirs, ours, peer = _both(("full", "window32"), num_blocks=60)
+    for scheduler in (theirs, ours):
+        scheduler.add_request(peer.make_request("a", list(range(100)), 4))
+    nulls_seen = 0
+    for _ in range(8):
+        outs = [scheduler.schedule() for scheduler in (theirs, ours)]
+        for scheduler, out in zip((theirs, ours), outs, strict=True):
+            scheduler.update_from_output(out, _runner(scheduler, out))
+        assert _manager_state(ours) == _manager_state(theirs)
+        assert _pool_state(ours) == _pool_state(theirs)
+        nulls_seen += sum(_manager_state(ours)[1]["nulls"].values())
+    assert nulls_seen > 0
+
+
+def test_req_to_blocks_is_live_not_a_snapshot() -> None:
+    theirs, ours, peer = _both()
+    req_to_blocks = ours.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
+    assert "a" not in req_to_blocks
+    assert len(req_to_blocks) == 0
+    for scheduler in (theirs, ours):
+        scheduler.add_request(peer.make_request("a", list(range(40)), 3))
+        scheduler.schedule()
+    assert [b.block_id for b in req_to_blocks["a"]] == [
+        b.block_id
+        for b in theirs.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks["a"]
+    ]
+    block = req_to_blocks["a"][0]
+    assert block.ref_cnt == 1
+    ours.finish_requests("a", RequestStatus.FINISHED_ABORTED)
+    assert "a" not in req_to_blocks
+    assert block.ref_cnt == 0
+    with pytest.raises(KeyError):
+        req_to_blocks["a"]
+
+
+def test_every_preemption_goes_through_a_wrapped_preempt_request_as_in_vllm() -> None:
+    theirs, ours, peer = _both(num_blocks=12, max_num_seqs=6)
+    seen: dict[str, list[tuple[str, int]]] = {"vllm": [], "tokenyard": []}
+    for name, scheduler in (("vllm", theirs), ("tokenyard", ours)):
+        original = scheduler._preempt_request
+
+        def wrapped(
+            request: Any, timestamp: float, *, _o: Any = original, _n: str = name, **kwargs: Any
+        ) -> None:
+            seen[_n].append((request.request_id, request.num_in_flight_tokens))
+            _o(request, timestamp, **kwargs)
+
+        scheduler._preempt_request = wrapped
+    for i in range(5):
+        for scheduler in (theirs, ours):
+            scheduler.add_request(peer.make_request(f"r{i}", [i * 100 + j for j in range(30)], 40))
+    for _ in range(400):
+        outs = [scheduler.schedule() for scheduler in (theirs, ours)]
+        assert set(outs[1].preempted_req_ids) == set(outs[0].preempted_req_ids)
+        for scheduler, out in zip((theirs, ours), outs, strict=True):
+            scheduler.update_from_output(out, _runner(scheduler, out))
+        if not theirs.has_unfinished_requests():
+            break
+    assert seen["vllm"], "the cache is tight enough to preempt"
+    assert seen["tokenyard"] == seen["vllm"]
+
+
+def test_preempt_request_on_a_request_the_core_runs_is_refused_by_name() -> None:
+    _, ours, peer = _both()
+    request = peer.make_request("a", list(range(20)), 3)
+    ours.add_request(request)
+    ours.schedule()
+    with pytest.raises(InputError) as info:
+        ours._preempt_request(request, 0.0)
+    assert info.value.field == "request_id"
+    assert request.status == RequestStatus.RUNNING
+
+
+def test_num_in_flight_tokens_follow_vllms_accounting_under_async_scheduling() -> None:
+    theirs, ours, peer = _both(async_scheduling=True)
+    pairs = []
+    for scheduler in (theirs, ours):
+        request = peer.make_request("a", list(range(100)), 5)
+        scheduler.add_request(request)
+        pairs.append(request)
+    counts: dict[str, list[int]] = {"vllm": [], "tokenyard": []}
+    for name, scheduler, request in (("vllm", theirs, pairs[0]), ("tokenyard", ours, pairs[1])):
+        out0 = scheduler.schedule()
+        counts[name].append(request.num_in_flight_tokens)
+        out1 = scheduler.schedule()
+        counts[name].append(request.num_in_flight_tokens)
+        scheduler.update_from_output(out0, _runner(scheduler, out0))
+        counts[name].append(request.num_in_flight_tokens)
+        scheduler.update_from_output(out1, _runner(scheduler, out1))
+        counts[name].append(request.num_in_flight_tokens)
+    assert counts["vllm"] == [64, 100, 36, 0]
+    assert counts["tokenyard"] == counts["vllm"]

@@ -18,9 +18,9 @@ requests with their prompt, block ids and computed tokens; cached requests with 
 block ids, computed and output token counts, resumed ids; scheduled tokens and drafts;
 finished and preempted ids), on the ``EngineCoreOutputs`` (per request: new tokens, finish
 and stop reason), and on the state vLLM's engine reads (each live ``Request``'s status,
-computed tokens, placeholders and output tokens; queue sizes, KV usage and prefix-cache
-stats). A scenario agrees when every step does; for one that does not, the first
-differing step is printed.
+computed tokens, placeholders, tokens in flight and stale, output tokens; queue sizes, KV
+usage and prefix-cache stats). A scenario agrees when every step does; for one that does
+not, the first differing step is printed.
 
     bash benches/peers/setup.sh    # once: .venv-bench with vLLM 0.33.0
     PYTHONPATH=python .venv-bench/bin/python benches/peers/vllm_adapter_diff.py \\
@@ -74,6 +74,8 @@ class Side(VllmSide):
                 str(r.status),
                 r.num_computed_tokens,
                 r.num_output_placeholders,
+                r.num_in_flight_tokens,
+                r.num_stale_output_tokens,
                 list(r.output_token_ids),
             )
             for rid, r in sorted(self.s.requests.items())

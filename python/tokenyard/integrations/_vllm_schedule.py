@@ -172,6 +172,8 @@ class ScheduleStep(AdapterBase):
             request.drop_stale_output and request.num_stale_output_tokens > 0
         )
         request.num_stale_output_tokens = request.num_in_flight_tokens
+        if request.num_stale_output_tokens > 0:
+            self._stale_ids.add(request_id)
         request.num_output_placeholders = 0
         request.num_preemptions += 1
         if self.log_stats:

@@ -77,6 +77,8 @@ class AdapterBase:
     finished_recving_kv_req_ids: set[str]
     _dropped_outputs: set[str]
     _core_preempted: set[str]
+    _stale_ids: set[str]
+    """Requests with a stale share in flight (``num_stale_output_tokens`` > 0)."""
     aux_output_connector: Any
     _prefill_stats_due: set[str]
     _prefill_stats_ready: dict[str, PrefillStats]

@@ -51,9 +51,13 @@ class UpdateFromOutput(AdapterBase):
         if kv_output is not None and self.connector is not None:
             self._update_from_kv_transfers(kv_output)
         batch = self._batch_of(scheduler_output)
-        stale = self._land_in_flight(scheduler_output, batch)
+        # Whether every request of the batch is still live (none finished meanwhile).
+        batch_live = (
+            batch is not None and max(map(_status, batch.requests), default=_RUNNING) <= _PREEMPTED
+        )
+        stale = self._land_in_flight(scheduler_output, batch if batch_live else None)
         live_ids, live, live_tokens, rejected, spec_stats, late = self._sampled(
-            scheduler_output, model_runner_output, batch, stale
+            scheduler_output, model_runner_output, batch, stale, batch_live
         )
         pooled = self._pooled(scheduler_output, model_runner_output)
         if batch is not None and live_ids is batch.vllm_ids:
@@ -147,30 +151,37 @@ class UpdateFromOutput(AdapterBase):
         """vLLM 0.33's in-flight accounting as the step lands: each scheduled request still
         held takes its scheduled tokens off ``num_in_flight_tokens``, and a preempted one's
         stale share (``num_stale_output_tokens``, set by ``_preempt_request``) drains in
-        lockstep. Returns the requests whose output in this step is stale (it predates
-        their preemption), or ``None`` if none is."""
+        lockstep. ``batch``: the step's batch where each of its requests is live. Returns
+        the requests whose output in this step is stale (it predates their preemption), or
+        ``None`` if none is."""
         counts = scheduler_output.num_scheduled_tokens
-        stale: set[str] | None = None
-        if batch is not None and max(map(_status, batch.requests), default=_RUNNING) <= _PREEMPTED:
+        if batch is not None:
             # The usual step: every request of the batch is live, in the output's order.
             for request, n in zip(batch.requests, counts.values(), strict=True):
                 request.num_in_flight_tokens -= n
-                if request.num_stale_output_tokens > 0:
-                    request.num_stale_output_tokens -= n
-                    stale = stale or set()
-                    stale.add(request.request_id)
-            return stale
-        requests_get = self.requests.get
-        for request_id, n in counts.items():
-            request = requests_get(request_id)
-            if request is None:
+        else:
+            requests_get = self.requests.get
+            for request_id, n in counts.items():
+                request = requests_get(request_id)
+                if request is not None:
+                    request.num_in_flight_tokens -= n
+        stale_ids = self._stale_ids
+        if not stale_ids:
+            return None
+        stale = set()
+        for request_id in list(stale_ids):
+            n = counts.get(request_id)
+            request = self.requests.get(request_id)
+            if request is None or request.num_stale_output_tokens <= 0:
+                stale_ids.discard(request_id)
                 continue
-            request.num_in_flight_tokens -= n
-            if request.num_stale_output_tokens > 0:
-                request.num_stale_output_tokens -= n
-                stale = stale or set()
-                stale.add(request_id)
-        return stale
+            if n is None:
+                continue
+            request.num_stale_output_tokens -= n
+            stale.add(request_id)
+            if request.num_stale_output_tokens <= 0:
+                stale_ids.discard(request_id)
+        return stale or None
 
     def _pooled(
         self, scheduler_output: SchedulerOutput, model_runner_output: Any
@@ -239,14 +250,12 @@ class UpdateFromOutput(AdapterBase):
 
     def _sampled_whole_batch(
         self, batch: Batch, sampled: Any, index: dict[str, int]
-    ) -> tuple[list[str], list[Request], list[list[int]]] | None:
-        """``_sampled``'s usual case in bulk: no drafts scheduled, no dropped outputs, and
-        every request of the batch still live (none finished meanwhile): the requests
-        with sampled tokens, their ids and tokens (the batch's own lists where all
-        sampled). ``None`` where that case does not hold."""
+    ) -> tuple[list[str], list[Request], list[list[int]]]:
+        """``_sampled``'s usual case in bulk: no drafts scheduled, no dropped or stale
+        outputs, and every request of the batch still live (none finished meanwhile): the
+        requests with sampled tokens, their ids and tokens (the batch's own lists where
+        all sampled)."""
         requests = batch.requests
-        if max(map(_status, requests), default=_RUNNING) > _PREEMPTED:
-            return None
         vllm_ids = batch.vllm_ids
         tokens = list(map(sampled.__getitem__, map(index.__getitem__, vllm_ids)))
         if all(tokens):
@@ -264,6 +273,7 @@ class UpdateFromOutput(AdapterBase):
         model_runner_output: Any,
         batch: Batch | None = None,
         stale: set[str] | None = None,
+        batch_live: bool = False,
     ) -> tuple[
         list[str],
         list[Request],
@@ -286,14 +296,13 @@ class UpdateFromOutput(AdapterBase):
         spec_scheduled = scheduler_output.scheduled_spec_decode_tokens
         if (
             batch is not None
+            and batch_live
             and sampled
             and not spec_scheduled
             and not self._dropped_outputs
             and not stale
         ):
-            whole = self._sampled_whole_batch(batch, sampled, index)
-            if whole is not None:
-                return *whole, {}, None, []
+            return *self._sampled_whole_batch(batch, sampled, index), {}, None, []
         requests_get = self.requests.get
         core_ids = self._core_ids
         rejected: dict[Any, int] = {}

@@ -272,6 +272,9 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
         self._dropped_outputs: set[str] = set()
         # The requests the core preempted whose vLLM side _preempt_request is mirroring.
         self._core_preempted: set[str] = set()
+        # Requests whose output in flight predates their preemption (vLLM's
+        # num_stale_output_tokens > 0): their share drains as those steps land.
+        self._stale_ids: set[str] = set()
         # Admitted requests whose PrefillStats go out with their first output, and the
         # stats of this step's first outputs.
         self._prefill_stats_due: set[str] = set()

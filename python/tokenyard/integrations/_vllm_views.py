@@ -102,6 +102,9 @@ class _ConnectorBridge:
         if load_async and num_external_tokens:
             scheduler._record_prefix_lookup(request, request.num_tokens - queries)
             self.lookups_recorded.add(request.request_id)
+            # vLLM 0.33's schedule() counts the local hit and the tokens being loaded as
+            # computed while the request waits for them (WAITING_FOR_REMOTE_KVS).
+            request.num_computed_tokens = request.num_tokens - queries + num_external_tokens
         if num_external_tokens:
             self.external_hits[request.request_id] = num_external_tokens
             if not load_async:

@@ -361,6 +361,28 @@ class ScheduleStep(AdapterBase):
             num_output_tokens=num_output,
         )
 
+    def _make_cached_request_data(
+        self,
+        running_reqs: list[Request],
+        resumed_reqs: list[Request],
+        num_scheduled_tokens: dict[str, int],
+        spec_decode_tokens: dict[str, list[int]],
+        req_to_new_blocks: dict[str, Any],
+    ) -> CachedRequestData:
+        """vLLM 0.33's own ``Scheduler._make_cached_request_data``, run on this scheduler's
+        state (``use_pp``, ``use_v2_model_runner``, ``prev_step_scheduled_req_ids``) for
+        callers that form one from vLLM requests and ``KVCacheBlocks``. ``schedule()``
+        forms the same data from the core's arrays (``_cached_request_data``)."""
+        data: CachedRequestData = _VllmScheduler._make_cached_request_data(
+            self,
+            running_reqs,
+            resumed_reqs,
+            num_scheduled_tokens,
+            spec_decode_tokens,
+            req_to_new_blocks,
+        )
+        return data
+
     def _spec_decode_tokens(self, scheduled: dict[Any, Any]) -> dict[str, list[int]]:
         """The drafts verified this step: the request's own (vLLM's ids, -1 placeholders
         included), as many as the core scheduled. A padded admission (rule 2 in

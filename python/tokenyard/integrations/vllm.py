@@ -228,8 +228,8 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
         elif self.ec_connector is not None:
             self._mm_refusal = "with an encoder-cache connector (ec_transfer_config)"
         elif self.use_v2_model_runner and self.async_scheduling:
-            # vLLM's encoder_input_updates read request.num_in_flight_tokens, which the
-            # adapter does not keep; synchronous, it is 0 when they are formed.
+            # vLLM's encoder_input_updates read request.num_in_flight_tokens: the adapter
+            # keeps it, but this pairing is not yet compared with vLLM step by step.
             self._mm_refusal = "on the V2 model runner with async scheduling"
         elif self.connector is not None:
             self._mm_refusal = "with a KV connector (its loads would bypass the encoder)"

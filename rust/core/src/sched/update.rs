@@ -324,7 +324,11 @@ impl<R: RequestKey> Scheduler<R> {
             let known = self.kv.num_tokens(slot).unwrap_or(0);
             let request = self.slots[slot as usize].as_ref().expect("live");
             let in_flight: usize = request.in_flight_tokens.iter().sum();
-            let landed = request.num_computed_tokens.saturating_sub(in_flight);
+            // At most the tokens it has: an output of a step dropped by a reset-preemption,
+            // handed back after the request resumed, is taken for the new step's and would
+            // otherwise reach past them (vLLM caches up to the tokens it has hashed).
+            let landed = (request.num_computed_tokens.saturating_sub(in_flight))
+                .min(request.all_token_ids.len());
             // The pool caches up to the tokens it knows: give it those up to `landed`. (It
             // never knows more: its tokens come from allocations, which see only landed
             // outputs.)

@@ -9,6 +9,7 @@ mod connectors;
 mod deferred;
 mod encoder;
 mod hybrid;
+mod kv_views;
 mod lifecycle;
 mod memory;
 mod multistep;

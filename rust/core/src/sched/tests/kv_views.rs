@@ -1,0 +1,81 @@
+//! The read accessors behind the vLLM adapter's views of its KV cache manager: per-block
+//! ref counts and hashes, free blocks, per-request block tables and cached-block counts,
+//! the requests holding blocks.
+
+use super::*;
+use crate::kv::{KvGroupSpec, NULL_BLOCK};
+use crate::sched::*;
+
+#[test]
+fn the_single_pool_shows_a_requests_blocks_ref_counts_and_cached_hashes() {
+    let cfg = SchedulerConfig {
+        enable_prefix_caching: true,
+        max_num_batched_tokens: 100,
+        ..config()
+    };
+    let mut s = Scheduler::new(cfg, false).unwrap();
+    s.add_request(0, prompt(0, 9)).unwrap();
+    run_step(&mut s);
+    // 9 prompt tokens in blocks of 4: three blocks, the first two full and cached.
+    assert_eq!(s.kv_request_ids(), [0]);
+    let tables = s.kv_block_tables(&0).unwrap();
+    assert_eq!(tables.len(), 1);
+    assert_eq!(tables[0].len(), 3);
+    assert_eq!(s.kv_num_cached_blocks(&0), Some(vec![2]));
+    let states = s.kv_block_states();
+    assert_eq!(states.len(), 64);
+    for (i, &block) in tables[0].iter().enumerate() {
+        let (ref_cnt, hash) = states[block as usize];
+        assert_eq!(ref_cnt, 1);
+        assert_eq!(hash.is_some(), i < 2, "block {i}");
+    }
+    assert_eq!(states.iter().map(|&(r, _)| r).sum::<u32>(), 3);
+    assert_eq!(s.kv_free_block_ids().len(), 61);
+
+    s.abort(&[0]).unwrap();
+    // Freed: no holder, no table, every block free; the two hashes stay cached (evicted
+    // lazily, as in vLLM).
+    assert!(s.kv_request_ids().is_empty());
+    assert_eq!(s.kv_block_tables(&0), None);
+    assert_eq!(s.kv_num_cached_blocks(&0), None);
+    let states = s.kv_block_states();
+    assert!(states.iter().all(|&(r, _)| r == 0));
+    assert_eq!(states.iter().filter(|(_, h)| h.is_some()).count(), 2);
+    assert_eq!(s.kv_free_block_ids().len(), 64);
+}
+
+#[test]
+fn with_kv_groups_block_zero_is_the_null_block_and_each_group_has_a_table() {
+    let cfg = SchedulerConfig {
+        kv_groups: vec![
+            KvGroupSpec::FullAttention,
+            KvGroupSpec::SlidingWindow { sliding_window: 4 },
+        ],
+        max_num_batched_tokens: 100,
+        ..config()
+    };
+    let mut s = Scheduler::new(cfg, false).unwrap();
+    s.add_request(0, prompt(0, 16)).unwrap();
+    run_step(&mut s);
+    run_step(&mut s);
+    let tables = s.kv_block_tables(&0).unwrap();
+    assert_eq!(tables.len(), 2);
+    assert!(
+        tables[1].contains(&NULL_BLOCK),
+        "the window left {:?}",
+        tables[1]
+    );
+    let states = s.kv_block_states();
+    assert_eq!(states.len(), 65, "64 blocks and the null block");
+    assert_eq!(states[NULL_BLOCK as usize], (0, None));
+    // Caching is off: nothing is registered.
+    assert_eq!(s.kv_num_cached_blocks(&0), Some(vec![0, 0]));
+    let held: u32 = states.iter().map(|&(r, _)| r).sum();
+    let live = tables
+        .iter()
+        .flatten()
+        .filter(|&&b| b != NULL_BLOCK)
+        .count();
+    assert_eq!(held as usize, live);
+    assert_eq!(s.kv_free_block_ids().len(), 64 - live);
+}

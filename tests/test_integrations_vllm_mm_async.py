@@ -168,8 +168,10 @@ def test_image_requests_under_async_scheduling_match_vllm(seed: int) -> None:
 @pytest.mark.usefixtures("multimodal")
 @pytest.mark.xfail(
     strict=True,
-    reason="a tight encoder budget under async scheduling: at step 10 the adapter schedules "
-    "r0's 152 tokens, vLLM 0.33 holds r0 (found 2026-11-27, not yet explained)",
+    reason="a tight encoder budget under async scheduling: at step 10 the core's encoder "
+    "cache has every slot freeable (200) where vLLM 0.33's still has a request's reference "
+    "on an entry (104 freeable), so the adapter frees it and schedules r0's 152 tokens, "
+    "vLLM holds r0: the reference is released at an earlier update (found 2026-11-27)",
 )
 def test_a_tight_encoder_budget_under_async_scheduling_matches_vllm() -> None:
     assert _run(2, budget=144, cache=200) > 0

@@ -38,8 +38,10 @@ class CoreState(Protocol):
 class KVCacheBlockView:
     """One KV block as vLLM's ``KVCacheBlock`` presents it: ``block_id``, ``ref_cnt`` (the
     requests holding it), ``block_hash`` (the core's hash it caches, or ``None``) and
-    ``is_null``. Its fields are read from the core when read; the pool hands out one object
-    per block, so ``is`` compares blocks as it does in vLLM (the null block included)."""
+    ``is_null``. Its fields are read from the core when read (each read copies the pool's
+    per-block state: O(blocks), for inspection, not for a loop over a large pool); the pool
+    hands out one object per block, so ``is`` compares blocks as it does in vLLM (the null
+    block included)."""
 
     __slots__ = ("_pool", "block_id")
 

@@ -243,15 +243,41 @@ def test_every_preemption_goes_through_a_wrapped_preempt_request_as_in_vllm() ->
     assert seen["tokenyard"] == seen["vllm"]
 
 
-def test_preempt_request_on_a_request_the_core_runs_is_refused_by_name() -> None:
-    _, ours, peer = _both()
-    request = peer.make_request("a", list(range(20)), 3)
-    ours.add_request(request)
-    ours.schedule()
+def test_preempt_request_called_from_outside_preempts_as_vllms() -> None:
+    """vLLM's tests call ``_preempt_request`` on a running request between ``schedule()``
+    and ``update_from_output``: the core preempts it (blocks freed, back to waiting), the
+    step's output is still delivered, and it resumes, as in vLLM."""
+    theirs, ours, peer = _both(enable_prefix_caching=True)
+    requests = []
+    for scheduler in (theirs, ours):
+        request = peer.make_request("a", list(range(40)), 3)
+        scheduler.add_request(request)
+        requests.append(request)
+    outs = [scheduler.schedule() for scheduler in (theirs, ours)]
+    for scheduler, request in zip((theirs, ours), requests, strict=True):
+        # As vLLM's tests do (its running list is its own; the adapter's a fresh copy).
+        scheduler.running.remove(request)
+        scheduler._preempt_request(request, 0.0)
+    states = [
+        (r.status, r.num_computed_tokens, r.num_stale_output_tokens, r.num_preemptions)
+        for r in requests
+    ]
+    assert states[1] == states[0] == (RequestStatus.PREEMPTED, 0, 40, 1)
+    assert _pool_state(ours) == _pool_state(theirs)
+    assert _manager_state(ours) == _manager_state(theirs)
+    # The step ran before the preemption: its sampled token comes back.
+    sampled = ModelRunnerOutput(req_ids=["a"], req_id_to_index={"a": 0}, sampled_token_ids=[[7]])
+    for scheduler, out in zip((theirs, ours), outs, strict=True):
+        scheduler.update_from_output(out, sampled)
+    assert [list(r.output_token_ids) for r in requests] == [[7], [7]]
+    assert [r.num_stale_output_tokens for r in requests] == [0, 0]
+    outs = [scheduler.schedule() for scheduler in (theirs, ours)]
+    assert dict(outs[1].num_scheduled_tokens) == dict(outs[0].num_scheduled_tokens)
+    assert [r.status for r in requests] == [RequestStatus.RUNNING] * 2
+    ours.finish_requests("a", RequestStatus.FINISHED_ABORTED)
     with pytest.raises(InputError) as info:
-        ours._preempt_request(request, 0.0)
+        ours._preempt_request(requests[1], 0.0)
     assert info.value.field == "request_id"
-    assert request.status == RequestStatus.RUNNING
 
 
 def test_num_in_flight_tokens_follow_vllms_accounting_under_async_scheduling() -> None:

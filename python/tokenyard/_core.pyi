@@ -923,6 +923,15 @@ class Scheduler:
     def group_block_ids(self, request_id: _RequestId) -> tuple[npt.NDArray[np.uint32], ...]:
         """With several KV groups, the request's block table of each group; ``()`` with one
         group. Raises UnknownRequestError."""
+    def preempt_request(self, request_id: _RequestId) -> None:
+        """Preempts a running request from outside a step (vLLM's ``_preempt_request``
+        called directly): its blocks are freed, it goes back to the head of the waiting
+        queue and recomputes; the outputs of its steps in flight are still accepted.
+
+        Raises:
+            UnknownRequestError: an id the scheduler does not hold.
+            InputError: the request is not running.
+        """
     def block_ref_counts(self) -> npt.NDArray[np.uint32]:
         """Per KV block, the requests holding it, in block-id order: the single pool's own
         ids (vLLM's less one), or with several KV groups the coordinator's, whose block 0 is

@@ -144,23 +144,28 @@ class ScheduleStep(AdapterBase):
     def _preempt_request(
         self, request: Request, timestamp: float, drop_stale_output: bool = False
     ) -> None:
-        """vLLM 0.33's ``_preempt_request`` on the vLLM side of a preemption the core made
-        (the core freed the request's blocks and put it back at the head of its waiting
-        queue): status, computed tokens, drafts, placeholders, the in-flight tokens that
-        become stale (``num_stale_output_tokens``), the preemption count and event.
+        """vLLM 0.33's ``_preempt_request`` on the vLLM side of a preemption: status,
+        computed tokens, drafts, placeholders, the in-flight tokens that become stale
+        (``num_stale_output_tokens``), the preemption count and event. For a preemption the
+        core made (in a step, or ``reset_prefix_cache``) it only mirrors it; called from
+        outside on a running request (as vLLM's tests do), it has the core preempt it first
+        (``Scheduler.preempt_request``: blocks freed, back at the head of the waiting queue,
+        its steps in flight still delivering).
 
         Raises:
-            InputError: the core did not preempt ``request`` (the core decides
-                preemptions; a caller cannot preempt a request it runs).
+            InputError: the request is not running (vLLM asserts it).
         """
         request_id = request.request_id
         if request_id not in self._core_preempted:
-            raise InputError(
-                f"request_id: {request_id!r} was not preempted by tokenyard's scheduler "
-                "(it decides preemptions; _preempt_request only mirrors them)",
-                field="request_id",
-                value=request_id,
-            )
+            if request.status != _RUNNING or request_id not in self._core_ids:
+                raise InputError(
+                    f"request_id: {request_id!r} is not running (status {request.status!s}); "
+                    "only a running request can be preempted",
+                    field="request_id",
+                    value=request_id,
+                )
+            with errors_in_vllm_ids(self._vllm_ids):
+                self._core.preempt_request(self._core_ids[request_id])
         if self.aux_output_connector is not None:
             self.aux_output_connector.request_finished(request)
         self._pending_encoder_input_ids.pop(request_id, None)

@@ -612,6 +612,14 @@ impl PyScheduler {
         invariants(py, self.inner.check_invariants())
     }
 
+    /// Preempts a running request from outside a step (vLLM's `_preempt_request` called
+    /// directly): blocks freed, back at the head of the waiting queue; its steps in flight
+    /// still deliver their outputs.
+    fn preempt_request(&mut self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let id = RequestId::from_py(request_id)?;
+        self.inner.preempt_request(&id).or_raise(py)
+    }
+
     /// Per KV block, the requests holding it, in block-id order: the single pool's own ids
     /// (vLLM's less one), or with several KV groups the coordinator's (block 0 is vLLM's
     /// null block). Empty for the radix pool.

@@ -332,6 +332,23 @@ impl<R: RequestKey> Scheduler<R> {
         self.prefill_capacity_bound
     }
 
+    /// Preempts a running request from outside a step (vLLM 0.33's `_preempt_request`
+    /// called directly): its blocks are freed, it goes back to the head of the waiting
+    /// queue and recomputes, and the outputs of its steps in flight are still accepted, as
+    /// after a preemption within a step. Errors if the request is not running.
+    pub fn preempt_request(&mut self, request_id: &R) -> Result<()> {
+        let slot = *(self.index.get(request_id))
+            .ok_or_else(|| crate::Error::unknown_request(request_id))?;
+        if !self.running.contains(&slot) {
+            return Err(crate::Error::input(
+                "request_id",
+                format!("{request_id:?}"),
+                "is not running: only a running request can be preempted",
+            ));
+        }
+        self.preempt(slot, &mut 0, &mut StepPlan::default())
+    }
+
     pub fn stats(&self) -> SchedulerStats {
         let prefix = self.kv.stats();
         SchedulerStats {

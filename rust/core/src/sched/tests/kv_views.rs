@@ -79,3 +79,28 @@ fn with_kv_groups_block_zero_is_the_null_block_and_each_group_has_a_table() {
     assert_eq!(held as usize, live);
     assert_eq!(s.kv_free_block_ids().len(), 64 - live);
 }
+
+#[test]
+fn preempt_request_frees_a_running_requests_blocks_and_requeues_it_first() {
+    let mut s = Scheduler::new(config(), false).unwrap();
+    s.add_request(0, prompt(0, 6)).unwrap();
+    s.add_request(1, prompt(1, 3)).unwrap();
+    run_step(&mut s);
+    let out = s.schedule().unwrap();
+    s.preempt_request(&0).unwrap();
+    assert_eq!(s.running_ids(), [1]);
+    assert_eq!(s.waiting_ids(), [0]);
+    assert_eq!(s.kv_block_tables(&0), None);
+    assert_eq!(s.get_request(&0).unwrap().num_computed_tokens, 0);
+    // The step in flight still delivers request 0's token; then it recomputes from 0.
+    assert_eq!(scheduled(&out), [(0, 1), (1, 1)]);
+    s.update_from_output(&[sample(0, 7), sample(1, 7)]).unwrap();
+    assert_eq!(s.get_request(&0).unwrap().num_tokens(), 8);
+    assert!(
+        s.preempt_request(&0).is_err(),
+        "a waiting request is not preempted"
+    );
+    let out = run_step(&mut s);
+    assert_eq!(out.scheduled_resumed_reqs.len(), 1);
+    s.check_invariants().unwrap();
+}

@@ -300,15 +300,6 @@ def test_a_kv_consumer_frees_at_once_when_no_step_is_in_flight(tmp_path: Path) -
         scheduler.shutdown()
 
 
-def test_deferring_frees_without_a_kv_connector_is_refused_by_name() -> None:
-    from tokenyard.errors import ConfigError
-
-    scheduler = _both()["tokenyard"]
-    with pytest.raises(ConfigError) as info:
-        scheduler.defer_block_free = True
-    assert info.value.field == "defer_block_free"
-
-
 def test_a_pooling_request_prefills_in_chunks_and_stops_at_its_pooler_output() -> None:
     """A 20-token pooling request under a 16-token budget: chunks of 16 and 4; the first
     step's pooler output is None, the second's ends the request (``FINISHED_STOPPED``, the

@@ -882,6 +882,26 @@ class Scheduler:
         """``(loading, held)``: requests waiting for a KV load, and finished requests whose
         blocks are held for a transfer (a send, or an aborted request's load)."""
     @property
+    def defer_block_free(self) -> bool:
+        """vLLM 0.33's ``defer_block_free`` (settable): blocks of a request finished or
+        preempted while a step that served it is in flight return to the pool only once the
+        newest step scheduled then is processed (``step_processed``)."""
+    @defer_block_free.setter
+    def defer_block_free(self, defer: bool) -> None: ...
+    @property
+    def sched_step_seq(self) -> int:
+        """Steps that scheduled any token while frees were deferred (vLLM's)."""
+    @property
+    def processed_step_seq(self) -> int:
+        """Of those, the steps reported processed (vLLM's)."""
+    def step_processed(self) -> None:
+        """The oldest step in flight that scheduled any token was processed (call before
+        its ``update_from_output``): deferred frees whose fence it reaches are freed."""
+    def deferred_frees(self) -> list[tuple[int, list[int]]]:
+        """The deferred frees, oldest first: ``(fence_step, block_ids)``."""
+    def last_sched_seq(self, request_id: _RequestId) -> int:
+        """The latest numbered step that served the request. Raises UnknownRequestError."""
+    @property
     def num_executed_steps(self) -> int:
         """Steps that scheduled any token (vLLM 0.33's ``num_executed_steps``)."""
     @property

@@ -102,8 +102,8 @@ class ScheduleStep(AdapterBase):
         if self.ec_connector is not None:
             out.ec_connector_metadata = self.ec_connector.build_connector_meta(out)
         if self.defer_block_free and out.total_num_scheduled_tokens > 0:
-            self.sched_step_seq += 1
-            seq = self.sched_step_seq
+            # The core numbered this step (vLLM's last_sched_seq, mirrored on the requests).
+            seq = self._core.sched_step_seq
             for request_id in num_scheduled_tokens:
                 self.requests[request_id].last_sched_seq = seq
         if batch is not None:

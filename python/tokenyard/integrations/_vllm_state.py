@@ -83,8 +83,6 @@ class AdapterBase:
     grammar_compile_error_reqs: dict[str, Any]
     _structured_ids: set[str]
     defer_block_free: bool
-    sched_step_seq: int
-    processed_step_seq: int
     _batches: tuple[tuple[Any, Batch], ...] = ()
     """The last steps' ``(SchedulerOutput, Batch)``, newest first (a few, for async
     scheduling's batch queue); set by ``schedule()``, read by ``update_from_output``."""
@@ -104,8 +102,6 @@ class AdapterBase:
         def _publish_kv_events(self) -> None: ...
 
         def _admit_grammar_ready(self) -> None: ...
-
-        def _drain_deferred_frees(self) -> None: ...
 
         def finish_requests(self, request_ids: Any, finished_status: Any) -> list[Request]: ...
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import itertools
 import operator
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
@@ -68,7 +68,7 @@ except ImportError as err:  # pragma: no cover - exercised only without vLLM
         "of tokenyard works without it"
     ) from err
 
-from tokenyard.errors import ConfigError, InputError
+from tokenyard.errors import InputError
 from tokenyard.integrations._vllm_outputs import (
     check_supported,
 )
@@ -255,18 +255,12 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
             self.connector is not None and self.connector.requires_kv_delivery
         )
         transfer = vllm_config.kv_transfer_config
-        self._defer_block_free = bool(
+        self._core.defer_block_free = bool(
             self.connector is not None
             and vllm_config.max_concurrent_batches > 1
             and transfer.is_kv_consumer
         )
         self.recompute_kv_load_failures = True
-        # The deferred frees' fences (vLLM's sched_step_seq / processed_step_seq): a
-        # finished request scheduled in a step not yet processed keeps its blocks (the
-        # core holds them as for a KV send) until that step's output lands.
-        self.sched_step_seq = 0
-        self.processed_step_seq = 0
-        self._deferred_frees: deque[tuple[int, Any]] = deque()
         # Requests preempted by reset_prefix_cache: outputs of their steps then in flight
         # are dropped, not delivered.
         self._dropped_outputs: set[str] = set()
@@ -367,39 +361,26 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
 
     @property
     def defer_block_free(self) -> bool:
-        """vLLM 0.33's gate: finished requests' blocks wait for their steps in flight."""
-        return self._defer_block_free
+        """vLLM 0.33's gate (set for a KV consumer with several batches in flight, or by
+        hand): the blocks of a request finished or preempted while a step that served it is
+        in flight wait for the newest step scheduled then to be processed. Set by the core,
+        so that setting it on a built scheduler takes effect as in vLLM."""
+        return bool(self._core.defer_block_free)
 
     @defer_block_free.setter
     def defer_block_free(self, value: bool) -> None:
-        if value and self._bridge is None:
-            # The core holds a finished request's blocks only for its KV connector.
-            raise ConfigError(
-                "defer_block_free: tokenyard defers a finished request's block free through "
-                "the KV connector (vLLM sets it for a KV consumer); there is none",
-                field="defer_block_free",
-                value=str(value),
-            )
-        self._defer_block_free = bool(value)
+        self._core.defer_block_free = bool(value)
+
+    # vLLM's fence counters: non-empty steps scheduled / processed while frees are deferred.
+    sched_step_seq = property(lambda self: self._core.sched_step_seq)
+    processed_step_seq = property(lambda self: self._core.processed_step_seq)
 
     @property
-    def deferred_frees(self) -> list[tuple[int, str]]:
-        """The deferred frees as (fence step, vLLM request id), oldest first (vLLM keeps
-        the blocks themselves; they are the core's here)."""
-        return [(fence, self._late_vllm_id(core_id)) for fence, core_id in self._deferred_frees]
-
-    def _late_vllm_id(self, core_id: Any) -> str:
-        return self._vllm_ids.get(core_id, str(core_id))
-
-    def _drain_deferred_frees(self) -> None:
-        """Frees the blocks whose fence step has been processed (vLLM's
-        ``_drain_deferred_frees``)."""
-        deferred = self._deferred_frees
-        done = []
-        while deferred and deferred[0][0] <= self.processed_step_seq:
-            done.append(deferred.popleft()[1])
-        if done:
-            self._core.finish_kv_transfers(finished_sending=done)
+    def deferred_frees(self) -> list[tuple[int, list[int]]]:
+        """The deferred frees as ``(fence step, block ids)``, oldest first (vLLM keeps the
+        ``KVCacheBlock`` objects; the blocks are the core's here). A snapshot."""
+        frees: list[tuple[int, list[int]]] = self._core.deferred_frees()
+        return frees
 
     @property
     def pause_state(self) -> PauseState:

@@ -469,6 +469,51 @@ impl PyScheduler {
             .collect()
     }
 
+    /// vLLM 0.33's `defer_block_free`: blocks of a request finished or preempted while a
+    /// step that served it is in flight return to the pool only once that step is
+    /// processed (`step_processed`).
+    #[getter]
+    fn defer_block_free(&self) -> bool {
+        self.inner.defer_block_free()
+    }
+
+    #[setter]
+    fn set_defer_block_free(&mut self, defer: bool) {
+        self.inner.set_defer_block_free(defer);
+    }
+
+    #[getter]
+    fn sched_step_seq(&self) -> u64 {
+        self.inner.sched_step_seq()
+    }
+
+    #[getter]
+    fn processed_step_seq(&self) -> u64 {
+        self.inner.processed_step_seq()
+    }
+
+    /// The oldest step in flight that scheduled any token was processed: deferred frees
+    /// whose fence it reaches return to the pool.
+    fn step_processed(&mut self, py: Python<'_>) -> PyResult<()> {
+        self.inner
+            .step_processed()
+            .map_err(|err| self.raise(py, err))
+    }
+
+    /// The deferred frees, oldest first: `(fence_step, block_ids)`.
+    fn deferred_frees(&self) -> Vec<(u64, Vec<u32>)> {
+        self.inner.deferred_frees()
+    }
+
+    /// The latest step numbered while frees are deferred that served the request.
+    fn last_sched_seq(&self, request_id: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let id = RequestId::from_py(request_id)?;
+        match self.inner.get_request(&id) {
+            Some(r) => Ok(r.last_sched_seq),
+            None => Err(unknown_request(request_id.py(), &id)),
+        }
+    }
+
     #[getter]
     fn num_free_blocks(&self) -> usize {
         self.inner.num_free_blocks()

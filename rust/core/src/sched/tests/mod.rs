@@ -3,6 +3,7 @@
 
 mod arrivals;
 mod async_scheduling;
+mod block_free;
 mod budgets;
 mod cadence;
 mod connectors;

@@ -1,0 +1,175 @@
+//! Deferred block frees (vLLM 0.33's `Scheduler.defer_block_free`). With several steps in
+//! flight (async scheduling, pipeline parallelism), a request that finishes or is preempted
+//! may still have its blocks written by a step that has not landed; a KV connector's load
+//! into those blocks, reallocated, is not ordered against that write. With the flag on, the
+//! steps that schedule any token are numbered (`sched_step_seq`), each stamps the requests
+//! it serves (`Request::last_sched_seq`), and the engine reports each processed
+//! (`step_processed`: `processed_step_seq`). A request whose last step is not processed
+//! gives its blocks up at once (a preempted one resumes with fresh ones) but they return to
+//! the pool only once the newest step scheduled at that moment has been processed (its
+//! fence), in the order they were deferred. The allocation loop does not preempt such a
+//! request: its blocks would not help this step.
+//!
+//! Invariant: a slot in `queue` holds no live request and is not free; its blocks stay in
+//! the pool's bookkeeping under that slot until it is drained.
+
+use std::collections::VecDeque;
+
+use super::Scheduler;
+use crate::Result;
+use crate::kv::{BlockId, RequestKey};
+
+/// The fence counters and the blocks waiting for them.
+#[derive(Debug, Default)]
+pub(super) struct BlockFrees {
+    pub(super) enabled: bool,
+    /// Steps that scheduled any token since the flag was on (vLLM's `sched_step_seq`).
+    pub(super) sched_step_seq: u64,
+    /// Of those, steps the engine reported processed (vLLM's `processed_step_seq`).
+    pub(super) processed_step_seq: u64,
+    /// (fence step, slot whose blocks wait for it), oldest first (vLLM's `deferred_frees`).
+    pub(super) queue: VecDeque<(u64, u32)>,
+}
+
+impl<R: RequestKey> Scheduler<R> {
+    /// Turns deferred block frees on or off (vLLM 0.33's `defer_block_free`, which its
+    /// scheduler sets for a KV-consumer connector with several batches in flight, and its
+    /// tests set by hand). Blocks already deferred keep waiting for their fence.
+    pub fn set_defer_block_free(&mut self, defer: bool) {
+        self.block_frees.enabled = defer;
+    }
+
+    pub fn defer_block_free(&self) -> bool {
+        self.block_frees.enabled
+    }
+
+    /// Steps that scheduled any token while frees were deferred (vLLM's `sched_step_seq`).
+    pub fn sched_step_seq(&self) -> u64 {
+        self.block_frees.sched_step_seq
+    }
+
+    /// Of those, the steps reported processed (vLLM's `processed_step_seq`).
+    pub fn processed_step_seq(&self) -> u64 {
+        self.block_frees.processed_step_seq
+    }
+
+    /// The engine processed the output of the oldest step in flight that scheduled any
+    /// token (vLLM 0.33 counts it at the top of `update_from_output`, while
+    /// `defer_block_free` is on): every write of that step and the earlier ones is done,
+    /// so the blocks whose fence it reaches return to the pool, oldest first. Call it before
+    /// that step's `update_from_output`, as vLLM does: a request the update finishes is
+    /// then freed at once if this was its last step.
+    pub fn step_processed(&mut self) -> Result<()> {
+        let frees = &mut self.block_frees;
+        frees.processed_step_seq += 1;
+        // Fences are appended in order (each is the newest step when it is deferred), so
+        // the first one not reached ends the drain.
+        while let Some(&(fence, slot)) = frees.queue.front() {
+            if fence > frees.processed_step_seq {
+                break;
+            }
+            frees.queue.pop_front();
+            self.kv.free(slot)?;
+            self.free_slots.push(slot);
+        }
+        Ok(())
+    }
+
+    /// The deferred frees, oldest first: each fence step and the block ids waiting for it
+    /// (with several KV groups, the first group's).
+    pub fn deferred_frees(&self) -> Vec<(u64, Vec<BlockId>)> {
+        self.block_frees
+            .queue
+            .iter()
+            .map(|&(fence, slot)| (fence, self.kv.block_ids(slot).unwrap_or_default().to_vec()))
+            .collect()
+    }
+
+    /// A request last scheduled in step `last_sched_seq` may give its blocks back now
+    /// (vLLM's `_request_blocks_can_be_freed`).
+    pub(super) fn blocks_can_be_freed(&self, last_sched_seq: u64) -> bool {
+        !self.block_frees.enabled || last_sched_seq <= self.block_frees.processed_step_seq
+    }
+
+    /// Numbers a step that scheduled `scheduled` (non-empty) and stamps its requests (the
+    /// end of vLLM 0.33's `schedule()` and its `_update_after_schedule`).
+    pub(super) fn stamp_step(&mut self, scheduled: &[(u32, usize)]) {
+        if !self.block_frees.enabled || scheduled.is_empty() {
+            return;
+        }
+        self.block_frees.sched_step_seq += 1;
+        let seq = self.block_frees.sched_step_seq;
+        for &(slot, _) in scheduled {
+            self.req_mut(slot).last_sched_seq = seq;
+        }
+    }
+
+    /// Frees the blocks of `slot`, whose request is gone (finished; its `slots` entry
+    /// taken), and the slot itself, or defers both to the newest step's fence when the
+    /// request was last scheduled in a step not yet processed (vLLM's
+    /// `_free_request_blocks`).
+    pub(super) fn free_or_defer(&mut self, slot: u32, last_sched_seq: u64) -> Result<()> {
+        let holds_blocks = self.kv.block_ids(slot).is_some();
+        if holds_blocks && !self.blocks_can_be_freed(last_sched_seq) {
+            let fence = self.block_frees.sched_step_seq;
+            self.block_frees.queue.push_back((fence, slot));
+            return Ok(());
+        }
+        if holds_blocks {
+            self.kv.free(slot)?;
+        }
+        self.free_slots.push(slot);
+        Ok(())
+    }
+
+    /// Preempting the request at `slot`: frees its blocks, or, when a step not processed
+    /// may still write them, leaves them under `slot` until its fence and moves the request
+    /// to a fresh slot (vLLM pops the request's blocks from its manager and queues them).
+    /// Returns the slot the request lives at now.
+    pub(super) fn free_preempted(&mut self, slot: u32) -> Result<u32> {
+        let last = self.req(slot).last_sched_seq;
+        if self.blocks_can_be_freed(last) || self.kv.block_ids(slot).is_none() {
+            if self.kv.block_ids(slot).is_some() {
+                self.kv.free(slot)?;
+            }
+            return Ok(slot);
+        }
+        let request = self.slots[slot as usize]
+            .take()
+            .expect("preempted slot is live");
+        let id = request.request_id.clone();
+        let fresh = match self.free_slots.pop() {
+            Some(fresh) => {
+                self.slots[fresh as usize] = Some(request);
+                fresh
+            }
+            None => {
+                self.slots.push(Some(request));
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.index.insert(id, fresh);
+        let fence = self.block_frees.sched_step_seq;
+        self.block_frees.queue.push_back((fence, slot));
+        Ok(fresh)
+    }
+
+    /// Describes a broken invariant of the deferred frees, if any.
+    pub(super) fn check_block_frees(&self) -> std::result::Result<(), String> {
+        let mut last_fence = 0;
+        for &(fence, slot) in &self.block_frees.queue {
+            if self.slots[slot as usize].is_some() || self.free_slots.contains(&slot) {
+                return Err(format!(
+                    "slot {slot} waits for its fence but is live or free"
+                ));
+            }
+            if fence < last_fence || fence > self.block_frees.sched_step_seq {
+                return Err(format!(
+                    "deferred free of slot {slot} has fence {fence} out of order"
+                ));
+            }
+            last_fence = fence;
+        }
+        Ok(())
+    }
+}

@@ -899,6 +899,24 @@ class Scheduler:
         its ``update_from_output``): deferred frees whose fence it reaches are freed."""
     def deferred_frees(self) -> list[tuple[int, list[int]]]:
         """The deferred frees, oldest first: ``(fence_step, block_ids)``."""
+    @property
+    def encoder_budget(self) -> int:
+        """The encoder compute budget per step, in embeddings (settable: from the next step
+        on, as given; 0 encodes nothing)."""
+    @encoder_budget.setter
+    def encoder_budget(self, max_num_encoder_input_tokens: int) -> None: ...
+    def set_encoder_cache_size(self, cache_size: int) -> None:
+        """Replaces the encoder cache with an empty one of ``cache_size`` embeddings; its
+        freeable entries are reported freed with the next step. Raises InputError while a
+        request holds an entry."""
+    def encoder_cache_entries(self) -> list[tuple[str, list[_RequestId]]]:
+        """The encoder cache's entries by ``mm_hash``, each with the requests referencing
+        it (none: freeable)."""
+    def encoder_cache_freeable(self) -> list[tuple[str, int]]:
+        """The freeable entries, oldest first (the eviction order): ``(mm_hash,
+        num_embeds)``."""
+    def encoder_cache_freed(self) -> list[str]:
+        """Identifiers evicted since the last step's ``free_encoder_mm_hashes``."""
     def last_sched_seq(self, request_id: _RequestId) -> int:
         """The latest numbered step that served the request. Raises UnknownRequestError."""
     @property

@@ -64,6 +64,7 @@ class AdapterBase:
     use_pp: bool
     use_v2_model_runner: bool
     log_stats: bool
+    observability_config: Any
     spec_decode_metrics_level: str
     current_step: int
     _pause_state: Any

@@ -657,6 +657,50 @@ impl PyScheduler {
         invariants(py, self.inner.check_invariants())
     }
 
+    /// The encoder compute budget per step, in embeddings; settable (from the next step on,
+    /// as given: 0 encodes nothing).
+    #[getter]
+    fn encoder_budget(&self) -> usize {
+        self.inner.encoder_budget()
+    }
+
+    #[setter]
+    fn set_encoder_budget(&mut self, max_num_encoder_input_tokens: usize) {
+        self.inner.set_encoder_budget(max_num_encoder_input_tokens);
+    }
+
+    /// Replaces the encoder cache with an empty one of `cache_size` embeddings (only while
+    /// no request holds an entry: InputError otherwise).
+    fn set_encoder_cache_size(&mut self, py: Python<'_>, cache_size: usize) -> PyResult<()> {
+        self.inner
+            .set_encoder_cache_size(cache_size)
+            .map_err(|err| self.raise(py, err))
+    }
+
+    /// The encoder cache's entries: `(mm_hash, request ids referencing it)`, by `mm_hash`
+    /// (no ids: freeable).
+    fn encoder_cache_entries<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Vec<(String, Vec<Py<PyAny>>)>> {
+        let mut entries = Vec::new();
+        for (mm_hash, ids) in self.inner.encoder_cache_entries() {
+            let ids = ids.into_iter().map(|id| id.into_py(py));
+            entries.push((mm_hash, ids.collect::<PyResult<Vec<_>>>()?));
+        }
+        Ok(entries)
+    }
+
+    /// The freeable entries, oldest first: `(mm_hash, num_embeds)`.
+    fn encoder_cache_freeable(&self) -> Vec<(String, usize)> {
+        self.inner.encoder_cache_freeable()
+    }
+
+    /// Identifiers evicted since the last step's `free_encoder_mm_hashes`.
+    fn encoder_cache_freed(&self) -> Vec<String> {
+        self.inner.encoder_cache_freed()
+    }
+
     /// The encoder cache's `(num_free_slots, num_freeable_slots, cache_size)`.
     fn encoder_cache_usage(&self) -> (usize, usize, usize) {
         self.inner.encoder_cache_usage()

@@ -9,6 +9,7 @@ mod cadence;
 mod connectors;
 mod deferred;
 mod encoder;
+mod encoder_settings;
 mod hybrid;
 mod lifecycle;
 mod memory;

@@ -202,6 +202,9 @@ def test_kv_delivery_is_required_of_a_kv_producer(
     peer = VllmSchedulerPeer(
         num_blocks=64, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=256
     )
+    # ExampleConnector has no HMA support: vLLM turns HMA off when the config is built
+    # with it; it is set after the build here.
+    peer.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = True
     peer.vllm_config.kv_transfer_config = KVTransferConfig(
         kv_connector="ExampleConnector",
         kv_role=kv_role,
@@ -232,6 +235,9 @@ def _consumer_pair(tmp_path: Path) -> dict[str, Any]:
     peer = VllmSchedulerPeer(
         num_blocks=64, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=256
     )
+    # ExampleConnector has no HMA support: vLLM turns HMA off when the config is built
+    # with it; it is set after the build here.
+    peer.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = True
     peer.vllm_config.kv_transfer_config = KVTransferConfig(
         kv_connector="ExampleConnector",
         kv_role="kv_consumer",

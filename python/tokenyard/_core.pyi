@@ -889,6 +889,15 @@ class Scheduler:
     @defer_block_free.setter
     def defer_block_free(self, defer: bool) -> None: ...
     @property
+    def defer_async_loads(self) -> bool:
+        """vLLM 0.33's ``defer_async_loads`` (settable; with ``defer_block_free``): an
+        asynchronous KV load admitted while a step is in flight is handed to the connector
+        once that step is processed."""
+    @defer_async_loads.setter
+    def defer_async_loads(self, defer: bool) -> None: ...
+    def deferred_load_ids(self) -> list[_RequestId]:
+        """Requests whose asynchronous load waits for a step in flight before it starts."""
+    @property
     def sched_step_seq(self) -> int:
         """Steps that scheduled any token while frees were deferred (vLLM's)."""
     @property

@@ -382,6 +382,16 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
     def defer_block_free(self, value: bool) -> None:
         self._core.defer_block_free = bool(value)
 
+    @property
+    def defer_async_loads(self) -> bool:
+        """vLLM 0.33's gate (HiSparse, or set by hand): an asynchronous KV load admitted
+        while a step is in flight is handed to the connector once that step is processed."""
+        return bool(self._core.defer_async_loads)
+
+    @defer_async_loads.setter
+    def defer_async_loads(self, value: bool) -> None:
+        self._core.defer_async_loads = bool(value)
+
     # vLLM's fence counters: non-empty steps scheduled / processed while frees are deferred.
     sched_step_seq = property(lambda self: self._core.sched_step_seq)
     processed_step_seq = property(lambda self: self._core.processed_step_seq)
@@ -574,6 +584,14 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
         pending = self._grammar_waiting
         in_core = [self._core_ids[i] for i in ids if i not in pending]
         if in_core:
+            bridge = self._bridge
+            if bridge is not None and self._core.defer_async_loads:
+                # A deferred load never started: nothing will report it, so its request is
+                # not kept for one (vLLM's finish_requests).
+                aborted = set(ids)
+                for core_id in self._core.deferred_load_ids():
+                    if self._vllm_ids[core_id] in aborted:
+                        bridge.loading.discard(self._vllm_ids[core_id])
             self._core.abort(in_core)
         finished = []
         for request_id in ids:

@@ -482,6 +482,25 @@ impl PyScheduler {
         self.inner.set_defer_block_free(defer);
     }
 
+    /// vLLM 0.33's `defer_async_loads`: an asynchronous load admitted while a step is in
+    /// flight starts (`update_state_after_alloc`) once that step is processed.
+    #[getter]
+    fn defer_async_loads(&self) -> bool {
+        self.inner.defer_async_loads()
+    }
+
+    #[setter]
+    fn set_defer_async_loads(&mut self, defer: bool) {
+        self.inner.set_defer_async_loads(defer);
+    }
+
+    /// Requests whose asynchronous load waits for a step in flight before it starts.
+    fn deferred_load_ids<'py>(&self, py: Python<'py>) -> PyResult<Vec<Py<PyAny>>> {
+        (self.inner.deferred_load_ids().into_iter())
+            .map(|id| id.into_py(py))
+            .collect()
+    }
+
     #[getter]
     fn sched_step_seq(&self) -> u64 {
         self.inner.sched_step_seq()

@@ -10,6 +10,12 @@
 //! fence), in the order they were deferred. The allocation loop does not preempt such a
 //! request: its blocks would not help this step.
 //!
+//! With `defer_async_loads` too (vLLM 0.33 sets it for HiSparse, which keeps reading a
+//! released page until it is reused), an asynchronous KV load admitted while a step is in
+//! flight is handed to the connector (`update_state_after_alloc`) only once that step is
+//! processed; aborted before, it never started, so its blocks are freed (past the fence)
+//! rather than held for a load that will not report.
+//!
 //! Invariant: a slot in `queue` holds no live request and is not free; its blocks stay in
 //! the pool's bookkeeping under that slot until it is drained.
 
@@ -29,6 +35,11 @@ pub(super) struct BlockFrees {
     pub(super) processed_step_seq: u64,
     /// (fence step, slot whose blocks wait for it), oldest first (vLLM's `deferred_frees`).
     pub(super) queue: VecDeque<(u64, u32)>,
+    /// vLLM's `defer_async_loads`.
+    pub(super) defer_loads: bool,
+    /// Loads not yet handed to the connector: (fence step, slot, external tokens), oldest
+    /// first (vLLM's `deferred_loads`).
+    pub(super) loads: Vec<(u64, u32, usize)>,
 }
 
 impl<R: RequestKey> Scheduler<R> {
@@ -41,6 +52,26 @@ impl<R: RequestKey> Scheduler<R> {
 
     pub fn defer_block_free(&self) -> bool {
         self.block_frees.enabled
+    }
+
+    /// Defers asynchronous KV loads admitted while a step is in flight until that step is
+    /// processed (vLLM 0.33's `defer_async_loads`; it takes effect with `defer_block_free`,
+    /// which numbers the steps).
+    pub fn set_defer_async_loads(&mut self, defer: bool) {
+        self.block_frees.defer_loads = defer;
+    }
+
+    pub fn defer_async_loads(&self) -> bool {
+        self.block_frees.defer_loads
+    }
+
+    /// Requests whose asynchronous load waits for a step in flight before it starts.
+    pub fn deferred_load_ids(&self) -> Vec<R> {
+        let loads = &self.block_frees.loads;
+        loads
+            .iter()
+            .map(|&(_, slot, _)| self.req(slot).request_id.clone())
+            .collect()
     }
 
     /// Steps that scheduled any token while frees were deferred (vLLM's `sched_step_seq`).
@@ -62,6 +93,14 @@ impl<R: RequestKey> Scheduler<R> {
     pub fn step_processed(&mut self) -> Result<()> {
         let frees = &mut self.block_frees;
         frees.processed_step_seq += 1;
+        // vLLM's _drain_deferred_loads: in admission order, up to the first fence not reached.
+        let processed = frees.processed_step_seq;
+        let ready = frees.loads.iter().take_while(|l| l.0 <= processed).count();
+        let started: Vec<_> = frees.loads.drain(..ready).collect();
+        for (_, slot, num_external_tokens) in started {
+            self.notify_allocation(slot, num_external_tokens)?;
+        }
+        let frees = &mut self.block_frees;
         // Fences are appended in order (each is the newest step when it is deferred), so
         // the first one not reached ends the drain.
         while let Some(&(fence, slot)) = frees.queue.front() {
@@ -83,6 +122,30 @@ impl<R: RequestKey> Scheduler<R> {
             .iter()
             .map(|&(fence, slot)| (fence, self.kv.block_ids(slot).unwrap_or_default().to_vec()))
             .collect()
+    }
+
+    /// Whether the asynchronous load being admitted for `slot` waits for the step in flight;
+    /// if so it is queued (and the request stamped with the newest step, as vLLM does).
+    pub(super) fn defer_load(&mut self, slot: u32, num_external_tokens: usize) -> bool {
+        let frees = &self.block_frees;
+        if !frees.defer_loads || frees.sched_step_seq <= frees.processed_step_seq {
+            return false;
+        }
+        let fence = frees.sched_step_seq;
+        self.req_mut(slot).last_sched_seq = fence;
+        self.block_frees
+            .loads
+            .push((fence, slot, num_external_tokens));
+        true
+    }
+
+    /// Drops the deferred load of `slot`, if any: it never started. Returns whether there
+    /// was one.
+    pub(super) fn drop_deferred_load(&mut self, slot: u32) -> bool {
+        let loads = &mut self.block_frees.loads;
+        let before = loads.len();
+        loads.retain(|&(_, s, _)| s != slot);
+        loads.len() != before
     }
 
     /// A request last scheduled in step `last_sched_seq` may give its blocks back now
@@ -169,6 +232,16 @@ impl<R: RequestKey> Scheduler<R> {
                 ));
             }
             last_fence = fence;
+        }
+        for &(_, slot, _) in &self.block_frees.loads {
+            let loading = self.slots[slot as usize]
+                .as_ref()
+                .is_some_and(|r| r.status == super::RequestStatus::WaitingForRemoteKvs);
+            if !loading {
+                return Err(format!(
+                    "slot {slot} has a deferred load but is not loading"
+                ));
+            }
         }
         Ok(())
     }

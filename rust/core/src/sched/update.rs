@@ -442,7 +442,10 @@ impl<R: RequestKey> Scheduler<R> {
         let for_transfer = match (status, &mut self.connector) {
             // A load already reported (landed or failed) writes nothing more and will not
             // be reported again: only a load still in flight holds the blocks.
-            (RequestStatus::WaitingForRemoteKvs, _) => !self.landed.contains(&slot),
+            // A deferred load never started (`sched::block_free`): nothing will report it.
+            (RequestStatus::WaitingForRemoteKvs, _) => {
+                !self.drop_deferred_load(slot) && !self.landed.contains(&slot)
+            }
             (RequestStatus::Running, Some(connector)) => {
                 let blocks = self.kv.block_ids(slot).unwrap_or_default();
                 connector

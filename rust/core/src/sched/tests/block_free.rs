@@ -5,6 +5,7 @@
 
 use super::*;
 use crate::sched::*;
+use crate::sched::{ExternalTokens, KvConnector};
 
 /// 16 blocks of 4 tokens; a 9-token prompt takes 3 blocks.
 fn deferring(async_scheduling: bool) -> Scheduler<u32> {
@@ -203,4 +204,108 @@ fn without_the_flag_nothing_is_deferred_or_numbered() {
     assert_eq!(s.sched_step_seq(), 0);
     assert!(s.deferred_frees().is_empty());
     assert_eq!(s.stats().kv_usage, 0.0);
+}
+
+/// Loads request 1's whole prompt asynchronously (nothing for the others) and logs the
+/// requests whose blocks it is given (every admission: request 0's with no load).
+struct LoadsOne(std::sync::Arc<std::sync::Mutex<Vec<u32>>>);
+
+impl KvConnector<u32> for LoadsOne {
+    fn get_num_new_matched_tokens(
+        &mut self,
+        request: &Request<u32>,
+        num_computed_tokens: usize,
+    ) -> crate::Result<Option<ExternalTokens>> {
+        let loads = request.request_id == 1;
+        Ok(Some(ExternalTokens {
+            num_tokens: if loads {
+                request.num_tokens() - num_computed_tokens
+            } else {
+                0
+            },
+            load_async: true,
+        }))
+    }
+
+    fn update_state_after_alloc(
+        &mut self,
+        request: &Request<u32>,
+        _: &[crate::kv::BlockId],
+        _: usize,
+    ) -> crate::Result<()> {
+        self.0.lock().unwrap().push(request.request_id);
+        Ok(())
+    }
+
+    fn request_finished(
+        &mut self,
+        _: &Request<u32>,
+        _: &[crate::kv::BlockId],
+    ) -> crate::Result<bool> {
+        Ok(false)
+    }
+}
+
+/// Request 0 runs with two steps in flight; request 1 is admitted with an async load in
+/// the third step. Returns the scheduler and the connector's log.
+fn load_behind_steps_in_flight(
+    defer_loads: bool,
+) -> (Scheduler<u32>, std::sync::Arc<std::sync::Mutex<Vec<u32>>>) {
+    let cfg = SchedulerConfig {
+        num_blocks: 16,
+        max_num_batched_tokens: 64,
+        enable_prefix_caching: true,
+        ..config()
+    };
+    let mut s = Scheduler::new(cfg, true).unwrap();
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    s.set_connector(Box::new(LoadsOne(log.clone()))).unwrap();
+    s.set_defer_block_free(true);
+    s.set_defer_async_loads(defer_loads);
+    s.add_request(0, prompt(0, 9)).unwrap();
+    s.schedule().unwrap();
+    s.schedule().unwrap();
+    s.add_request(1, prompt(1, 8)).unwrap();
+    let out = s.schedule().unwrap();
+    assert_eq!(out.kv_loads.len(), 1);
+    assert_eq!(
+        s.get_request(&1).unwrap().status,
+        RequestStatus::WaitingForRemoteKvs
+    );
+    (s, log)
+}
+
+#[test]
+fn a_load_admitted_behind_a_step_in_flight_starts_once_that_step_is_processed() {
+    // vLLM's test_deferred_async_load_registers_after_inflight_step: the fence is step 2,
+    // the newest in flight when step 3 admitted the load.
+    let (mut s, log) = load_behind_steps_in_flight(true);
+    assert_eq!(*log.lock().unwrap(), [0]);
+    assert_eq!(s.deferred_load_ids(), [1]);
+    s.check_invariants().unwrap();
+    s.step_processed().unwrap();
+    assert_eq!(*log.lock().unwrap(), [0]);
+    s.step_processed().unwrap();
+    assert_eq!(*log.lock().unwrap(), [0, 1]);
+    assert!(s.deferred_load_ids().is_empty());
+    // Without the flag the load starts at admission.
+    let (_, log) = load_behind_steps_in_flight(false);
+    assert_eq!(*log.lock().unwrap(), [0, 1]);
+}
+
+#[test]
+fn an_aborted_deferred_load_never_started_so_its_blocks_wait_only_for_the_fence() {
+    let (mut s, log) = load_behind_steps_in_flight(true);
+    let held = s.num_free_blocks();
+    s.abort(&[1]).unwrap();
+    // Not held for a load report that will never come: deferred to the newest step (3).
+    assert_eq!(s.num_kv_transfers(), (0, 0));
+    assert_eq!(s.deferred_frees().len(), 1);
+    assert_eq!(s.num_free_blocks(), held);
+    for _ in 0..3 {
+        s.step_processed().unwrap();
+    }
+    assert_eq!(s.num_free_blocks(), held + 2);
+    assert_eq!(*log.lock().unwrap(), [0]);
+    s.check_invariants().unwrap();
 }

@@ -882,6 +882,53 @@ class Scheduler:
         """``(loading, held)``: requests waiting for a KV load, and finished requests whose
         blocks are held for a transfer (a send, or an aborted request's load)."""
     @property
+    def defer_block_free(self) -> bool:
+        """vLLM 0.33's ``defer_block_free`` (settable): blocks of a request finished or
+        preempted while a step that served it is in flight return to the pool only once the
+        newest step scheduled then is processed (``step_processed``)."""
+    @defer_block_free.setter
+    def defer_block_free(self, defer: bool) -> None: ...
+    @property
+    def defer_async_loads(self) -> bool:
+        """vLLM 0.33's ``defer_async_loads`` (settable; with ``defer_block_free``): an
+        asynchronous KV load admitted while a step is in flight is handed to the connector
+        once that step is processed."""
+    @defer_async_loads.setter
+    def defer_async_loads(self, defer: bool) -> None: ...
+    def deferred_load_ids(self) -> list[_RequestId]:
+        """Requests whose asynchronous load waits for a step in flight before it starts."""
+    @property
+    def sched_step_seq(self) -> int:
+        """Steps that scheduled any token while frees were deferred (vLLM's)."""
+    @property
+    def processed_step_seq(self) -> int:
+        """Of those, the steps reported processed (vLLM's)."""
+    def step_processed(self) -> None:
+        """The oldest step in flight that scheduled any token was processed (call before
+        its ``update_from_output``): deferred frees whose fence it reaches are freed."""
+    def deferred_frees(self) -> list[tuple[int, list[int]]]:
+        """The deferred frees, oldest first: ``(fence_step, block_ids)``."""
+    @property
+    def encoder_budget(self) -> int:
+        """The encoder compute budget per step, in embeddings (settable: from the next step
+        on, as given; 0 encodes nothing)."""
+    @encoder_budget.setter
+    def encoder_budget(self, max_num_encoder_input_tokens: int) -> None: ...
+    def set_encoder_cache_size(self, cache_size: int) -> None:
+        """Replaces the encoder cache with an empty one of ``cache_size`` embeddings; its
+        freeable entries are reported freed with the next step. Raises InputError while a
+        request holds an entry."""
+    def encoder_cache_entries(self) -> list[tuple[str, list[_RequestId]]]:
+        """The encoder cache's entries by ``mm_hash``, each with the requests referencing
+        it (none: freeable)."""
+    def encoder_cache_freeable(self) -> list[tuple[str, int]]:
+        """The freeable entries, oldest first (the eviction order): ``(mm_hash,
+        num_embeds)``."""
+    def encoder_cache_freed(self) -> list[str]:
+        """Identifiers evicted since the last step's ``free_encoder_mm_hashes``."""
+    def last_sched_seq(self, request_id: _RequestId) -> int:
+        """The latest numbered step that served the request. Raises UnknownRequestError."""
+    @property
     def num_executed_steps(self) -> int:
         """Steps that scheduled any token (vLLM 0.33's ``num_executed_steps``)."""
     @property

@@ -31,6 +31,10 @@ _WAITING_FOR_REMOTE_KVS = RequestStatus.WAITING_FOR_REMOTE_KVS
 class ScheduleStep(AdapterBase):
     """``schedule()`` and what it does to the vLLM requests."""
 
+    # The step's encoder-input stats (with iteration logging): vLLM 0.33's own, which reads
+    # `requests` (each request's mm_features) only.
+    _make_scheduled_encoder_input_stats = _VllmScheduler._make_scheduled_encoder_input_stats
+
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         """Forms the next batch (``throttle_prefills``: vLLM's DP prefill balancing)."""
         self.current_step += 1
@@ -81,6 +85,10 @@ class ScheduleStep(AdapterBase):
             free_encoder_mm_hashes=list(core.free_encoder_mm_hashes),
             num_spec_tokens_to_schedule=self.num_spec_tokens,
         )
+        if self.log_stats and self.observability_config.enable_logging_iteration_details:
+            out.scheduled_encoder_input_stats = self._make_scheduled_encoder_input_stats(
+                out.scheduled_encoder_inputs
+            )
         if not self.use_v2_model_runner:
             self.prev_step_scheduled_req_ids = set(num_scheduled_tokens)
         elif self._pending_encoder_input_ids or out.scheduled_encoder_inputs:
@@ -103,8 +111,8 @@ class ScheduleStep(AdapterBase):
         if self.ec_connector is not None:
             out.ec_connector_metadata = self.ec_connector.build_connector_meta(out)
         if self.defer_block_free and out.total_num_scheduled_tokens > 0:
-            self.sched_step_seq += 1
-            seq = self.sched_step_seq
+            # The core numbered this step (vLLM's last_sched_seq, mirrored on the requests).
+            seq = self._core.sched_step_seq
             for request_id in num_scheduled_tokens:
                 self.requests[request_id].last_sched_seq = seq
         if batch is not None:

@@ -64,6 +64,7 @@ class AdapterBase:
     use_pp: bool
     use_v2_model_runner: bool
     log_stats: bool
+    observability_config: Any
     spec_decode_metrics_level: str
     current_step: int
     _pause_state: Any
@@ -87,8 +88,6 @@ class AdapterBase:
     grammar_compile_error_reqs: dict[str, Any]
     _structured_ids: set[str]
     defer_block_free: bool
-    sched_step_seq: int
-    processed_step_seq: int
     _batches: tuple[tuple[Any, Batch], ...] = ()
     """The last steps' ``(SchedulerOutput, Batch)``, newest first (a few, for async
     scheduling's batch queue); set by ``schedule()``, read by ``update_from_output``."""
@@ -108,8 +107,6 @@ class AdapterBase:
         def _publish_kv_events(self) -> None: ...
 
         def _admit_grammar_ready(self) -> None: ...
-
-        def _drain_deferred_frees(self) -> None: ...
 
         def finish_requests(self, request_ids: Any, finished_status: Any) -> list[Request]: ...
 

@@ -45,8 +45,7 @@ class UpdateFromOutput(AdapterBase):
         returns the outputs by client, with the step's stats."""
         if self.defer_block_free and scheduler_output.total_num_scheduled_tokens > 0:
             # Every write of this and earlier steps has completed (vLLM's fence).
-            self.processed_step_seq += 1
-            self._drain_deferred_frees()
+            self._core.step_processed()
         kv_output = model_runner_output.kv_connector_output
         if kv_output is not None and self.connector is not None:
             self._update_from_kv_transfers(kv_output)

@@ -6,7 +6,6 @@ module, so vLLM is installed when this runs."""
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -33,10 +32,6 @@ class AdapterState(Protocol):
     _kv_groups: int
     _prefix_caching: bool
     _prefix_cache_stats: PrefixCacheStats | None
-    defer_block_free: bool
-    sched_step_seq: int
-    processed_step_seq: int
-    _deferred_frees: deque[tuple[int, Any]]
 
     def _request_of(self, core_id: Any) -> Request: ...
 
@@ -128,11 +123,8 @@ class _ConnectorBridge:
         if delay_free:
             self.sending.add(request_id)
             return True
-        scheduler = self._scheduler
-        if scheduler.defer_block_free and request.last_sched_seq > scheduler.processed_step_seq:
-            # vLLM 0.33's deferred free: a step still in flight may write these blocks.
-            scheduler._deferred_frees.append((scheduler.sched_step_seq, view.request_id))
-            return True
+        # Not held for a send: the core frees the blocks, or defers them past the steps in
+        # flight (vLLM 0.33's defer_block_free).
         return False
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import itertools
 import operator
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
@@ -69,6 +69,7 @@ except ImportError as err:  # pragma: no cover - exercised only without vLLM
     ) from err
 
 from tokenyard.errors import ConfigError, InputError
+from tokenyard.integrations._vllm_encoder_cache import EncoderCacheView, assigned_cache_size
 from tokenyard.integrations._vllm_outputs import (
     check_supported,
 )
@@ -181,7 +182,9 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
             if supports_mm and not self.is_encoder_decoder
             else None
         )
-        self.max_num_encoder_input_tokens = mm_budget.encoder_compute_budget if mm_budget else 0
+        # vLLM's values, as given (0 and 0 for a text-only model; its tests set them on a
+        # built scheduler: the properties below pass them to the core).
+        self._max_num_encoder_input_tokens = mm_budget.encoder_compute_budget if mm_budget else 0
         self._encoder_cache_size = mm_budget.encoder_cache_size if mm_budget else 0
         self._core: Any = _CoreScheduler(
             core_config(
@@ -189,11 +192,16 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
                 kv_cache_config,
                 block_size,
                 async_scheduling=force_async,
-                max_num_encoder_input_tokens=self.max_num_encoder_input_tokens,
+                max_num_encoder_input_tokens=self._max_num_encoder_input_tokens,
                 encoder_cache_size=self._encoder_cache_size,
             ),
             connector=self._bridge,
         )
+        if mm_budget is None:
+            # vLLM's scheduler has no encoder budget or cache then (the core's 0s stand for
+            # its defaults at construction).
+            self._core.encoder_budget = 0
+            self._core.set_encoder_cache_size(0)
         self._num_kv_blocks = s.num_blocks - 1
         self._kv_groups = len(s.kv_groups)
         self.local_prefill_interval = local_prefill_interval(vllm_config)
@@ -221,18 +229,21 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
         # The V2 runner's encoder inputs sent and not yet released, per request (vLLM's;
         # _get_encoder_input_updates keeps it).
         self._pending_encoder_input_ids: dict[str, set[int]] = {}
-        # Why multimodal items are refused here (None: served, under the encoder budget).
-        self._mm_refusal: str | None = None
-        if mm_budget is None:
-            self._mm_refusal = "(the model takes none, or is an encoder-decoder model)"
+        # Why multimodal items are refused here whatever the encoder budget (None: served
+        # under it; a text-only model's items once a budget and a cache are set: _mm_refusal).
+        self._mm_refused: str | None = None
+        self._mm_model = mm_budget is not None
+        if self.is_encoder_decoder:
+            self._mm_refused = "(the model is an encoder-decoder model)"
         elif self.ec_connector is not None:
-            self._mm_refusal = "with an encoder-cache connector (ec_transfer_config)"
+            self._mm_refused = "with an encoder-cache connector (ec_transfer_config)"
         elif self.use_v2_model_runner and self.async_scheduling:
             # vLLM's encoder_input_updates read request.num_in_flight_tokens: the adapter
             # keeps it, but this pairing is not yet compared with vLLM step by step.
-            self._mm_refusal = "on the V2 model runner with async scheduling"
+            self._mm_refused = "on the V2 model runner with async scheduling"
         elif self.connector is not None:
-            self._mm_refusal = "with a KV connector (its loads would bypass the encoder)"
+            self._mm_refused = "with a KV connector (its loads would bypass the encoder)"
+        self._encoder_cache_view = EncoderCacheView(self)
         self.kv_cache_manager = _KVCacheManagerView(self)
         self.spec_decode_metrics_level = self.observability_config.per_request_spec_decode_metrics
         self._num_hash_lookahead_tokens = getattr(vllm_config, "num_hash_lookahead_tokens", 0)
@@ -255,18 +266,12 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
             self.connector is not None and self.connector.requires_kv_delivery
         )
         transfer = vllm_config.kv_transfer_config
-        self._defer_block_free = bool(
+        self._core.defer_block_free = bool(
             self.connector is not None
             and vllm_config.max_concurrent_batches > 1
             and transfer.is_kv_consumer
         )
         self.recompute_kv_load_failures = True
-        # The deferred frees' fences (vLLM's sched_step_seq / processed_step_seq): a
-        # finished request scheduled in a step not yet processed keeps its blocks (the
-        # core holds them as for a KV send) until that step's output lands.
-        self.sched_step_seq = 0
-        self.processed_step_seq = 0
-        self._deferred_frees: deque[tuple[int, Any]] = deque()
         # Requests preempted by reset_prefix_cache: outputs of their steps then in flight
         # are dropped, not delivered.
         self._dropped_outputs: set[str] = set()
@@ -372,39 +377,97 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
 
     @property
     def defer_block_free(self) -> bool:
-        """vLLM 0.33's gate: finished requests' blocks wait for their steps in flight."""
-        return self._defer_block_free
+        """vLLM 0.33's gate (set for a KV consumer with several batches in flight, or by
+        hand): the blocks of a request finished or preempted while a step that served it is
+        in flight wait for the newest step scheduled then to be processed. Set by the core,
+        so that setting it on a built scheduler takes effect as in vLLM."""
+        return bool(self._core.defer_block_free)
 
     @defer_block_free.setter
     def defer_block_free(self, value: bool) -> None:
-        if value and self._bridge is None:
-            # The core holds a finished request's blocks only for its KV connector.
-            raise ConfigError(
-                "defer_block_free: tokenyard defers a finished request's block free through "
-                "the KV connector (vLLM sets it for a KV consumer); there is none",
-                field="defer_block_free",
-                value=str(value),
-            )
-        self._defer_block_free = bool(value)
+        self._core.defer_block_free = bool(value)
 
     @property
-    def deferred_frees(self) -> list[tuple[int, str]]:
-        """The deferred frees as (fence step, vLLM request id), oldest first (vLLM keeps
-        the blocks themselves; they are the core's here)."""
-        return [(fence, self._late_vllm_id(core_id)) for fence, core_id in self._deferred_frees]
+    def defer_async_loads(self) -> bool:
+        """vLLM 0.33's gate (HiSparse, or set by hand): an asynchronous KV load admitted
+        while a step is in flight is handed to the connector once that step is processed."""
+        return bool(self._core.defer_async_loads)
 
-    def _late_vllm_id(self, core_id: Any) -> str:
-        return self._vllm_ids.get(core_id, str(core_id))
+    @defer_async_loads.setter
+    def defer_async_loads(self, value: bool) -> None:
+        self._core.defer_async_loads = bool(value)
 
-    def _drain_deferred_frees(self) -> None:
-        """Frees the blocks whose fence step has been processed (vLLM's
-        ``_drain_deferred_frees``)."""
-        deferred = self._deferred_frees
-        done = []
-        while deferred and deferred[0][0] <= self.processed_step_seq:
-            done.append(deferred.popleft()[1])
-        if done:
-            self._core.finish_kv_transfers(finished_sending=done)
+    # vLLM's fence counters: non-empty steps scheduled / processed while frees are deferred.
+    sched_step_seq = property(lambda self: self._core.sched_step_seq)
+    processed_step_seq = property(lambda self: self._core.processed_step_seq)
+
+    @property
+    def deferred_frees(self) -> list[tuple[int, list[int]]]:
+        """The deferred frees as ``(fence step, block ids)``, oldest first (vLLM keeps the
+        ``KVCacheBlock`` objects; the blocks are the core's here). A snapshot."""
+        frees: list[tuple[int, list[int]]] = self._core.deferred_frees()
+        return frees
+
+    # --- the encoder budget and cache -------------------------------------------------------
+
+    @property
+    def max_num_encoder_input_tokens(self) -> int:
+        """vLLM 0.33's encoder compute budget per step, in embeddings; assigning it on a
+        built scheduler sets the core's from the next step on (0 encodes nothing)."""
+        return self._max_num_encoder_input_tokens
+
+    @max_num_encoder_input_tokens.setter
+    def max_num_encoder_input_tokens(self, value: int) -> None:
+        budget = int(value)
+        if budget < 0:
+            raise ConfigError(
+                f"max_num_encoder_input_tokens: {value!r} must be >= 0",
+                field="max_num_encoder_input_tokens",
+                value=str(value),
+            )
+        self._core.encoder_budget = budget
+        self._max_num_encoder_input_tokens = budget
+
+    @property
+    def encoder_cache_manager(self) -> EncoderCacheView:
+        """The encoder cache under vLLM's ``EncoderCacheManager`` names (a view of the
+        core's). Assigning one of vLLM's (empty) managers gives the core's cache its size,
+        as assigning it on vLLM's scheduler does."""
+        return self._encoder_cache_view
+
+    @encoder_cache_manager.setter
+    def encoder_cache_manager(self, manager: Any) -> None:
+        self._set_encoder_cache_size(assigned_cache_size(manager))
+
+    def _set_encoder_cache_size(self, cache_size: int) -> None:
+        """Replaces the core's encoder cache with an empty one of ``cache_size`` embeddings.
+
+        Raises:
+            ConfigError: a negative size; InputError: a request holds an entry.
+        """
+        size = int(cache_size)
+        if size < 0:
+            raise ConfigError(
+                f"encoder_cache_manager.cache_size: {cache_size!r} must be >= 0",
+                field="encoder_cache_manager.cache_size",
+                value=str(cache_size),
+            )
+        self._core.set_encoder_cache_size(size)
+        self._encoder_cache_size = size
+
+    @property
+    def _mm_refusal(self) -> str | None:
+        """Why a request's multimodal items are refused now (None: served). A text-only
+        model's items are served once an encoder budget and cache are set on the scheduler
+        (vLLM's are 0 and 0 then: it would accept them and never encode them)."""
+        if self._mm_refused is not None or self._mm_model:
+            return self._mm_refused
+        if self._max_num_encoder_input_tokens == 0 or self._encoder_cache_size == 0:
+            return (
+                "(the model takes none: set max_num_encoder_input_tokens and "
+                "encoder_cache_manager on the scheduler to give it an encoder budget)"
+            )
+        return None
 
     @property
     def pause_state(self) -> PauseState:
@@ -526,6 +589,14 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
         pending = self._grammar_waiting
         in_core = [self._core_ids[i] for i in ids if i not in pending]
         if in_core:
+            bridge = self._bridge
+            if bridge is not None and self._core.defer_async_loads:
+                # A deferred load never started: nothing will report it, so its request is
+                # not kept for one (vLLM's finish_requests).
+                aborted = set(ids)
+                for core_id in self._core.deferred_load_ids():
+                    if self._vllm_ids[core_id] in aborted:
+                        bridge.loading.discard(self._vllm_ids[core_id])
             self._core.abort(in_core)
         finished = []
         for request_id in ids:
@@ -637,7 +708,11 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
         return True
 
     def reset_encoder_cache(self) -> None:
-        """No encoder cache: nothing to reset."""
+        """Drops the encoder cache's entries (vLLM's ``EncoderCacheManager.reset``) when no
+        request references one; otherwise keeps them (vLLM drops those too, and its running
+        requests then re-encode on their next use: not modelled)."""
+        if not any(refs for _, refs in self._core.encoder_cache_entries()):
+            self._core.set_encoder_cache_size(self._core.encoder_cache_usage()[2])
 
     def make_stats(
         self,

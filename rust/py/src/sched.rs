@@ -469,6 +469,70 @@ impl PyScheduler {
             .collect()
     }
 
+    /// vLLM 0.33's `defer_block_free`: blocks of a request finished or preempted while a
+    /// step that served it is in flight return to the pool only once that step is
+    /// processed (`step_processed`).
+    #[getter]
+    fn defer_block_free(&self) -> bool {
+        self.inner.defer_block_free()
+    }
+
+    #[setter]
+    fn set_defer_block_free(&mut self, defer: bool) {
+        self.inner.set_defer_block_free(defer);
+    }
+
+    /// vLLM 0.33's `defer_async_loads`: an asynchronous load admitted while a step is in
+    /// flight starts (`update_state_after_alloc`) once that step is processed.
+    #[getter]
+    fn defer_async_loads(&self) -> bool {
+        self.inner.defer_async_loads()
+    }
+
+    #[setter]
+    fn set_defer_async_loads(&mut self, defer: bool) {
+        self.inner.set_defer_async_loads(defer);
+    }
+
+    /// Requests whose asynchronous load waits for a step in flight before it starts.
+    fn deferred_load_ids<'py>(&self, py: Python<'py>) -> PyResult<Vec<Py<PyAny>>> {
+        (self.inner.deferred_load_ids().into_iter())
+            .map(|id| id.into_py(py))
+            .collect()
+    }
+
+    #[getter]
+    fn sched_step_seq(&self) -> u64 {
+        self.inner.sched_step_seq()
+    }
+
+    #[getter]
+    fn processed_step_seq(&self) -> u64 {
+        self.inner.processed_step_seq()
+    }
+
+    /// The oldest step in flight that scheduled any token was processed: deferred frees
+    /// whose fence it reaches return to the pool.
+    fn step_processed(&mut self, py: Python<'_>) -> PyResult<()> {
+        self.inner
+            .step_processed()
+            .map_err(|err| self.raise(py, err))
+    }
+
+    /// The deferred frees, oldest first: `(fence_step, block_ids)`.
+    fn deferred_frees(&self) -> Vec<(u64, Vec<u32>)> {
+        self.inner.deferred_frees()
+    }
+
+    /// The latest step numbered while frees are deferred that served the request.
+    fn last_sched_seq(&self, request_id: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let id = RequestId::from_py(request_id)?;
+        match self.inner.get_request(&id) {
+            Some(r) => Ok(r.last_sched_seq),
+            None => Err(unknown_request(request_id.py(), &id)),
+        }
+    }
+
     #[getter]
     fn num_free_blocks(&self) -> usize {
         self.inner.num_free_blocks()
@@ -668,6 +732,50 @@ impl PyScheduler {
     fn num_cached_blocks_of(&self, request_id: &Bound<'_, PyAny>) -> PyResult<Option<Vec<usize>>> {
         let id = RequestId::from_py(request_id)?;
         Ok(self.inner.kv_num_cached_blocks(&id))
+    }
+
+    /// The encoder compute budget per step, in embeddings; settable (from the next step on,
+    /// as given: 0 encodes nothing).
+    #[getter]
+    fn encoder_budget(&self) -> usize {
+        self.inner.encoder_budget()
+    }
+
+    #[setter]
+    fn set_encoder_budget(&mut self, max_num_encoder_input_tokens: usize) {
+        self.inner.set_encoder_budget(max_num_encoder_input_tokens);
+    }
+
+    /// Replaces the encoder cache with an empty one of `cache_size` embeddings (only while
+    /// no request holds an entry: InputError otherwise).
+    fn set_encoder_cache_size(&mut self, py: Python<'_>, cache_size: usize) -> PyResult<()> {
+        self.inner
+            .set_encoder_cache_size(cache_size)
+            .map_err(|err| self.raise(py, err))
+    }
+
+    /// The encoder cache's entries: `(mm_hash, request ids referencing it)`, by `mm_hash`
+    /// (no ids: freeable).
+    fn encoder_cache_entries<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Vec<(String, Vec<Py<PyAny>>)>> {
+        let mut entries = Vec::new();
+        for (mm_hash, ids) in self.inner.encoder_cache_entries() {
+            let ids = ids.into_iter().map(|id| id.into_py(py));
+            entries.push((mm_hash, ids.collect::<PyResult<Vec<_>>>()?));
+        }
+        Ok(entries)
+    }
+
+    /// The freeable entries, oldest first: `(mm_hash, num_embeds)`.
+    fn encoder_cache_freeable(&self) -> Vec<(String, usize)> {
+        self.inner.encoder_cache_freeable()
+    }
+
+    /// Identifiers evicted since the last step's `free_encoder_mm_hashes`.
+    fn encoder_cache_freed(&self) -> Vec<String> {
+        self.inner.encoder_cache_freed()
     }
 
     /// The encoder cache's `(num_free_slots, num_freeable_slots, cache_size)`.

@@ -146,8 +146,9 @@ impl<R: RequestKey> Scheduler<R> {
             ));
         }
         let cfg = &self.config;
-        let budget = cfg.encoder.compute_budget(cfg.max_num_batched_tokens);
-        let cache_size = cfg.encoder.cache_size(cfg.max_num_batched_tokens);
+        // The budget and cache size now in force (`set_encoder_budget`, `set_encoder_cache_size`).
+        let budget = self.encoder.budget_per_step;
+        let cache_size = self.encoder.cache.cache_size();
         let mut end = 0;
         for (i, f) in features.iter().enumerate() {
             let bad = |why: String| Error::input("mm_features", format!("item {i} {f:?}"), why);
@@ -417,6 +418,72 @@ impl<R: RequestKey> Scheduler<R> {
             })
             .map(|(slot, _)| slot)
             .collect()
+    }
+
+    /// Sets the encoder compute budget per step, in embeddings, from the next step on, as
+    /// assigning vLLM 0.33's `Scheduler.max_num_encoder_input_tokens` does (taken as given:
+    /// 0 schedules no encoder input). Requests already queued keep their items; one larger
+    /// than the budget waits, as in vLLM, until the budget grows.
+    pub fn set_encoder_budget(&mut self, max_num_encoder_input_tokens: usize) {
+        self.encoder.budget_per_step = max_num_encoder_input_tokens;
+    }
+
+    /// The encoder compute budget per step, in embeddings.
+    pub fn encoder_budget(&self) -> usize {
+        self.encoder.budget_per_step
+    }
+
+    /// Replaces the encoder cache with an empty one of `cache_size` embeddings, as
+    /// assigning a new `EncoderCacheManager` to vLLM 0.33's `Scheduler.encoder_cache_manager`
+    /// does. Only while no live request references an entry (their items would point into
+    /// a cache that no longer holds them); freeable entries are dropped, and reported freed
+    /// with the next step (the worker drops their outputs).
+    pub fn set_encoder_cache_size(&mut self, cache_size: usize) -> Result<()> {
+        let cache = &mut self.encoder.cache;
+        if cache.has_requests() {
+            return Err(Error::input(
+                "encoder_cache_size",
+                cache_size,
+                "can change only while no request holds an encoder cache entry",
+            ));
+        }
+        let mut freed = cache.take_freed();
+        freed.extend(cache.entries().map(str::to_owned));
+        *cache = EncoderCache::new(cache_size);
+        cache.report_freed(freed);
+        Ok(())
+    }
+
+    /// The encoder cache's entries: each identifier with the requests referencing it (none:
+    /// freeable), by identifier.
+    pub fn encoder_cache_entries(&self) -> Vec<(String, Vec<R>)> {
+        let cache = &self.encoder.cache;
+        let mut entries: Vec<(String, Vec<R>)> = cache
+            .entries()
+            .map(|mm_hash| {
+                let ids = cache.referencing(mm_hash).into_iter();
+                let ids = ids.filter_map(|&slot| self.slots[slot as usize].as_ref());
+                (
+                    mm_hash.to_owned(),
+                    ids.map(|r| r.request_id.clone()).collect(),
+                )
+            })
+            .collect();
+        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        entries
+    }
+
+    /// The freeable entries, oldest first (the eviction order), with their embeddings.
+    pub fn encoder_cache_freeable(&self) -> Vec<(String, usize)> {
+        let cache = &self.encoder.cache;
+        (cache.freeable_ids().into_iter())
+            .map(|h| (h.to_owned(), cache.cached_num_embeds(h).unwrap_or(0)))
+            .collect()
+    }
+
+    /// Identifiers evicted from the encoder cache since the last step's output took them.
+    pub fn encoder_cache_freed(&self) -> Vec<String> {
+        self.encoder.cache.freed().to_vec()
     }
 
     /// The encoder cache's counters: embeddings free, free or freeable, and in all.

@@ -88,6 +88,19 @@ impl<K: Hash + Eq + Clone> EncoderCache<K> {
         self.cached.keys().map(String::as_str)
     }
 
+    /// The requests referencing the entry of `mm_hash` (any order; none for a freeable or
+    /// absent one).
+    pub fn referencing(&self, mm_hash: &str) -> Vec<&K> {
+        self.cached
+            .get(mm_hash)
+            .map_or_else(Vec::new, |refs| refs.iter().collect())
+    }
+
+    /// Identifiers evicted since the last `take_freed` (vLLM's `freed`), oldest first.
+    pub fn freed(&self) -> &[String] {
+        &self.freed
+    }
+
     /// The freeable entries' identifiers, oldest first (the eviction order).
     pub fn freeable_ids(&self) -> Vec<&str> {
         self.freeable_order.values().map(String::as_str).collect()
@@ -240,6 +253,11 @@ impl<K: Hash + Eq + Clone> EncoderCache<K> {
         for input_id in self.cached_input_ids(request) {
             self.free_encoder_input(request, input_id, &hash_of(input_id));
         }
+    }
+
+    /// Reports `freed` (identifiers of a cache this one replaces) with the next `take_freed`.
+    pub fn report_freed(&mut self, freed: Vec<String>) {
+        self.freed.extend(freed);
     }
 
     /// vLLM's `get_freed_mm_hashes`: the identifiers evicted since the last call, less those

@@ -141,7 +141,11 @@ impl<R: RequestKey> Scheduler<R> {
             self.blocked_head = Some((seq, hit));
             return Ok(Admission::Blocked);
         }
-        let notified = self.notify_allocation(slot, num_external_tokens);
+        let notified = if self.defer_load(slot, num_external_tokens) {
+            Ok(())
+        } else {
+            self.notify_allocation(slot, num_external_tokens)
+        };
         let request = self.req_mut(slot);
         request.status = RequestStatus::WaitingForRemoteKvs;
         request.num_external_computed_tokens = num_external_tokens;

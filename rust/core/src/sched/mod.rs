@@ -3,6 +3,7 @@
 //! and KV memory, preempting (recompute) when memory runs out.
 
 mod admission;
+mod block_free;
 mod config;
 mod connector;
 mod encoder;

@@ -133,6 +133,9 @@ pub struct Request<R> {
     pub num_external_computed_tokens: usize,
     /// A connector's load for it failed: it recomputes, and the connector is not asked again.
     pub kv_load_failed: bool,
+    /// The latest step that served it, numbered while block frees are deferred (vLLM
+    /// 0.33's `last_sched_seq`; `Scheduler::sched_step_seq`), else 0.
+    pub last_sched_seq: u64,
 }
 
 impl<R> Request<R> {

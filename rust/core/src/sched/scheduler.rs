@@ -56,8 +56,9 @@ pub struct Scheduler<R: RequestKey> {
     pub(super) landed: FxHashSet<u32>,
     pub(super) failed_loads: FxHashSet<u32>,
     /// Finished requests whose blocks wait for a transfer: a send the connector asked to
-    /// finish first, or a load still writing into them (the request was aborted meanwhile).
-    pub(super) transfer_holds: FxHashMap<R, u32>,
+    /// finish first, or a load still writing into them (the request was aborted meanwhile);
+    /// each with its slot and `last_sched_seq` (the free may be deferred after: `block_free`).
+    pub(super) transfer_holds: FxHashMap<R, (u32, u64)>,
     /// A step whose admissions a connector error cut short: `schedule()` returned the error,
     /// and returns this step on its next call (its allocations were made, so dropping it
     /// would leave the engine without requests the scheduler counts as running).
@@ -81,6 +82,8 @@ pub struct Scheduler<R: RequestKey> {
     pub(super) deferred: FxHashSet<u32>,
     /// Multimodal encoder budget and cache (`sched::encoder`).
     pub(super) encoder: super::encoder::Encoder,
+    /// Block frees deferred past the steps in flight (`sched::block_free`).
+    pub(super) block_frees: super::block_free::BlockFrees,
 }
 
 /// A finished request with outputs still in flight (async scheduling).
@@ -164,6 +167,9 @@ impl<R> StepPlan<R> {
 enum Allocation {
     Scheduled(Vec<BlockId>),
     PreemptedItself,
+    /// No room, and the victim's blocks wait for a step in flight (`sched::block_free`):
+    /// this request and the running ones after it are not served this step.
+    Blocked,
 }
 
 impl<R: RequestKey> Scheduler<R> {
@@ -205,6 +211,7 @@ impl<R: RequestKey> Scheduler<R> {
             deferred: FxHashSet::default(),
             admit_new: true,
             encoder,
+            block_frees: super::block_free::BlockFrees::default(),
         })
     }
 
@@ -440,6 +447,7 @@ impl<R: RequestKey> Scheduler<R> {
             self.last_prefill_step = self.num_executed_steps;
         }
         let out = self.finish_step(&mut plan);
+        self.stamp_step(&plan.scheduled);
         plan.clear();
         self.spare_plan = plan;
         match admission_error {
@@ -580,6 +588,7 @@ impl<R: RequestKey> Scheduler<R> {
                     self.commit_encoder_inputs(slot, encoder);
                 }
                 Allocation::PreemptedItself => {}
+                Allocation::Blocked => break,
             }
             i = if self.running.len() == num_running {
                 i + 1
@@ -619,6 +628,10 @@ impl<R: RequestKey> Scheduler<R> {
                 return Ok(Allocation::Scheduled(blocks));
             }
             let victim = self.pick_victim();
+            // vLLM 0.33: a deferred free will not help with immediate allocation.
+            if !self.blocks_can_be_freed(self.req(victim).last_sched_seq) {
+                return Ok(Allocation::Blocked);
+            }
             self.preempt(victim, budget, plan)?;
             if victim == slot {
                 return Ok(Allocation::PreemptedItself);
@@ -670,14 +683,15 @@ impl<R: RequestKey> Scheduler<R> {
     }
 
     /// Frees the victim's blocks and sends it back to the front of the waiting queue to be
-    /// recomputed; refunds its tokens if it was already scheduled in this step.
+    /// recomputed; refunds its tokens if it was already scheduled in this step. Returns the
+    /// slot it waits at: a new one if its blocks wait for a step in flight
+    /// (`sched::block_free`).
     pub(super) fn preempt(
         &mut self,
         victim: u32,
         budget: &mut usize,
         plan: &mut StepPlan<R>,
-    ) -> Result<()> {
-        self.kv.free(victim)?;
+    ) -> Result<u32> {
         self.encoder_preempted(victim);
         self.running.retain(|&s| s != victim);
         if plan.take_blocks(victim).is_some() {
@@ -699,11 +713,12 @@ impl<R: RequestKey> Scheduler<R> {
         request.num_output_placeholders = 0;
         request.spec_token_ids.clear();
         request.num_preemptions += 1;
+        let victim = self.free_preempted(victim)?;
         let key = self.priority_key(victim);
         self.waiting.push_front(victim, key, false);
         plan.preempted.push(victim);
         self.num_preemptions += 1;
-        Ok(())
+        Ok(victim)
     }
 
     /// Turns the plan into the output and advances each scheduled request's computed tokens

@@ -106,6 +106,7 @@ impl<R: RequestKey> Scheduler<R> {
             arrival_seq: self.next_arrival_seq,
             num_external_computed_tokens: 0,
             kv_load_failed: false,
+            last_sched_seq: 0,
         };
         self.next_arrival_seq += 1;
         let slot = match self.free_slots.pop() {
@@ -424,9 +425,10 @@ impl<R: RequestKey> Scheduler<R> {
     /// while another of its steps runs) are dropped when they land. The blocks are freed at
     /// once even then, as vLLM 0.33 frees them (a batch in flight still reads them, but
     /// nothing allocated after it can write them before it ends: the device runs steps in
-    /// order). vLLM defers that free only for a KV-consumer connector with several batches
-    /// in flight (`defer_block_free`: a connector's load is not ordered against the
-    /// device's steps); here the blocks are freed at once with a connector too.
+    /// order), unless block frees are deferred (`defer_block_free`, which vLLM sets for a
+    /// KV-consumer connector with several batches in flight: a connector's load is not
+    /// ordered against the device's steps); the blocks then wait for the newest step
+    /// scheduled (`sched::block_free`).
     ///
     /// A KV connector may keep the blocks of a finished request until their send completes;
     /// a request aborted while its KV loads keeps them until the load stops writing. Both
@@ -440,12 +442,14 @@ impl<R: RequestKey> Scheduler<R> {
         let request = self.slots[slot as usize].as_ref().expect("live");
         let in_flight = request.num_sampling_steps();
         let status = request.status;
-        let holds_blocks = self.kv.block_ids(slot).is_some();
         let mut connector_error = None;
         let for_transfer = match (status, &mut self.connector) {
             // A load already reported (landed or failed) writes nothing more and will not
             // be reported again: only a load still in flight holds the blocks.
-            (RequestStatus::WaitingForRemoteKvs, _) => !self.landed.contains(&slot),
+            // A deferred load never started (`sched::block_free`): nothing will report it.
+            (RequestStatus::WaitingForRemoteKvs, _) => {
+                !self.drop_deferred_load(slot) && !self.landed.contains(&slot)
+            }
             (RequestStatus::Running, Some(connector)) => {
                 let blocks = self.kv.block_ids(slot).unwrap_or_default();
                 connector
@@ -479,12 +483,10 @@ impl<R: RequestKey> Scheduler<R> {
             );
         }
         if for_transfer {
-            self.transfer_holds.insert(request.request_id.clone(), slot);
+            let hold = (slot, request.last_sched_seq);
+            self.transfer_holds.insert(request.request_id.clone(), hold);
         } else {
-            if holds_blocks {
-                self.kv.free(slot)?;
-            }
-            self.free_slots.push(slot);
+            self.free_or_defer(slot, request.last_sched_seq)?;
         }
         self.finished_since_last_step.push(request.request_id);
         connector_error.map_or(Ok(()), Err)
@@ -538,16 +540,13 @@ impl<R: RequestKey> Scheduler<R> {
         Ok(())
     }
 
-    /// Frees the blocks a finished request kept for a transfer.
+    /// Frees the blocks a finished request kept for a transfer (or defers them to the
+    /// newest step's fence, as vLLM's `_free_blocks` does: `sched::block_free`).
     fn release_hold(&mut self, request_id: &R) -> Result<()> {
-        let Some(slot) = self.transfer_holds.remove(request_id) else {
+        let Some((slot, last_sched_seq)) = self.transfer_holds.remove(request_id) else {
             return Ok(()); // reported twice in one call
         };
-        if self.kv.block_ids(slot).is_some() {
-            self.kv.free(slot)?;
-        }
-        self.free_slots.push(slot);
-        Ok(())
+        self.free_or_defer(slot, last_sched_seq)
     }
 
     /// Hands KV transfers to `connector` (vLLM's scheduler-side KV connector). Needs the
@@ -607,7 +606,7 @@ impl<R: RequestKey> Scheduler<R> {
         if preempt_running {
             let mut plan = super::scheduler::StepPlan::default();
             while let Some(&slot) = self.running.last() {
-                self.preempt(slot, &mut 0, &mut plan)?;
+                let slot = self.preempt(slot, &mut 0, &mut plan)?;
                 let request = self.req_mut(slot);
                 request.in_flight_tokens.clear();
                 preempted.push(request.request_id.clone());
@@ -659,7 +658,8 @@ impl<R: RequestKey> Scheduler<R> {
                 ));
             }
         }
-        for (id, &slot) in &self.transfer_holds {
+        self.check_block_frees()?;
+        for (id, &(slot, _)) in &self.transfer_holds {
             if self.index.contains_key(id) || self.slots[slot as usize].is_some() {
                 return Err(format!(
                     "request {id:?} is held for a transfer but still live"

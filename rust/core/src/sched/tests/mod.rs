@@ -3,11 +3,13 @@
 
 mod arrivals;
 mod async_scheduling;
+mod block_free;
 mod budgets;
 mod cadence;
 mod connectors;
 mod deferred;
 mod encoder;
+mod encoder_settings;
 mod hybrid;
 mod kv_views;
 mod lifecycle;

@@ -1,0 +1,248 @@
+//! Deferred block frees (vLLM 0.33's `Scheduler.defer_block_free`). With several steps in
+//! flight (async scheduling, pipeline parallelism), a request that finishes or is preempted
+//! may still have its blocks written by a step that has not landed; a KV connector's load
+//! into those blocks, reallocated, is not ordered against that write. With the flag on, the
+//! steps that schedule any token are numbered (`sched_step_seq`), each stamps the requests
+//! it serves (`Request::last_sched_seq`), and the engine reports each processed
+//! (`step_processed`: `processed_step_seq`). A request whose last step is not processed
+//! gives its blocks up at once (a preempted one resumes with fresh ones) but they return to
+//! the pool only once the newest step scheduled at that moment has been processed (its
+//! fence), in the order they were deferred. The allocation loop does not preempt such a
+//! request: its blocks would not help this step.
+//!
+//! With `defer_async_loads` too (vLLM 0.33 sets it for HiSparse, which keeps reading a
+//! released page until it is reused), an asynchronous KV load admitted while a step is in
+//! flight is handed to the connector (`update_state_after_alloc`) only once that step is
+//! processed; aborted before, it never started, so its blocks are freed (past the fence)
+//! rather than held for a load that will not report.
+//!
+//! Invariant: a slot in `queue` holds no live request and is not free; its blocks stay in
+//! the pool's bookkeeping under that slot until it is drained.
+
+use std::collections::VecDeque;
+
+use super::Scheduler;
+use crate::Result;
+use crate::kv::{BlockId, RequestKey};
+
+/// The fence counters and the blocks waiting for them.
+#[derive(Debug, Default)]
+pub(super) struct BlockFrees {
+    pub(super) enabled: bool,
+    /// Steps that scheduled any token since the flag was on (vLLM's `sched_step_seq`).
+    pub(super) sched_step_seq: u64,
+    /// Of those, steps the engine reported processed (vLLM's `processed_step_seq`).
+    pub(super) processed_step_seq: u64,
+    /// (fence step, slot whose blocks wait for it), oldest first (vLLM's `deferred_frees`).
+    pub(super) queue: VecDeque<(u64, u32)>,
+    /// vLLM's `defer_async_loads`.
+    pub(super) defer_loads: bool,
+    /// Loads not yet handed to the connector: (fence step, slot, external tokens), oldest
+    /// first (vLLM's `deferred_loads`).
+    pub(super) loads: Vec<(u64, u32, usize)>,
+}
+
+impl<R: RequestKey> Scheduler<R> {
+    /// Turns deferred block frees on or off (vLLM 0.33's `defer_block_free`, which its
+    /// scheduler sets for a KV-consumer connector with several batches in flight, and its
+    /// tests set by hand). Blocks already deferred keep waiting for their fence.
+    pub fn set_defer_block_free(&mut self, defer: bool) {
+        self.block_frees.enabled = defer;
+    }
+
+    pub fn defer_block_free(&self) -> bool {
+        self.block_frees.enabled
+    }
+
+    /// Defers asynchronous KV loads admitted while a step is in flight until that step is
+    /// processed (vLLM 0.33's `defer_async_loads`; it takes effect with `defer_block_free`,
+    /// which numbers the steps).
+    pub fn set_defer_async_loads(&mut self, defer: bool) {
+        self.block_frees.defer_loads = defer;
+    }
+
+    pub fn defer_async_loads(&self) -> bool {
+        self.block_frees.defer_loads
+    }
+
+    /// Requests whose asynchronous load waits for a step in flight before it starts.
+    pub fn deferred_load_ids(&self) -> Vec<R> {
+        let loads = &self.block_frees.loads;
+        loads
+            .iter()
+            .map(|&(_, slot, _)| self.req(slot).request_id.clone())
+            .collect()
+    }
+
+    /// Steps that scheduled any token while frees were deferred (vLLM's `sched_step_seq`).
+    pub fn sched_step_seq(&self) -> u64 {
+        self.block_frees.sched_step_seq
+    }
+
+    /// Of those, the steps reported processed (vLLM's `processed_step_seq`).
+    pub fn processed_step_seq(&self) -> u64 {
+        self.block_frees.processed_step_seq
+    }
+
+    /// The engine processed the output of the oldest step in flight that scheduled any
+    /// token (vLLM 0.33 counts it at the top of `update_from_output`, while
+    /// `defer_block_free` is on): every write of that step and the earlier ones is done,
+    /// so the blocks whose fence it reaches return to the pool, oldest first. Call it before
+    /// that step's `update_from_output`, as vLLM does: a request the update finishes is
+    /// then freed at once if this was its last step.
+    pub fn step_processed(&mut self) -> Result<()> {
+        let frees = &mut self.block_frees;
+        frees.processed_step_seq += 1;
+        // vLLM's _drain_deferred_loads: in admission order, up to the first fence not reached.
+        let processed = frees.processed_step_seq;
+        let ready = frees.loads.iter().take_while(|l| l.0 <= processed).count();
+        let started: Vec<_> = frees.loads.drain(..ready).collect();
+        for (_, slot, num_external_tokens) in started {
+            self.notify_allocation(slot, num_external_tokens)?;
+        }
+        let frees = &mut self.block_frees;
+        // Fences are appended in order (each is the newest step when it is deferred), so
+        // the first one not reached ends the drain.
+        while let Some(&(fence, slot)) = frees.queue.front() {
+            if fence > frees.processed_step_seq {
+                break;
+            }
+            frees.queue.pop_front();
+            self.kv.free(slot)?;
+            self.free_slots.push(slot);
+        }
+        Ok(())
+    }
+
+    /// The deferred frees, oldest first: each fence step and the block ids waiting for it
+    /// (with several KV groups, the first group's).
+    pub fn deferred_frees(&self) -> Vec<(u64, Vec<BlockId>)> {
+        self.block_frees
+            .queue
+            .iter()
+            .map(|&(fence, slot)| (fence, self.kv.block_ids(slot).unwrap_or_default().to_vec()))
+            .collect()
+    }
+
+    /// Whether the asynchronous load being admitted for `slot` waits for the step in flight;
+    /// if so it is queued (and the request stamped with the newest step, as vLLM does).
+    pub(super) fn defer_load(&mut self, slot: u32, num_external_tokens: usize) -> bool {
+        let frees = &self.block_frees;
+        if !frees.defer_loads || frees.sched_step_seq <= frees.processed_step_seq {
+            return false;
+        }
+        let fence = frees.sched_step_seq;
+        self.req_mut(slot).last_sched_seq = fence;
+        self.block_frees
+            .loads
+            .push((fence, slot, num_external_tokens));
+        true
+    }
+
+    /// Drops the deferred load of `slot`, if any: it never started. Returns whether there
+    /// was one.
+    pub(super) fn drop_deferred_load(&mut self, slot: u32) -> bool {
+        let loads = &mut self.block_frees.loads;
+        let before = loads.len();
+        loads.retain(|&(_, s, _)| s != slot);
+        loads.len() != before
+    }
+
+    /// A request last scheduled in step `last_sched_seq` may give its blocks back now
+    /// (vLLM's `_request_blocks_can_be_freed`).
+    pub(super) fn blocks_can_be_freed(&self, last_sched_seq: u64) -> bool {
+        !self.block_frees.enabled || last_sched_seq <= self.block_frees.processed_step_seq
+    }
+
+    /// Numbers a step that scheduled `scheduled` (non-empty) and stamps its requests (the
+    /// end of vLLM 0.33's `schedule()` and its `_update_after_schedule`).
+    pub(super) fn stamp_step(&mut self, scheduled: &[(u32, usize)]) {
+        if !self.block_frees.enabled || scheduled.is_empty() {
+            return;
+        }
+        self.block_frees.sched_step_seq += 1;
+        let seq = self.block_frees.sched_step_seq;
+        for &(slot, _) in scheduled {
+            self.req_mut(slot).last_sched_seq = seq;
+        }
+    }
+
+    /// Frees the blocks of `slot`, whose request is gone (finished; its `slots` entry
+    /// taken), and the slot itself, or defers both to the newest step's fence when the
+    /// request was last scheduled in a step not yet processed (vLLM's
+    /// `_free_request_blocks`).
+    pub(super) fn free_or_defer(&mut self, slot: u32, last_sched_seq: u64) -> Result<()> {
+        let holds_blocks = self.kv.block_ids(slot).is_some();
+        if holds_blocks && !self.blocks_can_be_freed(last_sched_seq) {
+            let fence = self.block_frees.sched_step_seq;
+            self.block_frees.queue.push_back((fence, slot));
+            return Ok(());
+        }
+        if holds_blocks {
+            self.kv.free(slot)?;
+        }
+        self.free_slots.push(slot);
+        Ok(())
+    }
+
+    /// Preempting the request at `slot`: frees its blocks, or, when a step not processed
+    /// may still write them, leaves them under `slot` until its fence and moves the request
+    /// to a fresh slot (vLLM pops the request's blocks from its manager and queues them).
+    /// Returns the slot the request lives at now.
+    pub(super) fn free_preempted(&mut self, slot: u32) -> Result<u32> {
+        let last = self.req(slot).last_sched_seq;
+        if self.blocks_can_be_freed(last) || self.kv.block_ids(slot).is_none() {
+            if self.kv.block_ids(slot).is_some() {
+                self.kv.free(slot)?;
+            }
+            return Ok(slot);
+        }
+        let request = self.slots[slot as usize]
+            .take()
+            .expect("preempted slot is live");
+        let id = request.request_id.clone();
+        let fresh = match self.free_slots.pop() {
+            Some(fresh) => {
+                self.slots[fresh as usize] = Some(request);
+                fresh
+            }
+            None => {
+                self.slots.push(Some(request));
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.index.insert(id, fresh);
+        let fence = self.block_frees.sched_step_seq;
+        self.block_frees.queue.push_back((fence, slot));
+        Ok(fresh)
+    }
+
+    /// Describes a broken invariant of the deferred frees, if any.
+    pub(super) fn check_block_frees(&self) -> std::result::Result<(), String> {
+        let mut last_fence = 0;
+        for &(fence, slot) in &self.block_frees.queue {
+            if self.slots[slot as usize].is_some() || self.free_slots.contains(&slot) {
+                return Err(format!(
+                    "slot {slot} waits for its fence but is live or free"
+                ));
+            }
+            if fence < last_fence || fence > self.block_frees.sched_step_seq {
+                return Err(format!(
+                    "deferred free of slot {slot} has fence {fence} out of order"
+                ));
+            }
+            last_fence = fence;
+        }
+        for &(_, slot, _) in &self.block_frees.loads {
+            let loading = self.slots[slot as usize]
+                .as_ref()
+                .is_some_and(|r| r.status == super::RequestStatus::WaitingForRemoteKvs);
+            if !loading {
+                return Err(format!(
+                    "slot {slot} has a deferred load but is not loading"
+                ));
+            }
+        }
+        Ok(())
+    }
+}

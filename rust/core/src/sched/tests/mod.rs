@@ -13,6 +13,7 @@ mod lifecycle;
 mod memory;
 mod multistep;
 mod plugins;
+mod samplers;
 mod speculative;
 
 use super::*;

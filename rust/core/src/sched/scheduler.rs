@@ -1,7 +1,7 @@
 //! The scheduler state and one step of it. It owns every unfinished request (an arena
 //! indexed by slot), the waiting queue, the running list and the KV block pool. A step
-//! serves the running requests here, admits waiting ones (`admission`), and its outputs
-//! come back through `update`.
+//! serves the running requests here, admits waiting ones (`admission`), becomes a
+//! `SchedulerOutput` (`output::finish_step`), and its outputs come back through `update`.
 //! Invariants (see `check_invariants`): each unfinished request is in exactly one of
 //! waiting / running; a running request holds blocks for all its computed tokens; a
 //! waiting one holds none unless its KV load began (those are served first: `Waiting`).
@@ -10,7 +10,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::connector::{KvConnector, KvLoad};
 use super::kv::{Hit, Kv};
-use super::output::{CachedRequestData, NewRequestData, SchedulerOutput, SchedulerStats};
+use super::output::{CachedRequestData, SchedulerOutput, SchedulerStats};
 use super::plugin::{PolicyPlugin, RequestView, check_permutation};
 use super::queue::{PriorityKey, Waiting};
 use super::request::{PromptSource, Request, RequestStatus};
@@ -84,6 +84,15 @@ pub struct Scheduler<R: RequestKey> {
     pub(super) encoder: super::encoder::Encoder,
     /// Block frees deferred past the steps in flight (`sched::block_free`).
     pub(super) block_frees: super::block_free::BlockFrees,
+    /// Live requests with multimodal items: while there are none, a step asks the encoder
+    /// nothing (its per-request check read a cache line of each running request).
+    pub(super) num_mm_requests: usize,
+    /// The requests the last step caught up with their known tokens (they sample at its
+    /// end), with their slots, in batch order (`step_samplers`).
+    pub(super) step_samplers: Vec<(R, u32)>,
+    /// Emptied vectors of outputs handed back (`recycle_output`), for the next step's.
+    pub(super) spare_running_reqs: Vec<CachedRequestData<R>>,
+    pub(super) spare_num_scheduled: Vec<(R, usize)>,
 }
 
 /// A finished request with outputs still in flight (async scheduling).
@@ -97,7 +106,7 @@ pub(super) struct StepPlan<R> {
     pub(super) scheduled: Vec<(u32, usize)>,
     /// By slot: the blocks a scheduled request gets this step (`Some` = scheduled). A dense
     /// vector, not a map: every running request is looked up here every step.
-    new_blocks: Vec<Option<Vec<BlockId>>>,
+    pub(super) new_blocks: Vec<Option<Vec<BlockId>>>,
     /// Slots admitted from the waiting queue this step, and whether they were preempted.
     pub(super) admitted: FxHashMap<u32, bool>,
     pub(super) preempted: Vec<u32>,
@@ -212,6 +221,10 @@ impl<R: RequestKey> Scheduler<R> {
             admit_new: true,
             encoder,
             block_frees: super::block_free::BlockFrees::default(),
+            num_mm_requests: 0,
+            step_samplers: Vec::new(),
+            spare_running_reqs: Vec::new(),
+            spare_num_scheduled: Vec::new(),
         })
     }
 
@@ -235,8 +248,11 @@ impl<R: RequestKey> Scheduler<R> {
                 .reordered(&slots, |s| self.priority_key(s), |s| self.holds_kv(s));
     }
 
-    /// With `lean`, admitted requests are reported without their token and block ids (the
-    /// simulator needs only the counts; copying prompts dominated its step).
+    /// With `lean`, admitted requests are reported without their token and block ids, and
+    /// running ones not at all (`scheduled_running_reqs` stays empty; their tokens are in
+    /// `num_scheduled_tokens`): the simulator needs only the counts (copying prompts
+    /// dominated its step; writing a record per running request, which it never read, was
+    /// most of what remained of `schedule`'s own time).
     pub fn set_lean_output(&mut self, lean: bool) {
         self.lean_output = lean;
     }
@@ -571,8 +587,11 @@ impl<R: RequestKey> Scheduler<R> {
                 i += 1;
                 continue;
             }
-            let (n, encoder) =
-                self.schedule_encoder_inputs(slot, self.req(slot).num_computed_tokens, n);
+            let (n, encoder) = if self.num_mm_requests == 0 {
+                (n, None)
+            } else {
+                self.schedule_encoder_inputs(slot, self.req(slot).num_computed_tokens, n)
+            };
             if n == 0 {
                 i += 1;
                 continue;
@@ -719,108 +738,5 @@ impl<R: RequestKey> Scheduler<R> {
         plan.preempted.push(victim);
         self.num_preemptions += 1;
         Ok(victim)
-    }
-
-    /// Turns the plan into the output and advances each scheduled request's computed tokens
-    /// (as if the step will run; spec rejections are rolled back on update).
-    fn finish_step(&mut self, plan: &mut StepPlan<R>) -> SchedulerOutput<R> {
-        let mut out = SchedulerOutput {
-            scheduled_new_reqs: Vec::new(),
-            scheduled_resumed_reqs: Vec::new(),
-            // Sized once: most scheduled requests are running ones (one per step otherwise
-            // regrown from empty).
-            scheduled_running_reqs: Vec::with_capacity(plan.scheduled.len()),
-            num_scheduled_tokens: Vec::with_capacity(plan.scheduled.len()),
-            total_num_scheduled_tokens: 0,
-            scheduled_spec_decode_tokens: Vec::new(),
-            preempted_req_ids: plan
-                .preempted
-                .iter()
-                .map(|&s| self.req(s).request_id.clone())
-                .collect(),
-            finished_req_ids: std::mem::take(&mut self.finished_since_last_step),
-            kv_loads: std::mem::take(&mut plan.kv_loads),
-            scheduled_encoder_inputs: Vec::new(),
-            free_encoder_mm_hashes: Vec::new(),
-        };
-        self.encoder_end_step(&plan.scheduled, &mut out);
-        let hybrid = self.config.is_hybrid();
-        for &(slot, n) in &plan.scheduled {
-            let blocks = plan.new_blocks[slot as usize].take().unwrap_or_default();
-            let group_blocks = if hybrid {
-                self.kv.take_group_blocks(slot)
-            } else {
-                Vec::new()
-            };
-            let async_scheduling = self.async_scheduling;
-            let lean = self.lean_output;
-            let request = self.slots[slot as usize]
-                .as_mut()
-                .expect("scheduled slot is live");
-            let id = request.request_id.clone();
-            match plan.admitted.get(&slot) {
-                Some(&resumed) => {
-                    let data = NewRequestData {
-                        request_id: id.clone(),
-                        token_ids: match (lean, resumed) {
-                            (true, _) => Vec::new(),
-                            (false, true) => request.all_token_ids.clone(),
-                            (false, false) => request.prompt_token_ids().to_vec(),
-                        },
-                        block_ids: if lean || hybrid {
-                            Vec::new()
-                        } else {
-                            self.kv.block_ids(slot).unwrap_or_default().to_vec()
-                        },
-                        group_block_ids: if lean || !hybrid {
-                            Vec::new()
-                        } else {
-                            self.kv.group_block_ids(slot)
-                        },
-                        num_computed_tokens: request.num_computed_tokens,
-                        lora_id: request.spec.lora_id,
-                    };
-                    if resumed {
-                        out.scheduled_resumed_reqs.push(data);
-                    } else {
-                        out.scheduled_new_reqs.push(data);
-                    }
-                }
-                None => out.scheduled_running_reqs.push(CachedRequestData {
-                    request_id: id.clone(),
-                    new_block_ids: blocks,
-                    new_group_block_ids: group_blocks,
-                    num_computed_tokens: request.num_computed_tokens,
-                }),
-            }
-            // Drafts beyond the known tokens and the outputs in flight are verified this step.
-            let known_pending = (request.num_tokens() + request.num_output_placeholders)
-                .saturating_sub(request.num_computed_tokens);
-            let num_spec = n
-                .saturating_sub(known_pending)
-                .min(request.spec_token_ids.len());
-            if num_spec > 0 {
-                out.scheduled_spec_decode_tokens
-                    .push((id.clone(), request.spec_token_ids[..num_spec].to_vec()));
-            }
-            request.spec_token_ids.clear();
-            request.num_computed_tokens += n;
-            // Caught up with every known token (and output in flight): this step samples.
-            let samples = request.num_computed_tokens
-                >= request.num_tokens() + request.num_output_placeholders;
-            request.is_prefill_chunk = !samples;
-            if samples {
-                request.in_flight_tokens.push_back(n);
-                request.max_spec_in_flight = request.max_spec_in_flight.max(num_spec);
-                if async_scheduling {
-                    // vLLM 0.33 counts tokens: the sampled one and the drafts verified.
-                    request.num_output_placeholders += 1 + num_spec;
-                }
-            }
-            request.last_num_spec_tokens = num_spec;
-            out.num_scheduled_tokens.push((id, n));
-            out.total_num_scheduled_tokens += n;
-        }
-        out
     }
 }

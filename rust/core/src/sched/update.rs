@@ -109,6 +109,7 @@ impl<R: RequestKey> Scheduler<R> {
             last_sched_seq: 0,
         };
         self.next_arrival_seq += 1;
+        self.num_mm_requests += usize::from(!request.spec.mm_features.is_empty());
         let slot = match self.free_slots.pop() {
             Some(slot) => {
                 self.slots[slot as usize] = Some(request);
@@ -376,29 +377,62 @@ impl<R: RequestKey> Scheduler<R> {
     ) -> Result<Vec<(R, FinishReason)>> {
         let mut finished = Vec::new();
         for id in ids {
-            if self.finished_in_flight.contains_key(id) {
-                self.drop_late_output(id)?;
-                continue;
-            }
-            let slot = *self
-                .index
-                .get(id)
-                .ok_or_else(|| Error::unknown_request(id))?;
-            if self.req(slot).status != RequestStatus::Running {
-                return Err(Error::input(
-                    "request_id",
-                    format!("{id:?}"),
-                    "is not running",
-                ));
-            }
-            self.req_mut(slot).spec_token_ids.clear();
-            let sampled = token(id, self.req(slot).num_tokens());
-            if let Some(reason) = self.append_sampled(slot, &[sampled]) {
-                finished.push((id.clone(), reason));
-                self.finish(slot, reason)?;
-            }
+            self.append_one_token(id, None, &mut token, &mut finished)?;
         }
         Ok(finished)
+    }
+
+    /// [`Self::append_one_token_each`] of `(id, slot hint)` pairs (`step_samplers`): a hint
+    /// whose slot still holds the request spares looking it up by id (a hash probe per
+    /// request per step); a stale one is looked up as before.
+    pub(crate) fn append_one_token_each_at(
+        &mut self,
+        ids: &[(R, u32)],
+        mut token: impl FnMut(&R, usize) -> TokenId,
+    ) -> Result<Vec<(R, FinishReason)>> {
+        let mut finished = Vec::new();
+        for (id, hint) in ids {
+            self.append_one_token(id, Some(*hint), &mut token, &mut finished)?;
+        }
+        Ok(finished)
+    }
+
+    fn append_one_token(
+        &mut self,
+        id: &R,
+        hint: Option<u32>,
+        token: &mut impl FnMut(&R, usize) -> TokenId,
+        finished: &mut Vec<(R, FinishReason)>,
+    ) -> Result<()> {
+        if !self.finished_in_flight.is_empty() && self.finished_in_flight.contains_key(id) {
+            return self.drop_late_output(id);
+        }
+        // A live request in the hinted slot with this id is the one the index maps it to.
+        let hinted = hint.filter(|&slot| {
+            (self.slots.get(slot as usize))
+                .is_some_and(|r| r.as_ref().is_some_and(|r| r.request_id == *id))
+        });
+        let slot = match hinted {
+            Some(slot) => slot,
+            None => *self
+                .index
+                .get(id)
+                .ok_or_else(|| Error::unknown_request(id))?,
+        };
+        if self.req(slot).status != RequestStatus::Running {
+            return Err(Error::input(
+                "request_id",
+                format!("{id:?}"),
+                "is not running",
+            ));
+        }
+        self.req_mut(slot).spec_token_ids.clear();
+        let sampled = token(id, self.req(slot).num_tokens());
+        if let Some(reason) = self.append_sampled(slot, &[sampled]) {
+            finished.push((id.clone(), reason));
+            self.finish(slot, reason)?;
+        }
+        Ok(())
     }
 
     /// Aborts requests wherever they are; all-or-nothing on unknown ids. A KV connector's
@@ -469,6 +503,7 @@ impl<R: RequestKey> Scheduler<R> {
         let mut request = self.slots[slot as usize]
             .take()
             .expect("finishing a live request");
+        self.num_mm_requests -= usize::from(!request.spec.mm_features.is_empty());
         request.status = RequestStatus::Finished(reason);
         self.index.remove(&request.request_id);
         self.landed.remove(&slot);

@@ -1,6 +1,7 @@
 //! A batch (seed 000 §2.2): the requests of one iteration with the tokens each computes,
 //! and the shape the execution-time model prices.
 
+use super::exec::StageTime;
 use super::lora::LoraShape;
 use super::request::{ReqIdx, SimRequest};
 
@@ -14,6 +15,9 @@ pub struct Batch {
     /// while the batch was in flight is discarded.
     pub epochs: Vec<u32>,
     pub shape: BatchShape,
+    /// A one-stage batch's stage time, charged to its requests when it ends (in the pass
+    /// that ends them, not one of its own; nothing else charges them in between).
+    pub stage_time: Option<StageTime>,
 }
 
 /// What a batch costs depends on: its prefill and decode tokens and the context each
@@ -51,24 +55,30 @@ impl BatchShape {
     pub fn of<'a>(requests: impl IntoIterator<Item = &'a SimRequest>, num_tokens: &[u32]) -> Self {
         let mut shape = BatchShape::default();
         for (request, &n) in requests.into_iter().zip(num_tokens) {
-            let n = n as u64;
-            let done = request.num_processed_tokens as u64;
-            shape.num_requests += 1;
-            if request.spec.proposes {
-                shape.num_draft_rows += 1;
-                shape.sum_draft_context += done + n - request.spec.in_flight_drafts as u64;
-            }
-            if request.is_prefill_complete {
-                shape.num_decode_tokens += n;
-                shape.num_spec_decode_tokens += request.spec.in_flight_drafts as u64;
-                shape.sum_decode_context += done;
-            } else {
-                shape.num_prefill_tokens += n;
-                shape.sum_prefill_context += n * (done + n);
-                shape.sum_prefill_squared += n * n;
-            }
+            shape.add(request, n);
         }
         shape
+    }
+
+    /// Adds `n` tokens of `request` (taken before the batch runs) to the shape.
+    #[inline]
+    pub fn add(&mut self, request: &SimRequest, n: u32) {
+        let n = n as u64;
+        let done = request.num_processed_tokens as u64;
+        self.num_requests += 1;
+        if request.spec.proposes {
+            self.num_draft_rows += 1;
+            self.sum_draft_context += done + n - request.spec.in_flight_drafts as u64;
+        }
+        if request.is_prefill_complete {
+            self.num_decode_tokens += n;
+            self.num_spec_decode_tokens += request.spec.in_flight_drafts as u64;
+            self.sum_decode_context += done;
+        } else {
+            self.num_prefill_tokens += n;
+            self.sum_prefill_context += n * (done + n);
+            self.sum_prefill_squared += n * n;
+        }
     }
 
     pub fn total_tokens(&self) -> u64 {

@@ -46,37 +46,42 @@ impl RestartMode {
     }
 }
 
+/// Laid out hot first: each step's passes over a batch (its formation, its end, the token
+/// each request samples) read the first two cache lines of a request (the test
+/// `hot_fields_share_two_cache_lines`), not fields spread over the whole of it.
 #[derive(Debug, Clone)]
+#[repr(C, align(64))]
 pub struct SimRequest {
-    /// Position in the workload (0-based), the id users see.
-    pub id: u64,
-    pub arrived_at: f64,
-    pub original_prefill_tokens: u32,
-    pub original_decode_tokens: u32,
-    /// Processed tokens beyond this many are output tokens: the original prompt, or less
-    /// after a `RestartMode::Vidur` restart in the middle of the prompt.
-    pub output_after_tokens: u32,
+    pub timing: RequestTiming,
+    pub num_processed_tokens: u32,
     /// Current prefill length (changes on restart).
     pub num_prefill_tokens: u32,
     pub num_decode_tokens: u32,
-    pub num_processed_tokens: u32,
+    /// Processed tokens beyond this many are output tokens: the original prompt, or less
+    /// after a `RestartMode::Vidur` restart in the middle of the prompt.
+    pub output_after_tokens: u32,
+    pub num_restarts: u32,
+    pub original_prefill_tokens: u32,
+    /// Speculative decoding (`vllm_v1` with `[replica.speculative]`; zeros otherwise).
+    pub spec: SpecCounters,
     pub is_prefill_complete: bool,
     pub scheduled: bool,
     pub completed: bool,
-    pub num_restarts: u32,
+    /// Prefix identity: block content ids, each covering the workload's hash block size.
+    pub hash_ids: Vec<u64>,
+    /// Position in the workload (0-based), the id users see.
+    pub id: u64,
+    pub arrived_at: f64,
+    pub original_decode_tokens: u32,
     pub replica: u32,
     /// Prompt tokens served from a prefix cache (first admission).
     pub prefix_hit_tokens: u32,
-    /// Prefix identity: block content ids, each covering the workload's hash block size.
-    pub hash_ids: Vec<u64>,
-    /// The session this request is a turn of (`super::sessions`), and its place in it.
-    pub session: Option<u64>,
     pub turn: u32,
+    /// The session this request is a turn of (`super::sessions`), and its place in it
+    /// (`turn`).
+    pub session: Option<u64>,
     /// The LoRA adapter it runs with; `None` = the base model.
     pub lora_id: Option<u64>,
-    pub timing: RequestTiming,
-    /// Speculative decoding (`vllm_v1` with `[replica.speculative]`; zeros otherwise).
-    pub spec: SpecCounters,
     /// KV moved for it: from a prefill replica (disaggregated serving) or a host tier.
     pub kv: KvMoves,
 }
@@ -374,5 +379,26 @@ mod tests {
         assert_eq!(RestartMode::default().name(), "recompute");
         let err = RestartMode::parse("Vidur").unwrap_err().to_string();
         assert!(err.contains("replica.scheduler.vidur.restart"), "{err}");
+    }
+
+    #[test]
+    fn hot_fields_share_two_cache_lines() {
+        use std::mem::{offset_of, size_of};
+        // What a batch's formation and end, and the sampled token, read of each request.
+        let hot_end = [
+            offset_of!(SimRequest, timing) + size_of::<RequestTiming>(),
+            offset_of!(SimRequest, num_processed_tokens) + 4,
+            offset_of!(SimRequest, num_prefill_tokens) + 4,
+            offset_of!(SimRequest, num_decode_tokens) + 4,
+            offset_of!(SimRequest, output_after_tokens) + 4,
+            offset_of!(SimRequest, num_restarts) + 4,
+            offset_of!(SimRequest, original_prefill_tokens) + 4,
+            offset_of!(SimRequest, spec) + size_of::<SpecCounters>(),
+            offset_of!(SimRequest, is_prefill_complete) + 1,
+            offset_of!(SimRequest, scheduled) + 1,
+            offset_of!(SimRequest, completed) + 1,
+        ];
+        assert!(hot_end.iter().all(|&end| end <= 128), "{hot_end:?}");
+        assert_eq!(std::mem::align_of::<SimRequest>(), 64);
     }
 }

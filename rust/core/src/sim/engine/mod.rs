@@ -499,18 +499,22 @@ impl<'a> Simulator<'a> {
             }
             let padding = self.replicas[r].policy.padding_rows(&plan, &self.requests);
             let (ids, num_tokens) = plan;
-            let mut shape = BatchShape::of(ids.iter().map(|&i| self.requests.get(i)), &num_tokens);
-            shape.num_padding_rows = padding;
-            shape.lora = self.replicas[r]
+            let lora = self.replicas[r]
                 .policy
                 .lora_shape(&ids, &num_tokens, &self.requests)?;
+            // One pass over the batch's requests: its shape (read before they are marked
+            // scheduled, which it does not look at), their marks and restart counts.
+            let mut shape = BatchShape::default();
             let mut epochs = self.spare_epochs.pop().unwrap_or_default();
             epochs.clear();
-            for &idx in &ids {
+            for (&idx, &n) in ids.iter().zip(&num_tokens) {
                 let request = self.requests.get_mut(idx);
+                shape.add(request, n);
                 request.on_batch_schedule(self.now);
                 epochs.push(request.num_restarts);
             }
+            shape.num_padding_rows = padding;
+            shape.lora = lora;
             let id = self.next_batch_id;
             self.next_batch_id += 1;
             self.sample(r, ids.len());
@@ -524,6 +528,7 @@ impl<'a> Simulator<'a> {
                     num_tokens,
                     epochs,
                     shape,
+                    stage_time: None,
                 },
             );
             self.replicas[r].num_running_batches += 1;
@@ -551,7 +556,7 @@ impl<'a> Simulator<'a> {
             return Ok(());
         };
         self.replicas[r].stage_busy[s] = true;
-        let batch = &self.batches[&batch_id];
+        let batch = self.batches.get_mut(&batch_id).expect("a batch in flight");
         let num_stages = self.replicas[r].num_stages;
         let exec = match &mut self.decode_exec {
             Some(decode) if self.replicas[r].decode => &mut **decode,
@@ -566,10 +571,18 @@ impl<'a> Simulator<'a> {
                 time.total_s
             )));
         }
-        for &idx in &batch.requests {
-            let timing = &mut self.requests.get_mut(idx).timing;
-            timing.execution_time += time.total_s;
-            timing.model_execution_time += time.model_s;
+        if num_stages == 1 {
+            // Charged when the batch ends, in that pass over its requests: between its one
+            // stage and its end no other stage runs any of them (a one-stage replica runs
+            // one batch at a time), so each request's sum takes the same terms in the same
+            // order.
+            batch.stage_time = Some(time);
+        } else {
+            for &idx in &batch.requests {
+                let timing = &mut self.requests.get_mut(idx).timing;
+                timing.execution_time += time.total_s;
+                timing.model_execution_time += time.model_s;
+            }
         }
         self.out.replicas.busy_time[r] += time.total_s;
         if let Some(trace) = &mut self.out.stages {
@@ -610,6 +623,10 @@ impl<'a> Simulator<'a> {
             .zip(&batch.epochs)
         {
             let request = self.requests.get_mut(idx);
+            if let Some(time) = batch.stage_time {
+                request.timing.execution_time += time.total_s;
+                request.timing.model_execution_time += time.model_s;
+            }
             if request.num_restarts != epoch {
                 continue; // restarted while this batch ran: its work is discarded
             }

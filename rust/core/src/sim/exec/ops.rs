@@ -221,6 +221,10 @@ pub struct Table {
     /// The cell each axis's last lookup found: a replica's batches change little from one
     /// to the next, so the next lookup usually lands there and skips the search.
     hints: [Cell<usize>; 2],
+    /// The last lookup's feature values (their bits) and answer: the steps of a decode run
+    /// change the context, not the tokens, so a table over tokens is asked the same point
+    /// step after step (the answer is the same either way).
+    memo: Cell<Option<(u64, u64, f64)>>,
 }
 
 impl Table {
@@ -238,6 +242,7 @@ impl Table {
             ys,
             values,
             hints: [Cell::new(0), Cell::new(0)],
+            memo: Cell::new(None),
         }
     }
 }
@@ -275,14 +280,29 @@ fn lerp(a: f64, b: f64, w: f64) -> f64 {
 
 impl Table {
     fn time(&self, features: &Features) -> f64 {
-        let (xi, xj, wx) = locate(&self.xs, features.get(self.x), &self.hints[0]);
-        let Some(y) = self.y else {
+        let x = features.get(self.x);
+        let y = self.y.map_or(0.0, |y| features.get(y));
+        let key = (x.to_bits(), y.to_bits());
+        if let Some((kx, ky, value)) = self.memo.get()
+            && (kx, ky) == key
+        {
+            return value;
+        }
+        let value = self.interpolate(x, y);
+        self.memo.set(Some((key.0, key.1, value)));
+        value
+    }
+
+    /// The table's value at (`x`, `y`) (`y` unused over one feature).
+    fn interpolate(&self, x: f64, y: f64) -> f64 {
+        let (xi, xj, wx) = locate(&self.xs, x, &self.hints[0]);
+        if self.y.is_none() {
             let at = |w: f64| lerp(self.values[xi], self.values[xj], w);
             let value = at(wx);
             // Inside the grid the clamped value is the value: skip it (the hot path).
             return if wx <= 1.0 { value } else { value.max(at(1.0)) };
-        };
-        let (yi, yj, wy) = locate(&self.ys, features.get(y), &self.hints[1]);
+        }
+        let (yi, yj, wy) = locate(&self.ys, y, &self.hints[1]);
         let ny = self.ys.len();
         let row = |x: usize, w: f64| lerp(self.values[x * ny + yi], self.values[x * ny + yj], w);
         let at = |wx: f64, wy: f64| lerp(row(xi, wy), row(xj, wy), wx);

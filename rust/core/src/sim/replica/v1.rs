@@ -39,10 +39,11 @@ pub struct VllmV1 {
     /// caught them up with their known tokens). With pipeline stages a request may be in
     /// two batches (two chunks of one prompt); only the batch that caught it up samples.
     /// A request preempted before its batch ends is struck off (its step's work is
-    /// discarded and recomputed).
-    samplers: VecDeque<Vec<ReqIdx>>,
+    /// discarded and recomputed). Each with its scheduler slot, a hint for
+    /// `append_one_token_each_at`.
+    samplers: VecDeque<Vec<(ReqIdx, u32)>>,
     /// Emptied lists, reused so a step allocates nothing.
-    spare: Vec<Vec<ReqIdx>>,
+    spare: Vec<Vec<(ReqIdx, u32)>>,
     /// GPU slots and host cache of LoRA adapters (`[replica.lora]`; `sim::lora`).
     adapters: Option<AdapterCache>,
     /// Speculative decoding, when configured.
@@ -441,7 +442,7 @@ impl ReplicaPolicy for VllmV1 {
             // `Scheduler::release_landed_loads`): that load is not a hit any more.
             self.loading.remove(&idx);
             for list in &mut self.samplers {
-                list.retain(|&i| i != idx);
+                list.retain(|&(i, _)| i != idx);
             }
             if let Some(spec) = &mut self.spec {
                 spec.strike(idx);
@@ -482,23 +483,25 @@ impl ReplicaPolicy for VllmV1 {
             request.num_processed_tokens += hit;
         }
         if out.num_scheduled_tokens.is_empty() {
+            self.scheduler.recycle_output(out);
             return Ok(None);
         }
-        let (ids, tokens): (Vec<ReqIdx>, Vec<u32>) = out
-            .num_scheduled_tokens
-            .iter()
-            .map(|&(idx, n)| (idx, n as u32))
-            .unzip();
+        // The vectors of an ended batch (`recycle`), refilled.
+        let (mut ids, mut tokens) = self.spare_batches.pop().unwrap_or_default();
+        ids.clear();
+        tokens.clear();
+        ids.extend(out.num_scheduled_tokens.iter().map(|&(idx, _)| idx));
+        tokens.extend(out.num_scheduled_tokens.iter().map(|&(_, n)| n as u32));
+        // The requests caught up with their known tokens sample at the batch's end (no
+        // outputs are in flight here: the scheduler is synchronous).
         let mut caught_up = self.spare.pop().unwrap_or_default();
-        caught_up.extend(ids.iter().copied().filter(|idx| {
-            self.scheduler
-                .get_request(idx)
-                .is_some_and(|r| r.num_computed_tokens >= r.num_tokens())
-        }));
+        caught_up.extend_from_slice(self.scheduler.step_samplers());
         if let Some(spec) = &mut self.spec {
-            spec.on_schedule(requests, &caught_up, &out.scheduled_spec_decode_tokens);
+            let ids: Vec<ReqIdx> = caught_up.iter().map(|&(idx, _)| idx).collect();
+            spec.on_schedule(requests, &ids, &out.scheduled_spec_decode_tokens);
         }
         self.samplers.push_back(caught_up);
+        self.scheduler.recycle_output(out);
         Ok(Some((ids, tokens)))
     }
 
@@ -525,7 +528,7 @@ impl ReplicaPolicy for VllmV1 {
         let block = self.hash_block_size;
         let finished = self
             .scheduler
-            .append_one_token_each(&caught_up, |&idx, position| {
+            .append_one_token_each_at(&caught_up, |&idx, position| {
                 output_token(requests.get(idx), position as u64, block)
             })?;
         caught_up.clear();

@@ -228,3 +228,27 @@ fn lookups_give_the_same_answer_whatever_the_last_one_was() {
         assert_eq!(hinted.time(&features), fresh.time(&features));
     }
 }
+
+#[test]
+fn a_repeated_point_gives_its_answer_and_a_moved_one_is_looked_up() {
+    // values = batch + context / 100 on batch {1, 3} × mean context {100, 300}.
+    let t = Table::new(
+        Feature::NumDecodeTokens,
+        Some(Feature::DecodeMeanContext),
+        vec![1.0, 3.0],
+        vec![100.0, 300.0],
+        vec![2.0, 4.0, 4.0, 6.0],
+    );
+    // Two decodes at 200 keys (4.0), again, then the same two at 300 keys (5.0): the
+    // second feature moved alone, so the last answer must not be reused.
+    let at_200 = Features::of(&shape(&[], &[199, 199]));
+    let at_300 = Features::of(&shape(&[], &[299, 299]));
+    for (features, expected) in [
+        (&at_200, 4.0),
+        (&at_200, 4.0),
+        (&at_300, 5.0),
+        (&at_200, 4.0),
+    ] {
+        assert!((t.time(features) - expected).abs() < 1e-12, "{expected}");
+    }
+}

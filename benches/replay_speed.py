@@ -5,9 +5,12 @@ build and this one, interleaved, each run in a fresh interpreter pinned to core 
     512-token hash blocks, prompts that open with one of a few hundred shared prefixes
     (zipf-popular system prompts / documents) followed by the request's own blocks;
 (b) the real Mooncake conversation trace (12k requests, 12k-token prompts), skipped
-    when ``../shared/data/traces/mooncake/conversation_trace.jsonl`` is absent.
+    when ``../shared/data/traces/mooncake/conversation_trace.jsonl`` is absent;
+(c) the built-in job, ``simulate(config_from_mapping({"workload": {**default_workload(),
+    "num_requests": N}}))`` (``--builtin-requests N``, 200k by default), its workload made
+    in the child by each side's own ``default_workload()``.
 
-Both run on 4 x Llama-3.1-8B / H100 SXM, vllm_v1 replicas with prefix caching, round-robin
+(a) and (b) run on 4 x Llama-3.1-8B / H100 SXM, vllm_v1 replicas with prefix caching, round-robin
 routing, the default execution model. The script builds nothing: OLD is a
 ``pip install --no-deps --target`` folder of a wheel built from git, e.g.
 
@@ -91,7 +94,11 @@ def job(trace: Path) -> dict[str, object]:
 CHILD = """
 import hashlib, json, resource, sys
 from tokenyard.simulation import config_from_mapping, simulate
-r = simulate(config_from_mapping(json.loads(sys.argv[1])))
+config = json.loads(sys.argv[1])
+if "builtin_requests" in config:
+    from tokenyard.simulation.config import default_workload
+    config = {"workload": {**default_workload(), "num_requests": config["builtin_requests"]}}
+r = simulate(config_from_mapping(config))
 h = hashlib.sha256()
 for name in sorted(r.columns):
     col = r.columns[name]
@@ -142,18 +149,22 @@ def main() -> int:
     parser.add_argument("--old", default="/tmp/kv-old", help="pip --target dir of the old build")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--requests", type=int, default=100_000)
-    parser.add_argument("--only", choices=("synthetic", "mooncake"))
+    parser.add_argument("--builtin-requests", type=int, default=200_000)
+    parser.add_argument("--only", choices=("synthetic", "mooncake", "builtin"))
     args = parser.parse_args()
-    if args.only != "mooncake":
+    if args.only in (None, "synthetic"):
         trace = Path(f"/tmp/replay_speed_synthetic_{args.requests}.jsonl")
         if not trace.is_file():
             synthetic_trace(trace, args.requests)
         compare("synthetic", job(trace), args.old, args.repeat)
-    if args.only != "synthetic":
+    if args.only in (None, "mooncake"):
         if REAL_TRACE.is_file():
             compare("mooncake", job(REAL_TRACE), args.old, args.repeat)
         else:
             print(f"mooncake: skipped, {REAL_TRACE} is absent")
+    if args.only in (None, "builtin"):
+        builtin = {"builtin_requests": args.builtin_requests}
+        compare(f"builtin {args.builtin_requests}", builtin, args.old, args.repeat)
     return 0
 
 

@@ -107,6 +107,27 @@ fn lay_out(
     len + body.len()
 }
 
+/// Hash of one full block named by its content instead of its tokens: the `offset`-th
+/// block of the content `content_id` (a simulator's trace block, whose tokens depend only
+/// on its id), chained to its parent and extra key as [`hash_block`] is. It stands for the
+/// block's tokens: a caller that names a block this way must name every block of that
+/// content this way (then equal hashes mean equal prefixes, as with tokens). The leading
+/// tag (2 or 3, where a token block's is 0 or 1) keeps the two forms apart: no id-named
+/// block hashes like a token block.
+pub fn hash_block_id(
+    parent: Option<BlockHash>,
+    content_id: u64,
+    offset: u32,
+    extra_key: Option<u64>,
+) -> BlockHash {
+    let mut bytes = [0u8; HEADER_BYTES + 12];
+    let len = lay_out(&mut bytes, parent, &[], extra_key);
+    bytes[0] += 2;
+    bytes[len..len + 8].copy_from_slice(&content_id.to_le_bytes());
+    bytes[len + 8..len + 12].copy_from_slice(&offset.to_le_bytes());
+    BlockHash(xxh3_128(&bytes[..len + 12]))
+}
+
 /// Appends to `hashes` the hashes of every full block of `tokens` beyond the ones already
 /// in `hashes` (which must be the hashes of `tokens`' first blocks).
 pub fn hash_full_blocks(
@@ -188,6 +209,25 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn id_named_blocks_chain_and_never_hash_like_token_blocks() {
+        let parent = Some(BlockHash(5));
+        let a = hash_block_id(parent, 7, 0, None);
+        assert_eq!(a, hash_block_id(parent, 7, 0, None));
+        for other in [
+            hash_block_id(parent, 7, 1, None),
+            hash_block_id(parent, 8, 0, None),
+            hash_block_id(None, 7, 0, None),
+            hash_block_id(Some(BlockHash(6)), 7, 0, None),
+            hash_block_id(parent, 7, 0, Some(0)),
+        ] {
+            assert_ne!(a, other);
+        }
+        // The same bytes after the tag as a token block of three tokens (id 7 = tokens
+        // 7, 0; offset 0 = token 0): the tag tells them apart.
+        assert_ne!(a, hash_block(parent, &[7, 0, 0], None));
     }
 
     #[test]

@@ -75,8 +75,13 @@ pub struct RequestSpec {
 
 /// A prompt a [`PromptSource`] made: its tokens, and optionally the block hashes of its
 /// first full blocks (under the scheduler's `block_size` and the request's `lora_id` as
-/// extra key, exactly as the block-hash pool would compute them), which spare the pool
-/// hashing those blocks.
+/// extra key), which spare the pool hashing those blocks. They may run past the prompt,
+/// into outputs whose tokens the source knows ahead. Either they are exactly what the
+/// block-hash pool would compute from the tokens, or the source names blocks by content
+/// in its own way (`kv::hash_block_id`): then it must name *every* block of that content
+/// so, in every request it makes, since the pool hashes the blocks after these from their
+/// tokens. The request keeps them across preemption (vLLM's `Request.block_hashes`), so
+/// the pool never hashes those blocks itself.
 #[derive(Debug, Clone, Default)]
 pub struct DeferredPrompt {
     pub token_ids: Vec<TokenId>,
@@ -133,6 +138,9 @@ pub struct Request<R> {
     pub num_external_computed_tokens: usize,
     /// A connector's load for it failed: it recomputes, and the connector is not asked again.
     pub kv_load_failed: bool,
+    /// Block hashes its [`PromptSource`] gave with the prompt (`DeferredPrompt`), kept for
+    /// every lookup of the request, preempted or not.
+    pub prompt_block_hashes: Vec<BlockHash>,
 }
 
 impl<R> Request<R> {

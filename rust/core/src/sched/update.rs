@@ -106,6 +106,7 @@ impl<R: RequestKey> Scheduler<R> {
             arrival_seq: self.next_arrival_seq,
             num_external_computed_tokens: 0,
             kv_load_failed: false,
+            prompt_block_hashes: Vec::new(),
         };
         self.next_arrival_seq += 1;
         let slot = match self.free_slots.pop() {

@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use crate::kv::{BlockHash, TokenId, hash_block};
+use crate::kv::{BlockHash, TokenId, hash_block, hash_block_id, hash_full_blocks};
 
 fn mix(a: u64, b: u64) -> TokenId {
     mix64(a, b) as TokenId
@@ -259,6 +259,111 @@ impl TraceBlockHashes {
     }
 }
 
+/// Tokens of a request, from its first, that are its block ids' own (`mix(id, offset)`),
+/// whose KV blocks [`IdBlockHashes`] names by id: the prompt's up to the end of its ids,
+/// and, when the ids reach past the prompt (a conversation's turn, see
+/// [`shared_output_token`]), the outputs' up to the end of the ids too. `num_prompt_tokens`
+/// is the prompt as synthesized (`SimRequest::num_prefill_tokens`), `original_prefill_tokens`
+/// the prompt that decides whether outputs are shared (as [`shared_output_token`] takes it).
+pub fn num_id_tokens(
+    num_prompt_tokens: u32,
+    original_prefill_tokens: u32,
+    hash_ids: &[u64],
+    hash_block_size: u32,
+) -> usize {
+    let block = hash_block_size.max(1) as usize;
+    let num_covered = hash_ids.len() * block;
+    let shared = hash_ids.len() > (original_prefill_tokens as usize).div_ceil(block);
+    if shared {
+        num_covered
+    } else {
+        num_covered.min(num_prompt_tokens as usize)
+    }
+}
+
+/// KV block hashes named by trace block id (`kv::hash_block_id`: parent, id, the KV block's
+/// place in its trace block, extra key) instead of hashed from synthesized tokens. A trace
+/// block's tokens depend only on its id, so a KV block inside one is named by (id, offset)
+/// as exactly as by its tokens; naming costs one short hash per KV block and no tokens.
+/// Every KV block that lies whole inside a request's id tokens ([`num_id_tokens`]) must be
+/// named so, wherever it is hashed (the replica's prompts, the router's prefix index), and
+/// no other block: [`prompt_block_hashes`] is the one rule both use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdBlockHashes {
+    trace_block: usize,
+    kv_block: usize,
+}
+
+impl IdBlockHashes {
+    /// `None` when KV blocks of `block_size` tokens do not tile trace blocks of
+    /// `hash_block_size` (a KV block would straddle two ids): blocks are then hashed from
+    /// their tokens.
+    pub fn new(hash_block_size: u32, block_size: usize) -> Option<Self> {
+        let trace_block = hash_block_size.max(1) as usize;
+        (block_size > 0 && trace_block.is_multiple_of(block_size)).then_some(Self {
+            trace_block,
+            kv_block: block_size,
+        })
+    }
+
+    /// Appends to `hashes` (empty) the names of the KV blocks whole inside the first
+    /// `num_id_tokens` tokens.
+    pub fn extend(
+        &self,
+        hashes: &mut Vec<BlockHash>,
+        hash_ids: &[u64],
+        num_id_tokens: usize,
+        extra_key: Option<u64>,
+    ) {
+        debug_assert!(hashes.is_empty());
+        let per_block = self.trace_block / self.kv_block;
+        let num_blocks = num_id_tokens / self.kv_block;
+        hashes.reserve(num_blocks);
+        let mut parent = None;
+        for b in 0..num_blocks {
+            let id = hash_ids[b / per_block];
+            let hash = hash_block_id(parent, id, (b % per_block) as u32, extra_key);
+            hashes.push(hash);
+            parent = Some(hash);
+        }
+    }
+}
+
+/// The hashes of every full KV block of a request's prompt as its replicas' block-hash
+/// pools name them: by id inside its id tokens ([`IdBlockHashes`], when KV blocks tile
+/// trace blocks), then from its synthesized tokens (made only if blocks remain).
+#[allow(clippy::too_many_arguments)]
+pub fn prompt_block_hashes(
+    request_id: u64,
+    num_prompt_tokens: u32,
+    original_prefill_tokens: u32,
+    hash_ids: &[u64],
+    hash_block_size: u32,
+    block_size: usize,
+    extra_key: Option<u64>,
+) -> Vec<BlockHash> {
+    let mut hashes = Vec::new();
+    if let Some(ids) = IdBlockHashes::new(hash_block_size, block_size) {
+        let num_ids = num_id_tokens(
+            num_prompt_tokens,
+            original_prefill_tokens,
+            hash_ids,
+            hash_block_size,
+        );
+        ids.extend(
+            &mut hashes,
+            hash_ids,
+            num_ids.min(num_prompt_tokens as usize),
+            extra_key,
+        );
+    }
+    if hashes.len() < num_prompt_tokens as usize / block_size.max(1) {
+        let tokens = synthesize_prompt(request_id, num_prompt_tokens, hash_ids, hash_block_size);
+        hash_full_blocks(&mut hashes, &tokens, block_size, extra_key);
+    }
+    hashes
+}
+
 /// A memo that replicas may share (each holds a handle; one replica runs at a time).
 pub type Shared<T> = Arc<Mutex<T>>;
 
@@ -408,6 +513,70 @@ mod tests {
         assert!(
             TraceBlockHashes::new(16, 4, 8).is_none(),
             "4 blocks: too few"
+        );
+    }
+
+    #[test]
+    fn id_tokens_are_exactly_the_tokens_the_ids_give() {
+        // 8-token trace blocks. Ids covering the prompt only, reaching past it (a turn
+        // whose output the next turn repeats), ending before it; a Vidur-style restart
+        // whose prompt grew past the original one.
+        let cases: [(u32, u32, &[u64]); 6] = [
+            (10, 10, &[7, 8]),
+            (10, 10, &[7, 8, 9]),
+            (20, 20, &[7, 8]),
+            (16, 16, &[7, 8]),
+            (5, 5, &[7]),
+            (14, 10, &[7, 8]),
+        ];
+        for (n, original, ids) in cases {
+            let c = num_id_tokens(n, original, ids, 8);
+            let prompt = synthesize_prompt(1, n, ids, 8);
+            for p in 0..n as usize + 24 {
+                let token = match prompt.get(p) {
+                    Some(&t) => t,
+                    None => shared_output_token(original, p as u64, ids, 8).unwrap_or(u32::MAX),
+                };
+                let by_id = ids
+                    .get(p / 8)
+                    .is_some_and(|&id| token == mix(id, p as u64 % 8));
+                assert_eq!(by_id, p < c, "{n} tokens, ids {ids:?}, position {p}");
+            }
+        }
+    }
+
+    #[test]
+    fn blocks_are_named_by_id_inside_id_tokens_and_hashed_after() {
+        let names = IdBlockHashes::new(8, 4).unwrap();
+        // A 10-token turn whose ids reach past it: its outputs up to token 24 are id tokens,
+        // named as the next turn's (22-token) prompt names them.
+        let ids = [7, 8, 9];
+        let mut turn = Vec::new();
+        names.extend(&mut turn, &ids, num_id_tokens(10, 10, &ids, 8), None);
+        assert_eq!(turn.len(), 6);
+        let next = prompt_block_hashes(2, 22, 22, &[7, 8, 9, 10], 8, 4, None);
+        assert_eq!(next, turn[..5]);
+        assert_eq!(next[0], hash_block_id(None, 7, 0, None));
+        assert_eq!(next[3], hash_block_id(Some(next[2]), 8, 1, None));
+        // Past the ids, the prompt's own tokens are hashed, chained to the last name.
+        let hashes = prompt_block_hashes(3, 30, 30, &[7, 8], 8, 4, Some(2));
+        let tokens = synthesize_prompt(3, 30, &[7, 8], 8);
+        let mut expected = hashes[..4].to_vec();
+        hash_full_blocks(&mut expected, &tokens, 4, Some(2));
+        assert_eq!(hashes, expected);
+        assert_eq!(hashes[0], hash_block_id(None, 7, 0, Some(2)));
+        // KV blocks straddling trace blocks: all hashed from tokens.
+        assert!(IdBlockHashes::new(6, 4).is_none());
+        let mut expected = Vec::new();
+        hash_full_blocks(
+            &mut expected,
+            &synthesize_prompt(3, 30, &[7, 8], 6),
+            4,
+            None,
+        );
+        assert_eq!(
+            prompt_block_hashes(3, 30, 30, &[7, 8], 6, 4, None),
+            expected
         );
     }
 

@@ -81,7 +81,9 @@ pub struct RequestSpec {
 /// in its own way (`kv::hash_block_id`): then it must name *every* block of that content
 /// so, in every request it makes, since the pool hashes the blocks after these from their
 /// tokens. The request keeps them across preemption (vLLM's `Request.block_hashes`), so
-/// the pool never hashes those blocks itself.
+/// the pool never hashes those blocks itself, nor reads their tokens: under a lean
+/// scheduler (`Scheduler::set_lean_output`), which hands out no token ids, a source may
+/// leave those tokens 0 (the simulator does).
 #[derive(Debug, Clone, Default)]
 pub struct DeferredPrompt {
     pub token_ids: Vec<TokenId>,

@@ -91,10 +91,33 @@ impl BlockTokens {
         hash_ids: &[u64],
         extra: usize,
     ) -> Vec<TokenId> {
+        self.prompt_after(request_id, num_tokens, hash_ids, extra, 0)
+    }
+
+    /// [`Self::prompt`] with its first `num_unread` tokens (whole trace blocks' worth or
+    /// not) left 0: tokens no one reads, those of the KV blocks the pool is given named
+    /// (`IdBlockHashes`), whose synthesis was a tenth of a Mooncake replay.
+    pub fn prompt_after(
+        &mut self,
+        request_id: u64,
+        num_tokens: u32,
+        hash_ids: &[u64],
+        extra: usize,
+        num_unread: usize,
+    ) -> Vec<TokenId> {
         let num_tokens = num_tokens as usize;
         let block = self.block;
+        let num_unread = num_unread.min(num_tokens);
         let mut tokens = Vec::with_capacity(num_tokens + extra);
-        for (&id, start) in hash_ids.iter().zip((0..num_tokens).step_by(block)) {
+        // Whole trace blocks left 0; a trace block read from its middle is made whole and
+        // its unread head zeroed after (the memo serves whole blocks).
+        let first_block = (num_unread / block).min(hash_ids.len());
+        tokens.resize(first_block * block, 0);
+        let start_at = first_block * block;
+        for (&id, start) in hash_ids[first_block..]
+            .iter()
+            .zip((start_at..num_tokens).step_by(block))
+        {
             let len = block.min(num_tokens - start);
             match self.block_tokens(id) {
                 Some(memo) => tokens.extend_from_slice(&memo[..len]),
@@ -103,6 +126,8 @@ impl BlockTokens {
         }
         let num_shared = tokens.len() as u64;
         tokens.extend((num_shared..num_tokens as u64).map(|pos| private_token(request_id, pos)));
+        let num_zeroed = num_unread.min(tokens.len());
+        tokens[start_at.min(num_zeroed)..num_zeroed].fill(0);
         tokens
     }
 
@@ -306,6 +331,11 @@ impl IdBlockHashes {
         })
     }
 
+    /// Tokens of the KV blocks whole inside the first `num_id_tokens` tokens.
+    pub fn num_named_tokens(&self, num_id_tokens: usize) -> usize {
+        num_id_tokens / self.kv_block * self.kv_block
+    }
+
     /// Appends to `hashes` (empty) the names of the KV blocks whole inside the first
     /// `num_id_tokens` tokens.
     pub fn extend(
@@ -479,6 +509,24 @@ mod tests {
                 })
                 .collect();
             assert_eq!(tokens, expected, "{num_tokens} tokens");
+        }
+    }
+
+    #[test]
+    fn unread_tokens_are_zero_and_the_rest_as_before() {
+        let ids = [7, 8, 9];
+        let mut memo = BlockTokens::new(4, 8);
+        for num_tokens in [0, 3, 4, 9, 12, 15] {
+            let full = synthesize_prompt(3, num_tokens, &ids, 4);
+            for num_unread in 0..=16 {
+                for _ in 0..3 {
+                    let got = memo.prompt_after(3, num_tokens, &ids, 2, num_unread);
+                    let cut = num_unread.min(full.len());
+                    assert!(got[..cut].iter().all(|&t| t == 0));
+                    assert_eq!(got[cut..], full[cut..], "{num_tokens} tokens, {num_unread}");
+                    assert!(got.capacity() >= full.len() + 2);
+                }
+            }
         }
     }
 

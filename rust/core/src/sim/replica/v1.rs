@@ -119,8 +119,15 @@ impl PromptSource<ReqIdx> for Prompts {
         let Some(p) = self.pending.remove(idx) else {
             return DeferredPrompt::default();
         };
+        // Tokens of the blocks named by id are read by no one (the pool skips the tokens
+        // its hashes cover; a lean scheduler hands out no token ids): left 0.
+        let num_unread = match &self.hashes {
+            Some(PromptHashes::Ids(ids)) => ids.num_named_tokens(p.num_id_tokens),
+            _ => 0,
+        };
+        let (id, num_tokens, room) = (p.id, p.num_prefill_tokens, p.room);
         let mut token_ids =
-            lock(&self.tokens).prompt(p.id, p.num_prefill_tokens, &p.hash_ids, p.room);
+            lock(&self.tokens).prompt_after(id, num_tokens, &p.hash_ids, room, num_unread);
         let mut block_hashes = Vec::new();
         match &self.hashes {
             Some(PromptHashes::Ids(ids)) => {

@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use crate::kv::{BlockHash, TokenId, hash_block, hash_block_id, hash_full_blocks};
+use crate::kv::{BlockHash, TokenId, content_block, hash_block, hash_content, hash_full_blocks};
 
 fn mix(a: u64, b: u64) -> TokenId {
     mix64(a, b) as TokenId
@@ -306,8 +306,8 @@ pub fn num_id_tokens(
     }
 }
 
-/// KV block hashes named by trace block id (`kv::hash_block_id`: parent, id, the KV block's
-/// place in its trace block, extra key) instead of hashed from synthesized tokens. A trace
+/// KV block hashes named by trace block id (`kv::hash_block_id`: the hash before the trace
+/// block, its id, the KV block's place in it, extra key) instead of hashed from synthesized tokens. A trace
 /// block's tokens depend only on its id, so a KV block inside one is named by (id, offset)
 /// as exactly as by its tokens; naming costs one short hash per KV block and no tokens.
 /// Every KV block that lies whole inside a request's id tokens ([`num_id_tokens`]) must be
@@ -349,12 +349,15 @@ impl IdBlockHashes {
         let per_block = self.trace_block / self.kv_block;
         let num_blocks = num_id_tokens / self.kv_block;
         hashes.reserve(num_blocks);
-        let mut parent = None;
-        for b in 0..num_blocks {
-            let id = hash_ids[b / per_block];
-            let hash = hash_block_id(parent, id, (b % per_block) as u32, extra_key);
-            hashes.push(hash);
-            parent = Some(hash);
+        // One digest per trace block, chained to the last KV block before it; its KV
+        // blocks are that seed and their place (`kv::hash_block_id`).
+        for (k, &id) in hash_ids[..num_blocks.div_ceil(per_block)]
+            .iter()
+            .enumerate()
+        {
+            let seed = hash_content(hashes.last().copied(), id, extra_key);
+            let num_here = per_block.min(num_blocks - k * per_block);
+            hashes.extend((0..num_here as u32).map(|offset| content_block(seed, offset)));
         }
     }
 }
@@ -595,6 +598,7 @@ mod tests {
 
     #[test]
     fn blocks_are_named_by_id_inside_id_tokens_and_hashed_after() {
+        use crate::kv::hash_block_id;
         let names = IdBlockHashes::new(8, 4).unwrap();
         // A 10-token turn whose ids reach past it: its outputs up to token 24 are id tokens,
         // named as the next turn's (22-token) prompt names them.
@@ -605,7 +609,8 @@ mod tests {
         let next = prompt_block_hashes(2, 22, 22, &[7, 8, 9, 10], 8, 4, None);
         assert_eq!(next, turn[..5]);
         assert_eq!(next[0], hash_block_id(None, 7, 0, None));
-        assert_eq!(next[3], hash_block_id(Some(next[2]), 8, 1, None));
+        assert_eq!(next[1], hash_block_id(None, 7, 1, None));
+        assert_eq!(next[3], hash_block_id(Some(next[1]), 8, 1, None));
         // Past the ids, the prompt's own tokens are hashed, chained to the last name.
         let hashes = prompt_block_hashes(3, 30, 30, &[7, 8], 8, 4, Some(2));
         let tokens = synthesize_prompt(3, 30, &[7, 8], 8);

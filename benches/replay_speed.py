@@ -19,7 +19,8 @@ routing, the default execution model. The script builds nothing: OLD is a
     .venv/bin/python benches/replay_speed.py [--repeat 3] [--old /tmp/kv-old]
 
 For each workload it prints the median of requests per wall second of ``simulate()``'s
-Rust loop (``summary["wall_s"]``) for each side, the ratio new/old, whether the two
+Rust loop (``summary["wall_s"]``) for each side, the ratio new/old (and of the child's CPU
+seconds in ``simulate()``, the steadier figure on a shared machine), whether the two
 sides' outputs are bit-identical (a hash of every per-request column), and each side's
 peak RSS (the whole child process).
 """
@@ -92,18 +93,20 @@ def job(trace: Path) -> dict[str, object]:
 
 # Run in the child: simulate, then hash every per-request column (name, dtype, bytes).
 CHILD = """
-import hashlib, json, resource, sys
+import hashlib, json, resource, sys, time
 from tokenyard.simulation import config_from_mapping, simulate
 config = json.loads(sys.argv[1])
 if "builtin_requests" in config:
     from tokenyard.simulation.config import default_workload
     config = {"workload": {**default_workload(), "num_requests": config["builtin_requests"]}}
+cpu = time.process_time()
 r = simulate(config_from_mapping(config))
+cpu = time.process_time() - cpu
 h = hashlib.sha256()
 for name in sorted(r.columns):
     col = r.columns[name]
     h.update(name.encode()); h.update(str(col.dtype).encode()); h.update(col.tobytes())
-print(json.dumps({"wall_s": r.summary["wall_s"], "n": r.summary["num_requests"],
+print(json.dumps({"wall_s": r.summary["wall_s"], "n": r.summary["num_requests"], "cpu_s": cpu,
                   "hash": h.hexdigest(), "hit": r.summary["throughput"]["prefix_hit_rate"],
                   "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
@@ -129,18 +132,24 @@ def compare(name: str, config: dict[str, object], old: str, repeat: int) -> None
     for _ in range(repeat):
         runs["old"].append(run_side(old, config))
         runs["new"].append(run_side(None, config))
-    rate = {}
+    rate: dict[str, float] = {}
+    cpu: dict[str, float] = {}
     for side, rs in runs.items():
         walls = [float(str(r["wall_s"])) for r in rs]
         peak_mb = max(float(str(r["maxrss_mb"])) for r in rs)
         rate[side] = int(str(rs[0]["n"])) / statistics.median(walls)
+        cpus = [float(str(r["cpu_s"])) for r in rs]
+        cpu[side] = statistics.median(cpus)
         print(
             f"{name} {side}: {rate[side]:,.0f} requests/wall s "
-            f"(median of {len(walls)}: {statistics.median(walls):.3f} s; runs {walls}) "
+            f"(median of {len(walls)}: {statistics.median(walls):.3f} s; runs "
+            f"{[round(w, 3) for w in walls]}; CPU {cpu[side]:.3f} s) "
             f"prefix hit rate {rs[0]['hit']:.4f}, peak RSS {peak_mb:,.0f} MB"
         )
     hashes = {str(r["hash"]) for rs in runs.values() for r in rs}
     print(f"{name} ratio new/old (requests per wall s): {rate['new'] / rate['old']:.2f}")
+    # On a shared machine the process's CPU time is the steadier figure.
+    print(f"{name} ratio old/new (CPU s in simulate): {cpu['old'] / cpu['new']:.2f}")
     print(f"{name} outputs identical: {len(hashes) == 1} ({sorted(hashes)[0][:16]})")
 
 

@@ -94,8 +94,8 @@ impl BlockTokens {
         self.prompt_after(request_id, num_tokens, hash_ids, extra, 0)
     }
 
-    /// [`Self::prompt`] with its first `num_unread` tokens (whole trace blocks' worth or
-    /// not) left 0: tokens no one reads, those of the KV blocks the pool is given named
+    /// [`Self::prompt`] with its first `num_unread` tokens (at most those its ids give)
+    /// left 0: tokens no one reads, those of the KV blocks the pool is given named
     /// (`IdBlockHashes`), whose synthesis was a tenth of a Mooncake replay.
     pub fn prompt_after(
         &mut self,
@@ -107,18 +107,21 @@ impl BlockTokens {
     ) -> Vec<TokenId> {
         let num_tokens = num_tokens as usize;
         let block = self.block;
-        let num_unread = num_unread.min(num_tokens);
+        let num_unread = num_unread.min(num_tokens).min(hash_ids.len() * block);
         let mut tokens = Vec::with_capacity(num_tokens + extra);
-        // Whole trace blocks left 0; a trace block read from its middle is made whole and
-        // its unread head zeroed after (the memo serves whole blocks).
-        let first_block = (num_unread / block).min(hash_ids.len());
-        tokens.resize(first_block * block, 0);
-        let start_at = first_block * block;
-        for (&id, start) in hash_ids[first_block..]
+        tokens.resize(num_unread, 0);
+        let first = num_unread / block;
+        for (&id, start) in hash_ids[first..]
             .iter()
-            .zip((start_at..num_tokens).step_by(block))
+            .zip((first * block..num_tokens).step_by(block))
         {
             let len = block.min(num_tokens - start);
+            if start < num_unread {
+                // The trace block read from its middle: only its read tail is made.
+                let from = (num_unread - start) as u64;
+                tokens.extend((from..len as u64).map(|offset| mix(id, offset)));
+                continue;
+            }
             match self.block_tokens(id) {
                 Some(memo) => tokens.extend_from_slice(&memo[..len]),
                 None => tokens.extend((0..len as u64).map(|offset| mix(id, offset))),
@@ -126,8 +129,6 @@ impl BlockTokens {
         }
         let num_shared = tokens.len() as u64;
         tokens.extend((num_shared..num_tokens as u64).map(|pos| private_token(request_id, pos)));
-        let num_zeroed = num_unread.min(tokens.len());
-        tokens[start_at.min(num_zeroed)..num_zeroed].fill(0);
         tokens
     }
 
@@ -524,7 +525,8 @@ mod tests {
             for num_unread in 0..=16 {
                 for _ in 0..3 {
                     let got = memo.prompt_after(3, num_tokens, &ids, 2, num_unread);
-                    let cut = num_unread.min(full.len());
+                    // Past the ids' 12 tokens, the request's own are made whatever asked.
+                    let cut = num_unread.min(full.len()).min(12);
                     assert!(got[..cut].iter().all(|&t| t == 0));
                     assert_eq!(got[cut..], full[cut..], "{num_tokens} tokens, {num_unread}");
                     assert!(got.capacity() >= full.len() + 2);

@@ -320,11 +320,21 @@ pub struct IdBlockHashes {
     kv_block: usize,
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Tests turn naming off to compare whole simulations against token hashing.
+    pub(crate) static NAME_BY_ID: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
+}
+
 impl IdBlockHashes {
     /// `None` when KV blocks of `block_size` tokens do not tile trace blocks of
     /// `hash_block_size` (a KV block would straddle two ids): blocks are then hashed from
     /// their tokens.
     pub fn new(hash_block_size: u32, block_size: usize) -> Option<Self> {
+        #[cfg(test)]
+        if !NAME_BY_ID.get() {
+            return None;
+        }
         let trace_block = hash_block_size.max(1) as usize;
         (block_size > 0 && trace_block.is_multiple_of(block_size)).then_some(Self {
             trace_block,
@@ -477,6 +487,10 @@ pub fn shared_output_token(
 pub fn private_token(request_id: u64, position: u64) -> TokenId {
     mix(request_id ^ 0xA5A5_5A5A_F0F0_0F0F, position | (1 << 63))
 }
+
+#[cfg(test)]
+#[path = "id_names_tests.rs"]
+mod id_names_tests;
 
 #[cfg(test)]
 mod tests {

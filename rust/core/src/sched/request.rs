@@ -83,7 +83,10 @@ pub struct RequestSpec {
 /// tokens. The request keeps them across preemption (vLLM's `Request.block_hashes`), so
 /// the pool never hashes those blocks itself, nor reads their tokens: under a lean
 /// scheduler (`Scheduler::set_lean_output`), which hands out no token ids, a source may
-/// leave those tokens 0 (the simulator does).
+/// leave those tokens 0 (the simulator does). Exception: a request that arrives with
+/// computed tokens (`RequestSpec::num_computed_tokens`) is admitted without a lookup and
+/// hashed from its tokens, so a source naming blocks its own way must not be combined
+/// with such requests (the simulator's are not).
 #[derive(Debug, Clone, Default)]
 pub struct DeferredPrompt {
     pub token_ids: Vec<TokenId>,

@@ -5,9 +5,12 @@ build and this one, interleaved, each run in a fresh interpreter pinned to core 
     512-token hash blocks, prompts that open with one of a few hundred shared prefixes
     (zipf-popular system prompts / documents) followed by the request's own blocks;
 (b) the real Mooncake conversation trace (12k requests, 12k-token prompts), skipped
-    when ``../shared/data/traces/mooncake/conversation_trace.jsonl`` is absent.
+    when ``../shared/data/traces/mooncake/conversation_trace.jsonl`` is absent;
+(c) the built-in job, ``simulate(config_from_mapping({"workload": {**default_workload(),
+    "num_requests": N}}))`` (``--builtin-requests N``, 200k by default), its workload made
+    in the child by each side's own ``default_workload()``.
 
-Both run on 4 x Llama-3.1-8B / H100 SXM, vllm_v1 replicas with prefix caching, round-robin
+(a) and (b) run on 4 x Llama-3.1-8B / H100 SXM, vllm_v1 replicas with prefix caching, round-robin
 routing, the default execution model. The script builds nothing: OLD is a
 ``pip install --no-deps --target`` folder of a wheel built from git, e.g.
 
@@ -16,7 +19,8 @@ routing, the default execution model. The script builds nothing: OLD is a
     .venv/bin/python benches/replay_speed.py [--repeat 3] [--old /tmp/kv-old]
 
 For each workload it prints the median of requests per wall second of ``simulate()``'s
-Rust loop (``summary["wall_s"]``) for each side, the ratio new/old, whether the two
+Rust loop (``summary["wall_s"]``) for each side, the ratio new/old (and of the child's CPU
+seconds in ``simulate()``, the steadier figure on a shared machine), whether the two
 sides' outputs are bit-identical (a hash of every per-request column), and each side's
 peak RSS (the whole child process).
 """
@@ -89,14 +93,20 @@ def job(trace: Path) -> dict[str, object]:
 
 # Run in the child: simulate, then hash every per-request column (name, dtype, bytes).
 CHILD = """
-import hashlib, json, resource, sys
+import hashlib, json, resource, sys, time
 from tokenyard.simulation import config_from_mapping, simulate
-r = simulate(config_from_mapping(json.loads(sys.argv[1])))
+config = json.loads(sys.argv[1])
+if "builtin_requests" in config:
+    from tokenyard.simulation.config import default_workload
+    config = {"workload": {**default_workload(), "num_requests": config["builtin_requests"]}}
+cpu = time.process_time()
+r = simulate(config_from_mapping(config))
+cpu = time.process_time() - cpu
 h = hashlib.sha256()
 for name in sorted(r.columns):
     col = r.columns[name]
     h.update(name.encode()); h.update(str(col.dtype).encode()); h.update(col.tobytes())
-print(json.dumps({"wall_s": r.summary["wall_s"], "n": r.summary["num_requests"],
+print(json.dumps({"wall_s": r.summary["wall_s"], "n": r.summary["num_requests"], "cpu_s": cpu,
                   "hash": h.hexdigest(), "hit": r.summary["throughput"]["prefix_hit_rate"],
                   "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
@@ -122,18 +132,24 @@ def compare(name: str, config: dict[str, object], old: str, repeat: int) -> None
     for _ in range(repeat):
         runs["old"].append(run_side(old, config))
         runs["new"].append(run_side(None, config))
-    rate = {}
+    rate: dict[str, float] = {}
+    cpu: dict[str, float] = {}
     for side, rs in runs.items():
         walls = [float(str(r["wall_s"])) for r in rs]
         peak_mb = max(float(str(r["maxrss_mb"])) for r in rs)
         rate[side] = int(str(rs[0]["n"])) / statistics.median(walls)
+        cpus = [float(str(r["cpu_s"])) for r in rs]
+        cpu[side] = statistics.median(cpus)
         print(
             f"{name} {side}: {rate[side]:,.0f} requests/wall s "
-            f"(median of {len(walls)}: {statistics.median(walls):.3f} s; runs {walls}) "
+            f"(median of {len(walls)}: {statistics.median(walls):.3f} s; runs "
+            f"{[round(w, 3) for w in walls]}; CPU {cpu[side]:.3f} s) "
             f"prefix hit rate {rs[0]['hit']:.4f}, peak RSS {peak_mb:,.0f} MB"
         )
     hashes = {str(r["hash"]) for rs in runs.values() for r in rs}
     print(f"{name} ratio new/old (requests per wall s): {rate['new'] / rate['old']:.2f}")
+    # On a shared machine the process's CPU time is the steadier figure.
+    print(f"{name} ratio old/new (CPU s in simulate): {cpu['old'] / cpu['new']:.2f}")
     print(f"{name} outputs identical: {len(hashes) == 1} ({sorted(hashes)[0][:16]})")
 
 
@@ -142,18 +158,22 @@ def main() -> int:
     parser.add_argument("--old", default="/tmp/kv-old", help="pip --target dir of the old build")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--requests", type=int, default=100_000)
-    parser.add_argument("--only", choices=("synthetic", "mooncake"))
+    parser.add_argument("--builtin-requests", type=int, default=200_000)
+    parser.add_argument("--only", choices=("synthetic", "mooncake", "builtin"))
     args = parser.parse_args()
-    if args.only != "mooncake":
+    if args.only in (None, "synthetic"):
         trace = Path(f"/tmp/replay_speed_synthetic_{args.requests}.jsonl")
         if not trace.is_file():
             synthetic_trace(trace, args.requests)
         compare("synthetic", job(trace), args.old, args.repeat)
-    if args.only != "synthetic":
+    if args.only in (None, "mooncake"):
         if REAL_TRACE.is_file():
             compare("mooncake", job(REAL_TRACE), args.old, args.repeat)
         else:
             print(f"mooncake: skipped, {REAL_TRACE} is absent")
+    if args.only in (None, "builtin"):
+        builtin = {"builtin_requests": args.builtin_requests}
+        compare(f"builtin {args.builtin_requests}", builtin, args.old, args.repeat)
     return 0
 
 

@@ -25,7 +25,9 @@ mod prefix_pool;
 mod radix;
 mod radix_pool;
 
-pub use block_hash::{BlockHash, hash_block, hash_full_blocks};
+pub use block_hash::{
+    BlockHash, content_block, hash_block, hash_block_id, hash_content, hash_full_blocks,
+};
 pub use block_pool::{BlockId, BlockPool, BlockPoolStats, ComputedBlocks, KvEvent};
 pub use coordinator::{GroupedComputedBlocks, KvCoordinator, MAX_NUM_GROUPS};
 pub use counting::CountingAllocator;

@@ -5,7 +5,7 @@ use super::kv::Hit;
 use super::request::{DeferredPrompt, PLACEHOLDER_DRAFT, RequestStatus};
 use super::scheduler::{Scheduler, StepPlan};
 use super::update::reserved_outputs;
-use crate::kv::{BlockHash, BlockId, RequestKey};
+use crate::kv::{BlockId, RequestKey};
 use crate::{Error, Result};
 
 /// What an admission computes this step (`Scheduler::admission_tokens`).
@@ -130,7 +130,7 @@ impl<R: RequestKey> Scheduler<R> {
         if self.req(slot).num_computed_tokens > 0 {
             return self.admit_computed(slot, budget, plan);
         }
-        let known = self.make_deferred_prompt(slot)?;
+        self.make_deferred_prompt(slot)?;
         let request = self.slots[slot as usize]
             .as_ref()
             .expect("waiting slot is live");
@@ -141,6 +141,12 @@ impl<R: RequestKey> Scheduler<R> {
             .take()
             .filter(|(blocked, _)| *blocked == seq)
             .map(|(_, hit)| hit);
+        // An earlier hit carries the hashes; otherwise the source's, kept since the prompt
+        // was made (a preempted request is looked up with them again).
+        let known = match earlier {
+            Some(_) => Vec::new(),
+            None => request.prompt_block_hashes.clone(),
+        };
         let hit = self
             .kv
             .lookup(&request.all_token_ids, lora_id, earlier, known);
@@ -281,14 +287,14 @@ impl<R: RequestKey> Scheduler<R> {
     }
 
     /// Makes the prompt of `slot` if it is deferred and not made yet (its first admission
-    /// attempt), reserving room for its outputs as `add_request` does. Returns the block
-    /// hashes the source gave with it (empty if none, or if the prompt was made before).
-    fn make_deferred_prompt(&mut self, slot: u32) -> Result<Vec<BlockHash>> {
+    /// attempt), reserving room for its outputs as `add_request` does, and keeps the block
+    /// hashes the source gave with it (`Request::prompt_block_hashes`).
+    fn make_deferred_prompt(&mut self, slot: u32) -> Result<()> {
         let request = self.slots[slot as usize]
             .as_mut()
             .expect("waiting slot is live");
         if !request.prompt_is_deferred() {
-            return Ok(Vec::new());
+            return Ok(());
         }
         let Some(source) = self.prompt_source.as_mut() else {
             return Err(Error::Plugin(
@@ -312,7 +318,8 @@ impl<R: RequestKey> Scheduler<R> {
             num_prompt_tokens,
         ));
         request.all_token_ids = tokens;
-        Ok(block_hashes)
+        request.prompt_block_hashes = block_hashes;
+        Ok(())
     }
 
     /// A held step stops admission at a request with prompt left to compute beyond its last

@@ -75,8 +75,18 @@ pub struct RequestSpec {
 
 /// A prompt a [`PromptSource`] made: its tokens, and optionally the block hashes of its
 /// first full blocks (under the scheduler's `block_size` and the request's `lora_id` as
-/// extra key, exactly as the block-hash pool would compute them), which spare the pool
-/// hashing those blocks.
+/// extra key), which spare the pool hashing those blocks. They may run past the prompt,
+/// into outputs whose tokens the source knows ahead. Either they are exactly what the
+/// block-hash pool would compute from the tokens, or the source names blocks by content
+/// in its own way (`kv::hash_block_id`): then it must name *every* block of that content
+/// so, in every request it makes, since the pool hashes the blocks after these from their
+/// tokens. The request keeps them across preemption (vLLM's `Request.block_hashes`), so
+/// the pool never hashes those blocks itself, nor reads their tokens: under a lean
+/// scheduler (`Scheduler::set_lean_output`), which hands out no token ids, a source may
+/// leave those tokens 0 (the simulator does). Exception: a request that arrives with
+/// computed tokens (`RequestSpec::num_computed_tokens`) is admitted without a lookup and
+/// hashed from its tokens, so a source naming blocks its own way must not be combined
+/// with such requests (the simulator's are not).
 #[derive(Debug, Clone, Default)]
 pub struct DeferredPrompt {
     pub token_ids: Vec<TokenId>,
@@ -136,6 +146,9 @@ pub struct Request<R> {
     /// The latest step that served it, numbered while block frees are deferred (vLLM
     /// 0.33's `last_sched_seq`; `Scheduler::sched_step_seq`), else 0.
     pub last_sched_seq: u64,
+    /// Block hashes its [`PromptSource`] gave with the prompt (`DeferredPrompt`), kept for
+    /// every lookup of the request, preempted or not.
+    pub prompt_block_hashes: Vec<BlockHash>,
 }
 
 impl<R> Request<R> {

@@ -107,6 +107,7 @@ impl<R: RequestKey> Scheduler<R> {
             num_external_computed_tokens: 0,
             kv_load_failed: false,
             last_sched_seq: 0,
+            prompt_block_hashes: Vec::new(),
         };
         self.next_arrival_seq += 1;
         self.num_mm_requests += usize::from(!request.spec.mm_features.is_empty());

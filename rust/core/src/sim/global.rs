@@ -170,6 +170,21 @@ impl Router {
         extra_key: Option<u64>,
         prompt: impl FnOnce() -> Vec<TokenId>,
     ) -> usize {
+        self.route_hashed(loads, |block_size| {
+            let mut hashes = Vec::new();
+            hash_full_blocks(&mut hashes, &prompt(), block_size, extra_key);
+            hashes
+        })
+    }
+
+    /// [`Self::route`] given the prompt's block hashes for a block size, as the replicas'
+    /// pools name them (`tokens::prompt_block_hashes`, which names blocks of trace ids by
+    /// id), asked only by `prefix_affinity`.
+    pub fn route_hashed(
+        &mut self,
+        loads: &[ReplicaLoad],
+        prompt_hashes: impl FnOnce(usize) -> Vec<BlockHash>,
+    ) -> usize {
         let n = loads.len();
         let fewest = |candidates: &mut dyn Iterator<Item = usize>, key: &dyn Fn(usize) -> f64| {
             candidates
@@ -200,8 +215,7 @@ impl Router {
                 }
             }
             GlobalPolicy::PrefixAffinity { balance } => {
-                let mut hashes = Vec::new();
-                hash_full_blocks(&mut hashes, &prompt(), self.block_size, extra_key);
+                let hashes = prompt_hashes(self.block_size);
                 let score = |r: usize| {
                     self.cached_tokens(r, &hashes) - balance * loads[r].queued_prefill_tokens as f64
                 };

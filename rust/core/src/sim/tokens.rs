@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use crate::kv::{BlockHash, TokenId, hash_block};
+use crate::kv::{BlockHash, TokenId, content_block, hash_block, hash_content, hash_full_blocks};
 
 fn mix(a: u64, b: u64) -> TokenId {
     mix64(a, b) as TokenId
@@ -91,11 +91,37 @@ impl BlockTokens {
         hash_ids: &[u64],
         extra: usize,
     ) -> Vec<TokenId> {
+        self.prompt_after(request_id, num_tokens, hash_ids, extra, 0)
+    }
+
+    /// [`Self::prompt`] with its first `num_unread` tokens (at most those its ids give)
+    /// left 0: tokens no one reads, those of the KV blocks the pool is given named
+    /// (`IdBlockHashes`), whose synthesis was a tenth of a Mooncake replay.
+    pub fn prompt_after(
+        &mut self,
+        request_id: u64,
+        num_tokens: u32,
+        hash_ids: &[u64],
+        extra: usize,
+        num_unread: usize,
+    ) -> Vec<TokenId> {
         let num_tokens = num_tokens as usize;
         let block = self.block;
+        let num_unread = num_unread.min(num_tokens).min(hash_ids.len() * block);
         let mut tokens = Vec::with_capacity(num_tokens + extra);
-        for (&id, start) in hash_ids.iter().zip((0..num_tokens).step_by(block)) {
+        tokens.resize(num_unread, 0);
+        let first = num_unread / block;
+        for (&id, start) in hash_ids[first..]
+            .iter()
+            .zip((first * block..num_tokens).step_by(block))
+        {
             let len = block.min(num_tokens - start);
+            if start < num_unread {
+                // The trace block read from its middle: only its read tail is made.
+                let from = (num_unread - start) as u64;
+                tokens.extend((from..len as u64).map(|offset| mix(id, offset)));
+                continue;
+            }
             match self.block_tokens(id) {
                 Some(memo) => tokens.extend_from_slice(&memo[..len]),
                 None => tokens.extend((0..len as u64).map(|offset| mix(id, offset))),
@@ -259,6 +285,129 @@ impl TraceBlockHashes {
     }
 }
 
+/// Tokens of a request, from its first, that are its block ids' own (`mix(id, offset)`),
+/// whose KV blocks [`IdBlockHashes`] names by id: the prompt's up to the end of its ids,
+/// and, when the ids reach past the prompt (a conversation's turn, see
+/// [`shared_output_token`]), the outputs' up to the end of the ids too. `num_prompt_tokens`
+/// is the prompt as synthesized (`SimRequest::num_prefill_tokens`), `original_prefill_tokens`
+/// the prompt that decides whether outputs are shared (as [`shared_output_token`] takes it).
+pub fn num_id_tokens(
+    num_prompt_tokens: u32,
+    original_prefill_tokens: u32,
+    hash_ids: &[u64],
+    hash_block_size: u32,
+) -> usize {
+    let block = hash_block_size.max(1) as usize;
+    let num_covered = hash_ids.len() * block;
+    let shared = hash_ids.len() > (original_prefill_tokens as usize).div_ceil(block);
+    if shared {
+        num_covered
+    } else {
+        num_covered.min(num_prompt_tokens as usize)
+    }
+}
+
+/// KV block hashes named by trace block id (`kv::hash_block_id`: the hash before the trace
+/// block, its id, the KV block's place in it, extra key) instead of hashed from synthesized tokens. A trace
+/// block's tokens depend only on its id, so a KV block inside one is named by (id, offset)
+/// as exactly as by its tokens; naming costs one short hash per KV block and no tokens.
+/// Every KV block that lies whole inside a request's id tokens ([`num_id_tokens`]) must be
+/// named so, wherever it is hashed (the replica's prompts, the router's prefix index), and
+/// no other block: [`prompt_block_hashes`] is the one rule both use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdBlockHashes {
+    trace_block: usize,
+    kv_block: usize,
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests turn naming off to compare whole simulations against token hashing.
+    pub(crate) static NAME_BY_ID: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
+}
+
+impl IdBlockHashes {
+    /// `None` when KV blocks of `block_size` tokens do not tile trace blocks of
+    /// `hash_block_size` (a KV block would straddle two ids): blocks are then hashed from
+    /// their tokens.
+    pub fn new(hash_block_size: u32, block_size: usize) -> Option<Self> {
+        #[cfg(test)]
+        if !NAME_BY_ID.get() {
+            return None;
+        }
+        let trace_block = hash_block_size.max(1) as usize;
+        (block_size > 0 && trace_block.is_multiple_of(block_size)).then_some(Self {
+            trace_block,
+            kv_block: block_size,
+        })
+    }
+
+    /// Tokens of the KV blocks whole inside the first `num_id_tokens` tokens.
+    pub fn num_named_tokens(&self, num_id_tokens: usize) -> usize {
+        num_id_tokens / self.kv_block * self.kv_block
+    }
+
+    /// Appends to `hashes` (empty) the names of the KV blocks whole inside the first
+    /// `num_id_tokens` tokens.
+    pub fn extend(
+        &self,
+        hashes: &mut Vec<BlockHash>,
+        hash_ids: &[u64],
+        num_id_tokens: usize,
+        extra_key: Option<u64>,
+    ) {
+        debug_assert!(hashes.is_empty());
+        let per_block = self.trace_block / self.kv_block;
+        let num_blocks = num_id_tokens / self.kv_block;
+        hashes.reserve(num_blocks);
+        // One digest per trace block, chained to the last KV block before it; its KV
+        // blocks are that seed and their place (`kv::hash_block_id`).
+        for (k, &id) in hash_ids[..num_blocks.div_ceil(per_block)]
+            .iter()
+            .enumerate()
+        {
+            let seed = hash_content(hashes.last().copied(), id, extra_key);
+            let num_here = per_block.min(num_blocks - k * per_block);
+            hashes.extend((0..num_here as u32).map(|offset| content_block(seed, offset)));
+        }
+    }
+}
+
+/// The hashes of every full KV block of a request's prompt as its replicas' block-hash
+/// pools name them: by id inside its id tokens ([`IdBlockHashes`], when KV blocks tile
+/// trace blocks), then from its synthesized tokens (made only if blocks remain).
+#[allow(clippy::too_many_arguments)]
+pub fn prompt_block_hashes(
+    request_id: u64,
+    num_prompt_tokens: u32,
+    original_prefill_tokens: u32,
+    hash_ids: &[u64],
+    hash_block_size: u32,
+    block_size: usize,
+    extra_key: Option<u64>,
+) -> Vec<BlockHash> {
+    let mut hashes = Vec::new();
+    if let Some(ids) = IdBlockHashes::new(hash_block_size, block_size) {
+        let num_ids = num_id_tokens(
+            num_prompt_tokens,
+            original_prefill_tokens,
+            hash_ids,
+            hash_block_size,
+        );
+        ids.extend(
+            &mut hashes,
+            hash_ids,
+            num_ids.min(num_prompt_tokens as usize),
+            extra_key,
+        );
+    }
+    if hashes.len() < num_prompt_tokens as usize / block_size.max(1) {
+        let tokens = synthesize_prompt(request_id, num_prompt_tokens, hash_ids, hash_block_size);
+        hash_full_blocks(&mut hashes, &tokens, block_size, extra_key);
+    }
+    hashes
+}
+
 /// A memo that replicas may share (each holds a handle; one replica runs at a time).
 pub type Shared<T> = Arc<Mutex<T>>;
 
@@ -340,6 +489,10 @@ pub fn private_token(request_id: u64, position: u64) -> TokenId {
 }
 
 #[cfg(test)]
+#[path = "id_names_tests.rs"]
+mod id_names_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -378,6 +531,25 @@ mod tests {
     }
 
     #[test]
+    fn unread_tokens_are_zero_and_the_rest_as_before() {
+        let ids = [7, 8, 9];
+        let mut memo = BlockTokens::new(4, 8);
+        for num_tokens in [0, 3, 4, 9, 12, 15] {
+            let full = synthesize_prompt(3, num_tokens, &ids, 4);
+            for num_unread in 0..=16 {
+                for _ in 0..3 {
+                    let got = memo.prompt_after(3, num_tokens, &ids, 2, num_unread);
+                    // Past the ids' 12 tokens, the request's own are made whatever asked.
+                    let cut = num_unread.min(full.len()).min(12);
+                    assert!(got[..cut].iter().all(|&t| t == 0));
+                    assert_eq!(got[cut..], full[cut..], "{num_tokens} tokens, {num_unread}");
+                    assert!(got.capacity() >= full.len() + 2);
+                }
+            }
+        }
+    }
+
+    #[test]
     fn trace_block_hashes_are_the_pools_own_with_or_without_the_memo() {
         use crate::kv::hash_full_blocks;
         let ids = [7, 8, 9, 7];
@@ -408,6 +580,72 @@ mod tests {
         assert!(
             TraceBlockHashes::new(16, 4, 8).is_none(),
             "4 blocks: too few"
+        );
+    }
+
+    #[test]
+    fn id_tokens_are_exactly_the_tokens_the_ids_give() {
+        // 8-token trace blocks. Ids covering the prompt only, reaching past it (a turn
+        // whose output the next turn repeats), ending before it; a Vidur-style restart
+        // whose prompt grew past the original one.
+        let cases: [(u32, u32, &[u64]); 6] = [
+            (10, 10, &[7, 8]),
+            (10, 10, &[7, 8, 9]),
+            (20, 20, &[7, 8]),
+            (16, 16, &[7, 8]),
+            (5, 5, &[7]),
+            (14, 10, &[7, 8]),
+        ];
+        for (n, original, ids) in cases {
+            let c = num_id_tokens(n, original, ids, 8);
+            let prompt = synthesize_prompt(1, n, ids, 8);
+            for p in 0..n as usize + 24 {
+                let token = match prompt.get(p) {
+                    Some(&t) => t,
+                    None => shared_output_token(original, p as u64, ids, 8).unwrap_or(u32::MAX),
+                };
+                let by_id = ids
+                    .get(p / 8)
+                    .is_some_and(|&id| token == mix(id, p as u64 % 8));
+                assert_eq!(by_id, p < c, "{n} tokens, ids {ids:?}, position {p}");
+            }
+        }
+    }
+
+    #[test]
+    fn blocks_are_named_by_id_inside_id_tokens_and_hashed_after() {
+        use crate::kv::hash_block_id;
+        let names = IdBlockHashes::new(8, 4).unwrap();
+        // A 10-token turn whose ids reach past it: its outputs up to token 24 are id tokens,
+        // named as the next turn's (22-token) prompt names them.
+        let ids = [7, 8, 9];
+        let mut turn = Vec::new();
+        names.extend(&mut turn, &ids, num_id_tokens(10, 10, &ids, 8), None);
+        assert_eq!(turn.len(), 6);
+        let next = prompt_block_hashes(2, 22, 22, &[7, 8, 9, 10], 8, 4, None);
+        assert_eq!(next, turn[..5]);
+        assert_eq!(next[0], hash_block_id(None, 7, 0, None));
+        assert_eq!(next[1], hash_block_id(None, 7, 1, None));
+        assert_eq!(next[3], hash_block_id(Some(next[1]), 8, 1, None));
+        // Past the ids, the prompt's own tokens are hashed, chained to the last name.
+        let hashes = prompt_block_hashes(3, 30, 30, &[7, 8], 8, 4, Some(2));
+        let tokens = synthesize_prompt(3, 30, &[7, 8], 8);
+        let mut expected = hashes[..4].to_vec();
+        hash_full_blocks(&mut expected, &tokens, 4, Some(2));
+        assert_eq!(hashes, expected);
+        assert_eq!(hashes[0], hash_block_id(None, 7, 0, Some(2)));
+        // KV blocks straddling trace blocks: all hashed from tokens.
+        assert!(IdBlockHashes::new(6, 4).is_none());
+        let mut expected = Vec::new();
+        hash_full_blocks(
+            &mut expected,
+            &synthesize_prompt(3, 30, &[7, 8], 6),
+            4,
+            None,
+        );
+        assert_eq!(
+            prompt_block_hashes(3, 30, 30, &[7, 8], 6, 4, None),
+            expected
         );
     }
 

@@ -3,7 +3,7 @@
 //! same prompts given up front.
 
 use super::*;
-use crate::kv::hash_full_blocks;
+use crate::kv::{hash_block_id, hash_full_blocks};
 use crate::sched::*;
 
 /// Prompts sharing a 10-token prefix (ids below 100) then the request's own tokens.
@@ -19,6 +19,9 @@ struct Source {
     with_hashes: bool,
     block_size: usize,
     num_made: usize,
+    /// Name the blocks inside the shared prefix by their place (`hash_block_id`) instead
+    /// of hashing their tokens, as the simulator names blocks of trace ids.
+    by_name: bool,
 }
 
 impl PromptSource<u32> for Source {
@@ -26,7 +29,14 @@ impl PromptSource<u32> for Source {
         self.num_made += 1;
         let token_ids = tokens(*id, num_tokens);
         let mut block_hashes = Vec::new();
-        if self.with_hashes {
+        if self.by_name {
+            let mut parent = None;
+            for b in 0..10 / self.block_size {
+                let hash = hash_block_id(parent, 0, b as u32, None);
+                block_hashes.push(hash);
+                parent = Some(hash);
+            }
+        } else if self.with_hashes {
             hash_full_blocks(&mut block_hashes, &token_ids, self.block_size, None);
         }
         DeferredPrompt {
@@ -56,13 +66,16 @@ fn deferred_prompts_schedule_as_given_ones_and_are_made_at_admission() {
         enable_prefix_caching: true,
         ..config()
     };
-    for with_hashes in [false, true] {
+    // Hashes named by place stand for the tokens only if the request keeps them for every
+    // lookup: a preempted request looked up by its tokens would miss its own prefix.
+    for (with_hashes, by_name) in [(false, false), (true, false), (false, true)] {
         let mut given = Scheduler::new(cfg.clone(), false).unwrap();
         let mut deferred = Scheduler::new(cfg.clone(), false).unwrap();
         deferred.set_prompt_source(Box::new(Source {
             with_hashes,
             block_size: cfg.block_size,
             num_made: 0,
+            by_name,
         }));
         for id in 0..8u32 {
             let len = 14 + (id as usize * 5) % 16;
@@ -130,6 +143,7 @@ fn a_deferred_prompt_needs_a_source_and_no_token_ids() {
         with_hashes: false,
         block_size: 4,
         num_made: 0,
+        by_name: false,
     }));
     let both = RequestSpec {
         prompt_token_ids: vec![1, 2],

@@ -7,7 +7,7 @@
 use super::{EventKind, Simulator};
 use crate::Result;
 use crate::sim::request::ReqIdx;
-use crate::sim::tokens::synthesize_prompt;
+use crate::sim::tokens::prompt_block_hashes;
 
 impl Simulator<'_> {
     /// A request whose prompt and first token were computed on a prefill replica (which
@@ -19,12 +19,15 @@ impl Simulator<'_> {
         let request = self.requests.get(idx);
         let hash_block_size = self.config.hash_block_size;
         let router = self.decode_router.as_mut().expect("a disaggregated run");
-        let decode = router.route(&loads, request.lora_id, || {
-            synthesize_prompt(
+        let decode = router.route_hashed(&loads, |block_size| {
+            prompt_block_hashes(
                 request.id,
                 request.num_prefill_tokens,
+                request.original_prefill_tokens,
                 &request.hash_ids,
                 hash_block_size,
+                block_size,
+                request.lora_id,
             )
         });
         let replica = self.num_prefill + decode;

@@ -24,7 +24,7 @@ use super::metrics::{GapHistogram, ReplicaTotals, RequestTable, Samples, StageTr
 use super::replica::{PdRole, ReplicaPolicy};
 use super::request::{ReqIdx, SimRequest};
 use super::sessions::{Sessions, Turn};
-use super::tokens::{PromptMemos, synthesize_prompt};
+use super::tokens::{PromptMemos, prompt_block_hashes};
 use crate::{Error, Result};
 use events::EventQueue;
 
@@ -478,12 +478,15 @@ impl<'a> Simulator<'a> {
             return Ok(replica);
         }
         let hash_block_size = self.config.hash_block_size;
-        Ok(self.router.route(&loads, request.lora_id, || {
-            synthesize_prompt(
+        Ok(self.router.route_hashed(&loads, |block_size| {
+            prompt_block_hashes(
                 request.id,
                 request.num_prefill_tokens,
+                request.original_prefill_tokens,
                 &request.hash_ids,
                 hash_block_size,
+                block_size,
+                request.lora_id,
             )
         }))
     }

@@ -23,8 +23,8 @@ use crate::sim::lora::{AdapterCache, LoraConfig, LoraShape};
 use crate::sim::request::{ReqIdx, RestartMode, SimRequest};
 use crate::sim::spec::{SpecConfig, SpecDecoder};
 use crate::sim::tokens::{
-    BlockTokens, MEMO_HASHES, MEMO_TOKENS, PromptMemos, Shared, TraceBlockHashes, lock,
-    shared_output_token,
+    BlockTokens, IdBlockHashes, MEMO_HASHES, MEMO_TOKENS, PromptMemos, Shared, TraceBlockHashes,
+    lock, num_id_tokens, shared_output_token,
 };
 
 /// The token a simulated step samples unless the request's block ids cover its output (a
@@ -82,17 +82,30 @@ struct Prompts {
     /// Synthesizes prompts, generating a popular block's tokens once (the memo is shared
     /// with the other replicas, `PromptMemos`).
     tokens: Shared<BlockTokens>,
-    /// Hashes their trace blocks, hashing a popular block once (shared too); `None` when
-    /// the scheduler's pool takes no hashes or its blocks do not tile trace blocks.
-    hashes: Option<Shared<TraceBlockHashes>>,
+    /// How the prompts' first KV blocks are hashed for the pool; `None` when the
+    /// scheduler's pool takes no hashes or its blocks do not tile trace blocks.
+    hashes: Option<PromptHashes>,
     /// The requests added and not admitted yet.
     pending: FxHashMap<ReqIdx, PendingPrompt>,
+}
+
+/// How a replica's prompt source hashes the KV blocks inside trace blocks.
+enum PromptHashes {
+    /// Named by trace block id (the block-hash pool): every block inside the request's id
+    /// tokens, the prompt's and the shared outputs' (`tokens::num_id_tokens`), as the
+    /// router's prefix index names them (`tokens::prompt_block_hashes`).
+    Ids(IdBlockHashes),
+    /// Hashed from the tokens, a popular trace block once (shared with the other
+    /// replicas): the KV groups' coordinator, which hashes each group's blocks itself.
+    Tokens(Shared<TraceBlockHashes>),
 }
 
 /// What a queued request's prompt is made from.
 struct PendingPrompt {
     id: u64,
     num_prefill_tokens: u32,
+    /// Its tokens from the first that its block ids give (`tokens::num_id_tokens`).
+    num_id_tokens: usize,
     hash_ids: Vec<u64>,
     /// The block hashes' extra key (the scheduler's: the LoRA adapter).
     lora_id: Option<u64>,
@@ -107,11 +120,24 @@ impl PromptSource<ReqIdx> for Prompts {
         let Some(p) = self.pending.remove(idx) else {
             return DeferredPrompt::default();
         };
+        // Tokens of the blocks named by id are read by no one (the pool skips the tokens
+        // its hashes cover; a lean scheduler hands out no token ids): left 0.
+        let num_unread = match &self.hashes {
+            Some(PromptHashes::Ids(ids)) => ids.num_named_tokens(p.num_id_tokens),
+            _ => 0,
+        };
+        let (id, num_tokens, room) = (p.id, p.num_prefill_tokens, p.room);
         let mut token_ids =
-            lock(&self.tokens).prompt(p.id, p.num_prefill_tokens, &p.hash_ids, p.room);
+            lock(&self.tokens).prompt_after(id, num_tokens, &p.hash_ids, room, num_unread);
         let mut block_hashes = Vec::new();
-        if let Some(hashes) = &self.hashes {
-            lock(hashes).extend(&mut block_hashes, &token_ids, &p.hash_ids, p.lora_id);
+        match &self.hashes {
+            Some(PromptHashes::Ids(ids)) => {
+                ids.extend(&mut block_hashes, &p.hash_ids, p.num_id_tokens, p.lora_id);
+            }
+            Some(PromptHashes::Tokens(memo)) => {
+                lock(memo).extend(&mut block_hashes, &token_ids, &p.hash_ids, p.lora_id);
+            }
+            None => {}
         }
         token_ids.extend(p.first_token);
         DeferredPrompt {
@@ -183,11 +209,16 @@ impl KvConnector<ReqIdx> for ReceivesFromPrefill {
 impl VllmV1 {
     pub fn new(config: SchedulerConfig, hash_block_size: u32, kv_events: bool) -> Result<Self> {
         // Only the block-hash pool takes hashes, and only with caching on.
-        let hashes = (config.enable_prefix_caching
-            && config.prefix_cache == PrefixCache::BlockHash)
-            .then(|| TraceBlockHashes::new(hash_block_size, config.block_size, MEMO_HASHES))
-            .flatten()
-            .map(|memo| Arc::new(Mutex::new(memo)));
+        let takes_hashes =
+            config.enable_prefix_caching && config.prefix_cache == PrefixCache::BlockHash;
+        let hashes = match takes_hashes {
+            false => None,
+            true if config.is_hybrid() => {
+                TraceBlockHashes::new(hash_block_size, config.block_size, MEMO_HASHES)
+                    .map(|memo| PromptHashes::Tokens(Arc::new(Mutex::new(memo))))
+            }
+            true => IdBlockHashes::new(hash_block_size, config.block_size).map(PromptHashes::Ids),
+        };
         if kv_events && config.is_hybrid() {
             return Err(crate::Error::config(
                 "hybrid_kv_cache_manager",
@@ -409,6 +440,12 @@ impl ReplicaPolicy for VllmV1 {
         let pending = PendingPrompt {
             id: request.id,
             num_prefill_tokens: request.num_prefill_tokens,
+            num_id_tokens: num_id_tokens(
+                request.num_prefill_tokens,
+                request.original_prefill_tokens,
+                &request.hash_ids,
+                self.hash_block_size,
+            ),
             hash_ids: request.hash_ids.clone(),
             lora_id: request.lora_id,
             room: request.num_decode_tokens as usize,
@@ -628,7 +665,7 @@ impl ReplicaPolicy for VllmV1 {
     fn share_prompt_memos(&mut self, memos: &mut PromptMemos) {
         let prompts = self.prompts_mut();
         memos.share_tokens(&mut prompts.tokens);
-        if let Some(hashes) = &mut prompts.hashes {
+        if let Some(PromptHashes::Tokens(hashes)) = &mut prompts.hashes {
             memos.share_hashes(hashes);
         }
     }

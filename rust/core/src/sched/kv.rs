@@ -486,9 +486,8 @@ impl<R: crate::kv::RequestKey> super::Scheduler<R> {
     /// The pool slot of a request that holds (or may hold) blocks: a live one, or a
     /// finished one whose blocks a KV transfer holds.
     fn kv_slot(&self, request_id: &R) -> Option<u32> {
-        (self.index.get(request_id))
-            .or_else(|| self.transfer_holds.get(request_id))
-            .copied()
+        (self.index.get(request_id).copied())
+            .or_else(|| self.transfer_holds.get(request_id).map(|&(slot, _)| slot))
     }
 
     /// Per KV block, how many requests hold it and the hash it caches, in block-id order
@@ -506,7 +505,8 @@ impl<R: crate::kv::RequestKey> super::Scheduler<R> {
     /// The requests holding a block table in the KV pool (live ones and finished ones a KV
     /// transfer holds), in no order (vLLM's `req_to_blocks` keys).
     pub fn kv_request_ids(&self) -> Vec<R> {
-        (self.index.iter().chain(self.transfer_holds.iter()))
+        let holds = self.transfer_holds.iter().map(|(id, (slot, _))| (id, slot));
+        (self.index.iter().chain(holds))
             .filter(|&(_, &slot)| self.kv.num_tokens(slot).is_some())
             .map(|(id, _)| id.clone())
             .collect()

@@ -370,6 +370,7 @@ impl<R: RequestKey> Scheduler<R> {
             ));
         }
         self.preempt(slot, &mut 0, &mut StepPlan::default())
+            .map(drop)
     }
 
     pub fn stats(&self) -> SchedulerStats {

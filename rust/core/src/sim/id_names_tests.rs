@@ -109,16 +109,7 @@ fn configs(hash_block_size: u32) -> Vec<SimConfig> {
         decode_num_stages: 1,
         decode_policy: v1(40, 0),
         decode_router: GlobalPolicy::PrefixAffinity { balance: 0.01 },
-        link: KvLink {
-            kv_bytes_per_token: 1e6,
-            gpus_per_node: 1,
-            prefill_gpus: 1,
-            decode_gpus: 1,
-            nvlink_gbps: 100.0,
-            nvlink_latency_s: 0.0,
-            network_gbps: 1.0,
-            network_latency_s: 1e-3,
-        },
+        link: crate::sim::pd_tests::link(),
         decode_host_link: None,
     });
     vec![single, routed, pd]

@@ -18,7 +18,7 @@ fn v1(num_blocks: usize) -> ReplicaPolicyConfig {
 
 /// 1 MB per token; one GPU per replica, one per node: every transfer crosses the network
 /// at 1 GB/s with 1 ms latency, so 10 tokens take 0.001 + 0.01 s.
-fn link() -> KvLink {
+pub(super) fn link() -> KvLink {
     KvLink {
         kv_bytes_per_token: 1e6,
         gpus_per_node: 1,

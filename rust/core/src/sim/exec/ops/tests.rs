@@ -109,16 +109,20 @@ fn one_feature_table_interpolates_holds_below_and_extends_above() {
     assert_eq!(single.time(&Features::of(&shape(&[(9, 0)], &[]))), 7.0);
 }
 
-#[test]
-fn two_feature_table_is_bilinear() {
-    // values = batch + context / 100 on batch {1, 3} × mean context {100, 300}.
-    let t = Table::new(
+/// values = batch + context / 100 on batch {1, 3} × mean context {100, 300}.
+fn batch_by_context_table() -> Table {
+    Table::new(
         Feature::NumDecodeTokens,
         Some(Feature::DecodeMeanContext),
         vec![1.0, 3.0],
         vec![100.0, 300.0],
         vec![2.0, 4.0, 4.0, 6.0],
-    );
+    )
+}
+
+#[test]
+fn two_feature_table_is_bilinear() {
+    let t = batch_by_context_table();
     // Two decodes reading 200 keys each (199 cached + the new token): 2 + 2 = 4.
     assert!((t.time(&Features::of(&shape(&[], &[199, 199]))) - 4.0).abs() < 1e-12);
     // Four decodes of 500 keys: both axes extended, 4 + 5 = 9.
@@ -231,14 +235,7 @@ fn lookups_give_the_same_answer_whatever_the_last_one_was() {
 
 #[test]
 fn a_repeated_point_gives_its_answer_and_a_moved_one_is_looked_up() {
-    // values = batch + context / 100 on batch {1, 3} × mean context {100, 300}.
-    let t = Table::new(
-        Feature::NumDecodeTokens,
-        Some(Feature::DecodeMeanContext),
-        vec![1.0, 3.0],
-        vec![100.0, 300.0],
-        vec![2.0, 4.0, 4.0, 6.0],
-    );
+    let t = batch_by_context_table();
     // Two decodes at 200 keys (4.0), again, then the same two at 300 keys (5.0): the
     // second feature moved alone, so the last answer must not be reused.
     let at_200 = Features::of(&shape(&[], &[199, 199]));

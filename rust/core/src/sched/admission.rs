@@ -379,10 +379,19 @@ impl<R: RequestKey> Scheduler<R> {
         if !self.config.enable_chunked_prefill && n > budget {
             return None;
         }
-        Some(AdmissionTokens {
-            n: n.min(budget),
-            padded,
-        })
+        n = n.min(budget);
+        if self.config.mamba_align.is_some() {
+            // vLLM 0.33: the Mamba `align` split, then "no aligned chunk fits" waits, and a
+            // padded decode the split clips drops its padding rather than shortening it.
+            n = self.mamba_aligned(slot, num_computed, n);
+            if n == 0 {
+                return None;
+            }
+            if padded && n != 1 + k {
+                (n, padded) = (1, false);
+            }
+        }
+        Some(AdmissionTokens { n, padded })
     }
 
     /// The admitted request leaves the waiting queue and runs `n` tokens this step

@@ -915,6 +915,12 @@ class Scheduler:
     @encoder_budget.setter
     def encoder_budget(self, max_num_encoder_input_tokens: int) -> None: ...
     @property
+    def num_prefill_lookahead(self) -> int:
+        """Known prefill tokens a drafter reads past a chunk's end (vLLM 0.33's
+        ``num_prefill_lookahead``; settable, from the next step on)."""
+    @num_prefill_lookahead.setter
+    def num_prefill_lookahead(self, num_prefill_lookahead: int) -> None: ...
+    @property
     def mamba_align(self) -> tuple[int, bool, int] | None:
         """vLLM 0.33's Mamba ``align`` split in force as ``(block_size, drop_eagle_block,
         num_hash_lookahead_tokens)``; ``None``: off."""

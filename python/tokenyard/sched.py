@@ -241,6 +241,11 @@ class SchedulerConfig:
     next boundary, and none runs past the last block boundary whose state can be reused
     (``docs/integrations.md``). 0 = off. The Mamba state blocks themselves are not modelled in
     this mode (a ``MambaSpec`` group with prefix caching is refused)."""
+    num_prefill_lookahead: int = 0
+    """Known prefill tokens a multi-module MTP or EAGLE drafter reads past a chunk's end
+    (vLLM 0.33's ``num_prefill_lookahead``): encoder inputs are scheduled that far ahead,
+    and a prefill chunk never ends closer than this to the end of the request's known
+    tokens (it finishes them or leaves this many). 0 = off."""
 
     def __post_init__(self) -> None:
         groups = self.kv_groups
@@ -303,6 +308,7 @@ _COUNT_FIELDS = (
     "num_lookahead_tokens",
     "num_speculative_tokens",
     "mamba_align_block_size",
+    "num_prefill_lookahead",
     "max_loras",
     "host_num_blocks",
     "max_num_encoder_input_tokens",

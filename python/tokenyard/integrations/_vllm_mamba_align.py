@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tokenyard.errors import ConfigError
 from tokenyard.integrations._vllm_state import AdapterBase
 
 
@@ -38,6 +39,13 @@ class MambaAlign(AdapterBase):
     _need_mamba_split: bool = False
     _use_eagle_block_drop: bool = False
 
+    def _init_prefill_stops(self, vllm_config: Any, kv_cache_config: Any) -> None:
+        """vLLM 0.33's values at ``Scheduler.__init__``, given to the core."""
+        self._use_eagle_block_drop = eagle_block_drop(vllm_config)
+        self._need_mamba_split = needs_mamba_split(vllm_config, kv_cache_config)
+        self._sync_mamba_align()
+        self.num_prefill_lookahead = getattr(vllm_config, "num_prefill_lookahead_tokens", 0)
+
     @property
     def need_mamba_block_aligned_split(self) -> bool:
         """Whether prefill chunks are clipped as vLLM 0.33's Mamba ``align`` mode clips them
@@ -59,6 +67,25 @@ class MambaAlign(AdapterBase):
     def use_eagle_block_drop(self, value: bool) -> None:
         self._use_eagle_block_drop = bool(value)
         self._sync_mamba_align()
+
+    @property
+    def num_prefill_lookahead(self) -> int:
+        """The drafter's prefill look-ahead (vLLM 0.33's, from
+        ``vllm_config.num_prefill_lookahead_tokens``): the encoder window's shift and
+        ``_reserve_prefill_lookahead``; assignable, from the next step on."""
+        lookahead: int = self._core.num_prefill_lookahead
+        return lookahead
+
+    @num_prefill_lookahead.setter
+    def num_prefill_lookahead(self, value: int) -> None:
+        lookahead = int(value)
+        if lookahead < 0:
+            raise ConfigError(
+                f"num_prefill_lookahead: {value!r} must be >= 0",
+                field="num_prefill_lookahead",
+                value=str(value),
+            )
+        self._core.num_prefill_lookahead = lookahead
 
     def _sync_mamba_align(self) -> None:
         """Gives the core the split now in force (on ``cache_config.block_size``, as vLLM's)."""

@@ -70,7 +70,7 @@ except ImportError as err:  # pragma: no cover - exercised only without vLLM
 
 from tokenyard.errors import ConfigError, InputError
 from tokenyard.integrations._vllm_encoder_cache import EncoderCacheView, assigned_cache_size
-from tokenyard.integrations._vllm_mamba_align import MambaAlign, eagle_block_drop, needs_mamba_split
+from tokenyard.integrations._vllm_mamba_align import MambaAlign
 from tokenyard.integrations._vllm_outputs import (
     check_supported,
 )
@@ -248,9 +248,7 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerIn
         self.kv_cache_manager = _KVCacheManagerView(self)
         self.spec_decode_metrics_level = self.observability_config.per_request_spec_decode_metrics
         self._num_hash_lookahead_tokens = getattr(vllm_config, "num_hash_lookahead_tokens", 0)
-        self._use_eagle_block_drop = eagle_block_drop(vllm_config)
-        self._need_mamba_split = needs_mamba_split(vllm_config, kv_cache_config)
-        self._sync_mamba_align()
+        self._init_prefill_stops(vllm_config, kv_cache_config)
         self.aux_output_connector: Any = None
         self.current_step = 0
         self._pause_state = PauseState.UNPAUSED

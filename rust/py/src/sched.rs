@@ -132,6 +132,11 @@ pub(crate) fn core_config(config: &Bound<'_, PyAny>) -> PyResult<(SchedulerConfi
         kv_groups: kv_groups(config)?,
         encoder: crate::sched_encoder::encoder_config(config)?,
         mamba_align: mamba_align(config)?,
+        num_prefill_lookahead: if config.hasattr("num_prefill_lookahead")? {
+            count_field(config, "num_prefill_lookahead")?
+        } else {
+            0
+        },
     };
     Ok((core, field(config, "async_scheduling")?))
 }
@@ -788,6 +793,18 @@ impl PyScheduler {
         self.inner
             .set_mamba_align(split)
             .map_err(|err| self.raise(py, err))
+    }
+
+    /// The drafter's prefill look-ahead (vLLM 0.33's `num_prefill_lookahead`); settable,
+    /// from the next step on.
+    #[getter]
+    fn num_prefill_lookahead(&self) -> usize {
+        self.inner.num_prefill_lookahead()
+    }
+
+    #[setter]
+    fn set_num_prefill_lookahead(&mut self, num_prefill_lookahead: usize) {
+        self.inner.set_num_prefill_lookahead(num_prefill_lookahead);
     }
 
     /// Replaces the encoder cache with an empty one of `cache_size` embeddings (only while

@@ -176,7 +176,8 @@ impl<R: RequestKey> Scheduler<R> {
             self.blocked_head = Some((seq, hit));
             return Ok(Admission::Blocked);
         };
-        let (mut n, encoder) = self.schedule_encoder_inputs(slot, num_computed, n);
+        let (n, encoder) = self.schedule_encoder_inputs(slot, num_computed, n);
+        let mut n = self.reserve_prefill_lookahead(slot, num_computed, n);
         if n == 0 {
             // vLLM 0.33 skips it (the encoder budget or cache is spent) and goes on.
             return Ok(Admission::SteppedAside);
@@ -256,6 +257,7 @@ impl<R: RequestKey> Scheduler<R> {
             return Ok(Admission::Blocked);
         };
         let (n, encoder) = self.schedule_encoder_inputs(slot, num_computed, n);
+        let n = self.reserve_prefill_lookahead(slot, num_computed, n);
         if n == 0 {
             return Ok(Admission::SteppedAside);
         }

@@ -152,6 +152,11 @@ pub struct SchedulerConfig {
     /// vLLM 0.33's block-aligned prefill split for Mamba prefix caching in `align` mode
     /// (`sched::mamba_align`); `None` = off.
     pub mamba_align: Option<super::MambaAlignSplit>,
+    /// Known prefill tokens a multi-module MTP (or EAGLE) drafter reads past a chunk's end
+    /// (vLLM 0.33's `num_prefill_lookahead`): the encoder window reaches that far, and a
+    /// prefill chunk never ends closer than this to the prefill's end
+    /// (`_reserve_prefill_lookahead`); 0 = off.
+    pub num_prefill_lookahead: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -183,6 +188,7 @@ impl Default for SchedulerConfig {
             kv_groups: Vec::new(),
             encoder: super::EncoderConfig::default(),
             mamba_align: None,
+            num_prefill_lookahead: 0,
         }
     }
 }

@@ -130,6 +130,35 @@ impl<R: RequestKey> Scheduler<R> {
         self.config.mamba_align
     }
 
+    /// Sets the drafter's prefill look-ahead (`SchedulerConfig::num_prefill_lookahead`) from
+    /// the next step, as assigning vLLM 0.33's `Scheduler.num_prefill_lookahead` does.
+    pub fn set_num_prefill_lookahead(&mut self, num_prefill_lookahead: usize) {
+        self.config.num_prefill_lookahead = num_prefill_lookahead;
+    }
+
+    /// The drafter's prefill look-ahead in force.
+    pub fn num_prefill_lookahead(&self) -> usize {
+        self.config.num_prefill_lookahead
+    }
+
+    /// vLLM 0.33's `_reserve_prefill_lookahead`: a chunk of `n` tokens from `num_computed`
+    /// never ends within `num_prefill_lookahead` tokens of the request's known tokens' end
+    /// (the drafter would read past them): it finishes them or leaves that many.
+    pub(super) fn reserve_prefill_lookahead(
+        &self,
+        slot: u32,
+        num_computed: usize,
+        n: usize,
+    ) -> usize {
+        let lookahead = self.config.num_prefill_lookahead;
+        let remaining = self.req(slot).num_tokens().saturating_sub(num_computed + n);
+        if 0 < remaining && remaining < lookahead {
+            n.saturating_sub(lookahead - remaining)
+        } else {
+            n
+        }
+    }
+
     /// `n` tokens of `slot` from `start` after the Mamba `align` split (unchanged when off).
     pub(super) fn mamba_aligned(&self, slot: u32, start: usize, n: usize) -> usize {
         let Some(split) = &self.config.mamba_align else {

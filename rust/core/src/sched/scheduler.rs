@@ -595,6 +595,7 @@ impl<R: RequestKey> Scheduler<R> {
             } else {
                 self.schedule_encoder_inputs(slot, self.req(slot).num_computed_tokens, n)
             };
+            let n = self.reserve_prefill_lookahead(slot, self.req(slot).num_computed_tokens, n);
             if n == 0 {
                 i += 1;
                 continue;

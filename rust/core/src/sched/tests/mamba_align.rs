@@ -143,3 +143,68 @@ fn a_block_size_of_zero_is_refused_by_name() {
     s.set_mamba_align(Some(split(4))).unwrap();
     assert_eq!(s.mamba_align(), Some(split(4)));
 }
+
+// vLLM 0.33's drafter prefill look-ahead (`num_prefill_lookahead`), which the EAGLE case of
+// the split meets at an image: `_reserve_prefill_lookahead` and the encoder window's
+// `shift_computed_tokens`.
+
+#[test]
+fn a_chunk_never_ends_within_the_lookahead_of_the_prompt_end() {
+    // Budget 10, look-ahead 3, a 12-token prompt: [0, 10) would leave 2 < 3, so the chunk
+    // gives back 1 and leaves 3: 9, then 3. Without: 10, then 2.
+    let chunks = |lookahead| {
+        let mut s = Scheduler::new(
+            SchedulerConfig {
+                num_prefill_lookahead: lookahead,
+                ..config()
+            },
+            false,
+        )
+        .unwrap();
+        s.add_request(0, prompt(0, 12)).unwrap();
+        let first = scheduled(&run_step(&mut s))[0].1;
+        let second = scheduled(&run_step(&mut s))[0].1;
+        (first, second)
+    };
+    assert_eq!(chunks(3), (9, 3));
+    assert_eq!(chunks(0), (10, 2));
+}
+
+#[test]
+fn the_encoder_window_reaches_the_lookahead_past_the_chunk() {
+    // Budget 10, an image at [10, 14) of a 20-token prompt: [0, 10) ends just before it,
+    // but a look-ahead of 1 reads token 10, so the image is encoded with this chunk.
+    let encoded = |lookahead| {
+        let mut s = Scheduler::new(
+            SchedulerConfig {
+                num_prefill_lookahead: lookahead,
+                encoder: EncoderConfig {
+                    max_num_encoder_input_tokens: 100,
+                    encoder_cache_size: 100,
+                    disable_chunked_mm_input: false,
+                },
+                ..config()
+            },
+            false,
+        )
+        .unwrap();
+        let image = MmFeature {
+            offset: 10,
+            length: 4,
+            identifier: "a".into(),
+            is_embed: None,
+        };
+        s.add_request(
+            0,
+            RequestSpec {
+                mm_features: vec![image],
+                ..prompt(0, 20)
+            },
+        )
+        .unwrap();
+        let out = s.schedule().unwrap();
+        (scheduled(&out), out.scheduled_encoder_inputs)
+    };
+    assert_eq!(encoded(1), (vec![(0, 10)], vec![(0, vec![0])]));
+    assert_eq!(encoded(0), (vec![(0, 10)], vec![]));
+}

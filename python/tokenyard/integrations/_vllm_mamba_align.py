@@ -27,7 +27,8 @@ def eagle_block_drop(vllm_config: Any) -> bool:
     """vLLM 0.33's ``Scheduler.use_eagle_block_drop``: the speculative config's, and off when
     hash look-ahead tokens prove the boundary token."""
     speculative = vllm_config.speculative_config
-    if speculative is None or getattr(vllm_config, "num_hash_lookahead_tokens", 0):
+    num_hash_lookahead: int = getattr(vllm_config, "num_hash_lookahead_tokens", 0)
+    if speculative is None or num_hash_lookahead > 0:
         return False
     return bool(speculative.use_eagle_block_drop())
 

@@ -914,6 +914,21 @@ class Scheduler:
         on, as given; 0 encodes nothing)."""
     @encoder_budget.setter
     def encoder_budget(self, max_num_encoder_input_tokens: int) -> None: ...
+    @property
+    def num_prefill_lookahead(self) -> int:
+        """Known prefill tokens a drafter reads past a chunk's end (vLLM 0.33's
+        ``num_prefill_lookahead``; settable, from the next step on)."""
+    @num_prefill_lookahead.setter
+    def num_prefill_lookahead(self, num_prefill_lookahead: int) -> None: ...
+    @property
+    def mamba_align(self) -> tuple[int, bool, int] | None:
+        """vLLM 0.33's Mamba ``align`` split in force as ``(block_size, drop_eagle_block,
+        num_hash_lookahead_tokens)``; ``None``: off."""
+    def set_mamba_align(
+        self, block_size: int, drop_eagle_block: bool = False, num_hash_lookahead_tokens: int = 0
+    ) -> None:
+        """Turns the Mamba ``align`` split on over blocks of ``block_size`` tokens (0: off)
+        from the next step (``Scheduler._mamba_block_aligned_split``)."""
     def set_encoder_cache_size(self, cache_size: int) -> None:
         """Replaces the encoder cache with an empty one of ``cache_size`` embeddings; its
         freeable entries are reported freed with the next step. Raises InputError while a

@@ -234,6 +234,18 @@ class SchedulerConfig:
     disable_chunked_mm_input: bool = False
     """vLLM 0.33: never schedule part of an item's placeholder range; a chunk that would end
     inside one stops before it."""
+    mamba_align_block_size: int = 0
+    """vLLM 0.33's Mamba prefix caching in ``align`` mode, its scheduling half
+    (``Scheduler._mamba_block_aligned_split``): a prefill chunk that stops before the prompt's
+    end stops on a multiple of this many tokens, a chunk starting mid-block stops at the
+    next boundary, and none runs past the last block boundary whose state can be reused
+    (``docs/integrations.md``). 0 = off. The Mamba state blocks themselves are not modelled in
+    this mode (a ``MambaSpec`` group with prefix caching is refused)."""
+    num_prefill_lookahead: int = 0
+    """Known prefill tokens a multi-module MTP or EAGLE drafter reads past a chunk's end
+    (vLLM 0.33's ``num_prefill_lookahead``): encoder inputs are scheduled that far ahead,
+    and a prefill chunk never ends closer than this to the end of the request's known
+    tokens (it finishes them or leaves this many). 0 = off."""
 
     def __post_init__(self) -> None:
         groups = self.kv_groups
@@ -295,6 +307,8 @@ _COUNT_FIELDS = (
     "max_model_len",
     "num_lookahead_tokens",
     "num_speculative_tokens",
+    "mamba_align_block_size",
+    "num_prefill_lookahead",
     "max_loras",
     "host_num_blocks",
     "max_num_encoder_input_tokens",

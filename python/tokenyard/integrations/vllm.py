@@ -70,6 +70,7 @@ except ImportError as err:  # pragma: no cover - exercised only without vLLM
 
 from tokenyard.errors import ConfigError, InputError
 from tokenyard.integrations._vllm_encoder_cache import EncoderCacheView, assigned_cache_size
+from tokenyard.integrations._vllm_mamba_align import MambaAlign
 from tokenyard.integrations._vllm_outputs import (
     check_supported,
 )
@@ -99,7 +100,7 @@ _WAITING_FOR_GRAMMAR = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
 _client_index = operator.attrgetter("client_index")
 
 
-class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  # type: ignore[misc]
+class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerInterface):  # type: ignore[misc]
     """vLLM 0.33's ``SchedulerInterface`` over :class:`tokenyard.sched.Scheduler`.
 
     Built by vLLM with the arguments it gives its own ``Scheduler``.
@@ -247,6 +248,7 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, SchedulerInterface):  #
         self.kv_cache_manager = _KVCacheManagerView(self)
         self.spec_decode_metrics_level = self.observability_config.per_request_spec_decode_metrics
         self._num_hash_lookahead_tokens = getattr(vllm_config, "num_hash_lookahead_tokens", 0)
+        self._init_prefill_stops(vllm_config, kv_cache_config)
         self.aux_output_connector: Any = None
         self.current_step = 0
         self._pause_state = PauseState.UNPAUSED

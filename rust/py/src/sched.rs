@@ -5,7 +5,8 @@ use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyMapping};
 use tokenyard_core::sched::{
-    Policy, PrefixCache, PriorityTies, RequestSpec, SampledOutput, Scheduler, SchedulerConfig,
+    MambaAlignSplit, Policy, PrefixCache, PriorityTies, RequestSpec, SampledOutput, Scheduler,
+    SchedulerConfig,
 };
 
 use crate::convert::{RequestId, count_arg, int_arg, kv_values, token_ids};
@@ -130,8 +131,23 @@ pub(crate) fn core_config(config: &Bound<'_, PyAny>) -> PyResult<(SchedulerConfi
         prefill_schedule_interval: count_field(config, "prefill_schedule_interval")?,
         kv_groups: kv_groups(config)?,
         encoder: crate::sched_encoder::encoder_config(config)?,
+        mamba_align: mamba_align(config)?,
+        num_prefill_lookahead: if config.hasattr("num_prefill_lookahead")? {
+            count_field(config, "num_prefill_lookahead")?
+        } else {
+            0
+        },
     };
     Ok((core, field(config, "async_scheduling")?))
+}
+
+/// `config.mamba_align_block_size` (0 or absent: off) as the Mamba `align` split.
+fn mamba_align(config: &Bound<'_, PyAny>) -> PyResult<Option<MambaAlignSplit>> {
+    if !config.hasattr("mamba_align_block_size")? {
+        return Ok(None);
+    }
+    let block_size = count_field(config, "mamba_align_block_size")?;
+    Ok((block_size > 0).then(|| MambaAlignSplit::new(block_size)))
 }
 
 /// `config.kv_groups` (a sequence of `tokenyard.kv` group specs) as the core's groups.
@@ -744,6 +760,51 @@ impl PyScheduler {
     #[setter]
     fn set_encoder_budget(&mut self, max_num_encoder_input_tokens: usize) {
         self.inner.set_encoder_budget(max_num_encoder_input_tokens);
+    }
+
+    /// vLLM 0.33's Mamba `align` split (`need_mamba_block_aligned_split`) as
+    /// `(block_size, drop_eagle_block, num_hash_lookahead_tokens)`, or `None` when off.
+    #[getter]
+    fn mamba_align(&self) -> Option<(usize, bool, usize)> {
+        self.inner.mamba_align().map(|s| {
+            (
+                s.block_size,
+                s.drop_eagle_block,
+                s.num_hash_lookahead_tokens,
+            )
+        })
+    }
+
+    /// Turns the Mamba `align` split on over blocks of `block_size` tokens (0: off) from
+    /// the next step (ConfigError for nothing else: every size >= 1 is valid).
+    #[pyo3(signature = (block_size, drop_eagle_block=false, num_hash_lookahead_tokens=0))]
+    fn set_mamba_align(
+        &mut self,
+        py: Python<'_>,
+        block_size: usize,
+        drop_eagle_block: bool,
+        num_hash_lookahead_tokens: usize,
+    ) -> PyResult<()> {
+        let split = (block_size > 0).then_some(MambaAlignSplit {
+            block_size,
+            drop_eagle_block,
+            num_hash_lookahead_tokens,
+        });
+        self.inner
+            .set_mamba_align(split)
+            .map_err(|err| self.raise(py, err))
+    }
+
+    /// The drafter's prefill look-ahead (vLLM 0.33's `num_prefill_lookahead`); settable,
+    /// from the next step on.
+    #[getter]
+    fn num_prefill_lookahead(&self) -> usize {
+        self.inner.num_prefill_lookahead()
+    }
+
+    #[setter]
+    fn set_num_prefill_lookahead(&mut self, num_prefill_lookahead: usize) {
+        self.inner.set_num_prefill_lookahead(num_prefill_lookahead);
     }
 
     /// Replaces the encoder cache with an empty one of `cache_size` embeddings (only while

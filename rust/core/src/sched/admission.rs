@@ -176,7 +176,8 @@ impl<R: RequestKey> Scheduler<R> {
             self.blocked_head = Some((seq, hit));
             return Ok(Admission::Blocked);
         };
-        let (mut n, encoder) = self.schedule_encoder_inputs(slot, num_computed, n);
+        let (n, encoder) = self.schedule_encoder_inputs(slot, num_computed, n);
+        let mut n = self.reserve_prefill_lookahead(slot, num_computed, n);
         if n == 0 {
             // vLLM 0.33 skips it (the encoder budget or cache is spent) and goes on.
             return Ok(Admission::SteppedAside);
@@ -256,6 +257,7 @@ impl<R: RequestKey> Scheduler<R> {
             return Ok(Admission::Blocked);
         };
         let (n, encoder) = self.schedule_encoder_inputs(slot, num_computed, n);
+        let n = self.reserve_prefill_lookahead(slot, num_computed, n);
         if n == 0 {
             return Ok(Admission::SteppedAside);
         }
@@ -379,10 +381,19 @@ impl<R: RequestKey> Scheduler<R> {
         if !self.config.enable_chunked_prefill && n > budget {
             return None;
         }
-        Some(AdmissionTokens {
-            n: n.min(budget),
-            padded,
-        })
+        n = n.min(budget);
+        if self.config.mamba_align.is_some() {
+            // vLLM 0.33: the Mamba `align` split, then "no aligned chunk fits" waits, and a
+            // padded decode the split clips drops its padding rather than shortening it.
+            n = self.mamba_aligned(slot, num_computed, n);
+            if n == 0 {
+                return None;
+            }
+            if padded && n != 1 + k {
+                (n, padded) = (1, false);
+            }
+        }
+        Some(AdmissionTokens { n, padded })
     }
 
     /// The admitted request leaves the waiting queue and runs `n` tokens this step

@@ -149,6 +149,14 @@ pub struct SchedulerConfig {
     pub kv_groups: Vec<KvGroupSpec>,
     /// Multimodal encoder budget and cache (`sched::encoder`).
     pub encoder: super::EncoderConfig,
+    /// vLLM 0.33's block-aligned prefill split for Mamba prefix caching in `align` mode
+    /// (`sched::mamba_align`); `None` = off.
+    pub mamba_align: Option<super::MambaAlignSplit>,
+    /// Known prefill tokens a multi-module MTP (or EAGLE) drafter reads past a chunk's end
+    /// (vLLM 0.33's `num_prefill_lookahead`): the encoder window reaches that far, and a
+    /// prefill chunk never ends closer than this to the prefill's end
+    /// (`_reserve_prefill_lookahead`); 0 = off.
+    pub num_prefill_lookahead: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -179,6 +187,8 @@ impl Default for SchedulerConfig {
             prefill_schedule_interval: 1,
             kv_groups: Vec::new(),
             encoder: super::EncoderConfig::default(),
+            mamba_align: None,
+            num_prefill_lookahead: 0,
         }
     }
 }
@@ -286,6 +296,9 @@ impl SchedulerConfig {
             if value == 0 {
                 return Err(Error::config(field, 0, "must be at least 1"));
             }
+        }
+        if let Some(split) = &self.mamba_align {
+            split.validate()?;
         }
         if self.reserve_null_block && self.num_blocks < 2 {
             return Err(Error::config(

@@ -220,7 +220,10 @@ impl<R: RequestKey> Scheduler<R> {
         if n == 0 || features.is_empty() {
             return (n, None);
         }
-        let window_end = num_computed + n;
+        // vLLM 0.33's `shift_computed_tokens`: a drafter's prefill look-ahead reads the next
+        // `num_prefill_lookahead` tokens, whose encoder outputs must be there too.
+        let shift = self.config.num_prefill_lookahead;
+        let window_end = num_computed + n + shift;
         // Items overlapping [num_computed, window_end) (vLLM's get_mm_features_in_window).
         let lo = features.partition_point(|f| f.offset + f.length < num_computed + 1);
         let hi = features.partition_point(|f| f.offset < window_end);
@@ -237,7 +240,8 @@ impl<R: RequestKey> Scheduler<R> {
                 && num_computed <= start
                 && num_computed + n < start + f.length
             {
-                n = start - num_computed;
+                // vLLM rolls back past the look-ahead too, so it stops before the item.
+                n = start.saturating_sub(num_computed + shift);
                 break;
             }
             let id = f.identifier.as_str();

@@ -10,6 +10,7 @@ mod encoder;
 mod encoder_cache;
 mod kv;
 mod loads;
+mod mamba_align;
 mod multistep;
 mod output;
 mod plugin;
@@ -22,6 +23,7 @@ pub use config::{Policy, PrefixCache, PriorityTies, SchedulerConfig};
 pub use connector::{ExternalTokens, KvConnector, KvLoad};
 pub use encoder::{EncoderConfig, MmFeature};
 pub use encoder_cache::EncoderCache;
+pub use mamba_align::MambaAlignSplit;
 pub use multistep::DecodeWindow;
 pub use output::{
     CachedRequestData, NewRequestData, SampledOutput, SchedulerOutput, SchedulerStats,

@@ -584,6 +584,8 @@ impl<R: RequestKey> Scheduler<R> {
                 *budget,
                 request.num_computed_tokens,
             );
+            // vLLM 0.33 applies the Mamba `align` split before the encoder caps.
+            let n = self.mamba_aligned(slot, request.num_computed_tokens, n);
             if skip || n == 0 {
                 i += 1;
                 continue;
@@ -593,6 +595,7 @@ impl<R: RequestKey> Scheduler<R> {
             } else {
                 self.schedule_encoder_inputs(slot, self.req(slot).num_computed_tokens, n)
             };
+            let n = self.reserve_prefill_lookahead(slot, self.req(slot).num_computed_tokens, n);
             if n == 0 {
                 i += 1;
                 continue;

@@ -13,6 +13,7 @@ mod encoder_settings;
 mod hybrid;
 mod kv_views;
 mod lifecycle;
+mod mamba_align;
 mod memory;
 mod multistep;
 mod plugins;

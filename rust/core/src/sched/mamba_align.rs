@@ -1,0 +1,181 @@
+//! vLLM 0.33's block-aligned prefill split for Mamba prefix caching in `align` mode
+//! (`cache_config.mamba_cache_mode = "align"`; `Scheduler._mamba_block_aligned_split`,
+//! vllm/v1/core/sched/scheduler.py): a Mamba layer's state can be cached only where a chunk
+//! ends, so a prefill chunk is clipped to end on a block boundary, and never runs past the
+//! last block boundary whose state can be reused (`get_mamba_prefill_checkpoint_position`,
+//! vllm/v1/kv_cache_interface.py).
+//!
+//! Modelled: the block-aligned chunk end, the next-boundary stop of a chunk that starts
+//! mid-block, the last-checkpoint stop (with EAGLE's block drop and the hash look-ahead),
+//! the waiting path's rule that a clipped padded decode drops its padding, and "no aligned
+//! chunk fits" (0 tokens). Not modelled, as they need state the core's KV groups do not
+//! hold: the backend's internal prefill checkpoint (`num_prefill_checkpoint_blocks`),
+//! fine-grained partial hash hits (a hash block smaller than the Mamba block) and the
+//! shared-prefix junction stop (`enable_mamba_shared_prefix_checkpoint`); the scheduler's
+//! `mamba_has_prefill_checkpoint_blocks`, `mamba_partial_cache_hit` and
+//! `mamba_shared_prefix_checkpoint` are false here.
+
+use super::scheduler::Scheduler;
+use crate::kv::RequestKey;
+use crate::{Error, Result};
+
+/// The split's settings (vLLM 0.33's `Scheduler.need_mamba_block_aligned_split` on, and
+/// what `_mamba_block_aligned_split` reads).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MambaAlignSplit {
+    /// Tokens per Mamba state block (`cache_config.block_size`); > 0.
+    pub block_size: usize,
+    /// EAGLE prunes the last matching block of a prefix hit, so the last reusable state
+    /// moves one block back (`Scheduler.use_eagle_block_drop`).
+    pub drop_eagle_block: bool,
+    /// Tokens past a block that its hash needs (`vllm_config.num_hash_lookahead_tokens`).
+    pub num_hash_lookahead_tokens: usize,
+}
+
+impl MambaAlignSplit {
+    /// A split over blocks of `block_size` tokens, without EAGLE's drop or look-ahead.
+    pub fn new(block_size: usize) -> Self {
+        Self {
+            block_size,
+            drop_eagle_block: false,
+            num_hash_lookahead_tokens: 0,
+        }
+    }
+
+    /// Refuses a block size of 0.
+    pub fn validate(&self) -> Result<()> {
+        if self.block_size == 0 {
+            return Err(Error::config(
+                "mamba_align.block_size",
+                0,
+                "must be at least 1 (tokens per Mamba state block)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// vLLM 0.33's `get_mamba_prefill_checkpoint_position(num_tokens, block_size, ...)`:
+    /// the last block boundary whose state can be reused, leaving a token for the logits
+    /// (or the hash look-ahead) and, with EAGLE's block drop, one block less.
+    pub fn checkpoint_position(&self, num_tokens: usize) -> usize {
+        let proof_limit = if self.drop_eagle_block {
+            num_tokens
+        } else {
+            num_tokens.saturating_sub(self.num_hash_lookahead_tokens.max(1))
+        };
+        let mut position = proof_limit / self.block_size * self.block_size;
+        if self.drop_eagle_block {
+            position = position.saturating_sub(self.block_size);
+        }
+        position
+    }
+
+    /// Tokens of a chunk of `num_new_tokens` starting at `start` that vLLM 0.33's
+    /// `_mamba_block_aligned_split` keeps, for a request of `num_prompt_tokens` prompt and
+    /// `num_tokens` known tokens; `max_prefill_tokens` is the step's token cap
+    /// (`max_num_scheduled_tokens`, lowered by a long-prefill threshold).
+    pub fn split(
+        &self,
+        start: usize,
+        num_new_tokens: usize,
+        num_prompt_tokens: usize,
+        num_tokens: usize,
+        max_prefill_tokens: usize,
+    ) -> usize {
+        // Only during prefill; `num_tokens - 1` covers a resumed request's outputs.
+        let prefill_end = num_prompt_tokens.max(num_tokens.saturating_sub(1));
+        if start >= prefill_end {
+            return num_new_tokens;
+        }
+        let block = self.block_size;
+        let last_cache_position = self.checkpoint_position(num_tokens);
+        let mut end = start + num_new_tokens;
+        // A chunk that stops before the prompt's end stops on a block boundary; a block
+        // too wide for one chunk advances sub-block and re-aligns at the next boundary.
+        if end < prefill_end {
+            let aligned_end = end / block * block;
+            if aligned_end > start || block <= max_prefill_tokens {
+                end = aligned_end;
+            }
+        }
+        let next_block_boundary = if !start.is_multiple_of(block) {
+            (start / block + 1) * block
+        } else {
+            0
+        };
+        // The earliest mandatory stop strictly inside the chunk.
+        end = [next_block_boundary, last_cache_position]
+            .into_iter()
+            .filter(|&stop| start < stop && stop < end)
+            .min()
+            .unwrap_or(end);
+        end.saturating_sub(start)
+    }
+}
+
+impl<R: RequestKey> Scheduler<R> {
+    /// Turns vLLM 0.33's Mamba `align` split on (`Some`) or off from the next step, as
+    /// assigning `Scheduler.need_mamba_block_aligned_split` (and `use_eagle_block_drop`) on
+    /// a built vLLM scheduler does.
+    pub fn set_mamba_align(&mut self, split: Option<MambaAlignSplit>) -> Result<()> {
+        if let Some(split) = &split {
+            split.validate()?;
+        }
+        self.config.mamba_align = split;
+        Ok(())
+    }
+
+    /// The Mamba `align` split in force (`None`: off).
+    pub fn mamba_align(&self) -> Option<MambaAlignSplit> {
+        self.config.mamba_align
+    }
+
+    /// Sets the drafter's prefill look-ahead (`SchedulerConfig::num_prefill_lookahead`) from
+    /// the next step, as assigning vLLM 0.33's `Scheduler.num_prefill_lookahead` does.
+    pub fn set_num_prefill_lookahead(&mut self, num_prefill_lookahead: usize) {
+        self.config.num_prefill_lookahead = num_prefill_lookahead;
+    }
+
+    /// The drafter's prefill look-ahead in force.
+    pub fn num_prefill_lookahead(&self) -> usize {
+        self.config.num_prefill_lookahead
+    }
+
+    /// vLLM 0.33's `_reserve_prefill_lookahead`: a chunk of `n` tokens from `num_computed`
+    /// never ends within `num_prefill_lookahead` tokens of the request's known tokens' end
+    /// (the drafter would read past them): it finishes them or leaves that many.
+    pub(super) fn reserve_prefill_lookahead(
+        &self,
+        slot: u32,
+        num_computed: usize,
+        n: usize,
+    ) -> usize {
+        let lookahead = self.config.num_prefill_lookahead;
+        let remaining = self.req(slot).num_tokens().saturating_sub(num_computed + n);
+        if 0 < remaining && remaining < lookahead {
+            n.saturating_sub(lookahead - remaining)
+        } else {
+            n
+        }
+    }
+
+    /// `n` tokens of `slot` from `start` after the Mamba `align` split (unchanged when off).
+    pub(super) fn mamba_aligned(&self, slot: u32, start: usize, n: usize) -> usize {
+        let Some(split) = &self.config.mamba_align else {
+            return n;
+        };
+        let request = self.req(slot);
+        let threshold = self.config.long_prefill_token_threshold;
+        let mut max_prefill_tokens = self.config.max_num_batched_tokens;
+        if threshold > 0 {
+            max_prefill_tokens = max_prefill_tokens.min(threshold);
+        }
+        split.split(
+            start,
+            n,
+            request.num_prompt_tokens(),
+            request.num_tokens(),
+            max_prefill_tokens,
+        )
+    }
+}

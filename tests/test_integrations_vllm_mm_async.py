@@ -1,11 +1,12 @@
-"""tokenyard.integrations.vllm with multimodal requests under async scheduling (the V1
-model runner; the V2 runner with async scheduling is refused by name). Each case runs vLLM's
-``AsyncScheduler`` and ``AsyncTokenyardScheduler`` on the same configs (the stub model made
-multimodal, ``MultiModalBudget`` giving both one budget), two steps in flight, and compares
-every step's scheduled tokens, encoder inputs and freed identifiers. With a roomy encoder
-budget they agree; with a tight one they do not yet (a strict xfail: the adapter schedules a
-request's chunk where vLLM's ``_try_schedule_encoder_inputs`` holds it). Needs vLLM (the
-bench venv, ``.venv-bench``); skipped elsewhere.
+"""tokenyard.integrations.vllm with multimodal requests under async scheduling, on the V1
+and the V2 model runner. Each case runs vLLM's ``AsyncScheduler`` and
+``AsyncTokenyardScheduler`` on the same configs (the stub model made multimodal,
+``MultiModalBudget`` giving both one budget), two steps in flight, and compares every
+step's scheduled tokens, encoder inputs, freed identifiers and (V2) encoder input updates,
+with a roomy encoder budget and with tight ones. A tight cache shows when a request lets go
+of an item: vLLM 0.33's ``update_from_output`` runs ``_free_encoder_inputs`` over the
+requests of the step it updates, one behind the latest under async scheduling. Needs vLLM
+(the bench venv, ``.venv-bench``); skipped elsewhere.
 """
 
 from __future__ import annotations
@@ -47,13 +48,24 @@ class _Budget:
         self.encoder_cache_size = _Budget.cache
 
 
+def _multimodal(monkeypatch: pytest.MonkeyPatch, v2: bool) -> None:
+    monkeypatch.setattr(ModelConfig, "supports_multimodal_inputs", property(lambda self: True))
+    monkeypatch.setattr(VllmConfig, "use_v2_model_runner", property(lambda self: v2))
+    monkeypatch.setattr(vllm_scheduler_module, "MultiModalBudget", _Budget)
+    monkeypatch.setattr(adapter_module, "MultiModalBudget", _Budget)
+
+
 @pytest.fixture
 def multimodal(monkeypatch: pytest.MonkeyPatch) -> None:
     """The stub model takes images; both schedulers get ``_Budget``; the V1 runner."""
-    monkeypatch.setattr(ModelConfig, "supports_multimodal_inputs", property(lambda self: True))
-    monkeypatch.setattr(VllmConfig, "use_v2_model_runner", property(lambda self: False))
-    monkeypatch.setattr(vllm_scheduler_module, "MultiModalBudget", _Budget)
-    monkeypatch.setattr(adapter_module, "MultiModalBudget", _Budget)
+    _multimodal(monkeypatch, v2=False)
+
+
+@pytest.fixture
+def multimodal_v2(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As ``multimodal``, on the V2 runner (its ``encoder_input_updates`` carry the items'
+    data, sent once and released once the request's confirmed tokens pass them)."""
+    _multimodal(monkeypatch, v2=True)
 
 
 def _both(budget: int, cache: int) -> tuple[Any, Any, Any]:
@@ -80,9 +92,11 @@ def _both(budget: int, cache: int) -> tuple[Any, Any, Any]:
 
 
 def _request(peer: Any, request_id: str, prompt: list[int], items: list[Any], n: int) -> Request:
+    # Data only the V2 runner's updates carry (vLLM sends an item's data unless it is None
+    # or a shared-memory address).
     features = [
         MultiModalFeatureSpec(
-            data=None,
+            data={"pixels": identifier},  # type: ignore[arg-type]
             modality="image",
             identifier=identifier,
             mm_position=PlaceholderRange(offset=offset, length=length),
@@ -146,6 +160,7 @@ def _run(seed: int, budget: int, cache: int) -> int:
         assert sorted(mine.free_encoder_mm_hashes) == sorted(theirs_out.free_encoder_mm_hashes), (
             step
         )
+        assert mine.encoder_input_updates == theirs_out.encoder_input_updates, step
         updates += sum(map(len, theirs_out.scheduled_encoder_inputs.values()))
         pending.append((theirs_out, mine, _sampling(theirs, theirs_out), _sampling(ours, mine)))
         if len(pending) == 2 or not theirs_out.num_scheduled_tokens:
@@ -166,12 +181,29 @@ def test_image_requests_under_async_scheduling_match_vllm(seed: int) -> None:
 
 
 @pytest.mark.usefixtures("multimodal")
-@pytest.mark.xfail(
-    strict=True,
-    reason="a tight encoder budget under async scheduling: at step 10 the core's encoder "
-    "cache has every slot freeable (200) where vLLM 0.33's still has a request's reference "
-    "on an entry (104 freeable), so the adapter frees it and schedules r0's 152 tokens, "
-    "vLLM holds r0: the reference is released at an earlier update (found 2026-11-27)",
-)
 def test_a_tight_encoder_budget_under_async_scheduling_matches_vllm() -> None:
+    # Seed 2 failed before 2026-11-27: at step 10 the core had let go of r0's item at the
+    # update of the step after r0's chunk passed it (the latest step's requests), vLLM
+    # holds it until the update of that chunk's own step, so the adapter freed the entry
+    # and scheduled r0's 152 tokens where vLLM holds r0.
     assert _run(2, budget=144, cache=200) > 0
+
+
+@pytest.mark.usefixtures("multimodal")
+@pytest.mark.parametrize(("budget", "cache"), [(144, 144), (144, 200), (192, 300)])
+@pytest.mark.parametrize("seed", range(3, 9))
+def test_tight_encoder_budgets_under_async_scheduling_match_vllm(
+    seed: int, budget: int, cache: int
+) -> None:
+    assert _run(seed, budget=budget, cache=cache) > 0
+
+
+@pytest.mark.usefixtures("multimodal_v2")
+@pytest.mark.parametrize(("budget", "cache"), [(512, 512), (144, 144), (144, 200), (192, 300)])
+@pytest.mark.parametrize("seed", range(4))
+def test_image_requests_on_the_v2_runner_under_async_scheduling_match_vllm(
+    seed: int, budget: int, cache: int
+) -> None:
+    # Refused by name before 2026-11-27; vLLM's _get_encoder_input_updates reads
+    # num_in_flight_tokens, which the adapter keeps on its requests.
+    assert _run(seed, budget=budget, cache=cache) > 0

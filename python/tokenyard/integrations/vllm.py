@@ -238,10 +238,6 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerIn
             self._mm_refused = "(the model is an encoder-decoder model)"
         elif self.ec_connector is not None:
             self._mm_refused = "with an encoder-cache connector (ec_transfer_config)"
-        elif self.use_v2_model_runner and self.async_scheduling:
-            # vLLM's encoder_input_updates read request.num_in_flight_tokens: the adapter
-            # keeps it, but this pairing is not yet compared with vLLM step by step.
-            self._mm_refused = "on the V2 model runner with async scheduling"
         elif self.connector is not None:
             self._mm_refused = "with a KV connector (its loads would bypass the encoder)"
         self._encoder_cache_view = EncoderCacheView(self)

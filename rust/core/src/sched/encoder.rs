@@ -83,6 +83,10 @@ impl MmFeature {
     }
 }
 
+/// More steps than any engine keeps in flight (vLLM's batch queue holds 2, or the
+/// pipeline's depth): the bound of `Encoder::batches`.
+const MAX_STEPS_IN_FLIGHT: usize = 64;
+
 /// The scheduler's encoder state: the cache (keyed by slot) and this step's budget.
 pub(super) struct Encoder {
     pub(super) cache: EncoderCache<u32>,
@@ -91,9 +95,12 @@ pub(super) struct Encoder {
     budget: usize,
     /// Inputs to encode this step, by request, in scheduling order.
     step_inputs: Vec<(u32, Vec<usize>)>,
-    /// The latest step's scheduled requests that have items, in batch order: the requests
-    /// whose passed items `update_from_output` frees.
-    last_batch: Vec<u32>,
+    /// The steps not yet updated, oldest first: each one's scheduled requests that have
+    /// items, in batch order, by slot and `arrival_seq` (a slot may hold another request by
+    /// the update). An update frees the passed items of the oldest step's requests, as
+    /// vLLM 0.33's `update_from_output` runs `_free_encoder_inputs` over the requests of
+    /// the step it updates, not of the latest one (two differ under async scheduling).
+    batches: std::collections::VecDeque<Vec<(u32, u64)>>,
     /// Requests whose item's identifier is cached with another embedding count (vLLM 0.33
     /// finishes them with an error at the next update), by slot and `arrival_seq` (a slot
     /// may hold another request by then).
@@ -108,7 +115,7 @@ impl Encoder {
             budget_per_step: budget,
             budget,
             step_inputs: Vec::new(),
-            last_batch: Vec::new(),
+            batches: std::collections::VecDeque::new(),
             mismatched: Vec::new(),
         }
     }
@@ -341,22 +348,31 @@ impl<R: RequestKey> Scheduler<R> {
     }
 
     /// The step's encoder fields of `out` (`scheduled`: its requests in batch order), and
-    /// the requests whose passed items the next update frees.
+    /// the requests whose passed items the update that lands this step frees.
     pub(super) fn encoder_end_step(
         &mut self,
         scheduled: &[(u32, usize)],
         out: &mut SchedulerOutput<R>,
     ) {
-        self.encoder.last_batch.clear();
-        // With no references in the cache the next update frees nothing: a text-only step
-        // skips the scan.
-        if self.encoder.cache.has_requests() {
+        if !self.async_scheduling {
+            // A synchronous engine updates each step before it asks for the next.
+            self.encoder.batches.clear();
+        } else if self.encoder.batches.len() == MAX_STEPS_IN_FLIGHT {
+            // An engine that never updates some steps must not grow the queue.
+            self.encoder.batches.pop_front();
+        }
+        let mut batch = Vec::new();
+        // With no request holding items the update frees nothing: a text-only step skips
+        // the scan.
+        if self.num_mm_requests > 0 {
             for &(slot, _) in scheduled {
-                if !self.req(slot).spec.mm_features.is_empty() {
-                    self.encoder.last_batch.push(slot);
+                let request = self.req(slot);
+                if !request.spec.mm_features.is_empty() {
+                    batch.push((slot, request.arrival_seq));
                 }
             }
         }
+        self.encoder.batches.push_back(batch);
         out.scheduled_encoder_inputs = std::mem::take(&mut self.encoder.step_inputs)
             .into_iter()
             .map(|(slot, inputs)| (self.req(slot).request_id.clone(), inputs))
@@ -364,12 +380,17 @@ impl<R: RequestKey> Scheduler<R> {
         out.free_encoder_mm_hashes = self.encoder.cache.take_freed();
     }
 
-    /// vLLM 0.33's `_free_encoder_inputs` in `update_from_output`, for the latest step's
-    /// requests in batch order: an item whose range lies wholly before the tokens computed
-    /// for sure (less rejected drafts and outputs in flight) is let go. Runs before
-    /// `outputs` are applied, with their rejections counted as vLLM counts them.
+    /// vLLM 0.33's `_free_encoder_inputs` in `update_from_output`, over the requests of the
+    /// step this update lands (the oldest not yet updated; under async scheduling the
+    /// latest may be a step later), in batch order: an item whose range lies wholly before
+    /// the tokens computed for sure (less rejected drafts and outputs in flight) is let go.
+    /// `num_computed_tokens` already counts the steps scheduled since, as in vLLM. Runs
+    /// before `outputs` are applied, with their rejections counted as vLLM counts them.
     pub(super) fn encoder_free_passed(&mut self, outputs: &[SampledOutput<R>]) {
-        if self.encoder.last_batch.is_empty() || !self.encoder.cache.has_requests() {
+        let Some(batch) = self.encoder.batches.pop_front() else {
+            return;
+        };
+        if batch.is_empty() || !self.encoder.cache.has_requests() {
             return;
         }
         // Rejections are rare: look them up in a short list, not every output.
@@ -378,12 +399,14 @@ impl<R: RequestKey> Scheduler<R> {
             .filter(|o| o.num_rejected_tokens > 0)
             .map(|o| (&o.request_id, o.num_rejected_tokens))
             .collect();
-        for k in 0..self.encoder.last_batch.len() {
-            let slot = self.encoder.last_batch[k];
+        for &(slot, arrival_seq) in &batch {
             let Some(request) = self.slots[slot as usize].as_ref() else {
                 continue;
             };
-            if request.status != super::RequestStatus::Running {
+            // A request that finished since (its slot may hold another): vLLM's update
+            // skips a request it no longer holds.
+            if request.arrival_seq != arrival_seq || request.status != super::RequestStatus::Running
+            {
                 continue;
             }
             let rejected = rejections

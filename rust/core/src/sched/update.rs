@@ -163,6 +163,9 @@ impl<R: RequestKey> Scheduler<R> {
     /// Returns the requests that finished, with why. A KV connector's error in
     /// `request_finished` is returned after the whole update is applied (see `finish`); the
     /// requests that finished are then only reported in the next step's `finished_req_ids`.
+    /// Under async scheduling, call it once per step scheduled, empty steps included, in
+    /// order, as vLLM's engine does: each call lands the oldest step not yet updated (its
+    /// requests let go of the encoder items they passed).
     pub fn update_from_output(
         &mut self,
         outputs: &[SampledOutput<R>],

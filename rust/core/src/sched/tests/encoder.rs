@@ -443,3 +443,47 @@ fn items_are_scheduled_and_let_go_over_kv_groups() {
     assert_eq!(s.num_free_blocks(), 64);
     assert_eq!(s.encoder_cache_refs("a"), 0);
 }
+
+#[test]
+fn under_async_scheduling_an_update_lets_go_of_the_items_of_its_own_step_only() {
+    // vLLM 0.33's `update_from_output` runs `_free_encoder_inputs` over the requests of the
+    // step it updates. Request 1 arrives while step A (request 0) is in flight and passes
+    // its image in step B: A's update leaves its reference alone, B's lets it go.
+    let mut s = Scheduler::new(enc_config(600, 600), true).unwrap();
+    s.add_request(0, prompt(0, 20)).unwrap();
+    assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 20)]);
+    s.add_request(1, mm_prompt(1, 120, vec![image(10, 100, "a")]))
+        .unwrap();
+    let step_b = s.schedule().unwrap();
+    assert_eq!(scheduled(&step_b), [(0, 1), (1, 120)]);
+    assert_eq!(encoder_inputs(&step_b), [(1, vec![0])]);
+    s.update_from_output(&[sample(0, 7)]).unwrap();
+    // Before 2026-11-27 A's update freed it (it scanned the latest step's requests).
+    assert_eq!(s.encoder_cache_refs("a"), 1);
+    assert_eq!(s.encoder_cache_usage(), (500, 500, 600));
+    s.update_from_output(&[sample(0, 7), sample(1, 7)]).unwrap();
+    assert_eq!(s.encoder_cache_refs("a"), 0);
+    assert_eq!(s.encoder_cache_usage(), (500, 600, 600));
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn under_async_scheduling_a_chunk_in_flight_counts_as_computed_when_the_older_step_lands() {
+    // As in vLLM 0.33, the tokens computed at an update already count the chunks scheduled
+    // since: request 0's image [60, 100) is covered by step B's chunk [50, 100), and A's
+    // update (A computed [0, 50)) lets it go.
+    let cfg = SchedulerConfig {
+        max_num_batched_tokens: 50,
+        ..enc_config(600, 600)
+    };
+    let mut s = Scheduler::new(cfg, true).unwrap();
+    s.add_request(0, mm_prompt(0, 120, vec![image(60, 40, "a")]))
+        .unwrap();
+    assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 50)]);
+    let step_b = s.schedule().unwrap();
+    assert_eq!(encoder_inputs(&step_b), [(0, vec![0])]);
+    assert_eq!(s.encoder_cache_refs("a"), 1);
+    s.update_from_output(&[]).unwrap();
+    assert_eq!(s.encoder_cache_refs("a"), 0);
+    s.check_invariants().unwrap();
+}

@@ -233,8 +233,10 @@ class EncoderCacheMachine(RuleBasedStateMachine):
     @rule()
     def take_freed(self) -> None:
         freed = self.rust.get_freed_mm_hashes()
+        # The same list as the model's, repeats included: as in vLLM 0.33's
+        # EncoderCacheManager.get_freed_mm_hashes, an identifier evicted, encoded again and
+        # evicted again between two calls is reported twice.
         assert freed == self.ref.get_freed_mm_hashes()
-        assert len(freed) == len(set(freed))  # nothing reported twice in one call
         for mm_hash in freed:
             assert mm_hash not in self.rust.entries()
 

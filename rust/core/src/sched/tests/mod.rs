@@ -16,6 +16,7 @@ mod lifecycle;
 mod memory;
 mod multistep;
 mod plugins;
+mod replay;
 mod samplers;
 mod speculative;
 

@@ -166,6 +166,16 @@ def test_replay_only_chunks_match_vllm(seed: int) -> None:
     assert seen["replays"] > 0
 
 
+@pytest.mark.parametrize("seed", [3, 4])
+def test_replay_only_chunks_reserve_lookahead_slots_as_vllm(seed: int) -> None:
+    # Speculative decoding reserves lookahead slots at every allocation, a replay-only
+    # chunk's included (vLLM: ``total_computed + num_tokens_past_hit + lookahead``).
+    seen = _run(
+        num_blocks=200, seed=seed, long_prefill_token_threshold=16, num_speculative_tokens=2
+    )
+    assert seen["replays"] > 0
+
+
 @pytest.mark.parametrize("seed", [2, 5])
 def test_a_tight_replay_cache_preempts_as_vllm_does(seed: int) -> None:
     seen = _run(num_blocks=40, seed=seed, max_tokens=150, max_num_seqs=8)

@@ -332,13 +332,15 @@ impl<R: RequestKey> KvCoordinator<R> {
         extra_key: Option<u64>,
     ) -> Result<Option<Vec<Vec<BlockId>>>> {
         let existing = self.requests.get(request_id);
-        // vLLM 0.33 allocates no slots for a first step that only adopts a hit (a chunk
-        // ending inside the replayed tail of the hit, SWA bounded replay).
+        // vLLM 0.33 allocates no slots for a step that only adopts a hit, or only reserves
+        // lookahead slots past it (a chunk ending inside the replayed tail of the hit, SWA
+        // bounded replay).
         let adopts_hit =
             existing.is_none() && new_computed.is_some_and(|h| h.num_computed_tokens > 0);
+        let only_lookahead = existing.is_some() && num_lookahead_tokens > 0;
         check_allocation(
             request_id,
-            num_new_tokens.max(usize::from(adopts_hit)),
+            num_new_tokens.max(usize::from(adopts_hit || only_lookahead)),
             existing.is_some(),
             new_computed.is_some(),
         )?;

@@ -7,6 +7,10 @@ equal step by step first, then each side is timed alone. Prints the median over
 ``--repeats`` runs of each side's total time and the ratio.
 
     PYTHONPATH=python .venv-bench/bin/python benches/peers/vllm_replay_speed.py
+
+``--streams N`` instead runs N random streams of tests/test_integrations_vllm_replay.py's
+step-by-step comparison (a third each: roomy cache, a chunk cap below the window, a tight
+cache that preempts) and prints how many agree.
 """
 
 from __future__ import annotations
@@ -119,13 +123,43 @@ def run(cls: Any, args: Any, record: list[Any] | None = None) -> float:
     return elapsed
 
 
+def agreement(num_streams: int) -> None:
+    sys.path.insert(0, str(Path(__file__).parents[2] / "tests"))
+    import test_integrations_vllm_replay as replay
+
+    options = [
+        {"num_blocks": 200},
+        {"num_blocks": 200, "long_prefill_token_threshold": 16},
+        {"num_blocks": 40, "max_tokens": 150, "max_num_seqs": 8},
+    ]
+    agree = replays = preemptions = 0
+    start = time.perf_counter()
+    for i in range(num_streams):
+        try:
+            seen = replay._run(seed=1000 + i, **options[i % 3])
+        except AssertionError as error:
+            print(f"seed {1000 + i} {options[i % 3]}: {str(error)[:300]}")
+            continue
+        agree += 1
+        replays += seen["replays"]
+        preemptions += seen["preemptions"]
+    print(
+        f"{agree} / {num_streams} streams agree; replaying admissions {replays}, "
+        f"preemptions {preemptions}; {time.perf_counter() - start:.1f} s"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--num-blocks", type=int, default=6000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--streams", type=int, default=0)
     args = parser.parse_args()
+    if args.streams:
+        agreement(args.streams)
+        return
     theirs: list[Any] = []
     ours: list[Any] = []
     run(Scheduler, args, theirs)

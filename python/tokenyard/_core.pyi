@@ -294,15 +294,20 @@ class FullAttentionSpec:
 @final
 class SlidingWindowSpec:
     """A sliding-window group: each token attends to the ``sliding_window`` tokens ending
-    at itself (vLLM's ``SlidingWindowSpec``).
+    at itself (vLLM's ``SlidingWindowSpec``). With ``bounded_replay``, the group is not
+    prefix-cached: after a prefix hit the scheduler recomputes the hit's last
+    ``sliding_window`` tokens to rebuild it, keeping the other groups' hit blocks (vLLM
+    0.33's ``SlidingWindowMLASpec(bounded_replay=True)``; ``NewRequestData.replay_start``).
 
     Raises:
         ConfigError: ``sliding_window`` is not an int >= 1.
     """
 
-    def __new__(cls, *, sliding_window: int) -> SlidingWindowSpec: ...
+    def __new__(cls, *, sliding_window: int, bounded_replay: bool = False) -> SlidingWindowSpec: ...
     @property
     def sliding_window(self) -> int: ...
+    @property
+    def bounded_replay(self) -> bool: ...
 
 @final
 class ChunkedLocalAttentionSpec:
@@ -607,6 +612,11 @@ class NewRequestData:
         """Tokens already in the KV cache before this step (prefix-cache hit)."""
     @property
     def lora_id(self) -> int | None: ...
+    @property
+    def replay_start(self) -> int:
+        """Where the replay of its prefix hit starts (SWA bounded replay; vLLM 0.33's
+        ``NewRequestData.replay_start``): equal to ``num_computed_tokens`` when the step
+        recomputes the hit's last window, else 0."""
 
 @final
 class CachedRequestData:

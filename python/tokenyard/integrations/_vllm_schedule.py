@@ -220,15 +220,20 @@ class ScheduleStep(AdapterBase):
                 self.finished_recving_kv_req_ids.discard(request_id)
             request.status = _RUNNING
             request.num_computed_tokens = data.num_computed_tokens
+            # SWA bounded replay: the hit's last window is recomputed this step; the hit
+            # (what the cache served) is the computed tokens plus the replayed ones.
+            replay_start = data.replay_start
+            request.replay_start = replay_start
+            hit = data.num_computed_tokens + (self.prefix_replay_tokens if replay_start else 0)
             external = bridge.external_hits.pop(request_id, 0) if bridge is not None else 0
             if log_stats:
                 request.record_event(EngineCoreEventType.SCHEDULED, now)
                 if bridge is not None and request_id in bridge.lookups_recorded:
                     bridge.lookups_recorded.discard(request_id)
                 else:
-                    self._record_prefix_lookup(request, data.num_computed_tokens - external)
+                    self._record_prefix_lookup(request, hit - external)
             if not was_preempted and request.num_preemptions <= 0:
-                self._set_prefill_stats(request, data.num_computed_tokens, external)
+                self._set_prefill_stats(request, hit, external)
             block_ids = (
                 tuple(g.tolist() for g in data.group_block_ids)
                 if self._kv_groups

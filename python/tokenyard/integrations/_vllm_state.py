@@ -48,6 +48,8 @@ class AdapterBase:
     _late_core_ids: dict[str, Any]
     _int_ids: bool
     _kv_groups: int
+    prefix_replay_tokens: int
+    """vLLM 0.33's SWA bounded replay window (0: no bounded-replay group)."""
     _pending_encoder_input_ids: dict[str, set[int]]
     is_encoder_decoder: bool
     """The core's KV groups: 0 for its single pool, else block ids go per group."""

@@ -184,6 +184,7 @@ def kv_groups_of(kv_cache_config: Any, block_size: int) -> tuple[Any, ...]:
     """The core's ``kv_groups`` for vLLM 0.33's ``kv_cache_config.kv_cache_groups``, spec by
     spec: ``FullAttentionSpec`` (``MLAAttentionSpec`` too) → ``FullAttentionSpec()``,
     ``SlidingWindowSpec`` → ``SlidingWindowSpec(sliding_window=...)``,
+    ``SlidingWindowMLASpec`` → the same, ``bounded_replay=True`` where vLLM's spec has it,
     ``ChunkedLocalAttentionSpec`` → ``ChunkedLocalAttentionSpec(attention_chunk_size=...)``,
     ``MambaSpec`` (``mamba_cache_mode="none"``) → ``MambaSpec()``. ``()`` for no group or
     one full-attention group: the core's single pool, as before groups existed.
@@ -192,7 +193,7 @@ def kv_groups_of(kv_cache_config: Any, block_size: int) -> tuple[Any, ...]:
         ConfigError: a spec kind the core has no group for (cross-attention, sink full
             attention, uniform-type spec lists, ...), named; a full-attention spec carrying
             a sliding window or chunk (vLLM's layout with its hybrid manager off); a
-            sliding window with ``extra_retained_tokens`` or prefix replay; a Mamba group
+            sliding window with ``extra_retained_tokens``; a Mamba group
             in ``align`` mode or with speculative state blocks; a group whose
             ``block_size`` differs from the scheduler's.
     """
@@ -213,10 +214,16 @@ def kv_groups_of(kv_cache_config: Any, block_size: int) -> tuple[Any, ...]:
                     "manager turned off) is not supported"
                 )
             specs.append(FullAttentionSpec())
-        elif kind == "SlidingWindowSpec":
-            if _get(spec, "extra_retained_tokens", 0) or _get(spec, "prefix_replay_tokens", 0):
-                raise refuse("extra retained tokens / prefix replay are not supported")
-            specs.append(SlidingWindowSpec(sliding_window=int(spec.sliding_window)))
+        elif kind in ("SlidingWindowSpec", "SlidingWindowMLASpec"):
+            if _get(spec, "extra_retained_tokens", 0):
+                raise refuse("extra retained tokens are not supported")
+            # SlidingWindowMLASpec(bounded_replay=True) (DeepSeek-V4.1): not prefix-cached,
+            # rebuilt by replaying a hit's last window (prefix_replay_tokens == window).
+            replay = int(_get(spec, "prefix_replay_tokens", 0) or 0)
+            window = int(spec.sliding_window)
+            if replay not in (0, window):
+                raise refuse(f"prefix replay of {replay} tokens with a {window}-token window")
+            specs.append(SlidingWindowSpec(sliding_window=window, bounded_replay=bool(replay)))
         elif kind == "ChunkedLocalAttentionSpec":
             specs.append(
                 ChunkedLocalAttentionSpec(attention_chunk_size=int(spec.attention_chunk_size))

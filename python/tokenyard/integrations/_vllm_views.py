@@ -210,6 +210,13 @@ class _KVCacheManagerView:
             return tuple(g.tolist() for g in groups)
         return (vllm_block_ids(scheduler._core.block_ids(core_id)),)
 
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        """vLLM's ``get_blocks``: the request's blocks per KV cache group, as block views
+        (``_vllm_coordinator_view``; the null block where a group no longer attends), an
+        empty list per group for a request holding none."""
+        managers = self.coordinator.single_type_managers
+        return KVCacheBlocks(tuple(m.req_to_blocks.get(request_id) or [] for m in managers))
+
     def get_num_free_blocks(self) -> int:
         return self.block_pool.get_num_free_blocks()
 

@@ -205,6 +205,14 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerIn
             self._core.set_encoder_cache_size(0)
         self._num_kv_blocks = s.num_blocks - 1
         self._kv_groups = len(s.kv_groups)
+        # vLLM 0.33's SWA bounded replay: the groups rebuilt by recomputing a hit's tail,
+        # and that tail's length (their window; the core refuses windows that disagree).
+        self.prefix_replay_group_ids = tuple(
+            i for i, g in enumerate(s.kv_groups) if getattr(g, "bounded_replay", False)
+        )
+        self.prefix_replay_tokens = max(
+            (s.kv_groups[i].sliding_window for i in self.prefix_replay_group_ids), default=0
+        )
         self.local_prefill_interval = local_prefill_interval(vllm_config)
 
         # Requests that finished since the previous schedule() (SchedulerOutput's field).

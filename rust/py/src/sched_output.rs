@@ -42,6 +42,10 @@ impl PyNewRequestData {
     fn lora_id(&self) -> Option<u64> {
         self.inner.lora_id
     }
+    #[getter]
+    fn replay_start(&self) -> usize {
+        self.inner.replay_start
+    }
     fn __repr__(&self) -> String {
         format!(
             "NewRequestData(req_id={:?}, num_tokens={}, num_blocks={}, num_computed_tokens={})",

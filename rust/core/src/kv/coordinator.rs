@@ -56,6 +56,13 @@ impl GroupedComputedBlocks {
     pub(crate) fn into_block_hashes(self) -> Vec<BlockHash> {
         self.block_hashes
     }
+
+    /// Forgets the hit's blocks, keeping the query and its hashes: a hit the caller will
+    /// not adopt (vLLM 0.33 ignores a hit no longer than the prefix replay window).
+    pub(crate) fn drop_hit(&mut self) {
+        self.block_ids.iter_mut().for_each(Vec::clear);
+        self.num_computed_tokens = 0;
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -325,9 +332,15 @@ impl<R: RequestKey> KvCoordinator<R> {
         extra_key: Option<u64>,
     ) -> Result<Option<Vec<Vec<BlockId>>>> {
         let existing = self.requests.get(request_id);
+        // vLLM 0.33 allocates no slots for a step that only adopts a hit, or only reserves
+        // lookahead slots past it (a chunk ending inside the replayed tail of the hit, SWA
+        // bounded replay).
+        let adopts_hit =
+            existing.is_none() && new_computed.is_some_and(|h| h.num_computed_tokens > 0);
+        let only_lookahead = existing.is_some() && num_lookahead_tokens > 0;
         check_allocation(
             request_id,
-            num_new_tokens,
+            num_new_tokens.max(usize::from(adopts_hit || only_lookahead)),
             existing.is_some(),
             new_computed.is_some(),
         )?;

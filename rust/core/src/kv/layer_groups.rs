@@ -24,6 +24,12 @@ pub enum KvGroupSpec {
     /// Each token attends to the `sliding_window` tokens ending at itself: blocks wholly
     /// before the window are freed and replaced by the null block.
     SlidingWindow { sliding_window: usize },
+    /// A sliding window that is not prefix-cached but rebuilt by bounded replay (vLLM
+    /// 0.33's `SlidingWindowMLASpec(bounded_replay=True)`, DeepSeek-V4.1): its blocks never
+    /// enter the cache nor limit a hit; after a hit the scheduler recomputes the hit's last
+    /// `sliding_window` tokens (`prefix_replay_tokens`) to rebuild this group's window,
+    /// keeping the other groups' hit blocks. Blocks leave the window as in `SlidingWindow`.
+    SlidingWindowReplay { sliding_window: usize },
     /// Tokens attend within their chunk of `attention_chunk_size` tokens (Llama 4's local
     /// layers): blocks before the current chunk are freed.
     ChunkedLocalAttention { attention_chunk_size: usize },
@@ -38,7 +44,8 @@ impl KvGroupSpec {
     pub fn num_skipped_tokens(&self, num_computed_tokens: usize) -> usize {
         match *self {
             Self::FullAttention | Self::Mamba => 0,
-            Self::SlidingWindow { sliding_window } => {
+            Self::SlidingWindow { sliding_window }
+            | Self::SlidingWindowReplay { sliding_window } => {
                 (num_computed_tokens + 1).saturating_sub(sliding_window)
             }
             Self::ChunkedLocalAttention {
@@ -62,8 +69,19 @@ impl KvGroupSpec {
     pub(super) fn caches_blocks(&self) -> bool {
         !matches!(
             self,
-            Self::Mamba | Self::SlidingWindow { sliding_window: 1 }
+            Self::Mamba
+                | Self::SlidingWindow { sliding_window: 1 }
+                | Self::SlidingWindowReplay { .. }
         )
+    }
+
+    /// vLLM 0.33's `KVCacheSpec.prefix_replay_tokens`: the tokens of a hit the scheduler
+    /// recomputes to rebuild this group (the window of a bounded-replay group), else 0.
+    pub fn prefix_replay_tokens(&self) -> usize {
+        match *self {
+            Self::SlidingWindowReplay { sliding_window } => sliding_window,
+            _ => 0,
+        }
     }
 
     pub(super) fn is_full_attention(&self) -> bool {
@@ -76,7 +94,8 @@ impl KvGroupSpec {
     pub fn max_live_blocks(&self, num_slots_added: usize, block_size: usize) -> Option<usize> {
         match *self {
             Self::FullAttention => None,
-            Self::SlidingWindow { sliding_window } => Some(
+            Self::SlidingWindow { sliding_window }
+            | Self::SlidingWindowReplay { sliding_window } => Some(
                 (sliding_window + num_slots_added)
                     .saturating_sub(2)
                     .div_ceil(block_size)
@@ -104,7 +123,8 @@ impl KvGroupSpec {
     ) -> Option<usize> {
         match *self {
             Self::FullAttention | Self::Mamba => None,
-            Self::SlidingWindow { sliding_window } => {
+            Self::SlidingWindow { sliding_window }
+            | Self::SlidingWindowReplay { sliding_window } => {
                 Some((sliding_window - 1 + max_in_flight_tokens).div_ceil(block_size) + 1)
             }
             Self::ChunkedLocalAttention {
@@ -117,7 +137,8 @@ impl KvGroupSpec {
     /// field that holds the groups).
     pub(crate) fn check(&self, list: &'static str, index: usize) -> crate::Result<()> {
         let (field, value) = match *self {
-            Self::SlidingWindow { sliding_window } => ("sliding_window", sliding_window),
+            Self::SlidingWindow { sliding_window }
+            | Self::SlidingWindowReplay { sliding_window } => ("sliding_window", sliding_window),
             Self::ChunkedLocalAttention {
                 attention_chunk_size,
             } => ("attention_chunk_size", attention_chunk_size),
@@ -223,6 +244,13 @@ pub(super) fn find_longest_cache_hit(
             }
         }
         KvGroupSpec::Mamba => {}
+        // Never cached, so it never limits the hit: no blocks of it are adopted.
+        KvGroupSpec::SlidingWindowReplay { .. } => {
+            return GroupHit {
+                blocks,
+                num_tokens: max_length,
+            };
+        }
     }
     let num_tokens = blocks[0].len() * block_size;
     GroupHit { blocks, num_tokens }
@@ -262,6 +290,21 @@ mod tests {
             (hit.blocks[0].as_slice(), hit.num_tokens),
             ([20].as_slice(), 4)
         );
+    }
+
+    #[test]
+    fn a_replayed_window_neither_caches_nor_limits_a_hit() {
+        let spec = KvGroupSpec::SlidingWindowReplay { sliding_window: 8 };
+        assert!(!spec.caches_blocks());
+        assert_eq!(spec.prefix_replay_tokens(), 8);
+        assert_eq!(
+            KvGroupSpec::SlidingWindow { sliding_window: 8 }.prefix_replay_tokens(),
+            0
+        );
+        // It frees blocks leaving its window as a plain window does.
+        assert_eq!(spec.num_skipped_tokens(24), 17);
+        let hit = find_longest_cache_hit(spec, 1, 4, 6, 24, |_| None);
+        assert_eq!((hit.blocks[0].len(), hit.num_tokens), (0, 24));
     }
 
     #[test]

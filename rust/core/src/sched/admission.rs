@@ -147,9 +147,15 @@ impl<R: RequestKey> Scheduler<R> {
             Some(_) => Vec::new(),
             None => request.prompt_block_hashes.clone(),
         };
-        let hit = self
+        let mut hit = self
             .kv
             .lookup(&request.all_token_ids, lora_id, earlier, known);
+        let replay_window = self.config.prefix_replay_tokens();
+        if replay_window > 0 && hit.num_computed_tokens() <= replay_window {
+            // vLLM 0.33 (SWA bounded replay): a hit no longer than the replayed window
+            // would be recomputed in full and save nothing; it is not adopted.
+            hit.drop_hit();
+        }
         let fits = self.full_sequence_fits(slot, Some(&hit));
         // A multimodal request is refused by that gate only after its items are looked up
         // (vLLM 0.33 checks it in allocate_slots, after the encoder step, whose lookups and
@@ -165,10 +171,17 @@ impl<R: RequestKey> Scheduler<R> {
         if hit.num_host_tokens() > 0 || (external.load_async && external.num_tokens > 0) {
             return self.start_load(slot, hit, external.num_tokens, plan);
         }
-        let num_computed = hit.num_computed_tokens() + external.num_tokens;
+        let mut num_computed = hit.num_computed_tokens() + external.num_tokens;
         if self.holds_prefill(slot, num_computed) {
             self.blocked_head = Some((seq, hit));
             return Ok(Admission::Blocked);
+        }
+        // vLLM 0.33's `_mark_prefix_replay`: the hit's last window is recomputed to rebuild
+        // the bounded-replay group; its blocks stay adopted (no slots are allocated for it).
+        let num_replay = num_computed.min(replay_window);
+        if replay_window > 0 {
+            self.req_mut(slot).replay_start = num_computed - num_replay;
+            num_computed -= num_replay;
         }
         let Some(AdmissionTokens { n, mut padded }) =
             self.admission_tokens(slot, num_computed, *budget, plan)
@@ -216,8 +229,17 @@ impl<R: RequestKey> Scheduler<R> {
             }
             fits.then(Vec::new)
         } else {
-            self.kv
-                .allocate(slot, tokens, n, lookahead, Some(&hit), lora_id, with_ids)?
+            // Replayed tokens are counted in the adopted hit: only those past it need slots.
+            let past_hit = n.saturating_sub(num_replay);
+            (self.kv).allocate(
+                slot,
+                tokens,
+                past_hit,
+                lookahead,
+                Some(&hit),
+                lora_id,
+                with_ids,
+            )?
         };
         let Some(mut blocks) = allocated else {
             self.encoder_release(slot);

@@ -211,6 +211,15 @@ impl SchedulerConfig {
         !matches!(self.kv_groups.as_slice(), [] | [KvGroupSpec::FullAttention])
     }
 
+    /// vLLM 0.33's `Scheduler.prefix_replay_tokens`: the tail of a prefix hit recomputed to
+    /// rebuild the bounded-replay window groups (their common window), 0 without one.
+    pub fn prefix_replay_tokens(&self) -> usize {
+        (self.kv_groups.iter())
+            .map(KvGroupSpec::prefix_replay_tokens)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Blocks one request of `num_tokens` tokens holds at most: one table per group, a
     /// window group's capped at vLLM's admission cap for one step in flight.
     pub fn blocks_per_request(&self, num_tokens: usize) -> usize {
@@ -411,6 +420,17 @@ impl SchedulerConfig {
         }
         for (i, group) in self.kv_groups.iter().enumerate() {
             group.check("kv_groups", i)?;
+        }
+        // vLLM 0.33's Scheduler asserts "Prefix replay windows should agree".
+        let replay = self.prefix_replay_tokens();
+        if let Some(i) = (self.kv_groups.iter()).position(|g| {
+            !matches!(g.prefix_replay_tokens(), 0) && g.prefix_replay_tokens() != replay
+        }) {
+            return Err(Error::config(
+                "kv_groups",
+                format!("kv_groups[{i}]={:?}", self.kv_groups[i]),
+                format!("bounded-replay windows must agree (another group replays {replay})"),
+            ));
         }
         Ok(())
     }

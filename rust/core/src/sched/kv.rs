@@ -68,6 +68,14 @@ impl Hit {
         }
     }
 
+    /// Forgets a coordinator hit's blocks (it will not be adopted); other pools' hits are
+    /// left as they are (bounded replay exists only with KV groups).
+    pub fn drop_hit(&mut self) {
+        if let Hit::Hybrid(h) = self {
+            h.drop_hit();
+        }
+    }
+
     /// Tokens after the GPU hit that the pool's host-memory tier holds (loaded, not
     /// computed).
     pub fn num_host_tokens(&self) -> usize {

@@ -163,6 +163,8 @@ impl<R: RequestKey> Scheduler<R> {
                             num_windows += 1;
                         }
                     }
+                    // Bounded replay rewinds admissions behind the coordinator's count.
+                    KvGroupSpec::SlidingWindowReplay { .. } => return false,
                     // A chunk a whole number of blocks long ends at a step that allocates.
                     KvGroupSpec::ChunkedLocalAttention {
                         attention_chunk_size,

@@ -21,6 +21,11 @@ pub struct NewRequestData<R> {
     /// Tokens already computed (prefix-cache hit) before this step.
     pub num_computed_tokens: usize,
     pub lora_id: Option<u64>,
+    /// Where the replay of the request's prefix hit starts (vLLM 0.33's
+    /// `NewRequestData.replay_start`): the worker rebuilds the bounded-replay sliding
+    /// window from the tokens `replay_start..` of this step and leaves the cached KV of
+    /// the other groups alone. Equals `num_computed_tokens` when it replays, else 0.
+    pub replay_start: usize,
 }
 
 /// A request that was running before this step.
@@ -172,6 +177,7 @@ impl<R: RequestKey> Scheduler<R> {
                         },
                         num_computed_tokens: request.num_computed_tokens,
                         lora_id: request.spec.lora_id,
+                        replay_start: request.replay_start,
                     };
                     if resumed {
                         out.scheduled_resumed_reqs.push(data);

@@ -149,6 +149,10 @@ pub struct Request<R> {
     /// Block hashes its [`PromptSource`] gave with the prompt (`DeferredPrompt`), kept for
     /// every lookup of the request, preempted or not.
     pub prompt_block_hashes: Vec<BlockHash>,
+    /// Where the replay of its latest prefix hit starts (vLLM 0.33's
+    /// `Request.replay_start`, SWA bounded replay): the hit's tokens from here on are
+    /// recomputed to rebuild a `SlidingWindowReplay` group; 0 without replay.
+    pub replay_start: usize,
 }
 
 impl<R> Request<R> {

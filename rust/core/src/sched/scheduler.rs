@@ -644,9 +644,20 @@ impl<R: RequestKey> Scheduler<R> {
             let new_tokens = &request.all_token_ids[known..];
             let lookahead = self.lookahead(request.num_computed_tokens + n);
             let with_ids = !self.lean_output;
+            // After a bounded replay the pool counts the adopted hit as computed while the
+            // request recomputes its tail: only tokens past the pool's count need slots,
+            // and a chunk still inside the replayed range needs none (but its lookahead).
+            let mut n_slots = n;
+            if request.replay_start > 0 {
+                let held = self.kv.num_computed_tokens(slot).unwrap_or(0);
+                n_slots = (request.num_computed_tokens + n).saturating_sub(held);
+                if n_slots == 0 && lookahead == 0 {
+                    return Ok(Allocation::Scheduled(Vec::new()));
+                }
+            }
             if let Some(blocks) = self
                 .kv
-                .allocate(slot, new_tokens, n, lookahead, None, None, with_ids)?
+                .allocate(slot, new_tokens, n_slots, lookahead, None, None, with_ids)?
             {
                 return Ok(Allocation::Scheduled(blocks));
             }

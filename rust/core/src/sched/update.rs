@@ -108,6 +108,7 @@ impl<R: RequestKey> Scheduler<R> {
             kv_load_failed: false,
             last_sched_seq: 0,
             prompt_block_hashes: Vec::new(),
+            replay_start: 0,
         };
         self.next_arrival_seq += 1;
         self.num_mm_requests += usize::from(!request.spec.mm_features.is_empty());
@@ -675,7 +676,13 @@ impl<R: RequestKey> Scheduler<R> {
                     r.request_id, r.status
                 ));
             }
-            if self.kv.num_computed_tokens(slot) != Some(r.num_computed_tokens) {
+            // A chunk inside a hit's replayed tail leaves the pool's count (the adopted
+            // hit) ahead of the request's, by at most the replay window.
+            let pool = self.kv.num_computed_tokens(slot).unwrap_or(usize::MAX);
+            let replaying = r.replay_start > 0
+                && pool > r.num_computed_tokens
+                && pool <= r.replay_start + self.config.prefix_replay_tokens();
+            if pool != r.num_computed_tokens && !replaying {
                 return Err(format!(
                     "request {:?}: pool and scheduler disagree on computed tokens",
                     r.request_id

@@ -15,10 +15,13 @@ use crate::errors::{OrRaise, config_error, invariants};
 pub(crate) struct PyFullAttentionSpec;
 
 /// A sliding-window KV cache group: each token attends to the `sliding_window` tokens
-/// ending at itself (vLLM's `SlidingWindowSpec`).
+/// ending at itself (vLLM's `SlidingWindowSpec`). With `bounded_replay`, the group is not
+/// prefix-cached but rebuilt by recomputing a hit's last window (vLLM's
+/// `SlidingWindowMLASpec(bounded_replay=True)`).
 #[pyclass(name = "SlidingWindowSpec", module = "tokenyard.kv", frozen, get_all)]
 pub(crate) struct PySlidingWindowSpec {
     sliding_window: usize,
+    bounded_replay: bool,
 }
 
 /// A chunked local attention KV cache group (vLLM's `ChunkedLocalAttentionSpec`).
@@ -52,14 +55,23 @@ impl PyFullAttentionSpec {
 #[pymethods]
 impl PySlidingWindowSpec {
     #[new]
-    #[pyo3(signature = (*, sliding_window))]
-    fn new(sliding_window: &Bound<'_, PyAny>) -> PyResult<Self> {
+    #[pyo3(signature = (*, sliding_window, bounded_replay = false))]
+    fn new(sliding_window: &Bound<'_, PyAny>, bounded_replay: bool) -> PyResult<Self> {
         let sliding_window = positive_field(sliding_window, "sliding_window")?;
-        Ok(Self { sliding_window })
+        Ok(Self {
+            sliding_window,
+            bounded_replay,
+        })
     }
 
     fn __repr__(&self) -> String {
-        format!("SlidingWindowSpec(sliding_window={})", self.sliding_window)
+        match self.bounded_replay {
+            false => format!("SlidingWindowSpec(sliding_window={})", self.sliding_window),
+            true => format!(
+                "SlidingWindowSpec(sliding_window={}, bounded_replay=True)",
+                self.sliding_window
+            ),
+        }
     }
 }
 
@@ -104,8 +116,10 @@ pub(crate) fn group_spec(
         return Ok(KvGroupSpec::FullAttention);
     }
     if let Ok(spec) = obj.cast::<PySlidingWindowSpec>() {
-        return Ok(KvGroupSpec::SlidingWindow {
-            sliding_window: spec.get().sliding_window,
+        let sliding_window = spec.get().sliding_window;
+        return Ok(match spec.get().bounded_replay {
+            false => KvGroupSpec::SlidingWindow { sliding_window },
+            true => KvGroupSpec::SlidingWindowReplay { sliding_window },
         });
     }
     if let Ok(spec) = obj.cast::<PyChunkedLocalAttentionSpec>() {
@@ -127,9 +141,22 @@ pub(crate) fn group_spec(
 fn spec_object(py: Python<'_>, spec: KvGroupSpec) -> PyResult<Py<PyAny>> {
     Ok(match spec {
         KvGroupSpec::FullAttention => Py::new(py, PyFullAttentionSpec)?.into_any(),
-        KvGroupSpec::SlidingWindow { sliding_window } => {
-            Py::new(py, PySlidingWindowSpec { sliding_window })?.into_any()
-        }
+        KvGroupSpec::SlidingWindow { sliding_window } => Py::new(
+            py,
+            PySlidingWindowSpec {
+                sliding_window,
+                bounded_replay: false,
+            },
+        )?
+        .into_any(),
+        KvGroupSpec::SlidingWindowReplay { sliding_window } => Py::new(
+            py,
+            PySlidingWindowSpec {
+                sliding_window,
+                bounded_replay: true,
+            },
+        )?
+        .into_any(),
         KvGroupSpec::ChunkedLocalAttention {
             attention_chunk_size,
         } => Py::new(

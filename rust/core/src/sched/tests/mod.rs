@@ -17,6 +17,7 @@ mod mamba_align;
 mod memory;
 mod multistep;
 mod plugins;
+mod replay;
 mod samplers;
 mod speculative;
 

@@ -10,37 +10,21 @@ and block tables. Needs vLLM (the bench venv, ``.venv-bench``); skipped elsewher
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 pytest.importorskip("vllm", reason="vLLM 0.33 is installed only in the bench venv")
-sys.path.insert(0, str(Path(__file__).parents[1] / "benches/peers"))
 
-import torch
-from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import (
-    FullAttentionSpec,
-    KVCacheConfig,
-    KVCacheGroupSpec,
-    SlidingWindowSpec,
+from vllm_compare import (
+    BLOCK_SIZE,
+    block_digest,
+    build_pair,
+    compare_stream,
+    kv_groups,
+    sampling,
+    seeded_arrivals,
 )
-from vllm.v1.outputs import ModelRunnerOutput
-from vllm.v1.structured_output import StructuredOutputManager
-from vllm_peer import VllmSchedulerPeer
-
-from tokenyard.integrations.vllm import TokenyardScheduler
-
-BLOCK_SIZE = 16
-
-
-def _spec(kind: str) -> Any:
-    common = {"block_size": BLOCK_SIZE, "num_kv_heads": 1, "head_size": 1, "dtype": torch.float16}
-    if kind == "full":
-        return FullAttentionSpec(**common)
-    return SlidingWindowSpec(**common, sliding_window=int(kind[len("window") :]))
 
 
 def _both(
@@ -50,45 +34,15 @@ def _both(
     the drafter's prefill look-ahead instead (with both, a chunk the split ends on a
     boundary within the look-ahead of the prompt's end shrinks to 0 and the request stalls,
     in vLLM 0.33 as here), and the request maker."""
-    config = {"max_num_seqs": 4, "max_num_batched_tokens": 40}
-    config.update(options)
-    peer = VllmSchedulerPeer(
-        num_blocks=num_blocks, max_model_len=512, block_size=BLOCK_SIZE, **config
+    config = {"max_num_batched_tokens": 40, **options}
+    theirs, ours, peer = build_pair(
+        num_blocks=num_blocks, groups=kv_groups(kinds, layer="layers.{}"), **config
     )
-    schedulers = []
-    for cls in (Scheduler, TokenyardScheduler):
-        groups = [KVCacheGroupSpec([f"layers.{i}"], _spec(k)) for i, k in enumerate(kinds)]
-        scheduler = cls(
-            vllm_config=peer.vllm_config,
-            kv_cache_config=KVCacheConfig(
-                num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
-            ),
-            structured_output_manager=StructuredOutputManager(peer.vllm_config),
-            block_size=BLOCK_SIZE,
-            hash_block_size=BLOCK_SIZE,
-            log_stats=True,
-        )
+    for scheduler in (theirs, ours):
         scheduler.need_mamba_block_aligned_split = not lookahead
         scheduler.use_eagle_block_drop = eagle
         scheduler.num_prefill_lookahead = lookahead
-        schedulers.append(scheduler)
-    return schedulers[0], schedulers[1], peer
-
-
-def _digest(out: Any) -> dict[str, Any]:
-    cached = out.scheduled_cached_reqs
-    return {
-        "new": {r.req_id: (r.block_ids, r.num_computed_tokens) for r in out.scheduled_new_reqs},
-        "cached": dict(
-            zip(
-                cached.req_ids,
-                zip(cached.new_block_ids, cached.num_computed_tokens, strict=True),
-                strict=True,
-            )
-        ),
-        "tokens": dict(out.num_scheduled_tokens),
-        "preempted": set(out.preempted_req_ids),
-    }
+    return theirs, ours, peer
 
 
 def _run(
@@ -103,47 +57,35 @@ def _run(
     step by step. Returns how many chunks vLLM ended off its natural length (the split
     clipped them): a stream where the split never acts proves nothing."""
     theirs, ours, peer = _both(kinds, num_blocks, eagle, lookahead, **options)
-    rng = random.Random(seed)
-    prefix = [rng.randrange(1000) for _ in range(64)]
-    arrivals = []
-    for i in range(8):
-        tail = [rng.randrange(1000) for _ in range(rng.randrange(1, 150))]
-        prompt = (prefix[: rng.choice((0, 16, 40, 64))] + tail)[:400]
-        arrivals.append((rng.randrange(6), f"r{i}", prompt, rng.randrange(1, 30)))
+    arrivals = seeded_arrivals(
+        random.Random(seed),
+        count=8,
+        prefix_tokens=64,
+        shared=(0, 16, 40, 64),
+        tail_max=150,
+        arrive_by=6,
+        max_tokens=30,
+        max_prompt=400,
+    )
     clipped = 0
-    for step in range(3000):
-        for at, request_id, prompt, max_tokens in arrivals:
-            if at == step:
-                for scheduler in (theirs, ours):
-                    scheduler.add_request(peer.make_request(request_id, prompt, max_tokens))
-        outs = [scheduler.schedule() for scheduler in (theirs, ours)]
-        assert _digest(outs[1]) == _digest(outs[0]), f"step {step}"
+
+    def count_clipped(outs: list[Any]) -> None:
+        # A chunk that does not reach its request's known tokens while the step's budget
+        # has room left: the split ended it.
+        nonlocal clipped
         budget_left = options.get("max_num_batched_tokens", 40) - outs[0].total_num_scheduled_tokens
-        for scheduler, out in zip((theirs, ours), outs, strict=True):
-            ids = list(out.num_scheduled_tokens)
-            sampled = []
-            for request_id in ids:
-                request = scheduler.requests[request_id]
-                done = request.num_computed_tokens >= request.num_tokens
-                if scheduler is theirs and not done and budget_left > 0:
-                    clipped += 1
-                sampled.append([7] if done else [])
-            scheduler.update_from_output(
-                out,
-                ModelRunnerOutput(
-                    req_ids=ids,
-                    req_id_to_index={r: n for n, r in enumerate(ids)},
-                    sampled_token_ids=sampled,
-                ),
-            )
-        assert ours.get_kv_cache_usage() == pytest.approx(theirs.get_kv_cache_usage())
-        for request_id in ours.requests:
-            table = ours.kv_cache_manager.get_block_ids(request_id)
-            assert table == theirs.kv_cache_manager.get_block_ids(request_id)
-        if step > 6 and not theirs.has_unfinished_requests():
-            assert not ours.has_unfinished_requests()
-            return clipped
-    raise AssertionError("the stream did not drain")
+        if budget_left > 0:
+            clipped += len(set(outs[0].num_scheduled_tokens) - sampling(theirs, outs[0]))
+
+    compare_stream(
+        theirs,
+        ours,
+        arrivals,
+        peer.make_request,
+        digest=lambda out: block_digest(out, finished=False),
+        on_scheduled=count_clipped,
+    )
+    return clipped
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -13,31 +13,25 @@ elsewhere.
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 pytest.importorskip("vllm", reason="vLLM 0.33 is installed only in the bench venv")
-sys.path.insert(0, str(Path(__file__).parents[1] / "benches/peers"))
 
 import torch
-from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
     SlidingWindowMLASpec,
 )
-from vllm.v1.outputs import ModelRunnerOutput
-from vllm.v1.structured_output import StructuredOutputManager
+from vllm_compare import BLOCK_SIZE, block_digest, build_pair, compare_stream, seeded_arrivals
 from vllm_peer import VllmSchedulerPeer
 
 from tokenyard.errors import ConfigError
 from tokenyard.integrations.vllm import TokenyardScheduler
 
-BLOCK_SIZE = 16
 WINDOW = 32
 
 
@@ -56,101 +50,41 @@ def _groups(window: int = WINDOW, bounded_replay: bool = True) -> list[Any]:
     return [KVCacheGroupSpec(["full"], full), KVCacheGroupSpec(["swa"], swa)]
 
 
-def _both(num_blocks: int, **options: Any) -> tuple[Any, Any, Any]:
-    """vLLM's Scheduler and TokenyardScheduler over the replay layout, and the peer that
-    makes requests (with vLLM's block hasher)."""
-    config = {"max_num_seqs": 4, "max_num_batched_tokens": 64}
-    config.update(options)
-    peer = VllmSchedulerPeer(
-        num_blocks=num_blocks, max_model_len=512, block_size=BLOCK_SIZE, **config
-    )
-    schedulers = []
-    for cls in (Scheduler, TokenyardScheduler):
-        kv_cache_config = KVCacheConfig(
-            num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=_groups()
-        )
-        schedulers.append(
-            cls(
-                vllm_config=peer.vllm_config,
-                kv_cache_config=kv_cache_config,
-                structured_output_manager=StructuredOutputManager(peer.vllm_config),
-                block_size=BLOCK_SIZE,
-                hash_block_size=BLOCK_SIZE,
-                log_stats=True,
-            )
-        )
-    return schedulers[0], schedulers[1], peer
-
-
-def _digest(out: Any) -> dict[str, Any]:
-    cached = out.scheduled_cached_reqs
-    return {
-        "new": {
-            r.req_id: (r.block_ids, r.num_computed_tokens, r.replay_start)
-            for r in out.scheduled_new_reqs
-        },
-        "cached": dict(
-            zip(
-                cached.req_ids,
-                zip(cached.new_block_ids, cached.num_computed_tokens, strict=True),
-                strict=True,
-            )
-        ),
-        "tokens": dict(out.num_scheduled_tokens),
-        "preempted": set(out.preempted_req_ids),
-        "finished": set(out.finished_req_ids),
-    }
-
-
 def _run(num_blocks: int, seed: int, max_tokens: int = 40, **options: Any) -> dict[str, int]:
     """A seeded stream (prompts sharing prefixes shorter and longer than the window,
-    arrivals over the first steps) on both, every step compared. Returns what it exercised:
-    admissions that replayed, and preemptions."""
-    theirs, ours, peer = _both(num_blocks, **options)
+    arrivals over the first steps) on vLLM's Scheduler and TokenyardScheduler over the
+    replay layout, every step compared (``replay_start`` included). Returns what it
+    exercised: admissions that replayed, and preemptions. Prompts draw from 1..999 and
+    outputs are 7, which may repeat a prompt token: both sides see the same tokens."""
+    theirs, ours, peer = build_pair(num_blocks=num_blocks, groups=_groups(), **options)
     assert ours.prefix_replay_tokens == theirs.prefix_replay_tokens == WINDOW
-    rng = random.Random(seed)
-    prefix = [rng.randrange(1, 1000) for _ in range(160)]
-    arrivals = []
-    for i in range(10):
-        tail = [rng.randrange(1, 1000) for _ in range(rng.randrange(1, 100))]
-        shared = rng.choice((0, 16, 32, 40, 48, 64, 100, 160))
-        prompt = (prefix[:shared] + tail)[:400]
-        arrivals.append((rng.randrange(12), f"r{i}", prompt, rng.randrange(1, max_tokens)))
-    seen = {"replays": 0, "preemptions": 0}
-    for step in range(3000):
-        for at, request_id, prompt, max_tokens in arrivals:
-            if at == step:
-                for scheduler in (theirs, ours):
-                    scheduler.add_request(peer.make_request(request_id, prompt, max_tokens))
-        outs = [scheduler.schedule() for scheduler in (theirs, ours)]
-        assert _digest(outs[1]) == _digest(outs[0]), f"step {step}"
-        seen["replays"] += sum(r.replay_start > 0 for r in outs[0].scheduled_new_reqs)
-        seen["preemptions"] += len(outs[0].preempted_req_ids)
-        for scheduler, out in zip((theirs, ours), outs, strict=True):
-            ids = list(out.num_scheduled_tokens)
-            sampled = []
-            for request_id in ids:
-                request = scheduler.requests[request_id]
-                # schedule() advanced num_computed_tokens past this step's tokens; outputs
-                # are 7, never a prompt token (prompts draw from 1..999 but 7 may repeat:
-                # both sides see the same tokens either way).
-                sampled.append([7] if request.num_computed_tokens >= request.num_tokens else [])
-            scheduler.update_from_output(
-                out,
-                ModelRunnerOutput(
-                    req_ids=ids,
-                    req_id_to_index={r: n for n, r in enumerate(ids)},
-                    sampled_token_ids=sampled,
-                ),
-            )
-        assert ours.get_kv_cache_usage() == pytest.approx(theirs.get_kv_cache_usage())
-        for request_id in ours.requests:
-            table = ours.kv_cache_manager.get_block_ids(request_id)
-            assert table == theirs.kv_cache_manager.get_block_ids(request_id), step
-        if step > 12 and not theirs.has_unfinished_requests():
-            assert not ours.has_unfinished_requests()
-            return seen
-    raise AssertionError("the stream did not drain")
+    arrivals = seeded_arrivals(
+        random.Random(seed),
+        count=10,
+        prefix_tokens=160,
+        shared=(0, 16, 32, 40, 48, 64, 100, 160),
+        tail_max=100,
+        arrive_by=12,
+        max_tokens=max_tokens,
+        lowest_token=1,
+        max_prompt=400,
+    )
+    replays = 0
+
+    def count_replays(outs: list[Any]) -> None:
+        nonlocal replays
+        replays += sum(r.replay_start > 0 for r in outs[0].scheduled_new_reqs)
+
+    seen = compare_stream(
+        theirs,
+        ours,
+        arrivals,
+        peer.make_request,
+        digest=lambda out: block_digest(out, replay=True),
+        settle_steps=12,
+        on_scheduled=count_replays,
+    )
+    return {"replays": replays, "preemptions": len(seen.preempted)}
 
 
 @pytest.mark.parametrize("seed", range(8))

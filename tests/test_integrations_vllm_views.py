@@ -12,40 +12,20 @@ the adapter on the same configs and requests, and compares what vLLM's real
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 pytest.importorskip("vllm", reason="vLLM 0.33 is installed only in the bench venv")
-sys.path.insert(0, str(Path(__file__).parents[1] / "benches/peers"))
 
-import torch
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import (
-    FullAttentionSpec,
-    KVCacheConfig,
-    KVCacheGroupSpec,
-    SlidingWindowSpec,
-)
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import RequestStatus
-from vllm.v1.structured_output import StructuredOutputManager
+from vllm_compare import build_pair, kv_groups, runner_output, seeded_arrivals, update_both
 from vllm_peer import VllmSchedulerPeer
 
 from tokenyard.errors import InputError
-from tokenyard.integrations.vllm import AsyncTokenyardScheduler, TokenyardScheduler
-
-BLOCK_SIZE = 16
-
-
-def _spec(kind: str) -> Any:
-    common = {"block_size": BLOCK_SIZE, "num_kv_heads": 1, "head_size": 1, "dtype": torch.float16}
-    if kind == "full":
-        return FullAttentionSpec(**common)
-    return SlidingWindowSpec(**common, sliding_window=int(kind[len("window") :]))
+from tokenyard.integrations.vllm import AsyncTokenyardScheduler
 
 
 def _both(
@@ -54,51 +34,12 @@ def _both(
     async_scheduling: bool = False,
     **options: Any,
 ) -> tuple[Any, Any, VllmSchedulerPeer]:
-    """vLLM's scheduler and the adapter over one KV cache config, and the peer that makes
+    """vLLM's scheduler and the adapter over one KV cache config (``AsyncScheduler`` and
+    ``AsyncTokenyardScheduler`` with ``async_scheduling``), and the peer that makes
     requests (with vLLM's block hasher)."""
-    config: dict[str, Any] = {"max_num_seqs": 4, "max_num_batched_tokens": 64}
-    config.update(options)
-    peer = VllmSchedulerPeer(
-        num_blocks=num_blocks, max_model_len=512, block_size=BLOCK_SIZE, **config
-    )
-    classes = (
-        (AsyncScheduler, AsyncTokenyardScheduler)
-        if async_scheduling
-        else (Scheduler, TokenyardScheduler)
-    )
-    schedulers = []
-    for cls in classes:
-        kv_cache_config = KVCacheConfig(
-            num_blocks=num_blocks,
-            kv_cache_tensors=[],
-            kv_cache_groups=[
-                KVCacheGroupSpec([f"layers.{i}.attn"], _spec(kind)) for i, kind in enumerate(kinds)
-            ],
-        )
-        schedulers.append(
-            cls(
-                vllm_config=peer.vllm_config,
-                kv_cache_config=kv_cache_config,
-                structured_output_manager=StructuredOutputManager(peer.vllm_config),
-                block_size=BLOCK_SIZE,
-                hash_block_size=BLOCK_SIZE,
-                log_stats=True,
-            )
-        )
-    return schedulers[0], schedulers[1], peer
-
-
-def _runner(scheduler: Any, out: Any, token: int = 7) -> ModelRunnerOutput:
-    """One token for each request whose known tokens are computed, none for a chunk."""
-    ids = list(out.num_scheduled_tokens)
-    sampled = []
-    for request_id in ids:
-        request = scheduler.requests.get(request_id)
-        done = request is None or request.num_computed_tokens >= request.num_tokens
-        sampled.append([token] if done else [])
-    return ModelRunnerOutput(
-        req_ids=ids, req_id_to_index={r: n for n, r in enumerate(ids)}, sampled_token_ids=sampled
-    )
+    if async_scheduling:
+        options["classes"] = (AsyncScheduler, AsyncTokenyardScheduler)
+    return build_pair(num_blocks=num_blocks, groups=kv_groups(kinds), **options)
 
 
 def _manager_state(scheduler: Any) -> list[dict[str, Any]]:
@@ -137,13 +78,15 @@ def _run_and_compare(
     """A seeded stream with shared prefixes on both schedulers; after every step the
     coordinators and block pools must agree. Returns the steps compared."""
     theirs, ours, peer = _both(kinds, num_blocks, **options)
-    rng = random.Random(seed)
-    prefix = [rng.randrange(1000) for _ in range(48)]
-    arrivals = []
-    for i in range(8):
-        tail = [rng.randrange(1000) for _ in range(rng.randrange(1, 100))]
-        prompt = prefix[: rng.choice((0, 16, 48))] + tail
-        arrivals.append((rng.randrange(6), f"r{i}", prompt, rng.randrange(1, 30)))
+    arrivals = seeded_arrivals(
+        random.Random(seed),
+        count=8,
+        prefix_tokens=48,
+        shared=(0, 16, 48),
+        tail_max=100,
+        arrive_by=6,
+        max_tokens=30,
+    )
     for step in range(2000):
         for at, request_id, prompt, max_tokens in arrivals:
             if at == step:
@@ -156,8 +99,7 @@ def _run_and_compare(
         outs = [scheduler.schedule() for scheduler in (theirs, ours)]
         assert dict(outs[1].num_scheduled_tokens) == dict(outs[0].num_scheduled_tokens)
         assert _manager_state(ours) == _manager_state(theirs), f"step {step}, scheduled"
-        for scheduler, out in zip((theirs, ours), outs, strict=True):
-            scheduler.update_from_output(out, _runner(scheduler, out))
+        update_both((theirs, ours), outs)
         assert _manager_state(ours) == _manager_state(theirs), f"step {step}, updated"
         assert _pool_state(ours) == _pool_state(theirs), f"step {step}"
         if step > 6 and not theirs.has_unfinished_requests():
@@ -187,8 +129,7 @@ def test_hybrid_groups_show_null_blocks_where_a_window_left_as_vllm() -> None:
     nulls_seen = 0
     for _ in range(8):
         outs = [scheduler.schedule() for scheduler in (theirs, ours)]
-        for scheduler, out in zip((theirs, ours), outs, strict=True):
-            scheduler.update_from_output(out, _runner(scheduler, out))
+        update_both((theirs, ours), outs)
         assert _manager_state(ours) == _manager_state(theirs)
         assert _pool_state(ours) == _pool_state(theirs)
         nulls_seen += sum(_manager_state(ours)[1]["nulls"].values())
@@ -235,8 +176,7 @@ def test_every_preemption_goes_through_a_wrapped_preempt_request_as_in_vllm() ->
     for _ in range(400):
         outs = [scheduler.schedule() for scheduler in (theirs, ours)]
         assert set(outs[1].preempted_req_ids) == set(outs[0].preempted_req_ids)
-        for scheduler, out in zip((theirs, ours), outs, strict=True):
-            scheduler.update_from_output(out, _runner(scheduler, out))
+        update_both((theirs, ours), outs)
         if not theirs.has_unfinished_requests():
             break
     assert seen["vllm"], "the cache is tight enough to preempt"
@@ -293,9 +233,9 @@ def test_num_in_flight_tokens_follow_vllms_accounting_under_async_scheduling() -
         counts[name].append(request.num_in_flight_tokens)
         out1 = scheduler.schedule()
         counts[name].append(request.num_in_flight_tokens)
-        scheduler.update_from_output(out0, _runner(scheduler, out0))
+        scheduler.update_from_output(out0, runner_output(scheduler, out0))
         counts[name].append(request.num_in_flight_tokens)
-        scheduler.update_from_output(out1, _runner(scheduler, out1))
+        scheduler.update_from_output(out1, runner_output(scheduler, out1))
         counts[name].append(request.num_in_flight_tokens)
     assert counts["vllm"] == [64, 100, 36, 0]
     assert counts["tokenyard"] == counts["vllm"]

@@ -262,6 +262,17 @@ def block_digest(out: Any, *, replay: bool = False, finished: bool = True) -> di
     return digest
 
 
+def encoder_digest(out: Any) -> dict[str, Any]:
+    """A step's scheduled tokens and encoder work: encoder inputs, freed identifiers (in
+    any order) and the V2 runner's ``encoder_input_updates``."""
+    return {
+        "tokens": dict(out.num_scheduled_tokens),
+        "encoder_inputs": out.scheduled_encoder_inputs,
+        "freed": sorted(out.free_encoder_mm_hashes),
+        "updates": out.encoder_input_updates,
+    }
+
+
 @dataclass
 class Stream:
     """What a compared stream exercised: tables (request by step) of the adapter that held

@@ -13,27 +13,19 @@ skipped elsewhere.
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 pytest.importorskip("vllm", reason="vLLM 0.33 is installed only in the bench venv")
-sys.path.insert(0, str(Path(__file__).parents[1] / "benches/peers"))
 
-from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
-from vllm.sampling_params import SamplingParams
 from vllm.v1.core.encoder_cache_manager import EncoderCacheManager, EncoderDecoderCacheManager
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.outputs import ModelRunnerOutput
-from vllm.v1.request import Request
+from vllm_compare import IMAGE_TOKEN, image_arrivals, image_request, update_both
 from vllm_peer import VllmSchedulerPeer
 
 from tokenyard.errors import ConfigError, InputError
 from tokenyard.integrations.vllm import TokenyardScheduler
-
-IMAGE_TOKEN = 32000
 
 
 def _pair(**options: Any) -> tuple[list[Any], Any]:
@@ -52,26 +44,6 @@ def _set_encoder(pair: list[Any], budget: int, cache: int) -> None:
     for s in pair:
         s.max_num_encoder_input_tokens = budget
         s.encoder_cache_manager = EncoderCacheManager(cache_size=cache)
-
-
-def _request(hasher: Any, request_id: str, prompt: list[int], items: list[Any], n: int) -> Request:
-    features = [
-        MultiModalFeatureSpec(
-            data=None,
-            modality="image",
-            identifier=identifier,
-            mm_position=PlaceholderRange(offset=offset, length=length),
-        )
-        for offset, length, identifier in items
-    ]
-    return Request(
-        request_id=request_id,
-        prompt_token_ids=list(prompt),
-        sampling_params=SamplingParams(max_tokens=n),
-        pooling_params=None,
-        mm_features=features or None,
-        block_hasher=hasher,
-    )
 
 
 def _cache_state(scheduler: Any) -> tuple[Any, ...]:
@@ -98,20 +70,7 @@ def _step(pair: list[Any], what: str) -> list[Any]:
     )
     assert mine_stats == theirs_stats, what
     assert _cache_state(mine_s := pair[1]) == _cache_state(pair[0]), what
-    for s, out in zip(pair, outs, strict=True):
-        ids = list(out.num_scheduled_tokens)
-        sampled = [
-            [7] if s.requests[r].num_computed_tokens >= s.requests[r].num_tokens else []
-            for r in ids
-        ]
-        s.update_from_output(
-            out,
-            ModelRunnerOutput(
-                req_ids=ids,
-                req_id_to_index={r: k for k, r in enumerate(ids)},
-                sampled_token_ids=sampled,
-            ),
-        )
+    update_both(pair, outs)
     assert _cache_state(mine_s) == _cache_state(pair[0]), what
     return outs
 
@@ -125,14 +84,14 @@ def test_a_text_only_models_images_are_refused_until_a_budget_and_cache_are_set(
     assert ours.encoder_cache_manager.cache_size == pair[0].encoder_cache_manager.cache_size
     prompt = list(range(20)) + [IMAGE_TOKEN] * 100 + list(range(30))
     with pytest.raises(InputError) as info:
-        ours.add_request(_request(hasher, "r", prompt, [(20, 100, "img")], 3))
+        ours.add_request(image_request(hasher, "r", prompt, [(20, 100, "img")], 3))
     assert info.value.field == "mm_features"
     ours.max_num_encoder_input_tokens = 100
     with pytest.raises(InputError):
-        ours.add_request(_request(hasher, "r", prompt, [(20, 100, "img")], 3))
+        ours.add_request(image_request(hasher, "r", prompt, [(20, 100, "img")], 3))
     _set_encoder(pair, 100, 1000)
     for s in pair:
-        s.add_request(_request(hasher, "r", prompt, [(20, 100, "img")], 3))
+        s.add_request(image_request(hasher, "r", prompt, [(20, 100, "img")], 3))
     outs = _step(pair, "first step")
     assert outs[1].scheduled_encoder_inputs == {"r": [0]}
 
@@ -145,11 +104,11 @@ def test_a_budget_lowered_between_steps_holds_the_next_image_as_vllm_does() -> N
     items = [(0, 100, "a0"), (150, 100, "a1")]
     prompt = [IMAGE_TOKEN] * 100 + list(range(50)) + [IMAGE_TOKEN] * 100 + list(range(50))
     for s in pair:
-        s.add_request(_request(hasher, "a", prompt, items, 2))
+        s.add_request(image_request(hasher, "a", prompt, items, 2))
     assert _step(pair, "budget 200")[1].scheduled_encoder_inputs == {"a": [0, 1]}
     for s in pair:
         s.max_num_encoder_input_tokens = 100
-        s.add_request(_request(hasher, "b", prompt, [(0, 100, "b0"), (150, 100, "b1")], 2))
+        s.add_request(image_request(hasher, "b", prompt, [(0, 100, "b0"), (150, 100, "b1")], 2))
     assert _step(pair, "budget 100")[1].num_scheduled_tokens["b"] == 150
     assert _step(pair, "budget 100, next")[1].scheduled_encoder_inputs == {"b": [1]}
 
@@ -179,7 +138,7 @@ def test_the_step_stats_of_encoder_inputs_are_vllms_with_iteration_logging() -> 
         s.observability_config.enable_logging_iteration_details = True
     prompt = [IMAGE_TOKEN] * 96 + list(range(10)) + [IMAGE_TOKEN] * 48
     for s in pair:
-        s.add_request(_request(hasher, "r", prompt, [(0, 96, "i0"), (106, 48, "i1")], 2))
+        s.add_request(image_request(hasher, "r", prompt, [(0, 96, "i0"), (106, 48, "i1")], 2))
     stats = _step(pair, "stats")[1].scheduled_encoder_input_stats
     assert (stats.num_inputs, stats.output_tokens) == (2, 144)
 
@@ -194,22 +153,13 @@ def test_random_image_streams_with_the_encoder_set_after_construction_agree(
     an image and to evict; every step and the cache's entries and counters equal."""
     pair, hasher = _pair()
     _set_encoder(pair, budget, cache)
-    rng = random.Random(seed)
-    arrivals = []
-    for i in range(10):
-        text = [rng.randrange(1000) for _ in range(rng.randrange(4, 40))]
-        prompt, items = list(text), []
-        for _ in range(rng.randrange(0, 3)):
-            length = rng.choice((48, 96, 144))
-            items.append((len(prompt), length, f"img{rng.randrange(5)}-{length}"))
-            prompt += [IMAGE_TOKEN] * length + [rng.randrange(1000) for _ in range(8)]
-        arrivals.append((rng.randrange(8), f"r{i}", prompt, items, rng.randrange(1, 30)))
+    arrivals = image_arrivals(random.Random(seed), count=10, images=5, max_tokens=30)
     encoded = 0
     for step in range(1000):
         for at, request_id, prompt, items, n in arrivals:
             if at == step:
                 for s in pair:
-                    s.add_request(_request(hasher, request_id, prompt, items, n))
+                    s.add_request(image_request(hasher, request_id, prompt, items, n))
         outs = _step(pair, f"seed {seed}, step {step}")
         encoded += sum(len(v) for v in outs[0].scheduled_encoder_inputs.values())
         if step > 8 and not pair[0].has_unfinished_requests():

@@ -19,15 +19,9 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM 0.33 is installed only in the bench venv")
 
-import torch
-from vllm.v1.kv_cache_interface import (
-    FullAttentionSpec,
-    KVCacheConfig,
-    KVCacheGroupSpec,
-    SlidingWindowMLASpec,
-)
+from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm_compare import BLOCK_SIZE, block_digest, build_pair, compare_stream, seeded_arrivals
-from vllm_peer import VllmSchedulerPeer
+from vllm_peer import VllmSchedulerPeer, bounded_replay_groups
 
 from tokenyard.errors import ConfigError
 from tokenyard.integrations.vllm import TokenyardScheduler
@@ -35,19 +29,8 @@ from tokenyard.integrations.vllm import TokenyardScheduler
 WINDOW = 32
 
 
-def _groups(window: int = WINDOW, bounded_replay: bool = True) -> list[Any]:
-    full = FullAttentionSpec(
-        block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float32
-    )
-    swa = SlidingWindowMLASpec(
-        block_size=BLOCK_SIZE,
-        num_kv_heads=1,
-        head_size=64,
-        dtype=torch.bfloat16,
-        sliding_window=window,
-        bounded_replay=bounded_replay,
-    )
-    return [KVCacheGroupSpec(["full"], full), KVCacheGroupSpec(["swa"], swa)]
+def _groups(bounded_replay: bool = True) -> list[Any]:
+    return bounded_replay_groups(WINDOW, block_size=BLOCK_SIZE, bounded_replay=bounded_replay)
 
 
 def _run(num_blocks: int, seed: int, max_tokens: int = 40, **options: Any) -> dict[str, int]:

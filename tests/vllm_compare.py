@@ -33,10 +33,8 @@ from vllm.v1.kv_cache_interface import (
     KVCacheGroupSpec,
     SlidingWindowSpec,
 )
-from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
-from vllm.v1.structured_output import StructuredOutputManager
-from vllm_peer import VllmSchedulerPeer
+from vllm_peer import VllmSchedulerPeer, runner_output
 
 import tokenyard.integrations.vllm as adapter_module
 from tokenyard.integrations.vllm import TokenyardScheduler
@@ -84,25 +82,12 @@ def build_pair(
         block_size=BLOCK_SIZE,
         **options,
     )
-    schedulers = []
-    for cls in classes:
-        kv_cache_config = (
-            peer.scheduler.kv_cache_config
-            if groups is None
-            else KVCacheConfig(
-                num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=list(groups)
-            )
+    kv_cache_config = peer.scheduler.kv_cache_config
+    if groups is not None:
+        kv_cache_config = KVCacheConfig(
+            num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=list(groups)
         )
-        schedulers.append(
-            cls(
-                vllm_config=peer.vllm_config,
-                kv_cache_config=kv_cache_config,
-                structured_output_manager=StructuredOutputManager(peer.vllm_config),
-                block_size=BLOCK_SIZE,
-                hash_block_size=BLOCK_SIZE,
-                log_stats=True,
-            )
-        )
+    schedulers = [peer.build(cls, kv_cache_config) for cls in classes]
     return schedulers[0], schedulers[1], peer
 
 
@@ -116,27 +101,9 @@ def sampling(scheduler: Any, out: Any) -> set[str]:
     }
 
 
-def runner_output(
-    scheduler: Any, out: Any, samples: set[str] | None = None, token: int = 7
-) -> ModelRunnerOutput:
-    """``token`` for each request of ``out`` in ``samples`` (by default those whose known
-    tokens are computed, or that have left ``scheduler.requests``), none for a prefill chunk."""
-    ids = list(out.num_scheduled_tokens)
-    if samples is None:
-        samples = set()
-        for r in ids:
-            request = scheduler.requests.get(r)
-            if request is None or request.num_computed_tokens >= request.num_tokens:
-                samples.add(r)
-    return ModelRunnerOutput(
-        req_ids=ids,
-        req_id_to_index={r: n for n, r in enumerate(ids)},
-        sampled_token_ids=[[token] if r in samples else [] for r in ids],
-    )
-
-
 def update_both(schedulers: Sequence[Any], outs: Sequence[Any]) -> None:
-    """Each scheduler's step ``out`` lands with ``runner_output``'s tokens."""
+    """Each scheduler's step ``out`` lands with ``runner_output``'s tokens
+    (``vllm_peer.runner_output``, which the tests import from here)."""
     for scheduler, out in zip(schedulers, outs, strict=True):
         scheduler.update_from_output(out, runner_output(scheduler, out))
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 # vLLM reads these at import time: pick the CPU platform instead of probing for
 # CUDA, stay off the model hub, and keep INFO logging out of the timed loops.
@@ -43,7 +44,9 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
+    SlidingWindowMLASpec,
 )
+from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 
 # Names accepted by vLLM's ``--prefix-caching-hash-algo``. "sha256" is the
@@ -239,7 +242,6 @@ class VllmSchedulerPeer:
             VllmConfig,
         )
         from vllm.v1.core.sched.scheduler import Scheduler
-        from vllm.v1.structured_output import StructuredOutputManager
 
         model_dir = _stub_model_config_dir(max_model_len)
         model_config = ModelConfig(
@@ -294,14 +296,7 @@ class VllmSchedulerPeer:
             kv_cache_groups=[KVCacheGroupSpec(["layers.0.attn"], spec)],
         )
         cache_config.num_gpu_blocks = num_blocks
-        self.scheduler = (scheduler_cls or Scheduler)(
-            vllm_config=self.vllm_config,
-            kv_cache_config=kv_cache_config,
-            structured_output_manager=StructuredOutputManager(self.vllm_config),
-            block_size=block_size,
-            hash_block_size=block_size,
-            log_stats=True,
-        )
+        self.scheduler = self.build(scheduler_cls or Scheduler, kv_cache_config)
         # EngineCore gives requests a block hasher only when prefix caching is on.
         self._block_hasher = None
         if enable_prefix_caching:
@@ -309,6 +304,23 @@ class VllmSchedulerPeer:
             kv_cache_utils.init_none_hash(hash_fn)
             self._block_hasher = kv_cache_utils.get_request_block_hasher(block_size, hash_fn)
         self._sampling_params: dict[int, SamplingParams] = {}
+
+    def build(self, cls: type, kv_cache_config: KVCacheConfig, *, log_stats: bool = True) -> Any:
+        """A scheduler of ``cls`` (vLLM's ``Scheduler`` or ``AsyncScheduler``, or tokenyard's
+        adapters) built with vLLM's arguments on this peer's ``VllmConfig`` over
+        ``kv_cache_config``; ``log_stats`` as the engine passes it (True unless
+        ``--disable-log-stats``)."""
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        block_size = self.vllm_config.cache_config.block_size
+        return cls(
+            vllm_config=self.vllm_config,
+            kv_cache_config=kv_cache_config,
+            structured_output_manager=StructuredOutputManager(self.vllm_config),
+            block_size=block_size,
+            hash_block_size=block_size,
+            log_stats=log_stats,
+        )
 
     def effective_config(self) -> dict[str, object]:
         """What vLLM ended up with after its own config post-processing."""
@@ -342,3 +354,44 @@ class VllmSchedulerPeer:
             pooling_params=None,
             block_hasher=self._block_hasher,
         )
+
+
+def runner_output(
+    scheduler: Any, out: Any, samples: set[str] | None = None, token: int = 7
+) -> ModelRunnerOutput:
+    """A model runner's output for the step ``out``: ``token`` for each request in
+    ``samples``, by default those whose known tokens are computed (``schedule()`` advanced
+    ``num_computed_tokens`` past the step's tokens) or that have left
+    ``scheduler.requests``; none for a prefill chunk."""
+    ids = list(out.num_scheduled_tokens)
+    if samples is None:
+        samples = set()
+        for r in ids:
+            request = scheduler.requests.get(r)
+            if request is None or request.num_computed_tokens >= request.num_tokens:
+                samples.add(r)
+    return ModelRunnerOutput(
+        req_ids=ids,
+        req_id_to_index={r: n for n, r in enumerate(ids)},
+        sampled_token_ids=[[token] if r in samples else [] for r in ids],
+    )
+
+
+def bounded_replay_groups(
+    window: int, *, block_size: int = 16, bounded_replay: bool = True
+) -> list[KVCacheGroupSpec]:
+    """vLLM 0.33's SWA bounded-replay layout (DeepSeek-V4.1): a full-attention group beside
+    a ``SlidingWindowMLASpec(bounded_replay=True)`` group of ``window`` tokens (with
+    ``bounded_replay`` False, an ordinary cached window group)."""
+    full = FullAttentionSpec(
+        block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
+    )
+    swa = SlidingWindowMLASpec(
+        block_size=block_size,
+        num_kv_heads=1,
+        head_size=64,
+        dtype=torch.bfloat16,
+        sliding_window=window,
+        bounded_replay=bounded_replay,
+    )
+    return [KVCacheGroupSpec(["full"], full), KVCacheGroupSpec(["swa"], swa)]

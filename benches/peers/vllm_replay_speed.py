@@ -25,17 +25,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import torch
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import (
-    FullAttentionSpec,
-    KVCacheConfig,
-    KVCacheGroupSpec,
-    SlidingWindowMLASpec,
-)
-from vllm.v1.outputs import ModelRunnerOutput
-from vllm.v1.structured_output import StructuredOutputManager
-from vllm_peer import VllmSchedulerPeer
+from vllm.v1.kv_cache_interface import KVCacheConfig
+from vllm_peer import VllmSchedulerPeer, bounded_replay_groups, runner_output
 
 from tokenyard.integrations.vllm import TokenyardScheduler
 
@@ -44,30 +36,12 @@ WINDOW = 128
 
 
 def build(cls: Any, peer: Any, num_blocks: int) -> Any:
-    full = FullAttentionSpec(
-        block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float32
-    )
-    swa = SlidingWindowMLASpec(
-        block_size=BLOCK_SIZE,
-        num_kv_heads=1,
-        head_size=64,
-        dtype=torch.bfloat16,
-        sliding_window=WINDOW,
-        bounded_replay=True,
-    )
     config = KVCacheConfig(
         num_blocks=num_blocks,
         kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(["full"], full), KVCacheGroupSpec(["swa"], swa)],
+        kv_cache_groups=bounded_replay_groups(WINDOW, block_size=BLOCK_SIZE),
     )
-    return cls(
-        vllm_config=peer.vllm_config,
-        kv_cache_config=config,
-        structured_output_manager=StructuredOutputManager(peer.vllm_config),
-        block_size=BLOCK_SIZE,
-        hash_block_size=BLOCK_SIZE,
-        log_stats=False,
-    )
+    return peer.build(cls, config, log_stats=False)
 
 
 def stream(seed: int, num_requests: int) -> list[tuple[str, list[int], int]]:
@@ -97,21 +71,7 @@ def run(cls: Any, args: Any, record: list[Any] | None = None) -> float:
     while scheduler.has_unfinished_requests():
         start = time.perf_counter()
         out = scheduler.schedule()
-        ids = list(out.num_scheduled_tokens)
-        sampled = [
-            [7]
-            if scheduler.requests[r].num_computed_tokens >= scheduler.requests[r].num_tokens
-            else []
-            for r in ids
-        ]
-        scheduler.update_from_output(
-            out,
-            ModelRunnerOutput(
-                req_ids=ids,
-                req_id_to_index={r: n for n, r in enumerate(ids)},
-                sampled_token_ids=sampled,
-            ),
-        )
+        scheduler.update_from_output(out, runner_output(scheduler, out))
         elapsed += time.perf_counter() - start
         if record is not None:
             record.append(

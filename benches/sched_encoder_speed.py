@@ -17,18 +17,9 @@ import statistics
 import time
 from typing import Any
 
+from sched_steps import decode_step_times, run_step
+
 from tokenyard.sched import MmFeature, Scheduler, SchedulerConfig
-
-
-def run_step(s: Scheduler) -> int:
-    out = s.schedule()
-    sampled = {
-        rid: [7]
-        for rid in out.num_scheduled_tokens
-        if s.num_computed_tokens(rid) >= s.num_tokens(rid)
-    }
-    s.update_from_output(sampled)
-    return out.total_num_scheduled_tokens
 
 
 def decode_steps(running: int, steps: int, mm: bool) -> list[float]:
@@ -40,16 +31,7 @@ def decode_steps(running: int, steps: int, mm: bool) -> list[float]:
         s.add_request(
             i, [i * 1000 + t for t in range(128)], 100_000 - 1, mm_features=items if mm else None
         )
-    while s.stats().num_waiting or any(
-        s.num_computed_tokens(i) < s.num_tokens(i) - 1 for i in range(running)
-    ):
-        run_step(s)
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter_ns()
-        run_step(s)
-        times.append((time.perf_counter_ns() - t) / 1e3)
-    return times
+    return decode_step_times(s, running, steps)
 
 
 def prefill_mix(mm: bool, seed: int = 0) -> tuple[float, int]:

@@ -42,14 +42,7 @@ def _run(
     group that stopped attending to some of its blocks) and vLLM's preemptions."""
     theirs, ours, peer = build_pair(num_blocks=num_blocks, groups=kv_groups(kinds), **options)
     arrivals = seeded_arrivals(
-        random.Random(seed),
-        count=8,
-        prefix_tokens=48,
-        shared=(0, 16, 48),
-        tail_max=120,
-        arrive_by=6,
-        max_tokens=max_tokens,
-        max_prompt=400,
+        random.Random(seed), tail_max=120, max_tokens=max_tokens, max_prompt=400
     )
     return compare_stream(theirs, ours, arrivals, peer.make_request)
 

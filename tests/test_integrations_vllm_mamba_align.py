@@ -59,11 +59,9 @@ def _run(
     theirs, ours, peer = _both(kinds, num_blocks, eagle, lookahead, **options)
     arrivals = seeded_arrivals(
         random.Random(seed),
-        count=8,
         prefix_tokens=64,
         shared=(0, 16, 40, 64),
         tail_max=150,
-        arrive_by=6,
         max_tokens=30,
         max_prompt=400,
     )

@@ -21,7 +21,14 @@ pytest.importorskip("vllm", reason="vLLM 0.33 is installed only in the bench ven
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import RequestStatus
-from vllm_compare import build_pair, kv_groups, runner_output, seeded_arrivals, update_both
+from vllm_compare import (
+    add_both,
+    build_pair,
+    kv_groups,
+    runner_output,
+    seeded_arrivals,
+    update_both,
+)
 from vllm_peer import VllmSchedulerPeer
 
 from tokenyard.errors import InputError
@@ -78,20 +85,11 @@ def _run_and_compare(
     """A seeded stream with shared prefixes on both schedulers; after every step the
     coordinators and block pools must agree. Returns the steps compared."""
     theirs, ours, peer = _both(kinds, num_blocks, **options)
-    arrivals = seeded_arrivals(
-        random.Random(seed),
-        count=8,
-        prefix_tokens=48,
-        shared=(0, 16, 48),
-        tail_max=100,
-        arrive_by=6,
-        max_tokens=30,
-    )
+    arrivals = seeded_arrivals(random.Random(seed), tail_max=100, max_tokens=30)
     for step in range(2000):
-        for at, request_id, prompt, max_tokens in arrivals:
+        for at, *args in arrivals:
             if at == step:
-                for scheduler in (theirs, ours):
-                    scheduler.add_request(peer.make_request(request_id, prompt, max_tokens))
+                add_both((theirs, ours), peer.make_request, *args)
         if abort_every and step % abort_every == abort_every - 1 and theirs.running:
             victim = theirs.running[0].request_id
             for scheduler in (theirs, ours):
@@ -188,11 +186,7 @@ def test_preempt_request_called_from_outside_preempts_as_vllms() -> None:
     and ``update_from_output``: the core preempts it (blocks freed, back to waiting), the
     step's output is still delivered, and it resumes, as in vLLM."""
     theirs, ours, peer = _both(enable_prefix_caching=True)
-    requests = []
-    for scheduler in (theirs, ours):
-        request = peer.make_request("a", list(range(40)), 3)
-        scheduler.add_request(request)
-        requests.append(request)
+    requests = add_both((theirs, ours), peer.make_request, "a", list(range(40)), 3)
     outs = [scheduler.schedule() for scheduler in (theirs, ours)]
     for scheduler, request in zip((theirs, ours), requests, strict=True):
         # As vLLM's tests do (its running list is its own; the adapter's a fresh copy).
@@ -222,11 +216,7 @@ def test_preempt_request_called_from_outside_preempts_as_vllms() -> None:
 
 def test_num_in_flight_tokens_follow_vllms_accounting_under_async_scheduling() -> None:
     theirs, ours, peer = _both(async_scheduling=True)
-    pairs = []
-    for scheduler in (theirs, ours):
-        request = peer.make_request("a", list(range(100)), 5)
-        scheduler.add_request(request)
-        pairs.append(request)
+    pairs = add_both((theirs, ours), peer.make_request, "a", list(range(100)), 5)
     counts: dict[str, list[int]] = {"vllm": [], "tokenyard": []}
     for name, scheduler, request in (("vllm", theirs, pairs[0]), ("tokenyard", ours, pairs[1])):
         out0 = scheduler.schedule()

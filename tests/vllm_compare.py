@@ -101,6 +101,14 @@ def sampling(scheduler: Any, out: Any) -> set[str]:
     }
 
 
+def add_both(schedulers: Sequence[Any], make: Callable[..., Any], *args: Any) -> list[Any]:
+    """A request ``make(*args)`` added to each scheduler (each its own); returns them."""
+    requests = [make(*args) for _ in schedulers]
+    for scheduler, request in zip(schedulers, requests, strict=True):
+        scheduler.add_request(request)
+    return requests
+
+
 def update_both(schedulers: Sequence[Any], outs: Sequence[Any]) -> None:
     """Each scheduler's step ``out`` lands with ``runner_output``'s tokens
     (``vllm_peer.runner_output``, which the tests import from here)."""
@@ -111,12 +119,12 @@ def update_both(schedulers: Sequence[Any], outs: Sequence[Any]) -> None:
 def seeded_arrivals(
     rng: random.Random,
     *,
-    count: int,
-    prefix_tokens: int,
-    shared: Sequence[int],
     tail_max: int,
-    arrive_by: int,
     max_tokens: int,
+    count: int = 8,
+    prefix_tokens: int = 48,
+    shared: Sequence[int] = (0, 16, 48),
+    arrive_by: int = 6,
     lowest_token: int = 0,
     max_prompt: int | None = None,
 ) -> list[tuple[int, str, list[int], int]]:
@@ -275,10 +283,9 @@ def compare_stream(
     seen = Stream()
     pair = (theirs, ours)
     for step in range(max_steps):
-        for at, request_id, *args in arrivals:
+        for at, *args in arrivals:
             if at == step:
-                for scheduler in pair:
-                    scheduler.add_request(make(request_id, *args))
+                add_both(pair, make, *args)
         outs = [scheduler.schedule() for scheduler in pair]
         assert digest(outs[1]) == digest(outs[0]), f"step {step}"
         seen.preempted.extend(outs[0].preempted_req_ids)

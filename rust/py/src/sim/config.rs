@@ -12,7 +12,7 @@ use tokenyard_core::sim::{
 };
 
 use crate::errors::{OrRaise, input_error};
-use crate::sched::core_config;
+use crate::sched_config::core_config;
 
 /// One replica policy with its limits, every size already derived.
 #[pyclass(name = "ReplicaSpec", module = "tokenyard._core", frozen)]

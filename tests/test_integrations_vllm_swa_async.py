@@ -5,8 +5,9 @@ vLLM 0.33's processed-token basis, ``num_computed_tokens - num_in_flight_tokens`
 flight that still reads a block keeps it. Each case runs vLLM's ``AsyncScheduler`` and
 ``AsyncTokenyardScheduler`` on the same configs, two steps in flight, and compares every
 step's decisions and block ids, then the KV usage and every request's block tables right
-after the step is scheduled (where the frees happen). Needs vLLM (the bench venv,
-``.venv-bench``); skipped elsewhere.
+after the step is scheduled (where the frees happen): full + sliding window, a lone
+window, full + chunked local, a tight cache that preempts, and DeepSeek-V4.1's SWA
+bounded-replay layout. Needs vLLM (the bench venv, ``.venv-bench``); skipped elsewhere.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from vllm_compare import (
     sampling,
     seeded_arrivals,
 )
-from vllm_peer import VllmSchedulerPeer
+from vllm_peer import VllmSchedulerPeer, bounded_replay_groups
 
 from tokenyard.integrations.vllm import AsyncTokenyardScheduler
 
@@ -47,10 +48,18 @@ def _tables_agree(theirs: Any, ours: Any, step: int) -> int:
     return with_null
 
 
-def _run(kinds: tuple[str, ...], num_blocks: int, seed: int, **options: Any) -> Stream:
-    """A seeded stream (shared prefixes, arrivals over the first steps) on both async
-    schedulers over one KV cache config of ``kinds``; each step lands one step later (two
-    in flight), or at once when it scheduled nothing. Returns what it exercised."""
+def _run(
+    kinds: tuple[str, ...] | list[Any],
+    num_blocks: int,
+    seed: int,
+    *,
+    arrivals: dict[str, Any] | None = None,
+    **options: Any,
+) -> Stream:
+    """A seeded stream (shared prefixes, arrivals over the first steps; ``arrivals``
+    overrides ``seeded_arrivals``' arguments) on both async schedulers over one KV cache
+    config of ``kinds`` (or of these ``KVCacheGroupSpec``s); each step lands one step later
+    (two in flight), or at once when it scheduled nothing. Returns what it exercised."""
     peer = VllmSchedulerPeer(
         num_blocks=num_blocks,
         max_model_len=512,
@@ -63,21 +72,23 @@ def _run(kinds: tuple[str, ...], num_blocks: int, seed: int, **options: Any) -> 
     # (`VllmConfig.max_concurrent_batches`), which a window group's admission cap counts
     # (`max_in_flight_tokens`) on both sides.
     peer.vllm_config.scheduler_config.async_scheduling = True
+    groups = kv_groups(kinds) if isinstance(kinds, tuple) else kinds
     kv_cache_config = KVCacheConfig(
-        num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=kv_groups(kinds)
+        num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
     )
     theirs, ours = (
         peer.build(cls, kv_cache_config) for cls in (AsyncScheduler, AsyncTokenyardScheduler)
     )
-    arrivals = seeded_arrivals(random.Random(seed), tail_max=120, max_tokens=40, max_prompt=400)
+    shape = {"tail_max": 120, "max_tokens": 40, "max_prompt": 400, **(arrivals or {})}
+    stream = seeded_arrivals(random.Random(seed), **shape)
     seen = Stream()
     pending: list[tuple[Any, Any, set[str], set[str]]] = []
     for step in range(3000):
-        for at, *args in arrivals:
+        for at, *args in stream:
             if at == step:
                 add_both((theirs, ours), peer.make_request, *args)
         out_v, out_t = theirs.schedule(), ours.schedule()
-        assert block_digest(out_t) == block_digest(out_v), f"step {step}"
+        assert block_digest(out_t, replay=True) == block_digest(out_v, replay=True), step
         seen.preempted.extend(out_v.preempted_req_ids)
         seen.tables_with_null += _tables_agree(theirs, ours, step)
         pending.append((out_v, out_t, sampling(theirs, out_v), sampling(ours, out_t)))
@@ -87,7 +98,7 @@ def _run(kinds: tuple[str, ...], num_blocks: int, seed: int, **options: Any) -> 
             theirs.update_from_output(old_v, runner_output(theirs, old_v, sampling_v))
             ours.update_from_output(old_t, runner_output(ours, old_t, sampling_t))
             _tables_agree(theirs, ours, step)
-        if step > 10 and not theirs.has_unfinished_requests():
+        if step > 12 and not theirs.has_unfinished_requests():
             assert not ours.has_unfinished_requests()
             seen.steps = step
             return seen
@@ -113,3 +124,21 @@ def test_async_full_and_chunked_local_groups_free_as_vllm() -> None:
 def test_async_tight_hybrid_cache_preempts_as_vllm(seed: int) -> None:
     seen = _run(("full", "window32"), num_blocks=28, seed=seed, max_num_seqs=8)
     assert seen.preempted
+
+
+@pytest.mark.parametrize("bounded_replay", [True, False])
+@pytest.mark.parametrize("seed", [0, 4])
+def test_async_swa_bounded_replay_layout_matches_vllm(seed: int, bounded_replay: bool) -> None:
+    # DeepSeek-V4.1's layout (a full group beside a window-32 `SlidingWindowMLASpec`, with
+    # bounded replay or as an ordinary cached window), prompts sharing prefixes shorter and
+    # longer than the window: it differed from step 1-3 before the processed-token frees.
+    groups = bounded_replay_groups(32, block_size=BLOCK_SIZE, bounded_replay=bounded_replay)
+    shape = {
+        "count": 10,
+        "prefix_tokens": 160,
+        "shared": (0, 16, 32, 40, 48, 64, 100, 160),
+        "tail_max": 100,
+        "arrive_by": 12,
+        "lowest_token": 1,
+    }
+    assert _run(groups, num_blocks=200, seed=seed, arrivals=shape).tables_with_null > 0

@@ -331,6 +331,34 @@ impl<R: RequestKey> KvCoordinator<R> {
         new_computed: Option<&GroupedComputedBlocks>,
         extra_key: Option<u64>,
     ) -> Result<Option<Vec<Vec<BlockId>>>> {
+        self.allocate_slots_in_flight(
+            request_id,
+            token_ids,
+            num_new_tokens,
+            num_lookahead_tokens,
+            new_computed,
+            extra_key,
+            0,
+        )
+    }
+
+    /// [`Self::allocate_slots`] for a request with `num_in_flight_tokens` of its computed
+    /// tokens scheduled in steps the engine has not yet updated (async scheduling): step 1
+    /// frees only the blocks no group attends to on the processed-token basis, the
+    /// computed tokens less those (vLLM 0.33's `allocate_slots`,
+    /// `num_computed_tokens - num_in_flight_tokens`), since a step in flight still reads
+    /// the blocks just before its window. With 0 it is `allocate_slots`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn allocate_slots_in_flight(
+        &mut self,
+        request_id: &R,
+        token_ids: &[TokenId],
+        num_new_tokens: usize,
+        num_lookahead_tokens: usize,
+        new_computed: Option<&GroupedComputedBlocks>,
+        extra_key: Option<u64>,
+        num_in_flight_tokens: usize,
+    ) -> Result<Option<Vec<Vec<BlockId>>>> {
         let existing = self.requests.get(request_id);
         // vLLM 0.33 allocates no slots for a step that only adopts a hit, or only reserves
         // lookahead slots past it (a chunk ending inside the replayed tail of the hit, SWA
@@ -358,7 +386,10 @@ impl<R: RequestKey> KvCoordinator<R> {
         };
         let num_slots = num_computed + num_new_tokens + num_lookahead_tokens;
 
-        self.remove_skipped_blocks(request_id, num_computed);
+        self.remove_skipped_blocks(
+            request_id,
+            num_computed.saturating_sub(num_in_flight_tokens),
+        );
         let needed =
             self.num_blocks_to_allocate(request_id, num_slots, num_computed, new_computed, None);
         if needed > self.free_queue.len() {

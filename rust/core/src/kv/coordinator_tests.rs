@@ -40,6 +40,25 @@ fn tables(coord: &KvCoordinator<u64>, id: u64) -> Vec<Vec<BlockId>> {
     tables.iter().map(|t| t.to_vec()).collect()
 }
 
+/// vLLM 0.33's processed-token basis: with the 80-token prefill still in flight the
+/// decode's allocation frees nothing (80 - 80 = 0 processed); once it landed, the next
+/// allocation (81 computed, 1 in flight) frees blocks 0-2 as a synchronous one would.
+#[test]
+fn window_group_keeps_blocks_a_step_in_flight_still_reads() {
+    let mut coord = KvCoordinator::new(vec![FULL, window(32)], 16, 16, true).unwrap();
+    allocate(&mut coord, 1, &tokens(0..80), 80);
+    let free = coord.num_free_blocks();
+    let new = coord.allocate_slots_in_flight(&1, &[], 1, 0, None, None, 80);
+    assert_eq!(new.unwrap().unwrap(), [vec![11], vec![12]]);
+    assert_eq!(tables(&coord, 1)[1], [6, 7, 8, 9, 10, 12]);
+    assert_eq!(coord.num_free_blocks(), free - 2);
+    let new = coord.allocate_slots_in_flight(&1, &[80], 1, 0, None, None, 1);
+    assert_eq!(new.unwrap().unwrap(), [vec![], vec![]]);
+    assert_eq!(tables(&coord, 1)[1], [0, 0, 0, 9, 10, 12]);
+    assert_eq!(coord.num_free_blocks(), free - 2 + 3);
+    coord.check_invariants().unwrap();
+}
+
 /// Window 32, block 16: once 80 tokens are computed, the next step holds window blocks for
 /// tokens 48.. only; the first three are the null block, and they went back to the pool.
 #[test]

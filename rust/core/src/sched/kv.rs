@@ -162,6 +162,34 @@ impl Kv {
         with_ids: bool,
     ) -> Result<Option<Vec<BlockId>>> {
         let (n, lookahead) = (num_new_tokens, num_lookahead_tokens);
+        self.allocate_in_flight(
+            slot,
+            new_token_ids,
+            n,
+            lookahead,
+            hit,
+            extra_key,
+            with_ids,
+            0,
+        )
+    }
+
+    /// [`Self::allocate`] for a request with `num_in_flight_tokens` of its computed tokens
+    /// in steps not yet updated: window groups free blocks on the processed-token basis
+    /// (`KvCoordinator::allocate_slots_in_flight`); single-group pools ignore it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn allocate_in_flight(
+        &mut self,
+        slot: u32,
+        new_token_ids: &[TokenId],
+        num_new_tokens: usize,
+        num_lookahead_tokens: usize,
+        hit: Option<&Hit>,
+        extra_key: Option<u64>,
+        with_ids: bool,
+        num_in_flight_tokens: usize,
+    ) -> Result<Option<Vec<BlockId>>> {
+        let (n, lookahead) = (num_new_tokens, num_lookahead_tokens);
         match (self, hit) {
             (Kv::BlockHash(p), hit) => {
                 let hit = match hit {
@@ -201,8 +229,15 @@ impl Kv {
                     Some(Hit::Hybrid(h)) => Some(h),
                     Some(_) => return Err(other_pool(slot)),
                 };
-                let allocated =
-                    (h.pool).allocate_slots(&slot, new_token_ids, n, lookahead, hit, extra_key)?;
+                let allocated = (h.pool).allocate_slots_in_flight(
+                    &slot,
+                    new_token_ids,
+                    n,
+                    lookahead,
+                    hit,
+                    extra_key,
+                    num_in_flight_tokens,
+                )?;
                 Ok(allocated.map(|groups| {
                     if with_ids {
                         match h.new_blocks.get_mut(&slot) {

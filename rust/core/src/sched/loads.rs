@@ -197,9 +197,10 @@ impl<R: RequestKey> Scheduler<R> {
         let lookahead = self.lookahead(num_computed + n);
         let with_ids = !self.lean_output;
         let lora_id = request.spec.lora_id;
-        let Some(blocks) = self
-            .kv
-            .allocate(slot, new_tokens, n, lookahead, None, lora_id, with_ids)?
+        let in_flight = self.num_in_flight_tokens(slot);
+        let Some(blocks) = self.kv.allocate_in_flight(
+            slot, new_tokens, n, lookahead, None, lora_id, with_ids, in_flight,
+        )?
         else {
             return Ok(Admission::Blocked);
         };

@@ -8,6 +8,7 @@ mod config;
 mod connector;
 mod encoder;
 mod encoder_cache;
+mod in_flight;
 mod kv;
 mod loads;
 mod mamba_align;

@@ -142,8 +142,12 @@ impl<R: RequestKey> Scheduler<R> {
             free_encoder_mm_hashes: Vec::new(),
         };
         self.encoder_end_step(&plan.scheduled, &mut out);
+        let in_flight_step = self.in_flight_begin_step();
         let hybrid = self.config.is_hybrid();
         for &(slot, n) in &plan.scheduled {
+            if let Some(step) = in_flight_step {
+                self.in_flight_record(slot, step, n);
+            }
             let blocks = plan.new_blocks[slot as usize].take().unwrap_or_default();
             let group_blocks = if hybrid {
                 self.kv.take_group_blocks(slot)

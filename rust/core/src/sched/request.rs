@@ -128,6 +128,10 @@ pub struct Request<R> {
     /// The most draft tokens any of those steps verifies: a step's output holds at most
     /// one more token than its drafts.
     pub max_spec_in_flight: usize,
+    /// Under async scheduling with window groups, (step, tokens) of each step that served
+    /// it, sampling or not, oldest first; those of steps not yet updated are vLLM 0.33's
+    /// `num_in_flight_tokens` (`Scheduler::num_in_flight_tokens`).
+    pub unlanded_steps: std::collections::VecDeque<(u64, usize)>,
     pub num_preemptions: u32,
     /// Draft tokens scheduled in the request's latest step: at most this many can be
     /// rejected.

@@ -84,6 +84,9 @@ pub struct Scheduler<R: RequestKey> {
     pub(super) encoder: super::encoder::Encoder,
     /// Block frees deferred past the steps in flight (`sched::block_free`).
     pub(super) block_frees: super::block_free::BlockFrees,
+    /// Steps scheduled and landed, for the requests' tokens in flight (async scheduling
+    /// with window groups).
+    pub(super) steps_in_flight: super::in_flight::StepsInFlight,
     /// Live requests with multimodal items: while there are none, a step asks the encoder
     /// nothing (its per-request check read a cache line of each running request).
     pub(super) num_mm_requests: usize,
@@ -185,6 +188,7 @@ impl<R: RequestKey> Scheduler<R> {
     pub fn new(config: SchedulerConfig, async_scheduling: bool) -> Result<Self> {
         config.validate_scheduler()?;
         let kv = Kv::new(&config, async_scheduling)?;
+        let track_in_flight = async_scheduling && config.is_hybrid();
         let interval = config.prefill_schedule_interval as i64;
         let encoder = super::encoder::Encoder::new(&config);
         Ok(Self {
@@ -221,6 +225,7 @@ impl<R: RequestKey> Scheduler<R> {
             admit_new: true,
             encoder,
             block_frees: super::block_free::BlockFrees::default(),
+            steps_in_flight: super::in_flight::StepsInFlight::new(track_in_flight),
             num_mm_requests: 0,
             step_samplers: Vec::new(),
             spare_running_reqs: Vec::new(),
@@ -641,6 +646,7 @@ impl<R: RequestKey> Scheduler<R> {
             let request = self.slots[slot as usize]
                 .as_ref()
                 .expect("running slot is live");
+            let in_flight = self.num_in_flight_tokens(slot);
             let new_tokens = &request.all_token_ids[known..];
             let lookahead = self.lookahead(request.num_computed_tokens + n);
             let with_ids = !self.lean_output;
@@ -655,10 +661,10 @@ impl<R: RequestKey> Scheduler<R> {
                     return Ok(Allocation::Scheduled(Vec::new()));
                 }
             }
-            if let Some(blocks) = self
-                .kv
-                .allocate(slot, new_tokens, n_slots, lookahead, None, None, with_ids)?
-            {
+            // Window groups free on the processed-token basis (vLLM 0.33).
+            if let Some(blocks) = self.kv.allocate_in_flight(
+                slot, new_tokens, n_slots, lookahead, None, None, with_ids, in_flight,
+            )? {
                 return Ok(Allocation::Scheduled(blocks));
             }
             let victim = self.pick_victim();

@@ -100,6 +100,7 @@ impl<R: RequestKey> Scheduler<R> {
             num_output_placeholders: 0,
             in_flight_tokens: std::collections::VecDeque::new(),
             max_spec_in_flight: 0,
+            unlanded_steps: std::collections::VecDeque::new(),
             num_preemptions: 0,
             last_num_spec_tokens: 0,
             is_prefill_chunk: true,
@@ -173,6 +174,7 @@ impl<R: RequestKey> Scheduler<R> {
     ) -> Result<Vec<(R, FinishReason)>> {
         self.check_outputs(outputs)?;
         self.encoder_free_passed(outputs);
+        self.in_flight_land_step();
         let mut finished = Vec::new();
         let mut connector_error = None;
         for output in outputs {

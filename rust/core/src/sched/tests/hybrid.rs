@@ -329,3 +329,93 @@ proptest! {
         prop_assert_eq!(s.num_free_blocks(), cfg.num_kv_blocks());
     }
 }
+
+/// Null blocks in the window group's table of request 0.
+fn window_nulls(s: &Scheduler<u32>) -> usize {
+    let tables = s.group_block_ids(&0);
+    tables[1].iter().filter(|&&b| b == NULL_BLOCK).count()
+}
+
+/// vLLM 0.33's `test_swa_free_waits_for_in_flight_step` (and its chunked-local twin) in
+/// miniature: an 18-token prefill, then decodes scheduled ahead (the first fits in the
+/// prefill's last block). Returns the window group's
+/// nulls after the decode scheduled while the prefill is in flight, and after the next.
+fn nulls_while_the_prefill_is_in_flight(group: KvGroupSpec, async_scheduling: bool) -> [usize; 2] {
+    let cfg = SchedulerConfig {
+        kv_groups: vec![KvGroupSpec::FullAttention, group],
+        max_num_batched_tokens: 32,
+        ..config()
+    };
+    let mut s = Scheduler::new(cfg, async_scheduling).unwrap();
+    s.add_request(0, prompt(0, 18)).unwrap();
+    let prefill = s.schedule().unwrap();
+    if !async_scheduling {
+        answer_step(&mut s, prefill);
+        let decode = s.schedule().unwrap();
+        let first = window_nulls(&s);
+        answer_step(&mut s, decode);
+        s.schedule().unwrap();
+        return [first, window_nulls(&s)];
+    }
+    let free_after_prefill = s.num_free_blocks();
+    let decode = s.schedule().unwrap();
+    assert_eq!(scheduled(&decode), [(0, 1)]);
+    let first = window_nulls(&s);
+    if first == 0 {
+        assert_eq!(s.num_free_blocks(), free_after_prefill, "nothing freed yet");
+    }
+    s.update_from_output(&[sample(0, 7)]).unwrap();
+    s.schedule().unwrap();
+    s.check_invariants().unwrap();
+    [first, window_nulls(&s)]
+}
+
+#[test]
+fn under_async_scheduling_a_window_frees_only_what_the_steps_that_landed_left_behind() {
+    // Window 8, block 4: at 18 processed tokens the next one attends to 11..18, so blocks
+    // 0-1 (tokens 0..8) leave the window. vLLM 0.33 frees on the processed-token basis
+    // (`num_computed_tokens - num_in_flight_tokens`): not while the prefill is in flight
+    // (18 - 18 = 0), but at the next allocation once it landed (19 - 1 = 18).
+    assert_eq!(nulls_while_the_prefill_is_in_flight(WINDOW, true), [0, 2]);
+    // Synchronous: the prefill has landed when the first decode allocates (18 - 0), and
+    // the second frees block 2 (19: the window starts at token 12).
+    assert_eq!(nulls_while_the_prefill_is_in_flight(WINDOW, false), [2, 3]);
+}
+
+#[test]
+fn under_async_scheduling_a_local_chunk_is_freed_once_the_steps_reading_it_landed() {
+    // Chunks of 8: at 18 processed tokens chunks 0-1 (tokens 0..16, blocks 0-3) are over.
+    let chunked = KvGroupSpec::ChunkedLocalAttention {
+        attention_chunk_size: 8,
+    };
+    assert_eq!(nulls_while_the_prefill_is_in_flight(chunked, true), [0, 4]);
+    assert_eq!(nulls_while_the_prefill_is_in_flight(chunked, false), [4, 4]);
+}
+
+#[test]
+fn prefill_chunks_in_flight_count_though_they_sample_nothing() {
+    // vLLM 0.33 counts every step's scheduled tokens in flight, sampling or not. Budget 8,
+    // a 20-token prompt: chunks of 8, 8 and 4 tokens, each scheduled before the one
+    // before it landed.
+    let cfg = SchedulerConfig {
+        kv_groups: vec![KvGroupSpec::FullAttention, WINDOW],
+        max_num_batched_tokens: 8,
+        ..config()
+    };
+    let mut s = Scheduler::new(cfg, true).unwrap();
+    s.add_request(0, prompt(0, 20)).unwrap();
+    assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 8)]);
+    assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 8)]);
+    // The first chunk lands (it samples nothing: no output).
+    s.update_from_output(&[]).unwrap();
+    assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 4)]);
+    // 16 computed, 8 in flight: at 8 processed tokens the window starts at token 1, and
+    // no block is wholly before it (at 16 it would start at 9: blocks 0-1 freed).
+    assert_eq!(window_nulls(&s), 0);
+    s.update_from_output(&[]).unwrap();
+    // The last chunk samples; the decode after it is scheduled while it is in flight:
+    // 20 computed, 4 in flight, 16 processed: blocks 0-1 (tokens 0..8) leave the window.
+    assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 1)]);
+    assert_eq!(window_nulls(&s), 2);
+    s.check_invariants().unwrap();
+}

@@ -14,6 +14,7 @@ by ``_vllm_views``, so vLLM is installed when this runs."""
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
@@ -157,8 +158,9 @@ class _RequestMap(Mapping[str, Any]):
     def _core_id(self, request_id: str) -> Any:
         return self._manager._scheduler._core_ids.get(request_id)
 
+    @abstractmethod
     def _value(self, core_id: Any) -> Any:
-        raise NotImplementedError
+        """The request's value in this group, or ``None`` where it holds no entry."""
 
     def __getitem__(self, request_id: str) -> Any:
         core_id = self._core_id(request_id)

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokenyard.errors import ConfigError
-from tokenyard.integrations._vllm_state import AdapterBase
+from tokenyard.integrations._vllm_state import AdapterBase, non_negative
 
 
 def needs_mamba_split(vllm_config: Any, kv_cache_config: Any) -> bool:
@@ -79,14 +78,7 @@ class MambaAlign(AdapterBase):
 
     @num_prefill_lookahead.setter
     def num_prefill_lookahead(self, value: int) -> None:
-        lookahead = int(value)
-        if lookahead < 0:
-            raise ConfigError(
-                f"num_prefill_lookahead: {value!r} must be >= 0",
-                field="num_prefill_lookahead",
-                value=str(value),
-            )
-        self._core.num_prefill_lookahead = lookahead
+        self._core.num_prefill_lookahead = non_negative(value, "num_prefill_lookahead")
 
     def _sync_mamba_align(self) -> None:
         """Gives the core the split now in force (on ``cache_config.block_size``, as vLLM's)."""

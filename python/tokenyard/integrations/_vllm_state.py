@@ -12,8 +12,19 @@ from typing import TYPE_CHECKING, Any
 from vllm.v1.metrics.stats import PrefillStats, PrefixCacheStats
 from vllm.v1.request import Request
 
+from tokenyard.errors import ConfigError
+
 if TYPE_CHECKING:
     from tokenyard.integrations._vllm_views import _ConnectorBridge
+
+
+def non_negative(value: Any, field: str) -> int:
+    """``value`` as an int for an attribute assigned on a built scheduler (vLLM's tests
+    assign budgets and sizes); ConfigError naming ``field`` if it is negative."""
+    number = int(value)
+    if number < 0:
+        raise ConfigError(f"{field}: {value!r} must be >= 0", field=field, value=str(value))
+    return number
 
 
 class Batch:

@@ -68,13 +68,14 @@ except ImportError as err:  # pragma: no cover - exercised only without vLLM
         "of tokenyard works without it"
     ) from err
 
-from tokenyard.errors import ConfigError, InputError
+from tokenyard.errors import InputError
 from tokenyard.integrations._vllm_encoder_cache import EncoderCacheView, assigned_cache_size
 from tokenyard.integrations._vllm_mamba_align import MambaAlign
 from tokenyard.integrations._vllm_outputs import (
     check_supported,
 )
 from tokenyard.integrations._vllm_schedule import ScheduleStep
+from tokenyard.integrations._vllm_state import non_negative
 from tokenyard.integrations._vllm_translate import (
     core_config,
     core_prompt,
@@ -424,13 +425,7 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerIn
 
     @max_num_encoder_input_tokens.setter
     def max_num_encoder_input_tokens(self, value: int) -> None:
-        budget = int(value)
-        if budget < 0:
-            raise ConfigError(
-                f"max_num_encoder_input_tokens: {value!r} must be >= 0",
-                field="max_num_encoder_input_tokens",
-                value=str(value),
-            )
+        budget = non_negative(value, "max_num_encoder_input_tokens")
         self._core.encoder_budget = budget
         self._max_num_encoder_input_tokens = budget
 
@@ -451,13 +446,7 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerIn
         Raises:
             ConfigError: a negative size; InputError: a request holds an entry.
         """
-        size = int(cache_size)
-        if size < 0:
-            raise ConfigError(
-                f"encoder_cache_manager.cache_size: {cache_size!r} must be >= 0",
-                field="encoder_cache_manager.cache_size",
-                value=str(cache_size),
-            )
+        size = non_negative(cache_size, "encoder_cache_manager.cache_size")
         self._core.set_encoder_cache_size(size)
         self._encoder_cache_size = size
 

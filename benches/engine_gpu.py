@@ -1,12 +1,14 @@
 """The engine on a GPU: where a step's time goes, the overlap loop's gain, and how well the
 simulator's linear execution model predicts measured step times (the fidelity figure).
 
-    python benches/engine_gpu.py --out DIR     (needs CUDA; writes engine.json and the
-                                                step profile engine_profile.csv into DIR)
+    python benches/engine_gpu.py --out DIR [--model llama-3.1-8b] [--requests N]
+        (needs CUDA; writes engine.json and the step profile engine_profile.csv into DIR)
 
 Model: Llama-3.2-1B's shape (16 layers, hidden 2048, 32 heads, 8 KV heads, head_dim 64,
-SwiGLU 8192, vocab 128256) with random bf16 weights. Workload: 256 requests, prompts of
-64-1024 random tokens, 32-256 output tokens each (EOS ignored), seeded.
+SwiGLU 8192, vocab 128256) by default, or a dense catalog model's shape (``--model``), with
+random bf16 weights. Workload: 256 requests, prompts of 64-1024 random tokens, 32-256 output
+tokens each (EOS ignored), seeded. ``benches/engine_vs_measured.py`` prices the profile's
+steps with the measured predictor of the GPU it ran on.
 """
 
 from __future__ import annotations
@@ -44,11 +46,31 @@ SCHEDULER = SchedulerConfig(
 )
 
 
-def workload(n: int, seed: int) -> list[tuple[list[int], int]]:
+def catalog_shape(name: str) -> ModelConfig:
+    """A dense catalog model's shape. The catalog keeps no RoPE base; 500,000 (Llama 3's) is
+    used, which changes no timing."""
+    from tokenyard import catalog
+
+    spec = catalog.model(name)
+    if spec.num_experts > 1 or spec.mla is not None or spec.sliding_window or spec.linear:
+        sys.exit(f"--model {name}: the engine runs dense full-attention models only")
+    return ModelConfig(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        num_layers=spec.num_layers,
+        num_heads=spec.num_heads,
+        num_kv_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        intermediate_size=spec.intermediate_size,
+        rope_theta=500000.0,
+    )
+
+
+def workload(n: int, seed: int, vocab_size: int) -> list[tuple[list[int], int]]:
     rng = random.Random(seed)
     return [
         (
-            [rng.randrange(MODEL.vocab_size) for _ in range(rng.randint(64, 1024))],
+            [rng.randrange(vocab_size) for _ in range(rng.randint(64, 1024))],
             rng.randint(32, 256),
         )
         for _ in range(n)
@@ -56,6 +78,7 @@ def workload(n: int, seed: int) -> list[tuple[list[int], int]]:
 
 
 def run(
+    shape: ModelConfig,
     model: LlamaModel,
     requests: list[tuple[list[int], int]],
     *,
@@ -64,7 +87,7 @@ def run(
 ) -> tuple[LLMEngine, dict[str, list[int]], float]:
     engine = LLMEngine(
         EngineConfig(
-            model=MODEL,
+            model=shape,
             scheduler=SCHEDULER,
             overlap=overlap,
             synchronize_timings=synchronize,
@@ -122,31 +145,35 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--requests", type=int, default=256)
+    parser.add_argument("--model", help="a dense catalog model's shape (default: Llama-3.2-1B's)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("engine_gpu.py needs a CUDA device")
     args.out.mkdir(parents=True, exist_ok=True)
-    requests = workload(args.requests, seed=0)
-    model = LlamaModel(MODEL, device=torch.device("cuda"), dtype=torch.bfloat16)
-    run(model, requests[:8], overlap=False, synchronize=False)  # compile kernels
-    _, sync_out, sync_wall = run(model, requests, overlap=False, synchronize=False)
+    shape = catalog_shape(args.model) if args.model else MODEL
+    model_name = args.model or "llama-3.2-1b-shape"
+    requests = workload(args.requests, seed=0, vocab_size=shape.vocab_size)
+    model = LlamaModel(shape, device=torch.device("cuda"), dtype=torch.bfloat16)
+    run(shape, model, requests[:8], overlap=False, synchronize=False)  # compile kernels
+    _, sync_out, sync_wall = run(shape, model, requests, overlap=False, synchronize=False)
     overlap_engine, overlap_out, overlap_wall = run(
-        model, requests, overlap=True, synchronize=False
+        shape, model, requests, overlap=True, synchronize=False
     )
     # Last, so every kernel specialisation the workload needs is already compiled.
-    timed, _, timed_wall = run(model, requests, overlap=False, synchronize=True)
+    timed, _, timed_wall = run(shape, model, requests, overlap=False, synchronize=True)
     num_output = sum(len(v) for v in sync_out.values())
     same = sum(sync_out[k] == overlap_out.get(k) for k in sync_out)
     write_step_profile(
         args.out / "engine_profile.csv",
         timed.timings,
         device=torch.cuda.get_device_name(),
-        model="llama-3.2-1b-shape",
+        model=model_name,
         dtype="bfloat16",
     )
     result = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
+        "model": model_name,
         "requests": len(requests),
         "output_tokens": num_output,
         "sync_wall_s": sync_wall,

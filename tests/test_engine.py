@@ -132,6 +132,10 @@ def test_step_timings_describe_each_step() -> None:
     first = engine.timings[0]
     assert first.num_prefill_tokens == 16  # the budget, all prefill
     assert first.num_decode_tokens == 0
+    # Prompt 0 whole (15 tokens), then prompt 1 past its 12 cached system tokens: one token
+    # over a context of 13.
+    assert first.sum_prefill_squared == 15 * 15 + 1 * 1
+    assert first.sum_prefill_context == 15 * 15 + 1 * 13
     assert all(t.schedule_s >= 0 and t.model_s > 0 for t in engine.timings)
     assert sum(t.num_decode_tokens for t in engine.timings) >= 2
 

@@ -65,6 +65,9 @@ class PreparedBatch:
     num_decode_tokens: int
     sum_decode_context: int
     sum_prefill_context: int
+    #: Σ chunk tokens² over the prefill chunks: with ``sum_prefill_context`` it gives the
+    #: causal query-key pairs a predictor prices (``predictor.batch_features``).
+    sum_prefill_squared: int = 0
 
 
 def apply_scheduler_output(out: Any, states: dict[RequestId, RequestState]) -> None:
@@ -205,6 +208,7 @@ def _build(
         num_decode_tokens=len(decoding),
         sum_decode_context=sum(r.end for r in decoding),
         sum_prefill_context=sum(_attended_keys(r) for r in chunks),
+        sum_prefill_squared=sum((r.end - r.start) ** 2 for r in chunks),
     )
 
 

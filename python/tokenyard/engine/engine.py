@@ -102,6 +102,7 @@ class StepTiming:
     num_padding_rows: int
     sum_decode_context: int
     sum_prefill_context: int
+    sum_prefill_squared: int = 0
 
 
 @dataclass
@@ -296,6 +297,7 @@ class LLMEngine:
                 num_padding_rows=b.num_padding_rows,
                 sum_decode_context=b.sum_decode_context,
                 sum_prefill_context=b.sum_prefill_context,
+                sum_prefill_squared=b.sum_prefill_squared,
             )
         )
 

@@ -30,6 +30,7 @@ PROFILE_COLUMNS = (
     "num_padding_rows",
     "sum_prefill_context",
     "sum_decode_context",
+    "sum_prefill_squared",
     "schedule_ms",
     "prepare_ms",
     "model_ms",
@@ -53,7 +54,7 @@ def write_step_profile(
                     "device": device,
                     "model": model,
                     "dtype": dtype,
-                    **{k: row[k] for k in PROFILE_COLUMNS[3:9]},
+                    **{k: row[k] for k in PROFILE_COLUMNS[3:10]},
                     **{
                         f"{k}_ms": row[f"{k}_s"] * 1e3
                         for k in ("schedule", "prepare", "model", "process")

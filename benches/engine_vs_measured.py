@@ -40,9 +40,7 @@ def predictors(model_name: str, device_name: str) -> dict[str, CompiledPredictor
     source = resolve_source(package_root(), SYSTEMS[device.name], "vllm", "latest")
     return {
         "measured": measured_predictor(model, device, source),
-        "calibrated": roofline_predictor(
-            model, device, calibration=builtin_calibration(device)
-        ),
+        "calibrated": roofline_predictor(model, device, calibration=builtin_calibration(device)),
         "datasheet": roofline_predictor(model, device),
     }
 
@@ -85,9 +83,8 @@ def engine_section(path: Path, model: str, device: str) -> dict[str, Any]:
     with open(path) as f:
         rows = list(csv.DictReader(f))[1:]  # the first step carries kernel compilation
     priced = predictors(model, device)
-    decodes = sorted(
-        (int(r["num_decode_tokens"]), float(r["model_ms"])) for r in rows if step_kind(r) == "decode"
-    )
+    decode_rows = (r for r in rows if step_kind(r) == "decode")
+    decodes = sorted((int(r["num_decode_tokens"]), float(r["model_ms"])) for r in decode_rows)
     # The launch floor: the median model time of the smallest tenth of decode batches.
     smallest = decodes[: max(1, len(decodes) // 10)]
     floor_ms = statistics.median(ms for _, ms in smallest)

@@ -85,6 +85,9 @@ class ScheduleStep(AdapterBase):
             free_encoder_mm_hashes=list(core.free_encoder_mm_hashes),
             num_spec_tokens_to_schedule=self.num_spec_tokens,
         )
+        if self.needs_kv_cache_zeroing and self._kv_groups:
+            # vLLM 0.33's _get_new_block_ids_to_zero: the blocks handed out this step.
+            out.new_block_ids_to_zero = self._core.take_new_block_ids().tolist() or None
         if self.log_stats and self.observability_config.enable_logging_iteration_details:
             out.scheduled_encoder_input_stats = self._make_scheduled_encoder_input_stats(
                 out.scheduled_encoder_inputs

@@ -211,3 +211,68 @@ impl<R: RequestKey> KvCoordinator<R> {
 pub fn prefix_cacheable(spec: &KvGroupSpec) -> bool {
     !matches!(spec, KvGroupSpec::SlidingWindowReplay { .. })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::{KvCapacity, NULL_BLOCK};
+
+    const FULL: KvGroupSpec = KvGroupSpec::FullAttention;
+    const WINDOW: KvGroupSpec = KvGroupSpec::SlidingWindow { sliding_window: 8 };
+
+    /// vLLM 0.33's layout: 8 local + 8 loaded tokens, 4 to compute, blocks of 4, window 8.
+    /// The window group counts 16 computed: (16 + 1 - 8) / 4 = 2 nulls (the local hit's
+    /// blocks there are not taken), the loaded block it attends to, then blocks to compute.
+    #[test]
+    fn loaded_tokens_count_as_computed_in_every_group() {
+        let mut coord = KvCoordinator::<u64>::new(vec![FULL, WINDOW], 40, 4, true).unwrap();
+        let tokens: Vec<TokenId> = (0..20).collect();
+        coord
+            .allocate_slots(&1, &tokens[..9], 9, 0, None, None)
+            .unwrap();
+        coord.free(&1).unwrap();
+        let hit = coord.get_computed_blocks(&tokens, None);
+        assert_eq!(hit.num_computed_tokens, 8);
+        coord.set_zero_new_blocks(true);
+        let alloc = ExternalAllocation {
+            num_external_tokens: 8,
+            num_new_tokens: 4,
+            cache: true,
+            skip_zeroing_groups: &[0],
+            ..ExternalAllocation::default()
+        };
+        let new = coord.allocate_slots_external(&2, &tokens, Some(&hit), None, alloc);
+        let new = new.unwrap().unwrap();
+        let tables: Vec<Vec<BlockId>> = coord
+            .block_ids(&2)
+            .unwrap()
+            .iter()
+            .map(|t| t.to_vec())
+            .collect();
+        assert_eq!(tables[0][..2], hit.block_ids[0][..2]);
+        assert_eq!((tables[0].len(), tables[1].len()), (5, 5));
+        assert_eq!(tables[1][..2], [NULL_BLOCK, NULL_BLOCK]);
+        assert_eq!((new[0].len(), new[1].len()), (3, 3));
+        assert_eq!(coord.num_computed_tokens(&2), Some(20));
+        // Every new block is zeroed but group 0's two loaded ones (skip_zeroing_groups).
+        let zeroed = coord.take_new_block_ids();
+        assert_eq!(zeroed, [&new[0][2..], &new[1][..]].concat());
+        coord.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_load_that_does_not_fit_changes_nothing() {
+        let mut coord = KvCoordinator::<u64>::new(vec![FULL, WINDOW], 6, 4, true).unwrap();
+        let tokens: Vec<TokenId> = (0..20).collect();
+        let free = coord.num_free_blocks();
+        let alloc = ExternalAllocation {
+            num_external_tokens: 16,
+            ..ExternalAllocation::default()
+        };
+        let hit = coord.get_computed_blocks(&tokens, None);
+        let new = coord.allocate_slots_external(&1, &tokens, Some(&hit), None, alloc);
+        assert!(new.unwrap().is_none());
+        assert_eq!((coord.num_free_blocks(), coord.num_requests()), (free, 0));
+        coord.check_invariants().unwrap();
+    }
+}

@@ -168,6 +168,9 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerIn
         self._bridge: _ConnectorBridge | None = None
         # Loads reported landed whose request has not been scheduled since (vLLM's).
         self.finished_recving_kv_req_ids: set[str] = set()
+        # Landed loads an admission pass took without scheduling them (WAITING, holding
+        # their blocks; vLLM's _update_waiting_for_remote_kv ran for them).
+        self._promoted_loads: set[str] = set()
         if vllm_config.kv_transfer_config is not None:
             self.connector = KVConnectorFactory.create_connector(
                 config=vllm_config, role=KVConnectorRole.SCHEDULER, kv_cache_config=kv_cache_config
@@ -347,7 +350,7 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerIn
         whose request has not been scheduled since."""
         if self._bridge is None:
             return set()
-        return self._bridge.loading | self.finished_recving_kv_req_ids
+        return self._bridge.loading | self.finished_recving_kv_req_ids | self._promoted_loads
 
     # vLLM 0.33's prefill cadence state, read from the core.
     num_executed_steps = property(lambda self: self._core.num_executed_steps)
@@ -660,6 +663,7 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerIn
         core id until they land (``_late_core_ids``)."""
         del self.requests[request_id]
         self._pending_encoder_input_ids.pop(request_id, None)
+        self._promoted_loads.discard(request_id)
         core_id = self._core_ids.pop(request_id)
         if self.async_scheduling and self._core.num_outputs_in_flight(core_id):
             self._late_core_ids[request_id] = core_id

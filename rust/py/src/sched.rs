@@ -540,6 +540,16 @@ impl PyScheduler {
         }
     }
 
+    /// Whether the request waits for its KV load (`WAITING_FOR_REMOTE_KVS`): not yet
+    /// reported, or reported and not yet taken by an admission pass.
+    fn waiting_for_remote_kvs(&self, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let id = RequestId::from_py(request_id)?;
+        match self.inner.get_request(&id) {
+            Some(r) => Ok(r.status == tokenyard_core::sched::RequestStatus::WaitingForRemoteKvs),
+            None => Err(unknown_request(request_id.py(), &id)),
+        }
+    }
+
     /// The request's block table (its KV block ids in order); empty if it holds none.
     fn block_ids<'py>(
         &self,

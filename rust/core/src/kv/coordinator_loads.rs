@@ -157,6 +157,27 @@ impl<R: RequestKey> KvCoordinator<R> {
         Ok(Some(new_blocks))
     }
 
+    /// [`KvCoordinator::full_sequence_fits`] for a first allocation that also loads
+    /// `num_external_tokens` after the hit: they count as computed, so a window group skips
+    /// what falls before its window of the loaded tokens (vLLM 0.33's gate in
+    /// `allocate_slots`, with `total_computed_tokens` the local and loaded ones).
+    pub fn full_sequence_fits_external(
+        &self,
+        request_id: &R,
+        num_tokens: usize,
+        hit: Option<&GroupedComputedBlocks>,
+        num_external_tokens: usize,
+        max_in_flight_tokens: usize,
+    ) -> bool {
+        if self.requests.contains_key(request_id) {
+            return self.full_sequence_fits(request_id, num_tokens, hit, max_in_flight_tokens);
+        }
+        let total = hit.map_or(0, |h| h.num_computed_tokens) + num_external_tokens;
+        let cap = Some(max_in_flight_tokens);
+        self.num_blocks_to_allocate(request_id, num_tokens, total, hit, cap)
+            <= self.free_queue.len()
+    }
+
     /// vLLM's `allocate_external_computed_blocks` for every group of a request just
     /// admitted with `total` computed tokens: blocks for the loaded tokens the group still
     /// attends to. Returns each group's new blocks.

@@ -164,16 +164,23 @@ impl<R: RequestKey> Scheduler<R> {
         // (vLLM 0.33 checks it in allocate_slots, after the encoder step, whose lookups and
         // evictions stand).
         let has_mm = !self.req(slot).spec.mm_features.is_empty();
-        if !fits && (!has_mm || hit.num_host_tokens() > 0) {
+        // With several KV groups the loaded tokens shorten a window group's need: the gate
+        // waits for the connector's answer (vLLM 0.33 asks it before allocate_slots).
+        let gate_after_connector = connector && !self.kv.is_block_hash();
+        if !fits && !gate_after_connector && (!has_mm || hit.num_host_tokens() > 0) {
             self.blocked_head = Some((seq, hit));
             return Ok(Admission::Blocked);
         }
         let Some(external) = self.ask_connector(slot, &hit)? else {
             return Ok(Admission::SteppedAside);
         };
-        let local_hit = hit.num_computed_tokens();
         let (external, window_loaded) = self.replay_rules(slot, &mut hit, external)?;
-        if hit.num_computed_tokens() < local_hit && !self.full_sequence_fits(slot, Some(&hit)) {
+        let fits = if gate_after_connector {
+            self.full_sequence_fits_loaded(slot, &hit, external.num_tokens)
+        } else {
+            fits
+        };
+        if !fits && gate_after_connector && !has_mm {
             self.blocked_head = Some((seq, hit));
             return Ok(Admission::Blocked);
         }
@@ -389,6 +396,17 @@ impl<R: RequestKey> Scheduler<R> {
         }
         let num_tokens = self.req(slot).num_tokens().min(self.config.max_model_len);
         self.kv.full_sequence_fits(slot, num_tokens, hit)
+    }
+
+    /// [`Self::full_sequence_fits`] for an admission that also loads `num_external_tokens`
+    /// after `hit`.
+    fn full_sequence_fits_loaded(&self, slot: u32, hit: &Hit, num_external_tokens: usize) -> bool {
+        if !self.config.scheduler_reserve_full_isl {
+            return true;
+        }
+        let num_tokens = self.req(slot).num_tokens().min(self.config.max_model_len);
+        self.kv
+            .full_sequence_fits_loaded(slot, num_tokens, hit, num_external_tokens)
     }
 
     /// Tokens a new admission computes this step, after `num_computed` hit or loaded ones;

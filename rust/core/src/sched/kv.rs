@@ -325,6 +325,28 @@ impl Kv {
         }
     }
 
+    /// [`Self::full_sequence_fits`] for an admission that also loads `num_external_tokens`
+    /// after `hit` (with several KV groups they shorten what a window group needs; a single
+    /// pool needs blocks for them all the same).
+    pub fn full_sequence_fits_loaded(
+        &self,
+        slot: u32,
+        num_tokens: usize,
+        hit: &Hit,
+        num_external_tokens: usize,
+    ) -> bool {
+        match (self, hit) {
+            (Kv::Hybrid(h), Hit::Hybrid(g)) => (h.pool).full_sequence_fits_external(
+                &slot,
+                num_tokens,
+                Some(g),
+                num_external_tokens,
+                h.max_in_flight_tokens,
+            ),
+            _ => self.full_sequence_fits(slot, num_tokens, Some(hit)),
+        }
+    }
+
     /// The loaded blocks of `slot` have landed: they enter the prefix cache.
     pub fn cache_loaded(&mut self, slot: u32) -> Result<()> {
         match self {

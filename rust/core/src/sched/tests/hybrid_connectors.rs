@@ -244,3 +244,32 @@ fn a_finished_requests_tables_reach_the_connector_pruned_on_the_processed_basis(
     }
     assert_eq!(nulls, [0, 3]);
 }
+
+#[test]
+fn the_full_sequence_gate_counts_loaded_tokens_as_computed() {
+    // 40 tokens over blocks of 4, 15 usable: counting only the (empty) local hit, both
+    // groups need 10 blocks (20 > 15); with 36 tokens loaded the window group skips
+    // (36 + 1 - 8) / 4 = 7 of its blocks, so 10 + 3 = 13 fit (vLLM 0.33 gates in
+    // allocate_slots, after asking the connector).
+    let connector = GroupConnector {
+        offer: 36,
+        load_async: true,
+        ..GroupConnector::default()
+    };
+    let cfg = SchedulerConfig {
+        kv_groups: vec![KvGroupSpec::FullAttention, WINDOW],
+        enable_prefix_caching: true,
+        max_num_batched_tokens: 64,
+        num_blocks: 16,
+        scheduler_reserve_full_isl: true,
+        ..config()
+    };
+    let mut s = Scheduler::new(cfg, false).unwrap();
+    s.set_connector(Box::new(connector)).unwrap();
+    s.add_request(0, prompt(0, 40)).unwrap();
+    let out = s.schedule().unwrap();
+    assert_eq!(out.kv_loads.len(), 1, "the load starts");
+    let held = s.group_block_ids(&0);
+    assert_eq!((held[0].len(), num_nulls(&held[1])), (9, 7));
+    s.check_invariants().unwrap();
+}

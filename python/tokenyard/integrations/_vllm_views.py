@@ -133,8 +133,11 @@ class _ConnectorBridge:
         Raises:
             ConfigError: several KV cache groups beside a connector without ``SupportsHMA``.
         """
-        if isinstance(self.connector, SupportsHMA):
-            return self.connector.request_finished_all_groups(request, tables)
+        connector: Any = self.connector
+        answer: tuple[bool, Any]
+        if isinstance(connector, SupportsHMA):
+            answer = connector.request_finished_all_groups(request, tables)
+            return answer
         if len(tables) != 1:
             raise ConfigError(
                 f"kv_transfer_config.kv_connector: {type(self.connector).__name__} does not "
@@ -142,7 +145,8 @@ class _ConnectorBridge:
                 f"with {len(tables)} KV cache groups (vLLM 0.33's _connector_finished "
                 f"asserts one)"
             )
-        return self.connector.request_finished(request, tables[0])
+        answer = connector.request_finished(request, tables[0])
+        return answer
 
     def request_finished(self, view: Any, block_ids: Any) -> bool:
         request = self._scheduler._request_of(view.request_id)

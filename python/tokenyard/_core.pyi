@@ -756,10 +756,17 @@ class _KvConnectorLike(Protocol):
         self, request: RequestView, num_computed_tokens: int, /
     ) -> tuple[int | None, bool] | None: ...
     def update_state_after_alloc(
-        self, request: RequestView, block_ids: npt.NDArray[np.uint32], num_external_tokens: int, /
+        self,
+        request: RequestView,
+        block_ids: npt.NDArray[np.uint32] | tuple[npt.NDArray[np.uint32], ...],
+        num_external_tokens: int,
+        /,
     ) -> object: ...
     def request_finished(
-        self, request: RequestView, block_ids: npt.NDArray[np.uint32], /
+        self,
+        request: RequestView,
+        block_ids: npt.NDArray[np.uint32] | tuple[npt.NDArray[np.uint32], ...],
+        /,
     ) -> bool | tuple[bool, object]: ...
 
 @final
@@ -995,6 +1002,22 @@ class Scheduler:
     def group_block_ids(self, request_id: _RequestId) -> tuple[npt.NDArray[np.uint32], ...]:
         """With several KV groups, the request's block table of each group; ``()`` with one
         group. Raises UnknownRequestError."""
+    def waiting_for_remote_kvs(self, request_id: _RequestId) -> bool:
+        """Whether the request waits for its KV load (``WAITING_FOR_REMOTE_KVS``): not yet
+        reported, or reported and not yet taken by an admission pass. Raises
+        UnknownRequestError."""
+    def set_kv_cache_zeroing(self, on: bool) -> None:
+        """Zeroes new KV blocks before use (vLLM 0.33's ``needs_kv_cache_zeroing``): each
+        step's go to ``take_new_block_ids``, but those an asynchronous load writes in the
+        groups it restores. Raises ConfigError with one KV group."""
+    def take_new_block_ids(self) -> npt.NDArray[np.uint32]:
+        """The KV blocks to zero handed out since the last call, group by group (vLLM's
+        ``SchedulerOutput.new_block_ids_to_zero``); empty without zeroing."""
+    def prune_skipped_blocks(self, request_id: _RequestId) -> tuple[npt.NDArray[np.uint32], ...]:
+        """Frees the blocks the request's KV groups no longer attend to on the
+        processed-token basis (its computed tokens less those of steps in flight), as vLLM
+        0.33's ``_connector_finished`` does; returns each group's table after (one table
+        with one group). Raises UnknownRequestError."""
     def preempt_request(self, request_id: _RequestId) -> None:
         """Preempts a running request from outside a step (vLLM's ``_preempt_request``
         called directly): its blocks are freed, it goes back to the head of the waiting

@@ -85,6 +85,11 @@ class KvConnector(Protocol):
     scheduler-side KV connector (``KVConnectorBase_V1``), with its method names and answers.
 
     Pass one as ``Scheduler(config, connector=...)`` (``prefix_cache="block_hash"`` only).
+    With several KV groups it may also define ``get_loaded_kv_cache_group_ids(request)``
+    (vLLM 0.33's): the groups its load restores, an iterable of group indices (without it,
+    or ``None``: every group but a bounded-replay window, what a prefix-cache store holds);
+    a load that restores the window is not replayed, and its groups' blocks are not zeroed
+    under an asynchronous load.
     Each method gets the request as a ``RequestView`` (its ``status`` is
     ``"waiting_for_remote_kvs"`` while its KV loads). If a method raises or answers badly,
     the scheduler's method raises ``ConnectorError`` naming it (the exception as
@@ -102,17 +107,28 @@ class KvConnector(Protocol):
         ...
 
     def update_state_after_alloc(
-        self, request: RequestView, block_ids: npt.NDArray[np.uint32], num_external_tokens: int, /
+        self,
+        request: RequestView,
+        block_ids: npt.NDArray[np.uint32] | tuple[npt.NDArray[np.uint32], ...],
+        num_external_tokens: int,
+        /,
     ) -> object:
         """Blocks were allocated for an admitted request: its whole block table, of which
         the ``num_external_tokens`` after the local hit are to be loaded (0: nothing to
-        load). The return value is ignored."""
+        load). With several KV groups (``SchedulerConfig.kv_groups``) a tuple of tables,
+        one per group (null blocks, id 0, where a group no longer attends). The return
+        value is ignored."""
         ...
 
     def request_finished(
-        self, request: RequestView, block_ids: npt.NDArray[np.uint32], /
+        self,
+        request: RequestView,
+        block_ids: npt.NDArray[np.uint32] | tuple[npt.NDArray[np.uint32], ...],
+        /,
     ) -> bool | tuple[bool, object]:
-        """A running request finished (or was aborted) holding ``block_ids``. ``True``: the
+        """A running request finished (or was aborted) holding ``block_ids`` (with several
+        KV groups a tuple of tables, without the blocks its windows left on the
+        processed-token basis, as vLLM 0.33's ``_connector_finished``). ``True``: the
         connector sends them, and the scheduler keeps them until the engine reports the send
         in ``finish_kv_transfers(finished_sending=...)``. vLLM's ``(bool, kv_transfer_params)``
         is accepted too; the params are ignored."""

@@ -25,6 +25,7 @@ from tokenyard.integrations._vllm_translate import vllm_block_ids
 
 _RUNNING = RequestStatus.RUNNING
 _PREEMPTED = RequestStatus.PREEMPTED
+_WAITING = RequestStatus.WAITING
 _WAITING_FOR_REMOTE_KVS = RequestStatus.WAITING_FOR_REMOTE_KVS
 
 
@@ -59,6 +60,8 @@ class ScheduleStep(AdapterBase):
         now = time.monotonic()
         self._apply_preemptions(core.preempted_req_ids, now)
         new_reqs_data, resumed = self._new_and_resumed(core, now)
+        if self.finished_recving_kv_req_ids:
+            self._promote_landed_loads()
         batch: Batch | None = None
         if self._int_ids:
             ids, counts = core.num_scheduled_tokens_arrays()
@@ -85,6 +88,9 @@ class ScheduleStep(AdapterBase):
             free_encoder_mm_hashes=list(core.free_encoder_mm_hashes),
             num_spec_tokens_to_schedule=self.num_spec_tokens,
         )
+        if self.needs_kv_cache_zeroing and self._kv_groups:
+            # vLLM 0.33's _get_new_block_ids_to_zero: the blocks handed out this step.
+            out.new_block_ids_to_zero = self._core.take_new_block_ids().tolist() or None
         if self.log_stats and self.observability_config.enable_logging_iteration_details:
             out.scheduled_encoder_input_stats = self._make_scheduled_encoder_input_stats(
                 out.scheduled_encoder_inputs
@@ -143,6 +149,8 @@ class ScheduleStep(AdapterBase):
             return
         preempted = self._vllm_requests(preempted_ids)
         self._core_preempted.update(r.request_id for r in preempted)
+        # A landed load let go (the core's release_landed_loads) holds no blocks any more.
+        self._promoted_loads.difference_update(self._core_preempted)
         try:
             for request in preempted:
                 self._preempt_request(request, now)
@@ -218,6 +226,7 @@ class ScheduleStep(AdapterBase):
                 self._dropped_outputs.discard(request_id)
             if bridge is not None:
                 self.finished_recving_kv_req_ids.discard(request_id)
+                self._promoted_loads.discard(request_id)
             request.status = _RUNNING
             request.num_computed_tokens = data.num_computed_tokens
             # SWA bounded replay: the hit's last window is recomputed this step; the hit
@@ -248,6 +257,24 @@ class ScheduleStep(AdapterBase):
                     )
                 )
         return new_reqs_data, resumed
+
+    def _promote_landed_loads(self) -> None:
+        """vLLM 0.33's ``_update_waiting_for_remote_kv`` for the landed loads an admission
+        pass took this step without scheduling them (memory or the budget stopped it): the
+        request waits as WAITING (PREEMPTED after a preemption), its computed tokens those
+        the load left (less a bounded-replay window)."""
+        core = self._core
+        for request_id in list(self.finished_recving_kv_req_ids):
+            request = self.requests.get(request_id)
+            if request is None or request.status != _WAITING_FOR_REMOTE_KVS:
+                continue
+            core_id = self._core_ids[request_id]
+            if core.waiting_for_remote_kvs(core_id):
+                continue
+            self.finished_recving_kv_req_ids.discard(request_id)
+            self._promoted_loads.add(request_id)
+            request.status = _PREEMPTED if request.num_preemptions else _WAITING
+            request.num_computed_tokens = core.num_computed_tokens(core_id)
 
     def _finish_prefill_stats(self, live: list[Request], live_ids: list[str]) -> None:
         """Takes the stats of the requests emitting their first output, finalized with the

@@ -59,6 +59,8 @@ class AdapterBase:
     _late_core_ids: dict[str, Any]
     _int_ids: bool
     _kv_groups: int
+    needs_kv_cache_zeroing: bool
+    _promoted_loads: set[str]
     prefix_replay_tokens: int
     """vLLM 0.33's SWA bounded replay window (0: no bounded-replay group)."""
     _pending_encoder_input_ids: dict[str, set[int]]

@@ -9,11 +9,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, Protocol
 
+from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request
 
+from tokenyard.errors import ConfigError
 from tokenyard.integrations._vllm_coordinator_view import BlockPoolView, CoordinatorView
 from tokenyard.integrations._vllm_translate import core_prompt, vllm_block_ids
 
@@ -90,7 +92,9 @@ class _ConnectorBridge:
         request = scheduler._request_of(view.request_id)
         # vLLM's connectors read block ids off KVCacheBlocks; the blocks' hash and ref-count
         # state lives in Rust and is not mirrored on these objects.
-        blocks = KVCacheBlocks((tuple(KVCacheBlock(b) for b in vllm_block_ids(block_ids)),))
+        blocks = KVCacheBlocks(
+            tuple(tuple(KVCacheBlock(b) for b in group) for group in _group_tables(block_ids))
+        )
         self.connector.update_state_after_alloc(request, blocks, num_external_tokens)
         queries, hits = self._lookups.pop(request.request_id, (0, 0))
         load_async = self._load_async.pop(request.request_id, False)
@@ -114,10 +118,40 @@ class _ConnectorBridge:
                 num_tokens=queries, num_hits=hits, preempted=preempted, hits_by_source=sources
             )
 
+    def get_loaded_kv_cache_group_ids(self, view: Any) -> tuple[int, ...]:
+        """The KV cache groups the connector's load restores (vLLM 0.33's
+        ``get_loaded_kv_cache_group_ids``; its base class answers the prefix-cacheable
+        groups, a P/D connector every transfer group)."""
+        request = self._scheduler._request_of(view.request_id)
+        return tuple(self.connector.get_loaded_kv_cache_group_ids(request))
+
+    def finished(self, request: Request, tables: tuple[list[int], ...]) -> tuple[bool, Any]:
+        """vLLM 0.33's connector call in ``_connector_finished``: every group's table to a
+        connector that supports the hybrid allocator (``SupportsHMA``), the one table to
+        one that does not (vLLM asserts there is one group then).
+
+        Raises:
+            ConfigError: several KV cache groups beside a connector without ``SupportsHMA``.
+        """
+        connector: Any = self.connector
+        answer: tuple[bool, Any]
+        if isinstance(connector, SupportsHMA):
+            answer = connector.request_finished_all_groups(request, tables)
+            return answer
+        if len(tables) != 1:
+            raise ConfigError(
+                f"kv_transfer_config.kv_connector: {type(self.connector).__name__} does not "
+                f"support the hybrid KV cache manager (SupportsHMA), and a request finished "
+                f"with {len(tables)} KV cache groups (vLLM 0.33's _connector_finished "
+                f"asserts one)"
+            )
+        answer = connector.request_finished(request, tables[0])
+        return answer
+
     def request_finished(self, view: Any, block_ids: Any) -> bool:
         request = self._scheduler._request_of(view.request_id)
         request_id = request.request_id
-        delay_free, params = self.connector.request_finished(request, vllm_block_ids(block_ids))
+        delay_free, params = self.finished(request, _group_tables(block_ids))
         if params is not None:
             self.transfer_params[request_id] = params
         if delay_free:
@@ -126,6 +160,14 @@ class _ConnectorBridge:
         # Not held for a send: the core frees the blocks, or defers them past the steps in
         # flight (vLLM 0.33's defer_block_free).
         return False
+
+
+def _group_tables(block_ids: Any) -> tuple[list[int], ...]:
+    """The core's block ids as vLLM's per-group tables: a tuple of arrays (several KV
+    groups, vLLM's ids already) or one array (the single pool, renumbered)."""
+    if isinstance(block_ids, tuple):
+        return tuple(group.tolist() for group in block_ids)
+    return (vllm_block_ids(block_ids),)
 
 
 class _WaitingView:

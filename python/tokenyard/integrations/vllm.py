@@ -82,6 +82,7 @@ from tokenyard.integrations._vllm_translate import (
     local_prefill_interval,
     request_id_list,
     settings,
+    vllm_block_ids,
 )
 from tokenyard.integrations._vllm_update import UpdateFromOutput
 from tokenyard.integrations._vllm_views import (
@@ -167,6 +168,9 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerIn
         self._bridge: _ConnectorBridge | None = None
         # Loads reported landed whose request has not been scheduled since (vLLM's).
         self.finished_recving_kv_req_ids: set[str] = set()
+        # Landed loads an admission pass took without scheduling them (WAITING, holding
+        # their blocks; vLLM's _update_waiting_for_remote_kv ran for them).
+        self._promoted_loads: set[str] = set()
         if vllm_config.kv_transfer_config is not None:
             self.connector = KVConnectorFactory.create_connector(
                 config=vllm_config, role=KVConnectorRole.SCHEDULER, kv_cache_config=kv_cache_config
@@ -206,6 +210,11 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerIn
             self._core.set_encoder_cache_size(0)
         self._num_kv_blocks = s.num_blocks - 1
         self._kv_groups = len(s.kv_groups)
+        # vLLM 0.33 zeroes new blocks before use with Mamba layers or mixed-precision KV
+        # groups (SchedulerOutput.new_block_ids_to_zero); both come with several groups.
+        self.needs_kv_cache_zeroing = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", 0))
+        if self.needs_kv_cache_zeroing and self._kv_groups:
+            self._core.set_kv_cache_zeroing(True)
         # vLLM 0.33's SWA bounded replay: the groups rebuilt by recomputing a hit's tail,
         # and that tail's length (their window; the core refuses windows that disagree).
         self.prefix_replay_group_ids = tuple(
@@ -341,7 +350,7 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerIn
         whose request has not been scheduled since."""
         if self._bridge is None:
             return set()
-        return self._bridge.loading | self.finished_recving_kv_req_ids
+        return self._bridge.loading | self.finished_recving_kv_req_ids | self._promoted_loads
 
     # vLLM 0.33's prefill cadence state, read from the core.
     num_executed_steps = property(lambda self: self._core.num_executed_steps)
@@ -632,6 +641,19 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerIn
         ):
             self._forget(request_id)
 
+    def _connector_finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:
+        """vLLM 0.33's ``Scheduler._connector_finished``: the blocks the request's KV groups
+        no longer attend to on the processed-token basis are freed, then the connector gets
+        its block tables; returns the connector's ``(delay_free, kv_transfer_params)``."""
+        if self._bridge is None:
+            return False, None
+        core_id = self._core_ids[request.request_id]
+        if self._kv_groups:
+            tables = tuple(g.tolist() for g in self._core.prune_skipped_blocks(core_id))
+        else:
+            tables = (vllm_block_ids(self._core.block_ids(core_id)),)
+        return self._bridge.finished(request, tables)
+
     def _request_of(self, core_id: Any) -> Request:
         """The vLLM request of a core id."""
         return self.requests[self._vllm_ids[core_id]]
@@ -641,6 +663,7 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerIn
         core id until they land (``_late_core_ids``)."""
         del self.requests[request_id]
         self._pending_encoder_input_ids.pop(request_id, None)
+        self._promoted_loads.discard(request_id)
         core_id = self._core_ids.pop(request_id)
         if self.async_scheduling and self._core.num_outputs_in_flight(core_id):
             self._late_core_ids[request_id] = core_id

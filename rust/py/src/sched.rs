@@ -540,6 +540,16 @@ impl PyScheduler {
         }
     }
 
+    /// Whether the request waits for its KV load (`WAITING_FOR_REMOTE_KVS`): not yet
+    /// reported, or reported and not yet taken by an admission pass.
+    fn waiting_for_remote_kvs(&self, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let id = RequestId::from_py(request_id)?;
+        match self.inner.get_request(&id) {
+            Some(r) => Ok(r.status == tokenyard_core::sched::RequestStatus::WaitingForRemoteKvs),
+            None => Err(unknown_request(request_id.py(), &id)),
+        }
+    }
+
     /// The request's block table (its KV block ids in order); empty if it holds none.
     fn block_ids<'py>(
         &self,
@@ -652,6 +662,30 @@ impl PyScheduler {
     fn num_cached_blocks_of(&self, request_id: &Bound<'_, PyAny>) -> PyResult<Option<Vec<usize>>> {
         let id = RequestId::from_py(request_id)?;
         Ok(self.inner.kv_num_cached_blocks(&id))
+    }
+
+    /// Zeroes new KV blocks before use (vLLM 0.33's `needs_kv_cache_zeroing`; several KV
+    /// groups only, a `ConfigError` otherwise); `take_new_block_ids` hands them out.
+    fn set_kv_cache_zeroing(&mut self, py: Python<'_>, on: bool) -> PyResult<()> {
+        (self.inner.set_kv_cache_zeroing(on)).map_err(|err| self.raise(py, err))
+    }
+
+    /// The KV blocks to zero handed out since the last call, group by group (vLLM's
+    /// `SchedulerOutput.new_block_ids_to_zero`).
+    fn take_new_block_ids<'py>(&mut self, py: Python<'py>) -> Bound<'py, PyArray1<u32>> {
+        PyArray1::from_vec(py, self.inner.take_new_block_ids())
+    }
+
+    /// Frees what the request's KV groups no longer attend to on the processed-token basis
+    /// (vLLM 0.33's `_connector_finished`); returns each group's table after.
+    fn prune_skipped_blocks<'py>(
+        &mut self,
+        request_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
+        let py = request_id.py();
+        let id = RequestId::from_py(request_id)?;
+        let tables = (self.inner.prune_skipped_blocks(&id)).map_err(|err| self.raise(py, err))?;
+        crate::sched_output::group_tuple(py, &tables)
     }
 
     /// The encoder compute budget per step, in embeddings; settable (from the next step on,

@@ -146,14 +146,89 @@ impl KvConnector<RequestId> for PyConnector {
         })
     }
 
+    /// Several KV groups: the connector gets a tuple of arrays, one per group.
+    fn update_state_after_alloc_groups(
+        &mut self,
+        request: &Request<RequestId>,
+        block_ids: &[&[BlockId]],
+        num_external_tokens: usize,
+    ) -> Result<()> {
+        Python::attach(|py| {
+            let args = (
+                view(py, request)?,
+                groups(py, block_ids)?,
+                num_external_tokens,
+            );
+            self.call(py, "update_state_after_alloc", args).map(drop)
+        })
+    }
+
     fn request_finished(
         &mut self,
         request: &Request<RequestId>,
         block_ids: &[BlockId],
     ) -> Result<bool> {
-        const METHOD: &str = "request_finished";
         Python::attach(|py| {
-            let blocks = PyArray1::from_slice(py, block_ids);
+            let blocks = PyArray1::from_slice(py, block_ids).into_any();
+            self.finished(py, request, blocks)
+        })
+    }
+
+    /// Several KV groups: the connector gets a tuple of arrays, one per group.
+    fn request_finished_groups(
+        &mut self,
+        request: &Request<RequestId>,
+        block_ids: &[&[BlockId]],
+    ) -> Result<bool> {
+        Python::attach(|py| {
+            let tables = groups(py, block_ids)?.into_any();
+            self.finished(py, request, tables)
+        })
+    }
+
+    /// An optional method: without it, the default groups.
+    fn get_loaded_kv_cache_group_ids(
+        &mut self,
+        request: &Request<RequestId>,
+    ) -> Result<Option<Vec<usize>>> {
+        const METHOD: &str = "get_loaded_kv_cache_group_ids";
+        Python::attach(|py| {
+            if !self.object.bind(py).hasattr(METHOD).unwrap_or(false) {
+                return Ok(None);
+            }
+            let answer = self.call(py, METHOD, (view(py, request)?,))?;
+            if answer.is_none() {
+                return Ok(None);
+            }
+            let ids = (answer.try_iter().ok())
+                .and_then(|items| items.map(|i| i.ok().as_ref().and_then(count)).collect());
+            ids.map(Some).ok_or_else(|| {
+                Error::connector(
+                    METHOD,
+                    short_repr(&answer),
+                    "must return an iterable of KV cache group indices (ints >= 0), or None",
+                )
+            })
+        })
+    }
+}
+
+/// Each group's block table as a tuple of arrays.
+fn groups<'py>(py: Python<'py>, block_ids: &[&[BlockId]]) -> Result<Bound<'py, PyTuple>> {
+    let arrays = block_ids.iter().map(|t| PyArray1::from_slice(py, t));
+    PyTuple::new(py, arrays).map_err(|err| Error::connector("block_ids", &err, "tuple"))
+}
+
+impl PyConnector {
+    /// `request_finished(view, blocks)`, its answer checked.
+    fn finished(
+        &self,
+        py: Python<'_>,
+        request: &Request<RequestId>,
+        blocks: Bound<'_, PyAny>,
+    ) -> Result<bool> {
+        const METHOD: &str = "request_finished";
+        {
             let answer = self.call(py, METHOD, (view(py, request)?, blocks))?;
             // vLLM returns (delay_free_blocks, kv_transfer_params); tokenyard has no use for
             // the params, so a bare bool is enough.
@@ -169,7 +244,7 @@ impl KvConnector<RequestId> for PyConnector {
                     "must return a bool (or vLLM's (bool, kv_transfer_params))",
                 )
             })
-        })
+        }
     }
 }
 

@@ -86,6 +86,9 @@ pub struct KvCoordinator<R: RequestKey> {
     cached: CacheMap,
     requests: FxHashMap<R, CoordinatedRequest>,
     stats: BlockPoolStats,
+    /// Per group, blocks handed out since the last `take_new_block_ids`, when new blocks
+    /// are zeroed before use (vLLM 0.33's `needs_kv_cache_zeroing`); `None` otherwise.
+    zeroing: Option<Vec<Vec<BlockId>>>,
 }
 
 /// A block hash keyed by its group (vLLM appends the group id to the hash bytes).
@@ -147,6 +150,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             cached: CacheMap::new(num_blocks)?,
             requests: FxHashMap::default(),
             stats: BlockPoolStats::default(),
+            zeroing: None,
         })
     }
 
@@ -408,6 +412,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             stats,
             block_size,
             enable_caching,
+            zeroing,
             ..
         } = self;
         let request = requests.get_mut(request_id).expect("inserted above");
@@ -418,12 +423,13 @@ impl<R: RequestKey> KvCoordinator<R> {
             stats,
         };
         let mut new_blocks = Vec::with_capacity(groups.len());
-        for (spec, table) in groups.iter().zip(&mut request.tables) {
+        for (g, (spec, table)) in groups.iter().zip(&mut request.tables).enumerate() {
             let required = spec.num_required_blocks(num_slots, *block_size);
             let added: Vec<BlockId> = (table.len()..required)
                 .map(|_| take_free_block(free_queue, blocks, &mut eviction))
                 .collect();
             table.extend_from_slice(&added);
+            record_for_zeroing(zeroing, g, spec, &added);
             new_blocks.push(added);
         }
         append_tokens(*block_size, *enable_caching, &mut request.tokens, token_ids);
@@ -781,6 +787,21 @@ impl<R: RequestKey> KvCoordinator<R> {
     }
 }
 
+/// Keeps `added` blocks of group `g` for zeroing when new blocks are zeroed and the group
+/// holds attention KV (vLLM 0.33 zeroes no Mamba state block: `_record_new_block_ids`).
+fn record_for_zeroing(
+    zeroing: &mut Option<Vec<Vec<BlockId>>>,
+    g: usize,
+    spec: &KvGroupSpec,
+    added: &[BlockId],
+) {
+    if let Some(per_group) = zeroing
+        && *spec != KvGroupSpec::Mamba
+    {
+        per_group[g].extend_from_slice(added);
+    }
+}
+
 /// vLLM's `cache_blocks` per group: the request's full blocks of computed, known tokens
 /// past those already offered are cached under (hash, group); null blocks are skipped.
 fn cache_full_blocks(
@@ -825,6 +846,10 @@ impl<R: RequestKey> KvCapacity for KvCoordinator<R> {
         self.free_queue.len()
     }
 }
+
+#[path = "coordinator_loads.rs"]
+mod loads;
+pub use loads::{ExternalAllocation, prefix_cacheable};
 
 #[cfg(test)]
 #[path = "coordinator_tests.rs"]

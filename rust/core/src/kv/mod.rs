@@ -29,7 +29,9 @@ pub use block_hash::{
     BlockHash, content_block, hash_block, hash_block_id, hash_content, hash_full_blocks,
 };
 pub use block_pool::{BlockId, BlockPool, BlockPoolStats, ComputedBlocks, KvEvent};
-pub use coordinator::{GroupedComputedBlocks, KvCoordinator, MAX_NUM_GROUPS};
+pub use coordinator::{
+    ExternalAllocation, GroupedComputedBlocks, KvCoordinator, MAX_NUM_GROUPS, prefix_cacheable,
+};
 pub use counting::CountingAllocator;
 pub use host_tier::HostTier;
 pub use layer_groups::{KvGroupSpec, NULL_BLOCK};

@@ -5,7 +5,7 @@ use super::kv::Hit;
 use super::request::{DeferredPrompt, PLACEHOLDER_DRAFT, RequestStatus};
 use super::scheduler::{Scheduler, StepPlan};
 use super::update::reserved_outputs;
-use crate::kv::{BlockId, RequestKey};
+use crate::kv::{BlockId, ExternalAllocation, RequestKey};
 use crate::{Error, Result};
 
 /// What an admission computes this step (`Scheduler::admission_tokens`).
@@ -151,7 +151,10 @@ impl<R: RequestKey> Scheduler<R> {
             .kv
             .lookup(&request.all_token_ids, lora_id, earlier, known);
         let replay_window = self.config.prefix_replay_tokens();
-        if replay_window > 0 && hit.num_computed_tokens() <= replay_window {
+        // With a connector the rule applies to the local and loaded tokens together
+        // (`replay_rules`, after the connector is asked with the local hit).
+        let connector = self.connector.is_some();
+        if replay_window > 0 && !connector && hit.num_computed_tokens() <= replay_window {
             // vLLM 0.33 (SWA bounded replay): a hit no longer than the replayed window
             // would be recomputed in full and save nothing; it is not adopted.
             hit.drop_hit();
@@ -161,13 +164,26 @@ impl<R: RequestKey> Scheduler<R> {
         // (vLLM 0.33 checks it in allocate_slots, after the encoder step, whose lookups and
         // evictions stand).
         let has_mm = !self.req(slot).spec.mm_features.is_empty();
-        if !fits && (!has_mm || hit.num_host_tokens() > 0) {
+        // With several KV groups the loaded tokens shorten a window group's need: the gate
+        // waits for the connector's answer (vLLM 0.33 asks it before allocate_slots).
+        let gate_after_connector = connector && !self.kv.is_block_hash();
+        if !fits && !gate_after_connector && (!has_mm || hit.num_host_tokens() > 0) {
             self.blocked_head = Some((seq, hit));
             return Ok(Admission::Blocked);
         }
         let Some(external) = self.ask_connector(slot, &hit)? else {
             return Ok(Admission::SteppedAside);
         };
+        let (external, window_loaded) = self.replay_rules(slot, &mut hit, external)?;
+        let fits = if gate_after_connector {
+            self.full_sequence_fits_loaded(slot, &hit, external.num_tokens)
+        } else {
+            fits
+        };
+        if !fits && gate_after_connector && !has_mm {
+            self.blocked_head = Some((seq, hit));
+            return Ok(Admission::Blocked);
+        }
         if hit.num_host_tokens() > 0 || (external.load_async && external.num_tokens > 0) {
             return self.start_load(slot, hit, external.num_tokens, plan);
         }
@@ -178,9 +194,17 @@ impl<R: RequestKey> Scheduler<R> {
         }
         // vLLM 0.33's `_mark_prefix_replay`: the hit's last window is recomputed to rebuild
         // the bounded-replay group; its blocks stay adopted (no slots are allocated for it).
-        let num_replay = num_computed.min(replay_window);
+        let num_replay = if window_loaded {
+            0
+        } else {
+            num_computed.min(replay_window)
+        };
         if replay_window > 0 {
-            self.req_mut(slot).replay_start = num_computed - num_replay;
+            self.req_mut(slot).replay_start = if window_loaded {
+                0
+            } else {
+                num_computed - num_replay
+            };
             num_computed -= num_replay;
         }
         let Some(AdmissionTokens { n, mut padded }) =
@@ -206,7 +230,19 @@ impl<R: RequestKey> Scheduler<R> {
             .expect("live")
             .all_token_ids;
         let with_ids = !self.lean_output;
-        let allocated = if external.num_tokens > 0 {
+        let allocated = if external.num_tokens > 0 && !self.kv.is_block_hash() {
+            // Several KV groups: the loaded tokens and those past the replayed tail at once.
+            let alloc = ExternalAllocation {
+                num_external_tokens: external.num_tokens,
+                num_new_tokens: n.saturating_sub(num_replay),
+                num_lookahead_tokens: lookahead,
+                cache: true,
+                skip_zeroing_groups: &[],
+            };
+            (self.kv)
+                .allocate_external_groups(slot, tokens, &hit, lora_id, alloc, with_ids)?
+                .then(Vec::new)
+        } else if external.num_tokens > 0 {
             // Loaded before the step runs: slots for the loaded and the computed tokens at
             // once, all cached as computed ones are. Placeholder drafts get theirs after,
             // and are dropped if those do not fit (vLLM allocates all at once and would
@@ -247,7 +283,7 @@ impl<R: RequestKey> Scheduler<R> {
             return Ok(Admission::Blocked);
         };
         self.commit_encoder_inputs(slot, encoder);
-        if external.num_tokens > 0 && with_ids {
+        if external.num_tokens > 0 && with_ids && self.kv.is_block_hash() {
             blocks = self.kv.block_ids(slot).unwrap_or_default().to_vec();
         }
         let notified = self.notify_allocation(slot, external.num_tokens);
@@ -360,6 +396,17 @@ impl<R: RequestKey> Scheduler<R> {
         }
         let num_tokens = self.req(slot).num_tokens().min(self.config.max_model_len);
         self.kv.full_sequence_fits(slot, num_tokens, hit)
+    }
+
+    /// [`Self::full_sequence_fits`] for an admission that also loads `num_external_tokens`
+    /// after `hit`.
+    fn full_sequence_fits_loaded(&self, slot: u32, hit: &Hit, num_external_tokens: usize) -> bool {
+        if !self.config.scheduler_reserve_full_isl {
+            return true;
+        }
+        let num_tokens = self.req(slot).num_tokens().min(self.config.max_model_len);
+        self.kv
+            .full_sequence_fits_loaded(slot, num_tokens, hit, num_external_tokens)
     }
 
     /// Tokens a new admission computes this step, after `num_computed` hit or loaded ones;

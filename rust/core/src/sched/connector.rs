@@ -51,6 +51,44 @@ pub trait KvConnector<R>: Send + Sync {
     /// The request finished while holding `block_ids`. `true`: the connector is sending
     /// them; the scheduler keeps them until the engine reports the send finished.
     fn request_finished(&mut self, request: &Request<R>, block_ids: &[BlockId]) -> Result<bool>;
+
+    /// [`Self::update_state_after_alloc`] with several KV cache groups: each group's block
+    /// table (null blocks, id 0, where a group no longer attends). By default the connector
+    /// sees the first group's.
+    fn update_state_after_alloc_groups(
+        &mut self,
+        request: &Request<R>,
+        block_ids: &[&[BlockId]],
+        num_external_tokens: usize,
+    ) -> Result<()> {
+        let first = block_ids.first().copied().unwrap_or_default();
+        self.update_state_after_alloc(request, first, num_external_tokens)
+    }
+
+    /// [`Self::request_finished`] with several KV cache groups (vLLM 0.33's
+    /// `SupportsHMA.request_finished_all_groups`). By default the connector sees the first
+    /// group's blocks.
+    fn request_finished_groups(
+        &mut self,
+        request: &Request<R>,
+        block_ids: &[&[BlockId]],
+    ) -> Result<bool> {
+        let first = block_ids.first().copied().unwrap_or_default();
+        self.request_finished(request, first)
+    }
+
+    /// The KV cache groups the connector's load restores for `request` (vLLM 0.33's
+    /// `get_loaded_kv_cache_group_ids`), asked after it offered tokens with several
+    /// groups. `None` (the default): the groups a prefix-cache store holds, every group but
+    /// a bounded-replay window; a connector moving the request's own blocks (P/D) restores
+    /// every group, the window included, which then needs no replay.
+    fn get_loaded_kv_cache_group_ids(
+        &mut self,
+        request: &Request<R>,
+    ) -> Result<Option<Vec<usize>>> {
+        let _ = request;
+        Ok(None)
+    }
 }
 
 /// A load that began this step (tokenyard's addition to `SchedulerOutput`; vLLM hands it to

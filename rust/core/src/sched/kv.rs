@@ -11,8 +11,9 @@ use rustc_hash::FxHashMap;
 
 use super::{PrefixCache, SchedulerConfig};
 use crate::kv::{
-    BlockHash, BlockId, BlockPool, BlockPoolStats, ComputedBlocks, GroupedComputedBlocks,
-    KvCapacity, KvCoordinator, KvEvent, KvGroupSpec, PrefixPool, RadixHit, RadixPool, TokenId,
+    BlockHash, BlockId, BlockPool, BlockPoolStats, ComputedBlocks, ExternalAllocation,
+    GroupedComputedBlocks, KvCapacity, KvCoordinator, KvEvent, KvGroupSpec, PrefixPool, RadixHit,
+    RadixPool, TokenId, prefix_cacheable,
 };
 use crate::{Error, Result};
 
@@ -324,11 +325,105 @@ impl Kv {
         }
     }
 
+    /// [`Self::full_sequence_fits`] for an admission that also loads `num_external_tokens`
+    /// after `hit` (with several KV groups they shorten what a window group needs; a single
+    /// pool needs blocks for them all the same).
+    pub fn full_sequence_fits_loaded(
+        &self,
+        slot: u32,
+        num_tokens: usize,
+        hit: &Hit,
+        num_external_tokens: usize,
+    ) -> bool {
+        match (self, hit) {
+            (Kv::Hybrid(h), Hit::Hybrid(g)) => (h.pool).full_sequence_fits_external(
+                &slot,
+                num_tokens,
+                Some(g),
+                num_external_tokens,
+                h.max_in_flight_tokens,
+            ),
+            _ => self.full_sequence_fits(slot, num_tokens, Some(hit)),
+        }
+    }
+
     /// The loaded blocks of `slot` have landed: they enter the prefix cache.
     pub fn cache_loaded(&mut self, slot: u32) -> Result<()> {
         match self {
             Kv::BlockHash(p) => p.cache_loaded_blocks(&slot),
-            Kv::Radix(_) | Kv::Hybrid(_) => Ok(()),
+            Kv::Hybrid(h) => h.pool.cache_blocks(&slot, &[]),
+            Kv::Radix(_) => Ok(()),
+        }
+    }
+
+    /// A first allocation with loaded tokens over the coordinator's groups
+    /// (`KvCoordinator::allocate_slots_external`); `false` if it does not fit (nothing
+    /// changed). Each group's new blocks wait in `take_group_blocks` when `with_ids`.
+    pub fn allocate_external_groups(
+        &mut self,
+        slot: u32,
+        token_ids: &[TokenId],
+        hit: &Hit,
+        extra_key: Option<u64>,
+        alloc: ExternalAllocation<'_>,
+        with_ids: bool,
+    ) -> Result<bool> {
+        let (Kv::Hybrid(h), Hit::Hybrid(hit)) = (self, hit) else {
+            return Err(other_pool(slot));
+        };
+        let allocated =
+            (h.pool).allocate_slots_external(&slot, token_ids, Some(hit), extra_key, alloc)?;
+        let Some(groups) = allocated else {
+            return Ok(false);
+        };
+        if with_ids {
+            h.new_blocks.insert(slot, groups);
+        }
+        Ok(true)
+    }
+
+    /// Zeroes new blocks before use (several KV groups only: vLLM 0.33's
+    /// `needs_kv_cache_zeroing` comes with Mamba layers or mixed-precision groups).
+    pub fn set_zero_new_blocks(&mut self, on: bool) -> Result<()> {
+        match self {
+            Kv::Hybrid(h) => {
+                h.pool.set_zero_new_blocks(on);
+                Ok(())
+            }
+            _ if !on => Ok(()),
+            _ => Err(Error::config(
+                "kv_cache_zeroing",
+                "True",
+                "new blocks are zeroed only with several KV cache groups (kv_groups)",
+            )),
+        }
+    }
+
+    /// Blocks to zero before use handed out since the last call (empty without zeroing).
+    pub fn take_new_block_ids(&mut self) -> Vec<BlockId> {
+        match self {
+            Kv::Hybrid(h) => h.pool.take_new_block_ids(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Frees what each group of `slot` no longer attends to with `num_processed_tokens`
+    /// processed (several KV groups only).
+    pub fn prune_skipped_blocks(&mut self, slot: u32, num_processed_tokens: usize) {
+        if let Kv::Hybrid(h) = self {
+            h.pool.prune_skipped_blocks(&slot, num_processed_tokens);
+        }
+    }
+
+    /// The groups a prefix-cache store holds (all but bounded-replay windows): what a
+    /// connector loads unless it says otherwise. `[0]` for a single-group pool.
+    pub fn prefix_cacheable_groups(&self) -> Vec<usize> {
+        match self {
+            Kv::Hybrid(h) => (h.pool.groups().iter().enumerate())
+                .filter(|(_, spec)| prefix_cacheable(spec))
+                .map(|(g, _)| g)
+                .collect(),
+            _ => vec![0],
         }
     }
 
@@ -578,5 +673,39 @@ impl<R: crate::kv::RequestKey> super::Scheduler<R> {
         self.kv
             .lookup(token_ids, lora_id, None, Vec::new())
             .num_computed_tokens()
+    }
+}
+
+impl<R: crate::kv::RequestKey> super::Scheduler<R> {
+    /// Zeroes new KV blocks before use: each step's are taken by `take_new_block_ids`
+    /// (vLLM 0.33's `needs_kv_cache_zeroing`, with Mamba layers or mixed-precision KV
+    /// groups; several KV groups only). A load's blocks in the groups it writes are not
+    /// zeroed (the connector's `get_loaded_kv_cache_group_ids`).
+    ///
+    /// Errors: `ConfigError` (`kv_cache_zeroing`) with a single-group pool.
+    pub fn set_kv_cache_zeroing(&mut self, on: bool) -> Result<()> {
+        self.kv.set_zero_new_blocks(on)
+    }
+
+    /// The blocks to zero handed out since the last call, group by group (vLLM's
+    /// `SchedulerOutput.new_block_ids_to_zero`); empty without zeroing.
+    pub fn take_new_block_ids(&mut self) -> Vec<BlockId> {
+        self.kv.take_new_block_ids()
+    }
+
+    /// Frees the blocks the request's KV groups no longer attend to on the processed-token
+    /// basis (its computed tokens less those of steps in flight), as vLLM 0.33's
+    /// `_connector_finished` does before handing a block table to a connector. Returns
+    /// each group's table after. Errors: `InputError` for an unknown request.
+    pub fn prune_skipped_blocks(&mut self, request_id: &R) -> Result<Vec<Vec<BlockId>>> {
+        let slot = *self
+            .index
+            .get(request_id)
+            .ok_or_else(|| Error::unknown_request(request_id))?;
+        let request = self.req(slot);
+        let processed =
+            (request.num_computed_tokens).saturating_sub(self.num_in_flight_tokens(slot));
+        self.kv.prune_skipped_blocks(slot, processed);
+        Ok(self.kv.block_tables(slot).unwrap_or_default())
     }
 }

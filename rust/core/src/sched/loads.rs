@@ -5,11 +5,11 @@
 
 use super::admission::{Admission, AdmissionTokens};
 use super::connector::{ExternalTokens, KvLoad};
-use super::kv::Hit;
+use super::kv::{Hit, Kv};
 use super::request::RequestStatus;
 use super::scheduler::{Scheduler, StepPlan};
 use crate::Result;
-use crate::kv::RequestKey;
+use crate::kv::{BlockId, ExternalAllocation, RequestKey};
 
 impl<R: RequestKey> Scheduler<R> {
     /// With `false`, only waiting requests that hold KV blocks (their load began) are
@@ -133,11 +133,28 @@ impl<R: RequestKey> Scheduler<R> {
     ) -> Result<Admission> {
         let request = self.slots[slot as usize].as_ref().expect("live");
         let (seq, lora_id) = (request.arrival_seq, request.spec.lora_id);
-        let tokens = &request.all_token_ids;
-        if !self
-            .kv
-            .allocate_external(slot, tokens, num_external_tokens, &hit, lora_id)?
-        {
+        let allocated = if self.kv.hybrid_groups().is_some() {
+            // The groups the load writes are not zeroed under it (vLLM 0.33's
+            // `skip_zeroing_group_ids`).
+            let loaded = self.loaded_groups(slot)?;
+            let alloc = ExternalAllocation {
+                num_external_tokens,
+                skip_zeroing_groups: &loaded,
+                ..ExternalAllocation::default()
+            };
+            let tokens = &self.slots[slot as usize]
+                .as_ref()
+                .expect("live")
+                .all_token_ids;
+            (self.kv).allocate_external_groups(slot, tokens, &hit, lora_id, alloc, false)?
+        } else {
+            let tokens = &self.slots[slot as usize]
+                .as_ref()
+                .expect("live")
+                .all_token_ids;
+            (self.kv).allocate_external(slot, tokens, num_external_tokens, &hit, lora_id)?
+        };
+        if !allocated {
             self.blocked_head = Some((seq, hit));
             return Ok(Admission::Blocked);
         }
@@ -167,8 +184,85 @@ impl<R: RequestKey> Scheduler<R> {
             return Ok(());
         };
         let request = self.slots[slot as usize].as_ref().expect("live slot");
+        if let Kv::Hybrid(_) = &self.kv {
+            let tables = self.kv.group_block_ids(slot);
+            let tables: Vec<&[BlockId]> = tables.iter().map(Vec::as_slice).collect();
+            return connector.update_state_after_alloc_groups(
+                request,
+                &tables,
+                num_external_tokens,
+            );
+        }
         let blocks = self.kv.block_ids(slot).unwrap_or_default();
         connector.update_state_after_alloc(request, blocks, num_external_tokens)
+    }
+
+    /// The KV cache groups the connector's load for `slot` restores (its
+    /// `get_loaded_kv_cache_group_ids`, by default the prefix-cacheable ones).
+    pub(super) fn loaded_groups(&mut self, slot: u32) -> Result<Vec<usize>> {
+        let request = self.slots[slot as usize].as_ref().expect("live slot");
+        let answer = match self.connector.as_mut() {
+            Some(connector) => connector.get_loaded_kv_cache_group_ids(request)?,
+            None => None,
+        };
+        let Some(groups) = answer else {
+            return Ok(self.kv.prefix_cacheable_groups());
+        };
+        let num_groups = self.kv.hybrid_groups().map_or(1, <[_]>::len);
+        if let Some(g) = groups.iter().find(|&&g| g >= num_groups) {
+            return Err(crate::Error::connector(
+                "get_loaded_kv_cache_group_ids",
+                format!("{groups:?}"),
+                format!("names group {g}; there are {num_groups} KV cache groups"),
+            ));
+        }
+        Ok(groups)
+    }
+
+    /// vLLM 0.33's `_load_restores_replay_window`: whether the load of `slot` restores every
+    /// bounded-replay group (a P/D transfer of the request's own blocks does; a prefix-cache
+    /// store holds no window).
+    fn load_restores_replay_window(&mut self, slot: u32) -> Result<bool> {
+        let replayed: Vec<usize> = (self.kv.hybrid_groups().unwrap_or_default().iter())
+            .enumerate()
+            .filter(|(_, spec)| spec.prefix_replay_tokens() > 0)
+            .map(|(g, _)| g)
+            .collect();
+        if replayed.is_empty() {
+            return Ok(false);
+        }
+        let loaded = self.loaded_groups(slot)?;
+        Ok(replayed.iter().all(|g| loaded.contains(g)))
+    }
+
+    /// vLLM 0.33's bounded-replay rules for what the connector offers beside the local hit
+    /// (`schedule()`): unless the load restores the window, it is cut back to whole blocks (a
+    /// hit ending short of a block boundary would start the replay in a block the window
+    /// group retires), and a hit no longer than the window is not taken at all, local part
+    /// included. Returns the tokens to load and whether the load carries the window (then
+    /// nothing is replayed).
+    pub(super) fn replay_rules(
+        &mut self,
+        slot: u32,
+        hit: &mut Hit,
+        external: ExternalTokens,
+    ) -> Result<(ExternalTokens, bool)> {
+        let window = self.config.prefix_replay_tokens();
+        if window == 0 {
+            return Ok((external, false));
+        }
+        let mut external = external;
+        let window_loaded = external.num_tokens > 0 && self.load_restores_replay_window(slot)?;
+        if !window_loaded {
+            external.num_tokens -= external.num_tokens % self.config.block_size;
+            external.load_async &= external.num_tokens > 0;
+        }
+        let total = hit.num_computed_tokens() + external.num_tokens;
+        if !window_loaded && total > 0 && total <= window {
+            hit.drop_hit();
+            external = ExternalTokens::default();
+        }
+        Ok((external, window_loaded))
     }
 
     /// A request whose KV was loaded (it holds blocks for `num_computed_tokens`) goes on
@@ -198,10 +292,18 @@ impl<R: RequestKey> Scheduler<R> {
         let with_ids = !self.lean_output;
         let lora_id = request.spec.lora_id;
         let in_flight = self.num_in_flight_tokens(slot);
-        let Some(blocks) = self.kv.allocate_in_flight(
-            slot, new_tokens, n, lookahead, None, lora_id, with_ids, in_flight,
-        )?
-        else {
+        // A load replayed after landing (bounded replay) left the pool's count at the loaded
+        // tokens: only tokens past it need slots.
+        let held = self.kv.num_computed_tokens(slot).unwrap_or(0);
+        let n_slots = (num_computed + n).saturating_sub(held.max(num_computed));
+        let blocks = if n_slots == 0 && lookahead == 0 {
+            Some(Vec::new())
+        } else {
+            self.kv.allocate_in_flight(
+                slot, new_tokens, n_slots, lookahead, None, lora_id, with_ids, in_flight,
+            )?
+        };
+        let Some(blocks) = blocks else {
             return Ok(Admission::Blocked);
         };
         self.start_running(slot, num_computed, n, padded, blocks, budget, plan);
@@ -232,12 +334,25 @@ impl<R: RequestKey> Scheduler<R> {
             .num_computed_tokens(slot)
             .expect("a loading request");
         let num_tokens = self.req(slot).num_tokens();
-        if loaded >= num_tokens {
+        // vLLM 0.33's `_update_waiting_for_remote_kv`: a load without the bounded-replay
+        // window replays the hit's last window (its blocks stay counted by the pool).
+        let window = self.config.prefix_replay_tokens();
+        let num_replay = if window > 0 && !self.load_restores_replay_window(slot)? {
+            window.min(loaded)
+        } else {
+            0
+        };
+        if num_replay == 0 && loaded >= num_tokens {
             self.kv.rewind(slot, loaded + 1 - num_tokens)?;
         }
         self.kv.cache_loaded(slot)?;
         let request = self.req_mut(slot);
-        request.num_computed_tokens = loaded.min(num_tokens - 1);
+        request.num_computed_tokens = if num_replay > 0 {
+            request.replay_start = loaded - num_replay;
+            loaded - num_replay
+        } else {
+            loaded.min(num_tokens - 1)
+        };
         request.status = RequestStatus::Waiting;
         Ok(true)
     }

@@ -5,7 +5,7 @@ use super::Scheduler;
 use super::output::SampledOutput;
 use super::request::{FinishReason, Request, RequestSpec, RequestStatus};
 use super::scheduler::FinishedInFlight;
-use crate::kv::{RequestKey, TokenId};
+use crate::kv::{BlockId, RequestKey, TokenId};
 use crate::{Error, Result};
 
 /// The most output tokens a new request's token vector reserves room for.
@@ -491,6 +491,21 @@ impl<R: RequestKey> Scheduler<R> {
             (RequestStatus::WaitingForRemoteKvs, _) => {
                 !self.drop_deferred_load(slot) && !self.landed.contains(&slot)
             }
+            (RequestStatus::Running, Some(connector)) if self.config.is_hybrid() => {
+                // vLLM 0.33's `_connector_finished`: what left the windows on the
+                // processed-token basis is freed before the connector sees the tables.
+                let processed =
+                    (request.num_computed_tokens).saturating_sub(self.num_in_flight_tokens(slot));
+                self.kv.prune_skipped_blocks(slot, processed);
+                let tables = self.kv.group_block_ids(slot);
+                let tables: Vec<&[BlockId]> = tables.iter().map(Vec::as_slice).collect();
+                let request = self.slots[slot as usize].as_ref().expect("live");
+                let connector = self.connector.as_mut().expect("matched");
+                (connector.request_finished_groups(request, &tables)).unwrap_or_else(|err| {
+                    connector_error = Some(err);
+                    false
+                })
+            }
             (RequestStatus::Running, Some(connector)) => {
                 let blocks = self.kv.block_ids(slot).unwrap_or_default();
                 connector
@@ -599,17 +614,6 @@ impl<R: RequestKey> Scheduler<R> {
                 "prefix_cache",
                 "radix",
                 "KV connectors need the block-hash pool (prefix_cache = \"block_hash\")",
-            ));
-        }
-        if self.config.is_hybrid() {
-            // vLLM 0.33 turns its hybrid manager off for a connector without HMA support;
-            // the coordinator here serves no connector.
-            return Err(Error::config(
-                "kv_groups",
-                format!("{:?}", self.config.kv_groups),
-                "KV connectors need a single full-attention group (vLLM 0.33 turns its \
-                 hybrid manager off for a connector without HMA support, as \
-                 --disable-hybrid-kv-cache-manager)",
             ));
         }
         if self

@@ -237,25 +237,6 @@ fn combinations_the_coordinator_cannot_serve_are_refused_by_field() {
         ..config()
     };
     assert_eq!(config_error(zero), "kv_groups");
-
-    struct Sends;
-    impl KvConnector<u32> for Sends {
-        fn get_num_new_matched_tokens(
-            &mut self,
-            _: &Request<u32>,
-            _: usize,
-        ) -> crate::Result<Option<ExternalTokens>> {
-            Ok(Some(ExternalTokens::default()))
-        }
-        fn request_finished(&mut self, _: &Request<u32>, _: &[u32]) -> crate::Result<bool> {
-            Ok(false)
-        }
-    }
-    let mut s = Scheduler::new(hybrid_config(), false).unwrap();
-    match s.set_connector(Box::new(Sends)) {
-        Err(crate::Error::Config { field, .. }) => assert_eq!(field, "kv_groups"),
-        other => panic!("{:?}", other.err()),
-    }
 }
 
 #[test]

@@ -11,6 +11,7 @@ mod deferred;
 mod encoder;
 mod encoder_settings;
 mod hybrid;
+mod hybrid_connectors;
 mod kv_views;
 mod lifecycle;
 mod mamba_align;

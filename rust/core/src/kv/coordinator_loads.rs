@@ -1,0 +1,299 @@
+//! The coordinator's side of KV connector loads and of KV-cache zeroing (vLLM 0.33's
+//! `KVCacheManager.allocate_slots` with `num_external_computed_tokens`, the coordinator's
+//! `allocate_new_computed_blocks` and the managers' `allocate_external_computed_blocks`,
+//! `take_new_block_ids`).
+//!
+//! A first allocation may carry tokens a connector loads after the local hit: every group
+//! counts the local hit and the loaded tokens as computed (a window group holds null blocks
+//! for what falls before its window of the next token), takes new blocks for the loaded
+//! tokens it still attends to, then for the tokens to compute. Blocks of an asynchronous
+//! load enter the prefix cache only once it has landed (`cache_blocks`).
+//!
+//! With zeroing on, every attention group's new blocks are kept until the step takes them
+//! (`take_new_block_ids`), but the loaded blocks of the groups an asynchronous load writes,
+//! which zeroing would race.
+
+use super::{
+    BlockId, Eviction, GroupedComputedBlocks, KvCoordinator, KvGroupSpec, RequestKey, TokenId,
+    record_for_zeroing, take_free_block,
+};
+use crate::{Error, Result};
+
+/// What a first allocation with loaded tokens asks for ([`KvCoordinator::allocate_slots_external`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ExternalAllocation<'a> {
+    /// Tokens after the local hit the connector loads.
+    pub num_external_tokens: usize,
+    /// Tokens to compute after the loaded ones (0 for an asynchronous load).
+    pub num_new_tokens: usize,
+    pub num_lookahead_tokens: usize,
+    /// Whether full blocks enter the prefix cache now (`false`: an asynchronous load, whose
+    /// blocks are cached by `cache_blocks` once they landed; vLLM's `delay_cache_blocks`).
+    pub cache: bool,
+    /// Groups whose loaded blocks the load writes, so they are not zeroed (vLLM's
+    /// `skip_zeroing_group_ids`).
+    pub skip_zeroing_groups: &'a [usize],
+}
+
+impl<R: RequestKey> KvCoordinator<R> {
+    /// Turns recording of new blocks for zeroing on or off (vLLM 0.33's
+    /// `KVCacheConfig.needs_kv_cache_zeroing`: Mamba layers or mixed-precision caches).
+    /// Turning it off forgets the blocks recorded.
+    pub fn set_zero_new_blocks(&mut self, on: bool) {
+        self.zeroing = on.then(|| vec![Vec::new(); self.groups.len()]);
+    }
+
+    pub fn zeroes_new_blocks(&self) -> bool {
+        self.zeroing.is_some()
+    }
+
+    /// The blocks to zero before use handed out since the last call, group by group (vLLM's
+    /// `KVCacheManager.take_new_block_ids`); empty with zeroing off.
+    pub fn take_new_block_ids(&mut self) -> Vec<BlockId> {
+        let Some(per_group) = &mut self.zeroing else {
+            return Vec::new();
+        };
+        per_group.iter_mut().flat_map(std::mem::take).collect()
+    }
+
+    /// Frees the blocks each group no longer attends to with `num_processed_tokens`
+    /// computed and processed (vLLM 0.33's `remove_skipped_blocks`, as `_connector_finished`
+    /// calls it before a finished request's blocks go to its connector). Unknown requests
+    /// are left alone.
+    pub fn prune_skipped_blocks(&mut self, request_id: &R, num_processed_tokens: usize) {
+        self.remove_skipped_blocks(request_id, num_processed_tokens);
+    }
+
+    /// A request's first allocation with `alloc.num_external_tokens` loaded after the local
+    /// hit `new_computed` (see the module doc): each group's new blocks, or `Ok(None)` when
+    /// they do not fit (nothing changed). The request then counts the hit, the loaded and
+    /// the new tokens as computed.
+    pub fn allocate_slots_external(
+        &mut self,
+        request_id: &R,
+        token_ids: &[TokenId],
+        new_computed: Option<&GroupedComputedBlocks>,
+        extra_key: Option<u64>,
+        alloc: ExternalAllocation<'_>,
+    ) -> Result<Option<Vec<Vec<BlockId>>>> {
+        if self.requests.contains_key(request_id) {
+            return Err(Error::input(
+                "request_id",
+                format!("{request_id:?}"),
+                "external tokens are only loaded on a request's first allocation",
+            ));
+        }
+        if let Some(hit) = new_computed {
+            self.check_hit_is_current(hit, token_ids.len(), extra_key)?;
+        }
+        let local = new_computed.map_or(0, |h| h.num_computed_tokens);
+        let total = local + alloc.num_external_tokens;
+        if total + alloc.num_new_tokens > token_ids.len() {
+            return Err(Error::input(
+                "num_external_tokens",
+                alloc.num_external_tokens,
+                format!(
+                    "the prefix hit ({local}), the loaded and the new tokens exceed the \
+                     request's {} tokens",
+                    token_ids.len()
+                ),
+            ));
+        }
+        if !alloc.cache && alloc.num_new_tokens > 0 {
+            return Err(Error::input(
+                "cache",
+                "false",
+                "only a load with nothing to compute (asynchronous) caches its blocks later",
+            ));
+        }
+        if let Some(&g) = (alloc.skip_zeroing_groups.iter()).find(|&&g| g >= self.groups.len()) {
+            return Err(Error::input(
+                "skip_zeroing_groups",
+                g,
+                format!("this coordinator has {} groups", self.groups.len()),
+            ));
+        }
+        let num_slots = total + alloc.num_new_tokens + alloc.num_lookahead_tokens;
+        let needed = self.num_blocks_to_allocate(request_id, num_slots, total, new_computed, None);
+        if needed > self.free_queue.len() {
+            return Ok(None);
+        }
+        let mut request = self.admit(new_computed, total, extra_key);
+        for (spec, table) in self.groups.iter().zip(&mut request.tables) {
+            let num_skipped = spec.num_skipped_tokens(total) / self.block_size;
+            if table.len() < num_skipped {
+                // No hit to adopt: the blocks before the window are nulls all the same.
+                table.resize(num_skipped, super::NULL_BLOCK);
+            }
+        }
+        self.requests.insert(request_id.clone(), request);
+        let loaded = self.allocate_loaded_blocks(request_id, total, alloc);
+        if alloc.num_new_tokens + alloc.num_lookahead_tokens == 0 {
+            // Nothing to compute: the tokens are given, their full blocks cached now or
+            // once the load landed.
+            let (block_size, caching) = (self.block_size, self.enable_caching);
+            let request = self.requests.get_mut(request_id).expect("admitted");
+            super::append_tokens(block_size, caching, &mut request.tokens, token_ids);
+            if alloc.cache && caching {
+                let (groups, cached, blocks) = (&self.groups, &mut self.cached, &mut self.blocks);
+                super::cache_full_blocks(block_size, groups, cached, blocks, request);
+            }
+            return Ok(Some(loaded));
+        }
+        let rest = self.allocate_slots_in_flight(
+            request_id,
+            token_ids,
+            alloc.num_new_tokens,
+            alloc.num_lookahead_tokens,
+            None,
+            extra_key,
+            0,
+        )?;
+        let mut new_blocks = rest.expect("counted with the loaded blocks");
+        for (group, mut first) in new_blocks.iter_mut().zip(loaded) {
+            first.append(group);
+            *group = first;
+        }
+        Ok(Some(new_blocks))
+    }
+
+    /// [`KvCoordinator::full_sequence_fits`] for a first allocation that also loads
+    /// `num_external_tokens` after the hit: they count as computed, so a window group skips
+    /// what falls before its window of the loaded tokens (vLLM 0.33's gate in
+    /// `allocate_slots`, with `total_computed_tokens` the local and loaded ones).
+    pub fn full_sequence_fits_external(
+        &self,
+        request_id: &R,
+        num_tokens: usize,
+        hit: Option<&GroupedComputedBlocks>,
+        num_external_tokens: usize,
+        max_in_flight_tokens: usize,
+    ) -> bool {
+        if self.requests.contains_key(request_id) {
+            return self.full_sequence_fits(request_id, num_tokens, hit, max_in_flight_tokens);
+        }
+        let total = hit.map_or(0, |h| h.num_computed_tokens) + num_external_tokens;
+        let cap = Some(max_in_flight_tokens);
+        self.num_blocks_to_allocate(request_id, num_tokens, total, hit, cap)
+            <= self.free_queue.len()
+    }
+
+    /// vLLM's `allocate_external_computed_blocks` for every group of a request just
+    /// admitted with `total` computed tokens: blocks for the loaded tokens the group still
+    /// attends to. Returns each group's new blocks.
+    fn allocate_loaded_blocks(
+        &mut self,
+        request_id: &R,
+        total: usize,
+        alloc: ExternalAllocation<'_>,
+    ) -> Vec<Vec<BlockId>> {
+        let Self {
+            groups,
+            requests,
+            blocks,
+            free_queue,
+            cached,
+            stats,
+            block_size,
+            zeroing,
+            ..
+        } = self;
+        let request = requests.get_mut(request_id).expect("admitted");
+        let mut eviction = Eviction {
+            cached,
+            events: &mut None,
+            host: &mut None,
+            stats,
+        };
+        let mut new_blocks = Vec::with_capacity(groups.len());
+        for (g, (spec, table)) in groups.iter().zip(&mut request.tables).enumerate() {
+            let attended = total - spec.num_skipped_tokens(total).min(total);
+            if alloc.num_external_tokens.min(attended) == 0 {
+                new_blocks.push(Vec::new());
+                continue;
+            }
+            let required = spec.num_required_blocks(total, *block_size);
+            let added: Vec<BlockId> = (table.len()..required)
+                .map(|_| take_free_block(free_queue, blocks, &mut eviction))
+                .collect();
+            table.extend_from_slice(&added);
+            if !alloc.skip_zeroing_groups.contains(&g) {
+                record_for_zeroing(zeroing, g, spec, &added);
+            }
+            new_blocks.push(added);
+        }
+        new_blocks
+    }
+}
+
+/// Whether `spec` is a group a hash-addressed store (a prefix-cache connector) holds: all
+/// but the bounded-replay windows, which are rebuilt, never cached (vLLM 0.33's
+/// `KVCacheSpec.prefix_cacheable`).
+pub fn prefix_cacheable(spec: &KvGroupSpec) -> bool {
+    !matches!(spec, KvGroupSpec::SlidingWindowReplay { .. })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::{KvCapacity, NULL_BLOCK};
+
+    const FULL: KvGroupSpec = KvGroupSpec::FullAttention;
+    const WINDOW: KvGroupSpec = KvGroupSpec::SlidingWindow { sliding_window: 8 };
+
+    /// vLLM 0.33's layout: 8 local + 8 loaded tokens, 4 to compute, blocks of 4, window 8.
+    /// The window group counts 16 computed: (16 + 1 - 8) / 4 = 2 nulls (the local hit's
+    /// blocks there are not taken), the loaded block it attends to, then blocks to compute.
+    #[test]
+    fn loaded_tokens_count_as_computed_in_every_group() {
+        let mut coord = KvCoordinator::<u64>::new(vec![FULL, WINDOW], 40, 4, true).unwrap();
+        let tokens: Vec<TokenId> = (0..20).collect();
+        coord
+            .allocate_slots(&1, &tokens[..9], 9, 0, None, None)
+            .unwrap();
+        coord.free(&1).unwrap();
+        let hit = coord.get_computed_blocks(&tokens, None);
+        assert_eq!(hit.num_computed_tokens, 8);
+        coord.set_zero_new_blocks(true);
+        let alloc = ExternalAllocation {
+            num_external_tokens: 8,
+            num_new_tokens: 4,
+            cache: true,
+            skip_zeroing_groups: &[0],
+            ..ExternalAllocation::default()
+        };
+        let new = coord.allocate_slots_external(&2, &tokens, Some(&hit), None, alloc);
+        let new = new.unwrap().unwrap();
+        let tables: Vec<Vec<BlockId>> = coord
+            .block_ids(&2)
+            .unwrap()
+            .iter()
+            .map(|t| t.to_vec())
+            .collect();
+        assert_eq!(tables[0][..2], hit.block_ids[0][..2]);
+        assert_eq!((tables[0].len(), tables[1].len()), (5, 5));
+        assert_eq!(tables[1][..2], [NULL_BLOCK, NULL_BLOCK]);
+        assert_eq!((new[0].len(), new[1].len()), (3, 3));
+        assert_eq!(coord.num_computed_tokens(&2), Some(20));
+        // Every new block is zeroed but group 0's two loaded ones (skip_zeroing_groups).
+        let zeroed = coord.take_new_block_ids();
+        assert_eq!(zeroed, [&new[0][2..], &new[1][..]].concat());
+        coord.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_load_that_does_not_fit_changes_nothing() {
+        let mut coord = KvCoordinator::<u64>::new(vec![FULL, WINDOW], 6, 4, true).unwrap();
+        let tokens: Vec<TokenId> = (0..20).collect();
+        let free = coord.num_free_blocks();
+        let alloc = ExternalAllocation {
+            num_external_tokens: 16,
+            ..ExternalAllocation::default()
+        };
+        let hit = coord.get_computed_blocks(&tokens, None);
+        let new = coord.allocate_slots_external(&1, &tokens, Some(&hit), None, alloc);
+        assert!(new.unwrap().is_none());
+        assert_eq!((coord.num_free_blocks(), coord.num_requests()), (free, 0));
+        coord.check_invariants().unwrap();
+    }
+}

@@ -20,6 +20,7 @@ from vllm.v1.request import Request, RequestStatus
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
 from vllm.v1.structured_output.utils import strip_speculative_padding
 
+from tokenyard.integrations._vllm_aux_outputs import take_aux_outputs
 from tokenyard.integrations._vllm_outputs import (
     attach_logprobs,
     attach_prefill_stats,
@@ -124,6 +125,10 @@ class UpdateFromOutput(AdapterBase):
             outputs.setdefault(request.client_index, []).append(
                 self._pooled_output(request, pooler_output)
             )
+        if self.aux_output_connector is not None and (live or pooled):
+            emitting = dict(zip(live_ids, live, strict=True))
+            emitting.update((r.request_id, r) for r, _ in pooled)
+            take_aux_outputs(self.aux_output_connector, outputs, emitting, model_runner_output)
         if self._structured_ids or self.grammar_compile_error_reqs:
             self._grammar_updates(outputs)
         self._publish_kv_events()

@@ -37,6 +37,7 @@ from collections.abc import Iterable
 from typing import Any
 
 try:
+    from vllm.distributed.aux_output_connector.connector import AuxOutputSchedulerConnector
     from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorRole
     from vllm.distributed.ec_transfer.ec_connector.factory import ECConnectorFactory
     from vllm.distributed.kv_events import (
@@ -69,6 +70,7 @@ except ImportError as err:  # pragma: no cover - exercised only without vLLM
     ) from err
 
 from tokenyard.errors import InputError
+from tokenyard.integrations._vllm_aux_outputs import AuxOutputBridge, BlockHashIndex
 from tokenyard.integrations._vllm_encoder_cache import EncoderCacheView, assigned_cache_size
 from tokenyard.integrations._vllm_mamba_align import MambaAlign
 from tokenyard.integrations._vllm_outputs import (
@@ -254,7 +256,15 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerIn
         self.spec_decode_metrics_level = self.observability_config.per_request_spec_decode_metrics
         self._num_hash_lookahead_tokens = getattr(vllm_config, "num_hash_lookahead_tokens", 0)
         self._init_prefill_stops(vllm_config, kv_cache_config)
-        self.aux_output_connector: Any = None
+        # vLLM 0.33's auxiliary-output connector (routed experts), as its Scheduler builds
+        # it; assignable on a built scheduler (the property below).
+        self._block_hash_index = BlockHashIndex(self)
+        self._aux_output_connector: Any = None
+        aux_config = getattr(vllm_config, "aux_output_config", None)
+        if aux_config is not None and aux_config.enabled:
+            self.aux_output_connector = AuxOutputSchedulerConnector(
+                self.kv_cache_manager, self.connector
+            )
         self.current_step = 0
         self._pause_state = PauseState.UNPAUSED
         self._spec_token_placeholders = [-1] * self.num_spec_tokens
@@ -414,6 +424,27 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerIn
         ``KVCacheBlock`` objects; the blocks are the core's here). A snapshot."""
         frees: list[tuple[int, list[int]]] = self._core.deferred_frees()
         return frees
+
+    @property
+    def aux_output_connector(self) -> Any:
+        """vLLM 0.33's ``AuxOutputSchedulerConnector`` (or ``None``): asked at admission
+        through the core (``_vllm_aux_outputs.AuxOutputBridge``), building each step's
+        metadata, taking each output's rows, told of finished and preempted requests."""
+        return self._aux_output_connector
+
+    @aux_output_connector.setter
+    def aux_output_connector(self, connector: Any) -> None:
+        bridge = None
+        if connector is not None:
+            bridge = AuxOutputBridge(self, connector, self._block_hash_index)
+        self._core.set_aux_output_connector(bridge)
+        self._aux_output_connector = connector
+
+    def _aux_request_finished(self, request: Request) -> None:
+        """vLLM's ``aux_output_connector.request_finished`` (a finish or a preemption), its
+        blocks' hashes entered first so that the connector's pool lookups are answered."""
+        self._block_hash_index.index(request)
+        self._aux_output_connector.request_finished(request)
 
     # --- the encoder budget and cache -------------------------------------------------------
 
@@ -602,8 +633,8 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerIn
         return finished
 
     def _free_request(self, request: Request) -> None:
-        if self.aux_output_connector is not None:
-            self.aux_output_connector.request_finished(request)
+        if self._aux_output_connector is not None:
+            self._aux_request_finished(request)
         if self.ec_connector is not None:
             # A text-only request has no encoder outputs for the connector to keep: its
             # delay-free answer has nothing to delay.

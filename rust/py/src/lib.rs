@@ -7,6 +7,7 @@ mod exec;
 mod kv;
 mod plugin;
 mod sched;
+mod sched_aux;
 mod sched_config;
 mod sched_connector;
 mod sched_encoder;

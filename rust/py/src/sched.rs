@@ -4,12 +4,15 @@
 use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyMapping};
-use tokenyard_core::sched::{MambaAlignSplit, RequestSpec, SampledOutput, Scheduler};
+use tokenyard_core::sched::{
+    AuxOutputConnector, MambaAlignSplit, RequestSpec, SampledOutput, Scheduler,
+};
 
 use crate::convert::{RequestId, count_arg, int_arg, kv_values, token_ids};
 use crate::errors::ErrorSlot;
 use crate::errors::{OrRaise, invariants, unknown_request};
 use crate::plugin::PyPlugin;
+use crate::sched_aux::PyAuxOutputConnector;
 use crate::sched_config::core_config;
 use crate::sched_connector::{PyConnector, request_ids};
 use crate::sched_output::{
@@ -622,6 +625,14 @@ impl PyScheduler {
             .collect()
     }
 
+    /// The KV block of `group` caching the 128-bit hash `block_hash` (tokenyard's, as
+    /// `tokenyard.kv.block_hashes` computes it), or `None` (vLLM's
+    /// `BlockPool.get_cached_block`; ids as in `block_ref_counts`).
+    #[pyo3(signature = (block_hash, group = 0))]
+    fn cached_block_id(&self, block_hash: u128, group: usize) -> Option<u32> {
+        (self.inner).cached_block(tokenyard_core::kv::BlockHash(block_hash), group)
+    }
+
     /// Free KV block ids, next to be handed out first (ids as in `block_ref_counts`).
     fn free_block_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u32>> {
         PyArray1::from_vec(py, self.inner.kv_free_block_ids())
@@ -652,6 +663,28 @@ impl PyScheduler {
     fn num_cached_blocks_of(&self, request_id: &Bound<'_, PyAny>) -> PyResult<Option<Vec<usize>>> {
         let id = RequestId::from_py(request_id)?;
         Ok(self.inner.kv_num_cached_blocks(&id))
+    }
+
+    /// Sets (or with `None` removes) the auxiliary-output connector: an object with
+    /// `max_cache_hit(view)`, `cap_external_hit(view, num_local, num_external)` and
+    /// `request_loading(view, num_tokens)` (vLLM 0.33's `AuxOutputSchedulerConnector`),
+    /// asked at admission (`sched::aux_outputs`). Its exceptions come back as the cause of a
+    /// `ConnectorError`.
+    ///
+    /// Raises: `ConfigError` for an object without those methods, or with the radix pool.
+    fn set_aux_output_connector(
+        &mut self,
+        py: Python<'_>,
+        connector: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let connector = connector
+            .map(|object| {
+                let error = self.connector_error.clone();
+                PyAuxOutputConnector::new(object, "aux_output_connector", error)
+            })
+            .transpose()?;
+        let boxed = connector.map(|c| Box::new(c) as Box<dyn AuxOutputConnector<RequestId>>);
+        self.inner.set_aux_output_connector(boxed).or_raise(py)
     }
 
     /// The encoder compute budget per step, in embeddings; settable (from the next step on,

@@ -3,6 +3,7 @@
 //! and KV memory, preempting (recompute) when memory runs out.
 
 mod admission;
+mod aux_outputs;
 mod block_free;
 mod config;
 mod connector;
@@ -20,6 +21,7 @@ mod request;
 mod scheduler;
 mod update;
 
+pub use aux_outputs::{AuxOutputConnector, CachedBlocks};
 pub use config::{Policy, PrefixCache, PriorityTies, SchedulerConfig};
 pub use connector::{ExternalTokens, KvConnector, KvLoad};
 pub use encoder::{EncoderConfig, MmFeature};

@@ -48,6 +48,8 @@ pub struct Scheduler<R: RequestKey> {
     pub(super) blocked_head: Option<(u64, Hit)>,
     /// The KV connector, if any (`sched::connector`).
     pub(super) connector: Option<Box<dyn KvConnector<R>>>,
+    /// The auxiliary-output connector, if any (`sched::aux_outputs`).
+    pub(super) aux_outputs: Option<Box<dyn super::aux_outputs::AuxOutputConnector<R>>>,
     /// Makes deferred prompts (`RequestSpec::num_deferred_prompt_tokens`), if set.
     pub(super) prompt_source: Option<Box<dyn PromptSource<R>>>,
     /// Slots of requests whose KV load the engine reported landed / failed; each is taken
@@ -211,6 +213,7 @@ impl<R: RequestKey> Scheduler<R> {
             victim_rank: FxHashMap::default(),
             blocked_head: None,
             connector: None,
+            aux_outputs: None,
             prompt_source: None,
             landed: FxHashSet::default(),
             failed_loads: FxHashSet::default(),

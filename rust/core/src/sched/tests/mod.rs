@@ -3,6 +3,7 @@
 
 mod arrivals;
 mod async_scheduling;
+mod aux_outputs;
 mod block_free;
 mod budgets;
 mod cadence;

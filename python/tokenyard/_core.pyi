@@ -777,6 +777,10 @@ class _AuxOutputConnector(Protocol):
     ) -> int: ...
     def request_loading(self, request: RequestView, num_tokens: int, /) -> object: ...
 
+class _EncoderConnector(Protocol):
+    def has_cache_item(self, identifier: str, /) -> bool: ...
+    def update_state_after_alloc(self, request: RequestView, input_id: int, /) -> object: ...
+
 @final
 class Scheduler:
     """vLLM V1's step scheduler over a prefix-caching block pool.
@@ -968,6 +972,14 @@ class Scheduler:
         group 0 block caching each (``None``: none), as ``cached_block_id`` would answer
         (the scheduler cannot be called back while it asks). Raises ConfigError for an
         object without those methods or with the radix pool."""
+    def set_encoder_connector(self, connector: _EncoderConnector | None) -> None:
+        """Sets (``None``: removes) the encoder-cache connector asked while steps are formed
+        (vLLM 0.33's ``ECConnectorBase``): an item whose ``has_cache_item(identifier)`` is
+        true takes encoder-cache room but no encoder budget and is not encoded; each item
+        given room is reported to ``update_state_after_alloc(view, input_id)``. Its
+        exceptions come back as the cause of a ``ConnectorError`` from ``schedule()``,
+        whose step the next call returns. Raises ConfigError for an object without those
+        methods."""
     def set_encoder_cache_size(self, cache_size: int) -> None:
         """Replaces the encoder cache with an empty one of ``cache_size`` embeddings; its
         freeable entries are reported freed with the next step. Raises InputError while a

@@ -57,7 +57,7 @@ class BlockHashIndex:
         """vLLM's hashes of the request's whole KV blocks (the last hash of each block's
         ``block_size // hash_block_size`` hashes: the one that covers the block's end)."""
         step = self._scheduler.block_size // self._scheduler.hash_block_size
-        hashes = request.block_hashes
+        hashes: Sequence[Any] = request.block_hashes
         return hashes[step - 1 :: step] if step > 1 else hashes
 
     def index(self, request: Request, core_hashes: Sequence[int] | None = None) -> None:

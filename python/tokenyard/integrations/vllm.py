@@ -71,6 +71,7 @@ except ImportError as err:  # pragma: no cover - exercised only without vLLM
 
 from tokenyard.errors import InputError
 from tokenyard.integrations._vllm_aux_outputs import AuxOutputBridge, BlockHashIndex
+from tokenyard.integrations._vllm_ec import EncoderConnectorBridge
 from tokenyard.integrations._vllm_encoder_cache import EncoderCacheView, assigned_cache_size
 from tokenyard.integrations._vllm_mamba_align import MambaAlign
 from tokenyard.integrations._vllm_outputs import (
@@ -231,13 +232,15 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerIn
         # vLLM 0.33's flag: drafts may be skipped (skip_drafts) only for drafters with their
         # own forward pass on the V2 runner (they reserve lookahead slots).
         self.can_skip_drafts = self.num_lookahead_tokens > 0 and self.use_v2_model_runner
-        # vLLM's encoder-cache connector: built and driven as vLLM does, though with
-        # multimodal requests refused beside it, it never has an encoder input to move.
-        self.ec_connector: Any = None
+        # vLLM's encoder-cache connector: built and driven as vLLM does; the core asks it
+        # while it forms a step (_vllm_ec.EncoderConnectorBridge). An encoder-only
+        # instance (an EC producer) stops a request once its prompt is consumed.
+        self._ec_connector: Any = None
         if getattr(vllm_config, "ec_transfer_config", None) is not None:
             self.ec_connector = ECConnectorFactory.create_connector(
                 config=vllm_config, role=ECConnectorRole.SCHEDULER
             )
+        self.is_mm_encoder_only = bool(getattr(vllm_config, "is_mm_encoder_only", False))
         # The V2 runner's encoder inputs sent and not yet released, per request (vLLM's;
         # _get_encoder_input_updates keeps it).
         self._pending_encoder_input_ids: dict[str, set[int]] = {}
@@ -247,8 +250,6 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerIn
         self._mm_model = mm_budget is not None
         if self.is_encoder_decoder:
             self._mm_refused = "(the model is an encoder-decoder model)"
-        elif self.ec_connector is not None:
-            self._mm_refused = "with an encoder-cache connector (ec_transfer_config)"
         elif self.connector is not None:
             self._mm_refused = "with a KV connector (its loads would bypass the encoder)"
         self._encoder_cache_view = EncoderCacheView(self)
@@ -439,6 +440,19 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerIn
             bridge = AuxOutputBridge(self, connector, self._block_hash_index)
         self._core.set_aux_output_connector(bridge)
         self._aux_output_connector = connector
+
+    @property
+    def ec_connector(self) -> Any:
+        """vLLM 0.33's encoder-cache connector (or ``None``), asked by the core while it
+        forms a step (``_vllm_ec.EncoderConnectorBridge``); assignable on a built
+        scheduler."""
+        return self._ec_connector
+
+    @ec_connector.setter
+    def ec_connector(self, connector: Any) -> None:
+        bridge = EncoderConnectorBridge(self) if connector is not None else None
+        self._core.set_encoder_connector(bridge)
+        self._ec_connector = connector
 
     def _aux_request_finished(self, request: Request) -> None:
         """vLLM's ``aux_output_connector.request_finished`` (a finish or a preemption), its

@@ -5,7 +5,7 @@ use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyMapping};
 use tokenyard_core::sched::{
-    AuxOutputConnector, MambaAlignSplit, RequestSpec, SampledOutput, Scheduler,
+    AuxOutputConnector, EncoderConnector, MambaAlignSplit, RequestSpec, SampledOutput, Scheduler,
 };
 
 use crate::convert::{RequestId, count_arg, int_arg, kv_values, token_ids};
@@ -15,6 +15,7 @@ use crate::plugin::PyPlugin;
 use crate::sched_aux::PyAuxOutputConnector;
 use crate::sched_config::core_config;
 use crate::sched_connector::{PyConnector, request_ids};
+use crate::sched_ec::PyEncoderConnector;
 use crate::sched_output::{
     PyCachedRequestData, PyNewRequestData, PySchedulerOutput, PySchedulerStats, id_list,
 };
@@ -685,6 +686,25 @@ impl PyScheduler {
             .transpose()?;
         let boxed = connector.map(|c| Box::new(c) as Box<dyn AuxOutputConnector<RequestId>>);
         self.inner.set_aux_output_connector(boxed).or_raise(py)
+    }
+
+    /// Sets (or with `None` removes) the encoder-cache connector: an object with
+    /// `has_cache_item(identifier)` and `update_state_after_alloc(view, input_id)` (vLLM
+    /// 0.33's `ECConnectorBase`), asked while steps are formed (`sched::encoder_connector`).
+    /// Its exceptions come back as the cause of a `ConnectorError` from `schedule()`, whose
+    /// step the next call returns.
+    ///
+    /// Raises: `ConfigError` for an object without those methods.
+    fn set_encoder_connector(&mut self, connector: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let connector = connector
+            .map(|object| {
+                let error = self.connector_error.clone();
+                PyEncoderConnector::new(object, "encoder_connector", error)
+            })
+            .transpose()?;
+        let boxed = connector.map(|c| Box::new(c) as Box<dyn EncoderConnector<RequestId>>);
+        self.inner.set_encoder_connector(boxed);
+        Ok(())
     }
 
     /// The encoder compute budget per step, in embeddings; settable (from the next step on,

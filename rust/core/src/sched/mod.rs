@@ -9,6 +9,7 @@ mod config;
 mod connector;
 mod encoder;
 mod encoder_cache;
+mod encoder_connector;
 mod in_flight;
 mod kv;
 mod loads;
@@ -26,6 +27,7 @@ pub use config::{Policy, PrefixCache, PriorityTies, SchedulerConfig};
 pub use connector::{ExternalTokens, KvConnector, KvLoad};
 pub use encoder::{EncoderConfig, MmFeature};
 pub use encoder_cache::EncoderCache;
+pub use encoder_connector::EncoderConnector;
 pub use mamba_align::MambaAlignSplit;
 pub use multistep::DecodeWindow;
 pub use output::{

@@ -10,6 +10,7 @@ mod cadence;
 mod connectors;
 mod deferred;
 mod encoder;
+mod encoder_connector;
 mod encoder_settings;
 mod hybrid;
 mod kv_views;

@@ -70,14 +70,14 @@ except ImportError as err:  # pragma: no cover - exercised only without vLLM
     ) from err
 
 from tokenyard.errors import InputError
-from tokenyard.integrations._vllm_aux_outputs import AuxOutputBridge, BlockHashIndex
-from tokenyard.integrations._vllm_ec import EncoderConnectorBridge
+from tokenyard.integrations._vllm_aux_outputs import BlockHashIndex
 from tokenyard.integrations._vllm_encoder_cache import EncoderCacheView, assigned_cache_size
 from tokenyard.integrations._vllm_mamba_align import MambaAlign
 from tokenyard.integrations._vllm_outputs import (
     check_supported,
 )
 from tokenyard.integrations._vllm_schedule import ScheduleStep
+from tokenyard.integrations._vllm_side_connectors import SideConnectors
 from tokenyard.integrations._vllm_state import non_negative
 from tokenyard.integrations._vllm_translate import (
     core_config,
@@ -104,7 +104,13 @@ _WAITING_FOR_GRAMMAR = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
 _client_index = operator.attrgetter("client_index")
 
 
-class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerInterface):  # type: ignore[misc]
+class TokenyardScheduler(
+    ScheduleStep,
+    UpdateFromOutput,
+    MambaAlign,
+    SideConnectors,
+    SchedulerInterface,  # type: ignore[misc]
+):
     """vLLM 0.33's ``SchedulerInterface`` over :class:`tokenyard.sched.Scheduler`.
 
     Built by vLLM with the arguments it gives its own ``Scheduler``.
@@ -235,7 +241,6 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerIn
         # vLLM's encoder-cache connector: built and driven as vLLM does; the core asks it
         # while it forms a step (_vllm_ec.EncoderConnectorBridge). An encoder-only
         # instance (an EC producer) stops a request once its prompt is consumed.
-        self._ec_connector: Any = None
         if getattr(vllm_config, "ec_transfer_config", None) is not None:
             self.ec_connector = ECConnectorFactory.create_connector(
                 config=vllm_config, role=ECConnectorRole.SCHEDULER
@@ -260,7 +265,6 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerIn
         # vLLM 0.33's auxiliary-output connector (routed experts), as its Scheduler builds
         # it; assignable on a built scheduler (the property below).
         self._block_hash_index = BlockHashIndex(self)
-        self._aux_output_connector: Any = None
         aux_config = getattr(vllm_config, "aux_output_config", None)
         if aux_config is not None and aux_config.enabled:
             self.aux_output_connector = AuxOutputSchedulerConnector(
@@ -425,40 +429,6 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerIn
         ``KVCacheBlock`` objects; the blocks are the core's here). A snapshot."""
         frees: list[tuple[int, list[int]]] = self._core.deferred_frees()
         return frees
-
-    @property
-    def aux_output_connector(self) -> Any:
-        """vLLM 0.33's ``AuxOutputSchedulerConnector`` (or ``None``): asked at admission
-        through the core (``_vllm_aux_outputs.AuxOutputBridge``), building each step's
-        metadata, taking each output's rows, told of finished and preempted requests."""
-        return self._aux_output_connector
-
-    @aux_output_connector.setter
-    def aux_output_connector(self, connector: Any) -> None:
-        bridge = None
-        if connector is not None:
-            bridge = AuxOutputBridge(self, connector, self._block_hash_index)
-        self._core.set_aux_output_connector(bridge)
-        self._aux_output_connector = connector
-
-    @property
-    def ec_connector(self) -> Any:
-        """vLLM 0.33's encoder-cache connector (or ``None``), asked by the core while it
-        forms a step (``_vllm_ec.EncoderConnectorBridge``); assignable on a built
-        scheduler."""
-        return self._ec_connector
-
-    @ec_connector.setter
-    def ec_connector(self, connector: Any) -> None:
-        bridge = EncoderConnectorBridge(self) if connector is not None else None
-        self._core.set_encoder_connector(bridge)
-        self._ec_connector = connector
-
-    def _aux_request_finished(self, request: Request) -> None:
-        """vLLM's ``aux_output_connector.request_finished`` (a finish or a preemption), its
-        blocks' hashes entered first so that the connector's pool lookups are answered."""
-        self._block_hash_index.index(request)
-        self._aux_output_connector.request_finished(request)
 
     # --- the encoder budget and cache -------------------------------------------------------
 

@@ -4,18 +4,14 @@
 use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyMapping};
-use tokenyard_core::sched::{
-    AuxOutputConnector, EncoderConnector, MambaAlignSplit, RequestSpec, SampledOutput, Scheduler,
-};
+use tokenyard_core::sched::{MambaAlignSplit, RequestSpec, SampledOutput, Scheduler};
 
 use crate::convert::{RequestId, count_arg, int_arg, kv_values, token_ids};
 use crate::errors::ErrorSlot;
 use crate::errors::{OrRaise, invariants, unknown_request};
 use crate::plugin::PyPlugin;
-use crate::sched_aux::PyAuxOutputConnector;
 use crate::sched_config::core_config;
 use crate::sched_connector::{PyConnector, request_ids};
-use crate::sched_ec::PyEncoderConnector;
 use crate::sched_output::{
     PyCachedRequestData, PyNewRequestData, PySchedulerOutput, PySchedulerStats, id_list,
 };
@@ -666,43 +662,22 @@ impl PyScheduler {
         Ok(self.inner.kv_num_cached_blocks(&id))
     }
 
-    /// Sets (or with `None` removes) the auxiliary-output connector: an object with
-    /// `max_cache_hit(view)`, `cap_external_hit(view, num_local, num_external)` and
-    /// `request_loading(view, num_tokens)` (vLLM 0.33's `AuxOutputSchedulerConnector`),
-    /// asked at admission (`sched::aux_outputs`). Its exceptions come back as the cause of a
-    /// `ConnectorError`.
-    ///
-    /// Raises: `ConfigError` for an object without those methods, or with the radix pool.
+    /// Sets (`None`: removes) the auxiliary-output connector (`sched_aux`, vLLM 0.33's
+    /// `AuxOutputSchedulerConnector`). Raises `ConfigError` for an object without its three
+    /// methods, or with the radix pool.
     fn set_aux_output_connector(
         &mut self,
         py: Python<'_>,
         connector: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let connector = connector
-            .map(|object| {
-                let error = self.connector_error.clone();
-                PyAuxOutputConnector::new(object, "aux_output_connector", error)
-            })
-            .transpose()?;
-        let boxed = connector.map(|c| Box::new(c) as Box<dyn AuxOutputConnector<RequestId>>);
+        let boxed = crate::sched_aux::boxed(connector, self.connector_error.clone())?;
         self.inner.set_aux_output_connector(boxed).or_raise(py)
     }
 
-    /// Sets (or with `None` removes) the encoder-cache connector: an object with
-    /// `has_cache_item(identifier)` and `update_state_after_alloc(view, input_id)` (vLLM
-    /// 0.33's `ECConnectorBase`), asked while steps are formed (`sched::encoder_connector`).
-    /// Its exceptions come back as the cause of a `ConnectorError` from `schedule()`, whose
-    /// step the next call returns.
-    ///
-    /// Raises: `ConfigError` for an object without those methods.
+    /// Sets (`None`: removes) the encoder-cache connector (`sched_ec`, vLLM 0.33's
+    /// `ECConnectorBase`). Raises `ConfigError` for an object without its two methods.
     fn set_encoder_connector(&mut self, connector: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-        let connector = connector
-            .map(|object| {
-                let error = self.connector_error.clone();
-                PyEncoderConnector::new(object, "encoder_connector", error)
-            })
-            .transpose()?;
-        let boxed = connector.map(|c| Box::new(c) as Box<dyn EncoderConnector<RequestId>>);
+        let boxed = crate::sched_ec::boxed(connector, self.connector_error.clone())?;
         self.inner.set_encoder_connector(boxed);
         Ok(())
     }

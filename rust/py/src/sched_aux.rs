@@ -125,3 +125,15 @@ fn lists(blocks: CachedBlocks<'_>) -> (Vec<u128>, Vec<Option<u32>>) {
     let hashes = blocks.block_hashes.iter().map(|h| h.0).collect();
     (hashes, blocks.block_ids.to_vec())
 }
+
+/// `object` as the core's connector (`None` stays `None`), its exceptions kept in `error`.
+pub(crate) fn boxed(
+    object: Option<&Bound<'_, PyAny>>,
+    error: ErrorSlot,
+) -> PyResult<Option<Box<dyn AuxOutputConnector<RequestId>>>> {
+    let Some(object) = object else {
+        return Ok(None);
+    };
+    let connector = PyAuxOutputConnector::new(object, "aux_output_connector", error)?;
+    Ok(Some(Box::new(connector)))
+}

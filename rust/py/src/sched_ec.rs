@@ -91,3 +91,15 @@ impl EncoderConnector<RequestId> for PyEncoderConnector {
         })
     }
 }
+
+/// `object` as the core's connector (`None` stays `None`), its exceptions kept in `error`.
+pub(crate) fn boxed(
+    object: Option<&Bound<'_, PyAny>>,
+    error: ErrorSlot,
+) -> PyResult<Option<Box<dyn EncoderConnector<RequestId>>>> {
+    let Some(object) = object else {
+        return Ok(None);
+    };
+    let connector = PyEncoderConnector::new(object, "encoder_connector", error)?;
+    Ok(Some(Box::new(connector)))
+}

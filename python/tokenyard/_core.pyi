@@ -769,6 +769,25 @@ class _KvConnectorLike(Protocol):
         /,
     ) -> bool | tuple[bool, object]: ...
 
+class _AuxOutputConnector(Protocol):
+    def max_cache_hit(
+        self, request: RequestView, block_hashes: list[int], block_ids: list[int | None], /
+    ) -> int: ...
+    def cap_external_hit(
+        self,
+        request: RequestView,
+        num_local: int,
+        num_external: int,
+        block_hashes: list[int],
+        block_ids: list[int | None],
+        /,
+    ) -> int: ...
+    def request_loading(self, request: RequestView, num_tokens: int, /) -> object: ...
+
+class _EncoderConnector(Protocol):
+    def has_cache_item(self, identifier: str, /) -> bool: ...
+    def update_state_after_alloc(self, request: RequestView, input_id: int, /) -> object: ...
+
 @final
 class Scheduler:
     """vLLM V1's step scheduler over a prefix-caching block pool.
@@ -946,6 +965,28 @@ class Scheduler:
     ) -> None:
         """Turns the Mamba ``align`` split on over blocks of ``block_size`` tokens (0: off)
         from the next step (``Scheduler._mamba_block_aligned_split``)."""
+    def cached_block_id(self, block_hash: int, group: int = 0) -> int | None:
+        """The KV block of ``group`` caching ``block_hash`` (tokenyard's hash, as
+        ``tokenyard.kv.block_hashes`` computes it), or ``None``; ids as in
+        ``block_ref_counts``."""
+    def set_aux_output_connector(self, connector: _AuxOutputConnector | None) -> None:
+        """Sets (``None``: removes) the auxiliary-output connector asked at admission
+        (vLLM 0.33's ``AuxOutputSchedulerConnector``): the local prefix hit is capped at
+        its ``max_cache_hit(view, block_hashes, block_ids)``, a KV connector's tokens at its
+        ``cap_external_hit(view, num_local, num_external, block_hashes, block_ids)``, and
+        each asynchronous load is reported to its ``request_loading(view, num_tokens)``.
+        ``block_hashes`` are the request's full blocks' hashes and ``block_ids`` the KV
+        group 0 block caching each (``None``: none), as ``cached_block_id`` would answer
+        (the scheduler cannot be called back while it asks). Raises ConfigError for an
+        object without those methods or with the radix pool."""
+    def set_encoder_connector(self, connector: _EncoderConnector | None) -> None:
+        """Sets (``None``: removes) the encoder-cache connector asked while steps are formed
+        (vLLM 0.33's ``ECConnectorBase``): an item whose ``has_cache_item(identifier)`` is
+        true takes encoder-cache room but no encoder budget and is not encoded; each item
+        given room is reported to ``update_state_after_alloc(view, input_id)``. Its
+        exceptions come back as the cause of a ``ConnectorError`` from ``schedule()``,
+        whose step the next call returns. Raises ConfigError for an object without those
+        methods."""
     def set_encoder_cache_size(self, cache_size: int) -> None:
         """Replaces the encoder cache with an empty one of ``cache_size`` embeddings; its
         freeable entries are reported freed with the next step. Raises InputError while a

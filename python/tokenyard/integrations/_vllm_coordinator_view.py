@@ -32,6 +32,7 @@ class CoreState(Protocol):
     _num_kv_blocks: int
     _kv_groups: int
     _prefix_caching: bool
+    _block_hash_index: Any
 
     def get_kv_cache_usage(self) -> float: ...
 
@@ -125,6 +126,19 @@ class BlockPoolView:
 
     def get_usage(self) -> float:
         return self._scheduler.get_kv_cache_usage()
+
+    def get_cached_block(
+        self, block_hash: Any, kv_cache_group_ids: list[int]
+    ) -> list[KVCacheBlockView] | None:
+        """The blocks caching vLLM's ``block_hash`` in each group, or ``None`` (vLLM's;
+        answered for the hashes of requests the auxiliary-output connector was asked about,
+        ``_vllm_aux_outputs.BlockHashIndex``; ``None`` for any other hash)."""
+        core_ids = self._scheduler._block_hash_index.cached_block_ids(
+            block_hash, kv_cache_group_ids
+        )
+        if core_ids is None:
+            return None
+        return [self._block(b + self._offset) for b in core_ids]
 
     def _block(self, block_id: int) -> KVCacheBlockView:
         view = self._views.get(block_id)

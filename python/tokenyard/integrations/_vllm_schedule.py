@@ -114,6 +114,10 @@ class ScheduleStep(AdapterBase):
         # update (computed tokens, output placeholders) is applied to them.
         if self.connector is not None:
             out.kv_connector_metadata = self.connector.build_connector_meta(out)
+        if self.aux_output_connector is not None:
+            out.aux_output_connector_metadata = self.aux_output_connector.build_connector_meta(
+                out, self.requests
+            )
         if self.ec_connector is not None:
             out.ec_connector_metadata = self.ec_connector.build_connector_meta(out)
         if self.defer_block_free and out.total_num_scheduled_tokens > 0:
@@ -183,7 +187,7 @@ class ScheduleStep(AdapterBase):
             with errors_in_vllm_ids(self._vllm_ids):
                 self._core.preempt_request(self._core_ids[request_id])
         if self.aux_output_connector is not None:
-            self.aux_output_connector.request_finished(request)
+            self._aux_request_finished(request)
         self._pending_encoder_input_ids.pop(request_id, None)
         request.status = _PREEMPTED
         request.num_computed_tokens = 0

@@ -96,6 +96,7 @@ class AdapterBase:
     _stale_ids: set[str]
     """Requests with a stale share in flight (``num_stale_output_tokens`` > 0)."""
     aux_output_connector: Any
+    is_mm_encoder_only: bool
     _prefill_stats_due: set[str]
     _prefill_stats_ready: dict[str, PrefillStats]
     _prefix_cache_stats: PrefixCacheStats | None
@@ -112,6 +113,8 @@ class AdapterBase:
         def _vllm_requests(self, core_ids: Iterable[Any]) -> list[Request]: ...
 
         def _free_request(self, request: Request) -> None: ...
+
+        def _aux_request_finished(self, request: Request) -> None: ...
 
         def _forget(self, request_id: str) -> None: ...
 

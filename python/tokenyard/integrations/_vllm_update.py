@@ -20,6 +20,8 @@ from vllm.v1.request import Request, RequestStatus
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
 from vllm.v1.structured_output.utils import strip_speculative_padding
 
+from tokenyard.integrations._vllm_aux_outputs import take_aux_outputs
+from tokenyard.integrations._vllm_ec import encoder_instance_stops
 from tokenyard.integrations._vllm_outputs import (
     attach_logprobs,
     attach_prefill_stats,
@@ -124,6 +126,18 @@ class UpdateFromOutput(AdapterBase):
             outputs.setdefault(request.client_index, []).append(
                 self._pooled_output(request, pooler_output)
             )
+        if self.is_mm_encoder_only:
+            emitted = set(live_ids).union(r.request_id for r, _ in pooled)
+            counts = scheduler_output.num_scheduled_tokens
+            for request in encoder_instance_stops(self, counts, emitted):
+                # vLLM emits the stop with no tokens (the instance publishes embeddings).
+                outputs.setdefault(request.client_index, []).append(
+                    self._finished_output(request, [])
+                )
+        if self.aux_output_connector is not None and (live or pooled):
+            emitting = dict(zip(live_ids, live, strict=True))
+            emitting.update((r.request_id, r) for r, _ in pooled)
+            take_aux_outputs(self.aux_output_connector, outputs, emitting, model_runner_output)
         if self._structured_ids or self.grammar_compile_error_reqs:
             self._grammar_updates(outputs)
         self._publish_kv_events()
@@ -425,7 +439,8 @@ class UpdateFromOutput(AdapterBase):
         """A request the core finished: its tokens up to its stop appended, the request
         freed, and its last ``EngineCoreOutput``."""
         request_id = request.request_id
-        tokens = self._append_until_stop(request, tokens)
+        if tokens:  # none: an encoder instance's stop (its status set)
+            tokens = self._append_until_stop(request, tokens)
         finish_reason = request.get_finished_reason()
         self._free_request(request)
         bridge = self._bridge

@@ -34,6 +34,7 @@ class AdapterState(Protocol):
     _kv_groups: int
     _prefix_caching: bool
     _prefix_cache_stats: PrefixCacheStats | None
+    _block_hash_index: Any
 
     def _request_of(self, core_id: Any) -> Request: ...
 

@@ -37,6 +37,7 @@ from collections.abc import Iterable
 from typing import Any
 
 try:
+    from vllm.distributed.aux_output_connector.connector import AuxOutputSchedulerConnector
     from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorRole
     from vllm.distributed.ec_transfer.ec_connector.factory import ECConnectorFactory
     from vllm.distributed.kv_events import (
@@ -69,12 +70,14 @@ except ImportError as err:  # pragma: no cover - exercised only without vLLM
     ) from err
 
 from tokenyard.errors import InputError
+from tokenyard.integrations._vllm_aux_outputs import BlockHashIndex
 from tokenyard.integrations._vllm_encoder_cache import EncoderCacheView, assigned_cache_size
 from tokenyard.integrations._vllm_mamba_align import MambaAlign
 from tokenyard.integrations._vllm_outputs import (
     check_supported,
 )
 from tokenyard.integrations._vllm_schedule import ScheduleStep
+from tokenyard.integrations._vllm_side_connectors import SideConnectors
 from tokenyard.integrations._vllm_state import non_negative
 from tokenyard.integrations._vllm_translate import (
     core_config,
@@ -102,7 +105,13 @@ _WAITING_FOR_GRAMMAR = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
 _client_index = operator.attrgetter("client_index")
 
 
-class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerInterface):  # type: ignore[misc]
+class TokenyardScheduler(
+    ScheduleStep,
+    UpdateFromOutput,
+    MambaAlign,
+    SideConnectors,
+    SchedulerInterface,  # type: ignore[misc]
+):
     """vLLM 0.33's ``SchedulerInterface`` over :class:`tokenyard.sched.Scheduler`.
 
     Built by vLLM with the arguments it gives its own ``Scheduler``.
@@ -238,13 +247,14 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerIn
         # vLLM 0.33's flag: drafts may be skipped (skip_drafts) only for drafters with their
         # own forward pass on the V2 runner (they reserve lookahead slots).
         self.can_skip_drafts = self.num_lookahead_tokens > 0 and self.use_v2_model_runner
-        # vLLM's encoder-cache connector: built and driven as vLLM does, though with
-        # multimodal requests refused beside it, it never has an encoder input to move.
-        self.ec_connector: Any = None
+        # vLLM's encoder-cache connector: built and driven as vLLM does; the core asks it
+        # while it forms a step (_vllm_ec.EncoderConnectorBridge). An encoder-only
+        # instance (an EC producer) stops a request once its prompt is consumed.
         if getattr(vllm_config, "ec_transfer_config", None) is not None:
             self.ec_connector = ECConnectorFactory.create_connector(
                 config=vllm_config, role=ECConnectorRole.SCHEDULER
             )
+        self.is_mm_encoder_only = bool(getattr(vllm_config, "is_mm_encoder_only", False))
         # The V2 runner's encoder inputs sent and not yet released, per request (vLLM's;
         # _get_encoder_input_updates keeps it).
         self._pending_encoder_input_ids: dict[str, set[int]] = {}
@@ -254,8 +264,6 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerIn
         self._mm_model = mm_budget is not None
         if self.is_encoder_decoder:
             self._mm_refused = "(the model is an encoder-decoder model)"
-        elif self.ec_connector is not None:
-            self._mm_refused = "with an encoder-cache connector (ec_transfer_config)"
         elif self.connector is not None:
             self._mm_refused = "with a KV connector (its loads would bypass the encoder)"
         self._encoder_cache_view = EncoderCacheView(self)
@@ -263,7 +271,14 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerIn
         self.spec_decode_metrics_level = self.observability_config.per_request_spec_decode_metrics
         self._num_hash_lookahead_tokens = getattr(vllm_config, "num_hash_lookahead_tokens", 0)
         self._init_prefill_stops(vllm_config, kv_cache_config)
-        self.aux_output_connector: Any = None
+        # vLLM 0.33's auxiliary-output connector (routed experts), as its Scheduler builds
+        # it; assignable on a built scheduler (the property below).
+        self._block_hash_index = BlockHashIndex(self)
+        aux_config = getattr(vllm_config, "aux_output_config", None)
+        if aux_config is not None and aux_config.enabled:
+            self.aux_output_connector = AuxOutputSchedulerConnector(
+                self.kv_cache_manager, self.connector
+            )
         self.current_step = 0
         self._pause_state = PauseState.UNPAUSED
         self._spec_token_placeholders = [-1] * self.num_spec_tokens
@@ -611,8 +626,8 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerIn
         return finished
 
     def _free_request(self, request: Request) -> None:
-        if self.aux_output_connector is not None:
-            self.aux_output_connector.request_finished(request)
+        if self._aux_output_connector is not None:
+            self._aux_request_finished(request)
         if self.ec_connector is not None:
             # A text-only request has no encoder outputs for the connector to keep: its
             # delay-free answer has nothing to delay.

@@ -632,6 +632,14 @@ impl PyScheduler {
             .collect()
     }
 
+    /// The KV block of `group` caching the 128-bit hash `block_hash` (tokenyard's, as
+    /// `tokenyard.kv.block_hashes` computes it), or `None` (vLLM's
+    /// `BlockPool.get_cached_block`; ids as in `block_ref_counts`).
+    #[pyo3(signature = (block_hash, group = 0))]
+    fn cached_block_id(&self, block_hash: u128, group: usize) -> Option<u32> {
+        (self.inner).cached_block(tokenyard_core::kv::BlockHash(block_hash), group)
+    }
+
     /// Free KV block ids, next to be handed out first (ids as in `block_ref_counts`).
     fn free_block_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u32>> {
         PyArray1::from_vec(py, self.inner.kv_free_block_ids())
@@ -686,6 +694,26 @@ impl PyScheduler {
         let id = RequestId::from_py(request_id)?;
         let tables = (self.inner.prune_skipped_blocks(&id)).map_err(|err| self.raise(py, err))?;
         crate::sched_output::group_tuple(py, &tables)
+    }
+
+    /// Sets (`None`: removes) the auxiliary-output connector (`sched_aux`, vLLM 0.33's
+    /// `AuxOutputSchedulerConnector`). Raises `ConfigError` for an object without its three
+    /// methods, or with the radix pool.
+    fn set_aux_output_connector(
+        &mut self,
+        py: Python<'_>,
+        connector: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let boxed = crate::sched_aux::boxed(connector, self.connector_error.clone())?;
+        self.inner.set_aux_output_connector(boxed).or_raise(py)
+    }
+
+    /// Sets (`None`: removes) the encoder-cache connector (`sched_ec`, vLLM 0.33's
+    /// `ECConnectorBase`). Raises `ConfigError` for an object without its two methods.
+    fn set_encoder_connector(&mut self, connector: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let boxed = crate::sched_ec::boxed(connector, self.connector_error.clone())?;
+        self.inner.set_encoder_connector(boxed);
+        Ok(())
     }
 
     /// The encoder compute budget per step, in embeddings; settable (from the next step on,

@@ -77,7 +77,7 @@ impl PyConnector {
     }
 }
 
-fn view(py: Python<'_>, request: &Request<RequestId>) -> Result<Py<PyRequestView>> {
+pub(crate) fn view(py: Python<'_>, request: &Request<RequestId>) -> Result<Py<PyRequestView>> {
     let view = RequestView::of(request);
     PyRequestView::new(py, view.request_id.clone(), &view)
         .and_then(|v| Py::new(py, v))
@@ -91,7 +91,7 @@ fn view(py: Python<'_>, request: &Request<RequestId>) -> Result<Py<PyRequestView
 }
 
 /// A count the connector returned: an int (not a bool) >= 0.
-fn count(value: &Bound<'_, PyAny>) -> Option<usize> {
+pub(crate) fn count(value: &Bound<'_, PyAny>) -> Option<usize> {
     let int = value.is_instance_of::<PyInt>() && !value.is_instance_of::<PyBool>();
     int.then(|| value.extract::<usize>().ok()).flatten()
 }

@@ -318,6 +318,11 @@ impl<R: RequestKey> BlockPool<R> {
         self.requests.keys()
     }
 
+    /// The block caching `hash`, if one does (vLLM's `BlockPool.get_cached_block`).
+    pub fn cached_block(&self, hash: BlockHash) -> Option<BlockId> {
+        self.cached.get(&hash, self.blocks.as_slice())
+    }
+
     /// The longest run of leading full blocks of `token_ids` that is cached, then the run
     /// of blocks after it that the host tier holds. Never covers the whole prompt (GPU and
     /// host hits together): the last token is always recomputed so the model yields logits.
@@ -327,18 +332,20 @@ impl<R: RequestKey> BlockPool<R> {
         token_ids: &[TokenId],
         extra_key: Option<u64>,
     ) -> ComputedBlocks {
-        self.get_computed_blocks_from(token_ids, extra_key, Vec::new())
+        self.get_computed_blocks_from(token_ids, extra_key, Vec::new(), usize::MAX)
     }
 
     /// [`Self::get_computed_blocks`], given `known`: the hashes of the first full blocks of
     /// these token ids under this extra key (from an earlier lookup of the same request,
     /// whose ids only grow). A request that waits at the head of the queue is looked up
-    /// again every step; its hashes are not recomputed.
+    /// again every step; its hashes are not recomputed. The GPU and host hits together are
+    /// no longer than `max_hit_tokens` (vLLM's `max_cache_hit_length`).
     pub(crate) fn get_computed_blocks_from(
         &mut self,
         token_ids: &[TokenId],
         extra_key: Option<u64>,
         known: Vec<BlockHash>,
+        max_hit_tokens: usize,
     ) -> ComputedBlocks {
         let mut result = ComputedBlocks {
             block_size: self.block_size,
@@ -356,7 +363,7 @@ impl<R: RequestKey> BlockPool<R> {
         // run of `WARM_RUN` blocks at a time so that their map slots are read together.
         // Admission reuses these hashes and hashes the rest once (`append_tokens`).
         let bs = self.block_size;
-        let max_hit_blocks = token_ids.len().saturating_sub(1) / bs;
+        let max_hit_blocks = token_ids.len().saturating_sub(1).min(max_hit_tokens) / bs;
         // A request retried at the head of the queue brings its hashes: probe them together.
         let num_known = result.block_hashes.len().min(max_hit_blocks);
         self.cached.warm(&result.block_hashes[..num_known]);

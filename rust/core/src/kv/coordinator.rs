@@ -202,6 +202,13 @@ impl<R: RequestKey> KvCoordinator<R> {
         self.free_queue.iter().collect()
     }
 
+    /// The block of `group` caching the block hash `hash`, if one does (vLLM's
+    /// `BlockPool.get_cached_block` for one group).
+    pub fn cached_block(&self, hash: BlockHash, group: usize) -> Option<BlockId> {
+        self.cached
+            .get(&group_key(hash, group), self.blocks.as_slice())
+    }
+
     /// The key a block caches (its hash keyed by its group), `None` if it caches none or
     /// is past the pool.
     pub fn block_hash(&self, block: BlockId) -> Option<BlockHash> {
@@ -232,17 +239,19 @@ impl<R: RequestKey> KvCoordinator<R> {
         token_ids: &[TokenId],
         extra_key: Option<u64>,
     ) -> GroupedComputedBlocks {
-        self.get_computed_blocks_from(token_ids, extra_key, Vec::new())
+        self.get_computed_blocks_from(token_ids, extra_key, Vec::new(), usize::MAX)
     }
 
     /// [`Self::get_computed_blocks`], given `known`: the hashes of the first full blocks of
     /// these token ids under this extra key (an earlier lookup's, or the caller's), which
-    /// are not recomputed (as `BlockPool::get_computed_blocks_from`).
+    /// are not recomputed (as `BlockPool::get_computed_blocks_from`), and a hit no longer
+    /// than `max_hit_tokens`.
     pub(crate) fn get_computed_blocks_from(
         &mut self,
         token_ids: &[TokenId],
         extra_key: Option<u64>,
         known: Vec<BlockHash>,
+        max_hit_tokens: usize,
     ) -> GroupedComputedBlocks {
         let num_groups = self.groups.len();
         let mut hit = GroupedComputedBlocks {
@@ -257,7 +266,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             return hit;
         }
         let bs = self.block_size;
-        let max_length = token_ids.len().saturating_sub(1);
+        let max_length = token_ids.len().saturating_sub(1).min(max_hit_tokens);
         let mut hashes = known;
         hashes.truncate(max_length / bs);
         hashes.reserve_exact(max_length / bs - hashes.len());

@@ -131,6 +131,9 @@ impl<R: RequestKey> Scheduler<R> {
             return self.admit_computed(slot, budget, plan);
         }
         self.make_deferred_prompt(slot)?;
+        // vLLM 0.33 caps the hit where the auxiliary outputs of its blocks are no longer
+        // kept (`sched::aux_outputs`).
+        let max_cache_hit = self.aux_max_cache_hit(slot)?;
         let request = self.slots[slot as usize]
             .as_ref()
             .expect("waiting slot is live");
@@ -147,9 +150,13 @@ impl<R: RequestKey> Scheduler<R> {
             Some(_) => Vec::new(),
             None => request.prompt_block_hashes.clone(),
         };
-        let mut hit = self
-            .kv
-            .lookup(&request.all_token_ids, lora_id, earlier, known);
+        let mut hit = self.kv.lookup(
+            &request.all_token_ids,
+            lora_id,
+            earlier,
+            known,
+            max_cache_hit.unwrap_or(usize::MAX),
+        );
         let replay_window = self.config.prefix_replay_tokens();
         // With a connector the rule applies to the local and loaded tokens together
         // (`replay_rules`, after the connector is asked with the local hit).

@@ -105,6 +105,9 @@ pub(super) struct Encoder {
     /// finishes them with an error at the next update), by slot and `arrival_seq` (a slot
     /// may hold another request by then).
     mismatched: Vec<(u32, u64)>,
+    /// The first error of the encoder-cache connector in the step being formed: the step
+    /// is completed without its answer and kept, and `schedule` returns the error.
+    pub(super) connector_error: Option<Error>,
 }
 
 impl Encoder {
@@ -117,6 +120,7 @@ impl Encoder {
             step_inputs: Vec::new(),
             batches: std::collections::VecDeque::new(),
             mismatched: Vec::new(),
+            connector_error: None,
         }
     }
 }
@@ -126,6 +130,9 @@ impl Encoder {
 #[derive(Default)]
 pub(super) struct EncoderPick {
     inputs: Vec<usize>,
+    /// Items the encoder-cache connector holds (`sched::encoder_connector`): they take
+    /// cache room, not encoder budget, and are not encoded.
+    external: Vec<usize>,
     /// Items whose identifier an earlier input of this request encodes this step.
     duplicates: Vec<usize>,
     budget_left: usize,
@@ -281,6 +288,23 @@ impl<R: RequestKey> Scheduler<R> {
             if f.num_embeds_in(start_rel, end_rel) == 0 {
                 continue;
             }
+            // vLLM 0.33: an item the encoder-cache connector holds is loaded (a consumer)
+            // or was published already (a producer): cache room, no encoder work.
+            let held = match self.ec_connector.as_mut() {
+                Some(c) if self.encoder.connector_error.is_none() => {
+                    c.has_cache_item(id).unwrap_or_else(|err| {
+                        self.encoder.connector_error = Some(err);
+                        false
+                    })
+                }
+                _ => false,
+            };
+            if held {
+                num_embeds_to_schedule += num_embeds;
+                to_schedule.push((id, num_embeds));
+                pick.external.push(i);
+                continue;
+            }
             num_embeds_to_schedule += num_embeds;
             pick.budget_left -= num_embeds;
             to_schedule.push((id, num_embeds));
@@ -293,18 +317,28 @@ impl<R: RequestKey> Scheduler<R> {
     /// room (vLLM's `_allocate_encoder_inputs`).
     pub(super) fn commit_encoder_inputs(&mut self, slot: u32, pick: Option<EncoderPick>) {
         let Some(pick) = pick else { return };
-        if pick.inputs.is_empty() {
+        if pick.inputs.is_empty() && pick.external.is_empty() {
             return;
         }
-        let features = &self.slots[slot as usize]
-            .as_ref()
-            .expect("live")
-            .spec
-            .mm_features;
+        let request = self.slots[slot as usize].as_ref().expect("live");
+        let features = &request.spec.mm_features;
         let cache = &mut self.encoder.cache;
-        for &i in &pick.inputs {
+        for &i in pick.inputs.iter().chain(&pick.external) {
             let f = &features[i];
             cache.allocate(&slot, i, &f.identifier, f.num_embeds());
+            // vLLM's `_allocate_encoder_inputs` tells the connector of each allocation.
+            if let Some(c) = self.ec_connector.as_mut()
+                && self.encoder.connector_error.is_none()
+                && let Err(err) = c.update_state_after_alloc(request, i)
+            {
+                self.encoder.connector_error = Some(err);
+            }
+        }
+        if pick.inputs.is_empty() {
+            for &i in &pick.duplicates {
+                cache.check_and_update_cache(&slot, i, &features[i].identifier);
+            }
+            return;
         }
         for &i in &pick.duplicates {
             cache.check_and_update_cache(&slot, i, &features[i].identifier);

@@ -120,13 +120,16 @@ impl Kv {
     /// The cached prefix of `token_ids`. `earlier`: this request's previous hit, whose
     /// block hashes are reused (the block-hash pool's and the coordinator's; its block ids
     /// are looked up again);
-    /// without one, `known`: hashes of the first full blocks, if the caller has them.
+    /// without one, `known`: hashes of the first full blocks, if the caller has them. The
+    /// hit is no longer than `max_hit_tokens` (vLLM's `max_cache_hit_length`; the radix
+    /// pool, which serves no auxiliary-output connector, ignores it).
     pub fn lookup(
         &mut self,
         token_ids: &[TokenId],
         extra_key: Option<u64>,
         earlier: Option<Hit>,
         known: Vec<BlockHash>,
+        max_hit_tokens: usize,
     ) -> Hit {
         match self {
             Kv::BlockHash(p) => {
@@ -134,7 +137,12 @@ impl Kv {
                     Some(Hit::BlockHash(hit)) => hit.into_block_hashes(),
                     _ => known,
                 };
-                Hit::BlockHash(p.get_computed_blocks_from(token_ids, extra_key, known))
+                Hit::BlockHash(p.get_computed_blocks_from(
+                    token_ids,
+                    extra_key,
+                    known,
+                    max_hit_tokens,
+                ))
             }
             Kv::Radix(p) => Hit::Radix(p.lookup(token_ids, extra_key)),
             Kv::Hybrid(h) => {
@@ -142,7 +150,12 @@ impl Kv {
                     Some(Hit::Hybrid(hit)) => hit.into_block_hashes(),
                     _ => known,
                 };
-                Hit::Hybrid(h.pool.get_computed_blocks_from(token_ids, extra_key, known))
+                Hit::Hybrid((h.pool).get_computed_blocks_from(
+                    token_ids,
+                    extra_key,
+                    known,
+                    max_hit_tokens,
+                ))
             }
         }
     }
@@ -578,6 +591,18 @@ impl Kv {
         }
     }
 
+    /// The block of `group` caching `hash` (`BlockPool::cached_block`; the single pool
+    /// has group 0 only); `None` for the radix pool.
+    pub fn cached_block(&self, hash: BlockHash, group: usize) -> Option<BlockId> {
+        match self {
+            Kv::BlockHash(p) => (group == 0).then(|| p.cached_block(hash)).flatten(),
+            Kv::Radix(_) => None,
+            Kv::Hybrid(h) => (group < h.pool.groups().len())
+                .then(|| h.pool.cached_block(hash, group))
+                .flatten(),
+        }
+    }
+
     /// Free block ids, next to be handed out first (empty for the radix pool).
     pub fn free_block_ids(&self) -> Vec<BlockId> {
         match self {
@@ -671,7 +696,7 @@ impl<R: crate::kv::RequestKey> super::Scheduler<R> {
         lora_id: Option<u64>,
     ) -> usize {
         self.kv
-            .lookup(token_ids, lora_id, None, Vec::new())
+            .lookup(token_ids, lora_id, None, Vec::new(), usize::MAX)
             .num_computed_tokens()
     }
 }

@@ -97,7 +97,7 @@ impl<R: RequestKey> Scheduler<R> {
             return Ok(Some(ExternalTokens::default()));
         };
         let local = hit.num_computed_tokens() + hit.num_host_tokens();
-        let Some(external) = connector.get_num_new_matched_tokens(request, local)? else {
+        let Some(mut external) = connector.get_num_new_matched_tokens(request, local)? else {
             return Ok(None);
         };
         // A synchronous load leaves at least the last token to compute (its logits).
@@ -119,6 +119,9 @@ impl<R: RequestKey> Scheduler<R> {
                 ),
             ));
         }
+        // vLLM 0.33: all of them or none, as far as their auxiliary outputs are kept.
+        external.num_tokens = self.aux_cap_external(slot, local, external.num_tokens)?;
+        external.load_async &= external.num_tokens > 0;
         Ok(Some(external))
     }
 
@@ -171,7 +174,11 @@ impl<R: RequestKey> Scheduler<R> {
             num_external_tokens,
             num_host_tokens: hit.num_host_tokens(),
         });
-        notified.map(|()| Admission::SteppedAside)
+        // Reported once the request is parked: an error leaves it loading, as a
+        // connector's does.
+        let num_loaded = hit.num_computed_tokens() + hit.num_host_tokens() + num_external_tokens;
+        let loading = self.aux_request_loading(slot, num_loaded);
+        notified.and(loading).map(|()| Admission::SteppedAside)
     }
 
     /// Tells the connector (if any) the request's blocks (vLLM's `update_state_after_alloc`).

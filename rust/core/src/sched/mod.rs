@@ -3,11 +3,13 @@
 //! and KV memory, preempting (recompute) when memory runs out.
 
 mod admission;
+mod aux_outputs;
 mod block_free;
 mod config;
 mod connector;
 mod encoder;
 mod encoder_cache;
+mod encoder_connector;
 mod in_flight;
 mod kv;
 mod loads;
@@ -20,10 +22,12 @@ mod request;
 mod scheduler;
 mod update;
 
+pub use aux_outputs::{AuxOutputConnector, CachedBlocks};
 pub use config::{Policy, PrefixCache, PriorityTies, SchedulerConfig};
 pub use connector::{ExternalTokens, KvConnector, KvLoad};
 pub use encoder::{EncoderConfig, MmFeature};
 pub use encoder_cache::EncoderCache;
+pub use encoder_connector::EncoderConnector;
 pub use mamba_align::MambaAlignSplit;
 pub use multistep::DecodeWindow;
 pub use output::{

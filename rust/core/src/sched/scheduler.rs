@@ -48,6 +48,10 @@ pub struct Scheduler<R: RequestKey> {
     pub(super) blocked_head: Option<(u64, Hit)>,
     /// The KV connector, if any (`sched::connector`).
     pub(super) connector: Option<Box<dyn KvConnector<R>>>,
+    /// The encoder-cache connector, if any (`sched::encoder_connector`).
+    pub(super) ec_connector: Option<Box<dyn super::encoder_connector::EncoderConnector<R>>>,
+    /// The auxiliary-output connector, if any (`sched::aux_outputs`).
+    pub(super) aux_outputs: Option<Box<dyn super::aux_outputs::AuxOutputConnector<R>>>,
     /// Makes deferred prompts (`RequestSpec::num_deferred_prompt_tokens`), if set.
     pub(super) prompt_source: Option<Box<dyn PromptSource<R>>>,
     /// Slots of requests whose KV load the engine reported landed / failed; each is taken
@@ -211,6 +215,8 @@ impl<R: RequestKey> Scheduler<R> {
             victim_rank: FxHashMap::default(),
             blocked_head: None,
             connector: None,
+            aux_outputs: None,
+            ec_connector: None,
             prompt_source: None,
             landed: FxHashSet::default(),
             failed_loads: FxHashSet::default(),
@@ -472,6 +478,8 @@ impl<R: RequestKey> Scheduler<R> {
         self.stamp_step(&plan.scheduled);
         plan.clear();
         self.spare_plan = plan;
+        // An encoder-cache connector's error is returned as an admission error is.
+        let admission_error = admission_error.or(self.encoder.connector_error.take());
         match admission_error {
             Some(err) => {
                 self.interrupted_step = Some(out);

@@ -3,12 +3,14 @@
 
 mod arrivals;
 mod async_scheduling;
+mod aux_outputs;
 mod block_free;
 mod budgets;
 mod cadence;
 mod connectors;
 mod deferred;
 mod encoder;
+mod encoder_connector;
 mod encoder_settings;
 mod hybrid;
 mod hybrid_connectors;

@@ -1,0 +1,135 @@
+//! An encoder-cache connector beside the encoder budget and cache (vLLM 0.33's
+//! `ECConnectorBase.has_cache_item` in `_try_schedule_encoder_inputs`): an item it holds
+//! takes cache room, no budget, and is not encoded.
+
+use std::sync::{Arc, Mutex};
+
+use super::*;
+use crate::sched::*;
+
+fn image(offset: usize, length: usize, id: &str) -> MmFeature {
+    MmFeature {
+        offset,
+        length,
+        identifier: id.into(),
+        is_embed: None,
+    }
+}
+
+fn mm_prompt(id: u32, len: usize, items: Vec<MmFeature>) -> RequestSpec {
+    RequestSpec {
+        mm_features: items,
+        max_tokens: 2,
+        ..prompt(id, len)
+    }
+}
+
+fn enc_config(budget: usize, cache: usize) -> SchedulerConfig {
+    SchedulerConfig {
+        max_num_batched_tokens: 2048,
+        num_blocks: 1024,
+        block_size: 16,
+        max_model_len: 4096,
+        encoder: EncoderConfig {
+            max_num_encoder_input_tokens: budget,
+            encoder_cache_size: cache,
+            disable_chunked_mm_input: false,
+        },
+        ..config()
+    }
+}
+
+/// Holds the items named in `held`; logs its calls; fails on `"bad"`.
+struct Holds {
+    held: Vec<&'static str>,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl EncoderConnector<u32> for Holds {
+    fn has_cache_item(&mut self, identifier: &str) -> crate::Result<bool> {
+        self.log.lock().unwrap().push(format!("has {identifier}"));
+        if identifier == "bad" {
+            return Err(crate::Error::connector(
+                "has_cache_item",
+                identifier,
+                "refused",
+            ));
+        }
+        Ok(self.held.contains(&identifier))
+    }
+
+    fn update_state_after_alloc(
+        &mut self,
+        request: &Request<u32>,
+        input_id: usize,
+    ) -> crate::Result<()> {
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("alloc {} {input_id}", request.request_id));
+        Ok(())
+    }
+}
+
+fn with_holds(
+    budget: usize,
+    cache: usize,
+    held: Vec<&'static str>,
+) -> (Scheduler<u32>, Arc<Mutex<Vec<String>>>) {
+    let mut s = Scheduler::new(enc_config(budget, cache), false).unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    s.set_encoder_connector(Some(Box::new(Holds {
+        held,
+        log: log.clone(),
+    })));
+    (s, log)
+}
+
+#[test]
+fn an_item_the_connector_holds_takes_cache_room_but_no_budget_and_is_not_encoded() {
+    // Budget 100: image "a" (100) is held by the connector, so image "b" (100) still fits
+    // the budget and is the only one encoded; both take cache room (200 of 300).
+    let (mut s, log) = with_holds(100, 300, vec!["a"]);
+    s.add_request(
+        0,
+        mm_prompt(0, 220, vec![image(0, 100, "a"), image(110, 100, "b")]),
+    )
+    .unwrap();
+    let out = s.schedule().unwrap();
+    assert_eq!(scheduled(&out), [(0, 220)]);
+    assert_eq!(out.scheduled_encoder_inputs, [(0, vec![1])]);
+    assert_eq!(s.encoder_cache_usage(), (100, 100, 300), "200 of 300 taken");
+    assert_eq!(
+        *log.lock().unwrap(),
+        // vLLM's order: the inputs to encode, then the held ones.
+        ["has a", "has b", "alloc 0 1", "alloc 0 0"]
+    );
+}
+
+#[test]
+fn without_the_connector_the_same_items_wait_for_budget() {
+    let mut s = Scheduler::new(enc_config(100, 300), false).unwrap();
+    s.add_request(
+        0,
+        mm_prompt(0, 220, vec![image(0, 100, "a"), image(110, 100, "b")]),
+    )
+    .unwrap();
+    let out = run_step(&mut s);
+    assert_eq!(scheduled(&out), [(0, 110)], "stops before image b");
+    assert_eq!(out.scheduled_encoder_inputs, [(0, vec![0])]);
+}
+
+#[test]
+fn a_connector_error_is_returned_and_the_step_kept() {
+    let (mut s, _) = with_holds(1000, 1000, vec![]);
+    s.add_request(0, mm_prompt(0, 120, vec![image(10, 100, "bad")]))
+        .unwrap();
+    let err = s.schedule().unwrap_err();
+    assert!(err.to_string().contains("has_cache_item"), "{err}");
+    // The step was formed without the connector's answer (encoded) and comes next.
+    let out = s.schedule().unwrap();
+    assert_eq!(scheduled(&out), [(0, 120)]);
+    assert_eq!(out.scheduled_encoder_inputs, [(0, vec![0])]);
+    s.set_encoder_connector(None);
+    assert!(!s.has_encoder_connector());
+}

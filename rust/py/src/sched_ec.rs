@@ -1,0 +1,105 @@
+//! A Python object as the step scheduler's encoder-cache connector (vLLM 0.33's
+//! `ECConnectorBase` calls made while a step is formed: `has_cache_item(identifier)`,
+//! `update_state_after_alloc(view, input_id)`). Conversions and checks of its answers only;
+//! what the scheduler does with them is the core's (`sched::encoder_connector`).
+
+use pyo3::prelude::*;
+use tokenyard_core::sched::{EncoderConnector, Request};
+use tokenyard_core::{Error, Result};
+
+use crate::convert::{RequestId, short_repr};
+use crate::errors::ErrorSlot;
+use crate::plugin::is_reentry;
+use crate::sched_connector::view;
+
+const METHODS: [&str; 2] = ["has_cache_item", "update_state_after_alloc"];
+
+/// A Python encoder-cache connector. Each call re-takes the GIL; an exception it raises is
+/// kept in `error` and becomes the `__cause__` of the `ConnectorError` raised.
+pub(crate) struct PyEncoderConnector {
+    object: Py<PyAny>,
+    error: ErrorSlot,
+}
+
+impl PyEncoderConnector {
+    /// Wraps `object` after checking it has the two methods (a `ConfigError` naming `field`
+    /// otherwise).
+    pub(crate) fn new(
+        object: &Bound<'_, PyAny>,
+        field: &'static str,
+        error: ErrorSlot,
+    ) -> PyResult<Self> {
+        for method in METHODS {
+            if !object.hasattr(method)? {
+                return Err(crate::errors::config_error(
+                    object.py(),
+                    field,
+                    short_repr(object),
+                    &format!("has no method {method}()"),
+                ));
+            }
+        }
+        Ok(Self {
+            object: object.clone().unbind(),
+            error,
+        })
+    }
+
+    fn call<'py>(
+        &self,
+        py: Python<'py>,
+        method: &'static str,
+        args: impl pyo3::call::PyCallArgs<'py>,
+    ) -> Result<Bound<'py, PyAny>> {
+        let answer = self.object.bind(py).call_method1(method, args);
+        answer.map_err(|err| {
+            let error = if is_reentry(py, &err) {
+                Error::connector(
+                    method,
+                    "a call back into the Scheduler",
+                    "an encoder-cache connector may only read what it is given",
+                )
+            } else {
+                Error::connector(method, &err, "raised an exception")
+            };
+            self.error.keep_cause(err);
+            error
+        })
+    }
+}
+
+impl EncoderConnector<RequestId> for PyEncoderConnector {
+    fn has_cache_item(&mut self, identifier: &str) -> Result<bool> {
+        const METHOD: &str = "has_cache_item";
+        Python::attach(|py| {
+            let answer = self.call(py, METHOD, (identifier,))?;
+            // vLLM's connectors answer a bool (numpy's bool_ extracts too).
+            answer
+                .extract::<bool>()
+                .map_err(|_| Error::connector(METHOD, short_repr(&answer), "must return a bool"))
+        })
+    }
+
+    fn update_state_after_alloc(
+        &mut self,
+        request: &Request<RequestId>,
+        input_id: usize,
+    ) -> Result<()> {
+        Python::attach(|py| {
+            let args = (view(py, request)?, input_id);
+            self.call(py, "update_state_after_alloc", args).map(drop)
+        })
+    }
+}
+
+/// `object` as the core's connector (`None` stays `None`), its exceptions kept in `error`.
+pub(crate) fn boxed(
+    object: Option<&Bound<'_, PyAny>>,
+    error: ErrorSlot,
+) -> PyResult<Option<Box<dyn EncoderConnector<RequestId>>>> {
+    let Some(object) = object else {
+        return Ok(None);
+    };
+    let connector = PyEncoderConnector::new(object, "encoder_connector", error)?;
+    Ok(Some(Box::new(connector)))
+}

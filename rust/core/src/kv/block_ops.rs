@@ -9,7 +9,7 @@ use super::TokenId;
 use super::block_hash::{BlockHash, hash_block};
 use super::block_pool::{BlockId, BlockPoolStats, KvEvent, RequestBlocks};
 use super::cache_map::{CacheMap, HashOf};
-use super::free_queue::FreeBlockQueue;
+use super::free_queue::FreeQueue;
 use super::host_tier::HostTier;
 
 /// 24 bytes, not the 48 of a `u32` beside an `Option<u128>` (aligned to 16): a pool that
@@ -59,7 +59,7 @@ pub(super) struct Eviction<'a> {
 /// Pops the least recently freed block, evicting its cached prefix if it had one. A free
 /// function over the pool's parts, so the caller can hold the request's entry meanwhile.
 pub(super) fn take_free_block(
-    free_queue: &mut FreeBlockQueue,
+    free_queue: &mut impl FreeQueue,
     blocks: &mut [BlockMeta],
     eviction: &mut Eviction<'_>,
 ) -> BlockId {
@@ -87,7 +87,7 @@ pub(super) fn take_free_block(
 /// (LRU), an uncached one to the front (reused first), in `ordered`'s order. `evict_first`
 /// is scratch space, left empty.
 pub(super) fn release_blocks(
-    free_queue: &mut FreeBlockQueue,
+    free_queue: &mut impl FreeQueue,
     blocks: &mut [BlockMeta],
     ordered: impl IntoIterator<Item = BlockId>,
     evict_first: &mut Vec<BlockId>,
@@ -235,7 +235,7 @@ pub(super) fn count_holders(holders: &mut [u32], held: impl IntoIterator<Item = 
 /// O(blocks).
 pub(super) fn check_pool_blocks(
     blocks: &[BlockMeta],
-    free_queue: &FreeBlockQueue,
+    free_queue: &impl FreeQueue,
     cached: &CacheMap,
     holders: &[u32],
     first_block: usize,
@@ -263,7 +263,7 @@ pub(super) fn check_pool_blocks(
             }
         }
     }
-    let linked = free_queue.iter().count();
+    let linked = free_queue.ids().len();
     if linked != free_queue.len() {
         return Err(format!(
             "free queue links {linked} blocks but counts {}",

@@ -66,6 +66,34 @@ pub(super) fn take_free_block(
     let block = free_queue
         .pop_front()
         .expect("allocation was checked against the free count");
+    evict_taken(block, blocks, eviction);
+    block
+}
+
+/// Takes `n` blocks from the front of the free queue onto `out` ([`take_free_block`] `n`
+/// times, with the same evictions in the same order). The ids are taken first, then
+/// evicted a run at a time with their records read ahead together: a queue of runs hands
+/// out ids without reading the blocks, so their records' misses overlap.
+pub(super) fn take_free_blocks(
+    free_queue: &mut impl FreeQueue,
+    blocks: &mut [BlockMeta],
+    eviction: &mut Eviction<'_>,
+    n: usize,
+    out: &mut Vec<BlockId>,
+) {
+    let first = out.len();
+    free_queue.pop_front_into(n, out);
+    for run in out[first..].chunks(WARM_RUN) {
+        let acc = (run.iter()).fold(0u32, |acc, &b| acc ^ blocks[b as usize].ref_cnt);
+        std::hint::black_box(acc);
+        for &block in run {
+            evict_taken(block, blocks, eviction);
+        }
+    }
+}
+
+/// Gives a block just taken from the free queue its holder, evicting its cached hash.
+fn evict_taken(block: BlockId, blocks: &mut [BlockMeta], eviction: &mut Eviction<'_>) {
     let meta = &mut blocks[block as usize];
     meta.ref_cnt = 1;
     if let Some(hash) = meta.take_hash() {
@@ -79,7 +107,6 @@ pub(super) fn take_free_block(
             offload(host, eviction.events, eviction.stats, hash);
         }
     }
-    block
 }
 
 /// vLLM's `BlockPool.free_blocks`: drops one reference on each block of `ordered` (first

@@ -21,7 +21,7 @@ use rustc_hash::FxHashMap;
 use super::block_hash::{BlockHash, hash_block};
 use super::block_ops::{
     BlockMeta, Eviction, WARM_RUN, append_tokens, cache_full_blocks, check_cached_count,
-    check_pool_blocks, count_holders, release_blocks, take_free_block,
+    check_pool_blocks, count_holders, release_blocks, take_free_blocks,
 };
 use super::cache_map::CacheMap;
 use super::free_queue::{FreeBlockQueue, FreeQueue};
@@ -609,10 +609,8 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
             host,
             stats,
         };
-        for _ in 0..num_new_blocks {
-            let block = take_free_block(free_queue, blocks, &mut eviction);
-            request.block_ids.push(block);
-        }
+        let table = &mut request.block_ids;
+        take_free_blocks(free_queue, blocks, &mut eviction, num_new_blocks, table);
         let Eviction { cached, events, .. } = eviction;
         append_tokens(block_size, caching, request, new_token_ids);
         request.num_computed_tokens += num_new_tokens;

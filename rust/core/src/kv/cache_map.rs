@@ -34,6 +34,12 @@ pub(super) trait HashOf {
 
 const MIN_SLOTS: usize = 64;
 
+/// A rebuild leaves the table at most 1/`REBUILT_SPARSITY` full, so that the next comes
+/// after (1/2 - 1/`REBUILT_SPARSITY`) of the table in inserts. A replay whose pool is
+/// full inserts (and kills) a slot per block: at 4, rebuilds were a tenth of a Mooncake
+/// replay (each reads the whole table and re-places every live slot).
+const REBUILT_SPARSITY: usize = 8;
+
 #[derive(Debug, Clone)]
 pub(super) struct CacheMap {
     slots: Vec<u64>,
@@ -239,7 +245,7 @@ impl CacheMap {
     /// kept: it says what that hash's own slot says, on the same probe run.
     fn rebuild(&mut self) {
         let mut len = self.slots.len();
-        while (self.num_live + 1) * 4 > len {
+        while (self.num_live + 1) * REBUILT_SPARSITY > len {
             len *= 2;
         }
         let mut table = std::mem::take(&mut self.spare);

@@ -26,6 +26,15 @@ pub trait FreeQueue: Clone + std::fmt::Debug {
     fn push_front(&mut self, block: u32);
     /// Block ids front to back. O(free blocks): for inspection.
     fn ids(&self) -> Vec<u32>;
+    /// Takes `n` blocks from the front (there are that many) onto `out`, in order.
+    fn pop_front_into(&mut self, n: usize, out: &mut Vec<u32>) {
+        for _ in 0..n {
+            out.push(
+                self.pop_front()
+                    .expect("allocation was checked against the free count"),
+            );
+        }
+    }
 }
 
 const NOT_LINKED: u32 = u32::MAX;

@@ -124,6 +124,21 @@ impl FreeQueue for RunQueue {
         }
     }
 
+    fn pop_front_into(&mut self, n: usize, out: &mut Vec<u32>) {
+        // The entries are read in order; each block's stamp is an independent load.
+        let mut taken = 0;
+        while taken < n {
+            let first = self.entries.pop_front().expect("a free block has an entry");
+            if self.is_live(first) {
+                let block = block_of(first);
+                self.stamps[block as usize] = 0;
+                out.push(block);
+                taken += 1;
+            }
+        }
+        self.len -= n;
+    }
+
     fn remove(&mut self, block: u32) {
         debug_assert!(
             self.contains(block),

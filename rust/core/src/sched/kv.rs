@@ -11,14 +11,14 @@ use rustc_hash::FxHashMap;
 
 use super::{PrefixCache, SchedulerConfig};
 use crate::kv::{
-    BlockHash, BlockId, BlockPool, BlockPoolStats, ComputedBlocks, GroupedComputedBlocks,
-    KvCapacity, KvCoordinator, KvEvent, KvGroupSpec, PrefixPool, RadixHit, RadixPool, TokenId,
+    BlockHash, BlockId, BlockPoolStats, ComputedBlocks, GroupedComputedBlocks, KvCapacity,
+    KvCoordinator, KvEvent, KvGroupSpec, PrefixPool, RadixHit, RadixPool, RunBlockPool, TokenId,
 };
 use crate::{Error, Result};
 
 #[derive(Debug, Clone)]
 pub(super) enum Kv {
-    BlockHash(BlockPool<u32>),
+    BlockHash(RunBlockPool<u32>),
     Radix(RadixPool<u32>),
     Hybrid(Box<HybridKv>),
 }
@@ -62,7 +62,7 @@ macro_rules! on_pool {
 impl Hit {
     pub fn num_computed_tokens(&self) -> usize {
         match self {
-            Hit::BlockHash(h) => <BlockPool<u32> as PrefixPool<u32>>::hit_tokens(h),
+            Hit::BlockHash(h) => <RunBlockPool<u32> as PrefixPool<u32>>::hit_tokens(h),
             Hit::Radix(h) => <RadixPool<u32> as PrefixPool<u32>>::hit_tokens(h),
             Hit::Hybrid(h) => h.num_computed_tokens,
         }
@@ -107,7 +107,8 @@ impl Kv {
                 Kv::Radix(RadixPool::new(config.num_kv_blocks(), config.block_size)?)
             }
             (caching, _) => {
-                let pool = BlockPool::new(config.num_kv_blocks(), config.block_size, caching)?;
+                let (num_blocks, block_size) = (config.num_kv_blocks(), config.block_size);
+                let pool = RunBlockPool::over_runs(num_blocks, block_size, caching)?;
                 Kv::BlockHash(match config.host_num_blocks {
                     0 => pool,
                     n => pool.with_host_tier(n)?,

@@ -16,6 +16,9 @@ use crate::kv::{
 };
 use crate::{Error, Result};
 
+// One `Kv` per scheduler, never moved in a step: boxing the pool would add a pointer
+// to every call on it.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub(super) enum Kv {
     BlockHash(RunBlockPool<u32>),

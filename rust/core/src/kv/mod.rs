@@ -5,6 +5,9 @@
 //!   block-hash prefix cache.
 //! - [`RadixCache`] — SGLang's: a radix tree over token ids whose values are KV slots.
 //!
+//! [`RunBlockPool`] is the block pool over a free queue of runs ([`RunQueue`]): the same
+//! answers block for block (`run_pool_tests`), and the step scheduler's pool.
+//!
 //! [`HostTier`] extends the block pool's prefix cache into host memory. [`KvCoordinator`]
 //! is vLLM's KV cache coordinator: one group per layer kind of a hybrid model (full
 //! attention, sliding window, chunked local, Mamba) over one pool of blocks.

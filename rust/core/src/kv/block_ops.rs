@@ -9,7 +9,7 @@ use super::TokenId;
 use super::block_hash::{BlockHash, hash_block};
 use super::block_pool::{BlockId, BlockPoolStats, KvEvent, RequestBlocks};
 use super::cache_map::{CacheMap, HashOf};
-use super::free_queue::FreeBlockQueue;
+use super::free_queue::FreeQueue;
 use super::host_tier::HostTier;
 
 /// 24 bytes, not the 48 of a `u32` beside an `Option<u128>` (aligned to 16): a pool that
@@ -59,13 +59,41 @@ pub(super) struct Eviction<'a> {
 /// Pops the least recently freed block, evicting its cached prefix if it had one. A free
 /// function over the pool's parts, so the caller can hold the request's entry meanwhile.
 pub(super) fn take_free_block(
-    free_queue: &mut FreeBlockQueue,
+    free_queue: &mut impl FreeQueue,
     blocks: &mut [BlockMeta],
     eviction: &mut Eviction<'_>,
 ) -> BlockId {
     let block = free_queue
         .pop_front()
         .expect("allocation was checked against the free count");
+    evict_taken(block, blocks, eviction);
+    block
+}
+
+/// Takes `n` blocks from the front of the free queue onto `out` ([`take_free_block`] `n`
+/// times, with the same evictions in the same order). The ids are taken first, then
+/// evicted a run at a time with their records read ahead together: a queue of runs hands
+/// out ids without reading the blocks, so their records' misses overlap.
+pub(super) fn take_free_blocks(
+    free_queue: &mut impl FreeQueue,
+    blocks: &mut [BlockMeta],
+    eviction: &mut Eviction<'_>,
+    n: usize,
+    out: &mut Vec<BlockId>,
+) {
+    let first = out.len();
+    free_queue.pop_front_into(n, out);
+    for run in out[first..].chunks(WARM_RUN) {
+        let acc = (run.iter()).fold(0u32, |acc, &b| acc ^ blocks[b as usize].ref_cnt);
+        std::hint::black_box(acc);
+        for &block in run {
+            evict_taken(block, blocks, eviction);
+        }
+    }
+}
+
+/// Gives a block just taken from the free queue its holder, evicting its cached hash.
+fn evict_taken(block: BlockId, blocks: &mut [BlockMeta], eviction: &mut Eviction<'_>) {
     let meta = &mut blocks[block as usize];
     meta.ref_cnt = 1;
     if let Some(hash) = meta.take_hash() {
@@ -79,7 +107,6 @@ pub(super) fn take_free_block(
             offload(host, eviction.events, eviction.stats, hash);
         }
     }
-    block
 }
 
 /// vLLM's `BlockPool.free_blocks`: drops one reference on each block of `ordered` (first
@@ -87,7 +114,7 @@ pub(super) fn take_free_block(
 /// (LRU), an uncached one to the front (reused first), in `ordered`'s order. `evict_first`
 /// is scratch space, left empty.
 pub(super) fn release_blocks(
-    free_queue: &mut FreeBlockQueue,
+    free_queue: &mut impl FreeQueue,
     blocks: &mut [BlockMeta],
     ordered: impl IntoIterator<Item = BlockId>,
     evict_first: &mut Vec<BlockId>,
@@ -235,7 +262,7 @@ pub(super) fn count_holders(holders: &mut [u32], held: impl IntoIterator<Item = 
 /// O(blocks).
 pub(super) fn check_pool_blocks(
     blocks: &[BlockMeta],
-    free_queue: &FreeBlockQueue,
+    free_queue: &impl FreeQueue,
     cached: &CacheMap,
     holders: &[u32],
     first_block: usize,
@@ -263,7 +290,7 @@ pub(super) fn check_pool_blocks(
             }
         }
     }
-    let linked = free_queue.iter().count();
+    let linked = free_queue.ids().len();
     if linked != free_queue.len() {
         return Err(format!(
             "free queue links {linked} blocks but counts {}",

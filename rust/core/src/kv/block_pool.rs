@@ -21,10 +21,10 @@ use rustc_hash::FxHashMap;
 use super::block_hash::{BlockHash, hash_block};
 use super::block_ops::{
     BlockMeta, Eviction, WARM_RUN, append_tokens, cache_full_blocks, check_cached_count,
-    check_pool_blocks, count_holders, release_blocks, take_free_block,
+    check_pool_blocks, count_holders, release_blocks, take_free_blocks,
 };
 use super::cache_map::CacheMap;
-use super::free_queue::FreeBlockQueue;
+use super::free_queue::{FreeBlockQueue, FreeQueue};
 use super::host_tier::HostTier;
 use super::{
     KvCapacity, LookupQuery, RequestKey, TokenId, blocks_needed, check_allocation,
@@ -131,12 +131,14 @@ pub(super) struct RequestBlocks {
     pub(super) extra_key: Option<u64>,
 }
 
+/// `Q` is the free queue: vLLM's linked list by default, or a [`RunQueue`](super::RunQueue)
+/// ([`RunBlockPool`](super::RunBlockPool)); both hand out the same blocks in the same order.
 #[derive(Debug, Clone)]
-pub struct BlockPool<R: RequestKey> {
+pub struct BlockPool<R: RequestKey, Q: FreeQueue = FreeBlockQueue> {
     block_size: usize,
     enable_caching: bool,
     blocks: Vec<BlockMeta>,
-    free_queue: FreeBlockQueue,
+    free_queue: Q,
     cached: CacheMap,
     requests: FxHashMap<R, RequestBlocks>,
     stats: BlockPoolStats,
@@ -173,13 +175,26 @@ pub enum KvEvent {
 
 impl<R: RequestKey> BlockPool<R> {
     pub fn new(num_blocks: usize, block_size: usize, enable_caching: bool) -> Result<Self> {
+        Self::over_queue(num_blocks, block_size, enable_caching)
+    }
+}
+
+impl<R: RequestKey> BlockPool<R, super::RunQueue> {
+    /// [`BlockPool::new`] over a free queue of runs (the same answers, block for block).
+    pub fn over_runs(num_blocks: usize, block_size: usize, enable_caching: bool) -> Result<Self> {
+        Self::over_queue(num_blocks, block_size, enable_caching)
+    }
+}
+
+impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
+    fn over_queue(num_blocks: usize, block_size: usize, enable_caching: bool) -> Result<Self> {
         check_num_blocks(num_blocks)?;
         check_block_size(block_size)?;
         Ok(Self {
             block_size,
             enable_caching,
             blocks: super::try_filled_vec(num_blocks, BlockMeta::default(), "num_blocks")?,
-            free_queue: FreeBlockQueue::with_all_blocks(num_blocks)?,
+            free_queue: Q::with_all_blocks(num_blocks)?,
             cached: CacheMap::new(num_blocks)?,
             requests: FxHashMap::default(),
             stats: BlockPoolStats::default(),
@@ -240,8 +255,7 @@ impl<R: RequestKey> BlockPool<R> {
     /// Free blocks that still hold a cached prefix (evicted, LRU first, on demand).
     /// O(free blocks): meant for stats, not for a hot path.
     pub fn num_cached_free_blocks(&self) -> usize {
-        self.free_queue
-            .iter()
+        (self.free_queue.ids().into_iter())
             .filter(|&b| self.blocks[b as usize].cached)
             .count()
     }
@@ -295,7 +309,7 @@ impl<R: RequestKey> BlockPool<R> {
 
     /// Free block ids in eviction order (front first). O(free blocks).
     pub fn free_block_ids(&self) -> Vec<BlockId> {
-        self.free_queue.iter().collect()
+        self.free_queue.ids()
     }
 
     pub fn ref_count(&self, block_id: BlockId) -> Option<u32> {
@@ -602,10 +616,8 @@ impl<R: RequestKey> BlockPool<R> {
             host,
             stats,
         };
-        for _ in 0..num_new_blocks {
-            let block = take_free_block(free_queue, blocks, &mut eviction);
-            request.block_ids.push(block);
-        }
+        let table = &mut request.block_ids;
+        take_free_blocks(free_queue, blocks, &mut eviction, num_new_blocks, table);
         let Eviction { cached, events, .. } = eviction;
         append_tokens(block_size, caching, request, new_token_ids);
         request.num_computed_tokens += num_new_tokens;
@@ -811,7 +823,7 @@ impl<R: RequestKey> BlockPool<R> {
     }
 }
 
-impl<R: RequestKey> KvCapacity for BlockPool<R> {
+impl<R: RequestKey, Q: FreeQueue> KvCapacity for BlockPool<R, Q> {
     fn num_total_blocks(&self) -> usize {
         self.blocks.len()
     }

@@ -11,7 +11,7 @@
 //!   in cache. Eviction touches no slot: it clears the block's tag, and every slot of that
 //!   block with the old tag goes *dead*. Dead slots are dropped when the table is rebuilt,
 //!   which happens when live and dead slots fill half of it (amortized O(1): a rebuild
-//!   leaves it at most a quarter full) and reads only the tags.
+//!   leaves it at most an eighth full), in place unless it grows, and reads only the tags.
 //!
 //! - A hash may be cached in several blocks, as in vLLM (two requests computed the same
 //!   prefix before either was cached). The table holds its first copy, the one lookups
@@ -34,6 +34,12 @@ pub(super) trait HashOf {
 
 const MIN_SLOTS: usize = 64;
 
+/// A rebuild leaves the table at most 1/`REBUILT_SPARSITY` full, so that the next comes
+/// after (1/2 - 1/`REBUILT_SPARSITY`) of the table in inserts. A replay whose pool is
+/// full inserts (and kills) a slot per block: at 4, rebuilds were a tenth of a Mooncake
+/// replay (each reads the whole table and re-places every live slot).
+const REBUILT_SPARSITY: usize = 8;
+
 #[derive(Debug, Clone)]
 pub(super) struct CacheMap {
     slots: Vec<u64>,
@@ -47,9 +53,6 @@ pub(super) struct CacheMap {
     num_blocks: usize,
     /// Every block caching a hash cached more than once, in the order they were cached.
     copies: FxHashMap<BlockHash, Vec<BlockId>>,
-    /// The table before the last rebuild, kept for the next one: a fresh table each time
-    /// was a fresh mapping whose pages the kernel zeroed (7% of a Mooncake replay).
-    spare: Vec<u64>,
 }
 
 fn tag(hash: &BlockHash) -> u64 {
@@ -79,7 +82,6 @@ impl CacheMap {
             num_live: 0,
             num_blocks: 0,
             copies: FxHashMap::default(),
-            spare: Vec::new(),
         }
     }
 
@@ -234,26 +236,47 @@ impl CacheMap {
         *self = Self::empty(block_tags);
     }
 
-    /// Re-inserts the live slots into a table at most a quarter full (grown if need be).
-    /// A dead slot whose block caches another hash with the same tag looks live and is
-    /// kept: it says what that hash's own slot says, on the same probe run.
+    /// Drops the dead slots, leaving the table at most 1/`REBUILT_SPARSITY` full (grown
+    /// into a fresh table if need be, else swept in place). A dead slot whose block caches
+    /// another hash with the same tag looks live and is kept: it says what that hash's own
+    /// slot says, on the same probe run.
     fn rebuild(&mut self) {
         let mut len = self.slots.len();
-        while (self.num_live + 1) * 4 > len {
+        while (self.num_live + 1) * REBUILT_SPARSITY > len {
             len *= 2;
         }
-        let mut table = std::mem::take(&mut self.spare);
-        table.clear();
-        table.resize(len, 0);
-        let old = std::mem::replace(&mut self.slots, table);
+        if len == self.slots.len() {
+            self.sweep();
+            debug_assert!(self.num_used >= self.num_live);
+            return;
+        }
+        let old = std::mem::replace(&mut self.slots, vec![0; len]);
         self.num_used = 0;
         for &slot in old.iter().filter(|&&s| s != 0) {
             if self.is_live(slot) {
                 self.place(slot);
             }
         }
-        self.spare = old;
         debug_assert!(self.num_used >= self.num_live);
+    }
+
+    /// Re-places every slot in one pass from an empty slot around the table, dead ones
+    /// dropped: a slot's probe run from its home holds no empty slot, so its home lies
+    /// between that empty slot and it, where every slot is already re-placed, and it lands
+    /// at or before where it was. No second table: a replay's pool rebuilds its map
+    /// hundreds of times, and a spare table was as big as the map.
+    fn sweep(&mut self) {
+        let mask = self.mask();
+        let start = (self.slots.iter().position(|&s| s == 0))
+            .expect("the table is never more than half full");
+        self.num_used = 0;
+        for k in 1..=self.slots.len() {
+            let i = (start + k) & mask;
+            let slot = std::mem::take(&mut self.slots[i]);
+            if slot != 0 && self.is_live(slot) {
+                self.place(slot);
+            }
+        }
     }
 }
 

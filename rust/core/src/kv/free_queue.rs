@@ -5,12 +5,44 @@
 //! Invariant: every block id is either linked exactly once or not at all; `len` counts the
 //! linked ones.
 
+/// What the block pool needs of its free queue (front = next handed out, evicted first):
+/// vLLM's doubly linked list ([`FreeBlockQueue`]) or a queue of runs
+/// ([`RunQueue`](super::RunQueue)), which give the same blocks in the same order.
+pub trait FreeQueue: Clone + std::fmt::Debug {
+    /// A queue holding every block of a pool of `num_blocks`, in id order.
+    fn with_all_blocks(num_blocks: usize) -> crate::Result<Self>;
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    fn contains(&self, block: u32) -> bool;
+    /// Takes the block at the front (the least recently freed one).
+    fn pop_front(&mut self) -> Option<u32>;
+    /// Unlinks `block`, which must be linked (a prefix hit on a free block).
+    fn remove(&mut self, block: u32);
+    /// Links `block`, which must not be linked, at the back.
+    fn push_back(&mut self, block: u32);
+    /// Links `block`, which must not be linked, at the front (handed out next).
+    fn push_front(&mut self, block: u32);
+    /// Block ids front to back. O(free blocks): for inspection.
+    fn ids(&self) -> Vec<u32>;
+    /// Takes `n` blocks from the front (there are that many) onto `out`, in order.
+    fn pop_front_into(&mut self, n: usize, out: &mut Vec<u32>) {
+        for _ in 0..n {
+            out.push(
+                self.pop_front()
+                    .expect("allocation was checked against the free count"),
+            );
+        }
+    }
+}
+
 const NOT_LINKED: u32 = u32::MAX;
 const PREV: usize = 0;
 const NEXT: usize = 1;
 
 #[derive(Debug, Clone)]
-pub(crate) struct FreeBlockQueue {
+pub struct FreeBlockQueue {
     // Index `sentinel()` is the list head/tail marker; ids 0..num_blocks are blocks.
     // `links[b] = [prev, next]`: one cache line per block touched, not two (a replay that
     // evicts constantly pays a cache miss per link it reads).
@@ -98,6 +130,33 @@ impl FreeBlockQueue {
             Some(self.links[b as usize][NEXT])
         })
         .take_while(move |&b| b != sentinel)
+    }
+}
+
+impl FreeQueue for FreeBlockQueue {
+    fn with_all_blocks(num_blocks: usize) -> crate::Result<Self> {
+        Self::with_all_blocks(num_blocks)
+    }
+    fn len(&self) -> usize {
+        Self::len(self)
+    }
+    fn contains(&self, block: u32) -> bool {
+        Self::contains(self, block)
+    }
+    fn pop_front(&mut self) -> Option<u32> {
+        Self::pop_front(self)
+    }
+    fn remove(&mut self, block: u32) {
+        Self::remove(self, block);
+    }
+    fn push_back(&mut self, block: u32) {
+        Self::push_back(self, block);
+    }
+    fn push_front(&mut self, block: u32) {
+        Self::push_front(self, block);
+    }
+    fn ids(&self) -> Vec<u32> {
+        self.iter().collect()
     }
 }
 

@@ -5,6 +5,9 @@
 //!   block-hash prefix cache.
 //! - [`RadixCache`] — SGLang's: a radix tree over token ids whose values are KV slots.
 //!
+//! [`RunBlockPool`] is the block pool over a free queue of runs ([`RunQueue`]): the same
+//! answers block for block (`run_pool_tests`), and the step scheduler's pool.
+//!
 //! [`HostTier`] extends the block pool's prefix cache into host memory. [`KvCoordinator`]
 //! is vLLM's KV cache coordinator: one group per layer kind of a hybrid model (full
 //! attention, sliding window, chunked local, Mamba) over one pool of blocks.
@@ -24,6 +27,9 @@ mod layer_groups;
 mod prefix_pool;
 mod radix;
 mod radix_pool;
+#[cfg(test)]
+mod run_pool_tests;
+mod run_queue;
 
 pub use block_hash::{
     BlockHash, content_block, hash_block, hash_block_id, hash_content, hash_full_blocks,
@@ -33,11 +39,18 @@ pub use coordinator::{
     ExternalAllocation, GroupedComputedBlocks, KvCoordinator, MAX_NUM_GROUPS, prefix_cacheable,
 };
 pub use counting::CountingAllocator;
+pub use free_queue::{FreeBlockQueue, FreeQueue};
 pub use host_tier::HostTier;
 pub use layer_groups::{KvGroupSpec, NULL_BLOCK};
 pub use prefix_pool::PrefixPool;
 pub use radix::{MatchResult, NodeHandle, RadixCache};
 pub use radix_pool::{RadixHit, RadixPool};
+pub use run_queue::RunQueue;
+
+/// The block pool over a free queue of runs: the same answers as [`BlockPool`], block for
+/// block (checked by `run_queue_tests`), with a queue whose pops and pushes read entries
+/// in order rather than links spread over the pool.
+pub type RunBlockPool<R> = BlockPool<R, RunQueue>;
 
 use std::fmt::Debug;
 use std::hash::Hash;

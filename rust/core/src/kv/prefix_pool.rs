@@ -2,6 +2,7 @@
 //! block-hash pool and SGLang's radix pool both implement it, so the scheduler is written
 //! once against this interface.
 
+use super::free_queue::FreeQueue;
 use super::{
     BlockId, BlockPool, BlockPoolStats, ComputedBlocks, KvCapacity, KvEvent, RadixHit, RadixPool,
     RequestKey, TokenId,
@@ -89,7 +90,7 @@ macro_rules! delegate_pool {
     };
 }
 
-impl<R: RequestKey> PrefixPool<R> for BlockPool<R> {
+impl<R: RequestKey, Q: FreeQueue> PrefixPool<R> for BlockPool<R, Q> {
     type Hit = ComputedBlocks;
 
     fn lookup(&mut self, token_ids: &[TokenId], extra_key: Option<u64>) -> ComputedBlocks {

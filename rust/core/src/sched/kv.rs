@@ -11,15 +11,18 @@ use rustc_hash::FxHashMap;
 
 use super::{PrefixCache, SchedulerConfig};
 use crate::kv::{
-    BlockHash, BlockId, BlockPool, BlockPoolStats, ComputedBlocks, ExternalAllocation,
-    GroupedComputedBlocks, KvCapacity, KvCoordinator, KvEvent, KvGroupSpec, PrefixPool, RadixHit,
-    RadixPool, TokenId, prefix_cacheable,
+    BlockHash, BlockId, BlockPoolStats, ComputedBlocks, ExternalAllocation, GroupedComputedBlocks,
+    KvCapacity, KvCoordinator, KvEvent, KvGroupSpec, PrefixPool, RadixHit, RadixPool, RunBlockPool,
+    TokenId, prefix_cacheable,
 };
 use crate::{Error, Result};
 
+// One `Kv` per scheduler, never moved in a step: boxing the pool would add a pointer
+// to every call on it.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub(super) enum Kv {
-    BlockHash(BlockPool<u32>),
+    BlockHash(RunBlockPool<u32>),
     Radix(RadixPool<u32>),
     Hybrid(Box<HybridKv>),
 }
@@ -63,7 +66,7 @@ macro_rules! on_pool {
 impl Hit {
     pub fn num_computed_tokens(&self) -> usize {
         match self {
-            Hit::BlockHash(h) => <BlockPool<u32> as PrefixPool<u32>>::hit_tokens(h),
+            Hit::BlockHash(h) => <RunBlockPool<u32> as PrefixPool<u32>>::hit_tokens(h),
             Hit::Radix(h) => <RadixPool<u32> as PrefixPool<u32>>::hit_tokens(h),
             Hit::Hybrid(h) => h.num_computed_tokens,
         }
@@ -108,7 +111,8 @@ impl Kv {
                 Kv::Radix(RadixPool::new(config.num_kv_blocks(), config.block_size)?)
             }
             (caching, _) => {
-                let pool = BlockPool::new(config.num_kv_blocks(), config.block_size, caching)?;
+                let (num_blocks, block_size) = (config.num_kv_blocks(), config.block_size);
+                let pool = RunBlockPool::over_runs(num_blocks, block_size, caching)?;
                 Kv::BlockHash(match config.host_num_blocks {
                     0 => pool,
                     n => pool.with_host_tier(n)?,

@@ -798,6 +798,7 @@ class Scheduler:
         lora_id: int | None = None,
         mm_features: Sequence[_MmFeatureLike] | None = None,
         num_computed_tokens: int | None = None,
+        resumable: bool = False,
     ) -> None:
         """Queues a request. ``priority`` (default 0): lower runs first
         (policy="priority"); ties go by ``arrival_time`` (default 0.0) then arrival order.
@@ -807,6 +808,9 @@ class Scheduler:
         ``num_computed_tokens``: prompt tokens whose KV is already computed (a P/D decode
         side's request, vLLM 0.33's): its first admission counts them, with no prefix
         lookup, and allocates blocks for them with its first chunk.
+        ``resumable``: a streaming-input session (vLLM 0.33's): a turn that stops (EOS, a
+        stop id, ``max_tokens``) is reported finished by ``update_from_output`` but parks
+        the request with its blocks (``num_parked``) until ``resume_session``.
 
         Raises:
             InputError: duplicate id, empty prompt, ``max_tokens < 1``, a prompt that
@@ -879,9 +883,35 @@ class Scheduler:
                 request's blocks are held for it), or an argument that is not an iterable
                 of ids.
         """
-    def has_unfinished_requests(self) -> bool: ...
+    def has_unfinished_requests(self) -> bool:
+        """Whether any request can still make progress (parked sessions excepted)."""
     @property
     def num_waiting(self) -> int: ...
+    @property
+    def num_parked(self) -> int:
+        """Streaming-input sessions parked between turns (``resume_session``)."""
+    def resume_session(
+        self,
+        request_id: _RequestId,
+        prompt_token_ids: _TokenIds,
+        max_tokens: int,
+        *,
+        arrival_time: float = 0.0,
+        eos_token_id: int | None = None,
+        stop_token_ids: _TokenIds | None = None,
+        ignore_eos: bool = False,
+    ) -> None:
+        """A parked session's next input chunk (vLLM 0.33's ``_update_request_as_session``):
+        its last sampled token is dropped, its other outputs and ``prompt_token_ids``
+        become its prompt, the settings given replace its own, and it waits among the
+        requests holding blocks, keeping its computed tokens (its next admission computes
+        only the rest). The outputs of its steps in flight when it parked are no longer
+        expected.
+
+        Raises:
+            InputError: an unknown id, a request not parked, ``max_tokens < 1``, or a prompt
+                that leaves no room for an output token under ``max_model_len``.
+        """
     @property
     def num_running(self) -> int: ...
     @property

@@ -427,6 +427,18 @@ class UpdateFromOutput(AdapterBase):
         request_id = request.request_id
         tokens = self._append_until_stop(request, tokens)
         finish_reason = request.get_finished_reason()
+        if request.resumable and not self._park_session(request):
+            # A session's turn: parked (or resumed), not freed (vLLM 0.33).
+            return EngineCoreOutput(
+                request_id=request_id,
+                new_token_ids=tokens,
+                finish_reason=finish_reason,
+                stop_reason=request.stop_reason,
+                events=request.take_events(),
+                spec_decode_metrics=request.spec_decode_metrics,
+                trace_headers=request.trace_headers,
+                num_nans_in_logits=request.num_nans_in_logits,
+            )
         self._free_request(request)
         bridge = self._bridge
         transfer_params = bridge.transfer_params.pop(request_id, None) if bridge else None

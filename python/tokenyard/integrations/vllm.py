@@ -19,12 +19,13 @@ them, since vLLM's engine and model runner read them.
 This module imports vLLM and fails with an ``ImportError`` naming it where vLLM is not
 installed; nothing else in tokenyard imports it. What it does not do (each refused with an
 error naming it, never silently different) is listed in ``docs/integrations.md``:
-encoder-decoder requests, prompt embeddings, streaming sessions, KV cache group kinds the
+encoder-decoder requests, prompt embeddings, KV cache group kinds the
 core has none for (cross-attention, Mamba in ``align`` mode), and vLLM's ``KVCacheManager``
 object itself (``kv_cache_manager``), whose block pool lives in Rust here. Structured
 output (requests wait for their grammar here, then go to the core), pooling requests,
-hybrid KV cache groups (full attention, sliding window, chunked local, Mamba) and
-multimodal requests (vLLM's encoder budget and cache) are served.
+hybrid KV cache groups (full attention, sliding window, chunked local, Mamba),
+multimodal requests (vLLM's encoder budget and cache) and streaming-input sessions
+(``_vllm_sessions``) are served.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ from tokenyard.integrations._vllm_outputs import (
     check_supported,
 )
 from tokenyard.integrations._vllm_schedule import ScheduleStep
+from tokenyard.integrations._vllm_sessions import Sessions
 from tokenyard.integrations._vllm_state import non_negative
 from tokenyard.integrations._vllm_translate import (
     core_config,
@@ -101,7 +103,7 @@ _WAITING_FOR_GRAMMAR = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
 _client_index = operator.attrgetter("client_index")
 
 
-class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerInterface):  # type: ignore[misc]
+class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, Sessions, SchedulerInterface):  # type: ignore[misc]
     """vLLM 0.33's ``SchedulerInterface`` over :class:`tokenyard.sched.Scheduler`.
 
     Built by vLLM with the arguments it gives its own ``Scheduler``.
@@ -287,6 +289,9 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerIn
         # Requests whose output in flight predates their preemption (vLLM's
         # num_stale_output_tokens > 0): their share drains as those steps land.
         self._stale_ids: set[str] = set()
+        # Streaming-input sessions (_vllm_sessions): the live ones, and those parked.
+        self._session_ids: set[str] = set()
+        self._parked: dict[str, Request] = {}
         # Admitted requests whose PrefillStats go out with their first output, and the
         # stats of this step's first outputs.
         self._prefill_stats_due: set[str] = set()
@@ -332,16 +337,19 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerIn
         or has loaded (a snapshot, in scheduling order)."""
         holding = self._holding_kv()
         if not holding:
-            return _WaitingView([])
+            return _WaitingView(list(self._parked.values()))
         waiting = self._vllm_requests(self._core.waiting_ids())
-        return _WaitingView([r for r in waiting if r.request_id in holding])
+        held = [r for r in waiting if r.request_id in holding]
+        return _WaitingView(held + list(self._parked.values()))
 
     def _holding_kv(self) -> set[str]:
-        """Waiting requests holding KV blocks: loads in flight, and loads that landed
-        whose request has not been scheduled since."""
+        """Waiting requests holding KV blocks: loads in flight, loads that landed whose
+        request has not been scheduled since, and resumed sessions (parked ones excepted:
+        they are in no queue of the core's)."""
+        holding = self._resumed_sessions() if self._session_ids else set()
         if self._bridge is None:
-            return set()
-        return self._bridge.loading | self.finished_recving_kv_req_ids
+            return holding
+        return holding | self._bridge.loading | self.finished_recving_kv_req_ids
 
     # vLLM 0.33's prefill cadence state, read from the core.
     num_executed_steps = property(lambda self: self._core.num_executed_steps)
@@ -352,11 +360,12 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerIn
     def deferred_waiting(self) -> set[Request]:
         """Waiting requests the admission scan skipped, not admitted since (a snapshot)."""
         deferred = set(self._vllm_requests(self._core.deferred_waiting_ids()))
-        return deferred.union(self._grammar_waiting.values())
+        return deferred.union(self._grammar_waiting.values(), self._parked.values())
 
     def get_request_counts(self) -> tuple[int, int]:
         """(running, waiting)."""
-        return self._core.num_running, self._core.num_waiting + len(self._grammar_waiting)
+        num_waiting = self._core.num_waiting + len(self._grammar_waiting) + len(self._parked)
+        return self._core.num_running, num_waiting
 
     def get_kv_cache_usage(self) -> float:
         return float(self._core.stats().kv_usage)
@@ -370,8 +379,9 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerIn
         num_running, num_waiting = self.get_request_counts()
         if self._pause_state == PauseState.PAUSED_NEW:
             # Requests holding KV blocks still drain; queued ones stay queued.
-            return num_running + len(self.kv_holding_waiting)
-        return num_running + num_waiting
+            num_waiting = len(self.kv_holding_waiting)
+        # Parked sessions cannot progress until their next input (vLLM 0.33).
+        return num_running + num_waiting - len(self._parked)
 
     def has_finished_requests(self) -> bool:
         if self.finished_req_ids:
@@ -477,23 +487,22 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerIn
     # --- requests in and out ----------------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
-        """Queues a vLLM ``Request``.
+        """Queues a vLLM ``Request``; one with a streaming-input session's id is its next
+        input chunk (or, not resumable, its end), as in vLLM 0.33.
 
         Raises:
             InputError: a request kind tokenyard does not schedule (multimodal inputs,
-                prompt embeddings, a streaming session), a
-                duplicate id, or one the core refuses (e.g. a prompt with no room for an
-                output token under ``max_model_len``).
+                prompt embeddings), a duplicate id that is no session's, or one the core
+                refuses (e.g. a prompt with no room for an output token under
+                ``max_model_len``).
         """
         request_id = request.request_id
         if request_id in self.requests:
-            raise InputError(
-                f"request_id: {request_id!r} is already queued or running (streaming-input "
-                "sessions are not supported)",
-                field="request_id",
-                value=request_id,
-            )
+            # A streaming-input session's next chunk (or a duplicate: refused there).
+            self._add_session_update(self.requests[request_id], request)
+            return
         check_supported(request, self._mm_refusal)
+        self._start_session(request)
         self.requests[request_id] = request
         if request.use_structured_output:
             self._structured_ids.add(request_id)
@@ -538,6 +547,7 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerIn
             mm_features=mm_features,
             # A P/D decode side's request arrives with its prompt computed (vLLM's).
             num_computed_tokens=request.num_computed_tokens,
+            resumable=bool(request.resumable),
         )
         self._core_ids[request_id] = core_id
         self._vllm_ids[core_id] = request_id
@@ -611,6 +621,8 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerIn
         request_id = request.request_id
         self.finished_recving_kv_req_ids.discard(request_id)
         self._structured_ids.discard(request_id)
+        self._session_ids.discard(request_id)
+        self._parked.pop(request_id, None)
         if self._grammar_waiting.pop(request_id, None) is not None:
             # Never reached the core.
             self.grammar_compile_error_reqs.pop(request_id, None)
@@ -728,6 +740,7 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, SchedulerIn
             self.connector_prefix_cache_stats = PrefixCacheStats()
         num_running, num_waiting = self.get_request_counts()
         num_deferred = self._core.stats().num_deferred_waiting + len(self._grammar_waiting)
+        num_deferred += len(self._parked)
         return SchedulerStats(
             num_running_reqs=num_running,
             num_waiting_reqs=num_waiting - num_deferred,

@@ -11,6 +11,7 @@ mod sched_config;
 mod sched_connector;
 mod sched_encoder;
 mod sched_output;
+mod sched_session;
 mod sim;
 mod workload;
 

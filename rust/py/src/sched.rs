@@ -160,7 +160,7 @@ impl PyScheduler {
 
     #[pyo3(signature = (request_id, prompt_token_ids, max_tokens, *, priority = None, arrival_time = None,
         eos_token_id = None, stop_token_ids = None, ignore_eos = false, lora_id = None,
-        mm_features = None, num_computed_tokens = None))]
+        mm_features = None, num_computed_tokens = None, resumable = false))]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &mut self,
@@ -175,6 +175,7 @@ impl PyScheduler {
         lora_id: Option<&Bound<'_, PyAny>>,
         mm_features: Option<&Bound<'_, PyAny>>,
         num_computed_tokens: Option<&Bound<'_, PyAny>>,
+        resumable: bool,
     ) -> PyResult<()> {
         let py = request_id.py();
         let id = RequestId::from_py(request_id)?;
@@ -218,6 +219,7 @@ impl PyScheduler {
                 .map(|n| int_arg(n, "num_computed_tokens", 0, u32::MAX as i128))
                 .transpose()?
                 .unwrap_or(0) as usize,
+            resumable,
         };
         self.inner.add_request(id, spec).or_raise(py)
     }
@@ -470,6 +472,41 @@ impl PyScheduler {
     #[getter]
     fn num_waiting(&self) -> usize {
         self.inner.num_waiting()
+    }
+
+    /// Streaming-input sessions parked between turns (`resume_session`).
+    #[getter]
+    fn num_parked(&self) -> usize {
+        self.inner.num_parked()
+    }
+
+    /// The parked session's next input chunk (vLLM 0.33's `_update_request_as_session`): its
+    /// last sampled token is dropped, its other outputs and `prompt_token_ids` become its
+    /// prompt, and it waits with its blocks and computed tokens.
+    #[pyo3(signature = (request_id, prompt_token_ids, max_tokens, *, arrival_time = 0.0,
+        eos_token_id = None, stop_token_ids = None, ignore_eos = false))]
+    #[allow(clippy::too_many_arguments)]
+    fn resume_session(
+        &mut self,
+        request_id: &Bound<'_, PyAny>,
+        prompt_token_ids: &Bound<'_, PyAny>,
+        max_tokens: &Bound<'_, PyAny>,
+        arrival_time: f64,
+        eos_token_id: Option<&Bound<'_, PyAny>>,
+        stop_token_ids: Option<&Bound<'_, PyAny>>,
+        ignore_eos: bool,
+    ) -> PyResult<()> {
+        let py = request_id.py();
+        let id = RequestId::from_py(request_id)?;
+        let update = crate::sched_session::session_update(
+            prompt_token_ids,
+            max_tokens,
+            arrival_time,
+            eos_token_id,
+            stop_token_ids,
+            ignore_eos,
+        )?;
+        self.inner.resume_session(&id, update).or_raise(py)
     }
 
     #[getter]

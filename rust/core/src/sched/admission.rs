@@ -55,7 +55,8 @@ impl<R: RequestKey> Scheduler<R> {
                 break;
             };
             let max_seqs = self.config.max_num_seqs;
-            if max_seqs > 0 && self.running.len() >= max_seqs {
+            // Parked sessions keep their model-runner slots (vLLM 0.33).
+            if max_seqs > 0 && self.running.len() + self.parked.len() >= max_seqs {
                 break;
             }
             // Block holders come first: the first request holding none ends admission.

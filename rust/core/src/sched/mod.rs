@@ -18,6 +18,7 @@ mod plugin;
 mod queue;
 mod request;
 mod scheduler;
+mod session;
 mod update;
 
 pub use config::{Policy, PrefixCache, PriorityTies, SchedulerConfig};
@@ -35,6 +36,7 @@ pub use request::{
     RequestStatus,
 };
 pub use scheduler::Scheduler;
+pub use session::SessionUpdate;
 
 #[cfg(test)]
 mod tests;

@@ -96,6 +96,9 @@ pub struct Scheduler<R: RequestKey> {
     /// Emptied vectors of outputs handed back (`recycle_output`), for the next step's.
     pub(super) spare_running_reqs: Vec<CachedRequestData<R>>,
     pub(super) spare_num_scheduled: Vec<(R, usize)>,
+    /// Sessions parked between turns (`sched::session`): in neither queue, holding blocks
+    /// and a model-runner slot.
+    pub(super) parked: FxHashSet<u32>,
 }
 
 /// A finished request with outputs still in flight (async scheduling).
@@ -230,6 +233,7 @@ impl<R: RequestKey> Scheduler<R> {
             step_samplers: Vec::new(),
             spare_running_reqs: Vec::new(),
             spare_num_scheduled: Vec::new(),
+            parked: FxHashSet::default(),
         })
     }
 
@@ -288,8 +292,10 @@ impl<R: RequestKey> Scheduler<R> {
         self.running.len()
     }
 
+    /// Whether any request can still make progress: parked sessions wait for input
+    /// (vLLM 0.33's `get_num_unfinished_requests` leaves them out).
     pub fn has_unfinished_requests(&self) -> bool {
-        !self.index.is_empty()
+        self.index.len() > self.parked.len()
     }
 
     /// Running request ids in order.

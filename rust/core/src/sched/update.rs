@@ -185,7 +185,9 @@ impl<R: RequestKey> Scheduler<R> {
             let slot = self.index[&output.request_id];
             if let Some(reason) = self.apply_output(slot, output)? {
                 finished.push((output.request_id.clone(), reason));
-                if let Err(err) = self.finish(slot, reason) {
+                if self.parks(slot, reason) {
+                    self.park(slot)?;
+                } else if let Err(err) = self.finish(slot, reason) {
                     connector_error.get_or_insert(err);
                 }
             }
@@ -437,7 +439,11 @@ impl<R: RequestKey> Scheduler<R> {
         let sampled = token(id, self.req(slot).num_tokens());
         if let Some(reason) = self.append_sampled(slot, &[sampled]) {
             finished.push((id.clone(), reason));
-            self.finish(slot, reason)?;
+            if self.parks(slot, reason) {
+                self.park(slot)?;
+            } else {
+                self.finish(slot, reason)?;
+            }
         }
         Ok(())
     }
@@ -504,7 +510,7 @@ impl<R: RequestKey> Scheduler<R> {
         };
         if status == RequestStatus::Running {
             self.running.retain(|&s| s != slot);
-        } else {
+        } else if !self.parked.remove(&slot) {
             self.waiting.remove(slot);
         }
         let mut request = self.slots[slot as usize]
@@ -662,13 +668,23 @@ impl<R: RequestKey> Scheduler<R> {
         self.kv.check_invariants()?;
         self.check_encoder()?;
         let waiting = self.waiting.ordered();
-        if waiting.len() + self.running.len() != self.index.len() {
+        if waiting.len() + self.running.len() + self.parked.len() != self.index.len() {
             return Err(format!(
-                "{} waiting + {} running != {} unfinished",
+                "{} waiting + {} running + {} parked != {} unfinished",
                 waiting.len(),
                 self.running.len(),
+                self.parked.len(),
                 self.index.len()
             ));
+        }
+        for &slot in &self.parked {
+            let r = self.req(slot);
+            if r.status != RequestStatus::WaitingForStreamingInput || waiting.contains(&slot) {
+                return Err(format!(
+                    "parked request {:?} is {:?}",
+                    r.request_id, r.status
+                ));
+            }
         }
         for &slot in &self.running {
             let r = self.req(slot);
@@ -695,8 +711,11 @@ impl<R: RequestKey> Scheduler<R> {
             let r = self.req(slot);
             // Only a request whose KV is loading, or has landed, holds blocks while waiting
             // (a landed load may count no token as computed: see `take_landed_load`).
+            // A resumed session keeps its blocks too.
             let loads = r.status == RequestStatus::WaitingForRemoteKvs
-                || (r.status == RequestStatus::Waiting && r.num_external_computed_tokens > 0);
+                || (r.status == RequestStatus::Waiting
+                    && (r.num_external_computed_tokens > 0
+                        || (r.spec.resumable && r.num_computed_tokens > 0)));
             if r.status == RequestStatus::Running || self.kv.block_ids(slot).is_some() != loads {
                 return Err(format!(
                     "waiting request {:?} is {:?} and {} blocks",

@@ -19,6 +19,7 @@ mod multistep;
 mod plugins;
 mod replay;
 mod samplers;
+mod sessions;
 mod speculative;
 
 use super::*;

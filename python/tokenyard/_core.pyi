@@ -834,6 +834,14 @@ class Scheduler:
                 admitted; admission stopped there and the step formed so far is returned
                 by the next call.
         """
+    def update_draft_token_ids(self, spec_token_ids: Mapping[_RequestId, _TokenIds]) -> None:
+        """Drafts proposed after a step's update (vLLM's ``update_draft_token_ids``): as
+        ``update_from_output({}, spec_token_ids=...)``, but no step's output (a preempted
+        request's stale outputs are not counted as landed by it).
+
+        Raises:
+            InputError: an id the scheduler does not hold, or too many drafts.
+        """
     def update_from_output(
         self,
         sampled_token_ids: Mapping[_RequestId, _TokenIds],
@@ -928,6 +936,20 @@ class Scheduler:
         newest step scheduled then is processed (``step_processed``)."""
     @defer_block_free.setter
     def defer_block_free(self, defer: bool) -> None: ...
+    @property
+    def drop_stale_output(self) -> bool:
+        """Under async scheduling, whether a request preempted within a step drops the
+        outputs of its steps in flight (settable; vLLM 0.33's ``drop_stale_output`` with a KV
+        connector that ``requires_kv_delivery``). Otherwise they are delivered, and the
+        request is not admitted again before the last of them is updated."""
+    @drop_stale_output.setter
+    def drop_stale_output(self, drop: bool) -> None: ...
+    def end_session(self, request_id: _RequestId) -> None:
+        """The session finishes at its next stop instead of parking.
+
+        Raises:
+            UnknownRequestError: an id the scheduler does not hold.
+        """
     @property
     def defer_async_loads(self) -> bool:
         """vLLM 0.33's ``defer_async_loads`` (settable; with ``defer_block_free``): an

@@ -52,6 +52,7 @@ class Sessions(AdapterBase):
                     value=request_id,
                 )
             existing.streaming_queue.append(update)
+            self._end_at_next_stop(existing)
         elif update is not None:
             self._resume_session(existing, update)
         else:
@@ -62,7 +63,7 @@ class Sessions(AdapterBase):
         the turn's in-flight work is dropped (its outputs are stale, dropped as they land)
         and the request resumes from its materialized frontier, now with the next queued
         chunk if there is one. Returns whether the session ended instead (its queued end
-        marker): the core's request is aborted then, for the caller to free."""
+        marker): the core finished it then, and the caller frees it."""
         request.num_computed_tokens -= request.num_output_placeholders
         request.spec_token_ids = []
         request.drop_stale_output = True
@@ -77,10 +78,19 @@ class Sessions(AdapterBase):
             return False
         update = queue.popleft()
         if update is None:
-            self._core.abort([self._core_ids[request.request_id]])
+            # The core finished it already (_end_at_next_stop), in the update's order.
             return True
         self._resume_session(request, update)
+        self._end_at_next_stop(request)
         return False
+
+    def _end_at_next_stop(self, session: Request) -> None:
+        """With the end marker next in the session's queue, its next stop finishes it: the
+        core is told now, so that it frees the blocks in the update's order, as vLLM
+        frees them."""
+        queue = session.streaming_queue
+        if queue and queue[0] is None:
+            self._core.end_session(self._core_ids[session.request_id])
 
     def _resume_session(self, session: Request, update: StreamingUpdate) -> None:
         """vLLM 0.33's ``_update_request_as_session``: the last sampled token is dropped,
@@ -138,12 +148,13 @@ class Sessions(AdapterBase):
             request.streaming_queue = deque()
             self._session_ids.add(request.request_id)
 
-    def _resumed_sessions(self) -> set[str]:
+    def _sessions_holding_kv(self) -> set[str]:
         """Sessions waiting with computed tokens, so holding blocks (vLLM's
-        ``_holds_kv_blocks``): resumed and not admitted since."""
+        ``_holds_kv_blocks``): parked, or resumed and not admitted since."""
         requests = self.requests
+        waiting = (RequestStatus.WAITING, _WAITING_FOR_STREAMING_REQ)
         return {
             i
             for i in self._session_ids
-            if requests[i].status == RequestStatus.WAITING and requests[i].num_computed_tokens > 0
+            if requests[i].status in waiting and requests[i].num_computed_tokens > 0
         }

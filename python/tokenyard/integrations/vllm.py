@@ -274,6 +274,7 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, Sessions, S
         self.requires_kv_delivery = bool(
             self.connector is not None and self.connector.requires_kv_delivery
         )
+        self._core.drop_stale_output = self.requires_kv_delivery
         transfer = vllm_config.kv_transfer_config
         self._core.defer_block_free = bool(
             self.connector is not None
@@ -337,16 +338,14 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, Sessions, S
         or has loaded (a snapshot, in scheduling order)."""
         holding = self._holding_kv()
         if not holding:
-            return _WaitingView(list(self._parked.values()))
+            return _WaitingView([])
         waiting = self._vllm_requests(self._core.waiting_ids())
-        held = [r for r in waiting if r.request_id in holding]
-        return _WaitingView(held + list(self._parked.values()))
+        return _WaitingView([r for r in waiting if r.request_id in holding])
 
     def _holding_kv(self) -> set[str]:
         """Waiting requests holding KV blocks: loads in flight, loads that landed whose
-        request has not been scheduled since, and resumed sessions (parked ones excepted:
-        they are in no queue of the core's)."""
-        holding = self._resumed_sessions() if self._session_ids else set()
+        request has not been scheduled since, and sessions parked or resumed."""
+        holding = self._sessions_holding_kv() if self._session_ids else set()
         if self._bridge is None:
             return holding
         return holding | self._bridge.loading | self.finished_recving_kv_req_ids
@@ -360,12 +359,11 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, Sessions, S
     def deferred_waiting(self) -> set[Request]:
         """Waiting requests the admission scan skipped, not admitted since (a snapshot)."""
         deferred = set(self._vllm_requests(self._core.deferred_waiting_ids()))
-        return deferred.union(self._grammar_waiting.values(), self._parked.values())
+        return deferred.union(self._grammar_waiting.values())
 
     def get_request_counts(self) -> tuple[int, int]:
         """(running, waiting)."""
-        num_waiting = self._core.num_waiting + len(self._grammar_waiting) + len(self._parked)
-        return self._core.num_running, num_waiting
+        return self._core.num_running, self._core.num_waiting + len(self._grammar_waiting)
 
     def get_kv_cache_usage(self) -> float:
         return float(self._core.stats().kv_usage)
@@ -391,6 +389,16 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, Sessions, S
             return False
         num_running, num_waiting = self.get_request_counts()
         return len(self.requests) > num_running + num_waiting
+
+    def has_requests(self) -> bool:
+        """vLLM 0.33's: requests left, or a connector's push work still pending (e.g. a
+        HiSparse connector's host spills after the last request finished)."""
+        return (
+            self.has_unfinished_requests()
+            or self.has_finished_requests()
+            or (self.connector is not None and self.connector.has_pending_push_work())
+            or (self.ec_connector is not None and self.ec_connector.has_pending_push_work())
+        )
 
     @property
     def defer_block_free(self) -> bool:
@@ -740,7 +748,6 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, Sessions, S
             self.connector_prefix_cache_stats = PrefixCacheStats()
         num_running, num_waiting = self.get_request_counts()
         num_deferred = self._core.stats().num_deferred_waiting + len(self._grammar_waiting)
-        num_deferred += len(self._parked)
         return SchedulerStats(
             num_running_reqs=num_running,
             num_waiting_reqs=num_waiting - num_deferred,

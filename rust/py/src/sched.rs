@@ -252,6 +252,18 @@ impl PyScheduler {
         self.apply_outputs(py, &outputs)
     }
 
+    /// Drafts proposed after a step's update (vLLM's `update_draft_token_ids`): each
+    /// request's drafts replace its own, as `update_from_output(..., spec_token_ids=)`
+    /// with no sampled tokens, but no step's output.
+    fn update_draft_token_ids(&mut self, spec_token_ids: &Bound<'_, PyMapping>) -> PyResult<()> {
+        let py = spec_token_ids.py();
+        let mut outputs = Vec::new();
+        add_speculation(&mut outputs, None, Some(spec_token_ids))?;
+        self.inner
+            .update_draft_token_ids(&outputs)
+            .map_err(|err| self.raise(py, err))
+    }
+
     /// [`Self::update_from_output`] in bulk, for integer request ids: `request_ids[i]`
     /// sampled `num_sampled[i]` tokens (one each when omitted), taken in order from
     /// `sampled_token_ids`. No speculation. The same checks and the same result.
@@ -507,6 +519,23 @@ impl PyScheduler {
             ignore_eos,
         )?;
         self.inner.resume_session(&id, update).or_raise(py)
+    }
+
+    /// The session finishes at its next stop instead of parking.
+    fn end_session(&mut self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let id = RequestId::from_py(request_id)?;
+        self.inner.end_session(&id).or_raise(py)
+    }
+
+    /// Whether a request preempted within a step drops its outputs in flight (vLLM 0.33's
+    /// `drop_stale_output` for a KV connector that `requires_kv_delivery`).
+    #[getter]
+    fn drop_stale_output(&self) -> bool {
+        self.inner.drop_stale_output()
+    }
+    #[setter]
+    fn set_drop_stale_output(&mut self, drop: bool) {
+        self.inner.set_drop_stale_output(drop);
     }
 
     #[getter]

@@ -63,8 +63,17 @@ impl<R: RequestKey> Scheduler<R> {
             if !self.admit_new && !self.holds_kv(slot) {
                 break;
             }
-            let loading = self.req(slot).status == RequestStatus::WaitingForRemoteKvs;
-            if (loading && !self.take_landed_load(slot)?) || self.lora_gated(slot, plan) {
+            let status = self.req(slot).status;
+            let loading = status == RequestStatus::WaitingForRemoteKvs;
+            // A parked session waits for its next input (`sched::session`).
+            let parked = status == RequestStatus::WaitingForStreamingInput;
+            // A preempted request whose stale output will still be delivered waits for it
+            // (`sched::stale`).
+            if parked
+                || (loading && !self.take_landed_load(slot)?)
+                || self.awaits_stale_output(slot)
+                || self.lora_gated(slot, plan)
+            {
                 self.waiting.pop();
                 self.deferred.insert(slot);
                 skipped.push(slot);

@@ -19,6 +19,7 @@ mod queue;
 mod request;
 mod scheduler;
 mod session;
+mod stale;
 mod update;
 
 pub use config::{Policy, PrefixCache, PriorityTies, SchedulerConfig};

@@ -165,6 +165,12 @@ pub struct Request<R> {
     /// `Request.replay_start`, SWA bounded replay): the hit's tokens from here on are
     /// recomputed to rebuild a `SlidingWindowReplay` group; 0 without replay.
     pub replay_start: usize,
+    /// The latest step that served it (`Scheduler::num_steps` then); at its latest
+    /// preemption (or park), that step: its outputs up to it are stale; and whether they
+    /// are dropped rather than delivered (vLLM 0.33's `drop_stale_output`; `sched::stale`).
+    pub last_step: u64,
+    pub stale_until_step: u64,
+    pub drop_stale_output: bool,
 }
 
 impl<R> Request<R> {

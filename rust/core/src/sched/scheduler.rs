@@ -99,6 +99,10 @@ pub struct Scheduler<R: RequestKey> {
     /// Sessions parked between turns (`sched::session`): in neither queue, holding blocks
     /// and a model-runner slot.
     pub(super) parked: FxHashSet<u32>,
+    /// `update_from_output` calls (steps landed), and whether a preemption within a step
+    /// drops the outputs in flight (`sched::stale`).
+    pub(super) num_updates: u64,
+    pub(super) drop_stale_on_preempt: bool,
 }
 
 /// A finished request with outputs still in flight (async scheduling).
@@ -234,6 +238,8 @@ impl<R: RequestKey> Scheduler<R> {
             spare_running_reqs: Vec::new(),
             spare_num_scheduled: Vec::new(),
             parked: FxHashSet::default(),
+            num_updates: 0,
+            drop_stale_on_preempt: false,
         })
     }
 
@@ -380,8 +386,9 @@ impl<R: RequestKey> Scheduler<R> {
                 "is not running: only a running request can be preempted",
             ));
         }
-        self.preempt(slot, &mut 0, &mut StepPlan::default())
-            .map(drop)
+        let slot = self.preempt(slot, &mut 0, &mut StepPlan::default())?;
+        self.mark_stale(slot, false);
+        Ok(())
     }
 
     pub fn stats(&self) -> SchedulerStats {
@@ -678,7 +685,8 @@ impl<R: RequestKey> Scheduler<R> {
             if !self.blocks_can_be_freed(self.req(victim).last_sched_seq) {
                 return Ok(Allocation::Blocked);
             }
-            self.preempt(victim, budget, plan)?;
+            let moved = self.preempt(victim, budget, plan)?;
+            self.mark_stale(moved, self.drop_stale_on_preempt);
             if victim == slot {
                 return Ok(Allocation::PreemptedItself);
             }

@@ -1,14 +1,16 @@
 //! Streaming-input sessions (vLLM 0.33's resumable requests: `Scheduler.
 //! _handle_stopped_request`, `_update_request_as_session`). A resumable request whose turn
 //! stops (EOS, a stop id, `max_tokens`) is parked instead of finished: it leaves the running
-//! list, keeps its blocks and its model-runner slot (it counts against `max_num_seqs` at
-//! admission), its computed tokens fall back to the frontier its landed outputs reached, and
-//! the outputs of its steps still in flight are the caller's to drop (vLLM's
-//! `drop_stale_output`). `resume_session` then drops the turn's last sampled token, makes
-//! the kept outputs and the next input chunk its prompt, and queues it among the block
-//! holders, which admit it like a landed load: no lookup, slots for what it has not computed.
-//! Invariant: a parked request is in `parked` and in neither queue, with status
-//! `WaitingForStreamingInput`, holding blocks for its computed tokens.
+//! list for the back of the waiting requests that hold blocks (vLLM's `kv_holding_waiting`),
+//! where admission skips it; it keeps its blocks and its model-runner slot (it counts
+//! against `max_num_seqs` at admission), its computed tokens fall back to the frontier its
+//! landed outputs reached, and the outputs of its steps still in flight are the caller's to
+//! drop (vLLM's `drop_stale_output`). `resume_session` then drops the turn's last sampled
+//! token, makes the kept outputs and the next input chunk its prompt, and lets it be
+//! admitted from the place it parked at, like a landed load: no lookup, slots for what it
+//! has not computed. Invariant: a parked request is in `parked` and in the waiting queue,
+//! with status `WaitingForStreamingInput`, among the block holders iff it has computed
+//! tokens (a request preempted before its stop landed holds none, and resumes by lookup).
 
 use super::request::{FinishReason, RequestStatus};
 use super::scheduler::Scheduler;
@@ -45,6 +47,7 @@ impl<R: RequestKey> Scheduler<R> {
     /// expected (their outputs are stale), out of the running list, blocks kept.
     pub(super) fn park(&mut self, slot: u32) -> Result<()> {
         let request = self.req(slot);
+        let was_running = request.status == RequestStatus::Running;
         let frontier = request
             .num_computed_tokens
             .saturating_sub(request.num_output_placeholders);
@@ -53,23 +56,45 @@ impl<R: RequestKey> Scheduler<R> {
         {
             self.kv.rewind(slot, held - frontier)?;
         }
-        self.running.retain(|&s| s != slot);
+        // A preempted request stops on a step in flight's output too (vLLM's
+        // `stopped_preempted_reqs`): it leaves the waiting queue to be requeued as parked.
+        if was_running {
+            self.running.retain(|&s| s != slot);
+        } else {
+            self.waiting.remove(slot);
+        }
         let request = self.req_mut(slot);
         request.num_computed_tokens = frontier;
         request.spec_token_ids.clear();
         request.num_output_placeholders = 0;
-        request.in_flight_tokens.clear();
-        request.max_spec_in_flight = 0;
         request.status = RequestStatus::WaitingForStreamingInput;
+        self.mark_stale(slot, true);
         self.parked.insert(slot);
+        // vLLM's `_enqueue_waiting_request`: a blocked status counts as skipped at once, and
+        // it goes last among the requests holding blocks (if it holds any: a preempted one
+        // holds none).
+        self.deferred.insert(slot);
+        let key = self.priority_key(slot);
+        let holds = self.holds_kv(slot);
+        self.waiting.push_back_in_part(slot, key, holds);
+        Ok(())
+    }
+
+    /// The session ends at its next stop: it finishes then instead of parking (vLLM 0.33's
+    /// end marker queued behind a running session's turn, taken when the turn stops).
+    /// Errors if the request is unknown.
+    pub fn end_session(&mut self, request_id: &R) -> Result<()> {
+        let slot =
+            *(self.index.get(request_id)).ok_or_else(|| Error::unknown_request(request_id))?;
+        self.req_mut(slot).spec.resumable = false;
         Ok(())
     }
 
     /// vLLM 0.33's `_update_request_as_session`: the parked session `request_id` takes its
     /// next input chunk. Its last sampled token is dropped (the model never computed it), its
     /// other outputs and `update.prompt_token_ids` become its prompt, `update` replaces its
-    /// sampling settings and arrival time, and it waits among the requests holding blocks
-    /// (first in line after those already there), keeping its computed tokens.
+    /// sampling settings and arrival time, and it waits where it parked, among the requests
+    /// holding blocks, keeping its computed tokens.
     ///
     /// Errors (nothing changed) if the request is unknown or not parked, or if the new
     /// prompt leaves no room for an output token under `max_model_len`.
@@ -121,13 +146,14 @@ impl<R: RequestKey> Scheduler<R> {
         request.status = RequestStatus::Waiting;
         let holds = request.num_computed_tokens > 0;
         self.parked.remove(&slot);
-        if !holds && self.kv.block_ids(slot).is_some() {
-            // Nothing computed to keep (vLLM would queue it with its blocks among the
-            // requests holding none; not modelled): it starts over with a prefix lookup.
+        if !holds && self.holds_kv(slot) {
+            // Nothing computed to keep (vLLM would keep its blocks; not modelled): it
+            // starts over with a prefix lookup, among the requests holding none.
             self.kv.free(slot)?;
+            self.waiting.remove(slot);
+            let key = self.priority_key(slot);
+            self.waiting.push_back(slot, key);
         }
-        let key = self.priority_key(slot);
-        self.waiting.push_back_in_part(slot, key, holds);
         Ok(())
     }
 }

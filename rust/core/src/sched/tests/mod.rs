@@ -21,6 +21,7 @@ mod replay;
 mod samplers;
 mod sessions;
 mod speculative;
+mod stale_outputs;
 
 use super::*;
 

@@ -25,7 +25,7 @@ fn update(tokens: &[u32]) -> SessionUpdate {
 #[test]
 fn a_stopped_session_parks_with_its_blocks_and_is_reported_stopped() {
     // A 6-token prompt (2 blocks of 4) samples EOS: reported as stopped, but parked with its
-    // 2 blocks and its 6 computed tokens, in neither queue.
+    // 2 blocks and its 6 computed tokens, among the waiting block holders (skipped there).
     let mut s = Scheduler::new(config(), false).unwrap();
     s.add_request(0, session(0, 6)).unwrap();
     let out = s.schedule().unwrap();
@@ -38,10 +38,12 @@ fn a_stopped_session_parks_with_its_blocks_and_is_reported_stopped() {
     assert_eq!(s.block_ids(&0).unwrap().len(), 2);
     assert_eq!(
         (s.num_running(), s.num_waiting(), s.num_parked()),
-        (0, 0, 1)
+        (0, 1, 1)
     );
     assert!(!s.has_unfinished_requests());
     assert!(s.finished_since_last_step.is_empty());
+    assert_eq!(s.deferred_waiting_ids(), [0]);
+    assert!(s.schedule().unwrap().num_scheduled_tokens.is_empty());
     s.check_invariants().unwrap();
 }
 
@@ -148,5 +150,48 @@ fn only_a_parked_session_resumes() {
     let err = s.resume_session(&0, update(&[1; 64])).unwrap_err();
     assert!(err.to_string().contains("max_model_len"), "{err}");
     assert_eq!(s.num_parked(), 1);
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn resumed_sessions_are_admitted_in_the_order_they_parked() {
+    // A parks before B; B's chunk comes first. vLLM keeps each where it parked in
+    // `kv_holding_waiting`: A (resumed second) is still admitted first.
+    let mut s = Scheduler::new(config(), false).unwrap();
+    s.add_request(0, session(0, 4)).unwrap();
+    s.add_request(1, session(1, 4)).unwrap();
+    s.schedule().unwrap();
+    s.update_from_output(&[sample(0, 7), sample(1, 8)]).unwrap();
+    s.schedule().unwrap();
+    s.update_from_output(&[sample(1, 7)]).unwrap();
+    s.resume_session(&1, update(&[70, 71, 72])).unwrap();
+    s.resume_session(&0, update(&[80, 81, 82, 83, 84])).unwrap();
+    assert_eq!(s.waiting_ids(), [0, 1]);
+    // A: 4 computed + 5 new; B: 5 computed (its 8 kept) + 3 new.
+    assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 5), (1, 3)]);
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn a_preempted_session_stopping_on_a_late_output_parks_without_blocks() {
+    // Async: preempted while its prefill's step is in flight, whose output is EOS. vLLM
+    // parks it all the same (`stopped_preempted_reqs`), with nothing computed: it waits
+    // among the requests holding no blocks, and its 2-token chunk makes a 6-token prompt
+    // computed from scratch.
+    let mut s = Scheduler::new(config(), true).unwrap();
+    s.add_request(0, session(0, 4)).unwrap();
+    s.schedule().unwrap();
+    s.preempt_request(&0).unwrap();
+    let finished = s.update_from_output(&[sample(0, 7)]).unwrap();
+    assert_eq!(finished, [(0, FinishReason::Stop)]);
+    let r = s.get_request(&0).unwrap();
+    assert_eq!(r.status, RequestStatus::WaitingForStreamingInput);
+    assert_eq!((r.num_computed_tokens, s.block_ids(&0)), (0, None));
+    assert_eq!((s.num_waiting(), s.num_parked()), (1, 1));
+    s.check_invariants().unwrap();
+    s.resume_session(&0, update(&[90, 91])).unwrap();
+    let out = s.schedule().unwrap();
+    assert_eq!(scheduled(&out), [(0, 6)]);
+    assert_eq!(out.scheduled_new_reqs[0].num_computed_tokens, 0);
     s.check_invariants().unwrap();
 }

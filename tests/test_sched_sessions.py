@@ -80,6 +80,7 @@ def test_a_preempted_request_waits_for_its_stale_output() -> None:
     # applies to preemptions within a step), so the next step skips it.
     for drop in (False, True):
         s = scheduler(async_scheduling=True)
+        s.wait_for_stale_outputs = True
         s.drop_stale_output = drop
         s.add_request(0, [1, 2, 3, 4], 4)
         s.schedule()
@@ -93,6 +94,7 @@ def test_a_preempted_request_waits_for_its_stale_output() -> None:
 
 def test_a_drafts_update_is_no_steps_output() -> None:
     s = scheduler(async_scheduling=True)
+    s.wait_for_stale_outputs = True
     s.add_request(0, [1, 2, 3, 4], 4)
     s.add_request(1, [5, 6], 4)
     s.schedule()

@@ -940,10 +940,18 @@ class Scheduler:
     def drop_stale_output(self) -> bool:
         """Under async scheduling, whether a request preempted within a step drops the
         outputs of its steps in flight (settable; vLLM 0.33's ``drop_stale_output`` with a KV
-        connector that ``requires_kv_delivery``). Otherwise they are delivered, and the
-        request is not admitted again before the last of them is updated."""
+        connector that ``requires_kv_delivery``). Otherwise they are delivered (and with
+        ``wait_for_stale_outputs`` the request waits for them)."""
     @drop_stale_output.setter
     def drop_stale_output(self, drop: bool) -> None: ...
+    @property
+    def wait_for_stale_outputs(self) -> bool:
+        """Under async scheduling, whether a preempted request whose outputs in flight are
+        delivered waits for them before it is admitted again (settable, default ``False``;
+        vLLM 0.33's rule, which vLLM's adapter turns on). Needs ``update_from_output`` once
+        per step scheduled, empty steps included."""
+    @wait_for_stale_outputs.setter
+    def wait_for_stale_outputs(self, wait: bool) -> None: ...
     def end_session(self, request_id: _RequestId) -> None:
         """The session finishes at its next stop instead of parking.
 

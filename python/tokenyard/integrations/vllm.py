@@ -275,6 +275,7 @@ class TokenyardScheduler(ScheduleStep, UpdateFromOutput, MambaAlign, Sessions, S
             self.connector is not None and self.connector.requires_kv_delivery
         )
         self._core.drop_stale_output = self.requires_kv_delivery
+        self._core.wait_for_stale_outputs = True  # vLLM's engine updates every step
         transfer = vllm_config.kv_transfer_config
         self._core.defer_block_free = bool(
             self.connector is not None

@@ -538,6 +538,17 @@ impl PyScheduler {
         self.inner.set_drop_stale_output(drop);
     }
 
+    /// Whether a request preempted under async scheduling waits for its delivered outputs
+    /// in flight before it is admitted again (vLLM 0.33's rule; needs an update per step).
+    #[getter]
+    fn wait_for_stale_outputs(&self) -> bool {
+        self.inner.wait_for_stale_outputs()
+    }
+    #[setter]
+    fn set_wait_for_stale_outputs(&mut self, wait: bool) {
+        self.inner.set_wait_for_stale_outputs(wait);
+    }
+
     #[getter]
     fn num_running(&self) -> usize {
         self.inner.num_running()

@@ -103,6 +103,7 @@ pub struct Scheduler<R: RequestKey> {
     /// drops the outputs in flight (`sched::stale`).
     pub(super) num_updates: u64,
     pub(super) drop_stale_on_preempt: bool,
+    pub(super) wait_for_stale: bool,
 }
 
 /// A finished request with outputs still in flight (async scheduling).
@@ -240,6 +241,7 @@ impl<R: RequestKey> Scheduler<R> {
             parked: FxHashSet::default(),
             num_updates: 0,
             drop_stale_on_preempt: false,
+            wait_for_stale: false,
         })
     }
 

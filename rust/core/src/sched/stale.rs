@@ -7,7 +7,9 @@
 //! the pipeline depth"); or they are dropped (a reset-prefix-cache preemption, a KV
 //! producer's, a parked session's), and it may resume at once, its outputs in flight no
 //! longer expected. Steps are counted as `schedule()` forms them and `update_from_output`
-//! lands them (one call per step, in order, empty steps included).
+//! lands them: the wait is opt-in (`set_wait_for_stale_outputs`, which vLLM's adapter
+//! sets), for engines that update every step in order, empty steps included, as vLLM's
+//! does (one that skips empty steps' updates would leave the count behind for good).
 //! Invariant: `num_updates <= num_steps` while the engine updates only steps it was given.
 
 use super::scheduler::Scheduler;
@@ -27,6 +29,19 @@ impl<R: RequestKey> Scheduler<R> {
         self.drop_stale_on_preempt
     }
 
+    /// With `true`, a request preempted under async scheduling whose outputs in flight are
+    /// delivered is not admitted again until they are (vLLM 0.33's rule). Needs an engine
+    /// that calls `update_from_output` once per step scheduled, empty steps included.
+    pub fn set_wait_for_stale_outputs(&mut self, wait: bool) {
+        self.wait_for_stale = wait;
+    }
+
+    /// Whether preempted requests wait for their outputs in flight
+    /// (`set_wait_for_stale_outputs`).
+    pub fn wait_for_stale_outputs(&self) -> bool {
+        self.wait_for_stale
+    }
+
     /// Whether the request's stale share (its outputs in flight at its latest preemption)
     /// is still in flight: under async scheduling (a synchronous engine updates each step
     /// before the next).
@@ -37,7 +52,7 @@ impl<R: RequestKey> Scheduler<R> {
     /// vLLM 0.33's admission skip: a preempted request whose stale output is still in
     /// flight and will be delivered waits for it.
     pub(super) fn awaits_stale_output(&self, slot: u32) -> bool {
-        !self.req(slot).drop_stale_output && self.stale_in_flight(slot)
+        self.wait_for_stale && !self.req(slot).drop_stale_output && self.stale_in_flight(slot)
     }
 
     /// At a preemption (or a session's park): its outputs in flight become stale, dropped

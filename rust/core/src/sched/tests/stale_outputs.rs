@@ -9,6 +9,7 @@ fn a_preempted_request_waits_for_its_stale_output_before_resuming() {
     // Async: preempted while its prefill's step is in flight. The next step skips it
     // (deferred); once that step's token (5) lands it resumes with 4 + 1 tokens.
     let mut s = Scheduler::new(config(), true).unwrap();
+    s.set_wait_for_stale_outputs(true);
     s.add_request(0, prompt(0, 4)).unwrap();
     s.schedule().unwrap();
     s.preempt_request(&0).unwrap();
@@ -26,6 +27,7 @@ fn a_preempted_request_waits_for_its_stale_output_before_resuming() {
 #[test]
 fn a_synchronous_scheduler_never_waits() {
     let mut s = Scheduler::new(config(), false).unwrap();
+    s.set_wait_for_stale_outputs(true);
     s.add_request(0, prompt(0, 4)).unwrap();
     s.schedule().unwrap();
     s.preempt_request(&0).unwrap();
@@ -45,6 +47,7 @@ fn dropped_stale_output_lets_the_victim_resume_at_once() {
     };
     for drop in [false, true] {
         let mut s = Scheduler::new(config.clone(), true).unwrap();
+        s.set_wait_for_stale_outputs(true);
         s.set_drop_stale_output(drop);
         assert_eq!(s.drop_stale_output(), drop);
         s.add_request(
@@ -81,6 +84,7 @@ fn a_drafts_update_lands_no_step() {
     // Drafts given between steps (vLLM's update_draft_token_ids) are no step's output: the
     // preempted request still waits for its prefill's token. Sampled tokens are refused.
     let mut s = Scheduler::new(config(), true).unwrap();
+    s.set_wait_for_stale_outputs(true);
     s.add_request(0, prompt(0, 4)).unwrap();
     s.add_request(1, prompt(1, 2)).unwrap();
     s.schedule().unwrap();
@@ -96,4 +100,15 @@ fn a_drafts_update_lands_no_step() {
     assert!(out.num_scheduled_tokens.iter().all(|&(id, _)| id != 0));
     assert!(s.update_draft_token_ids(&[sample(1, 5)]).is_err());
     s.check_invariants().unwrap();
+}
+
+#[test]
+fn without_the_wait_a_victim_resumes_as_soon_as_it_fits() {
+    // The default: an engine that does not update empty steps keeps its victims moving.
+    let mut s = Scheduler::new(config(), true).unwrap();
+    assert!(!s.wait_for_stale_outputs());
+    s.add_request(0, prompt(0, 4)).unwrap();
+    s.schedule().unwrap();
+    s.preempt_request(&0).unwrap();
+    assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 4)]);
 }

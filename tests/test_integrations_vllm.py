@@ -377,7 +377,7 @@ def test_core_errors_name_vllms_request_ids_not_the_cores_ints(vllm_parts: Any) 
     assert "sampled_token_ids=3 tokens for 'second':" in str(info.value)
 
 
-def test_unsupported_request_kinds_are_refused_by_name(vllm_parts: Any) -> None:
+def test_a_duplicate_id_that_is_no_session_is_refused_by_name(vllm_parts: Any) -> None:
     from vllm.sampling_params import SamplingParams
     from vllm.v1.request import Request
 
@@ -385,10 +385,13 @@ def test_unsupported_request_kinds_are_refused_by_name(vllm_parts: Any) -> None:
 
     scheduler, _ = build(vllm_parts)
     sampling = SamplingParams(max_tokens=2)
-    request = Request("s", [1, 2], sampling, None, resumable=True)
+    # Streaming-input sessions are served (test_integrations_vllm_sessions.py); an id
+    # held by a request that is no session is refused.
+    scheduler.add_request(Request("s", [1, 2], sampling, None, resumable=True))
+    scheduler.add_request(Request("p", [1, 2], sampling, None))
     with pytest.raises(InputError) as info:
-        scheduler.add_request(request)
-    assert info.value.field == "resumable"
+        scheduler.add_request(Request("p", [1, 2], sampling, None))
+    assert info.value.field == "request_id"
 
 
 def test_logprobs_prefill_stats_and_nan_counts_reach_the_outputs_as_in_vllm(

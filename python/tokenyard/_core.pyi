@@ -824,6 +824,7 @@ class Scheduler:
         lora_id: int | None = None,
         mm_features: Sequence[_MmFeatureLike] | None = None,
         num_computed_tokens: int | None = None,
+        resumable: bool = False,
     ) -> None:
         """Queues a request. ``priority`` (default 0): lower runs first
         (policy="priority"); ties go by ``arrival_time`` (default 0.0) then arrival order.
@@ -833,6 +834,9 @@ class Scheduler:
         ``num_computed_tokens``: prompt tokens whose KV is already computed (a P/D decode
         side's request, vLLM 0.33's): its first admission counts them, with no prefix
         lookup, and allocates blocks for them with its first chunk.
+        ``resumable``: a streaming-input session (vLLM 0.33's): a turn that stops (EOS, a
+        stop id, ``max_tokens``) is reported finished by ``update_from_output`` but parks
+        the request with its blocks (``num_parked``) until ``resume_session``.
 
         Raises:
             InputError: duplicate id, empty prompt, ``max_tokens < 1``, a prompt that
@@ -855,6 +859,14 @@ class Scheduler:
             ConnectorError: the connector raised or answered badly while a request was
                 admitted; admission stopped there and the step formed so far is returned
                 by the next call.
+        """
+    def update_draft_token_ids(self, spec_token_ids: Mapping[_RequestId, _TokenIds]) -> None:
+        """Drafts proposed after a step's update (vLLM's ``update_draft_token_ids``): as
+        ``update_from_output({}, spec_token_ids=...)``, but no step's output (a preempted
+        request's stale outputs are not counted as landed by it).
+
+        Raises:
+            InputError: an id the scheduler does not hold, or too many drafts.
         """
     def update_from_output(
         self,
@@ -905,9 +917,35 @@ class Scheduler:
                 request's blocks are held for it), or an argument that is not an iterable
                 of ids.
         """
-    def has_unfinished_requests(self) -> bool: ...
+    def has_unfinished_requests(self) -> bool:
+        """Whether any request can still make progress (parked sessions excepted)."""
     @property
     def num_waiting(self) -> int: ...
+    @property
+    def num_parked(self) -> int:
+        """Streaming-input sessions parked between turns (``resume_session``)."""
+    def resume_session(
+        self,
+        request_id: _RequestId,
+        prompt_token_ids: _TokenIds,
+        max_tokens: int,
+        *,
+        arrival_time: float = 0.0,
+        eos_token_id: int | None = None,
+        stop_token_ids: _TokenIds | None = None,
+        ignore_eos: bool = False,
+    ) -> None:
+        """A parked session's next input chunk (vLLM 0.33's ``_update_request_as_session``):
+        its last sampled token is dropped, its other outputs and ``prompt_token_ids``
+        become its prompt, the settings given replace its own, and it waits among the
+        requests holding blocks, keeping its computed tokens (its next admission computes
+        only the rest). The outputs of its steps in flight when it parked are no longer
+        expected.
+
+        Raises:
+            InputError: an unknown id, a request not parked, ``max_tokens < 1``, or a prompt
+                that leaves no room for an output token under ``max_model_len``.
+        """
     @property
     def num_running(self) -> int: ...
     @property
@@ -924,6 +962,28 @@ class Scheduler:
         newest step scheduled then is processed (``step_processed``)."""
     @defer_block_free.setter
     def defer_block_free(self, defer: bool) -> None: ...
+    @property
+    def drop_stale_output(self) -> bool:
+        """Under async scheduling, whether a request preempted within a step drops the
+        outputs of its steps in flight (settable; vLLM 0.33's ``drop_stale_output`` with a KV
+        connector that ``requires_kv_delivery``). Otherwise they are delivered (and with
+        ``wait_for_stale_outputs`` the request waits for them)."""
+    @drop_stale_output.setter
+    def drop_stale_output(self, drop: bool) -> None: ...
+    @property
+    def wait_for_stale_outputs(self) -> bool:
+        """Under async scheduling, whether a preempted request whose outputs in flight are
+        delivered waits for them before it is admitted again (settable, default ``False``;
+        vLLM 0.33's rule, which vLLM's adapter turns on). Needs ``update_from_output`` once
+        per step scheduled, empty steps included."""
+    @wait_for_stale_outputs.setter
+    def wait_for_stale_outputs(self, wait: bool) -> None: ...
+    def end_session(self, request_id: _RequestId) -> None:
+        """The session finishes at its next stop instead of parking.
+
+        Raises:
+            UnknownRequestError: an id the scheduler does not hold.
+        """
     @property
     def defer_async_loads(self) -> bool:
         """vLLM 0.33's ``defer_async_loads`` (settable; with ``defer_block_free``): an

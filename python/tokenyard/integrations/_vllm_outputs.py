@@ -69,8 +69,6 @@ def check_supported(request: Request, multimodal: str | None = None) -> None:
         reason = "mm_features", f"multimodal inputs {multimodal}"
     elif request.sampling_params is None and request.pooling_params is None:
         reason = "sampling_params", "a request without sampling params"
-    elif request.resumable:
-        reason = "resumable", "streaming-input sessions"
     elif (
         request.sampling_params is not None
         and request.sampling_params.repetition_detection is not None

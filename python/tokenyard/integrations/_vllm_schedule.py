@@ -157,7 +157,9 @@ class ScheduleStep(AdapterBase):
         self._promoted_loads.difference_update(self._core_preempted)
         try:
             for request in preempted:
-                self._preempt_request(request, now)
+                # A KV producer's in-flight output is dropped (vLLM 0.33's
+                # drop_stale_output=self.requires_kv_delivery).
+                self._preempt_request(request, now, drop_stale_output=self.requires_kv_delivery)
         finally:
             self._core_preempted.clear()
 
@@ -525,5 +527,5 @@ class ScheduleStep(AdapterBase):
                     drafts_for_core[core_ids[request_id]] = [0] * len(placeholders)
         if drafts_for_core:
             with errors_in_vllm_ids(self._vllm_ids):
-                self._core.update_from_output({}, spec_token_ids=drafts_for_core)
+                self._core.update_draft_token_ids(drafts_for_core)
         out.has_structured_output_requests = has_structured

@@ -104,6 +104,7 @@ class AdapterBase:
     grammar_compile_error_reqs: dict[str, Any]
     _structured_ids: set[str]
     defer_block_free: bool
+    requires_kv_delivery: bool
     _batches: tuple[tuple[Any, Batch], ...] = ()
     """The last steps' ``(SchedulerOutput, Batch)``, newest first (a few, for async
     scheduling's batch queue); set by ``schedule()``, read by ``update_from_output``."""
@@ -115,6 +116,7 @@ class AdapterBase:
         def _free_request(self, request: Request) -> None: ...
 
         def _aux_request_finished(self, request: Request) -> None: ...
+        def _park_session(self, request: Request) -> bool: ...
 
         def _forget(self, request_id: str) -> None: ...
 

@@ -442,6 +442,18 @@ class UpdateFromOutput(AdapterBase):
         if tokens:  # none: an encoder instance's stop (its status set)
             tokens = self._append_until_stop(request, tokens)
         finish_reason = request.get_finished_reason()
+        if request.resumable and not self._park_session(request):
+            # A session's turn: parked (or resumed), not freed (vLLM 0.33).
+            return EngineCoreOutput(
+                request_id=request_id,
+                new_token_ids=tokens,
+                finish_reason=finish_reason,
+                stop_reason=request.stop_reason,
+                events=request.take_events(),
+                spec_decode_metrics=request.spec_decode_metrics,
+                trace_headers=request.trace_headers,
+                num_nans_in_logits=request.num_nans_in_logits,
+            )
         self._free_request(request)
         bridge = self._bridge
         transfer_params = bridge.transfer_params.pop(request_id, None) if bridge else None
@@ -534,10 +546,14 @@ class UpdateFromOutput(AdapterBase):
         of all of them, as vLLM 0.33's ``_update_request_with_output``; returns the tokens
         kept."""
         kept = tokens
+        # A preempted request's output predates its preemption: its counters were reset
+        # (vLLM's is_stale; the core rewinds only a running request too).
+        running = request.status == _RUNNING
         for num_kept, token in enumerate(tokens, 1):
             request.append_output_token_ids(token)
             if check_stop(request, self.max_model_len):
-                request.num_computed_tokens -= len(tokens) - num_kept
+                if running:
+                    request.num_computed_tokens -= len(tokens) - num_kept
                 kept = tokens[:num_kept]
                 break
         else:
@@ -581,7 +597,7 @@ class UpdateFromOutput(AdapterBase):
             for_core[core_ids[request_id]] = [0] * len(drafts)
         if for_core:
             with errors_in_vllm_ids(self._vllm_ids):
-                self._core.update_from_output({}, spec_token_ids=for_core)
+                self._core.update_draft_token_ids(for_core)
 
     def update_draft_token_ids_in_output(
         self, draft_token_ids: Any, scheduler_output: SchedulerOutput

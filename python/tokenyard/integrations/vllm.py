@@ -19,12 +19,13 @@ them, since vLLM's engine and model runner read them.
 This module imports vLLM and fails with an ``ImportError`` naming it where vLLM is not
 installed; nothing else in tokenyard imports it. What it does not do (each refused with an
 error naming it, never silently different) is listed in ``docs/integrations.md``:
-encoder-decoder requests, prompt embeddings, streaming sessions, KV cache group kinds the
+encoder-decoder requests, prompt embeddings, KV cache group kinds the
 core has none for (cross-attention, Mamba in ``align`` mode), and vLLM's ``KVCacheManager``
 object itself (``kv_cache_manager``), whose block pool lives in Rust here. Structured
 output (requests wait for their grammar here, then go to the core), pooling requests,
-hybrid KV cache groups (full attention, sliding window, chunked local, Mamba) and
-multimodal requests (vLLM's encoder budget and cache) are served.
+hybrid KV cache groups (full attention, sliding window, chunked local, Mamba),
+multimodal requests (vLLM's encoder budget and cache) and streaming-input sessions
+(``_vllm_sessions``) are served.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ from tokenyard.integrations._vllm_outputs import (
     check_supported,
 )
 from tokenyard.integrations._vllm_schedule import ScheduleStep
+from tokenyard.integrations._vllm_sessions import Sessions
 from tokenyard.integrations._vllm_side_connectors import SideConnectors
 from tokenyard.integrations._vllm_state import non_negative
 from tokenyard.integrations._vllm_translate import (
@@ -110,6 +112,7 @@ class TokenyardScheduler(
     UpdateFromOutput,
     MambaAlign,
     SideConnectors,
+    Sessions,
     SchedulerInterface,  # type: ignore[misc]
 ):
     """vLLM 0.33's ``SchedulerInterface`` over :class:`tokenyard.sched.Scheduler`.
@@ -296,6 +299,8 @@ class TokenyardScheduler(
         self.requires_kv_delivery = bool(
             self.connector is not None and self.connector.requires_kv_delivery
         )
+        self._core.drop_stale_output = self.requires_kv_delivery
+        self._core.wait_for_stale_outputs = True  # vLLM's engine updates every step
         transfer = vllm_config.kv_transfer_config
         self._core.defer_block_free = bool(
             self.connector is not None
@@ -311,6 +316,9 @@ class TokenyardScheduler(
         # Requests whose output in flight predates their preemption (vLLM's
         # num_stale_output_tokens > 0): their share drains as those steps land.
         self._stale_ids: set[str] = set()
+        # Streaming-input sessions (_vllm_sessions): the live ones, and those parked.
+        self._session_ids: set[str] = set()
+        self._parked: dict[str, Request] = {}
         # Admitted requests whose PrefillStats go out with their first output, and the
         # stats of this step's first outputs.
         self._prefill_stats_due: set[str] = set()
@@ -361,11 +369,14 @@ class TokenyardScheduler(
         return _WaitingView([r for r in waiting if r.request_id in holding])
 
     def _holding_kv(self) -> set[str]:
-        """Waiting requests holding KV blocks: loads in flight, and loads that landed
-        whose request has not been scheduled since."""
+        """Waiting requests holding KV blocks: loads in flight, loads that landed whose
+        request has not been scheduled since, and sessions parked or resumed."""
+        holding = self._sessions_holding_kv() if self._session_ids else set()
         if self._bridge is None:
-            return set()
-        return self._bridge.loading | self.finished_recving_kv_req_ids | self._promoted_loads
+            return holding
+        return (
+            holding | self._bridge.loading | self.finished_recving_kv_req_ids | self._promoted_loads
+        )
 
     # vLLM 0.33's prefill cadence state, read from the core.
     num_executed_steps = property(lambda self: self._core.num_executed_steps)
@@ -394,8 +405,9 @@ class TokenyardScheduler(
         num_running, num_waiting = self.get_request_counts()
         if self._pause_state == PauseState.PAUSED_NEW:
             # Requests holding KV blocks still drain; queued ones stay queued.
-            return num_running + len(self.kv_holding_waiting)
-        return num_running + num_waiting
+            num_waiting = len(self.kv_holding_waiting)
+        # Parked sessions cannot progress until their next input (vLLM 0.33).
+        return num_running + num_waiting - len(self._parked)
 
     def has_finished_requests(self) -> bool:
         if self.finished_req_ids:
@@ -405,6 +417,16 @@ class TokenyardScheduler(
             return False
         num_running, num_waiting = self.get_request_counts()
         return len(self.requests) > num_running + num_waiting
+
+    def has_requests(self) -> bool:
+        """vLLM 0.33's: requests left, or a connector's push work still pending (e.g. a
+        HiSparse connector's host spills after the last request finished)."""
+        return (
+            self.has_unfinished_requests()
+            or self.has_finished_requests()
+            or (self.connector is not None and self.connector.has_pending_push_work())
+            or (self.ec_connector is not None and self.ec_connector.has_pending_push_work())
+        )
 
     @property
     def defer_block_free(self) -> bool:
@@ -501,23 +523,22 @@ class TokenyardScheduler(
     # --- requests in and out ----------------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
-        """Queues a vLLM ``Request``.
+        """Queues a vLLM ``Request``; one with a streaming-input session's id is its next
+        input chunk (or, not resumable, its end), as in vLLM 0.33.
 
         Raises:
             InputError: a request kind tokenyard does not schedule (multimodal inputs,
-                prompt embeddings, a streaming session), a
-                duplicate id, or one the core refuses (e.g. a prompt with no room for an
-                output token under ``max_model_len``).
+                prompt embeddings), a duplicate id that is no session's, or one the core
+                refuses (e.g. a prompt with no room for an output token under
+                ``max_model_len``).
         """
         request_id = request.request_id
         if request_id in self.requests:
-            raise InputError(
-                f"request_id: {request_id!r} is already queued or running (streaming-input "
-                "sessions are not supported)",
-                field="request_id",
-                value=request_id,
-            )
+            # A streaming-input session's next chunk (or a duplicate: refused there).
+            self._add_session_update(self.requests[request_id], request)
+            return
         check_supported(request, self._mm_refusal)
+        self._start_session(request)
         self.requests[request_id] = request
         if request.use_structured_output:
             self._structured_ids.add(request_id)
@@ -562,6 +583,7 @@ class TokenyardScheduler(
             mm_features=mm_features,
             # A P/D decode side's request arrives with its prompt computed (vLLM's).
             num_computed_tokens=request.num_computed_tokens,
+            resumable=bool(request.resumable),
         )
         self._core_ids[request_id] = core_id
         self._vllm_ids[core_id] = request_id
@@ -635,6 +657,8 @@ class TokenyardScheduler(
         request_id = request.request_id
         self.finished_recving_kv_req_ids.discard(request_id)
         self._structured_ids.discard(request_id)
+        self._session_ids.discard(request_id)
+        self._parked.pop(request_id, None)
         if self._grammar_waiting.pop(request_id, None) is not None:
             # Never reached the core.
             self.grammar_compile_error_reqs.pop(request_id, None)

@@ -13,6 +13,7 @@ mod sched_connector;
 mod sched_ec;
 mod sched_encoder;
 mod sched_output;
+mod sched_session;
 mod sim;
 mod workload;
 

@@ -62,6 +62,7 @@ fn status_name(status: RequestStatus) -> &'static str {
         RequestStatus::WaitingForRemoteKvs => "waiting_for_remote_kvs",
         RequestStatus::Running => "running",
         RequestStatus::Preempted => "preempted",
+        RequestStatus::WaitingForStreamingInput => "waiting_for_streaming_input",
         RequestStatus::Finished(_) => "finished",
     }
 }

@@ -160,7 +160,7 @@ impl PyScheduler {
 
     #[pyo3(signature = (request_id, prompt_token_ids, max_tokens, *, priority = None, arrival_time = None,
         eos_token_id = None, stop_token_ids = None, ignore_eos = false, lora_id = None,
-        mm_features = None, num_computed_tokens = None))]
+        mm_features = None, num_computed_tokens = None, resumable = false))]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &mut self,
@@ -175,6 +175,7 @@ impl PyScheduler {
         lora_id: Option<&Bound<'_, PyAny>>,
         mm_features: Option<&Bound<'_, PyAny>>,
         num_computed_tokens: Option<&Bound<'_, PyAny>>,
+        resumable: bool,
     ) -> PyResult<()> {
         let py = request_id.py();
         let id = RequestId::from_py(request_id)?;
@@ -218,6 +219,7 @@ impl PyScheduler {
                 .map(|n| int_arg(n, "num_computed_tokens", 0, u32::MAX as i128))
                 .transpose()?
                 .unwrap_or(0) as usize,
+            resumable,
         };
         self.inner.add_request(id, spec).or_raise(py)
     }
@@ -248,6 +250,18 @@ impl PyScheduler {
             add_speculation(&mut outputs, num_rejected_tokens, spec_token_ids)?;
         }
         self.apply_outputs(py, &outputs)
+    }
+
+    /// Drafts proposed after a step's update (vLLM's `update_draft_token_ids`): each
+    /// request's drafts replace its own, as `update_from_output(..., spec_token_ids=)`
+    /// with no sampled tokens, but no step's output.
+    fn update_draft_token_ids(&mut self, spec_token_ids: &Bound<'_, PyMapping>) -> PyResult<()> {
+        let py = spec_token_ids.py();
+        let mut outputs = Vec::new();
+        add_speculation(&mut outputs, None, Some(spec_token_ids))?;
+        self.inner
+            .update_draft_token_ids(&outputs)
+            .map_err(|err| self.raise(py, err))
     }
 
     /// [`Self::update_from_output`] in bulk, for integer request ids: `request_ids[i]`
@@ -470,6 +484,69 @@ impl PyScheduler {
     #[getter]
     fn num_waiting(&self) -> usize {
         self.inner.num_waiting()
+    }
+
+    /// Streaming-input sessions parked between turns (`resume_session`).
+    #[getter]
+    fn num_parked(&self) -> usize {
+        self.inner.num_parked()
+    }
+
+    /// The parked session's next input chunk (vLLM 0.33's `_update_request_as_session`): its
+    /// last sampled token is dropped, its other outputs and `prompt_token_ids` become its
+    /// prompt, and it waits with its blocks and computed tokens.
+    #[pyo3(signature = (request_id, prompt_token_ids, max_tokens, *, arrival_time = 0.0,
+        eos_token_id = None, stop_token_ids = None, ignore_eos = false))]
+    #[allow(clippy::too_many_arguments)]
+    fn resume_session(
+        &mut self,
+        request_id: &Bound<'_, PyAny>,
+        prompt_token_ids: &Bound<'_, PyAny>,
+        max_tokens: &Bound<'_, PyAny>,
+        arrival_time: f64,
+        eos_token_id: Option<&Bound<'_, PyAny>>,
+        stop_token_ids: Option<&Bound<'_, PyAny>>,
+        ignore_eos: bool,
+    ) -> PyResult<()> {
+        let py = request_id.py();
+        let id = RequestId::from_py(request_id)?;
+        let update = crate::sched_session::session_update(
+            prompt_token_ids,
+            max_tokens,
+            arrival_time,
+            eos_token_id,
+            stop_token_ids,
+            ignore_eos,
+        )?;
+        self.inner.resume_session(&id, update).or_raise(py)
+    }
+
+    /// The session finishes at its next stop instead of parking.
+    fn end_session(&mut self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let id = RequestId::from_py(request_id)?;
+        self.inner.end_session(&id).or_raise(py)
+    }
+
+    /// Whether a request preempted within a step drops its outputs in flight (vLLM 0.33's
+    /// `drop_stale_output` for a KV connector that `requires_kv_delivery`).
+    #[getter]
+    fn drop_stale_output(&self) -> bool {
+        self.inner.drop_stale_output()
+    }
+    #[setter]
+    fn set_drop_stale_output(&mut self, drop: bool) {
+        self.inner.set_drop_stale_output(drop);
+    }
+
+    /// Whether a request preempted under async scheduling waits for its delivered outputs
+    /// in flight before it is admitted again (vLLM 0.33's rule; needs an update per step).
+    #[getter]
+    fn wait_for_stale_outputs(&self) -> bool {
+        self.inner.wait_for_stale_outputs()
+    }
+    #[setter]
+    fn set_wait_for_stale_outputs(&mut self, wait: bool) {
+        self.inner.set_wait_for_stale_outputs(wait);
     }
 
     #[getter]

@@ -55,15 +55,25 @@ impl<R: RequestKey> Scheduler<R> {
                 break;
             };
             let max_seqs = self.config.max_num_seqs;
-            if max_seqs > 0 && self.running.len() >= max_seqs {
+            // Parked sessions keep their model-runner slots (vLLM 0.33).
+            if max_seqs > 0 && self.running.len() + self.parked.len() >= max_seqs {
                 break;
             }
             // Block holders come first: the first request holding none ends admission.
             if !self.admit_new && !self.holds_kv(slot) {
                 break;
             }
-            let loading = self.req(slot).status == RequestStatus::WaitingForRemoteKvs;
-            if (loading && !self.take_landed_load(slot)?) || self.lora_gated(slot, plan) {
+            let status = self.req(slot).status;
+            let loading = status == RequestStatus::WaitingForRemoteKvs;
+            // A parked session waits for its next input (`sched::session`).
+            let parked = status == RequestStatus::WaitingForStreamingInput;
+            // A preempted request whose stale output will still be delivered waits for it
+            // (`sched::stale`).
+            if parked
+                || (loading && !self.take_landed_load(slot)?)
+                || self.awaits_stale_output(slot)
+                || self.lora_gated(slot, plan)
+            {
                 self.waiting.pop();
                 self.deferred.insert(slot);
                 skipped.push(slot);

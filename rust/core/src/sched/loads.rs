@@ -79,9 +79,16 @@ impl<R: RequestKey> Scheduler<R> {
         if self.kv.block_ids(slot).is_none() {
             return false;
         }
-        match self.req(slot).status {
+        let request = self.req(slot);
+        match request.status {
             RequestStatus::WaitingForRemoteKvs => {
                 self.landed.contains(&slot) || self.failed_loads.contains(&slot)
+            }
+            // A session's blocks hold its computed turns, not a load (vLLM never lets them
+            // go while it waits).
+            RequestStatus::WaitingForStreamingInput => false,
+            RequestStatus::Waiting => {
+                !request.spec.resumable || request.num_external_computed_tokens > 0
             }
             _ => true,
         }

@@ -20,6 +20,8 @@ mod plugin;
 mod queue;
 mod request;
 mod scheduler;
+mod session;
+mod stale;
 mod update;
 
 pub use aux_outputs::{AuxOutputConnector, CachedBlocks};
@@ -39,6 +41,7 @@ pub use request::{
     RequestStatus,
 };
 pub use scheduler::Scheduler;
+pub use session::SessionUpdate;
 
 #[cfg(test)]
 mod tests;

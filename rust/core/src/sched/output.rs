@@ -209,6 +209,7 @@ impl<R: RequestKey> Scheduler<R> {
                     .push((id.clone(), request.spec_token_ids[..num_spec].to_vec()));
             }
             request.spec_token_ids.clear();
+            request.last_step = self.num_steps;
             request.num_computed_tokens += n;
             // Caught up with every known token (and output in flight): this step samples.
             let samples = request.num_computed_tokens

@@ -141,6 +141,17 @@ impl<R: Ord> Waiting<R> {
         self.rest.push_back(slot, key);
     }
 
+    /// A request that holds blocks when `holds_kv` (a resumed session: vLLM 0.33's
+    /// `kv_holding_waiting.add_request`), last in line in its part.
+    pub fn push_back_in_part(&mut self, slot: u32, key: PriorityKey<R>, holds_kv: bool) {
+        let part = if holds_kv {
+            &mut self.holding
+        } else {
+            &mut self.rest
+        };
+        part.push_back(slot, key);
+    }
+
     /// Puts a request first in line in its part (a preempted or skipped one keeps its turn).
     pub fn push_front(&mut self, slot: u32, key: PriorityKey<R>, holds_kv: bool) {
         let part = if holds_kv {

@@ -17,6 +17,10 @@ pub enum RequestStatus {
     WaitingForRemoteKvs,
     Running,
     Preempted,
+    /// A resumable request whose turn stopped, parked with its blocks until its next input
+    /// chunk (vLLM 0.33's `WAITING_FOR_STREAMING_REQ`; `sched::session`): in neither the
+    /// waiting queue nor the running list, but it keeps its model-runner slot.
+    WaitingForStreamingInput,
     Finished(FinishReason),
 }
 
@@ -71,6 +75,10 @@ pub struct RequestSpec {
     /// allocates new blocks for them with its first chunk; once preempted it recomputes
     /// them. Less than the prompt.
     pub num_computed_tokens: usize,
+    /// A streaming-input session (vLLM 0.33's `Request.resumable`): when a turn stops it is
+    /// parked with its blocks instead of finishing, and `Scheduler::resume_session` extends
+    /// its prompt with the next input chunk (`sched::session`).
+    pub resumable: bool,
 }
 
 /// A prompt a [`PromptSource`] made: its tokens, and optionally the block hashes of its
@@ -157,6 +165,12 @@ pub struct Request<R> {
     /// `Request.replay_start`, SWA bounded replay): the hit's tokens from here on are
     /// recomputed to rebuild a `SlidingWindowReplay` group; 0 without replay.
     pub replay_start: usize,
+    /// The latest step that served it (`Scheduler::num_steps` then); at its latest
+    /// preemption (or park), that step: its outputs up to it are stale; and whether they
+    /// are dropped rather than delivered (vLLM 0.33's `drop_stale_output`; `sched::stale`).
+    pub last_step: u64,
+    pub stale_until_step: u64,
+    pub drop_stale_output: bool,
 }
 
 impl<R> Request<R> {

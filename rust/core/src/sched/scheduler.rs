@@ -100,6 +100,14 @@ pub struct Scheduler<R: RequestKey> {
     /// Emptied vectors of outputs handed back (`recycle_output`), for the next step's.
     pub(super) spare_running_reqs: Vec<CachedRequestData<R>>,
     pub(super) spare_num_scheduled: Vec<(R, usize)>,
+    /// Sessions parked between turns (`sched::session`): in neither queue, holding blocks
+    /// and a model-runner slot.
+    pub(super) parked: FxHashSet<u32>,
+    /// `update_from_output` calls (steps landed), and whether a preemption within a step
+    /// drops the outputs in flight (`sched::stale`).
+    pub(super) num_updates: u64,
+    pub(super) drop_stale_on_preempt: bool,
+    pub(super) wait_for_stale: bool,
 }
 
 /// A finished request with outputs still in flight (async scheduling).
@@ -236,6 +244,10 @@ impl<R: RequestKey> Scheduler<R> {
             step_samplers: Vec::new(),
             spare_running_reqs: Vec::new(),
             spare_num_scheduled: Vec::new(),
+            parked: FxHashSet::default(),
+            num_updates: 0,
+            drop_stale_on_preempt: false,
+            wait_for_stale: false,
         })
     }
 
@@ -294,8 +306,10 @@ impl<R: RequestKey> Scheduler<R> {
         self.running.len()
     }
 
+    /// Whether any request can still make progress: parked sessions wait for input
+    /// (vLLM 0.33's `get_num_unfinished_requests` leaves them out).
     pub fn has_unfinished_requests(&self) -> bool {
-        !self.index.is_empty()
+        self.index.len() > self.parked.len()
     }
 
     /// Running request ids in order.
@@ -380,8 +394,9 @@ impl<R: RequestKey> Scheduler<R> {
                 "is not running: only a running request can be preempted",
             ));
         }
-        self.preempt(slot, &mut 0, &mut StepPlan::default())
-            .map(drop)
+        let slot = self.preempt(slot, &mut 0, &mut StepPlan::default())?;
+        self.mark_stale(slot, false);
+        Ok(())
     }
 
     pub fn stats(&self) -> SchedulerStats {
@@ -680,7 +695,8 @@ impl<R: RequestKey> Scheduler<R> {
             if !self.blocks_can_be_freed(self.req(victim).last_sched_seq) {
                 return Ok(Allocation::Blocked);
             }
-            self.preempt(victim, budget, plan)?;
+            let moved = self.preempt(victim, budget, plan)?;
+            self.mark_stale(moved, self.drop_stale_on_preempt);
             if victim == slot {
                 return Ok(Allocation::PreemptedItself);
             }

@@ -110,6 +110,9 @@ impl<R: RequestKey> Scheduler<R> {
             last_sched_seq: 0,
             prompt_block_hashes: Vec::new(),
             replay_start: 0,
+            last_step: 0,
+            stale_until_step: 0,
+            drop_stale_output: false,
         };
         self.next_arrival_seq += 1;
         self.num_mm_requests += usize::from(!request.spec.mm_features.is_empty());
@@ -173,6 +176,31 @@ impl<R: RequestKey> Scheduler<R> {
         outputs: &[SampledOutput<R>],
     ) -> Result<Vec<(R, FinishReason)>> {
         self.check_outputs(outputs)?;
+        self.num_updates += 1;
+        self.apply_update(outputs)
+    }
+
+    /// Drafts proposed after a step's update (vLLM's `update_draft_token_ids`): outputs
+    /// with drafts and no tokens, applied as `update_from_output` applies them, except that
+    /// they are no step's output: a preempted request's stale outputs (`sched::stale`)
+    /// are not counted as landed by them.
+    pub fn update_draft_token_ids(&mut self, outputs: &[SampledOutput<R>]) -> Result<()> {
+        if let Some(output) = outputs.iter().find(|o| !o.token_ids.is_empty()) {
+            return Err(Error::input(
+                "sampled_token_ids",
+                format!(
+                    "{} tokens for {:?}",
+                    output.token_ids.len(),
+                    output.request_id
+                ),
+                "a drafts' update carries no sampled tokens",
+            ));
+        }
+        self.check_outputs(outputs)?;
+        self.apply_update(outputs).map(drop)
+    }
+
+    fn apply_update(&mut self, outputs: &[SampledOutput<R>]) -> Result<Vec<(R, FinishReason)>> {
         self.encoder_free_passed(outputs);
         self.in_flight_land_step();
         let mut finished = Vec::new();
@@ -185,7 +213,9 @@ impl<R: RequestKey> Scheduler<R> {
             let slot = self.index[&output.request_id];
             if let Some(reason) = self.apply_output(slot, output)? {
                 finished.push((output.request_id.clone(), reason));
-                if let Err(err) = self.finish(slot, reason) {
+                if self.parks(slot, reason) {
+                    self.park(slot)?;
+                } else if let Err(err) = self.finish(slot, reason) {
                     connector_error.get_or_insert(err);
                 }
             }
@@ -437,7 +467,11 @@ impl<R: RequestKey> Scheduler<R> {
         let sampled = token(id, self.req(slot).num_tokens());
         if let Some(reason) = self.append_sampled(slot, &[sampled]) {
             finished.push((id.clone(), reason));
-            self.finish(slot, reason)?;
+            if self.parks(slot, reason) {
+                self.park(slot)?;
+            } else {
+                self.finish(slot, reason)?;
+            }
         }
         Ok(())
     }
@@ -520,6 +554,7 @@ impl<R: RequestKey> Scheduler<R> {
         if status == RequestStatus::Running {
             self.running.retain(|&s| s != slot);
         } else {
+            self.parked.remove(&slot);
             self.waiting.remove(slot);
         }
         let mut request = self.slots[slot as usize]
@@ -653,9 +688,8 @@ impl<R: RequestKey> Scheduler<R> {
             let mut plan = super::scheduler::StepPlan::default();
             while let Some(&slot) = self.running.last() {
                 let slot = self.preempt(slot, &mut 0, &mut plan)?;
-                let request = self.req_mut(slot);
-                request.in_flight_tokens.clear();
-                preempted.push(request.request_id.clone());
+                self.mark_stale(slot, true);
+                preempted.push(self.req(slot).request_id.clone());
             }
         }
         Ok((self.kv.reset_prefix_cache(), preempted))
@@ -673,6 +707,15 @@ impl<R: RequestKey> Scheduler<R> {
                 self.running.len(),
                 self.index.len()
             ));
+        }
+        for &slot in &self.parked {
+            let r = self.req(slot);
+            if r.status != RequestStatus::WaitingForStreamingInput || !waiting.contains(&slot) {
+                return Err(format!(
+                    "parked request {:?} is {:?}",
+                    r.request_id, r.status
+                ));
+            }
         }
         for &slot in &self.running {
             let r = self.req(slot);
@@ -699,8 +742,13 @@ impl<R: RequestKey> Scheduler<R> {
             let r = self.req(slot);
             // Only a request whose KV is loading, or has landed, holds blocks while waiting
             // (a landed load may count no token as computed: see `take_landed_load`).
+            // A parked or resumed session keeps its blocks too.
             let loads = r.status == RequestStatus::WaitingForRemoteKvs
-                || (r.status == RequestStatus::Waiting && r.num_external_computed_tokens > 0);
+                || (r.status == RequestStatus::WaitingForStreamingInput
+                    && r.num_computed_tokens > 0)
+                || (r.status == RequestStatus::Waiting
+                    && (r.num_external_computed_tokens > 0
+                        || (r.spec.resumable && r.num_computed_tokens > 0)));
             if r.status == RequestStatus::Running || self.kv.block_ids(slot).is_some() != loads {
                 return Err(format!(
                     "waiting request {:?} is {:?} and {} blocks",

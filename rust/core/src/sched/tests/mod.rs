@@ -22,7 +22,9 @@ mod multistep;
 mod plugins;
 mod replay;
 mod samplers;
+mod sessions;
 mod speculative;
+mod stale_outputs;
 
 use super::*;
 

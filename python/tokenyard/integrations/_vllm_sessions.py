@@ -1,0 +1,160 @@
+"""Streaming-input sessions for ``TokenyardScheduler`` (``tokenyard.integrations.vllm``):
+vLLM 0.33's resumable requests (``Request.resumable``). A session's turn that stops is
+reported with its finish reason but not freed: the core parks it with its blocks
+(``sched::session``) and the vLLM request waits in ``WAITING_FOR_STREAMING_REQ``, unless an
+input chunk was queued meanwhile (``streaming_queue``), which resumes it at once. A new
+request with the session's id is its next chunk (``add_request``); one that is not
+resumable ends the session. vLLM's ``Scheduler._handle_stopped_request``,
+``_update_request_as_session`` and ``add_request`` (``vllm/v1/core/sched/scheduler.py``),
+mirrored on the vLLM requests. Imported only by that module, so vLLM is installed."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from vllm.v1.engine import EngineCoreEventType
+from vllm.v1.request import Request, RequestStatus, StreamingUpdate
+
+from tokenyard.errors import InputError
+from tokenyard.integrations._vllm_outputs import errors_in_vllm_ids
+from tokenyard.integrations._vllm_state import AdapterBase
+
+_WAITING_FOR_STREAMING_REQ = RequestStatus.WAITING_FOR_STREAMING_REQ
+
+
+class Sessions(AdapterBase):
+    """Parking and resuming streaming-input sessions."""
+
+    # The live sessions' ids, and the parked ones by id in the order they parked.
+    _session_ids: set[str]
+    _parked: dict[str, Request]
+
+    @property
+    def num_waiting_for_streaming_input(self) -> int:
+        """Sessions parked until their next input chunk (vLLM 0.33's counter)."""
+        return len(self._parked)
+
+    def _add_session_update(self, existing: Request, request: Request) -> None:
+        """vLLM 0.33's ``add_request`` for an id it holds: the session's next input chunk
+        (queued while the session runs), or its end (a request that is not resumable).
+
+        Raises:
+            InputError: the id is held by a request that is not a session (a duplicate).
+        """
+        request_id = existing.request_id
+        update = StreamingUpdate.from_request(request)
+        if existing.status != _WAITING_FOR_STREAMING_REQ:
+            if existing.streaming_queue is None:
+                raise InputError(
+                    f"request_id: {request_id!r} is already queued or running (and is not a "
+                    "streaming-input session)",
+                    field="request_id",
+                    value=request_id,
+                )
+            existing.streaming_queue.append(update)
+            self._end_at_next_stop(existing)
+        elif update is not None:
+            self._resume_session(existing, update)
+        else:
+            self.finish_requests(request_id, RequestStatus.FINISHED_ABORTED)
+
+    def _park_session(self, request: Request) -> bool:
+        """vLLM 0.33's ``_handle_stopped_request`` for a resumable request the core parked:
+        the turn's in-flight work is dropped (its outputs are stale, dropped as they land)
+        and the request resumes from its materialized frontier, now with the next queued
+        chunk if there is one. Returns whether the session ended instead (its queued end
+        marker): the core finished it then, and the caller frees it."""
+        request.num_computed_tokens -= request.num_output_placeholders
+        request.spec_token_ids = []
+        request.drop_stale_output = True
+        request.num_stale_output_tokens = request.num_in_flight_tokens
+        request.num_output_placeholders = 0
+        if request.num_stale_output_tokens > 0:
+            self._stale_ids.add(request.request_id)
+        queue = request.streaming_queue
+        if not queue:
+            request.status = _WAITING_FOR_STREAMING_REQ
+            self._parked[request.request_id] = request
+            return False
+        update = queue.popleft()
+        if update is None:
+            # The core finished it already (_end_at_next_stop), in the update's order.
+            return True
+        self._resume_session(request, update)
+        self._end_at_next_stop(request)
+        return False
+
+    def _end_at_next_stop(self, session: Request) -> None:
+        """With the end marker next in the session's queue, its next stop finishes it: the
+        core is told now, so that it frees the blocks in the update's order, as vLLM
+        frees them."""
+        queue = session.streaming_queue
+        if queue and queue[0] is None:
+            self._core.end_session(self._core_ids[session.request_id])
+
+    def _resume_session(self, session: Request, update: StreamingUpdate) -> None:
+        """vLLM 0.33's ``_update_request_as_session``: the last sampled token is dropped,
+        the other outputs and the chunk's tokens become the prompt, the chunk's settings
+        replace the session's, and it waits with its blocks (the core's
+        ``resume_session``).
+
+        Raises:
+            InputError: the chunk has multimodal items (not served for sessions), or the
+                core refuses it (no room for an output token under ``max_model_len``).
+        """
+        request_id = session.request_id
+        if update.mm_features:
+            raise InputError(
+                f"mm_features: tokenyard's scheduler does not serve multimodal items in a "
+                f"streaming-input session's chunk (request {request_id!r})",
+                field="mm_features",
+                value=request_id,
+            )
+        new_tokens = list(update.prompt_token_ids or ())
+        params = update.sampling_params
+        with errors_in_vllm_ids(self._vllm_ids):
+            self._core.resume_session(
+                self._core_ids[request_id],
+                new_tokens,
+                update.max_tokens,
+                arrival_time=update.arrival_time,
+                eos_token_id=params.eos_token_id if params is not None else None,
+                stop_token_ids=(params.stop_token_ids or None) if params is not None else None,
+            )
+        keep_end = session.num_tokens - 1
+        kept_output_tokens = session._all_token_ids[session.num_prompt_tokens : keep_end]
+        del session._all_token_ids[keep_end:]
+        del session.block_hashes[keep_end // self.hash_block_size :]
+        session._output_token_ids.clear()
+        prompt = session.prompt_token_ids
+        if prompt is None:  # never: prompt embeddings are refused at add_request
+            raise InputError("prompt_token_ids: None", field="prompt_token_ids", value=None)
+        prompt.extend(kept_output_tokens)
+        session._all_token_ids.extend(new_tokens)
+        prompt.extend(new_tokens)
+        session.update_block_hashes()
+        session.num_prompt_tokens = len(prompt)
+        session.arrival_time = update.arrival_time
+        session.sampling_params = update.sampling_params
+        session.max_tokens = update.max_tokens
+        self._parked.pop(request_id, None)
+        session.status = RequestStatus.WAITING
+        if self.log_stats:
+            session.record_event(EngineCoreEventType.QUEUED)
+
+    def _start_session(self, request: Request) -> None:
+        """A new resumable request gets its queue of input chunks (vLLM's)."""
+        if request.resumable:
+            request.streaming_queue = deque()
+            self._session_ids.add(request.request_id)
+
+    def _sessions_holding_kv(self) -> set[str]:
+        """Sessions waiting with computed tokens, so holding blocks (vLLM's
+        ``_holds_kv_blocks``): parked, or resumed and not admitted since."""
+        requests = self.requests
+        waiting = (RequestStatus.WAITING, _WAITING_FOR_STREAMING_REQ)
+        return {
+            i
+            for i in self._session_ids
+            if requests[i].status in waiting and requests[i].num_computed_tokens > 0
+        }

@@ -10,6 +10,7 @@ mod sched;
 mod sched_config;
 mod sched_connector;
 mod sched_encoder;
+mod sched_hooks;
 mod sched_output;
 mod sim;
 mod workload;

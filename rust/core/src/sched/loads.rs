@@ -184,7 +184,7 @@ impl<R: RequestKey> Scheduler<R> {
             return Ok(Admission::Blocked);
         }
         let Some(AdmissionTokens { n, padded }) =
-            self.admission_tokens(slot, num_computed, *budget, plan)
+            self.admission_tokens(slot, num_computed, *budget, plan)?
         else {
             return Ok(Admission::Blocked);
         };
@@ -198,6 +198,9 @@ impl<R: RequestKey> Scheduler<R> {
         let with_ids = !self.lean_output;
         let lora_id = request.spec.lora_id;
         let in_flight = self.num_in_flight_tokens(slot);
+        if !self.allocation_allowed(slot, n, lookahead)? {
+            return Ok(Admission::Blocked);
+        }
         let Some(blocks) = self.kv.allocate_in_flight(
             slot, new_tokens, n, lookahead, None, lora_id, with_ids, in_flight,
         )?

@@ -8,6 +8,7 @@ mod config;
 mod connector;
 mod encoder;
 mod encoder_cache;
+mod hooks;
 mod in_flight;
 mod kv;
 mod loads;
@@ -24,6 +25,7 @@ pub use config::{Policy, PrefixCache, PriorityTies, SchedulerConfig};
 pub use connector::{ExternalTokens, KvConnector, KvLoad};
 pub use encoder::{EncoderConfig, MmFeature};
 pub use encoder_cache::EncoderCache;
+pub use hooks::StepHooks;
 pub use mamba_align::MambaAlignSplit;
 pub use multistep::DecodeWindow;
 pub use output::{

@@ -48,6 +48,8 @@ pub struct Scheduler<R: RequestKey> {
     pub(super) blocked_head: Option<(u64, Hit)>,
     /// The KV connector, if any (`sched::connector`).
     pub(super) connector: Option<Box<dyn KvConnector<R>>>,
+    /// Decisions routed through the caller's code, if set (`sched::hooks`).
+    pub(super) hooks: Option<Box<dyn super::hooks::StepHooks<R>>>,
     /// Makes deferred prompts (`RequestSpec::num_deferred_prompt_tokens`), if set.
     pub(super) prompt_source: Option<Box<dyn PromptSource<R>>>,
     /// Slots of requests whose KV load the engine reported landed / failed; each is taken
@@ -211,6 +213,7 @@ impl<R: RequestKey> Scheduler<R> {
             victim_rank: FxHashMap::default(),
             blocked_head: None,
             connector: None,
+            hooks: None,
             prompt_source: None,
             landed: FxHashSet::default(),
             failed_loads: FxHashSet::default(),
@@ -590,7 +593,7 @@ impl<R: RequestKey> Scheduler<R> {
                 request.num_computed_tokens,
             );
             // vLLM 0.33 applies the Mamba `align` split before the encoder caps.
-            let n = self.mamba_aligned(slot, request.num_computed_tokens, n);
+            let n = self.mamba_aligned(slot, request.num_computed_tokens, n)?;
             if skip || n == 0 {
                 i += 1;
                 continue;
@@ -654,7 +657,9 @@ impl<R: RequestKey> Scheduler<R> {
             // request recomputes its tail: only tokens past the pool's count need slots,
             // and a chunk still inside the replayed range needs none (but its lookahead).
             let mut n_slots = n;
-            if request.replay_start > 0 {
+            // vLLM 0.33 asks allocate_slots at each attempt (sched::hooks; true without).
+            let allowed = self.allocation_allowed(slot, n, lookahead)?;
+            if allowed && request.replay_start > 0 {
                 let held = self.kv.num_computed_tokens(slot).unwrap_or(0);
                 n_slots = (request.num_computed_tokens + n).saturating_sub(held);
                 if n_slots == 0 && lookahead == 0 {
@@ -662,11 +667,14 @@ impl<R: RequestKey> Scheduler<R> {
                 }
             }
             // Window groups free on the processed-token basis (vLLM 0.33).
-            if let Some(blocks) = self.kv.allocate_in_flight(
-                slot, new_tokens, n_slots, lookahead, None, None, with_ids, in_flight,
-            )? {
+            if allowed
+                && let Some(blocks) = self.kv.allocate_in_flight(
+                    slot, new_tokens, n_slots, lookahead, None, None, with_ids, in_flight,
+                )?
+            {
                 return Ok(Allocation::Scheduled(blocks));
             }
+            self.refresh_running_priorities()?;
             let victim = self.pick_victim();
             // vLLM 0.33: a deferred free will not help with immediate allocation.
             if !self.blocks_can_be_freed(self.req(victim).last_sched_seq) {

@@ -10,6 +10,7 @@ mod connectors;
 mod deferred;
 mod encoder;
 mod encoder_settings;
+mod hooks;
 mod hybrid;
 mod kv_views;
 mod lifecycle;

@@ -2,7 +2,8 @@
 ``schedule()`` calls them (``tokenyard.integrations._vllm_hooks``):
 ``kv_cache_manager.allocate_slots`` (a ``None`` refuses the allocation: the running request
 preempts or the admission waits) and ``_mamba_block_aligned_split``; and
-``num_sampled_tokens_per_step`` assigned on a built scheduler. Each differential case runs
+``num_sampled_tokens_per_step`` assigned on a built scheduler; a parallel drafter's slots
+charged per scheduled request (``max_num_new_slots_for_drafting``). Each differential case runs
 vLLM 0.33's own ``Scheduler`` and the adapter with the same replacement on the same requests
 and compares every step. Needs vLLM (the bench venv, ``.venv-bench``); skipped elsewhere.
 """
@@ -16,9 +17,11 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM 0.33 is installed only in the bench venv")
 
+from vllm.v1.core.sched.scheduler import Scheduler
 from vllm_compare import add_both, build_pair, seeded_arrivals, update_both
 
 from tokenyard.errors import ConfigError, InputError
+from tokenyard.integrations.vllm import TokenyardScheduler
 
 
 def _refusing(scheduler: Any, refuse: set[int]) -> list[int]:
@@ -139,6 +142,40 @@ def test_a_replaced_mamba_split_decides_the_chunk_as_in_vllm() -> None:
     assert seen[0][:4] == [5, 5, 5, 1]
     with pytest.raises(InputError, match="_mamba_block_aligned_split"):
         type(ours)._mamba_block_aligned_split(ours, ours.requests["a"], 3)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_parallel_drafters_slots_are_budgeted_per_request_as_in_vllm(seed: int) -> None:
+    # n-gram with parallel drafting and 4 speculative tokens: vLLM's scheduler charges
+    # max_num_new_slots_for_drafting (3) of max_num_batched_tokens per scheduled request.
+    _, _, peer = build_pair(num_blocks=64, num_speculative_tokens=4, max_num_seqs=8)
+    spec = peer.vllm_config.speculative_config
+    object.__setattr__(spec, "parallel_drafting", True)
+    assert spec.max_num_new_slots_for_drafting == 3
+    kv_cache_config = peer.scheduler.kv_cache_config
+    theirs, ours = (peer.build(cls, kv_cache_config) for cls in (Scheduler, TokenyardScheduler))
+    assert ours._core.num_draft_slots_per_request == 3
+    arrivals = seeded_arrivals(random.Random(seed), tail_max=60, max_tokens=12, count=10)
+    for step in range(2000):
+        for at, *args in arrivals:
+            if at == step:
+                add_both((theirs, ours), peer.make_request, *args)
+        outs = [s.schedule() for s in (theirs, ours)]
+        assert dict(outs[1].num_scheduled_tokens) == dict(outs[0].num_scheduled_tokens), step
+        update_both((theirs, ours), outs)
+        if step > 6 and not theirs.has_unfinished_requests():
+            assert not ours.has_unfinished_requests()
+            break
+    else:
+        raise AssertionError("the stream did not drain")
+
+
+def test_draft_slots_beside_a_separate_scheduled_token_budget_are_refused() -> None:
+    _, _, peer = build_pair(num_blocks=64, num_speculative_tokens=4)
+    object.__setattr__(peer.vllm_config.speculative_config, "parallel_drafting", True)
+    peer.vllm_config.scheduler_config.max_num_scheduled_tokens = 32
+    with pytest.raises(ConfigError, match="max_num_scheduled_tokens"):
+        peer.build(TokenyardScheduler, peer.scheduler.kv_cache_config)
 
 
 def test_num_sampled_tokens_per_step_assigned_on_a_built_scheduler_reaches_the_core() -> None:

@@ -953,6 +953,14 @@ class Scheduler:
         before a victim is picked (``priority(request_id)``, None: unchanged) through
         Python from the next step; none: the core alone."""
     @property
+    def num_draft_slots_per_request(self) -> int:
+        """Input slots a parallel drafter takes per scheduled request beside its tokens
+        (vLLM 0.33's ``max_num_new_slots_for_drafting``: each scheduled request costs its
+        tokens and these of the budget, gets at most the budget less these, and none is
+        scheduled once no more than these remain); settable, from the next step on."""
+    @num_draft_slots_per_request.setter
+    def num_draft_slots_per_request(self, num_draft_slots: int) -> None: ...
+    @property
     def num_sampled_tokens_per_step(self) -> int:
         """vLLM 0.33's ``num_sampled_tokens_per_step`` (1, or 0 for a pooling or diffusion
         model: no room kept for a sampled token, no admission padded with drafts); settable,

@@ -723,6 +723,18 @@ impl PyScheduler {
         self.inner.set_step_hooks(hooks);
     }
 
+    /// Input slots a parallel drafter takes per scheduled request beside its tokens (vLLM
+    /// 0.33's `max_num_new_slots_for_drafting`); settable, from the next step on.
+    #[getter]
+    fn num_draft_slots_per_request(&self) -> usize {
+        self.inner.num_draft_slots_per_request()
+    }
+
+    #[setter]
+    fn set_num_draft_slots_per_request(&mut self, num_draft_slots: usize) {
+        self.inner.set_num_draft_slots_per_request(num_draft_slots);
+    }
+
     /// vLLM 0.33's `num_sampled_tokens_per_step` (1, or 0 for a pooling or diffusion
     /// model); settable, from the next step on (ConfigError for another value).
     #[getter]

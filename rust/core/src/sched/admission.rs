@@ -50,7 +50,7 @@ impl<R: RequestKey> Scheduler<R> {
         }
         let mut skipped = Vec::new();
         let mut admission_error = None;
-        while *budget > 0 {
+        while *budget > self.config.num_draft_slots_per_request {
             let Some(slot) = self.waiting.peek() else {
                 break;
             };
@@ -380,6 +380,18 @@ impl<R: RequestKey> Scheduler<R> {
         Ok(())
     }
 
+    /// Sets the input slots a parallel drafter takes per scheduled request
+    /// (`SchedulerConfig::num_draft_slots_per_request`, vLLM 0.33's
+    /// `max_num_new_slots_for_drafting`) from the next step.
+    pub fn set_num_draft_slots_per_request(&mut self, num_draft_slots: usize) {
+        self.config.num_draft_slots_per_request = num_draft_slots;
+    }
+
+    /// `num_draft_slots_per_request` in force.
+    pub fn num_draft_slots_per_request(&self) -> usize {
+        self.config.num_draft_slots_per_request
+    }
+
     /// `num_sampled_tokens_per_step` in force.
     pub fn num_sampled_tokens_per_step(&self) -> usize {
         self.config.num_sampled_tokens_per_step
@@ -403,6 +415,8 @@ impl<R: RequestKey> Scheduler<R> {
         budget: usize,
         plan: &StepPlan<R>,
     ) -> Result<Option<AdmissionTokens>> {
+        // vLLM 0.33's request_token_budget: the input budget less the draft slots.
+        let budget = budget.saturating_sub(self.config.num_draft_slots_per_request);
         let mut n = self.req(slot).num_tokens() - num_computed;
         let k = self.config.num_speculative_tokens;
         let mut padded = false;
@@ -473,6 +487,6 @@ impl<R: RequestKey> Scheduler<R> {
         plan.admitted.insert(slot, was_preempted);
         plan.scheduled.push((slot, n));
         plan.set_blocks(slot, blocks);
-        *budget -= n;
+        *budget -= n + self.config.num_draft_slots_per_request;
     }
 }

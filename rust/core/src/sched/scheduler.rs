@@ -581,7 +581,9 @@ impl<R: RequestKey> Scheduler<R> {
         only_prefills: Option<bool>,
     ) -> Result<()> {
         let mut i = 0;
-        while i < self.running.len() && *budget > 0 {
+        // vLLM 0.33's input budget: each scheduled request also takes its draft slots.
+        let draft_slots = self.config.num_draft_slots_per_request;
+        while i < self.running.len() && *budget > draft_slots {
             let slot = self.running[i];
             let request = self.req(slot);
             let skip = plan.is_scheduled(slot)
@@ -589,7 +591,7 @@ impl<R: RequestKey> Scheduler<R> {
                 || (self.defer_prefills && request.is_prefill_chunk);
             let n = self.clamp(
                 request.num_pending_tokens(),
-                *budget,
+                *budget - draft_slots,
                 request.num_computed_tokens,
             );
             // vLLM 0.33 applies the Mamba `align` split before the encoder caps.
@@ -615,7 +617,7 @@ impl<R: RequestKey> Scheduler<R> {
                     plan.prefill_scheduled |= prefill_chunk;
                     plan.scheduled.push((slot, n));
                     plan.set_blocks(slot, blocks);
-                    *budget -= n;
+                    *budget -= n + draft_slots;
                     self.commit_encoder_inputs(slot, encoder);
                 }
                 Allocation::PreemptedItself => {}
@@ -748,7 +750,8 @@ impl<R: RequestKey> Scheduler<R> {
                 .iter()
                 .position(|&(s, _)| s == victim)
                 .expect("scheduled");
-            *budget += plan.scheduled.remove(pos).1;
+            let draft_slots = self.config.num_draft_slots_per_request;
+            *budget += plan.scheduled.remove(pos).1 + draft_slots;
         }
         plan.admitted.remove(&victim);
         // A step in flight keeps its token (computed before the blocks were freed), async

@@ -8,6 +8,7 @@ mod budgets;
 mod cadence;
 mod connectors;
 mod deferred;
+mod draft_slots;
 mod encoder;
 mod encoder_settings;
 mod hooks;

@@ -131,12 +131,15 @@ impl<R: RequestKey> Scheduler<R> {
         num_external_tokens: usize,
         plan: &mut StepPlan<R>,
     ) -> Result<Admission> {
+        // vLLM 0.33 asks allocate_slots for the load's blocks too, with no new tokens.
+        let allowed = self.allocation_allowed(slot, 0, 0)?;
         let request = self.slots[slot as usize].as_ref().expect("live");
         let (seq, lora_id) = (request.arrival_seq, request.spec.lora_id);
         let tokens = &request.all_token_ids;
-        if !self
-            .kv
-            .allocate_external(slot, tokens, num_external_tokens, &hit, lora_id)?
+        if !allowed
+            || !self
+                .kv
+                .allocate_external(slot, tokens, num_external_tokens, &hit, lora_id)?
         {
             self.blocked_head = Some((seq, hit));
             return Ok(Admission::Blocked);

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use super::*;
 use crate::Result;
+use crate::kv::BlockId;
 
 /// Refuses the allocations whose (1-based) call numbers are in `refuse`; records each
 /// `(request, num_new_tokens)` asked. Splits `split_of` requests to its count.
@@ -236,4 +237,60 @@ fn no_sampled_token_per_step_set_on_a_built_scheduler_pads_no_admission() {
         "{err}"
     );
     assert_eq!(s.num_sampled_tokens_per_step(), 1);
+}
+
+#[test]
+fn a_refused_async_load_allocation_starts_no_load_until_granted() {
+    // A connector offering every token asynchronously: the first allocation (the load's
+    // blocks, no new tokens) is refused, so no load starts and the connector hears of no
+    // blocks; the next step asks again and parks the request for its load.
+    struct LoadsAll(Arc<Mutex<usize>>);
+    impl crate::sched::KvConnector<u32> for LoadsAll {
+        fn get_num_new_matched_tokens(
+            &mut self,
+            request: &Request<u32>,
+            num_computed_tokens: usize,
+        ) -> Result<Option<crate::sched::ExternalTokens>> {
+            let num_tokens = request.num_tokens() - num_computed_tokens;
+            let load_async = true;
+            Ok(Some(crate::sched::ExternalTokens {
+                num_tokens,
+                load_async,
+            }))
+        }
+        fn update_state_after_alloc(
+            &mut self,
+            _: &Request<u32>,
+            _: &[BlockId],
+            _: usize,
+        ) -> Result<()> {
+            *self.0.lock().unwrap() += 1;
+            Ok(())
+        }
+        fn request_finished(&mut self, _: &Request<u32>, _: &[BlockId]) -> Result<bool> {
+            Ok(false)
+        }
+    }
+    let mut s = Scheduler::new(config(), false).unwrap();
+    let allocs = Arc::new(Mutex::new(0));
+    s.set_connector(Box::new(LoadsAll(allocs.clone()))).unwrap();
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    s.set_step_hooks(Some(Box::new(Recorder {
+        refuse: vec![1],
+        asked: asked.clone(),
+        ..Recorder::default()
+    })));
+    s.add_request(0, prompt(0, 8)).unwrap();
+    let out = s.schedule().unwrap();
+    assert!(out.kv_loads.is_empty());
+    assert_eq!(*allocs.lock().unwrap(), 0);
+    assert_eq!(s.num_free_blocks(), 64);
+    let out = s.schedule().unwrap();
+    assert_eq!(out.kv_loads.len(), 1);
+    assert_eq!(*allocs.lock().unwrap(), 1);
+    assert_eq!(
+        s.get_request(&0).unwrap().status,
+        RequestStatus::WaitingForRemoteKvs
+    );
+    assert_eq!(*asked.lock().unwrap(), [(0, 0), (0, 0)]);
 }

@@ -10,7 +10,9 @@ and compares every step. Needs vLLM (the bench venv, ``.venv-bench``); skipped e
 
 from __future__ import annotations
 
+import gc
 import random
+import weakref
 from typing import Any
 
 import pytest
@@ -187,3 +189,16 @@ def test_num_sampled_tokens_per_step_assigned_on_a_built_scheduler_reaches_the_c
         ours.num_sampled_tokens_per_step = 2
     with pytest.raises(ConfigError, match="num_sampled_tokens_per_step"):
         ours.num_sampled_tokens_per_step = -1
+
+
+def test_a_scheduler_with_hooks_is_freed_once_dropped() -> None:
+    # The core holds the hooks; they reach the adapter weakly, so a dropped adapter (here
+    # under the priority policy, with a patched allocate_slots) is collected.
+    _, ours, peer = build_pair(num_blocks=24, policy="priority")
+    _refusing(ours, {1})
+    ours.add_request(peer.make_request("a", list(range(8)), 4))
+    ours.schedule()
+    alive = weakref.ref(ours)
+    del ours
+    gc.collect()
+    assert alive() is None

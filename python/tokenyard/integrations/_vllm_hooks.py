@@ -29,6 +29,7 @@ else is asked of Python while nothing is replaced. Imported only by
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from vllm.v1.core.sched.request_queue import SchedulingPolicy
@@ -36,6 +37,20 @@ from vllm.v1.request import Request
 
 from tokenyard.errors import ConfigError, InputError
 from tokenyard.integrations._vllm_state import AdapterBase, non_negative
+
+
+def _weak(method: weakref.WeakMethod[Any]) -> Any:
+    """A callable that calls ``method`` while its object lives (the core's hooks)."""
+
+    def call(*args: Any) -> Any:
+        bound = method()
+        if bound is None:
+            raise InputError(
+                "step hook: the scheduler it belongs to is gone", field="scheduler", value="None"
+            )
+        return bound(*args)
+
+    return call
 
 
 def draft_slots_per_request(vllm_config: Any) -> int:
@@ -88,10 +103,18 @@ class ReplacedMethods(AdapterBase):
         routed_allocate, routed_split = self._routed
         if allocate is routed_allocate and split is routed_split and self._routed_once:
             return
+        # The core holds the hooks, and this scheduler the core: the hooks reach it through
+        # a weak reference, so the pair is freed like any scheduler (the extension does not
+        # take part in Python's cycle collection).
+        ref = weakref.WeakMethod
         self._core.set_step_hooks(
-            allocate=None if allocate is None else self._ask_allocate_slots,
-            mamba_split=None if split is None else self._ask_mamba_split,
-            priority=self._live_priority if self.policy == SchedulingPolicy.PRIORITY else None,
+            allocate=None if allocate is None else _weak(ref(self._ask_allocate_slots)),
+            mamba_split=None if split is None else _weak(ref(self._ask_mamba_split)),
+            priority=(
+                _weak(ref(self._live_priority))
+                if self.policy == SchedulingPolicy.PRIORITY
+                else None
+            ),
         )
         self._routed = (allocate, split)
         self._routed_once = True

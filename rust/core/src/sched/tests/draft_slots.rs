@@ -52,3 +52,21 @@ fn running_requests_stop_once_no_more_than_the_slots_remain() {
     s.set_num_draft_slots_per_request(0);
     assert_eq!(scheduled(&run_step(&mut s)), [(0, 1), (1, 1), (2, 2)]);
 }
+
+#[test]
+fn no_decode_window_opens_while_requests_take_draft_slots() {
+    // A decode window charges one token per request: with draft slots it stays shut.
+    let mut s = with_slots(20, 0);
+    s.add_request(
+        0,
+        RequestSpec {
+            max_tokens: 10,
+            ..prompt(0, 2)
+        },
+    )
+    .unwrap();
+    run_step(&mut s);
+    assert!(s.open_decode_window().is_some());
+    s.set_num_draft_slots_per_request(3);
+    assert!(s.open_decode_window().is_none());
+}

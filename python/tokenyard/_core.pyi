@@ -1047,6 +1047,34 @@ class Scheduler:
         exceptions come back as the cause of a ``ConnectorError`` from ``schedule()``,
         whose step the next call returns. Raises ConfigError for an object without those
         methods."""
+    def set_step_hooks(
+        self,
+        *,
+        allocate: Callable[[Any, int, int], object] | None = None,
+        mamba_split: Callable[[Any, int, int, int], int] | None = None,
+        priority: Callable[[Any], int | None] | None = None,
+    ) -> None:
+        """Routes the step's allocations (``allocate(request_id, num_new_tokens,
+        num_lookahead_tokens)``, falsy: refused, as when the pool has no room), Mamba
+        ``align`` splits (``mamba_split(request_id, start, num_new_tokens, core_split)``,
+        the tokens kept) and, under the priority policy, the running requests' priorities
+        before a victim is picked (``priority(request_id)``, None: unchanged) through
+        Python from the next step; none: the core alone."""
+    @property
+    def num_draft_slots_per_request(self) -> int:
+        """Input slots a parallel drafter takes per scheduled request beside its tokens
+        (vLLM 0.33's ``max_num_new_slots_for_drafting``: each scheduled request costs its
+        tokens and these of the budget, gets at most the budget less these, and none is
+        scheduled once no more than these remain); settable, from the next step on."""
+    @num_draft_slots_per_request.setter
+    def num_draft_slots_per_request(self, num_draft_slots: int) -> None: ...
+    @property
+    def num_sampled_tokens_per_step(self) -> int:
+        """vLLM 0.33's ``num_sampled_tokens_per_step`` (1, or 0 for a pooling or diffusion
+        model: no room kept for a sampled token, no admission padded with drafts); settable,
+        from the next step on."""
+    @num_sampled_tokens_per_step.setter
+    def num_sampled_tokens_per_step(self, num: int) -> None: ...
     def set_encoder_cache_size(self, cache_size: int) -> None:
         """Replaces the encoder cache with an empty one of ``cache_size`` embeddings; its
         freeable entries are reported freed with the next step. Raises InputError while a

@@ -19,6 +19,7 @@ from vllm.v1.engine import EngineCoreEventType
 from vllm.v1.request import Request, RequestStatus
 
 from tokenyard.errors import InputError
+from tokenyard.integrations._vllm_hooks import ReplacedMethods
 from tokenyard.integrations._vllm_outputs import errors_in_vllm_ids
 from tokenyard.integrations._vllm_state import AdapterBase, Batch
 from tokenyard.integrations._vllm_translate import vllm_block_ids
@@ -29,7 +30,7 @@ _WAITING = RequestStatus.WAITING
 _WAITING_FOR_REMOTE_KVS = RequestStatus.WAITING_FOR_REMOTE_KVS
 
 
-class ScheduleStep(AdapterBase):
+class ScheduleStep(ReplacedMethods, AdapterBase):
     """``schedule()`` and what it does to the vLLM requests."""
 
     # The step's encoder-input stats (with iteration logging): vLLM 0.33's own, which reads
@@ -50,6 +51,7 @@ class ScheduleStep(AdapterBase):
             return out
         if self._grammar_waiting:
             self._admit_grammar_ready()
+        self._route_replaced_methods()
         core = self._core.schedule(throttle_prefills=throttle_prefills)
         bridge = self._bridge
         if bridge is not None:

@@ -15,7 +15,7 @@ from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request
 
-from tokenyard.errors import ConfigError
+from tokenyard.errors import ConfigError, InputError
 from tokenyard.integrations._vllm_coordinator_view import BlockPoolView, CoordinatorView
 from tokenyard.integrations._vllm_translate import core_prompt, vllm_block_ids
 
@@ -262,6 +262,25 @@ class _KVCacheManagerView:
 
     def get_num_free_blocks(self) -> int:
         return self.block_pool.get_num_free_blocks()
+
+    # Set while the core asks a replaced allocate_slots (``_vllm_hooks``).
+    _asked_by_core = False
+
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, *args: Any, **kwargs: Any
+    ) -> KVCacheBlocks:
+        """vLLM's ``allocate_slots`` as the scheduler's step asks it when a caller replaced
+        it (``_vllm_hooks``): a replacement that calls this lets the core allocate, and gets
+        the empty ``KVCacheBlocks`` (the core's blocks go out in the step's output). Called
+        otherwise, InputError: the core allocates only within ``schedule()``."""
+        if not self._asked_by_core:
+            raise InputError(
+                f"allocate_slots: {request.request_id!r} gets its slots from the core within "
+                "schedule(); kv_cache_manager.allocate_slots is answered only there",
+                field="request_id",
+                value=str(request.request_id),
+            )
+        return KVCacheBlocks(tuple(() for _ in range(self.num_kv_cache_groups)))
 
     def get_computed_blocks(
         self, request: Request, max_cache_hit_length: int | None = None

@@ -73,6 +73,7 @@ except ImportError as err:  # pragma: no cover - exercised only without vLLM
 from tokenyard.errors import InputError
 from tokenyard.integrations._vllm_aux_outputs import BlockHashIndex
 from tokenyard.integrations._vllm_encoder_cache import EncoderCacheView, assigned_cache_size
+from tokenyard.integrations._vllm_hooks import draft_slots_per_request
 from tokenyard.integrations._vllm_mamba_align import MambaAlign
 from tokenyard.integrations._vllm_outputs import (
     check_supported,
@@ -220,6 +221,7 @@ class TokenyardScheduler(
             # its defaults at construction).
             self._core.encoder_budget = 0
             self._core.set_encoder_cache_size(0)
+        self._core.num_draft_slots_per_request = draft_slots_per_request(vllm_config)
         self._num_kv_blocks = s.num_blocks - 1
         self._kv_groups = len(s.kv_groups)
         # vLLM 0.33 zeroes new blocks before use with Mamba layers or mixed-precision KV

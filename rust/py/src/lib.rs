@@ -12,6 +12,7 @@ mod sched_config;
 mod sched_connector;
 mod sched_ec;
 mod sched_encoder;
+mod sched_hooks;
 mod sched_output;
 mod sched_session;
 mod sim;

@@ -838,6 +838,56 @@ impl PyScheduler {
             .map_err(|err| self.raise(py, err))
     }
 
+    /// Routes the step's allocations, Mamba splits and (priority policy) the running
+    /// requests' priorities at a preemption through Python callables from the next step
+    /// (`allocate(request_id, num_new_tokens, num_lookahead_tokens) -> bool`,
+    /// `mamba_split(request_id, start, num_new_tokens, core_split) -> int`,
+    /// `priority(request_id) -> int | None`); none: off.
+    #[pyo3(signature = (*, allocate=None, mamba_split=None, priority=None))]
+    fn set_step_hooks(
+        &mut self,
+        allocate: Option<Py<PyAny>>,
+        mamba_split: Option<Py<PyAny>>,
+        priority: Option<Py<PyAny>>,
+    ) {
+        let any = allocate.is_some() || mamba_split.is_some() || priority.is_some();
+        let hooks = any.then(|| {
+            Box::new(crate::sched_hooks::PyStepHooks {
+                allocate,
+                mamba_split,
+                priority,
+                error: self.plugin_error.clone(),
+            }) as Box<dyn tokenyard_core::sched::StepHooks<RequestId>>
+        });
+        self.inner.set_step_hooks(hooks);
+    }
+
+    /// Input slots a parallel drafter takes per scheduled request beside its tokens (vLLM
+    /// 0.33's `max_num_new_slots_for_drafting`); settable, from the next step on.
+    #[getter]
+    fn num_draft_slots_per_request(&self) -> usize {
+        self.inner.num_draft_slots_per_request()
+    }
+
+    #[setter]
+    fn set_num_draft_slots_per_request(&mut self, num_draft_slots: usize) {
+        self.inner.set_num_draft_slots_per_request(num_draft_slots);
+    }
+
+    /// vLLM 0.33's `num_sampled_tokens_per_step` (1, or 0 for a pooling or diffusion
+    /// model); settable, from the next step on (ConfigError for another value).
+    #[getter]
+    fn num_sampled_tokens_per_step(&self) -> usize {
+        self.inner.num_sampled_tokens_per_step()
+    }
+
+    #[setter]
+    fn set_num_sampled_tokens_per_step(&mut self, py: Python<'_>, num: usize) -> PyResult<()> {
+        self.inner
+            .set_num_sampled_tokens_per_step(num)
+            .map_err(|err| self.raise(py, err))
+    }
+
     /// The drafter's prefill look-ahead (vLLM 0.33's `num_prefill_lookahead`); settable,
     /// from the next step on.
     #[getter]

@@ -65,6 +65,11 @@ pub(crate) fn core_config(config: &Bound<'_, PyAny>) -> PyResult<(SchedulerConfi
         kv_groups: kv_groups(config)?,
         encoder: crate::sched_encoder::encoder_config(config)?,
         mamba_align: mamba_align(config)?,
+        num_draft_slots_per_request: if config.hasattr("num_draft_slots_per_request")? {
+            count_field(config, "num_draft_slots_per_request")?
+        } else {
+            0
+        },
         num_prefill_lookahead: if config.hasattr("num_prefill_lookahead")? {
             count_field(config, "num_prefill_lookahead")?
         } else {

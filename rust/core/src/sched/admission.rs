@@ -50,7 +50,7 @@ impl<R: RequestKey> Scheduler<R> {
         }
         let mut skipped = Vec::new();
         let mut admission_error = None;
-        while *budget > 0 {
+        while *budget > self.config.num_draft_slots_per_request {
             let Some(slot) = self.waiting.peek() else {
                 break;
             };
@@ -225,7 +225,7 @@ impl<R: RequestKey> Scheduler<R> {
             num_computed -= num_replay;
         }
         let Some(AdmissionTokens { n, mut padded }) =
-            self.admission_tokens(slot, num_computed, *budget, plan)
+            self.admission_tokens(slot, num_computed, *budget, plan)?
         else {
             self.blocked_head = Some((seq, hit));
             return Ok(Admission::Blocked);
@@ -236,12 +236,14 @@ impl<R: RequestKey> Scheduler<R> {
             // vLLM 0.33 skips it (the encoder budget or cache is spent) and goes on.
             return Ok(Admission::SteppedAside);
         }
-        if !fits {
+        let lookahead = self.lookahead(num_computed + n);
+        // vLLM 0.33 asks allocate_slots here, which checks the fit (sched::hooks).
+        let allowed = self.allocation_allowed(slot, n, lookahead)?;
+        if !fits || !allowed {
             self.encoder_release(slot);
             self.blocked_head = Some((seq, hit));
             return Ok(Admission::Blocked);
         }
-        let lookahead = self.lookahead(num_computed + n);
         let tokens = &self.slots[slot as usize]
             .as_ref()
             .expect("live")
@@ -327,7 +329,7 @@ impl<R: RequestKey> Scheduler<R> {
             return Ok(Admission::Blocked);
         }
         let Some(AdmissionTokens { n, padded }) =
-            self.admission_tokens(slot, num_computed, *budget, plan)
+            self.admission_tokens(slot, num_computed, *budget, plan)?
         else {
             return Ok(Admission::Blocked);
         };
@@ -336,11 +338,12 @@ impl<R: RequestKey> Scheduler<R> {
         if n == 0 {
             return Ok(Admission::SteppedAside);
         }
-        if !fits {
+        let lookahead = self.lookahead(num_computed + n);
+        let allowed = self.allocation_allowed(slot, n, lookahead)?;
+        if !fits || !allowed {
             self.encoder_release(slot);
             return Ok(Admission::Blocked);
         }
-        let lookahead = self.lookahead(num_computed + n);
         let request = self.slots[slot as usize].as_ref().expect("live");
         let lora_id = request.spec.lora_id;
         let with_ids = !self.lean_output;
@@ -426,11 +429,44 @@ impl<R: RequestKey> Scheduler<R> {
             .full_sequence_fits_loaded(slot, num_tokens, hit, num_external_tokens)
     }
 
+    /// Sets vLLM 0.33's `num_sampled_tokens_per_step` (`SchedulerConfig`) from the next
+    /// step, as assigning it on a built vLLM scheduler does: 0 (a pooling or diffusion
+    /// model) keeps no room for a sampled token and pads no admission with drafts.
+    pub fn set_num_sampled_tokens_per_step(&mut self, num_sampled: usize) -> Result<()> {
+        if num_sampled > 1 {
+            return Err(Error::config(
+                "num_sampled_tokens_per_step",
+                num_sampled,
+                "must be 1, or 0 for a pooling or diffusion model (vLLM 0.33's values)",
+            ));
+        }
+        self.config.num_sampled_tokens_per_step = num_sampled;
+        Ok(())
+    }
+
+    /// Sets the input slots a parallel drafter takes per scheduled request
+    /// (`SchedulerConfig::num_draft_slots_per_request`, vLLM 0.33's
+    /// `max_num_new_slots_for_drafting`) from the next step.
+    pub fn set_num_draft_slots_per_request(&mut self, num_draft_slots: usize) {
+        self.config.num_draft_slots_per_request = num_draft_slots;
+    }
+
+    /// `num_draft_slots_per_request` in force.
+    pub fn num_draft_slots_per_request(&self) -> usize {
+        self.config.num_draft_slots_per_request
+    }
+
+    /// `num_sampled_tokens_per_step` in force.
+    pub fn num_sampled_tokens_per_step(&self) -> usize {
+        self.config.num_sampled_tokens_per_step
+    }
+
     /// Tokens a new admission computes this step, after `num_computed` hit or loaded ones;
     /// `None` if it must wait (its prompt, or its padded decode, does not fit the budget).
     ///
     /// vLLM 0.33 (`pad_spec_decode`): with `k` speculative tokens, an admission left with
-    /// one token to compute, in a step that schedules no running prefill, while running
+    /// one token to compute (a model that samples a token per step: its drafts are
+    /// rejectable), in a step that schedules no running prefill, while running
     /// requests were scheduled or it hit (or loaded) a prefix, computes `1 + k`: its token
     /// and `k` placeholder drafts, if they leave a token's room under `max_model_len`; if
     /// `1 + k` exceeds the budget, admission stops ("prefer to not schedule than schedule
@@ -442,20 +478,23 @@ impl<R: RequestKey> Scheduler<R> {
         num_computed: usize,
         budget: usize,
         plan: &StepPlan<R>,
-    ) -> Option<AdmissionTokens> {
+    ) -> Result<Option<AdmissionTokens>> {
+        // vLLM 0.33's request_token_budget: the input budget less the draft slots.
+        let budget = budget.saturating_sub(self.config.num_draft_slots_per_request);
         let mut n = self.req(slot).num_tokens() - num_computed;
         let k = self.config.num_speculative_tokens;
         let mut padded = false;
         if n == 1
             && k > 0
             && self.config.pad_spec_decode
+            && self.config.num_sampled_tokens_per_step > 0
             && !plan.prefill_scheduled
             && (plan.num_running_scheduled() > 0 || num_computed > 0)
             && num_computed + 1 + k + self.config.num_sampled_tokens_per_step
                 <= self.config.max_model_len
         {
             if 1 + k > budget {
-                return None;
+                return Ok(None);
             }
             (n, padded) = (1 + k, true);
         }
@@ -465,21 +504,21 @@ impl<R: RequestKey> Scheduler<R> {
             padded = false;
         }
         if !self.config.enable_chunked_prefill && n > budget {
-            return None;
+            return Ok(None);
         }
         n = n.min(budget);
         if self.config.mamba_align.is_some() {
             // vLLM 0.33: the Mamba `align` split, then "no aligned chunk fits" waits, and a
             // padded decode the split clips drops its padding rather than shortening it.
-            n = self.mamba_aligned(slot, num_computed, n);
+            n = self.mamba_aligned(slot, num_computed, n)?;
             if n == 0 {
-                return None;
+                return Ok(None);
             }
             if padded && n != 1 + k {
                 (n, padded) = (1, false);
             }
         }
-        Some(AdmissionTokens { n, padded })
+        Ok(Some(AdmissionTokens { n, padded }))
     }
 
     /// The admitted request leaves the waiting queue and runs `n` tokens this step
@@ -512,6 +551,6 @@ impl<R: RequestKey> Scheduler<R> {
         plan.admitted.insert(slot, was_preempted);
         plan.scheduled.push((slot, n));
         plan.set_blocks(slot, blocks);
-        *budget -= n;
+        *budget -= n + self.config.num_draft_slots_per_request;
     }
 }

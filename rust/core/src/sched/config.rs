@@ -157,6 +157,12 @@ pub struct SchedulerConfig {
     /// prefill chunk never ends closer than this to the prefill's end
     /// (`_reserve_prefill_lookahead`); 0 = off.
     pub num_prefill_lookahead: usize,
+    /// Input slots a parallel drafter takes per scheduled request beside its tokens (vLLM
+    /// 0.33's `max_num_new_slots_for_drafting`): each request scheduled costs its tokens and
+    /// these of `max_num_batched_tokens` (vLLM's input budget, here the one budget), gets
+    /// at most the budget less these, and none is scheduled once no more than these remain;
+    /// 0 = off.
+    pub num_draft_slots_per_request: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -189,6 +195,7 @@ impl Default for SchedulerConfig {
             encoder: super::EncoderConfig::default(),
             mamba_align: None,
             num_prefill_lookahead: 0,
+            num_draft_slots_per_request: 0,
         }
     }
 }

@@ -141,9 +141,13 @@ impl<R: RequestKey> Scheduler<R> {
         num_external_tokens: usize,
         plan: &mut StepPlan<R>,
     ) -> Result<Admission> {
+        // vLLM 0.33 asks allocate_slots for the load's blocks too, with no new tokens.
+        let allowed = self.allocation_allowed(slot, 0, 0)?;
         let request = self.slots[slot as usize].as_ref().expect("live");
         let (seq, lora_id) = (request.arrival_seq, request.spec.lora_id);
-        let allocated = if self.kv.hybrid_groups().is_some() {
+        let allocated = if !allowed {
+            false
+        } else if self.kv.hybrid_groups().is_some() {
             // The groups the load writes are not zeroed under it (vLLM 0.33's
             // `skip_zeroing_group_ids`).
             let loaded = self.loaded_groups(slot)?;
@@ -292,7 +296,7 @@ impl<R: RequestKey> Scheduler<R> {
             return Ok(Admission::Blocked);
         }
         let Some(AdmissionTokens { n, padded }) =
-            self.admission_tokens(slot, num_computed, *budget, plan)
+            self.admission_tokens(slot, num_computed, *budget, plan)?
         else {
             return Ok(Admission::Blocked);
         };
@@ -306,6 +310,9 @@ impl<R: RequestKey> Scheduler<R> {
         let with_ids = !self.lean_output;
         let lora_id = request.spec.lora_id;
         let in_flight = self.num_in_flight_tokens(slot);
+        if !self.allocation_allowed(slot, n, lookahead)? {
+            return Ok(Admission::Blocked);
+        }
         // A load replayed after landing (bounded replay) left the pool's count at the loaded
         // tokens: only tokens past it need slots.
         let held = self.kv.num_computed_tokens(slot).unwrap_or(0);

@@ -159,10 +159,11 @@ impl<R: RequestKey> Scheduler<R> {
         }
     }
 
-    /// `n` tokens of `slot` from `start` after the Mamba `align` split (unchanged when off).
-    pub(super) fn mamba_aligned(&self, slot: u32, start: usize, n: usize) -> usize {
+    /// `n` tokens of `slot` from `start` after the Mamba `align` split (unchanged when off;
+    /// routed through the step hooks when set: `sched::hooks`).
+    pub(super) fn mamba_aligned(&self, slot: u32, start: usize, n: usize) -> Result<usize> {
         let Some(split) = &self.config.mamba_align else {
-            return n;
+            return Ok(n);
         };
         let request = self.req(slot);
         let threshold = self.config.long_prefill_token_threshold;
@@ -170,12 +171,13 @@ impl<R: RequestKey> Scheduler<R> {
         if threshold > 0 {
             max_prefill_tokens = max_prefill_tokens.min(threshold);
         }
-        split.split(
+        let core_split = split.split(
             start,
             n,
             request.num_prompt_tokens(),
             request.num_tokens(),
             max_prefill_tokens,
-        )
+        );
+        self.hooked_split(slot, start, n, core_split)
     }
 }

@@ -10,6 +10,7 @@ mod connector;
 mod encoder;
 mod encoder_cache;
 mod encoder_connector;
+mod hooks;
 mod in_flight;
 mod kv;
 mod loads;
@@ -30,6 +31,7 @@ pub use connector::{ExternalTokens, KvConnector, KvLoad};
 pub use encoder::{EncoderConfig, MmFeature};
 pub use encoder_cache::EncoderCache;
 pub use encoder_connector::EncoderConnector;
+pub use hooks::StepHooks;
 pub use mamba_align::MambaAlignSplit;
 pub use multistep::DecodeWindow;
 pub use output::{

@@ -133,6 +133,8 @@ impl<R: RequestKey> Scheduler<R> {
             && !self.running.is_empty()
             && self.running.len() <= self.config.max_num_batched_tokens
             && self.config.num_lookahead_tokens == 0
+            // A window charges each request one token and no draft slots.
+            && self.config.num_draft_slots_per_request == 0
             && self.config.host_num_blocks == 0
             // The prefill cadence counts executed steps, which a window does not advance.
             && self.config.prefill_schedule_interval == 1

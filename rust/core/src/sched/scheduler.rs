@@ -52,6 +52,8 @@ pub struct Scheduler<R: RequestKey> {
     pub(super) ec_connector: Option<Box<dyn super::encoder_connector::EncoderConnector<R>>>,
     /// The auxiliary-output connector, if any (`sched::aux_outputs`).
     pub(super) aux_outputs: Option<Box<dyn super::aux_outputs::AuxOutputConnector<R>>>,
+    /// Decisions routed through the caller's code, if set (`sched::hooks`).
+    pub(super) hooks: Option<Box<dyn super::hooks::StepHooks<R>>>,
     /// Makes deferred prompts (`RequestSpec::num_deferred_prompt_tokens`), if set.
     pub(super) prompt_source: Option<Box<dyn PromptSource<R>>>,
     /// Slots of requests whose KV load the engine reported landed / failed; each is taken
@@ -225,6 +227,7 @@ impl<R: RequestKey> Scheduler<R> {
             connector: None,
             aux_outputs: None,
             ec_connector: None,
+            hooks: None,
             prompt_source: None,
             landed: FxHashSet::default(),
             failed_loads: FxHashSet::default(),
@@ -601,7 +604,9 @@ impl<R: RequestKey> Scheduler<R> {
         only_prefills: Option<bool>,
     ) -> Result<()> {
         let mut i = 0;
-        while i < self.running.len() && *budget > 0 {
+        // vLLM 0.33's input budget: each scheduled request also takes its draft slots.
+        let draft_slots = self.config.num_draft_slots_per_request;
+        while i < self.running.len() && *budget > draft_slots {
             let slot = self.running[i];
             let request = self.req(slot);
             let skip = plan.is_scheduled(slot)
@@ -609,11 +614,11 @@ impl<R: RequestKey> Scheduler<R> {
                 || (self.defer_prefills && request.is_prefill_chunk);
             let n = self.clamp(
                 request.num_pending_tokens(),
-                *budget,
+                *budget - draft_slots,
                 request.num_computed_tokens,
             );
             // vLLM 0.33 applies the Mamba `align` split before the encoder caps.
-            let n = self.mamba_aligned(slot, request.num_computed_tokens, n);
+            let n = self.mamba_aligned(slot, request.num_computed_tokens, n)?;
             if skip || n == 0 {
                 i += 1;
                 continue;
@@ -635,7 +640,7 @@ impl<R: RequestKey> Scheduler<R> {
                     plan.prefill_scheduled |= prefill_chunk;
                     plan.scheduled.push((slot, n));
                     plan.set_blocks(slot, blocks);
-                    *budget -= n;
+                    *budget -= n + draft_slots;
                     self.commit_encoder_inputs(slot, encoder);
                 }
                 Allocation::PreemptedItself => {}
@@ -677,7 +682,9 @@ impl<R: RequestKey> Scheduler<R> {
             // request recomputes its tail: only tokens past the pool's count need slots,
             // and a chunk still inside the replayed range needs none (but its lookahead).
             let mut n_slots = n;
-            if request.replay_start > 0 {
+            // vLLM 0.33 asks allocate_slots at each attempt (sched::hooks; true without).
+            let allowed = self.allocation_allowed(slot, n, lookahead)?;
+            if allowed && request.replay_start > 0 {
                 let held = self.kv.num_computed_tokens(slot).unwrap_or(0);
                 n_slots = (request.num_computed_tokens + n).saturating_sub(held);
                 if n_slots == 0 && lookahead == 0 {
@@ -685,11 +692,14 @@ impl<R: RequestKey> Scheduler<R> {
                 }
             }
             // Window groups free on the processed-token basis (vLLM 0.33).
-            if let Some(blocks) = self.kv.allocate_in_flight(
-                slot, new_tokens, n_slots, lookahead, None, None, with_ids, in_flight,
-            )? {
+            if allowed
+                && let Some(blocks) = self.kv.allocate_in_flight(
+                    slot, new_tokens, n_slots, lookahead, None, None, with_ids, in_flight,
+                )?
+            {
                 return Ok(Allocation::Scheduled(blocks));
             }
+            self.refresh_running_priorities()?;
             let victim = self.pick_victim();
             // vLLM 0.33: a deferred free will not help with immediate allocation.
             if !self.blocks_can_be_freed(self.req(victim).last_sched_seq) {
@@ -764,7 +774,8 @@ impl<R: RequestKey> Scheduler<R> {
                 .iter()
                 .position(|&(s, _)| s == victim)
                 .expect("scheduled");
-            *budget += plan.scheduled.remove(pos).1;
+            let draft_slots = self.config.num_draft_slots_per_request;
+            *budget += plan.scheduled.remove(pos).1 + draft_slots;
         }
         plan.admitted.remove(&victim);
         // A step in flight keeps its token (computed before the blocks were freed), async

@@ -1,0 +1,94 @@
+//! Python callables as the step scheduler's step hooks (`sched::hooks`): vLLM's
+//! `allocate_slots` and `_mamba_block_aligned_split` as a caller replaced them, and the
+//! running requests' live priorities. Conversions
+//! and checks of their answers only; an exception they raise is kept and re-raised
+//! unchanged by the scheduler's method.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyInt};
+use tokenyard_core::sched::{Request, StepHooks};
+use tokenyard_core::{Error, Result};
+
+use crate::convert::RequestId;
+use crate::errors::ErrorSlot;
+
+/// `allocate(request_id, num_new_tokens, num_lookahead_tokens) -> bool` and
+/// `mamba_split(request_id, start, num_new_tokens, core_split) -> int`, either optional.
+/// `priority(request_id) -> int | None`, the third, optional too.
+pub(crate) struct PyStepHooks {
+    pub(crate) allocate: Option<Py<PyAny>>,
+    pub(crate) mamba_split: Option<Py<PyAny>>,
+    pub(crate) priority: Option<Py<PyAny>>,
+    pub(crate) error: ErrorSlot,
+}
+
+impl StepHooks<RequestId> for PyStepHooks {
+    fn allow_allocation(
+        &self,
+        request: &Request<RequestId>,
+        num_new_tokens: usize,
+        num_lookahead_tokens: usize,
+    ) -> Result<bool> {
+        let Some(allocate) = &self.allocate else {
+            return Ok(true);
+        };
+        Python::attach(|py| {
+            let id = (request.request_id.clone().into_py(py))
+                .map_err(|err| self.error.keep("allocate", err))?;
+            let answer = (allocate.bind(py))
+                .call1((id, num_new_tokens, num_lookahead_tokens))
+                .and_then(|a| a.is_truthy())
+                .map_err(|err| self.error.keep("allocate", err))?;
+            Ok(answer)
+        })
+    }
+
+    fn mamba_split(
+        &self,
+        request: &Request<RequestId>,
+        start: usize,
+        num_new_tokens: usize,
+        core_split: usize,
+    ) -> Result<usize> {
+        let Some(split) = &self.mamba_split else {
+            return Ok(core_split);
+        };
+        Python::attach(|py| {
+            let id = (request.request_id.clone().into_py(py))
+                .map_err(|err| self.error.keep("mamba_split", err))?;
+            let answer = (split.bind(py))
+                .call1((id, start, num_new_tokens, core_split))
+                .map_err(|err| self.error.keep("mamba_split", err))?;
+            let is_int = answer.is_instance_of::<PyInt>() && !answer.is_instance_of::<PyBool>();
+            match is_int.then(|| answer.extract::<usize>().ok()).flatten() {
+                Some(n) => Ok(n),
+                None => Err(Error::Plugin(format!(
+                    "mamba_split: returned {answer}, not a token count (an int >= 0)"
+                ))),
+            }
+        })
+    }
+
+    fn priority(&self, request: &Request<RequestId>) -> Result<Option<i64>> {
+        let Some(priority) = &self.priority else {
+            return Ok(None);
+        };
+        Python::attach(|py| {
+            let id = (request.request_id.clone().into_py(py))
+                .map_err(|err| self.error.keep("priority", err))?;
+            let answer = (priority.bind(py))
+                .call1((id,))
+                .map_err(|err| self.error.keep("priority", err))?;
+            if answer.is_none() {
+                return Ok(None);
+            }
+            let is_int = answer.is_instance_of::<PyInt>() && !answer.is_instance_of::<PyBool>();
+            match is_int.then(|| answer.extract::<i64>().ok()).flatten() {
+                Some(p) => Ok(Some(p)),
+                None => Err(Error::Plugin(format!(
+                    "priority: returned {answer}, not a priority (an int in i64's range)"
+                ))),
+            }
+        })
+    }
+}

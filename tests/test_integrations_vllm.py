@@ -35,6 +35,10 @@ class MambaSpec(SimpleNamespace):
     pass
 
 
+class SinkFullAttentionSpec(SimpleNamespace):
+    pass
+
+
 class CrossAttentionSpec(SimpleNamespace):
     pass
 
@@ -133,9 +137,9 @@ def test_kv_cache_groups_become_the_cores_kv_groups_spec_by_spec() -> None:
 
 def test_kv_layouts_the_core_has_no_group_for_are_refused_by_name() -> None:
     with pytest.raises(ConfigError) as info:
-        core_config(vllm_config(), kv_config(FullAttentionSpec(), CrossAttentionSpec()), 16)
+        core_config(vllm_config(), kv_config(FullAttentionSpec(), SinkFullAttentionSpec()), 16)
     assert info.value.field == "kv_cache_groups[1].kv_cache_spec"
-    assert info.value.value == "CrossAttentionSpec"
+    assert info.value.value == "SinkFullAttentionSpec"
     with pytest.raises(ConfigError) as info:
         core_config(vllm_config(), kv_config(FullAttentionSpec(sliding_window=128)), 16)
     assert info.value.field == "kv_cache_groups[0].kv_cache_spec"
@@ -145,6 +149,19 @@ def test_kv_layouts_the_core_has_no_group_for_are_refused_by_name() -> None:
     with pytest.raises(ConfigError) as info:
         core_config(vllm_config(), kv_config(FullAttentionSpec(block_size=32)), 16)
     assert "block_size" in str(info.value)
+
+
+def test_a_cross_attention_group_is_served_with_prefix_caching_off() -> None:
+    with pytest.raises(ConfigError) as info:
+        core_config(vllm_config(), kv_config(FullAttentionSpec(), CrossAttentionSpec()), 16)
+    assert info.value.field == "cache_config.enable_prefix_caching"
+    config = vllm_config()
+    config.cache_config.enable_prefix_caching = False
+    core = core_config(config, kv_config(FullAttentionSpec(), CrossAttentionSpec()), 16)
+    from tokenyard import kv
+
+    assert isinstance(core.kv_groups[1], kv.CrossAttentionSpec)
+    Scheduler(core)
 
 
 def test_a_mamba_group_needs_prefix_caching_off_as_vllms_mamba_manager() -> None:

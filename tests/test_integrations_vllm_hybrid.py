@@ -67,13 +67,13 @@ def test_full_and_chunked_local_groups_match_vllm() -> None:
 
 
 def test_a_group_kind_the_core_has_none_for_is_refused_by_name() -> None:
-    from vllm.v1.kv_cache_interface import CrossAttentionSpec
+    from vllm.v1.kv_cache_interface import SinkFullAttentionSpec
 
     peer = VllmSchedulerPeer(
         num_blocks=40, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=512
     )
-    spec = CrossAttentionSpec(
-        block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float16
+    spec = SinkFullAttentionSpec(
+        block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float16, sink_len=4
     )
     kv_cache_config = KVCacheConfig(
         num_blocks=40,
@@ -91,4 +91,4 @@ def test_a_group_kind_the_core_has_none_for_is_refused_by_name() -> None:
             block_size=BLOCK_SIZE,
         )
     assert info.value.field == "kv_cache_groups[1].kv_cache_spec"
-    assert info.value.value == "CrossAttentionSpec"
+    assert info.value.value == "SinkFullAttentionSpec"

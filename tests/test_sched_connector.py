@@ -470,22 +470,26 @@ def test_a_landed_load_is_served_before_waiting_requests_that_hold_nothing() -> 
     assert scheduler.num_free_blocks == 8
 
 
-def test_a_holder_that_cannot_grow_while_nothing_runs_makes_other_loads_let_go() -> None:
-    """Two landed loads hold all but one block, and the first needs three more: nothing
-    runs, so nothing would free memory (vLLM 0.33 reserves the first's remaining blocks and
-    would not have started the second load). The other is preempted, its
-    blocks go to the prefix cache, and the first is admitted."""
+def test_a_second_load_waits_for_the_first_prefill_instead_of_wedging_it() -> None:
+    """vLLM 0.33 starts a load only beside the blocks in-flight prefills still need
+    (``_inflight_prefill_reserved_blocks``): "p" loads 8 of its 20 tokens and still needs 3
+    blocks, so "q"'s 5-block load waits (5 + 3 > 6 free) and "p" is never starved."""
     connector = LoadsFor({"p": 8, "q": None})
     scheduler = Scheduler(config(max_num_batched_tokens=32), connector=connector)
     scheduler.add_request("p", range(20), max_tokens=2)  # loads 8 tokens: 2 blocks
-    scheduler.add_request("q", range(100, 120), max_tokens=2)  # loads 20: 5 blocks
+    scheduler.add_request("q", range(100, 120), max_tokens=2)  # would load 20: 5 blocks
     out, _ = run_step(scheduler)
-    assert (out.num_scheduled_tokens, len(out.kv_loads)) == ({}, 2)
-    scheduler.finish_kv_transfers(finished_recving=["p", "q"])
+    assert (out.num_scheduled_tokens, [load.request_id for load in out.kv_loads]) == ({}, ["p"])
+    assert scheduler.num_kv_transfers == (1, 0)  # only "p" loads; "q" holds nothing
+    scheduler.finish_kv_transfers(finished_recving=["p"])
     out, _ = run_step(scheduler)
-    assert out.preempted_req_ids == ["q"]
+    assert out.preempted_req_ids == []
     assert out.num_scheduled_tokens == {"p": 12}
-    drain(scheduler)
+    for _ in range(100):
+        if not scheduler.has_unfinished_requests():
+            break
+        out, _ = run_step(scheduler)
+        scheduler.finish_kv_transfers(finished_recving=[load.request_id for load in out.kv_loads])
     assert scheduler.num_free_blocks == 8
 
 

@@ -17,6 +17,7 @@ __all__ = [
     "CompiledOps",
     "ComputedBlocks",
     "CountingAllocator",
+    "CrossAttentionSpec",
     "EncoderCache",
     "FullAttentionSpec",
     "GroupedComputedBlocks",
@@ -329,8 +330,20 @@ class MambaSpec:
 
     def __new__(cls) -> MambaSpec: ...
 
+@final
+class CrossAttentionSpec:
+    """An encoder-decoder model's cross-attention group (vLLM's ``CrossAttentionSpec``):
+    blocks for a request's encoder tokens, allocated when its encoder inputs are scheduled
+    and held to its end; not prefix-cached."""
+
+    def __new__(cls) -> CrossAttentionSpec: ...
+
 _GroupSpec: TypeAlias = (
-    FullAttentionSpec | SlidingWindowSpec | ChunkedLocalAttentionSpec | MambaSpec
+    FullAttentionSpec
+    | SlidingWindowSpec
+    | ChunkedLocalAttentionSpec
+    | MambaSpec
+    | CrossAttentionSpec
 )
 
 @final
@@ -409,8 +422,12 @@ class KvCoordinator:
         token_ids: _TokenIds | None = None,
         new_computed_blocks: GroupedComputedBlocks | None = None,
         extra_key: int | None = None,
+        num_encoder_tokens: int = 0,
     ) -> tuple[npt.NDArray[np.uint32], ...] | None:
-        """Slots in every group for ``num_new_tokens`` more tokens (+ lookahead slots).
+        """Slots in every group for ``num_new_tokens`` more tokens (+ lookahead slots);
+        ``CrossAttentionSpec`` groups get slots for ``num_encoder_tokens`` instead (vLLM's
+        argument: the encoder tokens of the inputs scheduled with this allocation; 0 leaves
+        such a group as it is).
 
         First each group frees the blocks wholly before the tokens the next token attends
         to (null blocks in their place), then counts what every group needs against the
@@ -1075,6 +1092,16 @@ class Scheduler:
         from the next step on."""
     @num_sampled_tokens_per_step.setter
     def num_sampled_tokens_per_step(self, num: int) -> None: ...
+    @property
+    def is_encoder_decoder(self) -> bool:
+        """Whether encoder inputs are an encoder-decoder model's (vLLM 0.33's
+        ``is_encoder_decoder``): all of a request's items are encoded with its first decoder
+        tokens, wherever their placeholder ranges lie, their encoder tokens size its
+        ``CrossAttentionSpec`` groups, and the cache is vLLM's ``EncoderDecoderCacheManager``
+        counter (``docs/embedding.md``)."""
+    def set_encoder_decoder(self, encoder_decoder: bool) -> None:
+        """Sets ``is_encoder_decoder``. Raises InputError while a request has multimodal
+        items."""
     def set_encoder_cache_size(self, cache_size: int) -> None:
         """Replaces the encoder cache with an empty one of ``cache_size`` embeddings; its
         freeable entries are reported freed with the next step. Raises InputError while a

@@ -7,7 +7,8 @@
 - :class:`RadixCache` — SGLang's radix prefix cache (token-level tree of KV slot indices).
 - :class:`KvCoordinator` — vLLM's KV cache coordinator for hybrid models: one group per
   layer kind (:class:`FullAttentionSpec`, :class:`SlidingWindowSpec`,
-  :class:`ChunkedLocalAttentionSpec`, :class:`MambaSpec`) over one shared block pool.
+  :class:`ChunkedLocalAttentionSpec`, :class:`MambaSpec`, :class:`CrossAttentionSpec`) over
+  one shared block pool.
 
 See ``docs/kv.md`` for the semantics and a worked example of each.
 """
@@ -18,6 +19,7 @@ from tokenyard._core import (
     ChunkedLocalAttentionSpec,
     ComputedBlocks,
     CountingAllocator,
+    CrossAttentionSpec,
     FullAttentionSpec,
     GroupedComputedBlocks,
     KvCoordinator,
@@ -35,6 +37,7 @@ __all__ = [
     "ChunkedLocalAttentionSpec",
     "ComputedBlocks",
     "CountingAllocator",
+    "CrossAttentionSpec",
     "FullAttentionSpec",
     "GroupedComputedBlocks",
     "KvCoordinator",

@@ -25,6 +25,7 @@ from tokenyard._checks import check_key_choice, check_key_int, fail
 from tokenyard._core import (
     CachedRequestData,
     ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
     EncoderCache,
     FullAttentionSpec,
     KvLoad,
@@ -228,14 +229,22 @@ class SchedulerConfig:
     async_scheduling: bool = False
     """Allow ``schedule()`` before the previous step's output arrived (vLLM V1's default)."""
     kv_groups: tuple[
-        FullAttentionSpec | SlidingWindowSpec | ChunkedLocalAttentionSpec | MambaSpec, ...
+        FullAttentionSpec
+        | SlidingWindowSpec
+        | ChunkedLocalAttentionSpec
+        | MambaSpec
+        | CrossAttentionSpec,
+        ...,
     ] = ()
     """A hybrid model's KV cache groups (``tokenyard.kv`` specs), as vLLM 0.33's hybrid
     allocator forms them: one block table per group over one pool (vLLM's coordinator),
     a sliding-window or chunked group freeing blocks that leave its window, a Mamba group
-    holding one block per request. Outputs then carry ``group_block_ids``. ``()`` or one
+    holding one block per request, a cross-attention group (an encoder-decoder model,
+    ``Scheduler.set_encoder_decoder``) blocks for a request's encoder tokens. Outputs then
+    carry ``group_block_ids``. ``()`` or one
     ``FullAttentionSpec``: the single-group pool. Refused with ``prefix_cache="radix"``,
-    ``host_num_blocks``, a KV connector, and a ``MambaSpec`` with prefix caching (see
+    ``host_num_blocks``, a KV connector, and a ``MambaSpec`` or ``CrossAttentionSpec`` with
+    prefix caching (see
     ``docs/kv.md``)."""
     max_num_encoder_input_tokens: int = 0
     """Encoder embeddings computed per step, all requests together (vLLM 0.33's encoder
@@ -272,7 +281,7 @@ class SchedulerConfig:
                 raise fail(
                     "kv_groups",
                     f"kv_groups[{i}] must be a FullAttentionSpec, SlidingWindowSpec, "
-                    f"ChunkedLocalAttentionSpec or MambaSpec, got {group!r}",
+                    f"ChunkedLocalAttentionSpec, MambaSpec or CrossAttentionSpec, got {group!r}",
                     group,
                 )
         object.__setattr__(self, "kv_groups", tuple(groups))
@@ -312,7 +321,13 @@ class MmFeature:
     ``None``: all. The item costs its embeddings in the budget and the cache."""
 
 
-_GROUP_SPECS = (FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec, MambaSpec)
+_GROUP_SPECS = (
+    FullAttentionSpec,
+    SlidingWindowSpec,
+    ChunkedLocalAttentionSpec,
+    MambaSpec,
+    CrossAttentionSpec,
+)
 
 _COUNT_FIELDS = (
     "max_num_seqs",

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 import numpy as np
+from vllm.v1.core.single_type_kv_cache_manager import CrossAttentionManager
 
 
 class CoreState(Protocol):
@@ -250,6 +251,22 @@ class SingleTypeManagerView:
         self.num_cached_block = _NumCachedBlock(self)
 
 
+@CrossAttentionManager.register
+class CrossAttentionManagerView(SingleTypeManagerView):
+    """The manager view of a cross-attention group (an encoder-decoder model): vLLM's
+    ``CrossAttentionManager`` (``isinstance`` answers so, as a registered virtual subclass:
+    none of vLLM's methods, which would write its state, is inherited). Its
+    ``req_to_blocks`` holds each request's blocks for its encoder tokens, allocated when
+    its encoder inputs were scheduled."""
+
+
+def _manager_view(scheduler: CoreState, block_pool: BlockPoolView, group_id: int) -> Any:
+    spec = scheduler.kv_cache_config.kv_cache_groups[group_id].kv_cache_spec
+    if type(spec).__name__ == "CrossAttentionSpec":
+        return CrossAttentionManagerView(scheduler, block_pool, group_id)
+    return SingleTypeManagerView(scheduler, block_pool, group_id)
+
+
 class CoordinatorView:
     """vLLM's ``KVCacheCoordinator`` read-only: one ``single_type_managers`` entry per KV
     cache group, over the one ``block_pool``."""
@@ -259,7 +276,7 @@ class CoordinatorView:
         self.kv_cache_config = scheduler.kv_cache_config
         groups = scheduler.kv_cache_config.kv_cache_groups
         self.single_type_managers = tuple(
-            SingleTypeManagerView(scheduler, block_pool, i) for i in range(len(groups))
+            _manager_view(scheduler, block_pool, i) for i in range(len(groups))
         )
         self.num_single_type_manager = len(self.single_type_managers)
         self._scheduler = scheduler

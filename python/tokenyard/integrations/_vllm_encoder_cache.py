@@ -94,25 +94,36 @@ class EncoderCacheView:
         return freed
 
 
-def assigned_cache_size(manager: Any) -> int:
+def assigned_cache_size(manager: Any, encoder_decoder: bool) -> int:
     """The size of an encoder cache manager assigned to the scheduler: vLLM's
-    ``EncoderCacheManager`` (empty) or this view.
+    ``EncoderCacheManager`` (empty) or this view; for an encoder-decoder scheduler
+    (``is_encoder_decoder``), vLLM's ``EncoderDecoderCacheManager`` (nothing allocated).
 
     Raises:
-        ConfigError: another kind (``EncoderDecoderCacheManager``: the core has no
-            encoder-decoder cache), or a manager that already holds entries.
+        ConfigError: another kind (the other of vLLM's two for this scheduler, whose
+            ``is_encoder_decoder`` picks the core's), or a manager already in use.
     """
     if isinstance(manager, EncoderCacheView):
         return manager.cache_size
-    if isinstance(manager, EncoderDecoderCacheManager) or not isinstance(
-        manager, EncoderCacheManager
+    wanted = EncoderDecoderCacheManager if encoder_decoder else EncoderCacheManager
+    if not isinstance(manager, wanted) or (
+        not encoder_decoder and isinstance(manager, EncoderDecoderCacheManager)
     ):
         raise ConfigError(
-            f"encoder_cache_manager: {type(manager).__name__} is not served (tokenyard's "
-            "encoder cache is vLLM's EncoderCacheManager; encoder-decoder models are not)",
+            f"encoder_cache_manager: {type(manager).__name__} is not served by a scheduler "
+            f"with is_encoder_decoder={encoder_decoder} (it takes vLLM's {wanted.__name__})",
             field="encoder_cache_manager",
             value=type(manager).__name__,
         )
+    if encoder_decoder:
+        if manager.allocated or manager.to_free or manager.num_free_slots != manager.cache_size:
+            raise ConfigError(
+                "encoder_cache_manager: the manager assigned is in use (only its size is "
+                "taken: assign a fresh one)",
+                field="encoder_cache_manager",
+                value=f"{len(manager.allocated)} allocated",
+            )
+        return int(manager.cache_size)
     if manager.cached:
         raise ConfigError(
             "encoder_cache_manager: the manager assigned already holds entries (only its "

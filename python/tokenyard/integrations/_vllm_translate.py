@@ -17,6 +17,7 @@ from typing import Any
 from tokenyard.errors import ConfigError
 from tokenyard.kv import (
     ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
     FullAttentionSpec,
     MambaSpec,
     SlidingWindowSpec,
@@ -69,7 +70,7 @@ def settings(
 
     Raises:
         ConfigError: a KV cache group the core has no kind for (:func:`kv_groups_of`), a
-            Mamba group with prefix caching on, sampling masks asked for
+            Mamba or cross-attention group with prefix caching on, sampling masks asked for
             (``return_sampling_mask``), or a value of the wrong type.
     """
     sched = vllm_config.scheduler_config
@@ -81,6 +82,18 @@ def settings(
         raise ConfigError(
             "cache_config.enable_prefix_caching: a Mamba group (mamba_cache_mode='none') "
             "is served with prefix caching off, as vLLM's MambaManager requires",
+            field="cache_config.enable_prefix_caching",
+            value="True",
+        )
+    if any(isinstance(g, CrossAttentionSpec) for g in kv_groups) and _get(
+        cache, "enable_prefix_caching"
+    ):
+        # vLLM 0.33's CrossAttentionManager finds no hit and caches nothing (it raises):
+        # an encoder-decoder model runs with prefix caching off.
+        raise ConfigError(
+            "cache_config.enable_prefix_caching: a cross-attention group (an encoder-decoder "
+            "model) is served with prefix caching off, as vLLM's CrossAttentionManager "
+            "requires",
             field="cache_config.enable_prefix_caching",
             value="True",
         )
@@ -186,11 +199,13 @@ def kv_groups_of(kv_cache_config: Any, block_size: int) -> tuple[Any, ...]:
     ``SlidingWindowSpec`` → ``SlidingWindowSpec(sliding_window=...)``,
     ``SlidingWindowMLASpec`` → the same, ``bounded_replay=True`` where vLLM's spec has it,
     ``ChunkedLocalAttentionSpec`` → ``ChunkedLocalAttentionSpec(attention_chunk_size=...)``,
-    ``MambaSpec`` (``mamba_cache_mode="none"``) → ``MambaSpec()``. ``()`` for no group or
+    ``MambaSpec`` (``mamba_cache_mode="none"``) → ``MambaSpec()``, ``CrossAttentionSpec`` →
+    ``CrossAttentionSpec()`` (blocks for a request's encoder tokens under
+    ``is_encoder_decoder``). ``()`` for no group or
     one full-attention group: the core's single pool, as before groups existed.
 
     Raises:
-        ConfigError: a spec kind the core has no group for (cross-attention, sink full
+        ConfigError: a spec kind the core has no group for (sink full
             attention, uniform-type spec lists, ...), named; a full-attention spec carrying
             a sliding window or chunk (vLLM's layout with its hybrid manager off); a
             sliding window with ``extra_retained_tokens``; a Mamba group
@@ -228,6 +243,8 @@ def kv_groups_of(kv_cache_config: Any, block_size: int) -> tuple[Any, ...]:
             specs.append(
                 ChunkedLocalAttentionSpec(attention_chunk_size=int(spec.attention_chunk_size))
             )
+        elif kind == "CrossAttentionSpec":
+            specs.append(CrossAttentionSpec())
         elif kind == "MambaSpec":
             mode = _get(spec, "mamba_cache_mode", "none")
             if mode != "none":

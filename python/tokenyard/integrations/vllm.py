@@ -194,13 +194,9 @@ class TokenyardScheduler(
         # vLLM 0.33's encoder budget and cache size (Scheduler.__init__: MultiModalBudget
         # for a model that takes multimodal inputs, else 0 and 0).
         model_config = vllm_config.model_config
-        self.is_encoder_decoder = bool(getattr(model_config, "is_encoder_decoder", False))
+        encoder_decoder = bool(getattr(model_config, "is_encoder_decoder", False))
         supports_mm = bool(getattr(model_config, "supports_multimodal_inputs", False))
-        mm_budget = (
-            MultiModalBudget(vllm_config, mm_registry)
-            if supports_mm and not self.is_encoder_decoder
-            else None
-        )
+        mm_budget = MultiModalBudget(vllm_config, mm_registry) if supports_mm else None
         # vLLM's values, as given (0 and 0 for a text-only model; its tests set them on a
         # built scheduler: the properties below pass them to the core).
         self._max_num_encoder_input_tokens = mm_budget.encoder_compute_budget if mm_budget else 0
@@ -222,6 +218,8 @@ class TokenyardScheduler(
             self._core.encoder_budget = 0
             self._core.set_encoder_cache_size(0)
         self._core.num_draft_slots_per_request = draft_slots_per_request(vllm_config)
+        # vLLM's EncoderDecoderCacheManager and cross-attention blocks (see the property).
+        self._core.set_encoder_decoder(encoder_decoder)
         self._num_kv_blocks = s.num_blocks - 1
         self._kv_groups = len(s.kv_groups)
         # vLLM 0.33 zeroes new blocks before use with Mamba layers or mixed-precision KV
@@ -267,9 +265,7 @@ class TokenyardScheduler(
         # under it; a text-only model's items once a budget and a cache are set: _mm_refusal).
         self._mm_refused: str | None = None
         self._mm_model = mm_budget is not None
-        if self.is_encoder_decoder:
-            self._mm_refused = "(the model is an encoder-decoder model)"
-        elif self.connector is not None:
+        if self.connector is not None:
             self._mm_refused = "with a KV connector (its loads would bypass the encoder)"
         self._encoder_cache_view = EncoderCacheView(self)
         self.kv_cache_manager = _KVCacheManagerView(self)
@@ -478,6 +474,16 @@ class TokenyardScheduler(
         self._max_num_encoder_input_tokens = budget
 
     @property
+    def is_encoder_decoder(self) -> bool:
+        """vLLM 0.33's flag: encoder inputs are an encoder-decoder model's (the core's
+        ``set_encoder_decoder``); assignable while no request has multimodal items."""
+        return bool(self._core.is_encoder_decoder)
+
+    @is_encoder_decoder.setter
+    def is_encoder_decoder(self, value: bool) -> None:
+        self._core.set_encoder_decoder(bool(value))
+
+    @property
     def encoder_cache_manager(self) -> EncoderCacheView:
         """The encoder cache under vLLM's ``EncoderCacheManager`` names (a view of the
         core's). Assigning one of vLLM's (empty) managers gives the core's cache its size,
@@ -486,7 +492,7 @@ class TokenyardScheduler(
 
     @encoder_cache_manager.setter
     def encoder_cache_manager(self, manager: Any) -> None:
-        self._set_encoder_cache_size(assigned_cache_size(manager))
+        self._set_encoder_cache_size(assigned_cache_size(manager, self.is_encoder_decoder))
 
     def _set_encoder_cache_size(self, cache_size: int) -> None:
         """Replaces the core's encoder cache with an empty one of ``cache_size`` embeddings.

@@ -900,6 +900,21 @@ impl PyScheduler {
         self.inner.set_num_prefill_lookahead(num_prefill_lookahead);
     }
 
+    /// Whether encoder inputs are an encoder-decoder model's (vLLM 0.33's
+    /// `is_encoder_decoder`: encoded with the first decoder tokens, sizing the
+    /// cross-attention groups, counted by `EncoderDecoderCacheManager`).
+    #[getter]
+    fn is_encoder_decoder(&self) -> bool {
+        self.inner.is_encoder_decoder()
+    }
+
+    /// Sets it (only while no request has multimodal items: InputError otherwise).
+    fn set_encoder_decoder(&mut self, py: Python<'_>, encoder_decoder: bool) -> PyResult<()> {
+        self.inner
+            .set_encoder_decoder(encoder_decoder)
+            .map_err(|err| self.raise(py, err))
+    }
+
     /// Replaces the encoder cache with an empty one of `cache_size` embeddings (only while
     /// no request holds an entry: InputError otherwise).
     fn set_encoder_cache_size(&mut self, py: Python<'_>, cache_size: usize) -> PyResult<()> {

@@ -519,6 +519,18 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
         num_tokens: usize,
         hit: Option<&ComputedBlocks>,
     ) -> bool {
+        self.num_blocks_to_allocate(request_id, num_tokens, hit) <= self.free_queue.len()
+    }
+
+    /// The blocks of the free queue that `num_tokens` slots of the request take beside the
+    /// blocks it holds or its prefix hit `hit` (vLLM's `get_num_blocks_to_allocate`: new
+    /// blocks, and cached hit blocks nobody holds, which leave the free queue).
+    pub fn num_blocks_to_allocate(
+        &self,
+        request_id: &R,
+        num_tokens: usize,
+        hit: Option<&ComputedBlocks>,
+    ) -> usize {
         let (held, evictable) = match (self.requests.get(request_id), hit) {
             (Some(request), _) => (request.block_ids.len(), 0),
             (None, Some(hit)) => {
@@ -530,7 +542,7 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
             }
             (None, None) => (0, 0),
         };
-        blocks_needed(num_tokens, self.block_size, held) + evictable <= self.free_queue.len()
+        blocks_needed(num_tokens, self.block_size, held) + evictable
     }
 
     /// Registers the request's loaded blocks (see [`Self::allocate_slots_external`]) in the

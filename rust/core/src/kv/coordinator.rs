@@ -27,7 +27,7 @@ use super::block_pool::{BlockId, BlockPoolStats, RequestBlocks};
 use super::cache_map::CacheMap;
 use super::free_queue::FreeBlockQueue;
 use super::layer_groups::{
-    KvGroupSpec, NULL_BLOCK, SpecGroup, find_longest_cache_hit, spec_groups,
+    GroupSlots, KvGroupSpec, NULL_BLOCK, SpecGroup, find_longest_cache_hit, spec_groups,
 };
 use super::{
     KvCapacity, LookupQuery, RequestKey, TokenId, check_allocation, check_block_size,
@@ -134,6 +134,16 @@ impl<R: RequestKey> KvCoordinator<R> {
                     format!(
                         "groups[{i}] is a Mamba group, whose states are not prefix-cached \
                          (vLLM's mamba_cache_mode='none'); pass enable_caching=False"
+                    ),
+                ));
+            }
+            if enable_caching && *spec == KvGroupSpec::CrossAttention {
+                return Err(Error::config(
+                    "enable_caching",
+                    "True",
+                    format!(
+                        "groups[{i}] is a cross-attention group: an encoder-decoder model is \
+                         not prefix-cached (vLLM disables it); pass enable_caching=False"
                     ),
                 ));
             }
@@ -352,6 +362,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             new_computed,
             extra_key,
             0,
+            0,
         )
     }
 
@@ -361,6 +372,10 @@ impl<R: RequestKey> KvCoordinator<R> {
     /// computed tokens less those (vLLM 0.33's `allocate_slots`,
     /// `num_computed_tokens - num_in_flight_tokens`), since a step in flight still reads
     /// the blocks just before its window. With 0 it is `allocate_slots`.
+    ///
+    /// `num_encoder_tokens` (vLLM's argument of that name) sizes the cross-attention
+    /// groups: the encoder tokens of the inputs scheduled with this allocation (0 when
+    /// none are: such a group then keeps what it holds).
     #[allow(clippy::too_many_arguments)]
     pub fn allocate_slots_in_flight(
         &mut self,
@@ -371,6 +386,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         new_computed: Option<&GroupedComputedBlocks>,
         extra_key: Option<u64>,
         num_in_flight_tokens: usize,
+        num_encoder_tokens: usize,
     ) -> Result<Option<Vec<Vec<BlockId>>>> {
         let existing = self.requests.get(request_id);
         // vLLM 0.33 allocates no slots for a step that only adopts a hit, or only reserves
@@ -403,8 +419,12 @@ impl<R: RequestKey> KvCoordinator<R> {
             request_id,
             num_computed.saturating_sub(num_in_flight_tokens),
         );
+        let slots = GroupSlots {
+            decoder: num_slots,
+            encoder: num_encoder_tokens,
+        };
         let needed =
-            self.num_blocks_to_allocate(request_id, num_slots, num_computed, new_computed, None);
+            self.num_blocks_to_allocate(request_id, slots, num_computed, new_computed, None);
         if needed > self.free_queue.len() {
             return Ok(None);
         }
@@ -433,7 +453,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         };
         let mut new_blocks = Vec::with_capacity(groups.len());
         for (g, (spec, table)) in groups.iter().zip(&mut request.tables).enumerate() {
-            let required = spec.num_required_blocks(num_slots, *block_size);
+            let required = spec.num_required_blocks(slots.of(spec), *block_size);
             let added: Vec<BlockId> = (table.len()..required)
                 .map(|_| take_free_block(free_queue, blocks, &mut eviction))
                 .collect();
@@ -543,19 +563,44 @@ impl<R: RequestKey> KvCoordinator<R> {
         if !self.requests.contains_key(request_id) {
             return 0;
         }
-        self.num_blocks_to_allocate(request_id, num_slots, 0, None, None)
+        self.num_blocks_to_allocate(request_id, GroupSlots::decoder(num_slots), 0, None, None)
+    }
+
+    /// vLLM's `get_num_blocks_to_allocate` over the groups: the blocks of the free queue
+    /// that `num_tokens` slots of the request take beside what it holds or, not yet held,
+    /// beside `hit` and `num_external_tokens` loaded after it (counted as computed: a
+    /// window group skips what precedes their window); with `max_in_flight_tokens`, each
+    /// window group's need capped as the admission gate caps it (`apply_admission_cap`).
+    pub fn blocks_to_allocate(
+        &self,
+        request_id: &R,
+        num_tokens: usize,
+        hit: Option<&GroupedComputedBlocks>,
+        num_external_tokens: usize,
+        max_in_flight_tokens: Option<usize>,
+    ) -> usize {
+        let num_computed = match (self.requests.get(request_id), hit) {
+            (Some(request), _) => request.tokens.num_computed_tokens,
+            (None, Some(hit)) => hit.num_computed_tokens + num_external_tokens,
+            (None, None) => num_external_tokens,
+        };
+        let hit = hit.filter(|_| !self.requests.contains_key(request_id));
+        let slots = GroupSlots::decoder(num_tokens);
+        self.num_blocks_to_allocate(request_id, slots, num_computed, hit, max_in_flight_tokens)
     }
 
     /// vLLM 0.33's full-sequence admission gate (`allocate_slots` with
     /// `full_sequence_must_fit`): whether `num_tokens` of the request fit in the free
     /// blocks beside what it holds or `hit`, each window group's need capped at
-    /// [`KvGroupSpec::max_admission_blocks`] for `max_in_flight_tokens`.
+    /// [`KvGroupSpec::max_admission_blocks`] for `max_in_flight_tokens`, cross-attention
+    /// groups counted for `num_encoder_tokens` (as in `allocate_slots_in_flight`).
     pub fn full_sequence_fits(
         &self,
         request_id: &R,
         num_tokens: usize,
         hit: Option<&GroupedComputedBlocks>,
         max_in_flight_tokens: usize,
+        num_encoder_tokens: usize,
     ) -> bool {
         let num_computed = match (self.requests.get(request_id), hit) {
             (Some(request), _) => request.tokens.num_computed_tokens,
@@ -563,9 +608,13 @@ impl<R: RequestKey> KvCoordinator<R> {
             (None, None) => 0,
         };
         let hit = hit.filter(|_| !self.requests.contains_key(request_id));
+        let slots = GroupSlots {
+            decoder: num_tokens,
+            encoder: num_encoder_tokens,
+        };
         let needed = self.num_blocks_to_allocate(
             request_id,
-            num_tokens,
+            slots,
             num_computed,
             hit,
             Some(max_in_flight_tokens),
@@ -643,7 +692,7 @@ impl<R: RequestKey> KvCoordinator<R> {
     fn num_blocks_to_allocate(
         &self,
         request_id: &R,
-        num_slots: usize,
+        slots: GroupSlots,
         num_computed: usize,
         hit: Option<&GroupedComputedBlocks>,
         max_in_flight_tokens: Option<usize>,
@@ -652,7 +701,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         let request = self.requests.get(request_id);
         let mut total = 0;
         for (g, spec) in self.groups.iter().enumerate() {
-            let mut required = spec.num_required_blocks(num_slots, bs);
+            let mut required = spec.num_required_blocks(slots.of(spec), bs);
             if let Some(cap) = max_in_flight_tokens.and_then(|f| spec.max_admission_blocks(f, bs)) {
                 required = required.min(cap);
             }
@@ -765,7 +814,9 @@ impl<R: RequestKey> KvCoordinator<R> {
             }
             let computed = request.tokens.num_computed_tokens;
             for (g, (spec, table)) in self.groups.iter().zip(&request.tables).enumerate() {
-                if table.len() < spec.num_required_blocks(computed, self.block_size) {
+                // A cross-attention group's slots are encoder tokens, not computed ones.
+                let cross = *spec == KvGroupSpec::CrossAttention;
+                if !cross && table.len() < spec.num_required_blocks(computed, self.block_size) {
                     return Err(format!(
                         "request {id:?} group {g}: fewer slots than computed tokens"
                     ));

@@ -13,6 +13,7 @@
 //! (`take_new_block_ids`), but the loaded blocks of the groups an asynchronous load writes,
 //! which zeroing would race.
 
+use super::GroupSlots;
 use super::{
     BlockId, Eviction, GroupedComputedBlocks, KvCoordinator, KvGroupSpec, RequestKey, TokenId,
     record_for_zeroing, take_free_block,
@@ -114,7 +115,13 @@ impl<R: RequestKey> KvCoordinator<R> {
             ));
         }
         let num_slots = total + alloc.num_new_tokens + alloc.num_lookahead_tokens;
-        let needed = self.num_blocks_to_allocate(request_id, num_slots, total, new_computed, None);
+        let needed = self.num_blocks_to_allocate(
+            request_id,
+            GroupSlots::decoder(num_slots),
+            total,
+            new_computed,
+            None,
+        );
         if needed > self.free_queue.len() {
             return Ok(None);
         }
@@ -148,6 +155,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             None,
             extra_key,
             0,
+            0,
         )?;
         let mut new_blocks = rest.expect("counted with the loaded blocks");
         for (group, mut first) in new_blocks.iter_mut().zip(loaded) {
@@ -170,11 +178,11 @@ impl<R: RequestKey> KvCoordinator<R> {
         max_in_flight_tokens: usize,
     ) -> bool {
         if self.requests.contains_key(request_id) {
-            return self.full_sequence_fits(request_id, num_tokens, hit, max_in_flight_tokens);
+            return self.full_sequence_fits(request_id, num_tokens, hit, max_in_flight_tokens, 0);
         }
         let total = hit.map_or(0, |h| h.num_computed_tokens) + num_external_tokens;
         let cap = Some(max_in_flight_tokens);
-        self.num_blocks_to_allocate(request_id, num_tokens, total, hit, cap)
+        self.num_blocks_to_allocate(request_id, GroupSlots::decoder(num_tokens), total, hit, cap)
             <= self.free_queue.len()
     }
 

@@ -48,11 +48,11 @@ fn window_group_keeps_blocks_a_step_in_flight_still_reads() {
     let mut coord = KvCoordinator::new(vec![FULL, window(32)], 16, 16, true).unwrap();
     allocate(&mut coord, 1, &tokens(0..80), 80);
     let free = coord.num_free_blocks();
-    let new = coord.allocate_slots_in_flight(&1, &[], 1, 0, None, None, 80);
+    let new = coord.allocate_slots_in_flight(&1, &[], 1, 0, None, None, 80, 0);
     assert_eq!(new.unwrap().unwrap(), [vec![11], vec![12]]);
     assert_eq!(tables(&coord, 1)[1], [6, 7, 8, 9, 10, 12]);
     assert_eq!(coord.num_free_blocks(), free - 2);
-    let new = coord.allocate_slots_in_flight(&1, &[80], 1, 0, None, None, 1);
+    let new = coord.allocate_slots_in_flight(&1, &[80], 1, 0, None, None, 1, 0);
     assert_eq!(new.unwrap().unwrap(), [vec![], vec![]]);
     assert_eq!(tables(&coord, 1)[1], [0, 0, 0, 9, 10, 12]);
     assert_eq!(coord.num_free_blocks(), free - 2 + 3);
@@ -306,10 +306,10 @@ fn the_full_sequence_gate_caps_a_window_group_at_its_admission_blocks() {
     // window-8 group, with 4 tokens in flight, is capped at ceil((8 - 1 + 4) / 4) + 1 = 4:
     // 14 blocks fit, where uncapped it would need 20.
     let coord = KvCoordinator::<u64>::new(vec![FULL, window(8)], 17, 4, false).unwrap();
-    assert!(coord.full_sequence_fits(&1, 40, None, 4));
+    assert!(coord.full_sequence_fits(&1, 40, None, 4, 0));
     assert_eq!(window(8).max_admission_blocks(4, 4), Some(4));
     // 56 tokens: 14 + 4 = 18 > 16.
-    assert!(!coord.full_sequence_fits(&1, 56, None, 4));
+    assert!(!coord.full_sequence_fits(&1, 56, None, 4, 0));
 }
 
 #[test]
@@ -326,4 +326,46 @@ fn rewinding_stops_at_cached_blocks_and_a_reset_needs_no_holders() {
     assert!(coord.reset_prefix_cache());
     assert_eq!(coord.num_cached_blocks(), 0);
     coord.check_invariants().unwrap();
+}
+
+#[test]
+fn a_cross_attention_group_holds_blocks_for_its_encoder_tokens_only() {
+    // vLLM's CrossAttentionManager: ceil(encoder tokens / block) blocks, allocated when
+    // the encoder inputs are scheduled; later allocations (0 encoder tokens) keep them.
+    let cross = KvGroupSpec::CrossAttention;
+    assert!(KvCoordinator::<u64>::new(vec![FULL, cross], 40, 4, true).is_err());
+    let mut coord = KvCoordinator::new(vec![FULL, cross], 40, 4, false).unwrap();
+    let new = coord.allocate_slots_in_flight(&1, &tokens(0..6), 6, 0, None, None, 0, 17);
+    let new = new.unwrap().unwrap();
+    assert_eq!((new[0].len(), new[1].len()), (2, 5));
+    assert_eq!(
+        allocate(&mut coord, 1, &tokens(6..12), 6)[1],
+        Vec::<BlockId>::new()
+    );
+    assert_eq!(
+        tables(&coord, 1).iter().map(Vec::len).collect::<Vec<_>>(),
+        [3, 5]
+    );
+    // A request without encoder input holds none; the gate counts encoder blocks.
+    allocate(&mut coord, 2, &tokens(0..4), 4);
+    assert!(tables(&coord, 2)[1].is_empty());
+    let free = coord.num_free_blocks();
+    assert!(coord.full_sequence_fits(&3, 4, None, 0, (free - 1) * 4));
+    assert!(!coord.full_sequence_fits(&3, 4, None, 0, free * 4));
+    coord.check_invariants().unwrap();
+    coord.free(&1).unwrap();
+    coord.free(&2).unwrap();
+    assert_eq!(coord.num_free_blocks(), 39);
+}
+
+#[test]
+fn blocks_to_allocate_counts_every_group_and_caps_windows_when_asked() {
+    // 40 tokens in blocks of 4: 10 per group; a window of 8 with 4 tokens in flight is
+    // capped at ceil((8 - 1 + 4) / 4) + 1 = 4 (vLLM's max_admission_blocks_per_request).
+    let coord: KvCoordinator<u64> = KvCoordinator::new(vec![FULL, window(8)], 40, 4, true).unwrap();
+    assert_eq!(coord.blocks_to_allocate(&1, 40, None, 0, None), 20);
+    assert_eq!(coord.blocks_to_allocate(&1, 40, None, 0, Some(4)), 14);
+    // 36 of them loaded: the window skips (36 + 1 - 8) / 4 = 7 blocks (vLLM's gate counts
+    // loaded tokens as computed).
+    assert_eq!(coord.blocks_to_allocate(&1, 36, None, 36, None), 9 + 2);
 }

@@ -2,7 +2,9 @@
 //! (vLLM 0.33's `single_type_kv_cache_manager.py`): which leading tokens it no longer
 //! attends to (`get_num_skipped_tokens`), how many blocks it holds for a number of token
 //! slots, and how it finds a prefix-cache hit (`find_longest_cache_hit` of
-//! `FullAttentionManager`, `SlidingWindowManager`, `ChunkedLocalAttentionManager`).
+//! `FullAttentionManager`, `SlidingWindowManager`, `ChunkedLocalAttentionManager`). A
+//! cross-attention group (`CrossAttentionManager`) is sized by encoder tokens instead
+//! (`GroupSlots`) and never hits.
 //!
 //! The finders read the pool only through `lookup`, which answers the cached block of one
 //! block index for every group of a spec group, or `None` when any of them misses (vLLM's
@@ -37,13 +39,19 @@ pub enum KvGroupSpec {
     /// request, as vLLM's `MambaManager` holds it with `mamba_cache_mode="none"` (its
     /// block covers `max_model_len` tokens). Its states are not prefix-cached.
     Mamba,
+    /// Cross-attention of an encoder-decoder model (Whisper; vLLM 0.33's
+    /// `CrossAttentionManager`): the keys and values of the request's encoder output, one
+    /// slot per encoder token. Its blocks are allocated once, when the encoder inputs are
+    /// scheduled, for exactly those tokens (the allocation's `num_encoder_tokens`, not its
+    /// decoder slots), and held until the request ends. Never prefix-cached.
+    CrossAttention,
 }
 
 impl KvGroupSpec {
     /// vLLM's `get_num_skipped_tokens`: leading tokens the next token no longer attends to.
     pub fn num_skipped_tokens(&self, num_computed_tokens: usize) -> usize {
         match *self {
-            Self::FullAttention | Self::Mamba => 0,
+            Self::FullAttention | Self::Mamba | Self::CrossAttention => 0,
             Self::SlidingWindow { sliding_window }
             | Self::SlidingWindowReplay { sliding_window } => {
                 (num_computed_tokens + 1).saturating_sub(sliding_window)
@@ -55,7 +63,7 @@ impl KvGroupSpec {
     }
 
     /// Blocks a request needs for `num_slots` token slots (including skipped ones, which
-    /// hold the null block).
+    /// hold the null block); for cross-attention, `num_slots` are encoder tokens.
     pub fn num_required_blocks(&self, num_slots: usize, block_size: usize) -> usize {
         match self {
             Self::Mamba => usize::from(num_slots > 0),
@@ -70,6 +78,7 @@ impl KvGroupSpec {
         !matches!(
             self,
             Self::Mamba
+                | Self::CrossAttention
                 | Self::SlidingWindow { sliding_window: 1 }
                 | Self::SlidingWindowReplay { .. }
         )
@@ -93,7 +102,7 @@ impl KvGroupSpec {
     /// when the bound exists (sliding window, chunked local, Mamba). Derived in docs/kv.md.
     pub fn max_live_blocks(&self, num_slots_added: usize, block_size: usize) -> Option<usize> {
         match *self {
-            Self::FullAttention => None,
+            Self::FullAttention | Self::CrossAttention => None,
             Self::SlidingWindow { sliding_window }
             | Self::SlidingWindowReplay { sliding_window } => Some(
                 (sliding_window + num_slots_added)
@@ -122,7 +131,7 @@ impl KvGroupSpec {
         block_size: usize,
     ) -> Option<usize> {
         match *self {
-            Self::FullAttention | Self::Mamba => None,
+            Self::FullAttention | Self::Mamba | Self::CrossAttention => None,
             Self::SlidingWindow { sliding_window }
             | Self::SlidingWindowReplay { sliding_window } => {
                 Some((sliding_window - 1 + max_in_flight_tokens).div_ceil(block_size) + 1)
@@ -152,6 +161,31 @@ impl KvGroupSpec {
             ));
         }
         Ok(())
+    }
+}
+
+/// The token slots an allocation asks of each group: decoder slots, and for
+/// cross-attention groups the encoder tokens (vLLM's coordinator passes
+/// `num_encoder_tokens` to its `CrossAttentionManager`, `num_tokens` to the others).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct GroupSlots {
+    pub(super) decoder: usize,
+    pub(super) encoder: usize,
+}
+
+impl GroupSlots {
+    pub(super) fn decoder(decoder: usize) -> Self {
+        Self {
+            decoder,
+            encoder: 0,
+        }
+    }
+
+    pub(super) fn of(self, spec: &KvGroupSpec) -> usize {
+        match spec {
+            KvGroupSpec::CrossAttention => self.encoder,
+            _ => self.decoder,
+        }
     }
 }
 
@@ -243,7 +277,8 @@ pub(super) fn find_longest_cache_hit(
                 blocks.iter_mut().zip(found).for_each(|(t, b)| t.push(b));
             }
         }
-        KvGroupSpec::Mamba => {}
+        // Never cached (the coordinator refuses prefix caching beside them).
+        KvGroupSpec::Mamba | KvGroupSpec::CrossAttention => {}
         // Never cached, so it never limits the hit: no blocks of it are adopted.
         KvGroupSpec::SlidingWindowReplay { .. } => {
             return GroupHit {

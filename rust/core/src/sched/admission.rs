@@ -236,6 +236,7 @@ impl<R: RequestKey> Scheduler<R> {
             // vLLM 0.33 skips it (the encoder budget or cache is spent) and goes on.
             return Ok(Admission::SteppedAside);
         }
+        let fits = self.with_cross_attention(slot, encoder.as_ref(), Some(&hit), fits);
         let lookahead = self.lookahead(num_computed + n);
         // vLLM 0.33 asks allocate_slots here, which checks the fit (sched::hooks).
         let allowed = self.allocation_allowed(slot, n, lookahead)?;
@@ -338,6 +339,7 @@ impl<R: RequestKey> Scheduler<R> {
         if n == 0 {
             return Ok(Admission::SteppedAside);
         }
+        let fits = self.with_cross_attention(slot, encoder.as_ref(), None, fits);
         let lookahead = self.lookahead(num_computed + n);
         let allowed = self.allocation_allowed(slot, n, lookahead)?;
         if !fits || !allowed {
@@ -400,6 +402,33 @@ impl<R: RequestKey> Scheduler<R> {
         request.all_token_ids = tokens;
         request.prompt_block_hashes = block_hashes;
         Ok(())
+    }
+
+    /// Sets the cross-attention tokens of the allocation about to be made for `slot` (the
+    /// encoder tokens of `pick`'s inputs, under `is_encoder_decoder`) and answers whether
+    /// the request passes the full-sequence gate with them: vLLM 0.33 counts a
+    /// cross-attention group's blocks in that gate (`get_num_blocks_to_allocate` with
+    /// `num_encoder_tokens`), which it checks after the encoder step. `fits`: the gate's
+    /// answer without them.
+    fn with_cross_attention(
+        &mut self,
+        slot: u32,
+        pick: Option<&super::encoder::EncoderPick>,
+        hit: Option<&Hit>,
+        fits: bool,
+    ) -> bool {
+        let num_encoder_tokens = self.cross_attention_tokens(slot, pick);
+        if num_encoder_tokens == 0 || !fits {
+            return fits;
+        }
+        // Taken by the allocation that follows a pass (no connector load comes between:
+        // multimodal requests are refused beside a connector); cleared on a refusal.
+        self.kv.set_encoder_tokens(num_encoder_tokens);
+        let fits = self.full_sequence_fits(slot, hit);
+        if !fits {
+            self.kv.set_encoder_tokens(0);
+        }
+        fits
     }
 
     /// A held step stops admission at a request with prompt left to compute beyond its last
@@ -545,6 +574,9 @@ impl<R: RequestKey> Scheduler<R> {
         let was_preempted = request.status == RequestStatus::Preempted;
         request.status = RequestStatus::Running;
         request.num_computed_tokens = num_computed;
+        // vLLM 0.33 tracks a request still prefilling after this chunk (or loaded and
+        // promoted now: it stays tracked until a step of it samples).
+        request.inflight_prefill |= num_computed + n < request.num_tokens();
         if let Some(lora) = request.spec.lora_id {
             plan.loras.insert(lora);
         }

@@ -425,6 +425,14 @@ impl SchedulerConfig {
                  mamba_cache_mode='none'): set enable_prefix_caching = false",
             ));
         }
+        if self.enable_prefix_caching && self.kv_groups.contains(&KvGroupSpec::CrossAttention) {
+            return Err(Error::config(
+                "enable_prefix_caching",
+                "true",
+                "a cross-attention KV group (an encoder-decoder model) is not prefix-cached \
+                 (vLLM disables it for such models): set enable_prefix_caching = false",
+            ));
+        }
         for (i, group) in self.kv_groups.iter().enumerate() {
             group.check("kv_groups", i)?;
         }

@@ -75,7 +75,7 @@ impl MmFeature {
     }
 
     /// Embeddings at placeholder positions `[start, end)` (relative to `offset`).
-    fn num_embeds_in(&self, start: usize, end: usize) -> usize {
+    pub(super) fn num_embeds_in(&self, start: usize, end: usize) -> usize {
         match &self.is_embed {
             None => end.saturating_sub(start),
             Some(mask) => mask[start.min(end)..end].iter().filter(|&&e| e).count(),
@@ -92,7 +92,10 @@ pub(super) struct Encoder {
     pub(super) cache: EncoderCache<u32>,
     budget_per_step: usize,
     /// Budget left in this step.
-    budget: usize,
+    pub(super) budget: usize,
+    /// Under `is_encoder_decoder`, vLLM's `EncoderDecoderCacheManager`, which then stands
+    /// in for `cache` (`sched::encoder_decoder`).
+    pub(super) enc_dec: Option<super::encoder_decoder::EncoderDecoderCache>,
     /// Inputs to encode this step, by request, in scheduling order.
     step_inputs: Vec<(u32, Vec<usize>)>,
     /// The steps not yet updated, oldest first: each one's scheduled requests that have
@@ -117,6 +120,7 @@ impl Encoder {
             cache: EncoderCache::new(config.encoder.cache_size(config.max_num_batched_tokens)),
             budget_per_step: budget,
             budget,
+            enc_dec: None,
             step_inputs: Vec::new(),
             batches: std::collections::VecDeque::new(),
             mismatched: Vec::new(),
@@ -129,13 +133,13 @@ impl Encoder {
 /// `commit_encoder_inputs` only if the request is scheduled.
 #[derive(Default)]
 pub(super) struct EncoderPick {
-    inputs: Vec<usize>,
+    pub(super) inputs: Vec<usize>,
     /// Items the encoder-cache connector holds (`sched::encoder_connector`): they take
     /// cache room, not encoder budget, and are not encoded.
-    external: Vec<usize>,
+    pub(super) external: Vec<usize>,
     /// Items whose identifier an earlier input of this request encodes this step.
-    duplicates: Vec<usize>,
-    budget_left: usize,
+    pub(super) duplicates: Vec<usize>,
+    pub(super) budget_left: usize,
 }
 
 impl<R: RequestKey> Scheduler<R> {
@@ -162,7 +166,8 @@ impl<R: RequestKey> Scheduler<R> {
         let cfg = &self.config;
         // The budget and cache size now in force (`set_encoder_budget`, `set_encoder_cache_size`).
         let budget = self.encoder.budget_per_step;
-        let cache_size = self.encoder.cache.cache_size();
+        let enc_dec = self.encoder.enc_dec.as_ref();
+        let cache_size = enc_dec.map_or(self.encoder.cache.cache_size(), |c| c.cache_size());
         let mut end = 0;
         for (i, f) in features.iter().enumerate() {
             let bad = |why: String| Error::input("mm_features", format!("item {i} {f:?}"), why);
@@ -176,7 +181,8 @@ impl<R: RequestKey> Scheduler<R> {
                 )));
             }
             end = f.offset.saturating_add(f.length);
-            if end > num_prompt_tokens {
+            // An encoder-decoder model's encoder input is not in the decoder's prompt.
+            if end > num_prompt_tokens && enc_dec.is_none() {
                 return Err(bad(format!(
                     "must lie inside the {num_prompt_tokens}-token prompt"
                 )));
@@ -200,7 +206,10 @@ impl<R: RequestKey> Scheduler<R> {
                      encoder_cache_size={cache_size}"
                 )));
             }
-            if cfg.encoder.disable_chunked_mm_input && f.length > cfg.max_num_batched_tokens {
+            if cfg.encoder.disable_chunked_mm_input
+                && enc_dec.is_none()
+                && f.length > cfg.max_num_batched_tokens
+            {
                 return Err(bad(format!(
                     "is longer than max_num_batched_tokens={} under \
                      disable_chunked_mm_input (vLLM refuses such a model at start-up)",
@@ -233,6 +242,9 @@ impl<R: RequestKey> Scheduler<R> {
         let (features, arrival_seq) = (&request.spec.mm_features, request.arrival_seq);
         if n == 0 || features.is_empty() {
             return (n, None);
+        }
+        if self.encoder.enc_dec.is_some() {
+            return self.schedule_encoder_decoder_inputs(slot, num_computed, n);
         }
         // vLLM 0.33's `shift_computed_tokens`: a drafter's prefill look-ahead reads the next
         // `num_prefill_lookahead` tokens, whose encoder outputs must be there too.
@@ -320,6 +332,12 @@ impl<R: RequestKey> Scheduler<R> {
         if pick.inputs.is_empty() && pick.external.is_empty() {
             return;
         }
+        if self.encoder.enc_dec.is_some() {
+            self.encoder_decoder_allocate(slot, &pick.inputs);
+            self.encoder.budget = pick.budget_left;
+            self.encoder.step_inputs.push((slot, pick.inputs));
+            return;
+        }
         let request = self.slots[slot as usize].as_ref().expect("live");
         let features = &request.spec.mm_features;
         let cache = &mut self.encoder.cache;
@@ -355,6 +373,10 @@ impl<R: RequestKey> Scheduler<R> {
         };
         let features = &request.spec.mm_features;
         if features.is_empty() {
+            return;
+        }
+        if self.encoder.enc_dec.is_some() {
+            self.encoder_decoder_free(slot);
             return;
         }
         self.encoder
@@ -411,7 +433,10 @@ impl<R: RequestKey> Scheduler<R> {
             .into_iter()
             .map(|(slot, inputs)| (self.req(slot).request_id.clone(), inputs))
             .collect();
-        out.free_encoder_mm_hashes = self.encoder.cache.take_freed();
+        out.free_encoder_mm_hashes = match self.encoder_decoder_take_freed() {
+            Some(freed) => freed,
+            None => self.encoder.cache.take_freed(),
+        };
     }
 
     /// vLLM 0.33's `_free_encoder_inputs` in `update_from_output`, over the requests of the
@@ -424,6 +449,10 @@ impl<R: RequestKey> Scheduler<R> {
         let Some(batch) = self.encoder.batches.pop_front() else {
             return;
         };
+        if self.encoder.enc_dec.is_some() {
+            self.encoder_decoder_free_passed(&batch, outputs);
+            return;
+        }
         if batch.is_empty() || !self.encoder.cache.has_requests() {
             return;
         }
@@ -500,6 +529,19 @@ impl<R: RequestKey> Scheduler<R> {
     /// a cache that no longer holds them); freeable entries are dropped, and reported freed
     /// with the next step (the worker drops their outputs).
     pub fn set_encoder_cache_size(&mut self, cache_size: usize) -> Result<()> {
+        if self.encoder.enc_dec.is_some() {
+            // vLLM's `EncoderDecoderCacheManager` assigned: a fresh counter.
+            if self.num_mm_requests > 0 {
+                return Err(Error::input(
+                    "encoder_cache_size",
+                    cache_size,
+                    "can change only while no request has multimodal items",
+                ));
+            }
+            let enc_dec = super::encoder_decoder::EncoderDecoderCache::new(cache_size);
+            self.encoder.enc_dec = Some(enc_dec);
+            return Ok(());
+        }
         let cache = &mut self.encoder.cache;
         if cache.has_requests() {
             return Err(Error::input(
@@ -549,6 +591,10 @@ impl<R: RequestKey> Scheduler<R> {
 
     /// The encoder cache's counters: embeddings free, free or freeable, and in all.
     pub fn encoder_cache_usage(&self) -> (usize, usize, usize) {
+        if let Some(c) = &self.encoder.enc_dec {
+            // Nothing is kept past its request: free and freeable slots are one count.
+            return (c.num_free_slots(), c.num_free_slots(), c.cache_size());
+        }
         let cache = &self.encoder.cache;
         (
             cache.num_free_slots(),

@@ -36,6 +36,10 @@ pub(super) struct HybridKv {
     max_in_flight_tokens: usize,
     /// Per slot, each group's blocks allocated this step (only when ids are asked for).
     new_blocks: FxHashMap<u32, Vec<Vec<BlockId>>>,
+    /// The encoder tokens of the inputs scheduled with the next allocation (vLLM's
+    /// `num_encoder_tokens`, which sizes cross-attention groups): set by
+    /// `set_encoder_tokens`, read by `full_sequence_fits`, taken by the allocation.
+    encoder_tokens: usize,
 }
 
 /// A prefix hit from any pool.
@@ -104,6 +108,7 @@ impl Kv {
                 pool,
                 max_in_flight_tokens: batches * config.max_num_batched_tokens,
                 new_blocks: FxHashMap::default(),
+                encoder_tokens: 0,
             })));
         }
         Ok(match (config.enable_prefix_caching, config.prefix_cache) {
@@ -255,6 +260,7 @@ impl Kv {
                     hit,
                     extra_key,
                     num_in_flight_tokens,
+                    std::mem::take(&mut h.encoder_tokens),
                 )?;
                 Ok(allocated.map(|groups| {
                     if with_ids {
@@ -272,6 +278,47 @@ impl Kv {
                 }))
             }
             (_, Some(_)) => Err(other_pool(slot)),
+        }
+    }
+
+    /// Blocks of the free queue that `num_tokens` slots of `slot` take beside what it holds
+    /// or `hit` and `num_loaded` tokens loaded after it (vLLM's
+    /// `get_num_blocks_to_allocate`, loaded tokens counted as computed); with `capped`,
+    /// window groups count at most vLLM's admission cap (`apply_admission_cap`, as
+    /// `_request_remaining_blocks` counts them). The radix pool, which vLLM does not have,
+    /// counts 0.
+    pub fn num_blocks_to_allocate(
+        &self,
+        slot: u32,
+        num_tokens: usize,
+        hit: Option<&Hit>,
+        num_loaded: usize,
+        capped: bool,
+    ) -> usize {
+        match (self, hit) {
+            (Kv::BlockHash(p), Some(Hit::BlockHash(h))) => {
+                p.num_blocks_to_allocate(&slot, num_tokens, Some(h))
+            }
+            (Kv::BlockHash(p), _) => p.num_blocks_to_allocate(&slot, num_tokens, None),
+            (Kv::Hybrid(h), hit) => {
+                let hit = match hit {
+                    Some(Hit::Hybrid(g)) => Some(g),
+                    _ => None,
+                };
+                let cap = capped.then_some(h.max_in_flight_tokens);
+                h.pool
+                    .blocks_to_allocate(&slot, num_tokens, hit, num_loaded, cap)
+            }
+            (Kv::Radix(_), _) => 0,
+        }
+    }
+
+    /// The encoder tokens of the inputs scheduled with the next allocation: they size its
+    /// cross-attention groups (vLLM's `num_encoder_tokens`); 0 clears them. Pools without
+    /// such groups ignore them.
+    pub fn set_encoder_tokens(&mut self, num_encoder_tokens: usize) {
+        if let Kv::Hybrid(h) = self {
+            h.encoder_tokens = num_encoder_tokens;
         }
     }
 
@@ -337,7 +384,8 @@ impl Kv {
                     Some(Hit::Hybrid(g)) => Some(g),
                     _ => None,
                 };
-                (h.pool).full_sequence_fits(&slot, num_tokens, hit, h.max_in_flight_tokens)
+                let (in_flight, encoder) = (h.max_in_flight_tokens, h.encoder_tokens);
+                (h.pool).full_sequence_fits(&slot, num_tokens, hit, in_flight, encoder)
             }
         }
     }

@@ -32,9 +32,9 @@ impl<R: RequestKey> Scheduler<R> {
     /// nothing: its loaded blocks enter the prefix cache and are freed, so the head may
     /// evict them; when it is admitted again it hits what the cache still holds and, like
     /// any preempted request, asks its connector again. vLLM 0.33 keeps this from arising
-    /// (it starts a load only beside the blocks in-flight prefills still need), which
-    /// tokenyard does not model; this changes no step in which anything runs. Returns
-    /// whether any memory was released.
+    /// by starting a load only beside the blocks in-flight prefills still need, as
+    /// `start_load` does too; this stays as the way out should it arise anyway, and changes
+    /// no step in which anything runs. Returns whether any memory was released.
     pub(super) fn release_landed_loads(
         &mut self,
         head: u32,
@@ -63,6 +63,7 @@ impl<R: RequestKey> Scheduler<R> {
             request.num_computed_tokens = 0;
             request.num_external_computed_tokens = 0;
             request.num_preemptions += 1;
+            request.inflight_prefill = false;
             plan.preempted.push(slot);
             self.num_preemptions += 1;
         }
@@ -145,6 +146,19 @@ impl<R: RequestKey> Scheduler<R> {
         let allowed = self.allocation_allowed(slot, 0, 0)?;
         let request = self.slots[slot as usize].as_ref().expect("live");
         let (seq, lora_id) = (request.arrival_seq, request.spec.lora_id);
+        // vLLM 0.33: a load holds its blocks with no progress and cannot be preempted, so
+        // it starts only if they fit beside the blocks in-flight prefills still need and
+        // one speculative step's (`reserved_blocks` in `allocate_slots`).
+        let num_external = hit.num_host_tokens() + num_external_tokens;
+        let num_loaded = hit.num_computed_tokens() + num_external;
+        let needed =
+            self.kv
+                .num_blocks_to_allocate(slot, num_loaded, Some(&hit), num_external, false);
+        let reserved = self.inflight_prefill_reserved_blocks() + self.spec_decode_step_blocks();
+        if needed + reserved > self.kv.num_free_blocks() {
+            self.blocked_head = Some((seq, hit));
+            return Ok(Admission::Blocked);
+        }
         let allocated = if !allowed {
             false
         } else if self.kv.hybrid_groups().is_some() {
@@ -180,6 +194,7 @@ impl<R: RequestKey> Scheduler<R> {
         let request = self.req_mut(slot);
         request.status = RequestStatus::WaitingForRemoteKvs;
         request.num_external_computed_tokens = num_external_tokens;
+        request.inflight_prefill = true;
         plan.kv_loads.push(KvLoad {
             request_id: request.request_id.clone(),
             num_external_tokens,
@@ -190,6 +205,42 @@ impl<R: RequestKey> Scheduler<R> {
         let num_loaded = hit.num_computed_tokens() + hit.num_host_tokens() + num_external_tokens;
         let loading = self.aux_request_loading(slot, num_loaded);
         notified.and(loading).map(|()| Admission::SteppedAside)
+    }
+
+    /// vLLM 0.33's `_inflight_prefill_reserved_blocks`: over the in-flight prefills, the
+    /// blocks each still needs for its whole sequence (`_request_remaining_blocks`: its
+    /// tokens up to `max_model_len`, plus one speculative step's under speculative decoding).
+    fn inflight_prefill_reserved_blocks(&self) -> usize {
+        let spec = match self.config.num_speculative_tokens {
+            0 => 0,
+            k => 1 + k + self.config.num_lookahead_tokens,
+        };
+        (self.slots.iter().enumerate())
+            .filter_map(|(slot, r)| r.as_ref().filter(|r| r.inflight_prefill).map(|r| (slot, r)))
+            .map(|(slot, r)| {
+                let num_tokens = r.num_tokens().min(self.config.max_model_len) + spec;
+                self.kv
+                    .num_blocks_to_allocate(slot as u32, num_tokens, None, 0, true)
+            })
+            .sum()
+    }
+
+    /// vLLM 0.33's `_spec_decode_step_blocks`: one speculative step's blocks (`1 + k +
+    /// lookahead` slots) in each KV group that is not Mamba; 0 without speculation.
+    fn spec_decode_step_blocks(&self) -> usize {
+        let k = self.config.num_speculative_tokens;
+        if k == 0 {
+            return 0;
+        }
+        let per_group = (1 + k + self.config.num_lookahead_tokens).div_ceil(self.config.block_size);
+        let groups = &self.config.kv_groups;
+        let num_groups = match groups.len() {
+            0 => 1,
+            _ => (groups.iter())
+                .filter(|g| **g != crate::kv::KvGroupSpec::Mamba)
+                .count(),
+        };
+        per_group * num_groups
     }
 
     /// Tells the connector (if any) the request's blocks (vLLM's `update_state_after_alloc`).

@@ -10,6 +10,7 @@ mod connector;
 mod encoder;
 mod encoder_cache;
 mod encoder_connector;
+mod encoder_decoder;
 mod hooks;
 mod in_flight;
 mod kv;

@@ -216,6 +216,7 @@ impl<R: RequestKey> Scheduler<R> {
                 >= request.num_tokens() + request.num_output_placeholders;
             request.is_prefill_chunk = !samples;
             if samples {
+                request.inflight_prefill = false;
                 self.step_samplers.push((id.clone(), slot));
                 request.in_flight_tokens.push_back(n);
                 request.max_spec_in_flight = request.max_spec_in_flight.max(num_spec);

@@ -155,6 +155,11 @@ pub struct Request<R> {
     pub num_external_computed_tokens: usize,
     /// A connector's load for it failed: it recomputes, and the connector is not asked again.
     pub kv_load_failed: bool,
+    /// Its prefill is in flight (vLLM 0.33's `Scheduler._inflight_prefills`): an
+    /// asynchronous KV load began, or it was admitted with prompt left past its chunk; it
+    /// leaves once a step it is in samples, or when it is preempted or ends. The blocks
+    /// such requests still need for their whole sequence are kept free when a load starts.
+    pub inflight_prefill: bool,
     /// The latest step that served it, numbered while block frees are deferred (vLLM
     /// 0.33's `last_sched_seq`; `Scheduler::sched_step_seq`), else 0.
     pub last_sched_seq: u64,

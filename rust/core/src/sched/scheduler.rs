@@ -788,6 +788,7 @@ impl<R: RequestKey> Scheduler<R> {
         request.num_output_placeholders = 0;
         request.spec_token_ids.clear();
         request.num_preemptions += 1;
+        request.inflight_prefill = false;
         let victim = self.free_preempted(victim)?;
         let key = self.priority_key(victim);
         self.waiting.push_front(victim, key, false);

@@ -107,6 +107,7 @@ impl<R: RequestKey> Scheduler<R> {
             arrival_seq: self.next_arrival_seq,
             num_external_computed_tokens: 0,
             kv_load_failed: false,
+            inflight_prefill: false,
             last_sched_seq: 0,
             prompt_block_hashes: Vec::new(),
             replay_start: 0,

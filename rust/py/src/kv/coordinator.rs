@@ -40,6 +40,11 @@ pub(crate) struct PyChunkedLocalAttentionSpec {
 #[pyclass(name = "MambaSpec", module = "tokenyard.kv", frozen)]
 pub(crate) struct PyMambaSpec;
 
+/// An encoder-decoder model's cross-attention group: blocks for the request's encoder
+/// tokens, allocated once and held to its end (vLLM's `CrossAttentionSpec`).
+#[pyclass(name = "CrossAttentionSpec", module = "tokenyard.kv", frozen)]
+pub(crate) struct PyCrossAttentionSpec;
+
 #[pymethods]
 impl PyFullAttentionSpec {
     #[new]
@@ -106,6 +111,18 @@ impl PyMambaSpec {
     }
 }
 
+#[pymethods]
+impl PyCrossAttentionSpec {
+    #[new]
+    fn new() -> Self {
+        Self
+    }
+
+    fn __repr__(&self) -> &'static str {
+        "CrossAttentionSpec()"
+    }
+}
+
 /// `obj` as a group spec, or ConfigError naming `field[index]`.
 pub(crate) fn group_spec(
     obj: &Bound<'_, PyAny>,
@@ -130,11 +147,15 @@ pub(crate) fn group_spec(
     if obj.is_instance_of::<PyMambaSpec>() {
         return Ok(KvGroupSpec::Mamba);
     }
+    if obj.is_instance_of::<PyCrossAttentionSpec>() {
+        return Ok(KvGroupSpec::CrossAttention);
+    }
     Err(config_error(
         obj.py(),
         field,
         format!("{field}[{index}]={}", short_repr(obj)),
-        "must be a FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec or MambaSpec",
+        "must be a FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec, MambaSpec \
+         or CrossAttentionSpec",
     ))
 }
 
@@ -167,6 +188,7 @@ fn spec_object(py: Python<'_>, spec: KvGroupSpec) -> PyResult<Py<PyAny>> {
         )?
         .into_any(),
         KvGroupSpec::Mamba => Py::new(py, PyMambaSpec)?.into_any(),
+        KvGroupSpec::CrossAttention => Py::new(py, PyCrossAttentionSpec)?.into_any(),
     })
 }
 
@@ -326,7 +348,8 @@ impl PyKvCoordinator {
         Ok(PyGroupedComputedBlocks { inner })
     }
 
-    #[pyo3(signature = (request_id, num_new_tokens, num_lookahead_tokens = 0, *, token_ids = None, new_computed_blocks = None, extra_key = None))]
+    #[pyo3(signature = (request_id, num_new_tokens, num_lookahead_tokens = 0, *, token_ids = None, new_computed_blocks = None, extra_key = None, num_encoder_tokens = 0))]
+    #[allow(clippy::too_many_arguments)]
     fn allocate_slots<'py>(
         &mut self,
         request_id: &Bound<'py, PyAny>,
@@ -335,6 +358,7 @@ impl PyKvCoordinator {
         token_ids: Option<&Bound<'py, PyAny>>,
         new_computed_blocks: Option<PyRef<'py, PyGroupedComputedBlocks>>,
         extra_key: Option<u64>,
+        num_encoder_tokens: usize,
     ) -> PyResult<Option<Bound<'py, PyTuple>>> {
         let hit = new_computed_blocks.as_ref().map(|h| &h.inner);
         let new = allocate_slots(
@@ -343,8 +367,16 @@ impl PyKvCoordinator {
             num_lookahead_tokens,
             token_ids,
             |id, tokens, num_new, lookahead| {
-                self.inner
-                    .allocate_slots(id, tokens, num_new, lookahead, hit, extra_key)
+                self.inner.allocate_slots_in_flight(
+                    id,
+                    tokens,
+                    num_new,
+                    lookahead,
+                    hit,
+                    extra_key,
+                    0,
+                    num_encoder_tokens,
+                )
             },
         )?;
         new.map(|tables| group_arrays(request_id.py(), tables))

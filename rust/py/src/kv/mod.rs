@@ -24,6 +24,7 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<coordinator::PySlidingWindowSpec>()?;
     module.add_class::<coordinator::PyChunkedLocalAttentionSpec>()?;
     module.add_class::<coordinator::PyMambaSpec>()?;
+    module.add_class::<coordinator::PyCrossAttentionSpec>()?;
     module.add_class::<radix::PyRadixCache>()?;
     module.add_class::<radix::PyMatchResult>()?;
     module.add_class::<radix::PyNodeHandle>()?;

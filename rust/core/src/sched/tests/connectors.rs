@@ -615,8 +615,11 @@ fn a_landed_load_is_served_before_waiting_requests_that_hold_nothing() {
 }
 
 #[test]
-fn a_holder_that_cannot_grow_while_nothing_runs_makes_the_other_landed_loads_let_go() {
-    // Request 1 loads 8 of its 20 tokens (2 blocks), request 2 all 20 (5 blocks): 1 free.
+fn a_second_load_waits_for_the_first_prefill_instead_of_wedging_it() {
+    // Request 1 loads 8 of its 20 tokens (2 blocks), request 2 would load all 20 (5
+    // blocks). vLLM 0.33 starts 2's load only beside the 3 blocks 1's prefill still needs:
+    // 5 + 3 > 6 free, so 2 waits holding nothing, and 1 is never starved of the memory
+    // (before this rule, both loads started and 2's landed blocks had to be let go).
     let mut s = with_loads(vec![(1, 8), (2, usize::MAX)]);
     s.add_request(
         1,
@@ -635,19 +638,16 @@ fn a_holder_that_cannot_grow_while_nothing_runs_makes_the_other_landed_loads_let
     )
     .unwrap();
     let out = run_step(&mut s);
-    assert_eq!((scheduled(&out).len(), out.kv_loads.len()), (0, 2));
-    assert_eq!(free_blocks(&s), 1);
-    s.finish_kv_transfers(&[1, 2], &[], &[]).unwrap();
-    // 1 is first and needs 3 more blocks for its other 12 tokens; 2's 5 landed blocks are
-    // the memory, and nothing runs to free any (vLLM 0.33 would not have started 2's load
-    // beside 1's unfinished prefill). 2 is preempted: its blocks go to the prefix cache
-    // and 1 is admitted.
+    assert_eq!((scheduled(&out).len(), out.kv_loads.len()), (0, 1));
+    assert_eq!(free_blocks(&s), 6);
+    assert_eq!(s.get_request(&2).unwrap().status, RequestStatus::Waiting);
+    s.finish_kv_transfers(&[1], &[], &[]).unwrap();
     let out = run_step(&mut s);
-    assert_eq!(out.preempted_req_ids, [2]);
+    assert!(out.preempted_req_ids.is_empty());
     assert_eq!(scheduled(&out), [(1, 12)]);
     assert_eq!(out.scheduled_new_reqs[0].num_computed_tokens, 8);
-    assert_eq!(s.get_request(&2).unwrap().status, RequestStatus::Preempted);
-    drain(&mut s);
+    drain_landing_loads(&mut s);
+    assert_eq!(free_blocks(&s), 8);
 }
 
 #[test]
@@ -704,4 +704,53 @@ fn a_synchronous_load_of_all_but_the_last_token_is_padded_too() {
     assert_eq!(out.scheduled_new_reqs[0].num_computed_tokens, 9);
     assert_eq!(s.block_ids(&0).unwrap().len(), 3);
     s.check_invariants().unwrap();
+}
+
+#[test]
+fn a_load_starts_only_beside_the_blocks_in_flight_prefills_still_need() {
+    // vLLM 0.33's test_async_load_reservation_prevents_wedge_e2e in blocks of 4: A (32
+    // tokens, 8 blocks) and B (20 tokens, 5 blocks) each load 16 tokens, in 9 blocks. B's
+    // whole sequence fits beside A's load (5 free), but not beside the 4 more blocks A
+    // still needs: B's load does not start, so the two can never wedge each other.
+    let cfg = SchedulerConfig {
+        num_blocks: 9,
+        max_model_len: 64,
+        max_num_batched_tokens: 64,
+        enable_prefix_caching: true,
+        scheduler_reserve_full_isl: true,
+        ..config()
+    };
+    let mut s = Scheduler::new(cfg, false).unwrap();
+    s.set_connector(Box::new(LoadsFor(vec![(0, 16), (1, 16)])))
+        .unwrap();
+    s.add_request(0, prompt(0, 32)).unwrap();
+    s.add_request(1, prompt(1, 20)).unwrap();
+    let out = run_step(&mut s);
+    assert_eq!(out.kv_loads.len(), 1);
+    assert_eq!(
+        s.get_request(&0).unwrap().status,
+        RequestStatus::WaitingForRemoteKvs
+    );
+    assert_eq!(s.get_request(&1).unwrap().status, RequestStatus::Waiting);
+    assert!(s.block_ids(&1).is_none());
+    s.finish_kv_transfers(&[0], &[], &[]).unwrap();
+    let out = run_step(&mut s);
+    assert_eq!(scheduled(&out), [(0, 16)]);
+    assert_eq!(s.get_request(&1).unwrap().num_preemptions, 0);
+    assert!(s.block_ids(&1).is_none());
+    drain_landing_loads(&mut s);
+    assert_eq!(free_blocks(&s), 9);
+}
+
+/// Runs steps until nothing is left, each load landing the step after it starts.
+fn drain_landing_loads(s: &mut Scheduler<u32>) {
+    for _ in 0..60 {
+        if !s.has_unfinished_requests() {
+            return;
+        }
+        let out = run_step(s);
+        let loads: Vec<u32> = out.kv_loads.iter().map(|l| l.request_id).collect();
+        s.finish_kv_transfers(&loads, &[], &[]).unwrap();
+    }
+    panic!("requests left after 60 steps");
 }

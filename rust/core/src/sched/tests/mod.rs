@@ -8,6 +8,7 @@ mod block_free;
 mod budgets;
 mod cadence;
 mod connectors;
+mod cross_attention;
 mod deferred;
 mod draft_slots;
 mod encoder;

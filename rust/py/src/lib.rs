@@ -6,6 +6,7 @@ mod errors;
 mod exec;
 mod kv;
 mod plugin;
+mod py_callee;
 mod sched;
 mod sched_aux;
 mod sched_config;

@@ -11,17 +11,14 @@ use tokenyard_core::{Error, Result};
 
 use crate::convert::{RequestId, short_repr};
 use crate::errors::ErrorSlot;
-use crate::plugin::is_reentry;
+use crate::py_callee::PyCallee;
 use crate::sched_connector::{count, view};
 
 const METHODS: [&str; 3] = ["max_cache_hit", "cap_external_hit", "request_loading"];
 
 /// A Python auxiliary-output connector. Each call re-takes the GIL; an exception it raises
 /// is kept in `error` and becomes the `__cause__` of the `ConnectorError` raised.
-pub(crate) struct PyAuxOutputConnector {
-    object: Py<PyAny>,
-    error: ErrorSlot,
-}
+pub(crate) struct PyAuxOutputConnector(PyCallee);
 
 impl PyAuxOutputConnector {
     /// Wraps `object` after checking it has the three methods (a `ConfigError` naming
@@ -31,42 +28,14 @@ impl PyAuxOutputConnector {
         field: &'static str,
         error: ErrorSlot,
     ) -> PyResult<Self> {
-        for method in METHODS {
-            if !object.hasattr(method)? {
-                return Err(crate::errors::config_error(
-                    object.py(),
-                    field,
-                    short_repr(object),
-                    &format!("has no method {method}()"),
-                ));
-            }
-        }
-        Ok(Self {
-            object: object.clone().unbind(),
+        PyCallee::new(
+            object,
+            field,
             error,
-        })
-    }
-
-    fn call<'py>(
-        &self,
-        py: Python<'py>,
-        method: &'static str,
-        args: impl pyo3::call::PyCallArgs<'py>,
-    ) -> Result<Bound<'py, PyAny>> {
-        let answer = self.object.bind(py).call_method1(method, args);
-        answer.map_err(|err| {
-            let error = if is_reentry(py, &err) {
-                Error::connector(
-                    method,
-                    "a call back into the Scheduler",
-                    "an auxiliary-output connector may only read the request view it is given",
-                )
-            } else {
-                Error::connector(method, &err, "raised an exception")
-            };
-            self.error.keep_cause(err);
-            error
-        })
+            &METHODS,
+            "an auxiliary-output connector may only read the request view it is given",
+        )
+        .map(Self)
     }
 
     /// A token count the connector answered, or an error naming the method.
@@ -90,7 +59,7 @@ impl AuxOutputConnector<RequestId> for PyAuxOutputConnector {
         const METHOD: &str = "max_cache_hit";
         Python::attach(|py| {
             let (hashes, ids) = lists(blocks);
-            let answer = self.call(py, METHOD, (view(py, request)?, hashes, ids))?;
+            let answer = self.0.call(py, METHOD, (view(py, request)?, hashes, ids))?;
             Self::tokens(METHOD, &answer)
         })
     }
@@ -106,7 +75,7 @@ impl AuxOutputConnector<RequestId> for PyAuxOutputConnector {
         Python::attach(|py| {
             let (hashes, ids) = lists(blocks);
             let args = (view(py, request)?, num_local, num_external, hashes, ids);
-            let answer = self.call(py, METHOD, args)?;
+            let answer = self.0.call(py, METHOD, args)?;
             Self::tokens(METHOD, &answer)
         })
     }
@@ -114,7 +83,7 @@ impl AuxOutputConnector<RequestId> for PyAuxOutputConnector {
     fn request_loading(&mut self, request: &Request<RequestId>, num_tokens: usize) -> Result<()> {
         Python::attach(|py| {
             let args = (view(py, request)?, num_tokens);
-            self.call(py, "request_loading", args).map(drop)
+            self.0.call(py, "request_loading", args).map(drop)
         })
     }
 }

@@ -12,7 +12,8 @@ use tokenyard_core::{Error, Result};
 
 use crate::convert::{RequestId, short_repr};
 use crate::errors::{ErrorSlot, input_error};
-use crate::plugin::{PyRequestView, is_reentry};
+use crate::plugin::PyRequestView;
+use crate::py_callee::PyCallee;
 
 const METHODS: [&str; 3] = [
     "get_num_new_matched_tokens",
@@ -22,10 +23,7 @@ const METHODS: [&str; 3] = [
 
 /// A Python connector. Each call re-takes the GIL; an exception it raises is kept in
 /// `error` and becomes the `__cause__` of the `ConnectorError` the scheduler's method raises.
-pub(crate) struct PyConnector {
-    object: Py<PyAny>,
-    error: ErrorSlot,
-}
+pub(crate) struct PyConnector(PyCallee);
 
 impl PyConnector {
     /// Wraps `object` after checking it has the protocol's methods (a `ConfigError` naming
@@ -35,45 +33,7 @@ impl PyConnector {
         field: &'static str,
         error: ErrorSlot,
     ) -> PyResult<Self> {
-        for method in METHODS {
-            if !object.hasattr(method)? {
-                return Err(crate::errors::config_error(
-                    object.py(),
-                    field,
-                    short_repr(object),
-                    &format!("has no method {method}()"),
-                ));
-            }
-        }
-        Ok(Self {
-            object: object.clone().unbind(),
-            error,
-        })
-    }
-
-    /// Calls `method`; a Python exception becomes a core error naming the method, the
-    /// exception kept as its cause.
-    fn call<'py>(
-        &self,
-        py: Python<'py>,
-        method: &'static str,
-        args: impl pyo3::call::PyCallArgs<'py>,
-    ) -> Result<Bound<'py, PyAny>> {
-        let answer = self.object.bind(py).call_method1(method, args);
-        answer.map_err(|err| {
-            let error = if is_reentry(py, &err) {
-                Error::connector(
-                    method,
-                    "a call back into the Scheduler",
-                    "a connector may only read the request view and block ids it is given \
-                     while the Scheduler asks it",
-                )
-            } else {
-                Error::connector(method, &err, "raised an exception")
-            };
-            self.error.keep_cause(err);
-            error
-        })
+        PyCallee::new(object, field, error, &METHODS, "a connector may only read the request view and block ids it is given while the Scheduler asks it").map(Self)
     }
 }
 
@@ -104,7 +64,9 @@ impl KvConnector<RequestId> for PyConnector {
     ) -> Result<Option<ExternalTokens>> {
         const METHOD: &str = "get_num_new_matched_tokens";
         Python::attach(|py| {
-            let answer = self.call(py, METHOD, (view(py, request)?, num_computed_tokens))?;
+            let answer = self
+                .0
+                .call(py, METHOD, (view(py, request)?, num_computed_tokens))?;
             if answer.is_none() {
                 return Ok(None);
             }
@@ -142,7 +104,7 @@ impl KvConnector<RequestId> for PyConnector {
         Python::attach(|py| {
             let blocks = PyArray1::from_slice(py, block_ids);
             let args = (view(py, request)?, blocks, num_external_tokens);
-            self.call(py, "update_state_after_alloc", args).map(drop)
+            self.0.call(py, "update_state_after_alloc", args).map(drop)
         })
     }
 
@@ -159,7 +121,7 @@ impl KvConnector<RequestId> for PyConnector {
                 groups(py, block_ids)?,
                 num_external_tokens,
             );
-            self.call(py, "update_state_after_alloc", args).map(drop)
+            self.0.call(py, "update_state_after_alloc", args).map(drop)
         })
     }
 
@@ -193,10 +155,10 @@ impl KvConnector<RequestId> for PyConnector {
     ) -> Result<Option<Vec<usize>>> {
         const METHOD: &str = "get_loaded_kv_cache_group_ids";
         Python::attach(|py| {
-            if !self.object.bind(py).hasattr(METHOD).unwrap_or(false) {
+            if !self.0.has(py, METHOD) {
                 return Ok(None);
             }
-            let answer = self.call(py, METHOD, (view(py, request)?,))?;
+            let answer = self.0.call(py, METHOD, (view(py, request)?,))?;
             if answer.is_none() {
                 return Ok(None);
             }
@@ -229,7 +191,7 @@ impl PyConnector {
     ) -> Result<bool> {
         const METHOD: &str = "request_finished";
         {
-            let answer = self.call(py, METHOD, (view(py, request)?, blocks))?;
+            let answer = self.0.call(py, METHOD, (view(py, request)?, blocks))?;
             // vLLM returns (delay_free_blocks, kv_transfer_params); tokenyard has no use for
             // the params, so a bare bool is enough.
             let delay = match answer.cast::<PyTuple>() {

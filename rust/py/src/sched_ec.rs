@@ -9,62 +9,31 @@ use tokenyard_core::{Error, Result};
 
 use crate::convert::{RequestId, short_repr};
 use crate::errors::ErrorSlot;
-use crate::plugin::is_reentry;
+use crate::py_callee::PyCallee;
 use crate::sched_connector::view;
 
 const METHODS: [&str; 2] = ["has_cache_item", "update_state_after_alloc"];
 
 /// A Python encoder-cache connector. Each call re-takes the GIL; an exception it raises is
 /// kept in `error` and becomes the `__cause__` of the `ConnectorError` raised.
-pub(crate) struct PyEncoderConnector {
-    object: Py<PyAny>,
-    error: ErrorSlot,
-}
+pub(crate) struct PyEncoderConnector(PyCallee);
 
 impl PyEncoderConnector {
-    /// Wraps `object` after checking it has the two methods (a `ConfigError` naming `field`
-    /// otherwise).
+    /// Wraps `object` after checking it has the two methods (a `ConfigError` naming
+    /// `field` otherwise).
     pub(crate) fn new(
         object: &Bound<'_, PyAny>,
         field: &'static str,
         error: ErrorSlot,
     ) -> PyResult<Self> {
-        for method in METHODS {
-            if !object.hasattr(method)? {
-                return Err(crate::errors::config_error(
-                    object.py(),
-                    field,
-                    short_repr(object),
-                    &format!("has no method {method}()"),
-                ));
-            }
-        }
-        Ok(Self {
-            object: object.clone().unbind(),
+        PyCallee::new(
+            object,
+            field,
             error,
-        })
-    }
-
-    fn call<'py>(
-        &self,
-        py: Python<'py>,
-        method: &'static str,
-        args: impl pyo3::call::PyCallArgs<'py>,
-    ) -> Result<Bound<'py, PyAny>> {
-        let answer = self.object.bind(py).call_method1(method, args);
-        answer.map_err(|err| {
-            let error = if is_reentry(py, &err) {
-                Error::connector(
-                    method,
-                    "a call back into the Scheduler",
-                    "an encoder-cache connector may only read what it is given",
-                )
-            } else {
-                Error::connector(method, &err, "raised an exception")
-            };
-            self.error.keep_cause(err);
-            error
-        })
+            &METHODS,
+            "an encoder-cache connector may only read what it is given",
+        )
+        .map(Self)
     }
 }
 
@@ -72,7 +41,7 @@ impl EncoderConnector<RequestId> for PyEncoderConnector {
     fn has_cache_item(&mut self, identifier: &str) -> Result<bool> {
         const METHOD: &str = "has_cache_item";
         Python::attach(|py| {
-            let answer = self.call(py, METHOD, (identifier,))?;
+            let answer = self.0.call(py, METHOD, (identifier,))?;
             // vLLM's connectors answer a bool (numpy's bool_ extracts too).
             answer
                 .extract::<bool>()
@@ -87,7 +56,7 @@ impl EncoderConnector<RequestId> for PyEncoderConnector {
     ) -> Result<()> {
         Python::attach(|py| {
             let args = (view(py, request)?, input_id);
-            self.call(py, "update_state_after_alloc", args).map(drop)
+            self.0.call(py, "update_state_after_alloc", args).map(drop)
         })
     }
 }

@@ -72,7 +72,8 @@ except ImportError as err:  # pragma: no cover - exercised only without vLLM
 
 from tokenyard.errors import InputError
 from tokenyard.integrations._vllm_aux_outputs import BlockHashIndex
-from tokenyard.integrations._vllm_encoder_cache import EncoderCacheView, assigned_cache_size
+from tokenyard.integrations._vllm_core_attributes import CoreAttributes
+from tokenyard.integrations._vllm_encoder_cache import EncoderCacheView
 from tokenyard.integrations._vllm_hooks import draft_slots_per_request
 from tokenyard.integrations._vllm_mamba_align import MambaAlign
 from tokenyard.integrations._vllm_outputs import (
@@ -81,7 +82,6 @@ from tokenyard.integrations._vllm_outputs import (
 from tokenyard.integrations._vllm_schedule import ScheduleStep
 from tokenyard.integrations._vllm_sessions import Sessions
 from tokenyard.integrations._vllm_side_connectors import SideConnectors
-from tokenyard.integrations._vllm_state import non_negative
 from tokenyard.integrations._vllm_translate import (
     core_config,
     core_prompt,
@@ -114,6 +114,7 @@ class TokenyardScheduler(
     MambaAlign,
     SideConnectors,
     Sessions,
+    CoreAttributes,
     SchedulerInterface,  # type: ignore[misc]
 ):
     """vLLM 0.33's ``SchedulerInterface`` over :class:`tokenyard.sched.Scheduler`.
@@ -425,98 +426,6 @@ class TokenyardScheduler(
             or (self.connector is not None and self.connector.has_pending_push_work())
             or (self.ec_connector is not None and self.ec_connector.has_pending_push_work())
         )
-
-    @property
-    def defer_block_free(self) -> bool:
-        """vLLM 0.33's gate (set for a KV consumer with several batches in flight, or by
-        hand): the blocks of a request finished or preempted while a step that served it is
-        in flight wait for the newest step scheduled then to be processed. Set by the core,
-        so that setting it on a built scheduler takes effect as in vLLM."""
-        return bool(self._core.defer_block_free)
-
-    @defer_block_free.setter
-    def defer_block_free(self, value: bool) -> None:
-        self._core.defer_block_free = bool(value)
-
-    @property
-    def defer_async_loads(self) -> bool:
-        """vLLM 0.33's gate (HiSparse, or set by hand): an asynchronous KV load admitted
-        while a step is in flight is handed to the connector once that step is processed."""
-        return bool(self._core.defer_async_loads)
-
-    @defer_async_loads.setter
-    def defer_async_loads(self, value: bool) -> None:
-        self._core.defer_async_loads = bool(value)
-
-    # vLLM's fence counters: non-empty steps scheduled / processed while frees are deferred.
-    sched_step_seq = property(lambda self: self._core.sched_step_seq)
-    processed_step_seq = property(lambda self: self._core.processed_step_seq)
-
-    @property
-    def deferred_frees(self) -> list[tuple[int, list[int]]]:
-        """The deferred frees as ``(fence step, block ids)``, oldest first (vLLM keeps the
-        ``KVCacheBlock`` objects; the blocks are the core's here). A snapshot."""
-        frees: list[tuple[int, list[int]]] = self._core.deferred_frees()
-        return frees
-
-    # --- the encoder budget and cache -------------------------------------------------------
-
-    @property
-    def max_num_encoder_input_tokens(self) -> int:
-        """vLLM 0.33's encoder compute budget per step, in embeddings; assigning it on a
-        built scheduler sets the core's from the next step on (0 encodes nothing)."""
-        return self._max_num_encoder_input_tokens
-
-    @max_num_encoder_input_tokens.setter
-    def max_num_encoder_input_tokens(self, value: int) -> None:
-        budget = non_negative(value, "max_num_encoder_input_tokens")
-        self._core.encoder_budget = budget
-        self._max_num_encoder_input_tokens = budget
-
-    @property
-    def is_encoder_decoder(self) -> bool:
-        """vLLM 0.33's flag: encoder inputs are an encoder-decoder model's (the core's
-        ``set_encoder_decoder``); assignable while no request has multimodal items."""
-        return bool(self._core.is_encoder_decoder)
-
-    @is_encoder_decoder.setter
-    def is_encoder_decoder(self, value: bool) -> None:
-        self._core.set_encoder_decoder(bool(value))
-
-    @property
-    def encoder_cache_manager(self) -> EncoderCacheView:
-        """The encoder cache under vLLM's ``EncoderCacheManager`` names (a view of the
-        core's). Assigning one of vLLM's (empty) managers gives the core's cache its size,
-        as assigning it on vLLM's scheduler does."""
-        return self._encoder_cache_view
-
-    @encoder_cache_manager.setter
-    def encoder_cache_manager(self, manager: Any) -> None:
-        self._set_encoder_cache_size(assigned_cache_size(manager, self.is_encoder_decoder))
-
-    def _set_encoder_cache_size(self, cache_size: int) -> None:
-        """Replaces the core's encoder cache with an empty one of ``cache_size`` embeddings.
-
-        Raises:
-            ConfigError: a negative size; InputError: a request holds an entry.
-        """
-        size = non_negative(cache_size, "encoder_cache_manager.cache_size")
-        self._core.set_encoder_cache_size(size)
-        self._encoder_cache_size = size
-
-    @property
-    def _mm_refusal(self) -> str | None:
-        """Why a request's multimodal items are refused now (None: served). A text-only
-        model's items are served once an encoder budget and cache are set on the scheduler
-        (vLLM's are 0 and 0 then: it would accept them and never encode them)."""
-        if self._mm_refused is not None or self._mm_model:
-            return self._mm_refused
-        if self._max_num_encoder_input_tokens == 0 or self._encoder_cache_size == 0:
-            return (
-                "(the model takes none: set max_num_encoder_input_tokens and "
-                "encoder_cache_manager on the scheduler to give it an encoder budget)"
-            )
-        return None
 
     @property
     def pause_state(self) -> PauseState:

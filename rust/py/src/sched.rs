@@ -1,12 +1,13 @@
-//! `tokenyard.sched`: the step scheduler. Conversions only: request arguments; the config
-//! object's fields are `sched_config`'s, the step's output and stats `sched_output`'s.
+//! `tokenyard.sched`: the step scheduler. Conversions only: request and step arguments are
+//! `sched_args`'s, the config object's fields `sched_config`'s, the step's output and stats
+//! `sched_output`'s.
 
 use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyMapping};
-use tokenyard_core::sched::{MambaAlignSplit, RequestSpec, SampledOutput, Scheduler};
+use tokenyard_core::sched::{MambaAlignSplit, Scheduler};
 
-use crate::convert::{RequestId, count_arg, int_arg, kv_values, token_ids};
+use crate::convert::RequestId;
 use crate::errors::ErrorSlot;
 use crate::errors::{OrRaise, invariants, unknown_request};
 use crate::plugin::PyPlugin;
@@ -15,6 +16,7 @@ use crate::sched_connector::{PyConnector, request_ids};
 use crate::sched_output::{
     PyCachedRequestData, PyNewRequestData, PySchedulerOutput, PySchedulerStats, id_list,
 };
+use args::{abort_ids, add_speculation, kv_event, request_spec, sampled_arrays, sampled_outputs};
 
 pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<PyScheduler>()?;
@@ -38,23 +40,6 @@ pub(crate) struct PyScheduler {
 }
 
 impl PyScheduler {
-    /// Applies one step's outputs; returns the finished requests as `(id, reason)`.
-    fn apply_outputs<'py>(
-        &mut self,
-        py: Python<'py>,
-        outputs: &[SampledOutput<RequestId>],
-    ) -> PyResult<Bound<'py, PyList>> {
-        let finished = self
-            .inner
-            .update_from_output(outputs)
-            .map_err(|err| self.raise(py, err))?;
-        let list = PyList::empty(py);
-        for (id, reason) in finished {
-            list.append((id.into_py(py)?, reason.as_str()))?;
-        }
-        Ok(list)
-    }
-
     /// The Python exception for a core error: a plugin's own exception unchanged, a
     /// connector's error with the exception it raised (if any) as its cause.
     fn raise(&self, py: Python<'_>, err: tokenyard_core::Error) -> PyErr {
@@ -68,60 +53,6 @@ impl PyScheduler {
             py_err.set_cause(py, cause);
         }
         py_err
-    }
-}
-
-/// Merges rejected counts and new drafts into the outputs, adding an entry for a request
-/// that sampled nothing this step.
-fn add_speculation<'py>(
-    outputs: &mut Vec<SampledOutput<RequestId>>,
-    num_rejected_tokens: Option<&Bound<'py, PyMapping>>,
-    spec_token_ids: Option<&Bound<'py, PyMapping>>,
-) -> PyResult<()> {
-    let mut position: rustc_hash::FxHashMap<RequestId, usize> = outputs
-        .iter()
-        .enumerate()
-        .map(|(i, o)| (o.request_id.clone(), i))
-        .collect();
-    let mut entry = |key: &Bound<'py, PyAny>| -> PyResult<usize> {
-        let id = RequestId::from_py(key)?;
-        Ok(*position.entry(id.clone()).or_insert_with(|| {
-            outputs.push(sampled_output(id, Vec::new()));
-            outputs.len() - 1
-        }))
-    };
-    let mut rejected = Vec::new();
-    if let Some(map) = num_rejected_tokens {
-        for item in map.items()?.iter() {
-            let (key, n): (Bound<'py, PyAny>, i64) = item.extract()?;
-            rejected.push((
-                entry(&key)?,
-                count_arg(key.py(), "num_rejected_tokens", n, 0)?,
-            ));
-        }
-    }
-    let mut drafts = Vec::new();
-    if let Some(map) = spec_token_ids {
-        for item in map.items()?.iter() {
-            let (key, tokens): (Bound<'py, PyAny>, Bound<'py, PyAny>) = item.extract()?;
-            drafts.push((entry(&key)?, token_ids(&tokens, "spec_token_ids")?));
-        }
-    }
-    for (i, n) in rejected {
-        outputs[i].num_rejected_tokens = n;
-    }
-    for (i, tokens) in drafts {
-        outputs[i].spec_token_ids = tokens;
-    }
-    Ok(())
-}
-
-fn sampled_output(request_id: RequestId, token_ids: Vec<u32>) -> SampledOutput<RequestId> {
-    SampledOutput {
-        request_id,
-        token_ids,
-        num_rejected_tokens: 0,
-        spec_token_ids: Vec::new(),
     }
 }
 
@@ -179,48 +110,19 @@ impl PyScheduler {
     ) -> PyResult<()> {
         let py = request_id.py();
         let id = RequestId::from_py(request_id)?;
-        let (i64_min, i64_max) = (i64::MIN as i128, i64::MAX as i128);
-        let spec = RequestSpec {
-            prompt_token_ids: token_ids(prompt_token_ids, "prompt_token_ids")?,
-            max_tokens: int_arg(max_tokens, "max_tokens", 1, u32::MAX as i128)? as usize,
-            priority: priority
-                .map(|p| int_arg(p, "priority", i64_min, i64_max))
-                .transpose()?
-                .unwrap_or(0) as i64,
-            arrival_time: match arrival_time {
-                Some(t) if !t.is_finite() => {
-                    return Err(crate::errors::input_error(
-                        py,
-                        "arrival_time",
-                        t,
-                        "must be finite",
-                    ));
-                }
-                t => t.unwrap_or(0.0),
-            },
-            eos_token_id: eos_token_id
-                .map(|t| int_arg(t, "eos_token_id", 0, u32::MAX as i128).map(|t| t as u32))
-                .transpose()?,
-            stop_token_ids: match stop_token_ids {
-                Some(ids) => token_ids(ids, "stop_token_ids")?,
-                None => Vec::new(),
-            },
+        let spec = request_spec(
+            prompt_token_ids,
+            max_tokens,
+            priority,
+            arrival_time,
+            eos_token_id,
+            stop_token_ids,
             ignore_eos,
-            lora_id: lora_id
-                .map(|l| int_arg(l, "lora_id", 0, i64_max).map(|l| l as u64))
-                .transpose()?,
-            external_id: None,
-            num_deferred_prompt_tokens: 0,
-            mm_features: match mm_features {
-                Some(items) if !items.is_none() => crate::sched_encoder::mm_features(items)?,
-                _ => Vec::new(),
-            },
-            num_computed_tokens: num_computed_tokens
-                .map(|n| int_arg(n, "num_computed_tokens", 0, u32::MAX as i128))
-                .transpose()?
-                .unwrap_or(0) as usize,
+            lora_id,
+            mm_features,
+            num_computed_tokens,
             resumable,
-        };
+        )?;
         self.inner.add_request(id, spec).or_raise(py)
     }
 
@@ -240,12 +142,7 @@ impl PyScheduler {
         spec_token_ids: Option<&Bound<'py, PyMapping>>,
     ) -> PyResult<Bound<'py, PyList>> {
         let py = sampled_token_ids.py();
-        let mut outputs = Vec::with_capacity(sampled_token_ids.len()?);
-        for item in sampled_token_ids.items()?.iter() {
-            let (key, tokens): (Bound<'py, PyAny>, Bound<'py, PyAny>) = item.extract()?;
-            let sampled = token_ids(&tokens, "sampled_token_ids")?;
-            outputs.push(sampled_output(RequestId::from_py(&key)?, sampled));
-        }
+        let mut outputs = sampled_outputs(sampled_token_ids)?;
         if num_rejected_tokens.is_some() || spec_token_ids.is_some() {
             add_speculation(&mut outputs, num_rejected_tokens, spec_token_ids)?;
         }
@@ -275,67 +172,12 @@ impl PyScheduler {
         num_sampled: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyList>> {
         let py = request_ids.py();
-        let ids = kv_values(request_ids, "request_ids")?;
-        let tokens = token_ids(sampled_token_ids, "sampled_token_ids")?;
-        let counts = match num_sampled {
-            Some(counts) => kv_values(counts, "num_sampled")?,
-            None => vec![1; ids.len()],
-        };
-        let mismatch = |arg: &'static str, value: usize, want: String| {
-            crate::errors::input_error(py, arg, format!("length {value}"), &want)
-        };
-        if counts.len() != ids.len() {
-            let want = format!("must have one count per request id ({})", ids.len());
-            return Err(mismatch("num_sampled", counts.len(), want));
-        }
-        if let Some(&bad) = counts.iter().find(|&&n| n < 0) {
-            return Err(crate::errors::input_error(
-                py,
-                "num_sampled",
-                bad,
-                "counts must be at least 0",
-            ));
-        }
-        let total: i64 = counts.iter().sum();
-        if usize::try_from(total) != Ok(tokens.len()) {
-            let want = format!("must hold the {total} tokens num_sampled counts");
-            return Err(mismatch("sampled_token_ids", tokens.len(), want));
-        }
-        let mut rest = tokens.as_slice();
-        let outputs: Vec<_> = ids
-            .iter()
-            .zip(&counts)
-            .map(|(&id, &n)| {
-                let (mine, after) = rest.split_at(n as usize);
-                rest = after;
-                sampled_output(RequestId::Int(id), mine.to_vec())
-            })
-            .collect();
+        let outputs = sampled_arrays(py, request_ids, sampled_token_ids, num_sampled)?;
         self.apply_outputs(py, &outputs)
     }
 
     fn abort(&mut self, request_ids: &Bound<'_, PyAny>) -> PyResult<()> {
-        // One id (an int or a str) or an iterable of them; a str is one id, not its chars.
-        let single = request_ids.is_instance_of::<pyo3::types::PyString>()
-            || request_ids.is_instance_of::<pyo3::types::PyInt>();
-        let ids = if single {
-            vec![RequestId::from_py(request_ids)?]
-        } else {
-            request_ids
-                .try_iter()
-                .map_err(|_| {
-                    crate::errors::input_error(
-                        request_ids.py(),
-                        "request_ids",
-                        request_ids
-                            .repr()
-                            .map_or_else(|_| "?".to_string(), |r| r.to_string()),
-                        "must be a request id or an iterable of them",
-                    )
-                })?
-                .map(|id| RequestId::from_py(&id?))
-                .collect::<PyResult<Vec<_>>>()?
-        };
+        let ids = abort_ids(request_ids)?;
         let py = request_ids.py();
         self.inner.abort(&ids).map_err(|err| self.raise(py, err))
     }
@@ -389,18 +231,8 @@ impl PyScheduler {
     /// kind `"stored"`, `"removed"`, `"host_stored"`, `"host_removed"` or `"all_cleared"`
     /// (hash 0).
     fn drain_kv_events(&mut self) -> Vec<(&'static str, u128)> {
-        use tokenyard_core::kv::KvEvent;
-        self.inner
-            .drain_kv_events()
-            .into_iter()
-            .map(|event| match event {
-                KvEvent::Stored(h) => ("stored", h.0),
-                KvEvent::Removed(h) => ("removed", h.0),
-                KvEvent::HostStored(h) => ("host_stored", h.0),
-                KvEvent::HostRemoved(h) => ("host_removed", h.0),
-                KvEvent::AllCleared => ("all_cleared", 0),
-            })
-            .collect()
+        let events = self.inner.drain_kv_events().into_iter();
+        events.map(kv_event).collect()
     }
 
     /// vLLM 0.33's `defer_block_free`: blocks of a request finished or preempted while a
@@ -959,3 +791,6 @@ impl PyScheduler {
             .then(|| self.inner.encoder_cache_refs(mm_hash))
     }
 }
+
+#[path = "sched_args.rs"]
+mod args;

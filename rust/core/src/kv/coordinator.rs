@@ -238,102 +238,6 @@ impl<R: RequestKey> KvCoordinator<R> {
         self.requests.keys()
     }
 
-    /// vLLM's `find_longest_cache_hit` of the coordinator: the longest prefix of
-    /// `token_ids` (never all of it: the last token is recomputed) that every group can
-    /// serve. Full-attention groups are looked up first (their hit only shrinks), then
-    /// each other spec group verifies within the current length; when any group shortens
-    /// it, all are checked again, except in the "simple hybrid" (one full-attention spec
-    /// group + one other), where vLLM stops after one round.
-    pub fn get_computed_blocks(
-        &mut self,
-        token_ids: &[TokenId],
-        extra_key: Option<u64>,
-    ) -> GroupedComputedBlocks {
-        self.get_computed_blocks_from(token_ids, extra_key, Vec::new(), usize::MAX)
-    }
-
-    /// [`Self::get_computed_blocks`], given `known`: the hashes of the first full blocks of
-    /// these token ids under this extra key (an earlier lookup's, or the caller's), which
-    /// are not recomputed (as `BlockPool::get_computed_blocks_from`), and a hit no longer
-    /// than `max_hit_tokens`.
-    pub(crate) fn get_computed_blocks_from(
-        &mut self,
-        token_ids: &[TokenId],
-        extra_key: Option<u64>,
-        known: Vec<BlockHash>,
-        max_hit_tokens: usize,
-    ) -> GroupedComputedBlocks {
-        let num_groups = self.groups.len();
-        let mut hit = GroupedComputedBlocks {
-            block_ids: vec![Vec::new(); num_groups],
-            query: LookupQuery {
-                num_tokens: token_ids.len(),
-                extra_key,
-            },
-            ..GroupedComputedBlocks::default()
-        };
-        if !self.enable_caching {
-            return hit;
-        }
-        let bs = self.block_size;
-        let max_length = token_ids.len().saturating_sub(1).min(max_hit_tokens);
-        let mut hashes = known;
-        hashes.truncate(max_length / bs);
-        hashes.reserve_exact(max_length / bs - hashes.len());
-        hash_full_blocks(&mut hashes, &token_ids[..max_length], bs, extra_key);
-        let simple_hybrid =
-            self.lookup_order.len() == 2 && self.lookup_order[0].spec.is_full_attention();
-        let mut hit_length = max_length;
-        let mut found: Vec<Option<Vec<BlockId>>> = vec![None; num_groups];
-        let mut found_length = vec![0usize; num_groups];
-        loop {
-            let mut current = hit_length;
-            for group in &self.lookup_order {
-                let first = group.group_ids[0];
-                if group.spec.is_full_attention() && found[first].is_some() {
-                    current = current.min(found_length[first]);
-                    continue;
-                }
-                let (cached, blocks) = (&self.cached, self.blocks.as_slice());
-                let lookup = |i: usize| {
-                    (group.group_ids.iter())
-                        .map(|&g| cached.get(&group_key(hashes[i], g), blocks))
-                        .collect::<Option<Vec<_>>>()
-                };
-                let result = find_longest_cache_hit(
-                    group.spec,
-                    group.group_ids.len(),
-                    bs,
-                    hashes.len(),
-                    current,
-                    lookup,
-                );
-                current = result.num_tokens;
-                for (&g, table) in group.group_ids.iter().zip(result.blocks) {
-                    found[g] = Some(table);
-                    found_length[g] = current;
-                }
-            }
-            if current >= hit_length {
-                break;
-            }
-            hit_length = current;
-            if simple_hybrid {
-                break;
-            }
-        }
-        for (g, spec) in self.groups.iter().enumerate() {
-            if let (true, Some(table)) = (spec.is_full_attention(), &mut found[g]) {
-                table.truncate(hit_length.div_ceil(bs));
-            }
-        }
-        hit.block_ids = found.into_iter().map(Option::unwrap_or_default).collect();
-        hit.num_computed_tokens = hit_length;
-        hit.block_hashes = hashes;
-        self.stats.record_lookup(token_ids.len(), hit_length);
-        hit
-    }
-
     /// vLLM's `KVCacheManager.allocate_slots` for `num_new_tokens` tokens to compute (and
     /// `num_lookahead_tokens` slots for speculative ones): first each group frees the
     /// blocks before its window (`remove_skipped_blocks`, null blocks in their place),
@@ -767,39 +671,6 @@ impl<R: RequestKey> KvCoordinator<R> {
         request
     }
 
-    fn check_hit_is_current(
-        &self,
-        hit: &GroupedComputedBlocks,
-        num_token_ids: usize,
-        extra_key: Option<u64>,
-    ) -> Result<()> {
-        if hit.block_ids.len() != self.groups.len() {
-            return Err(Error::input(
-                "new_computed_blocks",
-                format!("{} groups", hit.block_ids.len()),
-                format!("this coordinator has {} groups", self.groups.len()),
-            ));
-        }
-        hit.query.check_matches(num_token_ids, extra_key)?;
-        for (g, table) in hit.block_ids.iter().enumerate() {
-            for (i, &block) in table.iter().enumerate() {
-                if block == NULL_BLOCK {
-                    continue;
-                }
-                let expected = hit.block_hashes.get(i).map(|&h| group_key(h, g));
-                let current = self.blocks.get(block as usize).and_then(BlockMeta::hash);
-                if expected.is_none() || current != expected {
-                    return Err(Error::input(
-                        "new_computed_blocks",
-                        format!("group {g} block {block}"),
-                        "stale: a hit block was evicted since the lookup",
-                    ));
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// Describes the first broken invariant, if any. O(blocks + held blocks).
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
         let null = &self.blocks[NULL_BLOCK as usize];
@@ -906,6 +777,9 @@ impl<R: RequestKey> KvCapacity for KvCoordinator<R> {
         self.free_queue.len()
     }
 }
+
+#[path = "coordinator_hits.rs"]
+mod hits;
 
 #[path = "coordinator_loads.rs"]
 mod loads;

@@ -147,10 +147,16 @@ def compare(name: str, config: dict[str, object], old: str, repeat: int) -> None
             f"prefix hit rate {rs[0]['hit']:.4f}, peak RSS {peak_mb:,.0f} MB"
         )
     hashes = {str(r["hash"]) for rs in runs.values() for r in rs}
+    # Each side's hashes, so a difference says which side is which (and a side that is
+    # not deterministic shows two).
+    side_hashes = {side: sorted({str(r["hash"])[:16] for r in rs}) for side, rs in runs.items()}
     print(f"{name} ratio new/old (requests per wall s): {rate['new'] / rate['old']:.2f}")
     # On a shared machine the process's CPU time is the steadier figure.
     print(f"{name} ratio old/new (CPU s in simulate): {cpu['old'] / cpu['new']:.2f}")
-    print(f"{name} outputs identical: {len(hashes) == 1} ({sorted(hashes)[0][:16]})")
+    print(
+        f"{name} outputs identical: {len(hashes) == 1} "
+        f"(old {', '.join(side_hashes['old'])}; new {', '.join(side_hashes['new'])})"
+    )
 
 
 def main() -> int:

@@ -211,6 +211,19 @@ def test_the_bulk_array_path_decides_as_the_dict_path(seed: int) -> None:
     assert _drive(make(), bulk=True, seed=seed) == _drive(make(), bulk=False, seed=seed)
 
 
+def test_the_bulk_array_path_refuses_an_id_given_twice_and_applies_nothing() -> None:
+    scheduler = small()
+    for rid in (1, 2):
+        scheduler.add_request(rid, np.arange(4), max_tokens=3)
+    scheduler.schedule()
+    with pytest.raises(InputError, match="appears twice"):
+        scheduler.update_from_output_arrays([1, 2, 1], [5, 6, 7])
+    assert (scheduler.num_tokens(1), scheduler.num_tokens(2)) == (4, 4)
+    # The outputs kept from the refused call are not taken for the next one's.
+    assert scheduler.update_from_output_arrays([2], [9]) == []
+    assert (scheduler.num_tokens(1), scheduler.num_tokens(2)) == (4, 5)
+
+
 def test_the_bulk_array_path_refuses_what_does_not_line_up() -> None:
     scheduler = small()
     scheduler.add_request(1, np.arange(4), max_tokens=3)

@@ -5,7 +5,7 @@
 use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyMapping};
-use tokenyard_core::sched::{MambaAlignSplit, Scheduler};
+use tokenyard_core::sched::{MambaAlignSplit, SampledOutput, Scheduler};
 
 use crate::convert::RequestId;
 use crate::errors::ErrorSlot;
@@ -37,6 +37,8 @@ pub(crate) struct PyScheduler {
     inner: Scheduler<RequestId>,
     plugin_error: ErrorSlot,
     connector_error: ErrorSlot,
+    /// `update_from_output_arrays`' outputs, kept from call to call (`sampled_arrays`).
+    spare_outputs: Vec<SampledOutput<RequestId>>,
 }
 
 impl PyScheduler {
@@ -86,6 +88,7 @@ impl PyScheduler {
             inner,
             plugin_error,
             connector_error,
+            spare_outputs: Vec::new(),
         })
     }
 
@@ -172,8 +175,17 @@ impl PyScheduler {
         num_sampled: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyList>> {
         let py = request_ids.py();
-        let outputs = sampled_arrays(py, request_ids, sampled_token_ids, num_sampled)?;
-        self.apply_outputs(py, &outputs)
+        let mut outputs = std::mem::take(&mut self.spare_outputs);
+        let result = sampled_arrays(
+            py,
+            request_ids,
+            sampled_token_ids,
+            num_sampled,
+            &mut outputs,
+        )
+        .and_then(|()| self.apply_outputs(py, &outputs));
+        self.spare_outputs = outputs;
+        result
     }
 
     fn abort(&mut self, request_ids: &Bound<'_, PyAny>) -> PyResult<()> {

@@ -91,7 +91,8 @@ pub(crate) fn sampled_arrays(
     request_ids: &Bound<'_, PyAny>,
     sampled_token_ids: &Bound<'_, PyAny>,
     num_sampled: Option<&Bound<'_, PyAny>>,
-) -> PyResult<Vec<SampledOutput<RequestId>>> {
+    outputs: &mut Vec<SampledOutput<RequestId>>,
+) -> PyResult<()> {
     let ids = kv_values(request_ids, "request_ids")?;
     let tokens = token_ids(sampled_token_ids, "sampled_token_ids")?;
     let counts = match num_sampled {
@@ -118,17 +119,26 @@ pub(crate) fn sampled_arrays(
         let want = format!("must hold the {total} tokens num_sampled counts");
         return Err(mismatch("sampled_token_ids", tokens.len(), want));
     }
+    // The previous step's outputs are overwritten in place: their token vectors keep
+    // their capacity, so a decode step allocates none per request (an allocation and a
+    // free per request were a fifth of this call at 1,024 running requests).
+    outputs.truncate(ids.len());
     let mut rest = tokens.as_slice();
-    let outputs: Vec<_> = ids
-        .iter()
-        .zip(&counts)
-        .map(|(&id, &n)| {
-            let (mine, after) = rest.split_at(n as usize);
-            rest = after;
-            sampled_output(RequestId::Int(id), mine.to_vec())
-        })
-        .collect();
-    Ok(outputs)
+    for (i, (&id, &n)) in ids.iter().zip(&counts).enumerate() {
+        let (mine, after) = rest.split_at(n as usize);
+        rest = after;
+        match outputs.get_mut(i) {
+            Some(output) => {
+                output.request_id = RequestId::Int(id);
+                output.token_ids.clear();
+                output.token_ids.extend_from_slice(mine);
+                output.num_rejected_tokens = 0;
+                output.spec_token_ids.clear();
+            }
+            None => outputs.push(sampled_output(RequestId::Int(id), mine.to_vec())),
+        }
+    }
+    Ok(())
 }
 
 /// `abort`'s `request_ids`.

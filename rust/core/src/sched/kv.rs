@@ -220,19 +220,18 @@ impl Kv {
                     Some(Hit::BlockHash(h)) => Some(h),
                     Some(_) => return Err(other_pool(slot)),
                 };
-                if with_ids {
-                    p.allocate_slots(&slot, new_token_ids, n, lookahead, hit, extra_key)
-                } else {
-                    let counted = p.allocate_slots_counted(
-                        &slot,
-                        new_token_ids,
-                        n,
-                        lookahead,
-                        hit,
-                        extra_key,
-                    )?;
-                    Ok(counted.map(|_| Vec::new()))
-                }
+                let counted =
+                    p.allocate_slots_counted(&slot, new_token_ids, n, lookahead, hit, extra_key)?;
+                // `allocate_slots`' answer, but the table is read only when blocks were
+                // added: a decode step adds none for most requests (one lookup fewer each).
+                Ok(counted.map(|num_new| match num_new {
+                    0 => Vec::new(),
+                    _ if !with_ids => Vec::new(),
+                    _ => {
+                        let table = PrefixPool::block_ids(p, &slot).unwrap_or_default();
+                        table[table.len() - num_new..].to_vec()
+                    }
+                }))
             }
             (Kv::Radix(p), None) => {
                 PrefixPool::allocate_slots(p, &slot, new_token_ids, n, lookahead, None, extra_key)

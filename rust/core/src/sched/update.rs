@@ -176,9 +176,9 @@ impl<R: RequestKey> Scheduler<R> {
         &mut self,
         outputs: &[SampledOutput<R>],
     ) -> Result<Vec<(R, FinishReason)>> {
-        self.check_outputs(outputs)?;
+        let slots = self.check_outputs(outputs)?;
         self.num_updates += 1;
-        self.apply_update(outputs)
+        self.apply_update(outputs, &slots)
     }
 
     /// Drafts proposed after a step's update (vLLM's `update_draft_token_ids`): outputs
@@ -197,21 +197,26 @@ impl<R: RequestKey> Scheduler<R> {
                 "a drafts' update carries no sampled tokens",
             ));
         }
-        self.check_outputs(outputs)?;
-        self.apply_update(outputs).map(drop)
+        let slots = self.check_outputs(outputs)?;
+        self.apply_update(outputs, &slots).map(drop)
     }
 
-    fn apply_update(&mut self, outputs: &[SampledOutput<R>]) -> Result<Vec<(R, FinishReason)>> {
+    /// `slots`: `check_outputs`' answer for `outputs` (ids are distinct, so applying one
+    /// output changes no other's).
+    fn apply_update(
+        &mut self,
+        outputs: &[SampledOutput<R>],
+        slots: &[Option<u32>],
+    ) -> Result<Vec<(R, FinishReason)>> {
         self.encoder_free_passed(outputs);
         self.in_flight_land_step();
         let mut finished = Vec::new();
         let mut connector_error = None;
-        for output in outputs {
-            if self.finished_in_flight.contains_key(&output.request_id) {
+        for (output, &slot) in outputs.iter().zip(slots) {
+            let Some(slot) = slot else {
                 self.drop_late_output(&output.request_id)?;
                 continue;
-            }
-            let slot = self.index[&output.request_id];
+            };
             if let Some(reason) = self.apply_output(slot, output)? {
                 finished.push((output.request_id.clone(), reason));
                 if self.parks(slot, reason) {
@@ -256,24 +261,38 @@ impl<R: RequestKey> Scheduler<R> {
             .map_or(0, |&slot| self.req(slot).num_sampling_steps())
     }
 
-    fn check_outputs(&self, outputs: &[SampledOutput<R>]) -> Result<()> {
-        let mut seen = rustc_hash::FxHashSet::default();
+    /// Checks one update's outputs; returns each one's slot, `None` for a request that
+    /// finished with outputs in flight (a late output, dropped).
+    fn check_outputs(&self, outputs: &[SampledOutput<R>]) -> Result<Vec<Option<u32>>> {
+        let twice = |id: &R| {
+            Error::input(
+                "request_id",
+                format!("{id:?}"),
+                "appears twice in one update",
+            )
+        };
+        // Live ids are told apart by slot (one id per slot): a flag per slot, not a hash
+        // set of ids (which cost a probe and a rehash per request per step).
+        let mut seen_slots = vec![false; self.slots.len()];
+        let mut seen_finished = rustc_hash::FxHashSet::default();
+        let mut slots = Vec::with_capacity(outputs.len());
         for output in outputs {
             let id = &output.request_id;
-            if !seen.insert(id) {
-                return Err(Error::input(
-                    "request_id",
-                    format!("{id:?}"),
-                    "appears twice in one update",
-                ));
-            }
-            if self.finished_in_flight.contains_key(id) {
+            if !self.finished_in_flight.is_empty() && self.finished_in_flight.contains_key(id) {
+                if !seen_finished.insert(id) {
+                    return Err(twice(id));
+                }
+                slots.push(None);
                 continue;
             }
             let slot = *self
                 .index
                 .get(id)
                 .ok_or_else(|| Error::unknown_request(id))?;
+            if std::mem::replace(&mut seen_slots[slot as usize], true) {
+                return Err(twice(id));
+            }
+            slots.push(Some(slot));
             let request = self.req(slot);
             // A request preempted after its step was launched (async scheduling, or several
             // batches in flight) still gets that step's (valid) tokens; it recomputes them
@@ -316,7 +335,7 @@ impl<R: RequestKey> Scheduler<R> {
                 ));
             }
         }
-        Ok(())
+        Ok(slots)
     }
 
     fn apply_output(

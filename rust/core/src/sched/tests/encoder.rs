@@ -4,7 +4,8 @@
 use super::*;
 use crate::sched::*;
 
-fn image(offset: usize, length: usize, id: &str) -> MmFeature {
+/// An image item of `length` placeholder tokens at `offset` (shared by the encoder tests).
+pub(super) fn image(offset: usize, length: usize, id: &str) -> MmFeature {
     MmFeature {
         offset,
         length,
@@ -13,7 +14,7 @@ fn image(offset: usize, length: usize, id: &str) -> MmFeature {
     }
 }
 
-fn mm_prompt(id: u32, len: usize, items: Vec<MmFeature>) -> RequestSpec {
+pub(super) fn mm_prompt(id: u32, len: usize, items: Vec<MmFeature>) -> RequestSpec {
     RequestSpec {
         mm_features: items,
         max_tokens: 2,
@@ -21,7 +22,7 @@ fn mm_prompt(id: u32, len: usize, items: Vec<MmFeature>) -> RequestSpec {
     }
 }
 
-fn enc_config(budget: usize, cache: usize) -> SchedulerConfig {
+pub(super) fn enc_config(budget: usize, cache: usize) -> SchedulerConfig {
     SchedulerConfig {
         max_num_batched_tokens: 2048,
         num_blocks: 1024,

@@ -4,40 +4,9 @@
 
 use std::sync::{Arc, Mutex};
 
+use super::encoder::{enc_config, image, mm_prompt};
 use super::*;
 use crate::sched::*;
-
-fn image(offset: usize, length: usize, id: &str) -> MmFeature {
-    MmFeature {
-        offset,
-        length,
-        identifier: id.into(),
-        is_embed: None,
-    }
-}
-
-fn mm_prompt(id: u32, len: usize, items: Vec<MmFeature>) -> RequestSpec {
-    RequestSpec {
-        mm_features: items,
-        max_tokens: 2,
-        ..prompt(id, len)
-    }
-}
-
-fn enc_config(budget: usize, cache: usize) -> SchedulerConfig {
-    SchedulerConfig {
-        max_num_batched_tokens: 2048,
-        num_blocks: 1024,
-        block_size: 16,
-        max_model_len: 4096,
-        encoder: EncoderConfig {
-            max_num_encoder_input_tokens: budget,
-            encoder_cache_size: cache,
-            disable_chunked_mm_input: false,
-        },
-        ..config()
-    }
-}
 
 /// Holds the items named in `held`; logs its calls; fails on `"bad"`.
 struct Holds {

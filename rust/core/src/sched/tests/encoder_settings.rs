@@ -2,25 +2,9 @@
 //! `scheduler.max_num_encoder_input_tokens` and `scheduler.encoder_cache_manager`): each
 //! changes the next step's answer.
 
+use super::encoder::{image, mm_prompt};
 use super::*;
 use crate::sched::*;
-
-fn image(offset: usize, length: usize, id: &str) -> MmFeature {
-    MmFeature {
-        offset,
-        length,
-        identifier: id.into(),
-        is_embed: None,
-    }
-}
-
-fn with_images(id: u32, len: usize, items: Vec<MmFeature>) -> RequestSpec {
-    RequestSpec {
-        mm_features: items,
-        max_tokens: 2,
-        ..prompt(id, len)
-    }
-}
 
 /// Budget 2048 tokens, 1024 blocks of 16; the encoder budget and cache default to 2048.
 fn built() -> Scheduler<u32> {
@@ -42,7 +26,7 @@ fn a_budget_set_after_construction_holds_the_second_image_to_the_next_step() {
     assert_eq!(s.encoder_budget(), 2048);
     s.set_encoder_budget(100);
     let items = vec![image(0, 100, "a0"), image(150, 100, "a1")];
-    s.add_request(0, with_images(0, 300, items)).unwrap();
+    s.add_request(0, mm_prompt(0, 300, items)).unwrap();
     let out = run_step(&mut s);
     assert_eq!(scheduled(&out), [(0, 150)]);
     assert_eq!(out.scheduled_encoder_inputs, [(0, vec![0])]);
@@ -54,7 +38,7 @@ fn a_budget_set_after_construction_holds_the_second_image_to_the_next_step() {
 #[test]
 fn a_zero_budget_schedules_only_the_text_before_an_image() {
     let mut s = built();
-    s.add_request(0, with_images(0, 60, vec![image(20, 30, "a")]))
+    s.add_request(0, mm_prompt(0, 60, vec![image(20, 30, "a")]))
         .unwrap();
     s.set_encoder_budget(0);
     assert_eq!(scheduled(&run_step(&mut s)), [(0, 20)]);
@@ -67,13 +51,13 @@ fn a_cache_set_after_construction_bounds_the_items_and_drops_freeable_entries() 
     s.set_encoder_cache_size(300).unwrap();
     assert_eq!(s.encoder_cache_usage(), (300, 300, 300));
     // An item larger than the new cache could never be scheduled: refused.
-    let err = s.add_request(0, with_images(0, 400, vec![image(0, 301, "big")]));
+    let err = s.add_request(0, mm_prompt(0, 400, vec![image(0, 301, "big")]));
     assert!(
         err.unwrap_err()
             .to_string()
             .contains("encoder_cache_size=300")
     );
-    s.add_request(1, with_images(1, 120, vec![image(0, 100, "a")]))
+    s.add_request(1, mm_prompt(1, 120, vec![image(0, 100, "a")]))
         .unwrap();
     let out = s.schedule().unwrap();
     // Request 1 holds its entry until its step's output passes it: the cache cannot be

@@ -13,6 +13,7 @@ mod encoder_connector;
 mod encoder_decoder;
 mod hooks;
 mod in_flight;
+mod invariants;
 mod kv;
 mod loads;
 mod mamba_align;

@@ -27,17 +27,16 @@ from tokenyard.predictor import batch_features
 from tokenyard.predictor.calibration import builtin_calibration
 from tokenyard.predictor.compiled import CompiledPredictor
 from tokenyard.predictor.measured.build import measured_predictor
-from tokenyard.predictor.measured.data import package_root, resolve_source
+from tokenyard.predictor.measured.data import SYSTEM_OF_DEVICE, package_root, resolve_source
 from tokenyard.predictor.roofline import roofline_predictor
 
-SYSTEMS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm", "a100-80gb": "a100_sxm", "b200": "b200_sxm"}
 GEMMS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
 ELEMENTWISE = ("input_norm", "post_attn_norm", "rope", "act", "kv_store", "embedding")
 
 
 def predictors(model_name: str, device_name: str) -> dict[str, CompiledPredictor]:
     model, device = catalog.model(model_name), catalog.device(device_name)
-    source = resolve_source(package_root(), SYSTEMS[device.name], "vllm", "latest")
+    source = resolve_source(package_root(), SYSTEM_OF_DEVICE[device.name], "vllm", "latest")
     return {
         "measured": measured_predictor(model, device, source),
         "calibrated": roofline_predictor(model, device, calibration=builtin_calibration(device)),

@@ -30,33 +30,25 @@ from vllm.distributed.aux_output_connector.connector import (
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import ModelRunnerOutput
-from vllm.v1.request import Request, RequestStatus
-from vllm_peer import VllmSchedulerPeer
+from vllm.v1.request import RequestStatus
+from vllm_compare import add_to_each, peer_pair
 
 from tokenyard.integrations.vllm import TokenyardScheduler
-
-_HASHERS: dict[int, Any] = {}
 
 
 def _pair(num_blocks: int = 12, **options: Any) -> list[Any]:
     """vLLM's scheduler and tokenyard's over the same config, each with vLLM's connector."""
     config = {"max_num_seqs": 4, "max_num_batched_tokens": 64, "max_model_len": 128}
     config.update(options)
-    pair = []
-    for cls in (Scheduler, TokenyardScheduler):
-        peer = VllmSchedulerPeer(num_blocks=num_blocks, scheduler_cls=cls, **config)
-        s = peer.scheduler
+    pair = peer_pair((Scheduler, TokenyardScheduler), num_blocks=num_blocks, **config)
+    for s in pair:
         s.aux_output_connector = AuxOutputSchedulerConnector(s.kv_cache_manager)
-        _HASHERS[id(s)] = peer._block_hasher
-        pair.append(s)
     return pair
 
 
 def _add(pair: list[Any], request_id: str, prompt: list[int], max_tokens: int = 3) -> None:
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    for s in pair:
-        hasher = _HASHERS[id(s)]
-        s.add_request(Request(request_id, list(prompt), params, None, block_hasher=hasher))
+    add_to_each(pair, request_id, prompt, params)
 
 
 def _runner_output(scheduler: Any, out: Any) -> ModelRunnerOutput:

@@ -24,14 +24,13 @@ from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import ModelRunnerOutput
-from vllm.v1.request import Request, RequestStatus
-from vllm_peer import VllmSchedulerPeer
+from vllm.v1.request import RequestStatus
+from vllm_compare import add_to_each, peer_pair
 
 from tokenyard.integrations.vllm import AsyncTokenyardScheduler, TokenyardScheduler
 
 STOP = 42
 _PROMPT_BASES: dict[str, int] = {}
-_HASHERS: dict[int, Any] = {}
 
 
 def _pair(*, async_scheduling: bool = True, num_blocks: int = 64, **options: Any) -> list[Any]:
@@ -44,12 +43,9 @@ def _pair(*, async_scheduling: bool = True, num_blocks: int = 64, **options: Any
     )
     config = {"max_num_seqs": 8, "max_num_batched_tokens": 128, "max_model_len": 256}
     config.update(options)
-    pair = []
-    for cls in classes:
-        peer = VllmSchedulerPeer(num_blocks=num_blocks, scheduler_cls=cls, **config)
-        peer.scheduler.defer_block_free = True
-        _HASHERS[id(peer.scheduler)] = peer._block_hasher
-        pair.append(peer.scheduler)
+    pair = peer_pair(classes, num_blocks=num_blocks, **config)
+    for scheduler in pair:
+        scheduler.defer_block_free = True
     return pair
 
 
@@ -61,9 +57,7 @@ def _add(pair: list[Any], request_id: str, num_tokens: int = 33, max_tokens: int
     prompt = [base + t for t in range(num_tokens)]
     if num_tokens > 20:
         prompt[:16] = range(16)
-    for s in pair:
-        hasher = _HASHERS[id(s)]
-        s.add_request(Request(request_id, list(prompt), params, None, block_hasher=hasher))
+    add_to_each(pair, request_id, prompt, params)
 
 
 def _runner_output(

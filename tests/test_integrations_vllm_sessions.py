@@ -28,14 +28,13 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.interface import PauseState
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import ModelRunnerOutput
-from vllm.v1.request import Request, RequestStatus
-from vllm_peer import VllmSchedulerPeer
+from vllm.v1.request import RequestStatus
+from vllm_compare import add_to_each, peer_pair
 
 from tokenyard.errors import InputError
 from tokenyard.integrations.vllm import AsyncTokenyardScheduler, TokenyardScheduler
 
 STOP = 42
-_HASHERS: dict[int, Any] = {}
 
 
 def _pair(*, async_scheduling: bool, num_blocks: int = 64, **options: Any) -> list[Any]:
@@ -47,12 +46,7 @@ def _pair(*, async_scheduling: bool, num_blocks: int = 64, **options: Any) -> li
     )
     config = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "max_model_len": 256}
     config.update(options)
-    pair = []
-    for cls in classes:
-        peer = VllmSchedulerPeer(num_blocks=num_blocks, scheduler_cls=cls, **config)
-        _HASHERS[id(peer.scheduler)] = peer._block_hasher
-        pair.append(peer.scheduler)
-    return pair
+    return peer_pair(classes, num_blocks=num_blocks, **config)
 
 
 def _add(
@@ -64,12 +58,7 @@ def _add(
 ) -> None:
     """The same request to each scheduler (a new one, or a session's chunk or end)."""
     params = SamplingParams(max_tokens=max_tokens, stop_token_ids=[STOP])
-    for s in pair:
-        hasher = _HASHERS[id(s)]
-        request = Request(
-            request_id, list(prompt), params, None, block_hasher=hasher, resumable=resumable
-        )
-        s.add_request(request)
+    add_to_each(pair, request_id, prompt, params, resumable=resumable)
 
 
 def _runner_output(out: Any, tokens: dict[str, int], sampling: set[str]) -> ModelRunnerOutput:

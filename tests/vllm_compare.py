@@ -91,6 +91,37 @@ def build_pair(
     return schedulers[0], schedulers[1], peer
 
 
+#: Each scheduler ``peer_pair`` built, by id: the block hasher its peer's engine gives
+#: requests (``add_to_each``).
+_BLOCK_HASHERS: dict[int, Any] = {}
+
+
+def peer_pair(classes: Sequence[type], *, num_blocks: int, **config: Any) -> list[Any]:
+    """One scheduler per class of ``classes`` (vLLM's, then the adapter), each built by its
+    own peer on the same config, its block hasher kept for ``add_to_each``."""
+    pair = []
+    for cls in classes:
+        peer = VllmSchedulerPeer(num_blocks=num_blocks, scheduler_cls=cls, **config)
+        _BLOCK_HASHERS[id(peer.scheduler)] = peer._block_hasher
+        pair.append(peer.scheduler)
+    return pair
+
+
+def add_to_each(
+    pair: Sequence[Any],
+    request_id: str,
+    prompt: Sequence[int],
+    params: SamplingParams,
+    **request_options: Any,
+) -> None:
+    """The same request to each scheduler of a ``peer_pair``, with its peer's block hasher."""
+    for s in pair:
+        hasher = _BLOCK_HASHERS[id(s)]
+        s.add_request(
+            Request(request_id, list(prompt), params, None, block_hasher=hasher, **request_options)
+        )
+
+
 def sampling(scheduler: Any, out: Any) -> set[str]:
     """The requests of the step ``out`` just formed that reach their known tokens (they
     sample): ``schedule()`` advanced ``num_computed_tokens`` past the step's tokens."""

@@ -37,6 +37,8 @@ PROFILE_COLUMNS = (
     "process_ms",
 )
 
+#: The step composition columns, as ``StepTiming`` names them.
+_COMPOSITION = PROFILE_COLUMNS[3:10]
 _FEATURES = ("num_prefill_tokens", "num_decode_tokens", "sum_decode_context", "sum_prefill_context")
 
 
@@ -54,7 +56,7 @@ def write_step_profile(
                     "device": device,
                     "model": model,
                     "dtype": dtype,
-                    **{k: row[k] for k in PROFILE_COLUMNS[3:10]},
+                    **{k: row[k] for k in _COMPOSITION},
                     **{
                         f"{k}_ms": row[f"{k}_s"] * 1e3
                         for k in ("schedule", "prepare", "model", "process")

@@ -178,14 +178,17 @@ impl<R: RequestKey> Scheduler<R> {
         outputs: &[SampledOutput<R>],
     ) -> Result<Vec<(R, FinishReason)>> {
         let slots = self.check_outputs(outputs)?;
+        // The oldest step not yet updated lands (a drafts' update lands none).
         self.num_updates += 1;
+        self.encoder_free_passed(outputs);
+        self.in_flight_land_step();
         self.apply_update(outputs, &slots)
     }
 
     /// Drafts proposed after a step's update (vLLM's `update_draft_token_ids`): outputs
     /// with drafts and no tokens, applied as `update_from_output` applies them, except that
-    /// they are no step's output: a preempted request's stale outputs (`sched::stale`)
-    /// are not counted as landed by them.
+    /// they are no step's output: they land no step (a preempted request's stale outputs,
+    /// `sched::stale`, the tokens in flight, the encoder items a step passed).
     pub fn update_draft_token_ids(&mut self, outputs: &[SampledOutput<R>]) -> Result<()> {
         if let Some(output) = outputs.iter().find(|o| !o.token_ids.is_empty()) {
             return Err(Error::input(
@@ -209,8 +212,6 @@ impl<R: RequestKey> Scheduler<R> {
         outputs: &[SampledOutput<R>],
         slots: &[Option<u32>],
     ) -> Result<Vec<(R, FinishReason)>> {
-        self.encoder_free_passed(outputs);
-        self.in_flight_land_step();
         let mut finished = Vec::new();
         let mut connector_error = None;
         for (output, &slot) in outputs.iter().zip(slots) {

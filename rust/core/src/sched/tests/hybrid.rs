@@ -400,3 +400,21 @@ fn prefill_chunks_in_flight_count_though_they_sample_nothing() {
     assert_eq!(window_nulls(&s), 2);
     s.check_invariants().unwrap();
 }
+
+#[test]
+fn a_drafts_update_lands_no_step_for_the_window() {
+    // Drafts given between steps (vLLM's `update_draft_token_ids`) are no step's output:
+    // the prefill stays in flight, so its window keeps every block until its own update.
+    let cfg = SchedulerConfig {
+        kv_groups: vec![KvGroupSpec::FullAttention, WINDOW],
+        max_num_batched_tokens: 32,
+        ..config()
+    };
+    let mut s = Scheduler::new(cfg, true).unwrap();
+    s.add_request(0, prompt(0, 18)).unwrap();
+    s.schedule().unwrap();
+    s.update_draft_token_ids(&[]).unwrap();
+    assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 1)]);
+    assert_eq!(window_nulls(&s), 0, "the prefill has not landed");
+    s.check_invariants().unwrap();
+}

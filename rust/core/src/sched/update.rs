@@ -274,8 +274,9 @@ impl<R: RequestKey> Scheduler<R> {
             )
         };
         // Live ids are told apart by slot (one id per slot): a flag per slot, not a hash
-        // set of ids (which cost a probe and a rehash per request per step).
-        let mut seen_slots = vec![false; self.slots.len()];
+        // set of ids (which cost a probe and a rehash per request per step); a set of slots
+        // where the slots (a long waiting queue) far outnumber the outputs.
+        let mut seen_slots = SeenSlots::new(self.slots.len(), outputs.len());
         let mut seen_finished = rustc_hash::FxHashSet::default();
         let mut slots = Vec::with_capacity(outputs.len());
         for output in outputs {
@@ -291,7 +292,7 @@ impl<R: RequestKey> Scheduler<R> {
                 .index
                 .get(id)
                 .ok_or_else(|| Error::unknown_request(id))?;
-            if std::mem::replace(&mut seen_slots[slot as usize], true) {
+            if !seen_slots.insert(slot) {
                 return Err(twice(id));
             }
             slots.push(Some(slot));
@@ -715,6 +716,31 @@ impl<R: RequestKey> Scheduler<R> {
             }
         }
         Ok((self.kv.reset_prefix_cache(), preempted))
+    }
+}
+
+/// The slots one update names so far: flags when the outputs cover a good share of the
+/// slots (a batch of running requests), a hash set when they do not (a long waiting queue).
+enum SeenSlots {
+    Flags(Vec<bool>),
+    Set(rustc_hash::FxHashSet<u32>),
+}
+
+impl SeenSlots {
+    fn new(num_slots: usize, num_outputs: usize) -> Self {
+        if num_slots <= 8 * num_outputs.max(64) {
+            Self::Flags(vec![false; num_slots])
+        } else {
+            Self::Set(rustc_hash::FxHashSet::default())
+        }
+    }
+
+    /// Whether `slot` is new to this update (and notes it).
+    fn insert(&mut self, slot: u32) -> bool {
+        match self {
+            Self::Flags(flags) => !std::mem::replace(&mut flags[slot as usize], true),
+            Self::Set(set) => set.insert(slot),
+        }
     }
 }
 

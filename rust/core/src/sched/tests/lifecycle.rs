@@ -224,3 +224,23 @@ fn a_kv_cache_below_max_model_len_is_accepted_and_a_request_too_long_for_it_neve
     assert_eq!(scheduled(&s.schedule().unwrap()), [(1, 6)]);
     s.check_invariants().unwrap();
 }
+
+#[test]
+fn an_id_given_twice_in_one_update_is_refused_beside_a_long_queue() {
+    // One request running, 999 waiting (more slots than an update's flags are kept for):
+    // a repeated id is refused and nothing of the update is applied.
+    let cfg = SchedulerConfig {
+        max_num_seqs: 1,
+        ..config()
+    };
+    for num_waiting in [0, 999] {
+        let mut s = Scheduler::new(cfg.clone(), false).unwrap();
+        for id in 0..=num_waiting {
+            s.add_request(id, prompt(id, 4)).unwrap();
+        }
+        s.schedule().unwrap();
+        assert!(s.update_from_output(&[sample(0, 5), sample(0, 6)]).is_err());
+        assert_eq!(s.get_request(&0).unwrap().num_output_tokens(), 0);
+        assert_eq!(s.update_from_output(&[sample(0, 5)]).unwrap(), []);
+    }
+}

@@ -48,7 +48,7 @@ pub use radix_pool::{RadixHit, RadixPool};
 pub use run_queue::RunQueue;
 
 /// The block pool over a free queue of runs: the same answers as [`BlockPool`], block for
-/// block (checked by `run_queue_tests`), with a queue whose pops and pushes read entries
+/// block (checked by `run_pool_tests`), with a queue whose pops and pushes read entries
 /// in order rather than links spread over the pool.
 pub type RunBlockPool<R> = BlockPool<R, RunQueue>;
 

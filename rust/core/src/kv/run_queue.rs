@@ -39,7 +39,7 @@ fn block_of(entry: u64) -> u32 {
 
 #[cfg(test)]
 thread_local! {
-    /// A planted fault for the differential test (`run_queue_tests`): each push to the back
+    /// A planted fault for the differential test (`run_pool_tests`): each push to the back
     /// lands before the entry at the back instead of after it.
     pub(crate) static PLANTED_SWAP: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }

@@ -130,8 +130,11 @@ impl<R: RequestKey> Scheduler<R> {
         debug_assert!(self.kv.num_tokens(slot).unwrap_or(0) <= keep_end);
         let seq = self.next_arrival_seq;
         self.next_arrival_seq += 1;
+        let block_size = self.config.block_size;
         let request = self.req_mut(slot);
         request.all_token_ids.truncate(keep_end);
+        // A prompt source's hashes past the kept tokens named the dropped ones.
+        request.prompt_block_hashes.truncate(keep_end / block_size);
         request
             .all_token_ids
             .extend_from_slice(&update.prompt_token_ids);

@@ -25,6 +25,7 @@ from tokenyard.simulation.execution import (
 from tokenyard.simulation.execution import describe as describe_execution
 from tokenyard.simulation.hybrid_kv import (
     group_specs,
+    has_state_groups,
     max_model_len_fitting,
     plan_hybrid,
     resolve_hybrid,
@@ -261,7 +262,6 @@ def _decode_pool(config: SimulationConfig, *, prefix_caching: bool) -> DecodePoo
     decode_device = catalog.device(decode.replica.device, field="cluster.decode.device")
     prefill_tp, decode_tp = config.replica.tensor_parallel_size, decode.replica.tensor_parallel_size
     disagg_config.check_head_layouts(model, prefill_tp, decode_tp)
-    disagg_config.check_transferable(model)
     try:
         plan = plan_for(decode)
     except ConfigError as exc:
@@ -293,6 +293,12 @@ def _decode_pool(config: SimulationConfig, *, prefix_caching: bool) -> DecodePoo
         "decode_gpus": decode_tp * layout.num_pipeline_stages,
         **figures,
     }
+    if plan.kv_cache_groups:
+        _check_group_blocks(config, plan, decode_tp)
+        block_size = plan.kv_block_size or decode.replica.scheduler.block_size
+        link.update(disagg_config.hybrid_link_terms(model, kv_bytes, block_size))
+    else:
+        disagg_config.check_transferable(model)
     core = {
         "num_replicas": num_schedulers(decode),
         "num_stages": layout.num_pipeline_stages,
@@ -319,6 +325,22 @@ def _decode_pool(config: SimulationConfig, *, prefix_caching: bool) -> DecodePoo
     if decode.replica.kv_offload is not None:
         description["kv_offload"] = _tier_description(decode, decode.replica.kv_offload, plan)
     return DecodePool(core, exec_model, description)
+
+
+def _check_group_blocks(config: SimulationConfig, decode_plan: MemoryPlan, decode_tp: int) -> None:
+    """Both pools' KV groups use one block size (blocks move as they are): with Mamba groups
+    vLLM aligns it to each layout's Mamba page, which two TP layouts may size apart."""
+    prefill = plan_for(config).kv_block_size or config.replica.scheduler.block_size
+    decode = decode_plan.kv_block_size or prefill
+    if prefill != decode:
+        raise ConfigError(
+            "cluster.decode.tensor_parallel_size: vLLM aligns the attention block to the "
+            f"Mamba page of each layout, {prefill} tokens on the prefill pool and {decode} on "
+            "the decode pool; the simulator moves blocks as they are: use layouts whose "
+            f"blocks agree, got {decode_tp}",
+            field="cluster.decode.tensor_parallel_size",
+            value=str(decode_tp),
+        )
 
 
 def _tier_description(
@@ -548,7 +570,7 @@ def _layer_kind_notes(config: SimulationConfig, plan: MemoryPlan) -> list[str]:
             + (f"Why: {plan.kv_groups_note}. " if plan.kv_groups_note else "")
             + words
         )
-    if plan.state_bytes_per_request:
+    if plan.state_bytes_per_request and not plan.kv_cache_groups:
         seqs = state_seqs(config)
         linear = ", ".join(f"{g.mixer} x {g.layers}" for g in groups if g.state_bytes_per_request)
         notes.append(
@@ -668,9 +690,12 @@ def replica_spec(
         c = s.vllm_v1
         if plan.kv_cache_groups:
             hybrid = _hybrid_scheduler(config, plan, num_blocks)
+            # The core's Mamba groups are vLLM's mamba_cache_mode "none": no prefix caching
+            # beside them (plan_hybrid's note says so).
+            caching = prefix_caching and not has_state_groups(plan.kv_cache_groups)
             return _core.ReplicaSpec.vllm_v1(
                 dataclasses.replace(
-                    hybrid, enable_prefix_caching=c.enable_prefix_caching and prefix_caching
+                    hybrid, enable_prefix_caching=c.enable_prefix_caching and caching
                 )
             )
         return _core.ReplicaSpec.vllm_v1(
@@ -728,15 +753,18 @@ def _hybrid_scheduler(config: SimulationConfig, plan: MemoryPlan, num_blocks: in
     """The ``vllm_v1`` section with vLLM's hybrid KV cache groups (``hybrid_kv``): the
     longest request is the longest whose blocks over every group fit."""
     c = config.replica.scheduler.vllm_v1
+    block_size = plan.kv_block_size or c.block_size
     fitting = max_model_len_fitting(
         plan.kv_cache_groups,
         num_blocks - c.reserve_null_block,
-        c.block_size,
+        block_size,
         c.max_num_batched_tokens,
     )
     return dataclasses.replace(
         c,
         num_blocks=num_blocks,
+        # vLLM's attention block aligned to the Mamba page (hybrid_kv.aligned_block_size).
+        block_size=block_size,
         max_loras=config.replica.lora.max_loras if config.replica.lora else 0,
         # A drafter's lookahead slots go beyond the longest request.
         max_model_len=min(

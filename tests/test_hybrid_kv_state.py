@@ -230,3 +230,23 @@ def test_pd_pools_whose_aligned_blocks_differ_are_refused() -> None:
     with pytest.raises(ConfigError, match="1056 tokens on the prefill pool and 528") as err:
         simulate(config(cluster=pd))
     assert err.value.field == "cluster.decode.tensor_parallel_size"
+
+
+def test_a_model_whose_reserved_states_would_not_fit_runs_with_mamba_groups() -> None:
+    """Nemotron-3-Nano on an H200 with half its memory kept free: 58.8 GiB of weights leave
+    ~11.7 GiB, less than 256 requests' reserved state (256 x 49,082,368 B = 11.7 GiB), so
+    the plan without groups fits nothing; the groups hold a request's state only while it
+    runs."""
+    nemotron = config(NEMOTRON, tensor_parallel_size=1)
+    with pytest.raises(ConfigError, match="not enough for one request"):
+        plan_for(
+            config(
+                NEMOTRON,
+                tensor_parallel_size=1,
+                cluster={"global_scheduler": {"policy": "prefix_affinity"}},
+            )
+        )
+    plan = plan_for(nemotron)
+    assert plan.kv_block_size == 2096
+    assert plan.max_batch_size >= 1
+    assert simulate(nemotron).summary["num_requests"] == 64

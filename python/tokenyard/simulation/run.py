@@ -643,7 +643,8 @@ def plan_for(config: SimulationConfig) -> MemoryPlan:
         # less per request, so they decide (plan_hybrid refuses if it does not fit either).
         if exc.field != "replica.device":
             raise
-        plan = plan_memory(model, device, max_request_tokens=1, **options)
+        # One request's state reserved at most: Mamba groups take it from the pool.
+        plan = plan_memory(model, device, max_request_tokens=1, **{**options, "max_num_seqs": 1})
         if not resolve_hybrid(config, plan.groups)[0]:
             raise
     return plan_hybrid(

@@ -20,8 +20,8 @@ same pool: vLLM 0.33 raises the attention block size until one attention layer's
 a Mamba page and pads the Mamba page to it (``Platform._align_hybrid_block_size``,
 ``platforms/interface.py``)::
 
-    block = max(bs, 16 x ceil(ceil(mamba page / (k x attn bytes per token)) x k / 16)),
-        k = max(16, bs)   [FLASH_ATTN's MultipleOf(16) kernel blocks]
+    attn  = k x ceil(mamba page / (k x attention bytes per token)),  k = max(16, bs)
+    block = max(bs, 16 x ceil(attn / 16))   [16: FLASH_ATTN's MultipleOf(16) kernel blocks]
 
 and a request holds one page per Mamba group (``MambaSpec.max_memory_usage_bytes``,
 ``mamba_cache_mode="none"``). vLLM 0.33's default for these models is prefix caching on and

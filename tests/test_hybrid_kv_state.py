@@ -250,3 +250,17 @@ def test_a_model_whose_reserved_states_would_not_fit_runs_with_mamba_groups() ->
     assert plan.kv_block_size == 2096
     assert plan.max_batch_size >= 1
     assert simulate(nemotron).summary["num_requests"] == 64
+
+
+def test_draft_tokens_take_a_state_page_each_in_every_mamba_group() -> None:
+    """MTP with 2 draft tokens: vLLM's MambaSpec.num_speculative_blocks is
+    num_speculative_tokens (MambaBase.get_kv_cache_spec), so a GDN group holds 1 + 2 pages
+    a request: 8 + 3 x 3 = 17 blocks, 3,793 // 17 = 223 at once. Run over 100 blocks: the
+    2 lookahead slots make 8,450 tokens 9 full-attention blocks, so 99 // (9 + 9) = 5."""
+    spec = {"method": "mtp", "num_speculative_tokens": 2, "acceptance_rate": 0.7}
+    c = config(speculative=spec)
+    assert plan_for(c).max_batch_size == 3_793 // 17 == 223
+    assert "each Mamba group holds 1 + 2 pages" in planning_notes(c, plan_for(c))[0]
+    summary = simulate(config(speculative=spec, scheduler={"num_blocks": 100})).summary
+    assert summary["replicas"]["batch_size"]["max"] == 5
+    assert summary["num_requests"] == 64

@@ -67,6 +67,7 @@ __all__ = [
     "max_model_len_fitting",
     "plan_hybrid",
     "resolve_hybrid",
+    "speculative_blocks",
     "vllm_kv_layout",
 ]
 
@@ -168,14 +169,19 @@ def vllm_kv_layout(groups: tuple[KvGroup, ...], block_size: int, model: str) -> 
 
 
 def blocks_per_request(
-    layout: HybridKvLayout, num_tokens: int, block_size: int, max_in_flight_tokens: int
+    layout: HybridKvLayout,
+    num_tokens: int,
+    block_size: int,
+    max_in_flight_tokens: int,
+    speculative_blocks: int = 0,
 ) -> int:
     """Blocks a request of ``num_tokens`` holds at most over every group (vLLM's
-    ``max_memory_usage_bytes`` per group, in pages)."""
+    ``max_memory_usage_bytes`` per group, in pages); a Mamba group holds one state page and
+    ``speculative_blocks`` more (``mamba_cache_mode="none"``)."""
     total = 0
     for g in layout.groups:
         if g.state_bytes_per_request:
-            total += 1  # one state page (mamba_cache_mode "none")
+            total += 1 + speculative_blocks
         elif g.mixer == "sliding":
             total += math.ceil(min(g.window - 1 + max_in_flight_tokens, num_tokens) / block_size)
             total += 1
@@ -186,9 +192,21 @@ def blocks_per_request(
     return total
 
 
-def group_specs(groups: tuple[KvGroup, ...]) -> tuple[_GroupSpec, ...]:
+def speculative_blocks(config: SimulationConfig) -> int:
+    """The pages a Mamba group holds per request beyond its state under speculative
+    decoding: vLLM 0.33's ``MambaSpec.num_speculative_blocks`` is
+    ``vllm_config.num_speculative_tokens`` (``MambaBase.get_kv_cache_spec``,
+    ``model_executor/layers/mamba/abstract.py``; 0 with ReplaySSM, not modelled), a state
+    slot per draft token."""
+    spec = config.replica.speculative
+    return (spec.num_speculative_tokens or 0) if spec.method is not None else 0
+
+
+def group_specs(groups: tuple[KvGroup, ...], speculative_blocks: int = 0) -> tuple[_GroupSpec, ...]:
     """vLLM's groups (``HybridKvLayout.groups``) as ``tokenyard.kv`` specs, for
-    ``SchedulerConfig.kv_groups``."""
+    ``SchedulerConfig.kv_groups``. A Mamba group becomes ``1 + speculative_blocks``
+    ``MambaSpec`` groups: the core's holds one page per request, vLLM's that many (its
+    draft tokens' state slots), so the pool is charged as vLLM's is."""
     specs: list[_GroupSpec] = []
     for g in groups:
         if g.mixer == "sliding":
@@ -196,7 +214,7 @@ def group_specs(groups: tuple[KvGroup, ...]) -> tuple[_GroupSpec, ...]:
         elif g.mixer == "chunked":
             specs.append(ChunkedLocalAttentionSpec(attention_chunk_size=g.window))
         elif g.state_bytes_per_request:
-            specs.append(MambaSpec())
+            specs.extend(MambaSpec() for _ in range(1 + speculative_blocks))
         else:
             specs.append(FullAttentionSpec())
     return tuple(specs)
@@ -308,18 +326,23 @@ def resolve_hybrid(config: SimulationConfig, groups: tuple[KvGroup, ...]) -> tup
 
 
 def max_model_len_fitting(
-    specs: tuple[KvGroup, ...], num_kv_blocks: int, block_size: int, max_num_batched_tokens: int
+    specs: tuple[KvGroup, ...],
+    num_kv_blocks: int,
+    block_size: int,
+    max_num_batched_tokens: int,
+    speculative_blocks: int = 0,
 ) -> int:
     """The longest request whose blocks over every group fit ``num_kv_blocks`` as the
     step scheduler counts them (``SchedulerConfig::blocks_per_request``: a window group's
-    blocks capped at its admission cap for one step in flight)."""
+    blocks capped at its admission cap for one step in flight; a Mamba group's
+    ``1 + speculative_blocks``, as ``group_specs`` repeats it)."""
 
     def needed(tokens: int) -> int:
         total = 0
         for g in specs:
             required = math.ceil(tokens / block_size)
             if g.state_bytes_per_request:
-                required = min(required, 1)
+                required = min(required, 1) * (1 + speculative_blocks)
             elif g.mixer == "sliding":
                 cap = math.ceil((g.window - 1 + max_num_batched_tokens) / block_size) + 1
                 required = min(required, cap)
@@ -355,7 +378,8 @@ def plan_hybrid(
     in_flight = config.replica.scheduler.vllm_v1.max_num_batched_tokens
     available = plan.available_kv_bytes + plan.reserved_state_bytes
     num_blocks = available // layout.bytes_per_block
-    per_request = blocks_per_request(layout, max_request_tokens, bs, in_flight)
+    spec = speculative_blocks(config)
+    per_request = blocks_per_request(layout, max_request_tokens, bs, in_flight, spec)
     max_batch_size = num_blocks // per_request
     if max_batch_size < 1:
         raise ConfigError(
@@ -419,15 +443,17 @@ def _plan_words(
             "(replica.hybrid_kv_cache_manager = false)"
         )
     caching = config.replica.scheduler.vllm_v1.enable_prefix_caching
+    spec = speculative_blocks(config)
+    pages = f"1 + {spec} pages (a state slot per draft token)" if spec else "one page"
     return words + (
         f". The attention block is {layout.block_size} tokens, not {block_size}, so one "
         f"attention layer's page holds a {layout.mamba_page_bytes:,} B Mamba state page "
         "(vLLM's _align_hybrid_block_size; the state pages padded to it); each Mamba group "
-        "holds one page per request (mamba_cache_mode 'none')"
+        f"holds {pages} per request (mamba_cache_mode 'none')"
         + (
             f". vLLM 0.33 with prefix caching on (its default) runs mamba_cache_mode "
-            f"'align', caching Mamba states at block boundaries and holding 2 pages per "
-            f"Mamba group ({num_blocks // (per_request + mamba)} at once); the simulator's "
+            f"'align', caching Mamba states at block boundaries and holding {2 + spec} pages "
+            f"per Mamba group ({num_blocks // (per_request + mamba)} at once); the simulator's "
             "Mamba groups have no align mode, so this replica runs WITHOUT PREFIX CACHING "
             "(vLLM --no-enable-prefix-caching)"
             if caching

@@ -29,6 +29,7 @@ from tokenyard.simulation.hybrid_kv import (
     max_model_len_fitting,
     plan_hybrid,
     resolve_hybrid,
+    speculative_blocks,
 )
 from tokenyard.simulation.kv_offload_config import KvOffloadConfig
 from tokenyard.simulation.lora_config import slot_bytes
@@ -755,11 +756,13 @@ def _hybrid_scheduler(config: SimulationConfig, plan: MemoryPlan, num_blocks: in
     longest request is the longest whose blocks over every group fit."""
     c = config.replica.scheduler.vllm_v1
     block_size = plan.kv_block_size or c.block_size
+    spec = speculative_blocks(config)
     fitting = max_model_len_fitting(
         plan.kv_cache_groups,
         num_blocks - c.reserve_null_block,
         block_size,
         c.max_num_batched_tokens,
+        spec,
     )
     return dataclasses.replace(
         c,
@@ -772,7 +775,7 @@ def _hybrid_scheduler(config: SimulationConfig, plan: MemoryPlan, num_blocks: in
             request_limit(config)[0],
             fitting - config.replica.speculative.num_lookahead_tokens(),
         ),
-        kv_groups=group_specs(plan.kv_cache_groups),
+        kv_groups=group_specs(plan.kv_cache_groups, spec),
     )
 
 

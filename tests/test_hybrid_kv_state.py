@@ -264,3 +264,16 @@ def test_draft_tokens_take_a_state_page_each_in_every_mamba_group() -> None:
     summary = simulate(config(speculative=spec, scheduler={"num_blocks": 100})).summary
     assert summary["replicas"]["batch_size"]["max"] == 5
     assert summary["num_requests"] == 64
+
+
+def test_a_host_tier_on_either_pool_keeps_both_off_the_groups() -> None:
+    """The coordinator serves no host tier, and both pools' blocks must agree: a tier on
+    the decode pool alone plans gpt-oss without groups on both; true is refused there."""
+    pd = {"num_replicas": 1, "decode": {"num_replicas": 1, "kv_offload": {"host_memory_gb": 16}}}
+    replica = {"device": "h100-sxm", "tensor_parallel_size": 1, "memory_margin_fraction": 0.78}
+    plan = plan_for(config(GPT_OSS, cluster=pd, **replica))
+    assert plan.kv_cache_groups == ()
+    assert "host tier" in plan.kv_groups_note
+    with pytest.raises(ConfigError, match="serves no host tier") as err:
+        plan_for(config(GPT_OSS, hybrid=True, cluster=pd, **replica))
+    assert err.value.field == "replica.hybrid_kv_cache_manager"

@@ -282,8 +282,13 @@ def resolve_hybrid(config: SimulationConfig, groups: tuple[KvGroup, ...]) -> tup
             )
         if config.replica.scheduler.policy == "vllm_v1":
             return True, ""
-    pd = config.cluster.decode is not None
-    connector = "P/D" if pd else ("host tier" if config.replica.kv_offload else None)
+    decode = config.cluster.decode
+    # A host tier on either pool keeps both off the groups (the coordinator serves no tier,
+    # and the pools' blocks must agree to move as they are).
+    tier = config.replica.kv_offload is not None or (
+        decode is not None and decode.kv_offload is not None
+    )
+    connector = "host tier" if tier else ("P/D" if decode is not None else None)
     if setting is None:
         if config.replica.scheduler.policy != "vllm_v1":
             return False, ""
@@ -312,6 +317,14 @@ def resolve_hybrid(config: SimulationConfig, groups: tuple[KvGroup, ...]) -> tup
         raise ConfigError(
             f"{_FIELD}: {model} has only full-attention layers: one KV group either way; "
             "leave it unset, got true",
+            field=_FIELD,
+            value="True",
+        )
+    if tier:
+        raise ConfigError(
+            f"{_FIELD}: the KV groups' coordinator serves no host tier (replica.kv_offload "
+            "or cluster.decode.kv_offload): set it false (--disable-hybrid-kv-cache-manager), "
+            "got true",
             field=_FIELD,
             value="True",
         )

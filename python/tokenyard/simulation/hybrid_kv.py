@@ -457,6 +457,7 @@ def _plan_words(
         )
     caching = config.replica.scheduler.vllm_v1.enable_prefix_caching
     spec = speculative_blocks(config)
+    seqs = state_reserved_seqs(plan)
     pages = f"1 + {spec} pages (a state slot per draft token)" if spec else "one page"
     return words + (
         f". The attention block is {layout.block_size} tokens, not {block_size}, so one "
@@ -472,9 +473,9 @@ def _plan_words(
             if caching
             else ""
         )
-        + f". Before (state reserved for {state_reserved_seqs(plan)} requests, every "
-        f"attention layer full): {plan.num_blocks:,} blocks of {block_size} tokens, "
-        f"{plan.num_blocks // full_blocks} requests of {full_blocks} blocks"
+        + f". Without groups (state reserved for {seqs} requests, every attention layer "
+        f"full): {plan.num_blocks:,} blocks of {block_size} tokens, "
+        f"{min(plan.num_blocks // full_blocks, seqs)} requests of {full_blocks} blocks at once"
     )
 
 

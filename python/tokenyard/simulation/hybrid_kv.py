@@ -61,6 +61,7 @@ __all__ = [
     "HybridKvLayout",
     "aligned_block_size",
     "blocks_per_request",
+    "check_pool_blocks",
     "group_specs",
     "has_state_groups",
     "hybrid_default",
@@ -416,6 +417,24 @@ def plan_hybrid(
         kv_block_size=bs,
         kv_groups_note=note,
     )
+
+
+def check_pool_blocks(prefill_block_size: int, decode_block_size: int, decode_tp: int) -> None:
+    """Both P/D pools' KV groups use one block size (blocks move as they are): with Mamba
+    groups vLLM aligns it to each layout's Mamba page, which two TP layouts may size apart.
+
+    Raises:
+        ConfigError (field ``cluster.decode.tensor_parallel_size``): the sizes differ.
+    """
+    if prefill_block_size != decode_block_size:
+        raise ConfigError(
+            "cluster.decode.tensor_parallel_size: vLLM aligns the attention block to the "
+            f"Mamba page of each layout, {prefill_block_size} tokens on the prefill pool and "
+            f"{decode_block_size} on the decode pool; the simulator moves blocks as they are: "
+            f"use layouts whose blocks agree, got {decode_tp}",
+            field="cluster.decode.tensor_parallel_size",
+            value=str(decode_tp),
+        )
 
 
 def has_state_groups(groups: tuple[KvGroup, ...]) -> bool:

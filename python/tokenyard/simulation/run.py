@@ -24,6 +24,7 @@ from tokenyard.simulation.execution import (
 )
 from tokenyard.simulation.execution import describe as describe_execution
 from tokenyard.simulation.hybrid_kv import (
+    check_pool_blocks,
     group_specs,
     has_state_groups,
     max_model_len_fitting,
@@ -295,8 +296,9 @@ def _decode_pool(config: SimulationConfig, *, prefix_caching: bool) -> DecodePoo
         **figures,
     }
     if plan.kv_cache_groups:
-        _check_group_blocks(config, plan, decode_tp)
         block_size = plan.kv_block_size or decode.replica.scheduler.block_size
+        prefill = plan_for(config).kv_block_size or config.replica.scheduler.block_size
+        check_pool_blocks(prefill, block_size, decode_tp)
         link.update(disagg_config.hybrid_link_terms(model, kv_bytes, block_size))
     else:
         disagg_config.check_transferable(model)
@@ -326,22 +328,6 @@ def _decode_pool(config: SimulationConfig, *, prefix_caching: bool) -> DecodePoo
     if decode.replica.kv_offload is not None:
         description["kv_offload"] = _tier_description(decode, decode.replica.kv_offload, plan)
     return DecodePool(core, exec_model, description)
-
-
-def _check_group_blocks(config: SimulationConfig, decode_plan: MemoryPlan, decode_tp: int) -> None:
-    """Both pools' KV groups use one block size (blocks move as they are): with Mamba groups
-    vLLM aligns it to each layout's Mamba page, which two TP layouts may size apart."""
-    prefill = plan_for(config).kv_block_size or config.replica.scheduler.block_size
-    decode = decode_plan.kv_block_size or prefill
-    if prefill != decode:
-        raise ConfigError(
-            "cluster.decode.tensor_parallel_size: vLLM aligns the attention block to the "
-            f"Mamba page of each layout, {prefill} tokens on the prefill pool and {decode} on "
-            "the decode pool; the simulator moves blocks as they are: use layouts whose "
-            f"blocks agree, got {decode_tp}",
-            field="cluster.decode.tensor_parallel_size",
-            value=str(decode_tp),
-        )
 
 
 def _tier_description(

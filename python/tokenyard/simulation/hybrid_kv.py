@@ -193,6 +193,21 @@ def blocks_per_request(
     return total
 
 
+def requests_held(config: SimulationConfig, plan: MemoryPlan, num_tokens: int) -> int:
+    """Requests of ``num_tokens`` tokens each that ``plan``'s KV groups hold at once: a
+    request takes blocks in every group (``blocks_per_request``), so with vLLM's hybrid
+    groups the pool's ``max_kv_tokens`` (``num_blocks x block_size``) overstates it, by a
+    factor of about the number of groups. ``plan`` must have ``kv_cache_groups``."""
+    if not plan.kv_cache_groups:
+        raise ValueError("requests_held: the plan has no KV cache groups")
+    layout = HybridKvLayout(plan.kv_cache_groups, 0, 0, plan.kv_block_size)
+    in_flight = config.replica.scheduler.vllm_v1.max_num_batched_tokens
+    per_request = blocks_per_request(
+        layout, num_tokens, layout.block_size, in_flight, speculative_blocks(config)
+    )
+    return plan.num_blocks // per_request
+
+
 def speculative_blocks(config: SimulationConfig) -> int:
     """The pages a Mamba group holds per request beyond its state under speculative
     decoding: vLLM 0.33's ``MambaSpec.num_speculative_blocks`` is

@@ -74,6 +74,7 @@ from tokenyard.errors import InputError
 from tokenyard.integrations._vllm_aux_outputs import BlockHashIndex
 from tokenyard.integrations._vllm_core_attributes import CoreAttributes
 from tokenyard.integrations._vllm_encoder_cache import EncoderCacheView
+from tokenyard.integrations._vllm_hisparse import HiSparseTier
 from tokenyard.integrations._vllm_hooks import draft_slots_per_request
 from tokenyard.integrations._vllm_mamba_align import MambaAlign
 from tokenyard.integrations._vllm_outputs import (
@@ -115,6 +116,7 @@ class TokenyardScheduler(
     SideConnectors,
     Sessions,
     CoreAttributes,
+    HiSparseTier,
     SchedulerInterface,  # type: ignore[misc]
 ):
     """vLLM 0.33's ``SchedulerInterface`` over :class:`tokenyard.sched.Scheduler`.
@@ -213,6 +215,8 @@ class TokenyardScheduler(
             ),
             connector=self._bridge,
         )
+        # vLLM 0.33's HiSparse host pages (_vllm_hisparse), if the config has them.
+        self._adopt_host_pool(kv_cache_config)
         if mm_budget is None:
             # vLLM's scheduler has no encoder budget or cache then (the core's 0s stand for
             # its defaults at construction).

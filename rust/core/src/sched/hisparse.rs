@@ -19,8 +19,6 @@
 //! freed cached block stays evictable); here each request is charged its own pages. The
 //! device-side HiSparse groups (resident and hot pages) are not modelled either.
 
-use rustc_hash::FxHashMap;
-
 use super::scheduler::Scheduler;
 use crate::kv::RequestKey;
 use crate::{Error, Result};
@@ -34,8 +32,9 @@ pub(super) struct HostPages {
     num_blocks: usize,
     /// Host blocks held, over all requests.
     used: usize,
-    /// Host blocks held per device-pool slot.
-    held: FxHashMap<u32, usize>,
+    /// Host blocks held, by device-pool slot (slots are dense: a vector, not a map, as
+    /// the charge runs for every request a step allocates for).
+    held: Vec<usize>,
 }
 
 impl HostPages {
@@ -49,18 +48,21 @@ impl HostPages {
 
     /// Whether `num_tokens` of slots for `slot` can be backed beside what it holds.
     fn fits(&self, slot: u32, num_tokens: usize) -> bool {
-        let held = self.held.get(&slot).copied().unwrap_or(0);
+        let held = self.held.get(slot as usize).copied().unwrap_or(0);
         self.pages(num_tokens).saturating_sub(held) <= self.num_free()
     }
 
     /// Charges `slot` for `pages` host blocks (the device blocks it holds).
     fn set_pages(&mut self, slot: u32, pages: usize) {
-        let held = self.held.remove(&slot).unwrap_or(0);
-        self.used -= held;
-        if pages > 0 {
-            self.held.insert(slot, pages);
-            self.used += pages;
+        let slot = slot as usize;
+        if slot >= self.held.len() {
+            if pages == 0 {
+                return;
+            }
+            self.held.resize(slot + 1, 0);
         }
+        self.used = self.used - self.held[slot] + pages;
+        self.held[slot] = pages;
         debug_assert!(self.used < self.num_blocks, "host pages over the pool");
     }
 }
@@ -133,7 +135,7 @@ impl<R: RequestKey> Scheduler<R> {
             block_size,
             num_blocks,
             used: 0,
-            held: FxHashMap::default(),
+            held: Vec::new(),
         });
         Ok(())
     }
@@ -191,21 +193,24 @@ impl<R: RequestKey> Scheduler<R> {
         let Some(h) = &self.host_pages else {
             return Ok(());
         };
-        let sum: usize = h.held.values().sum();
-        if sum != h.used || h.used >= h.num_blocks {
-            return Err(format!(
-                "host pages: {} used, {sum} held, {} in the pool",
-                h.used, h.num_blocks
-            ));
-        }
+        let mut by_holders = 0;
         for slot in self.slots_holding_blocks() {
             let blocks = self.kv.block_ids(slot).map_or(0, <[_]>::len);
-            let pages = h.held.get(&slot).copied().unwrap_or(0);
+            let pages = h.held.get(slot as usize).copied().unwrap_or(0);
             if pages != blocks {
                 return Err(format!(
                     "host pages: slot {slot} holds {pages} for {blocks} device blocks"
                 ));
             }
+            by_holders += pages;
+        }
+        let sum: usize = h.held.iter().sum();
+        if sum != h.used || by_holders != h.used || h.used >= h.num_blocks {
+            return Err(format!(
+                "host pages: {} used, {sum} held ({by_holders} by requests holding blocks), \
+                 {} in the pool",
+                h.used, h.num_blocks
+            ));
         }
         Ok(())
     }

@@ -229,3 +229,15 @@ fn host_pages_refuse_settings_they_cannot_serve() {
         "{err}"
     );
 }
+
+#[test]
+fn no_decode_window_opens_beside_host_pages() {
+    // A coalesced decode window allocates without asking for pages; with the pool on,
+    // each step is formed on its own.
+    let mut s = hisparse(32);
+    s.add_request(0, prompt(0, 4)).unwrap();
+    run_step(&mut s);
+    assert!(s.open_decode_window().is_none());
+    s.set_hisparse_host_pages(None).unwrap();
+    assert!(s.open_decode_window().is_some());
+}

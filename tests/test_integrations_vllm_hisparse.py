@@ -39,6 +39,7 @@ from vllm.v1.request import RequestStatus
 from vllm_compare import BLOCK_SIZE, add_both, build_pair, seeded_arrivals, update_both
 
 from tokenyard.errors import ConfigError
+from tokenyard.integrations.vllm import TokenyardScheduler
 
 
 def hisparse_config(num_blocks: int, host_num_blocks: int) -> KVCacheConfig:
@@ -115,6 +116,13 @@ def test_a_hisparse_config_assigned_sizes_the_host_pool_and_a_plain_one_removes_
     assert ours._core.hisparse_host_pages == (9, 16, 8)
     ours.kv_cache_config = plain
     assert ours._core.hisparse_host_pages is None
+
+
+def test_vllms_hisparse_layout_at_construction_is_refused_naming_its_device_groups() -> None:
+    _, _, peer = build_pair(num_blocks=64, max_model_len=128)
+    with pytest.raises(ConfigError, match="HiSparseResidentSpec") as err:
+        peer.build(TokenyardScheduler, hisparse_config(64, 9))
+    assert err.value.field == "kv_cache_groups[2].kv_cache_spec"
 
 
 def test_an_assigned_kv_cache_manager_is_adopted_for_its_config_or_refused() -> None:

@@ -13,8 +13,9 @@ finish. Here:
   vLLM's tests do) turns the core's host pool on, sized by it, with the HiSparse source
   group's block size (the core serves the scheduler's own); one without turns it off. The
   config's device groups (the indexer, resident and hot pages) are not adopted: the core
-  keeps the device pool it was built with (a HiSparse config given at construction is
-  refused with its group kinds, which the core has no groups for).
+  keeps the device pool it was built with (vLLM's HiSparse layout given at construction is
+  refused, ``refuse_hisparse_device_groups``: the core has no groups for its resident and
+  hot pages).
 - a vLLM ``KVCacheManager`` assigned to ``kv_cache_manager``: its ``kv_cache_config`` is
   adopted as above, and ``kv_cache_manager`` stays the view of the core's KV; the assigned
   object itself is never consulted (its block tables stay empty). Any other manager is
@@ -58,6 +59,23 @@ def hisparse_host_pool(kv_cache_config: Any) -> tuple[int, int | None] | None:
             block_size = int(group.kv_cache_spec.block_size)
             break
     return int(num_blocks), block_size
+
+
+def refuse_hisparse_device_groups(kv_cache_config: Any) -> None:
+    """Raises ConfigError for a vLLM 0.33 HiSparse layout given at construction: its
+    device-side groups (the resident and hot pages, ``HiSparseResidentSpec`` and
+    ``HiSparseHotSpec``) are not modelled, only the host page pool is."""
+    for i, group in enumerate(getattr(kv_cache_config, "kv_cache_groups", ()) or ()):
+        kind = type(getattr(group, "kv_cache_spec", None)).__name__
+        if kind in ("HiSparseResidentSpec", "HiSparseHotSpec"):
+            field = f"kv_cache_groups[{i}].kv_cache_spec"
+            raise ConfigError(
+                f"{field}: HiSparse's device page groups ({kind}) are not modelled; "
+                "tokenyard's scheduler serves HiSparse's host page pool "
+                "(hisparse_host_num_blocks) beside its own device pool only",
+                field=field,
+                value=kind,
+            )
 
 
 class HiSparseTier(AdapterBase):

@@ -43,7 +43,9 @@ impl HostPages {
     }
 
     fn num_free(&self) -> usize {
-        self.num_blocks - 1 - self.used
+        // Saturating: a charge past the pool (a bug, caught by the invariant check) must
+        // not wrap into a huge free count.
+        self.num_blocks.saturating_sub(1 + self.used)
     }
 
     /// Whether `num_tokens` of slots for `slot` can be backed beside what it holds.
@@ -169,6 +171,22 @@ impl<R: RequestKey> Scheduler<R> {
         self.host_pages
             .as_ref()
             .is_none_or(|h| h.fits(slot, num_tokens))
+    }
+
+    /// [`Self::host_pages_fit`] for `num_new_slots` past a running request's computed
+    /// tokens, counted from the larger of its own and the pool's (the pool allocates from
+    /// its count), so the check never asks for fewer pages than the allocation takes.
+    pub(super) fn host_pages_fit_running(
+        &self,
+        slot: u32,
+        num_computed_tokens: usize,
+        num_new_slots: usize,
+    ) -> bool {
+        if self.host_pages.is_none() {
+            return true;
+        }
+        let pool = self.kv.num_computed_tokens(slot).unwrap_or(0);
+        self.host_pages_fit(slot, pool.max(num_computed_tokens) + num_new_slots)
     }
 
     /// Charges `slot` the pages of the slots the device pool now holds for it, after an

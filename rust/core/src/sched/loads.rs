@@ -365,7 +365,7 @@ impl<R: RequestKey> Scheduler<R> {
         let lora_id = request.spec.lora_id;
         let in_flight = self.num_in_flight_tokens(slot);
         if !self.allocation_allowed(slot, n, lookahead)?
-            || !self.host_pages_fit(slot, num_computed + n + lookahead)
+            || !self.host_pages_fit_running(slot, num_computed, n + lookahead)
         {
             return Ok(Admission::Blocked);
         }

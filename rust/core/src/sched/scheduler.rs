@@ -687,7 +687,7 @@ impl<R: RequestKey> Scheduler<R> {
             let mut n_slots = n;
             // vLLM 0.33 asks allocate_slots at each attempt (sched::hooks; true without).
             let allowed = self.allocation_allowed(slot, n, lookahead)?
-                && self.host_pages_fit(slot, request.num_computed_tokens + n + lookahead);
+                && self.host_pages_fit_running(slot, request.num_computed_tokens, n + lookahead);
             if allowed && request.replay_start > 0 {
                 let held = self.kv.num_computed_tokens(slot).unwrap_or(0);
                 n_slots = (request.num_computed_tokens + n).saturating_sub(held);

@@ -226,3 +226,47 @@ def test_a_pending_reclamation_stalls_instead_of_preempting_as_in_vllm(pending: 
     assert statuses[0] == statuses[1]
     if pending:
         assert statuses[0] == [RequestStatus.RUNNING] * 2
+
+
+def test_a_hisparse_consumer_with_batches_in_flight_defers_its_async_loads(
+    tmp_path: Any,
+) -> None:
+    # vLLM 0.33's Scheduler.__init__: defer_async_loads = defer_block_free (a KV consumer
+    # with several batches in flight) and a HiSparse host pool. A config with the pool and
+    # groups the core serves turns both on at construction.
+    from dataclasses import replace
+    from unittest.mock import PropertyMock, patch
+
+    from vllm.config import KVTransferConfig, VllmConfig
+    from vllm_compare import VllmSchedulerPeer
+
+    from tokenyard.integrations.vllm import AsyncTokenyardScheduler
+
+    peer = VllmSchedulerPeer(
+        num_blocks=64, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=256
+    )
+    peer.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = True
+    peer.vllm_config.kv_transfer_config = KVTransferConfig(
+        kv_connector="ExampleConnector",
+        kv_role="kv_consumer",
+        kv_connector_extra_config={"shared_storage_path": str(tmp_path)},
+    )
+    plain = peer.scheduler.kv_cache_config
+    built = {}
+    with patch.object(
+        VllmConfig, "max_concurrent_batches", new_callable=PropertyMock, return_value=2
+    ):
+        for host in (None, 32):
+            built[host] = AsyncTokenyardScheduler(
+                vllm_config=peer.vllm_config,
+                kv_cache_config=replace(plain, hisparse_host_num_blocks=host),
+                structured_output_manager=Mock(),
+                block_size=BLOCK_SIZE,
+            )
+    assert built[None].defer_block_free
+    assert not built[None].defer_async_loads
+    assert built[32].defer_block_free
+    assert built[32].defer_async_loads
+    assert built[32]._core.hisparse_host_pages == (32, BLOCK_SIZE, 31)
+    for scheduler in built.values():
+        scheduler.shutdown()

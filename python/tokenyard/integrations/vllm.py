@@ -74,7 +74,11 @@ from tokenyard.errors import InputError
 from tokenyard.integrations._vllm_aux_outputs import BlockHashIndex
 from tokenyard.integrations._vllm_core_attributes import CoreAttributes
 from tokenyard.integrations._vllm_encoder_cache import EncoderCacheView
-from tokenyard.integrations._vllm_hisparse import HiSparseTier, refuse_hisparse_device_groups
+from tokenyard.integrations._vllm_hisparse import (
+    HiSparseTier,
+    hisparse_host_pool,
+    refuse_hisparse_device_groups,
+)
 from tokenyard.integrations._vllm_hooks import draft_slots_per_request
 from tokenyard.integrations._vllm_mamba_align import MambaAlign
 from tokenyard.integrations._vllm_outputs import (
@@ -310,6 +314,11 @@ class TokenyardScheduler(
             self.connector is not None
             and vllm_config.max_concurrent_batches > 1
             and transfer.is_kv_consumer
+        )
+        # vLLM 0.33 (Scheduler.__init__): HiSparse reads a released page until the pool
+        # reuses it, so its async loads also wait for the steps in flight.
+        self._core.defer_async_loads = (
+            self._core.defer_block_free and hisparse_host_pool(kv_cache_config) is not None
         )
         self.recompute_kv_load_failures = True
         # Requests preempted by reset_prefix_cache: outputs of their steps then in flight

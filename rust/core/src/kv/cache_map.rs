@@ -18,14 +18,23 @@
 //!   return; `copies` lists every copy of such a hash, oldest first, and when the first is
 //!   evicted the next takes its slot. Duplicates are few, so that side map stays small.
 //!
-//! Invariant: the first block caching a hash `h` has a slot on `h`'s probe run (the one
-//! answer [`CacheMap::get`] gives for `h`), later copies have none, and `num_live` counts
-//! hashes. What the map answers is exactly what a map with eager removals would answer.
+//! - Hashes of KV blocks named by trace block ([`content_block`]'s, which carry their
+//!   seed and place) are indexed per trace block instead ([`NamedCache`]: one entry per
+//!   seed, a slot per place): no slot here, no tag, no rebuilds for them. The counts and
+//!   the copies stay here for both kinds.
+//!
+//! Invariant: the first block caching a token hash `h` has a slot on `h`'s probe run (the
+//! one answer [`CacheMap::get`] gives for `h`), the first block caching a named hash has
+//! its place's slot in the named index, later copies have neither, and `num_live` and
+//! `num_named` count the hashes of each kind. What the map answers is exactly what a map with eager removals would answer.
+//!
+//! [`content_block`]: super::content_block
 
 use rustc_hash::FxHashMap;
 
-use super::block_hash::BlockHash;
+use super::block_hash::{BlockHash, named_parts};
 use super::block_pool::BlockId;
+use super::named_cache::NamedCache;
 
 /// A block's cached hash, as the map reads it (the pool's block metadata).
 pub(super) trait HashOf {
@@ -47,12 +56,19 @@ pub(super) struct CacheMap {
     block_tags: Vec<u32>,
     /// Slots in use, live or dead.
     num_used: usize,
-    /// Hashes cached (in one block or more).
+    /// Token hashes cached (in one block or more): those with a live slot here.
     num_live: usize,
+    /// Named hashes cached (in one block or more): those with a slot in `named`.
+    num_named: usize,
     /// Blocks caching a hash, copies included.
     num_blocks: usize,
     /// Every block caching a hash cached more than once, in the order they were cached.
     copies: FxHashMap<BlockHash, Vec<BlockId>>,
+    /// The first blocks caching named hashes, per trace block.
+    named: NamedCache,
+    /// Whether named hashes go to `named` (false: every hash has a slot here, as before
+    /// the named index; the differential test's reference).
+    name_blocks: bool,
 }
 
 fn tag(hash: &BlockHash) -> u64 {
@@ -70,18 +86,39 @@ fn block_of(slot: u64) -> BlockId {
 impl CacheMap {
     pub(super) fn new(num_blocks: usize) -> crate::Result<Self> {
         let block_tags = super::try_filled_vec(num_blocks, 0, "num_blocks")?;
-        Ok(Self::empty(block_tags))
+        Ok(Self::empty(block_tags, true))
+    }
+
+    /// A map that gives named hashes a slot per block too (the per-block map before the
+    /// named index): the reference of the differential test.
+    #[cfg(test)]
+    pub(super) fn per_block(num_blocks: usize) -> Self {
+        Self::empty(vec![0; num_blocks], false)
     }
 
     /// An empty map over `block_tags` (all zero: no block caches a hash).
-    fn empty(block_tags: Vec<u32>) -> Self {
+    fn empty(block_tags: Vec<u32>, name_blocks: bool) -> Self {
         Self {
             slots: vec![0; MIN_SLOTS],
             block_tags,
             num_used: 0,
             num_live: 0,
+            num_named: 0,
             num_blocks: 0,
             copies: FxHashMap::default(),
+            named: NamedCache::default(),
+            name_blocks,
+        }
+    }
+
+    /// `hash`'s seed part and place, if it is a named block's and named blocks are
+    /// indexed per trace block.
+    #[inline]
+    fn named(&self, hash: &BlockHash) -> Option<(super::block_hash::NamedKey, u32)> {
+        if self.name_blocks {
+            named_parts(hash)
+        } else {
+            None
         }
     }
 
@@ -104,7 +141,7 @@ impl CacheMap {
 
     /// Hashes cached, each counted once.
     pub(super) fn num_hashes(&self) -> usize {
-        self.num_live
+        self.num_live + self.num_named
     }
 
     /// Blocks caching a hash, copies included.
@@ -120,6 +157,9 @@ impl CacheMap {
 
     /// The first block caching `hash`, if any.
     pub(super) fn get(&self, hash: &BlockHash, blocks: &(impl HashOf + ?Sized)) -> Option<BlockId> {
+        if let Some((key, place)) = self.named(hash) {
+            return self.named.get(key, place);
+        }
         let mask = self.mask();
         let want = tag(hash);
         let mut i = self.home(hash);
@@ -141,6 +181,10 @@ impl CacheMap {
     /// Reads the home slots of `hashes` ahead of their inserts or lookups: independent
     /// loads that the CPU overlaps, where the probes one by one would wait for each miss.
     pub(super) fn warm(&self, hashes: &[BlockHash]) {
+        // A named run's hashes share an entry of the named index: nothing to read ahead.
+        if hashes.first().and_then(|h| self.named(h)).is_some() {
+            return;
+        }
         let acc = hashes
             .iter()
             .fold(0u64, |acc, h| acc ^ self.slots[self.home(h)]);
@@ -156,17 +200,28 @@ impl CacheMap {
         blocks: &(impl HashOf + ?Sized),
     ) {
         self.num_blocks += 1;
+        if let Some((key, place)) = self.named(&hash) {
+            match self.named.insert(key, place, block) {
+                None => self.num_named += 1,
+                Some(first) => self.add_copy(hash, first, block),
+            }
+            return;
+        }
         match self.get(&hash, blocks) {
             None => {
                 self.occupy(&hash, block);
                 self.num_live += 1;
             }
-            Some(first) => self
-                .copies
-                .entry(hash)
-                .or_insert_with(|| vec![first])
-                .push(block),
+            Some(first) => self.add_copy(hash, first, block),
         }
+    }
+
+    /// Lists `block` as a later copy of `hash`, whose first is `first`.
+    fn add_copy(&mut self, hash: BlockHash, first: BlockId, block: BlockId) {
+        self.copies
+            .entry(hash)
+            .or_insert_with(|| vec![first])
+            .push(block);
     }
 
     /// Gives `block` the slot of `hash`, whose only live slot it will be.
@@ -218,6 +273,10 @@ impl CacheMap {
                 self.copies.remove(hash);
             }
             if at == 0 {
+                if let Some((key, place)) = self.named(hash) {
+                    self.named.replace(key, place, next);
+                    return;
+                }
                 // Room first, while the hash still has its live slot (a rebuild keeps it).
                 self.make_room();
                 self.block_tags[block as usize] = 0;
@@ -225,15 +284,28 @@ impl CacheMap {
             }
             return;
         }
-        self.block_tags[block as usize] = 0;
-        self.num_live -= 1;
+        match self.named(hash) {
+            Some((key, place)) => {
+                self.named.remove(key, place);
+                self.num_named -= 1;
+            }
+            None => {
+                self.block_tags[block as usize] = 0;
+                self.num_live -= 1;
+            }
+        }
     }
 
     pub(super) fn clear(&mut self) {
         // In place: the per-block tags keep their allocation (a reset never allocates).
         let mut block_tags = std::mem::take(&mut self.block_tags);
         block_tags.fill(0);
-        *self = Self::empty(block_tags);
+        let mut named = std::mem::take(&mut self.named);
+        named.clear();
+        *self = Self {
+            named,
+            ..Self::empty(block_tags, self.name_blocks)
+        };
     }
 
     /// Drops the dead slots, leaving the table at most 1/`REBUILT_SPARSITY` full (grown

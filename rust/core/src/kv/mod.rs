@@ -24,6 +24,7 @@ mod counting;
 mod free_queue;
 mod host_tier;
 mod layer_groups;
+mod named_cache;
 mod prefix_pool;
 mod radix;
 mod radix_pool;

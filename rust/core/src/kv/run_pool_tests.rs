@@ -131,7 +131,7 @@ impl Twin {
             }
             pool
         };
-        let linked = build(shape.host_blocks);
+        let linked = build(shape.host_blocks).with_per_block_map();
         let runs = {
             let pool =
                 RunBlockPool::over_runs(shape.num_blocks, shape.block_size, shape.caching).unwrap();

@@ -173,9 +173,9 @@ const NAMED_MARK: u128 = 0xA5C3_96E1 << 16;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub(super) struct NamedKey {
     /// The hash's bits 64..128.
-    hi: u64,
+    pub(super) hi: u64,
     /// The hash's bits 48..64.
-    lo: u16,
+    pub(super) lo: u16,
 }
 
 impl NamedKey {

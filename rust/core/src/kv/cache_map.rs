@@ -21,7 +21,11 @@
 //! - Hashes of KV blocks named by trace block ([`content_block`]'s, which carry their
 //!   seed and place) are indexed per trace block instead ([`NamedCache`]: one entry per
 //!   seed, a slot per place): no slot here, no tag, no rebuilds for them. The counts and
-//!   the copies stay here for both kinds.
+//!   the copies stay here for both kinds. The index takes over once a trace block of more
+//!   than one KV block is cached (a named hash of place 1 or more; its slots here move
+//!   to it then): where every trace block is one KV block (the built-in job's 16-token
+//!   blocks), an entry per trace block is an entry per block, and this table, whose
+//!   evictions probe nothing, is the cheaper of the two.
 //!
 //! Invariant: the first block caching a token hash `h` has a slot on `h`'s probe run (the
 //! one answer [`CacheMap::get`] gives for `h`), the first block caching a named hash has
@@ -66,9 +70,11 @@ pub(super) struct CacheMap {
     copies: FxHashMap<BlockHash, Vec<BlockId>>,
     /// The first blocks caching named hashes, per trace block.
     named: NamedCache,
-    /// Whether named hashes go to `named` (false: every hash has a slot here, as before
-    /// the named index; the differential test's reference).
+    /// Whether named hashes may go to `named` (false: every hash has a slot here, as
+    /// before the named index; the differential test's reference).
     name_blocks: bool,
+    /// Whether they do: set at the first named hash of a place past 0.
+    named_on: bool,
 }
 
 fn tag(hash: &BlockHash) -> u64 {
@@ -108,6 +114,7 @@ impl CacheMap {
             copies: FxHashMap::default(),
             named: NamedCache::default(),
             name_blocks,
+            named_on: false,
         }
     }
 
@@ -115,7 +122,7 @@ impl CacheMap {
     /// indexed per trace block.
     #[inline]
     fn named(&self, hash: &BlockHash) -> Option<(super::block_hash::NamedKey, u32)> {
-        if self.name_blocks {
+        if self.named_on {
             named_parts(hash)
         } else {
             None
@@ -181,14 +188,17 @@ impl CacheMap {
     /// Reads the home slots of `hashes` ahead of their inserts or lookups: independent
     /// loads that the CPU overlaps, where the probes one by one would wait for each miss.
     pub(super) fn warm(&self, hashes: &[BlockHash]) {
-        // A named run's hashes share an entry of the named index: nothing to read ahead.
-        if hashes.first().and_then(|h| self.named(h)).is_some() {
-            return;
-        }
-        let acc = hashes
-            .iter()
-            .fold(0u64, |acc, h| acc ^ self.slots[self.home(h)]);
+        let acc = hashes.iter().fold(0u64, |acc, h| acc ^ self.home_word(h));
         std::hint::black_box(acc);
+    }
+
+    /// A word of `hash`'s home slot (its named entry's, for a named hash).
+    #[inline]
+    fn home_word(&self, hash: &BlockHash) -> u64 {
+        match self.named(hash) {
+            Some((key, _)) => self.named.home_word(key),
+            None => self.slots[self.home(hash)],
+        }
     }
 
     /// Registers `block` (which the caller then gives `hash`) as caching `hash`: the
@@ -200,6 +210,9 @@ impl CacheMap {
         blocks: &(impl HashOf + ?Sized),
     ) {
         self.num_blocks += 1;
+        if self.name_blocks && !self.named_on {
+            self.maybe_name_blocks(&hash, blocks);
+        }
         if let Some((key, place)) = self.named(&hash) {
             match self.named.insert(key, place, block) {
                 None => self.num_named += 1,
@@ -213,6 +226,38 @@ impl CacheMap {
                 self.num_live += 1;
             }
             Some(first) => self.add_copy(hash, first, block),
+        }
+    }
+
+    /// Turns the named index on at the first named hash past place 0, moving the named
+    /// hashes cached so far (their first blocks' slots) into it.
+    #[cold]
+    fn maybe_name_blocks(&mut self, hash: &BlockHash, blocks: &(impl HashOf + ?Sized)) {
+        if named_parts(hash).is_none_or(|(_, place)| place == 0) {
+            return;
+        }
+        let mut moving: Vec<(BlockId, BlockHash)> = (self.slots.iter())
+            .filter(|&&slot| slot != 0 && self.is_live(slot))
+            .filter_map(|&slot| {
+                let block = block_of(slot);
+                let hash = blocks.hash_of(block)?;
+                named_parts(&hash)?;
+                // A slot that only looks live (its block now caches another hash with the
+                // same tag, maybe as a later copy) moves nothing: the first block is asked.
+                (self.get(&hash, blocks) == Some(block)).then_some((block, hash))
+            })
+            .collect();
+        moving.sort_unstable_by_key(|&(block, _)| block);
+        moving.dedup_by_key(|&mut (block, _)| block);
+        self.named_on = true;
+        for (block, hash) in moving {
+            let (key, place) = named_parts(&hash).expect("kept named hashes only");
+            let first = self.named.insert(key, place, block);
+            debug_assert!(first.is_none(), "one first block per hash");
+            // Its slot here goes dead.
+            self.block_tags[block as usize] = 0;
+            self.num_live -= 1;
+            self.num_named += 1;
         }
     }
 
@@ -304,6 +349,7 @@ impl CacheMap {
         named.clear();
         *self = Self {
             named,
+            named_on: self.named_on,
             ..Self::empty(block_tags, self.name_blocks)
         };
     }
@@ -367,11 +413,11 @@ mod tests {
         }
     }
 
-    #[test]
-    fn answers_as_an_eager_map_through_copies_evictions_rebuilds_and_tag_collisions() {
+    /// Random inserts (of `hash_at(step, n)`) and evictions on `map`, checked after each
+    /// against vLLM's dict of copies.
+    fn check_against_an_eager_map(map: &mut CacheMap, hash_at: impl Fn(usize, u64) -> BlockHash) {
         const NUM_BLOCKS: usize = 40;
         let mut blocks = Hashes(vec![None; NUM_BLOCKS]);
-        let mut map = CacheMap::new(NUM_BLOCKS).unwrap();
         // Every block caching each hash, oldest first (vLLM's dict of copies).
         let mut eager: HashMap<BlockHash, Vec<BlockId>> = HashMap::new();
         let mut state = 0x2545_F491_4F6C_DD1Du64;
@@ -381,12 +427,9 @@ mod tests {
             state ^= state << 17;
             state
         };
-        // Few distinct top bits: many hashes share a tag (and so a home slot); few hashes
-        // overall, so many are cached in several blocks.
-        let hash_of = |n: u64| BlockHash((u128::from(n % 5) << 96) | u128::from(n % 31));
-        for _ in 0..20_000 {
+        for step in 0..20_000 {
             let block = (next() % NUM_BLOCKS as u64) as BlockId;
-            let hash = hash_of(next());
+            let hash = hash_at(step, next());
             if let Some(old) = blocks.0[block as usize].take() {
                 // Evict, as `take_free_block` does.
                 let copies = eager.get_mut(&old).unwrap();
@@ -403,9 +446,9 @@ mod tests {
             assert_eq!(map.num_hashes(), eager.len());
             let num_blocks: usize = eager.values().map(Vec::len).sum();
             assert_eq!(map.num_blocks(), num_blocks);
-            let probe = hash_of(next());
+            let probe = hash_at(step, next());
             let want = eager.get(&probe);
-            assert_eq!(map.get(&probe, &blocks), want.map(|c| c[0]));
+            assert_eq!(map.get(&probe, &blocks), want.map(|c| c[0]), "step {step}");
             assert_eq!(map.later_copies(&probe), want.map_or(&[][..], |c| &c[1..]));
         }
         for (hash, copies) in &eager {
@@ -414,5 +457,35 @@ mod tests {
         map.clear();
         assert_eq!(map.num_hashes(), 0);
         assert_eq!(map.num_blocks(), 0);
+        assert!(eager.keys().all(|h| map.get(h, &blocks).is_none()));
+    }
+
+    #[test]
+    fn answers_as_an_eager_map_through_copies_evictions_rebuilds_and_tag_collisions() {
+        // Few distinct top bits: many hashes share a tag (and so a home slot); few hashes
+        // overall, so many are cached in several blocks.
+        let hash_of = |_, n: u64| BlockHash((u128::from(n % 5) << 96) | u128::from(n % 31));
+        check_against_an_eager_map(&mut CacheMap::new(40).unwrap(), hash_of);
+    }
+
+    #[test]
+    fn named_hashes_answer_as_an_eager_map_before_and_after_the_named_index_takes_over() {
+        use super::super::block_hash::{content_block, hash_content};
+        let seeds: Vec<BlockHash> = (0..6).map(|id| hash_content(None, id, None)).collect();
+        // Token hashes beside trace blocks' names; only place 0 for the first 3,000 steps
+        // (the named index off, named hashes slotted here), then places up to 5: the
+        // switch moves the cached ones into the index.
+        let hash_at = |step: usize, n: u64| match n % 3 {
+            0 => BlockHash((u128::from(n % 5) << 96) | u128::from(n % 31)),
+            _ => {
+                let places = if step < 3_000 { 1 } else { 6 };
+                content_block(seeds[(n / 3 % 6) as usize], (n / 18 % places) as u32)
+            }
+        };
+        let mut map = CacheMap::new(40).unwrap();
+        check_against_an_eager_map(&mut map, hash_at);
+        assert!(map.named_on);
+        // The per-block reference answers the same.
+        check_against_an_eager_map(&mut CacheMap::per_block(40), hash_at);
     }
 }

@@ -25,6 +25,8 @@ mod free_queue;
 mod host_tier;
 mod layer_groups;
 mod named_cache;
+#[cfg(test)]
+mod named_pool_tests;
 mod prefix_pool;
 mod radix;
 mod radix_pool;

@@ -26,15 +26,52 @@ use super::block_pool::BlockId;
 
 const MIN_ENTRIES: usize = 64;
 
+/// Bits of an entry's `meta` that count its cached places (at most 1,024).
+const COUNT_BITS: u16 = 11;
+const COUNT_MASK: u16 = (1 << COUNT_BITS) - 1;
+
+/// 16 bytes, four to a cache line.
 #[derive(Debug, Clone, Copy, Default)]
 struct Entry {
-    key: NamedKey,
-    /// Offset of the entry's chunk of slots in the slab.
-    chunk: u32,
-    /// Places cached (non-zero slots); 0: the table slot is empty.
-    count: u16,
-    /// The chunk holds `1 << shift` slots.
-    shift: u8,
+    /// The key (`NamedKey`'s parts).
+    hi: u64,
+    lo: u16,
+    /// Places cached (non-zero slots) in the low `COUNT_BITS`, the chunk's `shift` above;
+    /// 0: the table slot is empty.
+    meta: u16,
+    /// With `shift` 0, the one slot itself (a trace block of one KV block needs no chunk);
+    /// else the offset of the entry's chunk of `1 << shift` slots in the slab.
+    slots: u32,
+}
+
+impl Entry {
+    fn key(&self) -> NamedKey {
+        NamedKey {
+            hi: self.hi,
+            lo: self.lo,
+        }
+    }
+
+    fn count(&self) -> u16 {
+        self.meta & COUNT_MASK
+    }
+
+    fn shift(&self) -> u8 {
+        (self.meta >> COUNT_BITS) as u8
+    }
+
+    fn is_empty(&self) -> bool {
+        self.meta == 0
+    }
+}
+
+/// Slot `place` of `entry` (which has that many), inline or in the slab.
+fn slot_mut<'a>(entry: &'a mut Entry, slab: &'a mut [u32], place: u32) -> &'a mut u32 {
+    if entry.shift() == 0 {
+        &mut entry.slots
+    } else {
+        &mut slab[(entry.slots + place) as usize]
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -83,14 +120,20 @@ impl NamedCache {
         let mut i = key.home() & mask;
         loop {
             let entry = &self.entries[i];
-            if entry.count == 0 {
+            if entry.is_empty() {
                 return (i, false);
             }
-            if entry.key == key {
+            if entry.hi == key.hi && entry.lo == key.lo {
                 return (i, true);
             }
             i = (i + 1) & mask;
         }
+    }
+
+    /// A word of `key`'s home slot, read ahead of a probe.
+    #[inline]
+    pub(super) fn home_word(&self, key: NamedKey) -> u64 {
+        self.entries[key.home() & self.mask()].hi
     }
 
     /// The block caching place `place` of `key`, if any.
@@ -100,10 +143,11 @@ impl NamedCache {
             return None;
         }
         let entry = &self.entries[i];
-        if place >= 1 << entry.shift {
-            return None;
-        }
-        let slot = self.slab[(entry.chunk + place) as usize];
+        let slot = match entry.shift() {
+            0 if place == 0 => entry.slots,
+            shift if place < 1 << shift && shift > 0 => self.slab[(entry.slots + place) as usize],
+            _ => return None,
+        };
         slot.checked_sub(1)
     }
 
@@ -117,24 +161,32 @@ impl NamedCache {
                 i = self.find(key).0;
             }
             let shift = self.typical_shift.max(shift_for(place));
-            let chunk = self.take_chunk(shift);
+            self.typical_shift = shift;
+            let slots = if shift == 0 {
+                0
+            } else {
+                self.take_chunk(shift)
+            };
+            // Its count is raised below, before any other lookup.
             self.entries[i] = Entry {
-                key,
-                chunk,
-                count: 0,
-                shift,
+                hi: key.hi,
+                lo: key.lo,
+                meta: u16::from(shift) << COUNT_BITS,
+                slots,
             };
             self.num_entries += 1;
-        } else if place >= 1 << self.entries[i].shift {
-            self.regrow(i, shift_for(place));
+        } else if place >= 1 << self.entries[i].shift() {
+            let shift = shift_for(place);
+            self.typical_shift = self.typical_shift.max(shift);
+            self.regrow(i, shift);
         }
         let entry = &mut self.entries[i];
-        let slot = &mut self.slab[(entry.chunk + place) as usize];
+        let slot = slot_mut(entry, &mut self.slab, place);
         if let Some(first) = slot.checked_sub(1) {
             return Some(first);
         }
         *slot = block + 1;
-        entry.count += 1;
+        entry.meta += 1;
         None
     }
 
@@ -143,8 +195,7 @@ impl NamedCache {
     pub(super) fn replace(&mut self, key: NamedKey, place: u32, block: BlockId) {
         let (i, found) = self.find(key);
         debug_assert!(found, "a copy takes over a cached place");
-        let entry = &self.entries[i];
-        self.slab[(entry.chunk + place) as usize] = block + 1;
+        *slot_mut(&mut self.entries[i], &mut self.slab, place) = block + 1;
     }
 
     /// Un-caches `key`'s `place` (its only block was evicted); the entry goes with its last
@@ -153,22 +204,23 @@ impl NamedCache {
         let (i, found) = self.find(key);
         debug_assert!(found, "an evicted named block is cached");
         #[cfg(test)]
-        let place = if PLANTED_WRONG_SLOT.get() && place + 1 < 1 << self.entries[i].shift {
+        let place = if PLANTED_WRONG_SLOT.get() && place + 1 < 1 << self.entries[i].shift() {
             place + 1
         } else {
             place
         };
         let entry = &mut self.entries[i];
-        let slot = &mut self.slab[(entry.chunk + place) as usize];
+        let slot = slot_mut(entry, &mut self.slab, place);
         if *slot == 0 {
             // Only under a planted fault.
             return;
         }
         *slot = 0;
-        entry.count -= 1;
-        if entry.count == 0 {
-            let (chunk, shift) = (entry.chunk, entry.shift);
-            self.free_chunks[shift as usize].push(chunk);
+        entry.meta -= 1;
+        if entry.count() == 0 {
+            if entry.shift() > 0 {
+                self.free_chunks[entry.shift() as usize].push(entry.slots);
+            }
             self.num_entries -= 1;
             self.delete_at(i);
         }
@@ -196,10 +248,10 @@ impl NamedCache {
         loop {
             i = (i + 1) & mask;
             let entry = self.entries[i];
-            if entry.count == 0 {
+            if entry.is_empty() {
                 break;
             }
-            let home = entry.key.home() & mask;
+            let home = entry.key().home() & mask;
             // The entry may fill the hole unless its home lies cyclically in (hole, i].
             let stays = if hole <= i {
                 hole < home && home <= i
@@ -217,14 +269,14 @@ impl NamedCache {
     fn grow(&mut self) {
         let len = self.entries.len() * 2;
         let old = std::mem::replace(&mut self.entries, vec![Entry::default(); len]);
-        for entry in old.into_iter().filter(|e| e.count > 0) {
-            let (i, _) = self.find(entry.key);
+        for entry in old.into_iter().filter(|e| !e.is_empty()) {
+            let (i, _) = self.find(entry.key());
             self.entries[i] = entry;
         }
     }
 
+    /// A chunk of `1 << shift` slots, all zero.
     fn take_chunk(&mut self, shift: u8) -> u32 {
-        self.typical_shift = self.typical_shift.max(shift);
         if self.free_chunks.len() <= shift as usize {
             self.free_chunks.resize(shift as usize + 1, Vec::new());
         }
@@ -238,20 +290,21 @@ impl NamedCache {
 
     /// Moves entry `i`'s slots into a chunk of `1 << shift`.
     fn regrow(&mut self, i: usize, shift: u8) {
-        let Entry {
-            chunk: old,
-            shift: old_shift,
-            ..
-        } = self.entries[i];
         let chunk = self.take_chunk(shift);
-        let (old, len) = (old as usize, 1usize << old_shift);
-        self.slab.copy_within(old..old + len, chunk as usize);
-        // Free chunks are all zero (a fresh chunk's places are not cached).
-        self.slab[old..old + len].fill(0);
-        self.free_chunks[old_shift as usize].push(old as u32);
+        let entry = self.entries[i];
+        match entry.shift() {
+            0 => self.slab[chunk as usize] = entry.slots,
+            old_shift => {
+                let (old, len) = (entry.slots as usize, 1usize << old_shift);
+                self.slab.copy_within(old..old + len, chunk as usize);
+                // Free chunks are all zero (a fresh chunk's places are not cached).
+                self.slab[old..old + len].fill(0);
+                self.free_chunks[old_shift as usize].push(entry.slots);
+            }
+        }
         let entry = &mut self.entries[i];
-        entry.chunk = chunk;
-        entry.shift = shift;
+        entry.slots = chunk;
+        entry.meta = entry.count() | u16::from(shift) << COUNT_BITS;
     }
 }
 

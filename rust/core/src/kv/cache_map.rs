@@ -187,18 +187,21 @@ impl CacheMap {
 
     /// Reads the home slots of `hashes` ahead of their inserts or lookups: independent
     /// loads that the CPU overlaps, where the probes one by one would wait for each miss.
+    /// A named hash's entry is read once for the run of its trace block's hashes.
     pub(super) fn warm(&self, hashes: &[BlockHash]) {
-        let acc = hashes.iter().fold(0u64, |acc, h| acc ^ self.home_word(h));
-        std::hint::black_box(acc);
-    }
-
-    /// A word of `hash`'s home slot (its named entry's, for a named hash).
-    #[inline]
-    fn home_word(&self, hash: &BlockHash) -> u64 {
-        match self.named(hash) {
-            Some((key, _)) => self.named.home_word(key),
-            None => self.slots[self.home(hash)],
+        let mut last = None;
+        let mut acc = 0u64;
+        for hash in hashes {
+            match self.named(hash) {
+                Some((key, _)) if last == Some(key) => {}
+                Some((key, _)) => {
+                    last = Some(key);
+                    acc ^= self.named.home_word(key);
+                }
+                None => acc ^= self.slots[self.home(hash)],
+            }
         }
+        std::hint::black_box(acc);
     }
 
     /// Registers `block` (which the caller then gives `hash`) as caching `hash`: the

@@ -30,7 +30,8 @@
 //! Invariant: the first block caching a token hash `h` has a slot on `h`'s probe run (the
 //! one answer [`CacheMap::get`] gives for `h`), the first block caching a named hash has
 //! its place's slot in the named index, later copies have neither, and `num_live` and
-//! `num_named` count the hashes of each kind. What the map answers is exactly what a map with eager removals would answer.
+//! `num_named` count the hashes of each kind. What the map answers is exactly what a map
+//! with eager removals would answer.
 //!
 //! [`content_block`]: super::content_block
 
@@ -350,6 +351,7 @@ impl CacheMap {
         block_tags.fill(0);
         let mut named = std::mem::take(&mut self.named);
         named.clear();
+        // The index stays on: the pool's trace blocks keep their size.
         *self = Self {
             named,
             named_on: self.named_on,

@@ -214,8 +214,12 @@ impl CacheMap {
         blocks: &(impl HashOf + ?Sized),
     ) {
         self.num_blocks += 1;
-        if self.name_blocks && !self.named_on {
-            self.maybe_name_blocks(&hash, blocks);
+        // The first named hash past place 0 turns the index on.
+        if self.name_blocks
+            && !self.named_on
+            && named_parts(&hash).is_some_and(|(_, place)| place > 0)
+        {
+            self.name_blocks_now(blocks);
         }
         if let Some((key, place)) = self.named(&hash) {
             match self.named.insert(key, place, block) {
@@ -233,13 +237,10 @@ impl CacheMap {
         }
     }
 
-    /// Turns the named index on at the first named hash past place 0, moving the named
-    /// hashes cached so far (their first blocks' slots) into it.
+    /// Turns the named index on, moving the named hashes cached so far (their first
+    /// blocks' slots) into it.
     #[cold]
-    fn maybe_name_blocks(&mut self, hash: &BlockHash, blocks: &(impl HashOf + ?Sized)) {
-        if named_parts(hash).is_none_or(|(_, place)| place == 0) {
-            return;
-        }
+    fn name_blocks_now(&mut self, blocks: &(impl HashOf + ?Sized)) {
         let mut moving: Vec<(BlockId, BlockHash)> = (self.slots.iter())
             .filter(|&&slot| slot != 0 && self.is_live(slot))
             .filter_map(|&slot| {

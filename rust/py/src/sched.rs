@@ -453,6 +453,32 @@ impl PyScheduler {
         Ok(self.inner.num_cached_prefix_tokens(&token_ids, lora_id))
     }
 
+    /// Each KV group's own prefix hit over `block_hashes` (the core's hashes of a query's
+    /// first full blocks, `tokenyard.kv.block_hashes`), no longer than `max_length` tokens,
+    /// not reconciled (vLLM 0.33's `find_longest_cache_hit_per_group`): a tuple of each
+    /// group's block array and a list of their hit lengths. ConfigError without groups.
+    fn kv_hits_per_group<'py>(
+        &self,
+        py: Python<'py>,
+        block_hashes: Vec<u128>,
+        max_length: usize,
+    ) -> PyResult<(Bound<'py, pyo3::types::PyTuple>, Vec<usize>)> {
+        let hashes: Vec<_> = block_hashes
+            .into_iter()
+            .map(tokenyard_core::kv::BlockHash)
+            .collect();
+        let (blocks, lengths) = (self.inner)
+            .kv_hits_per_group(&hashes, max_length)
+            .or_raise(py)?;
+        Ok((crate::sched_output::group_tuple(py, &blocks)?, lengths))
+    }
+
+    /// Takes `block_ids` out of the prefix cache (vLLM's `BlockPool.evict_blocks`):
+    /// ConfigError without KV groups, InputError for an id past the pool.
+    fn kv_evict_blocks(&mut self, py: Python<'_>, block_ids: Vec<u32>) -> PyResult<()> {
+        self.inner.kv_evict_blocks(&block_ids).or_raise(py)
+    }
+
     fn num_computed_tokens(&self, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
         let id = RequestId::from_py(request_id)?;
         match self.inner.get_request(&id) {

@@ -101,8 +101,8 @@ fn group_key(hash: BlockHash, group: usize) -> BlockHash {
 
 impl<R: RequestKey> KvCoordinator<R> {
     /// A coordinator over `num_blocks` blocks of `block_size` tokens, block 0 of which is
-    /// the null block. Mamba groups hold states that are not prefix-cached, so they need
-    /// `enable_caching = false` (as vLLM's `mamba_cache_mode="none"` does).
+    /// the null block. Mamba groups (not `align`) hold states that are not prefix-cached,
+    /// so they need `enable_caching = false` (as vLLM's `mamba_cache_mode="none"` does).
     pub fn new(
         groups: Vec<KvGroupSpec>,
         num_blocks: usize,
@@ -133,7 +133,8 @@ impl<R: RequestKey> KvCoordinator<R> {
                     "True",
                     format!(
                         "groups[{i}] is a Mamba group, whose states are not prefix-cached \
-                         (vLLM's mamba_cache_mode='none'); pass enable_caching=False"
+                         (vLLM's mamba_cache_mode='none'); pass enable_caching=False, or \
+                         use a Mamba group in align mode"
                     ),
                 ));
             }
@@ -326,6 +327,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         let slots = GroupSlots {
             decoder: num_slots,
             encoder: num_encoder_tokens,
+            lookahead: num_lookahead_tokens,
         };
         let needed =
             self.num_blocks_to_allocate(request_id, slots, num_computed, new_computed, None);
@@ -358,6 +360,11 @@ impl<R: RequestKey> KvCoordinator<R> {
         let mut new_blocks = Vec::with_capacity(groups.len());
         for (g, (spec, table)) in groups.iter().zip(&mut request.tables).enumerate() {
             let required = spec.num_required_blocks(slots.of(spec), *block_size);
+            if spec.is_mamba_align() && required > table.len() {
+                // vLLM's align-mode `allocate_new_blocks`: nulls up to the block of the
+                // chunk's end, which gets the one new state block.
+                table.resize(required - 1, NULL_BLOCK);
+            }
             let added: Vec<BlockId> = (table.len()..required)
                 .map(|_| take_free_block(free_queue, blocks, &mut eviction))
                 .collect();
@@ -452,7 +459,15 @@ impl<R: RequestKey> KvCoordinator<R> {
         for (spec, table) in self.groups.iter().zip(&request.tables) {
             let num_skipped = spec.num_skipped_tokens(num_computed_tokens) / self.block_size;
             let end = num_skipped.min(table.len());
-            for &b in table[..end].iter().rev().take_while(|&&b| b != NULL_BLOCK) {
+            let skipped = table[..end].iter().rev();
+            let held: Vec<BlockId> = if spec.is_mamba_align() {
+                // Its prefill leaves null gaps between states (vLLM's align-mode
+                // `_remove_blocks_in_range` steps over them).
+                skipped.copied().filter(|&b| b != NULL_BLOCK).collect()
+            } else {
+                skipped.copied().take_while(|&b| b != NULL_BLOCK).collect()
+            };
+            for b in held {
                 dropped += 1;
                 freed += usize::from(self.blocks[b as usize].ref_cnt == 1);
             }
@@ -513,8 +528,8 @@ impl<R: RequestKey> KvCoordinator<R> {
         };
         let hit = hit.filter(|_| !self.requests.contains_key(request_id));
         let slots = GroupSlots {
-            decoder: num_tokens,
             encoder: num_encoder_tokens,
+            ..GroupSlots::decoder(num_tokens)
         };
         let needed = self.num_blocks_to_allocate(
             request_id,
@@ -577,6 +592,11 @@ impl<R: RequestKey> KvCoordinator<R> {
             let mut group_freed = Vec::new();
             for slot in table[..end].iter_mut().rev() {
                 if *slot == NULL_BLOCK {
+                    // A Mamba `align` prefill leaves null gaps between states (vLLM's
+                    // align-mode `_remove_blocks_in_range` steps over them).
+                    if spec.is_mamba_align() {
+                        continue;
+                    }
                     break;
                 }
                 group_freed.push(std::mem::replace(slot, NULL_BLOCK));
@@ -609,13 +629,24 @@ impl<R: RequestKey> KvCoordinator<R> {
             if let Some(cap) = max_in_flight_tokens.and_then(|f| spec.max_admission_blocks(f, bs)) {
                 required = required.min(cap);
             }
+            // vLLM's align-mode Mamba takes one state block per allocation (its
+            // `physical_block_cap`), and one for the loaded tokens' state on a load.
+            let cap = match (spec.is_mamba_align(), request) {
+                (false, _) => usize::MAX,
+                (true, Some(_)) => 1,
+                (true, None) => {
+                    1 + usize::from(num_computed > hit.map_or(0, |h| h.num_computed_tokens))
+                }
+            };
             if let Some(request) = request {
-                total += required.saturating_sub(request.tables[g].len());
+                total += required.saturating_sub(request.tables[g].len()).min(cap);
                 continue;
             }
             let hit_blocks = hit.map_or(&[][..], |h| h.block_ids[g].as_slice());
             let num_skipped = spec.num_skipped_tokens(num_computed) / bs;
-            total += required.saturating_sub(num_skipped.max(hit_blocks.len()));
+            total += required
+                .saturating_sub(num_skipped.max(hit_blocks.len()))
+                .min(cap);
             total += hit_blocks
                 .iter()
                 .skip(num_skipped)
@@ -727,7 +758,7 @@ fn record_for_zeroing(
     added: &[BlockId],
 ) {
     if let Some(per_group) = zeroing
-        && *spec != KvGroupSpec::Mamba
+        && !spec.is_mamba()
     {
         per_group[g].extend_from_slice(added);
     }
@@ -788,3 +819,7 @@ pub use loads::{ExternalAllocation, prefix_cacheable};
 #[cfg(test)]
 #[path = "coordinator_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "coordinator_mamba_tests.rs"]
+mod mamba_tests;

@@ -49,6 +49,14 @@ pub(super) enum Hit {
     Hybrid(GroupedComputedBlocks),
 }
 
+fn no_groups(what: &str) -> Error {
+    Error::config(
+        "kv_groups",
+        "[]",
+        format!("{what} needs several KV cache groups (vLLM's hybrid coordinator)"),
+    )
+}
+
 fn other_pool(slot: u32) -> Error {
     Error::input("hit", slot, "comes from the other kind of prefix pool")
 }
@@ -95,6 +103,21 @@ impl Hit {
 }
 
 impl Kv {
+    /// The coordinator, for a call (`what`) only it answers.
+    fn hybrid_pool(&self, what: &str) -> Result<&KvCoordinator<u32>> {
+        match self {
+            Kv::Hybrid(h) => Ok(&h.pool),
+            _ => Err(no_groups(what)),
+        }
+    }
+
+    fn hybrid_pool_mut(&mut self, what: &str) -> Result<&mut KvCoordinator<u32>> {
+        match self {
+            Kv::Hybrid(h) => Ok(&mut h.pool),
+            _ => Err(no_groups(what)),
+        }
+    }
+
     /// The pool `config` asks for (checked by `SchedulerConfig::validate_scheduler`).
     /// `async_scheduling` doubles the tokens in flight a window group reserves for.
     pub fn new(config: &SchedulerConfig, async_scheduling: bool) -> Result<Self> {
@@ -167,6 +190,34 @@ impl Kv {
                 ))
             }
         }
+    }
+
+    /// [`Self::lookup`] beside a connector that restores lagging recurrent states (vLLM
+    /// 0.33's `get_computed_blocks_for_connector`, `KvCoordinator`'s): with a Mamba group
+    /// beside full attention, full attention's hit and whether another group lags behind it
+    /// (then the caller reconciles, [`Self::lookup`], if the connector loads nothing past
+    /// it). Other pools: [`Self::lookup`], not diverged.
+    pub fn lookup_for_connector(
+        &mut self,
+        token_ids: &[TokenId],
+        extra_key: Option<u64>,
+        earlier: Option<Hit>,
+        known: Vec<BlockHash>,
+        max_hit_tokens: usize,
+    ) -> (Hit, bool) {
+        let Kv::Hybrid(h) = self else {
+            return (
+                self.lookup(token_ids, extra_key, earlier, known, max_hit_tokens),
+                false,
+            );
+        };
+        let known = match earlier {
+            Some(Hit::Hybrid(hit)) => hit.into_block_hashes(),
+            _ => known,
+        };
+        let (hit, diverged) =
+            (h.pool).get_computed_blocks_for_connector(token_ids, extra_key, known, max_hit_tokens);
+        (Hit::Hybrid(hit), diverged)
     }
 
     /// Slots for the request's new tokens (see `BlockPool::allocate_slots`). The new block
@@ -749,6 +800,30 @@ impl<R: crate::kv::RequestKey> super::Scheduler<R> {
         self.kv
             .lookup(token_ids, lora_id, None, Vec::new(), usize::MAX)
             .num_computed_tokens()
+    }
+
+    /// Each KV group's own prefix hit over `block_hashes` (the hashes of a query's first
+    /// full blocks, `tokenyard.kv.block_hashes`' values; LoRA-keyed as its requests were),
+    /// no longer than `max_length` tokens, not reconciled across groups (vLLM 0.33's
+    /// `coordinator.find_longest_cache_hit_per_group`): every group's blocks and hit
+    /// length. Nothing is allocated or counted. Errors: `ConfigError` (`kv_groups`)
+    /// without several KV groups.
+    pub fn kv_hits_per_group(
+        &self,
+        block_hashes: &[BlockHash],
+        max_length: usize,
+    ) -> Result<(Vec<Vec<BlockId>>, Vec<usize>)> {
+        let pool = self.kv.hybrid_pool("find_longest_cache_hit_per_group")?;
+        Ok(pool.find_longest_cache_hit_per_group_hashes(block_hashes, max_length))
+    }
+
+    /// Takes `block_ids` out of the prefix cache, held or free (vLLM's
+    /// `BlockPool.evict_blocks`). Errors: `ConfigError` (`kv_groups`) without several KV
+    /// groups; `InputError` for an id past the pool (nothing changed then).
+    pub fn kv_evict_blocks(&mut self, block_ids: &[BlockId]) -> Result<()> {
+        self.kv
+            .hybrid_pool_mut("evict_blocks")?
+            .evict_blocks(block_ids)
     }
 }
 

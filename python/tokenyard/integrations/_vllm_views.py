@@ -16,7 +16,11 @@ from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request
 
 from tokenyard.errors import ConfigError, InputError
-from tokenyard.integrations._vllm_coordinator_view import BlockPoolView, CoordinatorView
+from tokenyard.integrations._vllm_coordinator_view import (
+    BlockPoolView,
+    CoordinatorView,
+    HybridCoordinatorView,
+)
 from tokenyard.integrations._vllm_translate import core_prompt, vllm_block_ids
 
 
@@ -27,6 +31,7 @@ class AdapterState(Protocol):
     block_size: int
     hash_block_size: int
     kv_cache_config: Any
+    cache_config: Any
     connector_prefix_cache_stats: PrefixCacheStats | None
     _core: Any
     _core_ids: dict[str, Any]
@@ -70,6 +75,14 @@ class _ConnectorBridge:
         # A synchronous load was admitted in the step being formed (vLLM's
         # SchedulerOutput.has_sync_kv_loads).
         self.has_sync_kv_loads = False
+
+    @property
+    def supports_divergent_local_hybrid_hits(self) -> bool:
+        """vLLM 0.33's connector capability (``KVConnectorBase_V1``, False by default): its
+        loads restore a Mamba state lagging behind a deeper full-attention hit, so the core
+        keeps that hit when the connector loads past it (``_get_local_prefix_cache_hit``).
+        Read by the core when the connector is set."""
+        return bool(getattr(self.connector, "supports_divergent_local_hybrid_hits", False))
 
     def get_num_new_matched_tokens(
         self, view: Any, num_computed_tokens: int
@@ -218,7 +231,11 @@ class _KVCacheManagerView:
         self.kv_cache_config = scheduler.kv_cache_config
         self.block_size = scheduler.block_size
         self.block_pool = BlockPoolView(scheduler)
-        self.coordinator = CoordinatorView(scheduler, self.block_pool)
+        # vLLM builds its HybridKVCacheCoordinator for several groups with prefix caching.
+        caching = bool(getattr(scheduler.cache_config, "enable_prefix_caching", False))
+        hybrid = scheduler._kv_groups > 1 and caching
+        view = HybridCoordinatorView if hybrid else CoordinatorView
+        self.coordinator = view(scheduler, self.block_pool)
         self.num_kv_cache_groups = len(scheduler.kv_cache_config.kv_cache_groups)
 
     @property

@@ -1151,6 +1151,25 @@ class Scheduler:
         blocks (``tokenyard.kv.block_hashes``), no longer than ``max_length`` tokens, not
         reconciled across groups (vLLM's ``find_longest_cache_hit_per_group``): each
         group's blocks and hit length. ConfigError without KV groups."""
+    def kv_allocate_outside(
+        self,
+        request_id: _RequestId,
+        token_ids: _TokenIds,
+        num_new_tokens: int,
+        *,
+        lora_id: int | None = None,
+    ) -> tuple[npt.NDArray[np.uint32], ...] | None:
+        """vLLM's ``allocate_slots`` for a request this scheduler does not hold (its prefix
+        cache seeded directly, as vLLM's tests do): ``token_ids`` not given before,
+        ``num_new_tokens`` more computed. Each group's new blocks, or None when they do not
+        fit. ConfigError without KV groups; InputError for a request the scheduler holds."""
+    def kv_tables_outside(
+        self, request_id: _RequestId
+    ) -> tuple[npt.NDArray[np.uint32], ...] | None:
+        """Each group's block table of a request ``kv_allocate_outside`` gave blocks to."""
+    def kv_free_outside(self, request_id: _RequestId) -> None:
+        """Frees the blocks ``kv_allocate_outside`` gave the request (InputError for any
+        other request)."""
     def kv_evict_blocks(self, block_ids: Sequence[int]) -> None:
         """Takes the blocks out of the prefix cache, held or free (vLLM's
         ``BlockPool.evict_blocks``). ConfigError without KV groups; InputError for an id

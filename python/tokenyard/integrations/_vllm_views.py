@@ -237,6 +237,9 @@ class _KVCacheManagerView:
         view = HybridCoordinatorView if hybrid else CoordinatorView
         self.coordinator = view(scheduler, self.block_pool)
         self.num_kv_cache_groups = len(scheduler.kv_cache_config.kv_cache_groups)
+        # Requests given blocks outside the scheduler (allocate_slots): tokens given to the
+        # core and computed tokens.
+        self._outside: dict[str, tuple[int, int]] = {}
 
     @property
     def enable_caching(self) -> bool:
@@ -261,6 +264,9 @@ class _KVCacheManagerView:
         """The request's block table, one list per KV cache group (null blocks, id 0, where
         a group no longer attends)."""
         scheduler = self._scheduler
+        if request_id in self._outside:
+            tables = scheduler._core.kv_tables_outside(request_id)
+            return tuple(g.tolist() for g in tables)
         # An unknown id goes to the core as it is, which raises naming it.
         core_id = scheduler._core_ids.get(request_id, request_id)
         if scheduler._kv_groups:
@@ -284,20 +290,91 @@ class _KVCacheManagerView:
     _asked_by_core = False
 
     def allocate_slots(
-        self, request: Request, num_new_tokens: int, *args: Any, **kwargs: Any
-    ) -> KVCacheBlocks:
-        """vLLM's ``allocate_slots`` as the scheduler's step asks it when a caller replaced
-        it (``_vllm_hooks``): a replacement that calls this lets the core allocate, and gets
-        the empty ``KVCacheBlocks`` (the core's blocks go out in the step's output). Called
-        otherwise, InputError: the core allocates only within ``schedule()``."""
-        if not self._asked_by_core:
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        *args: Any,
+        **kwargs: Any,
+    ) -> KVCacheBlocks | None:
+        """vLLM's ``allocate_slots``. Asked by the core's step when a caller replaced it
+        (``_vllm_hooks``): a replacement that calls this lets the core allocate, and gets
+        the empty ``KVCacheBlocks`` (the core's blocks go out in the step's output). For a
+        request this scheduler does not hold (vLLM's tests seed a prefix cache so), the
+        core allocates outside its schedule (``Scheduler.kv_allocate_outside``, several KV
+        groups): ``request.num_computed_tokens`` computed before, ``num_new_tokens`` more,
+        full blocks cached; each group's new blocks, or None when they do not fit.
+
+        Raises:
+            InputError: a request the scheduler holds (its slots come from the core within
+                ``schedule()``); outside the scheduler, a prefix hit to adopt
+                (``num_new_computed_tokens``), lookahead slots or any of vLLM's later
+                arguments (not served), a multimodal request, or computed tokens other than
+                the blocks given so far.
+            ConfigError: outside the scheduler with a single KV group.
+        """
+        if self._asked_by_core:
+            return KVCacheBlocks(tuple(() for _ in range(self.num_kv_cache_groups)))
+        request_id = request.request_id
+        scheduler = self._scheduler
+        if request_id in scheduler._core_ids:
             raise InputError(
-                f"allocate_slots: {request.request_id!r} gets its slots from the core within "
+                f"allocate_slots: {request_id!r} gets its slots from the core within "
                 "schedule(); kv_cache_manager.allocate_slots is answered only there",
                 field="request_id",
-                value=str(request.request_id),
+                value=str(request_id),
             )
-        return KVCacheBlocks(tuple(() for _ in range(self.num_kv_cache_groups)))
+        given, computed = self._outside.get(request_id, (0, 0))
+        asked = [
+            ("num_new_computed_tokens", num_new_computed_tokens),
+            ("num_lookahead_tokens", num_lookahead_tokens),
+            *(("args", a) for a in args),
+            *kwargs.items(),
+        ]
+        refused = [(field, value) for field, value in asked if value]
+        if request.mm_features:
+            refused.append(("mm_features", len(request.mm_features)))
+        if request.num_computed_tokens != computed:
+            refused.append(("num_computed_tokens", request.num_computed_tokens))
+        if refused:
+            field, value = refused[0]
+            raise InputError(
+                f"allocate_slots: {field}={value!r} for {request_id!r}, a request outside the "
+                f"scheduler with {computed} computed tokens, is not served (blocks for its "
+                "tokens only, no prefix hit adopted)",
+                field=field,
+                value=str(value),
+            )
+        lora = request.lora_request
+        token_ids = list(request.all_token_ids[given:])
+        new = scheduler._core.kv_allocate_outside(
+            request_id,
+            token_ids,
+            num_new_tokens,
+            lora_id=lora.lora_int_id if lora is not None and lora.lora_int_id > 0 else None,
+        )
+        if new is None:
+            return None
+        self._outside[request_id] = (given + len(token_ids), computed + num_new_tokens)
+        # vLLM's hashes of its blocks, for the coordinator view's per-group lookup.
+        scheduler._block_hash_index.index(request)
+        return KVCacheBlocks(tuple(self.block_pool._blocks_of(g) for g in new))
+
+    def free(self, request: Request) -> None:
+        """vLLM's ``free`` for a request ``allocate_slots`` gave blocks outside the
+        scheduler (InputError for any other: the scheduler frees its own requests')."""
+        request_id = request.request_id
+        if request_id not in self._outside:
+            raise InputError(
+                f"free: {request_id!r} holds no blocks given outside the scheduler (its own "
+                "requests' blocks are freed when they finish or are aborted)",
+                field="request_id",
+                value=str(request_id),
+            )
+        self._scheduler._core.kv_free_outside(request_id)
+        del self._outside[request_id]
 
     def get_computed_blocks(
         self, request: Request, max_cache_hit_length: int | None = None

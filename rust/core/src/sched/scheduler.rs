@@ -65,6 +65,8 @@ pub struct Scheduler<R: RequestKey> {
     /// finish first, or a load still writing into them (the request was aborted meanwhile);
     /// each with its slot and `last_sched_seq` (the free may be deferred after: `block_free`).
     pub(super) transfer_holds: FxHashMap<R, (u32, u64)>,
+    /// Requests given blocks outside the scheduler (`kv_outside`), with their pool keys.
+    pub(super) outside_kv: FxHashMap<R, u32>,
     /// A step whose admissions a connector error cut short: `schedule()` returned the error,
     /// and returns this step on its next call (its allocations were made, so dropping it
     /// would leave the engine without requests the scheduler counts as running).
@@ -232,6 +234,7 @@ impl<R: RequestKey> Scheduler<R> {
             landed: FxHashSet::default(),
             failed_loads: FxHashSet::default(),
             transfer_holds: FxHashMap::default(),
+            outside_kv: FxHashMap::default(),
             interrupted_step: None,
             step_threshold: 0,
             defer_prefills: false,

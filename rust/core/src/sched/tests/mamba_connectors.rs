@@ -142,3 +142,39 @@ fn per_group_hits_and_evictions_need_several_groups() {
     assert!(err.to_string().contains("kv_groups"), "{err}");
     assert!(s.kv_hits_per_group(&hashes(2), 31).is_err());
 }
+
+#[test]
+fn a_prefix_seeded_outside_the_scheduler_is_hit_by_its_requests() {
+    // vLLM's `_seed_hybrid_prefix`: the KV manager driven directly, a block per call.
+    let (mut s, _, _) = seeded(0, true);
+    s.kv_evict_blocks(
+        &s.kv_block_states()
+            .iter()
+            .enumerate()
+            .map(|(b, _)| b as BlockId)
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    let fill: u32 = 9;
+    let mut mamba = Vec::new();
+    for step in 0..4 {
+        let given = if step == 0 { tokens(4) } else { Vec::new() };
+        let new = s
+            .kv_allocate_outside(&fill, &given, 16, None)
+            .unwrap()
+            .unwrap();
+        assert_eq!((new[0].len(), new[1].len()), (1, 1));
+        mamba.push(new[1][0]);
+        assert_eq!(s.kv_tables_outside(&fill).unwrap()[1].len(), step + 1);
+    }
+    // More tokens than it has, or a request the scheduler holds, are refused.
+    assert!(s.kv_allocate_outside(&fill, &[], 1, None).is_err());
+    s.kv_free_outside(&fill).unwrap();
+    assert!(s.kv_tables_outside(&fill).is_none());
+    s.kv_evict_blocks(&mamba[1..]).unwrap();
+    let (_, lengths) = s.kv_hits_per_group(&hashes(5), 79).unwrap();
+    assert_eq!(lengths, [64, 16]);
+    assert_eq!(resume_at(&mut s, 5), 16);
+    assert!(s.kv_allocate_outside(&1, &[], 1, None).is_err());
+    s.check_invariants().unwrap();
+}

@@ -184,6 +184,8 @@ impl<R: RequestKey> KvCoordinator<R> {
     /// adopting its own blocks, and the answer's `bool` says a group lags behind it (a
     /// "diverged" hit: its boundary has a valid state only if the connector loads past
     /// it; the caller reconciles when it loads nothing). Other layouts: the reconciled hit.
+    /// A diverged hit is not counted in the lookup stats: the caller counts the hit it
+    /// takes ([`Self::record_lookup`], or the reconciled lookup's own count).
     pub(crate) fn get_computed_blocks_for_connector(
         &mut self,
         token_ids: &[TokenId],
@@ -213,7 +215,9 @@ impl<R: RequestKey> KvCoordinator<R> {
             return (hit, false);
         }
         let diverged = lengths.iter().any(|&n| n < num_local);
-        self.stats.record_lookup(token_ids.len(), num_local);
+        if !diverged {
+            self.stats.record_lookup(token_ids.len(), num_local);
+        }
         let hit = GroupedComputedBlocks {
             block_ids: blocks,
             num_computed_tokens: num_local,
@@ -224,6 +228,12 @@ impl<R: RequestKey> KvCoordinator<R> {
             block_hashes: hashes,
         };
         (hit, diverged)
+    }
+
+    /// Counts a lookup of `num_query_tokens` that hit `num_hit_tokens` (a diverged hit the
+    /// caller kept, [`Self::get_computed_blocks_for_connector`]).
+    pub(crate) fn record_lookup(&mut self, num_query_tokens: usize, num_hit_tokens: usize) {
+        self.stats.record_lookup(num_query_tokens, num_hit_tokens);
     }
 
     /// vLLM's `BlockPool.evict_blocks`: each of `block_ids` that caches a hash leaves the

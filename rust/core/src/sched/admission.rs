@@ -217,6 +217,9 @@ impl<R: RequestKey> Scheduler<R> {
             // No loaded tokens back the deeper hit, whose boundary has no valid Mamba
             // state: the boundary every group agrees on (vLLM 0.33's `schedule()`).
             hit = self.reconciled_hit(slot, hit, max_hit_tokens);
+        } else if hit_diverged {
+            let num_tokens = self.req(slot).num_tokens();
+            self.kv.record_kept_lookup(num_tokens, &hit);
         }
         let fits = if gate_after_connector {
             self.full_sequence_fits_loaded(slot, &hit, external.num_tokens)

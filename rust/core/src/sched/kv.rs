@@ -196,7 +196,8 @@ impl Kv {
     /// 0.33's `get_computed_blocks_for_connector`, `KvCoordinator`'s): with a Mamba group
     /// beside full attention, full attention's hit and whether another group lags behind it
     /// (then the caller reconciles, [`Self::lookup`], if the connector loads nothing past
-    /// it). Other pools: [`Self::lookup`], not diverged.
+    /// it, or counts the hit it keeps, [`Self::record_kept_lookup`]). Other pools:
+    /// [`Self::lookup`], not diverged.
     pub fn lookup_for_connector(
         &mut self,
         token_ids: &[TokenId],
@@ -218,6 +219,15 @@ impl Kv {
         let (hit, diverged) =
             (h.pool).get_computed_blocks_for_connector(token_ids, extra_key, known, max_hit_tokens);
         (Hit::Hybrid(hit), diverged)
+    }
+
+    /// Counts a diverged coordinator hit the caller keeps in the lookup stats
+    /// ([`Self::lookup_for_connector`] leaves it uncounted); other pools count their own.
+    pub fn record_kept_lookup(&mut self, num_query_tokens: usize, hit: &Hit) {
+        if let Kv::Hybrid(h) = self {
+            h.pool
+                .record_lookup(num_query_tokens, hit.num_computed_tokens());
+        }
     }
 
     /// Slots for the request's new tokens (see `BlockPool::allocate_slots`). The new block

@@ -129,8 +129,14 @@ fn a_deeper_full_attention_hit_is_kept_only_if_a_capable_connector_loads_past_it
         s.kv_evict_blocks(&mamba[1..]).unwrap();
         let (_, lengths) = s.kv_hits_per_group(&hashes(num_blocks), 79).unwrap();
         assert_eq!(lengths, [64, 16]);
+        let hits = s.stats().prefix_cache_hits;
         let at = resume_at(&mut s, num_blocks);
         assert_eq!(at, expected, "{divergent} {offer} {num_blocks}");
+        // The lookup counts once, the local hit taken (not the loaded tokens).
+        assert_eq!(
+            s.stats().prefix_cache_hits - hits,
+            (expected - offer) as u64
+        );
         s.check_invariants().unwrap();
     }
 }

@@ -490,7 +490,8 @@ impl PyScheduler {
         let new = (self.inner)
             .kv_allocate_outside(&id, &token_ids, num_new_tokens, lora_id)
             .or_raise(py)?;
-        new.map(|g| crate::sched_output::group_tuple(py, &g)).transpose()
+        new.map(|g| crate::sched_output::group_tuple(py, &g))
+            .transpose()
     }
 
     /// Each group's block table of a request given blocks by `kv_allocate_outside`, or None.

@@ -91,6 +91,11 @@ class KvConnector(Protocol):
     or ``None``: every group but a bounded-replay window, what a prefix-cache store holds);
     a load that restores the window is not replayed, and its groups' blocks are not zeroed
     under an asynchronous load.
+    Its optional attribute ``supports_divergent_local_hybrid_hits`` (vLLM 0.33's property,
+    read when the connector is set; false without it) says its loads restore a Mamba state
+    lagging behind a deeper full-attention hit: with a Mamba ``align`` group the local hit
+    is then full attention's, kept if the connector loads past it
+    (``docs/integrations.md``).
     Each method gets the request as a ``RequestView`` (its ``status`` is
     ``"waiting_for_remote_kvs"`` while its KV loads). If a method raises or answers badly,
     the scheduler's method raises ``ConnectorError`` naming it (the exception as

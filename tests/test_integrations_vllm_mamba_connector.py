@@ -10,6 +10,7 @@ elsewhere.
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -32,7 +33,7 @@ from vllm.v1.kv_cache_interface import (
     KVCacheGroupSpec,
     MambaSpec,
 )
-from vllm_compare import runner_output
+from vllm_compare import block_digest, compare_stream, runner_output, seeded_arrivals
 from vllm_peer import VllmSchedulerPeer
 
 from tokenyard.errors import ConfigError
@@ -203,3 +204,42 @@ def test_a_mamba_spec_mode_is_checked() -> None:
     assert CoreMambaSpec(mamba_cache_mode="align").mamba_cache_mode == "align"
     with pytest.raises(ConfigError, match="mamba_cache_mode"):
         CoreMambaSpec(mamba_cache_mode="all")
+
+
+def _stream_pair(num_blocks: int, **options: Any) -> tuple[Any, Any, Any]:
+    """vLLM's Scheduler and the adapter over FA + Mamba ``align`` (the split on, as vLLM
+    sets it for such a model), no connector."""
+    peer = VllmSchedulerPeer(num_blocks=num_blocks, max_num_seqs=4, max_model_len=512, **options)
+    peer.vllm_config.cache_config.mamba_cache_mode = "align"
+    kv_cache_config = KVCacheConfig(
+        num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=_groups()
+    )
+    theirs, ours = (peer.build(cls, kv_cache_config) for cls in (Scheduler, TokenyardScheduler))
+    assert theirs.need_mamba_block_aligned_split
+    assert ours.need_mamba_block_aligned_split
+    return theirs, ours, peer
+
+
+@pytest.mark.parametrize(
+    ("seed", "num_blocks"), [*((i, 160) for i in range(6)), *((i, 40) for i in range(6, 12))]
+)
+def test_mamba_align_streams_match_vllm_step_by_step(seed: int, num_blocks: int) -> None:
+    # Shared prefixes, arrivals over the first steps, a 64-token budget; 40 blocks put the
+    # cache under pressure. Every step's blocks per group, and the tables after it, agree.
+    theirs, ours, peer = _stream_pair(num_blocks, max_num_batched_tokens=64)
+    arrivals = seeded_arrivals(
+        random.Random(seed),
+        prefix_tokens=96,
+        shared=(0, 16, 48, 96),
+        tail_max=120,
+        max_tokens=24,
+        max_prompt=300,
+    )
+    stream = compare_stream(
+        theirs,
+        ours,
+        arrivals,
+        peer.make_request,
+        digest=lambda out: block_digest(out, finished=False),
+    )
+    assert stream is not None

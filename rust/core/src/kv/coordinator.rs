@@ -15,7 +15,7 @@
 //! `remove_skipped_blocks`), so a sliding-window group holds at most
 //! [`KvGroupSpec::max_live_blocks`] blocks per request after each allocation.
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use xxhash_rust::xxh3::xxh3_128;
 
 use super::block_hash::{BlockHash, hash_full_blocks};
@@ -45,6 +45,11 @@ pub const MAX_NUM_GROUPS: usize = 64;
 pub struct GroupedComputedBlocks {
     pub block_ids: Vec<Vec<BlockId>>,
     pub num_computed_tokens: usize,
+    /// Tokens past the hit that some group caches but another does not (vLLM 0.33's
+    /// `num_uncached_common_prefix_tokens`: the longest single group's hit less the
+    /// agreed one), 0 when the groups agree. The step scheduler's Mamba `align` split
+    /// stops a chunk there so the lagging state gets cached (`shared_prefix_boundary`).
+    pub num_uncached_prefix_tokens: usize,
     query: LookupQuery,
     /// Hashes of the query's full blocks that may hit (all but the last token's).
     block_hashes: Vec<BlockHash>,
@@ -62,6 +67,7 @@ impl GroupedComputedBlocks {
     pub(crate) fn drop_hit(&mut self) {
         self.block_ids.iter_mut().for_each(Vec::clear);
         self.num_computed_tokens = 0;
+        self.num_uncached_prefix_tokens = 0;
     }
 }
 
@@ -89,6 +95,10 @@ pub struct KvCoordinator<R: RequestKey> {
     /// Per group, blocks handed out since the last `take_new_block_ids`, when new blocks
     /// are zeroed before use (vLLM 0.33's `needs_kv_cache_zeroing`); `None` otherwise.
     zeroing: Option<Vec<Vec<BlockId>>>,
+    /// Mamba `align` state blocks cached since the step began (vLLM 0.33's
+    /// `MambaManager.cached_blocks_this_step`): their states are computed by this step, so
+    /// no other request admitted in it may hit them ([`Self::new_step_starts`]).
+    cached_this_step: FxHashSet<BlockId>,
 }
 
 /// A block hash keyed by its group (vLLM appends the group id to the hash bytes).
@@ -162,6 +172,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             requests: FxHashMap::default(),
             stats: BlockPoolStats::default(),
             zeroing: None,
+            cached_this_step: FxHashSet::default(),
         })
     }
 
@@ -348,6 +359,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             block_size,
             enable_caching,
             zeroing,
+            cached_this_step,
             ..
         } = self;
         let request = requests.get_mut(request_id).expect("inserted above");
@@ -360,9 +372,12 @@ impl<R: RequestKey> KvCoordinator<R> {
         let mut new_blocks = Vec::with_capacity(groups.len());
         for (g, (spec, table)) in groups.iter().zip(&mut request.tables).enumerate() {
             let required = spec.num_required_blocks(slots.of(spec), *block_size);
+            let mut nulls = 0;
             if spec.is_mamba_align() && required > table.len() {
                 // vLLM's align-mode `allocate_new_blocks`: nulls up to the block of the
-                // chunk's end, which gets the one new state block.
+                // chunk's end, which gets the one new state block; the nulls are among
+                // the new blocks it returns.
+                nulls = required - 1 - table.len();
                 table.resize(required - 1, NULL_BLOCK);
             }
             let added: Vec<BlockId> = (table.len()..required)
@@ -370,12 +385,22 @@ impl<R: RequestKey> KvCoordinator<R> {
                 .collect();
             table.extend_from_slice(&added);
             record_for_zeroing(zeroing, g, spec, &added);
-            new_blocks.push(added);
+            new_blocks.push(match nulls {
+                0 => added,
+                n => [vec![NULL_BLOCK; n], added].concat(),
+            });
         }
         append_tokens(*block_size, *enable_caching, &mut request.tokens, token_ids);
         request.tokens.num_computed_tokens += num_new_tokens;
         if *enable_caching {
-            cache_full_blocks(*block_size, groups, cached, blocks, request);
+            cache_full_blocks(
+                *block_size,
+                groups,
+                cached,
+                blocks,
+                request,
+                cached_this_step,
+            );
         }
         Ok(Some(new_blocks))
     }
@@ -401,6 +426,7 @@ impl<R: RequestKey> KvCoordinator<R> {
                 &mut self.cached,
                 &mut self.blocks,
                 request,
+                &mut self.cached_this_step,
             );
         }
         Ok(())
@@ -541,6 +567,12 @@ impl<R: RequestKey> KvCoordinator<R> {
         needed <= self.free_queue.len()
     }
 
+    /// A new step begins (vLLM's `new_step_starts`): Mamba `align` states cached before it
+    /// may be hit.
+    pub fn new_step_starts(&mut self) {
+        self.cached_this_step.clear();
+    }
+
     /// Forgets every cached block of every group if no request holds blocks (vLLM's
     /// `reset_prefix_cache`); `false`, changing nothing, otherwise.
     pub fn reset_prefix_cache(&mut self) -> bool {
@@ -643,6 +675,13 @@ impl<R: RequestKey> KvCoordinator<R> {
                 continue;
             }
             let hit_blocks = hit.map_or(&[][..], |h| h.block_ids[g].as_slice());
+            if spec.is_mamba_align()
+                && (hit_blocks.last()).is_some_and(|b| self.cached_this_step.contains(b))
+            {
+                // vLLM 0.33: a state another request computes in this step cannot be
+                // relied on yet; reported as not fitting, so it is admitted next step.
+                return self.blocks.len() + 1;
+            }
             let num_skipped = spec.num_skipped_tokens(num_computed) / bs;
             total += required
                 .saturating_sub(num_skipped.max(hit_blocks.len()))
@@ -772,6 +811,7 @@ fn cache_full_blocks(
     cached: &mut CacheMap,
     blocks: &mut [BlockMeta],
     request: &mut CoordinatedRequest,
+    cached_this_step: &mut FxHashSet<BlockId>,
 ) {
     let tokens = &request.tokens;
     let num_full = (tokens.num_computed_tokens.min(tokens.num_tokens) / block_size)
@@ -793,6 +833,9 @@ fn cache_full_blocks(
             let key = group_key(hash, g);
             cached.insert(key, block, blocks);
             blocks[block as usize].set_hash(key);
+            if groups[g].is_mamba_align() {
+                cached_this_step.insert(block);
+            }
         }
         request.num_cached[g] = num_full;
     }

@@ -58,6 +58,8 @@ impl<R: RequestKey> KvCoordinator<R> {
         let simple_hybrid =
             self.lookup_order.len() == 2 && self.lookup_order[0].spec.is_full_attention();
         let mut hit_length = max_length;
+        // vLLM's `longest_hit_length`: the longest hit of a group looked up.
+        let mut longest = 0;
         let mut found: Vec<Option<Vec<BlockId>>> = vec![None; num_groups];
         let mut found_length = vec![0usize; num_groups];
         loop {
@@ -83,6 +85,7 @@ impl<R: RequestKey> KvCoordinator<R> {
                     lookup,
                 );
                 current = result.num_tokens;
+                longest = longest.max(current);
                 for (&g, table) in group.group_ids.iter().zip(result.blocks) {
                     found[g] = Some(table);
                     found_length[g] = current;
@@ -103,6 +106,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         }
         hit.block_ids = found.into_iter().map(Option::unwrap_or_default).collect();
         hit.num_computed_tokens = hit_length;
+        hit.num_uncached_prefix_tokens = longest.saturating_sub(hit_length);
         hit.block_hashes = hashes;
         self.stats.record_lookup(token_ids.len(), hit_length);
         hit
@@ -221,6 +225,8 @@ impl<R: RequestKey> KvCoordinator<R> {
         let hit = GroupedComputedBlocks {
             block_ids: blocks,
             num_computed_tokens: num_local,
+            // vLLM: per-group lookups do not detect an uncached shared prefix.
+            num_uncached_prefix_tokens: 0,
             query: LookupQuery {
                 num_tokens: token_ids.len(),
                 extra_key,

@@ -35,6 +35,8 @@ fn seed(coord: &mut KvCoordinator<u64>) -> (Vec<BlockId>, Vec<BlockId>) {
     }
     let fa = tables(coord, 1)[0].clone();
     coord.free(&1).unwrap();
+    // The states computed, a later step may hit them (vLLM's `new_step_starts`).
+    coord.new_step_starts();
     (fa, mamba)
 }
 
@@ -144,6 +146,24 @@ fn a_state_hit_is_adopted_alone_and_freed_once_the_chunk_moves_past_it() {
     let t = tables(&coord, 2);
     assert_eq!(t[1][..4], [NULL_BLOCK; 4]);
     assert_eq!(t[1].len(), 6);
+    coord.check_invariants().unwrap();
+}
+
+#[test]
+fn a_state_cached_in_this_step_is_not_hit_until_the_next() {
+    // vLLM's `cached_blocks_this_step`: request 1 caches its state at 32 in this step; an
+    // admission hitting it does not fit until `new_step_starts`.
+    let mut coord = KvCoordinator::<u64>::new(vec![FULL, ALIGN], 100, 16, true).unwrap();
+    let tokens: Vec<TokenId> = (0..48).collect();
+    coord.allocate_slots(&1, &tokens[..33], 32, 0, None, None).unwrap();
+    let hit = coord.get_computed_blocks(&tokens, None);
+    assert_eq!(hit.num_computed_tokens, 32);
+    assert!(!coord.full_sequence_fits(&2, 48, Some(&hit), 0, 0));
+    let new = coord.allocate_slots(&2, &tokens, 16, 0, Some(&hit), None).unwrap();
+    assert!(new.is_none());
+    coord.new_step_starts();
+    let new = coord.allocate_slots(&2, &tokens, 16, 0, Some(&hit), None).unwrap();
+    assert!(new.is_some());
     coord.check_invariants().unwrap();
 }
 

@@ -221,6 +221,7 @@ impl<R: RequestKey> Scheduler<R> {
             let num_tokens = self.req(slot).num_tokens();
             self.kv.record_kept_lookup(num_tokens, &hit);
         }
+        self.req_mut(slot).shared_prefix_boundary = hit.shared_prefix_boundary();
         let fits = if gate_after_connector {
             self.full_sequence_fits_loaded(slot, &hit, external.num_tokens)
         } else {

@@ -84,6 +84,17 @@ impl Hit {
         }
     }
 
+    /// vLLM 0.33's `shared_prefix_boundary` of the lookup: the hit plus the tokens some
+    /// group caches past it, when there are any; 0 otherwise (and for single-group pools).
+    pub fn shared_prefix_boundary(&self) -> usize {
+        match self {
+            Hit::Hybrid(h) if h.num_uncached_prefix_tokens > 0 => {
+                h.num_computed_tokens + h.num_uncached_prefix_tokens
+            }
+            _ => 0,
+        }
+    }
+
     /// Forgets a coordinator hit's blocks (it will not be adopted); other pools' hits are
     /// left as they are (bounded replay exists only with KV groups).
     pub fn drop_hit(&mut self) {
@@ -219,6 +230,14 @@ impl Kv {
         let (hit, diverged) =
             (h.pool).get_computed_blocks_for_connector(token_ids, extra_key, known, max_hit_tokens);
         (Hit::Hybrid(hit), diverged)
+    }
+
+    /// A step begins: Mamba `align` states cached before it may be hit (vLLM's
+    /// `new_step_starts`); nothing for the single-group pools.
+    pub fn new_step_starts(&mut self) {
+        if let Kv::Hybrid(h) = self {
+            h.pool.new_step_starts();
+        }
     }
 
     /// Counts a diverged coordinator hit the caller keeps in the lookup stats

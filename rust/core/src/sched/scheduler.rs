@@ -461,6 +461,8 @@ impl<R: RequestKey> Scheduler<R> {
             return Ok(out);
         }
         self.consult_plugin()?;
+        // vLLM 0.33's `kv_cache_manager.new_step_starts()` (Mamba `align` states).
+        self.kv.new_step_starts();
         if !self.async_scheduling {
             // Synchronous engines report a step before the next: a finished request's
             // output that did not come with it never will.

@@ -184,3 +184,50 @@ fn a_prefix_seeded_outside_the_scheduler_is_hit_by_its_requests() {
     assert!(s.kv_allocate_outside(&1, &[], 1, None).is_err());
     s.check_invariants().unwrap();
 }
+
+#[test]
+fn a_chunk_across_a_shared_prefix_junction_stops_at_its_block_floor() {
+    // vLLM's junction stop: a prefix FA caches past the agreed hit ends at 40; a chunk
+    // from 0 stops at 32 (block-floored), so the state there is cached. A junction inside
+    // the chunk's first block floors to its start: no stop.
+    let split = crate::sched::MambaAlignSplit::new(16);
+    assert_eq!(split.split_at_junction(0, 64, 100, 100, 8192, 40), 32);
+    assert_eq!(split.split_at_junction(0, 64, 100, 100, 8192, 8), 64);
+    assert_eq!(split.split_at_junction(0, 64, 100, 100, 8192, 0), 64);
+    // Past the chunk's end, or at its start: no stop.
+    assert_eq!(split.split_at_junction(16, 32, 100, 100, 8192, 80), 32);
+}
+
+#[test]
+fn a_state_computed_in_this_step_is_not_hit_by_another_request_in_it() {
+    // vLLM 0.33's `cached_blocks_this_step`: two prompts sharing 48 tokens arrive together;
+    // the first's state at 48 is cached when its chunk is allocated, but computed only by
+    // this step, so the second waits for the next step (where it hits 48).
+    let cfg = SchedulerConfig {
+        kv_groups: vec![KvGroupSpec::FullAttention, KvGroupSpec::MambaAlign],
+        enable_prefix_caching: true,
+        block_size: 16,
+        num_blocks: 100,
+        max_model_len: 256,
+        max_num_batched_tokens: 256,
+        mamba_align: Some(crate::sched::MambaAlignSplit::new(16)),
+        ..config()
+    };
+    let mut s = Scheduler::<u32>::new(cfg, false).unwrap();
+    let spec = |tail: u32| RequestSpec {
+        prompt_token_ids: [tokens(3), vec![1000 + tail; 11]].concat(),
+        max_tokens: 1,
+        ..RequestSpec::default()
+    };
+    s.add_request(0, spec(0)).unwrap();
+    s.add_request(1, spec(1)).unwrap();
+    let out = run_step(&mut s);
+    assert_eq!(scheduled(&out), [(0, 48)]);
+    let out = s.schedule().unwrap();
+    let new: Vec<_> = out
+        .scheduled_new_reqs
+        .iter()
+        .map(|r| (r.request_id, r.num_computed_tokens))
+        .collect();
+    assert_eq!(new, [(1, 48)]);
+}

@@ -243,3 +243,21 @@ def test_mamba_align_streams_match_vllm_step_by_step(seed: int, num_blocks: int)
         digest=lambda out: block_digest(out, finished=False),
     )
     assert stream is not None
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_connector_loads_beside_mamba_align_match_vllm(seed: int, monkeypatch: Any) -> None:
+    # The seeded SupportsHMA connector of test_integrations_vllm_hybrid_connectors (offers
+    # part of each request's tokens, loads asynchronously or not) beside FA + Mamba align:
+    # every step, the requests waiting for loads, KV usage and block tables agree.
+    from test_integrations_vllm_hybrid_connectors import _run
+
+    build = VllmSchedulerPeer.build
+
+    def align_build(self: Any, cls: type, config: Any, **kw: Any) -> Any:
+        self.vllm_config.cache_config.mamba_cache_mode = "align"
+        return build(self, cls, config, **kw)
+
+    monkeypatch.setattr(VllmSchedulerPeer, "build", align_build)
+    seen = _run(_groups(), seed, num_blocks=(40, 160)[seed % 2], loads_every_group=seed % 3 == 0)
+    assert seen["loads"] > 0

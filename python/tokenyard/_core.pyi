@@ -458,6 +458,10 @@ class KvCoordinator:
         Raises:
             UnknownRequestError: the request holds no blocks.
         """
+    def new_step_starts(self) -> None:
+        """A new step begins (vLLM's ``new_step_starts``): Mamba ``align`` states cached
+        before it may be hit by other requests (an admission hitting a state cached since
+        the last call does not fit)."""
     def block_ids(self, request_id: _RequestId) -> tuple[npt.NDArray[np.uint32], ...]:
         """The request's block table of each group. Raises UnknownRequestError."""
     def num_computed_tokens(self, request_id: _RequestId) -> int:

@@ -424,6 +424,12 @@ impl PyKvCoordinator {
         on_request(request_id, |id| self.inner.free(id))
     }
 
+    /// A new step begins (vLLM's `new_step_starts`): Mamba `align` states cached before it
+    /// may now be hit by other requests.
+    fn new_step_starts(&mut self) {
+        self.inner.new_step_starts();
+    }
+
     fn block_ids<'py>(&self, request_id: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyTuple>> {
         let tables = of_request(request_id, |id| self.inner.block_ids(id))?;
         group_arrays(request_id.py(), tables)

@@ -155,14 +155,20 @@ fn a_state_cached_in_this_step_is_not_hit_until_the_next() {
     // admission hitting it does not fit until `new_step_starts`.
     let mut coord = KvCoordinator::<u64>::new(vec![FULL, ALIGN], 100, 16, true).unwrap();
     let tokens: Vec<TokenId> = (0..48).collect();
-    coord.allocate_slots(&1, &tokens[..33], 32, 0, None, None).unwrap();
+    coord
+        .allocate_slots(&1, &tokens[..33], 32, 0, None, None)
+        .unwrap();
     let hit = coord.get_computed_blocks(&tokens, None);
     assert_eq!(hit.num_computed_tokens, 32);
     assert!(!coord.full_sequence_fits(&2, 48, Some(&hit), 0, 0));
-    let new = coord.allocate_slots(&2, &tokens, 16, 0, Some(&hit), None).unwrap();
+    let new = coord
+        .allocate_slots(&2, &tokens, 16, 0, Some(&hit), None)
+        .unwrap();
     assert!(new.is_none());
     coord.new_step_starts();
-    let new = coord.allocate_slots(&2, &tokens, 16, 0, Some(&hit), None).unwrap();
+    let new = coord
+        .allocate_slots(&2, &tokens, 16, 0, Some(&hit), None)
+        .unwrap();
     assert!(new.is_some());
     coord.check_invariants().unwrap();
 }

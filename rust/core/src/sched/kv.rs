@@ -115,14 +115,14 @@ impl Hit {
 
 impl Kv {
     /// The coordinator, for a call (`what`) only it answers.
-    fn hybrid_pool(&self, what: &str) -> Result<&KvCoordinator<u32>> {
+    pub(super) fn hybrid_pool(&self, what: &str) -> Result<&KvCoordinator<u32>> {
         match self {
             Kv::Hybrid(h) => Ok(&h.pool),
             _ => Err(no_groups(what)),
         }
     }
 
-    fn hybrid_pool_mut(&mut self, what: &str) -> Result<&mut KvCoordinator<u32>> {
+    pub(super) fn hybrid_pool_mut(&mut self, what: &str) -> Result<&mut KvCoordinator<u32>> {
         match self {
             Kv::Hybrid(h) => Ok(&mut h.pool),
             _ => Err(no_groups(what)),
@@ -829,30 +829,6 @@ impl<R: crate::kv::RequestKey> super::Scheduler<R> {
         self.kv
             .lookup(token_ids, lora_id, None, Vec::new(), usize::MAX)
             .num_computed_tokens()
-    }
-
-    /// Each KV group's own prefix hit over `block_hashes` (the hashes of a query's first
-    /// full blocks, `tokenyard.kv.block_hashes`' values; LoRA-keyed as its requests were),
-    /// no longer than `max_length` tokens, not reconciled across groups (vLLM 0.33's
-    /// `coordinator.find_longest_cache_hit_per_group`): every group's blocks and hit
-    /// length. Nothing is allocated or counted. Errors: `ConfigError` (`kv_groups`)
-    /// without several KV groups.
-    pub fn kv_hits_per_group(
-        &self,
-        block_hashes: &[BlockHash],
-        max_length: usize,
-    ) -> Result<(Vec<Vec<BlockId>>, Vec<usize>)> {
-        let pool = self.kv.hybrid_pool("find_longest_cache_hit_per_group")?;
-        Ok(pool.find_longest_cache_hit_per_group_hashes(block_hashes, max_length))
-    }
-
-    /// Takes `block_ids` out of the prefix cache, held or free (vLLM's
-    /// `BlockPool.evict_blocks`). Errors: `ConfigError` (`kv_groups`) without several KV
-    /// groups; `InputError` for an id past the pool (nothing changed then).
-    pub fn kv_evict_blocks(&mut self, block_ids: &[BlockId]) -> Result<()> {
-        self.kv
-            .hybrid_pool_mut("evict_blocks")?
-            .evict_blocks(block_ids)
     }
 }
 

@@ -1,12 +1,14 @@
-//! Block tables for requests the scheduler does not schedule: vLLM 0.33's `KVCacheManager`
-//! driven directly (`allocate_slots`, `get_block_ids`, `free` on a request never added to
-//! the `Scheduler`, as vLLM's own tests seed a prefix cache). They share the scheduler's
-//! pool and prefix cache with its requests; the scheduler never schedules, preempts or
-//! frees them. Served over several KV groups (the coordinator); each such request has its
-//! own pool key near `u32::MAX` (the scheduler's slots count up from 0).
+//! The KV pool driven from outside the step, over several KV groups (the coordinator):
+//! per-group hits and evictions (vLLM's `coordinator.find_longest_cache_hit_per_group`,
+//! `block_pool.evict_blocks`), and block tables for requests the scheduler does not
+//! schedule (vLLM 0.33's `KVCacheManager` driven directly: `allocate_slots`,
+//! `get_block_ids`, `free` on a request never added to the `Scheduler`, as vLLM's own tests
+//! seed a prefix cache). Those share the scheduler's pool and prefix cache with its
+//! requests; the scheduler never schedules, preempts or frees them. Each has its own pool
+//! key near `u32::MAX` (the scheduler's slots count up from 0).
 
 use super::Scheduler;
-use crate::kv::{BlockId, RequestKey, TokenId};
+use crate::kv::{BlockHash, BlockId, RequestKey, TokenId};
 use crate::{Error, Result};
 
 impl<R: RequestKey> Scheduler<R> {
@@ -68,6 +70,30 @@ impl<R: RequestKey> Scheduler<R> {
         self.kv.free(*key)?;
         self.outside_kv.remove(request_id);
         Ok(())
+    }
+
+    /// Each KV group's own prefix hit over `block_hashes` (the hashes of a query's first
+    /// full blocks, `tokenyard.kv.block_hashes`' values; LoRA-keyed as its requests were),
+    /// no longer than `max_length` tokens, not reconciled across groups (vLLM 0.33's
+    /// `coordinator.find_longest_cache_hit_per_group`): every group's blocks and hit
+    /// length. Nothing is allocated or counted. Errors: `ConfigError` (`kv_groups`)
+    /// without several KV groups.
+    pub fn kv_hits_per_group(
+        &self,
+        block_hashes: &[BlockHash],
+        max_length: usize,
+    ) -> Result<(Vec<Vec<BlockId>>, Vec<usize>)> {
+        let pool = self.kv.hybrid_pool("find_longest_cache_hit_per_group")?;
+        Ok(pool.find_longest_cache_hit_per_group_hashes(block_hashes, max_length))
+    }
+
+    /// Takes `block_ids` out of the prefix cache, held or free (vLLM's
+    /// `BlockPool.evict_blocks`). Errors: `ConfigError` (`kv_groups`) without several KV
+    /// groups; `InputError` for an id past the pool (nothing changed then).
+    pub fn kv_evict_blocks(&mut self, block_ids: &[BlockId]) -> Result<()> {
+        self.kv
+            .hybrid_pool_mut("evict_blocks")?
+            .evict_blocks(block_ids)
     }
 
     fn kv_tables_outside_check(&self, request_id: &R) -> Result<()> {

@@ -1,8 +1,9 @@
 """A pure-Python reference model of ``tokenyard.kv.KvCoordinator``, written from vLLM
 0.33's ``KVCacheManager.allocate_slots``, ``kv_cache_coordinator.py`` and the managers of
 ``single_type_kv_cache_manager.py`` (FullAttention, SlidingWindow, ChunkedLocalAttention,
-Mamba with ``mamba_cache_mode="none"``), restricted to what tokenyard models: one block
-size for every group, no EAGLE, no external (connector) tokens, dense caching.
+Mamba with ``mamba_cache_mode="none"`` or ``"align"``), restricted to what tokenyard
+models: one block size for every group, no EAGLE, no external (connector) tokens, dense
+caching.
 
 Obvious rather than fast: the free queue is a list, a block's cache key is the tuple of
 every token up to its end plus the group, and a lookup scans.
@@ -24,7 +25,7 @@ def cdiv(a: int, b: int) -> int:
 
 @dataclass(frozen=True)
 class Spec:
-    kind: str  # "full", "window", "local", "mamba"
+    kind: str  # "full", "window", "local", "mamba", "align" (Mamba in align mode)
     size: int = 0  # the window or the chunk, in tokens
 
     def skipped_tokens(self, num_computed: int) -> int:
@@ -32,6 +33,8 @@ class Spec:
             return max(0, num_computed - self.size + 1)
         if self.kind == "local":
             return num_computed // self.size * self.size
+        if self.kind == "align":
+            return max(0, num_computed - 1)
         return 0
 
     def required_blocks(self, num_slots: int, block_size: int) -> int:
@@ -49,6 +52,8 @@ class Spec:
             return cdiv(self.size + num_added - 2, block_size) + 1
         if self.kind == "mamba":
             return 1
+        if self.kind == "align":
+            return 2
         return None
 
 
@@ -83,6 +88,8 @@ class RefCoordinator:
     requests: dict[Any, Req] = field(default_factory=dict)
     num_lookups: int = 0
     num_hit_tokens: int = 0
+    # Align-mode state blocks cached since the step began (cached_blocks_this_step).
+    this_step: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.ref = [0] * self.num_blocks
@@ -166,6 +173,12 @@ class RefCoordinator:
                     break
             end = run if end is None else end
             tables = [t[:end] for t in tables]
+        elif spec.kind == "align":
+            for i in range(max_blocks - 1, -1, -1):
+                found = lookup(i)
+                if found is not None:
+                    tables = [[NULL] * i + [b] for b in found]
+                    break
         elif spec.kind == "local":
             first = max_length // spec.size * spec.size // bs
             tables = [[NULL] * first for _ in ids]
@@ -248,20 +261,27 @@ class RefCoordinator:
                 freed = []
                 for i in range(end - 1, -1, -1):
                     if table[i] == NULL:
+                        if spec.kind == "align":
+                            continue  # align mode steps over its null gaps
                         break
                     freed.append(table[i])
                     table[i] = NULL
                 self.free_blocks(freed)
         # get_num_blocks_to_allocate, summed over groups.
         needed = 0
+        main_slots = computed + num_new  # align mode takes no lookahead slots
         for g, spec in enumerate(self.specs):
-            required = spec.required_blocks(slots, bs)
+            align = spec.kind == "align"
+            required = spec.required_blocks(main_slots if align else slots, bs)
+            cap = 1 if align else required  # one state block per allocation
             if req is not None:
-                needed += max(0, required - len(req.tables[g]))
+                needed += min(cap, max(0, required - len(req.tables[g])))
                 continue
             hit_blocks = hit.blocks[g] if hit else []
+            if align and hit_blocks and hit_blocks[-1] in self.this_step:
+                return None  # a state computed in this step: next step
             skipped = spec.skipped_tokens(computed) // bs
-            needed += max(0, required - max(skipped, len(hit_blocks)))
+            needed += min(cap, max(0, required - max(skipped, len(hit_blocks))))
             needed += sum(1 for b in hit_blocks[skipped:] if b != NULL and self.ref[b] == 0)
         if needed > len(self.free_queue):
             return None
@@ -285,12 +305,15 @@ class RefCoordinator:
             self.requests[rid] = req
         new = []
         for spec, table in zip(self.specs, req.tables, strict=True):
-            added = [
-                self.take_free_block()
-                for _ in range(max(0, spec.required_blocks(slots, bs) - len(table)))
-            ]
+            align = spec.kind == "align"
+            required = spec.required_blocks(main_slots if align else slots, bs)
+            nulls = []
+            if align and required > len(table):
+                nulls = [NULL] * (required - 1 - len(table))
+                table.extend(nulls)
+            added = [self.take_free_block() for _ in range(max(0, required - len(table)))]
             table.extend(added)
-            new.append(added)
+            new.append(nulls + added)
         req.tokens.extend(token_ids)
         req.num_computed += num_new
         self.cache_full(req)
@@ -312,6 +335,8 @@ class RefCoordinator:
                 key = self.key(req.tokens, i, g, req.extra_key)
                 self.key_of[table[i]] = key
                 self.cache.setdefault(key, []).append(table[i])
+                if spec.kind == "align":
+                    self.this_step.add(table[i])
             req.num_cached[g] = num_full
 
     def cache_blocks(self, rid: object, token_ids: list[int]) -> None:
@@ -320,6 +345,9 @@ class RefCoordinator:
             raise UnknownRequestError(str(rid))
         req.tokens.extend(token_ids)
         self.cache_full(req)
+
+    def new_step_starts(self) -> None:
+        self.this_step.clear()
 
     def free(self, rid: object) -> None:
         req = self.requests.pop(rid, None)

@@ -143,9 +143,13 @@ def test_kv_layouts_the_core_has_no_group_for_are_refused_by_name() -> None:
     with pytest.raises(ConfigError) as info:
         core_config(vllm_config(), kv_config(FullAttentionSpec(sliding_window=128)), 16)
     assert info.value.field == "kv_cache_groups[0].kv_cache_spec"
+    spec = MambaSpec(mamba_cache_mode="align", num_prefill_checkpoint_blocks=1)
     with pytest.raises(ConfigError) as info:
-        core_config(vllm_config(), kv_config(MambaSpec(mamba_cache_mode="align")), 16)
-    assert "align" in str(info.value)
+        core_config(vllm_config(), kv_config(FullAttentionSpec(), spec), 16)
+    assert "checkpoint" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        core_config(vllm_config(), kv_config(MambaSpec(mamba_cache_mode="all")), 16)
+    assert "mamba_cache_mode" in str(info.value)
     with pytest.raises(ConfigError) as info:
         core_config(vllm_config(), kv_config(FullAttentionSpec(block_size=32)), 16)
     assert "block_size" in str(info.value)
@@ -172,6 +176,11 @@ def test_a_mamba_group_needs_prefix_caching_off_as_vllms_mamba_manager() -> None
     config.cache_config.enable_prefix_caching = False
     core = core_config(config, kv_config(FullAttentionSpec(), MambaSpec()), 16)
     assert len(core.kv_groups) == 2
+    Scheduler(core)
+    # In align mode its states are prefix-cached, as vLLM's MambaManager caches them.
+    align = kv_config(FullAttentionSpec(), MambaSpec(mamba_cache_mode="align"))
+    core = core_config(vllm_config(), align, 16)
+    assert core.kv_groups[1].mamba_cache_mode == "align"
     Scheduler(core)
 
 

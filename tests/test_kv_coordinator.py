@@ -120,6 +120,7 @@ SPECS = st.one_of(
     st.just(Spec("full")),
     st.builds(lambda w: Spec("window", w), st.integers(1, 14)),
     st.builds(lambda c: Spec("local", c), st.integers(1, 14)),
+    st.just(Spec("align")),
 )
 PROMPTS = [list(range(100, 130)), list(range(100, 112)) + list(range(200, 218)), [7] * 26]
 REQUEST_IDS = st.sampled_from([0, 1, 2, "a", "b"])
@@ -132,6 +133,8 @@ def to_rust(spec: Spec) -> Any:
         return SlidingWindowSpec(sliding_window=spec.size)
     if spec.kind == "local":
         return ChunkedLocalAttentionSpec(attention_chunk_size=spec.size)
+    if spec.kind == "align":
+        return MambaSpec(mamba_cache_mode="align")
     return MambaSpec()
 
 
@@ -238,6 +241,12 @@ class CoordinatorMachine(RuleBasedStateMachine):
         rust = outcome(lambda: self.rust.cache_blocks(rid, ids))
         ref = outcome(lambda: self.ref.cache_blocks(rid, ids))
         assert rust == ref
+
+    @rule()
+    @precondition(built)
+    def new_step(self) -> None:
+        self.rust.new_step_starts()
+        self.ref.new_step_starts()
 
     @rule(rid=REQUEST_IDS)
     @precondition(built)

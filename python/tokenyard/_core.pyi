@@ -1,7 +1,7 @@
 """Type stubs of the native module; users import these classes from ``tokenyard.kv``."""
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol, TypeAlias, final
+from typing import Any, Literal, Protocol, TypeAlias, final
 
 import numpy as np
 import numpy.typing as npt
@@ -325,10 +325,14 @@ class ChunkedLocalAttentionSpec:
 
 @final
 class MambaSpec:
-    """A Mamba / linear-attention state group: one block per request, not prefix-cached
-    (vLLM's ``MambaSpec`` with ``mamba_cache_mode="none"``)."""
+    """A Mamba / linear-attention state group (vLLM's ``MambaSpec``). ``"none"``: one block
+    per request, not prefix-cached. ``"align"``: a state block at each block boundary the
+    request's chunks end on, prefix-cached (a hit needs only the state at its end), the
+    state a step was copied from freed at the next allocation."""
 
-    def __new__(cls) -> MambaSpec: ...
+    def __new__(cls, *, mamba_cache_mode: Literal["none", "align"] = "none") -> MambaSpec: ...
+    @property
+    def mamba_cache_mode(self) -> Literal["none", "align"]: ...
 
 @final
 class CrossAttentionSpec:
@@ -454,6 +458,10 @@ class KvCoordinator:
         Raises:
             UnknownRequestError: the request holds no blocks.
         """
+    def new_step_starts(self) -> None:
+        """A new step begins (vLLM's ``new_step_starts``): Mamba ``align`` states cached
+        before it may be hit by other requests (an admission hitting a state cached since
+        the last call does not fit)."""
     def block_ids(self, request_id: _RequestId) -> tuple[npt.NDArray[np.uint32], ...]:
         """The request's block table of each group. Raises UnknownRequestError."""
     def num_computed_tokens(self, request_id: _RequestId) -> int:
@@ -1158,6 +1166,36 @@ class Scheduler:
     def num_cached_prefix_tokens(self, token_ids: _TokenIds, *, lora_id: int | None = None) -> int:
         """Tokens of ``token_ids`` the prefix cache holds now (whole blocks, never the last
         token), as an admission would find them; nothing is allocated."""
+    def kv_hits_per_group(
+        self, block_hashes: Sequence[int], max_length: int
+    ) -> tuple[tuple[npt.NDArray[np.uint32], ...], list[int]]:
+        """Each KV group's own prefix hit over the core's hashes of a query's first full
+        blocks (``tokenyard.kv.block_hashes``), no longer than ``max_length`` tokens, not
+        reconciled across groups (vLLM's ``find_longest_cache_hit_per_group``): each
+        group's blocks and hit length. ConfigError without KV groups."""
+    def kv_allocate_outside(
+        self,
+        request_id: _RequestId,
+        token_ids: _TokenIds,
+        num_new_tokens: int,
+        *,
+        lora_id: int | None = None,
+    ) -> tuple[npt.NDArray[np.uint32], ...] | None:
+        """vLLM's ``allocate_slots`` for a request this scheduler does not hold (its prefix
+        cache seeded directly, as vLLM's tests do): ``token_ids`` not given before,
+        ``num_new_tokens`` more computed. Each group's new blocks, or None when they do not
+        fit. ConfigError without KV groups; InputError for a request the scheduler holds."""
+    def kv_tables_outside(
+        self, request_id: _RequestId
+    ) -> tuple[npt.NDArray[np.uint32], ...] | None:
+        """Each group's block table of a request ``kv_allocate_outside`` gave blocks to."""
+    def kv_free_outside(self, request_id: _RequestId) -> None:
+        """Frees the blocks ``kv_allocate_outside`` gave the request (InputError for any
+        other request)."""
+    def kv_evict_blocks(self, block_ids: Sequence[int]) -> None:
+        """Takes the blocks out of the prefix cache, held or free (vLLM's
+        ``BlockPool.evict_blocks``). ConfigError without KV groups; InputError for an id
+        past the pool."""
     def num_computed_tokens(self, request_id: _RequestId) -> int:
         """Tokens with KV, counting those scheduled in the latest step."""
     def num_tokens(self, request_id: _RequestId) -> int:

@@ -91,6 +91,11 @@ class KvConnector(Protocol):
     or ``None``: every group but a bounded-replay window, what a prefix-cache store holds);
     a load that restores the window is not replayed, and its groups' blocks are not zeroed
     under an asynchronous load.
+    Its optional attribute ``supports_divergent_local_hybrid_hits`` (vLLM 0.33's property,
+    read when the connector is set; false without it) says its loads restore a Mamba state
+    lagging behind a deeper full-attention hit: with a Mamba ``align`` group the local hit
+    is then full attention's, kept if the connector loads past it
+    (``docs/integrations.md``).
     Each method gets the request as a ``RequestView`` (its ``status`` is
     ``"waiting_for_remote_kvs"`` while its KV loads). If a method raises or answers badly,
     the scheduler's method raises ``ConnectorError`` naming it (the exception as
@@ -239,12 +244,13 @@ class SchedulerConfig:
     """A hybrid model's KV cache groups (``tokenyard.kv`` specs), as vLLM 0.33's hybrid
     allocator forms them: one block table per group over one pool (vLLM's coordinator),
     a sliding-window or chunked group freeing blocks that leave its window, a Mamba group
-    holding one block per request, a cross-attention group (an encoder-decoder model,
+    holding one block per request (``mamba_cache_mode="none"``) or its states at block
+    boundaries, prefix-cached (``"align"``), a cross-attention group (an encoder-decoder model,
     ``Scheduler.set_encoder_decoder``) blocks for a request's encoder tokens. Outputs then
     carry ``group_block_ids``. ``()`` or one
     ``FullAttentionSpec``: the single-group pool. Refused with ``prefix_cache="radix"``,
-    ``host_num_blocks``, a KV connector, and a ``MambaSpec`` or ``CrossAttentionSpec`` with
-    prefix caching (see
+    ``host_num_blocks``, and a ``MambaSpec`` in ``"none"`` mode or a ``CrossAttentionSpec``
+    with prefix caching (see
     ``docs/kv.md``)."""
     max_num_encoder_input_tokens: int = 0
     """Encoder embeddings computed per step, all requests together (vLLM 0.33's encoder
@@ -264,8 +270,8 @@ class SchedulerConfig:
     (``Scheduler._mamba_block_aligned_split``): a prefill chunk that stops before the prompt's
     end stops on a multiple of this many tokens, a chunk starting mid-block stops at the
     next boundary, and none runs past the last block boundary whose state can be reused
-    (``docs/integrations.md``). 0 = off. The Mamba state blocks themselves are not modelled in
-    this mode (a ``MambaSpec`` group with prefix caching is refused)."""
+    (``docs/integrations.md``). 0 = off. The state blocks themselves are a
+    ``MambaSpec(mamba_cache_mode="align")`` group in ``kv_groups``."""
     num_prefill_lookahead: int = 0
     """Known prefill tokens a multi-module MTP or EAGLE drafter reads past a chunk's end
     (vLLM 0.33's ``num_prefill_lookahead``): encoder inputs are scheduled that far ahead,

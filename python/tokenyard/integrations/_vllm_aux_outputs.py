@@ -72,6 +72,19 @@ class BlockHashIndex:
         if len(self._core_hash) > self._limit:
             self._prune()
 
+    def core_hashes(self, vllm_hashes: Sequence[Any]) -> list[int]:
+        """The core's hashes of the whole blocks ``vllm_hashes`` (a request's
+        ``block_hashes``) name, up to the first the index does not hold."""
+        step = self._scheduler.block_size // self._scheduler.hash_block_size
+        whole = vllm_hashes[step - 1 :: step] if step > 1 else vllm_hashes
+        out: list[int] = []
+        for block_hash in whole:
+            core_hash = self._core_hash.get(block_hash)
+            if core_hash is None:
+                break
+            out.append(core_hash)
+        return out
+
     def _core_hashes(self, request: Request, num_blocks: int) -> list[int]:
         """The core's hashes of the request's first ``num_blocks`` blocks: over the tokens
         the core was given (``core_prompt`` for a multimodal prompt), keyed by its LoRA."""

@@ -15,10 +15,11 @@ by ``_vllm_views``, so vLLM is installed when this runs."""
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
+from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
 from vllm.v1.core.single_type_kv_cache_manager import CrossAttentionManager
 
 
@@ -140,6 +141,17 @@ class BlockPoolView:
         if core_ids is None:
             return None
         return [self._block(b + self._offset) for b in core_ids]
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """vLLM's ``evict_blocks``: each block that caches a hash leaves the prefix cache
+        (held or free, it stays so). Served with several KV groups (the core's coordinator);
+        ConfigError with the single pool, IndexError for an id past the pool (nothing
+        changed then)."""
+        ids = [int(b) for b in block_ids]
+        for block_id in ids:
+            if not 0 <= block_id < self.num_gpu_blocks:
+                raise IndexError(f"block_id {block_id} is not a block of this pool")
+        self._scheduler._core.kv_evict_blocks([b - self._offset for b in ids if b >= self._offset])
 
     def _block(self, block_id: int) -> KVCacheBlockView:
         view = self._views.get(block_id)
@@ -284,3 +296,36 @@ class CoordinatorView:
     @property
     def enable_caching(self) -> bool:
         return self._scheduler._prefix_caching
+
+
+@HybridKVCacheCoordinator.register
+class HybridCoordinatorView(CoordinatorView):
+    """The coordinator view of several KV groups with prefix caching (vLLM builds its
+    ``HybridKVCacheCoordinator`` then: ``isinstance`` answers so, none of its methods
+    inherited): ``full_attention_group_id`` and the per-group lookup besides."""
+
+    @property
+    def full_attention_group_id(self) -> int | None:
+        """vLLM's: the first full-attention group (full attention is looked up first), or
+        ``None`` without one."""
+        for i, manager in enumerate(self.single_type_managers):
+            if type(manager.kv_cache_spec).__name__ in _FULL_ATTENTION_SPECS:
+                return i
+        return None
+
+    def find_longest_cache_hit_per_group(
+        self, block_hashes: Sequence[Any], max_cache_hit_length: int
+    ) -> tuple[tuple[list[KVCacheBlockView], ...], tuple[int, ...]]:
+        """vLLM 0.33's: each group's own prefix hit over vLLM's ``block_hashes`` (a
+        request's), no longer than ``max_cache_hit_length`` tokens, not reconciled. vLLM's
+        hashes are mapped to the core's through the adapter's index of the requests it was
+        given (``_vllm_aux_outputs.BlockHashIndex``); a hash no request of this scheduler
+        had names no block the core caches, so the lookup stops there."""
+        scheduler = self._scheduler
+        core_hashes = scheduler._block_hash_index.core_hashes(block_hashes)
+        blocks, lengths = scheduler._core.kv_hits_per_group(core_hashes, int(max_cache_hit_length))
+        views = tuple(self.block_pool._blocks_of(b) for b in blocks)
+        return views, tuple(int(n) for n in lengths)
+
+
+_FULL_ATTENTION_SPECS = ("FullAttentionSpec", "MLAAttentionSpec")

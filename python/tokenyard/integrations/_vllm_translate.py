@@ -77,7 +77,8 @@ def settings(
     cache = vllm_config.cache_config
     model = vllm_config.model_config
     kv_groups = kv_groups_of(kv_cache_config, block_size)
-    if any(isinstance(g, MambaSpec) for g in kv_groups) and _get(cache, "enable_prefix_caching"):
+    plain_mamba = any(isinstance(g, MambaSpec) and g.mamba_cache_mode == "none" for g in kv_groups)
+    if plain_mamba and _get(cache, "enable_prefix_caching"):
         # vLLM 0.33's MambaManager asserts mamba_cache_mode == "align" or caching off.
         raise ConfigError(
             "cache_config.enable_prefix_caching: a Mamba group (mamba_cache_mode='none') "
@@ -199,7 +200,8 @@ def kv_groups_of(kv_cache_config: Any, block_size: int) -> tuple[Any, ...]:
     ``SlidingWindowSpec`` → ``SlidingWindowSpec(sliding_window=...)``,
     ``SlidingWindowMLASpec`` → the same, ``bounded_replay=True`` where vLLM's spec has it,
     ``ChunkedLocalAttentionSpec`` → ``ChunkedLocalAttentionSpec(attention_chunk_size=...)``,
-    ``MambaSpec`` (``mamba_cache_mode="none"``) → ``MambaSpec()``, ``CrossAttentionSpec`` →
+    ``MambaSpec`` → ``MambaSpec(mamba_cache_mode=...)`` (``"none"`` or ``"align"``),
+    ``CrossAttentionSpec`` →
     ``CrossAttentionSpec()`` (blocks for a request's encoder tokens under
     ``is_encoder_decoder``). ``()`` for no group or
     one full-attention group: the core's single pool, as before groups existed.
@@ -247,11 +249,15 @@ def kv_groups_of(kv_cache_config: Any, block_size: int) -> tuple[Any, ...]:
             specs.append(CrossAttentionSpec())
         elif kind == "MambaSpec":
             mode = _get(spec, "mamba_cache_mode", "none")
-            if mode != "none":
-                raise refuse(f"mamba_cache_mode={mode!r} is not supported (only 'none')")
+            if mode not in ("none", "align"):
+                raise refuse(f"mamba_cache_mode={mode!r} is not supported ('none' or 'align')")
             if _get(spec, "num_speculative_blocks", 0):
                 raise refuse("Mamba speculative state blocks are not supported")
-            specs.append(MambaSpec())
+            if mode == "align" and _get(spec, "num_prefill_checkpoint_blocks", 0):
+                # The backend's internal prefill checkpoint (a second state block per
+                # chunk, MambaManager._checkpoints) is not modelled.
+                raise refuse("Mamba prefill checkpoint blocks are not supported")
+            specs.append(MambaSpec(mamba_cache_mode=mode))
         else:
             raise refuse("tokenyard's scheduler has no KV group of this kind")
         spec_block_size = _get(spec, "block_size")

@@ -16,7 +16,11 @@ from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request
 
 from tokenyard.errors import ConfigError, InputError
-from tokenyard.integrations._vllm_coordinator_view import BlockPoolView, CoordinatorView
+from tokenyard.integrations._vllm_coordinator_view import (
+    BlockPoolView,
+    CoordinatorView,
+    HybridCoordinatorView,
+)
 from tokenyard.integrations._vllm_translate import core_prompt, vllm_block_ids
 
 
@@ -27,6 +31,7 @@ class AdapterState(Protocol):
     block_size: int
     hash_block_size: int
     kv_cache_config: Any
+    cache_config: Any
     connector_prefix_cache_stats: PrefixCacheStats | None
     _core: Any
     _core_ids: dict[str, Any]
@@ -70,6 +75,14 @@ class _ConnectorBridge:
         # A synchronous load was admitted in the step being formed (vLLM's
         # SchedulerOutput.has_sync_kv_loads).
         self.has_sync_kv_loads = False
+
+    @property
+    def supports_divergent_local_hybrid_hits(self) -> bool:
+        """vLLM 0.33's connector capability (``KVConnectorBase_V1``, False by default): its
+        loads restore a Mamba state lagging behind a deeper full-attention hit, so the core
+        keeps that hit when the connector loads past it (``_get_local_prefix_cache_hit``).
+        Read by the core when the connector is set."""
+        return bool(getattr(self.connector, "supports_divergent_local_hybrid_hits", False))
 
     def get_num_new_matched_tokens(
         self, view: Any, num_computed_tokens: int
@@ -218,8 +231,15 @@ class _KVCacheManagerView:
         self.kv_cache_config = scheduler.kv_cache_config
         self.block_size = scheduler.block_size
         self.block_pool = BlockPoolView(scheduler)
-        self.coordinator = CoordinatorView(scheduler, self.block_pool)
+        # vLLM builds its HybridKVCacheCoordinator for several groups with prefix caching.
+        caching = bool(getattr(scheduler.cache_config, "enable_prefix_caching", False))
+        hybrid = scheduler._kv_groups > 1 and caching
+        view = HybridCoordinatorView if hybrid else CoordinatorView
+        self.coordinator = view(scheduler, self.block_pool)
         self.num_kv_cache_groups = len(scheduler.kv_cache_config.kv_cache_groups)
+        # Requests given blocks outside the scheduler (allocate_slots): tokens given to the
+        # core and computed tokens.
+        self._outside: dict[str, tuple[int, int]] = {}
 
     @property
     def enable_caching(self) -> bool:
@@ -244,6 +264,9 @@ class _KVCacheManagerView:
         """The request's block table, one list per KV cache group (null blocks, id 0, where
         a group no longer attends)."""
         scheduler = self._scheduler
+        if request_id in self._outside:
+            tables = scheduler._core.kv_tables_outside(request_id)
+            return tuple(g.tolist() for g in tables)
         # An unknown id goes to the core as it is, which raises naming it.
         core_id = scheduler._core_ids.get(request_id, request_id)
         if scheduler._kv_groups:
@@ -267,20 +290,91 @@ class _KVCacheManagerView:
     _asked_by_core = False
 
     def allocate_slots(
-        self, request: Request, num_new_tokens: int, *args: Any, **kwargs: Any
-    ) -> KVCacheBlocks:
-        """vLLM's ``allocate_slots`` as the scheduler's step asks it when a caller replaced
-        it (``_vllm_hooks``): a replacement that calls this lets the core allocate, and gets
-        the empty ``KVCacheBlocks`` (the core's blocks go out in the step's output). Called
-        otherwise, InputError: the core allocates only within ``schedule()``."""
-        if not self._asked_by_core:
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        *args: Any,
+        **kwargs: Any,
+    ) -> KVCacheBlocks | None:
+        """vLLM's ``allocate_slots``. Asked by the core's step when a caller replaced it
+        (``_vllm_hooks``): a replacement that calls this lets the core allocate, and gets
+        the empty ``KVCacheBlocks`` (the core's blocks go out in the step's output). For a
+        request this scheduler does not hold (vLLM's tests seed a prefix cache so), the
+        core allocates outside its schedule (``Scheduler.kv_allocate_outside``, several KV
+        groups): ``request.num_computed_tokens`` computed before, ``num_new_tokens`` more,
+        full blocks cached; each group's new blocks, or None when they do not fit.
+
+        Raises:
+            InputError: a request the scheduler holds (its slots come from the core within
+                ``schedule()``); outside the scheduler, a prefix hit to adopt
+                (``num_new_computed_tokens``), lookahead slots or any of vLLM's later
+                arguments (not served), a multimodal request, or computed tokens other than
+                the blocks given so far.
+            ConfigError: outside the scheduler with a single KV group.
+        """
+        if self._asked_by_core:
+            return KVCacheBlocks(tuple(() for _ in range(self.num_kv_cache_groups)))
+        request_id = request.request_id
+        scheduler = self._scheduler
+        if request_id in scheduler._core_ids:
             raise InputError(
-                f"allocate_slots: {request.request_id!r} gets its slots from the core within "
+                f"allocate_slots: {request_id!r} gets its slots from the core within "
                 "schedule(); kv_cache_manager.allocate_slots is answered only there",
                 field="request_id",
-                value=str(request.request_id),
+                value=str(request_id),
             )
-        return KVCacheBlocks(tuple(() for _ in range(self.num_kv_cache_groups)))
+        given, computed = self._outside.get(request_id, (0, 0))
+        asked = [
+            ("num_new_computed_tokens", num_new_computed_tokens),
+            ("num_lookahead_tokens", num_lookahead_tokens),
+            *(("args", a) for a in args),
+            *kwargs.items(),
+        ]
+        refused = [(field, value) for field, value in asked if value]
+        if request.mm_features:
+            refused.append(("mm_features", len(request.mm_features)))
+        if request.num_computed_tokens != computed:
+            refused.append(("num_computed_tokens", request.num_computed_tokens))
+        if refused:
+            field, value = refused[0]
+            raise InputError(
+                f"allocate_slots: {field}={value!r} for {request_id!r}, a request outside the "
+                f"scheduler with {computed} computed tokens, is not served (blocks for its "
+                "tokens only, no prefix hit adopted)",
+                field=field,
+                value=str(value),
+            )
+        lora = request.lora_request
+        token_ids = list(request.all_token_ids[given:])
+        new = scheduler._core.kv_allocate_outside(
+            request_id,
+            token_ids,
+            num_new_tokens,
+            lora_id=lora.lora_int_id if lora is not None and lora.lora_int_id > 0 else None,
+        )
+        if new is None:
+            return None
+        self._outside[request_id] = (given + len(token_ids), computed + num_new_tokens)
+        # vLLM's hashes of its blocks, for the coordinator view's per-group lookup.
+        scheduler._block_hash_index.index(request)
+        return KVCacheBlocks(tuple(self.block_pool._blocks_of(g) for g in new))
+
+    def free(self, request: Request) -> None:
+        """vLLM's ``free`` for a request ``allocate_slots`` gave blocks outside the
+        scheduler (InputError for any other: the scheduler frees its own requests')."""
+        request_id = request.request_id
+        if request_id not in self._outside:
+            raise InputError(
+                f"free: {request_id!r} holds no blocks given outside the scheduler (its own "
+                "requests' blocks are freed when they finish or are aborted)",
+                field="request_id",
+                value=str(request_id),
+            )
+        self._scheduler._core.kv_free_outside(request_id)
+        del self._outside[request_id]
 
     def get_computed_blocks(
         self, request: Request, max_cache_hit_length: int | None = None

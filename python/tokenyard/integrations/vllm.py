@@ -20,10 +20,11 @@ This module imports vLLM and fails with an ``ImportError`` naming it where vLLM 
 installed; nothing else in tokenyard imports it. What it does not do (each refused with an
 error naming it, never silently different) is listed in ``docs/integrations.md``:
 encoder-decoder requests, prompt embeddings, KV cache group kinds the
-core has none for (cross-attention, Mamba in ``align`` mode), and vLLM's ``KVCacheManager``
+core has none for, and vLLM's ``KVCacheManager``
 object itself (``kv_cache_manager``), whose block pool lives in Rust here. Structured
 output (requests wait for their grammar here, then go to the core), pooling requests,
-hybrid KV cache groups (full attention, sliding window, chunked local, Mamba),
+hybrid KV cache groups (full attention, sliding window, chunked local, Mamba in
+``none`` or ``align`` mode, cross-attention),
 multimodal requests (vLLM's encoder budget and cache) and streaming-input sessions
 (``_vllm_sessions``) are served.
 """
@@ -338,6 +339,11 @@ class TokenyardScheduler(
         self._prefill_stats_ready: dict[str, PrefillStats] = {}
         self._prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self._prefix_caching = s.enable_prefix_caching
+        # With a Mamba `align` group, vLLM's block hashes of each request are indexed for
+        # the coordinator view's per-group lookup (vLLM's tests drive it with a request's).
+        self._index_hashes = self._prefix_caching and any(
+            getattr(g, "mamba_cache_mode", "none") == "align" for g in s.kv_groups
+        )
         self.enable_kv_cache_events = bool(
             self.kv_events_config is not None and self.kv_events_config.enable_kv_cache_events
         )
@@ -471,6 +477,9 @@ class TokenyardScheduler(
         check_supported(request, self._mm_refusal)
         self._start_session(request)
         self.requests[request_id] = request
+        if self._index_hashes:
+            # vLLM's hashes of its blocks, for find_longest_cache_hit_per_group (a view).
+            self._block_hash_index.index(request)
         if request.use_structured_output:
             self._structured_ids.add(request_id)
         if request.status == _WAITING_FOR_GRAMMAR:

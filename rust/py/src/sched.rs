@@ -484,6 +484,71 @@ impl PyScheduler {
         Ok(self.inner.num_cached_prefix_tokens(&token_ids, lora_id))
     }
 
+    /// Each KV group's own prefix hit over `block_hashes` (the core's hashes of a query's
+    /// first full blocks, `tokenyard.kv.block_hashes`), no longer than `max_length` tokens,
+    /// not reconciled (vLLM 0.33's `find_longest_cache_hit_per_group`): a tuple of each
+    /// group's block array and a list of their hit lengths. ConfigError without groups.
+    fn kv_hits_per_group<'py>(
+        &self,
+        py: Python<'py>,
+        block_hashes: Vec<u128>,
+        max_length: usize,
+    ) -> PyResult<(Bound<'py, pyo3::types::PyTuple>, Vec<usize>)> {
+        let hashes: Vec<_> = block_hashes
+            .into_iter()
+            .map(tokenyard_core::kv::BlockHash)
+            .collect();
+        let (blocks, lengths) = (self.inner)
+            .kv_hits_per_group(&hashes, max_length)
+            .or_raise(py)?;
+        Ok((crate::sched_output::group_tuple(py, &blocks)?, lengths))
+    }
+
+    /// vLLM's `allocate_slots` for a request the scheduler does not hold (`sched::kv_outside`):
+    /// `token_ids` not given before, `num_new_tokens` more computed. Each group's new blocks
+    /// (a tuple of arrays), or None when they do not fit.
+    #[pyo3(signature = (request_id, token_ids, num_new_tokens, *, lora_id=None))]
+    fn kv_allocate_outside<'py>(
+        &mut self,
+        request_id: &Bound<'py, PyAny>,
+        token_ids: &Bound<'py, PyAny>,
+        num_new_tokens: usize,
+        lora_id: Option<u64>,
+    ) -> PyResult<Option<Bound<'py, pyo3::types::PyTuple>>> {
+        let py = request_id.py();
+        let id = RequestId::from_py(request_id)?;
+        let token_ids = crate::convert::token_ids(token_ids, "token_ids")?;
+        let new = (self.inner)
+            .kv_allocate_outside(&id, &token_ids, num_new_tokens, lora_id)
+            .or_raise(py)?;
+        new.map(|g| crate::sched_output::group_tuple(py, &g))
+            .transpose()
+    }
+
+    /// Each group's block table of a request given blocks by `kv_allocate_outside`, or None.
+    fn kv_tables_outside<'py>(
+        &self,
+        request_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, pyo3::types::PyTuple>>> {
+        let id = RequestId::from_py(request_id)?;
+        (self.inner.kv_tables_outside(&id))
+            .map(|g| crate::sched_output::group_tuple(request_id.py(), &g))
+            .transpose()
+    }
+
+    /// Frees the blocks of a request given blocks by `kv_allocate_outside` (InputError for
+    /// any other).
+    fn kv_free_outside(&mut self, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let id = RequestId::from_py(request_id)?;
+        self.inner.kv_free_outside(&id).or_raise(request_id.py())
+    }
+
+    /// Takes `block_ids` out of the prefix cache (vLLM's `BlockPool.evict_blocks`):
+    /// ConfigError without KV groups, InputError for an id past the pool.
+    fn kv_evict_blocks(&mut self, py: Python<'_>, block_ids: Vec<u32>) -> PyResult<()> {
+        self.inner.kv_evict_blocks(&block_ids).or_raise(py)
+    }
+
     fn num_computed_tokens(&self, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
         let id = RequestId::from_py(request_id)?;
         match self.inner.get_request(&id) {

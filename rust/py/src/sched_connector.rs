@@ -23,17 +23,29 @@ const METHODS: [&str; 3] = [
 
 /// A Python connector. Each call re-takes the GIL; an exception it raises is kept in
 /// `error` and becomes the `__cause__` of the `ConnectorError` the scheduler's method raises.
-pub(crate) struct PyConnector(PyCallee);
+pub(crate) struct PyConnector(PyCallee, bool);
 
 impl PyConnector {
     /// Wraps `object` after checking it has the protocol's methods (a `ConfigError` naming
-    /// `field` otherwise).
+    /// `field` otherwise). Its optional `supports_divergent_local_hybrid_hits` (vLLM 0.33's
+    /// property; false when absent) is read now: a connector's capability, not per request.
     pub(crate) fn new(
         object: &Bound<'_, PyAny>,
         field: &'static str,
         error: ErrorSlot,
     ) -> PyResult<Self> {
-        PyCallee::new(object, field, error, &METHODS, "a connector may only read the request view and block ids it is given while the Scheduler asks it").map(Self)
+        let callee = PyCallee::new(
+            object,
+            field,
+            error,
+            &METHODS,
+            "a connector may only read the request view and block ids it is given while the Scheduler asks it",
+        )?;
+        let divergent = match object.getattr_opt("supports_divergent_local_hybrid_hits")? {
+            Some(value) => value.is_truthy()?,
+            None => false,
+        };
+        Ok(Self(callee, divergent))
     }
 }
 
@@ -146,6 +158,10 @@ impl KvConnector<RequestId> for PyConnector {
             let tables = groups(py, block_ids)?.into_any();
             self.finished(py, request, tables)
         })
+    }
+
+    fn supports_divergent_local_hybrid_hits(&self) -> bool {
+        self.1
     }
 
     /// An optional method: without it, the default groups.

@@ -15,7 +15,7 @@
 //! `remove_skipped_blocks`), so a sliding-window group holds at most
 //! [`KvGroupSpec::max_live_blocks`] blocks per request after each allocation.
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use xxhash_rust::xxh3::xxh3_128;
 
 use super::block_hash::{BlockHash, hash_full_blocks};
@@ -45,6 +45,11 @@ pub const MAX_NUM_GROUPS: usize = 64;
 pub struct GroupedComputedBlocks {
     pub block_ids: Vec<Vec<BlockId>>,
     pub num_computed_tokens: usize,
+    /// Tokens past the hit that some group caches but another does not (vLLM 0.33's
+    /// `num_uncached_common_prefix_tokens`: the longest single group's hit less the
+    /// agreed one), 0 when the groups agree. The step scheduler's Mamba `align` split
+    /// stops a chunk there so the lagging state gets cached (`shared_prefix_boundary`).
+    pub num_uncached_prefix_tokens: usize,
     query: LookupQuery,
     /// Hashes of the query's full blocks that may hit (all but the last token's).
     block_hashes: Vec<BlockHash>,
@@ -62,6 +67,7 @@ impl GroupedComputedBlocks {
     pub(crate) fn drop_hit(&mut self) {
         self.block_ids.iter_mut().for_each(Vec::clear);
         self.num_computed_tokens = 0;
+        self.num_uncached_prefix_tokens = 0;
     }
 }
 
@@ -89,6 +95,10 @@ pub struct KvCoordinator<R: RequestKey> {
     /// Per group, blocks handed out since the last `take_new_block_ids`, when new blocks
     /// are zeroed before use (vLLM 0.33's `needs_kv_cache_zeroing`); `None` otherwise.
     zeroing: Option<Vec<Vec<BlockId>>>,
+    /// Mamba `align` state blocks cached since the step began (vLLM 0.33's
+    /// `MambaManager.cached_blocks_this_step`): their states are computed by this step, so
+    /// no other request admitted in it may hit them ([`Self::new_step_starts`]).
+    cached_this_step: FxHashSet<BlockId>,
 }
 
 /// A block hash keyed by its group (vLLM appends the group id to the hash bytes).
@@ -101,8 +111,8 @@ fn group_key(hash: BlockHash, group: usize) -> BlockHash {
 
 impl<R: RequestKey> KvCoordinator<R> {
     /// A coordinator over `num_blocks` blocks of `block_size` tokens, block 0 of which is
-    /// the null block. Mamba groups hold states that are not prefix-cached, so they need
-    /// `enable_caching = false` (as vLLM's `mamba_cache_mode="none"` does).
+    /// the null block. Mamba groups (not `align`) hold states that are not prefix-cached,
+    /// so they need `enable_caching = false` (as vLLM's `mamba_cache_mode="none"` does).
     pub fn new(
         groups: Vec<KvGroupSpec>,
         num_blocks: usize,
@@ -133,7 +143,8 @@ impl<R: RequestKey> KvCoordinator<R> {
                     "True",
                     format!(
                         "groups[{i}] is a Mamba group, whose states are not prefix-cached \
-                         (vLLM's mamba_cache_mode='none'); pass enable_caching=False"
+                         (vLLM's mamba_cache_mode='none'); pass enable_caching=False, or \
+                         use a Mamba group in align mode"
                     ),
                 ));
             }
@@ -161,6 +172,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             requests: FxHashMap::default(),
             stats: BlockPoolStats::default(),
             zeroing: None,
+            cached_this_step: FxHashSet::default(),
         })
     }
 
@@ -326,6 +338,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         let slots = GroupSlots {
             decoder: num_slots,
             encoder: num_encoder_tokens,
+            lookahead: num_lookahead_tokens,
         };
         let needed =
             self.num_blocks_to_allocate(request_id, slots, num_computed, new_computed, None);
@@ -346,6 +359,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             block_size,
             enable_caching,
             zeroing,
+            cached_this_step,
             ..
         } = self;
         let request = requests.get_mut(request_id).expect("inserted above");
@@ -358,17 +372,35 @@ impl<R: RequestKey> KvCoordinator<R> {
         let mut new_blocks = Vec::with_capacity(groups.len());
         for (g, (spec, table)) in groups.iter().zip(&mut request.tables).enumerate() {
             let required = spec.num_required_blocks(slots.of(spec), *block_size);
+            let mut nulls = 0;
+            if spec.is_mamba_align() && required > table.len() {
+                // vLLM's align-mode `allocate_new_blocks`: nulls up to the block of the
+                // chunk's end, which gets the one new state block; the nulls are among
+                // the new blocks it returns.
+                nulls = required - 1 - table.len();
+                table.resize(required - 1, NULL_BLOCK);
+            }
             let added: Vec<BlockId> = (table.len()..required)
                 .map(|_| take_free_block(free_queue, blocks, &mut eviction))
                 .collect();
             table.extend_from_slice(&added);
             record_for_zeroing(zeroing, g, spec, &added);
-            new_blocks.push(added);
+            new_blocks.push(match nulls {
+                0 => added,
+                n => [vec![NULL_BLOCK; n], added].concat(),
+            });
         }
         append_tokens(*block_size, *enable_caching, &mut request.tokens, token_ids);
         request.tokens.num_computed_tokens += num_new_tokens;
         if *enable_caching {
-            cache_full_blocks(*block_size, groups, cached, blocks, request);
+            cache_full_blocks(
+                *block_size,
+                groups,
+                cached,
+                blocks,
+                request,
+                cached_this_step,
+            );
         }
         Ok(Some(new_blocks))
     }
@@ -394,6 +426,7 @@ impl<R: RequestKey> KvCoordinator<R> {
                 &mut self.cached,
                 &mut self.blocks,
                 request,
+                &mut self.cached_this_step,
             );
         }
         Ok(())
@@ -437,27 +470,6 @@ impl<R: RequestKey> KvCoordinator<R> {
         }
         request.tokens.num_computed_tokens -= num_tokens;
         Ok(())
-    }
-
-    /// What the request's next allocation, at `num_computed_tokens` computed tokens, drops
-    /// from its groups (`remove_skipped_blocks`): the blocks it drops, and of those the ones
-    /// surely returned to the free queue, which it holds alone. A block another request
-    /// also holds is not counted as returned (it is only if that one let it go first), so
-    /// the second count may fall short, never over. `(0, 0)` for an unknown request.
-    pub fn num_skipped_blocks(&self, request_id: &R, num_computed_tokens: usize) -> (usize, usize) {
-        let Some(request) = self.requests.get(request_id) else {
-            return (0, 0);
-        };
-        let (mut dropped, mut freed) = (0, 0);
-        for (spec, table) in self.groups.iter().zip(&request.tables) {
-            let num_skipped = spec.num_skipped_tokens(num_computed_tokens) / self.block_size;
-            let end = num_skipped.min(table.len());
-            for &b in table[..end].iter().rev().take_while(|&&b| b != NULL_BLOCK) {
-                dropped += 1;
-                freed += usize::from(self.blocks[b as usize].ref_cnt == 1);
-            }
-        }
-        (dropped, freed)
     }
 
     /// New blocks an allocation up to `num_slots` token slots adds to the tables of a
@@ -513,8 +525,8 @@ impl<R: RequestKey> KvCoordinator<R> {
         };
         let hit = hit.filter(|_| !self.requests.contains_key(request_id));
         let slots = GroupSlots {
-            decoder: num_tokens,
             encoder: num_encoder_tokens,
+            ..GroupSlots::decoder(num_tokens)
         };
         let needed = self.num_blocks_to_allocate(
             request_id,
@@ -524,6 +536,12 @@ impl<R: RequestKey> KvCoordinator<R> {
             Some(max_in_flight_tokens),
         );
         needed <= self.free_queue.len()
+    }
+
+    /// A new step begins (vLLM's `new_step_starts`): Mamba `align` states cached before it
+    /// may be hit.
+    pub fn new_step_starts(&mut self) {
+        self.cached_this_step.clear();
     }
 
     /// Forgets every cached block of every group if no request holds blocks (vLLM's
@@ -561,68 +579,6 @@ impl<R: RequestKey> KvCoordinator<R> {
             ordered,
             &mut Vec::new(),
         );
-    }
-
-    /// vLLM's `remove_skipped_blocks` for every group: blocks wholly before the tokens the
-    /// next token attends to are freed (last first) and replaced by the null block. A
-    /// group stops at a null it already left, as vLLM's backward scan does.
-    fn remove_skipped_blocks(&mut self, request_id: &R, num_computed_tokens: usize) {
-        let Some(request) = self.requests.get_mut(request_id) else {
-            return;
-        };
-        let mut freed = Vec::new();
-        for (spec, table) in self.groups.iter().zip(&mut request.tables) {
-            let num_skipped = spec.num_skipped_tokens(num_computed_tokens) / self.block_size;
-            let end = num_skipped.min(table.len());
-            let mut group_freed = Vec::new();
-            for slot in table[..end].iter_mut().rev() {
-                if *slot == NULL_BLOCK {
-                    break;
-                }
-                group_freed.push(std::mem::replace(slot, NULL_BLOCK));
-            }
-            freed.push(group_freed);
-        }
-        for group_freed in freed {
-            self.free_blocks(group_freed.into_iter());
-        }
-    }
-
-    /// vLLM's `get_num_blocks_to_allocate` summed over groups: new blocks beyond those
-    /// held (or, on admission, beyond the hit and the skipped blocks), plus hit blocks
-    /// that now sit in the free queue (taking them removes them from it). With
-    /// `max_in_flight_tokens`, each window group's need is capped as vLLM's admission gate
-    /// caps it (`apply_admission_cap`).
-    fn num_blocks_to_allocate(
-        &self,
-        request_id: &R,
-        slots: GroupSlots,
-        num_computed: usize,
-        hit: Option<&GroupedComputedBlocks>,
-        max_in_flight_tokens: Option<usize>,
-    ) -> usize {
-        let bs = self.block_size;
-        let request = self.requests.get(request_id);
-        let mut total = 0;
-        for (g, spec) in self.groups.iter().enumerate() {
-            let mut required = spec.num_required_blocks(slots.of(spec), bs);
-            if let Some(cap) = max_in_flight_tokens.and_then(|f| spec.max_admission_blocks(f, bs)) {
-                required = required.min(cap);
-            }
-            if let Some(request) = request {
-                total += required.saturating_sub(request.tables[g].len());
-                continue;
-            }
-            let hit_blocks = hit.map_or(&[][..], |h| h.block_ids[g].as_slice());
-            let num_skipped = spec.num_skipped_tokens(num_computed) / bs;
-            total += required.saturating_sub(num_skipped.max(hit_blocks.len()));
-            total += hit_blocks
-                .iter()
-                .skip(num_skipped)
-                .filter(|&&b| b != NULL_BLOCK && self.blocks[b as usize].ref_cnt == 0)
-                .count();
-        }
-        total
     }
 
     /// A new request's entry: per group, the hit's blocks past the skipped ones taken
@@ -727,7 +683,7 @@ fn record_for_zeroing(
     added: &[BlockId],
 ) {
     if let Some(per_group) = zeroing
-        && *spec != KvGroupSpec::Mamba
+        && !spec.is_mamba()
     {
         per_group[g].extend_from_slice(added);
     }
@@ -741,6 +697,7 @@ fn cache_full_blocks(
     cached: &mut CacheMap,
     blocks: &mut [BlockMeta],
     request: &mut CoordinatedRequest,
+    cached_this_step: &mut FxHashSet<BlockId>,
 ) {
     let tokens = &request.tokens;
     let num_full = (tokens.num_computed_tokens.min(tokens.num_tokens) / block_size)
@@ -762,6 +719,9 @@ fn cache_full_blocks(
             let key = group_key(hash, g);
             cached.insert(key, block, blocks);
             blocks[block as usize].set_hash(key);
+            if groups[g].is_mamba_align() {
+                cached_this_step.insert(block);
+            }
         }
         request.num_cached[g] = num_full;
     }
@@ -783,8 +743,15 @@ mod hits;
 
 #[path = "coordinator_loads.rs"]
 mod loads;
+
+#[path = "coordinator_needs.rs"]
+mod needs;
 pub use loads::{ExternalAllocation, prefix_cacheable};
 
 #[cfg(test)]
 #[path = "coordinator_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "coordinator_mamba_tests.rs"]
+mod mamba_tests;

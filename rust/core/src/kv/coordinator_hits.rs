@@ -6,8 +6,8 @@
 //! (hash, group), so a lookup never sees another group's blocks.
 
 use super::{
-    BlockHash, BlockId, BlockMeta, GroupedComputedBlocks, KvCoordinator, LookupQuery, NULL_BLOCK,
-    RequestKey, TokenId, find_longest_cache_hit, group_key, hash_full_blocks,
+    BlockHash, BlockId, BlockMeta, GroupedComputedBlocks, KvCoordinator, KvGroupSpec, LookupQuery,
+    NULL_BLOCK, RequestKey, TokenId, find_longest_cache_hit, group_key, hash_full_blocks,
 };
 use crate::{Error, Result};
 
@@ -58,6 +58,8 @@ impl<R: RequestKey> KvCoordinator<R> {
         let simple_hybrid =
             self.lookup_order.len() == 2 && self.lookup_order[0].spec.is_full_attention();
         let mut hit_length = max_length;
+        // vLLM's `longest_hit_length`: the longest hit of a group looked up.
+        let mut longest = 0;
         let mut found: Vec<Option<Vec<BlockId>>> = vec![None; num_groups];
         let mut found_length = vec![0usize; num_groups];
         loop {
@@ -83,6 +85,7 @@ impl<R: RequestKey> KvCoordinator<R> {
                     lookup,
                 );
                 current = result.num_tokens;
+                longest = longest.max(current);
                 for (&g, table) in group.group_ids.iter().zip(result.blocks) {
                     found[g] = Some(table);
                     found_length[g] = current;
@@ -103,9 +106,160 @@ impl<R: RequestKey> KvCoordinator<R> {
         }
         hit.block_ids = found.into_iter().map(Option::unwrap_or_default).collect();
         hit.num_computed_tokens = hit_length;
+        hit.num_uncached_prefix_tokens = longest.saturating_sub(hit_length);
         hit.block_hashes = hashes;
         self.stats.record_lookup(token_ids.len(), hit_length);
         hit
+    }
+
+    /// vLLM 0.33's `find_longest_cache_hit_per_group`: each spec group's own hit over the
+    /// first `max_length` tokens of `token_ids`, not reconciled across groups (a Mamba
+    /// `align` group may reach deeper than full attention, or the reverse). Returns each
+    /// group's blocks and hit length in tokens; records no lookup.
+    pub fn find_longest_cache_hit_per_group(
+        &self,
+        token_ids: &[TokenId],
+        extra_key: Option<u64>,
+        max_length: usize,
+    ) -> (Vec<Vec<BlockId>>, Vec<usize>) {
+        let max_length = max_length.min(token_ids.len());
+        let mut hashes = Vec::with_capacity(max_length / self.block_size);
+        hash_full_blocks(
+            &mut hashes,
+            &token_ids[..max_length],
+            self.block_size,
+            extra_key,
+        );
+        self.hits_per_group(&hashes, max_length)
+    }
+
+    /// [`Self::find_longest_cache_hit_per_group`] over the hashes of the query's first full
+    /// blocks (`tokenyard.kv.block_hashes`' values), as vLLM's call takes them: hashes past
+    /// `max_length` tokens are not read.
+    pub fn find_longest_cache_hit_per_group_hashes(
+        &self,
+        block_hashes: &[BlockHash],
+        max_length: usize,
+    ) -> (Vec<Vec<BlockId>>, Vec<usize>) {
+        let num = (max_length / self.block_size).min(block_hashes.len());
+        self.hits_per_group(&block_hashes[..num], max_length)
+    }
+
+    fn hits_per_group(
+        &self,
+        hashes: &[BlockHash],
+        max_length: usize,
+    ) -> (Vec<Vec<BlockId>>, Vec<usize>) {
+        let num_groups = self.groups.len();
+        let (mut blocks, mut lengths) = (vec![Vec::new(); num_groups], vec![0; num_groups]);
+        if !self.enable_caching {
+            return (blocks, lengths);
+        }
+        for group in &self.lookup_order {
+            let (cached, pool) = (&self.cached, self.blocks.as_slice());
+            let lookup = |i: usize| {
+                (group.group_ids.iter())
+                    .map(|&g| cached.get(&group_key(hashes[i], g), pool))
+                    .collect::<Option<Vec<_>>>()
+            };
+            let n = group.group_ids.len();
+            let hit = find_longest_cache_hit(
+                group.spec,
+                n,
+                self.block_size,
+                hashes.len(),
+                max_length,
+                lookup,
+            );
+            for (&g, table) in group.group_ids.iter().zip(hit.blocks) {
+                blocks[g] = table;
+                lengths[g] = hit.num_tokens;
+            }
+        }
+        (blocks, lengths)
+    }
+
+    /// vLLM 0.33's `KVCacheManager.get_computed_blocks_for_connector`, the local lookup
+    /// beside a connector that can restore a lagging recurrent state
+    /// (`supports_divergent_local_hybrid_hits`). With a Mamba group beside full attention
+    /// the groups are looked up one by one: when another group reaches deeper than full
+    /// attention (its full-attention blocks were evicted) the hit is the reconciled one
+    /// ([`Self::get_computed_blocks`]); otherwise it is full attention's, each group
+    /// adopting its own blocks, and the answer's `bool` says a group lags behind it (a
+    /// "diverged" hit: its boundary has a valid state only if the connector loads past
+    /// it; the caller reconciles when it loads nothing). Other layouts: the reconciled hit.
+    /// A diverged hit is not counted in the lookup stats: the caller counts the hit it
+    /// takes ([`Self::record_lookup`], or the reconciled lookup's own count).
+    pub(crate) fn get_computed_blocks_for_connector(
+        &mut self,
+        token_ids: &[TokenId],
+        extra_key: Option<u64>,
+        known: Vec<BlockHash>,
+        max_hit_tokens: usize,
+    ) -> (GroupedComputedBlocks, bool) {
+        let full = self.groups.iter().position(KvGroupSpec::is_full_attention);
+        let (true, true, Some(full)) = (
+            self.enable_caching,
+            self.groups.iter().any(KvGroupSpec::is_mamba),
+            full,
+        ) else {
+            let hit = self.get_computed_blocks_from(token_ids, extra_key, known, max_hit_tokens);
+            return (hit, false);
+        };
+        let bs = self.block_size;
+        let max_length = token_ids.len().saturating_sub(1).min(max_hit_tokens);
+        let mut hashes = known;
+        hashes.truncate(max_length / bs);
+        hashes.reserve_exact(max_length / bs - hashes.len());
+        hash_full_blocks(&mut hashes, &token_ids[..max_length], bs, extra_key);
+        let (blocks, lengths) = self.hits_per_group(&hashes, max_length);
+        let num_local = lengths[full];
+        if lengths.iter().any(|&n| n > num_local) {
+            let hit = self.get_computed_blocks_from(token_ids, extra_key, hashes, max_hit_tokens);
+            return (hit, false);
+        }
+        let diverged = lengths.iter().any(|&n| n < num_local);
+        if !diverged {
+            self.stats.record_lookup(token_ids.len(), num_local);
+        }
+        let hit = GroupedComputedBlocks {
+            block_ids: blocks,
+            num_computed_tokens: num_local,
+            // vLLM: per-group lookups do not detect an uncached shared prefix.
+            num_uncached_prefix_tokens: 0,
+            query: LookupQuery {
+                num_tokens: token_ids.len(),
+                extra_key,
+            },
+            block_hashes: hashes,
+        };
+        (hit, diverged)
+    }
+
+    /// Counts a lookup of `num_query_tokens` that hit `num_hit_tokens` (a diverged hit the
+    /// caller kept, [`Self::get_computed_blocks_for_connector`]).
+    pub(crate) fn record_lookup(&mut self, num_query_tokens: usize, num_hit_tokens: usize) {
+        self.stats.record_lookup(num_query_tokens, num_hit_tokens);
+    }
+
+    /// vLLM's `BlockPool.evict_blocks`: each of `block_ids` that caches a hash leaves the
+    /// prefix cache (a held block stays held, a free one stays free, uncached). An id past
+    /// the pool is an error naming it; then nothing changed.
+    pub fn evict_blocks(&mut self, block_ids: &[BlockId]) -> Result<()> {
+        // The null block caches nothing: evicting it changes nothing, as in vLLM.
+        if let Some(&bad) = block_ids.iter().find(|&&b| b as usize >= self.blocks.len()) {
+            return Err(Error::input(
+                "block_ids",
+                bad,
+                format!("not a block of this pool (0..{})", self.blocks.len()),
+            ));
+        }
+        for &block in block_ids {
+            if let Some(hash) = self.blocks[block as usize].take_hash() {
+                self.cached.forget(block, &hash);
+            }
+        }
+        Ok(())
     }
 
     pub(super) fn check_hit_is_current(

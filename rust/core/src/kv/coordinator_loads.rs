@@ -143,7 +143,8 @@ impl<R: RequestKey> KvCoordinator<R> {
             super::append_tokens(block_size, caching, &mut request.tokens, token_ids);
             if alloc.cache && caching {
                 let (groups, cached, blocks) = (&self.groups, &mut self.cached, &mut self.blocks);
-                super::cache_full_blocks(block_size, groups, cached, blocks, request);
+                let this_step = &mut self.cached_this_step;
+                super::cache_full_blocks(block_size, groups, cached, blocks, request, this_step);
             }
             return Ok(Some(loaded));
         }

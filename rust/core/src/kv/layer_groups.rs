@@ -39,6 +39,13 @@ pub enum KvGroupSpec {
     /// request, as vLLM's `MambaManager` holds it with `mamba_cache_mode="none"` (its
     /// block covers `max_model_len` tokens). Its states are not prefix-cached.
     Mamba,
+    /// A recurrent state kept at block boundaries for prefix caching (vLLM 0.33's
+    /// `MambaManager` with `mamba_cache_mode="align"`): the table has a slot per block of
+    /// the request's tokens, null but for the block holding the running state (and, until
+    /// the next allocation frees it, the state it was copied from). A block at index `i`
+    /// holds the state after `(i + 1) * block_size` tokens and is cached under that
+    /// block's hash once full; a hit needs only the state block at its end.
+    MambaAlign,
     /// Cross-attention of an encoder-decoder model (Whisper; vLLM 0.33's
     /// `CrossAttentionManager`): the keys and values of the request's encoder output, one
     /// slot per encoder token. Its blocks are allocated once, when the encoder inputs are
@@ -52,6 +59,8 @@ impl KvGroupSpec {
     pub fn num_skipped_tokens(&self, num_computed_tokens: usize) -> usize {
         match *self {
             Self::FullAttention | Self::Mamba | Self::CrossAttention => 0,
+            // Only the last computed token's state is needed (vLLM's MambaManager).
+            Self::MambaAlign => num_computed_tokens.saturating_sub(1),
             Self::SlidingWindow { sliding_window }
             | Self::SlidingWindowReplay { sliding_window } => {
                 (num_computed_tokens + 1).saturating_sub(sliding_window)
@@ -63,7 +72,8 @@ impl KvGroupSpec {
     }
 
     /// Blocks a request needs for `num_slots` token slots (including skipped ones, which
-    /// hold the null block); for cross-attention, `num_slots` are encoder tokens.
+    /// hold the null block); for cross-attention, `num_slots` are encoder tokens. A Mamba
+    /// `align` table has this many slots, of which one or two hold blocks.
     pub fn num_required_blocks(&self, num_slots: usize, block_size: usize) -> usize {
         match self {
             Self::Mamba => usize::from(num_slots > 0),
@@ -82,6 +92,16 @@ impl KvGroupSpec {
                 | Self::SlidingWindow { sliding_window: 1 }
                 | Self::SlidingWindowReplay { .. }
         )
+    }
+
+    /// vLLM 0.33's Mamba `align` group (`MambaManager` with `mamba_cache_mode="align"`).
+    pub fn is_mamba_align(&self) -> bool {
+        matches!(self, Self::MambaAlign)
+    }
+
+    /// Whether the group holds a recurrent state (vLLM's `MambaSpec`, either mode).
+    pub fn is_mamba(&self) -> bool {
+        matches!(self, Self::Mamba | Self::MambaAlign)
     }
 
     /// vLLM 0.33's `KVCacheSpec.prefix_replay_tokens`: the tokens of a hit the scheduler
@@ -118,6 +138,9 @@ impl KvGroupSpec {
                 (attention_chunk_size + num_slots_added - 2).div_ceil(block_size) + 1
             }),
             Self::Mamba => Some(1),
+            // The running state and the state it was copied from, freed at the next
+            // allocation.
+            Self::MambaAlign => Some(2),
         }
     }
 
@@ -131,7 +154,7 @@ impl KvGroupSpec {
         block_size: usize,
     ) -> Option<usize> {
         match *self {
-            Self::FullAttention | Self::Mamba | Self::CrossAttention => None,
+            Self::FullAttention | Self::Mamba | Self::MambaAlign | Self::CrossAttention => None,
             Self::SlidingWindow { sliding_window }
             | Self::SlidingWindowReplay { sliding_window } => {
                 Some((sliding_window - 1 + max_in_flight_tokens).div_ceil(block_size) + 1)
@@ -166,11 +189,15 @@ impl KvGroupSpec {
 
 /// The token slots an allocation asks of each group: decoder slots, and for
 /// cross-attention groups the encoder tokens (vLLM's coordinator passes
-/// `num_encoder_tokens` to its `CrossAttentionManager`, `num_tokens` to the others).
+/// `num_encoder_tokens` to its `CrossAttentionManager`, `num_tokens` to the others). A
+/// Mamba `align` group is sized without the `lookahead` slots (vLLM's
+/// `num_tokens_main_model`: draft models have no Mamba layers, and lookahead slots would
+/// break the block alignment).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct GroupSlots {
     pub(super) decoder: usize,
     pub(super) encoder: usize,
+    pub(super) lookahead: usize,
 }
 
 impl GroupSlots {
@@ -178,12 +205,14 @@ impl GroupSlots {
         Self {
             decoder,
             encoder: 0,
+            lookahead: 0,
         }
     }
 
     pub(super) fn of(self, spec: &KvGroupSpec) -> usize {
         match spec {
             KvGroupSpec::CrossAttention => self.encoder,
+            KvGroupSpec::MambaAlign => self.decoder.saturating_sub(self.lookahead),
             _ => self.decoder,
         }
     }
@@ -275,6 +304,19 @@ pub(super) fn find_longest_cache_hit(
             for i in first..max_blocks {
                 let Some(found) = lookup(i) else { break };
                 blocks.iter_mut().zip(found).for_each(|(t, b)| t.push(b));
+            }
+        }
+        KvGroupSpec::MambaAlign => {
+            // vLLM's `MambaManager.find_longest_cache_hit`: right to left, the first cached
+            // state wins; the blocks before it are nulls (a state needs no earlier block).
+            for i in (0..max_blocks).rev() {
+                if let Some(found) = lookup(i) {
+                    blocks.iter_mut().zip(found).for_each(|(t, b)| {
+                        t.resize(i, NULL_BLOCK);
+                        t.push(b);
+                    });
+                    break;
+                }
             }
         }
         // Never cached (the coordinator refuses prefix caching beside them).

@@ -121,6 +121,21 @@ impl<R: RequestKey> Scheduler<R> {
         }
     }
 
+    /// The hit of `get_computed_blocks` for a request whose diverged hit no load backs
+    /// (its hashes reused), dropped if no longer than a bounded-replay window (as an
+    /// admission's hit is, `replay_rules`).
+    fn reconciled_hit(&mut self, slot: u32, diverged: Hit, max_hit_tokens: usize) -> Hit {
+        let request = self.slots[slot as usize].as_ref().expect("live");
+        let (tokens, lora_id) = (&request.all_token_ids, request.spec.lora_id);
+        let earlier = Some(diverged);
+        let mut hit = (self.kv).lookup(tokens, lora_id, earlier, Vec::new(), max_hit_tokens);
+        let window = self.config.prefix_replay_tokens();
+        if window > 0 && hit.num_computed_tokens() <= window {
+            hit.drop_hit();
+        }
+        hit
+    }
+
     /// Tries to admit the request at the head of the waiting queue. A connector error leaves
     /// the request as it was if its blocks were not allocated yet, and admitted (or loading)
     /// if they were: the scheduler's state stays consistent either way.
@@ -160,13 +175,19 @@ impl<R: RequestKey> Scheduler<R> {
             Some(_) => Vec::new(),
             None => request.prompt_block_hashes.clone(),
         };
-        let mut hit = self.kv.lookup(
-            &request.all_token_ids,
-            lora_id,
-            earlier,
-            known,
-            max_cache_hit.unwrap_or(usize::MAX),
-        );
+        let max_hit_tokens = max_cache_hit.unwrap_or(usize::MAX);
+        // vLLM 0.33's `_get_local_prefix_cache_hit`: a connector that restores lagging
+        // recurrent states takes full attention's hit (`hit_diverged` when a Mamba group
+        // lags behind it).
+        let divergent =
+            (self.connector.as_ref()).is_some_and(|c| c.supports_divergent_local_hybrid_hits());
+        let tokens = &request.all_token_ids;
+        let (mut hit, hit_diverged) = if divergent {
+            (self.kv).lookup_for_connector(tokens, lora_id, earlier, known, max_hit_tokens)
+        } else {
+            let hit = (self.kv).lookup(tokens, lora_id, earlier, known, max_hit_tokens);
+            (hit, false)
+        };
         let replay_window = self.config.prefix_replay_tokens();
         // With a connector the rule applies to the local and loaded tokens together
         // (`replay_rules`, after the connector is asked with the local hit).
@@ -192,6 +213,15 @@ impl<R: RequestKey> Scheduler<R> {
             return Ok(Admission::SteppedAside);
         };
         let (external, window_loaded) = self.replay_rules(slot, &mut hit, external)?;
+        if hit_diverged && external.num_tokens == 0 {
+            // No loaded tokens back the deeper hit, whose boundary has no valid Mamba
+            // state: the boundary every group agrees on (vLLM 0.33's `schedule()`).
+            hit = self.reconciled_hit(slot, hit, max_hit_tokens);
+        } else if hit_diverged {
+            let num_tokens = self.req(slot).num_tokens();
+            self.kv.record_kept_lookup(num_tokens, &hit);
+        }
+        self.req_mut(slot).shared_prefix_boundary = hit.shared_prefix_boundary();
         let fits = if gate_after_connector {
             self.full_sequence_fits_loaded(slot, &hit, external.num_tokens)
         } else {

@@ -77,6 +77,14 @@ pub trait KvConnector<R>: Send + Sync {
         self.request_finished(request, first)
     }
 
+    /// Whether the connector's loads restore a lagging recurrent (Mamba) state at a deeper
+    /// full-attention hit (vLLM 0.33's `supports_divergent_local_hybrid_hits`): the local
+    /// hit beside it is then full attention's, kept when the connector loads past it
+    /// (`KvCoordinator::get_computed_blocks_for_connector`). Default: no.
+    fn supports_divergent_local_hybrid_hits(&self) -> bool {
+        false
+    }
+
     /// The KV cache groups the connector's load restores for `request` (vLLM 0.33's
     /// `get_loaded_kv_cache_group_ids`), asked after it offered tokens with several
     /// groups. `None` (the default): the groups a prefix-cache store holds, every group but

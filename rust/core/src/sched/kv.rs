@@ -49,6 +49,14 @@ pub(super) enum Hit {
     Hybrid(GroupedComputedBlocks),
 }
 
+fn no_groups(what: &str) -> Error {
+    Error::config(
+        "kv_groups",
+        "[]",
+        format!("{what} needs several KV cache groups (vLLM's hybrid coordinator)"),
+    )
+}
+
 fn other_pool(slot: u32) -> Error {
     Error::input("hit", slot, "comes from the other kind of prefix pool")
 }
@@ -76,6 +84,17 @@ impl Hit {
         }
     }
 
+    /// vLLM 0.33's `shared_prefix_boundary` of the lookup: the hit plus the tokens some
+    /// group caches past it, when there are any; 0 otherwise (and for single-group pools).
+    pub fn shared_prefix_boundary(&self) -> usize {
+        match self {
+            Hit::Hybrid(h) if h.num_uncached_prefix_tokens > 0 => {
+                h.num_computed_tokens + h.num_uncached_prefix_tokens
+            }
+            _ => 0,
+        }
+    }
+
     /// Forgets a coordinator hit's blocks (it will not be adopted); other pools' hits are
     /// left as they are (bounded replay exists only with KV groups).
     pub fn drop_hit(&mut self) {
@@ -95,6 +114,21 @@ impl Hit {
 }
 
 impl Kv {
+    /// The coordinator, for a call (`what`) only it answers.
+    pub(super) fn hybrid_pool(&self, what: &str) -> Result<&KvCoordinator<u32>> {
+        match self {
+            Kv::Hybrid(h) => Ok(&h.pool),
+            _ => Err(no_groups(what)),
+        }
+    }
+
+    pub(super) fn hybrid_pool_mut(&mut self, what: &str) -> Result<&mut KvCoordinator<u32>> {
+        match self {
+            Kv::Hybrid(h) => Ok(&mut h.pool),
+            _ => Err(no_groups(what)),
+        }
+    }
+
     /// The pool `config` asks for (checked by `SchedulerConfig::validate_scheduler`).
     /// `async_scheduling` doubles the tokens in flight a window group reserves for.
     pub fn new(config: &SchedulerConfig, async_scheduling: bool) -> Result<Self> {
@@ -166,6 +200,52 @@ impl Kv {
                     max_hit_tokens,
                 ))
             }
+        }
+    }
+
+    /// [`Self::lookup`] beside a connector that restores lagging recurrent states (vLLM
+    /// 0.33's `get_computed_blocks_for_connector`, `KvCoordinator`'s): with a Mamba group
+    /// beside full attention, full attention's hit and whether another group lags behind it
+    /// (then the caller reconciles, [`Self::lookup`], if the connector loads nothing past
+    /// it, or counts the hit it keeps, [`Self::record_kept_lookup`]). Other pools:
+    /// [`Self::lookup`], not diverged.
+    pub fn lookup_for_connector(
+        &mut self,
+        token_ids: &[TokenId],
+        extra_key: Option<u64>,
+        earlier: Option<Hit>,
+        known: Vec<BlockHash>,
+        max_hit_tokens: usize,
+    ) -> (Hit, bool) {
+        let Kv::Hybrid(h) = self else {
+            return (
+                self.lookup(token_ids, extra_key, earlier, known, max_hit_tokens),
+                false,
+            );
+        };
+        let known = match earlier {
+            Some(Hit::Hybrid(hit)) => hit.into_block_hashes(),
+            _ => known,
+        };
+        let (hit, diverged) =
+            (h.pool).get_computed_blocks_for_connector(token_ids, extra_key, known, max_hit_tokens);
+        (Hit::Hybrid(hit), diverged)
+    }
+
+    /// A step begins: Mamba `align` states cached before it may be hit (vLLM's
+    /// `new_step_starts`); nothing for the single-group pools.
+    pub fn new_step_starts(&mut self) {
+        if let Kv::Hybrid(h) = self {
+            h.pool.new_step_starts();
+        }
+    }
+
+    /// Counts a diverged coordinator hit the caller keeps in the lookup stats
+    /// ([`Self::lookup_for_connector`] leaves it uncounted); other pools count their own.
+    pub fn record_kept_lookup(&mut self, num_query_tokens: usize, hit: &Hit) {
+        if let Kv::Hybrid(h) = self {
+            h.pool
+                .record_lookup(num_query_tokens, hit.num_computed_tokens());
         }
     }
 

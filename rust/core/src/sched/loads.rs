@@ -239,9 +239,7 @@ impl<R: RequestKey> Scheduler<R> {
         let groups = &self.config.kv_groups;
         let num_groups = match groups.len() {
             0 => 1,
-            _ => (groups.iter())
-                .filter(|g| **g != crate::kv::KvGroupSpec::Mamba)
-                .count(),
+            _ => (groups.iter()).filter(|g| !g.is_mamba()).count(),
         };
         per_group * num_groups
     }

@@ -11,9 +11,11 @@
 //! chunk fits" (0 tokens). Not modelled, as they need state the core's KV groups do not
 //! hold: the backend's internal prefill checkpoint (`num_prefill_checkpoint_blocks`),
 //! fine-grained partial hash hits (a hash block smaller than the Mamba block) and the
-//! shared-prefix junction stop (`enable_mamba_shared_prefix_checkpoint`); the scheduler's
-//! `mamba_has_prefill_checkpoint_blocks`, `mamba_partial_cache_hit` and
-//! `mamba_shared_prefix_checkpoint` are false here.
+//! exact (not block-floored) junction stop of `enable_mamba_shared_prefix_checkpoint`; the
+//! scheduler's `mamba_has_prefill_checkpoint_blocks`, `mamba_partial_cache_hit` and
+//! `mamba_shared_prefix_checkpoint` are false here. The block-floored shared-prefix
+//! junction stop is modelled (`split_at_junction`, the request's `shared_prefix_boundary`
+//! from its KV groups' lookup).
 
 use super::scheduler::Scheduler;
 use crate::kv::RequestKey;
@@ -82,6 +84,24 @@ impl MambaAlignSplit {
         num_tokens: usize,
         max_prefill_tokens: usize,
     ) -> usize {
+        let (n, prompt) = (num_new_tokens, num_prompt_tokens);
+        self.split_at_junction(start, n, prompt, num_tokens, max_prefill_tokens, 0)
+    }
+
+    /// [`Self::split`] for a request whose lookup found a shared prefix some KV group
+    /// caches past the agreed hit (vLLM 0.33's `Request.shared_prefix_boundary`, 0 for
+    /// none): a chunk across it also stops at its block-floored position (vLLM's junction
+    /// stop without `enable_mamba_shared_prefix_checkpoint`), so the Mamba state there is
+    /// cached for the requests that share the prefix.
+    pub fn split_at_junction(
+        &self,
+        start: usize,
+        num_new_tokens: usize,
+        num_prompt_tokens: usize,
+        num_tokens: usize,
+        max_prefill_tokens: usize,
+        shared_prefix_boundary: usize,
+    ) -> usize {
         // Only during prefill; `num_tokens - 1` covers a resumed request's outputs.
         let prefill_end = num_prompt_tokens.max(num_tokens.saturating_sub(1));
         if start >= prefill_end {
@@ -103,8 +123,16 @@ impl MambaAlignSplit {
         } else {
             0
         };
+        // The shared-prefix junction (a prefix some group caches past the hit, the Mamba
+        // state not): its block-floored position, so the state there gets cached.
+        let junction = shared_prefix_boundary;
+        let junction_stop = if start < junction && junction < end {
+            start + (junction - start) / block * block
+        } else {
+            0
+        };
         // The earliest mandatory stop strictly inside the chunk.
-        end = [next_block_boundary, last_cache_position]
+        end = [next_block_boundary, last_cache_position, junction_stop]
             .into_iter()
             .filter(|&stop| start < stop && stop < end)
             .min()
@@ -171,12 +199,13 @@ impl<R: RequestKey> Scheduler<R> {
         if threshold > 0 {
             max_prefill_tokens = max_prefill_tokens.min(threshold);
         }
-        let core_split = split.split(
+        let core_split = split.split_at_junction(
             start,
             n,
             request.num_prompt_tokens(),
             request.num_tokens(),
             max_prefill_tokens,
+            request.shared_prefix_boundary,
         );
         self.hooked_split(slot, start, n, core_split)
     }

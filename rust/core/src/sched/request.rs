@@ -170,6 +170,11 @@ pub struct Request<R> {
     /// `Request.replay_start`, SWA bounded replay): the hit's tokens from here on are
     /// recomputed to rebuild a `SlidingWindowReplay` group; 0 without replay.
     pub replay_start: usize,
+    /// vLLM 0.33's `Request.shared_prefix_boundary`, set by each prefix lookup: where the
+    /// longest single KV group's hit ends when it runs past the hit the groups agree on (a
+    /// shared prefix a Mamba `align` group has no state for yet), else 0. The Mamba
+    /// `align` split stops a chunk at its block-floored position.
+    pub shared_prefix_boundary: usize,
     /// The latest step that served it (`Scheduler::num_steps` then); at its latest
     /// preemption (or park), that step: its outputs up to it are stale; and whether they
     /// are dropped rather than delivered (vLLM 0.33's `drop_stale_output`; `sched::stale`).

@@ -67,6 +67,8 @@ pub struct Scheduler<R: RequestKey> {
     /// finish first, or a load still writing into them (the request was aborted meanwhile);
     /// each with its slot and `last_sched_seq` (the free may be deferred after: `block_free`).
     pub(super) transfer_holds: FxHashMap<R, (u32, u64)>,
+    /// Requests given blocks outside the scheduler (`kv_outside`), with their pool keys.
+    pub(super) outside_kv: FxHashMap<R, u32>,
     /// A step whose admissions a connector error cut short: `schedule()` returned the error,
     /// and returns this step on its next call (its allocations were made, so dropping it
     /// would leave the engine without requests the scheduler counts as running).
@@ -235,6 +237,7 @@ impl<R: RequestKey> Scheduler<R> {
             landed: FxHashSet::default(),
             failed_loads: FxHashSet::default(),
             transfer_holds: FxHashMap::default(),
+            outside_kv: FxHashMap::default(),
             interrupted_step: None,
             step_threshold: 0,
             defer_prefills: false,
@@ -461,6 +464,8 @@ impl<R: RequestKey> Scheduler<R> {
             return Ok(out);
         }
         self.consult_plugin()?;
+        // vLLM 0.33's `kv_cache_manager.new_step_starts()` (Mamba `align` states).
+        self.kv.new_step_starts();
         if !self.async_scheduling {
             // Synchronous engines report a step before the next: a finished request's
             // output that did not come with it never will.

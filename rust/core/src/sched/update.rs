@@ -112,6 +112,7 @@ impl<R: RequestKey> Scheduler<R> {
             last_sched_seq: 0,
             prompt_block_hashes: Vec::new(),
             replay_start: 0,
+            shared_prefix_boundary: 0,
             last_step: 0,
             stale_until_step: 0,
             drop_stale_output: false,

@@ -35,10 +35,13 @@ pub(crate) struct PyChunkedLocalAttentionSpec {
     attention_chunk_size: usize,
 }
 
-/// A Mamba / linear-attention state group: one block per request (vLLM's `MambaSpec`
-/// with `mamba_cache_mode="none"`).
+/// A Mamba / linear-attention state group (vLLM's `MambaSpec`): with
+/// `mamba_cache_mode="none"` one block per request, not prefix-cached; with `"align"` a
+/// state block at each block boundary, prefix-cached (`KvGroupSpec::MambaAlign`).
 #[pyclass(name = "MambaSpec", module = "tokenyard.kv", frozen)]
-pub(crate) struct PyMambaSpec;
+pub(crate) struct PyMambaSpec {
+    align: bool,
+}
 
 /// An encoder-decoder model's cross-attention group: blocks for the request's encoder
 /// tokens, allocated once and held to its end (vLLM's `CrossAttentionSpec`).
@@ -102,12 +105,31 @@ impl PyChunkedLocalAttentionSpec {
 #[pymethods]
 impl PyMambaSpec {
     #[new]
-    fn new() -> Self {
-        Self
+    #[pyo3(signature = (*, mamba_cache_mode = "none"))]
+    fn new(py: Python<'_>, mamba_cache_mode: &str) -> PyResult<Self> {
+        match mamba_cache_mode {
+            "none" => Ok(Self { align: false }),
+            "align" => Ok(Self { align: true }),
+            other => Err(config_error(
+                py,
+                "mamba_cache_mode",
+                format!("{other:?}"),
+                "must be \"none\" or \"align\" (vLLM 0.33's MambaCacheMode)",
+            )),
+        }
+    }
+
+    #[getter]
+    fn mamba_cache_mode(&self) -> &'static str {
+        if self.align { "align" } else { "none" }
     }
 
     fn __repr__(&self) -> &'static str {
-        "MambaSpec()"
+        if self.align {
+            "MambaSpec(mamba_cache_mode='align')"
+        } else {
+            "MambaSpec()"
+        }
     }
 }
 
@@ -144,8 +166,11 @@ pub(crate) fn group_spec(
             attention_chunk_size: spec.get().attention_chunk_size,
         });
     }
-    if obj.is_instance_of::<PyMambaSpec>() {
-        return Ok(KvGroupSpec::Mamba);
+    if let Ok(spec) = obj.cast::<PyMambaSpec>() {
+        return Ok(match spec.get().align {
+            false => KvGroupSpec::Mamba,
+            true => KvGroupSpec::MambaAlign,
+        });
     }
     if obj.is_instance_of::<PyCrossAttentionSpec>() {
         return Ok(KvGroupSpec::CrossAttention);
@@ -187,7 +212,8 @@ fn spec_object(py: Python<'_>, spec: KvGroupSpec) -> PyResult<Py<PyAny>> {
             },
         )?
         .into_any(),
-        KvGroupSpec::Mamba => Py::new(py, PyMambaSpec)?.into_any(),
+        KvGroupSpec::Mamba => Py::new(py, PyMambaSpec { align: false })?.into_any(),
+        KvGroupSpec::MambaAlign => Py::new(py, PyMambaSpec { align: true })?.into_any(),
         KvGroupSpec::CrossAttention => Py::new(py, PyCrossAttentionSpec)?.into_any(),
     })
 }
@@ -396,6 +422,12 @@ impl PyKvCoordinator {
 
     fn free(&mut self, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
         on_request(request_id, |id| self.inner.free(id))
+    }
+
+    /// A new step begins (vLLM's `new_step_starts`): Mamba `align` states cached before it
+    /// may now be hit by other requests.
+    fn new_step_starts(&mut self) {
+        self.inner.new_step_starts();
     }
 
     fn block_ids<'py>(&self, request_id: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyTuple>> {

@@ -21,6 +21,7 @@ mod hybrid_connectors;
 mod kv_views;
 mod lifecycle;
 mod mamba_align;
+mod mamba_connectors;
 mod memory;
 mod multistep;
 mod plugins;

@@ -1,0 +1,123 @@
+//! What an allocation of the coordinator needs and frees, group by group (vLLM 0.33's
+//! `get_num_blocks_to_allocate` and `remove_skipped_blocks` of each manager): the blocks a
+//! group no longer attends to, freed first (a Mamba `align` group stepping over its null
+//! gaps), and the free blocks the allocation then takes (a Mamba `align` group one state
+//! block per allocation, none for a hit on a state this step computes).
+
+use super::{BlockId, GroupSlots, GroupedComputedBlocks, KvCoordinator, NULL_BLOCK, RequestKey};
+
+impl<R: RequestKey> KvCoordinator<R> {
+    /// What the request's next allocation, at `num_computed_tokens` computed tokens, drops
+    /// from its groups (`remove_skipped_blocks`): the blocks it drops, and of those the ones
+    /// surely returned to the free queue, which it holds alone. A block another request
+    /// also holds is not counted as returned (it is only if that one let it go first), so
+    /// the second count may fall short, never over. `(0, 0)` for an unknown request.
+    pub fn num_skipped_blocks(&self, request_id: &R, num_computed_tokens: usize) -> (usize, usize) {
+        let Some(request) = self.requests.get(request_id) else {
+            return (0, 0);
+        };
+        let (mut dropped, mut freed) = (0, 0);
+        for (spec, table) in self.groups.iter().zip(&request.tables) {
+            let num_skipped = spec.num_skipped_tokens(num_computed_tokens) / self.block_size;
+            let end = num_skipped.min(table.len());
+            let skipped = table[..end].iter().rev();
+            let held: Vec<BlockId> = if spec.is_mamba_align() {
+                // Its prefill leaves null gaps between states (vLLM's align-mode
+                // `_remove_blocks_in_range` steps over them).
+                skipped.copied().filter(|&b| b != NULL_BLOCK).collect()
+            } else {
+                skipped.copied().take_while(|&b| b != NULL_BLOCK).collect()
+            };
+            for b in held {
+                dropped += 1;
+                freed += usize::from(self.blocks[b as usize].ref_cnt == 1);
+            }
+        }
+        (dropped, freed)
+    }
+
+    /// vLLM's `remove_skipped_blocks` for every group: blocks wholly before the tokens the
+    /// next token attends to are freed (last first) and replaced by the null block. A
+    /// group stops at a null it already left, as vLLM's backward scan does.
+    pub(super) fn remove_skipped_blocks(&mut self, request_id: &R, num_computed_tokens: usize) {
+        let Some(request) = self.requests.get_mut(request_id) else {
+            return;
+        };
+        let mut freed = Vec::new();
+        for (spec, table) in self.groups.iter().zip(&mut request.tables) {
+            let num_skipped = spec.num_skipped_tokens(num_computed_tokens) / self.block_size;
+            let end = num_skipped.min(table.len());
+            let mut group_freed = Vec::new();
+            for slot in table[..end].iter_mut().rev() {
+                if *slot == NULL_BLOCK {
+                    // A Mamba `align` prefill leaves null gaps between states (vLLM's
+                    // align-mode `_remove_blocks_in_range` steps over them).
+                    if spec.is_mamba_align() {
+                        continue;
+                    }
+                    break;
+                }
+                group_freed.push(std::mem::replace(slot, NULL_BLOCK));
+            }
+            freed.push(group_freed);
+        }
+        for group_freed in freed {
+            self.free_blocks(group_freed.into_iter());
+        }
+    }
+
+    /// vLLM's `get_num_blocks_to_allocate` summed over groups: new blocks beyond those
+    /// held (or, on admission, beyond the hit and the skipped blocks), plus hit blocks
+    /// that now sit in the free queue (taking them removes them from it). With
+    /// `max_in_flight_tokens`, each window group's need is capped as vLLM's admission gate
+    /// caps it (`apply_admission_cap`).
+    pub(super) fn num_blocks_to_allocate(
+        &self,
+        request_id: &R,
+        slots: GroupSlots,
+        num_computed: usize,
+        hit: Option<&GroupedComputedBlocks>,
+        max_in_flight_tokens: Option<usize>,
+    ) -> usize {
+        let bs = self.block_size;
+        let request = self.requests.get(request_id);
+        let mut total = 0;
+        for (g, spec) in self.groups.iter().enumerate() {
+            let mut required = spec.num_required_blocks(slots.of(spec), bs);
+            if let Some(cap) = max_in_flight_tokens.and_then(|f| spec.max_admission_blocks(f, bs)) {
+                required = required.min(cap);
+            }
+            // vLLM's align-mode Mamba takes one state block per allocation (its
+            // `physical_block_cap`), and one for the loaded tokens' state on a load.
+            let cap = match (spec.is_mamba_align(), request) {
+                (false, _) => usize::MAX,
+                (true, Some(_)) => 1,
+                (true, None) => {
+                    1 + usize::from(num_computed > hit.map_or(0, |h| h.num_computed_tokens))
+                }
+            };
+            if let Some(request) = request {
+                total += required.saturating_sub(request.tables[g].len()).min(cap);
+                continue;
+            }
+            let hit_blocks = hit.map_or(&[][..], |h| h.block_ids[g].as_slice());
+            if spec.is_mamba_align()
+                && (hit_blocks.last()).is_some_and(|b| self.cached_this_step.contains(b))
+            {
+                // vLLM 0.33: a state another request computes in this step cannot be
+                // relied on yet; reported as not fitting, so it is admitted next step.
+                return self.blocks.len() + 1;
+            }
+            let num_skipped = spec.num_skipped_tokens(num_computed) / bs;
+            total += required
+                .saturating_sub(num_skipped.max(hit_blocks.len()))
+                .min(cap);
+            total += hit_blocks
+                .iter()
+                .skip(num_skipped)
+                .filter(|&&b| b != NULL_BLOCK && self.blocks[b as usize].ref_cnt == 0)
+                .count();
+        }
+        total
+    }
+}

@@ -89,7 +89,8 @@ def test_the_default_is_vllms_choice_and_the_banner_says_it() -> None:
     assert note.startswith(
         "KV PLANNED WITH vLLM's HYBRID KV CACHE MANAGER (replica.hybrid_kv_cache_manager "
         "unset: vLLM 0.33 default): 2 KV groups of 12 layers (sliding (window 128) + gqa), "
-        "393,216 B per block: 13,097 blocks; a 8,448-token request holds 665 blocks, so 19 "
+        "393,216 B per block of 16 tokens: 13,097 blocks; a 8,448-token request holds 665 "
+        "blocks, so 19 "
         "run at once"
     )
     assert "against 6,548 blocks of 528 per request, 12, with --disable-hybrid" in note
@@ -115,21 +116,21 @@ def test_chunked_local_attention_is_off_by_default_and_on_when_asked() -> None:
     assert on.num_blocks == on.available_kv_bytes // 196_608
 
 
-def test_pd_disaggregation_plans_the_disabled_manager_and_refuses_it_on() -> None:
+def test_pd_disaggregation_plans_the_groups_as_vllm_does_with_nixl() -> None:
+    """vLLM 0.33 keeps its hybrid manager beside a connector that supports it
+    (NixlConnector is SupportsHMA), so P/D plans the same groups as one pool; false is
+    --disable-hybrid-kv-cache-manager there too."""
     pd = {"num_replicas": 1, "decode": {"num_replicas": 1}}
-    plan = plan_for(config(cluster=pd))
-    assert plan.kv_cache_groups == ()
-    assert "P/D KV connector" in plan.kv_groups_note
-    with pytest.raises(ConfigError, match="P/D disaggregation") as err:
-        plan_for(config(hybrid=True, cluster=pd))
-    assert err.value.field == "replica.hybrid_kv_cache_manager"
+    unset, on = plan_for(config(cluster=pd)), plan_for(config(hybrid=True, cluster=pd))
+    assert unset.kv_cache_groups == on.kv_cache_groups == plan_for(config()).kv_cache_groups
+    assert unset.num_blocks == 13_097
+    assert plan_for(config(hybrid=False, cluster=pd)).num_blocks == 6_548
 
 
 @pytest.mark.parametrize(
     ("model", "replica", "words"),
     [
         ("google/gemma-4-26B-A4B", {}, "different bytes per token"),
-        ("Qwen/Qwen3.5-35B-A3B", {"device": "h200", "tensor_parallel_size": 2}, "state layers"),
         (
             "llama-2-7b",
             {"device": "a100-80gb", "scheduler": {"max_request_tokens": 4096}},

@@ -418,7 +418,10 @@ def linear_config(path: Path, max_num_seqs: int, num_requests: int = 300) -> Any
     workload = synthetic_workload(
         num_requests, qps=1e5, prompt_tokens=(8, 16), output_tokens=(20, 30)
     )
-    return one_replica(replica, workload, execution={"model": "linear"})
+    # prefix_affinity routing keeps vllm_v1 off the KV groups, so the state is reserved
+    # (with Mamba groups it comes from the pool: tests/test_hybrid_kv_state.py).
+    routing = {"global_scheduler": {"policy": "prefix_affinity"}}
+    return one_replica(replica, workload, execution={"model": "linear"}, cluster=routing)
 
 
 def started_before_any_finished(config: Any) -> int:

@@ -177,7 +177,10 @@ END_TO_END = {
             "attn_decode": "measured:",
         },
         "gdn measured:gdn_perf (conv, scan; 0.24.0)",
-        ["LINEAR-ATTENTION STATE RESERVED for 256 requests (gdn x 30 layers, 32,194,560 B"],
+        [
+            "HYBRID KV CACHE MANAGER (replica.hybrid_kv_cache_manager unset: vLLM 0.33 default): "
+            "4 KV groups of 10 layers (gdn + gdn + gdn + gqa)"
+        ],
     ),
     "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": (
         "h100-sxm",
@@ -189,7 +192,10 @@ END_TO_END = {
             "attn_decode": "measured:",
         },
         "mamba2 calibrated roofline",
-        ["LINEAR-ATTENTION STATE RESERVED for 256 requests (mamba2 x 23 layers, 49,082,368 B"],
+        [
+            "HYBRID KV CACHE MANAGER (replica.hybrid_kv_cache_manager unset: vLLM 0.33 default): "
+            "5 KV groups of 6 layers (mamba2 + mamba2 + mamba2 + mamba2 + gqa)"
+        ],
     ),
     "meta-llama/Llama-4-Scout-17B-16E-Instruct": (
         "h100-sxm",
@@ -238,7 +244,8 @@ def test_bundled_models_simulate_and_the_banner_says_what_priced_each_kind(name:
             why = fallbacks["mamba2_scan_decode"]
             assert "no linear_attention/mamba2_perf.parquet for h100_sxm/vllm" in why
             assert "(measured for h100_sxm under trtllm 1.3.0rc20)" in why
-        assert "vllm_v1.max_num_seqs (256) keeps the running requests within it" in banner
+        # vLLM's Mamba groups hold the state in the pool (tests/test_hybrid_kv_state.py).
+        assert "each Mamba group holds one page per request" in banner
     else:
         assert "--disable-hybrid-kv-cache-manager" in banner
 

@@ -609,3 +609,40 @@ def test_a_users_scheduler_table_is_kept(small: Any) -> None:
     own = _ask(replica={"scheduler": {"vllm_v1": {"max_model_len": 4096}}})
     assert _request_limit(own)[1] is None
     assert _request_limit(_ask())[1] is not None  # no limit given: recommend sets one
+
+
+@pytest.mark.parametrize("model", ["openai/gpt-oss-20b", "Qwen/Qwen3.5-35B-A3B"])
+def test_hybrid_groups_cap_the_batch_by_the_blocks_of_every_group(model: str) -> None:
+    """With vLLM's hybrid KV groups a request holds blocks in every group (gpt-oss: a full
+    and a sliding-window group; Qwen3.5: full attention and Mamba state pages), so the
+    tokens the estimates may fill are the requests the groups hold at once times their
+    length, not ``num_blocks x block_size``, which counts each request's blocks once."""
+    from tokenyard.recommend.candidates import Layout, Space, _dotted, _price_layouts
+    from tokenyard.simulation.config import apply_overrides
+    from tokenyard.simulation.hybrid_kv import requests_held
+    from tokenyard.simulation.run import plan_for
+
+    space = Space(isl=3000, osl=500, ttft_s=2.0, tpot_s=0.1, gpus=2, disaggregated=False)
+    ask = _ask(model=model, systems=("h200",), gpus=2)
+    base = ask.base(ask.sample_workload())
+    layout = Layout("h200", 2, 1, 1, 1)
+    skipped: list[tuple[str, str]] = []
+    [priced] = _price_layouts(base, space, [layout], skipped)
+    doc = apply_overrides(base, _dotted({"replica": layout.replica()}))
+    config = config_from_mapping(doc)
+    plan = plan_for(config)
+    assert plan.kv_cache_groups
+    held = requests_held(config, plan, 3500)
+    assert priced.max_kv_tokens == held * 3500
+    # Each request holds at least its full-attention blocks (219 of 16 tokens for gpt-oss,
+    # a few of the aligned size for Qwen3.5) plus blocks in another group: fewer requests
+    # than num_blocks x block_size / 3500 would say.
+    assert held < plan.max_kv_tokens // 3500
+    batch = est.best_batch(
+        lambda b: est.decode_only(priced.price, isl=3000, osl=500, batch_size=b),
+        max_kv_tokens=priced.max_kv_tokens,
+        ttft_s=None,
+        tpot_s=None,
+    )
+    assert batch is not None
+    assert batch.batch_size <= held

@@ -25,7 +25,9 @@ its window plus a block, a chunked group its chunk plus a block: vLLM's
 ``max_admission_blocks_per_request`` with one in-flight token). The hybrid ``num_blocks``
 columns size a 60 GiB pool: vLLM's own ``get_kv_cache_config_from_groups`` over those
 groups against the simulator's ``simulation/hybrid_kv.vllm_kv_layout`` (what
-``replica.hybrid_kv_cache_manager = true`` plans; it refuses what it does not model).
+``replica.hybrid_kv_cache_manager = true`` plans; it refuses what it does not model), with
+the block size (vLLM's ``_align_hybrid_block_size`` beside Mamba layers) and, for the models
+it plans with groups, what one request holds as ``blocks_per_request`` counts it.
 
     bash benches/peers/setup.sh    # once: .venv-bench with vLLM 0.33.0
     PYTHONPATH=python .venv-bench/bin/python benches/peers/vllm_kv_spec_diff.py \\
@@ -357,11 +359,15 @@ def _squash(words: list[str]) -> list[str]:
 # --- tokenyard's figures ------------------------------------------------------------------------
 
 
-def tokenyard_hybrid_pool(path: Path, tp: int, kv: str) -> tuple[int, int] | str:
-    """(num_blocks, groups) tokenyard's hybrid plan gives HYBRID_POOL_BYTES
-    (``simulation/hybrid_kv.vllm_kv_layout``), or why it refuses the model."""
+def tokenyard_hybrid_pool(
+    path: Path, tp: int, kv: str, request_tokens: int
+) -> tuple[int, int, int, int] | str:
+    """(num_blocks, groups, block size, bytes one request of ``request_tokens`` holds with
+    one token in flight) tokenyard's hybrid plan gives HYBRID_POOL_BYTES
+    (``simulation/hybrid_kv.vllm_kv_layout``, ``blocks_per_request``), or why it refuses
+    the model."""
     from tokenyard.errors import ConfigError
-    from tokenyard.simulation.hybrid_kv import is_hybrid, vllm_kv_layout
+    from tokenyard.simulation.hybrid_kv import blocks_per_request, is_hybrid, vllm_kv_layout
     from tokenyard.simulation.planner import dtype_bytes, kv_groups
 
     model = model_from_config(path)
@@ -370,10 +376,15 @@ def tokenyard_hybrid_pool(path: Path, tp: int, kv: str) -> tuple[int, int] | str
         return "one group"
     try:
         layout = vllm_kv_layout(groups, BLOCK_SIZE, model.name)
-    except ConfigError as exc:
-        linear = "state layers" in str(exc)
-        return "refused: " + ("linear state groups" if linear else "page sizes differ")
-    return HYBRID_POOL_BYTES // layout.bytes_per_block, len(layout.groups)
+    except ConfigError:
+        return "refused: page sizes differ"
+    held = blocks_per_request(layout, request_tokens, layout.block_size, 1)
+    return (
+        HYBRID_POOL_BYTES // layout.bytes_per_block,
+        len(layout.groups),
+        layout.block_size,
+        held * layout.bytes_per_block,
+    )
 
 
 def tokenyard_figures(path: Path, tp: int, kv: str, request_tokens: int) -> tuple[int, int, int]:
@@ -430,7 +441,7 @@ def explain(case: Case, kv: str, v: VllmFigures, ty: tuple[int, int, int]) -> st
     if v.state_bytes_padded != v.state_bytes:
         why.append(
             f"state page padded to the attention page (block {v.attn_block_size}): "
-            f"{v.state_bytes_padded:,} B/req, not modelled"
+            f"{v.state_bytes_padded:,} B/req, as the hybrid plan pads it"
         )
     if case.name == "Llama-4-Scout":
         why.append(
@@ -439,10 +450,7 @@ def explain(case: Case, kv: str, v: VllmFigures, ty: tuple[int, int, int]) -> st
         )
     if v.hybrid_request_bytes != ty[2]:
         if v.state_bytes:
-            why.append(
-                f"hybrid: {v.attn_block_size}-token attention blocks round up; state "
-                "groups charged whole blocks"
-            )
+            why.append("UNEXPLAINED hybrid held difference (Mamba groups)")
         elif case.name == "DeepSeek-V3.2" and kv == "fp8":
             pass
         else:
@@ -469,11 +477,12 @@ def main() -> int:
             v = vllm_figures(vllm_specs(raw, case.tp, kv), n)
             ty = tokenyard_figures(path, case.tp, kv, n)
             same = v.bytes_per_token == ty[0] and v.state_bytes == ty[1]
-            pool = tokenyard_hybrid_pool(path, case.tp, kv)
+            pool = tokenyard_hybrid_pool(path, case.tp, kv, n)
             if isinstance(pool, tuple):
-                pool_words = f"{pool[0]:,} ({pool[1]} groups)"
-                pool_same = pool == (v.hybrid_num_blocks, v.num_groups)
+                pool_words = f"{pool[0]:,} ({pool[1]} groups, block {pool[2]})"
+                pool_same = pool[:3] == (v.hybrid_num_blocks, v.num_groups, v.attn_block_size)
                 hybrid_pools.append(pool_same)
+                ty = (ty[0], ty[1], pool[3])  # the held figure of the hybrid plan itself
             else:
                 pool_words = pool
             rows.append(

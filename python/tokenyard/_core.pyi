@@ -1014,6 +1014,21 @@ class Scheduler:
     def defer_async_loads(self, defer: bool) -> None: ...
     def deferred_load_ids(self) -> list[_RequestId]:
         """Requests whose asynchronous load waits for a step in flight before it starts."""
+    def set_hisparse_host_pages(
+        self, num_blocks: int | None = None, block_size: int | None = None
+    ) -> None:
+        """vLLM 0.33's HiSparse host page pool (``hisparse_host_num_blocks``, its null block
+        included; ``block_size`` defaults to the config's, the only one served): one host
+        block per device block a request holds, the whole prompt's pages checked at
+        admission, released with the blocks; ``None``: off. Raises ConfigError for fewer
+        than 2 blocks, another block size or pool kind, ``scheduler_reserve_full_isl``
+        off, or requests already holding blocks."""
+    @property
+    def hisparse_host_pages(self) -> tuple[int, int, int] | None:
+        """``(num_blocks, block_size, num_free_blocks)`` of the HiSparse host pool, or None."""
+    def inflight_prefill_ids(self) -> list[_RequestId]:
+        """The requests whose prefill is in flight (vLLM 0.33's ``_inflight_prefills``):
+        admitted with prompt left to compute, or loading asynchronously."""
     @property
     def sched_step_seq(self) -> int:
         """Steps that scheduled any token while frees were deferred (vLLM's)."""
@@ -1074,13 +1089,16 @@ class Scheduler:
         allocate: Callable[[Any, int, int], object] | None = None,
         mamba_split: Callable[[Any, int, int, int], int] | None = None,
         priority: Callable[[Any], int | None] | None = None,
+        pending_block_frees: Callable[[], object] | None = None,
     ) -> None:
         """Routes the step's allocations (``allocate(request_id, num_new_tokens,
         num_lookahead_tokens)``, falsy: refused, as when the pool has no room), Mamba
         ``align`` splits (``mamba_split(request_id, start, num_new_tokens, core_split)``,
         the tokens kept) and, under the priority policy, the running requests' priorities
         before a victim is picked (``priority(request_id)``, None: unchanged) through
-        Python from the next step; none: the core alone."""
+        Python from the next step; ``pending_block_frees()`` is asked when a running
+        request's allocation finds no room (truthy: it waits instead of preempting, vLLM
+        0.33's connector ``has_pending_block_frees``); none: the core alone."""
     @property
     def num_draft_slots_per_request(self) -> int:
         """Input slots a parallel drafter takes per scheduled request beside its tokens

@@ -83,8 +83,9 @@ class ReplacedMethods(AdapterBase):
     """The routing, mixed into ``TokenyardScheduler``."""
 
     kv_cache_manager: Any
-    # The replacements handed to the core, by identity (None: the core's own).
-    _routed: tuple[Any, Any] = (None, None)
+    # The replacements handed to the core, by identity (None: the core's own), and the
+    # connector's pending-frees hook (_vllm_hisparse).
+    _routed: tuple[Any, Any, Any] = (None, None, None)
     _routed_once = False
     policy: SchedulingPolicy
     # (request id, num_new_tokens, the core's split) while the core asks for a split.
@@ -94,14 +95,16 @@ class ReplacedMethods(AdapterBase):
 
         def _request_of(self, core_id: Any) -> Request: ...
 
+        def _pending_block_frees_hook(self) -> Any: ...
+
     def _route_replaced_methods(self) -> None:
         """Hands the core this step's replacements (called at each ``schedule()``), and
         under the priority policy the requests' live priorities (vLLM 0.33 picks a victim
         by ``max(running, key=(r.priority, r.arrival_time))``, reading them then)."""
         allocate = vars(self.kv_cache_manager).get("allocate_slots")
         split = vars(self).get("_mamba_block_aligned_split")
-        routed_allocate, routed_split = self._routed
-        if allocate is routed_allocate and split is routed_split and self._routed_once:
+        frees = self._pending_block_frees_hook()
+        if (allocate, split, frees) == self._routed and self._routed_once:
             return
         # The core holds the hooks, and this scheduler the core: the hooks reach it through
         # a weak reference, so the pair is freed like any scheduler (the extension does not
@@ -115,8 +118,9 @@ class ReplacedMethods(AdapterBase):
                 if self.policy == SchedulingPolicy.PRIORITY
                 else None
             ),
+            pending_block_frees=frees,
         )
-        self._routed = (allocate, split)
+        self._routed = (allocate, split, frees)
         self._routed_once = True
 
     def _live_priority(self, core_id: Any) -> int:

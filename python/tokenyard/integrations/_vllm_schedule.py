@@ -52,6 +52,8 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
         if self._grammar_waiting:
             self._admit_grammar_ready()
         self._route_replaced_methods()
+        if self.finished_recving_kv_req_ids:
+            self._take_recorded_landings()
         core = self._core.schedule(throttle_prefills=throttle_prefills)
         bridge = self._bridge
         if bridge is not None:

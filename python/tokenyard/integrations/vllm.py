@@ -75,6 +75,11 @@ from tokenyard.errors import InputError
 from tokenyard.integrations._vllm_aux_outputs import BlockHashIndex
 from tokenyard.integrations._vllm_core_attributes import CoreAttributes
 from tokenyard.integrations._vllm_encoder_cache import EncoderCacheView
+from tokenyard.integrations._vllm_hisparse import (
+    HiSparseTier,
+    hisparse_host_pool,
+    refuse_hisparse_device_groups,
+)
 from tokenyard.integrations._vllm_hooks import draft_slots_per_request
 from tokenyard.integrations._vllm_mamba_align import MambaAlign
 from tokenyard.integrations._vllm_outputs import (
@@ -116,6 +121,7 @@ class TokenyardScheduler(
     SideConnectors,
     Sessions,
     CoreAttributes,
+    HiSparseTier,
     SchedulerInterface,  # type: ignore[misc]
 ):
     """vLLM 0.33's ``SchedulerInterface`` over :class:`tokenyard.sched.Scheduler`.
@@ -154,6 +160,7 @@ class TokenyardScheduler(
         self.block_size = block_size
         self.hash_block_size = hash_block_size or block_size
         force_async = self._async_scheduling_class
+        refuse_hisparse_device_groups(kv_cache_config)
         s = settings(vllm_config, kv_cache_config, block_size, async_scheduling=force_async)
         self.max_num_running_reqs = s.max_num_running_reqs
         self.max_num_active_reqs = s.max_num_active_reqs
@@ -214,6 +221,8 @@ class TokenyardScheduler(
             ),
             connector=self._bridge,
         )
+        # vLLM 0.33's HiSparse host pages (_vllm_hisparse), if the config has them.
+        self._adopt_host_pool(kv_cache_config)
         if mm_budget is None:
             # vLLM's scheduler has no encoder budget or cache then (the core's 0s stand for
             # its defaults at construction).
@@ -306,6 +315,11 @@ class TokenyardScheduler(
             self.connector is not None
             and vllm_config.max_concurrent_batches > 1
             and transfer.is_kv_consumer
+        )
+        # vLLM 0.33 (Scheduler.__init__): HiSparse reads a released page until the pool
+        # reuses it, so its async loads also wait for the steps in flight.
+        self._core.defer_async_loads = (
+            self._core.defer_block_free and hisparse_host_pool(kv_cache_config) is not None
         )
         self.recompute_kv_load_failures = True
         # Requests preempted by reset_prefix_cache: outputs of their steps then in flight

@@ -25,7 +25,9 @@ from typing import Any, Literal
 
 from tokenyard.errors import ConfigError
 from tokenyard.recommend import estimate as est
-from tokenyard.simulation.config import apply_overrides, config_from_mapping
+from tokenyard.simulation.config import SimulationConfig, apply_overrides, config_from_mapping
+from tokenyard.simulation.hybrid_kv import requests_held
+from tokenyard.simulation.planner import MemoryPlan
 
 __all__ = [
     "CHUNK_SIZES",
@@ -270,6 +272,7 @@ class _Priced:
 
 def _price_layouts(
     base: Mapping[str, Any],
+    space: Space,
     layouts: Sequence[Layout],
     skipped: list[tuple[str, str]],
     defaults: tuple[int, int] | None = None,
@@ -300,8 +303,19 @@ def _price_layouts(
                 )
             except ConfigError:
                 mine = None
-        out.append(_Priced(layout, est.pricer(config), plan.max_kv_tokens, mine))
+        out.append(_Priced(layout, est.pricer(config), _kv_capacity(config, plan, space), mine))
     return out
+
+
+def _kv_capacity(config: SimulationConfig, plan: MemoryPlan, space: Space) -> int:
+    """The KV tokens the estimates may fill (``best_batch`` compares a batch's
+    ``batch x (isl + osl)`` with it): the pool's ``max_kv_tokens``, or with vLLM's hybrid
+    groups the requests of ``isl + osl`` tokens the groups hold at once, in tokens (each
+    request holds blocks in every group: ``max_kv_tokens`` would count them once)."""
+    if not plan.kv_cache_groups:
+        return plan.max_kv_tokens
+    request_tokens = space.isl + space.osl
+    return math.ceil(requests_held(config, plan, math.ceil(request_tokens)) * request_tokens)
 
 
 def _aggregated(space: Space, priced: _Priced, budget: int) -> est.Estimate | None:
@@ -553,7 +567,7 @@ def enumerate_candidates(
             if framework == "vllm"
             else None
         )
-        priced = _price_layouts(base, _layouts(model, device, max_gpus), skipped, defaults)
+        priced = _price_layouts(base, space, _layouts(model, device, max_gpus), skipped, defaults)
         agg = _agg_candidates(space, priced)
         out.extend(agg)
         out.extend(_mtp_candidates(space, model, agg))

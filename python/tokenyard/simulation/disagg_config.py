@@ -14,7 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from tokenyard._checks import check_key_int, check_key_number, fail
 from tokenyard.simulation.kv_offload_config import KvOffloadConfig
-from tokenyard.simulation.planner import indexer_bytes_per_token_layer, kv_values_per_token_layer
+from tokenyard.simulation.planner import (
+    indexer_bytes_per_token_layer,
+    kv_groups,
+    kv_values_per_token_layer,
+)
 from tokenyard.simulation.replica_config import ReplicaConfig
 from tokenyard.simulation.scheduler_config import MAX_REPLICAS, ReplicaSchedulerConfig
 
@@ -219,15 +223,38 @@ def kv_bytes_per_token(model: ModelSpec, kv_bytes: float) -> float:
     return kv_bytes * values + indexer
 
 
+def hybrid_link_terms(model: ModelSpec, kv_bytes: float, block_size: int) -> dict[str, Any]:
+    """What crosses the link per request under vLLM's hybrid KV cache manager, whose
+    connector (NixlConnector, ``SupportsHMA``) moves each KV cache group's blocks of the
+    request: every token of the full-attention layers (``kv_bytes_per_token``), at most a
+    window and a block of ``block_size`` tokens of the sliding-window layers (their earlier
+    blocks are null blocks; several windows counted at the widest), and the
+    linear-attention state once (``state_bytes``, unpadded). One copy of the KV, as
+    ``kv_bytes_per_token`` counts it."""
+    groups = kv_groups(model, 1, 1, kv_bytes)  # type: ignore[arg-type]
+    windowed = [g for g in groups if g.window]
+    return {
+        "kv_bytes_per_token": sum(
+            g.bytes_per_token for g in groups if not g.window and not g.state_bytes_per_request
+        ),
+        "window_tokens": max(g.window for g in windowed) + block_size if windowed else 0,
+        "window_bytes_per_token": float(sum(g.bytes_per_token for g in windowed)),
+        "state_bytes": float(sum(g.state_bytes_per_request for g in groups)),
+    }
+
+
 def check_transferable(model: ModelSpec) -> None:
-    """A disaggregated pool moves each request's KV per token; a model with linear
-    attention state (GDN, Mamba2: tens of MB per request) would move that too, which is not
-    simulated: refused rather than priced without it."""
+    """Without vLLM's hybrid KV cache manager a disaggregated pool moves each request's KV
+    per token; a model with linear attention state (GDN, Mamba2: tens of MB per request)
+    moves that only as Mamba groups (``hybrid_link_terms``): refused here rather than priced
+    without it."""
     if model.linear is not None:
         raise fail(
             "cluster.decode",
-            f"{model.name} keeps linear-attention state per request, and moving it between "
-            "pools is not simulated yet",
+            f"{model.name} keeps linear-attention state per request, which moves between "
+            "pools only as Mamba groups of vLLM's hybrid KV cache manager (a vllm_v1 "
+            "replica with replica.hybrid_kv_cache_manager unset or true, no host tier, no "
+            "prefix_affinity routing)",
             model.name,
         )
 

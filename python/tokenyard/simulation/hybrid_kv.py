@@ -15,11 +15,27 @@ and a request of ``L`` tokens holds, per group (``max_memory_usage_bytes`` of it
 ``ceil(min(w - 1 + f, L)/bs) + 1``; chunked local ``c`` ``ceil(min(c + f, L)/bs)``. vLLM's
 maximum concurrency is ``num_blocks`` over their sum (``get_max_concurrency_for_kv_cache_config``).
 
-Modelled: attention-only hybrids whose layers have one page size (gpt-oss: 2 groups).
+Linear-attention layers (Qwen3.5's GDN, Nemotron-H's Mamba2) become Mamba groups of the
+same pool: vLLM 0.33 raises the attention block size until one attention layer's page holds
+a Mamba page and pads the Mamba page to it (``Platform._align_hybrid_block_size``,
+``platforms/interface.py``)::
+
+    attn  = k x ceil(mamba page / (k x attention bytes per token)),  k = max(16, bs)
+    block = max(bs, 16 x ceil(attn / 16))   [16: FLASH_ATTN's MultipleOf(16) kernel blocks]
+
+and a request holds one page per Mamba group (``MambaSpec.max_memory_usage_bytes``,
+``mamba_cache_mode="none"``). vLLM 0.33's default for these models is prefix caching on and
+``mamba_cache_mode="align"`` (``MambaModelConfig.verify_and_update_config``,
+``model_executor/models/config.py``), which caches Mamba states at block boundaries; the
+core's Mamba groups are ``none`` mode only, so the simulator runs such a replica without
+prefix caching (vLLM's ``--no-enable-prefix-caching``) and the banner says so.
+
+Modelled: hybrids whose attention layers have one page size (gpt-oss: 2 groups; Qwen3.5:
+1 full + 3 Mamba groups), beside a P/D connector (NixlConnector is ``SupportsHMA``).
 Refused (``hybrid_kv_cache_manager = true``): per-layer page sizes that differ (Gemma 4's
-global layers: vLLM gives their group a larger block size, the coordinator has one),
-linear-attention state groups (Qwen3.5, Nemotron-H: vLLM aligns the attention block size
-to the Mamba page), a KV connector (P/D) or host tier, and non-``vllm_v1`` replicas.
+global layers: vLLM gives their group a larger block size, the coordinator has one), a host
+tier, prefix-affinity routing, and non-``vllm_v1`` replicas; ``= false`` for a model with
+linear-attention state (vLLM cannot promote a Mamba layer to full attention).
 """
 
 from __future__ import annotations
@@ -43,12 +59,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HybridKvLayout",
+    "aligned_block_size",
     "blocks_per_request",
+    "check_pool_blocks",
     "group_specs",
+    "has_state_groups",
     "hybrid_default",
     "max_model_len_fitting",
     "plan_hybrid",
     "resolve_hybrid",
+    "speculative_blocks",
     "vllm_kv_layout",
 ]
 
@@ -62,10 +82,16 @@ class HybridKvLayout:
     """The KV cache groups of vLLM's hybrid allocator on one device, in its order."""
 
     #: One per KV cache group: its kind (``mixer``), ``layers`` (``layers_per_group``,
-    #: padding included), the bytes a token takes in it and its ``window``.
+    #: padding included), the bytes a token takes in it and its ``window``; a Mamba group
+    #: its padded pages as ``state_bytes_per_request``.
     groups: tuple[KvGroup, ...]
     layers_per_group: int
     bytes_per_block: int
+    #: Tokens per block: the scheduler's, or vLLM's aligned attention block with Mamba
+    #: groups (``aligned_block_size``).
+    block_size: int = 16
+    #: One Mamba layer's state page before padding (0: no Mamba group).
+    mamba_page_bytes: int = 0
 
 
 def is_hybrid(groups: tuple[KvGroup, ...]) -> bool:
@@ -78,27 +104,44 @@ def _one_window_kind(groups: tuple[KvGroup, ...]) -> bool:
     return len(groups) == 1 and bool(groups[0].window)
 
 
+#: vLLM 0.33's smallest attention kernel block on CUDA (FLASH_ATTN and FlashInfer both
+#: take multiples of 16: ``get_supported_kernel_block_sizes``).
+KERNEL_BLOCK_ALIGNMENT = 16
+
+
+def aligned_block_size(attn_bytes_per_token: int, mamba_page_bytes: int, block_size: int) -> int:
+    """vLLM 0.33's attention block size beside Mamba layers (``Platform.
+    _align_hybrid_block_size``): the fewest kernel-aligned tokens whose page of one
+    attention layer (``attn_bytes_per_token`` each) holds one Mamba page, or
+    ``block_size`` when that is larger."""
+    k = max(KERNEL_BLOCK_ALIGNMENT, block_size)
+    attn = k * math.ceil(mamba_page_bytes / (k * attn_bytes_per_token))
+    attn = KERNEL_BLOCK_ALIGNMENT * math.ceil(attn / KERNEL_BLOCK_ALIGNMENT)
+    return max(block_size, attn)
+
+
 def vllm_kv_layout(groups: tuple[KvGroup, ...], block_size: int, model: str) -> HybridKvLayout:
     """vLLM 0.33's groups for the layers ``groups`` (``planner.kv_groups``: one device's
-    layers by kind, in layer order).
+    layers by kind, in layer order). Mamba layers (``state_bytes_per_request``) give the
+    attention layers vLLM's aligned block size and their pages padded to its page.
 
     Raises:
-        ConfigError (field ``replica.hybrid_kv_cache_manager``): a linear-attention group,
-            or attention layers whose page sizes differ.
+        ConfigError (field ``replica.hybrid_kv_cache_manager``): attention layers whose page
+            sizes differ, or no attention layer beside the Mamba ones.
     """
-    linear = [g.mixer for g in groups if g.state_bytes_per_request]
-    if linear:
+    attention = [g for g in groups if not g.state_bytes_per_request]
+    linear = [g for g in groups if g.state_bytes_per_request]
+    if not attention:
         raise ConfigError(
-            f"{_FIELD}: {model}'s {'/'.join(linear)} state layers would be Mamba groups "
-            "whose page vLLM 0.33 aligns to the attention block size (a larger block than "
-            "replica.scheduler.block_size), which is not modelled; set it false (state "
-            "reserved for max_num_seqs requests), got true",
+            f"{_FIELD}: {model} has no attention layer beside its "
+            f"{'/'.join(g.mixer for g in linear)} state layers (vLLM then sizes Mamba blocks "
+            "by max_model_len), which is not modelled; got true",
             field=_FIELD,
             value="True",
         )
-    per_layer = {g.bytes_per_token // g.layers for g in groups}
+    per_layer = {g.bytes_per_token // g.layers for g in attention}
     if len(per_layer) > 1:
-        sizes = ", ".join(f"{g.mixer} {g.bytes_per_token // g.layers:,}" for g in groups)
+        sizes = ", ".join(f"{g.mixer} {g.bytes_per_token // g.layers:,}" for g in attention)
         raise ConfigError(
             f"{_FIELD}: {model}'s layers cache different bytes per token ({sizes}); vLLM "
             "0.33 then gives the smaller pages a larger block size "
@@ -107,26 +150,40 @@ def vllm_kv_layout(groups: tuple[KvGroup, ...], block_size: int, model: str) -> 
             field=_FIELD,
             value="True",
         )
+    per_token = per_layer.pop()
+    mamba_page = max((g.state_bytes_per_request // g.layers for g in linear), default=0)
+    if mamba_page:
+        block_size = aligned_block_size(per_token, mamba_page, block_size)
     counts = [g.layers for g in groups]
     group_size = min(counts)
     if max(counts) < group_size * 1.5:
         group_size = max(counts)
-    page = per_layer.pop() * block_size
+    page = per_token * block_size
     out = []
     for g in groups:
         for _ in range(math.ceil(g.layers / group_size)):
-            out.append(KvGroup(g.mixer, group_size, page // block_size * group_size, g.window))
-    return HybridKvLayout(tuple(out), group_size, group_size * page)
+            if g.state_bytes_per_request:
+                out.append(KvGroup(g.mixer, group_size, 0, 0, page * group_size))
+            else:
+                out.append(KvGroup(g.mixer, group_size, per_token * group_size, g.window))
+    return HybridKvLayout(tuple(out), group_size, group_size * page, block_size, mamba_page)
 
 
 def blocks_per_request(
-    layout: HybridKvLayout, num_tokens: int, block_size: int, max_in_flight_tokens: int
+    layout: HybridKvLayout,
+    num_tokens: int,
+    block_size: int,
+    max_in_flight_tokens: int,
+    speculative_blocks: int = 0,
 ) -> int:
     """Blocks a request of ``num_tokens`` holds at most over every group (vLLM's
-    ``max_memory_usage_bytes`` per group, in pages)."""
+    ``max_memory_usage_bytes`` per group, in pages); a Mamba group holds one state page and
+    ``speculative_blocks`` more (``mamba_cache_mode="none"``)."""
     total = 0
     for g in layout.groups:
-        if g.mixer == "sliding":
+        if g.state_bytes_per_request:
+            total += 1 + speculative_blocks
+        elif g.mixer == "sliding":
             total += math.ceil(min(g.window - 1 + max_in_flight_tokens, num_tokens) / block_size)
             total += 1
         elif g.mixer == "chunked":
@@ -136,9 +193,36 @@ def blocks_per_request(
     return total
 
 
-def group_specs(groups: tuple[KvGroup, ...]) -> tuple[_GroupSpec, ...]:
+def requests_held(config: SimulationConfig, plan: MemoryPlan, num_tokens: int) -> int:
+    """Requests of ``num_tokens`` tokens each that ``plan``'s KV groups hold at once: a
+    request takes blocks in every group (``blocks_per_request``), so with vLLM's hybrid
+    groups the pool's ``max_kv_tokens`` (``num_blocks x block_size``) overstates it, by a
+    factor of about the number of groups. ``plan`` must have ``kv_cache_groups``."""
+    if not plan.kv_cache_groups:
+        raise ValueError("requests_held: the plan has no KV cache groups")
+    layout = HybridKvLayout(plan.kv_cache_groups, 0, 0, plan.kv_block_size)
+    in_flight = config.replica.scheduler.vllm_v1.max_num_batched_tokens
+    per_request = blocks_per_request(
+        layout, num_tokens, layout.block_size, in_flight, speculative_blocks(config)
+    )
+    return plan.num_blocks // per_request
+
+
+def speculative_blocks(config: SimulationConfig) -> int:
+    """The pages a Mamba group holds per request beyond its state under speculative
+    decoding: vLLM 0.33's ``MambaSpec.num_speculative_blocks`` is
+    ``vllm_config.num_speculative_tokens`` (``MambaBase.get_kv_cache_spec``,
+    ``model_executor/layers/mamba/abstract.py``; 0 with ReplaySSM, not modelled), a state
+    slot per draft token."""
+    spec = config.replica.speculative
+    return (spec.num_speculative_tokens or 0) if spec.method is not None else 0
+
+
+def group_specs(groups: tuple[KvGroup, ...], speculative_blocks: int = 0) -> tuple[_GroupSpec, ...]:
     """vLLM's groups (``HybridKvLayout.groups``) as ``tokenyard.kv`` specs, for
-    ``SchedulerConfig.kv_groups``."""
+    ``SchedulerConfig.kv_groups``. A Mamba group becomes ``1 + speculative_blocks``
+    ``MambaSpec`` groups: the core's holds one page per request, vLLM's that many (its
+    draft tokens' state slots), so the pool is charged as vLLM's is."""
     specs: list[_GroupSpec] = []
     for g in groups:
         if g.mixer == "sliding":
@@ -146,7 +230,7 @@ def group_specs(groups: tuple[KvGroup, ...]) -> tuple[_GroupSpec, ...]:
         elif g.mixer == "chunked":
             specs.append(ChunkedLocalAttentionSpec(attention_chunk_size=g.window))
         elif g.state_bytes_per_request:
-            specs.append(MambaSpec())
+            specs.extend(MambaSpec() for _ in range(1 + speculative_blocks))
         else:
             specs.append(FullAttentionSpec())
     return tuple(specs)
@@ -168,19 +252,17 @@ def hybrid_default(groups: tuple[KvGroup, ...], *, connector: str | None) -> tup
             "default (unless VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1; "
             "replica.hybrid_kv_cache_manager = true plans that)"
         )
-    if connector is not None:
+    if connector == "host tier":
         return False, (
-            f"with a {connector} KV connector vLLM 0.33 keeps its hybrid KV cache manager "
-            "when the connector supports it (NixlConnector, OffloadingConnector do); the "
-            "simulator's groups serve no connector, so this is planned as "
-            "--disable-hybrid-kv-cache-manager"
+            "with a host tier (vLLM's OffloadingConnector) vLLM 0.33 keeps its hybrid KV "
+            "cache manager; the simulator's KV groups serve no host tier, so this is planned "
+            "as --disable-hybrid-kv-cache-manager"
         )
-    if any(g.state_bytes_per_request for g in groups):
-        return False, (
-            "vLLM 0.33 needs its hybrid KV cache manager for linear-attention state (Mamba "
-            "groups in the block pool); not modelled yet: the state is reserved instead"
-        )
-    if len({g.bytes_per_token // g.layers for g in groups}) > 1:
+    # A P/D connector is served: vLLM 0.33 keeps the hybrid manager when the connector
+    # supports it (NixlConnector subclasses SupportsHMA: kv_connector/v1/nixl/connector.py;
+    # VllmConfig.__post_init__ asks KVConnectorFactory.supports_hma_config).
+    attention = [g for g in groups if not g.state_bytes_per_request]
+    if len({g.bytes_per_token // g.layers for g in attention}) > 1:
         return False, (
             "vLLM 0.33 runs its hybrid KV cache manager with a larger block size for the "
             "layers with smaller pages; not modelled (one block size): planned as "
@@ -196,8 +278,9 @@ def resolve_hybrid(config: SimulationConfig, groups: tuple[KvGroup, ...]) -> tup
 
     Raises:
         ConfigError (field ``replica.hybrid_kv_cache_manager``): ``true`` for a model with
-            only full-attention layers, under P/D disaggregation or prefix-affinity
-            routing, or for layers it cannot model (``vllm_kv_layout``).
+            only full-attention layers, under prefix-affinity routing, or for layers it
+            cannot model (``vllm_kv_layout``); ``false`` for a ``vllm_v1`` replica of a model
+            with linear-attention state (vLLM cannot run it so).
     """
     setting = config.replica.hybrid_kv_cache_manager
     model = config.model_name()
@@ -215,8 +298,13 @@ def resolve_hybrid(config: SimulationConfig, groups: tuple[KvGroup, ...]) -> tup
             )
         if config.replica.scheduler.policy == "vllm_v1":
             return True, ""
-    pd = config.cluster.decode is not None
-    connector = "P/D" if pd else ("host tier" if config.replica.kv_offload else None)
+    decode = config.cluster.decode
+    # A host tier on either pool keeps both off the groups (the coordinator serves no tier,
+    # and the pools' blocks must agree to move as they are).
+    tier = config.replica.kv_offload is not None or (
+        decode is not None and decode.kv_offload is not None
+    )
+    connector = "host tier" if tier else ("P/D" if decode is not None else None)
     if setting is None:
         if config.replica.scheduler.policy != "vllm_v1":
             return False, ""
@@ -229,6 +317,17 @@ def resolve_hybrid(config: SimulationConfig, groups: tuple[KvGroup, ...]) -> tup
             )
         return use, why
     if not setting:
+        linear = [g.mixer for g in groups if g.state_bytes_per_request]
+        if linear and config.replica.scheduler.policy == "vllm_v1":
+            raise ConfigError(
+                f"{_FIELD}: {model}'s {'/'.join(linear)} layers hold a state that vLLM 0.33 "
+                "keeps only in Mamba groups of its hybrid KV cache manager: with "
+                "--disable-hybrid-kv-cache-manager it fails at startup "
+                "(unify_hybrid_kv_cache_specs cannot promote a MambaSpec); leave it unset or "
+                "true, got false",
+                field=_FIELD,
+                value="False",
+            )
         return False, ""
     if not is_hybrid(groups):
         raise ConfigError(
@@ -237,11 +336,11 @@ def resolve_hybrid(config: SimulationConfig, groups: tuple[KvGroup, ...]) -> tup
             field=_FIELD,
             value="True",
         )
-    if pd:
+    if tier:
         raise ConfigError(
-            f"{_FIELD}: P/D disaggregation moves KV through a connector, which the KV "
-            "groups' coordinator does not serve; set it false (vLLM 0.33's "
-            "--disable-hybrid-kv-cache-manager), got true",
+            f"{_FIELD}: the KV groups' coordinator serves no host tier (replica.kv_offload "
+            "or cluster.decode.kv_offload): set it false (--disable-hybrid-kv-cache-manager), "
+            "got true",
             field=_FIELD,
             value="True",
         )
@@ -256,17 +355,24 @@ def resolve_hybrid(config: SimulationConfig, groups: tuple[KvGroup, ...]) -> tup
 
 
 def max_model_len_fitting(
-    specs: tuple[KvGroup, ...], num_kv_blocks: int, block_size: int, max_num_batched_tokens: int
+    specs: tuple[KvGroup, ...],
+    num_kv_blocks: int,
+    block_size: int,
+    max_num_batched_tokens: int,
+    speculative_blocks: int = 0,
 ) -> int:
     """The longest request whose blocks over every group fit ``num_kv_blocks`` as the
     step scheduler counts them (``SchedulerConfig::blocks_per_request``: a window group's
-    blocks capped at its admission cap for one step in flight)."""
+    blocks capped at its admission cap for one step in flight; a Mamba group's
+    ``1 + speculative_blocks``, as ``group_specs`` repeats it)."""
 
     def needed(tokens: int) -> int:
         total = 0
         for g in specs:
             required = math.ceil(tokens / block_size)
-            if g.mixer == "sliding":
+            if g.state_bytes_per_request:
+                required = min(required, 1) * (1 + speculative_blocks)
+            elif g.mixer == "sliding":
                 cap = math.ceil((g.window - 1 + max_num_batched_tokens) / block_size) + 1
                 required = min(required, cap)
             elif g.mixer == "chunked":
@@ -289,16 +395,20 @@ def max_model_len_fitting(
 def plan_hybrid(
     config: SimulationConfig, plan: MemoryPlan, *, max_request_tokens: int, block_size: int
 ) -> MemoryPlan:
-    """``plan`` (every attention layer as full attention) re-sized for vLLM's hybrid KV
-    cache manager when ``resolve_hybrid`` says so, else ``plan`` with the banner's words
-    on why not."""
+    """``plan`` (every attention layer as full attention, any linear-attention state
+    reserved) re-sized for vLLM's hybrid KV cache manager when ``resolve_hybrid`` says so,
+    else ``plan`` with the banner's words on why not. With Mamba groups the state comes out
+    of the pool (nothing reserved) and ``kv_block_size`` is vLLM's aligned block."""
     use, why = resolve_hybrid(config, plan.groups)
     if not use:
         return dataclasses.replace(plan, kv_groups_note=why) if why else plan
     layout = vllm_kv_layout(plan.groups, block_size, config.model_name())
+    bs = layout.block_size
     in_flight = config.replica.scheduler.vllm_v1.max_num_batched_tokens
-    num_blocks = plan.available_kv_bytes // layout.bytes_per_block
-    per_request = blocks_per_request(layout, max_request_tokens, block_size, in_flight)
+    available = plan.available_kv_bytes + plan.reserved_state_bytes
+    num_blocks = available // layout.bytes_per_block
+    spec = speculative_blocks(config)
+    per_request = blocks_per_request(layout, max_request_tokens, bs, in_flight, spec)
     max_batch_size = num_blocks // per_request
     if max_batch_size < 1:
         raise ConfigError(
@@ -308,27 +418,103 @@ def plan_hybrid(
             field="replica.device",
             value=config.replica.device,
         )
-    full_blocks = math.ceil(max_request_tokens / block_size)
+    note = _plan_words(config, plan, layout, num_blocks, per_request, max_request_tokens)
+    return dataclasses.replace(
+        plan,
+        kv_bytes_per_token=layout.bytes_per_block // bs,
+        available_kv_bytes=available,
+        num_blocks=num_blocks,
+        max_kv_tokens=num_blocks * bs,
+        max_request_slots=num_blocks,
+        max_batch_size=max_batch_size,
+        reserved_state_bytes=0,
+        kv_cache_groups=layout.groups,
+        kv_block_size=bs,
+        kv_groups_note=note,
+    )
+
+
+def check_pool_blocks(prefill_block_size: int, decode_block_size: int, decode_tp: int) -> None:
+    """Both P/D pools' KV groups use one block size (blocks move as they are): with Mamba
+    groups vLLM aligns it to each layout's Mamba page, which two TP layouts may size apart.
+
+    Raises:
+        ConfigError (field ``cluster.decode.tensor_parallel_size``): the sizes differ.
+    """
+    if prefill_block_size != decode_block_size:
+        raise ConfigError(
+            "cluster.decode.tensor_parallel_size: vLLM aligns the attention block to the "
+            f"Mamba page of each layout, {prefill_block_size} tokens on the prefill pool and "
+            f"{decode_block_size} on the decode pool; the simulator moves blocks as they are: "
+            f"use layouts whose blocks agree, got {decode_tp}",
+            field="cluster.decode.tensor_parallel_size",
+            value=str(decode_tp),
+        )
+
+
+def has_state_groups(groups: tuple[KvGroup, ...]) -> bool:
+    """Whether a plan's KV cache groups include Mamba (linear-attention state) groups,
+    which the core serves only without prefix caching (``mamba_cache_mode="none"``)."""
+    return any(g.state_bytes_per_request for g in groups)
+
+
+def _plan_words(
+    config: SimulationConfig,
+    plan: MemoryPlan,
+    layout: HybridKvLayout,
+    num_blocks: int,
+    per_request: int,
+    max_request_tokens: int,
+) -> str:
+    """The banner's note on a hybrid plan: the groups, the pool, vLLM's max concurrency,
+    and the plan without groups it replaces."""
     kinds = " + ".join(
         f"{g.mixer}{f' (window {g.window})' if g.window else ''}" for g in layout.groups
     )
-    note = (
+    setting = config.replica.hybrid_kv_cache_manager
+    words = (
         f"KV PLANNED WITH vLLM's HYBRID KV CACHE MANAGER (replica.hybrid_kv_cache_manager "
-        f"{'true' if config.replica.hybrid_kv_cache_manager else 'unset: vLLM 0.33 default'}): "
+        f"{'true' if setting else 'unset: vLLM 0.33 default'}): "
         f"{len(layout.groups)} KV groups of {layout.layers_per_group} layers ({kinds}), "
-        f"{layout.bytes_per_block:,} B per block: {num_blocks:,} blocks; a "
-        f"{max_request_tokens:,}-token request holds {per_request} blocks, so {max_batch_size} "
-        f"run at once (vLLM's max concurrency), against {plan.num_blocks:,} blocks of "
-        f"{full_blocks} per request, {plan.num_blocks // full_blocks}, with "
-        "--disable-hybrid-kv-cache-manager (replica.hybrid_kv_cache_manager = false)"
+        f"{layout.bytes_per_block:,} B per block of {layout.block_size} tokens: "
+        f"{num_blocks:,} blocks; a {max_request_tokens:,}-token request holds {per_request} "
+        f"blocks, so {num_blocks // per_request} run at once (vLLM's max concurrency)"
     )
-    return dataclasses.replace(
-        plan,
-        kv_bytes_per_token=layout.bytes_per_block // block_size,
-        num_blocks=num_blocks,
-        max_kv_tokens=num_blocks * block_size,
-        max_request_slots=num_blocks,
-        max_batch_size=max_batch_size,
-        kv_cache_groups=layout.groups,
-        kv_groups_note=note,
+    block_size = config.replica.scheduler.block_size
+    full_blocks = math.ceil(max_request_tokens / block_size)
+    mamba = sum(1 for g in layout.groups if g.state_bytes_per_request)
+    if not mamba:
+        return words + (
+            f", against {plan.num_blocks:,} blocks of {full_blocks} per request, "
+            f"{plan.num_blocks // full_blocks}, with --disable-hybrid-kv-cache-manager "
+            "(replica.hybrid_kv_cache_manager = false)"
+        )
+    caching = config.replica.scheduler.vllm_v1.enable_prefix_caching
+    spec = speculative_blocks(config)
+    seqs = state_reserved_seqs(plan)
+    pages = f"1 + {spec} pages (a state slot per draft token)" if spec else "one page"
+    return words + (
+        f". The attention block is {layout.block_size} tokens, not {block_size}, so one "
+        f"attention layer's page holds a {layout.mamba_page_bytes:,} B Mamba state page "
+        "(vLLM's _align_hybrid_block_size; the state pages padded to it); each Mamba group "
+        f"holds {pages} per request (mamba_cache_mode 'none')"
+        + (
+            f". vLLM 0.33 with prefix caching on (its default) runs mamba_cache_mode "
+            f"'align', caching Mamba states at block boundaries and holding {2 + spec} pages "
+            f"per Mamba group ({num_blocks // (per_request + mamba)} at once); the simulator's "
+            "Mamba groups have no align mode, so this replica runs WITHOUT PREFIX CACHING "
+            "(vLLM --no-enable-prefix-caching)"
+            if caching
+            else ""
+        )
+        + f". Without groups (state reserved for {seqs} requests, every attention layer "
+        f"full): {plan.num_blocks:,} blocks of {block_size} tokens, "
+        f"{min(plan.num_blocks // full_blocks, seqs)} requests of {full_blocks} blocks at once"
     )
+
+
+def state_reserved_seqs(plan: MemoryPlan) -> int:
+    """The requests whose state the plan without groups reserved."""
+    if not plan.state_bytes_per_request:
+        return 0
+    return plan.reserved_state_bytes // plan.state_bytes_per_request

@@ -128,6 +128,10 @@ class MemoryPlan:
     #: on them; empty: one group, every attention layer as full attention.
     kv_cache_groups: tuple[KvGroup, ...] = ()
     kv_groups_note: str = ""
+    #: Tokens per block of ``kv_cache_groups``: vLLM's attention block aligned to the Mamba
+    #: page where the groups hold linear-attention state (``hybrid_kv.aligned_block_size``);
+    #: 0: the scheduler's ``block_size``.
+    kv_block_size: int = 0
 
 
 def _dtype_bytes(dtype: str, choices: tuple[str, ...], field: str) -> float:

@@ -61,11 +61,13 @@ class ReplicaConfig:
     #: A host-memory KV tier (``vllm_v1`` with prefix caching; ``kv_offload_config.py``,
     #: docs/disaggregation.md); the decode pool of a disaggregated cluster has one too.
     kv_offload: KvOffloadConfig | None = None
-    #: vLLM's hybrid KV cache manager for a model with windowed layers (``vllm_v1``;
-    #: ``simulation/hybrid_kv.py``, docs/catalog.md "KV"): ``true`` gives each layer kind
-    #: its own KV cache group over one pool, a sliding-window group freeing the blocks that
-    #: leave its window, and sizes ``num_blocks`` as vLLM does for those groups; ``false``
-    #: is ``--disable-hybrid-kv-cache-manager`` (every attention layer as full attention).
+    #: vLLM's hybrid KV cache manager for a model with windowed or linear-attention layers
+    #: (``vllm_v1``; ``simulation/hybrid_kv.py``, docs/catalog.md "KV"): ``true`` gives each
+    #: layer kind its own KV cache group over one pool, a sliding-window group freeing the
+    #: blocks that leave its window, a Mamba group one state page per request, and sizes
+    #: ``num_blocks`` (and, beside Mamba layers, the block) as vLLM does for those groups;
+    #: ``false`` is ``--disable-hybrid-kv-cache-manager`` (every attention layer as full
+    #: attention; refused with linear-attention layers, which vLLM cannot run so).
     #: Unset: what vLLM 0.33 does for the model and configuration (the banner says which).
     hybrid_kv_cache_manager: bool | None = None
 

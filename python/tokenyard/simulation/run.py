@@ -24,10 +24,13 @@ from tokenyard.simulation.execution import (
 )
 from tokenyard.simulation.execution import describe as describe_execution
 from tokenyard.simulation.hybrid_kv import (
+    check_pool_blocks,
     group_specs,
+    has_state_groups,
     max_model_len_fitting,
     plan_hybrid,
     resolve_hybrid,
+    speculative_blocks,
 )
 from tokenyard.simulation.kv_offload_config import KvOffloadConfig
 from tokenyard.simulation.lora_config import slot_bytes
@@ -261,7 +264,6 @@ def _decode_pool(config: SimulationConfig, *, prefix_caching: bool) -> DecodePoo
     decode_device = catalog.device(decode.replica.device, field="cluster.decode.device")
     prefill_tp, decode_tp = config.replica.tensor_parallel_size, decode.replica.tensor_parallel_size
     disagg_config.check_head_layouts(model, prefill_tp, decode_tp)
-    disagg_config.check_transferable(model)
     try:
         plan = plan_for(decode)
     except ConfigError as exc:
@@ -293,6 +295,13 @@ def _decode_pool(config: SimulationConfig, *, prefix_caching: bool) -> DecodePoo
         "decode_gpus": decode_tp * layout.num_pipeline_stages,
         **figures,
     }
+    if plan.kv_cache_groups:
+        block_size = plan.kv_block_size or decode.replica.scheduler.block_size
+        prefill = plan_for(config).kv_block_size or config.replica.scheduler.block_size
+        check_pool_blocks(prefill, block_size, decode_tp)
+        link.update(disagg_config.hybrid_link_terms(model, kv_bytes, block_size))
+    else:
+        disagg_config.check_transferable(model)
     core = {
         "num_replicas": num_schedulers(decode),
         "num_stages": layout.num_pipeline_stages,
@@ -548,7 +557,7 @@ def _layer_kind_notes(config: SimulationConfig, plan: MemoryPlan) -> list[str]:
             + (f"Why: {plan.kv_groups_note}. " if plan.kv_groups_note else "")
             + words
         )
-    if plan.state_bytes_per_request:
+    if plan.state_bytes_per_request and not plan.kv_cache_groups:
         seqs = state_seqs(config)
         linear = ", ".join(f"{g.mixer} x {g.layers}" for g in groups if g.state_bytes_per_request)
         notes.append(
@@ -621,7 +630,8 @@ def plan_for(config: SimulationConfig) -> MemoryPlan:
         # less per request, so they decide (plan_hybrid refuses if it does not fit either).
         if exc.field != "replica.device":
             raise
-        plan = plan_memory(model, device, max_request_tokens=1, **options)
+        # One request's state reserved at most: Mamba groups take it from the pool.
+        plan = plan_memory(model, device, max_request_tokens=1, **{**options, "max_num_seqs": 1})
         if not resolve_hybrid(config, plan.groups)[0]:
             raise
     return plan_hybrid(
@@ -668,9 +678,12 @@ def replica_spec(
         c = s.vllm_v1
         if plan.kv_cache_groups:
             hybrid = _hybrid_scheduler(config, plan, num_blocks)
+            # The core's Mamba groups are vLLM's mamba_cache_mode "none": no prefix caching
+            # beside them (plan_hybrid's note says so).
+            caching = prefix_caching and not has_state_groups(plan.kv_cache_groups)
             return _core.ReplicaSpec.vllm_v1(
                 dataclasses.replace(
-                    hybrid, enable_prefix_caching=c.enable_prefix_caching and prefix_caching
+                    hybrid, enable_prefix_caching=c.enable_prefix_caching and caching
                 )
             )
         return _core.ReplicaSpec.vllm_v1(
@@ -728,22 +741,27 @@ def _hybrid_scheduler(config: SimulationConfig, plan: MemoryPlan, num_blocks: in
     """The ``vllm_v1`` section with vLLM's hybrid KV cache groups (``hybrid_kv``): the
     longest request is the longest whose blocks over every group fit."""
     c = config.replica.scheduler.vllm_v1
+    block_size = plan.kv_block_size or c.block_size
+    spec = speculative_blocks(config)
     fitting = max_model_len_fitting(
         plan.kv_cache_groups,
         num_blocks - c.reserve_null_block,
-        c.block_size,
+        block_size,
         c.max_num_batched_tokens,
+        spec,
     )
     return dataclasses.replace(
         c,
         num_blocks=num_blocks,
+        # vLLM's attention block aligned to the Mamba page (hybrid_kv.aligned_block_size).
+        block_size=block_size,
         max_loras=config.replica.lora.max_loras if config.replica.lora else 0,
         # A drafter's lookahead slots go beyond the longest request.
         max_model_len=min(
             request_limit(config)[0],
             fitting - config.replica.speculative.num_lookahead_tokens(),
         ),
-        kv_groups=group_specs(plan.kv_cache_groups),
+        kv_groups=group_specs(plan.kv_cache_groups, spec),
     )
 
 

@@ -272,6 +272,37 @@ impl PyScheduler {
         self.inner.set_defer_async_loads(defer);
     }
 
+    /// vLLM 0.33's HiSparse host page pool (`hisparse_host_num_blocks`, the null block
+    /// included, and the source group's `block_size`): one host block per device block a
+    /// request holds, the whole prompt's pages checked at admission; `num_blocks=None`:
+    /// off. Raises ConfigError (see the core's `set_hisparse_host_pages`).
+    #[pyo3(signature = (num_blocks=None, block_size=None))]
+    fn set_hisparse_host_pages(
+        &mut self,
+        py: Python<'_>,
+        num_blocks: Option<usize>,
+        block_size: Option<usize>,
+    ) -> PyResult<()> {
+        let block_size = block_size.unwrap_or(self.inner.config().block_size);
+        let pool = num_blocks.map(|n| (n, block_size));
+        (self.inner)
+            .set_hisparse_host_pages(pool)
+            .map_err(|err| self.raise(py, err))
+    }
+
+    /// The HiSparse host pool as `(num_blocks, block_size, num_free_blocks)`, or None.
+    #[getter]
+    fn hisparse_host_pages(&self) -> Option<(usize, usize, usize)> {
+        (self.inner.hisparse_host_pages()).map(|h| (h.num_blocks, h.block_size, h.num_free_blocks))
+    }
+
+    /// The requests whose prefill is in flight (vLLM 0.33's `_inflight_prefills`).
+    fn inflight_prefill_ids<'py>(&self, py: Python<'py>) -> PyResult<Vec<Py<PyAny>>> {
+        (self.inner.inflight_prefill_ids().into_iter())
+            .map(|id| id.into_py(py))
+            .collect()
+    }
+
     /// Requests whose asynchronous load waits for a step in flight before it starts.
     fn deferred_load_ids<'py>(&self, py: Python<'py>) -> PyResult<Vec<Py<PyAny>>> {
         (self.inner.deferred_load_ids().into_iter())
@@ -751,20 +782,26 @@ impl PyScheduler {
     /// requests' priorities at a preemption through Python callables from the next step
     /// (`allocate(request_id, num_new_tokens, num_lookahead_tokens) -> bool`,
     /// `mamba_split(request_id, start, num_new_tokens, core_split) -> int`,
-    /// `priority(request_id) -> int | None`); none: off.
-    #[pyo3(signature = (*, allocate=None, mamba_split=None, priority=None))]
+    /// `priority(request_id) -> int | None`, `pending_block_frees() -> bool` when a running
+    /// request's allocation finds no room); none: off.
+    #[pyo3(signature = (*, allocate=None, mamba_split=None, priority=None, pending_block_frees=None))]
     fn set_step_hooks(
         &mut self,
         allocate: Option<Py<PyAny>>,
         mamba_split: Option<Py<PyAny>>,
         priority: Option<Py<PyAny>>,
+        pending_block_frees: Option<Py<PyAny>>,
     ) {
-        let any = allocate.is_some() || mamba_split.is_some() || priority.is_some();
+        let any = allocate.is_some()
+            || mamba_split.is_some()
+            || priority.is_some()
+            || pending_block_frees.is_some();
         let hooks = any.then(|| {
             Box::new(crate::sched_hooks::PyStepHooks {
                 allocate,
                 mamba_split,
                 priority,
+                pending_block_frees,
                 error: self.plugin_error.clone(),
             }) as Box<dyn tokenyard_core::sched::StepHooks<RequestId>>
         });

@@ -19,6 +19,9 @@ pub(crate) struct PyStepHooks {
     pub(crate) allocate: Option<Py<PyAny>>,
     pub(crate) mamba_split: Option<Py<PyAny>>,
     pub(crate) priority: Option<Py<PyAny>>,
+    /// `pending_block_frees() -> bool`, optional: vLLM 0.33's connector
+    /// `has_pending_block_frees` (HiSparse's pending reclamation).
+    pub(crate) pending_block_frees: Option<Py<PyAny>>,
     pub(crate) error: ErrorSlot,
 }
 
@@ -89,6 +92,18 @@ impl StepHooks<RequestId> for PyStepHooks {
                     "priority: returned {answer}, not a priority (an int in i64's range)"
                 ))),
             }
+        })
+    }
+
+    fn pending_block_frees(&self) -> Result<bool> {
+        let Some(pending) = &self.pending_block_frees else {
+            return Ok(false);
+        };
+        Python::attach(|py| {
+            (pending.bind(py))
+                .call0()
+                .and_then(|a| a.is_truthy())
+                .map_err(|err| self.error.keep("pending_block_frees", err))
         })
     }
 }

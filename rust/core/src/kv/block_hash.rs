@@ -137,18 +137,74 @@ pub fn hash_content(
     BlockHash(xxh3_128(&bytes[..len + 8]))
 }
 
-/// The hash of the `offset`-th block of the content seeded `content` ([`hash_content`]):
-/// each half of the seed mixed with the offset (an invertible mix for a given offset, so
-/// two seeds never share a block's hash at one offset, and the uniform seed makes a
-/// collision across offsets as unlikely as between two digests). The blocks of one
-/// content are not chained to each other: the seed already names the prefix before them
-/// and the content fixes their tokens, so (seed, offset) names the whole prefix, and a
-/// trace block's 32 hashes cost one digest and 64 multiplies instead of 32 serial digests.
+/// The hash of the `offset`-th block of the content seeded `content` ([`hash_content`]).
+/// The blocks of one content are not chained to each other: the seed already names the
+/// prefix before them and the content fixes their tokens, so (seed, offset) names the
+/// whole prefix, and a trace block's 32 hashes cost one digest instead of 32 serial ones.
+///
+/// For an offset below [`MAX_NAMED_PLACES`] the hash *is* the pair, recoverably
+/// ([`named_parts`]): the seed's top 80 bits, a 32-bit mark, the offset in the low 16
+/// bits; so the prefix cache indexes a trace block's KV blocks under one entry
+/// (`kv::named_cache`). Two seeds share a block's hash only if their top 80 bits agree
+/// (odds of 2^-80 a pair; block hashes are compared for equality only). A larger offset
+/// (a trace block of more than 1,024 KV blocks) is mixed into the seed instead: each half
+/// of the seed mixed with the offset by SplitMix's finalizer.
 pub fn content_block(content: BlockHash, offset: u32) -> BlockHash {
+    if offset < MAX_NAMED_PLACES {
+        return BlockHash((content.0 & !LOW_48) | NAMED_MARK | u128::from(offset));
+    }
     let o = u64::from(offset);
     let lo = finalize((content.0 as u64) ^ o.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let hi = finalize(((content.0 >> 64) as u64) ^ o.wrapping_mul(0xD1B5_4A32_D192_ED03));
     BlockHash(u128::from(lo) | (u128::from(hi) << 64))
+}
+
+/// Offsets [`content_block`] writes into the hash as they are (places of a trace block).
+pub const MAX_NAMED_PLACES: u32 = 1 << 10;
+
+const LOW_48: u128 = (1 << 48) - 1;
+
+/// Bits 16..48 of a named block's hash: a token block's hash (an xxh3 digest) has them
+/// by chance once in 2^32, and is then indexed as a named one: still exact, since the
+/// index answers for the whole hash.
+const NAMED_MARK: u128 = 0xA5C3_96E1 << 16;
+
+/// The seed part of a named block's hash ([`named_parts`]): its top 80 bits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub(super) struct NamedKey {
+    /// The hash's bits 64..128.
+    pub(super) hi: u64,
+    /// The hash's bits 48..64.
+    pub(super) lo: u16,
+}
+
+impl NamedKey {
+    /// A home slot for the key in a power-of-two table (its bits are a digest's).
+    pub(super) fn home(&self) -> usize {
+        self.hi as usize
+    }
+
+    #[cfg(test)]
+    pub(super) fn from_parts(hi: u64, lo: u16) -> Self {
+        Self { hi, lo }
+    }
+}
+
+/// The seed part and the place of a hash made by [`content_block`] with an offset below
+/// [`MAX_NAMED_PLACES`]; `None` for other hashes (but for one token hash in 2^32, whose
+/// parts then name it as exactly).
+#[inline]
+pub(super) fn named_parts(hash: &BlockHash) -> Option<(NamedKey, u32)> {
+    let low = hash.0 as u64;
+    let place = (low & 0xFFFF) as u32;
+    if (u128::from(low) & LOW_48 & !0xFFFF) != NAMED_MARK || place >= MAX_NAMED_PLACES {
+        return None;
+    }
+    let key = NamedKey {
+        hi: (hash.0 >> 64) as u64,
+        lo: (low >> 48) as u16,
+    };
+    Some((key, place))
 }
 
 /// SplitMix64's finalizer: a bijection that spreads every input bit over the output.
@@ -261,23 +317,28 @@ mod tests {
             hash_content(parent, 7, None),
             hash_block(parent, &[7, 0], None)
         );
-        // No two of many contents' blocks share a hash, nor the map's 32-bit tag much
-        // more often than chance would (`cache_map` homes slots by the top bits).
+        // No two of many contents' blocks share a hash; each carries its seed and place,
+        // and the seeds' top bits (the named index's home slots) are spread.
         let mut seen = std::collections::HashSet::new();
-        let mut tags = std::collections::HashSet::new();
+        let mut homes = std::collections::HashSet::new();
         for id in 0..2000u64 {
             let seed = hash_content(parent, id, None);
             for offset in 0..32 {
                 let hash = content_block(seed, offset);
                 assert!(seen.insert(hash), "content {id}, block {offset}");
-                tags.insert((hash.0 >> 96) as u32);
+                let (key, place) = named_parts(&hash).expect("a named block");
+                assert_eq!(place, offset);
+                assert_eq!(Some(key), named_parts(&content_block(seed, 0)).map(|p| p.0));
+                homes.insert(key.home() & 0xFFFF);
             }
         }
-        assert!(
-            tags.len() > 64_000 - 10,
-            "{} distinct tags of 64000",
-            tags.len()
-        );
+        assert!(homes.len() > 1900, "{} distinct homes of 2000", homes.len());
+        // Past the named offsets the hash is mixed, and not taken for a named one.
+        let far = content_block(hash_content(parent, 1, None), MAX_NAMED_PLACES);
+        assert_eq!(named_parts(&far), None);
+        assert_ne!(far, content_block(hash_content(parent, 1, None), 0));
+        // Token blocks' digests are not named ones.
+        assert!((0..1000u32).all(|t| named_parts(&hash_block(None, &[t], None)).is_none()));
     }
 
     #[test]

@@ -219,6 +219,15 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
         Ok(self)
     }
 
+    /// The pool with every hash slotted per block in its prefix-cache map, named blocks'
+    /// too (the map before the per-trace-block index): the differential test's reference.
+    #[cfg(test)]
+    pub(super) fn with_per_block_map(mut self) -> Self {
+        debug_assert_eq!(self.cached.num_blocks(), 0);
+        self.cached = CacheMap::per_block(self.blocks.len());
+        self
+    }
+
     /// Starts recording cache events (drained with [`Self::drain_events`]).
     pub fn enable_events(&mut self) {
         self.events.get_or_insert_with(Vec::new);

@@ -53,10 +53,15 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
         // Admission reuses these hashes and hashes the rest once (`append_tokens`).
         let bs = self.block_size;
         let max_hit_blocks = token_ids.len().saturating_sub(1).min(max_hit_tokens) / bs;
-        // A request retried at the head of the queue brings its hashes: probe them together.
+        // A request retried at the head of the queue brings its hashes: they are probed a
+        // run at a time too (read ahead together, and none past the run of the first miss:
+        // a long prompt's hundreds of known hashes were all read ahead at every retry).
         let num_known = result.block_hashes.len().min(max_hit_blocks);
-        self.cached.warm(&result.block_hashes[..num_known]);
         for i in 0..max_hit_blocks {
+            if i < num_known && i % WARM_RUN == 0 {
+                let end = (i + WARM_RUN).min(num_known);
+                self.cached.warm(&result.block_hashes[i..end]);
+            }
             if i == result.block_hashes.len() {
                 let end = (i + WARM_RUN).min(max_hit_blocks);
                 for b in i..end {

@@ -18,14 +18,28 @@
 //!   return; `copies` lists every copy of such a hash, oldest first, and when the first is
 //!   evicted the next takes its slot. Duplicates are few, so that side map stays small.
 //!
-//! Invariant: the first block caching a hash `h` has a slot on `h`'s probe run (the one
-//! answer [`CacheMap::get`] gives for `h`), later copies have none, and `num_live` counts
-//! hashes. What the map answers is exactly what a map with eager removals would answer.
+//! - Hashes of KV blocks named by trace block ([`content_block`]'s, which carry their
+//!   seed and place) are indexed per trace block instead ([`NamedCache`]: one entry per
+//!   seed, a slot per place): no slot here, no tag, no rebuilds for them. The counts and
+//!   the copies stay here for both kinds. The index takes over once a trace block of more
+//!   than one KV block is cached (a named hash of place 1 or more; its slots here move
+//!   to it then): where every trace block is one KV block (the built-in job's 16-token
+//!   blocks), an entry per trace block is an entry per block, and this table, whose
+//!   evictions probe nothing, is the cheaper of the two.
+//!
+//! Invariant: the first block caching a token hash `h` has a slot on `h`'s probe run (the
+//! one answer [`CacheMap::get`] gives for `h`), the first block caching a named hash has
+//! its place's slot in the named index, later copies have neither, and `num_live` and
+//! `num_named` count the hashes of each kind. What the map answers is exactly what a map
+//! with eager removals would answer.
+//!
+//! [`content_block`]: super::content_block
 
 use rustc_hash::FxHashMap;
 
-use super::block_hash::BlockHash;
+use super::block_hash::{BlockHash, named_parts};
 use super::block_pool::BlockId;
+use super::named_cache::NamedCache;
 
 /// A block's cached hash, as the map reads it (the pool's block metadata).
 pub(super) trait HashOf {
@@ -47,12 +61,21 @@ pub(super) struct CacheMap {
     block_tags: Vec<u32>,
     /// Slots in use, live or dead.
     num_used: usize,
-    /// Hashes cached (in one block or more).
+    /// Token hashes cached (in one block or more): those with a live slot here.
     num_live: usize,
+    /// Named hashes cached (in one block or more): those with a slot in `named`.
+    num_named: usize,
     /// Blocks caching a hash, copies included.
     num_blocks: usize,
     /// Every block caching a hash cached more than once, in the order they were cached.
     copies: FxHashMap<BlockHash, Vec<BlockId>>,
+    /// The first blocks caching named hashes, per trace block.
+    named: NamedCache,
+    /// Whether named hashes may go to `named` (false: every hash has a slot here, as
+    /// before the named index; the differential test's reference).
+    name_blocks: bool,
+    /// Whether they do: set at the first named hash of a place past 0.
+    named_on: bool,
 }
 
 fn tag(hash: &BlockHash) -> u64 {
@@ -70,18 +93,40 @@ fn block_of(slot: u64) -> BlockId {
 impl CacheMap {
     pub(super) fn new(num_blocks: usize) -> crate::Result<Self> {
         let block_tags = super::try_filled_vec(num_blocks, 0, "num_blocks")?;
-        Ok(Self::empty(block_tags))
+        Ok(Self::empty(block_tags, true))
+    }
+
+    /// A map that gives named hashes a slot per block too (the per-block map before the
+    /// named index): the reference of the differential test.
+    #[cfg(test)]
+    pub(super) fn per_block(num_blocks: usize) -> Self {
+        Self::empty(vec![0; num_blocks], false)
     }
 
     /// An empty map over `block_tags` (all zero: no block caches a hash).
-    fn empty(block_tags: Vec<u32>) -> Self {
+    fn empty(block_tags: Vec<u32>, name_blocks: bool) -> Self {
         Self {
             slots: vec![0; MIN_SLOTS],
             block_tags,
             num_used: 0,
             num_live: 0,
+            num_named: 0,
             num_blocks: 0,
             copies: FxHashMap::default(),
+            named: NamedCache::default(),
+            name_blocks,
+            named_on: false,
+        }
+    }
+
+    /// `hash`'s seed part and place, if it is a named block's and named blocks are
+    /// indexed per trace block.
+    #[inline]
+    fn named(&self, hash: &BlockHash) -> Option<(super::block_hash::NamedKey, u32)> {
+        if self.named_on {
+            named_parts(hash)
+        } else {
+            None
         }
     }
 
@@ -104,7 +149,7 @@ impl CacheMap {
 
     /// Hashes cached, each counted once.
     pub(super) fn num_hashes(&self) -> usize {
-        self.num_live
+        self.num_live + self.num_named
     }
 
     /// Blocks caching a hash, copies included.
@@ -120,6 +165,9 @@ impl CacheMap {
 
     /// The first block caching `hash`, if any.
     pub(super) fn get(&self, hash: &BlockHash, blocks: &(impl HashOf + ?Sized)) -> Option<BlockId> {
+        if let Some((key, place)) = self.named(hash) {
+            return self.named.get(key, place);
+        }
         let mask = self.mask();
         let want = tag(hash);
         let mut i = self.home(hash);
@@ -140,10 +188,20 @@ impl CacheMap {
 
     /// Reads the home slots of `hashes` ahead of their inserts or lookups: independent
     /// loads that the CPU overlaps, where the probes one by one would wait for each miss.
+    /// A named hash's entry is read once for the run of its trace block's hashes.
     pub(super) fn warm(&self, hashes: &[BlockHash]) {
-        let acc = hashes
-            .iter()
-            .fold(0u64, |acc, h| acc ^ self.slots[self.home(h)]);
+        let mut last = None;
+        let mut acc = 0u64;
+        for hash in hashes {
+            match self.named(hash) {
+                Some((key, _)) if last == Some(key) => {}
+                Some((key, _)) => {
+                    last = Some(key);
+                    acc ^= self.named.home_word(key);
+                }
+                None => acc ^= self.slots[self.home(hash)],
+            }
+        }
         std::hint::black_box(acc);
     }
 
@@ -156,17 +214,64 @@ impl CacheMap {
         blocks: &(impl HashOf + ?Sized),
     ) {
         self.num_blocks += 1;
+        // The first named hash past place 0 turns the index on.
+        if self.name_blocks
+            && !self.named_on
+            && named_parts(&hash).is_some_and(|(_, place)| place > 0)
+        {
+            self.name_blocks_now(blocks);
+        }
+        if let Some((key, place)) = self.named(&hash) {
+            match self.named.insert(key, place, block) {
+                None => self.num_named += 1,
+                Some(first) => self.add_copy(hash, first, block),
+            }
+            return;
+        }
         match self.get(&hash, blocks) {
             None => {
                 self.occupy(&hash, block);
                 self.num_live += 1;
             }
-            Some(first) => self
-                .copies
-                .entry(hash)
-                .or_insert_with(|| vec![first])
-                .push(block),
+            Some(first) => self.add_copy(hash, first, block),
         }
+    }
+
+    /// Turns the named index on, moving the named hashes cached so far (their first
+    /// blocks' slots) into it.
+    #[cold]
+    fn name_blocks_now(&mut self, blocks: &(impl HashOf + ?Sized)) {
+        let mut moving: Vec<(BlockId, BlockHash)> = (self.slots.iter())
+            .filter(|&&slot| slot != 0 && self.is_live(slot))
+            .filter_map(|&slot| {
+                let block = block_of(slot);
+                let hash = blocks.hash_of(block)?;
+                named_parts(&hash)?;
+                // A slot that only looks live (its block now caches another hash with the
+                // same tag, maybe as a later copy) moves nothing: the first block is asked.
+                (self.get(&hash, blocks) == Some(block)).then_some((block, hash))
+            })
+            .collect();
+        moving.sort_unstable_by_key(|&(block, _)| block);
+        moving.dedup_by_key(|&mut (block, _)| block);
+        self.named_on = true;
+        for (block, hash) in moving {
+            let (key, place) = named_parts(&hash).expect("kept named hashes only");
+            let first = self.named.insert(key, place, block);
+            debug_assert!(first.is_none(), "one first block per hash");
+            // Its slot here goes dead.
+            self.block_tags[block as usize] = 0;
+            self.num_live -= 1;
+            self.num_named += 1;
+        }
+    }
+
+    /// Lists `block` as a later copy of `hash`, whose first is `first`.
+    fn add_copy(&mut self, hash: BlockHash, first: BlockId, block: BlockId) {
+        self.copies
+            .entry(hash)
+            .or_insert_with(|| vec![first])
+            .push(block);
     }
 
     /// Gives `block` the slot of `hash`, whose only live slot it will be.
@@ -218,6 +323,10 @@ impl CacheMap {
                 self.copies.remove(hash);
             }
             if at == 0 {
+                if let Some((key, place)) = self.named(hash) {
+                    self.named.replace(key, place, next);
+                    return;
+                }
                 // Room first, while the hash still has its live slot (a rebuild keeps it).
                 self.make_room();
                 self.block_tags[block as usize] = 0;
@@ -225,15 +334,30 @@ impl CacheMap {
             }
             return;
         }
-        self.block_tags[block as usize] = 0;
-        self.num_live -= 1;
+        match self.named(hash) {
+            Some((key, place)) => {
+                self.named.remove(key, place);
+                self.num_named -= 1;
+            }
+            None => {
+                self.block_tags[block as usize] = 0;
+                self.num_live -= 1;
+            }
+        }
     }
 
     pub(super) fn clear(&mut self) {
         // In place: the per-block tags keep their allocation (a reset never allocates).
         let mut block_tags = std::mem::take(&mut self.block_tags);
         block_tags.fill(0);
-        *self = Self::empty(block_tags);
+        let mut named = std::mem::take(&mut self.named);
+        named.clear();
+        // The index stays on: the pool's trace blocks keep their size.
+        *self = Self {
+            named,
+            named_on: self.named_on,
+            ..Self::empty(block_tags, self.name_blocks)
+        };
     }
 
     /// Drops the dead slots, leaving the table at most 1/`REBUILT_SPARSITY` full (grown
@@ -295,11 +419,11 @@ mod tests {
         }
     }
 
-    #[test]
-    fn answers_as_an_eager_map_through_copies_evictions_rebuilds_and_tag_collisions() {
+    /// Random inserts (of `hash_at(step, n)`) and evictions on `map`, checked after each
+    /// against vLLM's dict of copies.
+    fn check_against_an_eager_map(map: &mut CacheMap, hash_at: impl Fn(usize, u64) -> BlockHash) {
         const NUM_BLOCKS: usize = 40;
         let mut blocks = Hashes(vec![None; NUM_BLOCKS]);
-        let mut map = CacheMap::new(NUM_BLOCKS).unwrap();
         // Every block caching each hash, oldest first (vLLM's dict of copies).
         let mut eager: HashMap<BlockHash, Vec<BlockId>> = HashMap::new();
         let mut state = 0x2545_F491_4F6C_DD1Du64;
@@ -309,12 +433,9 @@ mod tests {
             state ^= state << 17;
             state
         };
-        // Few distinct top bits: many hashes share a tag (and so a home slot); few hashes
-        // overall, so many are cached in several blocks.
-        let hash_of = |n: u64| BlockHash((u128::from(n % 5) << 96) | u128::from(n % 31));
-        for _ in 0..20_000 {
+        for step in 0..20_000 {
             let block = (next() % NUM_BLOCKS as u64) as BlockId;
-            let hash = hash_of(next());
+            let hash = hash_at(step, next());
             if let Some(old) = blocks.0[block as usize].take() {
                 // Evict, as `take_free_block` does.
                 let copies = eager.get_mut(&old).unwrap();
@@ -331,9 +452,9 @@ mod tests {
             assert_eq!(map.num_hashes(), eager.len());
             let num_blocks: usize = eager.values().map(Vec::len).sum();
             assert_eq!(map.num_blocks(), num_blocks);
-            let probe = hash_of(next());
+            let probe = hash_at(step, next());
             let want = eager.get(&probe);
-            assert_eq!(map.get(&probe, &blocks), want.map(|c| c[0]));
+            assert_eq!(map.get(&probe, &blocks), want.map(|c| c[0]), "step {step}");
             assert_eq!(map.later_copies(&probe), want.map_or(&[][..], |c| &c[1..]));
         }
         for (hash, copies) in &eager {
@@ -342,5 +463,35 @@ mod tests {
         map.clear();
         assert_eq!(map.num_hashes(), 0);
         assert_eq!(map.num_blocks(), 0);
+        assert!(eager.keys().all(|h| map.get(h, &blocks).is_none()));
+    }
+
+    #[test]
+    fn answers_as_an_eager_map_through_copies_evictions_rebuilds_and_tag_collisions() {
+        // Few distinct top bits: many hashes share a tag (and so a home slot); few hashes
+        // overall, so many are cached in several blocks.
+        let hash_of = |_, n: u64| BlockHash((u128::from(n % 5) << 96) | u128::from(n % 31));
+        check_against_an_eager_map(&mut CacheMap::new(40).unwrap(), hash_of);
+    }
+
+    #[test]
+    fn named_hashes_answer_as_an_eager_map_before_and_after_the_named_index_takes_over() {
+        use super::super::block_hash::{content_block, hash_content};
+        let seeds: Vec<BlockHash> = (0..6).map(|id| hash_content(None, id, None)).collect();
+        // Token hashes beside trace blocks' names; only place 0 for the first 3,000 steps
+        // (the named index off, named hashes slotted here), then places up to 5: the
+        // switch moves the cached ones into the index.
+        let hash_at = |step: usize, n: u64| match n % 3 {
+            0 => BlockHash((u128::from(n % 5) << 96) | u128::from(n % 31)),
+            _ => {
+                let places = if step < 3_000 { 1 } else { 6 };
+                content_block(seeds[(n / 3 % 6) as usize], (n / 18 % places) as u32)
+            }
+        };
+        let mut map = CacheMap::new(40).unwrap();
+        check_against_an_eager_map(&mut map, hash_at);
+        assert!(map.named_on);
+        // The per-block reference answers the same.
+        check_against_an_eager_map(&mut CacheMap::per_block(40), hash_at);
     }
 }

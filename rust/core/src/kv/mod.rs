@@ -24,6 +24,9 @@ mod counting;
 mod free_queue;
 mod host_tier;
 mod layer_groups;
+mod named_cache;
+#[cfg(test)]
+mod named_pool_tests;
 mod prefix_pool;
 mod radix;
 mod radix_pool;

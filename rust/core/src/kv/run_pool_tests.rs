@@ -1,8 +1,10 @@
-//! The differential test of the block pool over a queue of runs ([`RunBlockPool`]) against
-//! vLLM's linked-list pool ([`BlockPool`]): seeded random streams of what a replay does to a
-//! pool, applied to both, comparing after every operation the block ids each returns, the
-//! hit tokens (GPU and host), the free blocks in eviction order, every block's ref count and
-//! hash, the cache events and the stats.
+//! The differential test of the block pool as the simulator runs it ([`RunBlockPool`]: a
+//! free queue of runs, and trace blocks' KV blocks indexed per trace block, `named_cache`)
+//! against vLLM's linked-list pool with a map slot per cached block ([`BlockPool`] with
+//! `with_per_block_map`): seeded random streams of what a replay does to a pool, applied
+//! to both, comparing after every operation the block ids each returns, the hit tokens
+//! (GPU and host), the free blocks in eviction order, every block's ref count and hash,
+//! the cache events and the stats.
 //!
 //! A stream's requests have prompts made of trace blocks, named by id as the simulator
 //! names them (`kv::hash_block_id`), and a tail hashed from tokens, drawn from few families
@@ -17,6 +19,7 @@
 //! CI runs `DEFAULT_SEEDS` streams; `TOKENYARD_RUN_POOL_SEEDS=N` runs N.
 
 use super::block_hash::{BlockHash, content_block, hash_content};
+use super::named_cache::PLANTED_WRONG_SLOT;
 use super::run_queue::PLANTED_SWAP;
 use super::{BlockPool, BlockPoolStats, ComputedBlocks, KvCapacity, RunBlockPool, TokenId};
 
@@ -131,7 +134,7 @@ impl Twin {
             }
             pool
         };
-        let linked = build(shape.host_blocks);
+        let linked = build(shape.host_blocks).with_per_block_map();
         let runs = {
             let pool =
                 RunBlockPool::over_runs(shape.num_blocks, shape.block_size, shape.caching).unwrap();
@@ -210,7 +213,9 @@ fn run_stream(seed: u64) -> Result<BlockPoolStats, String> {
     let shape = Shape {
         num_blocks: 6 + rng.below(40),
         block_size,
-        per_trace: 1 + rng.below(3),
+        // Trace blocks of one KV block keep named hashes in the per-block map; longer
+        // ones turn the named index on.
+        per_trace: [1, 1, 2, 3, 4, 8][rng.below(6)],
         host_blocks: if rng.chance(30) { 1 + rng.below(12) } else { 0 },
         events: rng.chance(50),
         caching: rng.chance(95),
@@ -382,6 +387,14 @@ fn a_swap_planted_in_the_run_queues_eviction_order_is_caught() {
     PLANTED_SWAP.set(false);
     assert!(caught > 0, "no stream noticed the swapped eviction order");
     // And not by chance of a few streams: most streams evict.
+    assert!(caught > 50, "only {caught} of 200 streams noticed");
+}
+
+#[test]
+fn a_mis_addressed_eviction_in_the_named_index_is_caught() {
+    PLANTED_WRONG_SLOT.set(true);
+    let caught = (0..200).filter(|&seed| run_stream(seed).is_err()).count();
+    PLANTED_WRONG_SLOT.set(false);
     assert!(caught > 50, "only {caught} of 200 streams noticed");
 }
 

@@ -269,7 +269,8 @@ impl<R: RequestKey> Scheduler<R> {
         let fits = self.with_cross_attention(slot, encoder.as_ref(), Some(&hit), fits);
         let lookahead = self.lookahead(num_computed + n);
         // vLLM 0.33 asks allocate_slots here, which checks the fit (sched::hooks).
-        let allowed = self.allocation_allowed(slot, n, lookahead)?;
+        let allowed = self.allocation_allowed(slot, n, lookahead)?
+            && self.host_pages_fit(slot, num_computed + n + lookahead);
         if !fits || !allowed {
             self.encoder_release(slot);
             self.blocked_head = Some((seq, hit));
@@ -371,7 +372,8 @@ impl<R: RequestKey> Scheduler<R> {
         }
         let fits = self.with_cross_attention(slot, encoder.as_ref(), None, fits);
         let lookahead = self.lookahead(num_computed + n);
-        let allowed = self.allocation_allowed(slot, n, lookahead)?;
+        let allowed = self.allocation_allowed(slot, n, lookahead)?
+            && self.host_pages_fit(slot, num_computed + n + lookahead);
         if !fits || !allowed {
             self.encoder_release(slot);
             return Ok(Admission::Blocked);
@@ -474,7 +476,7 @@ impl<R: RequestKey> Scheduler<R> {
             return true;
         }
         let num_tokens = self.req(slot).num_tokens().min(self.config.max_model_len);
-        self.kv.full_sequence_fits(slot, num_tokens, hit)
+        self.kv.full_sequence_fits(slot, num_tokens, hit) && self.host_pages_fit(slot, num_tokens)
     }
 
     /// [`Self::full_sequence_fits`] for an admission that also loads `num_external_tokens`
@@ -486,6 +488,7 @@ impl<R: RequestKey> Scheduler<R> {
         let num_tokens = self.req(slot).num_tokens().min(self.config.max_model_len);
         self.kv
             .full_sequence_fits_loaded(slot, num_tokens, hit, num_external_tokens)
+            && self.host_pages_fit(slot, num_tokens)
     }
 
     /// Sets vLLM 0.33's `num_sampled_tokens_per_step` (`SchedulerConfig`) from the next
@@ -612,6 +615,7 @@ impl<R: RequestKey> Scheduler<R> {
         }
         plan.admitted.insert(slot, was_preempted);
         plan.scheduled.push((slot, n));
+        self.charge_host_pages(slot);
         plan.set_blocks(slot, blocks);
         *budget -= n + self.config.num_draft_slots_per_request;
     }

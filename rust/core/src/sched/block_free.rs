@@ -100,15 +100,14 @@ impl<R: RequestKey> Scheduler<R> {
         for (_, slot, num_external_tokens) in started {
             self.notify_allocation(slot, num_external_tokens)?;
         }
-        let frees = &mut self.block_frees;
         // Fences are appended in order (each is the newest step when it is deferred), so
         // the first one not reached ends the drain.
-        while let Some(&(fence, slot)) = frees.queue.front() {
-            if fence > frees.processed_step_seq {
+        while let Some(&(fence, slot)) = self.block_frees.queue.front() {
+            if fence > self.block_frees.processed_step_seq {
                 break;
             }
-            frees.queue.pop_front();
-            self.kv.free(slot)?;
+            self.block_frees.queue.pop_front();
+            self.free_kv(slot)?;
             self.free_slots.push(slot);
         }
         Ok(())
@@ -179,7 +178,7 @@ impl<R: RequestKey> Scheduler<R> {
             return Ok(());
         }
         if holds_blocks {
-            self.kv.free(slot)?;
+            self.free_kv(slot)?;
         }
         self.free_slots.push(slot);
         Ok(())
@@ -193,7 +192,7 @@ impl<R: RequestKey> Scheduler<R> {
         let last = self.req(slot).last_sched_seq;
         if self.blocks_can_be_freed(last) || self.kv.block_ids(slot).is_none() {
             if self.kv.block_ids(slot).is_some() {
-                self.kv.free(slot)?;
+                self.free_kv(slot)?;
             }
             return Ok(slot);
         }

@@ -52,6 +52,14 @@ pub trait StepHooks<R>: Send + Sync {
         let _ = request;
         Ok(None)
     }
+
+    /// Asked when a running request's allocation finds no room, before a victim is picked:
+    /// `true` if transfers in flight will free blocks (vLLM 0.33's
+    /// `KVConnectorBase_V1.has_pending_block_frees`, HiSparse's pending reclamation), and
+    /// the request then waits (no preemption, nothing more of the running queue this step).
+    fn pending_block_frees(&self) -> Result<bool> {
+        Ok(false)
+    }
 }
 
 impl<R: RequestKey> Scheduler<R> {
@@ -78,6 +86,14 @@ impl<R: RequestKey> Scheduler<R> {
             Some(hooks) => {
                 hooks.allow_allocation(self.req(slot), num_new_tokens, num_lookahead_tokens)
             }
+        }
+    }
+
+    /// Whether the hooks report block frees pending (never without hooks).
+    pub(super) fn block_frees_pending(&self) -> Result<bool> {
+        match &self.hooks {
+            None => Ok(false),
+            Some(hooks) => hooks.pending_block_frees(),
         }
     }
 

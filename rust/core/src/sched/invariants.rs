@@ -10,6 +10,7 @@ impl<R: RequestKey> Scheduler<R> {
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
         self.kv.check_invariants()?;
         self.check_encoder()?;
+        self.check_host_pages()?;
         let waiting = self.waiting.ordered();
         if waiting.len() + self.running.len() != self.index.len() {
             return Err(format!(

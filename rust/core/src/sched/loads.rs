@@ -57,7 +57,7 @@ impl<R: RequestKey> Scheduler<R> {
             if self.kv.block_ids(slot).is_none() {
                 continue;
             }
-            self.kv.free(slot)?;
+            self.free_kv(slot)?;
             let request = self.req_mut(slot);
             request.status = RequestStatus::Preempted;
             request.num_computed_tokens = 0;
@@ -144,6 +144,8 @@ impl<R: RequestKey> Scheduler<R> {
     ) -> Result<Admission> {
         // vLLM 0.33 asks allocate_slots for the load's blocks too, with no new tokens.
         let allowed = self.allocation_allowed(slot, 0, 0)?;
+        let num_loaded = hit.num_computed_tokens() + hit.num_host_tokens() + num_external_tokens;
+        let allowed = allowed && self.host_pages_fit(slot, num_loaded);
         let request = self.slots[slot as usize].as_ref().expect("live");
         let (seq, lora_id) = (request.arrival_seq, request.spec.lora_id);
         // vLLM 0.33: a load holds its blocks with no progress and cannot be preempted, so
@@ -186,6 +188,7 @@ impl<R: RequestKey> Scheduler<R> {
             self.blocked_head = Some((seq, hit));
             return Ok(Admission::Blocked);
         }
+        self.charge_host_pages(slot);
         let notified = if self.defer_load(slot, num_external_tokens) {
             Ok(())
         } else {
@@ -359,7 +362,9 @@ impl<R: RequestKey> Scheduler<R> {
         let with_ids = !self.lean_output;
         let lora_id = request.spec.lora_id;
         let in_flight = self.num_in_flight_tokens(slot);
-        if !self.allocation_allowed(slot, n, lookahead)? {
+        if !self.allocation_allowed(slot, n, lookahead)?
+            || !self.host_pages_fit_running(slot, num_computed, n + lookahead)
+        {
             return Ok(Admission::Blocked);
         }
         // A load replayed after landing (bounded replay) left the pool's count at the loaded
@@ -388,7 +393,7 @@ impl<R: RequestKey> Scheduler<R> {
     pub(super) fn take_landed_load(&mut self, slot: u32) -> Result<bool> {
         if self.failed_loads.remove(&slot) {
             self.landed.remove(&slot);
-            self.kv.free(slot)?;
+            self.free_kv(slot)?;
             let request = self.req_mut(slot);
             request.num_computed_tokens = 0;
             request.num_external_computed_tokens = 0;

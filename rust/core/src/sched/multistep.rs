@@ -136,6 +136,8 @@ impl<R: RequestKey> Scheduler<R> {
             // A window charges each request one token and no draft slots.
             && self.config.num_draft_slots_per_request == 0
             && self.config.host_num_blocks == 0
+            // HiSparse host pages are charged step by step (sched::hisparse).
+            && self.host_pages.is_none()
             // The prefill cadence counts executed steps, which a window does not advance.
             && self.config.prefill_schedule_interval == 1
             && (self.kv.is_block_hash() || self.kv.hybrid_groups().is_some())

@@ -54,6 +54,8 @@ pub struct Scheduler<R: RequestKey> {
     pub(super) aux_outputs: Option<Box<dyn super::aux_outputs::AuxOutputConnector<R>>>,
     /// Decisions routed through the caller's code, if set (`sched::hooks`).
     pub(super) hooks: Option<Box<dyn super::hooks::StepHooks<R>>>,
+    /// HiSparse host pages (`sched::hisparse`), off by default.
+    pub(super) host_pages: Option<super::hisparse::HostPages>,
     /// Makes deferred prompts (`RequestSpec::num_deferred_prompt_tokens`), if set.
     pub(super) prompt_source: Option<Box<dyn PromptSource<R>>>,
     /// Slots of requests whose KV load the engine reported landed / failed; each is taken
@@ -230,6 +232,7 @@ impl<R: RequestKey> Scheduler<R> {
             aux_outputs: None,
             ec_connector: None,
             hooks: None,
+            host_pages: None,
             prompt_source: None,
             landed: FxHashSet::default(),
             failed_loads: FxHashSet::default(),
@@ -688,7 +691,8 @@ impl<R: RequestKey> Scheduler<R> {
             // and a chunk still inside the replayed range needs none (but its lookahead).
             let mut n_slots = n;
             // vLLM 0.33 asks allocate_slots at each attempt (sched::hooks; true without).
-            let allowed = self.allocation_allowed(slot, n, lookahead)?;
+            let allowed = self.allocation_allowed(slot, n, lookahead)?
+                && self.host_pages_fit_running(slot, request.num_computed_tokens, n + lookahead);
             if allowed && request.replay_start > 0 {
                 let held = self.kv.num_computed_tokens(slot).unwrap_or(0);
                 n_slots = (request.num_computed_tokens + n).saturating_sub(held);
@@ -702,7 +706,13 @@ impl<R: RequestKey> Scheduler<R> {
                     slot, new_tokens, n_slots, lookahead, None, None, with_ids, in_flight,
                 )?
             {
+                self.charge_host_pages(slot);
                 return Ok(Allocation::Scheduled(blocks));
+            }
+            // vLLM 0.33: a connector whose transfers in flight will free blocks (HiSparse's
+            // pending reclamation) stalls the request instead of preempting.
+            if self.block_frees_pending()? {
+                return Ok(Allocation::Blocked);
             }
             self.refresh_running_priorities()?;
             let victim = self.pick_victim();

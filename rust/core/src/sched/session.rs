@@ -152,7 +152,7 @@ impl<R: RequestKey> Scheduler<R> {
         if !holds && self.holds_kv(slot) {
             // Nothing computed to keep (vLLM would keep its blocks; not modelled): it
             // starts over with a prefix lookup, among the requests holding none.
-            self.kv.free(slot)?;
+            self.free_kv(slot)?;
             self.waiting.remove(slot);
             let key = self.priority_key(slot);
             self.waiting.push_back(slot, key);

@@ -30,10 +30,22 @@ pub struct PdConfig {
 }
 
 /// What a transfer costs: the KV's size and the links' figures (from the catalog).
+///
+/// Under vLLM's hybrid KV cache manager a connector moves each KV cache group's blocks
+/// (NixlConnector is `SupportsHMA`): every token's KV of the full-attention layers, only
+/// the window's of a sliding-window group (its earlier blocks are null blocks), and one
+/// state per request of a Mamba / linear-attention group. Without groups the window and
+/// state terms are 0 and every attention layer counts in `kv_bytes_per_token`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct KvLink {
-    /// KV bytes of one token, all layers and heads (the same on both sides).
+    /// KV bytes of one token, all (full-attention) layers and heads (the same on both sides).
     pub kv_bytes_per_token: f64,
+    /// Sliding-window layers moved as groups: the tokens a request keeps in them at most
+    /// (its window and a block; 0 = no such group) and their KV bytes per token.
+    pub window_tokens: u64,
+    pub window_bytes_per_token: f64,
+    /// Linear-attention (Mamba / GDN) state bytes of one request, moved once per transfer.
+    pub state_bytes: f64,
     pub gpus_per_node: u32,
     /// GPUs of one prefill / decode replica (TP x PP).
     pub prefill_gpus: u32,
@@ -95,6 +107,17 @@ impl PdConfig {
 }
 
 impl KvLink {
+    /// Bytes a transfer of `tokens` moves: every token's full-attention KV, the window
+    /// group's at most `window_tokens`, and the request's state once.
+    pub fn bytes(&self, tokens: u64) -> f64 {
+        if tokens == 0 {
+            return 0.0;
+        }
+        tokens as f64 * self.kv_bytes_per_token
+            + tokens.min(self.window_tokens) as f64 * self.window_bytes_per_token
+            + self.state_bytes
+    }
+
     fn validate(&self) -> Result<()> {
         let positive = [
             (
@@ -110,6 +133,11 @@ impl KvLink {
             }
         }
         for (key, value) in [
+            (
+                "cluster.kv_transfer.window_bytes_per_token",
+                self.window_bytes_per_token,
+            ),
+            ("cluster.kv_transfer.state_bytes", self.state_bytes),
             (
                 "cluster.kv_transfer.nvlink_latency_s",
                 self.nvlink_latency_s,
@@ -191,7 +219,7 @@ impl Links {
             (l.network_gbps, l.network_latency_s)
         };
         let lanes = self.gpus(src).1.min(self.gpus(dst).1) as f64;
-        latency + tokens as f64 * l.kv_bytes_per_token / (lanes * per_gpu_gbps * 1e9)
+        latency + l.bytes(tokens) / (lanes * per_gpu_gbps * 1e9)
     }
 
     /// Schedules a transfer of `tokens` from `src` to `dst` asked for at `now`.
@@ -212,6 +240,9 @@ mod tests {
     fn link() -> KvLink {
         KvLink {
             kv_bytes_per_token: 1e6,
+            window_tokens: 0,
+            window_bytes_per_token: 0.0,
+            state_bytes: 0.0,
             gpus_per_node: 4,
             prefill_gpus: 2,
             decode_gpus: 1,
@@ -238,6 +269,35 @@ mod tests {
         links = Links::new(link(), 2, 2);
         // Node 0 holds both prefill replicas, so decode replica 2 is on node 1: network.
         assert!((links.duration(1, 2, 1000) - (1e-3 + 0.1)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn hybrid_groups_move_the_window_and_one_state_beside_every_full_token() {
+        let hybrid = KvLink {
+            window_tokens: 144,
+            window_bytes_per_token: 2e6,
+            state_bytes: 5e7,
+            ..link()
+        };
+        // 100 tokens: 100 x 1 MB + 100 x 2 MB (inside the window) + 50 MB of state.
+        assert_eq!(hybrid.bytes(100), 1e8 + 2e8 + 5e7);
+        // 1000 tokens: the window group moves only its 144 tokens.
+        assert_eq!(hybrid.bytes(1000), 1e9 + 144.0 * 2e6 + 5e7);
+        assert_eq!(
+            hybrid.bytes(0),
+            0.0,
+            "nothing to load moves no state either"
+        );
+        let links = Links::new(hybrid, 1, 1);
+        // One GPU a side, one node of 4: NVLink at 100 GB/s.
+        let want = 1e-5 + hybrid.bytes(1000) / 100e9;
+        assert!((links.duration(0, 1, 1000) - want).abs() < 1e-12);
+        let bad = KvLink {
+            state_bytes: -1.0,
+            ..link()
+        };
+        let err = bad.validate().unwrap_err().to_string();
+        assert!(err.contains("cluster.kv_transfer.state_bytes"), "{err}");
     }
 
     #[test]

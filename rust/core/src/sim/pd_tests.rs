@@ -21,6 +21,9 @@ fn v1(num_blocks: usize) -> ReplicaPolicyConfig {
 pub(super) fn link() -> KvLink {
     KvLink {
         kv_bytes_per_token: 1e6,
+        window_tokens: 0,
+        window_bytes_per_token: 0.0,
+        state_bytes: 0.0,
         gpus_per_node: 1,
         prefill_gpus: 1,
         decode_gpus: 1,

@@ -296,7 +296,7 @@ impl PySimConfig {
 /// The decode pool as the core takes it: `{num_replicas, num_stages, replica (a
 /// ReplicaSpec), global_policy, balance, link: {kv_bytes_per_token, gpus_per_node,
 /// prefill_gpus, decode_gpus, nvlink_gbps, nvlink_latency_s, network_gbps,
-/// network_latency_s}}` (checked by `SimConfig::validate`).
+/// network_latency_s; optional window_tokens, window_bytes_per_token, state_bytes}}` (checked by `SimConfig::validate`).
 fn pd_config(d: &Bound<'_, PyDict>) -> PyResult<PdConfig> {
     let py = d.py();
     fn get<'py>(d: &Bound<'py, PyDict>, key: &str) -> PyResult<Bound<'py, PyAny>> {
@@ -319,6 +319,19 @@ fn pd_config(d: &Bound<'_, PyDict>) -> PyResult<PdConfig> {
         decode_router: GlobalPolicy::from_name(&policy, balance).or_raise(py)?,
         link: KvLink {
             kv_bytes_per_token: get(link, "kv_bytes_per_token")?.extract()?,
+            // Hybrid KV groups' terms (vLLM's hybrid manager with a connector); absent: 0.
+            window_tokens: match link.get_item("window_tokens")? {
+                Some(v) => v.extract()?,
+                None => 0,
+            },
+            window_bytes_per_token: match link.get_item("window_bytes_per_token")? {
+                Some(v) => v.extract()?,
+                None => 0.0,
+            },
+            state_bytes: match link.get_item("state_bytes")? {
+                Some(v) => v.extract()?,
+                None => 0.0,
+            },
             gpus_per_node: get(link, "gpus_per_node")?.extract()?,
             prefill_gpus: get(link, "prefill_gpus")?.extract()?,
             decode_gpus: get(link, "decode_gpus")?.extract()?,

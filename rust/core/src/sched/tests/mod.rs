@@ -14,6 +14,7 @@ mod draft_slots;
 mod encoder;
 mod encoder_connector;
 mod encoder_settings;
+mod hisparse;
 mod hooks;
 mod hybrid;
 mod hybrid_connectors;

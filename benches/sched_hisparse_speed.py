@@ -1,0 +1,81 @@
+"""What vLLM 0.33's HiSparse host page pool (``Scheduler.set_hisparse_host_pages``,
+``sched::hisparse``) costs the step scheduler and what it changes: one step
+(``schedule()`` + the fake model's ``update_from_output``) with R running decodes, the pool
+off against on (room for every page, so the decisions are the same); and a mix (256
+requests of 200-1,200 tokens, 64 output tokens each) run to completion with a host pool of
+a quarter of the device blocks against none: steps, preemptions and wall time. Medians of
+5 runs each, off and on interleaved.
+
+    PYTHONPATH=python .venv/bin/python benches/sched_hisparse_speed.py [--steps 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+from sched_steps import decode_step_times, run_step
+
+from tokenyard.sched import Scheduler, SchedulerConfig
+
+
+def config(num_blocks: int, running: int = 0) -> SchedulerConfig:
+    return SchedulerConfig(
+        max_num_seqs=running,
+        max_num_batched_tokens=8192 if running else 2048,
+        num_blocks=num_blocks,
+        scheduler_reserve_full_isl=True,
+    )
+
+
+def decode_steps(running: int, steps: int, host: bool) -> list[float]:
+    s = Scheduler(config(65536, running))
+    if host:
+        s.set_hisparse_host_pages(65536 + 1)
+    for i in range(running):
+        s.add_request(i, [i * 1000 + t for t in range(128)], 100_000 - 1)
+    return decode_step_times(s, running, steps)
+
+
+def mix(host_blocks: int | None, seed: int = 0) -> tuple[float, int, int]:
+    rng = random.Random(seed)
+    s = Scheduler(config(4096))
+    if host_blocks is not None:
+        s.set_hisparse_host_pages(host_blocks)
+    for i in range(256):
+        s.add_request(i, [rng.randrange(30_000) for _ in range(rng.randrange(200, 1200))], 64)
+    steps = 0
+    t = time.perf_counter()
+    while s.has_unfinished_requests():
+        run_step(s)
+        steps += 1
+    return time.perf_counter() - t, steps, s.stats().num_preemptions
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=300)
+    args = parser.parse_args()
+    runs: dict[int | None, list[tuple[float, int, int]]] = {None: [], 1024: []}
+    for _ in range(5):
+        for host in runs:
+            runs[host].append(mix(host))
+    for host, rs in runs.items():
+        wall = statistics.median(r[0] for r in rs)
+        print(
+            f"mix, host pool {host or 'off'}: {wall * 1e3:.1f} ms, {rs[0][1]} steps, "
+            f"{rs[0][2]} preemptions"
+        )
+    for running in (256, 1024):
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(5):
+            for host in (False, True):
+                times[host].append(statistics.median(decode_steps(running, args.steps, host)))
+        off, on = statistics.median(times[False]), statistics.median(times[True])
+        print(f"R={running}: off {off:.1f} us/step, on {on:.1f} us/step, on/off {on / off:.3f}")
+
+
+if __name__ == "__main__":
+    main()

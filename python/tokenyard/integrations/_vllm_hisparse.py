@@ -1,0 +1,193 @@
+"""vLLM 0.33's HiSparse host page tier through ``TokenyardScheduler``
+(``tokenyard.integrations.vllm``), over the core's (``sched::hisparse``).
+
+vLLM serves a sparse-attention MLA model (DeepSeek-V3.2-style) with a host page pool beside
+the device blocks: ``KVCacheConfig.hisparse_host_num_blocks`` host blocks, block 0 the null
+block, one per page a request holds slots for (``HiSparseSourceManager`` in
+``v1/core/single_type_kv_cache_manager.py``: ``get_num_blocks_to_allocate`` refuses when the
+host pool cannot back the pages). With ``scheduler_reserve_full_isl`` (vLLM's default) the
+admission gate asks for the whole prompt's pages, so admitted async loads can always
+finish. Here:
+
+- a ``kv_cache_config`` with ``hisparse_host_num_blocks`` (assigned on a built scheduler, as
+  vLLM's tests do) turns the core's host pool on, sized by it, with the HiSparse source
+  group's block size (the core serves the scheduler's own); one without turns it off. The
+  config's device groups (the indexer, resident and hot pages) are not adopted: the core
+  keeps the device pool it was built with (vLLM's HiSparse layout given at construction is
+  refused, ``refuse_hisparse_device_groups``: the core has no groups for its resident and
+  hot pages).
+- a vLLM ``KVCacheManager`` assigned to ``kv_cache_manager``: its ``kv_cache_config`` is
+  adopted as above, and ``kv_cache_manager`` stays the view of the core's KV; the assigned
+  object itself is never consulted (its block tables stay empty). Any other manager is
+  refused (ConfigError): nothing of it would be used.
+- the KV connector's ``has_pending_block_frees()`` (a HiSparse connector's
+  ``coordinator.has_pending_reclamation()``) is asked, as vLLM 0.33's ``schedule()`` asks
+  it, when a running request's allocation finds no room: ``True`` stalls the request (no
+  preemption, nothing more of the running queue this step). Routed as a step hook
+  (``_vllm_hooks``) whenever the bound connector overrides vLLM's base method.
+- ``_inflight_prefills`` is the core's (admitted with prompt left, or loading).
+
+Imported only by ``tokenyard.integrations.vllm``, so vLLM is installed when this runs.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+from vllm.v1.request import Request
+
+from tokenyard.errors import ConfigError
+from tokenyard.integrations._vllm_state import AdapterBase
+
+_BASE_PENDING_FREES = KVConnectorBase_V1.has_pending_block_frees
+
+
+def hisparse_host_pool(kv_cache_config: Any) -> tuple[int, int | None] | None:
+    """``(hisparse_host_num_blocks, the HiSparse source group's block_size)`` of a vLLM 0.33
+    ``KVCacheConfig`` (``None`` for the block size if it names no source group), or
+    ``None`` without HiSparse."""
+    num_blocks = getattr(kv_cache_config, "hisparse_host_num_blocks", None)
+    if num_blocks is None:
+        return None
+    block_size = None
+    for group in getattr(kv_cache_config, "kv_cache_groups", ()) or ():
+        role = getattr(getattr(group, "role", None), "name", None)
+        if role == "HISPARSE_SOURCE":
+            block_size = int(group.kv_cache_spec.block_size)
+            break
+    return int(num_blocks), block_size
+
+
+def refuse_hisparse_device_groups(kv_cache_config: Any) -> None:
+    """Raises ConfigError for a vLLM 0.33 HiSparse layout given at construction: its
+    device-side groups (the resident and hot pages, ``HiSparseResidentSpec`` and
+    ``HiSparseHotSpec``) are not modelled, only the host page pool is."""
+    for i, group in enumerate(getattr(kv_cache_config, "kv_cache_groups", ()) or ()):
+        kind = type(getattr(group, "kv_cache_spec", None)).__name__
+        if kind in ("HiSparseResidentSpec", "HiSparseHotSpec"):
+            field = f"kv_cache_groups[{i}].kv_cache_spec"
+            raise ConfigError(
+                f"{field}: HiSparse's device page groups ({kind}) are not modelled; "
+                "tokenyard's scheduler serves HiSparse's host page pool "
+                "(hisparse_host_num_blocks) beside its own device pool only",
+                field=field,
+                value=kind,
+            )
+
+
+class HiSparseTier(AdapterBase):
+    """The properties, mixed into ``TokenyardScheduler``."""
+
+    scheduler_config: Any
+
+    _kv_cache_config: Any = None
+    _kv_cache_manager: Any = None
+    connector: Any
+    # The connector whose has_pending_block_frees was last routed, and the hook.
+    _frees_routed: tuple[Any, Any] = (None, None)
+
+    @property
+    def kv_cache_config(self) -> Any:
+        """vLLM's ``KVCacheConfig``; assigning one with ``hisparse_host_num_blocks`` on a
+        built scheduler turns the core's host page pool on (without: off), before the first
+        request holds blocks (ConfigError after, or for a pool the core cannot serve)."""
+        return self._kv_cache_config
+
+    @kv_cache_config.setter
+    def kv_cache_config(self, config: Any) -> None:
+        if "_core" in vars(self):
+            self._adopt_host_pool(config)
+        self._kv_cache_config = config
+
+    @property
+    def kv_cache_manager(self) -> Any:
+        """The view of the core's KV (``_KVCacheManagerView``). Assigning a vLLM
+        ``KVCacheManager`` adopts its ``kv_cache_config`` (HiSparse's host pool; the object
+        is not consulted); anything else raises ConfigError."""
+        return self._kv_cache_manager
+
+    @kv_cache_manager.setter
+    def kv_cache_manager(self, manager: Any) -> None:
+        if self._kv_cache_manager is None or manager is self._kv_cache_manager:
+            self._kv_cache_manager = manager
+            return
+        config = getattr(manager, "kv_cache_config", None)
+        if not isinstance(manager, KVCacheManager) or hisparse_host_pool(config) is None:
+            raise ConfigError(
+                f"kv_cache_manager: {type(manager).__name__} assigned to tokenyard's "
+                "scheduler would not be consulted (the KV blocks are the core's); only a "
+                "vLLM KVCacheManager with a HiSparse host pool is taken, for its config",
+                field="kv_cache_manager",
+                value=type(manager).__name__,
+            )
+        self.kv_cache_config = config
+
+    def _adopt_host_pool(self, config: Any) -> None:
+        pool = hisparse_host_pool(config)
+        if pool is None:
+            self._core.set_hisparse_host_pages(None)
+            return
+        num_blocks, block_size = pool
+        self._core.set_hisparse_host_pages(num_blocks, block_size)
+
+    @property
+    def _inflight_prefills(self) -> set[Request]:
+        """vLLM 0.33's: the requests still prefilling (a chunk left, or an async load in
+        flight). A snapshot."""
+        vllm_ids = self._vllm_ids
+        return {self.requests[vllm_ids[i]] for i in self._core.inflight_prefill_ids()}
+
+    @property
+    def scheduler_reserve_full_isl(self) -> bool:
+        """vLLM 0.33's admission gate: a request's whole sequence must fit (the core's,
+        from ``scheduler_config``; assigning another value raises ConfigError)."""
+        return bool(getattr(self.scheduler_config, "scheduler_reserve_full_isl", True))
+
+    @scheduler_reserve_full_isl.setter
+    def scheduler_reserve_full_isl(self, value: bool) -> None:
+        if bool(value) != self.scheduler_reserve_full_isl:
+            raise ConfigError(
+                f"scheduler_reserve_full_isl: {value!r} on a built scheduler (the core's "
+                "admission gate is set at construction, from scheduler_config)",
+                field="scheduler_reserve_full_isl",
+                value=str(value),
+            )
+
+    def _pending_block_frees_hook(self) -> Any:
+        """The step hook asking the bound connector's ``has_pending_block_frees`` (``None``
+        when no connector is bound or it keeps vLLM's base answer, ``False``)."""
+        connector = self.connector
+        if connector is None or type(connector).has_pending_block_frees is _BASE_PENDING_FREES:
+            self._frees_routed = (None, None)
+            return None
+        if self._frees_routed[0] is not connector:
+            ref = weakref.ref(self)
+
+            def pending() -> bool:
+                scheduler = ref()
+                return scheduler is not None and bool(scheduler.connector.has_pending_block_frees())
+
+            self._frees_routed = (connector, pending)
+        return self._frees_routed[1]
+
+    def _take_recorded_landings(self) -> None:
+        """Loads recorded as landed in ``finished_recving_kv_req_ids`` by a caller (vLLM
+        0.33's scheduler takes that set as the record, ``_update_waiting_for_remote_kv``)
+        that the core still has in flight: the core is told, as if the connector had
+        reported them."""
+        bridge = self._bridge
+        if bridge is None:
+            return
+        landed = [i for i in self.finished_recving_kv_req_ids if i in bridge.loading]
+        if not landed:
+            return
+        self._core.finish_kv_transfers(
+            finished_recving=[self._core_ids[i] for i in landed],
+            finished_sending=[],
+            failed_recving=[],
+        )
+        for request_id in landed:
+            bridge.loading.discard(request_id)

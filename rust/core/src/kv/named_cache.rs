@@ -1,0 +1,359 @@
+//! The prefix cache's index of KV blocks named by trace block ([`content_block`]): one
+//! entry per trace block (per seed) holding, for each place of its KV blocks, the block
+//! that caches it. A named KV block's hash carries its seed and place ([`named_parts`]),
+//! so inserting, looking up and evicting one is a probe for its seed's entry (the same
+//! entry, hot, for every KV block of a trace block: a 512-token trace block is 32 KV
+//! blocks of 16) and a read or write of one slot in the entry's run of slots. The
+//! per-block map ([`CacheMap`](super::cache_map::CacheMap)) keeps token-hashed blocks and
+//! routes named hashes here; it still owns the counts and the list of copies of a hash.
+//!
+//! - Entries live in an open-addressing table (linear probing from the seed's top bits,
+//!   at most half full, removed by backward shift, so no tombstones). An entry with no
+//!   cached place is removed.
+//! - An entry's slots are a chunk of `1 << shift` `u32`s (block id + 1; 0: not cached) in
+//!   one slab, with free lists per size. A new entry's chunk fits the most places any
+//!   entry has needed, so a pool whose trace blocks are 32 KV blocks does not regrow 32
+//!   times per trace block.
+//!
+//! Invariant: a slot holds the first block caching its (seed, place) hash, exactly as the
+//! per-block map would answer for that hash; `count` is the number of non-zero slots.
+//!
+//! [`content_block`]: super::content_block
+//! [`named_parts`]: super::block_hash::named_parts
+
+use super::block_hash::NamedKey;
+use super::block_pool::BlockId;
+
+const MIN_ENTRIES: usize = 64;
+
+/// Bits of an entry's `meta` that count its cached places (at most 1,024).
+const COUNT_BITS: u16 = 11;
+const COUNT_MASK: u16 = (1 << COUNT_BITS) - 1;
+
+/// 16 bytes, four to a cache line.
+#[derive(Debug, Clone, Copy, Default)]
+struct Entry {
+    /// The key (`NamedKey`'s parts).
+    hi: u64,
+    lo: u16,
+    /// Places cached (non-zero slots) in the low `COUNT_BITS`, the chunk's `shift` above;
+    /// 0: the table slot is empty.
+    meta: u16,
+    /// With `shift` 0, the one slot itself (a trace block of one KV block needs no chunk);
+    /// else the offset of the entry's chunk of `1 << shift` slots in the slab.
+    slots: u32,
+}
+
+impl Entry {
+    fn key(&self) -> NamedKey {
+        NamedKey {
+            hi: self.hi,
+            lo: self.lo,
+        }
+    }
+
+    fn count(&self) -> u16 {
+        self.meta & COUNT_MASK
+    }
+
+    fn shift(&self) -> u8 {
+        (self.meta >> COUNT_BITS) as u8
+    }
+
+    fn is_empty(&self) -> bool {
+        self.meta == 0
+    }
+}
+
+/// Slot `place` of `entry` (which has that many), inline or in the slab.
+fn slot_mut<'a>(entry: &'a mut Entry, slab: &'a mut [u32], place: u32) -> &'a mut u32 {
+    if entry.shift() == 0 {
+        &mut entry.slots
+    } else {
+        &mut slab[(entry.slots + place) as usize]
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct NamedCache {
+    entries: Vec<Entry>,
+    num_entries: usize,
+    slab: Vec<u32>,
+    /// Free chunks by `shift`.
+    free_chunks: Vec<Vec<u32>>,
+    /// The largest `shift` any entry needed: new entries start with it.
+    typical_shift: u8,
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Planted fault for the differential test: a cached place's eviction clears the slot
+    /// of the place after it instead (a named block's eviction mis-addressed).
+    pub(super) static PLANTED_WRONG_SLOT: std::cell::Cell<bool> =
+        const { std::cell::Cell::new(false) };
+}
+
+impl Default for NamedCache {
+    fn default() -> Self {
+        Self {
+            entries: vec![Entry::default(); MIN_ENTRIES],
+            num_entries: 0,
+            slab: Vec::new(),
+            free_chunks: Vec::new(),
+            typical_shift: 0,
+        }
+    }
+}
+
+fn shift_for(place: u32) -> u8 {
+    (u32::BITS - place.leading_zeros()) as u8
+}
+
+impl NamedCache {
+    fn mask(&self) -> usize {
+        self.entries.len() - 1
+    }
+
+    /// The table slot of `key`'s entry, or of the empty slot ending its probe run.
+    fn find(&self, key: NamedKey) -> (usize, bool) {
+        let mask = self.mask();
+        let mut i = key.home() & mask;
+        loop {
+            let entry = &self.entries[i];
+            if entry.is_empty() {
+                return (i, false);
+            }
+            if entry.hi == key.hi && entry.lo == key.lo {
+                return (i, true);
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    /// A word of `key`'s home slot, read ahead of a probe.
+    #[inline]
+    pub(super) fn home_word(&self, key: NamedKey) -> u64 {
+        self.entries[key.home() & self.mask()].hi
+    }
+
+    /// The block caching place `place` of `key`, if any.
+    pub(super) fn get(&self, key: NamedKey, place: u32) -> Option<BlockId> {
+        let (i, found) = self.find(key);
+        if !found {
+            return None;
+        }
+        let entry = &self.entries[i];
+        let slot = match entry.shift() {
+            0 if place == 0 => entry.slots,
+            shift if place < 1 << shift && shift > 0 => self.slab[(entry.slots + place) as usize],
+            _ => return None,
+        };
+        slot.checked_sub(1)
+    }
+
+    /// Caches `block` at `key`'s `place` unless a block caches it already: returns that
+    /// block (then nothing changes).
+    pub(super) fn insert(&mut self, key: NamedKey, place: u32, block: BlockId) -> Option<BlockId> {
+        let (mut i, found) = self.find(key);
+        if !found {
+            if (self.num_entries + 1) * 2 > self.entries.len() {
+                self.grow();
+                i = self.find(key).0;
+            }
+            let shift = self.typical_shift.max(shift_for(place));
+            self.typical_shift = shift;
+            let slots = if shift == 0 {
+                0
+            } else {
+                self.take_chunk(shift)
+            };
+            // Its count is raised below, before any other lookup.
+            self.entries[i] = Entry {
+                hi: key.hi,
+                lo: key.lo,
+                meta: u16::from(shift) << COUNT_BITS,
+                slots,
+            };
+            self.num_entries += 1;
+        } else if place >= 1 << self.entries[i].shift() {
+            let shift = shift_for(place);
+            self.typical_shift = self.typical_shift.max(shift);
+            self.regrow(i, shift);
+        }
+        let entry = &mut self.entries[i];
+        let slot = slot_mut(entry, &mut self.slab, place);
+        if let Some(first) = slot.checked_sub(1) {
+            return Some(first);
+        }
+        *slot = block + 1;
+        entry.meta += 1;
+        None
+    }
+
+    /// Makes `block` the one caching `key`'s `place`, which is cached (a later copy takes
+    /// over from the evicted first).
+    pub(super) fn replace(&mut self, key: NamedKey, place: u32, block: BlockId) {
+        let (i, found) = self.find(key);
+        debug_assert!(found, "a copy takes over a cached place");
+        *slot_mut(&mut self.entries[i], &mut self.slab, place) = block + 1;
+    }
+
+    /// Un-caches `key`'s `place` (its only block was evicted); the entry goes with its last
+    /// place.
+    pub(super) fn remove(&mut self, key: NamedKey, place: u32) {
+        let (i, found) = self.find(key);
+        debug_assert!(found, "an evicted named block is cached");
+        #[cfg(test)]
+        let place = if PLANTED_WRONG_SLOT.get() && place + 1 < 1 << self.entries[i].shift() {
+            place + 1
+        } else {
+            place
+        };
+        let entry = &mut self.entries[i];
+        let slot = slot_mut(entry, &mut self.slab, place);
+        if *slot == 0 {
+            // Only under a planted fault.
+            return;
+        }
+        *slot = 0;
+        entry.meta -= 1;
+        if entry.count() == 0 {
+            if entry.shift() > 0 {
+                self.free_chunks[entry.shift() as usize].push(entry.slots);
+            }
+            self.num_entries -= 1;
+            self.delete_at(i);
+        }
+    }
+
+    /// Forgets every entry; the slab keeps its memory.
+    pub(super) fn clear(&mut self) {
+        self.entries.fill(Entry::default());
+        self.num_entries = 0;
+        self.slab.clear();
+        self.free_chunks.iter_mut().for_each(Vec::clear);
+    }
+
+    /// Entries (trace blocks with a cached place).
+    #[cfg(test)]
+    pub(super) fn num_entries(&self) -> usize {
+        self.num_entries
+    }
+
+    /// Empties table slot `i` and shifts back the entries after it whose probe run
+    /// crosses it (linear probing's deletion without tombstones).
+    fn delete_at(&mut self, mut hole: usize) {
+        let mask = self.mask();
+        let mut i = hole;
+        loop {
+            i = (i + 1) & mask;
+            let entry = self.entries[i];
+            if entry.is_empty() {
+                break;
+            }
+            let home = entry.key().home() & mask;
+            // The entry may fill the hole unless its home lies cyclically in (hole, i].
+            let stays = if hole <= i {
+                hole < home && home <= i
+            } else {
+                hole < home || home <= i
+            };
+            if !stays {
+                self.entries[hole] = entry;
+                hole = i;
+            }
+        }
+        self.entries[hole] = Entry::default();
+    }
+
+    fn grow(&mut self) {
+        let len = self.entries.len() * 2;
+        let old = std::mem::replace(&mut self.entries, vec![Entry::default(); len]);
+        for entry in old.into_iter().filter(|e| !e.is_empty()) {
+            let (i, _) = self.find(entry.key());
+            self.entries[i] = entry;
+        }
+    }
+
+    /// A chunk of `1 << shift` slots, all zero.
+    fn take_chunk(&mut self, shift: u8) -> u32 {
+        if self.free_chunks.len() <= shift as usize {
+            self.free_chunks.resize(shift as usize + 1, Vec::new());
+        }
+        if let Some(chunk) = self.free_chunks[shift as usize].pop() {
+            return chunk;
+        }
+        let chunk = self.slab.len();
+        self.slab.resize(chunk + (1 << shift), 0);
+        u32::try_from(chunk).expect("the named slab stays under 4G slots")
+    }
+
+    /// Moves entry `i`'s slots into a chunk of `1 << shift`.
+    fn regrow(&mut self, i: usize, shift: u8) {
+        let chunk = self.take_chunk(shift);
+        let entry = self.entries[i];
+        match entry.shift() {
+            0 => self.slab[chunk as usize] = entry.slots,
+            old_shift => {
+                let (old, len) = (entry.slots as usize, 1usize << old_shift);
+                self.slab.copy_within(old..old + len, chunk as usize);
+                // Free chunks are all zero (a fresh chunk's places are not cached).
+                self.slab[old..old + len].fill(0);
+                self.free_chunks[old_shift as usize].push(entry.slots);
+            }
+        }
+        let entry = &mut self.entries[i];
+        entry.slots = chunk;
+        entry.meta = entry.count() | u16::from(shift) << COUNT_BITS;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    #[test]
+    fn answers_as_a_map_of_places_through_growth_deletion_and_regrowth() {
+        let mut cache = NamedCache::default();
+        let mut model: HashMap<(NamedKey, u32), BlockId> = HashMap::new();
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        // Few home slots for many keys: long probe runs, deletions inside them.
+        let key_of = |n: u64| NamedKey::from_parts(n % 7, n as u16);
+        for step in 0..100_000u64 {
+            let key = key_of(next() % 300);
+            let place = (next() % [1, 4, 40][(step / 30_000) as usize % 3]) as u32;
+            if next() % 2 == 0 {
+                let block = (next() % 10_000) as BlockId;
+                let got = cache.insert(key, place, block);
+                assert_eq!(got, model.get(&(key, place)).copied());
+                model.entry((key, place)).or_insert(block);
+            } else if let Some(&block) = model.get(&(key, place)) {
+                if next() % 4 == 0 {
+                    cache.replace(key, place, block + 1);
+                    model.insert((key, place), block + 1);
+                } else {
+                    cache.remove(key, place);
+                    model.remove(&(key, place));
+                }
+            }
+            let probe = (key_of(next() % 300), (next() % 40) as u32);
+            assert_eq!(cache.get(probe.0, probe.1), model.get(&probe).copied());
+        }
+        for (&(key, place), &block) in &model {
+            assert_eq!(cache.get(key, place), Some(block));
+        }
+        let keys: std::collections::HashSet<_> = model.keys().map(|k| k.0).collect();
+        assert_eq!(cache.num_entries(), keys.len());
+        cache.clear();
+        assert_eq!(cache.num_entries(), 0);
+        assert!(model.keys().all(|&(k, p)| cache.get(k, p).is_none()));
+    }
+}

@@ -8,7 +8,13 @@ concurrency (requests of the longest length), the peak and mean batch (both pool
 replicas under P/D), simulated throughput and latency, the mean KV transfer, and the CPU
 seconds of ``simulate()`` (median of ``--repeats`` consecutive runs).
 
-    PYTHONPATH=python .venv/bin/python benches/sim_hybrid_groups.py [--requests 1024]
+``--align`` instead runs vLLM 0.33's default Mamba prefix caching (``mamba_cache_mode
+"align"``) against ``enable_prefix_caching = false`` (``"none"``) on the same seeded workload
+whose prompts open with one of 8 shared prefixes of 4,224 tokens (Qwen3.5: 4 aligned blocks
+of 1,056; Nemotron-3-Nano: 2 of 2,096 and part of a third), adding the prefix hit rate and
+TTFT p90.
+
+    PYTHONPATH=python .venv/bin/python benches/sim_hybrid_groups.py [--requests 1024] [--align]
 """
 
 from __future__ import annotations
@@ -64,6 +70,10 @@ def mapping(
     }
 
 
+#: The --align workload's shared prefixes (every prompt opens with one).
+SHARED = {"num_groups": 8, "prefix_tokens": 4224, "share_ratio": 1.0}
+
+
 def run(doc: dict[str, Any], repeats: int) -> tuple[dict[str, Any], Any, float]:
     config = config_from_mapping(doc)
     plan = plan_for(config)
@@ -99,8 +109,12 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=1024)
     parser.add_argument("--qps", type=float, default=1000.0)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--align", action="store_true", help="align against none")
     args = parser.parse_args()
     n, qps, k = args.requests, args.qps, args.repeats
+    if args.align:
+        align_table(n, qps, k)
+        return
     pd = {"decode": {"num_replicas": 1}}
     cases = [
         ("Qwen3.5-35B-A3B, groups", mapping(QWEN, n, qps, {})),
@@ -121,6 +135,30 @@ def main() -> None:
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for label, doc in cases:
         print(row(label, doc, k), flush=True)
+
+
+def align_table(n: int, qps: float, repeats: int) -> None:
+    print(
+        "| run | mamba_cache_mode | prefix hit rate | req/s | decode tok/s | TTFT p50 s "
+        "| TTFT p90 s | peak batch | CPU s |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for label, model in (("Qwen3.5-35B-A3B", QWEN), ("Nemotron-3-Nano", NEMOTRON)):
+        for caching in (True, False):
+            doc = mapping(model, n, qps, {})
+            doc["workload"]["shared_prefix"] = SHARED
+            doc["replica"]["scheduler"]["vllm_v1"] = {"enable_prefix_caching": caching}
+            _, result, cpu = run(doc, repeats)
+            s = result.summary
+            ttft = s["latency_s"]["ttft"]
+            print(
+                f"| {label} | {'align' if caching else 'none'} "
+                f"| {s['throughput']['prefix_hit_rate']:.3f} "
+                f"| {s['throughput']['requests_per_s']:.2f} "
+                f"| {s['throughput']['decode_tokens_per_s']:,.0f} | {ttft['p50']:.2f} "
+                f"| {ttft['p90']:.2f} | {s['replicas']['batch_size']['max']:.0f} | {cpu:.2f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -11,8 +11,10 @@ block until one layer's page holds a state page (``Platform._align_hybrid_block_
 tokens, a page of 1,081,344 B, the state padded to it. 10 full + 30 GDN layers form groups of
 10 (30 >= 1.5 x 10: ``_get_kv_cache_groups_uniform_page_size``): 3 GDN groups + 1 full, a
 block of 10 x 1,081,344 = 10,813,440 B. A request of 8,448 tokens holds ceil(8,448 / 1,056) =
-8 full-attention blocks and one page per GDN group (``MambaSpec.max_memory_usage_bytes``,
-``mamba_cache_mode="none"``): 11.
+8 full-attention blocks and, per GDN group, two pages in vLLM's default
+``mamba_cache_mode="align"`` (``MambaSpec.max_memory_usage_bytes``): 14; one page with
+prefix caching off (``"none"``): 11. The align mode's prefix hits and chunk split are in
+tests/test_hybrid_kv_align.py.
 """
 
 from __future__ import annotations
@@ -82,7 +84,8 @@ def test_the_attention_block_grows_until_a_page_holds_a_mamba_state() -> None:
 def test_qwen35_pool_is_vllms_arithmetic_for_its_mamba_groups() -> None:
     """Unset is vLLM 0.33's default (hybrid: required for Mamba state). The pool takes the
     memory the plan without groups reserved for 256 requests' state: 41,017,137,536 B,
-    3,793 blocks of 10,813,440 B; 3,793 // 11 = 344 requests at once."""
+    3,793 blocks of 10,813,440 B; 3,793 // 14 = 270 requests at once in vLLM's default
+    align mode, 3,793 // 11 = 344 with prefix caching off."""
     plan = plan_for(config())
     assert [(g.mixer, g.layers) for g in plan.kv_cache_groups] == [("gdn", 10)] * 3 + [("gqa", 10)]
     assert plan.kv_block_size == 1056
@@ -93,7 +96,10 @@ def test_qwen35_pool_is_vllms_arithmetic_for_its_mamba_groups() -> None:
     assert plan.available_kv_bytes == reserved.available_kv_bytes + reserved.reserved_state_bytes
     assert plan.reserved_state_bytes == 0
     assert plan.num_blocks == 41_017_137_536 // 10_813_440 == 3_793
-    assert plan.max_batch_size == 3_793 // 11 == 344
+    assert plan.max_batch_size == 3_793 // 14 == 270
+    off = plan_for(config(scheduler={"vllm_v1": {"enable_prefix_caching": False}}))
+    assert off.num_blocks == 3_793
+    assert off.max_batch_size == 3_793 // 11 == 344
 
 
 @pytest.mark.parametrize(
@@ -128,31 +134,39 @@ def test_false_is_refused_for_linear_state_and_true_is_the_default() -> None:
     assert sarathi.reserved_state_bytes > 0
 
 
-def test_the_banner_says_the_block_the_groups_and_that_prefix_caching_is_off() -> None:
+def test_the_banner_says_the_block_the_groups_and_the_mamba_cache_mode() -> None:
     c = config()
     (note,) = planning_notes(c, plan_for(c))
     assert note.startswith(
         "KV PLANNED WITH vLLM's HYBRID KV CACHE MANAGER (replica.hybrid_kv_cache_manager "
         "unset: vLLM 0.33 default): 4 KV groups of 10 layers (gdn + gdn + gdn + gqa), "
-        "10,813,440 B per block of 1056 tokens: 3,793 blocks; a 8,448-token request holds 11 "
-        "blocks, so 344 run at once"
+        "10,813,440 B per block of 1056 tokens: 3,793 blocks; a 8,448-token request holds 14 "
+        "blocks, so 270 run at once"
     )
     assert "holds a 1,073,152 B Mamba state page" in note
-    # vLLM's default align mode holds 2 pages per Mamba group: 3,793 // 14 = 270.
-    assert "holding 2 pages per Mamba group (270 at once)" in note
-    assert "WITHOUT PREFIX CACHING" in note
+    assert "PREFIX CACHING ON WITH mamba_cache_mode 'align'" in note
+    assert "holds 2 pages per request" in note
+    assert "WITHOUT PREFIX CACHING" not in note
     off = config(scheduler={"vllm_v1": {"enable_prefix_caching": False}})
-    assert "WITHOUT PREFIX CACHING" not in planning_notes(off, plan_for(off))[0]
+    (off_note,) = planning_notes(off, plan_for(off))
+    assert "a 8,448-token request holds 11 blocks, so 344 run at once" in off_note
+    assert "holds one page per request (mamba_cache_mode 'none') (enable_prefix_caching" in (
+        off_note
+    )
+    assert "'align'" not in off_note
 
 
 # ---- the simulation ------------------------------------------------------------------------
 
 
-def test_qwen35_runs_as_many_requests_as_its_groups_hold() -> None:
+@pytest.mark.parametrize("caching", [True, False])
+def test_qwen35_runs_as_many_requests_as_its_groups_hold(caching: bool) -> None:
     """100 blocks (99 past the null block): each request holds 8 full-attention blocks and
-    3 state pages, so 99 // 11 = 9 run at once."""
-    result = simulate(config(scheduler={"num_blocks": 100}))
-    summary = result.summary
+    3 state pages, so 99 // 11 = 9 run at once. The workload gives no prefix identity, so
+    vLLM's prefix caching has nothing to key and the groups run mamba_cache_mode 'none'
+    either way (one page)."""
+    scheduler = {"num_blocks": 100, "vllm_v1": {"enable_prefix_caching": caching}}
+    summary = simulate(config(scheduler=scheduler)).summary
     assert summary["num_requests"] == 64
     assert summary["replicas"]["batch_size"]["max"] == 9
     assert summary["preemption"]["num_restarts"] == 0
@@ -260,7 +274,11 @@ def test_draft_tokens_take_a_state_page_each_in_every_mamba_group() -> None:
     spec = {"method": "mtp", "num_speculative_tokens": 2, "acceptance_rate": 0.7}
     c = config(speculative=spec)
     assert plan_for(c).max_batch_size == 3_793 // 17 == 223
-    assert "each Mamba group holds 1 + 2 pages" in planning_notes(c, plan_for(c))[0]
+    (note,) = planning_notes(c, plan_for(c))
+    assert "each Mamba group holds 1 + 2 pages" in note
+    # The core's align groups hold no draft-token slots: mamba_cache_mode 'none' is kept.
+    assert "hold no draft-token state slots" in note
+    assert "WITHOUT PREFIX CACHING" in note
     summary = simulate(config(speculative=spec, scheduler={"num_blocks": 100})).summary
     assert summary["replicas"]["batch_size"]["max"] == 5
     assert summary["num_requests"] == 64

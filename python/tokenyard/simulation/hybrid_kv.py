@@ -23,12 +23,21 @@ a Mamba page and pads the Mamba page to it (``Platform._align_hybrid_block_size`
     attn  = k x ceil(mamba page / (k x attention bytes per token)),  k = max(16, bs)
     block = max(bs, 16 x ceil(attn / 16))   [16: FLASH_ATTN's MultipleOf(16) kernel blocks]
 
-and a request holds one page per Mamba group (``MambaSpec.max_memory_usage_bytes``,
-``mamba_cache_mode="none"``). vLLM 0.33's default for these models is prefix caching on and
-``mamba_cache_mode="align"`` (``MambaModelConfig.verify_and_update_config``,
-``model_executor/models/config.py``), which caches Mamba states at block boundaries; the
-core's Mamba groups are ``none`` mode only, so the simulator runs such a replica without
-prefix caching (vLLM's ``--no-enable-prefix-caching``) and the banner says so.
+vLLM 0.33's default for these models is prefix caching on with ``mamba_cache_mode="align"``
+(``MambaModelConfig.verify_and_update_config``, ``model_executor/models/config.py``), which
+the simulator runs (``align_mode``): each Mamba group keeps its state at block boundaries,
+cached under the block's hash, a request holding the running state and the one it was copied
+from (2 pages: ``MambaSpec.max_memory_usage_bytes`` in align mode, ``kv_cache_interface.py``),
+and the scheduler ends a prefill chunk on a block boundary (``Scheduler.
+_mamba_block_aligned_split``; ``mamba_block_size`` is the aligned block,
+``_align_hybrid_block_size``). With prefix caching off (``enable_prefix_caching = false``, or
+a workload without prefix identity) vLLM keeps ``mamba_cache_mode="none"``: one page per
+Mamba group, ``1 + num_speculative_tokens`` under speculative decoding. The core's align
+groups hold no draft-token state slots, so a replica with speculative decoding keeps
+``none`` and runs without prefix caching (the banner says so). Not modelled in align mode:
+the backend's internal prefill checkpoint (``num_prefill_checkpoint_blocks``: one more page,
+and no split at the last cacheable boundary, in vLLM's Mamba2 layers and its FlashInfer GDN
+prefill), and its alignment in the block size.
 
 Modelled: hybrids whose attention layers have one page size (gpt-oss: 2 groups; Qwen3.5:
 1 full + 3 Mamba groups), beside a P/D connector (NixlConnector is ``SupportsHMA``).
@@ -59,6 +68,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HybridKvLayout",
+    "align_mode",
     "aligned_block_size",
     "blocks_per_request",
     "check_pool_blocks",
@@ -175,14 +185,17 @@ def blocks_per_request(
     block_size: int,
     max_in_flight_tokens: int,
     speculative_blocks: int = 0,
+    *,
+    align: bool = False,
 ) -> int:
     """Blocks a request of ``num_tokens`` holds at most over every group (vLLM's
     ``max_memory_usage_bytes`` per group, in pages); a Mamba group holds one state page and
-    ``speculative_blocks`` more (``mamba_cache_mode="none"``)."""
+    ``speculative_blocks`` more (``mamba_cache_mode="none"``), or two with ``align`` (the
+    running state and the one it was copied from)."""
     total = 0
     for g in layout.groups:
         if g.state_bytes_per_request:
-            total += 1 + speculative_blocks
+            total += 2 if align else 1 + speculative_blocks
         elif g.mixer == "sliding":
             total += math.ceil(min(g.window - 1 + max_in_flight_tokens, num_tokens) / block_size)
             total += 1
@@ -203,7 +216,12 @@ def requests_held(config: SimulationConfig, plan: MemoryPlan, num_tokens: int) -
     layout = HybridKvLayout(plan.kv_cache_groups, 0, 0, plan.kv_block_size)
     in_flight = config.replica.scheduler.vllm_v1.max_num_batched_tokens
     per_request = blocks_per_request(
-        layout, num_tokens, layout.block_size, in_flight, speculative_blocks(config)
+        layout,
+        num_tokens,
+        layout.block_size,
+        in_flight,
+        speculative_blocks(config),
+        align=align_mode(config),
     )
     return plan.num_blocks // per_request
 
@@ -218,17 +236,38 @@ def speculative_blocks(config: SimulationConfig) -> int:
     return (spec.num_speculative_tokens or 0) if spec.method is not None else 0
 
 
-def group_specs(groups: tuple[KvGroup, ...], speculative_blocks: int = 0) -> tuple[_GroupSpec, ...]:
+def align_mode(config: SimulationConfig) -> bool:
+    """Whether a ``vllm_v1`` replica's Mamba groups run ``mamba_cache_mode="align"``, as
+    vLLM 0.33 sets it when prefix caching is on (``MambaModelConfig.
+    verify_and_update_config``): ``enable_prefix_caching`` on and no speculative decoding
+    (the core's align groups hold no draft-token state slots; ``none`` is kept then). A
+    workload without prefix identity also runs ``none`` (``run.replica_spec``)."""
+    c = config.replica.scheduler
+    return (
+        c.policy == "vllm_v1"
+        and c.vllm_v1.enable_prefix_caching
+        and speculative_blocks(config) == 0
+    )
+
+
+def group_specs(
+    groups: tuple[KvGroup, ...], speculative_blocks: int = 0, *, align: bool = False
+) -> tuple[_GroupSpec, ...]:
     """vLLM's groups (``HybridKvLayout.groups``) as ``tokenyard.kv`` specs, for
-    ``SchedulerConfig.kv_groups``. A Mamba group becomes ``1 + speculative_blocks``
-    ``MambaSpec`` groups: the core's holds one page per request, vLLM's that many (its
-    draft tokens' state slots), so the pool is charged as vLLM's is."""
+    ``SchedulerConfig.kv_groups``. A Mamba group becomes one ``MambaSpec(mamba_cache_mode=
+    "align")`` with ``align``, else ``1 + speculative_blocks`` ``MambaSpec`` groups: the
+    core's holds one page per request, vLLM's that many (its draft tokens' state slots), so
+    the pool is charged as vLLM's is."""
+    if align and speculative_blocks:
+        raise ValueError("group_specs: align mode holds no draft-token state slots")
     specs: list[_GroupSpec] = []
     for g in groups:
         if g.mixer == "sliding":
             specs.append(SlidingWindowSpec(sliding_window=g.window))
         elif g.mixer == "chunked":
             specs.append(ChunkedLocalAttentionSpec(attention_chunk_size=g.window))
+        elif g.state_bytes_per_request and align:
+            specs.append(MambaSpec(mamba_cache_mode="align"))
         elif g.state_bytes_per_request:
             specs.extend(MambaSpec() for _ in range(1 + speculative_blocks))
         else:
@@ -360,18 +399,22 @@ def max_model_len_fitting(
     block_size: int,
     max_num_batched_tokens: int,
     speculative_blocks: int = 0,
+    *,
+    align: bool = False,
 ) -> int:
     """The longest request whose blocks over every group fit ``num_kv_blocks`` as the
     step scheduler counts them (``SchedulerConfig::blocks_per_request``: a window group's
     blocks capped at its admission cap for one step in flight; a Mamba group's
-    ``1 + speculative_blocks``, as ``group_specs`` repeats it)."""
+    ``1 + speculative_blocks``, as ``group_specs`` repeats it; with ``align`` a Mamba
+    group's table slots, ``ceil(tokens / block_size)``, as the core counts them)."""
 
     def needed(tokens: int) -> int:
         total = 0
         for g in specs:
             required = math.ceil(tokens / block_size)
             if g.state_bytes_per_request:
-                required = min(required, 1) * (1 + speculative_blocks)
+                if not align:
+                    required = min(required, 1) * (1 + speculative_blocks)
             elif g.mixer == "sliding":
                 cap = math.ceil((g.window - 1 + max_num_batched_tokens) / block_size) + 1
                 required = min(required, cap)
@@ -408,7 +451,8 @@ def plan_hybrid(
     available = plan.available_kv_bytes + plan.reserved_state_bytes
     num_blocks = available // layout.bytes_per_block
     spec = speculative_blocks(config)
-    per_request = blocks_per_request(layout, max_request_tokens, bs, in_flight, spec)
+    align = align_mode(config)
+    per_request = blocks_per_request(layout, max_request_tokens, bs, in_flight, spec, align=align)
     max_batch_size = num_blocks // per_request
     if max_batch_size < 1:
         raise ConfigError(
@@ -453,8 +497,8 @@ def check_pool_blocks(prefill_block_size: int, decode_block_size: int, decode_tp
 
 
 def has_state_groups(groups: tuple[KvGroup, ...]) -> bool:
-    """Whether a plan's KV cache groups include Mamba (linear-attention state) groups,
-    which the core serves only without prefix caching (``mamba_cache_mode="none"``)."""
+    """Whether a plan's KV cache groups include Mamba (linear-attention state) groups
+    (prefix-cached only in ``mamba_cache_mode="align"``, ``align_mode``)."""
     return any(g.state_bytes_per_request for g in groups)
 
 
@@ -492,21 +536,35 @@ def _plan_words(
     caching = config.replica.scheduler.vllm_v1.enable_prefix_caching
     spec = speculative_blocks(config)
     seqs = state_reserved_seqs(plan)
-    pages = f"1 + {spec} pages (a state slot per draft token)" if spec else "one page"
-    return words + (
+    head = (
         f". The attention block is {layout.block_size} tokens, not {block_size}, so one "
         f"attention layer's page holds a {layout.mamba_page_bytes:,} B Mamba state page "
-        "(vLLM's _align_hybrid_block_size; the state pages padded to it); each Mamba group "
-        f"holds {pages} per request (mamba_cache_mode 'none')"
-        + (
-            f". vLLM 0.33 with prefix caching on (its default) runs mamba_cache_mode "
-            f"'align', caching Mamba states at block boundaries and holding {2 + spec} pages "
-            f"per Mamba group ({num_blocks // (per_request + mamba)} at once); the simulator's "
-            "Mamba groups have no align mode, so this replica runs WITHOUT PREFIX CACHING "
-            "(vLLM --no-enable-prefix-caching)"
-            if caching
-            else ""
+        "(vLLM's _align_hybrid_block_size; the state pages padded to it)"
+    )
+    if align_mode(config):
+        mode = (
+            ". PREFIX CACHING ON WITH mamba_cache_mode 'align' (vLLM 0.33's default): each "
+            "Mamba group caches its state at block boundaries and holds 2 pages per request "
+            "(the running state and the one it was copied from), and a prefill chunk ends on "
+            f"a {layout.block_size}-token boundary unless it ends the prompt; a workload "
+            "without prefix identity runs 'none' (one page). Not modelled: vLLM's internal "
+            "prefill checkpoint (one more page, in its Mamba2 layers and FlashInfer GDN "
+            "prefill)"
         )
+    else:
+        pages = f"1 + {spec} pages (a state slot per draft token)" if spec else "one page"
+        mode = f"; each Mamba group holds {pages} per request (mamba_cache_mode 'none')" + (
+            f". vLLM 0.33 with prefix caching on (its default) runs mamba_cache_mode "
+            f"'align', holding {2 + spec} pages per Mamba group; the simulator's align groups "
+            "hold no draft-token state slots, so with speculative decoding this replica runs "
+            "WITHOUT PREFIX CACHING (vLLM --no-enable-prefix-caching)"
+            if caching
+            else " (enable_prefix_caching = false)"
+        )
+    return (
+        words
+        + head
+        + mode
         + f". Without groups (state reserved for {seqs} requests, every attention layer "
         f"full): {plan.num_blocks:,} blocks of {block_size} tokens, "
         f"{min(plan.num_blocks // full_blocks, seqs)} requests of {full_blocks} blocks at once"

@@ -24,6 +24,7 @@ from tokenyard.simulation.execution import (
 )
 from tokenyard.simulation.execution import describe as describe_execution
 from tokenyard.simulation.hybrid_kv import (
+    align_mode,
     check_pool_blocks,
     group_specs,
     has_state_groups,
@@ -677,10 +678,12 @@ def replica_spec(
     if section == "vllm_v1":
         c = s.vllm_v1
         if plan.kv_cache_groups:
-            hybrid = _hybrid_scheduler(config, plan, num_blocks)
-            # The core's Mamba groups are vLLM's mamba_cache_mode "none": no prefix caching
-            # beside them (plan_hybrid's note says so).
-            caching = prefix_caching and not has_state_groups(plan.kv_cache_groups)
+            # Mamba groups are prefix-cached only in vLLM's mamba_cache_mode "align"
+            # (hybrid_kv.align_mode; plan_hybrid's note says which mode runs).
+            state = has_state_groups(plan.kv_cache_groups)
+            align = state and prefix_caching and align_mode(config)
+            hybrid = _hybrid_scheduler(config, plan, num_blocks, align=align)
+            caching = prefix_caching and (align or not state)
             return _core.ReplicaSpec.vllm_v1(
                 dataclasses.replace(
                     hybrid, enable_prefix_caching=c.enable_prefix_caching and caching
@@ -737,9 +740,13 @@ def replica_spec(
     )
 
 
-def _hybrid_scheduler(config: SimulationConfig, plan: MemoryPlan, num_blocks: int) -> Any:
+def _hybrid_scheduler(
+    config: SimulationConfig, plan: MemoryPlan, num_blocks: int, *, align: bool
+) -> Any:
     """The ``vllm_v1`` section with vLLM's hybrid KV cache groups (``hybrid_kv``): the
-    longest request is the longest whose blocks over every group fit."""
+    longest request is the longest whose blocks over every group fit. ``align``: Mamba
+    groups in ``mamba_cache_mode="align"`` with vLLM's block-aligned prefill split
+    (``mamba_block_size`` = the aligned block, ``_align_hybrid_block_size``)."""
     c = config.replica.scheduler.vllm_v1
     block_size = plan.kv_block_size or c.block_size
     spec = speculative_blocks(config)
@@ -749,6 +756,7 @@ def _hybrid_scheduler(config: SimulationConfig, plan: MemoryPlan, num_blocks: in
         block_size,
         c.max_num_batched_tokens,
         spec,
+        align=align,
     )
     return dataclasses.replace(
         c,
@@ -761,7 +769,8 @@ def _hybrid_scheduler(config: SimulationConfig, plan: MemoryPlan, num_blocks: in
             request_limit(config)[0],
             fitting - config.replica.speculative.num_lookahead_tokens(),
         ),
-        kv_groups=group_specs(plan.kv_cache_groups, spec),
+        kv_groups=group_specs(plan.kv_cache_groups, spec, align=align),
+        mamba_align_block_size=block_size if align else 0,
     )
 
 

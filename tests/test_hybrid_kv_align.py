@@ -26,7 +26,12 @@ from synthetic_jobs import one_replica, synthetic_workload
 from tokenyard.catalog import model as catalog_model
 from tokenyard.kv import FullAttentionSpec, MambaSpec
 from tokenyard.simulation import simulate
-from tokenyard.simulation.hybrid_kv import blocks_per_request, group_specs, vllm_kv_layout
+from tokenyard.simulation.hybrid_kv import (
+    blocks_per_request,
+    group_specs,
+    max_model_len_fitting,
+    vllm_kv_layout,
+)
 from tokenyard.simulation.planner import dtype_bytes, kv_groups
 from tokenyard.simulation.run import plan_for
 
@@ -116,6 +121,20 @@ def test_align_holds_two_pages_per_mamba_group(
     assert blocks_per_request(layout, 8448, bs, 2048, align=True) == full_blocks + 2 * num_mamba
     assert blocks_per_request(layout, 8448, bs, 2048) == full_blocks + num_mamba
     assert blocks_per_request(layout, 8448, bs, 2048, 2) == full_blocks + 3 * num_mamba
+
+
+def test_the_longest_request_counts_two_states_per_align_group() -> None:
+    """vLLM sizes an align-mode Mamba group at two states a request at start-up
+    (``MambaSpec.max_memory_usage_bytes``), whatever the length: Qwen3.5's full group and
+    three GDN groups on 28 blocks of 1,056 tokens fit ``28 - 3 x 2 = 22`` full blocks,
+    23,232 tokens (a block per table slot would have given 28 // 4 = 7 blocks, 7,392)."""
+    groups = kv_groups(catalog_model(QWEN), 2, 1, dtype_bytes("bf16", "bf16")[1])
+    layout = vllm_kv_layout(groups, 16, QWEN)
+    bs = layout.block_size
+    assert bs == 1056
+    fitting = max_model_len_fitting(layout.groups, 28, bs, 2048, align=True)
+    assert fitting == 22 * 1056 == 23_232
+    assert max_model_len_fitting(layout.groups, 28, bs, 2048) == 25 * 1056
 
 
 def test_group_specs_give_the_core_align_groups() -> None:

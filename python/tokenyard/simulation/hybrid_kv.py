@@ -406,14 +406,17 @@ def max_model_len_fitting(
     step scheduler counts them (``SchedulerConfig::blocks_per_request``: a window group's
     blocks capped at its admission cap for one step in flight; a Mamba group's
     ``1 + speculative_blocks``, as ``group_specs`` repeats it; with ``align`` a Mamba
-    group's table slots, ``ceil(tokens / block_size)``, as the core counts them)."""
+    group's two states, vLLM 0.33's ``MambaSpec.max_memory_usage_bytes`` in ``align``
+    mode: its table has a slot per block, the earlier ones the null block)."""
 
     def needed(tokens: int) -> int:
         total = 0
         for g in specs:
             required = math.ceil(tokens / block_size)
             if g.state_bytes_per_request:
-                if not align:
+                if align:
+                    required = min(required, 2)
+                else:
                     required = min(required, 1) * (1 + speculative_blocks)
             elif g.mixer == "sliding":
                 cap = math.ceil((g.window - 1 + max_num_batched_tokens) / block_size) + 1

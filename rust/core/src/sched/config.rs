@@ -228,7 +228,10 @@ impl SchedulerConfig {
     }
 
     /// Blocks one request of `num_tokens` tokens holds at most: one table per group, a
-    /// window group's capped at vLLM's admission cap for one step in flight.
+    /// window group's capped at vLLM's admission cap for one step in flight, a Mamba
+    /// `align` group's at the two states it holds (vLLM 0.33's
+    /// `MambaSpec.max_memory_usage_bytes`: `2 + num_speculative_blocks` pages in `align`
+    /// mode; its table has a slot per block, but the earlier slots hold the null block).
     pub fn blocks_per_request(&self, num_tokens: usize) -> usize {
         let bs = self.block_size;
         if !self.is_hybrid() {
@@ -238,8 +241,11 @@ impl SchedulerConfig {
         (self.kv_groups.iter())
             .map(|g| {
                 let required = g.num_required_blocks(num_tokens, bs);
-                g.max_admission_blocks(in_flight, bs)
-                    .map_or(required, |cap| required.min(cap))
+                let cap = match g.is_mamba_align() {
+                    true => Some(2),
+                    false => g.max_admission_blocks(in_flight, bs),
+                };
+                cap.map_or(required, |cap| required.min(cap))
             })
             .sum()
     }

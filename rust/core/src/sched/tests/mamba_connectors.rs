@@ -231,3 +231,26 @@ fn a_state_computed_in_this_step_is_not_hit_by_another_request_in_it() {
         .collect();
     assert_eq!(new, [(1, 48)]);
 }
+
+/// vLLM sizes a Mamba `align` group at two states a request (`MambaSpec.
+/// max_memory_usage_bytes`), not a block per table slot: with FA + align on 10 blocks of
+/// 16 that hold KV, a request of 8 x 16 = 128 tokens needs 8 + 2 = 10 and fits (a block
+/// per slot would be 16); of 129 tokens, 9 + 2 = 11 and is refused at validation.
+#[test]
+fn an_align_group_counts_two_states_towards_the_longest_request() {
+    let cfg = |max_model_len| SchedulerConfig {
+        kv_groups: vec![KvGroupSpec::FullAttention, KvGroupSpec::MambaAlign],
+        enable_prefix_caching: true,
+        block_size: 16,
+        num_blocks: 10,
+        reserve_null_block: false,
+        max_model_len,
+        max_num_batched_tokens: 16,
+        ..config()
+    };
+    assert_eq!(cfg(128).num_kv_blocks(), 10);
+    assert_eq!(cfg(128).blocks_per_request(128), 10);
+    assert!(cfg(128).validate().is_ok());
+    let err = cfg(129).validate().unwrap_err().to_string();
+    assert!(err.contains("needs 11 blocks"), "{err}");
+}

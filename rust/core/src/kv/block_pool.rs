@@ -115,6 +115,9 @@ struct NewTokens<'a> {
     /// Register newly full computed blocks in the prefix cache now (false: loaded tokens
     /// whose data has not landed).
     cache: bool,
+    /// `token_ids` is the request's whole token list: the new ones are those past the
+    /// tokens the pool knows of it (read from the entry the allocation looks up anyway).
+    after_known: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -388,8 +391,31 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
             num_tokens: num_new_tokens,
             num_lookahead: num_lookahead_tokens,
             cache: true,
+            after_known: false,
         };
         self.allocate(request_id, new, new_computed, extra_key)
+    }
+
+    /// [`Self::allocate_slots_counted`] without a prefix hit, given the request's whole
+    /// token list `token_ids`: the new tokens are those past the ones the pool knows of it
+    /// (all of them on a first allocation). A caller that keeps the whole list would
+    /// otherwise ask [`Self::num_tokens`] first, a second lookup of the request per step.
+    pub(crate) fn allocate_slots_after_known(
+        &mut self,
+        request_id: &R,
+        token_ids: &[TokenId],
+        num_new_tokens: usize,
+        num_lookahead_tokens: usize,
+        extra_key: Option<u64>,
+    ) -> Result<Option<usize>> {
+        let new = NewTokens {
+            token_ids,
+            num_tokens: num_new_tokens,
+            num_lookahead: num_lookahead_tokens,
+            cache: true,
+            after_known: true,
+        };
+        self.allocate(request_id, new, None, extra_key)
     }
 
     /// A request's first allocation when its `num_external_tokens` tokens after the prefix
@@ -432,6 +458,7 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
             num_tokens: num_external_tokens,
             num_lookahead: 0,
             cache: false,
+            after_known: false,
         };
         self.allocate(request_id, new, new_computed, extra_key)
     }
@@ -506,11 +533,18 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
         new_computed: Option<&ComputedBlocks>,
         extra_key: Option<u64>,
     ) -> Result<Option<usize>> {
+        if new_computed.is_none()
+            && let Some(allocated) = self.allocate_held(request_id, &new, extra_key)
+        {
+            return allocated;
+        }
+        // A first allocation: the pool knows none of the request's tokens yet.
         let NewTokens {
             token_ids: new_token_ids,
             num_tokens: num_new_tokens,
             num_lookahead: num_lookahead_tokens,
             cache,
+            after_known: _,
         } = new;
         let num_new_blocks = self.plan_allocation(
             request_id,
@@ -563,6 +597,60 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
             cache_full_blocks(block_size, cached, blocks, events, request);
         }
         Ok(Some(num_new_blocks))
+    }
+
+    /// [`Self::allocate`] for a request the pool holds, without a hit (every step of a
+    /// running request): the plan, the checks and the update read the one entry, looked up
+    /// once (`plan_allocation`, then the insert check, then the update looked it up three
+    /// times). Same checks in the same order, same answer. `None`: no entry.
+    fn allocate_held(
+        &mut self,
+        request_id: &R,
+        new: &NewTokens<'_>,
+        extra_key: Option<u64>,
+    ) -> Option<Result<Option<usize>>> {
+        let (block_size, caching) = (self.block_size, self.enable_caching);
+        let Self {
+            requests,
+            cached,
+            blocks,
+            events,
+            free_queue,
+            host,
+            stats,
+            ..
+        } = self;
+        let request = requests.get_mut(request_id)?;
+        if let Err(e) = check_allocation(request_id, new.num_tokens, true, false).and_then(|()| {
+            check_extra_key(extra_key, request.extra_key, "request was admitted with")
+        }) {
+            return Some(Err(e));
+        }
+        let num_slots = request.num_computed_tokens + new.num_tokens + new.num_lookahead;
+        let num_new_blocks = blocks_needed(num_slots, block_size, request.block_ids.len());
+        if num_new_blocks > free_queue.len() {
+            return Some(Ok(None));
+        }
+        let new_token_ids = match new.after_known {
+            true => &new.token_ids[request.num_tokens.min(new.token_ids.len())..],
+            false => new.token_ids,
+        };
+        request.block_ids.reserve(num_new_blocks);
+        let mut eviction = Eviction {
+            cached,
+            events,
+            host,
+            stats,
+        };
+        let table = &mut request.block_ids;
+        take_free_blocks(free_queue, blocks, &mut eviction, num_new_blocks, table);
+        let Eviction { cached, events, .. } = eviction;
+        append_tokens(block_size, caching, request, new_token_ids);
+        request.num_computed_tokens += new.num_tokens;
+        if caching && new.cache {
+            cache_full_blocks(block_size, cached, blocks, events, request);
+        }
+        Some(Ok(Some(num_new_blocks)))
     }
 
     /// Releases every block of the request, as vLLM V1 (0.33) does: blocks are visited last

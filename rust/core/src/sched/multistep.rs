@@ -405,9 +405,21 @@ impl<R: RequestKey> Scheduler<R> {
             let t = token(&request.request_id, request.num_tokens());
             request.all_token_ids.push(t);
         }
-        let mut known = self.kv.num_tokens(slot).unwrap_or(0);
         let n = computed - request.num_computed_tokens;
-        if window.hybrid && n > 1 {
+        if !window.hybrid {
+            // The pool takes the tokens past those it knows of the request.
+            let token_ids = &request.all_token_ids[..computed];
+            let allocated = (self.kv).allocate_after_known(slot, token_ids, n, 0, false, 0)?;
+            if allocated.is_none() {
+                return Err(Error::Internal(
+                    "a coalesced decode step found no free block (the window was planned wrong)"
+                        .into(),
+                ));
+            }
+            return Ok(self.caught_up(slot, computed, n));
+        }
+        let mut known = self.kv.num_tokens(slot).unwrap_or(0);
+        if n > 1 {
             // The steps before this one, in which the pool did nothing for the request, in
             // one allocation; this step's own, from their computed count, drops what its
             // window groups no longer attend to as the stepped one does.
@@ -421,7 +433,7 @@ impl<R: RequestKey> Scheduler<R> {
             known = computed - 1;
         }
         let new_tokens = &request.all_token_ids[known..computed];
-        let last = if window.hybrid { n.min(1) } else { n };
+        let last = n.min(1);
         let allocated = self
             .kv
             .allocate(slot, new_tokens, last, 0, None, None, false)?;
@@ -430,11 +442,16 @@ impl<R: RequestKey> Scheduler<R> {
                 "a coalesced decode step found no free block (the window was planned wrong)".into(),
             ));
         }
+        self.caught_up(slot, computed, n);
+        Ok(())
+    }
+
+    /// The request's state once its `n` lagging tokens up to `computed` have slots.
+    fn caught_up(&mut self, slot: u32, computed: usize, n: usize) {
         let request = self.req_mut(slot);
         request.num_computed_tokens = computed;
         request.in_flight_tokens.clear();
         request.in_flight_tokens.push_back(n);
         request.last_num_spec_tokens = 0;
-        Ok(())
     }
 }

@@ -259,13 +259,7 @@ impl<R: RequestKey> Scheduler<R> {
         if window.hybrid {
             return self.form_hybrid_decode_step(window, token);
         }
-        let bucket = &window.buckets[step % bs];
-        let in_step = |i: usize| !window.done[i] && window.last[i] >= step;
-        let num_new_blocks = (bucket.iter().map(|&i| i as usize))
-            .filter(|&i| in_step(i) && step >= window.first_alloc[i])
-            .filter(|&i| (step - window.first_alloc[i]).is_multiple_of(bs))
-            .count();
-        if num_new_blocks > self.kv.num_free_blocks() {
+        if self.num_new_decode_blocks(window, step) > self.kv.num_free_blocks() {
             return Ok(false);
         }
         window.formed = step;
@@ -279,6 +273,26 @@ impl<R: RequestKey> Scheduler<R> {
             }
         }
         Ok(true)
+    }
+
+    /// New blocks the window's step `step` takes (one KV group).
+    fn num_new_decode_blocks(&self, window: &DecodeWindow, step: usize) -> usize {
+        let bs = self.config.block_size;
+        let in_step = |i: usize| !window.done[i] && window.last[i] >= step;
+        (window.buckets[step % bs].iter().map(|&i| i as usize))
+            .filter(|&i| in_step(i) && step >= window.first_alloc[i])
+            .filter(|&i| (step - window.first_alloc[i]).is_multiple_of(bs))
+            .count()
+    }
+
+    /// Whether [`Self::form_decode_step`] would schedule the window's next step now (its
+    /// new blocks fit the free ones). Over KV groups, whose check frees blocks as it goes,
+    /// `false`: unsure.
+    pub fn next_decode_step_fits(&self, window: &DecodeWindow) -> bool {
+        let step = window.formed + 1;
+        !window.hybrid
+            && window.formed < window.num_steps
+            && self.num_new_decode_blocks(window, step) <= self.kv.num_free_blocks()
     }
 
     /// [`Self::form_decode_step`] over the KV groups' coordinator. The first step acts for
@@ -416,7 +430,8 @@ impl<R: RequestKey> Scheduler<R> {
                         .into(),
                 ));
             }
-            return Ok(self.caught_up(slot, computed, n));
+            self.caught_up(slot, computed, n);
+            return Ok(());
         }
         let mut known = self.kv.num_tokens(slot).unwrap_or(0);
         if n > 1 {

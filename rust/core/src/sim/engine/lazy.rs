@@ -9,9 +9,10 @@
 //! brings each member's record up to date only when someone reads it.
 //!
 //! Invariant: a member's `SimRequest` is as stepping left it at the ledger's first step;
-//! `settle` applies the steps logged since, one by one, with the same operations in the
-//! same order as the batch-end pass (`SimRequest::on_batch_end` itself), so every field is
-//! bit-identical to stepping. It happens when the replica releases the member (it
+//! `settle` applies the steps logged since: their stage times added one by one in step
+//! order, as the batch-end pass adds them, then their tokens at once
+//! (`SimRequest::on_decode_steps`, the same fields as that many `on_batch_end`), so every
+//! field is bit-identical to stepping. It happens when the replica releases the member (it
 //! finished), and for every member before the replica forms a batch that is not the
 //! window's next step (`ReplicaPolicy::next_batch_continues_window` says, before
 //! `next_batch` runs, which may preempt or read a request). The token-gap histogram counts
@@ -37,10 +38,19 @@ pub(super) struct Ledger {
     members: Vec<(ReqIdx, u32)>,
     /// Σ of `members`' processed tokens at the first step.
     sum_processed: u64,
-    /// Steps ended since the first: (end time, stage time).
-    steps: Vec<(f64, StageTime)>,
+    /// Steps ended since the first.
+    steps: Vec<Step>,
     /// When the last step ended (every member's last token).
     last_end: f64,
+}
+
+/// A step ended lazily.
+#[derive(Debug, Clone, Copy)]
+struct Step {
+    end: f64,
+    time: StageTime,
+    /// The largest token gap of the steps so far, this one included.
+    max_gap: f64,
 }
 
 impl Ledger {
@@ -79,9 +89,15 @@ impl Ledger {
     pub fn end_step(&mut self, now: f64, time: StageTime, gaps: &mut GapHistogram) {
         #[cfg(test)]
         LAZY_STEPS.with(|n| n.set(n.get() + 1));
-        gaps.record_n(now - self.last_end, self.members.len() as u64);
+        let gap = now - self.last_end;
+        gaps.record_n(gap, self.members.len() as u64);
         self.last_end = now;
-        self.steps.push((now, time));
+        let max_gap = self.steps.last().map_or(gap, |s| s.max_gap.max(gap));
+        self.steps.push(Step {
+            end: now,
+            time,
+            max_gap,
+        });
     }
 
     /// Brings member `idx` up to date and drops it from the ledger (the replica released
@@ -105,13 +121,21 @@ impl Ledger {
         }
     }
 
-    /// The batch-end pass of each step since the first, as stepping runs it (the stage
-    /// time charged, then the step's token).
+    /// The batch-end pass of each step since the first, as stepping runs it: the stage
+    /// times added one by one in step order (the same sums, bit for bit), then the steps'
+    /// tokens (`SimRequest::on_decode_steps`).
     fn settle(&self, request: &mut SimRequest) {
-        for &(end, time) in &self.steps {
-            request.timing.execution_time += time.total_s;
-            request.timing.model_execution_time += time.model_s;
-            request.on_batch_end(end, 1);
+        let (Some(first), Some(last)) = (self.steps.first(), self.steps.last()) else {
+            return;
+        };
+        let timing = &mut request.timing;
+        let (mut total_s, mut model_s) = (timing.execution_time, timing.model_execution_time);
+        for step in &self.steps {
+            total_s += step.time.total_s;
+            model_s += step.time.model_s;
         }
+        (timing.execution_time, timing.model_execution_time) = (total_s, model_s);
+        let num_steps = self.steps.len() as u32;
+        request.on_decode_steps(num_steps, first.end, last.end, last.max_gap);
     }
 }

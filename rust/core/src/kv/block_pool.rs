@@ -115,6 +115,9 @@ struct NewTokens<'a> {
     /// Register newly full computed blocks in the prefix cache now (false: loaded tokens
     /// whose data has not landed).
     cache: bool,
+    /// `token_ids` is the request's whole token list: the new ones are those past the
+    /// tokens the pool knows of it (read from the entry the allocation looks up anyway).
+    after_known: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -397,8 +400,31 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
             num_tokens: num_new_tokens,
             num_lookahead: num_lookahead_tokens,
             cache: true,
+            after_known: false,
         };
         self.allocate(request_id, new, new_computed, extra_key)
+    }
+
+    /// [`Self::allocate_slots_counted`] without a prefix hit, given the request's whole
+    /// token list `token_ids`: the new tokens are those past the ones the pool knows of it
+    /// (all of them on a first allocation). A caller that keeps the whole list would
+    /// otherwise ask [`Self::num_tokens`] first, a second lookup of the request per step.
+    pub(crate) fn allocate_slots_after_known(
+        &mut self,
+        request_id: &R,
+        token_ids: &[TokenId],
+        num_new_tokens: usize,
+        num_lookahead_tokens: usize,
+        extra_key: Option<u64>,
+    ) -> Result<Option<usize>> {
+        let new = NewTokens {
+            token_ids,
+            num_tokens: num_new_tokens,
+            num_lookahead: num_lookahead_tokens,
+            cache: true,
+            after_known: true,
+        };
+        self.allocate(request_id, new, None, extra_key)
     }
 
     /// A request's first allocation when its `num_external_tokens` tokens after the prefix
@@ -441,6 +467,7 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
             num_tokens: num_external_tokens,
             num_lookahead: 0,
             cache: false,
+            after_known: false,
         };
         self.allocate(request_id, new, new_computed, extra_key)
     }
@@ -515,11 +542,18 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
         new_computed: Option<&ComputedBlocks>,
         extra_key: Option<u64>,
     ) -> Result<Option<usize>> {
+        if new_computed.is_none()
+            && let Some(allocated) = self.allocate_held(request_id, &new, extra_key)
+        {
+            return allocated;
+        }
+        // A first allocation: the pool knows none of the request's tokens yet.
         let NewTokens {
             token_ids: new_token_ids,
             num_tokens: num_new_tokens,
             num_lookahead: num_lookahead_tokens,
             cache,
+            after_known: _,
         } = new;
         let num_new_blocks = self.plan_allocation(
             request_id,
@@ -748,6 +782,9 @@ impl<R: RequestKey, Q: FreeQueue> KvCapacity for BlockPool<R, Q> {
 
 #[path = "block_pool_hits.rs"]
 mod hits;
+
+#[path = "block_pool_held.rs"]
+mod held;
 
 #[cfg(test)]
 #[path = "block_pool_tests.rs"]

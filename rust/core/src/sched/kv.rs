@@ -57,6 +57,17 @@ fn no_groups(what: &str) -> Error {
     )
 }
 
+/// `allocate_slots`' answer from the count of blocks an allocation added (the last ones of
+/// the request's table), read only when blocks were added and asked for: a decode step
+/// adds none for most requests (one lookup fewer each).
+fn new_block_ids(p: &RunBlockPool<u32>, slot: u32, num_new: usize, with_ids: bool) -> Vec<BlockId> {
+    if num_new == 0 || !with_ids {
+        return Vec::new();
+    }
+    let table = PrefixPool::block_ids(p, &slot).unwrap_or_default();
+    table[table.len() - num_new..].to_vec()
+}
+
 fn other_pool(slot: u32) -> Error {
     Error::input("hit", slot, "comes from the other kind of prefix pool")
 }
@@ -302,16 +313,7 @@ impl Kv {
                 };
                 let counted =
                     p.allocate_slots_counted(&slot, new_token_ids, n, lookahead, hit, extra_key)?;
-                // `allocate_slots`' answer, but the table is read only when blocks were
-                // added: a decode step adds none for most requests (one lookup fewer each).
-                Ok(counted.map(|num_new| match num_new {
-                    0 => Vec::new(),
-                    _ if !with_ids => Vec::new(),
-                    _ => {
-                        let table = PrefixPool::block_ids(p, &slot).unwrap_or_default();
-                        table[table.len() - num_new..].to_vec()
-                    }
-                }))
+                Ok(counted.map(|num_new| new_block_ids(p, slot, num_new, with_ids)))
             }
             (Kv::Radix(p), None) => {
                 PrefixPool::allocate_slots(p, &slot, new_token_ids, n, lookahead, None, extra_key)
@@ -358,6 +360,40 @@ impl Kv {
             }
             (_, Some(_)) => Err(other_pool(slot)),
         }
+    }
+
+    /// [`Self::allocate_in_flight`] without a hit or an extra key, given the request's
+    /// whole token list `token_ids`: the new tokens are those past what the pool knows of
+    /// it. The block-hash pool reads that count from the entry it looks up to allocate (a
+    /// running request's step looked it up once more for it); the others are asked first.
+    #[allow(clippy::too_many_arguments)]
+    pub fn allocate_after_known(
+        &mut self,
+        slot: u32,
+        token_ids: &[TokenId],
+        num_new_tokens: usize,
+        num_lookahead_tokens: usize,
+        with_ids: bool,
+        num_in_flight_tokens: usize,
+    ) -> Result<Option<Vec<BlockId>>> {
+        let (n, lookahead) = (num_new_tokens, num_lookahead_tokens);
+        if let Kv::BlockHash(p) = self {
+            let counted = p.allocate_slots_after_known(&slot, token_ids, n, lookahead, None)?;
+            return Ok(counted.map(|num_new| new_block_ids(p, slot, num_new, with_ids)));
+        }
+        let known = self.num_tokens(slot).unwrap_or(0);
+        let new_token_ids = &token_ids[known..];
+        let in_flight = num_in_flight_tokens;
+        self.allocate_in_flight(
+            slot,
+            new_token_ids,
+            n,
+            lookahead,
+            None,
+            None,
+            with_ids,
+            in_flight,
+        )
     }
 
     /// Blocks of the free queue that `num_tokens` slots of `slot` take beside what it holds

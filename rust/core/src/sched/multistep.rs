@@ -261,13 +261,7 @@ impl<R: RequestKey> Scheduler<R> {
         if window.hybrid {
             return self.form_hybrid_decode_step(window, token);
         }
-        let bucket = &window.buckets[step % bs];
-        let in_step = |i: usize| !window.done[i] && window.last[i] >= step;
-        let num_new_blocks = (bucket.iter().map(|&i| i as usize))
-            .filter(|&i| in_step(i) && step >= window.first_alloc[i])
-            .filter(|&i| (step - window.first_alloc[i]).is_multiple_of(bs))
-            .count();
-        if num_new_blocks > self.kv.num_free_blocks() {
+        if self.num_new_decode_blocks(window, step) > self.kv.num_free_blocks() {
             return Ok(false);
         }
         window.formed = step;
@@ -281,6 +275,26 @@ impl<R: RequestKey> Scheduler<R> {
             }
         }
         Ok(true)
+    }
+
+    /// New blocks the window's step `step` takes (one KV group).
+    fn num_new_decode_blocks(&self, window: &DecodeWindow, step: usize) -> usize {
+        let bs = self.config.block_size;
+        let in_step = |i: usize| !window.done[i] && window.last[i] >= step;
+        (window.buckets[step % bs].iter().map(|&i| i as usize))
+            .filter(|&i| in_step(i) && step >= window.first_alloc[i])
+            .filter(|&i| (step - window.first_alloc[i]).is_multiple_of(bs))
+            .count()
+    }
+
+    /// Whether [`Self::form_decode_step`] would schedule the window's next step now (its
+    /// new blocks fit the free ones). Over KV groups, whose check frees blocks as it goes,
+    /// `false`: unsure.
+    pub fn next_decode_step_fits(&self, window: &DecodeWindow) -> bool {
+        let step = window.formed + 1;
+        !window.hybrid
+            && window.formed < window.num_steps
+            && self.num_new_decode_blocks(window, step) <= self.kv.num_free_blocks()
     }
 
     /// [`Self::form_decode_step`] over the KV groups' coordinator. The first step acts for
@@ -407,9 +421,22 @@ impl<R: RequestKey> Scheduler<R> {
             let t = token(&request.request_id, request.num_tokens());
             request.all_token_ids.push(t);
         }
-        let mut known = self.kv.num_tokens(slot).unwrap_or(0);
         let n = computed - request.num_computed_tokens;
-        if window.hybrid && n > 1 {
+        if !window.hybrid {
+            // The pool takes the tokens past those it knows of the request.
+            let token_ids = &request.all_token_ids[..computed];
+            let allocated = (self.kv).allocate_after_known(slot, token_ids, n, 0, false, 0)?;
+            if allocated.is_none() {
+                return Err(Error::Internal(
+                    "a coalesced decode step found no free block (the window was planned wrong)"
+                        .into(),
+                ));
+            }
+            self.caught_up(slot, computed, n);
+            return Ok(());
+        }
+        let mut known = self.kv.num_tokens(slot).unwrap_or(0);
+        if n > 1 {
             // The steps before this one, in which the pool did nothing for the request, in
             // one allocation; this step's own, from their computed count, drops what its
             // window groups no longer attend to as the stepped one does.
@@ -423,7 +450,7 @@ impl<R: RequestKey> Scheduler<R> {
             known = computed - 1;
         }
         let new_tokens = &request.all_token_ids[known..computed];
-        let last = if window.hybrid { n.min(1) } else { n };
+        let last = n.min(1);
         let allocated = self
             .kv
             .allocate(slot, new_tokens, last, 0, None, None, false)?;
@@ -432,11 +459,16 @@ impl<R: RequestKey> Scheduler<R> {
                 "a coalesced decode step found no free block (the window was planned wrong)".into(),
             ));
         }
+        self.caught_up(slot, computed, n);
+        Ok(())
+    }
+
+    /// The request's state once its `n` lagging tokens up to `computed` have slots.
+    fn caught_up(&mut self, slot: u32, computed: usize, n: usize) {
         let request = self.req_mut(slot);
         request.num_computed_tokens = computed;
         request.in_flight_tokens.clear();
         request.in_flight_tokens.push_back(n);
         request.last_num_spec_tokens = 0;
-        Ok(())
     }
 }

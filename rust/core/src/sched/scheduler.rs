@@ -678,12 +678,12 @@ impl<R: RequestKey> Scheduler<R> {
         plan: &mut StepPlan<R>,
     ) -> Result<Allocation> {
         loop {
-            let known = self.kv.num_tokens(slot).unwrap_or(0);
             let request = self.slots[slot as usize]
                 .as_ref()
                 .expect("running slot is live");
             let in_flight = self.num_in_flight_tokens(slot);
-            let new_tokens = &request.all_token_ids[known..];
+            // The pool takes the tokens past those it knows of the request.
+            let token_ids = &request.all_token_ids[..];
             let lookahead = self.lookahead(request.num_computed_tokens + n);
             let with_ids = !self.lean_output;
             // After a bounded replay the pool counts the adopted hit as computed while the
@@ -702,8 +702,8 @@ impl<R: RequestKey> Scheduler<R> {
             }
             // Window groups free on the processed-token basis (vLLM 0.33).
             if allowed
-                && let Some(blocks) = self.kv.allocate_in_flight(
-                    slot, new_tokens, n_slots, lookahead, None, None, with_ids, in_flight,
+                && let Some(blocks) = self.kv.allocate_after_known(
+                    slot, token_ids, n_slots, lookahead, with_ids, in_flight,
                 )?
             {
                 self.charge_host_pages(slot);

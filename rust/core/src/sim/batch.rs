@@ -18,6 +18,11 @@ pub struct Batch {
     /// A one-stage batch's stage time, charged to its requests when it ends (in the pass
     /// that ends them, not one of its own; nothing else charges them in between).
     pub stage_time: Option<StageTime>,
+    /// A step of a coalesced decode window (`ReplicaPolicy::batch_is_window_step`).
+    pub window_step: bool,
+    /// Its requests are settled lazily (`engine::lazy`): the batch's passes over them are
+    /// skipped, and `epochs` is empty.
+    pub lazy: bool,
 }
 
 /// What a batch costs depends on: its prefill and decode tokens and the context each

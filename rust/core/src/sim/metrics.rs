@@ -180,6 +180,11 @@ impl GapHistogram {
     pub const NUM_BUCKETS: usize = 900;
 
     pub fn record(&mut self, gap_s: f64) {
+        self.record_n(gap_s, 1);
+    }
+
+    /// Records `n` gaps of `gap_s` (the requests of one decode step, `engine::lazy`).
+    pub fn record_n(&mut self, gap_s: f64, n: u64) {
         let bucket = if gap_s == self.last.0 {
             self.last.1
         } else {
@@ -189,7 +194,7 @@ impl GapHistogram {
             self.last = (gap_s, bucket);
             bucket
         };
-        self.counts[bucket] += 1;
+        self.counts[bucket] += n;
     }
 
     /// The lower edge of bucket `i`, in seconds.

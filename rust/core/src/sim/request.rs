@@ -209,6 +209,35 @@ impl SimRequest {
         (self.completed, gap)
     }
 
+    /// `num_steps` calls of `on_batch_end(end, 1)` for decode steps ending at `first_end`,
+    /// ..., `last_end`, whose largest token gap (each step's end less the previous one's,
+    /// the first's less this request's last token) is `max_gap`: the same fields, for a
+    /// request that takes a new output token at each step (its prefill complete, no
+    /// drafts in flight, its output count at its produced tokens: `on_batch_end` gave it a
+    /// gap at its last step). A coalesced decode window settles its requests so
+    /// (`engine::lazy`).
+    pub fn on_decode_steps(&mut self, num_steps: u32, first_end: f64, last_end: f64, max_gap: f64) {
+        debug_assert!(self.is_prefill_complete && self.spec.in_flight_drafts == 0);
+        debug_assert!(!self.timing.first_token_at.is_nan());
+        self.num_processed_tokens += num_steps;
+        let produced = self
+            .num_processed_tokens
+            .saturating_sub(self.output_after_tokens);
+        let t = &mut self.timing;
+        debug_assert!(produced >= t.num_output_tokens + num_steps);
+        // Only the first step can bring the output to its second token.
+        if t.num_output_tokens < 2 && produced >= 2 {
+            t.second_token_at = first_end;
+        }
+        t.num_output_tokens = produced;
+        t.max_token_gap = t.max_token_gap.max(max_gap);
+        t.last_token_at = last_end;
+        if self.num_processed_tokens == self.total_tokens() {
+            self.completed = true;
+            self.timing.completed_at = last_end;
+        }
+    }
+
     /// Speculative decoding: `accepted` drafts of the step that just ended become output at
     /// the instant its sampled token did (`on_batch_end` ran first), never past the
     /// request's output length. One emission: the token-gap histogram got its gap already.

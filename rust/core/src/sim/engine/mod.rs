@@ -7,6 +7,7 @@
 mod arrivals;
 mod disagg;
 mod events;
+mod lazy;
 
 use std::collections::VecDeque;
 
@@ -137,6 +138,14 @@ struct Replica {
     stage_queues: Vec<VecDeque<u64>>,
     stage_busy: Vec<bool>,
     last_sample_at: f64,
+    /// The decode window whose requests are settled lazily, if any (`lazy`).
+    lazy: Option<lazy::Ledger>,
+}
+
+/// Window steps this thread's simulations ended lazily (`lazy`).
+#[cfg(test)]
+pub(crate) fn lazy_steps() -> u64 {
+    lazy::LAZY_STEPS.with(std::cell::Cell::get)
 }
 
 /// Completed requests between two progress reports.
@@ -240,6 +249,7 @@ impl<'a> Simulator<'a> {
                     stage_queues: vec![VecDeque::new(); num_stages as usize],
                     stage_busy: vec![false; num_stages as usize],
                     last_sample_at: f64::NEG_INFINITY,
+                    lazy: None,
                 }
             })
             .collect();
@@ -494,27 +504,48 @@ impl<'a> Simulator<'a> {
     fn on_replica_schedule(&mut self, replica: u32) -> Result<()> {
         let r = replica as usize;
         while self.replicas[r].num_running_batches < self.replicas[r].num_stages {
+            // A lazily settled window's requests are brought up to date before a batch
+            // that is not its next step is formed (the policy may read or restart them).
+            let lazy = self.replicas[r].lazy.is_some()
+                && self.replicas[r].policy.next_batch_continues_window();
+            if !lazy && let Some(ledger) = self.replicas[r].lazy.take() {
+                ledger.settle_all(&mut self.requests);
+            }
             let Some(plan) = self.replicas[r].policy.next_batch(&mut self.requests)? else {
                 break;
             };
             if plan.0.is_empty() {
                 break;
             }
+            let window_step = self.replicas[r].policy.batch_is_window_step();
             let padding = self.replicas[r].policy.padding_rows(&plan, &self.requests);
             let (ids, num_tokens) = plan;
             let lora = self.replicas[r]
                 .policy
                 .lora_shape(&ids, &num_tokens, &self.requests)?;
-            // One pass over the batch's requests: its shape (read before they are marked
-            // scheduled, which it does not look at), their marks and restart counts.
             let mut shape = BatchShape::default();
             let mut epochs = self.spare_epochs.pop().unwrap_or_default();
             epochs.clear();
-            for (&idx, &n) in ids.iter().zip(&num_tokens) {
-                let request = self.requests.get_mut(idx);
-                shape.add(request, n);
-                request.on_batch_schedule(self.now);
-                epochs.push(request.num_restarts);
+            if let Some(ledger) = self.replicas[r].lazy.as_ref().filter(|_| lazy) {
+                if !window_step || ids.len() != ledger.len() {
+                    return Err(Error::Internal(format!(
+                        "replica {r}: a decode window's next step has {} requests, {} were \
+                         left in it",
+                        ids.len(),
+                        ledger.len()
+                    )));
+                }
+                shape = ledger.shape();
+            } else {
+                // One pass over the batch's requests: its shape (read before they are
+                // marked scheduled, which it does not look at), their marks and restart
+                // counts.
+                for (&idx, &n) in ids.iter().zip(&num_tokens) {
+                    let request = self.requests.get_mut(idx);
+                    shape.add(request, n);
+                    request.on_batch_schedule(self.now);
+                    epochs.push(request.num_restarts);
+                }
             }
             shape.num_padding_rows = padding;
             shape.lora = lora;
@@ -532,6 +563,8 @@ impl<'a> Simulator<'a> {
                     epochs,
                     shape,
                     stage_time: None,
+                    window_step,
+                    lazy,
                 },
             );
             self.replicas[r].num_running_batches += 1;
@@ -619,29 +652,55 @@ impl<'a> Simulator<'a> {
     ) -> Result<()> {
         let r = replica as usize;
         let batch = self.batches.remove(&batch_id).expect("a batch in flight");
-        for ((&idx, &n), &epoch) in batch
-            .requests
-            .iter()
-            .zip(&batch.num_tokens)
-            .zip(&batch.epochs)
-        {
-            let request = self.requests.get_mut(idx);
-            if let Some(time) = batch.stage_time {
-                request.timing.execution_time += time.total_s;
-                request.timing.model_execution_time += time.model_s;
+        if batch.lazy {
+            let (ledger, time) = (self.replicas[r].lazy.as_mut(), batch.stage_time);
+            let (Some(ledger), Some(time)) = (ledger, time) else {
+                return Err(Error::Internal(
+                    "a lazily settled decode step ended without its window or its time".into(),
+                ));
+            };
+            ledger.end_step(self.now, time, &mut self.out.token_gaps);
+        } else {
+            // A window step's requests that took a token at its end may be settled lazily
+            // from here on (`lazy`), if every one of them did.
+            let mut ledger = batch.window_step.then(|| lazy::Ledger::start(self.now));
+            for ((&idx, &n), &epoch) in batch
+                .requests
+                .iter()
+                .zip(&batch.num_tokens)
+                .zip(&batch.epochs)
+            {
+                let request = self.requests.get_mut(idx);
+                if let Some(time) = batch.stage_time {
+                    request.timing.execution_time += time.total_s;
+                    request.timing.model_execution_time += time.model_s;
+                }
+                if request.num_restarts != epoch {
+                    ledger = None;
+                    continue; // restarted while this batch ran: its work is discarded
+                }
+                let (completed, gap) = request.on_batch_end(self.now, n);
+                if let Some(gap) = gap {
+                    self.out.token_gaps.record(gap);
+                }
+                match (&mut ledger, completed, gap) {
+                    (Some(ledger), false, Some(_)) => ledger.add(idx, request),
+                    (Some(_), false, None) => ledger = None,
+                    _ => {}
+                }
             }
-            if request.num_restarts != epoch {
-                continue; // restarted while this batch ran: its work is discarded
-            }
-            if let (_, Some(gap)) = request.on_batch_end(self.now, n) {
-                self.out.token_gaps.record(gap);
-            }
+            self.replicas[r].lazy = ledger.filter(|l| l.len() > 0);
         }
         self.replicas[r].num_running_batches -= 1;
         let released = self.replicas[r]
             .policy
             .on_batch_end(&mut self.requests, &batch)?;
         for idx in released {
+            if batch.lazy
+                && let Some(ledger) = &mut self.replicas[r].lazy
+            {
+                ledger.settle_one(idx, &mut self.requests)?;
+            }
             self.release(idx, source)?;
             if self.out.requests.len().is_multiple_of(PROGRESS_EVERY) {
                 self.progress_due = true;

@@ -148,6 +148,22 @@ pub trait ReplicaPolicy: Send {
     /// replica of one pipeline stage). Only `vllm_v1` does; the others ignore it.
     fn enable_decode_coalescing(&mut self) {}
 
+    /// Whether the batch `next_batch` formed last is a step of a coalesced decode window:
+    /// its requests decode one token each, with no drafts, and none is preempted or
+    /// restarted before it ends. The simulator may then settle them lazily
+    /// (`engine::lazy`). `false` by default.
+    fn batch_is_window_step(&self) -> bool {
+        false
+    }
+
+    /// Whether the next `next_batch` is certain to form the next step of the window whose
+    /// latest step has ended, over that step's requests less those it finished, reading
+    /// and changing no request of the arena. `false` by default (and whenever unsure: the
+    /// simulator then brings the window's requests up to date first).
+    fn next_batch_continues_window(&self) -> bool {
+        false
+    }
+
     /// Shares the replica's prompt memos with the other replicas' (`memos`: one per
     /// shape for the whole simulation). Only `vllm_v1` keeps any; the others ignore it.
     fn share_prompt_memos(&mut self, _memos: &mut PromptMemos) {}

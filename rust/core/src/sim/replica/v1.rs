@@ -61,6 +61,8 @@ pub struct VllmV1 {
     spare_plan: DecodeWindow,
     /// Vectors of ended batches, for the next window steps' plans.
     spare_batches: Vec<BatchPlan>,
+    /// Whether the batch formed last is a window step (`batch_is_window_step`).
+    window_batch: bool,
 }
 
 /// A decode window in progress: each of its steps is a batch of `ids`, one token each.
@@ -252,6 +254,7 @@ impl VllmV1 {
             window: None,
             spare_plan: DecodeWindow::default(),
             spare_batches: Vec::new(),
+            window_batch: false,
         })
     }
 
@@ -470,8 +473,10 @@ impl ReplicaPolicy for VllmV1 {
 
     fn next_batch(&mut self, requests: &mut Requests) -> Result<Option<BatchPlan>> {
         if let Some(plan) = self.coalesced_step(requests)? {
+            self.window_batch = true;
             return Ok(Some(plan));
         }
+        self.window_batch = false;
         let out = self.scheduler.schedule()?;
         for &idx in &out.preempted_req_ids {
             requests.get_mut(idx).restart(RestartMode::Recompute);
@@ -660,6 +665,19 @@ impl ReplicaPolicy for VllmV1 {
 
     fn enable_decode_coalescing(&mut self) {
         self.coalesce = true;
+    }
+
+    fn batch_is_window_step(&self) -> bool {
+        self.window_batch
+    }
+
+    /// A window in progress whose step in flight has ended and whose next step fits the
+    /// free blocks: `coalesced_step` forms it, touching no request of the arena but to
+    /// read the tokens it sampled.
+    fn next_batch_continues_window(&self) -> bool {
+        self.window.as_ref().is_some_and(|w| {
+            w.num_ended == w.plan.num_formed() && self.scheduler.next_decode_step_fits(&w.plan)
+        })
     }
 
     fn share_prompt_memos(&mut self, memos: &mut PromptMemos) {

@@ -16,6 +16,7 @@ mod hooks;
 mod in_flight;
 mod invariants;
 mod kv;
+mod kv_inspect;
 mod kv_outside;
 mod loads;
 mod mamba_align;

@@ -90,8 +90,9 @@ def test_qwen35_pool_is_vllms_arithmetic_for_its_mamba_groups() -> None:
     assert [(g.mixer, g.layers) for g in plan.kv_cache_groups] == [("gdn", 10)] * 3 + [("gqa", 10)]
     assert plan.kv_block_size == 1056
     assert plan.kv_bytes_per_token * 1056 == 10_813_440
-    reserved = plan_for(config(cluster={"global_scheduler": {"policy": "prefix_affinity"}}))
-    assert reserved.kv_cache_groups == ()  # no KV events from the groups: state reserved
+    # Other policies run no KV groups: the state is reserved, for vLLM's default 256.
+    reserved = plan_for(config(scheduler={"policy": "sarathi"}))
+    assert reserved.kv_cache_groups == ()
     assert reserved.reserved_state_bytes == 256 * 32_194_560
     assert plan.available_kv_bytes == reserved.available_kv_bytes + reserved.reserved_state_bytes
     assert plan.reserved_state_bytes == 0
@@ -253,13 +254,7 @@ def test_a_model_whose_reserved_states_would_not_fit_runs_with_mamba_groups() ->
     runs."""
     nemotron = config(NEMOTRON, tensor_parallel_size=1)
     with pytest.raises(ConfigError, match="not enough for one request"):
-        plan_for(
-            config(
-                NEMOTRON,
-                tensor_parallel_size=1,
-                cluster={"global_scheduler": {"policy": "prefix_affinity"}},
-            )
-        )
+        plan_for(config(NEMOTRON, tensor_parallel_size=1, scheduler={"policy": "sarathi"}))
     plan = plan_for(nemotron)
     assert plan.kv_block_size == 2096
     assert plan.max_batch_size >= 1
@@ -295,3 +290,41 @@ def test_a_host_tier_on_either_pool_keeps_both_off_the_groups() -> None:
     with pytest.raises(ConfigError, match="serves no host tier") as err:
         plan_for(config(GPT_OSS, hybrid=True, cluster=pd, **replica))
     assert err.value.field == "replica.hybrid_kv_cache_manager"
+
+
+@pytest.mark.parametrize(
+    ("hybrid", "cluster", "replica", "key"),
+    [
+        (
+            None,
+            {"global_scheduler": {"policy": "prefix_affinity"}},
+            {},
+            "cluster.global_scheduler.policy",
+        ),
+        (
+            True,
+            {"global_scheduler": {"policy": "prefix_affinity"}},
+            {},
+            "cluster.global_scheduler.policy",
+        ),
+        (None, {}, {"kv_offload": {"host_memory_gb": 16}}, "replica.kv_offload"),
+        (True, {}, {"kv_offload": {"host_memory_gb": 16}}, "replica.kv_offload"),
+        (
+            None,
+            {"decode": {"num_replicas": 1, "kv_offload": {"host_memory_gb": 16}}},
+            {},
+            "cluster.decode.kv_offload",
+        ),
+    ],
+)
+def test_what_keeps_the_mamba_groups_off_is_refused_on_its_own_key(
+    hybrid: bool | None, cluster: dict[str, object], replica: dict[str, object], key: str
+) -> None:
+    """vLLM 0.33 cannot start Qwen3.5 without its hybrid manager, so a host tier or
+    prefix_affinity routing (which the simulator's groups do not serve) is refused naming
+    that key, unset or true: never planned as a reserved-state layout, never "set it
+    false" (false is refused too)."""
+    with pytest.raises(ConfigError) as err:
+        plan_for(config(hybrid=hybrid, cluster=cluster, **replica))
+    assert err.value.field == key
+    assert "set it false" not in str(err.value)

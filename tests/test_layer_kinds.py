@@ -406,22 +406,26 @@ def test_linear_state_is_reserved_for_max_num_seqs(
     assert plan(spec).reserved_state_bytes == state  # 0: at least one request's
 
 
-def linear_config(path: Path, max_num_seqs: int, num_requests: int = 300) -> Any:
+def linear_config(
+    path: Path, max_running: int, num_requests: int = 300, *, policy: str = "sglang", **cluster: Any
+) -> Any:
+    """300 short requests at once on one replica. ``policy`` ``sglang`` reserves the
+    linear-attention state out of the KV memory for ``max_running`` requests (a ``vllm_v1``
+    replica runs Mamba groups instead: tests/test_hybrid_kv_state.py)."""
+    limits = (
+        {"sglang": {"max_running_requests": max_running}}
+        if policy == "sglang"
+        else {"vllm_v1": {"max_num_seqs": max_running, "max_num_batched_tokens": 16384}}
+    )
     replica = {
         "model": str(path),
         "device": "h100-sxm",
-        "scheduler": {
-            "max_request_tokens": 4096,
-            "vllm_v1": {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": 16384},
-        },
+        "scheduler": {"policy": policy, "max_request_tokens": 4096, **limits},
     }
     workload = synthetic_workload(
         num_requests, qps=1e5, prompt_tokens=(8, 16), output_tokens=(20, 30)
     )
-    # prefix_affinity routing keeps vllm_v1 off the KV groups, so the state is reserved
-    # (with Mamba groups it comes from the pool: tests/test_hybrid_kv_state.py).
-    routing = {"global_scheduler": {"policy": "prefix_affinity"}}
-    return one_replica(replica, workload, execution={"model": "linear"}, cluster=routing)
+    return one_replica(replica, workload, execution={"model": "linear"}, cluster=cluster)
 
 
 def started_before_any_finished(config: Any) -> int:
@@ -430,35 +434,40 @@ def started_before_any_finished(config: Any) -> int:
     return int(np.sum(first < np.asarray(columns["completed_at"]).min()))
 
 
-def test_an_unbounded_vllm_v1_runs_no_more_requests_than_have_state(tmp_path: Path) -> None:
-    """300 short requests at once. vllm_v1.max_num_seqs 0 is unbounded: with full attention
-    all 300 run together; with linear layers the plan reserves state for 256 (vLLM's
-    default max_num_seqs), so the scheduler is held to 256 and says so."""
+def test_a_vllm_v1_linear_model_is_refused_what_keeps_its_mamba_groups_off(
+    tmp_path: Path,
+) -> None:
+    """vLLM 0.33 starts a model with linear-attention state only on Mamba groups, which
+    the simulator's coordinator runs without KV events: prefix_affinity routing is refused
+    on the key to change (not planned as a reserved-state layout vLLM refuses), and
+    without it the state comes from the pool, nothing reserved."""
     linear = write_config(tmp_path, QWEN3_NEXT)
-    full_dir = tmp_path / "full"
-    full_dir.mkdir()
-    full = write_config(full_dir, GPT_OSS, layer_types=["full_attention"] * 4)
-    assert started_before_any_finished(linear_config(full, 0)) == 300
-    config = linear_config(linear, 0)
-    assert started_before_any_finished(config) == 256
-    (note,) = planning_notes(config, plan_for(config))
-    assert note.startswith(
-        f"LINEAR-ATTENTION STATE RESERVED for 256 requests (gdn x 3 layers, {58_368:,} B per "
-        "request"
+    routing = {"global_scheduler": {"policy": "prefix_affinity"}}
+    with pytest.raises(ConfigError, match="route otherwise") as err:
+        plan_for(linear_config(linear, 0, policy="vllm_v1", **routing))
+    assert (err.value.field, err.value.value) == (
+        "cluster.global_scheduler.policy",
+        "prefix_affinity",
     )
-    assert note.endswith(
-        "vllm_v1.max_num_seqs 0 (unbounded) is set to 256 per scheduler, as a request beyond "
-        "the reservation would have no state memory"
-    )
+    plan = plan_for(linear_config(linear, 0, policy="vllm_v1"))
+    assert plan.kv_cache_groups
+    assert plan.reserved_state_bytes == 0
 
 
-def test_a_set_max_num_seqs_is_the_reservation_and_the_bound(tmp_path: Path) -> None:
+def test_a_set_max_running_requests_is_the_reservation_and_the_bound(tmp_path: Path) -> None:
+    """sglang with linear layers: the plan reserves state for max_running_requests (100),
+    and the scheduler runs no more at once; with full attention the same bound holds
+    (sglang's own), so 100 either way, and the reservation is what changes."""
     config = linear_config(write_config(tmp_path, QWEN3_NEXT), 100)
     assert started_before_any_finished(config) == 100
     p = plan_for(config)
     assert p.reserved_state_bytes == 100 * 58_368
     (note,) = planning_notes(config, p)
-    assert note.endswith("vllm_v1.max_num_seqs (100) keeps the running requests within it")
+    assert note.startswith(
+        f"LINEAR-ATTENTION STATE RESERVED for 100 requests (gdn x 3 layers, {58_368:,} B per "
+        "request"
+    )
+    assert note.endswith("sglang.max_running_requests (100) keeps the running requests within it")
 
 
 # ---- step cost on the datasheet roofline ----------------------------------------------

@@ -319,7 +319,9 @@ def resolve_hybrid(config: SimulationConfig, groups: tuple[KvGroup, ...]) -> tup
         ConfigError (field ``replica.hybrid_kv_cache_manager``): ``true`` for a model with
             only full-attention layers, under prefix-affinity routing, or for layers it
             cannot model (``vllm_kv_layout``); ``false`` for a ``vllm_v1`` replica of a model
-            with linear-attention state (vLLM cannot run it so).
+            with linear-attention state (vLLM cannot run it so). Unset or ``true`` for such
+            a replica with what keeps the groups off (``_check_state_groups_servable``:
+            the field is the key to change).
     """
     setting = config.replica.hybrid_kv_cache_manager
     model = config.model_name()
@@ -344,6 +346,9 @@ def resolve_hybrid(config: SimulationConfig, groups: tuple[KvGroup, ...]) -> tup
         decode is not None and decode.kv_offload is not None
     )
     connector = "host tier" if tier else ("P/D" if decode is not None else None)
+    linear = [g.mixer for g in groups if g.state_bytes_per_request]
+    if linear and config.replica.scheduler.policy == "vllm_v1" and setting is not False:
+        _check_state_groups_servable(config, groups, "/".join(linear), tier=tier)
     if setting is None:
         if config.replica.scheduler.policy != "vllm_v1":
             return False, ""
@@ -356,7 +361,6 @@ def resolve_hybrid(config: SimulationConfig, groups: tuple[KvGroup, ...]) -> tup
             )
         return use, why
     if not setting:
-        linear = [g.mixer for g in groups if g.state_bytes_per_request]
         if linear and config.replica.scheduler.policy == "vllm_v1":
             raise ConfigError(
                 f"{_FIELD}: {model}'s {'/'.join(linear)} layers hold a state that vLLM 0.33 "
@@ -391,6 +395,57 @@ def resolve_hybrid(config: SimulationConfig, groups: tuple[KvGroup, ...]) -> tup
             value="True",
         )
     return True, ""
+
+
+def _check_state_groups_servable(
+    config: SimulationConfig, groups: tuple[KvGroup, ...], linear: str, *, tier: bool
+) -> None:
+    """A ``vllm_v1`` replica of a model with linear-attention state runs only on Mamba
+    groups (vLLM 0.33 cannot start it without them), so what keeps the simulator's groups
+    off is refused, naming the key to change, rather than planned as a layout vLLM refuses.
+
+    Raises:
+        ConfigError: a host tier (field ``replica.kv_offload`` or
+            ``cluster.decode.kv_offload``), ``prefix_affinity`` routing (field
+            ``cluster.global_scheduler.policy``), or attention layers of different page
+            sizes (field ``replica.model``).
+    """
+    model = config.model_name()
+    why = (
+        f"{model}'s {linear} layers hold a state vLLM 0.33 keeps only in Mamba groups of its "
+        "hybrid KV cache manager (without it vLLM fails at startup: "
+        "unify_hybrid_kv_cache_specs cannot promote a MambaSpec)"
+    )
+    if tier:
+        if config.replica.kv_offload is not None:
+            key, value = "replica.kv_offload", str(config.replica.kv_offload)
+        else:
+            decode = config.cluster.decode
+            key, value = "cluster.decode.kv_offload", str(decode.kv_offload if decode else None)
+        raise ConfigError(
+            f"{key}: {why}, and the simulator's KV groups serve no host tier: remove the "
+            "host tier for this model",
+            field=key,
+            value=value,
+        )
+    policy = config.cluster.global_scheduler.policy
+    if policy == "prefix_affinity":
+        raise ConfigError(
+            f"cluster.global_scheduler.policy: {why}, and prefix_affinity routing reads KV "
+            "cache events, which the KV groups' coordinator does not record: route "
+            "otherwise for this model, got prefix_affinity",
+            field="cluster.global_scheduler.policy",
+            value=policy,
+        )
+    attention = [g for g in groups if not g.state_bytes_per_request]
+    if len({g.bytes_per_token // g.layers for g in attention}) > 1:
+        raise ConfigError(
+            f"replica.model: {why}, and its attention layers have different page sizes, "
+            "which vLLM serves with a larger block size for the smaller pages: not modelled "
+            f"(one block size), got {model}",
+            field="replica.model",
+            value=model,
+        )
 
 
 def max_model_len_fitting(

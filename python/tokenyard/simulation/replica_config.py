@@ -108,7 +108,7 @@ class ReplicaConfig:
 
     def _check_hybrid_kv(self, where: str) -> None:
         """``hybrid_kv_cache_manager = true`` needs what the KV groups' coordinator serves:
-        a ``vllm_v1`` replica without a host tier (the model is checked with the plan)."""
+        a ``vllm_v1`` replica (the model and a host tier are checked with the plan)."""
         value = self.hybrid_kv_cache_manager
         if value is not None and not isinstance(value, bool):
             raise fail(
@@ -124,14 +124,8 @@ class ReplicaConfig:
                 f"{policy}",
                 value,
             )
-        if self.kv_offload is not None:
-            raise fail(
-                f"{where}.hybrid_kv_cache_manager",
-                "the KV groups' coordinator serves no host tier (replica.kv_offload): set it "
-                "false (--disable-hybrid-kv-cache-manager), as vLLM 0.33 does for a KV "
-                "connector without hybrid support",
-                value,
-            )
+        # A host tier is refused with the plan (hybrid_kv.resolve_hybrid), which knows
+        # whether the model can run without the groups at all.
 
     def _check_expert_layout(self, where: str) -> None:
         """EP and attention DP as vLLM serves them: EP is 1 or every GPU of the replica's

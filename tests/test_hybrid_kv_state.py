@@ -32,7 +32,8 @@ from synthetic_jobs import one_replica, synthetic_workload
 from tokenyard.catalog import model as catalog_model
 from tokenyard.errors import ConfigError
 from tokenyard.simulation import simulate
-from tokenyard.simulation.hybrid_kv import aligned_block_size, vllm_kv_layout
+from tokenyard.simulation.cli import format_summary
+from tokenyard.simulation.hybrid_kv import aligned_block_size, requests_held, vllm_kv_layout
 from tokenyard.simulation.planner import dtype_bytes, kv_groups
 from tokenyard.simulation.run import plan_for, planning_notes
 
@@ -155,6 +156,48 @@ def test_the_banner_says_the_block_the_groups_and_the_mamba_cache_mode() -> None
         off_note
     )
     assert "'align'" not in off_note
+
+
+def test_the_plan_the_run_and_the_recommender_share_one_align_rule() -> None:
+    """The synthetic workload has no prefix identity, so the run's groups hold one page
+    (mamba_cache_mode 'none'); the plan the run prints says so too (3,793 // 11 = 344 at
+    once, not align's 270), and requests_held counts the same."""
+    c = config()
+    result = simulate(c)
+    banner = format_summary(result)
+    assert "so 344 run at once" in banner
+    assert "the workload has no prefix identity" in banner
+    assert "'align'" not in banner.split("PREFIX CACHING")[0]
+    plain = plan_for(c, prefix_caching=False)
+    assert plain.max_batch_size == 344
+    assert plan_for(c).max_batch_size == 270  # with prefix identity: align, 2 pages
+    assert requests_held(c, plain, 8448, prefix_caching=False) == 344
+    assert requests_held(c, plain, 8448) == 3_793 // 14
+
+
+def test_pd_pools_whose_groups_disagree_are_refused_on_the_decode_scheduler(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A guard: both pools resolve the groups from one model and one setting today, so
+    the decode pool's plan is made to lack them here (as a decode-only setting would):
+    the link would move one pool's blocks into a layout the other lacks."""
+    import dataclasses
+
+    from tokenyard.simulation import run as run_module
+
+    real = run_module.plan_for
+
+    def plan_for_pools(c: Any, **kwargs: Any) -> Any:
+        plan = real(c, **kwargs)
+        decode = c.replica.memory_margin_fraction == 0.7
+        return dataclasses.replace(plan, kv_cache_groups=()) if decode else plan
+
+    monkeypatch.setattr(run_module, "plan_for", plan_for_pools)
+    pd = {"num_replicas": 1, "decode": {"num_replicas": 1, "memory_margin_fraction": 0.7}}
+    replica = {"device": "h100-sxm", "tensor_parallel_size": 1, "memory_margin_fraction": 0.6}
+    with pytest.raises(ConfigError, match="KV layout agrees") as err:
+        simulate(config(GPT_OSS, cluster=pd, **replica))
+    assert (err.value.field, err.value.value) == ("cluster.decode.scheduler", "vllm_v1")
 
 
 # ---- the simulation ------------------------------------------------------------------------

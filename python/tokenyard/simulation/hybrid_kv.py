@@ -206,11 +206,14 @@ def blocks_per_request(
     return total
 
 
-def requests_held(config: SimulationConfig, plan: MemoryPlan, num_tokens: int) -> int:
+def requests_held(
+    config: SimulationConfig, plan: MemoryPlan, num_tokens: int, *, prefix_caching: bool = True
+) -> int:
     """Requests of ``num_tokens`` tokens each that ``plan``'s KV groups hold at once: a
     request takes blocks in every group (``blocks_per_request``), so with vLLM's hybrid
     groups the pool's ``max_kv_tokens`` (``num_blocks x block_size``) overstates it, by a
-    factor of about the number of groups. ``plan`` must have ``kv_cache_groups``."""
+    factor of about the number of groups. ``plan`` must have ``kv_cache_groups``;
+    ``prefix_caching``: whether the workload has prefix identity (``align_mode``)."""
     if not plan.kv_cache_groups:
         raise ValueError("requests_held: the plan has no KV cache groups")
     layout = HybridKvLayout(plan.kv_cache_groups, 0, 0, plan.kv_block_size)
@@ -221,7 +224,7 @@ def requests_held(config: SimulationConfig, plan: MemoryPlan, num_tokens: int) -
         layout.block_size,
         in_flight,
         speculative_blocks(config),
-        align=align_mode(config),
+        align=align_mode(config, prefix_caching=prefix_caching),
     )
     return plan.num_blocks // per_request
 
@@ -236,15 +239,19 @@ def speculative_blocks(config: SimulationConfig) -> int:
     return (spec.num_speculative_tokens or 0) if spec.method is not None else 0
 
 
-def align_mode(config: SimulationConfig) -> bool:
+def align_mode(config: SimulationConfig, *, prefix_caching: bool) -> bool:
     """Whether a ``vllm_v1`` replica's Mamba groups run ``mamba_cache_mode="align"``, as
     vLLM 0.33 sets it when prefix caching is on (``MambaModelConfig.
     verify_and_update_config``): ``enable_prefix_caching`` on and no speculative decoding
-    (the core's align groups hold no draft-token state slots; ``none`` is kept then). A
-    workload without prefix identity also runs ``none`` (``run.replica_spec``)."""
+    (the core's align groups hold no draft-token state slots; ``none`` is kept then).
+    ``prefix_caching``: whether the workload has prefix identity (``run.simulate``: a
+    workload without it runs ``none``, nothing to cache). The one rule for the plan
+    (``plan_hybrid``), the run (``run.replica_spec``) and the recommender
+    (``requests_held``)."""
     c = config.replica.scheduler
     return (
-        c.policy == "vllm_v1"
+        prefix_caching
+        and c.policy == "vllm_v1"
         and c.vllm_v1.enable_prefix_caching
         and speculative_blocks(config) == 0
     )
@@ -494,12 +501,18 @@ def max_model_len_fitting(
 
 
 def plan_hybrid(
-    config: SimulationConfig, plan: MemoryPlan, *, max_request_tokens: int, block_size: int
+    config: SimulationConfig,
+    plan: MemoryPlan,
+    *,
+    max_request_tokens: int,
+    block_size: int,
+    prefix_caching: bool = True,
 ) -> MemoryPlan:
     """``plan`` (every attention layer as full attention, any linear-attention state
     reserved) re-sized for vLLM's hybrid KV cache manager when ``resolve_hybrid`` says so,
     else ``plan`` with the banner's words on why not. With Mamba groups the state comes out
-    of the pool (nothing reserved) and ``kv_block_size`` is vLLM's aligned block."""
+    of the pool (nothing reserved) and ``kv_block_size`` is vLLM's aligned block.
+    ``prefix_caching``: whether the workload has prefix identity (``align_mode``)."""
     use, why = resolve_hybrid(config, plan.groups)
     if not use:
         return dataclasses.replace(plan, kv_groups_note=why) if why else plan
@@ -509,7 +522,7 @@ def plan_hybrid(
     available = plan.available_kv_bytes + plan.reserved_state_bytes
     num_blocks = available // layout.bytes_per_block
     spec = speculative_blocks(config)
-    align = align_mode(config)
+    align = align_mode(config, prefix_caching=prefix_caching)
     per_request = blocks_per_request(layout, max_request_tokens, bs, in_flight, spec, align=align)
     max_batch_size = num_blocks // per_request
     if max_batch_size < 1:
@@ -520,7 +533,9 @@ def plan_hybrid(
             field="replica.device",
             value=config.replica.device,
         )
-    note = _plan_words(config, plan, layout, num_blocks, per_request, max_request_tokens)
+    note = _plan_words(
+        config, plan, layout, num_blocks, per_request, max_request_tokens, align=align
+    )
     return dataclasses.replace(
         plan,
         kv_bytes_per_token=layout.bytes_per_block // bs,
@@ -567,6 +582,8 @@ def _plan_words(
     num_blocks: int,
     per_request: int,
     max_request_tokens: int,
+    *,
+    align: bool,
 ) -> str:
     """The banner's note on a hybrid plan: the groups, the pool, vLLM's max concurrency,
     and the plan without groups it replaces."""
@@ -599,13 +616,13 @@ def _plan_words(
         f"attention layer's page holds a {layout.mamba_page_bytes:,} B Mamba state page "
         "(vLLM's _align_hybrid_block_size; the state pages padded to it)"
     )
-    if align_mode(config):
+    if align:
         mode = (
             ". PREFIX CACHING ON WITH mamba_cache_mode 'align' (vLLM 0.33's default): each "
             "Mamba group caches its state at block boundaries and holds 2 pages per request "
             "(the running state and the one it was copied from), and a prefill chunk ends on "
-            f"a {layout.block_size}-token boundary unless it ends the prompt; a workload "
-            "without prefix identity runs 'none' (one page). Not modelled: vLLM's internal "
+            f"a {layout.block_size}-token boundary unless it ends the prompt. Not modelled: "
+            "vLLM's internal "
             "prefill checkpoint (one more page, in its Mamba2 layers and FlashInfer GDN "
             "prefill)"
         )
@@ -616,6 +633,8 @@ def _plan_words(
             f"'align', holding {2 + spec} pages per Mamba group; the simulator's align groups "
             "hold no draft-token state slots, so with speculative decoding this replica runs "
             "WITHOUT PREFIX CACHING (vLLM --no-enable-prefix-caching)"
+            if caching and spec
+            else " (the workload has no prefix identity: nothing to cache)"
             if caching
             else " (enable_prefix_caching = false)"
         )

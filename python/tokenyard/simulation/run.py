@@ -90,10 +90,10 @@ def simulate(
     """
     vision = vision_for(config)
     workload = load_workload(config.seeded_workload(), base_dir=config.base_dir, vision=vision)
-    plan = plan_for(config)
-    num_blocks = config.replica.scheduler.num_blocks or plan.num_blocks
     # No prefix identity: every prompt is unique, so a prefix cache would only cost time.
     caching = workload.hash_block_size is not None
+    plan = plan_for(config, prefix_caching=caching)
+    num_blocks = config.replica.scheduler.num_blocks or plan.num_blocks
     decode_tier = config.cluster.decode.kv_offload if config.cluster.decode else None
     for key, tier_config in (
         ("replica.kv_offload", config.replica.kv_offload),
@@ -108,7 +108,7 @@ def simulate(
             )
     replica = replica_spec(config, plan, prefix_caching=caching)
     concurrency = workload.concurrency if isinstance(workload, ClosedLoop) else None
-    decode = _decode_pool(config, prefix_caching=caching)
+    decode = _decode_pool(config, plan, prefix_caching=caching)
     core_config = _core_config(
         config,
         replica,
@@ -252,9 +252,12 @@ def decode_config(config: SimulationConfig) -> SimulationConfig:
     )
 
 
-def _decode_pool(config: SimulationConfig, *, prefix_caching: bool) -> DecodePool | None:
+def _decode_pool(
+    config: SimulationConfig, prefill_plan: MemoryPlan, *, prefix_caching: bool
+) -> DecodePool | None:
     """The decode pool of a disaggregated config: memory plan, scheduler, execution model
-    and the KV link, each checked (a ConfigError names the key)."""
+    and the KV link, each checked (a ConfigError names the key). ``prefill_plan``: the
+    prefill pool's (``plan_for(config)``)."""
     pool = config.cluster.decode
     if pool is None:
         return None
@@ -266,7 +269,7 @@ def _decode_pool(config: SimulationConfig, *, prefix_caching: bool) -> DecodePoo
     prefill_tp, decode_tp = config.replica.tensor_parallel_size, decode.replica.tensor_parallel_size
     disagg_config.check_head_layouts(model, prefill_tp, decode_tp)
     try:
-        plan = plan_for(decode)
+        plan = plan_for(decode, prefix_caching=prefix_caching)
     except ConfigError as exc:
         # The decode pool's layout keys live under [cluster.decode], not [replica].
         field = (exc.field or "").replace("replica.", "cluster.decode.", 1)
@@ -296,9 +299,21 @@ def _decode_pool(config: SimulationConfig, *, prefix_caching: bool) -> DecodePoo
         "decode_gpus": decode_tp * layout.num_pipeline_stages,
         **figures,
     }
+    if bool(prefill_plan.kv_cache_groups) != bool(plan.kv_cache_groups):
+        # The link moves blocks as they are: one pool's groups the other cannot take in.
+        words = {True: "vLLM's hybrid KV groups", False: "every layer as full attention"}
+        raise ConfigError(
+            f"cluster.decode.scheduler: the prefill pool plans "
+            f"{words[bool(prefill_plan.kv_cache_groups)]}, the decode pool "
+            f"{words[bool(plan.kv_cache_groups)]} (its {decode.replica.scheduler.policy} "
+            "policy); the KV moves between them as it is: use a policy whose KV layout "
+            f"agrees, got {decode.replica.scheduler.policy}",
+            field="cluster.decode.scheduler",
+            value=decode.replica.scheduler.policy,
+        )
     if plan.kv_cache_groups:
         block_size = plan.kv_block_size or decode.replica.scheduler.block_size
-        prefill = plan_for(config).kv_block_size or config.replica.scheduler.block_size
+        prefill = prefill_plan.kv_block_size or config.replica.scheduler.block_size
         check_pool_blocks(prefill, block_size, decode_tp)
         link.update(disagg_config.hybrid_link_terms(model, kv_bytes, block_size))
     else:
@@ -602,8 +617,10 @@ def _state_bound_words(config: SimulationConfig, seqs: int) -> str:
     )
 
 
-def plan_for(config: SimulationConfig) -> MemoryPlan:
-    """The memory plan ``simulate`` uses for ``config`` (raises ConfigError if it does not fit)."""
+def plan_for(config: SimulationConfig, *, prefix_caching: bool = True) -> MemoryPlan:
+    """The memory plan ``simulate`` uses for ``config`` (raises ConfigError if it does not
+    fit). ``prefix_caching``: whether the workload has prefix identity (``simulate``
+    knows it from the workload; a Mamba model's groups run ``align`` only with it)."""
     replica = config.replica
     catalog = catalog_for(config)
     model = catalog.model(config.model_name(), field="replica.model")
@@ -640,6 +657,7 @@ def plan_for(config: SimulationConfig) -> MemoryPlan:
         plan,
         max_request_tokens=max_request_tokens,
         block_size=replica.scheduler.block_size,
+        prefix_caching=prefix_caching,
     )
 
 
@@ -681,7 +699,7 @@ def replica_spec(
             # Mamba groups are prefix-cached only in vLLM's mamba_cache_mode "align"
             # (hybrid_kv.align_mode; plan_hybrid's note says which mode runs).
             state = has_state_groups(plan.kv_cache_groups)
-            align = state and prefix_caching and align_mode(config)
+            align = state and align_mode(config, prefix_caching=prefix_caching)
             hybrid = _hybrid_scheduler(config, plan, num_blocks, align=align)
             caching = prefix_caching and (align or not state)
             return _core.ReplicaSpec.vllm_v1(

@@ -118,9 +118,11 @@ def test_align_holds_two_pages_per_mamba_group(
     groups = kv_groups(catalog_model(model), tp, 1, dtype_bytes("bf16", "bf16")[1])
     layout = vllm_kv_layout(groups, 16, model)
     bs = layout.block_size
-    assert blocks_per_request(layout, 8448, bs, 2048, align=True) == full_blocks + 2 * num_mamba
-    assert blocks_per_request(layout, 8448, bs, 2048) == full_blocks + num_mamba
-    assert blocks_per_request(layout, 8448, bs, 2048, 2) == full_blocks + 3 * num_mamba
+    assert (
+        blocks_per_request(layout.groups, 8448, bs, 2048, align=True) == full_blocks + 2 * num_mamba
+    )
+    assert blocks_per_request(layout.groups, 8448, bs, 2048) == full_blocks + num_mamba
+    assert blocks_per_request(layout.groups, 8448, bs, 2048, 2) == full_blocks + 3 * num_mamba
 
 
 def test_the_longest_request_counts_two_states_per_align_group() -> None:

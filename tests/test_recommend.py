@@ -633,16 +633,23 @@ def test_hybrid_groups_cap_the_batch_by_the_blocks_of_every_group(model: str) ->
     plan = plan_for(config)
     assert plan.kv_cache_groups
     held = requests_held(config, plan, 3500)
-    assert priced.max_kv_tokens == held * 3500
+    assert priced.max_batch == held
+    assert priced.max_kv_tokens == plan.max_kv_tokens  # the pool's tokens, as they are
     # Each request holds at least its full-attention blocks (219 of 16 tokens for gpt-oss,
     # a few of the aligned size for Qwen3.5) plus blocks in another group: fewer requests
     # than num_blocks x block_size / 3500 would say.
     assert held < plan.max_kv_tokens // 3500
+
+    def decode(b: int) -> est.DecodeEstimate:
+        return est.decode_only(priced.price, isl=3000, osl=500, batch_size=b)
+
     batch = est.best_batch(
-        lambda b: est.decode_only(priced.price, isl=3000, osl=500, batch_size=b),
-        max_kv_tokens=priced.max_kv_tokens,
-        ttft_s=None,
-        tpot_s=None,
+        decode, max_kv_tokens=priced.max_kv_tokens, ttft_s=None, tpot_s=None, max_batch=held
     )
     assert batch is not None
     assert batch.batch_size <= held
+    # The pool's tokens alone would let a larger batch through (gpt-oss holds more than
+    # the ladder's top either way).
+    loose = est.best_batch(decode, max_kv_tokens=priced.max_kv_tokens, ttft_s=None, tpot_s=None)
+    assert loose is not None
+    assert loose.batch_size > batch.batch_size or held >= est.BATCH_SIZES[-1]

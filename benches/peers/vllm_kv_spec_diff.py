@@ -378,7 +378,7 @@ def tokenyard_hybrid_pool(
         layout = vllm_kv_layout(groups, BLOCK_SIZE, model.name)
     except ConfigError:
         return "refused: page sizes differ"
-    held = blocks_per_request(layout, request_tokens, layout.block_size, 1)
+    held = blocks_per_request(layout.groups, request_tokens, layout.block_size, 1)
     return (
         HYBRID_POOL_BYTES // layout.bytes_per_block,
         len(layout.groups),

@@ -268,6 +268,10 @@ class _Priced:
     #: vLLM's default caps on this layout (``vllm_default_caps``), or None: not vLLM, or
     #: the linear-attention state reserved for its ``max_num_seqs`` leaves no KV room.
     defaults: tuple[int, int] | None = None
+    #: The most requests of ``isl + osl`` tokens the KV holds at once: with vLLM's hybrid
+    #: groups ``requests_held`` (a request holds blocks in every group, which
+    #: ``max_kv_tokens`` counts once), else the batch ladder's top.
+    max_batch: int = est.BATCH_SIZES[-1]
 
 
 def _price_layouts(
@@ -303,19 +307,18 @@ def _price_layouts(
                 )
             except ConfigError:
                 mine = None
-        out.append(_Priced(layout, est.pricer(config), _kv_capacity(config, plan, space), mine))
+        held = _max_batch(config, plan, space)
+        out.append(_Priced(layout, est.pricer(config), plan.max_kv_tokens, mine, held))
     return out
 
 
-def _kv_capacity(config: SimulationConfig, plan: MemoryPlan, space: Space) -> int:
-    """The KV tokens the estimates may fill (``best_batch`` compares a batch's
-    ``batch x (isl + osl)`` with it): the pool's ``max_kv_tokens``, or with vLLM's hybrid
-    groups the requests of ``isl + osl`` tokens the groups hold at once, in tokens (each
-    request holds blocks in every group: ``max_kv_tokens`` would count them once)."""
+def _max_batch(config: SimulationConfig, plan: MemoryPlan, space: Space) -> int:
+    """``_Priced.max_batch``: with vLLM's hybrid groups the requests of ``isl + osl``
+    tokens they hold at once (``requests_held``, prefix caching on as the launched vLLM
+    runs it), else the batch ladder's top (``max_kv_tokens`` bounds it)."""
     if not plan.kv_cache_groups:
-        return plan.max_kv_tokens
-    request_tokens = space.isl + space.osl
-    return math.ceil(requests_held(config, plan, math.ceil(request_tokens)) * request_tokens)
+        return est.BATCH_SIZES[-1]
+    return requests_held(config, plan, math.ceil(space.isl + space.osl))
 
 
 def _aggregated(space: Space, priced: _Priced, budget: int) -> est.Estimate | None:
@@ -334,6 +337,7 @@ def _aggregated(space: Space, priced: _Priced, budget: int) -> est.Estimate | No
         max_kv_tokens=priced.max_kv_tokens,
         ttft_s=space.ttft_s,
         tpot_s=space.tpot_s,
+        max_batch=priced.max_batch,
     )
     return best
 
@@ -493,6 +497,7 @@ def _decode_pools(
             max_kv_tokens=p.max_kv_tokens,
             ttft_s=None,
             tpot_s=space.tpot_s,
+            max_batch=p.max_batch,
         )
         if de is not None:
             out.append((p, de))

@@ -180,7 +180,7 @@ def vllm_kv_layout(groups: tuple[KvGroup, ...], block_size: int, model: str) -> 
 
 
 def blocks_per_request(
-    layout: HybridKvLayout,
+    groups: tuple[KvGroup, ...],
     num_tokens: int,
     block_size: int,
     max_in_flight_tokens: int,
@@ -188,12 +188,13 @@ def blocks_per_request(
     *,
     align: bool = False,
 ) -> int:
-    """Blocks a request of ``num_tokens`` holds at most over every group (vLLM's
+    """Blocks a request of ``num_tokens`` holds at most over ``groups`` (a layout's or a
+    plan's ``kv_cache_groups``; vLLM's
     ``max_memory_usage_bytes`` per group, in pages); a Mamba group holds one state page and
     ``speculative_blocks`` more (``mamba_cache_mode="none"``), or two with ``align`` (the
     running state and the one it was copied from)."""
     total = 0
-    for g in layout.groups:
+    for g in groups:
         if g.state_bytes_per_request:
             total += 2 if align else 1 + speculative_blocks
         elif g.mixer == "sliding":
@@ -216,12 +217,11 @@ def requests_held(
     ``prefix_caching``: whether the workload has prefix identity (``align_mode``)."""
     if not plan.kv_cache_groups:
         raise ValueError("requests_held: the plan has no KV cache groups")
-    layout = HybridKvLayout(plan.kv_cache_groups, 0, 0, plan.kv_block_size)
     in_flight = config.replica.scheduler.vllm_v1.max_num_batched_tokens
     per_request = blocks_per_request(
-        layout,
+        plan.kv_cache_groups,
         num_tokens,
-        layout.block_size,
+        plan.kv_block_size,
         in_flight,
         speculative_blocks(config),
         align=align_mode(config, prefix_caching=prefix_caching),
@@ -523,7 +523,9 @@ def plan_hybrid(
     num_blocks = available // layout.bytes_per_block
     spec = speculative_blocks(config)
     align = align_mode(config, prefix_caching=prefix_caching)
-    per_request = blocks_per_request(layout, max_request_tokens, bs, in_flight, spec, align=align)
+    per_request = blocks_per_request(
+        layout.groups, max_request_tokens, bs, in_flight, spec, align=align
+    )
     max_batch_size = num_blocks // per_request
     if max_batch_size < 1:
         raise ConfigError(

@@ -156,6 +156,9 @@ def test_the_banner_says_the_block_the_groups_and_the_mamba_cache_mode() -> None
         off_note
     )
     assert "'align'" not in off_note
+    # No comparison with a layout vLLM refuses to start (state reserved, no groups).
+    assert "Without groups" not in note
+    assert "state reserved for" not in note
 
 
 def test_the_plan_the_run_and_the_recommender_share_one_align_rule() -> None:

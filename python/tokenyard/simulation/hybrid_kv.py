@@ -588,7 +588,7 @@ def _plan_words(
     align: bool,
 ) -> str:
     """The banner's note on a hybrid plan: the groups, the pool, vLLM's max concurrency,
-    and the plan without groups it replaces."""
+    and the plan without groups it replaces (not for Mamba groups: vLLM has none)."""
     kinds = " + ".join(
         f"{g.mixer}{f' (window {g.window})' if g.window else ''}" for g in layout.groups
     )
@@ -612,7 +612,6 @@ def _plan_words(
         )
     caching = config.replica.scheduler.vllm_v1.enable_prefix_caching
     spec = speculative_blocks(config)
-    seqs = state_reserved_seqs(plan)
     head = (
         f". The attention block is {layout.block_size} tokens, not {block_size}, so one "
         f"attention layer's page holds a {layout.mamba_page_bytes:,} B Mamba state page "
@@ -640,18 +639,7 @@ def _plan_words(
             if caching
             else " (enable_prefix_caching = false)"
         )
-    return (
-        words
-        + head
-        + mode
-        + f". Without groups (state reserved for {seqs} requests, every attention layer "
-        f"full): {plan.num_blocks:,} blocks of {block_size} tokens, "
-        f"{min(plan.num_blocks // full_blocks, seqs)} requests of {full_blocks} blocks at once"
-    )
-
-
-def state_reserved_seqs(plan: MemoryPlan) -> int:
-    """The requests whose state the plan without groups reserved."""
-    if not plan.state_bytes_per_request:
-        return 0
-    return plan.reserved_state_bytes // plan.state_bytes_per_request
+    # No "without groups" figures: vLLM 0.33 cannot start a model with Mamba state without
+    # its hybrid manager (resolve_hybrid refuses false), and the plan without groups may be
+    # the one-request fallback (plan_for).
+    return words + head + mode

@@ -223,15 +223,22 @@ def kv_bytes_per_token(model: ModelSpec, kv_bytes: float) -> float:
     return kv_bytes * values + indexer
 
 
-def hybrid_link_terms(model: ModelSpec, kv_bytes: float, block_size: int) -> dict[str, Any]:
+def hybrid_link_terms(model: ModelSpec, kv_bytes: int, block_size: int) -> dict[str, Any]:
     """What crosses the link per request under vLLM's hybrid KV cache manager, whose
     connector (NixlConnector, ``SupportsHMA``) moves each KV cache group's blocks of the
     request: every token of the full-attention layers (``kv_bytes_per_token``), at most a
     window and a block of ``block_size`` tokens of the sliding-window layers (their earlier
     blocks are null blocks; several windows counted at the widest), and the
     linear-attention state once (``state_bytes``, unpadded). One copy of the KV, as
-    ``kv_bytes_per_token`` counts it."""
-    groups = kv_groups(model, 1, 1, kv_bytes)  # type: ignore[arg-type]
+    ``kv_bytes_per_token`` counts it. ``kv_bytes``: bytes per KV value (``dtype_bytes``'
+    integer).
+
+    Not modelled: for a model with Mamba layers (and a multi-token MTP lookahead) vLLM
+    0.33's NixlConnector has the prefill side stop one prompt token short (the lookahead's
+    less one) and the decode side recompute it (``_prefill_backoff``,
+    ``distributed/kv_transfer/kv_connector/v1/nixl/base_scheduler.py``): here the prefill
+    pool computes and the link moves the whole prompt, the decode pool computes none."""
+    groups = kv_groups(model, 1, 1, kv_bytes)
     windowed = [g for g in groups if g.window]
     return {
         "kv_bytes_per_token": sum(

@@ -41,8 +41,10 @@ pub struct KvLink {
     /// KV bytes of one token, all (full-attention) layers and heads (the same on both sides).
     pub kv_bytes_per_token: f64,
     /// Sliding-window layers moved as groups: the tokens a request keeps in them at most
-    /// (its window and a block; 0 = no such group) and their KV bytes per token.
+    /// (its window and a block; 0 = no such group).
     pub window_tokens: u64,
+    /// KV bytes per token of those sliding-window layers, all of them and their heads
+    /// (moved for at most `window_tokens` of a request; 0 without such a group).
     pub window_bytes_per_token: f64,
     /// Linear-attention (Mamba / GDN) state bytes of one request, moved once per transfer.
     pub state_bytes: f64,

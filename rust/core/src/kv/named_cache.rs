@@ -211,10 +211,12 @@ impl NamedCache {
         };
         let entry = &mut self.entries[i];
         let slot = slot_mut(entry, &mut self.slab, place);
-        if *slot == 0 {
-            // Only under a planted fault.
+        #[cfg(test)]
+        if *slot == 0 && PLANTED_WRONG_SLOT.get() {
+            // The mis-addressed place was not cached: nothing to clear.
             return;
         }
+        debug_assert!(*slot != 0, "an evicted named block's place is cached");
         *slot = 0;
         entry.meta -= 1;
         if entry.count() == 0 {
@@ -313,6 +315,16 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
+
+    #[test]
+    #[should_panic(expected = "an evicted named block's place is cached")]
+    fn removing_an_uncached_place_is_a_bug_outside_the_planted_fault() {
+        let mut cache = NamedCache::default();
+        let key = NamedKey::from_parts(1, 2);
+        cache.insert(key, 0, 7);
+        cache.insert(key, 3, 8);
+        cache.remove(key, 1);
+    }
 
     #[test]
     fn answers_as_a_map_of_places_through_growth_deletion_and_regrowth() {

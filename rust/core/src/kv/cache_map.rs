@@ -71,11 +71,21 @@ pub(super) struct CacheMap {
     copies: FxHashMap<BlockHash, Vec<BlockId>>,
     /// The first blocks caching named hashes, per trace block.
     named: NamedCache,
-    /// Whether named hashes may go to `named` (false: every hash has a slot here, as
-    /// before the named index; the differential test's reference).
-    name_blocks: bool,
-    /// Whether they do: set at the first named hash of a place past 0.
-    named_on: bool,
+    /// Whether named hashes go to `named`.
+    naming: Naming,
+}
+
+/// Whether a map indexes named hashes per trace block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Naming {
+    /// Never: every hash has a slot here, as before the named index (the differential
+    /// test's reference, built only by [`CacheMap::per_block`]).
+    #[cfg_attr(not(test), allow(dead_code))]
+    Never,
+    /// Not yet: turned on at the first named hash of a place past 0.
+    Pending,
+    /// Named hashes go to `named`.
+    On,
 }
 
 fn tag(hash: &BlockHash) -> u64 {
@@ -93,18 +103,18 @@ fn block_of(slot: u64) -> BlockId {
 impl CacheMap {
     pub(super) fn new(num_blocks: usize) -> crate::Result<Self> {
         let block_tags = super::try_filled_vec(num_blocks, 0, "num_blocks")?;
-        Ok(Self::empty(block_tags, true))
+        Ok(Self::empty(block_tags, Naming::Pending))
     }
 
     /// A map that gives named hashes a slot per block too (the per-block map before the
     /// named index): the reference of the differential test.
     #[cfg(test)]
     pub(super) fn per_block(num_blocks: usize) -> Self {
-        Self::empty(vec![0; num_blocks], false)
+        Self::empty(vec![0; num_blocks], Naming::Never)
     }
 
     /// An empty map over `block_tags` (all zero: no block caches a hash).
-    fn empty(block_tags: Vec<u32>, name_blocks: bool) -> Self {
+    fn empty(block_tags: Vec<u32>, naming: Naming) -> Self {
         Self {
             slots: vec![0; MIN_SLOTS],
             block_tags,
@@ -114,8 +124,7 @@ impl CacheMap {
             num_blocks: 0,
             copies: FxHashMap::default(),
             named: NamedCache::default(),
-            name_blocks,
-            named_on: false,
+            naming,
         }
     }
 
@@ -123,7 +132,7 @@ impl CacheMap {
     /// indexed per trace block.
     #[inline]
     fn named(&self, hash: &BlockHash) -> Option<(super::block_hash::NamedKey, u32)> {
-        if self.named_on {
+        if self.naming == Naming::On {
             named_parts(hash)
         } else {
             None
@@ -215,9 +224,7 @@ impl CacheMap {
     ) {
         self.num_blocks += 1;
         // The first named hash past place 0 turns the index on.
-        if self.name_blocks
-            && !self.named_on
-            && named_parts(&hash).is_some_and(|(_, place)| place > 0)
+        if self.naming == Naming::Pending && named_parts(&hash).is_some_and(|(_, place)| place > 0)
         {
             self.name_blocks_now(blocks);
         }
@@ -254,7 +261,7 @@ impl CacheMap {
             .collect();
         moving.sort_unstable_by_key(|&(block, _)| block);
         moving.dedup_by_key(|&mut (block, _)| block);
-        self.named_on = true;
+        self.naming = Naming::On;
         for (block, hash) in moving {
             let (key, place) = named_parts(&hash).expect("kept named hashes only");
             let first = self.named.insert(key, place, block);
@@ -355,8 +362,7 @@ impl CacheMap {
         // The index stays on: the pool's trace blocks keep their size.
         *self = Self {
             named,
-            named_on: self.named_on,
-            ..Self::empty(block_tags, self.name_blocks)
+            ..Self::empty(block_tags, self.naming)
         };
     }
 
@@ -490,7 +496,7 @@ mod tests {
         };
         let mut map = CacheMap::new(40).unwrap();
         check_against_an_eager_map(&mut map, hash_at);
-        assert!(map.named_on);
+        assert_eq!(map.naming, Naming::On);
         // The per-block reference answers the same.
         check_against_an_eager_map(&mut CacheMap::per_block(40), hash_at);
     }

@@ -11,9 +11,15 @@
 //!   at most half full, removed by backward shift, so no tombstones). An entry with no
 //!   cached place is removed.
 //! - An entry's slots are a chunk of `1 << shift` `u32`s (block id + 1; 0: not cached) in
-//!   one slab, with free lists per size. A new entry's chunk fits the most places any
-//!   entry has needed, so a pool whose trace blocks are 32 KV blocks does not regrow 32
-//!   times per trace block.
+//!   one slab, with free lists per size. A new entry's chunk fits the most places recent
+//!   entries needed (the last [`WINDOW`] new entries or the ones before them), so a pool
+//!   whose trace blocks are 32 KV blocks does not regrow 32 times per trace block, and a
+//!   pool whose trace blocks got shorter stops handing out the long chunks.
+//! - An eviction that leaves an entry's highest cached place in the first quarter of its
+//!   chunk moves it into a chunk that fits (a head left by tail-first eviction holds a
+//!   chunk of one or two slots, not its trace block's).
+//! - An entry whose chunk the slab cannot address (past `u32` offsets) keeps its places in
+//!   a side map instead (`spilled`): slower, never a panic.
 //!
 //! Invariant: a slot holds the first block caching its (seed, place) hash, exactly as the
 //! per-block map would answer for that hash; `count` is the number of non-zero slots.
@@ -25,6 +31,12 @@ use super::block_hash::NamedKey;
 use super::block_pool::BlockId;
 
 const MIN_ENTRIES: usize = 64;
+
+/// New entries per window of the needed size ([`NamedCache::insert`]).
+const WINDOW: u32 = 64;
+
+/// The `shift` of an entry whose slots are in the side map.
+const SPILLED: u8 = 31;
 
 /// Bits of an entry's `meta` that count its cached places (at most 1,024).
 const COUNT_BITS: u16 = 11;
@@ -40,7 +52,8 @@ struct Entry {
     /// 0: the table slot is empty.
     meta: u16,
     /// With `shift` 0, the one slot itself (a trace block of one KV block needs no chunk);
-    /// else the offset of the entry's chunk of `1 << shift` slots in the slab.
+    /// with `SPILLED`, nothing (its slots are in the side map); else the offset of the
+    /// entry's chunk of `1 << shift` slots in the slab.
     slots: u32,
 }
 
@@ -65,12 +78,21 @@ impl Entry {
     }
 }
 
-/// Slot `place` of `entry` (which has that many), inline or in the slab.
-fn slot_mut<'a>(entry: &'a mut Entry, slab: &'a mut [u32], place: u32) -> &'a mut u32 {
-    if entry.shift() == 0 {
-        &mut entry.slots
-    } else {
-        &mut slab[(entry.slots + place) as usize]
+/// The side map of spilled entries' slots, by key and place.
+type Spilled = rustc_hash::FxHashMap<(NamedKey, u32), u32>;
+
+/// Slot `place` of `entry` (which has that many), inline, in the slab or in the side map
+/// (where an uncached place reads 0 and is dropped again by [`NamedCache::remove`]).
+fn slot_mut<'a>(
+    entry: &'a mut Entry,
+    slab: &'a mut [u32],
+    spilled: &'a mut Spilled,
+    place: u32,
+) -> &'a mut u32 {
+    match entry.shift() {
+        0 => &mut entry.slots,
+        SPILLED => spilled.entry((entry.key(), place)).or_insert(0),
+        _ => &mut slab[(entry.slots + place) as usize],
     }
 }
 
@@ -81,8 +103,15 @@ pub(super) struct NamedCache {
     slab: Vec<u32>,
     /// Free chunks by `shift`.
     free_chunks: Vec<Vec<u32>>,
-    /// The largest `shift` any entry needed: new entries start with it.
+    /// The largest `shift` a place needed in the last full window of new entries.
     typical_shift: u8,
+    /// The same in the window going on, and the new entries it has left.
+    window_shift: u8,
+    window_left: u32,
+    /// Slots of the entries the slab could not address.
+    spilled: Spilled,
+    /// The slab's most slots (`u32` offsets; smaller in tests).
+    slab_limit: usize,
 }
 
 #[cfg(test)]
@@ -101,6 +130,10 @@ impl Default for NamedCache {
             slab: Vec::new(),
             free_chunks: Vec::new(),
             typical_shift: 0,
+            window_shift: 0,
+            window_left: WINDOW,
+            spilled: Spilled::default(),
+            slab_limit: u32::MAX as usize,
         }
     }
 }
@@ -145,6 +178,7 @@ impl NamedCache {
         let entry = &self.entries[i];
         let slot = match entry.shift() {
             0 if place == 0 => entry.slots,
+            SPILLED => self.spilled.get(&(key, place)).copied().unwrap_or(0),
             shift if place < 1 << shift && shift > 0 => self.slab[(entry.slots + place) as usize],
             _ => return None,
         };
@@ -160,12 +194,18 @@ impl NamedCache {
                 self.grow();
                 i = self.find(key).0;
             }
-            let shift = self.typical_shift.max(shift_for(place));
-            self.typical_shift = shift;
-            let slots = if shift == 0 {
-                0
-            } else {
-                self.take_chunk(shift)
+            let shift = (self.typical_shift.max(self.window_shift)).max(shift_for(place));
+            self.window_left -= 1;
+            if self.window_left == 0 {
+                self.typical_shift = self.window_shift;
+                self.window_shift = 0;
+                self.window_left = WINDOW;
+            }
+            let (shift, slots) = match shift {
+                0 => (0, 0),
+                _ => self
+                    .take_chunk(shift)
+                    .map_or((SPILLED, 0), |chunk| (shift, chunk)),
             };
             // Its count is raised below, before any other lookup.
             self.entries[i] = Entry {
@@ -175,13 +215,12 @@ impl NamedCache {
                 slots,
             };
             self.num_entries += 1;
-        } else if place >= 1 << self.entries[i].shift() {
-            let shift = shift_for(place);
-            self.typical_shift = self.typical_shift.max(shift);
-            self.regrow(i, shift);
+        } else if self.entries[i].shift() != SPILLED && place >= 1 << self.entries[i].shift() {
+            self.regrow(i, shift_for(place));
         }
+        self.window_shift = self.window_shift.max(shift_for(place));
         let entry = &mut self.entries[i];
-        let slot = slot_mut(entry, &mut self.slab, place);
+        let slot = slot_mut(entry, &mut self.slab, &mut self.spilled, place);
         if let Some(first) = slot.checked_sub(1) {
             return Some(first);
         }
@@ -195,7 +234,12 @@ impl NamedCache {
     pub(super) fn replace(&mut self, key: NamedKey, place: u32, block: BlockId) {
         let (i, found) = self.find(key);
         debug_assert!(found, "a copy takes over a cached place");
-        *slot_mut(&mut self.entries[i], &mut self.slab, place) = block + 1;
+        *slot_mut(
+            &mut self.entries[i],
+            &mut self.slab,
+            &mut self.spilled,
+            place,
+        ) = block + 1;
     }
 
     /// Un-caches `key`'s `place` (its only block was evicted); the entry goes with its last
@@ -210,20 +254,49 @@ impl NamedCache {
             place
         };
         let entry = &mut self.entries[i];
-        let slot = slot_mut(entry, &mut self.slab, place);
-        if *slot == 0 {
-            // Only under a planted fault.
+        let slot = slot_mut(entry, &mut self.slab, &mut self.spilled, place);
+        #[cfg(test)]
+        if *slot == 0 && PLANTED_WRONG_SLOT.get() {
+            // The mis-addressed place was not cached: nothing to clear.
             return;
         }
+        debug_assert!(*slot != 0, "an evicted named block's place is cached");
         *slot = 0;
         entry.meta -= 1;
-        if entry.count() == 0 {
-            if entry.shift() > 0 {
-                self.free_chunks[entry.shift() as usize].push(entry.slots);
+        let (count, shift) = (entry.count(), entry.shift());
+        if shift == SPILLED {
+            self.spilled.remove(&(key, place));
+        }
+        if count == 0 {
+            if shift > 0 && shift != SPILLED {
+                self.free_chunks[shift as usize].push(entry.slots);
             }
             self.num_entries -= 1;
             self.delete_at(i);
+        } else if shift >= 2 && shift != SPILLED {
+            // The highest cached place may have left the chunk's upper three quarters: only
+            // then (at most a quarter of the places cached, this one above the quarter) is
+            // that span read.
+            let quarter = 1u32 << (shift - 2);
+            if u32::from(count) <= quarter && place >= quarter {
+                self.shrink(i, quarter);
+            }
         }
+    }
+
+    /// Moves entry `i` into the smallest chunk holding its highest cached place, if that
+    /// place is below `quarter` (a quarter of its chunk).
+    fn shrink(&mut self, i: usize, quarter: u32) {
+        let entry = self.entries[i];
+        let base = entry.slots as usize;
+        let chunk = &self.slab[base..base + (1usize << entry.shift())];
+        if chunk[quarter as usize..].iter().any(|&slot| slot != 0) {
+            return;
+        }
+        let highest = (chunk[..quarter as usize].iter())
+            .rposition(|&slot| slot != 0)
+            .expect("a counted entry caches a place") as u32;
+        self.regrow(i, shift_for(highest));
     }
 
     /// Forgets every entry; the slab keeps its memory.
@@ -232,6 +305,13 @@ impl NamedCache {
         self.num_entries = 0;
         self.slab.clear();
         self.free_chunks.iter_mut().for_each(Vec::clear);
+        self.spilled.clear();
+    }
+
+    /// Slots the slab holds, in use or free.
+    #[cfg(test)]
+    pub(super) fn slab_len(&self) -> usize {
+        self.slab.len()
     }
 
     /// Entries (trace blocks with a cached place).
@@ -275,36 +355,89 @@ impl NamedCache {
         }
     }
 
-    /// A chunk of `1 << shift` slots, all zero.
-    fn take_chunk(&mut self, shift: u8) -> u32 {
+    /// A chunk of `1 << shift` slots, all zero; `None` when the slab would pass its limit.
+    fn take_chunk(&mut self, shift: u8) -> Option<u32> {
         if self.free_chunks.len() <= shift as usize {
             self.free_chunks.resize(shift as usize + 1, Vec::new());
         }
         if let Some(chunk) = self.free_chunks[shift as usize].pop() {
-            return chunk;
+            return Some(chunk);
         }
         let chunk = self.slab.len();
+        if chunk + (1 << shift) > self.slab_limit {
+            return None;
+        }
         self.slab.resize(chunk + (1 << shift), 0);
-        u32::try_from(chunk).expect("the named slab stays under 4G slots")
+        u32::try_from(chunk).ok()
     }
 
-    /// Moves entry `i`'s slots into a chunk of `1 << shift`.
+    /// Moves entry `i`'s slots into a chunk of `1 << shift` (which holds its cached
+    /// places), inline for `shift` 0, or into the side map if the slab has no room.
     fn regrow(&mut self, i: usize, shift: u8) {
-        let chunk = self.take_chunk(shift);
         let entry = self.entries[i];
-        match entry.shift() {
-            0 => self.slab[chunk as usize] = entry.slots,
+        let chunk = match shift {
+            0 => None,
+            _ => match self.take_chunk(shift) {
+                Some(chunk) => Some(chunk),
+                // A shrink can wait; a growth cannot.
+                None if shift < entry.shift() => return,
+                None => return self.spill(i),
+            },
+        };
+        let old_value = match entry.shift() {
+            0 => entry.slots,
             old_shift => {
                 let (old, len) = (entry.slots as usize, 1usize << old_shift);
-                self.slab.copy_within(old..old + len, chunk as usize);
+                let kept = len.min(1 << shift);
+                if let Some(chunk) = chunk {
+                    self.slab.copy_within(old..old + kept, chunk as usize);
+                }
+                let first = self.slab[old];
                 // Free chunks are all zero (a fresh chunk's places are not cached).
                 self.slab[old..old + len].fill(0);
                 self.free_chunks[old_shift as usize].push(entry.slots);
+                first
+            }
+        };
+        let entry = &mut self.entries[i];
+        entry.slots = match chunk {
+            Some(chunk) => {
+                if entry.shift() == 0 {
+                    self.slab[chunk as usize] = old_value;
+                }
+                chunk
+            }
+            // Inline: place 0 only.
+            None => old_value,
+        };
+        entry.meta = entry.count() | u16::from(shift) << COUNT_BITS;
+    }
+
+    /// Moves entry `i`'s slots (inline or in the slab) into the side map.
+    #[cold]
+    fn spill(&mut self, i: usize) {
+        let entry = self.entries[i];
+        let key = entry.key();
+        match entry.shift() {
+            0 => {
+                if entry.slots != 0 {
+                    self.spilled.insert((key, 0), entry.slots);
+                }
+            }
+            shift => {
+                let (old, len) = (entry.slots as usize, 1usize << shift);
+                for (place, slot) in self.slab[old..old + len].iter_mut().enumerate() {
+                    if *slot != 0 {
+                        self.spilled.insert((key, place as u32), *slot);
+                        *slot = 0;
+                    }
+                }
+                self.free_chunks[shift as usize].push(entry.slots);
             }
         }
         let entry = &mut self.entries[i];
-        entry.slots = chunk;
-        entry.meta = entry.count() | u16::from(shift) << COUNT_BITS;
+        entry.slots = 0;
+        entry.meta = entry.count() | u16::from(SPILLED) << COUNT_BITS;
     }
 }
 
@@ -315,8 +448,62 @@ mod tests {
     use super::*;
 
     #[test]
-    fn answers_as_a_map_of_places_through_growth_deletion_and_regrowth() {
+    #[should_panic(expected = "an evicted named block's place is cached")]
+    fn removing_an_uncached_place_is_a_bug_outside_the_planted_fault() {
         let mut cache = NamedCache::default();
+        let key = NamedKey::from_parts(1, 2);
+        cache.insert(key, 0, 7);
+        cache.insert(key, 3, 8);
+        cache.remove(key, 1);
+    }
+
+    #[test]
+    fn a_head_left_by_tail_first_eviction_shrinks_and_new_entries_follow_recent_sizes() {
+        let mut cache = NamedCache::default();
+        let key = |n: u64| NamedKey::from_parts(n, 1);
+        // One trace block of 1,024 places, evicted tail-first down to its head.
+        for place in 0..1024 {
+            cache.insert(key(0), place, place);
+        }
+        for place in (1..1024).rev() {
+            cache.remove(key(0), place);
+        }
+        assert_eq!(cache.get(key(0), 0), Some(0));
+        assert_eq!(
+            cache.entries[cache.find(key(0)).0].shift(),
+            0,
+            "the head is inline"
+        );
+        // Then trace blocks of one place each: past two windows of them, new ones are
+        // inline (no chunk of 1,024 slots each).
+        let windows = 2 * u64::from(WINDOW);
+        for n in 1..=windows {
+            cache.insert(key(n), 0, n as BlockId);
+        }
+        let slab = cache.slab_len();
+        for n in windows + 1..=windows + 1000 {
+            cache.insert(key(n), 0, n as BlockId);
+        }
+        assert_eq!(cache.slab_len(), slab);
+        for n in 0..=windows + 1000 {
+            assert_eq!(cache.get(key(n), 0), Some(n as BlockId));
+        }
+    }
+
+    #[test]
+    fn answers_as_a_map_of_places_through_growth_deletion_and_regrowth() {
+        for slab_limit in [u32::MAX as usize, 64] {
+            answers_as_a_map(slab_limit);
+        }
+    }
+
+    /// The randomized check, with the slab capped at `slab_limit` slots (entries past it
+    /// spill into the side map).
+    fn answers_as_a_map(slab_limit: usize) {
+        let mut cache = NamedCache {
+            slab_limit,
+            ..NamedCache::default()
+        };
         let mut model: HashMap<(NamedKey, u32), BlockId> = HashMap::new();
         let mut state = 0x9E37_79B9_7F4A_7C15u64;
         let mut next = move || {
@@ -352,6 +539,15 @@ mod tests {
         }
         let keys: std::collections::HashSet<_> = model.keys().map(|k| k.0).collect();
         assert_eq!(cache.num_entries(), keys.len());
+        let spills = cache
+            .entries
+            .iter()
+            .any(|e| !e.is_empty() && e.shift() == SPILLED);
+        assert_eq!(
+            spills,
+            slab_limit < 1024,
+            "entries spill only past the slab's limit"
+        );
         cache.clear();
         assert_eq!(cache.num_entries(), 0);
         assert!(model.keys().all(|&(k, p)| cache.get(k, p).is_none()));

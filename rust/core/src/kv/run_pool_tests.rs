@@ -18,7 +18,7 @@
 //!
 //! CI runs `DEFAULT_SEEDS` streams; `TOKENYARD_RUN_POOL_SEEDS=N` runs N.
 
-use super::block_hash::{BlockHash, content_block, hash_content};
+use super::block_hash::{BlockHash, LOOKALIKE_TOKEN, LOOKALIKES_MADE, content_block, hash_content};
 use super::named_cache::PLANTED_WRONG_SLOT;
 use super::run_queue::PLANTED_SWAP;
 use super::{BlockPool, BlockPoolStats, ComputedBlocks, KvCapacity, RunBlockPool, TokenId};
@@ -208,14 +208,31 @@ fn make_request(rng: &mut Rng, shape: &Shape, id: u32) -> Req {
 /// One random stream; the linked pool's stats at its end, or `Err` describing the first
 /// difference.
 fn run_stream(seed: u64) -> Result<BlockPoolStats, String> {
+    let result = run_stream_planted(seed);
+    LOOKALIKE_TOKEN.set(None);
+    result
+}
+
+/// [`run_stream`], which then unplants the look-alike token hash.
+fn run_stream_planted(seed: u64) -> Result<BlockPoolStats, String> {
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let block_size = [1, 2, 4][rng.below(3)];
+    let num_blocks = 6 + rng.below(40);
+    // Trace blocks of one KV block keep named hashes in the per-block map; longer ones
+    // turn the named index on; 33 places take a chunk of 64 slots.
+    let per_trace = [1, 1, 2, 3, 4, 8, 33][rng.below(7)];
+    // Some streams hash the first block of a family's tail to a look-alike of a named
+    // hash: a token hash carrying the named mark.
+    LOOKALIKE_TOKEN.set(rng.chance(30).then(|| 1 + 1000 * rng.below(3) as u32));
     let shape = Shape {
-        num_blocks: 6 + rng.below(40),
+        // Room for a few trace blocks of 33.
+        num_blocks: if per_trace > 8 {
+            num_blocks + 2 * per_trace
+        } else {
+            num_blocks
+        },
         block_size,
-        // Trace blocks of one KV block keep named hashes in the per-block map; longer
-        // ones turn the named index on.
-        per_trace: [1, 1, 2, 3, 4, 8][rng.below(6)],
+        per_trace,
         host_blocks: if rng.chance(30) { 1 + rng.below(12) } else { 0 },
         events: rng.chance(50),
         caching: rng.chance(95),
@@ -411,4 +428,9 @@ fn streams_exercise_hits_the_host_tier_and_evictions() {
     assert!(hit_tokens > 1000, "{hit_tokens} hit tokens");
     assert!(host_hit_tokens > 50, "{host_hit_tokens} host hit tokens");
     assert!(offloads > 100, "{offloads} offloads");
+    assert!(
+        LOOKALIKES_MADE.get() > 100,
+        "{} look-alikes",
+        LOOKALIKES_MADE.get()
+    );
 }

@@ -233,7 +233,7 @@ def test_a_hisparse_consumer_with_batches_in_flight_defers_its_async_loads(
 ) -> None:
     # vLLM 0.33's Scheduler.__init__: defer_async_loads = defer_block_free (a KV consumer
     # with several batches in flight) and a HiSparse host pool. A config with the pool and
-    # groups the core serves turns both on at construction.
+    # groups the core serves turns both on, at construction or assigned later.
     from dataclasses import replace
     from unittest.mock import PropertyMock, patch
 
@@ -268,5 +268,10 @@ def test_a_hisparse_consumer_with_batches_in_flight_defers_its_async_loads(
     assert built[32].defer_block_free
     assert built[32].defer_async_loads
     assert built[32]._core.hisparse_host_pages == (32, BLOCK_SIZE, 31)
+    # HiSparse's documented path assigns the config on a built scheduler: the gate follows.
+    built[None].kv_cache_config = replace(plain, hisparse_host_num_blocks=32)
+    assert built[None].defer_async_loads
+    built[None].kv_cache_config = plain
+    assert not built[None].defer_async_loads
     for scheduler in built.values():
         scheduler.shutdown()

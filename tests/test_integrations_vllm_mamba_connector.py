@@ -261,3 +261,32 @@ def test_connector_loads_beside_mamba_align_match_vllm(seed: int, monkeypatch: A
     monkeypatch.setattr(VllmSchedulerPeer, "build", align_build)
     seen = _run(_groups(), seed, num_blocks=(40, 160)[seed % 2], loads_every_group=seed % 3 == 0)
     assert seen["loads"] > 0
+
+
+def test_a_request_given_blocks_outside_the_scheduler_is_in_req_to_blocks() -> None:
+    # vLLM's _seed_hybrid_prefix drives kv_cache_manager.allocate_slots for a request the
+    # scheduler does not hold; vLLM's managers list it in req_to_blocks like any other.
+    seen = []
+    for cls in (Scheduler, TokenyardScheduler):
+        scheduler = _build(cls, 0, True)
+        manager = scheduler.kv_cache_manager
+        fill = _request(scheduler, "fill", 4)
+        steps = []
+        for _ in range(4):
+            assert manager.allocate_slots(fill, BLOCK) is not None
+            fill.num_computed_tokens += BLOCK
+            groups = manager.coordinator.single_type_managers
+            steps.append(
+                (
+                    manager.get_block_ids("fill"),
+                    [
+                        {r: [b.block_id for b in bs] for r, bs in g.req_to_blocks.items()}
+                        for g in groups
+                    ],
+                )
+            )
+        manager.free(fill)
+        steps.append([dict(g.req_to_blocks) for g in manager.coordinator.single_type_managers])
+        seen.append(steps)
+    assert seen[0] == seen[1]
+    assert list(seen[1][3][1][0]) == ["fill"]

@@ -55,7 +55,10 @@ def seeded(offer: int, divergent: bool) -> tuple[Scheduler, list[int], list[int]
         assert new is not None
         assert [len(g) for g in new] == [1, 1]
         mamba.append(int(new[1][0]))
-    tables = s.kv_tables_outside("fill")
+        # vLLM's req_to_blocks holds it: the inspection calls list it.
+        assert s.kv_request_ids() == ["fill"]
+        assert s.kv_outside_tokens("fill") == (4 * BLOCK, (step + 1) * BLOCK)
+    tables = s.kv_block_tables("fill")
     assert tables is not None
     fa = [int(b) for b in tables[0]]
     # The Mamba table: a slot per block, the last two states held, nulls before them.

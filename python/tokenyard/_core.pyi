@@ -1185,10 +1185,9 @@ class Scheduler:
         cache seeded directly, as vLLM's tests do): ``token_ids`` not given before,
         ``num_new_tokens`` more computed. Each group's new blocks, or None when they do not
         fit. ConfigError without KV groups; InputError for a request the scheduler holds."""
-    def kv_tables_outside(
-        self, request_id: _RequestId
-    ) -> tuple[npt.NDArray[np.uint32], ...] | None:
-        """Each group's block table of a request ``kv_allocate_outside`` gave blocks to."""
+    def kv_outside_tokens(self, request_id: _RequestId) -> tuple[int, int] | None:
+        """The tokens given and computed of a request ``kv_allocate_outside`` gave blocks
+        to, or ``None``."""
     def kv_free_outside(self, request_id: _RequestId) -> None:
         """Frees the blocks ``kv_allocate_outside`` gave the request (InputError for any
         other request)."""
@@ -1254,8 +1253,8 @@ class Scheduler:
         KV transfer holds included), in no order."""
     def kv_block_tables(self, request_id: _RequestId) -> tuple[npt.NDArray[np.uint32], ...] | None:
         """The request's block table of each KV group (one with a single group; ids as in
-        ``block_ref_counts``), a finished request's whose blocks a KV transfer holds
-        included; ``None`` if it holds none."""
+        ``block_ref_counts``), a finished request's whose blocks a KV transfer holds and one
+        ``kv_allocate_outside`` gave blocks included; ``None`` if it holds none."""
     def num_cached_blocks_of(self, request_id: _RequestId) -> list[int] | None:
         """Per KV group, the request's leading blocks registered in the prefix cache
         (vLLM's ``num_cached_block``); ``None`` if it holds no blocks."""

@@ -183,7 +183,11 @@ class _RequestMap(Mapping[str, Any]):
         self._manager = manager
 
     def _core_id(self, request_id: str) -> Any:
-        return self._manager._scheduler._core_ids.get(request_id)
+        scheduler = self._manager._scheduler
+        core_id = scheduler._core_ids.get(request_id)
+        if core_id is None and scheduler._core.kv_outside_tokens(request_id) is not None:
+            return request_id  # given blocks outside the scheduler, under its vLLM id
+        return core_id
 
     @abstractmethod
     def _value(self, core_id: Any) -> Any:
@@ -204,6 +208,9 @@ class _RequestMap(Mapping[str, Any]):
         scheduler = self._manager._scheduler
         core_ids = scheduler._core.kv_request_ids() if self._present() else []
         vllm_ids = {core: vllm for vllm, core in scheduler._core_ids.items()}
+        # Requests given blocks outside the scheduler keep their vLLM ids in the core.
+        outside = [c for c in core_ids if c not in vllm_ids]
+        vllm_ids.update((c, c) for c in outside if scheduler._core.kv_outside_tokens(c) is not None)
         return iter([vllm_ids[c] for c in core_ids if c in vllm_ids and self._value(c) is not None])
 
     def __len__(self) -> int:

@@ -127,6 +127,9 @@ class HiSparseTier(AdapterBase):
 
     def _adopt_host_pool(self, config: Any) -> None:
         pool = hisparse_host_pool(config)
+        # vLLM 0.33 (Scheduler.__init__): HiSparse reads a released page until the pool
+        # reuses it, so its async loads also wait for the steps in flight.
+        self._core.defer_async_loads = self._core.defer_block_free and pool is not None
         if pool is None:
             self._core.set_hisparse_host_pages(None)
             return

@@ -237,9 +237,6 @@ class _KVCacheManagerView:
         view = HybridCoordinatorView if hybrid else CoordinatorView
         self.coordinator = view(scheduler, self.block_pool)
         self.num_kv_cache_groups = len(scheduler.kv_cache_config.kv_cache_groups)
-        # Requests given blocks outside the scheduler (allocate_slots): tokens given to the
-        # core and computed tokens.
-        self._outside: dict[str, tuple[int, int]] = {}
 
     @property
     def enable_caching(self) -> bool:
@@ -264,11 +261,14 @@ class _KVCacheManagerView:
         """The request's block table, one list per KV cache group (null blocks, id 0, where
         a group no longer attends)."""
         scheduler = self._scheduler
-        if request_id in self._outside:
-            tables = scheduler._core.kv_tables_outside(request_id)
-            return tuple(g.tolist() for g in tables)
+        core_id = scheduler._core_ids.get(request_id)
+        if core_id is None and scheduler._kv_groups:
+            # A request given blocks outside the scheduler (allocate_slots).
+            tables = scheduler._core.kv_block_tables(request_id)
+            if tables is not None:
+                return tuple(g.tolist() for g in tables)
         # An unknown id goes to the core as it is, which raises naming it.
-        core_id = scheduler._core_ids.get(request_id, request_id)
+        core_id = request_id if core_id is None else core_id
         if scheduler._kv_groups:
             groups = scheduler._core.group_block_ids(core_id)
             if not groups:  # no blocks yet: an empty table per group, as vLLM's
@@ -326,7 +326,7 @@ class _KVCacheManagerView:
                 field="request_id",
                 value=str(request_id),
             )
-        given, computed = self._outside.get(request_id, (0, 0))
+        given, computed = scheduler._core.kv_outside_tokens(request_id) or (0, 0)
         asked = [
             ("num_new_computed_tokens", num_new_computed_tokens),
             ("num_lookahead_tokens", num_lookahead_tokens),
@@ -357,7 +357,6 @@ class _KVCacheManagerView:
         )
         if new is None:
             return None
-        self._outside[request_id] = (given + len(token_ids), computed + num_new_tokens)
         # vLLM's hashes of its blocks, for the coordinator view's per-group lookup.
         scheduler._block_hash_index.index(request)
         return KVCacheBlocks(tuple(self.block_pool._blocks_of(g) for g in new))
@@ -366,7 +365,7 @@ class _KVCacheManagerView:
         """vLLM's ``free`` for a request ``allocate_slots`` gave blocks outside the
         scheduler (InputError for any other: the scheduler frees its own requests')."""
         request_id = request.request_id
-        if request_id not in self._outside:
+        if self._scheduler._core.kv_outside_tokens(request_id) is None:
             raise InputError(
                 f"free: {request_id!r} holds no blocks given outside the scheduler (its own "
                 "requests' blocks are freed when they finish or are aborted)",
@@ -374,7 +373,6 @@ class _KVCacheManagerView:
                 value=str(request_id),
             )
         self._scheduler._core.kv_free_outside(request_id)
-        del self._outside[request_id]
 
     def get_computed_blocks(
         self, request: Request, max_cache_hit_length: int | None = None

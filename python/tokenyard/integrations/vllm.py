@@ -77,7 +77,6 @@ from tokenyard.integrations._vllm_core_attributes import CoreAttributes
 from tokenyard.integrations._vllm_encoder_cache import EncoderCacheView
 from tokenyard.integrations._vllm_hisparse import (
     HiSparseTier,
-    hisparse_host_pool,
     refuse_hisparse_device_groups,
 )
 from tokenyard.integrations._vllm_hooks import draft_slots_per_request
@@ -221,8 +220,6 @@ class TokenyardScheduler(
             ),
             connector=self._bridge,
         )
-        # vLLM 0.33's HiSparse host pages (_vllm_hisparse), if the config has them.
-        self._adopt_host_pool(kv_cache_config)
         if mm_budget is None:
             # vLLM's scheduler has no encoder budget or cache then (the core's 0s stand for
             # its defaults at construction).
@@ -316,11 +313,9 @@ class TokenyardScheduler(
             and vllm_config.max_concurrent_batches > 1
             and transfer.is_kv_consumer
         )
-        # vLLM 0.33 (Scheduler.__init__): HiSparse reads a released page until the pool
-        # reuses it, so its async loads also wait for the steps in flight.
-        self._core.defer_async_loads = (
-            self._core.defer_block_free and hisparse_host_pool(kv_cache_config) is not None
-        )
+        # vLLM 0.33's HiSparse host pages (_vllm_hisparse), if the config has them; this
+        # also sets defer_async_loads, so it comes after defer_block_free.
+        self._adopt_host_pool(kv_cache_config)
         self.recompute_kv_load_failures = True
         # Requests preempted by reset_prefix_cache: outputs of their steps then in flight
         # are dropped, not delivered.

@@ -525,15 +525,11 @@ impl PyScheduler {
             .transpose()
     }
 
-    /// Each group's block table of a request given blocks by `kv_allocate_outside`, or None.
-    fn kv_tables_outside<'py>(
-        &self,
-        request_id: &Bound<'py, PyAny>,
-    ) -> PyResult<Option<Bound<'py, pyo3::types::PyTuple>>> {
+    /// The tokens given and computed of a request given blocks by `kv_allocate_outside`,
+    /// or None.
+    fn kv_outside_tokens(&self, request_id: &Bound<'_, PyAny>) -> PyResult<Option<(usize, usize)>> {
         let id = RequestId::from_py(request_id)?;
-        (self.inner.kv_tables_outside(&id))
-            .map(|g| crate::sched_output::group_tuple(request_id.py(), &g))
-            .transpose()
+        Ok(self.inner.kv_outside_tokens(&id))
     }
 
     /// Frees the blocks of a request given blocks by `kv_allocate_outside` (InputError for

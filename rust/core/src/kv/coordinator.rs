@@ -79,6 +79,9 @@ struct CoordinatedRequest {
     /// Per group, leading blocks already offered to the prefix cache (vLLM's
     /// `num_cached_block`).
     num_cached: Vec<usize>,
+    /// Per group, leading table slots known to hold the null block: a Mamba `align` group's
+    /// skipped blocks are freed from its end down to here (vLLM's `_num_retired_blocks`).
+    retired: Vec<usize>,
 }
 
 #[derive(Debug, Clone)]
@@ -602,6 +605,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             },
             tables: vec![Vec::new(); num_groups],
             num_cached: vec![0; num_groups],
+            retired: vec![0; num_groups],
         };
         let Some(hit) = hit else {
             return request;
@@ -651,6 +655,12 @@ impl<R: RequestKey> KvCoordinator<R> {
                 let num_full = computed.min(request.tokens.num_tokens) / self.block_size;
                 if self.enable_caching && request.num_cached[g] > num_full.max(table.len()) {
                     return Err(format!("request {id:?} group {g}: cached past its blocks"));
+                }
+                let retired = request.retired[g].min(table.len());
+                if table[..retired].iter().any(|&b| b != NULL_BLOCK) {
+                    return Err(format!(
+                        "request {id:?} group {g}: a retired slot holds a block"
+                    ));
                 }
             }
         }

@@ -115,13 +115,13 @@ impl<R: RequestKey> KvCoordinator<R> {
             ));
         }
         let num_slots = total + alloc.num_new_tokens + alloc.num_lookahead_tokens;
-        let needed = self.num_blocks_to_allocate(
-            request_id,
-            GroupSlots::decoder(num_slots),
-            total,
-            new_computed,
-            None,
-        );
+        // An align group's state goes at the last computed token's block, not the lookahead
+        // slots' (as allocate_slots counts it, vLLM 0.33's `num_tokens_main_model`).
+        let slots = GroupSlots {
+            lookahead: alloc.num_lookahead_tokens,
+            ..GroupSlots::decoder(num_slots)
+        };
+        let needed = self.num_blocks_to_allocate(request_id, slots, total, new_computed, None);
         if needed > self.free_queue.len() {
             return Ok(None);
         }
@@ -287,6 +287,28 @@ mod tests {
         // Every new block is zeroed but group 0's two loaded ones (skip_zeroing_groups).
         let zeroed = coord.take_new_block_ids();
         assert_eq!(zeroed, [&new[0][2..], &new[1][..]].concat());
+        coord.check_invariants().unwrap();
+    }
+
+    /// An align group's state block goes at the last computed token's block: the lookahead
+    /// slots count for full attention only, in the check as in the allocation. 16 loaded
+    /// tokens and 16 lookahead slots over blocks of 16 take 3 blocks (2 full attention, the
+    /// loaded state): 3 free must do (counting the lookahead, the check asked for 4).
+    #[test]
+    fn a_load_with_lookahead_counts_an_align_group_without_it() {
+        let groups = vec![FULL, KvGroupSpec::MambaAlign];
+        let mut coord = KvCoordinator::<u64>::new(groups, 4, 16, true).unwrap();
+        assert_eq!(coord.num_free_blocks(), 3);
+        let tokens: Vec<TokenId> = (0..16).collect();
+        let alloc = ExternalAllocation {
+            num_external_tokens: 16,
+            num_lookahead_tokens: 16,
+            ..ExternalAllocation::default()
+        };
+        let new = coord.allocate_slots_external(&1, &tokens, None, None, alloc);
+        let new = new.unwrap().expect("3 blocks free, 3 needed");
+        assert_eq!((new[0].len(), new[1].len()), (2, 1));
+        assert_eq!(coord.num_free_blocks(), 0);
         coord.check_invariants().unwrap();
     }
 

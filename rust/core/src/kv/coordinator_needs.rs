@@ -17,20 +17,31 @@ impl<R: RequestKey> KvCoordinator<R> {
             return (0, 0);
         };
         let (mut dropped, mut freed) = (0, 0);
-        for (spec, table) in self.groups.iter().zip(&request.tables) {
+        let mut count = |b: BlockId| {
+            dropped += 1;
+            freed += usize::from(self.blocks[b as usize].ref_cnt == 1);
+        };
+        for ((spec, table), &retired) in self
+            .groups
+            .iter()
+            .zip(&request.tables)
+            .zip(&request.retired)
+        {
             let num_skipped = spec.num_skipped_tokens(num_computed_tokens) / self.block_size;
             let end = num_skipped.min(table.len());
-            let skipped = table[..end].iter().rev();
-            let held: Vec<BlockId> = if spec.is_mamba_align() {
+            if spec.is_mamba_align() {
                 // Its prefill leaves null gaps between states (vLLM's align-mode
-                // `_remove_blocks_in_range` steps over them).
-                skipped.copied().filter(|&b| b != NULL_BLOCK).collect()
+                // `_remove_blocks_in_range` steps over them), down to the retired slots.
+                let start = retired.min(end);
+                table[start..end]
+                    .iter()
+                    .filter(|&&b| b != NULL_BLOCK)
+                    .for_each(|&b| count(b));
             } else {
-                skipped.copied().take_while(|&b| b != NULL_BLOCK).collect()
-            };
-            for b in held {
-                dropped += 1;
-                freed += usize::from(self.blocks[b as usize].ref_cnt == 1);
+                let skipped = table[..end].iter().rev();
+                skipped
+                    .take_while(|&&b| b != NULL_BLOCK)
+                    .for_each(|&b| count(b));
             }
         }
         (dropped, freed)
@@ -38,26 +49,33 @@ impl<R: RequestKey> KvCoordinator<R> {
 
     /// vLLM's `remove_skipped_blocks` for every group: blocks wholly before the tokens the
     /// next token attends to are freed (last first) and replaced by the null block. A
-    /// group stops at a null it already left, as vLLM's backward scan does.
+    /// group stops at a null it already left, as vLLM's backward scan does; a Mamba `align`
+    /// group steps over its null gaps down to the slots it retired before.
     pub(super) fn remove_skipped_blocks(&mut self, request_id: &R, num_computed_tokens: usize) {
         let Some(request) = self.requests.get_mut(request_id) else {
             return;
         };
         let mut freed = Vec::new();
-        for (spec, table) in self.groups.iter().zip(&mut request.tables) {
+        let groups = self.groups.iter().zip(&mut request.tables);
+        for ((spec, table), retired) in groups.zip(&mut request.retired) {
             let num_skipped = spec.num_skipped_tokens(num_computed_tokens) / self.block_size;
             let end = num_skipped.min(table.len());
+            let align = spec.is_mamba_align();
+            let start = if align { (*retired).min(end) } else { 0 };
             let mut group_freed = Vec::new();
-            for slot in table[..end].iter_mut().rev() {
+            for slot in table[start..end].iter_mut().rev() {
                 if *slot == NULL_BLOCK {
                     // A Mamba `align` prefill leaves null gaps between states (vLLM's
                     // align-mode `_remove_blocks_in_range` steps over them).
-                    if spec.is_mamba_align() {
+                    if align {
                         continue;
                     }
                     break;
                 }
                 group_freed.push(std::mem::replace(slot, NULL_BLOCK));
+            }
+            if align {
+                *retired = (*retired).max(end);
             }
             freed.push(group_freed);
         }

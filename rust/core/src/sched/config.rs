@@ -242,7 +242,7 @@ impl SchedulerConfig {
             .map(|g| {
                 let required = g.num_required_blocks(num_tokens, bs);
                 let cap = match g.is_mamba_align() {
-                    true => Some(2),
+                    true => g.max_live_blocks(0, bs),
                     false => g.max_admission_blocks(in_flight, bs),
                 };
                 cap.map_or(required, |cap| required.min(cap))

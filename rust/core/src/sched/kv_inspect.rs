@@ -11,6 +11,7 @@ impl<R: crate::kv::RequestKey> super::Scheduler<R> {
     fn kv_slot(&self, request_id: &R) -> Option<u32> {
         (self.index.get(request_id).copied())
             .or_else(|| self.transfer_holds.get(request_id).map(|&(slot, _)| slot))
+            .or_else(|| self.outside_kv.get(request_id).copied())
     }
 
     /// Per KV block, how many requests hold it and the hash it caches, in block-id order
@@ -25,18 +26,20 @@ impl<R: crate::kv::RequestKey> super::Scheduler<R> {
         self.kv.free_block_ids()
     }
 
-    /// The requests holding a block table in the KV pool (live ones and finished ones a KV
-    /// transfer holds), in no order (vLLM's `req_to_blocks` keys).
+    /// The requests holding a block table in the KV pool (live ones, finished ones a KV
+    /// transfer holds, and those `kv_allocate_outside` gave blocks), in no order (vLLM's
+    /// `req_to_blocks` keys).
     pub fn kv_request_ids(&self) -> Vec<R> {
         let holds = self.transfer_holds.iter().map(|(id, (slot, _))| (id, slot));
-        (self.index.iter().chain(holds))
+        (self.index.iter().chain(holds).chain(&self.outside_kv))
             .filter(|&(_, &slot)| self.kv.num_tokens(slot).is_some())
             .map(|(id, _)| id.clone())
             .collect()
     }
 
     /// The request's block table of each KV group (one with a single group), a finished
-    /// request's whose blocks a KV transfer holds included; `None` if it holds none.
+    /// request's whose blocks a KV transfer holds and one `kv_allocate_outside` gave
+    /// blocks included; `None` if it holds none.
     pub fn kv_block_tables(&self, request_id: &R) -> Option<Vec<Vec<BlockId>>> {
         self.kv.block_tables(self.kv_slot(request_id)?)
     }

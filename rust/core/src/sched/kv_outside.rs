@@ -56,10 +56,11 @@ impl<R: RequestKey> Scheduler<R> {
         Ok(Some(self.kv.take_group_blocks(key)))
     }
 
-    /// The block table of each KV group of a request [`Self::kv_allocate_outside`] gave
-    /// blocks to, `None` for any other.
-    pub fn kv_tables_outside(&self, request_id: &R) -> Option<Vec<Vec<BlockId>>> {
-        self.kv.block_tables(*self.outside_kv.get(request_id)?)
+    /// The tokens given and computed of a request [`Self::kv_allocate_outside`] gave blocks
+    /// to, `None` for any other.
+    pub fn kv_outside_tokens(&self, request_id: &R) -> Option<(usize, usize)> {
+        let key = *self.outside_kv.get(request_id)?;
+        Some((self.kv.num_tokens(key)?, self.kv.num_computed_tokens(key)?))
     }
 
     /// vLLM's `free(request)` for a request [`Self::kv_allocate_outside`] gave blocks to:
@@ -97,13 +98,7 @@ impl<R: RequestKey> Scheduler<R> {
     }
 
     fn kv_tables_outside_check(&self, request_id: &R) -> Result<()> {
-        if self.kv.hybrid_groups().is_none() {
-            return Err(Error::config(
-                "kv_groups",
-                "[]",
-                "blocks for a request outside the scheduler need several KV cache groups",
-            ));
-        }
+        self.kv.hybrid_pool("allocate_slots")?;
         if self.index.contains_key(request_id) || self.transfer_holds.contains_key(request_id) {
             return Err(Error::input(
                 "request_id",

@@ -171,12 +171,16 @@ fn a_prefix_seeded_outside_the_scheduler_is_hit_by_its_requests() {
             .unwrap();
         assert_eq!((new[0].len(), new[1].len()), (1, 1));
         mamba.push(new[1][0]);
-        assert_eq!(s.kv_tables_outside(&fill).unwrap()[1].len(), step + 1);
+        assert_eq!(s.kv_block_tables(&fill).unwrap()[1].len(), step + 1);
+        assert_eq!(s.kv_outside_tokens(&fill), Some((64, 16 * (step + 1))));
+        // vLLM's `req_to_blocks` holds it: the inspection calls list it.
+        assert_eq!(s.kv_request_ids(), [fill]);
     }
     // More tokens than it has, or a request the scheduler holds, are refused.
     assert!(s.kv_allocate_outside(&fill, &[], 1, None).is_err());
     s.kv_free_outside(&fill).unwrap();
-    assert!(s.kv_tables_outside(&fill).is_none());
+    assert!(s.kv_block_tables(&fill).is_none());
+    assert!(s.kv_outside_tokens(&fill).is_none() && s.kv_request_ids().is_empty());
     s.kv_evict_blocks(&mamba[1..]).unwrap();
     let (_, lengths) = s.kv_hits_per_group(&hashes(5), 79).unwrap();
     assert_eq!(lengths, [64, 16]);

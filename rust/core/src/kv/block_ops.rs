@@ -311,3 +311,49 @@ pub(super) fn check_cached_count(blocks: &[BlockMeta], cached: &CacheMap) -> Res
     }
     Ok(())
 }
+
+/// What grows a request's block table: the free queue, the blocks' records and what an
+/// eviction updates, borrowed beside the request's entry (`BlockPool::split_for_growth`).
+pub(super) struct Growth<'a, Q> {
+    pub(super) block_size: usize,
+    pub(super) caching: bool,
+    pub(super) blocks: &'a mut Vec<BlockMeta>,
+    pub(super) free_queue: &'a mut Q,
+    pub(super) eviction: Eviction<'a>,
+}
+
+impl<Q: FreeQueue> Growth<'_, Q> {
+    pub(super) fn num_free_blocks(&self) -> usize {
+        self.free_queue.len()
+    }
+
+    /// Takes `num_new_blocks` free blocks onto `request`'s table (evicting what they
+    /// cached), records `new_token_ids`, counts `num_new_tokens` more computed and, with
+    /// `cache`, registers the full blocks they complete: the end of every allocation.
+    #[inline(always)]
+    pub(super) fn grow(
+        self,
+        request: &mut RequestBlocks,
+        num_new_blocks: usize,
+        new_token_ids: &[TokenId],
+        num_new_tokens: usize,
+        cache: bool,
+    ) {
+        let Self {
+            block_size,
+            caching,
+            blocks,
+            free_queue,
+            mut eviction,
+        } = self;
+        let table = &mut request.block_ids;
+        table.reserve(num_new_blocks);
+        take_free_blocks(free_queue, blocks, &mut eviction, num_new_blocks, table);
+        let Eviction { cached, events, .. } = eviction;
+        append_tokens(block_size, caching, request, new_token_ids);
+        request.num_computed_tokens += num_new_tokens;
+        if caching && cache {
+            cache_full_blocks(block_size, cached, blocks, events, request);
+        }
+    }
+}

@@ -20,8 +20,8 @@ use rustc_hash::FxHashMap;
 
 use super::block_hash::{BlockHash, hash_block};
 use super::block_ops::{
-    BlockMeta, Eviction, WARM_RUN, append_tokens, cache_full_blocks, check_cached_count,
-    check_pool_blocks, count_holders, release_blocks, take_free_blocks,
+    BlockMeta, Eviction, Growth, WARM_RUN, append_tokens, cache_full_blocks, check_cached_count,
+    check_pool_blocks, count_holders, release_blocks,
 };
 use super::cache_map::CacheMap;
 use super::free_queue::{FreeBlockQueue, FreeQueue};
@@ -535,6 +535,38 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
         Ok(())
     }
 
+    /// The requests' entries beside the parts that grow one of them (disjoint borrows: a
+    /// request is updated in place in the map; a decode step does it for every running
+    /// request, and moving it out and back cost a tenth of a step).
+    #[inline(always)]
+    pub(super) fn split_for_growth(&mut self) -> (&mut FxHashMap<R, RequestBlocks>, Growth<'_, Q>) {
+        let Self {
+            block_size,
+            enable_caching,
+            requests,
+            cached,
+            blocks,
+            events,
+            free_queue,
+            host,
+            stats,
+            ..
+        } = self;
+        let growth = Growth {
+            block_size: *block_size,
+            caching: *enable_caching,
+            blocks,
+            free_queue,
+            eviction: Eviction {
+                cached,
+                events,
+                host,
+                stats,
+            },
+        };
+        (requests, growth)
+    }
+
     fn allocate(
         &mut self,
         request_id: &R,
@@ -576,35 +608,15 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
             let request = self.admit(new_computed, extra_key);
             self.requests.insert(request_id.clone(), request);
         }
-        // Disjoint borrows: the request is updated in place in the map (a decode step calls
-        // this for every running request; moving it out and back cost a tenth of a step).
-        let (block_size, caching) = (self.block_size, self.enable_caching);
-        let Self {
-            requests,
-            cached,
-            blocks,
-            events,
-            free_queue,
-            host,
-            stats,
-            ..
-        } = self;
+        let (requests, growth) = self.split_for_growth();
         let request = requests.get_mut(request_id).expect("inserted above");
-        request.block_ids.reserve(num_new_blocks);
-        let mut eviction = Eviction {
-            cached,
-            events,
-            host,
-            stats,
-        };
-        let table = &mut request.block_ids;
-        take_free_blocks(free_queue, blocks, &mut eviction, num_new_blocks, table);
-        let Eviction { cached, events, .. } = eviction;
-        append_tokens(block_size, caching, request, new_token_ids);
-        request.num_computed_tokens += num_new_tokens;
-        if caching && cache {
-            cache_full_blocks(block_size, cached, blocks, events, request);
-        }
+        growth.grow(
+            request,
+            num_new_blocks,
+            new_token_ids,
+            num_new_tokens,
+            cache,
+        );
         Ok(Some(num_new_blocks))
     }
 

@@ -2,8 +2,7 @@
 //! request): the plan, the checks and the update read its one entry, looked up once.
 
 use super::{
-    BlockPool, Eviction, FreeQueue, NewTokens, RequestKey, append_tokens, blocks_needed,
-    cache_full_blocks, check_allocation, check_extra_key, take_free_blocks,
+    BlockPool, FreeQueue, NewTokens, RequestKey, blocks_needed, check_allocation, check_extra_key,
 };
 use crate::Result;
 
@@ -18,17 +17,8 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
         new: &NewTokens<'_>,
         extra_key: Option<u64>,
     ) -> Option<Result<Option<usize>>> {
-        let (block_size, caching) = (self.block_size, self.enable_caching);
-        let Self {
-            requests,
-            cached,
-            blocks,
-            events,
-            free_queue,
-            host,
-            stats,
-            ..
-        } = self;
+        let block_size = self.block_size;
+        let (requests, growth) = self.split_for_growth();
         let request = requests.get_mut(request_id)?;
         if let Err(e) = check_allocation(request_id, new.num_tokens, true, false).and_then(|()| {
             check_extra_key(extra_key, request.extra_key, "request was admitted with")
@@ -37,28 +27,20 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
         }
         let num_slots = request.num_computed_tokens + new.num_tokens + new.num_lookahead;
         let num_new_blocks = blocks_needed(num_slots, block_size, request.block_ids.len());
-        if num_new_blocks > free_queue.len() {
+        if num_new_blocks > growth.num_free_blocks() {
             return Some(Ok(None));
         }
         let new_token_ids = match new.after_known {
             true => &new.token_ids[request.num_tokens.min(new.token_ids.len())..],
             false => new.token_ids,
         };
-        request.block_ids.reserve(num_new_blocks);
-        let mut eviction = Eviction {
-            cached,
-            events,
-            host,
-            stats,
-        };
-        let table = &mut request.block_ids;
-        take_free_blocks(free_queue, blocks, &mut eviction, num_new_blocks, table);
-        let Eviction { cached, events, .. } = eviction;
-        append_tokens(block_size, caching, request, new_token_ids);
-        request.num_computed_tokens += new.num_tokens;
-        if caching && new.cache {
-            cache_full_blocks(block_size, cached, blocks, events, request);
-        }
+        growth.grow(
+            request,
+            num_new_blocks,
+            new_token_ids,
+            new.num_tokens,
+            new.cache,
+        );
         Some(Ok(Some(num_new_blocks)))
     }
 }

@@ -296,7 +296,7 @@ mod tests {
     /// loaded state): 3 free must do (counting the lookahead, the check asked for 4).
     #[test]
     fn a_load_with_lookahead_counts_an_align_group_without_it() {
-        let groups = vec![FULL, KvGroupSpec::MambaAlign];
+        let groups = vec![FULL, KvGroupSpec::MAMBA_ALIGN];
         let mut coord = KvCoordinator::<u64>::new(groups, 4, 16, true).unwrap();
         assert_eq!(coord.num_free_blocks(), 3);
         let tokens: Vec<TokenId> = (0..16).collect();

@@ -6,7 +6,14 @@ prompt), with the split on (blocks of 256) against off; and a prefill mix (256 r
 and steps (the split ends chunks on block boundaries, so the mix takes more steps).
 Medians of 5 runs each, off and on interleaved.
 
+``--drafts K``: instead, a stream with speculative decoding over full attention beside a
+Mamba ``align`` group (256 requests of 200-1,200 tokens sharing prefixes, 64 outputs each,
+``K`` drafts a step, every draft accepted), with the group's ``num_speculative_blocks`` 0
+against ``K`` (vLLM 0.33's ``MambaSpec`` under speculation; ``K`` needs a build that has the
+field, 0 runs on any): wall time per step. Run with two builds' ``PYTHONPATH`` for a ratio.
+
     PYTHONPATH=python .venv/bin/python benches/sched_mamba_align_speed.py [--steps 300]
+    PYTHONPATH=python .venv/bin/python benches/sched_mamba_align_speed.py --drafts 2
 """
 
 from __future__ import annotations
@@ -56,10 +63,62 @@ def prefill_mix(align: int, seed: int = 0) -> tuple[float, int]:
     return time.perf_counter() - t, steps
 
 
+def draft_stream(k: int, spec_blocks: int, seed: int = 0) -> tuple[float, int]:
+    """Wall seconds and steps of the speculative stream (see the module's ``--drafts``)."""
+    from tokenyard.kv import FullAttentionSpec, MambaSpec
+
+    mamba = MambaSpec(mamba_cache_mode="align")
+    if spec_blocks:
+        mamba = MambaSpec(mamba_cache_mode="align", num_speculative_blocks=spec_blocks)
+    s = Scheduler(
+        SchedulerConfig(
+            max_num_batched_tokens=2048,
+            num_blocks=40_000,
+            block_size=16,
+            enable_prefix_caching=True,
+            kv_groups=(FullAttentionSpec(), mamba),
+            mamba_align_block_size=16,
+            num_speculative_tokens=k,
+        )
+    )
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(30_000) for _ in range(160)] for _ in range(8)]
+    for i in range(256):
+        tail = [rng.randrange(30_000) for _ in range(rng.randrange(40, 1040))]
+        s.add_request(i, rng.choice(prefixes) + tail, 64)
+    steps = 0
+    t = time.perf_counter()
+    while s.has_unfinished_requests():
+        out = s.schedule()
+        sampled, drafts = {}, {}
+        for rid in out.num_scheduled_tokens:
+            if s.num_computed_tokens(rid) >= s.num_tokens(rid):
+                given = len(out.scheduled_spec_decode_tokens.get(rid, ()))
+                sampled[rid] = [7] * (given + 1)
+                drafts[rid] = [7] * k
+        s.update_from_output(sampled, spec_token_ids=drafts or None)
+        steps += 1
+    return time.perf_counter() - t, steps
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--drafts", type=int, default=None)
     args = parser.parse_args()
+    if args.drafts is not None:
+        k = args.drafts
+        runs: dict[int, list[tuple[float, int]]] = {0: [], k: []}
+        for _ in range(5):
+            for blocks in dict.fromkeys((0, k)):
+                runs[blocks].append(draft_stream(k, blocks))
+        for blocks, got in runs.items():
+            wall = statistics.median(r[0] for r in got)
+            print(
+                f"drafts {k}, num_speculative_blocks {blocks}: {wall * 1e3:.1f} ms / "
+                f"{got[0][1]} steps, {wall / got[0][1] * 1e6:.1f} us/step"
+            )
+        return
     # Interleaved (off, on, off, on, ...) and before the decode runs: run in blocks after
     # them, the mix's second block measured 2.7x slower for no reason of its own.
     mix: dict[int, list[tuple[float, int]]] = {0: [], BLOCK: []}

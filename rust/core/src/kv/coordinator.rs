@@ -384,7 +384,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         for (g, (spec, table)) in groups.iter().zip(&mut request.tables).enumerate() {
             let required = spec.num_required_blocks(slots.of(spec), *block_size);
             if spec.is_mamba_align() {
-                let checkpoint = checkpoints[g].is_some();
+                let checkpoint = checkpoints.get(g).is_some_and(Option::is_some);
                 let state = &mut request.align[g];
                 let mut take = |n| {
                     (0..n)

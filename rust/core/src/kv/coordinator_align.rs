@@ -99,13 +99,21 @@ impl<R: RequestKey> KvCoordinator<R> {
         free.then_some((position, slot))
     }
 
-    /// [`Self::internal_checkpoint`] of every group (`None` for groups without one).
+    /// [`Self::internal_checkpoint`] of every group (`None` for groups without one); empty,
+    /// allocating nothing, when no group has a checkpoint block.
     pub(super) fn internal_checkpoints(
         &self,
         request_id: &R,
         slots: GroupSlots,
         num_computed: usize,
     ) -> Vec<Option<(usize, usize)>> {
+        let any = self
+            .groups
+            .iter()
+            .any(|g| g.prefill_checkpoint_alignment().is_some());
+        if !any {
+            return Vec::new();
+        }
         (self.groups.iter().enumerate())
             .map(|(g, spec)| self.internal_checkpoint(request_id, g, spec, slots, num_computed))
             .collect()

@@ -6,11 +6,11 @@ prompt), with the split on (blocks of 256) against off; and a prefill mix (256 r
 and steps (the split ends chunks on block boundaries, so the mix takes more steps).
 Medians of 5 runs each, off and on interleaved.
 
-``--drafts K``: instead, a stream with speculative decoding over full attention beside a
+``--drafts K``: instead, CPU time of a stream with speculative decoding over full attention beside a
 Mamba ``align`` group (256 requests of 200-1,200 tokens sharing prefixes, 64 outputs each,
 ``K`` drafts a step, every draft accepted), with the group's ``num_speculative_blocks`` 0
 against ``K`` (vLLM 0.33's ``MambaSpec`` under speculation; ``K`` needs a build that has the
-field, 0 runs on any): wall time per step. Run with two builds' ``PYTHONPATH`` for a ratio.
+field, 0 runs on any): CPU time per step, medians of 11. Run with two builds' ``PYTHONPATH`` for a ratio.
 
     PYTHONPATH=python .venv/bin/python benches/sched_mamba_align_speed.py [--steps 300]
     PYTHONPATH=python .venv/bin/python benches/sched_mamba_align_speed.py --drafts 2
@@ -64,7 +64,7 @@ def prefill_mix(align: int, seed: int = 0) -> tuple[float, int]:
 
 
 def draft_stream(k: int, spec_blocks: int, seed: int = 0) -> tuple[float, int]:
-    """Wall seconds and steps of the speculative stream (see the module's ``--drafts``)."""
+    """CPU seconds and steps of the speculative stream (see the module's ``--drafts``)."""
     from tokenyard.kv import FullAttentionSpec, MambaSpec
 
     mamba = MambaSpec(mamba_cache_mode="align")
@@ -87,7 +87,7 @@ def draft_stream(k: int, spec_blocks: int, seed: int = 0) -> tuple[float, int]:
         tail = [rng.randrange(30_000) for _ in range(rng.randrange(40, 1040))]
         s.add_request(i, rng.choice(prefixes) + tail, 64)
     steps = 0
-    t = time.perf_counter()
+    t = time.process_time()
     while s.has_unfinished_requests():
         out = s.schedule()
         sampled, drafts = {}, {}
@@ -98,7 +98,7 @@ def draft_stream(k: int, spec_blocks: int, seed: int = 0) -> tuple[float, int]:
                 drafts[rid] = [7] * k
         s.update_from_output(sampled, spec_token_ids=drafts or None)
         steps += 1
-    return time.perf_counter() - t, steps
+    return time.process_time() - t, steps
 
 
 def main() -> None:
@@ -109,9 +109,12 @@ def main() -> None:
     if args.drafts is not None:
         k = args.drafts
         runs: dict[int, list[tuple[float, int]]] = {0: [], k: []}
-        for _ in range(5):
-            for blocks in dict.fromkeys((0, k)):
-                runs[blocks].append(draft_stream(k, blocks))
+        for _ in range(11):
+            for blocks in list(runs):
+                try:
+                    runs[blocks].append(draft_stream(k, blocks))
+                except TypeError:  # a build without MambaSpec.num_speculative_blocks
+                    del runs[blocks]
         for blocks, got in runs.items():
             wall = statistics.median(r[0] for r in got)
             print(
@@ -134,11 +137,11 @@ def main() -> None:
         f"{(wall[BLOCK] / steps[BLOCK]) / (wall[0] / steps[0]):.3f}"
     )
     for running in (256, 1024):
-        runs: dict[int, list[float]] = {0: [], BLOCK: []}
+        decode: dict[int, list[float]] = {0: [], BLOCK: []}
         for _ in range(5):
             for align in (0, BLOCK):
-                runs[align].append(statistics.median(decode_steps(running, args.steps, align)))
-        med = {a: statistics.median(r) for a, r in runs.items()}
+                decode[align].append(statistics.median(decode_steps(running, args.steps, align)))
+        med = {a: statistics.median(r) for a, r in decode.items()}
         print(
             f"decode R={running}: off {med[0]:.1f} us/step, on {med[BLOCK]:.1f} us/step, "
             f"on/off {med[BLOCK] / med[0]:.3f}"

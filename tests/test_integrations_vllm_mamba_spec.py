@@ -265,3 +265,29 @@ def test_core_mamba_spec_fields_are_checked() -> None:
     for kwargs, field in bad:
         with pytest.raises(ConfigError, match=field):
             CoreMambaSpec(**kwargs)
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize(("k", "checkpoint"), [(2, False), (3, True)])
+def test_connector_loads_beside_speculative_blocks_match_vllm(
+    seed: int, k: int, checkpoint: bool, monkeypatch: Any
+) -> None:
+    # The seeded SupportsHMA connector of test_integrations_vllm_hybrid_connectors (loads
+    # part of each request, asynchronously or not) beside FA + a Mamba align group with
+    # speculative blocks: a load takes the loaded state (allocate_external_computed_blocks)
+    # then the speculative blocks (allocate_new_blocks, even with nothing to compute), and
+    # vLLM's count leaves the loaded state block out. Every step and table agree.
+    from test_integrations_vllm_hybrid_connectors import _run
+
+    build = VllmSchedulerPeer.build
+
+    def align_build(self: Any, cls: type, config: Any, **kw: Any) -> Any:
+        self.vllm_config.cache_config.mamba_cache_mode = "align"
+        return build(self, cls, config, **kw)
+
+    monkeypatch.setattr(VllmSchedulerPeer, "build", align_build)
+    case = Case(seed=seed, k=k, checkpoint=checkpoint)
+    seen = _run(
+        _groups(case), seed, num_blocks=(40, 160)[seed % 2], loads_every_group=seed % 3 == 0
+    )
+    assert seen["loads"] > 0

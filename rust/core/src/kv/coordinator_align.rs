@@ -118,4 +118,33 @@ impl<R: RequestKey> KvCoordinator<R> {
             .map(|(g, spec)| self.internal_checkpoint(request_id, g, spec, slots, num_computed))
             .collect()
     }
+
+    /// Blocks a first allocation that loads `num_external` tokens after `hit` (`total`
+    /// computed then) takes beyond vLLM's count of it: one per Mamba align group whose count
+    /// the cap bounds (its loaded state block is not in the count; see
+    /// `allocate_slots_external`).
+    pub(super) fn load_overshoot(
+        &self,
+        request_id: &R,
+        hit: Option<&super::GroupedComputedBlocks>,
+        slots: GroupSlots,
+        total: usize,
+        num_external: usize,
+    ) -> usize {
+        if num_external == 0 {
+            return 0;
+        }
+        let bs = self.block_size;
+        (self.groups.iter().enumerate())
+            .filter(|(_, spec)| spec.is_mamba_align())
+            .filter(|&(g, spec)| {
+                let hit_len = hit.map_or(0, |h| h.block_ids[g].len());
+                let held = hit_len.max(spec.num_skipped_tokens(total) / bs);
+                let required = spec.num_required_blocks(slots.of(spec), bs);
+                let checkpoint = self.internal_checkpoint(request_id, g, spec, slots, total);
+                let cap = 1 + usize::from(checkpoint.is_some()) + spec.num_speculative_blocks();
+                required.saturating_sub(held) > cap
+            })
+            .count()
+    }
 }

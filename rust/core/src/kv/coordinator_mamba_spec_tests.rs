@@ -241,3 +241,54 @@ fn mamba_specs_refuse_settings_that_change_nothing() {
     );
     assert_eq!(align(2, Some(1)).max_live_blocks(1, 4), Some(2 + 2 + 1));
 }
+
+#[test]
+fn an_async_load_takes_the_loaded_state_then_the_speculative_blocks() {
+    // 10 loaded tokens over blocks of 4, nothing to compute: the loaded state at slot 2
+    // (vLLM's `allocate_external_computed_blocks`), then the 2 speculative blocks
+    // (`allocate_new_blocks`, run for the loaded tokens too).
+    let mut coord = KvCoordinator::<u64>::new(vec![FULL, align(2, None)], 40, 4, true).unwrap();
+    let alloc = ExternalAllocation {
+        num_external_tokens: 10,
+        ..ExternalAllocation::default()
+    };
+    let new = coord.allocate_slots_external(&1, &prompt(20), None, None, alloc);
+    let new = new.unwrap().unwrap();
+    let t = mamba_table(&coord, 1);
+    assert_eq!(t.len(), 5);
+    assert_eq!(&t[..2], [NULL_BLOCK, NULL_BLOCK]);
+    assert_eq!(new[1], t[2..].to_vec());
+    // The request counts as allocated: its next step's cap leaves the speculative blocks
+    // out, so 10 more tokens (7 slots) take one block and move a speculative one.
+    coord
+        .allocate_slots(&1, &[], 10, 0, None, None)
+        .unwrap()
+        .unwrap();
+    let after = mamba_table(&coord, 1);
+    assert_eq!(after.len(), 7);
+    assert_eq!((after[3], after[5]), (NULL_BLOCK, t[3]));
+    coord.check_invariants().unwrap();
+}
+
+#[test]
+fn a_load_vllm_would_come_a_block_short_of_does_not_fit() {
+    // 10 loaded and 10 new tokens: vLLM counts 5 full-attention blocks and the Mamba group's
+    // cap of 1 + 2, but takes the loaded state besides (9 blocks). With 8 free it would
+    // raise in `get_new_blocks`; here the load does not fit. With 9 it fits exactly.
+    for (num_blocks, fits) in [(9, false), (10, true)] {
+        let mut coord =
+            KvCoordinator::<u64>::new(vec![FULL, align(2, None)], num_blocks, 4, true).unwrap();
+        let alloc = ExternalAllocation {
+            num_external_tokens: 10,
+            num_new_tokens: 10,
+            cache: true,
+            ..ExternalAllocation::default()
+        };
+        let new = coord.allocate_slots_external(&1, &prompt(20), None, None, alloc);
+        assert_eq!(new.unwrap().is_some(), fits, "{num_blocks} blocks");
+        if fits {
+            assert_eq!(coord.num_free_blocks(), 0);
+        }
+        coord.check_invariants().unwrap();
+    }
+}

@@ -125,9 +125,9 @@ impl<R: RequestKey> KvCoordinator<R> {
             }
             // vLLM's align-mode `get_num_blocks_to_allocate`: the table's missing slots,
             // capped at the blocks one allocation takes (`physical_block_cap`: the state,
-            // the checkpoint, the speculative blocks at the first, and on a load the
-            // loaded tokens' state). A table longer than needed (drafts rejected) counts
-            // negative, as in vLLM's sum.
+            // the checkpoint, the speculative blocks at the first; a load's state block,
+            // taken by `allocate_external_computed_blocks`, is not counted, as in vLLM). A
+            // table longer than needed (drafts rejected) counts negative, as in vLLM's sum.
             let checkpoint = self.internal_checkpoint(request_id, g, spec, slots, num_computed);
             let allocated = request.is_some_and(|r| r.align[g].allocated);
             let mut cap = 1 + usize::from(checkpoint.is_some());
@@ -137,7 +137,6 @@ impl<R: RequestKey> KvCoordinator<R> {
             let new = match request {
                 Some(request) => required as isize - request.tables[g].len() as isize,
                 None => {
-                    cap += usize::from(num_computed > hit.map_or(0, |h| h.num_computed_tokens));
                     let num_skipped = spec.num_skipped_tokens(num_computed) / bs;
                     required.saturating_sub(num_skipped.max(hit_blocks.len())) as isize
                 }

@@ -147,4 +147,34 @@ impl<R: RequestKey> KvCoordinator<R> {
             })
             .count()
     }
+
+    /// vLLM 0.33's `Scheduler._request_remaining_blocks`: the blocks the request still
+    /// needs for its `num_tokens` and `num_spec_slots` more of one speculative step (`1 + k
+    /// + lookahead`), window groups capped at the admission cap for `max_in_flight_tokens`;
+    /// a Mamba align group counts its tokens without the step's slots (vLLM passes
+    /// `num_tokens_main_model` without them).
+    pub fn remaining_blocks(
+        &self,
+        request_id: &R,
+        num_tokens: usize,
+        num_spec_slots: usize,
+        max_in_flight_tokens: usize,
+    ) -> usize {
+        let num_computed = self
+            .requests
+            .get(request_id)
+            .map_or(0, |r| r.tokens.num_computed_tokens);
+        let slots = GroupSlots {
+            decoder: num_tokens + num_spec_slots,
+            encoder: 0,
+            lookahead: num_spec_slots,
+        };
+        self.num_blocks_to_allocate(
+            request_id,
+            slots,
+            num_computed,
+            None,
+            Some(max_in_flight_tokens),
+        )
+    }
 }

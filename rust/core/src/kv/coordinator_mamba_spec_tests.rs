@@ -292,3 +292,18 @@ fn a_load_vllm_would_come_a_block_short_of_does_not_fit() {
         coord.check_invariants().unwrap();
     }
 }
+
+#[test]
+fn the_remaining_blocks_of_a_request_leave_the_speculative_step_out_of_an_align_group() {
+    // vLLM's `_request_remaining_blocks`: a 20-token request computed whole (7 state slots)
+    // and one speculative step of 3 slots: full attention needs cdiv(23, 4) - 5 = 1 more,
+    // the align group none (its tokens are the main model's 20, not 23).
+    let mut coord = KvCoordinator::<u64>::new(vec![FULL, align(2, None)], 40, 4, true).unwrap();
+    coord
+        .allocate_slots(&1, &prompt(20), 20, 0, None, None)
+        .unwrap()
+        .unwrap();
+    assert_eq!(mamba_table(&coord, 1).len(), 7);
+    assert_eq!(coord.remaining_blocks(&1, 20, 3, 64), 1);
+    assert_eq!(coord.blocks_to_allocate(&1, 23, None, 0, Some(64)), 1 + 1);
+}

@@ -6,11 +6,12 @@ prompt), with the split on (blocks of 256) against off; and a prefill mix (256 r
 and steps (the split ends chunks on block boundaries, so the mix takes more steps).
 Medians of 5 runs each, off and on interleaved.
 
-``--drafts K``: instead, CPU time of a stream with speculative decoding over full attention beside a
-Mamba ``align`` group (256 requests of 200-1,200 tokens sharing prefixes, 64 outputs each,
-``K`` drafts a step, every draft accepted), with the group's ``num_speculative_blocks`` 0
-against ``K`` (vLLM 0.33's ``MambaSpec`` under speculation; ``K`` needs a build that has the
-field, 0 runs on any): CPU time per step, medians of 11. Run with two builds' ``PYTHONPATH`` for a ratio.
+``--drafts K``: instead, CPU time of a stream with speculative decoding over full attention
+beside a Mamba ``align`` group (256 requests of 200-1,200 tokens sharing prefixes, 64
+outputs each, ``K`` drafts a step, every draft accepted), with the group's
+``num_speculative_blocks`` 0 against ``K`` (vLLM 0.33's ``MambaSpec`` under speculation;
+``K`` needs a build that has the field, 0 runs on any): CPU time per step, medians of 11.
+Run with two builds' ``PYTHONPATH`` for a ratio.
 
     PYTHONPATH=python .venv/bin/python benches/sched_mamba_align_speed.py [--steps 300]
     PYTHONPATH=python .venv/bin/python benches/sched_mamba_align_speed.py --drafts 2

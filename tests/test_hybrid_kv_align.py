@@ -145,15 +145,23 @@ def test_group_specs_give_the_core_align_groups() -> None:
     assert [type(s) for s in specs] == [MambaSpec] * 3 + [FullAttentionSpec]
     assert {s.mamba_cache_mode for s in specs if isinstance(s, MambaSpec)} == {"align"}
     assert all(s.mamba_cache_mode == "none" for s in group_specs(plan.kv_cache_groups)[:3])
-    with pytest.raises(ValueError, match="draft-token"):
-        group_specs(plan.kv_cache_groups, 2, align=True)
+    # Under speculative decoding each align group holds the draft tokens' states.
+    drafts = group_specs(plan.kv_cache_groups, 2, align=True)
+    assert [s.num_speculative_blocks for s in drafts[:3]] == [2, 2, 2]
 
 
-def test_speculative_decoding_keeps_none_and_no_prefix_hits() -> None:
+def test_speculative_decoding_keeps_align_and_its_prefix_hits() -> None:
+    # vLLM 0.33 keeps mamba_cache_mode 'align' under speculative decoding, its Mamba groups
+    # holding num_speculative_tokens more state blocks (MambaManager): the shared prefix
+    # still hits, as without drafts.
     spec = {"method": "mtp", "num_speculative_tokens": 2, "acceptance_rate": 0.7}
     summary = simulate(config(n=16, speculative=spec)).summary
+    plain = simulate(config(n=16)).summary
     assert summary["num_requests"] == 16
-    assert summary["throughput"]["prefix_hit_rate"] == 0.0
+    assert summary["throughput"]["prefix_hit_rate"] > 0.0
+    assert summary["throughput"]["prefix_hit_rate"] == pytest.approx(
+        plain["throughput"]["prefix_hit_rate"], rel=0.2
+    )
 
 
 def test_pd_prefill_pool_hits_the_shared_prefix() -> None:

@@ -309,17 +309,23 @@ def test_a_model_whose_reserved_states_would_not_fit_runs_with_mamba_groups() ->
 
 def test_draft_tokens_take_a_state_page_each_in_every_mamba_group() -> None:
     """MTP with 2 draft tokens: vLLM's MambaSpec.num_speculative_blocks is
-    num_speculative_tokens (MambaBase.get_kv_cache_spec), so a GDN group holds 1 + 2 pages
-    a request: 8 + 3 x 3 = 17 blocks, 3,793 // 17 = 223 at once. Run over 100 blocks: the
-    2 lookahead slots make 8,450 tokens 9 full-attention blocks, so 99 // (9 + 9) = 5."""
+    num_speculative_tokens (MambaBase.get_kv_cache_spec). With prefix caching on (align
+    mode, kept under speculative decoding) a GDN group holds 2 + 2 pages a request
+    (MambaSpec.max_memory_usage_bytes): 8 + 3 x 4 = 20 blocks, 3,793 // 20 = 189 at once;
+    with it off ('none') 1 + 2: 8 + 3 x 3 = 17, 223. Run over 100 blocks (the synthetic
+    workload has no prefix identity, so 'none'): the 2 lookahead slots make 8,450 tokens 9
+    full-attention blocks, so 99 // (9 + 9) = 5."""
     spec = {"method": "mtp", "num_speculative_tokens": 2, "acceptance_rate": 0.7}
     c = config(speculative=spec)
-    assert plan_for(c).max_batch_size == 3_793 // 17 == 223
+    assert plan_for(c).max_batch_size == 3_793 // 20 == 189
     (note,) = planning_notes(c, plan_for(c))
+    assert "holds 4 pages per request" in note
+    assert "2 for the draft tokens' states" in note
+    assert "WITHOUT PREFIX CACHING" not in note
+    off = config(speculative=spec, scheduler={"enable_prefix_caching": False})
+    assert plan_for(off).max_batch_size == 3_793 // 17 == 223
+    (note,) = planning_notes(off, plan_for(off))
     assert "each Mamba group holds 1 + 2 pages" in note
-    # The core's align groups hold no draft-token slots: mamba_cache_mode 'none' is kept.
-    assert "hold no draft-token state slots" in note
-    assert "WITHOUT PREFIX CACHING" in note
     summary = simulate(config(speculative=spec, scheduler={"num_blocks": 100})).summary
     assert summary["replicas"]["batch_size"]["max"] == 5
     assert summary["num_requests"] == 64

@@ -328,11 +328,35 @@ class MambaSpec:
     """A Mamba / linear-attention state group (vLLM's ``MambaSpec``). ``"none"``: one block
     per request, not prefix-cached. ``"align"``: a state block at each block boundary the
     request's chunks end on, prefix-cached (a hit needs only the state at its end), the
-    state a step was copied from freed at the next allocation."""
+    state a step was copied from freed at the next allocation.
 
-    def __new__(cls, *, mamba_cache_mode: Literal["none", "align"] = "none") -> MambaSpec: ...
+    ``num_speculative_blocks``: blocks for the draft tokens' states under speculative
+    decoding (vLLM sets ``num_speculative_tokens``), held after the running state.
+    ``num_prefill_checkpoint_blocks=1`` with ``prefill_checkpoint_alignment`` (align mode
+    only): the backend writes the last reusable state from inside a prompt's final chunk
+    into one more block, so that chunk is not stopped there.
+
+    Raises:
+        ConfigError: an unknown mode; a negative count; more than one checkpoint block; a
+            checkpoint block in ``"none"`` mode or without its alignment (or the reverse).
+    """
+
+    def __new__(
+        cls,
+        *,
+        mamba_cache_mode: Literal["none", "align"] = "none",
+        num_speculative_blocks: int = 0,
+        num_prefill_checkpoint_blocks: int = 0,
+        prefill_checkpoint_alignment: int | None = None,
+    ) -> MambaSpec: ...
     @property
     def mamba_cache_mode(self) -> Literal["none", "align"]: ...
+    @property
+    def num_speculative_blocks(self) -> int: ...
+    @property
+    def num_prefill_checkpoint_blocks(self) -> int: ...
+    @property
+    def prefill_checkpoint_alignment(self) -> int | None: ...
 
 @final
 class CrossAttentionSpec:

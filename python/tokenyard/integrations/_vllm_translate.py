@@ -76,7 +76,7 @@ def settings(
     sched = vllm_config.scheduler_config
     cache = vllm_config.cache_config
     model = vllm_config.model_config
-    kv_groups = kv_groups_of(kv_cache_config, block_size)
+    kv_groups = kv_groups_of(kv_cache_config, block_size, int(model.max_model_len))
     plain_mamba = any(isinstance(g, MambaSpec) and g.mamba_cache_mode == "none" for g in kv_groups)
     if plain_mamba and _get(cache, "enable_prefix_caching"):
         # vLLM 0.33's MambaManager asserts mamba_cache_mode == "align" or caching off.
@@ -194,24 +194,30 @@ def core_config(
     )
 
 
-def kv_groups_of(kv_cache_config: Any, block_size: int) -> tuple[Any, ...]:
+def kv_groups_of(
+    kv_cache_config: Any, block_size: int, max_model_len: int | None = None
+) -> tuple[Any, ...]:
     """The core's ``kv_groups`` for vLLM 0.33's ``kv_cache_config.kv_cache_groups``, spec by
     spec: ``FullAttentionSpec`` (``MLAAttentionSpec`` too) → ``FullAttentionSpec()``,
     ``SlidingWindowSpec`` → ``SlidingWindowSpec(sliding_window=...)``,
     ``SlidingWindowMLASpec`` → the same, ``bounded_replay=True`` where vLLM's spec has it,
     ``ChunkedLocalAttentionSpec`` → ``ChunkedLocalAttentionSpec(attention_chunk_size=...)``,
-    ``MambaSpec`` → ``MambaSpec(mamba_cache_mode=...)`` (``"none"`` or ``"align"``),
+    ``MambaSpec`` → ``MambaSpec(mamba_cache_mode=...)`` (``"none"`` or ``"align"``, with its
+    ``num_speculative_blocks`` and, in align mode, its prefill checkpoint block),
     ``CrossAttentionSpec`` →
     ``CrossAttentionSpec()`` (blocks for a request's encoder tokens under
     ``is_encoder_decoder``). ``()`` for no group or
-    one full-attention group: the core's single pool, as before groups existed.
+    one full-attention group: the core's single pool, as before groups existed. A
+    ``"none"``-mode Mamba group may have a block of ``max_model_len`` tokens or more (vLLM's
+    default ``mamba_block_size`` in that mode): one block, ``1 + num_speculative_blocks``
+    under speculation, covers the request, as the core's Mamba group holds it.
 
     Raises:
         ConfigError: a spec kind the core has no group for (sink full
             attention, uniform-type spec lists, ...), named; a full-attention spec carrying
             a sliding window or chunk (vLLM's layout with its hybrid manager off); a
-            sliding window with ``extra_retained_tokens``; a Mamba group
-            in ``align`` mode or with speculative state blocks; a group whose
+            sliding window with ``extra_retained_tokens``; a Mamba prefill checkpoint block
+            without its alignment; a group whose
             ``block_size`` differs from the scheduler's.
     """
     groups = list(_get(kv_cache_config, "kv_cache_groups", []) or [])
@@ -251,17 +257,40 @@ def kv_groups_of(kv_cache_config: Any, block_size: int) -> tuple[Any, ...]:
             mode = _get(spec, "mamba_cache_mode", "none")
             if mode not in ("none", "align"):
                 raise refuse(f"mamba_cache_mode={mode!r} is not supported ('none' or 'align')")
-            if _get(spec, "num_speculative_blocks", 0):
-                raise refuse("Mamba speculative state blocks are not supported")
-            if mode == "align" and _get(spec, "num_prefill_checkpoint_blocks", 0):
-                # The backend's internal prefill checkpoint (a second state block per
-                # chunk, MambaManager._checkpoints) is not modelled.
-                raise refuse("Mamba prefill checkpoint blocks are not supported")
-            specs.append(MambaSpec(mamba_cache_mode=mode))
+            # vLLM 0.33's MambaManager: draft-token state blocks in either mode; the internal
+            # prefill checkpoint block only in align mode (ignored in "none", as vLLM does).
+            checkpoint = mode == "align" and int(
+                _get(spec, "num_prefill_checkpoint_blocks", 0) or 0
+            )
+            alignment = _get(spec, "prefill_checkpoint_alignment") if checkpoint else None
+            if checkpoint and alignment is None:
+                # vLLM never takes a checkpoint without an alignment (is_mamba_prefill_
+                # checkpoint_valid is False) but counts the block: not modelled.
+                raise refuse("a prefill checkpoint block without prefill_checkpoint_alignment")
+            # vLLM's manager reserves at most one checkpoint block however many are counted.
+            specs.append(
+                MambaSpec(
+                    mamba_cache_mode=mode,
+                    num_speculative_blocks=int(_get(spec, "num_speculative_blocks", 0) or 0),
+                    num_prefill_checkpoint_blocks=min(int(checkpoint), 1),
+                    prefill_checkpoint_alignment=None if alignment is None else int(alignment),
+                )
+            )
         else:
             raise refuse("tokenyard's scheduler has no KV group of this kind")
         spec_block_size = _get(spec, "block_size")
-        if spec_block_size is not None and int(spec_block_size) != int(block_size):
+        whole_request = (
+            kind == "MambaSpec"
+            and _get(spec, "mamba_cache_mode", "none") == "none"
+            and max_model_len is not None
+            and spec_block_size is not None
+            and int(spec_block_size) >= max_model_len
+        )
+        if (
+            spec_block_size is not None
+            and int(spec_block_size) != int(block_size)
+            and not whole_request
+        ):
             raise refuse(
                 f"block_size {spec_block_size} differs from the scheduler's {block_size} "
                 "(the core's groups share one block size)"

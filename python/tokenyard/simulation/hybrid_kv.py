@@ -27,14 +27,15 @@ vLLM 0.33's default for these models is prefix caching on with ``mamba_cache_mod
 (``MambaModelConfig.verify_and_update_config``, ``model_executor/models/config.py``), which
 the simulator runs (``align_mode``): each Mamba group keeps its state at block boundaries,
 cached under the block's hash, a request holding the running state and the one it was copied
-from (2 pages: ``MambaSpec.max_memory_usage_bytes`` in align mode, ``kv_cache_interface.py``),
-and the scheduler ends a prefill chunk on a block boundary (``Scheduler.
+from, and under speculative decoding ``num_speculative_tokens`` more, a state per draft token
+(``2 + num_speculative_blocks`` pages: ``MambaSpec.max_memory_usage_bytes`` in align mode,
+``kv_cache_interface.py``; the blocks ``MambaManager`` moves along behind the state), and the
+scheduler ends a prefill chunk on a block boundary (``Scheduler.
 _mamba_block_aligned_split``; ``mamba_block_size`` is the aligned block,
 ``_align_hybrid_block_size``). With prefix caching off (``enable_prefix_caching = false``, or
 a workload without prefix identity) vLLM keeps ``mamba_cache_mode="none"``: one page per
-Mamba group, ``1 + num_speculative_tokens`` under speculative decoding. The core's align
-groups hold no draft-token state slots, so a replica with speculative decoding keeps
-``none`` and runs without prefix caching (the banner says so). Not modelled in align mode:
+Mamba group, ``1 + num_speculative_tokens`` under speculative decoding. Not modelled in align
+mode:
 the backend's internal prefill checkpoint (``num_prefill_checkpoint_blocks``: one more page,
 and no split at the last cacheable boundary, in vLLM's Mamba2 layers and its FlashInfer GDN
 prefill), and its alignment in the block size.
@@ -191,12 +192,12 @@ def blocks_per_request(
     """Blocks a request of ``num_tokens`` holds at most over ``groups`` (a layout's or a
     plan's ``kv_cache_groups``; vLLM's
     ``max_memory_usage_bytes`` per group, in pages); a Mamba group holds one state page and
-    ``speculative_blocks`` more (``mamba_cache_mode="none"``), or two with ``align`` (the
-    running state and the one it was copied from)."""
+    ``speculative_blocks`` more (``mamba_cache_mode="none"``), or with ``align`` two (the
+    running state and the one it was copied from) and ``speculative_blocks`` more."""
     total = 0
     for g in groups:
         if g.state_bytes_per_request:
-            total += 2 if align else 1 + speculative_blocks
+            total += (2 if align else 1) + speculative_blocks
         elif g.mixer == "sliding":
             total += math.ceil(min(g.window - 1 + max_in_flight_tokens, num_tokens) / block_size)
             total += 1
@@ -242,19 +243,14 @@ def speculative_blocks(config: SimulationConfig) -> int:
 def align_mode(config: SimulationConfig, *, prefix_caching: bool) -> bool:
     """Whether a ``vllm_v1`` replica's Mamba groups run ``mamba_cache_mode="align"``, as
     vLLM 0.33 sets it when prefix caching is on (``MambaModelConfig.
-    verify_and_update_config``): ``enable_prefix_caching`` on and no speculative decoding
-    (the core's align groups hold no draft-token state slots; ``none`` is kept then).
+    verify_and_update_config``): ``enable_prefix_caching`` on, speculative decoding or not
+    (the align groups hold the draft tokens' states, ``speculative_blocks``).
     ``prefix_caching``: whether the workload has prefix identity (``run.simulate``: a
     workload without it runs ``none``, nothing to cache). The one rule for the plan
     (``plan_hybrid``), the run (``run.replica_spec``) and the recommender
     (``requests_held``)."""
     c = config.replica.scheduler
-    return (
-        prefix_caching
-        and c.policy == "vllm_v1"
-        and c.vllm_v1.enable_prefix_caching
-        and speculative_blocks(config) == 0
-    )
+    return prefix_caching and c.policy == "vllm_v1" and c.vllm_v1.enable_prefix_caching
 
 
 def group_specs(
@@ -262,11 +258,9 @@ def group_specs(
 ) -> tuple[_GroupSpec, ...]:
     """vLLM's groups (``HybridKvLayout.groups``) as ``tokenyard.kv`` specs, for
     ``SchedulerConfig.kv_groups``. A Mamba group becomes one ``MambaSpec(mamba_cache_mode=
-    "align")`` with ``align``, else ``1 + speculative_blocks`` ``MambaSpec`` groups: the
-    core's holds one page per request, vLLM's that many (its draft tokens' state slots), so
-    the pool is charged as vLLM's is."""
-    if align and speculative_blocks:
-        raise ValueError("group_specs: align mode holds no draft-token state slots")
+    "align", num_speculative_blocks=speculative_blocks)`` with ``align`` (vLLM's spec), else
+    ``1 + speculative_blocks`` ``MambaSpec`` groups: one page per request each, as many as
+    vLLM's group holds (its draft tokens' state slots), so the pool is charged as vLLM's is."""
     specs: list[_GroupSpec] = []
     for g in groups:
         if g.mixer == "sliding":
@@ -274,7 +268,9 @@ def group_specs(
         elif g.mixer == "chunked":
             specs.append(ChunkedLocalAttentionSpec(attention_chunk_size=g.window))
         elif g.state_bytes_per_request and align:
-            specs.append(MambaSpec(mamba_cache_mode="align"))
+            specs.append(
+                MambaSpec(mamba_cache_mode="align", num_speculative_blocks=speculative_blocks)
+            )
         elif g.state_bytes_per_request:
             specs.extend(MambaSpec() for _ in range(1 + speculative_blocks))
         else:
@@ -468,8 +464,9 @@ def max_model_len_fitting(
     step scheduler counts them (``SchedulerConfig::blocks_per_request``: a window group's
     blocks capped at its admission cap for one step in flight; a Mamba group's
     ``1 + speculative_blocks``, as ``group_specs`` repeats it; with ``align`` a Mamba
-    group's two states, vLLM 0.33's ``MambaSpec.max_memory_usage_bytes`` in ``align``
-    mode: its table has a slot per block, the earlier ones the null block)."""
+    group's two states and ``speculative_blocks``, vLLM 0.33's
+    ``MambaSpec.max_memory_usage_bytes`` in ``align`` mode: its table has a slot per block
+    and the speculative ones, the earlier block slots the null block)."""
 
     def needed(tokens: int) -> int:
         total = 0
@@ -477,7 +474,7 @@ def max_model_len_fitting(
             required = math.ceil(tokens / block_size)
             if g.state_bytes_per_request:
                 if align:
-                    required = min(required, 2)
+                    required = min(required, 2) + speculative_blocks
                 else:
                     required = min(required, 1) * (1 + speculative_blocks)
             elif g.mixer == "sliding":
@@ -620,8 +617,10 @@ def _plan_words(
     if align:
         mode = (
             ". PREFIX CACHING ON WITH mamba_cache_mode 'align' (vLLM 0.33's default): each "
-            "Mamba group caches its state at block boundaries and holds 2 pages per request "
-            "(the running state and the one it was copied from), and a prefill chunk ends on "
+            f"Mamba group caches its state at block boundaries and holds {2 + spec} pages per "
+            "request (the running state and the one it was copied from"
+            + (f", and {spec} for the draft tokens' states" if spec else "")
+            + "), and a prefill chunk ends on "
             f"a {layout.block_size}-token boundary unless it ends the prompt. Not modelled: "
             "vLLM's internal "
             "prefill checkpoint (one more page, in its Mamba2 layers and FlashInfer GDN "
@@ -630,12 +629,7 @@ def _plan_words(
     else:
         pages = f"1 + {spec} pages (a state slot per draft token)" if spec else "one page"
         mode = f"; each Mamba group holds {pages} per request (mamba_cache_mode 'none')" + (
-            f". vLLM 0.33 with prefix caching on (its default) runs mamba_cache_mode "
-            f"'align', holding {2 + spec} pages per Mamba group; the simulator's align groups "
-            "hold no draft-token state slots, so with speculative decoding this replica runs "
-            "WITHOUT PREFIX CACHING (vLLM --no-enable-prefix-caching)"
-            if caching and spec
-            else " (the workload has no prefix identity: nothing to cache)"
+            " (the workload has no prefix identity: nothing to cache)"
             if caching
             else " (enable_prefix_caching = false)"
         )

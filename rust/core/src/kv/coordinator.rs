@@ -79,9 +79,9 @@ struct CoordinatedRequest {
     /// Per group, leading blocks already offered to the prefix cache (vLLM's
     /// `num_cached_block`).
     num_cached: Vec<usize>,
-    /// Per group, leading table slots known to hold the null block: a Mamba `align` group's
-    /// skipped blocks are freed from its end down to here (vLLM's `_num_retired_blocks`).
-    retired: Vec<usize>,
+    /// Per group, what a Mamba `align` group's manager keeps of the request (unused by
+    /// other groups).
+    align: Vec<AlignState>,
 }
 
 #[derive(Debug, Clone)]
@@ -102,6 +102,10 @@ pub struct KvCoordinator<R: RequestKey> {
     /// `MambaManager.cached_blocks_this_step`): their states are computed by this step, so
     /// no other request admitted in it may hit them ([`Self::new_step_starts`]).
     cached_this_step: FxHashSet<BlockId>,
+    /// How Mamba `align` groups place a prefill checkpoint: EAGLE's block drop and the
+    /// hash look-ahead (vLLM 0.33's `MambaManager.drop_eagle_checkpoint_block` and
+    /// `num_hash_lookahead_tokens`).
+    checkpoint_rule: (bool, usize),
 }
 
 /// A block hash keyed by its group (vLLM appends the group id to the hash bytes).
@@ -140,7 +144,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         }
         for (i, spec) in groups.iter().enumerate() {
             spec.check("groups", i)?;
-            if enable_caching && *spec == KvGroupSpec::Mamba {
+            if enable_caching && matches!(spec, KvGroupSpec::Mamba { .. }) {
                 return Err(Error::config(
                     "enable_caching",
                     "True",
@@ -176,6 +180,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             stats: BlockPoolStats::default(),
             zeroing: None,
             cached_this_step: FxHashSet::default(),
+            checkpoint_rule: (false, 0),
         })
     }
 
@@ -348,6 +353,9 @@ impl<R: RequestKey> KvCoordinator<R> {
         if needed > self.free_queue.len() {
             return Ok(None);
         }
+        // Mamba `align` prefill checkpoints are decided on the tables before the hit is
+        // taken, as vLLM's `get_num_blocks_to_allocate` records them.
+        let checkpoints = self.internal_checkpoints(request_id, slots, num_computed);
         if !self.requests.contains_key(request_id) {
             let request = self.admit(new_computed, num_computed, extra_key);
             self.requests.insert(request_id.clone(), request);
@@ -375,23 +383,25 @@ impl<R: RequestKey> KvCoordinator<R> {
         let mut new_blocks = Vec::with_capacity(groups.len());
         for (g, (spec, table)) in groups.iter().zip(&mut request.tables).enumerate() {
             let required = spec.num_required_blocks(slots.of(spec), *block_size);
-            let mut nulls = 0;
-            if spec.is_mamba_align() && required > table.len() {
-                // vLLM's align-mode `allocate_new_blocks`: nulls up to the block of the
-                // chunk's end, which gets the one new state block; the nulls are among
-                // the new blocks it returns.
-                nulls = required - 1 - table.len();
-                table.resize(required - 1, NULL_BLOCK);
+            if spec.is_mamba_align() {
+                let checkpoint = checkpoints.get(g).is_some_and(Option::is_some);
+                let state = &mut request.align[g];
+                let mut take = |n| {
+                    (0..n)
+                        .map(|_| take_free_block(free_queue, blocks, &mut eviction))
+                        .collect::<Vec<_>>()
+                };
+                new_blocks.push(allocate_align_blocks(
+                    table, state, spec, required, checkpoint, &mut take,
+                ));
+                continue;
             }
             let added: Vec<BlockId> = (table.len()..required)
                 .map(|_| take_free_block(free_queue, blocks, &mut eviction))
                 .collect();
             table.extend_from_slice(&added);
             record_for_zeroing(zeroing, g, spec, &added);
-            new_blocks.push(match nulls {
-                0 => added,
-                n => [vec![NULL_BLOCK; n], added].concat(),
-            });
+            new_blocks.push(added);
         }
         append_tokens(*block_size, *enable_caching, &mut request.tokens, token_ids);
         request.tokens.num_computed_tokens += num_new_tokens;
@@ -541,6 +551,17 @@ impl<R: RequestKey> KvCoordinator<R> {
         needed <= self.free_queue.len()
     }
 
+    /// Sets how Mamba `align` groups with prefill checkpoint blocks place a checkpoint:
+    /// with EAGLE's block drop (vLLM 0.33 sets `MambaManager.drop_eagle_checkpoint_block`
+    /// under EAGLE) and the hash look-ahead tokens (`num_hash_lookahead_tokens`).
+    pub fn set_mamba_checkpoint_rule(
+        &mut self,
+        drop_eagle_block: bool,
+        num_hash_lookahead_tokens: usize,
+    ) {
+        self.checkpoint_rule = (drop_eagle_block, num_hash_lookahead_tokens);
+    }
+
     /// A new step begins (vLLM's `new_step_starts`): Mamba `align` states cached before it
     /// may be hit.
     pub fn new_step_starts(&mut self) {
@@ -605,7 +626,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             },
             tables: vec![Vec::new(); num_groups],
             num_cached: vec![0; num_groups],
-            retired: vec![0; num_groups],
+            align: vec![AlignState::default(); num_groups],
         };
         let Some(hit) = hit else {
             return request;
@@ -656,7 +677,7 @@ impl<R: RequestKey> KvCoordinator<R> {
                 if self.enable_caching && request.num_cached[g] > num_full.max(table.len()) {
                     return Err(format!("request {id:?} group {g}: cached past its blocks"));
                 }
-                let retired = request.retired[g].min(table.len());
+                let retired = request.align[g].retired.min(table.len());
                 if table[..retired].iter().any(|&b| b != NULL_BLOCK) {
                     return Err(format!(
                         "request {id:?} group {g}: a retired slot holds a block"
@@ -756,6 +777,10 @@ mod loads;
 
 #[path = "coordinator_needs.rs"]
 mod needs;
+
+#[path = "coordinator_align.rs"]
+mod align;
+use align::{AlignState, allocate_align_blocks};
 pub use loads::{ExternalAllocation, prefix_cacheable};
 
 #[cfg(test)]
@@ -765,3 +790,7 @@ mod tests;
 #[cfg(test)]
 #[path = "coordinator_mamba_tests.rs"]
 mod mamba_tests;
+
+#[cfg(test)]
+#[path = "coordinator_mamba_spec_tests.rs"]
+mod mamba_spec_tests;

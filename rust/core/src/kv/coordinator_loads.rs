@@ -125,6 +125,20 @@ impl<R: RequestKey> KvCoordinator<R> {
         if needed > self.free_queue.len() {
             return Ok(None);
         }
+        // vLLM counts a Mamba align group's blocks capped (`physical_block_cap`) without the
+        // loaded state block `allocate_external_computed_blocks` takes beside them; where the
+        // cap bites it takes one more block than it counted and, short of it, raises
+        // (`BlockPool.get_new_blocks`). Not fitting here instead.
+        let over = self.load_overshoot(
+            request_id,
+            new_computed,
+            slots,
+            total,
+            alloc.num_external_tokens,
+        );
+        if needed + over > self.free_queue.len() {
+            return Ok(None);
+        }
         let mut request = self.admit(new_computed, total, extra_key);
         for (spec, table) in self.groups.iter().zip(&mut request.tables) {
             let num_skipped = spec.num_skipped_tokens(total) / self.block_size;
@@ -134,8 +148,12 @@ impl<R: RequestKey> KvCoordinator<R> {
             }
         }
         self.requests.insert(request_id.clone(), request);
-        let loaded = self.allocate_loaded_blocks(request_id, total, alloc);
+        let mut loaded = self.allocate_loaded_blocks(request_id, total, alloc);
         if alloc.num_new_tokens + alloc.num_lookahead_tokens == 0 {
+            // vLLM still runs `allocate_new_blocks` for the loaded tokens: a Mamba group
+            // takes its speculative blocks after the loaded state (and, in align mode,
+            // counts as allocated).
+            self.allocate_mamba_after_load(request_id, total, &mut loaded);
             // Nothing to compute: the tokens are given, their full blocks cached now or
             // once the load landed.
             let (block_size, caching) = (self.block_size, self.enable_caching);
@@ -187,6 +205,56 @@ impl<R: RequestKey> KvCoordinator<R> {
             <= self.free_queue.len()
     }
 
+    /// vLLM's `allocate_new_blocks` of the Mamba groups for a load with nothing to compute
+    /// (`total` computed tokens, no new ones; other groups already hold their slots): the
+    /// speculative blocks after the state (`none` mode: up to `1 + num_speculative_blocks`;
+    /// align mode: its `allocate_new_blocks`, no checkpoint as the chunk is empty). Adds
+    /// them to `new_blocks`.
+    fn allocate_mamba_after_load(
+        &mut self,
+        request_id: &R,
+        total: usize,
+        new_blocks: &mut [Vec<BlockId>],
+    ) {
+        let Self {
+            groups,
+            requests,
+            blocks,
+            free_queue,
+            cached,
+            stats,
+            block_size,
+            ..
+        } = self;
+        let request = requests.get_mut(request_id).expect("admitted");
+        let mut eviction = Eviction {
+            cached,
+            events: &mut None,
+            host: &mut None,
+            stats,
+        };
+        let tables = request.tables.iter_mut().zip(&mut request.align);
+        for (g, (spec, (table, state))) in groups.iter().zip(tables).enumerate() {
+            if !spec.is_mamba() {
+                continue;
+            }
+            let required = spec.num_required_blocks(total, *block_size);
+            let mut take = |n| {
+                (0..n)
+                    .map(|_| take_free_block(free_queue, blocks, &mut eviction))
+                    .collect::<Vec<_>>()
+            };
+            let added = if spec.is_mamba_align() {
+                super::allocate_align_blocks(table, state, spec, required, false, &mut take)
+            } else {
+                let added = take(required.saturating_sub(table.len()));
+                table.extend_from_slice(&added);
+                added
+            };
+            new_blocks[g].extend(added);
+        }
+    }
+
     /// vLLM's `allocate_external_computed_blocks` for every group of a request just
     /// admitted with `total` computed tokens: blocks for the loaded tokens the group still
     /// attends to. Returns each group's new blocks.
@@ -221,7 +289,11 @@ impl<R: RequestKey> KvCoordinator<R> {
                 new_blocks.push(Vec::new());
                 continue;
             }
-            let required = spec.num_required_blocks(total, *block_size);
+            // vLLM's `allocate_external_computed_blocks` takes blocks for the loaded tokens
+            // alone (`cdiv(total, block_size)`): a Mamba group's speculative blocks come
+            // with the allocation after it.
+            let required =
+                spec.num_required_blocks(total, *block_size) - spec.num_speculative_blocks();
             let added: Vec<BlockId> = (table.len()..required)
                 .map(|_| take_free_block(free_queue, blocks, &mut eviction))
                 .collect();
@@ -296,7 +368,7 @@ mod tests {
     /// loaded state): 3 free must do (counting the lookahead, the check asked for 4).
     #[test]
     fn a_load_with_lookahead_counts_an_align_group_without_it() {
-        let groups = vec![FULL, KvGroupSpec::MambaAlign];
+        let groups = vec![FULL, KvGroupSpec::MAMBA_ALIGN];
         let mut coord = KvCoordinator::<u64>::new(groups, 4, 16, true).unwrap();
         assert_eq!(coord.num_free_blocks(), 3);
         let tokens: Vec<TokenId> = (0..16).collect();

@@ -6,7 +6,7 @@
 use super::*;
 
 const FULL: KvGroupSpec = KvGroupSpec::FullAttention;
-const ALIGN: KvGroupSpec = KvGroupSpec::MambaAlign;
+const ALIGN: KvGroupSpec = KvGroupSpec::MAMBA_ALIGN;
 
 fn tables(coord: &KvCoordinator<u64>, id: u64) -> Vec<Vec<BlockId>> {
     let tables = coord.block_ids(&id).unwrap();

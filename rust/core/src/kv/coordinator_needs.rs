@@ -21,12 +21,8 @@ impl<R: RequestKey> KvCoordinator<R> {
             dropped += 1;
             freed += usize::from(self.blocks[b as usize].ref_cnt == 1);
         };
-        for ((spec, table), &retired) in self
-            .groups
-            .iter()
-            .zip(&request.tables)
-            .zip(&request.retired)
-        {
+        for ((spec, table), align) in self.groups.iter().zip(&request.tables).zip(&request.align) {
+            let retired = align.retired;
             let num_skipped = spec.num_skipped_tokens(num_computed_tokens) / self.block_size;
             let end = num_skipped.min(table.len());
             if spec.is_mamba_align() {
@@ -57,7 +53,8 @@ impl<R: RequestKey> KvCoordinator<R> {
         };
         let mut freed = Vec::new();
         let groups = self.groups.iter().zip(&mut request.tables);
-        for ((spec, table), retired) in groups.zip(&mut request.retired) {
+        for ((spec, table), align) in groups.zip(&mut request.align) {
+            let retired = &mut align.retired;
             let num_skipped = spec.num_skipped_tokens(num_computed_tokens) / self.block_size;
             let end = num_skipped.min(table.len());
             let align = spec.is_mamba_align();
@@ -99,43 +96,61 @@ impl<R: RequestKey> KvCoordinator<R> {
     ) -> usize {
         let bs = self.block_size;
         let request = self.requests.get(request_id);
-        let mut total = 0;
+        let mut total: isize = 0;
         for (g, spec) in self.groups.iter().enumerate() {
             let mut required = spec.num_required_blocks(slots.of(spec), bs);
             if let Some(cap) = max_in_flight_tokens.and_then(|f| spec.max_admission_blocks(f, bs)) {
                 required = required.min(cap);
             }
-            // vLLM's align-mode Mamba takes one state block per allocation (its
-            // `physical_block_cap`), and one for the loaded tokens' state on a load.
-            let cap = match (spec.is_mamba_align(), request) {
-                (false, _) => usize::MAX,
-                (true, Some(_)) => 1,
-                (true, None) => {
-                    1 + usize::from(num_computed > hit.map_or(0, |h| h.num_computed_tokens))
-                }
+            let hit_blocks = match request {
+                Some(_) => &[][..],
+                None => hit.map_or(&[][..], |h| h.block_ids[g].as_slice()),
             };
-            if let Some(request) = request {
-                total += required.saturating_sub(request.tables[g].len()).min(cap);
+            if !spec.is_mamba_align() {
+                let new = match request {
+                    Some(request) => required.saturating_sub(request.tables[g].len()),
+                    None => {
+                        let num_skipped = spec.num_skipped_tokens(num_computed) / bs;
+                        required.saturating_sub(num_skipped.max(hit_blocks.len()))
+                            + self.num_evictable(&hit_blocks[num_skipped.min(hit_blocks.len())..])
+                    }
+                };
+                total += new as isize;
                 continue;
             }
-            let hit_blocks = hit.map_or(&[][..], |h| h.block_ids[g].as_slice());
-            if spec.is_mamba_align()
-                && (hit_blocks.last()).is_some_and(|b| self.cached_this_step.contains(b))
-            {
+            if (hit_blocks.last()).is_some_and(|b| self.cached_this_step.contains(b)) {
                 // vLLM 0.33: a state another request computes in this step cannot be
                 // relied on yet; reported as not fitting, so it is admitted next step.
                 return self.blocks.len() + 1;
             }
-            let num_skipped = spec.num_skipped_tokens(num_computed) / bs;
-            total += required
-                .saturating_sub(num_skipped.max(hit_blocks.len()))
-                .min(cap);
-            total += hit_blocks
-                .iter()
-                .skip(num_skipped)
-                .filter(|&&b| b != NULL_BLOCK && self.blocks[b as usize].ref_cnt == 0)
-                .count();
+            // vLLM's align-mode `get_num_blocks_to_allocate`: the table's missing slots,
+            // capped at the blocks one allocation takes (`physical_block_cap`: the state,
+            // the checkpoint, the speculative blocks at the first; a load's state block,
+            // taken by `allocate_external_computed_blocks`, is not counted, as in vLLM). A
+            // table longer than needed (drafts rejected) counts negative, as in vLLM's sum.
+            let checkpoint = self.internal_checkpoint(request_id, g, spec, slots, num_computed);
+            let allocated = request.is_some_and(|r| r.align[g].allocated);
+            let mut cap = 1 + usize::from(checkpoint.is_some());
+            if !allocated {
+                cap += spec.num_speculative_blocks();
+            }
+            let new = match request {
+                Some(request) => required as isize - request.tables[g].len() as isize,
+                None => {
+                    let num_skipped = spec.num_skipped_tokens(num_computed) / bs;
+                    required.saturating_sub(num_skipped.max(hit_blocks.len())) as isize
+                }
+            };
+            total += new.min(cap as isize) + self.num_evictable(hit_blocks) as isize;
         }
-        total
+        total.max(0) as usize
+    }
+
+    /// Hit blocks that sit in the free queue (not the null block): taking them removes
+    /// them from it (vLLM's `_get_num_evictable_blocks`).
+    fn num_evictable(&self, hit_blocks: &[BlockId]) -> usize {
+        (hit_blocks.iter())
+            .filter(|&&b| b != NULL_BLOCK && self.blocks[b as usize].ref_cnt == 0)
+            .count()
     }
 }

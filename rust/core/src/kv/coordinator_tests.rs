@@ -144,7 +144,7 @@ fn chunked_local_frees_previous_chunks_and_mamba_holds_one_block() {
         attention_chunk_size: 8,
     };
     let mut coord =
-        KvCoordinator::new(vec![FULL, local, KvGroupSpec::Mamba], 20, 4, false).unwrap();
+        KvCoordinator::new(vec![FULL, local, KvGroupSpec::MAMBA], 20, 4, false).unwrap();
     allocate(&mut coord, 1, &tokens(0..13), 13);
     assert_eq!(
         tables(&coord, 1),
@@ -196,7 +196,7 @@ fn errors_change_nothing() {
     );
     assert!(coord.free(&7).is_err());
     assert_eq!((tables(&coord, 1), coord.free_block_ids()), before);
-    assert!(KvCoordinator::<u64>::new(vec![KvGroupSpec::Mamba], 9, 4, true).is_err());
+    assert!(KvCoordinator::<u64>::new(vec![KvGroupSpec::MAMBA], 9, 4, true).is_err());
     assert!(KvCoordinator::<u64>::new(vec![window(0)], 9, 4, false).is_err());
     assert!(KvCoordinator::<u64>::new(vec![], 9, 4, false).is_err());
     assert!(KvCoordinator::<u64>::new(vec![FULL], 1, 4, false).is_err());

@@ -37,15 +37,30 @@ pub enum KvGroupSpec {
     ChunkedLocalAttention { attention_chunk_size: usize },
     /// A recurrent (Mamba, linear-attention) state of constant size: one block per
     /// request, as vLLM's `MambaManager` holds it with `mamba_cache_mode="none"` (its
-    /// block covers `max_model_len` tokens). Its states are not prefix-cached.
-    Mamba,
+    /// block covers `max_model_len` tokens), and `num_speculative_blocks` more for the
+    /// states after each draft token under speculative decoding (vLLM 0.33's
+    /// `MambaSpec.num_speculative_blocks`, `num_speculative_tokens` of the config). Its
+    /// states are not prefix-cached.
+    Mamba { num_speculative_blocks: usize },
     /// A recurrent state kept at block boundaries for prefix caching (vLLM 0.33's
     /// `MambaManager` with `mamba_cache_mode="align"`): the table has a slot per block of
     /// the request's tokens, null but for the block holding the running state (and, until
     /// the next allocation frees it, the state it was copied from). A block at index `i`
     /// holds the state after `(i + 1) * block_size` tokens and is cached under that
     /// block's hash once full; a hit needs only the state block at its end.
-    MambaAlign,
+    ///
+    /// `num_speculative_blocks` (vLLM's `MambaSpec.num_speculative_blocks`) more blocks
+    /// follow the running state for the draft tokens' states: the table's last
+    /// `1 + num_speculative_blocks` slots, moved to its end as the state advances
+    /// (`MambaManager._relocate_speculative_block`). With `prefill_checkpoint_alignment`
+    /// (vLLM's `num_prefill_checkpoint_blocks = 1` and its `prefill_checkpoint_alignment`),
+    /// the backend writes the state of the last reusable boundary from inside a prompt's
+    /// final chunk into one more block (`MambaManager._checkpoints`), so that chunk need
+    /// not stop there (`sched::mamba_align`).
+    MambaAlign {
+        num_speculative_blocks: usize,
+        prefill_checkpoint_alignment: Option<usize>,
+    },
     /// Cross-attention of an encoder-decoder model (Whisper; vLLM 0.33's
     /// `CrossAttentionManager`): the keys and values of the request's encoder output, one
     /// slot per encoder token. Its blocks are allocated once, when the encoder inputs are
@@ -55,12 +70,97 @@ pub enum KvGroupSpec {
 }
 
 impl KvGroupSpec {
+    /// A Mamba group in vLLM's `mamba_cache_mode="none"` without speculative state blocks.
+    pub const MAMBA: Self = Self::Mamba {
+        num_speculative_blocks: 0,
+    };
+
+    /// A Mamba group in vLLM's `mamba_cache_mode="align"` without speculative state blocks
+    /// or a prefill checkpoint block.
+    pub const MAMBA_ALIGN: Self = Self::MambaAlign {
+        num_speculative_blocks: 0,
+        prefill_checkpoint_alignment: None,
+    };
+
+    /// vLLM 0.33's `MambaSpec` as a group: `align` for `mamba_cache_mode="align"`, with
+    /// `num_speculative_blocks`, and in align mode `num_prefill_checkpoint_blocks` (0 or 1:
+    /// vLLM's `MambaManager` reserves at most one) at `prefill_checkpoint_alignment`.
+    /// Refuses what would not change the answer (a checkpoint block in `none` mode, which
+    /// vLLM ignores; a checkpoint without its alignment or the reverse) and values out of
+    /// range, naming the field.
+    pub fn mamba(
+        align: bool,
+        num_speculative_blocks: usize,
+        num_prefill_checkpoint_blocks: usize,
+        prefill_checkpoint_alignment: Option<usize>,
+    ) -> crate::Result<Self> {
+        let checkpoint = num_prefill_checkpoint_blocks > 0;
+        let refuse = |field, value: String, reason: &str| {
+            Err(crate::Error::config(field, value, reason.to_string()))
+        };
+        if num_prefill_checkpoint_blocks > 1 {
+            return refuse(
+                "num_prefill_checkpoint_blocks",
+                num_prefill_checkpoint_blocks.to_string(),
+                "must be 0 or 1 (vLLM 0.33's MambaManager reserves one checkpoint block)",
+            );
+        }
+        if checkpoint && !align {
+            return refuse(
+                "num_prefill_checkpoint_blocks",
+                "1".into(),
+                "needs mamba_cache_mode='align' (vLLM 0.33 ignores it in 'none' mode)",
+            );
+        }
+        match prefill_checkpoint_alignment {
+            Some(0) => {
+                return refuse(
+                    "prefill_checkpoint_alignment",
+                    "0".into(),
+                    "must be at least 1 token",
+                );
+            }
+            Some(a) if !checkpoint => {
+                return refuse(
+                    "prefill_checkpoint_alignment",
+                    a.to_string(),
+                    "needs num_prefill_checkpoint_blocks=1",
+                );
+            }
+            None if checkpoint => {
+                return refuse(
+                    "prefill_checkpoint_alignment",
+                    "None".into(),
+                    "must be set with num_prefill_checkpoint_blocks=1 (vLLM takes no \
+                     checkpoint without it)",
+                );
+            }
+            _ => {}
+        }
+        if num_speculative_blocks > super::MAX_NUM_BLOCKS {
+            return refuse(
+                "num_speculative_blocks",
+                num_speculative_blocks.to_string(),
+                "is larger than any pool",
+            );
+        }
+        Ok(match align {
+            false => Self::Mamba {
+                num_speculative_blocks,
+            },
+            true => Self::MambaAlign {
+                num_speculative_blocks,
+                prefill_checkpoint_alignment,
+            },
+        })
+    }
+
     /// vLLM's `get_num_skipped_tokens`: leading tokens the next token no longer attends to.
     pub fn num_skipped_tokens(&self, num_computed_tokens: usize) -> usize {
         match *self {
-            Self::FullAttention | Self::Mamba | Self::CrossAttention => 0,
+            Self::FullAttention | Self::Mamba { .. } | Self::CrossAttention => 0,
             // Only the last computed token's state is needed (vLLM's MambaManager).
-            Self::MambaAlign => num_computed_tokens.saturating_sub(1),
+            Self::MambaAlign { .. } => num_computed_tokens.saturating_sub(1),
             Self::SlidingWindow { sliding_window }
             | Self::SlidingWindowReplay { sliding_window } => {
                 (num_computed_tokens + 1).saturating_sub(sliding_window)
@@ -73,11 +173,48 @@ impl KvGroupSpec {
 
     /// Blocks a request needs for `num_slots` token slots (including skipped ones, which
     /// hold the null block); for cross-attention, `num_slots` are encoder tokens. A Mamba
-    /// `align` table has this many slots, of which one or two hold blocks.
+    /// `align` table has this many slots (its speculative ones after a slot per block), of
+    /// which a few hold blocks (vLLM's `cdiv(num_tokens, block_size) +
+    /// num_speculative_blocks`).
     pub fn num_required_blocks(&self, num_slots: usize, block_size: usize) -> usize {
-        match self {
-            Self::Mamba => usize::from(num_slots > 0),
+        match *self {
+            _ if num_slots == 0 => 0,
+            Self::Mamba {
+                num_speculative_blocks,
+            } => 1 + num_speculative_blocks,
+            Self::MambaAlign {
+                num_speculative_blocks,
+                ..
+            } => num_slots.div_ceil(block_size) + num_speculative_blocks,
             _ => num_slots.div_ceil(block_size),
+        }
+    }
+
+    /// The draft-token state blocks of a Mamba group (vLLM's
+    /// `MambaSpec.num_speculative_blocks`), 0 for other groups.
+    pub fn num_speculative_blocks(&self) -> usize {
+        match *self {
+            Self::Mamba {
+                num_speculative_blocks,
+            }
+            | Self::MambaAlign {
+                num_speculative_blocks,
+                ..
+            } => num_speculative_blocks,
+            _ => 0,
+        }
+    }
+
+    /// The token alignment of the prefill checkpoints a Mamba `align` group's backend
+    /// writes from inside a chunk (vLLM's `MambaSpec.prefill_checkpoint_alignment` with
+    /// `num_prefill_checkpoint_blocks > 0`), `None` when it writes none.
+    pub fn prefill_checkpoint_alignment(&self) -> Option<usize> {
+        match *self {
+            Self::MambaAlign {
+                prefill_checkpoint_alignment,
+                ..
+            } => prefill_checkpoint_alignment,
+            _ => None,
         }
     }
 
@@ -87,7 +224,7 @@ impl KvGroupSpec {
     pub(super) fn caches_blocks(&self) -> bool {
         !matches!(
             self,
-            Self::Mamba
+            Self::Mamba { .. }
                 | Self::CrossAttention
                 | Self::SlidingWindow { sliding_window: 1 }
                 | Self::SlidingWindowReplay { .. }
@@ -96,12 +233,12 @@ impl KvGroupSpec {
 
     /// vLLM 0.33's Mamba `align` group (`MambaManager` with `mamba_cache_mode="align"`).
     pub fn is_mamba_align(&self) -> bool {
-        matches!(self, Self::MambaAlign)
+        matches!(self, Self::MambaAlign { .. })
     }
 
     /// Whether the group holds a recurrent state (vLLM's `MambaSpec`, either mode).
     pub fn is_mamba(&self) -> bool {
-        matches!(self, Self::Mamba | Self::MambaAlign)
+        matches!(self, Self::Mamba { .. } | Self::MambaAlign { .. })
     }
 
     /// vLLM 0.33's `KVCacheSpec.prefix_replay_tokens`: the tokens of a hit the scheduler
@@ -137,10 +274,18 @@ impl KvGroupSpec {
             } else {
                 (attention_chunk_size + num_slots_added - 2).div_ceil(block_size) + 1
             }),
-            Self::Mamba => Some(1),
-            // The running state and the state it was copied from, freed at the next
-            // allocation.
-            Self::MambaAlign => Some(2),
+            Self::Mamba {
+                num_speculative_blocks,
+            } => Some(1 + num_speculative_blocks),
+            // The running state and the state it was copied from (freed at the next
+            // allocation), the draft tokens' states and the prefill checkpoint (vLLM
+            // 0.33's `MambaSpec.max_memory_usage_bytes` in align mode).
+            Self::MambaAlign {
+                num_speculative_blocks,
+                prefill_checkpoint_alignment,
+            } => Some(
+                2 + num_speculative_blocks + usize::from(prefill_checkpoint_alignment.is_some()),
+            ),
         }
     }
 
@@ -154,7 +299,10 @@ impl KvGroupSpec {
         block_size: usize,
     ) -> Option<usize> {
         match *self {
-            Self::FullAttention | Self::Mamba | Self::MambaAlign | Self::CrossAttention => None,
+            Self::FullAttention
+            | Self::Mamba { .. }
+            | Self::MambaAlign { .. }
+            | Self::CrossAttention => None,
             Self::SlidingWindow { sliding_window }
             | Self::SlidingWindowReplay { sliding_window } => {
                 Some((sliding_window - 1 + max_in_flight_tokens).div_ceil(block_size) + 1)
@@ -174,17 +322,79 @@ impl KvGroupSpec {
             Self::ChunkedLocalAttention {
                 attention_chunk_size,
             } => ("attention_chunk_size", attention_chunk_size),
+            Self::Mamba {
+                num_speculative_blocks,
+            } => ("num_speculative_blocks", num_speculative_blocks),
+            Self::MambaAlign {
+                num_speculative_blocks,
+                prefill_checkpoint_alignment,
+            } => {
+                if prefill_checkpoint_alignment == Some(0) {
+                    return Err(crate::Error::config(
+                        list,
+                        format!("{list}[{index}].prefill_checkpoint_alignment=0"),
+                        "must be at least 1 token",
+                    ));
+                }
+                ("num_speculative_blocks", num_speculative_blocks)
+            }
             _ => return Ok(()),
         };
-        if value == 0 || value > super::MAX_NUM_BLOCKS {
+        // The draft-token state blocks may be 0; the windows may not.
+        let least = usize::from(field != "num_speculative_blocks");
+        if value < least || value > super::MAX_NUM_BLOCKS {
             return Err(crate::Error::config(
                 list,
                 format!("{list}[{index}].{field}={value}"),
-                format!("must be between 1 and {}", super::MAX_NUM_BLOCKS),
+                format!("must be between {least} and {}", super::MAX_NUM_BLOCKS),
             ));
         }
         Ok(())
     }
+}
+
+/// vLLM 0.33's `get_mamba_prefill_checkpoint_position` (`kv_cache_interface.py`): the
+/// last boundary of `hash_block_size` tokens within `num_tokens` whose Mamba state can be
+/// reused, leaving a token for the logits (or the hash look-ahead) and, with EAGLE's block
+/// drop, one block less.
+pub fn mamba_checkpoint_position(
+    num_tokens: usize,
+    hash_block_size: usize,
+    drop_eagle_block: bool,
+    num_hash_lookahead_tokens: usize,
+) -> usize {
+    let proof_limit = if drop_eagle_block {
+        num_tokens
+    } else {
+        num_tokens.saturating_sub(num_hash_lookahead_tokens.max(1))
+    };
+    let position = proof_limit / hash_block_size * hash_block_size;
+    match drop_eagle_block {
+        true => position.saturating_sub(hash_block_size),
+        false => position,
+    }
+}
+
+/// vLLM 0.33's `is_mamba_prefill_checkpoint_valid`: whether a backend writing checkpoints
+/// at multiples of `alignment` tokens past a chunk's start can export the state at
+/// `checkpoint` from inside the chunk `[start, end)` (block-aligned start, a block of
+/// state past the chunk's initial state, strictly inside it).
+pub fn mamba_checkpoint_valid(
+    start: usize,
+    end: usize,
+    checkpoint: usize,
+    block_size: usize,
+    alignment: usize,
+) -> bool {
+    let (start_i, block) = (start as i64, block_size as i64);
+    let initial_state_col = (start_i - 1).div_euclid(block);
+    let checkpoint_col = end.div_ceil(block_size) as i64 - 2;
+    start.is_multiple_of(block_size)
+        && checkpoint_col > initial_state_col
+        && start + block_size <= checkpoint
+        && start < checkpoint
+        && checkpoint < end
+        && (checkpoint - start).is_multiple_of(alignment)
 }
 
 /// The token slots an allocation asks of each group: decoder slots, and for
@@ -212,7 +422,7 @@ impl GroupSlots {
     pub(super) fn of(self, spec: &KvGroupSpec) -> usize {
         match spec {
             KvGroupSpec::CrossAttention => self.encoder,
-            KvGroupSpec::MambaAlign => self.decoder.saturating_sub(self.lookahead),
+            KvGroupSpec::MambaAlign { .. } => self.decoder.saturating_sub(self.lookahead),
             _ => self.decoder,
         }
     }
@@ -306,7 +516,7 @@ pub(super) fn find_longest_cache_hit(
                 blocks.iter_mut().zip(found).for_each(|(t, b)| t.push(b));
             }
         }
-        KvGroupSpec::MambaAlign => {
+        KvGroupSpec::MambaAlign { .. } => {
             // vLLM's `MambaManager.find_longest_cache_hit`: right to left, the first cached
             // state wins; the blocks before it are nulls (a state needs no earlier block).
             for i in (0..max_blocks).rev() {
@@ -320,7 +530,7 @@ pub(super) fn find_longest_cache_hit(
             }
         }
         // Never cached (the coordinator refuses prefix caching beside them).
-        KvGroupSpec::Mamba | KvGroupSpec::CrossAttention => {}
+        KvGroupSpec::Mamba { .. } | KvGroupSpec::CrossAttention => {}
         // Never cached, so it never limits the hit: no blocks of it are adopted.
         KvGroupSpec::SlidingWindowReplay { .. } => {
             return GroupHit {
@@ -346,7 +556,7 @@ mod tests {
             attention_chunk_size: 8,
         };
         assert_eq!([13, 8, 7].map(|n| local.num_skipped_tokens(n)), [8, 8, 0]);
-        assert_eq!(KvGroupSpec::Mamba.num_required_blocks(1000, 16), 1);
+        assert_eq!(KvGroupSpec::MAMBA.num_required_blocks(1000, 16), 1);
     }
 
     #[test]

@@ -44,7 +44,9 @@ pub use coordinator::{
 pub use counting::CountingAllocator;
 pub use free_queue::{FreeBlockQueue, FreeQueue};
 pub use host_tier::HostTier;
-pub use layer_groups::{KvGroupSpec, NULL_BLOCK};
+pub use layer_groups::{
+    KvGroupSpec, NULL_BLOCK, mamba_checkpoint_position, mamba_checkpoint_valid,
+};
 pub use prefix_pool::PrefixPool;
 pub use radix::{MatchResult, NodeHandle, RadixCache};
 pub use radix_pool::{RadixHit, RadixPool};

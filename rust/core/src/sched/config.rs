@@ -423,7 +423,12 @@ impl SchedulerConfig {
                 ),
             ));
         }
-        if self.enable_prefix_caching && self.kv_groups.contains(&KvGroupSpec::Mamba) {
+        if self.enable_prefix_caching
+            && self
+                .kv_groups
+                .iter()
+                .any(|g| matches!(g, KvGroupSpec::Mamba { .. }))
+        {
             return Err(Error::config(
                 "enable_prefix_caching",
                 "true",

@@ -428,6 +428,18 @@ impl Kv {
         }
     }
 
+    /// vLLM 0.33's `_request_remaining_blocks`: [`Self::num_blocks_to_allocate`] (capped)
+    /// for `num_tokens` and `num_spec_slots` of one speculative step, which a Mamba align
+    /// group does not count (`KvCoordinator::remaining_blocks`).
+    pub fn remaining_blocks(&self, slot: u32, num_tokens: usize, num_spec_slots: usize) -> usize {
+        match self {
+            Kv::Hybrid(h) => {
+                (h.pool).remaining_blocks(&slot, num_tokens, num_spec_slots, h.max_in_flight_tokens)
+            }
+            _ => self.num_blocks_to_allocate(slot, num_tokens + num_spec_slots, None, 0, true),
+        }
+    }
+
     /// The encoder tokens of the inputs scheduled with the next allocation: they size its
     /// cross-attention groups (vLLM's `num_encoder_tokens`); 0 clears them. Pools without
     /// such groups ignore them.

@@ -221,9 +221,8 @@ impl<R: RequestKey> Scheduler<R> {
         (self.slots.iter().enumerate())
             .filter_map(|(slot, r)| r.as_ref().filter(|r| r.inflight_prefill).map(|r| (slot, r)))
             .map(|(slot, r)| {
-                let num_tokens = r.num_tokens().min(self.config.max_model_len) + spec;
-                self.kv
-                    .num_blocks_to_allocate(slot as u32, num_tokens, None, 0, true)
+                let num_tokens = r.num_tokens().min(self.config.max_model_len);
+                self.kv.remaining_blocks(slot as u32, num_tokens, spec)
             })
             .sum()
     }

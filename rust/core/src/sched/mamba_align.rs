@@ -8,17 +8,21 @@
 //! Modelled: the block-aligned chunk end, the next-boundary stop of a chunk that starts
 //! mid-block, the last-checkpoint stop (with EAGLE's block drop and the hash look-ahead),
 //! the waiting path's rule that a clipped padded decode drops its padding, and "no aligned
-//! chunk fits" (0 tokens). Not modelled, as they need state the core's KV groups do not
-//! hold: the backend's internal prefill checkpoint (`num_prefill_checkpoint_blocks`),
-//! fine-grained partial hash hits (a hash block smaller than the Mamba block) and the
-//! exact (not block-floored) junction stop of `enable_mamba_shared_prefix_checkpoint`; the
-//! scheduler's `mamba_has_prefill_checkpoint_blocks`, `mamba_partial_cache_hit` and
-//! `mamba_shared_prefix_checkpoint` are false here. The block-floored shared-prefix
+//! chunk fits" (0 tokens), and the backend's internal prefill checkpoint: when every Mamba
+//! group has a prefill checkpoint block (`MambaSpec.num_prefill_checkpoint_blocks`,
+//! `Scheduler.mamba_has_prefill_checkpoint_blocks`), a prompt's final chunk that can export
+//! the last reusable state from inside itself (`is_mamba_prefill_checkpoint_valid`) is not
+//! stopped there; the KV groups reserve the block it goes to (`kv::layer_groups`). Not
+//! modelled, as they need state the core's KV groups do not hold: fine-grained partial
+//! hash hits (a hash block smaller than the Mamba block) and the exact (not block-floored)
+//! junction stop of `enable_mamba_shared_prefix_checkpoint`; the scheduler's
+//! `mamba_partial_cache_hit` and `mamba_shared_prefix_checkpoint` are false here. The block-floored shared-prefix
 //! junction stop is modelled (`split_at_junction`, the request's `shared_prefix_boundary`
 //! from its KV groups' lookup).
 
 use super::scheduler::Scheduler;
 use crate::kv::RequestKey;
+use crate::kv::{mamba_checkpoint_position, mamba_checkpoint_valid};
 use crate::{Error, Result};
 
 /// The split's settings (vLLM 0.33's `Scheduler.need_mamba_block_aligned_split` on, and
@@ -60,16 +64,12 @@ impl MambaAlignSplit {
     /// the last block boundary whose state can be reused, leaving a token for the logits
     /// (or the hash look-ahead) and, with EAGLE's block drop, one block less.
     pub fn checkpoint_position(&self, num_tokens: usize) -> usize {
-        let proof_limit = if self.drop_eagle_block {
-            num_tokens
-        } else {
-            num_tokens.saturating_sub(self.num_hash_lookahead_tokens.max(1))
-        };
-        let mut position = proof_limit / self.block_size * self.block_size;
-        if self.drop_eagle_block {
-            position = position.saturating_sub(self.block_size);
-        }
-        position
+        mamba_checkpoint_position(
+            num_tokens,
+            self.block_size,
+            self.drop_eagle_block,
+            self.num_hash_lookahead_tokens,
+        )
     }
 
     /// Tokens of a chunk of `num_new_tokens` starting at `start` that vLLM 0.33's
@@ -102,14 +102,50 @@ impl MambaAlignSplit {
         max_prefill_tokens: usize,
         shared_prefix_boundary: usize,
     ) -> usize {
+        let (n, prompt, junction) = (num_new_tokens, num_prompt_tokens, shared_prefix_boundary);
+        self.split_with_checkpoint(
+            start,
+            n,
+            prompt,
+            num_tokens,
+            max_prefill_tokens,
+            junction,
+            None,
+        )
+    }
+
+    /// [`Self::split_at_junction`] where every Mamba group writes prefill checkpoints at
+    /// multiples of `checkpoint_alignment` tokens (vLLM 0.33's
+    /// `mamba_has_prefill_checkpoint_blocks` with `mamba_prefill_checkpoint_alignment`;
+    /// `None`: they write none): a final chunk that can export the last reusable state from
+    /// inside itself stops neither there nor at the next block boundary
+    /// (`use_internal_checkpoint`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn split_with_checkpoint(
+        &self,
+        start: usize,
+        num_new_tokens: usize,
+        num_prompt_tokens: usize,
+        num_tokens: usize,
+        max_prefill_tokens: usize,
+        shared_prefix_boundary: usize,
+        checkpoint_alignment: Option<usize>,
+    ) -> usize {
         // Only during prefill; `num_tokens - 1` covers a resumed request's outputs.
         let prefill_end = num_prompt_tokens.max(num_tokens.saturating_sub(1));
         if start >= prefill_end {
             return num_new_tokens;
         }
         let block = self.block_size;
-        let last_cache_position = self.checkpoint_position(num_tokens);
         let mut end = start + num_new_tokens;
+        let checkpoint = self.checkpoint_position(prefill_end);
+        let internal_checkpoint = checkpoint_alignment.is_some_and(|alignment| {
+            end >= prefill_end && mamba_checkpoint_valid(start, end, checkpoint, block, alignment)
+        });
+        let last_cache_position = match internal_checkpoint {
+            true => 0,
+            false => self.checkpoint_position(num_tokens),
+        };
         // A chunk that stops before the prompt's end stops on a block boundary; a block
         // too wide for one chunk advances sub-block and re-aligns at the next boundary.
         if end < prefill_end {
@@ -118,7 +154,7 @@ impl MambaAlignSplit {
                 end = aligned_end;
             }
         }
-        let next_block_boundary = if !start.is_multiple_of(block) {
+        let next_block_boundary = if !start.is_multiple_of(block) && !internal_checkpoint {
             (start / block + 1) * block
         } else {
             0
@@ -148,9 +184,28 @@ impl<R: RequestKey> Scheduler<R> {
     pub fn set_mamba_align(&mut self, split: Option<MambaAlignSplit>) -> Result<()> {
         if let Some(split) = &split {
             split.validate()?;
+            // The KV groups place prefill checkpoints by the same rule (vLLM 0.33's
+            // `MambaManager.drop_eagle_checkpoint_block` follows EAGLE as the split does).
+            if let Ok(pool) = self.kv.hybrid_pool_mut("set_mamba_align") {
+                pool.set_mamba_checkpoint_rule(
+                    split.drop_eagle_block,
+                    split.num_hash_lookahead_tokens,
+                );
+            }
         }
         self.config.mamba_align = split;
         Ok(())
+    }
+
+    /// vLLM 0.33's `Scheduler.mamba_prefill_checkpoint_alignment` when
+    /// `mamba_has_prefill_checkpoint_blocks` (every Mamba group has a prefill checkpoint
+    /// block): the first Mamba group's alignment; `None` otherwise.
+    fn mamba_checkpoint_alignment(&self) -> Option<usize> {
+        let mut mamba = self.config.kv_groups.iter().filter(|g| g.is_mamba());
+        let first = mamba.next()?.prefill_checkpoint_alignment()?;
+        mamba
+            .all(|g| g.prefill_checkpoint_alignment().is_some())
+            .then_some(first)
     }
 
     /// The Mamba `align` split in force (`None`: off).
@@ -199,13 +254,14 @@ impl<R: RequestKey> Scheduler<R> {
         if threshold > 0 {
             max_prefill_tokens = max_prefill_tokens.min(threshold);
         }
-        let core_split = split.split_at_junction(
+        let core_split = split.split_with_checkpoint(
             start,
             n,
             request.num_prompt_tokens(),
             request.num_tokens(),
             max_prefill_tokens,
             request.shared_prefix_boundary,
+            self.mamba_checkpoint_alignment(),
         );
         self.hooked_split(slot, start, n, core_split)
     }

@@ -8,7 +8,7 @@ use tokenyard_core::kv::{
 use super::block_pool::PyBlockPoolStats;
 use super::{allocate_slots, block_ref_count, has_request, of_request, on_request};
 use crate::convert::{RequestId, positive_field, short_repr, token_ids as read_token_ids};
-use crate::errors::{OrRaise, config_error, invariants};
+use crate::errors::{OrRaise, config_error, invariants, to_py_err};
 
 /// A full-attention KV cache group (vLLM's `FullAttentionSpec`).
 #[pyclass(name = "FullAttentionSpec", module = "tokenyard.kv", frozen)]
@@ -37,10 +37,11 @@ pub(crate) struct PyChunkedLocalAttentionSpec {
 
 /// A Mamba / linear-attention state group (vLLM's `MambaSpec`): with
 /// `mamba_cache_mode="none"` one block per request, not prefix-cached; with `"align"` a
-/// state block at each block boundary, prefix-cached (`KvGroupSpec::MambaAlign`).
+/// state block at each block boundary, prefix-cached (`KvGroupSpec::MambaAlign`); either
+/// with speculative state blocks, align with a prefill checkpoint block.
 #[pyclass(name = "MambaSpec", module = "tokenyard.kv", frozen)]
 pub(crate) struct PyMambaSpec {
-    align: bool,
+    spec: KvGroupSpec,
 }
 
 /// An encoder-decoder model's cross-attention group: blocks for the request's encoder
@@ -105,31 +106,90 @@ impl PyChunkedLocalAttentionSpec {
 #[pymethods]
 impl PyMambaSpec {
     #[new]
-    #[pyo3(signature = (*, mamba_cache_mode = "none"))]
-    fn new(py: Python<'_>, mamba_cache_mode: &str) -> PyResult<Self> {
-        match mamba_cache_mode {
-            "none" => Ok(Self { align: false }),
-            "align" => Ok(Self { align: true }),
-            other => Err(config_error(
-                py,
-                "mamba_cache_mode",
-                format!("{other:?}"),
-                "must be \"none\" or \"align\" (vLLM 0.33's MambaCacheMode)",
-            )),
-        }
+    #[pyo3(signature = (
+        *,
+        mamba_cache_mode = "none",
+        num_speculative_blocks = 0,
+        num_prefill_checkpoint_blocks = 0,
+        prefill_checkpoint_alignment = None,
+    ))]
+    fn new(
+        py: Python<'_>,
+        mamba_cache_mode: &str,
+        num_speculative_blocks: i64,
+        num_prefill_checkpoint_blocks: i64,
+        prefill_checkpoint_alignment: Option<i64>,
+    ) -> PyResult<Self> {
+        let align = match mamba_cache_mode {
+            "none" => false,
+            "align" => true,
+            other => {
+                return Err(config_error(
+                    py,
+                    "mamba_cache_mode",
+                    format!("{other:?}"),
+                    "must be \"none\" or \"align\" (vLLM 0.33's MambaCacheMode)",
+                ));
+            }
+        };
+        let count = |field: &'static str, value: i64| {
+            usize::try_from(value).map_err(|_| config_error(py, field, value, "must be >= 0"))
+        };
+        let alignment = prefill_checkpoint_alignment
+            .map(|a| count("prefill_checkpoint_alignment", a))
+            .transpose()?;
+        let spec = KvGroupSpec::mamba(
+            align,
+            count("num_speculative_blocks", num_speculative_blocks)?,
+            count(
+                "num_prefill_checkpoint_blocks",
+                num_prefill_checkpoint_blocks,
+            )?,
+            alignment,
+        )
+        .map_err(|e| to_py_err(py, e))?;
+        Ok(Self { spec })
     }
 
     #[getter]
     fn mamba_cache_mode(&self) -> &'static str {
-        if self.align { "align" } else { "none" }
+        if self.spec.is_mamba_align() {
+            "align"
+        } else {
+            "none"
+        }
     }
 
-    fn __repr__(&self) -> &'static str {
-        if self.align {
-            "MambaSpec(mamba_cache_mode='align')"
-        } else {
-            "MambaSpec()"
+    #[getter]
+    fn num_speculative_blocks(&self) -> usize {
+        self.spec.num_speculative_blocks()
+    }
+
+    #[getter]
+    fn num_prefill_checkpoint_blocks(&self) -> usize {
+        usize::from(self.spec.prefill_checkpoint_alignment().is_some())
+    }
+
+    #[getter]
+    fn prefill_checkpoint_alignment(&self) -> Option<usize> {
+        self.spec.prefill_checkpoint_alignment()
+    }
+
+    fn __repr__(&self) -> String {
+        let mut args = Vec::new();
+        if self.spec.is_mamba_align() {
+            args.push("mamba_cache_mode='align'".to_string());
         }
+        let num_spec = self.spec.num_speculative_blocks();
+        if num_spec > 0 {
+            args.push(format!("num_speculative_blocks={num_spec}"));
+        }
+        if let Some(alignment) = self.spec.prefill_checkpoint_alignment() {
+            args.push(format!(
+                "num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment={alignment}"
+            ));
+        }
+        format!("MambaSpec({})", args.join(", "))
     }
 }
 
@@ -167,10 +227,7 @@ pub(crate) fn group_spec(
         });
     }
     if let Ok(spec) = obj.cast::<PyMambaSpec>() {
-        return Ok(match spec.get().align {
-            false => KvGroupSpec::Mamba,
-            true => KvGroupSpec::MambaAlign,
-        });
+        return Ok(spec.get().spec);
     }
     if obj.is_instance_of::<PyCrossAttentionSpec>() {
         return Ok(KvGroupSpec::CrossAttention);
@@ -212,8 +269,9 @@ fn spec_object(py: Python<'_>, spec: KvGroupSpec) -> PyResult<Py<PyAny>> {
             },
         )?
         .into_any(),
-        KvGroupSpec::Mamba => Py::new(py, PyMambaSpec { align: false })?.into_any(),
-        KvGroupSpec::MambaAlign => Py::new(py, PyMambaSpec { align: true })?.into_any(),
+        KvGroupSpec::Mamba { .. } | KvGroupSpec::MambaAlign { .. } => {
+            Py::new(py, PyMambaSpec { spec })?.into_any()
+        }
         KvGroupSpec::CrossAttention => Py::new(py, PyCrossAttentionSpec)?.into_any(),
     })
 }

@@ -228,7 +228,7 @@ fn combinations_the_coordinator_cannot_serve_are_refused_by_field() {
     assert_eq!(config_error(host), "host_num_blocks");
     let mamba = SchedulerConfig {
         enable_prefix_caching: true,
-        kv_groups: vec![KvGroupSpec::FullAttention, KvGroupSpec::Mamba],
+        kv_groups: vec![KvGroupSpec::FullAttention, KvGroupSpec::MAMBA],
         ..config()
     };
     assert_eq!(config_error(mamba), "enable_prefix_caching");
@@ -242,7 +242,7 @@ fn combinations_the_coordinator_cannot_serve_are_refused_by_field() {
 #[test]
 fn a_mamba_group_holds_one_block_per_request() {
     let cfg = SchedulerConfig {
-        kv_groups: vec![KvGroupSpec::FullAttention, KvGroupSpec::Mamba],
+        kv_groups: vec![KvGroupSpec::FullAttention, KvGroupSpec::MAMBA],
         ..config()
     };
     let mut s = Scheduler::new(cfg, false).unwrap();

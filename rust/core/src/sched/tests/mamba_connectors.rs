@@ -52,7 +52,7 @@ fn hashes(num_blocks: u32) -> Vec<BlockHash> {
 /// connector's offer set to `offer` and each step's FA and Mamba blocks.
 fn seeded(offer: usize, divergent: bool) -> (Scheduler<u32>, Vec<BlockId>, Vec<BlockId>) {
     let cfg = SchedulerConfig {
-        kv_groups: vec![KvGroupSpec::FullAttention, KvGroupSpec::MambaAlign],
+        kv_groups: vec![KvGroupSpec::FullAttention, KvGroupSpec::MAMBA_ALIGN],
         enable_prefix_caching: true,
         block_size: 16,
         num_blocks: 100,
@@ -208,7 +208,7 @@ fn a_state_computed_in_this_step_is_not_hit_by_another_request_in_it() {
     // the first's state at 48 is cached when its chunk is allocated, but computed only by
     // this step, so the second waits for the next step (where it hits 48).
     let cfg = SchedulerConfig {
-        kv_groups: vec![KvGroupSpec::FullAttention, KvGroupSpec::MambaAlign],
+        kv_groups: vec![KvGroupSpec::FullAttention, KvGroupSpec::MAMBA_ALIGN],
         enable_prefix_caching: true,
         block_size: 16,
         num_blocks: 100,
@@ -243,7 +243,7 @@ fn a_state_computed_in_this_step_is_not_hit_by_another_request_in_it() {
 #[test]
 fn an_align_group_counts_two_states_towards_the_longest_request() {
     let cfg = |max_model_len| SchedulerConfig {
-        kv_groups: vec![KvGroupSpec::FullAttention, KvGroupSpec::MambaAlign],
+        kv_groups: vec![KvGroupSpec::FullAttention, KvGroupSpec::MAMBA_ALIGN],
         enable_prefix_caching: true,
         block_size: 16,
         num_blocks: 10,

@@ -213,7 +213,7 @@ proptest! {
         }
         // A recurrent group (one block per request) first: its states are not cached.
         if mamba_first {
-            groups.insert(0, KvGroupSpec::Mamba);
+            groups.insert(0, KvGroupSpec::MAMBA);
         }
         let caching = caching && !mamba_first;
         // Every group may hold a block per block_size tokens.

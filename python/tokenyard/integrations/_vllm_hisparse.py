@@ -41,6 +41,7 @@ from vllm.v1.request import Request
 
 from tokenyard.errors import ConfigError
 from tokenyard.integrations._vllm_state import AdapterBase
+from tokenyard.integrations._vllm_translate import hisparse_source_group
 
 _BASE_PENDING_FREES = KVConnectorBase_V1.has_pending_block_frees
 
@@ -61,21 +62,35 @@ def hisparse_host_pool(kv_cache_config: Any) -> tuple[int, int | None] | None:
     return int(num_blocks), block_size
 
 
-def refuse_hisparse_device_groups(kv_cache_config: Any) -> None:
-    """Raises ConfigError for a vLLM 0.33 HiSparse layout given at construction: its
-    device-side groups (the resident and hot pages, ``HiSparseResidentSpec`` and
-    ``HiSparseHotSpec``) are not modelled, only the host page pool is."""
-    for i, group in enumerate(getattr(kv_cache_config, "kv_cache_groups", ()) or ()):
-        kind = type(getattr(group, "kv_cache_spec", None)).__name__
-        if kind in ("HiSparseResidentSpec", "HiSparseHotSpec"):
-            field = f"kv_cache_groups[{i}].kv_cache_spec"
-            raise ConfigError(
-                f"{field}: HiSparse's device page groups ({kind}) are not modelled; "
-                "tokenyard's scheduler serves HiSparse's host page pool "
-                "(hisparse_host_num_blocks) beside its own device pool only",
-                field=field,
-                value=kind,
-            )
+def refuse_unmodelled_hisparse(kv_cache_config: Any) -> None:
+    """Raises ConfigError for a vLLM 0.33 HiSparse layout given at construction that the
+    core does not serve: device groups (``HiSparseResidentSpec``, ``HiSparseHotSpec``)
+    without a host pool (``hisparse_host_num_blocks`` and a ``HISPARSE_SOURCE`` group: vLLM's
+    ``HiSparseCoordinator`` requires both), or hot groups without resident ones (vLLM's
+    ``HiSparseHotManager`` then requires a hot region at every admission with a local hit,
+    not modelled)."""
+    kinds = [
+        type(getattr(group, "kv_cache_spec", None)).__name__
+        for group in getattr(kv_cache_config, "kv_cache_groups", ()) or ()
+    ]
+    device = [i for i, k in enumerate(kinds) if k in ("HiSparseResidentSpec", "HiSparseHotSpec")]
+    if not device:
+        return
+    field = f"kv_cache_groups[{device[0]}].kv_cache_spec"
+    pool = hisparse_host_pool(kv_cache_config)
+    if pool is None or pool[1] is None:
+        raise ConfigError(
+            f"{field}: HiSparse device groups need the host pool (hisparse_host_num_blocks "
+            "and a HISPARSE_SOURCE group), as vLLM's HiSparseCoordinator does",
+            field=field,
+            value=kinds[device[0]],
+        )
+    if "HiSparseResidentSpec" not in kinds:
+        raise ConfigError(
+            f"{field}: HiSparse hot groups without resident groups are not modelled",
+            field=field,
+            value=kinds[device[0]],
+        )
 
 
 class HiSparseTier(AdapterBase):
@@ -84,6 +99,7 @@ class HiSparseTier(AdapterBase):
     scheduler_config: Any
 
     _kv_cache_config: Any = None
+    _kv_groups: int
     _kv_cache_manager: Any = None
     connector: Any
     # The connector whose has_pending_block_frees was last routed, and the hook.
@@ -134,7 +150,10 @@ class HiSparseTier(AdapterBase):
             self._core.set_hisparse_host_pages(None)
             return
         num_blocks, block_size = pool
-        self._core.set_hisparse_host_pages(num_blocks, block_size)
+        # With vLLM's layout given at construction the core serves its device groups, and
+        # the outputs' per-group block ids carry the host tables at the source group's place.
+        source = hisparse_source_group(config) if self._kv_groups else None
+        self._core.set_hisparse_host_pages(num_blocks, block_size, source_group=source)
 
     @property
     def _inflight_prefills(self) -> set[Request]:

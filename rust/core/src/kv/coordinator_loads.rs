@@ -84,6 +84,18 @@ impl<R: RequestKey> KvCoordinator<R> {
                 "external tokens are only loaded on a request's first allocation",
             ));
         }
+        if let Some(g) = self.groups.iter().position(KvGroupSpec::is_hisparse) {
+            // vLLM 0.33 keeps a loaded prefix on host pages but its last, and gives the
+            // request a hot region (`allocate_external_computed_blocks` of the HiSparse
+            // managers): not modelled.
+            return Err(Error::input(
+                "num_external_tokens",
+                alloc.num_external_tokens,
+                format!(
+                    "a connector load into HiSparse device groups (groups[{g}]) is not modelled"
+                ),
+            ));
+        }
         if let Some(hit) = new_computed {
             self.check_hit_is_current(hit, token_ids.len(), extra_key)?;
         }

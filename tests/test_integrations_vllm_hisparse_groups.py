@@ -1,0 +1,209 @@
+"""vLLM 0.33's HiSparse layout given to the adapter at construction: the source group is the
+core's host page pool (real host block ids, vLLM's order), the indexer a full-attention
+group, the resident and hot pages the core's ``HiSparseResidentSpec`` and ``HiSparseHotSpec``
+groups (``sched::hisparse_groups``). Side by side with vLLM's own ``Scheduler`` built on the
+same config (its ``HiSparseCoordinator`` bound as the HiSparse connector binds it), step by
+step: scheduled tokens, preemptions, every group's block ids in the outputs and tables,
+KV usage and free host blocks. Needs vLLM (the bench venv); skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM 0.33 is installed only in the bench venv")
+
+import torch
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.hisparse.coordinator import get_hisparse_coordinator
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    HiSparseHotSpec,
+    HiSparseResidentSpec,
+    KVCacheConfig,
+    KVCacheGroupRole,
+    KVCacheGroupSpec,
+)
+from vllm_compare import BLOCK_SIZE, block_digest, seeded_arrivals, update_both
+from vllm_peer import VllmSchedulerPeer
+
+from tokenyard.errors import ConfigError
+from tokenyard.integrations._vllm_translate import settings
+from tokenyard.integrations.vllm import TokenyardScheduler
+from tokenyard.kv import FullAttentionSpec as CoreFull
+from tokenyard.kv import HiSparseHotSpec as CoreHot
+from tokenyard.kv import HiSparseResidentSpec as CoreResident
+
+
+def layout(
+    num_blocks: int, host_num_blocks: int, *, num_resident_groups: int = 1, hot_blocks: int = 2
+) -> KVCacheConfig:
+    """vLLM 0.33's HiSparse layout as its tests build it (``make_hisparse_kv_cache_config``
+    in ``tests/v1/core/test_prefix_caching.py``): host source, device indexer, then resident
+    and hot page groups (``num_resident_groups`` pairs)."""
+    source = FullAttentionSpec(
+        block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float32
+    )
+    page = BLOCK_SIZE * 4
+    groups = [
+        KVCacheGroupSpec(
+            ["source"], source, role=KVCacheGroupRole.HISPARSE_SOURCE, host_resident=True
+        ),
+        KVCacheGroupSpec(["indexer"], source, role=KVCacheGroupRole.HISPARSE_INDEXER),
+    ]
+    for i in range(num_resident_groups):
+        groups.append(
+            KVCacheGroupSpec(
+                [f"resident_{i}"], HiSparseResidentSpec(block_size=BLOCK_SIZE, page_size=page)
+            )
+        )
+        groups.append(
+            KVCacheGroupSpec(
+                [f"hot_{i}"],
+                HiSparseHotSpec(
+                    block_size=BLOCK_SIZE, page_size=page, blocks_per_request=hot_blocks
+                ),
+                enable_kv_transfer=False,
+            )
+        )
+    return KVCacheConfig(
+        num_blocks=num_blocks,
+        hisparse_host_num_blocks=host_num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=groups,
+    )
+
+
+def pair(config: KVCacheConfig, **options: Any) -> tuple[Any, Any, VllmSchedulerPeer]:
+    """vLLM's scheduler and the adapter built on ``config`` (prefix caching off); vLLM's
+    HiSparse coordinator bound as ``HiSparseConnector.bind_kv_cache_manager`` binds it."""
+    options = {"max_model_len": 256, "max_num_seqs": 4, "max_num_batched_tokens": 64, **options}
+    peer = VllmSchedulerPeer(
+        num_blocks=config.num_blocks,
+        block_size=BLOCK_SIZE,
+        enable_prefix_caching=False,
+        **options,
+    )
+    theirs = peer.build(Scheduler, config)
+    get_hisparse_coordinator(theirs.kv_cache_manager)
+    ours = peer.build(TokenyardScheduler, config)
+    return theirs, ours, peer
+
+
+def host_free(scheduler: Any) -> int:
+    if hasattr(scheduler, "_core"):
+        return int(scheduler._core.hisparse_host_pages[2])
+    host = get_hisparse_coordinator(scheduler.kv_cache_manager).get_host_block_pool()
+    return int(host.get_num_free_blocks())
+
+
+def run_stream(
+    theirs: Any, ours: Any, peer: Any, arrivals: list[Any], steps: int = 400
+) -> tuple[int, int, int]:
+    """Runs ``arrivals`` on both until vLLM drains; returns the steps compared, vLLM's
+    preemptions and the fewest free host blocks seen. Fails at the first step whose
+    digest, tables, KV usage or free host blocks differ."""
+    both = (theirs, ours)
+    preempted, fewest_free = 0, host_free(theirs)
+    for step in range(steps):
+        for at, request_id, prompt, max_tokens in arrivals:
+            if at == step:
+                for scheduler in both:
+                    scheduler.add_request(peer.make_request(request_id, prompt, max_tokens))
+        outs = [s.schedule() for s in both]
+        assert block_digest(outs[1]) == block_digest(outs[0]), f"step {step}"
+        assert host_free(ours) == host_free(theirs), f"step {step}"
+        preempted += len(outs[0].preempted_req_ids)
+        fewest_free = min(fewest_free, host_free(theirs))
+        update_both(both, outs)
+        assert ours.get_kv_cache_usage() == pytest.approx(theirs.get_kv_cache_usage()), step
+        for request_id in ours.requests:
+            table = ours.kv_cache_manager.get_block_ids(request_id)
+            assert table == theirs.kv_cache_manager.get_block_ids(request_id), f"step {step}"
+        if step > 6 and not theirs.has_unfinished_requests():
+            assert not ours.has_unfinished_requests()
+            return step, preempted, fewest_free
+    raise AssertionError("the stream did not drain")
+
+
+def test_the_layout_becomes_a_host_pool_and_three_device_groups() -> None:
+    _, ours, peer = pair(layout(64, 9))
+    groups = settings(peer.vllm_config, layout(64, 9), BLOCK_SIZE).kv_groups
+    assert [type(g) for g in groups] == [CoreFull, CoreResident, CoreHot]
+    # vLLM's max_admission_blocks_per_request: ceil(min(64 in flight, 256) / 16).
+    assert groups[1].max_admission_blocks == 4
+    assert groups[2].blocks_per_request == 2
+    assert ours._core.hisparse_host_pages == (9, 16, 8)
+
+
+def test_the_outputs_carry_the_host_blocks_at_the_source_groups_place() -> None:
+    theirs, ours, peer = pair(layout(64, 9))
+    for scheduler in (theirs, ours):
+        scheduler.add_request(peer.make_request("a", list(range(40)), 4))
+    outs = [s.schedule() for s in (theirs, ours)]
+    # 40 tokens: 3 pages on host (blocks 1-3), the indexer's and the resident group's 3
+    # device blocks each, no hot region.
+    assert outs[1].scheduled_new_reqs[0].block_ids == outs[0].scheduled_new_reqs[0].block_ids
+    assert outs[1].scheduled_new_reqs[0].block_ids == ([1, 2, 3], [1, 2, 3], [4, 5, 6], [])
+
+
+def test_prefix_caching_beside_the_device_groups_is_refused() -> None:
+    peer = VllmSchedulerPeer(
+        num_blocks=64,
+        block_size=BLOCK_SIZE,
+        max_model_len=256,
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+    )
+    with pytest.raises(ConfigError, match="prefix caching off") as err:
+        peer.build(TokenyardScheduler, layout(64, 9))
+    assert err.value.field == "cache_config.enable_prefix_caching"
+
+
+def test_device_groups_without_a_host_pool_are_refused() -> None:
+    config = layout(64, 9)
+    config.hisparse_host_num_blocks = None
+    peer = VllmSchedulerPeer(
+        num_blocks=64,
+        block_size=BLOCK_SIZE,
+        max_model_len=256,
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+        enable_prefix_caching=False,
+    )
+    with pytest.raises(ConfigError, match="host pool") as err:
+        peer.build(TokenyardScheduler, config)
+    assert err.value.field == "kv_cache_groups[2].kv_cache_spec"
+
+
+@pytest.mark.parametrize(
+    ("num_blocks", "host_num_blocks", "resident_groups", "preempts", "host_runs_out"),
+    [
+        (80, 40, 1, False, True),
+        (48, 60, 1, True, False),
+        (120, 24, 1, True, True),
+        (100, 40, 3, True, False),
+    ],
+)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_seeded_streams_agree_with_vllms_scheduler_step_by_step(
+    seed: int,
+    num_blocks: int,
+    host_num_blocks: int,
+    resident_groups: int,
+    preempts: bool,
+    host_runs_out: bool,
+) -> None:
+    # Ten requests of up to ~170 tokens, each holding 1 + 2 x resident_groups device
+    # tables: a device pool tight enough to preempt (48, and 100 with three resident
+    # groups), a host pool tight enough to hold admissions back and preempt (24 and 40).
+    config = layout(num_blocks, host_num_blocks, num_resident_groups=resident_groups)
+    theirs, ours, peer = pair(config, max_num_seqs=6, max_num_batched_tokens=64)
+    arrivals = seeded_arrivals(random.Random(seed), tail_max=120, max_tokens=40, count=10)
+    steps, preempted, fewest_free = run_stream(theirs, ours, peer, arrivals)
+    assert steps > 40
+    assert (preempted > 0) == preempts
+    assert (fewest_free <= 5) == host_runs_out

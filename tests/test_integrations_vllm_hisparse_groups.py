@@ -17,6 +17,8 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM 0.33 is installed only in the bench venv")
 
 import torch
+from test_integrations_vllm_hybrid_connectors import CONNECTOR
+from vllm.config import KVTransferConfig
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.hisparse.coordinator import get_hisparse_coordinator
 from vllm.v1.kv_cache_interface import (
@@ -27,7 +29,9 @@ from vllm.v1.kv_cache_interface import (
     KVCacheGroupRole,
     KVCacheGroupSpec,
 )
-from vllm_compare import BLOCK_SIZE, block_digest, seeded_arrivals, update_both
+from vllm.v1.outputs import KVConnectorOutput
+from vllm.v1.request import RequestStatus
+from vllm_compare import BLOCK_SIZE, block_digest, runner_output, seeded_arrivals, update_both
 from vllm_peer import VllmSchedulerPeer
 
 from tokenyard.errors import ConfigError
@@ -207,3 +211,78 @@ def test_seeded_streams_agree_with_vllms_scheduler_step_by_step(
     assert steps > 40
     assert (preempted > 0) == preempts
     assert (fewest_free <= 5) == host_runs_out
+
+
+def _loads_pair(config: KVCacheConfig, seed: int) -> tuple[Any, Any, VllmSchedulerPeer]:
+    """``pair`` with the seeded connector of ``test_integrations_vllm_hybrid_connectors``
+    bound (it offers part of each request's tokens, loading them asynchronously or not)."""
+    peer = VllmSchedulerPeer(
+        num_blocks=config.num_blocks,
+        block_size=BLOCK_SIZE,
+        max_model_len=256,
+        max_num_seqs=6,
+        max_num_batched_tokens=64,
+        enable_prefix_caching=False,
+    )
+    peer.vllm_config.kv_transfer_config = KVTransferConfig(
+        kv_connector=CONNECTOR,
+        kv_role="kv_both",
+        kv_connector_extra_config={"seed": seed, "loads_every_group": False},
+    )
+    theirs = peer.build(Scheduler, config)
+    get_hisparse_coordinator(theirs.kv_cache_manager)
+    return theirs, peer.build(TokenyardScheduler, config), peer
+
+
+def _loading(scheduler: Any) -> set[str]:
+    return {
+        r.request_id
+        for r in scheduler.requests.values()
+        if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    }
+
+
+@pytest.mark.parametrize(("num_blocks", "host_num_blocks"), [(160, 80), (70, 60), (160, 30)])
+@pytest.mark.parametrize("seed", range(4))
+def test_connector_loads_into_the_device_groups_agree_with_vllm(
+    seed: int, num_blocks: int, host_num_blocks: int
+) -> None:
+    # A loaded prefix stays on host in the resident group but its last page, and the
+    # request takes its hot region (2 blocks): every step's block ids per group, loads in
+    # flight, usage and free host blocks as vLLM's. Loads land the step after they start.
+    theirs, ours, peer = _loads_pair(layout(num_blocks, host_num_blocks), seed)
+    pair = (theirs, ours)
+    arrivals = seeded_arrivals(
+        random.Random(seed), count=10, tail_max=100, max_tokens=12, lowest_token=1
+    )
+    loads, hot_regions = 0, 0
+    loading: set[str] = set()
+    for step in range(400):
+        for at, request_id, prompt, max_tokens in arrivals:
+            if at == step:
+                for scheduler in pair:
+                    scheduler.add_request(peer.make_request(request_id, prompt, max_tokens))
+        outs = [s.schedule() for s in pair]
+        assert block_digest(outs[1]) == block_digest(outs[0]), f"step {step}"
+        assert host_free(ours) == host_free(theirs), f"step {step}"
+        now_loading = [_loading(s) for s in pair]
+        assert now_loading[1] == now_loading[0], f"step {step}"
+        loads += len(now_loading[0] - loading)
+        hot_regions += sum(bool(r.block_ids[3]) for r in outs[0].scheduled_new_reqs)
+        landing = loading & now_loading[0]
+        for scheduler, out in zip(pair, outs, strict=True):
+            output = runner_output(scheduler, out)
+            output.kv_connector_output = KVConnectorOutput(finished_recving=set(landing))
+            scheduler.update_from_output(out, output)
+        loading = now_loading[0] - landing
+        assert ours.get_kv_cache_usage() == pytest.approx(theirs.get_kv_cache_usage()), step
+        for request_id in theirs.requests:
+            table = ours.kv_cache_manager.get_block_ids(request_id)
+            assert table == theirs.kv_cache_manager.get_block_ids(request_id), f"step {step}"
+        if step > 12 and not theirs.has_unfinished_requests():
+            assert not ours.has_unfinished_requests()
+            break
+    else:
+        raise AssertionError("the stream did not drain")
+    assert loads > 0
+    assert hot_regions > 0

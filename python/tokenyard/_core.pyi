@@ -358,8 +358,9 @@ class HiSparseResidentSpec:
 @final
 class HiSparseHotSpec:
     """HiSparse's hot region (vLLM 0.33's ``HiSparseHotSpec``): ``blocks_per_request``
-    blocks for a request that reads host-backed history (none without a host prefix hit
-    or a connector load, neither of which is served beside it), never prefix-cached."""
+    blocks for a request that reads host-backed history: one admitted with a connector load
+    (a host prefix hit, the other way, needs prefix caching, which is refused beside it);
+    none otherwise. Never prefix-cached."""
 
     def __new__(cls, *, blocks_per_request: int) -> HiSparseHotSpec: ...
     @property

@@ -82,6 +82,9 @@ struct CoordinatedRequest {
     /// Per group, leading table slots known to hold the null block: a Mamba `align` group's
     /// skipped blocks are freed from its end down to here (vLLM's `_num_retired_blocks`).
     retired: Vec<usize>,
+    /// Whether it reads host-backed history, holding HiSparse hot regions
+    /// (`coordinator_hisparse`).
+    reads_host: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -153,7 +156,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             }
             if enable_caching && spec.is_hisparse() {
                 // vLLM 0.33 reads HiSparse hits off host pages published once the HiSparse
-                // connector's worker acknowledges their write-back (`sched::hisparse_groups`).
+                // connector's worker acknowledges their write-back (`HiSparseCoordinator`).
                 return Err(Error::config(
                     "enable_caching",
                     "True",
@@ -387,7 +390,8 @@ impl<R: RequestKey> KvCoordinator<R> {
         };
         let mut new_blocks = Vec::with_capacity(groups.len());
         for (g, (spec, table)) in groups.iter().zip(&mut request.tables).enumerate() {
-            let required = spec.num_required_blocks(slots.of(spec), *block_size);
+            let required =
+                hisparse::required_blocks(spec, request.reads_host, slots.of(spec), *block_size);
             let mut nulls = 0;
             if spec.is_mamba_align() && required > table.len() {
                 // vLLM's align-mode `allocate_new_blocks`: nulls up to the block of the
@@ -619,6 +623,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             tables: vec![Vec::new(); num_groups],
             num_cached: vec![0; num_groups],
             retired: vec![0; num_groups],
+            reads_host: false,
         };
         let Some(hit) = hit else {
             return request;
@@ -763,6 +768,9 @@ impl<R: RequestKey> KvCapacity for KvCoordinator<R> {
 
 #[path = "coordinator_hits.rs"]
 mod hits;
+
+#[path = "coordinator_hisparse.rs"]
+mod hisparse;
 
 #[path = "coordinator_loads.rs"]
 mod loads;

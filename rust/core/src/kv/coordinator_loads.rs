@@ -84,18 +84,6 @@ impl<R: RequestKey> KvCoordinator<R> {
                 "external tokens are only loaded on a request's first allocation",
             ));
         }
-        if let Some(g) = self.groups.iter().position(KvGroupSpec::is_hisparse) {
-            // vLLM 0.33 keeps a loaded prefix on host pages but its last, and gives the
-            // request a hot region (`allocate_external_computed_blocks` of the HiSparse
-            // managers): not modelled.
-            return Err(Error::input(
-                "num_external_tokens",
-                alloc.num_external_tokens,
-                format!(
-                    "a connector load into HiSparse device groups (groups[{g}]) is not modelled"
-                ),
-            ));
-        }
         if let Some(hit) = new_computed {
             self.check_hit_is_current(hit, token_ids.len(), extra_key)?;
         }
@@ -146,8 +134,15 @@ impl<R: RequestKey> KvCoordinator<R> {
             }
         }
         self.requests.insert(request_id.clone(), request);
-        let loaded = self.allocate_loaded_blocks(request_id, total, alloc);
+        let mut loaded = self.allocate_loaded_blocks(request_id, total, alloc);
+        let hisparse = self.has_hisparse() && alloc.num_external_tokens > 0;
+        if hisparse {
+            self.load_hisparse_pages(request_id, total, &mut loaded);
+        }
         if alloc.num_new_tokens + alloc.num_lookahead_tokens == 0 {
+            if hisparse {
+                self.take_hot_regions(request_id, &mut loaded);
+            }
             // Nothing to compute: the tokens are given, their full blocks cached now or
             // once the load landed.
             let (block_size, caching) = (self.block_size, self.enable_caching);
@@ -229,7 +224,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         let mut new_blocks = Vec::with_capacity(groups.len());
         for (g, (spec, table)) in groups.iter().zip(&mut request.tables).enumerate() {
             let attended = total - spec.num_skipped_tokens(total).min(total);
-            if alloc.num_external_tokens.min(attended) == 0 {
+            if alloc.num_external_tokens.min(attended) == 0 || spec.is_hisparse() {
                 new_blocks.push(Vec::new());
                 continue;
             }

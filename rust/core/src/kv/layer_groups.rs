@@ -57,7 +57,7 @@ pub enum KvGroupSpec {
     /// attention holds them, but never prefix-cached (the host source group caches), and
     /// counted at the full-sequence admission gate only up to `max_admission_blocks` (the
     /// spec's `max_admission_blocks_per_request`: older pages are expected to move to host).
-    /// See `sched::hisparse_groups`.
+    /// A connector load keeps the loaded pages on host but the last (`coordinator_hisparse`).
     HiSparseResident { max_admission_blocks: usize },
     /// HiSparse's hot region (vLLM 0.33's `HiSparseHotSpec` and `HiSparseHotManager`):
     /// `blocks_per_request` blocks, taken only once the request must read host-backed

@@ -16,9 +16,9 @@
 //! The pool hands out real block ids as vLLM's host `BlockPool` does with prefix caching
 //! off: from the front of the free queue (`get_new_blocks`), a request's blocks returned
 //! tail first to its front (`SingleTypeKVCacheManager.free`, and `BlockPool.free_blocks`
-//! reusing blocks without a hash first). With vLLM's HiSparse
-//! layout given at construction (`sched::hisparse_groups`) the source group's table joins
-//! the per-group block ids the outputs carry, at the source group's place.
+//! reusing blocks without a hash first). With vLLM's HiSparse layout given at
+//! construction (the coordinator's HiSparse groups, `kv::coordinator_hisparse`) the source
+//! group's table joins the per-group block ids the outputs carry, at its place.
 //!
 //! Invariant: a request's host table has as many blocks as its first device group (a
 //! full-attention group, sized as the source group is) or its single pool's table; the

@@ -128,7 +128,7 @@ def test_vllms_hisparse_layout_at_construction_needs_prefix_caching_off() -> Non
 
 
 def test_an_assigned_kv_cache_manager_is_adopted_for_its_config_or_refused() -> None:
-    _, ours, _ = build_pair(num_blocks=64, max_model_len=128)
+    _, ours, peer = build_pair(num_blocks=64, max_model_len=128)
     view = ours.kv_cache_manager
     manager = hisparse_manager(64, 7, 128)
     ours.kv_cache_manager = manager
@@ -136,6 +136,12 @@ def test_an_assigned_kv_cache_manager_is_adopted_for_its_config_or_refused() -> 
     assert ours._core.hisparse_host_pages == (7, 16, 6)
     assert ours.kv_cache_manager is view
     assert ours.kv_cache_config is manager.kv_cache_config
+    # The assigned object's block reads show the scheduler's allocations (the core's), as
+    # vLLM's scheduler allocates through the manager it was given.
+    add_both((ours,), peer.make_request, "a", list(range(20)), 4)
+    ours.schedule()
+    assert manager.get_block_ids("a") == view.get_block_ids("a") == ([1, 2],)
+    assert manager.get_blocks("a").get_block_ids() == ([1, 2],)
     with pytest.raises(ConfigError, match="kv_cache_manager"):
         ours.kv_cache_manager = object()
 

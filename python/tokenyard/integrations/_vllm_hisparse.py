@@ -11,15 +11,24 @@ finish. Here:
 
 - a ``kv_cache_config`` with ``hisparse_host_num_blocks`` (assigned on a built scheduler, as
   vLLM's tests do) turns the core's host pool on, sized by it, with the HiSparse source
-  group's block size (the core serves the scheduler's own); one without turns it off. The
-  config's device groups (the indexer, resident and hot pages) are not adopted: the core
-  keeps the device pool it was built with (vLLM's HiSparse layout given at construction is
-  refused, ``refuse_hisparse_device_groups``: the core has no groups for its resident and
-  hot pages).
+  group's block size (the core serves the scheduler's own); one without turns it off. An
+  assigned config's device groups are not adopted: the core keeps the device groups it was
+  built with.
+- vLLM's HiSparse layout given at construction is served whole: the source group
+  (``HISPARSE_SOURCE``) is the host pool, whose block ids (handed out in vLLM's host
+  ``BlockPool`` order) the outputs and block tables carry at the source group's place; the
+  indexer is a full-attention group; ``HiSparseResidentSpec`` and ``HiSparseHotSpec`` are
+  the core's groups of those kinds (``kv::coordinator_hisparse``: a connector load keeps
+  the loaded prefix on host but its last page and takes the hot region). Refused
+  (``refuse_unmodelled_hisparse`` and ``settings``): prefix caching on (vLLM's hits are
+  host pages published after the HiSparse connector's write-backs land), device groups
+  without the host pool, hot groups without resident ones.
 - a vLLM ``KVCacheManager`` assigned to ``kv_cache_manager``: its ``kv_cache_config`` is
   adopted as above, and ``kv_cache_manager`` stays the view of the core's KV; the assigned
-  object itself is never consulted (its block tables stay empty). Any other manager is
-  refused (ConfigError): nothing of it would be used.
+  object's ``get_blocks`` and ``get_block_ids`` are bound to that view (vLLM's scheduler
+  allocates through the manager assigned, so those reads show its allocations); the rest
+  of the object is never consulted. Any other manager is refused (ConfigError): nothing of
+  it would be used.
 - the KV connector's ``has_pending_block_frees()`` (a HiSparse connector's
   ``coordinator.has_pending_reclamation()``) is asked, as vLLM 0.33's ``schedule()`` asks
   it, when a running request's allocation finds no room: ``True`` stalls the request (no
@@ -121,8 +130,10 @@ class HiSparseTier(AdapterBase):
     @property
     def kv_cache_manager(self) -> Any:
         """The view of the core's KV (``_KVCacheManagerView``). Assigning a vLLM
-        ``KVCacheManager`` adopts its ``kv_cache_config`` (HiSparse's host pool; the object
-        is not consulted); anything else raises ConfigError."""
+        ``KVCacheManager`` adopts its ``kv_cache_config`` (HiSparse's host pool) and binds the
+        object's ``get_blocks`` and ``get_block_ids`` to the view's, so they read the core's
+        blocks as vLLM's would read the scheduler's (its other state is not consulted);
+        anything else raises ConfigError."""
         return self._kv_cache_manager
 
     @kv_cache_manager.setter
@@ -140,6 +151,12 @@ class HiSparseTier(AdapterBase):
                 value=type(manager).__name__,
             )
         self.kv_cache_config = config
+        # vLLM's scheduler allocates through the manager assigned, so its block reads
+        # (KVCacheManager.get_blocks / get_block_ids) show the scheduler's allocations: here
+        # they answer from the core's KV (the view's).
+        view = self._kv_cache_manager
+        manager.get_blocks = view.get_blocks
+        manager.get_block_ids = view.get_block_ids
 
     def _adopt_host_pool(self, config: Any) -> None:
         pool = hisparse_host_pool(config)

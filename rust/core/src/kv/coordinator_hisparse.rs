@@ -139,3 +139,98 @@ impl<R: RequestKey> KvCoordinator<R> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{ExternalAllocation, TokenId};
+    use super::*;
+    use crate::kv::KvCapacity;
+
+    const FULL: KvGroupSpec = KvGroupSpec::FullAttention;
+    const RESIDENT: KvGroupSpec = KvGroupSpec::HiSparseResident {
+        max_admission_blocks: 2,
+    };
+    const HOT: KvGroupSpec = KvGroupSpec::HiSparseHot {
+        blocks_per_request: 2,
+    };
+
+    fn layout(num_blocks: usize) -> KvCoordinator<u64> {
+        KvCoordinator::new(vec![FULL, RESIDENT, HOT], num_blocks, 4, false).unwrap()
+    }
+
+    fn tables(coord: &KvCoordinator<u64>, id: u64) -> Vec<Vec<BlockId>> {
+        (coord.block_ids(&id).unwrap().iter())
+            .map(|t| t.to_vec())
+            .collect()
+    }
+
+    /// 32 tokens of 4: 8 full-attention blocks and 8 resident ones, the latter capped at 2
+    /// by the full-sequence gate only (vLLM's `apply_admission_cap`): 10 fit in 10 free.
+    #[test]
+    fn the_resident_group_is_capped_at_the_gate_only() {
+        let coord = layout(11);
+        assert!(coord.full_sequence_fits(&1, 32, None, 64, 0));
+        assert!(!layout(10).full_sequence_fits(&1, 32, None, 64, 0));
+        let mut coord = coord;
+        let tokens: Vec<TokenId> = (0..32).collect();
+        let new = coord.allocate_slots(&1, &tokens[..8], 8, 0, None, None);
+        assert_eq!(new.unwrap().unwrap(), [vec![1, 2], vec![3, 4], vec![]]);
+        coord.check_invariants().unwrap();
+    }
+
+    /// 10 loaded tokens and 6 to compute over blocks of 4: full attention takes 4 blocks;
+    /// the resident group nulls for the first 2 loaded pages, a block for the third (the
+    /// last loaded token's) and one more to compute; the hot group its 2 blocks last.
+    #[test]
+    fn a_load_keeps_the_resident_prefix_on_host_and_takes_the_hot_region() {
+        let mut coord = layout(40);
+        let tokens: Vec<TokenId> = (0..16).collect();
+        let alloc = ExternalAllocation {
+            num_external_tokens: 10,
+            num_new_tokens: 6,
+            cache: true,
+            ..ExternalAllocation::default()
+        };
+        let new = coord.allocate_slots_external(&1, &tokens, None, None, alloc);
+        assert_eq!(
+            new.unwrap().unwrap(),
+            [vec![1, 2, 3, 5], vec![4, 6], vec![7, 8]]
+        );
+        assert_eq!(
+            tables(&coord, 1),
+            [
+                vec![1, 2, 3, 5],
+                vec![NULL_BLOCK, NULL_BLOCK, 4, 6],
+                vec![7, 8]
+            ]
+        );
+        // The hot region is held: a decode takes no more of it.
+        let new = coord.allocate_slots(&1, &[16], 1, 0, None, None);
+        assert_eq!(new.unwrap().unwrap(), [vec![9], vec![10], vec![]]);
+        coord.check_invariants().unwrap();
+        coord.free(&1).unwrap();
+        assert_eq!(coord.num_free_blocks(), 39);
+    }
+
+    /// An asynchronous load computes nothing: the hot region still comes with it (vLLM's
+    /// `allocate_new_blocks` runs after the loaded blocks).
+    #[test]
+    fn an_async_load_takes_the_hot_region_too() {
+        let mut coord = layout(40);
+        let tokens: Vec<TokenId> = (0..9).collect();
+        let alloc = ExternalAllocation {
+            num_external_tokens: 8,
+            ..ExternalAllocation::default()
+        };
+        let new = coord.allocate_slots_external(&1, &tokens, None, None, alloc);
+        assert_eq!(new.unwrap().unwrap(), [vec![1, 2], vec![3], vec![4, 5]]);
+        assert_eq!(tables(&coord, 1)[1], [NULL_BLOCK, 3]);
+        coord.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn prefix_caching_beside_them_is_refused() {
+        let err = KvCoordinator::<u64>::new(vec![FULL, HOT], 8, 4, true).unwrap_err();
+        assert!(err.to_string().contains("enable_caching"), "{err}");
+    }
+}

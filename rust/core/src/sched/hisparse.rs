@@ -257,7 +257,11 @@ impl<R: RequestKey> Scheduler<R> {
         if let Some(h) = self.host_pages.as_mut()
             && let Some(index) = h.source_group
         {
-            let blocks = h.new_blocks.remove(&slot).unwrap_or_default();
+            // Most steps grow few host tables: skip the lookup when none did.
+            let blocks = match h.new_blocks.is_empty() {
+                true => Vec::new(),
+                false => h.new_blocks.remove(&slot).unwrap_or_default(),
+            };
             if !groups.is_empty() {
                 groups.insert(index.min(groups.len()), blocks);
             }

@@ -127,6 +127,9 @@ def run_stream(
         for request_id in ours.requests:
             table = ours.kv_cache_manager.get_block_ids(request_id)
             assert table == theirs.kv_cache_manager.get_block_ids(request_id), f"step {step}"
+            # The coordinator's managers, by vLLM's group ids (the host one included).
+            blocks = ours.kv_cache_manager.get_blocks(request_id).get_block_ids()
+            assert blocks == table, f"step {step}"
         if step > 6 and not theirs.has_unfinished_requests():
             assert not ours.has_unfinished_requests()
             return step, preempted, fewest_free

@@ -186,6 +186,38 @@ def test_device_groups_without_a_host_pool_are_refused() -> None:
     assert err.value.field == "kv_cache_groups[2].kv_cache_spec"
 
 
+def test_zeroing_beside_the_layout_is_refused() -> None:
+    # A second device attention group of another precision makes vLLM zero new blocks
+    # (KVCacheConfig.needs_kv_cache_zeroing): not modelled beside HiSparse.
+    config = layout(64, 9)
+    half = FullAttentionSpec(
+        block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float16
+    )
+    config.kv_cache_groups.insert(2, KVCacheGroupSpec(["half"], half))
+    assert config.needs_kv_cache_zeroing
+    peer = VllmSchedulerPeer(
+        num_blocks=64,
+        block_size=BLOCK_SIZE,
+        max_model_len=256,
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+        enable_prefix_caching=False,
+    )
+    with pytest.raises(ConfigError, match="zeroing") as err:
+        peer.build(TokenyardScheduler, config)
+    assert err.value.field == "kv_cache_config.needs_kv_cache_zeroing"
+
+
+def test_a_built_layout_keeps_its_host_pool() -> None:
+    # Its outputs carry the source group's blocks: a config without the pool is refused.
+    _, ours, _ = pair(layout(64, 9))
+    plain = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[])
+    with pytest.raises(ConfigError, match="keeps its host pool") as err:
+        ours.kv_cache_config = plain
+    assert err.value.field == "kv_cache_config"
+    assert ours._core.hisparse_host_pages == (9, 16, 8)
+
+
 @pytest.mark.parametrize(
     ("num_blocks", "host_num_blocks", "resident_groups", "preempts", "host_runs_out"),
     [

@@ -100,6 +100,15 @@ def refuse_unmodelled_hisparse(kv_cache_config: Any) -> None:
             field=field,
             value=kinds[device[0]],
         )
+    if getattr(kv_cache_config, "needs_kv_cache_zeroing", False):
+        # A connector names the groups its load writes by vLLM's ids, the source group's
+        # among them; the core's groups have no host one to skip.
+        raise ConfigError(
+            "kv_cache_config.needs_kv_cache_zeroing: zeroing new blocks beside HiSparse's "
+            "layout (mixed-precision device groups) is not modelled",
+            field="kv_cache_config.needs_kv_cache_zeroing",
+            value="True",
+        )
 
 
 class HiSparseTier(AdapterBase):
@@ -108,7 +117,9 @@ class HiSparseTier(AdapterBase):
     scheduler_config: Any
 
     _kv_cache_config: Any = None
-    _kv_groups: int
+    # Whether the scheduler was built on vLLM's HiSparse layout: the core's per-group block
+    # ids then carry the host tables at the source group's place.
+    _hisparse_placed: bool = False
     _kv_cache_manager: Any = None
     connector: Any
     # The connector whose has_pending_block_frees was last routed, and the hook.
@@ -160,6 +171,14 @@ class HiSparseTier(AdapterBase):
 
     def _adopt_host_pool(self, config: Any) -> None:
         pool = hisparse_host_pool(config)
+        if self._hisparse_placed and (pool is None or hisparse_source_group(config) is None):
+            raise ConfigError(
+                "kv_cache_config: a scheduler built on vLLM's HiSparse layout keeps its host "
+                "pool (its outputs carry the source group's blocks); assign one with "
+                "hisparse_host_num_blocks and a HISPARSE_SOURCE group",
+                field="kv_cache_config",
+                value=type(config).__name__,
+            )
         # vLLM 0.33 (Scheduler.__init__): HiSparse reads a released page until the pool
         # reuses it, so its async loads also wait for the steps in flight.
         self._core.defer_async_loads = self._core.defer_block_free and pool is not None
@@ -169,7 +188,7 @@ class HiSparseTier(AdapterBase):
         num_blocks, block_size = pool
         # With vLLM's layout given at construction the core serves its device groups, and
         # the outputs' per-group block ids carry the host tables at the source group's place.
-        source = hisparse_source_group(config) if self._kv_groups else None
+        source = hisparse_source_group(config) if self._hisparse_placed else None
         self._core.set_hisparse_host_pages(num_blocks, block_size, source_group=source)
 
     @property

@@ -234,6 +234,7 @@ class TokenyardScheduler(
         # whose tables the outputs carry at its place).
         placed = bool(s.kv_groups) and hisparse_source_group(kv_cache_config) is not None
         self._kv_groups = len(s.kv_groups) + int(placed)
+        self._hisparse_placed = placed
         # vLLM 0.33 zeroes new blocks before use with Mamba layers or mixed-precision KV
         # groups (SchedulerOutput.new_block_ids_to_zero); both come with several groups.
         self.needs_kv_cache_zeroing = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", 0))

@@ -148,6 +148,15 @@ def test_a_source_group_without_groups_or_past_them_is_refused() -> None:
     assert err.value.field == "hisparse_source_group"
 
 
+def test_blocks_outside_the_scheduler_beside_the_host_pool_are_refused() -> None:
+    # vLLM's KVCacheManager driven directly would take host pages too; not modelled.
+    s = _scheduler()
+    s.set_hisparse_host_pages(9, source_group=0)
+    with pytest.raises(ConfigError) as err:
+        s.kv_allocate_outside("x", list(range(8)), 8)
+    assert err.value.field == "hisparse_host_num_blocks"
+
+
 class HostPool(RuleBasedStateMachine):
     """Requests arrive, steps run and requests are aborted beside HiSparse groups; vLLM's
     host pool is modelled as a deque fed by what the device tables grow by, running

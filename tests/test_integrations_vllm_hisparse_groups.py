@@ -19,6 +19,7 @@ pytest.importorskip("vllm", reason="vLLM 0.33 is installed only in the bench ven
 import torch
 from test_integrations_vllm_hybrid_connectors import CONNECTOR
 from vllm.config import KVTransferConfig
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.hisparse.coordinator import get_hisparse_coordinator
 from vllm.v1.kv_cache_interface import (
@@ -31,12 +32,19 @@ from vllm.v1.kv_cache_interface import (
 )
 from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import RequestStatus
-from vllm_compare import BLOCK_SIZE, block_digest, runner_output, seeded_arrivals, update_both
+from vllm_compare import (
+    BLOCK_SIZE,
+    block_digest,
+    runner_output,
+    sampling,
+    seeded_arrivals,
+    update_both,
+)
 from vllm_peer import VllmSchedulerPeer
 
 from tokenyard.errors import ConfigError
 from tokenyard.integrations._vllm_translate import settings
-from tokenyard.integrations.vllm import TokenyardScheduler
+from tokenyard.integrations.vllm import AsyncTokenyardScheduler, TokenyardScheduler
 from tokenyard.kv import FullAttentionSpec as CoreFull
 from tokenyard.kv import HiSparseHotSpec as CoreHot
 from tokenyard.kv import HiSparseResidentSpec as CoreResident
@@ -321,3 +329,49 @@ def test_connector_loads_into_the_device_groups_agree_with_vllm(
         raise AssertionError("the stream did not drain")
     assert loads > 0
     assert hot_regions > 0
+
+
+@pytest.mark.parametrize(("num_blocks", "host_num_blocks"), [(80, 40), (48, 60), (120, 24)])
+@pytest.mark.parametrize("seed", range(2))
+def test_async_scheduling_agrees_with_vllms_async_scheduler(
+    seed: int, num_blocks: int, host_num_blocks: int
+) -> None:
+    # Two batches in flight: vLLM's max_in_flight_tokens doubles (the resident admission
+    # cap with it, 8 blocks here), and each step lands one step later.
+    peer = VllmSchedulerPeer(
+        num_blocks=num_blocks,
+        block_size=BLOCK_SIZE,
+        max_model_len=256,
+        max_num_seqs=6,
+        max_num_batched_tokens=64,
+        enable_prefix_caching=False,
+    )
+    peer.vllm_config.scheduler_config.async_scheduling = True
+    config = layout(num_blocks, host_num_blocks)
+    theirs = peer.build(AsyncScheduler, config)
+    get_hisparse_coordinator(theirs.kv_cache_manager)
+    ours = peer.build(AsyncTokenyardScheduler, config)
+    arrivals = seeded_arrivals(random.Random(seed), tail_max=120, max_tokens=40, count=10)
+    pending: list[tuple[Any, Any, set[str], set[str]]] = []
+    for step in range(600):
+        for at, request_id, prompt, max_tokens in arrivals:
+            if at == step:
+                for scheduler in (theirs, ours):
+                    scheduler.add_request(peer.make_request(request_id, prompt, max_tokens))
+        out_v, out_t = theirs.schedule(), ours.schedule()
+        assert block_digest(out_t) == block_digest(out_v), f"step {step}"
+        assert host_free(ours) == host_free(theirs), f"step {step}"
+        pending.append((out_v, out_t, sampling(theirs, out_v), sampling(ours, out_t)))
+        if len(pending) == 2 or not out_v.num_scheduled_tokens:
+            old_v, old_t, sampling_v, sampling_t = pending.pop(0)
+            assert sampling_t == sampling_v, f"step {step}"
+            theirs.update_from_output(old_v, runner_output(theirs, old_v, sampling_v))
+            ours.update_from_output(old_t, runner_output(ours, old_t, sampling_t))
+        assert ours.get_kv_cache_usage() == pytest.approx(theirs.get_kv_cache_usage()), step
+        for request_id in ours.requests:
+            table = ours.kv_cache_manager.get_block_ids(request_id)
+            assert table == theirs.kv_cache_manager.get_block_ids(request_id), f"step {step}"
+        if step > 12 and not theirs.has_unfinished_requests():
+            assert not ours.has_unfinished_requests()
+            return
+    raise AssertionError("the stream did not drain")

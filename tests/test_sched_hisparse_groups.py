@@ -120,7 +120,7 @@ def test_freed_host_blocks_are_reused_first_tail_first() -> None:
 def test_prefix_caching_beside_hisparse_groups_is_refused_by_name() -> None:
     with pytest.raises(ConfigError) as err:
         _scheduler(enable_prefix_caching=True)
-    assert err.value.field == "enable_caching"
+    assert err.value.field == "enable_prefix_caching"
 
 
 @pytest.mark.parametrize(

@@ -4,9 +4,11 @@
 off against on (room for every page, so the decisions are the same); and a mix (256
 requests of 200-1,200 tokens, 64 output tokens each) run to completion with a host pool of
 a quarter of the device blocks against none: steps, preemptions and wall time. Medians of
-5 runs each, off and on interleaved.
+5 runs each, off and on interleaved. With a build that has them (``--groups``), the same
+decode step over vLLM 0.33's HiSparse layout (an indexer, a resident and a hot group, the
+host pool's tables placed among the groups' block ids) with the pool off and on.
 
-    PYTHONPATH=python .venv/bin/python benches/sched_hisparse_speed.py [--steps 300]
+    PYTHONPATH=python .venv/bin/python benches/sched_hisparse_speed.py [--steps 300] [--groups]
 """
 
 from __future__ import annotations
@@ -15,19 +17,39 @@ import argparse
 import random
 import statistics
 import time
+from typing import Any
 
 from sched_steps import decode_step_times, run_step
 
 from tokenyard.sched import Scheduler, SchedulerConfig
 
 
-def config(num_blocks: int, running: int = 0) -> SchedulerConfig:
+def config(num_blocks: int, running: int = 0, **options: Any) -> SchedulerConfig:
     return SchedulerConfig(
         max_num_seqs=running,
         max_num_batched_tokens=8192 if running else 2048,
         num_blocks=num_blocks,
         scheduler_reserve_full_isl=True,
+        **options,
     )
+
+
+def group_decode_steps(running: int, steps: int, host: bool) -> list[float]:
+    """``decode_steps`` over the HiSparse layout (prefix caching off, as it is served)."""
+    from tokenyard.kv import FullAttentionSpec, HiSparseHotSpec, HiSparseResidentSpec
+
+    groups = (
+        FullAttentionSpec(),
+        HiSparseResidentSpec(max_admission_blocks=512),
+        HiSparseHotSpec(blocks_per_request=2),
+    )
+    options = {"kv_groups": groups, "enable_prefix_caching": False, "reserve_null_block": True}
+    s = Scheduler(config(3 * 65536, running, **options))
+    if host:
+        s.set_hisparse_host_pages(65536 + 1, source_group=0)
+    for i in range(running):
+        s.add_request(i, [i * 1000 + t for t in range(128)], 100_000 - 1)
+    return decode_step_times(s, running, steps)
 
 
 def decode_steps(running: int, steps: int, host: bool) -> list[float]:
@@ -57,12 +79,14 @@ def mix(host_blocks: int | None, seed: int = 0) -> tuple[float, int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--groups", action="store_true", help="the HiSparse layout too")
+    parser.add_argument("--decode-only", action="store_true", help="skip the mix")
     args = parser.parse_args()
     runs: dict[int | None, list[tuple[float, int, int]]] = {None: [], 1024: []}
-    for _ in range(5):
+    for _ in range(0 if args.decode_only else 5):
         for host in runs:
             runs[host].append(mix(host))
-    for host, rs in runs.items():
+    for host, rs in runs.items() if not args.decode_only else ():
         wall = statistics.median(r[0] for r in rs)
         print(
             f"mix, host pool {host or 'off'}: {wall * 1e3:.1f} ms, {rs[0][1]} steps, "
@@ -75,6 +99,17 @@ def main() -> None:
                 times[host].append(statistics.median(decode_steps(running, args.steps, host)))
         off, on = statistics.median(times[False]), statistics.median(times[True])
         print(f"R={running}: off {off:.1f} us/step, on {on:.1f} us/step, on/off {on / off:.3f}")
+    for running in (256, 1024) if args.groups else ():
+        times = {False: [], True: []}
+        for _ in range(5):
+            for host in (False, True):
+                steps = group_decode_steps(running, args.steps, host)
+                times[host].append(statistics.median(steps))
+        off, on = statistics.median(times[False]), statistics.median(times[True])
+        print(
+            f"HiSparse groups R={running}: host off {off:.1f} us/step, on {on:.1f} us/step, "
+            f"on/off {on / off:.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -118,15 +118,17 @@ def test_a_hisparse_config_assigned_sizes_the_host_pool_and_a_plain_one_removes_
     assert ours._core.hisparse_host_pages is None
 
 
-def test_vllms_hisparse_layout_at_construction_is_refused_naming_its_device_groups() -> None:
+def test_vllms_hisparse_layout_at_construction_needs_prefix_caching_off() -> None:
+    # The layout itself is served (test_integrations_vllm_hisparse_groups.py); with prefix
+    # caching on it is refused, naming the setting.
     _, _, peer = build_pair(num_blocks=64, max_model_len=128)
-    with pytest.raises(ConfigError, match="HiSparseResidentSpec") as err:
+    with pytest.raises(ConfigError, match="prefix caching off") as err:
         peer.build(TokenyardScheduler, hisparse_config(64, 9))
-    assert err.value.field == "kv_cache_groups[2].kv_cache_spec"
+    assert err.value.field == "cache_config.enable_prefix_caching"
 
 
 def test_an_assigned_kv_cache_manager_is_adopted_for_its_config_or_refused() -> None:
-    _, ours, _ = build_pair(num_blocks=64, max_model_len=128)
+    _, ours, peer = build_pair(num_blocks=64, max_model_len=128)
     view = ours.kv_cache_manager
     manager = hisparse_manager(64, 7, 128)
     ours.kv_cache_manager = manager
@@ -134,6 +136,12 @@ def test_an_assigned_kv_cache_manager_is_adopted_for_its_config_or_refused() -> 
     assert ours._core.hisparse_host_pages == (7, 16, 6)
     assert ours.kv_cache_manager is view
     assert ours.kv_cache_config is manager.kv_cache_config
+    # The assigned object's block reads show the scheduler's allocations (the core's), as
+    # vLLM's scheduler allocates through the manager it was given.
+    add_both((ours,), peer.make_request, "a", list(range(20)), 4)
+    ours.schedule()
+    assert manager.get_block_ids("a") == view.get_block_ids("a") == ([1, 2],)
+    assert manager.get_blocks("a").get_block_ids() == ([1, 2],)
     with pytest.raises(ConfigError, match="kv_cache_manager"):
         ours.kv_cache_manager = object()
 

@@ -21,6 +21,8 @@ __all__ = [
     "EncoderCache",
     "FullAttentionSpec",
     "GroupedComputedBlocks",
+    "HiSparseHotSpec",
+    "HiSparseResidentSpec",
     "KvCoordinator",
     "KvLoad",
     "LinearModel",
@@ -366,12 +368,36 @@ class CrossAttentionSpec:
 
     def __new__(cls) -> CrossAttentionSpec: ...
 
+@final
+class HiSparseResidentSpec:
+    """HiSparse's GPU-resident pages (vLLM 0.33's ``HiSparseResidentSpec``): a block per
+    ``block_size`` tokens as full attention holds them, never prefix-cached, counted at the
+    full-sequence admission gate up to ``max_admission_blocks`` (vLLM's
+    ``max_admission_blocks_per_request``)."""
+
+    def __new__(cls, *, max_admission_blocks: int) -> HiSparseResidentSpec: ...
+    @property
+    def max_admission_blocks(self) -> int: ...
+
+@final
+class HiSparseHotSpec:
+    """HiSparse's hot region (vLLM 0.33's ``HiSparseHotSpec``): ``blocks_per_request``
+    blocks for a request that reads host-backed history: one admitted with a connector load
+    (a host prefix hit, the other way, needs prefix caching, which is refused beside it);
+    none otherwise. Never prefix-cached."""
+
+    def __new__(cls, *, blocks_per_request: int) -> HiSparseHotSpec: ...
+    @property
+    def blocks_per_request(self) -> int: ...
+
 _GroupSpec: TypeAlias = (
     FullAttentionSpec
     | SlidingWindowSpec
     | ChunkedLocalAttentionSpec
     | MambaSpec
     | CrossAttentionSpec
+    | HiSparseResidentSpec
+    | HiSparseHotSpec
 )
 
 @final
@@ -1043,14 +1069,20 @@ class Scheduler:
     def deferred_load_ids(self) -> list[_RequestId]:
         """Requests whose asynchronous load waits for a step in flight before it starts."""
     def set_hisparse_host_pages(
-        self, num_blocks: int | None = None, block_size: int | None = None
+        self,
+        num_blocks: int | None = None,
+        block_size: int | None = None,
+        source_group: int | None = None,
     ) -> None:
         """vLLM 0.33's HiSparse host page pool (``hisparse_host_num_blocks``, its null block
         included; ``block_size`` defaults to the config's, the only one served): one host
-        block per device block a request holds, the whole prompt's pages checked at
-        admission, released with the blocks; ``None``: off. Raises ConfigError for fewer
-        than 2 blocks, another block size or pool kind, ``scheduler_reserve_full_isl``
-        off, or requests already holding blocks."""
+        block per block of the first KV group (or the single pool) a request holds, handed
+        out and taken back in vLLM's host pool's order, the whole prompt's pages checked at
+        admission, released with the blocks; ``None``: off. ``source_group``: the place of
+        vLLM's source group among its groups, where the per-group block ids then carry the
+        host tables (KV groups only). Raises ConfigError for fewer than 2 blocks, another
+        block size or pool kind, ``scheduler_reserve_full_isl`` off, requests already
+        holding blocks, or a ``source_group`` without KV groups or past them."""
     @property
     def hisparse_host_pages(self) -> tuple[int, int, int] | None:
         """``(num_blocks, block_size, num_free_blocks)`` of the HiSparse host pool, or None."""

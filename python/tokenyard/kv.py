@@ -7,8 +7,9 @@
 - :class:`RadixCache` — SGLang's radix prefix cache (token-level tree of KV slot indices).
 - :class:`KvCoordinator` — vLLM's KV cache coordinator for hybrid models: one group per
   layer kind (:class:`FullAttentionSpec`, :class:`SlidingWindowSpec`,
-  :class:`ChunkedLocalAttentionSpec`, :class:`MambaSpec`, :class:`CrossAttentionSpec`) over
-  one shared block pool.
+  :class:`ChunkedLocalAttentionSpec`, :class:`MambaSpec`, :class:`CrossAttentionSpec`,
+  HiSparse's :class:`HiSparseResidentSpec` and :class:`HiSparseHotSpec`) over one shared
+  block pool.
 
 See ``docs/kv.md`` for the semantics and a worked example of each.
 """
@@ -22,6 +23,8 @@ from tokenyard._core import (
     CrossAttentionSpec,
     FullAttentionSpec,
     GroupedComputedBlocks,
+    HiSparseHotSpec,
+    HiSparseResidentSpec,
     KvCoordinator,
     MambaSpec,
     MatchResult,
@@ -40,6 +43,8 @@ __all__ = [
     "CrossAttentionSpec",
     "FullAttentionSpec",
     "GroupedComputedBlocks",
+    "HiSparseHotSpec",
+    "HiSparseResidentSpec",
     "KvCoordinator",
     "MambaSpec",
     "MatchResult",

@@ -28,6 +28,8 @@ from tokenyard._core import (
     CrossAttentionSpec,
     EncoderCache,
     FullAttentionSpec,
+    HiSparseHotSpec,
+    HiSparseResidentSpec,
     KvLoad,
     MambaSpec,
     NewRequestData,
@@ -238,7 +240,9 @@ class SchedulerConfig:
         | SlidingWindowSpec
         | ChunkedLocalAttentionSpec
         | MambaSpec
-        | CrossAttentionSpec,
+        | CrossAttentionSpec
+        | HiSparseResidentSpec
+        | HiSparseHotSpec,
         ...,
     ] = ()
     """A hybrid model's KV cache groups (``tokenyard.kv`` specs), as vLLM 0.33's hybrid
@@ -246,7 +250,8 @@ class SchedulerConfig:
     a sliding-window or chunked group freeing blocks that leave its window, a Mamba group
     holding one block per request (``mamba_cache_mode="none"``) or its states at block
     boundaries, prefix-cached (``"align"``), a cross-attention group (an encoder-decoder model,
-    ``Scheduler.set_encoder_decoder``) blocks for a request's encoder tokens. Outputs then
+    ``Scheduler.set_encoder_decoder``) blocks for a request's encoder tokens, HiSparse's
+    resident and hot page groups (vLLM 0.33's, without prefix caching). Outputs then
     carry ``group_block_ids``. ``()`` or one
     ``FullAttentionSpec``: the single-group pool. Refused with ``prefix_cache="radix"``,
     ``host_num_blocks``, and a ``MambaSpec`` in ``"none"`` mode or a ``CrossAttentionSpec``
@@ -287,7 +292,8 @@ class SchedulerConfig:
                 raise fail(
                     "kv_groups",
                     f"kv_groups[{i}] must be a FullAttentionSpec, SlidingWindowSpec, "
-                    f"ChunkedLocalAttentionSpec, MambaSpec or CrossAttentionSpec, got {group!r}",
+                    "ChunkedLocalAttentionSpec, MambaSpec, CrossAttentionSpec, "
+                    f"HiSparseResidentSpec or HiSparseHotSpec, got {group!r}",
                     group,
                 )
         object.__setattr__(self, "kv_groups", tuple(groups))
@@ -333,6 +339,8 @@ _GROUP_SPECS = (
     ChunkedLocalAttentionSpec,
     MambaSpec,
     CrossAttentionSpec,
+    HiSparseResidentSpec,
+    HiSparseHotSpec,
 )
 
 _COUNT_FIELDS = (

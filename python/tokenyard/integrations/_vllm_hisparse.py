@@ -11,15 +11,24 @@ finish. Here:
 
 - a ``kv_cache_config`` with ``hisparse_host_num_blocks`` (assigned on a built scheduler, as
   vLLM's tests do) turns the core's host pool on, sized by it, with the HiSparse source
-  group's block size (the core serves the scheduler's own); one without turns it off. The
-  config's device groups (the indexer, resident and hot pages) are not adopted: the core
-  keeps the device pool it was built with (vLLM's HiSparse layout given at construction is
-  refused, ``refuse_hisparse_device_groups``: the core has no groups for its resident and
-  hot pages).
+  group's block size (the core serves the scheduler's own); one without turns it off. An
+  assigned config's device groups are not adopted: the core keeps the device groups it was
+  built with.
+- vLLM's HiSparse layout given at construction is served whole: the source group
+  (``HISPARSE_SOURCE``) is the host pool, whose block ids (handed out in vLLM's host
+  ``BlockPool`` order) the outputs and block tables carry at the source group's place; the
+  indexer is a full-attention group; ``HiSparseResidentSpec`` and ``HiSparseHotSpec`` are
+  the core's groups of those kinds (``kv::coordinator_hisparse``: a connector load keeps
+  the loaded prefix on host but its last page and takes the hot region). Refused
+  (``refuse_unmodelled_hisparse`` and ``settings``): prefix caching on (vLLM's hits are
+  host pages published after the HiSparse connector's write-backs land), device groups
+  without the host pool, hot groups without resident ones.
 - a vLLM ``KVCacheManager`` assigned to ``kv_cache_manager``: its ``kv_cache_config`` is
   adopted as above, and ``kv_cache_manager`` stays the view of the core's KV; the assigned
-  object itself is never consulted (its block tables stay empty). Any other manager is
-  refused (ConfigError): nothing of it would be used.
+  object's ``get_blocks`` and ``get_block_ids`` are bound to that view (vLLM's scheduler
+  allocates through the manager assigned, so those reads show its allocations); the rest
+  of the object is never consulted. Any other manager is refused (ConfigError): nothing of
+  it would be used.
 - the KV connector's ``has_pending_block_frees()`` (a HiSparse connector's
   ``coordinator.has_pending_reclamation()``) is asked, as vLLM 0.33's ``schedule()`` asks
   it, when a running request's allocation finds no room: ``True`` stalls the request (no
@@ -41,6 +50,7 @@ from vllm.v1.request import Request
 
 from tokenyard.errors import ConfigError
 from tokenyard.integrations._vllm_state import AdapterBase
+from tokenyard.integrations._vllm_translate import hisparse_source_group
 
 _BASE_PENDING_FREES = KVConnectorBase_V1.has_pending_block_frees
 
@@ -61,21 +71,44 @@ def hisparse_host_pool(kv_cache_config: Any) -> tuple[int, int | None] | None:
     return int(num_blocks), block_size
 
 
-def refuse_hisparse_device_groups(kv_cache_config: Any) -> None:
-    """Raises ConfigError for a vLLM 0.33 HiSparse layout given at construction: its
-    device-side groups (the resident and hot pages, ``HiSparseResidentSpec`` and
-    ``HiSparseHotSpec``) are not modelled, only the host page pool is."""
-    for i, group in enumerate(getattr(kv_cache_config, "kv_cache_groups", ()) or ()):
-        kind = type(getattr(group, "kv_cache_spec", None)).__name__
-        if kind in ("HiSparseResidentSpec", "HiSparseHotSpec"):
-            field = f"kv_cache_groups[{i}].kv_cache_spec"
-            raise ConfigError(
-                f"{field}: HiSparse's device page groups ({kind}) are not modelled; "
-                "tokenyard's scheduler serves HiSparse's host page pool "
-                "(hisparse_host_num_blocks) beside its own device pool only",
-                field=field,
-                value=kind,
-            )
+def refuse_unmodelled_hisparse(kv_cache_config: Any) -> None:
+    """Raises ConfigError for a vLLM 0.33 HiSparse layout given at construction that the
+    core does not serve: device groups (``HiSparseResidentSpec``, ``HiSparseHotSpec``)
+    without a host pool (``hisparse_host_num_blocks`` and a ``HISPARSE_SOURCE`` group: vLLM's
+    ``HiSparseCoordinator`` requires both), or hot groups without resident ones (vLLM's
+    ``HiSparseHotManager`` then requires a hot region at every admission with a local hit,
+    not modelled)."""
+    kinds = [
+        type(getattr(group, "kv_cache_spec", None)).__name__
+        for group in getattr(kv_cache_config, "kv_cache_groups", ()) or ()
+    ]
+    device = [i for i, k in enumerate(kinds) if k in ("HiSparseResidentSpec", "HiSparseHotSpec")]
+    if not device:
+        return
+    field = f"kv_cache_groups[{device[0]}].kv_cache_spec"
+    pool = hisparse_host_pool(kv_cache_config)
+    if pool is None or pool[1] is None:
+        raise ConfigError(
+            f"{field}: HiSparse device groups need the host pool (hisparse_host_num_blocks "
+            "and a HISPARSE_SOURCE group), as vLLM's HiSparseCoordinator does",
+            field=field,
+            value=kinds[device[0]],
+        )
+    if "HiSparseResidentSpec" not in kinds:
+        raise ConfigError(
+            f"{field}: HiSparse hot groups without resident groups are not modelled",
+            field=field,
+            value=kinds[device[0]],
+        )
+    if getattr(kv_cache_config, "needs_kv_cache_zeroing", False):
+        # A connector names the groups its load writes by vLLM's ids, the source group's
+        # among them; the core's groups have no host one to skip.
+        raise ConfigError(
+            "kv_cache_config.needs_kv_cache_zeroing: zeroing new blocks beside HiSparse's "
+            "layout (mixed-precision device groups) is not modelled",
+            field="kv_cache_config.needs_kv_cache_zeroing",
+            value="True",
+        )
 
 
 class HiSparseTier(AdapterBase):
@@ -84,6 +117,9 @@ class HiSparseTier(AdapterBase):
     scheduler_config: Any
 
     _kv_cache_config: Any = None
+    # Whether the scheduler was built on vLLM's HiSparse layout: the core's per-group block
+    # ids then carry the host tables at the source group's place.
+    _hisparse_placed: bool = False
     _kv_cache_manager: Any = None
     connector: Any
     # The connector whose has_pending_block_frees was last routed, and the hook.
@@ -105,8 +141,10 @@ class HiSparseTier(AdapterBase):
     @property
     def kv_cache_manager(self) -> Any:
         """The view of the core's KV (``_KVCacheManagerView``). Assigning a vLLM
-        ``KVCacheManager`` adopts its ``kv_cache_config`` (HiSparse's host pool; the object
-        is not consulted); anything else raises ConfigError."""
+        ``KVCacheManager`` adopts its ``kv_cache_config`` (HiSparse's host pool) and binds the
+        object's ``get_blocks`` and ``get_block_ids`` to the view's, so they read the core's
+        blocks as vLLM's would read the scheduler's (its other state is not consulted);
+        anything else raises ConfigError."""
         return self._kv_cache_manager
 
     @kv_cache_manager.setter
@@ -124,9 +162,23 @@ class HiSparseTier(AdapterBase):
                 value=type(manager).__name__,
             )
         self.kv_cache_config = config
+        # vLLM's scheduler allocates through the manager assigned, so its block reads
+        # (KVCacheManager.get_blocks / get_block_ids) show the scheduler's allocations: here
+        # they answer from the core's KV (the view's).
+        view = self._kv_cache_manager
+        manager.get_blocks = view.get_blocks
+        manager.get_block_ids = view.get_block_ids
 
     def _adopt_host_pool(self, config: Any) -> None:
         pool = hisparse_host_pool(config)
+        if self._hisparse_placed and (pool is None or hisparse_source_group(config) is None):
+            raise ConfigError(
+                "kv_cache_config: a scheduler built on vLLM's HiSparse layout keeps its host "
+                "pool (its outputs carry the source group's blocks); assign one with "
+                "hisparse_host_num_blocks and a HISPARSE_SOURCE group",
+                field="kv_cache_config",
+                value=type(config).__name__,
+            )
         # vLLM 0.33 (Scheduler.__init__): HiSparse reads a released page until the pool
         # reuses it, so its async loads also wait for the steps in flight.
         self._core.defer_async_loads = self._core.defer_block_free and pool is not None
@@ -134,7 +186,10 @@ class HiSparseTier(AdapterBase):
             self._core.set_hisparse_host_pages(None)
             return
         num_blocks, block_size = pool
-        self._core.set_hisparse_host_pages(num_blocks, block_size)
+        # With vLLM's layout given at construction the core serves its device groups, and
+        # the outputs' per-group block ids carry the host tables at the source group's place.
+        source = hisparse_source_group(config) if self._hisparse_placed else None
+        self._core.set_hisparse_host_pages(num_blocks, block_size, source_group=source)
 
     @property
     def _inflight_prefills(self) -> set[Request]:

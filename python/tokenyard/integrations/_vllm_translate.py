@@ -19,6 +19,8 @@ from tokenyard.kv import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
+    HiSparseHotSpec,
+    HiSparseResidentSpec,
     MambaSpec,
     SlidingWindowSpec,
 )
@@ -28,6 +30,7 @@ __all__ = [
     "VllmSettings",
     "core_config",
     "core_prompt",
+    "hisparse_source_group",
     "kv_groups_of",
     "local_prefill_interval",
     "request_id_list",
@@ -76,7 +79,24 @@ def settings(
     sched = vllm_config.scheduler_config
     cache = vllm_config.cache_config
     model = vllm_config.model_config
-    kv_groups = kv_groups_of(kv_cache_config, block_size, int(model.max_model_len))
+    kv_groups = kv_groups_of(
+        kv_cache_config,
+        block_size,
+        max_in_flight_tokens=_get(vllm_config, "max_in_flight_tokens"),
+        max_model_len=int(model.max_model_len),
+    )
+    if any(isinstance(g, (HiSparseResidentSpec, HiSparseHotSpec)) for g in kv_groups) and _get(
+        cache, "enable_prefix_caching"
+    ):
+        # vLLM 0.33's HiSparse hits are host pages published once the HiSparse connector's
+        # worker acknowledges their write-back (HiSparseCoordinator._complete_host_writes).
+        raise ConfigError(
+            "cache_config.enable_prefix_caching: HiSparse's device groups are served with "
+            "prefix caching off (its hits come from host pages published after the HiSparse "
+            "connector's write-backs, which are not modelled)",
+            field="cache_config.enable_prefix_caching",
+            value="True",
+        )
     plain_mamba = any(isinstance(g, MambaSpec) and g.mamba_cache_mode == "none" for g in kv_groups)
     if plain_mamba and _get(cache, "enable_prefix_caching"):
         # vLLM 0.33's MambaManager asserts mamba_cache_mode == "align" or caching off.
@@ -195,7 +215,11 @@ def core_config(
 
 
 def kv_groups_of(
-    kv_cache_config: Any, block_size: int, max_model_len: int | None = None
+    kv_cache_config: Any,
+    block_size: int,
+    *,
+    max_in_flight_tokens: int | None = None,
+    max_model_len: int | None = None,
 ) -> tuple[Any, ...]:
     """The core's ``kv_groups`` for vLLM 0.33's ``kv_cache_config.kv_cache_groups``, spec by
     spec: ``FullAttentionSpec`` (``MLAAttentionSpec`` too) → ``FullAttentionSpec()``,
@@ -206,7 +230,13 @@ def kv_groups_of(
     ``num_speculative_blocks`` and, in align mode, its prefill checkpoint block),
     ``CrossAttentionSpec`` →
     ``CrossAttentionSpec()`` (blocks for a request's encoder tokens under
-    ``is_encoder_decoder``). ``()`` for no group or
+    ``is_encoder_decoder``), vLLM 0.33's HiSparse layout: the source group
+    (``KVCacheGroupRole.HISPARSE_SOURCE``) is the core's host page pool, not a group
+    (:func:`hisparse_source_group`), its indexer a ``FullAttentionSpec()``,
+    ``HiSparseResidentSpec`` → ``HiSparseResidentSpec(max_admission_blocks=...)`` (vLLM's
+    ``max_admission_blocks_per_request`` for ``max_in_flight_tokens``, vLLM's
+    ``KVCacheManager`` defaulting it to ``max_model_len``), ``HiSparseHotSpec`` →
+    ``HiSparseHotSpec(blocks_per_request=...)``. ``()`` for no group or
     one full-attention group: the core's single pool, as before groups existed. A
     ``"none"``-mode Mamba group may have a block of ``max_model_len`` tokens or more (vLLM's
     default ``mamba_block_size`` in that mode): one block, ``1 + num_speculative_blocks``
@@ -230,7 +260,19 @@ def kv_groups_of(
         def refuse(what: str, field: str = field, kind: str = kind) -> ConfigError:
             return ConfigError(f"{field}: {what} ({kind})", field=field, value=kind)
 
-        if kind in ("FullAttentionSpec", "MLAAttentionSpec"):
+        if _role(group) == "HISPARSE_SOURCE":
+            # The host page pool (_vllm_hisparse), beside the device groups.
+            continue
+        if kind == "HiSparseResidentSpec":
+            limit = max_model_len if max_model_len is not None else 1 << 30
+            in_flight = max_in_flight_tokens if max_in_flight_tokens is not None else limit
+            cap = spec.max_admission_blocks_per_request(
+                max_in_flight_tokens=int(in_flight), max_model_len=int(limit)
+            )
+            specs.append(HiSparseResidentSpec(max_admission_blocks=int(cap)))
+        elif kind == "HiSparseHotSpec":
+            specs.append(HiSparseHotSpec(blocks_per_request=int(spec.blocks_per_request)))
+        elif kind in ("FullAttentionSpec", "MLAAttentionSpec"):
             if _get(spec, "sliding_window") or _get(spec, "attention_chunk_size"):
                 raise refuse(
                     "a full-attention spec with a sliding window or chunk (vLLM's hybrid "
@@ -298,6 +340,20 @@ def kv_groups_of(
     if len(specs) == 1 and isinstance(specs[0], FullAttentionSpec):
         return ()
     return tuple(specs)
+
+
+def _role(group: Any) -> str | None:
+    """The name of a vLLM 0.33 ``KVCacheGroupSpec.role`` (``None`` without one)."""
+    return getattr(getattr(group, "role", None), "name", None)
+
+
+def hisparse_source_group(kv_cache_config: Any) -> int | None:
+    """The index of vLLM 0.33's HiSparse source group (``HISPARSE_SOURCE``, the host
+    pages) among ``kv_cache_config.kv_cache_groups``, or ``None``."""
+    for i, group in enumerate(_get(kv_cache_config, "kv_cache_groups", []) or []):
+        if _role(group) == "HISPARSE_SOURCE":
+            return i
+    return None
 
 
 def local_prefill_interval(vllm_config: Any) -> int:

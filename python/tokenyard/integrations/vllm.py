@@ -77,7 +77,7 @@ from tokenyard.integrations._vllm_core_attributes import CoreAttributes
 from tokenyard.integrations._vllm_encoder_cache import EncoderCacheView
 from tokenyard.integrations._vllm_hisparse import (
     HiSparseTier,
-    refuse_hisparse_device_groups,
+    refuse_unmodelled_hisparse,
 )
 from tokenyard.integrations._vllm_hooks import draft_slots_per_request
 from tokenyard.integrations._vllm_mamba_align import MambaAlign
@@ -90,6 +90,7 @@ from tokenyard.integrations._vllm_side_connectors import SideConnectors
 from tokenyard.integrations._vllm_translate import (
     core_config,
     core_prompt,
+    hisparse_source_group,
     local_prefill_interval,
     request_id_list,
     settings,
@@ -159,7 +160,7 @@ class TokenyardScheduler(
         self.block_size = block_size
         self.hash_block_size = hash_block_size or block_size
         force_async = self._async_scheduling_class
-        refuse_hisparse_device_groups(kv_cache_config)
+        refuse_unmodelled_hisparse(kv_cache_config)
         s = settings(vllm_config, kv_cache_config, block_size, async_scheduling=force_async)
         self.max_num_running_reqs = s.max_num_running_reqs
         self.max_num_active_reqs = s.max_num_active_reqs
@@ -229,7 +230,11 @@ class TokenyardScheduler(
         # vLLM's EncoderDecoderCacheManager and cross-attention blocks (see the property).
         self._core.set_encoder_decoder(encoder_decoder)
         self._num_kv_blocks = s.num_blocks - 1
-        self._kv_groups = len(s.kv_groups)
+        # vLLM's groups: the core's, and HiSparse's source group (the core's host pages,
+        # whose tables the outputs carry at its place).
+        placed = bool(s.kv_groups) and hisparse_source_group(kv_cache_config) is not None
+        self._kv_groups = len(s.kv_groups) + int(placed)
+        self._hisparse_placed = placed
         # vLLM 0.33 zeroes new blocks before use with Mamba layers or mixed-precision KV
         # groups (SchedulerOutput.new_block_ids_to_zero); both come with several groups.
         self.needs_kv_cache_zeroing = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", 0))

@@ -273,21 +273,27 @@ impl PyScheduler {
     }
 
     /// vLLM 0.33's HiSparse host page pool (`hisparse_host_num_blocks`, the null block
-    /// included, and the source group's `block_size`): one host block per device block a
-    /// request holds, the whole prompt's pages checked at admission; `num_blocks=None`:
-    /// off. Raises ConfigError (see the core's `set_hisparse_host_pages`).
-    #[pyo3(signature = (num_blocks=None, block_size=None))]
+    /// included, and the source group's `block_size`): one host block per block of the
+    /// first KV group a request holds, the whole prompt's pages checked at admission;
+    /// `num_blocks=None`: off. `source_group`: where vLLM's source group sits among its
+    /// groups, so the per-group block ids carry the host tables there. Raises ConfigError
+    /// (see the core's `set_hisparse_host_pages` and `set_hisparse_source_group`).
+    #[pyo3(signature = (num_blocks=None, block_size=None, source_group=None))]
     fn set_hisparse_host_pages(
         &mut self,
         py: Python<'_>,
         num_blocks: Option<usize>,
         block_size: Option<usize>,
+        source_group: Option<usize>,
     ) -> PyResult<()> {
         let block_size = block_size.unwrap_or(self.inner.config().block_size);
         let pool = num_blocks.map(|n| (n, block_size));
-        (self.inner)
-            .set_hisparse_host_pages(pool)
-            .map_err(|err| self.raise(py, err))
+        let result = self.inner.set_hisparse_host_pages(pool);
+        let result = match (result, pool) {
+            (Ok(()), Some(_)) => self.inner.set_hisparse_source_group(source_group),
+            (result, _) => result,
+        };
+        result.map_err(|err| self.raise(py, err))
     }
 
     /// The HiSparse host pool as `(num_blocks, block_size, num_free_blocks)`, or None.

@@ -82,6 +82,9 @@ struct CoordinatedRequest {
     /// Per group, what a Mamba `align` group's manager keeps of the request (unused by
     /// other groups).
     align: Vec<AlignState>,
+    /// Whether it reads host-backed history, holding HiSparse hot regions
+    /// (`coordinator_hisparse`).
+    reads_host: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -152,6 +155,19 @@ impl<R: RequestKey> KvCoordinator<R> {
                         "groups[{i}] is a Mamba group, whose states are not prefix-cached \
                          (vLLM's mamba_cache_mode='none'); pass enable_caching=False, or \
                          use a Mamba group in align mode"
+                    ),
+                ));
+            }
+            if enable_caching && spec.is_hisparse() {
+                // vLLM 0.33 reads HiSparse hits off host pages published once the HiSparse
+                // connector's worker acknowledges their write-back (`HiSparseCoordinator`).
+                return Err(Error::config(
+                    "enable_caching",
+                    "True",
+                    format!(
+                        "groups[{i}] is a HiSparse device group, whose prefix hits come from \
+                         host pages published after the HiSparse connector's write-backs; \
+                         not modelled: pass enable_caching=False"
                     ),
                 ));
             }
@@ -382,7 +398,8 @@ impl<R: RequestKey> KvCoordinator<R> {
         };
         let mut new_blocks = Vec::with_capacity(groups.len());
         for (g, (spec, table)) in groups.iter().zip(&mut request.tables).enumerate() {
-            let required = spec.num_required_blocks(slots.of(spec), *block_size);
+            let required =
+                hisparse::required_blocks(spec, request.reads_host, slots.of(spec), *block_size);
             if spec.is_mamba_align() {
                 let checkpoint = checkpoints.get(g).is_some_and(Option::is_some);
                 let state = &mut request.align[g];
@@ -627,6 +644,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             tables: vec![Vec::new(); num_groups],
             num_cached: vec![0; num_groups],
             align: vec![AlignState::default(); num_groups],
+            reads_host: false,
         };
         let Some(hit) = hit else {
             return request;
@@ -771,6 +789,9 @@ impl<R: RequestKey> KvCapacity for KvCoordinator<R> {
 
 #[path = "coordinator_hits.rs"]
 mod hits;
+
+#[path = "coordinator_hisparse.rs"]
+mod hisparse;
 
 #[path = "coordinator_loads.rs"]
 mod loads;

@@ -149,7 +149,14 @@ impl<R: RequestKey> KvCoordinator<R> {
         }
         self.requests.insert(request_id.clone(), request);
         let mut loaded = self.allocate_loaded_blocks(request_id, total, alloc);
+        let hisparse = self.has_hisparse() && alloc.num_external_tokens > 0;
+        if hisparse {
+            self.load_hisparse_pages(request_id, total, &mut loaded);
+        }
         if alloc.num_new_tokens + alloc.num_lookahead_tokens == 0 {
+            if hisparse {
+                self.take_hot_regions(request_id, &mut loaded);
+            }
             // vLLM still runs `allocate_new_blocks` for the loaded tokens: a Mamba group
             // takes its speculative blocks after the loaded state (and, in align mode,
             // counts as allocated).
@@ -285,7 +292,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         let mut new_blocks = Vec::with_capacity(groups.len());
         for (g, (spec, table)) in groups.iter().zip(&mut request.tables).enumerate() {
             let attended = total - spec.num_skipped_tokens(total).min(total);
-            if alloc.num_external_tokens.min(attended) == 0 {
+            if alloc.num_external_tokens.min(attended) == 0 || spec.is_hisparse() {
                 new_blocks.push(Vec::new());
                 continue;
             }

@@ -98,6 +98,19 @@ impl<R: RequestKey> KvCoordinator<R> {
         let request = self.requests.get(request_id);
         let mut total: isize = 0;
         for (g, spec) in self.groups.iter().enumerate() {
+            let held = request.map(|r| (r.tables[g].len(), r.reads_host));
+            let loaded = num_computed > hit.map_or(0, |h| h.num_computed_tokens);
+            if let Some(n) = super::hisparse::hisparse_need(
+                spec,
+                held,
+                slots.of(spec),
+                num_computed,
+                loaded && request.is_none(),
+                bs,
+            ) {
+                total += n as isize;
+                continue;
+            }
             let mut required = spec.num_required_blocks(slots.of(spec), bs);
             if let Some(cap) = max_in_flight_tokens.and_then(|f| spec.max_admission_blocks(f, bs)) {
                 required = required.min(cap);

@@ -67,6 +67,18 @@ pub enum KvGroupSpec {
     /// scheduled, for exactly those tokens (the allocation's `num_encoder_tokens`, not its
     /// decoder slots), and held until the request ends. Never prefix-cached.
     CrossAttention,
+    /// HiSparse's GPU-resident pages (vLLM 0.33's `HiSparseResidentSpec` and
+    /// `HiSparseResidentManager`): a page per block of the request's tokens, as full
+    /// attention holds them, but never prefix-cached (the host source group caches), and
+    /// counted at the full-sequence admission gate only up to `max_admission_blocks` (the
+    /// spec's `max_admission_blocks_per_request`: older pages are expected to move to host).
+    /// A connector load keeps the loaded pages on host but the last (`coordinator_hisparse`).
+    HiSparseResident { max_admission_blocks: usize },
+    /// HiSparse's hot region (vLLM 0.33's `HiSparseHotSpec` and `HiSparseHotManager`):
+    /// `blocks_per_request` blocks, taken only once the request must read host-backed
+    /// history (a connector load; a host prefix hit, not modelled) and held to its end;
+    /// none otherwise. Never prefix-cached.
+    HiSparseHot { blocks_per_request: usize },
 }
 
 impl KvGroupSpec {
@@ -159,6 +171,7 @@ impl KvGroupSpec {
     pub fn num_skipped_tokens(&self, num_computed_tokens: usize) -> usize {
         match *self {
             Self::FullAttention | Self::Mamba { .. } | Self::CrossAttention => 0,
+            Self::HiSparseResident { .. } | Self::HiSparseHot { .. } => 0,
             // Only the last computed token's state is needed (vLLM's MambaManager).
             Self::MambaAlign { .. } => num_computed_tokens.saturating_sub(1),
             Self::SlidingWindow { sliding_window }
@@ -186,6 +199,8 @@ impl KvGroupSpec {
                 num_speculative_blocks,
                 ..
             } => num_slots.div_ceil(block_size) + num_speculative_blocks,
+            // Only a request required to read from host holds one (`hot_blocks`).
+            Self::HiSparseHot { .. } => 0,
             _ => num_slots.div_ceil(block_size),
         }
     }
@@ -228,7 +243,26 @@ impl KvGroupSpec {
                 | Self::CrossAttention
                 | Self::SlidingWindow { sliding_window: 1 }
                 | Self::SlidingWindowReplay { .. }
+                | Self::HiSparseResident { .. }
+                | Self::HiSparseHot { .. }
         )
+    }
+
+    /// vLLM 0.33's HiSparse device groups (`HiSparseResidentSpec`, `HiSparseHotSpec`).
+    pub fn is_hisparse(&self) -> bool {
+        matches!(
+            self,
+            Self::HiSparseResident { .. } | Self::HiSparseHot { .. }
+        )
+    }
+
+    /// The hot region a request required to read from host holds (vLLM 0.33's
+    /// `HiSparseHotManager.blocks_per_request`), `None` for other groups.
+    pub fn hot_blocks(&self) -> Option<usize> {
+        match *self {
+            Self::HiSparseHot { blocks_per_request } => Some(blocks_per_request),
+            _ => None,
+        }
     }
 
     /// vLLM 0.33's Mamba `align` group (`MambaManager` with `mamba_cache_mode="align"`).
@@ -259,7 +293,8 @@ impl KvGroupSpec {
     /// when the bound exists (sliding window, chunked local, Mamba). Derived in docs/kv.md.
     pub fn max_live_blocks(&self, num_slots_added: usize, block_size: usize) -> Option<usize> {
         match *self {
-            Self::FullAttention | Self::CrossAttention => None,
+            Self::FullAttention | Self::CrossAttention | Self::HiSparseResident { .. } => None,
+            Self::HiSparseHot { blocks_per_request } => Some(blocks_per_request),
             Self::SlidingWindow { sliding_window }
             | Self::SlidingWindowReplay { sliding_window } => Some(
                 (sliding_window + num_slots_added)
@@ -303,6 +338,10 @@ impl KvGroupSpec {
             | Self::Mamba { .. }
             | Self::MambaAlign { .. }
             | Self::CrossAttention => None,
+            Self::HiSparseHot { .. } => None,
+            Self::HiSparseResident {
+                max_admission_blocks,
+            } => Some(max_admission_blocks),
             Self::SlidingWindow { sliding_window }
             | Self::SlidingWindowReplay { sliding_window } => {
                 Some((sliding_window - 1 + max_in_flight_tokens).div_ceil(block_size) + 1)
@@ -338,6 +377,10 @@ impl KvGroupSpec {
                 }
                 ("num_speculative_blocks", num_speculative_blocks)
             }
+            Self::HiSparseResident {
+                max_admission_blocks,
+            } => ("max_admission_blocks", max_admission_blocks),
+            Self::HiSparseHot { blocks_per_request } => ("blocks_per_request", blocks_per_request),
             _ => return Ok(()),
         };
         // The draft-token state blocks may be 0; the windows may not.
@@ -531,6 +574,7 @@ pub(super) fn find_longest_cache_hit(
         }
         // Never cached (the coordinator refuses prefix caching beside them).
         KvGroupSpec::Mamba { .. } | KvGroupSpec::CrossAttention => {}
+        KvGroupSpec::HiSparseResident { .. } | KvGroupSpec::HiSparseHot { .. } => {}
         // Never cached, so it never limits the hit: no blocks of it are adopted.
         KvGroupSpec::SlidingWindowReplay { .. } => {
             return GroupHit {

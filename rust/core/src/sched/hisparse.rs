@@ -1,26 +1,39 @@
 //! HiSparse host pages (vLLM 0.33's `KVCacheConfig.hisparse_host_num_blocks`): a host
 //! block pool beside the device blocks, as vLLM's `HiSparseSourceManager`
-//! (`single_type_kv_cache_manager.py`) keeps it for a sparse-attention MLA model. Every
-//! page of `block_size` tokens a request holds slots for is backed by a host block, so each
-//! device-resident page can be written back and reclaimed; block 0 of the pool is its null
-//! block. An allocation whose pages the pool cannot back is refused as one the device pool
-//! has no room for: an admission waits, a running request preempts a victim (or waits for
-//! a reclamation, `StepHooks::pending_block_frees`). With `scheduler_reserve_full_isl` the
-//! gate at admission asks for the whole prompt's pages (vLLM's `full_sequence_must_fit`
-//! through `get_num_blocks_to_allocate`), which is what lets admitted async loads always
-//! finish. Pages are released when the request's device blocks are (finish, preemption,
-//! a failed or released load; after the fence under deferred frees).
+//! (`single_type_kv_cache_manager.py`, over the host `BlockPool` its `bind_host_pool`
+//! builds) keeps it for a sparse-attention MLA model. Every page of `block_size` tokens a
+//! request holds slots for is backed by a host block, so each device-resident page can be
+//! written back and reclaimed; block 0 of the pool is its null block. An allocation whose
+//! pages the pool cannot back is refused as one the device pool has no room for (vLLM's
+//! `get_num_blocks_to_allocate` answers `num_gpu_blocks + 1`): an admission waits, a
+//! running request preempts a victim (or waits for a reclamation,
+//! `StepHooks::pending_block_frees`). With `scheduler_reserve_full_isl` the gate at
+//! admission asks for the whole prompt's pages (vLLM's `full_sequence_must_fit` through
+//! `get_num_blocks_to_allocate`), which is what lets admitted async loads always finish.
+//! Pages are released when the request's device blocks are (finish, preemption, a failed
+//! or released load; after the fence under deferred frees).
 //!
-//! Invariant: `used` is the sum of `held` and never exceeds the pool's usable blocks (all
-//! but the null block); a slot's `held` is the pages of the tokens the device pool holds
-//! slots for: with one block size on both sides, its device blocks.
+//! The pool hands out real block ids as vLLM's host `BlockPool` does with prefix caching
+//! off: from the front of the free queue (`get_new_blocks`), a request's blocks returned
+//! tail first to its front (`SingleTypeKVCacheManager.free`, and `BlockPool.free_blocks`
+//! reusing blocks without a hash first). With vLLM's HiSparse layout given at
+//! construction (the coordinator's HiSparse groups, `kv::coordinator_hisparse`) the source
+//! group's table joins the per-group block ids the outputs carry, at its place.
 //!
-//! Not modelled: vLLM's host pool also caches prefixes (a hit shares host blocks, and a
-//! freed cached block stays evictable); here each request is charged its own pages. The
-//! device-side HiSparse groups (resident and hot pages) are not modelled either.
+//! Invariant: a request's host table has as many blocks as its first device group (a
+//! full-attention group, sized as the source group is) or its single pool's table; the
+//! tables and the free queue partition the usable blocks (all but the null block).
+//!
+//! Not modelled: prefix caching on the host pool (vLLM publishes a host page only once
+//! the HiSparse connector's worker acknowledges its write-back, and only then can a hit
+//! share it); the coordinator refuses prefix caching beside HiSparse device groups.
+
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
 
 use super::scheduler::Scheduler;
-use crate::kv::RequestKey;
+use crate::kv::{BlockId, RequestKey};
 use crate::{Error, Result};
 
 /// The host page pool's bookkeeping.
@@ -30,11 +43,16 @@ pub(super) struct HostPages {
     block_size: usize,
     /// `hisparse_host_num_blocks`, the null block included.
     num_blocks: usize,
-    /// Host blocks held, over all requests.
-    used: usize,
-    /// Host blocks held, by device-pool slot (slots are dense: a vector, not a map, as
-    /// the charge runs for every request a step allocates for).
-    held: Vec<usize>,
+    /// Free host blocks, the next taken first (vLLM's `FreeKVCacheBlockQueue`).
+    free: VecDeque<BlockId>,
+    /// Each device-pool slot's host blocks (slots are dense: a vector, not a map, as the
+    /// charge runs for every request a step allocates for).
+    tables: Vec<Vec<BlockId>>,
+    /// Where the source group sits among vLLM's groups, when the per-group outputs carry
+    /// its table (vLLM's layout given at construction).
+    source_group: Option<usize>,
+    /// Host blocks each slot took since its last output (only with `source_group`).
+    new_blocks: FxHashMap<u32, Vec<BlockId>>,
 }
 
 impl HostPages {
@@ -42,30 +60,47 @@ impl HostPages {
         num_tokens.div_ceil(self.block_size)
     }
 
-    fn num_free(&self) -> usize {
-        // Saturating: a charge past the pool (a bug, caught by the invariant check) must
-        // not wrap into a huge free count.
-        self.num_blocks.saturating_sub(1 + self.used)
+    fn held(&self, slot: u32) -> usize {
+        self.tables.get(slot as usize).map_or(0, Vec::len)
     }
 
     /// Whether `num_tokens` of slots for `slot` can be backed beside what it holds.
     fn fits(&self, slot: u32, num_tokens: usize) -> bool {
-        let held = self.held.get(slot as usize).copied().unwrap_or(0);
-        self.pages(num_tokens).saturating_sub(held) <= self.num_free()
+        self.pages(num_tokens).saturating_sub(self.held(slot)) <= self.free.len()
     }
 
-    /// Charges `slot` for `pages` host blocks (the device blocks it holds).
-    fn set_pages(&mut self, slot: u32, pages: usize) {
-        let slot = slot as usize;
-        if slot >= self.held.len() {
-            if pages == 0 {
-                return;
-            }
-            self.held.resize(slot + 1, 0);
+    /// Grows `slot`'s table to `pages` host blocks (never shrinks it: a device table
+    /// only shrinks when it is freed).
+    fn grow(&mut self, slot: u32, pages: usize) {
+        let held = self.held(slot);
+        if pages <= held {
+            return;
         }
-        self.used = self.used - self.held[slot] + pages;
-        self.held[slot] = pages;
-        debug_assert!(self.used < self.num_blocks, "host pages over the pool");
+        let index = slot as usize;
+        if index >= self.tables.len() {
+            self.tables.resize_with(index + 1, Vec::new);
+        }
+        debug_assert!(pages - held <= self.free.len(), "host pages over the pool");
+        let take = (pages - held).min(self.free.len());
+        let added = self.free.drain(..take);
+        let table = &mut self.tables[index];
+        let start = table.len();
+        table.extend(added);
+        if self.source_group.is_some() {
+            let new = self.new_blocks.entry(slot).or_default();
+            new.extend_from_slice(&table[start..]);
+        }
+    }
+
+    /// Returns `slot`'s host blocks to the front of the queue, tail first (vLLM's
+    /// `BlockPool.free_blocks` prepends blocks without a hash: LIFO reuse).
+    fn release(&mut self, slot: u32) {
+        self.new_blocks.remove(&slot);
+        if let Some(table) = self.tables.get_mut(slot as usize) {
+            for block in table.drain(..) {
+                self.free.push_front(block);
+            }
+        }
     }
 }
 
@@ -80,25 +115,47 @@ pub struct HostPagesState {
     pub num_free_blocks: usize,
 }
 
+/// `groups` (a slot's per-group block tables) with the host table put at its place (a
+/// free function: the output borrows the request beside it).
+pub(super) fn with_host_table(
+    pages: &Option<HostPages>,
+    slot: u32,
+    mut groups: Vec<Vec<BlockId>>,
+) -> Vec<Vec<BlockId>> {
+    if let Some(h) = pages
+        && let Some(index) = h.source_group
+        && !groups.is_empty()
+    {
+        let table = h.tables.get(slot as usize).cloned().unwrap_or_default();
+        groups.insert(index.min(groups.len()), table);
+    }
+    groups
+}
+
 impl<R: RequestKey> Scheduler<R> {
     /// Turns vLLM 0.33's HiSparse host page pool on (`Some((num_blocks, block_size))`:
     /// `hisparse_host_num_blocks`, the null block included, and the source group's
     /// `block_size`) or off (`None`), from the next allocation on.
     ///
-    /// Errors: a pool of fewer than 2 blocks or a zero `block_size`; a pool set while
-    /// requests hold KV blocks (their pages were never charged); with
-    /// `scheduler_reserve_full_isl` off (HiSparse admits a prompt only if all its pages
-    /// fit: vLLM's async loads could otherwise strand each other on host pages).
+    /// Errors: a pool of fewer than 2 blocks (or more than the pools take) or a zero
+    /// `block_size`; a pool set while requests hold KV blocks (their pages were never
+    /// charged); with `scheduler_reserve_full_isl` off (HiSparse admits a prompt only if
+    /// all its pages fit: vLLM's async loads could otherwise strand each other on host
+    /// pages); a block size other than the device pool's, or KV groups whose first is not
+    /// full attention (the host table follows it).
     pub fn set_hisparse_host_pages(&mut self, pool: Option<(usize, usize)>) -> Result<()> {
         let Some((num_blocks, block_size)) = pool else {
             self.host_pages = None;
             return Ok(());
         };
-        if num_blocks < 2 {
+        if !(2..=crate::kv::MAX_NUM_BLOCKS).contains(&num_blocks) {
             return Err(Error::config(
                 "hisparse_host_num_blocks",
                 num_blocks,
-                "must be at least 2 (block 0 is the null block)",
+                format!(
+                    "must be between 2 (block 0 is the null block) and {}",
+                    crate::kv::MAX_NUM_BLOCKS
+                ),
             ));
         }
         if block_size == 0 {
@@ -115,13 +172,18 @@ impl<R: RequestKey> Scheduler<R> {
                 "HiSparse host pages need the full prompt's pages checked at admission",
             ));
         }
-        if !self.kv.is_block_hash() || block_size != self.config.block_size {
+        let first_full = match self.kv.hybrid_groups() {
+            Some(groups) => groups.first() == Some(&crate::kv::KvGroupSpec::FullAttention),
+            None => self.kv.is_block_hash(),
+        };
+        if !first_full || block_size != self.config.block_size {
             return Err(Error::config(
                 "hisparse_block_size",
                 block_size,
                 format!(
-                    "HiSparse host pages are served beside the single block-hash pool with \
-                     its block size ({}): one host block per device block",
+                    "HiSparse host pages are served beside the block-hash pool (or KV groups \
+                     led by a full-attention group) with its block size ({}): one host \
+                     block per block of that group",
                     self.config.block_size
                 ),
             ));
@@ -133,12 +195,45 @@ impl<R: RequestKey> Scheduler<R> {
                 "set while requests hold KV blocks (set it before the first step)",
             ));
         }
+        let source_group = self.host_pages.as_ref().and_then(|h| h.source_group);
         self.host_pages = Some(HostPages {
             block_size,
             num_blocks,
-            used: 0,
-            held: Vec::new(),
+            free: (1..num_blocks as BlockId).collect(),
+            tables: Vec::new(),
+            source_group,
+            new_blocks: FxHashMap::default(),
         });
+        Ok(())
+    }
+
+    /// Puts the host pool's tables among the per-group block ids the outputs and
+    /// [`Scheduler::group_block_ids`] carry, at `Some(index)` (vLLM's HiSparse source group's
+    /// place in its `kv_cache_groups`), or keeps them out (`None`).
+    ///
+    /// Errors: no host pool; no KV groups; an index past the groups and the host group.
+    pub fn set_hisparse_source_group(&mut self, index: Option<usize>) -> Result<()> {
+        let num_groups = self.kv.hybrid_groups().map_or(0, <[_]>::len);
+        let Some(h) = self.host_pages.as_mut() else {
+            return Err(Error::config(
+                "hisparse_source_group",
+                format!("{index:?}"),
+                "needs the HiSparse host pool (set_hisparse_host_pages) first",
+            ));
+        };
+        if let Some(i) = index
+            && (num_groups == 0 || i > num_groups)
+        {
+            return Err(Error::config(
+                "hisparse_source_group",
+                i,
+                format!(
+                    "must be at most {num_groups}, with KV groups (the scheduler has {num_groups})"
+                ),
+            ));
+        }
+        h.source_group = index;
+        h.new_blocks.clear();
         Ok(())
     }
 
@@ -147,8 +242,31 @@ impl<R: RequestKey> Scheduler<R> {
         self.host_pages.as_ref().map(|h| HostPagesState {
             num_blocks: h.num_blocks,
             block_size: h.block_size,
-            num_free_blocks: h.num_free(),
+            num_free_blocks: h.free.len(),
         })
+    }
+
+    /// `groups` (a slot's per-group new block ids this step) with the host group's new
+    /// blocks since the last output put at its place. Left as they are without a placed
+    /// host group, or when `groups` is empty (no ids asked for).
+    pub(super) fn with_new_host_blocks(
+        &mut self,
+        slot: u32,
+        mut groups: Vec<Vec<BlockId>>,
+    ) -> Vec<Vec<BlockId>> {
+        if let Some(h) = self.host_pages.as_mut()
+            && let Some(index) = h.source_group
+        {
+            // Most steps grow few host tables: skip the lookup when none did.
+            let blocks = match h.new_blocks.is_empty() {
+                true => Vec::new(),
+                false => h.new_blocks.remove(&slot).unwrap_or_default(),
+            };
+            if !groups.is_empty() {
+                groups.insert(index.min(groups.len()), blocks);
+            }
+        }
+        groups
     }
 
     /// The requests whose prefill is in flight (vLLM 0.33's `Scheduler._inflight_prefills`:
@@ -189,19 +307,19 @@ impl<R: RequestKey> Scheduler<R> {
         self.host_pages_fit(slot, pool.max(num_computed_tokens) + num_new_slots)
     }
 
-    /// Charges `slot` the pages of the slots the device pool now holds for it, after an
-    /// allocation (nothing without the pool).
+    /// Grows `slot`'s host table to the blocks the device pool now holds for it (its
+    /// first group's), after an allocation (nothing without the pool).
     pub(super) fn charge_host_pages(&mut self, slot: u32) {
         if let Some(h) = self.host_pages.as_mut() {
-            h.set_pages(slot, self.kv.block_ids(slot).map_or(0, <[_]>::len));
+            h.grow(slot, self.kv.block_ids(slot).map_or(0, <[_]>::len));
         }
     }
 
-    /// Frees the device blocks of `slot` and releases its host pages.
+    /// Frees the device blocks of `slot` and returns its host pages.
     pub(super) fn free_kv(&mut self, slot: u32) -> Result<()> {
         self.kv.free(slot)?;
         if let Some(h) = self.host_pages.as_mut() {
-            h.set_pages(slot, 0);
+            h.release(slot);
         }
         Ok(())
     }
@@ -211,24 +329,35 @@ impl<R: RequestKey> Scheduler<R> {
         let Some(h) = &self.host_pages else {
             return Ok(());
         };
-        let mut by_holders = 0;
-        for slot in self.slots_holding_blocks() {
-            let blocks = self.kv.block_ids(slot).map_or(0, <[_]>::len);
-            let pages = h.held.get(slot as usize).copied().unwrap_or(0);
-            if pages != blocks {
+        let mut seen = vec![false; h.num_blocks];
+        seen[0] = true;
+        let tables = h.tables.iter().enumerate();
+        for (slot, block) in tables.flat_map(|(s, t)| t.iter().map(move |&b| (s, b))) {
+            let block = block as usize;
+            if block >= h.num_blocks || std::mem::replace(&mut seen[block], true) {
                 return Err(format!(
-                    "host pages: slot {slot} holds {pages} for {blocks} device blocks"
+                    "host pages: slot {slot} holds block {block} twice or past the pool"
                 ));
             }
-            by_holders += pages;
         }
-        let sum: usize = h.held.iter().sum();
-        if sum != h.used || by_holders != h.used || h.used >= h.num_blocks {
-            return Err(format!(
-                "host pages: {} used, {sum} held ({by_holders} by requests holding blocks), \
-                 {} in the pool",
-                h.used, h.num_blocks
-            ));
+        for &block in &h.free {
+            if std::mem::replace(&mut seen[block as usize], true) {
+                return Err(format!(
+                    "host pages: free block {block} is also held or free twice"
+                ));
+            }
+        }
+        if seen.iter().any(|&s| !s) {
+            return Err("host pages: a block is neither held nor free".to_string());
+        }
+        for (slot, table) in h.tables.iter().enumerate() {
+            let blocks = self.kv.block_ids(slot as u32).map_or(0, <[_]>::len);
+            if table.len() != blocks {
+                return Err(format!(
+                    "host pages: slot {slot} holds {} for {blocks} device blocks",
+                    table.len()
+                ));
+            }
         }
         Ok(())
     }

@@ -41,7 +41,14 @@ impl<R: crate::kv::RequestKey> super::Scheduler<R> {
     /// request's whose blocks a KV transfer holds and one `kv_allocate_outside` gave
     /// blocks included; `None` if it holds none.
     pub fn kv_block_tables(&self, request_id: &R) -> Option<Vec<Vec<BlockId>>> {
-        self.kv.block_tables(self.kv_slot(request_id)?)
+        let slot = self.kv_slot(request_id)?;
+        // HiSparse's host tables among the groups, at the source group's place.
+        let tables = self.kv.block_tables(slot)?;
+        Some(super::hisparse::with_host_table(
+            &self.host_pages,
+            slot,
+            tables,
+        ))
     }
 
     /// Per KV group, the request's leading blocks registered in the prefix cache (vLLM's

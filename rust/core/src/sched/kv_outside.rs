@@ -19,9 +19,10 @@ impl<R: RequestKey> Scheduler<R> {
     /// new blocks, or `None` when they do not fit (nothing changed but what leaves a
     /// group's window, as in vLLM).
     ///
-    /// Errors: `ConfigError` (`kv_groups`) without several KV groups; `InputError` for a
-    /// request the scheduler holds (its slots come from `schedule()`), or more tokens than
-    /// it has.
+    /// Errors: `ConfigError` (`kv_groups`) without several KV groups, or
+    /// (`hisparse_host_num_blocks`) beside the HiSparse host pool, whose pages it would not
+    /// take; `InputError` for a request the scheduler holds (its slots come from
+    /// `schedule()`), or more tokens than it has.
     pub fn kv_allocate_outside(
         &mut self,
         request_id: &R,
@@ -30,6 +31,14 @@ impl<R: RequestKey> Scheduler<R> {
         lora_id: Option<u64>,
     ) -> Result<Option<Vec<Vec<BlockId>>>> {
         self.kv_tables_outside_check(request_id)?;
+        if let Some(pool) = self.hisparse_host_pages() {
+            return Err(Error::config(
+                "hisparse_host_num_blocks",
+                pool.num_blocks,
+                "blocks for a request outside the scheduler beside the HiSparse host pool are \
+                 not modelled (its host pages would not be taken)",
+            ));
+        }
         let key = match self.outside_kv.get(request_id) {
             Some(&key) => key,
             // The first key no such request holds (they are few: vLLM's tests hold one).

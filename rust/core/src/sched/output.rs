@@ -150,7 +150,8 @@ impl<R: RequestKey> Scheduler<R> {
             }
             let blocks = plan.new_blocks[slot as usize].take().unwrap_or_default();
             let group_blocks = if hybrid {
-                self.kv.take_group_blocks(slot)
+                let groups = self.kv.take_group_blocks(slot);
+                self.with_new_host_blocks(slot, groups)
             } else {
                 Vec::new()
             };
@@ -177,7 +178,11 @@ impl<R: RequestKey> Scheduler<R> {
                         group_block_ids: if lean || !hybrid {
                             Vec::new()
                         } else {
-                            self.kv.group_block_ids(slot)
+                            super::hisparse::with_host_table(
+                                &self.host_pages,
+                                slot,
+                                self.kv.group_block_ids(slot),
+                            )
                         },
                         num_computed_tokens: request.num_computed_tokens,
                         lora_id: request.spec.lora_id,

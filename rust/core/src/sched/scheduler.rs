@@ -347,9 +347,9 @@ impl<R: RequestKey> Scheduler<R> {
     /// With several KV groups, the request's block table of each group (empty if it holds
     /// no blocks, or with a single group: see `block_ids`).
     pub fn group_block_ids(&self, request_id: &R) -> Vec<Vec<BlockId>> {
-        self.index
-            .get(request_id)
-            .map_or_else(Vec::new, |&slot| self.kv.group_block_ids(slot))
+        self.index.get(request_id).map_or_else(Vec::new, |&slot| {
+            super::hisparse::with_host_table(&self.host_pages, slot, self.kv.group_block_ids(slot))
+        })
     }
 
     /// Blocks free for allocation (including cached blocks no request holds).

@@ -49,6 +49,62 @@ pub(crate) struct PyMambaSpec {
 #[pyclass(name = "CrossAttentionSpec", module = "tokenyard.kv", frozen)]
 pub(crate) struct PyCrossAttentionSpec;
 
+/// HiSparse's GPU-resident pages (vLLM 0.33's `HiSparseResidentSpec`): a block per
+/// `block_size` tokens, never prefix-cached, counted at the full-sequence admission gate
+/// up to `max_admission_blocks` (vLLM's `max_admission_blocks_per_request`).
+#[pyclass(
+    name = "HiSparseResidentSpec",
+    module = "tokenyard.kv",
+    frozen,
+    get_all
+)]
+pub(crate) struct PyHiSparseResidentSpec {
+    max_admission_blocks: usize,
+}
+
+/// HiSparse's hot region (vLLM 0.33's `HiSparseHotSpec`): `blocks_per_request` blocks for
+/// a request that reads host-backed history, none otherwise; never prefix-cached.
+#[pyclass(name = "HiSparseHotSpec", module = "tokenyard.kv", frozen, get_all)]
+pub(crate) struct PyHiSparseHotSpec {
+    blocks_per_request: usize,
+}
+
+#[pymethods]
+impl PyHiSparseResidentSpec {
+    #[new]
+    #[pyo3(signature = (*, max_admission_blocks))]
+    fn new(max_admission_blocks: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let max_admission_blocks = positive_field(max_admission_blocks, "max_admission_blocks")?;
+        Ok(Self {
+            max_admission_blocks,
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "HiSparseResidentSpec(max_admission_blocks={})",
+            self.max_admission_blocks
+        )
+    }
+}
+
+#[pymethods]
+impl PyHiSparseHotSpec {
+    #[new]
+    #[pyo3(signature = (*, blocks_per_request))]
+    fn new(blocks_per_request: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let blocks_per_request = positive_field(blocks_per_request, "blocks_per_request")?;
+        Ok(Self { blocks_per_request })
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "HiSparseHotSpec(blocks_per_request={})",
+            self.blocks_per_request
+        )
+    }
+}
+
 #[pymethods]
 impl PyFullAttentionSpec {
     #[new]
@@ -232,12 +288,22 @@ pub(crate) fn group_spec(
     if obj.is_instance_of::<PyCrossAttentionSpec>() {
         return Ok(KvGroupSpec::CrossAttention);
     }
+    if let Ok(spec) = obj.cast::<PyHiSparseResidentSpec>() {
+        return Ok(KvGroupSpec::HiSparseResident {
+            max_admission_blocks: spec.get().max_admission_blocks,
+        });
+    }
+    if let Ok(spec) = obj.cast::<PyHiSparseHotSpec>() {
+        return Ok(KvGroupSpec::HiSparseHot {
+            blocks_per_request: spec.get().blocks_per_request,
+        });
+    }
     Err(config_error(
         obj.py(),
         field,
         format!("{field}[{index}]={}", short_repr(obj)),
-        "must be a FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec, MambaSpec \
-         or CrossAttentionSpec",
+        "must be a FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec, MambaSpec, \
+         CrossAttentionSpec, HiSparseResidentSpec or HiSparseHotSpec",
     ))
 }
 
@@ -273,6 +339,18 @@ fn spec_object(py: Python<'_>, spec: KvGroupSpec) -> PyResult<Py<PyAny>> {
             Py::new(py, PyMambaSpec { spec })?.into_any()
         }
         KvGroupSpec::CrossAttention => Py::new(py, PyCrossAttentionSpec)?.into_any(),
+        KvGroupSpec::HiSparseResident {
+            max_admission_blocks,
+        } => Py::new(
+            py,
+            PyHiSparseResidentSpec {
+                max_admission_blocks,
+            },
+        )?
+        .into_any(),
+        KvGroupSpec::HiSparseHot { blocks_per_request } => {
+            Py::new(py, PyHiSparseHotSpec { blocks_per_request })?.into_any()
+        }
     })
 }
 

@@ -25,6 +25,8 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<coordinator::PyChunkedLocalAttentionSpec>()?;
     module.add_class::<coordinator::PyMambaSpec>()?;
     module.add_class::<coordinator::PyCrossAttentionSpec>()?;
+    module.add_class::<coordinator::PyHiSparseResidentSpec>()?;
+    module.add_class::<coordinator::PyHiSparseHotSpec>()?;
     module.add_class::<radix::PyRadixCache>()?;
     module.add_class::<radix::PyMatchResult>()?;
     module.add_class::<radix::PyNodeHandle>()?;

@@ -102,6 +102,8 @@ pub struct KvCoordinator<R: RequestKey> {
     /// `MambaManager.cached_blocks_this_step`): their states are computed by this step, so
     /// no other request admitted in it may hit them ([`Self::new_step_starts`]).
     cached_this_step: FxHashSet<BlockId>,
+    /// vLLM 0.33's hash look-ahead (`kv::lookahead`; 0: off).
+    pub(super) hash_lookahead: usize,
 }
 
 /// A block hash keyed by its group (vLLM appends the group id to the hash bytes).
@@ -176,6 +178,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             stats: BlockPoolStats::default(),
             zeroing: None,
             cached_this_step: FxHashSet::default(),
+            hash_lookahead: 0,
         })
     }
 
@@ -412,6 +415,17 @@ impl<R: RequestKey> KvCoordinator<R> {
     /// and caches its full computed blocks in every group, without allocating (vLLM's
     /// `cache_blocks`).
     pub fn cache_blocks(&mut self, request_id: &R, new_token_ids: &[TokenId]) -> Result<()> {
+        self.cache_blocks_ahead(request_id, new_token_ids, &[])
+    }
+
+    /// [`Self::cache_blocks`] with the request's tokens `ahead` of `new_token_ids`, for a
+    /// hash look-ahead (`BlockPool::cache_blocks_ahead`).
+    pub fn cache_blocks_ahead(
+        &mut self,
+        request_id: &R,
+        new_token_ids: &[TokenId],
+        ahead: &[TokenId],
+    ) -> Result<()> {
         let request = self
             .requests
             .get_mut(request_id)
@@ -423,6 +437,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             new_token_ids,
         );
         if self.enable_caching {
+            super::lookahead::hash_ahead(self.block_size, &mut request.tokens, ahead);
             cache_full_blocks(
                 self.block_size,
                 &self.groups,
@@ -602,6 +617,8 @@ impl<R: RequestKey> KvCoordinator<R> {
                 num_computed_tokens: num_computed,
                 num_cached_blocks: 0,
                 extra_key,
+                hash_lookahead: self.hash_lookahead as u32,
+                num_reprefillable: 0,
             },
             tables: vec![Vec::new(); num_groups],
             num_cached: vec![0; num_groups],

@@ -24,6 +24,7 @@ mod counting;
 mod free_queue;
 mod host_tier;
 mod layer_groups;
+mod lookahead;
 mod named_cache;
 #[cfg(test)]
 mod named_pool_tests;
@@ -45,6 +46,7 @@ pub use counting::CountingAllocator;
 pub use free_queue::{FreeBlockQueue, FreeQueue};
 pub use host_tier::HostTier;
 pub use layer_groups::{KvGroupSpec, NULL_BLOCK};
+pub use lookahead::{PrefixRules, hash_full_blocks_lookahead};
 pub use prefix_pool::PrefixPool;
 pub use radix::{MatchResult, NodeHandle, RadixCache};
 pub use radix_pool::{RadixHit, RadixPool};

@@ -125,3 +125,42 @@ def test_seeded_eagle_streams_agree_with_vllm_step_by_step(eagle: str, is_async:
     for seed in range(4):
         scenario = draw(seed, 120, eagle)
         assert run_scenario(scenario, 120, is_async) is None, (seed, eagle, is_async)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("kinds", [("full", "window32"), ("full", "chunk64")])
+def test_hybrid_groups_hash_with_the_lookahead_as_vllm(seed: int, kinds: tuple[str, ...]) -> None:
+    import random
+
+    from vllm_compare import build_pair, compare_stream, kv_groups, seeded_arrivals
+
+    theirs, ours, peer = build_pair(
+        num_blocks=80,
+        groups=kv_groups(kinds),
+        speculative_method="eagle3",
+        num_speculative_tokens=1,
+    )
+    assert ours._core.num_hash_lookahead_tokens == 1
+    arrivals = seeded_arrivals(
+        random.Random(seed),
+        prefix_tokens=64,
+        shared=(0, 16, 33, 48, 64),
+        tail_max=60,
+        max_tokens=20,
+    )
+    compare_stream(theirs, ours, arrivals, peer.make_request)
+
+
+def test_the_drop_with_hybrid_groups_is_refused() -> None:
+    from vllm_compare import build_pair, kv_groups
+
+    from tokenyard.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="eagle_block_drop"):
+        build_pair(
+            num_blocks=80,
+            groups=kv_groups(("full", "window32")),
+            speculative_method="eagle3",
+            num_speculative_tokens=1,
+            disable_lookahead_block_hashes=True,
+        )

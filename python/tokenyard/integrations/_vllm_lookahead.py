@@ -35,7 +35,8 @@ def eagle_block_drop_of(vllm_config: Any) -> bool:
         return False
     if not getattr(vllm_config.cache_config, "enable_prefix_caching", False):
         return False
-    return bool(speculative.use_eagle_block_drop())
+    use_drop = getattr(speculative, "use_eagle_block_drop", None)
+    return bool(use_drop()) if callable(use_drop) else False
 
 
 def hasher_lookahead(request: Any) -> int | None:

@@ -174,3 +174,32 @@ fn the_lookahead_changes_only_with_no_request_holding_blocks() {
     assert_eq!(s.num_hash_lookahead_tokens(), 1);
     assert_eq!(s.num_cached_prefix_tokens(&[0, 1, 2, 3, 5, 7], None), 2);
 }
+
+#[test]
+fn hybrid_groups_hash_with_the_lookahead_and_refuse_the_drop() {
+    use crate::kv::KvGroupSpec;
+    let groups = vec![
+        KvGroupSpec::FullAttention,
+        KvGroupSpec::SlidingWindow { sliding_window: 8 },
+    ];
+    let hybrid = SchedulerConfig {
+        kv_groups: groups.clone(),
+        num_blocks: 128,
+        ..cfg(1, false)
+    };
+    let mut s = Scheduler::new(hybrid, false).unwrap();
+    s.add_request(0, request(&[0, 1, 2, 3], 3)).unwrap();
+    s.schedule().unwrap();
+    assert_eq!(s.num_cached_prefix_tokens(&[0, 1, 2, 3, 5, 7], None), 2);
+    s.update_from_output(&[sample(0, 5)]).unwrap();
+    s.schedule().unwrap();
+    assert_eq!(s.num_cached_prefix_tokens(&[0, 1, 2, 3, 5, 7], None), 4);
+    assert_eq!(s.num_cached_prefix_tokens(&[0, 1, 2, 3, 6, 7], None), 2);
+    let dropping = SchedulerConfig {
+        kv_groups: groups,
+        num_blocks: 128,
+        ..cfg(0, true)
+    };
+    let err = Scheduler::<u32>::new(dropping, false).err().unwrap();
+    assert!(err.to_string().contains("eagle_block_drop"), "{err}");
+}

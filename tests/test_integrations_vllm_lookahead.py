@@ -164,3 +164,63 @@ def test_the_drop_with_hybrid_groups_is_refused() -> None:
             num_speculative_tokens=1,
             disable_lookahead_block_hashes=True,
         )
+
+
+@pytest.mark.parametrize("recovery", ["resident", "preempt", "reset"])
+def test_a_streaming_session_keeps_its_stale_lookahead_hash_as_vllm(recovery: str) -> None:
+    # vLLM's test_streaming_lookahead_hashes_follow_recomputed_kv over EAGLE3 (its own needs
+    # a Qwen3-Next MTP checkpoint): the hash a dropped sampled token completed stays cached
+    # until the session is recomputed, and the recomputation hashes the new tokens.
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.request import Request
+
+    peer = eagle_peer(num_speculative_tokens=1, max_num_batched_tokens=128, max_model_len=128)
+    ours = adapter(peer)
+    logs = []
+    for scheduler in (peer.scheduler, ours):
+
+        def request(tokens: list[int], max_tokens: int) -> Any:
+            params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+            return Request(
+                request_id="session",
+                prompt_token_ids=tokens,
+                sampling_params=params,
+                pooling_params=None,
+                block_hasher=peer._block_hasher,
+                resumable=True,
+            )
+
+        session = request(list(range(1, 16)), 2)
+        scheduler.add_request(session)
+        log: list[Any] = []
+
+        def step(token: int, sched: Any = scheduler, log: list[Any] = log) -> None:
+            out = sched.schedule()
+            log.append(dict(out.num_scheduled_tokens))
+            sampled = ModelRunnerOutput(
+                req_ids=["session"], req_id_to_index={"session": 0}, sampled_token_ids=[[token]]
+            )
+            sched.update_from_output(out, sampled)
+
+        step(16)
+        step(17)
+        old = [*range(1, 18), 100]
+        log.append(_probe(scheduler, peer, old))
+        scheduler.add_request(request([42, 43, 44], 16))
+        step(99)
+        current = list(session.all_token_ids)
+        log.append(_probe(scheduler, peer, current))
+        if recovery == "reset":
+            log.append(scheduler.reset_prefix_cache(reset_running_requests=True))
+        elif recovery == "preempt":
+            scheduler.running.remove(session)
+            scheduler._preempt_request(session, 0.0)
+        if recovery != "resident":
+            log.append(dict(scheduler.schedule().num_scheduled_tokens))
+            log.append((_probe(scheduler, peer, current), _probe(scheduler, peer, old)))
+        logs.append(log)
+    assert logs[1] == logs[0]
+    # Block [0, 16) was cached with token 17 past it: the old continuation hits it, the
+    # session's new one ([.., 16, 42, ..]) does not.
+    assert (logs[0][2], logs[0][4]) == (16, 0)

@@ -111,15 +111,6 @@ impl<R: RequestKey> Scheduler<R> {
         if update.max_tokens == 0 {
             return Err(Error::input("max_tokens", 0, "must be at least 1"));
         }
-        if self.config.num_hash_lookahead_tokens > 0 {
-            // vLLM keeps the hash a dropped token completed until the session is recomputed
-            // (`Scheduler._update_request_as_session`, re-hashed at re-admission).
-            return Err(Error::config(
-                "num_hash_lookahead_tokens",
-                self.config.num_hash_lookahead_tokens,
-                "streaming-input sessions with look-ahead block hashes are not modelled",
-            ));
-        }
         let request = self.req(slot);
         let keep_end = request.num_tokens() - 1;
         let num_prompt_tokens = keep_end + update.prompt_token_ids.len();

@@ -203,3 +203,45 @@ fn hybrid_groups_hash_with_the_lookahead_and_refuse_the_drop() {
     let err = Scheduler::<u32>::new(dropping, false).err().unwrap();
     assert!(err.to_string().contains("eagle_block_drop"), "{err}");
 }
+
+#[test]
+fn a_session_keeps_the_hash_its_dropped_token_completed_until_recomputed() {
+    // Spec decoding on (the update caches), L = 1, block size 2: prompt [0, 1, 2] samples
+    // 3 (computed), then stops on 4 (max_tokens 2), which completes block [2, 4)'s hash
+    // in the update. The next chunk drops token 4: the block stays cached under its old
+    // hash (vLLM keeps it), and the session's new continuation does not hit it.
+    let config = SchedulerConfig {
+        num_speculative_tokens: 1,
+        ..cfg(1, false)
+    };
+    let mut s = Scheduler::new(config, false).unwrap();
+    let spec = RequestSpec {
+        resumable: true,
+        ..request(&[0, 1, 2], 2)
+    };
+    s.add_request(0, spec).unwrap();
+    s.schedule().unwrap();
+    s.update_from_output(&[sample(0, 3)]).unwrap();
+    s.schedule().unwrap();
+    let parked = s.update_from_output(&[sample(0, 4)]).unwrap();
+    assert_eq!(parked, [(0, FinishReason::Length)]);
+    assert_eq!(s.num_cached_prefix_tokens(&[0, 1, 2, 3, 4, 9], None), 4);
+    let update = SessionUpdate {
+        prompt_token_ids: vec![42, 43],
+        max_tokens: 2,
+        ignore_eos: true,
+        ..SessionUpdate::default()
+    };
+    s.resume_session(&0, update).unwrap();
+    assert_eq!(
+        s.get_request(&0).unwrap().all_token_ids,
+        [0, 1, 2, 3, 42, 43]
+    );
+    s.schedule().unwrap();
+    assert_eq!(
+        s.num_cached_prefix_tokens(&[0, 1, 2, 3, 42, 43, 9], None),
+        2
+    );
+    assert_eq!(s.num_cached_prefix_tokens(&[0, 1, 2, 3, 4, 9], None), 4);
+    s.check_invariants().unwrap();
+}

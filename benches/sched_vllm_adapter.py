@@ -16,7 +16,11 @@ report gives each side's median step over all rounds and the ratio of medians, a
 that both scheduled the same tokens for every request in every step.
 
     .venv-bench/bin/python benches/sched_vllm_adapter.py [--running 1024] [--steps 50]
-        [--rounds 5] [--profile]
+        [--rounds 5] [--profile] [--eagle lookahead|drop]
+
+``--eagle lookahead|drop`` builds both from an EAGLE3 config (k = 1) with vLLM's look-ahead
+block hashes or its trailing-block drop; ``--cpu-time`` times steps in the process's CPU
+time instead of wall time.
 
 ``--profile`` runs cProfile over the tokenyard side's timed steps and prints where the
 adapter's time goes; ``--breakdown`` times the adapter's parts and its calls into the core
@@ -48,6 +52,14 @@ PROMPT_TOKENS = 128
 BLOCK_SIZE = 16
 
 
+# The step clock: wall (perf_counter_ns), or with --cpu-time the process's CPU time, the
+# steadier figure on a shared machine.
+CLOCK = [time.perf_counter_ns]
+
+# An EAGLE drafter for --eagle (vLLM's method, and whether its look-ahead hashes are off).
+EAGLE: dict[str, object] = {}
+
+
 def build(kind: str, running: int, prefix_caching: bool) -> tuple[object, VllmSchedulerPeer]:
     blocks_per_request = (PROMPT_TOKENS + 4096) // BLOCK_SIZE + 1
     peer = VllmSchedulerPeer(
@@ -57,6 +69,7 @@ def build(kind: str, running: int, prefix_caching: bool) -> tuple[object, VllmSc
         max_model_len=8192,
         block_size=BLOCK_SIZE,
         enable_prefix_caching=prefix_caching,
+        **EAGLE,  # type: ignore[arg-type]
     )
     if kind == "vllm":
         return peer.scheduler, peer
@@ -124,9 +137,9 @@ def run_side(
     for _ in range(steps):
         if profiler:
             profiler.enable()
-        t0 = time.perf_counter_ns()
+        t0 = CLOCK[0]()
         decided = step(scheduler, ModelRunnerOutput)
-        times.append(time.perf_counter_ns() - t0)
+        times.append(CLOCK[0]() - t0)
         if profiler:
             profiler.disable()
         decisions.append(decided)
@@ -215,7 +228,23 @@ def main() -> None:
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--breakdown", action="store_true")
+    parser.add_argument(
+        "--eagle",
+        choices=["off", "lookahead", "drop"],
+        default="off",
+        help="an EAGLE3 drafter (k = 1, no drafts proposed) with vLLM's look-ahead block "
+        "hashes or its trailing-block drop",
+    )
+    parser.add_argument("--cpu-time", action="store_true", help="time steps in CPU time")
     args = parser.parse_args()
+    if args.cpu_time:
+        CLOCK[0] = time.process_time_ns
+    if args.eagle != "off":
+        EAGLE.update(
+            num_speculative_tokens=1,
+            speculative_method="eagle3",
+            disable_lookahead_block_hashes=args.eagle == "drop",
+        )
     import vllm
 
     import tokenyard
@@ -224,7 +253,8 @@ def main() -> None:
     print(
         f"vllm {vllm.__version__}, tokenyard {tokenyard.__version__}; {args.running} running "
         f"decodes, {args.steps} steps x {args.rounds} rounds, prefix caching "
-        f"{'on' if caching else 'off'}"
+        f"{'on' if caching else 'off'}, EAGLE {args.eagle}, "
+        f"{'CPU' if args.cpu_time else 'wall'} time"
     )
     all_times: dict[str, list[int]] = {"vllm": [], "tokenyard": []}
     same = True

@@ -50,15 +50,38 @@ from vllm_sched_diff import (
 )
 
 
-def draw(seed: int, steps: int) -> Scenario:
-    """``vllm_sched_diff``'s scenario; in one of six, a KV cache below ``max_model_len``."""
+def draw(seed: int, steps: int, eagle: str = "off") -> Scenario:
+    """``vllm_sched_diff``'s scenario; in one of six, a KV cache below ``max_model_len``.
+    ``eagle`` ``lookahead`` or ``drop``: every scenario runs an EAGLE or EAGLE3 drafter
+    (``k`` of 1 to 4) with prefix caching, under vLLM's look-ahead block hashes or, with
+    ``disable_lookahead_block_hashes``, its trailing-block drop."""
     scenario = draw_scenario(seed, steps)
     rng = random.Random(f"{seed}/small-cache")
     if rng.random() < 1 / 6:
         c = scenario.config
         least = c.max_model_len // BLOCK_SIZE + 1
         c.num_blocks = max(2, least - rng.randrange(1, least // 2 + 2))
+    if eagle != "off":
+        eagle_scenario(scenario, seed, steps, drop=eagle == "drop")
     return scenario
+
+
+def eagle_scenario(scenario: Scenario, seed: int, steps: int, drop: bool) -> None:
+    """Turns ``scenario`` into an EAGLE one: drafter, prefix caching, and (for the scenarios
+    drawn without speculative decoding) ``k`` and prompts that share blocks."""
+    from vllm_sched_diff import _spec_prompts
+
+    c = scenario.config
+    rng = random.Random(f"{seed}/eagle")
+    c.speculative_method = rng.choice(["eagle", "eagle3"])
+    c.disable_lookahead_block_hashes = drop
+    c.enable_prefix_caching = True
+    if not c.num_speculative_tokens:
+        c.num_speculative_tokens = rng.randrange(1, 5)
+        c.draft_accept_rate = rng.choice([0.0, 0.5, 0.8, 1.0])
+        _spec_prompts(rng, seed, scenario.arrivals, steps, c.max_model_len)
+    # vLLM refuses a budget that cannot hold one request's drafts.
+    c.max_num_batched_tokens = max(c.max_num_batched_tokens, c.num_speculative_tokens + 2)
 
 
 class Side(VllmSide):
@@ -297,6 +320,13 @@ def main() -> int:
         default="all",
         help="no-stops: no EOS, stop ids or aborts (the caching rule alone)",
     )
+    parser.add_argument(
+        "--eagle",
+        choices=["off", "lookahead", "drop"],
+        default="off",
+        help="every scenario with an EAGLE/EAGLE3 drafter and prefix caching: look-ahead "
+        "block hashes (vLLM's default) or the trailing-block drop",
+    )
     args = parser.parse_args()
     is_async = args.mode == "async"
     kinds: Counter[str] = Counter()
@@ -304,7 +334,7 @@ def main() -> int:
     small = agree_small = spec = agree_spec = 0
     first_diff: tuple[int, int, str] | None = None
     for seed in range(args.first_seed, args.first_seed + args.scenarios):
-        scenario = draw(seed, args.steps)
+        scenario = draw(seed, args.steps, args.eagle)
         if args.only == "no-stops":
             scenario.aborts = {}
             for a in scenario.arrivals:
@@ -329,8 +359,9 @@ def main() -> int:
         if shown < args.show:
             shown += 1
             print(f"seed {seed} step {step}: {what}\n  config {c}")
+    eagle = "" if args.eagle == "off" else f" (EAGLE, {args.eagle})"
     print(
-        f"{args.mode}: {agree}/{args.scenarios} scenarios agree on every step "
+        f"{args.mode}{eagle}: {agree}/{args.scenarios} scenarios agree on every step "
         f"(SchedulerOutput, EngineCoreOutputs, request state), {agree_spec}/{spec} with "
         f"speculative decoding, {agree_small}/{small} with a KV cache below max_model_len; "
         f"first differences by kind: {dict(kinds)}"

@@ -205,6 +205,26 @@ def _stub_model_config_dir(max_model_len: int) -> str:
     return _stub_model_dir
 
 
+_DRAFT_ARCHS = {"eagle": "EagleLlamaForCausalLM", "eagle3": "Eagle3LlamaForCausalLM"}
+
+
+def _stub_draft_dir(model_dir: str, method: str) -> str:
+    """A draft model config beside the stub target's (never loaded): the target's config
+    under the EAGLE architecture vLLM registers for a Llama target."""
+    import json
+
+    if method not in _DRAFT_ARCHS:
+        raise ValueError(f"speculative_method must be ngram, eagle or eagle3, got {method!r}")
+    draft_dir = os.path.join(model_dir, f"draft-{method}")
+    os.makedirs(draft_dir, exist_ok=True)
+    with open(os.path.join(model_dir, "config.json")) as f:
+        config = json.load(f)
+    config["architectures"] = [_DRAFT_ARCHS[method]]
+    with open(os.path.join(draft_dir, "config.json"), "w") as f:
+        json.dump(config, f)
+    return draft_dir
+
+
 class VllmSchedulerPeer:
     """vLLM V1's synchronous ``Scheduler`` over a ``num_blocks`` KV cache, no model."""
 
@@ -226,17 +246,25 @@ class VllmSchedulerPeer:
         num_speculative_tokens: int = 0,
         prefill_schedule_interval: int = 1,
         scheduler_cls: type | None = None,
+        speculative_method: str = "ngram",
+        disable_lookahead_block_hashes: bool = False,
     ) -> None:
         """``scheduler_reserve_full_isl`` (vLLM's default True): admit a waiting request
         only if its whole prompt fits in free blocks, not just its first chunk.
         ``num_speculative_tokens`` > 0: speculative decoding with vLLM's n-gram method (no
         draft model to load; the caller hands drafts to ``update_draft_token_ids``).
         ``scheduler_cls``: the class to build with vLLM's arguments instead of its
-        ``Scheduler`` (its ``AsyncScheduler``, or tokenyard's adapters)."""
+        ``Scheduler`` (its ``AsyncScheduler``, or tokenyard's adapters).
+        ``speculative_method`` ``"eagle"`` or ``"eagle3"``: an EAGLE drafter over a stub
+        draft model (never loaded), which turns on vLLM's look-ahead block hashes
+        (``num_hash_lookahead_tokens``), or with ``disable_lookahead_block_hashes`` its
+        trailing-block drop; the requests' block hasher follows the config, as vLLM's
+        engine builds it."""
         from vllm.config import (
             CacheConfig,
             DeviceConfig,
             ModelConfig,
+            ParallelConfig,
             SchedulerConfig,
             SpeculativeConfig,
             VllmConfig,
@@ -273,7 +301,16 @@ class VllmSchedulerPeer:
             prefix_caching_hash_algo=hash_algo,
         )
         speculative_config = None
-        if num_speculative_tokens:
+        if num_speculative_tokens and speculative_method != "ngram":
+            speculative_config = SpeculativeConfig(
+                method=speculative_method,
+                model=_stub_draft_dir(model_dir, speculative_method),
+                num_speculative_tokens=num_speculative_tokens,
+                target_model_config=model_config,
+                target_parallel_config=ParallelConfig(),
+                disable_lookahead_block_hashes=disable_lookahead_block_hashes,
+            )
+        elif num_speculative_tokens:
             speculative_config = SpeculativeConfig(
                 method="ngram",
                 num_speculative_tokens=num_speculative_tokens,
@@ -302,7 +339,9 @@ class VllmSchedulerPeer:
         if enable_prefix_caching:
             hash_fn = get_hash_fn_by_name(hash_algo)
             kv_cache_utils.init_none_hash(hash_fn)
-            self._block_hasher = kv_cache_utils.get_request_block_hasher(block_size, hash_fn)
+            self._block_hasher = kv_cache_utils.get_request_block_hasher(
+                block_size, hash_fn, self.vllm_config.num_hash_lookahead_tokens
+            )
         self._sampling_params: dict[int, SamplingParams] = {}
 
     def build(self, cls: type, kv_cache_config: KVCacheConfig, *, log_stats: bool = True) -> Any:

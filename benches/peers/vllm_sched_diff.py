@@ -66,6 +66,11 @@ class Config:
     prefill_schedule_interval: int = 1
     throttle_rate: float = 0.0
     """Chance that a step is scheduled with ``throttle_prefills`` (DP prefill balancing)."""
+    speculative_method: str = "ngram"
+    """vLLM's drafter: ``ngram``, or ``eagle`` / ``eagle3`` (the adapter's differential
+    test only: a stub draft model, whose prefix-cache rules the core follows)."""
+    disable_lookahead_block_hashes: bool = False
+    """With an EAGLE drafter: vLLM's trailing-block drop instead of look-ahead hashes."""
 
 
 @dataclass
@@ -308,6 +313,8 @@ class VllmSide:
             num_speculative_tokens=c.num_speculative_tokens,
             prefill_schedule_interval=c.prefill_schedule_interval,
             scheduler_cls=scheduler_cls,
+            speculative_method=c.speculative_method,
+            disable_lookahead_block_hashes=c.disable_lookahead_block_hashes,
         )
         self.s = self.peer.scheduler
         self.last: Any = None

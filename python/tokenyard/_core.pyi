@@ -526,12 +526,18 @@ class KvCoordinator:
         """Raises InternalError if the internal bookkeeping is inconsistent (a bug)."""
 
 def block_hashes(
-    token_ids: _TokenIds, *, block_size: int, extra_key: int | None = None
+    token_ids: _TokenIds,
+    *,
+    block_size: int,
+    extra_key: int | None = None,
+    num_hash_lookahead_tokens: int = 0,
 ) -> list[int]:
-    """The chained hashes of the full blocks of ``token_ids``, as ``BlockPool`` computes them.
+    """The chained hashes of the full blocks of ``token_ids``, as ``BlockPool`` computes them;
+    with ``num_hash_lookahead_tokens`` (vLLM 0.33's look-ahead hashes), each also covering
+    that many tokens after its block, for the blocks that have them.
 
     Raises:
-        InputError: ``block_size < 1`` or bad token ids.
+        InputError: ``block_size < 1``, a negative look-ahead or bad token ids.
     """
 
 @final
@@ -1112,6 +1118,14 @@ class Scheduler:
         ``num_prefill_lookahead``; settable, from the next step on)."""
     @num_prefill_lookahead.setter
     def num_prefill_lookahead(self, num_prefill_lookahead: int) -> None: ...
+    @property
+    def num_hash_lookahead_tokens(self) -> int:
+        """Tokens past each block that its hash covers (vLLM 0.33's
+        ``num_hash_lookahead_tokens``; ``SchedulerConfig``'s). Settable while no request
+        holds blocks; raises ``ConfigError`` otherwise, with a KV connector, or where the
+        config would refuse it."""
+    @num_hash_lookahead_tokens.setter
+    def num_hash_lookahead_tokens(self, lookahead: int) -> None: ...
     @property
     def mamba_align(self) -> tuple[int, bool, int] | None:
         """vLLM 0.33's Mamba ``align`` split in force as ``(block_size, drop_eagle_block,

@@ -281,7 +281,20 @@ class SchedulerConfig:
     """Known prefill tokens a multi-module MTP or EAGLE drafter reads past a chunk's end
     (vLLM 0.33's ``num_prefill_lookahead``): encoder inputs are scheduled that far ahead,
     and a prefill chunk never ends closer than this to the end of the request's known
-    tokens (it finishes them or leaves this many). 0 = off."""
+    tokens (it finishes them or leaves this many). 0 = off. With one KV group and prefix
+    caching, the last ``num_prefill_lookahead - 1`` computed tokens are never cached (vLLM's
+    ``num_reprefillable_tokens``: a multi-module MTP drafter may re-prefill them)."""
+    num_hash_lookahead_tokens: int = 0
+    """Tokens past each block that its hash covers (vLLM 0.33's
+    ``VllmConfig.num_hash_lookahead_tokens``, its default for EAGLE/EAGLE3/MTP drafters with
+    prefix caching): a block is hashed, cached and hit only once the tokens after it exist,
+    and two prompts share it only if they agree on those too. 0 = off (the legacy hashes).
+    Needs block-hash prefix caching; refused with a KV connector, as vLLM keeps the legacy
+    hashes there."""
+    eagle_block_drop: bool = False
+    """vLLM 0.33's trailing-block drop for EAGLE-style drafters when look-ahead hashes are off
+    (``disable_lookahead_block_hashes``): every prefix hit loses its last block, which is
+    recomputed for the drafter. One KV group, block-hash prefix caching, no look-ahead."""
 
     def __post_init__(self) -> None:
         groups = self.kv_groups
@@ -354,12 +367,14 @@ _COUNT_FIELDS = (
     "num_speculative_tokens",
     "mamba_align_block_size",
     "num_prefill_lookahead",
+    "num_hash_lookahead_tokens",
     "max_loras",
     "host_num_blocks",
     "max_num_encoder_input_tokens",
     "encoder_cache_size",
 )
 _FLAG_FIELDS = (
+    "eagle_block_drop",
     "pad_spec_decode",
     "cache_accepted_drafts",
     "scheduler_reserve_full_isl",

@@ -90,15 +90,20 @@ class BlockHashIndex:
         the core was given (``core_prompt`` for a multimodal prompt), keyed by its LoRA."""
         scheduler = self._scheduler
         num_prompt = request.num_prompt_tokens
-        tokens = list(request.all_token_ids[: num_blocks * scheduler.block_size])
+        # A look-ahead hash reads the tokens past its block (SchedulerConfig's).
+        lookahead: int = scheduler._core.num_hash_lookahead_tokens
+        tokens = list(request.all_token_ids[: num_blocks * scheduler.block_size + lookahead])
         if request.mm_features and scheduler._prefix_caching:
             prompt = core_prompt(tokens[:num_prompt], request.mm_features)
             tokens = [*prompt, *tokens[num_prompt:]]
         lora = request.lora_request
         extra_key = lora.lora_int_id if lora is not None and lora.lora_int_id > 0 else None
         hashes: list[int] = core_block_hashes(
-            tokens, block_size=scheduler.block_size, extra_key=extra_key
-        )
+            tokens,
+            block_size=scheduler.block_size,
+            extra_key=extra_key,
+            num_hash_lookahead_tokens=lookahead,
+        )[:num_blocks]
         return hashes
 
     def _prune(self) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenyard.errors import ConfigError
+from tokenyard.integrations._vllm_lookahead import eagle_block_drop_of, hash_lookahead_of
 from tokenyard.kv import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
@@ -211,6 +212,12 @@ def core_config(
         encoder_cache_size=encoder_cache_size,
         disable_chunked_mm_input=bool(_get(sched, "disable_chunked_mm_input", False)),
         prefill_schedule_interval=local_prefill_interval(vllm_config),
+        # vLLM 0.33's EAGLE/MTP prefix-cache rules (_vllm_lookahead); the drafter's prefill
+        # look-ahead at construction also sets the re-prefillable lag, as vLLM's
+        # coordinator reads it once.
+        num_prefill_lookahead=int(_get(vllm_config, "num_prefill_lookahead_tokens", 0) or 0),
+        num_hash_lookahead_tokens=hash_lookahead_of(vllm_config),
+        eagle_block_drop=eagle_block_drop_of(vllm_config),
     )
 
 

@@ -663,6 +663,29 @@ impl PyScheduler {
         self.inner.set_num_prefill_lookahead(num_prefill_lookahead);
     }
 
+    /// Tokens past each block that its hash covers (vLLM 0.33's
+    /// `num_hash_lookahead_tokens`); settable while no request holds blocks.
+    #[getter]
+    fn num_hash_lookahead_tokens(&self) -> usize {
+        self.inner.num_hash_lookahead_tokens()
+    }
+
+    #[setter]
+    fn set_num_hash_lookahead_tokens(&mut self, py: Python<'_>, lookahead: i64) -> PyResult<()> {
+        let Ok(lookahead) = usize::try_from(lookahead) else {
+            let field = "num_hash_lookahead_tokens";
+            return Err(crate::errors::config_error(
+                py,
+                field,
+                lookahead,
+                "must be >= 0",
+            ));
+        };
+        self.inner
+            .set_num_hash_lookahead_tokens(lookahead)
+            .map_err(|err| self.raise(py, err))
+    }
+
     /// Whether encoder inputs are an encoder-decoder model's (vLLM 0.33's
     /// `is_encoder_decoder`: encoded with the first decoder tokens, sizing the
     /// cross-attention groups, counted by `EncoderDecoderCacheManager`).

@@ -75,6 +75,16 @@ pub(crate) fn core_config(config: &Bound<'_, PyAny>) -> PyResult<(SchedulerConfi
         } else {
             0
         },
+        num_hash_lookahead_tokens: if config.hasattr("num_hash_lookahead_tokens")? {
+            count_field(config, "num_hash_lookahead_tokens")?
+        } else {
+            0
+        },
+        eagle_block_drop: if config.hasattr("eagle_block_drop")? {
+            field(config, "eagle_block_drop")?
+        } else {
+            false
+        },
     };
     Ok((core, field(config, "async_scheduling")?))
 }

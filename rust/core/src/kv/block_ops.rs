@@ -172,6 +172,10 @@ pub(super) fn append_tokens(
     if !enable_caching {
         return;
     }
+    if request.hash_lookahead > 0 {
+        let lookahead = request.hash_lookahead as usize;
+        return super::lookahead::append_tokens(block_size, lookahead, request, new_token_ids);
+    }
     let bs = block_size;
     let num_hashed = request.block_hashes.len() * bs + request.tail_tokens.len();
     let skip = num_hashed
@@ -228,7 +232,12 @@ pub(super) fn cache_full_blocks(
     events: &mut Option<Vec<KvEvent>>,
     request: &mut RequestBlocks,
 ) {
-    let num_full = request.num_computed_tokens.min(request.num_tokens) / block_size;
+    // Re-prefillable tokens are never cached, nor blocks without their (look-ahead) hash:
+    // both are 0 and moot with vLLM's rules off.
+    let num_cacheable =
+        (request.num_computed_tokens).saturating_sub(request.num_reprefillable as usize);
+    let num_full =
+        (num_cacheable.min(request.num_tokens) / block_size).min(request.block_hashes.len());
     let first = request.num_cached_blocks.min(num_full);
     let hashes = &request.block_hashes[first..num_full];
     let ids = &request.block_ids[first..num_full];

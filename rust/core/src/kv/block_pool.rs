@@ -26,6 +26,7 @@ use super::block_ops::{
 use super::cache_map::CacheMap;
 use super::free_queue::{FreeBlockQueue, FreeQueue};
 use super::host_tier::HostTier;
+use super::lookahead::PrefixRules;
 use super::{
     KvCapacity, LookupQuery, RequestKey, TokenId, blocks_needed, check_allocation,
     check_block_size, check_extra_key, check_num_blocks,
@@ -132,6 +133,9 @@ pub(super) struct RequestBlocks {
     /// Leading blocks already registered in (or offered to) the prefix cache.
     pub(super) num_cached_blocks: usize,
     pub(super) extra_key: Option<u64>,
+    /// The pool's `PrefixRules` the request's hashes and caching follow (0: off).
+    pub(super) hash_lookahead: u32,
+    pub(super) num_reprefillable: u32,
 }
 
 /// `Q` is the free queue: vLLM's linked list by default, or a [`RunQueue`](super::RunQueue)
@@ -154,6 +158,8 @@ pub struct BlockPool<R: RequestKey, Q: FreeQueue = FreeBlockQueue> {
     spare: Vec<RequestBlocks>,
     /// `free`'s list of uncached blocks, kept between calls.
     evict_first: Vec<BlockId>,
+    /// vLLM 0.33's prefix-cache rules for EAGLE/MTP drafters (`kv::lookahead`).
+    pub(super) rules: PrefixRules,
 }
 
 /// Freed request entries kept for reuse, per pool.
@@ -205,6 +211,7 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
             host: None,
             spare: Vec::new(),
             evict_first: Vec::new(),
+            rules: PrefixRules::default(),
         })
     }
 
@@ -517,6 +524,17 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
     /// caches its full blocks of computed tokens, without allocating: vLLM 0.33's
     /// `cache_blocks` in `update_from_output`, for blocks that accepted drafts completed.
     pub fn cache_blocks(&mut self, request_id: &R, new_token_ids: &[TokenId]) -> Result<()> {
+        self.cache_blocks_ahead(request_id, new_token_ids, &[])
+    }
+
+    /// [`Self::cache_blocks`], with `ahead`: the request's tokens past `new_token_ids`,
+    /// which complete the hashes of a hash look-ahead (`kv::lookahead`; ignored without).
+    pub fn cache_blocks_ahead(
+        &mut self,
+        request_id: &R,
+        new_token_ids: &[TokenId],
+        ahead: &[TokenId],
+    ) -> Result<()> {
         let (block_size, caching) = (self.block_size, self.enable_caching);
         let Self {
             requests,
@@ -530,6 +548,7 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
             .ok_or_else(|| Error::unknown_request(request_id))?;
         append_tokens(block_size, caching, request, new_token_ids);
         if caching {
+            super::lookahead::hash_ahead(block_size, request, ahead);
             cache_full_blocks(block_size, cached, blocks, events, request);
         }
         Ok(())
@@ -712,7 +731,11 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
             num_computed_tokens: 0,
             num_cached_blocks: 0,
             extra_key,
+            hash_lookahead: 0,
+            num_reprefillable: 0,
         });
+        request.hash_lookahead = self.rules.num_hash_lookahead_tokens as u32;
+        request.num_reprefillable = self.rules.num_reprefillable_tokens as u32;
         debug_assert!(request.block_ids.is_empty() && request.tail_tokens.is_empty());
         request.block_hashes.clear();
         request.num_tokens = 0;

@@ -52,7 +52,10 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
         // run of `WARM_RUN` blocks at a time so that their map slots are read together.
         // Admission reuses these hashes and hashes the rest once (`append_tokens`).
         let bs = self.block_size;
-        let max_hit_blocks = token_ids.len().saturating_sub(1).min(max_hit_tokens) / bs;
+        // With a hash look-ahead, a block is hashed only with the tokens past it.
+        let lookahead = self.rules.num_hash_lookahead_tokens;
+        let max_hit_blocks = (token_ids.len().saturating_sub(1).min(max_hit_tokens) / bs)
+            .min(token_ids.len().saturating_sub(lookahead) / bs);
         // A request retried at the head of the queue brings its hashes: they are probed a
         // run at a time too (read ahead together, and none past the run of the first miss:
         // a long prompt's hundreds of known hashes were all read ahead at every retry).
@@ -66,7 +69,7 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
                 let end = (i + WARM_RUN).min(max_hit_blocks);
                 for b in i..end {
                     let parent = result.block_hashes.last().copied();
-                    let block = &token_ids[b * bs..(b + 1) * bs];
+                    let block = &token_ids[b * bs..(b + 1) * bs + lookahead];
                     result
                         .block_hashes
                         .push(hash_block(parent, block, extra_key));
@@ -83,6 +86,9 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
             } else {
                 break;
             }
+        }
+        if self.rules.drop_eagle_block {
+            crate::kv::lookahead::drop_eagle_block(&mut result);
         }
         result.num_computed_tokens = result.block_ids.len() * self.block_size;
         self.stats

@@ -109,6 +109,8 @@ pub struct KvCoordinator<R: RequestKey> {
     /// hash look-ahead (vLLM 0.33's `MambaManager.drop_eagle_checkpoint_block` and
     /// `num_hash_lookahead_tokens`).
     checkpoint_rule: (bool, usize),
+    /// vLLM 0.33's hash look-ahead (`kv::lookahead`; 0: off).
+    pub(super) hash_lookahead: usize,
 }
 
 /// A block hash keyed by its group (vLLM appends the group id to the hash bytes).
@@ -197,6 +199,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             zeroing: None,
             cached_this_step: FxHashSet::default(),
             checkpoint_rule: (false, 0),
+            hash_lookahead: 0,
         })
     }
 
@@ -439,6 +442,17 @@ impl<R: RequestKey> KvCoordinator<R> {
     /// and caches its full computed blocks in every group, without allocating (vLLM's
     /// `cache_blocks`).
     pub fn cache_blocks(&mut self, request_id: &R, new_token_ids: &[TokenId]) -> Result<()> {
+        self.cache_blocks_ahead(request_id, new_token_ids, &[])
+    }
+
+    /// [`Self::cache_blocks`] with the request's tokens `ahead` of `new_token_ids`, for a
+    /// hash look-ahead (`BlockPool::cache_blocks_ahead`).
+    pub fn cache_blocks_ahead(
+        &mut self,
+        request_id: &R,
+        new_token_ids: &[TokenId],
+        ahead: &[TokenId],
+    ) -> Result<()> {
         let request = self
             .requests
             .get_mut(request_id)
@@ -450,6 +464,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             new_token_ids,
         );
         if self.enable_caching {
+            super::lookahead::hash_ahead(self.block_size, &mut request.tokens, ahead);
             cache_full_blocks(
                 self.block_size,
                 &self.groups,
@@ -640,6 +655,8 @@ impl<R: RequestKey> KvCoordinator<R> {
                 num_computed_tokens: num_computed,
                 num_cached_blocks: 0,
                 extra_key,
+                hash_lookahead: self.hash_lookahead as u32,
+                num_reprefillable: 0,
             },
             tables: vec![Vec::new(); num_groups],
             num_cached: vec![0; num_groups],

@@ -54,7 +54,20 @@ impl<R: RequestKey> KvCoordinator<R> {
         let mut hashes = known;
         hashes.truncate(max_length / bs);
         hashes.reserve_exact(max_length / bs - hashes.len());
-        hash_full_blocks(&mut hashes, &token_ids[..max_length], bs, extra_key);
+        if self.hash_lookahead > 0 {
+            let lookahead = self.hash_lookahead;
+            let max_blocks = max_length / bs;
+            crate::kv::hash_full_blocks_lookahead(
+                &mut hashes,
+                token_ids,
+                bs,
+                lookahead,
+                extra_key,
+                max_blocks,
+            );
+        } else {
+            hash_full_blocks(&mut hashes, &token_ids[..max_length], bs, extra_key);
+        }
         let simple_hybrid =
             self.lookup_order.len() == 2 && self.lookup_order[0].spec.is_full_attention();
         let mut hit_length = max_length;

@@ -24,6 +24,7 @@ mod counting;
 mod free_queue;
 mod host_tier;
 mod layer_groups;
+mod lookahead;
 mod named_cache;
 #[cfg(test)]
 mod named_pool_tests;
@@ -47,6 +48,7 @@ pub use host_tier::HostTier;
 pub use layer_groups::{
     KvGroupSpec, NULL_BLOCK, mamba_checkpoint_position, mamba_checkpoint_valid,
 };
+pub use lookahead::{PrefixRules, hash_full_blocks_lookahead};
 pub use prefix_pool::PrefixPool;
 pub use radix::{MatchResult, NodeHandle, RadixCache};
 pub use radix_pool::{RadixHit, RadixPool};

@@ -432,7 +432,10 @@ impl<R: RequestKey> Scheduler<R> {
             num_prompt_tokens,
         ));
         request.all_token_ids = tokens;
-        request.prompt_block_hashes = block_hashes;
+        // A source's hashes are the legacy ones: a hash look-ahead recomputes its own.
+        if self.config.num_hash_lookahead_tokens == 0 {
+            request.prompt_block_hashes = block_hashes;
+        }
         Ok(())
     }
 

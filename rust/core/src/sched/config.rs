@@ -163,6 +163,17 @@ pub struct SchedulerConfig {
     /// at most the budget less these, and none is scheduled once no more than these remain;
     /// 0 = off.
     pub num_draft_slots_per_request: usize,
+    /// Tokens past each block that its hash covers (vLLM 0.33's
+    /// `VllmConfig.num_hash_lookahead_tokens`, on by default for EAGLE/EAGLE3/MTP drafters
+    /// with prefix caching): a block is hashed, cached and hit only once they exist
+    /// (`kv::lookahead`); 0 = off (the legacy hashes). Block-hash prefix caching only.
+    pub num_hash_lookahead_tokens: usize,
+    /// vLLM 0.33's trailing-block drop for EAGLE-style drafters when look-ahead hashes are
+    /// off (`KVCacheCoordinator`'s `use_eagle`): every prefix hit loses its last block.
+    /// Block-hash prefix caching with one KV group only. With it, and always with one KV
+    /// group, the last `num_prefill_lookahead - 1` computed tokens are never cached
+    /// (vLLM's `num_reprefillable_tokens`).
+    pub eagle_block_drop: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -196,6 +207,8 @@ impl Default for SchedulerConfig {
             mamba_align: None,
             num_prefill_lookahead: 0,
             num_draft_slots_per_request: 0,
+            num_hash_lookahead_tokens: 0,
+            eagle_block_drop: false,
         }
     }
 }
@@ -354,6 +367,7 @@ impl SchedulerConfig {
             ));
         }
         self.validate_kv_groups()?;
+        self.validate_prefix_rules()?;
         let padded = 1 + self.num_speculative_tokens;
         if self.num_speculative_tokens > 0
             && self.pad_spec_decode

@@ -147,7 +147,8 @@ impl Kv {
             // The coordinator's block 0 is vLLM's null block.
             let num_blocks = config.num_kv_blocks() + 1;
             let (groups, caching) = (config.kv_groups.clone(), config.enable_prefix_caching);
-            let pool = KvCoordinator::new(groups, num_blocks, config.block_size, caching)?;
+            let mut pool = KvCoordinator::new(groups, num_blocks, config.block_size, caching)?;
+            pool.set_hash_lookahead(config.prefix_rules().num_hash_lookahead_tokens)?;
             let batches = if async_scheduling { 2 } else { 1 };
             return Ok(Kv::Hybrid(Box::new(HybridKv {
                 pool,
@@ -162,7 +163,8 @@ impl Kv {
             }
             (caching, _) => {
                 let (num_blocks, block_size) = (config.num_kv_blocks(), config.block_size);
-                let pool = RunBlockPool::over_runs(num_blocks, block_size, caching)?;
+                let mut pool = RunBlockPool::over_runs(num_blocks, block_size, caching)?;
+                pool.set_prefix_rules(config.prefix_rules())?;
                 Kv::BlockHash(match config.host_num_blocks {
                     0 => pool,
                     n => pool.with_host_tier(n)?,
@@ -241,6 +243,18 @@ impl Kv {
         let (hit, diverged) =
             (h.pool).get_computed_blocks_for_connector(token_ids, extra_key, known, max_hit_tokens);
         (Hit::Hybrid(hit), diverged)
+    }
+
+    /// Follows `config`'s prefix-cache rules from now on (`sched::prefix_rules`; the hybrid
+    /// coordinator takes the look-ahead only). Errors as the pools' setters.
+    pub fn set_prefix_rules(&mut self, config: &SchedulerConfig) -> Result<()> {
+        match self {
+            Kv::BlockHash(p) => p.set_prefix_rules(config.prefix_rules()),
+            Kv::Hybrid(h) => {
+                (h.pool).set_hash_lookahead(config.prefix_rules().num_hash_lookahead_tokens)
+            }
+            Kv::Radix(_) => Ok(()),
+        }
     }
 
     /// A step begins: Mamba `align` states cached before it may be hit (vLLM's
@@ -625,6 +639,21 @@ impl Kv {
         match self {
             Kv::BlockHash(p) => p.cache_blocks(&slot, new_token_ids),
             Kv::Hybrid(h) => h.pool.cache_blocks(&slot, new_token_ids),
+            Kv::Radix(_) => Ok(()),
+        }
+    }
+
+    /// [`Self::cache_blocks`] with the request's tokens `ahead` of `new_token_ids`, which
+    /// complete look-ahead hashes (`kv::lookahead`).
+    pub fn cache_blocks_ahead(
+        &mut self,
+        slot: u32,
+        new_token_ids: &[TokenId],
+        ahead: &[TokenId],
+    ) -> Result<()> {
+        match self {
+            Kv::BlockHash(p) => p.cache_blocks_ahead(&slot, new_token_ids, ahead),
+            Kv::Hybrid(h) => h.pool.cache_blocks_ahead(&slot, new_token_ids, ahead),
             Kv::Radix(_) => Ok(()),
         }
     }

@@ -23,6 +23,7 @@ mod mamba_align;
 mod multistep;
 mod output;
 mod plugin;
+mod prefix_rules;
 mod queue;
 mod request;
 mod scheduler;

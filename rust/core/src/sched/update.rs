@@ -396,8 +396,16 @@ impl<R: RequestKey> Scheduler<R> {
             // never knows more: its tokens come from allocations, which see only landed
             // outputs.)
             if landed >= known {
-                self.kv
-                    .cache_blocks(slot, &request.all_token_ids[known..landed])?;
+                let new_token_ids = &request.all_token_ids[known..landed];
+                match self.config.num_hash_lookahead_tokens {
+                    0 => self.kv.cache_blocks(slot, new_token_ids)?,
+                    // vLLM's block hasher hashes with the tokens sampled past them.
+                    lookahead => {
+                        let end = (landed + lookahead).min(request.all_token_ids.len());
+                        let ahead = &request.all_token_ids[landed..end];
+                        self.kv.cache_blocks_ahead(slot, new_token_ids, ahead)?;
+                    }
+                }
             }
         }
         Ok(reason)
@@ -674,6 +682,10 @@ impl<R: RequestKey> Scheduler<R> {
                 "radix",
                 "KV connectors need the block-hash pool (prefix_cache = \"block_hash\")",
             ));
+        }
+        if self.config.num_hash_lookahead_tokens > 0 {
+            let lookahead = self.config.num_hash_lookahead_tokens;
+            return Err(super::prefix_rules::connector_refusal(lookahead));
         }
         if self
             .slots

@@ -323,17 +323,37 @@ impl PyBlockPool {
 }
 
 /// The chained hashes of the full blocks of `token_ids`, as a `BlockPool` of this block
-/// size computes them (128-bit ints).
+/// size computes them (128-bit ints); with `num_hash_lookahead_tokens`, each covering the
+/// tokens after its block, for the blocks that have them.
 #[pyfunction]
-#[pyo3(signature = (token_ids, *, block_size, extra_key = None))]
+#[pyo3(signature = (token_ids, *, block_size, extra_key = None, num_hash_lookahead_tokens = 0))]
 pub(crate) fn block_hashes(
     token_ids: &Bound<'_, PyAny>,
     block_size: i64,
     extra_key: Option<u64>,
+    num_hash_lookahead_tokens: i64,
 ) -> PyResult<Vec<u128>> {
-    let block_size = count_arg(token_ids.py(), "block_size", block_size, 1)?;
+    let py = token_ids.py();
+    let block_size = count_arg(py, "block_size", block_size, 1)?;
+    let lookahead = count_arg(
+        py,
+        "num_hash_lookahead_tokens",
+        num_hash_lookahead_tokens,
+        0,
+    )?;
     let tokens = read_token_ids(token_ids, "token_ids")?;
     let mut hashes: Vec<BlockHash> = Vec::new();
-    hash_full_blocks(&mut hashes, &tokens, block_size, extra_key);
+    if lookahead > 0 {
+        tokenyard_core::kv::hash_full_blocks_lookahead(
+            &mut hashes,
+            &tokens,
+            block_size,
+            lookahead,
+            extra_key,
+            usize::MAX,
+        );
+    } else {
+        hash_full_blocks(&mut hashes, &tokens, block_size, extra_key);
+    }
     Ok(hashes.into_iter().map(|h| h.0).collect())
 }

@@ -25,6 +25,7 @@ mod mamba_connectors;
 mod memory;
 mod multistep;
 mod plugins;
+mod prefix_rules;
 mod replay;
 mod samplers;
 mod sessions;

@@ -1,0 +1,78 @@
+"""vLLM 0.33's prefix-cache rules for EAGLE/EAGLE3/MTP drafters, read off its configs and
+requests for the core (``SchedulerConfig.num_hash_lookahead_tokens``, ``eagle_block_drop``;
+``docs/integrations.md``, "EAGLE/MTP prefix caching").
+
+- The hash look-ahead is ``VllmConfig.num_hash_lookahead_tokens`` (``vllm/config/vllm.py``):
+  ``num_prefill_lookahead_tokens`` when ``speculative_config.use_eagle_block_drop()`` with
+  prefix caching, unless ``disable_lookahead_block_hashes`` or a KV transfer config.
+- The trailing-block drop is ``Scheduler.use_eagle_block_drop`` (``v1/core/sched/
+  scheduler.py``): the speculative config's ``use_eagle_block_drop()``, off when look-ahead
+  hashes are on; the core serves it only with prefix caching (vLLM's drop acts on hits).
+- vLLM hashes a request's blocks with the request's own block hasher
+  (``get_request_block_hasher(block_size, fn, num_hash_lookahead_tokens)``, which the engine
+  builds from the config); a request whose hasher says another look-ahead switches the
+  core to it while no request holds blocks (vLLM's tests build such requests by hand).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tokenyard.errors import InputError
+
+
+def hash_lookahead_of(vllm_config: Any) -> int:
+    """vLLM 0.33's ``VllmConfig.num_hash_lookahead_tokens`` (0 where the config has none)."""
+    return int(getattr(vllm_config, "num_hash_lookahead_tokens", 0) or 0)
+
+
+def eagle_block_drop_of(vllm_config: Any) -> bool:
+    """vLLM 0.33's ``Scheduler.use_eagle_block_drop`` as it reaches the KV cache manager
+    (``use_eagle``): the speculative config's, off with look-ahead hashes; and only with
+    prefix caching, where it changes the hits."""
+    speculative = getattr(vllm_config, "speculative_config", None)
+    if speculative is None or hash_lookahead_of(vllm_config) > 0:
+        return False
+    if not getattr(vllm_config.cache_config, "enable_prefix_caching", False):
+        return False
+    use_drop = getattr(speculative, "use_eagle_block_drop", None)
+    return bool(use_drop()) if callable(use_drop) else False
+
+
+def hasher_lookahead(request: Any) -> int | None:
+    """The look-ahead of the request's block hasher (vLLM's ``get_request_block_hasher``
+    closure keeps it), or ``None`` if it has no hasher or one of another make."""
+    hasher = getattr(request, "_block_hasher", None)
+    code = getattr(hasher, "__code__", None)
+    closure = getattr(hasher, "__closure__", None)
+    if code is None or closure is None:
+        return None
+    names = code.co_freevars
+    if "num_hash_lookahead_tokens" not in names:
+        return None
+    value = closure[names.index("num_hash_lookahead_tokens")].cell_contents
+    return int(value) if isinstance(value, int) else None
+
+
+def follow_hasher(core: Any, request: Any) -> None:
+    """Switches the core's hash look-ahead to the request's hasher's, as vLLM hashes with
+    the request's hasher.
+
+    Raises:
+        InputError: the request's hasher's look-ahead differs from the one the requests
+            holding blocks were hashed with (or the core refuses it, e.g. with a KV
+            connector).
+    """
+    lookahead = hasher_lookahead(request)
+    if lookahead is None or lookahead == core.num_hash_lookahead_tokens:
+        return
+    try:
+        core.num_hash_lookahead_tokens = lookahead
+    except ValueError as err:
+        raise InputError(
+            f"block_hasher: request {request.request_id!r} is hashed with "
+            f"num_hash_lookahead_tokens={lookahead}, but the scheduler hashes with "
+            f"{core.num_hash_lookahead_tokens} and cannot switch now ({err})",
+            field="block_hasher",
+            value=str(lookahead),
+        ) from err

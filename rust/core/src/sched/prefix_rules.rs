@@ -1,0 +1,122 @@
+//! vLLM 0.33's prefix-cache rules for EAGLE/EAGLE3/MTP drafters, as the scheduler's config
+//! sets them (`SchedulerConfig::num_hash_lookahead_tokens`, `eagle_block_drop`, and the
+//! re-prefillable lag from `num_prefill_lookahead`), checked and handed to the KV pool
+//! (`kv::lookahead` applies them). With all off nothing changes anywhere.
+
+use super::{PrefixCache, SchedulerConfig};
+use crate::kv::PrefixRules;
+use crate::{Error, Result};
+
+impl SchedulerConfig {
+    /// The single-group pool's rules: vLLM's `KVCacheCoordinator` with
+    /// `num_hash_lookahead_tokens`, `use_eagle` and `num_reprefillable_tokens =
+    /// max(0, num_prefill_lookahead - 1)` (read at construction, as vLLM builds its
+    /// coordinator once). Without prefix caching, none.
+    pub fn prefix_rules(&self) -> PrefixRules {
+        if !self.enable_prefix_caching {
+            return PrefixRules::default();
+        }
+        PrefixRules {
+            num_hash_lookahead_tokens: self.num_hash_lookahead_tokens,
+            num_reprefillable_tokens: self.num_prefill_lookahead.saturating_sub(1),
+            drop_eagle_block: self.eagle_block_drop,
+        }
+    }
+
+    /// Refuses what the rules cannot mean or the core does not serve: a look-ahead or the
+    /// drop without block-hash prefix caching, both at once (vLLM's scheduler turns the drop
+    /// off when look-ahead hashes are on), the drop with several KV groups, and the drop
+    /// with blocks smaller than a multi-module MTP look-ahead (vLLM's coordinator raises).
+    pub(super) fn validate_prefix_rules(&self) -> Result<()> {
+        let block_hash = self.enable_prefix_caching && self.prefix_cache == PrefixCache::BlockHash;
+        if self.num_hash_lookahead_tokens > 0 && !block_hash {
+            return Err(Error::config(
+                "num_hash_lookahead_tokens",
+                self.num_hash_lookahead_tokens,
+                "look-ahead block hashes need enable_prefix_caching with prefix_cache = \
+                 \"block_hash\"",
+            ));
+        }
+        if !self.eagle_block_drop {
+            return Ok(());
+        }
+        if !block_hash {
+            return Err(Error::config(
+                "eagle_block_drop",
+                "True",
+                "the trailing-block drop acts on prefix hits: it needs enable_prefix_caching \
+                 with prefix_cache = \"block_hash\"",
+            ));
+        }
+        if self.num_hash_lookahead_tokens > 0 {
+            return Err(Error::config(
+                "eagle_block_drop",
+                "True",
+                format!(
+                    "with num_hash_lookahead_tokens={} the look-ahead hashes prove the boundary \
+                     token and vLLM 0.33 drops no block; set one of the two",
+                    self.num_hash_lookahead_tokens
+                ),
+            ));
+        }
+        if self.is_hybrid() {
+            return Err(Error::config(
+                "eagle_block_drop",
+                "True",
+                "the trailing-block drop is served with one KV group only (vLLM's per-group \
+                 EAGLE drop over hybrid groups is not modelled)",
+            ));
+        }
+        if self.block_size < self.num_prefill_lookahead {
+            return Err(Error::config(
+                "block_size",
+                self.block_size,
+                format!(
+                    "must be >= num_prefill_lookahead={} with the trailing-block drop (vLLM \
+                     0.33: multi-module MTP with prefix caching)",
+                    self.num_prefill_lookahead
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl<R: crate::kv::RequestKey> super::Scheduler<R> {
+    /// The hash look-ahead in force (`SchedulerConfig::num_hash_lookahead_tokens`).
+    pub fn num_hash_lookahead_tokens(&self) -> usize {
+        self.config.num_hash_lookahead_tokens
+    }
+
+    /// Hashes blocks with `lookahead` tokens past them from now on, as vLLM 0.33 does for
+    /// requests whose block hasher (`get_request_block_hasher(..., lookahead)`) says so.
+    /// Only while no request holds blocks.
+    ///
+    /// Errors: `ConfigError` as [`SchedulerConfig::validate_scheduler`] would raise for the
+    /// new value, with a KV connector, or while a request holds blocks.
+    pub fn set_num_hash_lookahead_tokens(&mut self, lookahead: usize) -> Result<()> {
+        if lookahead == self.config.num_hash_lookahead_tokens {
+            return Ok(());
+        }
+        let mut config = self.config.clone();
+        config.num_hash_lookahead_tokens = lookahead;
+        config.validate_prefix_rules()?;
+        if lookahead > 0 && self.connector.is_some() {
+            return Err(connector_refusal(lookahead));
+        }
+        self.kv.set_prefix_rules(&config)?;
+        self.config.num_hash_lookahead_tokens = lookahead;
+        Ok(())
+    }
+}
+
+/// vLLM 0.33 keeps the legacy hashes with a KV connector (`num_hash_lookahead_tokens` is 0
+/// with a `kv_transfer_config`): the two are refused together.
+pub(super) fn connector_refusal(lookahead: usize) -> Error {
+    Error::config(
+        "num_hash_lookahead_tokens",
+        lookahead,
+        "a KV connector keeps vLLM's legacy block hashes (vLLM 0.33 sets no look-ahead with a \
+         kv_transfer_config)",
+    )
+}

@@ -1,0 +1,247 @@
+//! vLLM 0.33's prefix-cache rules for EAGLE/MTP drafters (`sched::prefix_rules`): hash
+//! look-ahead, the trailing-block drop, the re-prefillable lag; hand-checkable numbers.
+
+use super::*;
+use crate::sched::*;
+
+fn cfg(lookahead: usize, drop: bool) -> SchedulerConfig {
+    SchedulerConfig {
+        block_size: 2,
+        max_num_batched_tokens: 16,
+        enable_prefix_caching: true,
+        num_hash_lookahead_tokens: lookahead,
+        eagle_block_drop: drop,
+        ..config()
+    }
+}
+
+fn request(tokens: &[u32], max_tokens: usize) -> RequestSpec {
+    RequestSpec {
+        prompt_token_ids: tokens.to_vec(),
+        max_tokens,
+        ignore_eos: true,
+        ..RequestSpec::default()
+    }
+}
+
+#[test]
+fn a_lookahead_block_is_published_once_its_next_token_exists() {
+    // vLLM's `test_scheduler_publishes_lookahead_blocks_at_allocation`: block size 2, L = 1,
+    // prompt [0, 1, 2, 3]. Block [2, 4) waits for token 4, the first sampled one, and is
+    // cached at the allocation after it is sampled.
+    let mut s = Scheduler::new(cfg(1, false), false).unwrap();
+    s.add_request(0, request(&[0, 1, 2, 3], 3)).unwrap();
+    s.schedule().unwrap();
+    assert_eq!(s.num_cached_prefix_tokens(&[0, 1, 2, 3, 5, 7], None), 2);
+    s.update_from_output(&[sample(0, 5)]).unwrap();
+    // Sampled, not yet allocated past: still 2.
+    assert_eq!(s.num_cached_prefix_tokens(&[0, 1, 2, 3, 5, 7], None), 2);
+    s.schedule().unwrap();
+    assert_eq!(s.num_cached_prefix_tokens(&[0, 1, 2, 3, 5, 7], None), 4);
+    assert_eq!(s.num_cached_prefix_tokens(&[0, 1, 2, 3, 6, 7], None), 2);
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn without_lookahead_the_same_stream_caches_by_the_blocks_own_tokens() {
+    let mut s = Scheduler::new(cfg(0, false), false).unwrap();
+    s.add_request(0, request(&[0, 1, 2, 3], 3)).unwrap();
+    s.schedule().unwrap();
+    assert_eq!(s.num_cached_prefix_tokens(&[0, 1, 2, 3, 5, 7], None), 4);
+    assert_eq!(s.num_cached_prefix_tokens(&[0, 1, 2, 3, 6, 7], None), 4);
+}
+
+#[test]
+fn a_lookahead_hit_never_reaches_the_last_lookahead_tokens() {
+    // A resend of the cached [0..8) (L = 2): hashable blocks end at 8 - 2 = 6 at most.
+    let mut s = Scheduler::new(cfg(2, false), false).unwrap();
+    let tokens: Vec<u32> = (0..8).collect();
+    s.add_request(0, request(&tokens, 1)).unwrap();
+    run_step(&mut s);
+    assert_eq!(s.num_cached_prefix_tokens(&tokens, None), 6);
+    let longer: Vec<u32> = (0..12).collect();
+    // Block [6, 8) was hashed with tokens 8, 9 of the first request? No: it had only 8
+    // tokens (and the sampled 7), so [6, 8) never got a hash.
+    assert_eq!(s.num_cached_prefix_tokens(&longer, None), 6);
+}
+
+#[test]
+fn the_trailing_block_drop_loses_the_last_hit_block() {
+    // vLLM's `FullAttentionManager.find_longest_cache_hit` with `drop_eagle_block`.
+    let mut s = Scheduler::new(cfg(0, true), false).unwrap();
+    let tokens: Vec<u32> = (0..8).collect();
+    s.add_request(0, request(&tokens, 1)).unwrap();
+    run_step(&mut s);
+    let longer: Vec<u32> = (0..12).collect();
+    // 4 cached blocks match, the last is dropped.
+    assert_eq!(s.num_cached_prefix_tokens(&longer, None), 6);
+    // A resend: 3 blocks match (never the last token), 2 remain.
+    assert_eq!(s.num_cached_prefix_tokens(&tokens, None), 4);
+    // Admitted with the drop: computes from token 6.
+    s.add_request(1, request(&longer, 1)).unwrap();
+    let out = s.schedule().unwrap();
+    assert_eq!(scheduled(&out), [(1, 6)]);
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn reprefillable_tokens_stay_out_of_the_cache() {
+    // Multi-module MTP, k = 3: vLLM's `num_reprefillable_tokens` = 2.
+    let config = SchedulerConfig {
+        num_prefill_lookahead: 3,
+        ..cfg(0, false)
+    };
+    let mut s = Scheduler::new(config, false).unwrap();
+    let tokens: Vec<u32> = (0..8).collect();
+    s.add_request(0, request(&tokens, 4)).unwrap();
+    s.schedule().unwrap();
+    let longer: Vec<u32> = (0..12).collect();
+    // 8 computed, 6 cacheable: 3 blocks.
+    assert_eq!(s.num_cached_prefix_tokens(&longer, None), 6);
+}
+
+#[test]
+fn the_update_completes_lookahead_hashes_with_the_sampled_token() {
+    // Speculative decoding on: the update caches the landed tokens' blocks, hashed with the
+    // token sampled past them (vLLM's `update_from_output` -> `cache_blocks`, whose block
+    // hasher ran when the token was appended), before the finished request frees them.
+    let config = SchedulerConfig {
+        num_speculative_tokens: 2,
+        ..cfg(1, false)
+    };
+    let mut s = Scheduler::new(config, false).unwrap();
+    s.add_request(0, request(&[0, 1, 2, 3], 1)).unwrap();
+    s.schedule().unwrap();
+    let finished = s.update_from_output(&[sample(0, 5)]).unwrap();
+    assert_eq!(finished, [(0, FinishReason::Length)]);
+    assert_eq!(s.num_cached_prefix_tokens(&[0, 1, 2, 3, 5, 7], None), 4);
+    assert_eq!(s.num_cached_prefix_tokens(&[0, 1, 2, 3, 6, 7], None), 2);
+}
+
+#[test]
+fn lookahead_blocks_are_hit_after_preemption_as_before() {
+    let mut s = Scheduler::new(cfg(1, false), false).unwrap();
+    let tokens: Vec<u32> = (0..9).collect();
+    s.add_request(0, request(&tokens, 1)).unwrap();
+    run_step(&mut s);
+    // [0..8) cached with its look-ahead tokens: a request sharing 9 tokens hits 8.
+    let sibling: Vec<u32> = (0..9).chain([50, 51]).collect();
+    assert_eq!(s.num_cached_prefix_tokens(&sibling, None), 8);
+    s.add_request(1, request(&sibling, 1)).unwrap();
+    assert_eq!(scheduled(&s.schedule().unwrap()), [(1, 3)]);
+}
+
+#[test]
+fn the_rules_are_refused_where_they_mean_nothing() {
+    let refused = |config: SchedulerConfig, field: &str| {
+        let err = Scheduler::<u32>::new(config, false)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains(field), "{err}");
+    };
+    let off = SchedulerConfig {
+        enable_prefix_caching: false,
+        ..cfg(1, false)
+    };
+    refused(off, "num_hash_lookahead_tokens");
+    let radix = SchedulerConfig {
+        prefix_cache: PrefixCache::Radix,
+        ..cfg(1, false)
+    };
+    refused(radix, "num_hash_lookahead_tokens");
+    refused(cfg(1, true), "eagle_block_drop");
+    let drop_off = SchedulerConfig {
+        enable_prefix_caching: false,
+        ..cfg(0, true)
+    };
+    refused(drop_off, "eagle_block_drop");
+    let mtp = SchedulerConfig {
+        num_prefill_lookahead: 3,
+        ..cfg(0, true)
+    };
+    refused(mtp, "block_size");
+}
+
+#[test]
+fn the_lookahead_changes_only_with_no_request_holding_blocks() {
+    let mut s = Scheduler::new(cfg(0, false), false).unwrap();
+    s.set_num_hash_lookahead_tokens(1).unwrap();
+    assert_eq!(s.num_hash_lookahead_tokens(), 1);
+    s.add_request(0, request(&[0, 1, 2, 3], 3)).unwrap();
+    s.schedule().unwrap();
+    assert!(s.set_num_hash_lookahead_tokens(2).is_err());
+    assert_eq!(s.num_hash_lookahead_tokens(), 1);
+    assert_eq!(s.num_cached_prefix_tokens(&[0, 1, 2, 3, 5, 7], None), 2);
+}
+
+#[test]
+fn hybrid_groups_hash_with_the_lookahead_and_refuse_the_drop() {
+    use crate::kv::KvGroupSpec;
+    let groups = vec![
+        KvGroupSpec::FullAttention,
+        KvGroupSpec::SlidingWindow { sliding_window: 8 },
+    ];
+    let hybrid = SchedulerConfig {
+        kv_groups: groups.clone(),
+        num_blocks: 128,
+        ..cfg(1, false)
+    };
+    let mut s = Scheduler::new(hybrid, false).unwrap();
+    s.add_request(0, request(&[0, 1, 2, 3], 3)).unwrap();
+    s.schedule().unwrap();
+    assert_eq!(s.num_cached_prefix_tokens(&[0, 1, 2, 3, 5, 7], None), 2);
+    s.update_from_output(&[sample(0, 5)]).unwrap();
+    s.schedule().unwrap();
+    assert_eq!(s.num_cached_prefix_tokens(&[0, 1, 2, 3, 5, 7], None), 4);
+    assert_eq!(s.num_cached_prefix_tokens(&[0, 1, 2, 3, 6, 7], None), 2);
+    let dropping = SchedulerConfig {
+        kv_groups: groups,
+        num_blocks: 128,
+        ..cfg(0, true)
+    };
+    let err = Scheduler::<u32>::new(dropping, false).err().unwrap();
+    assert!(err.to_string().contains("eagle_block_drop"), "{err}");
+}
+
+#[test]
+fn a_session_keeps_the_hash_its_dropped_token_completed_until_recomputed() {
+    // Spec decoding on (the update caches), L = 1, block size 2: prompt [0, 1, 2] samples
+    // 3 (computed), then stops on 4 (max_tokens 2), which completes block [2, 4)'s hash
+    // in the update. The next chunk drops token 4: the block stays cached under its old
+    // hash (vLLM keeps it), and the session's new continuation does not hit it.
+    let config = SchedulerConfig {
+        num_speculative_tokens: 1,
+        ..cfg(1, false)
+    };
+    let mut s = Scheduler::new(config, false).unwrap();
+    let spec = RequestSpec {
+        resumable: true,
+        ..request(&[0, 1, 2], 2)
+    };
+    s.add_request(0, spec).unwrap();
+    s.schedule().unwrap();
+    s.update_from_output(&[sample(0, 3)]).unwrap();
+    s.schedule().unwrap();
+    let parked = s.update_from_output(&[sample(0, 4)]).unwrap();
+    assert_eq!(parked, [(0, FinishReason::Length)]);
+    assert_eq!(s.num_cached_prefix_tokens(&[0, 1, 2, 3, 4, 9], None), 4);
+    let update = SessionUpdate {
+        prompt_token_ids: vec![42, 43],
+        max_tokens: 2,
+        ignore_eos: true,
+        ..SessionUpdate::default()
+    };
+    s.resume_session(&0, update).unwrap();
+    assert_eq!(
+        s.get_request(&0).unwrap().all_token_ids,
+        [0, 1, 2, 3, 42, 43]
+    );
+    s.schedule().unwrap();
+    assert_eq!(
+        s.num_cached_prefix_tokens(&[0, 1, 2, 3, 42, 43, 9], None),
+        2
+    );
+    assert_eq!(s.num_cached_prefix_tokens(&[0, 1, 2, 3, 4, 9], None), 4);
+    s.check_invariants().unwrap();
+}

@@ -8,7 +8,7 @@
 use super::TokenId;
 use super::block_hash::{BlockHash, hash_block};
 use super::block_pool::{BlockId, BlockPoolStats, KvEvent, RequestBlocks};
-use super::cache_map::{CacheMap, HashOf};
+use super::cache_map::{CacheMap, FORGET_RUN, HashOf};
 use super::free_queue::FreeQueue;
 use super::host_tier::HostTier;
 
@@ -73,7 +73,9 @@ pub(super) fn take_free_block(
 /// Takes `n` blocks from the front of the free queue onto `out` ([`take_free_block`] `n`
 /// times, with the same evictions in the same order). The ids are taken first, then
 /// evicted a run at a time with their records read ahead together: a queue of runs hands
-/// out ids without reading the blocks, so their records' misses overlap.
+/// out ids without reading the blocks, so their records' misses overlap. The run's hashes
+/// leave the cache map together ([`CacheMap::forget_all`]: one probe of the named index
+/// per trace block's run of places, where a freed request's blocks come back in order).
 pub(super) fn take_free_blocks(
     free_queue: &mut impl FreeQueue,
     blocks: &mut [BlockMeta],
@@ -83,12 +85,37 @@ pub(super) fn take_free_blocks(
 ) {
     let first = out.len();
     free_queue.pop_front_into(n, out);
-    for run in out[first..].chunks(WARM_RUN) {
+    let mut evicted = [(0, BlockHash(0)); FORGET_RUN];
+    for run in out[first..].chunks(WARM_RUN.min(FORGET_RUN)) {
         let acc = (run.iter()).fold(0u32, |acc, &b| acc ^ blocks[b as usize].ref_cnt);
         std::hint::black_box(acc);
+        let mut num_evicted = 0;
         for &block in run {
-            evict_taken(block, blocks, eviction);
+            let meta = &mut blocks[block as usize];
+            meta.ref_cnt = 1;
+            if let Some(hash) = meta.take_hash() {
+                evicted[num_evicted] = (block, hash);
+                num_evicted += 1;
+            }
         }
+        let evicted = &evicted[..num_evicted];
+        eviction.cached.forget_all(evicted);
+        if eviction.events.is_some() || eviction.host.is_some() {
+            for &(_, hash) in evicted {
+                evicted_elsewhere(eviction, hash);
+            }
+        }
+    }
+}
+
+/// What else an evicted hash leaves: a `Removed` event, and the host tier gets it.
+fn evicted_elsewhere(eviction: &mut Eviction<'_>, hash: BlockHash) {
+    if let Some(events) = eviction.events {
+        events.push(KvEvent::Removed(hash));
+    }
+    // The only cost of the tier to a pool without one: this branch, on evictions only.
+    if let Some(host) = eviction.host {
+        offload(host, eviction.events, eviction.stats, hash);
     }
 }
 
@@ -99,13 +126,7 @@ fn evict_taken(block: BlockId, blocks: &mut [BlockMeta], eviction: &mut Eviction
     if let Some(hash) = meta.take_hash() {
         // The map's entry goes stale with the block's hash (no probe: `cache_map`).
         eviction.cached.forget(block, &hash);
-        if let Some(events) = eviction.events {
-            events.push(KvEvent::Removed(hash));
-        }
-        // The only cost of the tier to a pool without one: this branch, on evictions only.
-        if let Some(host) = eviction.host {
-            offload(host, eviction.events, eviction.stats, hash);
-        }
+        evicted_elsewhere(eviction, hash);
     }
 }
 
@@ -232,16 +253,30 @@ pub(super) fn cache_full_blocks(
     let first = request.num_cached_blocks.min(num_full);
     let hashes = &request.block_hashes[first..num_full];
     let ids = &request.block_ids[first..num_full];
-    // A prefill chunk caches hundreds of blocks: their slots are read ahead a run at a time.
-    for (run_hashes, run_ids) in hashes.chunks(WARM_RUN).zip(ids.chunks(WARM_RUN)) {
-        cached.warm(run_hashes);
-        for (&hash, &block) in run_hashes.iter().zip(run_ids) {
-            cached.insert(hash, block, blocks);
+    // A prefill chunk caches hundreds of blocks. A run of one trace block's named places
+    // is registered with one probe of the named index; other hashes' slots are read ahead
+    // a run at a time.
+    let mut at = 0;
+    let mut warmed = 0;
+    while at < hashes.len() {
+        let len = match cached.insert_named_run(&hashes[at..], &ids[at..]) {
+            0 => {
+                if at >= warmed {
+                    warmed = (at + WARM_RUN).min(hashes.len());
+                    cached.warm(&hashes[at..warmed]);
+                }
+                cached.insert(hashes[at], ids[at], blocks);
+                1
+            }
+            len => len,
+        };
+        for (&hash, &block) in hashes[at..at + len].iter().zip(&ids[at..at + len]) {
             blocks[block as usize].set_hash(hash);
             if let Some(events) = events {
                 events.push(KvEvent::Stored(hash));
             }
         }
+        at += len;
     }
     request.num_cached_blocks = request.num_cached_blocks.max(num_full);
 }

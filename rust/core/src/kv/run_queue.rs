@@ -50,6 +50,7 @@ impl RunQueue {
     }
 
     /// A fresh stamp for `block`'s new live entry.
+    #[inline]
     fn stamp(&mut self, block: u32) -> u32 {
         if self.next_stamp == u32::MAX {
             self.renumber();
@@ -125,16 +126,26 @@ impl FreeQueue for RunQueue {
     }
 
     fn pop_front_into(&mut self, n: usize, out: &mut Vec<u32>) {
-        // The entries are read in order; each block's stamp is an independent load.
+        // The entries are read in order, a contiguous part of the ring at a time; each
+        // block's stamp is an independent load.
+        out.reserve(n);
         let mut taken = 0;
         while taken < n {
-            let first = self.entries.pop_front().expect("a free block has an entry");
-            if self.is_live(first) {
-                let block = block_of(first);
-                self.stamps[block as usize] = 0;
-                out.push(block);
-                taken += 1;
+            let (front, _) = self.entries.as_slices();
+            let mut consumed = 0;
+            for &e in front {
+                consumed += 1;
+                let block = block_of(e);
+                if self.stamps[block as usize] == (e >> 32) as u32 {
+                    self.stamps[block as usize] = 0;
+                    out.push(block);
+                    taken += 1;
+                    if taken == n {
+                        break;
+                    }
+                }
             }
+            self.entries.drain(..consumed);
         }
         self.len -= n;
     }

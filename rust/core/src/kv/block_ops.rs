@@ -140,6 +140,9 @@ pub(super) fn release_blocks(
     ordered: impl IntoIterator<Item = BlockId>,
     evict_first: &mut Vec<BlockId>,
 ) {
+    // Cached blocks join the back a run at a time (the queue stamps a run at once).
+    let mut evict_last = [0; RELEASE_RUN];
+    let mut num_last = 0;
     for block in ordered {
         let meta = &mut blocks[block as usize];
         debug_assert!(meta.ref_cnt > 0, "block {block} freed with ref count 0");
@@ -148,17 +151,27 @@ pub(super) fn release_blocks(
             continue;
         }
         if meta.cached {
-            free_queue.push_back(block);
+            if num_last == RELEASE_RUN {
+                free_queue.push_back_run(&evict_last);
+                num_last = 0;
+            }
+            evict_last[num_last] = block;
+            num_last += 1;
         } else {
             evict_first.push(block);
         }
     }
-    // Prepending in reverse keeps `evict_first` in order at the front.
+    free_queue.push_back_run(&evict_last[..num_last]);
+    // Prepending in reverse keeps `evict_first` in order at the front (the back's pushes
+    // and the front's do not interleave in the queue's order).
     for &block in evict_first.iter().rev() {
         free_queue.push_front(block);
     }
     evict_first.clear();
 }
+
+/// The most cached blocks [`release_blocks`] pushes to the back at once.
+const RELEASE_RUN: usize = 64;
 
 /// Writes an evicted block's hash back to the host tier (write-back on eviction). When the
 /// tier is full its least recent hash leaves first; a hash already held is only refreshed.

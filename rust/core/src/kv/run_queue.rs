@@ -174,6 +174,31 @@ impl FreeQueue for RunQueue {
         }
     }
 
+    fn push_back_run(&mut self, blocks: &[u32]) {
+        #[cfg(test)]
+        if PLANTED_SWAP.get() {
+            return blocks.iter().for_each(|&b| self.push_back(b));
+        }
+        // Stamps for the whole run at once: renumbered first if they would run out.
+        if (self.next_stamp as usize).saturating_add(blocks.len()) >= u32::MAX as usize {
+            self.renumber();
+        }
+        let Self {
+            entries,
+            stamps,
+            next_stamp,
+            len,
+        } = self;
+        let first = *next_stamp;
+        entries.extend(blocks.iter().zip(first..).map(|(&block, stamp)| {
+            debug_assert!(stamps[block as usize] == 0, "block {block} is already free");
+            stamps[block as usize] = stamp;
+            entry(stamp, block)
+        }));
+        *next_stamp = first + blocks.len() as u32;
+        *len += blocks.len();
+    }
+
     fn push_front(&mut self, block: u32) {
         debug_assert!(!self.contains(block), "block {block} is already free");
         let stamp = self.stamp(block);
@@ -236,7 +261,15 @@ mod tests {
                 }
                 _ if !held.is_empty() => {
                     let b = held.swap_remove((state >> 8) as usize % held.len());
-                    if state & 1 << 20 == 0 {
+                    if state & 3 << 20 == 1 << 20 && !held.is_empty() {
+                        // A run: this block and up to two more.
+                        let mut run = vec![b];
+                        while run.len() < 3 && !held.is_empty() {
+                            run.push(held.swap_remove(0));
+                        }
+                        FreeQueue::push_back_run(&mut runs, &run);
+                        run.iter().for_each(|&b| list.push_back(b));
+                    } else if state & 1 << 20 == 0 {
                         FreeQueue::push_back(&mut runs, b);
                         list.push_back(b);
                     } else {

@@ -57,10 +57,23 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
         // run at a time too (read ahead together, and none past the run of the first miss:
         // a long prompt's hundreds of known hashes were all read ahead at every retry).
         let num_known = result.block_hashes.len().min(max_hit_blocks);
-        for i in 0..max_hit_blocks {
-            if i < num_known && i % WARM_RUN == 0 {
-                let end = (i + WARM_RUN).min(num_known);
-                self.cached.warm(&result.block_hashes[i..end]);
+        // A run of one trace block's known names is probed at once while the hit is on
+        // the GPU (`CacheMap::get_named_run`); the hash it stopped at, and every other
+        // hash, one at a time.
+        let mut warmed = 0;
+        let mut i = 0;
+        while i < max_hit_blocks {
+            if result.num_host_blocks == 0 && i < num_known {
+                let hashes = &result.block_hashes[i..num_known];
+                let num_hits = self.cached.get_named_run(hashes, &mut result.block_ids);
+                if num_hits > 0 {
+                    i += num_hits;
+                    continue;
+                }
+            }
+            if i < num_known && i >= warmed {
+                warmed = (i + WARM_RUN).min(num_known);
+                self.cached.warm(&result.block_hashes[i..warmed]);
             }
             if i == result.block_hashes.len() {
                 let end = (i + WARM_RUN).min(max_hit_blocks);
@@ -83,6 +96,7 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
             } else {
                 break;
             }
+            i += 1;
         }
         result.num_computed_tokens = result.block_ids.len() * self.block_size;
         self.stats

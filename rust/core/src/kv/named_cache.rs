@@ -120,6 +120,10 @@ thread_local! {
     /// of the place after it instead (a named block's eviction mis-addressed).
     pub(super) static PLANTED_WRONG_SLOT: std::cell::Cell<bool> =
         const { std::cell::Cell::new(false) };
+    /// Planted fault: a run's lookup reads past a place not cached (its block counted
+    /// again).
+    pub(super) static PLANTED_RUN_READ_PAST: std::cell::Cell<bool> =
+        const { std::cell::Cell::new(false) };
 }
 
 impl Default for NamedCache {
@@ -183,6 +187,48 @@ impl NamedCache {
             _ => return None,
         };
         slot.checked_sub(1)
+    }
+
+    /// The blocks caching places `first_place..first_place + max_len` of `key`, pushed onto
+    /// `out` up to the first place not cached ([`Self::get`] of each, the entry found
+    /// once); returns how many.
+    pub(super) fn get_run(
+        &self,
+        key: NamedKey,
+        first_place: u32,
+        max_len: usize,
+        out: &mut Vec<BlockId>,
+    ) -> usize {
+        let (i, found) = self.find(key);
+        if !found {
+            return 0;
+        }
+        let entry = &self.entries[i];
+        let shift = entry.shift();
+        if shift == 0 || shift == SPILLED {
+            let hits = (first_place..)
+                .take(max_len)
+                .map_while(|place| self.get(key, place));
+            let before = out.len();
+            out.extend(hits);
+            return out.len() - before;
+        }
+        let end = (1usize << shift).min(first_place as usize + max_len);
+        let chunk = &self.slab[entry.slots as usize..][..end];
+        let slots = chunk.get(first_place as usize..).unwrap_or(&[]);
+        #[cfg(test)]
+        let planted = PLANTED_RUN_READ_PAST.get();
+        let mut n = 0;
+        for &slot in slots {
+            match slot.checked_sub(1) {
+                Some(block) => out.push(block),
+                #[cfg(test)]
+                None if planted && n > 0 => out.push(out[out.len() - 1]),
+                None => break,
+            }
+            n += 1;
+        }
+        n
     }
 
     /// Caches `block` at `key`'s `place` unless a block caches it already: returns that
@@ -649,6 +695,13 @@ mod tests {
             }
             let probe = (key_of(next() % 300), (next() % 40) as u32);
             assert_eq!(cache.get(probe.0, probe.1), model.get(&probe).copied());
+            // A run's lookup answers as the places' lookups up to the first miss.
+            let (mut run, max_len) = (Vec::new(), (next() % 12) as usize);
+            let num_hits = cache.get_run(probe.0, probe.1, max_len, &mut run);
+            let want: Vec<BlockId> = (probe.1..probe.1 + max_len as u32)
+                .map_while(|place| model.get(&(probe.0, place)).copied())
+                .collect();
+            assert_eq!((num_hits, run), (want.len(), want));
         }
         for (&(key, place), &block) in &model {
             assert_eq!(cache.get(key, place), Some(block));

@@ -20,7 +20,7 @@
 
 use super::block_hash::{BlockHash, LOOKALIKE_TOKEN, LOOKALIKES_MADE, content_block, hash_content};
 use super::cache_map::{PLANTED_RUN_PAST_KEY, PLANTED_RUN_TAIL_KEPT};
-use super::named_cache::PLANTED_WRONG_SLOT;
+use super::named_cache::{PLANTED_RUN_READ_PAST, PLANTED_WRONG_SLOT};
 use super::run_queue::PLANTED_SWAP;
 use super::{BlockPool, BlockPoolStats, ComputedBlocks, KvCapacity, RunBlockPool, TokenId};
 
@@ -439,6 +439,12 @@ fn an_eviction_run_that_keeps_its_last_place_in_the_named_index_is_caught() {
 #[test]
 fn a_caching_run_that_runs_past_its_trace_block_is_caught() {
     let caught = streams_catching(&PLANTED_RUN_PAST_KEY);
+    assert!(caught > 50, "only {caught} of 200 streams noticed");
+}
+
+#[test]
+fn a_lookup_run_that_reads_past_an_uncached_place_is_caught() {
+    let caught = streams_catching(&PLANTED_RUN_READ_PAST);
     assert!(caught > 50, "only {caught} of 200 streams noticed");
 }
 

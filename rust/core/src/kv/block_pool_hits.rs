@@ -63,15 +63,23 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
         let mut warmed = 0;
         let mut i = 0;
         while i < max_hit_blocks {
+            let mut named_miss = false;
             if result.num_host_blocks == 0 && i < num_known {
                 let hashes = &result.block_hashes[i..num_known];
-                let num_hits = self.cached.get_named_run(hashes, &mut result.block_ids);
-                if num_hits > 0 {
-                    i += num_hits;
-                    continue;
+                match self.cached.get_named_run(hashes, &mut result.block_ids) {
+                    Some(0) => named_miss = true,
+                    Some(num_hits) => {
+                        i += num_hits;
+                        continue;
+                    }
+                    None => {}
                 }
             }
-            if i < num_known && i >= warmed {
+            // Nothing is read ahead at a named miss or once the host hit began: past
+            // either the GPU hit is over (only the host tier may go on), and each read
+            // was a cache miss for nothing.
+            let gpu_probes_next = result.num_host_blocks == 0 && !named_miss;
+            if i < num_known && i >= warmed && gpu_probes_next {
                 warmed = (i + WARM_RUN).min(num_known);
                 self.cached.warm(&result.block_hashes[i..warmed]);
             }

@@ -224,17 +224,19 @@ impl CacheMap {
 
     /// The first blocks caching the leading run of `hashes` that name consecutive places
     /// of one trace block, pushed onto `out` up to the first one not cached ([`Self::get`]
-    /// of each, with one probe of the named index); returns how many. 0 also when
+    /// of each, with one probe of the named index); returns how many, or `None` when
     /// `hashes[0]` is not named or the index is off.
-    pub(super) fn get_named_run(&self, hashes: &[BlockHash], out: &mut Vec<BlockId>) -> usize {
-        let Some((key, first_place)) = hashes.first().and_then(|h| self.named(h)) else {
-            return 0;
-        };
+    pub(super) fn get_named_run(
+        &self,
+        hashes: &[BlockHash],
+        out: &mut Vec<BlockId>,
+    ) -> Option<usize> {
+        let (key, first_place) = hashes.first().and_then(|h| self.named(h))?;
         let max_len = (MAX_NAMED_PLACES - first_place) as usize;
         let len = (hashes.iter().zip(0..).take(max_len))
             .take_while(|&(h, k)| h.0 == hashes[0].0 + k)
             .count();
-        self.named.get_run(key, first_place, len, out)
+        Some(self.named.get_run(key, first_place, len, out))
     }
 
     /// Reads the home slots of `hashes` ahead of their inserts or lookups: independent

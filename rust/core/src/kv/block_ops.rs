@@ -85,6 +85,17 @@ pub(super) fn take_free_blocks(
 ) {
     let first = out.len();
     free_queue.pop_front_into(n, out);
+    if !eviction.cached.names_blocks() {
+        // No runs to take (every hash has its own slot): one block at a time.
+        for run in out[first..].chunks(WARM_RUN) {
+            let acc = (run.iter()).fold(0u32, |acc, &b| acc ^ blocks[b as usize].ref_cnt);
+            std::hint::black_box(acc);
+            for &block in run {
+                evict_taken(block, blocks, eviction);
+            }
+        }
+        return;
+    }
     let mut evicted = [(0, BlockHash(0)); FORGET_RUN];
     for run in out[first..].chunks(WARM_RUN.min(FORGET_RUN)) {
         let acc = (run.iter()).fold(0u32, |acc, &b| acc ^ blocks[b as usize].ref_cnt);
@@ -269,6 +280,21 @@ pub(super) fn cache_full_blocks(
     // A prefill chunk caches hundreds of blocks. A run of one trace block's named places
     // is registered with one probe of the named index; other hashes' slots are read ahead
     // a run at a time.
+    if !cached.names_blocks() {
+        // No runs to take: one hash at a time, read ahead a run at a time.
+        for (run_hashes, run_ids) in hashes.chunks(WARM_RUN).zip(ids.chunks(WARM_RUN)) {
+            cached.warm(run_hashes);
+            for (&hash, &block) in run_hashes.iter().zip(run_ids) {
+                cached.insert(hash, block, blocks);
+                blocks[block as usize].set_hash(hash);
+                if let Some(events) = events {
+                    events.push(KvEvent::Stored(hash));
+                }
+            }
+        }
+        request.num_cached_blocks = request.num_cached_blocks.max(num_full);
+        return;
+    }
     let mut at = 0;
     let mut warmed = 0;
     while at < hashes.len() {

@@ -60,11 +60,12 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
         // A run of one trace block's known names is probed at once while the hit is on
         // the GPU (`CacheMap::get_named_run`); the hash it stopped at, and every other
         // hash, one at a time.
+        let names_blocks = self.cached.names_blocks();
         let mut warmed = 0;
         let mut i = 0;
         while i < max_hit_blocks {
             let mut named_miss = false;
-            if result.num_host_blocks == 0 && i < num_known {
+            if result.num_host_blocks == 0 && i < num_known && names_blocks {
                 let hashes = &result.block_hashes[i..num_known];
                 match self.cached.get_named_run(hashes, &mut result.block_ids) {
                     Some(0) => named_miss = true,

@@ -183,6 +183,12 @@ impl CacheMap {
         u64::from(self.block_tags[block_of(slot) as usize]) == slot >> 32
     }
 
+    /// Whether named hashes are indexed per trace block (the run operations apply).
+    #[inline]
+    pub(super) fn names_blocks(&self) -> bool {
+        self.naming == Naming::On
+    }
+
     /// Hashes cached, each counted once.
     pub(super) fn num_hashes(&self) -> usize {
         self.num_live + self.num_named

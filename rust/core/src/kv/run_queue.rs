@@ -127,7 +127,15 @@ impl FreeQueue for RunQueue {
 
     fn pop_front_into(&mut self, n: usize, out: &mut Vec<u32>) {
         // The entries are read in order, a contiguous part of the ring at a time; each
-        // block's stamp is an independent load.
+        // block's stamp is an independent load. A decode step's block or two are popped
+        // one by one (the slices cost more than they save there).
+        if n < 4 {
+            for _ in 0..n {
+                let block = self.pop_front().expect("a free block has an entry");
+                out.push(block);
+            }
+            return;
+        }
         out.reserve(n);
         let mut taken = 0;
         while taken < n {

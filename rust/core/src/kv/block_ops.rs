@@ -8,7 +8,7 @@
 use super::TokenId;
 use super::block_hash::{BlockHash, hash_block};
 use super::block_pool::{BlockId, BlockPoolStats, KvEvent, RequestBlocks};
-use super::cache_map::{CacheMap, HashOf};
+use super::cache_map::{CacheMap, FORGET_RUN, HashOf};
 use super::free_queue::FreeQueue;
 use super::host_tier::HostTier;
 
@@ -73,7 +73,9 @@ pub(super) fn take_free_block(
 /// Takes `n` blocks from the front of the free queue onto `out` ([`take_free_block`] `n`
 /// times, with the same evictions in the same order). The ids are taken first, then
 /// evicted a run at a time with their records read ahead together: a queue of runs hands
-/// out ids without reading the blocks, so their records' misses overlap.
+/// out ids without reading the blocks, so their records' misses overlap. The run's hashes
+/// leave the cache map together ([`CacheMap::forget_all`]: one probe of the named index
+/// per trace block's run of places, where a freed request's blocks come back in order).
 pub(super) fn take_free_blocks(
     free_queue: &mut impl FreeQueue,
     blocks: &mut [BlockMeta],
@@ -83,12 +85,48 @@ pub(super) fn take_free_blocks(
 ) {
     let first = out.len();
     free_queue.pop_front_into(n, out);
-    for run in out[first..].chunks(WARM_RUN) {
+    if !eviction.cached.names_blocks() {
+        // No runs to take (every hash has its own slot): one block at a time.
+        for run in out[first..].chunks(WARM_RUN) {
+            let acc = (run.iter()).fold(0u32, |acc, &b| acc ^ blocks[b as usize].ref_cnt);
+            std::hint::black_box(acc);
+            for &block in run {
+                evict_taken(block, blocks, eviction);
+            }
+        }
+        return;
+    }
+    let mut evicted = [(0, BlockHash(0)); FORGET_RUN];
+    for run in out[first..].chunks(WARM_RUN.min(FORGET_RUN)) {
         let acc = (run.iter()).fold(0u32, |acc, &b| acc ^ blocks[b as usize].ref_cnt);
         std::hint::black_box(acc);
+        let mut num_evicted = 0;
         for &block in run {
-            evict_taken(block, blocks, eviction);
+            let meta = &mut blocks[block as usize];
+            meta.ref_cnt = 1;
+            if let Some(hash) = meta.take_hash() {
+                evicted[num_evicted] = (block, hash);
+                num_evicted += 1;
+            }
         }
+        let evicted = &evicted[..num_evicted];
+        eviction.cached.forget_all(evicted);
+        if eviction.events.is_some() || eviction.host.is_some() {
+            for &(_, hash) in evicted {
+                evicted_elsewhere(eviction, hash);
+            }
+        }
+    }
+}
+
+/// What else an evicted hash leaves: a `Removed` event, and the host tier gets it.
+fn evicted_elsewhere(eviction: &mut Eviction<'_>, hash: BlockHash) {
+    if let Some(events) = eviction.events {
+        events.push(KvEvent::Removed(hash));
+    }
+    // The only cost of the tier to a pool without one: this branch, on evictions only.
+    if let Some(host) = eviction.host {
+        offload(host, eviction.events, eviction.stats, hash);
     }
 }
 
@@ -99,13 +137,7 @@ fn evict_taken(block: BlockId, blocks: &mut [BlockMeta], eviction: &mut Eviction
     if let Some(hash) = meta.take_hash() {
         // The map's entry goes stale with the block's hash (no probe: `cache_map`).
         eviction.cached.forget(block, &hash);
-        if let Some(events) = eviction.events {
-            events.push(KvEvent::Removed(hash));
-        }
-        // The only cost of the tier to a pool without one: this branch, on evictions only.
-        if let Some(host) = eviction.host {
-            offload(host, eviction.events, eviction.stats, hash);
-        }
+        evicted_elsewhere(eviction, hash);
     }
 }
 
@@ -119,6 +151,9 @@ pub(super) fn release_blocks(
     ordered: impl IntoIterator<Item = BlockId>,
     evict_first: &mut Vec<BlockId>,
 ) {
+    // Cached blocks join the back a run at a time (the queue stamps a run at once).
+    let mut evict_last = [0; RELEASE_RUN];
+    let mut num_last = 0;
     for block in ordered {
         let meta = &mut blocks[block as usize];
         debug_assert!(meta.ref_cnt > 0, "block {block} freed with ref count 0");
@@ -127,17 +162,27 @@ pub(super) fn release_blocks(
             continue;
         }
         if meta.cached {
-            free_queue.push_back(block);
+            if num_last == RELEASE_RUN {
+                free_queue.push_back_run(&evict_last);
+                num_last = 0;
+            }
+            evict_last[num_last] = block;
+            num_last += 1;
         } else {
             evict_first.push(block);
         }
     }
-    // Prepending in reverse keeps `evict_first` in order at the front.
+    free_queue.push_back_run(&evict_last[..num_last]);
+    // Prepending in reverse keeps `evict_first` in order at the front (the back's pushes
+    // and the front's do not interleave in the queue's order).
     for &block in evict_first.iter().rev() {
         free_queue.push_front(block);
     }
     evict_first.clear();
 }
+
+/// The most cached blocks [`release_blocks`] pushes to the back at once.
+const RELEASE_RUN: usize = 64;
 
 /// Writes an evicted block's hash back to the host tier (write-back on eviction). When the
 /// tier is full its least recent hash leaves first; a hash already held is only refreshed.
@@ -241,16 +286,45 @@ pub(super) fn cache_full_blocks(
     let first = request.num_cached_blocks.min(num_full);
     let hashes = &request.block_hashes[first..num_full];
     let ids = &request.block_ids[first..num_full];
-    // A prefill chunk caches hundreds of blocks: their slots are read ahead a run at a time.
-    for (run_hashes, run_ids) in hashes.chunks(WARM_RUN).zip(ids.chunks(WARM_RUN)) {
-        cached.warm(run_hashes);
-        for (&hash, &block) in run_hashes.iter().zip(run_ids) {
-            cached.insert(hash, block, blocks);
+    // A prefill chunk caches hundreds of blocks. A run of one trace block's named places
+    // is registered with one probe of the named index; other hashes' slots are read ahead
+    // a run at a time.
+    if !cached.names_blocks() {
+        // No runs to take: one hash at a time, read ahead a run at a time.
+        for (run_hashes, run_ids) in hashes.chunks(WARM_RUN).zip(ids.chunks(WARM_RUN)) {
+            cached.warm(run_hashes);
+            for (&hash, &block) in run_hashes.iter().zip(run_ids) {
+                cached.insert(hash, block, blocks);
+                blocks[block as usize].set_hash(hash);
+                if let Some(events) = events {
+                    events.push(KvEvent::Stored(hash));
+                }
+            }
+        }
+        request.num_cached_blocks = request.num_cached_blocks.max(num_full);
+        return;
+    }
+    let mut at = 0;
+    let mut warmed = 0;
+    while at < hashes.len() {
+        let len = match cached.insert_named_run(&hashes[at..], &ids[at..]) {
+            0 => {
+                if at >= warmed {
+                    warmed = (at + WARM_RUN).min(hashes.len());
+                    cached.warm(&hashes[at..warmed]);
+                }
+                cached.insert(hashes[at], ids[at], blocks);
+                1
+            }
+            len => len,
+        };
+        for (&hash, &block) in hashes[at..at + len].iter().zip(&ids[at..at + len]) {
             blocks[block as usize].set_hash(hash);
             if let Some(events) = events {
                 events.push(KvEvent::Stored(hash));
             }
         }
+        at += len;
     }
     request.num_cached_blocks = request.num_cached_blocks.max(num_full);
 }

@@ -60,10 +60,32 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
         // run at a time too (read ahead together, and none past the run of the first miss:
         // a long prompt's hundreds of known hashes were all read ahead at every retry).
         let num_known = result.block_hashes.len().min(max_hit_blocks);
-        for i in 0..max_hit_blocks {
-            if i < num_known && i % WARM_RUN == 0 {
-                let end = (i + WARM_RUN).min(num_known);
-                self.cached.warm(&result.block_hashes[i..end]);
+        // A run of one trace block's known names is probed at once while the hit is on
+        // the GPU (`CacheMap::get_named_run`); the hash it stopped at, and every other
+        // hash, one at a time.
+        let names_blocks = self.cached.names_blocks();
+        let mut warmed = 0;
+        let mut i = 0;
+        while i < max_hit_blocks {
+            let mut named_miss = false;
+            if result.num_host_blocks == 0 && i < num_known && names_blocks {
+                let hashes = &result.block_hashes[i..num_known];
+                match self.cached.get_named_run(hashes, &mut result.block_ids) {
+                    Some(0) => named_miss = true,
+                    Some(num_hits) => {
+                        i += num_hits;
+                        continue;
+                    }
+                    None => {}
+                }
+            }
+            // Nothing is read ahead at a named miss or once the host hit began: past
+            // either the GPU hit is over (only the host tier may go on), and each read
+            // was a cache miss for nothing.
+            let gpu_probes_next = result.num_host_blocks == 0 && !named_miss;
+            if i < num_known && i >= warmed && gpu_probes_next {
+                warmed = (i + WARM_RUN).min(num_known);
+                self.cached.warm(&result.block_hashes[i..warmed]);
             }
             if i == result.block_hashes.len() {
                 let end = (i + WARM_RUN).min(max_hit_blocks);
@@ -86,6 +108,7 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
             } else {
                 break;
             }
+            i += 1;
         }
         if self.rules.drop_eagle_block {
             crate::kv::lookahead::drop_eagle_block(&mut result);

@@ -37,7 +37,7 @@
 
 use rustc_hash::FxHashMap;
 
-use super::block_hash::{BlockHash, named_parts};
+use super::block_hash::{BlockHash, MAX_NAMED_PLACES, NamedKey, named_parts};
 use super::block_pool::BlockId;
 use super::named_cache::NamedCache;
 
@@ -87,6 +87,33 @@ enum Naming {
     /// Named hashes go to `named`.
     On,
 }
+
+/// Lists `block` as a later copy of `hash`, whose first is `first`.
+fn add_copy(
+    copies: &mut FxHashMap<BlockHash, Vec<BlockId>>,
+    hash: BlockHash,
+    first: BlockId,
+    block: BlockId,
+) {
+    copies
+        .entry(hash)
+        .or_insert_with(|| vec![first])
+        .push(block);
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Planted faults for the differential test (`run_pool_tests`): a run of evicted places
+    /// leaves its last place in the named index; a run of cached places takes one hash
+    /// past its trace block (as a place of it).
+    pub(super) static PLANTED_RUN_TAIL_KEPT: std::cell::Cell<bool> =
+        const { std::cell::Cell::new(false) };
+    pub(super) static PLANTED_RUN_PAST_KEY: std::cell::Cell<bool> =
+        const { std::cell::Cell::new(false) };
+}
+
+/// The most evicted blocks [`CacheMap::forget_all`] takes at once.
+pub(super) const FORGET_RUN: usize = 16;
 
 fn tag(hash: &BlockHash) -> u64 {
     ((hash.0 >> 96) as u64) | 1
@@ -156,6 +183,12 @@ impl CacheMap {
         u64::from(self.block_tags[block_of(slot) as usize]) == slot >> 32
     }
 
+    /// Whether named hashes are indexed per trace block (the run operations apply).
+    #[inline]
+    pub(super) fn names_blocks(&self) -> bool {
+        self.naming == Naming::On
+    }
+
     /// Hashes cached, each counted once.
     pub(super) fn num_hashes(&self) -> usize {
         self.num_live + self.num_named
@@ -193,6 +226,23 @@ impl CacheMap {
             }
             i = (i + 1) & mask;
         }
+    }
+
+    /// The first blocks caching the leading run of `hashes` that name consecutive places
+    /// of one trace block, pushed onto `out` up to the first one not cached ([`Self::get`]
+    /// of each, with one probe of the named index); returns how many, or `None` when
+    /// `hashes[0]` is not named or the index is off.
+    pub(super) fn get_named_run(
+        &self,
+        hashes: &[BlockHash],
+        out: &mut Vec<BlockId>,
+    ) -> Option<usize> {
+        let (key, first_place) = hashes.first().and_then(|h| self.named(h))?;
+        let max_len = (MAX_NAMED_PLACES - first_place) as usize;
+        let len = (hashes.iter().zip(0..).take(max_len))
+            .take_while(|&(h, k)| h.0 == hashes[0].0 + k)
+            .count();
+        Some(self.named.get_run(key, first_place, len, out))
     }
 
     /// Reads the home slots of `hashes` ahead of their inserts or lookups: independent
@@ -244,6 +294,92 @@ impl CacheMap {
         }
     }
 
+    /// Registers the leading run of `hashes` that name consecutive places of one trace
+    /// block as cached by the blocks of `ids` (the same length), with one probe of the
+    /// named index for the run, in the order [`Self::insert`] would; returns how many it
+    /// took: 0 when `hashes[0]` is not named or the index is off (then `insert` takes
+    /// it). The caller then gives each block its hash.
+    pub(super) fn insert_named_run(&mut self, hashes: &[BlockHash], ids: &[BlockId]) -> usize {
+        let Some((key, first_place)) = hashes.first().and_then(|h| self.named(h)) else {
+            return 0;
+        };
+        // Places `first_place + k` of one seed are the hash plus `k` (`content_block`).
+        let max_len = (MAX_NAMED_PLACES - first_place) as usize;
+        let len = (hashes.iter().zip(0..).take(max_len.min(ids.len())))
+            .take_while(|&(h, k)| h.0 == hashes[0].0 + k)
+            .count();
+        #[cfg(test)]
+        let len = match PLANTED_RUN_PAST_KEY.get() && len < max_len.min(ids.len()) {
+            true => len + 1,
+            false => len,
+        };
+        let Self { named, copies, .. } = self;
+        let mut num_copies = 0;
+        named.insert_run(key, first_place, &ids[..len], |k, first| {
+            add_copy(copies, hashes[k], first, ids[k]);
+            num_copies += 1;
+        });
+        self.num_blocks += len;
+        self.num_named += len - num_copies;
+        len
+    }
+
+    /// [`Self::forget`] of each `(block, hash)` of `evicted` (at most [`FORGET_RUN`]), in
+    /// order: a run of one trace block's named places, none of them copied, is removed
+    /// from the named index with one probe (a freed request's blocks are evicted together,
+    /// tail first).
+    pub(super) fn forget_all(&mut self, evicted: &[(BlockId, BlockHash)]) {
+        debug_assert!(evicted.len() <= FORGET_RUN);
+        let mut places = [0u32; FORGET_RUN];
+        // The run's key and named mark (a named hash's bits 16..128) and its places.
+        let mut run: Option<(NamedKey, u128)> = None;
+        let mut num_places = 0;
+        for &(block, hash) in evicted {
+            if let Some((_, bits)) = run
+                && hash.0 >> 16 == bits
+                && (hash.0 as u16 as u32) < MAX_NAMED_PLACES
+                && !self.is_copied(&hash)
+            {
+                places[num_places] = hash.0 as u16 as u32;
+                num_places += 1;
+                continue;
+            }
+            if let Some((key, _)) = run.take() {
+                self.forget_places(key, &places[..num_places]);
+                num_places = 0;
+            }
+            match self.named(&hash) {
+                Some((key, place)) if !self.is_copied(&hash) => {
+                    run = Some((key, hash.0 >> 16));
+                    places[0] = place;
+                    num_places = 1;
+                }
+                _ => self.forget(block, &hash),
+            }
+        }
+        if let Some((key, _)) = run {
+            self.forget_places(key, &places[..num_places]);
+        }
+    }
+
+    /// Whether more than one block caches `hash` (most pools never hold a copy: then no
+    /// lookup).
+    fn is_copied(&self, hash: &BlockHash) -> bool {
+        !self.copies.is_empty() && self.copies.contains_key(hash)
+    }
+
+    /// Forgets `places` of `key`, each cached by one block, none copied.
+    fn forget_places(&mut self, key: NamedKey, places: &[u32]) {
+        #[cfg(test)]
+        let places = match PLANTED_RUN_TAIL_KEPT.get() {
+            true => &places[..places.len() - 1],
+            false => places,
+        };
+        self.named.remove_run(key, places);
+        self.num_named -= places.len();
+        self.num_blocks -= places.len();
+    }
+
     /// Turns the named index on, moving the named hashes cached so far (their first
     /// blocks' slots) into it.
     #[cold]
@@ -275,10 +411,7 @@ impl CacheMap {
 
     /// Lists `block` as a later copy of `hash`, whose first is `first`.
     fn add_copy(&mut self, hash: BlockHash, first: BlockId, block: BlockId) {
-        self.copies
-            .entry(hash)
-            .or_insert_with(|| vec![first])
-            .push(block);
+        add_copy(&mut self.copies, hash, first, block);
     }
 
     /// Gives `block` the slot of `hash`, whose only live slot it will be.

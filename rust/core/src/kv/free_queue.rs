@@ -24,6 +24,11 @@ pub trait FreeQueue: Clone + std::fmt::Debug {
     fn push_back(&mut self, block: u32);
     /// Links `block`, which must not be linked, at the front (handed out next).
     fn push_front(&mut self, block: u32);
+    /// Links each of `blocks`, none linked, at the back in order ([`Self::push_back`]
+    /// each).
+    fn push_back_run(&mut self, blocks: &[u32]) {
+        blocks.iter().for_each(|&b| self.push_back(b));
+    }
     /// Block ids front to back. O(free blocks): for inspection.
     fn ids(&self) -> Vec<u32>;
     /// Takes `n` blocks from the front (there are that many) onto `out`, in order.

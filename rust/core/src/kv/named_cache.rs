@@ -120,6 +120,10 @@ thread_local! {
     /// of the place after it instead (a named block's eviction mis-addressed).
     pub(super) static PLANTED_WRONG_SLOT: std::cell::Cell<bool> =
         const { std::cell::Cell::new(false) };
+    /// Planted fault: a run's lookup reads past a place not cached (its block counted
+    /// again).
+    pub(super) static PLANTED_RUN_READ_PAST: std::cell::Cell<bool> =
+        const { std::cell::Cell::new(false) };
 }
 
 impl Default for NamedCache {
@@ -185,37 +189,143 @@ impl NamedCache {
         slot.checked_sub(1)
     }
 
+    /// The blocks caching places `first_place..first_place + max_len` of `key`, pushed onto
+    /// `out` up to the first place not cached ([`Self::get`] of each, the entry found
+    /// once); returns how many.
+    pub(super) fn get_run(
+        &self,
+        key: NamedKey,
+        first_place: u32,
+        max_len: usize,
+        out: &mut Vec<BlockId>,
+    ) -> usize {
+        let (i, found) = self.find(key);
+        if !found {
+            return 0;
+        }
+        let entry = &self.entries[i];
+        let shift = entry.shift();
+        if shift == 0 || shift == SPILLED {
+            let hits = (first_place..)
+                .take(max_len)
+                .map_while(|place| self.get(key, place));
+            let before = out.len();
+            out.extend(hits);
+            return out.len() - before;
+        }
+        let end = (1usize << shift).min(first_place as usize + max_len);
+        let chunk = &self.slab[entry.slots as usize..][..end];
+        let slots = chunk.get(first_place as usize..).unwrap_or(&[]);
+        #[cfg(test)]
+        let planted = PLANTED_RUN_READ_PAST.get();
+        let mut n = 0;
+        for &slot in slots {
+            match slot.checked_sub(1) {
+                Some(block) => out.push(block),
+                #[cfg(test)]
+                None if planted && n > 0 => out.push(out[out.len() - 1]),
+                None => break,
+            }
+            n += 1;
+        }
+        n
+    }
+
     /// Caches `block` at `key`'s `place` unless a block caches it already: returns that
     /// block (then nothing changes).
     pub(super) fn insert(&mut self, key: NamedKey, place: u32, block: BlockId) -> Option<BlockId> {
+        let i = self.entry_for(key, place);
+        self.insert_at(i, place, block)
+    }
+
+    /// [`Self::insert`] of a run of one trace block's places, `first_place` onwards, one
+    /// block each (`blocks`), in that order: the entry is found once. `on_copy(k, first)`
+    /// is told of each place `first_place + k` that a block already cached (`first`).
+    pub(super) fn insert_run(
+        &mut self,
+        key: NamedKey,
+        first_place: u32,
+        blocks: &[BlockId],
+        mut on_copy: impl FnMut(usize, BlockId),
+    ) {
+        let Some(num_places) = u32::try_from(blocks.len()).ok().filter(|&n| n > 0) else {
+            return;
+        };
+        let i = self.entry_for(key, first_place);
+        // The chunk is sized for the run's last place at once (one place at a time, it
+        // regrows at each power of two the run passes, to the same size).
+        let last = first_place + num_places - 1;
+        let shift = self.entries[i].shift();
+        if shift != SPILLED && last >= 1 << shift {
+            self.regrow(i, shift_for(last));
+        }
+        let shift = self.entries[i].shift();
+        if shift == 0 || shift == SPILLED {
+            // Place 0 alone, or a spilled entry: one place at a time.
+            for (k, &block) in blocks.iter().enumerate() {
+                if let Some(first) = self.insert_at(i, first_place + k as u32, block) {
+                    on_copy(k, first);
+                }
+            }
+            return;
+        }
+        self.window_shift = self.window_shift.max(shift_for(last));
+        let entry = &mut self.entries[i];
+        let base = (entry.slots + first_place) as usize;
+        let mut num_new = 0;
+        for (k, (slot, &block)) in (self.slab[base..base + blocks.len()].iter_mut())
+            .zip(blocks)
+            .enumerate()
+        {
+            match slot.checked_sub(1) {
+                Some(first) => on_copy(k, first),
+                None => {
+                    *slot = block + 1;
+                    num_new += 1;
+                }
+            }
+        }
+        entry.meta += num_new;
+    }
+
+    /// The table slot of `key`'s entry, made (with a chunk sized for recent entries and
+    /// `place`) if it has none.
+    fn entry_for(&mut self, key: NamedKey, place: u32) -> usize {
         let (mut i, found) = self.find(key);
-        if !found {
-            if (self.num_entries + 1) * 2 > self.entries.len() {
-                self.grow();
-                i = self.find(key).0;
-            }
-            let shift = (self.typical_shift.max(self.window_shift)).max(shift_for(place));
-            self.window_left -= 1;
-            if self.window_left == 0 {
-                self.typical_shift = self.window_shift;
-                self.window_shift = 0;
-                self.window_left = WINDOW;
-            }
-            let (shift, slots) = match shift {
-                0 => (0, 0),
-                _ => self
-                    .take_chunk(shift)
-                    .map_or((SPILLED, 0), |chunk| (shift, chunk)),
-            };
-            // Its count is raised below, before any other lookup.
-            self.entries[i] = Entry {
-                hi: key.hi,
-                lo: key.lo,
-                meta: u16::from(shift) << COUNT_BITS,
-                slots,
-            };
-            self.num_entries += 1;
-        } else if self.entries[i].shift() != SPILLED && place >= 1 << self.entries[i].shift() {
+        if found {
+            return i;
+        }
+        if (self.num_entries + 1) * 2 > self.entries.len() {
+            self.grow();
+            i = self.find(key).0;
+        }
+        let shift = (self.typical_shift.max(self.window_shift)).max(shift_for(place));
+        self.window_left -= 1;
+        if self.window_left == 0 {
+            self.typical_shift = self.window_shift;
+            self.window_shift = 0;
+            self.window_left = WINDOW;
+        }
+        let (shift, slots) = match shift {
+            0 => (0, 0),
+            _ => self
+                .take_chunk(shift)
+                .map_or((SPILLED, 0), |chunk| (shift, chunk)),
+        };
+        // Its count is raised by the insert that follows, before any other lookup.
+        self.entries[i] = Entry {
+            hi: key.hi,
+            lo: key.lo,
+            meta: u16::from(shift) << COUNT_BITS,
+            slots,
+        };
+        self.num_entries += 1;
+        i
+    }
+
+    /// [`Self::insert`] into the entry at table slot `i`.
+    fn insert_at(&mut self, i: usize, place: u32, block: BlockId) -> Option<BlockId> {
+        if self.entries[i].shift() != SPILLED && place >= 1 << self.entries[i].shift() {
             self.regrow(i, shift_for(place));
         }
         self.window_shift = self.window_shift.max(shift_for(place));
@@ -245,8 +355,57 @@ impl NamedCache {
     /// Un-caches `key`'s `place` (its only block was evicted); the entry goes with its last
     /// place.
     pub(super) fn remove(&mut self, key: NamedKey, place: u32) {
+        self.remove_run(key, &[place]);
+    }
+
+    /// [`Self::remove`] of several places of one trace block, in `places`' order (an
+    /// eviction takes a freed request's blocks tail first): the entry is found once.
+    pub(super) fn remove_run(&mut self, key: NamedKey, places: &[u32]) {
         let (i, found) = self.find(key);
         debug_assert!(found, "an evicted named block is cached");
+        let entry = self.entries[i];
+        let shift = entry.shift();
+        #[cfg(test)]
+        let shift = if PLANTED_WRONG_SLOT.get() { 0 } else { shift };
+        if shift == 0 || shift == SPILLED {
+            // Inline or spilled (or the planted fault): one place at a time.
+            for &place in places {
+                // Only its last place deletes the entry, and that is the run's last.
+                if self.remove_at(i, key, place) {
+                    return;
+                }
+            }
+            return;
+        }
+        let chunk = &mut self.slab[entry.slots as usize..][..1 << shift];
+        let mut highest = 0;
+        for &place in places {
+            debug_assert!(
+                chunk[place as usize] != 0,
+                "an evicted named block's place is cached"
+            );
+            chunk[place as usize] = 0;
+            highest = highest.max(place);
+        }
+        let count = entry.count() - places.len() as u16;
+        self.entries[i].meta = entry.meta - places.len() as u16;
+        if count == 0 {
+            self.free_chunks[shift as usize].push(entry.slots);
+            self.num_entries -= 1;
+            self.delete_at(i);
+        } else if shift >= 2 {
+            // As `remove_at`, once for the run: the entry moves to a chunk that fits if its
+            // highest cached place may have left the upper three quarters.
+            let quarter = 1u32 << (shift - 2);
+            if u32::from(count) <= quarter && highest >= quarter {
+                self.shrink(i, quarter);
+            }
+        }
+    }
+
+    /// Un-caches `place` of `key`'s entry, at table slot `i`; returns whether the entry
+    /// went with it (its last place).
+    fn remove_at(&mut self, i: usize, key: NamedKey, place: u32) -> bool {
         #[cfg(test)]
         let place = if PLANTED_WRONG_SLOT.get() && place + 1 < 1 << self.entries[i].shift() {
             place + 1
@@ -258,7 +417,7 @@ impl NamedCache {
         #[cfg(test)]
         if *slot == 0 && PLANTED_WRONG_SLOT.get() {
             // The mis-addressed place was not cached: nothing to clear.
-            return;
+            return false;
         }
         debug_assert!(*slot != 0, "an evicted named block's place is cached");
         *slot = 0;
@@ -273,7 +432,9 @@ impl NamedCache {
             }
             self.num_entries -= 1;
             self.delete_at(i);
-        } else if shift >= 2 && shift != SPILLED {
+            return true;
+        }
+        if shift >= 2 && shift != SPILLED {
             // The highest cached place may have left the chunk's upper three quarters: only
             // then (at most a quarter of the places cached, this one above the quarter) is
             // that span read.
@@ -282,6 +443,7 @@ impl NamedCache {
                 self.shrink(i, quarter);
             }
         }
+        false
     }
 
     /// Moves entry `i` into the smallest chunk holding its highest cached place, if that
@@ -533,6 +695,13 @@ mod tests {
             }
             let probe = (key_of(next() % 300), (next() % 40) as u32);
             assert_eq!(cache.get(probe.0, probe.1), model.get(&probe).copied());
+            // A run's lookup answers as the places' lookups up to the first miss.
+            let (mut run, max_len) = (Vec::new(), (next() % 12) as usize);
+            let num_hits = cache.get_run(probe.0, probe.1, max_len, &mut run);
+            let want: Vec<BlockId> = (probe.1..probe.1 + max_len as u32)
+                .map_while(|place| model.get(&(probe.0, place)).copied())
+                .collect();
+            assert_eq!((num_hits, run), (want.len(), want));
         }
         for (&(key, place), &block) in &model {
             assert_eq!(cache.get(key, place), Some(block));

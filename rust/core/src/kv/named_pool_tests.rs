@@ -94,6 +94,59 @@ fn a_trace_blocks_tail_is_evicted_first_and_its_head_still_hits() {
 }
 
 #[test]
+fn one_allocation_evicts_a_trace_block_whole_and_the_next_ones_tail_as_runs() {
+    // Blocks of 2 tokens, two trace blocks of 4 KV blocks each, then one token.
+    let first = names(None, 3, 4);
+    let second = names(first.last().copied(), 4, 4);
+    let named = [first.clone(), second.clone()].concat();
+    let prompt: Vec<TokenId> = [vec![0; 16], vec![1]].concat();
+    on_both(
+        || {
+            let mut pool = Pool::over_runs(12, 2, true).unwrap();
+            pool.enable_events();
+            pool
+        },
+        |pool| {
+            let [blocks, _] = admit(pool, 1, &prompt, &named);
+            assert_eq!(blocks, (0..9).collect::<Vec<_>>());
+            pool.free(&1).unwrap();
+            pool.drain_events();
+            // The uncached tail block, the never-used blocks, then both trace blocks tail
+            // first.
+            assert_eq!(
+                pool.free_block_ids(),
+                [8, 9, 10, 11, 7, 6, 5, 4, 3, 2, 1, 0]
+            );
+            // Nineteen other tokens take 10 blocks: the second trace block's four places
+            // and the first one's places 3 and 2, evicted in one run of taken blocks.
+            let other: Vec<TokenId> = (100..119).collect();
+            let [blocks, _] = admit(pool, 2, &other, &[]);
+            assert_eq!(blocks, [8, 9, 10, 11, 7, 6, 5, 4, 3, 2]);
+            let removed: Vec<_> = [3, 2, 1, 0]
+                .map(|p| KvEvent::Removed(second[p]))
+                .into_iter()
+                .chain([3, 2].map(|p| KvEvent::Removed(first[p])))
+                .collect();
+            assert_eq!(pool.drain_events()[..6], removed[..]);
+            assert_eq!(hit_of(pool, &prompt, &named), [0, 1]);
+            assert!(named[2..].iter().all(|&h| pool.cached_block(h).is_none()));
+            // The head's two places and the other request's 9 full blocks.
+            assert_eq!(pool.num_cached_blocks(), 2 + 9);
+            // The prompt again, once the other request is done, takes its head from the
+            // cache and caches the rest anew, each trace block's places as one run; 6 of
+            // the other request's 9 cached blocks make room.
+            pool.free(&2).unwrap();
+            let [blocks, hit] = admit(pool, 3, &prompt, &named);
+            assert_eq!((hit, blocks), (vec![0, 1], vec![2, 3, 4, 5, 6, 7, 11]));
+            assert_eq!(pool.num_cached_blocks(), 8 + 3);
+            (named.iter().map(|&h| pool.cached_block(h)))
+                .collect::<Option<Vec<_>>>()
+                .expect("every place cached again")
+        },
+    );
+}
+
+#[test]
 fn a_copy_of_a_named_block_serves_once_the_first_is_evicted() {
     let prompt: Vec<TokenId> = [vec![0; 4], vec![9]].concat();
     let named = names(None, 5, 2);

@@ -19,7 +19,8 @@
 //! CI runs `DEFAULT_SEEDS` streams; `TOKENYARD_RUN_POOL_SEEDS=N` runs N.
 
 use super::block_hash::{BlockHash, LOOKALIKE_TOKEN, LOOKALIKES_MADE, content_block, hash_content};
-use super::named_cache::PLANTED_WRONG_SLOT;
+use super::cache_map::{PLANTED_RUN_PAST_KEY, PLANTED_RUN_TAIL_KEPT};
+use super::named_cache::{PLANTED_RUN_READ_PAST, PLANTED_WRONG_SLOT};
 use super::run_queue::PLANTED_SWAP;
 use super::{BlockPool, BlockPoolStats, ComputedBlocks, KvCapacity, RunBlockPool, TokenId};
 
@@ -412,6 +413,38 @@ fn a_mis_addressed_eviction_in_the_named_index_is_caught() {
     PLANTED_WRONG_SLOT.set(true);
     let caught = (0..200).filter(|&seed| run_stream(seed).is_err()).count();
     PLANTED_WRONG_SLOT.set(false);
+    assert!(caught > 50, "only {caught} of 200 streams noticed");
+}
+
+/// Streams among the first 200 that notice `fault` (a difference, or a broken invariant's
+/// panic), planted while they run.
+fn streams_catching(fault: &'static std::thread::LocalKey<std::cell::Cell<bool>>) -> usize {
+    (0..200)
+        .filter(|&seed| {
+            fault.set(true);
+            let result = std::panic::catch_unwind(|| run_stream(seed));
+            fault.set(false);
+            LOOKALIKE_TOKEN.set(None);
+            !matches!(result, Ok(Ok(_)))
+        })
+        .count()
+}
+
+#[test]
+fn an_eviction_run_that_keeps_its_last_place_in_the_named_index_is_caught() {
+    let caught = streams_catching(&PLANTED_RUN_TAIL_KEPT);
+    assert!(caught > 50, "only {caught} of 200 streams noticed");
+}
+
+#[test]
+fn a_caching_run_that_runs_past_its_trace_block_is_caught() {
+    let caught = streams_catching(&PLANTED_RUN_PAST_KEY);
+    assert!(caught > 50, "only {caught} of 200 streams noticed");
+}
+
+#[test]
+fn a_lookup_run_that_reads_past_an_uncached_place_is_caught() {
+    let caught = streams_catching(&PLANTED_RUN_READ_PAST);
     assert!(caught > 50, "only {caught} of 200 streams noticed");
 }
 

@@ -50,6 +50,7 @@ impl RunQueue {
     }
 
     /// A fresh stamp for `block`'s new live entry.
+    #[inline]
     fn stamp(&mut self, block: u32) -> u32 {
         if self.next_stamp == u32::MAX {
             self.renumber();
@@ -125,16 +126,34 @@ impl FreeQueue for RunQueue {
     }
 
     fn pop_front_into(&mut self, n: usize, out: &mut Vec<u32>) {
-        // The entries are read in order; each block's stamp is an independent load.
+        // The entries are read in order, a contiguous part of the ring at a time; each
+        // block's stamp is an independent load. A decode step's block or two are popped
+        // one by one (the slices cost more than they save there).
+        if n < 4 {
+            for _ in 0..n {
+                let block = self.pop_front().expect("a free block has an entry");
+                out.push(block);
+            }
+            return;
+        }
+        out.reserve(n);
         let mut taken = 0;
         while taken < n {
-            let first = self.entries.pop_front().expect("a free block has an entry");
-            if self.is_live(first) {
-                let block = block_of(first);
-                self.stamps[block as usize] = 0;
-                out.push(block);
-                taken += 1;
+            let (front, _) = self.entries.as_slices();
+            let mut consumed = 0;
+            for &e in front {
+                consumed += 1;
+                let block = block_of(e);
+                if self.stamps[block as usize] == (e >> 32) as u32 {
+                    self.stamps[block as usize] = 0;
+                    out.push(block);
+                    taken += 1;
+                    if taken == n {
+                        break;
+                    }
+                }
             }
+            self.entries.drain(..consumed);
         }
         self.len -= n;
     }
@@ -161,6 +180,31 @@ impl FreeQueue for RunQueue {
             let n = self.entries.len();
             self.entries.swap(n - 1, n - 2);
         }
+    }
+
+    fn push_back_run(&mut self, blocks: &[u32]) {
+        #[cfg(test)]
+        if PLANTED_SWAP.get() {
+            return blocks.iter().for_each(|&b| self.push_back(b));
+        }
+        // Stamps for the whole run at once: renumbered first if they would run out.
+        if (self.next_stamp as usize).saturating_add(blocks.len()) >= u32::MAX as usize {
+            self.renumber();
+        }
+        let Self {
+            entries,
+            stamps,
+            next_stamp,
+            len,
+        } = self;
+        let first = *next_stamp;
+        entries.extend(blocks.iter().zip(first..).map(|(&block, stamp)| {
+            debug_assert!(stamps[block as usize] == 0, "block {block} is already free");
+            stamps[block as usize] = stamp;
+            entry(stamp, block)
+        }));
+        *next_stamp = first + blocks.len() as u32;
+        *len += blocks.len();
     }
 
     fn push_front(&mut self, block: u32) {
@@ -225,7 +269,15 @@ mod tests {
                 }
                 _ if !held.is_empty() => {
                     let b = held.swap_remove((state >> 8) as usize % held.len());
-                    if state & 1 << 20 == 0 {
+                    if state & 3 << 20 == 1 << 20 && !held.is_empty() {
+                        // A run: this block and up to two more.
+                        let mut run = vec![b];
+                        while run.len() < 3 && !held.is_empty() {
+                            run.push(held.swap_remove(0));
+                        }
+                        FreeQueue::push_back_run(&mut runs, &run);
+                        run.iter().for_each(|&b| list.push_back(b));
+                    } else if state & 1 << 20 == 0 {
                         FreeQueue::push_back(&mut runs, b);
                         list.push_back(b);
                     } else {

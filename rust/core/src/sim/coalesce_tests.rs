@@ -303,3 +303,53 @@ fn long_decodes_over_kv_groups_are_coalesced_and_identical() {
         assert_eq!(fingerprint(&stepped), fingerprint(&coalesced), "{group:?}");
     }
 }
+
+/// A request arriving during a window is admitted beside its decodes and joins it
+/// (`sched::multistep_admit`): short prompts arriving among long decodes, on a roomy pool
+/// and on one tight enough to preempt, with prompts that fit one step's budget and
+/// prompts chunked over several (which end the window), FCFS and priority queues. Same
+/// output as stepping; most steps still end lazily.
+#[test]
+fn requests_admitted_during_windows_join_them_and_change_nothing() {
+    for (num_blocks, budget, priority) in [(400, 2048, false), (60, 2048, false), (400, 16, true)] {
+        let case = Case {
+            num_replicas: 1,
+            num_stages: 1,
+            router: 0,
+            caching: true,
+            chunked: true,
+            prioritize_prefill: false,
+            priority,
+            block_size: 4,
+            num_blocks,
+            max_num_batched_tokens: budget,
+            max_num_seqs: 0,
+            coefficients: (0.01, 0.001, 0.0005, 0.00001),
+            concurrency: None,
+            kv_groups: Vec::new(),
+            requests: (0..24)
+                .map(|i| ArrivingRequest {
+                    hash_ids: vec![1, 2, i + 100, i + 200],
+                    ..ArrivingRequest::new(i as f64 * 0.13, 6 + (i % 5) as u32 * 3, 40 + i as u32)
+                })
+                .collect(),
+        };
+        let stepped = fingerprint(&run_case(&case, false).unwrap());
+        let (admitted_before, lazy_before) =
+            (crate::sched::admission_steps(), engine::lazy_steps());
+        let coalesced = run_case(&case, true).unwrap();
+        assert_eq!(
+            stepped,
+            fingerprint(&coalesced),
+            "{num_blocks} blocks, budget {budget}"
+        );
+        let num_admitted = crate::sched::admission_steps() - admitted_before;
+        let num_lazy = engine::lazy_steps() - lazy_before;
+        assert!(num_admitted >= 10, "{num_admitted} admission steps");
+        assert!(
+            2 * num_lazy > coalesced.num_batches,
+            "{num_lazy} of {} steps lazy",
+            coalesced.num_batches
+        );
+    }
+}

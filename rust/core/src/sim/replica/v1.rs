@@ -15,7 +15,7 @@ use crate::Result;
 use crate::kv::{BlockId, KvEvent, TokenId};
 use crate::sched::{
     DecodeWindow, DeferredPrompt, ExternalTokens, KvConnector, KvLoad, PolicyPlugin, PrefixCache,
-    PromptSource, Request, RequestSpec, Scheduler, SchedulerConfig,
+    PromptSource, Request, RequestSpec, Scheduler, SchedulerConfig, SchedulerOutput,
 };
 use crate::sim::arena::Requests;
 use crate::sim::batch::Batch;
@@ -75,6 +75,10 @@ struct Window {
     ones: Vec<u32>,
     /// Steps whose batch has ended.
     num_ended: usize,
+    /// The requests the step in flight admitted that sample at its end (`step_samplers`),
+    /// and how many it admitted (its batch lists them after the window's).
+    admitted: Vec<(ReqIdx, u32)>,
+    num_admitted: usize,
 }
 
 /// The replica's prompts, made at admission rather than arrival (`sched::PromptSource`): a
@@ -302,7 +306,7 @@ impl VllmV1 {
     /// Schedules the next step of the decode window in progress, or opens one (see
     /// `crate::sched::multistep`) when the next step is pure decode and nothing else can
     /// happen. `None`: step the scheduler.
-    fn coalesced_step(&mut self, requests: &Requests) -> Result<Option<BatchPlan>> {
+    fn coalesced_step(&mut self, requests: &mut Requests) -> Result<Option<BatchPlan>> {
         if self.window.is_none() {
             let eligible = self.coalesce
                 && self.spec.is_none()
@@ -322,17 +326,31 @@ impl VllmV1 {
                 ids,
                 ones,
                 num_ended: 0,
+                admitted: Vec::new(),
+                num_admitted: 0,
             });
         }
         let window = self.window.as_mut().expect("opened above");
         let block = self.hash_block_size;
-        let formed = self
-            .scheduler
-            .form_decode_step(&mut window.plan, |&idx, position| {
-                output_token(requests.get(idx), position as u64, block)
-            })?;
+        let token = |&idx: &ReqIdx, position: usize| {
+            output_token(requests.get(idx), position as u64, block)
+        };
+        window.num_admitted = 0;
+        let (formed, admissions) = if self.scheduler.num_waiting() == 0 {
+            let formed = self.scheduler.form_decode_step(&mut window.plan, token)?;
+            (formed, None)
+        } else if self.scheduler.window_admits(&window.plan) {
+            // An admission step (`crate::sched::multistep_admit`).
+            let out = self
+                .scheduler
+                .schedule_beside_window(&mut window.plan, token)?;
+            (out.is_some(), out)
+        } else {
+            (false, None)
+        };
         if !formed {
-            // The step needs more blocks than are free: it preempts, stepped.
+            // The step needs more blocks than are free (it preempts), or it admits requests
+            // and this window cannot take them: stepped.
             let window = self.window.take().expect("checked above");
             if window.plan.num_formed() > 0 {
                 self.end_window_early(window, requests)?;
@@ -344,6 +362,18 @@ impl VllmV1 {
         let (mut ids, mut ones) = self.spare_batches.pop().unwrap_or_default();
         ids.clone_from(&window.ids);
         ones.clone_from(&window.ones);
+        if let Some(out) = admissions {
+            window.admitted.clear();
+            window
+                .admitted
+                .extend_from_slice(self.scheduler.step_samplers());
+            window.num_admitted = out.num_scheduled_tokens.len();
+            ids.extend(out.num_scheduled_tokens.iter().map(|&(idx, _)| idx));
+            ones.extend(out.num_scheduled_tokens.iter().map(|&(_, n)| n as u32));
+            debug_assert!(out.preempted_req_ids.is_empty() && out.kv_loads.is_empty());
+            self.note_admissions(&out, requests);
+            self.scheduler.recycle_output(out);
+        }
         Ok(Some((ids, ones)))
     }
 
@@ -355,6 +385,9 @@ impl VllmV1 {
             return Ok(None);
         };
         window.num_ended += 1;
+        if window.num_admitted > 0 {
+            return self.end_admission_step(requests).map(Some);
+        }
         if window.num_ended < window.plan.num_steps() {
             let block = self.hash_block_size;
             let finished = self
@@ -379,6 +412,64 @@ impl VllmV1 {
         self.end_window(window, requests).map(Some)
     }
 
+    /// The end of a window step that admitted requests: the window's requests finish as at
+    /// any of its steps, the admissions sample as a stepped batch's requests do, after them
+    /// (they run last). Those that now decode join the window; if one cannot (a prefill
+    /// chunk), the window ends here, as stepping goes on from this state.
+    fn end_admission_step(&mut self, requests: &Requests) -> Result<Vec<ReqIdx>> {
+        let block = self.hash_block_size;
+        let token = |&idx: &ReqIdx, position: usize| {
+            output_token(requests.get(idx), position as u64, block)
+        };
+        let window = self.window.as_mut().expect("a window step ended");
+        let num_admitted = std::mem::take(&mut window.num_admitted);
+        let mut released: Vec<ReqIdx> = (self.scheduler)
+            .end_decode_step(&mut window.plan, token)?
+            .into_iter()
+            .map(|(idx, _)| idx)
+            .collect();
+        if !released.is_empty() {
+            let step = window.plan.num_formed() + 1;
+            let plan = &window.plan;
+            let mut i = 0;
+            window.ids.retain(|_| {
+                i += 1;
+                plan.runs_in(window.order[i - 1], step)
+            });
+            window.order.retain(|&j| plan.runs_in(j, step));
+            window.ones.truncate(window.ids.len());
+        }
+        let admitted = std::mem::take(&mut window.admitted);
+        let finished = self.scheduler.append_one_token_each_at(&admitted, token)?;
+        let num_members = released.len();
+        released.extend(finished.into_iter().map(|(idx, _)| idx));
+        let joining = || {
+            let finished = &released[num_members..];
+            (admitted.iter()).filter(|(idx, _)| !finished.contains(idx))
+        };
+        // Every admission of the step samples unless it is a prefill chunk.
+        let joins = admitted.len() == num_admitted
+            && joining().all(|(idx, _)| self.scheduler.can_join_decode_window(&window.plan, idx));
+        if joins {
+            for (idx, _) in joining() {
+                let i = self.scheduler.join_decode_window(&mut window.plan, idx)?;
+                window.ids.push(*idx);
+                window.order.push(i);
+                window.ones.push(1);
+            }
+        }
+        window.admitted = admitted;
+        window.admitted.clear();
+        if !joins {
+            let window = self.window.take().expect("checked above");
+            self.end_window_early(window, requests)?;
+        } else if window.ids.is_empty() {
+            let window = self.window.take().expect("checked above");
+            self.spare_plan = window.plan;
+        }
+        Ok(released)
+    }
+
     /// Ends `window` between two steps, before the one its plan has next: its latest step
     /// already ended (finishing the requests it planned to), so the others are caught up
     /// and take that step's token now, and none of them finishes.
@@ -400,9 +491,50 @@ impl VllmV1 {
             output_token(requests.get(idx), position as u64, block)
         };
         self.scheduler.catch_up_all(&mut window.plan, token)?;
-        let finished = self.scheduler.append_one_token_each(&window.ids, token)?;
+        // Requests that joined after the latest step (listed last) sampled its token already.
+        let plan = &window.plan;
+        let joined = window.order.iter().rev();
+        let num_owing = window.ids.len() - joined.take_while(|&&i| plan.joined_after(i)).count();
+        let owing = &window.ids[..num_owing];
+        let finished = self.scheduler.append_one_token_each(owing, token)?;
         self.spare_plan = window.plan;
         Ok(finished.into_iter().map(|(idx, _)| idx).collect())
+    }
+}
+
+impl VllmV1 {
+    /// The requests a step admitted: their prefix-cache hits count as processed (they are
+    /// computed without running), and a decode replica's hand-over is noted.
+    fn note_admissions(&mut self, out: &SchedulerOutput<ReqIdx>, requests: &mut Requests) {
+        for admitted in out
+            .scheduled_new_reqs
+            .iter()
+            .chain(&out.scheduled_resumed_reqs)
+        {
+            let request = requests.get_mut(admitted.request_id);
+            let host_tokens = self.loading.remove(&admitted.request_id);
+            let restarted_here = request.num_restarts > request.kv.restarts_at_handover;
+            if self.role == PdRole::Decode && !restarted_here {
+                // Handed over with its prompt and first token processed; what it loaded or
+                // hit here is that same work. With nothing loaded, the prefill replica may
+                // let the request's blocks go now.
+                if host_tokens.is_none() {
+                    self.kv_loads.push(KvLoad {
+                        request_id: admitted.request_id,
+                        num_external_tokens: 0,
+                        num_host_tokens: 0,
+                    });
+                }
+                continue;
+            }
+            let hit = admitted.num_computed_tokens as u32;
+            if request.num_restarts == 0 {
+                request.prefix_hit_tokens = hit;
+                // A load covering the whole prompt leaves its last token to compute.
+                request.kv.host_hit_tokens = host_tokens.unwrap_or(0).min(hit);
+            }
+            request.num_processed_tokens += hit;
+        }
     }
 }
 
@@ -419,16 +551,6 @@ fn output_token(request: &SimRequest, position: u64, hash_block_size: u32) -> To
 
 impl ReplicaPolicy for VllmV1 {
     fn add_request(&mut self, requests: &mut Requests, idx: ReqIdx) -> Result<()> {
-        if let Some(window) = &mut self.window {
-            // A new request changes the next step: the window ends with the step in flight,
-            // or now if none is (its last step ended, its state is caught up first).
-            if window.num_ended < window.plan.num_formed() {
-                window.plan.cut();
-            } else {
-                let window = self.window.take().expect("checked above");
-                self.end_window_early(window, requests)?;
-            }
-        }
         let request = requests.get(idx);
         let (max_tokens, first_token) = match self.role {
             PdRole::Aggregated => (request.num_decode_tokens, None),
@@ -468,6 +590,19 @@ impl ReplicaPolicy for VllmV1 {
         // Kept only once the scheduler took the request: a refused one leaves nothing.
         self.scheduler.add_request(idx, spec)?;
         self.prompts_mut().pending.insert(idx, pending);
+        if let Some(window) = &mut self.window
+            && !self.scheduler.window_admits(&window.plan)
+        {
+            // A new request changes the next step, which this window cannot admit it in
+            // (`crate::sched::multistep_admit`): the window ends with the step in flight,
+            // or now if none is (its last step ended, its state is caught up first).
+            if window.num_ended < window.plan.num_formed() {
+                window.plan.cut();
+            } else {
+                let window = self.window.take().expect("checked above");
+                self.end_window_early(window, requests)?;
+            }
+        }
         Ok(())
     }
 
@@ -494,36 +629,7 @@ impl ReplicaPolicy for VllmV1 {
         self.loading.extend(
             (out.kv_loads.iter()).map(|load| (load.request_id, load.num_host_tokens as u32)),
         );
-        // Prefix-cache hits are computed without running: they count as processed.
-        for admitted in out
-            .scheduled_new_reqs
-            .iter()
-            .chain(&out.scheduled_resumed_reqs)
-        {
-            let request = requests.get_mut(admitted.request_id);
-            let host_tokens = self.loading.remove(&admitted.request_id);
-            let restarted_here = request.num_restarts > request.kv.restarts_at_handover;
-            if self.role == PdRole::Decode && !restarted_here {
-                // Handed over with its prompt and first token processed; what it loaded or
-                // hit here is that same work. With nothing loaded, the prefill replica may
-                // let the request's blocks go now.
-                if host_tokens.is_none() {
-                    self.kv_loads.push(KvLoad {
-                        request_id: admitted.request_id,
-                        num_external_tokens: 0,
-                        num_host_tokens: 0,
-                    });
-                }
-                continue;
-            }
-            let hit = admitted.num_computed_tokens as u32;
-            if request.num_restarts == 0 {
-                request.prefix_hit_tokens = hit;
-                // A load covering the whole prompt leaves its last token to compute.
-                request.kv.host_hit_tokens = host_tokens.unwrap_or(0).min(hit);
-            }
-            request.num_processed_tokens += hit;
-        }
+        self.note_admissions(&out, requests);
         if out.num_scheduled_tokens.is_empty() {
             self.scheduler.recycle_output(out);
             return Ok(None);
@@ -671,12 +777,19 @@ impl ReplicaPolicy for VllmV1 {
         self.window_batch
     }
 
+    fn window_step_admissions(&self) -> usize {
+        self.window.as_ref().map_or(0, |w| w.num_admitted)
+    }
+
     /// A window in progress whose step in flight has ended and whose next step fits the
-    /// free blocks: `coalesced_step` forms it, touching no request of the arena but to
-    /// read the tokens it sampled.
+    /// free blocks (and may admit the requests waiting): `coalesced_step` forms it,
+    /// touching no request of the arena but to read the tokens it sampled and to note
+    /// the admissions' prefix hits.
     fn next_batch_continues_window(&self) -> bool {
         self.window.as_ref().is_some_and(|w| {
-            w.num_ended == w.plan.num_formed() && self.scheduler.next_decode_step_fits(&w.plan)
+            w.num_ended == w.plan.num_formed()
+                && self.scheduler.next_decode_step_fits(&w.plan)
+                && (self.scheduler.num_waiting() == 0 || self.scheduler.window_admits(&w.plan))
         })
     }
 

@@ -51,6 +51,14 @@ struct Case {
 
 const MAX_MODEL_LEN: usize = 160;
 
+/// A run's output and its KV cache events by batch (`engine::take_kv_event_log`: with
+/// `prefix_affinity` routing, when each block was cached or evicted).
+fn run_logged(case: &Case, coalesce: bool) -> (Result<SimOutput>, Vec<String>) {
+    engine::take_kv_event_log();
+    let out = run_case(case, coalesce);
+    (out, engine::take_kv_event_log())
+}
+
 fn run_case(case: &Case, coalesce: bool) -> Result<SimOutput> {
     let sched = SchedulerConfig {
         block_size: case.block_size,
@@ -211,8 +219,14 @@ proptest! {
 
     #[test]
     fn coalesced_decode_steps_change_nothing(case in cases()) {
-        let stepped = run_case(&case, false);
-        let coalesced = run_case(&case, true);
+        let (stepped, stepped_events) = run_logged(&case, false);
+        let (coalesced, coalesced_events) = run_logged(&case, true);
+        let first = stepped_events.iter().zip(&coalesced_events).position(|(a, b)| a != b);
+        prop_assert!(
+            stepped_events.len() == coalesced_events.len() && first.is_none(),
+            "KV events differ at batch end {first:?} of {}",
+            stepped_events.len()
+        );
         match (stepped, coalesced) {
             (Ok(a), Ok(b)) => {
                 let (a, b) = (fingerprint(&a), fingerprint(&b));
@@ -315,7 +329,8 @@ fn requests_admitted_during_windows_join_them_and_change_nothing() {
         let case = Case {
             num_replicas: 1,
             num_stages: 1,
-            router: 0,
+            // prefix_affinity: the replica records its KV cache events.
+            router: 3,
             caching: true,
             chunked: true,
             prioritize_prefill: false,
@@ -334,14 +349,18 @@ fn requests_admitted_during_windows_join_them_and_change_nothing() {
                 })
                 .collect(),
         };
-        let stepped = fingerprint(&run_case(&case, false).unwrap());
+        let (stepped, stepped_events) = run_logged(&case, false);
+        let stepped = fingerprint(&stepped.unwrap());
         let (admitted_before, lazy_before) =
             (crate::sched::admission_steps(), engine::lazy_steps());
-        let coalesced = run_case(&case, true).unwrap();
-        assert_eq!(
-            stepped,
-            fingerprint(&coalesced),
-            "{num_blocks} blocks, budget {budget}"
+        let (coalesced, coalesced_events) = run_logged(&case, true);
+        let coalesced = coalesced.unwrap();
+        let label = format!("{num_blocks} blocks, budget {budget}");
+        assert_eq!(stepped, fingerprint(&coalesced), "{label}");
+        assert!(!stepped_events.is_empty());
+        assert!(
+            stepped_events == coalesced_events,
+            "{label}: KV events differ"
         );
         let num_admitted = crate::sched::admission_steps() - admitted_before;
         let num_lazy = engine::lazy_steps() - lazy_before;

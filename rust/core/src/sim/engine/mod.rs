@@ -148,6 +148,21 @@ pub(crate) fn lazy_steps() -> u64 {
     lazy::LAZY_STEPS.with(std::cell::Cell::get)
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Each batch end's KV cache events on this thread, with the replica and the batch
+    /// (tests compare when each block was cached and evicted, not only what it led to).
+    static KV_EVENT_LOG: std::cell::RefCell<Vec<String>> = const {
+        std::cell::RefCell::new(Vec::new())
+    };
+}
+
+/// Takes the KV event log of this thread's simulations (`KV_EVENT_LOG`).
+#[cfg(test)]
+pub(crate) fn take_kv_event_log() -> Vec<String> {
+    KV_EVENT_LOG.with(|log| std::mem::take(&mut *log.borrow_mut()))
+}
+
 /// Completed requests between two progress reports.
 const PROGRESS_EVERY: usize = 4096;
 
@@ -739,6 +754,11 @@ impl<'a> Simulator<'a> {
             self.spare_epochs.push(epochs);
         }
         let events = self.replicas[r].policy.drain_kv_events();
+        #[cfg(test)]
+        if !events.is_empty() {
+            let entry = format!("{r} {batch_id} {events:?}");
+            KV_EVENT_LOG.with(|log| log.borrow_mut().push(entry));
+        }
         if !events.is_empty() {
             match &mut self.decode_router {
                 Some(router) if r >= self.num_prefill => {

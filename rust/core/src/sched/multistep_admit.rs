@@ -164,3 +164,57 @@ impl<R: RequestKey> Scheduler<R> {
 pub(crate) fn admission_steps() -> u64 {
     ADMISSION_STEPS.with(std::cell::Cell::get)
 }
+
+impl DecodeWindow {
+    /// Drops the finished requests from the window's lists once they outnumber the live
+    /// ones (a window that admits may outlive many requests, and its step checks walk its
+    /// buckets), renumbering the live ones in the same order; `order` (the caller's window
+    /// numbers, in running order) is renumbered with them. Between steps only.
+    pub fn compact(&mut self, order: &mut [usize]) {
+        let num_done = self.next_finish;
+        if num_done < 32 || num_done <= self.slots.len() - num_done {
+            return;
+        }
+        let mut renumbered = vec![u32::MAX; self.slots.len()];
+        let mut next = 0;
+        for (i, new) in renumbered.iter_mut().enumerate() {
+            if !self.done[i] {
+                *new = next;
+                next += 1;
+            }
+        }
+        let keep = |v: &mut Vec<usize>| {
+            let mut i = 0;
+            v.retain(|_| {
+                i += 1;
+                renumbered[i - 1] != u32::MAX
+            });
+        };
+        keep(&mut self.base);
+        keep(&mut self.start);
+        keep(&mut self.last);
+        keep(&mut self.first_alloc);
+        let mut i = 0;
+        self.slots.retain(|_| {
+            i += 1;
+            renumbered[i - 1] != u32::MAX
+        });
+        // The map keeps the order: each bucket stays in running order.
+        for bucket in &mut self.buckets {
+            bucket.retain_mut(|i| {
+                *i = renumbered[*i as usize];
+                *i != u32::MAX
+            });
+        }
+        self.finishes.drain(..self.next_finish);
+        for (_, i) in &mut self.finishes {
+            *i = renumbered[*i as usize];
+        }
+        self.next_finish = 0;
+        self.done.clear();
+        self.done.resize(self.slots.len(), false);
+        for i in order {
+            *i = renumbered[*i] as usize;
+        }
+    }
+}

@@ -372,3 +372,44 @@ fn requests_admitted_during_windows_join_them_and_change_nothing() {
         );
     }
 }
+
+/// A window that admits may outlive hundreds of requests: its lists drop the finished ones
+/// (`DecodeWindow::compact`) and its ledger the steps no member owes (`lazy`). A long run
+/// of arrivals into one replica's window, with prompts that hit and miss the prefix cache.
+#[test]
+fn a_window_outliving_its_requests_changes_nothing() {
+    let case = Case {
+        num_replicas: 1,
+        num_stages: 1,
+        router: 3,
+        caching: true,
+        chunked: true,
+        prioritize_prefill: false,
+        priority: false,
+        block_size: 4,
+        num_blocks: 2000,
+        max_num_batched_tokens: 2048,
+        max_num_seqs: 0,
+        coefficients: (0.01, 0.001, 0.0005, 0.00001),
+        concurrency: None,
+        kv_groups: Vec::new(),
+        requests: (0..300)
+            .map(|i| ArrivingRequest {
+                hash_ids: vec![1, 2, i % 7 + 50, i + 200],
+                ..ArrivingRequest::new(
+                    i as f64 * 0.15,
+                    10 + (i % 4) as u32 * 2,
+                    20 + (i * 37 % 120) as u32,
+                )
+            })
+            .collect(),
+    };
+    let (stepped, stepped_events) = run_logged(&case, false);
+    let before = crate::sched::admission_steps();
+    let (coalesced, coalesced_events) = run_logged(&case, true);
+    let coalesced = coalesced.unwrap();
+    assert_eq!(fingerprint(&stepped.unwrap()), fingerprint(&coalesced));
+    assert!(stepped_events == coalesced_events, "KV events differ");
+    let num_admitted = crate::sched::admission_steps() - before;
+    assert!(num_admitted >= 120, "{num_admitted} admission steps");
+}

@@ -48,6 +48,8 @@ pub(super) struct Ledger {
     steps: Vec<Step>,
     /// When the last step ended (every member's last token).
     last_end: f64,
+    /// Past this many steps logged, those no member owes are dropped (`end_step`).
+    compact_at: usize,
 }
 
 /// A step ended lazily.
@@ -55,15 +57,19 @@ pub(super) struct Ledger {
 struct Step {
     end: f64,
     time: StageTime,
-    /// The largest token gap of the steps so far, this one included.
-    max_gap: f64,
+    /// Its token gap: its end less the previous step's (each member's previous token).
+    gap: f64,
 }
+
+/// Steps a ledger logs before it first drops those no member owes.
+const COMPACT_STEPS: usize = 256;
 
 impl Ledger {
     /// A ledger from the end of a window step at `now`; `add` gives its members.
     pub fn start(now: f64) -> Self {
         Self {
             last_end: now,
+            compact_at: COMPACT_STEPS,
             ..Self::default()
         }
     }
@@ -99,12 +105,29 @@ impl Ledger {
         let gap = now - self.last_end;
         gaps.record_n(gap, self.members.len() as u64);
         self.last_end = now;
-        let max_gap = self.steps.last().map_or(gap, |s| s.max_gap.max(gap));
         self.steps.push(Step {
             end: now,
             time,
-            max_gap,
+            gap,
         });
+        if self.steps.len() >= self.compact_at {
+            self.drop_settled_steps();
+        }
+    }
+
+    /// Drops the steps every member joined after (a window that admits may outlive many
+    /// requests: its ledger would grow for as long as it lives).
+    fn drop_settled_steps(&mut self) {
+        let owed_from = self.members.iter().map(|&(.., logged)| logged).min();
+        let k = owed_from.unwrap_or(self.steps.len() as u32);
+        if k > 0 {
+            self.steps.drain(..k as usize);
+            for (.., logged) in &mut self.members {
+                *logged -= k;
+            }
+            self.sum_processed += self.members.len() as i64 * k as i64;
+        }
+        self.compact_at = COMPACT_STEPS.max(2 * self.steps.len());
     }
 
     /// Brings member `idx` up to date and drops it from the ledger (the replica released
@@ -138,20 +161,13 @@ impl Ledger {
         };
         let timing = &mut request.timing;
         let (mut total_s, mut model_s) = (timing.execution_time, timing.model_execution_time);
+        let mut max_gap = first.gap;
         for step in owed {
             total_s += step.time.total_s;
             model_s += step.time.model_s;
+            max_gap = max_gap.max(step.gap);
         }
         (timing.execution_time, timing.model_execution_time) = (total_s, model_s);
-        // The largest gap of the owed steps: the running one, unless the member joined
-        // late (then its gaps are recomputed as the steps' ends recorded them, each less
-        // the previous step's end, where it took its previous token).
-        let max_gap = match logged {
-            0 => last.max_gap,
-            _ => (self.steps[logged - 1..].windows(2))
-                .map(|w| w[1].end - w[0].end)
-                .fold(f64::NEG_INFINITY, f64::max),
-        };
         request.on_decode_steps(owed.len() as u32, first.end, last.end, max_gap);
     }
 }

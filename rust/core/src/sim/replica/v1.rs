@@ -405,6 +405,7 @@ impl VllmV1 {
                 });
                 window.order.retain(|&j| plan.runs_in(j, step));
                 window.ones.truncate(window.ids.len());
+                window.plan.compact(&mut window.order);
             }
             return Ok(Some(finished.into_iter().map(|(idx, _)| idx).collect()));
         }
@@ -457,6 +458,7 @@ impl VllmV1 {
                 window.order.push(i);
                 window.ones.push(1);
             }
+            window.plan.compact(&mut window.order);
         }
         window.admitted = admitted;
         window.admitted.clear();

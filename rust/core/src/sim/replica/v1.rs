@@ -332,22 +332,23 @@ impl VllmV1 {
         }
         let window = self.window.as_mut().expect("opened above");
         let block = self.hash_block_size;
-        let token = |&idx: &ReqIdx, position: usize| {
-            output_token(requests.get(idx), position as u64, block)
-        };
+        let mut token = window_tokens(requests, block);
         window.num_admitted = 0;
         let (formed, admissions) = if self.scheduler.num_waiting() == 0 {
-            let formed = self.scheduler.form_decode_step(&mut window.plan, token)?;
+            let formed = self
+                .scheduler
+                .form_decode_step(&mut window.plan, &mut token)?;
             (formed, None)
         } else if self.scheduler.window_admits(&window.plan) {
             // An admission step (`crate::sched::multistep_admit`).
             let out = self
                 .scheduler
-                .schedule_beside_window(&mut window.plan, token)?;
+                .schedule_beside_window(&mut window.plan, &mut token)?;
             (out.is_some(), out)
         } else {
             (false, None)
         };
+        drop(token);
         if !formed {
             // The step needs more blocks than are free (it preempts), or it admits requests
             // and this window cannot take them: stepped.
@@ -392,9 +393,7 @@ impl VllmV1 {
             let block = self.hash_block_size;
             let finished = self
                 .scheduler
-                .end_decode_step(&mut window.plan, |&idx, position| {
-                    output_token(requests.get(idx), position as u64, block)
-                })?;
+                .end_decode_step(&mut window.plan, window_tokens(requests, block))?;
             if !finished.is_empty() {
                 let step = window.plan.num_formed() + 1;
                 let plan = &window.plan;
@@ -419,13 +418,11 @@ impl VllmV1 {
     /// chunk), the window ends here, as stepping goes on from this state.
     fn end_admission_step(&mut self, requests: &Requests) -> Result<Vec<ReqIdx>> {
         let block = self.hash_block_size;
-        let token = |&idx: &ReqIdx, position: usize| {
-            output_token(requests.get(idx), position as u64, block)
-        };
+        let mut token = window_tokens(requests, block);
         let window = self.window.as_mut().expect("a window step ended");
         let num_admitted = std::mem::take(&mut window.num_admitted);
         let mut released: Vec<ReqIdx> = (self.scheduler)
-            .end_decode_step(&mut window.plan, token)?
+            .end_decode_step(&mut window.plan, &mut token)?
             .into_iter()
             .map(|(idx, _)| idx)
             .collect();
@@ -441,7 +438,9 @@ impl VllmV1 {
             window.ones.truncate(window.ids.len());
         }
         let admitted = std::mem::take(&mut window.admitted);
-        let finished = self.scheduler.append_one_token_each_at(&admitted, token)?;
+        let finished = self
+            .scheduler
+            .append_one_token_each_at(&admitted, &mut token)?;
         let num_members = released.len();
         released.extend(finished.into_iter().map(|(idx, _)| idx));
         let joining = || {
@@ -489,16 +488,14 @@ impl VllmV1 {
     /// step as stepping does.
     fn end_window(&mut self, mut window: Window, requests: &Requests) -> Result<Vec<ReqIdx>> {
         let block = self.hash_block_size;
-        let token = |&idx: &ReqIdx, position: usize| {
-            output_token(requests.get(idx), position as u64, block)
-        };
-        self.scheduler.catch_up_all(&mut window.plan, token)?;
+        let mut token = window_tokens(requests, block);
+        self.scheduler.catch_up_all(&mut window.plan, &mut token)?;
         // Requests that joined after the latest step (listed last) sampled its token already.
         let plan = &window.plan;
         let joined = window.order.iter().rev();
         let num_owing = window.ids.len() - joined.take_while(|&&i| plan.joined_after(i)).count();
         let owing = &window.ids[..num_owing];
-        let finished = self.scheduler.append_one_token_each(owing, token)?;
+        let finished = self.scheduler.append_one_token_each(owing, &mut token)?;
         self.spare_plan = window.plan;
         Ok(finished.into_iter().map(|(idx, _)| idx).collect())
     }
@@ -536,6 +533,30 @@ impl VllmV1 {
                 request.kv.host_hit_tokens = host_tokens.unwrap_or(0).min(hit);
             }
             request.num_processed_tokens += hit;
+        }
+    }
+}
+
+/// [`output_token`] for a window's catch-ups, which ask for runs of one request's tokens:
+/// whether the request's block ids reach past its prompt (most do not, and then every
+/// output token is `SAMPLED_TOKEN`) is looked up once per run, not per token.
+fn window_tokens(requests: &Requests, block: u32) -> impl FnMut(&ReqIdx, usize) -> TokenId + '_ {
+    let mut memo: Option<(ReqIdx, bool)> = None;
+    move |&idx, position| {
+        let shared = match memo {
+            Some((m, shared)) if m == idx => shared,
+            _ => {
+                let r = requests.get(idx);
+                // Position 0 lies in the prompt: an id names it exactly when the ids
+                // reach past the prompt (`shared_output_token`'s first test).
+                let first = shared_output_token(r.original_prefill_tokens, 0, &r.hash_ids, block);
+                memo = Some((idx, first.is_some()));
+                first.is_some()
+            }
+        };
+        match shared {
+            true => output_token(requests.get(idx), position as u64, block),
+            false => SAMPLED_TOKEN,
         }
     }
 }

@@ -332,23 +332,20 @@ impl VllmV1 {
         }
         let window = self.window.as_mut().expect("opened above");
         let block = self.hash_block_size;
-        let mut token = window_tokens(requests, block);
+        let token = || window_tokens(requests, block);
         window.num_admitted = 0;
         let (formed, admissions) = if self.scheduler.num_waiting() == 0 {
-            let formed = self
-                .scheduler
-                .form_decode_step(&mut window.plan, &mut token)?;
+            let formed = self.scheduler.form_decode_step(&mut window.plan, token())?;
             (formed, None)
         } else if self.scheduler.window_admits(&window.plan) {
             // An admission step (`crate::sched::multistep_admit`).
             let out = self
                 .scheduler
-                .schedule_beside_window(&mut window.plan, &mut token)?;
+                .schedule_beside_window(&mut window.plan, token())?;
             (out.is_some(), out)
         } else {
             (false, None)
         };
-        drop(token);
         if !formed {
             // The step needs more blocks than are free (it preempts), or it admits requests
             // and this window cannot take them: stepped.
@@ -418,11 +415,10 @@ impl VllmV1 {
     /// chunk), the window ends here, as stepping goes on from this state.
     fn end_admission_step(&mut self, requests: &Requests) -> Result<Vec<ReqIdx>> {
         let block = self.hash_block_size;
-        let mut token = window_tokens(requests, block);
         let window = self.window.as_mut().expect("a window step ended");
         let num_admitted = std::mem::take(&mut window.num_admitted);
         let mut released: Vec<ReqIdx> = (self.scheduler)
-            .end_decode_step(&mut window.plan, &mut token)?
+            .end_decode_step(&mut window.plan, window_tokens(requests, block))?
             .into_iter()
             .map(|(idx, _)| idx)
             .collect();
@@ -440,7 +436,7 @@ impl VllmV1 {
         let admitted = std::mem::take(&mut window.admitted);
         let finished = self
             .scheduler
-            .append_one_token_each_at(&admitted, &mut token)?;
+            .append_one_token_each_at(&admitted, window_tokens(requests, block))?;
         let num_members = released.len();
         released.extend(finished.into_iter().map(|(idx, _)| idx));
         let joining = || {
@@ -488,14 +484,16 @@ impl VllmV1 {
     /// step as stepping does.
     fn end_window(&mut self, mut window: Window, requests: &Requests) -> Result<Vec<ReqIdx>> {
         let block = self.hash_block_size;
-        let mut token = window_tokens(requests, block);
-        self.scheduler.catch_up_all(&mut window.plan, &mut token)?;
+        self.scheduler
+            .catch_up_all(&mut window.plan, window_tokens(requests, block))?;
         // Requests that joined after the latest step (listed last) sampled its token already.
         let plan = &window.plan;
         let joined = window.order.iter().rev();
         let num_owing = window.ids.len() - joined.take_while(|&&i| plan.joined_after(i)).count();
         let owing = &window.ids[..num_owing];
-        let finished = self.scheduler.append_one_token_each(owing, &mut token)?;
+        let finished = self
+            .scheduler
+            .append_one_token_each(owing, window_tokens(requests, block))?;
         self.spare_plan = window.plan;
         Ok(finished.into_iter().map(|(idx, _)| idx).collect())
     }

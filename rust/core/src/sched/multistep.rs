@@ -78,6 +78,10 @@ pub struct DecodeWindow {
     pub(super) cut: bool,
     /// The requests the pool acts for in the step being formed (KV groups only).
     acting: Vec<u32>,
+    /// The last `num_new_decode_blocks` answer, keyed by its step, the window's length and
+    /// its finishes (what the answer reads): asked before a step is formed and again
+    /// when it is.
+    new_blocks_memo: std::cell::Cell<(usize, usize, usize, usize)>,
 }
 
 impl DecodeWindow {
@@ -101,6 +105,7 @@ impl DecodeWindow {
         self.done.resize(running.len(), false);
         self.hybrid = false;
         self.cut = false;
+        self.new_blocks_memo.set((0, 0, 0, 0));
     }
 
     pub fn num_steps(&self) -> usize {
@@ -305,6 +310,17 @@ impl<R: RequestKey> Scheduler<R> {
 
     /// New blocks the window's step `step` takes (one KV group).
     fn num_new_decode_blocks(&self, window: &DecodeWindow, step: usize) -> usize {
+        let key = (step, window.slots.len(), window.next_finish);
+        let (s, len, finished, count) = window.new_blocks_memo.get();
+        if (s, len, finished) == key {
+            return count;
+        }
+        let count = self.count_new_decode_blocks(window, step);
+        window.new_blocks_memo.set((key.0, key.1, key.2, count));
+        count
+    }
+
+    fn count_new_decode_blocks(&self, window: &DecodeWindow, step: usize) -> usize {
         let bs = self.config.block_size;
         let in_step = |i: usize| !window.done[i] && window.last[i] >= step;
         (window.buckets[step % bs].iter().map(|&i| i as usize))

@@ -8,6 +8,10 @@ mod arrivals;
 mod disagg;
 mod events;
 mod lazy;
+#[cfg(test)]
+mod test_log;
+#[cfg(test)]
+pub(crate) use test_log::{lazy_steps, take_kv_event_log};
 
 use std::collections::VecDeque;
 
@@ -140,27 +144,6 @@ struct Replica {
     last_sample_at: f64,
     /// The decode window whose requests are settled lazily, if any (`lazy`).
     lazy: Option<lazy::Ledger>,
-}
-
-/// Window steps this thread's simulations ended lazily (`lazy`).
-#[cfg(test)]
-pub(crate) fn lazy_steps() -> u64 {
-    lazy::LAZY_STEPS.with(std::cell::Cell::get)
-}
-
-#[cfg(test)]
-thread_local! {
-    /// Each batch end's KV cache events on this thread, with the replica and the batch
-    /// (tests compare when each block was cached and evicted, not only what it led to).
-    static KV_EVENT_LOG: std::cell::RefCell<Vec<String>> = const {
-        std::cell::RefCell::new(Vec::new())
-    };
-}
-
-/// Takes the KV event log of this thread's simulations (`KV_EVENT_LOG`).
-#[cfg(test)]
-pub(crate) fn take_kv_event_log() -> Vec<String> {
-    KV_EVENT_LOG.with(|log| std::mem::take(&mut *log.borrow_mut()))
 }
 
 /// Completed requests between two progress reports.
@@ -755,10 +738,7 @@ impl<'a> Simulator<'a> {
         }
         let events = self.replicas[r].policy.drain_kv_events();
         #[cfg(test)]
-        if !events.is_empty() {
-            let entry = format!("{r} {batch_id} {events:?}");
-            KV_EVENT_LOG.with(|log| log.borrow_mut().push(entry));
-        }
+        test_log::log_kv_events(r, batch_id, &events);
         if !events.is_empty() {
             match &mut self.decode_router {
                 Some(router) if r >= self.num_prefill => {

@@ -21,6 +21,7 @@ mod kv_outside;
 mod loads;
 mod mamba_align;
 mod multistep;
+mod multistep_admit;
 mod output;
 mod plugin;
 mod prefix_rules;
@@ -41,6 +42,8 @@ pub use hisparse::HostPagesState;
 pub use hooks::StepHooks;
 pub use mamba_align::MambaAlignSplit;
 pub use multistep::DecodeWindow;
+#[cfg(test)]
+pub(crate) use multistep_admit::admission_steps;
 pub use output::{
     CachedRequestData, NewRequestData, SampledOutput, SchedulerOutput, SchedulerStats,
 };

@@ -12,7 +12,10 @@
 //! (`end_decode_step` finishes it then, freeing its blocks, as stepping does). The window
 //! lasts until its last request finishes, or until a step whose new blocks the free ones
 //! cannot cover (stepping would preempt there: `form_decode_step` declines it), or until
-//! the caller cuts it (a new request).
+//! the caller cuts it. A new request does not have to end it: a window step may admit
+//! waiting requests, and requests whose prefill sampled join it (`multistep_admit`); a
+//! request that joined after step `start` computes, at step `j`, its token
+//! `base + j - start - 1`.
 //!
 //! Within the window each request's tokens and computed count lag behind, and are caught up
 //! only at the steps where the pool does something for it: a new block (which may evict a
@@ -48,29 +51,37 @@ use crate::{Error, Result};
 /// numbered by their place in the running order when it opened.
 #[derive(Debug, Clone, Default)]
 pub struct DecodeWindow {
-    slots: Vec<u32>,
-    /// Computed tokens at the start; step `j` (from 1) computes token `base + j - 1`.
-    base: Vec<usize>,
+    pub(super) slots: Vec<u32>,
+    /// Computed tokens when the request joined, after `start` steps of the window (0 for
+    /// those it opened with); step `j > start` computes token `base + j - start - 1`.
+    pub(super) base: Vec<usize>,
+    pub(super) start: Vec<usize>,
     /// The step at whose end each request finishes.
-    last: Vec<usize>,
+    pub(super) last: Vec<usize>,
     /// The first step that needs a new block for it (then every `block_size` steps).
-    first_alloc: Vec<usize>,
+    pub(super) first_alloc: Vec<usize>,
     /// By step modulo the block size: the requests the pool acts for at such steps, in
     /// running order.
-    buckets: Vec<Vec<u32>>,
+    pub(super) buckets: Vec<Vec<u32>>,
     /// Steps in the window, if it runs to its end.
-    num_steps: usize,
+    pub(super) num_steps: usize,
     /// Steps scheduled so far.
-    formed: usize,
+    pub(super) formed: usize,
     /// (last step, request) in that order; `next_finish` is the first not yet finished.
-    finishes: Vec<(u32, u32)>,
-    next_finish: usize,
+    pub(super) finishes: Vec<(u32, u32)>,
+    pub(super) next_finish: usize,
     /// Requests finished by `end_decode_step`.
-    done: Vec<bool>,
+    pub(super) done: Vec<bool>,
     /// Over the KV groups' coordinator (see "Several KV groups" in the module doc).
-    hybrid: bool,
+    pub(super) hybrid: bool,
+    /// The caller cut the window: no request joins it.
+    pub(super) cut: bool,
     /// The requests the pool acts for in the step being formed (KV groups only).
     acting: Vec<u32>,
+    /// The last `num_new_decode_blocks` answer, keyed by its step, the window's length and
+    /// its finishes (what the answer reads): asked before a step is formed and again
+    /// when it is.
+    new_blocks_memo: std::cell::Cell<(usize, usize, usize, usize)>,
 }
 
 impl DecodeWindow {
@@ -79,6 +90,7 @@ impl DecodeWindow {
         self.slots.clear();
         self.slots.extend_from_slice(running);
         self.base.clear();
+        self.start.clear();
         self.last.clear();
         self.first_alloc.clear();
         self.buckets.resize_with(block_size, Vec::new);
@@ -92,6 +104,8 @@ impl DecodeWindow {
         self.done.clear();
         self.done.resize(running.len(), false);
         self.hybrid = false;
+        self.cut = false;
+        self.new_blocks_memo.set((0, 0, 0, 0));
     }
 
     pub fn num_steps(&self) -> usize {
@@ -106,11 +120,18 @@ impl DecodeWindow {
     /// Ends the window after the steps already scheduled.
     pub fn cut(&mut self) {
         self.num_steps = self.formed;
+        self.cut = true;
     }
 
     /// Whether request `i` is in step `step`.
     pub fn runs_in(&self, i: usize, step: usize) -> bool {
         self.last[i] >= step
+    }
+
+    /// Whether request `i` joined the window after its latest step was scheduled (its
+    /// token of that step was not the window's to give: `multistep_admit`).
+    pub fn joined_after(&self, i: usize) -> bool {
+        self.start[i] == self.formed && self.formed > 0
     }
 }
 
@@ -178,26 +199,10 @@ impl<R: RequestKey> Scheduler<R> {
             }
         }
         for (i, &slot) in self.running.iter().enumerate() {
-            let r = self.req(slot);
-            // A prompt's last token is a one-token step too, but a prefill chunk's: with
-            // `prioritize_prefill` it is scheduled first, and its flags differ.
-            let decoding = r.status == RequestStatus::Running
-                && !r.is_prefilling()
-                && r.num_computed_tokens + 1 == r.num_tokens()
-                && r.num_output_placeholders == 0
-                && r.num_sampling_steps() == 0
-                && r.spec_token_ids.is_empty()
-                && r.spec.stop_token_ids.is_empty()
-                && (r.spec.ignore_eos || r.spec.eos_token_id.is_none());
-            if !decoding {
+            let Some(last) = self.window_steps_left(slot) else {
                 return false;
-            }
-            // Step s appends the request's (num_output + s)-th output: it finishes at the
-            // first s reaching max_tokens or max_model_len (`stop_reason`); no step clamps
-            // it before (its room under max_model_len stays >= 1 until then).
-            let last = (r.spec.max_tokens - r.num_output_tokens())
-                .min(self.config.max_model_len.saturating_sub(r.num_tokens()));
-            let base = r.num_computed_tokens;
+            };
+            let base = self.req(slot).num_computed_tokens;
             let held = self.kv.block_ids(slot).map_or(0, <[_]>::len);
             // Step s needs slots for base + s tokens: a new block at the step whose token
             // opens one. With caching, the step whose token fills a block caches it.
@@ -226,6 +231,7 @@ impl<R: RequestKey> Scheduler<R> {
                 }
             }
             window.base.push(base);
+            window.start.push(0);
             window.last.push(last);
             window.first_alloc.push(first_alloc);
             window.num_steps = window.num_steps.max(last);
@@ -240,6 +246,30 @@ impl<R: RequestKey> Scheduler<R> {
         window.finishes.extend(finishes);
         window.finishes.sort_unstable();
         true
+    }
+
+    /// The window steps the request at `slot` decodes in if it joins one now (the step at
+    /// whose end it finishes, counted from the next), or `None` if a step would not give it
+    /// exactly one decode token and nothing else (see the module doc).
+    pub(super) fn window_steps_left(&self, slot: u32) -> Option<usize> {
+        let r = self.req(slot);
+        // A prompt's last token is a one-token step too, but a prefill chunk's: with
+        // `prioritize_prefill` it is scheduled first, and its flags differ.
+        let decoding = r.status == RequestStatus::Running
+            && !r.is_prefilling()
+            && r.num_computed_tokens + 1 == r.num_tokens()
+            && r.num_output_placeholders == 0
+            && r.num_sampling_steps() == 0
+            && r.spec_token_ids.is_empty()
+            && r.spec.stop_token_ids.is_empty()
+            && (r.spec.ignore_eos || r.spec.eos_token_id.is_none());
+        // Step s appends the request's (num_output + s)-th output: it finishes at the first
+        // s reaching max_tokens or max_model_len (`stop_reason`); no step clamps it before
+        // (its room under max_model_len stays >= 1 until then).
+        decoding.then(|| {
+            (r.spec.max_tokens - r.num_output_tokens())
+                .min(self.config.max_model_len.saturating_sub(r.num_tokens()))
+        })
     }
 
     /// Schedules the window's next step: the pool's moves of that step happen now (see the
@@ -266,6 +296,7 @@ impl<R: RequestKey> Scheduler<R> {
         }
         window.formed = step;
         self.num_steps += 1;
+        self.num_executed_steps += 1;
         // A stepped schedule() reports these with its output; nobody reads them here.
         self.finished_since_last_step.clear();
         let window = &*window;
@@ -279,6 +310,17 @@ impl<R: RequestKey> Scheduler<R> {
 
     /// New blocks the window's step `step` takes (one KV group).
     fn num_new_decode_blocks(&self, window: &DecodeWindow, step: usize) -> usize {
+        let key = (step, window.slots.len(), window.next_finish);
+        let (s, len, finished, count) = window.new_blocks_memo.get();
+        if (s, len, finished) == key {
+            return count;
+        }
+        let count = self.count_new_decode_blocks(window, step);
+        window.new_blocks_memo.set((key.0, key.1, key.2, count));
+        count
+    }
+
+    fn count_new_decode_blocks(&self, window: &DecodeWindow, step: usize) -> usize {
         let bs = self.config.block_size;
         let in_step = |i: usize| !window.done[i] && window.last[i] >= step;
         (window.buckets[step % bs].iter().map(|&i| i as usize))
@@ -334,7 +376,8 @@ impl<R: RequestKey> Scheduler<R> {
         let mut free = self.kv.num_free_blocks();
         let mut fits = true;
         for &i in &acting {
-            let (slot, computed) = (window.slots[i as usize], window.base[i as usize] + step - 1);
+            let i = i as usize;
+            let (slot, computed) = (window.slots[i], window.base[i] + step - 1 - window.start[i]);
             free += self.kv.num_skipped_blocks(slot, computed).1;
             let needed = self.kv.num_new_group_blocks(slot, computed + 1);
             if needed > free {
@@ -346,6 +389,7 @@ impl<R: RequestKey> Scheduler<R> {
         if fits {
             window.formed = step;
             self.num_steps += 1;
+            self.num_executed_steps += 1;
             self.finished_since_last_step.clear();
             for &i in &acting {
                 self.catch_up(window, i as usize, &mut token)?;
@@ -410,7 +454,7 @@ impl<R: RequestKey> Scheduler<R> {
         token: &mut impl FnMut(&R, usize) -> TokenId,
     ) -> Result<()> {
         let slot = window.slots[i];
-        let computed = window.base[i] + window.formed;
+        let computed = window.base[i] + window.formed - window.start[i];
         let request = self.slots[slot as usize]
             .as_mut()
             .expect("a window's request is live");

@@ -39,7 +39,7 @@ pub struct Scheduler<R: RequestKey> {
     pub(super) lean_output: bool,
     /// Whether waiting requests that hold no KV blocks are admitted (`set_admit_new`).
     pub(super) admit_new: bool,
-    spare_plan: StepPlan<R>,
+    pub(super) spare_plan: StepPlan<R>,
     pub(super) plugin: Option<Box<dyn PolicyPlugin<R>>>,
     /// This step's preemption order from the plugin: slot -> rank (0 = first victim).
     victim_rank: FxHashMap<u32, usize>,
@@ -72,7 +72,7 @@ pub struct Scheduler<R: RequestKey> {
     /// A step whose admissions a connector error cut short: `schedule()` returned the error,
     /// and returns this step on its next call (its allocations were made, so dropping it
     /// would leave the engine without requests the scheduler counts as running).
-    interrupted_step: Option<SchedulerOutput<R>>,
+    pub(super) interrupted_step: Option<SchedulerOutput<R>>,
     /// This step's `long_prefill_token_threshold` (`long_prefill_threshold`).
     pub(super) step_threshold: usize,
     /// This step holds prefill work back (vLLM 0.33's `defer_prefills`; `prefill_gate`).
@@ -157,7 +157,7 @@ impl<R> Default for StepPlan<R> {
 }
 
 impl<R> StepPlan<R> {
-    fn clear(&mut self) {
+    pub(super) fn clear(&mut self) {
         for &(slot, _) in &self.scheduled {
             self.new_blocks[slot as usize] = None;
         }
@@ -522,7 +522,7 @@ impl<R: RequestKey> Scheduler<R> {
     /// engine throttles this step (DP prefill balancing) or, with a
     /// `prefill_schedule_interval` of `k > 1`, fewer than `k` executed steps separate this
     /// one (if it runs anything) from the last that carried prefill.
-    fn prefill_gate(&self, throttle_prefills: bool) -> bool {
+    pub(super) fn prefill_gate(&self, throttle_prefills: bool) -> bool {
         let interval = self.config.prefill_schedule_interval as i64;
         let held = throttle_prefills
             || (interval > 1 && (self.num_executed_steps + 1) - self.last_prefill_step < interval);
@@ -535,7 +535,7 @@ impl<R: RequestKey> Scheduler<R> {
     /// This step's cap on one request's tokens (vLLM 0.33): the configured threshold, only
     /// when more than one request runs or waits, floored at a fair share of the budget if
     /// `long_prefill_token_threshold_adaptive`; 0 = no cap.
-    fn long_prefill_threshold(&self) -> usize {
+    pub(super) fn long_prefill_threshold(&self) -> usize {
         let configured = self.config.long_prefill_token_threshold;
         let eligible = self.running.len() + self.waiting.len();
         if configured == 0 || eligible <= 1 {

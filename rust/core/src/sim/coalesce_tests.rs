@@ -51,6 +51,14 @@ struct Case {
 
 const MAX_MODEL_LEN: usize = 160;
 
+/// A run's output and its KV cache events by batch (`engine::take_kv_event_log`: with
+/// `prefix_affinity` routing, when each block was cached or evicted).
+fn run_logged(case: &Case, coalesce: bool) -> (Result<SimOutput>, Vec<String>) {
+    engine::take_kv_event_log();
+    let out = run_case(case, coalesce);
+    (out, engine::take_kv_event_log())
+}
+
 fn run_case(case: &Case, coalesce: bool) -> Result<SimOutput> {
     let sched = SchedulerConfig {
         block_size: case.block_size,
@@ -211,8 +219,14 @@ proptest! {
 
     #[test]
     fn coalesced_decode_steps_change_nothing(case in cases()) {
-        let stepped = run_case(&case, false);
-        let coalesced = run_case(&case, true);
+        let (stepped, stepped_events) = run_logged(&case, false);
+        let (coalesced, coalesced_events) = run_logged(&case, true);
+        let first = stepped_events.iter().zip(&coalesced_events).position(|(a, b)| a != b);
+        prop_assert!(
+            stepped_events.len() == coalesced_events.len() && first.is_none(),
+            "KV events differ at batch end {first:?} of {}",
+            stepped_events.len()
+        );
         match (stepped, coalesced) {
             (Ok(a), Ok(b)) => {
                 let (a, b) = (fingerprint(&a), fingerprint(&b));
@@ -302,4 +316,100 @@ fn long_decodes_over_kv_groups_are_coalesced_and_identical() {
         let coalesced = run_case(&case, true).unwrap();
         assert_eq!(fingerprint(&stepped), fingerprint(&coalesced), "{group:?}");
     }
+}
+
+/// A request arriving during a window is admitted beside its decodes and joins it
+/// (`sched::multistep_admit`): short prompts arriving among long decodes, on a roomy pool
+/// and on one tight enough to preempt, with prompts that fit one step's budget and
+/// prompts chunked over several (which end the window), FCFS and priority queues. Same
+/// output as stepping; most steps still end lazily.
+#[test]
+fn requests_admitted_during_windows_join_them_and_change_nothing() {
+    for (num_blocks, budget, priority) in [(400, 2048, false), (60, 2048, false), (400, 16, true)] {
+        let case = Case {
+            num_replicas: 1,
+            num_stages: 1,
+            // prefix_affinity: the replica records its KV cache events.
+            router: 3,
+            caching: true,
+            chunked: true,
+            prioritize_prefill: false,
+            priority,
+            block_size: 4,
+            num_blocks,
+            max_num_batched_tokens: budget,
+            max_num_seqs: 0,
+            coefficients: (0.01, 0.001, 0.0005, 0.00001),
+            concurrency: None,
+            kv_groups: Vec::new(),
+            requests: (0..24)
+                .map(|i| ArrivingRequest {
+                    hash_ids: vec![1, 2, i + 100, i + 200],
+                    ..ArrivingRequest::new(i as f64 * 0.13, 6 + (i % 5) as u32 * 3, 40 + i as u32)
+                })
+                .collect(),
+        };
+        let (stepped, stepped_events) = run_logged(&case, false);
+        let stepped = fingerprint(&stepped.unwrap());
+        let (admitted_before, lazy_before) =
+            (crate::sched::admission_steps(), engine::lazy_steps());
+        let (coalesced, coalesced_events) = run_logged(&case, true);
+        let coalesced = coalesced.unwrap();
+        let label = format!("{num_blocks} blocks, budget {budget}");
+        assert_eq!(stepped, fingerprint(&coalesced), "{label}");
+        assert!(!stepped_events.is_empty());
+        assert!(
+            stepped_events == coalesced_events,
+            "{label}: KV events differ"
+        );
+        let num_admitted = crate::sched::admission_steps() - admitted_before;
+        let num_lazy = engine::lazy_steps() - lazy_before;
+        assert!(num_admitted >= 10, "{num_admitted} admission steps");
+        assert!(
+            2 * num_lazy > coalesced.num_batches,
+            "{num_lazy} of {} steps lazy",
+            coalesced.num_batches
+        );
+    }
+}
+
+/// A window that admits may outlive hundreds of requests: its lists drop the finished ones
+/// (`DecodeWindow::compact`) and its ledger the steps no member owes (`lazy`). A long run
+/// of arrivals into one replica's window, with prompts that hit and miss the prefix cache.
+#[test]
+fn a_window_outliving_its_requests_changes_nothing() {
+    let case = Case {
+        num_replicas: 1,
+        num_stages: 1,
+        router: 3,
+        caching: true,
+        chunked: true,
+        prioritize_prefill: false,
+        priority: false,
+        block_size: 4,
+        num_blocks: 2000,
+        max_num_batched_tokens: 2048,
+        max_num_seqs: 0,
+        coefficients: (0.01, 0.001, 0.0005, 0.00001),
+        concurrency: None,
+        kv_groups: Vec::new(),
+        requests: (0..300)
+            .map(|i| ArrivingRequest {
+                hash_ids: vec![1, 2, i % 7 + 50, i + 200],
+                ..ArrivingRequest::new(
+                    i as f64 * 0.15,
+                    10 + (i % 4) as u32 * 2,
+                    20 + (i * 37 % 120) as u32,
+                )
+            })
+            .collect(),
+    };
+    let (stepped, stepped_events) = run_logged(&case, false);
+    let before = crate::sched::admission_steps();
+    let (coalesced, coalesced_events) = run_logged(&case, true);
+    let coalesced = coalesced.unwrap();
+    assert_eq!(fingerprint(&stepped.unwrap()), fingerprint(&coalesced));
+    assert!(stepped_events == coalesced_events, "KV events differ");
+    let num_admitted = crate::sched::admission_steps() - before;
+    assert!(num_admitted >= 120, "{num_admitted} admission steps");
 }

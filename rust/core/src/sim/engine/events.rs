@@ -61,6 +61,9 @@ impl<K> Default for EventQueue<K> {
 
 impl<K> EventQueue<K> {
     /// Queues `kind` at `time` (not before `now`, the time of the event being handled).
+    // Inlined into the event loop: its codegen unit split left it out-of-line once (1.3%
+    // more instructions on the built-in job, callgrind).
+    #[inline]
     pub fn push(&mut self, now: f64, time: f64, class: u8, kind: K) {
         debug_assert!(time >= now, "an event at {time} created at {now}");
         self.seq += 1;
@@ -80,6 +83,7 @@ impl<K> EventQueue<K> {
     }
 
     /// The next event: the earlier of the heap's and the due-now queue's.
+    #[inline]
     pub fn pop(&mut self) -> Option<Event<K>> {
         match (self.heap.peek(), self.due_now.front()) {
             (Some(heap), Some(due)) if heap > due => self.heap.pop(),

@@ -8,8 +8,12 @@
 //! simulator prices and ends such steps from a `Ledger` of the window's members and
 //! brings each member's record up to date only when someone reads it.
 //!
-//! Invariant: a member's `SimRequest` is as stepping left it at the ledger's first step;
-//! `settle` applies the steps logged since: their stage times added one by one in step
+//! A request a window step admitted joins the ledger at that step's end if it took its
+//! token then (its first, or a later one) and its replica took it into the window
+//! (`sched::multistep_admit`); it owes the steps logged after it joined.
+//!
+//! Invariant: a member's `SimRequest` is as stepping left it when it joined (the ledger's
+//! first step for those it started with); `settle` applies the steps logged since: their stage times added one by one in step
 //! order, as the batch-end pass adds them, then their tokens at once
 //! (`SimRequest::on_decode_steps`, the same fields as that many `on_batch_end`), so every
 //! field is bit-identical to stepping. It happens when the replica releases the member (it
@@ -34,14 +38,18 @@ thread_local! {
 /// The members of a window being settled lazily, and the steps they owe.
 #[derive(Debug, Default)]
 pub(super) struct Ledger {
-    /// Members not settled yet, each with its processed tokens at the first step.
-    members: Vec<(ReqIdx, u32)>,
-    /// Σ of `members`' processed tokens at the first step.
-    sum_processed: u64,
+    /// Members not settled yet, each with its processed tokens when it joined and the
+    /// steps logged before (0 for those the ledger started with).
+    members: Vec<(ReqIdx, u32, u32)>,
+    /// Σ of `members`' processed tokens when they joined less the steps logged before:
+    /// with the steps logged so far added per member, their processed tokens now.
+    sum_processed: i64,
     /// Steps ended since the first.
     steps: Vec<Step>,
     /// When the last step ended (every member's last token).
     last_end: f64,
+    /// Past this many steps logged, those no member owes are dropped (`end_step`).
+    compact_at: usize,
 }
 
 /// A step ended lazily.
@@ -49,24 +57,29 @@ pub(super) struct Ledger {
 struct Step {
     end: f64,
     time: StageTime,
-    /// The largest token gap of the steps so far, this one included.
-    max_gap: f64,
+    /// Its token gap: its end less the previous step's (each member's previous token).
+    gap: f64,
 }
+
+/// Steps a ledger logs before it first drops those no member owes.
+const COMPACT_STEPS: usize = 256;
 
 impl Ledger {
     /// A ledger from the end of a window step at `now`; `add` gives its members.
     pub fn start(now: f64) -> Self {
         Self {
             last_end: now,
+            compact_at: COMPACT_STEPS,
             ..Self::default()
         }
     }
 
     /// Adds a request of the step that just ended: it must have taken a new output token
-    /// at its end (`gap` of its `on_batch_end` is some), so every later step gives it one.
+    /// at its end (its first, or one with a gap), so every later step gives it one.
     pub fn add(&mut self, idx: ReqIdx, request: &SimRequest) {
-        self.members.push((idx, request.num_processed_tokens));
-        self.sum_processed += request.num_processed_tokens as u64;
+        let (processed, logged) = (request.num_processed_tokens, self.steps.len() as u32);
+        self.members.push((idx, processed, logged));
+        self.sum_processed += processed as i64 - logged as i64;
     }
 
     pub fn len(&self) -> usize {
@@ -80,7 +93,7 @@ impl Ledger {
         BatchShape {
             num_requests: n as u32,
             num_decode_tokens: n,
-            sum_decode_context: self.sum_processed + n * self.steps.len() as u64,
+            sum_decode_context: (self.sum_processed + (n * self.steps.len() as u64) as i64) as u64,
             ..BatchShape::default()
         }
     }
@@ -92,50 +105,69 @@ impl Ledger {
         let gap = now - self.last_end;
         gaps.record_n(gap, self.members.len() as u64);
         self.last_end = now;
-        let max_gap = self.steps.last().map_or(gap, |s| s.max_gap.max(gap));
         self.steps.push(Step {
             end: now,
             time,
-            max_gap,
+            gap,
         });
+        if self.steps.len() >= self.compact_at {
+            self.drop_settled_steps();
+        }
+    }
+
+    /// Drops the steps every member joined after (a window that admits may outlive many
+    /// requests: its ledger would grow for as long as it lives).
+    fn drop_settled_steps(&mut self) {
+        let owed_from = self.members.iter().map(|&(.., logged)| logged).min();
+        let k = owed_from.unwrap_or(self.steps.len() as u32);
+        if k > 0 {
+            self.steps.drain(..k as usize);
+            for (.., logged) in &mut self.members {
+                *logged -= k;
+            }
+            self.sum_processed += self.members.len() as i64 * k as i64;
+        }
+        self.compact_at = COMPACT_STEPS.max(2 * self.steps.len());
     }
 
     /// Brings member `idx` up to date and drops it from the ledger (the replica released
     /// it). Returns an error if it is not a member.
     pub fn settle_one(&mut self, idx: ReqIdx, requests: &mut Requests) -> Result<()> {
-        let Some(pos) = self.members.iter().position(|&(m, _)| m == idx) else {
+        let Some(pos) = self.members.iter().position(|&(m, ..)| m == idx) else {
             return Err(Error::Internal(format!(
                 "a released request ({idx}) was not in its replica's decode window"
             )));
         };
-        let (_, processed) = self.members.swap_remove(pos);
-        self.sum_processed -= processed as u64;
-        self.settle(requests.get_mut(idx));
+        let (_, processed, logged) = self.members.swap_remove(pos);
+        self.sum_processed -= processed as i64 - logged as i64;
+        self.settle(requests.get_mut(idx), logged as usize);
         Ok(())
     }
 
     /// Brings every member up to date; the ledger is spent.
     pub fn settle_all(self, requests: &mut Requests) {
-        for &(idx, _) in &self.members {
-            self.settle(requests.get_mut(idx));
+        for &(idx, _, logged) in &self.members {
+            self.settle(requests.get_mut(idx), logged as usize);
         }
     }
 
-    /// The batch-end pass of each step since the first, as stepping runs it: the stage
-    /// times added one by one in step order (the same sums, bit for bit), then the steps'
-    /// tokens (`SimRequest::on_decode_steps`).
-    fn settle(&self, request: &mut SimRequest) {
-        let (Some(first), Some(last)) = (self.steps.first(), self.steps.last()) else {
+    /// The batch-end pass of each step since the member joined (after `logged` steps), as
+    /// stepping runs it: the stage times added one by one in step order (the same sums,
+    /// bit for bit), then the steps' tokens (`SimRequest::on_decode_steps`).
+    fn settle(&self, request: &mut SimRequest, logged: usize) {
+        let owed = &self.steps[logged..];
+        let (Some(first), Some(last)) = (owed.first(), owed.last()) else {
             return;
         };
         let timing = &mut request.timing;
         let (mut total_s, mut model_s) = (timing.execution_time, timing.model_execution_time);
-        for step in &self.steps {
+        let mut max_gap = first.gap;
+        for step in owed {
             total_s += step.time.total_s;
             model_s += step.time.model_s;
+            max_gap = max_gap.max(step.gap);
         }
         (timing.execution_time, timing.model_execution_time) = (total_s, model_s);
-        let num_steps = self.steps.len() as u32;
-        request.on_decode_steps(num_steps, first.end, last.end, last.max_gap);
+        request.on_decode_steps(owed.len() as u32, first.end, last.end, max_gap);
     }
 }

@@ -8,6 +8,10 @@ mod arrivals;
 mod disagg;
 mod events;
 mod lazy;
+#[cfg(test)]
+mod test_log;
+#[cfg(test)]
+pub(crate) use test_log::{lazy_steps, take_kv_event_log};
 
 use std::collections::VecDeque;
 
@@ -140,12 +144,6 @@ struct Replica {
     last_sample_at: f64,
     /// The decode window whose requests are settled lazily, if any (`lazy`).
     lazy: Option<lazy::Ledger>,
-}
-
-/// Window steps this thread's simulations ended lazily (`lazy`).
-#[cfg(test)]
-pub(crate) fn lazy_steps() -> u64 {
-    lazy::LAZY_STEPS.with(std::cell::Cell::get)
 }
 
 /// Completed requests between two progress reports.
@@ -526,21 +524,30 @@ impl<'a> Simulator<'a> {
             let mut shape = BatchShape::default();
             let mut epochs = self.spare_epochs.pop().unwrap_or_default();
             epochs.clear();
+            // The requests of the batch that are not settled lazily: all, or those a lazy
+            // window step admitted (listed last).
+            let mut first_stepped = 0;
             if let Some(ledger) = self.replicas[r].lazy.as_ref().filter(|_| lazy) {
-                if !window_step || ids.len() != ledger.len() {
+                let admitted = self.replicas[r].policy.window_step_admissions();
+                if !window_step || ids.len() != ledger.len() + admitted {
                     return Err(Error::Internal(format!(
                         "replica {r}: a decode window's next step has {} requests, {} were \
-                         left in it",
+                         left in it and it admitted {admitted}",
                         ids.len(),
                         ledger.len()
                     )));
                 }
                 shape = ledger.shape();
-            } else {
+                first_stepped = ledger.len();
+            }
+            {
                 // One pass over the batch's requests: its shape (read before they are
                 // marked scheduled, which it does not look at), their marks and restart
                 // counts.
-                for (&idx, &n) in ids.iter().zip(&num_tokens) {
+                for (&idx, &n) in ids[first_stepped..]
+                    .iter()
+                    .zip(&num_tokens[first_stepped..])
+                {
                     let request = self.requests.get_mut(idx);
                     shape.add(request, n);
                     request.on_batch_schedule(self.now);
@@ -652,51 +659,64 @@ impl<'a> Simulator<'a> {
     ) -> Result<()> {
         let r = replica as usize;
         let batch = self.batches.remove(&batch_id).expect("a batch in flight");
-        if batch.lazy {
-            let (ledger, time) = (self.replicas[r].lazy.as_mut(), batch.stage_time);
-            let (Some(ledger), Some(time)) = (ledger, time) else {
+        // The requests past the lazily settled ones: all of a stepped batch, those a lazy
+        // window step admitted.
+        let first_stepped = batch.requests.len() - batch.epochs.len();
+        let mut ledger = if batch.lazy {
+            let (ledger, time) = (self.replicas[r].lazy.take(), batch.stage_time);
+            let (Some(mut ledger), Some(time)) = (ledger, time) else {
                 return Err(Error::Internal(
                     "a lazily settled decode step ended without its window or its time".into(),
                 ));
             };
             ledger.end_step(self.now, time, &mut self.out.token_gaps);
+            Some(ledger)
         } else {
             // A window step's requests that took a token at its end may be settled lazily
             // from here on (`lazy`), if every one of them did.
-            let mut ledger = batch.window_step.then(|| lazy::Ledger::start(self.now));
-            for ((&idx, &n), &epoch) in batch
-                .requests
-                .iter()
-                .zip(&batch.num_tokens)
-                .zip(&batch.epochs)
-            {
-                let request = self.requests.get_mut(idx);
-                if let Some(time) = batch.stage_time {
-                    request.timing.execution_time += time.total_s;
-                    request.timing.model_execution_time += time.model_s;
-                }
-                if request.num_restarts != epoch {
-                    ledger = None;
-                    continue; // restarted while this batch ran: its work is discarded
-                }
-                let (completed, gap) = request.on_batch_end(self.now, n);
-                if let Some(gap) = gap {
-                    self.out.token_gaps.record(gap);
-                }
-                match (&mut ledger, completed, gap) {
-                    (Some(ledger), false, Some(_)) => ledger.add(idx, request),
-                    (Some(_), false, None) => ledger = None,
-                    _ => {}
-                }
+            batch.window_step.then(|| lazy::Ledger::start(self.now))
+        };
+        for ((&idx, &n), &epoch) in batch.requests[first_stepped..]
+            .iter()
+            .zip(&batch.num_tokens[first_stepped..])
+            .zip(&batch.epochs)
+        {
+            let request = self.requests.get_mut(idx);
+            if let Some(time) = batch.stage_time {
+                request.timing.execution_time += time.total_s;
+                request.timing.model_execution_time += time.model_s;
             }
-            self.replicas[r].lazy = ledger.filter(|l| l.len() > 0);
+            // A lazy step's ledger owes its members steps: it is kept, and the replica
+            // ends the window if an admission does not join it (a prefill chunk).
+            let droppable = !batch.lazy;
+            if request.num_restarts != epoch {
+                if droppable {
+                    ledger = None;
+                }
+                continue; // restarted while this batch ran: its work is discarded
+            }
+            let first_token = request.timing.first_token_at.is_nan();
+            let (completed, gap) = request.on_batch_end(self.now, n);
+            if let Some(gap) = gap {
+                self.out.token_gaps.record(gap);
+            }
+            // Its first token gives no gap, but it took one now all the same.
+            let took = gap.is_some() || (first_token && !request.timing.first_token_at.is_nan());
+            match (&mut ledger, completed, took) {
+                (Some(ledger), false, true) => ledger.add(idx, request),
+                (Some(_), false, false) if droppable => ledger = None,
+                _ => {}
+            }
         }
+        self.replicas[r].lazy = ledger.filter(|l| l.len() > 0);
         self.replicas[r].num_running_batches -= 1;
         let released = self.replicas[r]
             .policy
             .on_batch_end(&mut self.requests, &batch)?;
         for idx in released {
+            // An admission that finished at its first step was never lazy.
             if batch.lazy
+                && !batch.requests[first_stepped..].contains(&idx)
                 && let Some(ledger) = &mut self.replicas[r].lazy
             {
                 ledger.settle_one(idx, &mut self.requests)?;
@@ -717,6 +737,8 @@ impl<'a> Simulator<'a> {
             self.spare_epochs.push(epochs);
         }
         let events = self.replicas[r].policy.drain_kv_events();
+        #[cfg(test)]
+        test_log::log_kv_events(r, batch_id, &events);
         if !events.is_empty() {
             match &mut self.decode_router {
                 Some(router) if r >= self.num_prefill => {

@@ -150,15 +150,23 @@ pub trait ReplicaPolicy: Send {
 
     /// Whether the batch `next_batch` formed last is a step of a coalesced decode window:
     /// its requests decode one token each, with no drafts, and none is preempted or
-    /// restarted before it ends. The simulator may then settle them lazily
-    /// (`engine::lazy`). `false` by default.
+    /// restarted before it ends, but for the requests it admitted
+    /// (`window_step_admissions`), listed last. The simulator may then settle the others
+    /// lazily (`engine::lazy`). `false` by default.
     fn batch_is_window_step(&self) -> bool {
         false
     }
 
+    /// The requests a window step (`batch_is_window_step`) admitted beside the window's,
+    /// the last ones of its batch; 0 by default.
+    fn window_step_admissions(&self) -> usize {
+        0
+    }
+
     /// Whether the next `next_batch` is certain to form the next step of the window whose
-    /// latest step has ended, over that step's requests less those it finished, reading
-    /// and changing no request of the arena. `false` by default (and whenever unsure: the
+    /// latest step has ended, over that step's requests less those it finished (plus those
+    /// it admitted that joined the window), reading and changing no request of the arena
+    /// but those it admits. `false` by default (and whenever unsure: the
     /// simulator then brings the window's requests up to date first).
     fn next_batch_continues_window(&self) -> bool {
         false

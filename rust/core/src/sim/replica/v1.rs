@@ -15,17 +15,21 @@ use crate::Result;
 use crate::kv::{BlockId, KvEvent, TokenId};
 use crate::sched::{
     DecodeWindow, DeferredPrompt, ExternalTokens, KvConnector, KvLoad, PolicyPlugin, PrefixCache,
-    PromptSource, Request, RequestSpec, Scheduler, SchedulerConfig,
+    PromptSource, Request, RequestSpec, Scheduler, SchedulerConfig, SchedulerOutput,
 };
 use crate::sim::arena::Requests;
 use crate::sim::batch::Batch;
 use crate::sim::lora::{AdapterCache, LoraConfig, LoraShape};
 use crate::sim::request::{ReqIdx, RestartMode, SimRequest};
 use crate::sim::spec::{SpecConfig, SpecDecoder};
+
+#[path = "v1_window.rs"]
+mod window;
 use crate::sim::tokens::{
     BlockTokens, IdBlockHashes, MEMO_HASHES, MEMO_TOKENS, PromptMemos, Shared, TraceBlockHashes,
     lock, num_id_tokens, shared_output_token,
 };
+use window::Window;
 
 /// The token a simulated step samples unless the request's block ids cover its output (a
 /// conversation turn; see `shared_output_token`). Its value is never looked at: EOS is
@@ -63,18 +67,6 @@ pub struct VllmV1 {
     spare_batches: Vec<BatchPlan>,
     /// Whether the batch formed last is a window step (`batch_is_window_step`).
     window_batch: bool,
-}
-
-/// A decode window in progress: each of its steps is a batch of `ids`, one token each.
-struct Window {
-    plan: DecodeWindow,
-    /// The requests still in the window, in running order, and their places in the
-    /// window's running order when it opened.
-    ids: Vec<ReqIdx>,
-    order: Vec<usize>,
-    ones: Vec<u32>,
-    /// Steps whose batch has ended.
-    num_ended: usize,
 }
 
 /// The replica's prompts, made at admission rather than arrival (`sched::PromptSource`): a
@@ -299,110 +291,38 @@ impl VllmV1 {
 }
 
 impl VllmV1 {
-    /// Schedules the next step of the decode window in progress, or opens one (see
-    /// `crate::sched::multistep`) when the next step is pure decode and nothing else can
-    /// happen. `None`: step the scheduler.
-    fn coalesced_step(&mut self, requests: &Requests) -> Result<Option<BatchPlan>> {
-        if self.window.is_none() {
-            let eligible = self.coalesce
-                && self.spec.is_none()
-                && self.adapters.is_none()
-                && self.role == PdRole::Aggregated
-                && self.samplers.is_empty();
-            let mut plan = std::mem::take(&mut self.spare_plan);
-            if !(eligible && self.scheduler.open_decode_window_in(&mut plan)) {
-                self.spare_plan = plan;
-                return Ok(None);
+    /// The requests a step admitted: their prefix-cache hits count as processed (they are
+    /// computed without running), and a decode replica's hand-over is noted.
+    fn note_admissions(&mut self, out: &SchedulerOutput<ReqIdx>, requests: &mut Requests) {
+        for admitted in out
+            .scheduled_new_reqs
+            .iter()
+            .chain(&out.scheduled_resumed_reqs)
+        {
+            let request = requests.get_mut(admitted.request_id);
+            let host_tokens = self.loading.remove(&admitted.request_id);
+            let restarted_here = request.num_restarts > request.kv.restarts_at_handover;
+            if self.role == PdRole::Decode && !restarted_here {
+                // Handed over with its prompt and first token processed; what it loaded or
+                // hit here is that same work. With nothing loaded, the prefill replica may
+                // let the request's blocks go now.
+                if host_tokens.is_none() {
+                    self.kv_loads.push(KvLoad {
+                        request_id: admitted.request_id,
+                        num_external_tokens: 0,
+                        num_host_tokens: 0,
+                    });
+                }
+                continue;
             }
-            let ids = self.scheduler.running_ids();
-            let ones = vec![1; ids.len()];
-            self.window = Some(Window {
-                plan,
-                order: (0..ids.len()).collect(),
-                ids,
-                ones,
-                num_ended: 0,
-            });
-        }
-        let window = self.window.as_mut().expect("opened above");
-        let block = self.hash_block_size;
-        let formed = self
-            .scheduler
-            .form_decode_step(&mut window.plan, |&idx, position| {
-                output_token(requests.get(idx), position as u64, block)
-            })?;
-        if !formed {
-            // The step needs more blocks than are free: it preempts, stepped.
-            let window = self.window.take().expect("checked above");
-            if window.plan.num_formed() > 0 {
-                self.end_window_early(window, requests)?;
-            } else {
-                self.spare_plan = window.plan;
+            let hit = admitted.num_computed_tokens as u32;
+            if request.num_restarts == 0 {
+                request.prefix_hit_tokens = hit;
+                // A load covering the whole prompt leaves its last token to compute.
+                request.kv.host_hit_tokens = host_tokens.unwrap_or(0).min(hit);
             }
-            return Ok(None);
+            request.num_processed_tokens += hit;
         }
-        let (mut ids, mut ones) = self.spare_batches.pop().unwrap_or_default();
-        ids.clone_from(&window.ids);
-        ones.clone_from(&window.ones);
-        Ok(Some((ids, ones)))
-    }
-
-    /// The window's step in flight ended: the requests it finished are released (the
-    /// others' tokens stay lazy). Its last step (or one after the window was cut) ends as a
-    /// stepped batch does. `None`: no window.
-    fn end_coalesced_step(&mut self, requests: &Requests) -> Result<Option<Vec<ReqIdx>>> {
-        let Some(window) = &mut self.window else {
-            return Ok(None);
-        };
-        window.num_ended += 1;
-        if window.num_ended < window.plan.num_steps() {
-            let block = self.hash_block_size;
-            let finished = self
-                .scheduler
-                .end_decode_step(&mut window.plan, |&idx, position| {
-                    output_token(requests.get(idx), position as u64, block)
-                })?;
-            if !finished.is_empty() {
-                let step = window.plan.num_formed() + 1;
-                let plan = &window.plan;
-                let mut i = 0;
-                window.ids.retain(|_| {
-                    i += 1;
-                    plan.runs_in(window.order[i - 1], step)
-                });
-                window.order.retain(|&j| plan.runs_in(j, step));
-                window.ones.truncate(window.ids.len());
-            }
-            return Ok(Some(finished.into_iter().map(|(idx, _)| idx).collect()));
-        }
-        let window = self.window.take().expect("checked above");
-        self.end_window(window, requests).map(Some)
-    }
-
-    /// Ends `window` between two steps, before the one its plan has next: its latest step
-    /// already ended (finishing the requests it planned to), so the others are caught up
-    /// and take that step's token now, and none of them finishes.
-    fn end_window_early(&mut self, window: Window, requests: &Requests) -> Result<()> {
-        if self.end_window(window, requests)?.is_empty() {
-            Ok(())
-        } else {
-            Err(crate::Error::Internal(
-                "vllm_v1: a request of a decode window finished before its planned step".into(),
-            ))
-        }
-    }
-
-    /// Catches every request of `window` up with its last scheduled step, and ends that
-    /// step as stepping does.
-    fn end_window(&mut self, mut window: Window, requests: &Requests) -> Result<Vec<ReqIdx>> {
-        let block = self.hash_block_size;
-        let token = |&idx: &ReqIdx, position: usize| {
-            output_token(requests.get(idx), position as u64, block)
-        };
-        self.scheduler.catch_up_all(&mut window.plan, token)?;
-        let finished = self.scheduler.append_one_token_each(&window.ids, token)?;
-        self.spare_plan = window.plan;
-        Ok(finished.into_iter().map(|(idx, _)| idx).collect())
     }
 }
 
@@ -419,16 +339,6 @@ fn output_token(request: &SimRequest, position: u64, hash_block_size: u32) -> To
 
 impl ReplicaPolicy for VllmV1 {
     fn add_request(&mut self, requests: &mut Requests, idx: ReqIdx) -> Result<()> {
-        if let Some(window) = &mut self.window {
-            // A new request changes the next step: the window ends with the step in flight,
-            // or now if none is (its last step ended, its state is caught up first).
-            if window.num_ended < window.plan.num_formed() {
-                window.plan.cut();
-            } else {
-                let window = self.window.take().expect("checked above");
-                self.end_window_early(window, requests)?;
-            }
-        }
         let request = requests.get(idx);
         let (max_tokens, first_token) = match self.role {
             PdRole::Aggregated => (request.num_decode_tokens, None),
@@ -468,6 +378,19 @@ impl ReplicaPolicy for VllmV1 {
         // Kept only once the scheduler took the request: a refused one leaves nothing.
         self.scheduler.add_request(idx, spec)?;
         self.prompts_mut().pending.insert(idx, pending);
+        if let Some(window) = &mut self.window
+            && !self.scheduler.window_admits(&window.plan)
+        {
+            // A new request changes the next step, which this window cannot admit it in
+            // (`crate::sched::multistep_admit`): the window ends with the step in flight,
+            // or now if none is (its last step ended, its state is caught up first).
+            if window.num_ended < window.plan.num_formed() {
+                window.plan.cut();
+            } else {
+                let window = self.window.take().expect("checked above");
+                self.end_window_early(window, requests)?;
+            }
+        }
         Ok(())
     }
 
@@ -494,36 +417,7 @@ impl ReplicaPolicy for VllmV1 {
         self.loading.extend(
             (out.kv_loads.iter()).map(|load| (load.request_id, load.num_host_tokens as u32)),
         );
-        // Prefix-cache hits are computed without running: they count as processed.
-        for admitted in out
-            .scheduled_new_reqs
-            .iter()
-            .chain(&out.scheduled_resumed_reqs)
-        {
-            let request = requests.get_mut(admitted.request_id);
-            let host_tokens = self.loading.remove(&admitted.request_id);
-            let restarted_here = request.num_restarts > request.kv.restarts_at_handover;
-            if self.role == PdRole::Decode && !restarted_here {
-                // Handed over with its prompt and first token processed; what it loaded or
-                // hit here is that same work. With nothing loaded, the prefill replica may
-                // let the request's blocks go now.
-                if host_tokens.is_none() {
-                    self.kv_loads.push(KvLoad {
-                        request_id: admitted.request_id,
-                        num_external_tokens: 0,
-                        num_host_tokens: 0,
-                    });
-                }
-                continue;
-            }
-            let hit = admitted.num_computed_tokens as u32;
-            if request.num_restarts == 0 {
-                request.prefix_hit_tokens = hit;
-                // A load covering the whole prompt leaves its last token to compute.
-                request.kv.host_hit_tokens = host_tokens.unwrap_or(0).min(hit);
-            }
-            request.num_processed_tokens += hit;
-        }
+        self.note_admissions(&out, requests);
         if out.num_scheduled_tokens.is_empty() {
             self.scheduler.recycle_output(out);
             return Ok(None);
@@ -671,12 +565,19 @@ impl ReplicaPolicy for VllmV1 {
         self.window_batch
     }
 
+    fn window_step_admissions(&self) -> usize {
+        self.window.as_ref().map_or(0, |w| w.num_admitted)
+    }
+
     /// A window in progress whose step in flight has ended and whose next step fits the
-    /// free blocks: `coalesced_step` forms it, touching no request of the arena but to
-    /// read the tokens it sampled.
+    /// free blocks (and may admit the requests waiting): `coalesced_step` forms it,
+    /// touching no request of the arena but to read the tokens it sampled and to note
+    /// the admissions' prefix hits.
     fn next_batch_continues_window(&self) -> bool {
         self.window.as_ref().is_some_and(|w| {
-            w.num_ended == w.plan.num_formed() && self.scheduler.next_decode_step_fits(&w.plan)
+            w.num_ended == w.plan.num_formed()
+                && self.scheduler.next_decode_step_fits(&w.plan)
+                && (self.scheduler.num_waiting() == 0 || self.scheduler.window_admits(&w.plan))
         })
     }
 

@@ -18,15 +18,13 @@ them, since vLLM's engine and model runner read them.
 
 This module imports vLLM and fails with an ``ImportError`` naming it where vLLM is not
 installed; nothing else in tokenyard imports it. What it does not do (each refused with an
-error naming it, never silently different) is listed in ``docs/integrations.md``:
-encoder-decoder requests, prompt embeddings, KV cache group kinds the
-core has none for, and vLLM's ``KVCacheManager``
-object itself (``kv_cache_manager``), whose block pool lives in Rust here. Structured
-output (requests wait for their grammar here, then go to the core), pooling requests,
-hybrid KV cache groups (full attention, sliding window, chunked local, Mamba in
-``none`` or ``align`` mode, cross-attention),
-multimodal requests (vLLM's encoder budget and cache) and streaming-input sessions
-(``_vllm_sessions``) are served.
+error naming it, never silently different) is listed in ``docs/integrations.md``: prompt
+embeddings, KV cache group kinds the core has none for, prefix caching beside HiSparse's
+device groups, and any vLLM ``KVCacheManager`` object but HiSparse's assigned one (the block
+pool lives in Rust here). Structured output, pooling requests, hybrid KV cache groups (full
+attention, sliding window, chunked local, Mamba in ``none`` or ``align`` mode with draft and
+checkpoint blocks, cross-attention, HiSparse), EAGLE/MTP prefix caching (hash look-ahead or
+the trailing-block drop), multimodal requests and streaming-input sessions are served.
 """
 
 from __future__ import annotations

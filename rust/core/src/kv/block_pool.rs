@@ -9,7 +9,8 @@
 //!   allows) answers lookups with its oldest copy;
 //! - free + in use = total, where free = uncached-free + cached-free.
 //!
-//! The per-block steps (taking a free block, hashing, caching) are in `block_ops`.
+//! The per-block steps (taking a free block, hashing, caching) are in `block_ops`; the
+//! read-only views and the invariant check in `block_pool_inspect`.
 //!
 //! With a host tier ([`BlockPool::with_host_tier`]), a cached hash evicted from a GPU block
 //! is offloaded to the tier, and lookups continue into it. A hash may be both GPU-cached and
@@ -20,8 +21,7 @@ use rustc_hash::FxHashMap;
 
 use super::block_hash::{BlockHash, hash_block};
 use super::block_ops::{
-    BlockMeta, Eviction, Growth, WARM_RUN, append_tokens, cache_full_blocks, check_cached_count,
-    check_pool_blocks, count_holders, release_blocks,
+    BlockMeta, Eviction, Growth, WARM_RUN, append_tokens, cache_full_blocks, release_blocks,
 };
 use super::cache_map::CacheMap;
 use super::free_queue::{FreeBlockQueue, FreeQueue};
@@ -254,57 +254,6 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
         }
     }
 
-    pub fn block_size(&self) -> usize {
-        self.block_size
-    }
-
-    pub fn enable_caching(&self) -> bool {
-        self.enable_caching
-    }
-
-    pub fn stats(&self) -> BlockPoolStats {
-        self.stats
-    }
-
-    /// Blocks registered in the prefix cache (held or free), copies of a hash included.
-    pub fn num_cached_blocks(&self) -> usize {
-        self.cached.num_blocks()
-    }
-
-    /// Free blocks that still hold a cached prefix (evicted, LRU first, on demand).
-    /// O(free blocks): meant for stats, not for a hot path.
-    pub fn num_cached_free_blocks(&self) -> usize {
-        (self.free_queue.ids().into_iter())
-            .filter(|&b| self.blocks[b as usize].cached)
-            .count()
-    }
-
-    pub fn num_requests(&self) -> usize {
-        self.requests.len()
-    }
-
-    /// The host tier, if the pool has one.
-    pub fn host_tier(&self) -> Option<&HostTier> {
-        self.host.as_ref()
-    }
-
-    /// The request's block table, or `None` if it holds no blocks.
-    pub fn block_ids(&self, request_id: &R) -> Option<&[BlockId]> {
-        self.requests
-            .get(request_id)
-            .map(|r| r.block_ids.as_slice())
-    }
-
-    /// Tokens of the request whose KV has slots and counts as computed.
-    pub fn num_computed_tokens(&self, request_id: &R) -> Option<usize> {
-        self.requests.get(request_id).map(|r| r.num_computed_tokens)
-    }
-
-    /// Token ids of the request the pool has been given.
-    pub fn num_tokens(&self, request_id: &R) -> Option<usize> {
-        self.requests.get(request_id).map(|r| r.num_tokens)
-    }
-
     /// Steps the request's computed tokens back by `num_tokens` (speculative tokens the
     /// model rejected). Their slots stay allocated for the next step; they were never
     /// cached, since only known token ids are.
@@ -324,36 +273,6 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
         }
         request.num_computed_tokens -= num_tokens;
         Ok(())
-    }
-
-    /// Free block ids in eviction order (front first). O(free blocks).
-    pub fn free_block_ids(&self) -> Vec<BlockId> {
-        self.free_queue.ids()
-    }
-
-    pub fn ref_count(&self, block_id: BlockId) -> Option<u32> {
-        self.blocks.get(block_id as usize).map(|b| b.ref_cnt)
-    }
-
-    /// The hash a block caches (`None` if it caches none, or past the pool).
-    pub fn block_hash(&self, block_id: BlockId) -> Option<BlockHash> {
-        self.blocks.get(block_id as usize).and_then(BlockMeta::hash)
-    }
-
-    /// Leading blocks of the request registered in the prefix cache (vLLM's
-    /// `num_cached_block`), or `None` if it holds no blocks.
-    pub fn num_cached_blocks_of(&self, request_id: &R) -> Option<usize> {
-        self.requests.get(request_id).map(|r| r.num_cached_blocks)
-    }
-
-    /// The requests the pool holds an entry (a block table) for, in no order.
-    pub fn request_ids(&self) -> impl Iterator<Item = &R> {
-        self.requests.keys()
-    }
-
-    /// The block caching `hash`, if one does (vLLM's `BlockPool.get_cached_block`).
-    pub fn cached_block(&self, hash: BlockHash) -> Option<BlockId> {
-        self.cached.get(&hash, self.blocks.as_slice())
     }
 
     /// Gives `request_id` slots for `num_new_tokens` more tokens plus `num_lookahead_tokens`
@@ -766,43 +685,6 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
         }
         self.blocks[block as usize].ref_cnt += 1;
     }
-
-    /// Describes the first broken invariant, if any. O(blocks + held blocks).
-    pub fn check_invariants(&self) -> std::result::Result<(), String> {
-        let mut holders = vec![0u32; self.blocks.len()];
-        for (id, request) in &self.requests {
-            if count_holders(&mut holders, request.block_ids.iter().copied()) {
-                return Err(format!("request {id:?} holds a block twice"));
-            }
-            if request.num_cached_blocks * self.block_size
-                > request.num_computed_tokens.min(request.num_tokens)
-            {
-                return Err(format!("request {id:?} cached blocks it has not computed"));
-            }
-            if request.block_ids.len() * self.block_size < request.num_computed_tokens {
-                return Err(format!(
-                    "request {id:?} has fewer slots than computed tokens"
-                ));
-            }
-        }
-        check_pool_blocks(&self.blocks, &self.free_queue, &self.cached, &holders, 0)?;
-        let num_hashes = self
-            .blocks
-            .iter()
-            .filter_map(BlockMeta::hash)
-            .collect::<rustc_hash::FxHashSet<_>>()
-            .len();
-        if num_hashes != self.cached.num_hashes() {
-            return Err(format!(
-                "blocks hold {num_hashes} distinct hashes but the cache map counts {}",
-                self.cached.num_hashes()
-            ));
-        }
-        check_cached_count(&self.blocks, &self.cached)?;
-        self.host
-            .as_ref()
-            .map_or(Ok(()), HostTier::check_invariants)
-    }
 }
 
 impl<R: RequestKey, Q: FreeQueue> KvCapacity for BlockPool<R, Q> {
@@ -820,6 +702,9 @@ mod hits;
 
 #[path = "block_pool_held.rs"]
 mod held;
+
+#[path = "block_pool_inspect.rs"]
+mod inspect;
 
 #[cfg(test)]
 #[path = "block_pool_tests.rs"]

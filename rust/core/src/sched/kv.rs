@@ -6,14 +6,14 @@
 //!
 //! The coordinator's allocations return a block list per group; the step's output takes
 //! them from here (`take_group_blocks`), so the single-group path keeps its flat lists.
+//! The calls only the coordinator answers are in `kv_groups`.
 
 use rustc_hash::FxHashMap;
 
 use super::{PrefixCache, SchedulerConfig};
 use crate::kv::{
-    BlockHash, BlockId, BlockPoolStats, ComputedBlocks, ExternalAllocation, GroupedComputedBlocks,
-    KvCapacity, KvCoordinator, KvEvent, KvGroupSpec, PrefixPool, RadixHit, RadixPool, RunBlockPool,
-    TokenId, prefix_cacheable,
+    BlockHash, BlockId, BlockPoolStats, ComputedBlocks, GroupedComputedBlocks, KvCapacity,
+    KvCoordinator, KvEvent, PrefixPool, RadixHit, RadixPool, RunBlockPool, TokenId,
 };
 use crate::{Error, Result};
 
@@ -454,35 +454,6 @@ impl Kv {
         }
     }
 
-    /// The encoder tokens of the inputs scheduled with the next allocation: they size its
-    /// cross-attention groups (vLLM's `num_encoder_tokens`); 0 clears them. Pools without
-    /// such groups ignore them.
-    pub fn set_encoder_tokens(&mut self, num_encoder_tokens: usize) {
-        if let Kv::Hybrid(h) = self {
-            h.encoder_tokens = num_encoder_tokens;
-        }
-    }
-
-    /// Each group's blocks allocated to `slot` since the last call (several KV groups
-    /// only; empty otherwise, or when ids were not asked for).
-    pub fn take_group_blocks(&mut self, slot: u32) -> Vec<Vec<BlockId>> {
-        match self {
-            Kv::Hybrid(h) => h.new_blocks.remove(&slot).unwrap_or_default(),
-            _ => Vec::new(),
-        }
-    }
-
-    /// Each group's block table of `slot` (several KV groups only; empty otherwise).
-    pub fn group_block_ids(&self, slot: u32) -> Vec<Vec<BlockId>> {
-        match self {
-            Kv::Hybrid(h) => (h.pool.block_ids(&slot).unwrap_or_default())
-                .into_iter()
-                .map(<[BlockId]>::to_vec)
-                .collect(),
-            _ => Vec::new(),
-        }
-    }
-
     /// Slots for a first allocation whose `num_external_tokens` after the hit (and the hit's
     /// host-tier part) are loaded, not computed (`BlockPool::allocate_slots_external`);
     /// `false` if they do not fit (nothing changed). Connectors need the block-hash pool.
@@ -562,77 +533,6 @@ impl Kv {
         }
     }
 
-    /// A first allocation with loaded tokens over the coordinator's groups
-    /// (`KvCoordinator::allocate_slots_external`); `false` if it does not fit (nothing
-    /// changed). Each group's new blocks wait in `take_group_blocks` when `with_ids`.
-    pub fn allocate_external_groups(
-        &mut self,
-        slot: u32,
-        token_ids: &[TokenId],
-        hit: &Hit,
-        extra_key: Option<u64>,
-        alloc: ExternalAllocation<'_>,
-        with_ids: bool,
-    ) -> Result<bool> {
-        let (Kv::Hybrid(h), Hit::Hybrid(hit)) = (self, hit) else {
-            return Err(other_pool(slot));
-        };
-        let allocated =
-            (h.pool).allocate_slots_external(&slot, token_ids, Some(hit), extra_key, alloc)?;
-        let Some(groups) = allocated else {
-            return Ok(false);
-        };
-        if with_ids {
-            h.new_blocks.insert(slot, groups);
-        }
-        Ok(true)
-    }
-
-    /// Zeroes new blocks before use (several KV groups only: vLLM 0.33's
-    /// `needs_kv_cache_zeroing` comes with Mamba layers or mixed-precision groups).
-    pub fn set_zero_new_blocks(&mut self, on: bool) -> Result<()> {
-        match self {
-            Kv::Hybrid(h) => {
-                h.pool.set_zero_new_blocks(on);
-                Ok(())
-            }
-            _ if !on => Ok(()),
-            _ => Err(Error::config(
-                "kv_cache_zeroing",
-                "True",
-                "new blocks are zeroed only with several KV cache groups (kv_groups)",
-            )),
-        }
-    }
-
-    /// Blocks to zero before use handed out since the last call (empty without zeroing).
-    pub fn take_new_block_ids(&mut self) -> Vec<BlockId> {
-        match self {
-            Kv::Hybrid(h) => h.pool.take_new_block_ids(),
-            _ => Vec::new(),
-        }
-    }
-
-    /// Frees what each group of `slot` no longer attends to with `num_processed_tokens`
-    /// processed (several KV groups only).
-    pub fn prune_skipped_blocks(&mut self, slot: u32, num_processed_tokens: usize) {
-        if let Kv::Hybrid(h) = self {
-            h.pool.prune_skipped_blocks(&slot, num_processed_tokens);
-        }
-    }
-
-    /// The groups a prefix-cache store holds (all but bounded-replay windows): what a
-    /// connector loads unless it says otherwise. `[0]` for a single-group pool.
-    pub fn prefix_cacheable_groups(&self) -> Vec<usize> {
-        match self {
-            Kv::Hybrid(h) => (h.pool.groups().iter().enumerate())
-                .filter(|(_, spec)| prefix_cacheable(spec))
-                .map(|(g, _)| g)
-                .collect(),
-            _ => vec![0],
-        }
-    }
-
     /// Caches the full blocks of `slot`'s computed tokens, giving the pool its known tokens
     /// past those it has (`BlockPool::cache_blocks`). The radix pool caches at the end.
     pub fn cache_blocks(&mut self, slot: u32, new_token_ids: &[TokenId]) -> Result<()> {
@@ -676,33 +576,6 @@ impl Kv {
     /// connectors need).
     pub fn is_block_hash(&self) -> bool {
         matches!(self, Kv::BlockHash(_))
-    }
-
-    /// The coordinator's groups, when this is it.
-    pub fn hybrid_groups(&self) -> Option<&[KvGroupSpec]> {
-        match self {
-            Kv::Hybrid(h) => Some(h.pool.groups()),
-            _ => None,
-        }
-    }
-
-    /// What the next allocation of `slot` at `num_computed` computed tokens drops from its
-    /// groups, and how many of those surely return to the free queue
-    /// (`KvCoordinator::num_skipped_blocks`); `(0, 0)` for a single-group pool.
-    pub fn num_skipped_blocks(&self, slot: u32, num_computed: usize) -> (usize, usize) {
-        match self {
-            Kv::Hybrid(h) => h.pool.num_skipped_blocks(&slot, num_computed),
-            _ => (0, 0),
-        }
-    }
-
-    /// New blocks, over the groups, an allocation of `slot` up to `num_slots` slots adds
-    /// (several KV groups only; 0 otherwise).
-    pub fn num_new_group_blocks(&self, slot: u32, num_slots: usize) -> usize {
-        match self {
-            Kv::Hybrid(h) => h.pool.num_new_blocks(&slot, num_slots),
-            _ => 0,
-        }
     }
 
     /// The coordinator records no cache events: routers reading them see none (the
@@ -852,3 +725,6 @@ impl Kv {
         }
     }
 }
+
+#[path = "kv_groups.rs"]
+mod groups;

@@ -599,6 +599,67 @@ impl<R: RequestKey> KvCoordinator<R> {
     }
 }
 
+/// What a load or a HiSparse region borrows of the coordinator to give one admitted
+/// request blocks group by group: the groups, the request's entry, a taker of free blocks
+/// and the zeroing record, all at once.
+struct Taking<'a> {
+    groups: &'a [KvGroupSpec],
+    request: &'a mut CoordinatedRequest,
+    taker: BlockTaker<'a>,
+    zeroing: &'a mut Option<Vec<Vec<BlockId>>>,
+}
+
+/// Takes free blocks (least recently freed first, evicting what they cached), beside a
+/// request's entry.
+struct BlockTaker<'a> {
+    free_queue: &'a mut FreeBlockQueue,
+    blocks: &'a mut [BlockMeta],
+    cached: &'a mut CacheMap,
+    stats: &'a mut BlockPoolStats,
+}
+
+impl BlockTaker<'_> {
+    /// `n` free blocks (the coordinator keeps no KV events or host tier).
+    fn take(&mut self, n: usize) -> Vec<BlockId> {
+        let mut eviction = Eviction {
+            cached: self.cached,
+            events: &mut None,
+            host: &mut None,
+            stats: self.stats,
+        };
+        (0..n)
+            .map(|_| take_free_block(self.free_queue, self.blocks, &mut eviction))
+            .collect()
+    }
+}
+
+impl<R: RequestKey> KvCoordinator<R> {
+    /// [`Taking`] for `request_id`, which must be admitted.
+    fn taking(&mut self, request_id: &R) -> Taking<'_> {
+        let Self {
+            groups,
+            requests,
+            blocks,
+            free_queue,
+            cached,
+            stats,
+            zeroing,
+            ..
+        } = self;
+        Taking {
+            groups,
+            request: requests.get_mut(request_id).expect("admitted"),
+            taker: BlockTaker {
+                free_queue,
+                blocks,
+                cached,
+                stats,
+            },
+            zeroing,
+        }
+    }
+}
+
 /// Keeps `added` blocks of group `g` for zeroing when new blocks are zeroed and the group
 /// holds attention KV (vLLM 0.33 zeroes no Mamba state block: `_record_new_block_ids`).
 fn record_for_zeroing(

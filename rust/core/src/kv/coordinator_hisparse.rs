@@ -14,7 +14,7 @@
 //! Without a load neither differs (no host prefix hit exists with prefix caching off), and
 //! a hot group takes nothing.
 
-use super::{BlockId, Eviction, KvCoordinator, RequestKey, take_free_block};
+use super::{BlockId, KvCoordinator, RequestKey, Taking};
 use super::{KvGroupSpec, NULL_BLOCK};
 
 /// A HiSparse group's need where its rule is not the generic one: `held` is the request's
@@ -77,33 +77,23 @@ impl<R: RequestKey> KvCoordinator<R> {
         total: usize,
         new_blocks: &mut [Vec<BlockId>],
     ) {
-        let Self {
+        let block_size = self.block_size;
+        let Taking {
             groups,
-            requests,
-            blocks,
-            free_queue,
-            cached,
-            stats,
-            block_size,
+            request,
+            mut taker,
             ..
-        } = self;
-        let request = requests.get_mut(request_id).expect("admitted");
+        } = self.taking(request_id);
         request.reads_host = true;
-        let mut eviction = Eviction {
-            cached,
-            events: &mut None,
-            host: &mut None,
-            stats,
-        };
-        let tail = (total.max(1) - 1) / *block_size;
+        let tail = (total.max(1) - 1) / block_size;
         for (g, (spec, table)) in groups.iter().zip(&mut request.tables).enumerate() {
             if !matches!(spec, KvGroupSpec::HiSparseResident { .. }) || table.len() > tail {
                 continue;
             }
             table.resize(tail, NULL_BLOCK);
-            let block = take_free_block(free_queue, blocks, &mut eviction);
-            table.push(block);
-            new_blocks[g].push(block);
+            let block = taker.take(1);
+            table.extend_from_slice(&block);
+            new_blocks[g].extend(block);
         }
     }
 
@@ -111,29 +101,17 @@ impl<R: RequestKey> KvCoordinator<R> {
     /// vLLM's `allocate_new_blocks` takes for them when the admitting allocation computes
     /// nothing.
     pub(super) fn take_hot_regions(&mut self, request_id: &R, new_blocks: &mut [Vec<BlockId>]) {
-        let Self {
+        let Taking {
             groups,
-            requests,
-            blocks,
-            free_queue,
-            cached,
-            stats,
+            request,
+            mut taker,
             ..
-        } = self;
-        let request = requests.get_mut(request_id).expect("admitted");
-        let mut eviction = Eviction {
-            cached,
-            events: &mut None,
-            host: &mut None,
-            stats,
-        };
+        } = self.taking(request_id);
         for (g, (spec, table)) in groups.iter().zip(&mut request.tables).enumerate() {
             let Some(n) = spec.hot_blocks().filter(|_| request.reads_host) else {
                 continue;
             };
-            let added: Vec<BlockId> = (table.len()..n)
-                .map(|_| take_free_block(free_queue, blocks, &mut eviction))
-                .collect();
+            let added = taker.take(n.saturating_sub(table.len()));
             table.extend_from_slice(&added);
             new_blocks[g].extend(added);
         }

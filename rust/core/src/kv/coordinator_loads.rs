@@ -15,8 +15,8 @@
 
 use super::GroupSlots;
 use super::{
-    BlockId, Eviction, GroupedComputedBlocks, KvCoordinator, KvGroupSpec, RequestKey, TokenId,
-    record_for_zeroing, take_free_block,
+    BlockId, GroupedComputedBlocks, KvCoordinator, KvGroupSpec, RequestKey, Taking, TokenId,
+    record_for_zeroing,
 };
 use crate::{Error, Result};
 
@@ -223,34 +223,20 @@ impl<R: RequestKey> KvCoordinator<R> {
         total: usize,
         new_blocks: &mut [Vec<BlockId>],
     ) {
-        let Self {
+        let block_size = self.block_size;
+        let Taking {
             groups,
-            requests,
-            blocks,
-            free_queue,
-            cached,
-            stats,
-            block_size,
+            request,
+            mut taker,
             ..
-        } = self;
-        let request = requests.get_mut(request_id).expect("admitted");
-        let mut eviction = Eviction {
-            cached,
-            events: &mut None,
-            host: &mut None,
-            stats,
-        };
+        } = self.taking(request_id);
         let tables = request.tables.iter_mut().zip(&mut request.align);
         for (g, (spec, (table, state))) in groups.iter().zip(tables).enumerate() {
             if !spec.is_mamba() {
                 continue;
             }
-            let required = spec.num_required_blocks(total, *block_size);
-            let mut take = |n| {
-                (0..n)
-                    .map(|_| take_free_block(free_queue, blocks, &mut eviction))
-                    .collect::<Vec<_>>()
-            };
+            let required = spec.num_required_blocks(total, block_size);
+            let mut take = |n| taker.take(n);
             let added = if spec.is_mamba_align() {
                 super::allocate_align_blocks(table, state, spec, required, false, &mut take)
             } else {
@@ -271,24 +257,13 @@ impl<R: RequestKey> KvCoordinator<R> {
         total: usize,
         alloc: ExternalAllocation<'_>,
     ) -> Vec<Vec<BlockId>> {
-        let Self {
+        let block_size = self.block_size;
+        let Taking {
             groups,
-            requests,
-            blocks,
-            free_queue,
-            cached,
-            stats,
-            block_size,
+            request,
+            mut taker,
             zeroing,
-            ..
-        } = self;
-        let request = requests.get_mut(request_id).expect("admitted");
-        let mut eviction = Eviction {
-            cached,
-            events: &mut None,
-            host: &mut None,
-            stats,
-        };
+        } = self.taking(request_id);
         let mut new_blocks = Vec::with_capacity(groups.len());
         for (g, (spec, table)) in groups.iter().zip(&mut request.tables).enumerate() {
             let attended = total - spec.num_skipped_tokens(total).min(total);
@@ -300,10 +275,8 @@ impl<R: RequestKey> KvCoordinator<R> {
             // alone (`cdiv(total, block_size)`): a Mamba group's speculative blocks come
             // with the allocation after it.
             let required =
-                spec.num_required_blocks(total, *block_size) - spec.num_speculative_blocks();
-            let added: Vec<BlockId> = (table.len()..required)
-                .map(|_| take_free_block(free_queue, blocks, &mut eviction))
-                .collect();
+                spec.num_required_blocks(total, block_size) - spec.num_speculative_blocks();
+            let added = taker.take(required.saturating_sub(table.len()));
             table.extend_from_slice(&added);
             if !alloc.skip_zeroing_groups.contains(&g) {
                 record_for_zeroing(zeroing, g, spec, &added);

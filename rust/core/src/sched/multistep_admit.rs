@@ -86,18 +86,7 @@ impl<R: RequestKey> Scheduler<R> {
         let mut budget = self.config.max_num_batched_tokens - self.running.len();
         let mut plan = std::mem::take(&mut self.spare_plan);
         let admission_error = self.schedule_waiting(&mut budget, &mut plan)?;
-        let out = self.finish_step(&mut plan);
-        self.stamp_step(&plan.scheduled);
-        plan.clear();
-        self.spare_plan = plan;
-        let admission_error = admission_error.or(self.encoder.connector_error.take());
-        match admission_error {
-            Some(err) => {
-                self.interrupted_step = Some(out);
-                Err(err)
-            }
-            None => Ok(Some(out)),
-        }
+        self.close_step(plan, admission_error).map(Some)
     }
 
     /// Whether the running request `request_id` may join `window` after its latest step

@@ -482,13 +482,22 @@ impl<R: RequestKey> Scheduler<R> {
         {
             self.last_prefill_step = self.num_executed_steps;
         }
+        self.close_step(plan, admission_error)
+    }
+
+    /// A step's output from its plan, the plan's maps kept for the next step. An admission
+    /// error (or an encoder-cache connector's, returned as one) is returned now and the
+    /// output at the next `schedule()`, as vLLM's step raises after its state moved.
+    pub(super) fn close_step(
+        &mut self,
+        mut plan: StepPlan<R>,
+        admission_error: Option<crate::Error>,
+    ) -> Result<SchedulerOutput<R>> {
         let out = self.finish_step(&mut plan);
         self.stamp_step(&plan.scheduled);
         plan.clear();
         self.spare_plan = plan;
-        // An encoder-cache connector's error is returned as an admission error is.
-        let admission_error = admission_error.or(self.encoder.connector_error.take());
-        match admission_error {
+        match admission_error.or(self.encoder.connector_error.take()) {
             Some(err) => {
                 self.interrupted_step = Some(out);
                 Err(err)

@@ -28,6 +28,23 @@ pub(super) struct Window {
     pub(super) num_admitted: usize,
 }
 
+impl Window {
+    /// Drops the members that finished at the step that just ended (those that do not run
+    /// in the next one).
+    fn keep_running(&mut self) {
+        let step = self.plan.num_formed() + 1;
+        let plan = &self.plan;
+        let order = &self.order;
+        let mut i = 0;
+        self.ids.retain(|_| {
+            i += 1;
+            plan.runs_in(order[i - 1], step)
+        });
+        self.order.retain(|&j| plan.runs_in(j, step));
+        self.ones.truncate(self.ids.len());
+    }
+}
+
 impl VllmV1 {
     /// Schedules the next step of the decode window in progress, or opens one (see
     /// `crate::sched::multistep`) when the next step is pure decode and nothing else can
@@ -121,15 +138,7 @@ impl VllmV1 {
                 .scheduler
                 .end_decode_step(&mut window.plan, window_tokens(requests, block))?;
             if !finished.is_empty() {
-                let step = window.plan.num_formed() + 1;
-                let plan = &window.plan;
-                let mut i = 0;
-                window.ids.retain(|_| {
-                    i += 1;
-                    plan.runs_in(window.order[i - 1], step)
-                });
-                window.order.retain(|&j| plan.runs_in(j, step));
-                window.ones.truncate(window.ids.len());
+                window.keep_running();
                 window.plan.compact(&mut window.order);
             }
             return Ok(Some(finished.into_iter().map(|(idx, _)| idx).collect()));
@@ -152,15 +161,7 @@ impl VllmV1 {
             .map(|(idx, _)| idx)
             .collect();
         if !released.is_empty() {
-            let step = window.plan.num_formed() + 1;
-            let plan = &window.plan;
-            let mut i = 0;
-            window.ids.retain(|_| {
-                i += 1;
-                plan.runs_in(window.order[i - 1], step)
-            });
-            window.order.retain(|&j| plan.runs_in(j, step));
-            window.ones.truncate(window.ids.len());
+            window.keep_running();
         }
         let admitted = std::mem::take(&mut window.admitted);
         let finished = self

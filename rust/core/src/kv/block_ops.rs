@@ -279,8 +279,10 @@ pub(super) fn cache_full_blocks(
 ) {
     // Re-prefillable tokens are never cached, nor blocks without their (look-ahead) hash:
     // both are 0 and moot with vLLM's rules off.
-    let num_cacheable =
-        (request.num_computed_tokens).saturating_sub(request.num_reprefillable as usize);
+    let num_cacheable = super::lookahead::num_cacheable_tokens(
+        request.num_computed_tokens,
+        request.num_reprefillable as usize,
+    );
     let num_full =
         (num_cacheable.min(request.num_tokens) / block_size).min(request.block_hashes.len());
     let first = request.num_cached_blocks.min(num_full);

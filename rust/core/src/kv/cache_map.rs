@@ -237,12 +237,21 @@ impl CacheMap {
         hashes: &[BlockHash],
         out: &mut Vec<BlockId>,
     ) -> Option<usize> {
+        let (key, first_place, len, _) = self.named_run(hashes, usize::MAX)?;
+        Some(self.named.get_run(key, first_place, len, out))
+    }
+
+    /// The trace block and first place of `hashes[0]` (`None`: not named, or the index is
+    /// off), how many of the leading `hashes` (at most `cap`) name its consecutive places,
+    /// and how many could (the cap and the places left).
+    fn named_run(&self, hashes: &[BlockHash], cap: usize) -> Option<(NamedKey, u32, usize, usize)> {
         let (key, first_place) = hashes.first().and_then(|h| self.named(h))?;
-        let max_len = (MAX_NAMED_PLACES - first_place) as usize;
+        // Places `first_place + k` of one seed are the hash plus `k` (`content_block`).
+        let max_len = ((MAX_NAMED_PLACES - first_place) as usize).min(cap);
         let len = (hashes.iter().zip(0..).take(max_len))
             .take_while(|&(h, k)| h.0 == hashes[0].0 + k)
             .count();
-        Some(self.named.get_run(key, first_place, len, out))
+        Some((key, first_place, len, max_len))
     }
 
     /// Reads the home slots of `hashes` ahead of their inserts or lookups: independent
@@ -300,16 +309,11 @@ impl CacheMap {
     /// took: 0 when `hashes[0]` is not named or the index is off (then `insert` takes
     /// it). The caller then gives each block its hash.
     pub(super) fn insert_named_run(&mut self, hashes: &[BlockHash], ids: &[BlockId]) -> usize {
-        let Some((key, first_place)) = hashes.first().and_then(|h| self.named(h)) else {
+        let Some((key, first_place, len, _max_len)) = self.named_run(hashes, ids.len()) else {
             return 0;
         };
-        // Places `first_place + k` of one seed are the hash plus `k` (`content_block`).
-        let max_len = (MAX_NAMED_PLACES - first_place) as usize;
-        let len = (hashes.iter().zip(0..).take(max_len.min(ids.len())))
-            .take_while(|&(h, k)| h.0 == hashes[0].0 + k)
-            .count();
         #[cfg(test)]
-        let len = match PLANTED_RUN_PAST_KEY.get() && len < max_len.min(ids.len()) {
+        let len = match PLANTED_RUN_PAST_KEY.get() && len < _max_len {
             true => len + 1,
             false => len,
         };

@@ -45,8 +45,17 @@ impl PrefixRules {
     /// The computed tokens whose full blocks may be cached (vLLM's
     /// `get_num_cacheable_tokens` of a one-group coordinator).
     pub fn num_cacheable_tokens(&self, num_computed_tokens: usize) -> usize {
-        num_computed_tokens.saturating_sub(self.num_reprefillable_tokens)
+        num_cacheable_tokens(num_computed_tokens, self.num_reprefillable_tokens)
     }
+}
+
+/// [`PrefixRules::num_cacheable_tokens`] for a request admitted with
+/// `num_reprefillable_tokens` (what the pool's caching reads).
+pub(super) fn num_cacheable_tokens(
+    num_computed_tokens: usize,
+    num_reprefillable_tokens: usize,
+) -> usize {
+    num_computed_tokens.saturating_sub(num_reprefillable_tokens)
 }
 
 impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
@@ -142,14 +151,21 @@ pub(super) fn append_tokens(
     if num_blocks == 0 {
         return;
     }
-    request.block_hashes.reserve(num_blocks);
-    for b in 0..num_blocks {
-        let parent = request.block_hashes.last().copied();
-        let covered = &request.tail_tokens[b * bs..(b + 1) * bs + lookahead];
-        let hash = hash_block(parent, covered, request.extra_key);
-        request.block_hashes.push(hash);
-    }
-    request.tail_tokens.drain(..num_blocks * bs);
+    let RequestBlocks {
+        block_hashes,
+        tail_tokens,
+        extra_key,
+        ..
+    } = request;
+    push_hashes(
+        block_hashes,
+        tail_tokens,
+        bs,
+        lookahead,
+        *extra_key,
+        num_blocks,
+    );
+    tail_tokens.drain(..num_blocks * bs);
 }
 
 /// Hashes the blocks whose own tokens the request's entry holds but whose look-ahead
@@ -167,15 +183,24 @@ pub(super) fn hash_ahead(block_size: usize, request: &mut RequestBlocks, ahead: 
     if num_blocks == 0 {
         return;
     }
-    let mut window = request.tail_tokens.clone();
-    window.extend_from_slice(ahead);
-    for b in 0..num_blocks {
-        let parent = request.block_hashes.last().copied();
-        let covered = &window[b * bs..(b + 1) * bs + lookahead];
-        let hash = hash_block(parent, covered, request.extra_key);
-        request.block_hashes.push(hash);
-    }
-    request.tail_tokens.drain(..num_blocks * bs);
+    // The look-ahead tokens join the tail only while it is hashed.
+    let RequestBlocks {
+        block_hashes,
+        tail_tokens,
+        extra_key,
+        ..
+    } = request;
+    tail_tokens.extend_from_slice(ahead);
+    push_hashes(
+        block_hashes,
+        tail_tokens,
+        bs,
+        lookahead,
+        *extra_key,
+        num_blocks,
+    );
+    tail_tokens.truncate(tail_len);
+    tail_tokens.drain(..num_blocks * bs);
 }
 
 /// Appends to `hashes` (the first blocks' hashes of `tokens`) the look-ahead hashes of the
@@ -190,9 +215,26 @@ pub fn hash_full_blocks_lookahead(
     max_blocks: usize,
 ) {
     let num_blocks = (tokens.len().saturating_sub(lookahead) / block_size).min(max_blocks);
-    for i in hashes.len()..num_blocks {
-        let parent = i.checked_sub(1).map(|p| hashes[p]);
-        let covered = &tokens[i * block_size..(i + 1) * block_size + lookahead];
+    let first = hashes.len();
+    let window = &tokens[(first * block_size).min(tokens.len())..];
+    let num_new = num_blocks.saturating_sub(first);
+    push_hashes(hashes, window, block_size, lookahead, extra_key, num_new);
+}
+
+/// Appends the look-ahead hashes of `window`'s first `num_blocks` blocks to `hashes`,
+/// chained to its last: block `b` covers `window[b * bs..(b + 1) * bs + lookahead]`.
+fn push_hashes(
+    hashes: &mut Vec<BlockHash>,
+    window: &[TokenId],
+    bs: usize,
+    lookahead: usize,
+    extra_key: Option<u64>,
+    num_blocks: usize,
+) {
+    hashes.reserve(num_blocks);
+    for b in 0..num_blocks {
+        let parent = hashes.last().copied();
+        let covered = &window[b * bs..(b + 1) * bs + lookahead];
         hashes.push(hash_block(parent, covered, extra_key));
     }
 }

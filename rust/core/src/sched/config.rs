@@ -243,8 +243,8 @@ impl SchedulerConfig {
     /// Blocks one request of `num_tokens` tokens holds at most: one table per group, a
     /// window group's capped at vLLM's admission cap for one step in flight, a Mamba
     /// `align` group's at the two states it holds (vLLM 0.33's
-    /// `MambaSpec.max_memory_usage_bytes`: `2 + num_speculative_blocks` pages in `align`
-    /// mode; its table has a slot per block, but the earlier slots hold the null block).
+    /// `MambaSpec.max_memory_usage_bytes`: `2 + num_speculative_blocks +
+    /// num_prefill_checkpoint_blocks` pages in `align` mode; its table has a slot per block, but the earlier slots hold the null block).
     pub fn blocks_per_request(&self, num_tokens: usize) -> usize {
         let bs = self.block_size;
         if !self.is_hybrid() {

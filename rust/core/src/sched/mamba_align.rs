@@ -138,8 +138,8 @@ impl MambaAlignSplit {
         }
         let block = self.block_size;
         let mut end = start + num_new_tokens;
-        let checkpoint = self.checkpoint_position(prefill_end);
         let internal_checkpoint = checkpoint_alignment.is_some_and(|alignment| {
+            let checkpoint = self.checkpoint_position(prefill_end);
             end >= prefill_end && mamba_checkpoint_valid(start, end, checkpoint, block, alignment)
         });
         let last_cache_position = match internal_checkpoint {

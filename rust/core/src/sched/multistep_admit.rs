@@ -172,22 +172,11 @@ impl DecodeWindow {
                 next += 1;
             }
         }
-        let keep = |v: &mut Vec<usize>| {
-            let mut i = 0;
-            v.retain(|_| {
-                i += 1;
-                renumbered[i - 1] != u32::MAX
-            });
-        };
-        keep(&mut self.base);
-        keep(&mut self.start);
-        keep(&mut self.last);
-        keep(&mut self.first_alloc);
-        let mut i = 0;
-        self.slots.retain(|_| {
-            i += 1;
-            renumbered[i - 1] != u32::MAX
-        });
+        keep_live(&mut self.base, &renumbered);
+        keep_live(&mut self.start, &renumbered);
+        keep_live(&mut self.last, &renumbered);
+        keep_live(&mut self.first_alloc, &renumbered);
+        keep_live(&mut self.slots, &renumbered);
         // The map keeps the order: each bucket stays in running order.
         for bucket in &mut self.buckets {
             bucket.retain_mut(|i| {
@@ -206,4 +195,13 @@ impl DecodeWindow {
             *i = renumbered[*i] as usize;
         }
     }
+}
+
+/// Keeps the entries of `v` whose number `renumbered` keeps (not `u32::MAX`), in order.
+fn keep_live<T>(v: &mut Vec<T>, renumbered: &[u32]) {
+    let mut i = 0;
+    v.retain(|_| {
+        i += 1;
+        renumbered[i - 1] != u32::MAX
+    });
 }

@@ -370,7 +370,7 @@ impl<'a> Simulator<'a> {
             // The requests of the batch that are not settled lazily: all, or those a lazy
             // window step admitted (listed last).
             let mut first_stepped = 0;
-            if let Some(ledger) = self.replicas[r].lazy.as_ref().filter(|_| lazy) {
+            if let Some(ledger) = self.replicas[r].lazy.as_ref() {
                 let admitted = self.replicas[r].policy.window_step_admissions();
                 if !window_step || ids.len() != ledger.len() + admitted {
                     return Err(Error::Internal(format!(
@@ -519,6 +519,9 @@ impl<'a> Simulator<'a> {
             // from here on (`lazy`), if every one of them did.
             batch.window_step.then(|| lazy::Ledger::start(self.now))
         };
+        // A lazy step's ledger owes its members steps: it is kept, and the replica ends the
+        // window if an admission does not join it (a prefill chunk).
+        let droppable = !batch.lazy;
         for ((&idx, &n), &epoch) in batch.requests[first_stepped..]
             .iter()
             .zip(&batch.num_tokens[first_stepped..])
@@ -529,9 +532,6 @@ impl<'a> Simulator<'a> {
                 request.timing.execution_time += time.total_s;
                 request.timing.model_execution_time += time.model_s;
             }
-            // A lazy step's ledger owes its members steps: it is kept, and the replica
-            // ends the window if an admission does not join it (a prefill chunk).
-            let droppable = !batch.lazy;
             if request.num_restarts != epoch {
                 if droppable {
                     ledger = None;

@@ -62,13 +62,11 @@ def hisparse_host_pool(kv_cache_config: Any) -> tuple[int, int | None] | None:
     num_blocks = getattr(kv_cache_config, "hisparse_host_num_blocks", None)
     if num_blocks is None:
         return None
-    block_size = None
-    for group in getattr(kv_cache_config, "kv_cache_groups", ()) or ():
-        role = getattr(getattr(group, "role", None), "name", None)
-        if role == "HISPARSE_SOURCE":
-            block_size = int(group.kv_cache_spec.block_size)
-            break
-    return int(num_blocks), block_size
+    source = hisparse_source_group(kv_cache_config)
+    if source is None:
+        return int(num_blocks), None
+    group = kv_cache_config.kv_cache_groups[source]
+    return int(num_blocks), int(group.kv_cache_spec.block_size)
 
 
 def refuse_unmodelled_hisparse(kv_cache_config: Any) -> None:

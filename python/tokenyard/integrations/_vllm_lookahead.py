@@ -26,17 +26,21 @@ def hash_lookahead_of(vllm_config: Any) -> int:
     return int(getattr(vllm_config, "num_hash_lookahead_tokens", 0) or 0)
 
 
-def eagle_block_drop_of(vllm_config: Any) -> bool:
-    """vLLM 0.33's ``Scheduler.use_eagle_block_drop`` as it reaches the KV cache manager
-    (``use_eagle``): the speculative config's, off with look-ahead hashes; and only with
-    prefix caching, where it changes the hits."""
+def eagle_block_drop(vllm_config: Any) -> bool:
+    """vLLM 0.33's ``Scheduler.use_eagle_block_drop``: the speculative config's, off when
+    hash look-ahead tokens prove the boundary token (what the Mamba ``align`` split reads)."""
     speculative = getattr(vllm_config, "speculative_config", None)
     if speculative is None or hash_lookahead_of(vllm_config) > 0:
         return False
-    if not getattr(vllm_config.cache_config, "enable_prefix_caching", False):
-        return False
     use_drop = getattr(speculative, "use_eagle_block_drop", None)
     return bool(use_drop()) if callable(use_drop) else False
+
+
+def eagle_block_drop_of(vllm_config: Any) -> bool:
+    """:func:`eagle_block_drop` as it reaches the KV cache manager (``use_eagle``): only
+    with prefix caching, where it changes the hits."""
+    caching = getattr(vllm_config.cache_config, "enable_prefix_caching", False)
+    return eagle_block_drop(vllm_config) and bool(caching)
 
 
 def hasher_lookahead(request: Any) -> int | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tokenyard.integrations._vllm_lookahead import eagle_block_drop
 from tokenyard.integrations._vllm_state import AdapterBase, non_negative
 
 
@@ -20,16 +21,6 @@ def needs_mamba_split(vllm_config: Any, kv_cache_config: Any) -> bool:
     has_mamba = bool(getattr(kv_cache_config, "has_mamba_layers", False))
     mode = getattr(vllm_config.cache_config, "mamba_cache_mode", "none")
     return has_mamba and mode == "align"
-
-
-def eagle_block_drop(vllm_config: Any) -> bool:
-    """vLLM 0.33's ``Scheduler.use_eagle_block_drop``: the speculative config's, and off when
-    hash look-ahead tokens prove the boundary token."""
-    speculative = vllm_config.speculative_config
-    num_hash_lookahead: int = getattr(vllm_config, "num_hash_lookahead_tokens", 0)
-    if speculative is None or num_hash_lookahead > 0:
-        return False
-    return bool(speculative.use_eagle_block_drop())
 
 
 class MambaAlign(AdapterBase):

@@ -32,13 +32,14 @@ from, and under speculative decoding ``num_speculative_tokens`` more, a state pe
 ``kv_cache_interface.py``; the blocks ``MambaManager`` moves along behind the state), and the
 scheduler ends a prefill chunk on a block boundary (``Scheduler.
 _mamba_block_aligned_split``; ``mamba_block_size`` is the aligned block,
-``_align_hybrid_block_size``). With prefix caching off (``enable_prefix_caching = false``, or
-a workload without prefix identity) vLLM keeps ``mamba_cache_mode="none"``: one page per
-Mamba group, ``1 + num_speculative_tokens`` under speculative decoding. Not modelled in align
-mode:
-the backend's internal prefill checkpoint (``num_prefill_checkpoint_blocks``: one more page,
-and no split at the last cacheable boundary, in vLLM's Mamba2 layers and its FlashInfer GDN
-prefill), and its alignment in the block size.
+``_align_hybrid_block_size``). With ``enable_prefix_caching = false`` vLLM keeps
+``mamba_cache_mode="none"``: one page per Mamba group, ``1 + num_speculative_tokens`` under
+speculative decoding. The simulator also runs ``"none"`` for a workload without prefix
+identity (nothing to cache), where vLLM, which never sees the workload, would run
+``align``. Not modelled in align mode: the backend's internal prefill checkpoint
+(``num_prefill_checkpoint_blocks``: one more page, and no split at the last cacheable
+boundary, in vLLM's Mamba2 layers and its FlashInfer GDN prefill), and its alignment in the
+block size.
 
 Modelled: hybrids whose attention layers have one page size (gpt-oss: 2 groups; Qwen3.5:
 1 full + 3 Mamba groups), beside a P/D connector (NixlConnector is ``SupportsHMA``).
@@ -246,7 +247,8 @@ def align_mode(config: SimulationConfig, *, prefix_caching: bool) -> bool:
     verify_and_update_config``): ``enable_prefix_caching`` on, speculative decoding or not
     (the align groups hold the draft tokens' states, ``speculative_blocks``).
     ``prefix_caching``: whether the workload has prefix identity (``run.simulate``: a
-    workload without it runs ``none``, nothing to cache). The one rule for the plan
+    workload without it runs ``none``, nothing to cache; the simulator's choice, vLLM would
+    still run ``align``). The one rule for the plan
     (``plan_hybrid``), the run (``run.replica_spec``) and the recommender
     (``requests_held``)."""
     c = config.replica.scheduler

@@ -416,9 +416,17 @@ class KvCoordinator:
     """vLLM V1's KV cache coordinator: one KV cache group per layer kind of a hybrid
     model, over one pool of ``num_blocks`` blocks of which block 0 is the null block.
 
+    ``group_block_sizes`` gives each group its own block size (vLLM 0.33 layouts whose layer
+    kinds have different page sizes, e.g. Gemma 4): ``block_size`` is then vLLM's
+    ``hash_block_size``, each group's a multiple of it; a group allocates and caches blocks
+    of its own size, and prefix hits land on their least common multiple
+    (``scheduler_block_size``).
+
     Raises:
         ConfigError: no groups or a value that is not a group spec; ``num_blocks < 2``;
-            ``block_size < 1``; a Mamba group with ``enable_caching=True``.
+            ``block_size < 1``; a Mamba group with ``enable_caching=True``;
+            ``group_block_sizes`` not one multiple of ``block_size`` per group, or
+            differing beside a group that is not full attention or a sliding window.
     """
 
     NULL_BLOCK_ID: int
@@ -429,7 +437,15 @@ class KvCoordinator:
         num_blocks: int,
         block_size: int,
         enable_caching: bool = True,
+        group_block_sizes: Sequence[int] | None = None,
     ) -> KvCoordinator: ...
+    @property
+    def group_block_sizes(self) -> tuple[int, ...]:
+        """Each group's block size (all ``block_size`` unless set apart)."""
+    @property
+    def scheduler_block_size(self) -> int:
+        """vLLM's ``scheduler_block_size``: the least common multiple of the groups' block
+        sizes, where prefix hits land."""
     @property
     def groups(self) -> tuple[_GroupSpec, ...]: ...
     @property

@@ -257,6 +257,14 @@ class SchedulerConfig:
     ``host_num_blocks``, and a ``MambaSpec`` in ``"none"`` mode or a ``CrossAttentionSpec``
     with prefix caching (see
     ``docs/kv.md``)."""
+    kv_group_block_sizes: tuple[int, ...] = ()
+    """Each KV group's own block size, when ``kv_groups`` differ in it (vLLM 0.33 layouts
+    whose layer kinds have different page sizes, e.g. Gemma 4's global layers):
+    ``block_size`` is then vLLM's ``hash_block_size``, each of these a multiple of it; a
+    group allocates and caches blocks of its size and prefix hits land on their least
+    common multiple (vLLM's ``scheduler_block_size``). ``()``: every group's is
+    ``block_size``. Only full-attention and sliding-window groups take their own size;
+    refused beside speculative decoding (``docs/kv.md``)."""
     max_num_encoder_input_tokens: int = 0
     """Encoder embeddings computed per step, all requests together (vLLM 0.33's encoder
     compute budget); 0 = ``max_num_batched_tokens``, vLLM's default. A request's item whose
@@ -310,6 +318,12 @@ class SchedulerConfig:
                     group,
                 )
         object.__setattr__(self, "kv_groups", tuple(groups))
+        sizes = self.kv_group_block_sizes
+        if isinstance(sizes, str) or not isinstance(sizes, (tuple, list)):
+            raise fail("kv_group_block_sizes", f"must be a tuple of ints, got {sizes!r}", sizes)
+        for i, size in enumerate(sizes):
+            check_key_int(f"kv_group_block_sizes[{i}]", size, low=1, high=MAX_COUNT)
+        object.__setattr__(self, "kv_group_block_sizes", tuple(sizes))
         for name in _COUNT_FIELDS:
             check_key_int(name, getattr(self, name), low=0, high=MAX_COUNT)
         check_key_int(

@@ -63,6 +63,11 @@ pub(crate) fn core_config(config: &Bound<'_, PyAny>) -> PyResult<(SchedulerConfi
         reserve_null_block: field(config, "reserve_null_block")?,
         prefill_schedule_interval: count_field(config, "prefill_schedule_interval")?,
         kv_groups: kv_groups(config)?,
+        kv_group_block_sizes: if config.hasattr("kv_group_block_sizes")? {
+            field(config, "kv_group_block_sizes")?
+        } else {
+            Vec::new()
+        },
         encoder: crate::sched_encoder::encoder_config(config)?,
         mamba_align: mamba_align(config)?,
         num_draft_slots_per_request: if config.hasattr("num_draft_slots_per_request")? {

@@ -108,6 +108,8 @@ pub struct KvCoordinator<R: RequestKey> {
     checkpoint_rule: (bool, usize),
     /// vLLM 0.33's hash look-ahead (`kv::lookahead`; 0: off).
     pub(super) hash_lookahead: usize,
+    /// Each group's block size and the scheduler block size (`coordinator_sizes`).
+    sizes: GroupSizes,
 }
 
 /// A block hash keyed by its group (vLLM appends the group id to the hash bytes).
@@ -184,7 +186,8 @@ impl<R: RequestKey> KvCoordinator<R> {
         let mut free_queue = FreeBlockQueue::with_all_blocks(num_blocks)?;
         free_queue.remove(NULL_BLOCK);
         Ok(Self {
-            lookup_order: spec_groups(&groups),
+            lookup_order: spec_groups(&groups, &vec![block_size; groups.len()]),
+            sizes: GroupSizes::uniform(block_size, groups.len()),
             groups,
             block_size,
             enable_caching,
@@ -313,6 +316,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             enable_caching,
             zeroing,
             cached_this_step,
+            sizes,
             ..
         } = self;
         let request = requests.get_mut(request_id).expect("inserted above");
@@ -324,8 +328,9 @@ impl<R: RequestKey> KvCoordinator<R> {
         };
         let mut new_blocks = Vec::with_capacity(groups.len());
         for (g, (spec, table)) in groups.iter().zip(&mut request.tables).enumerate() {
+            let group_size = sizes.groups[g];
             let required =
-                hisparse::required_blocks(spec, request.reads_host, slots.of(spec), *block_size);
+                hisparse::required_blocks(spec, request.reads_host, slots.of(spec), group_size);
             if spec.is_mamba_align() {
                 let checkpoint = checkpoints.get(g).is_some_and(Option::is_some);
                 let state = &mut request.align[g];
@@ -351,6 +356,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         if *enable_caching {
             cache_full_blocks(
                 *block_size,
+                sizes,
                 groups,
                 cached,
                 blocks,
@@ -390,6 +396,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             super::lookahead::hash_ahead(self.block_size, &mut request.tokens, ahead);
             cache_full_blocks(
                 self.block_size,
+                &self.sizes,
                 &self.groups,
                 &mut self.cached,
                 &mut self.blocks,
@@ -404,19 +411,18 @@ impl<R: RequestKey> KvCoordinator<R> {
     /// model rejected); their slots stay allocated. Only tokens past the blocks already
     /// cached in some group may be rewound.
     pub fn rewind_computed_tokens(&mut self, request_id: &R, num_tokens: usize) -> Result<()> {
-        let block_size = self.block_size;
-        let groups = &self.groups;
+        let (groups, sizes) = (&self.groups, &self.sizes.groups);
         let request = self
             .requests
             .get_mut(request_id)
             .ok_or_else(|| Error::unknown_request(request_id))?;
-        let num_cached = (groups.iter().zip(&request.num_cached))
-            .filter(|(spec, _)| self.enable_caching && spec.caches_blocks())
-            .map(|(_, &n)| n)
+        let num_cached_tokens = (groups.iter().zip(&request.num_cached).zip(sizes))
+            .filter(|((spec, _), _)| self.enable_caching && spec.caches_blocks())
+            .map(|((_, &n), &size)| n * size)
             .max()
             .unwrap_or(0);
         let computed = request.tokens.num_computed_tokens;
-        let num_uncached = computed.saturating_sub(num_cached * block_size);
+        let num_uncached = computed.saturating_sub(num_cached_tokens);
         if num_tokens > num_uncached {
             return Err(Error::input(
                 "num_tokens",
@@ -581,7 +587,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         request.tokens.extra_key = hit.query.extra_key;
         for (g, spec) in self.groups.iter().enumerate() {
             let hit_blocks = &hit.block_ids[g];
-            let num_skipped = spec.num_skipped_tokens(num_computed) / self.block_size;
+            let num_skipped = spec.num_skipped_tokens(num_computed) / self.sizes.groups[g];
             let kept = &hit_blocks[num_skipped.min(hit_blocks.len())..];
             for &block in kept.iter().filter(|&&b| b != NULL_BLOCK) {
                 let meta = &mut self.blocks[block as usize];
@@ -676,9 +682,12 @@ fn record_for_zeroing(
 }
 
 /// vLLM's `cache_blocks` per group: the request's full blocks of computed, known tokens
-/// past those already offered are cached under (hash, group); null blocks are skipped.
+/// (below the scheduler block size's last boundary, `_align_cacheable`) past those already
+/// offered are cached under (hash, group); null blocks are skipped. A group whose blocks
+/// hold several hash blocks (`block_size`) caches each under its last one's hash.
 fn cache_full_blocks(
     block_size: usize,
+    sizes: &GroupSizes,
     groups: &[KvGroupSpec],
     cached: &mut CacheMap,
     blocks: &mut [BlockMeta],
@@ -686,18 +695,20 @@ fn cache_full_blocks(
     cached_this_step: &mut FxHashSet<BlockId>,
 ) {
     let tokens = &request.tokens;
-    let num_full = (tokens.num_computed_tokens.min(tokens.num_tokens) / block_size)
-        .min(tokens.block_hashes.len());
+    let cacheable = sizes.cacheable(tokens.num_computed_tokens.min(tokens.num_tokens));
     for (g, _) in groups.iter().enumerate().filter(|(_, s)| s.caches_blocks()) {
+        let scale = sizes::scale(sizes.groups[g], block_size);
+        let num_full = (cacheable / sizes.groups[g]).min(tokens.block_hashes.len() / scale);
         let table = &request.tables[g];
         let first = request.num_cached[g];
         if first >= num_full {
             continue;
         }
         let end = num_full.min(table.len());
+        let hashes = &tokens.block_hashes[sizes::group_hash_index(first, scale)..];
         for (&block, &hash) in table[first.min(end)..end]
             .iter()
-            .zip(&tokens.block_hashes[first..])
+            .zip(hashes.iter().step_by(scale))
         {
             if block == NULL_BLOCK {
                 continue;
@@ -741,8 +752,12 @@ mod align;
 
 #[path = "coordinator_inspect.rs"]
 mod inspect;
+
+#[path = "coordinator_sizes.rs"]
+mod sizes;
 use align::{AlignState, allocate_align_blocks};
 pub use loads::{ExternalAllocation, prefix_cacheable};
+use sizes::GroupSizes;
 
 #[cfg(test)]
 #[path = "coordinator_tests.rs"]
@@ -755,3 +770,7 @@ mod mamba_tests;
 #[cfg(test)]
 #[path = "coordinator_mamba_spec_tests.rs"]
 mod mamba_spec_tests;
+
+#[cfg(test)]
+#[path = "coordinator_sizes_tests.rs"]
+mod sizes_tests;

@@ -7,7 +7,7 @@
 
 use super::{
     BlockHash, BlockId, BlockMeta, GroupedComputedBlocks, KvCoordinator, KvGroupSpec, LookupQuery,
-    NULL_BLOCK, RequestKey, TokenId, find_longest_cache_hit, group_key, hash_full_blocks,
+    NULL_BLOCK, RequestKey, TokenId, find_longest_cache_hit, group_key, hash_full_blocks, sizes,
 };
 use crate::{Error, Result};
 
@@ -84,16 +84,19 @@ impl<R: RequestKey> KvCoordinator<R> {
                     continue;
                 }
                 let (cached, blocks) = (&self.cached, self.blocks.as_slice());
+                let scale = sizes::scale(group.block_size, bs);
                 let lookup = |i: usize| {
+                    let hash = hashes[sizes::group_hash_index(i, scale)];
                     (group.group_ids.iter())
-                        .map(|&g| cached.get(&group_key(hashes[i], g), blocks))
+                        .map(|&g| cached.get(&group_key(hash, g), blocks))
                         .collect::<Option<Vec<_>>>()
                 };
                 let result = find_longest_cache_hit(
                     group.spec,
                     group.group_ids.len(),
-                    bs,
-                    hashes.len(),
+                    group.block_size,
+                    self.sizes.scheduler,
+                    hashes.len() / scale,
                     current,
                     lookup,
                 );
@@ -114,7 +117,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         }
         for (g, spec) in self.groups.iter().enumerate() {
             if let (true, Some(table)) = (spec.is_full_attention(), &mut found[g]) {
-                table.truncate(hit_length.div_ceil(bs));
+                table.truncate(hit_length.div_ceil(self.sizes.groups[g]));
             }
         }
         hit.block_ids = found.into_iter().map(Option::unwrap_or_default).collect();
@@ -170,17 +173,20 @@ impl<R: RequestKey> KvCoordinator<R> {
         }
         for group in &self.lookup_order {
             let (cached, pool) = (&self.cached, self.blocks.as_slice());
+            let scale = sizes::scale(group.block_size, self.block_size);
             let lookup = |i: usize| {
+                let hash = hashes[sizes::group_hash_index(i, scale)];
                 (group.group_ids.iter())
-                    .map(|&g| cached.get(&group_key(hashes[i], g), pool))
+                    .map(|&g| cached.get(&group_key(hash, g), pool))
                     .collect::<Option<Vec<_>>>()
             };
             let n = group.group_ids.len();
             let hit = find_longest_cache_hit(
                 group.spec,
                 n,
-                self.block_size,
-                hashes.len(),
+                group.block_size,
+                self.sizes.scheduler,
+                hashes.len() / scale,
                 max_length,
                 lookup,
             );
@@ -290,11 +296,13 @@ impl<R: RequestKey> KvCoordinator<R> {
         }
         hit.query.check_matches(num_token_ids, extra_key)?;
         for (g, table) in hit.block_ids.iter().enumerate() {
+            let scale = sizes::scale(self.sizes.groups[g], self.block_size);
             for (i, &block) in table.iter().enumerate() {
                 if block == NULL_BLOCK {
                     continue;
                 }
-                let expected = hit.block_hashes.get(i).map(|&h| group_key(h, g));
+                let index = sizes::group_hash_index(i, scale);
+                let expected = hit.block_hashes.get(index).map(|&h| group_key(h, g));
                 let current = self.blocks.get(block as usize).and_then(BlockMeta::hash);
                 if expected.is_none() || current != expected {
                     return Err(Error::input(

@@ -111,12 +111,13 @@ impl<R: RequestKey> KvCoordinator<R> {
             for (g, (spec, table)) in self.groups.iter().zip(&request.tables).enumerate() {
                 // A cross-attention group's slots are encoder tokens, not computed ones.
                 let cross = *spec == KvGroupSpec::CrossAttention;
-                if !cross && table.len() < spec.num_required_blocks(computed, self.block_size) {
+                let size = self.sizes.groups[g];
+                if !cross && table.len() < spec.num_required_blocks(computed, size) {
                     return Err(format!(
                         "request {id:?} group {g}: fewer slots than computed tokens"
                     ));
                 }
-                let num_full = computed.min(request.tokens.num_tokens) / self.block_size;
+                let num_full = computed.min(request.tokens.num_tokens) / size;
                 if self.enable_caching && request.num_cached[g] > num_full.max(table.len()) {
                     return Err(format!("request {id:?} group {g}: cached past its blocks"));
                 }

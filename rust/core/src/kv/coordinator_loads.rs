@@ -140,8 +140,9 @@ impl<R: RequestKey> KvCoordinator<R> {
             return Ok(None);
         }
         let mut request = self.admit(new_computed, total, extra_key);
-        for (spec, table) in self.groups.iter().zip(&mut request.tables) {
-            let num_skipped = spec.num_skipped_tokens(total) / self.block_size;
+        let groups = self.groups.iter().zip(&self.sizes.groups);
+        for ((spec, &size), table) in groups.zip(&mut request.tables) {
+            let num_skipped = spec.num_skipped_tokens(total) / size;
             if table.len() < num_skipped {
                 // No hit to adopt: the blocks before the window are nulls all the same.
                 table.resize(num_skipped, super::NULL_BLOCK);
@@ -168,8 +169,10 @@ impl<R: RequestKey> KvCoordinator<R> {
             super::append_tokens(block_size, caching, &mut request.tokens, token_ids);
             if alloc.cache && caching {
                 let (groups, cached, blocks) = (&self.groups, &mut self.cached, &mut self.blocks);
-                let this_step = &mut self.cached_this_step;
-                super::cache_full_blocks(block_size, groups, cached, blocks, request, this_step);
+                let (sizes, this_step) = (&self.sizes, &mut self.cached_this_step);
+                super::cache_full_blocks(
+                    block_size, sizes, groups, cached, blocks, request, this_step,
+                );
             }
             return Ok(Some(loaded));
         }
@@ -257,7 +260,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         total: usize,
         alloc: ExternalAllocation<'_>,
     ) -> Vec<Vec<BlockId>> {
-        let block_size = self.block_size;
+        let sizes = self.sizes.groups.clone();
         let Taking {
             groups,
             request,
@@ -275,7 +278,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             // alone (`cdiv(total, block_size)`): a Mamba group's speculative blocks come
             // with the allocation after it.
             let required =
-                spec.num_required_blocks(total, block_size) - spec.num_speculative_blocks();
+                spec.num_required_blocks(total, sizes[g]) - spec.num_speculative_blocks();
             let added = taker.take(required.saturating_sub(table.len()));
             table.extend_from_slice(&added);
             if !alloc.skip_zeroing_groups.contains(&g) {

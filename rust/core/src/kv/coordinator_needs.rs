@@ -21,9 +21,10 @@ impl<R: RequestKey> KvCoordinator<R> {
             dropped += 1;
             freed += usize::from(self.blocks[b as usize].ref_cnt == 1);
         };
-        for ((spec, table), align) in self.groups.iter().zip(&request.tables).zip(&request.align) {
+        let groups = self.groups.iter().zip(&self.sizes.groups);
+        for (((spec, &size), table), align) in groups.zip(&request.tables).zip(&request.align) {
             let retired = align.retired;
-            let num_skipped = spec.num_skipped_tokens(num_computed_tokens) / self.block_size;
+            let num_skipped = spec.num_skipped_tokens(num_computed_tokens) / size;
             let end = num_skipped.min(table.len());
             if spec.is_mamba_align() {
                 // Its prefill leaves null gaps between states (vLLM's align-mode
@@ -52,10 +53,14 @@ impl<R: RequestKey> KvCoordinator<R> {
             return;
         };
         let mut freed = Vec::new();
-        let groups = self.groups.iter().zip(&mut request.tables);
-        for ((spec, table), align) in groups.zip(&mut request.align) {
+        let groups = self
+            .groups
+            .iter()
+            .zip(&self.sizes.groups)
+            .zip(&mut request.tables);
+        for (((spec, &size), table), align) in groups.zip(&mut request.align) {
             let retired = &mut align.retired;
-            let num_skipped = spec.num_skipped_tokens(num_computed_tokens) / self.block_size;
+            let num_skipped = spec.num_skipped_tokens(num_computed_tokens) / size;
             let end = num_skipped.min(table.len());
             let align = spec.is_mamba_align();
             let start = if align { (*retired).min(end) } else { 0 };
@@ -94,10 +99,10 @@ impl<R: RequestKey> KvCoordinator<R> {
         hit: Option<&GroupedComputedBlocks>,
         max_in_flight_tokens: Option<usize>,
     ) -> usize {
-        let bs = self.block_size;
         let request = self.requests.get(request_id);
         let mut total: isize = 0;
         for (g, spec) in self.groups.iter().enumerate() {
+            let bs = self.sizes.groups[g];
             let held = request.map(|r| (r.tables[g].len(), r.reads_host));
             let loaded = num_computed > hit.map_or(0, |h| h.num_computed_tokens);
             if let Some(n) = super::hisparse::hisparse_need(

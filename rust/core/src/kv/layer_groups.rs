@@ -471,23 +471,27 @@ impl GroupSlots {
     }
 }
 
-/// Groups with one spec, looked up together (vLLM's `SpecGroup`).
+/// Groups with one spec and one block size, looked up together (vLLM's `SpecGroup`).
 #[derive(Debug, Clone)]
 pub(super) struct SpecGroup {
     pub(super) spec: KvGroupSpec,
     pub(super) group_ids: Vec<usize>,
+    /// The member groups' block size.
+    pub(super) block_size: usize,
 }
 
 /// vLLM's `HybridKVCacheCoordinator.verify_and_split_kv_cache_groups`: groups of equal
-/// spec batched, full attention first (a stable sort, so otherwise in group order).
-pub(super) fn spec_groups(groups: &[KvGroupSpec]) -> Vec<SpecGroup> {
+/// spec (vLLM's spec holds the block size, so equal block size too) batched, full
+/// attention first (a stable sort, so otherwise in group order).
+pub(super) fn spec_groups(groups: &[KvGroupSpec], block_sizes: &[usize]) -> Vec<SpecGroup> {
     let mut out: Vec<SpecGroup> = Vec::new();
-    for (i, spec) in groups.iter().enumerate() {
-        match out.iter_mut().find(|g| g.spec == *spec) {
+    for (i, (spec, &block_size)) in groups.iter().zip(block_sizes).enumerate() {
+        match (out.iter_mut()).find(|g| g.spec == *spec && g.block_size == block_size) {
             Some(group) => group.group_ids.push(i),
             None => out.push(SpecGroup {
                 spec: *spec,
                 group_ids: vec![i],
+                block_size,
             }),
         }
     }
@@ -502,16 +506,21 @@ pub(super) struct GroupHit {
 }
 
 /// One spec group's `find_longest_cache_hit` over the first `num_hashes` block hashes
-/// (those are the request's full blocks), no longer than `max_length` tokens. `lookup(i)`
-/// answers block index i's cached block for every member group, or `None`.
+/// (those are the request's full blocks), no longer than `max_length` tokens and a
+/// multiple of `alignment` tokens (vLLM's `alignment_tokens`: the scheduler block size, the
+/// block size itself unless groups differ in it). `lookup(i)` answers block index i's
+/// cached block for every member group, or `None`.
 pub(super) fn find_longest_cache_hit(
     spec: KvGroupSpec,
     num_groups: usize,
     block_size: usize,
+    alignment: usize,
     num_hashes: usize,
     max_length: usize,
     mut lookup: impl FnMut(usize) -> Option<Vec<BlockId>>,
 ) -> GroupHit {
+    // Whether `n` blocks end on the alignment (always, when it is the block size).
+    let aligned = |n: usize| alignment == block_size || (n * block_size).is_multiple_of(alignment);
     let max_blocks = (max_length / block_size).min(num_hashes);
     let mut blocks = vec![Vec::new(); num_groups];
     match spec {
@@ -520,6 +529,16 @@ pub(super) fn find_longest_cache_hit(
                 let Some(found) = lookup(i) else { break };
                 blocks.iter_mut().zip(found).for_each(|(t, b)| t.push(b));
             }
+            // vLLM rounds the hit down to the alignment and keeps the blocks covering it.
+            let hit = blocks[0].len() * block_size;
+            let hit = hit - hit % alignment;
+            blocks
+                .iter_mut()
+                .for_each(|t| t.truncate(hit.div_ceil(block_size)));
+            return GroupHit {
+                blocks,
+                num_tokens: hit,
+            };
         }
         KvGroupSpec::SlidingWindow { sliding_window } => {
             // The hit's last `need` blocks must all be cached; those before it are nulls.
@@ -533,6 +552,8 @@ pub(super) fn find_longest_cache_hit(
             let mut end = None;
             for i in (0..max_blocks).rev() {
                 match lookup(i) {
+                    // vLLM starts a run only where its end is aligned.
+                    Some(_) if run == 0 && !aligned(i + 1) => {}
                     Some(found) => {
                         blocks.iter_mut().zip(found).for_each(|(t, b)| t[i] = b);
                         run += 1;
@@ -544,7 +565,8 @@ pub(super) fn find_longest_cache_hit(
                     None => run = 0,
                 }
             }
-            let end = end.unwrap_or(run);
+            // A run from block 0 too short for the window is a hit, cut to the alignment.
+            let end = end.unwrap_or_else(|| (0..=run).rev().find(|&n| aligned(n)).unwrap_or(0));
             blocks.iter_mut().for_each(|t| t.truncate(end));
         }
         KvGroupSpec::ChunkedLocalAttention {
@@ -610,11 +632,11 @@ mod tests {
         let spec = KvGroupSpec::SlidingWindow { sliding_window: 8 };
         let cached = [false, true, true, true, false, true];
         let lookup = |i: usize| cached[i].then(|| vec![10 + i as BlockId]);
-        let hit = find_longest_cache_hit(spec, 1, 4, 6, 24, lookup);
+        let hit = find_longest_cache_hit(spec, 1, 4, 4, 6, 24, lookup);
         assert_eq!(hit.blocks[0], [0, 0, 12, 13]);
         assert_eq!(hit.num_tokens, 16);
         let from_start = [true, false, true];
-        let hit = find_longest_cache_hit(spec, 1, 4, 3, 12, |i| {
+        let hit = find_longest_cache_hit(spec, 1, 4, 4, 3, 12, |i| {
             from_start[i].then(|| vec![20 + i as BlockId])
         });
         assert_eq!(
@@ -634,7 +656,7 @@ mod tests {
         );
         // It frees blocks leaving its window as a plain window does.
         assert_eq!(spec.num_skipped_tokens(24), 17);
-        let hit = find_longest_cache_hit(spec, 1, 4, 6, 24, |_| None);
+        let hit = find_longest_cache_hit(spec, 1, 4, 4, 6, 24, |_| None);
         assert_eq!((hit.blocks[0].len(), hit.num_tokens), (0, 24));
     }
 
@@ -644,9 +666,9 @@ mod tests {
         let spec = KvGroupSpec::ChunkedLocalAttention {
             attention_chunk_size: 8,
         };
-        let hit = find_longest_cache_hit(spec, 1, 4, 4, 15, |i| Some(vec![i as BlockId + 1]));
+        let hit = find_longest_cache_hit(spec, 1, 4, 4, 4, 15, |i| Some(vec![i as BlockId + 1]));
         assert_eq!(hit.blocks[0], [0, 0, 3]);
-        let hit = find_longest_cache_hit(spec, 1, 4, 4, 16, |_| None);
+        let hit = find_longest_cache_hit(spec, 1, 4, 4, 4, 16, |_| None);
         assert_eq!(
             (hit.blocks[0].as_slice(), hit.num_tokens),
             ([0; 4].as_slice(), 16)

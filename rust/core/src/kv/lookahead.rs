@@ -108,6 +108,13 @@ impl<R: RequestKey> KvCoordinator<R> {
                 "a hash look-ahead needs prefix caching (enable_caching)",
             ));
         }
+        if lookahead > 0 && self.has_mixed_block_sizes() {
+            return Err(Error::config(
+                "num_hash_lookahead_tokens",
+                lookahead,
+                "a hash look-ahead beside groups of different block sizes is not modelled",
+            ));
+        }
         if lookahead != self.hash_lookahead && self.num_requests() > 0 {
             return Err(Error::config(
                 "num_hash_lookahead_tokens",

@@ -147,6 +147,12 @@ pub struct SchedulerConfig {
     /// what leaves its window, a Mamba group holds one block per request. Empty, or one
     /// full-attention group: the single-group pool of `prefix_cache`.
     pub kv_groups: Vec<KvGroupSpec>,
+    /// Each KV group's own block size, when the groups differ in it (vLLM 0.33 layouts whose
+    /// layer kinds have different page sizes, e.g. Gemma 4): `block_size` is then vLLM's
+    /// `hash_block_size`, every one of these a multiple of it, and prefix hits land on their
+    /// least common multiple (`kv::KvCoordinator::set_group_block_sizes`). Empty: every
+    /// group's is `block_size`.
+    pub kv_group_block_sizes: Vec<usize>,
     /// Multimodal encoder budget and cache (`sched::encoder`).
     pub encoder: super::EncoderConfig,
     /// vLLM 0.33's block-aligned prefill split for Mamba prefix caching in `align` mode
@@ -203,6 +209,7 @@ impl Default for SchedulerConfig {
             reserve_null_block: true,
             prefill_schedule_interval: 1,
             kv_groups: Vec::new(),
+            kv_group_block_sizes: Vec::new(),
             encoder: super::EncoderConfig::default(),
             mamba_align: None,
             num_prefill_lookahead: 0,
@@ -246,13 +253,13 @@ impl SchedulerConfig {
     /// `MambaSpec.max_memory_usage_bytes`: `2 + num_speculative_blocks +
     /// num_prefill_checkpoint_blocks` pages in `align` mode; its table has a slot per block, but the earlier slots hold the null block).
     pub fn blocks_per_request(&self, num_tokens: usize) -> usize {
-        let bs = self.block_size;
         if !self.is_hybrid() {
-            return num_tokens.div_ceil(bs);
+            return num_tokens.div_ceil(self.block_size);
         }
         let in_flight = self.max_num_batched_tokens;
-        (self.kv_groups.iter())
-            .map(|g| {
+        (self.kv_groups.iter().enumerate())
+            .map(|(i, g)| {
+                let bs = self.group_block_size(i);
                 let required = g.num_required_blocks(num_tokens, bs);
                 let cap = match g.is_mamba_align() {
                     true => g.max_live_blocks(0, bs),
@@ -261,6 +268,14 @@ impl SchedulerConfig {
                 cap.map_or(required, |cap| required.min(cap))
             })
             .sum()
+    }
+
+    /// The block size of KV group `i` (`kv_group_block_sizes`, else `block_size`).
+    pub fn group_block_size(&self, i: usize) -> usize {
+        self.kv_group_block_sizes
+            .get(i)
+            .copied()
+            .unwrap_or(self.block_size)
     }
 
     /// Blocks that hold KV: `num_blocks`, less vLLM's null block.
@@ -367,6 +382,7 @@ impl SchedulerConfig {
             ));
         }
         self.validate_kv_groups()?;
+        self.validate_group_block_sizes()?;
         self.validate_prefix_rules()?;
         let padded = 1 + self.num_speculative_tokens;
         if self.num_speculative_tokens > 0
@@ -401,6 +417,59 @@ impl SchedulerConfig {
 }
 
 impl SchedulerConfig {
+    /// `kv_group_block_sizes`: one per group, each a multiple of `block_size` (the hash
+    /// block size); the coordinator checks the kinds it serves with them. Speculative
+    /// decoding beside differing sizes is refused (its per-step blocks are counted on
+    /// `block_size`).
+    fn validate_group_block_sizes(&self) -> Result<()> {
+        let sizes = &self.kv_group_block_sizes;
+        if sizes.is_empty() {
+            return Ok(());
+        }
+        let shown = || format!("{sizes:?}");
+        if sizes.len() != self.kv_groups.len() {
+            return Err(Error::config(
+                "kv_group_block_sizes",
+                shown(),
+                format!(
+                    "must name one block size per KV group ({})",
+                    self.kv_groups.len()
+                ),
+            ));
+        }
+        if let Some(i) = sizes
+            .iter()
+            .position(|&s| s == 0 || !s.is_multiple_of(self.block_size))
+        {
+            return Err(Error::config(
+                "kv_group_block_sizes",
+                shown(),
+                format!(
+                    "kv_group_block_sizes[{i}] must be a positive multiple of block_size={} \
+                     (the hash block size)",
+                    self.block_size
+                ),
+            ));
+        }
+        let mixed = sizes.iter().any(|&s| s != self.block_size);
+        if mixed && !self.is_hybrid() {
+            return Err(Error::config(
+                "kv_group_block_sizes",
+                shown(),
+                "one full-attention group is the single-group pool, whose block size is \
+                 block_size",
+            ));
+        }
+        if mixed && self.num_speculative_tokens > 0 {
+            return Err(Error::config(
+                "num_speculative_tokens",
+                self.num_speculative_tokens,
+                "speculative decoding beside KV groups of different block sizes is not modelled",
+            ));
+        }
+        Ok(())
+    }
+
     /// What the coordinator serves with several KV groups, refusing what vLLM 0.33's
     /// hybrid manager refuses or this scheduler cannot do.
     fn validate_kv_groups(&self) -> Result<()> {

@@ -148,6 +148,9 @@ impl Kv {
             let num_blocks = config.num_kv_blocks() + 1;
             let (groups, caching) = (config.kv_groups.clone(), config.enable_prefix_caching);
             let mut pool = KvCoordinator::new(groups, num_blocks, config.block_size, caching)?;
+            if !config.kv_group_block_sizes.is_empty() {
+                pool.set_group_block_sizes(&config.kv_group_block_sizes)?;
+            }
             pool.set_hash_lookahead(config.prefix_rules().num_hash_lookahead_tokens)?;
             let batches = if async_scheduling { 2 } else { 1 };
             return Ok(Kv::Hybrid(Box::new(HybridKv {

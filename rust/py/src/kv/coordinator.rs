@@ -405,8 +405,8 @@ impl PyKvCoordinator {
 
     #[new]
     #[pyo3(
-        signature = (*, groups, num_blocks, block_size, enable_caching = true),
-        text_signature = "(*, groups, num_blocks, block_size, enable_caching=True)"
+        signature = (*, groups, num_blocks, block_size, enable_caching = true, group_block_sizes = None),
+        text_signature = "(*, groups, num_blocks, block_size, enable_caching=True, group_block_sizes=None)"
     )]
     fn new(
         py: Python<'_>,
@@ -414,6 +414,7 @@ impl PyKvCoordinator {
         num_blocks: &Bound<'_, PyAny>,
         block_size: &Bound<'_, PyAny>,
         enable_caching: bool,
+        group_block_sizes: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let num_blocks = positive_field(num_blocks, "num_blocks")?;
         let block_size = positive_field(block_size, "block_size")?;
@@ -437,9 +438,36 @@ impl PyKvCoordinator {
         for (i, item) in items.enumerate() {
             specs.push(group_spec(&item?, "groups", i)?);
         }
-        let inner =
+        let mut inner =
             KvCoordinator::new(specs, num_blocks, block_size, enable_caching).or_raise(py)?;
+        if let Some(sizes) = group_block_sizes.filter(|s| !s.is_none()) {
+            let items = sizes.try_iter().map_err(|_| {
+                config_error(
+                    py,
+                    "group_block_sizes",
+                    short_repr(sizes),
+                    "must be a sequence of block sizes",
+                )
+            })?;
+            let sizes = items
+                .map(|item| positive_field(&item?, "group_block_sizes"))
+                .collect::<PyResult<Vec<_>>>()?;
+            inner.set_group_block_sizes(&sizes).or_raise(py)?;
+        }
         Ok(Self { inner })
+    }
+
+    /// Each group's block size (all ``block_size`` unless ``group_block_sizes`` was given).
+    #[getter]
+    fn group_block_sizes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.inner.group_block_sizes())
+    }
+
+    /// vLLM's ``scheduler_block_size``: the least common multiple of the groups' block
+    /// sizes, where prefix hits land.
+    #[getter]
+    fn scheduler_block_size(&self) -> usize {
+        self.inner.scheduler_block_size()
     }
 
     #[getter]

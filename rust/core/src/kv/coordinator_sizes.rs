@@ -1,0 +1,149 @@
+//! KV cache groups with different block sizes (vLLM 0.33's hybrid layouts whose layer kinds
+//! have different page sizes, e.g. Gemma 4: `unify_kv_cache_spec_page_size` grows the block
+//! of the layers with smaller pages).
+//!
+//! The coordinator's `block_size` is then vLLM's `hash_block_size`: requests are hashed at
+//! it. Each group keeps its own block size, a multiple of it: it allocates
+//! `ceil(tokens / its block size)` blocks and caches a full block under the hash of the
+//! block's last hash block (vLLM's `BlockHashListWithBlockSize`: that hash already chains
+//! over the whole prefix). Hits land on the scheduler block size, the least common multiple
+//! of the groups' (`resolve_kv_cache_block_sizes`), and only tokens below it are cached
+//! (`HybridKVCacheCoordinator._align_cacheable`).
+//!
+//! Invariant: every group's block size is a multiple of the hash block size and divides the
+//! scheduler block size; with one block size for all, everything is as before.
+
+use super::{KvCoordinator, KvGroupSpec, RequestKey, check_block_size, spec_groups};
+use crate::{Error, Result};
+
+/// Each group's block size and the scheduler block size (their least common multiple).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct GroupSizes {
+    pub(super) groups: Vec<usize>,
+    pub(super) scheduler: usize,
+}
+
+impl GroupSizes {
+    pub(super) fn uniform(block_size: usize, num_groups: usize) -> Self {
+        Self {
+            groups: vec![block_size; num_groups],
+            scheduler: block_size,
+        }
+    }
+
+    /// The largest prefix of `num_tokens` a cache hit can land on (vLLM's
+    /// `_align_cacheable` without partial hash hits).
+    pub(super) fn cacheable(&self, num_tokens: usize) -> usize {
+        num_tokens / self.scheduler * self.scheduler
+    }
+}
+
+/// How many hash blocks make one block of `group_block_size` tokens.
+pub(super) fn scale(group_block_size: usize, hash_block_size: usize) -> usize {
+    group_block_size / hash_block_size
+}
+
+/// The hash of a group's block `i` when a block holds `scale` hash blocks (vLLM's
+/// `BlockHashListWithBlockSize._get_value_at`).
+#[inline]
+pub(super) fn group_hash_index(i: usize, scale: usize) -> usize {
+    (i + 1) * scale - 1
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+impl<R: RequestKey> KvCoordinator<R> {
+    /// Gives each group its own block size (vLLM 0.33 layouts whose groups differ in
+    /// `block_size`); the coordinator's `block_size` is the hash block size. Every size
+    /// must be a multiple of it; the scheduler block size is their least common multiple.
+    /// Only while no request holds blocks. Groups that are not full attention or a
+    /// sliding window, and a hash look-ahead are refused
+    /// beside differing sizes (not modelled).
+    pub fn set_group_block_sizes(&mut self, block_sizes: &[usize]) -> Result<()> {
+        let field = "group_block_sizes";
+        if block_sizes.len() != self.groups.len() {
+            return Err(Error::config(
+                field,
+                format!("{block_sizes:?}"),
+                format!("must name one block size per group ({})", self.groups.len()),
+            ));
+        }
+        if self.num_requests() > 0 {
+            return Err(Error::config(
+                field,
+                format!("{block_sizes:?}"),
+                "the block sizes change only while no request holds blocks",
+            ));
+        }
+        let hash = self.block_size;
+        let mut scheduler = 1usize;
+        for (g, &size) in block_sizes.iter().enumerate() {
+            check_block_size(size)?;
+            if !size.is_multiple_of(hash) {
+                return Err(Error::config(
+                    field,
+                    format!("{field}[{g}]={size}"),
+                    format!("must be a multiple of the hash block size (block_size={hash})"),
+                ));
+            }
+            scheduler = scheduler / gcd(scheduler, size) * size;
+            check_block_size(scheduler).map_err(|_| {
+                Error::config(
+                    field,
+                    format!("{block_sizes:?}"),
+                    "their least common multiple is too large a scheduler block size",
+                )
+            })?;
+        }
+        let mixed = block_sizes.iter().any(|&s| s != hash);
+        if mixed {
+            if let Some(g) = (self.groups.iter()).position(|s| {
+                !matches!(
+                    s,
+                    KvGroupSpec::FullAttention | KvGroupSpec::SlidingWindow { .. }
+                )
+            }) {
+                return Err(Error::config(
+                    field,
+                    format!("{block_sizes:?}"),
+                    format!(
+                        "groups[{g}]={:?}: only full-attention and sliding-window groups take \
+                         their own block size (not modelled for the others)",
+                        self.groups[g]
+                    ),
+                ));
+            }
+            if self.hash_lookahead > 0 {
+                return Err(Error::config(
+                    field,
+                    format!("{block_sizes:?}"),
+                    "differing block sizes beside a hash look-ahead are not modelled",
+                ));
+            }
+        }
+        self.sizes = GroupSizes {
+            groups: block_sizes.to_vec(),
+            scheduler,
+        };
+        self.lookup_order = spec_groups(&self.groups, &self.sizes.groups);
+        Ok(())
+    }
+
+    /// Each group's block size (all the hash block size unless set apart).
+    pub fn group_block_sizes(&self) -> &[usize] {
+        &self.sizes.groups
+    }
+
+    /// vLLM's `scheduler_block_size`: the least common multiple of the groups' block
+    /// sizes, where prefix hits land.
+    pub fn scheduler_block_size(&self) -> usize {
+        self.sizes.scheduler
+    }
+
+    /// Whether the groups differ in block size.
+    pub fn has_mixed_block_sizes(&self) -> bool {
+        self.sizes.scheduler != self.block_size
+    }
+}

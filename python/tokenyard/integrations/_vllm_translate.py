@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenyard.errors import ConfigError
+from tokenyard.integrations._vllm_block_sizes import group_block_sizes_of, refuse_unmodelled
 from tokenyard.integrations._vllm_lookahead import eagle_block_drop_of, hash_lookahead_of
 from tokenyard.kv import (
     ChunkedLocalAttentionSpec,
@@ -59,6 +60,9 @@ class VllmSettings:
     block_size: int
     kv_groups: tuple[Any, ...] = ()
     """The core's ``kv_groups`` (``()``: one full-attention group, the single pool)."""
+    kv_group_block_sizes: tuple[int, ...] = ()
+    """Each group's block size when they differ (``block_size`` is then the hash block
+    size); ``()`` otherwise."""
 
 
 def _get(obj: Any, name: str, default: Any = None) -> Any:
@@ -66,11 +70,18 @@ def _get(obj: Any, name: str, default: Any = None) -> Any:
 
 
 def settings(
-    vllm_config: Any, kv_cache_config: Any, block_size: int, *, async_scheduling: bool = False
+    vllm_config: Any,
+    kv_cache_config: Any,
+    block_size: int,
+    *,
+    async_scheduling: bool = False,
+    hash_block_size: int | None = None,
 ) -> VllmSettings:
     """Reads what the adapter needs from vLLM's ``VllmConfig`` and ``KVCacheConfig``;
     ``async_scheduling=True`` turns async scheduling on whatever the config says (the
-    scheduler class decides it, as vLLM's ``AsyncScheduler`` does).
+    scheduler class decides it, as vLLM's ``AsyncScheduler`` does). ``block_size`` is vLLM's
+    scheduler block size, ``hash_block_size`` (default: it) the one requests are hashed at;
+    groups of different block sizes take theirs (:mod:`._vllm_block_sizes`).
 
     Raises:
         ConfigError: a KV cache group the core has no kind for (:func:`kv_groups_of`), a
@@ -86,6 +97,15 @@ def settings(
         max_in_flight_tokens=_get(vllm_config, "max_in_flight_tokens"),
         max_model_len=int(model.max_model_len),
     )
+    core_block_size, group_sizes = group_block_sizes_of(
+        kv_cache_config,
+        kv_groups,
+        int(block_size),
+        int(hash_block_size or block_size),
+        enable_caching=bool(_get(cache, "enable_prefix_caching", False)),
+        max_model_len=int(model.max_model_len),
+    )
+    refuse_unmodelled(vllm_config, group_sizes)
     if any(isinstance(g, (HiSparseResidentSpec, HiSparseHotSpec)) for g in kv_groups) and _get(
         cache, "enable_prefix_caching"
     ):
@@ -144,8 +164,9 @@ def settings(
         enable_prefix_caching=bool(_get(cache, "enable_prefix_caching", False)),
         policy=str(_get(sched, "policy", "fcfs")),
         num_blocks=int(num_blocks),
-        block_size=int(block_size),
+        block_size=core_block_size,
         kv_groups=kv_groups,
+        kv_group_block_sizes=group_sizes,
     )
 
 
@@ -157,6 +178,7 @@ def core_config(
     async_scheduling: bool = False,
     max_num_encoder_input_tokens: int = 0,
     encoder_cache_size: int = 0,
+    hash_block_size: int | None = None,
 ) -> SchedulerConfig:
     """tokenyard's ``SchedulerConfig`` for a vLLM 0.33 ``VllmConfig`` and ``KVCacheConfig``.
 
@@ -173,7 +195,13 @@ def core_config(
         ConfigError: see :func:`settings`; the core's own checks run when the scheduler is
             built.
     """
-    s = settings(vllm_config, kv_cache_config, block_size, async_scheduling=async_scheduling)
+    s = settings(
+        vllm_config,
+        kv_cache_config,
+        block_size,
+        async_scheduling=async_scheduling,
+        hash_block_size=hash_block_size,
+    )
     sched = vllm_config.scheduler_config
     max_model_len = s.max_model_len
     chunked = bool(_get(sched, "enable_chunked_prefill", True))
@@ -208,6 +236,7 @@ def core_config(
         reserve_null_block=True,
         async_scheduling=s.async_scheduling,
         kv_groups=s.kv_groups,
+        kv_group_block_sizes=s.kv_group_block_sizes,
         max_num_encoder_input_tokens=max_num_encoder_input_tokens,
         encoder_cache_size=encoder_cache_size,
         disable_chunked_mm_input=bool(_get(sched, "disable_chunked_mm_input", False)),
@@ -254,8 +283,8 @@ def kv_groups_of(
             attention, uniform-type spec lists, ...), named; a full-attention spec carrying
             a sliding window or chunk (vLLM's layout with its hybrid manager off); a
             sliding window with ``extra_retained_tokens``; a Mamba prefill checkpoint block
-            without its alignment; a group whose
-            ``block_size`` differs from the scheduler's.
+            without its alignment. Block sizes are checked by
+            :func:`tokenyard.integrations._vllm_block_sizes.group_block_sizes_of`.
     """
     groups = list(_get(kv_cache_config, "kv_cache_groups", []) or [])
     specs: list[Any] = []
@@ -327,23 +356,6 @@ def kv_groups_of(
             )
         else:
             raise refuse("tokenyard's scheduler has no KV group of this kind")
-        spec_block_size = _get(spec, "block_size")
-        whole_request = (
-            kind == "MambaSpec"
-            and _get(spec, "mamba_cache_mode", "none") == "none"
-            and max_model_len is not None
-            and spec_block_size is not None
-            and int(spec_block_size) >= max_model_len
-        )
-        if (
-            spec_block_size is not None
-            and int(spec_block_size) != int(block_size)
-            and not whole_request
-        ):
-            raise refuse(
-                f"block_size {spec_block_size} differs from the scheduler's {block_size} "
-                "(the core's groups share one block size)"
-            )
     if len(specs) == 1 and isinstance(specs[0], FullAttentionSpec):
         return ()
     return tuple(specs)

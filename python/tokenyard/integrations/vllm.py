@@ -160,7 +160,13 @@ class TokenyardScheduler(
         self.hash_block_size = hash_block_size or block_size
         force_async = self._async_scheduling_class
         refuse_unmodelled_hisparse(kv_cache_config)
-        s = settings(vllm_config, kv_cache_config, block_size, async_scheduling=force_async)
+        s = settings(
+            vllm_config,
+            kv_cache_config,
+            block_size,
+            async_scheduling=force_async,
+            hash_block_size=hash_block_size,
+        )
         self.max_num_running_reqs = s.max_num_running_reqs
         self.max_num_active_reqs = s.max_num_active_reqs
         self.max_num_scheduled_tokens = s.max_num_scheduled_tokens
@@ -217,6 +223,7 @@ class TokenyardScheduler(
                 async_scheduling=force_async,
                 max_num_encoder_input_tokens=self._max_num_encoder_input_tokens,
                 encoder_cache_size=self._encoder_cache_size,
+                hash_block_size=hash_block_size,
             ),
             connector=self._bridge,
         )

@@ -706,11 +706,13 @@ fn cache_full_blocks(
         }
         let end = num_full.min(table.len());
         let hashes = &tokens.block_hashes[sizes::group_hash_index(first, scale)..];
-        for (&block, &hash) in table[first.min(end)..end]
+        let reachable = sizes.reachable_blocks(&groups[g], g);
+        for (i, (&block, &hash)) in table[first.min(end)..end]
             .iter()
             .zip(hashes.iter().step_by(scale))
+            .enumerate()
         {
-            if block == NULL_BLOCK {
+            if block == NULL_BLOCK || reachable.is_some_and(|r| !r.reaches(first + i)) {
                 continue;
             }
             let key = group_key(hash, g);

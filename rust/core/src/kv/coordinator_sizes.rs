@@ -38,6 +38,35 @@ impl GroupSizes {
     }
 }
 
+impl GroupSizes {
+    /// vLLM 0.33's `SlidingWindowManager.reachable_block_mask` (dense retention, no EAGLE):
+    /// a window group whose blocks are finer than the scheduler block size caches only the
+    /// `need` blocks before each scheduler block boundary, the only ones a hit (which ends
+    /// on such a boundary) can read. `None`: every block is cached.
+    pub(super) fn reachable_blocks(&self, spec: &KvGroupSpec, g: usize) -> Option<Reachable> {
+        let KvGroupSpec::SlidingWindow { sliding_window } = *spec else {
+            return None;
+        };
+        let block_size = self.groups[g];
+        let per_segment = self.scheduler / block_size;
+        let need = (sliding_window - 1).div_ceil(block_size);
+        (need < per_segment).then_some(Reachable { per_segment, need })
+    }
+}
+
+/// The blocks of a window group a hit can reach (`GroupSizes::reachable_blocks`).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Reachable {
+    per_segment: usize,
+    need: usize,
+}
+
+impl Reachable {
+    pub(super) fn reaches(self, block: usize) -> bool {
+        block % self.per_segment >= self.per_segment - self.need
+    }
+}
+
 /// How many hash blocks make one block of `group_block_size` tokens.
 pub(super) fn scale(group_block_size: usize, hash_block_size: usize) -> usize {
     group_block_size / hash_block_size

@@ -90,6 +90,32 @@ fn a_window_run_ends_only_on_the_alignment() {
     assert_eq!((hit.num_tokens, hit.blocks), (8, vec![vec![1, 2]]));
 }
 
+/// vLLM's `SlidingWindowManager.reachable_block_mask`: a window of 12 in blocks of 4 beside
+/// blocks of 16 needs 3 blocks before a hit's end, which lands on a multiple of 16; the first
+/// block of each 16 is never read by a hit, so it is not cached.
+#[test]
+fn a_window_caches_only_the_blocks_a_hit_can_reach() {
+    let mut coord = KvCoordinator::new(vec![FULL, window(12)], 40, 4, true).unwrap();
+    coord.set_group_block_sizes(&[16, 4]).unwrap();
+    coord
+        .allocate_slots(&1, &tokens(0..33), 33, 0, None, None)
+        .unwrap()
+        .unwrap();
+    // 32 cacheable tokens: 2 full-attention blocks, window blocks 1-3 and 5-7 (not 0, 4).
+    assert_eq!(coord.num_cached_blocks(), 2 + 6);
+    let window_table = tables(&coord, 1)[1].clone();
+    let cached: Vec<bool> = (window_table.iter())
+        .map(|&b| coord.blocks[b as usize].hash().is_some())
+        .collect();
+    assert_eq!(
+        cached,
+        [false, true, true, true, false, true, true, true, false]
+    );
+    let hit = coord.get_computed_blocks(&tokens(0..40), None);
+    assert_eq!(hit.num_computed_tokens, 32);
+    coord.check_invariants().unwrap();
+}
+
 #[test]
 fn block_sizes_that_do_not_fit_the_hash_block_or_the_groups_are_refused() {
     let mut coord = KvCoordinator::<u64>::new(vec![FULL, window(8)], 20, 4, true).unwrap();

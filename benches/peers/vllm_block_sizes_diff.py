@@ -1,0 +1,148 @@
+"""Differential fuzz of tokenyard's vLLM adapter against vLLM 0.33's ``Scheduler`` over KV
+cache groups with different block sizes (the layouts vLLM's hybrid manager gives a model whose
+layer kinds have different page sizes, e.g. Gemma 4: ``unify_kv_cache_spec_page_size`` grows
+the block of the layers with smaller pages).
+
+Both sides are built as vLLM's engine builds its scheduler: ``block_size`` the scheduler block
+size (the lcm of the groups'), ``hash_block_size`` the gcd of the prefix-cacheable groups'
+(``resolve_kv_cache_block_sizes``) or ``--prefix-match-unit``, requests hashed at it. The
+scenarios are ``vllm_adapter_diff.py``'s (arrivals with shared prefixes, aborts, EOS and stop
+ids, the prefill cadence, a cache below ``max_model_len`` in some) without speculative
+decoding (refused beside differing block sizes); every step's ``SchedulerOutput`` (scheduled
+tokens, block ids per group, computed tokens of new requests: the prefix hits),
+``EngineCoreOutputs`` (finishes) and the request state (KV usage, prefix-cache stats) are
+compared. Layouts (``--layout``):
+
+- ``gemma``: full attention in blocks of 32 beside a sliding window (64 tokens) in blocks of
+  16 (Gemma 4's global layers have the larger page);
+- ``three``: full attention in blocks of 64, a window of 48 in blocks of 16 and one of 100 in
+  blocks of 32.
+
+Prints how many scenarios agree at every step and the first differing step of the first that
+does not.
+
+    PYTHONPATH=python .venv-bench/bin/python benches/peers/vllm_block_sizes_diff.py \\
+        [--layout gemma|three] [--mode sync|async] [--scenarios 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+#: Per layout: (kind, block size, sliding window) of each group.
+LAYOUTS: dict[str, list[tuple[str, int, int]]] = {
+    "gemma": [("full", 32, 0), ("window", 16, 64)],
+    "three": [("full", 64, 0), ("window", 16, 48), ("window", 32, 100)],
+}
+
+
+def install(layout: str, prefix_match_unit: int | None) -> tuple[int, int]:
+    """Makes ``vllm_peer.VllmSchedulerPeer`` build both schedulers over ``layout`` with vLLM's
+    two block sizes, and hash its requests at the hash block size. Returns them."""
+    import torch
+    import vllm_peer
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core import kv_cache_utils
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        SlidingWindowSpec,
+    )
+
+    groups_spec = LAYOUTS[layout]
+    sizes = [bs for _, bs, _ in groups_spec]
+    scheduler_block_size = math.lcm(*sizes)
+    hash_block_size = prefix_match_unit or math.gcd(*sizes)
+
+    def layout_build(self: Any, cls: type, kv_cache_config: Any, **kw: Any) -> Any:
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        groups = []
+        for i, (kind, bs, window) in enumerate(groups_spec):
+            common = {"block_size": bs, "num_kv_heads": 1, "head_size": 1, "dtype": torch.float16}
+            spec = (
+                FullAttentionSpec(**common)
+                if kind == "full"
+                else SlidingWindowSpec(sliding_window=window, **common)
+            )
+            groups.append(KVCacheGroupSpec([f"layers.{i}"], spec))
+        config = KVCacheConfig(
+            num_blocks=kv_cache_config.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
+        )
+        caching = self.vllm_config.cache_config.enable_prefix_caching
+        return cls(
+            vllm_config=self.vllm_config,
+            kv_cache_config=config,
+            structured_output_manager=StructuredOutputManager(self.vllm_config),
+            block_size=scheduler_block_size,
+            # resolve_kv_cache_block_sizes: no hashing finer than the scheduler's without
+            # prefix caching (or a connector).
+            hash_block_size=hash_block_size if caching else scheduler_block_size,
+            log_stats=kw.get("log_stats", True),
+        )
+
+    init = vllm_peer.VllmSchedulerPeer.__init__
+
+    def layout_init(self: Any, *args: Any, **kw: Any) -> None:
+        init(self, *args, **kw)
+        if self._block_hasher is not None:
+            hash_fn = get_hash_fn_by_name(self.vllm_config.cache_config.prefix_caching_hash_algo)
+            self._block_hasher = kv_cache_utils.get_request_block_hasher(
+                hash_block_size, hash_fn, self.vllm_config.num_hash_lookahead_tokens
+            )
+
+    vllm_peer.VllmSchedulerPeer.build = layout_build  # type: ignore[method-assign]
+    vllm_peer.VllmSchedulerPeer.__init__ = layout_init  # type: ignore[method-assign]
+    return scheduler_block_size, hash_block_size
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layout", choices=sorted(LAYOUTS), default="gemma")
+    parser.add_argument("--mode", choices=["sync", "async"], default="sync")
+    parser.add_argument("--scenarios", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--prefix-match-unit", type=int, default=None)
+    args = parser.parse_args()
+    logging.disable(logging.WARNING)
+    scheduler_bs, hash_bs = install(args.layout, args.prefix_match_unit)
+    import vllm_adapter_diff
+
+    agree = ran = caching = agree_caching = 0
+    first: tuple[int, int, str] | None = None
+    for seed in range(args.first_seed, args.first_seed + args.scenarios):
+        scenario = vllm_adapter_diff.draw(seed, args.steps)
+        if scenario.config.num_speculative_tokens:
+            continue
+        ran += 1
+        caching += scenario.config.enable_prefix_caching
+        try:
+            diff = vllm_adapter_diff.run_scenario(scenario, args.steps, args.mode == "async")
+        except Exception as err:  # a crash on either side is a difference
+            diff = (-1, f"raised {type(err).__name__}: {err}")
+        if diff is None:
+            agree += 1
+            agree_caching += scenario.config.enable_prefix_caching
+        elif first is None:
+            first = (seed, *diff)
+    print(
+        f"{args.layout} ({args.mode}, block sizes {[bs for _, bs, _ in LAYOUTS[args.layout]]}, "
+        f"scheduler {scheduler_bs}, hash {hash_bs}): {agree}/{ran} scenarios agree at every "
+        f"step, {agree_caching}/{caching} with prefix caching"
+    )
+    if first is not None:
+        print(f"  first difference: seed {first[0]} step {first[1]}: {first[2][:400]}")
+    return 0 if agree == ran else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""vLLM 0.33 KV cache groups with different block sizes (layouts whose layer kinds have
+different page sizes, e.g. Gemma 4's global layers: ``unify_kv_cache_spec_page_size`` grows
+the block of the layers with smaller pages).
+
+vLLM's engine resolves two sizes (``resolve_kv_cache_block_sizes`` in
+``vllm/v1/core/kv_cache_utils.py``) and hands both to the scheduler: ``block_size``, the
+scheduler block size (the least common multiple of the groups'), and ``hash_block_size``,
+the size requests are hashed at (``cache_config.prefix_match_unit``, else the gcd of the
+prefix-cacheable groups'). The core takes the hash block size as its ``block_size`` and each
+group's own (``SchedulerConfig.kv_group_block_sizes``); hits land on the least common
+multiple, as ``HybridKVCacheCoordinator`` aligns them.
+
+Not modelled beside differing sizes, refused by name: groups other than full attention and
+sliding windows (Mamba ``align`` states larger than the hash block are vLLM's partial hash
+hits with copy-on-write), a KV connector, speculative decoding, hash look-ahead and EAGLE's
+block drop.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from tokenyard.errors import ConfigError
+from tokenyard.kv import FullAttentionSpec, SlidingWindowSpec
+
+__all__ = ["group_block_sizes_of", "refuse_unmodelled"]
+
+
+def _get(obj: Any, name: str, default: Any = None) -> Any:
+    return getattr(obj, name, default) if obj is not None else default
+
+
+def group_block_sizes_of(
+    kv_cache_config: Any,
+    core_groups: tuple[Any, ...],
+    block_size: int,
+    hash_block_size: int,
+    *,
+    enable_caching: bool = True,
+    max_model_len: int | None = None,
+) -> tuple[int, tuple[int, ...]]:
+    """The core's ``block_size`` and ``kv_group_block_sizes`` for vLLM 0.33's groups:
+    ``(block_size, ())`` when every group's block size is the scheduler's, else the hash
+    block size and one size per group the core serves (HiSparse's source group is its host
+    pool, not a group). ``block_size`` is vLLM's scheduler block size, ``hash_block_size``
+    its hash block size (unused without prefix caching: vLLM's
+    ``KVCacheCoordinatorNoPrefixCache`` hashes nothing, and the core then takes the groups'
+    gcd). A ``"none"``-mode Mamba group whose one block covers ``max_model_len`` tokens
+    (vLLM's default ``mamba_block_size`` in that mode) is counted on the scheduler's block
+    size: its size is not a block grid.
+
+    Raises:
+        ConfigError: a group size that vLLM's coordinator rejects
+            (``KVCacheCoordinator.__init__`` asserts the scheduler block size is a multiple
+            of each group's and of the hash block size; ``HybridKVCacheCoordinator.__init__``
+            that each prefix-cacheable group's is a multiple of the hash block size), or
+            differing sizes beside a group kind the core does not serve with them.
+    """
+    groups = [
+        g
+        for g in (_get(kv_cache_config, "kv_cache_groups", []) or [])
+        if _get(_get(g, "role"), "name") != "HISPARSE_SOURCE"
+    ]
+    sizes: list[int] = []
+    for group in groups:
+        spec = _get(group, "kv_cache_spec")
+        size = _get(spec, "block_size")
+        whole_request = (
+            type(spec).__name__ == "MambaSpec"
+            and _get(spec, "mamba_cache_mode", "none") == "none"
+            and max_model_len is not None
+            and size is not None
+            and int(size) >= max_model_len
+        )
+        sizes.append(block_size if size is None or whole_request else int(size))
+    if not core_groups:
+        # One full-attention group: the single pool, on the scheduler's block size.
+        if sizes and sizes[0] != block_size:
+            raise _refuse(0, sizes[0], f"differs from the scheduler's {block_size}")
+        return block_size, ()
+    if not enable_caching:
+        hash_block_size = math.gcd(*sizes)
+    for i, size in enumerate(sizes):
+        if block_size % size:
+            raise _refuse(i, size, f"does not divide the scheduler block size {block_size}")
+        cacheable = bool(_get(_get(groups[i], "kv_cache_spec"), "prefix_cacheable", True))
+        if cacheable and size % hash_block_size:
+            raise _refuse(i, size, f"is not a multiple of hash_block_size={hash_block_size}")
+    if all(size == block_size for size in sizes) and hash_block_size == block_size:
+        return block_size, ()
+    for i, spec in enumerate(core_groups):
+        if not isinstance(spec, (FullAttentionSpec, SlidingWindowSpec)) or getattr(
+            spec, "bounded_replay", False
+        ):
+            field = f"kv_cache_groups[{i}].kv_cache_spec"
+            raise ConfigError(
+                f"{field}: {type(spec).__name__} beside groups of different block sizes "
+                f"{tuple(sizes)} is not modelled (only full-attention and sliding-window groups "
+                "take their own block size; a Mamba state larger than the hash block is vLLM's "
+                "partial hash hit with copy-on-write)",
+                field=field,
+                value=type(spec).__name__,
+            )
+    return hash_block_size, tuple(sizes)
+
+
+def refuse_unmodelled(vllm_config: Any, sizes: tuple[int, ...]) -> None:
+    """Raises ConfigError for what the core does not serve beside differing block sizes: a
+    KV connector, speculative decoding (its per-step blocks are counted per group in vLLM's
+    ``_spec_decode_step_blocks``), hash look-ahead and EAGLE's block drop."""
+    if not sizes:
+        return
+    checks = (
+        ("kv_transfer_config", _get(vllm_config, "kv_transfer_config") is not None),
+        (
+            "speculative_config",
+            int(_get(vllm_config, "num_speculative_tokens", 0) or 0) > 0
+            or _get(vllm_config, "speculative_config") is not None,
+        ),
+    )
+    for field, present in checks:
+        if present:
+            raise ConfigError(
+                f"{field}: KV cache groups of different block sizes {sizes} are served "
+                f"without it (not modelled)",
+                field=field,
+                value="set",
+            )
+
+
+def _refuse(i: int, size: int, why: str) -> ConfigError:
+    field = f"kv_cache_groups[{i}].kv_cache_spec.block_size"
+    return ConfigError(f"{field}: {size} {why}", field=field, value=str(size))

@@ -1,0 +1,218 @@
+"""tokenyard.integrations.vllm over KV cache groups with different block sizes (vLLM 0.33's
+layouts for a model whose layer kinds have different page sizes, e.g. Gemma 4), against
+vLLM's own ``Scheduler``: the engine passes the scheduler block size (the groups' lcm) as
+``block_size`` and the hash block size (their gcd, or ``prefix_match_unit``) as
+``hash_block_size`` (``resolve_kv_cache_block_sizes``); each group allocates blocks of its
+own size and prefix hits land on the lcm (``HybridKVCacheCoordinator``). Needs vLLM (the
+bench venv); skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM 0.33 is installed only in the bench venv")
+
+import torch
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.v1.core import kv_cache_utils
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
+from vllm.v1.request import Request
+from vllm_compare import block_digest  # noqa: F401  (puts benches/peers on the path)
+from vllm_peer import VllmSchedulerPeer
+
+from tokenyard.errors import ConfigError
+from tokenyard.integrations.vllm import TokenyardScheduler
+
+
+def _spec(kind: str, block_size: int, window: int = 0) -> Any:
+    common = {"block_size": block_size, "num_kv_heads": 1, "head_size": 1}
+    if kind == "full":
+        return FullAttentionSpec(dtype=torch.float16, **common)
+    if kind == "window":
+        return SlidingWindowSpec(sliding_window=window, dtype=torch.float16, **common)
+    return MambaSpec(
+        block_size=block_size,
+        shapes=((1, 1),),
+        dtypes=(torch.float32,),
+        mamba_cache_mode="align",
+    )
+
+
+def _config(specs: list[Any], num_blocks: int = 64) -> KVCacheConfig:
+    groups = [KVCacheGroupSpec([f"layers.{i}"], s) for i, s in enumerate(specs)]
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+
+
+GEMMA = [("full", 32, 0), ("window", 16, 64)]
+
+
+def _pair(
+    layout: list[tuple[str, int, int]] = GEMMA, *, block_size: int = 32, hash_block_size: int = 16
+) -> tuple[Any, Any, Any]:
+    peer = VllmSchedulerPeer(
+        num_blocks=64,
+        max_num_seqs=8,
+        max_num_batched_tokens=256,
+        max_model_len=512,
+        block_size=16,
+        enable_prefix_caching=True,
+    )
+    config = _config([_spec(*g) for g in layout])
+    schedulers = [
+        cls(
+            vllm_config=peer.vllm_config,
+            kv_cache_config=config,
+            structured_output_manager=peer.scheduler.structured_output_manager,
+            block_size=block_size,
+            hash_block_size=hash_block_size,
+        )
+        for cls in (Scheduler, TokenyardScheduler)
+    ]
+    hash_fn = get_hash_fn_by_name(peer.vllm_config.cache_config.prefix_caching_hash_algo)
+    kv_cache_utils.init_none_hash(hash_fn)
+    hasher = kv_cache_utils.get_request_block_hasher(hash_block_size, hash_fn)
+    return schedulers[0], schedulers[1], hasher
+
+
+def _request(request_id: str, prompt: list[int], hasher: Any) -> Request:
+    return Request(
+        request_id=request_id,
+        prompt_token_ids=prompt,
+        sampling_params=SamplingParams(max_tokens=4),
+        pooling_params=None,
+        block_hasher=hasher,
+    )
+
+
+def _admit(schedulers: tuple[Any, Any], hasher: Any, request_id: str, prompt: list[int]) -> Any:
+    """Adds the request to both, schedules a step on each, and returns both outputs' view of
+    its new request (block ids per group, computed tokens) after checking they agree."""
+    seen = []
+    for s in schedulers:
+        s.add_request(_request(request_id, prompt, hasher))
+        out = s.schedule()
+        new = {r.req_id: (r.block_ids, r.num_computed_tokens) for r in out.scheduled_new_reqs}
+        seen.append(new[request_id])
+        s.update_from_output(out, _empty_output(out))
+    assert seen[0] == seen[1]
+    return seen[1]
+
+
+def _empty_output(out: Any) -> Any:
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    ids = list(out.num_scheduled_tokens)
+    return ModelRunnerOutput(
+        req_ids=ids,
+        req_id_to_index={r: i for i, r in enumerate(ids)},
+        sampled_token_ids=[[7] for _ in ids],
+        logprobs=None,
+        prompt_logprobs_dict={},
+        pooler_output=[],
+    )
+
+
+def test_each_group_takes_blocks_of_its_own_size_as_vllm() -> None:
+    theirs, ours, hasher = _pair()
+    block_ids, computed = _admit((theirs, ours), hasher, "a", list(range(50)))
+    # 50 tokens: ceil(50 / 32) = 2 blocks of 32, ceil(50 / 16) = 4 of 16.
+    assert [len(t) for t in block_ids] == [2, 4]
+    assert computed == 0
+
+
+def test_a_prefix_hit_lands_on_the_scheduler_block_size() -> None:
+    # Request "a" computed 50 tokens: the 48 below hash boundaries are hashed, but only the
+    # 32 below the scheduler block size (lcm 32) are cached and can hit.
+    theirs, ours, hasher = _pair()
+    _admit((theirs, ours), hasher, "a", list(range(50)))
+    _, computed = _admit((theirs, ours), hasher, "b", [*range(50), 999])
+    assert computed == 32
+
+
+def test_a_finer_prefix_match_unit_still_hits_on_the_lcm() -> None:
+    # prefix_match_unit=8 (hash_block_size 8): a group block of 32 is keyed by the hash of
+    # its fourth hash block; hits still land on the lcm.
+    theirs, ours, hasher = _pair(hash_block_size=8)
+    _admit((theirs, ours), hasher, "a", list(range(70)))
+    _, computed = _admit((theirs, ours), hasher, "b", [*range(70), 5])
+    assert computed == 64
+
+
+def test_three_groups_of_three_block_sizes_agree_with_vllm() -> None:
+    layout = [("full", 64, 0), ("window", 16, 48), ("window", 32, 100)]
+    theirs, ours, hasher = _pair(layout, block_size=64, hash_block_size=16)
+    block_ids, _ = _admit((theirs, ours), hasher, "a", list(range(150)))
+    assert [len(t) for t in block_ids] == [3, 10, 5]
+    _, computed = _admit((theirs, ours), hasher, "b", list(range(150)))
+    assert computed == 128
+
+
+def _build(layout: list[Any], **kw: Any) -> Any:
+    peer = VllmSchedulerPeer(
+        num_blocks=64,
+        max_num_seqs=8,
+        max_num_batched_tokens=256,
+        max_model_len=512,
+        block_size=16,
+        enable_prefix_caching=True,
+        **kw,
+    )
+    args = {"block_size": 32, "hash_block_size": 16}
+    return lambda config, **over: TokenyardScheduler(
+        vllm_config=peer.vllm_config,
+        kv_cache_config=config,
+        structured_output_manager=peer.scheduler.structured_output_manager,
+        **{**args, **over},
+    )
+
+
+def test_sizes_vllms_coordinator_rejects_are_refused() -> None:
+    build = _build(GEMMA)
+    config = _config([_spec("full", 32), _spec("window", 16, 64)])
+    # KVCacheCoordinator asserts the scheduler block size is a multiple of every group's.
+    with pytest.raises(ConfigError, match=r"kv_cache_groups\[0\]\.kv_cache_spec\.block_size"):
+        build(config, block_size=16)
+    # HybridKVCacheCoordinator: every prefix-cacheable group's is a multiple of the hash's
+    # (vLLM's resolve_kv_cache_block_sizes raises ValueError for such a prefix_match_unit).
+    with pytest.raises(ValueError, match="hash_block_size=32"):
+        build(config, hash_block_size=32)
+
+
+def test_unmodelled_kinds_beside_differing_sizes_are_refused_by_name() -> None:
+    build = _build(GEMMA)
+    config = _config([_spec("full", 32), _spec("mamba", 16)])
+    with pytest.raises(ConfigError, match=r"kv_cache_groups\[1\]\.kv_cache_spec: MambaSpec"):
+        build(config)
+    spec_build = _build(GEMMA, num_speculative_tokens=2)
+    with pytest.raises(ConfigError, match="speculative_config"):
+        spec_build(_config([_spec("full", 32), _spec("window", 16, 64)]))
+
+
+def test_the_bench_streams_agree_with_vllm_at_every_step(monkeypatch: Any) -> None:
+    import vllm_adapter_diff
+    import vllm_block_sizes_diff
+    import vllm_peer
+
+    peer = vllm_peer.VllmSchedulerPeer
+    monkeypatch.setattr(peer, "build", peer.build)
+    monkeypatch.setattr(peer, "__init__", peer.__init__)
+    vllm_block_sizes_diff.install("gemma", None)
+    ran = 0
+    for seed in (6, 11, 23, 31):
+        scenario = vllm_adapter_diff.draw(seed, 120)
+        if scenario.config.num_speculative_tokens:
+            continue
+        ran += 1
+        assert vllm_adapter_diff.run_scenario(scenario, 120, False) is None
+    assert ran >= 2

@@ -2,8 +2,12 @@
 0.33's ``KVCacheManager.allocate_slots``, ``kv_cache_coordinator.py`` and the managers of
 ``single_type_kv_cache_manager.py`` (FullAttention, SlidingWindow, ChunkedLocalAttention,
 Mamba with ``mamba_cache_mode="none"`` or ``"align"``), restricted to what tokenyard
-models: one block size for every group, no EAGLE, no external (connector) tokens, dense
-caching.
+models: no EAGLE, no external (connector) tokens, dense caching. Groups may differ in block
+size (``group_block_sizes``, full attention and sliding windows: vLLM's layouts for models
+whose layer kinds have different page sizes): ``block_size`` is then the hash block size,
+hits land on the lcm of the groups' sizes (``HybridKVCacheCoordinator``'s
+``alignment_tokens``), only tokens below it are cached (``_align_cacheable``), and a window
+finer than the lcm caches only the blocks a hit can reach (``reachable_block_mask``).
 
 Obvious rather than fast: the free queue is a list, a block's cache key is the tuple of
 every token up to its end plus the group, and a lookup scans.
@@ -11,6 +15,7 @@ every token up to its end plus the group, and a lookup scans.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +85,7 @@ class RefCoordinator:
     num_blocks: int
     block_size: int
     caching: bool
+    group_block_sizes: list[int] | None = None
     ref: list[int] = field(default_factory=list)
     key_of: dict[int, tuple[object, ...]] = field(default_factory=dict)
     # key -> blocks caching it, oldest first (vLLM answers the first)
@@ -94,12 +100,19 @@ class RefCoordinator:
     def __post_init__(self) -> None:
         self.ref = [0] * self.num_blocks
         self.free_queue = list(range(1, self.num_blocks))  # block 0 is the null block
+        if self.group_block_sizes is None:
+            self.group_block_sizes = [self.block_size] * len(self.specs)
+        self.sizes = list(self.group_block_sizes)
+        self.lcm = math.lcm(*self.sizes)
+
+    def aligned(self, num_blocks: int, g: int) -> bool:
+        return num_blocks * self.sizes[g] % self.lcm == 0
 
     # --- the pool (vLLM's BlockPool) ---
     def key(
         self, tokens: list[int] | tuple[int, ...], i: int, g: int, extra: int | None
     ) -> tuple[object, ...]:
-        return (g, extra, tuple(tokens[: (i + 1) * self.block_size]))
+        return (g, extra, tuple(tokens[: (i + 1) * self.sizes[g]]))
 
     def cached_block(self, key: tuple[object, ...]) -> int | None:
         blocks = self.cache.get(key)
@@ -131,7 +144,7 @@ class RefCoordinator:
         out: list[tuple[Spec, list[int]]] = []
         for g, spec in enumerate(self.specs):
             for s, ids in out:
-                if s == spec:
+                if s == spec and self.sizes[ids[0]] == self.sizes[g]:
                     ids.append(g)
                     break
             else:
@@ -141,7 +154,7 @@ class RefCoordinator:
     def find(
         self, spec: Spec, ids: list[int], tokens: list[int], extra: int | None, max_length: int
     ) -> tuple[list[list[int]], int]:
-        bs = self.block_size
+        bs = self.sizes[ids[0]]
         max_blocks = min(max_length // bs, len(tokens) // bs)
 
         def lookup(i: int) -> list[int] | None:
@@ -156,6 +169,9 @@ class RefCoordinator:
                     break
                 for t, b in zip(tables, found, strict=True):
                     t.append(b)
+            hit = len(tables[0]) * bs // self.lcm * self.lcm
+            tables = [t[: cdiv(hit, bs)] for t in tables]
+            return tables, hit
         elif spec.kind == "window":
             need = cdiv(spec.size - 1, bs)
             tables = [[NULL] * max_blocks for _ in ids]
@@ -165,13 +181,18 @@ class RefCoordinator:
                 if found is None:
                     run = 0
                     continue
+                if run == 0 and not self.aligned(i + 1, ids[0]):
+                    continue  # a run ends only on the alignment
                 for t, b in zip(tables, found, strict=True):
                     t[i] = b
                 run += 1
                 if run >= need:
                     end = i + run
                     break
-            end = run if end is None else end
+            if end is None:
+                end = run
+                while end and not self.aligned(end, ids[0]):
+                    end -= 1
             tables = [t[:end] for t in tables]
         elif spec.kind == "align":
             for i in range(max_blocks - 1, -1, -1):
@@ -217,7 +238,7 @@ class RefCoordinator:
         blocks = []
         for g, spec in enumerate(self.specs):
             t = found[g] or []
-            blocks.append(t[: cdiv(hit_length, self.block_size)] if spec.kind == "full" else t)
+            blocks.append(t[: cdiv(hit_length, self.sizes[g])] if spec.kind == "full" else t)
         keys = [
             [None if b == NULL else self.key(tokens, i, g, extra_key) for i, b in enumerate(t)]
             for g, t in enumerate(blocks)
@@ -251,12 +272,11 @@ class RefCoordinator:
                 for i, b in enumerate(t):
                     if b != NULL and self.key_of.get(b) != hit.keys[g][i]:
                         raise InputError("new_computed_blocks")
-        bs = self.block_size
         computed = req.num_computed if req else (hit.num_tokens if hit else 0)
         slots = computed + num_new + lookahead
         # Step 1: remove the blocks outside each group's window (remove_skipped_blocks).
         if req is not None:
-            for spec, table in zip(self.specs, req.tables, strict=True):
+            for spec, table, bs in zip(self.specs, req.tables, self.sizes, strict=True):
                 end = min(spec.skipped_tokens(computed) // bs, len(table))
                 freed = []
                 for i in range(end - 1, -1, -1):
@@ -271,6 +291,7 @@ class RefCoordinator:
         needed = 0
         main_slots = computed + num_new  # align mode takes no lookahead slots
         for g, spec in enumerate(self.specs):
+            bs = self.sizes[g]
             align = spec.kind == "align"
             required = spec.required_blocks(main_slots if align else slots, bs)
             cap = 1 if align else required  # one state block per allocation
@@ -292,7 +313,7 @@ class RefCoordinator:
                 req.tokens = list(token_ids)  # the hit's tokens are the prompt's
                 token_ids = []
                 for g, spec in enumerate(self.specs):
-                    skipped = spec.skipped_tokens(computed) // bs
+                    skipped = spec.skipped_tokens(computed) // self.sizes[g]
                     kept = hit.blocks[g][skipped:]
                     for b in kept:
                         if b == NULL:
@@ -304,7 +325,7 @@ class RefCoordinator:
                     req.num_cached[g] = len(req.tables[g])
             self.requests[rid] = req
         new = []
-        for spec, table in zip(self.specs, req.tables, strict=True):
+        for spec, table, bs in zip(self.specs, req.tables, self.sizes, strict=True):
             align = spec.kind == "align"
             required = spec.required_blocks(main_slots if align else slots, bs)
             nulls = []
@@ -322,15 +343,19 @@ class RefCoordinator:
     def cache_full(self, req: Req) -> None:
         if not self.caching:
             return
-        num_full = min(req.num_computed, len(req.tokens)) // self.block_size
+        cacheable = min(req.num_computed, len(req.tokens)) // self.lcm * self.lcm
         for g, spec in enumerate(self.specs):
+            bs = self.sizes[g]
+            num_full = cacheable // bs
             # vLLM caches no block of a one-token window (no hit could use one).
             no_cache = spec.kind == "mamba" or (spec.kind == "window" and spec.size == 1)
             if no_cache or req.num_cached[g] >= num_full:
                 continue
             table = req.tables[g]
+            per_segment, need = self.lcm // bs, cdiv(spec.size - 1, bs)
+            masked = spec.kind == "window" and need < per_segment
             for i in range(req.num_cached[g], min(num_full, len(table))):
-                if table[i] == NULL:
+                if table[i] == NULL or (masked and i % per_segment < per_segment - need):
                     continue
                 key = self.key(req.tokens, i, g, req.extra_key)
                 self.key_of[table[i]] = key

@@ -186,8 +186,9 @@ class CoordinatorMachine(RuleBasedStateMachine):
         assert rust.num_computed_tokens == ref.num_tokens
         assert [t.tolist() for t in rust.block_ids] == ref.blocks
         # Agreed across groups: every group's table covers the same tokens.
-        for t in ref.blocks:
-            assert len(t) == -(-ref.num_tokens // self.ref.block_size)
+        for t, size in zip(ref.blocks, self.ref.sizes, strict=True):
+            assert len(t) == -(-ref.num_tokens // size)
+        assert ref.num_tokens % self.ref.lcm == 0
         return rust, ref
 
     @rule(which=st.integers(0, 2), cut=st.integers(1, 30))
@@ -272,7 +273,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
                 live = [b for b in table if b != NULL]
                 assert len(live) == len(set(live)), "a block held twice"
                 held[g].update(live)
-                bound = spec.max_live_blocks(self.last_added.get(rid, 0), self.ref.block_size)
+                bound = spec.max_live_blocks(self.last_added.get(rid, 0), self.ref.sizes[g])
                 if bound is not None and rid in self.last_added:
                     assert len(live) <= bound, (spec, table, bound)
         # Blocks are conserved, and each belongs to one group.
@@ -287,3 +288,76 @@ CoordinatorMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestCoordinatorMachine = CoordinatorMachine.TestCase
+
+
+# Windows short beside the scheduler block size, so a window caches only the blocks a hit
+# can reach (reachable_block_mask) in many examples.
+MIXED_SPECS = st.one_of(
+    st.just(Spec("full")),
+    st.builds(lambda w: Spec("window", w), st.integers(1, 8)),
+)
+
+
+class MixedBlockSizesMachine(CoordinatorMachine):
+    """The same rules over full-attention and window groups of different block sizes (vLLM's
+    layouts for layer kinds of different page sizes): each group's block size a multiple
+    (1, 2 or 4) of the hash block size."""
+
+    @rule(
+        specs=st.lists(MIXED_SPECS, min_size=1, max_size=3),
+        scales=st.lists(st.sampled_from([1, 2, 4]), min_size=3, max_size=3),
+        caching=st.booleans(),
+        block_size=st.integers(1, 3),
+        num_blocks=st.integers(3, 40),
+    )
+    @precondition(lambda self: not hasattr(self, "rust"))
+    def build(  # type: ignore[override]
+        self,
+        specs: list[Spec],
+        scales: list[int],
+        caching: bool,
+        block_size: int,
+        num_blocks: int,
+    ) -> None:
+        sizes = [scale * block_size for scale in scales[: len(specs)]]
+        self.rust = KvCoordinator(
+            groups=[to_rust(s) for s in specs],
+            num_blocks=num_blocks,
+            block_size=block_size,
+            enable_caching=caching,
+            group_block_sizes=sizes,
+        )
+        self.ref = RefCoordinator(specs, num_blocks, block_size, caching, sizes)
+        assert self.rust.scheduler_block_size == self.ref.lcm
+        self.next_token = 1000
+        self.slots_end = {}
+        self.last_added = {}
+
+
+MixedBlockSizesMachine.TestCase.settings = settings(
+    max_examples=200,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestMixedBlockSizesMachine = MixedBlockSizesMachine.TestCase
+
+
+def test_group_block_sizes_are_checked() -> None:
+    groups = [FullAttentionSpec(), SlidingWindowSpec(sliding_window=8)]
+    coord = KvCoordinator(groups=groups, num_blocks=20, block_size=4, group_block_sizes=[8, 4])
+    assert coord.group_block_sizes == (8, 4)
+    assert coord.scheduler_block_size == 8
+    with pytest.raises(ConfigError, match="group_block_sizes"):
+        KvCoordinator(groups=groups, num_blocks=20, block_size=4, group_block_sizes=[8, 6])
+    with pytest.raises(ConfigError, match="group_block_sizes"):
+        KvCoordinator(groups=groups, num_blocks=20, block_size=4, group_block_sizes=[8])
+    mamba = [FullAttentionSpec(), MambaSpec()]
+    with pytest.raises(ConfigError, match=r"groups\[1\]"):
+        KvCoordinator(
+            groups=mamba,
+            num_blocks=20,
+            block_size=4,
+            enable_caching=False,
+            group_block_sizes=[8, 4],
+        )

@@ -78,6 +78,9 @@ def install(layout: str, prefix_match_unit: int | None) -> tuple[int, int]:
             num_blocks=kv_cache_config.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
         )
         caching = self.vllm_config.cache_config.enable_prefix_caching
+        # vLLM's engine picks AsyncScheduler when async scheduling is on, and its window
+        # groups' admission cap counts two batches in flight then (max_concurrent_batches).
+        self.vllm_config.scheduler_config.async_scheduling = "Async" in cls.__name__
         return cls(
             vllm_config=self.vllm_config,
             kv_cache_config=config,

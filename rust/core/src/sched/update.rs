@@ -687,6 +687,14 @@ impl<R: RequestKey> Scheduler<R> {
             let lookahead = self.config.num_hash_lookahead_tokens;
             return Err(super::prefix_rules::connector_refusal(lookahead));
         }
+        if (self.config.kv_group_block_sizes.iter()).any(|&s| s != self.config.block_size) {
+            return Err(Error::config(
+                "connector",
+                "a KV connector",
+                "KV groups of different block sizes (kv_group_block_sizes) beside a KV \
+                 connector are not modelled",
+            ));
+        }
         if self
             .slots
             .iter()

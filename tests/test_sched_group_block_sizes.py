@@ -1,0 +1,93 @@
+"""The step scheduler over KV groups of different block sizes (``SchedulerConfig.
+kv_group_block_sizes``: vLLM 0.33's layouts for a model whose layer kinds have different page
+sizes, e.g. Gemma 4). Numbers checkable by hand: full attention in blocks of 8, a window of 8
+in blocks of 4, requests hashed every 4 tokens; hits land on 8 (the lcm)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tokenyard.errors import ConfigError
+from tokenyard.kv import FullAttentionSpec, MambaSpec, SlidingWindowSpec
+from tokenyard.sched import Scheduler, SchedulerConfig
+
+
+def config(**extra: Any) -> SchedulerConfig:
+    options: dict[str, Any] = {
+        "num_blocks": 64,
+        "block_size": 4,
+        "max_model_len": 64,
+        "max_num_batched_tokens": 32,
+        "enable_prefix_caching": True,
+        "kv_groups": (FullAttentionSpec(), SlidingWindowSpec(sliding_window=8)),
+        "kv_group_block_sizes": (8, 4),
+        **extra,
+    }
+    return SchedulerConfig(**options)
+
+
+def test_each_group_holds_blocks_of_its_size_and_hits_land_on_the_lcm() -> None:
+    s = Scheduler(config())
+    s.add_request(0, list(range(20)), max_tokens=1)
+    (new,) = s.schedule().scheduled_new_reqs
+    # 20 tokens: ceil(20 / 8) = 3 blocks of 8, ceil(20 / 4) = 5 of 4.
+    assert [len(t) for t in new.group_block_ids] == [3, 5]
+    s.update_from_output({0: [7]})
+    # The same 20 tokens and more: 19 could hit in blocks of 4 (16), but hits land on 8.
+    s.add_request(1, [*range(20), 99], max_tokens=1)
+    (new,) = s.schedule().scheduled_new_reqs
+    assert new.num_computed_tokens == 16
+    # Equal sizes: the hit is the hash block's (16 as well here, from 4-token blocks).
+    uniform = Scheduler(config(kv_group_block_sizes=()))
+    uniform.add_request(0, list(range(14)), max_tokens=1)
+    uniform.schedule()
+    uniform.update_from_output({0: [7]})
+    uniform.add_request(1, [*range(14), 99], max_tokens=1)
+    (new,) = uniform.schedule().scheduled_new_reqs
+    assert new.num_computed_tokens == 12
+    mixed = Scheduler(config())
+    mixed.add_request(0, list(range(14)), max_tokens=1)
+    mixed.schedule()
+    mixed.update_from_output({0: [7]})
+    mixed.add_request(1, [*range(14), 99], max_tokens=1)
+    (new,) = mixed.schedule().scheduled_new_reqs
+    assert new.num_computed_tokens == 8
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"kv_group_block_sizes": (8,)}, "kv_group_block_sizes"),
+        ({"kv_group_block_sizes": (8, 6)}, "kv_group_block_sizes"),
+        ({"kv_groups": (), "kv_group_block_sizes": (8,)}, "kv_group_block_sizes"),
+        ({"num_speculative_tokens": 2}, "num_speculative_tokens"),
+        (
+            {
+                "kv_groups": (FullAttentionSpec(), MambaSpec(mamba_cache_mode="align")),
+                "kv_group_block_sizes": (8, 4),
+            },
+            "group_block_sizes",
+        ),
+    ],
+)
+def test_what_differing_sizes_do_not_serve_is_refused(extra: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        Scheduler(config(**extra))
+    assert err.value.field == field
+
+
+def test_a_connector_beside_differing_sizes_is_refused() -> None:
+    class Offer:
+        def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Any:
+            return 0, False
+
+        def update_state_after_alloc(self, request: Any, block_ids: Any, n: int) -> None:
+            pass
+
+        def request_finished(self, request: Any, block_ids: Any) -> bool:
+            return False
+
+    with pytest.raises(ConfigError, match="different block sizes"):
+        Scheduler(config(), connector=Offer())

@@ -261,6 +261,8 @@ class VllmFigures:
     # get_kv_cache_config_from_groups over HYBRID_POOL_BYTES: its num_blocks, and groups
     hybrid_num_blocks: int = 0
     num_groups: int = 0
+    # each group's block size (unify_kv_cache_spec_page_size grows the smaller pages')
+    group_block_sizes: tuple[int, ...] = ()
 
 
 def _align_block(specs: dict[str, KVCacheSpec]) -> tuple[int, int]:
@@ -324,13 +326,14 @@ def vllm_figures(specs: dict[str, KVCacheSpec], request_tokens: int) -> VllmFigu
     per_block = kv_cache_planning._get_kv_cache_bytes_per_block(
         groups, cfg.cache_config.get_resolved_kv_cache_layout()
     )
-    held, words = 0, []
+    held, words, group_sizes = 0, [], []
     for g in groups:
         s0 = g.kv_cache_spec
         if hasattr(s0, "kv_cache_specs"):
             s0 = s0.kv_cache_specs[g.layer_names[0]]
         held += s0.max_memory_usage_bytes(cfg) // s0.page_size_bytes * per_block
         words.append(f"{type(s0).__name__}x{len(g.layer_names)}@bs{s0.block_size}")
+        group_sizes.append(s0.block_size)
     try:
         pool = kv_cache_planning.get_kv_cache_config_from_groups(cfg, groups, HYBRID_POOL_BYTES)
         num_blocks = pool.num_blocks
@@ -346,6 +349,7 @@ def vllm_figures(specs: dict[str, KVCacheSpec], request_tokens: int) -> VllmFigu
         refused,
         num_blocks,
         len(groups),
+        tuple(group_sizes),
     )
 
 
@@ -361,12 +365,14 @@ def _squash(words: list[str]) -> list[str]:
 
 def tokenyard_hybrid_pool(
     path: Path, tp: int, kv: str, request_tokens: int
-) -> tuple[int, int, int, int] | str:
+) -> tuple[int, int, int | tuple[int, ...], int] | str:
     """(num_blocks, groups, block size, bytes one request of ``request_tokens`` holds with
     one token in flight) tokenyard's hybrid plan gives HYBRID_POOL_BYTES
     (``simulation/hybrid_kv.vllm_kv_layout``, ``blocks_per_request``), or why it refuses
-    the model."""
+    the model. Attention pages that differ (Gemma 4) are planned by
+    ``simulation/hybrid_kv_pages.pages_layout``: the block size is then each group's."""
     from tokenyard.errors import ConfigError
+    from tokenyard.simulation import hybrid_kv_pages
     from tokenyard.simulation.hybrid_kv import blocks_per_request, is_hybrid, vllm_kv_layout
     from tokenyard.simulation.planner import dtype_bytes, kv_groups
 
@@ -377,7 +383,17 @@ def tokenyard_hybrid_pool(
     try:
         layout = vllm_kv_layout(groups, BLOCK_SIZE, model.name)
     except ConfigError:
-        return "refused: page sizes differ"
+        try:
+            pages = hybrid_kv_pages.pages_layout(groups, BLOCK_SIZE, model.name)
+        except ConfigError:
+            return "refused: page sizes differ"
+        held = hybrid_kv_pages.blocks_per_request(pages, request_tokens, 1)
+        return (
+            HYBRID_POOL_BYTES // pages.bytes_per_block,
+            len(pages.groups),
+            pages.group_block_sizes,
+            held * pages.bytes_per_block,
+        )
     held = blocks_per_request(layout.groups, request_tokens, layout.block_size, 1)
     return (
         HYBRID_POOL_BYTES // layout.bytes_per_block,
@@ -478,7 +494,20 @@ def main() -> int:
             ty = tokenyard_figures(path, case.tp, kv, n)
             same = v.bytes_per_token == ty[0] and v.state_bytes == ty[1]
             pool = tokenyard_hybrid_pool(path, case.tp, kv, n)
-            if isinstance(pool, tuple):
+            if isinstance(pool, tuple) and isinstance(pool[2], tuple):
+                # Groups of different block sizes: each group's, and the bytes one request
+                # holds, against vLLM's planner.
+                sizes = "/".join(str(b) for b in sorted(set(pool[2]), reverse=True))
+                pool_words = f"{pool[0]:,} ({pool[1]} groups, blocks {sizes})"
+                pool_same = pool == (
+                    v.hybrid_num_blocks,
+                    v.num_groups,
+                    v.group_block_sizes,
+                    v.hybrid_request_bytes,
+                )
+                hybrid_pools.append(pool_same)
+                ty = (ty[0], ty[1], pool[3])
+            elif isinstance(pool, tuple):
                 pool_words = f"{pool[0]:,} ({pool[1]} groups, block {pool[2]})"
                 pool_same = pool[:3] == (v.hybrid_num_blocks, v.num_groups, v.attn_block_size)
                 hybrid_pools.append(pool_same)

@@ -194,9 +194,16 @@ def test_unmodelled_kinds_beside_differing_sizes_are_refused_by_name() -> None:
     config = _config([_spec("full", 32), _spec("mamba", 16)])
     with pytest.raises(ConfigError, match=r"kv_cache_groups\[1\]\.kv_cache_spec: MambaSpec"):
         build(config)
-    spec_build = _build(GEMMA, num_speculative_tokens=2)
+    layout = _config([_spec("full", 32), _spec("window", 16, 64)])
+    # An n-gram step of 1 + 2 slots fits the hash block of 16 (vLLM's per-group
+    # _spec_decode_step_blocks then equals the core's count); one of 1 + 20 does not.
+    _build(GEMMA, num_speculative_tokens=2)(layout)
     with pytest.raises(ConfigError, match="speculative_config"):
-        spec_build(_config([_spec("full", 32), _spec("window", 16, 64)]))
+        _build(GEMMA, num_speculative_tokens=20)(layout)
+    # EAGLE's look-ahead hashes beside differing sizes: not modelled.
+    eagle = _build(GEMMA, num_speculative_tokens=2, speculative_method="eagle")
+    with pytest.raises(ConfigError, match="speculative_config"):
+        eagle(layout)
 
 
 def test_the_bench_streams_agree_with_vllm_at_every_step(monkeypatch: Any) -> None:
@@ -211,8 +218,6 @@ def test_the_bench_streams_agree_with_vllm_at_every_step(monkeypatch: Any) -> No
     ran = 0
     for seed in (6, 11, 23, 31):
         scenario = vllm_adapter_diff.draw(seed, 120)
-        if scenario.config.num_speculative_tokens:
-            continue
         ran += 1
         assert vllm_adapter_diff.run_scenario(scenario, 120, False) is None
-    assert ran >= 2
+    assert ran == 4

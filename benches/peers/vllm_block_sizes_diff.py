@@ -7,8 +7,8 @@ Both sides are built as vLLM's engine builds its scheduler: ``block_size`` the s
 size (the lcm of the groups'), ``hash_block_size`` the gcd of the prefix-cacheable groups'
 (``resolve_kv_cache_block_sizes``) or ``--prefix-match-unit``, requests hashed at it. The
 scenarios are ``vllm_adapter_diff.py``'s (arrivals with shared prefixes, aborts, EOS and stop
-ids, the prefill cadence, a cache below ``max_model_len`` in some) without speculative
-decoding (refused beside differing block sizes); every step's ``SchedulerOutput`` (scheduled
+ids, the prefill cadence, a cache below ``max_model_len`` in some, n-gram speculative
+decoding with up to 4 drafts); every step's ``SchedulerOutput`` (scheduled
 tokens, block ids per group, computed tokens of new requests: the prefix hits),
 ``EngineCoreOutputs`` (finishes) and the request state (KV usage, prefix-cache stats) are
 compared. Layouts (``--layout``):
@@ -120,13 +120,13 @@ def main() -> int:
     scheduler_bs, hash_bs = install(args.layout, args.prefix_match_unit)
     import vllm_adapter_diff
 
-    agree = ran = caching = agree_caching = 0
+    agree = ran = caching = agree_caching = spec = agree_spec = 0
     first: tuple[int, int, str] | None = None
     for seed in range(args.first_seed, args.first_seed + args.scenarios):
         scenario = vllm_adapter_diff.draw(seed, args.steps)
-        if scenario.config.num_speculative_tokens:
-            continue
         ran += 1
+        k = scenario.config.num_speculative_tokens
+        spec += k > 0
         caching += scenario.config.enable_prefix_caching
         try:
             diff = vllm_adapter_diff.run_scenario(scenario, args.steps, args.mode == "async")
@@ -134,13 +134,15 @@ def main() -> int:
             diff = (-1, f"raised {type(err).__name__}: {err}")
         if diff is None:
             agree += 1
+            agree_spec += k > 0
             agree_caching += scenario.config.enable_prefix_caching
         elif first is None:
             first = (seed, *diff)
     print(
         f"{args.layout} ({args.mode}, block sizes {[bs for _, bs, _ in LAYOUTS[args.layout]]}, "
         f"scheduler {scheduler_bs}, hash {hash_bs}): {agree}/{ran} scenarios agree at every "
-        f"step, {agree_caching}/{caching} with prefix caching"
+        f"step, {agree_caching}/{caching} with prefix caching, {agree_spec}/{spec} with "
+        "speculative decoding"
     )
     if first is not None:
         print(f"  first difference: seed {first[0]} step {first[1]}: {first[2][:400]}")

@@ -264,7 +264,8 @@ class SchedulerConfig:
     group allocates and caches blocks of its size and prefix hits land on their least
     common multiple (vLLM's ``scheduler_block_size``). ``()``: every group's is
     ``block_size``. Only full-attention and sliding-window groups take their own size;
-    refused beside speculative decoding (``docs/kv.md``)."""
+    refused beside a KV connector and beside speculative steps (``1 + num_speculative_tokens
+    + num_lookahead_tokens`` slots) longer than ``block_size`` (``docs/kv.md``)."""
     max_num_encoder_input_tokens: int = 0
     """Encoder embeddings computed per step, all requests together (vLLM 0.33's encoder
     compute budget); 0 = ``max_num_batched_tokens``, vLLM's default. A request's item whose

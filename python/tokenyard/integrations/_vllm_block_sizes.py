@@ -12,8 +12,8 @@ multiple, as ``HybridKVCacheCoordinator`` aligns them.
 
 Not modelled beside differing sizes, refused by name: groups other than full attention and
 sliding windows (Mamba ``align`` states larger than the hash block are vLLM's partial hash
-hits with copy-on-write), a KV connector, speculative decoding, hash look-ahead and EAGLE's
-block drop.
+hits with copy-on-write), a KV connector, EAGLE-style drafters (hash look-ahead, the
+trailing-block drop) and speculative steps of more slots than the hash block.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import math
 from typing import Any
 
 from tokenyard.errors import ConfigError
+from tokenyard.integrations._vllm_lookahead import eagle_block_drop_of, hash_lookahead_of
 from tokenyard.kv import FullAttentionSpec, SlidingWindowSpec
 
 __all__ = ["group_block_sizes_of", "refuse_unmodelled"]
@@ -105,18 +106,22 @@ def group_block_sizes_of(
     return hash_block_size, tuple(sizes)
 
 
-def refuse_unmodelled(vllm_config: Any, sizes: tuple[int, ...]) -> None:
+def refuse_unmodelled(vllm_config: Any, sizes: tuple[int, ...], hash_block_size: int) -> None:
     """Raises ConfigError for what the core does not serve beside differing block sizes: a
-    KV connector, speculative decoding (its per-step blocks are counted per group in vLLM's
-    ``_spec_decode_step_blocks``), hash look-ahead and EAGLE's block drop."""
+    KV connector, EAGLE-style drafters (their hash look-ahead or trailing-block drop), and
+    speculative steps of more slots than ``hash_block_size`` (vLLM's
+    ``_spec_decode_step_blocks`` counts ``ceil((1 + k + lookahead) / block size)`` per group,
+    the core on the hash block size: the same while the slots fit it)."""
     if not sizes:
         return
+    k = int(_get(vllm_config, "num_speculative_tokens", 0) or 0)
+    lookahead = int(_get(vllm_config, "num_lookahead_tokens", 0) or 0)
     checks = (
         ("kv_transfer_config", _get(vllm_config, "kv_transfer_config") is not None),
         (
             "speculative_config",
-            int(_get(vllm_config, "num_speculative_tokens", 0) or 0) > 0
-            or _get(vllm_config, "speculative_config") is not None,
+            bool(hash_lookahead_of(vllm_config) or eagle_block_drop_of(vllm_config))
+            or (k > 0 and 1 + k + lookahead > hash_block_size),
         ),
     )
     for field, present in checks:

@@ -105,7 +105,7 @@ def settings(
         enable_caching=bool(_get(cache, "enable_prefix_caching", False)),
         max_model_len=int(model.max_model_len),
     )
-    refuse_unmodelled(vllm_config, group_sizes)
+    refuse_unmodelled(vllm_config, group_sizes, core_block_size)
     if any(isinstance(g, (HiSparseResidentSpec, HiSparseHotSpec)) for g in kv_groups) and _get(
         cache, "enable_prefix_caching"
     ):

@@ -419,8 +419,8 @@ impl SchedulerConfig {
 impl SchedulerConfig {
     /// `kv_group_block_sizes`: one per group, each a multiple of `block_size` (the hash
     /// block size); the coordinator checks the kinds it serves with them. Speculative
-    /// decoding beside differing sizes is refused (its per-step blocks are counted on
-    /// `block_size`).
+    /// decoding beside differing sizes is refused when one step's slots exceed
+    /// `block_size` (its per-step blocks are counted on `block_size`).
     fn validate_group_block_sizes(&self) -> Result<()> {
         let sizes = &self.kv_group_block_sizes;
         if sizes.is_empty() {
@@ -460,11 +460,20 @@ impl SchedulerConfig {
                  block_size",
             ));
         }
-        if mixed && self.num_speculative_tokens > 0 {
+        // vLLM's `_spec_decode_step_blocks` sums `ceil((1 + k + lookahead) / block size)`
+        // over the groups, each on its own; the admission reserve counts it on `block_size`,
+        // which gives the same while one step's slots fit the smallest block.
+        let step_slots = 1 + self.num_speculative_tokens + self.num_lookahead_tokens;
+        if mixed && self.num_speculative_tokens > 0 && step_slots > self.block_size {
             return Err(Error::config(
                 "num_speculative_tokens",
                 self.num_speculative_tokens,
-                "speculative decoding beside KV groups of different block sizes is not modelled",
+                format!(
+                    "beside KV groups of different block sizes, one speculative step's \
+                     {step_slots} slots (1 + num_speculative_tokens + num_lookahead_tokens) \
+                     must fit block_size={} (not modelled beyond)",
+                    self.block_size
+                ),
             ));
         }
         Ok(())

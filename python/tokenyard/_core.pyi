@@ -1255,6 +1255,27 @@ class Scheduler:
         cache seeded directly, as vLLM's tests do): ``token_ids`` not given before,
         ``num_new_tokens`` more computed. Each group's new blocks, or None when they do not
         fit. ConfigError without KV groups; InputError for a request the scheduler holds."""
+    def adopt_running(
+        self, request_id: _RequestId, output_token_ids: _TokenIds, num_computed_tokens: int
+    ) -> None:
+        """Moves a request queued and not yet scheduled to the end of the running list,
+        ``output_token_ids`` appended and ``num_computed_tokens`` computed (blocks allocated
+        for them; vLLM's ``scheduler.running.append``). InputError for a request not queued
+        untouched or computed tokens past its tokens; CapacityError when they do not fit."""
+    def update_from_outside_step(
+        self,
+        step: Mapping[_RequestId, tuple[int, int]],
+        sampled_token_ids: Mapping[_RequestId, _TokenIds],
+        *,
+        num_rejected_tokens: Mapping[_RequestId, int] | None = None,
+        spec_token_ids: Mapping[_RequestId, _TokenIds] | None = None,
+    ) -> list[tuple[_RequestId, str]]:
+        """``update_from_output`` for a step formed outside the scheduler: ``step`` maps
+        each of its running requests to ``(num_scheduled_tokens, num_spec_tokens)``, tokens
+        already counted as computed; the outputs name only its requests. It lands none of
+        the scheduler's own steps. InputError for a request not running, with a step of
+        the scheduler's in flight, or a count out of range; as ``update_from_output``
+        otherwise."""
     def kv_outside_tokens(self, request_id: _RequestId) -> tuple[int, int] | None:
         """The tokens given and computed of a request ``kv_allocate_outside`` gave blocks
         to, or ``None``."""

@@ -70,6 +70,7 @@ except ImportError as err:  # pragma: no cover - exercised only without vLLM
     ) from err
 
 from tokenyard.errors import InputError
+from tokenyard.integrations._vllm_adopt import AdoptedRequests, RunningView
 from tokenyard.integrations._vllm_aux_outputs import BlockHashIndex
 from tokenyard.integrations._vllm_core_attributes import CoreAttributes
 from tokenyard.integrations._vllm_encoder_cache import EncoderCacheView
@@ -114,6 +115,7 @@ _client_index = operator.attrgetter("client_index")
 
 
 class TokenyardScheduler(
+    AdoptedRequests,
     ScheduleStep,
     UpdateFromOutput,
     MambaAlign,
@@ -331,6 +333,10 @@ class TokenyardScheduler(
         # Requests whose output in flight predates their preemption (vLLM's
         # num_stale_output_tokens > 0): their share drains as those steps land.
         self._stale_ids: set[str] = set()
+        # Requests placed in `running` by hand, until the core schedules them (_vllm_adopt).
+        self._adopted: set[str] = set()
+        # vLLM 0.33's (the model config's); assignable on a built scheduler.
+        self.return_sampling_mask = bool(getattr(model_config, "return_sampling_mask", False))
         # Streaming-input sessions (_vllm_sessions): the live ones, and those parked.
         self._session_ids: set[str] = set()
         self._parked: dict[str, Request] = {}
@@ -361,9 +367,10 @@ class TokenyardScheduler(
         return list(map(self.requests.__getitem__, map(self._vllm_ids.__getitem__, core_ids)))
 
     @property
-    def running(self) -> list[Request]:
-        """The running requests in running order (a new list on each read)."""
-        return self._vllm_requests(self._core.running_ids())
+    def running(self) -> RunningView:
+        """The running requests in running order (a new list on each read; its ``append``
+        adopts a request placed in ``requests`` by hand, ``_vllm_adopt``)."""
+        return RunningView(self._vllm_requests(self._core.running_ids()), self)
 
     @property
     def waiting(self) -> _WaitingView:
@@ -503,7 +510,7 @@ class TokenyardScheduler(
         if self.log_stats:
             request.record_event(EngineCoreEventType.QUEUED)
 
-    def _add_to_core(self, request: Request) -> None:
+    def _add_to_core(self, request: Request, num_computed_tokens: int | None = None) -> None:
         request_id = request.request_id
         params = request.sampling_params
         lora = request.lora_request
@@ -524,7 +531,9 @@ class TokenyardScheduler(
             lora_id=lora.lora_int_id if lora is not None and lora.lora_int_id > 0 else None,
             mm_features=mm_features,
             # A P/D decode side's request arrives with its prompt computed (vLLM's).
-            num_computed_tokens=request.num_computed_tokens,
+            num_computed_tokens=(
+                request.num_computed_tokens if num_computed_tokens is None else num_computed_tokens
+            ),
             resumable=bool(request.resumable),
         )
         self._core_ids[request_id] = core_id

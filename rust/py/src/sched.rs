@@ -751,3 +751,6 @@ mod args;
 
 #[path = "sched_kv.rs"]
 mod kv_views;
+
+#[path = "sched_adopt.rs"]
+mod adopt;

@@ -1,0 +1,131 @@
+"""Requests put in place by hand for ``TokenyardScheduler`` (``tokenyard.integrations.vllm``):
+vLLM 0.33's ``Scheduler`` keeps plain containers, so an engine author's model-runner harness
+(and vLLM's own tests) puts a ``Request`` into ``scheduler.requests`` and
+``scheduler.running`` and hands ``update_from_output`` a ``SchedulerOutput`` it built; vLLM
+reads those containers as they are (``update_from_output`` looks each scheduled id up in
+``self.requests`` and takes ``num_scheduled_tokens`` and ``scheduled_spec_decode_tokens``
+from the output). Here ``running`` is a list read from the core each time; its ``append``
+hands the request to the core as a running request (``Scheduler.adopt_running``: its tokens,
+its ``num_computed_tokens``, blocks for those), and ``update_from_output`` of a step the core
+did not form applies it as such a step (``Scheduler.update_from_outside_step``). Imported
+only by that module, so vLLM is installed when this runs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.request import Request
+
+from tokenyard.errors import InputError
+from tokenyard.integrations._vllm_state import AdapterBase
+
+
+class RunningView(list[Request]):
+    """``scheduler.running``: the running requests in running order, a new list on each
+    read. ``append`` (and ``extend``) of a request in ``scheduler.requests`` that the core
+    does not hold yet adopts it as running, as vLLM's scheduler runs whatever its
+    ``running`` list holds; the list itself is a snapshot."""
+
+    __slots__ = ("_scheduler",)
+
+    def __init__(self, requests: Iterable[Request], scheduler: AdoptedRequests) -> None:
+        super().__init__(requests)
+        self._scheduler = scheduler
+
+    def append(self, request: Request) -> None:
+        self._scheduler._adopt_running(request)
+        super().append(request)
+
+    def extend(self, requests: Iterable[Request]) -> None:
+        for request in requests:
+            self.append(request)
+
+
+class AdoptedRequests(AdapterBase):
+    """The adoption of hand-placed running requests, and the update of a step formed
+    outside the core."""
+
+    _adopted: set[str]
+    """Requests adopted whose steps the core has not formed since (a step naming them that
+    is not the core's is applied as formed outside)."""
+
+    if TYPE_CHECKING:
+
+        def _add_to_core(
+            self, request: Request, num_computed_tokens: int | None = None
+        ) -> None: ...
+
+    def _adopt_running(self, request: Request) -> None:
+        """vLLM's ``scheduler.running.append(request)`` of a request put in
+        ``scheduler.requests`` by hand: the core queues it and moves it to its running
+        list with its output tokens and ``num_computed_tokens`` (blocks allocated for those
+        at once; vLLM's would get them at its next ``schedule()``). Its ``status`` is left
+        as the caller set it, as vLLM leaves it.
+
+        Raises:
+            InputError: the request is not the one in ``scheduler.requests`` under its id,
+                the core already holds it, or the core refuses it (a multimodal request, a
+                resumable session, computed tokens past its tokens).
+            CapacityError: the KV pool cannot hold its computed tokens.
+        """
+        request_id = request.request_id
+        if request_id not in self.requests or self.requests[request_id] is not request:
+            raise InputError(
+                f"running.append: {request_id!r} is not in scheduler.requests (put it there "
+                "first: vLLM's update_from_output looks requests up in it)",
+                field="request_id",
+                value=str(request_id),
+            )
+        if request_id in self._core_ids:
+            raise InputError(
+                f"running.append: {request_id!r} is already the scheduler's (queued or "
+                "running); only a request placed by hand is adopted",
+                field="request_id",
+                value=str(request_id),
+            )
+        if request.mm_features or request.resumable:
+            field = "mm_features" if request.mm_features else "resumable"
+            raise InputError(
+                f"running.append: {request_id!r} has {field}; a multimodal request or a "
+                "streaming session placed by hand is not adopted (its encoder or session "
+                "state would be missing)",
+                field=field,
+                value=str(request_id),
+            )
+        self._add_to_core(request, num_computed_tokens=0)
+        core_id = self._core_ids[request_id]
+        try:
+            self._core.adopt_running(
+                core_id, list(request.output_token_ids), request.num_computed_tokens
+            )
+        except Exception:
+            self._core.abort([core_id])
+            del self._core_ids[request_id]
+            del self._vllm_ids[core_id]
+            raise
+        self._adopted.add(request_id)
+
+    def _outside_step(self, scheduler_output: SchedulerOutput) -> dict[Any, tuple[int, int]] | None:
+        """The step of ``scheduler_output`` as the core's ``update_from_outside_step`` takes
+        it (core id -> scheduled tokens, drafts) when it names adopted requests and is not
+        a step the core formed; else ``None``."""
+        adopted = self._adopted
+        if any(out is scheduler_output for out, _ in self._batches):
+            return None
+        adopted.intersection_update(self._core_ids)
+        counts = scheduler_output.num_scheduled_tokens
+        if not adopted.intersection(counts):
+            return None
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        core_ids = self._core_ids
+        return {
+            core_ids[request_id]: (n, len(spec.get(request_id) or ()))
+            for request_id, n in counts.items()
+            if request_id in core_ids
+        }
+
+    def _scheduled_by_core(self, scheduled_ids: Iterable[str]) -> None:
+        """Adopted requests the core scheduled: their steps are the core's from now on."""
+        self._adopted.difference_update(scheduled_ids)

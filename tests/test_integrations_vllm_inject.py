@@ -9,6 +9,7 @@ venv, ``.venv-bench``); skipped elsewhere.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,11 +19,13 @@ pytest.importorskip("vllm", reason="vLLM 0.33 is installed only in the bench ven
 
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
-from vllm.v1.outputs import ModelRunnerOutput, SamplingMaskLists
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput, SamplingMaskLists
 from vllm.v1.request import Request, RequestStatus
+from vllm.v1.structured_output import StructuredOutputManager
 from vllm_compare import build_pair
 
 from tokenyard.errors import InputError
+from tokenyard.integrations.vllm import TokenyardScheduler
 
 EOS = 99
 
@@ -218,3 +221,73 @@ def test_placing_by_hand_refuses_what_the_core_cannot_adopt() -> None:
     assert info.value.field == "num_computed_tokens"
     assert adapter.get_request_counts() == (0, 1)
     adapter._core.check_invariants()
+
+
+def _connector_pair(tmp_path: Path) -> list[Any]:
+    """vLLM's ``Scheduler`` and the adapter with vLLM's ``ExampleConnector`` (kv_both), as
+    vLLM's tests build theirs with ``use_kv_connector``."""
+    from vllm.config import KVTransferConfig
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm_peer import VllmSchedulerPeer
+
+    peer = VllmSchedulerPeer(
+        num_blocks=64, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=256
+    )
+    # ExampleConnector has no HMA support (set after the config is built, as vLLM does).
+    peer.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = True
+    peer.vllm_config.kv_transfer_config = KVTransferConfig(
+        kv_connector="ExampleConnector",
+        kv_role="kv_both",
+        kv_connector_extra_config={"shared_storage_path": str(tmp_path)},
+    )
+    return [
+        cls(
+            vllm_config=peer.vllm_config,
+            kv_cache_config=peer.scheduler.kv_cache_config,
+            structured_output_manager=StructuredOutputManager(peer.vllm_config),
+            block_size=16,
+        )
+        for cls in (Scheduler, TokenyardScheduler)
+    ]
+
+
+def _report(**transfers: set[str]) -> ModelRunnerOutput:
+    return ModelRunnerOutput(
+        req_ids=[], req_id_to_index={}, kv_connector_output=KVConnectorOutput(**transfers)
+    )
+
+
+def test_an_abort_while_a_remote_kv_wait_is_set_by_hand_waits_for_the_load_report(
+    tmp_path: Path,
+) -> None:
+    # vLLM's finish_requests reads the status: the request stays in `requests` (finished)
+    # until the connector reports its load, then leaves.
+    seen = []
+    for scheduler in _connector_pair(tmp_path):
+        request = _requests([8], 4)[0]
+        request.num_computed_tokens = 0
+        scheduler.add_request(request)
+        request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+        scheduler.finish_requests(("0",), RequestStatus.FINISHED_ABORTED)
+        kept = ("0" in scheduler.requests, scheduler.has_finished_requests())
+        scheduler.update_from_output(scheduler.schedule(), _report(finished_recving={"0"}))
+        seen.append((kept, "0" in scheduler.requests, set(scheduler.finished_recving_kv_req_ids)))
+    assert seen[1] == seen[0] == ((True, True), False, set())
+
+
+def test_a_finished_request_placed_by_hand_leaves_when_its_send_is_reported(
+    tmp_path: Path,
+) -> None:
+    # A finished request whose blocks a send holds (placed by hand): it keeps the scheduler
+    # busy until the report frees it; a queued request is untouched.
+    seen = []
+    for scheduler in _connector_pair(tmp_path):
+        queued, done = _requests([8, 8], 4)
+        queued.num_computed_tokens = 0
+        scheduler.add_request(queued)
+        done.status = RequestStatus.FINISHED_STOPPED
+        scheduler.requests["1"] = done
+        before = (scheduler.has_finished_requests(), scheduler.has_requests())
+        scheduler.update_from_output(_step({}, {}), _report(finished_sending={"1"}))
+        seen.append((before, sorted(scheduler.requests), scheduler.has_finished_requests()))
+    assert seen[1] == seen[0] == ((True, True), ["0"], False)

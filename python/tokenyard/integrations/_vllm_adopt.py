@@ -7,8 +7,12 @@ reads those containers as they are (``update_from_output`` looks each scheduled 
 from the output). Here ``running`` is a list read from the core each time; its ``append``
 hands the request to the core as a running request (``Scheduler.adopt_running``: its tokens,
 its ``num_computed_tokens``, blocks for those), and ``update_from_output`` of a step the core
-did not form applies it as such a step (``Scheduler.update_from_outside_step``). Imported
-only by that module, so vLLM is installed when this runs."""
+did not form applies it as such a step (``Scheduler.update_from_outside_step``). A remote-KV
+wait set by hand on a waiting request (``status = WAITING_FOR_REMOTE_KVS``) is read as vLLM's
+``finish_requests`` reads it: the aborted request stays in ``requests`` until the connector
+reports its load; a finished request placed in ``requests`` by hand leaves when a transfer
+of it is reported (vLLM's ``_update_from_kv_xfer_finished`` frees whatever it names).
+Imported only by that module, so vLLM is installed when this runs."""
 
 from __future__ import annotations
 
@@ -16,10 +20,12 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from vllm.v1.core.sched.output import SchedulerOutput
-from vllm.v1.request import Request
+from vllm.v1.request import Request, RequestStatus
 
 from tokenyard.errors import InputError
 from tokenyard.integrations._vllm_state import AdapterBase
+
+_WAITING_FOR_REMOTE_KVS = RequestStatus.WAITING_FOR_REMOTE_KVS
 
 
 class RunningView(list[Request]):
@@ -56,6 +62,12 @@ class AdoptedRequests(AdapterBase):
         def _add_to_core(
             self, request: Request, num_computed_tokens: int | None = None
         ) -> None: ...
+
+    @property
+    def running(self) -> RunningView:
+        """The running requests in running order (a new list on each read; its ``append``
+        adopts a request placed in ``requests`` by hand)."""
+        return RunningView(self._vllm_requests(self._core.running_ids()), self)
 
     def _adopt_running(self, request: Request) -> None:
         """vLLM's ``scheduler.running.append(request)`` of a request put in
@@ -125,6 +137,47 @@ class AdoptedRequests(AdapterBase):
             for request_id, n in counts.items()
             if request_id in core_ids
         }
+
+    def _keep_hand_set_loads(self, request_ids: list[str]) -> None:
+        """vLLM 0.33's ``finish_requests`` keeps a request whose status is
+        ``WAITING_FOR_REMOTE_KVS`` (and whose load has not landed) until the connector
+        reports the load. Requests whose status says so though the core started no load
+        for them (set by hand) are kept so too, for ``_take_unheld_reports``."""
+        bridge = self._bridge
+        if bridge is None:
+            return
+        landed = self.finished_recving_kv_req_ids
+        for request_id in request_ids:
+            request = self.requests[request_id]
+            if (
+                request.status == _WAITING_FOR_REMOTE_KVS
+                and request_id not in bridge.loading
+                and request_id not in landed
+            ):
+                bridge.unheld.add(request_id)
+
+    def _take_unheld_reports(self, reported: list[str]) -> list[str]:
+        """The transfer reports (``finished_recving`` and ``finished_sending`` ids) that
+        name finished requests the core holds nothing for: those kept by
+        ``_keep_hand_set_loads`` and those placed in ``requests`` by hand already finished.
+        vLLM's ``_update_from_kv_xfer_finished`` frees each (no blocks here) and drops it
+        from ``requests``. Returns the other ids, for the core."""
+        bridge = self._bridge
+        if bridge is None:
+            return reported
+        requests = self.requests
+        core_ids = self._core_ids
+        rest = []
+        for request_id in reported:
+            request = requests.get(request_id)
+            if request_id in bridge.unheld:
+                bridge.unheld.discard(request_id)
+                self._forget(request_id)
+            elif request is not None and request_id not in core_ids and request.is_finished():
+                del requests[request_id]
+            else:
+                rest.append(request_id)
+        return rest
 
     def _scheduled_by_core(self, scheduled_ids: Iterable[str]) -> None:
         """Adopted requests the core scheduled: their steps are the core's from now on."""

@@ -520,8 +520,16 @@ class UpdateFromOutput(AdapterBase):
         bridge = self._bridge
         if bridge is None:
             return
-        recving = [i for i in kv_output.finished_recving or () if i in bridge.loading]
-        sending = [i for i in kv_output.finished_sending or () if i in bridge.sending]
+        finished_recving = kv_output.finished_recving or ()
+        finished_sending = kv_output.finished_sending or ()
+        if bridge.unheld or (
+            (finished_recving or finished_sending) and len(self.requests) > len(self._core_ids)
+        ):
+            # Reports of finished requests the core holds nothing for (_vllm_adopt).
+            finished_recving = self._take_unheld_reports(list(finished_recving))
+            finished_sending = self._take_unheld_reports(list(finished_sending))
+        recving = [i for i in finished_recving if i in bridge.loading]
+        sending = [i for i in finished_sending if i in bridge.sending]
         failed: list[str] = []
         invalid = kv_output.invalid_block_ids
         if invalid:

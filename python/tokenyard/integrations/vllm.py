@@ -70,7 +70,7 @@ except ImportError as err:  # pragma: no cover - exercised only without vLLM
     ) from err
 
 from tokenyard.errors import InputError
-from tokenyard.integrations._vllm_adopt import AdoptedRequests, RunningView
+from tokenyard.integrations._vllm_adopt import AdoptedRequests
 from tokenyard.integrations._vllm_aux_outputs import BlockHashIndex
 from tokenyard.integrations._vllm_core_attributes import CoreAttributes
 from tokenyard.integrations._vllm_encoder_cache import EncoderCacheView
@@ -367,12 +367,6 @@ class TokenyardScheduler(
         return list(map(self.requests.__getitem__, map(self._vllm_ids.__getitem__, core_ids)))
 
     @property
-    def running(self) -> RunningView:
-        """The running requests in running order (a new list on each read; its ``append``
-        adopts a request placed in ``requests`` by hand, ``_vllm_adopt``)."""
-        return RunningView(self._vllm_requests(self._core.running_ids()), self)
-
-    @property
     def waiting(self) -> _WaitingView:
         """The waiting requests in scheduling order (a snapshot), those whose KV a
         connector is loading excepted (vLLM keeps them in ``kv_holding_waiting``)."""
@@ -590,6 +584,8 @@ class TokenyardScheduler(
                     if self._vllm_ids[core_id] in aborted:
                         bridge.loading.discard(self._vllm_ids[core_id])
             self._core.abort(in_core)
+            if bridge is not None:
+                self._keep_hand_set_loads(ids)
         finished = []
         for request_id in ids:
             request = self.requests[request_id]
@@ -627,7 +623,9 @@ class TokenyardScheduler(
         # As vLLM's: a request whose blocks a KV send (or an aborted load) holds stays in
         # `requests` until the transfer is reported.
         if bridge is None or (
-            request_id not in bridge.sending and request_id not in bridge.loading
+            request_id not in bridge.sending
+            and request_id not in bridge.loading
+            and request_id not in bridge.unheld
         ):
             self._forget(request_id)
 

@@ -1,7 +1,9 @@
 """State put in place by hand on ``tokenyard.integrations.vllm``'s scheduler, as an engine
 author's model-runner harness (and vLLM 0.33's own tests) writes it: a request put into
 ``scheduler.requests`` and ``scheduler.running``, then ``update_from_output`` with a
-``SchedulerOutput`` built by hand (``_vllm_adopt``). Each case does the same to vLLM 0.33's
+``SchedulerOutput`` built by hand (``_vllm_adopt``); a remote-KV wait set on a request's
+status, and a finished request put in ``requests``, beside a KV connector; and the encoder
+cache's ``can_allocate`` replaced (``_vllm_hooks``). Each case does the same to vLLM 0.33's
 own ``Scheduler`` and to the adapter and compares what they leave: statuses, output
 tokens, stop reasons, the running list, finished ids, the next step. Needs vLLM (the bench
 venv, ``.venv-bench``); skipped elsewhere.
@@ -22,7 +24,7 @@ from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput, SamplingMaskLists
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
-from vllm_compare import build_pair
+from vllm_compare import Budget, build_pair, image_request, make_multimodal, runner_output
 
 from tokenyard.errors import InputError
 from tokenyard.integrations.vllm import TokenyardScheduler
@@ -291,3 +293,46 @@ def test_a_finished_request_placed_by_hand_leaves_when_its_send_is_reported(
         scheduler.update_from_output(_step({}, {}), _report(finished_sending={"1"}))
         seen.append((before, sorted(scheduler.requests), scheduler.has_finished_requests()))
     assert seen[1] == seen[0] == ((True, True), ["0"], False)
+
+
+def test_a_replaced_encoder_can_allocate_is_asked_and_its_refusal_holds_the_item(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A 110-token prompt with a 100-token image at 10 (budget and cache 600): refused, the
+    # step schedules the 10 text tokens only, as vLLM's; once the replacement is deleted,
+    # the image (input 0) and the rest of the prompt.
+    make_multimodal(monkeypatch)
+    Budget.compute, Budget.cache = 600, 600
+    pair = build_pair(num_blocks=200, max_model_len=1024, max_num_batched_tokens=256)
+    peer = pair[2]
+    steps = []
+    asked = []
+    for scheduler in pair[:2]:
+        request = image_request(peer._block_hasher, "0", list(range(110)), [(10, 100, "img")], 4)
+        scheduler.add_request(request)
+
+        def refuse(*args: Any, asked: list[Any] = asked) -> bool:
+            asked.append(args[1:])
+            return False
+
+        scheduler.encoder_cache_manager.can_allocate = refuse
+        first = scheduler.schedule()
+        scheduler.update_from_output(first, runner_output(scheduler, first))
+        del scheduler.encoder_cache_manager.can_allocate
+        second = scheduler.schedule()
+        steps.append(
+            [
+                (dict(out.num_scheduled_tokens), dict(out.scheduled_encoder_inputs))
+                for out in (first, second)
+            ]
+        )
+    assert steps[1] == steps[0] == [({"0": 10}, {}), ({"0": 100}, {"0": [0]})]
+    # Each asked once, with the input index, the budget left and no embeddings picked yet.
+    assert asked == [(0, 600, 0), (0, 600, 0)]
+
+
+def test_the_views_can_allocate_answers_only_while_the_core_asks() -> None:
+    _, adapter, _ = build_pair(num_blocks=40)
+    with pytest.raises(InputError) as info:
+        adapter.encoder_cache_manager.can_allocate(_requests([8], 4)[0], 0, 100, 0)
+    assert info.value.field == "input_id"

@@ -1164,6 +1164,7 @@ class Scheduler:
         mamba_split: Callable[[Any, int, int, int], int] | None = None,
         priority: Callable[[Any], int | None] | None = None,
         pending_block_frees: Callable[[], object] | None = None,
+        encoder_can_allocate: Callable[[Any, int, int, int], object] | None = None,
     ) -> None:
         """Routes the step's allocations (``allocate(request_id, num_new_tokens,
         num_lookahead_tokens)``, falsy: refused, as when the pool has no room), Mamba
@@ -1172,7 +1173,10 @@ class Scheduler:
         before a victim is picked (``priority(request_id)``, None: unchanged) through
         Python from the next step; ``pending_block_frees()`` is asked when a running
         request's allocation finds no room (truthy: it waits instead of preempting, vLLM
-        0.33's connector ``has_pending_block_frees``); none: the core alone."""
+        0.33's connector ``has_pending_block_frees``) and ``encoder_can_allocate(request_id,
+        input_index, budget_left, num_embeds_to_schedule)`` before an encoder input is
+        given cache room (falsy: refused, as when the cache or budget has none; vLLM's
+        ``EncoderCacheManager.can_allocate``); none: the core alone."""
     @property
     def num_draft_slots_per_request(self) -> int:
         """Input slots a parallel drafter takes per scheduled request beside its tokens

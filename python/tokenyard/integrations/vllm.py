@@ -576,6 +576,9 @@ class TokenyardScheduler(
         in_core = [self._core_ids[i] for i in ids if i not in pending]
         if in_core:
             bridge = self._bridge
+            if bridge is not None:
+                # Before a deferred load is let go below: it is the core's, not by hand.
+                self._keep_hand_set_loads(ids)
             if bridge is not None and self._core.defer_async_loads:
                 # A deferred load never started: nothing will report it, so its request is
                 # not kept for one (vLLM's finish_requests).
@@ -584,8 +587,6 @@ class TokenyardScheduler(
                     if self._vllm_ids[core_id] in aborted:
                         bridge.loading.discard(self._vllm_ids[core_id])
             self._core.abort(in_core)
-            if bridge is not None:
-                self._keep_hand_set_loads(ids)
         finished = []
         for request_id in ids:
             request = self.requests[request_id]

@@ -23,6 +23,8 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.request import Request, RequestStatus
 
 from tokenyard.errors import InputError
+from tokenyard.integrations._vllm_lookahead import follow_hasher
+from tokenyard.integrations._vllm_outputs import check_supported
 from tokenyard.integrations._vllm_state import AdapterBase
 
 _WAITING_FOR_REMOTE_KVS = RequestStatus.WAITING_FOR_REMOTE_KVS
@@ -78,8 +80,10 @@ class AdoptedRequests(AdapterBase):
 
         Raises:
             InputError: the request is not the one in ``scheduler.requests`` under its id,
-                the core already holds it, or the core refuses it (a multimodal request, a
-                resumable session, computed tokens past its tokens).
+                the core already holds it, a kind the adapter never schedules
+                (``check_supported``: prompt embeddings, no sampling params, ...), or one
+                the core refuses (a multimodal request, a resumable session, computed
+                tokens past its tokens).
             CapacityError: the KV pool cannot hold its computed tokens.
         """
         request_id = request.request_id
@@ -106,6 +110,8 @@ class AdoptedRequests(AdapterBase):
                 field=field,
                 value=str(request_id),
             )
+        check_supported(request)
+        follow_hasher(self._core, request)
         self._add_to_core(request, num_computed_tokens=0)
         core_id = self._core_ids[request_id]
         try:

@@ -20,6 +20,7 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM 0.33 is installed only in the bench venv")
 
 from vllm.sampling_params import SamplingParams
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput, SamplingMaskLists
 from vllm.v1.request import Request, RequestStatus
@@ -27,7 +28,7 @@ from vllm.v1.structured_output import StructuredOutputManager
 from vllm_compare import Budget, build_pair, image_request, make_multimodal, runner_output
 
 from tokenyard.errors import InputError
-from tokenyard.integrations.vllm import TokenyardScheduler
+from tokenyard.integrations.vllm import AsyncTokenyardScheduler, TokenyardScheduler
 
 EOS = 99
 
@@ -123,7 +124,9 @@ def _state(scheduler: Any, requests: list[Request]) -> dict[str, Any]:
         ("rejected", 2, {"0": 3, "1": 1}, {"0": [10, 11], "1": []}, {"0": [10, 5], "1": [13]}, {}),
     ],
 )
+@pytest.mark.parametrize("async_scheduling", [False, True])
 def test_requests_placed_by_hand_update_and_run_on_as_in_vllm(
+    async_scheduling: bool,
     case: str,
     k: int,
     counts: dict[str, int],
@@ -132,7 +135,9 @@ def test_requests_placed_by_hand_update_and_run_on_as_in_vllm(
     params: dict[str, Any],
 ) -> None:
     max_tokens = 2 if case == "length" else 10
-    pair = build_pair(num_blocks=40, num_speculative_tokens=k)[:2]
+    classes = (AsyncScheduler, AsyncTokenyardScheduler) if async_scheduling else None
+    options = {"classes": classes} if classes else {}
+    pair = build_pair(num_blocks=40, num_speculative_tokens=k, **options)[:2]
     states = []
     steps = []
     for scheduler in pair:

@@ -1180,6 +1180,7 @@ class Scheduler:
         mamba_split: Callable[[Any, int, int, int], int] | None = None,
         priority: Callable[[Any], int | None] | None = None,
         pending_block_frees: Callable[[], object] | None = None,
+        encoder_can_allocate: Callable[[Any, int, int, int], object] | None = None,
     ) -> None:
         """Routes the step's allocations (``allocate(request_id, num_new_tokens,
         num_lookahead_tokens)``, falsy: refused, as when the pool has no room), Mamba
@@ -1188,7 +1189,10 @@ class Scheduler:
         before a victim is picked (``priority(request_id)``, None: unchanged) through
         Python from the next step; ``pending_block_frees()`` is asked when a running
         request's allocation finds no room (truthy: it waits instead of preempting, vLLM
-        0.33's connector ``has_pending_block_frees``); none: the core alone."""
+        0.33's connector ``has_pending_block_frees``) and ``encoder_can_allocate(request_id,
+        input_index, budget_left, num_embeds_to_schedule)`` before an encoder input is
+        given cache room (falsy: refused, as when the cache or budget has none; vLLM's
+        ``EncoderCacheManager.can_allocate``); none: the core alone."""
     @property
     def num_draft_slots_per_request(self) -> int:
         """Input slots a parallel drafter takes per scheduled request beside its tokens
@@ -1271,6 +1275,27 @@ class Scheduler:
         cache seeded directly, as vLLM's tests do): ``token_ids`` not given before,
         ``num_new_tokens`` more computed. Each group's new blocks, or None when they do not
         fit. ConfigError without KV groups; InputError for a request the scheduler holds."""
+    def adopt_running(
+        self, request_id: _RequestId, output_token_ids: _TokenIds, num_computed_tokens: int
+    ) -> None:
+        """Moves a request queued and not yet scheduled to the end of the running list,
+        ``output_token_ids`` appended and ``num_computed_tokens`` computed (blocks allocated
+        for them; vLLM's ``scheduler.running.append``). InputError for a request not queued
+        untouched or computed tokens past its tokens; CapacityError when they do not fit."""
+    def update_from_outside_step(
+        self,
+        step: Mapping[_RequestId, tuple[int, int]],
+        sampled_token_ids: Mapping[_RequestId, _TokenIds],
+        *,
+        num_rejected_tokens: Mapping[_RequestId, int] | None = None,
+        spec_token_ids: Mapping[_RequestId, _TokenIds] | None = None,
+    ) -> list[tuple[_RequestId, str]]:
+        """``update_from_output`` for a step formed outside the scheduler: ``step`` maps
+        each of its running requests to ``(num_scheduled_tokens, num_spec_tokens)``, tokens
+        already counted as computed; the outputs name only its requests. It lands none of
+        the scheduler's own steps. InputError for a request not running, with a step of
+        the scheduler's in flight, or a count out of range; as ``update_from_output``
+        otherwise."""
     def kv_outside_tokens(self, request_id: _RequestId) -> tuple[int, int] | None:
         """The tokens given and computed of a request ``kv_allocate_outside`` gave blocks
         to, or ``None``."""

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from vllm.v1.core.encoder_cache_manager import EncoderCacheManager, EncoderDecoderCacheManager
 
-from tokenyard.errors import ConfigError
+from tokenyard.errors import ConfigError, InputError
 
 
 class _Adapter(Protocol):
@@ -32,10 +32,39 @@ class EncoderCacheView:
     an empty one of that size, as assigning a new manager does; vLLM's mutating methods
     (``allocate``, ``free``) are not offered: the scheduler's steps own the cache."""
 
-    __slots__ = ("_scheduler",)
+    # `__dict__`: a caller may replace `can_allocate` on the instance (vLLM's tests do).
+    __slots__ = ("__dict__", "_scheduler")
+
+    # Set while the core asks a replaced can_allocate (``_vllm_hooks``).
+    _asked_by_core = False
 
     def __init__(self, scheduler: _Adapter) -> None:
         self._scheduler = scheduler
+
+    def can_allocate(
+        self,
+        request: Any,
+        input_id: int,
+        encoder_compute_budget: int,
+        num_embeds_to_schedule: int,
+    ) -> bool:
+        """vLLM's ``can_allocate``. The core's encoder cache decides within
+        ``schedule()``; a replacement on the instance is asked first there
+        (``_vllm_hooks``), and one that calls this gets True: the core then decides.
+
+        Raises:
+            InputError: called outside a replacement the core is asking (the cache's room
+                is the core's, given within ``schedule()``).
+        """
+        if self._asked_by_core:
+            return True
+        raise InputError(
+            f"encoder_cache_manager.can_allocate: input {input_id} of "
+            f"{getattr(request, 'request_id', request)!r} is given cache room by the core "
+            "within schedule(); answered only there",
+            field="input_id",
+            value=str(input_id),
+        )
 
     def _usage(self) -> tuple[int, int, int]:
         usage: tuple[int, int, int] = self._scheduler._core.encoder_cache_usage()

@@ -1,6 +1,7 @@
 """vLLM 0.33 ``Scheduler`` methods that callers replace on a built scheduler, routed through
 the replacement as vLLM's ``schedule()`` would call it (vLLM's tests patch
-``kv_cache_manager.allocate_slots`` and assign ``_mamba_block_aligned_split``), and
+``kv_cache_manager.allocate_slots`` and ``encoder_cache_manager.can_allocate`` and assign
+``_mamba_block_aligned_split``), and
 ``num_sampled_tokens_per_step`` assigned on a built scheduler.
 
 The core decides both in Rust; a replacement is seen at the start of each ``schedule()``
@@ -15,6 +16,11 @@ step hook (``Scheduler.set_step_hooks``), which asks it at each point vLLM calls
   called from the replacement, lets the core allocate: its answer is the empty
   ``KVCacheBlocks`` (the blocks are the core's, reported in the step's output), never
   ``None``, even where the core then finds no room and takes that path itself.
+- ``encoder_cache_manager.can_allocate(request, input_id, encoder_compute_budget,
+  num_embeds_to_schedule)`` (an attribute of the view) before an encoder input is given
+  cache room (vLLM's ``_try_schedule_encoder_inputs``): falsy refuses, as when the cache or
+  budget has no room (the request is scheduled up to the item); the view's own
+  ``can_allocate``, called from the replacement, lets the core decide.
 - ``_mamba_block_aligned_split(request, num_new_tokens, num_new_local_computed_tokens,
   num_external_computed_tokens)`` while the split is on (``need_mamba_block_aligned_split``):
   its answer is the chunk (a padded decode it clips drops its padding, vLLM's rule); the
@@ -36,6 +42,7 @@ from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.request import Request
 
 from tokenyard.errors import ConfigError, InputError
+from tokenyard.integrations._vllm_encoder_cache import EncoderCacheView
 from tokenyard.integrations._vllm_state import AdapterBase, non_negative
 
 
@@ -83,9 +90,10 @@ class ReplacedMethods(AdapterBase):
     """The routing, mixed into ``TokenyardScheduler``."""
 
     kv_cache_manager: Any
+    _encoder_cache_view: EncoderCacheView
     # The replacements handed to the core, by identity (None: the core's own), and the
     # connector's pending-frees hook (_vllm_hisparse).
-    _routed: tuple[Any, Any, Any] = (None, None, None)
+    _routed: tuple[Any, Any, Any, Any] = (None, None, None, None)
     _routed_once = False
     policy: SchedulingPolicy
     # (request id, num_new_tokens, the core's split) while the core asks for a split.
@@ -104,7 +112,8 @@ class ReplacedMethods(AdapterBase):
         allocate = vars(self.kv_cache_manager).get("allocate_slots")
         split = vars(self).get("_mamba_block_aligned_split")
         frees = self._pending_block_frees_hook()
-        if (allocate, split, frees) == self._routed and self._routed_once:
+        encoder = vars(self._encoder_cache_view).get("can_allocate")
+        if (allocate, split, frees, encoder) == self._routed and self._routed_once:
             return
         # The core holds the hooks, and this scheduler the core: the hooks reach it through
         # a weak reference, so the pair is freed like any scheduler (the extension does not
@@ -119,8 +128,11 @@ class ReplacedMethods(AdapterBase):
                 else None
             ),
             pending_block_frees=frees,
+            encoder_can_allocate=(
+                None if encoder is None else _weak(ref(self._ask_encoder_can_allocate))
+            ),
         )
-        self._routed = (allocate, split, frees)
+        self._routed = (allocate, split, frees, encoder)
         self._routed_once = True
 
     def _live_priority(self, core_id: Any) -> int:
@@ -140,6 +152,19 @@ class ReplacedMethods(AdapterBase):
         finally:
             manager._asked_by_core = False
         return blocks is not None
+
+    def _ask_encoder_can_allocate(
+        self, core_id: Any, input_index: int, budget_left: int, num_embeds_to_schedule: int
+    ) -> bool:
+        request = self._request_of(core_id)
+        view = self._encoder_cache_view
+        view._asked_by_core = True
+        try:
+            return bool(
+                view.can_allocate(request, input_index, budget_left, num_embeds_to_schedule)
+            )
+        finally:
+            view._asked_by_core = False
 
     def _ask_mamba_split(
         self, core_id: Any, start: int, num_new_tokens: int, core_split: int

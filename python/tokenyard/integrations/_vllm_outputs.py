@@ -59,6 +59,24 @@ def attach_logprobs(
             output.prompt_token_id_logprobs = prompt_token_logprobs.get(request_id)
 
 
+def attach_sampling_masks(
+    outputs: dict[int, list[EngineCoreOutput]], model_runner_output: Any
+) -> None:
+    """vLLM 0.33's ``update_from_output`` with ``return_sampling_mask``: each output with
+    tokens gets the runner's sampling-mask rows for them (``SamplingMaskLists
+    .slice_request`` at the request's batch index, as many as the tokens it emits after a
+    stop)."""
+    masks = model_runner_output.sampling_masks
+    if masks is None:
+        return
+    index = model_runner_output.req_id_to_index
+    for output in itertools.chain.from_iterable(outputs.values()):
+        if output.new_token_ids:
+            output.new_sampling_mask = masks.slice_request(
+                index[output.request_id], len(output.new_token_ids)
+            )
+
+
 def check_supported(request: Request, multimodal: str | None = None) -> None:
     """Refuses request kinds tokenyard's scheduler has no notion of, naming the field.
     ``multimodal``: why this scheduler refuses multimodal items (``None``: it serves them)."""

@@ -73,6 +73,8 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
             num_scheduled_tokens = dict(zip(batch.vllm_ids, counts.tolist(), strict=True))
         else:
             num_scheduled_tokens = {vllm_ids[i]: n for i, n in core.num_scheduled_tokens.items()}
+        if self._adopted:
+            self._scheduled_by_core(num_scheduled_tokens)
         cached_data = self._cached_request_data(core, resumed, num_scheduled_tokens, batch)
         spec_decode_tokens = self._spec_decode_tokens(core.scheduled_spec_decode_tokens)
         encoder_inputs = core.scheduled_encoder_inputs

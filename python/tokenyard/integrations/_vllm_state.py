@@ -105,6 +105,11 @@ class AdapterBase:
     _structured_ids: set[str]
     defer_block_free: bool
     requires_kv_delivery: bool
+    return_sampling_mask: bool
+    """vLLM 0.33's: outputs carry the runner's sampling masks (``update_from_output``)."""
+    _adopted: set[str]
+    """Requests placed in ``running`` by hand whose steps the core has not formed since
+    (``_vllm_adopt``)."""
     _batches: tuple[tuple[Any, Batch], ...] = ()
     """The last steps' ``(SchedulerOutput, Batch)``, newest first (a few, for async
     scheduling's batch queue); set by ``schedule()``, read by ``update_from_output``."""
@@ -125,6 +130,12 @@ class AdapterBase:
         def _finish_prefill_stats(self, live: list[Request], live_ids: list[str]) -> None: ...
 
         def _publish_kv_events(self) -> None: ...
+
+        def _outside_step(self, scheduler_output: Any) -> dict[Any, tuple[int, int]] | None: ...
+
+        def _scheduled_by_core(self, scheduled_ids: Iterable[str]) -> None: ...
+
+        def _take_unheld_reports(self, reported: list[str]) -> list[str]: ...
 
         def _take_recorded_landings(self) -> None: ...
 

@@ -25,6 +25,7 @@ from tokenyard.integrations._vllm_ec import encoder_instance_stops
 from tokenyard.integrations._vllm_outputs import (
     attach_logprobs,
     attach_prefill_stats,
+    attach_sampling_masks,
     errors_in_vllm_ids,
 )
 from tokenyard.integrations._vllm_state import AdapterBase, Batch
@@ -84,7 +85,17 @@ class UpdateFromOutput(AdapterBase):
             for core_id, request in zip(live_core_ids, live, strict=True):
                 if request.spec_token_ids and request.status == _RUNNING:
                     kept_drafts[core_id] = [0] * len(request.spec_token_ids)
-        if self._int_ids and not rejected and not kept_drafts:
+        outside = self._outside_step(scheduler_output) if self._adopted else None
+        if outside is not None:
+            # A step the core did not form, over requests placed by hand (_vllm_adopt).
+            with errors_in_vllm_ids(vllm_ids):
+                finished = self._core.update_from_outside_step(
+                    outside,
+                    dict(zip(core_ids, core_tokens, strict=True)),
+                    num_rejected_tokens=rejected or None,
+                    spec_token_ids=kept_drafts or None,
+                )
+        elif self._int_ids and not rejected and not kept_drafts:
             # The bulk path: one list of ids, one of counts, one of all the tokens.
             with errors_in_vllm_ids(vllm_ids):
                 finished = self._core.update_from_output_arrays(
@@ -122,6 +133,8 @@ class UpdateFromOutput(AdapterBase):
             attach_prefill_stats(outputs, self._prefill_stats_ready)
             self._prefill_stats_ready.clear()
         attach_logprobs(outputs, live, model_runner_output)
+        if self.return_sampling_mask:
+            attach_sampling_masks(outputs, model_runner_output)
         for request, pooler_output in pooled:
             outputs.setdefault(request.client_index, []).append(
                 self._pooled_output(request, pooler_output)
@@ -507,8 +520,16 @@ class UpdateFromOutput(AdapterBase):
         bridge = self._bridge
         if bridge is None:
             return
-        recving = [i for i in kv_output.finished_recving or () if i in bridge.loading]
-        sending = [i for i in kv_output.finished_sending or () if i in bridge.sending]
+        finished_recving = kv_output.finished_recving or ()
+        finished_sending = kv_output.finished_sending or ()
+        if bridge.unheld or (
+            (finished_recving or finished_sending) and len(self.requests) > len(self._core_ids)
+        ):
+            # Reports of finished requests the core holds nothing for (_vllm_adopt).
+            finished_recving = self._take_unheld_reports(list(finished_recving))
+            finished_sending = self._take_unheld_reports(list(finished_sending))
+        recving = [i for i in finished_recving if i in bridge.loading]
+        sending = [i for i in finished_sending if i in bridge.sending]
         failed: list[str] = []
         invalid = kv_output.invalid_block_ids
         if invalid:

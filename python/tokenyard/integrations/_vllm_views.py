@@ -61,6 +61,9 @@ class _ConnectorBridge:
         # Requests whose asynchronous load is in flight / whose blocks a send holds.
         self.loading: set[str] = set()
         self.sending: set[str] = set()
+        # Finished requests kept in `requests` for a transfer the core never had: aborted
+        # while their status said WAITING_FOR_REMOTE_KVS, set by hand (_vllm_adopt).
+        self.unheld: set[str] = set()
         # request_finished's kv_transfer_params, for the request's last EngineCoreOutput.
         self.transfer_params: dict[str, Any] = {}
         # (queries, hits) of the latest connector lookup, recorded once blocks are given.

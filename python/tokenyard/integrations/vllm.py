@@ -70,6 +70,7 @@ except ImportError as err:  # pragma: no cover - exercised only without vLLM
     ) from err
 
 from tokenyard.errors import InputError
+from tokenyard.integrations._vllm_adopt import AdoptedRequests
 from tokenyard.integrations._vllm_aux_outputs import BlockHashIndex
 from tokenyard.integrations._vllm_core_attributes import CoreAttributes
 from tokenyard.integrations._vllm_encoder_cache import EncoderCacheView
@@ -114,6 +115,7 @@ _client_index = operator.attrgetter("client_index")
 
 
 class TokenyardScheduler(
+    AdoptedRequests,
     ScheduleStep,
     UpdateFromOutput,
     MambaAlign,
@@ -338,6 +340,10 @@ class TokenyardScheduler(
         # Requests whose output in flight predates their preemption (vLLM's
         # num_stale_output_tokens > 0): their share drains as those steps land.
         self._stale_ids: set[str] = set()
+        # Requests placed in `running` by hand, until the core schedules them (_vllm_adopt).
+        self._adopted: set[str] = set()
+        # vLLM 0.33's (the model config's); assignable on a built scheduler.
+        self.return_sampling_mask = bool(getattr(model_config, "return_sampling_mask", False))
         # Streaming-input sessions (_vllm_sessions): the live ones, and those parked.
         self._session_ids: set[str] = set()
         self._parked: dict[str, Request] = {}
@@ -366,11 +372,6 @@ class TokenyardScheduler(
     def _vllm_requests(self, core_ids: Iterable[Any]) -> list[Request]:
         """The vLLM requests of core ids, in their order."""
         return list(map(self.requests.__getitem__, map(self._vllm_ids.__getitem__, core_ids)))
-
-    @property
-    def running(self) -> list[Request]:
-        """The running requests in running order (a new list on each read)."""
-        return self._vllm_requests(self._core.running_ids())
 
     @property
     def waiting(self) -> _WaitingView:
@@ -510,7 +511,7 @@ class TokenyardScheduler(
         if self.log_stats:
             request.record_event(EngineCoreEventType.QUEUED)
 
-    def _add_to_core(self, request: Request) -> None:
+    def _add_to_core(self, request: Request, num_computed_tokens: int | None = None) -> None:
         request_id = request.request_id
         params = request.sampling_params
         lora = request.lora_request
@@ -531,7 +532,9 @@ class TokenyardScheduler(
             lora_id=lora.lora_int_id if lora is not None and lora.lora_int_id > 0 else None,
             mm_features=mm_features,
             # A P/D decode side's request arrives with its prompt computed (vLLM's).
-            num_computed_tokens=request.num_computed_tokens,
+            num_computed_tokens=(
+                request.num_computed_tokens if num_computed_tokens is None else num_computed_tokens
+            ),
             resumable=bool(request.resumable),
         )
         self._core_ids[request_id] = core_id
@@ -580,6 +583,9 @@ class TokenyardScheduler(
         in_core = [self._core_ids[i] for i in ids if i not in pending]
         if in_core:
             bridge = self._bridge
+            if bridge is not None:
+                # Before a deferred load is let go below: it is the core's, not by hand.
+                self._keep_hand_set_loads(ids)
             if bridge is not None and self._core.defer_async_loads:
                 # A deferred load never started: nothing will report it, so its request is
                 # not kept for one (vLLM's finish_requests).
@@ -625,7 +631,9 @@ class TokenyardScheduler(
         # As vLLM's: a request whose blocks a KV send (or an aborted load) holds stays in
         # `requests` until the transfer is reported.
         if bridge is None or (
-            request_id not in bridge.sending and request_id not in bridge.loading
+            request_id not in bridge.sending
+            and request_id not in bridge.loading
+            and request_id not in bridge.unheld
         ):
             self._forget(request_id)
 

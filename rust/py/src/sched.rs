@@ -600,25 +600,31 @@ impl PyScheduler {
     /// (`allocate(request_id, num_new_tokens, num_lookahead_tokens) -> bool`,
     /// `mamba_split(request_id, start, num_new_tokens, core_split) -> int`,
     /// `priority(request_id) -> int | None`, `pending_block_frees() -> bool` when a running
-    /// request's allocation finds no room); none: off.
-    #[pyo3(signature = (*, allocate=None, mamba_split=None, priority=None, pending_block_frees=None))]
+    /// request's allocation finds no room, `encoder_can_allocate(request_id, input_index,
+    /// budget_left, num_embeds_to_schedule) -> bool` before an encoder input is given cache
+    /// room); none: off.
+    #[pyo3(signature = (*, allocate=None, mamba_split=None, priority=None, pending_block_frees=None,
+        encoder_can_allocate=None))]
     fn set_step_hooks(
         &mut self,
         allocate: Option<Py<PyAny>>,
         mamba_split: Option<Py<PyAny>>,
         priority: Option<Py<PyAny>>,
         pending_block_frees: Option<Py<PyAny>>,
+        encoder_can_allocate: Option<Py<PyAny>>,
     ) {
         let any = allocate.is_some()
             || mamba_split.is_some()
             || priority.is_some()
-            || pending_block_frees.is_some();
+            || pending_block_frees.is_some()
+            || encoder_can_allocate.is_some();
         let hooks = any.then(|| {
             Box::new(crate::sched_hooks::PyStepHooks {
                 allocate,
                 mamba_split,
                 priority,
                 pending_block_frees,
+                encoder_can_allocate,
                 error: self.plugin_error.clone(),
             }) as Box<dyn tokenyard_core::sched::StepHooks<RequestId>>
         });
@@ -751,3 +757,6 @@ mod args;
 
 #[path = "sched_kv.rs"]
 mod kv_views;
+
+#[path = "sched_adopt.rs"]
+mod adopt;

@@ -1,5 +1,6 @@
 //! Python callables as the step scheduler's step hooks (`sched::hooks`): vLLM's
-//! `allocate_slots` and `_mamba_block_aligned_split` as a caller replaced them, and the
+//! `allocate_slots`, `_mamba_block_aligned_split` and the encoder cache's `can_allocate` as a
+//! caller replaced them, and the
 //! running requests' live priorities. Conversions
 //! and checks of their answers only; an exception they raise is kept and re-raised
 //! unchanged by the scheduler's method.
@@ -22,6 +23,9 @@ pub(crate) struct PyStepHooks {
     /// `pending_block_frees() -> bool`, optional: vLLM 0.33's connector
     /// `has_pending_block_frees` (HiSparse's pending reclamation).
     pub(crate) pending_block_frees: Option<Py<PyAny>>,
+    /// `encoder_can_allocate(request_id, input_index, budget_left, num_embeds_to_schedule)
+    /// -> bool`, optional: vLLM 0.33's `EncoderCacheManager.can_allocate` as replaced.
+    pub(crate) encoder_can_allocate: Option<Py<PyAny>>,
     pub(crate) error: ErrorSlot,
 }
 
@@ -92,6 +96,26 @@ impl StepHooks<RequestId> for PyStepHooks {
                     "priority: returned {answer}, not a priority (an int in i64's range)"
                 ))),
             }
+        })
+    }
+
+    fn allow_encoder_input(
+        &self,
+        request: &Request<RequestId>,
+        input_index: usize,
+        budget_left: usize,
+        num_embeds_to_schedule: usize,
+    ) -> Result<bool> {
+        let Some(can_allocate) = &self.encoder_can_allocate else {
+            return Ok(true);
+        };
+        Python::attach(|py| {
+            let id = (request.request_id.clone().into_py(py))
+                .map_err(|err| self.error.keep("encoder_can_allocate", err))?;
+            (can_allocate.bind(py))
+                .call1((id, input_index, budget_left, num_embeds_to_schedule))
+                .and_then(|a| a.is_truthy())
+                .map_err(|err| self.error.keep("encoder_can_allocate", err))
         })
     }
 

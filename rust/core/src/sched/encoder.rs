@@ -108,8 +108,9 @@ pub(super) struct Encoder {
     /// finishes them with an error at the next update), by slot and `arrival_seq` (a slot
     /// may hold another request by then).
     mismatched: Vec<(u32, u64)>,
-    /// The first error of the encoder-cache connector in the step being formed: the step
-    /// is completed without its answer and kept, and `schedule` returns the error.
+    /// The first error of the encoder-cache connector (or of a step hook's
+    /// `allow_encoder_input`) in the step being formed: the step is completed without its
+    /// answer and kept, and `schedule` returns the error.
     pub(super) connector_error: Option<Error>,
 }
 
@@ -286,7 +287,20 @@ impl<R: RequestKey> Scheduler<R> {
             if cache.check_and_update_cache(&slot, i, id) {
                 continue;
             }
-            if !cache.can_allocate(num_embeds, pick.budget_left, num_embeds_to_schedule) {
+            // A caller's can_allocate (`StepHooks::allow_encoder_input`) is asked first: one
+            // that refuses leaves the cache untouched, as vLLM's replaced method does.
+            let allowed = match &self.hooks {
+                Some(hooks) if self.encoder.connector_error.is_none() => hooks
+                    .allow_encoder_input(request, i, pick.budget_left, num_embeds_to_schedule)
+                    .unwrap_or_else(|err| {
+                        self.encoder.connector_error = Some(err);
+                        false
+                    }),
+                Some(_) => false,
+                None => true,
+            };
+            if !allowed || !cache.can_allocate(num_embeds, pick.budget_left, num_embeds_to_schedule)
+            {
                 // The encoder sees an item whole (bidirectional attention): stop before it.
                 n = if num_computed < start {
                     n.min(start - num_computed)

@@ -1,7 +1,8 @@
-//! Step hooks: two of the step's decisions that a caller may route through its own code,
-//! as vLLM 0.33's `Scheduler` routes them through methods a caller can replace on a built
+//! Step hooks: the step's decisions that a caller may route through its own code, as vLLM
+//! 0.33's `Scheduler` routes them through methods a caller can replace on a built
 //! scheduler: whether an allocation goes ahead (`KVCacheManager.allocate_slots`; `None`
-//! refuses it) and where a Mamba `align` split ends a chunk (`_mamba_block_aligned_split`);
+//! refuses it), where a Mamba `align` split ends a chunk (`_mamba_block_aligned_split`) and
+//! whether an encoder input fits (`EncoderCacheManager.can_allocate`);
 //! and the running requests' priorities when a victim is picked (vLLM reads
 //! `Request.priority` then, which a caller may have changed).
 //! Without hooks (the default) nothing is called and the core decides alone.
@@ -51,6 +52,23 @@ pub trait StepHooks<R>: Send + Sync {
     fn priority(&self, request: &Request<R>) -> Result<Option<i64>> {
         let _ = request;
         Ok(None)
+    }
+
+    /// Asked before the encoder cache is asked whether input `input_index` of `request` (its
+    /// `mm_features` position) fits, with the step's encoder budget left and the
+    /// embeddings already picked for the request this step (vLLM 0.33's
+    /// `encoder_cache_manager.can_allocate(request, i, budget, num_embeds_to_schedule)`).
+    /// `false` refuses: the request is scheduled up to the item and no further, as when the
+    /// cache or budget has no room.
+    fn allow_encoder_input(
+        &self,
+        request: &Request<R>,
+        input_index: usize,
+        budget_left: usize,
+        num_embeds_to_schedule: usize,
+    ) -> Result<bool> {
+        let _ = (request, input_index, budget_left, num_embeds_to_schedule);
+        Ok(true)
     }
 
     /// Asked when a running request's allocation finds no room, before a victim is picked:

@@ -3,6 +3,7 @@
 //! and KV memory, preempting (recompute) when memory runs out.
 
 mod admission;
+mod adopt;
 mod aux_outputs;
 mod block_free;
 mod config;
@@ -32,6 +33,7 @@ mod session;
 mod stale;
 mod update;
 
+pub use adopt::OutsideStep;
 pub use aux_outputs::{AuxOutputConnector, CachedBlocks};
 pub use config::{Policy, PrefixCache, PriorityTies, SchedulerConfig};
 pub use connector::{ExternalTokens, KvConnector, KvLoad};

@@ -208,7 +208,7 @@ impl<R: RequestKey> Scheduler<R> {
 
     /// `slots`: `check_outputs`' answer for `outputs` (ids are distinct, so applying one
     /// output changes no other's).
-    fn apply_update(
+    pub(super) fn apply_update(
         &mut self,
         outputs: &[SampledOutput<R>],
         slots: &[Option<u32>],
@@ -266,7 +266,7 @@ impl<R: RequestKey> Scheduler<R> {
 
     /// Checks one update's outputs; returns each one's slot, `None` for a request that
     /// finished with outputs in flight (a late output, dropped).
-    fn check_outputs(&self, outputs: &[SampledOutput<R>]) -> Result<Vec<Option<u32>>> {
+    pub(super) fn check_outputs(&self, outputs: &[SampledOutput<R>]) -> Result<Vec<Option<u32>>> {
         let twice = |id: &R| {
             Error::input(
                 "request_id",

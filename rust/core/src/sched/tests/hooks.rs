@@ -294,3 +294,42 @@ fn a_refused_async_load_allocation_starts_no_load_until_granted() {
     );
     assert_eq!(*asked.lock().unwrap(), [(0, 0), (0, 0)]);
 }
+
+/// A caller's `can_allocate` that refuses every encoder input while `refuse` is set.
+struct EncoderGate(Arc<Mutex<bool>>);
+impl StepHooks<u32> for EncoderGate {
+    fn allow_encoder_input(
+        &self,
+        _request: &Request<u32>,
+        input_index: usize,
+        budget_left: usize,
+        num_embeds_to_schedule: usize,
+    ) -> Result<bool> {
+        assert_eq!(
+            (input_index, budget_left, num_embeds_to_schedule),
+            (0, 600, 0)
+        );
+        Ok(!*self.0.lock().unwrap())
+    }
+}
+
+#[test]
+fn a_refused_encoder_input_schedules_only_the_text_before_it_and_leaves_the_cache() {
+    // A 110-token prompt with a 100-token image at 10, budget 600: refused, the request
+    // computes its 10 text tokens and the cache stays empty; allowed again, the image and
+    // the rest (100 tokens) are scheduled with input 0.
+    use super::encoder::{enc_config, image, mm_prompt};
+    let refuse = Arc::new(Mutex::new(true));
+    let mut s = Scheduler::new(enc_config(600, 4096), false).unwrap();
+    s.set_step_hooks(Some(Box::new(EncoderGate(refuse.clone()))));
+    s.add_request(0, mm_prompt(0, 110, vec![image(10, 100, "a")]))
+        .unwrap();
+    let out = run_step(&mut s);
+    assert_eq!(scheduled(&out), [(0, 10)]);
+    assert!(out.scheduled_encoder_inputs.is_empty());
+    assert_eq!(s.encoder_cache_usage().0, 4096);
+    *refuse.lock().unwrap() = false;
+    let out = run_step(&mut s);
+    assert_eq!(scheduled(&out), [(0, 100)]);
+    assert_eq!(out.scheduled_encoder_inputs, [(0, vec![0])]);
+}

@@ -184,12 +184,11 @@ def test_a_mamba_group_needs_prefix_caching_off_as_vllms_mamba_manager() -> None
     Scheduler(core)
 
 
-def test_sampling_masks_asked_for_are_refused_by_name() -> None:
+def test_sampling_masks_asked_for_at_construction_are_served() -> None:
+    """vLLM 0.33's ``Scheduler`` reads ``model_config.return_sampling_mask`` when built."""
     config = vllm_config()
     config.model_config.return_sampling_mask = True
-    with pytest.raises(ConfigError) as info:
-        core_config(config, kv_config(), block_size=16)
-    assert info.value.field == "model_config.return_sampling_mask"
+    core_config(config, kv_config(), block_size=16)  # accepted, as vLLM accepts it
 
 
 def test_speculative_tokens_reach_the_core_with_vllms_padding() -> None:

@@ -170,12 +170,19 @@ def test_a_request_placed_without_a_status_runs_as_vllm_runs_it() -> None:
     assert states[0]["requests"][0][1] == [EOS, 10, 11]
 
 
-def test_sampling_masks_go_to_each_request_by_its_batch_index() -> None:
+@pytest.mark.parametrize("asked", ["on the built scheduler", "in the model config"])
+def test_sampling_masks_go_to_each_request_by_its_batch_index(asked: str) -> None:
     # Rows [0, 2), [2, 3), [3, 6) of the mask's tokens: one position per request.
-    pair = build_pair(num_blocks=40)[:2]
+    vllm_scheduler, adapter, peer = build_pair(num_blocks=40)
+    pair = [vllm_scheduler, adapter]
+    if asked == "in the model config":
+        peer.vllm_config.model_config.return_sampling_mask = True
+        kv_cache_config = vllm_scheduler.kv_cache_config
+        pair = [peer.build(type(s), kv_cache_config) for s in pair]
     masks = []
     for scheduler in pair:
-        scheduler.return_sampling_mask = True
+        if asked == "on the built scheduler":
+            scheduler.return_sampling_mask = True
         requests = _requests([8, 8, 8], 10)
         _place(scheduler, requests, RequestStatus.RUNNING)
         mask = SamplingMaskLists(

@@ -85,8 +85,8 @@ def settings(
 
     Raises:
         ConfigError: a KV cache group the core has no kind for (:func:`kv_groups_of`), a
-            Mamba or cross-attention group with prefix caching on, sampling masks asked for
-            (``return_sampling_mask``), or a value of the wrong type.
+            Mamba or cross-attention group with prefix caching on, or a value of the wrong
+            type.
     """
     sched = vllm_config.scheduler_config
     cache = vllm_config.cache_config
@@ -137,13 +137,6 @@ def settings(
             "model) is served with prefix caching off, as vLLM's CrossAttentionManager "
             "requires",
             field="cache_config.enable_prefix_caching",
-            value="True",
-        )
-    if _get(model, "return_sampling_mask"):
-        raise ConfigError(
-            "model_config.return_sampling_mask: tokenyard's scheduler does not hand sampling "
-            "masks back to the engine",
-            field="model_config.return_sampling_mask",
             value="True",
         )
     # vLLM's KVCacheManager sizes its block pool by the KV cache config's num_blocks.

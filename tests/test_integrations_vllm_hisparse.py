@@ -118,13 +118,13 @@ def test_a_hisparse_config_assigned_sizes_the_host_pool_and_a_plain_one_removes_
     assert ours._core.hisparse_host_pages is None
 
 
-def test_vllms_hisparse_layout_at_construction_needs_prefix_caching_off() -> None:
-    # The layout itself is served (test_integrations_vllm_hisparse_groups.py); with prefix
-    # caching on it is refused, naming the setting.
-    _, _, peer = build_pair(num_blocks=64, max_model_len=128)
-    with pytest.raises(ConfigError, match="prefix caching off") as err:
-        peer.build(TokenyardScheduler, hisparse_config(64, 9))
-    assert err.value.field == "cache_config.enable_prefix_caching"
+def test_vllms_hisparse_layout_at_construction_is_served_with_prefix_caching_on() -> None:
+    # vLLM's default; nothing hits without the HiSparse connector's acknowledged
+    # write-backs (test_integrations_vllm_hisparse_caching.py compares it with vLLM).
+    _, _, peer = build_pair(num_blocks=64, max_model_len=128, enable_prefix_caching=True)
+    ours = peer.build(TokenyardScheduler, hisparse_config(64, 9))
+    assert ours._prefix_caching
+    assert ours._core.hisparse_host_pages == (9, 16, 8)
 
 
 def test_an_assigned_kv_cache_manager_is_adopted_for_its_config_or_refused() -> None:

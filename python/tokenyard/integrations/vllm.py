@@ -159,7 +159,7 @@ class TokenyardScheduler(
         self.block_size = block_size
         self.hash_block_size = hash_block_size or block_size
         force_async = self._async_scheduling_class
-        refuse_unmodelled_hisparse(kv_cache_config)
+        refuse_unmodelled_hisparse(kv_cache_config, vllm_config.kv_transfer_config)
         s = settings(vllm_config, kv_cache_config, block_size, async_scheduling=force_async)
         self.max_num_running_reqs = s.max_num_running_reqs
         self.max_num_active_reqs = s.max_num_active_reqs

@@ -24,9 +24,11 @@
 //! full-attention group, sized as the source group is) or its single pool's table; the
 //! tables and the free queue partition the usable blocks (all but the null block).
 //!
-//! Not modelled: prefix caching on the host pool (vLLM publishes a host page only once
+//! Not modelled: sharing host pages between requests (vLLM publishes a host page only once
 //! the HiSparse connector's worker acknowledges its write-back, and only then can a hit
-//! share it); the coordinator refuses prefix caching beside HiSparse device groups.
+//! share it). Without that connector nothing is published, so with prefix caching on a
+//! lookup beside HiSparse device groups hits nothing (`kv::coordinator_hisparse`) and the
+//! host blocks stay unhashed: the order above holds with caching on too.
 
 use std::collections::VecDeque;
 

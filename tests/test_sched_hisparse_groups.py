@@ -11,6 +11,7 @@ from collections import deque
 from typing import Any
 
 import pytest
+from hisparse_publication_model import HostPublication
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -278,6 +279,55 @@ class HostPool(RuleBasedStateMachine):
 TestHostPool = HostPool.TestCase
 TestHostPool.settings = settings(
     max_examples=60,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+class SharedHostPages(RuleBasedStateMachine):
+    """The reference model of vLLM 0.33's host pool with prefix caching under the HiSparse
+    connector (``hisparse_publication_model``; it is checked against vLLM's own
+    ``HiSparseCoordinator`` in ``test_hisparse_host_publication.py``, bench venv): requests
+    sharing prefixes arrive, write-backs are acknowledged in any order, requests finish.
+    After every operation blocks are conserved (each free once or referenced as often as
+    tables, transfers and leases name it), nothing is freed twice (the model raises), and no
+    admission hits a page whose write-back has not been acknowledged (the model raises)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pool = HostPublication(16, 4)
+        self.next_id = 0
+
+    @rule(prefix=st.integers(0, 1), shared=st.sampled_from([0, 4, 8, 12]), own=st.integers(1, 9))
+    def admit(self, prefix: int, shared: int, own: int) -> None:
+        self.next_id += 1
+        tokens = [prefix * 100 + t for t in range(shared)]
+        tokens += [1000 * self.next_id + t for t in range(own)]
+        hit = self.pool.admit(f"r{self.next_id}", tokens)
+        if hit is not None:
+            assert hit % 4 == 0
+            assert hit < len(tokens)
+
+    @rule(data=st.data())
+    def acknowledge(self, data: st.DataObject) -> None:
+        planned = sorted(self.pool.transfers)
+        if planned:
+            self.pool.acknowledge(data.draw(st.lists(st.sampled_from(planned), unique=True)))
+
+    @rule(data=st.data())
+    def finish(self, data: st.DataObject) -> None:
+        if self.pool.requests:
+            self.pool.finish(data.draw(st.sampled_from(sorted(self.pool.requests))))
+
+    @invariant()
+    def blocks_are_conserved(self) -> None:
+        self.pool.check()
+
+
+TestSharedHostPages = SharedHostPages.TestCase
+TestSharedHostPages.settings = settings(
+    max_examples=80,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

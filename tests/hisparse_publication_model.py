@@ -2,7 +2,8 @@
 its scheduler side runs it under the HiSparse connector (``HiSparseCoordinator`` in
 ``vllm/v1/hisparse/coordinator.py`` over the host ``BlockPool`` of ``HiSparseSourceManager``;
 the rule is written down in docs/integrations.md, "vLLM 0.33's scheduler-side HiSparse
-rule"). Whole prompts are admitted in one step and freed when done; what is modelled:
+rule"). Prompts are admitted whole or in prefill chunks and freed when done (finished, or
+aborted mid-prefill); what is modelled:
 
 - admission: the hit is the longest run of published pages (never the prompt's last token),
   its host blocks shared (a reference each; a block without one leaves the free queue and
@@ -16,7 +17,7 @@ rule"). Whole prompts are admitted in one step and freed when done; what is mode
   lands, then publishes them; its own references go, tail first (blocks without a published
   page to the queue's front, published ones to its tail).
 
-Not modelled: the device side (residency, copies), chunked prefills, preemption,
+Not modelled: the device side (residency, copies), decode growth, preemption,
 copy-on-write for partial hits (block-aligned hashes only) and imports. Used by
 tests/test_sched_hisparse_groups.py (its invariants) and
 tests/test_hisparse_host_publication.py (against vLLM's own)."""
@@ -40,7 +41,9 @@ class _Request:
     # (None once all is published).
     num_cached: int = 0
     publication: int | None = None
-    detached: bool = False
+    computed: int = 0
+    # Pages a finished request's publication keeps referenced until it lands (0: none).
+    lease: int = 0
 
 
 class HostPublication:
@@ -109,11 +112,18 @@ class HostPublication:
         self.free.extendleft(reversed(front))
         self.free.extend(tail)
 
-    def admit(self, request_id: str, tokens: list[int]) -> int | None:
-        """Admits ``tokens`` whole; returns the hit in tokens, or None when the pool cannot
-        back the request (nothing changes)."""
+    def admit(
+        self, request_id: str, tokens: list[int], max_new_tokens: int | None = None
+    ) -> int | None:
+        """Admits ``tokens`` (at most ``max_new_tokens`` of them past the hit, a first
+        prefill chunk); returns the hit in tokens, or None when the pool cannot back the
+        request (nothing changes)."""
         hit = self.hit_pages(tokens)
-        need = -(-len(tokens) // self.block_size) - len(hit)
+        num_hit = len(hit) * self.block_size
+        new = len(tokens) - num_hit
+        if max_new_tokens is not None:
+            new = min(new, max_new_tokens)
+        need = -(-(num_hit + new) // self.block_size) - len(hit)
         evictable = sum(self.ref[b] == 0 for b in hit)
         if need + evictable > len(self.free):
             return None
@@ -127,9 +137,29 @@ class HostPublication:
         request.ready = request.num_cached = len(hit)
         self.requests[request_id] = request
         self._ids[id(request)] = request_id
-        request.publication = len(tokens)
+        self._computed(request, num_hit + new)
+        return num_hit
+
+    def step(self, request_id: str, num_new_tokens: int) -> bool:
+        """The next prefill chunk of a running request, at most ``num_new_tokens``; False
+        when the pool cannot back its pages (nothing changes)."""
+        request = self.requests[request_id]
+        total = min(request.computed + num_new_tokens, len(request.tokens))
+        need = -(-total // self.block_size) - len(request.table)
+        if need > len(self.free):
+            return False
+        request.table += self._take(max(need, 0))
+        self._computed(request, total)
+        return True
+
+    def _computed(self, request: _Request, num_computed: int) -> None:
+        """After an allocation: the publication covers ``num_computed`` tokens (vLLM's
+        ``publish_when_ready``), and each sealed page past the ready prefix gets a
+        write-back holding a reference on its block (``plan_prefix_materialization``)."""
+        request.computed = num_computed
+        request.publication = num_computed
         self._publish(request)
-        for page in range(request.ready, len(tokens) // self.block_size):
+        for page in range(request.ready, num_computed // self.block_size):
             if page in request.valid or page in request.pending:
                 continue
             block = request.table[page]
@@ -137,7 +167,6 @@ class HostPublication:
             request.pending[page] = self.next_transfer
             self.transfers[self.next_transfer] = (request, page, block)
             self.next_transfer += 1
-        return len(hit) * self.block_size
 
     def _publish(self, request: _Request) -> None:
         if request.publication is None:
@@ -171,13 +200,12 @@ class HostPublication:
             request.valid.add(page)
             if self.requests.get(request_id) is request:
                 completed.add(request_id)
-            elif request.detached and not request.pending:
+            elif request.lease and not request.pending:
                 while request.ready in request.valid:
                     request.ready += 1
                 self._publish(request)
                 request.publication = None
-                lease = request.table[: len(request.tokens) // self.block_size]
-                self._release(list(reversed(lease)))
+                self._release(list(reversed(request.table[: request.lease])))
                 del self.detached[request_id]
             self._release([block])
         for request_id in completed:
@@ -191,9 +219,9 @@ class HostPublication:
         pages), and its own references go, tail first."""
         request = self.requests.pop(request_id)
         if request.publication is not None and request.pending:
-            request.detached = True
+            request.lease = request.publication // self.block_size
             self.detached[request_id] = request
-            self._touch(request.table[: request.publication // self.block_size])
+            self._touch(request.table[: request.lease])
         else:
             request.publication = None
         self._release(list(reversed(request.table)))
@@ -208,7 +236,7 @@ class HostPublication:
         for _, _, block in self.transfers.values():
             refs[block] += 1
         for request in self.detached.values():
-            for block in request.table[: len(request.tokens) // self.block_size]:
+            for block in request.table[: request.lease]:
                 refs[block] += 1
         if refs != self.ref:
             raise AssertionError(f"references {self.ref} but held {refs}")

@@ -2,9 +2,10 @@
 against vLLM's own ``KVCacheManager`` and ``HiSparseCoordinator`` with prefix caching on,
 driven as the HiSparse connector's scheduler side drives them (``advance_scheduled`` after
 each allocation, the step's transfers drained with ``build_offload_command``, worker
-acknowledgements through ``update_spills``), with shared prefixes and acknowledgements in a
-seeded random order. After every operation: each request's host table, the host pool's free
-queue in order, the published host blocks, and the hit of each admission. This checks the
+acknowledgements through ``update_spills``), with shared prefixes, chunked prefills, finishes
+mid-prefill, and acknowledgements in a seeded random order. After every operation: each
+request's host table, the host pool's free queue in order, the published host blocks, and
+the hit of each admission. This checks the
 rule docs/integrations.md writes down; tokenyard's core does not run it (the HiSparse
 connector is refused). Needs vLLM (the bench venv); skipped elsewhere."""
 
@@ -50,22 +51,36 @@ class _Vllm:
         )
         self.requests: dict[str, Any] = {}
 
-    def admit(self, request_id: str, tokens: list[int]) -> tuple[int | None, list[int]]:
+    def admit(
+        self, request_id: str, tokens: list[int], max_new_tokens: int | None
+    ) -> tuple[int | None, list[int]]:
         request = self.peer.make_request(request_id, tokens, 1)
         blocks, num_hit, _ = self.manager.get_computed_blocks(request)
-        new = self.manager.allocate_slots(
-            request,
-            len(tokens) - num_hit,
-            num_new_computed_tokens=num_hit,
-            new_computed_blocks=blocks,
+        new = len(tokens) - num_hit
+        if max_new_tokens is not None:
+            new = min(new, max_new_tokens)
+        allocated = self.manager.allocate_slots(
+            request, new, num_new_computed_tokens=num_hit, new_computed_blocks=blocks
         )
-        if new is None:
+        if allocated is None:
             return None, []
-        request.num_computed_tokens = len(tokens)
+        request.num_computed_tokens = num_hit + new
         self.requests[request_id] = request
-        self.coordinator.advance_scheduled([(request_id, len(tokens))])
+        return num_hit, self._advance(request)
+
+    def step(self, request_id: str, num_new_tokens: int) -> tuple[bool, list[int]]:
+        request = self.requests[request_id]
+        new = min(num_new_tokens, request.num_tokens - request.num_computed_tokens)
+        if self.manager.allocate_slots(request, new) is None:
+            return False, []
+        request.num_computed_tokens += new
+        return True, self._advance(request)
+
+    def _advance(self, request: Any) -> list[int]:
+        """The HiSparse connector's per-step work for the request (build_connector_meta)."""
+        self.coordinator.advance_scheduled([(request.request_id, request.num_computed_tokens)])
         command = self.coordinator.build_offload_command()
-        return num_hit, [t.transfer_id for t in command.page_transfers]
+        return [t.transfer_id for t in command.page_transfers]
 
     def acknowledge(self, transfer_ids: list[int]) -> None:
         counts = dict.fromkeys(transfer_ids, 1)
@@ -99,35 +114,48 @@ def _prompt(rng: random.Random, prefixes: list[list[int]]) -> list[int]:
     ]
 
 
-def run(seed: int, host_num_blocks: int, operations: int = 120) -> dict[str, int]:
-    """Random admissions, acknowledgements and finishes on both; returns what happened."""
+def run(seed: int, host_num_blocks: int, operations: int = 160) -> dict[str, int]:
+    """Random admissions (whole or a first prefill chunk), later chunks, acknowledgements
+    and finishes (some mid-prefill) on both; returns what happened."""
     rng = random.Random(seed)
     prefixes = [[rng.randrange(1000) for _ in range(64)] for _ in range(3)]
     theirs, ours = _Vllm(host_num_blocks), HostPublication(host_num_blocks, BLOCK_SIZE)
     planned: list[int] = []
-    seen = {"hits": 0, "refused": 0, "acks": 0, "evictable_hits": 0}
+    seen = dict.fromkeys(
+        ("hits", "refused", "acks", "evictable_hits", "chunks", "aborted_prefills"), 0
+    )
     next_id = 0
     for step in range(operations):
         op = rng.random()
-        if op < 0.4:
+        prefilling = sorted(r for r, q in ours.requests.items() if q.computed < len(q.tokens))
+        if op < 0.3:
             tokens = _prompt(rng, prefixes)
             request_id = f"r{next_id}"
             next_id += 1
+            chunk = rng.choice([None, None, 16, 24, 40])
             evictable = sum(ours.ref[b] == 0 for b in ours.hit_pages(tokens))
-            hit, transfers = theirs.admit(request_id, tokens)
-            assert ours.admit(request_id, tokens) == hit, f"op {step}"
+            hit, transfers = theirs.admit(request_id, tokens, chunk)
+            assert ours.admit(request_id, tokens, chunk) == hit, f"op {step}"
             planned.extend(transfers)
             seen["hits"] += bool(hit)
             seen["refused"] += hit is None
             seen["evictable_hits"] += bool(hit and evictable)
+        elif op < 0.45 and prefilling:
+            request_id = rng.choice(prefilling)
+            chunk = rng.choice([8, 16, 24, 40])
+            done, transfers = theirs.step(request_id, chunk)
+            assert ours.step(request_id, chunk) == done, f"op {step}"
+            planned.extend(transfers)
+            seen["chunks"] += 1
         elif op < 0.75 and planned:
-            done = sorted(rng.sample(planned, rng.randrange(1, len(planned) + 1)))
-            planned = [t for t in planned if t not in done]
-            theirs.acknowledge(done)
-            ours.acknowledge(done)
-            seen["acks"] += len(done)
+            done_ids = sorted(rng.sample(planned, rng.randrange(1, len(planned) + 1)))
+            planned = [t for t in planned if t not in done_ids]
+            theirs.acknowledge(done_ids)
+            ours.acknowledge(done_ids)
+            seen["acks"] += len(done_ids)
         elif ours.requests:
             request_id = rng.choice(sorted(ours.requests))
+            seen["aborted_prefills"] += request_id in prefilling
             theirs.finish(request_id)
             ours.finish(request_id)
         ours.check()

@@ -289,7 +289,8 @@ class SharedHostPages(RuleBasedStateMachine):
     """The reference model of vLLM 0.33's host pool with prefix caching under the HiSparse
     connector (``hisparse_publication_model``; it is checked against vLLM's own
     ``HiSparseCoordinator`` in ``test_hisparse_host_publication.py``, bench venv): requests
-    sharing prefixes arrive, write-backs are acknowledged in any order, requests finish.
+    sharing prefixes arrive, whole or in prefill chunks, write-backs are acknowledged in any
+    order, requests finish (some mid-prefill).
     After every operation blocks are conserved (each free once or referenced as often as
     tables, transfers and leases name it), nothing is freed twice (the model raises), and no
     admission hits a page whose write-back has not been acknowledged (the model raises)."""
@@ -299,15 +300,26 @@ class SharedHostPages(RuleBasedStateMachine):
         self.pool = HostPublication(16, 4)
         self.next_id = 0
 
-    @rule(prefix=st.integers(0, 1), shared=st.sampled_from([0, 4, 8, 12]), own=st.integers(1, 9))
-    def admit(self, prefix: int, shared: int, own: int) -> None:
+    @rule(
+        prefix=st.integers(0, 1),
+        shared=st.sampled_from([0, 4, 8, 12]),
+        own=st.integers(1, 9),
+        chunk=st.none() | st.integers(1, 8),
+    )
+    def admit(self, prefix: int, shared: int, own: int, chunk: int | None) -> None:
         self.next_id += 1
         tokens = [prefix * 100 + t for t in range(shared)]
         tokens += [1000 * self.next_id + t for t in range(own)]
-        hit = self.pool.admit(f"r{self.next_id}", tokens)
+        hit = self.pool.admit(f"r{self.next_id}", tokens, chunk)
         if hit is not None:
             assert hit % 4 == 0
             assert hit < len(tokens)
+
+    @rule(data=st.data(), chunk=st.integers(1, 8))
+    def step(self, data: st.DataObject, chunk: int) -> None:
+        prefilling = sorted(r for r, q in self.pool.requests.items() if q.computed < len(q.tokens))
+        if prefilling:
+            self.pool.step(data.draw(st.sampled_from(prefilling)), chunk)
 
     @rule(data=st.data())
     def acknowledge(self, data: st.DataObject) -> None:

@@ -3,7 +3,7 @@ its scheduler side runs it under the HiSparse connector (``HiSparseCoordinator``
 ``vllm/v1/hisparse/coordinator.py`` over the host ``BlockPool`` of ``HiSparseSourceManager``;
 the rule is written down in docs/integrations.md, "vLLM 0.33's scheduler-side HiSparse
 rule"). Prompts are admitted whole or in prefill chunks and freed when done (finished, or
-aborted mid-prefill); what is modelled:
+aborted mid-prefill) or preempted and admitted again; what is modelled:
 
 - admission: the hit is the longest run of published pages (never the prompt's last token),
   its host blocks shared (a reference each; a block without one leaves the free queue and
@@ -14,10 +14,11 @@ aborted mid-prefill); what is modelled:
 - acknowledgement: the page becomes valid, the ready prefix advances over valid pages and
   that much is published; the transfer's reference goes;
 - free: a finished request with writes pending keeps its pages referenced until the last
-  lands, then publishes them; its own references go, tail first (blocks without a published
+  lands, then publishes them (a preempted one publishes nothing more, and is admitted again
+  from what was published); its own references go, tail first (blocks without a published
   page to the queue's front, published ones to its tail).
 
-Not modelled: the device side (residency, copies), decode growth, preemption,
+Not modelled: the device side (residency, copies), decode growth,
 copy-on-write for partial hits (block-aligned hashes only) and imports. Used by
 tests/test_sched_hisparse_groups.py (its invariants) and
 tests/test_hisparse_host_publication.py (against vLLM's own)."""
@@ -214,11 +215,12 @@ class HostPublication:
                 request.ready += 1
             self._publish(request)
 
-    def finish(self, request_id: str) -> None:
-        """The request finished: its publication waits for writes pending (holding its
-        pages), and its own references go, tail first."""
+    def finish(self, request_id: str, *, finished: bool = True) -> None:
+        """The request finished (or, ``finished=False``, was preempted): a finished one's
+        publication waits for writes pending (holding its pages), a preempted one's is
+        dropped (its writes land for no one); its own references go, tail first."""
         request = self.requests.pop(request_id)
-        if request.publication is not None and request.pending:
+        if finished and request.publication is not None and request.pending:
             request.lease = request.publication // self.block_size
             self.detached[request_id] = request
             self._touch(request.table[: request.lease])

@@ -3,7 +3,8 @@ against vLLM's own ``KVCacheManager`` and ``HiSparseCoordinator`` with prefix ca
 driven as the HiSparse connector's scheduler side drives them (``advance_scheduled`` after
 each allocation, the step's transfers drained with ``build_offload_command``, worker
 acknowledgements through ``update_spills``), with shared prefixes, chunked prefills, finishes
-mid-prefill, and acknowledgements in a seeded random order. After every operation: each
+mid-prefill, preemptions and admissions again, and acknowledgements in a seeded random
+order. After every operation: each
 request's host table, the host pool's free queue in order, the published host blocks, and
 the hit of each admission. This checks the
 rule docs/integrations.md writes down; tokenyard's core does not run it (the HiSparse
@@ -50,11 +51,15 @@ class _Vllm:
             max_num_batched_tokens=MAX_MODEL_LEN,
         )
         self.requests: dict[str, Any] = {}
+        self.preempted: dict[str, Any] = {}
 
     def admit(
         self, request_id: str, tokens: list[int], max_new_tokens: int | None
     ) -> tuple[int | None, list[int]]:
-        request = self.peer.make_request(request_id, tokens, 1)
+        request = self.preempted.pop(request_id, None)
+        if request is None:
+            request = self.peer.make_request(request_id, tokens, 1)
+        request.status = RequestStatus.WAITING
         blocks, num_hit, _ = self.manager.get_computed_blocks(request)
         new = len(tokens) - num_hit
         if max_new_tokens is not None:
@@ -63,6 +68,7 @@ class _Vllm:
             request, new, num_new_computed_tokens=num_hit, new_computed_blocks=blocks
         )
         if allocated is None:
+            self.preempted[request_id] = request
             return None, []
         request.num_computed_tokens = num_hit + new
         self.requests[request_id] = request
@@ -86,10 +92,14 @@ class _Vllm:
         counts = dict.fromkeys(transfer_ids, 1)
         self.coordinator.update_spills(counts, counts)
 
-    def finish(self, request_id: str) -> None:
+    def finish(self, request_id: str, *, finished: bool = True) -> None:
         request = self.requests.pop(request_id)
-        request.status = RequestStatus.FINISHED_STOPPED
+        request.status = RequestStatus.FINISHED_STOPPED if finished else RequestStatus.PREEMPTED
         self.manager.free(request)
+        if not finished:
+            # vLLM's _preempt_request: the same Request waits again, computing from 0.
+            request.num_computed_tokens = 0
+            self.preempted[request_id] = request
 
     def state(self) -> dict[str, Any]:
         return {
@@ -115,27 +125,38 @@ def _prompt(rng: random.Random, prefixes: list[list[int]]) -> list[int]:
 
 
 def run(seed: int, host_num_blocks: int, operations: int = 160) -> dict[str, int]:
-    """Random admissions (whole or a first prefill chunk), later chunks, acknowledgements
-    and finishes (some mid-prefill) on both; returns what happened."""
+    """Random admissions (whole or a first prefill chunk), later chunks, acknowledgements,
+    finishes (some mid-prefill) and preemptions (the request admitted again later) on both;
+    returns what happened."""
     rng = random.Random(seed)
     prefixes = [[rng.randrange(1000) for _ in range(64)] for _ in range(3)]
     theirs, ours = _Vllm(host_num_blocks), HostPublication(host_num_blocks, BLOCK_SIZE)
     planned: list[int] = []
     seen = dict.fromkeys(
-        ("hits", "refused", "acks", "evictable_hits", "chunks", "aborted_prefills"), 0
-    )
+        ("hits", "refused", "acks", "evictable_hits", "chunks", "aborted_prefills"),
+        0,
+    ) | {"preempted": 0, "readmitted": 0}
+    preempted: dict[str, list[int]] = {}
     next_id = 0
     for step in range(operations):
         op = rng.random()
         prefilling = sorted(r for r, q in ours.requests.items() if q.computed < len(q.tokens))
         if op < 0.3:
-            tokens = _prompt(rng, prefixes)
-            request_id = f"r{next_id}"
-            next_id += 1
+            if preempted and rng.random() < 0.5:
+                request_id = rng.choice(sorted(preempted))
+                tokens = preempted.pop(request_id)
+                seen["readmitted"] += 1
+            else:
+                tokens = _prompt(rng, prefixes)
+                request_id = f"r{next_id}"
+                next_id += 1
             chunk = rng.choice([None, None, 16, 24, 40])
             evictable = sum(ours.ref[b] == 0 for b in ours.hit_pages(tokens))
             hit, transfers = theirs.admit(request_id, tokens, chunk)
             assert ours.admit(request_id, tokens, chunk) == hit, f"op {step}"
+            if hit is None:
+                # Refused: it may be tried again later (vLLM keeps its Request waiting).
+                preempted[request_id] = tokens
             planned.extend(transfers)
             seen["hits"] += bool(hit)
             seen["refused"] += hit is None
@@ -155,9 +176,14 @@ def run(seed: int, host_num_blocks: int, operations: int = 160) -> dict[str, int
             seen["acks"] += len(done_ids)
         elif ours.requests:
             request_id = rng.choice(sorted(ours.requests))
-            seen["aborted_prefills"] += request_id in prefilling
-            theirs.finish(request_id)
-            ours.finish(request_id)
+            finished = rng.random() < 0.7
+            if finished:
+                seen["aborted_prefills"] += request_id in prefilling
+            else:
+                seen["preempted"] += 1
+                preempted[request_id] = ours.requests[request_id].tokens
+            theirs.finish(request_id, finished=finished)
+            ours.finish(request_id, finished=finished)
         ours.check()
         assert _model_state(ours) == theirs.state(), f"op {step}"
     return seen

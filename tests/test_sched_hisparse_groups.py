@@ -290,7 +290,7 @@ class SharedHostPages(RuleBasedStateMachine):
     connector (``hisparse_publication_model``; it is checked against vLLM's own
     ``HiSparseCoordinator`` in ``test_hisparse_host_publication.py``, bench venv): requests
     sharing prefixes arrive, whole or in prefill chunks, write-backs are acknowledged in any
-    order, requests finish (some mid-prefill).
+    order, requests finish (some mid-prefill) or are preempted.
     After every operation blocks are conserved (each free once or referenced as often as
     tables, transfers and leases name it), nothing is freed twice (the model raises), and no
     admission hits a page whose write-back has not been acknowledged (the model raises)."""
@@ -327,10 +327,12 @@ class SharedHostPages(RuleBasedStateMachine):
         if planned:
             self.pool.acknowledge(data.draw(st.lists(st.sampled_from(planned), unique=True)))
 
-    @rule(data=st.data())
-    def finish(self, data: st.DataObject) -> None:
+    @rule(data=st.data(), finished=st.booleans())
+    def finish(self, data: st.DataObject, finished: bool) -> None:
+        # Finished, or preempted (its pending writes then publish nothing).
         if self.pool.requests:
-            self.pool.finish(data.draw(st.sampled_from(sorted(self.pool.requests))))
+            request_id = data.draw(st.sampled_from(sorted(self.pool.requests)))
+            self.pool.finish(request_id, finished=finished)
 
     @invariant()
     def blocks_are_conserved(self) -> None:

@@ -218,16 +218,27 @@ def test_caching_under_async_scheduling_agrees_with_vllms_async_scheduler(
     raise AssertionError("the stream did not drain")
 
 
-def test_the_hisparse_connector_is_refused_by_name() -> None:
-    # Its scheduler side plans write-backs every step (pinning device and host blocks), so
-    # vLLM's block ids change with it; before this refusal the adapter failed an assertion
-    # in the connector's build_connector_meta at the first step.
+HISPARSE = {"kv_connector": "HiSparseConnector", "kv_role": "kv_both"}
+
+
+@pytest.mark.parametrize("inside_multi", [False, True])
+def test_the_hisparse_connector_is_refused_by_name(inside_multi: bool) -> None:
+    # Its scheduler side plans write-backs every step (with references on device and host
+    # blocks), so vLLM's block ids change with it; before this refusal the adapter failed an
+    # assertion in the connector's build_connector_meta at the first step.
     peer = _peer(80, enable_prefix_caching=False)
-    peer.vllm_config.kv_transfer_config = KVTransferConfig(
-        kv_connector="HiSparseConnector",
-        kv_role="kv_both",
-        kv_connector_extra_config={"host_pool_gib": 1},
-    )
+    extra = {"host_pool_gib": 1}
+    if inside_multi:
+        child = {**HISPARSE, "kv_connector_extra_config": extra}
+        config = KVTransferConfig(
+            kv_connector="MultiConnector",
+            kv_role="kv_both",
+            kv_connector_extra_config={"connectors": [child]},
+        )
+    else:
+        config = KVTransferConfig(**HISPARSE, kv_connector_extra_config=extra)
+    peer.vllm_config.kv_transfer_config = config
     with pytest.raises(ConfigError, match="HiSparseConnector") as err:
         peer.build(TokenyardScheduler, layout(80, 40))
     assert err.value.field == "kv_transfer_config.kv_connector"
+    assert err.value.value == config.kv_connector

@@ -2,7 +2,8 @@
 its scheduler side runs it under the HiSparse connector (``HiSparseCoordinator`` in
 ``vllm/v1/hisparse/coordinator.py`` over the host ``BlockPool`` of ``HiSparseSourceManager``;
 the rule is written down in docs/integrations.md, "vLLM 0.33's scheduler-side HiSparse
-rule"). Prompts are admitted whole or in prefill chunks and freed when done (finished, or
+rule"). Prompts are admitted whole or in prefill chunks, decode, and are freed when done
+(finished, or
 aborted mid-prefill) or preempted and admitted again; what is modelled:
 
 - admission: the hit is the longest run of published pages (never the prompt's last token),
@@ -18,7 +19,7 @@ aborted mid-prefill) or preempted and admitted again; what is modelled:
   from what was published); its own references go, tail first (blocks without a published
   page to the queue's front, published ones to its tail).
 
-Not modelled: the device side (residency, copies), decode growth,
+Not modelled: the device side (residency, copies),
 copy-on-write for partial hits (block-aligned hashes only) and imports. Used by
 tests/test_sched_hisparse_groups.py (its invariants) and
 tests/test_hisparse_host_publication.py (against vLLM's own)."""
@@ -152,6 +153,14 @@ class HostPublication:
         request.table += self._take(max(need, 0))
         self._computed(request, total)
         return True
+
+    def decode(self, request_id: str, token: int) -> bool:
+        """A decode step of a request whose tokens are all computed: ``token`` (sampled by
+        its last step) joins its tokens and is computed; False when the pool cannot back its
+        page (the token is still appended, as vLLM's request keeps it)."""
+        request = self.requests[request_id]
+        request.tokens.append(token)
+        return self.step(request_id, 1)
 
     def _computed(self, request: _Request, num_computed: int) -> None:
         """After an allocation: the publication covers ``num_computed`` tokens (vLLM's

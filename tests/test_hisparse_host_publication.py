@@ -3,8 +3,8 @@ against vLLM's own ``KVCacheManager`` and ``HiSparseCoordinator`` with prefix ca
 driven as the HiSparse connector's scheduler side drives them (``advance_scheduled`` after
 each allocation, the step's transfers drained with ``build_offload_command``, worker
 acknowledgements through ``update_spills``), with shared prefixes, chunked prefills, finishes
-mid-prefill, preemptions and admissions again, and acknowledgements in a seeded random
-order. After every operation: each
+mid-prefill, decode steps, preemptions and admissions again, and acknowledgements in a
+seeded random order. After every operation: each
 request's host table, the host pool's free queue in order, the published host blocks, and
 the hit of each admission. This checks the
 rule docs/integrations.md writes down; tokenyard's core does not run it (the HiSparse
@@ -82,6 +82,12 @@ class _Vllm:
         request.num_computed_tokens += new
         return True, self._advance(request)
 
+    def decode(self, request_id: str, token: int) -> tuple[bool, list[int]]:
+        # The token the last step sampled joins the request (its block hashes follow).
+        request = self.requests[request_id]
+        request.append_output_token_ids(token)
+        return self.step(request_id, 1)
+
     def _advance(self, request: Any) -> list[int]:
         """The HiSparse connector's per-step work for the request (build_connector_meta)."""
         self.coordinator.advance_scheduled([(request.request_id, request.num_computed_tokens)])
@@ -124,10 +130,10 @@ def _prompt(rng: random.Random, prefixes: list[list[int]]) -> list[int]:
     ]
 
 
-def run(seed: int, host_num_blocks: int, operations: int = 160) -> dict[str, int]:
-    """Random admissions (whole or a first prefill chunk), later chunks, acknowledgements,
-    finishes (some mid-prefill) and preemptions (the request admitted again later) on both;
-    returns what happened."""
+def run(seed: int, host_num_blocks: int, operations: int = 200) -> dict[str, int]:
+    """Random admissions (whole or a first prefill chunk), later chunks, decode steps,
+    acknowledgements, finishes (some mid-prefill) and preemptions (the request admitted
+    again later) on both; returns what happened."""
     rng = random.Random(seed)
     prefixes = [[rng.randrange(1000) for _ in range(64)] for _ in range(3)]
     theirs, ours = _Vllm(host_num_blocks), HostPublication(host_num_blocks, BLOCK_SIZE)
@@ -135,12 +141,15 @@ def run(seed: int, host_num_blocks: int, operations: int = 160) -> dict[str, int
     seen = dict.fromkeys(
         ("hits", "refused", "acks", "evictable_hits", "chunks", "aborted_prefills"),
         0,
-    ) | {"preempted": 0, "readmitted": 0}
+    ) | {"preempted": 0, "readmitted": 0, "decodes": 0}
     preempted: dict[str, list[int]] = {}
     next_id = 0
     for step in range(operations):
         op = rng.random()
         prefilling = sorted(r for r, q in ours.requests.items() if q.computed < len(q.tokens))
+        decoding = sorted(
+            r for r, q in ours.requests.items() if q.computed == len(q.tokens) < MAX_MODEL_LEN - 1
+        )
         if op < 0.3:
             if preempted and rng.random() < 0.5:
                 request_id = rng.choice(sorted(preempted))
@@ -168,7 +177,14 @@ def run(seed: int, host_num_blocks: int, operations: int = 160) -> dict[str, int
             assert ours.step(request_id, chunk) == done, f"op {step}"
             planned.extend(transfers)
             seen["chunks"] += 1
-        elif op < 0.75 and planned:
+        elif op < 0.55 and decoding:
+            request_id = rng.choice(decoding)
+            token = rng.randrange(1000, 5000)
+            done, transfers = theirs.decode(request_id, token)
+            assert ours.decode(request_id, token) == done, f"op {step}"
+            planned.extend(transfers)
+            seen["decodes"] += 1
+        elif op < 0.8 and planned:
             done_ids = sorted(rng.sample(planned, rng.randrange(1, len(planned) + 1)))
             planned = [t for t in planned if t not in done_ids]
             theirs.acknowledge(done_ids)

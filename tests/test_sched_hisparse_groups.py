@@ -289,8 +289,8 @@ class SharedHostPages(RuleBasedStateMachine):
     """The reference model of vLLM 0.33's host pool with prefix caching under the HiSparse
     connector (``hisparse_publication_model``; it is checked against vLLM's own
     ``HiSparseCoordinator`` in ``test_hisparse_host_publication.py``, bench venv): requests
-    sharing prefixes arrive, whole or in prefill chunks, write-backs are acknowledged in any
-    order, requests finish (some mid-prefill) or are preempted.
+    sharing prefixes arrive, whole or in prefill chunks, and decode; write-backs are
+    acknowledged in any order; requests finish (some mid-prefill) or are preempted.
     After every operation blocks are conserved (each free once or referenced as often as
     tables, transfers and leases name it), nothing is freed twice (the model raises), and no
     admission hits a page whose write-back has not been acknowledged (the model raises)."""
@@ -326,6 +326,12 @@ class SharedHostPages(RuleBasedStateMachine):
         planned = sorted(self.pool.transfers)
         if planned:
             self.pool.acknowledge(data.draw(st.lists(st.sampled_from(planned), unique=True)))
+
+    @rule(data=st.data(), token=st.integers(0, 9))
+    def decode(self, data: st.DataObject, token: int) -> None:
+        done = sorted(r for r, q in self.pool.requests.items() if q.computed == len(q.tokens) < 40)
+        if done:
+            self.pool.decode(data.draw(st.sampled_from(done)), 5000 + token)
 
     @rule(data=st.data(), finished=st.booleans())
     def finish(self, data: st.DataObject, finished: bool) -> None:

@@ -2,10 +2,11 @@
 side by side with vLLM's own ``Scheduler`` and ``AsyncScheduler`` (their
 ``HiSparseCoordinator`` bound as ``HiSparseConnector.bind_kv_cache_manager`` binds it), step
 by step: scheduled tokens, preemptions, every group's block ids, KV usage, free host
-blocks. Shared prefixes arrive before and after their first holders finish; the indexer
-caches its blocks (freed ones go to the free queue's tail) and nothing hits, as in vLLM:
-its host source group serves only pages its coordinator published, and a page is published
-only on the HiSparse connector's acknowledged write-backs (``update_spills``), which the
+blocks, and the scheduler stats (running, waiting, prefix cache requests, queries, hits).
+Shared prefixes arrive before and after their first holders finish; the indexer caches its
+blocks (freed ones go to the free queue's tail) and nothing hits, as in vLLM: its host
+source group serves only pages its coordinator published, and a page is published only on
+the HiSparse connector's acknowledged write-backs (``update_spills``), which the
 connector's own scheduler side plans. Worker acknowledgements
 (``HiSparseConnectorWorkerMetadata``) are synthesized at random steps: without that
 connector both schedulers pass them by. The connector itself is refused by name. Needs vLLM
@@ -83,6 +84,17 @@ def _check_step(theirs: Any, ours: Any, outs: list[Any], step: int) -> None:
     assert host_free(ours) == host_free(theirs), f"step {step}"
 
 
+def _stats(outputs: dict[int, Any]) -> Any:
+    """A step's scheduler stats as ``update_from_output`` returns them: running and waiting
+    requests and the prefix cache's requests, queries and hits (vLLM's counters)."""
+    for engine_outputs in outputs.values():
+        stats = engine_outputs.scheduler_stats
+        if stats is not None:
+            p = stats.prefix_cache_stats
+            return stats.num_running_reqs, stats.num_waiting_reqs, (p.requests, p.queries, p.hits)
+    return None
+
+
 def _check_state(theirs: Any, ours: Any, step: int) -> None:
     assert ours.get_kv_cache_usage() == pytest.approx(theirs.get_kv_cache_usage()), step
     for request_id in ours.requests:
@@ -96,7 +108,7 @@ def _stream(theirs: Any, ours: Any, peer: Any, seed: int, loads: bool = False) -
     start). Returns vLLM's preemptions, hits, cached indexer blocks at most, acks sent."""
     rng = random.Random(1000 + seed)
     arrivals = _arrivals(seed)
-    seen = {"preempted": 0, "hits": 0, "cached": 0, "acks": 0}
+    seen = {"preempted": 0, "hits": 0, "cached": 0, "acks": 0, "queries": 0}
     loading: set[str] = set()
     for step in range(600):
         for at, request_id, prompt, max_tokens in arrivals:
@@ -118,10 +130,13 @@ def _stream(theirs: Any, ours: Any, peer: Any, seed: int, loads: bool = False) -
             acks = acks or KVConnectorOutput()
             acks.finished_recving = set(landing)
         seen["acks"] += acks is not None
+        stats = []
         for scheduler, out in zip((theirs, ours), outs, strict=True):
             output = runner_output(scheduler, out)
             output.kv_connector_output = acks
-            scheduler.update_from_output(out, output)
+            stats.append(_stats(scheduler.update_from_output(out, output)))
+        assert stats[1] == stats[0], f"step {step}"
+        seen["queries"] += stats[0][2][1] if stats[0] else 0
         loading = now_loading - landing
         seen["cached"] = max(seen["cached"], _cached_indexer_blocks(theirs))
         _check_state(theirs, ours, step)
@@ -149,10 +164,12 @@ def test_caching_streams_agree_with_vllms_scheduler(
 ) -> None:
     theirs, ours, peer = _pair(num_blocks, host_num_blocks, resident_groups)
     seen = _stream(theirs, ours, peer, seed)
-    # vLLM's premise: the indexer caches, yet no request hits (no page was published).
+    # vLLM's premise: the indexer caches, yet no request hits (no page was published);
+    # lookups are counted all the same.
     assert seen["hits"] == 0
     assert seen["cached"] > 0
     assert seen["acks"] > 0
+    assert seen["queries"] > 0
 
 
 @pytest.mark.parametrize(("num_blocks", "host_num_blocks"), [(160, 80), (70, 60), (160, 30)])
@@ -206,10 +223,12 @@ def test_caching_under_async_scheduling_agrees_with_vllms_async_scheduler(
             old_v, old_t, sampling_v, sampling_t = pending.pop(0)
             assert sampling_t == sampling_v, f"step {step}"
             acks = _acks(rng)
+            stats = []
             for scheduler, out, sampled in ((theirs, old_v, sampling_v), (ours, old_t, sampling_t)):
                 output = runner_output(scheduler, out, sampled)
                 output.kv_connector_output = acks
-                scheduler.update_from_output(out, output)
+                stats.append(_stats(scheduler.update_from_output(out, output)))
+            assert stats[1] == stats[0], f"step {step}"
         _check_state(theirs, ours, step)
         if step > 40 and not theirs.has_unfinished_requests():
             assert not ours.has_unfinished_requests()

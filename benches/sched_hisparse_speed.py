@@ -6,9 +6,11 @@ requests of 200-1,200 tokens, 64 output tokens each) run to completion with a ho
 a quarter of the device blocks against none: steps, preemptions and wall time. Medians of
 5 runs each, off and on interleaved. With a build that has them (``--groups``), the same
 decode step over vLLM 0.33's HiSparse layout (an indexer, a resident and a hot group, the
-host pool's tables placed among the groups' block ids) with the pool off and on.
+host pool's tables placed among the groups' block ids) with the pool off and on; with
+``--caching``, that layout's step with the pool on and prefix caching off and on.
 
     PYTHONPATH=python .venv/bin/python benches/sched_hisparse_speed.py [--steps 300] [--groups]
+        [--caching] [--decode-only]
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ def config(num_blocks: int, running: int = 0, **options: Any) -> SchedulerConfig
     )
 
 
-def group_decode_steps(running: int, steps: int, host: bool) -> list[float]:
-    """``decode_steps`` over the HiSparse layout (prefix caching off, as it is served)."""
+def group_decode_steps(running: int, steps: int, host: bool, caching: bool = False) -> list[float]:
+    """``decode_steps`` over the HiSparse layout, prefix caching off or on (served since
+    branch ``hisp``: the indexer caches its blocks, nothing hits)."""
     from tokenyard.kv import FullAttentionSpec, HiSparseHotSpec, HiSparseResidentSpec
 
     groups = (
@@ -43,7 +46,7 @@ def group_decode_steps(running: int, steps: int, host: bool) -> list[float]:
         HiSparseResidentSpec(max_admission_blocks=512),
         HiSparseHotSpec(blocks_per_request=2),
     )
-    options = {"kv_groups": groups, "enable_prefix_caching": False, "reserve_null_block": True}
+    options = {"kv_groups": groups, "enable_prefix_caching": caching, "reserve_null_block": True}
     s = Scheduler(config(3 * 65536, running, **options))
     if host:
         s.set_hisparse_host_pages(65536 + 1, source_group=0)
@@ -81,6 +84,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--groups", action="store_true", help="the HiSparse layout too")
     parser.add_argument("--decode-only", action="store_true", help="skip the mix")
+    parser.add_argument(
+        "--caching", action="store_true", help="the layout's step with prefix caching off and on"
+    )
     args = parser.parse_args()
     runs: dict[int | None, list[tuple[float, int, int]]] = {None: [], 1024: []}
     for _ in range(0 if args.decode_only else 5):
@@ -109,6 +115,17 @@ def main() -> None:
         print(
             f"HiSparse groups R={running}: host off {off:.1f} us/step, on {on:.1f} us/step, "
             f"on/off {on / off:.3f}"
+        )
+    for running in (256, 1024) if args.caching else ():
+        times = {False: [], True: []}
+        for _ in range(5):
+            for caching in (False, True):
+                steps = group_decode_steps(running, args.steps, True, caching)
+                times[caching].append(statistics.median(steps))
+        off, on = statistics.median(times[False]), statistics.median(times[True])
+        print(
+            f"HiSparse groups R={running}, host on: caching off {off:.1f} us/step, "
+            f"on {on:.1f} us/step, on/off {on / off:.3f}"
         )
 
 

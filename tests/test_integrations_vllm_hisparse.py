@@ -70,15 +70,17 @@ def hisparse_config(num_blocks: int, host_num_blocks: int) -> KVCacheConfig:
     )
 
 
-def hisparse_manager(num_blocks: int, host_num_blocks: int, max_model_len: int) -> KVCacheManager:
-    """vLLM's HiSparse ``KVCacheManager`` (prefix caching off, stats on as the engine has
-    them), its coordinator built."""
+def hisparse_manager(
+    num_blocks: int, host_num_blocks: int, max_model_len: int, caching: bool = False
+) -> KVCacheManager:
+    """vLLM's HiSparse ``KVCacheManager`` (prefix caching off unless ``caching``, stats on as
+    the engine has them), its coordinator built."""
     manager = KVCacheManager(
         hisparse_config(num_blocks, host_num_blocks),
         max_model_len=max_model_len,
         scheduler_block_size=BLOCK_SIZE,
         hash_block_size=BLOCK_SIZE,
-        enable_caching=False,
+        enable_caching=caching,
         log_stats=True,
     )
     get_hisparse_coordinator(manager)
@@ -94,14 +96,16 @@ def host_free(scheduler: Any) -> int:
     return int(host.get_num_free_blocks())
 
 
-def hisparse_pair(host_num_blocks: int, **options: Any) -> tuple[Any, Any, Any]:
+def hisparse_pair(
+    host_num_blocks: int, caching: bool = False, **options: Any
+) -> tuple[Any, Any, Any]:
     """vLLM's scheduler given vLLM's HiSparse manager, and the adapter given the same
-    manager (whose config it adopts); prefix caching off on both."""
+    manager (whose config it adopts); prefix caching off on both unless ``caching``."""
     theirs, ours, peer = build_pair(
-        num_blocks=400, max_model_len=128, enable_prefix_caching=False, **options
+        num_blocks=400, max_model_len=128, enable_prefix_caching=caching, **options
     )
     for scheduler in (theirs, ours):
-        manager = hisparse_manager(400, host_num_blocks, 128)
+        manager = hisparse_manager(400, host_num_blocks, 128, caching)
         scheduler.kv_cache_manager = manager
         scheduler.kv_cache_config = manager.kv_cache_config
     return theirs, ours, peer
@@ -118,13 +122,13 @@ def test_a_hisparse_config_assigned_sizes_the_host_pool_and_a_plain_one_removes_
     assert ours._core.hisparse_host_pages is None
 
 
-def test_vllms_hisparse_layout_at_construction_needs_prefix_caching_off() -> None:
-    # The layout itself is served (test_integrations_vllm_hisparse_groups.py); with prefix
-    # caching on it is refused, naming the setting.
-    _, _, peer = build_pair(num_blocks=64, max_model_len=128)
-    with pytest.raises(ConfigError, match="prefix caching off") as err:
-        peer.build(TokenyardScheduler, hisparse_config(64, 9))
-    assert err.value.field == "cache_config.enable_prefix_caching"
+def test_vllms_hisparse_layout_at_construction_is_served_with_prefix_caching_on() -> None:
+    # vLLM's default; nothing hits without the HiSparse connector's acknowledged
+    # write-backs (test_integrations_vllm_hisparse_caching.py compares it with vLLM).
+    _, _, peer = build_pair(num_blocks=64, max_model_len=128, enable_prefix_caching=True)
+    ours = peer.build(TokenyardScheduler, hisparse_config(64, 9))
+    assert ours._prefix_caching
+    assert ours._core.hisparse_host_pages == (9, 16, 8)
 
 
 def test_an_assigned_kv_cache_manager_is_adopted_for_its_config_or_refused() -> None:
@@ -154,16 +158,19 @@ def test_host_pages_are_refused_once_requests_hold_blocks() -> None:
         ours.kv_cache_config = hisparse_config(64, 9)
 
 
+@pytest.mark.parametrize("caching", [False, True])
 @pytest.mark.parametrize("host_num_blocks", [6, 9, 12, 20])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_host_pages_gate_the_same_steps_as_vllms_hisparse_manager(
-    seed: int, host_num_blocks: int
+    seed: int, host_num_blocks: int, caching: bool
 ) -> None:
-    # A seeded stream (prompts up to ~100 tokens: up to 7 pages) over a host pool that
-    # holds one or a few of them (with 6 blocks, a prompt of more than 5 pages waits at the
-    # head for good, and the queue behind it): every step until the first request
-    # finishes schedules and preempts the same requests, with the same free host blocks.
-    theirs, ours, peer = hisparse_pair(host_num_blocks)
+    # A seeded stream (prompts up to ~100 tokens: up to 7 pages, sharing prefixes) over a
+    # host pool that holds one or a few of them (with 6 blocks, a prompt of more than 5
+    # pages waits at the head for good, and the queue behind it): every step until the
+    # first request finishes schedules and preempts the same requests, with the same free
+    # host blocks and the same prefix hits (none with caching on: vLLM's HiSparse manager
+    # looks its host group up first, which has published nothing).
+    theirs, ours, peer = hisparse_pair(host_num_blocks, caching)
     arrivals = seeded_arrivals(random.Random(seed), tail_max=60, max_tokens=20)
     compared = 0
     for step in range(60):
@@ -172,6 +179,8 @@ def test_host_pages_gate_the_same_steps_as_vllms_hisparse_manager(
                 add_both((theirs, ours), peer.make_request, *args)
         outs = [s.schedule() for s in (theirs, ours)]
         assert dict(outs[1].num_scheduled_tokens) == dict(outs[0].num_scheduled_tokens), step
+        hits = [{r.req_id: r.num_computed_tokens for r in o.scheduled_new_reqs} for o in outs]
+        assert hits[1] == hits[0], step
         assert outs[1].preempted_req_ids == outs[0].preempted_req_ids, step
         assert host_free(ours) == host_free(theirs), step
         update_both((theirs, ours), outs)

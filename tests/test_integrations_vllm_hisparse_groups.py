@@ -165,7 +165,9 @@ def test_the_outputs_carry_the_host_blocks_at_the_source_groups_place() -> None:
     assert outs[1].scheduled_new_reqs[0].block_ids == ([1, 2, 3], [1, 2, 3], [4, 5, 6], [])
 
 
-def test_prefix_caching_beside_the_device_groups_is_refused() -> None:
+def test_prefix_caching_beside_the_device_groups_is_served() -> None:
+    # vLLM's default (VllmSchedulerPeer's too); the streams against vLLM with it are in
+    # test_integrations_vllm_hisparse_caching.py.
     peer = VllmSchedulerPeer(
         num_blocks=64,
         block_size=BLOCK_SIZE,
@@ -173,9 +175,8 @@ def test_prefix_caching_beside_the_device_groups_is_refused() -> None:
         max_num_seqs=4,
         max_num_batched_tokens=64,
     )
-    with pytest.raises(ConfigError, match="prefix caching off") as err:
-        peer.build(TokenyardScheduler, layout(64, 9))
-    assert err.value.field == "cache_config.enable_prefix_caching"
+    ours = peer.build(TokenyardScheduler, layout(64, 9))
+    assert ours._core.hisparse_host_pages == (9, 16, 8)
 
 
 def test_device_groups_without_a_host_pool_are_refused() -> None:

@@ -60,6 +60,21 @@ def test_settings_the_pool_cannot_serve_are_refused_by_name(
     assert s.hisparse_host_pages is None
 
 
+@pytest.mark.parametrize("host", [False, True])
+def test_with_the_pool_on_a_shared_prefix_hits_nothing(host: bool) -> None:
+    # vLLM 0.33 looks the HiSparse source group up first, and it serves only host pages
+    # published on the HiSparse connector's acknowledged write-backs: none here. Without
+    # the pool, b hits a's first two blocks (8 tokens).
+    s = _scheduler(enable_prefix_caching=True)
+    if host:
+        s.set_hisparse_host_pages(20)
+    s.add_request("a", list(range(10)), max_tokens=4)
+    _step(s)
+    s.add_request("b", list(range(10)), max_tokens=4)
+    out = _step(s)
+    assert [d.num_computed_tokens for d in out.scheduled_new_reqs] == [0 if host else 8]
+
+
 def test_the_pool_is_refused_once_requests_hold_blocks() -> None:
     s = _scheduler()
     s.add_request("a", [1, 2, 3, 4, 5], max_tokens=2)

@@ -11,6 +11,7 @@ from collections import deque
 from typing import Any
 
 import pytest
+from hisparse_publication_model import HostPublication
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -117,10 +118,28 @@ def test_freed_host_blocks_are_reused_first_tail_first() -> None:
     assert _tables(s, "b")[0] == [2, 1, 3]
 
 
-def test_prefix_caching_beside_hisparse_groups_is_refused_by_name() -> None:
-    with pytest.raises(ConfigError) as err:
-        _scheduler(enable_prefix_caching=True)
-    assert err.value.field == "enable_prefix_caching"
+def test_prefix_caching_caches_the_indexer_but_nothing_hits() -> None:
+    # vLLM 0.33's host source group serves only pages its HiSparseCoordinator published,
+    # on the HiSparse connector's acknowledged write-backs: none here, so the same prompt
+    # again hits nothing. The indexer's two full blocks were cached, so they went to the
+    # free queue's tail: the second request takes the freed uncached blocks first.
+    s = _scheduler(enable_prefix_caching=True)
+    s.set_hisparse_host_pages(9, source_group=0)
+    s.add_request("a", list(range(9)), max_tokens=1)
+    out = _step(s)
+    assert [g.tolist() for g in out.scheduled_new_reqs[0].group_block_ids][1:3] == [
+        [1, 2],
+        [3, 4],
+    ]
+    while "a" in s.kv_request_ids():
+        _step(s)
+    s.add_request("b", list(range(9)), max_tokens=1)
+    out = s.schedule()
+    new = out.scheduled_new_reqs[0]
+    assert new.num_computed_tokens == 0
+    assert out.num_scheduled_tokens == {"b": 8}
+    indexer = new.group_block_ids[1].tolist()
+    assert not {1, 2} & set(indexer)
 
 
 @pytest.mark.parametrize(
@@ -158,11 +177,14 @@ def test_blocks_outside_the_scheduler_beside_the_host_pool_are_refused() -> None
 
 
 class HostPool(RuleBasedStateMachine):
-    """Requests arrive, steps run and requests are aborted beside HiSparse groups; vLLM's
-    host pool is modelled as a deque fed by what the device tables grow by, running
-    requests first (vLLM allocates for them before it admits). The pools are sized so that
-    nothing preempts (a preemption frees its victim in the middle of the running loop;
-    the differential tests against vLLM cover that order)."""
+    """Requests arrive, steps run and requests are aborted beside HiSparse groups, with
+    prefix caching on or off; vLLM's host pool is modelled as a deque fed by what the
+    device tables grow by, running requests first (vLLM allocates for them before it
+    admits). The pools are sized so that nothing preempts (a preemption frees its victim
+    in the middle of the running loop; the differential tests against vLLM cover that
+    order). Prompts share prefixes, yet no admission hits: a host page is hit-able only once
+    published, on the HiSparse connector's acknowledged write-back, which never comes here;
+    with caching on the host blocks stay unhashed, so the deque model holds as it is."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -171,22 +193,30 @@ class HostPool(RuleBasedStateMachine):
         self.tables: dict[str, list[int]] = {}
         self.next_id = 0
 
-    @rule(host_blocks=st.integers(41, 60))
-    def start(self, host_blocks: int) -> None:
+    @rule(host_blocks=st.integers(41, 60), caching=st.booleans())
+    def start(self, host_blocks: int, caching: bool) -> None:
         if self.s is not None:
             return
         # At most 4 running requests of 10 pages: 40 host and 80 device blocks.
-        self.s = _scheduler(num_blocks=90, max_num_seqs=4)
+        self.s = _scheduler(num_blocks=90, max_num_seqs=4, enable_prefix_caching=caching)
         self.s.set_hisparse_host_pages(host_blocks, source_group=0)
         self.free = deque(range(1, host_blocks))
 
-    @rule(num_tokens=st.integers(1, 30), max_tokens=st.integers(1, 10))
-    def add(self, num_tokens: int, max_tokens: int) -> None:
+    @rule(
+        prefix=st.integers(0, 2),
+        shared=st.sampled_from([0, 4, 8, 12]),
+        num_tokens=st.integers(1, 30),
+        max_tokens=st.integers(1, 10),
+    )
+    def add(self, prefix: int, shared: int, num_tokens: int, max_tokens: int) -> None:
         if self.s is None:
             return
         rid = f"r{self.next_id}"
         self.next_id += 1
-        self.s.add_request(rid, [self.next_id * 100 + t for t in range(num_tokens)], max_tokens)
+        # One of three prefixes' first `shared` tokens, then the request's own.
+        prompt = [prefix * 1000 + t for t in range(shared)]
+        prompt += [self.next_id * 100 + t for t in range(num_tokens)]
+        self.s.add_request(rid, prompt[:30], max_tokens)
 
     @rule()
     def step(self) -> None:
@@ -198,6 +228,10 @@ class HostPool(RuleBasedStateMachine):
             self._grow(rid)
         for data in [*out.scheduled_resumed_reqs, *out.scheduled_new_reqs]:
             self._grow(data.req_id)
+        # Never a hit: no host page was published.
+        assert [d.num_computed_tokens for d in out.scheduled_new_reqs] == [0] * len(
+            out.scheduled_new_reqs
+        )
         self.s.update_from_output(
             {
                 rid: [7]
@@ -245,6 +279,75 @@ class HostPool(RuleBasedStateMachine):
 TestHostPool = HostPool.TestCase
 TestHostPool.settings = settings(
     max_examples=60,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+class SharedHostPages(RuleBasedStateMachine):
+    """The reference model of vLLM 0.33's host pool with prefix caching under the HiSparse
+    connector (``hisparse_publication_model``; it is checked against vLLM's own
+    ``HiSparseCoordinator`` in ``test_hisparse_host_publication.py``, bench venv): requests
+    sharing prefixes arrive, whole or in prefill chunks, and decode; write-backs are
+    acknowledged in any order; requests finish (some mid-prefill) or are preempted.
+    After every operation blocks are conserved (each free once or referenced as often as
+    tables, transfers and leases name it), nothing is freed twice (the model raises), and no
+    admission hits a page whose write-back has not been acknowledged (the model raises)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pool = HostPublication(16, 4)
+        self.next_id = 0
+
+    @rule(
+        prefix=st.integers(0, 1),
+        shared=st.sampled_from([0, 4, 8, 12]),
+        own=st.integers(1, 9),
+        chunk=st.none() | st.integers(1, 8),
+    )
+    def admit(self, prefix: int, shared: int, own: int, chunk: int | None) -> None:
+        self.next_id += 1
+        tokens = [prefix * 100 + t for t in range(shared)]
+        tokens += [1000 * self.next_id + t for t in range(own)]
+        hit = self.pool.admit(f"r{self.next_id}", tokens, chunk)
+        if hit is not None:
+            assert hit % 4 == 0
+            assert hit < len(tokens)
+
+    @rule(data=st.data(), chunk=st.integers(1, 8))
+    def step(self, data: st.DataObject, chunk: int) -> None:
+        prefilling = sorted(r for r, q in self.pool.requests.items() if q.computed < len(q.tokens))
+        if prefilling:
+            self.pool.step(data.draw(st.sampled_from(prefilling)), chunk)
+
+    @rule(data=st.data())
+    def acknowledge(self, data: st.DataObject) -> None:
+        planned = sorted(self.pool.transfers)
+        if planned:
+            self.pool.acknowledge(data.draw(st.lists(st.sampled_from(planned), unique=True)))
+
+    @rule(data=st.data(), token=st.integers(0, 9))
+    def decode(self, data: st.DataObject, token: int) -> None:
+        done = sorted(r for r, q in self.pool.requests.items() if q.computed == len(q.tokens) < 40)
+        if done:
+            self.pool.decode(data.draw(st.sampled_from(done)), 5000 + token)
+
+    @rule(data=st.data(), finished=st.booleans())
+    def finish(self, data: st.DataObject, finished: bool) -> None:
+        # Finished, or preempted (its pending writes then publish nothing).
+        if self.pool.requests:
+            request_id = data.draw(st.sampled_from(sorted(self.pool.requests)))
+            self.pool.finish(request_id, finished=finished)
+
+    @invariant()
+    def blocks_are_conserved(self) -> None:
+        self.pool.check()
+
+
+TestSharedHostPages = SharedHostPages.TestCase
+TestSharedHostPages.settings = settings(
+    max_examples=80,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

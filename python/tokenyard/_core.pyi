@@ -383,8 +383,8 @@ class HiSparseResidentSpec:
 class HiSparseHotSpec:
     """HiSparse's hot region (vLLM 0.33's ``HiSparseHotSpec``): ``blocks_per_request``
     blocks for a request that reads host-backed history: one admitted with a connector load
-    (a host prefix hit, the other way, needs prefix caching, which is refused beside it);
-    none otherwise. Never prefix-cached."""
+    (a host prefix hit, the other way, needs host pages published on the HiSparse
+    connector's acknowledged write-backs, not modelled); none otherwise. Never prefix-cached."""
 
     def __new__(cls, *, blocks_per_request: int) -> HiSparseHotSpec: ...
     @property

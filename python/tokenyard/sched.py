@@ -251,7 +251,8 @@ class SchedulerConfig:
     holding one block per request (``mamba_cache_mode="none"``) or its states at block
     boundaries, prefix-cached (``"align"``), a cross-attention group (an encoder-decoder model,
     ``Scheduler.set_encoder_decoder``) blocks for a request's encoder tokens, HiSparse's
-    resident and hot page groups (vLLM 0.33's, without prefix caching). Outputs then
+    resident and hot page groups (vLLM 0.33's; with prefix caching nothing hits: no host
+    page is published without the HiSparse connector). Outputs then
     carry ``group_block_ids``. ``()`` or one
     ``FullAttentionSpec``: the single-group pool. Refused with ``prefix_cache="radix"``,
     ``host_num_blocks``, and a ``MambaSpec`` in ``"none"`` mode or a ``CrossAttentionSpec``

@@ -19,10 +19,12 @@ finish. Here:
   ``BlockPool`` order) the outputs and block tables carry at the source group's place; the
   indexer is a full-attention group; ``HiSparseResidentSpec`` and ``HiSparseHotSpec`` are
   the core's groups of those kinds (``kv::coordinator_hisparse``: a connector load keeps
-  the loaded prefix on host but its last page and takes the hot region). Refused
-  (``refuse_unmodelled_hisparse`` and ``settings``): prefix caching on (vLLM's hits are
-  host pages published after the HiSparse connector's write-backs land), device groups
-  without the host pool, hot groups without resident ones.
+  the loaded prefix on host but its last page and takes the hot region). With prefix
+  caching on (vLLM's default) the indexer caches its blocks and nothing hits: vLLM's host
+  source group serves only pages its ``HiSparseCoordinator`` published, which takes the
+  HiSparse connector's acknowledged write-backs. Refused (``refuse_unmodelled_hisparse``):
+  the HiSparse connector itself, device groups without the host pool, hot groups without
+  resident ones.
 - a vLLM ``KVCacheManager`` assigned to ``kv_cache_manager``: its ``kv_cache_config`` is
   adopted as above, and ``kv_cache_manager`` stays the view of the core's KV; the assigned
   object's ``get_blocks`` and ``get_block_ids`` are bound to that view (vLLM's scheduler
@@ -69,13 +71,29 @@ def hisparse_host_pool(kv_cache_config: Any) -> tuple[int, int | None] | None:
     return int(num_blocks), int(group.kv_cache_spec.block_size)
 
 
-def refuse_unmodelled_hisparse(kv_cache_config: Any) -> None:
-    """Raises ConfigError for a vLLM 0.33 HiSparse layout given at construction that the
-    core does not serve: device groups (``HiSparseResidentSpec``, ``HiSparseHotSpec``)
-    without a host pool (``hisparse_host_num_blocks`` and a ``HISPARSE_SOURCE`` group: vLLM's
+def refuse_unmodelled_hisparse(kv_cache_config: Any, kv_transfer_config: Any = None) -> None:
+    """Raises ConfigError for a vLLM 0.33 HiSparse setup the core does not serve: the
+    HiSparse connector (``kv_transfer_config`` naming ``HiSparseConnector``, alone or in a
+    ``MultiConnector``: its scheduler side plans write-backs and GPU residency every step
+    and publishes host pages on its worker's acknowledgements, none of it modelled), device
+    groups (``HiSparseResidentSpec``, ``HiSparseHotSpec``) without a host pool
+    (``hisparse_host_num_blocks`` and a ``HISPARSE_SOURCE`` group: vLLM's
     ``HiSparseCoordinator`` requires both), or hot groups without resident ones (vLLM's
     ``HiSparseHotManager`` then requires a hot region at every admission with a local hit,
     not modelled)."""
+    has_connector = getattr(kv_transfer_config, "has_connector", None)
+    if has_connector is not None and has_connector("HiSparseConnector"):
+        # HiSparseConnectorScheduler.build_connector_meta runs the coordinator's
+        # advance_scheduled (spills that pin device and host blocks, require_hot, unpinning)
+        # and update_connector_output its update_spills: vLLM's block ids change with it even
+        # with prefix caching off.
+        raise ConfigError(
+            "kv_transfer_config.kv_connector: HiSparseConnector's scheduler side (write-back "
+            "planning, GPU residency, host pages published on its worker's acknowledgements) "
+            "is not modelled",
+            field="kv_transfer_config.kv_connector",
+            value=str(getattr(kv_transfer_config, "kv_connector", "HiSparseConnector")),
+        )
     kinds = [
         type(getattr(group, "kv_cache_spec", None)).__name__
         for group in getattr(kv_cache_config, "kv_cache_groups", ()) or ()

@@ -106,18 +106,6 @@ def settings(
         max_model_len=int(model.max_model_len),
     )
     refuse_unmodelled(vllm_config, group_sizes, core_block_size)
-    if any(isinstance(g, (HiSparseResidentSpec, HiSparseHotSpec)) for g in kv_groups) and _get(
-        cache, "enable_prefix_caching"
-    ):
-        # vLLM 0.33's HiSparse hits are host pages published once the HiSparse connector's
-        # worker acknowledges their write-back (HiSparseCoordinator._complete_host_writes).
-        raise ConfigError(
-            "cache_config.enable_prefix_caching: HiSparse's device groups are served with "
-            "prefix caching off (its hits come from host pages published after the HiSparse "
-            "connector's write-backs, which are not modelled)",
-            field="cache_config.enable_prefix_caching",
-            value="True",
-        )
     plain_mamba = any(isinstance(g, MambaSpec) and g.mamba_cache_mode == "none" for g in kv_groups)
     if plain_mamba and _get(cache, "enable_prefix_caching"):
         # vLLM 0.33's MambaManager asserts mamba_cache_mode == "align" or caching off.

@@ -161,7 +161,7 @@ class TokenyardScheduler(
         self.block_size = block_size
         self.hash_block_size = hash_block_size or block_size
         force_async = self._async_scheduling_class
-        refuse_unmodelled_hisparse(kv_cache_config)
+        refuse_unmodelled_hisparse(kv_cache_config, vllm_config.kv_transfer_config)
         s = settings(
             vllm_config,
             kv_cache_config,

@@ -159,19 +159,6 @@ impl<R: RequestKey> KvCoordinator<R> {
                     ),
                 ));
             }
-            if enable_caching && spec.is_hisparse() {
-                // vLLM 0.33 reads HiSparse hits off host pages published once the HiSparse
-                // connector's worker acknowledges their write-back (`HiSparseCoordinator`).
-                return Err(Error::config(
-                    "enable_caching",
-                    "True",
-                    format!(
-                        "groups[{i}] is a HiSparse device group, whose prefix hits come from \
-                         host pages published after the HiSparse connector's write-backs; \
-                         not modelled: pass enable_caching=False"
-                    ),
-                ));
-            }
             if enable_caching && *spec == KvGroupSpec::CrossAttention {
                 return Err(Error::config(
                     "enable_caching",

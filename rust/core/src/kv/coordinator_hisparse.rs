@@ -11,8 +11,18 @@
 //!   groups' (its `allocate_new_blocks`, which runs even when nothing is computed), and the
 //!   request holds them to its end.
 //!
-//! Without a load neither differs (no host prefix hit exists with prefix caching off), and
-//! a hot group takes nothing.
+//! Without a load neither differs, and a hot group takes nothing.
+//!
+//! With prefix caching on, vLLM's host source group is looked up first (a full-attention
+//! group, `HybridKVCacheCoordinator.verify_and_split_kv_cache_groups` keeps it ahead of the
+//! indexer) and serves only host pages published by its `HiSparseCoordinator`: a page is
+//! published once the HiSparse connector's worker acknowledges its write-back
+//! (`update_spills` -> `_complete_host_writes` -> `_publish_host_blocks_if_ready`) or a host
+//! import that connector finished completes (`complete_host_import`). Both need that
+//! connector's scheduler side, which plans the write-backs (`advance_scheduled`); without
+//! it nothing is ever published, so no lookup hits (the bound here:
+//! [`KvCoordinator::hisparse_published_tokens`]), while the other full-attention groups
+//! still cache their blocks (a freed cached block goes to the free queue's tail).
 
 use super::{BlockId, KvCoordinator, RequestKey, Taking};
 use super::{KvGroupSpec, NULL_BLOCK};
@@ -66,6 +76,13 @@ impl<R: RequestKey> KvCoordinator<R> {
     /// Whether any group is a HiSparse device group.
     pub(super) fn has_hisparse(&self) -> bool {
         self.groups.iter().any(KvGroupSpec::is_hisparse)
+    }
+
+    /// The longest prefix hit the host source group can serve: 0 beside HiSparse device
+    /// groups (no host page is published without the HiSparse connector's acknowledged
+    /// write-backs, which nothing drives here), unbounded otherwise.
+    pub(super) fn hisparse_published_tokens(&self) -> usize {
+        if self.has_hisparse() { 0 } else { usize::MAX }
     }
 
     /// The resident groups' loaded pages of a request just admitted with `total` computed
@@ -206,9 +223,27 @@ mod tests {
         coord.check_invariants().unwrap();
     }
 
+    /// Prefix caching on: the full-attention group caches a finished request's blocks (they
+    /// go to the free queue's tail, so the next request takes never-used blocks first), yet
+    /// the same prompt hits nothing: no host page was published.
     #[test]
-    fn prefix_caching_beside_them_is_refused() {
-        let err = KvCoordinator::<u64>::new(vec![FULL, HOT], 8, 4, true).unwrap_err();
-        assert!(err.to_string().contains("enable_caching"), "{err}");
+    fn with_caching_on_blocks_are_cached_but_nothing_hits() {
+        let mut coord = KvCoordinator::<u64>::new(vec![FULL, RESIDENT, HOT], 20, 4, true).unwrap();
+        let tokens: Vec<TokenId> = (0..9).collect();
+        let new = coord.allocate_slots(&1, &tokens, 9, 0, None, None);
+        assert_eq!(
+            new.unwrap().unwrap(),
+            [vec![1, 2, 3], vec![4, 5, 6], vec![]]
+        );
+        coord.free(&1).unwrap();
+        let hit = coord.get_computed_blocks(&tokens, None);
+        assert_eq!(hit.num_computed_tokens, 0);
+        assert_eq!(hit.num_uncached_prefix_tokens, 0);
+        assert!(hit.block_ids.iter().all(Vec::is_empty));
+        // Blocks without a hash come back to the queue's front (the resident group's 4-6
+        // tail first), the cached full blocks 1 and 2 to its tail.
+        let new = coord.allocate_slots(&2, &tokens, 9, 0, Some(&hit), None);
+        assert_eq!(new.unwrap().unwrap()[0], [6, 5, 4]);
+        coord.check_invariants().unwrap();
     }
 }

@@ -70,7 +70,8 @@ impl<R: RequestKey> KvCoordinator<R> {
         }
         let simple_hybrid =
             self.lookup_order.len() == 2 && self.lookup_order[0].spec.is_full_attention();
-        let mut hit_length = max_length;
+        // HiSparse: nothing past the host pool's published prefix (coordinator_hisparse).
+        let mut hit_length = max_length.min(self.hisparse_published_tokens());
         // vLLM's `longest_hit_length`: the longest hit of a group looked up.
         let mut longest = 0;
         let mut found: Vec<Option<Vec<BlockId>>> = vec![None; num_groups];

@@ -175,7 +175,9 @@ impl<R: RequestKey> Scheduler<R> {
             Some(_) => Vec::new(),
             None => request.prompt_block_hashes.clone(),
         };
-        let max_hit_tokens = max_cache_hit.unwrap_or(usize::MAX);
+        let max_hit_tokens = max_cache_hit
+            .unwrap_or(usize::MAX)
+            .min(self.host_published_tokens());
         // vLLM 0.33's `_get_local_prefix_cache_hit`: a connector that restores lagging
         // recurrent states takes full attention's hit (`hit_diverged` when a Mamba group
         // lags behind it).

@@ -528,15 +528,6 @@ impl SchedulerConfig {
                  mamba_cache_mode='none'): set enable_prefix_caching = false",
             ));
         }
-        if self.enable_prefix_caching && self.kv_groups.iter().any(KvGroupSpec::is_hisparse) {
-            return Err(Error::config(
-                "enable_prefix_caching",
-                "true",
-                "HiSparse's device groups are served with prefix caching off (vLLM 0.33's hits \
-                 are host pages published after the HiSparse connector's write-backs, not \
-                 modelled): set enable_prefix_caching = false",
-            ));
-        }
         if self.enable_prefix_caching && self.kv_groups.contains(&KvGroupSpec::CrossAttention) {
             return Err(Error::config(
                 "enable_prefix_caching",

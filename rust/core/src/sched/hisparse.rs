@@ -24,9 +24,12 @@
 //! full-attention group, sized as the source group is) or its single pool's table; the
 //! tables and the free queue partition the usable blocks (all but the null block).
 //!
-//! Not modelled: prefix caching on the host pool (vLLM publishes a host page only once
+//! Not modelled: sharing host pages between requests (vLLM publishes a host page only once
 //! the HiSparse connector's worker acknowledges its write-back, and only then can a hit
-//! share it); the coordinator refuses prefix caching beside HiSparse device groups.
+//! share it). Without that connector nothing is published, so with prefix caching on and
+//! the pool on no lookup hits (`host_published_tokens`; beside HiSparse device groups the
+//! coordinator caps it too, `kv::coordinator_hisparse`) and the host blocks stay unhashed:
+//! the order above holds with caching on too.
 
 use std::collections::VecDeque;
 
@@ -280,6 +283,17 @@ impl<R: RequestKey> Scheduler<R> {
 
     fn slots_holding_blocks(&self) -> impl Iterator<Item = u32> + '_ {
         (0..self.slots.len() as u32).filter(|&slot| self.kv.block_ids(slot).is_some())
+    }
+
+    /// The longest prefix hit the host pool lets a lookup take: none with the pool on
+    /// (vLLM 0.33 looks the HiSparse source group up first, and it serves only pages its
+    /// `HiSparseCoordinator` published on the HiSparse connector's acknowledged
+    /// write-backs, which nothing drives here), unbounded without.
+    pub(super) fn host_published_tokens(&self) -> usize {
+        match self.host_pages {
+            Some(_) => 0,
+            None => usize::MAX,
+        }
     }
 
     /// Whether slots for `num_tokens` of `slot` (those it holds included) can be backed by

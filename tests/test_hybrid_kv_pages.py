@@ -196,6 +196,20 @@ def test_what_the_step_scheduler_does_not_serve_beside_them_is_planned_full_or_r
     assert err.value.field == field
 
 
+def test_a_request_that_fits_only_the_groups_is_planned_with_them() -> None:
+    """131,072 tokens: 29.5 GB with every layer full attention (225,280 B a token) against
+    the 26.8 GB there are; the groups need 131,072 / 32 + 5 x 193 = 5,061 of their 40,960
+    blocks: 8 at once. Beside P/D (the groups not served) it does not fit."""
+    longest = {"scheduler": {"max_request_tokens": 131072}}
+    assert plan_for(config(**longest)).max_batch_size == 40_960 // 5_061 == 8
+    with pytest.raises(ConfigError, match="not enough for one request of 131072") as err:
+        plan_for(config(hybrid=False, **longest))
+    assert err.value.field == "replica.device"
+    with pytest.raises(ConfigError, match="P/D moves KV through a connector") as err:
+        plan_for(config(cluster=PD, **longest))
+    assert err.value.field == "replica.device"
+
+
 def test_speculative_steps_within_the_hash_block_keep_the_groups() -> None:
     ngram = {"method": "ngram", "num_speculative_tokens": 15, "acceptance_rate": 0.7}
     assert plan_for(config(speculative=ngram)).kv_group_block_sizes == GROUP_SIZES

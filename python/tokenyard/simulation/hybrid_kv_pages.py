@@ -181,7 +181,8 @@ def plan_pages(
     Raises:
         ConfigError: ``replica.hybrid_kv_cache_manager = true`` with what is not served
             (the field is the key to change), a layout ``pages_layout`` refuses, or no room
-            for one request (field ``replica.device``).
+            for one request (field ``replica.device``; with what is not served, no room with
+            every layer full attention).
     """
     model = config.model_name()
     layout = pages_layout(plan.groups, block_size, model)
@@ -195,6 +196,15 @@ def plan_pages(
                 f"replica.hybrid_kv_cache_manager false or change it, got {value}",
                 field=field,
                 value=value,
+            )
+        if plan.available_kv_bytes < plan.kv_bytes_per_token * max_request_tokens:
+            # plan_for's one-token plan: only the groups could hold the longest request.
+            raise ConfigError(
+                f"replica.device: {model} does not fit one request of {max_request_tokens:,} "
+                "tokens with every layer full attention, and vLLM's groups of different "
+                f"block sizes are not modelled here: {why}",
+                field="replica.device",
+                value=config.replica.device,
             )
         return dataclasses.replace(
             plan,

@@ -141,7 +141,8 @@ def vllm_kv_layout(groups: tuple[KvGroup, ...], block_size: int, model: str) -> 
 
     Raises:
         ConfigError (field ``replica.hybrid_kv_cache_manager``): attention layers whose page
-            sizes differ, or no attention layer beside the Mamba ones.
+            sizes differ (``hybrid_kv_pages.pages_layout`` plans those), or no attention
+            layer beside the Mamba ones.
     """
     attention = [g for g in groups if not g.state_bytes_per_request]
     linear = [g for g in groups if g.state_bytes_per_request]
@@ -159,8 +160,8 @@ def vllm_kv_layout(groups: tuple[KvGroup, ...], block_size: int, model: str) -> 
         raise ConfigError(
             f"{_FIELD}: {model}'s layers cache different bytes per token ({sizes}); vLLM "
             "0.33 then gives the smaller pages a larger block size "
-            "(unify_kv_cache_spec_page_size), while the coordinator has one block size; set "
-            "it false, got true",
+            "(unify_kv_cache_spec_page_size): plan it with hybrid_kv_pages.pages_layout, not "
+            "one block size; got true",
             field=_FIELD,
             value="True",
         )
@@ -446,7 +447,7 @@ def _check_state_groups_servable(
         raise ConfigError(
             f"replica.model: {why}, and its attention layers have different page sizes, "
             "which vLLM serves with a larger block size for the smaller pages: not modelled "
-            f"(one block size), got {model}",
+            f"beside Mamba groups, got {model}",
             field="replica.model",
             value=model,
         )

@@ -211,5 +211,9 @@ def test_a_request_that_fits_only_the_groups_is_planned_with_them() -> None:
 
 
 def test_speculative_steps_within_the_hash_block_keep_the_groups() -> None:
+    """1 + 15 drafts = 16 slots fit the hash block: the step scheduler runs them."""
     ngram = {"method": "ngram", "num_speculative_tokens": 15, "acceptance_rate": 0.7}
     assert plan_for(config(speculative=ngram)).kv_group_block_sizes == GROUP_SIZES
+    jobs = synthetic_workload(20, qps=5.0, prompt_tokens=(500, 3000), output_tokens=50, seed=2)
+    summary = simulate(config(speculative=ngram, workload=jobs)).summary
+    assert summary["num_requests"] == 20

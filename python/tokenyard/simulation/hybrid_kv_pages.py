@@ -297,6 +297,7 @@ def _blocks_needed(
 def fitting_tokens(
     plan: MemoryPlan,
     num_kv_blocks: int,
+    block_size: int,
     max_num_batched_tokens: int,
     speculative_blocks: int,
     *,
@@ -304,7 +305,7 @@ def fitting_tokens(
 ) -> int:
     """The longest request whose blocks over ``plan``'s groups fit ``num_kv_blocks``: each
     group on its own block size where they differ, else ``hybrid_kv.max_model_len_fitting``
-    (on ``kv_block_size``, Mamba groups included)."""
+    (on ``block_size``, Mamba groups included)."""
     sizes = plan.kv_group_block_sizes
     if not sizes:
         from tokenyard.simulation.hybrid_kv import max_model_len_fitting  # imports this one
@@ -312,7 +313,7 @@ def fitting_tokens(
         return max_model_len_fitting(
             plan.kv_cache_groups,
             num_kv_blocks,
-            plan.kv_block_size,
+            block_size,
             max_num_batched_tokens,
             speculative_blocks,
             align=align,

@@ -769,7 +769,7 @@ def _hybrid_scheduler(
     block_size = plan.kv_block_size or c.block_size
     spec = speculative_blocks(config)
     blocks = num_blocks - c.reserve_null_block
-    fitting = fitting_tokens(plan, blocks, c.max_num_batched_tokens, spec, align=align)
+    fitting = fitting_tokens(plan, blocks, block_size, c.max_num_batched_tokens, spec, align=align)
     return dataclasses.replace(
         c,
         num_blocks=num_blocks,

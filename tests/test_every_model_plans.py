@@ -94,6 +94,11 @@ PLANS: dict[str, Plan] = {
         ),
     ),
 }
+#: Gemma 4's KV as vLLM 0.33 plans it (hybrid_kv_pages; 10% of memory free, 50,465,226,240
+#: B of weights): 6 groups of 5 layers, 655,360 B a block; an 8,192-token request holds 256
+#: full blocks of 32 and 5 x (ceil((1,023 + 2,048) / 16) + 1) = 965 window blocks: 1,221.
+#: Device: (KV bytes // 655,360 blocks, blocks // 1,221 requests at once).
+GEMMA4_KV = {"h100-sxm": (40_960, 33), "h200": (130_909, 107), "b200": (188_416, 154)}
 NOT_MEASURED = {("nvidia/DeepSeek-V3.1-NVFP4", "h100-sxm"), ("nvidia/DeepSeek-V3.1-NVFP4", "h200")}
 #: Ops no table prices (norms, activations, RoPE, the KV store, the embedding lookup): the
 #: calibrated roofline's, by design; every other op is a GEMM, attention, MoE, collective,
@@ -188,6 +193,11 @@ def test_simulate_plans_from_measured_tables_or_says_why_not(
             assert source.startswith("measured"), (op, source)
     if plan.images:
         assert sources["vision_encoder"].startswith("measured: encoder_attention")
+    if model == "google/gemma-4-26B-A4B":
+        blocks, held = GEMMA4_KV[device]
+        (note,) = [n for n in summary["config"]["notes"] if n.startswith("KV PLANNED WITH")]
+        assert "6 KV groups of 5 layers (5 x sliding (window 1024) in blocks of 16 + gqa" in note
+        assert f"{blocks:,} blocks; a 8,192-token request holds 1221 blocks, so {held} " in note
 
 
 def search_config(model: str) -> dict[str, Any]:

@@ -130,7 +130,7 @@ def test_pd_disaggregation_plans_the_groups_as_vllm_does_with_nixl() -> None:
 @pytest.mark.parametrize(
     ("model", "replica", "words"),
     [
-        ("google/gemma-4-26B-A4B", {}, "different bytes per token"),
+        ("google/gemma-4-26B-A4B", {"scheduler": {"policy": "sarathi"}}, "vllm_v1 replicas only"),
         (
             "llama-2-7b",
             {"device": "a100-80gb", "scheduler": {"max_request_tokens": 4096}},

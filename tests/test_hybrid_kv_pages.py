@@ -4,16 +4,36 @@ layer caches 8,192 B a token (a 131,072 B page), a global layer 4,096 B (65,536 
 ``unify_kv_cache_spec_page_size`` gives the global layers blocks of 32; 25 sliding layers and
 5 global ones make five sliding groups and one full group of 5 layers, a block of
 5 x 131,072 = 655,360 B. ``benches/peers/vllm_kv_spec_diff.py`` checks the same against
-vLLM's own planner (98,304 blocks in 60 GiB)."""
+vLLM's own planner (98,304 blocks in 60 GiB).
+
+The simulator's runs (``plan_pages``): one H100 with 10% kept free leaves 80 GiB x 0.9 -
+50,465,226,240 B of weights = 26,844,185,088 B of KV, 40,960 blocks of 655,360 B. A request
+of 8,448 tokens holds in each sliding group ceil((1,024 - 1 + 2,048 in flight) / 16) + 1 =
+193 blocks and in the full group 8,448 / 32 = 264: 1,229, so 33 at once (vLLM's
+``get_max_concurrency_for_kv_cache_config``); with every layer full attention a token takes
+25 x 8,192 + 5 x 4,096 = 225,280 B, 7,447 blocks of 16 tokens, 528 per request: 14."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+from typing import Any
+
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from synthetic_jobs import one_replica, synthetic_workload
 
 from tokenyard.catalog import model
 from tokenyard.errors import ConfigError
-from tokenyard.simulation.hybrid_kv_pages import blocks_per_request, pages_layout
+from tokenyard.simulation import simulate
+from tokenyard.simulation.hybrid_kv import requests_held
+from tokenyard.simulation.hybrid_kv_pages import blocks_per_request, fitting_tokens, pages_layout
 from tokenyard.simulation.planner import KvGroup, dtype_bytes, kv_groups
+from tokenyard.simulation.run import _hybrid_scheduler, plan_for, planning_notes
+
+GEMMA4 = "google/gemma-4-26B-A4B"
+GROUP_SIZES = (16, 16, 16, 16, 16, 32)
 
 
 def gemma4() -> tuple[KvGroup, ...]:
@@ -44,3 +64,156 @@ def test_pages_that_do_not_divide_the_largest_or_beside_state_are_refused() -> N
     state = (KvGroup("gqa", 2, 2 * 256, 0), KvGroup("gdn", 2, 0, 0, 1 << 20))
     with pytest.raises(ConfigError, match="linear-attention state"):
         pages_layout(state, 16, "state")
+
+
+# ---- the simulator's runs ------------------------------------------------------------------
+
+
+def config(
+    *,
+    hybrid: bool | None = None,
+    cluster: dict[str, Any] | None = None,
+    workload: dict[str, Any] | None = None,
+    **replica: Any,
+) -> Any:
+    """One H100 replica of Gemma-4-26B-A4B, 10% of its memory kept free, requests of at most
+    8,448 tokens; by default 64 requests of 8,192 + 256 tokens, all at once."""
+    table: dict[str, Any] = {
+        "model": GEMMA4,
+        "device": "h100-sxm",
+        "memory_margin_fraction": 0.1,
+        "scheduler": {"max_request_tokens": 8448},
+        **replica,
+    }
+    if hybrid is not None:
+        table["hybrid_kv_cache_manager"] = hybrid
+    jobs = workload or synthetic_workload(
+        64, qps=1000.0, prompt_tokens=8192, output_tokens=256, seed=1
+    )
+    return one_replica(table, jobs, cluster=cluster or {})
+
+
+def test_gemma4_is_planned_with_groups_of_different_block_sizes_by_default() -> None:
+    unset, disabled = plan_for(config()), plan_for(config(hybrid=False))
+    assert unset.available_kv_bytes == disabled.available_kv_bytes == 26_844_185_088
+    assert [g.mixer for g in unset.kv_cache_groups] == ["sliding"] * 5 + ["gqa"]
+    assert unset.kv_group_block_sizes == GROUP_SIZES
+    assert unset.kv_block_size == 16  # the hash block size: the step scheduler's block_size
+    assert (unset.num_blocks, unset.max_batch_size) == (40_960, 33)
+    assert (disabled.num_blocks, disabled.max_batch_size) == (7_447, 14)
+    assert disabled.kv_cache_groups == disabled.kv_group_block_sizes == ()
+    assert plan_for(config(hybrid=True)).kv_group_block_sizes == GROUP_SIZES
+    assert requests_held(config(), unset, 8448) == 33
+
+
+def test_the_banner_states_the_layout_against_the_full_attention_plan() -> None:
+    note = planning_notes(config(), plan_for(config()))[0]
+    assert note.startswith(
+        "KV PLANNED WITH vLLM's HYBRID KV CACHE MANAGER (replica.hybrid_kv_cache_manager "
+        "unset: vLLM 0.33 default): 6 KV groups of 5 layers (5 x sliding (window 1024) in "
+        "blocks of 16 + gqa in blocks of 32: "
+    )
+    assert "prefix hits land on 32 tokens, requests hashed at 16" in note
+    assert "655,360 B per block: 40,960 blocks; a 8,448-token request holds 1229 blocks" in note
+    assert "so 33 run at once" in note
+    assert "against 7,447 blocks of 528 per request, 14, with --disable-hybrid" in note
+
+
+def test_the_step_scheduler_takes_each_groups_block_size() -> None:
+    """40,959 blocks (the null block kept): the five window groups never need more than
+    193 each, so the full group may take 40,959 - 965 = 39,994 blocks of 32 tokens."""
+    plan = plan_for(config())
+    assert fitting_tokens(plan, 40_959, 16, 2048, 0, align=False) == 39_994 * 32
+    scheduler = _hybrid_scheduler(config(), plan, plan.num_blocks, align=False)
+    assert (scheduler.block_size, scheduler.kv_group_block_sizes) == (16, GROUP_SIZES)
+    assert scheduler.max_model_len == 8448
+    assert len(scheduler.kv_groups) == 6
+
+
+def shared_prefix_job(hybrid: bool | None) -> Any:
+    """20 requests two seconds apart, each opening with one 1,010-token shared prompt: 63
+    whole hash blocks of 16 (1,008 tokens)."""
+    jobs = synthetic_workload(
+        20,
+        qps=0.5,
+        prompt_tokens=(1100, 1500),
+        output_tokens=8,
+        seed=3,
+        shared_prefix={"num_groups": 1, "prefix_tokens": 1010, "share_ratio": 1.0},
+    )
+    return config(hybrid=hybrid, workload=jobs, scheduler={"max_request_tokens": 8192})
+
+
+def test_gemma4_replays_with_its_groups_and_hits_land_on_their_lcm() -> None:
+    """The groups' hits land on 32 tokens (vLLM's scheduler block size): 1,008 // 32 x 32 =
+    992; with every layer full attention on the 16-token blocks, 1,008."""
+    grouped = simulate(shared_prefix_job(None)).columns["prefix_hit_tokens"]
+    full = simulate(shared_prefix_job(False)).columns["prefix_hit_tokens"]
+    assert list(grouped) == [0] + [992] * 19
+    assert list(full) == [0] + [1008] * 19
+
+
+def test_gemma4_holds_more_requests_at_once_with_its_groups() -> None:
+    """128 requests of 6,144 + 2,048 tokens at once, memory binding. Full attention: a
+    running request holds at least ceil(6,145 / 16) = 385 of the 7,446 blocks, so at most
+    19 run. Groups: at least 6,144 / 32 = 192 full blocks and 64 per window group, 512, so
+    at most 40,959 // 512 = 79, and at least vLLM's max concurrency, 33."""
+    jobs = synthetic_workload(128, qps=1000.0, prompt_tokens=6144, output_tokens=2048, seed=1)
+    runs = {h: simulate(config(hybrid=h, workload=jobs)).summary for h in (None, False)}
+    peak = {h: s["replicas"]["batch_size"]["max"] for h, s in runs.items()}
+    assert peak[False] == 19
+    assert 33 <= peak[None] <= 79
+    rate = {h: s["throughput"]["requests_per_s"] for h, s in runs.items()}
+    assert rate[None] > 1.5 * rate[False]
+
+
+PD = {"num_replicas": 1, "decode": {"num_replicas": 1}}
+EAGLE = {"method": "eagle", "num_speculative_tokens": 3, "acceptance_rate": 0.7}
+NGRAM_16 = {"method": "ngram", "num_speculative_tokens": 16, "acceptance_rate": 0.7}
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "words"),
+    [
+        ({"cluster": PD}, "replica.hybrid_kv_cache_manager", "P/D moves KV through a connector"),
+        ({"speculative": EAGLE}, "replica.speculative.method", "EAGLE proposer"),
+        (
+            {"speculative": NGRAM_16},
+            "replica.speculative.num_speculative_tokens",
+            "17 slots exceed the 16-token hash block",
+        ),
+    ],
+)
+def test_what_the_step_scheduler_does_not_serve_beside_them_is_planned_full_or_refused(
+    extra: dict[str, Any], field: str, words: str
+) -> None:
+    """Unset: every layer full attention, the banner saying why; true: refused on the key."""
+    plan = plan_for(config(**extra))
+    assert plan.kv_cache_groups == ()
+    assert words in plan.kv_groups_note
+    with pytest.raises(ConfigError, match=words) as err:
+        plan_for(config(hybrid=True, **extra))
+    assert err.value.field == field
+
+
+def test_a_request_that_fits_only_the_groups_is_planned_with_them() -> None:
+    """131,072 tokens: 29.5 GB with every layer full attention (225,280 B a token) against
+    the 26.8 GB there are; the groups need 131,072 / 32 + 5 x 193 = 5,061 of their 40,960
+    blocks: 8 at once. Beside P/D (the groups not served) it does not fit."""
+    longest = {"scheduler": {"max_request_tokens": 131072}}
+    assert plan_for(config(**longest)).max_batch_size == 40_960 // 5_061 == 8
+    with pytest.raises(ConfigError, match="not enough for one request of 131072") as err:
+        plan_for(config(hybrid=False, **longest))
+    assert err.value.field == "replica.device"
+    with pytest.raises(ConfigError, match="P/D moves KV through a connector") as err:
+        plan_for(config(cluster=PD, **longest))
+    assert err.value.field == "replica.device"
+
+
+def test_speculative_steps_within_the_hash_block_keep_the_groups() -> None:
+    """1 + 15 drafts = 16 slots fit the hash block: the step scheduler runs them."""
+    ngram = {"method": "ngram", "num_speculative_tokens": 15, "acceptance_rate": 0.7}
+    assert plan_for(config(speculative=ngram)).kv_group_block_sizes == GROUP_SIZES
+    jobs = synthetic_workload(20, qps=5.0, prompt_tokens=(500, 3000), output_tokens=50, seed=2)
+    summary = simulate(config(speculative=ngram, workload=jobs)).summary
+    assert summary["num_requests"] == 20

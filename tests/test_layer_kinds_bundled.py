@@ -163,7 +163,7 @@ END_TO_END = {
             "attn_decode": "measured:attention (",
         },
         "sliding attention measured:attention window_size 1024",
-        ["sliding 25 layers (window 1024) 204,800 B/token; gqa 5 layers 20,480 B/token"],
+        ["(5 x sliding (window 1024) in blocks of 16 + gqa in blocks of 32"],
     ),
     "Qwen/Qwen3.5-35B-A3B": (
         "h200",

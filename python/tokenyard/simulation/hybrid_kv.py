@@ -42,11 +42,12 @@ boundary, in vLLM's Mamba2 layers and its FlashInfer GDN prefill), and its align
 block size.
 
 Modelled: hybrids whose attention layers have one page size (gpt-oss: 2 groups; Qwen3.5:
-1 full + 3 Mamba groups), beside a P/D connector (NixlConnector is ``SupportsHMA``).
-Refused (``hybrid_kv_cache_manager = true``): per-layer page sizes that differ (Gemma 4's
-global layers: vLLM gives their group a larger block size, the coordinator has one), a host
-tier, prefix-affinity routing, and non-``vllm_v1`` replicas; ``= false`` for a model with
-linear-attention state (vLLM cannot promote a Mamba layer to full attention).
+1 full + 3 Mamba groups), beside a P/D connector (NixlConnector is ``SupportsHMA``), and
+attention pages of different sizes (Gemma 4's global layers: groups of different block sizes,
+``hybrid_kv_pages.plan_pages``, which also says what is not served beside them).
+Refused (``hybrid_kv_cache_manager = true``): a host tier, prefix-affinity routing, and
+non-``vllm_v1`` replicas; ``= false`` for a model with linear-attention state (vLLM cannot
+promote a Mamba layer to full attention).
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ from tokenyard._core import (
     SlidingWindowSpec,
 )
 from tokenyard.errors import ConfigError
+from tokenyard.simulation import hybrid_kv_pages
 from tokenyard.simulation.planner import KvGroup, MemoryPlan
 
 if TYPE_CHECKING:
@@ -139,7 +141,8 @@ def vllm_kv_layout(groups: tuple[KvGroup, ...], block_size: int, model: str) -> 
 
     Raises:
         ConfigError (field ``replica.hybrid_kv_cache_manager``): attention layers whose page
-            sizes differ, or no attention layer beside the Mamba ones.
+            sizes differ (``hybrid_kv_pages.pages_layout`` plans those), or no attention
+            layer beside the Mamba ones.
     """
     attention = [g for g in groups if not g.state_bytes_per_request]
     linear = [g for g in groups if g.state_bytes_per_request]
@@ -157,8 +160,8 @@ def vllm_kv_layout(groups: tuple[KvGroup, ...], block_size: int, model: str) -> 
         raise ConfigError(
             f"{_FIELD}: {model}'s layers cache different bytes per token ({sizes}); vLLM "
             "0.33 then gives the smaller pages a larger block size "
-            "(unify_kv_cache_spec_page_size), while the coordinator has one block size; set "
-            "it false, got true",
+            "(unify_kv_cache_spec_page_size): plan it with hybrid_kv_pages.pages_layout, not "
+            "one block size; got true",
             field=_FIELD,
             value="True",
         )
@@ -219,6 +222,8 @@ def requests_held(
     ``prefix_caching``: whether the workload has prefix identity (``align_mode``)."""
     if not plan.kv_cache_groups:
         raise ValueError("requests_held: the plan has no KV cache groups")
+    if plan.kv_group_block_sizes:
+        return hybrid_kv_pages.requests_held(config, plan, num_tokens)
     in_flight = config.replica.scheduler.vllm_v1.max_num_batched_tokens
     per_request = blocks_per_request(
         plan.kv_cache_groups,
@@ -304,14 +309,9 @@ def hybrid_default(groups: tuple[KvGroup, ...], *, connector: str | None) -> tup
         )
     # A P/D connector is served: vLLM 0.33 keeps the hybrid manager when the connector
     # supports it (NixlConnector subclasses SupportsHMA: kv_connector/v1/nixl/connector.py;
-    # VllmConfig.__post_init__ asks KVConnectorFactory.supports_hma_config).
-    attention = [g for g in groups if not g.state_bytes_per_request]
-    if len({g.bytes_per_token // g.layers for g in attention}) > 1:
-        return False, (
-            "vLLM 0.33 runs its hybrid KV cache manager with a larger block size for the "
-            "layers with smaller pages; not modelled (one block size): planned as "
-            "--disable-hybrid-kv-cache-manager"
-        )
+    # VllmConfig.__post_init__ asks KVConnectorFactory.supports_hma_config). Attention
+    # pages of different sizes: groups of different block sizes (hybrid_kv_pages.plan_pages
+    # keeps every layer full attention where the step scheduler does not serve them).
     return True, ""
 
 
@@ -447,7 +447,7 @@ def _check_state_groups_servable(
         raise ConfigError(
             f"replica.model: {why}, and its attention layers have different page sizes, "
             "which vLLM serves with a larger block size for the smaller pages: not modelled "
-            f"(one block size), got {model}",
+            f"beside Mamba groups, got {model}",
             field="replica.model",
             value=model,
         )
@@ -515,6 +515,10 @@ def plan_hybrid(
     use, why = resolve_hybrid(config, plan.groups)
     if not use:
         return dataclasses.replace(plan, kv_groups_note=why) if why else plan
+    if hybrid_kv_pages.pages_differ(plan.groups) and not has_state_groups(plan.groups):
+        return hybrid_kv_pages.plan_pages(
+            config, plan, max_request_tokens=max_request_tokens, block_size=block_size
+        )
     layout = vllm_kv_layout(plan.groups, block_size, config.model_name())
     bs = layout.block_size
     in_flight = config.replica.scheduler.vllm_v1.max_num_batched_tokens

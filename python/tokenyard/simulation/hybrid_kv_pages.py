@@ -17,19 +17,38 @@ The step scheduler runs such groups with ``SchedulerConfig.kv_group_block_sizes`
 the lcm of the block sizes, requests hashed at their gcd: ``resolve_kv_cache_block_sizes``).
 
 This module plans the layout (checked against vLLM's own planner by
-``benches/peers/vllm_kv_spec_diff.py``); the simulator's runs do not use it yet: its memory plan
-carries one block size (``docs/catalog.md``, "KV").
+``benches/peers/vllm_kv_spec_diff.py``) and the simulator's runs use it (``plan_pages``: the
+memory plan carries each group's block size, ``MemoryPlan.kv_group_block_sizes``, and the
+step scheduler's ``block_size`` is the hash block size). Beside differing sizes the step
+scheduler serves neither a KV connector (P/D) nor EAGLE-style drafters (vLLM's ``use_eagle``:
+hash look-ahead, the trailing-block drop) nor speculative steps of more slots than the hash
+block, nor chunked local or Mamba groups: with the setting unset such a configuration is
+planned as ``--disable-hybrid-kv-cache-manager`` (the banner says why), with ``true`` refused
+naming the key.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from tokenyard.errors import ConfigError
-from tokenyard.simulation.planner import KvGroup
+from tokenyard.simulation.planner import KvGroup, MemoryPlan
 
-__all__ = ["PagesLayout", "blocks_per_request", "pages_layout"]
+if TYPE_CHECKING:
+    from tokenyard.simulation.config import SimulationConfig
+
+__all__ = [
+    "PagesLayout",
+    "blocks_per_request",
+    "fitting_tokens",
+    "pages_differ",
+    "pages_layout",
+    "plan_pages",
+    "requests_held",
+]
 
 _FIELD = "replica.hybrid_kv_cache_manager"
 
@@ -107,3 +126,214 @@ def blocks_per_request(layout: PagesLayout, num_tokens: int, max_in_flight_token
         else:
             total += math.ceil(num_tokens / size)
     return total
+
+
+def pages_differ(groups: tuple[KvGroup, ...]) -> bool:
+    """Whether the attention layers among ``groups`` (``planner.kv_groups``) cache pages of
+    different sizes (Gemma 4's global layers)."""
+    attention = [g for g in groups if not g.state_bytes_per_request]
+    return len({g.bytes_per_token // g.layers for g in attention}) > 1
+
+
+def _unserved(config: SimulationConfig, layout: PagesLayout) -> tuple[str, str, str] | None:
+    """``(field, value, why)`` for what the step scheduler does not serve beside groups of
+    different block sizes (``SchedulerConfig::validate_group_block_sizes``, the connector
+    check of ``Scheduler::set_connector``; the adapter's ``refuse_unmodelled``), or None."""
+    if any(g.mixer == "chunked" for g in layout.groups):
+        return _FIELD, "True", "chunked local attention groups do not take their own block size"
+    if config.cluster.decode is not None:
+        return (
+            _FIELD,
+            "True",
+            "P/D moves KV through a connector, which the step scheduler does not serve "
+            "beside groups of different block sizes",
+        )
+    spec = config.replica.speculative
+    if spec.method in ("eagle", "mtp"):
+        # vLLM's SpeculativeConfig.use_eagle: hash look-ahead and the trailing-block drop.
+        return (
+            "replica.speculative.method",
+            spec.method,
+            f"{spec.method} drafts as vLLM's EAGLE proposer (hash look-ahead, the trailing "
+            "block dropped from the prefix cache), not modelled beside groups of different "
+            "block sizes",
+        )
+    k = spec.num_speculative_tokens or 0
+    slots = 1 + k + spec.num_lookahead_tokens()
+    if spec.method is not None and slots > layout.hash_block_size:
+        return (
+            "replica.speculative.num_speculative_tokens",
+            str(k),
+            f"one speculative step's {slots} slots exceed the {layout.hash_block_size}-token "
+            "hash block (vLLM's _spec_decode_step_blocks counts each group on its own block "
+            "size, the step scheduler on the hash block: the same only within it)",
+        )
+    return None
+
+
+def plan_pages(
+    config: SimulationConfig, plan: MemoryPlan, *, max_request_tokens: int, block_size: int
+) -> MemoryPlan:
+    """``plan`` (every attention layer as full attention) re-sized for vLLM 0.33's groups of
+    different block sizes (``pages_layout``), or ``plan`` with the banner's words on why not
+    where the step scheduler does not serve them (``_unserved``) and the setting is unset.
+
+    Raises:
+        ConfigError: ``replica.hybrid_kv_cache_manager = true`` with what is not served
+            (the field is the key to change), a layout ``pages_layout`` refuses, or no room
+            for one request (field ``replica.device``; with what is not served, no room with
+            every layer full attention).
+    """
+    model = config.model_name()
+    layout = pages_layout(plan.groups, block_size, model)
+    unserved = _unserved(config, layout)
+    if unserved is not None:
+        field, value, why = unserved
+        if config.replica.hybrid_kv_cache_manager:
+            raise ConfigError(
+                f"{field}: {model}'s attention pages differ, so vLLM 0.33's groups have "
+                f"different block sizes {layout.group_block_sizes}; {why}: set "
+                f"replica.hybrid_kv_cache_manager false or change it, got {value}",
+                field=field,
+                value=value,
+            )
+        if plan.available_kv_bytes < plan.kv_bytes_per_token * max_request_tokens:
+            # plan_for's one-token plan: only the groups could hold the longest request.
+            raise ConfigError(
+                f"replica.device: {model} does not fit one request of {max_request_tokens:,} "
+                "tokens with every layer full attention, and vLLM's groups of different "
+                f"block sizes are not modelled here: {why}",
+                field="replica.device",
+                value=config.replica.device,
+            )
+        return dataclasses.replace(
+            plan,
+            kv_groups_note=(
+                f"vLLM 0.33 would run its hybrid KV cache manager with groups of different "
+                f"block sizes {layout.group_block_sizes}; {why}, so this is planned as "
+                "--disable-hybrid-kv-cache-manager"
+            ),
+        )
+    in_flight = config.replica.scheduler.vllm_v1.max_num_batched_tokens
+    available = plan.available_kv_bytes + plan.reserved_state_bytes
+    num_blocks = available // layout.bytes_per_block
+    per_request = blocks_per_request(layout, max_request_tokens, in_flight)
+    if num_blocks < per_request:
+        raise ConfigError(
+            f"replica.device: {model} leaves {num_blocks} KV blocks under vLLM's hybrid KV "
+            f"cache manager, fewer than one request of {max_request_tokens:,} tokens holds "
+            f"({per_request})",
+            field="replica.device",
+            value=config.replica.device,
+        )
+    hash_size = layout.hash_block_size
+    return dataclasses.replace(
+        plan,
+        kv_bytes_per_token=layout.bytes_per_block // hash_size,
+        available_kv_bytes=available,
+        num_blocks=num_blocks,
+        max_kv_tokens=num_blocks * hash_size,
+        max_request_slots=num_blocks,
+        max_batch_size=num_blocks // per_request,
+        reserved_state_bytes=0,
+        kv_cache_groups=layout.groups,
+        kv_block_size=hash_size,
+        kv_group_block_sizes=layout.group_block_sizes,
+        kv_groups_note=_words(config, plan, layout, num_blocks, per_request, max_request_tokens),
+    )
+
+
+def _words(
+    config: SimulationConfig,
+    plan: MemoryPlan,
+    layout: PagesLayout,
+    num_blocks: int,
+    per_request: int,
+    max_request_tokens: int,
+) -> str:
+    """The banner's note: the groups and their block sizes, the pool, vLLM's max
+    concurrency, and the plan with every layer full attention it replaces."""
+    runs: list[list[Any]] = []  # [words, count] per run of equal groups, in vLLM's order
+    for g, size in zip(layout.groups, layout.group_block_sizes, strict=True):
+        kind = f"{g.mixer}{f' (window {g.window})' if g.window else ''} in blocks of {size}"
+        if runs and runs[-1][0] == kind:
+            runs[-1][1] += 1
+        else:
+            runs.append([kind, 1])
+    kinds = " + ".join(f"{n} x {kind}" if n > 1 else kind for kind, n in runs)
+    setting = config.replica.hybrid_kv_cache_manager
+    block_size = config.replica.scheduler.block_size
+    full_blocks = math.ceil(max_request_tokens / block_size)
+    return (
+        f"KV PLANNED WITH vLLM's HYBRID KV CACHE MANAGER (replica.hybrid_kv_cache_manager "
+        f"{'true' if setting else 'unset: vLLM 0.33 default'}): {len(layout.groups)} KV groups "
+        f"of {layout.layers_per_group} layers ({kinds}: the smaller pages' block grown to the "
+        "largest page, vLLM's unify_kv_cache_spec_page_size; prefix hits land on "
+        f"{layout.scheduler_block_size} tokens, requests hashed at {layout.hash_block_size}), "
+        f"{layout.bytes_per_block:,} B per block: {num_blocks:,} blocks; a "
+        f"{max_request_tokens:,}-token request holds {per_request} blocks, so "
+        f"{num_blocks // per_request} run at once (vLLM's max concurrency), against "
+        f"{plan.num_blocks:,} blocks of {full_blocks} per request, "
+        f"{plan.num_blocks // full_blocks}, with --disable-hybrid-kv-cache-manager "
+        "(replica.hybrid_kv_cache_manager = false)"
+    )
+
+
+def _blocks_needed(
+    groups: tuple[KvGroup, ...], sizes: tuple[int, ...], tokens: int, in_flight: int
+) -> int:
+    """Blocks a request of ``tokens`` holds as the step scheduler counts them
+    (``SchedulerConfig::blocks_per_request``: a window group's capped at its admission cap
+    for one step in flight, each group on its own block size)."""
+    total = 0
+    for g, size in zip(groups, sizes, strict=True):
+        required = math.ceil(tokens / size)
+        if g.mixer == "sliding":
+            required = min(required, math.ceil((g.window - 1 + in_flight) / size) + 1)
+        total += required
+    return total
+
+
+def fitting_tokens(
+    plan: MemoryPlan,
+    num_kv_blocks: int,
+    block_size: int,
+    max_num_batched_tokens: int,
+    speculative_blocks: int,
+    *,
+    align: bool,
+) -> int:
+    """The longest request whose blocks over ``plan``'s groups fit ``num_kv_blocks``: each
+    group on its own block size where they differ, else ``hybrid_kv.max_model_len_fitting``
+    (on ``block_size``, Mamba groups included)."""
+    sizes = plan.kv_group_block_sizes
+    if not sizes:
+        from tokenyard.simulation.hybrid_kv import max_model_len_fitting  # imports this one
+
+        return max_model_len_fitting(
+            plan.kv_cache_groups,
+            num_kv_blocks,
+            block_size,
+            max_num_batched_tokens,
+            speculative_blocks,
+            align=align,
+        )
+    groups = plan.kv_cache_groups
+    low, high = 0, num_kv_blocks * max(sizes)
+    while low < high:
+        mid = (low + high + 1) // 2
+        if _blocks_needed(groups, sizes, mid, max_num_batched_tokens) <= num_kv_blocks:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def requests_held(config: SimulationConfig, plan: MemoryPlan, num_tokens: int) -> int:
+    """Requests of ``num_tokens`` tokens each that a plan with groups of different block
+    sizes holds at once (vLLM's max concurrency: ``blocks_per_request`` on each group's)."""
+    layout = PagesLayout(
+        plan.kv_cache_groups, plan.kv_group_block_sizes, plan.kv_cache_groups[0].layers, 0
+    )
+    in_flight = config.replica.scheduler.vllm_v1.max_num_batched_tokens
+    return plan.num_blocks // blocks_per_request(layout, num_tokens, in_flight)

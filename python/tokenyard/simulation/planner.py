@@ -130,8 +130,13 @@ class MemoryPlan:
     kv_groups_note: str = ""
     #: Tokens per block of ``kv_cache_groups``: vLLM's attention block aligned to the Mamba
     #: page where the groups hold linear-attention state (``hybrid_kv.aligned_block_size``);
-    #: 0: the scheduler's ``block_size``.
+    #: 0: the scheduler's ``block_size``. With ``kv_group_block_sizes`` it is vLLM's hash
+    #: block size (their gcd), the step scheduler's ``block_size``.
     kv_block_size: int = 0
+    #: Each of ``kv_cache_groups``' block size where they differ (Gemma 4's: vLLM 0.33's
+    #: ``unify_kv_cache_spec_page_size`` grows the smaller pages' block,
+    #: ``hybrid_kv_pages.plan_pages``); empty: every group's is ``kv_block_size``.
+    kv_group_block_sizes: tuple[int, ...] = ()
 
 
 def _dtype_bytes(dtype: str, choices: tuple[str, ...], field: str) -> float:

@@ -28,11 +28,11 @@ from tokenyard.simulation.hybrid_kv import (
     check_pool_blocks,
     group_specs,
     has_state_groups,
-    max_model_len_fitting,
     plan_hybrid,
     resolve_hybrid,
     speculative_blocks,
 )
+from tokenyard.simulation.hybrid_kv_pages import fitting_tokens
 from tokenyard.simulation.kv_offload_config import KvOffloadConfig
 from tokenyard.simulation.lora_config import slot_bytes
 from tokenyard.simulation.planner import MemoryPlan, dtype_bytes, hybrid_kv_words, plan_memory
@@ -768,19 +768,15 @@ def _hybrid_scheduler(
     c = config.replica.scheduler.vllm_v1
     block_size = plan.kv_block_size or c.block_size
     spec = speculative_blocks(config)
-    fitting = max_model_len_fitting(
-        plan.kv_cache_groups,
-        num_blocks - c.reserve_null_block,
-        block_size,
-        c.max_num_batched_tokens,
-        spec,
-        align=align,
-    )
+    blocks = num_blocks - c.reserve_null_block
+    fitting = fitting_tokens(plan, blocks, block_size, c.max_num_batched_tokens, spec, align=align)
     return dataclasses.replace(
         c,
         num_blocks=num_blocks,
-        # vLLM's attention block aligned to the Mamba page (hybrid_kv.aligned_block_size).
+        # vLLM's attention block aligned to the Mamba page (hybrid_kv.aligned_block_size),
+        # or its hash block size beside each group's own (hybrid_kv_pages.plan_pages).
         block_size=block_size,
+        kv_group_block_sizes=plan.kv_group_block_sizes,
         max_loras=config.replica.lora.max_loras if config.replica.lora else 0,
         # A drafter's lookahead slots go beyond the longest request.
         max_model_len=min(

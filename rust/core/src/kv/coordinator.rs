@@ -102,10 +102,10 @@ pub struct KvCoordinator<R: RequestKey> {
     /// `MambaManager.cached_blocks_this_step`): their states are computed by this step, so
     /// no other request admitted in it may hit them ([`Self::new_step_starts`]).
     cached_this_step: FxHashSet<BlockId>,
-    /// How Mamba `align` groups place a prefill checkpoint: EAGLE's block drop and the
-    /// hash look-ahead (vLLM 0.33's `MambaManager.drop_eagle_checkpoint_block` and
-    /// `num_hash_lookahead_tokens`).
-    checkpoint_rule: (bool, usize),
+    /// Whether Mamba `align` groups place a prefill checkpoint a block back for EAGLE's
+    /// block drop (vLLM 0.33's `MambaManager.drop_eagle_checkpoint_block`; the look-ahead
+    /// they also read is `hash_lookahead`, as vLLM's reads its block pool's).
+    pub(super) drop_eagle_checkpoint_block: bool,
     /// vLLM 0.33's hash look-ahead (`kv::lookahead`; 0: off).
     pub(super) hash_lookahead: usize,
 }
@@ -195,7 +195,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             stats: BlockPoolStats::default(),
             zeroing: None,
             cached_this_step: FxHashSet::default(),
-            checkpoint_rule: (false, 0),
+            drop_eagle_checkpoint_block: false,
             hash_lookahead: 0,
         })
     }
@@ -494,15 +494,11 @@ impl<R: RequestKey> KvCoordinator<R> {
         needed <= self.free_queue.len()
     }
 
-    /// Sets how Mamba `align` groups with prefill checkpoint blocks place a checkpoint:
+    /// Sets whether Mamba `align` groups with prefill checkpoint blocks place a checkpoint
     /// with EAGLE's block drop (vLLM 0.33 sets `MambaManager.drop_eagle_checkpoint_block`
-    /// under EAGLE) and the hash look-ahead tokens (`num_hash_lookahead_tokens`).
-    pub fn set_mamba_checkpoint_rule(
-        &mut self,
-        drop_eagle_block: bool,
-        num_hash_lookahead_tokens: usize,
-    ) {
-        self.checkpoint_rule = (drop_eagle_block, num_hash_lookahead_tokens);
+    /// under EAGLE); the hash look-ahead they follow is [`Self::hash_lookahead`].
+    pub fn set_mamba_checkpoint_rule(&mut self, drop_eagle_block: bool) {
+        self.drop_eagle_checkpoint_block = drop_eagle_block;
     }
 
     /// A new step begins (vLLM's `new_step_starts`): Mamba `align` states cached before it

@@ -149,6 +149,9 @@ impl Kv {
             let (groups, caching) = (config.kv_groups.clone(), config.enable_prefix_caching);
             let mut pool = KvCoordinator::new(groups, num_blocks, config.block_size, caching)?;
             pool.set_hash_lookahead(config.prefix_rules().num_hash_lookahead_tokens)?;
+            if let Some(split) = &config.mamba_align {
+                pool.set_mamba_checkpoint_rule(split.drop_eagle_block);
+            }
             let batches = if async_scheduling { 2 } else { 1 };
             return Ok(Kv::Hybrid(Box::new(HybridKv {
                 pool,

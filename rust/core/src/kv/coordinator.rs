@@ -98,10 +98,12 @@ pub struct KvCoordinator<R: RequestKey> {
     /// Per group, blocks handed out since the last `take_new_block_ids`, when new blocks
     /// are zeroed before use (vLLM 0.33's `needs_kv_cache_zeroing`); `None` otherwise.
     zeroing: Option<Vec<Vec<BlockId>>>,
-    /// Mamba `align` state blocks cached since the step began (vLLM 0.33's
-    /// `MambaManager.cached_blocks_this_step`): their states are computed by this step, so
-    /// no other request admitted in it may hit them ([`Self::new_step_starts`]).
-    cached_this_step: FxHashSet<BlockId>,
+    /// Hashes (group-keyed) of the Mamba `align` states cached since the step began (vLLM
+    /// 0.33's `MambaManager.cached_blocks_this_step`, a set of `BlockHashWithGroupId`):
+    /// their states are computed by this step, so no other request admitted in it may hit
+    /// them ([`Self::new_step_starts`]); keyed by hash as vLLM's is, a state recomputed
+    /// this step under a hash an older block caches defers a hit on that block too.
+    cached_this_step: FxHashSet<BlockHash>,
     /// Whether Mamba `align` groups place a prefill checkpoint a block back for EAGLE's
     /// block drop (vLLM 0.33's `MambaManager.drop_eagle_checkpoint_block`; the look-ahead
     /// they also read is `hash_lookahead`, as vLLM's reads its block pool's).
@@ -679,7 +681,7 @@ fn cache_full_blocks(
     cached: &mut CacheMap,
     blocks: &mut [BlockMeta],
     request: &mut CoordinatedRequest,
-    cached_this_step: &mut FxHashSet<BlockId>,
+    cached_this_step: &mut FxHashSet<BlockHash>,
 ) {
     let tokens = &request.tokens;
     let num_full = (tokens.num_computed_tokens.min(tokens.num_tokens) / block_size)
@@ -702,7 +704,7 @@ fn cache_full_blocks(
             cached.insert(key, block, blocks);
             blocks[block as usize].set_hash(key);
             if groups[g].is_mamba_align() {
-                cached_this_step.insert(block);
+                cached_this_step.insert(key);
             }
         }
         request.num_cached[g] = num_full;

@@ -315,6 +315,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             enable_caching,
             zeroing,
             cached_this_step,
+            hash_lookahead,
             ..
         } = self;
         let request = requests.get_mut(request_id).expect("inserted above");
@@ -348,11 +349,18 @@ impl<R: RequestKey> KvCoordinator<R> {
             record_for_zeroing(zeroing, g, spec, &added);
             new_blocks.push(added);
         }
-        append_tokens(*block_size, *enable_caching, &mut request.tokens, token_ids);
+        let (block_size, lookahead) = (*block_size, *hash_lookahead);
+        append_tokens(
+            block_size,
+            *enable_caching,
+            lookahead,
+            &mut request.tokens,
+            token_ids,
+        );
         request.tokens.num_computed_tokens += num_new_tokens;
         if *enable_caching {
             cache_full_blocks(
-                *block_size,
+                block_size,
                 groups,
                 cached,
                 blocks,
@@ -382,14 +390,17 @@ impl<R: RequestKey> KvCoordinator<R> {
             .requests
             .get_mut(request_id)
             .ok_or_else(|| Error::unknown_request(request_id))?;
+        let (block_size, lookahead) = (self.block_size, self.hash_lookahead);
+        let tokens = &mut request.tokens;
         append_tokens(
-            self.block_size,
+            block_size,
             self.enable_caching,
-            &mut request.tokens,
+            lookahead,
+            tokens,
             new_token_ids,
         );
         if self.enable_caching {
-            super::lookahead::hash_ahead(self.block_size, &mut request.tokens, ahead);
+            super::lookahead::hash_ahead(block_size, lookahead, tokens, ahead);
             cache_full_blocks(
                 self.block_size,
                 &self.groups,
@@ -564,8 +575,6 @@ impl<R: RequestKey> KvCoordinator<R> {
                 num_computed_tokens: num_computed,
                 num_cached_blocks: 0,
                 extra_key,
-                hash_lookahead: self.hash_lookahead as u32,
-                num_reprefillable: 0,
             },
             tables: vec![Vec::new(); num_groups],
             num_cached: vec![0; num_groups],

@@ -283,9 +283,6 @@ class TokenyardScheduler(
         self._encoder_cache_view = EncoderCacheView(self)
         self.kv_cache_manager = _KVCacheManagerView(self)
         self.spec_decode_metrics_level = self.observability_config.per_request_spec_decode_metrics
-        # The config's (the requests' hashers are built from it); num_hash_lookahead_tokens,
-        # vLLM's attribute, is the core's (HashLookahead).
-        self._num_hash_lookahead_tokens = getattr(vllm_config, "num_hash_lookahead_tokens", 0)
         self._init_prefill_stops(vllm_config, kv_cache_config)
         # vLLM 0.33's auxiliary-output connector (routed experts), as its Scheduler builds
         # it; assignable on a built scheduler (the property below).

@@ -768,23 +768,15 @@ def replica_spec(
 
 
 def _drafter_lookahead(config: SimulationConfig, *, caching: bool) -> tuple[int, int]:
-    """The step scheduler's drafter settings as vLLM 0.33 derives them from the
-    speculative config (``docs/speculative.md``, "Prefix caching under EAGLE and MTP"):
-    ``num_prefill_lookahead`` (``VllmConfig.num_prefill_lookahead_tokens``) and
-    ``num_hash_lookahead_tokens`` (``VllmConfig.num_hash_lookahead_tokens``: with the
-    replica's prefix cache on, none beside P/D's KV connector, nor with the section's
-    ``eagle_block_drop``: vLLM's ``disable_lookahead_block_hashes``). Both 0 without a
-    drafter that reads the target's hidden states (EAGLE, MTP)."""
+    """``SpeculativeConfig.scheduler_lookahead`` for the replica's model and pools."""
     spec = config.replica.speculative
     if spec.method not in ("eagle", "mtp"):
         return 0, 0
     model = catalog_for(config).model(config.model_name(), field="replica.model")
-    layers = model.num_mtp_layers
     hashes = caching and not config.replica.scheduler.vllm_v1.eagle_block_drop
     connector = config.cluster.decode is not None
-    return (
-        spec.num_prefill_lookahead_tokens(layers),
-        spec.num_hash_lookahead_tokens(layers, prefix_caching=hashes, kv_connector=connector),
+    return spec.scheduler_lookahead(
+        model.num_mtp_layers, prefix_caching=hashes, kv_connector=connector
     )
 
 

@@ -75,6 +75,22 @@ class SpeculativeConfig:
             return 0
         return self.num_prefill_lookahead_tokens(num_mtp_layers)
 
+    def scheduler_lookahead(
+        self, num_mtp_layers: int, *, prefix_caching: bool, kv_connector: bool
+    ) -> tuple[int, int]:
+        """The step scheduler's ``(num_prefill_lookahead, num_hash_lookahead_tokens)`` as
+        vLLM 0.33 derives them from the speculative config (``docs/speculative.md``,
+        "Prefix caching under EAGLE and MTP"). ``prefix_caching``: the replica's prefix
+        cache is on and look-ahead hashes are not disabled (the ``vllm_v1`` section's
+        ``eagle_block_drop`` is vLLM's ``disable_lookahead_block_hashes``);
+        ``kv_connector``: P/D's connector, beside which vLLM keeps the legacy hashes."""
+        return (
+            self.num_prefill_lookahead_tokens(num_mtp_layers),
+            self.num_hash_lookahead_tokens(
+                num_mtp_layers, prefix_caching=prefix_caching, kv_connector=kv_connector
+            ),
+        )
+
     def check(self, where: str, policy: str) -> None:
         """Raises ConfigError naming the key of the first bad value."""
         if self.method is None:

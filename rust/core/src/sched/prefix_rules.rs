@@ -118,7 +118,7 @@ impl<R: crate::kv::RequestKey> super::Scheduler<R> {
         if lookahead > 0 && self.connector.is_some() {
             return Err(connector_refusal(lookahead));
         }
-        self.kv.set_prefix_rules(&config)?;
+        self.kv.set_hash_lookahead(lookahead)?;
         self.config.num_hash_lookahead_tokens = lookahead;
         Ok(())
     }

@@ -305,3 +305,35 @@ fn the_lookahead_set_on_a_built_scheduler_moves_the_mamba_split() {
         [(0, 80)]
     );
 }
+
+#[test]
+fn the_lookahead_setter_keeps_the_pools_reprefillable_lag() {
+    // Built for 3-module MTP (vLLM's coordinator reads `num_reprefillable_tokens` = 2 once);
+    // the scheduler's `num_prefill_lookahead` assigned 1 apart, then look-ahead hashes of 2
+    // set: the pool still lags 2 tokens. A 12-token prompt under a budget of 8 computes 8,
+    // of which 6 are cacheable (3 blocks), not 8, though the hashes reach 10.
+    let config = SchedulerConfig {
+        num_prefill_lookahead: 3,
+        max_num_batched_tokens: 8,
+        ..cfg(0, false)
+    };
+    let mut s = Scheduler::new(config, false).unwrap();
+    s.set_num_prefill_lookahead(1);
+    s.set_num_hash_lookahead_tokens(2).unwrap();
+    s.add_request(0, request(&(0..12).collect::<Vec<_>>(), 4))
+        .unwrap();
+    assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 8)]);
+    let longer: Vec<u32> = (0..16).collect();
+    assert_eq!(s.num_cached_prefix_tokens(&longer, None), 6);
+    // Built with a look-ahead of 1 (no lag), the same run caches 8.
+    let config = SchedulerConfig {
+        num_prefill_lookahead: 1,
+        max_num_batched_tokens: 8,
+        ..cfg(2, false)
+    };
+    let mut s = Scheduler::new(config, false).unwrap();
+    s.add_request(0, request(&(0..12).collect::<Vec<_>>(), 4))
+        .unwrap();
+    s.schedule().unwrap();
+    assert_eq!(s.num_cached_prefix_tokens(&longer, None), 8);
+}

@@ -153,15 +153,15 @@ def test_group_specs_give_the_core_align_groups() -> None:
 def test_speculative_decoding_keeps_align_and_its_prefix_hits() -> None:
     # vLLM 0.33 keeps mamba_cache_mode 'align' under speculative decoding, its Mamba groups
     # holding num_speculative_tokens more state blocks (MambaManager): the shared prefix
-    # still hits, as without drafts.
+    # still hits. Under its MTP drafter's look-ahead hashes (VllmConfig.
+    # num_hash_lookahead_tokens, 1 for Qwen3.5's one MTP module) a block is cached only
+    # once the token after it exists, so fewer hit than without drafts.
     spec = {"method": "mtp", "num_speculative_tokens": 2, "acceptance_rate": 0.7}
     summary = simulate(config(n=16, speculative=spec)).summary
     plain = simulate(config(n=16)).summary
     assert summary["num_requests"] == 16
     assert summary["throughput"]["prefix_hit_rate"] > 0.0
-    assert summary["throughput"]["prefix_hit_rate"] == pytest.approx(
-        plain["throughput"]["prefix_hit_rate"], rel=0.2
-    )
+    assert summary["throughput"]["prefix_hit_rate"] < plain["throughput"]["prefix_hit_rate"]
 
 
 def test_pd_prefill_pool_hits_the_shared_prefix() -> None:

@@ -162,20 +162,23 @@ def test_the_banner_says_the_block_the_groups_and_the_mamba_cache_mode() -> None
 
 
 def test_the_plan_the_run_and_the_recommender_share_one_align_rule() -> None:
-    """The synthetic workload has no prefix identity, so the run's groups hold one page
-    (mamba_cache_mode 'none'); the plan the run prints says so too (3,793 // 11 = 344 at
-    once, not align's 270), and requests_held counts the same."""
+    """The synthetic workload has no prefix identity, and the run's groups still hold
+    align's pages, as vLLM (which never sees the workload) runs align whenever prefix
+    caching is on (MambaModelConfig.verify_and_update_config): 3,793 // 14 = 270 at once,
+    not 'none''s 344; the plan the run prints says so, and requests_held counts the same.
+    enable_prefix_caching = false runs 'none' (344)."""
     c = config()
     result = simulate(c)
     banner = format_summary(result)
-    assert "so 344 run at once" in banner
-    assert "the workload has no prefix identity" in banner
-    assert "'align'" not in banner.split("PREFIX CACHING")[0]
-    plain = plan_for(c, prefix_caching=False)
-    assert plain.max_batch_size == 344
-    assert plan_for(c).max_batch_size == 270  # with prefix identity: align, 2 pages
-    assert requests_held(c, plain, 8448, prefix_caching=False) == 344
-    assert requests_held(c, plain, 8448) == 3_793 // 14
+    assert "so 270 run at once" in banner
+    assert "PREFIX CACHING ON WITH mamba_cache_mode 'align'" in banner
+    assert "no prefix identity" not in banner
+    plan = plan_for(c)
+    assert plan.max_batch_size == 270
+    assert requests_held(c, plan, 8448) == 3_793 // 14
+    off = config(scheduler={"vllm_v1": {"enable_prefix_caching": False}})
+    assert plan_for(off).max_batch_size == 344
+    assert requests_held(off, plan_for(off), 8448) == 344
 
 
 def test_pd_pools_whose_groups_disagree_are_refused_on_the_decode_scheduler(
@@ -208,15 +211,16 @@ def test_pd_pools_whose_groups_disagree_are_refused_on_the_decode_scheduler(
 
 @pytest.mark.parametrize("caching", [True, False])
 def test_qwen35_runs_as_many_requests_as_its_groups_hold(caching: bool) -> None:
-    """100 blocks (99 past the null block): each request holds 8 full-attention blocks and
-    3 state pages, so 99 // 11 = 9 run at once. The workload gives no prefix identity, so
-    vLLM's prefix caching has nothing to key and the groups run mamba_cache_mode 'none'
-    either way (one page)."""
+    """100 blocks (99 past the null block): each decoding request holds 8 full-attention
+    blocks and one page in each of the 3 Mamba groups, so 99 // 11 = 9 run at once, with
+    prefix caching on (vLLM's align, prefix identity or not: its second page is held only
+    while a chunk moves the state on, MambaManager freeing the one it was copied from) or
+    off ('none'). Those transient pages preempt under align, not under 'none'."""
     scheduler = {"num_blocks": 100, "vllm_v1": {"enable_prefix_caching": caching}}
     summary = simulate(config(scheduler=scheduler)).summary
     assert summary["num_requests"] == 64
     assert summary["replicas"]["batch_size"]["max"] == 9
-    assert summary["preemption"]["num_restarts"] == 0
+    assert (summary["preemption"]["num_restarts"] > 0) == caching
 
 
 def test_the_state_comes_from_the_pool_not_a_max_num_seqs_reservation() -> None:
@@ -312,9 +316,10 @@ def test_draft_tokens_take_a_state_page_each_in_every_mamba_group() -> None:
     num_speculative_tokens (MambaBase.get_kv_cache_spec). With prefix caching on (align
     mode, kept under speculative decoding) a GDN group holds 2 + 2 pages a request
     (MambaSpec.max_memory_usage_bytes): 8 + 3 x 4 = 20 blocks, 3,793 // 20 = 189 at once;
-    with it off ('none') 1 + 2: 8 + 3 x 3 = 17, 223. Run over 100 blocks (the synthetic
-    workload has no prefix identity, so 'none'): the 2 lookahead slots make 8,450 tokens 9
-    full-attention blocks, so 99 // (9 + 9) = 5."""
+    with it off ('none') 1 + 2: 8 + 3 x 3 = 17, 223. Run over 100 blocks (align, as vLLM
+    runs it whatever the workload): the 2 lookahead slots make 8,450 tokens 9
+    full-attention blocks, and a decoding request holds 1 + 2 pages per Mamba group (the
+    copied-from state is freed), so 99 // (9 + 9) = 5."""
     spec = {"method": "mtp", "num_speculative_tokens": 2, "acceptance_rate": 0.7}
     c = config(speculative=spec)
     assert plan_for(c).max_batch_size == 3_793 // 20 == 189

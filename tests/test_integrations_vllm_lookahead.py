@@ -54,6 +54,29 @@ def test_an_eagle_config_turns_on_vllms_lookahead_hashes_or_the_drop() -> None:
     assert ours.use_eagle_block_drop
 
 
+def test_the_lookahead_attribute_is_the_cores_one_setting() -> None:
+    # vLLM's Scheduler.num_hash_lookahead_tokens (read by its Mamba split and its resumable
+    # re-hash) is the core's: assigning it moves the core's hashes and split together, and
+    # while a request holds blocks the core refuses it by name.
+    from tokenyard.errors import ConfigError
+
+    peer = eagle_peer()
+    ours = adapter(peer)
+    assert ours.num_hash_lookahead_tokens == ours._core.num_hash_lookahead_tokens == 1
+    ours.num_hash_lookahead_tokens = 2
+    assert ours._core.num_hash_lookahead_tokens == 2
+    ours.need_mamba_block_aligned_split = True
+    assert ours._core.mamba_align == (16, False, 2)
+    ours.num_hash_lookahead_tokens = 1
+    assert ours._core.mamba_align == (16, False, 1)
+    ours.add_request(peer.make_request("r0", list(range(40)), max_tokens=4))
+    ours.schedule()
+    with pytest.raises(ConfigError, match="num_hash_lookahead_tokens") as info:
+        ours.num_hash_lookahead_tokens = 0
+    assert info.value.field == "num_hash_lookahead_tokens"
+    assert ours.num_hash_lookahead_tokens == 1
+
+
 def _probe(scheduler: Any, peer: VllmSchedulerPeer, tokens: list[int]) -> int:
     from vllm.sampling_params import SamplingParams
     from vllm.v1.request import Request

@@ -42,8 +42,8 @@ def test_set_on_a_built_scheduler() -> None:
     s = Scheduler(SchedulerConfig(num_blocks=64))
     assert s.mamba_align is None
     assert s.num_prefill_lookahead == 0
-    s.set_mamba_align(16, drop_eagle_block=True, num_hash_lookahead_tokens=2)
-    assert s.mamba_align == (16, True, 2)
+    s.set_mamba_align(16, drop_eagle_block=True)
+    assert s.mamba_align == (16, True, 0)
     s.set_mamba_align(0)
     assert s.mamba_align is None
     s.num_prefill_lookahead = 2
@@ -55,3 +55,30 @@ def test_a_negative_value_is_refused_by_name(field: str) -> None:
     with pytest.raises(ConfigError) as info:
         SchedulerConfig(**{field: -1})
     assert info.value.field == field
+
+
+def test_the_split_reads_the_schedulers_one_lookahead() -> None:
+    # The split's look-ahead is the scheduler's: set on a built scheduler, it moves the
+    # split's last reusable state too, (100 - 1) / 16 * 16 = 96 -> (100 - 5) / 16 * 16 = 80.
+    config = SchedulerConfig(
+        num_blocks=64, enable_prefix_caching=True, block_size=16, max_num_batched_tokens=256
+    )
+    chunks = []
+    for lookahead in (0, 5):
+        s = Scheduler(config)
+        s.set_mamba_align(16)
+        s.num_hash_lookahead_tokens = lookahead
+        assert s.mamba_align == (16, False, lookahead)
+        s.add_request(0, list(range(100)), max_tokens=1)
+        chunks.append(s.schedule().num_scheduled_tokens)
+    assert chunks == [{0: 96}, {0: 80}]
+
+
+def test_mtp_lookahead_hashes_over_smaller_blocks_are_refused_as_vllm() -> None:
+    # vLLM 0.33's KVCacheCoordinator raises for multi-module MTP (k = 3 prefill look-ahead,
+    # look-ahead hashes of 3) over blocks of 2 with prefix caching; blocks of 4 are served.
+    base = {"enable_prefix_caching": True, "num_blocks": 64, "num_prefill_lookahead": 3}
+    with pytest.raises(ConfigError, match="block_size") as info:
+        Scheduler(SchedulerConfig(**base, block_size=2, num_hash_lookahead_tokens=3))
+    assert info.value.field == "block_size"
+    Scheduler(SchedulerConfig(**base, block_size=4, num_hash_lookahead_tokens=3))

@@ -338,3 +338,62 @@ def test_whole_numbers_in_acceptance_lists_are_numbers() -> None:
                 }
             }
         )
+
+
+# ---- vLLM's prefix-cache rules for EAGLE/MTP drafters ---------------------------------------
+
+
+def test_the_drafters_lookahead_is_vllms() -> None:
+    # VllmConfig.num_prefill_lookahead_tokens and num_hash_lookahead_tokens: EAGLE reads one
+    # token past a chunk; MTP one per module it chains (min(num_mtp_layers, k) > 1: k);
+    # drafters without the target's hidden states none. The hashes cover it only with
+    # prefix caching on and no KV connector.
+    from tokenyard.simulation.speculative import SpeculativeConfig
+
+    def spec(method: str, k: int = 3) -> SpeculativeConfig:
+        return SpeculativeConfig(method=method, num_speculative_tokens=k, acceptance_rate=0.5)
+
+    assert spec("eagle").num_prefill_lookahead_tokens(0) == 1
+    assert spec("mtp").num_prefill_lookahead_tokens(1) == 1
+    assert spec("mtp").num_prefill_lookahead_tokens(2) == 3
+    assert spec("mtp", k=1).num_prefill_lookahead_tokens(4) == 1
+    assert spec("ngram").num_prefill_lookahead_tokens(0) == 0
+    assert spec("draft_model").num_prefill_lookahead_tokens(0) == 0
+    hashes = spec("mtp").num_hash_lookahead_tokens
+    assert hashes(3, prefix_caching=True, kv_connector=False) == 3
+    assert hashes(3, prefix_caching=False, kv_connector=False) == 0
+    assert hashes(3, prefix_caching=True, kv_connector=True) == 0
+
+
+def _shared_prefix_hits(method: str | None) -> set[int]:
+    """Each request's prefix hit tokens: 64 prompts of 1,000 tokens opening with one
+    600-token prefix (37 shared blocks of 16 tokens: 592), k = 2 drafts of ``method``."""
+    m = mapping(
+        {"method": method, "num_speculative_tokens": 2, "acceptance_rate": 0.6} if method else None,
+        num_requests=64,
+        output_tokens=8,
+    )
+    m["workload"] = {
+        **m["workload"],
+        "prompt_tokens": {"kind": "fixed", "value": 1000},
+        "shared_prefix": {"num_groups": 1, "prefix_tokens": 600, "share_ratio": 1.0},
+    }
+    return {int(x) for x in run(m).columns["prefix_hit_tokens"]}
+
+
+def test_eagle_hashes_blocks_with_the_token_after_them() -> None:
+    # vLLM 0.33 hashes each block with the token after it under an EAGLE drafter with
+    # prefix caching (num_hash_lookahead_tokens = 1): the last shared block, [576, 592),
+    # needs token 592, which is each prompt's own, so a sharing prompt hits 576 tokens,
+    # not 592. N-gram proposals read no hidden state: no look-ahead, 592.
+    assert _shared_prefix_hits(None) == _shared_prefix_hits("ngram") == {0, 592}
+    assert _shared_prefix_hits("eagle") == {0, 576}
+
+
+def test_the_lookahead_keys_are_derived_not_set() -> None:
+    for key in ("num_hash_lookahead_tokens", "num_prefill_lookahead"):
+        m = mapping(None)
+        m["replica"]["scheduler"]["vllm_v1"] = {key: 1}
+        with pytest.raises(ConfigError, match="derived from") as err:
+            run(m)
+        assert err.value.field == f"replica.scheduler.vllm_v1.{key}"

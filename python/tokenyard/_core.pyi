@@ -1145,12 +1145,12 @@ class Scheduler:
     @property
     def mamba_align(self) -> tuple[int, bool, int] | None:
         """vLLM 0.33's Mamba ``align`` split in force as ``(block_size, drop_eagle_block,
-        num_hash_lookahead_tokens)``; ``None``: off."""
-    def set_mamba_align(
-        self, block_size: int, drop_eagle_block: bool = False, num_hash_lookahead_tokens: int = 0
-    ) -> None:
+        num_hash_lookahead_tokens)``, the look-ahead being the scheduler's
+        (``num_hash_lookahead_tokens``); ``None``: off."""
+    def set_mamba_align(self, block_size: int, drop_eagle_block: bool = False) -> None:
         """Turns the Mamba ``align`` split on over blocks of ``block_size`` tokens (0: off)
-        from the next step (``Scheduler._mamba_block_aligned_split``)."""
+        from the next step (``Scheduler._mamba_block_aligned_split``); its hash look-ahead
+        is ``num_hash_lookahead_tokens``."""
     def cached_block_id(self, block_hash: int, group: int = 0) -> int | None:
         """The KV block of ``group`` caching ``block_hash`` (tokenyard's hash, as
         ``tokenyard.kv.block_hashes`` computes it), or ``None``; ids as in

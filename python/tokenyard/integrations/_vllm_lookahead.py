@@ -12,6 +12,9 @@ requests for the core (``SchedulerConfig.num_hash_lookahead_tokens``, ``eagle_bl
   (``get_request_block_hasher(block_size, fn, num_hash_lookahead_tokens)``, which the engine
   builds from the config); a request whose hasher says another look-ahead switches the
   core to it while no request holds blocks (vLLM's tests build such requests by hand).
+- ``Scheduler.num_hash_lookahead_tokens`` (vLLM's attribute, which its Mamba ``align`` split
+  and its resumable re-hash read) is the core's one look-ahead (:class:`HashLookahead`):
+  assigning it on a built scheduler moves the core's hashes and split together.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from tokenyard.errors import InputError
+from tokenyard.integrations._vllm_state import AdapterBase, non_negative
 
 
 def hash_lookahead_of(vllm_config: Any) -> int:
@@ -80,3 +84,27 @@ def follow_hasher(core: Any, request: Any) -> None:
             field="block_hasher",
             value=str(lookahead),
         ) from err
+
+
+class HashLookahead(AdapterBase):
+    """vLLM 0.33's ``Scheduler.num_hash_lookahead_tokens`` over the core's one setting."""
+
+    @property
+    def num_hash_lookahead_tokens(self) -> int:
+        """Tokens past each block that its hash covers (``VllmConfig.
+        num_hash_lookahead_tokens`` at construction, then the requests' hashers'): the
+        core's, which its hashes and its Mamba ``align`` split both follow."""
+        lookahead: int = self._core.num_hash_lookahead_tokens
+        return lookahead
+
+    @num_hash_lookahead_tokens.setter
+    def num_hash_lookahead_tokens(self, value: int) -> None:
+        """From the next step, as assigning vLLM's moves its split's last reusable state;
+        the core also hashes with it (vLLM hashes with the requests' hashers, which its
+        engine builds from the same value).
+
+        Raises:
+            ConfigError: a negative value, or one the core refuses now (a request holds
+                blocks, a KV connector, prefix caching off), naming the field.
+        """
+        self._core.num_hash_lookahead_tokens = non_negative(value, "num_hash_lookahead_tokens")

@@ -72,8 +72,7 @@ class MambaAlign(AdapterBase):
         self._core.num_prefill_lookahead = non_negative(value, "num_prefill_lookahead")
 
     def _sync_mamba_align(self) -> None:
-        """Gives the core the split now in force (on ``cache_config.block_size``, as vLLM's)."""
+        """Gives the core the split now in force (on ``cache_config.block_size``, as vLLM's;
+        its hash look-ahead is the core's ``num_hash_lookahead_tokens``)."""
         block_size = int(self.cache_config.block_size) if self._need_mamba_split else 0
-        self._core.set_mamba_align(
-            block_size, self._use_eagle_block_drop, self._num_hash_lookahead_tokens
-        )
+        self._core.set_mamba_align(block_size, self._use_eagle_block_drop)

@@ -399,7 +399,9 @@ class UpdateFromOutput(AdapterBase):
         ``batch``: the step's batch where ``live`` is its requests (their clients are kept
         there)."""
         hash_block_size = self.hash_block_size
-        always_hash = self._num_hash_lookahead_tokens > 0
+        # Under a hash look-ahead (the core's, which follows the requests' hashers) a token
+        # can complete an earlier block's hash.
+        always_hash = self._core.num_hash_lookahead_tokens > 0
         # Every field but the first two at its default, as a decode step's output usually
         # is; the loop replaces those that need more.
         outputs = list(map(EngineCoreOutput, live_ids, live_tokens))

@@ -79,7 +79,7 @@ from tokenyard.integrations._vllm_hisparse import (
     refuse_unmodelled_hisparse,
 )
 from tokenyard.integrations._vllm_hooks import draft_slots_per_request
-from tokenyard.integrations._vllm_lookahead import follow_hasher
+from tokenyard.integrations._vllm_lookahead import HashLookahead, follow_hasher
 from tokenyard.integrations._vllm_mamba_align import MambaAlign
 from tokenyard.integrations._vllm_outputs import (
     check_supported,
@@ -119,6 +119,7 @@ class TokenyardScheduler(
     ScheduleStep,
     UpdateFromOutput,
     MambaAlign,
+    HashLookahead,
     SideConnectors,
     Sessions,
     CoreAttributes,
@@ -291,9 +292,6 @@ class TokenyardScheduler(
         self._encoder_cache_view = EncoderCacheView(self)
         self.kv_cache_manager = _KVCacheManagerView(self)
         self.spec_decode_metrics_level = self.observability_config.per_request_spec_decode_metrics
-        self._num_hash_lookahead_tokens = getattr(vllm_config, "num_hash_lookahead_tokens", 0)
-        # vLLM 0.33's attribute (the config's); the core hashes with the requests' hashers'.
-        self.num_hash_lookahead_tokens = self._num_hash_lookahead_tokens
         self._init_prefill_stops(vllm_config, kv_cache_config)
         # vLLM 0.33's auxiliary-output connector (routed experts), as its Scheduler builds
         # it; assignable on a built scheduler (the property below).

@@ -34,9 +34,9 @@ scheduler ends a prefill chunk on a block boundary (``Scheduler.
 _mamba_block_aligned_split``; ``mamba_block_size`` is the aligned block,
 ``_align_hybrid_block_size``). With ``enable_prefix_caching = false`` vLLM keeps
 ``mamba_cache_mode="none"``: one page per Mamba group, ``1 + num_speculative_tokens`` under
-speculative decoding. The simulator also runs ``"none"`` for a workload without prefix
-identity (nothing to cache), where vLLM, which never sees the workload, would run
-``align``. Not modelled in align mode: the backend's internal prefill checkpoint
+speculative decoding. A workload without prefix identity runs ``align`` too, as vLLM
+(which never sees the workload) does: nothing hits, but the pages held and the aligned
+chunks are vLLM's. Not modelled in align mode: the backend's internal prefill checkpoint
 (``num_prefill_checkpoint_blocks``: one more page, and no split at the last cacheable
 boundary, in vLLM's Mamba2 layers and its FlashInfer GDN prefill), and its alignment in the
 block size.
@@ -212,14 +212,11 @@ def blocks_per_request(
     return total
 
 
-def requests_held(
-    config: SimulationConfig, plan: MemoryPlan, num_tokens: int, *, prefix_caching: bool = True
-) -> int:
+def requests_held(config: SimulationConfig, plan: MemoryPlan, num_tokens: int) -> int:
     """Requests of ``num_tokens`` tokens each that ``plan``'s KV groups hold at once: a
     request takes blocks in every group (``blocks_per_request``), so with vLLM's hybrid
     groups the pool's ``max_kv_tokens`` (``num_blocks x block_size``) overstates it, by a
-    factor of about the number of groups. ``plan`` must have ``kv_cache_groups``;
-    ``prefix_caching``: whether the workload has prefix identity (``align_mode``)."""
+    factor of about the number of groups. ``plan`` must have ``kv_cache_groups``."""
     if not plan.kv_cache_groups:
         raise ValueError("requests_held: the plan has no KV cache groups")
     if plan.kv_group_block_sizes:
@@ -231,7 +228,7 @@ def requests_held(
         plan.kv_block_size,
         in_flight,
         speculative_blocks(config),
-        align=align_mode(config, prefix_caching=prefix_caching),
+        align=align_mode(config),
     )
     return plan.num_blocks // per_request
 
@@ -246,18 +243,17 @@ def speculative_blocks(config: SimulationConfig) -> int:
     return (spec.num_speculative_tokens or 0) if spec.method is not None else 0
 
 
-def align_mode(config: SimulationConfig, *, prefix_caching: bool) -> bool:
+def align_mode(config: SimulationConfig) -> bool:
     """Whether a ``vllm_v1`` replica's Mamba groups run ``mamba_cache_mode="align"``, as
-    vLLM 0.33 sets it when prefix caching is on (``MambaModelConfig.
+    vLLM 0.33 sets it whenever prefix caching is on (``MambaModelConfig.
     verify_and_update_config``): ``enable_prefix_caching`` on, speculative decoding or not
-    (the align groups hold the draft tokens' states, ``speculative_blocks``).
-    ``prefix_caching``: whether the workload has prefix identity (``run.simulate``: a
-    workload without it runs ``none``, nothing to cache; the simulator's choice, vLLM would
-    still run ``align``). The one rule for the plan
-    (``plan_hybrid``), the run (``run.replica_spec``) and the recommender
+    (the align groups hold the draft tokens' states, ``speculative_blocks``), whether or
+    not the workload has prefix identity (vLLM never sees the workload; ``"none"`` runs
+    only with ``enable_prefix_caching = false``, vLLM's own switch). The one rule for the
+    plan (``plan_hybrid``), the run (``run.replica_spec``) and the recommender
     (``requests_held``)."""
     c = config.replica.scheduler
-    return prefix_caching and c.policy == "vllm_v1" and c.vllm_v1.enable_prefix_caching
+    return c.policy == "vllm_v1" and c.vllm_v1.enable_prefix_caching
 
 
 def group_specs(
@@ -505,13 +501,11 @@ def plan_hybrid(
     *,
     max_request_tokens: int,
     block_size: int,
-    prefix_caching: bool = True,
 ) -> MemoryPlan:
     """``plan`` (every attention layer as full attention, any linear-attention state
     reserved) re-sized for vLLM's hybrid KV cache manager when ``resolve_hybrid`` says so,
     else ``plan`` with the banner's words on why not. With Mamba groups the state comes out
-    of the pool (nothing reserved) and ``kv_block_size`` is vLLM's aligned block.
-    ``prefix_caching``: whether the workload has prefix identity (``align_mode``)."""
+    of the pool (nothing reserved) and ``kv_block_size`` is vLLM's aligned block."""
     use, why = resolve_hybrid(config, plan.groups)
     if not use:
         return dataclasses.replace(plan, kv_groups_note=why) if why else plan
@@ -525,7 +519,7 @@ def plan_hybrid(
     available = plan.available_kv_bytes + plan.reserved_state_bytes
     num_blocks = available // layout.bytes_per_block
     spec = speculative_blocks(config)
-    align = align_mode(config, prefix_caching=prefix_caching)
+    align = align_mode(config)
     per_request = blocks_per_request(
         layout.groups, max_request_tokens, bs, in_flight, spec, align=align
     )
@@ -613,7 +607,6 @@ def _plan_words(
             f"{plan.num_blocks // full_blocks}, with --disable-hybrid-kv-cache-manager "
             "(replica.hybrid_kv_cache_manager = false)"
         )
-    caching = config.replica.scheduler.vllm_v1.enable_prefix_caching
     spec = speculative_blocks(config)
     head = (
         f". The attention block is {layout.block_size} tokens, not {block_size}, so one "
@@ -634,10 +627,9 @@ def _plan_words(
         )
     else:
         pages = f"1 + {spec} pages (a state slot per draft token)" if spec else "one page"
-        mode = f"; each Mamba group holds {pages} per request (mamba_cache_mode 'none')" + (
-            " (the workload has no prefix identity: nothing to cache)"
-            if caching
-            else " (enable_prefix_caching = false)"
+        mode = (
+            f"; each Mamba group holds {pages} per request (mamba_cache_mode 'none') "
+            "(enable_prefix_caching = false)"
         )
     # No "without groups" figures: vLLM 0.33 cannot start a model with Mamba state without
     # its hybrid manager (resolve_hybrid refuses false), and the plan without groups may be

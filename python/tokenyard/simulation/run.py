@@ -90,9 +90,10 @@ def simulate(
     """
     vision = vision_for(config)
     workload = load_workload(config.seeded_workload(), base_dir=config.base_dir, vision=vision)
-    # No prefix identity: every prompt is unique, so a prefix cache would only cost time.
+    # No prefix identity: every prompt is unique, so a prefix cache would only cost time
+    # (replica_spec keeps it on for Mamba groups, whose align mode vLLM runs regardless).
     caching = workload.hash_block_size is not None
-    plan = plan_for(config, prefix_caching=caching)
+    plan = plan_for(config)
     num_blocks = config.replica.scheduler.num_blocks or plan.num_blocks
     decode_tier = config.cluster.decode.kv_offload if config.cluster.decode else None
     for key, tier_config in (
@@ -269,7 +270,7 @@ def _decode_pool(
     prefill_tp, decode_tp = config.replica.tensor_parallel_size, decode.replica.tensor_parallel_size
     disagg_config.check_head_layouts(model, prefill_tp, decode_tp)
     try:
-        plan = plan_for(decode, prefix_caching=prefix_caching)
+        plan = plan_for(decode)
     except ConfigError as exc:
         # The decode pool's layout keys live under [cluster.decode], not [replica].
         field = (exc.field or "").replace("replica.", "cluster.decode.", 1)
@@ -617,10 +618,9 @@ def _state_bound_words(config: SimulationConfig, seqs: int) -> str:
     )
 
 
-def plan_for(config: SimulationConfig, *, prefix_caching: bool = True) -> MemoryPlan:
+def plan_for(config: SimulationConfig) -> MemoryPlan:
     """The memory plan ``simulate`` uses for ``config`` (raises ConfigError if it does not
-    fit). ``prefix_caching``: whether the workload has prefix identity (``simulate``
-    knows it from the workload; a Mamba model's groups run ``align`` only with it)."""
+    fit)."""
     replica = config.replica
     catalog = catalog_for(config)
     model = catalog.model(config.model_name(), field="replica.model")
@@ -657,7 +657,6 @@ def plan_for(config: SimulationConfig, *, prefix_caching: bool = True) -> Memory
         plan,
         max_request_tokens=max_request_tokens,
         block_size=replica.scheduler.block_size,
-        prefix_caching=prefix_caching,
     )
 
 
@@ -696,20 +695,30 @@ def replica_spec(
     if section == "vllm_v1":
         c = s.vllm_v1
         if plan.kv_cache_groups:
-            # Mamba groups are prefix-cached only in vLLM's mamba_cache_mode "align"
-            # (hybrid_kv.align_mode; plan_hybrid's note says which mode runs).
+            # Mamba groups run vLLM's mamba_cache_mode "align" whenever prefix caching is
+            # on (hybrid_kv.align_mode; plan_hybrid's note says which mode runs): their
+            # pool is prefix-cached then, prefix identity or not (the split and the
+            # look-ahead follow vLLM's; nothing hits without identity).
             state = has_state_groups(plan.kv_cache_groups)
-            align = state and align_mode(config, prefix_caching=prefix_caching)
+            align = state and align_mode(config)
             hybrid = _hybrid_scheduler(config, plan, num_blocks, align=align)
-            caching = prefix_caching and (align or not state)
+            caching = c.enable_prefix_caching and (align or prefix_caching)
+            prefill_lookahead, hash_lookahead = _drafter_lookahead(config, caching=caching)
             return _core.ReplicaSpec.vllm_v1(
                 dataclasses.replace(
-                    hybrid, enable_prefix_caching=c.enable_prefix_caching and caching
+                    hybrid,
+                    enable_prefix_caching=caching,
+                    num_prefill_lookahead=prefill_lookahead,
+                    num_hash_lookahead_tokens=hash_lookahead,
                 )
             )
+        caching = c.enable_prefix_caching and prefix_caching
+        prefill_lookahead, hash_lookahead = _drafter_lookahead(config, caching=caching)
         return _core.ReplicaSpec.vllm_v1(
             dataclasses.replace(
                 c,
+                num_prefill_lookahead=prefill_lookahead,
+                num_hash_lookahead_tokens=hash_lookahead,
                 num_blocks=num_blocks,
                 # [replica.lora]'s GPU slots are the step scheduler's adapter gate.
                 max_loras=config.replica.lora.max_loras if config.replica.lora else 0,
@@ -720,7 +729,7 @@ def replica_spec(
                     (num_blocks - c.reserve_null_block) * c.block_size
                     - config.replica.speculative.num_lookahead_tokens(),
                 ),
-                enable_prefix_caching=c.enable_prefix_caching and prefix_caching,
+                enable_prefix_caching=caching,
                 # Linear-attention state is reserved for state_seqs requests only: no more
                 # may run at once (planning_notes says so).
                 max_num_seqs=(
@@ -755,6 +764,19 @@ def replica_spec(
         max_tokens_in_batch=v.max_tokens_in_batch,
         chunk_size=v.chunk_size,
         max_waiting_iters=v.max_waiting_iters,
+    )
+
+
+def _drafter_lookahead(config: SimulationConfig, *, caching: bool) -> tuple[int, int]:
+    """``SpeculativeConfig.scheduler_lookahead`` for the replica's model and pools."""
+    spec = config.replica.speculative
+    if spec.method not in ("eagle", "mtp"):
+        return 0, 0
+    model = catalog_for(config).model(config.model_name(), field="replica.model")
+    hashes = caching and not config.replica.scheduler.vllm_v1.eagle_block_drop
+    connector = config.cluster.decode is not None
+    return spec.scheduler_lookahead(
+        model.num_mtp_layers, prefix_caching=hashes, kv_connector=connector
     )
 
 

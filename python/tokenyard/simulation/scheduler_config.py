@@ -352,6 +352,18 @@ class ReplicaSchedulerConfig:
                 f"its acceptance); leave it at 0 here, got {c.num_speculative_tokens!r}",
                 c.num_speculative_tokens,
             )
+        for name in ("num_prefill_lookahead", "num_hash_lookahead_tokens"):
+            value = getattr(c, name)
+            if value != 0:
+                # vLLM 0.33 derives both from the speculative config (VllmConfig's
+                # properties of those names); the simulator does too (run.replica_spec).
+                raise fail(
+                    f"{where}.{name}",
+                    "is derived from [replica.speculative] as vLLM derives it (EAGLE: 1, "
+                    "multi-module MTP: num_speculative_tokens; set eagle_block_drop = true "
+                    f"for vLLM's disable_lookahead_block_hashes); leave it at 0, got {value!r}",
+                    value,
+                )
         unsupported = (
             ("async_scheduling", c.async_scheduling, False),
             ("num_lookahead_tokens", c.num_lookahead_tokens, 0),

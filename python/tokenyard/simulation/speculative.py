@@ -52,6 +52,45 @@ class SpeculativeConfig:
             return 0
         return self.num_speculative_tokens or 0
 
+    def num_prefill_lookahead_tokens(self, num_mtp_layers: int) -> int:
+        """Prefill tokens past a chunk the drafter reads, as vLLM 0.33 computes them
+        (``VllmConfig.num_prefill_lookahead_tokens``, ``vllm/config/vllm.py``): 0 unless
+        the drafter reads the target's hidden states (``use_eagle()``: ``eagle``, ``mtp``);
+        ``num_speculative_tokens`` for multi-module MTP (``use_multi_module_mtp()``:
+        ``min(num_mtp_layers, k) > 1``, each module reading one token further); else 1.
+        The step scheduler's ``num_prefill_lookahead``."""
+        if self.method not in ("eagle", "mtp"):
+            return 0
+        k = self.num_speculative_tokens or 0
+        return k if self.method == "mtp" and min(num_mtp_layers, k) > 1 else 1
+
+    def num_hash_lookahead_tokens(
+        self, num_mtp_layers: int, *, prefix_caching: bool, kv_connector: bool
+    ) -> int:
+        """Tokens past each block its hash covers, as vLLM 0.33 computes them
+        (``VllmConfig.num_hash_lookahead_tokens``): the prefill look-ahead when the
+        drafter needs EAGLE's trailing-block drop (``use_eagle_block_drop()``: ``eagle``,
+        ``mtp``) and prefix caching is on, 0 with a KV connector (P/D) or otherwise."""
+        if not prefix_caching or kv_connector:
+            return 0
+        return self.num_prefill_lookahead_tokens(num_mtp_layers)
+
+    def scheduler_lookahead(
+        self, num_mtp_layers: int, *, prefix_caching: bool, kv_connector: bool
+    ) -> tuple[int, int]:
+        """The step scheduler's ``(num_prefill_lookahead, num_hash_lookahead_tokens)`` as
+        vLLM 0.33 derives them from the speculative config (``docs/speculative.md``,
+        "Prefix caching under EAGLE and MTP"). ``prefix_caching``: the replica's prefix
+        cache is on and look-ahead hashes are not disabled (the ``vllm_v1`` section's
+        ``eagle_block_drop`` is vLLM's ``disable_lookahead_block_hashes``);
+        ``kv_connector``: P/D's connector, beside which vLLM keeps the legacy hashes."""
+        return (
+            self.num_prefill_lookahead_tokens(num_mtp_layers),
+            self.num_hash_lookahead_tokens(
+                num_mtp_layers, prefix_caching=prefix_caching, kv_connector=kv_connector
+            ),
+        )
+
     def check(self, where: str, policy: str) -> None:
         """Raises ConfigError naming the key of the first bad value."""
         if self.method is None:

@@ -563,32 +563,26 @@ impl PyScheduler {
     }
 
     /// vLLM 0.33's Mamba `align` split (`need_mamba_block_aligned_split`) as
-    /// `(block_size, drop_eagle_block, num_hash_lookahead_tokens)`, or `None` when off.
+    /// `(block_size, drop_eagle_block, num_hash_lookahead_tokens)`, or `None` when off; the
+    /// look-ahead is the scheduler's (`num_hash_lookahead_tokens`).
     #[getter]
     fn mamba_align(&self) -> Option<(usize, bool, usize)> {
-        self.inner.mamba_align().map(|s| {
-            (
-                s.block_size,
-                s.drop_eagle_block,
-                s.num_hash_lookahead_tokens,
-            )
-        })
+        let lookahead = self.inner.num_hash_lookahead_tokens();
+        (self.inner.mamba_align()).map(|s| (s.block_size, s.drop_eagle_block, lookahead))
     }
 
     /// Turns the Mamba `align` split on over blocks of `block_size` tokens (0: off) from
     /// the next step (ConfigError for nothing else: every size >= 1 is valid).
-    #[pyo3(signature = (block_size, drop_eagle_block=false, num_hash_lookahead_tokens=0))]
+    #[pyo3(signature = (block_size, drop_eagle_block=false))]
     fn set_mamba_align(
         &mut self,
         py: Python<'_>,
         block_size: usize,
         drop_eagle_block: bool,
-        num_hash_lookahead_tokens: usize,
     ) -> PyResult<()> {
         let split = (block_size > 0).then_some(MambaAlignSplit {
             block_size,
             drop_eagle_block,
-            num_hash_lookahead_tokens,
         });
         self.inner
             .set_mamba_align(split)

@@ -209,6 +209,7 @@ fn offload(
 pub(super) fn append_tokens(
     block_size: usize,
     enable_caching: bool,
+    hash_lookahead: usize,
     request: &mut RequestBlocks,
     new_token_ids: &[TokenId],
 ) {
@@ -217,8 +218,8 @@ pub(super) fn append_tokens(
     if !enable_caching {
         return;
     }
-    if request.hash_lookahead > 0 {
-        let lookahead = request.hash_lookahead as usize;
+    if hash_lookahead > 0 {
+        let lookahead = hash_lookahead;
         return super::lookahead::append_tokens(block_size, lookahead, request, new_token_ids);
     }
     let bs = block_size;
@@ -272,6 +273,7 @@ pub(super) const WARM_RUN: usize = 16;
 /// it keeps the prefix cached once the first copy is evicted.
 pub(super) fn cache_full_blocks(
     block_size: usize,
+    num_reprefillable_tokens: usize,
     cached: &mut CacheMap,
     blocks: &mut [BlockMeta],
     events: &mut Option<Vec<KvEvent>>,
@@ -281,7 +283,7 @@ pub(super) fn cache_full_blocks(
     // both are 0 and moot with vLLM's rules off.
     let num_cacheable = super::lookahead::num_cacheable_tokens(
         request.num_computed_tokens,
-        request.num_reprefillable as usize,
+        num_reprefillable_tokens,
     );
     let num_full =
         (num_cacheable.min(request.num_tokens) / block_size).min(request.block_hashes.len());
@@ -402,6 +404,8 @@ pub(super) fn check_cached_count(blocks: &[BlockMeta], cached: &CacheMap) -> Res
 pub(super) struct Growth<'a, Q> {
     pub(super) block_size: usize,
     pub(super) caching: bool,
+    /// The pool's EAGLE/MTP prefix-cache rules (`kv::lookahead`).
+    pub(super) rules: super::PrefixRules,
     pub(super) blocks: &'a mut Vec<BlockMeta>,
     pub(super) free_queue: &'a mut Q,
     pub(super) eviction: Eviction<'a>,
@@ -427,6 +431,7 @@ impl<Q: FreeQueue> Growth<'_, Q> {
         let Self {
             block_size,
             caching,
+            rules,
             blocks,
             free_queue,
             mut eviction,
@@ -435,10 +440,12 @@ impl<Q: FreeQueue> Growth<'_, Q> {
         table.reserve(num_new_blocks);
         take_free_blocks(free_queue, blocks, &mut eviction, num_new_blocks, table);
         let Eviction { cached, events, .. } = eviction;
-        append_tokens(block_size, caching, request, new_token_ids);
+        let lookahead = rules.num_hash_lookahead_tokens;
+        append_tokens(block_size, caching, lookahead, request, new_token_ids);
         request.num_computed_tokens += num_new_tokens;
         if caching && cache {
-            cache_full_blocks(block_size, cached, blocks, events, request);
+            let reprefillable = rules.num_reprefillable_tokens;
+            cache_full_blocks(block_size, reprefillable, cached, blocks, events, request);
         }
     }
 }

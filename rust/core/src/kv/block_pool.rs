@@ -133,9 +133,6 @@ pub(super) struct RequestBlocks {
     /// Leading blocks already registered in (or offered to) the prefix cache.
     pub(super) num_cached_blocks: usize,
     pub(super) extra_key: Option<u64>,
-    /// The pool's `PrefixRules` the request's hashes and caching follow (0: off).
-    pub(super) hash_lookahead: u32,
-    pub(super) num_reprefillable: u32,
 }
 
 /// `Q` is the free queue: vLLM's linked list by default, or a [`RunQueue`](super::RunQueue)
@@ -454,7 +451,8 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
         new_token_ids: &[TokenId],
         ahead: &[TokenId],
     ) -> Result<()> {
-        let (block_size, caching) = (self.block_size, self.enable_caching);
+        let (block_size, caching, rules) = (self.block_size, self.enable_caching, self.rules);
+        let lookahead = rules.num_hash_lookahead_tokens;
         let Self {
             requests,
             cached,
@@ -465,10 +463,11 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
         let request = requests
             .get_mut(request_id)
             .ok_or_else(|| Error::unknown_request(request_id))?;
-        append_tokens(block_size, caching, request, new_token_ids);
+        append_tokens(block_size, caching, lookahead, request, new_token_ids);
         if caching {
-            super::lookahead::hash_ahead(block_size, request, ahead);
-            cache_full_blocks(block_size, cached, blocks, events, request);
+            super::lookahead::hash_ahead(block_size, lookahead, request, ahead);
+            let reprefillable = rules.num_reprefillable_tokens;
+            cache_full_blocks(block_size, reprefillable, cached, blocks, events, request);
         }
         Ok(())
     }
@@ -481,6 +480,7 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
         let Self {
             block_size,
             enable_caching,
+            rules,
             requests,
             cached,
             blocks,
@@ -493,6 +493,7 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
         let growth = Growth {
             block_size: *block_size,
             caching: *enable_caching,
+            rules: *rules,
             blocks,
             free_queue,
             eviction: Eviction {
@@ -650,11 +651,7 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
             num_computed_tokens: 0,
             num_cached_blocks: 0,
             extra_key,
-            hash_lookahead: 0,
-            num_reprefillable: 0,
         });
-        request.hash_lookahead = self.rules.num_hash_lookahead_tokens as u32;
-        request.num_reprefillable = self.rules.num_reprefillable_tokens as u32;
         debug_assert!(request.block_ids.is_empty() && request.tail_tokens.is_empty());
         request.block_hashes.clear();
         request.num_tokens = 0;

@@ -98,14 +98,16 @@ pub struct KvCoordinator<R: RequestKey> {
     /// Per group, blocks handed out since the last `take_new_block_ids`, when new blocks
     /// are zeroed before use (vLLM 0.33's `needs_kv_cache_zeroing`); `None` otherwise.
     zeroing: Option<Vec<Vec<BlockId>>>,
-    /// Mamba `align` state blocks cached since the step began (vLLM 0.33's
-    /// `MambaManager.cached_blocks_this_step`): their states are computed by this step, so
-    /// no other request admitted in it may hit them ([`Self::new_step_starts`]).
-    cached_this_step: FxHashSet<BlockId>,
-    /// How Mamba `align` groups place a prefill checkpoint: EAGLE's block drop and the
-    /// hash look-ahead (vLLM 0.33's `MambaManager.drop_eagle_checkpoint_block` and
-    /// `num_hash_lookahead_tokens`).
-    checkpoint_rule: (bool, usize),
+    /// Hashes (group-keyed) of the Mamba `align` states cached since the step began (vLLM
+    /// 0.33's `MambaManager.cached_blocks_this_step`, a set of `BlockHashWithGroupId`):
+    /// their states are computed by this step, so no other request admitted in it may hit
+    /// them ([`Self::new_step_starts`]); keyed by hash as vLLM's is, a state recomputed
+    /// this step under a hash an older block caches defers a hit on that block too.
+    cached_this_step: FxHashSet<BlockHash>,
+    /// Whether Mamba `align` groups place a prefill checkpoint a block back for EAGLE's
+    /// block drop (vLLM 0.33's `MambaManager.drop_eagle_checkpoint_block`; the look-ahead
+    /// they also read is `hash_lookahead`, as vLLM's reads its block pool's).
+    pub(super) drop_eagle_checkpoint_block: bool,
     /// vLLM 0.33's hash look-ahead (`kv::lookahead`; 0: off).
     pub(super) hash_lookahead: usize,
     /// Each group's block size and the scheduler block size (`coordinator_sizes`).
@@ -185,7 +187,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             stats: BlockPoolStats::default(),
             zeroing: None,
             cached_this_step: FxHashSet::default(),
-            checkpoint_rule: (false, 0),
+            drop_eagle_checkpoint_block: false,
             hash_lookahead: 0,
         })
     }
@@ -304,6 +306,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             zeroing,
             cached_this_step,
             sizes,
+            hash_lookahead,
             ..
         } = self;
         let request = requests.get_mut(request_id).expect("inserted above");
@@ -338,11 +341,18 @@ impl<R: RequestKey> KvCoordinator<R> {
             record_for_zeroing(zeroing, g, spec, &added);
             new_blocks.push(added);
         }
-        append_tokens(*block_size, *enable_caching, &mut request.tokens, token_ids);
+        let (block_size, lookahead) = (*block_size, *hash_lookahead);
+        append_tokens(
+            block_size,
+            *enable_caching,
+            lookahead,
+            &mut request.tokens,
+            token_ids,
+        );
         request.tokens.num_computed_tokens += num_new_tokens;
         if *enable_caching {
             cache_full_blocks(
-                *block_size,
+                block_size,
                 sizes,
                 groups,
                 cached,
@@ -373,14 +383,17 @@ impl<R: RequestKey> KvCoordinator<R> {
             .requests
             .get_mut(request_id)
             .ok_or_else(|| Error::unknown_request(request_id))?;
+        let (block_size, lookahead) = (self.block_size, self.hash_lookahead);
+        let tokens = &mut request.tokens;
         append_tokens(
-            self.block_size,
+            block_size,
             self.enable_caching,
-            &mut request.tokens,
+            lookahead,
+            tokens,
             new_token_ids,
         );
         if self.enable_caching {
-            super::lookahead::hash_ahead(self.block_size, &mut request.tokens, ahead);
+            super::lookahead::hash_ahead(block_size, lookahead, tokens, ahead);
             cache_full_blocks(
                 self.block_size,
                 &self.sizes,
@@ -487,15 +500,11 @@ impl<R: RequestKey> KvCoordinator<R> {
         needed <= self.free_queue.len()
     }
 
-    /// Sets how Mamba `align` groups with prefill checkpoint blocks place a checkpoint:
+    /// Sets whether Mamba `align` groups with prefill checkpoint blocks place a checkpoint
     /// with EAGLE's block drop (vLLM 0.33 sets `MambaManager.drop_eagle_checkpoint_block`
-    /// under EAGLE) and the hash look-ahead tokens (`num_hash_lookahead_tokens`).
-    pub fn set_mamba_checkpoint_rule(
-        &mut self,
-        drop_eagle_block: bool,
-        num_hash_lookahead_tokens: usize,
-    ) {
-        self.checkpoint_rule = (drop_eagle_block, num_hash_lookahead_tokens);
+    /// under EAGLE); the hash look-ahead they follow is [`Self::hash_lookahead`].
+    pub fn set_mamba_checkpoint_rule(&mut self, drop_eagle_block: bool) {
+        self.drop_eagle_checkpoint_block = drop_eagle_block;
     }
 
     /// A new step begins (vLLM's `new_step_starts`): Mamba `align` states cached before it
@@ -559,8 +568,6 @@ impl<R: RequestKey> KvCoordinator<R> {
                 num_computed_tokens: num_computed,
                 num_cached_blocks: 0,
                 extra_key,
-                hash_lookahead: self.hash_lookahead as u32,
-                num_reprefillable: 0,
             },
             tables: vec![Vec::new(); num_groups],
             num_cached: vec![0; num_groups],
@@ -679,7 +686,7 @@ fn cache_full_blocks(
     cached: &mut CacheMap,
     blocks: &mut [BlockMeta],
     request: &mut CoordinatedRequest,
-    cached_this_step: &mut FxHashSet<BlockId>,
+    cached_this_step: &mut FxHashSet<BlockHash>,
 ) {
     let tokens = &request.tokens;
     let cacheable = sizes.cacheable(tokens.num_computed_tokens.min(tokens.num_tokens));
@@ -706,7 +713,7 @@ fn cache_full_blocks(
             cached.insert(key, block, blocks);
             blocks[block as usize].set_hash(key);
             if groups[g].is_mamba_align() {
-                cached_this_step.insert(block);
+                cached_this_step.insert(key);
             }
         }
         request.num_cached[g] = num_full;

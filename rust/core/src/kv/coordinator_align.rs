@@ -82,7 +82,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         let alignment = spec.prefill_checkpoint_alignment()?;
         let bs = self.block_size;
         let end = slots.of(spec);
-        let (drop_eagle, lookahead) = self.checkpoint_rule;
+        let (drop_eagle, lookahead) = (self.drop_eagle_checkpoint_block, self.hash_lookahead);
         let position = mamba_checkpoint_position(end, bs, drop_eagle, lookahead);
         if !mamba_checkpoint_valid(num_computed, end, position, bs, alignment) {
             return None;

@@ -165,8 +165,15 @@ impl<R: RequestKey> KvCoordinator<R> {
             // Nothing to compute: the tokens are given, their full blocks cached now or
             // once the load landed.
             let (block_size, caching) = (self.block_size, self.enable_caching);
+            let lookahead = self.hash_lookahead;
             let request = self.requests.get_mut(request_id).expect("admitted");
-            super::append_tokens(block_size, caching, &mut request.tokens, token_ids);
+            super::append_tokens(
+                block_size,
+                caching,
+                lookahead,
+                &mut request.tokens,
+                token_ids,
+            );
             if alloc.cache && caching {
                 let (groups, cached, blocks) = (&self.groups, &mut self.cached, &mut self.blocks);
                 let (sizes, this_step) = (&self.sizes, &mut self.cached_this_step);

@@ -136,7 +136,10 @@ impl<R: RequestKey> KvCoordinator<R> {
                 total += new as isize;
                 continue;
             }
-            if (hit_blocks.last()).is_some_and(|b| self.cached_this_step.contains(b)) {
+            let last_hash = hit_blocks
+                .last()
+                .and_then(|&b| self.blocks[b as usize].hash());
+            if last_hash.is_some_and(|hash| self.cached_this_step.contains(&hash)) {
                 // vLLM 0.33: a state another request computes in this step cannot be
                 // relied on yet; reported as not fitting, so it is admitted next step.
                 return self.blocks.len() + 1;

@@ -64,9 +64,9 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
         self.rules
     }
 
-    /// Follows `rules` from now on. Only while no request holds blocks (entries keep the
-    /// rules they were admitted under); blocks cached before stay cached, under hashes
-    /// the new rules never compute if the look-ahead changed.
+    /// Follows `rules` from now on. Only while no request holds blocks (the rules are the
+    /// pool's alone, which every entry's hashes and caching read); blocks cached before
+    /// stay cached, under hashes the new rules never compute if the look-ahead changed.
     ///
     /// Errors: `ConfigError` with caching off, or while a request holds blocks.
     pub fn set_prefix_rules(&mut self, rules: PrefixRules) -> Result<()> {
@@ -179,8 +179,12 @@ pub(super) fn append_tokens(
 /// tokens are only in `ahead` (tokens the request has past those the pool knows: sampled,
 /// not yet computed), as vLLM's block hasher does when a token is appended. The pool's
 /// known tokens are unchanged; nothing happens with the look-ahead off.
-pub(super) fn hash_ahead(block_size: usize, request: &mut RequestBlocks, ahead: &[TokenId]) {
-    let lookahead = request.hash_lookahead as usize;
+pub(super) fn hash_ahead(
+    block_size: usize,
+    lookahead: usize,
+    request: &mut RequestBlocks,
+    ahead: &[TokenId],
+) {
     let tail_len = request.tail_tokens.len();
     if lookahead == 0 || ahead.is_empty() || tail_len < block_size {
         return;
@@ -250,8 +254,14 @@ fn push_hashes(
 mod tests {
     use super::*;
 
-    fn entry(lookahead: usize) -> RequestBlocks {
-        RequestBlocks {
+    /// A request's entry hashed with `lookahead` (the pool's rule, which the calls pass).
+    struct Entry {
+        r: RequestBlocks,
+        lookahead: usize,
+    }
+
+    fn entry(lookahead: usize) -> Entry {
+        let r = RequestBlocks {
             block_ids: Vec::new(),
             block_hashes: Vec::new(),
             tail_tokens: Vec::new(),
@@ -259,14 +269,13 @@ mod tests {
             num_computed_tokens: 0,
             num_cached_blocks: 0,
             extra_key: None,
-            hash_lookahead: lookahead as u32,
-            num_reprefillable: 0,
-        }
+        };
+        Entry { r, lookahead }
     }
 
-    fn append(request: &mut RequestBlocks, tokens: &[TokenId]) {
-        request.num_tokens += tokens.len();
-        append_tokens(2, request.hash_lookahead as usize, request, tokens);
+    fn append(entry: &mut Entry, tokens: &[TokenId]) {
+        entry.r.num_tokens += tokens.len();
+        append_tokens(2, entry.lookahead, &mut entry.r, tokens);
     }
 
     #[test]
@@ -274,13 +283,13 @@ mod tests {
         // Block size 2, L = 1: [0, 1, 2, 3] hashes block [0, 2) (with token 2) only.
         let mut r = entry(1);
         append(&mut r, &[0, 1, 2, 3]);
-        assert_eq!(r.block_hashes.len(), 1);
-        assert_eq!(r.tail_tokens, vec![2, 3]);
+        assert_eq!(r.r.block_hashes.len(), 1);
+        assert_eq!(r.r.tail_tokens, vec![2, 3]);
         append(&mut r, &[5]);
-        assert_eq!(r.block_hashes.len(), 2);
+        assert_eq!(r.r.block_hashes.len(), 2);
         let mut whole = Vec::new();
         hash_full_blocks_lookahead(&mut whole, &[0, 1, 2, 3, 5], 2, 1, None, usize::MAX);
-        assert_eq!(r.block_hashes, whole);
+        assert_eq!(r.r.block_hashes, whole);
     }
 
     #[test]
@@ -304,8 +313,8 @@ mod tests {
             tokens.iter().for_each(|&t| append(&mut r, &[t]));
             let mut whole = Vec::new();
             hash_full_blocks_lookahead(&mut whole, &tokens, 2, lookahead, None, usize::MAX);
-            assert_eq!(r.block_hashes, whole);
-            assert_eq!(r.block_hashes.len(), (23 - lookahead) / 2);
+            assert_eq!(r.r.block_hashes, whole);
+            assert_eq!(r.r.block_hashes.len(), (23 - lookahead) / 2);
         }
     }
 
@@ -315,18 +324,18 @@ mod tests {
         // and the pool still knows 4 tokens.
         let mut r = entry(1);
         append(&mut r, &[0, 1, 2, 3]);
-        hash_ahead(2, &mut r, &[5]);
-        assert_eq!((r.block_hashes.len(), r.num_tokens), (2, 4));
-        assert!(r.tail_tokens.is_empty());
+        hash_ahead(2, r.lookahead, &mut r.r, &[5]);
+        assert_eq!((r.r.block_hashes.len(), r.r.num_tokens), (2, 4));
+        assert!(r.r.tail_tokens.is_empty());
         let mut whole = Vec::new();
         hash_full_blocks_lookahead(&mut whole, &[0, 1, 2, 3, 5], 2, 1, None, usize::MAX);
-        assert_eq!(r.block_hashes, whole);
+        assert_eq!(r.r.block_hashes, whole);
         // The token then given as known is not hashed twice.
         append(&mut r, &[5, 7]);
-        assert_eq!(r.block_hashes.len(), 2);
+        assert_eq!(r.r.block_hashes.len(), 2);
         append(&mut r, &[8]);
         hash_full_blocks_lookahead(&mut whole, &[0, 1, 2, 3, 5, 7, 8], 2, 1, None, usize::MAX);
-        assert_eq!(r.block_hashes, whole);
+        assert_eq!(r.r.block_hashes, whole);
     }
 
     #[test]

@@ -122,17 +122,16 @@ impl<R: RequestKey> Scheduler<R> {
     }
 
     /// The hit of `get_computed_blocks` for a request whose diverged hit no load backs
-    /// (its hashes reused), dropped if no longer than a bounded-replay window (as an
-    /// admission's hit is, `replay_rules`).
+    /// (its hashes reused), its shared-prefix boundary the request's (as vLLM 0.33's
+    /// reconciling lookup sets it), dropped if no longer than a bounded-replay window (as
+    /// an admission's hit is, [`Self::drop_replayed_hit`]).
     fn reconciled_hit(&mut self, slot: u32, diverged: Hit, max_hit_tokens: usize) -> Hit {
         let request = self.slots[slot as usize].as_ref().expect("live");
         let (tokens, lora_id) = (&request.all_token_ids, request.spec.lora_id);
         let earlier = Some(diverged);
         let mut hit = (self.kv).lookup(tokens, lora_id, earlier, Vec::new(), max_hit_tokens);
-        let window = self.config.prefix_replay_tokens();
-        if window > 0 && hit.num_computed_tokens() <= window {
-            hit.drop_hit();
-        }
+        self.req_mut(slot).shared_prefix_boundary = hit.shared_prefix_boundary();
+        self.drop_replayed_hit(&mut hit, 0, false);
         hit
     }
 
@@ -190,14 +189,14 @@ impl<R: RequestKey> Scheduler<R> {
             let hit = (self.kv).lookup(tokens, lora_id, earlier, known, max_hit_tokens);
             (hit, false)
         };
+        // vLLM 0.33 sets the boundary with the lookup; a bounded-replay drop keeps it.
+        self.req_mut(slot).shared_prefix_boundary = hit.shared_prefix_boundary();
         let replay_window = self.config.prefix_replay_tokens();
         // With a connector the rule applies to the local and loaded tokens together
         // (`replay_rules`, after the connector is asked with the local hit).
         let connector = self.connector.is_some();
-        if replay_window > 0 && !connector && hit.num_computed_tokens() <= replay_window {
-            // vLLM 0.33 (SWA bounded replay): a hit no longer than the replayed window
-            // would be recomputed in full and save nothing; it is not adopted.
-            hit.drop_hit();
+        if !connector {
+            self.drop_replayed_hit(&mut hit, 0, false);
         }
         let fits = self.full_sequence_fits(slot, Some(&hit));
         // A multimodal request is refused by that gate only after its items are looked up
@@ -223,7 +222,6 @@ impl<R: RequestKey> Scheduler<R> {
             let num_tokens = self.req(slot).num_tokens();
             self.kv.record_kept_lookup(num_tokens, &hit);
         }
-        self.req_mut(slot).shared_prefix_boundary = hit.shared_prefix_boundary();
         let fits = if gate_after_connector {
             self.full_sequence_fits_loaded(slot, &hit, external.num_tokens)
         } else {
@@ -257,7 +255,7 @@ impl<R: RequestKey> Scheduler<R> {
             num_computed -= num_replay;
         }
         let Some(AdmissionTokens { n, mut padded }) =
-            self.admission_tokens(slot, num_computed, *budget, plan)?
+            self.admission_tokens(slot, num_computed, num_replay, *budget, plan)?
         else {
             self.blocked_head = Some((seq, hit));
             return Ok(Admission::Blocked);
@@ -363,7 +361,7 @@ impl<R: RequestKey> Scheduler<R> {
             return Ok(Admission::Blocked);
         }
         let Some(AdmissionTokens { n, padded }) =
-            self.admission_tokens(slot, num_computed, *budget, plan)?
+            self.admission_tokens(slot, num_computed, 0, *budget, plan)?
         else {
             return Ok(Admission::Blocked);
         };
@@ -528,7 +526,8 @@ impl<R: RequestKey> Scheduler<R> {
         self.config.num_sampled_tokens_per_step
     }
 
-    /// Tokens a new admission computes this step, after `num_computed` hit or loaded ones;
+    /// Tokens a new admission computes this step, after `num_computed` hit or loaded ones
+    /// (`num_replay` of a hit rewound for bounded replay past them);
     /// `None` if it must wait (its prompt, or its padded decode, does not fit the budget).
     ///
     /// vLLM 0.33 (`pad_spec_decode`): with `k` speculative tokens, an admission left with
@@ -543,6 +542,7 @@ impl<R: RequestKey> Scheduler<R> {
         &self,
         slot: u32,
         num_computed: usize,
+        num_replay: usize,
         budget: usize,
         plan: &StepPlan<R>,
     ) -> Result<Option<AdmissionTokens>> {
@@ -577,7 +577,9 @@ impl<R: RequestKey> Scheduler<R> {
         if self.config.mamba_align.is_some() {
             // vLLM 0.33: the Mamba `align` split, then "no aligned chunk fits" waits, and a
             // padded decode the split clips drops its padding rather than shortening it.
-            n = self.mamba_aligned(slot, num_computed, n)?;
+            // vLLM 0.33 measures the chunk from the hit's end, before `_mark_prefix_replay`
+            // rewinds it (`start` counts `num_new_local_computed_tokens`): `num_replay`.
+            n = self.mamba_aligned(slot, num_computed + num_replay, n)?;
             if n == 0 {
                 return Ok(None);
             }

@@ -152,6 +152,9 @@ impl Kv {
                 pool.set_group_block_sizes(&config.kv_group_block_sizes)?;
             }
             pool.set_hash_lookahead(config.prefix_rules().num_hash_lookahead_tokens)?;
+            if let Some(split) = &config.mamba_align {
+                pool.set_mamba_checkpoint_rule(split.drop_eagle_block);
+            }
             let batches = if async_scheduling { 2 } else { 1 };
             return Ok(Kv::Hybrid(Box::new(HybridKv {
                 pool,
@@ -248,14 +251,20 @@ impl Kv {
         (Hit::Hybrid(hit), diverged)
     }
 
-    /// Follows `config`'s prefix-cache rules from now on (`sched::prefix_rules`; the hybrid
-    /// coordinator takes the look-ahead only). Errors as the pools' setters.
-    pub fn set_prefix_rules(&mut self, config: &SchedulerConfig) -> Result<()> {
+    /// Hashes with `lookahead` tokens past each block from now on (`sched::prefix_rules`).
+    /// The pool's other rules stay as built (vLLM 0.33's coordinator reads
+    /// `num_reprefillable_tokens` once; the scheduler's `num_prefill_lookahead` may be
+    /// assigned apart). Errors as the pools' setters.
+    pub fn set_hash_lookahead(&mut self, lookahead: usize) -> Result<()> {
         match self {
-            Kv::BlockHash(p) => p.set_prefix_rules(config.prefix_rules()),
-            Kv::Hybrid(h) => {
-                (h.pool).set_hash_lookahead(config.prefix_rules().num_hash_lookahead_tokens)
+            Kv::BlockHash(p) => {
+                let rules = p.prefix_rules();
+                p.set_prefix_rules(crate::kv::PrefixRules {
+                    num_hash_lookahead_tokens: lookahead,
+                    ..rules
+                })
             }
+            Kv::Hybrid(h) => (h.pool).set_hash_lookahead(lookahead),
             Kv::Radix(_) => Ok(()),
         }
     }

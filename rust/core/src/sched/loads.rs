@@ -326,12 +326,31 @@ impl<R: RequestKey> Scheduler<R> {
             external.num_tokens -= external.num_tokens % self.config.block_size;
             external.load_async &= external.num_tokens > 0;
         }
-        let total = hit.num_computed_tokens() + external.num_tokens;
-        if !window_loaded && total > 0 && total <= window {
-            hit.drop_hit();
+        if self.drop_replayed_hit(hit, external.num_tokens, window_loaded) {
             external = ExternalTokens::default();
         }
         Ok((external, window_loaded))
+    }
+
+    /// vLLM 0.33's bounded-replay drop (`schedule()`, DSV4.1 SWA bounded replay): a hit
+    /// whose local and `num_external` loaded tokens together are no longer than the
+    /// replayed window would be recomputed in full and save nothing, so it is not adopted
+    /// (nor its load: the caller's to forget), unless the load carries the window. The
+    /// request's `shared_prefix_boundary` stays as the lookup set it (vLLM's does).
+    /// Whether it dropped the hit.
+    pub(super) fn drop_replayed_hit(
+        &self,
+        hit: &mut Hit,
+        num_external: usize,
+        window_loaded: bool,
+    ) -> bool {
+        let window = self.config.prefix_replay_tokens();
+        let total = hit.num_computed_tokens() + num_external;
+        let dropped = window > 0 && !window_loaded && 0 < total && total <= window;
+        if dropped {
+            hit.drop_hit();
+        }
+        dropped
     }
 
     /// A request whose KV was loaded (it holds blocks for `num_computed_tokens`) goes on
@@ -347,7 +366,7 @@ impl<R: RequestKey> Scheduler<R> {
             return Ok(Admission::Blocked);
         }
         let Some(AdmissionTokens { n, padded }) =
-            self.admission_tokens(slot, num_computed, *budget, plan)?
+            self.admission_tokens(slot, num_computed, 0, *budget, plan)?
         else {
             return Ok(Admission::Blocked);
         };

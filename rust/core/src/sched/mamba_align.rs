@@ -26,25 +26,24 @@ use crate::kv::{mamba_checkpoint_position, mamba_checkpoint_valid};
 use crate::{Error, Result};
 
 /// The split's settings (vLLM 0.33's `Scheduler.need_mamba_block_aligned_split` on, and
-/// what `_mamba_block_aligned_split` reads).
+/// what `_mamba_block_aligned_split` reads besides the hash look-ahead, which is the
+/// scheduler's one `SchedulerConfig::num_hash_lookahead_tokens`: [`Self::rule`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MambaAlignSplit {
     /// Tokens per Mamba state block (`cache_config.block_size`); > 0.
     pub block_size: usize,
     /// EAGLE prunes the last matching block of a prefix hit, so the last reusable state
-    /// moves one block back (`Scheduler.use_eagle_block_drop`).
+    /// moves one block back (`Scheduler.use_eagle_block_drop`, which vLLM's split reads and
+    /// a built scheduler may be assigned apart from its KV manager's `use_eagle`).
     pub drop_eagle_block: bool,
-    /// Tokens past a block that its hash needs (`vllm_config.num_hash_lookahead_tokens`).
-    pub num_hash_lookahead_tokens: usize,
 }
 
 impl MambaAlignSplit {
-    /// A split over blocks of `block_size` tokens, without EAGLE's drop or look-ahead.
+    /// A split over blocks of `block_size` tokens, without EAGLE's drop.
     pub fn new(block_size: usize) -> Self {
         Self {
             block_size,
             drop_eagle_block: false,
-            num_hash_lookahead_tokens: 0,
         }
     }
 
@@ -60,14 +59,33 @@ impl MambaAlignSplit {
         Ok(())
     }
 
+    /// The split under `num_hash_lookahead_tokens` (the scheduler's hash look-ahead).
+    pub fn rule(self, num_hash_lookahead_tokens: usize) -> MambaSplitRule {
+        MambaSplitRule {
+            split: self,
+            num_hash_lookahead_tokens,
+        }
+    }
+}
+
+/// [`MambaAlignSplit`] under a hash look-ahead: what vLLM 0.33's
+/// `_mamba_block_aligned_split` computes with (built per use, never stored).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MambaSplitRule {
+    split: MambaAlignSplit,
+    /// Tokens past a block that its hash needs (`vllm_config.num_hash_lookahead_tokens`).
+    num_hash_lookahead_tokens: usize,
+}
+
+impl MambaSplitRule {
     /// vLLM 0.33's `get_mamba_prefill_checkpoint_position(num_tokens, block_size, ...)`:
     /// the last block boundary whose state can be reused, leaving a token for the logits
     /// (or the hash look-ahead) and, with EAGLE's block drop, one block less.
     pub fn checkpoint_position(&self, num_tokens: usize) -> usize {
         mamba_checkpoint_position(
             num_tokens,
-            self.block_size,
-            self.drop_eagle_block,
+            self.split.block_size,
+            self.split.drop_eagle_block,
             self.num_hash_lookahead_tokens,
         )
     }
@@ -136,7 +154,7 @@ impl MambaAlignSplit {
         if start >= prefill_end {
             return num_new_tokens;
         }
-        let block = self.block_size;
+        let block = self.split.block_size;
         let mut end = start + num_new_tokens;
         let internal_checkpoint = checkpoint_alignment.is_some_and(|alignment| {
             let checkpoint = self.checkpoint_position(prefill_end);
@@ -184,13 +202,11 @@ impl<R: RequestKey> Scheduler<R> {
     pub fn set_mamba_align(&mut self, split: Option<MambaAlignSplit>) -> Result<()> {
         if let Some(split) = &split {
             split.validate()?;
-            // The KV groups place prefill checkpoints by the same rule (vLLM 0.33's
-            // `MambaManager.drop_eagle_checkpoint_block` follows EAGLE as the split does).
+            // The KV groups place prefill checkpoints by the same drop (vLLM 0.33's
+            // `MambaManager.drop_eagle_checkpoint_block` follows EAGLE as the split does);
+            // the look-ahead both read is the scheduler's one (`KvCoordinator`'s).
             if let Ok(pool) = self.kv.hybrid_pool_mut("set_mamba_align") {
-                pool.set_mamba_checkpoint_rule(
-                    split.drop_eagle_block,
-                    split.num_hash_lookahead_tokens,
-                );
+                pool.set_mamba_checkpoint_rule(split.drop_eagle_block);
             }
         }
         self.config.mamba_align = split;
@@ -211,6 +227,12 @@ impl<R: RequestKey> Scheduler<R> {
     /// The Mamba `align` split in force (`None`: off).
     pub fn mamba_align(&self) -> Option<MambaAlignSplit> {
         self.config.mamba_align
+    }
+
+    /// [`Self::mamba_align`] under the scheduler's hash look-ahead (what its chunks follow).
+    pub fn mamba_split_rule(&self) -> Option<MambaSplitRule> {
+        let lookahead = self.config.num_hash_lookahead_tokens;
+        self.config.mamba_align.map(|split| split.rule(lookahead))
     }
 
     /// Sets the drafter's prefill look-ahead (`SchedulerConfig::num_prefill_lookahead`) from
@@ -245,7 +267,7 @@ impl<R: RequestKey> Scheduler<R> {
     /// `n` tokens of `slot` from `start` after the Mamba `align` split (unchanged when off;
     /// routed through the step hooks when set: `sched::hooks`).
     pub(super) fn mamba_aligned(&self, slot: u32, start: usize, n: usize) -> Result<usize> {
-        let Some(split) = &self.config.mamba_align else {
+        let Some(rule) = self.mamba_split_rule() else {
             return Ok(n);
         };
         let request = self.req(slot);
@@ -254,7 +276,7 @@ impl<R: RequestKey> Scheduler<R> {
         if threshold > 0 {
             max_prefill_tokens = max_prefill_tokens.min(threshold);
         }
-        let core_split = split.split_with_checkpoint(
+        let core_split = rule.split_with_checkpoint(
             start,
             n,
             request.num_prompt_tokens(),

@@ -42,7 +42,7 @@ pub use encoder_cache::EncoderCache;
 pub use encoder_connector::EncoderConnector;
 pub use hisparse::HostPagesState;
 pub use hooks::StepHooks;
-pub use mamba_align::MambaAlignSplit;
+pub use mamba_align::{MambaAlignSplit, MambaSplitRule};
 pub use multistep::DecodeWindow;
 #[cfg(test)]
 pub(crate) use multistep_admit::admission_steps;

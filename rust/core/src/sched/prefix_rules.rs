@@ -25,8 +25,9 @@ impl SchedulerConfig {
 
     /// Refuses what the rules cannot mean or the core does not serve: a look-ahead or the
     /// drop without block-hash prefix caching, both at once (vLLM's scheduler turns the drop
-    /// off when look-ahead hashes are on), the drop with several KV groups, and the drop
-    /// with blocks smaller than a multi-module MTP look-ahead (vLLM's coordinator raises).
+    /// off when look-ahead hashes are on), the drop with several KV groups, and the drop or
+    /// look-ahead hashes with blocks smaller than a multi-module MTP look-ahead (vLLM's
+    /// coordinator raises).
     pub(super) fn validate_prefix_rules(&self) -> Result<()> {
         let block_hash = self.enable_prefix_caching && self.prefix_cache == PrefixCache::BlockHash;
         if self.num_hash_lookahead_tokens > 0 && !block_hash {
@@ -36,6 +37,12 @@ impl SchedulerConfig {
                 "look-ahead block hashes need enable_prefix_caching with prefix_cache = \
                  \"block_hash\"",
             ));
+        }
+        if self.num_hash_lookahead_tokens > 0 && self.block_size < self.num_prefill_lookahead {
+            // vLLM 0.33's `KVCacheCoordinator.__init__` raises while any group is an EAGLE
+            // group: look-ahead hashes clear `use_eagle` but the drafter's groups stay
+            // flagged (`kv_cache_planning` marks them for every drafter that drops).
+            return Err(mtp_block_size(self.block_size, self.num_prefill_lookahead));
         }
         if !self.eagle_block_drop {
             return Ok(());
@@ -68,18 +75,25 @@ impl SchedulerConfig {
             ));
         }
         if self.block_size < self.num_prefill_lookahead {
-            return Err(Error::config(
-                "block_size",
-                self.block_size,
-                format!(
-                    "must be >= num_prefill_lookahead={} with the trailing-block drop (vLLM \
-                     0.33: multi-module MTP with prefix caching)",
-                    self.num_prefill_lookahead
-                ),
-            ));
+            return Err(mtp_block_size(self.block_size, self.num_prefill_lookahead));
         }
         Ok(())
     }
+}
+
+/// vLLM 0.33's refusal of blocks smaller than a multi-module MTP drafter's prefill
+/// look-ahead with prefix caching (`KVCacheCoordinator.__init__`: the dropped or
+/// re-prefilled tail must hold the tokens the drafter reads past a chunk).
+fn mtp_block_size(block_size: usize, num_prefill_lookahead: usize) -> Error {
+    Error::config(
+        "block_size",
+        block_size,
+        format!(
+            "must be >= num_prefill_lookahead={num_prefill_lookahead} with the trailing-block \
+             drop or look-ahead hashes (vLLM 0.33: multi-module MTP with prefix caching \
+             requires scheduler_block_size >= num_speculative_tokens)"
+        ),
+    )
 }
 
 impl<R: crate::kv::RequestKey> super::Scheduler<R> {
@@ -104,7 +118,7 @@ impl<R: crate::kv::RequestKey> super::Scheduler<R> {
         if lookahead > 0 && self.connector.is_some() {
             return Err(connector_refusal(lookahead));
         }
-        self.kv.set_prefix_rules(&config)?;
+        self.kv.set_hash_lookahead(lookahead)?;
         self.config.num_hash_lookahead_tokens = lookahead;
         Ok(())
     }

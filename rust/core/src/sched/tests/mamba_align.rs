@@ -12,7 +12,7 @@ fn split(block: usize) -> MambaAlignSplit {
 fn the_split_matches_vllm_by_hand() {
     // Blocks of 16, a 100-token prompt: the last reusable state is at (100 - 1) / 16 * 16
     // = 96 (one token left for the logits).
-    let s = split(16);
+    let s = split(16).rule(0);
     assert_eq!(s.checkpoint_position(100), 96);
     // A chunk ending before the prompt's end ends on a boundary: [0, 40) -> [0, 32).
     assert_eq!(s.split(0, 40, 100, 100, 8192), 32);
@@ -28,12 +28,9 @@ fn the_split_matches_vllm_by_hand() {
         drop_eagle_block: true,
         ..split(16)
     };
-    assert_eq!(eagle.split(0, 100, 100, 100, 8192), 80);
+    assert_eq!(eagle.rule(0).split(0, 100, 100, 100, 8192), 80);
     // Three hash look-ahead tokens: (100 - 3) / 16 * 16 = 96.
-    let lookahead = MambaAlignSplit {
-        num_hash_lookahead_tokens: 3,
-        ..split(16)
-    };
+    let lookahead = split(16).rule(3);
     assert_eq!(lookahead.checkpoint_position(100), 96);
     assert_eq!(lookahead.checkpoint_position(98), 80);
 }
@@ -42,11 +39,11 @@ fn the_split_matches_vllm_by_hand() {
 fn a_block_wider_than_the_step_advances_sub_block_and_realigns() {
     // Blocks of 64 under a 40-token cap: [0, 40) is kept whole (no boundary inside it and
     // no aligned end fits), then [40, 80) stops at the boundary, 64.
-    let s = split(64);
+    let s = split(64).rule(0);
     assert_eq!(s.split(0, 40, 200, 200, 40), 40);
     assert_eq!(s.split(40, 40, 200, 200, 40), 24);
     // A block that fits the cap: a chunk shorter than one block waits (0 tokens).
-    assert_eq!(split(32).split(0, 20, 200, 200, 40), 0);
+    assert_eq!(split(32).rule(0).split(0, 20, 200, 200, 40), 0);
 }
 
 #[test]

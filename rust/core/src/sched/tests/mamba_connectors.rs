@@ -194,7 +194,7 @@ fn a_chunk_across_a_shared_prefix_junction_stops_at_its_block_floor() {
     // vLLM's junction stop: a prefix FA caches past the agreed hit ends at 40; a chunk
     // from 0 stops at 32 (block-floored), so the state there is cached. A junction inside
     // the chunk's first block floors to its start: no stop.
-    let split = crate::sched::MambaAlignSplit::new(16);
+    let split = crate::sched::MambaAlignSplit::new(16).rule(0);
     assert_eq!(split.split_at_junction(0, 64, 100, 100, 8192, 40), 32);
     assert_eq!(split.split_at_junction(0, 64, 100, 100, 8192, 8), 64);
     assert_eq!(split.split_at_junction(0, 64, 100, 100, 8192, 0), 64);

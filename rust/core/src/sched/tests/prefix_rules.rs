@@ -161,6 +161,30 @@ fn the_rules_are_refused_where_they_mean_nothing() {
         ..cfg(0, true)
     };
     refused(mtp, "block_size");
+    // Look-ahead hashes (L = k = 3, as vLLM sets them for 3-module MTP) over blocks of 2:
+    // vLLM's coordinator raises too, the drafter's groups staying EAGLE groups; and so
+    // does the setter on a built scheduler. Blocks of 3 are served.
+    let mtp_lookahead = SchedulerConfig {
+        num_prefill_lookahead: 3,
+        ..cfg(3, false)
+    };
+    refused(mtp_lookahead.clone(), "block_size");
+    let mut s = Scheduler::<u32>::new(
+        SchedulerConfig {
+            num_prefill_lookahead: 3,
+            ..cfg(0, false)
+        },
+        false,
+    )
+    .unwrap();
+    let err = s.set_num_hash_lookahead_tokens(3).unwrap_err().to_string();
+    assert!(err.contains("block_size"), "{err}");
+    assert_eq!(s.num_hash_lookahead_tokens(), 0);
+    let wide = SchedulerConfig {
+        block_size: 3,
+        ..mtp_lookahead
+    };
+    assert!(Scheduler::<u32>::new(wide, false).is_ok());
 }
 
 #[test]
@@ -244,4 +268,72 @@ fn a_session_keeps_the_hash_its_dropped_token_completed_until_recomputed() {
     );
     assert_eq!(s.num_cached_prefix_tokens(&[0, 1, 2, 3, 4, 9], None), 4);
     s.check_invariants().unwrap();
+}
+
+#[test]
+fn the_lookahead_set_on_a_built_scheduler_moves_the_mamba_split() {
+    // FA + a Mamba `align` group, blocks of 16, a 100-token prompt: the last reusable state
+    // is at (100 - 1) / 16 * 16 = 96 without a look-ahead, and at (100 - 5) / 16 * 16 = 80
+    // with 5 (vLLM 0.33's `get_mamba_prefill_checkpoint_position`), whichever way it is set.
+    use crate::kv::KvGroupSpec;
+    let hybrid = SchedulerConfig {
+        kv_groups: vec![KvGroupSpec::FullAttention, KvGroupSpec::MAMBA_ALIGN],
+        block_size: 16,
+        num_blocks: 100,
+        max_model_len: 256,
+        max_num_batched_tokens: 256,
+        mamba_align: Some(MambaAlignSplit::new(16)),
+        ..cfg(0, false)
+    };
+    let first_chunk = |s: &mut Scheduler<u32>| {
+        s.add_request(0, request(&(0..100).collect::<Vec<_>>(), 1))
+            .unwrap();
+        scheduled(&s.schedule().unwrap())
+    };
+    let mut s = Scheduler::new(hybrid.clone(), false).unwrap();
+    assert_eq!(first_chunk(&mut s), [(0, 96)]);
+    let mut s = Scheduler::new(hybrid.clone(), false).unwrap();
+    s.set_num_hash_lookahead_tokens(5).unwrap();
+    assert_eq!(s.mamba_split_rule().unwrap().checkpoint_position(100), 80);
+    assert_eq!(first_chunk(&mut s), [(0, 80)]);
+    let built = SchedulerConfig {
+        num_hash_lookahead_tokens: 5,
+        ..hybrid
+    };
+    assert_eq!(
+        first_chunk(&mut Scheduler::new(built, false).unwrap()),
+        [(0, 80)]
+    );
+}
+
+#[test]
+fn the_lookahead_setter_keeps_the_pools_reprefillable_lag() {
+    // Built for 3-module MTP (vLLM's coordinator reads `num_reprefillable_tokens` = 2 once);
+    // the scheduler's `num_prefill_lookahead` assigned 1 apart, then look-ahead hashes of 2
+    // set: the pool still lags 2 tokens. A 12-token prompt under a budget of 8 computes 8,
+    // of which 6 are cacheable (3 blocks), not 8, though the hashes reach 10.
+    let config = SchedulerConfig {
+        num_prefill_lookahead: 3,
+        max_num_batched_tokens: 8,
+        ..cfg(0, false)
+    };
+    let mut s = Scheduler::new(config, false).unwrap();
+    s.set_num_prefill_lookahead(1);
+    s.set_num_hash_lookahead_tokens(2).unwrap();
+    s.add_request(0, request(&(0..12).collect::<Vec<_>>(), 4))
+        .unwrap();
+    assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 8)]);
+    let longer: Vec<u32> = (0..16).collect();
+    assert_eq!(s.num_cached_prefix_tokens(&longer, None), 6);
+    // Built with a look-ahead of 1 (no lag), the same run caches 8.
+    let config = SchedulerConfig {
+        num_prefill_lookahead: 1,
+        max_num_batched_tokens: 8,
+        ..cfg(2, false)
+    };
+    let mut s = Scheduler::new(config, false).unwrap();
+    s.add_request(0, request(&(0..12).collect::<Vec<_>>(), 4))
+        .unwrap();
+    s.schedule().unwrap();
+    assert_eq!(s.num_cached_prefix_tokens(&longer, None), 8);
 }

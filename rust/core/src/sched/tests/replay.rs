@@ -139,3 +139,72 @@ fn replay_windows_must_agree() {
         other => panic!("expected a config error, got {:?}", other.map(|_| ())),
     }
 }
+
+/// Full attention, the replayed window-8 group and a Mamba `align` group, blocks of 4, the
+/// split on (vLLM 0.33's DeepSeek-style replay beside a hybrid model's Mamba layers).
+fn replay_mamba_config() -> SchedulerConfig {
+    SchedulerConfig {
+        kv_groups: vec![KvGroupSpec::FullAttention, REPLAY, KvGroupSpec::MAMBA_ALIGN],
+        mamba_align: Some(MambaAlignSplit::new(4)),
+        num_blocks: 200,
+        ..replay_config()
+    }
+}
+
+/// `shared` tokens of `shared(..)`'s prompt, then `tail` others.
+fn diverging(shared: usize, tail: usize) -> RequestSpec {
+    RequestSpec {
+        prompt_token_ids: (0..shared as u32).chain(1000..1000 + tail as u32).collect(),
+        max_tokens: 2,
+        ..RequestSpec::default()
+    }
+}
+
+/// Runs `spec` to its end alone.
+fn after(s: &mut Scheduler<u32>, id: u32, spec: RequestSpec) {
+    s.add_request(id, spec).unwrap();
+    finish(s);
+}
+
+#[test]
+fn the_mamba_split_of_a_replayed_hit_is_measured_from_the_hits_end() {
+    // vLLM 0.33's `_mamba_block_aligned_split` starts at `num_computed_tokens +
+    // num_new_local_computed_tokens`, before `_mark_prefix_replay` rewinds the hit: a
+    // 50-token prompt hitting 40 (every group caches there) replays from 32, and the chunk
+    // ends where one from 40 would, at the last reusable state (49 / 4 * 4 = 48): 40 + 8,
+    // so 8 tokens from 32 (the chunk from 32 would run 16, to 48).
+    let mut s = Scheduler::new(replay_mamba_config(), false).unwrap();
+    after(&mut s, 0, shared(40));
+    s.add_request(1, shared(50)).unwrap();
+    let out = run_step(&mut s);
+    let new = &out.scheduled_new_reqs[0];
+    assert_eq!((new.num_computed_tokens, new.replay_start), (32, 32));
+    assert_eq!(scheduled(&out), [(1, 8)]);
+    finish(&mut s);
+}
+
+#[test]
+fn a_hit_dropped_for_the_window_keeps_its_shared_prefix_junction() {
+    // Mamba states are cached at 8 (a 9-token prompt's split) and 16 (a 20-token one's);
+    // full attention caches every block. A prompt sharing 14 tokens hits 8 (the agreed
+    // boundary) where full attention caches to 12: vLLM drops the hit (8 <= the 8-token
+    // window) but keeps `shared_prefix_boundary` = 12 from the lookup, so the chunk stops
+    // at the junction, 12, for the state there to be cached (not at 32, the last reusable
+    // state of its 33 tokens: (33 - 1) / 4 * 4).
+    let mut s = Scheduler::new(replay_mamba_config(), false).unwrap();
+    after(&mut s, 0, shared(9));
+    after(&mut s, 1, shared(20));
+    s.add_request(2, diverging(14, 19)).unwrap();
+    let out = run_step(&mut s);
+    let new = &out.scheduled_new_reqs[0];
+    assert_eq!((new.num_computed_tokens, new.replay_start), (0, 0));
+    assert_eq!(s.get_request(&2).unwrap().shared_prefix_boundary, 12);
+    assert_eq!(scheduled(&out), [(2, 12)]);
+    finish(&mut s);
+    // No agreed hit (no Mamba state at or below 6) where full attention caches 4: nothing
+    // to drop (vLLM drops only a hit > 0), the junction at 4 stands.
+    s.add_request(3, diverging(6, 20)).unwrap();
+    let out = run_step(&mut s);
+    assert_eq!(s.get_request(&3).unwrap().shared_prefix_boundary, 4);
+    assert_eq!(scheduled(&out), [(3, 4)]);
+}

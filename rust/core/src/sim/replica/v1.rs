@@ -202,9 +202,12 @@ impl KvConnector<ReqIdx> for ReceivesFromPrefill {
 
 impl VllmV1 {
     pub fn new(config: SchedulerConfig, hash_block_size: u32, kv_events: bool) -> Result<Self> {
-        // Only the block-hash pool takes hashes, and only with caching on.
-        let takes_hashes =
-            config.enable_prefix_caching && config.prefix_cache == PrefixCache::BlockHash;
+        // Only the block-hash pool takes hashes, and only with caching on; under a hash
+        // look-ahead (EAGLE/MTP drafters) it hashes each block with the tokens past it
+        // itself, so the prompts carry every token (none left unread for named hashes).
+        let takes_hashes = config.enable_prefix_caching
+            && config.prefix_cache == PrefixCache::BlockHash
+            && config.num_hash_lookahead_tokens == 0;
         let hashes = match takes_hashes {
             false => None,
             true if config.is_hybrid() => {

@@ -123,7 +123,7 @@ def test_the_step_scheduler_takes_each_groups_block_size() -> None:
     """40,959 blocks (the null block kept): the five window groups never need more than
     193 each, so the full group may take 40,959 - 965 = 39,994 blocks of 32 tokens."""
     plan = plan_for(config())
-    assert fitting_tokens(plan, 40_959, 16, 2048, 0, align=False) == 39_994 * 32
+    assert fitting_tokens(plan, 40_959, 2048) == 39_994 * 32
     scheduler = _hybrid_scheduler(config(), plan, plan.num_blocks, align=False)
     assert (scheduler.block_size, scheduler.kv_group_block_sizes) == (16, GROUP_SIZES)
     assert scheduler.max_model_len == 8448

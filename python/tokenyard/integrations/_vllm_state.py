@@ -84,7 +84,6 @@ class AdapterBase:
     current_step: int
     _pause_state: Any
     _prefix_caching: bool
-    _num_hash_lookahead_tokens: int
     _spec_token_placeholders: list[int]
     finished_req_ids: set[str]
     finished_req_ids_dict: dict[int, set[str]] | None

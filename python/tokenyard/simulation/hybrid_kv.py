@@ -449,6 +449,30 @@ def _check_state_groups_servable(
         )
 
 
+def plan_fitting_tokens(
+    plan: MemoryPlan,
+    num_kv_blocks: int,
+    block_size: int,
+    max_num_batched_tokens: int,
+    speculative_blocks: int,
+    *,
+    align: bool,
+) -> int:
+    """The longest request whose blocks over ``plan``'s groups fit ``num_kv_blocks``: each
+    group on its own block size where they differ (``hybrid_kv_pages.fitting_tokens``),
+    else :func:`max_model_len_fitting` on ``block_size``, Mamba groups included."""
+    if plan.kv_group_block_sizes:
+        return hybrid_kv_pages.fitting_tokens(plan, num_kv_blocks, max_num_batched_tokens)
+    return max_model_len_fitting(
+        plan.kv_cache_groups,
+        num_kv_blocks,
+        block_size,
+        max_num_batched_tokens,
+        speculative_blocks,
+        align=align,
+    )
+
+
 def max_model_len_fitting(
     specs: tuple[KvGroup, ...],
     num_kv_blocks: int,

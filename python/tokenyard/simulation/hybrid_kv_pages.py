@@ -294,30 +294,10 @@ def _blocks_needed(
     return total
 
 
-def fitting_tokens(
-    plan: MemoryPlan,
-    num_kv_blocks: int,
-    block_size: int,
-    max_num_batched_tokens: int,
-    speculative_blocks: int,
-    *,
-    align: bool,
-) -> int:
-    """The longest request whose blocks over ``plan``'s groups fit ``num_kv_blocks``: each
-    group on its own block size where they differ, else ``hybrid_kv.max_model_len_fitting``
-    (on ``block_size``, Mamba groups included)."""
+def fitting_tokens(plan: MemoryPlan, num_kv_blocks: int, max_num_batched_tokens: int) -> int:
+    """The longest request whose blocks over ``plan``'s groups of different block sizes fit
+    ``num_kv_blocks``, each group on its own block size."""
     sizes = plan.kv_group_block_sizes
-    if not sizes:
-        from tokenyard.simulation.hybrid_kv import max_model_len_fitting  # imports this one
-
-        return max_model_len_fitting(
-            plan.kv_cache_groups,
-            num_kv_blocks,
-            block_size,
-            max_num_batched_tokens,
-            speculative_blocks,
-            align=align,
-        )
     groups = plan.kv_cache_groups
     low, high = 0, num_kv_blocks * max(sizes)
     while low < high:

@@ -28,11 +28,11 @@ from tokenyard.simulation.hybrid_kv import (
     check_pool_blocks,
     group_specs,
     has_state_groups,
+    plan_fitting_tokens,
     plan_hybrid,
     resolve_hybrid,
     speculative_blocks,
 )
-from tokenyard.simulation.hybrid_kv_pages import fitting_tokens
 from tokenyard.simulation.kv_offload_config import KvOffloadConfig
 from tokenyard.simulation.lora_config import slot_bytes
 from tokenyard.simulation.planner import MemoryPlan, dtype_bytes, hybrid_kv_words, plan_memory
@@ -791,7 +791,9 @@ def _hybrid_scheduler(
     block_size = plan.kv_block_size or c.block_size
     spec = speculative_blocks(config)
     blocks = num_blocks - c.reserve_null_block
-    fitting = fitting_tokens(plan, blocks, block_size, c.max_num_batched_tokens, spec, align=align)
+    fitting = plan_fitting_tokens(
+        plan, blocks, block_size, c.max_num_batched_tokens, spec, align=align
+    )
     return dataclasses.replace(
         c,
         num_blocks=num_blocks,

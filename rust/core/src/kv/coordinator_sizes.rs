@@ -152,6 +152,11 @@ impl<R: RequestKey> KvCoordinator<R> {
                 ));
             }
         }
+        if block_sizes != self.sizes.groups.as_slice() {
+            // A group block's key is the hash of its last hash block at any size, so blocks
+            // cached at the old sizes would be hit as blocks of the new ones.
+            self.reset_prefix_cache();
+        }
         self.sizes = GroupSizes {
             groups: block_sizes.to_vec(),
             scheduler,

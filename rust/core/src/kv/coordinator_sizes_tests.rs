@@ -236,3 +236,26 @@ proptest! {
         }
     }
 }
+
+/// Blocks cached at the old sizes would be keyed as blocks of the new ones (a block's key
+/// is its last hash block's hash at any size), so changing the sizes empties the cache.
+#[test]
+fn new_block_sizes_forget_what_the_old_ones_cached() {
+    let mut coord = KvCoordinator::new(vec![FULL, window(8)], 20, 4, true).unwrap();
+    let prompt = tokens(0..16);
+    coord
+        .allocate_slots(&1, &prompt, 16, 0, None, None)
+        .unwrap();
+    coord.free(&1).unwrap();
+    assert_eq!(
+        coord.get_computed_blocks(&prompt, None).num_computed_tokens,
+        12
+    );
+    coord.set_group_block_sizes(&[8, 4]).unwrap();
+    assert_eq!(coord.num_cached_blocks(), 0);
+    assert_eq!(
+        coord.get_computed_blocks(&prompt, None).num_computed_tokens,
+        0
+    );
+    coord.check_invariants().unwrap();
+}

@@ -30,7 +30,7 @@ from tokenyard.simulation import simulate
 from tokenyard.simulation.hybrid_kv import requests_held
 from tokenyard.simulation.hybrid_kv_pages import blocks_per_request, fitting_tokens, pages_layout
 from tokenyard.simulation.planner import KvGroup, dtype_bytes, kv_groups
-from tokenyard.simulation.run import _hybrid_scheduler, plan_for, planning_notes
+from tokenyard.simulation.replica_plan import _hybrid_scheduler, plan_for, planning_notes
 
 GEMMA4 = "google/gemma-4-26B-A4B"
 GROUP_SIZES = (16, 16, 16, 16, 16, 32)

@@ -250,7 +250,7 @@ def align_mode(config: SimulationConfig) -> bool:
     (the align groups hold the draft tokens' states, ``speculative_blocks``), whether or
     not the workload has prefix identity (vLLM never sees the workload; ``"none"`` runs
     only with ``enable_prefix_caching = false``, vLLM's own switch). The one rule for the
-    plan (``plan_hybrid``), the run (``run.replica_spec``) and the recommender
+    plan (``plan_hybrid``), the run (``replica_plan.replica_spec``) and the recommender
     (``requests_held``)."""
     c = config.replica.scheduler
     return c.policy == "vllm_v1" and c.vllm_v1.enable_prefix_caching

@@ -356,7 +356,7 @@ class ReplicaSchedulerConfig:
             value = getattr(c, name)
             if value != 0:
                 # vLLM 0.33 derives both from the speculative config (VllmConfig's
-                # properties of those names); the simulator does too (run.replica_spec).
+                # properties of those names); the simulator does too (replica_plan.replica_spec).
                 raise fail(
                     f"{where}.{name}",
                     "is derived from [replica.speculative] as vLLM derives it (EAGLE: 1, "

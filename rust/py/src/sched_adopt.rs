@@ -7,7 +7,7 @@ use pyo3::types::{PyList, PyMapping};
 use tokenyard_core::sched::OutsideStep;
 
 use super::PyScheduler;
-use super::args::{add_speculation, sampled_outputs};
+use super::args::{add_speculation, finished_list, sampled_outputs};
 use crate::convert::{RequestId, token_ids};
 
 #[pymethods]
@@ -59,10 +59,6 @@ impl PyScheduler {
         let finished = (self.inner)
             .update_from_outside_step(&entries, &outputs)
             .map_err(|err| self.raise(py, err))?;
-        let list = PyList::empty(py);
-        for (id, reason) in finished {
-            list.append((id.into_py(py)?, reason.as_str()))?;
-        }
-        Ok(list)
+        finished_list(py, finished)
     }
 }

@@ -6,7 +6,7 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyMapping};
 use tokenyard_core::kv::KvEvent;
-use tokenyard_core::sched::{RequestSpec, SampledOutput};
+use tokenyard_core::sched::{FinishReason, RequestSpec, SampledOutput};
 
 use super::PyScheduler;
 use crate::convert::{RequestId, count_arg, int_arg, kv_values, token_ids};
@@ -232,12 +232,20 @@ impl PyScheduler {
             .inner
             .update_from_output(outputs)
             .map_err(|err| self.raise(py, err))?;
-        let list = PyList::empty(py);
-        for (id, reason) in finished {
-            list.append((id.into_py(py)?, reason.as_str()))?;
-        }
-        Ok(list)
+        finished_list(py, finished)
     }
+}
+
+/// Finished requests as `update_from_output` returns them: a list of `(id, reason)`.
+pub(super) fn finished_list(
+    py: Python<'_>,
+    finished: Vec<(RequestId, FinishReason)>,
+) -> PyResult<Bound<'_, PyList>> {
+    let list = PyList::empty(py);
+    for (id, reason) in finished {
+        list.append((id.into_py(py)?, reason.as_str()))?;
+    }
+    Ok(list)
 }
 
 /// A prefix-cache event as `drain_kv_events` gives it: `(kind, block_hash)`.

@@ -84,6 +84,16 @@ impl<R: RequestKey> Scheduler<R> {
         token_ids.extend_from_slice(output_token_ids);
         let lora_id = request.spec.lora_id;
         let free = self.kv.num_free_blocks();
+        let requested = self.config.blocks_per_request(num_computed_tokens);
+        if !self.host_pages_fit(slot, num_computed_tokens) {
+            // HiSparse's host pool charges a running request's pages as admission does.
+            let host = self.hisparse_host_pages();
+            return Err(Error::Capacity {
+                what: "the host pages of an adopted request's computed tokens",
+                requested: host.map_or(0, |h| num_computed_tokens.div_ceil(h.block_size)),
+                available: host.map_or(0, |h| h.num_free_blocks),
+            });
+        }
         let allocated = (self.kv).allocate(
             slot,
             &token_ids,
@@ -96,10 +106,11 @@ impl<R: RequestKey> Scheduler<R> {
         if allocated.is_none() {
             return Err(Error::Capacity {
                 what: "the blocks of an adopted request's computed tokens",
-                requested: num_computed_tokens.div_ceil(self.config.block_size),
+                requested,
                 available: free,
             });
         }
+        self.charge_host_pages(slot);
         self.waiting.remove(slot);
         self.deferred.remove(&slot);
         let request = self.req_mut(slot);

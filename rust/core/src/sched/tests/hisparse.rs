@@ -241,3 +241,26 @@ fn no_decode_window_opens_beside_host_pages() {
     s.set_hisparse_host_pages(None).unwrap();
     assert!(s.open_decode_window().is_some());
 }
+
+/// A request adopted as running (`adopt_running`) takes host pages for its device blocks
+/// as an admitted one does, and is refused when the host pool cannot back them.
+#[test]
+fn an_adopted_request_takes_host_pages_as_admission_does() {
+    let mut s = hisparse(4); // 3 usable host blocks beside the null block
+    s.add_request(0, prompt(0, 12)).unwrap();
+    s.adopt_running(&0, &[], 12).unwrap();
+    assert_eq!(free_host_blocks(&s), 0);
+    s.check_invariants().unwrap();
+    s.add_request(1, prompt(100, 8)).unwrap();
+    let refused = s.adopt_running(&1, &[], 8);
+    assert!(matches!(
+        refused,
+        Err(crate::Error::Capacity {
+            requested: 2,
+            available: 0,
+            ..
+        })
+    ));
+    assert_eq!((s.num_running(), s.num_waiting()), (1, 1));
+    s.check_invariants().unwrap();
+}

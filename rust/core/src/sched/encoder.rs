@@ -287,18 +287,13 @@ impl<R: RequestKey> Scheduler<R> {
             if cache.check_and_update_cache(&slot, i, id) {
                 continue;
             }
-            // A caller's can_allocate (`StepHooks::allow_encoder_input`) is asked first: one
-            // that refuses leaves the cache untouched, as vLLM's replaced method does.
-            let allowed = match &self.hooks {
-                Some(hooks) if self.encoder.connector_error.is_none() => hooks
-                    .allow_encoder_input(request, i, pick.budget_left, num_embeds_to_schedule)
-                    .unwrap_or_else(|err| {
-                        self.encoder.connector_error = Some(err);
-                        false
-                    }),
-                Some(_) => false,
-                None => true,
-            };
+            let allowed = hook_allows(
+                &self.hooks,
+                &mut self.encoder.connector_error,
+                (request, i),
+                pick.budget_left,
+                num_embeds_to_schedule,
+            );
             if !allowed || !cache.can_allocate(num_embeds, pick.budget_left, num_embeds_to_schedule)
             {
                 // The encoder sees an item whole (bidirectional attention): stop before it.
@@ -646,4 +641,25 @@ impl<R: RequestKey> Scheduler<R> {
         }
         Ok(())
     }
+}
+
+/// A caller's `can_allocate` (`StepHooks::allow_encoder_input`), asked before the cache's
+/// own check on both of vLLM 0.33's paths (`_try_schedule_encoder_inputs`): one that
+/// refuses leaves the cache untouched, as vLLM's replaced method does. Without hooks, or
+/// once a hook or connector failed this step (the step then fails), the cache decides.
+pub(super) fn hook_allows<R: RequestKey>(
+    hooks: &Option<Box<dyn super::hooks::StepHooks<R>>>,
+    connector_error: &mut Option<Error>,
+    (request, input_index): (&super::request::Request<R>, usize),
+    budget_left: usize,
+    num_embeds_to_schedule: usize,
+) -> bool {
+    let Some(hooks) = hooks.as_ref().filter(|_| connector_error.is_none()) else {
+        return true;
+    };
+    (hooks.allow_encoder_input(request, input_index, budget_left, num_embeds_to_schedule))
+        .unwrap_or_else(|err| {
+            *connector_error = Some(err);
+            false
+        })
 }

@@ -119,11 +119,10 @@ impl<R: RequestKey> Scheduler<R> {
         num_computed: usize,
         mut n: usize,
     ) -> (usize, Option<EncoderPick>) {
-        let features = &self.slots[slot as usize]
+        let request = self.slots[slot as usize]
             .as_ref()
-            .expect("scheduled slot is live")
-            .spec
-            .mm_features;
+            .expect("scheduled slot is live");
+        let features = &request.spec.mm_features;
         if n == 0 || features.is_empty() || num_computed > 0 {
             return (n, None);
         }
@@ -139,7 +138,15 @@ impl<R: RequestKey> Scheduler<R> {
         let mut num_embeds_to_schedule = 0;
         for (i, f) in features.iter().enumerate().take(hi) {
             let num_embeds = f.num_embeds();
-            if !cache.can_allocate(num_embeds, pick.budget_left, num_embeds_to_schedule) {
+            let allowed = super::encoder::hook_allows(
+                &self.hooks,
+                &mut self.encoder.connector_error,
+                (request, i),
+                pick.budget_left,
+                num_embeds_to_schedule,
+            );
+            if !allowed || !cache.can_allocate(num_embeds, pick.budget_left, num_embeds_to_schedule)
+            {
                 n = n.min(f.offset);
                 break;
             }

@@ -173,3 +173,32 @@ fn prefix_caching_is_refused_beside_a_cross_attention_group() {
     };
     assert!(err.to_string().contains("enable_prefix_caching"), "{err}");
 }
+
+/// A caller's `can_allocate` that refuses every encoder input (vLLM 0.33 asks the replaced
+/// method on the encoder-decoder path too, `_try_schedule_encoder_inputs`).
+struct RefuseEncoderInputs;
+impl crate::sched::StepHooks<u32> for RefuseEncoderInputs {
+    fn allow_encoder_input(
+        &self,
+        _request: &Request<u32>,
+        _input_index: usize,
+        _budget_left: usize,
+        _num_embeds_to_schedule: usize,
+    ) -> crate::Result<bool> {
+        Ok(false)
+    }
+}
+
+#[test]
+fn a_refused_encoder_input_holds_back_a_whisper_request() {
+    // Whisper's audio sits at position 0: refused, none of the decoder tokens run.
+    let mut s = whisper(100);
+    s.set_step_hooks(Some(Box::new(RefuseEncoderInputs)));
+    s.add_request(0, with_audio(0, Some(200))).unwrap();
+    let out = run_step(&mut s);
+    assert!(out.num_scheduled_tokens.is_empty());
+    assert!(out.scheduled_encoder_inputs.is_empty());
+    s.set_step_hooks(None);
+    let out = run_step(&mut s);
+    assert_eq!(out.num_scheduled_tokens.len(), 1);
+}

@@ -365,9 +365,15 @@ def test_the_drafters_lookahead_is_vllms() -> None:
     assert hashes(3, prefix_caching=True, kv_connector=True) == 0
 
 
-def _shared_prefix_hits(method: str | None) -> set[int]:
+def _shared_prefix_hits(
+    method: str | None,
+    prefix_tokens: int = 600,
+    prompt_tokens: int = 1000,
+    kv_offload: dict[str, float] | None = None,
+) -> set[int]:
     """Each request's prefix hit tokens: 64 prompts of 1,000 tokens opening with one
-    600-token prefix (37 shared blocks of 16 tokens: 592), k = 2 drafts of ``method``."""
+    600-token prefix (37 shared blocks of 16 tokens: 592), k = 2 drafts of ``method``;
+    ``kv_offload``: the replica's host tier."""
     m = mapping(
         {"method": method, "num_speculative_tokens": 2, "acceptance_rate": 0.6} if method else None,
         num_requests=64,
@@ -375,19 +381,29 @@ def _shared_prefix_hits(method: str | None) -> set[int]:
     )
     m["workload"] = {
         **m["workload"],
-        "prompt_tokens": {"kind": "fixed", "value": 1000},
-        "shared_prefix": {"num_groups": 1, "prefix_tokens": 600, "share_ratio": 1.0},
+        "prompt_tokens": {"kind": "fixed", "value": prompt_tokens},
+        "shared_prefix": {"num_groups": 1, "prefix_tokens": prefix_tokens, "share_ratio": 1.0},
     }
+    if kv_offload is not None:
+        m["replica"]["kv_offload"] = kv_offload
     return {int(x) for x in run(m).columns["prefix_hit_tokens"]}
 
 
-def test_eagle_hashes_blocks_with_the_token_after_them() -> None:
-    # vLLM 0.33 hashes each block with the token after it under an EAGLE drafter with
-    # prefix caching (num_hash_lookahead_tokens = 1): the last shared block, [576, 592),
-    # needs token 592, which is each prompt's own, so a sharing prompt hits 576 tokens,
-    # not 592. N-gram proposals read no hidden state: no look-ahead, 592.
-    assert _shared_prefix_hits(None) == _shared_prefix_hits("ngram") == {0, 592}
-    assert _shared_prefix_hits("eagle") == {0, 576}
+def test_eagle_beside_a_host_tier_keeps_the_legacy_hashes_and_drops() -> None:
+    # A host tier is vLLM's offloading connector (kv_offloading_size builds one), beside
+    # which VllmConfig.num_hash_lookahead_tokens is 0, and Scheduler.__init__ then keeps
+    # EAGLE's use_eagle_block_drop (cleared only by look-ahead hashes): (prefill
+    # look-ahead, hash look-ahead, drop) for the replica.
+    from tokenyard.simulation.replica_plan import _drafter_lookahead
+
+    eagle = {"method": "eagle", "num_speculative_tokens": 2, "acceptance_rate": 0.6}
+    plain = config_from_mapping(mapping(eagle))
+    assert _drafter_lookahead(plain, caching=True) == (1, 1, False)
+    tiered = mapping(eagle)
+    tiered["replica"]["kv_offload"] = {"host_memory_gb": 4.0}
+    assert _drafter_lookahead(config_from_mapping(tiered), caching=True) == (1, 0, True)
+    assert _drafter_lookahead(config_from_mapping(tiered), caching=False) == (1, 0, False)
+    assert _drafter_lookahead(config_from_mapping(mapping(None)), caching=True) == (0, 0, False)
 
 
 def test_the_lookahead_keys_are_derived_not_set() -> None:

@@ -226,7 +226,9 @@ def replica_spec(
             align = state and align_mode(config)
             hybrid = _hybrid_scheduler(config, plan, num_blocks, align=align)
             caching = c.enable_prefix_caching and (align or prefix_caching)
-            prefill_lookahead, hash_lookahead = _drafter_lookahead(config, caching=caching)
+            # The core serves the trailing-block drop with one KV group only: beside groups
+            # only the drop the section asks for goes in (refused there by name).
+            prefill_lookahead, hash_lookahead, _ = _drafter_lookahead(config, caching=caching)
             return _core.ReplicaSpec.vllm_v1(
                 dataclasses.replace(
                     hybrid,
@@ -236,10 +238,11 @@ def replica_spec(
                 )
             )
         caching = c.enable_prefix_caching and prefix_caching
-        prefill_lookahead, hash_lookahead = _drafter_lookahead(config, caching=caching)
+        prefill_lookahead, hash_lookahead, drop = _drafter_lookahead(config, caching=caching)
         return _core.ReplicaSpec.vllm_v1(
             dataclasses.replace(
                 c,
+                eagle_block_drop=c.eagle_block_drop or drop,
                 num_prefill_lookahead=prefill_lookahead,
                 num_hash_lookahead_tokens=hash_lookahead,
                 num_blocks=num_blocks,
@@ -290,17 +293,22 @@ def replica_spec(
     )
 
 
-def _drafter_lookahead(config: SimulationConfig, *, caching: bool) -> tuple[int, int]:
-    """``SpeculativeConfig.scheduler_lookahead`` for the replica's model and pools."""
+def _drafter_lookahead(config: SimulationConfig, *, caching: bool) -> tuple[int, int, bool]:
+    """``SpeculativeConfig.scheduler_lookahead`` for the replica's model and pools, and
+    whether a prefix hit drops its trailing block for the drafter: vLLM 0.33's
+    ``Scheduler.__init__`` keeps EAGLE/MTP's ``use_eagle_block_drop`` unless look-ahead
+    hashes prove the boundary token, so a KV connector (P/D, or a host tier: vLLM's
+    ``kv_offloading_size`` builds an offloading connector) means the drop."""
     spec = config.replica.speculative
     if spec.method not in ("eagle", "mtp"):
-        return 0, 0
+        return 0, 0, False
     model = catalog_for(config).model(config.model_name(), field="replica.model")
     hashes = caching and not config.replica.scheduler.vllm_v1.eagle_block_drop
-    connector = config.cluster.decode is not None
-    return spec.scheduler_lookahead(
+    connector = config.cluster.decode is not None or config.replica.kv_offload is not None
+    prefill, hash_lookahead = spec.scheduler_lookahead(
         model.num_mtp_layers, prefix_caching=hashes, kv_connector=connector
     )
+    return prefill, hash_lookahead, caching and hash_lookahead == 0
 
 
 def _hybrid_scheduler(

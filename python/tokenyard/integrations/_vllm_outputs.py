@@ -19,6 +19,7 @@ from vllm.v1.metrics.stats import PrefillStats
 from vllm.v1.request import Request
 
 from tokenyard.errors import InputError
+from tokenyard.integrations._vllm_lookahead import hasher_lookahead
 
 
 def attach_prefill_stats(
@@ -85,10 +86,15 @@ def check_supported(
 ) -> None:
     """Refuses request kinds tokenyard's scheduler has no notion of, naming the field.
     ``multimodal``: why this scheduler refuses multimodal items (``None``: it serves them).
-    ``num_hash_lookahead_tokens``: the look-ahead of vLLM's block hashes (prompt
-    embeddings beside it are refused: ``embeds_prompt``)."""
+    ``num_hash_lookahead_tokens``: the scheduler's look-ahead of vLLM's block hashes, where
+    the request's hasher does not say its own (prompt embeddings beside one are refused:
+    ``embeds_prompt``)."""
     reason = None
     embeds = request.prompt_embeds is not None
+    if embeds:
+        lookahead = hasher_lookahead(request)
+        if lookahead is not None:
+            num_hash_lookahead_tokens = lookahead
     if request.prompt_token_ids is None and not embeds:
         reason = "prompt_token_ids", "a request without prompt tokens or embeddings"
     elif embeds and request.resumable:

@@ -485,7 +485,7 @@ class TokenyardScheduler(
             # A streaming-input session's next chunk (or a duplicate: refused there).
             self._add_session_update(self.requests[request_id], request)
             return
-        check_supported(request, self._mm_refusal, self._num_hash_lookahead_tokens)
+        check_supported(request, self._mm_refusal, self._core.num_hash_lookahead_tokens)
         follow_hasher(self._core, request)
         self._start_session(request)
         self.requests[request_id] = request

@@ -6,7 +6,7 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyMapping};
 use tokenyard_core::kv::KvEvent;
-use tokenyard_core::sched::{RepetitionDetection, RequestSpec, SampledOutput};
+use tokenyard_core::sched::{RequestSpec, SampledOutput};
 
 use super::PyScheduler;
 use crate::convert::{RequestId, count_arg, int_arg, kv_values, token_ids};
@@ -79,7 +79,7 @@ pub(crate) fn request_spec(
 pub(crate) fn repetition_args(
     repetition_detection: Option<&Bound<'_, PyAny>>,
     min_tokens: Option<&Bound<'_, PyAny>>,
-) -> PyResult<(Option<RepetitionDetection>, usize)> {
+) -> PyResult<(Option<tokenyard_core::sched::RepetitionDetection>, usize)> {
     let rule = match repetition_detection {
         Some(obj) if !obj.is_none() => {
             let items: Vec<Bound<'_, PyAny>> = obj.extract().unwrap_or_default();
@@ -94,7 +94,7 @@ pub(crate) fn repetition_args(
             let size = |i: usize| {
                 int_arg(&items[i], "repetition_detection", 0, u32::MAX as i128).map(|v| v as usize)
             };
-            Some(RepetitionDetection {
+            Some(tokenyard_core::sched::RepetitionDetection {
                 max_pattern_size: size(0)?,
                 min_pattern_size: size(1)?,
                 min_count: size(2)?,

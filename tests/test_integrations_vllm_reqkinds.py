@@ -308,3 +308,46 @@ def test_refused_beside_look_ahead_hashes_and_in_sessions():
     with pytest.raises(InputError, match="look-ahead") as err:
         ours.add_request(_embeds_request("a", torch.randn(20, 4))(_BLOCK_HASHERS[id(ours)]))
     assert err.value.field == "prompt_embeds"
+
+
+def test_a_session_turn_stopped_by_repetition_parks_and_its_chunk_sets_new_rules():
+    # Turn 1 (rule [t] x 3): token 5 three times stops it with "repetition" and parks it
+    # (vLLM's _handle_stopped_request); the chunk carries no rule, so turn 2 runs to its
+    # max_tokens of 4 on the same token.
+    pair = _pair()
+    rule = RepetitionDetectionParams(max_pattern_size=1, min_pattern_size=1, min_count=3)
+
+    def add(prompt: list[int], max_tokens: int, rule: Any) -> None:
+        params = SamplingParams(max_tokens=max_tokens, repetition_detection=rule)
+        _add(pair, lambda h: Request("s", prompt, params, None, block_hasher=h, resumable=True))
+
+    def turn() -> list[Any]:
+        reasons = []
+        for _ in range(8):
+            outs = [s.schedule() for s in pair]
+            assert block_digest(outs[1]) == block_digest(outs[0])
+            results = []
+            for s, out in zip(pair, outs, strict=True):
+                ids = list(out.num_scheduled_tokens)
+                runner = ModelRunnerOutput(
+                    req_ids=ids,
+                    req_id_to_index={r: i for i, r in enumerate(ids)},
+                    sampled_token_ids=[[5] for _ in ids],
+                )
+                results.append(_outputs(s.update_from_output(out, runner)))
+            assert results[1] == results[0]
+            reasons.append(results[0].get("s", (None, None, None))[1:])
+            if reasons[-1][0] is not None:
+                break
+        assert pair[0].requests["s"].status == pair[1].requests["s"].status
+        assert pair[0].requests["s"].status == RequestStatus.WAITING_FOR_STREAMING_REQ
+        return reasons
+
+    add(list(range(20)), 10, rule)
+    reasons = turn()
+    assert len(reasons) == 3
+    assert (str(reasons[-1][0]), reasons[-1][1]) == ("repetition", "repetition_detected")
+    add([30, 31], 4, None)
+    reasons = turn()
+    assert len(reasons) == 4
+    assert str(reasons[-1][0]) == "length"

@@ -24,7 +24,13 @@ not, the first differing step is printed.
 
     bash benches/peers/setup.sh    # once: .venv-bench with vLLM 0.33.0
     PYTHONPATH=python .venv-bench/bin/python benches/peers/vllm_adapter_diff.py \\
-        [--mode async|sync] [--scenarios 500] [--steps 200] [--show 3]
+        [--mode async|sync] [--scenarios 500] [--steps 200] [--show 3] \\
+        [--kinds plain|repetition|embeds]
+
+``--kinds repetition``: the fake model samples from 3 tokens (and EOS, STOP), and four
+requests in five carry random ``repetition_detection`` with ``min_tokens``. ``--kinds
+embeds``: every prompt is given as ``prompt_embeds`` (rows made from its tokens, so
+prompts sharing tokens share embeddings and blocks) with no prompt ids.
 """
 
 from __future__ import annotations
@@ -172,6 +178,68 @@ def first_difference(what: str, theirs: Any, ours: Any) -> str | None:
     return f"{what}: vLLM {theirs!r}, tokenyard {ours!r}"
 
 
+class KindSide(Side):
+    """``Side`` whose requests are of one kind (``--kinds``)."""
+
+    def __init__(self, scenario: Scenario, cls: type, kind: str) -> None:
+        super().__init__(scenario, cls)
+        self.kind = kind
+        self.seed = scenario.seed
+
+    def add(self, a: Any, arrival_time: float) -> None:
+        if self.kind == "plain":
+            return super().add(a, arrival_time)
+        import torch
+        from vllm.sampling_params import RepetitionDetectionParams, SamplingParams
+        from vllm.v1.request import Request
+        from vllm_sched_diff import EOS, STOP
+
+        params = SamplingParams(max_tokens=a.max_tokens, stop_token_ids=[STOP] if a.stop else [])
+        if a.eos:
+            params.update_from_generation_config({}, eos_token_id=EOS)
+        prompt: list[int] | None = list(a.prompt)
+        embeds = None
+        if self.kind == "repetition":
+            rng = random.Random(f"{self.seed}/repetition/{a.request_id}")
+            if rng.random() < 0.8:
+                size = rng.randint(1, 4)
+                params.repetition_detection = RepetitionDetectionParams(
+                    max_pattern_size=size,
+                    min_pattern_size=rng.randint(0, size),
+                    min_count=rng.randint(2, 4),
+                )
+                params.min_tokens = rng.randint(0, min(6, a.max_tokens))
+        else:
+            tokens = torch.tensor(a.prompt, dtype=torch.float32)
+            embeds = torch.stack([tokens, (tokens * 7) % 13, -tokens], dim=1)
+            prompt = None
+        self.s.add_request(
+            Request(
+                request_id=a.request_id,
+                prompt_token_ids=prompt,
+                sampling_params=params,
+                pooling_params=None,
+                arrival_time=arrival_time,
+                priority=a.priority,
+                prompt_embeds=embeds,
+                block_hasher=self.peer._block_hasher,
+            )
+        )
+        return None
+
+
+def few_tokens(seed: int, request_id: str, position: int) -> int:
+    """``vllm_sched_diff._token`` over 3 tokens (EOS and STOP as often), so outputs repeat."""
+    import vllm_sched_diff
+
+    r = random.Random(f"{seed}/{request_id}/{position}").random()
+    if r < 0.04:
+        return vllm_sched_diff.EOS
+    if r < 0.07:
+        return vllm_sched_diff.STOP
+    return 1000 + int(r * 1e6) % 3
+
+
 class Runner:
     """The fake model: the same outputs for both sides, from vLLM's side's requests."""
 
@@ -230,14 +298,16 @@ def drafts_for(scenario: Scenario, side: Side, req_ids: list[str]) -> Any:
     return DraftTokenIds(ids, drafts)
 
 
-def run_scenario(scenario: Scenario, steps: int, is_async: bool) -> tuple[int, str] | None:
+def run_scenario(
+    scenario: Scenario, steps: int, is_async: bool, kind: str = "plain"
+) -> tuple[int, str] | None:
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
 
     from tokenyard.integrations.vllm import AsyncTokenyardScheduler, TokenyardScheduler
 
-    theirs = Side(scenario, AsyncScheduler if is_async else Scheduler)
-    ours = Side(scenario, AsyncTokenyardScheduler if is_async else TokenyardScheduler)
+    theirs = KindSide(scenario, AsyncScheduler if is_async else Scheduler, kind)
+    ours = KindSide(scenario, AsyncTokenyardScheduler if is_async else TokenyardScheduler, kind)
     runner = Runner(scenario, is_async)
     depth = 2 if is_async else 1
     queue: deque[tuple[int, Any, Any, dict[str, bool]]] = deque()
@@ -327,8 +397,19 @@ def main() -> int:
         help="every scenario with an EAGLE/EAGLE3 drafter and prefix caching: look-ahead "
         "block hashes (vLLM's default) or the trailing-block drop",
     )
+    parser.add_argument(
+        "--kinds",
+        choices=["plain", "repetition", "embeds"],
+        default="plain",
+        help="the requests' kind: repetition detection (and a 3-token model), or prompt "
+        "embeddings instead of prompt ids",
+    )
     args = parser.parse_args()
     is_async = args.mode == "async"
+    if args.kinds == "repetition":
+        import vllm_sched_diff
+
+        vllm_sched_diff._token = few_tokens
     kinds: Counter[str] = Counter()
     agree = shown = 0
     small = agree_small = spec = agree_spec = 0
@@ -344,7 +425,7 @@ def main() -> int:
         small += is_small
         spec += c.num_speculative_tokens > 0
         try:
-            diff = run_scenario(scenario, args.steps, is_async)
+            diff = run_scenario(scenario, args.steps, is_async, args.kinds)
         except Exception as err:  # a crash on either side is a difference
             diff = (-1, f"raised {type(err).__name__}: {err}")
         if diff is None:
@@ -360,6 +441,7 @@ def main() -> int:
             shown += 1
             print(f"seed {seed} step {step}: {what}\n  config {c}")
     eagle = "" if args.eagle == "off" else f" (EAGLE, {args.eagle})"
+    eagle += "" if args.kinds == "plain" else f" ({args.kinds})"
     print(
         f"{args.mode}{eagle}: {agree}/{args.scenarios} scenarios agree on every step "
         f"(SchedulerOutput, EngineCoreOutputs, request state), {agree_spec}/{spec} with "

@@ -922,6 +922,8 @@ class Scheduler:
         mm_features: Sequence[_MmFeatureLike] | None = None,
         num_computed_tokens: int | None = None,
         resumable: bool = False,
+        repetition_detection: tuple[int, int, int] | None = None,
+        min_tokens: int | None = None,
     ) -> None:
         """Queues a request. ``priority`` (default 0): lower runs first
         (policy="priority"); ties go by ``arrival_time`` (default 0.0) then arrival order.
@@ -934,6 +936,13 @@ class Scheduler:
         ``resumable``: a streaming-input session (vLLM 0.33's): a turn that stops (EOS, a
         stop id, ``max_tokens``) is reported finished by ``update_from_output`` but parks
         the request with its blocks (``num_parked``) until ``resume_session``.
+        ``repetition_detection``: ``(max_pattern_size, min_pattern_size, min_count)``,
+        vLLM 0.33's ``RepetitionDetectionParams``: after EOS, the stop ids and the length,
+        each appended output ends the request (``"repetition"``) when the outputs end in
+        their last ``n`` tokens repeated ``min_count`` times, for some ``n`` from
+        ``min_pattern_size`` (0 counts as 1) to ``max_pattern_size`` (0 disables it).
+        ``min_tokens`` (default 0): outputs before which it is not checked (vLLM's
+        ``min_tokens`` defers only this rule in ``check_stop``).
 
         Raises:
             InputError: duplicate id, empty prompt, ``max_tokens < 1``, a prompt that
@@ -942,7 +951,10 @@ class Scheduler:
                 the prompt's length or with several KV groups, or an item that
                 overlaps another, leaves the prompt, or could never be scheduled (more
                 embeddings than ``max_num_encoder_input_tokens`` or ``encoder_cache_size``;
-                longer than ``max_num_batched_tokens`` under ``disable_chunked_mm_input``).
+                longer than ``max_num_batched_tokens`` under ``disable_chunked_mm_input``),
+                ``repetition_detection`` settings vLLM refuses (``min_pattern_size`` above
+                ``max_pattern_size``, ``min_count < 2`` with ``max_pattern_size > 0``), or
+                ``min_tokens`` without ``repetition_detection``.
         """
     def schedule(self, *, throttle_prefills: bool = False) -> SchedulerOutput:
         """Forms the next batch: running requests first, then admissions.
@@ -973,7 +985,7 @@ class Scheduler:
         spec_token_ids: Mapping[_RequestId, _TokenIds] | None = None,
     ) -> list[tuple[_RequestId, str]]:
         """Applies the engine's results; returns the requests that finished and why
-        (``"length"``, ``"stop"``). All-or-nothing on bad ids.
+        (``"length"``, ``"stop"``, ``"repetition"``, ``"error"``). All-or-nothing on bad ids.
 
         Raises:
             UnknownRequestError: an id the scheduler does not hold.
@@ -1031,6 +1043,8 @@ class Scheduler:
         eos_token_id: int | None = None,
         stop_token_ids: _TokenIds | None = None,
         ignore_eos: bool = False,
+        repetition_detection: tuple[int, int, int] | None = None,
+        min_tokens: int | None = None,
     ) -> None:
         """A parked session's next input chunk (vLLM 0.33's ``_update_request_as_session``):
         its last sampled token is dropped, its other outputs and ``prompt_token_ids``
@@ -1040,8 +1054,9 @@ class Scheduler:
         expected.
 
         Raises:
-            InputError: an unknown id, a request not parked, ``max_tokens < 1``, or a prompt
-                that leaves no room for an output token under ``max_model_len``.
+            InputError: an unknown id, a request not parked, ``max_tokens < 1``, a prompt
+                that leaves no room for an output token under ``max_model_len``, or stop
+                rules ``add_request`` refuses.
         """
     @property
     def num_running(self) -> int: ...

@@ -81,7 +81,7 @@ class AdoptedRequests(AdapterBase):
         Raises:
             InputError: the request is not the one in ``scheduler.requests`` under its id,
                 the core already holds it, a kind the adapter never schedules
-                (``check_supported``: prompt embeddings, no sampling params, ...), or one
+                (``check_supported``: no sampling params, ...), or one
                 the core refuses (a multimodal request, a resumable session, computed
                 tokens past its tokens).
             CapacityError: the KV pool cannot hold its computed tokens.

@@ -1,21 +1,25 @@
 """What ``TokenyardScheduler`` (``tokenyard.integrations.vllm``) hands vLLM with a step's
 outputs beyond their tokens (logprobs, prompt logprobs, ``PrefillStats``), the request
-kinds it refuses, and its errors in vLLM's request ids. Imported only by that module, so
+kinds it refuses, the prompt the core gets for prompt embeddings, and its errors in vLLM's
+request ids. Imported only by that module, so
 vLLM is installed when this runs."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from vllm.v1.core.kv_cache_utils import _gen_prompt_embeds_extra_hash_keys
 from vllm.v1.engine import EngineCoreOutput
 from vllm.v1.metrics.stats import PrefillStats
 from vllm.v1.request import Request
 
 from tokenyard.errors import InputError
+from tokenyard.integrations._vllm_lookahead import hasher_lookahead
 
 
 def attach_prefill_stats(
@@ -77,21 +81,30 @@ def attach_sampling_masks(
             )
 
 
-def check_supported(request: Request, multimodal: str | None = None) -> None:
+def check_supported(
+    request: Request, multimodal: str | None = None, num_hash_lookahead_tokens: int = 0
+) -> None:
     """Refuses request kinds tokenyard's scheduler has no notion of, naming the field.
-    ``multimodal``: why this scheduler refuses multimodal items (``None``: it serves them)."""
+    ``multimodal``: why this scheduler refuses multimodal items (``None``: it serves them).
+    ``num_hash_lookahead_tokens``: the scheduler's look-ahead of vLLM's block hashes, where
+    the request's hasher does not say its own (prompt embeddings beside one are refused:
+    ``embeds_prompt``)."""
     reason = None
-    if request.prompt_token_ids is None or request.prompt_embeds is not None:
-        reason = "prompt_embeds", "prompt embeddings"
+    embeds = request.prompt_embeds is not None
+    if embeds:
+        lookahead = hasher_lookahead(request)
+        if lookahead is not None:
+            num_hash_lookahead_tokens = lookahead
+    if request.prompt_token_ids is None and not embeds:
+        reason = "prompt_token_ids", "a request without prompt tokens or embeddings"
+    elif embeds and request.resumable:
+        reason = "prompt_embeds", "prompt embeddings in a streaming-input session"
+    elif embeds and num_hash_lookahead_tokens > 0:
+        reason = "prompt_embeds", "prompt embeddings beside look-ahead block hashes"
     elif request.mm_features and multimodal is not None:
         reason = "mm_features", f"multimodal inputs {multimodal}"
     elif request.sampling_params is None and request.pooling_params is None:
         reason = "sampling_params", "a request without sampling params"
-    elif (
-        request.sampling_params is not None
-        and request.sampling_params.repetition_detection is not None
-    ):
-        reason = "repetition_detection", "repetition detection"
     if reason is not None:
         field, what = reason
         raise InputError(
@@ -100,6 +113,36 @@ def check_supported(request: Request, multimodal: str | None = None) -> None:
             field=field,
             value=request.request_id,
         )
+
+
+#: Token ids the core sees for prompt embeddings start here (above any vocabulary, and
+#: above the multimodal placeholders' range, ``_vllm_translate._MM_TOKEN_BASE``).
+_EMBEDS_TOKEN_BASE = 3 << 30
+
+
+def embeds_prompt(prompt: list[int], request: Request, hash_block_size: int | None) -> list[int]:
+    """The prompt the core gets for a request with prompt embeddings: ``prompt`` (vLLM's
+    ``_all_token_ids`` of the prompt, 0 where embeddings stand, as ``Request.__init__``
+    makes them; multimodal placeholders already replaced, ``core_prompt``) as is without
+    prefix caching, else each ``hash_block_size`` block's tokens replaced by ids made from
+    the sha256 of its embeddings (vLLM's own ``_gen_prompt_embeds_extra_hash_keys``, over
+    the block's range as vLLM's hasher asks, clipped at the prompt's end) and its tokens.
+    vLLM puts that digest in the block's extra keys beside its tokens; the core keys blocks
+    by tokens alone, so two blocks share ids exactly when both agree (but for a 2**-30
+    chance per pair of blocks). The prompt's last, partial block gets ids from its part;
+    outputs then fill it as vLLM's tokens do. The core never hands prompt tokens back."""
+    if hash_block_size is None:
+        return prompt
+    tokens = list(prompt)
+    for start in range(0, len(tokens), hash_block_size):
+        end = min(start + hash_block_size, len(tokens))
+        [(_, digest)] = _gen_prompt_embeds_extra_hash_keys(request, start, start + hash_block_size)
+        mixed = hashlib.blake2b(digest, digest_size=4)
+        mixed.update(b"".join(t.to_bytes(4, "little") for t in tokens[start:end]))
+        base = _EMBEDS_TOKEN_BASE + (int.from_bytes(mixed.digest(), "little") >> 2)
+        for i in range(start, end):
+            tokens[i] = (base + i - start) % (1 << 32)
+    return tokens
 
 
 #: A core request id in an error's value: the whole value (``request_id``) or its end

@@ -18,6 +18,7 @@ from vllm.v1.request import Request, RequestStatus, StreamingUpdate
 from tokenyard.errors import InputError
 from tokenyard.integrations._vllm_outputs import errors_in_vllm_ids
 from tokenyard.integrations._vllm_state import AdapterBase
+from tokenyard.integrations._vllm_translate import stop_rules
 
 _WAITING_FOR_STREAMING_REQ = RequestStatus.WAITING_FOR_STREAMING_REQ
 
@@ -120,6 +121,7 @@ class Sessions(AdapterBase):
                 arrival_time=update.arrival_time,
                 eos_token_id=params.eos_token_id if params is not None else None,
                 stop_token_ids=(params.stop_token_ids or None) if params is not None else None,
+                **stop_rules(params),
             )
         keep_end = session.num_tokens - 1
         kept_output_tokens = session._all_token_ids[session.num_prompt_tokens : keep_end]

@@ -416,6 +416,25 @@ def core_prompt(prompt_token_ids: list[int], mm_features: Any) -> list[int]:
     return tokens
 
 
+def stop_rules(params: Any) -> dict[str, Any]:
+    """The core's stop rules beyond EOS, stop ids and length for a request's
+    ``SamplingParams``: its ``repetition_detection`` as ``(max_pattern_size,
+    min_pattern_size, min_count)`` with its ``min_tokens``, which in vLLM 0.33's
+    ``check_stop`` defers only that check; nothing where ``check_sequence_repetition``
+    never fires (no params, ``max_pattern_size <= 0``, ``min_count < 2``, or the sizes
+    out of order once ``min_pattern_size`` 0 counts as 1)."""
+    rule = params.repetition_detection if params is not None else None
+    if rule is None:
+        return {}
+    max_size, min_size, count = rule.max_pattern_size, rule.min_pattern_size, rule.min_count
+    if max_size <= 0 or count < 2 or max(min_size, 1) > max_size:
+        return {}
+    return {
+        "repetition_detection": (max_size, max(min_size, 0), count),
+        "min_tokens": params.min_tokens,
+    }
+
+
 def vllm_block_ids(core_block_ids: Any) -> list[int]:
     """The core's block ids (a numpy array) as vLLM numbers them: vLLM's block 0 is its null
     block, and the core numbers the others from 0 (``reserve_null_block``). Every block id

@@ -83,6 +83,7 @@ from tokenyard.integrations._vllm_lookahead import HashLookahead, follow_hasher
 from tokenyard.integrations._vllm_mamba_align import MambaAlign
 from tokenyard.integrations._vllm_outputs import (
     check_supported,
+    embeds_prompt,
 )
 from tokenyard.integrations._vllm_schedule import ScheduleStep
 from tokenyard.integrations._vllm_sessions import Sessions
@@ -94,6 +95,7 @@ from tokenyard.integrations._vllm_translate import (
     local_prefill_interval,
     request_id_list,
     settings,
+    stop_rules,
     vllm_block_ids,
 )
 from tokenyard.integrations._vllm_update import UpdateFromOutput
@@ -481,7 +483,7 @@ class TokenyardScheduler(
             # A streaming-input session's next chunk (or a duplicate: refused there).
             self._add_session_update(self.requests[request_id], request)
             return
-        check_supported(request, self._mm_refusal)
+        check_supported(request, self._mm_refusal, self._core.num_hash_lookahead_tokens)
         follow_hasher(self._core, request)
         self._start_session(request)
         self.requests[request_id] = request
@@ -516,8 +518,15 @@ class TokenyardScheduler(
         core_id = next(self._next_core_id) if self._int_ids else request_id
         mm_features = request.mm_features or None
         prompt = request.prompt_token_ids
+        if request.prompt_embeds is not None:
+            # vLLM's own tokens: 0 where embeddings stand (Request.__init__).
+            prompt = request._all_token_ids[: request.num_prompt_tokens]
         if mm_features is not None and self._prefix_caching:
             prompt = core_prompt(prompt, mm_features)
+        if request.prompt_embeds is not None:
+            prompt = embeds_prompt(
+                prompt, request, self.hash_block_size if self._prefix_caching else None
+            )
         self._core.add_request(
             core_id,
             prompt,
@@ -534,6 +543,7 @@ class TokenyardScheduler(
                 request.num_computed_tokens if num_computed_tokens is None else num_computed_tokens
             ),
             resumable=bool(request.resumable),
+            **stop_rules(params),
         )
         self._core_ids[request_id] = core_id
         self._vllm_ids[core_id] = request_id

@@ -94,7 +94,8 @@ impl PyScheduler {
 
     #[pyo3(signature = (request_id, prompt_token_ids, max_tokens, *, priority = None, arrival_time = None,
         eos_token_id = None, stop_token_ids = None, ignore_eos = false, lora_id = None,
-        mm_features = None, num_computed_tokens = None, resumable = false))]
+        mm_features = None, num_computed_tokens = None, resumable = false,
+        repetition_detection = None, min_tokens = None))]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &mut self,
@@ -110,10 +111,12 @@ impl PyScheduler {
         mm_features: Option<&Bound<'_, PyAny>>,
         num_computed_tokens: Option<&Bound<'_, PyAny>>,
         resumable: bool,
+        repetition_detection: Option<&Bound<'_, PyAny>>,
+        min_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let py = request_id.py();
         let id = RequestId::from_py(request_id)?;
-        let spec = request_spec(
+        let mut spec = request_spec(
             prompt_token_ids,
             max_tokens,
             priority,
@@ -126,6 +129,8 @@ impl PyScheduler {
             num_computed_tokens,
             resumable,
         )?;
+        (spec.repetition_detection, spec.min_tokens) =
+            args::repetition_args(repetition_detection, min_tokens)?;
         self.inner.add_request(id, spec).or_raise(py)
     }
 
@@ -377,7 +382,8 @@ impl PyScheduler {
     /// last sampled token is dropped, its other outputs and `prompt_token_ids` become its
     /// prompt, and it waits with its blocks and computed tokens.
     #[pyo3(signature = (request_id, prompt_token_ids, max_tokens, *, arrival_time = 0.0,
-        eos_token_id = None, stop_token_ids = None, ignore_eos = false))]
+        eos_token_id = None, stop_token_ids = None, ignore_eos = false,
+        repetition_detection = None, min_tokens = None))]
     #[allow(clippy::too_many_arguments)]
     fn resume_session(
         &mut self,
@@ -388,10 +394,12 @@ impl PyScheduler {
         eos_token_id: Option<&Bound<'_, PyAny>>,
         stop_token_ids: Option<&Bound<'_, PyAny>>,
         ignore_eos: bool,
+        repetition_detection: Option<&Bound<'_, PyAny>>,
+        min_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let py = request_id.py();
         let id = RequestId::from_py(request_id)?;
-        let update = crate::sched_session::session_update(
+        let mut update = crate::sched_session::session_update(
             prompt_token_ids,
             max_tokens,
             arrival_time,
@@ -399,6 +407,8 @@ impl PyScheduler {
             stop_token_ids,
             ignore_eos,
         )?;
+        (update.repetition_detection, update.min_tokens) =
+            args::repetition_args(repetition_detection, min_tokens)?;
         self.inner.resume_session(&id, update).or_raise(py)
     }
 

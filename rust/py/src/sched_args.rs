@@ -68,7 +68,45 @@ pub(crate) fn request_spec(
             .transpose()?
             .unwrap_or(0) as usize,
         resumable,
+        repetition_detection: None,
+        min_tokens: 0,
     })
+}
+
+/// `repetition_detection` (`(max_pattern_size, min_pattern_size, min_count)`, vLLM 0.33's
+/// `RepetitionDetectionParams`) and `min_tokens` as the core's stop rule; the core checks
+/// the settings.
+pub(crate) fn repetition_args(
+    repetition_detection: Option<&Bound<'_, PyAny>>,
+    min_tokens: Option<&Bound<'_, PyAny>>,
+) -> PyResult<(Option<tokenyard_core::sched::RepetitionDetection>, usize)> {
+    let rule = match repetition_detection {
+        Some(obj) if !obj.is_none() => {
+            let items: Vec<Bound<'_, PyAny>> = obj.extract().unwrap_or_default();
+            if items.len() != 3 {
+                return Err(crate::errors::input_error(
+                    obj.py(),
+                    "repetition_detection",
+                    obj.repr()?.to_string(),
+                    "must be (max_pattern_size, min_pattern_size, min_count)",
+                ));
+            }
+            let size = |i: usize| {
+                int_arg(&items[i], "repetition_detection", 0, u32::MAX as i128).map(|v| v as usize)
+            };
+            Some(tokenyard_core::sched::RepetitionDetection {
+                max_pattern_size: size(0)?,
+                min_pattern_size: size(1)?,
+                min_count: size(2)?,
+            })
+        }
+        _ => None,
+    };
+    let min_tokens = min_tokens
+        .map(|n| int_arg(n, "min_tokens", 0, u32::MAX as i128))
+        .transpose()?
+        .unwrap_or(0) as usize;
+    Ok((rule, min_tokens))
 }
 
 /// `update_from_output`'s `sampled_token_ids`: one output per request, in mapping order.

@@ -34,5 +34,7 @@ pub(crate) fn session_update(
             None => Vec::new(),
         },
         ignore_eos,
+        repetition_detection: None,
+        min_tokens: 0,
     })
 }

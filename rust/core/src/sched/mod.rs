@@ -51,8 +51,8 @@ pub use output::{
 };
 pub use plugin::{PolicyPlugin, RequestView};
 pub use request::{
-    DeferredPrompt, FinishReason, PLACEHOLDER_DRAFT, PromptSource, Request, RequestSpec,
-    RequestStatus,
+    DeferredPrompt, FinishReason, PLACEHOLDER_DRAFT, PromptSource, RepetitionDetection, Request,
+    RequestSpec, RequestStatus,
 };
 pub use scheduler::Scheduler;
 pub use session::SessionUpdate;

@@ -262,6 +262,7 @@ impl<R: RequestKey> Scheduler<R> {
             && r.num_sampling_steps() == 0
             && r.spec_token_ids.is_empty()
             && r.spec.stop_token_ids.is_empty()
+            && r.spec.repetition_detection.is_none()
             && (r.spec.ignore_eos || r.spec.eos_token_id.is_none());
         // Step s appends the request's (num_output + s)-th output: it finishes at the first
         // s reaching max_tokens or max_model_len (`stop_reason`); no step clamps it before

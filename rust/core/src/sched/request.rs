@@ -34,6 +34,9 @@ pub enum FinishReason {
     /// vLLM 0.33's `FINISHED_ERROR`: an item's identifier was cached with another
     /// embedding count (`sched::encoder`).
     Error,
+    /// vLLM 0.33's `FINISHED_REPETITION`: its outputs end in a repeated pattern
+    /// ([`RepetitionDetection`]).
+    Repetition,
 }
 
 impl FinishReason {
@@ -43,6 +46,7 @@ impl FinishReason {
             FinishReason::Stop => "stop",
             FinishReason::Abort => "abort",
             FinishReason::Error => "error",
+            FinishReason::Repetition => "repetition",
         }
     }
 }
@@ -79,6 +83,87 @@ pub struct RequestSpec {
     /// parked with its blocks instead of finishing, and `Scheduler::resume_session` extends
     /// its prompt with the next input chunk (`sched::session`).
     pub resumable: bool,
+    /// Stops the request when its outputs end in a repeated pattern (vLLM 0.33's
+    /// `SamplingParams.repetition_detection`); `None`: never.
+    pub repetition_detection: Option<RepetitionDetection>,
+    /// Outputs before which repetition is not checked (vLLM 0.33's `min_tokens`, which
+    /// `check_stop` tests after EOS, the stop ids and the length, so it defers only this
+    /// rule; vLLM's sampler keeps EOS and stop ids from being sampled before it).
+    pub min_tokens: usize,
+}
+
+/// A request's repetition rule and `min_tokens`: the rule's settings as vLLM accepts them,
+/// and `min_tokens` only beside a rule (it defers nothing else).
+pub(super) fn check_stop_rules(
+    rule: Option<&RepetitionDetection>,
+    min_tokens: usize,
+) -> crate::Result<()> {
+    match rule {
+        Some(rule) => rule.check(),
+        None if min_tokens > 0 => Err(crate::Error::input(
+            "min_tokens",
+            min_tokens,
+            "defers only repetition detection (vLLM 0.33's check_stop): set \
+             repetition_detection or leave min_tokens 0",
+        )),
+        None => Ok(()),
+    }
+}
+
+/// vLLM 0.33's `RepetitionDetectionParams` as `check_sequence_repetition`
+/// (`v1/core/sched/utils.py`) applies them to a request's output tokens after each
+/// appended token: for each pattern length `n` from `min_pattern_size` (0 counts as 1) up
+/// to `max_pattern_size`, while `n * min_count` outputs exist, the last `n` outputs
+/// repeated `min_count` times in a row end the outputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RepetitionDetection {
+    pub max_pattern_size: usize,
+    pub min_pattern_size: usize,
+    pub min_count: usize,
+}
+
+impl RepetitionDetection {
+    /// The settings vLLM accepts (`RepetitionDetectionParams.__post_init__`): the sizes
+    /// ordered, and with `max_pattern_size > 0` a `min_count` of at least 2.
+    pub fn check(&self) -> crate::Result<()> {
+        if self.min_pattern_size > self.max_pattern_size {
+            return Err(crate::Error::input(
+                "repetition_detection",
+                format!("{self:?}"),
+                "min_pattern_size must not exceed max_pattern_size",
+            ));
+        }
+        if self.max_pattern_size > 0 && self.min_count < 2 {
+            return Err(crate::Error::input(
+                "repetition_detection",
+                format!("{self:?}"),
+                "min_count must be at least 2 (max_pattern_size 0 disables detection)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether `outputs` end in a pattern repeated `min_count` times (vLLM 0.33's
+    /// `check_sequence_repetition`, same order and early exit).
+    pub fn detects(&self, outputs: &[TokenId]) -> bool {
+        let (max, count) = (self.max_pattern_size, self.min_count);
+        if max == 0 || count < 2 {
+            return false;
+        }
+        for len in self.min_pattern_size.max(1)..=max {
+            if len * count > outputs.len() {
+                return false;
+            }
+            // The last `len * count` outputs are the last `len` repeated (vLLM's
+            // `_has_repeating_pattern`).
+            let tail = &outputs[outputs.len() - len * count..];
+            let pattern = &tail[tail.len() - len..];
+            if tail.chunks_exact(len).all(|chunk| chunk == pattern) {
+                return true;
+            }
+        }
+        false
+    }
 }
 
 /// A prompt a [`PromptSource`] made: its tokens, and optionally the block hashes of its

@@ -28,6 +28,8 @@ pub struct SessionUpdate {
     pub eos_token_id: Option<TokenId>,
     pub stop_token_ids: Vec<TokenId>,
     pub ignore_eos: bool,
+    pub repetition_detection: Option<super::RepetitionDetection>,
+    pub min_tokens: usize,
 }
 
 impl<R: RequestKey> Scheduler<R> {
@@ -38,7 +40,10 @@ impl<R: RequestKey> Scheduler<R> {
 
     /// Whether a request whose turn stopped for `reason` parks instead of finishing.
     pub(super) fn parks(&self, slot: u32, reason: FinishReason) -> bool {
-        matches!(reason, FinishReason::Stop | FinishReason::Length) && self.req(slot).spec.resumable
+        matches!(
+            reason,
+            FinishReason::Stop | FinishReason::Length | FinishReason::Repetition
+        ) && self.req(slot).spec.resumable
     }
 
     /// vLLM 0.33's `_handle_stopped_request` for a resumable request with no update queued:
@@ -111,6 +116,8 @@ impl<R: RequestKey> Scheduler<R> {
         if update.max_tokens == 0 {
             return Err(Error::input("max_tokens", 0, "must be at least 1"));
         }
+        let rule = update.repetition_detection.as_ref();
+        super::request::check_stop_rules(rule, update.min_tokens)?;
         let request = self.req(slot);
         let keep_end = request.num_tokens() - 1;
         let num_prompt_tokens = keep_end + update.prompt_token_ids.len();
@@ -144,6 +151,8 @@ impl<R: RequestKey> Scheduler<R> {
         request.spec.eos_token_id = update.eos_token_id;
         request.spec.stop_token_ids = update.stop_token_ids;
         request.spec.ignore_eos = update.ignore_eos;
+        request.spec.repetition_detection = update.repetition_detection;
+        request.spec.min_tokens = update.min_tokens;
         request.arrival_seq = seq;
         request.is_prefill_chunk = true;
         request.status = RequestStatus::Waiting;

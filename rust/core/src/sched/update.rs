@@ -70,6 +70,7 @@ impl<R: RequestKey> Scheduler<R> {
             ));
         }
         self.check_computed_on_arrival(&spec, num_prompt_tokens)?;
+        super::request::check_stop_rules(spec.repetition_detection.as_ref(), spec.min_tokens)?;
         self.check_mm_features(&spec, num_prompt_tokens)?;
         if !spec.arrival_time.is_finite() {
             return Err(Error::input(
@@ -766,7 +767,8 @@ impl SeenSlots {
 }
 
 /// vLLM's stop check after each appended token (0.33's `check_stop`): EOS first, then the
-/// stop ids, then length — so a last token that is EOS or a stop id reports `Stop`.
+/// stop ids, then length — so a last token that is EOS or a stop id reports `Stop` — then,
+/// from `min_tokens` outputs on, repetition.
 fn stop_reason<R>(request: &Request<R>, token: u32, max_model_len: usize) -> Option<FinishReason> {
     if !request.spec.ignore_eos && request.spec.eos_token_id == Some(token) {
         return Some(FinishReason::Stop);
@@ -779,5 +781,11 @@ fn stop_reason<R>(request: &Request<R>, token: u32, max_model_len: usize) -> Opt
     {
         return Some(FinishReason::Length);
     }
-    None
+    match &request.spec.repetition_detection {
+        Some(rule) if request.num_output_tokens() >= request.spec.min_tokens => {
+            let outputs = &request.all_token_ids[request.num_prompt_tokens..];
+            rule.detects(outputs).then_some(FinishReason::Repetition)
+        }
+        _ => None,
+    }
 }

@@ -26,6 +26,7 @@ mod memory;
 mod multistep;
 mod plugins;
 mod prefix_rules;
+mod repetition;
 mod replay;
 mod samplers;
 mod sessions;

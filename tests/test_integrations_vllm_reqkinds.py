@@ -351,3 +351,47 @@ def test_a_session_turn_stopped_by_repetition_parks_and_its_chunk_sets_new_rules
     reasons = turn()
     assert len(reasons) == 4
     assert str(reasons[-1][0]) == "length"
+
+
+# ---- cache_salt: vLLM keys the first block by the salt (isolated prefix caches) -----------
+
+
+def _salted(request_id: str, prompt: list[int], salt: str | None, max_tokens: int = 3) -> Any:
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    return lambda hasher: Request(
+        request_id, list(prompt), params, None, cache_salt=salt, block_hasher=hasher
+    )
+
+
+def test_a_cache_salt_isolates_prefix_hits_as_vllms_first_block_key_does():
+    # 40 tokens (2 full blocks of 16): b has a's salt and hits both blocks; c another salt
+    # and d none hit nothing; e repeats d (no salt) and hits d's blocks.
+    prompt = list(range(1, 41))
+    pair = _pair()
+    computed = _record_hits(pair[1])
+    theirs = _record_hits(pair[0])
+    arrivals = {
+        0: [_salted("a", prompt, "tenant-1"), _salted("d", prompt, None)],
+        8: [_salted("b", prompt, "tenant-1"), _salted("c", prompt, "tenant-2")],
+        9: [_salted("e", prompt, None)],
+    }
+    _run(pair, arrivals, random.Random(4))
+    assert computed == theirs == {"a": 0, "d": 0, "b": 32, "c": 0, "e": 32}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_salted_streams_agree(seed: int):
+    # Prompts from a few shared heads, each with a salt of two tenants or none, a tight
+    # cache and chunked prefills: every step's hits and tables agree.
+    rng = random.Random(seed)
+    heads = [[rng.randint(1, 50) for _ in range(48)] for _ in range(2)]
+    pair = _pair(num_blocks=24, max_num_batched_tokens=32)
+    arrivals: dict[int, list[Any]] = {}
+    for i in range(10):
+        prompt = heads[rng.randrange(2)][: rng.randint(0, 48)]
+        prompt += [rng.randint(1, 50) for _ in range(rng.randint(1, 20))]
+        salt = rng.choice([None, "x", "y"])
+        arrivals.setdefault(rng.randint(0, 30), []).append(
+            _salted(f"s{i}", prompt, salt, max_tokens=rng.randint(1, 10))
+        )
+    assert len(_run(pair, arrivals, rng)) == 10

@@ -145,6 +145,31 @@ def embeds_prompt(prompt: list[int], request: Request, hash_block_size: int | No
     return tokens
 
 
+#: Token ids the core sees for a salted prompt's first block start here (above any
+#: vocabulary, below the multimodal and embeddings ranges).
+_SALT_TOKEN_BASE = 1 << 30
+
+
+def salted_prompt(prompt: list[int], cache_salt: str | None, hash_block_size: int) -> list[int]:
+    """The prompt the core gets for a request with a ``cache_salt`` under prefix caching:
+    the first ``hash_block_size`` tokens replaced by ids made from the salt and those
+    tokens. vLLM puts the salt in the first block's extra keys only
+    (``generate_block_hash_extra_keys``: ``("cache_salt", salt)`` when ``start_token_idx
+    == 0``), and every later hash chains on that block's, so requests with different salts
+    (or one salted, one not) share no block, and with one salt share as vLLM's do (but for
+    a 2**-30 chance per pair). The core never hands prompt tokens back."""
+    if not cache_salt:
+        return prompt
+    tokens = list(prompt)
+    end = min(hash_block_size, len(tokens))
+    mixed = hashlib.blake2b(cache_salt.encode(), digest_size=4)
+    mixed.update(b"".join(t.to_bytes(4, "little") for t in tokens[:end]))
+    base = _SALT_TOKEN_BASE + (int.from_bytes(mixed.digest(), "little") >> 2)
+    for i in range(end):
+        tokens[i] = base + i
+    return tokens
+
+
 #: A core request id in an error's value: the whole value (``request_id``) or its end
 #: (``"3 tokens for 17"``). Integer ids print bare; a str id prints quoted, so never matches.
 _CORE_ID = re.compile(r"(?:^|for )(\d+)$")

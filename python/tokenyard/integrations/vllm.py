@@ -84,6 +84,7 @@ from tokenyard.integrations._vllm_mamba_align import MambaAlign
 from tokenyard.integrations._vllm_outputs import (
     check_supported,
     embeds_prompt,
+    salted_prompt,
 )
 from tokenyard.integrations._vllm_schedule import ScheduleStep
 from tokenyard.integrations._vllm_sessions import Sessions
@@ -527,6 +528,8 @@ class TokenyardScheduler(
             prompt = embeds_prompt(
                 prompt, request, self.hash_block_size if self._prefix_caching else None
             )
+        if self._prefix_caching:
+            prompt = salted_prompt(prompt, request.cache_salt, self.hash_block_size)
         self._core.add_request(
             core_id,
             prompt,

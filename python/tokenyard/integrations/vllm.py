@@ -40,13 +40,7 @@ try:
     from vllm.distributed.aux_output_connector.connector import AuxOutputSchedulerConnector
     from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorRole
     from vllm.distributed.ec_transfer.ec_connector.factory import ECConnectorFactory
-    from vllm.distributed.kv_events import (
-        AllBlocksCleared,
-        BlockRemoved,
-        BlockStored,
-        EventPublisherFactory,
-        KVEventBatch,
-    )
+    from vllm.distributed.kv_events import EventPublisherFactory
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from vllm.multimodal import MULTIMODAL_REGISTRY
@@ -59,10 +53,8 @@ try:
         PrefillStats,
         PrefixCacheStats,
         RequestSpecDecodeMetrics,
-        SchedulerStats,
     )
     from vllm.v1.request import Request, RequestStatus
-    from vllm.v1.spec_decode.metrics import SpecDecodingStats
 except ImportError as err:  # pragma: no cover - exercised only without vLLM
     raise ImportError(
         "tokenyard.integrations.vllm needs vLLM 0.33 (pip install vllm==0.33.0); the rest "
@@ -89,6 +81,7 @@ from tokenyard.integrations._vllm_outputs import (
 from tokenyard.integrations._vllm_schedule import ScheduleStep
 from tokenyard.integrations._vllm_sessions import Sessions
 from tokenyard.integrations._vllm_side_connectors import SideConnectors
+from tokenyard.integrations._vllm_stats import StatsAndEvents
 from tokenyard.integrations._vllm_translate import (
     core_config,
     core_prompt,
@@ -127,6 +120,7 @@ class TokenyardScheduler(
     Sessions,
     CoreAttributes,
     HiSparseTier,
+    StatsAndEvents,
     SchedulerInterface,  # type: ignore[misc]
 ):
     """vLLM 0.33's ``SchedulerInterface`` over :class:`tokenyard.sched.Scheduler`.
@@ -418,10 +412,6 @@ class TokenyardScheduler(
         deferred = set(self._vllm_requests(self._core.deferred_waiting_ids()))
         return deferred.union(self._grammar_waiting.values())
 
-    def get_request_counts(self) -> tuple[int, int]:
-        """(running, waiting)."""
-        return self._core.num_running, self._core.num_waiting + len(self._grammar_waiting)
-
     def get_kv_cache_usage(self) -> float:
         return float(self._core.stats().kv_usage)
 
@@ -677,16 +667,6 @@ class TokenyardScheduler(
         else:
             del self._vllm_ids[core_id]
 
-    def _record_prefix_lookup(self, request: Request, num_hits: int) -> None:
-        stats = self._prefix_cache_stats
-        if stats is None or not self._prefix_caching:
-            return
-        stats.record(
-            num_tokens=request.num_tokens,
-            num_hits=num_hits,
-            preempted=request.num_preemptions > 0,
-        )
-
     # --- caches, stats, events --------------------------------------------------------------
 
     def reset_prefix_cache(
@@ -721,80 +701,6 @@ class TokenyardScheduler(
         if reset and self.aux_output_connector is not None:
             self.aux_output_connector.reset()
         return bool(reset)
-
-    def reset_connector_cache(self) -> bool:
-        """vLLM's: resets the connector's external cache, if it has one."""
-        if self.connector is None:
-            return True
-        if self.connector.reset_cache() is False:
-            return False
-        if self.connector_prefix_cache_stats is not None:
-            self.connector_prefix_cache_stats.reset = True
-        return True
-
-    def reset_encoder_cache(self) -> None:
-        """Drops the encoder cache's entries (vLLM's ``EncoderCacheManager.reset``) when no
-        request references one; otherwise keeps them (vLLM drops those too, and its running
-        requests then re-encode on their next use: not modelled)."""
-        if not any(refs for _, refs in self._core.encoder_cache_entries()):
-            self._core.set_encoder_cache_size(self._core.encoder_cache_usage()[2])
-
-    def make_stats(
-        self,
-        spec_decoding_stats: SpecDecodingStats | None = None,
-        kv_connector_stats: Any = None,
-        cudagraph_stats: Any = None,
-        perf_stats: Any = None,
-        ec_connector_stats: Any = None,
-    ) -> SchedulerStats | None:
-        """vLLM's per-step ``SchedulerStats``: queue sizes, KV usage, the prefix-cache
-        lookups since the previous call, speculative-decoding counts."""
-        if not self.log_stats:
-            return None
-        prefix_cache_stats = self._prefix_cache_stats
-        self._prefix_cache_stats = PrefixCacheStats()
-        connector_prefix_cache_stats = self.connector_prefix_cache_stats
-        if connector_prefix_cache_stats is not None:
-            self.connector_prefix_cache_stats = PrefixCacheStats()
-        num_running, num_waiting = self.get_request_counts()
-        num_deferred = self._core.stats().num_deferred_waiting + len(self._grammar_waiting)
-        return SchedulerStats(
-            num_running_reqs=num_running,
-            num_waiting_reqs=num_waiting - num_deferred,
-            num_skipped_waiting_reqs=num_deferred,
-            kv_cache_usage=self._core.stats().kv_usage,
-            prefix_cache_stats=prefix_cache_stats,
-            connector_prefix_cache_stats=connector_prefix_cache_stats,
-            spec_decoding_stats=spec_decoding_stats,
-            kv_connector_stats=kv_connector_stats.to_dict() if kv_connector_stats else None,
-            ec_connector_stats=ec_connector_stats.data if ec_connector_stats else None,
-            cudagraph_stats=cudagraph_stats,
-            perf_stats=perf_stats,
-        )
-
-    def _publish_kv_events(self) -> None:
-        events: list[Any] = []
-        core_events = self._core.drain_kv_events() if self.enable_kv_cache_events else ()
-        for kind, block_hash in core_events:
-            if kind == "stored":
-                events.append(
-                    BlockStored(
-                        block_hashes=[block_hash],
-                        parent_block_hash=None,
-                        token_ids=[],
-                        block_size=self.block_size,
-                        lora_id=None,
-                        medium="GPU",
-                    )
-                )
-            elif kind == "removed":
-                events.append(BlockRemoved(block_hashes=[block_hash], medium="GPU"))
-            elif kind == "all_cleared":
-                events.append(AllBlocksCleared())
-        if self.connector is not None:
-            events.extend(self.connector.take_events() or ())
-        if events:
-            self.kv_event_publisher.publish(KVEventBatch(ts=time.time(), events=events))
 
     def shutdown(self) -> None:
         if self.connector is not None:

@@ -1,0 +1,118 @@
+"""The per-step statistics and KV events of ``TokenyardScheduler``
+(``tokenyard.integrations.vllm``) as vLLM 0.33's ``Scheduler`` reports them
+(``make_stats``: queue sizes, KV usage, prefix-cache lookups; KV cache events to the
+publisher), and the resets of the connector's and the encoder's caches. Imported only by
+that module, so vLLM is installed when this runs."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from vllm.distributed.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+)
+from vllm.v1.metrics.stats import PrefixCacheStats, SchedulerStats
+from vllm.v1.request import Request
+from vllm.v1.spec_decode.metrics import SpecDecodingStats
+
+from tokenyard.integrations._vllm_state import AdapterBase
+
+
+class StatsAndEvents(AdapterBase):
+    """``make_stats``, the KV events and the side caches' resets."""
+
+    connector_prefix_cache_stats: PrefixCacheStats | None
+    enable_kv_cache_events: bool
+    kv_event_publisher: Any
+
+    def get_request_counts(self) -> tuple[int, int]:
+        """(running, waiting)."""
+        return self._core.num_running, self._core.num_waiting + len(self._grammar_waiting)
+
+    def _record_prefix_lookup(self, request: Request, num_hits: int) -> None:
+        stats = self._prefix_cache_stats
+        if stats is None or not self._prefix_caching:
+            return
+        stats.record(
+            num_tokens=request.num_tokens,
+            num_hits=num_hits,
+            preempted=request.num_preemptions > 0,
+        )
+
+    def reset_connector_cache(self) -> bool:
+        """vLLM's: resets the connector's external cache, if it has one."""
+        if self.connector is None:
+            return True
+        if self.connector.reset_cache() is False:
+            return False
+        if self.connector_prefix_cache_stats is not None:
+            self.connector_prefix_cache_stats.reset = True
+        return True
+
+    def reset_encoder_cache(self) -> None:
+        """Drops the encoder cache's entries (vLLM's ``EncoderCacheManager.reset``) when no
+        request references one; otherwise keeps them (vLLM drops those too, and its running
+        requests then re-encode on their next use: not modelled)."""
+        if not any(refs for _, refs in self._core.encoder_cache_entries()):
+            self._core.set_encoder_cache_size(self._core.encoder_cache_usage()[2])
+
+    def make_stats(
+        self,
+        spec_decoding_stats: SpecDecodingStats | None = None,
+        kv_connector_stats: Any = None,
+        cudagraph_stats: Any = None,
+        perf_stats: Any = None,
+        ec_connector_stats: Any = None,
+    ) -> SchedulerStats | None:
+        """vLLM's per-step ``SchedulerStats``: queue sizes, KV usage, the prefix-cache
+        lookups since the previous call, speculative-decoding counts."""
+        if not self.log_stats:
+            return None
+        prefix_cache_stats = self._prefix_cache_stats
+        self._prefix_cache_stats = PrefixCacheStats()
+        connector_prefix_cache_stats = self.connector_prefix_cache_stats
+        if connector_prefix_cache_stats is not None:
+            self.connector_prefix_cache_stats = PrefixCacheStats()
+        num_running, num_waiting = self.get_request_counts()
+        num_deferred = self._core.stats().num_deferred_waiting + len(self._grammar_waiting)
+        return SchedulerStats(
+            num_running_reqs=num_running,
+            num_waiting_reqs=num_waiting - num_deferred,
+            num_skipped_waiting_reqs=num_deferred,
+            kv_cache_usage=self._core.stats().kv_usage,
+            prefix_cache_stats=prefix_cache_stats,
+            connector_prefix_cache_stats=connector_prefix_cache_stats,
+            spec_decoding_stats=spec_decoding_stats,
+            kv_connector_stats=kv_connector_stats.to_dict() if kv_connector_stats else None,
+            ec_connector_stats=ec_connector_stats.data if ec_connector_stats else None,
+            cudagraph_stats=cudagraph_stats,
+            perf_stats=perf_stats,
+        )
+
+    def _publish_kv_events(self) -> None:
+        events: list[Any] = []
+        core_events = self._core.drain_kv_events() if self.enable_kv_cache_events else ()
+        for kind, block_hash in core_events:
+            if kind == "stored":
+                events.append(
+                    BlockStored(
+                        block_hashes=[block_hash],
+                        parent_block_hash=None,
+                        token_ids=[],
+                        block_size=self.block_size,
+                        lora_id=None,
+                        medium="GPU",
+                    )
+                )
+            elif kind == "removed":
+                events.append(BlockRemoved(block_hashes=[block_hash], medium="GPU"))
+            elif kind == "all_cleared":
+                events.append(AllBlocksCleared())
+        if self.connector is not None:
+            events.extend(self.connector.take_events() or ())
+        if events:
+            self.kv_event_publisher.publish(KVEventBatch(ts=time.time(), events=events))

@@ -154,3 +154,41 @@ def test_a_drop_in_some_groups_only_is_refused_by_name() -> None:
     with pytest.raises(ConfigError, match=r"kv_cache_groups\[1\]\.is_eagle_group"):
         _build(TokenyardScheduler, peer, _config(32, (True, False)))
     _build(TokenyardScheduler, peer, _config(32, (True, True)))
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("k", [1, 3])
+def test_full_attention_beside_a_mamba_align_group_drops_as_vllm(
+    monkeypatch: Any, seed: int, k: int
+) -> None:
+    # vLLM's Mamba finder never drops (no margin either) while its group counts as verified;
+    # its checkpoints move a block back (drop_eagle_checkpoint_block). The streams of
+    # test_integrations_vllm_mamba_spec (prompts sharing 16, 48 or 96 tokens) with an EAGLE
+    # drafter and look-ahead hashes off.
+    import test_integrations_vllm_mamba_spec as mamba_spec
+
+    def eagle_pair(case: Any) -> tuple[Any, Any, Any]:
+        peer = VllmSchedulerPeer(
+            num_blocks=case.num_blocks,
+            max_num_seqs=4,
+            max_model_len=mamba_spec.MAX_MODEL_LEN,
+            max_num_batched_tokens=case.budget,
+            num_speculative_tokens=case.k,
+            enable_prefix_caching=True,
+            block_size=BLOCK,
+            speculative_method="eagle",
+            disable_lookahead_block_hashes=True,
+        )
+        peer.vllm_config.cache_config.mamba_cache_mode = "align"
+        config = KVCacheConfig(
+            num_blocks=case.num_blocks,
+            kv_cache_tensors=[],
+            kv_cache_groups=mamba_spec._groups(case),
+        )
+        theirs, ours = (peer.build(cls, config) for cls in (Scheduler, TokenyardScheduler))
+        assert theirs.use_eagle_block_drop
+        return theirs, ours, peer
+
+    monkeypatch.setattr(mamba_spec, "_pair", eagle_pair)
+    seen = mamba_spec.run_stream(mamba_spec.Case(seed=seed, k=k, num_blocks=(160, 48)[seed % 2]))
+    assert seen.drafts > 0

@@ -177,11 +177,6 @@ NGRAM_16 = {"method": "ngram", "num_speculative_tokens": 16, "acceptance_rate": 
     [
         ({"cluster": PD}, "replica.hybrid_kv_cache_manager", "P/D moves KV through a connector"),
         ({"speculative": EAGLE}, "replica.speculative.method", "EAGLE proposer"),
-        (
-            {"speculative": NGRAM_16},
-            "replica.speculative.num_speculative_tokens",
-            "17 slots exceed the 16-token hash block",
-        ),
     ],
 )
 def test_what_the_step_scheduler_does_not_serve_beside_them_is_planned_full_or_refused(
@@ -210,10 +205,28 @@ def test_a_request_that_fits_only_the_groups_is_planned_with_them() -> None:
     assert err.value.field == "replica.device"
 
 
-def test_speculative_steps_within_the_hash_block_keep_the_groups() -> None:
-    """1 + 15 drafts = 16 slots fit the hash block: the step scheduler runs them."""
-    ngram = {"method": "ngram", "num_speculative_tokens": 15, "acceptance_rate": 0.7}
-    assert plan_for(config(speculative=ngram)).kv_group_block_sizes == GROUP_SIZES
+@pytest.mark.parametrize("k", [15, 16, 32])
+def test_speculative_steps_of_any_length_keep_the_groups(k: int) -> None:
+    """1 + 15 drafts fit the 16-token hash block, 1 + 16 and 1 + 32 do not: the step
+    scheduler runs them all, counting a step's slots on each group's own block size (vLLM's
+    _spec_decode_step_blocks)."""
+    ngram = {"method": "ngram", "num_speculative_tokens": k, "acceptance_rate": 0.7}
+    plan = plan_for(config(speculative=ngram))
+    assert plan.kv_group_block_sizes == GROUP_SIZES
+    assert plan.kv_groups_note is None or "slots" not in plan.kv_groups_note
     jobs = synthetic_workload(20, qps=5.0, prompt_tokens=(500, 3000), output_tokens=50, seed=2)
     summary = simulate(config(speculative=ngram, workload=jobs)).summary
     assert summary["num_requests"] == 20
+
+
+def test_eagle_without_prefix_caching_keeps_the_groups() -> None:
+    """Without prefix caching vLLM's EAGLE hashes nothing and drops nothing: the groups."""
+    off = {"policy": "vllm_v1", "vllm_v1": {"enable_prefix_caching": False}}
+    scheduler = {"max_request_tokens": 8448, **off}
+    plan = plan_for(config(speculative=EAGLE, scheduler=scheduler))
+    assert plan.kv_group_block_sizes == GROUP_SIZES
+    jobs = synthetic_workload(20, qps=5.0, prompt_tokens=(500, 3000), output_tokens=50, seed=2)
+    summary = simulate(config(speculative=EAGLE, scheduler=scheduler, workload=jobs)).summary
+    assert summary["num_requests"] == 20
+    with_caching = plan_for(config(speculative=EAGLE))
+    assert with_caching.kv_cache_groups == ()

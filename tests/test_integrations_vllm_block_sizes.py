@@ -195,15 +195,23 @@ def test_unmodelled_kinds_beside_differing_sizes_are_refused_by_name() -> None:
     with pytest.raises(ConfigError, match=r"kv_cache_groups\[1\]\.kv_cache_spec: MambaSpec"):
         build(config)
     layout = _config([_spec("full", 32), _spec("window", 16, 64)])
-    # An n-gram step of 1 + 2 slots fits the hash block of 16 (vLLM's per-group
-    # _spec_decode_step_blocks then equals the core's count); one of 1 + 20 does not.
+    # n-gram steps of any length: 1 + 2 slots, and 1 + 20, more than the hash block of 16
+    # (vLLM's _spec_decode_step_blocks counts them per group, on each group's size).
     _build(GEMMA, num_speculative_tokens=2)(layout)
-    with pytest.raises(ConfigError, match="speculative_config"):
-        _build(GEMMA, num_speculative_tokens=20)(layout)
-    # EAGLE's look-ahead hashes beside differing sizes: not modelled.
+    _build(GEMMA, num_speculative_tokens=20)(layout)
+    # EAGLE's look-ahead hashes or block drop beside differing sizes: not modelled (vLLM's
+    # FullAttentionManager._cache_partial_tail_block frees a partly hashed block as cached).
     eagle = _build(GEMMA, num_speculative_tokens=2, speculative_method="eagle")
     with pytest.raises(ConfigError, match="speculative_config"):
         eagle(layout)
+    drop = _build(
+        GEMMA,
+        num_speculative_tokens=2,
+        speculative_method="eagle",
+        disable_lookahead_block_hashes=True,
+    )
+    with pytest.raises(ConfigError, match="speculative_config"):
+        drop(layout)
 
 
 def test_the_bench_streams_agree_with_vllm_at_every_step(monkeypatch: Any) -> None:
@@ -221,3 +229,21 @@ def test_the_bench_streams_agree_with_vllm_at_every_step(monkeypatch: Any) -> No
         ran += 1
         assert vllm_adapter_diff.run_scenario(scenario, 120, False) is None
     assert ran == 4
+
+
+def test_speculative_steps_longer_than_the_hash_block_agree_with_vllm(monkeypatch: Any) -> None:
+    # k of 17 to 40 n-gram drafts: one step's slots exceed the hash block of 16.
+    import vllm_adapter_diff
+    import vllm_block_sizes_diff
+    import vllm_peer
+
+    peer = vllm_peer.VllmSchedulerPeer
+    monkeypatch.setattr(peer, "build", peer.build)
+    monkeypatch.setattr(peer, "__init__", peer.__init__)
+    vllm_block_sizes_diff.install("gemma", None)
+    for seed in (0, 3, 7):
+        scenario = vllm_adapter_diff.draw(seed, 120)
+        vllm_block_sizes_diff.long_steps(scenario, seed, 120)
+        assert scenario.config.num_speculative_tokens > 16
+        for is_async in (False, True):
+            assert vllm_adapter_diff.run_scenario(scenario, 120, is_async) is None

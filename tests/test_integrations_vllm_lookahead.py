@@ -174,7 +174,33 @@ def test_hybrid_groups_hash_with_the_lookahead_as_vllm(seed: int, kinds: tuple[s
     compare_stream(theirs, ours, arrivals, peer.make_request)
 
 
-def test_the_drop_with_hybrid_groups_is_refused() -> None:
+@pytest.mark.parametrize("seed", range(3))
+def test_hybrid_groups_drop_eagles_block_as_vllm(seed: int) -> None:
+    # Served since branch edrop: each group drops one of its blocks (vLLM's
+    # HybridKVCacheCoordinator.find_longest_cache_hit with use_eagle).
+    import random
+
+    from vllm_compare import build_pair, compare_stream, kv_groups, seeded_arrivals
+
+    theirs, ours, peer = build_pair(
+        num_blocks=80,
+        groups=kv_groups(("full", "window32")),
+        speculative_method="eagle3",
+        num_speculative_tokens=1,
+        disable_lookahead_block_hashes=True,
+    )
+    arrivals = seeded_arrivals(
+        random.Random(seed),
+        prefix_tokens=64,
+        shared=(0, 16, 33, 48, 64),
+        tail_max=60,
+        max_tokens=20,
+    )
+    compare_stream(theirs, ours, arrivals, peer.make_request)
+
+
+def test_the_drop_beside_chunked_local_attention_is_refused() -> None:
+    # vLLM's ChunkedLocalAttentionManager asserts no EAGLE drop.
     from vllm_compare import build_pair, kv_groups
 
     from tokenyard.errors import ConfigError
@@ -182,7 +208,7 @@ def test_the_drop_with_hybrid_groups_is_refused() -> None:
     with pytest.raises(ConfigError, match="eagle_block_drop"):
         build_pair(
             num_blocks=80,
-            groups=kv_groups(("full", "window32")),
+            groups=kv_groups(("full", "chunk64")),
             speculative_method="eagle3",
             num_speculative_tokens=1,
             disable_lookahead_block_hashes=True,

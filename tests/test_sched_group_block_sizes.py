@@ -62,7 +62,8 @@ def test_each_group_holds_blocks_of_its_size_and_hits_land_on_the_lcm() -> None:
         ({"kv_group_block_sizes": (8,)}, "kv_group_block_sizes"),
         ({"kv_group_block_sizes": (8, 6)}, "kv_group_block_sizes"),
         ({"kv_groups": (), "kv_group_block_sizes": (8,)}, "kv_group_block_sizes"),
-        ({"num_speculative_tokens": 4}, "num_speculative_tokens"),
+        ({"num_hash_lookahead_tokens": 1}, "num_hash_lookahead_tokens"),
+        ({"eagle_block_drop": True}, "eagle_block_drop"),
         (
             {
                 "kv_groups": (FullAttentionSpec(), MambaSpec(mamba_cache_mode="align")),
@@ -78,12 +79,12 @@ def test_what_differing_sizes_do_not_serve_is_refused(extra: dict[str, Any], fie
     assert err.value.field == field
 
 
-def test_a_speculative_step_that_fits_the_hash_block_is_served() -> None:
-    # 1 + 3 drafts = 4 slots fit the hash block of 4: vLLM's per-group step reserve
-    # (ceil(4 / 8) + ceil(4 / 4) = 2) is the core's (2 groups x ceil(4 / 4)); 1 + 4 do not.
-    Scheduler(config(num_speculative_tokens=3))
-    with pytest.raises(ConfigError, match="must fit block_size=4"):
-        Scheduler(config(num_speculative_tokens=4))
+def test_a_speculative_step_of_any_length_is_served() -> None:
+    # 1 + 3 drafts = 4 slots fit the hash block of 4, 1 + 4 and 1 + 20 do not: vLLM's
+    # per-group step reserve counts each group on its own size (1 + 4 slots: ceil(5 / 8) +
+    # ceil(5 / 4) = 3 blocks), and so does the core.
+    for k in (3, 4, 20):
+        Scheduler(config(num_speculative_tokens=k))
 
 
 def test_a_connector_beside_differing_sizes_is_refused() -> None:

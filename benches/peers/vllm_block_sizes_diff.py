@@ -8,7 +8,11 @@ size (the lcm of the groups'), ``hash_block_size`` the gcd of the prefix-cacheab
 (``resolve_kv_cache_block_sizes``) or ``--prefix-match-unit``, requests hashed at it. The
 scenarios are ``vllm_adapter_diff.py``'s (arrivals with shared prefixes, aborts, EOS and stop
 ids, the prefill cadence, a cache below ``max_model_len`` in some, n-gram speculative
-decoding with up to 4 drafts); every step's ``SchedulerOutput`` (scheduled
+decoding with up to 4 drafts). ``--eagle lookahead`` or ``drop`` turns every scenario into an
+EAGLE/EAGLE3 one with prefix caching (``vllm_adapter_diff.eagle_scenario``: vLLM's look-ahead
+block hashes, or its trailing-block drop); ``--long-steps`` gives every scenario ``k`` of 17 to
+40 drafts, so one speculative step's slots exceed the hash block (vLLM's
+``_spec_decode_step_blocks`` counts them per group). Every step's ``SchedulerOutput`` (scheduled
 tokens, block ids per group, computed tokens of new requests: the prefix hits),
 ``EngineCoreOutputs`` (finishes) and the request state (KV usage, prefix-cache stats) are
 compared. Layouts (``--layout``):
@@ -16,13 +20,16 @@ compared. Layouts (``--layout``):
 - ``gemma``: full attention in blocks of 32 beside a sliding window (64 tokens) in blocks of
   16 (Gemma 4's global layers have the larger page);
 - ``three``: full attention in blocks of 64, a window of 48 in blocks of 16 and one of 100 in
-  blocks of 32.
+  blocks of 32;
+- ``gptoss`` and ``windows``: one block size (16), full attention beside a window of 128
+  (gpt-oss's layout), or beside windows of 32 and 80.
 
 Prints how many scenarios agree at every step and the first differing step of the first that
 does not.
 
     PYTHONPATH=python .venv-bench/bin/python benches/peers/vllm_block_sizes_diff.py \\
-        [--layout gemma|three] [--mode sync|async] [--scenarios 200]
+        [--layout gemma|three|gptoss|windows] [--mode sync|async] [--scenarios 200] \\
+        [--eagle off|lookahead|drop] [--long-steps]
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import random
 import sys
 from pathlib import Path
 from typing import Any
@@ -40,6 +48,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 LAYOUTS: dict[str, list[tuple[str, int, int]]] = {
     "gemma": [("full", 32, 0), ("window", 16, 64)],
     "three": [("full", 64, 0), ("window", 16, 48), ("window", 32, 100)],
+    # One block size (the hybrid layouts of one page size, for EAGLE's per-group drop).
+    "gptoss": [("full", 16, 0), ("window", 16, 128)],
+    "windows": [("full", 16, 0), ("window", 16, 32), ("window", 16, 80)],
 }
 
 
@@ -107,6 +118,26 @@ def install(layout: str, prefix_match_unit: int | None) -> tuple[int, int]:
     return scheduler_block_size, hash_block_size
 
 
+def long_steps(scenario: Any, seed: int, steps: int) -> None:
+    """Gives ``scenario`` ``k`` of 17 to 40 drafts (n-gram unless an EAGLE drafter is set),
+    and prompts that repeat so the n-gram proposer finds drafts."""
+    from vllm_sched_diff import _spec_prompts
+
+    c = scenario.config
+    rng = random.Random(f"{seed}/long-steps")
+    if not c.num_speculative_tokens:
+        c.draft_accept_rate = rng.choice([0.0, 0.5, 0.8, 1.0])
+        _spec_prompts(rng, seed, scenario.arrivals, steps, c.max_model_len)
+    c.num_speculative_tokens = rng.randrange(17, 41)
+    # vLLM refuses a budget that cannot hold one request's drafts, and asserts when a long
+    # prefill threshold cuts a padded decode (`pad_spec_decode` in `Scheduler.schedule`).
+    c.max_num_batched_tokens = max(c.max_num_batched_tokens, c.num_speculative_tokens + 2)
+    if c.long_prefill_token_threshold:
+        c.long_prefill_token_threshold = max(
+            c.long_prefill_token_threshold, c.num_speculative_tokens + 1
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layout", choices=sorted(LAYOUTS), default="gemma")
@@ -115,6 +146,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--prefix-match-unit", type=int, default=None)
+    parser.add_argument("--eagle", choices=["off", "lookahead", "drop"], default="off")
+    parser.add_argument("--long-steps", action="store_true")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     scheduler_bs, hash_bs = install(args.layout, args.prefix_match_unit)
@@ -123,7 +156,9 @@ def main() -> int:
     agree = ran = caching = agree_caching = spec = agree_spec = 0
     first: tuple[int, int, str] | None = None
     for seed in range(args.first_seed, args.first_seed + args.scenarios):
-        scenario = vllm_adapter_diff.draw(seed, args.steps)
+        scenario = vllm_adapter_diff.draw(seed, args.steps, args.eagle)
+        if args.long_steps:
+            long_steps(scenario, seed, args.steps)
         ran += 1
         k = scenario.config.num_speculative_tokens
         spec += k > 0
@@ -138,8 +173,12 @@ def main() -> int:
             agree_caching += scenario.config.enable_prefix_caching
         elif first is None:
             first = (seed, *diff)
+    extra = "".join(
+        [f", EAGLE {args.eagle}" if args.eagle != "off" else "", ", k 17-40" * args.long_steps]
+    )
+    sizes = [bs for _, bs, _ in LAYOUTS[args.layout]]
     print(
-        f"{args.layout} ({args.mode}, block sizes {[bs for _, bs, _ in LAYOUTS[args.layout]]}, "
+        f"{args.layout} ({args.mode}{extra}, block sizes {sizes}, "
         f"scheduler {scheduler_bs}, hash {hash_bs}): {agree}/{ran} scenarios agree at every "
         f"step, {agree_caching}/{caching} with prefix caching, {agree_spec}/{spec} with "
         "speculative decoding"

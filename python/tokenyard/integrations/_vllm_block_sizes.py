@@ -12,8 +12,9 @@ multiple, as ``HybridKVCacheCoordinator`` aligns them.
 
 Not modelled beside differing sizes, refused by name: groups other than full attention and
 sliding windows (Mamba ``align`` states larger than the hash block are vLLM's partial hash
-hits with copy-on-write), a KV connector, EAGLE-style drafters (hash look-ahead, the
-trailing-block drop) and speculative steps of more slots than the hash block.
+hits with copy-on-write), a KV connector, and EAGLE-style drafters' prefix rules (hash
+look-ahead, the trailing-block drop: vLLM's partial tail-block entries). Speculative steps of
+any length are served (n-gram drafters, or EAGLE without prefix caching).
 """
 
 from __future__ import annotations
@@ -106,22 +107,22 @@ def group_block_sizes_of(
     return hash_block_size, tuple(sizes)
 
 
-def refuse_unmodelled(vllm_config: Any, sizes: tuple[int, ...], hash_block_size: int) -> None:
+def refuse_unmodelled(vllm_config: Any, sizes: tuple[int, ...]) -> None:
     """Raises ConfigError for what the core does not serve beside differing block sizes: a
-    KV connector, EAGLE-style drafters (their hash look-ahead or trailing-block drop), and
-    speculative steps of more slots than ``hash_block_size`` (vLLM's
-    ``_spec_decode_step_blocks`` counts ``ceil((1 + k + lookahead) / block size)`` per group,
-    the core on the hash block size: the same while the slots fit it)."""
+    KV connector, and EAGLE-style drafters' prefix rules (look-ahead block hashes or the
+    trailing-block drop: vLLM's full-attention managers then register a partial entry on
+    the block holding the prompt's last hash boundary,
+    ``FullAttentionManager._cache_partial_tail_block``, which frees that block as cached;
+    not modelled). Speculative steps of any length are served: vLLM's
+    ``_spec_decode_step_blocks`` counts ``ceil((1 + k + lookahead) / block size)`` per
+    group, as the core does."""
     if not sizes:
         return
-    k = int(_get(vllm_config, "num_speculative_tokens", 0) or 0)
-    lookahead = int(_get(vllm_config, "num_lookahead_tokens", 0) or 0)
     checks = (
         ("kv_transfer_config", _get(vllm_config, "kv_transfer_config") is not None),
         (
             "speculative_config",
-            bool(hash_lookahead_of(vllm_config) or eagle_block_drop_of(vllm_config))
-            or (k > 0 and 1 + k + lookahead > hash_block_size),
+            bool(hash_lookahead_of(vllm_config) or eagle_block_drop_of(vllm_config)),
         ),
     )
     for field, present in checks:

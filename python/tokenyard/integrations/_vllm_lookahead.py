@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokenyard.errors import InputError
+from tokenyard.errors import ConfigError, InputError
 from tokenyard.integrations._vllm_state import AdapterBase, non_negative
 
 
@@ -45,6 +45,25 @@ def eagle_block_drop_of(vllm_config: Any) -> bool:
     with prefix caching, where it changes the hits."""
     caching = getattr(vllm_config.cache_config, "enable_prefix_caching", False)
     return eagle_block_drop(vllm_config) and bool(caching)
+
+
+def refuse_partial_eagle_groups(vllm_config: Any, kv_cache_config: Any) -> None:
+    """Raises ConfigError where EAGLE's drop would reach only some KV cache groups: vLLM
+    0.33's ``KVCacheCoordinator`` drops in the groups flagged ``is_eagle_group`` (all of
+    them when none is), and the core drops in every group or none."""
+    groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
+    flagged = [bool(getattr(g, "is_eagle_group", False)) for g in groups]
+    if len(groups) < 2 or not eagle_block_drop_of(vllm_config) or all(flagged):
+        return
+    if any(flagged):
+        i = flagged.index(False)
+        field = f"kv_cache_groups[{i}].is_eagle_group"
+        raise ConfigError(
+            f"{field}: False beside groups flagged as EAGLE groups; EAGLE's block drop in "
+            "some groups only is not modelled (the core drops in every group or none)",
+            field=field,
+            value="False",
+        )
 
 
 def hasher_lookahead(request: Any) -> int | None:

@@ -20,11 +20,13 @@ This module plans the layout (checked against vLLM's own planner by
 ``benches/peers/vllm_kv_spec_diff.py``) and the simulator's runs use it (``plan_pages``: the
 memory plan carries each group's block size, ``MemoryPlan.kv_group_block_sizes``, and the
 step scheduler's ``block_size`` is the hash block size). Beside differing sizes the step
-scheduler serves neither a KV connector (P/D) nor EAGLE-style drafters (vLLM's ``use_eagle``:
-hash look-ahead, the trailing-block drop) nor speculative steps of more slots than the hash
-block, nor chunked local or Mamba groups: with the setting unset such a configuration is
-planned as ``--disable-hybrid-kv-cache-manager`` (the banner says why), with ``true`` refused
-naming the key.
+scheduler serves neither a KV connector (P/D) nor EAGLE-style drafters' prefix-cache rules
+(vLLM's ``use_eagle`` with prefix caching: hash look-ahead, the trailing-block drop), nor
+chunked local or Mamba groups: with the setting unset such a configuration is planned as
+``--disable-hybrid-kv-cache-manager`` (the banner says why), with ``true`` refused naming the
+key. Speculative steps of any length are served (vLLM's ``_spec_decode_step_blocks`` counts
+each group on its own block size, as the step scheduler does), and EAGLE/MTP drafters with
+prefix caching off.
 """
 
 from __future__ import annotations
@@ -149,24 +151,18 @@ def _unserved(config: SimulationConfig, layout: PagesLayout) -> tuple[str, str, 
             "beside groups of different block sizes",
         )
     spec = config.replica.speculative
-    if spec.method in ("eagle", "mtp"):
-        # vLLM's SpeculativeConfig.use_eagle: hash look-ahead and the trailing-block drop.
+    caching = config.replica.scheduler.vllm_v1.enable_prefix_caching
+    if spec.method in ("eagle", "mtp") and caching:
+        # vLLM's SpeculativeConfig.use_eagle with prefix caching: hash look-ahead or the
+        # trailing-block drop, beside which vLLM's full-attention managers register partial
+        # tail-block entries (_cache_partial_tail_block) the step scheduler does not model.
+        # Without prefix caching neither rule applies and the groups are served.
         return (
             "replica.speculative.method",
             spec.method,
-            f"{spec.method} drafts as vLLM's EAGLE proposer (hash look-ahead, the trailing "
-            "block dropped from the prefix cache), not modelled beside groups of different "
-            "block sizes",
-        )
-    k = spec.num_speculative_tokens or 0
-    slots = 1 + k + spec.num_lookahead_tokens()
-    if spec.method is not None and slots > layout.hash_block_size:
-        return (
-            "replica.speculative.num_speculative_tokens",
-            str(k),
-            f"one speculative step's {slots} slots exceed the {layout.hash_block_size}-token "
-            "hash block (vLLM's _spec_decode_step_blocks counts each group on its own block "
-            "size, the step scheduler on the hash block: the same only within it)",
+            f"{spec.method} drafts as vLLM's EAGLE proposer with prefix caching (hash "
+            "look-ahead, or the trailing block dropped from the prefix cache), not modelled "
+            "beside groups of different block sizes",
         )
     return None
 

@@ -51,9 +51,13 @@ impl<R: RequestKey> KvCoordinator<R> {
         }
         let bs = self.block_size;
         let max_length = token_ids.len().saturating_sub(1).min(max_hit_tokens);
+        // EAGLE groups read a block past the candidate hit, up to the request's full blocks
+        // (vLLM's `len(block_hashes) * hash_block_size`), then drop it.
+        let eagle = self.sizes.drop_eagle.contains(&true);
+        let num_hashed = if eagle { token_ids.len() } else { max_length };
         let mut hashes = known;
-        hashes.truncate(max_length / bs);
-        hashes.reserve_exact(max_length / bs - hashes.len());
+        hashes.truncate(num_hashed / bs);
+        hashes.reserve_exact(num_hashed / bs - hashes.len());
         if self.hash_lookahead > 0 {
             let lookahead = self.hash_lookahead;
             let max_blocks = max_length / bs;
@@ -66,7 +70,7 @@ impl<R: RequestKey> KvCoordinator<R> {
                 max_blocks,
             );
         } else {
-            hash_full_blocks(&mut hashes, &token_ids[..max_length], bs, extra_key);
+            hash_full_blocks(&mut hashes, &token_ids[..num_hashed], bs, extra_key);
         }
         let simple_hybrid =
             self.lookup_order.len() == 2 && self.lookup_order[0].spec.is_full_attention();
@@ -76,14 +80,23 @@ impl<R: RequestKey> KvCoordinator<R> {
         let mut longest = 0;
         let mut found: Vec<Option<Vec<BlockId>>> = vec![None; num_groups];
         let mut found_length = vec![0usize; num_groups];
+        // vLLM's `eagle_verified`: the spec groups (by lookup index, at most 64) whose drop
+        // was applied at the current candidate length; each drops at most once per length.
+        let mut eagle_verified = 0u64;
         loop {
             let mut current = hit_length;
-            for group in &self.lookup_order {
+            for (idx, group) in self.lookup_order.iter().enumerate() {
                 let first = group.group_ids[0];
                 if group.spec.is_full_attention() && found[first].is_some() {
                     current = current.min(found_length[first]);
                     continue;
                 }
+                let drop = self.sizes.drop_eagle[first] && eagle_verified & (1 << idx) == 0;
+                // The drop's margin is one of the group's blocks; Mamba's finder never drops.
+                let lookup_length = match drop && !group.spec.is_mamba() {
+                    true => (current + group.block_size).min(hashes.len() * bs),
+                    false => current,
+                };
                 let (cached, blocks) = (&self.cached, self.blocks.as_slice());
                 let scale = sizes::scale(group.block_size, bs);
                 let lookup = |i: usize| {
@@ -98,9 +111,15 @@ impl<R: RequestKey> KvCoordinator<R> {
                     group.block_size,
                     self.sizes.scheduler,
                     hashes.len() / scale,
-                    current,
+                    lookup_length,
+                    drop,
                     lookup,
                 );
+                if drop {
+                    eagle_verified |= 1 << idx;
+                } else if result.num_tokens < current {
+                    eagle_verified = 0;
+                }
                 current = result.num_tokens;
                 longest = longest.max(current);
                 for (&g, table) in group.group_ids.iter().zip(result.blocks) {
@@ -182,13 +201,19 @@ impl<R: RequestKey> KvCoordinator<R> {
                     .collect::<Option<Vec<_>>>()
             };
             let n = group.group_ids.len();
+            let drop = self.sizes.drop_eagle[group.group_ids[0]];
+            let lookup_length = match drop && !group.spec.is_mamba() {
+                true => (max_length + group.block_size).min(hashes.len() * self.block_size),
+                false => max_length,
+            };
             let hit = find_longest_cache_hit(
                 group.spec,
                 n,
                 group.block_size,
                 self.sizes.scheduler,
                 hashes.len() / scale,
-                max_length,
+                lookup_length,
+                drop,
                 lookup,
             );
             for (&g, table) in group.group_ids.iter().zip(hit.blocks) {

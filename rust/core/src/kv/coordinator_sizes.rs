@@ -16,11 +16,15 @@
 use super::{KvCoordinator, KvGroupSpec, RequestKey, check_block_size, spec_groups};
 use crate::{Error, Result};
 
-/// Each group's block size and the scheduler block size (their least common multiple).
+/// Each group's block size and the scheduler block size (their least common multiple),
+/// and which groups take EAGLE's trailing-block drop (`coordinator_eagle`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct GroupSizes {
     pub(super) groups: Vec<usize>,
     pub(super) scheduler: usize,
+    /// vLLM's managers' `use_eagle`: the group's hits drop a block, and it caches one
+    /// block past the scheduler block boundary, the one such a hit reads and drops.
+    pub(super) drop_eagle: Vec<bool>,
 }
 
 impl GroupSizes {
@@ -28,29 +32,42 @@ impl GroupSizes {
         Self {
             groups: vec![block_size; num_groups],
             scheduler: block_size,
+            drop_eagle: vec![false; num_groups],
         }
     }
 
-    /// The largest prefix of `num_tokens` a cache hit can land on (vLLM's
-    /// `_align_cacheable` without partial hash hits).
-    pub(super) fn cacheable(&self, num_tokens: usize) -> usize {
-        num_tokens / self.scheduler * self.scheduler
+    /// The prefix of `num_tokens` group `g` caches (vLLM's
+    /// `HybridKVCacheCoordinator.get_num_cacheable_tokens` without partial hash hits or
+    /// re-prefillable tokens): up to the last scheduler block boundary, where hits land,
+    /// and for an EAGLE group one of its blocks more (a hit matches it, then drops it).
+    pub(super) fn cacheable(&self, num_tokens: usize, g: usize) -> usize {
+        let aligned = num_tokens / self.scheduler * self.scheduler;
+        match self.drop_eagle[g] && aligned > 0 {
+            true => num_tokens.min(aligned + self.groups[g]),
+            false => aligned,
+        }
     }
 }
 
 impl GroupSizes {
-    /// vLLM 0.33's `SlidingWindowManager.reachable_block_mask` (dense retention, no EAGLE):
-    /// a window group whose blocks are finer than the scheduler block size caches only the
-    /// `need` blocks before each scheduler block boundary, the only ones a hit (which ends
-    /// on such a boundary) can read. `None`: every block is cached.
+    /// vLLM 0.33's `SlidingWindowManager.reachable_block_mask` (dense retention): a window
+    /// group whose blocks are finer than the scheduler block size caches only the `need`
+    /// blocks before each scheduler block boundary, the only ones a hit (which ends on such
+    /// a boundary) can read; an EAGLE group needs one block more and its run ends a block
+    /// past the boundary (the block it drops). `None`: every block is cached.
     pub(super) fn reachable_blocks(&self, spec: &KvGroupSpec, g: usize) -> Option<Reachable> {
         let KvGroupSpec::SlidingWindow { sliding_window } = *spec else {
             return None;
         };
         let block_size = self.groups[g];
         let per_segment = self.scheduler / block_size;
-        let need = (sliding_window - 1).div_ceil(block_size);
-        (need < per_segment).then_some(Reachable { per_segment, need })
+        let eagle = self.drop_eagle[g];
+        let need = (sliding_window - 1).div_ceil(block_size) + usize::from(eagle);
+        (need < per_segment).then_some(Reachable {
+            per_segment,
+            need,
+            shift: usize::from(eagle),
+        })
     }
 }
 
@@ -59,11 +76,13 @@ impl GroupSizes {
 pub(super) struct Reachable {
     per_segment: usize,
     need: usize,
+    shift: usize,
 }
 
 impl Reachable {
     pub(super) fn reaches(self, block: usize) -> bool {
-        block % self.per_segment >= self.per_segment - self.need
+        block >= self.shift
+            && (block - self.shift) % self.per_segment >= self.per_segment - self.need
     }
 }
 
@@ -88,8 +107,8 @@ impl<R: RequestKey> KvCoordinator<R> {
     /// `block_size`); the coordinator's `block_size` is the hash block size. Every size
     /// must be a multiple of it; the scheduler block size is their least common multiple.
     /// Only while no request holds blocks. Groups that are not full attention or a
-    /// sliding window, and a hash look-ahead are refused
-    /// beside differing sizes (not modelled).
+    /// sliding window, a hash look-ahead and EAGLE's block drop are refused beside
+    /// differing sizes (not modelled).
     pub fn set_group_block_sizes(&mut self, block_sizes: &[usize]) -> Result<()> {
         let field = "group_block_sizes";
         if block_sizes.len() != self.groups.len() {
@@ -144,11 +163,16 @@ impl<R: RequestKey> KvCoordinator<R> {
                     ),
                 ));
             }
-            if self.hash_lookahead > 0 {
+            // vLLM's full-attention managers then register a partial prefix-cache entry
+            // on the block holding the prompt's last hash boundary
+            // (`FullAttentionManager._cache_partial_tail_block`), which a look-ahead hash
+            // or EAGLE's drop makes visible (the block is freed as cached); not modelled.
+            if self.hash_lookahead > 0 || self.eagle_block_drop() {
                 return Err(Error::config(
                     field,
                     format!("{block_sizes:?}"),
-                    "differing block sizes beside a hash look-ahead are not modelled",
+                    "differing block sizes beside a hash look-ahead or EAGLE's block drop are \
+                     not modelled (vLLM's partial tail-block entries)",
                 ));
             }
         }
@@ -160,6 +184,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         self.sizes = GroupSizes {
             groups: block_sizes.to_vec(),
             scheduler,
+            drop_eagle: std::mem::take(&mut self.sizes.drop_eagle),
         };
         self.lookup_order = spec_groups(&self.groups, &self.sizes.groups);
         Ok(())
@@ -174,6 +199,61 @@ impl<R: RequestKey> KvCoordinator<R> {
     /// sizes, where prefix hits land.
     pub fn scheduler_block_size(&self) -> usize {
         self.sizes.scheduler
+    }
+
+    /// EAGLE's trailing-block drop in every group (vLLM 0.33's `KVCacheCoordinator` with
+    /// `use_eagle` and no group flagged `is_eagle_group`, which flags them all): each spec
+    /// group's hit reads one of its blocks past the candidate length and drops it, a window
+    /// group needing one contiguous block more (`HybridKVCacheCoordinator
+    /// .find_longest_cache_hit`, `eagle_verified`); each group caches one of its blocks past
+    /// the last scheduler block boundary (`get_num_cacheable_tokens`). Only while no request
+    /// holds blocks.
+    ///
+    /// Errors: `ConfigError` without prefix caching, beside a chunked local attention group
+    /// (vLLM's `ChunkedLocalAttentionManager` asserts no drop), beside groups of different
+    /// block sizes (not modelled), or while a request holds blocks.
+    pub fn set_eagle_block_drop(&mut self, on: bool) -> Result<()> {
+        let field = "eagle_block_drop";
+        if on && !self.enable_caching() {
+            return Err(Error::config(
+                field,
+                on,
+                "the drop acts on prefix hits: it needs prefix caching",
+            ));
+        }
+        let chunked = |s: &KvGroupSpec| matches!(s, KvGroupSpec::ChunkedLocalAttention { .. });
+        if let Some(g) = self.groups.iter().position(chunked).filter(|_| on) {
+            return Err(Error::config(
+                field,
+                on,
+                format!(
+                    "groups[{g}] is chunked local attention, which vLLM 0.33's hybrid \
+                     coordinator serves without the EAGLE drop"
+                ),
+            ));
+        }
+        if on && self.has_mixed_block_sizes() {
+            return Err(Error::config(
+                field,
+                on,
+                "beside groups of different block sizes the drop is not modelled (vLLM's \
+                 partial tail-block entries, `FullAttentionManager._cache_partial_tail_block`)",
+            ));
+        }
+        if on != self.eagle_block_drop() && self.num_requests() > 0 {
+            return Err(Error::config(
+                field,
+                on,
+                "the drop changes only while no request holds blocks",
+            ));
+        }
+        self.sizes.drop_eagle = vec![on; self.groups.len()];
+        Ok(())
+    }
+
+    /// Whether the groups' hits drop EAGLE's block ([`Self::set_eagle_block_drop`]).
+    pub fn eagle_block_drop(&self) -> bool {
+        self.sizes.drop_eagle.contains(&true)
     }
 
     /// Whether the groups differ in block size.

@@ -67,7 +67,7 @@ fn only_tokens_below_the_scheduler_block_boundary_are_cached() {
 #[test]
 fn a_full_attention_hit_is_rounded_down_to_the_alignment() {
     let mut lookups = 0;
-    let hit = find_longest_cache_hit(FULL, 1, 4, 8, 4, 16, |i| {
+    let hit = find_longest_cache_hit(FULL, 1, 4, 8, 4, 16, false, |i| {
         lookups += 1;
         (i < 3).then(|| vec![i as BlockId + 1])
     });
@@ -81,12 +81,12 @@ fn a_full_attention_hit_is_rounded_down_to_the_alignment() {
 #[test]
 fn a_window_run_ends_only_on_the_alignment() {
     let cached = |i: usize| (i < 3).then(|| vec![i as BlockId + 1]);
-    let hit = find_longest_cache_hit(window(8), 1, 4, 4, 4, 16, cached);
+    let hit = find_longest_cache_hit(window(8), 1, 4, 4, 4, 16, false, cached);
     assert_eq!((hit.num_tokens, hit.blocks), (12, vec![vec![0, 2, 3]]));
-    let hit = find_longest_cache_hit(window(8), 1, 4, 8, 4, 16, cached);
+    let hit = find_longest_cache_hit(window(8), 1, 4, 8, 4, 16, false, cached);
     assert_eq!((hit.num_tokens, hit.blocks), (8, vec![vec![1, 2]]));
     // Window 20 needs 5 blocks: none found, the run from block 0 (3 blocks) is cut to 2.
-    let hit = find_longest_cache_hit(window(20), 1, 4, 8, 4, 16, cached);
+    let hit = find_longest_cache_hit(window(20), 1, 4, 8, 4, 16, false, cached);
     assert_eq!((hit.num_tokens, hit.blocks), (8, vec![vec![1, 2]]));
 }
 
@@ -140,6 +140,46 @@ fn block_sizes_that_do_not_fit_the_hash_block_or_the_groups_are_refused() {
         "a request holds blocks"
     );
     assert!(coord.set_hash_lookahead(1).is_err());
+}
+
+/// EAGLE's drop beside differing sizes (vLLM's partial tail-block entries) is refused
+/// either way round; with one size it is served.
+#[test]
+fn eagles_drop_beside_differing_sizes_is_refused() {
+    let err = gemma_like(20).set_eagle_block_drop(true).unwrap_err();
+    assert!(err.to_string().contains("eagle_block_drop"), "{err}");
+    let mut coord = KvCoordinator::<u64>::new(vec![FULL, window(8)], 20, 4, true).unwrap();
+    coord.set_eagle_block_drop(true).unwrap();
+    assert!(coord.set_group_block_sizes(&[8, 4]).is_err());
+    coord.set_group_block_sizes(&[4, 4]).unwrap();
+    let chunked = KvGroupSpec::ChunkedLocalAttention {
+        attention_chunk_size: 8,
+    };
+    let mut coord = KvCoordinator::<u64>::new(vec![FULL, chunked], 20, 4, true).unwrap();
+    assert!(
+        coord.set_eagle_block_drop(true).is_err(),
+        "vLLM asserts no drop"
+    );
+}
+
+/// vLLM's managers with `drop_eagle_block`: full attention drops a block and then rounds
+/// down to the alignment (3 cached blocks of 4, alignment 8: 12 - 4 = 8, where rounding
+/// first would give 4); a window needs a block more (window 8 in blocks of 4: 3) and drops
+/// the run's last (12 tokens found, 8 kept).
+#[test]
+fn eagles_drop_takes_one_block_from_each_finder() {
+    let cached = |i: usize| (i < 3).then(|| vec![i as BlockId + 1]);
+    let hit = find_longest_cache_hit(FULL, 1, 4, 8, 4, 16, true, cached);
+    assert_eq!((hit.num_tokens, hit.blocks), (8, vec![vec![1, 2]]));
+    let hit = find_longest_cache_hit(FULL, 1, 4, 4, 4, 16, true, cached);
+    assert_eq!((hit.num_tokens, hit.blocks), (8, vec![vec![1, 2]]));
+    let hit = find_longest_cache_hit(window(8), 1, 4, 4, 4, 16, false, cached);
+    assert_eq!((hit.num_tokens, hit.blocks), (12, vec![vec![0, 2, 3]]));
+    let hit = find_longest_cache_hit(window(8), 1, 4, 4, 4, 16, true, cached);
+    assert_eq!((hit.num_tokens, hit.blocks), (8, vec![vec![1, 2]]));
+    // Nothing cached: nothing to drop.
+    let hit = find_longest_cache_hit(window(8), 1, 4, 4, 4, 16, true, |_| None);
+    assert_eq!(hit.num_tokens, 0);
 }
 
 #[test]

@@ -509,7 +509,9 @@ pub(super) struct GroupHit {
 /// (those are the request's full blocks), no longer than `max_length` tokens and a
 /// multiple of `alignment` tokens (vLLM's `alignment_tokens`: the scheduler block size, the
 /// block size itself unless groups differ in it). `lookup(i)` answers block index i's
-/// cached block for every member group, or `None`.
+/// cached block for every member group, or `None`. `drop_eagle_block`: vLLM's EAGLE drop,
+/// the hit's last block (`max_length` then reaches a block past the candidate hit).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn find_longest_cache_hit(
     spec: KvGroupSpec,
     num_groups: usize,
@@ -517,6 +519,7 @@ pub(super) fn find_longest_cache_hit(
     alignment: usize,
     num_hashes: usize,
     max_length: usize,
+    drop_eagle_block: bool,
     mut lookup: impl FnMut(usize) -> Option<Vec<BlockId>>,
 ) -> GroupHit {
     // Whether `n` blocks end on the alignment (always, when it is the block size).
@@ -529,8 +532,12 @@ pub(super) fn find_longest_cache_hit(
                 let Some(found) = lookup(i) else { break };
                 blocks.iter_mut().zip(found).for_each(|(t, b)| t.push(b));
             }
-            // vLLM rounds the hit down to the alignment and keeps the blocks covering it.
-            let hit = blocks[0].len() * block_size;
+            // vLLM drops EAGLE's block (one block: no partial hash hits here), rounds the
+            // hit down to the alignment and keeps the blocks covering it.
+            let mut hit = blocks[0].len() * block_size;
+            if drop_eagle_block && hit > 0 {
+                hit -= alignment.min(block_size);
+            }
             let hit = hit - hit % alignment;
             blocks
                 .iter_mut()
@@ -544,7 +551,8 @@ pub(super) fn find_longest_cache_hit(
             // The hit's last `need` blocks must all be cached; those before it are nulls.
             // Searched right to left, the first run long enough wins; a run reaching
             // block 0 is a hit even if shorter.
-            let need = (sliding_window - 1).div_ceil(block_size);
+            // EAGLE needs one block more, dropped once found (`_contiguous_blocks_for_hit`).
+            let need = (sliding_window - 1).div_ceil(block_size) + usize::from(drop_eagle_block);
             blocks
                 .iter_mut()
                 .for_each(|t| t.resize(max_blocks, NULL_BLOCK));
@@ -552,8 +560,8 @@ pub(super) fn find_longest_cache_hit(
             let mut end = None;
             for i in (0..max_blocks).rev() {
                 match lookup(i) {
-                    // vLLM starts a run only where its end is aligned.
-                    Some(_) if run == 0 && !aligned(i + 1) => {}
+                    // vLLM starts a run only where its end (after EAGLE's drop) is aligned.
+                    Some(_) if run == 0 && !aligned(i + usize::from(!drop_eagle_block)) => {}
                     Some(found) => {
                         blocks.iter_mut().zip(found).for_each(|(t, b)| t[i] = b);
                         run += 1;
@@ -566,7 +574,11 @@ pub(super) fn find_longest_cache_hit(
                 }
             }
             // A run from block 0 too short for the window is a hit, cut to the alignment.
-            let end = end.unwrap_or_else(|| (0..=run).rev().find(|&n| aligned(n)).unwrap_or(0));
+            let align_down = |n: usize| (0..=n).rev().find(|&n| aligned(n)).unwrap_or(0);
+            let mut end = end.unwrap_or_else(|| align_down(run));
+            if drop_eagle_block && end > 0 {
+                end = align_down(end - 1);
+            }
             blocks.iter_mut().for_each(|t| t.truncate(end));
         }
         KvGroupSpec::ChunkedLocalAttention {
@@ -632,11 +644,11 @@ mod tests {
         let spec = KvGroupSpec::SlidingWindow { sliding_window: 8 };
         let cached = [false, true, true, true, false, true];
         let lookup = |i: usize| cached[i].then(|| vec![10 + i as BlockId]);
-        let hit = find_longest_cache_hit(spec, 1, 4, 4, 6, 24, lookup);
+        let hit = find_longest_cache_hit(spec, 1, 4, 4, 6, 24, false, lookup);
         assert_eq!(hit.blocks[0], [0, 0, 12, 13]);
         assert_eq!(hit.num_tokens, 16);
         let from_start = [true, false, true];
-        let hit = find_longest_cache_hit(spec, 1, 4, 4, 3, 12, |i| {
+        let hit = find_longest_cache_hit(spec, 1, 4, 4, 3, 12, false, |i| {
             from_start[i].then(|| vec![20 + i as BlockId])
         });
         assert_eq!(
@@ -656,7 +668,7 @@ mod tests {
         );
         // It frees blocks leaving its window as a plain window does.
         assert_eq!(spec.num_skipped_tokens(24), 17);
-        let hit = find_longest_cache_hit(spec, 1, 4, 4, 6, 24, |_| None);
+        let hit = find_longest_cache_hit(spec, 1, 4, 4, 6, 24, false, |_| None);
         assert_eq!((hit.blocks[0].len(), hit.num_tokens), (0, 24));
     }
 
@@ -666,9 +678,11 @@ mod tests {
         let spec = KvGroupSpec::ChunkedLocalAttention {
             attention_chunk_size: 8,
         };
-        let hit = find_longest_cache_hit(spec, 1, 4, 4, 4, 15, |i| Some(vec![i as BlockId + 1]));
+        let hit = find_longest_cache_hit(spec, 1, 4, 4, 4, 15, false, |i| {
+            Some(vec![i as BlockId + 1])
+        });
         assert_eq!(hit.blocks[0], [0, 0, 3]);
-        let hit = find_longest_cache_hit(spec, 1, 4, 4, 4, 16, |_| None);
+        let hit = find_longest_cache_hit(spec, 1, 4, 4, 4, 16, false, |_| None);
         assert_eq!(
             (hit.blocks[0].as_slice(), hit.num_tokens),
             ([0; 4].as_slice(), 16)

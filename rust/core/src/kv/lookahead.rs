@@ -96,8 +96,8 @@ impl<R: RequestKey> KvCoordinator<R> {
     }
 
     /// Hashes each block with the `lookahead` tokens after it from now on (vLLM 0.33's
-    /// hybrid coordinator over look-ahead hashes). The trailing-block drop and the
-    /// re-prefillable lag are not served with several groups (the scheduler refuses them).
+    /// hybrid coordinator over look-ahead hashes). The re-prefillable lag is not served
+    /// with several groups (the scheduler refuses it).
     ///
     /// Errors: `ConfigError` as [`BlockPool::set_prefix_rules`].
     pub fn set_hash_lookahead(&mut self, lookahead: usize) -> Result<()> {
@@ -112,7 +112,8 @@ impl<R: RequestKey> KvCoordinator<R> {
             return Err(Error::config(
                 "num_hash_lookahead_tokens",
                 lookahead,
-                "a hash look-ahead beside groups of different block sizes is not modelled",
+                "a hash look-ahead beside groups of different block sizes is not modelled \
+                 (vLLM's partial tail-block entries, `_cache_partial_tail_block`)",
             ));
         }
         if lookahead != self.hash_lookahead && self.num_requests() > 0 {

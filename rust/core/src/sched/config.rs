@@ -460,22 +460,6 @@ impl SchedulerConfig {
                  block_size",
             ));
         }
-        // vLLM's `_spec_decode_step_blocks` sums `ceil((1 + k + lookahead) / block size)`
-        // over the groups, each on its own; the admission reserve counts it on `block_size`,
-        // which gives the same while one step's slots fit the smallest block.
-        let step_slots = 1 + self.num_speculative_tokens + self.num_lookahead_tokens;
-        if mixed && self.num_speculative_tokens > 0 && step_slots > self.block_size {
-            return Err(Error::config(
-                "num_speculative_tokens",
-                self.num_speculative_tokens,
-                format!(
-                    "beside KV groups of different block sizes, one speculative step's \
-                     {step_slots} slots (1 + num_speculative_tokens + num_lookahead_tokens) \
-                     must fit block_size={} (not modelled beyond)",
-                    self.block_size
-                ),
-            ));
-        }
         Ok(())
     }
 

@@ -228,19 +228,23 @@ impl<R: RequestKey> Scheduler<R> {
     }
 
     /// vLLM 0.33's `_spec_decode_step_blocks`: one speculative step's blocks (`1 + k +
-    /// lookahead` slots) in each KV group that is not Mamba; 0 without speculation.
+    /// lookahead` slots) in each KV group that is not Mamba, each counted on the group's own
+    /// block size (`cdiv(num_spec_decode_tokens, manager.block_size)`); 0 without
+    /// speculation.
     fn spec_decode_step_blocks(&self) -> usize {
         let k = self.config.num_speculative_tokens;
         if k == 0 {
             return 0;
         }
-        let per_group = (1 + k + self.config.num_lookahead_tokens).div_ceil(self.config.block_size);
+        let slots = 1 + k + self.config.num_lookahead_tokens;
         let groups = &self.config.kv_groups;
-        let num_groups = match groups.len() {
-            0 => 1,
-            _ => (groups.iter()).filter(|g| !g.is_mamba()).count(),
-        };
-        per_group * num_groups
+        if groups.is_empty() {
+            return slots.div_ceil(self.config.block_size);
+        }
+        (groups.iter().enumerate())
+            .filter(|(_, g)| !g.is_mamba())
+            .map(|(i, _)| slots.div_ceil(self.config.group_block_size(i)))
+            .sum()
     }
 
     /// Tells the connector (if any) the request's blocks (vLLM's `update_state_after_alloc`).

@@ -25,7 +25,8 @@ impl SchedulerConfig {
 
     /// Refuses what the rules cannot mean or the core does not serve: a look-ahead or the
     /// drop without block-hash prefix caching, both at once (vLLM's scheduler turns the drop
-    /// off when look-ahead hashes are on), the drop with several KV groups, and the drop or
+    /// off when look-ahead hashes are on), the drop with several KV groups beside a
+    /// multi-module MTP drafter's re-prefillable tokens, and the drop or
     /// look-ahead hashes with blocks smaller than a multi-module MTP look-ahead (vLLM's
     /// coordinator raises).
     pub(super) fn validate_prefix_rules(&self) -> Result<()> {
@@ -38,11 +39,15 @@ impl SchedulerConfig {
                  \"block_hash\"",
             ));
         }
-        if self.num_hash_lookahead_tokens > 0 && self.block_size < self.num_prefill_lookahead {
+        let scheduler_block_size = self.scheduler_block_size();
+        if self.num_hash_lookahead_tokens > 0 && scheduler_block_size < self.num_prefill_lookahead {
             // vLLM 0.33's `KVCacheCoordinator.__init__` raises while any group is an EAGLE
             // group: look-ahead hashes clear `use_eagle` but the drafter's groups stay
             // flagged (`kv_cache_planning` marks them for every drafter that drops).
-            return Err(mtp_block_size(self.block_size, self.num_prefill_lookahead));
+            return Err(mtp_block_size(
+                scheduler_block_size,
+                self.num_prefill_lookahead,
+            ));
         }
         if !self.eagle_block_drop {
             return Ok(());
@@ -66,18 +71,36 @@ impl SchedulerConfig {
                 ),
             ));
         }
-        if self.is_hybrid() {
+        if self.is_hybrid() && self.num_prefill_lookahead > 1 {
             return Err(Error::config(
                 "eagle_block_drop",
                 "True",
-                "the trailing-block drop is served with one KV group only (vLLM's per-group \
-                 EAGLE drop over hybrid groups is not modelled)",
+                format!(
+                    "with several KV groups the drop is served for one-module drafters; \
+                     num_prefill_lookahead={} re-prefills tokens no group may cache (vLLM's \
+                     num_reprefillable_tokens per group), not modelled",
+                    self.num_prefill_lookahead
+                ),
             ));
         }
-        if self.block_size < self.num_prefill_lookahead {
-            return Err(mtp_block_size(self.block_size, self.num_prefill_lookahead));
+        if scheduler_block_size < self.num_prefill_lookahead {
+            return Err(mtp_block_size(
+                scheduler_block_size,
+                self.num_prefill_lookahead,
+            ));
         }
         Ok(())
+    }
+
+    /// vLLM 0.33's `scheduler_block_size`: the least common multiple of the KV groups'
+    /// block sizes (`kv_group_block_sizes`), else `block_size`. Hits land on it.
+    fn scheduler_block_size(&self) -> usize {
+        fn gcd(a: usize, b: usize) -> usize {
+            if b == 0 { a } else { gcd(b, a % b) }
+        }
+        (self.kv_group_block_sizes.iter()).fold(self.block_size, |lcm, &s| {
+            if s == 0 { lcm } else { lcm / gcd(lcm, s) * s }
+        })
     }
 }
 

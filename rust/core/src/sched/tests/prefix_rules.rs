@@ -200,14 +200,14 @@ fn the_lookahead_changes_only_with_no_request_holding_blocks() {
 }
 
 #[test]
-fn hybrid_groups_hash_with_the_lookahead_and_refuse_the_drop() {
+fn hybrid_groups_hash_with_the_lookahead() {
     use crate::kv::KvGroupSpec;
     let groups = vec![
         KvGroupSpec::FullAttention,
         KvGroupSpec::SlidingWindow { sliding_window: 8 },
     ];
     let hybrid = SchedulerConfig {
-        kv_groups: groups.clone(),
+        kv_groups: groups,
         num_blocks: 128,
         ..cfg(1, false)
     };
@@ -219,12 +219,44 @@ fn hybrid_groups_hash_with_the_lookahead_and_refuse_the_drop() {
     s.schedule().unwrap();
     assert_eq!(s.num_cached_prefix_tokens(&[0, 1, 2, 3, 5, 7], None), 4);
     assert_eq!(s.num_cached_prefix_tokens(&[0, 1, 2, 3, 6, 7], None), 2);
-    let dropping = SchedulerConfig {
+}
+
+#[test]
+fn hybrid_groups_each_drop_eagles_block() {
+    // vLLM 0.33's `HybridKVCacheCoordinator.find_longest_cache_hit` with `use_eagle`: full
+    // attention (blocks of 2) beside a window of 8 (4 blocks, 5 with EAGLE's). Prompt 0..8
+    // is cached (4 blocks). A query of 10 tokens: full attention reads up to 10 tokens
+    // (the candidate 9 plus a block's margin, within the 5 hashed blocks), finds 4 blocks
+    // and drops one: 6; the window then needs 5 blocks, finds a run of 4 from block 0 and
+    // drops one: 6. Without the drop both groups serve 8.
+    use crate::kv::KvGroupSpec;
+    let groups = vec![
+        KvGroupSpec::FullAttention,
+        KvGroupSpec::SlidingWindow { sliding_window: 8 },
+    ];
+    let prompt: Vec<u32> = (0..8).collect();
+    let query: Vec<u32> = (0..10).collect();
+    let hit = |drop: bool| {
+        let config = SchedulerConfig {
+            kv_groups: groups.clone(),
+            num_blocks: 128,
+            ..cfg(0, drop)
+        };
+        let mut s = Scheduler::new(config, false).unwrap();
+        s.add_request(0, request(&prompt, 3)).unwrap();
+        s.schedule().unwrap();
+        s.num_cached_prefix_tokens(&query, None)
+    };
+    assert_eq!(hit(false), 8);
+    assert_eq!(hit(true), 6);
+    // A multi-module MTP drafter's re-prefillable tokens beside several groups: refused.
+    let mtp = SchedulerConfig {
         kv_groups: groups,
         num_blocks: 128,
+        num_prefill_lookahead: 2,
         ..cfg(0, true)
     };
-    let err = Scheduler::<u32>::new(dropping, false).err().unwrap();
+    let err = Scheduler::<u32>::new(mtp, false).err().unwrap();
     assert!(err.to_string().contains("eagle_block_drop"), "{err}");
 }
 

@@ -604,6 +604,8 @@ impl<R: RequestKey> KvCoordinator<R> {
 /// and the zeroing record, all at once.
 struct Taking<'a> {
     groups: &'a [KvGroupSpec],
+    /// Each group's block size.
+    sizes: &'a [usize],
     request: &'a mut CoordinatedRequest,
     taker: BlockTaker<'a>,
     zeroing: &'a mut Option<Vec<Vec<BlockId>>>,
@@ -644,10 +646,12 @@ impl<R: RequestKey> KvCoordinator<R> {
             cached,
             stats,
             zeroing,
+            sizes,
             ..
         } = self;
         Taking {
             groups,
+            sizes: &sizes.groups,
             request: requests.get_mut(request_id).expect("admitted"),
             taker: BlockTaker {
                 free_queue,

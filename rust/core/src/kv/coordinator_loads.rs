@@ -267,9 +267,9 @@ impl<R: RequestKey> KvCoordinator<R> {
         total: usize,
         alloc: ExternalAllocation<'_>,
     ) -> Vec<Vec<BlockId>> {
-        let sizes = self.sizes.groups.clone();
         let Taking {
             groups,
+            sizes,
             request,
             mut taker,
             zeroing,

@@ -256,7 +256,9 @@ impl<R: RequestKey> KvCoordinator<R> {
         self.sizes.drop_eagle.contains(&true)
     }
 
-    /// Whether the groups differ in block size.
+    /// Whether some group's block size is not the hash block size (the groups then
+    /// differ in block size, or all are a multiple of it: either way hits land on the
+    /// scheduler block size, not on every hash block).
     pub fn has_mixed_block_sizes(&self) -> bool {
         self.sizes.scheduler != self.block_size
     }

@@ -270,6 +270,14 @@ impl SchedulerConfig {
             .sum()
     }
 
+    /// Whether some KV group's block size (`kv_group_block_sizes`) is not `block_size`, the
+    /// hash block size (the coordinator's `has_mixed_block_sizes`).
+    pub fn has_mixed_block_sizes(&self) -> bool {
+        self.kv_group_block_sizes
+            .iter()
+            .any(|&s| s != self.block_size)
+    }
+
     /// The block size of KV group `i` (`kv_group_block_sizes`, else `block_size`).
     pub fn group_block_size(&self, i: usize) -> usize {
         self.kv_group_block_sizes
@@ -418,9 +426,7 @@ impl SchedulerConfig {
 
 impl SchedulerConfig {
     /// `kv_group_block_sizes`: one per group, each a multiple of `block_size` (the hash
-    /// block size); the coordinator checks the kinds it serves with them. Speculative
-    /// decoding beside differing sizes is refused when one step's slots exceed
-    /// `block_size` (its per-step blocks are counted on `block_size`).
+    /// block size); the coordinator checks the kinds it serves with them.
     fn validate_group_block_sizes(&self) -> Result<()> {
         let sizes = &self.kv_group_block_sizes;
         if sizes.is_empty() {
@@ -451,8 +457,7 @@ impl SchedulerConfig {
                 ),
             ));
         }
-        let mixed = sizes.iter().any(|&s| s != self.block_size);
-        if mixed && !self.is_hybrid() {
+        if self.has_mixed_block_sizes() && !self.is_hybrid() {
             return Err(Error::config(
                 "kv_group_block_sizes",
                 shown(),

@@ -688,7 +688,7 @@ impl<R: RequestKey> Scheduler<R> {
             let lookahead = self.config.num_hash_lookahead_tokens;
             return Err(super::prefix_rules::connector_refusal(lookahead));
         }
-        if (self.config.kv_group_block_sizes.iter()).any(|&s| s != self.config.block_size) {
+        if self.config.has_mixed_block_sizes() {
             return Err(Error::config(
                 "connector",
                 "a KV connector",

@@ -23,7 +23,7 @@ import math
 from typing import Any
 
 from tokenyard.errors import ConfigError
-from tokenyard.integrations._vllm_lookahead import eagle_block_drop_of, hash_lookahead_of
+from tokenyard.integrations._vllm_lookahead_config import eagle_block_drop_of, hash_lookahead_of
 from tokenyard.kv import FullAttentionSpec, SlidingWindowSpec
 
 __all__ = ["group_block_sizes_of", "refuse_unmodelled"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokenyard.integrations._vllm_lookahead import eagle_block_drop
+from tokenyard.integrations._vllm_lookahead_config import eagle_block_drop
 from tokenyard.integrations._vllm_state import AdapterBase, non_negative
 
 

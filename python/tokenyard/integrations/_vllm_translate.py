@@ -16,7 +16,7 @@ from typing import Any
 
 from tokenyard.errors import ConfigError
 from tokenyard.integrations._vllm_block_sizes import group_block_sizes_of, refuse_unmodelled
-from tokenyard.integrations._vllm_lookahead import (
+from tokenyard.integrations._vllm_lookahead_config import (
     eagle_block_drop_of,
     hash_lookahead_of,
     refuse_partial_eagle_groups,

@@ -11,6 +11,7 @@ use super::block_pool::{BlockId, BlockPoolStats, KvEvent, RequestBlocks};
 use super::cache_map::{CacheMap, FORGET_RUN, HashOf};
 use super::free_queue::FreeQueue;
 use super::host_tier::HostTier;
+use super::lookahead::PrefixRules;
 
 /// 24 bytes, not the 48 of a `u32` beside an `Option<u128>` (aligned to 16): a pool that
 /// evicts on every allocation reads one of these per block, mostly from outside the cache.
@@ -219,8 +220,7 @@ pub(super) fn append_tokens(
         return;
     }
     if hash_lookahead > 0 {
-        let lookahead = hash_lookahead;
-        return super::lookahead::append_tokens(block_size, lookahead, request, new_token_ids);
+        return super::lookahead::append_tokens(block_size, hash_lookahead, request, new_token_ids);
     }
     let bs = block_size;
     let num_hashed = request.block_hashes.len() * bs + request.tail_tokens.len();
@@ -273,7 +273,7 @@ pub(super) const WARM_RUN: usize = 16;
 /// it keeps the prefix cached once the first copy is evicted.
 pub(super) fn cache_full_blocks(
     block_size: usize,
-    num_reprefillable_tokens: usize,
+    rules: PrefixRules,
     cached: &mut CacheMap,
     blocks: &mut [BlockMeta],
     events: &mut Option<Vec<KvEvent>>,
@@ -281,10 +281,7 @@ pub(super) fn cache_full_blocks(
 ) {
     // Re-prefillable tokens are never cached, nor blocks without their (look-ahead) hash:
     // both are 0 and moot with vLLM's rules off.
-    let num_cacheable = super::lookahead::num_cacheable_tokens(
-        request.num_computed_tokens,
-        num_reprefillable_tokens,
-    );
+    let num_cacheable = rules.num_cacheable_tokens(request.num_computed_tokens);
     let num_full =
         (num_cacheable.min(request.num_tokens) / block_size).min(request.block_hashes.len());
     let first = request.num_cached_blocks.min(num_full);
@@ -444,8 +441,7 @@ impl<Q: FreeQueue> Growth<'_, Q> {
         append_tokens(block_size, caching, lookahead, request, new_token_ids);
         request.num_computed_tokens += num_new_tokens;
         if caching && cache {
-            let reprefillable = rules.num_reprefillable_tokens;
-            cache_full_blocks(block_size, reprefillable, cached, blocks, events, request);
+            cache_full_blocks(block_size, rules, cached, blocks, events, request);
         }
     }
 }

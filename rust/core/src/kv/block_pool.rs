@@ -466,8 +466,7 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
         append_tokens(block_size, caching, lookahead, request, new_token_ids);
         if caching {
             super::lookahead::hash_ahead(block_size, lookahead, request, ahead);
-            let reprefillable = rules.num_reprefillable_tokens;
-            cache_full_blocks(block_size, reprefillable, cached, blocks, events, request);
+            cache_full_blocks(block_size, rules, cached, blocks, events, request);
         }
         Ok(())
     }

@@ -45,17 +45,8 @@ impl PrefixRules {
     /// The computed tokens whose full blocks may be cached (vLLM's
     /// `get_num_cacheable_tokens` of a one-group coordinator).
     pub fn num_cacheable_tokens(&self, num_computed_tokens: usize) -> usize {
-        num_cacheable_tokens(num_computed_tokens, self.num_reprefillable_tokens)
+        num_computed_tokens.saturating_sub(self.num_reprefillable_tokens)
     }
-}
-
-/// [`PrefixRules::num_cacheable_tokens`] for a request admitted with
-/// `num_reprefillable_tokens` (what the pool's caching reads).
-pub(super) fn num_cacheable_tokens(
-    num_computed_tokens: usize,
-    num_reprefillable_tokens: usize,
-) -> usize {
-    num_computed_tokens.saturating_sub(num_reprefillable_tokens)
 }
 
 impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {

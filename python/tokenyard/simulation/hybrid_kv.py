@@ -202,13 +202,10 @@ def blocks_per_request(
     for g in groups:
         if g.state_bytes_per_request:
             total += (2 if align else 1) + speculative_blocks
-        elif g.mixer == "sliding":
-            total += math.ceil(min(g.window - 1 + max_in_flight_tokens, num_tokens) / block_size)
-            total += 1
-        elif g.mixer == "chunked":
-            total += math.ceil(min(g.window + max_in_flight_tokens, num_tokens) / block_size)
         else:
-            total += math.ceil(num_tokens / block_size)
+            total += hybrid_kv_pages.attention_blocks(
+                g, num_tokens, block_size, max_in_flight_tokens
+            )
     return total
 
 

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PagesLayout",
+    "attention_blocks",
     "blocks_per_request",
     "fitting_tokens",
     "pages_differ",
@@ -116,18 +117,25 @@ def pages_layout(groups: tuple[KvGroup, ...], block_size: int, model: str) -> Pa
     return PagesLayout(tuple(out), tuple(sizes), group_size, group_size * largest)
 
 
+def attention_blocks(
+    group: KvGroup, num_tokens: int, block_size: int, max_in_flight_tokens: int
+) -> int:
+    """Blocks a request of ``num_tokens`` holds at most in one attention group of
+    ``block_size`` tokens a block (vLLM's ``max_memory_usage_bytes``, in pages): a window's
+    last ``window - 1`` tokens and those in flight, plus one; a chunk's; else every token."""
+    if group.mixer == "sliding":
+        in_window = min(group.window - 1 + max_in_flight_tokens, num_tokens)
+        return math.ceil(in_window / block_size) + 1
+    if group.mixer == "chunked":
+        return math.ceil(min(group.window + max_in_flight_tokens, num_tokens) / block_size)
+    return math.ceil(num_tokens / block_size)
+
+
 def blocks_per_request(layout: PagesLayout, num_tokens: int, max_in_flight_tokens: int) -> int:
     """Blocks a request of ``num_tokens`` holds at most over the layout's groups, each on its
-    own block size (vLLM's ``max_memory_usage_bytes`` per group, in pages)."""
-    total = 0
-    for g, size in zip(layout.groups, layout.group_block_sizes, strict=True):
-        if g.mixer == "sliding":
-            total += math.ceil(min(g.window - 1 + max_in_flight_tokens, num_tokens) / size) + 1
-        elif g.mixer == "chunked":
-            total += math.ceil(min(g.window + max_in_flight_tokens, num_tokens) / size)
-        else:
-            total += math.ceil(num_tokens / size)
-    return total
+    own block size (:func:`attention_blocks`)."""
+    sizes = zip(layout.groups, layout.group_block_sizes, strict=True)
+    return sum(attention_blocks(g, num_tokens, size, max_in_flight_tokens) for g, size in sizes)
 
 
 def pages_differ(groups: tuple[KvGroup, ...]) -> bool:

@@ -20,6 +20,7 @@ from vllm.v1.request import Request
 
 from tokenyard.errors import InputError
 from tokenyard.integrations._vllm_lookahead import hasher_lookahead
+from tokenyard.integrations._vllm_translate import key_tokens
 
 
 def attach_prefill_stats(
@@ -137,11 +138,7 @@ def embeds_prompt(prompt: list[int], request: Request, hash_block_size: int | No
     for start in range(0, len(tokens), hash_block_size):
         end = min(start + hash_block_size, len(tokens))
         [(_, digest)] = _gen_prompt_embeds_extra_hash_keys(request, start, start + hash_block_size)
-        mixed = hashlib.blake2b(digest, digest_size=4)
-        mixed.update(b"".join(t.to_bytes(4, "little") for t in tokens[start:end]))
-        base = _EMBEDS_TOKEN_BASE + (int.from_bytes(mixed.digest(), "little") >> 2)
-        for i in range(start, end):
-            tokens[i] = (base + i - start) % (1 << 32)
+        key_tokens(tokens, start, end, _EMBEDS_TOKEN_BASE, _digest(digest, tokens[start:end]))
     return tokens
 
 
@@ -162,12 +159,15 @@ def salted_prompt(prompt: list[int], cache_salt: str | None, hash_block_size: in
         return prompt
     tokens = list(prompt)
     end = min(hash_block_size, len(tokens))
-    mixed = hashlib.blake2b(cache_salt.encode(), digest_size=4)
-    mixed.update(b"".join(t.to_bytes(4, "little") for t in tokens[:end]))
-    base = _SALT_TOKEN_BASE + (int.from_bytes(mixed.digest(), "little") >> 2)
-    for i in range(end):
-        tokens[i] = base + i
+    key_tokens(tokens, 0, end, _SALT_TOKEN_BASE, _digest(cache_salt.encode(), tokens[:end]))
     return tokens
+
+
+def _digest(key: bytes, tokens: list[int]) -> bytes:
+    """4 bytes of blake2b over ``key`` and ``tokens`` (each 4 bytes, little-endian)."""
+    mixed = hashlib.blake2b(key, digest_size=4)
+    mixed.update(b"".join(t.to_bytes(4, "little") for t in tokens))
+    return mixed.digest()
 
 
 #: A core request id in an error's value: the whole value (``request_id``) or its end

@@ -402,6 +402,16 @@ def request_id_list(request_ids: str | Iterable[str] | None, every: Iterable[str
 _MM_TOKEN_BASE = 1 << 31
 
 
+def key_tokens(tokens: list[int], start: int, end: int, range_base: int, digest: bytes) -> None:
+    """Replaces ``tokens[start:end]`` by consecutive ids from a point of ``[range_base,
+    range_base + 2**30)`` the 4-byte ``digest`` picks: what the core keys blocks by where
+    vLLM adds extra keys (multimodal items, prompt embeddings, cache salts) to a block's
+    hash. Equal digests give equal ids; distinct ones collide with chance 2**-30."""
+    first = range_base + (int.from_bytes(digest, "little") >> 2)
+    for i in range(start, end):
+        tokens[i] = (first + i - start) % (1 << 32)
+
+
 def core_prompt(prompt_token_ids: list[int], mm_features: Any) -> list[int]:
     """The prompt the core gets for a multimodal request under prefix caching: each item's
     placeholder tokens replaced by ids made from its identifier and the position within
@@ -414,10 +424,9 @@ def core_prompt(prompt_token_ids: list[int], mm_features: Any) -> list[int]:
     tokens = list(prompt_token_ids)
     for feature in mm_features:
         digest = hashlib.blake2b(str(feature.identifier).encode(), digest_size=4).digest()
-        base = _MM_TOKEN_BASE + (int.from_bytes(digest, "little") >> 2)
         position = feature.mm_position
-        for i in range(position.offset, min(position.offset + position.length, len(tokens))):
-            tokens[i] = (base + i - position.offset) % (1 << 32)
+        end = min(position.offset + position.length, len(tokens))
+        key_tokens(tokens, position.offset, end, _MM_TOKEN_BASE, digest)
     return tokens
 
 

@@ -694,8 +694,8 @@ fn cache_full_blocks(
 ) {
     let tokens = &request.tokens;
     let num_computed = tokens.num_computed_tokens.min(tokens.num_tokens);
+    let cacheable = sizes.cacheable(num_computed);
     for (g, _) in groups.iter().enumerate().filter(|(_, s)| s.caches_blocks()) {
-        let cacheable = sizes.cacheable(num_computed, g);
         let scale = sizes::scale(sizes.groups[g], block_size);
         let num_full = (cacheable / sizes.groups[g]).min(tokens.block_hashes.len() / scale);
         let table = &request.tables[g];

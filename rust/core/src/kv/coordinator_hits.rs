@@ -53,7 +53,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         let max_length = token_ids.len().saturating_sub(1).min(max_hit_tokens);
         // EAGLE groups read a block past the candidate hit, up to the request's full blocks
         // (vLLM's `len(block_hashes) * hash_block_size`), then drop it.
-        let eagle = self.sizes.drop_eagle.contains(&true);
+        let eagle = self.sizes.drop_eagle;
         let num_hashed = if eagle { token_ids.len() } else { max_length };
         let mut hashes = known;
         hashes.truncate(num_hashed / bs);
@@ -91,7 +91,7 @@ impl<R: RequestKey> KvCoordinator<R> {
                     current = current.min(found_length[first]);
                     continue;
                 }
-                let drop = self.sizes.drop_eagle[first] && eagle_verified & (1 << idx) == 0;
+                let drop = self.sizes.drop_eagle && eagle_verified & (1 << idx) == 0;
                 // The drop's margin is one of the group's blocks; Mamba's finder never drops.
                 let lookup_length = match drop && !group.spec.is_mamba() {
                     true => (current + group.block_size).min(hashes.len() * bs),
@@ -201,7 +201,7 @@ impl<R: RequestKey> KvCoordinator<R> {
                     .collect::<Option<Vec<_>>>()
             };
             let n = group.group_ids.len();
-            let drop = self.sizes.drop_eagle[group.group_ids[0]];
+            let drop = self.sizes.drop_eagle;
             let lookup_length = match drop && !group.spec.is_mamba() {
                 true => (max_length + group.block_size).min(hashes.len() * self.block_size),
                 false => max_length,

@@ -17,14 +17,14 @@ use super::{KvCoordinator, KvGroupSpec, RequestKey, check_block_size, spec_group
 use crate::{Error, Result};
 
 /// Each group's block size and the scheduler block size (their least common multiple),
-/// and which groups take EAGLE's trailing-block drop (`coordinator_eagle`).
+/// and whether the groups take EAGLE's trailing-block drop (only beside one block size).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct GroupSizes {
     pub(super) groups: Vec<usize>,
     pub(super) scheduler: usize,
-    /// vLLM's managers' `use_eagle`: the group's hits drop a block, and it caches one
-    /// block past the scheduler block boundary, the one such a hit reads and drops.
-    pub(super) drop_eagle: Vec<bool>,
+    /// vLLM's managers' `use_eagle`: every group's hits drop a block. Refused beside
+    /// differing block sizes, so it never changes what a group caches.
+    pub(super) drop_eagle: bool,
 }
 
 impl GroupSizes {
@@ -32,20 +32,15 @@ impl GroupSizes {
         Self {
             groups: vec![block_size; num_groups],
             scheduler: block_size,
-            drop_eagle: vec![false; num_groups],
+            drop_eagle: false,
         }
     }
 
-    /// The prefix of `num_tokens` group `g` caches (vLLM's
+    /// The prefix of `num_tokens` the groups cache (vLLM's
     /// `HybridKVCacheCoordinator.get_num_cacheable_tokens` without partial hash hits or
-    /// re-prefillable tokens): up to the last scheduler block boundary, where hits land,
-    /// and for an EAGLE group one of its blocks more (a hit matches it, then drops it).
-    pub(super) fn cacheable(&self, num_tokens: usize, g: usize) -> usize {
-        let aligned = num_tokens / self.scheduler * self.scheduler;
-        match self.drop_eagle[g] && aligned > 0 {
-            true => num_tokens.min(aligned + self.groups[g]),
-            false => aligned,
-        }
+    /// re-prefillable tokens): up to the last scheduler block boundary, where hits land.
+    pub(super) fn cacheable(&self, num_tokens: usize) -> usize {
+        num_tokens / self.scheduler * self.scheduler
     }
 }
 
@@ -53,21 +48,15 @@ impl GroupSizes {
     /// vLLM 0.33's `SlidingWindowManager.reachable_block_mask` (dense retention): a window
     /// group whose blocks are finer than the scheduler block size caches only the `need`
     /// blocks before each scheduler block boundary, the only ones a hit (which ends on such
-    /// a boundary) can read; an EAGLE group needs one block more and its run ends a block
-    /// past the boundary (the block it drops). `None`: every block is cached.
+    /// a boundary) can read. `None`: every block is cached.
     pub(super) fn reachable_blocks(&self, spec: &KvGroupSpec, g: usize) -> Option<Reachable> {
         let KvGroupSpec::SlidingWindow { sliding_window } = *spec else {
             return None;
         };
         let block_size = self.groups[g];
         let per_segment = self.scheduler / block_size;
-        let eagle = self.drop_eagle[g];
-        let need = (sliding_window - 1).div_ceil(block_size) + usize::from(eagle);
-        (need < per_segment).then_some(Reachable {
-            per_segment,
-            need,
-            shift: usize::from(eagle),
-        })
+        let need = (sliding_window - 1).div_ceil(block_size);
+        (need < per_segment).then_some(Reachable { per_segment, need })
     }
 }
 
@@ -76,13 +65,11 @@ impl GroupSizes {
 pub(super) struct Reachable {
     per_segment: usize,
     need: usize,
-    shift: usize,
 }
 
 impl Reachable {
     pub(super) fn reaches(self, block: usize) -> bool {
-        block >= self.shift
-            && (block - self.shift) % self.per_segment >= self.per_segment - self.need
+        block % self.per_segment >= self.per_segment - self.need
     }
 }
 
@@ -184,7 +171,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         self.sizes = GroupSizes {
             groups: block_sizes.to_vec(),
             scheduler,
-            drop_eagle: std::mem::take(&mut self.sizes.drop_eagle),
+            drop_eagle: self.sizes.drop_eagle,
         };
         self.lookup_order = spec_groups(&self.groups, &self.sizes.groups);
         Ok(())
@@ -247,13 +234,13 @@ impl<R: RequestKey> KvCoordinator<R> {
                 "the drop changes only while no request holds blocks",
             ));
         }
-        self.sizes.drop_eagle = vec![on; self.groups.len()];
+        self.sizes.drop_eagle = on;
         Ok(())
     }
 
     /// Whether the groups' hits drop EAGLE's block ([`Self::set_eagle_block_drop`]).
     pub fn eagle_block_drop(&self) -> bool {
-        self.sizes.drop_eagle.contains(&true)
+        self.sizes.drop_eagle
     }
 
     /// Whether some group's block size is not the hash block size (the groups then

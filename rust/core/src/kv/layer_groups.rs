@@ -536,7 +536,7 @@ pub(super) fn find_longest_cache_hit(
             // hit down to the alignment and keeps the blocks covering it.
             let mut hit = blocks[0].len() * block_size;
             if drop_eagle_block && hit > 0 {
-                hit -= alignment.min(block_size);
+                hit -= block_size;
             }
             let hit = hit - hit % alignment;
             blocks

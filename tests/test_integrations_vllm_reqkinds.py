@@ -395,3 +395,22 @@ def test_random_salted_streams_agree(seed: int):
             _salted(f"s{i}", prompt, salt, max_tokens=rng.randint(1, 10))
         )
     assert len(_run(pair, arrivals, rng)) == 10
+
+
+def test_a_salted_probe_of_the_kv_cache_manager_finds_what_vllms_finds():
+    # kv_cache_manager.get_computed_blocks keys the probe as the request's blocks were
+    # keyed: another salt, or none, finds nothing of a salted prompt; the same salt its
+    # 2 full blocks.
+    prompt = list(range(1, 41))
+    pair = _pair()
+    _run(pair, {0: [_salted("a", prompt, "tenant-1")]}, random.Random(5))
+    found = []
+    for s in pair:
+        hasher = _BLOCK_HASHERS[id(s)]
+        found.append(
+            [
+                s.kv_cache_manager.get_computed_blocks(_salted(f"p{salt}", prompt, salt)(hasher))[1]
+                for salt in ("tenant-1", "tenant-2", None)
+            ]
+        )
+    assert found[1] == found[0] == [32, 0, 0]

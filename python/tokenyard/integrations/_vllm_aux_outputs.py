@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from vllm.v1.request import Request
 
-from tokenyard.integrations._vllm_translate import core_prompt
+from tokenyard.integrations._vllm_outputs import keyed_prompt
 from tokenyard.kv import block_hashes as core_block_hashes
 
 
@@ -87,14 +87,14 @@ class BlockHashIndex:
 
     def _core_hashes(self, request: Request, num_blocks: int) -> list[int]:
         """The core's hashes of the request's first ``num_blocks`` blocks: over the tokens
-        the core was given (``core_prompt`` for a multimodal prompt), keyed by its LoRA."""
+        the core was given (``keyed_prompt``), keyed by its LoRA."""
         scheduler = self._scheduler
         num_prompt = request.num_prompt_tokens
         # A look-ahead hash reads the tokens past its block (SchedulerConfig's).
         lookahead: int = scheduler._core.num_hash_lookahead_tokens
         tokens = list(request.all_token_ids[: num_blocks * scheduler.block_size + lookahead])
-        if request.mm_features and scheduler._prefix_caching:
-            prompt = core_prompt(tokens[:num_prompt], request.mm_features)
+        if scheduler._prefix_caching:
+            prompt = keyed_prompt(request, tokens[:num_prompt], scheduler.hash_block_size)
             tokens = [*prompt, *tokens[num_prompt:]]
         lora = request.lora_request
         extra_key = lora.lora_int_id if lora is not None and lora.lora_int_id > 0 else None

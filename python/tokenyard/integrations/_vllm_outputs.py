@@ -20,7 +20,7 @@ from vllm.v1.request import Request
 
 from tokenyard.errors import InputError
 from tokenyard.integrations._vllm_lookahead import hasher_lookahead
-from tokenyard.integrations._vllm_translate import key_tokens
+from tokenyard.integrations._vllm_translate import core_prompt, key_tokens
 
 
 def attach_prefill_stats(
@@ -168,6 +168,19 @@ def _digest(key: bytes, tokens: list[int]) -> bytes:
     mixed = hashlib.blake2b(key, digest_size=4)
     mixed.update(b"".join(t.to_bytes(4, "little") for t in tokens))
     return mixed.digest()
+
+
+def keyed_prompt(request: Request, prompt: list[int], hash_block_size: int) -> list[int]:
+    """The prompt tokens the core keys a request's blocks by under prefix caching:
+    ``prompt`` (the request's, or its first tokens) with its multimodal items
+    (``core_prompt``), prompt embeddings (:func:`embeds_prompt`) and cache salt
+    (:func:`salted_prompt`) turned into ids, as vLLM adds them to its blocks' extra keys.
+    Every place that asks the core about a request's blocks builds its tokens here."""
+    if request.mm_features:
+        prompt = core_prompt(prompt, request.mm_features)
+    if request.prompt_embeds is not None:
+        prompt = embeds_prompt(prompt, request, hash_block_size)
+    return salted_prompt(prompt, request.cache_salt, hash_block_size)
 
 
 #: A core request id in an error's value: the whole value (``request_id``) or its end

@@ -21,7 +21,8 @@ from tokenyard.integrations._vllm_coordinator_view import (
     CoordinatorView,
     HybridCoordinatorView,
 )
-from tokenyard.integrations._vllm_translate import core_prompt, vllm_block_ids
+from tokenyard.integrations._vllm_outputs import keyed_prompt
+from tokenyard.integrations._vllm_translate import vllm_block_ids
 
 
 class AdapterState(Protocol):
@@ -388,13 +389,12 @@ class _KVCacheManagerView:
             return None, 0, 0
         lora = request.lora_request
         token_ids = request.all_token_ids
-        if request.mm_features and self._scheduler._prefix_caching:
-            # The tokens the core keyed the request's blocks by (core_prompt).
+        scheduler = self._scheduler
+        if scheduler._prefix_caching:
+            # The tokens the core keyed the request's blocks by.
             num_prompt = request.num_prompt_tokens
-            token_ids = [
-                *core_prompt(list(token_ids[:num_prompt]), request.mm_features),
-                *token_ids[num_prompt:],
-            ]
+            prompt = keyed_prompt(request, list(token_ids[:num_prompt]), scheduler.hash_block_size)
+            token_ids = [*prompt, *token_ids[num_prompt:]]
         num_tokens = self._scheduler._core.num_cached_prefix_tokens(
             token_ids,
             lora_id=lora.lora_int_id if lora is not None and lora.lora_int_id > 0 else None,

@@ -73,18 +73,13 @@ from tokenyard.integrations._vllm_hisparse import (
 from tokenyard.integrations._vllm_hooks import draft_slots_per_request
 from tokenyard.integrations._vllm_lookahead import HashLookahead, follow_hasher
 from tokenyard.integrations._vllm_mamba_align import MambaAlign
-from tokenyard.integrations._vllm_outputs import (
-    check_supported,
-    embeds_prompt,
-    salted_prompt,
-)
+from tokenyard.integrations._vllm_outputs import check_supported, keyed_prompt
 from tokenyard.integrations._vllm_schedule import ScheduleStep
 from tokenyard.integrations._vllm_sessions import Sessions
 from tokenyard.integrations._vllm_side_connectors import SideConnectors
 from tokenyard.integrations._vllm_stats import StatsAndEvents
 from tokenyard.integrations._vllm_translate import (
     core_config,
-    core_prompt,
     hisparse_source_group,
     local_prefill_interval,
     request_id_list,
@@ -512,14 +507,8 @@ class TokenyardScheduler(
         if request.prompt_embeds is not None:
             # vLLM's own tokens: 0 where embeddings stand (Request.__init__).
             prompt = request._all_token_ids[: request.num_prompt_tokens]
-        if mm_features is not None and self._prefix_caching:
-            prompt = core_prompt(prompt, mm_features)
-        if request.prompt_embeds is not None:
-            prompt = embeds_prompt(
-                prompt, request, self.hash_block_size if self._prefix_caching else None
-            )
         if self._prefix_caching:
-            prompt = salted_prompt(prompt, request.cache_salt, self.hash_block_size)
+            prompt = keyed_prompt(request, list(prompt), self.hash_block_size)
         self._core.add_request(
             core_id,
             prompt,

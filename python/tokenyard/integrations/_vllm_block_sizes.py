@@ -110,10 +110,11 @@ def group_block_sizes_of(
 def refuse_unmodelled(vllm_config: Any, sizes: tuple[int, ...]) -> None:
     """Raises ConfigError for what the core does not serve beside differing block sizes: a
     KV connector, and EAGLE-style drafters' prefix rules (look-ahead block hashes or the
-    trailing-block drop: vLLM's full-attention managers then register a partial entry on
-    the block holding the prompt's last hash boundary,
-    ``FullAttentionManager._cache_partial_tail_block``, which frees that block as cached;
-    not modelled). Speculative steps of any length are served: vLLM's
+    trailing-block drop). Beside differing sizes vLLM's full-attention managers always
+    register a partial entry on the block holding the prompt's last hash boundary
+    (``FullAttentionManager._cache_partial_tail_block``, freeing that block as cached);
+    without those rules it changes nothing the core decides, with either it does, and it
+    is not modelled. Speculative steps of any length are served: vLLM's
     ``_spec_decode_step_blocks`` counts ``ceil((1 + k + lookahead) / block size)`` per
     group, as the core does."""
     if not sizes:

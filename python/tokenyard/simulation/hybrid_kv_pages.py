@@ -162,8 +162,10 @@ def _unserved(config: SimulationConfig, layout: PagesLayout) -> tuple[str, str, 
     caching = config.replica.scheduler.vllm_v1.enable_prefix_caching
     if spec.method in ("eagle", "mtp") and caching:
         # vLLM's SpeculativeConfig.use_eagle with prefix caching: hash look-ahead or the
-        # trailing-block drop, beside which vLLM's full-attention managers register partial
-        # tail-block entries (_cache_partial_tail_block) the step scheduler does not model.
+        # trailing-block drop, with which the partial tail-block entries vLLM's
+        # full-attention managers register beside differing sizes
+        # (_cache_partial_tail_block) change the answer; the step scheduler does not
+        # model them.
         # Without prefix caching neither rule applies and the groups are served.
         return (
             "replica.speculative.method",

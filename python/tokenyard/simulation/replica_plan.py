@@ -226,8 +226,8 @@ def replica_spec(
             align = state and align_mode(config)
             hybrid = _hybrid_scheduler(config, plan, num_blocks, align=align)
             caching = c.enable_prefix_caching and (align or prefix_caching)
-            # The core serves the trailing-block drop with one KV group only: beside groups
-            # only the drop the section asks for goes in (refused there by name).
+            # Beside KV groups only the drop the section asks for goes in: the connector
+            # fallback (P/D with EAGLE/MTP over groups) is not derived here yet.
             prefill_lookahead, hash_lookahead, _ = _drafter_lookahead(config, caching=caching)
             return _core.ReplicaSpec.vllm_v1(
                 dataclasses.replace(

@@ -78,12 +78,13 @@ class StatsAndEvents(AdapterBase):
         if connector_prefix_cache_stats is not None:
             self.connector_prefix_cache_stats = PrefixCacheStats()
         num_running, num_waiting = self.get_request_counts()
-        num_deferred = self._core.stats().num_deferred_waiting + len(self._grammar_waiting)
+        core_stats = self._core.stats()
+        num_deferred = core_stats.num_deferred_waiting + len(self._grammar_waiting)
         return SchedulerStats(
             num_running_reqs=num_running,
             num_waiting_reqs=num_waiting - num_deferred,
             num_skipped_waiting_reqs=num_deferred,
-            kv_cache_usage=self._core.stats().kv_usage,
+            kv_cache_usage=core_stats.kv_usage,
             prefix_cache_stats=prefix_cache_stats,
             connector_prefix_cache_stats=connector_prefix_cache_stats,
             spec_decoding_stats=spec_decoding_stats,

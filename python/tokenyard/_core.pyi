@@ -779,6 +779,9 @@ class SchedulerOutput:
         """Per request whose items the encoder runs this step, their indices in its
         ``mm_features`` (vLLM's name)."""
     @property
+    def kv_cache_block_copies(self) -> list[tuple[int, int]]:
+        """``(src, dst)`` block copies run before this step's forward (vLLM 0.33's)."""
+    @property
     def free_encoder_mm_hashes(self) -> list[str]:
         """Identifiers the encoder cache evicted since the last step (vLLM's name)."""
 
@@ -1137,6 +1140,18 @@ class Scheduler:
         its ``update_from_output``): deferred frees whose fence it reaches are freed."""
     def deferred_frees(self) -> list[tuple[int, list[int]]]:
         """The deferred frees, oldest first: ``(fence_step, block_ids)``."""
+    def take_loose_blocks(self, num_blocks: int) -> list[int]:
+        """vLLM 0.33's ``BlockPool.get_new_blocks``: free blocks held outside any request.
+        Raises ConfigError over the radix pool, InputError when fewer are free."""
+    def free_loose_blocks(self, block_ids: list[int]) -> None:
+        """vLLM 0.33's ``BlockPool.free_blocks`` on blocks from ``take_loose_blocks``.
+        Raises InputError for a block without such a reference left."""
+    def queue_block_copies(self, copies: list[tuple[int, int]]) -> None:
+        """Queues ``(src, dst)`` copies for the next step's ``kv_cache_block_copies``; each
+        endpoint's ``take_loose_blocks`` reference is retained until that step is processed.
+        Raises InputError (nothing queued) for an endpoint without one."""
+    def pending_block_copies(self) -> list[tuple[int, int]]:
+        """The copies queued and not yet carried by a step."""
     @property
     def encoder_budget(self) -> int:
         """The encoder compute budget per step, in embeddings (settable: from the next step

@@ -100,7 +100,8 @@ def group_block_sizes_of(
                 f"{field}: {type(spec).__name__} beside groups of different block sizes "
                 f"{tuple(sizes)} is not modelled (only full-attention and sliding-window groups "
                 "take their own block size; a Mamba state larger than the hash block is vLLM's "
-                "partial hash hit with copy-on-write)",
+                "partial hash hit with copy-on-write, on only with cache_config."
+                "prefix_match_unit below the Mamba block size)",
                 field=field,
                 value=type(spec).__name__,
             )

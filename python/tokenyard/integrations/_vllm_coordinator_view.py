@@ -142,6 +142,30 @@ class BlockPoolView:
             return None
         return [self._block(b + self._offset) for b in core_ids]
 
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlockView]:
+        """vLLM's ``get_new_blocks``: ``num_blocks`` blocks from the front of the free queue
+        (evicting what they cached), each held once outside any request, until
+        ``free_blocks`` or a block copy queued on them (``_pending_cow_copies``) releases
+        it.
+
+        Raises:
+            InputError: fewer blocks are free (vLLM raises ``ValueError``; this is one).
+            ConfigError: over the radix pool (``prefix_cache="radix"``).
+        """
+        core_ids = self._scheduler._core.take_loose_blocks(int(num_blocks))
+        return [self._block(b + self._offset) for b in core_ids]
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlockView]) -> None:
+        """vLLM's ``free_blocks`` on blocks from ``get_new_blocks``: one reference dropped
+        from each (first evicted first). Blocks of a request's table are freed with the
+        request, not here.
+
+        Raises:
+            InputError: a block without such a reference left (nothing changed then).
+        """
+        ids = [self._core_index(b.block_id) for b in ordered_blocks]
+        self._scheduler._core.free_loose_blocks(ids)
+
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """vLLM's ``evict_blocks``: each block that caches a hash leaves the prefix cache
         (held or free, it stays so). Served with several KV groups (the core's coordinator);
@@ -268,6 +292,16 @@ class SingleTypeManagerView:
         self._null_block = block_pool.null_block
         self.req_to_blocks = _ReqToBlocks(self)
         self.num_cached_block = _NumCachedBlock(self)
+        # vLLM 0.33's copy-on-write queue, (source, destination) block pairs whose
+        # references the copy retains: appended to by hand (vLLM's tests) and drained into
+        # the core as the next step is formed (``CoordinatorView.queue_pending_copies``).
+        self._pending_cow_copies: list[tuple[KVCacheBlockView, KVCacheBlockView]] = []
+
+    def take_pending_cow_copies(self) -> list[tuple[KVCacheBlockView, KVCacheBlockView]]:
+        """vLLM's: drains the copies queued in this group and not yet given to a step."""
+        pending = self._pending_cow_copies
+        self._pending_cow_copies = []
+        return pending
 
 
 @CrossAttentionManager.register
@@ -303,6 +337,29 @@ class CoordinatorView:
     @property
     def enable_caching(self) -> bool:
         return self._scheduler._prefix_caching
+
+    def queue_pending_copies(self) -> None:
+        """Gives the core every group's queued copies (vLLM 0.33's
+        ``take_kv_cache_block_copies`` order: group by group, each in its order) for the
+        step about to be formed, which carries them in ``kv_cache_block_copies`` and keeps
+        their endpoints out of the pool until it is processed.
+
+        Raises:
+            InputError: an endpoint without a reference taken by ``get_new_blocks`` that
+                no queued copy retains; the copies stay queued in their groups then.
+        """
+        managers = self.single_type_managers
+        if not any(m._pending_cow_copies for m in managers):
+            return
+        pool = self.block_pool
+        copies = [
+            (pool._core_index(src.block_id), pool._core_index(dst.block_id))
+            for m in managers
+            for src, dst in m._pending_cow_copies
+        ]
+        self._scheduler._core.queue_block_copies(copies)
+        for manager in managers:
+            manager.take_pending_cow_copies()
 
 
 @HybridKVCacheCoordinator.register

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import numpy as np
+from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
 from vllm.v1.core.sched.interface import PauseState
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler as _VllmScheduler
@@ -54,6 +55,7 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
         self._route_replaced_methods()
         if self.finished_recving_kv_req_ids:
             self._take_recorded_landings()
+        self.kv_cache_manager.coordinator.queue_pending_copies()
         core = self._core.schedule(throttle_prefills=throttle_prefills)
         bridge = self._bridge
         if bridge is not None:
@@ -94,6 +96,10 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
             free_encoder_mm_hashes=list(core.free_encoder_mm_hashes),
             num_spec_tokens_to_schedule=self.num_spec_tokens,
         )
+        if copies := core.kv_cache_block_copies:
+            # vLLM 0.33's take_kv_cache_block_copies; the single pool's ids are renumbered.
+            shift = 0 if self._kv_groups else 1
+            out.kv_cache_block_copies = [KVCacheBlockCopy(s + shift, d + shift) for s, d in copies]
         if self.needs_kv_cache_zeroing and self._kv_groups:
             # vLLM 0.33's _get_new_block_ids_to_zero: the blocks handed out this step.
             out.new_block_ids_to_zero = self._core.take_new_block_ids().tolist() or None

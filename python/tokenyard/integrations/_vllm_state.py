@@ -59,6 +59,8 @@ class AdapterBase:
     _late_core_ids: dict[str, Any]
     _int_ids: bool
     _kv_groups: int
+    kv_cache_manager: Any
+    """``_vllm_views._KVCacheManagerView``."""
     needs_kv_cache_zeroing: bool
     _promoted_loads: set[str]
     prefix_replay_tokens: int

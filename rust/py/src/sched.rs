@@ -344,6 +344,30 @@ impl PyScheduler {
         self.inner.deferred_frees()
     }
 
+    /// vLLM 0.33's `BlockPool.get_new_blocks`: `num_blocks` free blocks held outside any
+    /// request. Raises ConfigError over the radix pool, InputError when fewer are free.
+    fn take_loose_blocks(&mut self, py: Python<'_>, num_blocks: usize) -> PyResult<Vec<u32>> {
+        (self.inner.take_loose_blocks(num_blocks)).map_err(|err| self.raise(py, err))
+    }
+
+    /// vLLM 0.33's `BlockPool.free_blocks` on blocks from `take_loose_blocks`. Raises
+    /// InputError for a block without such a reference left (one a queued copy retains).
+    fn free_loose_blocks(&mut self, py: Python<'_>, block_ids: Vec<u32>) -> PyResult<()> {
+        (self.inner.free_loose_blocks(&block_ids)).map_err(|err| self.raise(py, err))
+    }
+
+    /// Queues `(src, dst)` block copies for the next step's `kv_cache_block_copies`; each
+    /// endpoint's reference from `take_loose_blocks` is retained until that step is
+    /// processed. Raises InputError (nothing queued) for an endpoint without one.
+    fn queue_block_copies(&mut self, py: Python<'_>, copies: Vec<(u32, u32)>) -> PyResult<()> {
+        (self.inner.queue_block_copies(&copies)).map_err(|err| self.raise(py, err))
+    }
+
+    /// The copies queued and not yet carried by a step.
+    fn pending_block_copies(&self) -> Vec<(u32, u32)> {
+        self.inner.pending_block_copies().to_vec()
+    }
+
     /// The latest step numbered while frees are deferred that served the request.
     fn last_sched_seq(&self, request_id: &Bound<'_, PyAny>) -> PyResult<u64> {
         let id = RequestId::from_py(request_id)?;

@@ -259,6 +259,12 @@ impl PySchedulerOutput {
         self.inner.free_encoder_mm_hashes.clone()
     }
 
+    /// `(src, dst)` block copies run before this step's forward (vLLM 0.33's).
+    #[getter]
+    fn kv_cache_block_copies(&self) -> Vec<(u32, u32)> {
+        self.inner.kv_cache_block_copies.clone()
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "SchedulerOutput(new={}, resumed={}, running={}, total_num_scheduled_tokens={}, preempted={}, finished={}, kv_loads={})",

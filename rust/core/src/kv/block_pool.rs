@@ -27,6 +27,7 @@ use super::cache_map::CacheMap;
 use super::free_queue::{FreeBlockQueue, FreeQueue};
 use super::host_tier::HostTier;
 use super::lookahead::PrefixRules;
+use super::loose_blocks::LooseBlocks;
 use super::{
     KvCapacity, LookupQuery, RequestKey, TokenId, blocks_needed, check_allocation,
     check_block_size, check_extra_key, check_num_blocks,
@@ -157,6 +158,8 @@ pub struct BlockPool<R: RequestKey, Q: FreeQueue = FreeBlockQueue> {
     evict_first: Vec<BlockId>,
     /// vLLM 0.33's prefix-cache rules for EAGLE/MTP drafters (`kv::lookahead`).
     pub(super) rules: PrefixRules,
+    /// Blocks held outside any request (`kv::loose_blocks`).
+    loose: LooseBlocks,
 }
 
 /// Freed request entries kept for reuse, per pool.
@@ -209,6 +212,7 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
             spare: Vec::new(),
             evict_first: Vec::new(),
             rules: PrefixRules::default(),
+            loose: LooseBlocks::default(),
         })
     }
 
@@ -587,7 +591,7 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
     /// Forgets every cached prefix. Only possible when no request holds blocks (as in
     /// vLLM, e.g. after weights change); returns whether it happened.
     pub fn reset_prefix_cache(&mut self) -> bool {
-        if !self.requests.is_empty() {
+        if !self.requests.is_empty() || !self.loose.is_empty() {
             return false;
         }
         self.cached.clear();
@@ -701,6 +705,9 @@ mod held;
 
 #[path = "block_pool_inspect.rs"]
 mod inspect;
+
+#[path = "block_pool_loose.rs"]
+mod loose;
 
 #[cfg(test)]
 #[path = "block_pool_tests.rs"]

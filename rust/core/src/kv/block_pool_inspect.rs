@@ -107,6 +107,7 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
                 ));
             }
         }
+        self.loose.count_into(&mut holders);
         check_pool_blocks(&self.blocks, &self.free_queue, &self.cached, &holders, 0)?;
         let num_hashes = self
             .blocks

@@ -26,6 +26,7 @@ use super::free_queue::FreeBlockQueue;
 use super::layer_groups::{
     GroupSlots, KvGroupSpec, NULL_BLOCK, SpecGroup, find_longest_cache_hit, spec_groups,
 };
+use super::loose_blocks::LooseBlocks;
 use super::{
     KvCapacity, LookupQuery, RequestKey, TokenId, check_allocation, check_block_size,
     check_extra_key, check_num_blocks,
@@ -112,6 +113,8 @@ pub struct KvCoordinator<R: RequestKey> {
     pub(super) hash_lookahead: usize,
     /// Each group's block size and the scheduler block size (`coordinator_sizes`).
     sizes: GroupSizes,
+    /// Blocks held outside any request (`kv::loose_blocks`).
+    loose: LooseBlocks,
 }
 
 /// A block hash keyed by its group (vLLM appends the group id to the hash bytes).
@@ -189,6 +192,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             cached_this_step: FxHashSet::default(),
             drop_eagle_checkpoint_block: false,
             hash_lookahead: 0,
+            loose: LooseBlocks::default(),
         })
     }
 
@@ -516,7 +520,7 @@ impl<R: RequestKey> KvCoordinator<R> {
     /// Forgets every cached block of every group if no request holds blocks (vLLM's
     /// `reset_prefix_cache`); `false`, changing nothing, otherwise.
     pub fn reset_prefix_cache(&mut self) -> bool {
-        if !self.requests.is_empty() {
+        if !self.requests.is_empty() || !self.loose.is_empty() {
             return false;
         }
         self.cached.clear();
@@ -753,6 +757,9 @@ mod align;
 
 #[path = "coordinator_inspect.rs"]
 mod inspect;
+
+#[path = "coordinator_loose.rs"]
+mod loose;
 
 #[path = "coordinator_sizes.rs"]
 mod sizes;

@@ -129,6 +129,7 @@ impl<R: RequestKey> KvCoordinator<R> {
                 }
             }
         }
+        self.loose.count_into(&mut holders);
         let first_block = NULL_BLOCK as usize + 1;
         check_pool_blocks(
             &self.blocks,

@@ -25,6 +25,7 @@ mod free_queue;
 mod host_tier;
 mod layer_groups;
 mod lookahead;
+mod loose_blocks;
 mod named_cache;
 #[cfg(test)]
 mod named_pool_tests;

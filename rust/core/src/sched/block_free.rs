@@ -16,14 +16,25 @@
 //! processed; aborted before, it never started, so its blocks are freed (past the fence)
 //! rather than held for a load that will not report.
 //!
+//! Block copies (vLLM 0.33's `SchedulerOutput.kv_cache_block_copies`, which its Mamba
+//! manager queues for a copy-on-write): a copy queued with [`Scheduler::queue_block_copies`]
+//! rides the next step's output, and its endpoints keep the references it was queued with
+//! (blocks held outside any request, `kv::loose_blocks`) until that step is processed: with
+//! the flag on they wait for the fence `sched_step_seq + 1` (the first step at or after it
+//! that schedules any token), otherwise they are released as the step is formed (vLLM's
+//! `_free_cow_retained_blocks`). Released earlier, an endpoint could be handed to a request
+//! whose KV load overwrites it before the copy has run.
+//!
 //! Invariant: a slot in `queue` holds no live request and is not free; its blocks stay in
-//! the pool's bookkeeping under that slot until it is drained.
+//! the pool's bookkeeping under that slot until it is drained. A copy's retained endpoints
+//! hold loose references, at most one fence past the newest step.
 
 use std::collections::VecDeque;
 
 use super::Scheduler;
-use crate::Result;
+use super::kv::Kv;
 use crate::kv::{BlockId, RequestKey};
+use crate::{Error, Result};
 
 /// The fence counters and the blocks waiting for them.
 #[derive(Debug, Default)]
@@ -33,13 +44,26 @@ pub(super) struct BlockFrees {
     pub(super) sched_step_seq: u64,
     /// Of those, steps the engine reported processed (vLLM's `processed_step_seq`).
     pub(super) processed_step_seq: u64,
-    /// (fence step, slot whose blocks wait for it), oldest first (vLLM's `deferred_frees`).
-    pub(super) queue: VecDeque<(u64, u32)>,
+    /// (fence step, what waits for it), oldest first (vLLM's `deferred_frees`).
+    pub(super) queue: VecDeque<(u64, Deferred)>,
+    /// Copies queued for the next step's output (vLLM's `_pending_cow_copies`, drained by
+    /// `take_kv_cache_block_copies`): (source, destination), each endpoint retained.
+    pub(super) copies: Vec<(BlockId, BlockId)>,
     /// vLLM's `defer_async_loads`.
     pub(super) defer_loads: bool,
     /// Loads not yet handed to the connector: (fence step, slot, external tokens), oldest
     /// first (vLLM's `deferred_loads`).
     pub(super) loads: Vec<(u64, u32, usize)>,
+}
+
+/// What a deferred free returns to the pool once its fence step is processed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Deferred {
+    /// The blocks a gone request left under its slot, and the slot.
+    Slot(u32),
+    /// The retained endpoints of block copies, in release order (vLLM frees a CoW's
+    /// retentions in reverse).
+    Retained(Vec<BlockId>),
 }
 
 impl<R: RequestKey> Scheduler<R> {
@@ -102,13 +126,21 @@ impl<R: RequestKey> Scheduler<R> {
         }
         // Fences are appended in order (each is the newest step when it is deferred), so
         // the first one not reached ends the drain.
-        while let Some(&(fence, slot)) = self.block_frees.queue.front() {
+        while let Some(&(fence, _)) = self.block_frees.queue.front() {
             if fence > self.block_frees.processed_step_seq {
                 break;
             }
-            self.block_frees.queue.pop_front();
-            self.free_kv(slot)?;
-            self.free_slots.push(slot);
+            match self.block_frees.queue.pop_front().expect("front checked").1 {
+                Deferred::Slot(slot) => {
+                    self.free_kv(slot)?;
+                    self.free_slots.push(slot);
+                }
+                // Listed reversed, freed reversed: in the order queued (vLLM's drain).
+                Deferred::Retained(mut blocks) => {
+                    blocks.reverse();
+                    self.kv.release_loose_blocks(&blocks)?;
+                }
+            }
         }
         Ok(())
     }
@@ -116,11 +148,108 @@ impl<R: RequestKey> Scheduler<R> {
     /// The deferred frees, oldest first: each fence step and the block ids waiting for it
     /// (with several KV groups, the first group's).
     pub fn deferred_frees(&self) -> Vec<(u64, Vec<BlockId>)> {
-        self.block_frees
-            .queue
-            .iter()
-            .map(|&(fence, slot)| (fence, self.kv.block_ids(slot).unwrap_or_default().to_vec()))
-            .collect()
+        let blocks = |deferred: &Deferred| match deferred {
+            Deferred::Slot(slot) => self.kv.block_ids(*slot).unwrap_or_default().to_vec(),
+            Deferred::Retained(blocks) => blocks.clone(),
+        };
+        let queue = &self.block_frees.queue;
+        queue.iter().map(|(fence, d)| (*fence, blocks(d))).collect()
+    }
+
+    /// vLLM 0.33's `BlockPool.get_new_blocks(num_blocks)` called directly: that many free
+    /// blocks, each held once outside any request (to queue a copy between, or to keep
+    /// from the requests) until [`Self::free_loose_blocks`] or a copy's release.
+    ///
+    /// Errors: `ConfigError` (`prefix_cache`) over the radix pool, whose pages carry no
+    /// per-block state; `InputError` (`num_blocks`) when fewer are free.
+    pub fn take_loose_blocks(&mut self, num_blocks: usize) -> Result<Vec<BlockId>> {
+        self.kv.take_loose_blocks(num_blocks)
+    }
+
+    /// vLLM 0.33's `BlockPool.free_blocks` on blocks taken by [`Self::take_loose_blocks`]:
+    /// drops one reference from each (first evicted first).
+    ///
+    /// Errors: `InputError` (`block_ids`) for a block without a reference left that no
+    /// queued copy retains; nothing changes then.
+    pub fn free_loose_blocks(&mut self, block_ids: &[BlockId]) -> Result<()> {
+        self.check_unretained(block_ids, "block_ids")?;
+        self.kv.release_loose_blocks(block_ids)
+    }
+
+    /// Queues copies of block `src` into block `dst` for the next step's output
+    /// (`SchedulerOutput::kv_cache_block_copies`; vLLM 0.33's managers append them to
+    /// `_pending_cow_copies`). Each endpoint must hold a reference taken outside any
+    /// request ([`Self::take_loose_blocks`]) that no queued copy retains yet: the copy
+    /// keeps it until the step that carries it is processed.
+    ///
+    /// Errors: `InputError` (`kv_cache_block_copies`) naming an endpoint without such a
+    /// reference, or a copy of a block onto itself; nothing is queued then.
+    pub fn queue_block_copies(&mut self, copies: &[(BlockId, BlockId)]) -> Result<()> {
+        if let Some(&(src, _)) = copies.iter().find(|(src, dst)| src == dst) {
+            return Err(Error::input(
+                "kv_cache_block_copies",
+                src,
+                "copies a block onto itself",
+            ));
+        }
+        let endpoints: Vec<BlockId> = copies.iter().flat_map(|&(s, d)| [s, d]).collect();
+        self.check_unretained(&endpoints, "kv_cache_block_copies")?;
+        self.block_frees.copies.extend_from_slice(copies);
+        Ok(())
+    }
+
+    /// The copies queued and not yet carried by a step.
+    pub fn pending_block_copies(&self) -> &[(BlockId, BlockId)] {
+        &self.block_frees.copies
+    }
+
+    /// `InputError` (`field`) unless each of `blocks` (counted with repeats) holds loose
+    /// references beyond those queued or deferred copies retain.
+    fn check_unretained(&self, blocks: &[BlockId], field: &'static str) -> Result<()> {
+        let frees = &self.block_frees;
+        let pending = frees.copies.iter().flat_map(|&(s, d)| [s, d]);
+        let deferred = frees.queue.iter().flat_map(|(_, d)| match d {
+            Deferred::Retained(blocks) => blocks.as_slice(),
+            Deferred::Slot(_) => &[],
+        });
+        let retained: Vec<BlockId> = pending.chain(deferred.copied()).collect();
+        let mut seen: Vec<BlockId> = Vec::with_capacity(blocks.len());
+        for &block in blocks {
+            seen.push(block);
+            let wanted = seen.iter().filter(|&&b| b == block).count();
+            let held = retained.iter().filter(|&&b| b == block).count();
+            if wanted + held > self.kv.loose_refs(block) as usize {
+                return Err(Error::input(
+                    field,
+                    block,
+                    "holds no reference taken outside a request (take_loose_blocks) that a \
+                     queued copy does not already retain",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The copies the step being formed carries (vLLM 0.33's `take_kv_cache_block_copies`
+    /// and `_free_cow_retained_blocks`): their endpoints are released now, or with
+    /// deferred frees on, once the first step at or after this one that schedules any
+    /// token is processed (`sched_step_seq + 1`; `stamp_step` numbers it after).
+    pub(super) fn take_block_copies(&mut self) -> Vec<(BlockId, BlockId)> {
+        let copies = std::mem::take(&mut self.block_frees.copies);
+        if copies.is_empty() {
+            return copies;
+        }
+        let retained: Vec<BlockId> = copies.iter().flat_map(|&(s, d)| [s, d]).collect();
+        let frees = &mut self.block_frees;
+        let fence = frees.sched_step_seq + 1;
+        if frees.enabled && fence > frees.processed_step_seq {
+            let reversed = retained.into_iter().rev().collect();
+            frees.queue.push_back((fence, Deferred::Retained(reversed)));
+        } else if let Err(err) = self.kv.release_loose_blocks(&retained) {
+            // Queued only with the references checked, and released once: our bug.
+            debug_assert!(false, "{err}");
+        }
+        copies
     }
 
     /// Whether the asynchronous load being admitted for `slot` waits for the step in flight;
@@ -174,7 +303,9 @@ impl<R: RequestKey> Scheduler<R> {
         let holds_blocks = self.kv.block_ids(slot).is_some();
         if holds_blocks && !self.blocks_can_be_freed(last_sched_seq) {
             let fence = self.block_frees.sched_step_seq;
-            self.block_frees.queue.push_back((fence, slot));
+            self.block_frees
+                .queue
+                .push_back((fence, Deferred::Slot(slot)));
             return Ok(());
         }
         if holds_blocks {
@@ -212,20 +343,40 @@ impl<R: RequestKey> Scheduler<R> {
         };
         self.index.insert(id, fresh);
         let fence = self.block_frees.sched_step_seq;
-        self.block_frees.queue.push_back((fence, slot));
+        self.block_frees
+            .queue
+            .push_back((fence, Deferred::Slot(slot)));
         Ok(fresh)
     }
 
     /// Describes a broken invariant of the deferred frees, if any.
     pub(super) fn check_block_frees(&self) -> std::result::Result<(), String> {
         let mut last_fence = 0;
-        for &(fence, slot) in &self.block_frees.queue {
+        let mut last_copy_fence = 0;
+        let newest = self.block_frees.sched_step_seq;
+        for (fence, deferred) in &self.block_frees.queue {
+            let fence = *fence;
+            let slot = match deferred {
+                Deferred::Slot(slot) => *slot,
+                // A copy's fence may lead the slots' by one step (vLLM's note in
+                // `_drain_deferred_frees`).
+                Deferred::Retained(blocks) => {
+                    if fence < last_copy_fence || fence > newest + 1 {
+                        return Err(format!("retained copy endpoints have fence {fence}"));
+                    }
+                    if let Some(b) = blocks.iter().find(|&&b| self.kv.loose_refs(b) == 0) {
+                        return Err(format!("retained copy endpoint {b} holds no reference"));
+                    }
+                    last_copy_fence = fence;
+                    continue;
+                }
+            };
             if self.slots[slot as usize].is_some() || self.free_slots.contains(&slot) {
                 return Err(format!(
                     "slot {slot} waits for its fence but is live or free"
                 ));
             }
-            if fence < last_fence || fence > self.block_frees.sched_step_seq {
+            if fence < last_fence || fence > newest {
                 return Err(format!(
                     "deferred free of slot {slot} has fence {fence} out of order"
                 ));
@@ -244,4 +395,47 @@ impl<R: RequestKey> Scheduler<R> {
         }
         Ok(())
     }
+}
+
+/// The pool's blocks held outside any request, whichever pool it is.
+impl Kv {
+    fn take_loose_blocks(&mut self, num_blocks: usize) -> Result<Vec<BlockId>> {
+        match self {
+            Kv::BlockHash(p) => p.take_loose_blocks(num_blocks),
+            Kv::Radix(_) => Err(radix_blocks()),
+            Kv::Hybrid(_) => {
+                (self.hybrid_pool_mut("take_loose_blocks")?).take_loose_blocks(num_blocks)
+            }
+        }
+    }
+
+    fn release_loose_blocks(&mut self, ordered: &[BlockId]) -> Result<()> {
+        match self {
+            Kv::BlockHash(p) => p.release_loose_blocks(ordered),
+            Kv::Radix(_) => Err(radix_blocks()),
+            Kv::Hybrid(_) => {
+                (self.hybrid_pool_mut("free_loose_blocks")?).release_loose_blocks(ordered)
+            }
+        }
+    }
+
+    /// The references on `block` held outside any request (0 over the radix pool).
+    fn loose_refs(&self, block: BlockId) -> u32 {
+        match self {
+            Kv::BlockHash(p) => p.loose_refs(block),
+            Kv::Radix(_) => 0,
+            Kv::Hybrid(_) => self
+                .hybrid_pool("loose_refs")
+                .map_or(0, |p| p.loose_refs(block)),
+        }
+    }
+}
+
+fn radix_blocks() -> Error {
+    Error::config(
+        "prefix_cache",
+        "radix",
+        "blocks held outside a request need the block-hash pool (the radix pool's pages \
+         carry no per-block state)",
+    )
 }

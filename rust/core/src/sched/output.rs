@@ -60,6 +60,11 @@ pub struct SchedulerOutput<R> {
     /// Per request whose items the encoder runs this step, their indices in its
     /// `mm_features` (vLLM's `scheduled_encoder_inputs`), in scheduling order.
     pub scheduled_encoder_inputs: Vec<(R, Vec<usize>)>,
+    /// Block copies the worker runs before this step's forward, (source, destination),
+    /// in the order queued (vLLM 0.33's `kv_cache_block_copies`;
+    /// `Scheduler::queue_block_copies`). Their endpoints stay out of the free pool until
+    /// this step is processed (`sched::block_free`).
+    pub kv_cache_block_copies: Vec<(BlockId, BlockId)>,
     /// Identifiers the encoder cache evicted since the last step (vLLM's
     /// `free_encoder_mm_hashes`): the worker drops those outputs.
     pub free_encoder_mm_hashes: Vec<String>,
@@ -140,6 +145,7 @@ impl<R: RequestKey> Scheduler<R> {
             kv_loads: std::mem::take(&mut plan.kv_loads),
             scheduled_encoder_inputs: Vec::new(),
             free_encoder_mm_hashes: Vec::new(),
+            kv_cache_block_copies: self.take_block_copies(),
         };
         self.encoder_end_step(&plan.scheduled, &mut out);
         let in_flight_step = self.in_flight_begin_step();

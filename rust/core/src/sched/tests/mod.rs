@@ -4,6 +4,7 @@
 mod arrivals;
 mod async_scheduling;
 mod aux_outputs;
+mod block_copies;
 mod block_free;
 mod budgets;
 mod cadence;

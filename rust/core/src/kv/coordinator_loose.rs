@@ -1,0 +1,34 @@
+//! The coordinator's blocks held outside any request (`kv::loose_blocks`): vLLM's
+//! `BlockPool.get_new_blocks` and `free_blocks` called directly, and the endpoints of a
+//! queued block copy (`sched::block_free`).
+
+use super::{BlockId, Eviction, KvCoordinator, RequestKey};
+use crate::Result;
+
+impl<R: RequestKey> KvCoordinator<R> {
+    /// `BlockPool::take_loose_blocks` over the coordinator's pool (never the null block).
+    pub fn take_loose_blocks(&mut self, num_blocks: usize) -> Result<Vec<BlockId>> {
+        let mut eviction = Eviction {
+            cached: &mut self.cached,
+            events: &mut None,
+            host: &mut None,
+            stats: &mut self.stats,
+        };
+        (self.loose).take(
+            &mut self.free_queue,
+            &mut self.blocks,
+            &mut eviction,
+            num_blocks,
+        )
+    }
+
+    /// `BlockPool::release_loose_blocks` over the coordinator's pool.
+    pub fn release_loose_blocks(&mut self, ordered: &[BlockId]) -> Result<()> {
+        (self.loose).release(&mut self.free_queue, &mut self.blocks, ordered)
+    }
+
+    /// The references held on `block` outside any request.
+    pub fn loose_refs(&self, block: BlockId) -> u32 {
+        self.loose.refs(block)
+    }
+}

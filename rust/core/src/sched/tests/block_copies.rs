@@ -4,6 +4,7 @@
 //! `test_cow_retentions_deferred_until_copy_step_processed` (4-token blocks here).
 
 use super::*;
+use crate::kv::KvGroupSpec;
 use crate::sched::*;
 
 /// 16 blocks of 4 tokens; a 9-token prompt takes 3 blocks.
@@ -119,4 +120,32 @@ fn the_radix_pool_refuses_blocks_outside_a_request() {
     let mut s = Scheduler::<u32>::new(cfg, false).unwrap();
     let err = s.take_loose_blocks(1).unwrap_err();
     assert!(err.to_string().contains("prefix_cache"), "{err}");
+}
+
+#[test]
+fn over_several_kv_groups_the_copy_holds_the_coordinators_blocks() {
+    let cfg = SchedulerConfig {
+        num_blocks: 16,
+        max_num_batched_tokens: 64,
+        kv_groups: vec![KvGroupSpec::FullAttention, KvGroupSpec::FullAttention],
+        ..config()
+    };
+    let mut s = Scheduler::<u32>::new(cfg, true).unwrap();
+    s.set_defer_block_free(true);
+    let free = s.num_free_blocks();
+    let taken = s.take_loose_blocks(2).unwrap();
+    // The coordinator's block 0 is the null block: never handed out.
+    assert!(!taken.contains(&0));
+    s.queue_block_copies(&[(taken[0], taken[1])]).unwrap();
+    s.add_request(0, prompt(0, 9)).unwrap();
+    let out = s.schedule().unwrap();
+    assert_eq!(out.kv_cache_block_copies, [(taken[0], taken[1])]);
+    assert_eq!(s.deferred_frees(), [(1, vec![taken[1], taken[0]])]);
+    s.check_invariants().unwrap();
+    s.step_processed().unwrap();
+    s.update_from_output(&[sample(0, 7)]).unwrap();
+    assert!(s.deferred_frees().is_empty());
+    // Request 0 holds 3 blocks per group (9 prompt tokens and the decode slot).
+    assert_eq!(s.num_free_blocks(), free - 6);
+    s.check_invariants().unwrap();
 }

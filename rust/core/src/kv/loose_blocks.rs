@@ -32,7 +32,10 @@ impl LooseBlocks {
 
     /// vLLM's `get_new_blocks(n)`: `n` blocks from the front of the free queue (evicting
     /// what they cached), each with one loose reference. `InputError` (`num_blocks`) when
-    /// fewer are free; nothing changes then.
+    /// fewer are free; nothing changes then. Cold: called by hand and by a copy-on-write,
+    /// never on the replay's path.
+    #[cold]
+    #[inline(never)]
     pub(super) fn take(
         &mut self,
         free_queue: &mut impl FreeQueue,
@@ -59,6 +62,8 @@ impl LooseBlocks {
     /// evicted first); a block left unheld goes back to the free queue. `InputError`
     /// (`block_ids`) naming a block without a loose reference left for it; nothing changes
     /// then.
+    #[cold]
+    #[inline(never)]
     pub(super) fn release(
         &mut self,
         free_queue: &mut impl FreeQueue,

@@ -234,6 +234,8 @@ impl<R: RequestKey> Scheduler<R> {
     /// and `_free_cow_retained_blocks`): their endpoints are released now, or with
     /// deferred frees on, once the first step at or after this one that schedules any
     /// token is processed (`sched_step_seq + 1`; `stamp_step` numbers it after).
+    #[cold]
+    #[inline(never)]
     pub(super) fn take_block_copies(&mut self) -> Vec<(BlockId, BlockId)> {
         let copies = std::mem::take(&mut self.block_frees.copies);
         if copies.is_empty() {

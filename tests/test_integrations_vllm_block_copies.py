@@ -190,3 +190,30 @@ def _aborted() -> Any:
     from vllm.v1.request import RequestStatus
 
     return RequestStatus.FINISHED_ABORTED
+
+
+@pytest.mark.parametrize("defer", [False, True])
+def test_a_paused_step_carries_the_copies_as_vllms_does(defer: bool) -> None:
+    """vLLM 0.33's paused ``schedule()`` schedules nothing but still drains the queued
+    copies into its empty output; their endpoints return as that step's would."""
+    from vllm.v1.core.sched.interface import PauseState
+
+    pair = _pair(async_scheduling=True, defer=defer)
+    held: list[int] = []
+    for s in pair:
+        s.set_pause_state(PauseState.PAUSED_ALL)
+        src, dst = _pool(s).get_new_blocks(2)
+        held = [src.block_id, dst.block_id]
+        _manager(s)._pending_cow_copies.append((src, dst))
+    outs = [s.schedule() for s in pair]
+    assert outs[0].kv_cache_block_copies == outs[1].kv_cache_block_copies
+    assert outs[1].kv_cache_block_copies == [KVCacheBlockCopy(*held)]
+    assert _state(pair[1], held) == _state(pair[0], held)
+    add_to_each(pair, "r", list(range(20)), SamplingParams(max_tokens=3))
+    for s in pair:
+        s.set_pause_state(PauseState.UNPAUSED)
+        out = s.schedule()
+        s.update_from_output(out, _runner_output(out, {}))
+    # Released (at once, or past the fence): the request just admitted may hold them.
+    assert not pair[1].deferred_frees
+    assert _state(pair[1], held) == _state(pair[0], held)

@@ -1152,6 +1152,9 @@ class Scheduler:
         Raises InputError (nothing queued) for an endpoint without one."""
     def pending_block_copies(self) -> list[tuple[int, int]]:
         """The copies queued and not yet carried by a step."""
+    def take_pending_block_copies(self) -> list[tuple[int, int]]:
+        """Hands the queued copies to a step formed without ``schedule()`` (a paused
+        engine's empty step), releasing their endpoints as that step's would be."""
     @property
     def encoder_budget(self) -> int:
         """The encoder compute budget per step, in embeddings (settable: from the next step

@@ -45,6 +45,10 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
         vllm_ids = self._vllm_ids
         if self._pause_state == PauseState.PAUSED_ALL:
             out = SchedulerOutput.make_empty()
+            # vLLM 0.33's paused step schedules nothing but still drains the copies.
+            self.kv_cache_manager.coordinator.queue_pending_copies()
+            if copies := self._core.take_pending_block_copies():
+                out.kv_cache_block_copies = self._block_copies(copies)
             out.finished_req_ids = self.finished_req_ids
             out.preempted_req_ids = self.reset_preempted_req_ids
             self.finished_req_ids = set()
@@ -97,9 +101,7 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
             num_spec_tokens_to_schedule=self.num_spec_tokens,
         )
         if copies := core.kv_cache_block_copies:
-            # vLLM 0.33's take_kv_cache_block_copies; the single pool's ids are renumbered.
-            shift = 0 if self._kv_groups else 1
-            out.kv_cache_block_copies = [KVCacheBlockCopy(s + shift, d + shift) for s, d in copies]
+            out.kv_cache_block_copies = self._block_copies(copies)
         if self.needs_kv_cache_zeroing and self._kv_groups:
             # vLLM 0.33's _get_new_block_ids_to_zero: the blocks handed out this step.
             out.new_block_ids_to_zero = self._core.take_new_block_ids().tolist() or None
@@ -218,6 +220,12 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
         if self.log_stats:
             request.record_event(EngineCoreEventType.PREEMPTED, timestamp)
         self.reset_preempted_req_ids.add(request_id)
+
+    def _block_copies(self, copies: list[tuple[int, int]]) -> list[KVCacheBlockCopy]:
+        """The core's copies as vLLM 0.33's ``take_kv_cache_block_copies`` gives them (the
+        single pool's ids renumbered)."""
+        shift = 0 if self._kv_groups else 1
+        return [KVCacheBlockCopy(s + shift, d + shift) for s, d in copies]
 
     def _new_and_resumed(
         self, core: Any, now: float

@@ -368,6 +368,12 @@ impl PyScheduler {
         self.inner.pending_block_copies().to_vec()
     }
 
+    /// Hands the queued copies to a step formed without `schedule()` (a paused engine's
+    /// empty step), releasing their endpoints as that step's would be.
+    fn take_pending_block_copies(&mut self) -> Vec<(u32, u32)> {
+        self.inner.take_pending_block_copies()
+    }
+
     /// The latest step numbered while frees are deferred that served the request.
     fn last_sched_seq(&self, request_id: &Bound<'_, PyAny>) -> PyResult<u64> {
         let id = RequestId::from_py(request_id)?;

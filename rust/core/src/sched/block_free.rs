@@ -203,6 +203,17 @@ impl<R: RequestKey> Scheduler<R> {
         &self.block_frees.copies
     }
 
+    /// Hands the queued copies to a step formed without `schedule()` (vLLM 0.33's paused
+    /// scheduler still drains them into its empty output), releasing their endpoints as
+    /// that step's would be: at once, or under deferred frees at the fence of the next
+    /// step that schedules any token.
+    pub fn take_pending_block_copies(&mut self) -> Vec<(BlockId, BlockId)> {
+        if self.block_frees.copies.is_empty() {
+            return Vec::new();
+        }
+        self.take_block_copies()
+    }
+
     /// `InputError` (`field`) unless each of `blocks` (counted with repeats) holds loose
     /// references beyond those queued or deferred copies retain.
     fn check_unretained(&self, blocks: &[BlockId], field: &'static str) -> Result<()> {

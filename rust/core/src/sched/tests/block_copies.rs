@@ -149,3 +149,15 @@ fn over_several_kv_groups_the_copy_holds_the_coordinators_blocks() {
     assert_eq!(s.num_free_blocks(), free - 6);
     s.check_invariants().unwrap();
 }
+
+#[test]
+fn a_step_formed_without_schedule_takes_the_copies_as_schedule_would() {
+    let mut s = scheduler(true);
+    let taken = s.take_loose_blocks(2).unwrap();
+    s.queue_block_copies(&[(taken[0], taken[1])]).unwrap();
+    assert_eq!(s.take_pending_block_copies(), [(taken[0], taken[1])]);
+    assert!(s.take_pending_block_copies().is_empty());
+    // No step has scheduled a token: the endpoints wait for the next one that does.
+    assert_eq!(s.deferred_frees(), [(1, vec![taken[1], taken[0]])]);
+    s.check_invariants().unwrap();
+}

@@ -217,3 +217,85 @@ def test_a_paused_step_carries_the_copies_as_vllms_does(defer: bool) -> None:
     # Released (at once, or past the fence): the request just admitted may hold them.
     assert not pair[1].deferred_frees
     assert _state(pair[1], held) == _state(pair[0], held)
+
+
+def test_a_block_held_by_hand_blocks_the_prefix_cache_reset() -> None:
+    """vLLM's ``BlockPool.reset_prefix_cache`` refuses while any block is used (the null
+    block aside): a block taken by ``get_new_blocks`` counts until ``free_blocks``."""
+    pair = _pair(async_scheduling=False, defer=False)
+    taken = [_pool(s).get_new_blocks(1) for s in pair]
+    assert [s.reset_prefix_cache() for s in pair] == [False, False]
+    for s, blocks in zip(pair, taken, strict=True):
+        _pool(s).free_blocks(blocks)
+    assert [s.reset_prefix_cache() for s in pair] == [True, True]
+
+
+def _hybrid(cls: type, defer: bool) -> Any:
+    """Full attention + a Mamba ``align`` group (block 16, 40 blocks, prefix caching), as
+    ``test_integrations_vllm_mamba_connector.py`` builds it, without a connector."""
+    import torch
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        MambaSpec,
+    )
+    from vllm_peer import VllmSchedulerPeer
+
+    peer = VllmSchedulerPeer(
+        num_blocks=40, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=512
+    )
+    peer.vllm_config.cache_config.mamba_cache_mode = "align"
+    fa = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    mamba = MambaSpec(
+        block_size=16, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="align"
+    )
+    groups = [KVCacheGroupSpec(["fa"], fa), KVCacheGroupSpec(["mamba"], mamba)]
+    config = KVCacheConfig(num_blocks=40, kv_cache_tensors=[], kv_cache_groups=groups)
+    scheduler = peer.build(cls, config)
+    scheduler._peer = peer
+    scheduler.defer_block_free = defer
+    return scheduler
+
+
+@pytest.mark.parametrize("defer", [False, True])
+@pytest.mark.parametrize("seed", range(4))
+def test_copies_beside_a_mamba_align_group_agree_with_vllm(defer: bool, seed: int) -> None:
+    """Two KV groups (the coordinator, whose block 0 is the null block): copies appended to
+    the Mamba group's queue between blocks taken by hand, beside requests; block ids,
+    copies, free blocks and fences agree with vLLM's ``Scheduler`` step by step."""
+    from vllm_compare import runner_output
+
+    rng = random.Random(seed)
+    pair = [_hybrid(cls, defer) for cls in (Scheduler, TokenyardScheduler)]
+    loose: list[int] = []
+    held: set[int] = set()
+    for step in range(30):
+        op = rng.random()
+        if op < 0.3:
+            prompt = [rng.randint(1, 30) for _ in range(rng.randint(16, 60))]
+            for s in pair:
+                s.add_request(s._peer.make_request(f"r{step}", prompt, max_tokens=3))
+        elif op < 0.55:
+            n = rng.randint(0, min(3, _pool(pair[0]).get_num_free_blocks()))
+            taken = [[b.block_id for b in _pool(s).get_new_blocks(n)] for s in pair]
+            assert taken[0] == taken[1], f"step {step}: blocks taken"
+            loose += taken[0]
+            held.update(taken[0])
+        elif op < 0.75 and len(loose) >= 2:
+            src, dst = loose.pop(rng.randrange(len(loose))), loose.pop(rng.randrange(len(loose)))
+            for s in pair:
+                blocks = _pool(s).blocks
+                mamba = s.kv_cache_manager.coordinator.single_type_managers[1]
+                mamba._pending_cow_copies.append((blocks[src], blocks[dst]))
+        elif op < 0.85 and loose:
+            block = loose.pop(rng.randrange(len(loose)))
+            for s in pair:
+                _pool(s).free_blocks([_pool(s).blocks[block]])
+        outs = [s.schedule() for s in pair]
+        assert outs[0].kv_cache_block_copies == outs[1].kv_cache_block_copies, f"step {step}"
+        assert dict(outs[0].num_scheduled_tokens) == dict(outs[1].num_scheduled_tokens)
+        for s, out in zip(pair, outs, strict=True):
+            s.update_from_output(out, runner_output(s, out))
+        order = sorted(held)
+        assert _state(pair[1], order) == _state(pair[0], order), f"step {step}: state"

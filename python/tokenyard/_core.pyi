@@ -22,6 +22,7 @@ __all__ = [
     "FullAttentionSpec",
     "GroupedComputedBlocks",
     "HiSparseHotSpec",
+    "HiSparseHostPublication",
     "HiSparseResidentSpec",
     "KvCoordinator",
     "KvLoad",
@@ -575,6 +576,73 @@ class MatchResult:
         """KV slot indices of the matched prefix, one per token."""
     @property
     def handle(self) -> NodeHandle: ...
+
+@final
+class HiSparseHostPublication:
+    """vLLM 0.33's HiSparse host pool with prefix caching on, as the HiSparse connector's
+    write-backs and the worker's acknowledgements drive it (the core's
+    ``kv::HostPublication``; docs/integrations.md, "vLLM 0.33's scheduler-side HiSparse
+    rule", points 2-5 and 8, host side). Not yet driven by the vLLM adapter.
+
+    ``num_blocks`` host blocks (block 0 the null block) of ``block_size`` tokens; at most
+    ``max_spill_pages`` write-backs planned between two ``take_transfers``.
+
+    Raises:
+        ConfigError: ``num_blocks < 2``, ``block_size < 1`` or ``max_spill_pages < 1``.
+    """
+
+    def __new__(
+        cls, *, num_blocks: int, block_size: int, max_spill_pages: int
+    ) -> HiSparseHostPublication: ...
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def num_free_blocks(self) -> int: ...
+    def free_blocks(self) -> list[int]:
+        """Free blocks, the next handed out first."""
+    def published_blocks(self) -> list[int]:
+        """Blocks published for a page (hit-able), ascending."""
+    def ref_count(self, block_id: int) -> int: ...
+    def table(self, request_id: _RequestId) -> list[int] | None: ...
+    def hit_blocks(self, token_ids: _TokenIds) -> list[int]:
+        """The blocks of the longest published prefix of ``token_ids`` (never the last token)."""
+    def has_pending_work(self) -> bool: ...
+    def has_pending_host_reclamation(self) -> bool:
+        """Whether a pending write-back alone holds its host block."""
+    def admit(
+        self, request_id: _RequestId, token_ids: _TokenIds, max_new_tokens: int | None = None
+    ) -> int | None:
+        """Admits the prompt (at most ``max_new_tokens`` past the hit); returns the hit in
+        tokens, or None when the pool cannot back it (nothing changes).
+
+        Raises:
+            InputError: the request holds blocks already, or ``token_ids`` is empty.
+        """
+    def step(self, request_id: _RequestId, num_new_tokens: int) -> bool:
+        """The next prefill chunk; False when the pool cannot back it (nothing changes)."""
+    def decode(self, request_id: _RequestId, token_id: int) -> bool:
+        """Appends ``token_id`` and computes it; False when the pool cannot back its page."""
+    def take_transfers(self) -> list[tuple[int, int]]:
+        """``[(transfer_id, host_block_id)]`` planned since the last call."""
+    def acknowledge(self, enqueued: dict[int, int], completed: dict[int, int]) -> list[_RequestId]:
+        """The workers' counts by transfer id (vLLM's ``update_spills``); returns the live
+        requests with pages landed, in transfer order, for ``publish_ready``.
+
+        Raises:
+            InputError: a negative id or count.
+        """
+    def publish_ready(self, request_ids: list[_RequestId]) -> None:
+        """Publishes each named request's ready prefix, in the order given."""
+    def free(self, request_id: _RequestId, *, finished: bool = True) -> None:
+        """Frees a finished (or, ``finished=False``, preempted) request's blocks.
+
+        Raises:
+            UnknownRequestError: the request holds no blocks.
+        """
+    def check(self) -> None:
+        """Raises InternalError if blocks are not conserved."""
 
 @final
 class RadixCache:

@@ -240,3 +240,32 @@ def test_the_reference_model_is_vllms_host_publication(seed: int, host_num_block
     assert seen["acks"] > 0
     if host_num_blocks == 40:
         assert seen["hits"] > 0
+
+
+def test_write_backs_past_max_spill_pages_wait_for_the_next_step() -> None:
+    """vLLM's ``plan_prefix_materialization`` plans at most ``max_model_len // block_size``
+    (here 8) write-backs between two offload commands, over all the requests one step
+    advances; the core's cap counts them the same way."""
+    theirs = _Vllm(40)
+    core = HiSparseHostPublication(
+        num_blocks=40, block_size=BLOCK_SIZE, max_spill_pages=MAX_MODEL_LEN // BLOCK_SIZE
+    )
+    prompts = {f"r{i}": [1000 * i + t for t in range(70)] for i in range(3)}
+    for request_id, tokens in prompts.items():
+        request = theirs.peer.make_request(request_id, tokens, 1)
+        assert theirs.manager.allocate_slots(request, len(tokens)) is not None
+        request.num_computed_tokens = len(tokens)
+        assert core.admit(request_id, tokens) == 0
+    expected = []
+    for _ in range(2):
+        theirs.coordinator.advance_scheduled([(r, 70) for r in prompts])
+        command = theirs.coordinator.build_offload_command()
+        expected.append([(t.transfer_id, t.host_block_id) for t in command.page_transfers])
+    assert [len(e) for e in expected] == [8, 4]
+    assert core.take_transfers() == expected[0]
+    # The next step: each scheduled request is advanced again (a decode, here a chunk of
+    # nothing left), and the third one's pages are planned.
+    for request_id in prompts:
+        assert core.step(request_id, 1)
+    assert core.take_transfers() == expected[1]
+    assert core.has_pending_host_reclamation() is False

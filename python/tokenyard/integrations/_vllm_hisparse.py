@@ -75,7 +75,8 @@ def refuse_unmodelled_hisparse(kv_cache_config: Any, kv_transfer_config: Any = N
     """Raises ConfigError for a vLLM 0.33 HiSparse setup the core does not serve: the
     HiSparse connector (``kv_transfer_config`` naming ``HiSparseConnector``, alone or in a
     ``MultiConnector``: its scheduler side plans write-backs and GPU residency every step
-    and publishes host pages on its worker's acknowledgements, none of it modelled), device
+    and publishes host pages on its worker's acknowledgements; the core holds the host half,
+    ``kv::HostPublication``, but not the device half nor the adapter's metadata), device
     groups (``HiSparseResidentSpec``, ``HiSparseHotSpec``) without a host pool
     (``hisparse_host_num_blocks`` and a ``HISPARSE_SOURCE`` group: vLLM's
     ``HiSparseCoordinator`` requires both), or hot groups without resident ones (vLLM's
@@ -88,9 +89,10 @@ def refuse_unmodelled_hisparse(kv_cache_config: Any, kv_transfer_config: Any = N
         # and update_connector_output its update_spills: vLLM's block ids change with it even
         # with prefix caching off.
         raise ConfigError(
-            "kv_transfer_config.kv_connector: HiSparseConnector's scheduler side (write-back "
-            "planning, GPU residency, host pages published on its worker's acknowledgements) "
-            "is not modelled",
+            "kv_transfer_config.kv_connector: HiSparseConnector's scheduler side is not "
+            "modelled on the device (write-back references on resident blocks, unpinning, "
+            "GPU residency and hot regions) nor in the adapter's outputs "
+            "(HiSparseConnectorMetadata)",
             field="kv_transfer_config.kv_connector",
             value=str(getattr(kv_transfer_config, "kv_connector", "HiSparseConnector")),
         )

@@ -284,3 +284,23 @@ fn random_streams_conserve_blocks() {
         }
     }
 }
+
+#[test]
+fn a_write_back_alone_holding_its_block_is_a_pending_reclamation() {
+    let mut pool = pool(10);
+    pool.admit(1, prompt(0, 9), None).unwrap();
+    pool.take_transfers();
+    assert!(!pool.has_pending_host_reclamation());
+    // Finished: the lease holds the pages beside the transfers.
+    pool.admit(2, prompt(100, 5), None).unwrap();
+    pool.free(&1, true).unwrap();
+    assert!(!pool.has_pending_host_reclamation());
+    // Preempted: its transfer (id 2) alone holds block 4.
+    pool.free(&2, false).unwrap();
+    assert_eq!(pool.ref_count(4), 1);
+    assert!(pool.has_pending_host_reclamation());
+    ack(&mut pool, &[2]);
+    assert!(!pool.has_pending_host_reclamation());
+    assert_eq!(pool.ref_count(4), 0);
+    pool.check().unwrap();
+}

@@ -28,10 +28,11 @@
 //!   without a published page to the queue's front, published ones to its tail).
 //!
 //! Not modelled here: the device side (resident pages, unpinning, GPU copies, hot
-//! regions), copy-on-write for hits ending inside a block and host imports. The
-//! pure-Python reference model
-//! is `tests/hisparse_publication_model.py`; `tests/test_hisparse_host_publication.py` runs
-//! this structure, that model and vLLM's own coordinator side by side.
+//! regions), copy-on-write for hits ending inside a block, host imports, and
+//! `num_reprefillable_tokens` (the caller passes tokens already less them). The pure-Python
+//! reference model is `tests/hisparse_publication_model.py`;
+//! `tests/test_hisparse_host_publication.py` runs this structure, that model and vLLM's own
+//! coordinator side by side.
 //!
 //! Invariant ([`HostPublication::check`]): every usable block (all but the null block 0) is
 //! either in the free queue with no reference or holds as many references as the tables,

@@ -8,8 +8,10 @@ enough that hot regions are required (low free blocks, full admission windows), 
 pages unpinned and unpinned blocks handed out again (their pages lost). After every
 operation: each request's host, indexer and hot tables and its resident row with residency
 changes applied, both free queues in order, and the step's write-backs (transfer id, host
-block, resident block). The core does not run this yet (the HiSparse connector is refused);
-this is its specification. Needs vLLM (the bench venv); skipped elsewhere."""
+block, resident block). The core's port (``tokenyard._core.HiSparseDeviceResidency``, Rust
+``kv::DeviceResidency``) runs beside both with the same answers; the step scheduler does
+not run it yet (the HiSparse connector is refused). Needs vLLM (the bench venv); skipped
+elsewhere."""
 
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ from vllm.v1.hisparse.coordinator import get_hisparse_coordinator
 from vllm.v1.request import RequestStatus
 from vllm_compare import BLOCK_SIZE
 from vllm_peer import VllmSchedulerPeer
+
+from tokenyard._core import HiSparseDeviceResidency
 
 MAX_MODEL_LEN = 128
 
@@ -128,6 +132,14 @@ def _model_state(model: DeviceResidency) -> dict[str, Any]:
     }
 
 
+def _core_state(core: HiSparseDeviceResidency, request_ids: list[str]) -> dict[str, Any]:
+    return {
+        "tables": {r: core.tables(r) for r in request_ids},
+        "free": core.free_blocks(),
+        "host_free": core.host_free_blocks(),
+    }
+
+
 def run(seed: int, num_blocks: int, host_num_blocks: int, operations: int = 200) -> dict[str, int]:
     rng = random.Random(seed)
     theirs = _Vllm(num_blocks, host_num_blocks)
@@ -137,6 +149,14 @@ def run(seed: int, num_blocks: int, host_num_blocks: int, operations: int = 200)
         BLOCK_SIZE,
         max_model_len=MAX_MODEL_LEN,
         max_admission_blocks=theirs.resident.max_admission_blocks_per_request,
+    )
+    core = HiSparseDeviceResidency(
+        num_blocks=num_blocks,
+        host_num_blocks=host_num_blocks,
+        block_size=BLOCK_SIZE,
+        blocks_per_request=2,
+        max_admission_blocks_per_request=theirs.resident.max_admission_blocks_per_request,
+        max_spill_pages=MAX_MODEL_LEN // BLOCK_SIZE,
     )
     planned: list[int] = []
     preempted: dict[str, list[int]] = {}
@@ -159,13 +179,16 @@ def run(seed: int, num_blocks: int, host_num_blocks: int, operations: int = 200)
             chunk = rng.choice([None, None, 16, 24, 40])
             done = theirs.admit(request_id, tokens, chunk)
             assert ours.admit(request_id, tokens, chunk) == done, f"op {step}"
+            assert core.admit(request_id, len(tokens), chunk) == done, f"op {step}"
             if not done:
                 preempted[request_id] = tokens
                 seen["refused"] += 1
         elif op < 0.4 and prefilling:
             request_id = rng.choice(prefilling)
             chunk = rng.choice([8, 16, 24, 40])
-            assert ours.step(request_id, chunk) == theirs.step(request_id, chunk), f"op {step}"
+            done = theirs.step(request_id, chunk)
+            assert ours.step(request_id, chunk) == done, f"op {step}"
+            assert core.step(request_id, chunk) == done, f"op {step}"
         elif op < 0.6 and decoding:
             request_id = rng.choice(decoding)
             for _ in range(rng.randrange(1, 20)):
@@ -177,8 +200,10 @@ def run(seed: int, num_blocks: int, host_num_blocks: int, operations: int = 200)
                 token = rng.randrange(1000, 5000)
                 done = theirs.decode(request_id, token)
                 assert ours.decode(request_id, token) == done, f"op {step}"
+                assert core.decode(request_id) == done, f"op {step}"
                 transfers = theirs.take_transfers()
                 assert ours.take_transfers() == transfers, f"op {step}"
+                assert core.take_transfers() == transfers, f"op {step}"
                 planned.extend(t for t, _, _ in transfers)
                 if not done:
                     break
@@ -187,6 +212,7 @@ def run(seed: int, num_blocks: int, host_num_blocks: int, operations: int = 200)
             planned = [t for t in planned if t not in done_ids]
             theirs.acknowledge(done_ids)
             ours.acknowledge(done_ids)
+            core.acknowledge(dict.fromkeys(done_ids, 1), dict.fromkeys(done_ids, 1))
             seen["acks"] += len(done_ids)
         elif ours.requests:
             request_id = rng.choice(sorted(ours.requests))
@@ -196,11 +222,16 @@ def run(seed: int, num_blocks: int, host_num_blocks: int, operations: int = 200)
                 preempted[request_id] = list(ours.requests[request_id].tokens)
             theirs.finish(request_id, finished=finished)
             ours.finish(request_id)
+            core.free(request_id)
         transfers = theirs.take_transfers()
         assert ours.take_transfers() == transfers, f"op {step}"
+        assert core.take_transfers() == transfers, f"op {step}"
         planned.extend(t for t, _, _ in transfers)
         ours.check()
-        assert _model_state(ours) == theirs.state(), f"op {step}"
+        core.check()
+        state = theirs.state()
+        assert _model_state(ours) == state, f"op {step}"
+        assert _core_state(core, sorted(ours.requests)) == state, f"op {step}"
         seen["hot"] += sum(len(q.hot) > 0 for q in ours.requests.values())
         seen["unpinned"] += len(ours.watched)
         seen["lost"] += sum(q.resident.count(0) for q in ours.requests.values())

@@ -21,8 +21,9 @@ __all__ = [
     "EncoderCache",
     "FullAttentionSpec",
     "GroupedComputedBlocks",
-    "HiSparseHotSpec",
+    "HiSparseDeviceResidency",
     "HiSparseHostPublication",
+    "HiSparseHotSpec",
     "HiSparseResidentSpec",
     "KvCoordinator",
     "KvLoad",
@@ -576,6 +577,66 @@ class MatchResult:
         """KV slot indices of the matched prefix, one per token."""
     @property
     def handle(self) -> NodeHandle: ...
+
+@final
+class HiSparseDeviceResidency:
+    """vLLM 0.33's HiSparse connector, device half, with prefix caching off: the device pool
+    shared by the indexer, resident and hot groups, the host pool, write-back references on
+    both, hot regions, unpinning and the free order (the core's ``kv::DeviceResidency``;
+    docs/integrations.md, "vLLM 0.33's scheduler-side HiSparse rule", items 2, 3, 7 and 8).
+    Not yet driven by the vLLM adapter.
+
+    Raises:
+        ConfigError: a pool below 2 blocks, or another value below 1.
+    """
+
+    def __new__(
+        cls,
+        *,
+        num_blocks: int,
+        host_num_blocks: int,
+        block_size: int,
+        blocks_per_request: int,
+        max_admission_blocks_per_request: int,
+        max_spill_pages: int,
+    ) -> HiSparseDeviceResidency: ...
+    @property
+    def num_free_blocks(self) -> int: ...
+    def free_blocks(self) -> list[int]:
+        """Free device blocks, the next handed out first."""
+    def host_free_blocks(self) -> list[int]:
+        """Free host blocks, the next handed out first."""
+    def tables(
+        self, request_id: _RequestId
+    ) -> tuple[list[int], list[int], list[int], list[int]] | None:
+        """``(host, indexer, resident, hot)`` block ids (resident with residency applied:
+        0 for a page read from host), or None."""
+    def has_pending_work(self) -> bool: ...
+    def admit(
+        self, request_id: _RequestId, num_tokens: int, max_new_tokens: int | None = None
+    ) -> bool:
+        """Admits a prompt (at most ``max_new_tokens`` of it); False when the pools cannot
+        back it (nothing changes).
+
+        Raises:
+            InputError: the request holds blocks already.
+        """
+    def step(self, request_id: _RequestId, num_new_tokens: int) -> bool:
+        """The next prefill chunk; False when the pools cannot back it."""
+    def decode(self, request_id: _RequestId) -> bool:
+        """One sampled token joins the request and is computed; False without room."""
+    def take_transfers(self) -> list[tuple[int, int, int]]:
+        """``[(transfer_id, host_block_id, resident_block_id)]`` planned since the last call."""
+    def acknowledge(self, enqueued: dict[int, int], completed: dict[int, int]) -> None:
+        """The workers' counts by transfer id (vLLM's ``update_spills``)."""
+    def free(self, request_id: _RequestId) -> None:
+        """Frees the request (finished or preempted).
+
+        Raises:
+            UnknownRequestError: the request holds no blocks.
+        """
+    def check(self) -> None:
+        """Raises InternalError if blocks are not conserved."""
 
 @final
 class HiSparseHostPublication:

@@ -22,6 +22,7 @@ mod cache_map;
 mod coordinator;
 mod counting;
 mod free_queue;
+mod hisparse_residency;
 mod host_publication;
 mod host_tier;
 mod layer_groups;
@@ -45,6 +46,7 @@ pub use coordinator::{
 };
 pub use counting::CountingAllocator;
 pub use free_queue::{FreeBlockQueue, FreeQueue};
+pub use hisparse_residency::{DeviceResidency, DeviceTables, DeviceTransfer};
 pub use host_publication::{HostPublication, HostTransfer};
 pub use host_tier::HostTier;
 pub use layer_groups::{

@@ -29,6 +29,7 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<coordinator::PyHiSparseResidentSpec>()?;
     module.add_class::<coordinator::PyHiSparseHotSpec>()?;
     module.add_class::<host_publication::PyHostPublication>()?;
+    module.add_class::<host_publication::PyDeviceResidency>()?;
     module.add_class::<radix::PyRadixCache>()?;
     module.add_class::<radix::PyMatchResult>()?;
     module.add_class::<radix::PyNodeHandle>()?;

@@ -277,6 +277,15 @@ class DeviceResidency:
         self._release(list(reversed(request.resident)))
         self._release(list(reversed(request.hot)))
 
+    def has_pending_reclamation(self) -> bool:
+        """vLLM's ``has_pending_reclamation``: a pending write-back whose host block has no
+        other reference, or whose request (looked up by id) can read from host."""
+        return any(
+            self.host_ref[host_block] == 1
+            or (request_id in self.requests and self._can_read_from_host(self.requests[request_id]))
+            for _, request_id, _, host_block, _ in self.transfers.values()
+        )
+
     def check(self) -> None:
         """Device and host blocks are conserved: free ones once with no reference, held
         ones referenced as often as tables and transfers name them."""

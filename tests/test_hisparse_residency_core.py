@@ -104,6 +104,7 @@ class Residency(RuleBasedStateMachine):
         assert self.core.free_blocks() == list(self.model.free)
         assert self.core.host_free_blocks() == list(self.model.host_free)
         assert self.core.has_pending_work() == bool(self.model.transfers)
+        assert self.core.has_pending_reclamation() == self.model.has_pending_reclamation()
         self.model.check()
         self.core.check()
 

@@ -160,7 +160,7 @@ def run(seed: int, num_blocks: int, host_num_blocks: int, operations: int = 200)
     )
     planned: list[int] = []
     preempted: dict[str, list[int]] = {}
-    seen = dict.fromkeys(("refused", "acks", "hot", "unpinned", "lost", "preempted"), 0)
+    seen = dict.fromkeys(("refused", "acks", "hot", "unpinned", "lost", "preempted", "reclaim"), 0)
     next_id = 0
     for step in range(operations):
         op = rng.random()
@@ -232,6 +232,10 @@ def run(seed: int, num_blocks: int, host_num_blocks: int, operations: int = 200)
         state = theirs.state()
         assert _model_state(ours) == state, f"op {step}"
         assert _core_state(core, sorted(ours.requests)) == state, f"op {step}"
+        reclaim = theirs.coordinator.has_pending_reclamation()
+        assert ours.has_pending_reclamation() == reclaim, f"op {step}"
+        assert core.has_pending_reclamation() == reclaim, f"op {step}"
+        seen["reclaim"] += reclaim
         seen["hot"] += sum(len(q.hot) > 0 for q in ours.requests.values())
         seen["unpinned"] += len(ours.watched)
         seen["lost"] += sum(q.resident.count(0) for q in ours.requests.values())
@@ -254,3 +258,5 @@ def test_the_streams_lose_pages_and_refuse() -> None:
     assert seen["lost"] > 0
     assert seen["refused"] > 0
     assert seen["preempted"] > 0
+    # Pending reclamations were answered True at some operations (and False at others).
+    assert 0 < seen["reclaim"] < 200

@@ -612,6 +612,10 @@ class HiSparseDeviceResidency:
         """``(host, indexer, resident, hot)`` block ids (resident with residency applied:
         0 for a page read from host), or None."""
     def has_pending_work(self) -> bool: ...
+    def has_pending_reclamation(self) -> bool:
+        """Whether a pending write-back frees a block when it lands (vLLM's
+        ``has_pending_reclamation``: its host block has no other reference, or its request
+        can read from host)."""
     def admit(
         self, request_id: _RequestId, num_tokens: int, max_new_tokens: int | None = None
     ) -> bool:

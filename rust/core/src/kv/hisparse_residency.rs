@@ -236,6 +236,19 @@ impl<R: RequestKey> DeviceResidency<R> {
         !self.planned.is_empty() || !self.transfers.is_empty()
     }
 
+    /// Whether a pending write-back will free a block when it lands: its host block has no
+    /// other reference, or its request (by id, as vLLM looks it up) can read from host
+    /// (`has_pending_reclamation`, which the connector's `has_pending_block_frees` answers).
+    pub fn has_pending_reclamation(&self) -> bool {
+        self.transfers.values().any(|t| {
+            self.host_ref[t.host_block as usize] == 1
+                || self
+                    .requests
+                    .get(&t.request)
+                    .is_some_and(|r| self.can_read_from_host(r))
+        })
+    }
+
     /// Takes `n` device blocks from the front; a watched block fires its watcher, the lost
     /// pages of `current` (the request allocating, out of the map) applied to it.
     fn take(&mut self, n: usize, mut current: Option<(&R, &mut DeviceRequest)>) -> Vec<BlockId> {

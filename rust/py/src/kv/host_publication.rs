@@ -228,6 +228,10 @@ impl PyDeviceResidency {
         self.inner.has_pending_work()
     }
 
+    fn has_pending_reclamation(&self) -> bool {
+        self.inner.has_pending_reclamation()
+    }
+
     #[pyo3(signature = (request_id, num_tokens, max_new_tokens = None))]
     fn admit(
         &mut self,

@@ -230,6 +230,7 @@ def run(seed: int, host_num_blocks: int, operations: int = 200) -> dict[str, int
         transfers = core.take_transfers()
         new = sorted(set(theirs.host_blocks) - known)
         assert transfers == [(t, theirs.host_blocks[t]) for t in new], f"op {step}"
+        assert core.has_pending_work() == theirs.coordinator.has_pending_work(), f"op {step}"
     return seen
 
 

@@ -235,6 +235,7 @@ def run(seed: int, num_blocks: int, host_num_blocks: int, operations: int = 200)
         reclaim = theirs.coordinator.has_pending_reclamation()
         assert ours.has_pending_reclamation() == reclaim, f"op {step}"
         assert core.has_pending_reclamation() == reclaim, f"op {step}"
+        assert core.has_pending_work() == theirs.coordinator.has_pending_work(), f"op {step}"
         seen["reclaim"] += reclaim
         seen["hot"] += sum(len(q.hot) > 0 for q in ours.requests.values())
         seen["unpinned"] += len(ours.watched)

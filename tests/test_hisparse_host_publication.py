@@ -7,8 +7,12 @@ mid-prefill, decode steps, preemptions and admissions again, and acknowledgement
 seeded random order. After every operation: each
 request's host table, the host pool's free queue in order, the published host blocks, and
 the hit of each admission. This checks the
-rule docs/integrations.md writes down; tokenyard's core does not run it (the HiSparse
-connector is refused). Needs vLLM (the bench venv); skipped elsewhere."""
+rule docs/integrations.md writes down. The core's port of it
+(``tokenyard._core.HiSparseHostPublication``, Rust ``kv::HostPublication``) runs beside
+both, acknowledged with the same counts: its tables, free queue, published blocks, hits and
+each step's planned write-backs (ids and host blocks) must be vLLM's too. The adapter does
+not drive it yet (the HiSparse connector is refused). Needs vLLM (the bench venv); skipped
+elsewhere."""
 
 from __future__ import annotations
 
@@ -20,12 +24,15 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM 0.33 is installed only in the bench venv")
 
 from hisparse_publication_model import HostPublication
+from test_hisparse_publication_core import acknowledge_core, core_state
 from test_integrations_vllm_hisparse_groups import layout
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.hisparse.coordinator import get_hisparse_coordinator
 from vllm.v1.request import RequestStatus
 from vllm_compare import BLOCK_SIZE
 from vllm_peer import VllmSchedulerPeer
+
+from tokenyard._core import HiSparseHostPublication
 
 MAX_MODEL_LEN = 128
 
@@ -52,6 +59,8 @@ class _Vllm:
         )
         self.requests: dict[str, Any] = {}
         self.preempted: dict[str, Any] = {}
+        # transfer id -> the host block its write-back fills
+        self.host_blocks: dict[int, int] = {}
 
     def admit(
         self, request_id: str, tokens: list[int], max_new_tokens: int | None
@@ -92,6 +101,7 @@ class _Vllm:
         """The HiSparse connector's per-step work for the request (build_connector_meta)."""
         self.coordinator.advance_scheduled([(request.request_id, request.num_computed_tokens)])
         command = self.coordinator.build_offload_command()
+        self.host_blocks.update((t.transfer_id, t.host_block_id) for t in command.page_transfers)
         return [t.transfer_id for t in command.page_transfers]
 
     def acknowledge(self, transfer_ids: list[int]) -> None:
@@ -137,6 +147,11 @@ def run(seed: int, host_num_blocks: int, operations: int = 200) -> dict[str, int
     rng = random.Random(seed)
     prefixes = [[rng.randrange(1000) for _ in range(64)] for _ in range(3)]
     theirs, ours = _Vllm(host_num_blocks), HostPublication(host_num_blocks, BLOCK_SIZE)
+    core = HiSparseHostPublication(
+        num_blocks=host_num_blocks,
+        block_size=BLOCK_SIZE,
+        max_spill_pages=MAX_MODEL_LEN // BLOCK_SIZE,
+    )
     planned: list[int] = []
     seen = dict.fromkeys(
         ("hits", "refused", "acks", "evictable_hits", "chunks", "aborted_prefills"),
@@ -146,6 +161,7 @@ def run(seed: int, host_num_blocks: int, operations: int = 200) -> dict[str, int
     next_id = 0
     for step in range(operations):
         op = rng.random()
+        known = set(theirs.host_blocks)
         prefilling = sorted(r for r, q in ours.requests.items() if q.computed < len(q.tokens))
         decoding = sorted(
             r for r, q in ours.requests.items() if q.computed == len(q.tokens) < MAX_MODEL_LEN - 1
@@ -162,7 +178,9 @@ def run(seed: int, host_num_blocks: int, operations: int = 200) -> dict[str, int
             chunk = rng.choice([None, None, 16, 24, 40])
             evictable = sum(ours.ref[b] == 0 for b in ours.hit_pages(tokens))
             hit, transfers = theirs.admit(request_id, tokens, chunk)
+            assert core.hit_blocks(tokens) == ours.hit_pages(tokens), f"op {step}"
             assert ours.admit(request_id, tokens, chunk) == hit, f"op {step}"
+            assert core.admit(request_id, tokens, chunk) == hit, f"op {step}"
             if hit is None:
                 # Refused: it may be tried again later (vLLM keeps its Request waiting).
                 preempted[request_id] = tokens
@@ -175,6 +193,7 @@ def run(seed: int, host_num_blocks: int, operations: int = 200) -> dict[str, int
             chunk = rng.choice([8, 16, 24, 40])
             done, transfers = theirs.step(request_id, chunk)
             assert ours.step(request_id, chunk) == done, f"op {step}"
+            assert core.step(request_id, chunk) == done, f"op {step}"
             planned.extend(transfers)
             seen["chunks"] += 1
         elif op < 0.55 and decoding:
@@ -182,6 +201,7 @@ def run(seed: int, host_num_blocks: int, operations: int = 200) -> dict[str, int
             token = rng.randrange(1000, 5000)
             done, transfers = theirs.decode(request_id, token)
             assert ours.decode(request_id, token) == done, f"op {step}"
+            assert core.decode(request_id, token) == done, f"op {step}"
             planned.extend(transfers)
             seen["decodes"] += 1
         elif op < 0.8 and planned:
@@ -189,6 +209,8 @@ def run(seed: int, host_num_blocks: int, operations: int = 200) -> dict[str, int
             planned = [t for t in planned if t not in done_ids]
             theirs.acknowledge(done_ids)
             ours.acknowledge(done_ids)
+            counts = dict.fromkeys(done_ids, 1)
+            acknowledge_core(core, counts, counts)
             seen["acks"] += len(done_ids)
         elif ours.requests:
             request_id = rng.choice(sorted(ours.requests))
@@ -200,8 +222,15 @@ def run(seed: int, host_num_blocks: int, operations: int = 200) -> dict[str, int
                 preempted[request_id] = ours.requests[request_id].tokens
             theirs.finish(request_id, finished=finished)
             ours.finish(request_id, finished=finished)
+            core.free(request_id, finished=finished)
         ours.check()
+        core.check()
         assert _model_state(ours) == theirs.state(), f"op {step}"
+        assert core_state(core, sorted(theirs.requests)) == theirs.state(), f"op {step}"
+        transfers = core.take_transfers()
+        new = sorted(set(theirs.host_blocks) - known)
+        assert transfers == [(t, theirs.host_blocks[t]) for t in new], f"op {step}"
+        assert core.has_pending_work() == theirs.coordinator.has_pending_work(), f"op {step}"
     return seen
 
 
@@ -212,3 +241,32 @@ def test_the_reference_model_is_vllms_host_publication(seed: int, host_num_block
     assert seen["acks"] > 0
     if host_num_blocks == 40:
         assert seen["hits"] > 0
+
+
+def test_write_backs_past_max_spill_pages_wait_for_the_next_step() -> None:
+    """vLLM's ``plan_prefix_materialization`` plans at most ``max_model_len // block_size``
+    (here 8) write-backs between two offload commands, over all the requests one step
+    advances; the core's cap counts them the same way."""
+    theirs = _Vllm(40)
+    core = HiSparseHostPublication(
+        num_blocks=40, block_size=BLOCK_SIZE, max_spill_pages=MAX_MODEL_LEN // BLOCK_SIZE
+    )
+    prompts = {f"r{i}": [1000 * i + t for t in range(70)] for i in range(3)}
+    for request_id, tokens in prompts.items():
+        request = theirs.peer.make_request(request_id, tokens, 1)
+        assert theirs.manager.allocate_slots(request, len(tokens)) is not None
+        request.num_computed_tokens = len(tokens)
+        assert core.admit(request_id, tokens) == 0
+    expected = []
+    for _ in range(2):
+        theirs.coordinator.advance_scheduled([(r, 70) for r in prompts])
+        command = theirs.coordinator.build_offload_command()
+        expected.append([(t.transfer_id, t.host_block_id) for t in command.page_transfers])
+    assert [len(e) for e in expected] == [8, 4]
+    assert core.take_transfers() == expected[0]
+    # The next step: each scheduled request is advanced again (a decode, here a chunk of
+    # nothing left), and the third one's pages are planned.
+    for request_id in prompts:
+        assert core.step(request_id, 1)
+    assert core.take_transfers() == expected[1]
+    assert core.has_pending_host_reclamation() is False

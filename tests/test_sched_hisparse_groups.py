@@ -15,7 +15,9 @@ from hisparse_publication_model import HostPublication
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from test_hisparse_publication_core import acknowledge_core, core_state, model_state
 
+from tokenyard._core import HiSparseHostPublication
 from tokenyard.errors import ConfigError
 from tokenyard.kv import FullAttentionSpec, HiSparseHotSpec, HiSparseResidentSpec
 from tokenyard.sched import Scheduler, SchedulerConfig
@@ -293,11 +295,15 @@ class SharedHostPages(RuleBasedStateMachine):
     acknowledged in any order; requests finish (some mid-prefill) or are preempted.
     After every operation blocks are conserved (each free once or referenced as often as
     tables, transfers and leases name it), nothing is freed twice (the model raises), and no
-    admission hits a page whose write-back has not been acknowledged (the model raises)."""
+    admission hits a page whose write-back has not been acknowledged (the model raises).
+    The core's port (``tokenyard._core.HiSparseHostPublication``) runs beside it: the same
+    answers, tables, free queue, published blocks, references and planned write-backs."""
 
     def __init__(self) -> None:
         super().__init__()
         self.pool = HostPublication(16, 4)
+        self.core = HiSparseHostPublication(num_blocks=16, block_size=4, max_spill_pages=10)
+        self.known: set[int] = set()
         self.next_id = 0
 
     @rule(
@@ -311,6 +317,7 @@ class SharedHostPages(RuleBasedStateMachine):
         tokens = [prefix * 100 + t for t in range(shared)]
         tokens += [1000 * self.next_id + t for t in range(own)]
         hit = self.pool.admit(f"r{self.next_id}", tokens, chunk)
+        assert self.core.admit(f"r{self.next_id}", tokens, chunk) == hit
         if hit is not None:
             assert hit % 4 == 0
             assert hit < len(tokens)
@@ -319,19 +326,25 @@ class SharedHostPages(RuleBasedStateMachine):
     def step(self, data: st.DataObject, chunk: int) -> None:
         prefilling = sorted(r for r, q in self.pool.requests.items() if q.computed < len(q.tokens))
         if prefilling:
-            self.pool.step(data.draw(st.sampled_from(prefilling)), chunk)
+            request_id = data.draw(st.sampled_from(prefilling))
+            assert self.core.step(request_id, chunk) == self.pool.step(request_id, chunk)
 
     @rule(data=st.data())
     def acknowledge(self, data: st.DataObject) -> None:
         planned = sorted(self.pool.transfers)
         if planned:
-            self.pool.acknowledge(data.draw(st.lists(st.sampled_from(planned), unique=True)))
+            done = data.draw(st.lists(st.sampled_from(planned), unique=True))
+            self.pool.acknowledge(done)
+            acknowledge_core(self.core, dict.fromkeys(done, 1), dict.fromkeys(done, 1))
 
     @rule(data=st.data(), token=st.integers(0, 9))
     def decode(self, data: st.DataObject, token: int) -> None:
         done = sorted(r for r, q in self.pool.requests.items() if q.computed == len(q.tokens) < 40)
         if done:
-            self.pool.decode(data.draw(st.sampled_from(done)), 5000 + token)
+            request_id = data.draw(st.sampled_from(done))
+            assert self.core.decode(request_id, 5000 + token) == self.pool.decode(
+                request_id, 5000 + token
+            )
 
     @rule(data=st.data(), finished=st.booleans())
     def finish(self, data: st.DataObject, finished: bool) -> None:
@@ -339,10 +352,20 @@ class SharedHostPages(RuleBasedStateMachine):
         if self.pool.requests:
             request_id = data.draw(st.sampled_from(sorted(self.pool.requests)))
             self.pool.finish(request_id, finished=finished)
+            self.core.free(request_id, finished=finished)
 
     @invariant()
     def blocks_are_conserved(self) -> None:
         self.pool.check()
+        self.core.check()
+
+    @invariant()
+    def the_core_is_the_model(self) -> None:
+        new = sorted(set(self.pool.transfers) - self.known)
+        self.known.update(new)
+        assert self.core.take_transfers() == [(t, self.pool.transfers[t][2]) for t in new]
+        assert core_state(self.core, sorted(self.pool.requests)) == model_state(self.pool)
+        assert [self.core.ref_count(b) for b in range(16)] == self.pool.ref
 
 
 TestSharedHostPages = SharedHostPages.TestCase

@@ -21,6 +21,8 @@ __all__ = [
     "EncoderCache",
     "FullAttentionSpec",
     "GroupedComputedBlocks",
+    "HiSparseDeviceResidency",
+    "HiSparseHostPublication",
     "HiSparseHotSpec",
     "HiSparseResidentSpec",
     "KvCoordinator",
@@ -575,6 +577,137 @@ class MatchResult:
         """KV slot indices of the matched prefix, one per token."""
     @property
     def handle(self) -> NodeHandle: ...
+
+@final
+class HiSparseDeviceResidency:
+    """vLLM 0.33's HiSparse connector, device half, with prefix caching off: the device pool
+    shared by the indexer, resident and hot groups, the host pool, write-back references on
+    both, hot regions, unpinning and the free order (the core's ``kv::DeviceResidency``;
+    docs/integrations.md, "vLLM 0.33's scheduler-side HiSparse rule", items 2, 3, 7 and 8).
+    Not yet driven by the vLLM adapter.
+
+    Raises:
+        ConfigError: a pool below 2 blocks, or another value below 1.
+    """
+
+    def __new__(
+        cls,
+        *,
+        num_blocks: int,
+        host_num_blocks: int,
+        block_size: int,
+        blocks_per_request: int,
+        max_admission_blocks_per_request: int,
+        max_spill_pages: int,
+    ) -> HiSparseDeviceResidency: ...
+    @property
+    def num_free_blocks(self) -> int: ...
+    def free_blocks(self) -> list[int]:
+        """Free device blocks, the next handed out first."""
+    def host_free_blocks(self) -> list[int]:
+        """Free host blocks, the next handed out first."""
+    def tables(
+        self, request_id: _RequestId
+    ) -> tuple[list[int], list[int], list[int], list[int]] | None:
+        """``(host, indexer, resident, hot)`` block ids (resident with residency applied:
+        0 for a page read from host), or None."""
+    def has_pending_work(self) -> bool: ...
+    def has_pending_reclamation(self) -> bool:
+        """Whether a pending write-back frees a block when it lands (vLLM's
+        ``has_pending_reclamation``: its host block has no other reference, or its request
+        can read from host)."""
+    def admit(
+        self, request_id: _RequestId, num_tokens: int, max_new_tokens: int | None = None
+    ) -> bool:
+        """Admits a prompt (at most ``max_new_tokens`` of it); False when the pools cannot
+        back it (nothing changes).
+
+        Raises:
+            InputError: the request holds blocks already.
+        """
+    def step(self, request_id: _RequestId, num_new_tokens: int) -> bool:
+        """The next prefill chunk; False when the pools cannot back it."""
+    def decode(self, request_id: _RequestId) -> bool:
+        """One sampled token joins the request and is computed; False without room."""
+    def take_transfers(self) -> list[tuple[int, int, int]]:
+        """``[(transfer_id, host_block_id, resident_block_id)]`` planned since the last call."""
+    def acknowledge(self, enqueued: dict[int, int], completed: dict[int, int]) -> None:
+        """The workers' counts by transfer id (vLLM's ``update_spills``)."""
+    def free(self, request_id: _RequestId) -> None:
+        """Frees the request (finished or preempted).
+
+        Raises:
+            UnknownRequestError: the request holds no blocks.
+        """
+    def check(self) -> None:
+        """Raises InternalError if blocks are not conserved."""
+
+@final
+class HiSparseHostPublication:
+    """vLLM 0.33's HiSparse host pool with prefix caching on, as the HiSparse connector's
+    write-backs and the worker's acknowledgements drive it (the core's
+    ``kv::HostPublication``; docs/integrations.md, "vLLM 0.33's scheduler-side HiSparse
+    rule", points 2-5 and 8, host side). Not yet driven by the vLLM adapter.
+
+    ``num_blocks`` host blocks (block 0 the null block) of ``block_size`` tokens; at most
+    ``max_spill_pages`` write-backs planned between two ``take_transfers``.
+
+    Raises:
+        ConfigError: ``num_blocks < 2``, ``block_size < 1`` or ``max_spill_pages < 1``.
+    """
+
+    def __new__(
+        cls, *, num_blocks: int, block_size: int, max_spill_pages: int
+    ) -> HiSparseHostPublication: ...
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def num_free_blocks(self) -> int: ...
+    def free_blocks(self) -> list[int]:
+        """Free blocks, the next handed out first."""
+    def published_blocks(self) -> list[int]:
+        """Blocks published for a page (hit-able), ascending."""
+    def ref_count(self, block_id: int) -> int: ...
+    def table(self, request_id: _RequestId) -> list[int] | None: ...
+    def hit_blocks(self, token_ids: _TokenIds) -> list[int]:
+        """The blocks of the longest published prefix of ``token_ids`` (never the last token)."""
+    def has_pending_work(self) -> bool: ...
+    def has_pending_host_reclamation(self) -> bool:
+        """Whether a pending write-back alone holds its host block."""
+    def admit(
+        self, request_id: _RequestId, token_ids: _TokenIds, max_new_tokens: int | None = None
+    ) -> int | None:
+        """Admits the prompt (at most ``max_new_tokens`` past the hit); returns the hit in
+        tokens, or None when the pool cannot back it (nothing changes).
+
+        Raises:
+            InputError: the request holds blocks already, or ``token_ids`` is empty.
+        """
+    def step(self, request_id: _RequestId, num_new_tokens: int) -> bool:
+        """The next prefill chunk; False when the pool cannot back it (nothing changes)."""
+    def decode(self, request_id: _RequestId, token_id: int) -> bool:
+        """Appends ``token_id`` and computes it; False when the pool cannot back its page."""
+    def take_transfers(self) -> list[tuple[int, int]]:
+        """``[(transfer_id, host_block_id)]`` planned since the last call."""
+    def acknowledge(self, enqueued: dict[int, int], completed: dict[int, int]) -> list[_RequestId]:
+        """The workers' counts by transfer id (vLLM's ``update_spills``); returns the live
+        requests with pages landed, in transfer order, for ``publish_ready``.
+
+        Raises:
+            InputError: a negative id or count.
+        """
+    def publish_ready(self, request_ids: list[_RequestId]) -> None:
+        """Publishes each named request's ready prefix, in the order given."""
+    def free(self, request_id: _RequestId, *, finished: bool = True) -> None:
+        """Frees a finished (or, ``finished=False``, preempted) request's blocks.
+
+        Raises:
+            UnknownRequestError: the request holds no blocks.
+        """
+    def check(self) -> None:
+        """Raises InternalError if blocks are not conserved."""
 
 @final
 class RadixCache:

@@ -75,7 +75,10 @@ def refuse_unmodelled_hisparse(kv_cache_config: Any, kv_transfer_config: Any = N
     """Raises ConfigError for a vLLM 0.33 HiSparse setup the core does not serve: the
     HiSparse connector (``kv_transfer_config`` naming ``HiSparseConnector``, alone or in a
     ``MultiConnector``: its scheduler side plans write-backs and GPU residency every step
-    and publishes host pages on its worker's acknowledgements, none of it modelled), device
+    and publishes host pages on its worker's acknowledgements; the core has both halves as
+    standalone structures, ``kv::HostPublication`` and ``kv::DeviceResidency`` (caching
+    off), but the step scheduler's KV does not run them and the adapter builds no
+    ``HiSparseConnectorMetadata``), device
     groups (``HiSparseResidentSpec``, ``HiSparseHotSpec``) without a host pool
     (``hisparse_host_num_blocks`` and a ``HISPARSE_SOURCE`` group: vLLM's
     ``HiSparseCoordinator`` requires both), or hot groups without resident ones (vLLM's
@@ -89,8 +92,9 @@ def refuse_unmodelled_hisparse(kv_cache_config: Any, kv_transfer_config: Any = N
         # with prefix caching off.
         raise ConfigError(
             "kv_transfer_config.kv_connector: HiSparseConnector's scheduler side (write-back "
-            "planning, GPU residency, host pages published on its worker's acknowledgements) "
-            "is not modelled",
+            "references on host and resident blocks, unpinning, GPU residency, hot regions, "
+            "publication on its worker's acknowledgements) is not run by the scheduler's KV, "
+            "and HiSparseConnectorMetadata is not built",
             field="kv_transfer_config.kv_connector",
             value=str(getattr(kv_transfer_config, "kv_connector", "HiSparseConnector")),
         )

@@ -22,6 +22,8 @@ mod cache_map;
 mod coordinator;
 mod counting;
 mod free_queue;
+mod hisparse_residency;
+mod host_publication;
 mod host_tier;
 mod layer_groups;
 mod lookahead;
@@ -45,6 +47,8 @@ pub use coordinator::{
 };
 pub use counting::CountingAllocator;
 pub use free_queue::{FreeBlockQueue, FreeQueue};
+pub use hisparse_residency::{DeviceResidency, DeviceTables, DeviceTransfer};
+pub use host_publication::{HostPublication, HostTransfer};
 pub use host_tier::HostTier;
 pub use layer_groups::{
     KvGroupSpec, NULL_BLOCK, mamba_checkpoint_position, mamba_checkpoint_valid,

@@ -3,6 +3,7 @@
 mod block_pool;
 mod coordinator;
 mod counting;
+mod host_publication;
 mod radix;
 
 pub(crate) use coordinator::group_spec;
@@ -27,6 +28,8 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<coordinator::PyCrossAttentionSpec>()?;
     module.add_class::<coordinator::PyHiSparseResidentSpec>()?;
     module.add_class::<coordinator::PyHiSparseHotSpec>()?;
+    module.add_class::<host_publication::PyHostPublication>()?;
+    module.add_class::<host_publication::PyDeviceResidency>()?;
     module.add_class::<radix::PyRadixCache>()?;
     module.add_class::<radix::PyMatchResult>()?;
     module.add_class::<radix::PyNodeHandle>()?;

@@ -41,13 +41,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use rustc_hash::FxHashMap;
 
-use super::{BlockId, FreeBlockQueue, RequestKey};
+use super::{BlockId, FreeBlockQueue, NULL_BLOCK, RequestKey};
 use crate::{Error, Result};
 
 /// Pages at a request's tail never unpinned (vLLM's `ACTIVE_TAIL_PAGES`).
 const ACTIVE_TAIL_PAGES: usize = 2;
-/// The null block: a resident page read from host only.
-const NULL: BlockId = 0;
 
 #[derive(Debug, Clone, Default)]
 struct DeviceRequest {
@@ -131,7 +129,7 @@ fn release(
 ) -> Result<()> {
     let mut front = Vec::new();
     for block in blocks {
-        if block == NULL {
+        if block == NULL_BLOCK {
             continue;
         }
         let count = &mut refs[block as usize];
@@ -292,7 +290,7 @@ impl<R: RequestKey> DeviceResidency<R> {
             return;
         }
         let block = request.resident[page];
-        if page + ACTIVE_TAIL_PAGES >= request.resident.len() || block == NULL {
+        if page + ACTIVE_TAIL_PAGES >= request.resident.len() || block == NULL_BLOCK {
             return;
         }
         self.owners
@@ -329,7 +327,7 @@ impl<R: RequestKey> DeviceResidency<R> {
                 continue;
             }
             let block = request.resident[page];
-            if block == NULL {
+            if block == NULL_BLOCK {
                 continue;
             }
             let host_block = request.host[page];
@@ -551,7 +549,7 @@ impl<R: RequestKey> DeviceResidency<R> {
             .ok_or_else(|| Error::UnknownRequest(format!("{request_id:?}")))?;
         for page in (0..request.resident.len()).rev() {
             let block = request.resident[page];
-            if block == NULL {
+            if block == NULL_BLOCK {
                 continue;
             }
             if request.unpinned.contains(&page) {
@@ -563,7 +561,7 @@ impl<R: RequestKey> DeviceResidency<R> {
             } else {
                 continue;
             }
-            request.resident[page] = NULL;
+            request.resident[page] = NULL_BLOCK;
         }
         release(
             &mut self.host_free,
@@ -592,7 +590,7 @@ impl<R: RequestKey> DeviceResidency<R> {
                 refs[b as usize] += 1;
             }
             for (page, &b) in request.resident.iter().enumerate() {
-                if b != NULL && !request.unpinned.contains(&page) {
+                if b != NULL_BLOCK && !request.unpinned.contains(&page) {
                     refs[b as usize] += 1;
                 }
             }
@@ -631,8 +629,8 @@ fn lose_page<R: RequestKey>(
     page: usize,
 ) {
     let block = request.resident[page];
-    if block != NULL {
-        request.resident[page] = NULL;
+    if block != NULL_BLOCK {
+        request.resident[page] = NULL_BLOCK;
         if let Some(list) = owners.get_mut(&block) {
             list.retain(|(r, p)| !(r == request_id && *p == page));
         }

@@ -100,6 +100,6 @@ fn a_reused_unpinned_block_loses_its_page() {
     // Another request takes every free block, the unpinned one last.
     let free = pool.num_free_blocks();
     assert!(pool.admit(2, 4 * (free / 2), None).unwrap());
-    assert_eq!(pool.tables(&1).unwrap().2[0], NULL);
+    assert_eq!(pool.tables(&1).unwrap().2[0], NULL_BLOCK);
     pool.check().unwrap();
 }

@@ -452,9 +452,8 @@ impl<R: RequestKey> HostPublication<R> {
         };
         let num_pages = tokens / self.block_size;
         let upto = request.ready.min(num_pages);
-        if upto > request.hashes.len() {
-            hash_full_blocks(&mut request.hashes, &request.tokens, self.block_size, None);
-        }
+        // `admit` and `decode` hash every full block of the tokens they add.
+        debug_assert!(upto <= request.hashes.len());
         for index in request.num_cached..upto {
             let block = request.table[index];
             let page = request.hashes[index];

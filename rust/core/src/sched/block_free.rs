@@ -31,6 +31,8 @@
 
 use std::collections::VecDeque;
 
+use rustc_hash::FxHashMap;
+
 use super::Scheduler;
 use super::kv::Kv;
 use crate::kv::{BlockId, RequestKey};
@@ -61,8 +63,9 @@ pub(super) struct BlockFrees {
 pub(super) enum Deferred {
     /// The blocks a gone request left under its slot, and the slot.
     Slot(u32),
-    /// The retained endpoints of block copies, in release order (vLLM frees a CoW's
-    /// retentions in reverse).
+    /// The retained endpoints of block copies, in the order queued, which is the order
+    /// they are released (vLLM lists them reversed in `deferred_frees` and frees that
+    /// list reversed).
     Retained(Vec<BlockId>),
 }
 
@@ -135,11 +138,8 @@ impl<R: RequestKey> Scheduler<R> {
                     self.free_kv(slot)?;
                     self.free_slots.push(slot);
                 }
-                // Listed reversed, freed reversed: in the order queued (vLLM's drain).
-                Deferred::Retained(mut blocks) => {
-                    blocks.reverse();
-                    self.kv.release_loose_blocks(&blocks)?;
-                }
+                // Stored in the order queued, which is the order vLLM's drain frees them.
+                Deferred::Retained(blocks) => self.kv.release_loose_blocks(&blocks)?,
             }
         }
         Ok(())
@@ -150,7 +150,8 @@ impl<R: RequestKey> Scheduler<R> {
     pub fn deferred_frees(&self) -> Vec<(u64, Vec<BlockId>)> {
         let blocks = |deferred: &Deferred| match deferred {
             Deferred::Slot(slot) => self.kv.block_ids(*slot).unwrap_or_default().to_vec(),
-            Deferred::Retained(blocks) => blocks.clone(),
+            // vLLM lists a copy's retained endpoints reversed (`_free_cow_retained_blocks`).
+            Deferred::Retained(blocks) => blocks.iter().rev().copied().collect(),
         };
         let queue = &self.block_frees.queue;
         queue.iter().map(|(fence, d)| (*fence, blocks(d))).collect()
@@ -207,6 +208,7 @@ impl<R: RequestKey> Scheduler<R> {
     /// scheduler still drains them into its empty output), releasing their endpoints as
     /// that step's would be: at once, or under deferred frees at the fence of the next
     /// step that schedules any token.
+    #[inline]
     pub fn take_pending_block_copies(&mut self) -> Vec<(BlockId, BlockId)> {
         if self.block_frees.copies.is_empty() {
             return Vec::new();
@@ -223,13 +225,15 @@ impl<R: RequestKey> Scheduler<R> {
             Deferred::Retained(blocks) => blocks.as_slice(),
             Deferred::Slot(_) => &[],
         });
-        let retained: Vec<BlockId> = pending.chain(deferred.copied()).collect();
-        let mut seen: Vec<BlockId> = Vec::with_capacity(blocks.len());
+        // References each block needs: those retained already, then each of `blocks`.
+        let mut needed: FxHashMap<BlockId, u32> = FxHashMap::default();
+        for block in pending.chain(deferred.copied()) {
+            *needed.entry(block).or_default() += 1;
+        }
         for &block in blocks {
-            seen.push(block);
-            let wanted = seen.iter().filter(|&&b| b == block).count();
-            let held = retained.iter().filter(|&&b| b == block).count();
-            if wanted + held > self.kv.loose_refs(block) as usize {
+            let count = needed.entry(block).or_default();
+            *count += 1;
+            if *count > self.kv.loose_refs(block) {
                 return Err(Error::input(
                     field,
                     block,
@@ -249,15 +253,11 @@ impl<R: RequestKey> Scheduler<R> {
     #[inline(never)]
     pub(super) fn take_block_copies(&mut self) -> Vec<(BlockId, BlockId)> {
         let copies = std::mem::take(&mut self.block_frees.copies);
-        if copies.is_empty() {
-            return copies;
-        }
         let retained: Vec<BlockId> = copies.iter().flat_map(|&(s, d)| [s, d]).collect();
         let frees = &mut self.block_frees;
         let fence = frees.sched_step_seq + 1;
         if frees.enabled && fence > frees.processed_step_seq {
-            let reversed = retained.into_iter().rev().collect();
-            frees.queue.push_back((fence, Deferred::Retained(reversed)));
+            frees.queue.push_back((fence, Deferred::Retained(retained)));
         } else if let Err(err) = self.kv.release_loose_blocks(&retained) {
             // Queued only with the references checked, and released once: our bug.
             debug_assert!(false, "{err}");
@@ -416,9 +416,7 @@ impl Kv {
         match self {
             Kv::BlockHash(p) => p.take_loose_blocks(num_blocks),
             Kv::Radix(_) => Err(radix_blocks()),
-            Kv::Hybrid(_) => {
-                (self.hybrid_pool_mut("take_loose_blocks")?).take_loose_blocks(num_blocks)
-            }
+            Kv::Hybrid(h) => h.pool.take_loose_blocks(num_blocks),
         }
     }
 
@@ -426,9 +424,7 @@ impl Kv {
         match self {
             Kv::BlockHash(p) => p.release_loose_blocks(ordered),
             Kv::Radix(_) => Err(radix_blocks()),
-            Kv::Hybrid(_) => {
-                (self.hybrid_pool_mut("free_loose_blocks")?).release_loose_blocks(ordered)
-            }
+            Kv::Hybrid(h) => h.pool.release_loose_blocks(ordered),
         }
     }
 
@@ -437,9 +433,7 @@ impl Kv {
         match self {
             Kv::BlockHash(p) => p.loose_refs(block),
             Kv::Radix(_) => 0,
-            Kv::Hybrid(_) => self
-                .hybrid_pool("loose_refs")
-                .map_or(0, |p| p.loose_refs(block)),
+            Kv::Hybrid(h) => h.pool.loose_refs(block),
         }
     }
 }

@@ -30,7 +30,7 @@ pub(super) enum Kv {
 /// vLLM's KV cache coordinator with what the scheduler keeps beside it.
 #[derive(Debug, Clone)]
 pub(super) struct HybridKv {
-    pool: KvCoordinator<u32>,
+    pub(super) pool: KvCoordinator<u32>,
     /// vLLM 0.33's `max_in_flight_tokens` (`max_concurrent_batches x
     /// max_num_batched_tokens`), which caps a window group's admission need.
     max_in_flight_tokens: usize,

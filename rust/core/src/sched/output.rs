@@ -145,11 +145,7 @@ impl<R: RequestKey> Scheduler<R> {
             kv_loads: std::mem::take(&mut plan.kv_loads),
             scheduled_encoder_inputs: Vec::new(),
             free_encoder_mm_hashes: Vec::new(),
-            kv_cache_block_copies: if self.block_frees.copies.is_empty() {
-                Vec::new()
-            } else {
-                self.take_block_copies()
-            },
+            kv_cache_block_copies: self.take_pending_block_copies(),
         };
         self.encoder_end_step(&plan.scheduled, &mut out);
         let in_flight_step = self.in_flight_begin_step();

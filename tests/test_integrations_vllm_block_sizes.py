@@ -255,16 +255,22 @@ def test_speculative_steps_longer_than_the_hash_block_agree_with_vllm(monkeypatc
 def test_eagles_prompt_tail_block_is_freed_as_vllm_frees_it(drop: bool, prompt_len: int) -> None:
     # EAGLE beside blocks of 32 and 16 (hash 16): the prompt's last hash boundary, 48, lies
     # inside its second full-attention block, which vLLM's
-    # FullAttentionManager._cache_partial_tail_block keys under the hash at 48. With the
-    # drop a 50-token prompt does it at once (the group caches min(50, 32 + 32) tokens,
-    # hashed to 48: the second block is not full); with look-ahead hashes a 64-token one
-    # (its boundary is 63 tokens' last, 48; 64 are cached, but the hashes reach 48 only, the
-    # last block's waiting for the tokens after it). Aborted, "a" frees that block as a
-    # cached one, to the back of the free queue, not the front: "b" does not get it.
+    # FullAttentionManager._cache_partial_tail_block keys under the hash at 48 when the
+    # block is not yet hashed in full. With the drop a 50-token prompt (the group caches
+    # min(50, 32 + 32) tokens, hashed to 48); with a look-ahead of 1 a 64-token one (its
+    # boundary is that of its first 63 tokens, 48; 64 are cached, but the hashes reach 48,
+    # the last block's waiting for the token after it). Aborted before its step's output
+    # lands, "a" frees that block as a cached one, to the back of the free queue, not the
+    # front: "b" does not get it.
     kw = {"disable_lookahead_block_hashes": True} if drop else {}
     theirs, ours, hasher = _pair(num_speculative_tokens=2, speculative_method="eagle", **kw)
-    (a_full, _), _ = _admit((theirs, ours), hasher, "a", list(range(prompt_len)))
+    assert ours.vllm_config.num_hash_lookahead_tokens == (0 if drop else 1)
+    seen = []
     for s in (theirs, ours):
+        s.add_request(_request("a", list(range(prompt_len)), hasher))
+        out = s.schedule()
+        seen.append(out.scheduled_new_reqs[0].block_ids)
         s.finish_requests("a", RequestStatus.FINISHED_ABORTED)
+    assert seen[0] == seen[1]
     (b_full, _), _ = _admit((theirs, ours), hasher, "b", list(range(1000, 1064)))
-    assert a_full[1] not in b_full
+    assert seen[0][0][1] not in b_full

@@ -233,6 +233,24 @@ def test_the_bench_streams_agree_with_vllm_at_every_step(monkeypatch: Any) -> No
     assert ran == 4
 
 
+@pytest.mark.parametrize("eagle", ["lookahead", "drop"])
+def test_eagle_bench_streams_agree_with_vllm_at_every_step(monkeypatch: Any, eagle: str) -> None:
+    # EAGLE with prefix caching beside blocks of 32 and 16: look-ahead hashes or the drop,
+    # with vLLM's partial tail-block entries (vllm_block_sizes_diff.py --eagle, 120/120).
+    import vllm_adapter_diff
+    import vllm_block_sizes_diff
+    import vllm_peer
+
+    peer = vllm_peer.VllmSchedulerPeer
+    monkeypatch.setattr(peer, "build", peer.build)
+    monkeypatch.setattr(peer, "__init__", peer.__init__)
+    vllm_block_sizes_diff.install("gemma", None)
+    for seed in (0, 5):
+        scenario = vllm_adapter_diff.draw(seed, 120, eagle)
+        for is_async in (False, True):
+            assert vllm_adapter_diff.run_scenario(scenario, 120, is_async) is None
+
+
 def test_speculative_steps_longer_than_the_hash_block_agree_with_vllm(monkeypatch: Any) -> None:
     # k of 17 to 40 n-gram drafts: one step's slots exceed the hash block of 16.
     import vllm_adapter_diff

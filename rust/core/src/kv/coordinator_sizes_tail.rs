@@ -52,7 +52,6 @@ impl GroupSizes {
 /// the hash block size. The prompt's last hash boundary (its tokens, less one without the
 /// drop, as far as the request is hashed) is keyed on the block holding it when it ends
 /// inside that block; the key is kept only if the block caches nothing yet.
-#[allow(clippy::too_many_arguments)]
 pub(in super::super) fn cache_partial_tail(
     sizes: &GroupSizes,
     g: usize,

@@ -4,9 +4,14 @@
 on one seeded workload where KV memory binds. Per run: the pool, the plan's concurrency
 (vLLM's max concurrency at the longest request), the peak and mean batch, preemptions,
 simulated throughput, TTFT p50/p99, the prefix hit rate, and the CPU seconds of
-``simulate()`` (median of ``--repeats`` consecutive runs).
+``simulate()`` (median of ``--repeats`` consecutive runs). ``--eagle`` gives the replica an
+EAGLE drafter (3 drafts, acceptance 0.7) with prefix caching on, vLLM's look-ahead hashes,
+or with ``--drop`` its trailing-block drop (the shared-prefix workload only: the drop
+needs the requests' prefix identity): before branch ``bsztail`` the simulator planned
+that job with every layer full attention (the ``false`` rows), now with the groups.
 
-    PYTHONPATH=python .venv/bin/python benches/sim_gemma4_groups.py [--requests 1024]
+    PYTHONPATH=python .venv/bin/python benches/sim_gemma4_groups.py [--requests 1024] \
+        [--eagle [--drop]]
 """
 
 from __future__ import annotations
@@ -27,13 +32,22 @@ def lognormal(median: int, max_tokens: int) -> dict[str, Any]:
     return {"kind": "lognormal", "median": median, "sigma": 0.6, "max_tokens": max_tokens}
 
 
-def mapping(n: int, qps: float, hybrid: bool | None, shared: bool) -> dict[str, Any]:
+EAGLE = {"method": "eagle", "num_speculative_tokens": 3, "acceptance_rate": 0.7}
+
+
+def mapping(
+    n: int, qps: float, hybrid: bool | None, shared: bool, eagle: str = "off"
+) -> dict[str, Any]:
     replica: dict[str, Any] = {
         "model": MODEL,
         "device": "h100-sxm",
         "memory_margin_fraction": 0.1,
         "scheduler": {"max_request_tokens": 18432},
     }
+    if eagle != "off":
+        replica["speculative"] = dict(EAGLE)
+    if eagle == "drop":
+        replica["scheduler"]["vllm_v1"] = {"eagle_block_drop": True}
     if hybrid is not None:
         replica["hybrid_kv_cache_manager"] = hybrid
     workload: dict[str, Any] = {
@@ -77,20 +91,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--eagle", action="store_true")
+    parser.add_argument("--drop", action="store_true")
     args = parser.parse_args()
+    eagle = ("drop" if args.drop else "lookahead") if args.eagle else "off"
     print(
         "| run | blocks x tokens | plan concurrency | peak batch | mean batch | preemptions "
         "| req/s | decode tok/s | TTFT p50 s | TTFT p99 s | prefix hit rate | CPU s |"
     )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for qps, shared in ((1000.0, False), (1.0, False), (1.0, True)):
+        if eagle == "drop" and not shared:
+            continue  # the drop needs the requests' prefix identity (block-hash hits)
         words = (
             f"{'burst' if qps >= 1000 else f'{qps:g} req/s'}{', shared prefixes' if shared else ''}"
         )
         summaries = {}
         for hybrid, name in ((None, "groups (default)"), (False, "full attention (false)")):
             line, summaries[name] = row(
-                f"{words}: {name}", mapping(args.requests, qps, hybrid, shared), args.repeats
+                f"{words}: {name}",
+                mapping(args.requests, qps, hybrid, shared, eagle),
+                args.repeats,
             )
             print(line, flush=True)
         g, f = summaries["groups (default)"], summaries["full attention (false)"]

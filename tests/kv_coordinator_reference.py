@@ -2,12 +2,20 @@
 0.33's ``KVCacheManager.allocate_slots``, ``kv_cache_coordinator.py`` and the managers of
 ``single_type_kv_cache_manager.py`` (FullAttention, SlidingWindow, ChunkedLocalAttention,
 Mamba with ``mamba_cache_mode="none"`` or ``"align"``), restricted to what tokenyard
-models: no EAGLE, no external (connector) tokens, dense caching. Groups may differ in block
-size (``group_block_sizes``, full attention and sliding windows: vLLM's layouts for models
-whose layer kinds have different page sizes): ``block_size`` is then the hash block size,
-hits land on the lcm of the groups' sizes (``HybridKVCacheCoordinator``'s
+models: no external (connector) tokens, dense caching, no hash look-ahead. Groups may differ
+in block size (``group_block_sizes``, full attention and sliding windows: vLLM's layouts for
+models whose layer kinds have different page sizes): ``block_size`` is then the hash block
+size, hits land on the lcm of the groups' sizes (``HybridKVCacheCoordinator``'s
 ``alignment_tokens``), only tokens below it are cached (``_align_cacheable``), and a window
 finer than the lcm caches only the blocks a hit can reach (``reachable_block_mask``).
+
+``eagle_drop`` is EAGLE's trailing-block drop in every group (``use_eagle``): each spec
+group's hit reads a block past the candidate (``eagle_proof_margin``) and drops it, once per
+candidate length (``eagle_verified``); beside differing sizes each group caches a block past
+the lcm boundary (``get_num_cacheable_tokens``), a window one block more a block later
+(``reachable_block_mask`` with ``use_eagle``), and full attention keys the block holding
+the prompt's last hash boundary when not yet cached in full
+(``FullAttentionManager._cache_partial_tail_block``: freed as cached).
 
 Obvious rather than fast: the free queue is a list, a block's cache key is the tuple of
 every token up to its end plus the group, and a lookup scans.
@@ -77,6 +85,8 @@ class Req:
     tables: list[list[int]]
     num_cached: list[int]
     extra_key: int | None
+    # vLLM's num_prompt_tokens (set, else the tokens known when first cached).
+    prompt_len: int | None = None
 
 
 @dataclass
@@ -96,6 +106,8 @@ class RefCoordinator:
     num_hit_tokens: int = 0
     # Align-mode state blocks cached since the step began (cached_blocks_this_step).
     this_step: set[int] = field(default_factory=set)
+    eagle_drop: bool = False
+    prompt_tokens: dict[Any, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.ref = [0] * self.num_blocks
@@ -107,6 +119,11 @@ class RefCoordinator:
 
     def aligned(self, num_blocks: int, g: int) -> bool:
         return num_blocks * self.sizes[g] % self.lcm == 0
+
+    def set_num_prompt_tokens(self, rid: object, n: int) -> None:
+        self.prompt_tokens[rid] = n
+        if rid in self.requests:
+            self.requests[rid].prompt_len = n
 
     # --- the pool (vLLM's BlockPool) ---
     def key(
@@ -152,7 +169,13 @@ class RefCoordinator:
         return sorted(out, key=lambda sg: sg[0].kind != "full")
 
     def find(
-        self, spec: Spec, ids: list[int], tokens: list[int], extra: int | None, max_length: int
+        self,
+        spec: Spec,
+        ids: list[int],
+        tokens: list[int],
+        extra: int | None,
+        max_length: int,
+        drop: bool = False,
     ) -> tuple[list[list[int]], int]:
         bs = self.sizes[ids[0]]
         max_blocks = min(max_length // bs, len(tokens) // bs)
@@ -169,11 +192,14 @@ class RefCoordinator:
                     break
                 for t, b in zip(tables, found, strict=True):
                     t.append(b)
-            hit = len(tables[0]) * bs // self.lcm * self.lcm
+            hit = len(tables[0]) * bs
+            if drop and hit > 0:
+                hit -= bs  # dropped before rounding down
+            hit = hit // self.lcm * self.lcm
             tables = [t[: cdiv(hit, bs)] for t in tables]
             return tables, hit
         elif spec.kind == "window":
-            need = cdiv(spec.size - 1, bs)
+            need = cdiv(spec.size - 1, bs) + drop
             tables = [[NULL] * max_blocks for _ in ids]
             run, end = 0, None
             for i in range(max_blocks - 1, -1, -1):
@@ -181,8 +207,8 @@ class RefCoordinator:
                 if found is None:
                     run = 0
                     continue
-                if run == 0 and not self.aligned(i + 1, ids[0]):
-                    continue  # a run ends only on the alignment
+                if run == 0 and not self.aligned(i + (not drop), ids[0]):
+                    continue  # a run ends only on the alignment (after the drop)
                 for t, b in zip(tables, found, strict=True):
                     t[i] = b
                 run += 1
@@ -191,6 +217,10 @@ class RefCoordinator:
                     break
             if end is None:
                 end = run
+                while end and not self.aligned(end, ids[0]):
+                    end -= 1
+            if drop and end:
+                end -= 1
                 while end and not self.aligned(end, ids[0]):
                     end -= 1
             tables = [t[:end] for t in tables]
@@ -221,13 +251,24 @@ class RefCoordinator:
         hit_length = max(0, len(tokens) - 1)
         found: list[list[int] | None] = [None] * n
         found_len = [0] * n
+        hashed = len(tokens) // self.block_size * self.block_size
+        verified: set[int] = set()  # vLLM's eagle_verified
         while True:
             current = hit_length
-            for spec, ids in groups:
+            for idx, (spec, ids) in enumerate(groups):
                 if spec.kind == "full" and found[ids[0]] is not None:
                     current = min(current, found_len[ids[0]])
                     continue
-                tables, current = self.find(spec, ids, tokens, extra_key, current)
+                drop = self.eagle_drop and idx not in verified
+                length = current
+                if drop and spec.kind not in ("mamba", "align"):
+                    length = min(current + self.sizes[ids[0]], hashed)
+                tables, found_length = self.find(spec, ids, tokens, extra_key, length, drop)
+                if drop:
+                    verified.add(idx)
+                elif found_length < current:
+                    verified.clear()
+                current = found_length
                 for g, t in zip(ids, tables, strict=True):
                     found[g], found_len[g] = t, current
             if current >= hit_length:
@@ -309,6 +350,7 @@ class RefCoordinator:
         if req is None:
             n = len(self.specs)
             req = Req([], computed, [[] for _ in range(n)], [0] * n, extra_key)
+            req.prompt_len = self.prompt_tokens.get(rid)
             if hit is not None:
                 req.tokens = list(token_ids)  # the hit's tokens are the prompt's
                 token_ids = []
@@ -343,26 +385,58 @@ class RefCoordinator:
     def cache_full(self, req: Req) -> None:
         if not self.caching:
             return
-        cacheable = min(req.num_computed, len(req.tokens)) // self.lcm * self.lcm
+        computed = min(req.num_computed, len(req.tokens))
+        aligned = computed // self.lcm * self.lcm
+        tails = self.eagle_drop and self.lcm != self.block_size
         for g, spec in enumerate(self.specs):
             bs = self.sizes[g]
+            # EAGLE's groups cache a block past the boundary (get_num_cacheable_tokens).
+            cacheable = min(computed, aligned + bs) if self.eagle_drop and aligned else aligned
             num_full = cacheable // bs
             # vLLM caches no block of a one-token window (no hit could use one).
-            no_cache = spec.kind == "mamba" or (spec.kind == "window" and spec.size == 1)
-            if no_cache or req.num_cached[g] >= num_full:
+            if spec.kind == "mamba" or (spec.kind == "window" and spec.size == 1):
                 continue
             table = req.tables[g]
-            per_segment, need = self.lcm // bs, cdiv(spec.size - 1, bs)
+            shift = int(self.eagle_drop)
+            per_segment, need = self.lcm // bs, cdiv(spec.size - 1, bs) + shift
             masked = spec.kind == "window" and need < per_segment
             for i in range(req.num_cached[g], min(num_full, len(table))):
-                if table[i] == NULL or (masked and i % per_segment < per_segment - need):
+                reached = i >= shift and (i - shift) % per_segment >= per_segment - need
+                if table[i] == NULL or (masked and not reached):
                     continue
+                old = self.key_of.get(table[i])
+                if old is not None:  # a partial entry, replaced by the full key
+                    self.cache[old].remove(table[i])
+                    if not self.cache[old]:
+                        del self.cache[old]
                 key = self.key(req.tokens, i, g, req.extra_key)
                 self.key_of[table[i]] = key
                 self.cache.setdefault(key, []).append(table[i])
                 if spec.kind == "align":
                     self.this_step.add(table[i])
-            req.num_cached[g] = num_full
+            req.num_cached[g] = max(req.num_cached[g], num_full)
+            if tails and spec.kind == "full" and bs != self.block_size:
+                self.cache_partial_tail(req, g, cacheable)
+
+    def cache_partial_tail(self, req: Req, g: int, cacheable: int) -> None:
+        """vLLM's FullAttentionManager._cache_partial_tail_block under EAGLE's drop: the
+        prompt's last hash boundary, keyed on the block holding it if it ends inside it
+        and the block caches nothing yet."""
+        if req.prompt_len is None:
+            req.prompt_len = len(req.tokens)
+        h, bs = self.block_size, self.sizes[g]
+        boundary = min(req.prompt_len // h, len(req.tokens) // h) * h
+        if boundary == 0 or boundary > cacheable or boundary % bs == 0:
+            return
+        table = req.tables[g]
+        if boundary // bs >= len(table):
+            return
+        block = table[boundary // bs]
+        if block == NULL or block in self.key_of:
+            return
+        key = ("partial", g, req.extra_key, tuple(req.tokens[:boundary]))
+        self.key_of[block] = key
+        self.cache.setdefault(key, []).append(block)
 
     def cache_blocks(self, rid: object, token_ids: list[int]) -> None:
         req = self.requests.get(rid)

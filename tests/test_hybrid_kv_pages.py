@@ -176,7 +176,6 @@ NGRAM_16 = {"method": "ngram", "num_speculative_tokens": 16, "acceptance_rate": 
     ("extra", "field", "words"),
     [
         ({"cluster": PD}, "replica.hybrid_kv_cache_manager", "P/D moves KV through a connector"),
-        ({"speculative": EAGLE}, "replica.speculative.method", "EAGLE proposer"),
     ],
 )
 def test_what_the_step_scheduler_does_not_serve_beside_them_is_planned_full_or_refused(
@@ -219,14 +218,26 @@ def test_speculative_steps_of_any_length_keep_the_groups(k: int) -> None:
     assert summary["num_requests"] == 20
 
 
-def test_eagle_without_prefix_caching_keeps_the_groups() -> None:
-    """Without prefix caching vLLM's EAGLE hashes nothing and drops nothing: the groups."""
-    off = {"policy": "vllm_v1", "vllm_v1": {"enable_prefix_caching": False}}
+@pytest.mark.parametrize(("caching", "drop"), [(True, False), (True, True), (False, False)])
+def test_eagle_keeps_the_groups_with_prefix_caching_on_or_off(caching: bool, drop: bool) -> None:
+    """vLLM's EAGLE under prefix caching (hash look-ahead, or the trailing-block drop with
+    eagle_block_drop, with the partial tail-block entries its full-attention managers
+    register beside differing sizes) is served by the step scheduler as without it: the
+    groups, the banner naming them (not the full-attention fallback's)."""
+    v1: dict[str, Any] = {"enable_prefix_caching": caching, "eagle_block_drop": drop}
+    if drop:
+        v1["prefix_cache"] = "block_hash"  # the drop acts on block-hash hits
+    off = {"policy": "vllm_v1", "vllm_v1": v1}
     scheduler = {"max_request_tokens": 8448, **off}
     plan = plan_for(config(speculative=EAGLE, scheduler=scheduler))
     assert plan.kv_group_block_sizes == GROUP_SIZES
-    jobs = synthetic_workload(20, qps=5.0, prompt_tokens=(500, 3000), output_tokens=50, seed=2)
+    assert plan.kv_groups_note.startswith("KV PLANNED WITH vLLM's HYBRID KV CACHE MANAGER")
+    # Two shared 1,000-token prefixes: the requests' prefix identity, so hits happen.
+    shared = {"num_groups": 2, "prefix_tokens": 1000, "share_ratio": 1.0}
+    jobs = synthetic_workload(
+        20, qps=5.0, prompt_tokens=(1500, 3000), output_tokens=50, seed=2, shared_prefix=shared
+    )
     summary = simulate(config(speculative=EAGLE, scheduler=scheduler, workload=jobs)).summary
     assert summary["num_requests"] == 20
-    with_caching = plan_for(config(speculative=EAGLE))
-    assert with_caching.kv_cache_groups == ()
+    assert (summary["throughput"]["prefix_hit_rate"] > 0) == caching
+    assert plan_for(config(speculative=EAGLE)).kv_group_block_sizes == GROUP_SIZES

@@ -27,7 +27,7 @@ from vllm.v1.kv_cache_interface import (
     MambaSpec,
     SlidingWindowSpec,
 )
-from vllm.v1.request import Request
+from vllm.v1.request import Request, RequestStatus
 from vllm_compare import block_digest  # noqa: F401  (puts benches/peers on the path)
 from vllm_peer import VllmSchedulerPeer
 
@@ -58,7 +58,11 @@ GEMMA = [("full", 32, 0), ("window", 16, 64)]
 
 
 def _pair(
-    layout: list[tuple[str, int, int]] = GEMMA, *, block_size: int = 32, hash_block_size: int = 16
+    layout: list[tuple[str, int, int]] = GEMMA,
+    *,
+    block_size: int = 32,
+    hash_block_size: int = 16,
+    **kw: Any,
 ) -> tuple[Any, Any, Any]:
     peer = VllmSchedulerPeer(
         num_blocks=64,
@@ -67,6 +71,7 @@ def _pair(
         max_model_len=512,
         block_size=16,
         enable_prefix_caching=True,
+        **kw,
     )
     config = _config([_spec(*g) for g in layout])
     schedulers = [
@@ -81,7 +86,8 @@ def _pair(
     ]
     hash_fn = get_hash_fn_by_name(peer.vllm_config.cache_config.prefix_caching_hash_algo)
     kv_cache_utils.init_none_hash(hash_fn)
-    hasher = kv_cache_utils.get_request_block_hasher(hash_block_size, hash_fn)
+    lookahead = peer.vllm_config.num_hash_lookahead_tokens
+    hasher = kv_cache_utils.get_request_block_hasher(hash_block_size, hash_fn, lookahead)
     return schedulers[0], schedulers[1], hasher
 
 
@@ -199,19 +205,15 @@ def test_unmodelled_kinds_beside_differing_sizes_are_refused_by_name() -> None:
     # (vLLM's _spec_decode_step_blocks counts them per group, on each group's size).
     _build(GEMMA, num_speculative_tokens=2)(layout)
     _build(GEMMA, num_speculative_tokens=20)(layout)
-    # EAGLE's look-ahead hashes or block drop beside differing sizes: not modelled (vLLM's
-    # FullAttentionManager._cache_partial_tail_block frees a partly hashed block as cached).
-    eagle = _build(GEMMA, num_speculative_tokens=2, speculative_method="eagle")
-    with pytest.raises(ConfigError, match="speculative_config"):
-        eagle(layout)
-    drop = _build(
+    # EAGLE's look-ahead hashes or block drop beside differing sizes: served, with vLLM's
+    # partial tail-block entries (test_eagles_prompt_tail_block_is_freed_as_vllm_frees_it).
+    _build(GEMMA, num_speculative_tokens=2, speculative_method="eagle")(layout)
+    _build(
         GEMMA,
         num_speculative_tokens=2,
         speculative_method="eagle",
         disable_lookahead_block_hashes=True,
-    )
-    with pytest.raises(ConfigError, match="speculative_config"):
-        drop(layout)
+    )(layout)
 
 
 def test_the_bench_streams_agree_with_vllm_at_every_step(monkeypatch: Any) -> None:
@@ -231,6 +233,24 @@ def test_the_bench_streams_agree_with_vllm_at_every_step(monkeypatch: Any) -> No
     assert ran == 4
 
 
+@pytest.mark.parametrize("eagle", ["lookahead", "drop"])
+def test_eagle_bench_streams_agree_with_vllm_at_every_step(monkeypatch: Any, eagle: str) -> None:
+    # EAGLE with prefix caching beside blocks of 32 and 16: look-ahead hashes or the drop,
+    # with vLLM's partial tail-block entries (vllm_block_sizes_diff.py --eagle, 120/120).
+    import vllm_adapter_diff
+    import vllm_block_sizes_diff
+    import vllm_peer
+
+    peer = vllm_peer.VllmSchedulerPeer
+    monkeypatch.setattr(peer, "build", peer.build)
+    monkeypatch.setattr(peer, "__init__", peer.__init__)
+    vllm_block_sizes_diff.install("gemma", None)
+    for seed in (0, 5):
+        scenario = vllm_adapter_diff.draw(seed, 120, eagle)
+        for is_async in (False, True):
+            assert vllm_adapter_diff.run_scenario(scenario, 120, is_async) is None
+
+
 def test_speculative_steps_longer_than_the_hash_block_agree_with_vllm(monkeypatch: Any) -> None:
     # k of 17 to 40 n-gram drafts: one step's slots exceed the hash block of 16.
     import vllm_adapter_diff
@@ -247,3 +267,28 @@ def test_speculative_steps_longer_than_the_hash_block_agree_with_vllm(monkeypatc
         assert scenario.config.num_speculative_tokens > 16
         for is_async in (False, True):
             assert vllm_adapter_diff.run_scenario(scenario, 120, is_async) is None
+
+
+@pytest.mark.parametrize(("drop", "prompt_len"), [(True, 50), (False, 64)])
+def test_eagles_prompt_tail_block_is_freed_as_vllm_frees_it(drop: bool, prompt_len: int) -> None:
+    # EAGLE beside blocks of 32 and 16 (hash 16): the prompt's last hash boundary, 48, lies
+    # inside its second full-attention block, which vLLM's
+    # FullAttentionManager._cache_partial_tail_block keys under the hash at 48 when the
+    # block is not yet hashed in full. With the drop a 50-token prompt (the group caches
+    # min(50, 32 + 32) tokens, hashed to 48); with a look-ahead of 1 a 64-token one (its
+    # boundary is that of its first 63 tokens, 48; 64 are cached, but the hashes reach 48,
+    # the last block's waiting for the token after it). Aborted before its step's output
+    # lands, "a" frees that block as a cached one, to the back of the free queue, not the
+    # front: "b" does not get it.
+    kw = {"disable_lookahead_block_hashes": True} if drop else {}
+    theirs, ours, hasher = _pair(num_speculative_tokens=2, speculative_method="eagle", **kw)
+    assert ours.vllm_config.num_hash_lookahead_tokens == (0 if drop else 1)
+    seen = []
+    for s in (theirs, ours):
+        s.add_request(_request("a", list(range(prompt_len)), hasher))
+        out = s.schedule()
+        seen.append(out.scheduled_new_reqs[0].block_ids)
+        s.finish_requests("a", RequestStatus.FINISHED_ABORTED)
+    assert seen[0] == seen[1]
+    (b_full, _), _ = _admit((theirs, ours), hasher, "b", list(range(1000, 1064)))
+    assert seen[0][0][1] not in b_full

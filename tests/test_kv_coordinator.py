@@ -361,3 +361,64 @@ def test_group_block_sizes_are_checked() -> None:
             enable_caching=False,
             group_block_sizes=[8, 4],
         )
+
+
+class EagleMixedBlockSizesMachine(MixedBlockSizesMachine):
+    """The mixed-size rules under EAGLE's trailing-block drop (vLLM's ``use_eagle`` over
+    groups of different block sizes): each group's hit reads a block past the candidate
+    and drops it, each caches a block past the lcm boundary, a window one block more, and
+    full attention keys the block holding the prompt's last hash boundary, which is then
+    freed as cached (the free queue is compared at every step)."""
+
+    @rule(
+        specs=st.lists(MIXED_SPECS, min_size=1, max_size=3),
+        scales=st.lists(st.sampled_from([1, 2, 4]), min_size=3, max_size=3),
+        block_size=st.integers(1, 3),
+        num_blocks=st.integers(3, 40),
+    )
+    @precondition(lambda self: not hasattr(self, "rust"))
+    def build(  # type: ignore[override]
+        self, specs: list[Spec], scales: list[int], block_size: int, num_blocks: int
+    ) -> None:
+        sizes = [scale * block_size for scale in scales[: len(specs)]]
+        self.rust = KvCoordinator(
+            groups=[to_rust(s) for s in specs],
+            num_blocks=num_blocks,
+            block_size=block_size,
+            group_block_sizes=sizes,
+            eagle_block_drop=True,
+        )
+        assert self.rust.eagle_block_drop
+        self.ref = RefCoordinator(specs, num_blocks, block_size, True, sizes, eagle_drop=True)
+        self.next_token = 1000
+        self.slots_end = {}
+        self.last_added = {}
+
+    @rule(
+        rid=REQUEST_IDS,
+        which=st.integers(0, 2),
+        cut=st.integers(1, 30),
+        chunk=st.integers(1, 30),
+        prompt_len=st.one_of(st.none(), st.integers(1, 30)),
+    )
+    @precondition(lambda self: self.built())
+    def admit_with_prompt_length(
+        self, rid: Any, which: int, cut: int, chunk: int, prompt_len: int | None
+    ) -> None:
+        """A request whose prompt length is set (the step scheduler's), or not (the tokens
+        known when first cached); a resumed one's is shorter than its known tokens."""
+        if rid in self.ref.requests:
+            return
+        if prompt_len is not None:
+            self.rust.set_num_prompt_tokens(rid, prompt_len)
+            self.ref.set_num_prompt_tokens(rid, prompt_len)
+        self.admit(rid, which, cut, chunk)
+
+
+EagleMixedBlockSizesMachine.TestCase.settings = settings(
+    max_examples=200,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestEagleMixedBlockSizesMachine = EagleMixedBlockSizesMachine.TestCase

@@ -62,8 +62,6 @@ def test_each_group_holds_blocks_of_its_size_and_hits_land_on_the_lcm() -> None:
         ({"kv_group_block_sizes": (8,)}, "kv_group_block_sizes"),
         ({"kv_group_block_sizes": (8, 6)}, "kv_group_block_sizes"),
         ({"kv_groups": (), "kv_group_block_sizes": (8,)}, "kv_group_block_sizes"),
-        ({"num_hash_lookahead_tokens": 1}, "num_hash_lookahead_tokens"),
-        ({"eagle_block_drop": True}, "eagle_block_drop"),
         (
             {
                 "kv_groups": (FullAttentionSpec(), MambaSpec(mamba_cache_mode="align")),
@@ -77,6 +75,21 @@ def test_what_differing_sizes_do_not_serve_is_refused(extra: dict[str, Any], fie
     with pytest.raises(ConfigError) as err:
         Scheduler(config(**extra))
     assert err.value.field == field
+
+
+@pytest.mark.parametrize(("drop", "hit"), [(False, 24), (True, 16)])
+def test_eagles_drop_beside_differing_sizes_is_served(drop: bool, hit: int) -> None:
+    # A 30-token prompt caches 24 tokens below the lcm (3 blocks of 8). Its extension hits
+    # them all without the drop; with it full attention reads its 3 blocks (the 28 hashed
+    # tokens allow it), drops one (16) and the window agrees on 16 (kv/coordinator_sizes_tail).
+    s = Scheduler(config(eagle_block_drop=drop))
+    s.add_request(0, list(range(30)), max_tokens=1)
+    s.schedule()
+    s.update_from_output({0: [7]})
+    s.add_request(1, [*range(30), 99], max_tokens=1)
+    (new,) = s.schedule().scheduled_new_reqs
+    assert new.num_computed_tokens == hit
+    Scheduler(config(num_hash_lookahead_tokens=1))  # look-ahead hashes too
 
 
 def test_a_speculative_step_of_any_length_is_served() -> None:

@@ -424,11 +424,17 @@ class KvCoordinator:
     of its own size, and prefix hits land on their least common multiple
     (``scheduler_block_size``).
 
+    ``eagle_block_drop`` is vLLM's ``use_eagle``: every group's hits drop their trailing
+    block; beside differing block sizes each group then caches a block past the scheduler
+    block boundary and full-attention groups key the block holding the prompt's last hash
+    boundary (``set_num_prompt_tokens``; docs/kv.md).
+
     Raises:
         ConfigError: no groups or a value that is not a group spec; ``num_blocks < 2``;
             ``block_size < 1``; a Mamba group with ``enable_caching=True``;
             ``group_block_sizes`` not one multiple of ``block_size`` per group, or
-            differing beside a group that is not full attention or a sliding window.
+            differing beside a group that is not full attention or a sliding window;
+            ``eagle_block_drop`` without caching or beside a chunked local group.
     """
 
     NULL_BLOCK_ID: int
@@ -440,10 +446,18 @@ class KvCoordinator:
         block_size: int,
         enable_caching: bool = True,
         group_block_sizes: Sequence[int] | None = None,
+        eagle_block_drop: bool = False,
     ) -> KvCoordinator: ...
     @property
     def group_block_sizes(self) -> tuple[int, ...]:
         """Each group's block size (all ``block_size`` unless set apart)."""
+    @property
+    def eagle_block_drop(self) -> bool:
+        """Whether every group's hits drop EAGLE's trailing block (vLLM's ``use_eagle``)."""
+    def set_num_prompt_tokens(self, request_id: _RequestId, num_prompt_tokens: int) -> None:
+        """The request's prompt length (vLLM's ``num_prompt_tokens``), which places the
+        partial tail-block entries beside differing block sizes under EAGLE's drop; kept
+        for the id until set again (without it, the tokens known when first cached)."""
     @property
     def scheduler_block_size(self) -> int:
         """vLLM's ``scheduler_block_size``: the least common multiple of the groups' block

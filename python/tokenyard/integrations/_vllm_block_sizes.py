@@ -12,9 +12,9 @@ multiple, as ``HybridKVCacheCoordinator`` aligns them.
 
 Not modelled beside differing sizes, refused by name: groups other than full attention and
 sliding windows (Mamba ``align`` states larger than the hash block are vLLM's partial hash
-hits with copy-on-write), a KV connector, and EAGLE-style drafters' prefix rules (hash
-look-ahead, the trailing-block drop: vLLM's partial tail-block entries). Speculative steps of
-any length are served (n-gram drafters, or EAGLE without prefix caching).
+hits with copy-on-write), and a KV connector. Speculative steps of any length are served, and
+EAGLE-style drafters' prefix rules (hash look-ahead, the trailing-block drop) with vLLM's
+partial tail-block entries (the core's ``coordinator_sizes_tail``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import math
 from typing import Any
 
 from tokenyard.errors import ConfigError
-from tokenyard.integrations._vllm_lookahead_config import eagle_block_drop_of, hash_lookahead_of
 from tokenyard.kv import FullAttentionSpec, SlidingWindowSpec
 
 __all__ = ["group_block_sizes_of", "refuse_unmodelled"]
@@ -110,23 +109,17 @@ def group_block_sizes_of(
 
 def refuse_unmodelled(vllm_config: Any, sizes: tuple[int, ...]) -> None:
     """Raises ConfigError for what the core does not serve beside differing block sizes: a
-    KV connector, and EAGLE-style drafters' prefix rules (look-ahead block hashes or the
-    trailing-block drop). Beside differing sizes vLLM's full-attention managers always
-    register a partial entry on the block holding the prompt's last hash boundary
-    (``FullAttentionManager._cache_partial_tail_block``, freeing that block as cached);
-    without those rules it changes nothing the core decides, with either it does, and it
-    is not modelled. Speculative steps of any length are served: vLLM's
+    KV connector. EAGLE-style drafters' prefix rules are served (look-ahead block hashes or
+    the trailing-block drop): beside differing sizes vLLM's full-attention managers register
+    a partial entry on the block holding the prompt's last hash boundary
+    (``FullAttentionManager._cache_partial_tail_block``, freeing that block as cached), which
+    the core keeps as they do (``coordinator_sizes_tail``; the scheduler gives it each
+    request's prompt length). Speculative steps of any length are served: vLLM's
     ``_spec_decode_step_blocks`` counts ``ceil((1 + k + lookahead) / block size)`` per
     group, as the core does."""
     if not sizes:
         return
-    checks = (
-        ("kv_transfer_config", _get(vllm_config, "kv_transfer_config") is not None),
-        (
-            "speculative_config",
-            bool(hash_lookahead_of(vllm_config) or eagle_block_drop_of(vllm_config)),
-        ),
-    )
+    checks = (("kv_transfer_config", _get(vllm_config, "kv_transfer_config") is not None),)
     for field, present in checks:
         if present:
             raise ConfigError(

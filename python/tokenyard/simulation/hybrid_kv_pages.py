@@ -20,13 +20,14 @@ This module plans the layout (checked against vLLM's own planner by
 ``benches/peers/vllm_kv_spec_diff.py``) and the simulator's runs use it (``plan_pages``: the
 memory plan carries each group's block size, ``MemoryPlan.kv_group_block_sizes``, and the
 step scheduler's ``block_size`` is the hash block size). Beside differing sizes the step
-scheduler serves neither a KV connector (P/D) nor EAGLE-style drafters' prefix-cache rules
-(vLLM's ``use_eagle`` with prefix caching: hash look-ahead, the trailing-block drop), nor
-chunked local or Mamba groups: with the setting unset such a configuration is planned as
-``--disable-hybrid-kv-cache-manager`` (the banner says why), with ``true`` refused naming the
-key. Speculative steps of any length are served (vLLM's ``_spec_decode_step_blocks`` counts
-each group on its own block size, as the step scheduler does), and EAGLE/MTP drafters with
-prefix caching off.
+scheduler serves neither a KV connector (P/D) nor chunked local or Mamba groups: with the
+setting unset such a configuration is planned as ``--disable-hybrid-kv-cache-manager`` (the
+banner says why), with ``true`` refused naming the key. Speculative steps of any length are
+served (vLLM's ``_spec_decode_step_blocks`` counts each group on its own block size, as the
+step scheduler does), and EAGLE/MTP drafters with prefix caching on or off (vLLM's
+``use_eagle`` rules, hash look-ahead or the trailing-block drop, with the partial tail-block
+entries its full-attention managers register beside differing sizes: the core's
+``coordinator_sizes_tail``).
 """
 
 from __future__ import annotations
@@ -156,22 +157,6 @@ def _unserved(config: SimulationConfig, layout: PagesLayout) -> tuple[str, str, 
             _FIELD,
             "True",
             "P/D moves KV through a connector, which the step scheduler does not serve "
-            "beside groups of different block sizes",
-        )
-    spec = config.replica.speculative
-    caching = config.replica.scheduler.vllm_v1.enable_prefix_caching
-    if spec.method in ("eagle", "mtp") and caching:
-        # vLLM's SpeculativeConfig.use_eagle with prefix caching: hash look-ahead or the
-        # trailing-block drop, with which the partial tail-block entries vLLM's
-        # full-attention managers register beside differing sizes
-        # (_cache_partial_tail_block) change the answer; the step scheduler does not
-        # model them.
-        # Without prefix caching neither rule applies and the groups are served.
-        return (
-            "replica.speculative.method",
-            spec.method,
-            f"{spec.method} drafts as vLLM's EAGLE proposer with prefix caching (hash "
-            "look-ahead, or the trailing block dropped from the prefix cache), not modelled "
             "beside groups of different block sizes",
         )
     return None

@@ -83,6 +83,9 @@ struct CoordinatedRequest {
     /// Whether it reads host-backed history, holding HiSparse hot regions
     /// (`coordinator_hisparse`).
     reads_host: bool,
+    /// vLLM's `num_prompt_tokens`, read only by partial tail-block entries
+    /// (`coordinator_sizes_tail`); `None` until set or first needed.
+    num_prompt_tokens: Option<usize>,
 }
 
 #[derive(Debug, Clone)]
@@ -115,6 +118,8 @@ pub struct KvCoordinator<R: RequestKey> {
     sizes: GroupSizes,
     /// Blocks held outside any request (`kv::loose_blocks`).
     loose: LooseBlocks,
+    /// Prompt lengths set by request id (`KvCoordinator::set_num_prompt_tokens`).
+    prompt_tokens: FxHashMap<R, usize>,
 }
 
 /// A block hash keyed by its group (vLLM appends the group id to the hash bytes).
@@ -193,6 +198,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             drop_eagle_checkpoint_block: false,
             hash_lookahead: 0,
             loose: LooseBlocks::default(),
+            prompt_tokens: FxHashMap::default(),
         })
     }
 
@@ -295,7 +301,8 @@ impl<R: RequestKey> KvCoordinator<R> {
         // taken, as vLLM's `get_num_blocks_to_allocate` records them.
         let checkpoints = self.internal_checkpoints(request_id, slots, num_computed);
         if !self.requests.contains_key(request_id) {
-            let request = self.admit(new_computed, num_computed, extra_key);
+            let mut request = self.admit(new_computed, num_computed, extra_key);
+            request.num_prompt_tokens = self.prompt_tokens_of(request_id);
             self.requests.insert(request_id.clone(), request);
         }
         let Self {
@@ -577,6 +584,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             num_cached: vec![0; num_groups],
             align: vec![AlignState::default(); num_groups],
             reads_host: false,
+            num_prompt_tokens: None,
         };
         let Some(hit) = hit else {
             return request;
@@ -698,34 +706,40 @@ fn cache_full_blocks(
 ) {
     let tokens = &request.tokens;
     let num_computed = tokens.num_computed_tokens.min(tokens.num_tokens);
-    let cacheable = sizes.cacheable(num_computed);
     for (g, _) in groups.iter().enumerate().filter(|(_, s)| s.caches_blocks()) {
+        let tokens = &request.tokens;
+        let cacheable = sizes.cacheable_in(g, num_computed);
         let scale = sizes::scale(sizes.groups[g], block_size);
         let num_full = (cacheable / sizes.groups[g]).min(tokens.block_hashes.len() / scale);
         let table = &request.tables[g];
         let first = request.num_cached[g];
-        if first >= num_full {
-            continue;
-        }
-        let end = num_full.min(table.len());
-        let hashes = &tokens.block_hashes[sizes::group_hash_index(first, scale)..];
-        let reachable = sizes.reachable_blocks(&groups[g], g);
-        for (i, (&block, &hash)) in table[first.min(end)..end]
-            .iter()
-            .zip(hashes.iter().step_by(scale))
-            .enumerate()
-        {
-            if block == NULL_BLOCK || reachable.is_some_and(|r| !r.reaches(first + i)) {
-                continue;
+        if first < num_full {
+            let end = num_full.min(table.len());
+            let hashes = &tokens.block_hashes[sizes::group_hash_index(first, scale)..];
+            let reachable = sizes.reachable_blocks(&groups[g], g);
+            for (i, (&block, &hash)) in table[first.min(end)..end]
+                .iter()
+                .zip(hashes.iter().step_by(scale))
+                .enumerate()
+            {
+                if block == NULL_BLOCK || reachable.is_some_and(|r| !r.reaches(first + i)) {
+                    continue;
+                }
+                let key = group_key(hash, g);
+                if sizes.keeps_partial_tails() {
+                    sizes::forget_partial(cached, blocks, block);
+                }
+                cached.insert(key, block, blocks);
+                blocks[block as usize].set_hash(key);
+                if groups[g].is_mamba_align() {
+                    cached_this_step.insert(key);
+                }
             }
-            let key = group_key(hash, g);
-            cached.insert(key, block, blocks);
-            blocks[block as usize].set_hash(key);
-            if groups[g].is_mamba_align() {
-                cached_this_step.insert(key);
-            }
+            request.num_cached[g] = num_full;
         }
-        request.num_cached[g] = num_full;
+        if sizes.keeps_partial_tails() && sizes::registers_partial_tail(&groups[g]) {
+            sizes::cache_partial_tail(sizes, g, block_size, cacheable, cached, blocks, request);
+        }
     }
 }
 

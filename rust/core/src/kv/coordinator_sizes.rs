@@ -17,14 +17,19 @@ use super::{KvCoordinator, KvGroupSpec, RequestKey, check_block_size, spec_group
 use crate::{Error, Result};
 
 /// Each group's block size and the scheduler block size (their least common multiple),
-/// and whether the groups take EAGLE's trailing-block drop (only beside one block size).
+/// whether the groups take EAGLE's trailing-block drop, and whether full-attention groups
+/// keep partial tail-block entries (`coordinator_sizes_tail`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct GroupSizes {
     pub(super) groups: Vec<usize>,
     pub(super) scheduler: usize,
-    /// vLLM's managers' `use_eagle`: every group's hits drop a block. Refused beside
-    /// differing block sizes, so it never changes what a group caches.
+    /// vLLM's managers' `use_eagle`: every group's hits drop a block; beside differing
+    /// block sizes each group caches a block past the scheduler block boundary
+    /// (`GroupSizes::cacheable_in`) and a window keeps a block more (`reachable_blocks`).
     pub(super) drop_eagle: bool,
+    /// Beside differing block sizes with the drop or a hash look-ahead: full-attention
+    /// groups register vLLM's partial tail-block entries (`coordinator_sizes_tail`).
+    pub(super) partial_tails: bool,
 }
 
 impl GroupSizes {
@@ -33,6 +38,7 @@ impl GroupSizes {
             groups: vec![block_size; num_groups],
             scheduler: block_size,
             drop_eagle: false,
+            partial_tails: false,
         }
     }
 
@@ -48,15 +54,21 @@ impl GroupSizes {
     /// vLLM 0.33's `SlidingWindowManager.reachable_block_mask` (dense retention): a window
     /// group whose blocks are finer than the scheduler block size caches only the `need`
     /// blocks before each scheduler block boundary, the only ones a hit (which ends on such
-    /// a boundary) can read. `None`: every block is cached.
+    /// a boundary) can read; with EAGLE's drop one block more, the run ending a block past
+    /// the boundary (the block its hit reads and drops). `None`: every block is cached.
     pub(super) fn reachable_blocks(&self, spec: &KvGroupSpec, g: usize) -> Option<Reachable> {
         let KvGroupSpec::SlidingWindow { sliding_window } = *spec else {
             return None;
         };
         let block_size = self.groups[g];
         let per_segment = self.scheduler / block_size;
-        let need = (sliding_window - 1).div_ceil(block_size);
-        (need < per_segment).then_some(Reachable { per_segment, need })
+        let shift = usize::from(self.drop_eagle);
+        let need = (sliding_window - 1).div_ceil(block_size) + shift;
+        (need < per_segment).then_some(Reachable {
+            per_segment,
+            need,
+            shift,
+        })
     }
 }
 
@@ -65,11 +77,14 @@ impl GroupSizes {
 pub(super) struct Reachable {
     per_segment: usize,
     need: usize,
+    /// 1 with EAGLE's drop: the run ends a block past each boundary.
+    shift: usize,
 }
 
 impl Reachable {
     pub(super) fn reaches(self, block: usize) -> bool {
-        block % self.per_segment >= self.per_segment - self.need
+        block >= self.shift
+            && (block - self.shift) % self.per_segment >= self.per_segment - self.need
     }
 }
 
@@ -94,8 +109,8 @@ impl<R: RequestKey> KvCoordinator<R> {
     /// `block_size`); the coordinator's `block_size` is the hash block size. Every size
     /// must be a multiple of it; the scheduler block size is their least common multiple.
     /// Only while no request holds blocks. Groups that are not full attention or a
-    /// sliding window, a hash look-ahead and EAGLE's block drop are refused beside
-    /// differing sizes (not modelled).
+    /// sliding window are refused beside differing sizes (not modelled); a hash look-ahead
+    /// or EAGLE's block drop then adds vLLM's rules for them (`coordinator_sizes_tail`).
     pub fn set_group_block_sizes(&mut self, block_sizes: &[usize]) -> Result<()> {
         let field = "group_block_sizes";
         if block_sizes.len() != self.groups.len() {
@@ -133,35 +148,25 @@ impl<R: RequestKey> KvCoordinator<R> {
             })?;
         }
         let mixed = block_sizes.iter().any(|&s| s != hash);
-        if mixed {
-            if let Some(g) = (self.groups.iter()).position(|s| {
-                !matches!(
-                    s,
-                    KvGroupSpec::FullAttention | KvGroupSpec::SlidingWindow { .. }
-                )
-            }) {
-                return Err(Error::config(
-                    field,
-                    format!("{block_sizes:?}"),
-                    format!(
-                        "groups[{g}]={:?}: only full-attention and sliding-window groups take \
-                         their own block size (not modelled for the others)",
-                        self.groups[g]
-                    ),
-                ));
-            }
-            // vLLM's full-attention managers then register a partial prefix-cache entry
-            // on the block holding the prompt's last hash boundary
-            // (`FullAttentionManager._cache_partial_tail_block`), which a look-ahead hash
-            // or EAGLE's drop makes visible (the block is freed as cached); not modelled.
-            if self.hash_lookahead > 0 || self.eagle_block_drop() {
-                return Err(Error::config(
-                    field,
-                    format!("{block_sizes:?}"),
-                    "differing block sizes beside a hash look-ahead or EAGLE's block drop are \
-                     not modelled (vLLM's partial tail-block entries)",
-                ));
-            }
+        let served = |s: &KvGroupSpec| {
+            matches!(
+                s,
+                KvGroupSpec::FullAttention | KvGroupSpec::SlidingWindow { .. }
+            )
+        };
+        if let Some(g) = (self.groups.iter())
+            .position(|s| !served(s))
+            .filter(|_| mixed)
+        {
+            return Err(Error::config(
+                field,
+                format!("{block_sizes:?}"),
+                format!(
+                    "groups[{g}]={:?}: only full-attention and sliding-window groups take \
+                     their own block size (not modelled for the others)",
+                    self.groups[g]
+                ),
+            ));
         }
         if block_sizes != self.sizes.groups.as_slice() {
             // A group block's key is the hash of its last hash block at any size, so blocks
@@ -172,7 +177,9 @@ impl<R: RequestKey> KvCoordinator<R> {
             groups: block_sizes.to_vec(),
             scheduler,
             drop_eagle: self.sizes.drop_eagle,
+            partial_tails: false,
         };
+        self.refresh_partial_tails();
         self.lookup_order = spec_groups(&self.groups, &self.sizes.groups);
         Ok(())
     }
@@ -193,12 +200,13 @@ impl<R: RequestKey> KvCoordinator<R> {
     /// group's hit reads one of its blocks past the candidate length and drops it, a window
     /// group needing one contiguous block more (`HybridKVCacheCoordinator
     /// .find_longest_cache_hit`, `eagle_verified`); each group caches one of its blocks past
-    /// the last scheduler block boundary (`get_num_cacheable_tokens`). Only while no request
-    /// holds blocks.
+    /// the last scheduler block boundary (`get_num_cacheable_tokens`), and beside differing
+    /// block sizes full-attention groups keep partial tail-block entries
+    /// (`coordinator_sizes_tail`). Only while no request holds blocks.
     ///
     /// Errors: `ConfigError` without prefix caching, beside a chunked local attention group
-    /// (vLLM's `ChunkedLocalAttentionManager` asserts no drop), beside groups of different
-    /// block sizes (not modelled), or while a request holds blocks.
+    /// (vLLM's `ChunkedLocalAttentionManager` asserts no drop), or while a request holds
+    /// blocks.
     pub fn set_eagle_block_drop(&mut self, on: bool) -> Result<()> {
         let field = "eagle_block_drop";
         if on && !self.enable_caching() {
@@ -219,14 +227,6 @@ impl<R: RequestKey> KvCoordinator<R> {
                 ),
             ));
         }
-        if on && self.has_mixed_block_sizes() {
-            return Err(Error::config(
-                field,
-                on,
-                "beside groups of different block sizes the drop is not modelled (vLLM's \
-                 partial tail-block entries, `FullAttentionManager._cache_partial_tail_block`)",
-            ));
-        }
         if on != self.eagle_block_drop() && self.num_requests() > 0 {
             return Err(Error::config(
                 field,
@@ -235,6 +235,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             ));
         }
         self.sizes.drop_eagle = on;
+        self.refresh_partial_tails();
         Ok(())
     }
 
@@ -250,3 +251,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         self.sizes.scheduler != self.block_size
     }
 }
+
+#[path = "coordinator_sizes_tail.rs"]
+mod tail;
+pub(super) use tail::{cache_partial_tail, forget_partial, registers_partial_tail};

@@ -142,16 +142,10 @@ fn block_sizes_that_do_not_fit_the_hash_block_or_the_groups_are_refused() {
     assert!(coord.set_hash_lookahead(1).is_err());
 }
 
-/// EAGLE's drop beside differing sizes (vLLM's partial tail-block entries) is refused
-/// either way round; with one size it is served.
+/// A chunked local attention group is served without EAGLE's drop (vLLM asserts none);
+/// beside differing sizes the drop is served (`coordinator_sizes_tail_tests`).
 #[test]
-fn eagles_drop_beside_differing_sizes_is_refused() {
-    let err = gemma_like(20).set_eagle_block_drop(true).unwrap_err();
-    assert!(err.to_string().contains("eagle_block_drop"), "{err}");
-    let mut coord = KvCoordinator::<u64>::new(vec![FULL, window(8)], 20, 4, true).unwrap();
-    coord.set_eagle_block_drop(true).unwrap();
-    assert!(coord.set_group_block_sizes(&[8, 4]).is_err());
-    coord.set_group_block_sizes(&[4, 4]).unwrap();
+fn eagles_drop_beside_a_chunked_group_is_refused() {
     let chunked = KvGroupSpec::ChunkedLocalAttention {
         attention_chunk_size: 8,
     };

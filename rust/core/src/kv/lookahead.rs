@@ -87,8 +87,9 @@ impl<R: RequestKey> KvCoordinator<R> {
     }
 
     /// Hashes each block with the `lookahead` tokens after it from now on (vLLM 0.33's
-    /// hybrid coordinator over look-ahead hashes). The re-prefillable lag is not served
-    /// with several groups (the scheduler refuses it).
+    /// hybrid coordinator over look-ahead hashes; beside differing block sizes its
+    /// full-attention groups then keep partial tail-block entries, `coordinator_sizes_tail`).
+    /// The re-prefillable lag is not served with several groups (the scheduler refuses it).
     ///
     /// Errors: `ConfigError` as [`BlockPool::set_prefix_rules`].
     pub fn set_hash_lookahead(&mut self, lookahead: usize) -> Result<()> {
@@ -99,14 +100,6 @@ impl<R: RequestKey> KvCoordinator<R> {
                 "a hash look-ahead needs prefix caching (enable_caching)",
             ));
         }
-        if lookahead > 0 && self.has_mixed_block_sizes() {
-            return Err(Error::config(
-                "num_hash_lookahead_tokens",
-                lookahead,
-                "a hash look-ahead beside groups of different block sizes is not modelled \
-                 (vLLM's partial tail-block entries, `_cache_partial_tail_block`)",
-            ));
-        }
         if lookahead != self.hash_lookahead && self.num_requests() > 0 {
             return Err(Error::config(
                 "num_hash_lookahead_tokens",
@@ -115,6 +108,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             ));
         }
         self.hash_lookahead = lookahead;
+        self.refresh_partial_tails();
         Ok(())
     }
 }

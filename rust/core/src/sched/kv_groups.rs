@@ -17,6 +17,15 @@ impl Kv {
         }
     }
 
+    /// The prompt length of the request in `slot` (vLLM's `num_prompt_tokens`), which
+    /// places the coordinator's partial tail-block entries beside differing block sizes
+    /// (`KvCoordinator::set_num_prompt_tokens`). Other pools ignore it.
+    pub fn set_num_prompt_tokens(&mut self, slot: u32, num_prompt_tokens: usize) {
+        if let Kv::Hybrid(h) = self {
+            h.pool.set_num_prompt_tokens(&slot, num_prompt_tokens);
+        }
+    }
+
     /// Each group's blocks allocated to `slot` since the last call (several KV groups
     /// only; empty otherwise, or when ids were not asked for).
     pub fn take_group_blocks(&mut self, slot: u32) -> Vec<Vec<BlockId>> {

@@ -157,6 +157,7 @@ impl<R: RequestKey> Scheduler<R> {
         request.is_prefill_chunk = true;
         request.status = RequestStatus::Waiting;
         let holds = request.num_computed_tokens > 0;
+        self.kv.set_num_prompt_tokens(slot, num_prompt_tokens);
         self.parked.remove(&slot);
         if !holds && self.holds_kv(slot) {
             // Nothing computed to keep (vLLM would keep its blocks; not modelled): it

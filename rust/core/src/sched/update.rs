@@ -131,6 +131,7 @@ impl<R: RequestKey> Scheduler<R> {
             }
         };
         self.index.insert(request_id, slot);
+        self.kv.set_num_prompt_tokens(slot, num_prompt_tokens);
         let key = self.priority_key(slot);
         self.waiting.push_back(slot, key);
         Ok(())

@@ -405,8 +405,11 @@ impl PyKvCoordinator {
 
     #[new]
     #[pyo3(
-        signature = (*, groups, num_blocks, block_size, enable_caching = true, group_block_sizes = None),
-        text_signature = "(*, groups, num_blocks, block_size, enable_caching=True, group_block_sizes=None)"
+        signature = (
+            *, groups, num_blocks, block_size, enable_caching = true, group_block_sizes = None,
+            eagle_block_drop = false
+        ),
+        text_signature = "(*, groups, num_blocks, block_size, enable_caching=True, group_block_sizes=None, eagle_block_drop=False)"
     )]
     fn new(
         py: Python<'_>,
@@ -415,6 +418,7 @@ impl PyKvCoordinator {
         block_size: &Bound<'_, PyAny>,
         enable_caching: bool,
         group_block_sizes: Option<&Bound<'_, PyAny>>,
+        eagle_block_drop: bool,
     ) -> PyResult<Self> {
         let num_blocks = positive_field(num_blocks, "num_blocks")?;
         let block_size = positive_field(block_size, "block_size")?;
@@ -454,7 +458,30 @@ impl PyKvCoordinator {
                 .collect::<PyResult<Vec<_>>>()?;
             inner.set_group_block_sizes(&sizes).or_raise(py)?;
         }
+        if eagle_block_drop {
+            inner.set_eagle_block_drop(true).or_raise(py)?;
+        }
         Ok(Self { inner })
+    }
+
+    /// Whether every group's hits drop EAGLE's trailing block (vLLM's ``use_eagle``).
+    #[getter]
+    fn eagle_block_drop(&self) -> bool {
+        self.inner.eagle_block_drop()
+    }
+
+    /// The request's prompt length (vLLM's ``num_prompt_tokens``), which places the partial
+    /// tail-block entries of full-attention groups beside differing block sizes under
+    /// EAGLE's drop; kept for the id until set again.
+    fn set_num_prompt_tokens(
+        &mut self,
+        request_id: &Bound<'_, PyAny>,
+        num_prompt_tokens: usize,
+    ) -> PyResult<()> {
+        on_request(request_id, |id| {
+            self.inner.set_num_prompt_tokens(id, num_prompt_tokens);
+            Ok(())
+        })
     }
 
     /// Each group's block size (all ``block_size`` unless ``group_block_sizes`` was given).

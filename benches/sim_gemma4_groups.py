@@ -94,6 +94,8 @@ def main() -> None:
     parser.add_argument("--eagle", action="store_true")
     parser.add_argument("--drop", action="store_true")
     args = parser.parse_args()
+    if args.drop and not args.eagle:
+        parser.error("--drop needs --eagle")
     eagle = ("drop" if args.drop else "lookahead") if args.eagle else "off"
     print(
         "| run | blocks x tokens | plan concurrency | peak batch | mean batch | preemptions "

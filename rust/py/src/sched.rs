@@ -484,6 +484,62 @@ impl PyScheduler {
             .collect()
     }
 
+    /// The waiting requests served first (vLLM 0.33's `kv_holding_waiting`), in order.
+    fn holding_waiting_ids<'py>(&self, py: Python<'py>) -> PyResult<Vec<Py<PyAny>>> {
+        self.inner
+            .holding_waiting_ids()
+            .into_iter()
+            .map(|id| id.into_py(py))
+            .collect()
+    }
+
+    /// Makes a waiting request's wait its caller's (`holds_kv`: served with the block
+    /// holders, a remote-KV wait): skipped, keeping its place, until the step hook
+    /// `waiting_ready` answers true when admission reaches it, or `end_outside_wait`.
+    fn wait_outside(
+        &mut self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        holds_kv: bool,
+    ) -> PyResult<()> {
+        let id = RequestId::from_py(request_id)?;
+        self.inner
+            .wait_outside(&id, holds_kv)
+            .map_err(|err| self.raise(py, err))
+    }
+
+    /// Ends a request's outside wait; whether it had one.
+    fn end_outside_wait(
+        &mut self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        let id = RequestId::from_py(request_id)?;
+        self.inner
+            .end_outside_wait(&id)
+            .map_err(|err| self.raise(py, err))
+    }
+
+    /// Whether the request is live and waits outside.
+    fn waits_outside(&self, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let id = RequestId::from_py(request_id)?;
+        Ok(self.inner.waits_outside(&id))
+    }
+
+    /// Moves a waiting request holding no blocks to the back of the block holders
+    /// (`holding`) or of the rest.
+    fn requeue_waiting(
+        &mut self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        holding: bool,
+    ) -> PyResult<()> {
+        let id = RequestId::from_py(request_id)?;
+        self.inner
+            .requeue_waiting(&id, holding)
+            .map_err(|err| self.raise(py, err))
+    }
+
     /// With `False`, only waiting requests holding KV blocks are admitted (vLLM's PAUSED_NEW).
     fn set_admit_new(&mut self, admit_new: bool) {
         self.inner.set_admit_new(admit_new);
@@ -606,9 +662,11 @@ impl PyScheduler {
     /// `priority(request_id) -> int | None`, `pending_block_frees() -> bool` when a running
     /// request's allocation finds no room, `encoder_can_allocate(request_id, input_index,
     /// budget_left, num_embeds_to_schedule) -> bool` before an encoder input is given cache
-    /// room); none: off.
+    /// room, `waiting_ready(request_id) -> bool` when admission reaches a request waiting
+    /// outside); none: off.
     #[pyo3(signature = (*, allocate=None, mamba_split=None, priority=None, pending_block_frees=None,
-        encoder_can_allocate=None))]
+        encoder_can_allocate=None, waiting_ready=None))]
+    #[allow(clippy::too_many_arguments)]
     fn set_step_hooks(
         &mut self,
         allocate: Option<Py<PyAny>>,
@@ -616,12 +674,14 @@ impl PyScheduler {
         priority: Option<Py<PyAny>>,
         pending_block_frees: Option<Py<PyAny>>,
         encoder_can_allocate: Option<Py<PyAny>>,
+        waiting_ready: Option<Py<PyAny>>,
     ) {
         let any = allocate.is_some()
             || mamba_split.is_some()
             || priority.is_some()
             || pending_block_frees.is_some()
-            || encoder_can_allocate.is_some();
+            || encoder_can_allocate.is_some()
+            || waiting_ready.is_some();
         let hooks = any.then(|| {
             Box::new(crate::sched_hooks::PyStepHooks {
                 allocate,
@@ -629,6 +689,7 @@ impl PyScheduler {
                 priority,
                 pending_block_frees,
                 encoder_can_allocate,
+                waiting_ready,
                 error: self.plugin_error.clone(),
             }) as Box<dyn tokenyard_core::sched::StepHooks<RequestId>>
         });

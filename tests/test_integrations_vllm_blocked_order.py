@@ -247,6 +247,9 @@ def test_a_request_taken_out_of_the_queues_is_not_admitted() -> None:
         ours.waiting.add_request(_request("c", "plain"))
     with pytest.raises(InputError, match="request_id"):
         ours.kv_holding_waiting.add_request(a)  # running: not waiting
+    # vLLM's remove_requests passes over a request in no queue.
+    ours.waiting.remove_requests([b])
+    assert _ids(ours.running) == ["b", "a"]
 
 
 def test_a_replaced_update_waiting_for_remote_kv_is_called_when_reached() -> None:

@@ -43,6 +43,7 @@ from tokenyard.integrations._vllm_state import AdapterBase
 from tokenyard.integrations._vllm_views import _WaitingView
 
 _WAITING = RequestStatus.WAITING
+_RUNNING = RequestStatus.RUNNING
 _PREEMPTED = RequestStatus.PREEMPTED
 _WAITING_FOR_REMOTE_KVS = RequestStatus.WAITING_FOR_REMOTE_KVS
 _WAITING_FOR_GRAMMAR = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
@@ -327,11 +328,20 @@ class AdoptedRequests(AdapterBase):
 
     def _take_out_of_queue(self, request: Request) -> None:
         """A queue's ``remove_requests``: the request is skipped until a queue's
-        ``add_request`` puts it back (the core keeps it queued, waiting outside)."""
+        ``add_request`` puts it back (the core keeps it queued, waiting outside). A request
+        in no queue (running, finished) is passed over, as vLLM's filter passes it over.
+
+        Raises:
+            InputError: the request is not this scheduler's, or its KV is loading (the
+                core's load holds blocks for it).
+        """
         core_id = self._queued_core_id(request, "remove_requests")
+        if request.status == _RUNNING or request.is_finished():
+            return
         request_id = request.request_id
         if not self._core.waits_outside(core_id):
-            self._core.wait_outside(core_id, False)
+            with errors_in_vllm_ids(self._vllm_ids):
+                self._core.wait_outside(core_id, False)
         self._blocked_ids.add(request_id)
         self._taken_out.add(request_id)
 
@@ -351,7 +361,8 @@ class AdoptedRequests(AdapterBase):
         self._taken_out.discard(request_id)
         status = request.status
         if status in BLOCKED_STATUSES:
-            self._core.wait_outside(core_id, status == _WAITING_FOR_REMOTE_KVS)
+            with errors_in_vllm_ids(self._vllm_ids):
+                self._core.wait_outside(core_id, status == _WAITING_FOR_REMOTE_KVS)
             self._blocked_ids.add(request_id)
         elif request_id in self._blocked_ids:
             self._core.end_outside_wait(core_id)

@@ -26,12 +26,14 @@ pytest.importorskip("vllm", reason="vLLM 0.33 is installed only in the bench ven
 sys.path.insert(0, str(Path(__file__).parents[1] / "benches/peers"))
 
 from vllm.sampling_params import SamplingParams, StructuredOutputsParams
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm_peer import VllmSchedulerPeer
 
 from tokenyard.errors import InputError
-from tokenyard.integrations.vllm import TokenyardScheduler
+from tokenyard.integrations.vllm import AsyncTokenyardScheduler, TokenyardScheduler
 
 GRAMMAR = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
 REMOTE = RequestStatus.WAITING_FOR_REMOTE_KVS
@@ -64,22 +66,24 @@ class _Landings:
         self.scheduler.finished_recving_kv_req_ids.discard(request.request_id)
 
 
-def _both(**options: Any) -> dict[str, Any]:
-    """vLLM's Scheduler and TokenyardScheduler over the same configs, each with its own
-    stand-in grammar manager and recorded ``_update_waiting_for_remote_kv``."""
+def _both(async_scheduling: bool = False, **options: Any) -> dict[str, Any]:
+    """vLLM's Scheduler and TokenyardScheduler (their async variants with
+    ``async_scheduling``) over the same configs, each with its own stand-in grammar manager
+    and recorded ``_update_waiting_for_remote_kv``."""
     config = {"num_blocks": 64, "max_num_seqs": 4, "max_num_batched_tokens": 64}
     config.update(options)
     peer = VllmSchedulerPeer(max_model_len=256, **config)
-    ours = TokenyardScheduler(
-        vllm_config=peer.vllm_config,
-        kv_cache_config=peer.scheduler.kv_cache_config,
-        structured_output_manager=_Manager(),
-        block_size=16,
-        log_stats=True,
-    )
-    peer.scheduler.structured_output_manager = _Manager()
-    schedulers = {"vllm": peer.scheduler, "tokenyard": ours}
+    kv_cache_config = peer.scheduler.kv_cache_config
+    if async_scheduling:
+        classes = (AsyncScheduler, AsyncTokenyardScheduler)
+    else:
+        classes = (Scheduler, TokenyardScheduler)
+    schedulers = {
+        name: peer.build(cls, kv_cache_config)
+        for name, cls in zip(("vllm", "tokenyard"), classes, strict=True)
+    }
     for scheduler in schedulers.values():
+        scheduler.structured_output_manager = _Manager()
         scheduler._update_waiting_for_remote_kv = _Landings(scheduler)
     return schedulers
 
@@ -319,17 +323,22 @@ def _play(scheduler: Any, script: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return states
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("seed", range(24))
-def test_mixed_blocked_kinds_agree_with_vllm_step_by_step(seed: int) -> None:
+def test_mixed_blocked_kinds_agree_with_vllm_step_by_step(
+    seed: int, async_scheduling: bool
+) -> None:
     """Random mixes of grammar (compiling, compiled, failed), streaming and remote-KV waits
     set by hand, plain requests and aborts, under a random sequence cap and budget: every
-    step's admissions, queues, statuses and landings are vLLM's."""
+    step's admissions, queues, statuses and landings are vLLM's (its async scheduler's too,
+    each step's output applied before the next)."""
     rng = random.Random(1000 + seed)
     options = {
         "max_num_seqs": rng.choice((1, 2, 3, 6)),
         "max_num_batched_tokens": rng.choice((16, 24, 64)),
     }
     script = _scenario(seed)
-    played = {name: _play(s, script) for name, s in _both(**options).items()}
+    schedulers = _both(async_scheduling, **options)
+    played = {name: _play(s, script) for name, s in schedulers.items()}
     for step, (theirs, ours) in enumerate(zip(played["vllm"], played["tokenyard"], strict=True)):
         assert ours == theirs, f"seed {seed} {options}: first difference at step {step}"

@@ -293,10 +293,10 @@ class TokenyardScheduler(
         self.current_step = 0
         self._pause_state = PauseState.UNPAUSED
         self._spec_token_placeholders = [-1] * self.num_spec_tokens
-        # Requests waiting outside the core for a blocked status (a grammar compiling,
-        # ...; _vllm_adopt) and those a queue view took out; structured output: requests
-        # whose grammar failed to compile (finished by the next update, vLLM's), and the
-        # live requests with a grammar.
+        # Requests waiting outside the core for a blocked status (a grammar compiling, a
+        # wait set by hand; _vllm_adopt) and those a queue view took out; structured output:
+        # requests whose grammar failed to compile (finished by the next update, vLLM's),
+        # and the live requests with a grammar.
         self._blocked_ids: set[str] = set()
         self._taken_out: set[str] = set()
         self.grammar_compile_error_reqs: dict[str, Any] = {}

@@ -1361,6 +1361,7 @@ class Scheduler:
         priority: Callable[[Any], int | None] | None = None,
         pending_block_frees: Callable[[], object] | None = None,
         encoder_can_allocate: Callable[[Any, int, int, int], object] | None = None,
+        waiting_ready: Callable[[Any], object] | None = None,
     ) -> None:
         """Routes the step's allocations (``allocate(request_id, num_new_tokens,
         num_lookahead_tokens)``, falsy: refused, as when the pool has no room), Mamba
@@ -1372,7 +1373,9 @@ class Scheduler:
         0.33's connector ``has_pending_block_frees``) and ``encoder_can_allocate(request_id,
         input_index, budget_left, num_embeds_to_schedule)`` before an encoder input is
         given cache room (falsy: refused, as when the cache or budget has none; vLLM's
-        ``EncoderCacheManager.can_allocate``); none: the core alone."""
+        ``EncoderCacheManager.can_allocate``), and ``waiting_ready(request_id)`` when
+        admission reaches a request waiting outside (``wait_outside``; truthy ends the wait,
+        vLLM 0.33's ``_handle_blocked_waiting_request``); none: the core alone."""
     @property
     def num_draft_slots_per_request(self) -> int:
         """Input slots a parallel drafter takes per scheduled request beside its tokens
@@ -1430,6 +1433,24 @@ class Scheduler:
         """Waiting requests the admission scan skipped (a KV load not landed, a LoRA slot,
         a connector that could not tell) and not admitted since (vLLM 0.33's
         ``deferred_waiting``), in admission order."""
+    def holding_waiting_ids(self) -> list[_RequestId]:
+        """The waiting requests served first (vLLM 0.33's ``kv_holding_waiting``): those
+        holding KV blocks and remote-KV waits outside, in order."""
+    def wait_outside(self, request_id: _RequestId, holds_kv: bool) -> None:
+        """Makes a waiting request's wait its caller's (vLLM 0.33's blocked waiting
+        statuses the core does not model; ``holds_kv``: served with the block holders, a
+        remote-KV wait whose load the core did not start): skipped, keeping its place,
+        until the step hook ``waiting_ready(request_id)`` answers truthy when admission
+        reaches it, or ``end_outside_wait``. Raises InputError for a request that is not
+        waiting or holds blocks."""
+    def end_outside_wait(self, request_id: _RequestId) -> bool:
+        """Ends a request's outside wait; returns whether it had one."""
+    def waits_outside(self, request_id: _RequestId) -> bool:
+        """Whether the request is live and waits outside."""
+    def requeue_waiting(self, request_id: _RequestId, holding: bool) -> None:
+        """Moves a waiting request holding no blocks to the back of the block holders
+        (``holding``) or of the rest (vLLM 0.33's ``kv_holding_waiting.add_request`` or
+        ``waiting.add_request``). Raises InputError as ``wait_outside``."""
     def set_admit_new(self, admit_new: bool) -> None:
         """With ``False``, only waiting requests that hold KV blocks (their load began) are
         admitted; the rest keep their places (vLLM's ``PAUSED_NEW``)."""

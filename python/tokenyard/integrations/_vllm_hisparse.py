@@ -238,7 +238,10 @@ class HiSparseTier(AdapterBase):
         """The step hook asking the bound connector's ``has_pending_block_frees`` (``None``
         when no connector is bound or it keeps vLLM's base answer, ``False``)."""
         connector = self.connector
-        if connector is None or type(connector).has_pending_block_frees is _BASE_PENDING_FREES:
+        # A stand-in whose class lacks the method (a Mock assigned as the connector, as
+        # vLLM's tests do) keeps the base answer.
+        method = getattr(type(connector), "has_pending_block_frees", _BASE_PENDING_FREES)
+        if connector is None or method is _BASE_PENDING_FREES:
             self._frees_routed = (None, None)
             return None
         if self._frees_routed[0] is not connector:

@@ -26,6 +26,11 @@ step hook (``Scheduler.set_step_hooks``), which asks it at each point vLLM calls
   its answer is the chunk (a padded decode it clips drops its padding, vLLM's rule); the
   adapter's own method, called from the replacement, answers the core's split.
 
+- ``_handle_blocked_waiting_request`` for a request waiting outside the core for a blocked
+  status (``_vllm_adopt``): the core asks ``_waiting_ready`` when its admission loop
+  reaches one (its ``waiting_ready`` hook, installed while any waits), which calls
+  ``_update_waiting_for_remote_kv`` as looked up on the scheduler (a replacement too).
+
 Under the priority policy the core also reads each running request's ``priority`` from its
 vLLM ``Request`` before it picks a victim, as vLLM's ``max(self.running, key=lambda r:
 (r.priority, r.arrival_time))`` does (a caller may change it after ``add_request``). Nothing
@@ -91,9 +96,9 @@ class ReplacedMethods(AdapterBase):
 
     kv_cache_manager: Any
     _encoder_cache_view: EncoderCacheView
-    # The replacements handed to the core, by identity (None: the core's own), and the
-    # connector's pending-frees hook (_vllm_hisparse).
-    _routed: tuple[Any, Any, Any, Any] = (None, None, None, None)
+    # The replacements handed to the core, by identity (None: the core's own), the
+    # connector's pending-frees hook (_vllm_hisparse), and whether requests wait outside it.
+    _routed: tuple[Any, Any, Any, Any, bool] = (None, None, None, None, False)
     _routed_once = False
     policy: SchedulingPolicy
     # (request id, num_new_tokens, the core's split) while the core asks for a split.
@@ -105,6 +110,8 @@ class ReplacedMethods(AdapterBase):
 
         def _pending_block_frees_hook(self) -> Any: ...
 
+        def _waiting_ready(self, core_id: Any) -> bool: ...
+
     def _route_replaced_methods(self) -> None:
         """Hands the core this step's replacements (called at each ``schedule()``), and
         under the priority policy the requests' live priorities (vLLM 0.33 picks a victim
@@ -113,7 +120,11 @@ class ReplacedMethods(AdapterBase):
         split = vars(self).get("_mamba_block_aligned_split")
         frees = self._pending_block_frees_hook()
         encoder = vars(self._encoder_cache_view).get("can_allocate")
-        if (allocate, split, frees, encoder) == self._routed and self._routed_once:
+        # Requests waiting outside the core for a blocked status (_vllm_adopt): vLLM's
+        # _handle_blocked_waiting_request is asked when admission reaches one.
+        blocked = bool(self._blocked_ids)
+        routed = (allocate, split, frees, encoder, blocked)
+        if routed == self._routed and self._routed_once:
             return
         # The core holds the hooks, and this scheduler the core: the hooks reach it through
         # a weak reference, so the pair is freed like any scheduler (the extension does not
@@ -131,8 +142,9 @@ class ReplacedMethods(AdapterBase):
             encoder_can_allocate=(
                 None if encoder is None else _weak(ref(self._ask_encoder_can_allocate))
             ),
+            waiting_ready=_weak(ref(self._waiting_ready)) if blocked else None,
         )
-        self._routed = (allocate, split, frees, encoder)
+        self._routed = routed
         self._routed_once = True
 
     def _live_priority(self, core_id: Any) -> int:

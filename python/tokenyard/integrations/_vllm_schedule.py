@@ -54,8 +54,6 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
             self.finished_req_ids = set()
             self.reset_preempted_req_ids = set()
             return out
-        if self._grammar_waiting:
-            self._admit_grammar_ready()
         self._route_replaced_methods()
         if self.finished_recving_kv_req_ids:
             self._take_recorded_landings()
@@ -293,6 +291,9 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
         for request_id in list(self.finished_recving_kv_req_ids):
             request = self.requests.get(request_id)
             if request is None or request.status != _WAITING_FOR_REMOTE_KVS:
+                continue
+            if request_id in self._blocked_ids:
+                # A remote-KV wait outside the core: promoted when admission reaches it.
                 continue
             core_id = self._core_ids[request_id]
             if core.waiting_for_remote_kvs(core_id):

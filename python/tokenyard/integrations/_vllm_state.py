@@ -101,7 +101,8 @@ class AdapterBase:
     _prefill_stats_due: set[str]
     _prefill_stats_ready: dict[str, PrefillStats]
     _prefix_cache_stats: PrefixCacheStats | None
-    _grammar_waiting: dict[str, Request]
+    _blocked_ids: set[str]
+    """Requests waiting outside the core for a blocked status (``_vllm_adopt``)."""
     grammar_compile_error_reqs: dict[str, Any]
     _structured_ids: set[str]
     defer_block_free: bool
@@ -140,7 +141,7 @@ class AdapterBase:
 
         def _take_recorded_landings(self) -> None: ...
 
-        def _admit_grammar_ready(self) -> None: ...
+        def _note_outside_landings(self, finished_recving: Iterable[str]) -> None: ...
 
         def finish_requests(self, request_ids: Any, finished_status: Any) -> list[Request]: ...
 

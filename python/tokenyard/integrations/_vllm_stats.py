@@ -31,7 +31,7 @@ class StatsAndEvents(AdapterBase):
 
     def get_request_counts(self) -> tuple[int, int]:
         """(running, waiting)."""
-        return self._core.num_running, self._core.num_waiting + len(self._grammar_waiting)
+        return self._core.num_running, self._core.num_waiting
 
     def _record_prefix_lookup(self, request: Request, num_hits: int) -> None:
         stats = self._prefix_cache_stats
@@ -79,7 +79,7 @@ class StatsAndEvents(AdapterBase):
             self.connector_prefix_cache_stats = PrefixCacheStats()
         num_running, num_waiting = self.get_request_counts()
         core_stats = self._core.stats()
-        num_deferred = core_stats.num_deferred_waiting + len(self._grammar_waiting)
+        num_deferred = core_stats.num_deferred_waiting
         return SchedulerStats(
             num_running_reqs=num_running,
             num_waiting_reqs=num_waiting - num_deferred,

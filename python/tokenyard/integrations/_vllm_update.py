@@ -530,6 +530,9 @@ class UpdateFromOutput(AdapterBase):
             # Reports of finished requests the core holds nothing for (_vllm_adopt).
             finished_recving = self._take_unheld_reports(list(finished_recving))
             finished_sending = self._take_unheld_reports(list(finished_sending))
+        if self._blocked_ids and finished_recving:
+            # Remote-KV waits outside the core (_vllm_adopt), recorded as vLLM's are.
+            self._note_outside_landings(finished_recving)
         recving = [i for i in finished_recving if i in bridge.loading]
         sending = [i for i in finished_sending if i in bridge.sending]
         failed: list[str] = []

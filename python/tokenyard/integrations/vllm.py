@@ -45,7 +45,6 @@ try:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from vllm.multimodal import MULTIMODAL_REGISTRY
     from vllm.multimodal.encoder_budget import MultiModalBudget
-    from vllm.outputs import RequestError
     from vllm.v1.core.sched.interface import PauseState, SchedulerInterface
     from vllm.v1.core.sched.request_queue import SchedulingPolicy
     from vllm.v1.engine import EngineCoreEventType
@@ -62,7 +61,7 @@ except ImportError as err:  # pragma: no cover - exercised only without vLLM
     ) from err
 
 from tokenyard.errors import InputError
-from tokenyard.integrations._vllm_adopt import AdoptedRequests
+from tokenyard.integrations._vllm_adopt import AdoptedRequests, QueueView
 from tokenyard.integrations._vllm_aux_outputs import BlockHashIndex
 from tokenyard.integrations._vllm_core_attributes import CoreAttributes
 from tokenyard.integrations._vllm_encoder_cache import EncoderCacheView
@@ -91,7 +90,6 @@ from tokenyard.integrations._vllm_update import UpdateFromOutput
 from tokenyard.integrations._vllm_views import (
     _ConnectorBridge,
     _KVCacheManagerView,
-    _WaitingView,
 )
 from tokenyard.sched import Scheduler as _CoreScheduler
 
@@ -101,7 +99,6 @@ _RUNNING = RequestStatus.RUNNING
 _PREEMPTED = RequestStatus.PREEMPTED
 _WAITING = RequestStatus.WAITING
 _WAITING_FOR_REMOTE_KVS = RequestStatus.WAITING_FOR_REMOTE_KVS
-_WAITING_FOR_GRAMMAR = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
 _client_index = operator.attrgetter("client_index")
 
 
@@ -296,11 +293,12 @@ class TokenyardScheduler(
         self.current_step = 0
         self._pause_state = PauseState.UNPAUSED
         self._spec_token_placeholders = [-1] * self.num_spec_tokens
-        # Structured output: requests waiting for their grammar (vLLM's
-        # WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR; the core gets them once it compiles), those
-        # whose compilation failed (finished by the next update, vLLM's), and the live
-        # requests with a grammar.
-        self._grammar_waiting: dict[str, Request] = {}
+        # Requests waiting outside the core for a blocked status (a grammar compiling, a
+        # wait set by hand; _vllm_adopt) and those a queue view took out; structured output:
+        # requests whose grammar failed to compile (finished by the next update, vLLM's),
+        # and the live requests with a grammar.
+        self._blocked_ids: set[str] = set()
+        self._taken_out: set[str] = set()
         self.grammar_compile_error_reqs: dict[str, Any] = {}
         self._structured_ids: set[str] = set()
         # vLLM 0.33's connector flags: whether a preempted request's in-flight output is
@@ -364,32 +362,42 @@ class TokenyardScheduler(
         return list(map(self.requests.__getitem__, map(self._vllm_ids.__getitem__, core_ids)))
 
     @property
-    def waiting(self) -> _WaitingView:
+    def waiting(self) -> QueueView:
         """The waiting requests in scheduling order (a snapshot), those whose KV a
-        connector is loading excepted (vLLM keeps them in ``kv_holding_waiting``)."""
+        connector is loading excepted (vLLM keeps them in ``kv_holding_waiting``); its
+        ``add_request`` and ``remove_requests`` move requests (``_vllm_adopt``)."""
         holding = self._holding_kv()
         waiting = self._vllm_requests(self._core.waiting_ids())
-        # Requests waiting for their grammar first: vLLM skips them at each step and puts
-        # them back at the head of the queue.
-        blocked = list(self._grammar_waiting.values())
-        return _WaitingView(
-            blocked + [r for r in waiting if not holding or r.request_id not in holding]
-        )
+        taken_out = self._taken_out
+        if holding or taken_out:
+            waiting = [
+                r for r in waiting if r.request_id not in holding and r.request_id not in taken_out
+            ]
+        return QueueView(waiting, self, holding=False)
 
     @property
-    def kv_holding_waiting(self) -> _WaitingView:
+    def kv_holding_waiting(self) -> QueueView:
         """The waiting requests that hold KV blocks: those whose KV a connector is loading
-        or has loaded (a snapshot, in scheduling order)."""
+        or has loaded, and remote-KV waits given by status (a snapshot, in scheduling
+        order)."""
         holding = self._holding_kv()
         if not holding:
-            return _WaitingView([])
+            return QueueView([], self, holding=True)
         waiting = self._vllm_requests(self._core.waiting_ids())
-        return _WaitingView([r for r in waiting if r.request_id in holding])
+        taken_out = self._taken_out
+        return QueueView(
+            [r for r in waiting if r.request_id in holding and r.request_id not in taken_out],
+            self,
+            holding=True,
+        )
 
     def _holding_kv(self) -> set[str]:
         """Waiting requests holding KV blocks: loads in flight, loads that landed whose
-        request has not been scheduled since, and sessions parked or resumed."""
+        request has not been scheduled since, sessions parked or resumed, and those the
+        core serves with them while they wait outside it (a remote-KV wait given by
+        status) or since (their wait just ended)."""
         holding = self._sessions_holding_kv() if self._session_ids else set()
+        holding.update(map(self._vllm_ids.__getitem__, self._core.holding_waiting_ids()))
         if self._bridge is None:
             return holding
         return (
@@ -404,8 +412,7 @@ class TokenyardScheduler(
     @property
     def deferred_waiting(self) -> set[Request]:
         """Waiting requests the admission scan skipped, not admitted since (a snapshot)."""
-        deferred = set(self._vllm_requests(self._core.deferred_waiting_ids()))
-        return deferred.union(self._grammar_waiting.values())
+        return set(self._vllm_requests(self._core.deferred_waiting_ids()))
 
     def get_kv_cache_usage(self) -> float:
         return float(self._core.stats().kv_usage)
@@ -478,18 +485,16 @@ class TokenyardScheduler(
             self._block_hash_index.index(request)
         if request.use_structured_output:
             self._structured_ids.add(request_id)
-        if request.status == _WAITING_FOR_GRAMMAR:
-            # vLLM keeps it waiting, skipped at each step, until its grammar compiles; the
-            # core gets it then (_admit_grammar_ready).
-            self._grammar_waiting[request_id] = request
-        else:
-            try:
-                self._add_to_core(request)
-            except Exception:
-                # Refused by the core (e.g. computed tokens not below the prompt): not kept.
-                del self.requests[request_id]
-                self._structured_ids.discard(request_id)
-                raise
+        try:
+            self._add_to_core(request)
+        except Exception:
+            # Refused by the core (e.g. computed tokens not below the prompt): not kept.
+            del self.requests[request_id]
+            self._structured_ids.discard(request_id)
+            raise
+        # A grammar compiling, or a wait set by hand: vLLM queues it where it arrives and
+        # skips it at each step until it is ready (_vllm_adopt).
+        self._wait_if_blocked(request)
         if self.spec_decode_metrics_level != "none":
             request.spec_decode_metrics = RequestSpecDecodeMetrics.new(self.num_spec_tokens)
         if self.connector is not None:
@@ -530,26 +535,6 @@ class TokenyardScheduler(
         self._core_ids[request_id] = core_id
         self._vllm_ids[core_id] = request_id
 
-    def _admit_grammar_ready(self) -> None:
-        """vLLM's ``_handle_blocked_waiting_request`` for structured output: a request whose
-        grammar compiled becomes ``WAITING`` and goes to the core (in arrival order); one
-        whose compilation failed is kept for ``update_from_output`` to finish with a
-        ``validation_error``; the others keep waiting."""
-        for request_id, request in list(self._grammar_waiting.items()):
-            structured = request.structured_output_request
-            grammar = structured.grammar if structured is not None else None
-            if grammar is None:
-                continue
-            if isinstance(grammar, Exception):
-                self.grammar_compile_error_reqs[request_id] = RequestError(
-                    code="validation_error",
-                    message=f"Invalid structured outputs: {grammar}",
-                )
-                continue
-            del self._grammar_waiting[request_id]
-            request.status = _WAITING
-            self._add_to_core(request)
-
     def finish_requests(
         self, request_ids: str | Iterable[str] | None, finished_status: RequestStatus
     ) -> list[Request]:
@@ -569,8 +554,7 @@ class TokenyardScheduler(
         ]
         if not ids:
             return []
-        pending = self._grammar_waiting
-        in_core = [self._core_ids[i] for i in ids if i not in pending]
+        in_core = [self._core_ids[i] for i in ids]
         if in_core:
             bridge = self._bridge
             if bridge is not None:
@@ -604,14 +588,8 @@ class TokenyardScheduler(
         self._structured_ids.discard(request_id)
         self._session_ids.discard(request_id)
         self._parked.pop(request_id, None)
-        if self._grammar_waiting.pop(request_id, None) is not None:
-            # Never reached the core.
-            self.grammar_compile_error_reqs.pop(request_id, None)
-            self.finished_req_ids.add(request_id)
-            if self.finished_req_ids_dict is not None:
-                self.finished_req_ids_dict[request.client_index].add(request_id)
-            del self.requests[request_id]
-            return
+        if self._blocked_ids:
+            self._forget_blocked(request_id)
         # Finished before its first output (an abort): its PrefillStats never go out.
         self._prefill_stats_due.discard(request_id)
         self.finished_req_ids.add(request_id)

@@ -636,9 +636,11 @@ impl PyScheduler {
     /// `priority(request_id) -> int | None`, `pending_block_frees() -> bool` when a running
     /// request's allocation finds no room, `encoder_can_allocate(request_id, input_index,
     /// budget_left, num_embeds_to_schedule) -> bool` before an encoder input is given cache
-    /// room); none: off.
+    /// room, `waiting_ready(request_id) -> bool` when admission reaches a request waiting
+    /// outside); none: off.
     #[pyo3(signature = (*, allocate=None, mamba_split=None, priority=None, pending_block_frees=None,
-        encoder_can_allocate=None))]
+        encoder_can_allocate=None, waiting_ready=None))]
+    #[allow(clippy::too_many_arguments)]
     fn set_step_hooks(
         &mut self,
         allocate: Option<Py<PyAny>>,
@@ -646,12 +648,14 @@ impl PyScheduler {
         priority: Option<Py<PyAny>>,
         pending_block_frees: Option<Py<PyAny>>,
         encoder_can_allocate: Option<Py<PyAny>>,
+        waiting_ready: Option<Py<PyAny>>,
     ) {
         let any = allocate.is_some()
             || mamba_split.is_some()
             || priority.is_some()
             || pending_block_frees.is_some()
-            || encoder_can_allocate.is_some();
+            || encoder_can_allocate.is_some()
+            || waiting_ready.is_some();
         let hooks = any.then(|| {
             Box::new(crate::sched_hooks::PyStepHooks {
                 allocate,
@@ -659,6 +663,7 @@ impl PyScheduler {
                 priority,
                 pending_block_frees,
                 encoder_can_allocate,
+                waiting_ready,
                 error: self.plugin_error.clone(),
             }) as Box<dyn tokenyard_core::sched::StepHooks<RequestId>>
         });
@@ -794,3 +799,5 @@ mod kv_views;
 
 #[path = "sched_adopt.rs"]
 mod adopt;
+#[path = "sched_outside.rs"]
+mod outside;

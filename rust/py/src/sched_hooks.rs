@@ -26,6 +26,9 @@ pub(crate) struct PyStepHooks {
     /// `encoder_can_allocate(request_id, input_index, budget_left, num_embeds_to_schedule)
     /// -> bool`, optional: vLLM 0.33's `EncoderCacheManager.can_allocate` as replaced.
     pub(crate) encoder_can_allocate: Option<Py<PyAny>>,
+    /// `waiting_ready(request_id) -> bool`, optional: vLLM 0.33's
+    /// `_handle_blocked_waiting_request` for a wait its caller decides.
+    pub(crate) waiting_ready: Option<Py<PyAny>>,
     pub(crate) error: ErrorSlot,
 }
 
@@ -128,6 +131,20 @@ impl StepHooks<RequestId> for PyStepHooks {
                 .call0()
                 .and_then(|a| a.is_truthy())
                 .map_err(|err| self.error.keep("pending_block_frees", err))
+        })
+    }
+
+    fn waiting_ready(&self, request: &Request<RequestId>) -> Result<bool> {
+        let Some(ready) = &self.waiting_ready else {
+            return Ok(false);
+        };
+        Python::attach(|py| {
+            let id = (request.request_id.clone().into_py(py))
+                .map_err(|err| self.error.keep("waiting_ready", err))?;
+            (ready.bind(py))
+                .call1((id,))
+                .and_then(|a| a.is_truthy())
+                .map_err(|err| self.error.keep("waiting_ready", err))
         })
     }
 }

@@ -2,6 +2,7 @@
 //! the token budget, the sequence cap, LoRA slots or KV memory says stop.
 
 use super::kv::Hit;
+use super::outside_wait::OutsideWait;
 use super::request::{DeferredPrompt, PLACEHOLDER_DRAFT, RequestStatus};
 use super::scheduler::{Scheduler, StepPlan};
 use super::update::reserved_outputs;
@@ -63,13 +64,25 @@ impl<R: RequestKey> Scheduler<R> {
             if !self.admit_new && !self.holds_kv(slot) {
                 break;
             }
-            let status = self.req(slot).status;
+            let request = self.req(slot);
+            let (status, outside) = (request.status, request.outside_wait != OutsideWait::None);
+            // A wait its caller decides (`sched::outside_wait`): asked here, as vLLM 0.33
+            // asks `_handle_blocked_waiting_request`.
+            let waits_outside = match outside.then(|| self.outside_wait_over(slot)) {
+                Some(Err(err)) => {
+                    admission_error = Some(err);
+                    break;
+                }
+                Some(Ok(over)) => !over,
+                None => false,
+            };
             let loading = status == RequestStatus::WaitingForRemoteKvs;
             // A parked session waits for its next input (`sched::session`).
             let parked = status == RequestStatus::WaitingForStreamingInput;
             // A preempted request whose stale output will still be delivered waits for it
             // (`sched::stale`).
-            if parked
+            if waits_outside
+                || parked
                 || (loading && !self.take_landed_load(slot)?)
                 || self.awaits_stale_output(slot)
                 || self.lora_gated(slot, plan)

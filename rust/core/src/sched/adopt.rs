@@ -53,6 +53,7 @@ impl<R: RequestKey> Scheduler<R> {
             && !request.prompt_is_deferred()
             && request.spec.mm_features.is_empty()
             && !request.spec.resumable
+            && request.outside_wait == super::OutsideWait::None
             && self.kv.block_ids(slot).is_none();
         if !untouched {
             return Err(Error::input(

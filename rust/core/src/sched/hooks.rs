@@ -78,6 +78,15 @@ pub trait StepHooks<R>: Send + Sync {
     fn pending_block_frees(&self) -> Result<bool> {
         Ok(false)
     }
+
+    /// Asked each time admission reaches a request whose wait is its caller's
+    /// (`Scheduler::wait_outside`; vLLM 0.33's `_handle_blocked_waiting_request`): `true`
+    /// ends the wait and admission goes on with it as with any waiting request; `false`
+    /// skips it, keeping its place. By default the wait goes on.
+    fn waiting_ready(&self, request: &Request<R>) -> Result<bool> {
+        let _ = request;
+        Ok(false)
+    }
 }
 
 impl<R: RequestKey> Scheduler<R> {

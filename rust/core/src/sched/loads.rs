@@ -20,9 +20,11 @@ impl<R: RequestKey> Scheduler<R> {
     }
 
     /// Whether a waiting request holds KV blocks (its load began), so it is served before
-    /// the waiting requests that hold none.
+    /// the waiting requests that hold none; a remote-KV wait its caller decides counts as
+    /// holding them (vLLM 0.33's `_holds_kv_blocks` reads `WAITING_FOR_REMOTE_KVS` alone).
     pub(super) fn holds_kv(&self, slot: u32) -> bool {
         self.kv.block_ids(slot).is_some()
+            || self.req(slot).outside_wait == super::OutsideWait::HoldingKv
     }
 
     /// The head `head` cannot get memory and nothing runs, so nothing will free any: other

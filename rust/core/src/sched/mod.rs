@@ -24,6 +24,7 @@ mod mamba_align;
 mod multistep;
 mod multistep_admit;
 mod output;
+mod outside_wait;
 mod plugin;
 mod prefix_rules;
 mod queue;
@@ -49,6 +50,7 @@ pub(crate) use multistep_admit::admission_steps;
 pub use output::{
     CachedRequestData, NewRequestData, SampledOutput, SchedulerOutput, SchedulerStats,
 };
+pub use outside_wait::OutsideWait;
 pub use plugin::{PolicyPlugin, RequestView};
 pub use request::{
     DeferredPrompt, FinishReason, PLACEHOLDER_DRAFT, PromptSource, RepetitionDetection, Request,

@@ -176,6 +176,11 @@ impl<R: Ord> Waiting<R> {
         self.holding.remove(slot) || self.rest.remove(slot)
     }
 
+    /// The block holders' slots in scheduling order (vLLM 0.33's `kv_holding_waiting`).
+    pub fn holding_ordered(&self) -> Vec<u32> {
+        self.holding.ordered()
+    }
+
     /// Slots in scheduling order: the holders, then the rest.
     pub fn ordered(&self) -> Vec<u32> {
         let mut slots = self.holding.ordered();

@@ -2,6 +2,7 @@
 //! `num_computed_tokens` have KV in the cache; the scheduler's one rule is to give each
 //! request tokens until it catches up.
 
+use super::outside_wait::OutsideWait;
 use crate::kv::{BlockHash, TokenId};
 
 /// A draft the scheduler makes up when it pads a newly admitted one-token request to
@@ -266,6 +267,8 @@ pub struct Request<R> {
     pub last_step: u64,
     pub stale_until_step: u64,
     pub drop_stale_output: bool,
+    /// A wait its caller decides (`sched::adopt`, [`OutsideWait`]); `None` for the rest.
+    pub outside_wait: OutsideWait,
 }
 
 impl<R> Request<R> {

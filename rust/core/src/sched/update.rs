@@ -4,6 +4,7 @@
 
 use super::Scheduler;
 use super::output::SampledOutput;
+use super::outside_wait::OutsideWait;
 use super::request::{FinishReason, Request, RequestSpec, RequestStatus};
 use super::scheduler::FinishedInFlight;
 use crate::kv::{BlockId, RequestKey, TokenId};
@@ -117,6 +118,7 @@ impl<R: RequestKey> Scheduler<R> {
             last_step: 0,
             stale_until_step: 0,
             drop_stale_output: false,
+            outside_wait: OutsideWait::None,
         };
         self.next_arrival_seq += 1;
         self.num_mm_requests += usize::from(!request.spec.mm_features.is_empty());

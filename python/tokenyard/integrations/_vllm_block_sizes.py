@@ -12,9 +12,13 @@ multiple, as ``HybridKVCacheCoordinator`` aligns them.
 
 Not modelled beside differing sizes, refused by name: groups other than full attention and
 sliding windows (Mamba ``align`` states larger than the hash block are vLLM's partial hash
-hits with copy-on-write), a KV connector, and EAGLE-style drafters' prefix rules (hash
-look-ahead, the trailing-block drop: vLLM's partial tail-block entries). Speculative steps of
-any length are served (n-gram drafters, or EAGLE without prefix caching).
+hits with copy-on-write), and EAGLE-style drafters' prefix rules (hash look-ahead, the
+trailing-block drop: vLLM's partial tail-block entries). Speculative steps of any length are
+served (n-gram drafters, or EAGLE without prefix caching), and so is a KV connector: vLLM
+0.33 has no connector rule of its own for the sizes (its loaded tokens take blocks of each
+group's size, ``allocate_external_computed_blocks``; a landed load caches below the
+scheduler block size's last boundary, ``get_num_cacheable_tokens``), and the core's
+coordinator does the same.
 """
 
 from __future__ import annotations
@@ -108,8 +112,8 @@ def group_block_sizes_of(
 
 
 def refuse_unmodelled(vllm_config: Any, sizes: tuple[int, ...]) -> None:
-    """Raises ConfigError for what the core does not serve beside differing block sizes: a
-    KV connector, and EAGLE-style drafters' prefix rules (look-ahead block hashes or the
+    """Raises ConfigError for what the core does not serve beside differing block sizes:
+    EAGLE-style drafters' prefix rules (look-ahead block hashes or the
     trailing-block drop). Beside differing sizes vLLM's full-attention managers always
     register a partial entry on the block holding the prompt's last hash boundary
     (``FullAttentionManager._cache_partial_tail_block``, freeing that block as cached);
@@ -120,7 +124,6 @@ def refuse_unmodelled(vllm_config: Any, sizes: tuple[int, ...]) -> None:
     if not sizes:
         return
     checks = (
-        ("kv_transfer_config", _get(vllm_config, "kv_transfer_config") is not None),
         (
             "speculative_config",
             bool(hash_lookahead_of(vllm_config) or eagle_block_drop_of(vllm_config)),

@@ -517,7 +517,18 @@ class UpdateFromOutput(AdapterBase):
         then the loads that landed or failed and the sends that completed go to the core.
         Blocks a failed load wrote (``invalid_block_ids``) fail that load, and the request
         recomputes its prompt (vLLM's ``kv_load_failure_policy="recompute"`` for
-        asynchronous loads)."""
+        asynchronous loads). Beside several KV cache groups block ids name no request (each
+        group numbers its own), and vLLM 0.33 raises (``_handle_invalid_blocks``), as here.
+
+        Raises:
+            RuntimeError: ``invalid_block_ids`` beside several KV cache groups.
+        """
+        if kv_output.invalid_block_ids and len(self.kv_cache_config.kv_cache_groups) > 1:
+            raise RuntimeError(
+                "A KV connector reported block-level load failures (invalid_block_ids) which "
+                "is not supported for models with multiple KV cache groups. Connectors must "
+                "report failed requests via KVConnectorTransferResults.failed_recving instead."
+            )
         self.connector.update_connector_output(kv_output)
         bridge = self._bridge
         if bridge is None:

@@ -403,8 +403,11 @@ impl<R: RequestKey> Scheduler<R> {
         let Some(blocks) = blocks else {
             return Ok(Admission::Blocked);
         };
+        // vLLM 0.33 tells the connector of every allocation in its waiting loop, a landed
+        // load's too (`update_state_after_alloc` with no external tokens).
+        let notified = self.notify_allocation(slot, 0);
         self.start_running(slot, num_computed, n, padded, blocks, budget, plan);
-        Ok(Admission::Scheduled)
+        notified.map(|()| Admission::Scheduled)
     }
 
     /// A loading request at the head of the queue: if its load landed, its blocks enter the

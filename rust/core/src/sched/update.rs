@@ -688,14 +688,6 @@ impl<R: RequestKey> Scheduler<R> {
             let lookahead = self.config.num_hash_lookahead_tokens;
             return Err(super::prefix_rules::connector_refusal(lookahead));
         }
-        if self.config.has_mixed_block_sizes() {
-            return Err(Error::config(
-                "connector",
-                "a KV connector",
-                "KV groups of different block sizes (kv_group_block_sizes) beside a KV \
-                 connector are not modelled",
-            ));
-        }
         if self
             .slots
             .iter()

@@ -12,11 +12,14 @@ connector's tokens are taken as offered and count as computed in every group, ea
 taking blocks of its own size for them (``allocate_new_computed_blocks`` and the managers'
 ``allocate_external_computed_blocks``: ``cdiv(total, manager.block_size)``), and a landed
 load caches up to the lcm boundary below the computed tokens (``cache_blocks`` through
-``get_num_cacheable_tokens``). Block-level load failures (``invalid_block_ids``) raise
+``get_num_cacheable_tokens``). A failed load (``failed_recving``) under
+``kv_load_failure_policy="recompute"`` frees the request with no computed tokens and looks it
+up anew, the connector asked again (``_handle_failed_recving``,
+``_update_waiting_for_remote_kv``); block-level load failures (``invalid_block_ids``) raise
 beside several groups, as vLLM's ``_handle_invalid_blocks`` does.
 
 A seeded ``SupportsHMA`` connector (registered here) offers part of each request's tokens,
-asynchronously or not; its asynchronous loads land the step after they start.
+asynchronously or not; its asynchronous loads land (or fail) the step after they start.
 Every step is compared: scheduled tokens, computed tokens, block ids per group, blocks to
 zero, the requests waiting for their loads, KV usage and every request's block tables, and
 the tables each finished request hands the connector. Needs vLLM (the bench venv,
@@ -102,6 +105,10 @@ class SeededSizesConnector(KVConnectorBase_V1, SupportsHMA):
             return self._kv_cache_config.transfer_group_ids
         return super().get_loaded_kv_cache_group_ids(request)
 
+    def update_connector_output(self, connector_output: Any) -> None:
+        # A failed load may be offered again (the next lookup asks anew).
+        self._loaded -= connector_output.failed_recving
+
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         self.allocs.append((request.request_id, blocks.get_block_ids(), num_external_tokens))
         if num_external_tokens:
@@ -155,6 +162,7 @@ def build_pair(
     caching: bool = True,
     loads_every_group: bool = False,
     num_blocks: int = 160,
+    policy: str = "fail",
 ) -> tuple[list[Any], VllmSchedulerPeer]:
     """vLLM's scheduler and tokenyard's over ``layout`` with the seeded connector, built with
     vLLM's two block sizes, and the peer whose requests are hashed at the hash block size."""
@@ -169,6 +177,7 @@ def build_pair(
     config.kv_transfer_config = KVTransferConfig(
         kv_connector=CONNECTOR,
         kv_role="kv_both",
+        kv_load_failure_policy=policy,
         kv_connector_extra_config={"seed": seed, "loads_every_group": loads_every_group},
     )
     config.scheduler_config.async_scheduling = asynchronous
@@ -199,6 +208,23 @@ def build_pair(
     return pair, peer
 
 
+class StreamStalled(AssertionError):
+    """Every step agreed but the stream did not drain: vLLM 0.33 keeps a request whose load
+    failed in ``_inflight_prefills`` (``_update_waiting_for_remote_kv`` frees its blocks and
+    leaves it there), so the blocks its whole sequence needs stay reserved against every
+    admission, its own included; with a tight cache nothing is admitted again. The core
+    does the same, but where nothing runs its stall breaker frees the waiting requests'
+    loaded blocks and goes on (``_stalled``)."""
+
+
+def _stalled(theirs: Any, out: Any, seen: dict[str, int]) -> bool:
+    """Whether vLLM's scheduler is stuck after a failed load (``StreamStalled``): a load
+    failed in this stream, and the step runs nothing with nothing running. The core then
+    preempts the waiting requests that hold loaded blocks (its stall breaker,
+    ``sched::loads::release_landed_loads``), where vLLM waits for ever."""
+    return seen["failed"] > 0 and not out.num_scheduled_tokens and not theirs.running
+
+
 def _loading(scheduler: Any) -> set[str]:
     return {
         r.request_id
@@ -215,9 +241,12 @@ def run_stream(
     caching: bool = True,
     loads_every_group: bool = False,
     num_blocks: int = 160,
+    fail_share: float = 0.0,
 ) -> dict[str, int]:
-    """A seeded stream on both schedulers, every step compared (see the module doc).
-    Returns what it exercised."""
+    """A seeded stream on both schedulers, every step compared (see the module doc); a
+    ``fail_share`` of the loads that land fail instead (``failed_recving``, among the
+    finished ones as vLLM's ``KVOutputAggregator`` reports them; the
+    ``kv_load_failure_policy`` is then ``"recompute"``). Returns what it exercised."""
     pair, peer = build_pair(
         layout,
         seed=seed,
@@ -225,6 +254,7 @@ def run_stream(
         caching=caching,
         loads_every_group=loads_every_group,
         num_blocks=num_blocks,
+        policy="recompute" if fail_share else "fail",
     )
     rng = random.Random(seed)
     arrivals = seeded_arrivals(
@@ -238,12 +268,11 @@ def run_stream(
         lowest_token=1,
         max_prompt=300,
     )
-    seen = {"loads": 0, "hits": 0, "preemptions": 0, "external": 0}
-    loading: set[str] = set()
-    reported: set[str] = set()
+    seen = {"loads": 0, "failed": 0, "hits": 0, "preemptions": 0, "external": 0}
+    started: set[str] = set()
     # Steps formed whose outputs are not in yet: the asynchronous schedulers take a step's
     # output after forming the next one.
-    pending: list[tuple[list[Any], list[set[str]], set[str]]] = []
+    pending: list[tuple[list[Any], list[set[str]], set[str], set[str]]] = []
     for step in range(400):
         for at, *args in arrivals:
             if at == step:
@@ -251,6 +280,8 @@ def run_stream(
                     scheduler.add_request(peer.make_request(*args))
         outs = [scheduler.schedule() for scheduler in pair]
         digests = [{**block_digest(out), "zero": out.new_block_ids_to_zero} for out in outs]
+        if digests[1] != digests[0] and _stalled(pair[0], outs[0], seen):
+            raise StreamStalled(f"vLLM stalled at step {step}; the core's stall breaker goes on")
         assert digests[1] == digests[0], f"step {step}"
         now_loading = [_loading(s) for s in pair]
         assert now_loading[1] == now_loading[0], f"step {step}"
@@ -262,22 +293,25 @@ def run_stream(
         seen["external"] += sum(n for _, _, n in told[0])
         for s in pair:
             s.connector.allocs.clear()
-        seen["loads"] += len(now_loading[0] - loading)
+        # Each load lands (or fails) with the output of the step after the one that
+        # started it (a request may load again after a failed load).
+        landing = started & now_loading[0]
+        started = {r for r, _, n in told[0] if n and r in now_loading[0]}
+        seen["loads"] += len(started)
         seen["hits"] += sum(r.num_computed_tokens > 0 for r in outs[0].scheduled_new_reqs)
         seen["preemptions"] += len(outs[0].preempted_req_ids)
-        # Each load lands with the output of the step after the one that started it, once.
-        reported &= now_loading[0]
-        landing = (loading & now_loading[0]) - reported
-        reported |= landing
-        loading = now_loading[0]
+        failed = {r for r in sorted(landing) if rng.random() < fail_share}
+        seen["failed"] += len(failed)
         samples = [sampling(s, out) for s, out in zip(pair, outs, strict=True)]
-        pending.append((outs, samples, landing))
+        pending.append((outs, samples, landing, failed))
         idle = not any(o.num_scheduled_tokens for o in outs)
         while pending and (not asynchronous or len(pending) == 2 or idle):
-            outs, samples, landing = pending.pop(0)
+            outs, samples, landing, failed = pending.pop(0)
             for scheduler, out, sample in zip(pair, outs, samples, strict=True):
                 output = runner_output(scheduler, out, sample)
-                output.kv_connector_output = KVConnectorOutput(finished_recving=set(landing))
+                output.kv_connector_output = KVConnectorOutput(
+                    finished_recving=set(landing), failed_recving=set(failed)
+                )
                 scheduler.update_from_output(out, output)
         ours, theirs = pair[1], pair[0]
         assert ours.get_kv_cache_usage() == pytest.approx(theirs.get_kv_cache_usage()), step
@@ -288,7 +322,7 @@ def run_stream(
             assert not ours.has_unfinished_requests()
             assert ours.connector.finished_tables == theirs.connector.finished_tables
             return seen
-    raise AssertionError("the stream did not drain")
+    raise StreamStalled(f"every step agreed, and after 400 {sorted(theirs.requests)} wait")
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -315,6 +349,22 @@ def test_loads_under_memory_pressure_match_vllm(seed: int) -> None:
 def test_memory_pressure_preempts() -> None:
     seen = [run_stream(GEMMA if s % 2 else THREE, s, num_blocks=24) for s in range(3)]
     assert sum(s["preemptions"] for s in seen) > 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_failed_loads_match_vllm(seed: int) -> None:
+    # kv_load_failure_policy="recompute": a failed load's request is freed with no computed
+    # tokens and looked up anew, the connector asked again (_update_waiting_for_remote_kv).
+    seen = run_stream(GEMMA if seed % 2 else THREE, seed, fail_share=0.5, num_blocks=40)
+    assert seen["failed"] > 0
+
+
+@pytest.mark.parametrize(
+    "layout", [[("full", 16, 0)], [("full", 16, 0), ("window", 16, 64)]], ids=["one", "hybrid"]
+)
+def test_failed_loads_with_one_block_size_match_vllm(layout: list[tuple[str, int, int]]) -> None:
+    # The failed-load rule is not the sizes': the single pool and one-size groups alike.
+    assert sum(run_stream(layout, s, fail_share=0.5)["failed"] for s in range(2)) > 0
 
 
 def test_block_level_load_failures_raise_as_in_vllm() -> None:
@@ -345,4 +395,5 @@ def test_async_scheduler_loads_match_vllm(seed: int) -> None:
         asynchronous=True,
         caching=seed % 3 != 2,
         num_blocks=40 if seed % 4 == 3 else 160,
+        fail_share=0.5 if seed % 4 == 1 else 0.0,
     )

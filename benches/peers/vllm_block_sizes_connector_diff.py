@@ -5,10 +5,14 @@ the streams of ``tests/test_integrations_vllm_block_sizes_connectors.py`` (a see
 step compared. Each seed draws its layout (``gemma``: full attention in blocks of 32 beside a
 64-token window in blocks of 16; ``three``: full attention in blocks of 64, windows of 48 in
 blocks of 16 and of 100 in blocks of 32), scheduler (sync or async), prefix caching on or off,
-a roomy or a tight cache (160, 40 or 24 blocks) and whether the loads restore every group (a P/D
-transfer) or the prefix-cacheable ones. Prints how many streams agree on every step, the
-first difference of any that does not, and each side's median time per step
-(``schedule()`` plus ``update_from_output``) with their ratio.
+a roomy or a tight cache (160, 40 or 24 blocks), whether the loads restore every group (a P/D
+transfer) or the prefix-cacheable ones, and whether 30% of the loads fail (``failed_recving``
+under ``kv_load_failure_policy="recompute"``). A stream both sides stall on alike counts as
+agreeing, and is counted apart (``StreamStalled``: vLLM keeps a request whose load failed in
+``_inflight_prefills``, its blocks reserved against every admission; where nothing runs the
+core's stall breaker goes on instead, and the comparison stops there). Prints how many
+streams agree on every step, the first difference of any that does not, and each side's
+median time per step (``schedule()`` plus ``update_from_output``) with their ratio.
 
 Run in the bench venv from the repository root:
 ``PYTHONPATH=python .venv-bench/bin/python benches/peers/vllm_block_sizes_connector_diff.py
@@ -63,6 +67,7 @@ def draw(seed: int) -> dict[str, Any]:
         "caching": rng.random() < 0.75,
         "num_blocks": rng.choice([24, 40, 160]),
         "loads_every_group": rng.random() < 0.25,
+        "fail_share": rng.choice([0.0, 0.0, 0.3]),
     }
 
 
@@ -82,9 +87,9 @@ def main() -> int:
         return pair, peer
 
     streams.build_pair = timed_build
-    agree = 0
-    seen = {"loads": 0, "hits": 0, "preemptions": 0, "external": 0}
-    kinds = {"async": 0, "no caching": 0, "tight": 0, "every group": 0}
+    agree = stalled = 0
+    seen = {"loads": 0, "failed": 0, "hits": 0, "preemptions": 0, "external": 0}
+    kinds = {"async": 0, "no caching": 0, "tight": 0, "every group": 0, "failing": 0}
     first: str | None = None
     seeds = range(args.first_seed, args.first_seed + args.streams)
     for seed in seeds:
@@ -93,20 +98,27 @@ def main() -> int:
         kinds["no caching"] += not options["caching"]
         kinds["tight"] += options["num_blocks"] < 160
         kinds["every group"] += options["loads_every_group"]
+        kinds["failing"] += options["fail_share"] > 0
         layout = LAYOUTS[options.pop("layout")]
         try:
             for key, n in streams.run_stream(layout, seed, **options).items():
                 seen[key] += n
             agree += 1
+        except streams.StreamStalled:
+            # vLLM stuck after a failed load (kept in _inflight_prefills), every step alike
+            # until then.
+            agree += 1
+            stalled += 1
         except Exception as err:  # a crash on either side is a difference
             if first is None:
                 first = f"seed {seed} {options}: {type(err).__name__}: {str(err)[:300]}"
     print(
         f"{agree}/{len(seeds)} streams agree on every step "
         f"({', '.join(f'{n} {k}' for k, n in kinds.items())}; "
-        f"{seen['loads']} asynchronous loads, {seen['external']} tokens offered by the "
+        f"{seen['loads']} asynchronous loads ({seen['failed']} failed), "
+        f"{seen['external']} tokens offered by the "
         f"connector, {seen['hits']} admissions with computed tokens, "
-        f"{seen['preemptions']} preemptions)"
+        f"{seen['preemptions']} preemptions; {stalled} of the streams compared up to where vLLM stalls after a failed load)"
     )
     if first is not None:
         print(f"  first difference: {first}")

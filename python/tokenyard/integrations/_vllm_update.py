@@ -552,6 +552,19 @@ class UpdateFromOutput(AdapterBase):
                 ):
                     failed.append(request_id)
             recving = [i for i in recving if i not in failed]
+        reported_failed = kv_output.failed_recving
+        if reported_failed and self._core.ask_again_after_failed_load:
+            # vLLM 0.33's _handle_failed_recving under kv_load_failure_policy="recompute" (its
+            # KVOutputAggregator reports a failed load among the finished ones): the request
+            # counts no computed tokens, and once promoted it is freed and looked up anew,
+            # the connector asked again (_update_waiting_for_remote_kv).
+            for request_id in recving:
+                if request_id in reported_failed and request_id not in failed:
+                    failed.append(request_id)
+                    self.requests[request_id].num_computed_tokens = 0
+                    # Promoted (WAITING) at the next step as a landed load is.
+                    self.finished_recving_kv_req_ids.add(request_id)
+            recving = [i for i in recving if i not in failed]
         if not (recving or sending or failed):
             return
         core_ids = self._core_ids

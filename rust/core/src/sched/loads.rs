@@ -419,10 +419,11 @@ impl<R: RequestKey> Scheduler<R> {
         if self.failed_loads.remove(&slot) {
             self.landed.remove(&slot);
             self.free_kv(slot)?;
+            let ask_again = self.ask_again_after_failed_load;
             let request = self.req_mut(slot);
             request.num_computed_tokens = 0;
             request.num_external_computed_tokens = 0;
-            request.kv_load_failed = true;
+            request.kv_load_failed = !ask_again;
             request.status = RequestStatus::Waiting;
             return Ok(true);
         }

@@ -665,6 +665,19 @@ impl<R: RequestKey> Scheduler<R> {
         Ok(())
     }
 
+    /// Whether a request whose asynchronous load failed (`failed_recving`) asks the
+    /// connector again when it is next admitted, as vLLM 0.33 does under
+    /// `kv_load_failure_policy = "recompute"` (the request, freed with no computed tokens,
+    /// is looked up anew, `_update_waiting_for_remote_kv`). Off by default: it recomputes
+    /// its prompt without the connector.
+    pub fn set_ask_again_after_failed_load(&mut self, on: bool) {
+        self.ask_again_after_failed_load = on;
+    }
+
+    pub fn ask_again_after_failed_load(&self) -> bool {
+        self.ask_again_after_failed_load
+    }
+
     /// Frees the blocks a finished request kept for a transfer (or defers them to the
     /// newest step's fence, as vLLM's `_free_blocks` does: `sched::block_free`).
     fn release_hold(&mut self, request_id: &R) -> Result<()> {

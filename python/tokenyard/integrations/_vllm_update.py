@@ -519,6 +519,9 @@ class UpdateFromOutput(AdapterBase):
         recomputes its prompt (vLLM's ``kv_load_failure_policy="recompute"`` for
         asynchronous loads). Beside several KV cache groups block ids name no request (each
         group numbers its own), and vLLM 0.33 raises (``_handle_invalid_blocks``), as here.
+        Under that policy a load reported in ``failed_recving`` fails too, and the request
+        asks its connector again once promoted; under ``"fail"`` it is taken as landed (vLLM
+        finishes the request with an error: not modelled).
 
         Raises:
             RuntimeError: ``invalid_block_ids`` beside several KV cache groups.

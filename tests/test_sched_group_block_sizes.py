@@ -100,16 +100,55 @@ def test_a_speculative_step_of_any_length_is_served() -> None:
         Scheduler(config(num_speculative_tokens=k))
 
 
-def test_a_connector_beside_differing_sizes_is_refused() -> None:
-    class Offer:
-        def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Any:
-            return 0, False
+class Offer:
+    """Offers ``offer`` tokens (asynchronously unless ``sync``); keeps the tables it is
+    given."""
 
-        def update_state_after_alloc(self, request: Any, block_ids: Any, n: int) -> None:
-            pass
+    def __init__(self, offer: int, *, sync: bool = False) -> None:
+        self.offer, self.load_async = offer, not sync
+        self.allocated: list[tuple[Any, int]] = []
 
-        def request_finished(self, request: Any, block_ids: Any) -> bool:
-            return False
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Any:
+        return self.offer, self.load_async
 
-    with pytest.raises(ConfigError, match="different block sizes"):
-        Scheduler(config(), connector=Offer())
+    def update_state_after_alloc(self, request: Any, block_ids: Any, n: int) -> None:
+        self.allocated.append((block_ids, n))
+
+    def request_finished(self, request: Any, block_ids: Any) -> bool:
+        return False
+
+
+def test_loaded_tokens_take_blocks_of_each_groups_size() -> None:
+    # 12 of 20 tokens loaded (synchronously): full attention holds ceil(20 / 8) = 3 blocks
+    # of 8; the window (8 tokens, blocks of 4) skips (12 + 1 - 8) // 4 = 1 block (a null)
+    # and holds ceil(20 / 4) = 5 in all.
+    connector = Offer(12, sync=True)
+    s = Scheduler(config(), connector=connector)
+    s.add_request(0, list(range(20)), max_tokens=2)
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {0: 8}
+    ((tables, n),) = connector.allocated
+    assert n == 12
+    assert [len(t) for t in tables] == [3, 5]
+    assert int(tables[1][0]) == 0
+    assert all(int(b) != 0 for b in tables[1][1:])
+
+
+@pytest.mark.parametrize(("loaded", "hit"), [(16, 16), (19, 0)])
+def test_a_landed_load_caches_up_to_the_lcm(loaded: int, hit: int) -> None:
+    # 16 of 20 tokens loaded asynchronously: once landed, blocks cache up to 16 (the lcm
+    # boundary below 20), and the same prompt hits 16. Loaded to 19, the window's (8) nulls
+    # reach below 16: (19 + 1 - 8) // 4 = 3 blocks of 4, and the hit at 16 would need
+    # tokens 9..16, so nothing hits (vLLM 0.33's likewise). The landed request is told of
+    # its next allocation, with nothing to load.
+    connector = Offer(loaded)
+    s = Scheduler(config(), connector=connector)
+    s.add_request(0, list(range(20)), max_tokens=1)
+    s.schedule()
+    s.finish_kv_transfers(finished_recving=[0])
+    s.schedule()
+    assert [n for _, n in connector.allocated] == [loaded, 0]
+    connector.offer = 0
+    s.add_request(1, [*range(20), 5], max_tokens=1)
+    (new,) = s.schedule().scheduled_new_reqs
+    assert new.num_computed_tokens == hit

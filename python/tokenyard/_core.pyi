@@ -1247,6 +1247,14 @@ class Scheduler:
             UnknownRequestError: an id the scheduler does not hold.
         """
     @property
+    def ask_again_after_failed_load(self) -> bool:
+        """Whether a request whose KV load failed (``failed_recving``) asks the connector
+        again when it is next admitted, as vLLM 0.33 does under
+        ``kv_load_failure_policy = "recompute"`` (settable; off by default: it recomputes its
+        prompt without the connector)."""
+    @ask_again_after_failed_load.setter
+    def ask_again_after_failed_load(self, on: bool) -> None: ...
+    @property
     def defer_async_loads(self) -> bool:
         """vLLM 0.33's ``defer_async_loads`` (settable; with ``defer_block_free``): an
         asynchronous KV load admitted while a step is in flight is handed to the connector

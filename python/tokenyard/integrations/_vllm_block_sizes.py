@@ -12,9 +12,12 @@ multiple, as ``HybridKVCacheCoordinator`` aligns them.
 
 Not modelled beside differing sizes, refused by name: groups other than full attention and
 sliding windows (Mamba ``align`` states larger than the hash block are vLLM's partial hash
-hits with copy-on-write), and a KV connector. Speculative steps of any length are served, and
-EAGLE-style drafters' prefix rules (hash look-ahead, the trailing-block drop) with vLLM's
-partial tail-block entries (the core's ``coordinator_sizes_tail``).
+hits with copy-on-write). Speculative steps of any length are served, EAGLE-style drafters'
+prefix rules (hash look-ahead, the trailing-block drop) with vLLM's partial tail-block
+entries (the core's ``coordinator_sizes_tail``), and a KV connector: vLLM 0.33 has no
+connector rule of its own for the sizes (its loaded tokens take blocks of each group's size,
+``allocate_external_computed_blocks``; a landed load caches below the scheduler block size's
+last boundary, ``get_num_cacheable_tokens``), and the core's coordinator does the same.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 from tokenyard.errors import ConfigError
 from tokenyard.kv import FullAttentionSpec, SlidingWindowSpec
 
-__all__ = ["group_block_sizes_of", "refuse_unmodelled"]
+__all__ = ["group_block_sizes_of"]
 
 
 def _get(obj: Any, name: str, default: Any = None) -> Any:
@@ -105,29 +108,6 @@ def group_block_sizes_of(
                 value=type(spec).__name__,
             )
     return hash_block_size, tuple(sizes)
-
-
-def refuse_unmodelled(vllm_config: Any, sizes: tuple[int, ...]) -> None:
-    """Raises ConfigError for what the core does not serve beside differing block sizes: a
-    KV connector. EAGLE-style drafters' prefix rules are served (look-ahead block hashes or
-    the trailing-block drop): beside differing sizes vLLM's full-attention managers register
-    a partial entry on the block holding the prompt's last hash boundary
-    (``FullAttentionManager._cache_partial_tail_block``, freeing that block as cached), which
-    the core keeps as they do (``coordinator_sizes_tail``; the scheduler gives it each
-    request's prompt length). Speculative steps of any length are served: vLLM's
-    ``_spec_decode_step_blocks`` counts ``ceil((1 + k + lookahead) / block size)`` per
-    group, as the core does."""
-    if not sizes:
-        return
-    checks = (("kv_transfer_config", _get(vllm_config, "kv_transfer_config") is not None),)
-    for field, present in checks:
-        if present:
-            raise ConfigError(
-                f"{field}: KV cache groups of different block sizes {sizes} are served "
-                f"without it (not modelled)",
-                field=field,
-                value="set",
-            )
 
 
 def _refuse(i: int, size: int, why: str) -> ConfigError:

@@ -65,6 +65,8 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
                 request_id = vllm_ids[load.request_id]
                 requests[request_id].status = _WAITING_FOR_REMOTE_KVS
                 bridge.loading.add(request_id)
+                # A failed load's report was taken by the core, which loads anew.
+                self.finished_recving_kv_req_ids.discard(request_id)
         now = time.monotonic()
         self._apply_preemptions(core.preempted_req_ids, now)
         new_reqs_data, resumed = self._new_and_resumed(core, now)

@@ -69,6 +69,7 @@ class AdapterBase:
     is_encoder_decoder: bool
     """The core's KV groups: 0 for its single pool, else block ids go per group."""
     _bridge: _ConnectorBridge | None
+    kv_cache_config: Any
     connector: Any
     ec_connector: Any
     structured_output_manager: Any

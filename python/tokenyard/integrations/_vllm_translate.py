@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenyard.errors import ConfigError
-from tokenyard.integrations._vllm_block_sizes import group_block_sizes_of, refuse_unmodelled
+from tokenyard.integrations._vllm_block_sizes import group_block_sizes_of
 from tokenyard.integrations._vllm_lookahead_config import (
     eagle_block_drop_of,
     hash_lookahead_of,
@@ -109,7 +109,6 @@ def settings(
         enable_caching=bool(_get(cache, "enable_prefix_caching", False)),
         max_model_len=int(model.max_model_len),
     )
-    refuse_unmodelled(vllm_config, group_sizes)
     refuse_partial_eagle_groups(vllm_config, kv_cache_config)
     plain_mamba = any(isinstance(g, MambaSpec) and g.mamba_cache_mode == "none" for g in kv_groups)
     if plain_mamba and _get(cache, "enable_prefix_caching"):

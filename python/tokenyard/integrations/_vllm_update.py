@@ -517,7 +517,21 @@ class UpdateFromOutput(AdapterBase):
         then the loads that landed or failed and the sends that completed go to the core.
         Blocks a failed load wrote (``invalid_block_ids``) fail that load, and the request
         recomputes its prompt (vLLM's ``kv_load_failure_policy="recompute"`` for
-        asynchronous loads)."""
+        asynchronous loads). Beside several KV cache groups block ids name no request (each
+        group numbers its own), and vLLM 0.33 raises (``_handle_invalid_blocks``), as here.
+        Under that policy a load reported in ``failed_recving`` fails too, and the request
+        asks its connector again once promoted; under ``"fail"`` it is taken as landed (vLLM
+        finishes the request with an error: not modelled).
+
+        Raises:
+            RuntimeError: ``invalid_block_ids`` beside several KV cache groups.
+        """
+        if kv_output.invalid_block_ids and len(self.kv_cache_config.kv_cache_groups) > 1:
+            raise RuntimeError(
+                "A KV connector reported block-level load failures (invalid_block_ids) which "
+                "is not supported for models with multiple KV cache groups. Connectors must "
+                "report failed requests via KVConnectorTransferResults.failed_recving instead."
+            )
         self.connector.update_connector_output(kv_output)
         bridge = self._bridge
         if bridge is None:
@@ -543,6 +557,19 @@ class UpdateFromOutput(AdapterBase):
                     vllm_block_ids(self._core.block_ids(self._core_ids[request_id]))
                 ):
                     failed.append(request_id)
+            recving = [i for i in recving if i not in failed]
+        reported_failed = kv_output.failed_recving
+        if reported_failed and self._core.ask_again_after_failed_load:
+            # vLLM 0.33's _handle_failed_recving under kv_load_failure_policy="recompute" (its
+            # KVOutputAggregator reports a failed load among the finished ones): the request
+            # counts no computed tokens, and once promoted it is freed and looked up anew,
+            # the connector asked again (_update_waiting_for_remote_kv).
+            for request_id in recving:
+                if request_id in reported_failed and request_id not in failed:
+                    failed.append(request_id)
+                    self.requests[request_id].num_computed_tokens = 0
+                    # Promoted (WAITING) at the next step as a landed load is.
+                    self.finished_recving_kv_req_ids.add(request_id)
             recving = [i for i in recving if i not in failed]
         if not (recving or sending or failed):
             return

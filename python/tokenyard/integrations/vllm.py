@@ -320,6 +320,11 @@ class TokenyardScheduler(
         # also sets defer_async_loads, so it comes after defer_block_free.
         self._adopt_host_pool(kv_cache_config)
         self.recompute_kv_load_failures = True
+        # A failed load (failed_recving) under vLLM's "recompute" policy: the request asks
+        # the connector again once promoted (_vllm_update._update_from_kv_transfers).
+        self._core.ask_again_after_failed_load = bool(
+            transfer is not None and transfer.kv_load_failure_policy == "recompute"
+        )
         # Requests preempted by reset_prefix_cache: outputs of their steps then in flight
         # are dropped, not delivered.
         self._dropped_outputs: set[str] = set()

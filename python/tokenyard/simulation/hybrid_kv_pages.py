@@ -149,7 +149,7 @@ def pages_differ(groups: tuple[KvGroup, ...]) -> bool:
 def _unserved(config: SimulationConfig, layout: PagesLayout) -> tuple[str, str, str] | None:
     """``(field, value, why)`` for what the step scheduler does not serve beside groups of
     different block sizes (``SchedulerConfig::validate_group_block_sizes``, the connector
-    check of ``Scheduler::set_connector``; the adapter's ``refuse_unmodelled``), or None."""
+    check of ``Scheduler::set_connector`` before branch ``bszconn``), or None."""
     if any(g.mixer == "chunked" for g in layout.groups):
         return _FIELD, "True", "chunked local attention groups do not take their own block size"
     if config.cluster.decode is not None:

@@ -277,6 +277,18 @@ impl PyScheduler {
         self.inner.set_defer_async_loads(defer);
     }
 
+    /// Whether a request whose load failed asks the connector again when next admitted
+    /// (vLLM 0.33's `kv_load_failure_policy = "recompute"`); off by default.
+    #[getter]
+    fn ask_again_after_failed_load(&self) -> bool {
+        self.inner.ask_again_after_failed_load()
+    }
+
+    #[setter]
+    fn set_ask_again_after_failed_load(&mut self, on: bool) {
+        self.inner.set_ask_again_after_failed_load(on);
+    }
+
     /// vLLM 0.33's HiSparse host page pool (`hisparse_host_num_blocks`, the null block
     /// included, and the source group's `block_size`): one host block per block of the
     /// first KV group a request holds, the whole prompt's pages checked at admission;

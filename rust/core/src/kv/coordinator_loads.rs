@@ -374,6 +374,46 @@ mod tests {
         coord.check_invariants().unwrap();
     }
 
+    /// Groups of different block sizes (full attention in blocks of 8, the window of 8 in
+    /// blocks of 4, hashed every 4): an asynchronous load of 16 of 20 tokens, once landed,
+    /// caches up to the lcm boundary 16 in each group, and a hit lands there. Loaded past
+    /// it (19), the window's nulls reach below 16 and the same prompt hits nothing: the
+    /// window of the boundary's last token needs blocks the load did not take, as in
+    /// vLLM 0.33 (`allocate_external_computed_blocks` skips them; hits land on the lcm).
+    #[test]
+    fn a_landed_load_beside_differing_sizes_caches_up_to_the_lcm() {
+        let longer: Vec<TokenId> = (0..21).collect();
+        // (loaded, new blocks per group, the window's nulls, the hit once landed)
+        for (loaded, taken, nulls, hit) in [(16, (2, 2), 2, 16), (19, (3, 2), 3, 0)] {
+            let mut coord = KvCoordinator::<u64>::new(vec![FULL, WINDOW], 40, 4, true).unwrap();
+            coord.set_group_block_sizes(&[8, 4]).unwrap();
+            let tokens: Vec<TokenId> = (0..20).collect();
+            let alloc = ExternalAllocation {
+                num_external_tokens: loaded,
+                cache: false,
+                ..ExternalAllocation::default()
+            };
+            let new = coord.allocate_slots_external(&1, &tokens, None, None, alloc);
+            let new = new.unwrap().unwrap();
+            // Blocks for the loaded tokens: ceil(loaded / 8) of 8; the window skips
+            // (loaded + 1 - 8) / 4 blocks of 4 (nulls) and takes the rest of ceil(loaded / 4).
+            assert_eq!((new[0].len(), new[1].len()), taken);
+            let table = coord.block_ids(&1).unwrap()[1].to_vec();
+            assert_eq!(table[..nulls], vec![NULL_BLOCK; nulls]);
+            // Not cached before the load lands.
+            assert_eq!(
+                coord.get_computed_blocks(&longer, None).num_computed_tokens,
+                0
+            );
+            coord.cache_blocks(&1, &[]).unwrap();
+            assert_eq!(
+                coord.get_computed_blocks(&longer, None).num_computed_tokens,
+                hit
+            );
+            coord.check_invariants().unwrap();
+        }
+    }
+
     #[test]
     fn a_load_that_does_not_fit_changes_nothing() {
         let mut coord = KvCoordinator::<u64>::new(vec![FULL, WINDOW], 6, 4, true).unwrap();

@@ -405,8 +405,11 @@ impl<R: RequestKey> Scheduler<R> {
         let Some(blocks) = blocks else {
             return Ok(Admission::Blocked);
         };
+        // vLLM 0.33 tells the connector of every allocation in its waiting loop, a landed
+        // load's too (`update_state_after_alloc` with no external tokens).
+        let notified = self.notify_allocation(slot, 0);
         self.start_running(slot, num_computed, n, padded, blocks, budget, plan);
-        Ok(Admission::Scheduled)
+        notified.map(|()| Admission::Scheduled)
     }
 
     /// A loading request at the head of the queue: if its load landed, its blocks enter the
@@ -418,10 +421,11 @@ impl<R: RequestKey> Scheduler<R> {
         if self.failed_loads.remove(&slot) {
             self.landed.remove(&slot);
             self.free_kv(slot)?;
+            let ask_again = self.ask_again_after_failed_load;
             let request = self.req_mut(slot);
             request.num_computed_tokens = 0;
             request.num_external_computed_tokens = 0;
-            request.kv_load_failed = true;
+            request.kv_load_failed = !ask_again;
             request.status = RequestStatus::Waiting;
             return Ok(true);
         }

@@ -64,6 +64,9 @@ pub struct Scheduler<R: RequestKey> {
     /// `finished_recving_kv_req_ids` / `failed_recving_kv_req_ids`).
     pub(super) landed: FxHashSet<u32>,
     pub(super) failed_loads: FxHashSet<u32>,
+    /// Whether a request whose load failed asks the connector again when it is next
+    /// admitted (vLLM 0.33's `kv_load_failure_policy = "recompute"`); by default it does not.
+    pub(super) ask_again_after_failed_load: bool,
     /// Finished requests whose blocks wait for a transfer: a send the connector asked to
     /// finish first, or a load still writing into them (the request was aborted meanwhile);
     /// each with its slot and `last_sched_seq` (the free may be deferred after: `block_free`).
@@ -237,6 +240,7 @@ impl<R: RequestKey> Scheduler<R> {
             prompt_source: None,
             landed: FxHashSet::default(),
             failed_loads: FxHashSet::default(),
+            ask_again_after_failed_load: false,
             transfer_holds: FxHashMap::default(),
             outside_kv: FxHashMap::default(),
             interrupted_step: None,

@@ -668,6 +668,19 @@ impl<R: RequestKey> Scheduler<R> {
         Ok(())
     }
 
+    /// Whether a request whose asynchronous load failed (`failed_recving`) asks the
+    /// connector again when it is next admitted, as vLLM 0.33 does under
+    /// `kv_load_failure_policy = "recompute"` (the request, freed with no computed tokens,
+    /// is looked up anew, `_update_waiting_for_remote_kv`). Off by default: it recomputes
+    /// its prompt without the connector.
+    pub fn set_ask_again_after_failed_load(&mut self, on: bool) {
+        self.ask_again_after_failed_load = on;
+    }
+
+    pub fn ask_again_after_failed_load(&self) -> bool {
+        self.ask_again_after_failed_load
+    }
+
     /// Frees the blocks a finished request kept for a transfer (or defers them to the
     /// newest step's fence, as vLLM's `_free_blocks` does: `sched::block_free`).
     fn release_hold(&mut self, request_id: &R) -> Result<()> {
@@ -690,14 +703,6 @@ impl<R: RequestKey> Scheduler<R> {
         if self.config.num_hash_lookahead_tokens > 0 {
             let lookahead = self.config.num_hash_lookahead_tokens;
             return Err(super::prefix_rules::connector_refusal(lookahead));
-        }
-        if self.config.has_mixed_block_sizes() {
-            return Err(Error::config(
-                "connector",
-                "a KV connector",
-                "KV groups of different block sizes (kv_group_block_sizes) beside a KV \
-                 connector are not modelled",
-            ));
         }
         if self
             .slots

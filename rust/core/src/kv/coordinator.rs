@@ -301,8 +301,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         // taken, as vLLM's `get_num_blocks_to_allocate` records them.
         let checkpoints = self.internal_checkpoints(request_id, slots, num_computed);
         if !self.requests.contains_key(request_id) {
-            let mut request = self.admit(new_computed, num_computed, extra_key);
-            request.num_prompt_tokens = self.prompt_tokens_of(request_id);
+            let request = self.admit(request_id, new_computed, num_computed, extra_key);
             self.requests.insert(request_id.clone(), request);
         }
         let Self {
@@ -561,10 +560,11 @@ impl<R: RequestKey> KvCoordinator<R> {
         );
     }
 
-    /// A new request's entry: per group, the hit's blocks past the skipped ones taken
+    /// A new request's entry (with its prompt length, if set): per group, the hit's blocks past the skipped ones taken
     /// (their ref counts raised), nulls before them (vLLM's `add_local_computed_blocks`).
     fn admit(
         &mut self,
+        request_id: &R,
         hit: Option<&GroupedComputedBlocks>,
         num_computed: usize,
         extra_key: Option<u64>,
@@ -584,7 +584,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             num_cached: vec![0; num_groups],
             align: vec![AlignState::default(); num_groups],
             reads_host: false,
-            num_prompt_tokens: None,
+            num_prompt_tokens: self.prompt_tokens_of(request_id),
         };
         let Some(hit) = hit else {
             return request;

@@ -139,7 +139,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         if needed + over > self.free_queue.len() {
             return Ok(None);
         }
-        let mut request = self.admit(new_computed, total, extra_key);
+        let mut request = self.admit(request_id, new_computed, total, extra_key);
         let groups = self.groups.iter().zip(&self.sizes.groups);
         for ((spec, &size), table) in groups.zip(&mut request.tables) {
             let num_skipped = spec.num_skipped_tokens(total) / size;

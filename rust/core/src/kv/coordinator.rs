@@ -112,6 +112,8 @@ pub struct KvCoordinator<R: RequestKey> {
     pub(super) hash_lookahead: usize,
     /// Each group's block size and the scheduler block size (`coordinator_sizes`).
     sizes: GroupSizes,
+    /// vLLM 0.33's `is_eagle_group` per group: where EAGLE's drop acts (`coordinator_eagle`).
+    eagle_groups: Vec<bool>,
 }
 
 /// A block hash keyed by its group (vLLM appends the group id to the hash bytes).
@@ -177,6 +179,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         Ok(Self {
             lookup_order: spec_groups(&groups, &vec![block_size; groups.len()]),
             sizes: GroupSizes::uniform(block_size, groups.len()),
+            eagle_groups: vec![true; groups.len()],
             groups,
             block_size,
             enable_caching,
@@ -756,6 +759,9 @@ mod inspect;
 
 #[path = "coordinator_sizes.rs"]
 mod sizes;
+
+#[path = "coordinator_eagle.rs"]
+mod eagle;
 use align::{AlignState, allocate_align_blocks};
 pub use loads::{ExternalAllocation, prefix_cacheable};
 use sizes::GroupSizes;
@@ -775,3 +781,7 @@ mod mamba_spec_tests;
 #[cfg(test)]
 #[path = "coordinator_sizes_tests.rs"]
 mod sizes_tests;
+
+#[cfg(test)]
+#[path = "coordinator_eagle_tests.rs"]
+mod eagle_tests;

@@ -197,7 +197,8 @@ impl<R: RequestKey> KvCoordinator<R> {
     /// holds blocks.
     ///
     /// Errors: `ConfigError` without prefix caching, beside a chunked local attention group
-    /// (vLLM's `ChunkedLocalAttentionManager` asserts no drop), beside groups of different
+    /// flagged as an EAGLE group (vLLM's `ChunkedLocalAttentionManager` asserts no drop;
+    /// `coordinator_eagle`), beside groups of different
     /// block sizes (not modelled), or while a request holds blocks.
     pub fn set_eagle_block_drop(&mut self, on: bool) -> Result<()> {
         let field = "eagle_block_drop";
@@ -208,8 +209,8 @@ impl<R: RequestKey> KvCoordinator<R> {
                 "the drop acts on prefix hits: it needs prefix caching",
             ));
         }
-        let chunked = |s: &KvGroupSpec| matches!(s, KvGroupSpec::ChunkedLocalAttention { .. });
-        if let Some(g) = self.groups.iter().position(chunked).filter(|_| on) {
+        // Only where the group is an EAGLE group (`coordinator_eagle`).
+        if let Some(g) = self.flagged_chunked_local().filter(|_| on) {
             return Err(Error::config(
                 field,
                 on,

@@ -152,6 +152,7 @@ impl Kv {
                 pool.set_group_block_sizes(&config.kv_group_block_sizes)?;
             }
             pool.set_hash_lookahead(config.prefix_rules().num_hash_lookahead_tokens)?;
+            pool.set_eagle_groups(&config.kv_group_is_eagle)?;
             pool.set_eagle_block_drop(config.prefix_rules().drop_eagle_block)?;
             if let Some(split) = &config.mamba_align {
                 pool.set_mamba_checkpoint_rule(split.drop_eagle_block);

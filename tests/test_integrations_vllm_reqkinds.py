@@ -29,6 +29,7 @@ from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm_compare import _BLOCK_HASHERS, block_digest, peer_pair
 
+from tokenyard.errors import InputError
 from tokenyard.integrations.vllm import TokenyardScheduler
 
 _PAIR = (Scheduler, TokenyardScheduler)
@@ -422,6 +423,115 @@ def test_a_session_turn_stopped_by_repetition_parks_and_its_chunk_sets_new_rules
     reasons = turn()
     assert len(reasons) == 4
     assert str(reasons[-1][0]) == "length"
+
+
+def _session_turn(pair: list[Any], token: int = 5) -> None:
+    """Runs both schedulers until the session "s" parks, each step compared."""
+    for _ in range(12):
+        outs = [s.schedule() for s in pair]
+        assert block_digest(outs[1]) == block_digest(outs[0])
+        results = []
+        for s, out in zip(pair, outs, strict=True):
+            ids = list(out.num_scheduled_tokens)
+            runner = ModelRunnerOutput(
+                req_ids=ids,
+                req_id_to_index={r: i for i, r in enumerate(ids)},
+                sampled_token_ids=[[token] for _ in ids],
+            )
+            results.append(_outputs(s.update_from_output(out, runner)))
+        assert results[1] == results[0]
+        if pair[0].requests["s"].status == RequestStatus.WAITING_FOR_STREAMING_REQ:
+            break
+    assert pair[1].requests["s"].status == RequestStatus.WAITING_FOR_STREAMING_REQ
+
+
+@pytest.mark.parametrize("eagle", [False, True])
+def test_a_mixed_embeddings_session_extends_its_prompt_with_ids_as_vllm(eagle: bool):
+    # A session whose first chunk mixes ids and embeddings (36 positions, blocks of 16):
+    # vLLM's StreamingUpdate carries ids alone, and the session's embeddings stay its first
+    # 36 rows, so the block [32, 48) keys rows 32-35 and then ids; the session's own probe
+    # after turn 2 hits its blocks past the rows on both sides, and a fresh mixed request
+    # with 48 rows of embeddings shares only the first 32.
+    torch.manual_seed(7)
+    embeds = torch.randn(36, 4)
+    mask = [i % 4 != 0 for i in range(36)]
+    tokens = [7 + i for i in range(36)]
+    pair = _eagle_pair() if eagle else _pair()
+
+    def add(prompt: list[int], max_tokens: int, **kw: Any) -> None:
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        _add(
+            pair,
+            lambda h: Request(
+                "s", list(prompt), params, None, block_hasher=h, resumable=True, **kw
+            ),
+        )
+
+    add(tokens, 3, prompt_embeds=embeds, prompt_is_token_ids=mask)
+    _session_turn(pair)
+    add(list(range(100, 120)), 4)
+    _session_turn(pair, token=6)
+    probes = [s.kv_cache_manager.get_computed_blocks(s.requests["s"])[1] for s in pair]
+    assert probes[0] == probes[1] >= 48
+    longer = torch.cat([embeds, torch.randn(12, 4)])
+    params = SamplingParams(max_tokens=2, ignore_eos=True)
+    computed = _record_hits(pair[1])
+    theirs = _record_hits(pair[0])
+    _add(
+        pair,
+        lambda h: Request(
+            "q",
+            [*tokens, *range(200, 212)],
+            params,
+            None,
+            prompt_embeds=longer,
+            prompt_is_token_ids=[*mask, *([True] * 12)],
+            block_hasher=h,
+        ),
+    )
+    _session_turn_until_done(pair, "q")
+    assert computed == theirs == {"q": 32}
+
+
+def _session_turn_until_done(pair: list[Any], request_id: str) -> None:
+    for _ in range(12):
+        outs = [s.schedule() for s in pair]
+        assert block_digest(outs[1]) == block_digest(outs[0])
+        for s, out in zip(pair, outs, strict=True):
+            ids = list(out.num_scheduled_tokens)
+            runner = ModelRunnerOutput(
+                req_ids=ids,
+                req_id_to_index={r: i for i, r in enumerate(ids)},
+                sampled_token_ids=[[8] for _ in ids],
+            )
+            s.update_from_output(out, runner)
+        if request_id not in pair[0].requests:
+            assert request_id not in pair[1].requests
+            return
+    raise AssertionError(f"{request_id} did not finish")
+
+
+def test_an_embeddings_only_session_serves_its_first_chunk_and_refuses_the_next():
+    # vLLM's _update_request_as_session asserts the session has prompt ids; the adapter
+    # serves the first turn as vLLM does and refuses the next chunk by name.
+    pair = _pair()
+    params = SamplingParams(max_tokens=2, ignore_eos=True)
+    embeds = torch.randn(20, 4)
+    _add(
+        pair,
+        lambda h: Request(
+            "s", None, params, None, prompt_embeds=embeds, block_hasher=h, resumable=True
+        ),
+    )
+    _session_turn(pair)
+    ours = pair[1]
+    chunk = Request(
+        "s", [1, 2, 3], params, None, block_hasher=_BLOCK_HASHERS[id(ours)], resumable=True
+    )
+    with pytest.raises(InputError) as err:
+        ours.add_request(chunk)
+    assert err.value.field == "prompt_token_ids"
+    assert ours.requests["s"].status == RequestStatus.WAITING_FOR_STREAMING_REQ
 
 
 # ---- cache_salt: vLLM keys the first block by the salt (isolated prefix caches) -----------

@@ -88,8 +88,6 @@ def check_supported(request: Request, multimodal: str | None = None) -> None:
     embeds = request.prompt_embeds is not None
     if request.prompt_token_ids is None and not embeds:
         reason = "prompt_token_ids", "a request without prompt tokens or embeddings"
-    elif embeds and request.resumable:
-        reason = "prompt_embeds", "prompt embeddings in a streaming-input session"
     elif request.mm_features and multimodal is not None:
         reason = "mm_features", f"multimodal inputs {multimodal}"
     elif request.sampling_params is None and request.pooling_params is None:
@@ -129,11 +127,15 @@ def embeds_prompt(
     vLLM's keys agree (the same embeddings over the range, clipped at the same prompt
     end, and the same tokens; but for a 2**-30 chance per pair of segments). With L of 0
     a segment is a block. The prompt's last segments may be partial; outputs then fill
-    them as vLLM's tokens do. The core never hands prompt tokens back."""
+    them as vLLM's tokens do. Only the embeddings' rows are keyed: a streaming-input
+    session's later chunks extend the prompt with ids alone (vLLM's ``StreamingUpdate``
+    carries no embeddings, and its digests past the rows are of nothing, which the chained
+    hashes already tell apart). The core never hands prompt tokens back."""
     if hash_block_size is None:
         return prompt
     tokens = list(prompt)
-    for start, end in _embeds_segments(len(tokens), hash_block_size, lookahead):
+    num_rows = min(len(tokens), len(request.prompt_embeds))
+    for start, end in _embeds_segments(num_rows, hash_block_size, lookahead):
         [(_, digest)] = _gen_prompt_embeds_extra_hash_keys(request, start, end)
         key_tokens(tokens, start, end, _EMBEDS_TOKEN_BASE, _digest(digest, tokens[start:end]))
     return tokens

@@ -24,13 +24,14 @@ import torch
 from vllm.sampling_params import RepetitionDetectionParams, SamplingParams
 from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.core import kv_cache_utils
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm_compare import _BLOCK_HASHERS, block_digest, peer_pair
 
 from tokenyard.errors import InputError
-from tokenyard.integrations.vllm import TokenyardScheduler
+from tokenyard.integrations.vllm import AsyncTokenyardScheduler, TokenyardScheduler
 
 _PAIR = (Scheduler, TokenyardScheduler)
 
@@ -445,8 +446,11 @@ def _session_turn(pair: list[Any], token: int = 5) -> None:
     assert pair[1].requests["s"].status == RequestStatus.WAITING_FOR_STREAMING_REQ
 
 
+@pytest.mark.parametrize("is_async", [False, True])
 @pytest.mark.parametrize("eagle", [False, True])
-def test_a_mixed_embeddings_session_extends_its_prompt_with_ids_as_vllm(eagle: bool):
+def test_a_mixed_embeddings_session_extends_its_prompt_with_ids_as_vllm(
+    eagle: bool, is_async: bool
+):
     # A session whose first chunk mixes ids and embeddings (36 positions, blocks of 16):
     # vLLM's StreamingUpdate carries ids alone, and the session's embeddings stay its first
     # 36 rows, so the block [32, 48) keys rows 32-35 and then ids; the session's own probe
@@ -456,7 +460,11 @@ def test_a_mixed_embeddings_session_extends_its_prompt_with_ids_as_vllm(eagle: b
     embeds = torch.randn(36, 4)
     mask = [i % 4 != 0 for i in range(36)]
     tokens = [7 + i for i in range(36)]
-    pair = _eagle_pair() if eagle else _pair()
+    options: dict[str, Any] = {"max_num_seqs": 4, "max_num_batched_tokens": 64}
+    if eagle:
+        options.update(num_speculative_tokens=2, speculative_method="eagle")
+    classes = (AsyncScheduler, AsyncTokenyardScheduler) if is_async else _PAIR
+    pair = peer_pair(classes, num_blocks=64, max_model_len=256, **options)
 
     def add(prompt: list[int], max_tokens: int, **kw: Any) -> None:
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)

@@ -134,6 +134,46 @@ def test_look_ahead_hashes_ignore_the_flags() -> None:
     assert ours._core.num_hash_lookahead_tokens == 1
 
 
+@pytest.mark.parametrize(
+    ("flags", "lengths"), [((True, False), (64, 96)), ((False, True), (96, 64))]
+)
+def test_multi_module_mtp_holds_back_its_reprefillable_tokens_in_the_dropping_groups(
+    monkeypatch: Any, flags: tuple[bool, bool], lengths: tuple[int, int]
+) -> None:
+    # Multi-module MTP with k = 3 (vLLM's num_prefill_lookahead_tokens, use_multi_module_mtp
+    # answering true over the EAGLE stub): 2 re-prefillable tokens. A 97-token prompt
+    # computed whole: a dropping group caches 95 finalized tokens (5 blocks of 16) and its
+    # hit drops one (64); the other caches the aligned 96 (6 blocks: 96).
+    from vllm.config import SpeculativeConfig
+
+    monkeypatch.setattr(SpeculativeConfig, "use_multi_module_mtp", lambda self: True)
+    peer = VllmSchedulerPeer(
+        num_blocks=64,
+        max_num_seqs=8,
+        max_num_batched_tokens=512,
+        max_model_len=512,
+        enable_prefix_caching=True,
+        num_speculative_tokens=3,
+        speculative_method="eagle",
+        disable_lookahead_block_hashes=True,
+    )
+    assert peer.vllm_config.num_prefill_lookahead_tokens == 3
+    config = _config([("full", 0, flags[0]), ("window", 32, flags[1])])
+    prompt = list(range(3000, 3097))
+    seen = []
+    for cls in (Scheduler, TokenyardScheduler):
+        s = peer.build(cls, config)
+        _run_prompt(s, _request("a", prompt, peer))
+        probe = _request("b", prompt, peer)
+        if cls is Scheduler:
+            coordinator = s.kv_cache_manager.coordinator
+            _, found = coordinator.find_longest_cache_hit_per_group(probe.block_hashes, 97)
+        else:
+            _, found = s._core.kv_hits_per_group(block_hashes(prompt, block_size=16), 97)
+        seen.append((tuple(found), s.kv_cache_manager.get_computed_blocks(probe)[1]))
+    assert seen[0] == seen[1] == (lengths, 64)
+
+
 @pytest.mark.parametrize("layout", sorted(set(LAYOUTS) - {"_test"}))
 @pytest.mark.parametrize("is_async", [False, True])
 def test_bench_streams_agree_with_vllm_at_every_step(

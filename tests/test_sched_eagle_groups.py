@@ -11,6 +11,7 @@ from tokenyard.errors import ConfigError
 from tokenyard.kv import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
+    MambaSpec,
     SlidingWindowSpec,
     block_hashes,
 )
@@ -78,3 +79,25 @@ def test_flags_that_cannot_apply_are_refused(
     with pytest.raises(ConfigError) as err:
         scheduler(groups, kv_group_is_eagle=flags)
     assert err.value.field == field
+
+
+def test_a_multi_module_mtp_drafter_caches_less_in_the_dropping_groups() -> None:
+    # num_prefill_lookahead 2: one re-prefillable token (vLLM's num_reprefillable_tokens).
+    # Blocks of 2, full attention beside a window of 8, prompt 0..7 computed: the dropping
+    # groups cache 7 finalized tokens (3 full blocks), so a 10-token query finds 3 and
+    # drops one (4 tokens), where a one-module drafter caches 4 blocks and hits 6.
+    def hit(num_prefill_lookahead: int) -> int:
+        groups = (FullAttentionSpec(), SlidingWindowSpec(sliding_window=8))
+        s = scheduler(groups, num_prefill_lookahead=num_prefill_lookahead)
+        s.add_request("a", list(range(8)), 3, ignore_eos=True)
+        s.schedule()
+        return s.num_cached_prefix_tokens(list(range(10)))
+
+    assert (hit(0), hit(2)) == (6, 4)
+
+
+def test_re_prefillable_tokens_beside_a_mamba_align_group_are_refused() -> None:
+    groups = (FullAttentionSpec(), MambaSpec(mamba_cache_mode="align"))
+    with pytest.raises(ConfigError) as err:
+        scheduler(groups, num_prefill_lookahead=2, mamba_align_block_size=2)
+    assert err.value.field == "num_reprefillable_tokens"

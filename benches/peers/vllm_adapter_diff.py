@@ -25,7 +25,7 @@ not, the first differing step is printed.
     bash benches/peers/setup.sh    # once: .venv-bench with vLLM 0.33.0
     PYTHONPATH=python .venv-bench/bin/python benches/peers/vllm_adapter_diff.py \\
         [--mode async|sync] [--scenarios 500] [--steps 200] [--show 3] \\
-        [--kinds plain|repetition|embeds] [--eagle off|lookahead|drop] [--layout NAME]
+        [--kinds plain|repetition|embeds] [--eagle off|lookahead|drop] [--layout NAME] [--mtp]
 
 ``--kinds repetition``: the fake model samples from 3 tokens (and EOS, STOP), and four
 requests in five carry random ``repetition_detection`` with ``min_tokens``. ``--kinds
@@ -33,7 +33,10 @@ embeds``: every prompt is given as ``prompt_embeds`` (rows made from its tokens,
 prompts sharing tokens share embeddings and blocks) with no prompt ids; with ``--eagle
 lookahead`` their blocks' keys cover the look-ahead rows. ``--layout``: both schedulers over
 one of ``vllm_eagle_layouts``' hybrid KV layouts, some groups flagged as EAGLE groups (vLLM
-drops only in those) or beside chunked local attention.
+drops only in those) or beside chunked local attention. ``--mtp`` (with ``--eagle``): vLLM's
+``SpeculativeConfig.use_multi_module_mtp`` answers true, so ``num_prefill_lookahead_tokens``
+is ``k`` (a multi-module MTP drafter's runway and ``k - 1`` re-prefillable tokens) over the
+EAGLE stub drafter, on both sides.
 """
 
 from __future__ import annotations
@@ -410,6 +413,11 @@ def main() -> int:
         "vllm_eagle_layouts (EAGLE groups flagged in part, chunked local attention)",
     )
     parser.add_argument(
+        "--mtp",
+        action="store_true",
+        help="with --eagle: vLLM's multi-module MTP prefill look-ahead (k tokens)",
+    )
+    parser.add_argument(
         "--kinds",
         choices=["plain", "repetition", "embeds"],
         default="plain",
@@ -420,6 +428,10 @@ def main() -> int:
     is_async = args.mode == "async"
     if args.layout != "single":
         install_layout(args.layout)
+    if args.mtp:
+        from vllm.config import SpeculativeConfig
+
+        SpeculativeConfig.use_multi_module_mtp = lambda self: True  # type: ignore[method-assign]
     if args.kinds == "repetition":
         import vllm_sched_diff
 
@@ -457,6 +469,7 @@ def main() -> int:
     eagle = "" if args.eagle == "off" else f" (EAGLE, {args.eagle})"
     eagle += "" if args.kinds == "plain" else f" ({args.kinds})"
     eagle += "" if args.layout == "single" else f" (layout {args.layout})"
+    eagle += " (MTP modules)" if args.mtp else ""
     print(
         f"{args.mode}{eagle}: {agree}/{args.scenarios} scenarios agree on every step "
         f"(SchedulerOutput, EngineCoreOutputs, request state), {agree_spec}/{spec} with "

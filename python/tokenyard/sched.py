@@ -293,7 +293,8 @@ class SchedulerConfig:
     and a prefill chunk never ends closer than this to the end of the request's known
     tokens (it finishes them or leaves this many). 0 = off. With one KV group and prefix
     caching, the last ``num_prefill_lookahead - 1`` computed tokens are never cached (vLLM's
-    ``num_reprefillable_tokens``: a multi-module MTP drafter may re-prefill them)."""
+    ``num_reprefillable_tokens``: a multi-module MTP drafter may re-prefill them); with
+    several, only in the groups ``eagle_block_drop`` acts in (``kv_group_is_eagle``)."""
     num_hash_lookahead_tokens: int = 0
     """Tokens past each block that its hash covers (vLLM 0.33's
     ``VllmConfig.num_hash_lookahead_tokens``, its default for EAGLE/EAGLE3/MTP drafters with

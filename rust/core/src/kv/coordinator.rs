@@ -112,8 +112,9 @@ pub struct KvCoordinator<R: RequestKey> {
     pub(super) hash_lookahead: usize,
     /// Each group's block size and the scheduler block size (`coordinator_sizes`).
     sizes: GroupSizes,
-    /// vLLM 0.33's `is_eagle_group` per group: where EAGLE's drop acts (`coordinator_eagle`).
-    eagle_groups: Vec<bool>,
+    /// vLLM 0.33's `is_eagle_group` per group (where EAGLE's drop acts) and its
+    /// re-prefillable tokens (`coordinator_eagle`).
+    eagle: EagleGroups,
 }
 
 /// A block hash keyed by its group (vLLM appends the group id to the hash bytes).
@@ -179,7 +180,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         Ok(Self {
             lookup_order: spec_groups(&groups, &vec![block_size; groups.len()]),
             sizes: GroupSizes::uniform(block_size, groups.len()),
-            eagle_groups: vec![true; groups.len()],
+            eagle: EagleGroups::every(groups.len()),
             groups,
             block_size,
             enable_caching,
@@ -309,6 +310,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             zeroing,
             cached_this_step,
             sizes,
+            eagle,
             hash_lookahead,
             ..
         } = self;
@@ -357,6 +359,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             cache_full_blocks(
                 block_size,
                 sizes,
+                eagle,
                 groups,
                 cached,
                 blocks,
@@ -400,6 +403,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             cache_full_blocks(
                 self.block_size,
                 &self.sizes,
+                &self.eagle,
                 &self.groups,
                 &mut self.cached,
                 &mut self.blocks,
@@ -685,10 +689,13 @@ fn record_for_zeroing(
 /// vLLM's `cache_blocks` per group: the request's full blocks of computed, known tokens
 /// (below the scheduler block size's last boundary, `_align_cacheable`) past those already
 /// offered are cached under (hash, group); null blocks are skipped. A group whose blocks
-/// hold several hash blocks (`block_size`) caches each under its last one's hash.
+/// hold several hash blocks (`block_size`) caches each under its last one's hash. Under
+/// EAGLE's drop a flagged group holds back re-prefillable tokens (`eagle`).
+#[allow(clippy::too_many_arguments)]
 fn cache_full_blocks(
     block_size: usize,
     sizes: &GroupSizes,
+    eagle: &EagleGroups,
     groups: &[KvGroupSpec],
     cached: &mut CacheMap,
     blocks: &mut [BlockMeta],
@@ -697,8 +704,8 @@ fn cache_full_blocks(
 ) {
     let tokens = &request.tokens;
     let num_computed = tokens.num_computed_tokens.min(tokens.num_tokens);
-    let cacheable = sizes.cacheable(num_computed);
     for (g, _) in groups.iter().enumerate().filter(|(_, s)| s.caches_blocks()) {
+        let cacheable = eagle.cacheable(sizes, g, num_computed);
         let scale = sizes::scale(sizes.groups[g], block_size);
         let num_full = (cacheable / sizes.groups[g]).min(tokens.block_hashes.len() / scale);
         let table = &request.tables[g];
@@ -763,6 +770,7 @@ mod sizes;
 #[path = "coordinator_eagle.rs"]
 mod eagle;
 use align::{AlignState, allocate_align_blocks};
+use eagle::EagleGroups;
 pub use loads::{ExternalAllocation, prefix_cacheable};
 use sizes::GroupSizes;
 

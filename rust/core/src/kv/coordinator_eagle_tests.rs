@@ -80,3 +80,35 @@ fn chunked_local_attention_stands_beside_the_drop_unflagged() {
     assert_eq!(hit.num_computed_tokens, 16);
     coord.check_invariants().unwrap();
 }
+
+/// vLLM's `get_num_cacheable_tokens` with 2 re-prefillable tokens under the drop: with 22
+/// tokens computed a flagged group caches its 20 finalized ones (5 blocks), an unflagged
+/// one its aligned 20 (5); with 21, 19 finalized (4 blocks) against 20 (5). Beside a
+/// Mamba align group the lag is refused.
+#[test]
+fn flagged_groups_hold_back_reprefillable_tokens() {
+    let cached = |flags: &[bool], num_tokens: usize| {
+        let mut coord = KvCoordinator::<u64>::new(vec![FULL, WINDOW], 40, 4, true).unwrap();
+        coord.set_eagle_groups(flags).unwrap();
+        coord.set_eagle_block_drop(true).unwrap();
+        coord.set_num_reprefillable_tokens(2).unwrap();
+        let prompt: Vec<TokenId> = (0..num_tokens as TokenId).collect();
+        coord
+            .allocate_slots(&1, &prompt, num_tokens, 0, None, None)
+            .unwrap()
+            .unwrap();
+        coord.free(&1).unwrap();
+        let (_, found) = coord.find_longest_cache_hit_per_group(&prompt, None, num_tokens);
+        found
+    };
+    // 22 computed: 20 finalized, 5 blocks either way; per group each drops one (16) or
+    // not (20).
+    assert_eq!(cached(&[true, false], 22), [16, 20]);
+    // 21 computed: 19 finalized in the flagged group (4 blocks, a hit of 12 after its
+    // drop), 20 aligned in the other (5 blocks: 20).
+    assert_eq!(cached(&[true, false], 21), [12, 20]);
+    assert_eq!(cached(&[false, true], 21), [20, 12]);
+    let mamba = KvGroupSpec::MAMBA_ALIGN;
+    let mut coord = KvCoordinator::<u64>::new(vec![FULL, mamba], 40, 4, true).unwrap();
+    assert!(coord.set_num_reprefillable_tokens(2).is_err());
+}

@@ -30,7 +30,6 @@ from vllm.v1.request import Request
 from vllm_compare import block_digest  # noqa: F401  (puts benches/peers on the path)
 from vllm_peer import VllmSchedulerPeer
 
-from tokenyard.errors import ConfigError
 from tokenyard.integrations.vllm import TokenyardScheduler
 
 BLOCK = 16
@@ -145,15 +144,6 @@ def test_the_bench_streams_agree_with_vllm_at_every_step(monkeypatch: Any) -> No
             assert scenario.config.disable_lookahead_block_hashes
             for is_async in (False, True):
                 assert vllm_adapter_diff.run_scenario(scenario, 120, is_async) is None
-
-
-def test_a_drop_in_some_groups_only_is_refused_by_name() -> None:
-    # vLLM drops in the groups flagged is_eagle_group (all when none is); the core drops in
-    # every group or none.
-    peer = _peer()
-    with pytest.raises(ConfigError, match=r"kv_cache_groups\[1\]\.is_eagle_group"):
-        _build(TokenyardScheduler, peer, _config(32, (True, False)))
-    _build(TokenyardScheduler, peer, _config(32, (True, True)))
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -22,13 +22,16 @@ pytest.importorskip("vllm", reason="vLLM 0.33 is installed only in the bench ven
 
 import torch
 from vllm.sampling_params import RepetitionDetectionParams, SamplingParams
+from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.v1.core import kv_cache_utils
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm_compare import _BLOCK_HASHERS, block_digest, peer_pair
 
 from tokenyard.errors import InputError
-from tokenyard.integrations.vllm import TokenyardScheduler
+from tokenyard.integrations.vllm import AsyncTokenyardScheduler, TokenyardScheduler
 
 _PAIR = (Scheduler, TokenyardScheduler)
 
@@ -203,10 +206,20 @@ def test_random_streams_stop_where_vllm_stops(seed: int, num_spec_tokens: int):
     assert len(done) == 12
 
 
-def _embeds_request(request_id: str, embeds: torch.Tensor, max_tokens: int = 4, **kw: Any):
+def _embeds_request(
+    request_id: str, embeds: torch.Tensor, max_tokens: int = 4, hasher: Any = None, **kw: Any
+):
+    """``make(block_hasher)`` of a request with ``embeds``; hashed with ``hasher`` if given
+    (else the side's)."""
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    return lambda hasher: Request(
-        request_id, None, params, None, prompt_embeds=embeds, block_hasher=hasher, **kw
+    return lambda side_hasher: Request(
+        request_id,
+        None,
+        params,
+        None,
+        prompt_embeds=embeds,
+        block_hasher=hasher or side_hasher,
+        **kw,
     )
 
 
@@ -294,20 +307,80 @@ def test_random_embedding_streams_agree(seed: int):
     assert len(done) == 10
 
 
-def test_refused_beside_look_ahead_hashes_and_in_sessions():
-    pair = peer_pair(
-        (Scheduler, TokenyardScheduler),
-        num_blocks=64,
-        max_num_seqs=4,
-        max_num_batched_tokens=64,
-        max_model_len=256,
-        num_speculative_tokens=2,
-        speculative_method="eagle",
-    )
-    ours = pair[1]
-    with pytest.raises(InputError, match="look-ahead") as err:
-        ours.add_request(_embeds_request("a", torch.randn(20, 4))(_BLOCK_HASHERS[id(ours)]))
-    assert err.value.field == "prompt_embeds"
+def _eagle_pair(**config: Any) -> list[Any]:
+    """An EAGLE pair with vLLM's look-ahead block hashes (``num_hash_lookahead_tokens`` 1)."""
+    return _pair(num_speculative_tokens=2, speculative_method="eagle", **config)
+
+
+def test_prompt_embeddings_hit_as_vllms_look_ahead_hashes_agree():
+    # EAGLE: each block's hash also covers the row after it (the digest of rows [0, 17)
+    # keys block 0). a has 40 rows; b shares its first 33 rows, so both of its blocks hit
+    # (32), though its third block differs past that row; c differs at row 32, past block 1
+    # but under its look-ahead, so it hits block 0 only (16); e differs at row 16, block
+    # 0's look-ahead row, and hits nothing.
+    torch.manual_seed(4)
+    a = torch.randn(40, 4)
+    b = torch.cat([a[:33], torch.randn(7, 4)])
+    c = a.clone()
+    c[32, 1] += 1.0
+    e = a.clone()
+    e[16, 2] += 1.0
+    pair = _eagle_pair()
+    assert pair[1].num_hash_lookahead_tokens == 1
+    arrivals = {
+        0: [_embeds_request("a", a)],
+        8: [_embeds_request("b", b), _embeds_request("c", c), _embeds_request("e", e)],
+    }
+    computed = _record_hits(pair[1])
+    theirs = _record_hits(pair[0])
+    _run(pair, arrivals, random.Random(5), num_spec_tokens=2)
+    assert computed == theirs == {"a": 0, "b": 32, "c": 16, "e": 0}
+
+
+@pytest.mark.parametrize("lookahead", [3, 16, 21])
+def test_prompt_embeddings_under_longer_look_aheads_hit_as_vllms(lookahead: int):
+    # Hashers of a multi-module MTP's look-ahead (L tokens; vLLM hashes with the
+    # request's hasher, the core follows it), L past a block or two: a shares x's rows up
+    # to 32 + L, so x's blocks 0 and 1 hit where x has their hashes; y differs at row
+    # 31 + L, under block 1's look-ahead but past block 0's.
+    torch.manual_seed(lookahead)
+    x = torch.randn(80, 4)
+    a = torch.cat([x[: 32 + lookahead], torch.randn(12, 4)])
+    y = x.clone()
+    y[31 + lookahead, 0] += 1.0
+    pair = _pair()
+    hash_fn = get_hash_fn_by_name(pair[0].vllm_config.cache_config.prefix_caching_hash_algo)
+    kv_cache_utils.init_none_hash(hash_fn)
+    hasher = kv_cache_utils.get_request_block_hasher(16, hash_fn, lookahead)
+    arrivals = {
+        0: [_embeds_request("x", x, hasher=hasher)],
+        12: [_embeds_request("a", a, hasher=hasher), _embeds_request("y", y, hasher=hasher)],
+    }
+    computed = _record_hits(pair[1])
+    theirs = _record_hits(pair[0])
+    _run(pair, arrivals, random.Random(6))
+    assert pair[1].num_hash_lookahead_tokens == lookahead
+    assert computed == theirs
+    assert (computed["a"], computed["y"]) == (32, 16)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_embedding_streams_agree_under_look_ahead_hashes(seed: int):
+    # test_random_embedding_streams_agree's streams with EAGLE's look-ahead hashes and
+    # drafts: shared prefixes cut anywhere, so hits end in and past look-ahead rows.
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    bank = [torch.randn(48, 4) for _ in range(3)]
+    pair = _eagle_pair(num_blocks=24, max_num_batched_tokens=32)
+    arrivals: dict[int, list[Any]] = {}
+    for i in range(10):
+        head = bank[rng.randrange(3)][: rng.randint(0, 48)]
+        embeds = torch.cat([head, torch.randn(rng.randint(1, 30), 4)])
+        arrivals.setdefault(rng.randint(0, 30), []).append(
+            _embeds_request(f"e{i}", embeds, max_tokens=rng.randint(1, 12))
+        )
+    done = _run(pair, arrivals, rng, num_spec_tokens=2)
+    assert len(done) == 10
 
 
 def test_a_session_turn_stopped_by_repetition_parks_and_its_chunk_sets_new_rules():
@@ -351,6 +424,122 @@ def test_a_session_turn_stopped_by_repetition_parks_and_its_chunk_sets_new_rules
     reasons = turn()
     assert len(reasons) == 4
     assert str(reasons[-1][0]) == "length"
+
+
+def _session_turn(pair: list[Any], token: int = 5) -> None:
+    """Runs both schedulers until the session "s" parks, each step compared."""
+    for _ in range(12):
+        outs = [s.schedule() for s in pair]
+        assert block_digest(outs[1]) == block_digest(outs[0])
+        results = []
+        for s, out in zip(pair, outs, strict=True):
+            ids = list(out.num_scheduled_tokens)
+            runner = ModelRunnerOutput(
+                req_ids=ids,
+                req_id_to_index={r: i for i, r in enumerate(ids)},
+                sampled_token_ids=[[token] for _ in ids],
+            )
+            results.append(_outputs(s.update_from_output(out, runner)))
+        assert results[1] == results[0]
+        if pair[0].requests["s"].status == RequestStatus.WAITING_FOR_STREAMING_REQ:
+            break
+    assert pair[1].requests["s"].status == RequestStatus.WAITING_FOR_STREAMING_REQ
+
+
+@pytest.mark.parametrize("is_async", [False, True])
+@pytest.mark.parametrize("eagle", [False, True])
+def test_a_mixed_embeddings_session_extends_its_prompt_with_ids_as_vllm(
+    eagle: bool, is_async: bool
+):
+    # A session whose first chunk mixes ids and embeddings (36 positions, blocks of 16):
+    # vLLM's StreamingUpdate carries ids alone, and the session's embeddings stay its first
+    # 36 rows, so the block [32, 48) keys rows 32-35 and then ids; the session's own probe
+    # after turn 2 hits its blocks past the rows on both sides, and a fresh mixed request
+    # with 48 rows of embeddings shares only the first 32.
+    torch.manual_seed(7)
+    embeds = torch.randn(36, 4)
+    mask = [i % 4 != 0 for i in range(36)]
+    tokens = [7 + i for i in range(36)]
+    options: dict[str, Any] = {"max_num_seqs": 4, "max_num_batched_tokens": 64}
+    if eagle:
+        options.update(num_speculative_tokens=2, speculative_method="eagle")
+    classes = (AsyncScheduler, AsyncTokenyardScheduler) if is_async else _PAIR
+    pair = peer_pair(classes, num_blocks=64, max_model_len=256, **options)
+
+    def add(prompt: list[int], max_tokens: int, **kw: Any) -> None:
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        _add(
+            pair,
+            lambda h: Request(
+                "s", list(prompt), params, None, block_hasher=h, resumable=True, **kw
+            ),
+        )
+
+    add(tokens, 3, prompt_embeds=embeds, prompt_is_token_ids=mask)
+    _session_turn(pair)
+    add(list(range(100, 120)), 4)
+    _session_turn(pair, token=6)
+    probes = [s.kv_cache_manager.get_computed_blocks(s.requests["s"])[1] for s in pair]
+    assert probes[0] == probes[1] >= 48
+    longer = torch.cat([embeds, torch.randn(12, 4)])
+    params = SamplingParams(max_tokens=2, ignore_eos=True)
+    computed = _record_hits(pair[1])
+    theirs = _record_hits(pair[0])
+    _add(
+        pair,
+        lambda h: Request(
+            "q",
+            [*tokens, *range(200, 212)],
+            params,
+            None,
+            prompt_embeds=longer,
+            prompt_is_token_ids=[*mask, *([True] * 12)],
+            block_hasher=h,
+        ),
+    )
+    _session_turn_until_done(pair, "q")
+    assert computed == theirs == {"q": 32}
+
+
+def _session_turn_until_done(pair: list[Any], request_id: str) -> None:
+    for _ in range(12):
+        outs = [s.schedule() for s in pair]
+        assert block_digest(outs[1]) == block_digest(outs[0])
+        for s, out in zip(pair, outs, strict=True):
+            ids = list(out.num_scheduled_tokens)
+            runner = ModelRunnerOutput(
+                req_ids=ids,
+                req_id_to_index={r: i for i, r in enumerate(ids)},
+                sampled_token_ids=[[8] for _ in ids],
+            )
+            s.update_from_output(out, runner)
+        if request_id not in pair[0].requests:
+            assert request_id not in pair[1].requests
+            return
+    raise AssertionError(f"{request_id} did not finish")
+
+
+def test_an_embeddings_only_session_serves_its_first_chunk_and_refuses_the_next():
+    # vLLM's _update_request_as_session asserts the session has prompt ids; the adapter
+    # serves the first turn as vLLM does and refuses the next chunk by name.
+    pair = _pair()
+    params = SamplingParams(max_tokens=2, ignore_eos=True)
+    embeds = torch.randn(20, 4)
+    _add(
+        pair,
+        lambda h: Request(
+            "s", None, params, None, prompt_embeds=embeds, block_hasher=h, resumable=True
+        ),
+    )
+    _session_turn(pair)
+    ours = pair[1]
+    chunk = Request(
+        "s", [1, 2, 3], params, None, block_hasher=_BLOCK_HASHERS[id(ours)], resumable=True
+    )
+    with pytest.raises(InputError) as err:
+        ours.add_request(chunk)
+    assert err.value.field == "prompt_token_ids"
+    assert ours.requests["s"].status == RequestStatus.WAITING_FOR_STREAMING_REQ
 
 
 # ---- cache_salt: vLLM keys the first block by the salt (isolated prefix caches) -----------

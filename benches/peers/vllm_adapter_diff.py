@@ -25,12 +25,18 @@ not, the first differing step is printed.
     bash benches/peers/setup.sh    # once: .venv-bench with vLLM 0.33.0
     PYTHONPATH=python .venv-bench/bin/python benches/peers/vllm_adapter_diff.py \\
         [--mode async|sync] [--scenarios 500] [--steps 200] [--show 3] \\
-        [--kinds plain|repetition|embeds]
+        [--kinds plain|repetition|embeds] [--eagle off|lookahead|drop] [--layout NAME] [--mtp]
 
 ``--kinds repetition``: the fake model samples from 3 tokens (and EOS, STOP), and four
 requests in five carry random ``repetition_detection`` with ``min_tokens``. ``--kinds
 embeds``: every prompt is given as ``prompt_embeds`` (rows made from its tokens, so
-prompts sharing tokens share embeddings and blocks) with no prompt ids.
+prompts sharing tokens share embeddings and blocks) with no prompt ids; with ``--eagle
+lookahead`` their blocks' keys cover the look-ahead rows. ``--layout``: both schedulers over
+one of ``vllm_eagle_layouts``' hybrid KV layouts, some groups flagged as EAGLE groups (vLLM
+drops only in those) or beside chunked local attention. ``--mtp`` (with ``--eagle``): vLLM's
+``SpeculativeConfig.use_multi_module_mtp`` answers true, so ``num_prefill_lookahead_tokens``
+is ``k`` (a multi-module MTP drafter's runway and ``k - 1`` re-prefillable tokens) over the
+EAGLE stub drafter, on both sides.
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
+from vllm_eagle_layouts import LAYOUTS
+from vllm_eagle_layouts import install as install_layout
 from vllm_sched_diff import (
     BLOCK_SIZE,
     Scenario,
@@ -398,6 +406,18 @@ def main() -> int:
         "block hashes (vLLM's default) or the trailing-block drop",
     )
     parser.add_argument(
+        "--layout",
+        choices=["single", *sorted(LAYOUTS)],
+        default="single",
+        help="the KV cache groups: one full-attention group, or a hybrid layout of "
+        "vllm_eagle_layouts (EAGLE groups flagged in part, chunked local attention)",
+    )
+    parser.add_argument(
+        "--mtp",
+        action="store_true",
+        help="with --eagle: vLLM's multi-module MTP prefill look-ahead (k tokens)",
+    )
+    parser.add_argument(
         "--kinds",
         choices=["plain", "repetition", "embeds"],
         default="plain",
@@ -406,6 +426,12 @@ def main() -> int:
     )
     args = parser.parse_args()
     is_async = args.mode == "async"
+    if args.layout != "single":
+        install_layout(args.layout)
+    if args.mtp:
+        from vllm.config import SpeculativeConfig
+
+        SpeculativeConfig.use_multi_module_mtp = lambda self: True  # type: ignore[method-assign]
     if args.kinds == "repetition":
         import vllm_sched_diff
 
@@ -442,6 +468,8 @@ def main() -> int:
             print(f"seed {seed} step {step}: {what}\n  config {c}")
     eagle = "" if args.eagle == "off" else f" (EAGLE, {args.eagle})"
     eagle += "" if args.kinds == "plain" else f" ({args.kinds})"
+    eagle += "" if args.layout == "single" else f" (layout {args.layout})"
+    eagle += " (MTP modules)" if args.mtp else ""
     print(
         f"{args.mode}{eagle}: {agree}/{args.scenarios} scenarios agree on every step "
         f"(SchedulerOutput, EngineCoreOutputs, request state), {agree_spec}/{spec} with "

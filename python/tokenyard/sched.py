@@ -293,7 +293,8 @@ class SchedulerConfig:
     and a prefill chunk never ends closer than this to the end of the request's known
     tokens (it finishes them or leaves this many). 0 = off. With one KV group and prefix
     caching, the last ``num_prefill_lookahead - 1`` computed tokens are never cached (vLLM's
-    ``num_reprefillable_tokens``: a multi-module MTP drafter may re-prefill them)."""
+    ``num_reprefillable_tokens``: a multi-module MTP drafter may re-prefill them); with
+    several, only in the groups ``eagle_block_drop`` acts in (``kv_group_is_eagle``)."""
     num_hash_lookahead_tokens: int = 0
     """Tokens past each block that its hash covers (vLLM 0.33's
     ``VllmConfig.num_hash_lookahead_tokens``, its default for EAGLE/EAGLE3/MTP drafters with
@@ -305,6 +306,12 @@ class SchedulerConfig:
     """vLLM 0.33's trailing-block drop for EAGLE-style drafters when look-ahead hashes are off
     (``disable_lookahead_block_hashes``): every prefix hit loses its last block, which is
     recomputed for the drafter. One KV group, block-hash prefix caching, no look-ahead."""
+    kv_group_is_eagle: tuple[bool, ...] = ()
+    """vLLM 0.33's ``KVCacheGroupSpec.is_eagle_group`` of each of ``kv_groups``: the groups
+    ``eagle_block_drop`` acts in (the drafter's groups); ``()`` or none ``True``: every
+    group, vLLM's fallback. Groups sharing a spec drop together when one is flagged; a
+    ``ChunkedLocalAttentionSpec`` group may stand beside the drop only unflagged (vLLM's
+    manager asserts). One flag per group, and only with several groups."""
 
     def __post_init__(self) -> None:
         groups = self.kv_groups
@@ -326,6 +333,13 @@ class SchedulerConfig:
         for i, size in enumerate(sizes):
             check_key_int(f"kv_group_block_sizes[{i}]", size, low=1, high=MAX_COUNT)
         object.__setattr__(self, "kv_group_block_sizes", tuple(sizes))
+        flags = self.kv_group_is_eagle
+        if isinstance(flags, str) or not isinstance(flags, (tuple, list)):
+            raise fail("kv_group_is_eagle", f"must be a tuple of bools, got {flags!r}", flags)
+        for i, flag in enumerate(flags):
+            if not isinstance(flag, bool):
+                raise fail(f"kv_group_is_eagle[{i}]", f"must be true or false, got {flag!r}", flag)
+        object.__setattr__(self, "kv_group_is_eagle", tuple(flags))
         for name in _COUNT_FIELDS:
             check_key_int(name, getattr(self, name), low=0, high=MAX_COUNT)
         check_key_int(

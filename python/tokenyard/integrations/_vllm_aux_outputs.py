@@ -94,7 +94,9 @@ class BlockHashIndex:
         lookahead: int = scheduler._core.num_hash_lookahead_tokens
         tokens = list(request.all_token_ids[: num_blocks * scheduler.block_size + lookahead])
         if scheduler._prefix_caching:
-            prompt = keyed_prompt(request, tokens[:num_prompt], scheduler.hash_block_size)
+            prompt = keyed_prompt(
+                request, tokens[:num_prompt], scheduler.hash_block_size, lookahead=lookahead
+            )
             tokens = [*prompt, *tokens[num_prompt:]]
         lora = request.lora_request
         extra_key = lora.lora_int_id if lora is not None and lora.lora_int_id > 0 else None

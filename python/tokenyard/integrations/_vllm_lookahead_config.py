@@ -32,20 +32,40 @@ def eagle_block_drop_of(vllm_config: Any) -> bool:
     return eagle_block_drop(vllm_config) and bool(caching)
 
 
-def refuse_partial_eagle_groups(vllm_config: Any, kv_cache_config: Any) -> None:
-    """Raises ConfigError where EAGLE's drop would reach only some KV cache groups: vLLM
-    0.33's ``KVCacheCoordinator`` drops in the groups flagged ``is_eagle_group`` (all of
-    them when none is), and the core drops in every group or none."""
+def eagle_groups_of(
+    vllm_config: Any, kv_cache_config: Any, num_core_groups: int
+) -> tuple[bool, ...]:
+    """The core's ``kv_group_is_eagle`` for vLLM 0.33's groups: where EAGLE's block drop
+    acts. vLLM's ``KVCacheCoordinator.__init__`` drops in the groups flagged
+    ``is_eagle_group`` (``drop_eagle_group_ids``; all of them when none is), a spec group
+    when any member is (``verify_and_split_kv_cache_groups``). ``()`` (every group) without
+    the drop, with fewer than two core groups, or with every group flagged; else one flag
+    per core group (the HiSparse source group, the core's host pool, is none).
+
+    Raises:
+        ConfigError: the only flagged group is the HiSparse source group (not a core
+            group), naming ``kv_cache_groups[i].is_eagle_group``.
+    """
     groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
     flagged = [bool(getattr(g, "is_eagle_group", False)) for g in groups]
-    if len(groups) < 2 or not eagle_block_drop_of(vllm_config) or all(flagged):
-        return
-    if any(flagged):
-        i = flagged.index(False)
+    if num_core_groups < 2 or not eagle_block_drop_of(vllm_config) or all(flagged):
+        return ()
+    if not any(flagged):
+        return ()
+    source = [_is_hisparse_source(g) for g in groups]
+    core = tuple(flag for flag, skip in zip(flagged, source, strict=True) if not skip)
+    if not any(core):
+        i = flagged.index(True)
         field = f"kv_cache_groups[{i}].is_eagle_group"
         raise ConfigError(
-            f"{field}: False beside groups flagged as EAGLE groups; EAGLE's block drop in "
-            "some groups only is not modelled (the core drops in every group or none)",
+            f"{field}: True on the HiSparse source group alone, which is the core's host "
+            "pool, not a KV group; EAGLE's drop there is not modelled",
             field=field,
-            value="False",
+            value="True",
         )
+    return core if not all(core) else ()
+
+
+def _is_hisparse_source(group: Any) -> bool:
+    """vLLM 0.33's ``KVCacheGroupRole.HISPARSE_SOURCE`` (``_vllm_translate._role``)."""
+    return getattr(getattr(group, "role", None), "name", None) == "HISPARSE_SOURCE"

@@ -19,7 +19,6 @@ from vllm.v1.metrics.stats import PrefillStats
 from vllm.v1.request import Request
 
 from tokenyard.errors import InputError
-from tokenyard.integrations._vllm_lookahead import hasher_lookahead
 from tokenyard.integrations._vllm_translate import core_prompt, key_tokens
 
 
@@ -82,26 +81,13 @@ def attach_sampling_masks(
             )
 
 
-def check_supported(
-    request: Request, multimodal: str | None = None, num_hash_lookahead_tokens: int = 0
-) -> None:
+def check_supported(request: Request, multimodal: str | None = None) -> None:
     """Refuses request kinds tokenyard's scheduler has no notion of, naming the field.
-    ``multimodal``: why this scheduler refuses multimodal items (``None``: it serves them).
-    ``num_hash_lookahead_tokens``: the scheduler's look-ahead of vLLM's block hashes, where
-    the request's hasher does not say its own (prompt embeddings beside one are refused:
-    ``embeds_prompt``)."""
+    ``multimodal``: why this scheduler refuses multimodal items (``None``: it serves them)."""
     reason = None
     embeds = request.prompt_embeds is not None
-    if embeds:
-        lookahead = hasher_lookahead(request)
-        if lookahead is not None:
-            num_hash_lookahead_tokens = lookahead
     if request.prompt_token_ids is None and not embeds:
         reason = "prompt_token_ids", "a request without prompt tokens or embeddings"
-    elif embeds and request.resumable:
-        reason = "prompt_embeds", "prompt embeddings in a streaming-input session"
-    elif embeds and num_hash_lookahead_tokens > 0:
-        reason = "prompt_embeds", "prompt embeddings beside look-ahead block hashes"
     elif request.mm_features and multimodal is not None:
         reason = "mm_features", f"multimodal inputs {multimodal}"
     elif request.sampling_params is None and request.pooling_params is None:
@@ -121,25 +107,47 @@ def check_supported(
 _EMBEDS_TOKEN_BASE = 3 << 30
 
 
-def embeds_prompt(prompt: list[int], request: Request, hash_block_size: int | None) -> list[int]:
+def embeds_prompt(
+    prompt: list[int], request: Request, hash_block_size: int | None, lookahead: int = 0
+) -> list[int]:
     """The prompt the core gets for a request with prompt embeddings: ``prompt`` (vLLM's
     ``_all_token_ids`` of the prompt, 0 where embeddings stand, as ``Request.__init__``
     makes them; multimodal placeholders already replaced, ``core_prompt``) as is without
-    prefix caching, else each ``hash_block_size`` block's tokens replaced by ids made from
-    the sha256 of its embeddings (vLLM's own ``_gen_prompt_embeds_extra_hash_keys``, over
-    the block's range as vLLM's hasher asks, clipped at the prompt's end) and its tokens.
-    vLLM puts that digest in the block's extra keys beside its tokens; the core keys blocks
-    by tokens alone, so two blocks share ids exactly when both agree (but for a 2**-30
-    chance per pair of blocks). The prompt's last, partial block gets ids from its part;
-    outputs then fill it as vLLM's tokens do. The core never hands prompt tokens back."""
+    prefix caching, else each segment's tokens replaced by ids made from the sha256 of its
+    embeddings (vLLM's own ``_gen_prompt_embeds_extra_hash_keys``, clipped at the
+    prompt's end) and its tokens.
+
+    vLLM puts the digest of a block's embeddings in the block's extra keys beside its
+    tokens; with ``lookahead`` (L, ``num_hash_lookahead_tokens``) the digest covers the
+    block and the L positions after it, and the hash those L tokens too
+    (``get_request_block_hasher``, ``generate_lookahead_block_hash_extra_keys``). The core
+    keys blocks by tokens alone, over the block and its L tokens (``kv::lookahead``), so
+    the segments are cut at every multiple of ``hash_block_size`` and L past each: every
+    block's hashed range is then whole segments, and two blocks share ids exactly when
+    vLLM's keys agree (the same embeddings over the range, clipped at the same prompt
+    end, and the same tokens; but for a 2**-30 chance per pair of segments). With L of 0
+    a segment is a block. The prompt's last segments may be partial; outputs then fill
+    them as vLLM's tokens do. Only the embeddings' rows are keyed: a streaming-input
+    session's later chunks extend the prompt with ids alone (vLLM's ``StreamingUpdate``
+    carries no embeddings, and its digests past the rows are of nothing, which the chained
+    hashes already tell apart). The core never hands prompt tokens back."""
     if hash_block_size is None:
         return prompt
     tokens = list(prompt)
-    for start in range(0, len(tokens), hash_block_size):
-        end = min(start + hash_block_size, len(tokens))
-        [(_, digest)] = _gen_prompt_embeds_extra_hash_keys(request, start, start + hash_block_size)
+    num_rows = min(len(tokens), len(request.prompt_embeds))
+    for start, end in _embeds_segments(num_rows, hash_block_size, lookahead):
+        [(_, digest)] = _gen_prompt_embeds_extra_hash_keys(request, start, end)
         key_tokens(tokens, start, end, _EMBEDS_TOKEN_BASE, _digest(digest, tokens[start:end]))
     return tokens
+
+
+def _embeds_segments(num_tokens: int, block_size: int, lookahead: int) -> Iterator[tuple[int, int]]:
+    """The ranges :func:`embeds_prompt` keys apart over ``num_tokens``: cut at each
+    multiple of ``block_size`` and ``lookahead`` past it (modulo ``block_size``)."""
+    shift = lookahead % block_size
+    cuts = range(0, num_tokens, block_size)
+    points = sorted({*cuts, *(c + shift for c in cuts if c + shift < num_tokens), num_tokens})
+    return itertools.pairwise(points)
 
 
 #: Token ids the core sees for a salted prompt's first block start here (above any
@@ -170,16 +178,19 @@ def _digest(key: bytes, tokens: list[int]) -> bytes:
     return mixed.digest()
 
 
-def keyed_prompt(request: Request, prompt: list[int], hash_block_size: int) -> list[int]:
+def keyed_prompt(
+    request: Request, prompt: list[int], hash_block_size: int, *, lookahead: int
+) -> list[int]:
     """The prompt tokens the core keys a request's blocks by under prefix caching:
     ``prompt`` (the request's, or its first tokens) with its multimodal items
-    (``core_prompt``), prompt embeddings (:func:`embeds_prompt`) and cache salt
+    (``core_prompt``), prompt embeddings (:func:`embeds_prompt`, whose segments follow the
+    core's hash ``lookahead``, ``num_hash_lookahead_tokens``) and cache salt
     (:func:`salted_prompt`) turned into ids, as vLLM adds them to its blocks' extra keys.
     Every place that asks the core about a request's blocks builds its tokens here."""
     if request.mm_features:
         prompt = core_prompt(prompt, request.mm_features)
     if request.prompt_embeds is not None:
-        prompt = embeds_prompt(prompt, request, hash_block_size)
+        prompt = embeds_prompt(prompt, request, hash_block_size, lookahead)
     return salted_prompt(prompt, request.cache_salt, hash_block_size)
 
 

@@ -40,10 +40,22 @@ class Sessions(AdapterBase):
         (queued while the session runs), or its end (a request that is not resumable).
 
         Raises:
-            InputError: the id is held by a request that is not a session (a duplicate).
+            InputError: the id is held by a request that is not a session (a duplicate),
+                or by a session that began with prompt embeddings alone (naming
+                ``prompt_token_ids``: vLLM extends only a prompt of ids).
         """
         request_id = existing.request_id
         update = StreamingUpdate.from_request(request)
+        if update is not None and existing.prompt_token_ids is None:
+            # vLLM 0.33's _update_request_as_session asserts the session has prompt ids
+            # (an embeddings-only first chunk has none), when it takes the chunk.
+            raise InputError(
+                f"prompt_token_ids: streaming-input session {request_id!r} began with "
+                "prompt embeddings alone, and vLLM 0.33 extends only a prompt of ids (its "
+                "_update_request_as_session asserts one); no further chunk is served",
+                field="prompt_token_ids",
+                value=request_id,
+            )
         if existing.status != _WAITING_FOR_STREAMING_REQ:
             if existing.streaming_queue is None:
                 raise InputError(
@@ -111,6 +123,9 @@ class Sessions(AdapterBase):
                 field="mm_features",
                 value=request_id,
             )
+        prompt = session.prompt_token_ids
+        if prompt is None:  # never: refused with the chunk (_add_session_update)
+            raise InputError("prompt_token_ids: None", field="prompt_token_ids", value=None)
         new_tokens = list(update.prompt_token_ids or ())
         params = update.sampling_params
         with errors_in_vllm_ids(self._vllm_ids):
@@ -128,9 +143,6 @@ class Sessions(AdapterBase):
         del session._all_token_ids[keep_end:]
         del session.block_hashes[keep_end // self.hash_block_size :]
         session._output_token_ids.clear()
-        prompt = session.prompt_token_ids
-        if prompt is None:  # never: prompt embeddings are refused at add_request
-            raise InputError("prompt_token_ids: None", field="prompt_token_ids", value=None)
         prompt.extend(kept_output_tokens)
         session._all_token_ids.extend(new_tokens)
         prompt.extend(new_tokens)

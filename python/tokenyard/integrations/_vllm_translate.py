@@ -18,8 +18,8 @@ from tokenyard.errors import ConfigError
 from tokenyard.integrations._vllm_block_sizes import group_block_sizes_of
 from tokenyard.integrations._vllm_lookahead_config import (
     eagle_block_drop_of,
+    eagle_groups_of,
     hash_lookahead_of,
-    refuse_partial_eagle_groups,
 )
 from tokenyard.kv import (
     ChunkedLocalAttentionSpec,
@@ -67,6 +67,8 @@ class VllmSettings:
     kv_group_block_sizes: tuple[int, ...] = ()
     """Each group's block size when they differ (``block_size`` is then the hash block
     size); ``()`` otherwise."""
+    kv_group_is_eagle: tuple[bool, ...] = ()
+    """The groups EAGLE's drop acts in (``eagle_groups_of``); ``()``: every group."""
 
 
 def _get(obj: Any, name: str, default: Any = None) -> Any:
@@ -109,7 +111,6 @@ def settings(
         enable_caching=bool(_get(cache, "enable_prefix_caching", False)),
         max_model_len=int(model.max_model_len),
     )
-    refuse_partial_eagle_groups(vllm_config, kv_cache_config)
     plain_mamba = any(isinstance(g, MambaSpec) and g.mamba_cache_mode == "none" for g in kv_groups)
     if plain_mamba and _get(cache, "enable_prefix_caching"):
         # vLLM 0.33's MambaManager asserts mamba_cache_mode == "align" or caching off.
@@ -152,6 +153,7 @@ def settings(
         block_size=core_block_size,
         kv_groups=kv_groups,
         kv_group_block_sizes=group_sizes,
+        kv_group_is_eagle=eagle_groups_of(vllm_config, kv_cache_config, len(kv_groups)),
     )
 
 
@@ -222,6 +224,7 @@ def core_config(
         async_scheduling=s.async_scheduling,
         kv_groups=s.kv_groups,
         kv_group_block_sizes=s.kv_group_block_sizes,
+        kv_group_is_eagle=s.kv_group_is_eagle,
         max_num_encoder_input_tokens=max_num_encoder_input_tokens,
         encoder_cache_size=encoder_cache_size,
         disable_chunked_mm_input=bool(_get(sched, "disable_chunked_mm_input", False)),

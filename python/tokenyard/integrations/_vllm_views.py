@@ -393,7 +393,12 @@ class _KVCacheManagerView:
         if scheduler._prefix_caching:
             # The tokens the core keyed the request's blocks by.
             num_prompt = request.num_prompt_tokens
-            prompt = keyed_prompt(request, list(token_ids[:num_prompt]), scheduler.hash_block_size)
+            prompt = keyed_prompt(
+                request,
+                list(token_ids[:num_prompt]),
+                scheduler.hash_block_size,
+                lookahead=scheduler._core.num_hash_lookahead_tokens,
+            )
             token_ids = [*prompt, *token_ids[num_prompt:]]
         num_tokens = self._scheduler._core.num_cached_prefix_tokens(
             token_ids,

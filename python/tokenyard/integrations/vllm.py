@@ -481,7 +481,7 @@ class TokenyardScheduler(
             # A streaming-input session's next chunk (or a duplicate: refused there).
             self._add_session_update(self.requests[request_id], request)
             return
-        check_supported(request, self._mm_refusal, self._core.num_hash_lookahead_tokens)
+        check_supported(request, self._mm_refusal)
         follow_hasher(self._core, request)
         self._start_session(request)
         self.requests[request_id] = request
@@ -518,7 +518,12 @@ class TokenyardScheduler(
             # vLLM's own tokens: 0 where embeddings stand (Request.__init__).
             prompt = request._all_token_ids[: request.num_prompt_tokens]
         if self._prefix_caching:
-            prompt = keyed_prompt(request, list(prompt), self.hash_block_size)
+            prompt = keyed_prompt(
+                request,
+                list(prompt),
+                self.hash_block_size,
+                lookahead=self.num_hash_lookahead_tokens,
+            )
         self._core.add_request(
             core_id,
             prompt,

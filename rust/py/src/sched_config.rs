@@ -90,6 +90,11 @@ pub(crate) fn core_config(config: &Bound<'_, PyAny>) -> PyResult<(SchedulerConfi
         } else {
             false
         },
+        kv_group_is_eagle: if config.hasattr("kv_group_is_eagle")? {
+            field::<Vec<bool>>(config, "kv_group_is_eagle")?.into_boxed_slice()
+        } else {
+            Box::default()
+        },
     };
     Ok((core, field(config, "async_scheduling")?))
 }

@@ -120,6 +120,9 @@ pub struct KvCoordinator<R: RequestKey> {
     loose: LooseBlocks,
     /// Prompt lengths set by request id (`KvCoordinator::set_num_prompt_tokens`).
     prompt_tokens: FxHashMap<R, usize>,
+    /// vLLM 0.33's `is_eagle_group` per group (where EAGLE's drop acts) and its
+    /// re-prefillable tokens (`coordinator_eagle`).
+    eagle: EagleGroups,
 }
 
 /// A block hash keyed by its group (vLLM appends the group id to the hash bytes).
@@ -185,6 +188,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         Ok(Self {
             lookup_order: spec_groups(&groups, &vec![block_size; groups.len()]),
             sizes: GroupSizes::uniform(block_size, groups.len()),
+            eagle: EagleGroups::every(groups.len()),
             groups,
             block_size,
             enable_caching,
@@ -316,6 +320,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             zeroing,
             cached_this_step,
             sizes,
+            eagle,
             hash_lookahead,
             ..
         } = self;
@@ -364,6 +369,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             cache_full_blocks(
                 block_size,
                 sizes,
+                eagle,
                 groups,
                 cached,
                 blocks,
@@ -407,6 +413,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             cache_full_blocks(
                 self.block_size,
                 &self.sizes,
+                &self.eagle,
                 &self.groups,
                 &mut self.cached,
                 &mut self.blocks,
@@ -694,10 +701,13 @@ fn record_for_zeroing(
 /// vLLM's `cache_blocks` per group: the request's full blocks of computed, known tokens
 /// (below the scheduler block size's last boundary, `_align_cacheable`) past those already
 /// offered are cached under (hash, group); null blocks are skipped. A group whose blocks
-/// hold several hash blocks (`block_size`) caches each under its last one's hash.
+/// hold several hash blocks (`block_size`) caches each under its last one's hash. Under
+/// EAGLE's drop a flagged group holds back re-prefillable tokens (`eagle`).
+#[allow(clippy::too_many_arguments)]
 fn cache_full_blocks(
     block_size: usize,
     sizes: &GroupSizes,
+    eagle: &EagleGroups,
     groups: &[KvGroupSpec],
     cached: &mut CacheMap,
     blocks: &mut [BlockMeta],
@@ -708,7 +718,8 @@ fn cache_full_blocks(
     let num_computed = tokens.num_computed_tokens.min(tokens.num_tokens);
     for (g, _) in groups.iter().enumerate().filter(|(_, s)| s.caches_blocks()) {
         let tokens = &request.tokens;
-        let cacheable = sizes.cacheable_in(g, num_computed);
+        let cacheable = eagle.cacheable(sizes, g, num_computed);
+        let drops = eagle.drops_in_group(sizes, g);
         let scale = sizes::scale(sizes.groups[g], block_size);
         let num_full = (cacheable / sizes.groups[g]).min(tokens.block_hashes.len() / scale);
         let table = &request.tables[g];
@@ -716,7 +727,7 @@ fn cache_full_blocks(
         if first < num_full {
             let end = num_full.min(table.len());
             let hashes = &tokens.block_hashes[sizes::group_hash_index(first, scale)..];
-            let reachable = sizes.reachable_blocks(&groups[g], g);
+            let reachable = sizes.reachable_blocks(&groups[g], g, drops);
             for (i, (&block, &hash)) in table[first.min(end)..end]
                 .iter()
                 .zip(hashes.iter().step_by(scale))
@@ -738,7 +749,9 @@ fn cache_full_blocks(
             request.num_cached[g] = num_full;
         }
         if sizes.keeps_partial_tails() && sizes::registers_partial_tail(&groups[g]) {
-            sizes::cache_partial_tail(sizes, g, block_size, cacheable, cached, blocks, request);
+            sizes::cache_partial_tail(
+                sizes, g, drops, block_size, cacheable, cached, blocks, request,
+            );
         }
     }
 }
@@ -777,7 +790,11 @@ mod loose;
 
 #[path = "coordinator_sizes.rs"]
 mod sizes;
+
+#[path = "coordinator_eagle.rs"]
+mod eagle;
 use align::{AlignState, allocate_align_blocks};
+use eagle::EagleGroups;
 pub use loads::{ExternalAllocation, prefix_cacheable};
 use sizes::GroupSizes;
 
@@ -796,3 +813,7 @@ mod mamba_spec_tests;
 #[cfg(test)]
 #[path = "coordinator_sizes_tests.rs"]
 mod sizes_tests;
+
+#[cfg(test)]
+#[path = "coordinator_eagle_tests.rs"]
+mod eagle_tests;

@@ -91,7 +91,7 @@ impl<R: RequestKey> KvCoordinator<R> {
                     current = current.min(found_length[first]);
                     continue;
                 }
-                let drop = self.sizes.drop_eagle && eagle_verified & (1 << idx) == 0;
+                let drop = self.drops_in(group) && eagle_verified & (1 << idx) == 0;
                 // The drop's margin is one of the group's blocks; Mamba's finder never drops.
                 let lookup_length = match drop && !group.spec.is_mamba() {
                     true => (current + group.block_size).min(hashes.len() * bs),
@@ -201,7 +201,7 @@ impl<R: RequestKey> KvCoordinator<R> {
                     .collect::<Option<Vec<_>>>()
             };
             let n = group.group_ids.len();
-            let drop = self.sizes.drop_eagle;
+            let drop = self.drops_in(group);
             let lookup_length = match drop && !group.spec.is_mamba() {
                 true => (max_length + group.block_size).min(hashes.len() * self.block_size),
                 false => max_length,

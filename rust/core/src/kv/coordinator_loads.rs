@@ -178,7 +178,14 @@ impl<R: RequestKey> KvCoordinator<R> {
                 let (groups, cached, blocks) = (&self.groups, &mut self.cached, &mut self.blocks);
                 let (sizes, this_step) = (&self.sizes, &mut self.cached_this_step);
                 super::cache_full_blocks(
-                    block_size, sizes, groups, cached, blocks, request, this_step,
+                    block_size,
+                    sizes,
+                    &self.eagle,
+                    groups,
+                    cached,
+                    blocks,
+                    request,
+                    this_step,
                 );
             }
             return Ok(Some(loaded));

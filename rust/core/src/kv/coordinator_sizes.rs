@@ -23,9 +23,10 @@ use crate::{Error, Result};
 pub(super) struct GroupSizes {
     pub(super) groups: Vec<usize>,
     pub(super) scheduler: usize,
-    /// vLLM's managers' `use_eagle`: every group's hits drop a block; beside differing
-    /// block sizes each group caches a block past the scheduler block boundary
-    /// (`GroupSizes::cacheable_in`) and a window keeps a block more (`reachable_blocks`).
+    /// EAGLE's drop is on: the flagged groups' hits drop a block (vLLM's managers'
+    /// `use_eagle`, `coordinator_eagle`); beside differing block sizes each such group
+    /// caches a block past the scheduler block boundary (`EagleGroups::cacheable`) and a
+    /// window keeps a block more (`reachable_blocks`).
     pub(super) drop_eagle: bool,
     /// Beside differing block sizes with the drop or a hash look-ahead: full-attention
     /// groups register vLLM's partial tail-block entries (`coordinator_sizes_tail`).
@@ -54,15 +55,21 @@ impl GroupSizes {
     /// vLLM 0.33's `SlidingWindowManager.reachable_block_mask` (dense retention): a window
     /// group whose blocks are finer than the scheduler block size caches only the `need`
     /// blocks before each scheduler block boundary, the only ones a hit (which ends on such
-    /// a boundary) can read; with EAGLE's drop one block more, the run ending a block past
-    /// the boundary (the block its hit reads and drops). `None`: every block is cached.
-    pub(super) fn reachable_blocks(&self, spec: &KvGroupSpec, g: usize) -> Option<Reachable> {
+    /// a boundary) can read; where EAGLE's drop acts in the group (`drops`, vLLM's
+    /// manager's `use_eagle`) one block more, the run ending a block past the boundary (the
+    /// block its hit reads and drops). `None`: every block is cached.
+    pub(super) fn reachable_blocks(
+        &self,
+        spec: &KvGroupSpec,
+        g: usize,
+        drops: bool,
+    ) -> Option<Reachable> {
         let KvGroupSpec::SlidingWindow { sliding_window } = *spec else {
             return None;
         };
         let block_size = self.groups[g];
         let per_segment = self.scheduler / block_size;
-        let shift = usize::from(self.drop_eagle);
+        let shift = usize::from(drops);
         let need = (sliding_window - 1).div_ceil(block_size) + shift;
         (need < per_segment).then_some(Reachable {
             per_segment,
@@ -205,8 +212,8 @@ impl<R: RequestKey> KvCoordinator<R> {
     /// (`coordinator_sizes_tail`). Only while no request holds blocks.
     ///
     /// Errors: `ConfigError` without prefix caching, beside a chunked local attention group
-    /// (vLLM's `ChunkedLocalAttentionManager` asserts no drop), or while a request holds
-    /// blocks.
+    /// flagged as an EAGLE group (vLLM's `ChunkedLocalAttentionManager` asserts no drop;
+    /// `coordinator_eagle`), or while a request holds blocks.
     pub fn set_eagle_block_drop(&mut self, on: bool) -> Result<()> {
         let field = "eagle_block_drop";
         if on && !self.enable_caching() {
@@ -216,8 +223,8 @@ impl<R: RequestKey> KvCoordinator<R> {
                 "the drop acts on prefix hits: it needs prefix caching",
             ));
         }
-        let chunked = |s: &KvGroupSpec| matches!(s, KvGroupSpec::ChunkedLocalAttention { .. });
-        if let Some(g) = self.groups.iter().position(chunked).filter(|_| on) {
+        // Only where the group is an EAGLE group (`coordinator_eagle`).
+        if let Some(g) = self.flagged_chunked_local().filter(|_| on) {
             return Err(Error::config(
                 field,
                 on,

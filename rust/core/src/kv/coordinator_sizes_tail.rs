@@ -26,19 +26,6 @@ use super::super::{NULL_BLOCK, RequestKey, group_key};
 use super::GroupSizes;
 
 impl GroupSizes {
-    /// The computed tokens group `g` caches of `num_tokens` (vLLM's
-    /// `HybridKVCacheCoordinator.get_num_cacheable_tokens` without partial hash hits or
-    /// re-prefillable tokens): up to the last scheduler block boundary, and with EAGLE's
-    /// drop one of the group's blocks past it (once a boundary is passed).
-    #[inline]
-    pub(in super::super) fn cacheable_in(&self, g: usize, num_tokens: usize) -> usize {
-        let aligned = self.cacheable(num_tokens);
-        match self.drop_eagle && aligned > 0 {
-            true => num_tokens.min(aligned + self.groups[g]),
-            false => aligned,
-        }
-    }
-
     /// Whether full-attention groups keep partial tail-block entries (module docs): beside
     /// differing block sizes, with EAGLE's drop or a hash look-ahead.
     #[inline]
@@ -49,12 +36,15 @@ impl GroupSizes {
 
 /// vLLM's `FullAttentionManager._cache_partial_tail_block` for group `g` of the request,
 /// once its full blocks are cached: `cacheable` the tokens the group caches, `hash_block`
-/// the hash block size. The prompt's last hash boundary (its tokens, less one without the
-/// drop, as far as the request is hashed) is keyed on the block holding it when it ends
+/// the hash block size, `drops` whether EAGLE's drop acts in the group (its manager's
+/// `use_eagle`). The prompt's last hash boundary (its tokens, less one without the drop,
+/// as far as the request is hashed) is keyed on the block holding it when it ends
 /// inside that block; the key is kept only if the block caches nothing yet.
+#[allow(clippy::too_many_arguments)]
 pub(in super::super) fn cache_partial_tail(
     sizes: &GroupSizes,
     g: usize,
+    drops: bool,
     hash_block: usize,
     cacheable: usize,
     cached: &mut CacheMap,
@@ -68,7 +58,7 @@ pub(in super::super) fn cache_partial_tail(
     let tokens = &request.tokens;
     // Without a caller's count, the tokens known at the first caching: the prompt.
     let prompt = *request.num_prompt_tokens.get_or_insert(tokens.num_tokens);
-    let limit = if sizes.drop_eagle {
+    let limit = if drops {
         prompt
     } else {
         prompt.saturating_sub(1)

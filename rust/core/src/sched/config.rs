@@ -153,6 +153,11 @@ pub struct SchedulerConfig {
     /// least common multiple (`kv::KvCoordinator::set_group_block_sizes`). Empty: every
     /// group's is `block_size`.
     pub kv_group_block_sizes: Vec<usize>,
+    /// vLLM 0.33's `KVCacheGroupSpec.is_eagle_group` of each KV group: the groups
+    /// `eagle_block_drop` acts in (`kv::KvCoordinator::set_eagle_groups`). Empty, or none
+    /// set: every group (vLLM's fallback). Only with several groups. (Boxed: the config
+    /// sits in an enum of engine configs.)
+    pub kv_group_is_eagle: Box<[bool]>,
     /// Multimodal encoder budget and cache (`sched::encoder`).
     pub encoder: super::EncoderConfig,
     /// vLLM 0.33's block-aligned prefill split for Mamba prefix caching in `align` mode
@@ -210,6 +215,7 @@ impl Default for SchedulerConfig {
             prefill_schedule_interval: 1,
             kv_groups: Vec::new(),
             kv_group_block_sizes: Vec::new(),
+            kv_group_is_eagle: Box::default(),
             encoder: super::EncoderConfig::default(),
             mamba_align: None,
             num_prefill_lookahead: 0,
@@ -391,6 +397,7 @@ impl SchedulerConfig {
         }
         self.validate_kv_groups()?;
         self.validate_group_block_sizes()?;
+        self.validate_group_is_eagle()?;
         self.validate_prefix_rules()?;
         let padded = 1 + self.num_speculative_tokens;
         if self.num_speculative_tokens > 0
@@ -425,6 +432,28 @@ impl SchedulerConfig {
 }
 
 impl SchedulerConfig {
+    /// `kv_group_is_eagle`: one flag per group, and only with several groups (the
+    /// single-group pool drops in its one group whatever the flag).
+    fn validate_group_is_eagle(&self) -> Result<()> {
+        let flags = &self.kv_group_is_eagle;
+        if flags.is_empty() {
+            return Ok(());
+        }
+        let reason = match self.is_hybrid() {
+            false => {
+                "one full-attention group is the single-group pool, where the drop acts \
+                      in its one group; leave it empty"
+            }
+            true if flags.len() != self.kv_groups.len() => "must name one flag per KV group",
+            true => return Ok(()),
+        };
+        Err(Error::config(
+            "kv_group_is_eagle",
+            format!("{flags:?}"),
+            reason,
+        ))
+    }
+
     /// `kv_group_block_sizes`: one per group, each a multiple of `block_size` (the hash
     /// block size); the coordinator checks the kinds it serves with them.
     fn validate_group_block_sizes(&self) -> Result<()> {

@@ -152,7 +152,13 @@ impl Kv {
                 pool.set_group_block_sizes(&config.kv_group_block_sizes)?;
             }
             pool.set_hash_lookahead(config.prefix_rules().num_hash_lookahead_tokens)?;
-            pool.set_eagle_block_drop(config.prefix_rules().drop_eagle_block)?;
+            pool.set_eagle_groups(&config.kv_group_is_eagle)?;
+            let rules = config.prefix_rules();
+            pool.set_eagle_block_drop(rules.drop_eagle_block)?;
+            if rules.drop_eagle_block {
+                // vLLM's hybrid groups hold them back only where they drop.
+                pool.set_num_reprefillable_tokens(rules.num_reprefillable_tokens)?;
+            }
             if let Some(split) = &config.mamba_align {
                 pool.set_mamba_checkpoint_rule(split.drop_eagle_block);
             }

@@ -25,10 +25,10 @@ impl SchedulerConfig {
 
     /// Refuses what the rules cannot mean or the core does not serve: a look-ahead or the
     /// drop without block-hash prefix caching, both at once (vLLM's scheduler turns the drop
-    /// off when look-ahead hashes are on), the drop with several KV groups beside a
-    /// multi-module MTP drafter's re-prefillable tokens, and the drop or
-    /// look-ahead hashes with blocks smaller than a multi-module MTP look-ahead (vLLM's
-    /// coordinator raises).
+    /// off when look-ahead hashes are on), and the drop or look-ahead hashes with blocks
+    /// smaller than a multi-module MTP look-ahead (vLLM's coordinator raises). With several
+    /// KV groups the drop's re-prefillable tokens are the coordinator's
+    /// (`kv::KvCoordinator::set_num_reprefillable_tokens`).
     pub(super) fn validate_prefix_rules(&self) -> Result<()> {
         let block_hash = self.enable_prefix_caching && self.prefix_cache == PrefixCache::BlockHash;
         if self.num_hash_lookahead_tokens > 0 && !block_hash {
@@ -68,18 +68,6 @@ impl SchedulerConfig {
                     "with num_hash_lookahead_tokens={} the look-ahead hashes prove the boundary \
                      token and vLLM 0.33 drops no block; set one of the two",
                     self.num_hash_lookahead_tokens
-                ),
-            ));
-        }
-        if self.is_hybrid() && self.num_prefill_lookahead > 1 {
-            return Err(Error::config(
-                "eagle_block_drop",
-                "True",
-                format!(
-                    "with several KV groups the drop is served for one-module drafters; \
-                     num_prefill_lookahead={} re-prefills tokens no group may cache (vLLM's \
-                     num_reprefillable_tokens per group), not modelled",
-                    self.num_prefill_lookahead
                 ),
             ));
         }

@@ -1,0 +1,116 @@
+//! Caching a coordinator request's full blocks in every group (vLLM 0.33's
+//! `KVCacheCoordinator.cache_blocks` and each manager's `cache_blocks`).
+
+use rustc_hash::FxHashSet;
+
+use super::{
+    BlockHash, CoordinatedRequest, EagleGroups, GroupSizes, KvCoordinator, KvGroupSpec, NULL_BLOCK,
+    RequestKey, TokenId, group_key, sizes,
+};
+use crate::kv::block_ops::{BlockMeta, append_tokens};
+use crate::kv::cache_map::CacheMap;
+use crate::{Error, Result};
+
+impl<R: RequestKey> KvCoordinator<R> {
+    /// Gives the coordinator the request's `new_token_ids` (known now, past those it has)
+    /// and caches its full computed blocks in every group, without allocating (vLLM's
+    /// `cache_blocks`).
+    pub fn cache_blocks(&mut self, request_id: &R, new_token_ids: &[TokenId]) -> Result<()> {
+        self.cache_blocks_ahead(request_id, new_token_ids, &[])
+    }
+
+    /// [`Self::cache_blocks`] with the request's tokens `ahead` of `new_token_ids`, for a
+    /// hash look-ahead (`BlockPool::cache_blocks_ahead`).
+    pub fn cache_blocks_ahead(
+        &mut self,
+        request_id: &R,
+        new_token_ids: &[TokenId],
+        ahead: &[TokenId],
+    ) -> Result<()> {
+        let request = self
+            .requests
+            .get_mut(request_id)
+            .ok_or_else(|| Error::unknown_request(request_id))?;
+        let (block_size, lookahead) = (self.block_size, self.hash_lookahead);
+        let tokens = &mut request.tokens;
+        append_tokens(
+            block_size,
+            self.enable_caching,
+            lookahead,
+            tokens,
+            new_token_ids,
+        );
+        if self.enable_caching {
+            crate::kv::lookahead::hash_ahead(block_size, lookahead, tokens, ahead);
+            cache_full_blocks(
+                self.block_size,
+                &self.sizes,
+                &self.eagle,
+                &self.groups,
+                &mut self.cached,
+                &mut self.blocks,
+                request,
+                &mut self.cached_this_step,
+            );
+        }
+        Ok(())
+    }
+}
+
+/// vLLM's `cache_blocks` per group: the request's full blocks of computed, known tokens
+/// (below the scheduler block size's last boundary, `_align_cacheable`) past those already
+/// offered are cached under (hash, group); null blocks are skipped. A group whose blocks
+/// hold several hash blocks (`block_size`) caches each under its last one's hash. Under
+/// EAGLE's drop a flagged group holds back re-prefillable tokens (`eagle`).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn cache_full_blocks(
+    block_size: usize,
+    sizes: &GroupSizes,
+    eagle: &EagleGroups,
+    groups: &[KvGroupSpec],
+    cached: &mut CacheMap,
+    blocks: &mut [BlockMeta],
+    request: &mut CoordinatedRequest,
+    cached_this_step: &mut FxHashSet<BlockHash>,
+) {
+    let tokens = &request.tokens;
+    let num_computed = tokens.num_computed_tokens.min(tokens.num_tokens);
+    for (g, _) in groups.iter().enumerate().filter(|(_, s)| s.caches_blocks()) {
+        let tokens = &request.tokens;
+        let cacheable = eagle.cacheable(sizes, g, num_computed);
+        let drops = eagle.drops_in_group(sizes, g);
+        let scale = sizes::scale(sizes.groups[g], block_size);
+        let num_full = (cacheable / sizes.groups[g]).min(tokens.block_hashes.len() / scale);
+        let table = &request.tables[g];
+        let first = request.num_cached[g];
+        if first < num_full {
+            let end = num_full.min(table.len());
+            let hashes = &tokens.block_hashes[sizes::group_hash_index(first, scale)..];
+            let reachable = sizes.reachable_blocks(&groups[g], g, drops);
+            for (i, (&block, &hash)) in table[first.min(end)..end]
+                .iter()
+                .zip(hashes.iter().step_by(scale))
+                .enumerate()
+            {
+                if block == NULL_BLOCK || reachable.is_some_and(|r| !r.reaches(first + i)) {
+                    continue;
+                }
+                let key = group_key(hash, g);
+                if sizes.keeps_partial_tails() {
+                    sizes::forget_partial(cached, blocks, block);
+                }
+                cached.insert(key, block, blocks);
+                blocks[block as usize].set_hash(key);
+                if groups[g].is_mamba_align() {
+                    cached_this_step.insert(key);
+                }
+            }
+            request.num_cached[g] = num_full;
+        }
+        if sizes.keeps_partial_tails() && sizes::registers_partial_tail(&groups[g]) {
+            sizes::cache_partial_tail(
+                sizes, g, drops, block_size, cacheable, cached, blocks, request,
+            );
+        }
+    }
+}

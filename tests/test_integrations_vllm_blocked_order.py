@@ -267,6 +267,28 @@ def test_a_replaced_update_waiting_for_remote_kv_is_called_when_reached() -> Non
     assert ours._update_waiting_for_remote_kv.calls == ["r"]
 
 
+def test_a_transfer_report_lands_a_remote_kv_wait_without_a_connector() -> None:
+    # vLLM's update_from_output runs _update_from_kv_xfer_finished whenever the runner's
+    # output carries kv_connector_output, connector or not.
+    from vllm.v1.outputs import KVConnectorOutput
+
+    for scheduler in _both().values():
+        scheduler.add_request(_request("a", "plain"))
+        scheduler.add_request(_request("r", "remote"))
+        out = scheduler.schedule()
+        ids = list(out.num_scheduled_tokens)
+        runner = ModelRunnerOutput(
+            req_ids=ids,
+            req_id_to_index={i: n for n, i in enumerate(ids)},
+            sampled_token_ids=[[5] for _ in ids],
+            kv_connector_output=KVConnectorOutput(finished_recving={"r"}),
+        )
+        scheduler.update_from_output(out, runner)
+        assert scheduler.finished_recving_kv_req_ids == {"r"}
+        out = scheduler.schedule()
+        assert [r.req_id for r in out.scheduled_new_reqs] == ["r"]
+
+
 KINDS = ("plain", "plain", "grammar", "ready", "streaming", "remote")
 
 

@@ -50,7 +50,9 @@ class UpdateFromOutput(AdapterBase):
             # Every write of this and earlier steps has completed (vLLM's fence).
             self._core.step_processed()
         kv_output = model_runner_output.kv_connector_output
-        if kv_output is not None and self.connector is not None:
+        if kv_output is not None and (self.connector is not None or self._blocked_ids):
+            # vLLM's _update_from_kv_xfer_finished runs whatever the connector: a remote-KV
+            # wait set by hand lands on the report alone.
             self._update_from_kv_transfers(kv_output)
         batch = self._batch_of(scheduler_output)
         # Whether every request of the batch is still live (none finished meanwhile).
@@ -532,11 +534,15 @@ class UpdateFromOutput(AdapterBase):
                 "is not supported for models with multiple KV cache groups. Connectors must "
                 "report failed requests via KVConnectorTransferResults.failed_recving instead."
             )
-        self.connector.update_connector_output(kv_output)
+        if self.connector is not None:
+            self.connector.update_connector_output(kv_output)
+        finished_recving = kv_output.finished_recving or ()
+        if self._blocked_ids and finished_recving:
+            # Remote-KV waits outside the core (_vllm_adopt), recorded as vLLM's are.
+            self._note_outside_landings(finished_recving)
         bridge = self._bridge
         if bridge is None:
             return
-        finished_recving = kv_output.finished_recving or ()
         finished_sending = kv_output.finished_sending or ()
         if bridge.unheld or (
             (finished_recving or finished_sending) and len(self.requests) > len(self._core_ids)
@@ -544,9 +550,6 @@ class UpdateFromOutput(AdapterBase):
             # Reports of finished requests the core holds nothing for (_vllm_adopt).
             finished_recving = self._take_unheld_reports(list(finished_recving))
             finished_sending = self._take_unheld_reports(list(finished_sending))
-        if self._blocked_ids and finished_recving:
-            # Remote-KV waits outside the core (_vllm_adopt), recorded as vLLM's are.
-            self._note_outside_landings(finished_recving)
         recving = [i for i in finished_recving if i in bridge.loading]
         sending = [i for i in finished_sending if i in bridge.sending]
         failed: list[str] = []

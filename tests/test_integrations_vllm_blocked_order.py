@@ -237,6 +237,23 @@ def test_requests_moved_between_queues_by_hand_are_admitted_from_there() -> None
     assert state["kv_holding"] + state["waiting"] == ["0", "1", "3"]
 
 
+def test_moving_a_request_between_queues_by_hand_defers_nothing() -> None:
+    # vLLM's RequestQueue.add_request and remove_requests never touch deferred_waiting:
+    # only arrival with a blocked status (_enqueue_waiting_request) and a skip add to it.
+    runs = _each({"0": "plain", "1": "plain"})
+    for scheduler, requests in runs.values():
+        moved = requests["0"]
+        scheduler.waiting.remove_requests([moved])
+        moved.status = REMOTE
+        scheduler.kv_holding_waiting.add_request(moved)
+    seen = {
+        name: (sorted(r.request_id for r in s.deferred_waiting), s.get_request_counts())
+        for name, (s, _) in runs.items()
+    }
+    assert seen["tokenyard"] == seen["vllm"]
+    assert seen["vllm"][0] == []
+
+
 def test_a_request_taken_out_of_the_queues_is_not_admitted() -> None:
     ours = _both()["tokenyard"]
     a, b = _request("a", "plain"), _request("b", "plain")

@@ -1444,13 +1444,15 @@ class Scheduler:
     def holding_waiting_ids(self) -> list[_RequestId]:
         """The waiting requests served first (vLLM 0.33's ``kv_holding_waiting``): those
         holding KV blocks and remote-KV waits outside, in order."""
-    def wait_outside(self, request_id: _RequestId, holds_kv: bool) -> None:
+    def wait_outside(self, request_id: _RequestId, holds_kv: bool, defer: bool = True) -> None:
         """Makes a waiting request's wait its caller's (vLLM 0.33's blocked waiting
         statuses the core does not model; ``holds_kv``: served with the block holders, a
         remote-KV wait whose load the core did not start): skipped, keeping its place,
         until the step hook ``waiting_ready(request_id)`` answers truthy when admission
-        reaches it, or ``end_outside_wait``. Raises InputError for a request that is not
-        waiting or holds blocks."""
+        reaches it, or ``end_outside_wait``. With ``defer`` it counts as skipped (vLLM's
+        ``deferred_waiting``, which a blocked request joins on arrival, not through a
+        queue's ``add_request``). Raises InputError for a request that is not waiting or
+        holds blocks."""
     def end_outside_wait(self, request_id: _RequestId) -> bool:
         """Ends a request's outside wait; returns whether it had one."""
     def waits_outside(self, request_id: _RequestId) -> bool:

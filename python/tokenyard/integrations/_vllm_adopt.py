@@ -341,7 +341,7 @@ class AdoptedRequests(AdapterBase):
         request_id = request.request_id
         if not self._core.waits_outside(core_id):
             with errors_in_vllm_ids(self._vllm_ids):
-                self._core.wait_outside(core_id, False)
+                self._core.wait_outside(core_id, False, defer=False)
         self._blocked_ids.add(request_id)
         self._taken_out.add(request_id)
 
@@ -362,7 +362,8 @@ class AdoptedRequests(AdapterBase):
         status = request.status
         if status in BLOCKED_STATUSES:
             with errors_in_vllm_ids(self._vllm_ids):
-                self._core.wait_outside(core_id, status == _WAITING_FOR_REMOTE_KVS)
+                remote = status == _WAITING_FOR_REMOTE_KVS
+                self._core.wait_outside(core_id, remote, defer=False)
             self._blocked_ids.add(request_id)
         elif request_id in self._blocked_ids:
             self._core.end_outside_wait(core_id)

@@ -20,16 +20,19 @@ impl PyScheduler {
 
     /// Makes a waiting request's wait its caller's (`holds_kv`: served with the block
     /// holders, a remote-KV wait): skipped, keeping its place, until the step hook
-    /// `waiting_ready` answers true when admission reaches it, or `end_outside_wait`.
+    /// `waiting_ready` answers true when admission reaches it, or `end_outside_wait`;
+    /// with `defer` (the default) counted as skipped (vLLM's `deferred_waiting`).
+    #[pyo3(signature = (request_id, holds_kv, defer = true))]
     fn wait_outside(
         &mut self,
         py: Python<'_>,
         request_id: &Bound<'_, PyAny>,
         holds_kv: bool,
+        defer: bool,
     ) -> PyResult<()> {
         let id = RequestId::from_py(request_id)?;
         self.inner
-            .wait_outside(&id, holds_kv)
+            .wait_outside(&id, holds_kv, defer)
             .map_err(|err| self.raise(py, err))
     }
 

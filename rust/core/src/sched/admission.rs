@@ -68,14 +68,14 @@ impl<R: RequestKey> Scheduler<R> {
             let (status, outside) = (request.status, request.outside_wait != OutsideWait::None);
             // A wait its caller decides (`sched::outside_wait`): asked here, as vLLM 0.33
             // asks `_handle_blocked_waiting_request`.
-            let waits_outside = match outside.then(|| self.outside_wait_over(slot)) {
-                Some(Err(err)) => {
-                    admission_error = Some(err);
-                    break;
-                }
-                Some(Ok(over)) => !over,
-                None => false,
-            };
+            let waits_outside = outside
+                && match self.outside_wait_over(slot) {
+                    Ok(over) => !over,
+                    Err(err) => {
+                        admission_error = Some(err);
+                        break;
+                    }
+                };
             let loading = status == RequestStatus::WaitingForRemoteKvs;
             // A parked session waits for its next input (`sched::session`).
             let parked = status == RequestStatus::WaitingForStreamingInput;

@@ -36,19 +36,22 @@ impl<R: RequestKey> Scheduler<R> {
     /// Makes the wait of waiting request `request_id` its caller's (`holds_kv`: served with
     /// the block holders, a remote-KV wait) until the step hooks' `waiting_ready` answers
     /// `true` when admission reaches it, or [`Self::end_outside_wait`]. It keeps its place;
-    /// [`Self::requeue_waiting`] moves it. Counted as skipped from now on (vLLM 0.33's
-    /// `deferred_waiting`).
+    /// [`Self::requeue_waiting`] moves it. With `defer` it counts as skipped from now on
+    /// (vLLM 0.33's `deferred_waiting`, which `_enqueue_waiting_request` adds a blocked
+    /// request to on arrival; a queue's `add_request` or `remove_requests` adds none).
     ///
     /// Errors: `UnknownRequest`; `InputError` for a request that is not waiting (running,
     /// a KV load in flight or landed, a parked session) or holds blocks.
-    pub fn wait_outside(&mut self, request_id: &R, holds_kv: bool) -> Result<()> {
+    pub fn wait_outside(&mut self, request_id: &R, holds_kv: bool, defer: bool) -> Result<()> {
         let slot = self.waiting_slot(request_id)?;
         self.req_mut(slot).outside_wait = if holds_kv {
             OutsideWait::HoldingKv
         } else {
             OutsideWait::Queued
         };
-        self.deferred.insert(slot);
+        if defer {
+            self.deferred.insert(slot);
+        }
         Ok(())
     }
 
@@ -187,7 +190,7 @@ mod tests {
         for id in 0..3 {
             s.add_request(id, prompt(id, 2)).unwrap();
         }
-        s.wait_outside(&1, true).unwrap();
+        s.wait_outside(&1, true, true).unwrap();
         s.requeue_waiting(&1, true).unwrap();
         assert_eq!(s.holding_waiting_ids(), [1]);
         assert_eq!(s.waiting_ids(), [1, 0, 2]);
@@ -208,8 +211,8 @@ mod tests {
         for id in 0..4 {
             s.add_request(id, prompt(id, 2)).unwrap();
         }
-        s.wait_outside(&0, false).unwrap();
-        s.wait_outside(&2, true).unwrap();
+        s.wait_outside(&0, false, true).unwrap();
+        s.wait_outside(&2, true, true).unwrap();
         s.requeue_waiting(&2, true).unwrap();
         // Budget 10 fits every 2-token prompt: only the waits stay.
         let out = s.schedule().unwrap();
@@ -231,7 +234,7 @@ mod tests {
         for id in 0..3 {
             s.add_request(id, prompt(id, 2)).unwrap();
         }
-        s.wait_outside(&0, true).unwrap();
+        s.wait_outside(&0, true, true).unwrap();
         s.schedule().unwrap();
         assert_eq!(s.holding_waiting_ids(), [0]);
         assert_eq!(s.running_ids(), [1, 2]);
@@ -249,10 +252,10 @@ mod tests {
         for (id, len) in [(0, 1), (1, 1), (2, 1), (3, 20), (4, 1)] {
             s.add_request(id, prompt(id, len)).unwrap();
         }
-        s.wait_outside(&0, false).unwrap();
-        s.wait_outside(&1, true).unwrap();
+        s.wait_outside(&0, false, true).unwrap();
+        s.wait_outside(&1, true, true).unwrap();
         s.requeue_waiting(&1, true).unwrap();
-        s.wait_outside(&2, false).unwrap();
+        s.wait_outside(&2, false, true).unwrap();
         let out = s.schedule().unwrap();
         assert_eq!(scheduled(&out), [(3, 20)]);
         assert_eq!(caller.asked(), [1, 0, 2]);
@@ -274,7 +277,7 @@ mod tests {
     fn without_hooks_a_wait_lasts_until_ended() {
         let mut s = Scheduler::new(config(), false).unwrap();
         s.add_request(0, prompt(0, 2)).unwrap();
-        s.wait_outside(&0, false).unwrap();
+        s.wait_outside(&0, false, true).unwrap();
         assert!(scheduled(&s.schedule().unwrap()).is_empty());
         assert!(s.end_outside_wait(&0).unwrap());
         assert!(!s.end_outside_wait(&0).unwrap());
@@ -290,7 +293,7 @@ mod tests {
         });
         s.add_request(0, prompt(0, 2)).unwrap();
         s.add_request(1, prompt(1, 2)).unwrap();
-        s.wait_outside(&1, true).unwrap();
+        s.wait_outside(&1, true, true).unwrap();
         assert_eq!(ids(&s.schedule().unwrap()), [0]);
         assert!(caller.asked().is_empty());
         s.abort(&[0]).unwrap();
@@ -309,7 +312,7 @@ mod tests {
         for id in 0..3 {
             s.add_request(id, prompt(id, 2)).unwrap();
         }
-        s.wait_outside(&2, true).unwrap();
+        s.wait_outside(&2, true, true).unwrap();
         s.requeue_waiting(&2, true).unwrap();
         caller.ready(2);
         assert_eq!(ids(&s.schedule().unwrap()), [2]);
@@ -319,9 +322,9 @@ mod tests {
     fn only_waiting_requests_without_blocks_wait_outside() {
         let mut s = Scheduler::new(config(), false).unwrap();
         s.add_request(0, prompt(0, 2)).unwrap();
-        assert!(s.wait_outside(&9, false).is_err());
+        assert!(s.wait_outside(&9, false, true).is_err());
         s.schedule().unwrap();
-        assert!(s.wait_outside(&0, false).is_err());
+        assert!(s.wait_outside(&0, false, true).is_err());
         assert!(s.requeue_waiting(&0, true).is_err());
         assert!(!s.waits_outside(&0));
     }

@@ -267,7 +267,8 @@ pub struct Request<R> {
     pub last_step: u64,
     pub stale_until_step: u64,
     pub drop_stale_output: bool,
-    /// A wait its caller decides (`sched::adopt`, [`OutsideWait`]); `None` for the rest.
+    /// A wait its caller decides (`sched::outside_wait`, [`OutsideWait`]); `None` for the
+    /// rest.
     pub outside_wait: OutsideWait,
 }
 

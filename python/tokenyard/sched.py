@@ -305,7 +305,9 @@ class SchedulerConfig:
     eagle_block_drop: bool = False
     """vLLM 0.33's trailing-block drop for EAGLE-style drafters when look-ahead hashes are off
     (``disable_lookahead_block_hashes``): every prefix hit loses its last block, which is
-    recomputed for the drafter. One KV group, block-hash prefix caching, no look-ahead."""
+    recomputed for the drafter; with KV groups, in each group it acts in
+    (``kv_group_is_eagle``), beside groups of different block sizes too. Needs block-hash
+    prefix caching and no look-ahead."""
     kv_group_is_eagle: tuple[bool, ...] = ()
     """vLLM 0.33's ``KVCacheGroupSpec.is_eagle_group`` of each of ``kv_groups``: the groups
     ``eagle_block_drop`` acts in (the drafter's groups); ``()`` or none ``True``: every

@@ -41,6 +41,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use rustc_hash::FxHashMap;
 
+use super::hisparse_shared::{Completions, landed};
 use super::{BlockId, FreeBlockQueue, NULL_BLOCK, RequestKey};
 use crate::{Error, Result};
 
@@ -72,8 +73,7 @@ struct Transfer<R> {
     page: usize,
     host_block: BlockId,
     resident_block: BlockId,
-    expected: u32,
-    completions: u32,
+    completions: Completions,
 }
 
 /// A write-back as the step's offload command carries it (vLLM's `SparseKVPageTransfer`,
@@ -113,13 +113,6 @@ pub struct DeviceResidency<R: RequestKey> {
     next_generation: u64,
 }
 
-fn queue(num_blocks: usize) -> Result<FreeBlockQueue> {
-    let mut queue = FreeBlockQueue::with_all_blocks(num_blocks)?;
-    // Block 0 is the null block, never free.
-    queue.pop_front();
-    Ok(queue)
-}
-
 /// `BlockPool.free_blocks` without hashes: blocks reaching no reference go to the queue's
 /// front, the first given first; null blocks are skipped.
 fn release(
@@ -143,6 +136,13 @@ fn release(
     }
     front.iter().rev().for_each(|&b| free.push_front(b));
     Ok(())
+}
+
+fn queue(num_blocks: usize) -> Result<FreeBlockQueue> {
+    let mut queue = FreeBlockQueue::with_all_blocks(num_blocks)?;
+    // Block 0 is the null block, never free.
+    queue.pop_front();
+    Ok(queue)
 }
 
 impl<R: RequestKey> DeviceResidency<R> {
@@ -343,8 +343,7 @@ impl<R: RequestKey> DeviceResidency<R> {
                     page,
                     host_block,
                     resident_block: block,
-                    expected: 0,
-                    completions: 0,
+                    completions: Completions::default(),
                 },
             );
             request.pending.insert(page, transfer_id);
@@ -487,24 +486,9 @@ impl<R: RequestKey> DeviceResidency<R> {
     /// # Errors
     /// `Error::Internal` if a reference would be released twice (a bug).
     pub fn acknowledge(&mut self, enqueued: &[(u64, u32)], completed: &[(u64, u32)]) -> Result<()> {
-        for &(id, count) in enqueued {
-            if let Some(transfer) = self.transfers.get_mut(&id)
-                && transfer.expected == 0
-            {
-                transfer.expected = count;
-            }
-        }
-        for &(id, count) in completed {
-            if let Some(transfer) = self.transfers.get_mut(&id) {
-                transfer.completions += count;
-            }
-        }
-        let landed: Vec<u64> = self
-            .transfers
-            .iter()
-            .filter(|(_, t)| t.expected > 0 && t.completions >= t.expected)
-            .map(|(&id, _)| id)
-            .collect();
+        let landed = landed(&mut self.transfers, enqueued, completed, |t| {
+            &mut t.completions
+        });
         for id in &landed {
             let block = self.transfers[id].resident_block;
             release(&mut self.free, &mut self.ref_cnt, [block])?;

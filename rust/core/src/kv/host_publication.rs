@@ -42,6 +42,7 @@ use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 
+use super::hisparse_shared::{Completions, landed};
 use super::{BlockHash, BlockId, FreeBlockQueue, RequestKey, TokenId, hash_full_blocks};
 use crate::{Error, Result};
 
@@ -97,9 +98,7 @@ struct Transfer<R> {
     generation: u64,
     page: usize,
     block: BlockId,
-    /// Completions awaited: the first enqueued count reported (0: none reported yet).
-    expected: u32,
-    completions: u32,
+    completions: Completions,
 }
 
 /// A write-back planned by the last allocations, as the step's offload command carries it
@@ -434,8 +433,7 @@ impl<R: RequestKey> HostPublication<R> {
                     generation: request.generation,
                     page,
                     block,
-                    expected: 0,
-                    completions: 0,
+                    completions: Completions::default(),
                 },
             );
             self.planned.push(HostTransfer {
@@ -486,24 +484,9 @@ impl<R: RequestKey> HostPublication<R> {
         enqueued: &[(u64, u32)],
         completed: &[(u64, u32)],
     ) -> Result<Vec<R>> {
-        for &(id, count) in enqueued {
-            if let Some(transfer) = self.transfers.get_mut(&id)
-                && transfer.expected == 0
-            {
-                transfer.expected = count;
-            }
-        }
-        for &(id, count) in completed {
-            if let Some(transfer) = self.transfers.get_mut(&id) {
-                transfer.completions += count;
-            }
-        }
-        let landed: Vec<u64> = self
-            .transfers
-            .iter()
-            .filter(|(_, t)| t.expected > 0 && t.completions >= t.expected)
-            .map(|(&id, _)| id)
-            .collect();
+        let landed = landed(&mut self.transfers, enqueued, completed, |t| {
+            &mut t.completions
+        });
         let mut live = Vec::new();
         for id in landed {
             let transfer = self.transfers.remove(&id).expect("listed above");

@@ -41,7 +41,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use rustc_hash::FxHashMap;
 
-use super::hisparse_shared::{Completions, landed};
+use super::hisparse_shared::{Completions, free_queue_without_null, landed};
 use super::{BlockId, FreeBlockQueue, NULL_BLOCK, RequestKey};
 use crate::{Error, Result};
 
@@ -138,13 +138,6 @@ fn release(
     Ok(())
 }
 
-fn queue(num_blocks: usize) -> Result<FreeBlockQueue> {
-    let mut queue = FreeBlockQueue::with_all_blocks(num_blocks)?;
-    // Block 0 is the null block, never free.
-    queue.pop_front();
-    Ok(queue)
-}
-
 impl<R: RequestKey> DeviceResidency<R> {
     /// `num_blocks` device and `host_num_blocks` host blocks (block 0 of each the null
     /// block) of `block_size` tokens; `hot_blocks` blocks per hot region; a request without
@@ -185,9 +178,9 @@ impl<R: RequestKey> DeviceResidency<R> {
             max_admission_blocks,
             max_spill_pages,
             watermark: hot_blocks.max(num_blocks / 10),
-            free: queue(num_blocks)?,
+            free: free_queue_without_null(num_blocks)?,
             ref_cnt: vec![0; num_blocks],
-            host_free: queue(host_num_blocks)?,
+            host_free: free_queue_without_null(host_num_blocks)?,
             host_ref: vec![0; host_num_blocks],
             watched: vec![false; num_blocks],
             owners: FxHashMap::default(),

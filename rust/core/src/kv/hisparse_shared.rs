@@ -2,10 +2,22 @@
 //! the device half ([`super::hisparse_residency`]) of vLLM 0.33's HiSparse connector
 //! (`vllm/v1/hisparse/coordinator.py`).
 //!
+//! - [`free_queue_without_null`]: a `BlockPool`'s free queue, block 0 (the null block) off;
 //! - [`Completions`] and [`landed`]: the first half of `update_spills`, which applies the
 //!   workers' counts and picks the write-backs that landed.
 
 use std::collections::BTreeMap;
+
+use super::FreeBlockQueue;
+use crate::Result;
+
+/// A free queue of blocks `1..num_blocks`, lowest first: vLLM's `BlockPool` takes its null
+/// block off the free queue first.
+pub(super) fn free_queue_without_null(num_blocks: usize) -> Result<FreeBlockQueue> {
+    let mut queue = FreeBlockQueue::with_all_blocks(num_blocks)?;
+    queue.pop_front();
+    Ok(queue)
+}
 
 /// The completions a write-back waits for (vLLM's `_PendingSpill` counts).
 #[derive(Debug, Clone, Copy, Default)]

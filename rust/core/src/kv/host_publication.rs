@@ -42,7 +42,7 @@ use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 
-use super::hisparse_shared::{Completions, landed};
+use super::hisparse_shared::{Completions, free_queue_without_null, landed};
 use super::{BlockHash, BlockId, FreeBlockQueue, RequestKey, TokenId, hash_full_blocks};
 use crate::{Error, Result};
 
@@ -158,13 +158,10 @@ impl<R: RequestKey> HostPublication<R> {
                 "must be positive",
             ));
         }
-        let mut free = FreeBlockQueue::with_all_blocks(num_blocks)?;
-        // vLLM's BlockPool takes its null block off the free queue first.
-        free.pop_front();
         Ok(Self {
             block_size,
             num_blocks,
-            free,
+            free: free_queue_without_null(num_blocks)?,
             ref_cnt: vec![0; num_blocks],
             page_of: vec![None; num_blocks],
             cached: FxHashMap::default(),

@@ -65,8 +65,9 @@ struct HostRequest {
     pending: BTreeMap<usize, u64>,
     /// Pages published (vLLM's `num_cached_block`).
     num_cached: usize,
-    /// Tokens the pending publication covers; None once all of it is published.
-    publication: Option<usize>,
+    /// Whether a publication of the `computed` tokens is pending (vLLM's
+    /// `publish_when_ready`); false once all of it is published.
+    publishing: bool,
     computed: usize,
     /// Pages a finished request's publication keeps referenced until it lands (0: none).
     lease: usize,
@@ -347,7 +348,7 @@ impl<R: RequestKey> HostPublication<R> {
             ready: num_hit_pages,
             pending: BTreeMap::new(),
             num_cached: num_hit_pages,
-            publication: None,
+            publishing: false,
             computed: 0,
             lease: 0,
         };
@@ -409,7 +410,7 @@ impl<R: RequestKey> HostPublication<R> {
         let block_size = self.block_size;
         let mut request = self.requests.remove(request_id).expect("a live request");
         request.computed = num_computed;
-        request.publication = Some(num_computed);
+        request.publishing = true;
         self.publish(&mut request);
         for page in request.ready..num_computed / block_size {
             if self.planned.len() >= self.max_spill_pages {
@@ -442,10 +443,10 @@ impl<R: RequestKey> HostPublication<R> {
     }
 
     fn publish(&mut self, request: &mut HostRequest) {
-        let Some(tokens) = request.publication else {
+        if !request.publishing {
             return;
-        };
-        let num_pages = tokens / self.block_size;
+        }
+        let num_pages = request.computed / self.block_size;
         let upto = request.ready.min(num_pages);
         // `admit` and `decode` hash every full block of the tokens they add.
         debug_assert!(upto <= request.hashes.len());
@@ -457,7 +458,7 @@ impl<R: RequestKey> HostPublication<R> {
         }
         request.num_cached = request.num_cached.max(upto);
         if request.ready >= num_pages {
-            request.publication = None;
+            request.publishing = false;
         }
     }
 
@@ -501,10 +502,10 @@ impl<R: RequestKey> HostPublication<R> {
             } else if let Some(mut request) = self.detached.remove(&transfer.generation) {
                 request.pending.remove(&transfer.page);
                 request.set_valid(transfer.page);
-                if request.lease > 0 && request.pending.is_empty() {
+                // A detached request holds a lease: its pending pages lie in it.
+                if request.pending.is_empty() {
                     request.advance_ready();
                     self.publish(&mut request);
-                    request.publication = None;
                     let lease: Vec<BlockId> = request.table[..request.lease]
                         .iter()
                         .rev()
@@ -546,14 +547,11 @@ impl<R: RequestKey> HostPublication<R> {
             .remove(request_id)
             .ok_or_else(|| Error::UnknownRequest(format!("{request_id:?}")))?;
         let table: Vec<BlockId> = request.table.iter().rev().copied().collect();
-        match request.publication {
-            Some(tokens) if finished && !request.pending.is_empty() => {
-                request.lease = tokens / self.block_size;
-                let lease = request.table[..request.lease].to_vec();
-                self.touch(&lease);
-                self.detached.insert(request.generation, request);
-            }
-            _ => {}
+        if finished && request.publishing && !request.pending.is_empty() {
+            request.lease = request.computed / self.block_size;
+            let lease = request.table[..request.lease].to_vec();
+            self.touch(&lease);
+            self.detached.insert(request.generation, request);
         }
         self.release(table)
     }

@@ -41,7 +41,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use rustc_hash::FxHashMap;
 
-use super::hisparse_shared::{Completions, free_queue_without_null, landed};
+use super::hisparse_shared::{Completions, PageState, free_queue_without_null, landed};
 use super::{BlockId, FreeBlockQueue, NULL_BLOCK, RequestKey};
 use crate::{Error, Result};
 
@@ -59,9 +59,7 @@ struct DeviceRequest {
     resident: Vec<BlockId>,
     hot: Vec<BlockId>,
     hot_required: bool,
-    valid: BTreeSet<usize>,
-    ready: usize,
-    pending: BTreeMap<usize, u64>,
+    pages: PageState,
     pinned_clean: BTreeSet<usize>,
     unpinned: BTreeSet<usize>,
 }
@@ -279,7 +277,7 @@ impl<R: RequestKey> DeviceResidency<R> {
     }
 
     fn unpin_page(&mut self, request_id: &R, request: &mut DeviceRequest, page: usize) {
-        if request.pending.contains_key(&page) || !request.valid.contains(&page) {
+        if request.pages.is_pending(page) || !request.pages.is_valid(page) {
             return;
         }
         let block = request.resident[page];
@@ -312,11 +310,11 @@ impl<R: RequestKey> DeviceResidency<R> {
 
     fn advance(&mut self, request_id: &R, request: &mut DeviceRequest) {
         let mut budget = self.max_spill_pages.saturating_sub(self.planned.len());
-        for page in request.ready..request.computed / self.block_size {
+        for page in request.pages.ready()..request.computed / self.block_size {
             if budget == 0 {
                 break;
             }
-            if request.pending.contains_key(&page) || request.valid.contains(&page) {
+            if !request.pages.needs_write(page) {
                 continue;
             }
             let block = request.resident[page];
@@ -339,7 +337,7 @@ impl<R: RequestKey> DeviceResidency<R> {
                     completions: Completions::default(),
                 },
             );
-            request.pending.insert(page, transfer_id);
+            request.pages.plan(page, transfer_id);
             self.planned.push(DeviceTransfer {
                 transfer_id,
                 host_block_id: host_block,
@@ -495,15 +493,12 @@ impl<R: RequestKey> DeviceResidency<R> {
             if live {
                 let page = transfer.page;
                 self.with_request(&transfer.request, |this, request| {
-                    request.pending.remove(&page);
-                    request.valid.insert(page);
+                    request.pages.land(page);
                     request.pinned_clean.insert(page);
                     if this.can_read_from_host(request) {
                         this.unpin_page(&transfer.request, request, page);
                     }
-                    while request.valid.contains(&request.ready) {
-                        request.ready += 1;
-                    }
+                    request.pages.advance_ready();
                 })?;
             }
             release(
@@ -533,7 +528,7 @@ impl<R: RequestKey> DeviceResidency<R> {
                 if let Some(owners) = self.owners.get_mut(&block) {
                     owners.retain(|(r, p)| !(r == request_id && *p == page));
                 }
-            } else if request.valid.contains(&page) && !request.pending.contains_key(&page) {
+            } else if request.pages.is_valid(page) && !request.pages.is_pending(page) {
                 self.unpin(block);
             } else {
                 continue;

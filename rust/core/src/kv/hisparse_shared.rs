@@ -4,7 +4,9 @@
 //!
 //! - [`free_queue_without_null`]: a `BlockPool`'s free queue, block 0 (the null block) off;
 //! - [`Completions`] and [`landed`]: the first half of `update_spills`, which applies the
-//!   workers' counts and picks the write-backs that landed.
+//!   workers' counts and picks the write-backs that landed;
+//! - [`PageState`]: a request's valid, ready and pending pages (`valid_pages`,
+//!   `ready_prefix_pages` and `pending_pages` of `_HiSparseRequestState`).
 
 use std::collections::BTreeMap;
 
@@ -61,4 +63,65 @@ pub(super) fn landed<T>(
         .iter_mut()
         .filter_map(|(&id, t)| counts(t).has_landed().then_some(id))
         .collect()
+}
+/// A request's pages as its write-backs go: valid (host copy complete), pending (a
+/// write-back in flight, by transfer id) and the ready prefix (pages `0..ready` all valid).
+#[derive(Debug, Clone, Default)]
+pub(super) struct PageState {
+    valid: Vec<bool>,
+    ready: usize,
+    pending: BTreeMap<usize, u64>,
+}
+
+impl PageState {
+    /// Pages `0..num_valid` valid and ready (a prefix hit), none pending.
+    pub(super) fn with_valid_prefix(num_valid: usize) -> Self {
+        Self {
+            valid: vec![true; num_valid],
+            ready: num_valid,
+            pending: BTreeMap::new(),
+        }
+    }
+
+    pub(super) fn ready(&self) -> usize {
+        self.ready
+    }
+
+    pub(super) fn is_valid(&self, page: usize) -> bool {
+        self.valid.get(page).copied().unwrap_or(false)
+    }
+
+    pub(super) fn is_pending(&self, page: usize) -> bool {
+        self.pending.contains_key(&page)
+    }
+
+    pub(super) fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// Whether the page needs a write-back: neither valid nor pending.
+    pub(super) fn needs_write(&self, page: usize) -> bool {
+        !self.is_valid(page) && !self.is_pending(page)
+    }
+
+    /// The page's write-back `transfer_id` is planned.
+    pub(super) fn plan(&mut self, page: usize, transfer_id: u64) {
+        self.pending.insert(page, transfer_id);
+    }
+
+    /// The page's write-back landed: it is valid, no longer pending.
+    pub(super) fn land(&mut self, page: usize) {
+        self.pending.remove(&page);
+        if self.valid.len() <= page {
+            self.valid.resize(page + 1, false);
+        }
+        self.valid[page] = true;
+    }
+
+    /// The ready prefix grows over the valid pages past it.
+    pub(super) fn advance_ready(&mut self) {
+        while self.is_valid(self.ready) {
+            self.ready += 1;
+        }
+    }
 }

@@ -42,7 +42,7 @@ use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 
-use super::hisparse_shared::{Completions, free_queue_without_null, landed};
+use super::hisparse_shared::{Completions, PageState, free_queue_without_null, landed};
 use super::{BlockHash, BlockId, FreeBlockQueue, RequestKey, TokenId, hash_full_blocks};
 use crate::{Error, Result};
 
@@ -57,12 +57,8 @@ struct HostRequest {
     /// Chained hashes of the full pages of `tokens` known so far.
     hashes: Vec<BlockHash>,
     table: Vec<BlockId>,
-    /// Pages whose host copy is complete (`valid_pages`).
-    valid: Vec<bool>,
-    /// Pages `0..ready` are all valid (`ready_prefix_pages`).
-    ready: usize,
-    /// Page -> the transfer writing it back (`pending_pages`).
-    pending: BTreeMap<usize, u64>,
+    /// Valid, ready and pending pages.
+    pages: PageState,
     /// Pages published (vLLM's `num_cached_block`).
     num_cached: usize,
     /// Whether a publication of the `computed` tokens is pending (vLLM's
@@ -71,25 +67,6 @@ struct HostRequest {
     computed: usize,
     /// Pages a finished request's publication keeps referenced until it lands (0: none).
     lease: usize,
-}
-
-impl HostRequest {
-    fn is_valid(&self, page: usize) -> bool {
-        self.valid.get(page).copied().unwrap_or(false)
-    }
-
-    fn set_valid(&mut self, page: usize) {
-        if self.valid.len() <= page {
-            self.valid.resize(page + 1, false);
-        }
-        self.valid[page] = true;
-    }
-
-    fn advance_ready(&mut self) {
-        while self.is_valid(self.ready) {
-            self.ready += 1;
-        }
-    }
 }
 
 /// A planned write-back (vLLM's `_PendingSpill`).
@@ -344,9 +321,7 @@ impl<R: RequestKey> HostPublication<R> {
             tokens,
             hashes,
             table,
-            valid: vec![true; num_hit_pages],
-            ready: num_hit_pages,
-            pending: BTreeMap::new(),
+            pages: PageState::with_valid_prefix(num_hit_pages),
             num_cached: num_hit_pages,
             publishing: false,
             computed: 0,
@@ -412,18 +387,18 @@ impl<R: RequestKey> HostPublication<R> {
         request.computed = num_computed;
         request.publishing = true;
         self.publish(&mut request);
-        for page in request.ready..num_computed / block_size {
+        for page in request.pages.ready()..num_computed / block_size {
             if self.planned.len() >= self.max_spill_pages {
                 break;
             }
-            if request.is_valid(page) || request.pending.contains_key(&page) {
+            if !request.pages.needs_write(page) {
                 continue;
             }
             let block = request.table[page];
             self.touch(&[block]);
             let transfer_id = self.next_transfer;
             self.next_transfer += 1;
-            request.pending.insert(page, transfer_id);
+            request.pages.plan(page, transfer_id);
             self.transfers.insert(
                 transfer_id,
                 Transfer {
@@ -447,7 +422,7 @@ impl<R: RequestKey> HostPublication<R> {
             return;
         }
         let num_pages = request.computed / self.block_size;
-        let upto = request.ready.min(num_pages);
+        let upto = request.pages.ready().min(num_pages);
         // `admit` and `decode` hash every full block of the tokens they add.
         debug_assert!(upto <= request.hashes.len());
         for index in request.num_cached..upto {
@@ -457,7 +432,7 @@ impl<R: RequestKey> HostPublication<R> {
             self.cached.entry(page).or_default().push(block);
         }
         request.num_cached = request.num_cached.max(upto);
-        if request.ready >= num_pages {
+        if request.pages.ready() >= num_pages {
             request.publishing = false;
         }
     }
@@ -494,17 +469,15 @@ impl<R: RequestKey> HostPublication<R> {
                 .is_some_and(|r| r.generation == transfer.generation);
             if is_live {
                 let request = self.requests.get_mut(&transfer.request).expect("live");
-                request.pending.remove(&transfer.page);
-                request.set_valid(transfer.page);
+                request.pages.land(transfer.page);
                 if !live.contains(&transfer.request) {
                     live.push(transfer.request.clone());
                 }
             } else if let Some(mut request) = self.detached.remove(&transfer.generation) {
-                request.pending.remove(&transfer.page);
-                request.set_valid(transfer.page);
+                request.pages.land(transfer.page);
                 // A detached request holds a lease: its pending pages lie in it.
-                if request.pending.is_empty() {
-                    request.advance_ready();
+                if !request.pages.has_pending() {
+                    request.pages.advance_ready();
                     self.publish(&mut request);
                     let lease: Vec<BlockId> = request.table[..request.lease]
                         .iter()
@@ -529,7 +502,7 @@ impl<R: RequestKey> HostPublication<R> {
             let Some(mut request) = self.requests.remove(request_id) else {
                 continue;
             };
-            request.advance_ready();
+            request.pages.advance_ready();
             self.publish(&mut request);
             self.requests.insert(request_id.clone(), request);
         }
@@ -547,7 +520,7 @@ impl<R: RequestKey> HostPublication<R> {
             .remove(request_id)
             .ok_or_else(|| Error::UnknownRequest(format!("{request_id:?}")))?;
         let table: Vec<BlockId> = request.table.iter().rev().copied().collect();
-        if finished && request.publishing && !request.pending.is_empty() {
+        if finished && request.publishing && request.pages.has_pending() {
             request.lease = request.computed / self.block_size;
             let lease = request.table[..request.lease].to_vec();
             self.touch(&lease);

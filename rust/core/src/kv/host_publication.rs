@@ -42,8 +42,12 @@ use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 
+use super::block_ops::{BlockMeta, Eviction, check_cached_count, release_blocks, take_free_blocks};
+use super::cache_map::CacheMap;
 use super::hisparse_shared::{Completions, PageState, free_queue_without_null, landed};
-use super::{BlockHash, BlockId, FreeBlockQueue, RequestKey, TokenId, hash_full_blocks};
+use super::{
+    BlockHash, BlockId, BlockPoolStats, FreeBlockQueue, RequestKey, TokenId, hash_full_blocks,
+};
 use crate::{Error, Result};
 
 /// One request's host pages and publication state (vLLM's `_HiSparseRequestState` with the
@@ -94,11 +98,10 @@ pub struct HostPublication<R: RequestKey> {
     block_size: usize,
     num_blocks: usize,
     free: FreeBlockQueue,
-    ref_cnt: Vec<u32>,
-    /// The page each block is published for.
-    page_of: Vec<Option<BlockHash>>,
+    /// Each block's references and the page it is published for.
+    blocks: Vec<BlockMeta>,
     /// Published page -> its blocks, first published first (a hit takes the first).
-    cached: FxHashMap<BlockHash, Vec<BlockId>>,
+    cached: CacheMap,
     requests: FxHashMap<R, HostRequest>,
     /// Finished requests whose publication waits for writes, by generation.
     detached: FxHashMap<u64, HostRequest>,
@@ -140,9 +143,8 @@ impl<R: RequestKey> HostPublication<R> {
             block_size,
             num_blocks,
             free: free_queue_without_null(num_blocks)?,
-            ref_cnt: vec![0; num_blocks],
-            page_of: vec![None; num_blocks],
-            cached: FxHashMap::default(),
+            blocks: vec![BlockMeta::default(); num_blocks],
+            cached: CacheMap::new(num_blocks)?,
             requests: FxHashMap::default(),
             detached: FxHashMap::default(),
             transfers: BTreeMap::new(),
@@ -173,12 +175,12 @@ impl<R: RequestKey> HostPublication<R> {
     /// Blocks published for a page, ascending.
     pub fn published_blocks(&self) -> Vec<BlockId> {
         (0..self.num_blocks as BlockId)
-            .filter(|&b| self.page_of[b as usize].is_some())
+            .filter(|&b| self.blocks[b as usize].cached)
             .collect()
     }
 
     pub fn ref_count(&self, block: BlockId) -> u32 {
-        self.ref_cnt.get(block as usize).copied().unwrap_or(0)
+        self.blocks.get(block as usize).map_or(0, |m| m.ref_cnt)
     }
 
     /// The request's host table, or None when it holds none.
@@ -202,7 +204,7 @@ impl<R: RequestKey> HostPublication<R> {
     pub fn has_pending_host_reclamation(&self) -> bool {
         self.transfers
             .values()
-            .any(|t| self.ref_cnt[t.block as usize] == 1)
+            .any(|t| self.blocks[t.block as usize].ref_cnt == 1)
     }
 
     fn hashes_of(&self, tokens: &[TokenId]) -> Vec<BlockHash> {
@@ -215,7 +217,7 @@ impl<R: RequestKey> HostPublication<R> {
         let limit = num_tokens.saturating_sub(1) / self.block_size;
         hashes[..limit.min(hashes.len())]
             .iter()
-            .map_while(|hash| self.cached.get(hash).and_then(|b| b.first().copied()))
+            .map_while(|hash| self.cached.get(hash, &self.blocks[..]))
             .collect()
     }
 
@@ -225,53 +227,38 @@ impl<R: RequestKey> HostPublication<R> {
         self.hit_of(&self.hashes_of(tokens), tokens.len())
     }
 
+    /// Takes `n` blocks from the free queue's front, unpublishing their pages.
     fn take(&mut self, n: usize, out: &mut Vec<BlockId>) {
-        for _ in 0..n {
-            let block = self
-                .free
-                .pop_front()
-                .expect("allocation was checked against the free count");
-            if let Some(page) = self.page_of[block as usize].take()
-                && let Some(blocks) = self.cached.get_mut(&page)
-            {
-                blocks.retain(|&b| b != block);
-                if blocks.is_empty() {
-                    self.cached.remove(&page);
-                }
-            }
-            self.ref_cnt[block as usize] = 1;
-            out.push(block);
-        }
+        let mut eviction = Eviction {
+            cached: &mut self.cached,
+            events: &mut None,
+            host: &mut None,
+            stats: &mut BlockPoolStats::default(),
+        };
+        take_free_blocks(&mut self.free, &mut self.blocks, &mut eviction, n, out);
     }
 
     fn touch(&mut self, blocks: &[BlockId]) {
         for &block in blocks {
-            if self.ref_cnt[block as usize] == 0 {
+            let meta = &mut self.blocks[block as usize];
+            if meta.ref_cnt == 0 {
                 self.free.remove(block);
             }
-            self.ref_cnt[block as usize] += 1;
+            meta.ref_cnt += 1;
         }
     }
 
-    /// vLLM's `BlockPool.free_blocks`: blocks reaching no reference go to the queue's front
-    /// (unpublished, in the order given) or its tail (published).
+    /// vLLM's `BlockPool.free_blocks` ([`release_blocks`]): blocks reaching no reference go
+    /// to the queue's front (unpublished, in the order given) or its tail (published).
     fn release(&mut self, blocks: impl IntoIterator<Item = BlockId>) -> Result<()> {
-        let mut front = Vec::new();
-        for block in blocks {
-            let count = &mut self.ref_cnt[block as usize];
-            if *count == 0 {
-                return Err(Error::Internal(format!("host block {block} freed twice")));
-            }
-            *count -= 1;
-            if *count == 0 {
-                if self.page_of[block as usize].is_some() {
-                    self.free.push_back(block);
-                } else {
-                    front.push(block);
-                }
-            }
+        let blocks: Vec<BlockId> = blocks.into_iter().collect();
+        if let Some(block) = blocks
+            .iter()
+            .find(|&&b| self.blocks[b as usize].ref_cnt == 0)
+        {
+            return Err(Error::Internal(format!("host block {block} freed twice")));
         }
-        front.iter().rev().for_each(|&b| self.free.push_front(b));
+        release_blocks(&mut self.free, &mut self.blocks, blocks, &mut Vec::new());
         Ok(())
     }
 
@@ -307,7 +294,7 @@ impl<R: RequestKey> HostPublication<R> {
         let need = (num_hit + new).div_ceil(self.block_size) - hit.len();
         let evictable = hit
             .iter()
-            .filter(|&&b| self.ref_cnt[b as usize] == 0)
+            .filter(|&&b| self.blocks[b as usize].ref_cnt == 0)
             .count();
         if need + evictable > self.free.len() {
             return Ok(None);
@@ -428,8 +415,8 @@ impl<R: RequestKey> HostPublication<R> {
         for index in request.num_cached..upto {
             let block = request.table[index];
             let page = request.hashes[index];
-            self.page_of[block as usize] = Some(page);
-            self.cached.entry(page).or_default().push(block);
+            self.cached.insert(page, block, &self.blocks[..]);
+            self.blocks[block as usize].set_hash(page);
         }
         request.num_cached = request.num_cached.max(upto);
         if request.pages.ready() >= num_pages {
@@ -546,30 +533,26 @@ impl<R: RequestKey> HostPublication<R> {
                 .iter()
                 .for_each(|&b| refs[b as usize] += 1);
         }
-        if refs != self.ref_cnt {
-            return Err(format!("references {:?} but held {refs:?}", self.ref_cnt));
+        let ref_cnt: Vec<u32> = self.blocks.iter().map(|m| m.ref_cnt).collect();
+        if refs != ref_cnt {
+            return Err(format!("references {ref_cnt:?} but held {refs:?}"));
         }
         let free = self.free_blocks();
-        if free
-            .iter()
-            .any(|&b| b == 0 || self.ref_cnt[b as usize] != 0)
-        {
+        if free.iter().any(|&b| b == 0 || ref_cnt[b as usize] != 0) {
             return Err(format!(
                 "free queue {free:?} holds a referenced or null block"
             ));
         }
-        let held = (1..self.num_blocks)
-            .filter(|&b| self.ref_cnt[b] != 0)
-            .count();
+        let held = (1..self.num_blocks).filter(|&b| ref_cnt[b] != 0).count();
         if free.len() + held != self.num_blocks - 1 {
             return Err("a block is neither free nor referenced".into());
         }
-        for (page, blocks) in &self.cached {
-            if blocks
-                .iter()
-                .any(|&b| self.page_of[b as usize] != Some(*page))
+        check_cached_count(&self.blocks, &self.cached)?;
+        for (block, meta) in self.blocks.iter().enumerate() {
+            if let Some(page) = meta.hash()
+                && self.cached.get(&page, &self.blocks[..]).is_none()
             {
-                return Err(format!("published page {page:?} names blocks {blocks:?}"));
+                return Err(format!("block {block}'s page {page:?} is not published"));
             }
         }
         Ok(())

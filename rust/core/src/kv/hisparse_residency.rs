@@ -41,6 +41,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use rustc_hash::FxHashMap;
 
+use super::hisparse_shared::{Completions, PageState, free_queue_without_null, landed};
 use super::{BlockId, FreeBlockQueue, NULL_BLOCK, RequestKey};
 use crate::{Error, Result};
 
@@ -58,9 +59,7 @@ struct DeviceRequest {
     resident: Vec<BlockId>,
     hot: Vec<BlockId>,
     hot_required: bool,
-    valid: BTreeSet<usize>,
-    ready: usize,
-    pending: BTreeMap<usize, u64>,
+    pages: PageState,
     pinned_clean: BTreeSet<usize>,
     unpinned: BTreeSet<usize>,
 }
@@ -72,8 +71,7 @@ struct Transfer<R> {
     page: usize,
     host_block: BlockId,
     resident_block: BlockId,
-    expected: u32,
-    completions: u32,
+    completions: Completions,
 }
 
 /// A write-back as the step's offload command carries it (vLLM's `SparseKVPageTransfer`,
@@ -111,13 +109,6 @@ pub struct DeviceResidency<R: RequestKey> {
     planned: Vec<DeviceTransfer>,
     next_transfer: u64,
     next_generation: u64,
-}
-
-fn queue(num_blocks: usize) -> Result<FreeBlockQueue> {
-    let mut queue = FreeBlockQueue::with_all_blocks(num_blocks)?;
-    // Block 0 is the null block, never free.
-    queue.pop_front();
-    Ok(queue)
 }
 
 /// `BlockPool.free_blocks` without hashes: blocks reaching no reference go to the queue's
@@ -185,9 +176,9 @@ impl<R: RequestKey> DeviceResidency<R> {
             max_admission_blocks,
             max_spill_pages,
             watermark: hot_blocks.max(num_blocks / 10),
-            free: queue(num_blocks)?,
+            free: free_queue_without_null(num_blocks)?,
             ref_cnt: vec![0; num_blocks],
-            host_free: queue(host_num_blocks)?,
+            host_free: free_queue_without_null(host_num_blocks)?,
             host_ref: vec![0; host_num_blocks],
             watched: vec![false; num_blocks],
             owners: FxHashMap::default(),
@@ -286,7 +277,7 @@ impl<R: RequestKey> DeviceResidency<R> {
     }
 
     fn unpin_page(&mut self, request_id: &R, request: &mut DeviceRequest, page: usize) {
-        if request.pending.contains_key(&page) || !request.valid.contains(&page) {
+        if request.pages.is_pending(page) || !request.pages.is_valid(page) {
             return;
         }
         let block = request.resident[page];
@@ -319,11 +310,11 @@ impl<R: RequestKey> DeviceResidency<R> {
 
     fn advance(&mut self, request_id: &R, request: &mut DeviceRequest) {
         let mut budget = self.max_spill_pages.saturating_sub(self.planned.len());
-        for page in request.ready..request.computed / self.block_size {
+        for page in request.pages.ready()..request.computed / self.block_size {
             if budget == 0 {
                 break;
             }
-            if request.pending.contains_key(&page) || request.valid.contains(&page) {
+            if !request.pages.needs_write(page) {
                 continue;
             }
             let block = request.resident[page];
@@ -343,11 +334,10 @@ impl<R: RequestKey> DeviceResidency<R> {
                     page,
                     host_block,
                     resident_block: block,
-                    expected: 0,
-                    completions: 0,
+                    completions: Completions::default(),
                 },
             );
-            request.pending.insert(page, transfer_id);
+            request.pages.plan(page, transfer_id);
             self.planned.push(DeviceTransfer {
                 transfer_id,
                 host_block_id: host_block,
@@ -487,24 +477,9 @@ impl<R: RequestKey> DeviceResidency<R> {
     /// # Errors
     /// `Error::Internal` if a reference would be released twice (a bug).
     pub fn acknowledge(&mut self, enqueued: &[(u64, u32)], completed: &[(u64, u32)]) -> Result<()> {
-        for &(id, count) in enqueued {
-            if let Some(transfer) = self.transfers.get_mut(&id)
-                && transfer.expected == 0
-            {
-                transfer.expected = count;
-            }
-        }
-        for &(id, count) in completed {
-            if let Some(transfer) = self.transfers.get_mut(&id) {
-                transfer.completions += count;
-            }
-        }
-        let landed: Vec<u64> = self
-            .transfers
-            .iter()
-            .filter(|(_, t)| t.expected > 0 && t.completions >= t.expected)
-            .map(|(&id, _)| id)
-            .collect();
+        let landed = landed(&mut self.transfers, enqueued, completed, |t| {
+            &mut t.completions
+        });
         for id in &landed {
             let block = self.transfers[id].resident_block;
             release(&mut self.free, &mut self.ref_cnt, [block])?;
@@ -518,15 +493,12 @@ impl<R: RequestKey> DeviceResidency<R> {
             if live {
                 let page = transfer.page;
                 self.with_request(&transfer.request, |this, request| {
-                    request.pending.remove(&page);
-                    request.valid.insert(page);
+                    request.pages.land(page);
                     request.pinned_clean.insert(page);
                     if this.can_read_from_host(request) {
                         this.unpin_page(&transfer.request, request, page);
                     }
-                    while request.valid.contains(&request.ready) {
-                        request.ready += 1;
-                    }
+                    request.pages.advance_ready();
                 })?;
             }
             release(
@@ -556,7 +528,7 @@ impl<R: RequestKey> DeviceResidency<R> {
                 if let Some(owners) = self.owners.get_mut(&block) {
                     owners.retain(|(r, p)| !(r == request_id && *p == page));
                 }
-            } else if request.valid.contains(&page) && !request.pending.contains_key(&page) {
+            } else if request.pages.is_valid(page) && !request.pages.is_pending(page) {
                 self.unpin(block);
             } else {
                 continue;

@@ -42,7 +42,12 @@ use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 
-use super::{BlockHash, BlockId, FreeBlockQueue, RequestKey, TokenId, hash_full_blocks};
+use super::block_ops::{BlockMeta, Eviction, check_cached_count, release_blocks, take_free_blocks};
+use super::cache_map::CacheMap;
+use super::hisparse_shared::{Completions, PageState, free_queue_without_null, landed};
+use super::{
+    BlockHash, BlockId, BlockPoolStats, FreeBlockQueue, RequestKey, TokenId, hash_full_blocks,
+};
 use crate::{Error, Result};
 
 /// One request's host pages and publication state (vLLM's `_HiSparseRequestState` with the
@@ -56,38 +61,16 @@ struct HostRequest {
     /// Chained hashes of the full pages of `tokens` known so far.
     hashes: Vec<BlockHash>,
     table: Vec<BlockId>,
-    /// Pages whose host copy is complete (`valid_pages`).
-    valid: Vec<bool>,
-    /// Pages `0..ready` are all valid (`ready_prefix_pages`).
-    ready: usize,
-    /// Page -> the transfer writing it back (`pending_pages`).
-    pending: BTreeMap<usize, u64>,
+    /// Valid, ready and pending pages.
+    pages: PageState,
     /// Pages published (vLLM's `num_cached_block`).
     num_cached: usize,
-    /// Tokens the pending publication covers; None once all of it is published.
-    publication: Option<usize>,
+    /// Whether a publication of the `computed` tokens is pending (vLLM's
+    /// `publish_when_ready`); false once all of it is published.
+    publishing: bool,
     computed: usize,
     /// Pages a finished request's publication keeps referenced until it lands (0: none).
     lease: usize,
-}
-
-impl HostRequest {
-    fn is_valid(&self, page: usize) -> bool {
-        self.valid.get(page).copied().unwrap_or(false)
-    }
-
-    fn set_valid(&mut self, page: usize) {
-        if self.valid.len() <= page {
-            self.valid.resize(page + 1, false);
-        }
-        self.valid[page] = true;
-    }
-
-    fn advance_ready(&mut self) {
-        while self.is_valid(self.ready) {
-            self.ready += 1;
-        }
-    }
 }
 
 /// A planned write-back (vLLM's `_PendingSpill`).
@@ -97,9 +80,7 @@ struct Transfer<R> {
     generation: u64,
     page: usize,
     block: BlockId,
-    /// Completions awaited: the first enqueued count reported (0: none reported yet).
-    expected: u32,
-    completions: u32,
+    completions: Completions,
 }
 
 /// A write-back planned by the last allocations, as the step's offload command carries it
@@ -117,11 +98,10 @@ pub struct HostPublication<R: RequestKey> {
     block_size: usize,
     num_blocks: usize,
     free: FreeBlockQueue,
-    ref_cnt: Vec<u32>,
-    /// The page each block is published for.
-    page_of: Vec<Option<BlockHash>>,
+    /// Each block's references and the page it is published for.
+    blocks: Vec<BlockMeta>,
     /// Published page -> its blocks, first published first (a hit takes the first).
-    cached: FxHashMap<BlockHash, Vec<BlockId>>,
+    cached: CacheMap,
     requests: FxHashMap<R, HostRequest>,
     /// Finished requests whose publication waits for writes, by generation.
     detached: FxHashMap<u64, HostRequest>,
@@ -159,16 +139,12 @@ impl<R: RequestKey> HostPublication<R> {
                 "must be positive",
             ));
         }
-        let mut free = FreeBlockQueue::with_all_blocks(num_blocks)?;
-        // vLLM's BlockPool takes its null block off the free queue first.
-        free.pop_front();
         Ok(Self {
             block_size,
             num_blocks,
-            free,
-            ref_cnt: vec![0; num_blocks],
-            page_of: vec![None; num_blocks],
-            cached: FxHashMap::default(),
+            free: free_queue_without_null(num_blocks)?,
+            blocks: vec![BlockMeta::default(); num_blocks],
+            cached: CacheMap::new(num_blocks)?,
             requests: FxHashMap::default(),
             detached: FxHashMap::default(),
             transfers: BTreeMap::new(),
@@ -199,12 +175,12 @@ impl<R: RequestKey> HostPublication<R> {
     /// Blocks published for a page, ascending.
     pub fn published_blocks(&self) -> Vec<BlockId> {
         (0..self.num_blocks as BlockId)
-            .filter(|&b| self.page_of[b as usize].is_some())
+            .filter(|&b| self.blocks[b as usize].cached)
             .collect()
     }
 
     pub fn ref_count(&self, block: BlockId) -> u32 {
-        self.ref_cnt.get(block as usize).copied().unwrap_or(0)
+        self.blocks.get(block as usize).map_or(0, |m| m.ref_cnt)
     }
 
     /// The request's host table, or None when it holds none.
@@ -228,7 +204,7 @@ impl<R: RequestKey> HostPublication<R> {
     pub fn has_pending_host_reclamation(&self) -> bool {
         self.transfers
             .values()
-            .any(|t| self.ref_cnt[t.block as usize] == 1)
+            .any(|t| self.blocks[t.block as usize].ref_cnt == 1)
     }
 
     fn hashes_of(&self, tokens: &[TokenId]) -> Vec<BlockHash> {
@@ -241,7 +217,7 @@ impl<R: RequestKey> HostPublication<R> {
         let limit = num_tokens.saturating_sub(1) / self.block_size;
         hashes[..limit.min(hashes.len())]
             .iter()
-            .map_while(|hash| self.cached.get(hash).and_then(|b| b.first().copied()))
+            .map_while(|hash| self.cached.get(hash, &self.blocks[..]))
             .collect()
     }
 
@@ -251,53 +227,38 @@ impl<R: RequestKey> HostPublication<R> {
         self.hit_of(&self.hashes_of(tokens), tokens.len())
     }
 
+    /// Takes `n` blocks from the free queue's front, unpublishing their pages.
     fn take(&mut self, n: usize, out: &mut Vec<BlockId>) {
-        for _ in 0..n {
-            let block = self
-                .free
-                .pop_front()
-                .expect("allocation was checked against the free count");
-            if let Some(page) = self.page_of[block as usize].take()
-                && let Some(blocks) = self.cached.get_mut(&page)
-            {
-                blocks.retain(|&b| b != block);
-                if blocks.is_empty() {
-                    self.cached.remove(&page);
-                }
-            }
-            self.ref_cnt[block as usize] = 1;
-            out.push(block);
-        }
+        let mut eviction = Eviction {
+            cached: &mut self.cached,
+            events: &mut None,
+            host: &mut None,
+            stats: &mut BlockPoolStats::default(),
+        };
+        take_free_blocks(&mut self.free, &mut self.blocks, &mut eviction, n, out);
     }
 
     fn touch(&mut self, blocks: &[BlockId]) {
         for &block in blocks {
-            if self.ref_cnt[block as usize] == 0 {
+            let meta = &mut self.blocks[block as usize];
+            if meta.ref_cnt == 0 {
                 self.free.remove(block);
             }
-            self.ref_cnt[block as usize] += 1;
+            meta.ref_cnt += 1;
         }
     }
 
-    /// vLLM's `BlockPool.free_blocks`: blocks reaching no reference go to the queue's front
-    /// (unpublished, in the order given) or its tail (published).
+    /// vLLM's `BlockPool.free_blocks` ([`release_blocks`]): blocks reaching no reference go
+    /// to the queue's front (unpublished, in the order given) or its tail (published).
     fn release(&mut self, blocks: impl IntoIterator<Item = BlockId>) -> Result<()> {
-        let mut front = Vec::new();
-        for block in blocks {
-            let count = &mut self.ref_cnt[block as usize];
-            if *count == 0 {
-                return Err(Error::Internal(format!("host block {block} freed twice")));
-            }
-            *count -= 1;
-            if *count == 0 {
-                if self.page_of[block as usize].is_some() {
-                    self.free.push_back(block);
-                } else {
-                    front.push(block);
-                }
-            }
+        let blocks: Vec<BlockId> = blocks.into_iter().collect();
+        if let Some(block) = blocks
+            .iter()
+            .find(|&&b| self.blocks[b as usize].ref_cnt == 0)
+        {
+            return Err(Error::Internal(format!("host block {block} freed twice")));
         }
-        front.iter().rev().for_each(|&b| self.free.push_front(b));
+        release_blocks(&mut self.free, &mut self.blocks, blocks, &mut Vec::new());
         Ok(())
     }
 
@@ -333,7 +294,7 @@ impl<R: RequestKey> HostPublication<R> {
         let need = (num_hit + new).div_ceil(self.block_size) - hit.len();
         let evictable = hit
             .iter()
-            .filter(|&&b| self.ref_cnt[b as usize] == 0)
+            .filter(|&&b| self.blocks[b as usize].ref_cnt == 0)
             .count();
         if need + evictable > self.free.len() {
             return Ok(None);
@@ -347,11 +308,9 @@ impl<R: RequestKey> HostPublication<R> {
             tokens,
             hashes,
             table,
-            valid: vec![true; num_hit_pages],
-            ready: num_hit_pages,
-            pending: BTreeMap::new(),
+            pages: PageState::with_valid_prefix(num_hit_pages),
             num_cached: num_hit_pages,
-            publication: None,
+            publishing: false,
             computed: 0,
             lease: 0,
         };
@@ -413,20 +372,20 @@ impl<R: RequestKey> HostPublication<R> {
         let block_size = self.block_size;
         let mut request = self.requests.remove(request_id).expect("a live request");
         request.computed = num_computed;
-        request.publication = Some(num_computed);
+        request.publishing = true;
         self.publish(&mut request);
-        for page in request.ready..num_computed / block_size {
+        for page in request.pages.ready()..num_computed / block_size {
             if self.planned.len() >= self.max_spill_pages {
                 break;
             }
-            if request.is_valid(page) || request.pending.contains_key(&page) {
+            if !request.pages.needs_write(page) {
                 continue;
             }
             let block = request.table[page];
             self.touch(&[block]);
             let transfer_id = self.next_transfer;
             self.next_transfer += 1;
-            request.pending.insert(page, transfer_id);
+            request.pages.plan(page, transfer_id);
             self.transfers.insert(
                 transfer_id,
                 Transfer {
@@ -434,8 +393,7 @@ impl<R: RequestKey> HostPublication<R> {
                     generation: request.generation,
                     page,
                     block,
-                    expected: 0,
-                    completions: 0,
+                    completions: Completions::default(),
                 },
             );
             self.planned.push(HostTransfer {
@@ -447,22 +405,22 @@ impl<R: RequestKey> HostPublication<R> {
     }
 
     fn publish(&mut self, request: &mut HostRequest) {
-        let Some(tokens) = request.publication else {
+        if !request.publishing {
             return;
-        };
-        let num_pages = tokens / self.block_size;
-        let upto = request.ready.min(num_pages);
+        }
+        let num_pages = request.computed / self.block_size;
+        let upto = request.pages.ready().min(num_pages);
         // `admit` and `decode` hash every full block of the tokens they add.
         debug_assert!(upto <= request.hashes.len());
         for index in request.num_cached..upto {
             let block = request.table[index];
             let page = request.hashes[index];
-            self.page_of[block as usize] = Some(page);
-            self.cached.entry(page).or_default().push(block);
+            self.cached.insert(page, block, &self.blocks[..]);
+            self.blocks[block as usize].set_hash(page);
         }
         request.num_cached = request.num_cached.max(upto);
-        if request.ready >= num_pages {
-            request.publication = None;
+        if request.pages.ready() >= num_pages {
+            request.publishing = false;
         }
     }
 
@@ -486,24 +444,9 @@ impl<R: RequestKey> HostPublication<R> {
         enqueued: &[(u64, u32)],
         completed: &[(u64, u32)],
     ) -> Result<Vec<R>> {
-        for &(id, count) in enqueued {
-            if let Some(transfer) = self.transfers.get_mut(&id)
-                && transfer.expected == 0
-            {
-                transfer.expected = count;
-            }
-        }
-        for &(id, count) in completed {
-            if let Some(transfer) = self.transfers.get_mut(&id) {
-                transfer.completions += count;
-            }
-        }
-        let landed: Vec<u64> = self
-            .transfers
-            .iter()
-            .filter(|(_, t)| t.expected > 0 && t.completions >= t.expected)
-            .map(|(&id, _)| id)
-            .collect();
+        let landed = landed(&mut self.transfers, enqueued, completed, |t| {
+            &mut t.completions
+        });
         let mut live = Vec::new();
         for id in landed {
             let transfer = self.transfers.remove(&id).expect("listed above");
@@ -513,18 +456,16 @@ impl<R: RequestKey> HostPublication<R> {
                 .is_some_and(|r| r.generation == transfer.generation);
             if is_live {
                 let request = self.requests.get_mut(&transfer.request).expect("live");
-                request.pending.remove(&transfer.page);
-                request.set_valid(transfer.page);
+                request.pages.land(transfer.page);
                 if !live.contains(&transfer.request) {
                     live.push(transfer.request.clone());
                 }
             } else if let Some(mut request) = self.detached.remove(&transfer.generation) {
-                request.pending.remove(&transfer.page);
-                request.set_valid(transfer.page);
-                if request.lease > 0 && request.pending.is_empty() {
-                    request.advance_ready();
+                request.pages.land(transfer.page);
+                // A detached request holds a lease: its pending pages lie in it.
+                if !request.pages.has_pending() {
+                    request.pages.advance_ready();
                     self.publish(&mut request);
-                    request.publication = None;
                     let lease: Vec<BlockId> = request.table[..request.lease]
                         .iter()
                         .rev()
@@ -548,7 +489,7 @@ impl<R: RequestKey> HostPublication<R> {
             let Some(mut request) = self.requests.remove(request_id) else {
                 continue;
             };
-            request.advance_ready();
+            request.pages.advance_ready();
             self.publish(&mut request);
             self.requests.insert(request_id.clone(), request);
         }
@@ -566,14 +507,11 @@ impl<R: RequestKey> HostPublication<R> {
             .remove(request_id)
             .ok_or_else(|| Error::UnknownRequest(format!("{request_id:?}")))?;
         let table: Vec<BlockId> = request.table.iter().rev().copied().collect();
-        match request.publication {
-            Some(tokens) if finished && !request.pending.is_empty() => {
-                request.lease = tokens / self.block_size;
-                let lease = request.table[..request.lease].to_vec();
-                self.touch(&lease);
-                self.detached.insert(request.generation, request);
-            }
-            _ => {}
+        if finished && request.publishing && request.pages.has_pending() {
+            request.lease = request.computed / self.block_size;
+            let lease = request.table[..request.lease].to_vec();
+            self.touch(&lease);
+            self.detached.insert(request.generation, request);
         }
         self.release(table)
     }
@@ -595,30 +533,26 @@ impl<R: RequestKey> HostPublication<R> {
                 .iter()
                 .for_each(|&b| refs[b as usize] += 1);
         }
-        if refs != self.ref_cnt {
-            return Err(format!("references {:?} but held {refs:?}", self.ref_cnt));
+        let ref_cnt: Vec<u32> = self.blocks.iter().map(|m| m.ref_cnt).collect();
+        if refs != ref_cnt {
+            return Err(format!("references {ref_cnt:?} but held {refs:?}"));
         }
         let free = self.free_blocks();
-        if free
-            .iter()
-            .any(|&b| b == 0 || self.ref_cnt[b as usize] != 0)
-        {
+        if free.iter().any(|&b| b == 0 || ref_cnt[b as usize] != 0) {
             return Err(format!(
                 "free queue {free:?} holds a referenced or null block"
             ));
         }
-        let held = (1..self.num_blocks)
-            .filter(|&b| self.ref_cnt[b] != 0)
-            .count();
+        let held = (1..self.num_blocks).filter(|&b| ref_cnt[b] != 0).count();
         if free.len() + held != self.num_blocks - 1 {
             return Err("a block is neither free nor referenced".into());
         }
-        for (page, blocks) in &self.cached {
-            if blocks
-                .iter()
-                .any(|&b| self.page_of[b as usize] != Some(*page))
+        check_cached_count(&self.blocks, &self.cached)?;
+        for (block, meta) in self.blocks.iter().enumerate() {
+            if let Some(page) = meta.hash()
+                && self.cached.get(&page, &self.blocks[..]).is_none()
             {
-                return Err(format!("published page {page:?} names blocks {blocks:?}"));
+                return Err(format!("block {block}'s page {page:?} is not published"));
             }
         }
         Ok(())

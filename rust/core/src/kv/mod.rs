@@ -23,6 +23,7 @@ mod coordinator;
 mod counting;
 mod free_queue;
 mod hisparse_residency;
+mod hisparse_shared;
 mod host_publication;
 mod host_tier;
 mod layer_groups;

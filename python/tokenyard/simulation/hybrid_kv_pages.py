@@ -20,9 +20,12 @@ This module plans the layout (checked against vLLM's own planner by
 ``benches/peers/vllm_kv_spec_diff.py``) and the simulator's runs use it (``plan_pages``: the
 memory plan carries each group's block size, ``MemoryPlan.kv_group_block_sizes``, and the
 step scheduler's ``block_size`` is the hash block size). Beside differing sizes the step
-scheduler serves neither a KV connector (P/D) nor chunked local or Mamba groups: with the
-setting unset such a configuration is planned as ``--disable-hybrid-kv-cache-manager`` (the
-banner says why), with ``true`` refused naming the key. Speculative steps of any length are
+scheduler serves a KV connector (P/D, since branch ``bszconn``: both pools plan the same
+groups, ``PdConfig::validate`` checks their block sizes agree, and the link moves each
+group's KV, ``disagg_config.hybrid_link_terms``) but neither chunked local nor Mamba groups:
+with the setting unset such a configuration is planned as
+``--disable-hybrid-kv-cache-manager`` (the banner says why), with ``true`` refused naming
+the key. Speculative steps of any length are
 served (vLLM's ``_spec_decode_step_blocks`` counts each group on its own block size, as the
 step scheduler does), and EAGLE/MTP drafters with prefix caching on or off (vLLM's
 ``use_eagle`` rules, hash look-ahead or the trailing-block drop, with the partial tail-block
@@ -47,6 +50,7 @@ __all__ = [
     "PagesLayout",
     "attention_blocks",
     "blocks_per_request",
+    "check_pool_groups",
     "fitting_tokens",
     "pages_differ",
     "pages_layout",
@@ -146,20 +150,39 @@ def pages_differ(groups: tuple[KvGroup, ...]) -> bool:
     return len({g.bytes_per_token // g.layers for g in attention}) > 1
 
 
-def _unserved(config: SimulationConfig, layout: PagesLayout) -> tuple[str, str, str] | None:
+def _unserved(layout: PagesLayout) -> tuple[str, str, str] | None:
     """``(field, value, why)`` for what the step scheduler does not serve beside groups of
-    different block sizes (``SchedulerConfig::validate_group_block_sizes``, the connector
-    check of ``Scheduler::set_connector`` before branch ``bszconn``), or None."""
+    different block sizes (``SchedulerConfig::validate_group_block_sizes``), or None. A KV
+    connector (``cluster.decode``: P/D) is served (``Scheduler::set_connector``,
+    branch ``bszconn``)."""
     if any(g.mixer == "chunked" for g in layout.groups):
         return _FIELD, "True", "chunked local attention groups do not take their own block size"
-    if config.cluster.decode is not None:
-        return (
-            _FIELD,
-            "True",
-            "P/D moves KV through a connector, which the step scheduler does not serve "
-            "beside groups of different block sizes",
-        )
     return None
+
+
+def check_pool_groups(prefill: MemoryPlan, decode: MemoryPlan, decode_block_size: int) -> None:
+    """Both P/D pools' groups of different block sizes agree, group by group and in the hash
+    block size (the connector moves each group's blocks as they are; the core's
+    ``PdConfig::validate`` checks the same).
+
+    Raises:
+        ConfigError (field ``cluster.decode.scheduler.vllm_v1.block_size``): they differ.
+    """
+    if not (prefill.kv_group_block_sizes or decode.kv_group_block_sizes):
+        return
+    if (prefill.kv_group_block_sizes, prefill.kv_block_size) != (
+        decode.kv_group_block_sizes,
+        decode.kv_block_size,
+    ):
+        raise ConfigError(
+            "cluster.decode.scheduler.vllm_v1.block_size: the decode pool's KV groups take blocks of "
+            f"{decode.kv_group_block_sizes} (hashed at {decode.kv_block_size}), the prefill "
+            f"pool's {prefill.kv_group_block_sizes} (hashed at {prefill.kv_block_size}); "
+            "each group's blocks move as they are: use the prefill pool's block size, got "
+            f"{decode_block_size}",
+            field="cluster.decode.scheduler.vllm_v1.block_size",
+            value=str(decode_block_size),
+        )
 
 
 def plan_pages(
@@ -177,7 +200,7 @@ def plan_pages(
     """
     model = config.model_name()
     layout = pages_layout(plan.groups, block_size, model)
-    unserved = _unserved(config, layout)
+    unserved = _unserved(layout)
     if unserved is not None:
         field, value, why = unserved
         if config.replica.hybrid_kv_cache_manager:

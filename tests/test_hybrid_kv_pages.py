@@ -202,6 +202,19 @@ def test_pd_plans_the_groups_on_both_pools_and_the_link_moves_each_groups_kv() -
     assert pd["transfer_s"]["max"] == pytest.approx(want, rel=1e-9)
 
 
+def test_pd_at_tp_8_moves_a_window_and_one_block_of_the_window_groups_own_size() -> None:
+    """At TP 8 the sliding layers' pages are the smaller: their groups take blocks of 32,
+    the global group 16, hashed at 16. The link moves the window and one block of 32 (vLLM:
+    ceil(1023 / 32) + 1 = 33 blocks), not of the hash block size."""
+    jobs = synthetic_workload(2, qps=1000.0, prompt_tokens=2048, output_tokens=4, seed=1)
+    tp8 = config(cluster=PD, tensor_parallel_size=8, workload=jobs)
+    plan = plan_for(tp8)
+    assert plan.kv_group_block_sizes == (32, 32, 32, 32, 32, 16)
+    assert plan.kv_block_size == 16
+    link = simulate(tp8).summary["config"]["decode"]["link"]
+    assert link["window_tokens"] == 33 * 32 == 1024 + 32
+
+
 def test_pd_pools_whose_groups_differ_are_refused_naming_the_decode_block_size() -> None:
     """A decode pool at blocks of 32 plans groups of 32 and 64 hashed at 32 against the
     prefill pool's 16 and 32: the connector moves each group's blocks as they are."""

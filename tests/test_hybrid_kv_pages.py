@@ -233,6 +233,20 @@ def test_pd_pools_whose_groups_differ_are_refused_naming_the_decode_block_size()
         )
     assert err.value.field == "cluster.decode.scheduler.vllm_v1.block_size"
     assert err.value.value == "32"
+    # At one block size a decode pool at TP 8 (sliding groups at 32, global at 16) against
+    # the prefill pool's TP 1 (16 and 32): the TP is the key to change.
+    tp8 = {"num_replicas": 1, "decode": {"num_replicas": 1, "tensor_parallel_size": 8}}
+    with pytest.raises(ConfigError, match=r"\(32, 32, 32, 32, 32, 16\)") as err:
+        simulate(
+            config(
+                cluster=tp8,
+                workload=synthetic_workload(
+                    2, qps=1000.0, prompt_tokens=256, output_tokens=4, seed=1
+                ),
+            )
+        )
+    assert err.value.field == "cluster.decode.tensor_parallel_size"
+    assert err.value.value == "8"
 
 
 def test_a_request_that_fits_only_the_groups_is_planned_with_them() -> None:

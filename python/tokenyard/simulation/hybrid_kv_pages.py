@@ -160,29 +160,37 @@ def _unserved(layout: PagesLayout) -> tuple[str, str, str] | None:
     return None
 
 
-def check_pool_groups(prefill: MemoryPlan, decode: MemoryPlan, decode_block_size: int) -> None:
+def check_pool_groups(
+    prefill: MemoryPlan, decode: MemoryPlan, block_sizes: tuple[int, int], decode_tp: int
+) -> None:
     """Both P/D pools' groups of different block sizes agree, group by group and in the hash
     block size (the connector moves each group's blocks as they are; the core's
-    ``PdConfig::validate`` checks the same).
+    ``PdConfig::validate`` checks the same). ``block_sizes``: the prefill and the decode
+    pool's ``scheduler.vllm_v1.block_size``.
 
     Raises:
-        ConfigError (field ``cluster.decode.scheduler.vllm_v1.block_size``): they differ.
+        ConfigError: they differ; field ``cluster.decode.scheduler.vllm_v1.block_size``
+            where the pools' block sizes differ, else ``cluster.decode.tensor_parallel_size``
+            (the TP decides which layers' pages are the smaller: Gemma 4 at TP 8).
     """
     if not (prefill.kv_group_block_sizes or decode.kv_group_block_sizes):
         return
-    if (prefill.kv_group_block_sizes, prefill.kv_block_size) != (
-        decode.kv_group_block_sizes,
-        decode.kv_block_size,
-    ):
-        raise ConfigError(
-            "cluster.decode.scheduler.vllm_v1.block_size: the decode pool's KV groups take blocks of "
-            f"{decode.kv_group_block_sizes} (hashed at {decode.kv_block_size}), the prefill "
-            f"pool's {prefill.kv_group_block_sizes} (hashed at {prefill.kv_block_size}); "
-            "each group's blocks move as they are: use the prefill pool's block size, got "
-            f"{decode_block_size}",
-            field="cluster.decode.scheduler.vllm_v1.block_size",
-            value=str(decode_block_size),
-        )
+    ours = (decode.kv_group_block_sizes, decode.kv_block_size)
+    if (prefill.kv_group_block_sizes, prefill.kv_block_size) == ours:
+        return
+    field, value, hint = (
+        ("cluster.decode.tensor_parallel_size", decode_tp, "a TP whose pages agree")
+        if block_sizes[0] == block_sizes[1]
+        else ("cluster.decode.scheduler.vllm_v1.block_size", block_sizes[1], "its block size")
+    )
+    raise ConfigError(
+        f"{field}: the decode pool's KV groups take blocks of {decode.kv_group_block_sizes} "
+        f"(hashed at {decode.kv_block_size}), the prefill pool's "
+        f"{prefill.kv_group_block_sizes} (hashed at {prefill.kv_block_size}); each group's "
+        f"blocks move as they are: use the prefill pool's {hint}, got {value}",
+        field=field,
+        value=str(value),
+    )
 
 
 def plan_pages(

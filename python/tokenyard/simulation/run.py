@@ -313,7 +313,8 @@ def _decode_pool(
     if plan.kv_cache_groups:
         block_size = plan.kv_block_size or decode.replica.scheduler.block_size
         prefill = prefill_plan.kv_block_size or config.replica.scheduler.block_size
-        hybrid_kv_pages.check_pool_groups(prefill_plan, plan, decode.replica.scheduler.block_size)
+        sizes = (config.replica.scheduler.block_size, decode.replica.scheduler.block_size)
+        hybrid_kv_pages.check_pool_groups(prefill_plan, plan, sizes, decode_tp)
         check_pool_blocks(prefill, block_size, decode_tp)
         window_block = disagg_config.window_block_size(
             plan.kv_cache_groups, plan.kv_group_block_sizes, block_size

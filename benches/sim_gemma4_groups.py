@@ -9,9 +9,13 @@ EAGLE drafter (3 drafts, acceptance 0.7) with prefix caching on, vLLM's look-ahe
 or with ``--drop`` its trailing-block drop (the shared-prefix workload only: the drop
 needs the requests' prefix identity): before branch ``bsztail`` the simulator planned
 that job with every layer full attention (the ``false`` rows), now with the groups.
+``--pd`` disaggregates it: one prefill and one decode H100 replica, the KV over NVLink
+(vLLM's NixlConnector moving each group's blocks); before branch ``simpd`` the simulator
+planned Gemma 4 under P/D with every layer full attention (the ``false`` rows), now with the
+groups (the plan's columns are each pool's: both plan alike).
 
     PYTHONPATH=python .venv/bin/python benches/sim_gemma4_groups.py [--requests 1024] \
-        [--eagle [--drop]]
+        [--eagle [--drop]] [--pd]
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ EAGLE = {"method": "eagle", "num_speculative_tokens": 3, "acceptance_rate": 0.7}
 
 
 def mapping(
-    n: int, qps: float, hybrid: bool | None, shared: bool, eagle: str = "off"
+    n: int, qps: float, hybrid: bool | None, shared: bool, eagle: str = "off", pd: bool = False
 ) -> dict[str, Any]:
     replica: dict[str, Any] = {
         "model": MODEL,
@@ -60,7 +64,10 @@ def mapping(
     }
     if shared:  # 8 system prompts of 4,100 tokens: 256 hash blocks, 128 blocks of 32
         workload["shared_prefix"] = {"num_groups": 8, "prefix_tokens": 4100, "share_ratio": 1.0}
-    return {"replica": replica, "cluster": {"num_replicas": 1}, "workload": workload}
+    cluster: dict[str, Any] = {"num_replicas": 1}
+    if pd:
+        cluster["decode"] = {"num_replicas": 1}
+    return {"replica": replica, "cluster": cluster, "workload": workload}
 
 
 def row(label: str, doc: dict[str, Any], repeats: int) -> tuple[str, dict[str, Any]]:
@@ -84,6 +91,9 @@ def row(label: str, doc: dict[str, Any], repeats: int) -> tuple[str, dict[str, A
         f"| {ttft['p99']:.2f} | {s['throughput']['prefix_hit_rate']:.3f} "
         f"| {statistics.median(walls):.2f} |"
     )
+    if "disaggregation" in s:  # --pd: the KV link's mean transfer and its mean wait
+        pd = s["disaggregation"]
+        line += f" {pd['transfer_s']['mean'] * 1e3:.2f} | {pd['transfer_wait_s']['mean']:.2f} |"
     return line, s
 
 
@@ -93,15 +103,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--eagle", action="store_true")
     parser.add_argument("--drop", action="store_true")
+    parser.add_argument("--pd", action="store_true", help="one prefill + one decode replica")
     args = parser.parse_args()
     if args.drop and not args.eagle:
         parser.error("--drop needs --eagle")
     eagle = ("drop" if args.drop else "lookahead") if args.eagle else "off"
+    extra = " KV transfer ms | transfer wait s |" if args.pd else ""
     print(
         "| run | blocks x tokens | plan concurrency | peak batch | mean batch | preemptions "
-        "| req/s | decode tok/s | TTFT p50 s | TTFT p99 s | prefix hit rate | CPU s |"
+        f"| req/s | decode tok/s | TTFT p50 s | TTFT p99 s | prefix hit rate | CPU s |{extra}"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * (2 * args.pd))
     for qps, shared in ((1000.0, False), (1.0, False), (1.0, True)):
         if eagle == "drop" and not shared:
             continue  # the drop needs the requests' prefix identity (block-hash hits)
@@ -112,7 +124,7 @@ def main() -> None:
         for hybrid, name in ((None, "groups (default)"), (False, "full attention (false)")):
             line, summaries[name] = row(
                 f"{words}: {name}",
-                mapping(args.requests, qps, hybrid, shared, eagle),
+                mapping(args.requests, qps, hybrid, shared, eagle, args.pd),
                 args.repeats,
             )
             print(line, flush=True)

@@ -172,36 +172,94 @@ EAGLE = {"method": "eagle", "num_speculative_tokens": 3, "acceptance_rate": 0.7}
 NGRAM_16 = {"method": "ngram", "num_speculative_tokens": 16, "acceptance_rate": 0.7}
 
 
-@pytest.mark.parametrize(
-    ("extra", "field", "words"),
-    [
-        ({"cluster": PD}, "replica.hybrid_kv_cache_manager", "P/D moves KV through a connector"),
-    ],
-)
-def test_what_the_step_scheduler_does_not_serve_beside_them_is_planned_full_or_refused(
-    extra: dict[str, Any], field: str, words: str
-) -> None:
-    """Unset: every layer full attention, the banner saying why; true: refused on the key."""
-    plan = plan_for(config(**extra))
-    assert plan.kv_cache_groups == ()
-    assert words in plan.kv_groups_note
-    with pytest.raises(ConfigError, match=words) as err:
-        plan_for(config(hybrid=True, **extra))
-    assert err.value.field == field
+def test_pd_plans_the_groups_on_both_pools_and_the_link_moves_each_groups_kv() -> None:
+    """Under P/D (a KV connector, served beside groups of different block sizes since
+    branch bszconn) both pools plan vLLM's groups, unset or true; the link moves every
+    token of the 5 full-attention layers (ceil(L / 32) blocks in vLLM) and at most the
+    1,024-token window and one 16-token block of the 25 sliding layers (ceil(1023 / 16) + 1
+    = 65 blocks), as NixlConnector's request_finished_all_groups hands each group's blocks."""
+    for hybrid in (None, True):
+        plan = plan_for(config(hybrid=hybrid, cluster=PD))
+        assert plan.kv_group_block_sizes == GROUP_SIZES
+        assert (plan.kv_groups_note or "").startswith("KV PLANNED WITH vLLM's HYBRID")
+    result = simulate(
+        config(
+            cluster=PD,
+            workload=synthetic_workload(
+                4, qps=1000.0, prompt_tokens=2048, output_tokens=16, seed=1
+            ),
+        )
+    )
+    link = result.summary["config"]["decode"]["link"]
+    assert link["window_tokens"] == 65 * 16 == 1024 + 16
+    assert link["kv_bytes_per_token"] == 5 * 4096  # 5 global layers: 2 heads of 512 x 2 B x K/V
+    assert link["window_bytes_per_token"] == 25 * 8192  # 8 heads of 256 x 2 B x K/V
+    # 2,048 prompt tokens each, one NVLink lane (TP 1 a side, one node).
+    moved = 2048 * 5 * 4096 + 1040 * 25 * 8192
+    want = link["nvlink_latency_s"] + moved / (link["nvlink_gbps"] * 1e9)
+    pd = result.summary["disaggregation"]
+    assert pd["num_transferred"] == 4
+    assert pd["transfer_s"]["max"] == pytest.approx(want, rel=1e-9)
+
+
+def test_pd_at_tp_8_moves_a_window_and_one_block_of_the_window_groups_own_size() -> None:
+    """At TP 8 the sliding layers' pages are the smaller: their groups take blocks of 32,
+    the global group 16, hashed at 16. The link moves the window and one block of 32 (vLLM:
+    ceil(1023 / 32) + 1 = 33 blocks), not of the hash block size."""
+    jobs = synthetic_workload(2, qps=1000.0, prompt_tokens=2048, output_tokens=4, seed=1)
+    tp8 = config(cluster=PD, tensor_parallel_size=8, workload=jobs)
+    plan = plan_for(tp8)
+    assert plan.kv_group_block_sizes == (32, 32, 32, 32, 32, 16)
+    assert plan.kv_block_size == 16
+    link = simulate(tp8).summary["config"]["decode"]["link"]
+    assert link["window_tokens"] == 33 * 32 == 1024 + 32
+
+
+def test_pd_pools_whose_groups_differ_are_refused_naming_the_decode_block_size() -> None:
+    """A decode pool at blocks of 32 plans groups of 32 and 64 hashed at 32 against the
+    prefill pool's 16 and 32: the connector moves each group's blocks as they are."""
+    pd = {
+        "num_replicas": 1,
+        "decode": {"num_replicas": 1, "scheduler": {"vllm_v1": {"block_size": 32}}},
+    }
+    with pytest.raises(ConfigError, match=r"\(32, 32, 32, 32, 32, 64\)") as err:
+        simulate(
+            config(
+                cluster=pd,
+                workload=synthetic_workload(
+                    2, qps=1000.0, prompt_tokens=256, output_tokens=4, seed=1
+                ),
+            )
+        )
+    assert err.value.field == "cluster.decode.scheduler.vllm_v1.block_size"
+    assert err.value.value == "32"
+    # At one block size a decode pool at TP 8 (sliding groups at 32, global at 16) against
+    # the prefill pool's TP 1 (16 and 32): the TP is the key to change.
+    tp8 = {"num_replicas": 1, "decode": {"num_replicas": 1, "tensor_parallel_size": 8}}
+    with pytest.raises(ConfigError, match=r"\(32, 32, 32, 32, 32, 16\)") as err:
+        simulate(
+            config(
+                cluster=tp8,
+                workload=synthetic_workload(
+                    2, qps=1000.0, prompt_tokens=256, output_tokens=4, seed=1
+                ),
+            )
+        )
+    assert err.value.field == "cluster.decode.tensor_parallel_size"
+    assert err.value.value == "8"
 
 
 def test_a_request_that_fits_only_the_groups_is_planned_with_them() -> None:
     """131,072 tokens: 29.5 GB with every layer full attention (225,280 B a token) against
     the 26.8 GB there are; the groups need 131,072 / 32 + 5 x 193 = 5,061 of their 40,960
-    blocks: 8 at once. Beside P/D (the groups not served) it does not fit."""
+    blocks: 8 at once, under P/D too (the step scheduler serves the connector beside
+    them)."""
     longest = {"scheduler": {"max_request_tokens": 131072}}
     assert plan_for(config(**longest)).max_batch_size == 40_960 // 5_061 == 8
     with pytest.raises(ConfigError, match="not enough for one request of 131072") as err:
         plan_for(config(hybrid=False, **longest))
     assert err.value.field == "replica.device"
-    with pytest.raises(ConfigError, match="P/D moves KV through a connector") as err:
-        plan_for(config(cluster=PD, **longest))
-    assert err.value.field == "replica.device"
+    assert plan_for(config(cluster=PD, **longest)).max_batch_size == 8
 
 
 @pytest.mark.parametrize("k", [15, 16, 32])

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from tokenyard._checks import check_key_int, check_key_number, fail
 from tokenyard.simulation.kv_offload_config import KvOffloadConfig
 from tokenyard.simulation.planner import (
+    KvGroup,
     indexer_bytes_per_token_layer,
     kv_groups,
     kv_values_per_token_layer,
@@ -231,7 +232,16 @@ def hybrid_link_terms(model: ModelSpec, kv_bytes: int, block_size: int) -> dict[
     blocks are null blocks; several windows counted at the widest), and the
     linear-attention state once (``state_bytes``, unpadded). One copy of the KV, as
     ``kv_bytes_per_token`` counts it. ``kv_bytes``: bytes per KV value (``dtype_bytes``'
-    integer).
+    integer); ``block_size``: the sliding-window groups' block size (with groups of
+    different block sizes, Gemma 4's, theirs: ``window_block_size``).
+
+    The connector moves each group's block ids (NixlConnector's
+    ``request_finished_all_groups`` hands ``request_finished`` one list per group,
+    ``distributed/kv_transfer/kv_connector/v1/nixl/connector.py`` and ``pull_scheduler.py``)
+    as whole blocks of the group's page (``block_len_per_layer``, ``nixl/base_worker.py``):
+    for an ``L``-token prompt Gemma 4's ``ceil(L / 32)`` full-attention blocks and a
+    window's ``ceil((W - 1) / 16) + 1``. The link prices tokens, so the full-attention term
+    leaves out the unfilled tail of the last block (under one block a group per request).
 
     Not modelled: for a model with Mamba layers (and a multi-token MTP lookahead) vLLM
     0.33's NixlConnector has the prefill side stop one prompt token short (the lookahead's
@@ -248,6 +258,15 @@ def hybrid_link_terms(model: ModelSpec, kv_bytes: int, block_size: int) -> dict[
         "window_bytes_per_token": float(sum(g.bytes_per_token for g in windowed)),
         "state_bytes": float(sum(g.state_bytes_per_request for g in groups)),
     }
+
+
+def window_block_size(groups: tuple[KvGroup, ...], sizes: tuple[int, ...], block_size: int) -> int:
+    """The block size of a plan's sliding-window groups: with groups of different block sizes
+    (``MemoryPlan.kv_group_block_sizes``) the largest among theirs, else ``block_size``."""
+    if not sizes:
+        return block_size
+    windowed = [size for g, size in zip(groups, sizes, strict=True) if g.window]
+    return max(windowed, default=block_size)
 
 
 def check_transferable(model: ModelSpec) -> None:

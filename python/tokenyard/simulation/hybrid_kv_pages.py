@@ -20,9 +20,12 @@ This module plans the layout (checked against vLLM's own planner by
 ``benches/peers/vllm_kv_spec_diff.py``) and the simulator's runs use it (``plan_pages``: the
 memory plan carries each group's block size, ``MemoryPlan.kv_group_block_sizes``, and the
 step scheduler's ``block_size`` is the hash block size). Beside differing sizes the step
-scheduler serves neither a KV connector (P/D) nor chunked local or Mamba groups: with the
-setting unset such a configuration is planned as ``--disable-hybrid-kv-cache-manager`` (the
-banner says why), with ``true`` refused naming the key. Speculative steps of any length are
+scheduler serves a KV connector (P/D, since branch ``bszconn``: both pools plan the same
+groups, ``PdConfig::validate`` checks their block sizes agree, and the link moves each
+group's KV, ``disagg_config.hybrid_link_terms``) but neither chunked local nor Mamba groups:
+with the setting unset such a configuration is planned as
+``--disable-hybrid-kv-cache-manager`` (the banner says why), with ``true`` refused naming
+the key. Speculative steps of any length are
 served (vLLM's ``_spec_decode_step_blocks`` counts each group on its own block size, as the
 step scheduler does), and EAGLE/MTP drafters with prefix caching on or off (vLLM's
 ``use_eagle`` rules, hash look-ahead or the trailing-block drop, with the partial tail-block
@@ -47,6 +50,7 @@ __all__ = [
     "PagesLayout",
     "attention_blocks",
     "blocks_per_request",
+    "check_pool_groups",
     "fitting_tokens",
     "pages_differ",
     "pages_layout",
@@ -146,20 +150,47 @@ def pages_differ(groups: tuple[KvGroup, ...]) -> bool:
     return len({g.bytes_per_token // g.layers for g in attention}) > 1
 
 
-def _unserved(config: SimulationConfig, layout: PagesLayout) -> tuple[str, str, str] | None:
+def _unserved(layout: PagesLayout) -> tuple[str, str, str] | None:
     """``(field, value, why)`` for what the step scheduler does not serve beside groups of
-    different block sizes (``SchedulerConfig::validate_group_block_sizes``, the connector
-    check of ``Scheduler::set_connector`` before branch ``bszconn``), or None."""
+    different block sizes (``SchedulerConfig::validate_group_block_sizes``), or None. A KV
+    connector (``cluster.decode``: P/D) is served (``Scheduler::set_connector``,
+    branch ``bszconn``)."""
     if any(g.mixer == "chunked" for g in layout.groups):
         return _FIELD, "True", "chunked local attention groups do not take their own block size"
-    if config.cluster.decode is not None:
-        return (
-            _FIELD,
-            "True",
-            "P/D moves KV through a connector, which the step scheduler does not serve "
-            "beside groups of different block sizes",
-        )
     return None
+
+
+def check_pool_groups(
+    prefill: MemoryPlan, decode: MemoryPlan, block_sizes: tuple[int, int], decode_tp: int
+) -> None:
+    """Both P/D pools' groups of different block sizes agree, group by group and in the hash
+    block size (the connector moves each group's blocks as they are; the core's
+    ``PdConfig::validate`` checks the same). ``block_sizes``: the prefill and the decode
+    pool's ``scheduler.vllm_v1.block_size``.
+
+    Raises:
+        ConfigError: they differ; field ``cluster.decode.scheduler.vllm_v1.block_size``
+            where the pools' block sizes differ, else ``cluster.decode.tensor_parallel_size``
+            (the TP decides which layers' pages are the smaller: Gemma 4 at TP 8).
+    """
+    if not (prefill.kv_group_block_sizes or decode.kv_group_block_sizes):
+        return
+    ours = (decode.kv_group_block_sizes, decode.kv_block_size)
+    if (prefill.kv_group_block_sizes, prefill.kv_block_size) == ours:
+        return
+    field, value, hint = (
+        ("cluster.decode.tensor_parallel_size", decode_tp, "a TP whose pages agree")
+        if block_sizes[0] == block_sizes[1]
+        else ("cluster.decode.scheduler.vllm_v1.block_size", block_sizes[1], "its block size")
+    )
+    raise ConfigError(
+        f"{field}: the decode pool's KV groups take blocks of {decode.kv_group_block_sizes} "
+        f"(hashed at {decode.kv_block_size}), the prefill pool's "
+        f"{prefill.kv_group_block_sizes} (hashed at {prefill.kv_block_size}); each group's "
+        f"blocks move as they are: use the prefill pool's {hint}, got {value}",
+        field=field,
+        value=str(value),
+    )
 
 
 def plan_pages(
@@ -177,7 +208,7 @@ def plan_pages(
     """
     model = config.model_name()
     layout = pages_layout(plan.groups, block_size, model)
-    unserved = _unserved(config, layout)
+    unserved = _unserved(layout)
     if unserved is not None:
         field, value, why = unserved
         if config.replica.hybrid_kv_cache_manager:

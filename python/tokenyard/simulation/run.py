@@ -11,7 +11,7 @@ from typing import Any
 
 from tokenyard import _core
 from tokenyard.errors import ConfigError, OutputError
-from tokenyard.simulation import disagg_config
+from tokenyard.simulation import disagg_config, hybrid_kv_pages
 from tokenyard.simulation.catalog import catalog_for
 from tokenyard.simulation.config import SimulationConfig, config_document
 from tokenyard.simulation.execution import (
@@ -313,8 +313,13 @@ def _decode_pool(
     if plan.kv_cache_groups:
         block_size = plan.kv_block_size or decode.replica.scheduler.block_size
         prefill = prefill_plan.kv_block_size or config.replica.scheduler.block_size
+        sizes = (config.replica.scheduler.block_size, decode.replica.scheduler.block_size)
+        hybrid_kv_pages.check_pool_groups(prefill_plan, plan, sizes, decode_tp)
         check_pool_blocks(prefill, block_size, decode_tp)
-        link.update(disagg_config.hybrid_link_terms(model, kv_bytes, block_size))
+        window_block = disagg_config.window_block_size(
+            plan.kv_cache_groups, plan.kv_group_block_sizes, block_size
+        )
+        link.update(disagg_config.hybrid_link_terms(model, kv_bytes, window_block))
     else:
         disagg_config.check_transferable(model)
     core = {

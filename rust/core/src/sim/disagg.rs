@@ -98,6 +98,22 @@ impl PdConfig {
                 ),
             ));
         }
+        if let (ReplicaPolicyConfig::VllmV1(p), ReplicaPolicyConfig::VllmV1(d)) =
+            (prefill_policy, &self.decode_policy)
+            && p.kv_group_block_sizes != d.kv_group_block_sizes
+        {
+            // Groups of different block sizes (Gemma 4): `block_size` is then the hash block
+            // size, equal above; each group's blocks move as they are, so theirs agree too.
+            return Err(Error::config(
+                "cluster.decode.scheduler.vllm_v1.kv_group_block_sizes",
+                format!("{:?}", d.kv_group_block_sizes),
+                format!(
+                    "must equal the prefill pool's KV groups' block sizes {:?} (each group's \
+                     blocks move as they are)",
+                    p.kv_group_block_sizes
+                ),
+            ));
+        }
         self.decode_policy.validate()?;
         super::config::check_host_tier(
             "cluster.decode.kv_offload",

@@ -153,6 +153,44 @@ fn bad_pool_configs_name_their_key() {
     assert!(err.contains("replica.scheduler.policy"), "{err}");
 }
 
+/// `v1(num_blocks)` with KV groups of block sizes `sizes` (hashed at 4, as Gemma 4's
+/// layouts hash at the gcd).
+fn v1_groups(num_blocks: usize, sizes: &[usize]) -> ReplicaPolicyConfig {
+    let ReplicaPolicyConfig::VllmV1(mut c) = v1(num_blocks) else {
+        unreachable!()
+    };
+    c.kv_group_block_sizes = sizes.to_vec();
+    ReplicaPolicyConfig::VllmV1(c)
+}
+
+#[test]
+fn the_pools_groups_must_share_their_block_sizes_beside_the_hash_block_size() {
+    // Both pools hash at 4; the decode pool's groups take blocks of 4 and 4 against the
+    // prefill pool's 8 and 4: refused naming the decode pool's key and both sizes.
+    let mut config = pd_config(1, 1);
+    config.replica_policy = v1_groups(64, &[8, 4]);
+    config.pd.as_mut().unwrap().decode_policy = v1_groups(64, &[4, 4]);
+    let err = config.validate().unwrap_err().to_string();
+    assert!(
+        err.contains("cluster.decode.scheduler.vllm_v1.kv_group_block_sizes")
+            && err.contains("[4, 4]")
+            && err.contains("[8, 4]"),
+        "{err}"
+    );
+    // Groups on one side only disagree too; equal groups pass this check (the pool's own
+    // validation then wants the groups these hand configs lack).
+    let key = "cluster.decode.scheduler.vllm_v1.kv_group_block_sizes";
+    config.pd.as_mut().unwrap().decode_policy = v1(64);
+    assert!(config.validate().unwrap_err().to_string().contains(key));
+    config.pd.as_mut().unwrap().decode_policy = v1_groups(64, &[8, 4]);
+    let err = config
+        .validate()
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(!err.contains(key), "{err}");
+}
+
 #[test]
 fn a_request_restarted_on_the_prefill_replica_still_decodes_once_on_the_decode_side() {
     // Prefill replica: 8 blocks of 4, 16 tokens a step. A takes 16 then 4 tokens, B 12;

@@ -372,3 +372,26 @@ def test_partial_eagle_flags_drop_only_in_their_groups_as_vllm(
     back = free[-(6 + len(freed_cached)) :]
     assert set(back) == {1, 2, 4, 5, 6, 7} | freed_cached
     assert set(free[: 3 - len(freed_cached)]) == {9} | ({3, 8} - freed_cached)
+
+
+@pytest.mark.parametrize("eagle_groups", ["full", "window"])
+def test_bench_streams_with_partial_eagle_flags_agree_with_vllm(
+    monkeypatch: Any, eagle_groups: str
+) -> None:
+    # vllm_block_sizes_diff.py --eagle drop --eagle-groups full|window (120/120 each).
+    import vllm_adapter_diff
+    import vllm_block_sizes_diff
+    import vllm_peer
+
+    assert vllm_block_sizes_diff.eagle_flags("three", "window") == [False, True, True]
+    assert vllm_block_sizes_diff.eagle_flags("three", "0,2") == [True, False, True]
+    with pytest.raises(ValueError, match="--eagle-groups '3'"):
+        vllm_block_sizes_diff.eagle_flags("three", "3")
+    peer = vllm_peer.VllmSchedulerPeer
+    monkeypatch.setattr(peer, "build", peer.build)
+    monkeypatch.setattr(peer, "__init__", peer.__init__)
+    vllm_block_sizes_diff.install("gemma", None, eagle_groups)
+    for seed in (0, 5):
+        scenario = vllm_adapter_diff.draw(seed, 120, "drop")
+        for is_async in (False, True):
+            assert vllm_adapter_diff.run_scenario(scenario, 120, is_async) is None

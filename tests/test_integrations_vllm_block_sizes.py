@@ -292,3 +292,106 @@ def test_eagles_prompt_tail_block_is_freed_as_vllm_frees_it(drop: bool, prompt_l
     assert seen[0] == seen[1]
     (b_full, _), _ = _admit((theirs, ours), hasher, "b", list(range(1000, 1064)))
     assert seen[0][0][1] not in b_full
+
+
+def _flagged_config(flags: tuple[bool, bool]) -> KVCacheConfig:
+    groups = [
+        KVCacheGroupSpec([f"layers.{i}"], _spec(*g), is_eagle_group=flag)
+        for i, (g, flag) in enumerate(zip(GEMMA, flags, strict=True))
+    ]
+    return KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=groups)
+
+
+@pytest.mark.parametrize(
+    ("flags", "lengths", "computed", "freed_cached"),
+    [
+        ((True, True), (32, 64), 0, {3, 8}),
+        ((True, False), (32, 64), 32, {3}),
+        ((False, True), (64, 64), 64, {8}),
+    ],
+)
+def test_partial_eagle_flags_drop_only_in_their_groups_as_vllm(
+    flags: tuple[bool, bool], lengths: tuple[int, int], computed: int, freed_cached: set[int]
+) -> None:
+    # EAGLE's drop beside blocks of 32 (full attention: blocks 1-3) and 16 (a window of 64:
+    # blocks 4-9), with the groups flagged is_eagle_group as a drafter's layers would flag
+    # them (vLLM drops only in drop_eagle_group_ids). An 82-token prompt: a group that drops
+    # caches a block past the aligned 64 (get_num_cacheable_tokens: full attention its
+    # partial tail block 3 at the hash boundary 80, _cache_partial_tail_block with the
+    # manager's use_eagle; the window its 5th block, 8) and its hit drops a block
+    # (find_longest_cache_hit_per_group); one that does not caches 64 tokens and hits them.
+    # Aborted, "a" frees its cached blocks to the back of the free queue and the rest (the
+    # tail blocks of groups that do not drop) to the front, right after the untouched 9.
+    from tokenyard.kv import block_hashes
+
+    peer = VllmSchedulerPeer(
+        num_blocks=64,
+        max_num_seqs=8,
+        max_num_batched_tokens=256,
+        max_model_len=512,
+        block_size=16,
+        enable_prefix_caching=True,
+        num_speculative_tokens=2,
+        speculative_method="eagle",
+        disable_lookahead_block_hashes=True,
+    )
+    hash_fn = get_hash_fn_by_name(peer.vllm_config.cache_config.prefix_caching_hash_algo)
+    kv_cache_utils.init_none_hash(hash_fn)
+    hasher = kv_cache_utils.get_request_block_hasher(16, hash_fn, 0)
+    config = _flagged_config(flags)
+    prompt = list(range(3000, 3082))
+    seen = []
+    for cls in (Scheduler, TokenyardScheduler):
+        s = cls(
+            vllm_config=peer.vllm_config,
+            kv_cache_config=config,
+            structured_output_manager=peer.scheduler.structured_output_manager,
+            block_size=32,
+            hash_block_size=16,
+        )
+        s.add_request(_request("a", prompt, hasher))
+        out = s.schedule()
+        s.update_from_output(out, _empty_output(out))
+        s.finish_requests("a", RequestStatus.FINISHED_ABORTED)
+        probe = _request("b", [*prompt, 1, 2, 3], hasher)
+        if cls is Scheduler:
+            pool = s.kv_cache_manager.block_pool
+            free = [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
+            coordinator = s.kv_cache_manager.coordinator
+            _, found = coordinator.find_longest_cache_hit_per_group(probe.block_hashes, 84)
+        else:
+            free = [int(b) for b in s._core.free_block_ids()]
+            hashes = block_hashes(probe.all_token_ids, block_size=16)
+            _, found = s._core.kv_hits_per_group(hashes, 84)
+        seen.append((tuple(found), s.kv_cache_manager.get_computed_blocks(probe)[1], free))
+    assert seen[0] == seen[1]
+    found, hit, free = seen[1]
+    assert (found, hit) == (lengths, computed)
+    # The 6 cached blocks of a's 9 (1, 2 and 4-7 in every case) and those of freed_cached
+    # are at the back; the uncached ones come first.
+    back = free[-(6 + len(freed_cached)) :]
+    assert set(back) == {1, 2, 4, 5, 6, 7} | freed_cached
+    assert set(free[: 3 - len(freed_cached)]) == {9} | ({3, 8} - freed_cached)
+
+
+@pytest.mark.parametrize("eagle_groups", ["full", "window"])
+def test_bench_streams_with_partial_eagle_flags_agree_with_vllm(
+    monkeypatch: Any, eagle_groups: str
+) -> None:
+    # vllm_block_sizes_diff.py --eagle drop --eagle-groups full|window (120/120 each).
+    import vllm_adapter_diff
+    import vllm_block_sizes_diff
+    import vllm_peer
+
+    assert vllm_block_sizes_diff.eagle_flags("three", "window") == [False, True, True]
+    assert vllm_block_sizes_diff.eagle_flags("three", "0,2") == [True, False, True]
+    with pytest.raises(ValueError, match="--eagle-groups '3'"):
+        vllm_block_sizes_diff.eagle_flags("three", "3")
+    peer = vllm_peer.VllmSchedulerPeer
+    monkeypatch.setattr(peer, "build", peer.build)
+    monkeypatch.setattr(peer, "__init__", peer.__init__)
+    vllm_block_sizes_diff.install("gemma", None, eagle_groups)
+    for seed in (0, 5):
+        scenario = vllm_adapter_diff.draw(seed, 120, "drop")
+        for is_async in (False, True):
+            assert vllm_adapter_diff.run_scenario(scenario, 120, is_async) is None

@@ -10,7 +10,12 @@ scenarios are ``vllm_adapter_diff.py``'s (arrivals with shared prefixes, aborts,
 ids, the prefill cadence, a cache below ``max_model_len`` in some, n-gram speculative
 decoding with up to 4 drafts). ``--eagle lookahead`` or ``drop`` turns every scenario into an
 EAGLE/EAGLE3 one with prefix caching (``vllm_adapter_diff.eagle_scenario``: vLLM's look-ahead
-block hashes, or its trailing-block drop); ``--long-steps`` gives every scenario ``k`` of 17 to
+block hashes, or its trailing-block drop); ``--eagle-groups`` sets ``is_eagle_group`` on vLLM's
+groups as a drafter's layers would (``kv_cache_planning``: a group is flagged when it holds a
+draft layer): ``none`` (vLLM's coordinator then drops in every group), ``all``, ``full`` or
+``window`` (the groups of that kind), or group indices (``0,2``); the adapter reads the flags
+from the same ``KVCacheConfig``, and the drop acts only in the flagged groups
+(``KVCacheCoordinator.drop_eagle_group_ids``); ``--long-steps`` gives every scenario ``k`` of 17 to
 40 drafts, so one speculative step's slots exceed the hash block (vLLM's
 ``_spec_decode_step_blocks`` counts them per group). Every step's ``SchedulerOutput`` (scheduled
 tokens, block ids per group, computed tokens of new requests: the prefix hits),
@@ -29,7 +34,7 @@ does not.
 
     PYTHONPATH=python .venv-bench/bin/python benches/peers/vllm_block_sizes_diff.py \\
         [--layout gemma|three|gptoss|windows] [--mode sync|async] [--scenarios 200] \\
-        [--eagle off|lookahead|drop] [--long-steps]
+        [--eagle off|lookahead|drop] [--eagle-groups none|all|full|window|0,2] [--long-steps]
 """
 
 from __future__ import annotations
@@ -54,9 +59,36 @@ LAYOUTS: dict[str, list[tuple[str, int, int]]] = {
 }
 
 
-def install(layout: str, prefix_match_unit: int | None) -> tuple[int, int]:
+def eagle_flags(layout: str, which: str) -> list[bool]:
+    """Each group's ``is_eagle_group`` in ``layout`` for ``--eagle-groups which``: ``none``,
+    ``all``, the groups of kind ``full`` or ``window``, or comma-separated group indices.
+
+    Raises:
+        ValueError: naming ``--eagle-groups`` for another word or an index out of range.
+    """
+    kinds = [kind for kind, _, _ in LAYOUTS[layout]]
+    if which in ("none", "all"):
+        return [which == "all"] * len(kinds)
+    if which in ("full", "window"):
+        return [kind == which for kind in kinds]
+    try:
+        picked = {int(i) for i in which.split(",")}
+    except ValueError:
+        picked = {-1}
+    if not picked <= set(range(len(kinds))):
+        raise ValueError(
+            f"--eagle-groups {which!r}: expected none, all, full, window or group indices "
+            f"below {len(kinds)} ({layout})"
+        )
+    return [i in picked for i in range(len(kinds))]
+
+
+def install(
+    layout: str, prefix_match_unit: int | None, eagle_groups: str = "none"
+) -> tuple[int, int]:
     """Makes ``vllm_peer.VllmSchedulerPeer`` build both schedulers over ``layout`` with vLLM's
-    two block sizes, and hash its requests at the hash block size. Returns them."""
+    two block sizes and the groups ``eagle_groups`` flags (``eagle_flags``), and hash its
+    requests at the hash block size. Returns them."""
     import torch
     import vllm_peer
     from vllm.utils.hashing import get_hash_fn_by_name
@@ -72,6 +104,7 @@ def install(layout: str, prefix_match_unit: int | None) -> tuple[int, int]:
     sizes = [bs for _, bs, _ in groups_spec]
     scheduler_block_size = math.lcm(*sizes)
     hash_block_size = prefix_match_unit or math.gcd(*sizes)
+    flags = eagle_flags(layout, eagle_groups)
 
     def layout_build(self: Any, cls: type, kv_cache_config: Any, **kw: Any) -> Any:
         from vllm.v1.structured_output import StructuredOutputManager
@@ -84,7 +117,7 @@ def install(layout: str, prefix_match_unit: int | None) -> tuple[int, int]:
                 if kind == "full"
                 else SlidingWindowSpec(sliding_window=window, **common)
             )
-            groups.append(KVCacheGroupSpec([f"layers.{i}"], spec))
+            groups.append(KVCacheGroupSpec([f"layers.{i}"], spec, is_eagle_group=flags[i]))
         config = KVCacheConfig(
             num_blocks=kv_cache_config.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
         )
@@ -147,10 +180,15 @@ def main() -> int:
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--prefix-match-unit", type=int, default=None)
     parser.add_argument("--eagle", choices=["off", "lookahead", "drop"], default="off")
+    parser.add_argument("--eagle-groups", default="none")
     parser.add_argument("--long-steps", action="store_true")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
-    scheduler_bs, hash_bs = install(args.layout, args.prefix_match_unit)
+    try:
+        flags = eagle_flags(args.layout, args.eagle_groups)
+    except ValueError as err:
+        parser.error(str(err))
+    scheduler_bs, hash_bs = install(args.layout, args.prefix_match_unit, args.eagle_groups)
     import vllm_adapter_diff
 
     agree = ran = caching = agree_caching = spec = agree_spec = 0
@@ -174,7 +212,11 @@ def main() -> int:
         elif first is None:
             first = (seed, *diff)
     extra = "".join(
-        [f", EAGLE {args.eagle}" if args.eagle != "off" else "", ", k 17-40" * args.long_steps]
+        [
+            f", EAGLE {args.eagle}" if args.eagle != "off" else "",
+            f", is_eagle_group {flags}" if any(flags) else "",
+            ", k 17-40" * args.long_steps,
+        ]
     )
     sizes = [bs for _, bs, _ in LAYOUTS[args.layout]]
     print(

@@ -151,6 +151,51 @@ fn the_drop_keeps_a_window_block_more_a_block_later() {
     }
 }
 
+/// The drop acts only in the groups flagged as EAGLE's (vLLM's manager's `use_eagle`, from
+/// `drop_eagle_group_ids`): the window of the test above keeps no extra block when only
+/// full attention is flagged, and the extra one when it is flagged itself.
+#[test]
+fn a_window_not_flagged_keeps_no_extra_block() {
+    for (flags, reached) in [([true, false], vec![3, 7]), ([false, true], vec![3, 4, 7])] {
+        let mut coord = KvCoordinator::<u64>::new(vec![FULL, window(4)], 40, 4, true).unwrap();
+        coord.set_group_block_sizes(&[16, 4]).unwrap();
+        coord.set_eagle_block_drop(true).unwrap();
+        coord.set_eagle_groups(&flags).unwrap();
+        coord
+            .allocate_slots(&1, &tokens(0..33), 33, 0, None, None)
+            .unwrap();
+        let table = coord.group_block_ids(&1, 1).unwrap().to_vec();
+        let cached: Vec<usize> = (0..table.len())
+            .filter(|&i| coord.block_hash(table[i]).is_some())
+            .collect();
+        assert_eq!(cached, reached, "is_eagle_group {flags:?}");
+        coord.check_invariants().unwrap();
+    }
+}
+
+/// The 13-token prompt of the first test with only the window flagged: full attention does
+/// not drop, so it caches its aligned 8 tokens (block 1) and keeps no partial entry (the
+/// boundary, 13 less one rounded to 12, lies past them), while the window caches 12 tokens
+/// (blocks 3, 4, 5). Block 2 is freed uncached, to the front.
+#[test]
+fn full_attention_not_flagged_keeps_no_tail_block() {
+    let mut coord = gemma_like();
+    coord.set_eagle_block_drop(true).unwrap();
+    coord.set_eagle_groups(&[false, true]).unwrap();
+    coord
+        .allocate_slots(&1, &tokens(0..13), 13, 0, None, None)
+        .unwrap();
+    assert_eq!(coord.num_cached_blocks_of(&1).unwrap(), [1, 3]);
+    assert_eq!(coord.num_cached_blocks(), 4);
+    assert!(coord.block_hash(2).is_none());
+    coord.free(&1).unwrap();
+    let mut expected = vec![6, 2];
+    expected.extend(untouched());
+    expected.extend([1, 5, 4, 3]);
+    assert_eq!(coord.free_block_ids(), expected);
+    coord.check_invariants().unwrap();
+}
+
 #[test]
 fn the_rules_are_served_beside_differing_sizes_in_either_order() {
     let mut coord = gemma_like();
@@ -179,21 +224,25 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 proptest! {
-    /// Random streams under the drop or a look-ahead over full attention and windows of
-    /// 1, 2 or 4 hash blocks a block: memory and the cache map's count are conserved, and
-    /// every hit lands on the scheduler block size.
+    /// Random streams under the drop (in random `is_eagle_group` flags) or a look-ahead
+    /// over full attention and windows of 1, 2 or 4 hash blocks a block: memory and the
+    /// cache map's count are conserved, and every hit lands on the scheduler block size.
     #[test]
     fn random_streams_under_eagles_rules_keep_invariants(
         ops in prop::collection::vec(op(), 1..50),
         w in 1..20usize,
         scales in prop::collection::vec(prop::sample::select(vec![1usize, 2, 4]), 3),
         lookahead in 0..3usize,
+        flags in prop::collection::vec(any::<bool>(), 3),
     ) {
         let mut coord = KvCoordinator::new(vec![FULL, window(w), FULL], 60, 2, true).unwrap();
         let sizes: Vec<usize> = scales.iter().map(|s| s * 2).collect();
         coord.set_group_block_sizes(&sizes).unwrap();
         match lookahead {
-            0 => coord.set_eagle_block_drop(true).unwrap(),
+            0 => {
+                coord.set_eagle_block_drop(true).unwrap();
+                coord.set_eagle_groups(&flags).unwrap();
+            }
             n => coord.set_hash_lookahead(n).unwrap(),
         }
         let align = coord.scheduler_block_size();

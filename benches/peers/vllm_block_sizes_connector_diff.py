@@ -118,7 +118,8 @@ def main() -> int:
         f"{seen['loads']} asynchronous loads ({seen['failed']} failed), "
         f"{seen['external']} tokens offered by the "
         f"connector, {seen['hits']} admissions with computed tokens, "
-        f"{seen['preemptions']} preemptions; {stalled} of the streams compared up to where vLLM stalls after a failed load)"
+        f"{seen['preemptions']} preemptions; {stalled} of the streams compared up to where "
+        "vLLM stalls after a failed load)"
     )
     if first is not None:
         print(f"  first difference: {first}")

@@ -279,11 +279,10 @@ pub(super) fn cache_full_blocks(
     events: &mut Option<Vec<KvEvent>>,
     request: &mut RequestBlocks,
 ) {
-    // Re-prefillable tokens are never cached, nor blocks without their (look-ahead) hash:
-    // both are 0 and moot with vLLM's rules off.
-    let num_cacheable = rules.num_cacheable_tokens(request.num_computed_tokens);
-    let num_full =
-        (num_cacheable.min(request.num_tokens) / block_size).min(request.block_hashes.len());
+    // Computed tokens the request has (not drafts in flight) less the re-prefillable ones
+    // (`PrefixRules::num_cacheable_tokens`), and no block without its (look-ahead) hash.
+    let num_cacheable = rules.num_cacheable_tokens(request.num_computed_tokens, request.num_tokens);
+    let num_full = (num_cacheable / block_size).min(request.block_hashes.len());
     let first = request.num_cached_blocks.min(num_full);
     let hashes = &request.block_hashes[first..num_full];
     let ids = &request.block_ids[first..num_full];

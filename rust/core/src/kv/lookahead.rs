@@ -13,7 +13,8 @@
 //!   .find_longest_cache_hit`, `drop_eagle_block`), which is recomputed for the drafter.
 //! - **Re-prefillable tokens** (`KVCacheCoordinator.num_reprefillable_tokens`,
 //!   `max(0, num_prefill_lookahead - 1)`, multi-module MTP): the last ones of a request's
-//!   computed tokens are never cached (`get_num_cacheable_tokens`).
+//!   computed tokens, drafts in flight not counted, are never cached
+//!   (`get_num_cacheable_tokens`).
 //!
 //! Invariant: a request's `block_hashes` and `tail_tokens` together hold every token the
 //! pool knows of it, in order: `block_hashes.len() * block_size + tail_tokens.len()` of
@@ -42,10 +43,15 @@ impl PrefixRules {
         *self != Self::default()
     }
 
-    /// The computed tokens whose full blocks may be cached (vLLM's
-    /// `get_num_cacheable_tokens` of a one-group coordinator).
-    pub fn num_cacheable_tokens(&self, num_computed_tokens: usize) -> usize {
-        num_computed_tokens.saturating_sub(self.num_reprefillable_tokens)
+    /// The computed tokens whose full blocks may be cached, of a request with `num_tokens`
+    /// tokens (drafts not counted) and `num_computed_tokens` computed (drafts in flight
+    /// counted). vLLM 0.33 caps at the request's tokens first (`KVCacheManager
+    /// .allocate_slots`' `num_tokens_to_cache = min(computed + new, request.num_tokens)`;
+    /// `update_from_output` hands the landed tokens, at most those), then holds back the
+    /// re-prefillable ones (`KVCacheCoordinator.get_num_cacheable_tokens` of the one-group
+    /// coordinator): drafts in flight never stand in for them.
+    pub fn num_cacheable_tokens(&self, num_computed_tokens: usize, num_tokens: usize) -> usize {
+        (num_computed_tokens.min(num_tokens)).saturating_sub(self.num_reprefillable_tokens)
     }
 }
 
@@ -330,8 +336,17 @@ mod tests {
             num_reprefillable_tokens: 2,
             ..PrefixRules::default()
         };
-        assert_eq!(rules.num_cacheable_tokens(9), 7);
-        assert_eq!(rules.num_cacheable_tokens(1), 0);
+        assert_eq!(rules.num_cacheable_tokens(9, 9), 7);
+        assert_eq!(rules.num_cacheable_tokens(1, 1), 0);
+        // Drafts in flight (computed 57 of 53 tokens) do not cover the held-back tokens:
+        // 53 - 3 = 50 (3 blocks of 16), not min(57 - 3, 53) = 53.
+        let mtp = PrefixRules {
+            num_reprefillable_tokens: 3,
+            ..PrefixRules::default()
+        };
+        assert_eq!(mtp.num_cacheable_tokens(57, 53), 50);
+        assert_eq!(mtp.num_cacheable_tokens(52, 48), 45);
+        assert_eq!(PrefixRules::default().num_cacheable_tokens(57, 53), 53);
         assert!(!PrefixRules::default().any());
     }
 }

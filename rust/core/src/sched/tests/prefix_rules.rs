@@ -101,6 +101,49 @@ fn reprefillable_tokens_stay_out_of_the_cache() {
 }
 
 #[test]
+fn drafts_in_flight_do_not_stand_in_for_reprefillable_tokens() {
+    // Multi-module MTP, k = 3 (2 re-prefillable tokens), 3 drafts. vLLM 0.33's
+    // `allocate_slots` caches `min(computed + new, request.num_tokens)` and its one-group
+    // `get_num_cacheable_tokens` then subtracts the 2: the drafts scheduled past the 9 known
+    // tokens never cover them (issue 30, `vllm_adapter_diff.py --eagle drop --mtp`, seed 4).
+    let config = SchedulerConfig {
+        num_prefill_lookahead: 3,
+        num_speculative_tokens: 3,
+        ..cfg(0, false)
+    };
+    let mut s = Scheduler::new(config, false).unwrap();
+    let tokens: Vec<u32> = (0..8).collect();
+    s.add_request(0, request(&tokens, 50)).unwrap();
+    s.schedule().unwrap();
+    let drafted = SampledOutput {
+        request_id: 0,
+        token_ids: vec![100],
+        spec_token_ids: vec![101, 102, 103],
+        ..Default::default()
+    };
+    s.update_from_output(&[drafted]).unwrap();
+    let probe: Vec<u32> = (0..8).chain(100..104).collect();
+    // 8 computed, 6 cacheable: 3 blocks.
+    assert_eq!(s.num_cached_prefix_tokens(&probe, None), 6);
+    let out = s.schedule().unwrap();
+    assert_eq!(scheduled(&out), [(0, 4)], "one new token plus three drafts");
+    // 12 computed of 9 tokens: min(12, 9) - 2 = 7 cacheable, still 3 blocks (not
+    // min(12 - 2, 9) = 9, 4 blocks).
+    assert_eq!(s.num_cached_prefix_tokens(&probe, None), 6);
+    let verified = SampledOutput {
+        request_id: 0,
+        token_ids: vec![101, 102, 103, 104],
+        ..Default::default()
+    };
+    s.update_from_output(&[verified]).unwrap();
+    // All accepted: 12 landed of 13 tokens, 10 cacheable, 5 blocks (the probe's last token
+    // is never a hit).
+    let probe: Vec<u32> = (0..8).chain(100..105).collect();
+    assert_eq!(s.num_cached_prefix_tokens(&probe, None), 10);
+    s.check_invariants().unwrap();
+}
+
+#[test]
 fn the_update_completes_lookahead_hashes_with_the_sampled_token() {
     // Speculative decoding on: the update caches the landed tokens' blocks, hashed with the
     // token sampled past them (vLLM's `update_from_output` -> `cache_blocks`, whose block

@@ -107,6 +107,7 @@ class StatsAndEvents(AdapterBase):
                         block_size=self.block_size,
                         lora_id=None,
                         medium="GPU",
+                        lora_name=None,
                     )
                 )
             elif kind == "removed":

@@ -65,6 +65,7 @@ except ImportError as err:  # pragma: no cover - exercised only without vLLM
 from tokenyard.errors import InputError
 from tokenyard.integrations._vllm_adopt import AdoptedRequests, QueueView
 from tokenyard.integrations._vllm_aux_outputs import BlockHashIndex
+from tokenyard.integrations._vllm_connector_binding import bind_kv_cache_manager
 from tokenyard.integrations._vllm_core_attributes import CoreAttributes
 from tokenyard.integrations._vllm_encoder_cache import EncoderCacheView
 from tokenyard.integrations._vllm_hisparse import (
@@ -292,6 +293,10 @@ class TokenyardScheduler(
             self.aux_output_connector = AuxOutputSchedulerConnector(
                 self.kv_cache_manager, self.connector
             )
+        # vLLM 0.33 binds the cache manager into the KV connector once built (the end of
+        # Scheduler.__init__); connectors that would change vLLM's pool are refused here.
+        if self.connector is not None:
+            bind_kv_cache_manager(self.connector, self.kv_cache_manager)
         self.current_step = 0
         self._pause_state = PauseState.UNPAUSED
         self._spec_token_placeholders = [-1] * self.num_spec_tokens

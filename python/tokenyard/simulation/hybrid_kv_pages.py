@@ -20,8 +20,8 @@ This module plans the layout (checked against vLLM's own planner by
 ``benches/peers/vllm_kv_spec_diff.py``) and the simulator's runs use it (``plan_pages``: the
 memory plan carries each group's block size, ``MemoryPlan.kv_group_block_sizes``, and the
 step scheduler's ``block_size`` is the hash block size). Beside differing sizes the step
-scheduler serves a KV connector (P/D, since branch ``bszconn``: both pools plan the same
-groups, ``PdConfig::validate`` checks their block sizes agree, and the link moves each
+scheduler serves a KV connector (since branch ``bszconn``; the simulator's P/D since
+``simpd``: both pools plan the same groups, ``PdConfig::validate`` checks their block sizes agree, and the link moves each
 group's KV, ``disagg_config.hybrid_link_terms``) but neither chunked local nor Mamba groups:
 with the setting unset such a configuration is planned as
 ``--disable-hybrid-kv-cache-manager`` (the banner says why), with ``true`` refused naming

@@ -12,7 +12,9 @@
 //! computed tokens less the re-prefillable ones of a multi-module MTP drafter; the others
 //! up to the aligned computed tokens (`HybridKVCacheCoordinator.get_num_cacheable_tokens`).
 //!
-//! Invariant: `flags` has one entry per group and at least one is set.
+//! Invariant: `flags` has one entry per group and at least one is set; `drops` is `flags`
+//! widened over the spec groups of the lookup order (a group drops when a group sharing
+//! its spec is flagged), recomputed whenever either changes.
 
 use super::{GroupSizes, KvCoordinator, KvGroupSpec, RequestKey, SpecGroup};
 use crate::{Error, Result};
@@ -21,6 +23,8 @@ use crate::{Error, Result};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct EagleGroups {
     flags: Vec<bool>,
+    /// Per group, whether the drop acts in it when on (vLLM's manager's `use_eagle`).
+    drops: Vec<bool>,
     num_reprefillable_tokens: usize,
 }
 
@@ -29,7 +33,19 @@ impl EagleGroups {
     pub(super) fn every(num_groups: usize) -> Self {
         Self {
             flags: vec![true; num_groups],
+            drops: vec![true; num_groups],
             num_reprefillable_tokens: 0,
+        }
+    }
+
+    /// Recomputes `drops` over `lookup_order` (vLLM's `verify_and_split_kv_cache_groups`
+    /// turning the drop on in every member of a spec group with a flagged one).
+    pub(super) fn widen(&mut self, lookup_order: &[SpecGroup]) {
+        self.drops.clone_from(&self.flags);
+        for group in lookup_order {
+            if group.group_ids.iter().any(|&g| self.flags[g]) {
+                group.group_ids.iter().for_each(|&g| self.drops[g] = true);
+            }
         }
     }
 
@@ -49,10 +65,10 @@ impl EagleGroups {
 
 impl EagleGroups {
     /// Whether EAGLE's drop acts in group `g` (vLLM's manager's `use_eagle`): the drop is
-    /// on and the group flagged.
+    /// on and the group, or one sharing its spec, flagged.
     #[inline]
     pub(super) fn drops_in_group(&self, sizes: &GroupSizes, g: usize) -> bool {
-        sizes.drop_eagle && self.flags[g]
+        sizes.drop_eagle && self.drops[g]
     }
 }
 
@@ -96,6 +112,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             ));
         }
         self.eagle.flags = flags;
+        self.eagle.widen(&self.lookup_order);
         Ok(())
     }
 
@@ -136,7 +153,7 @@ impl<R: RequestKey> KvCoordinator<R> {
     /// Whether `group`'s hits drop EAGLE's block: the drop is on and a member group is
     /// flagged (vLLM's `SpecGroup.use_eagle`).
     pub(super) fn drops_in(&self, group: &SpecGroup) -> bool {
-        self.sizes.drop_eagle && group.group_ids.iter().any(|&g| self.eagle.flags[g])
+        self.eagle.drops_in_group(&self.sizes, group.group_ids[0])
     }
 
     /// The first chunked local attention group flagged as an EAGLE group, which the drop

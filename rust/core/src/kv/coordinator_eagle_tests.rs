@@ -112,3 +112,29 @@ fn flagged_groups_hold_back_reprefillable_tokens() {
     let mut coord = KvCoordinator::<u64>::new(vec![FULL, mamba], 40, 4, true).unwrap();
     assert!(coord.set_num_reprefillable_tokens(2).is_err());
 }
+
+/// Groups sharing a spec drop together when one is flagged, in what they cache as in their
+/// lookups (vLLM's `verify_and_split_kv_cache_groups` sets `use_eagle` on every member
+/// manager): two windows of blocks of 4 beside full attention of 8 cache the same with one
+/// window flagged as with both.
+#[test]
+fn groups_sharing_a_spec_cache_as_one_under_the_drop() {
+    let run = |flags: &[bool]| {
+        let groups = vec![WINDOW, WINDOW, FULL];
+        let mut coord = KvCoordinator::<u64>::new(groups, 60, 4, true).unwrap();
+        coord.set_group_block_sizes(&[4, 4, 8]).unwrap();
+        coord.set_eagle_groups(flags).unwrap();
+        coord.set_eagle_block_drop(true).unwrap();
+        let prompt: Vec<TokenId> = (0..29).collect();
+        coord
+            .allocate_slots(&1, &prompt, 29, 0, None, None)
+            .unwrap();
+        let cached = coord.num_cached_blocks_of(&1).unwrap().to_vec();
+        coord.free(&1).unwrap();
+        let (_, found) = coord.find_longest_cache_hit_per_group(&prompt, None, 29);
+        (cached, found)
+    };
+    let one = run(&[true, false, true]);
+    assert_eq!(one, run(&[true, true, true]));
+    assert_eq!(one.0[0], one.0[1]);
+}

@@ -188,6 +188,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         };
         self.refresh_partial_tails();
         self.lookup_order = spec_groups(&self.groups, &self.sizes.groups);
+        self.eagle.widen(&self.lookup_order);
         Ok(())
     }
 

@@ -10,9 +10,10 @@
 //! blocks until their send completes (`request_finished` returns `true`). Loaded blocks
 //! enter the prefix cache only once they have landed.
 
+use super::Scheduler;
 use super::request::Request;
 use crate::Result;
-use crate::kv::BlockId;
+use crate::kv::{BlockId, RequestKey};
 
 /// What a connector can load for a request: `num_tokens` after its local prefix hit, and
 /// whether the load runs asynchronously (the request waits in `WAITING_FOR_REMOTE_KVS`)
@@ -108,4 +109,30 @@ pub struct KvLoad<R> {
     pub num_external_tokens: usize,
     /// Tokens loaded from the pool's host-memory tier.
     pub num_host_tokens: usize,
+}
+
+impl<R: RequestKey> Scheduler<R> {
+    /// vLLM 0.33's `_connector_finished` for the request in `slot` (a connector set):
+    /// with KV groups what left the windows on the processed-token basis is freed first,
+    /// then the connector gets each group's table (empty for a request holding no blocks);
+    /// whether it keeps the blocks for a transfer.
+    pub(super) fn connector_finished(&mut self, slot: u32) -> Result<bool> {
+        let Some(connector) = self.connector.as_mut() else {
+            return Ok(false);
+        };
+        let request = self.slots[slot as usize].as_ref().expect("live");
+        if !self.config.is_hybrid() {
+            let blocks = self.kv.block_ids(slot).unwrap_or_default();
+            return connector.request_finished(request, blocks);
+        }
+        let processed =
+            (request.num_computed_tokens).saturating_sub(self.num_in_flight_tokens(slot));
+        self.kv.prune_skipped_blocks(slot, processed);
+        let mut tables = self.kv.group_block_ids(slot);
+        tables.resize_with(self.config.kv_groups.len(), Vec::new);
+        let tables: Vec<&[BlockId]> = tables.iter().map(Vec::as_slice).collect();
+        let request = self.slots[slot as usize].as_ref().expect("live");
+        let connector = self.connector.as_mut().expect("checked");
+        connector.request_finished_groups(request, &tables)
+    }
 }

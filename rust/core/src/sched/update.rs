@@ -7,7 +7,7 @@ use super::output::SampledOutput;
 use super::outside_wait::OutsideWait;
 use super::request::{FinishReason, Request, RequestSpec, RequestStatus};
 use super::scheduler::FinishedInFlight;
-use crate::kv::{BlockId, RequestKey, TokenId};
+use crate::kv::{RequestKey, TokenId};
 use crate::{Error, Result};
 
 /// The most output tokens a new request's token vector reserves room for.
@@ -541,7 +541,8 @@ impl<R: RequestKey> Scheduler<R> {
     /// ordered against the device's steps); the blocks then wait for the newest step
     /// scheduled (`sched::block_free`).
     ///
-    /// A KV connector may keep the blocks of a finished request until their send completes;
+    /// The connector (if any) is asked about every finished request, whatever its status
+    /// (vLLM 0.33's `_free_request`), and may keep its blocks until their send completes;
     /// a request aborted while its KV loads keeps them until the load stops writing. Both
     /// are freed when `finish_kv_transfers` reports the transfer.
     ///
@@ -554,39 +555,22 @@ impl<R: RequestKey> Scheduler<R> {
         let in_flight = request.num_sampling_steps();
         let status = request.status;
         let mut connector_error = None;
-        let for_transfer = match (status, &mut self.connector) {
-            // A load already reported (landed or failed) writes nothing more and will not
-            // be reported again: only a load still in flight holds the blocks.
-            // A deferred load never started (`sched::block_free`): nothing will report it.
-            (RequestStatus::WaitingForRemoteKvs, _) => {
-                !self.drop_deferred_load(slot) && !self.landed.contains(&slot)
+        // A load already reported (landed or failed) writes nothing more and will not be
+        // reported again: only a load still in flight holds the blocks. A deferred load
+        // never started (`sched::block_free`): nothing will report it.
+        let load_holds = status == RequestStatus::WaitingForRemoteKvs
+            && !self.drop_deferred_load(slot)
+            && !self.landed.contains(&slot);
+        // vLLM 0.33's `_free_request` asks the connector about every finished request,
+        // whatever its status (`_connector_finished`).
+        let connector_holds = match self.connector_finished(slot) {
+            Ok(holds) => holds,
+            Err(err) => {
+                connector_error = Some(err);
+                false
             }
-            (RequestStatus::Running, Some(connector)) if self.config.is_hybrid() => {
-                // vLLM 0.33's `_connector_finished`: what left the windows on the
-                // processed-token basis is freed before the connector sees the tables.
-                let processed =
-                    (request.num_computed_tokens).saturating_sub(self.num_in_flight_tokens(slot));
-                self.kv.prune_skipped_blocks(slot, processed);
-                let tables = self.kv.group_block_ids(slot);
-                let tables: Vec<&[BlockId]> = tables.iter().map(Vec::as_slice).collect();
-                let request = self.slots[slot as usize].as_ref().expect("live");
-                let connector = self.connector.as_mut().expect("matched");
-                (connector.request_finished_groups(request, &tables)).unwrap_or_else(|err| {
-                    connector_error = Some(err);
-                    false
-                })
-            }
-            (RequestStatus::Running, Some(connector)) => {
-                let blocks = self.kv.block_ids(slot).unwrap_or_default();
-                connector
-                    .request_finished(request, blocks)
-                    .unwrap_or_else(|err| {
-                        connector_error = Some(err);
-                        false
-                    })
-            }
-            _ => false,
         };
+        let for_transfer = load_holds || connector_holds;
         if status == RequestStatus::Running {
             self.running.retain(|&s| s != slot);
         } else {

@@ -77,6 +77,17 @@ impl SchedulerConfig {
                 self.num_prefill_lookahead,
             ));
         }
+        let mamba_align = self.kv_groups.iter().any(|g| g.is_mamba_align());
+        if mamba_align && self.num_prefill_lookahead > 1 {
+            // The coordinator's guard (`set_num_reprefillable_tokens`), named by the field
+            // set here.
+            return Err(Error::config(
+                "num_prefill_lookahead",
+                self.num_prefill_lookahead,
+                "under eagle_block_drop a multi-module MTP drafter's re-prefilled tokens \
+                 beside a Mamba align group are not modelled",
+            ));
+        }
         Ok(())
     }
 

@@ -409,3 +409,23 @@ fn the_lookahead_setter_keeps_the_pools_reprefillable_lag() {
     s.schedule().unwrap();
     assert_eq!(s.num_cached_prefix_tokens(&longer, None), 8);
 }
+
+#[test]
+fn reprefillable_tokens_beside_a_mamba_align_group_are_refused_by_their_field() {
+    use crate::kv::KvGroupSpec;
+    let config = SchedulerConfig {
+        kv_groups: vec![KvGroupSpec::FullAttention, KvGroupSpec::MAMBA_ALIGN],
+        block_size: 16,
+        num_blocks: 100,
+        max_model_len: 256,
+        max_num_batched_tokens: 256,
+        mamba_align: Some(MambaAlignSplit::new(16)),
+        num_prefill_lookahead: 3,
+        ..cfg(0, true)
+    };
+    let err = Scheduler::<u32>::new(config, false)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("num_prefill_lookahead"), "{err}");
+}

@@ -22,7 +22,8 @@ memory plan carries each group's block size, ``MemoryPlan.kv_group_block_sizes``
 step scheduler's ``block_size`` is the hash block size). Beside differing sizes the step
 scheduler serves a KV connector (since branch ``bszconn``; the simulator's P/D since
 ``simpd``: both pools plan the same groups, ``PdConfig::validate`` checks their block
-sizes agree, and the link moves each group's KV, ``disagg_config.hybrid_link_terms``) but neither chunked local nor Mamba groups:
+sizes agree, and the link moves each group's KV, ``disagg_config.hybrid_link_terms``) but
+neither chunked local nor Mamba groups:
 with the setting unset such a configuration is planned as
 ``--disable-hybrid-kv-cache-manager`` (the banner says why), with ``true`` refused naming
 the key. Speculative steps of any length are

@@ -212,3 +212,25 @@ def test_connector_loads_beside_a_sliding_window_match_vllm(seed: int) -> None:
 def test_replays_after_loads_happen() -> None:
     seen = [_run(bounded_replay_groups(WINDOW, block_size=BLOCK_SIZE), s) for s in range(6)]
     assert sum(s["replays"] for s in seen) > 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_connector_hears_of_requests_aborted_before_running(seed: int) -> None:
+    # vLLM 0.33's _free_request asks the connector (_connector_finished) about every
+    # finished request, whatever its status: waiting, loading or running.
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.request import Request
+
+    pair, _ = _pair(
+        kv_groups(["full", "window32"]), seed=seed, loads_every_group=False, num_blocks=160
+    )
+    tables = []
+    for scheduler in pair:
+        for i in range(3):
+            prompt = list(range(100 * i, 100 * i + 40))
+            scheduler.add_request(Request(f"r{i}", prompt, SamplingParams(max_tokens=4), None))
+        scheduler.schedule()
+        scheduler.finish_requests(["r0", "r1", "r2"], RequestStatus.FINISHED_ABORTED)
+        tables.append(scheduler.connector.finished_tables)
+    assert tables[0] == tables[1]
+    assert set(tables[0]) == {"r0", "r1", "r2"}

@@ -100,4 +100,4 @@ def test_re_prefillable_tokens_beside_a_mamba_align_group_are_refused() -> None:
     groups = (FullAttentionSpec(), MambaSpec(mamba_cache_mode="align"))
     with pytest.raises(ConfigError) as err:
         scheduler(groups, num_prefill_lookahead=2, mamba_align_block_size=2)
-    assert err.value.field == "num_reprefillable_tokens"
+    assert err.value.field == "num_prefill_lookahead"

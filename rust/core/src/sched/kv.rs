@@ -151,9 +151,9 @@ impl Kv {
             if !config.kv_group_block_sizes.is_empty() {
                 pool.set_group_block_sizes(&config.kv_group_block_sizes)?;
             }
-            pool.set_hash_lookahead(config.prefix_rules().num_hash_lookahead_tokens)?;
-            pool.set_eagle_groups(&config.kv_group_is_eagle)?;
             let rules = config.prefix_rules();
+            pool.set_hash_lookahead(rules.num_hash_lookahead_tokens)?;
+            pool.set_eagle_groups(&config.kv_group_is_eagle)?;
             pool.set_eagle_block_drop(rules.drop_eagle_block)?;
             if rules.drop_eagle_block {
                 // vLLM's hybrid groups hold them back only where they drop.

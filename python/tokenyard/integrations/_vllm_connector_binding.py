@@ -1,5 +1,5 @@
-"""vLLM 0.33's last step of ``Scheduler.__init__`` (``v1/core/sched/scheduler.py``):
-``self.connector.bind_kv_cache_manager(self.kv_cache_manager)``, whose base method
+"""vLLM 0.33's ``Scheduler.__init__`` (``v1/core/sched/scheduler.py``), once its KV cache
+manager is built: ``self.connector.bind_kv_cache_manager(self.kv_cache_manager)``, whose base method
 (``kv_connector/v1/base.py``) keeps the manager as ``_kv_cache_manager`` and passes its
 ``block_pool`` to ``bind_gpu_block_pool``. ``TokenyardScheduler`` binds its
 ``_KVCacheManagerView`` the same way, after refusing by name the connectors whose scheduler

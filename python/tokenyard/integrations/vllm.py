@@ -293,8 +293,9 @@ class TokenyardScheduler(
             self.aux_output_connector = AuxOutputSchedulerConnector(
                 self.kv_cache_manager, self.connector
             )
-        # vLLM 0.33 binds the cache manager into the KV connector once built (the end of
-        # Scheduler.__init__); connectors that would change vLLM's pool are refused here.
+        # vLLM 0.33 binds the cache manager into the KV connector once built
+        # (Scheduler.__init__, after _spec_decode_step_blocks); connectors that would change
+        # vLLM's pool are refused here.
         if self.connector is not None:
             bind_kv_cache_manager(self.connector, self.kv_cache_manager)
         self.current_step = 0

@@ -128,7 +128,7 @@ impl<R: RequestKey> KvCoordinator<R> {
     ///
     /// Errors: `ConfigError` naming `num_reprefillable_tokens` while a request holds
     /// blocks, or beside a Mamba `align` group (its checkpoints beside the lag are not
-    /// modelled).
+    /// modelled; the step scheduler refuses that first, naming `num_prefill_lookahead`).
     pub fn set_num_reprefillable_tokens(&mut self, num_tokens: usize) -> Result<()> {
         let field = "num_reprefillable_tokens";
         if num_tokens > 0 && self.groups.iter().any(KvGroupSpec::is_mamba_align) {

@@ -26,9 +26,10 @@ impl SchedulerConfig {
     /// Refuses what the rules cannot mean or the core does not serve: a look-ahead or the
     /// drop without block-hash prefix caching, both at once (vLLM's scheduler turns the drop
     /// off when look-ahead hashes are on), and the drop or look-ahead hashes with blocks
-    /// smaller than a multi-module MTP look-ahead (vLLM's coordinator raises). With several
-    /// KV groups the drop's re-prefillable tokens are the coordinator's
-    /// (`kv::KvCoordinator::set_num_reprefillable_tokens`).
+    /// smaller than a multi-module MTP look-ahead (vLLM's coordinator raises), and under the
+    /// drop a multi-module MTP look-ahead beside a Mamba `align` group (named
+    /// `num_prefill_lookahead` here, before the coordinator's own guard in
+    /// `kv::KvCoordinator::set_num_reprefillable_tokens` would name its argument).
     pub(super) fn validate_prefix_rules(&self) -> Result<()> {
         let block_hash = self.enable_prefix_caching && self.prefix_cache == PrefixCache::BlockHash;
         if self.num_hash_lookahead_tokens > 0 && !block_hash {

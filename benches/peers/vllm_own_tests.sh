@@ -6,6 +6,15 @@
 #   bash benches/peers/vllm_own_tests.sh [pytest -k expression]
 #   FILES="tests/v1/core/test_scheduler.py" bash benches/peers/vllm_own_tests.sh   # some files
 #   SKIP_VLLM=1 bash benches/peers/vllm_own_tests.sh   # tokenyard's side only, vLLM's kept
+#   SUITE=connectors bash benches/peers/vllm_own_tests.sh   # vLLM's connector tests instead
+#
+# SUITE=connectors runs, instead of tests/v1/core, every test file of vLLM's KV-connector,
+# offloading, EC-connector, streaming-input and speculative-decoding test folders that
+# names a scheduler (`Scheduler(`, `create_scheduler`, `scheduler_cls`), with the pytest
+# plugin benches/peers/vllm_own_tests_swap.py on tokenyard's side (it rebinds
+# `Scheduler`/`AsyncScheduler` in vLLM's test modules and their helpers, e.g.
+# tests/v1/kv_connector/unit/utils.py::create_scheduler); results go to
+# $CACHE/results/connectors-*.
 #
 # Needs the bench venv with vLLM 0.33.0 (benches/peers/setup.sh, or VENV=...) and a built
 # tokenyard (maturin develop): tokenyard is taken from python/ on PYTHONPATH. Fetches the
@@ -79,10 +88,25 @@ export PYTHONPATH="${TOKENYARD_PYTHON:-$REPO/python}${PYTHONPATH:+:$PYTHONPATH}"
 OUT="$CACHE/results"
 mkdir -p "$OUT"
 cd "$SRC"
+SUITE="${SUITE:-core}"
+case "$SUITE" in
+core)
+    PREFIX="" PLUGIN=() ;;
+connectors)
+    ROOT="tests/v1/kv_connector tests/v1/simple_kv_offload tests/v1/ec_connector"
+    ROOT="$ROOT tests/v1/streaming_input tests/v1/spec_decode"
+    PREFIX=connectors- PLUGIN=(-p vllm_own_tests_swap)
+    export PYTHONPATH="$PYTHONPATH:$HERE" ;;
+*) echo "SUITE must be core or connectors, got $SUITE" >&2; exit 2 ;;
+esac
 if [[ -n "${FILES:-}" ]]; then
     read -r -a TESTS <<<"$FILES"
-else
+elif [[ "$SUITE" == core ]]; then
     mapfile -t TESTS < <(find tests/v1/core -name 'test_*.py' | sort)
+else
+    # shellcheck disable=SC2086
+    mapfile -t TESTS < <(grep -rlE --include='test_*.py' 'create_scheduler|Scheduler\(|scheduler_cls' \
+        $ROOT | sort)
 fi
 # A file that cannot be collected here (a missing dependency) is reported, not fatal.
 args=(-q -p no:cacheprovider -W ignore -o junit_family=xunit1 --continue-on-collection-errors
@@ -91,14 +115,17 @@ args=(-q -p no:cacheprovider -W ignore -o junit_family=xunit1 --continue-on-coll
 
 rm -f tests/v1/core/conftest.py
 # SKIP_VLLM=1: keep the previous run's vLLM results (vLLM's side does not change).
-if [[ -z "${SKIP_VLLM:-}" || ! -f "$OUT/vllm.xml" ]]; then
-    "$PY" -m pytest "${args[@]}" --junitxml="$OUT/vllm.xml" >"$OUT/vllm.log" 2>&1 || true
+if [[ -z "${SKIP_VLLM:-}" || ! -f "$OUT/${PREFIX}vllm.xml" ]]; then
+    "$PY" -m pytest "${args[@]}" --junitxml="$OUT/${PREFIX}vllm.xml" \
+        >"$OUT/${PREFIX}vllm.log" 2>&1 || true
 fi
-cp "$HERE/vllm_own_tests_conftest.py" tests/v1/core/conftest.py
-"$PY" -m pytest "${args[@]}" --junitxml="$OUT/tokenyard.xml" >"$OUT/tokenyard.log" 2>&1 || true
+[[ "$SUITE" == core ]] && cp "$HERE/vllm_own_tests_conftest.py" tests/v1/core/conftest.py
+"$PY" -m pytest "${PLUGIN[@]}" "${args[@]}" --junitxml="$OUT/${PREFIX}tokenyard.xml" \
+    >"$OUT/${PREFIX}tokenyard.log" 2>&1 || true
 rm -f tests/v1/core/conftest.py
 
-"$PY" - "$OUT/vllm.xml" "$OUT/tokenyard.xml" <<'EOF' | tee "$OUT/summary.txt"
+"$PY" - "$OUT/${PREFIX}vllm.xml" "$OUT/${PREFIX}tokenyard.xml" "$SUITE" <<'EOF' \
+    | tee "$OUT/${PREFIX}summary.txt"
 import sys
 import xml.etree.ElementTree as ET
 
@@ -108,9 +135,10 @@ def outcomes(path):
     for case in ET.parse(path).getroot().iter("testcase"):
         # classname: tests.v1.core[.prefix_cache].test_x[.TestClass]
         # (a file that failed to collect: no classname, the module as the name).
+        # Names are relative to tests/v1/core, or to tests/v1 for the connector suite.
         parts = (case.get("classname") or case.get("name")).split(".")
         stem = max(i for i, p in enumerate(parts) if p.startswith("test_"))
-        name = "/".join(parts[3 : stem + 1]) + ".py::" + (
+        name = "/".join(parts[skip : stem + 1]) + ".py::" + (
             case.get("name") if case.get("classname") else "(collection)"
         )
         bad = case.find("failure") is not None or case.find("error") is not None
@@ -122,6 +150,7 @@ def outcomes(path):
     return result, built
 
 
+skip = 3 if sys.argv[3] == "core" else 2
 vllm, _ = outcomes(sys.argv[1])
 tokenyard, built = outcomes(sys.argv[2])
 on_vllm = {n for n, o in vllm.items() if o == "passed"}

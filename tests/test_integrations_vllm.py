@@ -39,6 +39,10 @@ class SinkFullAttentionSpec(SimpleNamespace):
     pass
 
 
+class _Unknown(SimpleNamespace):
+    pass
+
+
 class CrossAttentionSpec(SimpleNamespace):
     pass
 
@@ -136,13 +140,22 @@ def test_kv_cache_groups_become_the_cores_kv_groups_spec_by_spec() -> None:
 
 
 def test_kv_layouts_the_core_has_no_group_for_are_refused_by_name() -> None:
+    # vLLM 0.33's own scheduler cannot build a static sink's manager: refused.
     with pytest.raises(ConfigError) as info:
         core_config(vllm_config(), kv_config(FullAttentionSpec(), SinkFullAttentionSpec()), 16)
-    assert info.value.field == "kv_cache_groups[1].kv_cache_spec"
-    assert info.value.value == "SinkFullAttentionSpec"
+    assert (info.value.field, info.value.value) == (
+        "kv_cache_groups[1].kv_cache_spec",
+        "SinkFullAttentionSpec",
+    )
+    # vLLM's hybrid manager turned off: a window on a full-attention spec is the kernel's.
+    assert (
+        core_config(vllm_config(), kv_config(FullAttentionSpec(sliding_window=128)), 16).kv_groups
+        == ()
+    )
     with pytest.raises(ConfigError) as info:
-        core_config(vllm_config(), kv_config(FullAttentionSpec(sliding_window=128)), 16)
-    assert info.value.field == "kv_cache_groups[0].kv_cache_spec"
+        core_config(vllm_config(), kv_config(FullAttentionSpec(), _Unknown()), 16)
+    assert info.value.field == "kv_cache_groups[1].kv_cache_spec"
+    assert info.value.value == "_Unknown"
     spec = MambaSpec(mamba_cache_mode="align", num_prefill_checkpoint_blocks=1)
     with pytest.raises(ConfigError) as info:
         core_config(vllm_config(), kv_config(FullAttentionSpec(), spec), 16)

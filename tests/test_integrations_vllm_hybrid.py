@@ -66,14 +66,21 @@ def test_full_and_chunked_local_groups_match_vllm() -> None:
     assert _run(("full", "chunk64"), num_blocks=80, seed=5).tables_with_null > 0
 
 
-def test_a_group_kind_the_core_has_none_for_is_refused_by_name() -> None:
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_full_attention_spec_carrying_a_window_matches_vllm(seed: int) -> None:
+    # vLLM's hybrid manager turned off: every layer is full attention for the scheduler,
+    # the window only the kernel's (and the KV events' metadata).
+    _run((f"fullwindow{2 * BLOCK_SIZE}",), num_blocks=40, seed=seed)
+
+
+def test_a_static_sink_group_is_refused_by_name_as_vllm_cannot_build_it() -> None:
     from vllm.v1.kv_cache_interface import SinkFullAttentionSpec
 
     peer = VllmSchedulerPeer(
         num_blocks=40, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=512
     )
     spec = SinkFullAttentionSpec(
-        block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float16, sink_len=4
+        block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float16, sink_len=16
     )
     kv_cache_config = KVCacheConfig(
         num_blocks=40,
@@ -83,6 +90,15 @@ def test_a_group_kind_the_core_has_none_for_is_refused_by_name() -> None:
             KVCacheGroupSpec(["layers.1.attn"], spec),
         ],
     )
+    # vLLM 0.33's coordinator passes every manager needs_kv_cache_zeroing, which
+    # SinkFullAttentionManager.__init__ does not take.
+    with pytest.raises(TypeError, match="needs_kv_cache_zeroing"):
+        type(peer.scheduler)(
+            vllm_config=peer.vllm_config,
+            kv_cache_config=kv_cache_config,
+            structured_output_manager=peer.scheduler.structured_output_manager,
+            block_size=BLOCK_SIZE,
+        )
     with pytest.raises(ConfigError) as info:
         TokenyardScheduler(
             vllm_config=peer.vllm_config,

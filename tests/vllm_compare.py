@@ -44,11 +44,15 @@ IMAGE_TOKEN = 32000
 
 
 def attention_spec(kind: str) -> Any:
-    """``"full"``, ``"window<N>"`` (sliding window of N tokens) or ``"chunk<N>"`` (chunked
-    local attention), one head of size 1 (the scheduler reads only the kind and block size)."""
+    """``"full"``, ``"window<N>"`` (sliding window of N tokens), ``"chunk<N>"`` (chunked
+    local attention) or ``"fullwindow<N>"`` (a full-attention spec carrying an N-token
+    window: vLLM's layout with its hybrid manager off), one head of size 1 (the scheduler
+    reads only the kind and block size)."""
     common = {"block_size": BLOCK_SIZE, "num_kv_heads": 1, "head_size": 1, "dtype": torch.float16}
     if kind == "full":
         return FullAttentionSpec(**common)
+    if kind.startswith("fullwindow"):
+        return FullAttentionSpec(**common, sliding_window=int(kind[len("fullwindow") :]))
     if kind.startswith("window"):
         return SlidingWindowSpec(**common, sliding_window=int(kind[len("window") :]))
     if kind.startswith("chunk"):

@@ -267,11 +267,10 @@ def kv_groups_of(
     under speculation, covers the request, as the core's Mamba group holds it.
 
     Raises:
-        ConfigError: a spec kind the core has no group for (sink full
-            attention, uniform-type spec lists, ...), named; a full-attention spec carrying
-            a sliding window or chunk (vLLM's layout with its hybrid manager off); a
-            sliding window with ``extra_retained_tokens``; a Mamba prefill checkpoint block
-            without its alignment. Block sizes are checked by
+        ConfigError: a spec kind the core has no group for (uniform-type spec lists,
+            ...), named; a static-sink spec (vLLM 0.33's own scheduler fails to build its
+            manager); a sliding window with ``extra_retained_tokens``; a
+            Mamba prefill checkpoint block without its alignment. Block sizes are checked by
             :func:`tokenyard.integrations._vllm_block_sizes.group_block_sizes_of`.
     """
     groups = list(_get(kv_cache_config, "kv_cache_groups", []) or [])
@@ -297,12 +296,16 @@ def kv_groups_of(
         elif kind == "HiSparseHotSpec":
             specs.append(HiSparseHotSpec(blocks_per_request=int(spec.blocks_per_request)))
         elif kind in ("FullAttentionSpec", "MLAAttentionSpec"):
-            if _get(spec, "sliding_window") or _get(spec, "attention_chunk_size"):
-                raise refuse(
-                    "a full-attention spec with a sliding window or chunk (vLLM's hybrid "
-                    "manager turned off) is not supported"
-                )
+            # A window or chunk on a full-attention spec is vLLM's layout with its hybrid
+            # manager off (unify_hybrid_kv_cache_specs): FullAttentionManager keeps every
+            # block, and only the KV events' metadata reads the window.
             specs.append(FullAttentionSpec())
+        elif kind == "SinkFullAttentionSpec":
+            # SinkFullAttentionManager is a FullAttentionManager, but vLLM 0.33's
+            # coordinator cannot build it (its __init__ does not take the
+            # needs_kv_cache_zeroing every manager is given: a TypeError in Scheduler's
+            # constructor), so no vLLM scheduler serves this layout to agree with.
+            raise refuse("vLLM 0.33's own Scheduler cannot build SinkFullAttentionManager")
         elif kind in ("SlidingWindowSpec", "SlidingWindowMLASpec"):
             if _get(spec, "extra_retained_tokens", 0):
                 raise refuse("extra retained tokens are not supported")

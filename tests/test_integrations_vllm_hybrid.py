@@ -66,6 +66,44 @@ def test_full_and_chunked_local_groups_match_vllm() -> None:
     assert _run(("full", "chunk64"), num_blocks=80, seed=5).tables_with_null > 0
 
 
+@pytest.mark.parametrize(
+    ("kinds", "num_blocks", "seed"),
+    [
+        (("full", "window32r5"), 80, 0),
+        (("full", "window32r5"), 80, 1),
+        (("full", "window32r17"), 30, 2),
+        (("window48r3",), 40, 3),
+    ],
+)
+def test_windows_retaining_extra_tokens_match_vllm(
+    kinds: tuple[str, ...], num_blocks: int, seed: int
+) -> None:
+    # A multi-module MTP drafter's runway below each window (extra_retained_tokens): blocks
+    # leave the window later, admission caps count them, hits need the window alone.
+    seen = _run(kinds, num_blocks=num_blocks, seed=seed, max_tokens=60)
+    assert seen.tables_with_null > 0
+
+
+def test_windows_retaining_different_counts_are_refused_by_name() -> None:
+    peer = VllmSchedulerPeer(
+        num_blocks=40, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=512
+    )
+    kv_cache_config = KVCacheConfig(
+        num_blocks=40,
+        kv_cache_tensors=[],
+        kv_cache_groups=kv_groups(("window32r3", "window64r4")),
+    )
+    with pytest.raises(ConfigError) as info:
+        TokenyardScheduler(
+            vllm_config=peer.vllm_config,
+            kv_cache_config=kv_cache_config,
+            structured_output_manager=None,
+            block_size=BLOCK_SIZE,
+        )
+    assert info.value.field == "kv_cache_groups[1].kv_cache_spec.extra_retained_tokens"
+    assert info.value.value == 4
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_a_full_attention_spec_carrying_a_window_matches_vllm(seed: int) -> None:
     # vLLM's hybrid manager turned off: every layer is full attention for the scheduler,

@@ -44,7 +44,8 @@ IMAGE_TOKEN = 32000
 
 
 def attention_spec(kind: str) -> Any:
-    """``"full"``, ``"window<N>"`` (sliding window of N tokens), ``"chunk<N>"`` (chunked
+    """``"full"``, ``"window<N>"`` (sliding window of N tokens; ``"window<N>r<E>"`` keeping
+    E more tokens below it, vLLM's ``extra_retained_tokens``), ``"chunk<N>"`` (chunked
     local attention) or ``"fullwindow<N>"`` (a full-attention spec carrying an N-token
     window: vLLM's layout with its hybrid manager off), one head of size 1 (the scheduler
     reads only the kind and block size)."""
@@ -54,7 +55,11 @@ def attention_spec(kind: str) -> Any:
     if kind.startswith("fullwindow"):
         return FullAttentionSpec(**common, sliding_window=int(kind[len("fullwindow") :]))
     if kind.startswith("window"):
-        return SlidingWindowSpec(**common, sliding_window=int(kind[len("window") :]))
+        # "window<N>r<E>": the window retains E more tokens (extra_retained_tokens).
+        window, _, extra = kind[len("window") :].partition("r")
+        return SlidingWindowSpec(
+            **common, sliding_window=int(window), extra_retained_tokens=int(extra or 0)
+        )
     if kind.startswith("chunk"):
         return ChunkedLocalAttentionSpec(**common, attention_chunk_size=int(kind[len("chunk") :]))
     raise AssertionError(kind)

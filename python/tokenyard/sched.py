@@ -314,6 +314,13 @@ class SchedulerConfig:
     group, vLLM's fallback. Groups sharing a spec drop together when one is flagged; a
     ``ChunkedLocalAttentionSpec`` group may stand beside the drop only unflagged (vLLM's
     manager asserts). One flag per group, and only with several groups."""
+    kv_window_extra_retained_tokens: int = 0
+    """Tokens kept below every sliding window of ``kv_groups`` though not attended (vLLM
+    0.33's ``SlidingWindowSpec.extra_retained_tokens``: its planning tags each window with
+    ``max(0, num_prefill_lookahead_tokens - 1)`` of a multi-module MTP drafter, which may
+    re-prefill them): a window frees a block only once it lies that far below the window,
+    and a request's admission cap counts them; a hit still needs only the window's own run
+    of blocks. 0 = off; refused without a sliding-window group."""
 
     def __post_init__(self) -> None:
         groups = self.kv_groups
@@ -400,6 +407,7 @@ _COUNT_FIELDS = (
     "mamba_align_block_size",
     "num_prefill_lookahead",
     "num_hash_lookahead_tokens",
+    "kv_window_extra_retained_tokens",
     "max_loras",
     "host_num_blocks",
     "max_num_encoder_input_tokens",

@@ -225,6 +225,7 @@ def core_config(
         kv_groups=s.kv_groups,
         kv_group_block_sizes=s.kv_group_block_sizes,
         kv_group_is_eagle=s.kv_group_is_eagle,
+        kv_window_extra_retained_tokens=window_extra_retained_tokens(kv_cache_config),
         max_num_encoder_input_tokens=max_num_encoder_input_tokens,
         encoder_cache_size=encoder_cache_size,
         disable_chunked_mm_input=bool(_get(sched, "disable_chunked_mm_input", False)),
@@ -269,8 +270,8 @@ def kv_groups_of(
     Raises:
         ConfigError: a spec kind the core has no group for (uniform-type spec lists,
             ...), named; a static-sink spec (vLLM 0.33's own scheduler fails to build its
-            manager); a sliding window with ``extra_retained_tokens``; a
-            Mamba prefill checkpoint block without its alignment. Block sizes are checked by
+            manager); a Mamba prefill checkpoint block without its alignment. Block sizes
+            are checked by
             :func:`tokenyard.integrations._vllm_block_sizes.group_block_sizes_of`.
     """
     groups = list(_get(kv_cache_config, "kv_cache_groups", []) or [])
@@ -307,8 +308,6 @@ def kv_groups_of(
             # constructor), so no vLLM scheduler serves this layout to agree with.
             raise refuse("vLLM 0.33's own Scheduler cannot build SinkFullAttentionManager")
         elif kind in ("SlidingWindowSpec", "SlidingWindowMLASpec"):
-            if _get(spec, "extra_retained_tokens", 0):
-                raise refuse("extra retained tokens are not supported")
             # SlidingWindowMLASpec(bounded_replay=True) (DeepSeek-V4.1): not prefix-cached,
             # rebuilt by replaying a hit's last window (prefix_replay_tokens == window).
             replay = int(_get(spec, "prefix_replay_tokens", 0) or 0)
@@ -350,6 +349,33 @@ def kv_groups_of(
     if len(specs) == 1 and isinstance(specs[0], FullAttentionSpec):
         return ()
     return tuple(specs)
+
+
+def window_extra_retained_tokens(kv_cache_config: Any) -> int:
+    """The ``extra_retained_tokens`` of the sliding-window groups (vLLM 0.33's planning
+    tags every ``SlidingWindowSpec`` with the same ``max(0, num_prefill_lookahead_tokens -
+    1)``): the core keeps one value for all its windows.
+
+    Raises:
+        ConfigError: two windows retaining different counts, the second named
+            (``kv_cache_groups[i].kv_cache_spec.extra_retained_tokens``).
+    """
+    found: int | None = None
+    for i, group in enumerate(_get(kv_cache_config, "kv_cache_groups", []) or []):
+        spec = _get(group, "kv_cache_spec")
+        if type(spec).__name__ not in ("SlidingWindowSpec", "SlidingWindowMLASpec"):
+            continue
+        extra = int(_get(spec, "extra_retained_tokens", 0) or 0)
+        if found is not None and extra != found:
+            field = f"kv_cache_groups[{i}].kv_cache_spec.extra_retained_tokens"
+            raise ConfigError(
+                f"{field}: windows retaining different counts ({found} before, {extra} "
+                "here) are not supported (vLLM's planning gives every window one)",
+                field=field,
+                value=extra,
+            )
+        found = extra
+    return found or 0
 
 
 def _role(group: Any) -> str | None:

@@ -64,9 +64,9 @@ pub(crate) fn core_config(config: &Bound<'_, PyAny>) -> PyResult<(SchedulerConfi
         prefill_schedule_interval: count_field(config, "prefill_schedule_interval")?,
         kv_groups: kv_groups(config)?,
         kv_group_block_sizes: if config.hasattr("kv_group_block_sizes")? {
-            field(config, "kv_group_block_sizes")?
+            field::<Vec<usize>>(config, "kv_group_block_sizes")?.into_boxed_slice()
         } else {
-            Vec::new()
+            Box::default()
         },
         encoder: crate::sched_encoder::encoder_config(config)?,
         mamba_align: mamba_align(config)?,
@@ -94,6 +94,11 @@ pub(crate) fn core_config(config: &Bound<'_, PyAny>) -> PyResult<(SchedulerConfi
             field::<Vec<bool>>(config, "kv_group_is_eagle")?.into_boxed_slice()
         } else {
             Box::default()
+        },
+        kv_window_extra_retained_tokens: if config.hasattr("kv_window_extra_retained_tokens")? {
+            field(config, "kv_window_extra_retained_tokens")?
+        } else {
+            0
         },
     };
     Ok((core, field(config, "async_scheduling")?))

@@ -123,6 +123,9 @@ pub struct KvCoordinator<R: RequestKey> {
     /// vLLM 0.33's `is_eagle_group` per group (where EAGLE's drop acts) and its
     /// re-prefillable tokens (`coordinator_eagle`).
     eagle: EagleGroups,
+    /// Tokens below each window kept though not attended (vLLM 0.33's
+    /// `SlidingWindowSpec.extra_retained_tokens`; [`Self::set_window_extra_retained_tokens`]).
+    window_extra_retained: usize,
 }
 
 /// A block hash keyed by its group (vLLM appends the group id to the hash bytes).
@@ -189,6 +192,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             lookup_order: spec_groups(&groups, &vec![block_size; groups.len()]),
             sizes: GroupSizes::uniform(block_size, groups.len()),
             eagle: EagleGroups::every(groups.len()),
+            window_extra_retained: 0,
             groups,
             block_size,
             enable_caching,
@@ -554,9 +558,11 @@ impl<R: RequestKey> KvCoordinator<R> {
         };
         request.tokens.block_hashes = hit.block_hashes.clone();
         request.tokens.extra_key = hit.query.extra_key;
+        let extra = self.window_extra_retained;
         for (g, spec) in self.groups.iter().enumerate() {
             let hit_blocks = &hit.block_ids[g];
-            let num_skipped = spec.num_skipped_tokens(num_computed) / self.sizes.groups[g];
+            let num_skipped =
+                spec.num_skipped_tokens_retaining(num_computed, extra) / self.sizes.groups[g];
             let kept = &hit_blocks[num_skipped.min(hit_blocks.len())..];
             for &block in kept.iter().filter(|&&b| b != NULL_BLOCK) {
                 let meta = &mut self.blocks[block as usize];

@@ -140,9 +140,10 @@ impl<R: RequestKey> KvCoordinator<R> {
             return Ok(None);
         }
         let mut request = self.admit(request_id, new_computed, total, extra_key);
+        let extra = self.window_extra_retained;
         let groups = self.groups.iter().zip(&self.sizes.groups);
         for ((spec, &size), table) in groups.zip(&mut request.tables) {
-            let num_skipped = spec.num_skipped_tokens(total) / size;
+            let num_skipped = spec.num_skipped_tokens_retaining(total, extra) / size;
             if table.len() < num_skipped {
                 // No hit to adopt: the blocks before the window are nulls all the same.
                 table.resize(num_skipped, super::NULL_BLOCK);
@@ -274,6 +275,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         total: usize,
         alloc: ExternalAllocation<'_>,
     ) -> Vec<Vec<BlockId>> {
+        let extra = self.window_extra_retained;
         let Taking {
             groups,
             sizes,
@@ -283,7 +285,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         } = self.taking(request_id);
         let mut new_blocks = Vec::with_capacity(groups.len());
         for (g, (spec, table)) in groups.iter().zip(&mut request.tables).enumerate() {
-            let attended = total - spec.num_skipped_tokens(total).min(total);
+            let attended = total - spec.num_skipped_tokens_retaining(total, extra).min(total);
             if alloc.num_external_tokens.min(attended) == 0 || spec.is_hisparse() {
                 new_blocks.push(Vec::new());
                 continue;

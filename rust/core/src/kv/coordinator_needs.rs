@@ -5,8 +5,40 @@
 //! block per allocation, none for a hit on a state this step computes).
 
 use super::{BlockId, GroupSlots, GroupedComputedBlocks, KvCoordinator, NULL_BLOCK, RequestKey};
+use crate::error::{Error, Result};
 
 impl<R: RequestKey> KvCoordinator<R> {
+    /// vLLM 0.33's `SlidingWindowSpec.extra_retained_tokens` for every window group (its
+    /// planning tags each window with `max(0, num_prefill_lookahead_tokens - 1)`, a
+    /// multi-module MTP drafter's re-prefill runway): a window group frees a block only
+    /// once it lies that many tokens further below the window, and its admission cap
+    /// counts them (`SlidingWindowManager.get_num_skipped_tokens`,
+    /// `max_admission_blocks_per_request`). Hits still need only the window's own run.
+    ///
+    /// Errors: `ConfigError` naming `extra_retained_tokens` without a window group, or
+    /// when it changes while a request holds blocks.
+    pub fn set_window_extra_retained_tokens(&mut self, extra_retained_tokens: usize) -> Result<()> {
+        if extra_retained_tokens == self.window_extra_retained {
+            return Ok(());
+        }
+        if !self.groups.iter().any(|g| g.is_sliding_window()) {
+            return Err(Error::config(
+                "extra_retained_tokens",
+                extra_retained_tokens,
+                "retains tokens below a sliding window, and no group is one",
+            ));
+        }
+        if self.num_requests() > 0 {
+            return Err(Error::config(
+                "extra_retained_tokens",
+                extra_retained_tokens,
+                "changes only while no request holds blocks",
+            ));
+        }
+        self.window_extra_retained = extra_retained_tokens;
+        Ok(())
+    }
+
     /// What the request's next allocation, at `num_computed_tokens` computed tokens, drops
     /// from its groups (`remove_skipped_blocks`): the blocks it drops, and of those the ones
     /// surely returned to the free queue, which it holds alone. A block another request
@@ -17,6 +49,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             return (0, 0);
         };
         let (mut dropped, mut freed) = (0, 0);
+        let extra = self.window_extra_retained;
         let mut count = |b: BlockId| {
             dropped += 1;
             freed += usize::from(self.blocks[b as usize].ref_cnt == 1);
@@ -24,7 +57,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         let groups = self.groups.iter().zip(&self.sizes.groups);
         for (((spec, &size), table), align) in groups.zip(&request.tables).zip(&request.align) {
             let retired = align.retired;
-            let num_skipped = spec.num_skipped_tokens(num_computed_tokens) / size;
+            let num_skipped = spec.num_skipped_tokens_retaining(num_computed_tokens, extra) / size;
             let end = num_skipped.min(table.len());
             if spec.is_mamba_align() {
                 // Its prefill leaves null gaps between states (vLLM's align-mode
@@ -53,6 +86,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             return;
         };
         let mut freed = Vec::new();
+        let extra = self.window_extra_retained;
         let groups = self
             .groups
             .iter()
@@ -60,7 +94,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             .zip(&mut request.tables);
         for (((spec, &size), table), align) in groups.zip(&mut request.align) {
             let retired = &mut align.retired;
-            let num_skipped = spec.num_skipped_tokens(num_computed_tokens) / size;
+            let num_skipped = spec.num_skipped_tokens_retaining(num_computed_tokens, extra) / size;
             let end = num_skipped.min(table.len());
             let align = spec.is_mamba_align();
             let start = if align { (*retired).min(end) } else { 0 };
@@ -100,6 +134,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         max_in_flight_tokens: Option<usize>,
     ) -> usize {
         let request = self.requests.get(request_id);
+        let extra = self.window_extra_retained;
         let mut total: isize = 0;
         for (g, spec) in self.groups.iter().enumerate() {
             let bs = self.sizes.groups[g];
@@ -117,7 +152,9 @@ impl<R: RequestKey> KvCoordinator<R> {
                 continue;
             }
             let mut required = spec.num_required_blocks(slots.of(spec), bs);
-            if let Some(cap) = max_in_flight_tokens.and_then(|f| spec.max_admission_blocks(f, bs)) {
+            let cap = max_in_flight_tokens
+                .and_then(|f| spec.max_admission_blocks_retaining(f, bs, extra));
+            if let Some(cap) = cap {
                 required = required.min(cap);
             }
             let hit_blocks = match request {
@@ -128,7 +165,8 @@ impl<R: RequestKey> KvCoordinator<R> {
                 let new = match request {
                     Some(request) => required.saturating_sub(request.tables[g].len()),
                     None => {
-                        let num_skipped = spec.num_skipped_tokens(num_computed) / bs;
+                        let num_skipped =
+                            spec.num_skipped_tokens_retaining(num_computed, extra) / bs;
                         required.saturating_sub(num_skipped.max(hit_blocks.len()))
                             + self.num_evictable(&hit_blocks[num_skipped.min(hit_blocks.len())..])
                     }
@@ -158,7 +196,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             let new = match request {
                 Some(request) => required as isize - request.tables[g].len() as isize,
                 None => {
-                    let num_skipped = spec.num_skipped_tokens(num_computed) / bs;
+                    let num_skipped = spec.num_skipped_tokens_retaining(num_computed, extra) / bs;
                     required.saturating_sub(num_skipped.max(hit_blocks.len())) as isize
                 }
             };

@@ -79,6 +79,30 @@ fn window_group_frees_blocks_that_left_the_window() {
     coord.check_invariants().unwrap();
 }
 
+/// vLLM 0.33's `extra_retained_tokens`: with 17 more tokens kept below the window, the
+/// decode after an 80-token prompt skips max(0, 80 - 32 + 1 - 17) = 32 tokens, two blocks
+/// (three without); the admission cap counts them too.
+#[test]
+fn a_window_retaining_extra_tokens_frees_its_blocks_later() {
+    let mut coord = KvCoordinator::new(vec![FULL, window(32)], 16, 16, true).unwrap();
+    coord.set_window_extra_retained_tokens(17).unwrap();
+    allocate(&mut coord, 1, &tokens(0..80), 80);
+    allocate(&mut coord, 1, &[80], 1);
+    assert_eq!(tables(&coord, 1)[1], [0, 0, 8, 9, 10, 12]);
+    assert_eq!(coord.free_block_ids(), [13, 14, 15, 7, 6]);
+    assert_eq!(
+        window(32).max_admission_blocks_retaining(64, 16, 17),
+        Some(8)
+    ); // 7 without
+    assert_eq!(FULL.max_admission_blocks_retaining(64, 16, 17), None);
+    // Changed only while no request holds blocks, and only beside a window group.
+    let err = coord.set_window_extra_retained_tokens(3).unwrap_err();
+    assert!(err.to_string().contains("extra_retained_tokens"), "{err}");
+    let mut full = KvCoordinator::<u64>::new(vec![FULL, FULL], 16, 16, true).unwrap();
+    assert!(full.set_window_extra_retained_tokens(3).is_err());
+    coord.check_invariants().unwrap();
+}
+
 /// vLLM frees group by group: each group's uncached blocks go to the front in turn, so
 /// the later group's are reused first; cached blocks go to the back, tail first.
 #[test]

@@ -184,6 +184,46 @@ impl KvGroupSpec {
         }
     }
 
+    /// [`Self::num_skipped_tokens`] with a window's trailing edge extended by
+    /// `extra_retained_tokens` (vLLM 0.33's `SlidingWindowSpec.extra_retained_tokens`: a
+    /// multi-module MTP drafter may re-prefill that many tokens below the window, so their
+    /// blocks are kept though not attended). Other kinds ignore it.
+    pub fn num_skipped_tokens_retaining(
+        &self,
+        num_computed_tokens: usize,
+        extra_retained_tokens: usize,
+    ) -> usize {
+        let skipped = self.num_skipped_tokens(num_computed_tokens);
+        match self.is_sliding_window() {
+            true => skipped.saturating_sub(extra_retained_tokens),
+            false => skipped,
+        }
+    }
+
+    /// [`Self::max_admission_blocks`] with a window's `extra_retained_tokens` counted, as
+    /// vLLM's `max_admission_blocks_per_request` counts them.
+    pub fn max_admission_blocks_retaining(
+        &self,
+        max_in_flight_tokens: usize,
+        block_size: usize,
+        extra_retained_tokens: usize,
+    ) -> Option<usize> {
+        let extra = if self.is_sliding_window() {
+            extra_retained_tokens
+        } else {
+            0
+        };
+        self.max_admission_blocks(max_in_flight_tokens + extra, block_size)
+    }
+
+    /// A sliding window, prefix-cached or rebuilt by bounded replay.
+    pub fn is_sliding_window(&self) -> bool {
+        matches!(
+            self,
+            Self::SlidingWindow { .. } | Self::SlidingWindowReplay { .. }
+        )
+    }
+
     /// Blocks a request needs for `num_slots` token slots (including skipped ones, which
     /// hold the null block); for cross-attention, `num_slots` are encoder tokens. A Mamba
     /// `align` table has this many slots (its speculative ones after a slot per block), of
@@ -630,6 +670,13 @@ mod tests {
         let window = KvGroupSpec::SlidingWindow { sliding_window: 4 };
         assert_eq!(window.num_skipped_tokens(7), 4);
         assert_eq!(window.num_skipped_tokens(2), 0);
+        // vLLM's `max(0, n - window + 1 - extra_retained_tokens)`; other kinds ignore it.
+        assert_eq!(window.num_skipped_tokens_retaining(7, 3), 1);
+        assert_eq!(window.num_skipped_tokens_retaining(7, 9), 0);
+        assert_eq!(
+            KvGroupSpec::FullAttention.num_skipped_tokens_retaining(7, 3),
+            0
+        );
         let local = KvGroupSpec::ChunkedLocalAttention {
             attention_chunk_size: 8,
         };

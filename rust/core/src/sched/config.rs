@@ -151,13 +151,18 @@ pub struct SchedulerConfig {
     /// layer kinds have different page sizes, e.g. Gemma 4): `block_size` is then vLLM's
     /// `hash_block_size`, every one of these a multiple of it, and prefix hits land on their
     /// least common multiple (`kv::KvCoordinator::set_group_block_sizes`). Empty: every
-    /// group's is `block_size`.
-    pub kv_group_block_sizes: Vec<usize>,
+    /// group's is `block_size`. (Boxed, as `kv_group_is_eagle`.)
+    pub kv_group_block_sizes: Box<[usize]>,
     /// vLLM 0.33's `KVCacheGroupSpec.is_eagle_group` of each KV group: the groups
     /// `eagle_block_drop` acts in (`kv::KvCoordinator::set_eagle_groups`). Empty, or none
     /// set: every group (vLLM's fallback). Only with several groups. (Boxed: the config
     /// sits in an enum of engine configs.)
     pub kv_group_is_eagle: Box<[bool]>,
+    /// Tokens kept below every sliding window though not attended (vLLM 0.33's
+    /// `SlidingWindowSpec.extra_retained_tokens`, `max(0, num_prefill_lookahead_tokens -
+    /// 1)` of a multi-module MTP drafter): `kv::KvCoordinator::
+    /// set_window_extra_retained_tokens`. 0 = off; only beside a window group.
+    pub kv_window_extra_retained_tokens: usize,
     /// Multimodal encoder budget and cache (`sched::encoder`).
     pub encoder: super::EncoderConfig,
     /// vLLM 0.33's block-aligned prefill split for Mamba prefix caching in `align` mode
@@ -214,8 +219,9 @@ impl Default for SchedulerConfig {
             reserve_null_block: true,
             prefill_schedule_interval: 1,
             kv_groups: Vec::new(),
-            kv_group_block_sizes: Vec::new(),
+            kv_group_block_sizes: Box::default(),
             kv_group_is_eagle: Box::default(),
+            kv_window_extra_retained_tokens: 0,
             encoder: super::EncoderConfig::default(),
             mamba_align: None,
             num_prefill_lookahead: 0,
@@ -263,13 +269,14 @@ impl SchedulerConfig {
             return num_tokens.div_ceil(self.block_size);
         }
         let in_flight = self.max_num_batched_tokens;
+        let extra = self.kv_window_extra_retained_tokens;
         (self.kv_groups.iter().enumerate())
             .map(|(i, g)| {
                 let bs = self.group_block_size(i);
                 let required = g.num_required_blocks(num_tokens, bs);
                 let cap = match g.is_mamba_align() {
                     true => g.max_live_blocks(0, bs),
-                    false => g.max_admission_blocks(in_flight, bs),
+                    false => g.max_admission_blocks_retaining(in_flight, bs, extra),
                 };
                 cap.map_or(required, |cap| required.min(cap))
             })
@@ -398,6 +405,14 @@ impl SchedulerConfig {
         self.validate_kv_groups()?;
         self.validate_group_block_sizes()?;
         self.validate_group_is_eagle()?;
+        let extra = self.kv_window_extra_retained_tokens;
+        if extra > 0 && !self.kv_groups.iter().any(|g| g.is_sliding_window()) {
+            return Err(Error::config(
+                "kv_window_extra_retained_tokens",
+                extra,
+                "retains tokens below a sliding window, and no KV group is one",
+            ));
+        }
         self.validate_prefix_rules()?;
         let padded = 1 + self.num_speculative_tokens;
         if self.num_speculative_tokens > 0

@@ -154,6 +154,7 @@ impl Kv {
             let rules = config.prefix_rules();
             pool.set_hash_lookahead(rules.num_hash_lookahead_tokens)?;
             pool.set_eagle_groups(&config.kv_group_is_eagle)?;
+            pool.set_window_extra_retained_tokens(config.kv_window_extra_retained_tokens)?;
             pool.set_eagle_block_drop(rules.drop_eagle_block)?;
             if rules.drop_eagle_block {
                 // vLLM's hybrid groups hold them back only where they drop.

@@ -179,7 +179,9 @@ impl<R: RequestKey> Scheduler<R> {
             for spec in groups {
                 match *spec {
                     KvGroupSpec::SlidingWindow { sliding_window } => {
-                        let w = sliding_window % bs;
+                        // Blocks leave a window `extra_retained_tokens` later.
+                        let extra = self.config.kv_window_extra_retained_tokens;
+                        let w = (sliding_window + extra) % bs;
                         if !windows[..num_windows].contains(&w) {
                             if num_windows == windows.len() {
                                 return false;

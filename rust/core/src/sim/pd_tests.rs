@@ -159,7 +159,7 @@ fn v1_groups(num_blocks: usize, sizes: &[usize]) -> ReplicaPolicyConfig {
     let ReplicaPolicyConfig::VllmV1(mut c) = v1(num_blocks) else {
         unreachable!()
     };
-    c.kv_group_block_sizes = sizes.to_vec();
+    c.kv_group_block_sizes = sizes.into();
     ReplicaPolicyConfig::VllmV1(c)
 }
 

@@ -124,7 +124,8 @@ def build_hisparse_metadata(
     }
     resident = True
     for r, count in out.num_scheduled_tokens.items():
-        row = scheduled[r][2] if scheduled[r] is not None else []
+        table = scheduled[r]
+        row = table[2] if table is not None else []
         pages = -(-(starts[r] + count) // block_size)
         if len(row) < pages or 0 in row:
             resident = False

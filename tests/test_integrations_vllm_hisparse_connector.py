@@ -173,15 +173,15 @@ class Replay:
 
 
 def build(
-    num_blocks: int, host_num_blocks: int, *, async_scheduling: bool
+    num_blocks: int, host_num_blocks: int, *, async_scheduling: bool, **options: Any
 ) -> tuple[Any, VllmSchedulerPeer]:
+    options = {"max_num_seqs": 6, "max_num_batched_tokens": 64, **options}
     peer = VllmSchedulerPeer(
         num_blocks=num_blocks,
         block_size=BLOCK_SIZE,
         max_model_len=MAX_MODEL_LEN,
-        max_num_seqs=6,
-        max_num_batched_tokens=64,
         enable_prefix_caching=False,
+        **options,
     )
     peer.vllm_config.kv_transfer_config = KVTransferConfig(**HISPARSE)
     peer.vllm_config.scheduler_config.async_scheduling = async_scheduling
@@ -190,12 +190,21 @@ def build(
 
 
 def run_stream(
-    seed: int, num_blocks: int, host_num_blocks: int, *, async_scheduling: bool, workers: int
+    seed: int,
+    num_blocks: int,
+    host_num_blocks: int,
+    *,
+    async_scheduling: bool,
+    workers: int,
+    **options: Any,
 ) -> dict[str, int]:
-    """One seeded stream to its end (acknowledgements drained); returns what it exercised.
-    Fails at the first operation or step where the core's replay differs from vLLM."""
+    """One seeded stream to its end (acknowledgements drained), ``options`` for
+    ``VllmSchedulerPeer``; returns what it exercised. Fails at the first operation or step
+    where the core's replay differs from vLLM."""
     rng = random.Random(seed)
-    scheduler, peer = build(num_blocks, host_num_blocks, async_scheduling=async_scheduling)
+    scheduler, peer = build(
+        num_blocks, host_num_blocks, async_scheduling=async_scheduling, **options
+    )
     replay = Replay(scheduler, num_blocks, host_num_blocks)
     acks = Workers(random.Random(seed + 1000), workers)
     arrivals = seeded_arrivals(rng, count=10, tail_max=150, max_tokens=60, lowest_token=1)

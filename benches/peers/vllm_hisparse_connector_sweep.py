@@ -4,7 +4,8 @@
 
 Run from the repository root in the bench venv:
 ``PYTHONPATH=python .venv-bench/bin/python benches/peers/vllm_hisparse_connector_sweep.py
-[--seeds 100:120]``. Prints, per mode, the streams that agreed and what they exercised."""
+[--seeds 100:120] [--max-num-seqs 6] [--max-num-batched-tokens 64]``. Prints, per mode,
+the streams that agreed and what they exercised."""
 
 from __future__ import annotations
 
@@ -24,7 +25,10 @@ LAYOUTS = [*replay.LAYOUTS, (40, 40), (200, 100)]
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seeds", default="100:120", help="first:last (exclusive)")
-    first, last = map(int, parser.parse_args().seeds.split(":"))
+    parser.add_argument("--max-num-seqs", type=int, default=6)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=64)
+    args = parser.parse_args()
+    first, last = map(int, args.seeds.split(":"))
     failed = 0
     for async_scheduling in (False, True):
         agreed, totals, start = 0, {}, time.perf_counter()
@@ -37,6 +41,8 @@ def main() -> int:
                         host_num_blocks,
                         async_scheduling=async_scheduling,
                         workers=1 + seed % 2,
+                        max_num_seqs=args.max_num_seqs,
+                        max_num_batched_tokens=args.max_num_batched_tokens,
                     )
                 except AssertionError as err:
                     failed += 1

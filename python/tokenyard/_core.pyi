@@ -643,6 +643,21 @@ class HiSparseDeviceResidency:
         """The next prefill chunk; False when the pools cannot back it."""
     def decode(self, request_id: _RequestId) -> bool:
         """One sampled token joins the request and is computed; False without room."""
+    def allocate_slots(self, request_id: _RequestId, num_tokens: int) -> bool:
+        """vLLM's ``KVCacheManager.allocate_slots`` as its scheduler calls it: the tables grow
+        to back ``num_tokens`` slots (a request holding none is admitted); nothing is planned
+        until ``advance_scheduled``. False when the pools cannot back them (nothing changes).
+
+        Raises:
+            InputError: ``num_tokens`` below 1.
+        """
+    def advance_scheduled(self, request_id: _RequestId, num_computed_tokens: int) -> None:
+        """vLLM's ``HiSparseCoordinator.advance_scheduled`` for one scheduled request (the
+        tokens computed once its step lands): write-backs planned, then residency updated.
+
+        Raises:
+            UnknownRequestError: the request holds no blocks.
+        """
     def take_transfers(self) -> list[tuple[int, int, int]]:
         """``[(transfer_id, host_block_id, resident_block_id)]`` planned since the last call."""
     def acknowledge(self, enqueued: dict[int, int], completed: dict[int, int]) -> None:

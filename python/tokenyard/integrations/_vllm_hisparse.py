@@ -77,8 +77,9 @@ def refuse_unmodelled_hisparse(kv_cache_config: Any, kv_transfer_config: Any = N
     ``MultiConnector``: its scheduler side plans write-backs and GPU residency every step
     and publishes host pages on its worker's acknowledgements; the core has both halves as
     standalone structures, ``kv::HostPublication`` and ``kv::DeviceResidency`` (caching
-    off), but the step scheduler's KV does not run them and the adapter builds no
-    ``HiSparseConnectorMetadata``), device
+    off, in vLLM's scheduler call order), and ``_vllm_hisparse_meta`` builds
+    ``HiSparseConnectorMetadata`` from the latter's tables, but the step scheduler's KV does
+    not run them), device
     groups (``HiSparseResidentSpec``, ``HiSparseHotSpec``) without a host pool
     (``hisparse_host_num_blocks`` and a ``HISPARSE_SOURCE`` group: vLLM's
     ``HiSparseCoordinator`` requires both), or hot groups without resident ones (vLLM's
@@ -93,8 +94,7 @@ def refuse_unmodelled_hisparse(kv_cache_config: Any, kv_transfer_config: Any = N
         raise ConfigError(
             "kv_transfer_config.kv_connector: HiSparseConnector's scheduler side (write-back "
             "references on host and resident blocks, unpinning, GPU residency, hot regions, "
-            "publication on its worker's acknowledgements) is not run by the scheduler's KV, "
-            "and HiSparseConnectorMetadata is not built",
+            "publication on its worker's acknowledgements) is not run by the scheduler's KV",
             field="kv_transfer_config.kv_connector",
             value=str(getattr(kv_transfer_config, "kv_connector", "HiSparseConnector")),
         )

@@ -466,6 +466,50 @@ impl<R: RequestKey> DeviceResidency<R> {
         self.step(request_id, 1)
     }
 
+    /// vLLM's `KVCacheManager.allocate_slots` as its scheduler calls it: the request's
+    /// tables grow to back `num_tokens` slots (host pages, indexer and resident blocks, and
+    /// the hot region once required); a request holding no blocks is admitted with them.
+    /// Nothing is planned: the scheduler runs [`Self::advance_scheduled`] once the step's
+    /// allocations are done. False when the pools cannot back the slots (nothing changes).
+    ///
+    /// # Errors
+    /// `Error::Input` when `num_tokens` is 0.
+    pub fn allocate_slots(&mut self, request_id: R, num_tokens: usize) -> Result<bool> {
+        if num_tokens == 0 {
+            return Err(Error::input("num_tokens", 0, "a request has a token"));
+        }
+        if self.requests.contains_key(&request_id) {
+            return self.with_request(&request_id, |this, request| {
+                request.num_tokens = request.num_tokens.max(num_tokens);
+                this.allocate(&request_id, request, num_tokens)
+            });
+        }
+        let mut request = DeviceRequest {
+            generation: self.next_generation,
+            num_tokens,
+            ..DeviceRequest::default()
+        };
+        if !self.allocate(&request_id, &mut request, num_tokens) {
+            return Ok(false);
+        }
+        self.next_generation += 1;
+        self.requests.insert(request_id, request);
+        Ok(true)
+    }
+
+    /// vLLM's `HiSparseCoordinator.advance_scheduled` for one scheduled request, with the
+    /// tokens computed once the step lands (less the re-prefillable ones): its write-backs
+    /// planned, then its residency updated.
+    ///
+    /// # Errors
+    /// `Error::UnknownRequest` when the request holds no blocks.
+    pub fn advance_scheduled(&mut self, request_id: &R, num_computed_tokens: usize) -> Result<()> {
+        self.with_request(request_id, |this, request| {
+            request.computed = num_computed_tokens;
+            this.advance(request_id, request);
+        })
+    }
+
     /// The write-backs planned since the last call (vLLM's `build_offload_command`).
     pub fn take_transfers(&mut self) -> Vec<DeviceTransfer> {
         std::mem::take(&mut self.planned)

@@ -103,3 +103,44 @@ fn a_reused_unpinned_block_loses_its_page() {
     assert_eq!(pool.tables(&1).unwrap().2[0], NULL_BLOCK);
     pool.check().unwrap();
 }
+
+#[test]
+fn the_schedulers_order_plans_after_all_allocations() {
+    // vLLM's scheduler allocates every scheduled request, then advances them.
+    let mut pool = pool(100);
+    assert!(pool.allocate_slots(1, 9).unwrap());
+    assert!(pool.allocate_slots(2, 5).unwrap());
+    // Nothing is planned before the advance.
+    assert!(pool.take_transfers().is_empty());
+    assert!(!pool.has_pending_work());
+    pool.advance_scheduled(&1, 9).unwrap();
+    pool.advance_scheduled(&2, 5).unwrap();
+    let planned: Vec<_> = pool
+        .take_transfers()
+        .into_iter()
+        .map(|t| (t.host_block_id, t.resident_block_id))
+        .collect();
+    // Request 1: host 1-3, indexer 1-3, resident 4-6; request 2: host 4-5, indexer 7-8,
+    // resident 9-10. Two sealed pages of 1, one of 2.
+    assert_eq!(planned, vec![(1, 4), (2, 5), (4, 9)]);
+    // A second allocation to the same slots takes nothing.
+    assert!(pool.allocate_slots(1, 9).unwrap());
+    assert_eq!(pool.tables(&1).unwrap().1, vec![1, 2, 3]);
+    assert!(matches!(
+        pool.advance_scheduled(&3, 4),
+        Err(Error::UnknownRequest(_))
+    ));
+    assert!(matches!(
+        pool.allocate_slots(3, 0),
+        Err(Error::Input {
+            arg: "num_tokens",
+            ..
+        })
+    ));
+    // Refused when the pools cannot back it (60 host pages); nothing changes.
+    let free = pool.free_blocks();
+    assert!(!pool.allocate_slots(3, 4 * 60).unwrap());
+    assert_eq!(pool.free_blocks(), free);
+    assert!(pool.tables(&3).is_none());
+    pool.check().unwrap();
+}

@@ -259,6 +259,32 @@ impl PyDeviceResidency {
         on_request(request_id, |id| self.inner.decode(id))
     }
 
+    /// vLLM's `allocate_slots` as its scheduler calls it: the tables grow to back
+    /// `num_tokens` slots (a new request admitted); nothing planned until
+    /// `advance_scheduled`. False when the pools cannot back them.
+    fn allocate_slots(&mut self, request_id: &Bound<'_, PyAny>, num_tokens: i64) -> PyResult<bool> {
+        let py = request_id.py();
+        let n = count_arg(py, "num_tokens", num_tokens, 1)?;
+        let id = RequestId::from_py(request_id)?;
+        self.inner.allocate_slots(id, n).or_raise(py)
+    }
+
+    /// vLLM's `advance_scheduled` for one request: write-backs planned for the pages
+    /// sealed by `num_computed_tokens`, then its residency updated.
+    fn advance_scheduled(
+        &mut self,
+        request_id: &Bound<'_, PyAny>,
+        num_computed_tokens: i64,
+    ) -> PyResult<()> {
+        let n = count_arg(
+            request_id.py(),
+            "num_computed_tokens",
+            num_computed_tokens,
+            0,
+        )?;
+        on_request(request_id, |id| self.inner.advance_scheduled(id, n))
+    }
+
     /// `[(transfer_id, host_block_id, resident_block_id)]` planned since the last call.
     fn take_transfers(&mut self) -> Vec<(u64, BlockId, BlockId)> {
         self.inner

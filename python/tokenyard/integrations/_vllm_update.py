@@ -134,7 +134,7 @@ class UpdateFromOutput(AdapterBase):
         if self._prefill_stats_ready:
             attach_prefill_stats(outputs, self._prefill_stats_ready)
             self._prefill_stats_ready.clear()
-        attach_logprobs(outputs, live, model_runner_output)
+        attach_logprobs(outputs, live, model_runner_output, self._turn_sampling_params)
         if self.return_sampling_mask:
             attach_sampling_masks(outputs, model_runner_output)
         for request, pooler_output in pooled:
@@ -238,7 +238,7 @@ class UpdateFromOutput(AdapterBase):
 
     def _pooled_output(self, request: Request, pooler_output: Any) -> EngineCoreOutput:
         """A pooling request's last ``EngineCoreOutput``, its blocks freed."""
-        self._free_request(request)
+        _, ec_transfer_params = self._free_request(request)
         bridge = self._bridge
         transfer_params = bridge.transfer_params.pop(request.request_id, None) if bridge else None
         events = request.events
@@ -254,6 +254,7 @@ class UpdateFromOutput(AdapterBase):
             trace_headers=request.trace_headers,
             num_nans_in_logits=request.num_nans_in_logits,
             kv_transfer_params=transfer_params,
+            ec_transfer_params=ec_transfer_params,
         )
 
     def _forget_landed(self, late: list[tuple[Any, list[int]]]) -> None:
@@ -471,7 +472,7 @@ class UpdateFromOutput(AdapterBase):
                 trace_headers=request.trace_headers,
                 num_nans_in_logits=request.num_nans_in_logits,
             )
-        self._free_request(request)
+        _, ec_transfer_params = self._free_request(request)
         bridge = self._bridge
         transfer_params = bridge.transfer_params.pop(request_id, None) if bridge else None
         events = request.events
@@ -487,6 +488,7 @@ class UpdateFromOutput(AdapterBase):
             trace_headers=request.trace_headers,
             num_nans_in_logits=request.num_nans_in_logits,
             kv_transfer_params=transfer_params,
+            ec_transfer_params=ec_transfer_params,
         )
 
     def _step_stats(

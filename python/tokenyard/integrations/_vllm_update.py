@@ -21,7 +21,7 @@ from vllm.v1.spec_decode.metrics import SpecDecodingStats
 from vllm.v1.structured_output.utils import strip_speculative_padding
 
 from tokenyard.integrations._vllm_aux_outputs import take_aux_outputs
-from tokenyard.integrations._vllm_ec import encoder_instance_stops
+from tokenyard.integrations._vllm_ec import encoder_instance_stops, finish_unavailable
 from tokenyard.integrations._vllm_outputs import (
     attach_logprobs,
     attach_prefill_stats,
@@ -155,6 +155,8 @@ class UpdateFromOutput(AdapterBase):
             take_aux_outputs(self.aux_output_connector, outputs, emitting, model_runner_output)
         if self._structured_ids or self.grammar_compile_error_reqs:
             self._grammar_updates(outputs)
+        if self.ec_connector is not None:
+            finish_unavailable(self, outputs)
         self._publish_kv_events()
         engine_core_outputs = {
             client: EngineCoreOutputs(outputs=outs) for client, outs in outputs.items()

@@ -33,11 +33,12 @@ def dynamic_sd_lookup_of(vllm_config: Any, num_spec_tokens: int) -> list[int] | 
     speculative = getattr(vllm_config, "speculative_config", None)
     if speculative is None or not speculative.num_speculative_tokens_per_batch_size:
         return None
-    return build_dynamic_sd_schedule_lookup(
+    lookup: list[int] = build_dynamic_sd_schedule_lookup(
         speculative.num_speculative_tokens_per_batch_size,
         vllm_max_batch_size=vllm_config.scheduler_config.max_num_seqs,
         vllm_num_speculative_tokens=num_spec_tokens,
     )
+    return lookup
 
 
 def num_spec_tokens_to_schedule(

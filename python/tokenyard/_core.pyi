@@ -1372,10 +1372,12 @@ class Scheduler:
         """Sets (``None``: removes) the encoder-cache connector asked while steps are formed
         (vLLM 0.33's ``ECConnectorBase``): an item whose ``has_cache_item(identifier)`` is
         true takes encoder-cache room but no encoder budget and is not encoded; each item
-        given room is reported to ``update_state_after_alloc(view, input_id)``. Its
-        exceptions come back as the cause of a ``ConnectorError`` from ``schedule()``,
-        whose step the next call returns. Raises ConfigError for an object without those
-        methods."""
+        given room is reported to ``update_state_after_alloc(view, input_id)``. An object
+        that also has ``ensure_cache_available(view, num_computed_tokens)`` is asked it
+        before a request with items is given tokens; ``False`` skips the request for the
+        step (vLLM 0.33's inputs in transit). Its exceptions come back as the cause of a
+        ``ConnectorError`` from ``schedule()``, whose step the next call returns. Raises
+        ConfigError for an object without the first two methods."""
     def set_step_hooks(
         self,
         *,

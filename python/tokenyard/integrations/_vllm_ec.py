@@ -6,25 +6,36 @@ ec_connector/base.py``), for each multimodal item that needs its encoder output 
 the encoder cache, whether it holds that output (``has_cache_item``, in
 ``_try_schedule_encoder_inputs``): such an item takes cache room but no encoder budget and
 is not encoded. It reports each item given cache room (``update_state_after_alloc``, in
-``_allocate_encoder_inputs``). The core makes both calls (``sched::encoder_connector``)
-through :class:`EncoderConnectorBridge`. An encoder-only instance (an EC producer,
-``VllmConfig.is_mm_encoder_only``) publishes embeddings and samples nothing: a request stops
-once its whole prompt is consumed (vLLM's ``update_from_output``), :func:`encoder_instance_stops`.
+``_allocate_encoder_inputs``). Before a request with items is given tokens it asks
+whether the outputs it needs from its computed tokens on are at hand
+(``ensure_cache_available``, ``_ec_transfer_pending``): one in transit is skipped for the
+step, running or waiting (a real connector, vLLM's CPU or Mooncake one, fetches then). The
+core makes the three calls (``sched::encoder_connector``) through
+:class:`EncoderConnectorBridge`; a request the connector can no longer serve finishes with an
+error at the next update (``take_unavailable_requests``, :func:`finish_unavailable`). An
+encoder-only instance (an EC producer, ``VllmConfig.is_mm_encoder_only``) publishes
+embeddings and samples nothing: a request stops once its whole prompt is consumed (vLLM's
+``update_from_output``), :func:`encoder_instance_stops`.
 Imported only by that module, so vLLM is installed when this runs."""
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
+from vllm.v1.engine import EngineCoreOutput
 from vllm.v1.request import Request, RequestStatus
 
 
 class EcState(Protocol):
-    """What :func:`encoder_instance_stops` reads of ``TokenyardScheduler``."""
+    """What :func:`encoder_instance_stops` and :func:`finish_unavailable` read of
+    ``TokenyardScheduler``."""
 
     requests: dict[str, Request]
+    ec_connector: Any
     _core: Any
     _core_ids: dict[str, Any]
+
+    def finish_requests(self, request_ids: Any, finished_status: Any) -> list[Request]: ...
 
 
 class BridgeState(Protocol):
@@ -51,6 +62,11 @@ class EncoderConnectorBridge:
         request = scheduler._request_of(view.request_id)
         scheduler.ec_connector.update_state_after_alloc(request, input_id)
 
+    def ensure_cache_available(self, view: Any, num_computed_tokens: int) -> bool:
+        scheduler = self._scheduler
+        request = scheduler._request_of(view.request_id)
+        return bool(scheduler.ec_connector.ensure_cache_available(request, num_computed_tokens))
+
 
 def encoder_instance_stops(
     scheduler: EcState, scheduled_ids: Any, emitted: set[str]
@@ -74,3 +90,25 @@ def encoder_instance_stops(
         for request in stopped:
             request.status = RequestStatus.FINISHED_STOPPED
     return stopped
+
+
+def finish_unavailable(scheduler: EcState, outputs: dict[int, list[EngineCoreOutput]]) -> None:
+    """vLLM 0.33's ``update_from_output``: the requests whose encoder input the connector
+    can no longer obtain (``take_unavailable_requests``) finish with ``FINISHED_ERROR``
+    ("retryable: re-issuing the request re-runs the encode"), each with an output of no
+    tokens added to ``outputs``; those finished already are left out, as vLLM's
+    ``finish_requests`` leaves them."""
+    request_ids = scheduler.ec_connector.take_unavailable_requests()
+    if not request_ids:
+        return
+    live = [i for i in request_ids if i in scheduler.requests]
+    for request in scheduler.finish_requests(live, RequestStatus.FINISHED_ERROR):
+        outputs.setdefault(request.client_index, []).append(
+            EngineCoreOutput(
+                request_id=request.request_id,
+                new_token_ids=[],
+                finish_reason=request.get_finished_reason(),
+                events=request.take_events(),
+                trace_headers=request.trace_headers,
+            )
+        )

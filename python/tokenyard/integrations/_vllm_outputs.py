@@ -38,22 +38,34 @@ def attach_prefill_stats(
 
 
 def attach_logprobs(
-    outputs: dict[int, list[EngineCoreOutput]], live: list[Request], model_runner_output: Any
+    outputs: dict[int, list[EngineCoreOutput]],
+    live: list[Request],
+    model_runner_output: Any,
+    turn_params: dict[str, Any] | None = None,
 ) -> None:
     """Hands each output the runner's logprobs for it, as vLLM's ``update_from_output``
     does: the sampled tokens' logprobs (for a request asking for them, as many as the
     tokens it emits after its stop) and the prompt logprobs (with the output that ends
-    its prefill). Nothing to do on the usual step, which carries none."""
+    its prefill). ``turn_params``: the settings of sessions whose turn stopped and resumed
+    with a queued chunk this update, whose logprobs vLLM slices under the turn's settings
+    before the chunk's replace them; emptied here. Nothing to do on the usual step, which
+    carries none."""
     logprobs = model_runner_output.logprobs
     prompt_logprobs = model_runner_output.prompt_logprobs_dict or {}
     prompt_token_logprobs = getattr(model_runner_output, "prompt_token_id_logprobs_dict", None)
+    turns = dict(turn_params) if turn_params else {}
+    if turn_params:
+        turn_params.clear()
     if not (logprobs or prompt_logprobs or prompt_token_logprobs):
         return
     index = model_runner_output.req_id_to_index
     requests = {request.request_id: request for request in live}
     for output in itertools.chain.from_iterable(outputs.values()):
         request_id = output.request_id
-        params = requests[request_id].sampling_params
+        if request_id in turns and output.finish_reason is not None:
+            params = turns[request_id]
+        else:
+            params = requests[request_id].sampling_params
         if logprobs and params is not None and params.num_logprobs is not None:
             output.new_logprobs = logprobs.slice_request(
                 index[request_id], len(output.new_token_ids)

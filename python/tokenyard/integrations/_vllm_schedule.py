@@ -20,6 +20,7 @@ from vllm.v1.engine import EngineCoreEventType
 from vllm.v1.request import Request, RequestStatus
 
 from tokenyard.errors import InputError
+from tokenyard.integrations._vllm_dynamic_sd import num_spec_tokens_to_schedule
 from tokenyard.integrations._vllm_hooks import ReplacedMethods
 from tokenyard.integrations._vllm_outputs import errors_in_vllm_ids
 from tokenyard.integrations._vllm_state import AdapterBase, Batch
@@ -98,7 +99,9 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
             preempted_req_ids=self.reset_preempted_req_ids,
             finished_req_ids=self.finished_req_ids,
             free_encoder_mm_hashes=list(core.free_encoder_mm_hashes),
-            num_spec_tokens_to_schedule=self.num_spec_tokens,
+            num_spec_tokens_to_schedule=num_spec_tokens_to_schedule(
+                self.dynamic_sd_lookup, self.num_spec_tokens, len(num_scheduled_tokens)
+            ),
         )
         if copies := core.kv_cache_block_copies:
             out.kv_cache_block_copies = self._block_copies(copies)
@@ -526,6 +529,9 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
                 if request.spec_token_ids:
                     request.spec_token_ids = []
             return
+        if self.dynamic_sd_lookup is not None and self.async_scheduling:
+            # vLLM 0.33's AsyncScheduler: the step's k drafts as the next placeholders.
+            self._spec_token_placeholders = [-1] * out.num_spec_tokens_to_schedule
         placeholders = self._spec_token_placeholders if self.async_scheduling else None
         drafts_for_core: dict[Any, list[int]] = {}
         core_ids = self._core_ids

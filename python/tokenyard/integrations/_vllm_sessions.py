@@ -11,6 +11,8 @@ mirrored on the vLLM requests. Imported only by that module, so vLLM is installe
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
+from typing import Any
 
 from vllm.v1.engine import EngineCoreEventType
 from vllm.v1.request import Request, RequestStatus, StreamingUpdate
@@ -29,6 +31,7 @@ class Sessions(AdapterBase):
     # The live sessions' ids, and the parked ones by id in the order they parked.
     _session_ids: set[str]
     _parked: dict[str, Request]
+    _turn_sampling_params: dict[str, Any]
 
     @property
     def num_waiting_for_streaming_input(self) -> int:
@@ -93,6 +96,9 @@ class Sessions(AdapterBase):
         if update is None:
             # The core finished it already (_end_at_next_stop), in the update's order.
             return True
+        # vLLM 0.33's update_from_output slices the turn's logprobs before the chunk's
+        # settings replace its own (attach_logprobs reads these).
+        self._turn_sampling_params[request.request_id] = request.sampling_params
         self._resume_session(request, update)
         self._end_at_next_stop(request)
         return False
@@ -138,20 +144,28 @@ class Sessions(AdapterBase):
                 stop_token_ids=(params.stop_token_ids or None) if params is not None else None,
                 **stop_rules(params),
             )
-        keep_end = session.num_tokens - 1
-        kept_output_tokens = session._all_token_ids[session.num_prompt_tokens : keep_end]
-        del session._all_token_ids[keep_end:]
-        del session.block_hashes[keep_end // self.hash_block_size :]
-        session._output_token_ids.clear()
-        prompt.extend(kept_output_tokens)
-        session._all_token_ids.extend(new_tokens)
-        prompt.extend(new_tokens)
-        session.update_block_hashes()
-        session.num_prompt_tokens = len(prompt)
-        session.arrival_time = update.arrival_time
-        session.sampling_params = update.sampling_params
-        session.max_tokens = update.max_tokens
+        extend_session(session, update, self.hash_block_size)
         self._parked.pop(request_id, None)
+        session.status = RequestStatus.WAITING
+        if self.log_stats:
+            session.record_event(EngineCoreEventType.QUEUED)
+
+    def _update_request_as_session(self, session: Request, update: StreamingUpdate) -> None:
+        """vLLM 0.33's ``Scheduler._update_request_as_session``, callable as vLLM's tests
+        call it: a session this scheduler holds (the request under its id) resumes in the
+        core as well (:meth:`_resume_session`); a request it does not hold has no core state
+        to keep in step and gets vLLM's edit alone (:func:`extend_session`), multimodal
+        items included, and the status ``WAITING``.
+
+        Raises:
+            InputError: as :meth:`_resume_session` for a held session; for another, its
+                last token is computed already (vLLM asserts it is not) or it has no
+                prompt ids (naming ``num_computed_tokens`` or ``prompt_token_ids``).
+        """
+        if self.requests.get(session.request_id) is session:
+            self._resume_session(session, update)
+            return
+        extend_session(session, update, self.hash_block_size)
         session.status = RequestStatus.WAITING
         if self.log_stats:
             session.record_event(EngineCoreEventType.QUEUED)
@@ -172,3 +186,53 @@ class Sessions(AdapterBase):
             for i in self._session_ids
             if requests[i].status in waiting and requests[i].num_computed_tokens > 0
         }
+
+
+def extend_session(session: Request, update: StreamingUpdate, hash_block_size: int) -> None:
+    """vLLM 0.33's edit of a session's ``Request`` in ``_update_request_as_session``: the
+    last sampled token (never computed) is dropped with the block hashes it completed, the
+    other outputs and the chunk's tokens become the prompt, the chunk's multimodal items
+    are placed after the kept tokens (their offsets moved by that many), and the chunk's
+    settings and arrival time replace the session's.
+
+    Raises:
+        InputError: the session's last token is computed (``num_computed_tokens``), or it
+            has no prompt ids (``prompt_token_ids``: a prompt of embeddings alone).
+    """
+    prompt = session.prompt_token_ids
+    if prompt is None:
+        raise InputError(
+            f"prompt_token_ids: session {session.request_id!r} has none (prompt embeddings "
+            "alone); vLLM 0.33 extends only a prompt of ids",
+            field="prompt_token_ids",
+            value=session.request_id,
+        )
+    keep_end = session.num_tokens - 1
+    if keep_end < session.num_computed_tokens:
+        raise InputError(
+            f"num_computed_tokens: {session.num_computed_tokens} of session "
+            f"{session.request_id!r} covers its last sampled token (at most {keep_end}; "
+            "vLLM 0.33's _update_request_as_session asserts it)",
+            field="num_computed_tokens",
+            value=session.num_computed_tokens,
+        )
+    kept_output_tokens = session._all_token_ids[session.num_prompt_tokens : keep_end]
+    del session._all_token_ids[keep_end:]
+    del session.block_hashes[keep_end // hash_block_size :]
+    session._output_token_ids.clear()
+    prompt.extend(kept_output_tokens)
+    if update.mm_features:
+        base = session.num_tokens
+        for feature in update.mm_features:
+            feature.mm_position = replace(
+                feature.mm_position, offset=feature.mm_position.offset + base
+            )
+        session.mm_features.extend(update.mm_features)
+    new_tokens = update.prompt_token_ids or ()
+    session._all_token_ids.extend(new_tokens)
+    prompt.extend(new_tokens)
+    session.update_block_hashes()
+    session.num_prompt_tokens = len(prompt)
+    session.arrival_time = update.arrival_time
+    session.sampling_params = update.sampling_params
+    session.max_tokens = update.max_tokens

@@ -77,6 +77,8 @@ class AdapterBase:
     hash_block_size: int
     max_model_len: int
     num_spec_tokens: int
+    dynamic_sd_lookup: list[int] | None
+    _turn_sampling_params: dict[str, Any]
     async_scheduling: bool
     can_skip_drafts: bool
     use_pp: bool
@@ -121,7 +123,9 @@ class AdapterBase:
 
         def _vllm_requests(self, core_ids: Iterable[Any]) -> list[Request]: ...
 
-        def _free_request(self, request: Request) -> None: ...
+        def _free_request(
+            self, request: Request
+        ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]: ...
 
         def _aux_request_finished(self, request: Request) -> None: ...
         def _park_session(self, request: Request) -> bool: ...

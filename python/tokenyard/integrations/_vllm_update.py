@@ -21,7 +21,7 @@ from vllm.v1.spec_decode.metrics import SpecDecodingStats
 from vllm.v1.structured_output.utils import strip_speculative_padding
 
 from tokenyard.integrations._vllm_aux_outputs import take_aux_outputs
-from tokenyard.integrations._vllm_ec import encoder_instance_stops
+from tokenyard.integrations._vllm_ec import encoder_instance_stops, finish_unavailable
 from tokenyard.integrations._vllm_outputs import (
     attach_logprobs,
     attach_prefill_stats,
@@ -134,7 +134,7 @@ class UpdateFromOutput(AdapterBase):
         if self._prefill_stats_ready:
             attach_prefill_stats(outputs, self._prefill_stats_ready)
             self._prefill_stats_ready.clear()
-        attach_logprobs(outputs, live, model_runner_output)
+        attach_logprobs(outputs, live, model_runner_output, self._turn_sampling_params)
         if self.return_sampling_mask:
             attach_sampling_masks(outputs, model_runner_output)
         for request, pooler_output in pooled:
@@ -155,6 +155,8 @@ class UpdateFromOutput(AdapterBase):
             take_aux_outputs(self.aux_output_connector, outputs, emitting, model_runner_output)
         if self._structured_ids or self.grammar_compile_error_reqs:
             self._grammar_updates(outputs)
+        if self.ec_connector is not None:
+            finish_unavailable(self, outputs)
         self._publish_kv_events()
         engine_core_outputs = {
             client: EngineCoreOutputs(outputs=outs) for client, outs in outputs.items()
@@ -238,7 +240,7 @@ class UpdateFromOutput(AdapterBase):
 
     def _pooled_output(self, request: Request, pooler_output: Any) -> EngineCoreOutput:
         """A pooling request's last ``EngineCoreOutput``, its blocks freed."""
-        self._free_request(request)
+        _, ec_transfer_params = self._free_request(request)
         bridge = self._bridge
         transfer_params = bridge.transfer_params.pop(request.request_id, None) if bridge else None
         events = request.events
@@ -254,6 +256,7 @@ class UpdateFromOutput(AdapterBase):
             trace_headers=request.trace_headers,
             num_nans_in_logits=request.num_nans_in_logits,
             kv_transfer_params=transfer_params,
+            ec_transfer_params=ec_transfer_params,
         )
 
     def _forget_landed(self, late: list[tuple[Any, list[int]]]) -> None:
@@ -471,7 +474,7 @@ class UpdateFromOutput(AdapterBase):
                 trace_headers=request.trace_headers,
                 num_nans_in_logits=request.num_nans_in_logits,
             )
-        self._free_request(request)
+        _, ec_transfer_params = self._free_request(request)
         bridge = self._bridge
         transfer_params = bridge.transfer_params.pop(request_id, None) if bridge else None
         events = request.events
@@ -487,6 +490,7 @@ class UpdateFromOutput(AdapterBase):
             trace_headers=request.trace_headers,
             num_nans_in_logits=request.num_nans_in_logits,
             kv_transfer_params=transfer_params,
+            ec_transfer_params=ec_transfer_params,
         )
 
     def _step_stats(

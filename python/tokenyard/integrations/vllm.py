@@ -67,6 +67,7 @@ from tokenyard.integrations._vllm_adopt import AdoptedRequests, QueueView
 from tokenyard.integrations._vllm_aux_outputs import BlockHashIndex
 from tokenyard.integrations._vllm_connector_binding import bind_kv_cache_manager
 from tokenyard.integrations._vllm_core_attributes import CoreAttributes
+from tokenyard.integrations._vllm_dynamic_sd import dynamic_sd_lookup_of
 from tokenyard.integrations._vllm_encoder_cache import EncoderCacheView
 from tokenyard.integrations._vllm_hisparse import (
     HiSparseTier,
@@ -167,6 +168,8 @@ class TokenyardScheduler(
         self.max_num_scheduled_tokens = s.max_num_scheduled_tokens
         self.max_model_len = s.max_model_len
         self.num_spec_tokens = s.num_spec_tokens
+        # vLLM 0.33's dynamic speculative decoding (_vllm_dynamic_sd); raises on a bad one.
+        self.dynamic_sd_lookup = dynamic_sd_lookup_of(vllm_config, self.num_spec_tokens)
         self.num_lookahead_tokens = s.num_lookahead_tokens
         self.async_scheduling = s.async_scheduling
         self.policy = SchedulingPolicy(s.policy)
@@ -348,6 +351,9 @@ class TokenyardScheduler(
         # Streaming-input sessions (_vllm_sessions): the live ones, and those parked.
         self._session_ids: set[str] = set()
         self._parked: dict[str, Request] = {}
+        # The sampling settings of the turns that stopped this update and resumed with a
+        # queued chunk: their outputs' logprobs follow them (vLLM slices them first).
+        self._turn_sampling_params: dict[str, Any] = {}
         # Admitted requests whose PrefillStats go out with their first output, and the
         # stats of this step's first outputs.
         self._prefill_stats_due: set[str] = set()
@@ -594,13 +600,18 @@ class TokenyardScheduler(
             finished.append(request)
         return finished
 
-    def _free_request(self, request: Request) -> None:
+    def _free_request(
+        self, request: Request
+    ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """vLLM 0.33's ``Scheduler._free_request`` for a request the core finished: returns
+        its KV connector's and its encoder-cache connector's transfer params (the EC
+        connector's ``request_finished``, asked before the encoder cache is freed)."""
         if self._aux_output_connector is not None:
             self._aux_request_finished(request)
+        ec_transfer_params = None
         if self.ec_connector is not None:
-            # A text-only request has no encoder outputs for the connector to keep: its
-            # delay-free answer has nothing to delay.
-            self.ec_connector.request_finished(request)
+            # vLLM's EC connectors all answer delay-free False (_vllm_ec.py).
+            _, ec_transfer_params = self.ec_connector.request_finished(request)
         request_id = request.request_id
         self.finished_recving_kv_req_ids.discard(request_id)
         self._structured_ids.discard(request_id)
@@ -622,6 +633,8 @@ class TokenyardScheduler(
             and request_id not in bridge.unheld
         ):
             self._forget(request_id)
+        kv_transfer_params = bridge.transfer_params.get(request_id) if bridge else None
+        return kv_transfer_params, ec_transfer_params
 
     def _connector_finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:
         """vLLM 0.33's ``Scheduler._connector_finished``: the blocks the request's KV groups

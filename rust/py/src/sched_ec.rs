@@ -1,6 +1,7 @@
 //! A Python object as the step scheduler's encoder-cache connector (vLLM 0.33's
 //! `ECConnectorBase` calls made while a step is formed: `has_cache_item(identifier)`,
-//! `update_state_after_alloc(view, input_id)`). Conversions and checks of its answers only;
+//! `update_state_after_alloc(view, input_id)`, and `ensure_cache_available(view,
+//! num_computed_tokens)` where the object has it). Conversions and checks of its answers only;
 //! what the scheduler does with them is the core's (`sched::encoder_connector`).
 
 use pyo3::prelude::*;
@@ -16,7 +17,12 @@ const METHODS: [&str; 2] = ["has_cache_item", "update_state_after_alloc"];
 
 /// A Python encoder-cache connector. Each call re-takes the GIL; an exception it raises is
 /// kept in `error` and becomes the `__cause__` of the `ConnectorError` raised.
-pub(crate) struct PyEncoderConnector(PyCallee);
+pub(crate) struct PyEncoderConnector {
+    callee: PyCallee,
+    /// Whether it has `ensure_cache_available` (optional: without it every output counts as
+    /// at hand, vLLM's base answer).
+    ensures: bool,
+}
 
 impl PyEncoderConnector {
     /// Wraps `object` after checking it has the two methods (a `ConfigError` naming
@@ -26,14 +32,15 @@ impl PyEncoderConnector {
         field: &'static str,
         error: ErrorSlot,
     ) -> PyResult<Self> {
-        PyCallee::new(
+        let callee = PyCallee::new(
             object,
             field,
             error,
             &METHODS,
             "an encoder-cache connector may only read what it is given",
-        )
-        .map(Self)
+        )?;
+        let ensures = callee.has(object.py(), "ensure_cache_available");
+        Ok(Self { callee, ensures })
     }
 }
 
@@ -41,7 +48,7 @@ impl EncoderConnector<RequestId> for PyEncoderConnector {
     fn has_cache_item(&mut self, identifier: &str) -> Result<bool> {
         const METHOD: &str = "has_cache_item";
         Python::attach(|py| {
-            let answer = self.0.call(py, METHOD, (identifier,))?;
+            let answer = self.callee.call(py, METHOD, (identifier,))?;
             // vLLM's connectors answer a bool (numpy's bool_ extracts too).
             answer
                 .extract::<bool>()
@@ -56,7 +63,27 @@ impl EncoderConnector<RequestId> for PyEncoderConnector {
     ) -> Result<()> {
         Python::attach(|py| {
             let args = (view(py, request)?, input_id);
-            self.0.call(py, "update_state_after_alloc", args).map(drop)
+            self.callee
+                .call(py, "update_state_after_alloc", args)
+                .map(drop)
+        })
+    }
+
+    fn ensure_cache_available(
+        &mut self,
+        request: &Request<RequestId>,
+        num_computed_tokens: usize,
+    ) -> Result<bool> {
+        const METHOD: &str = "ensure_cache_available";
+        if !self.ensures {
+            return Ok(true);
+        }
+        Python::attach(|py| {
+            let args = (view(py, request)?, num_computed_tokens);
+            let answer = self.callee.call(py, METHOD, args)?;
+            answer
+                .extract::<bool>()
+                .map_err(|_| Error::connector(METHOD, short_repr(&answer), "must return a bool"))
         })
     }
 }

@@ -157,14 +157,24 @@ impl<R: RequestKey> Scheduler<R> {
         budget: &mut usize,
         plan: &mut StepPlan<R>,
     ) -> Result<Admission> {
+        let holds = self.kv.block_ids(slot).is_some();
+        let num_computed = self.req(slot).num_computed_tokens;
+        // vLLM 0.33's branch for a request with computed tokens (a landed load, a resumed
+        // session, an arrival computed) asks the encoder-cache connector first.
+        if (holds || num_computed > 0)
+            && self.ec_connector.is_some()
+            && self.ec_transfer_pending(slot, num_computed)
+        {
+            return Ok(Admission::SteppedAside);
+        }
         // A landed load holds blocks even when none of its tokens count as computed (a
         // one-token prompt loaded whole recomputes that token in them).
-        if self.kv.block_ids(slot).is_some() {
+        if holds {
             return self.admit_loaded(slot, budget, plan);
         }
         // Only a request that arrived with computed tokens counts some before it holds
         // blocks (preemption and failed loads reset the count with the blocks).
-        if self.req(slot).num_computed_tokens > 0 {
+        if num_computed > 0 {
             return self.admit_computed(slot, budget, plan);
         }
         self.make_deferred_prompt(slot)?;
@@ -243,6 +253,19 @@ impl<R: RequestKey> Scheduler<R> {
         if !fits && gate_after_connector && !has_mm {
             self.blocked_head = Some((seq, hit));
             return Ok(Admission::Blocked);
+        }
+        if self.ec_connector.is_some() {
+            // vLLM 0.33's `_ec_transfer_pending` after the lookup and the connector, with
+            // the tokens computed less a replayed tail (the inputs it recomputes).
+            let num_computed = hit.num_computed_tokens() + external.num_tokens;
+            let at = if window_loaded {
+                num_computed
+            } else {
+                num_computed.saturating_sub(replay_window)
+            };
+            if self.ec_transfer_pending(slot, at) {
+                return Ok(Admission::SteppedAside);
+            }
         }
         if hit.num_host_tokens() > 0 || (external.load_async && external.num_tokens > 0) {
             return self.start_load(slot, hit, external.num_tokens, plan);

@@ -6,6 +6,9 @@
 //! whether it holds that output (`has_cache_item`): an item it holds takes room in the
 //! encoder cache but no encoder budget and is not encoded (a consumer loads it; a producer
 //! published it already). Each item given cache room is reported (`update_state_after_alloc`).
+//! Before a request with items is given tokens the connector is asked whether the outputs
+//! it needs are at hand (`ensure_cache_available`); one still in transit skips the request
+//! for the step, running or waiting.
 //! Invariant: without a connector, encoder scheduling is as before.
 
 use super::request::Request;
@@ -23,6 +26,19 @@ pub trait EncoderConnector<R>: Send + Sync {
     /// The item `input_id` of `request` was given room in the encoder cache (encoded this
     /// step, or held by the connector).
     fn update_state_after_alloc(&mut self, request: &Request<R>, input_id: usize) -> Result<()>;
+
+    /// vLLM 0.33's `ensure_cache_available(request, num_computed_tokens)`: whether the
+    /// encoder outputs `request` needs from `num_computed_tokens` on are at hand (a
+    /// connector may start fetching them when asked). A request with one still in transit
+    /// is not scheduled this step: a running one stays running, a waiting one keeps its
+    /// place (`Scheduler::_ec_transfer_pending`). vLLM's base connector answers true.
+    fn ensure_cache_available(
+        &mut self,
+        _request: &Request<R>,
+        _num_computed_tokens: usize,
+    ) -> Result<bool> {
+        Ok(true)
+    }
 }
 
 impl<R: RequestKey> Scheduler<R> {
@@ -37,5 +53,29 @@ impl<R: RequestKey> Scheduler<R> {
     /// Whether an encoder-cache connector is set.
     pub fn has_encoder_connector(&self) -> bool {
         self.ec_connector.is_some()
+    }
+
+    /// vLLM 0.33's `_ec_transfer_pending`: whether the request at `slot`, which has
+    /// multimodal items, waits for an encoder output in transit from `num_computed_tokens`
+    /// on. Never without a connector or items; an error stops asking for the rest of the
+    /// step (as for `has_cache_item`) and counts as nothing in transit.
+    pub(super) fn ec_transfer_pending(&mut self, slot: u32, num_computed_tokens: usize) -> bool {
+        if self.encoder.connector_error.is_some() {
+            return false;
+        }
+        let Some(connector) = self.ec_connector.as_mut() else {
+            return false;
+        };
+        let request = self.slots[slot as usize].as_ref().expect("live slot");
+        if request.spec.mm_features.is_empty() {
+            return false;
+        }
+        match connector.ensure_cache_available(request, num_computed_tokens) {
+            Ok(available) => !available,
+            Err(err) => {
+                self.encoder.connector_error = Some(err);
+                false
+            }
+        }
     }
 }

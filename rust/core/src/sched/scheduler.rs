@@ -615,6 +615,15 @@ impl<R: RequestKey> Scheduler<R> {
             let skip = plan.is_scheduled(slot)
                 || only_prefills.is_some_and(|want| request.is_prefilling() != want)
                 || (self.defer_prefills && request.is_prefill_chunk);
+            // vLLM 0.33 asks the encoder-cache connector with the landed frontier (computed
+            // less the outputs in flight) and skips a request whose encoder input is in
+            // transit; one whose step in flight reaches max_tokens it skipped before asking.
+            let at = (request.num_computed_tokens).saturating_sub(request.num_output_placeholders);
+            let skip = skip
+                || (self.ec_connector.is_some()
+                    && request.num_pending_tokens() > 0
+                    && self.ec_transfer_pending(slot, at));
+            let request = self.req(slot);
             let n = self.clamp(
                 request.num_pending_tokens(),
                 *budget - draft_slots,

@@ -102,3 +102,74 @@ fn a_connector_error_is_returned_and_the_step_kept() {
     s.set_encoder_connector(None);
     assert!(!s.has_encoder_connector());
 }
+
+/// Answers `ensure_cache_available` false for the requests in `transit`; logs each ask.
+struct Transit {
+    transit: Arc<Mutex<Vec<u32>>>,
+    log: Arc<Mutex<Vec<(u32, usize)>>>,
+}
+
+impl EncoderConnector<u32> for Transit {
+    fn has_cache_item(&mut self, _identifier: &str) -> crate::Result<bool> {
+        Ok(false)
+    }
+
+    fn update_state_after_alloc(&mut self, _: &Request<u32>, _: usize) -> crate::Result<()> {
+        Ok(())
+    }
+
+    fn ensure_cache_available(
+        &mut self,
+        request: &Request<u32>,
+        num_computed_tokens: usize,
+    ) -> crate::Result<bool> {
+        let id = request.request_id;
+        self.log.lock().unwrap().push((id, num_computed_tokens));
+        Ok(!self.transit.lock().unwrap().contains(&id))
+    }
+}
+
+#[test]
+fn a_request_whose_encoder_input_is_in_transit_is_skipped_running_or_waiting() {
+    // vLLM 0.33's `_ec_transfer_pending` (waiting: skip_request, its place kept) and the
+    // running loop's `ensure_cache_available` check (skipped for the step, still running).
+    let config = SchedulerConfig {
+        max_num_batched_tokens: 100,
+        ..enc_config(1000, 1000)
+    };
+    let mut s = Scheduler::new(config, false).unwrap();
+    let transit = Arc::new(Mutex::new(vec![0]));
+    let log = Arc::new(Mutex::new(Vec::new()));
+    s.set_encoder_connector(Some(Box::new(Transit {
+        transit: transit.clone(),
+        log: log.clone(),
+    })));
+    s.add_request(0, mm_prompt(0, 150, vec![image(10, 40, "a")]))
+        .unwrap();
+    s.add_request(
+        1,
+        RequestSpec {
+            max_tokens: 8,
+            ..prompt(1, 30)
+        },
+    )
+    .unwrap();
+    let out = run_step(&mut s);
+    assert_eq!(
+        scheduled(&out),
+        [(1, 30)],
+        "0 waits, 1 behind it is admitted"
+    );
+    assert_eq!(s.waiting_ids(), [0], "0 keeps its place");
+    transit.lock().unwrap().clear();
+    let out = run_step(&mut s);
+    assert_eq!(scheduled(&out), [(1, 1), (0, 99)]);
+    // Its next chunk's input in transit: running, skipped this step.
+    transit.lock().unwrap().push(0);
+    let out = run_step(&mut s);
+    assert_eq!(scheduled(&out), [(1, 1)]);
+    assert_eq!(s.running_ids(), [1, 0]);
+    // Asked with what was computed: 0 while waiting (no hit), then its landed frontier;
+    // the text-only request is never asked.
+    assert_eq!(*log.lock().unwrap(), [(0, 0), (0, 0), (0, 99)]);
+}

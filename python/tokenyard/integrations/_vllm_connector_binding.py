@@ -63,7 +63,7 @@ def _overridden_bind(cls: type) -> str | None:
     return None
 
 
-def _pool_served(cls: type) -> bool:
+def _pool_served(cls: type[Any]) -> bool:
     """Whether ``cls`` is a connector whose use of vLLM's GPU pool the view serves: one of
     ``_POOL_SERVED`` overriding only ``bind_gpu_block_pool`` of vLLM's binds, and not
     subclassed (a subclass may read more of the pool)."""

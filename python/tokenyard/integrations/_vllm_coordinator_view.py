@@ -307,8 +307,9 @@ class BlockPoolView:
             return None
         scheduler = self._scheduler
         index = self._core_index(block_id)
-        in_window = self._window_hashes is not None
-        hashes = self._window_hashes if in_window else scheduler._core.block_hashes()
+        window = self._window_hashes
+        in_window = window is not None
+        hashes: Sequence[Any] = window if window is not None else scheduler._core.block_hashes()
         core_hash: int | None = hashes[index]
         if core_hash is None or not scheduler._index_hashes:
             return core_hash

@@ -91,6 +91,10 @@ class BlockHashIndex:
             out.append(core_hash)
         return out
 
+    def knows_all(self, core_hashes: Sequence[int | None]) -> bool:
+        """Whether every core hash of ``core_hashes`` (``None`` skipped) has its vLLM hash."""
+        return self._vllm_hash.keys() >= set(core_hashes) - {None}
+
     def vllm_hash(self, core_hash: int) -> tuple[Any, int] | None:
         """vLLM's hash of the whole block the core hashes ``core_hash`` and the tokens it
         covers, from the requests entered; ``None`` if none of them has that block."""

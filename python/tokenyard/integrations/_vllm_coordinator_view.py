@@ -233,7 +233,7 @@ class BlockPoolView:
         if not scheduler._index_hashes:
             return
         index = scheduler._block_hash_index
-        if any(h is not None and index.vllm_hash(h) is None for h in hashes):
+        if not index.knows_all(hashes):
             for request in list(scheduler.requests.values()):
                 index.index(request)
 

@@ -122,6 +122,33 @@ class _FreeBlockQueueView:
         return iter(())
 
 
+class _BlockList(Sequence[KVCacheBlockView]):
+    """``BlockPool.blocks`` as vLLM's list reads: ``len``, an index (negative ones too), a
+    slice, iteration; each block's view made when read."""
+
+    __slots__ = ("_pool",)
+
+    def __init__(self, pool: BlockPoolView) -> None:
+        self._pool = pool
+
+    def __len__(self) -> int:
+        return self._pool.num_gpu_blocks
+
+    def __getitem__(self, i: Any) -> Any:
+        n = len(self)
+        if isinstance(i, slice):
+            return [self._pool._block(j) for j in range(*i.indices(n))]
+        j = i + n if i < 0 else i
+        if not 0 <= j < n:
+            raise IndexError(f"block index {i} out of range ({n} blocks)")
+        return self._pool._block(j)
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == other if isinstance(other, list | _BlockList) else NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 class BlockPoolView:
     """vLLM's ``BlockPool``: its size, free blocks, usage, ``blocks`` (every block, the
     null block first), ``null_block`` and ``free_block_queue``, read from the core; and the
@@ -159,9 +186,10 @@ class BlockPoolView:
         return self._scheduler._num_kv_blocks + 1
 
     @property
-    def blocks(self) -> list[KVCacheBlockView]:
-        """Every block in id order, the null block (id 0) first."""
-        return [self._block(i) for i in range(self.num_gpu_blocks)]
+    def blocks(self) -> _BlockList:
+        """Every block in id order, the null block (id 0) first (a sequence: indexing one
+        block does not build the others, as a connector reads ``blocks[i]`` per block)."""
+        return _BlockList(self)
 
     def get_num_free_blocks(self) -> int:
         """Blocks free for allocation, cached blocks no request holds included (vLLM's

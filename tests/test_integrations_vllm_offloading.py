@@ -275,16 +275,6 @@ def test_a_pool_keeper_inside_a_multi_connector_is_refused_by_name() -> None:
     assert e.value.field == "kv_transfer_config.kv_connector"
 
 
-def test_simple_cpu_offload_connector_is_refused_by_name() -> None:
-    transfer = KVTransferConfig(
-        kv_connector="SimpleCPUOffloadConnector",
-        kv_role="kv_both",
-        kv_connector_extra_config={"cpu_bytes_to_use": 1 << 20},
-    )
-    with pytest.raises(ConfigError, match="SimpleCPUOffloadConnector is not served"):
-        _build(transfer)
-
-
 def test_offloading_beside_several_kv_groups_is_refused_by_name() -> None:
     config = _kv_cache_config(64)
     spec = config.kv_cache_groups[0].kv_cache_spec

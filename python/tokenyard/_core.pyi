@@ -283,6 +283,22 @@ class BlockPool:
         """Free block ids in eviction order, next evicted first."""
     def ref_count(self, block_id: int) -> int:
         """Number of requests holding the block. Raises InputError for a bad id."""
+    def touch(self, block_ids: list[int]) -> None:
+        """vLLM 0.33's ``BlockPool.touch`` by id (a KV connector keeping blocks it copies):
+        one reference more on each, held outside any request until ``free_blocks``; a free
+        block leaves the free queue with its cached hash (not evicted, still hit).
+
+        Raises:
+            InputError: an id past the pool (nothing changes then).
+        """
+    def free_blocks(self, block_ids: list[int]) -> None:
+        """vLLM 0.33's ``BlockPool.free_blocks`` on references ``touch`` took (first
+        evicted first): a block left unheld rejoins the free queue (a cached one at the
+        back).
+
+        Raises:
+            InputError: a block without such a reference left (nothing changes then).
+        """
     def reset_prefix_cache(self) -> bool:
         """Forgets every cached prefix if no request holds blocks; returns whether it did."""
     def __contains__(self, request_id: _RequestId, /) -> bool: ...
@@ -1316,6 +1332,11 @@ class Scheduler:
     def free_loose_blocks(self, block_ids: list[int]) -> None:
         """vLLM 0.33's ``BlockPool.free_blocks`` on blocks from ``take_loose_blocks``.
         Raises InputError for a block without such a reference left."""
+    def touch_loose_blocks(self, block_ids: list[int]) -> None:
+        """vLLM 0.33's ``BlockPool.touch`` by id: one reference more on each, held outside
+        any request until ``free_loose_blocks`` (a free block leaves the free queue, its
+        cached hash kept). Raises ConfigError over the radix pool, InputError for an id
+        that is not a block of the pool (nothing changes then)."""
     def queue_block_copies(self, copies: list[tuple[int, int]]) -> None:
         """Queues ``(src, dst)`` copies for the next step's ``kv_cache_block_copies``; each
         endpoint's ``take_loose_blocks`` reference is retained until that step is processed.

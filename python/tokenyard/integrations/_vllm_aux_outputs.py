@@ -48,6 +48,9 @@ class BlockHashIndex:
     def __init__(self, scheduler: AuxState) -> None:
         self._scheduler = scheduler
         self._core_hash: dict[Any, int] = {}
+        # The other way: each core hash's vLLM hash and the tokens it covers (vLLM's
+        # ``KVCacheBlock.block_hash_num_tokens``), for the block pool view's ``block_hash``.
+        self._vllm_hash: dict[int, tuple[Any, int]] = {}
         # While the core asks the connector (it cannot be called back then): the asked
         # request's vLLM hashes with the block caching each, as the core gave them.
         self._asking: dict[Any, int | None] | None = None
@@ -69,6 +72,9 @@ class BlockHashIndex:
         if core_hashes is None:
             core_hashes = self._core_hashes(request, len(vllm_hashes))
         self._core_hash.update(zip(vllm_hashes, core_hashes, strict=False))
+        block_size = self._scheduler.block_size
+        for i, (vllm_hash, core_hash) in enumerate(zip(vllm_hashes, core_hashes, strict=False)):
+            self._vllm_hash[core_hash] = (vllm_hash, (i + 1) * block_size)
         if len(self._core_hash) > self._limit:
             self._prune()
 
@@ -84,6 +90,15 @@ class BlockHashIndex:
                 break
             out.append(core_hash)
         return out
+
+    def knows_all(self, core_hashes: Sequence[int | None]) -> bool:
+        """Whether every core hash of ``core_hashes`` (``None`` skipped) has its vLLM hash."""
+        return self._vllm_hash.keys() >= set(core_hashes) - {None}
+
+    def vllm_hash(self, core_hash: int) -> tuple[Any, int] | None:
+        """vLLM's hash of the whole block the core hashes ``core_hash`` and the tokens it
+        covers, from the requests entered; ``None`` if none of them has that block."""
+        return self._vllm_hash.get(core_hash)
 
     def _core_hashes(self, request: Request, num_blocks: int) -> list[int]:
         """The core's hashes of the request's first ``num_blocks`` blocks: over the tokens
@@ -111,6 +126,7 @@ class BlockHashIndex:
     def _prune(self) -> None:
         cached = self._scheduler._core.cached_block_id
         self._core_hash = {v: c for v, c in self._core_hash.items() if cached(c) is not None}
+        self._vllm_hash = {c: v for c, v in self._vllm_hash.items() if cached(c) is not None}
         self._limit = max(self._limit, 2 * len(self._core_hash))
 
     @contextmanager

@@ -6,9 +6,17 @@ manager is built: ``self.connector.bind_kv_cache_manager(self.kv_cache_manager)`
 side would use what the view does not offer:
 
 - a class overriding ``bind_gpu_block_pool`` keeps vLLM's GPU ``BlockPool`` object and
-  changes it (``SimpleCPUOffloadConnector``'s scheduler manager ``touch``-es and frees its
-  blocks; the Mooncake store and UMBP schedulers pin theirs); the core's pool view is
-  read-only;
+  changes it. ``SimpleCPUOffloadConnector`` is served: its scheduler manager
+  (``vllm/v1/simple_kv_offload/manager.py``, ``SimpleCPUOffloadScheduler``) ``touch``-es
+  the GPU blocks it stores from and loads into, frees them with ``free_blocks``, reads
+  ``blocks[i]`` (``block_hash``, ``block_hash_num_tokens``, ``is_null``, ``ref_cnt``),
+  ``get_cached_block``, ``cached_block_hashes_by_block`` and, in lazy mode, walks
+  ``free_block_queue.iter_blocks_after``: the pool view answers each with vLLM's meaning
+  from the core (its references are the core's loose blocks, vLLM's hashes the adapter's
+  index), checked against vLLM's ``Scheduler`` by
+  ``tests/test_integrations_vllm_pool_connectors.py``. It is served with one KV cache
+  group and the scheduler's block size equal to the hash block size; the Mooncake store
+  and UMBP schedulers (which pin blocks and read more of the pool) are refused;
 - a class overriding ``bind_kv_cache_manager`` builds on vLLM's manager object itself
   (UMBP's; HiSparse's is refused before, ``_vllm_hisparse.refuse_unmodelled_hisparse``).
 
@@ -34,6 +42,9 @@ from tokenyard.errors import ConfigError
 
 _FIELD = "kv_transfer_config.kv_connector"
 _BINDS = ("bind_gpu_block_pool", "bind_kv_cache_manager")
+# Connectors overriding bind_gpu_block_pool whose use of vLLM's pool the view serves (by
+# class name: vLLM imports each only where it is used).
+_POOL_SERVED = ("SimpleCPUOffloadConnector",)
 
 
 def _leaves(connector: Any) -> list[Any]:
@@ -52,6 +63,51 @@ def _overridden_bind(cls: type) -> str | None:
     return None
 
 
+def _pool_served(cls: type[Any]) -> bool:
+    """Whether ``cls`` is a connector whose use of vLLM's GPU pool the view serves: one of
+    ``_POOL_SERVED`` overriding only ``bind_gpu_block_pool`` of vLLM's binds, and not
+    subclassed (a subclass may read more of the pool)."""
+    return (
+        cls.__name__ in _POOL_SERVED
+        and cls.__module__.startswith("vllm.")
+        and cls.bind_kv_cache_manager is KVConnectorBase_V1.bind_kv_cache_manager
+    )
+
+
+def binds_gpu_block_pool(connector: Any) -> bool:
+    """Whether a served connector (alone or in a ``MultiConnector``) keeps vLLM's GPU block
+    pool: the adapter then indexes vLLM's block hashes of its requests, which the pool
+    view's blocks answer with."""
+    if connector is None:
+        return False
+    return any(_pool_served(type(leaf)) for leaf in _leaves(connector))
+
+
+def _refuse_pool_layout(leaf: Any, where: str, view: Any) -> None:
+    """A served pool connector beside what its use of the pool is not checked with."""
+    cls = type(leaf)
+    config = view.kv_cache_config
+    groups = len(config.kv_cache_groups)
+    block_size = config.kv_cache_groups[0].kv_cache_spec.block_size if groups else 0
+    hash_block_size = view.block_pool.hash_block_size
+    reason = None
+    if groups != 1:
+        reason = f"beside {groups} KV cache groups (served with one)"
+    elif block_size != hash_block_size:
+        reason = (
+            f"with block_size {block_size} over hash_block_size {hash_block_size} (its "
+            "partial-block hits are not modelled; served with them equal)"
+        )
+    elif not leaf._vllm_config.cache_config.enable_prefix_caching:
+        reason = "without prefix caching (its stores read the GPU pool's cached hashes)"
+    if reason is not None:
+        raise ConfigError(
+            f"{_FIELD}: {cls.__name__}{where} is not served {reason}",
+            field=_FIELD,
+            value=cls.__name__,
+        )
+
+
 def bind_kv_cache_manager(connector: Any, view: Any) -> None:
     """vLLM's bind of ``view`` (the adapter's ``kv_cache_manager``) into ``connector``.
 
@@ -59,7 +115,9 @@ def bind_kv_cache_manager(connector: Any, view: Any) -> None:
         ConfigError (field ``kv_transfer_config.kv_connector``): a connector (alone or in
             a ``MultiConnector``) whose class overrides ``bind_gpu_block_pool`` or
             ``bind_kv_cache_manager``: it would keep and change vLLM's own block pool or
-            manager, which the core's KV is not; an ``OffloadingConnector`` beside
+            manager, which the core's KV is not (``SimpleCPUOffloadConnector`` served,
+            refused beside several KV cache groups, a block size other than the hash
+            block size, or prefix caching off); an ``OffloadingConnector`` beside
             several KV cache groups. Nothing is bound then.
     """
     groups = len(view.kv_cache_config.kv_cache_groups)
@@ -75,6 +133,10 @@ def bind_kv_cache_manager(connector: Any, view: Any) -> None:
                 value=cls.__name__,
             )
         method = _overridden_bind(cls)
+        if method == "bind_gpu_block_pool" and _pool_served(cls):
+            _refuse_pool_layout(leaf, where, view)
+            view.block_pool.kept_by_connector = True
+            continue
         if method is not None:
             raise ConfigError(
                 f"{_FIELD}: {cls.__name__}{where} is not served: its scheduler side "

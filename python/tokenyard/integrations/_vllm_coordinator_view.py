@@ -9,17 +9,25 @@ nothing here is a copy that could drift from it, and nothing can be written thro
 Block ids are vLLM's: the core's single pool numbers its blocks from 0 and vLLM's from 1
 (vLLM's block 0 is the null block), so its ids are shifted by one here; with several KV
 groups the core's coordinator numbers them as vLLM does, null block included. A block's
-``block_hash`` is the core's own 128-bit hash (an ``int``), not vLLM's bytes. Imported only
-by ``_vllm_views``, so vLLM is installed when this runs."""
+``block_hash`` is vLLM's (``BlockHashWithGroupId`` bytes) when the adapter indexes vLLM's
+hashes of its requests (``_vllm_aux_outputs.BlockHashIndex``: beside a connector that binds
+vLLM's GPU block pool, or a Mamba ``align`` group), else the core's own 128-bit hash (an
+``int``). The pool's references taken by a KV connector's scheduler side (``touch``,
+``get_new_blocks``) and dropped by it (``free_blocks``) are the core's (its loose blocks):
+they keep a block out of the free queue as vLLM's ref counts do. Imported only by
+``_vllm_views``, so vLLM is installed when this runs."""
 
 from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from types import MappingProxyType
 from typing import Any, Protocol
 
 import numpy as np
 from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
+from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 from vllm.v1.core.single_type_kv_cache_manager import CrossAttentionManager
 
 
@@ -35,6 +43,8 @@ class CoreState(Protocol):
     _kv_groups: int
     _prefix_caching: bool
     _block_hash_index: Any
+    _index_hashes: bool
+    requests: dict[str, Any]
 
     def get_kv_cache_usage(self) -> float: ...
 
@@ -64,20 +74,27 @@ class KVCacheBlockView:
         return int(self._pool._ref_counts()[self._pool._core_index(self.block_id)])
 
     @property
-    def block_hash(self) -> int | None:
-        if self.block_id == 0:
-            return None
-        hashes = self._pool._scheduler._core.block_hashes()
-        result: int | None = hashes[self._pool._core_index(self.block_id)]
-        return result
+    def block_hash(self) -> Any:
+        """vLLM's ``BlockHashWithGroupId`` of the block's cached prefix where the adapter
+        indexes vLLM's hashes (else the core's ``int``), or ``None`` when it caches none."""
+        found = self._pool._vllm_hash_of(self.block_id)
+        return found[0] if isinstance(found, tuple) else found
+
+    @property
+    def block_hash_num_tokens(self) -> int | None:
+        """vLLM's: the prefix tokens ``block_hash`` covers (a whole block's end), or
+        ``None`` (no vLLM hash known for it)."""
+        found = self._pool._vllm_hash_of(self.block_id)
+        return found[1] if isinstance(found, tuple) else None
 
     def __repr__(self) -> str:
         return f"KVCacheBlockView(block_id={self.block_id}, ref_cnt={self.ref_cnt})"
 
 
 class _FreeBlockQueueView:
-    """vLLM's ``FreeKVCacheBlockQueue`` read-only: ``num_free_blocks`` and the free blocks
-    in eviction order (``get_all_free_blocks``)."""
+    """vLLM's ``FreeKVCacheBlockQueue`` read-only: ``num_free_blocks``, the free blocks in
+    eviction order (``get_all_free_blocks``) and those after a free block
+    (``iter_blocks_after``)."""
 
     __slots__ = ("_pool",)
 
@@ -92,15 +109,67 @@ class _FreeBlockQueueView:
         pool = self._pool
         return pool._blocks_of(pool._scheduler._core.free_block_ids())
 
+    def iter_blocks_after(self, cursor: KVCacheBlockView | None) -> Iterator[KVCacheBlockView]:
+        """vLLM's: the free blocks in eviction order after ``cursor`` (from the front for
+        ``None``; none after a block no longer free, whose links vLLM clears). Read once,
+        when iteration starts."""
+        free = self.get_all_free_blocks()
+        if cursor is None:
+            return iter(free)
+        for i, block in enumerate(free):
+            if block is cursor:
+                return iter(free[i + 1 :])
+        return iter(())
+
+
+class _BlockList(Sequence[KVCacheBlockView]):
+    """``BlockPool.blocks`` as vLLM's list reads: ``len``, an index (negative ones too), a
+    slice, iteration; each block's view made when read."""
+
+    __slots__ = ("_pool",)
+
+    def __init__(self, pool: BlockPoolView) -> None:
+        self._pool = pool
+
+    def __len__(self) -> int:
+        return self._pool.num_gpu_blocks
+
+    def __getitem__(self, i: Any) -> Any:
+        n = len(self)
+        if isinstance(i, slice):
+            return [self._pool._block(j) for j in range(*i.indices(n))]
+        j = i + n if i < 0 else i
+        if not 0 <= j < n:
+            raise IndexError(f"block index {i} out of range ({n} blocks)")
+        return self._pool._block(j)
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == other if isinstance(other, list | _BlockList) else NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
 
 class BlockPoolView:
-    """vLLM's ``BlockPool`` read-only: its size, free blocks, usage, ``blocks`` (every
-    block, the null block first), ``null_block`` and ``free_block_queue``. The hash map
+    """vLLM's ``BlockPool``: its size, free blocks, usage, ``blocks`` (every block, the
+    null block first), ``null_block`` and ``free_block_queue``, read from the core; and the
+    references a KV connector's scheduler side takes and drops (``touch``,
+    ``get_new_blocks``, ``free_blocks``), which the core keeps. The hash map
     (``cached_block_hash_to_block``) is keyed by vLLM's block hashes, which the core does
-    not compute; it is not offered."""
+    not compute; it is not offered (``get_cached_block`` answers by hash). The core
+    registers no partial-prefix entries, so ``cached_block_hashes_by_block`` (vLLM's
+    secondary hashes per block) is always empty."""
+
+    cached_block_hashes_by_block: Mapping[int, Any] = MappingProxyType({})
 
     def __init__(self, scheduler: CoreState) -> None:
         self._scheduler = scheduler
+        # Set when a served KV connector keeps this pool (_vllm_connector_binding): the core
+        # calls then run in `asking` windows.
+        self.kept_by_connector = False
+        # Inside such a window (the core is busy asking the connector): the blocks' cached
+        # hashes as the window began, and the references taken and dropped meanwhile.
+        self._window_hashes: list[Any] | None = None
+        self._deferred: list[tuple[str, list[int]]] = []
         # The core's single pool numbers blocks from 0, vLLM's from 1.
         self._offset = 0 if scheduler._kv_groups else 1
         self._views: dict[int, KVCacheBlockView] = {}
@@ -117,9 +186,10 @@ class BlockPoolView:
         return self._scheduler._num_kv_blocks + 1
 
     @property
-    def blocks(self) -> list[KVCacheBlockView]:
-        """Every block in id order, the null block (id 0) first."""
-        return [self._block(i) for i in range(self.num_gpu_blocks)]
+    def blocks(self) -> _BlockList:
+        """Every block in id order, the null block (id 0) first (a sequence: indexing one
+        block does not build the others, as a connector reads ``blocks[i]`` per block)."""
+        return _BlockList(self)
 
     def get_num_free_blocks(self) -> int:
         """Blocks free for allocation, cached blocks no request holds included (vLLM's
@@ -155,16 +225,80 @@ class BlockPoolView:
         core_ids = self._scheduler._core.take_loose_blocks(int(num_blocks))
         return [self._block(b + self._offset) for b in core_ids]
 
+    def asking(self) -> AbstractContextManager[None]:
+        """The window of a core call that may ask the KV connector (``schedule``, an
+        update, an abort): the core cannot be read or changed until it returns, so the
+        connector's ``touch`` and ``free_blocks`` meanwhile are applied, in their order,
+        when it does, and the blocks' ``block_hash`` answers as the window began (the
+        connector reads the hashes of the blocks of the request it is asked about, which
+        a step's update does not change). A no-op unless a served connector keeps the
+        pool."""
+        if not self.kept_by_connector or self._window_hashes is not None:
+            return _NO_WINDOW
+        return self._window()
+
+    @contextmanager
+    def _window(self) -> Iterator[None]:
+        hashes = self._scheduler._core.block_hashes()
+        self._index_cached(hashes)
+        self._window_hashes = hashes
+        try:
+            yield
+        finally:
+            self._window_hashes = None
+            deferred, self._deferred = self._deferred, []
+            core = self._scheduler._core
+            for op, ids in deferred:
+                if op == "touch":
+                    core.touch_loose_blocks(ids)
+                else:
+                    core.free_loose_blocks(ids)
+
+    def _index_cached(self, hashes: Sequence[Any]) -> None:
+        """Enters the live requests' vLLM hashes again if some block caches a hash the
+        index does not know (a request's hashes grow with its tokens)."""
+        scheduler = self._scheduler
+        if not scheduler._index_hashes:
+            return
+        index = scheduler._block_hash_index
+        if not index.knows_all(hashes):
+            for request in list(scheduler.requests.values()):
+                index.index(request)
+
+    def touch(self, blocks: Iterable[KVCacheBlockView]) -> None:
+        """vLLM's ``touch`` called by a KV connector (``SimpleCPUOffloadScheduler`` keeps
+        the GPU blocks it stores from and loads into): one reference more on each block
+        (the null block skipped, as vLLM does), held until ``free_blocks``; a free block
+        leaves the free queue with its cached hash, so it is not evicted meanwhile, and a
+        request freeing a touched block leaves it held.
+
+        Raises:
+            IndexError: a block id past the pool (nothing changed then).
+        """
+        ids = [self._core_index(b.block_id) for b in blocks if b.block_id != 0]
+        if not ids:
+            return
+        if self._window_hashes is not None:
+            self._deferred.append(("touch", ids))
+        else:
+            self._scheduler._core.touch_loose_blocks(ids)
+
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlockView]) -> None:
-        """vLLM's ``free_blocks`` on blocks from ``get_new_blocks``: one reference dropped
-        from each (first evicted first). Blocks of a request's table are freed with the
-        request, not here.
+        """vLLM's ``free_blocks`` on references from ``get_new_blocks`` or ``touch``: one
+        dropped from each block (first evicted first; the null block skipped, as vLLM
+        does); a block left unheld rejoins the free queue, a cached one at the back. Blocks
+        of a request's table are freed with the request, not here.
 
         Raises:
             InputError: a block without such a reference left (nothing changed then).
         """
-        ids = [self._core_index(b.block_id) for b in ordered_blocks]
-        self._scheduler._core.free_loose_blocks(ids)
+        ids = [self._core_index(b.block_id) for b in ordered_blocks if b.block_id != 0]
+        if not ids:
+            return
+        if self._window_hashes is not None:
+            self._deferred.append(("free", ids))
+        else:
+            self._scheduler._core.free_loose_blocks(ids)
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """vLLM's ``evict_blocks``: each block that caches a hash leaves the prefix cache
@@ -192,9 +326,41 @@ class BlockPoolView:
             raise IndexError(f"block_id {block_id} is not a block of this pool")
         return block_id - self._offset
 
+    def _vllm_hash_of(self, block_id: int) -> tuple[Any, int] | int | None:
+        """The block's cached hash: vLLM's with group id and the tokens it covers where the
+        adapter indexes vLLM's hashes and knows this one (the live requests are entered
+        again on a miss: their hashes grow with their tokens), else the core's ``int``;
+        ``None`` when it caches none."""
+        if block_id == 0:
+            return None
+        scheduler = self._scheduler
+        index = self._core_index(block_id)
+        window = self._window_hashes
+        in_window = window is not None
+        hashes: Sequence[Any] = window if window is not None else scheduler._core.block_hashes()
+        core_hash: int | None = hashes[index]
+        if core_hash is None or not scheduler._index_hashes:
+            return core_hash
+        hash_index = scheduler._block_hash_index
+        found = hash_index.vllm_hash(core_hash)
+        if found is None and not in_window:
+            self._index_cached(hashes)
+            found = hash_index.vllm_hash(core_hash)
+        if found is None:
+            return core_hash
+        group = 0
+        if scheduler._kv_groups:
+            groups = len(scheduler.kv_cache_config.kv_cache_groups)
+            cached = scheduler._core.cached_block_id
+            group = next((g for g in range(groups) if cached(core_hash, g) == index), 0)
+        return make_block_hash_with_group_id(found[0], group), found[1]
+
     def _ref_counts(self) -> np.ndarray:
         counts: np.ndarray = self._scheduler._core.block_ref_counts()
         return counts
+
+
+_NO_WINDOW = nullcontext()
 
 
 class _RequestMap(Mapping[str, Any]):

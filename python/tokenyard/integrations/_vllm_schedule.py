@@ -59,7 +59,8 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
         if self.finished_recving_kv_req_ids:
             self._take_recorded_landings()
         self.kv_cache_manager.coordinator.queue_pending_copies()
-        core = self._core.schedule(throttle_prefills=throttle_prefills)
+        with self._pool_view.asking():
+            core = self._core.schedule(throttle_prefills=throttle_prefills)
         bridge = self._bridge
         if bridge is not None:
             for load in core.kv_loads:

@@ -61,6 +61,9 @@ class AdapterBase:
     _kv_groups: int
     kv_cache_manager: Any
     """``_vllm_views._KVCacheManagerView``."""
+    _pool_view: Any
+    """Its ``block_pool`` (``_vllm_coordinator_view.BlockPoolView``): core calls that may
+    ask the KV connector run in its ``asking()`` windows."""
     needs_kv_cache_zeroing: bool
     _promoted_loads: set[str]
     prefix_replay_tokens: int

@@ -50,7 +50,15 @@ class UpdateFromOutput(AdapterBase):
             # Every write of this and earlier steps has completed (vLLM's fence).
             self._core.step_processed()
         kv_output = model_runner_output.kv_connector_output
-        if kv_output is not None and (self.connector is not None or self._blocked_ids):
+        # vLLM takes the workers' report after the step's outputs, its finished requests
+        # freed first; beside a connector keeping vLLM's pool (whose frees then order the
+        # free queue) it is taken there, below.
+        report_late = self._pool_view.kept_by_connector
+        if (
+            kv_output is not None
+            and (self.connector is not None or self._blocked_ids)
+            and not report_late
+        ):
             # vLLM's _update_from_kv_xfer_finished runs whatever the connector: a remote-KV
             # wait set by hand lands on the report alone.
             self._update_from_kv_transfers(kv_output)
@@ -88,30 +96,31 @@ class UpdateFromOutput(AdapterBase):
                 if request.spec_token_ids and request.status == _RUNNING:
                     kept_drafts[core_id] = [0] * len(request.spec_token_ids)
         outside = self._outside_step(scheduler_output) if self._adopted else None
-        if outside is not None:
-            # A step the core did not form, over requests placed by hand (_vllm_adopt).
-            with errors_in_vllm_ids(vllm_ids):
-                finished = self._core.update_from_outside_step(
-                    outside,
-                    dict(zip(core_ids, core_tokens, strict=True)),
-                    num_rejected_tokens=rejected or None,
-                    spec_token_ids=kept_drafts or None,
-                )
-        elif self._int_ids and not rejected and not kept_drafts:
-            # The bulk path: one list of ids, one of counts, one of all the tokens.
-            with errors_in_vllm_ids(vllm_ids):
-                finished = self._core.update_from_output_arrays(
-                    core_ids,
-                    list(itertools.chain.from_iterable(core_tokens)),
-                    list(map(len, core_tokens)),
-                )
-        else:
-            with errors_in_vllm_ids(vllm_ids):
-                finished = self._core.update_from_output(
-                    dict(zip(core_ids, core_tokens, strict=True)),
-                    num_rejected_tokens=rejected or None,
-                    spec_token_ids=kept_drafts or None,
-                )
+        with self._pool_view.asking():
+            if outside is not None:
+                # A step the core did not form, over requests placed by hand (_vllm_adopt).
+                with errors_in_vllm_ids(vllm_ids):
+                    finished = self._core.update_from_outside_step(
+                        outside,
+                        dict(zip(core_ids, core_tokens, strict=True)),
+                        num_rejected_tokens=rejected or None,
+                        spec_token_ids=kept_drafts or None,
+                    )
+            elif self._int_ids and not rejected and not kept_drafts:
+                # The bulk path: one list of ids, one of counts, one of all the tokens.
+                with errors_in_vllm_ids(vllm_ids):
+                    finished = self._core.update_from_output_arrays(
+                        core_ids,
+                        list(itertools.chain.from_iterable(core_tokens)),
+                        list(map(len, core_tokens)),
+                    )
+            else:
+                with errors_in_vllm_ids(vllm_ids):
+                    finished = self._core.update_from_output(
+                        dict(zip(core_ids, core_tokens, strict=True)),
+                        num_rejected_tokens=rejected or None,
+                        spec_token_ids=kept_drafts or None,
+                    )
         if late:
             self._forget_landed(late)
         if pooled:
@@ -157,6 +166,8 @@ class UpdateFromOutput(AdapterBase):
             self._grammar_updates(outputs)
         if self.ec_connector is not None:
             finish_unavailable(self, outputs)
+        if report_late and kv_output is not None:
+            self._update_from_kv_transfers(kv_output)
         self._publish_kv_events()
         engine_core_outputs = {
             client: EngineCoreOutputs(outputs=outs) for client, outs in outputs.items()
@@ -581,7 +592,7 @@ class UpdateFromOutput(AdapterBase):
         if not (recving or sending or failed):
             return
         core_ids = self._core_ids
-        with errors_in_vllm_ids(self._vllm_ids):
+        with errors_in_vllm_ids(self._vllm_ids), self._pool_view.asking():
             self._core.finish_kv_transfers(
                 finished_recving=[core_ids[i] for i in recving],
                 finished_sending=[core_ids[i] for i in sending],

@@ -41,6 +41,8 @@ class AdapterState(Protocol):
     _prefix_caching: bool
     _prefix_cache_stats: PrefixCacheStats | None
     _block_hash_index: Any
+    _index_hashes: bool
+    requests: dict[str, Request]
 
     def _request_of(self, core_id: Any) -> Request: ...
 

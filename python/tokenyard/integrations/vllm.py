@@ -65,7 +65,10 @@ except ImportError as err:  # pragma: no cover - exercised only without vLLM
 from tokenyard.errors import InputError
 from tokenyard.integrations._vllm_adopt import AdoptedRequests, QueueView
 from tokenyard.integrations._vllm_aux_outputs import BlockHashIndex
-from tokenyard.integrations._vllm_connector_binding import bind_kv_cache_manager
+from tokenyard.integrations._vllm_connector_binding import (
+    bind_kv_cache_manager,
+    binds_gpu_block_pool,
+)
 from tokenyard.integrations._vllm_core_attributes import CoreAttributes
 from tokenyard.integrations._vllm_dynamic_sd import dynamic_sd_lookup_of
 from tokenyard.integrations._vllm_encoder_cache import EncoderCacheView
@@ -301,6 +304,9 @@ class TokenyardScheduler(
         # vLLM's pool are refused here.
         if self.connector is not None:
             bind_kv_cache_manager(self.connector, self.kv_cache_manager)
+        # Core calls that may ask the connector run in its windows (a no-op unless a
+        # served connector keeps the pool: _vllm_coordinator_view.BlockPoolView.asking).
+        self._pool_view = self.kv_cache_manager.block_pool
         self.current_step = 0
         self._pause_state = PauseState.UNPAUSED
         self._spec_token_placeholders = [-1] * self.num_spec_tokens
@@ -362,8 +368,11 @@ class TokenyardScheduler(
         self._prefix_caching = s.enable_prefix_caching
         # With a Mamba `align` group, vLLM's block hashes of each request are indexed for
         # the coordinator view's per-group lookup (vLLM's tests drive it with a request's).
-        self._index_hashes = self._prefix_caching and any(
-            getattr(g, "mamba_cache_mode", "none") == "align" for g in s.kv_groups
+        # Beside a connector keeping vLLM's GPU block pool too: the pool view's blocks
+        # answer with vLLM's hashes (_vllm_connector_binding.binds_gpu_block_pool).
+        self._index_hashes = self._prefix_caching and (
+            any(getattr(g, "mamba_cache_mode", "none") == "align" for g in s.kv_groups)
+            or binds_gpu_block_pool(self.connector)
         )
         self.enable_kv_cache_events = bool(
             self.kv_events_config is not None and self.kv_events_config.enable_kv_cache_events
@@ -591,7 +600,8 @@ class TokenyardScheduler(
                 for core_id in self._core.deferred_load_ids():
                     if self._vllm_ids[core_id] in aborted:
                         bridge.loading.discard(self._vllm_ids[core_id])
-            self._core.abort(in_core)
+            with self._pool_view.asking():
+                self._core.abort(in_core)
         finished = []
         for request_id in ids:
             request = self.requests[request_id]

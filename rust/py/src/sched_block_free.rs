@@ -126,6 +126,14 @@ impl PyScheduler {
         (self.inner.free_loose_blocks(&block_ids)).map_err(|err| self.raise(py, err))
     }
 
+    /// vLLM 0.33's `BlockPool.touch` on blocks named by id: one reference more on each,
+    /// held outside any request until `free_loose_blocks` (a free block leaves the free
+    /// queue, its cached hash kept). Raises ConfigError over the radix pool, InputError for
+    /// an id that is not a block of the pool (nothing changes then).
+    fn touch_loose_blocks(&mut self, py: Python<'_>, block_ids: Vec<u32>) -> PyResult<()> {
+        (self.inner.touch_loose_blocks(&block_ids)).map_err(|err| self.raise(py, err))
+    }
+
     /// Queues `(src, dst)` block copies for the next step's `kv_cache_block_copies`; each
     /// endpoint's reference from `take_loose_blocks` is retained until that step is
     /// processed. Raises InputError (nothing queued) for an endpoint without one.

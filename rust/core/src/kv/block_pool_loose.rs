@@ -34,6 +34,16 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
         (self.loose).release(&mut self.free_queue, &mut self.blocks, ordered)
     }
 
+    /// vLLM 0.33's `BlockPool.touch` on blocks named by id (a connector's scheduler side
+    /// keeping the blocks it copies): one reference more on each, held outside any request
+    /// until [`Self::release_loose_blocks`]; a free block leaves the free queue, keeping its
+    /// cached hash (it is not evicted meanwhile, and a prefix hit still finds it).
+    ///
+    /// Errors: `InputError` (`block_ids`) for an id past the pool; nothing changes.
+    pub fn touch_loose_blocks(&mut self, block_ids: &[BlockId]) -> Result<()> {
+        (self.loose).touch(&mut self.free_queue, &mut self.blocks, block_ids, 0)
+    }
+
     /// The references held on `block` outside any request.
     pub fn loose_refs(&self, block: BlockId) -> u32 {
         self.loose.refs(block)

@@ -27,6 +27,13 @@ impl<R: RequestKey> KvCoordinator<R> {
         (self.loose).release(&mut self.free_queue, &mut self.blocks, ordered)
     }
 
+    /// `BlockPool::touch_loose_blocks` over the coordinator's pool. `InputError`
+    /// (`block_ids`) for the null block (0; vLLM's `touch` skips it, so callers drop it) or
+    /// an id past the pool; nothing changes then.
+    pub fn touch_loose_blocks(&mut self, block_ids: &[BlockId]) -> Result<()> {
+        (self.loose).touch(&mut self.free_queue, &mut self.blocks, block_ids, 1)
+    }
+
     /// The references held on `block` outside any request.
     pub fn loose_refs(&self, block: BlockId) -> u32 {
         self.loose.refs(block)

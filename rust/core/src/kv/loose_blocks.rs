@@ -94,6 +94,44 @@ impl LooseBlocks {
         Ok(())
     }
 
+    /// vLLM's `BlockPool.touch` called from outside the scheduler (a connector keeping a
+    /// block it copies from or into): one loose reference more on each of `block_ids`,
+    /// which leaves the free queue if it was free (its cached hash stays, so it can still be
+    /// hit, and it is not evicted until [`Self::release`] drops the reference).
+    /// `InputError` (`block_ids`) naming an id past the pool or below `first_block` (the
+    /// coordinator's null block); nothing changes then.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn touch(
+        &mut self,
+        free_queue: &mut impl FreeQueue,
+        blocks: &mut [BlockMeta],
+        block_ids: &[BlockId],
+        first_block: usize,
+    ) -> Result<()> {
+        if let Some(&bad) =
+            (block_ids.iter()).find(|&&b| (b as usize) < first_block || b as usize >= blocks.len())
+        {
+            return Err(Error::input(
+                "block_ids",
+                bad,
+                format!(
+                    "is not a block of this pool (blocks {first_block}..{})",
+                    blocks.len()
+                ),
+            ));
+        }
+        for &block in block_ids {
+            let meta = &mut blocks[block as usize];
+            if meta.ref_cnt == 0 {
+                free_queue.remove(block);
+            }
+            meta.ref_cnt += 1;
+            *self.refs.entry(block).or_default() += 1;
+        }
+        Ok(())
+    }
+
     /// Adds the loose references to `holders` (per block, its holders).
     pub(super) fn count_into(&self, holders: &mut [u32]) {
         for (&block, &n) in &self.refs {
@@ -159,5 +197,67 @@ mod tests {
         pool.release_loose_blocks(&taken).unwrap();
         assert_eq!(pool.num_free_blocks(), 4);
         pool.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_touched_block_outlives_its_request_and_returns_cached() {
+        // vLLM's SimpleCPUOffloadScheduler touches the blocks it stores; the request's free
+        // leaves them held, the connector's free_blocks puts them at the back, still cached.
+        let mut pool: BlockPool<u32> = BlockPool::new(4, 4, true).unwrap();
+        let prompt: Vec<u32> = (0..9).collect();
+        let table = pool
+            .allocate_slots(&1, &prompt, 9, 0, None, None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(table, vec![0, 1, 2]);
+        pool.touch_loose_blocks(&[0, 1]).unwrap();
+        assert_eq!(pool.ref_count(0), Some(2));
+        pool.free(&1).unwrap();
+        assert_eq!(pool.free_block_ids(), vec![2, 3]);
+        assert_eq!(pool.ref_count(1), Some(1));
+        pool.check_invariants().unwrap();
+        // A touched free block leaves the queue; freed again, it is no longer evicted first.
+        pool.touch_loose_blocks(&[3]).unwrap();
+        assert_eq!(pool.free_block_ids(), vec![2]);
+        pool.release_loose_blocks(&[3, 0, 1]).unwrap();
+        assert_eq!(pool.free_block_ids(), vec![3, 2, 0, 1]);
+        pool.check_invariants().unwrap();
+        assert_eq!(
+            pool.get_computed_blocks(&prompt, None).block_ids,
+            vec![0, 1]
+        );
+    }
+
+    #[test]
+    fn touching_a_block_twice_takes_two_references() {
+        let mut pool: BlockPool<u32> = BlockPool::new(4, 4, true).unwrap();
+        pool.touch_loose_blocks(&[2, 2]).unwrap();
+        assert_eq!(pool.ref_count(2), Some(2));
+        assert_eq!(pool.num_free_blocks(), 3);
+        assert!(!pool.reset_prefix_cache());
+        pool.release_loose_blocks(&[2]).unwrap();
+        assert_eq!(pool.num_free_blocks(), 3);
+        pool.release_loose_blocks(&[2]).unwrap();
+        assert_eq!(pool.num_free_blocks(), 4);
+        assert!(pool.release_loose_blocks(&[2]).is_err());
+        pool.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn touching_past_the_pool_changes_nothing() {
+        let mut pool: BlockPool<u32> = BlockPool::new(4, 4, true).unwrap();
+        let err = pool.touch_loose_blocks(&[1, 4]).unwrap_err();
+        assert!(err.to_string().contains("block_ids"), "{err}");
+        assert_eq!(pool.ref_count(1), Some(0));
+        assert_eq!(pool.num_free_blocks(), 4);
+        let groups = vec![KvGroupSpec::FullAttention, KvGroupSpec::FullAttention];
+        let mut coordinator: KvCoordinator<u32> = KvCoordinator::new(groups, 5, 16, true).unwrap();
+        let err = coordinator.touch_loose_blocks(&[0]).unwrap_err();
+        assert!(err.to_string().contains("block_ids"), "{err}");
+        coordinator.touch_loose_blocks(&[4]).unwrap();
+        assert_eq!(coordinator.ref_count(4), Some(1));
+        coordinator.check_invariants().unwrap();
+        coordinator.release_loose_blocks(&[4]).unwrap();
+        assert_eq!(coordinator.num_free_blocks(), 4);
     }
 }

@@ -177,6 +177,18 @@ impl<R: RequestKey> Scheduler<R> {
         self.kv.release_loose_blocks(block_ids)
     }
 
+    /// vLLM 0.33's `BlockPool.touch` called by a KV connector's scheduler side on blocks
+    /// named by id (`SimpleCPUOffloadScheduler` keeps the GPU blocks it copies): one
+    /// reference more on each, held outside any request until [`Self::free_loose_blocks`];
+    /// a free block leaves the free queue with its cached hash, so it is not evicted
+    /// meanwhile (a request freeing it leaves it held).
+    ///
+    /// Errors: `ConfigError` (`prefix_cache`) over the radix pool; `InputError`
+    /// (`block_ids`) for an id that is not a block of the pool; nothing changes then.
+    pub fn touch_loose_blocks(&mut self, block_ids: &[BlockId]) -> Result<()> {
+        self.kv.touch_loose_blocks(block_ids)
+    }
+
     /// Queues copies of block `src` into block `dst` for the next step's output
     /// (`SchedulerOutput::kv_cache_block_copies`; vLLM 0.33's managers append them to
     /// `_pending_cow_copies`). Each endpoint must hold a reference taken outside any
@@ -417,6 +429,14 @@ impl Kv {
             Kv::BlockHash(p) => p.take_loose_blocks(num_blocks),
             Kv::Radix(_) => Err(radix_blocks()),
             Kv::Hybrid(h) => h.pool.take_loose_blocks(num_blocks),
+        }
+    }
+
+    fn touch_loose_blocks(&mut self, block_ids: &[BlockId]) -> Result<()> {
+        match self {
+            Kv::BlockHash(p) => p.touch_loose_blocks(block_ids),
+            Kv::Radix(_) => Err(radix_blocks()),
+            Kv::Hybrid(h) => h.pool.touch_loose_blocks(block_ids),
         }
     }
 

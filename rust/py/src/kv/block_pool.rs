@@ -292,6 +292,19 @@ impl PyBlockPool {
         self.inner.reset_prefix_cache()
     }
 
+    /// vLLM 0.33's `BlockPool.touch` on blocks named by id (as a KV connector's scheduler
+    /// side calls it): one reference more on each, held outside any request until
+    /// `free_blocks`; a free block leaves the free queue, its cached hash kept.
+    fn touch(&mut self, py: Python<'_>, block_ids: Vec<BlockId>) -> PyResult<()> {
+        self.inner.touch_loose_blocks(&block_ids).or_raise(py)
+    }
+
+    /// vLLM 0.33's `BlockPool.free_blocks` on references taken by `touch` (first evicted
+    /// first).
+    fn free_blocks(&mut self, py: Python<'_>, block_ids: Vec<BlockId>) -> PyResult<()> {
+        self.inner.release_loose_blocks(&block_ids).or_raise(py)
+    }
+
     fn __contains__(&self, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {
         has_request(request_id, |id| self.inner.block_ids(id).is_some())
     }

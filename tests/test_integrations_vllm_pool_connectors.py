@@ -1,0 +1,344 @@
+"""tokenyard.integrations.vllm with the KV connectors that keep vLLM's GPU block pool
+(``bind_gpu_block_pool``): vLLM 0.33's ``SimpleCPUOffloadConnector`` against vLLM's own
+``Scheduler`` on the same seeded streams, and those the adapter still refuses by name.
+
+vLLM's ``Scheduler.__init__`` binds its ``KVCacheManager`` into the connector, whose base
+method hands ``block_pool`` to ``bind_gpu_block_pool``; ``SimpleCPUOffloadScheduler``
+(``vllm/v1/simple_kv_offload/manager.py``) then ``touch``-es the GPU blocks it stores from
+and loads into, frees them when the copy completes (``free_blocks``), reads their
+``block_hash`` to key its CPU cache, and in lazy mode walks the GPU free queue
+(``free_block_queue.iter_blocks_after``). Through the adapter those go to the core's pool
+(``_vllm_coordinator_view.BlockPoolView``). The worker side is synthesized as vLLM's
+``SimpleCPUOffloadWorker`` reports (``v1/simple_kv_offload/worker.py``: a load event's
+requests in ``finished_recving``, a store event in
+``SimpleCPUOffloadWorkerMetadata.completed_store_events``), each event completing after a
+seeded delay of 0 to 2 steps, in order, as its stream's events do. Every step is compared:
+scheduled tokens and block ids, the connector metadata (load and store events and their GPU
+and CPU blocks, flush flag), the requests waiting for loads, KV usage, block tables, the GPU
+free queue and the ref counts. Needs vLLM (the bench venv); skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM 0.33 is installed only in the bench venv")
+
+import torch
+from vllm.config import KVEventsConfig, KVTransferConfig
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheTensor,
+    SlidingWindowSpec,
+)
+from vllm.v1.outputs import KVConnectorOutput
+from vllm.v1.request import RequestStatus
+from vllm.v1.simple_kv_offload.metadata import SimpleCPUOffloadWorkerMetadata
+from vllm_compare import BLOCK_SIZE, block_digest, runner_output, seeded_arrivals
+from vllm_peer import VllmSchedulerPeer
+
+from tokenyard.errors import ConfigError
+from tokenyard.integrations.vllm import TokenyardScheduler
+
+
+def _spec(block_size: int = BLOCK_SIZE) -> FullAttentionSpec:
+    return FullAttentionSpec(
+        block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float16
+    )
+
+
+def _kv_cache_config(num_blocks: int, block_size: int = BLOCK_SIZE) -> KVCacheConfig:
+    spec = _spec(block_size)
+    return KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[
+            KVCacheTensor(
+                size=spec.page_size_bytes * num_blocks,
+                layers=["l0"],
+                layer_stride=spec.page_size_bytes * num_blocks,
+                block_stride=spec.page_size_bytes,
+            )
+        ],
+        kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)],
+    )
+
+
+def _simple_cpu(cpu_blocks: int, lazy: bool) -> KVTransferConfig:
+    return KVTransferConfig(
+        kv_connector="SimpleCPUOffloadConnector",
+        kv_role="kv_both",
+        kv_connector_extra_config={
+            "cpu_bytes_to_use": cpu_blocks * _spec().page_size_bytes,
+            "lazy_offload": lazy,
+        },
+    )
+
+
+def _peer(transfer: KVTransferConfig, num_blocks: int, events: bool) -> VllmSchedulerPeer:
+    peer = VllmSchedulerPeer(
+        num_blocks=num_blocks, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=512
+    )
+    peer.vllm_config.kv_transfer_config = transfer
+    if events:
+        peer.vllm_config.kv_events_config = KVEventsConfig(
+            enable_kv_cache_events=True, publisher="null"
+        )
+    return peer
+
+
+def _meta(out: Any) -> tuple[Any, ...]:
+    meta = out.kv_connector_metadata
+    return (
+        meta.load_event,
+        list(meta.load_gpu_blocks),
+        list(meta.load_cpu_blocks),
+        {e: list(r) for e, r in meta.load_event_to_reqs.items()},
+        meta.store_event,
+        list(meta.store_gpu_blocks),
+        list(meta.store_cpu_blocks),
+        meta.need_flush,
+    )
+
+
+def _loading(scheduler: Any) -> set[str]:
+    return {
+        r.request_id
+        for r in scheduler.requests.values()
+        if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    }
+
+
+def _pool_state(scheduler: Any) -> tuple[list[int], list[int]]:
+    """The GPU pool's free queue (eviction order) and every block's ref count, vLLM's ids."""
+    pool = scheduler.kv_cache_manager.block_pool
+    free = [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
+    return free, [b.ref_cnt for b in pool.blocks[1:]]
+
+
+def _outputs(by_client: dict[int, Any]) -> dict[int, Any]:
+    """A step's engine outputs: each request's new tokens and finish reason, per client."""
+    return {
+        client: [(o.request_id, list(o.new_token_ids), o.finish_reason) for o in outs.outputs]
+        for client, outs in by_client.items()
+    }
+
+
+def _events(batches: list[Any]) -> list[Any]:
+    """The connector's KV events (its CPU tier's) published so far, drained: each event's
+    type, vLLM block hashes, parent, tokens and medium. (The GPU pool's own events carry the
+    core's hashes through the adapter, a difference outside this test.)"""
+    events = [
+        (
+            type(e).__name__,
+            getattr(e, "block_hashes", None),
+            getattr(e, "parent_block_hash", None),
+            getattr(e, "token_ids", None),
+            e.medium,
+        )
+        for batch in batches
+        for e in batch.events
+        if getattr(e, "medium", None) != "GPU"
+    ]
+    batches.clear()
+    return events
+
+
+def _check_pool(ours: Any, theirs: Any, step: int) -> None:
+    mine, peer = _pool_state(ours), _pool_state(theirs)
+    if mine != peer:
+        free_ours, refs_ours = mine
+        free_peer, refs_peer = peer
+        pairs = enumerate(zip(refs_ours, refs_peer, strict=True), start=1)
+        refs = [(block, a, b) for block, (a, b) in pairs if a != b]
+        raise AssertionError(
+            f"step {step}: free queues {free_ours[:12]} vs vLLM's {free_peer[:12]} "
+            f"(first differing at {_first_diff(free_ours, free_peer)}), "
+            f"ref counts (block, ours, vLLM's) {refs[:12]}, tails {free_ours[-5:]} {free_peer[-5:]}"
+        )
+
+
+def _first_diff(a: list[int], b: list[int]) -> int:
+    pairs = enumerate(zip(a, b, strict=False))
+    return next((i for i, (x, y) in pairs if x != y), min(len(a), len(b)))
+
+
+def _waves(seed: int) -> list[tuple[int, str, list[int], int]]:
+    """Three seeded waves: a second with other prompts pushes the first's blocks out of a
+    small GPU pool, and a third asks the first's prompts again (from the CPU)."""
+    waves = []
+    for wave, (rng_seed, start) in enumerate(((seed, 0), (seed + 1000, 50), (seed, 110))):
+        waves += [
+            (start + at, f"{request_id}w{wave}", prompt, max_tokens)
+            for at, request_id, prompt, max_tokens in seeded_arrivals(
+                random.Random(rng_seed),
+                count=8,
+                prefix_tokens=160,
+                shared=(0, 16, 48, 100, 160),
+                tail_max=100,
+                arrive_by=30,
+                max_tokens=20,
+                lowest_token=1,
+                max_prompt=300,
+            )
+        ]
+    return waves
+
+
+class _Worker:
+    """vLLM's ``SimpleCPUOffloadWorker`` as the scheduler sees it: each step's load and
+    store events complete after the delays drawn for them (the same draws on both sides),
+    each stream in order."""
+
+    def __init__(self) -> None:
+        self.loads: list[tuple[int, int, list[str]]] = []  # (due step, event, requests)
+        self.stores: list[tuple[int, int]] = []  # (due step, event)
+
+    def submit(self, out: Any, step: int, delays: tuple[int, int]) -> None:
+        meta = out.kv_connector_metadata
+        if meta.load_event >= 0:
+            due = max([step + delays[0], *(d for d, _, _ in self.loads)])
+            self.loads.append((due, meta.load_event, meta.load_event_to_reqs[meta.load_event]))
+        if meta.store_event >= 0:
+            due = max([step + delays[1], *(d for d, _ in self.stores)])
+            self.stores.append((due, meta.store_event))
+
+    def report(self, step: int) -> KVConnectorOutput:
+        landed = {r for due, _, reqs in self.loads if due <= step for r in reqs}
+        stored = {event: 1 for due, event in self.stores if due <= step}
+        self.loads = [x for x in self.loads if x[0] > step]
+        self.stores = [x for x in self.stores if x[0] > step]
+        worker_meta = SimpleCPUOffloadWorkerMetadata(completed_store_events=stored)
+        return KVConnectorOutput(
+            finished_recving=landed or None,
+            kv_connector_worker_meta=worker_meta if stored else None,
+        )
+
+
+def _run(
+    seed: int, *, num_blocks: int, cpu_blocks: int, lazy: bool = False, events: bool = True
+) -> dict[str, int]:
+    """A seeded stream on both schedulers, every step compared (see the module doc)."""
+    peer = _peer(_simple_cpu(cpu_blocks, lazy), num_blocks, events)
+    config = _kv_cache_config(num_blocks)
+    pair = [peer.build(cls, config) for cls in (Scheduler, TokenyardScheduler)]
+    published: list[list[Any]] = [[], []]
+    for scheduler, batches in zip(pair, published, strict=True):
+        publisher = scheduler.kv_event_publisher
+        publisher.publish = batches.append  # type: ignore[method-assign]
+    workers = [_Worker(), _Worker()]
+    rng = random.Random(seed * 7 + 3)
+    arrivals = _waves(seed)
+    seen = {"loads": 0, "stores": 0, "preemptions": 0, "cpu_events": 0}
+    for step in range(800):
+        for at, *args in arrivals:
+            if at == step:
+                for scheduler in pair:
+                    scheduler.add_request(peer.make_request(*args))
+        outs = [scheduler.schedule() for scheduler in pair]
+        assert block_digest(outs[1]) == block_digest(outs[0]), f"step {step}"
+        metas = [_meta(out) for out in outs]
+        assert metas[1] == metas[0], f"step {step}"
+        assert _loading(pair[1]) == _loading(pair[0]), f"step {step}"
+        seen["loads"] += len(metas[0][1])
+        seen["stores"] += len(metas[0][5])
+        seen["preemptions"] += len(outs[0].preempted_req_ids)
+        delays = (rng.randrange(3), rng.randrange(3))
+        results = []
+        for scheduler, worker, out in zip(pair, workers, outs, strict=True):
+            worker.submit(out, step, delays)
+            output = runner_output(scheduler, out)
+            output.kv_connector_output = worker.report(step)
+            results.append(_outputs(scheduler.update_from_output(out, output)))
+        assert results[1] == results[0], f"step {step}"
+        events = _events(published[0])
+        assert _events(published[1]) == events, f"step {step}"
+        seen["cpu_events"] += len(events)
+        ours, theirs = pair[1], pair[0]
+        assert ours.get_kv_cache_usage() == pytest.approx(theirs.get_kv_cache_usage()), step
+        _check_pool(ours, theirs, step)
+        for request_id in theirs.requests:
+            table = ours.kv_cache_manager.get_block_ids(request_id)
+            assert table == theirs.kv_cache_manager.get_block_ids(request_id), step
+        if step > 150 and not theirs.has_unfinished_requests() and not workers[0].stores:
+            assert not ours.has_unfinished_requests()
+            ours._core.check_invariants()
+            return seen
+    raise AssertionError("the stream did not drain")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_simple_cpu_offload_matches_vllm(seed: int) -> None:
+    seen = _run(seed, num_blocks=160, cpu_blocks=400)
+    assert seen["stores"] > 0
+    assert seen["cpu_events"] > 0
+
+
+# A small GPU pool evicts the first wave's prompts; the third wave loads them from the CPU.
+@pytest.mark.parametrize("seed", range(6))
+def test_simple_cpu_offload_under_memory_pressure_matches_vllm(seed: int) -> None:
+    assert _run(seed, num_blocks=40, cpu_blocks=400)["loads"] > 0
+
+
+# A pool so small that running requests are preempted: vLLM's connector flushes
+# (need_flush) and forgets the preempted requests' stored blocks.
+@pytest.mark.parametrize("seed", range(3))
+def test_simple_cpu_offload_with_preemptions_matches_vllm(seed: int) -> None:
+    assert _run(seed, num_blocks=21, cpu_blocks=400)["preemptions"] > 0
+
+
+# A small CPU pool too: the CPU side evicts (LRU) what the third wave would have loaded.
+@pytest.mark.parametrize("seed", range(3))
+def test_simple_cpu_offload_small_cpu_pool_matches_vllm(seed: int) -> None:
+    _run(seed, num_blocks=40, cpu_blocks=24, events=False)
+
+
+# Lazy mode: the connector walks the GPU free queue from a cursor and stores what nears
+# eviction.
+@pytest.mark.parametrize("seed", range(3))
+def test_simple_cpu_offload_lazy_matches_vllm(seed: int) -> None:
+    assert _run(seed, num_blocks=40, cpu_blocks=400, lazy=True)["stores"] > 0
+
+
+def test_simple_cpu_offload_is_bound_to_the_pool_view() -> None:
+    scheduler = _peer(_simple_cpu(64, False), 64, False).build(
+        TokenyardScheduler, _kv_cache_config(64)
+    )
+    manager = scheduler.connector.scheduler_manager
+    assert manager._gpu_block_pool is scheduler.kv_cache_manager.block_pool
+
+
+def test_simple_cpu_offload_beside_several_groups_is_refused_by_name() -> None:
+    config = _kv_cache_config(64)
+    spec = config.kv_cache_groups[0].kv_cache_spec
+    config.kv_cache_groups.append(
+        KVCacheGroupSpec(
+            ["l1"],
+            SlidingWindowSpec(
+                block_size=BLOCK_SIZE,
+                num_kv_heads=1,
+                head_size=1,
+                dtype=spec.dtype,
+                sliding_window=32,
+            ),
+        )
+    )
+    config.kv_cache_tensors.append(
+        KVCacheTensor(
+            size=spec.page_size_bytes * 64,
+            layers=["l1"],
+            layer_stride=spec.page_size_bytes * 64,
+            block_stride=spec.page_size_bytes,
+        )
+    )
+    peer = _peer(_simple_cpu(64, False), 64, False)
+    assert peer.build(Scheduler, config).connector is not None
+    with pytest.raises(ConfigError, match="SimpleCPUOffloadConnector is not served beside 2") as e:
+        peer.build(TokenyardScheduler, config)
+    assert e.value.field == "kv_transfer_config.kv_connector"
+    assert e.value.value == "SimpleCPUOffloadConnector"

@@ -223,3 +223,20 @@ def test_image_requests_publish_their_items_in_the_extra_keys(
     stored = [e for batch in our_events.batches for e in batch if isinstance(e, BlockStored)]
     keys = [k for e in stored for k in e.extra_keys or ()]
     assert any(k is not None for k in keys)
+
+
+# ---- EAGLE's look-ahead hashes: lookahead_token_ids --------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(25, 27))
+def test_lookahead_hashes_publish_their_lookahead_tokens(seed: int) -> None:
+    eagle = {"num_speculative_tokens": 2, "speculative_method": "eagle3"}
+    rng = random.Random(seed)
+    theirs, ours, peer, their_events, our_events = _pair(num_blocks=(14, 40)[seed % 2], **eagle)
+    assert peer.vllm_config.num_hash_lookahead_tokens == 1
+    arrivals = seeded_arrivals(rng, tail_max=60, max_tokens=40, count=10, arrive_by=10)
+    compare_stream(theirs, ours, arrivals, peer.make_request, max_steps=2000)
+    _check(their_events, our_events)
+    stored = [e for batch in our_events.batches for e in batch if isinstance(e, BlockStored)]
+    assert all(len(t) == 1 for e in stored for t in e.lookahead_token_ids or [[0]])
+    assert stored[0].lookahead_token_ids

@@ -84,3 +84,62 @@ impl<R: RequestKey> Scheduler<R> {
         (self.kv.drain_events(), calls)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{config, prompt};
+    use super::*;
+    use crate::sched::{PrefixCache, SchedulerConfig};
+
+    fn scheduler() -> Scheduler<u32> {
+        let cfg = SchedulerConfig {
+            enable_prefix_caching: true,
+            max_num_batched_tokens: 64,
+            ..config()
+        };
+        let mut s = Scheduler::new(cfg, true).unwrap();
+        s.enable_kv_cache_calls().unwrap();
+        s
+    }
+
+    #[test]
+    fn a_call_keeps_its_request_after_the_slot_is_reused() {
+        // Request 0 caches 2 blocks of 4 (9-token prompt) and is aborted; request 1 takes
+        // its slot before the drain: the call is still request 0's.
+        let mut s = scheduler();
+        s.add_request(0, prompt(0, 9)).unwrap();
+        s.schedule().unwrap();
+        s.abort(&[0]).unwrap();
+        s.add_request(1, prompt(1, 5)).unwrap();
+        s.schedule().unwrap();
+        let (events, calls) = s.drain_kv_events_detailed();
+        assert_eq!(events.len(), 3);
+        let first = CacheCall {
+            at: 0,
+            request: 0,
+            group: 0,
+            first_block: 0,
+            end_block: 2,
+        };
+        let second = CacheCall {
+            at: 2,
+            request: 1,
+            first_block: 0,
+            end_block: 1,
+            ..first.clone()
+        };
+        assert_eq!(calls, [first, second]);
+    }
+
+    #[test]
+    fn the_radix_pool_refuses_cache_calls_by_name() {
+        let cfg = SchedulerConfig {
+            enable_prefix_caching: true,
+            prefix_cache: PrefixCache::Radix,
+            ..config()
+        };
+        let mut s = Scheduler::<u32>::new(cfg, true).unwrap();
+        let err = s.enable_kv_cache_calls().unwrap_err();
+        assert!(err.to_string().contains("kv_events"), "{err}");
+    }
+}

@@ -23,12 +23,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent / "peers"))
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 
-from vllm.config import KVEventsConfig  # noqa: E402
-from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm_compare import BLOCK_SIZE, compare_stream, seeded_arrivals  # noqa: E402
-from vllm_peer import VllmSchedulerPeer, runner_output  # noqa: E402
+from vllm.config import KVEventsConfig
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm_compare import BLOCK_SIZE, compare_stream, seeded_arrivals
+from vllm_peer import VllmSchedulerPeer, runner_output
 
-from tokenyard.integrations.vllm import TokenyardScheduler  # noqa: E402
+from tokenyard.integrations.vllm import TokenyardScheduler
 
 
 class Capture:

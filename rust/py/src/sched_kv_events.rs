@@ -11,6 +11,9 @@ use super::args::kv_event;
 /// `(at, request_id, group, first_block, end_block)`.
 type CallTuple = (usize, Py<PyAny>, u32, usize, usize);
 
+/// What `drain_kv_events_detailed` returns: the events and the cache calls.
+type Detailed = (Vec<(&'static str, u128)>, Vec<CallTuple>);
+
 #[pymethods]
 impl PyScheduler {
     /// Starts recording each cache call beside the prefix-cache events (which it turns on
@@ -25,10 +28,7 @@ impl PyScheduler {
     /// the cache calls that stored blocks: `(at, request_id, group, first_block,
     /// end_block)`, the call's `Stored` events being `events[at:at + end_block -
     /// first_block]` (the request's blocks `first_block..end_block`).
-    fn drain_kv_events_detailed(
-        &mut self,
-        py: Python<'_>,
-    ) -> PyResult<(Vec<(&'static str, u128)>, Vec<CallTuple>)> {
+    fn drain_kv_events_detailed(&mut self, py: Python<'_>) -> PyResult<Detailed> {
         let (events, calls) = self.inner.drain_kv_events_detailed();
         let calls = calls
             .into_iter()

@@ -6,6 +6,7 @@ that module, so vLLM is installed when this runs."""
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -22,6 +23,8 @@ from vllm.v1.spec_decode.metrics import SpecDecodingStats
 from tokenyard.errors import ConfigError
 from tokenyard.integrations._vllm_kv_events import KvEventBuilder
 from tokenyard.integrations._vllm_state import AdapterBase
+
+_log = logging.getLogger(__name__)
 
 
 class StatsAndEvents(AdapterBase):
@@ -104,7 +107,8 @@ class StatsAndEvents(AdapterBase):
         hashes, no tokens (KV cache groups record none)."""
         try:
             self._core.enable_kv_cache_calls()
-        except ConfigError:
+        except ConfigError as err:
+            _log.warning("KV cache events are not vLLM's here: %s", err)
             self._core.enable_kv_events()
             self._kv_events = None
             return

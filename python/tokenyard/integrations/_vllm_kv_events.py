@@ -14,6 +14,7 @@ evictions before the blocks it caches)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,6 +37,8 @@ from vllm.v1.kv_cache_interface import (
     get_kv_cache_spec_sliding_window,
 )
 from vllm.v1.request import Request
+
+_log = logging.getLogger(__name__)
 
 
 class KvEventBuilder:
@@ -101,16 +104,25 @@ class KvEventBuilder:
                 continue
             kind, core_hash = events[i]
             i += 1
-            if kind == "removed":
-                out.append(self._removed(core_hash))
+            if kind == "stored":
+                # Every store the core makes comes with its call (the tests check each
+                # path); one without would have no request to build the event from.
+                _log.warning("KV events: a stored block without its cache call, not published")
+            elif kind == "removed":
+                removed = self._removed(core_hash)
+                if removed is not None:
+                    out.append(removed)
             elif kind == "all_cleared":
                 self._external.clear()
                 out.append(AllBlocksCleared())
         self._kept.clear()
         return out
 
-    def _removed(self, core_hash: int) -> BlockRemoved:
-        entry = self._external[core_hash]
+    def _removed(self, core_hash: int) -> BlockRemoved | None:
+        entry = self._external.get(core_hash)
+        if entry is None:
+            _log.warning("KV events: an evicted block never published as stored, not published")
+            return None
         entry[1] -= 1
         if entry[1] == 0:
             del self._external[core_hash]

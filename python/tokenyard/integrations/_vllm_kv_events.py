@@ -91,16 +91,16 @@ class KvEventBuilder:
             if call is not None:
                 _, core_id, group, first, end = call
                 request = request_of(core_id) or self._kept.get(core_id)
+                stored = events[i : i + end - first]
+                i += len(stored)
                 if request is None:
-                    raise LookupError(f"KV events: request {core_id!r} is gone")
+                    _log.warning("KV events: request %r is gone, its blocks not published", core_id)
+                    continue
                 event = self._stored(request, group, first, end)
-                for (_, core_hash), external in zip(
-                    events[i : i + end - first], event.block_hashes, strict=True
-                ):
+                for (_, core_hash), external in zip(stored, event.block_hashes, strict=True):
                     entry = self._external.setdefault(core_hash, [external, 0])
                     entry[1] += 1
                 out.append(event)
-                i += end - first
                 continue
             kind, core_hash = events[i]
             i += 1

@@ -1630,6 +1630,17 @@ class Scheduler:
         """Prefix-cache events since the last call, oldest first: ``(kind, block_hash)``,
         kind ``"stored"``, ``"removed"``, ``"host_stored"``, ``"host_removed"`` or
         ``"all_cleared"`` (hash 0). Hashes are tokenyard's own (128-bit), not vLLM's."""
+    def enable_kv_cache_calls(self) -> None:
+        """Starts recording each cache call beside the prefix-cache events (which it turns
+        on too), for ``drain_kv_events_detailed``. ConfigError for the radix pool and for
+        KV cache groups (only the single-group block-hash pool records them)."""
+    def drain_kv_events_detailed(
+        self,
+    ) -> tuple[list[tuple[str, int]], list[tuple[int, _RequestId, int, int, int]]]:
+        """The prefix-cache events since the last drain (as ``drain_kv_events`` gives them)
+        and the cache calls that stored blocks, ``(at, request_id, group, first_block,
+        end_block)``: the call cached the request's blocks ``first_block..end_block``, whose
+        ``stored`` events are ``events[at:at + end_block - first_block]``."""
     def stats(self) -> SchedulerStats: ...
     def check_invariants(self) -> None:
         """Raises InternalError if the internal bookkeeping is inconsistent (a bug)."""

@@ -6,6 +6,7 @@ that module, so vLLM is installed when this runs."""
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -19,7 +20,11 @@ from vllm.v1.metrics.stats import PrefixCacheStats, SchedulerStats
 from vllm.v1.request import Request
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
+from tokenyard.errors import ConfigError
+from tokenyard.integrations._vllm_kv_events import KvEventBuilder
 from tokenyard.integrations._vllm_state import AdapterBase
+
+_log = logging.getLogger(__name__)
 
 
 class StatsAndEvents(AdapterBase):
@@ -28,6 +33,7 @@ class StatsAndEvents(AdapterBase):
     connector_prefix_cache_stats: PrefixCacheStats | None
     enable_kv_cache_events: bool
     kv_event_publisher: Any
+    _kv_events: KvEventBuilder | None
 
     def get_request_counts(self) -> tuple[int, int]:
         """(running, waiting)."""
@@ -94,9 +100,51 @@ class StatsAndEvents(AdapterBase):
             perf_stats=perf_stats,
         )
 
+    def _enable_kv_events(self) -> None:
+        """Turns the core's cache events on: with each cache call's request where the core
+        records them (the single-group block-hash pool), whose events are vLLM's field for
+        field (``_vllm_kv_events``); without, one ``BlockStored`` per block hash, the core's
+        hashes, no tokens (KV cache groups record none)."""
+        try:
+            self._core.enable_kv_cache_calls()
+        except ConfigError as err:
+            _log.warning("KV cache events are not vLLM's here: %s", err)
+            self._core.enable_kv_events()
+            self._kv_events = None
+            return
+        self._kv_events = KvEventBuilder(
+            block_size=self.block_size,
+            hash_block_size=self.hash_block_size,
+            num_hash_lookahead_tokens=self._core.num_hash_lookahead_tokens,
+            kv_cache_groups=self.kv_cache_config.kv_cache_groups,
+        )
+
+    def _keep_for_kv_events(self, request_id: str) -> None:
+        """The adapter forgets ``request_id``: its cache calls not yet published still
+        need it."""
+        builder = getattr(self, "_kv_events", None)
+        if builder is not None:
+            builder.keep(self._core_ids[request_id], self.requests[request_id])
+
+    def _live_request(self, core_id: Any) -> Request | None:
+        request_id = self._vllm_ids.get(core_id)
+        return None if request_id is None else self.requests.get(request_id)
+
     def _publish_kv_events(self) -> None:
         events: list[Any] = []
-        core_events = self._core.drain_kv_events() if self.enable_kv_cache_events else ()
+        builder = getattr(self, "_kv_events", None)
+        if self.enable_kv_cache_events and builder is not None:
+            core_events, calls = self._core.drain_kv_events_detailed()
+            events.extend(builder.build(core_events, calls, self._live_request))
+        elif self.enable_kv_cache_events:
+            events.extend(self._coarse_kv_events(self._core.drain_kv_events()))
+        if self.connector is not None:
+            events.extend(self.connector.take_events() or ())
+        if events:
+            self.kv_event_publisher.publish(KVEventBatch(ts=time.time(), events=events))
+
+    def _coarse_kv_events(self, core_events: list[tuple[str, int]]) -> list[Any]:
+        events: list[Any] = []
         for kind, block_hash in core_events:
             if kind == "stored":
                 events.append(
@@ -114,7 +162,4 @@ class StatsAndEvents(AdapterBase):
                 events.append(BlockRemoved(block_hashes=[block_hash], medium="GPU"))
             elif kind == "all_cleared":
                 events.append(AllBlocksCleared())
-        if self.connector is not None:
-            events.extend(self.connector.take_events() or ())
-        if events:
-            self.kv_event_publisher.publish(KVEventBatch(ts=time.time(), events=events))
+        return events

@@ -381,7 +381,7 @@ class TokenyardScheduler(
             self.kv_events_config, self.parallel_config.data_parallel_index
         )
         if self.enable_kv_cache_events:
-            self._core.enable_kv_events()
+            self._enable_kv_events()
 
     # --- queues -----------------------------------------------------------------------------
 
@@ -666,6 +666,7 @@ class TokenyardScheduler(
     def _forget(self, request_id: str) -> None:
         """Drops a request the core no longer holds. One with outputs in flight keeps its
         core id until they land (``_late_core_ids``)."""
+        self._keep_for_kv_events(request_id)
         del self.requests[request_id]
         self._pending_encoder_input_ids.pop(request_id, None)
         self._promoted_loads.discard(request_id)

@@ -666,6 +666,9 @@ mod args;
 #[path = "sched_kv.rs"]
 mod kv_views;
 
+#[path = "sched_kv_events.rs"]
+mod kv_events;
+
 #[path = "sched_adopt.rs"]
 mod adopt;
 #[path = "sched_block_free.rs"]

@@ -149,6 +149,8 @@ pub struct BlockPool<R: RequestKey, Q: FreeQueue = FreeBlockQueue> {
     stats: BlockPoolStats,
     /// Cache events for KV-aware routers (vLLM's BlockStored / BlockRemoved), when enabled.
     events: Option<Vec<KvEvent>>,
+    /// Each cache call beside the events, when enabled (`kv::event_log`).
+    cache_calls: Option<Vec<CacheCall<R>>>,
     host: Option<HostTier>,
     /// Entries of freed requests, emptied, whose vectors the next requests reuse (at most
     /// `MAX_SPARE`): a replay admits a request every few steps, and each entry's three
@@ -208,6 +210,7 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
             requests: FxHashMap::default(),
             stats: BlockPoolStats::default(),
             events: None,
+            cache_calls: None,
             host: None,
             spare: Vec::new(),
             evict_first: Vec::new(),
@@ -329,7 +332,7 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
             cache: true,
             after_known: false,
         };
-        self.allocate(request_id, new, new_computed, extra_key)
+        self.allocate_noted(request_id, new, new_computed, extra_key)
     }
 
     /// [`Self::allocate_slots_counted`] without a prefix hit, given the request's whole
@@ -351,7 +354,7 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
             cache: true,
             after_known: true,
         };
-        self.allocate(request_id, new, None, extra_key)
+        self.allocate_noted(request_id, new, None, extra_key)
     }
 
     /// A request's first allocation when its `num_external_tokens` tokens after the prefix
@@ -396,7 +399,7 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
             cache: false,
             after_known: false,
         };
-        self.allocate(request_id, new, new_computed, extra_key)
+        self.allocate_noted(request_id, new, new_computed, extra_key)
     }
 
     /// vLLM 0.33's admission gate (`scheduler_reserve_full_isl`): whether `num_tokens` of a
@@ -455,6 +458,7 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
         new_token_ids: &[TokenId],
         ahead: &[TokenId],
     ) -> Result<()> {
+        let mark = self.cache_mark();
         let (block_size, caching, rules) = (self.block_size, self.enable_caching, self.rules);
         let lookahead = rules.num_hash_lookahead_tokens;
         let Self {
@@ -472,6 +476,7 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
             super::lookahead::hash_ahead(block_size, lookahead, request, ahead);
             cache_full_blocks(block_size, rules, cached, blocks, events, request);
         }
+        self.note_cache_call(request_id, mark);
         Ok(())
     }
 
@@ -702,6 +707,10 @@ mod hits;
 
 #[path = "block_pool_held.rs"]
 mod held;
+
+#[path = "event_log.rs"]
+mod event_log;
+pub use event_log::CacheCall;
 
 #[path = "block_pool_inspect.rs"]
 mod inspect;

@@ -42,7 +42,7 @@ mod run_queue;
 pub use block_hash::{
     BlockHash, content_block, hash_block, hash_block_id, hash_content, hash_full_blocks,
 };
-pub use block_pool::{BlockId, BlockPool, BlockPoolStats, ComputedBlocks, KvEvent};
+pub use block_pool::{BlockId, BlockPool, BlockPoolStats, CacheCall, ComputedBlocks, KvEvent};
 pub use coordinator::{
     ExternalAllocation, GroupedComputedBlocks, KvCoordinator, MAX_NUM_GROUPS, prefix_cacheable,
 };

@@ -356,6 +356,7 @@ impl<R: RequestKey> Scheduler<R> {
             .take()
             .expect("preempted slot is live");
         let id = request.request_id.clone();
+        self.settle_kv_cache_calls();
         let fresh = match self.free_slots.pop() {
             Some(fresh) => {
                 self.slots[fresh as usize] = Some(request);
@@ -366,6 +367,7 @@ impl<R: RequestKey> Scheduler<R> {
                 (self.slots.len() - 1) as u32
             }
         };
+        self.own_kv_slot(fresh, &id);
         self.index.insert(id, fresh);
         let fence = self.block_frees.sched_step_seq;
         self.block_frees

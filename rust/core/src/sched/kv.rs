@@ -616,6 +616,26 @@ impl Kv {
         }
     }
 
+    /// Records each cache call beside the events (`kv::event_log`): the block-hash pool's
+    /// only; false (nothing recorded) for the others.
+    pub fn enable_cache_calls(&mut self) -> bool {
+        match self {
+            Kv::BlockHash(p) => {
+                p.enable_cache_calls();
+                true
+            }
+            Kv::Radix(_) | Kv::Hybrid(_) => false,
+        }
+    }
+
+    /// The cache calls since the last drain, by slot (drain the events with them).
+    pub fn drain_cache_calls(&mut self) -> Vec<crate::kv::CacheCall<u32>> {
+        match self {
+            Kv::BlockHash(p) => p.drain_cache_calls(),
+            Kv::Radix(_) | Kv::Hybrid(_) => Vec::new(),
+        }
+    }
+
     pub fn free(&mut self, slot: u32) -> Result<()> {
         match self {
             Kv::BlockHash(p) => PrefixPool::free(p, &slot),

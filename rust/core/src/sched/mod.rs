@@ -17,6 +17,7 @@ mod hooks;
 mod in_flight;
 mod invariants;
 mod kv;
+mod kv_events;
 mod kv_inspect;
 mod kv_outside;
 mod loads;

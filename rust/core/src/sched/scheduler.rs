@@ -57,6 +57,8 @@ pub struct Scheduler<R: RequestKey> {
     pub(super) hooks: Option<Box<dyn super::hooks::StepHooks<R>>>,
     /// HiSparse host pages (`sched::hisparse`), off by default.
     pub(super) host_pages: Option<super::hisparse::HostPages>,
+    /// Each cache call's request, when asked for (`sched::kv_events`), off by default.
+    pub(super) kv_cache_calls: Option<Box<super::kv_events::CacheCallLog<R>>>,
     /// Makes deferred prompts (`RequestSpec::num_deferred_prompt_tokens`), if set.
     pub(super) prompt_source: Option<Box<dyn PromptSource<R>>>,
     /// Slots of requests whose KV load the engine reported landed / failed; each is taken
@@ -237,6 +239,7 @@ impl<R: RequestKey> Scheduler<R> {
             ec_connector: None,
             hooks: None,
             host_pages: None,
+            kv_cache_calls: None,
             prompt_source: None,
             landed: FxHashSet::default(),
             failed_loads: FxHashSet::default(),

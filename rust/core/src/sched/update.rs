@@ -122,6 +122,7 @@ impl<R: RequestKey> Scheduler<R> {
         };
         self.next_arrival_seq += 1;
         self.num_mm_requests += usize::from(!request.spec.mm_features.is_empty());
+        self.settle_kv_cache_calls();
         let slot = match self.free_slots.pop() {
             Some(slot) => {
                 self.slots[slot as usize] = Some(request);
@@ -132,6 +133,7 @@ impl<R: RequestKey> Scheduler<R> {
                 (self.slots.len() - 1) as u32
             }
         };
+        self.own_kv_slot(slot, &request_id);
         self.index.insert(request_id, slot);
         self.kv.set_num_prompt_tokens(slot, num_prompt_tokens);
         let key = self.priority_key(slot);

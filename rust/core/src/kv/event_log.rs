@@ -1,0 +1,166 @@
+//! Opt-in detail beside the block pool's cache events ([`KvEvent`]): what each cache call
+//! cached, as vLLM 0.33 publishes it (`BlockPool.cache_full_blocks`: one `BlockStored` per
+//! call, the request's blocks `num_cached_blocks..num_full_blocks` of one KV cache group,
+//! with the tokens, parent hash and extra keys an adapter reads from its own request).
+//!
+//! The router's hot path reads only [`KvEvent`]; this log exists only when a caller asks
+//! for it ([`BlockPool::enable_cache_calls`]), and a pool without it pays one branch per
+//! allocation or cache call. Invariant: each [`CacheCall`] names the `Stored` events its
+//! call pushed, `at..at + (end_block - first_block)` in the events drained with it.
+
+use super::{BlockPool, ComputedBlocks, FreeQueue, KvEvent, NewTokens, RequestKey};
+use crate::Result;
+
+/// One cache call of one request: vLLM's `BlockStored` for the request's blocks
+/// `first_block..end_block` of KV cache group `group`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheCall<R> {
+    /// Where the call's first `Stored` is among the events since their last drain (its
+    /// `Stored` events follow it, one per block).
+    pub at: usize,
+    pub request: R,
+    pub group: u32,
+    pub first_block: usize,
+    pub end_block: usize,
+}
+
+impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
+    /// Starts recording each cache call ([`CacheCall`]) beside the cache events, which it
+    /// turns on too. Drain both at once: a call's `at` counts from the events' last drain.
+    pub fn enable_cache_calls(&mut self) {
+        self.enable_events();
+        self.cache_calls.get_or_insert_with(Vec::new);
+    }
+
+    /// The cache calls since the last drain, oldest first (empty unless enabled).
+    pub fn drain_cache_calls(&mut self) -> Vec<CacheCall<R>> {
+        self.cache_calls
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// `allocate` noting the cache call it makes, if the log is on.
+    pub(super) fn allocate_noted(
+        &mut self,
+        request_id: &R,
+        new: NewTokens<'_>,
+        new_computed: Option<&ComputedBlocks>,
+        extra_key: Option<u64>,
+    ) -> Result<Option<usize>> {
+        let mark = self.cache_mark();
+        let allocated = self.allocate(request_id, new, new_computed, extra_key);
+        self.note_cache_call(request_id, mark);
+        allocated
+    }
+
+    /// Before a call that may cache blocks: the number of events so far (`None`: no log).
+    pub(super) fn cache_mark(&self) -> Option<usize> {
+        self.cache_calls.as_ref()?;
+        Some(self.events.as_ref().map_or(0, Vec::len))
+    }
+
+    /// After it: the `Stored` events pushed since `mark` are the call's (they follow its
+    /// evictions' events), its last block the request's last cached one.
+    pub(super) fn note_cache_call(&mut self, request_id: &R, mark: Option<usize>) {
+        let (Some(mark), Some(calls), Some(events)) = (mark, &mut self.cache_calls, &self.events)
+        else {
+            return;
+        };
+        let Some(first) = events[mark..]
+            .iter()
+            .position(|e| matches!(e, KvEvent::Stored(_)))
+        else {
+            return;
+        };
+        let at = mark + first;
+        debug_assert!(events[at..].iter().all(|e| matches!(e, KvEvent::Stored(_))));
+        let Some(request) = self.requests.get(request_id) else {
+            return;
+        };
+        let end_block = request.num_cached_blocks;
+        calls.push(CacheCall {
+            at,
+            request: request_id.clone(),
+            group: 0,
+            first_block: end_block - (events.len() - at),
+            end_block,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::BlockHash;
+
+    fn tokens(n: usize, base: u32) -> Vec<u32> {
+        (base..base + n as u32).collect()
+    }
+
+    #[test]
+    fn each_cache_call_names_its_stored_events() {
+        // 4 blocks of 4 tokens; one request caches 2 blocks, then 1 more on a decode step.
+        let mut pool: BlockPool<u32> = BlockPool::new(4, 4, true).unwrap();
+        pool.enable_cache_calls();
+        let prompt = tokens(9, 0);
+        pool.allocate_slots(&1, &prompt, 9, 0, None, None).unwrap();
+        pool.cache_blocks(&1, &[]).unwrap();
+        let calls = pool.drain_cache_calls();
+        let events = pool.drain_events();
+        assert_eq!(events.len(), 2);
+        let call = CacheCall {
+            at: 0,
+            request: 1,
+            group: 0,
+            first_block: 0,
+            end_block: 2,
+        };
+        assert_eq!(calls, vec![call]);
+        let mut longer = prompt.clone();
+        longer.extend(tokens(3, 100));
+        pool.allocate_slots(&1, &longer, 3, 0, None, None).unwrap();
+        let calls = pool.drain_cache_calls();
+        assert_eq!(pool.drain_events().len(), 1);
+        assert_eq!((calls[0].first_block, calls[0].end_block), (2, 3));
+    }
+
+    #[test]
+    fn a_call_after_evictions_starts_at_its_first_stored_event() {
+        // 2 blocks: request 1 caches both and frees them; request 2's allocation evicts
+        // both (two Removed) and then caches one block of its own.
+        let mut pool: BlockPool<u32> = BlockPool::new(2, 4, true).unwrap();
+        pool.enable_cache_calls();
+        pool.allocate_slots(&1, &tokens(8, 0), 8, 0, None, None)
+            .unwrap();
+        pool.free(&1).unwrap();
+        pool.drain_events();
+        pool.drain_cache_calls();
+        pool.allocate_slots(&2, &tokens(6, 50), 6, 0, None, None)
+            .unwrap();
+        let events = pool.drain_events();
+        let calls = pool.drain_cache_calls();
+        assert!(matches!(
+            events[..],
+            [
+                KvEvent::Removed(_),
+                KvEvent::Removed(_),
+                KvEvent::Stored(BlockHash(_))
+            ]
+        ));
+        assert_eq!(
+            (calls[0].at, calls[0].first_block, calls[0].end_block),
+            (2, 0, 1)
+        );
+    }
+
+    #[test]
+    fn without_the_log_nothing_is_recorded() {
+        let mut pool: BlockPool<u32> = BlockPool::new(4, 4, true).unwrap();
+        pool.enable_events();
+        pool.allocate_slots(&1, &tokens(8, 0), 8, 0, None, None)
+            .unwrap();
+        assert_eq!(pool.drain_events().len(), 2);
+        assert!(pool.drain_cache_calls().is_empty());
+    }
+}

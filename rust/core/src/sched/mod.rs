@@ -19,6 +19,7 @@ mod invariants;
 mod kv;
 mod kv_inspect;
 mod kv_outside;
+mod load_failures;
 mod loads;
 mod mamba_align;
 mod multistep;
@@ -43,6 +44,7 @@ pub use encoder_cache::EncoderCache;
 pub use encoder_connector::EncoderConnector;
 pub use hisparse::HostPagesState;
 pub use hooks::StepHooks;
+pub use load_failures::{KvLoadFailurePolicy, KvLoadFailures};
 pub use mamba_align::{MambaAlignSplit, MambaSplitRule};
 pub use multistep::DecodeWindow;
 #[cfg(test)]

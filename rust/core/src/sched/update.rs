@@ -549,7 +549,7 @@ impl<R: RequestKey> Scheduler<R> {
     /// If the connector's `request_finished` fails, the request still finishes (a request
     /// left running past its stop would never finish at `max_model_len`) and its blocks are
     /// freed, as if the connector had not asked to keep them; the error is returned after.
-    fn finish(&mut self, slot: u32, reason: FinishReason) -> Result<()> {
+    pub(super) fn finish(&mut self, slot: u32, reason: FinishReason) -> Result<()> {
         self.encoder_release(slot);
         let request = self.slots[slot as usize].as_ref().expect("live");
         let in_flight = request.num_sampling_steps();

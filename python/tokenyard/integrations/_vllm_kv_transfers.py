@@ -31,6 +31,8 @@ class KvTransfers(AdapterBase):
     the workers' reports."""
 
     _kv_connector: Any = None
+    # Requests the core finishes with an error at its next update (_handle_kv_load_failures).
+    _load_errors: tuple[str, ...] = ()
 
     @property
     def connector(self) -> Any:
@@ -68,28 +70,26 @@ class KvTransfers(AdapterBase):
         self, invalid_block_ids: set[int], num_scheduled_tokens: dict[str, int]
     ) -> set[str]:
         """vLLM 0.33's ``_handle_invalid_blocks``: the requests whose computed blocks hold
-        one of ``invalid_block_ids`` (vLLM's ids) are cut back to their valid prefix, or
-        under ``"fail"`` finished with ``FINISHED_ERROR`` (here at once, by the core; vLLM
-        finishes them later in the same update). Returns the ids whose output in this
-        step is dropped (under ``"recompute"`` the running ones, else every one).
+        one of ``invalid_block_ids`` (vLLM's ids) are cut back to their valid prefix; under
+        ``"fail"`` they finish with ``FINISHED_ERROR`` at the next update. Returns the ids
+        whose output in this step is dropped (under ``"recompute"`` the running ones, else
+        every one).
 
         Raises:
             RuntimeError: several KV cache groups (vLLM's message).
         """
-        skip, _ = self._handle_kv_load_failures((), invalid_block_ids, num_scheduled_tokens)
-        return skip
+        return self._handle_kv_load_failures((), invalid_block_ids, num_scheduled_tokens)
 
     def _handle_kv_load_failures(
         self,
         failed_recving: Any,
         invalid_block_ids: Any,
         num_scheduled_tokens: dict[str, int],
-    ) -> tuple[set[str], list[Request]]:
+    ) -> set[str]:
         """The core's ``handle_kv_load_failures`` over vLLM's report, mirrored on the vLLM
-        requests: each affected one's ``num_computed_tokens``, and each failed one finished
-        with ``FINISHED_ERROR`` and freed as vLLM's ``finish_requests`` frees it (one still
-        loading stays in ``requests`` until its load reports). Returns the ids whose output
-        in this step is dropped, and the requests finished with an error.
+        requests' ``num_computed_tokens``; the requests it fails are finished by the core's
+        next update, and by ``_finish_load_errors`` here. Returns the ids whose output in
+        this step is dropped.
 
         Raises:
             RuntimeError: ``invalid_block_ids`` beside several KV cache groups.
@@ -110,18 +110,29 @@ class KvTransfers(AdapterBase):
         vllm_ids = self._vllm_ids
         for core_id, num_computed_tokens in truncated:
             self.requests[vllm_ids[core_id]].num_computed_tokens = num_computed_tokens
-        skip = {vllm_ids[core_id] for core_id in rescheduled}
+        errors = [vllm_ids[core_id] for core_id in failed]
+        if errors:
+            self._load_errors = (*self._load_errors, *errors)
+        return {vllm_ids[core_id] for core_id in rescheduled}.union(errors)
+
+    def _finish_load_errors(self) -> list[Request]:
+        """The requests failed loads finished with an error in the core's update just
+        applied (vLLM's ``error_req_ids``): ``FINISHED_ERROR``, freed as vLLM's
+        ``finish_requests`` frees them (one whose load is still in flight stays in
+        ``requests`` until it reports). Returns them, for their outputs."""
         errored = []
-        for core_id in failed:
-            request = self.requests[vllm_ids[core_id]]
-            skip.add(request.request_id)
+        for request_id in self._load_errors:
+            request = self.requests.get(request_id)
+            if request is None or request.is_finished():
+                continue
             request.status = RequestStatus.FINISHED_ERROR
             if self._bridge is not None:
                 # vLLM's error output carries no transfer parameters.
-                self._bridge.transfer_params.pop(request.request_id, None)
+                self._bridge.transfer_params.pop(request_id, None)
             self._free_request(request)
             errored.append(request)
-        return skip, errored
+        self._load_errors = ()
+        return errored
 
     @staticmethod
     def _error_output(request: Request) -> EngineCoreOutput:

@@ -52,22 +52,17 @@ class UpdateFromOutput(KvTransfers):
             self._core.step_processed()
         kv_output = model_runner_output.kv_connector_output
         skip: set[str] | None = None
-        errored: list[Request] = []
         if (
             kv_output is not None
             and self._bridge is not None
             and (kv_output.failed_recving or kv_output.invalid_block_ids)
         ):
             # vLLM 0.33 takes failed loads before the step's outputs (_vllm_kv_transfers).
-            skip, errored = self._handle_kv_load_failures(
+            skip = self._handle_kv_load_failures(
                 kv_output.failed_recving,
                 kv_output.invalid_block_ids,
                 scheduler_output.num_scheduled_tokens,
             )
-        if kv_output is not None and (self.connector is not None or self._blocked_ids):
-            # vLLM's _update_from_kv_xfer_finished runs whatever the connector: a remote-KV
-            # wait set by hand lands on the report alone.
-            self._update_from_kv_transfers(kv_output)
         batch = self._batch_of(scheduler_output)
         # Whether every request of the batch is still live (none finished meanwhile).
         batch_live = (
@@ -131,6 +126,13 @@ class UpdateFromOutput(KvTransfers):
         if pooled:
             self._finish_pooled(pooled)
         finished_ids = {vllm_ids[i] for i, _ in finished} if finished else set()
+        # The core finished them after the step's outputs (vLLM's error_req_ids).
+        errored = self._finish_load_errors() if self._load_errors else []
+        if kv_output is not None and (self.connector is not None or self._blocked_ids):
+            # vLLM's _update_from_kv_xfer_finished, after the step's outputs and errors (the
+            # blocks it frees go back after theirs); it runs whatever the connector: a
+            # remote-KV wait set by hand lands on the report alone.
+            self._update_from_kv_transfers(kv_output)
         nans = model_runner_output.num_nans_in_logits
         if nans:
             for request_id, request in zip(live_ids, live, strict=True):

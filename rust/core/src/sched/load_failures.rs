@@ -16,7 +16,7 @@
 use rustc_hash::FxHashSet;
 
 use super::kv::Kv;
-use super::request::{FinishReason, RequestStatus};
+use super::request::RequestStatus;
 use super::scheduler::Scheduler;
 use crate::kv::{BlockId, RequestKey};
 use crate::{Error, Result};
@@ -64,8 +64,10 @@ pub struct KvLoadFailures<R> {
     /// output of the step being updated is dropped for them (vLLM skips them in
     /// `update_from_output`'s loop), and they recompute from there.
     pub rescheduled: Vec<R>,
-    /// Requests finished with `FinishReason::Error` (policy `"fail"`), in vLLM's order:
-    /// whole failures, then invalid blocks' (loading requests first, then running ones).
+    /// Requests that finish with `FinishReason::Error` (policy `"fail"`) at the next
+    /// `update_from_output`, after its outputs (vLLM's `error_req_ids`; reported among its
+    /// finished requests), in order: whole failures, then invalid blocks' (loading
+    /// requests first, then running ones). Their outputs of this step are not to be given.
     pub failed: Vec<R>,
     /// Tokens the affected requests recompute (or lost, under `"fail"`): vLLM's
     /// `total_affected_tokens` of its log line.
@@ -125,16 +127,17 @@ impl<R: RequestKey> Scheduler<R> {
     ///   `num_scheduled_tokens`) hold one is affected: its computed tokens are cut back to
     ///   the start of its first invalid block that no request before it marked (a shared
     ///   block is recomputed by the first request only; one whose invalid blocks were all
-    ///   marked keeps its blocks computed before the step). A loading request then waits
+    ///   marked keeps its blocks computed before the step). As in vLLM, the loading and
+    ///   the running requests mark blocks separately. A loading request then waits
     ///   for its load as before, and caches only the valid prefix when it lands; a running
     ///   one keeps its blocks (those cached stay cached, as in vLLM, until it recomputes
     ///   into them), and
     ///   the output of the step being updated is dropped for it (`rescheduled`).
     ///
-    /// Under `Fail` every affected request finishes with `FinishReason::Error` (a running
-    /// one's blocks from its first invalid one on leave the prefix cache first, vLLM's
-    /// `evict_blocks`; a
-    /// loading one's blocks are freed once its load reports).
+    /// Under `Fail` every affected request finishes with `FinishReason::Error` at the next
+    /// `update_from_output`, after its outputs, as vLLM finishes its `error_req_ids` (a
+    /// running one's blocks from its first invalid one on leave the prefix cache now,
+    /// vLLM's `evict_blocks`; a loading one's blocks are freed once its load reports).
     ///
     /// Errors, before anything changes: `invalid_block_ids` with several KV cache groups
     /// (block ids name a block within a group: vLLM 0.33 raises too); a running affected
@@ -177,7 +180,9 @@ impl<R: RequestKey> Scheduler<R> {
             report.num_affected_tokens += a.num_affected_tokens;
             // The count the load lands with (`take_landed_load`).
             self.req_mut(a.slot).num_computed_tokens = a.num_computed_tokens;
-            self.failed_loads.insert(a.slot);
+            if !fail {
+                self.failed_loads.insert(a.slot);
+            }
             let id = self.req(a.slot).request_id.clone();
             report.truncated.push((id, a.num_computed_tokens));
             if fail && !failed.contains(&a.slot) {
@@ -196,14 +201,29 @@ impl<R: RequestKey> Scheduler<R> {
                 report.rescheduled.push(self.req(a.slot).request_id.clone());
             }
         }
-        let mut connector_error = None;
         for slot in failed {
-            report.failed.push(self.req(slot).request_id.clone());
-            if let Err(err) = self.finish(slot, FinishReason::Error) {
-                connector_error.get_or_insert(err);
+            let request = self.req(slot);
+            report.failed.push(request.request_id.clone());
+            let seq = request.arrival_seq;
+            if !self.pending_load_errors.contains(&(slot, seq)) {
+                self.pending_load_errors.push((slot, seq));
             }
         }
-        connector_error.map_or(Ok(report), Err)
+        Ok(report)
+    }
+
+    /// The requests failed loads finish with an error (`handle_kv_load_failures` under
+    /// `Fail`), still live, in the order they failed.
+    pub(super) fn take_load_errors(&mut self) -> Vec<u32> {
+        let pending = std::mem::take(&mut self.pending_load_errors);
+        (pending.into_iter())
+            .filter(|&(slot, seq)| {
+                (self.slots.get(slot as usize))
+                    .and_then(Option::as_ref)
+                    .is_some_and(|r| r.arrival_seq == seq)
+            })
+            .map(|(slot, _)| slot)
+            .collect()
     }
 
     /// vLLM 0.33's `_handle_invalid_blocks` guard: block ids are unique within a KV cache
@@ -234,11 +254,12 @@ impl<R: RequestKey> Scheduler<R> {
             .iter()
             .map(|(id, n)| (id, *n))
             .collect();
-        let mut marked = FxHashSet::default();
         let loading: Vec<u32> = (self.waiting.ordered().into_iter())
             .filter(|&slot| self.req(slot).status == RequestStatus::WaitingForRemoteKvs)
             .collect();
-        let mut scan = |slot: u32, num_computed: usize| -> Option<Affected> {
+        // vLLM scans the loading and the running requests in two calls, each marking
+        // blocks afresh: a block marked by a loading request is marked again by a running one.
+        let scan = |marked: &mut FxHashSet<BlockId>, slot: u32, num_computed: usize| {
             let request = self.req(slot);
             let num_computed = num_computed
                 .saturating_sub(scheduled.get(&request.request_id).copied().unwrap_or(0));
@@ -272,6 +293,7 @@ impl<R: RequestKey> Scheduler<R> {
                 },
             })
         };
+        let mut marked = FxHashSet::default();
         let loading: Vec<Affected> = (loading.into_iter())
             .filter_map(|slot| {
                 // A load that failed before counts its valid prefix already.
@@ -280,11 +302,12 @@ impl<R: RequestKey> Scheduler<R> {
                 } else {
                     self.kv.num_computed_tokens(slot).unwrap_or(0)
                 };
-                scan(slot, computed)
+                scan(&mut marked, slot, computed)
             })
             .collect();
+        let mut marked = FxHashSet::default();
         let running: Vec<Affected> = (self.running.iter())
-            .filter_map(|&slot| scan(slot, self.req(slot).num_computed_tokens))
+            .filter_map(|&slot| scan(&mut marked, slot, self.req(slot).num_computed_tokens))
             .collect();
         (loading, running)
     }

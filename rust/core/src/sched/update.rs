@@ -233,7 +233,12 @@ impl<R: RequestKey> Scheduler<R> {
                 }
             }
         }
-        for slot in self.take_encoder_mismatches() {
+        // vLLM 0.33's `error_req_ids`, finished after the step's outputs.
+        let mut errors = self.take_encoder_mismatches();
+        if !self.pending_load_errors.is_empty() {
+            errors.extend(self.take_load_errors());
+        }
+        for slot in errors {
             finished.push((self.req(slot).request_id.clone(), FinishReason::Error));
             if let Err(err) = self.finish(slot, FinishReason::Error) {
                 connector_error.get_or_insert(err);

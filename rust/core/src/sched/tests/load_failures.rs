@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use super::*;
 use crate::kv::BlockId;
-use crate::sched::{ExternalTokens, KvConnector, KvLoadFailurePolicy, RequestStatus};
+use crate::sched::{ExternalTokens, FinishReason, KvConnector, KvLoadFailurePolicy, RequestStatus};
 
 /// Offers `offer` tokens (at most all but the local hit), asynchronously or not; logs the
 /// lookups as "match <id> after <local hit>".
@@ -164,6 +164,10 @@ fn a_whole_failure_recomputes_or_fails_by_policy() {
             }
             KvLoadFailurePolicy::Fail => {
                 assert_eq!(report.failed, [0]);
+                // Finished at the next update, after its outputs (vLLM's error_req_ids).
+                assert!(s.get_request(&0).is_some());
+                let finished = s.update_from_output(&[]).unwrap();
+                assert_eq!(finished, [(0, FinishReason::Error)]);
                 assert!(s.get_request(&0).is_none());
                 assert_eq!(s.num_free_blocks(), free, "freed once the load reported");
             }
@@ -181,6 +185,8 @@ fn a_failed_loading_request_holds_its_blocks_until_its_load_reports() {
     let bad = block(&s, 0, 1);
     let report = s.handle_kv_load_failures(&[], &[bad], &[]).unwrap();
     assert_eq!(report.failed, [0]);
+    s.update_from_output(&[]).unwrap();
+    assert!(s.get_request(&0).is_none());
     assert_eq!(
         s.num_free_blocks(),
         free - 2,
@@ -292,13 +298,11 @@ fn a_running_request_fails_and_its_invalid_blocks_leave_the_cache() {
     let bad = block(&s, 0, 1);
     let report = s.handle_kv_load_failures(&[], &[bad], &[(0, 4)]).unwrap();
     assert_eq!(report.failed, [0]);
+    // Its output of the step is not given; the update finishes it and frees its blocks.
+    let finished = s.update_from_output(&[]).unwrap();
+    assert_eq!(finished, [(0, FinishReason::Error)]);
     assert!(s.get_request(&0).is_none());
-    assert_eq!(
-        s.num_free_blocks(),
-        free,
-        "freed at once: its step's output is dropped"
-    );
-    s.update_from_output(&[]).unwrap();
+    assert_eq!(s.num_free_blocks(), free);
     s.add_request(1, prompt(0, 12)).unwrap();
     s.schedule().unwrap();
     assert_eq!(log.lock().unwrap().last().unwrap(), "match 1 after 4");

@@ -1284,13 +1284,15 @@ class Scheduler:
         an invalid block is cut back to the start of its first one no request before it
         marked; a loading one lands later with that valid prefix cached, a running one
         keeps its blocks and recomputes from there. Under ``"fail"`` each affected request
-        finishes with ``FinishReason.ERROR`` instead.
+        finishes with ``FinishReason.ERROR`` instead, at the next ``update_from_output``
+        after its outputs (reported among its finished requests).
 
         Returns:
             ``(truncated, rescheduled, failed, num_affected_tokens)``: each affected request
             with its computed tokens as cut back; the running ones whose output of this
-            step is not to be given (``update_from_output`` without them); those finished
-            with an error; the tokens they lost.
+            step is not to be given (``update_from_output`` without them); those the next
+            update finishes with an error (their outputs not to be given either); the
+            tokens they lost.
 
         Raises:
             ConfigError: ``invalid_block_ids`` with several KV cache groups, or for a

@@ -146,11 +146,13 @@ class KvTransfers(AdapterBase):
             trace_headers=request.trace_headers,
         )
 
-    def _update_from_kv_transfers(self, kv_output: Any) -> None:
+    def _update_from_kv_transfers(self, kv_output: Any) -> tuple[list[str], list[str]] | None:
         """vLLM's ``_update_from_kv_xfer_finished``: the connector sees the workers' report,
-        then the loads that landed and the sends that completed go to the core (failed
-        loads were taken before, ``_handle_kv_load_failures``; a load that failed lands as
-        any other and the core keeps its valid prefix)."""
+        then the loads that landed go to the core (failed loads were taken before,
+        ``_handle_kv_load_failures``; a load that failed lands as any other and the core
+        keeps its valid prefix). Returns the finished requests whose load ended and the
+        sends that completed, for ``_release_transfers`` once the step's outputs are
+        applied (vLLM frees their blocks last); ``None`` if none."""
         if self.connector is not None:
             self.connector.update_connector_output(kv_output)
         finished_recving = kv_output.finished_recving or ()
@@ -159,7 +161,7 @@ class KvTransfers(AdapterBase):
             self._note_outside_landings(finished_recving)
         bridge = self._bridge
         if bridge is None:
-            return
+            return None
         finished_sending = kv_output.finished_sending or ()
         if bridge.unheld or (
             (finished_recving or finished_sending) and len(self.requests) > len(self._core_ids)
@@ -169,7 +171,24 @@ class KvTransfers(AdapterBase):
             finished_sending = self._take_unheld_reports(list(finished_sending))
         recving = [i for i in finished_recving if i in bridge.loading]
         sending = [i for i in finished_sending if i in bridge.sending]
-        if not (recving or sending):
+        # Loads of finished requests (aborted, or failed under "fail") free blocks: later.
+        requests_get = self.requests.get
+        landed = [i for i in recving if (r := requests_get(i)) is not None and not r.is_finished()]
+        held = [i for i in recving if i not in landed]
+        if landed:
+            core_ids = self._core_ids
+            with errors_in_vllm_ids(self._vllm_ids):
+                self._core.finish_kv_transfers(finished_recving=[core_ids[i] for i in landed])
+            for request_id in landed:
+                bridge.loading.discard(request_id)
+                self.finished_recving_kv_req_ids.add(request_id)
+        return (held, sending) if held or sending else None
+
+    def _release_transfers(self, recving: list[str], sending: list[str]) -> None:
+        """The second half of ``_update_from_kv_transfers``: the blocks finished requests
+        kept for a load or a send go back to the pool, and the requests are forgotten."""
+        bridge = self._bridge
+        if bridge is None:
             return
         core_ids = self._core_ids
         with errors_in_vllm_ids(self._vllm_ids):
@@ -179,9 +198,6 @@ class KvTransfers(AdapterBase):
             )
         for request_id in recving:
             bridge.loading.discard(request_id)
-            request = self.requests.get(request_id)
-            if request is not None and not request.is_finished():
-                self.finished_recving_kv_req_ids.add(request_id)
         for request_id in sending:
             bridge.sending.discard(request_id)
         for request_id in itertools.chain(recving, sending):

@@ -63,6 +63,11 @@ class UpdateFromOutput(KvTransfers):
                 kv_output.invalid_block_ids,
                 scheduler_output.num_scheduled_tokens,
             )
+        released = None
+        if kv_output is not None and (self.connector is not None or self._blocked_ids):
+            # vLLM's _update_from_kv_xfer_finished runs whatever the connector: a remote-KV
+            # wait set by hand lands on the report alone.
+            released = self._update_from_kv_transfers(kv_output)
         batch = self._batch_of(scheduler_output)
         # Whether every request of the batch is still live (none finished meanwhile).
         batch_live = (
@@ -128,11 +133,10 @@ class UpdateFromOutput(KvTransfers):
         finished_ids = {vllm_ids[i] for i, _ in finished} if finished else set()
         # The core finished them after the step's outputs (vLLM's error_req_ids).
         errored = self._finish_load_errors() if self._load_errors else []
-        if kv_output is not None and (self.connector is not None or self._blocked_ids):
-            # vLLM's _update_from_kv_xfer_finished, after the step's outputs and errors (the
-            # blocks it frees go back after theirs); it runs whatever the connector: a
-            # remote-KV wait set by hand lands on the report alone.
-            self._update_from_kv_transfers(kv_output)
+        if released:
+            # Blocks of finished requests whose transfers ended go back after the step's
+            # (vLLM's _update_from_kv_xfer_finished runs last).
+            self._release_transfers(*released)
         nans = model_runner_output.num_nans_in_logits
         if nans:
             for request_id, request in zip(live_ids, live, strict=True):

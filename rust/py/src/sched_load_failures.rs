@@ -48,9 +48,9 @@ impl PyScheduler {
     /// (the step's tokens by id). Returns `(truncated, rescheduled, failed,
     /// num_affected_tokens)`: every affected request with its computed tokens as cut back;
     /// running requests cut back to their valid prefix, whose outputs of this step are not
-    /// to be given; requests finished with `FinishReason.ERROR` (policy `"fail"`); the
-    /// tokens they lost. Raises ConfigError (several KV cache groups) or InputError, with
-    /// nothing changed.
+    /// to be given; requests the next update finishes with `FinishReason.ERROR` (policy
+    /// `"fail"`); the tokens they lost. Raises ConfigError (several KV cache groups) or
+    /// InputError, with nothing changed.
     #[pyo3(signature = (*, failed_recving = None, invalid_block_ids = None, num_scheduled_tokens = None))]
     fn handle_kv_load_failures<'py>(
         &mut self,

@@ -6,7 +6,7 @@
 //! it) or synchronous (the request runs on the loaded tokens). Under
 //! `kv_load_failure_policy = "recompute"` each affected request keeps the computed prefix
 //! before its first invalid block and recomputes the rest; under `"fail"` it finishes with
-//! `FinishReason::Error`.
+//! `FinishReason::Error` at the next `update_from_output`, after its outputs.
 //! Invariant: the whole report is checked before anything changes, and blocks are
 //! conserved: a truncated request keeps every block it holds, a failed one frees them as any
 //! finish does (a load still writing holds them until it reports). Under "recompute" a
@@ -128,11 +128,11 @@ impl<R: RequestKey> Scheduler<R> {
     ///   the start of its first invalid block that no request before it marked (a shared
     ///   block is recomputed by the first request only; one whose invalid blocks were all
     ///   marked keeps its blocks computed before the step). As in vLLM, the loading and
-    ///   the running requests mark blocks separately. A loading request then waits
-    ///   for its load as before, and caches only the valid prefix when it lands; a running
-    ///   one keeps its blocks (those cached stay cached, as in vLLM, until it recomputes
-    ///   into them), and
-    ///   the output of the step being updated is dropped for it (`rescheduled`).
+    ///   the running requests mark blocks separately. A loading request then waits for its
+    ///   load as before, and caches only the valid prefix when it lands; a running one
+    ///   keeps its blocks (those cached stay cached, as in vLLM, until it recomputes into
+    ///   them), and the output of the step being updated is dropped for it
+    ///   (`rescheduled`).
     ///
     /// Under `Fail` every affected request finishes with `FinishReason::Error` at the next
     /// `update_from_output`, after its outputs, as vLLM finishes its `error_req_ids` (a

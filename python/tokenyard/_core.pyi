@@ -1286,6 +1286,52 @@ class Scheduler:
     @ask_again_after_failed_load.setter
     def ask_again_after_failed_load(self, on: bool) -> None: ...
     @property
+    def kv_load_failure_policy(self) -> str:
+        """vLLM 0.33's ``kv_load_failure_policy``: ``"recompute"`` (the default: a failed
+        load's request recomputes what did not load) or ``"fail"`` (it finishes with
+        ``FinishReason.ERROR``). Settable.
+
+        Raises:
+            ConfigError: any other name.
+        """
+    @kv_load_failure_policy.setter
+    def kv_load_failure_policy(self, policy: str) -> None: ...
+    def failed_load_ids(self) -> list[_RequestId]:
+        """Loading requests whose load failed (whole or in part) and was not taken yet
+        (vLLM 0.33's ``failed_recving_kv_req_ids``), in no particular order."""
+    def handle_kv_load_failures(
+        self,
+        *,
+        failed_recving: Iterable[_RequestId] | None = None,
+        invalid_block_ids: Iterable[int] | None = None,
+        num_scheduled_tokens: dict[_RequestId, int] | None = None,
+    ) -> tuple[list[tuple[_RequestId, int]], list[_RequestId], list[_RequestId], int]:
+        """The engine's failed KV loads for the step being updated, applied before its
+        outputs, as vLLM 0.33's ``update_from_output`` applies them
+        (``_handle_failed_recving``, ``_handle_invalid_blocks``): ``failed_recving``, loading
+        requests whose load failed whole (others are ignored); ``invalid_block_ids``,
+        blocks a load left invalid; ``num_scheduled_tokens``, the step's tokens by id.
+        Every loading, then running, request whose computed blocks (before the step) hold
+        an invalid block is cut back to the start of its first one no request before it
+        marked; a loading one lands later with that valid prefix cached, a running one
+        keeps its blocks and recomputes from there. Under ``"fail"`` each affected request
+        finishes with ``FinishReason.ERROR`` instead, at the next ``update_from_output``
+        after its outputs (reported among its finished requests).
+
+        Returns:
+            ``(truncated, rescheduled, failed, num_affected_tokens)``: each affected request
+            with its computed tokens as cut back; the running ones whose output of this
+            step is not to be given (``update_from_output`` without them); those the next
+            update finishes with an error (their outputs not to be given either); the
+            tokens they lost.
+
+        Raises:
+            ConfigError: ``invalid_block_ids`` with several KV cache groups, or for a
+                running request on a pool other than the block-hash one.
+            InputError: a running request with more than this step in flight.
+            Nothing changed then.
+        """
+    @property
     def defer_async_loads(self) -> bool:
         """vLLM 0.33's ``defer_async_loads`` (settable; with ``defer_block_free``): an
         asynchronous KV load admitted while a step is in flight is handed to the connector

@@ -2,7 +2,8 @@
 vLLM's ``update_from_output`` (sampled tokens appended up to a stop, rejected drafts rolled
 back, finished requests freed, ``EngineCoreOutputs`` by client with the step's stats), the KV
 connector's finished transfers, and the drafts proposed for the next step. Imported only by
-that module, so vLLM is installed when this runs."""
+that module, so vLLM is installed when this runs. The KV connector's transfer reports are
+``_vllm_kv_transfers``'s."""
 
 from __future__ import annotations
 
@@ -22,14 +23,14 @@ from vllm.v1.structured_output.utils import strip_speculative_padding
 
 from tokenyard.integrations._vllm_aux_outputs import take_aux_outputs
 from tokenyard.integrations._vllm_ec import encoder_instance_stops, finish_unavailable
+from tokenyard.integrations._vllm_kv_transfers import KvTransfers
 from tokenyard.integrations._vllm_outputs import (
     attach_logprobs,
     attach_prefill_stats,
     attach_sampling_masks,
     errors_in_vllm_ids,
 )
-from tokenyard.integrations._vllm_state import AdapterBase, Batch
-from tokenyard.integrations._vllm_translate import vllm_block_ids
+from tokenyard.integrations._vllm_state import Batch
 
 _RUNNING = RequestStatus.RUNNING
 _PREEMPTED = RequestStatus.PREEMPTED
@@ -37,7 +38,7 @@ _client_index = operator.attrgetter("client_index")
 _status = operator.attrgetter("status")
 
 
-class UpdateFromOutput(AdapterBase):
+class UpdateFromOutput(KvTransfers):
     """``update_from_output`` and the drafts' updates."""
 
     def update_from_output(
@@ -50,10 +51,23 @@ class UpdateFromOutput(AdapterBase):
             # Every write of this and earlier steps has completed (vLLM's fence).
             self._core.step_processed()
         kv_output = model_runner_output.kv_connector_output
+        skip: set[str] | None = None
+        if (
+            kv_output is not None
+            and self._bridge is not None
+            and (kv_output.failed_recving or kv_output.invalid_block_ids)
+        ):
+            # vLLM 0.33 takes failed loads before the step's outputs (_vllm_kv_transfers).
+            skip = self._handle_kv_load_failures(
+                kv_output.failed_recving,
+                kv_output.invalid_block_ids,
+                scheduler_output.num_scheduled_tokens,
+            )
         # vLLM takes the workers' report after the step's outputs, its finished requests
         # freed first; beside a connector keeping vLLM's pool (whose frees then order the
         # free queue) it is taken there, below.
         report_late = self._pool_view.kept_by_connector
+        released = None
         if (
             kv_output is not None
             and (self.connector is not None or self._blocked_ids)
@@ -61,7 +75,7 @@ class UpdateFromOutput(AdapterBase):
         ):
             # vLLM's _update_from_kv_xfer_finished runs whatever the connector: a remote-KV
             # wait set by hand lands on the report alone.
-            self._update_from_kv_transfers(kv_output)
+            released = self._update_from_kv_transfers(kv_output)
         batch = self._batch_of(scheduler_output)
         # Whether every request of the batch is still live (none finished meanwhile).
         batch_live = (
@@ -69,7 +83,7 @@ class UpdateFromOutput(AdapterBase):
         )
         stale = self._land_in_flight(scheduler_output, batch if batch_live else None)
         live_ids, live, live_tokens, rejected, spec_stats, late = self._sampled(
-            scheduler_output, model_runner_output, batch, stale, batch_live
+            scheduler_output, model_runner_output, batch, stale, batch_live, skip
         )
         pooled = self._pooled(scheduler_output, model_runner_output)
         if batch is not None and live_ids is batch.vllm_ids:
@@ -126,6 +140,12 @@ class UpdateFromOutput(AdapterBase):
         if pooled:
             self._finish_pooled(pooled)
         finished_ids = {vllm_ids[i] for i, _ in finished} if finished else set()
+        # The core finished them after the step's outputs (vLLM's error_req_ids).
+        errored = self._finish_load_errors() if self._load_errors else []
+        if released:
+            # Blocks of finished requests whose transfers ended go back after the step's
+            # (vLLM's _update_from_kv_xfer_finished runs last).
+            self._release_transfers(*released)
         nans = model_runner_output.num_nans_in_logits
         if nans:
             for request_id, request in zip(live_ids, live, strict=True):
@@ -167,7 +187,12 @@ class UpdateFromOutput(AdapterBase):
         if self.ec_connector is not None:
             finish_unavailable(self, outputs)
         if report_late and kv_output is not None:
-            self._update_from_kv_transfers(kv_output)
+            late_released = self._update_from_kv_transfers(kv_output)
+            if late_released:
+                self._release_transfers(*late_released)
+        for request in errored:
+            # vLLM 0.33 emits these after the step's outputs (its error_req_ids).
+            outputs.setdefault(request.client_index, []).append(self._error_output(request))
         self._publish_kv_events()
         engine_core_outputs = {
             client: EngineCoreOutputs(outputs=outs) for client, outs in outputs.items()
@@ -316,6 +341,7 @@ class UpdateFromOutput(AdapterBase):
         batch: Batch | None = None,
         stale: set[str] | None = None,
         batch_live: bool = False,
+        skip: set[str] | None = None,
     ) -> tuple[
         list[str],
         list[Request],
@@ -332,7 +358,8 @@ class UpdateFromOutput(AdapterBase):
         where at hand (``_batch_of``). ``stale``: the requests whose output predates their
         preemption (``_land_in_flight``): dropped where vLLM drops it
         (``drop_stale_output``), and their rejected drafts not rolled back (vLLM's
-        rollback of a stale output predates the preemption's)."""
+        rollback of a stale output predates the preemption's). ``skip``: requests whose
+        output vLLM skips after a failed KV load (``_handle_kv_load_failures``)."""
         sampled = model_runner_output.sampled_token_ids
         index = model_runner_output.req_id_to_index
         spec_scheduled = scheduler_output.scheduled_spec_decode_tokens
@@ -343,6 +370,7 @@ class UpdateFromOutput(AdapterBase):
             and not spec_scheduled
             and not self._dropped_outputs
             and not stale
+            and not skip
         ):
             return *self._sampled_whole_batch(batch, sampled, index), {}, None, []
         requests_get = self.requests.get
@@ -371,6 +399,8 @@ class UpdateFromOutput(AdapterBase):
                     late.append((core_id, tokens))
                 continue
             if dropped and request_id in dropped and request.status == _PREEMPTED:
+                continue
+            if skip and request_id in skip:
                 continue
             is_stale = stale is not None and request_id in stale
             if is_stale and request.drop_stale_output:
@@ -528,88 +558,6 @@ class UpdateFromOutput(AdapterBase):
             None,
             ec_connector_stats=ec_stats,
         )
-
-    def _update_from_kv_transfers(self, kv_output: Any) -> None:
-        """vLLM's ``_update_from_kv_xfer_finished``: the connector sees the workers' report,
-        then the loads that landed or failed and the sends that completed go to the core.
-        Blocks a failed load wrote (``invalid_block_ids``) fail that load, and the request
-        recomputes its prompt (vLLM's ``kv_load_failure_policy="recompute"`` for
-        asynchronous loads). Beside several KV cache groups block ids name no request (each
-        group numbers its own), and vLLM 0.33 raises (``_handle_invalid_blocks``), as here.
-        Under that policy a load reported in ``failed_recving`` fails too, and the request
-        asks its connector again once promoted; under ``"fail"`` it is taken as landed (vLLM
-        finishes the request with an error: not modelled).
-
-        Raises:
-            RuntimeError: ``invalid_block_ids`` beside several KV cache groups.
-        """
-        if kv_output.invalid_block_ids and len(self.kv_cache_config.kv_cache_groups) > 1:
-            raise RuntimeError(
-                "A KV connector reported block-level load failures (invalid_block_ids) which "
-                "is not supported for models with multiple KV cache groups. Connectors must "
-                "report failed requests via KVConnectorTransferResults.failed_recving instead."
-            )
-        if self.connector is not None:
-            self.connector.update_connector_output(kv_output)
-        finished_recving = kv_output.finished_recving or ()
-        if self._blocked_ids and finished_recving:
-            # Remote-KV waits outside the core (_vllm_adopt), recorded as vLLM's are.
-            self._note_outside_landings(finished_recving)
-        bridge = self._bridge
-        if bridge is None:
-            return
-        finished_sending = kv_output.finished_sending or ()
-        if bridge.unheld or (
-            (finished_recving or finished_sending) and len(self.requests) > len(self._core_ids)
-        ):
-            # Reports of finished requests the core holds nothing for (_vllm_adopt).
-            finished_recving = self._take_unheld_reports(list(finished_recving))
-            finished_sending = self._take_unheld_reports(list(finished_sending))
-        recving = [i for i in finished_recving if i in bridge.loading]
-        sending = [i for i in finished_sending if i in bridge.sending]
-        failed: list[str] = []
-        invalid = kv_output.invalid_block_ids
-        if invalid:
-            for request_id in list(bridge.loading):
-                if request_id in self.requests and not invalid.isdisjoint(
-                    vllm_block_ids(self._core.block_ids(self._core_ids[request_id]))
-                ):
-                    failed.append(request_id)
-            recving = [i for i in recving if i not in failed]
-        reported_failed = kv_output.failed_recving
-        if reported_failed and self._core.ask_again_after_failed_load:
-            # vLLM 0.33's _handle_failed_recving under kv_load_failure_policy="recompute" (its
-            # KVOutputAggregator reports a failed load among the finished ones): the request
-            # counts no computed tokens, and once promoted it is freed and looked up anew,
-            # the connector asked again (_update_waiting_for_remote_kv).
-            for request_id in recving:
-                if request_id in reported_failed and request_id not in failed:
-                    failed.append(request_id)
-                    self.requests[request_id].num_computed_tokens = 0
-                    # Promoted (WAITING) at the next step as a landed load is.
-                    self.finished_recving_kv_req_ids.add(request_id)
-            recving = [i for i in recving if i not in failed]
-        if not (recving or sending or failed):
-            return
-        core_ids = self._core_ids
-        with errors_in_vllm_ids(self._vllm_ids), self._pool_view.asking():
-            self._core.finish_kv_transfers(
-                finished_recving=[core_ids[i] for i in recving],
-                finished_sending=[core_ids[i] for i in sending],
-                failed_recving=[core_ids[i] for i in failed],
-            )
-        for request_id in itertools.chain(recving, failed):
-            bridge.loading.discard(request_id)
-        for request_id in recving:
-            request = self.requests.get(request_id)
-            if request is not None and not request.is_finished():
-                self.finished_recving_kv_req_ids.add(request_id)
-        for request_id in sending:
-            bridge.sending.discard(request_id)
-        for request_id in itertools.chain(recving, failed, sending):
-            request = self.requests.get(request_id)
-            if request is not None and request.is_finished() and request_id not in bridge.sending:
-                self._forget(request_id)
 
     def _append_until_stop(self, request: Request, tokens: list[int]) -> list[int]:
         """Appends tokens up to the one that stopped the request (vLLM's ``check_stop``,

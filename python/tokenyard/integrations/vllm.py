@@ -336,9 +336,12 @@ class TokenyardScheduler(
         # vLLM 0.33's HiSparse host pages (_vllm_hisparse), if the config has them; this
         # also sets defer_async_loads, so it comes after defer_block_free.
         self._adopt_host_pool(kv_cache_config)
-        self.recompute_kv_load_failures = True
+        # vLLM 0.33's kv_load_failure_policy (the core's; _vllm_kv_transfers).
+        self.recompute_kv_load_failures = (
+            transfer is None or transfer.kv_load_failure_policy == "recompute"
+        )
         # A failed load (failed_recving) under vLLM's "recompute" policy: the request asks
-        # the connector again once promoted (_vllm_update._update_from_kv_transfers).
+        # the connector again once promoted (_vllm_kv_transfers).
         self._core.ask_again_after_failed_load = bool(
             transfer is not None and transfer.kv_load_failure_policy == "recompute"
         )

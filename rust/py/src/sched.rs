@@ -673,5 +673,7 @@ mod kv_events;
 mod adopt;
 #[path = "sched_block_free.rs"]
 mod block_free;
+#[path = "sched_load_failures.rs"]
+mod load_failures;
 #[path = "sched_outside.rs"]
 mod outside;

@@ -267,7 +267,9 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
             .requests
             .get_mut(request_id)
             .ok_or_else(|| Error::unknown_request(request_id))?;
-        let num_uncached = request.num_computed_tokens - request.num_cached_blocks * block_size;
+        // Cached blocks may run past the computed tokens after a failed load's truncation.
+        let num_uncached =
+            (request.num_computed_tokens).saturating_sub(request.num_cached_blocks * block_size);
         if num_tokens > num_uncached {
             return Err(Error::input(
                 "num_tokens",
@@ -276,6 +278,56 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
             ));
         }
         request.num_computed_tokens -= num_tokens;
+        Ok(())
+    }
+
+    /// vLLM 0.33's truncation after a failed KV load (`_update_requests_with_invalid_blocks`):
+    /// the request's computed tokens drop to `num_tokens`, and its blocks stay allocated (it
+    /// recomputes into them). With `evict`, its blocks cached past that leave the prefix
+    /// cache (vLLM's `evict_blocks` under `kv_load_failure_policy="fail"`; a block another
+    /// request shares leaves it too). Without, they stay cached and counted as cached, as
+    /// vLLM's `num_cached_block` keeps them: the request's cached blocks may then run past
+    /// its computed tokens until it recomputes them, and nothing caches them twice.
+    /// Errors on an unknown request or `num_tokens` past its computed tokens (nothing
+    /// changed then).
+    pub fn truncate_computed_tokens(
+        &mut self,
+        request_id: &R,
+        num_tokens: usize,
+        evict: bool,
+    ) -> Result<()> {
+        let block_size = self.block_size;
+        let Self {
+            requests,
+            cached,
+            blocks,
+            events,
+            ..
+        } = self;
+        let request = requests
+            .get_mut(request_id)
+            .ok_or_else(|| Error::unknown_request(request_id))?;
+        if num_tokens > request.num_computed_tokens {
+            return Err(Error::input(
+                "num_tokens",
+                num_tokens,
+                format!("only {} tokens are computed", request.num_computed_tokens),
+            ));
+        }
+        if evict {
+            let keep = num_tokens / block_size;
+            let cached_ids = request.block_ids.iter().take(request.num_cached_blocks);
+            for &block in cached_ids.skip(keep) {
+                if let Some(hash) = blocks[block as usize].take_hash() {
+                    cached.forget(block, &hash);
+                    if let Some(events) = events {
+                        events.push(KvEvent::Removed(hash));
+                    }
+                }
+            }
+            request.num_cached_blocks = request.num_cached_blocks.min(keep);
+        }
+        request.num_computed_tokens = num_tokens;
         Ok(())
     }
 

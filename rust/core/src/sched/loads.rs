@@ -49,7 +49,7 @@ impl<R: RequestKey> Scheduler<R> {
             .collect();
         let mut requeue = Vec::new();
         for &slot in &holders {
-            if self.landed.contains(&slot) || self.failed_loads.contains(&slot) {
+            if self.landed.contains(&slot) {
                 self.take_landed_load(slot)?;
             }
             // Skipped ones go back at the end of the pass, to the part they then belong to.
@@ -84,9 +84,7 @@ impl<R: RequestKey> Scheduler<R> {
         }
         let request = self.req(slot);
         match request.status {
-            RequestStatus::WaitingForRemoteKvs => {
-                self.landed.contains(&slot) || self.failed_loads.contains(&slot)
-            }
+            RequestStatus::WaitingForRemoteKvs => self.landed.contains(&slot),
             // A session's blocks hold its computed turns, not a load (vLLM never lets them
             // go while it waits).
             RequestStatus::WaitingForStreamingInput => false,
@@ -415,10 +413,19 @@ impl<R: RequestKey> Scheduler<R> {
     /// A loading request at the head of the queue: if its load landed, its blocks enter the
     /// prefix cache and it counts the loaded tokens as computed (all but the last token, if
     /// the load covered every one: the model needs it for logits, as in vLLM's
-    /// `_update_waiting_for_remote_kv`); if the load failed, it drops its blocks and
-    /// recomputes. Returns whether it can be admitted now.
+    /// `_update_waiting_for_remote_kv`); if the load failed (`sched::load_failures`), only
+    /// the valid prefix its request counts is cached and computed, its blocks kept, or with
+    /// none it drops its blocks and recomputes. Returns whether it can be admitted now.
     pub(super) fn take_landed_load(&mut self, slot: u32) -> Result<bool> {
-        if self.failed_loads.remove(&slot) {
+        if !self.landed.contains(&slot) {
+            return Ok(false);
+        }
+        let failed = self.failed_loads.remove(&slot);
+        let num_valid = self.req(slot).num_computed_tokens;
+        if failed && num_valid > 0 {
+            return self.take_valid_prefix(slot, num_valid);
+        }
+        if failed {
             self.landed.remove(&slot);
             self.free_kv(slot)?;
             let ask_again = self.ask_again_after_failed_load;
@@ -429,9 +436,7 @@ impl<R: RequestKey> Scheduler<R> {
             request.status = RequestStatus::Waiting;
             return Ok(true);
         }
-        if !self.landed.remove(&slot) {
-            return Ok(false);
-        }
+        self.landed.remove(&slot);
         let loaded = self
             .kv
             .num_computed_tokens(slot)
@@ -455,6 +460,32 @@ impl<R: RequestKey> Scheduler<R> {
             loaded - num_replay
         } else {
             loaded.min(num_tokens - 1)
+        };
+        request.status = RequestStatus::Waiting;
+        Ok(true)
+    }
+
+    /// vLLM 0.33's `_update_waiting_for_remote_kv` for a load with invalid blocks: the
+    /// valid `num_valid` tokens (whole blocks before the first invalid one) enter the prefix
+    /// cache and count as computed; the blocks past them stay the request's, to recompute
+    /// into. Bounded replay treats the load as one without its window (vLLM passes
+    /// `window_loaded=False` for a failed load).
+    fn take_valid_prefix(&mut self, slot: u32, num_valid: usize) -> Result<bool> {
+        self.landed.remove(&slot);
+        let loaded = self.kv.num_computed_tokens(slot).unwrap_or(0);
+        match &mut self.kv {
+            Kv::BlockHash(pool) => pool.truncate_computed_tokens(&slot, num_valid, false)?,
+            kv => kv.rewind(slot, loaded.saturating_sub(num_valid))?,
+        }
+        self.kv.cache_loaded(slot)?;
+        let window = self.config.prefix_replay_tokens();
+        let num_replay = window.min(num_valid);
+        let request = self.req_mut(slot);
+        request.num_computed_tokens = num_valid - num_replay;
+        request.replay_start = if num_replay > 0 {
+            num_valid - num_replay
+        } else {
+            0
         };
         request.status = RequestStatus::Waiting;
         Ok(true)

@@ -20,6 +20,7 @@ mod kv;
 mod kv_events;
 mod kv_inspect;
 mod kv_outside;
+mod load_failures;
 mod loads;
 mod mamba_align;
 mod multistep;
@@ -44,6 +45,7 @@ pub use encoder_cache::EncoderCache;
 pub use encoder_connector::EncoderConnector;
 pub use hisparse::HostPagesState;
 pub use hooks::StepHooks;
+pub use load_failures::{KvLoadFailurePolicy, KvLoadFailures};
 pub use mamba_align::{MambaAlignSplit, MambaSplitRule};
 pub use multistep::DecodeWindow;
 #[cfg(test)]

@@ -69,6 +69,11 @@ pub struct Scheduler<R: RequestKey> {
     /// Whether a request whose load failed asks the connector again when it is next
     /// admitted (vLLM 0.33's `kv_load_failure_policy = "recompute"`); by default it does not.
     pub(super) ask_again_after_failed_load: bool,
+    /// vLLM 0.33's `kv_load_failure_policy` (`sched::load_failures`).
+    pub(super) kv_load_failure_policy: super::load_failures::KvLoadFailurePolicy,
+    /// Requests a failed load finishes with an error at the next update, with their
+    /// `arrival_seq` (`sched::load_failures`).
+    pub(super) pending_load_errors: Vec<(u32, u64)>,
     /// Finished requests whose blocks wait for a transfer: a send the connector asked to
     /// finish first, or a load still writing into them (the request was aborted meanwhile);
     /// each with its slot and `last_sched_seq` (the free may be deferred after: `block_free`).
@@ -244,6 +249,8 @@ impl<R: RequestKey> Scheduler<R> {
             landed: FxHashSet::default(),
             failed_loads: FxHashSet::default(),
             ask_again_after_failed_load: false,
+            kv_load_failure_policy: Default::default(),
+            pending_load_errors: Vec::new(),
             transfer_holds: FxHashMap::default(),
             outside_kv: FxHashMap::default(),
             interrupted_step: None,

@@ -235,7 +235,12 @@ impl<R: RequestKey> Scheduler<R> {
                 }
             }
         }
-        for slot in self.take_encoder_mismatches() {
+        // vLLM 0.33's `error_req_ids`, finished after the step's outputs.
+        let mut errors = self.take_encoder_mismatches();
+        if !self.pending_load_errors.is_empty() {
+            errors.extend(self.take_load_errors());
+        }
+        for slot in errors {
             finished.push((self.req(slot).request_id.clone(), FinishReason::Error));
             if let Err(err) = self.finish(slot, FinishReason::Error) {
                 connector_error.get_or_insert(err);
@@ -551,7 +556,7 @@ impl<R: RequestKey> Scheduler<R> {
     /// If the connector's `request_finished` fails, the request still finishes (a request
     /// left running past its stop would never finish at `max_model_len`) and its blocks are
     /// freed, as if the connector had not asked to keep them; the error is returned after.
-    fn finish(&mut self, slot: u32, reason: FinishReason) -> Result<()> {
+    pub(super) fn finish(&mut self, slot: u32, reason: FinishReason) -> Result<()> {
         self.encoder_release(slot);
         let request = self.slots[slot as usize].as_ref().expect("live");
         let in_flight = request.num_sampling_steps();

@@ -21,6 +21,7 @@ mod hybrid;
 mod hybrid_connectors;
 mod kv_views;
 mod lifecycle;
+mod load_failures;
 mod mamba_align;
 mod mamba_connectors;
 mod memory;

@@ -372,7 +372,7 @@ def window_extra_retained_tokens(kv_cache_config: Any) -> int:
                 f"{field}: windows retaining different counts ({found} before, {extra} "
                 "here) are not supported (vLLM's planning gives every window one)",
                 field=field,
-                value=extra,
+                value=str(extra),
             )
         found = extra
     return found or 0

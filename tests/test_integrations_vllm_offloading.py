@@ -36,7 +36,6 @@ from vllm.v1.kv_cache_interface import (
     KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheTensor,
-    SlidingWindowSpec,
 )
 from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import RequestStatus
@@ -273,35 +272,6 @@ def test_a_pool_keeper_inside_a_multi_connector_is_refused_by_name() -> None:
     with pytest.raises(ConfigError, match="_PoolKeeper \\(inside MultiConnector\\)") as e:
         _build(transfer)
     assert e.value.field == "kv_transfer_config.kv_connector"
-
-
-def test_offloading_beside_several_kv_groups_is_refused_by_name() -> None:
-    config = _kv_cache_config(64)
-    spec = config.kv_cache_groups[0].kv_cache_spec
-    config.kv_cache_groups.append(
-        KVCacheGroupSpec(
-            ["l1"],
-            SlidingWindowSpec(
-                block_size=BLOCK_SIZE,
-                num_kv_heads=1,
-                head_size=1,
-                dtype=spec.dtype,
-                sliding_window=32,
-            ),
-        )
-    )
-    config.kv_cache_tensors.append(
-        KVCacheTensor(
-            size=spec.page_size_bytes * 64,
-            layers=["l1"],
-            layer_stride=spec.page_size_bytes * 64,
-            block_stride=spec.page_size_bytes,
-        )
-    )
-    peer = _peer(_offloading(400), 64)
-    assert peer.build(Scheduler, config).connector is not None
-    with pytest.raises(ConfigError, match="OffloadingConnector is served with one KV cache"):
-        peer.build(TokenyardScheduler, config)
 
 
 def test_offloading_inside_a_multi_connector_is_bound() -> None:

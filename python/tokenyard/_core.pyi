@@ -1024,6 +1024,10 @@ class RequestView:
     @property
     def status(self) -> str:
         """ "waiting", "waiting_for_remote_kvs", "preempted" or "running"."""
+    @property
+    def shared_prefix_boundary(self) -> int:
+        """vLLM 0.33's ``Request.shared_prefix_boundary`` as the request's latest prefix
+        lookup set it: the hit plus the shared prefix some KV group caches past it, or 0."""
 
 class _PolicyPluginLike(Protocol):
     def order_waiting(self, waiting: list[RequestView], /) -> Iterable[_RequestId]: ...

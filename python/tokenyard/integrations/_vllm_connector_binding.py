@@ -23,11 +23,10 @@ side would use what the view does not offer:
 ``MultiConnector`` forwards both to each connector it holds (``multi_connector.py``), so
 those are judged one by one. A class reading ``_kv_cache_manager`` through the base method
 (``OffloadingConnector._max_loadable_tokens``: ``coordinator
-.find_longest_cache_hit_per_group``, answered by the coordinator view) is bound; the
-``OffloadingConnector`` is served with one KV cache group and refused beside several (its
-sliding-window handling asserts on the block lists the adapter hands
-``update_state_after_alloc``: vLLM's own ``test_two_groups_full_and_sliding_window`` and
-``test_swa_alignment_skip`` fail through the adapter).
+.find_longest_cache_hit_per_group``, answered by the coordinator view) is bound, beside
+one KV cache group or several: the blocks the adapter hands its ``update_state_after_alloc``
+are vLLM's ``get_blocks`` (null blocks where a sliding window no longer attends, the prefix
+hit hashed: ``_vllm_views._allocated_blocks``), which its per-group load planning reads.
 Imported only by ``tokenyard.integrations.vllm``, so vLLM is installed when this runs."""
 
 from __future__ import annotations
@@ -36,7 +35,6 @@ from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector
-from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
 
 from tokenyard.errors import ConfigError
 
@@ -117,21 +115,11 @@ def bind_kv_cache_manager(connector: Any, view: Any) -> None:
             ``bind_kv_cache_manager``: it would keep and change vLLM's own block pool or
             manager, which the core's KV is not (``SimpleCPUOffloadConnector`` served,
             refused beside several KV cache groups, a block size other than the hash
-            block size, or prefix caching off); an ``OffloadingConnector`` beside
-            several KV cache groups. Nothing is bound then.
+            block size, or prefix caching off). Nothing is bound then.
     """
-    groups = len(view.kv_cache_config.kv_cache_groups)
     for leaf in _leaves(connector):
         cls = type(leaf)
         where = "" if leaf is connector else f" (inside {type(connector).__name__})"
-        if isinstance(leaf, OffloadingConnector) and groups > 1:
-            raise ConfigError(
-                f"{_FIELD}: {cls.__name__}{where} is served with one KV cache group, not "
-                f"beside {groups} (its sliding-window and per-group offloading is not "
-                "checked against vLLM's scheduler)",
-                field=_FIELD,
-                value=cls.__name__,
-            )
         method = _overridden_bind(cls)
         if method == "bind_gpu_block_pool" and _pool_served(cls):
             _refuse_pool_layout(leaf, where, view)

@@ -11,7 +11,11 @@ from typing import Any, Protocol
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
-from vllm.v1.core.kv_cache_utils import KVCacheBlock
+from vllm.v1.core.kv_cache_utils import (
+    BlockHashListWithBlockSize,
+    KVCacheBlock,
+    make_block_hash_with_group_id,
+)
 from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request
 
@@ -108,13 +112,25 @@ class _ConnectorBridge:
         return num_tokens, bool(load_async)
 
     def update_state_after_alloc(self, view: Any, block_ids: Any, num_external_tokens: int) -> None:
+        """vLLM 0.33's call in ``schedule()``'s waiting loop (and ``_drain_deferred_loads``):
+        ``update_state_after_alloc(request, kv_cache_manager.get_blocks(request_id),
+        num_external_computed_tokens)``, once ``allocate_slots`` gave the request its
+        blocks: every group's whole table (not only the new blocks), the null block where a
+        group does not attend (see ``_allocated_blocks`` for the blocks' hashes); the
+        request's ``shared_prefix_boundary`` as the core's lookup set it."""
         scheduler = self._scheduler
         request = scheduler._request_of(view.request_id)
-        # vLLM's connectors read block ids off KVCacheBlocks; the blocks' hash and ref-count
-        # state lives in Rust and is not mirrored on these objects.
-        blocks = KVCacheBlocks(
-            tuple(tuple(KVCacheBlock(b) for b in group) for group in _group_tables(block_ids))
-        )
+        # Set by vLLM's lookup before this call; the offloading connector's store planning
+        # reads it (``_build_store_jobs``: a reachable boundary).
+        request.shared_prefix_boundary = view.shared_prefix_boundary
+        queries, _ = self._lookups.get(request.request_id, (0, 0))
+        if queries:  # a lookup at admission: its local hit, and a synchronous load's tokens
+            num_hashed_tokens = request.num_tokens - queries
+            if not self._load_async.get(request.request_id, False):
+                num_hashed_tokens += num_external_tokens
+        else:
+            num_hashed_tokens = request.num_computed_tokens
+        blocks = _allocated_blocks(scheduler, request, block_ids, num_hashed_tokens)
         self.connector.update_state_after_alloc(request, blocks, num_external_tokens)
         queries, hits = self._lookups.pop(request.request_id, (0, 0))
         load_async = self._load_async.pop(request.request_id, False)
@@ -188,6 +204,48 @@ def _group_tables(block_ids: Any) -> tuple[list[int], ...]:
     if isinstance(block_ids, tuple):
         return tuple(group.tolist() for group in block_ids)
     return (vllm_block_ids(block_ids),)
+
+
+# vLLM's null block as its connectors see it (``BlockPool.null_block``: id 0, ``is_null``).
+_NULL_BLOCK = KVCacheBlock(0, is_null=True)
+
+
+def _allocated_blocks(
+    scheduler: AdapterState, request: Request, block_ids: Any, num_hashed_tokens: int
+) -> KVCacheBlocks:
+    """The request's blocks as vLLM's ``get_blocks`` hands them to the connector right after
+    ``allocate_slots``: the null block at id 0; each block below ``num_hashed_tokens`` (the
+    request's prefix hit, and a synchronous load: both cached by then) carrying vLLM's hash
+    of it (``make_block_hash_with_group_id`` over ``request.block_hashes`` at the group's
+    block size, as ``BlockPool.cache_full_blocks`` sets it); the rest unhashed. An
+    asynchronous load's blocks are unhashed in vLLM too (``delay_cache_blocks``). Where
+    vLLM caches the full blocks a step computes at once (no load), those are shown unhashed:
+    no vLLM 0.33 connector reads their hash (the offloading connector reads hashes for an
+    asynchronous load only, NIXL's pull scheduler with external tokens only). The blocks
+    are snapshots: their ref counts live in Rust."""
+    groups = scheduler.kv_cache_config.kv_cache_groups
+    hash_block_size = scheduler.hash_block_size
+    tables = []
+    for group_id, table in enumerate(_group_tables(block_ids)):
+        block_size = groups[group_id].kv_cache_spec.block_size if group_id < len(groups) else 0
+        hashes: Any = ()
+        num_hashed = 0
+        if num_hashed_tokens > 0 and block_size and request.block_hashes:
+            hashes = request.block_hashes
+            if block_size != hash_block_size and block_size % hash_block_size == 0:
+                hashes = BlockHashListWithBlockSize(hashes, hash_block_size, block_size)
+            num_hashed = min(num_hashed_tokens // block_size, len(hashes))
+        group = []
+        for i, block_id in enumerate(table):
+            if block_id == 0:
+                group.append(_NULL_BLOCK)
+                continue
+            block = KVCacheBlock(block_id)
+            if i < num_hashed:
+                block.set_block_hash(make_block_hash_with_group_id(hashes[i], group_id))
+            group.append(block)
+        tables.append(tuple(group))
+    return KVCacheBlocks(tuple(tables))
 
 
 class _WaitingView:

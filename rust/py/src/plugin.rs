@@ -22,6 +22,7 @@ pub(crate) struct PyRequestView {
     arrival_time: f64,
     num_preemptions: u32,
     status: &'static str,
+    shared_prefix_boundary: usize,
 }
 
 impl PyRequestView {
@@ -37,6 +38,7 @@ impl PyRequestView {
             arrival_time: v.arrival_time,
             num_preemptions: v.num_preemptions,
             status: status_name(v.status),
+            shared_prefix_boundary: v.shared_prefix_boundary,
         })
     }
 }

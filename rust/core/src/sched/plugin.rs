@@ -19,6 +19,8 @@ pub struct RequestView<R> {
     pub status: RequestStatus,
     /// `RequestSpec::external_id`.
     pub external_id: Option<u64>,
+    /// vLLM 0.33's `Request.shared_prefix_boundary`, as the latest prefix lookup set it.
+    pub shared_prefix_boundary: usize,
 }
 
 impl<R: Clone> RequestView<R> {
@@ -34,6 +36,7 @@ impl<R: Clone> RequestView<R> {
             num_preemptions: request.num_preemptions,
             status: request.status,
             external_id: request.spec.external_id,
+            shared_prefix_boundary: request.shared_prefix_boundary,
         }
     }
 }

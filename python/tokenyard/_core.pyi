@@ -46,6 +46,8 @@ __all__ = [
     "block_hashes",
     "build_profile",
     "evaluate_ops",
+    "fine_grained_hit",
+    "partial_hash_hits_enabled",
     "read_mooncake_lines",
     "simulate",
 ]

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "benches/peers"))
 sys.path.insert(0, str(Path(__file__).parent))
 
 import torch
-from test_integrations_vllm_mamba_connector import _stream_pair
+from test_integrations_vllm_mamba_connector import _groups, _stream_pair
 from vllm.config import SpeculativeConfig
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
@@ -69,6 +69,33 @@ def test_reprefillable_tokens_beside_mamba_align_match_vllm(seed: int, num_block
         digest=lambda out: block_digest(out, finished=False),
     )
     assert stream.steps > 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_reprefillable_tokens_beside_mamba_align_match_vllms_async_scheduler(seed: int) -> None:
+    # The same under AsyncScheduler (each step updated before the next is formed), over a
+    # tighter cache of 60 blocks.
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    from tokenyard.integrations.vllm import AsyncTokenyardScheduler
+
+    peer = VllmSchedulerPeer(
+        num_blocks=60, max_num_seqs=4, max_model_len=512, max_num_batched_tokens=64, **MTP
+    )
+    peer.vllm_config.cache_config.mamba_cache_mode = "align"
+    config = KVCacheConfig(num_blocks=60, kv_cache_tensors=[], kv_cache_groups=_groups())
+    pair = [peer.build(cls, config) for cls in (AsyncScheduler, AsyncTokenyardScheduler)]
+    arrivals = seeded_arrivals(
+        random.Random(seed),
+        prefix_tokens=96,
+        shared=(0, 16, 48, 96),
+        tail_max=120,
+        max_tokens=24,
+        max_prompt=300,
+    )
+    compare_stream(
+        *pair, arrivals, peer.make_request, digest=lambda out: block_digest(out, finished=False)
+    )
 
 
 def _checkpoint_groups() -> list[Any]:

@@ -45,7 +45,10 @@ pub(crate) fn fine_hit(
     max_length: usize,
     drop_eagle_block: bool,
 ) -> PyResult<(Vec<BlockId>, usize)> {
-    if hash_block_size == 0 || block_size <= hash_block_size || block_size % hash_block_size != 0 {
+    if hash_block_size == 0
+        || block_size <= hash_block_size
+        || !block_size.is_multiple_of(hash_block_size)
+    {
         let reason = format!("must be a larger multiple of hash_block_size={hash_block_size}");
         return Err(config_error(py, "block_size", block_size, &reason));
     }

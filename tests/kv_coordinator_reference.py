@@ -458,3 +458,45 @@ class RefCoordinator:
     @property
     def num_free_blocks(self) -> int:
         return len(self.free_queue)
+
+
+def fine_grained_hit(
+    mamba: bool,
+    block_size: int,
+    hash_block_size: int,
+    cached: list[int | None],
+    max_length: int,
+    drop_eagle_block: bool = False,
+) -> tuple[list[int], int]:
+    """vLLM 0.33's fine-grained ``find_longest_cache_hit`` (partial hash hits on:
+    ``alignment_tokens`` is the hash block size, below ``block_size``) of one full-attention
+    (``FullAttentionManager``, phases 1 and 2) or Mamba ``align`` (``MambaManager``) group:
+    ``cached[i]`` is the block cached under hash block ``i``'s hash. Not yet part of
+    ``RefCoordinator``: the core's coordinator does not serve partial hits (only its pure
+    finder, ``tokenyard._core.fine_grained_hit``, does)."""
+    scale = block_size // hash_block_size
+    if mamba:
+        for fine in reversed(range(min(max_length // hash_block_size, len(cached)))):
+            block = cached[fine]
+            if block is not None:
+                return [NULL] * (fine // scale) + [block], (fine + 1) * hash_block_size
+        return [], 0
+    full = [cached[(i + 1) * scale - 1] for i in range(len(cached) // scale)]
+    blocks: list[int] = []
+    for block in full[: max_length // block_size]:
+        if block is None:
+            break
+        blocks.append(block)
+    hit = len(blocks) * block_size
+    first = len(blocks) * scale
+    last = min(first + scale - 1, max_length // hash_block_size, len(cached))
+    for fine in reversed(range(first, last)):
+        tail = cached[fine]
+        if tail is not None:
+            blocks.append(tail)
+            hit = (fine + 1) * hash_block_size
+            break
+    if drop_eagle_block and hit > 0:
+        hit -= min(hash_block_size, block_size)
+    hit -= hit % hash_block_size
+    return blocks[: cdiv(hit, block_size)], hit

@@ -96,8 +96,19 @@ def test_a_multi_module_mtp_drafter_caches_less_in_the_dropping_groups() -> None
     assert (hit(0), hit(2)) == (6, 4)
 
 
-def test_re_prefillable_tokens_beside_a_mamba_align_group_are_refused() -> None:
-    groups = (FullAttentionSpec(), MambaSpec(mamba_cache_mode="align"))
+def test_re_prefillable_tokens_beside_a_mamba_checkpoint_block_are_refused() -> None:
+    # Served beside a Mamba align group (tests/test_integrations_vllm_mamba_mtp.py); beside
+    # one with a prefill checkpoint block (vLLM keys it whatever the lag), refused.
+    scheduler(
+        (FullAttentionSpec(), MambaSpec(mamba_cache_mode="align")),
+        num_prefill_lookahead=2,
+        mamba_align_block_size=2,
+    )
+    checkpoint = MambaSpec(
+        mamba_cache_mode="align", num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1
+    )
     with pytest.raises(ConfigError) as err:
-        scheduler(groups, num_prefill_lookahead=2, mamba_align_block_size=2)
+        scheduler(
+            (FullAttentionSpec(), checkpoint), num_prefill_lookahead=2, mamba_align_block_size=2
+        )
     assert err.value.field == "num_prefill_lookahead"

@@ -46,6 +46,8 @@ __all__ = [
     "block_hashes",
     "build_profile",
     "evaluate_ops",
+    "fine_grained_hit",
+    "partial_hash_hits_enabled",
     "read_mooncake_lines",
     "simulate",
 ]
@@ -586,6 +588,35 @@ def block_hashes(
 
     Raises:
         InputError: ``block_size < 1``, a negative look-ahead or bad token ids.
+    """
+
+def partial_hash_hits_enabled(
+    groups: Sequence[_GroupSpec], block_sizes: Sequence[int], hash_block_size: int
+) -> bool:
+    """vLLM 0.33's ``partial_hash_hits_enabled`` (no DCP): a Mamba ``align`` group whose
+    block is larger than ``hash_block_size``, and every other prefix-cached group either of
+    the hash block size or able to look up inside its blocks (full attention).
+
+    Raises:
+        ConfigError: ``block_sizes`` not one per group, or an unknown group spec.
+    """
+
+def fine_grained_hit(
+    *,
+    mamba: bool,
+    block_size: int,
+    hash_block_size: int,
+    cached: Sequence[int | None],
+    max_length: int,
+    drop_eagle_block: bool = False,
+) -> tuple[list[int], int]:
+    """One full-attention (``mamba=False``) or Mamba ``align`` group's hit under vLLM 0.33's
+    fine-grained lookups (``find_longest_cache_hit`` with ``alignment_tokens`` the hash
+    block size): ``cached[i]`` is the block cached under hash block ``i``'s hash, or None.
+    Returns the hit's blocks (nulls, block 0, before a Mamba state) and its tokens.
+
+    Raises:
+        ConfigError: ``block_size`` not a larger multiple of ``hash_block_size``.
     """
 
 @final

@@ -11,13 +11,20 @@ group's own (``SchedulerConfig.kv_group_block_sizes``); hits land on the least c
 multiple, as ``HybridKVCacheCoordinator`` aligns them.
 
 Not modelled beside differing sizes, refused by name: groups other than full attention and
-sliding windows (Mamba ``align`` states larger than the hash block are vLLM's partial hash
-hits with copy-on-write). Speculative steps of any length are served, EAGLE-style drafters'
-prefix rules (hash look-ahead, the trailing-block drop) with vLLM's partial tail-block
-entries (the core's ``coordinator_sizes_tail``), and a KV connector: vLLM 0.33 has no
-connector rule of its own for the sizes (its loaded tokens take blocks of each group's size,
-``allocate_external_computed_blocks``; a landed load caches below the scheduler block size's
-last boundary, ``get_num_cacheable_tokens``), and the core's coordinator does the same.
+sliding windows, and in particular vLLM 0.33's fine-grained partial hash hits
+(``partial_hash_hits_enabled`` in ``kv_cache_utils.py``: with prefix caching, a Mamba
+``align`` block larger than the hash block, every other prefix-cached group of the hash
+block size or a full-attention one), where a hit may end inside a Mamba block and vLLM's
+managers copy the shared block into a private one (``_apply_cow``,
+``SchedulerOutput.kv_cache_block_copies``). The core has the rules' pure pieces
+(``tokenyard._core.partial_hash_hits_enabled``, ``fine_grained_hit``, the split's tail stop)
+but its KV groups do not serve them yet. Speculative steps of any length are served,
+EAGLE-style drafters' prefix rules (hash look-ahead, the trailing-block drop) with vLLM's partial
+tail-block entries (the core's ``coordinator_sizes_tail``), and a KV connector: vLLM 0.33
+has no connector rule of its own for the sizes (its loaded tokens take blocks of each
+group's size, ``allocate_external_computed_blocks``; a landed load caches below the
+scheduler block size's last boundary, ``get_num_cacheable_tokens``), and the core's
+coordinator does the same.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from tokenyard._core import partial_hash_hits_enabled
 from tokenyard.errors import ConfigError
 from tokenyard.kv import FullAttentionSpec, SlidingWindowSpec
 
@@ -93,6 +101,12 @@ def group_block_sizes_of(
             raise _refuse(i, size, f"is not a multiple of hash_block_size={hash_block_size}")
     if all(size == block_size for size in sizes) and hash_block_size == block_size:
         return block_size, ()
+    if (
+        enable_caching
+        and len(core_groups) == len(sizes)
+        and partial_hash_hits_enabled(list(core_groups), sizes, hash_block_size)
+    ):
+        raise _refuse_partial_hits(core_groups, sizes, hash_block_size)
     for i, spec in enumerate(core_groups):
         if not isinstance(spec, (FullAttentionSpec, SlidingWindowSpec)) or getattr(
             spec, "bounded_replay", False
@@ -108,6 +122,31 @@ def group_block_sizes_of(
                 value=type(spec).__name__,
             )
     return hash_block_size, tuple(sizes)
+
+
+def _refuse_partial_hits(
+    core_groups: tuple[Any, ...], sizes: list[int], hash_block_size: int
+) -> ConfigError:
+    """The refusal of vLLM 0.33's fine-grained partial hash hits, naming the hash block
+    size (``cache_config.prefix_match_unit``, else the groups' gcd) and the Mamba block."""
+    mamba = next(
+        size
+        for spec, size in zip(core_groups, sizes, strict=True)
+        if getattr(spec, "mamba_cache_mode", None) == "align" and size > hash_block_size
+    )
+    advice = (
+        f" (set cache_config.prefix_match_unit={mamba}: every group's block size is {mamba})"
+        if all(size == mamba for size in sizes)
+        else ""
+    )
+    return ConfigError(
+        f"hash_block_size: {hash_block_size} (cache_config.prefix_match_unit, else the groups' "
+        f"gcd) below the Mamba align block of {mamba} turns on vLLM 0.33's fine-grained partial "
+        "hash hits (partial_hash_hits_enabled), whose hits end inside Mamba blocks and copy the "
+        "shared state block (copy-on-write); not served yet" + advice,
+        field="hash_block_size",
+        value=str(hash_block_size),
+    )
 
 
 def _refuse(i: int, size: int, why: str) -> ConfigError:

@@ -126,17 +126,24 @@ impl<R: RequestKey> KvCoordinator<R> {
     /// groups that drop never cache the last this many computed tokens; read once, as vLLM
     /// builds its coordinator once. Only while no request holds blocks.
     ///
+    /// Beside a Mamba `align` group the lag acts as in any group that drops (vLLM's flags
+    /// cover it when the KV cache config flags none): the state at a chunk's end is cached
+    /// only once finalized, so a state the next chunk moves past is never cached.
+    ///
     /// Errors: `ConfigError` naming `num_reprefillable_tokens` while a request holds
-    /// blocks, or beside a Mamba `align` group (its checkpoints beside the lag are not
-    /// modelled; the step scheduler refuses that first, naming `num_prefill_lookahead`).
+    /// blocks, or beside a Mamba `align` group with a prefill checkpoint block (vLLM keys
+    /// the checkpoint block at its position whatever the lag,
+    /// `MambaManager._cache_partial_tail_block`; the core caches it with the lag, so it is
+    /// not modelled; the step scheduler refuses that first, naming `num_prefill_lookahead`).
     pub fn set_num_reprefillable_tokens(&mut self, num_tokens: usize) -> Result<()> {
         let field = "num_reprefillable_tokens";
-        if num_tokens > 0 && self.groups.iter().any(KvGroupSpec::is_mamba_align) {
+        let checkpoints =
+            |g: &KvGroupSpec| g.is_mamba_align() && g.prefill_checkpoint_alignment().is_some();
+        if num_tokens > 0 && self.groups.iter().any(checkpoints) {
             return Err(Error::config(
                 field,
                 num_tokens,
-                "beside a Mamba align group a multi-module MTP drafter's re-prefilled tokens \
-                 are not modelled",
+                "beside a Mamba align group with a prefill checkpoint block a multi-module MTP                  drafter's re-prefilled tokens are not modelled",
             ));
         }
         if num_tokens != self.eagle.num_reprefillable_tokens && self.num_requests() > 0 {

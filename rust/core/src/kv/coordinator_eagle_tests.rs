@@ -84,7 +84,7 @@ fn chunked_local_attention_stands_beside_the_drop_unflagged() {
 /// vLLM's `get_num_cacheable_tokens` with 2 re-prefillable tokens under the drop: with 22
 /// tokens computed a flagged group caches its 20 finalized ones (5 blocks), an unflagged
 /// one its aligned 20 (5); with 21, 19 finalized (4 blocks) against 20 (5). Beside a
-/// Mamba align group the lag is refused.
+/// Mamba align group with a prefill checkpoint block the lag is refused.
 #[test]
 fn flagged_groups_hold_back_reprefillable_tokens() {
     let cached = |flags: &[bool], num_tokens: usize| {
@@ -108,9 +108,18 @@ fn flagged_groups_hold_back_reprefillable_tokens() {
     // drop), 20 aligned in the other (5 blocks: 20).
     assert_eq!(cached(&[true, false], 21), [12, 20]);
     assert_eq!(cached(&[false, true], 21), [20, 12]);
+    // Beside a Mamba align group the lag is served; beside one with a prefill checkpoint
+    // block it is refused.
     let mamba = KvGroupSpec::MAMBA_ALIGN;
     let mut coord = KvCoordinator::<u64>::new(vec![FULL, mamba], 40, 4, true).unwrap();
-    assert!(coord.set_num_reprefillable_tokens(2).is_err());
+    assert!(coord.set_num_reprefillable_tokens(2).is_ok());
+    let checkpoint = KvGroupSpec::mamba(true, 0, 1, Some(1)).unwrap();
+    let mut coord = KvCoordinator::<u64>::new(vec![FULL, checkpoint], 40, 4, true).unwrap();
+    let err = coord
+        .set_num_reprefillable_tokens(2)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("num_reprefillable_tokens"), "{err}");
 }
 
 /// Groups sharing a spec drop together when one is flagged, in what they cache as in their

@@ -32,6 +32,7 @@ mod loose_blocks;
 mod named_cache;
 #[cfg(test)]
 mod named_pool_tests;
+mod partial_hits;
 mod prefix_pool;
 mod radix;
 mod radix_pool;
@@ -55,6 +56,10 @@ pub use layer_groups::{
     KvGroupSpec, NULL_BLOCK, mamba_checkpoint_position, mamba_checkpoint_valid,
 };
 pub use lookahead::{PrefixRules, hash_full_blocks_lookahead};
+pub use partial_hits::{
+    FineHit, find_fine_grained_hit, mamba_checkpoint_valid_on, partial_hash_hits_enabled,
+    partial_local_hit,
+};
 pub use prefix_pool::PrefixPool;
 pub use radix::{MatchResult, NodeHandle, RadixCache};
 pub use radix_pool::{RadixHit, RadixPool};

@@ -15,14 +15,18 @@
 //! stopped there; the KV groups reserve the block it goes to (`kv::layer_groups`). Not
 //! modelled, as they need state the core's KV groups do not hold: fine-grained partial
 //! hash hits (a hash block smaller than the Mamba block) and the exact (not block-floored)
-//! junction stop of `enable_mamba_shared_prefix_checkpoint`; the scheduler's
-//! `mamba_partial_cache_hit` and `mamba_shared_prefix_checkpoint` are false here. The block-floored shared-prefix
+//! junction stop of `enable_mamba_shared_prefix_checkpoint` (`mamba_shared_prefix_checkpoint`
+//! is false here). The split's side of fine-grained partial hash hits
+//! (`Scheduler.mamba_partial_cache_hit`: a hash block below the Mamba block) is modelled
+//! ([`MambaSplitRule::with_partial_hits`]): the prompt's last hash boundary is a stop, and
+//! the internal checkpoint is placed on the hash grid; the KV groups' side is not served
+//! yet (`kv::coordinator_partial` has its lookups), so no scheduler turns it on. The block-floored shared-prefix
 //! junction stop is modelled (`split_at_junction`, the request's `shared_prefix_boundary`
 //! from its KV groups' lookup).
 
 use super::scheduler::Scheduler;
 use crate::kv::RequestKey;
-use crate::kv::{mamba_checkpoint_position, mamba_checkpoint_valid};
+use crate::kv::{mamba_checkpoint_position, mamba_checkpoint_valid, mamba_checkpoint_valid_on};
 use crate::{Error, Result};
 
 /// The split's settings (vLLM 0.33's `Scheduler.need_mamba_block_aligned_split` on, and
@@ -64,6 +68,7 @@ impl MambaAlignSplit {
         MambaSplitRule {
             split: self,
             num_hash_lookahead_tokens,
+            partial_hash_block: 0,
         }
     }
 }
@@ -75,9 +80,35 @@ pub struct MambaSplitRule {
     split: MambaAlignSplit,
     /// Tokens past a block that its hash needs (`vllm_config.num_hash_lookahead_tokens`).
     num_hash_lookahead_tokens: usize,
+    /// The hash block size when fine-grained partial hash hits are on (vLLM 0.33's
+    /// `Scheduler.mamba_partial_cache_hit`, its `hash_block_size`); 0: off.
+    partial_hash_block: usize,
 }
 
 impl MambaSplitRule {
+    /// The split with vLLM 0.33's fine-grained partial hash hits on
+    /// (`Scheduler.mamba_partial_cache_hit`: Mamba `align`, a hash block below the Mamba
+    /// block, `HybridKVCacheCoordinator.enable_partial_hash_hits`): a prefill also stops at
+    /// the prompt's last boundary of `hash_block_size` tokens whose state can be reused,
+    /// where a later request's hit may end inside a Mamba block, and the backend's internal
+    /// checkpoint is placed on that grid. `hash_block_size` must divide the Mamba block and
+    /// be smaller; anything else leaves the rule as it was (vLLM's flag is then off).
+    pub fn with_partial_hits(mut self, hash_block_size: usize) -> Self {
+        let block = self.split.block_size;
+        let fine = hash_block_size > 0 && hash_block_size < block;
+        self.partial_hash_block = match fine && block.is_multiple_of(hash_block_size) {
+            true => hash_block_size,
+            false => 0,
+        };
+        self
+    }
+
+    /// The hash block size the split stops on inside Mamba blocks (`None`: partial hash
+    /// hits off).
+    pub fn partial_hash_block(&self) -> Option<usize> {
+        (self.partial_hash_block > 0).then_some(self.partial_hash_block)
+    }
+
     /// vLLM 0.33's `get_mamba_prefill_checkpoint_position(num_tokens, block_size, ...)`:
     /// the last block boundary whose state can be reused, leaving a token for the logits
     /// (or the hash look-ahead) and, with EAGLE's block drop, one block less.
@@ -88,6 +119,12 @@ impl MambaSplitRule {
             self.split.drop_eagle_block,
             self.num_hash_lookahead_tokens,
         )
+    }
+
+    /// `get_mamba_prefill_checkpoint_position` on a grid of `grid` tokens.
+    fn position_on(&self, num_tokens: usize, grid: usize) -> usize {
+        let (drop, lookahead) = (self.split.drop_eagle_block, self.num_hash_lookahead_tokens);
+        mamba_checkpoint_position(num_tokens, grid, drop, lookahead)
     }
 
     /// Tokens of a chunk of `num_new_tokens` starting at `start` that vLLM 0.33's
@@ -156,9 +193,18 @@ impl MambaSplitRule {
         }
         let block = self.split.block_size;
         let mut end = start + num_new_tokens;
+        // With partial hash hits the checkpoint sits on the hash grid
+        // (`ckpt_block_size`); the hash block is the Mamba block otherwise.
+        let hash_block = self.partial_hash_block().unwrap_or(block);
         let internal_checkpoint = checkpoint_alignment.is_some_and(|alignment| {
-            let checkpoint = self.checkpoint_position(prefill_end);
-            end >= prefill_end && mamba_checkpoint_valid(start, end, checkpoint, block, alignment)
+            let checkpoint = self.position_on(prefill_end, hash_block);
+            end >= prefill_end
+                && match self.partial_hash_block {
+                    0 => mamba_checkpoint_valid(start, end, checkpoint, block, alignment),
+                    hash => {
+                        mamba_checkpoint_valid_on(start, end, checkpoint, hash, block, alignment)
+                    }
+                }
         });
         let last_cache_position = match internal_checkpoint {
             true => 0,
@@ -185,12 +231,30 @@ impl MambaSplitRule {
         } else {
             0
         };
+        // Partial hash hits: the prompt's last reusable hash boundary, unless the backend
+        // saves it from inside the final chunk.
+        let tail_boundary = match self.partial_hash_block {
+            0 => 0,
+            _ if internal_checkpoint => 0,
+            hash => self.position_on(num_prompt_tokens, hash),
+        };
+        let tail_stop = if last_cache_position < tail_boundary && tail_boundary < num_prompt_tokens
+        {
+            tail_boundary
+        } else {
+            0
+        };
         // The earliest mandatory stop strictly inside the chunk.
-        end = [next_block_boundary, last_cache_position, junction_stop]
-            .into_iter()
-            .filter(|&stop| start < stop && stop < end)
-            .min()
-            .unwrap_or(end);
+        end = [
+            next_block_boundary,
+            last_cache_position,
+            tail_stop,
+            junction_stop,
+        ]
+        .into_iter()
+        .filter(|&stop| start < stop && stop < end)
+        .min()
+        .unwrap_or(end);
         end.saturating_sub(start)
     }
 }
@@ -288,3 +352,7 @@ impl<R: RequestKey> Scheduler<R> {
         self.hooked_split(slot, start, n, core_split)
     }
 }
+
+#[cfg(test)]
+#[path = "mamba_partial_tests.rs"]
+mod partial_tests;

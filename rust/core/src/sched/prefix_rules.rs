@@ -27,7 +27,8 @@ impl SchedulerConfig {
     /// drop without block-hash prefix caching, both at once (vLLM's scheduler turns the drop
     /// off when look-ahead hashes are on), and the drop or look-ahead hashes with blocks
     /// smaller than a multi-module MTP look-ahead (vLLM's coordinator raises), and under the
-    /// drop a multi-module MTP look-ahead beside a Mamba `align` group (named
+    /// drop a multi-module MTP look-ahead beside a Mamba `align` group with a prefill
+    /// checkpoint block (named
     /// `num_prefill_lookahead` here, before the coordinator's own guard in
     /// `kv::KvCoordinator::set_num_reprefillable_tokens` would name its argument).
     pub(super) fn validate_prefix_rules(&self) -> Result<()> {
@@ -78,15 +79,17 @@ impl SchedulerConfig {
                 self.num_prefill_lookahead,
             ));
         }
-        let mamba_align = self.kv_groups.iter().any(|g| g.is_mamba_align());
-        if mamba_align && self.num_prefill_lookahead > 1 {
+        let checkpoints = |g: &crate::kv::KvGroupSpec| {
+            g.is_mamba_align() && g.prefill_checkpoint_alignment().is_some()
+        };
+        if self.num_prefill_lookahead > 1 && self.kv_groups.iter().any(checkpoints) {
             // The coordinator's guard (`set_num_reprefillable_tokens`), named by the field
-            // set here.
+            // set here: vLLM keys a Mamba prefill checkpoint block at its position whatever
+            // the lag (`MambaManager._cache_partial_tail_block`), the core with the lag.
             return Err(Error::config(
                 "num_prefill_lookahead",
                 self.num_prefill_lookahead,
-                "under eagle_block_drop a multi-module MTP drafter's re-prefilled tokens \
-                 beside a Mamba align group are not modelled",
+                "under eagle_block_drop a multi-module MTP drafter's re-prefilled tokens                  beside a Mamba align group with a prefill checkpoint block are not modelled",
             ));
         }
         Ok(())

@@ -4,6 +4,7 @@ mod block_pool;
 mod coordinator;
 mod counting;
 mod host_publication;
+mod partial_hits;
 mod radix;
 
 pub(crate) use coordinator::group_spec;
@@ -33,6 +34,8 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<radix::PyRadixCache>()?;
     module.add_class::<radix::PyMatchResult>()?;
     module.add_class::<radix::PyNodeHandle>()?;
+    module.add_function(wrap_pyfunction!(partial_hits::hits_enabled, module)?)?;
+    module.add_function(wrap_pyfunction!(partial_hits::fine_hit, module)?)?;
     Ok(())
 }
 

@@ -411,10 +411,13 @@ fn the_lookahead_setter_keeps_the_pools_reprefillable_lag() {
 }
 
 #[test]
-fn reprefillable_tokens_beside_a_mamba_align_group_are_refused_by_their_field() {
+fn reprefillable_tokens_beside_a_mamba_checkpoint_block_are_refused_by_their_field() {
     use crate::kv::KvGroupSpec;
+    // Served beside a Mamba align group (tests/test_integrations_vllm_mamba_mtp.py); beside
+    // one with a prefill checkpoint block, refused.
+    let checkpoint = KvGroupSpec::mamba(true, 0, 1, Some(1)).unwrap();
     let config = SchedulerConfig {
-        kv_groups: vec![KvGroupSpec::FullAttention, KvGroupSpec::MAMBA_ALIGN],
+        kv_groups: vec![KvGroupSpec::FullAttention, checkpoint],
         block_size: 16,
         num_blocks: 100,
         max_model_len: 256,

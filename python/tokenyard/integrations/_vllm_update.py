@@ -15,7 +15,7 @@ from typing import Any
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.core.sched.utils import check_stop
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
-from vllm.v1.metrics.stats import SchedulerStats
+from vllm.v1.metrics.stats import KV_FETCH_COMPLETED_WAITING, SchedulerStats
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
 from vllm.v1.structured_output.utils import strip_speculative_padding
@@ -87,6 +87,11 @@ class UpdateFromOutput(AdapterBase):
             for core_id, request in zip(live_core_ids, live, strict=True):
                 if request.spec_token_ids and request.status == _RUNNING:
                     kept_drafts[core_id] = [0] * len(request.spec_token_ids)
+        bridge = self._bridge
+        if bridge is not None:
+            # The connector is asked while the core finishes a request, before the tokens
+            # are appended here: it appends them then (_ConnectorBridge.request_finished).
+            bridge.tokens_in_update = dict(zip(live_ids, live_tokens, strict=True))
         outside = self._outside_step(scheduler_output) if self._adopted else None
         if outside is not None:
             # A step the core did not form, over requests placed by hand (_vllm_adopt).
@@ -112,6 +117,8 @@ class UpdateFromOutput(AdapterBase):
                     num_rejected_tokens=rejected or None,
                     spec_token_ids=kept_drafts or None,
                 )
+        if bridge is not None:
+            bridge.tokens_in_update = {}
         if late:
             self._forget_landed(late)
         if pooled:
@@ -456,7 +463,11 @@ class UpdateFromOutput(AdapterBase):
         """A request the core finished: its tokens up to its stop appended, the request
         freed, and its last ``EngineCoreOutput``."""
         request_id = request.request_id
-        if tokens:  # none: an encoder instance's stop (its status set)
+        bridge = self._bridge
+        kept = bridge.appended_at_finish.pop(request_id, None) if bridge else None
+        if kept is not None:  # appended when the core asked the connector
+            tokens = kept
+        elif tokens:  # none: an encoder instance's stop (its status set)
             tokens = self._append_until_stop(request, tokens)
         finish_reason = request.get_finished_reason()
         if request.resumable and not self._park_session(request):
@@ -472,7 +483,6 @@ class UpdateFromOutput(AdapterBase):
                 num_nans_in_logits=request.num_nans_in_logits,
             )
         self._free_request(request)
-        bridge = self._bridge
         transfer_params = bridge.transfer_params.pop(request_id, None) if bridge else None
         events = request.events
         if events:
@@ -589,6 +599,8 @@ class UpdateFromOutput(AdapterBase):
             request = self.requests.get(request_id)
             if request is not None and not request.is_finished():
                 self.finished_recving_kv_req_ids.add(request_id)
+                # vLLM 0.33's _update_from_kv_xfer_finished (_kv_fetch_stages).
+                self._set_kv_fetch_stage(request, KV_FETCH_COMPLETED_WAITING)
         for request_id in sending:
             bridge.sending.discard(request_id)
         for request_id in itertools.chain(recving, failed, sending):

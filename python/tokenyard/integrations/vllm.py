@@ -496,6 +496,11 @@ class TokenyardScheduler(
         follow_hasher(self._core, request)
         self._start_session(request)
         self.requests[request_id] = request
+        if self.connector is not None:
+            # Before the core takes the prompt: a P/D producer truncates it here (vLLM's
+            # NixlConnector drops the tokens its decoder recomputes, max_tokens 1), which
+            # vLLM's scheduler reads only once it schedules the request.
+            self.connector.on_new_request(request)
         if self._index_hashes:
             # vLLM's hashes of its blocks, for find_longest_cache_hit_per_group (a view).
             self._block_hash_index.index(request)
@@ -514,7 +519,6 @@ class TokenyardScheduler(
         if self.spec_decode_metrics_level != "none":
             request.spec_decode_metrics = RequestSpecDecodeMetrics.new(self.num_spec_tokens)
         if self.connector is not None:
-            self.connector.on_new_request(request)
             transfer = request.kv_transfer_params
             if transfer and transfer.get("do_remote_prefill"):
                 # vLLM counts P/D requests on arrival (its add_request).

@@ -11,6 +11,7 @@ import itertools
 from typing import Any
 
 from vllm.v1.engine import EngineCoreOutput
+from vllm.v1.metrics.stats import KV_FETCH_COMPLETED_WAITING
 from vllm.v1.request import Request, RequestStatus
 
 from tokenyard.integrations._vllm_outputs import errors_in_vllm_ids
@@ -182,6 +183,8 @@ class KvTransfers(AdapterBase):
             for request_id in landed:
                 bridge.loading.discard(request_id)
                 self.finished_recving_kv_req_ids.add(request_id)
+                # vLLM 0.33's _update_from_kv_xfer_finished (_kv_fetch_stages).
+                self._set_kv_fetch_stage(self.requests[request_id], KV_FETCH_COMPLETED_WAITING)
         return (held, sending) if held or sending else None
 
     def _release_transfers(self, recving: list[str], sending: list[str]) -> None:

@@ -17,6 +17,7 @@ from vllm.v1.core.sched.interface import PauseState
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler as _VllmScheduler
 from vllm.v1.engine import EngineCoreEventType
+from vllm.v1.metrics.stats import KV_FETCH_IN_PROGRESS
 from vllm.v1.request import Request, RequestStatus
 
 from tokenyard.errors import InputError
@@ -25,6 +26,7 @@ from tokenyard.integrations._vllm_hooks import ReplacedMethods
 from tokenyard.integrations._vllm_outputs import errors_in_vllm_ids
 from tokenyard.integrations._vllm_state import AdapterBase, Batch
 from tokenyard.integrations._vllm_translate import vllm_block_ids
+from tokenyard.integrations._vllm_views import connector_meta
 
 _RUNNING = RequestStatus.RUNNING
 _PREEMPTED = RequestStatus.PREEMPTED
@@ -66,6 +68,7 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
             for load in core.kv_loads:
                 request_id = vllm_ids[load.request_id]
                 requests[request_id].status = _WAITING_FOR_REMOTE_KVS
+                self._set_kv_fetch_stage(requests[request_id], KV_FETCH_IN_PROGRESS)
                 bridge.loading.add(request_id)
                 # A failed load's report was taken by the core, which loads anew.
                 self.finished_recving_kv_req_ids.discard(request_id)
@@ -83,6 +86,7 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
             num_scheduled_tokens = {vllm_ids[i]: n for i, n in core.num_scheduled_tokens.items()}
         if self._adopted:
             self._scheduled_by_core(num_scheduled_tokens)
+        self._kv_fetch_scheduled(num_scheduled_tokens)
         cached_data = self._cached_request_data(core, resumed, num_scheduled_tokens, batch)
         spec_decode_tokens = self._spec_decode_tokens(core.scheduled_spec_decode_tokens)
         encoder_inputs = core.scheduled_encoder_inputs
@@ -131,7 +135,7 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
         # As vLLM 0.33's schedule(): the connectors see the requests before this step's
         # update (computed tokens, output placeholders) is applied to them.
         if self.connector is not None:
-            out.kv_connector_metadata = self.connector.build_connector_meta(out)
+            out.kv_connector_metadata = connector_meta(self, out)
         if self.aux_output_connector is not None:
             out.aux_output_connector_metadata = self.aux_output_connector.build_connector_meta(
                 out, self.requests

@@ -13,6 +13,7 @@ from vllm.v1.metrics.stats import PrefillStats, PrefixCacheStats
 from vllm.v1.request import Request
 
 from tokenyard.errors import ConfigError
+from tokenyard.integrations._vllm_kv_fetch import KvFetchStages
 
 if TYPE_CHECKING:
     from tokenyard.integrations._vllm_views import _ConnectorBridge
@@ -48,7 +49,7 @@ class Batch:
         """The requests' client indices, computed on first use."""
 
 
-class AdapterBase:
+class AdapterBase(KvFetchStages):
     """Attributes and the helpers every part of the adapter calls (typed here; set and
     defined in ``tokenyard.integrations.vllm.TokenyardScheduler``)."""
 

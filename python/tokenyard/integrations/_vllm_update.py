@@ -109,6 +109,11 @@ class UpdateFromOutput(KvTransfers):
             for core_id, request in zip(live_core_ids, live, strict=True):
                 if request.spec_token_ids and request.status == _RUNNING:
                     kept_drafts[core_id] = [0] * len(request.spec_token_ids)
+        bridge = self._bridge
+        if bridge is not None:
+            # The connector is asked while the core finishes a request, before the tokens
+            # are appended here: it appends them then (_ConnectorBridge.request_finished).
+            bridge.tokens_in_update = dict(zip(live_ids, live_tokens, strict=True))
         outside = self._outside_step(scheduler_output) if self._adopted else None
         with self._pool_view.asking():
             if outside is not None:
@@ -135,6 +140,8 @@ class UpdateFromOutput(KvTransfers):
                         num_rejected_tokens=rejected or None,
                         spec_token_ids=kept_drafts or None,
                     )
+        if bridge is not None:
+            bridge.tokens_in_update = {}
         if late:
             self._forget_landed(late)
         if pooled:
@@ -500,7 +507,11 @@ class UpdateFromOutput(KvTransfers):
         """A request the core finished: its tokens up to its stop appended, the request
         freed, and its last ``EngineCoreOutput``."""
         request_id = request.request_id
-        if tokens:  # none: an encoder instance's stop (its status set)
+        bridge = self._bridge
+        kept = bridge.appended_at_finish.pop(request_id, None) if bridge else None
+        if kept is not None:  # appended when the core asked the connector
+            tokens = kept
+        elif tokens:  # none: an encoder instance's stop (its status set)
             tokens = self._append_until_stop(request, tokens)
         finish_reason = request.get_finished_reason()
         if request.resumable and not self._park_session(request):
@@ -516,7 +527,6 @@ class UpdateFromOutput(KvTransfers):
                 num_nans_in_logits=request.num_nans_in_logits,
             )
         _, ec_transfer_params = self._free_request(request)
-        bridge = self._bridge
         transfer_params = bridge.transfer_params.pop(request_id, None) if bridge else None
         events = request.events
         if events:

@@ -16,7 +16,9 @@ from vllm.v1.core.kv_cache_utils import (
     KVCacheBlock,
     make_block_hash_with_group_id,
 )
-from vllm.v1.metrics.stats import PrefixCacheStats
+from vllm.v1.core.sched.output import KVConnectorBlockState, SchedulerOutput
+from vllm.v1.kv_cache_interface import AttentionSpec, CrossAttentionSpec, EncoderOnlyAttentionSpec
+from vllm.v1.metrics.stats import KV_FETCH_WAITING_TO_START, PrefixCacheStats
 from vllm.v1.request import Request
 
 from tokenyard.errors import ConfigError, InputError
@@ -52,6 +54,10 @@ class AdapterState(Protocol):
 
     def _record_prefix_lookup(self, request: Request, num_hits: int) -> None: ...
 
+    def _set_kv_fetch_stage(self, request: Request, stage: str | None) -> None: ...
+
+    def _append_until_stop(self, request: Request, tokens: list[int]) -> list[int]: ...
+
     def get_kv_cache_usage(self) -> float: ...
 
 
@@ -85,6 +91,10 @@ class _ConnectorBridge:
         # A synchronous load was admitted in the step being formed (vLLM's
         # SchedulerOutput.has_sync_kv_loads).
         self.has_sync_kv_loads = False
+        # The tokens of the update being applied, by request (set around the core's
+        # update), and those appended here when the core finished a request in it.
+        self.tokens_in_update: dict[str, list[int]] = {}
+        self.appended_at_finish: dict[str, list[int]] = {}
 
     @property
     def supports_divergent_local_hybrid_hits(self) -> bool:
@@ -104,6 +114,9 @@ class _ConnectorBridge:
         if request.skip_reading_prefix_cache:
             num_tokens, load_async = 0, False
         if num_tokens is not None:
+            # vLLM 0.33's waiting loop, once the lookup is answered (_kv_fetch_stages).
+            stage = KV_FETCH_WAITING_TO_START if load_async else None
+            self._scheduler._set_kv_fetch_stage(request, stage)
             self._load_async[request.request_id] = bool(load_async)
             self._lookups[request.request_id] = (
                 request.num_tokens - num_computed_tokens,
@@ -185,8 +198,16 @@ class _ConnectorBridge:
         return answer
 
     def request_finished(self, view: Any, block_ids: Any) -> bool:
-        request = self._scheduler._request_of(view.request_id)
+        scheduler = self._scheduler
+        request = scheduler._request_of(view.request_id)
         request_id = request.request_id
+        tokens = self.tokens_in_update.get(request_id)
+        if tokens is not None and not request.is_finished():
+            # The core stopped it in an update: as vLLM's update_from_output, its tokens are
+            # appended up to the stop and its status set (check_stop) before
+            # _free_request asks the connector, which reads both (a P/D producer sends
+            # only for FINISHED_LENGTH_CAPPED or FINISHED_STOPPED).
+            self.appended_at_finish[request_id] = scheduler._append_until_stop(request, tokens)
         delay_free, params = self.finished(request, _group_tables(block_ids))
         if params is not None:
             self.transfer_params[request_id] = params
@@ -196,6 +217,45 @@ class _ConnectorBridge:
         # Not held for a send: the core frees the blocks, or defers them past the steps in
         # flight (vLLM 0.33's defer_block_free).
         return False
+
+
+def connector_meta(scheduler: Any, out: SchedulerOutput) -> Any:
+    """The KV connector's metadata for the step ``out``, as vLLM 0.33's ``schedule()`` builds
+    it: the connector reads, through ``out.kv_connector_block_state``, the block table of
+    any request scheduled this step (a store's save lands on the step that fills a block,
+    which allocated none), resolved when read; the call goes through the scheduler's
+    ``_build_kv_connector_meta`` (vLLM's hook, which a plugin may replace); the block state
+    is cleared after (it never goes to the workers). vLLM's Mamba ``align`` boundary-state
+    hand-offs (``take_boundary_state_offloads``) are not modelled: none are offered."""
+    out.kv_connector_block_state = KVConnectorBlockState(
+        req_ids=set(out.num_scheduled_tokens),
+        resolve_block_ids=scheduler.kv_cache_manager.get_block_ids,
+        boundary_state_offloads={},
+    )
+    try:
+        return scheduler._build_kv_connector_meta(scheduler.connector, out)
+    finally:
+        out.kv_connector_block_state = None
+
+
+def computed_block_tables(
+    tables: tuple[list[int], ...], kv_cache_config: Any, num_computed_tokens: int
+) -> tuple[list[int], ...]:
+    """vLLM 0.33's ``KVCacheManager.get_block_ids_for_computed_tokens``, the tables its
+    ``_connector_finished`` hands the connector: an attention group's table (not cross-
+    or encoder-only attention) clipped to ``cdiv(num_computed_tokens, block_size)``
+    blocks, so lookahead slots and rejected drafts' slots are not sent; any other group's
+    (Mamba, HiSparse) whole. The core clips the same way (``connector_block_tables``)."""
+    clipped: list[list[int]] = []
+    for group, ids in zip(kv_cache_config.kv_cache_groups, tables, strict=False):
+        spec = group.kv_cache_spec
+        if not isinstance(spec, AttentionSpec) or isinstance(
+            spec, (CrossAttentionSpec, EncoderOnlyAttentionSpec)
+        ):
+            clipped.append(ids)
+            continue
+        clipped.append(ids[: -(-num_computed_tokens // spec.block_size)])
+    return tuple(clipped)
 
 
 def _group_tables(block_ids: Any) -> tuple[list[int], ...]:

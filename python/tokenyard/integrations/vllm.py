@@ -51,6 +51,7 @@ try:
     from vllm.v1.core.sched.request_queue import SchedulingPolicy
     from vllm.v1.engine import EngineCoreEventType
     from vllm.v1.metrics.stats import (
+        KV_FETCH_WAITING_TO_START,
         PrefillStats,
         PrefixCacheStats,
         RequestSpecDecodeMetrics,
@@ -97,6 +98,7 @@ from tokenyard.integrations._vllm_update import UpdateFromOutput
 from tokenyard.integrations._vllm_views import (
     _ConnectorBridge,
     _KVCacheManagerView,
+    computed_block_tables,
 )
 from tokenyard.sched import Scheduler as _CoreScheduler
 
@@ -206,6 +208,7 @@ class TokenyardScheduler(
             self._bridge = _ConnectorBridge(self, self.connector)
             if log_stats:
                 self.connector_prefix_cache_stats = PrefixCacheStats()
+        self._init_kv_fetch_stages(log_stats and self.connector is not None)
         # vLLM 0.33's encoder budget and cache size (Scheduler.__init__: MultiModalBudget
         # for a model that takes multimodal inputs, else 0 and 0).
         model_config = vllm_config.model_config
@@ -511,6 +514,11 @@ class TokenyardScheduler(
         follow_hasher(self._core, request)
         self._start_session(request)
         self.requests[request_id] = request
+        if self.connector is not None:
+            # Before the core takes the prompt: a P/D producer truncates it here (vLLM's
+            # NixlConnector drops the tokens its decoder recomputes, max_tokens 1), which
+            # vLLM's scheduler reads only once it schedules the request.
+            self.connector.on_new_request(request)
         if self._index_hashes:
             # vLLM's hashes of its blocks, for find_longest_cache_hit_per_group (a view).
             self._block_hash_index.index(request)
@@ -529,7 +537,10 @@ class TokenyardScheduler(
         if self.spec_decode_metrics_level != "none":
             request.spec_decode_metrics = RequestSpecDecodeMetrics.new(self.num_spec_tokens)
         if self.connector is not None:
-            self.connector.on_new_request(request)
+            transfer = request.kv_transfer_params
+            if transfer and transfer.get("do_remote_prefill"):
+                # vLLM counts P/D requests on arrival (its add_request).
+                self._set_kv_fetch_stage(request, KV_FETCH_WAITING_TO_START)
         if self.log_stats:
             request.record_event(EngineCoreEventType.QUEUED)
 
@@ -603,6 +614,9 @@ class TokenyardScheduler(
                 for core_id in self._core.deferred_load_ids():
                     if self._vllm_ids[core_id] in aborted:
                         bridge.loading.discard(self._vllm_ids[core_id])
+            # vLLM sets the status before _free_request asks the connector, which reads it.
+            for request_id in ids:
+                self.requests[request_id].status = finished_status
             with self._pool_view.asking():
                 self._core.abort(in_core)
         finished = []
@@ -626,6 +640,7 @@ class TokenyardScheduler(
             # vLLM's EC connectors all answer delay-free False (_vllm_ec.py).
             _, ec_transfer_params = self.ec_connector.request_finished(request)
         request_id = request.request_id
+        self._set_kv_fetch_stage(request, None)
         self.finished_recving_kv_req_ids.discard(request_id)
         self._structured_ids.discard(request_id)
         self._session_ids.discard(request_id)
@@ -649,10 +664,16 @@ class TokenyardScheduler(
         kv_transfer_params = bridge.transfer_params.get(request_id) if bridge else None
         return kv_transfer_params, ec_transfer_params
 
+    def _build_kv_connector_meta(self, connector: Any, scheduler_output: Any) -> Any:
+        """vLLM 0.33's hook for the KV connector's metadata of a step (``schedule()`` calls
+        it through ``_vllm_views.connector_meta``; a plugin may replace it)."""
+        return connector.build_connector_meta(scheduler_output)
+
     def _connector_finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:
         """vLLM 0.33's ``Scheduler._connector_finished``: the blocks the request's KV groups
         no longer attend to on the processed-token basis are freed, then the connector gets
-        its block tables; returns the connector's ``(delay_free, kv_transfer_params)``."""
+        its block tables, clipped to the computed tokens' blocks (``computed_block_tables``);
+        returns the connector's ``(delay_free, kv_transfer_params)``."""
         if self._bridge is None:
             return False, None
         core_id = self._core_ids[request.request_id]
@@ -660,6 +681,7 @@ class TokenyardScheduler(
             tables = tuple(g.tolist() for g in self._core.prune_skipped_blocks(core_id))
         else:
             tables = (vllm_block_ids(self._core.block_ids(core_id)),)
+        tables = computed_block_tables(tables, self.kv_cache_config, request.num_computed_tokens)
         return self._bridge.finished(request, tables)
 
     def _request_of(self, core_id: Any) -> Request:

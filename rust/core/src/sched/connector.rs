@@ -11,9 +11,9 @@
 //! enter the prefix cache only once they have landed.
 
 use super::Scheduler;
-use super::request::Request;
+use super::request::{Request, RequestStatus};
 use crate::Result;
-use crate::kv::{BlockId, RequestKey};
+use crate::kv::{BlockId, KvGroupSpec, RequestKey};
 
 /// What a connector can load for a request: `num_tokens` after its local prefix hit, and
 /// whether the load runs asynchronously (the request waits in `WAITING_FOR_REMOTE_KVS`)
@@ -114,25 +114,60 @@ pub struct KvLoad<R> {
 impl<R: RequestKey> Scheduler<R> {
     /// vLLM 0.33's `_connector_finished` for the request in `slot` (a connector set):
     /// with KV groups what left the windows on the processed-token basis is freed first,
-    /// then the connector gets each group's table (empty for a request holding no blocks);
-    /// whether it keeps the blocks for a transfer.
+    /// then the connector gets each group's table (empty for a request holding no blocks),
+    /// an attention group's clipped to the blocks of its computed tokens
+    /// ([`Self::connector_block_tables`]); whether it keeps the blocks for a transfer.
     pub(super) fn connector_finished(&mut self, slot: u32) -> Result<bool> {
-        let Some(connector) = self.connector.as_mut() else {
+        if self.connector.is_none() {
             return Ok(false);
-        };
-        let request = self.slots[slot as usize].as_ref().expect("live");
-        if !self.config.is_hybrid() {
-            let blocks = self.kv.block_ids(slot).unwrap_or_default();
-            return connector.request_finished(request, blocks);
         }
-        let processed =
-            (request.num_computed_tokens).saturating_sub(self.num_in_flight_tokens(slot));
-        self.kv.prune_skipped_blocks(slot, processed);
-        let mut tables = self.kv.group_block_ids(slot);
-        tables.resize_with(self.config.kv_groups.len(), Vec::new);
+        let tables = self.connector_block_tables(slot);
         let tables: Vec<&[BlockId]> = tables.iter().map(Vec::as_slice).collect();
         let request = self.slots[slot as usize].as_ref().expect("live");
         let connector = self.connector.as_mut().expect("checked");
+        if !self.config.is_hybrid() {
+            return connector.request_finished(request, tables[0]);
+        }
         connector.request_finished_groups(request, &tables)
+    }
+
+    /// The block tables `_connector_finished` hands the connector, one per KV group: with
+    /// several, first the blocks that left a window on the processed-token basis are freed
+    /// (`remove_skipped_blocks`). Then vLLM 0.33's
+    /// `KVCacheManager.get_block_ids_for_computed_tokens`: an attention group's table
+    /// (full, sliding-window, chunked-local) is clipped to `cdiv(num_computed_tokens,
+    /// block_size)` blocks, so lookahead slots and the slots of rejected drafts are not
+    /// handed over; a recurrent, cross-attention or HiSparse group's is whole. A request
+    /// parked for a load counts the tokens being loaded as computed (vLLM's `schedule()`
+    /// sets them so when it parks it).
+    pub(super) fn connector_block_tables(&mut self, slot: u32) -> Vec<Vec<BlockId>> {
+        let request = self.slots[slot as usize].as_ref().expect("live");
+        let processed =
+            (request.num_computed_tokens).saturating_sub(self.num_in_flight_tokens(slot));
+        let mut num_computed = request.num_computed_tokens;
+        if request.status == RequestStatus::WaitingForRemoteKvs {
+            num_computed = num_computed.max(self.kv.num_computed_tokens(slot).unwrap_or(0));
+        }
+        if !self.config.is_hybrid() {
+            let blocks = self.kv.block_ids(slot).unwrap_or_default();
+            let num_valid = num_computed.div_ceil(self.config.group_block_size(0));
+            return vec![blocks[..num_valid.min(blocks.len())].to_vec()];
+        }
+        self.kv.prune_skipped_blocks(slot, processed);
+        let mut tables = self.kv.group_block_ids(slot);
+        tables.resize_with(self.config.kv_groups.len(), Vec::new);
+        for (i, table) in tables.iter_mut().enumerate() {
+            let attention = matches!(
+                self.config.kv_groups[i],
+                KvGroupSpec::FullAttention
+                    | KvGroupSpec::SlidingWindow { .. }
+                    | KvGroupSpec::SlidingWindowReplay { .. }
+                    | KvGroupSpec::ChunkedLocalAttention { .. }
+            );
+            if attention {
+                table.truncate(num_computed.div_ceil(self.config.group_block_size(i)));
+            }
+        }
+        tables
     }
 }

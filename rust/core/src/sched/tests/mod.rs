@@ -8,6 +8,7 @@ mod block_copies;
 mod block_free;
 mod budgets;
 mod cadence;
+mod connector_tables;
 mod connectors;
 mod cross_attention;
 mod deferred;

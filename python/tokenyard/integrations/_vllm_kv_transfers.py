@@ -116,24 +116,27 @@ class KvTransfers(AdapterBase):
             self._load_errors = (*self._load_errors, *errors)
         return {vllm_ids[core_id] for core_id in rescheduled}.union(errors)
 
-    def _finish_load_errors(self) -> list[Request]:
-        """The requests failed loads finished with an error in the core's update just
-        applied (vLLM's ``error_req_ids``): ``FINISHED_ERROR``, freed as vLLM's
-        ``finish_requests`` frees them (one whose load is still in flight stays in
-        ``requests`` until it reports). Returns them, for their outputs."""
-        errored = []
+    def _mark_load_errors(self) -> list[Request]:
+        """The requests failed loads finish with an error in the core's update about to
+        run (vLLM's ``error_req_ids``), marked ``FINISHED_ERROR`` before it, as vLLM's
+        ``finish_requests`` sets the status before ``_free_request`` asks the connector."""
+        marked = []
         for request_id in self._load_errors:
             request = self.requests.get(request_id)
-            if request is None or request.is_finished():
-                continue
-            request.status = RequestStatus.FINISHED_ERROR
-            if self._bridge is not None:
-                # vLLM's error output carries no transfer parameters.
-                self._bridge.transfer_params.pop(request_id, None)
-            self._free_request(request)
-            errored.append(request)
+            if request is not None and not request.is_finished():
+                request.status = RequestStatus.FINISHED_ERROR
+                marked.append(request)
         self._load_errors = ()
-        return errored
+        return marked
+
+    def _finish_load_errors(self, marked: list[Request]) -> list[Request]:
+        """The requests ``_mark_load_errors`` marked, freed once the core's update finished
+        them (one whose load is still in flight stays in ``requests`` until it reports).
+        Returns them, for their outputs; vLLM's error output carries no transfer
+        parameters."""
+        for request in marked:
+            self._free_request(request)
+        return marked
 
     @staticmethod
     def _error_output(request: Request) -> EngineCoreOutput:

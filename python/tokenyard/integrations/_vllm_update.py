@@ -115,6 +115,9 @@ class UpdateFromOutput(KvTransfers):
             # are appended here: it appends them then (_ConnectorBridge.request_finished).
             bridge.tokens_in_update = dict(zip(live_ids, live_tokens, strict=True))
         outside = self._outside_step(scheduler_output) if self._adopted else None
+        # Requests failed loads finish in the core's update below, which asks their
+        # connector: vLLM sets FINISHED_ERROR before (finish_requests of error_req_ids).
+        marked = self._mark_load_errors() if self._load_errors else []
         with self._pool_view.asking():
             if outside is not None:
                 # A step the core did not form, over requests placed by hand (_vllm_adopt).
@@ -148,7 +151,7 @@ class UpdateFromOutput(KvTransfers):
             self._finish_pooled(pooled)
         finished_ids = {vllm_ids[i] for i, _ in finished} if finished else set()
         # The core finished them after the step's outputs (vLLM's error_req_ids).
-        errored = self._finish_load_errors() if self._load_errors else []
+        errored = self._finish_load_errors(marked) if marked else []
         if released:
             # Blocks of finished requests whose transfers ended go back after the step's
             # (vLLM's _update_from_kv_xfer_finished runs last).
@@ -283,9 +286,7 @@ class UpdateFromOutput(KvTransfers):
 
     def _pooled_output(self, request: Request, pooler_output: Any) -> EngineCoreOutput:
         """A pooling request's last ``EngineCoreOutput``, its blocks freed."""
-        _, ec_transfer_params = self._free_request(request)
-        bridge = self._bridge
-        transfer_params = bridge.transfer_params.pop(request.request_id, None) if bridge else None
+        transfer_params, ec_transfer_params = self._free_request(request)
         events = request.events
         if events:
             request.events = []
@@ -526,8 +527,7 @@ class UpdateFromOutput(KvTransfers):
                 trace_headers=request.trace_headers,
                 num_nans_in_logits=request.num_nans_in_logits,
             )
-        _, ec_transfer_params = self._free_request(request)
-        transfer_params = bridge.transfer_params.pop(request_id, None) if bridge else None
+        transfer_params, ec_transfer_params = self._free_request(request)
         events = request.events
         if events:
             request.events = []

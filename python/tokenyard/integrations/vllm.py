@@ -665,7 +665,7 @@ class TokenyardScheduler(
             and request_id not in bridge.unheld
         ):
             self._forget(request_id)
-        kv_transfer_params = bridge.transfer_params.get(request_id) if bridge else None
+        kv_transfer_params = bridge.transfer_params.pop(request_id, None) if bridge else None
         return kv_transfer_params, ec_transfer_params
 
     def _build_kv_connector_meta(self, connector: Any, scheduler_output: Any) -> Any:

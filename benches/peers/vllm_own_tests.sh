@@ -89,14 +89,15 @@ OUT="$CACHE/results"
 mkdir -p "$OUT"
 cd "$SRC"
 SUITE="${SUITE:-core}"
+# Both suites' swaps live in benches/peers (the core conftest imports the plugin's pieces).
+export PYTHONPATH="$PYTHONPATH:$HERE"
 case "$SUITE" in
 core)
     PREFIX="" PLUGIN=() ;;
 connectors)
     ROOT="tests/v1/kv_connector tests/v1/simple_kv_offload tests/v1/ec_connector"
     ROOT="$ROOT tests/v1/streaming_input tests/v1/spec_decode"
-    PREFIX=connectors- PLUGIN=(-p vllm_own_tests_swap)
-    export PYTHONPATH="$PYTHONPATH:$HERE" ;;
+    PREFIX=connectors- PLUGIN=(-p vllm_own_tests_swap) ;;
 *) echo "SUITE must be core or connectors, got $SUITE" >&2; exit 2 ;;
 esac
 if [[ -n "${FILES:-}" ]]; then

@@ -3,8 +3,9 @@
 for another class, and rebinds the name ``Scheduler`` (``AsyncScheduler``) in the test
 modules that build vLLM's ``Scheduler`` themselves (calling the name builds tokenyard's; the
 rest of vLLM's class, its methods called unbound, stays vLLM's). Each test records whether
-it built a tokenyard scheduler (a junit property, ``tokenyard_scheduler``), so that a file
-whose tests never do is reported as one with no scheduler involved. Nothing else in vLLM's
+it built a tokenyard scheduler (a junit property, ``tokenyard_scheduler``, the fixture of
+``vllm_own_tests_swap.py``, whose stand-ins this file shares), so that a file whose tests
+never do is reported as one with no scheduler involved. Nothing else in vLLM's
 tests changes."""
 
 from __future__ import annotations
@@ -12,15 +13,14 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import pytest
 from tests.v1.core import utils
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm_own_tests_swap import _builds, _record_tokenyard_scheduler  # noqa: F401 (fixture)
 
 from tokenyard.integrations.vllm import AsyncTokenyardScheduler, TokenyardScheduler
 
 _create_scheduler = utils.create_scheduler
-_built = [0]
 
 
 @functools.wraps(_create_scheduler)
@@ -37,32 +37,6 @@ def _create_tokenyard_scheduler(*args, **kwargs):  # type: ignore[no-untyped-def
 
 utils.create_scheduler = _create_tokenyard_scheduler
 
-_init = TokenyardScheduler.__init__
-
-
-def _counting_init(self: Any, *args: Any, **kwargs: Any) -> None:
-    _built[0] += 1
-    _init(self, *args, **kwargs)
-
-
-TokenyardScheduler.__init__ = _counting_init  # type: ignore[method-assign]
-
-
-def _builds(cls: type, vllm_cls: type) -> type:
-    """A stand-in for ``vllm_cls`` in a test module: calling it builds ``cls`` (tokenyard's);
-    everything else is vLLM's class (its methods called unbound on a stand-in ``self``,
-    ``object.__new__``), so tests of vLLM's own methods still test vLLM's, and record that
-    no tokenyard scheduler was built."""
-
-    class _Switch(type(vllm_cls)):  # type: ignore[misc]
-        def __call__(self, *args: Any, **kwargs: Any) -> Any:
-            return cls(*args, **kwargs)
-
-        def __instancecheck__(self, obj: Any) -> bool:
-            return isinstance(obj, (cls, vllm_cls))
-
-    return _Switch(vllm_cls.__name__, (vllm_cls,), {})
-
 
 def pytest_collection_modifyitems(items: list[Any]) -> None:
     stand_ins = {
@@ -77,10 +51,3 @@ def pytest_collection_modifyitems(items: list[Any]) -> None:
             stand_in = stand_ins.get(getattr(module, name, None))  # type: ignore[arg-type]
             if stand_in is not None:
                 setattr(module, name, stand_in)
-
-
-@pytest.fixture(autouse=True)
-def _record_tokenyard_scheduler(record_property: Any) -> Any:
-    before = _built[0]
-    yield
-    record_property("tokenyard_scheduler", int(_built[0] > before))

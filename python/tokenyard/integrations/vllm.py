@@ -605,30 +605,25 @@ class TokenyardScheduler(
         ]
         if not ids:
             return []
-        in_core = [self._core_ids[i] for i in ids]
-        if in_core:
-            bridge = self._bridge
-            if bridge is not None:
-                # Before a deferred load is let go below: it is the core's, not by hand.
-                self._keep_hand_set_loads(ids)
-            if bridge is not None and self._core.defer_async_loads:
-                # A deferred load never started: nothing will report it, so its request is
-                # not kept for one (vLLM's finish_requests).
-                aborted = set(ids)
-                for core_id in self._core.deferred_load_ids():
-                    if self._vllm_ids[core_id] in aborted:
-                        bridge.loading.discard(self._vllm_ids[core_id])
-            # vLLM sets the status before _free_request asks the connector, which reads it.
-            for request_id in ids:
-                self.requests[request_id].status = finished_status
-            with self._pool_view.asking():
-                self._core.abort(in_core)
-        finished = []
-        for request_id in ids:
-            request = self.requests[request_id]
+        bridge = self._bridge
+        if bridge is not None:
+            # Before a deferred load is let go below: it is the core's, not by hand.
+            self._keep_hand_set_loads(ids)
+        if bridge is not None and self._core.defer_async_loads:
+            # A deferred load never started: nothing will report it, so its request is
+            # not kept for one (vLLM's finish_requests).
+            aborted = set(ids)
+            for core_id in self._core.deferred_load_ids():
+                if self._vllm_ids[core_id] in aborted:
+                    bridge.loading.discard(self._vllm_ids[core_id])
+        # vLLM sets the status before _free_request asks the connector, which reads it.
+        finished = [self.requests[request_id] for request_id in ids]
+        for request in finished:
             request.status = finished_status
+        with self._pool_view.asking():
+            self._core.abort([self._core_ids[i] for i in ids])
+        for request in finished:
             self._free_request(request)
-            finished.append(request)
         return finished
 
     def _free_request(

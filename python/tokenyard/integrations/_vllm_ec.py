@@ -37,6 +37,8 @@ class EcState(Protocol):
 
     def finish_requests(self, request_ids: Any, finished_status: Any) -> list[Request]: ...
 
+    def _error_output(self, request: Request) -> EngineCoreOutput: ...
+
 
 class BridgeState(Protocol):
     """What :class:`EncoderConnectorBridge` reads of ``TokenyardScheduler``."""
@@ -101,14 +103,6 @@ def finish_unavailable(scheduler: EcState, outputs: dict[int, list[EngineCoreOut
     request_ids = scheduler.ec_connector.take_unavailable_requests()
     if not request_ids:
         return
-    live = [i for i in request_ids if i in scheduler.requests]
-    for request in scheduler.finish_requests(live, RequestStatus.FINISHED_ERROR):
-        outputs.setdefault(request.client_index, []).append(
-            EngineCoreOutput(
-                request_id=request.request_id,
-                new_token_ids=[],
-                finish_reason=request.get_finished_reason(),
-                events=request.take_events(),
-                trace_headers=request.trace_headers,
-            )
-        )
+    # finish_requests skips ids it does not hold.
+    for request in scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ERROR):
+        outputs.setdefault(request.client_index, []).append(scheduler._error_output(request))

@@ -37,6 +37,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector
 
 from tokenyard.errors import ConfigError
+from tokenyard.integrations._vllm_pool_connectors import (
+    mooncake_store_served,
+    refuse_mooncake_store_layout,
+)
 
 _FIELD = "kv_transfer_config.kv_connector"
 _BINDS = ("bind_gpu_block_pool", "bind_kv_cache_manager")
@@ -123,6 +127,10 @@ def bind_kv_cache_manager(connector: Any, view: Any) -> None:
         method = _overridden_bind(cls)
         if method == "bind_gpu_block_pool" and _pool_served(cls):
             _refuse_pool_layout(leaf, where, view)
+            view.block_pool.kept_by_connector = True
+            continue
+        if method == "bind_gpu_block_pool" and mooncake_store_served(cls):
+            refuse_mooncake_store_layout(leaf, where, view)
             view.block_pool.kept_by_connector = True
             continue
         if method is not None:

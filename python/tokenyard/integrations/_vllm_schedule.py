@@ -248,6 +248,10 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
         v2 = self.use_v2_model_runner
         new_reqs_data = []
         resumed: list[tuple[Request, tuple[list[int], ...]]] = []
+        # vLLM lists the admitted PREEMPTED requests after the WAITING ones, in admission
+        # order; the core lists a preempted request whose load landed among its new ones.
+        resumed_data: list[tuple[Any, Any]] = []
+        loaded_resumed = False
         for data in itertools.chain(core.scheduled_new_reqs, core.scheduled_resumed_reqs):
             request_id = vllm_ids[data.req_id]
             request = requests[request_id]
@@ -256,6 +260,7 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
             was_preempted = request.status == _PREEMPTED or (
                 request.status == _WAITING_FOR_REMOTE_KVS and request.num_preemptions > 0
             )
+            loaded_resumed |= request.status == _WAITING_FOR_REMOTE_KVS and was_preempted
             if was_preempted:
                 self._dropped_outputs.discard(request_id)
             if bridge is not None:
@@ -283,13 +288,23 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
                 else (vllm_block_ids(data.block_ids),)
             )
             if was_preempted and not v2:
-                resumed.append((request, block_ids))
+                resumed_data.append((data.req_id, (request, block_ids)))
+                continue
+            item = NewRequestData.from_request(
+                request, block_ids, request._all_token_ids if v2 else None
+            )
+            if was_preempted:
+                resumed_data.append((data.req_id, item))
             else:
-                new_reqs_data.append(
-                    NewRequestData.from_request(
-                        request, block_ids, request._all_token_ids if v2 else None
-                    )
-                )
+                new_reqs_data.append(item)
+        if loaded_resumed:
+            # The step's admissions are in admission order in its scheduled tokens.
+            order = {core_id: i for i, core_id in enumerate(core.num_scheduled_tokens)}
+            resumed_data.sort(key=lambda entry: order[entry[0]])
+        if v2:
+            new_reqs_data += [item for _, item in resumed_data]
+        else:
+            resumed = [item for _, item in resumed_data]
         return new_reqs_data, resumed
 
     def _promote_landed_loads(self) -> None:

@@ -1,0 +1,408 @@
+"""tokenyard.integrations.vllm with vLLM 0.33's Mooncake store connector
+(``MooncakeStoreConnector``, ``vllm/distributed/kv_transfer/kv_connector/v1/mooncake/store/``)
+against vLLM's own ``Scheduler`` on the same seeded streams, and its layouts the adapter
+refuses by name.
+
+The connector's scheduler half (``MooncakeStoreScheduler``) pins the GPU blocks of every
+store job it emits (``_reference_save_blocks``: ``pool.touch([pool.blocks[i] ...])``) and
+drops them, tail first, when every rank reported the job done
+(``update_connector_output``: ``MooncakeStoreWorkerMetadata.completed_saves``,
+``pool.free_blocks``). Through the adapter those go to the core's pool
+(``_vllm_coordinator_view.BlockPoolView``). Its store is modelled: the lookup
+(``LookupKeyClient.lookup``, replaced on both sides by the same model) answers the longest
+prefix of a request's block hashes a completed store job saved, as the worker's
+``LookupKeyServer`` does (a full hit cut to the last whole block before the request's end);
+with ``lookup_async`` it answers ``None`` first, then the hit. The worker is synthesized as
+``MooncakeStoreWorker`` reports: an async load's request in ``finished_recving``, a store job
+in ``completed_saves``, each after a seeded delay of 0 to 2 steps. Every step compares
+scheduled tokens and block ids, the connector metadata (every ``ReqMeta`` field the worker
+reads: tokens, block ids, hashes, load spec, store job, token ids), the pinned store jobs,
+the requests waiting for loads, the outputs, KV usage, block tables, the GPU free queue in
+eviction order and every block's ref count. Needs vLLM (the bench venv); skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM 0.33 is installed only in the bench venv")
+
+import torch
+from vllm.config import KVEventsConfig, KVTransferConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store import (
+    scheduler as mooncake_scheduler,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
+    MooncakeLookupResult,
+    MooncakeStoreWorkerMetadata,
+)
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheTensor,
+    SlidingWindowSpec,
+)
+from vllm.v1.outputs import KVConnectorOutput
+from vllm.v1.request import RequestStatus
+from vllm_compare import BLOCK_SIZE, block_digest, runner_output, seeded_arrivals
+from vllm_peer import VllmSchedulerPeer
+
+from tokenyard.errors import ConfigError
+from tokenyard.integrations._vllm_coordinator_view import BlockPoolView
+from tokenyard.integrations.vllm import TokenyardScheduler
+
+
+def _spec() -> FullAttentionSpec:
+    return FullAttentionSpec(
+        block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float16
+    )
+
+
+def _tensor(layer: str, num_blocks: int) -> KVCacheTensor:
+    page = _spec().page_size_bytes
+    return KVCacheTensor(
+        size=page * num_blocks, layers=[layer], layer_stride=page * num_blocks, block_stride=page
+    )
+
+
+def _kv_cache_config(num_blocks: int) -> KVCacheConfig:
+    return KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[_tensor("l0", num_blocks)],
+        kv_cache_groups=[KVCacheGroupSpec(["l0"], _spec())],
+    )
+
+
+def _mooncake(role: str = "kv_both", **extra: Any) -> KVTransferConfig:
+    return KVTransferConfig(
+        kv_connector="MooncakeStoreConnector", kv_role=role, kv_connector_extra_config=extra
+    )
+
+
+def _peer(
+    transfer: KVTransferConfig, num_blocks: int, events: bool, caching: bool = True
+) -> VllmSchedulerPeer:
+    peer = VllmSchedulerPeer(
+        num_blocks=num_blocks,
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+        max_model_len=512,
+        enable_prefix_caching=caching,
+    )
+    peer.vllm_config.kv_transfer_config = transfer
+    if events:
+        peer.vllm_config.kv_events_config = KVEventsConfig(
+            enable_kv_cache_events=True, publisher="null"
+        )
+    return peer
+
+
+class _Store:
+    """Mooncake's store as its lookup answers: the block hashes completed store jobs saved
+    (``LookupKeyServer``: the longest saved prefix, a hit reaching the request's end cut to
+    the last whole block before it). With ``non_block`` (``lookup_async``) the first ask of
+    a request answers ``None`` (not ready), the next the hit, as ``LookupKeyClient.lookup``
+    does once its future is done."""
+
+    def __init__(self) -> None:
+        self.saved: set[bytes] = set()
+        self.asked: set[str] = set()
+
+    def lookup(
+        self, req_id: str, num_tokens: int, block_hashes: Any, non_block: bool = False
+    ) -> MooncakeLookupResult | None:
+        if non_block and req_id not in self.asked:
+            self.asked.add(req_id)
+            return None
+        self.asked.discard(req_id)
+        hits = 0
+        for block_hash in block_hashes:
+            if bytes(block_hash) not in self.saved:
+                break
+            hits += 1
+        hit = hits * BLOCK_SIZE
+        if hit >= num_tokens:
+            hit = (num_tokens - 1) // BLOCK_SIZE * BLOCK_SIZE
+        return MooncakeLookupResult(hit)
+
+    def discard(self, req_id: str) -> None:
+        self.asked.discard(req_id)
+
+    def reset(self) -> bool:
+        self.saved.clear()
+        return True
+
+
+class _Worker:
+    """``MooncakeStoreWorker`` as the scheduler sees it: each async load and each store job
+    of a step completes after the delays drawn for that step (the same draws on both sides);
+    a completed store job saves its blocks' hashes into the store."""
+
+    def __init__(self, store: _Store, load_async: bool) -> None:
+        self.store = store
+        self.load_async = load_async
+        self.loads: list[tuple[int, str]] = []  # (due step, request)
+        self.saves: list[tuple[int, int, list[bytes]]] = []  # (due step, job, hashes)
+
+    def submit(self, out: Any, step: int, delays: tuple[int, int]) -> None:
+        for req in out.kv_connector_metadata.requests:
+            if self.load_async and req.load_spec is not None and req.load_spec.can_load:
+                self.loads.append((step + delays[0], req.req_id))
+            if req.store_job_id is not None:
+                hashes = [bytes(h) for h in req.block_hashes[: req.token_len_chunk // BLOCK_SIZE]]
+                self.saves.append((step + delays[1], req.store_job_id, hashes))
+
+    def report(self, step: int) -> KVConnectorOutput:
+        landed = {r for due, r in self.loads if due <= step}
+        done = [(job, hashes) for due, job, hashes in self.saves if due <= step]
+        self.loads = [x for x in self.loads if x[0] > step]
+        self.saves = [x for x in self.saves if x[0] > step]
+        for _, hashes in done:
+            self.store.saved.update(hashes)
+        completed = {job: 1 for job, _ in done}
+        return KVConnectorOutput(
+            finished_recving=landed or None,
+            kv_connector_worker_meta=(
+                MooncakeStoreWorkerMetadata(completed_saves=completed) if completed else None
+            ),
+        )
+
+
+@pytest.fixture(autouse=True)
+def _modelled_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each connector's lookups go to a ``_Store`` of its own instead of a ZMQ client of
+    the worker's ``LookupKeyServer`` (none runs here)."""
+    monkeypatch.setattr(mooncake_scheduler, "LookupKeyClient", lambda vllm_config: _Store())
+
+
+def _meta(out: Any) -> tuple[Any, ...]:
+    """Every field of the step's ``MooncakeStoreConnectorMetadata`` the worker reads."""
+    meta = out.kv_connector_metadata
+    requests = [
+        (
+            r.req_id,
+            r.token_len_chunk,
+            [list(g) for g in r.block_ids],
+            [bytes(h) for h in r.block_hashes],
+            r.can_save,
+            None
+            if r.load_spec is None
+            else (
+                r.load_spec.vllm_cached_tokens,
+                r.load_spec.kvpool_cached_tokens,
+                r.load_spec.can_load,
+                r.load_spec.token_len,
+            ),
+            r.token_ids,
+            r.token_ids_start,
+            r.num_prompt_tokens,
+            r.prefill_end_tokens,
+            r.store_job_id,
+            r.boundary_puts,
+            r.completed_token_len,
+            r.publish_partial_tail,
+        )
+        for r in meta.requests
+    ]
+    return requests, sorted(meta.unfinished_request_ids), sorted(meta.preempted_req_ids)
+
+
+def _pinned(scheduler: Any) -> dict[int, tuple[list[int], int]]:
+    return dict(scheduler.connector.connector_scheduler._pinned_saves)
+
+
+def _loading(scheduler: Any) -> set[str]:
+    return {
+        r.request_id
+        for r in scheduler.requests.values()
+        if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    }
+
+
+def _pool_state(scheduler: Any) -> tuple[list[int], list[int]]:
+    pool = scheduler.kv_cache_manager.block_pool
+    free = [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
+    return free, [b.ref_cnt for b in pool.blocks[1:]]
+
+
+def _outputs(by_client: dict[int, Any]) -> dict[int, Any]:
+    return {
+        client: [(o.request_id, list(o.new_token_ids), o.finish_reason) for o in outs.outputs]
+        for client, outs in by_client.items()
+    }
+
+
+def _waves(seed: int) -> list[tuple[int, str, list[int], int]]:
+    """Three seeded waves: a second with other prompts pushes the first's blocks out of a
+    small GPU pool, and a third asks the first's prompts again (from the store)."""
+    waves = []
+    for wave, (rng_seed, start) in enumerate(((seed, 0), (seed + 1000, 50), (seed, 110))):
+        waves += [
+            (start + at, f"{request_id}w{wave}", prompt, max_tokens)
+            for at, request_id, prompt, max_tokens in seeded_arrivals(
+                random.Random(rng_seed),
+                count=8,
+                prefix_tokens=160,
+                shared=(0, 16, 48, 100, 160),
+                tail_max=100,
+                arrive_by=30,
+                max_tokens=20,
+                lowest_token=1,
+                max_prompt=300,
+            )
+        ]
+    return waves
+
+
+def _run(
+    seed: int,
+    *,
+    num_blocks: int,
+    role: str = "kv_both",
+    events: bool = False,
+    **extra: Any,
+) -> dict[str, int]:
+    """A seeded stream on both schedulers, every step compared (see the module doc)."""
+    peer = _peer(_mooncake(role, **extra), num_blocks, events)
+    config = _kv_cache_config(num_blocks)
+    pair = [peer.build(cls, config) for cls in (Scheduler, TokenyardScheduler)]
+    load_async = extra.get("load_async", True)
+    workers = []
+    for scheduler in pair:
+        workers.append(_Worker(scheduler.connector.connector_scheduler.client, load_async))
+    if role == "kv_consumer":
+        # A consumer's store is filled by a producer elsewhere: its first wave's prompts.
+        for worker in workers:
+            worker.store.saved.update(
+                bytes(h)
+                for _, request_id, prompt, max_tokens in _waves(seed)[:8]
+                for h in peer.make_request(request_id, prompt, max_tokens).block_hashes
+            )
+    rng = random.Random(seed * 7 + 3)
+    arrivals = _waves(seed)
+    seen = {"loads": 0, "stores": 0, "preemptions": 0}
+    for step in range(800):
+        for at, *args in arrivals:
+            if at == step:
+                for scheduler in pair:
+                    scheduler.add_request(peer.make_request(*args))
+        outs = [scheduler.schedule() for scheduler in pair]
+        assert block_digest(outs[1]) == block_digest(outs[0]), f"step {step}"
+        metas = [_meta(out) for out in outs]
+        assert metas[1] == metas[0], f"step {step}"
+        assert _pinned(pair[1]) == _pinned(pair[0]), f"step {step}"
+        assert _loading(pair[1]) == _loading(pair[0]), f"step {step}"
+        seen["loads"] += sum(r[5] is not None for r in metas[0][0])
+        seen["stores"] += sum(r[10] is not None for r in metas[0][0])
+        seen["preemptions"] += len(outs[0].preempted_req_ids)
+        delays = (rng.randrange(3), rng.randrange(3))
+        results = []
+        for scheduler, worker, out in zip(pair, workers, outs, strict=True):
+            worker.submit(out, step, delays)
+            output = runner_output(scheduler, out)
+            output.kv_connector_output = worker.report(step)
+            results.append(_outputs(scheduler.update_from_output(out, output)))
+        assert results[1] == results[0], f"step {step}"
+        ours, theirs = pair[1], pair[0]
+        assert _pinned(ours) == _pinned(theirs), f"step {step}"
+        assert ours.get_kv_cache_usage() == pytest.approx(theirs.get_kv_cache_usage()), step
+        assert _pool_state(ours) == _pool_state(theirs), f"step {step}"
+        for request_id in theirs.requests:
+            table = ours.kv_cache_manager.get_block_ids(request_id)
+            assert table == theirs.kv_cache_manager.get_block_ids(request_id), step
+        assert ours.has_unfinished_requests() == theirs.has_unfinished_requests(), step
+        if step > 150 and not theirs.has_unfinished_requests():
+            ours._core.check_invariants()
+            return seen
+    raise AssertionError("the stream did not drain")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_mooncake_store_matches_vllm(seed: int) -> None:
+    seen = _run(seed, num_blocks=160)
+    assert seen["stores"] > 0
+
+
+# A small GPU pool evicts the first wave's prompts; the third wave loads them from the store.
+@pytest.mark.parametrize("seed", range(4))
+def test_mooncake_store_under_memory_pressure_matches_vllm(seed: int) -> None:
+    assert _run(seed, num_blocks=40)["loads"] > 0
+
+
+# A pool so small that running requests are preempted while their store jobs hold blocks.
+@pytest.mark.parametrize("seed", range(2))
+def test_mooncake_store_with_preemptions_matches_vllm(seed: int) -> None:
+    assert _run(seed, num_blocks=20)["preemptions"] > 0
+
+
+# Lookups answered a step late (lookup_async) and loads done in the step (load_async off),
+# KV events on (the connector tracks token ids then).
+@pytest.mark.parametrize("seed", range(2))
+def test_mooncake_store_lookup_async_sync_loads_matches_vllm(seed: int) -> None:
+    seen = _run(seed, num_blocks=40, events=True, lookup_async=True, load_async=False)
+    assert seen["loads"] > 0
+
+
+# A producer (which looks up too: enable_lookup); a consumer with save_decode_cache loads
+# the prompts a producer saved and stores its decode blocks.
+@pytest.mark.parametrize("seed", range(2))
+def test_mooncake_store_producer_and_consumer_match_vllm(seed: int) -> None:
+    assert _run(seed, num_blocks=40, role="kv_producer")["stores"] > 0
+    seen = _run(seed, num_blocks=40, role="kv_consumer", save_decode_cache=True)
+    assert seen["loads"] > 0
+    assert seen["stores"] > 0
+
+
+def test_the_check_fails_when_the_pins_are_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The comparison catches a pool view whose touches do nothing (and whose frees drop
+    nothing): the ref counts and free queue then differ from vLLM's."""
+    monkeypatch.setattr(BlockPoolView, "touch", lambda self, blocks: None)
+    monkeypatch.setattr(BlockPoolView, "free_blocks", lambda self, blocks: None)
+    with pytest.raises(AssertionError, match="step"):
+        _run(0, num_blocks=40)
+
+
+def test_mooncake_store_is_bound_to_the_pool_view() -> None:
+    scheduler = _peer(_mooncake(), 64, False).build(TokenyardScheduler, _kv_cache_config(64))
+    store = scheduler.connector.connector_scheduler
+    assert store._gpu_block_pool is scheduler.kv_cache_manager.block_pool
+
+
+def _two_groups(num_blocks: int) -> KVCacheConfig:
+    config = _kv_cache_config(num_blocks)
+    config.kv_cache_groups.append(
+        KVCacheGroupSpec(
+            ["l1"],
+            SlidingWindowSpec(
+                block_size=BLOCK_SIZE,
+                num_kv_heads=1,
+                head_size=1,
+                dtype=torch.float16,
+                sliding_window=32,
+            ),
+        )
+    )
+    config.kv_cache_tensors.append(_tensor("l1", num_blocks))
+    return config
+
+
+def test_mooncake_store_beside_several_groups_is_refused_by_name() -> None:
+    peer = _peer(_mooncake(), 64, False)
+    assert peer.build(Scheduler, _two_groups(64)).connector is not None
+    with pytest.raises(ConfigError, match="MooncakeStoreConnector is not served beside 2") as e:
+        peer.build(TokenyardScheduler, _two_groups(64))
+    assert e.value.field == "kv_transfer_config.kv_connector"
+    assert e.value.value == "MooncakeStoreConnector"
+
+
+def test_mooncake_store_without_prefix_caching_is_refused_by_name() -> None:
+    peer = _peer(_mooncake(), 64, False, caching=False)
+    assert peer.build(Scheduler, _kv_cache_config(64)).connector is not None
+    with pytest.raises(ConfigError, match="without prefix caching") as e:
+        peer.build(TokenyardScheduler, _kv_cache_config(64))
+    assert e.value.value == "MooncakeStoreConnector"

@@ -24,6 +24,7 @@ eviction order and every block's ref count. Needs vLLM (the bench venv); skipped
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -39,22 +40,26 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
     MooncakeLookupResult,
     MooncakeStoreWorkerMetadata,
 )
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheTensor,
+    MambaSpec,
     SlidingWindowSpec,
 )
 from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import RequestStatus
-from vllm_compare import BLOCK_SIZE, block_digest, runner_output, seeded_arrivals
+from vllm_compare import BLOCK_SIZE, block_digest, runner_output, sampling, seeded_arrivals
 from vllm_peer import VllmSchedulerPeer
 
 from tokenyard.errors import ConfigError
 from tokenyard.integrations._vllm_coordinator_view import BlockPoolView
-from tokenyard.integrations.vllm import TokenyardScheduler
+from tokenyard.integrations._vllm_pool_connectors import refuse_mooncake_store_layout
+from tokenyard.integrations.vllm import AsyncTokenyardScheduler, TokenyardScheduler
 
 
 def _spec() -> FullAttentionSpec:
@@ -265,12 +270,22 @@ def _run(
     num_blocks: int,
     role: str = "kv_both",
     events: bool = False,
+    groups: int = 1,
+    asynchronous: bool = False,
     **extra: Any,
 ) -> dict[str, int]:
-    """A seeded stream on both schedulers, every step compared (see the module doc)."""
+    """A seeded stream on both schedulers, every step compared (see the module doc). With
+    ``asynchronous``, vLLM's ``AsyncScheduler`` and ``AsyncTokenyardScheduler``: a step's
+    output (and the worker's report with it) is taken after the next step is formed."""
     peer = _peer(_mooncake(role, **extra), num_blocks, events)
-    config = _kv_cache_config(num_blocks)
-    pair = [peer.build(cls, config) for cls in (Scheduler, TokenyardScheduler)]
+    peer.vllm_config.scheduler_config.async_scheduling = asynchronous
+    config = _kv_cache_config(num_blocks) if groups == 1 else _two_groups(num_blocks)
+    classes = (
+        (AsyncScheduler, AsyncTokenyardScheduler)
+        if asynchronous
+        else (Scheduler, TokenyardScheduler)
+    )
+    pair = [peer.build(cls, config) for cls in classes]
     load_async = extra.get("load_async", True)
     workers = []
     for scheduler in pair:
@@ -286,6 +301,8 @@ def _run(
     rng = random.Random(seed * 7 + 3)
     arrivals = _waves(seed)
     seen = {"loads": 0, "stores": 0, "preemptions": 0}
+    # Steps formed whose outputs are not in yet (two at most with async scheduling).
+    pending: list[tuple[list[Any], list[set[str]]]] = []
     for step in range(800):
         for at, *args in arrivals:
             if at == step:
@@ -301,13 +318,20 @@ def _run(
         seen["stores"] += sum(r[10] is not None for r in metas[0][0])
         seen["preemptions"] += len(outs[0].preempted_req_ids)
         delays = (rng.randrange(3), rng.randrange(3))
-        results = []
-        for scheduler, worker, out in zip(pair, workers, outs, strict=True):
+        for worker, out in zip(workers, outs, strict=True):
             worker.submit(out, step, delays)
-            output = runner_output(scheduler, out)
-            output.kv_connector_output = worker.report(step)
-            results.append(_outputs(scheduler.update_from_output(out, output)))
-        assert results[1] == results[0], f"step {step}"
+        pending.append((outs, [sampling(s, out) for s, out in zip(pair, outs, strict=True)]))
+        idle = not any(out.num_scheduled_tokens for out in outs)
+        while pending and (not asynchronous or len(pending) == 2 or idle):
+            step_outs, samples = pending.pop(0)
+            results = []
+            for scheduler, worker, out, sample in zip(
+                pair, workers, step_outs, samples, strict=True
+            ):
+                output = runner_output(scheduler, out, sample)
+                output.kv_connector_output = worker.report(step)
+                results.append(_outputs(scheduler.update_from_output(out, output)))
+            assert results[1] == results[0], f"step {step}"
         ours, theirs = pair[1], pair[0]
         assert _pinned(ours) == _pinned(theirs), f"step {step}"
         assert ours.get_kv_cache_usage() == pytest.approx(theirs.get_kv_cache_usage()), step
@@ -316,7 +340,7 @@ def _run(
             table = ours.kv_cache_manager.get_block_ids(request_id)
             assert table == theirs.kv_cache_manager.get_block_ids(request_id), step
         assert ours.has_unfinished_requests() == theirs.has_unfinished_requests(), step
-        if step > 150 and not theirs.has_unfinished_requests():
+        if step > 150 and not pending and not theirs.has_unfinished_requests():
             ours._core.check_invariants()
             return seen
     raise AssertionError("the stream did not drain")
@@ -358,6 +382,14 @@ def test_mooncake_store_producer_and_consumer_match_vllm(seed: int) -> None:
     assert seen["stores"] > 0
 
 
+# AsyncScheduler: each step's output comes in after the next step is formed.
+@pytest.mark.parametrize("seed", range(3))
+def test_mooncake_store_async_scheduling_matches_vllm(seed: int) -> None:
+    seen = _run(seed, num_blocks=40, asynchronous=True)
+    assert seen["loads"] > 0
+    assert _run(seed, num_blocks=20, asynchronous=True, groups=1)["stores"] > 0
+
+
 def test_the_check_fails_when_the_pins_are_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
     """The comparison catches a pool view whose touches do nothing (and whose frees drop
     nothing): the ref counts and free queue then differ from vLLM's."""
@@ -391,13 +423,54 @@ def _two_groups(num_blocks: int) -> KVCacheConfig:
     return config
 
 
-def test_mooncake_store_beside_several_groups_is_refused_by_name() -> None:
+# A full-attention and a sliding-window group: the store job pins each group's blocks (the
+# window's null blocks skipped), the core's coordinator pool holding them.
+@pytest.mark.parametrize("seed", range(3))
+def test_mooncake_store_beside_a_sliding_window_group_matches_vllm(seed: int) -> None:
+    assert _run(seed, num_blocks=80, groups=2)["loads"] > 0
+
+
+def _layout(*specs: Any, hash_block_size: int = BLOCK_SIZE) -> Any:
+    """What the refusal reads of the adapter's ``kv_cache_manager``."""
+    groups = [KVCacheGroupSpec([f"l{i}"], spec) for i, spec in enumerate(specs)]
+    return SimpleNamespace(
+        kv_cache_config=KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=groups),
+        block_pool=SimpleNamespace(hash_block_size=hash_block_size),
+    )
+
+
+def _connector() -> Any:
     peer = _peer(_mooncake(), 64, False)
-    assert peer.build(Scheduler, _two_groups(64)).connector is not None
-    with pytest.raises(ConfigError, match="MooncakeStoreConnector is not served beside 2") as e:
-        peer.build(TokenyardScheduler, _two_groups(64))
+    return peer.build(Scheduler, _kv_cache_config(64)).connector
+
+
+def test_mooncake_store_beside_a_mamba_group_is_refused_by_name() -> None:
+    mamba = MambaSpec(
+        block_size=BLOCK_SIZE, shapes=((1,),), dtypes=(torch.float16,), mamba_cache_mode="align"
+    )
+    with pytest.raises(ConfigError, match=r"beside a Mamba KV cache group \(group 1") as e:
+        refuse_mooncake_store_layout(_connector(), "", _layout(_spec(), mamba))
     assert e.value.field == "kv_transfer_config.kv_connector"
     assert e.value.value == "MooncakeStoreConnector"
+
+
+def test_mooncake_store_beside_an_unchecked_group_is_refused_by_name() -> None:
+    chunked = ChunkedLocalAttentionSpec(
+        block_size=BLOCK_SIZE,
+        num_kv_heads=1,
+        head_size=1,
+        dtype=torch.float16,
+        attention_chunk_size=64,
+    )
+    with pytest.raises(ConfigError, match=r"beside a ChunkedLocalAttentionSpec KV cache group"):
+        refuse_mooncake_store_layout(_connector(), "", _layout(_spec(), chunked))
+
+
+def test_mooncake_store_over_a_smaller_hash_block_is_refused_by_name() -> None:
+    with pytest.raises(ConfigError, match="block_size 16 over hash_block_size 8") as e:
+        refuse_mooncake_store_layout(_connector(), "", _layout(_spec(), hash_block_size=8))
+    assert e.value.value == "MooncakeStoreConnector"
+    refuse_mooncake_store_layout(_connector(), "", _layout(_spec()))
 
 
 def test_mooncake_store_without_prefix_caching_is_refused_by_name() -> None:

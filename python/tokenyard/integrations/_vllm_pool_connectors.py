@@ -15,12 +15,15 @@ keys come from the request's ``block_hashes``), and its block tables from
 ``free_blocks`` with the core's loose-block references, as for
 ``SimpleCPUOffloadConnector`` (``_vllm_connector_binding``).
 
-Served with one KV cache group, the block size equal to the hash block size and prefix
-caching on, as ``tests/test_integrations_vllm_mooncake_store.py`` checks it against vLLM's
-``Scheduler``. Refused by name otherwise: several groups (its per-group store projection
-and a Mamba group's boundary-state hand-offs, ``take_boundary_state_offloads``, and
-finish-time partial tails, ``finalize_partial_tail_offloads``, are not modelled), a
-block size over the hash block size (its partial hash hits) and prefix caching off (not
+Served beside one KV cache group or several attention groups (each group's blocks pinned,
+a window's null blocks skipped, as vLLM's ``_reference_save_blocks`` does), every group's
+block size equal to the hash block size and prefix caching on, with vLLM's ``Scheduler``
+and ``AsyncScheduler`` as ``tests/test_integrations_vllm_mooncake_store.py`` checks it.
+Refused by name otherwise: beside a Mamba group (its boundary-state hand-offs,
+``take_boundary_state_offloads``, and finish-time partial tails,
+``finalize_partial_tail_offloads`` then ``register_finished_partial_tail``, are not
+modelled), beside any other group than full attention and sliding window (not checked),
+a block size over the hash block size (its partial hash hits) and prefix caching off (not
 checked). Imported only by ``_vllm_connector_binding``, so vLLM is installed when this
 runs."""
 
@@ -29,6 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, SlidingWindowSpec
 
 from tokenyard.errors import ConfigError
 
@@ -50,25 +54,40 @@ def refuse_mooncake_store_layout(leaf: Any, where: str, view: Any) -> None:
     """The Mooncake store connector beside what its pinning is not checked with.
 
     Raises:
-        ConfigError (field ``kv_transfer_config.kv_connector``, value the class): several
-            KV cache groups, a block size other than the hash block size, or prefix
-            caching off.
+        ConfigError (field ``kv_transfer_config.kv_connector``, value the class): a Mamba
+            KV cache group or any other than full attention and sliding window, a block
+            size other than the hash block size, or prefix caching off.
     """
     config = view.kv_cache_config
-    groups = len(config.kv_cache_groups)
-    block_size = config.kv_cache_groups[0].kv_cache_spec.block_size if groups else 0
+    specs = [group.kv_cache_spec for group in config.kv_cache_groups]
     hash_block_size = view.block_pool.hash_block_size
     reason = None
-    if groups != 1:
+    mamba = next((i for i, spec in enumerate(specs) if isinstance(spec, MambaSpec)), None)
+    other = next(
+        (
+            (i, type(spec).__name__)
+            for i, spec in enumerate(specs)
+            if not isinstance(spec, FullAttentionSpec | SlidingWindowSpec)
+        ),
+        None,
+    )
+    sizes = sorted({spec.block_size for spec in specs})
+    if mamba is not None:
         reason = (
-            f"beside {groups} KV cache groups (served with one: its per-group store "
-            "projection, a Mamba group's boundary-state hand-offs and finish-time partial "
-            "tails are not modelled)"
+            f"beside a Mamba KV cache group (group {mamba}: its boundary-state hand-offs, "
+            "take_boundary_state_offloads, and finish-time partial tails, "
+            "finalize_partial_tail_offloads, are not modelled)"
         )
-    elif block_size != hash_block_size:
+    elif other is not None:
         reason = (
-            f"with block_size {block_size} over hash_block_size {hash_block_size} (its "
-            "partial hash hits are not modelled; served with them equal)"
+            f"beside a {other[1]} KV cache group (group {other[0]}: served beside full "
+            "attention and sliding windows, the groups it is checked with)"
+        )
+    elif sizes != [hash_block_size]:
+        reason = (
+            f"with block_size {sizes[-1] if sizes else 0} over hash_block_size "
+            f"{hash_block_size} (its partial hash hits are not modelled; served with every "
+            "group's block size equal to it)"
         )
     elif not leaf._vllm_config.cache_config.enable_prefix_caching:
         reason = "without prefix caching (not checked against vLLM's scheduler)"

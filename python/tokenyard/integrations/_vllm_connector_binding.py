@@ -15,8 +15,10 @@ side would use what the view does not offer:
   from the core (its references are the core's loose blocks, vLLM's hashes the adapter's
   index), checked against vLLM's ``Scheduler`` by
   ``tests/test_integrations_vllm_pool_connectors.py``. It is served with one KV cache
-  group and the scheduler's block size equal to the hash block size; the Mooncake store
-  and UMBP schedulers (which pin blocks and read more of the pool) are refused;
+  group and the scheduler's block size equal to the hash block size.
+  ``MooncakeStoreConnector`` is served too (``_vllm_pool_connectors``: its store jobs pin
+  blocks with ``touch`` and ``free_blocks``; refused beside a Mamba group); UMBP's
+  scheduler is refused;
 - a class overriding ``bind_kv_cache_manager`` builds on vLLM's manager object itself
   (UMBP's; HiSparse's is refused before, ``_vllm_hisparse.refuse_unmodelled_hisparse``).
 
@@ -119,7 +121,9 @@ def bind_kv_cache_manager(connector: Any, view: Any) -> None:
             ``bind_kv_cache_manager``: it would keep and change vLLM's own block pool or
             manager, which the core's KV is not (``SimpleCPUOffloadConnector`` served,
             refused beside several KV cache groups, a block size other than the hash
-            block size, or prefix caching off). Nothing is bound then.
+            block size, or prefix caching off; ``MooncakeStoreConnector`` served, refused
+            as ``_vllm_pool_connectors.refuse_mooncake_store_layout`` says). Nothing is
+            bound then.
     """
     for leaf in _leaves(connector):
         cls = type(leaf)

@@ -42,6 +42,8 @@ from tokenyard.errors import ConfigError
 from tokenyard.integrations._vllm_pool_connectors import (
     mooncake_store_served,
     refuse_mooncake_store_layout,
+    refuse_umbp_layout,
+    umbp_served,
 )
 
 _FIELD = "kv_transfer_config.kv_connector"
@@ -135,6 +137,10 @@ def bind_kv_cache_manager(connector: Any, view: Any) -> None:
             continue
         if method == "bind_gpu_block_pool" and mooncake_store_served(cls):
             refuse_mooncake_store_layout(leaf, where, view)
+            view.block_pool.kept_by_connector = True
+            continue
+        if method is not None and umbp_served(cls):
+            refuse_umbp_layout(leaf, where, view)
             view.block_pool.kept_by_connector = True
             continue
         if method is not None:

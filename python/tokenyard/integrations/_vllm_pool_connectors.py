@@ -38,6 +38,7 @@ from tokenyard.errors import ConfigError
 
 _FIELD = "kv_transfer_config.kv_connector"
 _MOONCAKE_STORE = "MooncakeStoreConnector"
+_UMBP = "UMBPStoreConnector"
 
 
 def mooncake_store_served(cls: type[Any]) -> bool:
@@ -91,6 +92,64 @@ def refuse_mooncake_store_layout(leaf: Any, where: str, view: Any) -> None:
         )
     elif not leaf._vllm_config.cache_config.enable_prefix_caching:
         reason = "without prefix caching (not checked against vLLM's scheduler)"
+    if reason is not None:
+        raise ConfigError(
+            f"{_FIELD}: {type(leaf).__name__}{where} is not served {reason}",
+            field=_FIELD,
+            value=type(leaf).__name__,
+        )
+
+
+def umbp_served(cls: type[Any]) -> bool:
+    """Whether ``cls`` is vLLM's own ``UMBPStoreConnector`` (not a subclass)."""
+    return cls.__name__ == _UMBP and cls.__module__.startswith(
+        "vllm.distributed.kv_transfer.kv_connector.v1.umbp."
+    )
+
+
+def refuse_umbp_layout(leaf: Any, where: str, view: Any) -> None:
+    """UMBP's scheduler half (``umbp/scheduler.py``, ``UMBPStoreConnectorScheduler``) beside
+    what it is not checked with. Served with one full-attention KV cache group (its lookup
+    then needs no coordinator of its own, and the local-cache probe its
+    ``bind_kv_cache_manager`` binds, ``block_pool.get_cached_block`` per group, is not
+    called), the block size equal to the hash block size, prefix caching on and KV cache
+    events off: its store events pin blocks as the Mooncake store's jobs do (``touch`` in
+    ``build_connector_meta``, ``free_blocks`` once every worker reported the event in
+    ``UMBPConnectorWorkerMetadata.store_events``).
+
+    Raises:
+        ConfigError (field ``kv_transfer_config.kv_connector``, value the class): another
+            layout (several groups, a Mamba or other group kind: its lookup coordinator
+            over vLLM's hashes of the local cache, boundary-state hand-offs and partial
+            tails, not modelled), a block size other than the hash block size, prefix
+            caching off, or KV cache events on (its own event reconciliation, timed by
+            the clock, not checked).
+    """
+    config = view.kv_cache_config
+    specs = [group.kv_cache_spec for group in config.kv_cache_groups]
+    hash_block_size = view.block_pool.hash_block_size
+    vllm_config = leaf._vllm_config
+    events = vllm_config.kv_events_config
+    reason = None
+    if len(specs) != 1 or type(specs[0]) is not FullAttentionSpec:
+        kinds = ", ".join(type(spec).__name__ for spec in specs)
+        reason = (
+            f"beside the KV cache groups [{kinds}] (served with one FullAttentionSpec group: "
+            "its own lookup coordinator over the local cache's hashes, a Mamba group's "
+            "boundary-state hand-offs and finish-time partial tails are not modelled)"
+        )
+    elif specs[0].block_size != hash_block_size:
+        reason = (
+            f"with block_size {specs[0].block_size} over hash_block_size {hash_block_size} "
+            "(its partial hash hits are not modelled; served with them equal)"
+        )
+    elif not vllm_config.cache_config.enable_prefix_caching:
+        reason = "without prefix caching (not checked against vLLM's scheduler)"
+    elif events is not None and events.enable_kv_cache_events:
+        reason = (
+            "with KV cache events on (its event reconciliation, timed by the clock, is not "
+            "checked against vLLM's scheduler)"
+        )
     if reason is not None:
         raise ConfigError(
             f"{_FIELD}: {type(leaf).__name__}{where} is not served {reason}",

@@ -1,0 +1,272 @@
+"""tokenyard.integrations.vllm with vLLM 0.33's UMBP store connector (``UMBPStoreConnector``,
+``vllm/distributed/kv_transfer/kv_connector/v1/umbp/``, loaded by module path as a user
+loads it) against vLLM's own ``Scheduler`` and ``AsyncScheduler`` on the same seeded
+streams, and its layouts the adapter refuses by name.
+
+The connector's scheduler half (``UMBPStoreConnectorScheduler``) overrides both of vLLM's
+binds: ``bind_kv_cache_manager`` keeps the manager (the base method, which hands its block
+pool to ``bind_gpu_block_pool``) and binds a local-cache probe; each store event it emits
+in ``build_connector_meta`` pins the GPU blocks its plans read (``pool.touch``), dropped,
+tail first, when every worker reported the event (``update_connector_output``:
+``UMBPConnectorWorkerMetadata.store_events``, ``pool.free_blocks``). Its runtime (the
+``embedded`` mode's, MORI on ROCm) is replaced on both sides by the same model: a store of
+keys, its lookup answering per key whether a completed store event saved it. The worker is
+synthesized as ``UMBPStoreConnectorWorker`` reports: an async load's request in
+``finished_recving``, a store event in ``store_events``, each after a seeded delay of 0 to 2
+steps. Every step compares scheduled tokens and block ids, the connector metadata (store
+and load plans: keys, blocks, requests; the store event; preempted ids), the pinned events,
+the requests waiting for loads, the outputs, KV usage, block tables, the GPU free queue in
+eviction order and every block's ref count. Needs vLLM (the bench venv); skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM 0.33 is installed only in the bench venv")
+
+from test_integrations_vllm_mooncake_store import (
+    _kv_cache_config,
+    _loading,
+    _outputs,
+    _peer,
+    _pool_state,
+    _two_groups,
+    _waves,
+)
+from vllm.config import KVEventsConfig, KVTransferConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.umbp.data import (
+    StoreEventResult,
+    UMBPConnectorWorkerMetadata,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.umbp.runtime.factory import UMBPRuntimeFactory
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.outputs import KVConnectorOutput
+from vllm_compare import block_digest, runner_output, sampling
+
+from tokenyard.errors import ConfigError
+from tokenyard.integrations._vllm_coordinator_view import BlockPoolView
+from tokenyard.integrations.vllm import AsyncTokenyardScheduler, TokenyardScheduler
+
+
+class _Store:
+    """UMBP's scheduler handle over a store of keys: ``lookup`` answers per key whether a
+    completed store event saved it."""
+
+    def __init__(self) -> None:
+        self.saved: set[str] = set()
+
+    def lookup(self, keys: Sequence[str]) -> list[bool]:
+        return [key in self.saved for key in keys]
+
+    def clear(self) -> bool:
+        self.saved.clear()
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+class _Runtime:
+    """The ``embedded`` runtime as the scheduler side uses it: one handle."""
+
+    def __init__(self, config: Any) -> None:
+        self.store = _Store()
+
+    def create_scheduler_handle(self, namespace: str, topology: Any, layout: Any) -> _Store:
+        return self.store
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture(autouse=True)
+def _modelled_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(UMBPRuntimeFactory._builders, "embedded", _Runtime)
+
+
+def _umbp(**extra: Any) -> KVTransferConfig:
+    return KVTransferConfig(
+        kv_connector="UMBPStoreConnector",
+        kv_connector_module_path="vllm.distributed.kv_transfer.kv_connector.v1.umbp.connector",
+        kv_role="kv_both",
+        kv_connector_extra_config={"key_namespace": "tokenyard-test", **extra},
+    )
+
+
+def _plans(plans: Any) -> list[tuple[Any, ...]]:
+    return [(p.key, p.block_id, p.group_id) for p in plans]
+
+
+def _meta(out: Any) -> tuple[Any, ...]:
+    meta = out.kv_connector_metadata
+    return (
+        meta.async_load,
+        [(p.key, p.block_id, p.request_id, p.group_id) for p in meta.store_plans],
+        {r: _plans(plans) for r, plans in meta.load_requests.items()},
+        {r: _plans(plans) for r, plans in meta.store_requests.items()},
+        sorted(meta.preempted_request_ids),
+        meta.store_event,
+    )
+
+
+def _pinned(scheduler: Any) -> dict[int, list[int]]:
+    events = scheduler.connector.connector_scheduler._store_events
+    return {event: list(state.block_ids()) for event, state in events.items()}
+
+
+class _Worker:
+    """``UMBPStoreConnectorWorker`` as the scheduler sees it: each step's async loads and
+    store event complete after the delays drawn for that step (the same on both sides); a
+    completed store event saves its keys."""
+
+    def __init__(self, store: _Store) -> None:
+        self.store = store
+        self.loads: list[tuple[int, str]] = []
+        self.saves: list[tuple[int, int, list[str]]] = []
+
+    def submit(self, out: Any, step: int, delays: tuple[int, int]) -> None:
+        meta = out.kv_connector_metadata
+        if meta.async_load:
+            self.loads += [(step + delays[0], r) for r in meta.load_requests]
+        if meta.store_event >= 0:
+            keys = [p.key for plans in meta.store_plan_groups() for p in plans]
+            self.saves.append((step + delays[1], meta.store_event, keys))
+
+    def report(self, step: int) -> KVConnectorOutput:
+        landed = {r for due, r in self.loads if due <= step}
+        done = [(event, keys) for due, event, keys in self.saves if due <= step]
+        self.loads = [x for x in self.loads if x[0] > step]
+        self.saves = [x for x in self.saves if x[0] > step]
+        for _, keys in done:
+            self.store.saved.update(keys)
+        events = {event: StoreEventResult(completed_workers=1) for event, _ in done}
+        return KVConnectorOutput(
+            finished_recving=landed or None,
+            kv_connector_worker_meta=UMBPConnectorWorkerMetadata(store_events=events)
+            if events
+            else None,
+        )
+
+
+def _run(seed: int, *, num_blocks: int, asynchronous: bool = False, **extra: Any) -> dict[str, int]:
+    """A seeded stream on both schedulers, every step compared (see the module doc)."""
+    peer = _peer(_umbp(**extra), num_blocks, False)
+    peer.vllm_config.scheduler_config.async_scheduling = asynchronous
+    classes = (
+        (AsyncScheduler, AsyncTokenyardScheduler)
+        if asynchronous
+        else (Scheduler, TokenyardScheduler)
+    )
+    pair = [peer.build(cls, _kv_cache_config(num_blocks)) for cls in classes]
+    workers = [_Worker(s.connector.connector_scheduler.runtime) for s in pair]
+    rng = random.Random(seed * 7 + 3)
+    arrivals = _waves(seed)
+    seen = {"loads": 0, "stores": 0, "preemptions": 0}
+    pending: list[tuple[list[Any], list[set[str]]]] = []
+    for step in range(800):
+        for at, *args in arrivals:
+            if at == step:
+                for scheduler in pair:
+                    scheduler.add_request(peer.make_request(*args))
+        outs = [scheduler.schedule() for scheduler in pair]
+        assert block_digest(outs[1]) == block_digest(outs[0]), f"step {step}"
+        metas = [_meta(out) for out in outs]
+        assert metas[1] == metas[0], f"step {step}"
+        assert _pinned(pair[1]) == _pinned(pair[0]), f"step {step}"
+        assert _loading(pair[1]) == _loading(pair[0]), f"step {step}"
+        seen["loads"] += len(metas[0][2])
+        seen["stores"] += metas[0][5] >= 0
+        seen["preemptions"] += len(outs[0].preempted_req_ids)
+        delays = (rng.randrange(3), rng.randrange(3))
+        for worker, out in zip(workers, outs, strict=True):
+            worker.submit(out, step, delays)
+        pending.append((outs, [sampling(s, out) for s, out in zip(pair, outs, strict=True)]))
+        idle = not any(out.num_scheduled_tokens for out in outs)
+        while pending and (not asynchronous or len(pending) == 2 or idle):
+            step_outs, samples = pending.pop(0)
+            results = []
+            for scheduler, worker, out, sample in zip(
+                pair, workers, step_outs, samples, strict=True
+            ):
+                output = runner_output(scheduler, out, sample)
+                output.kv_connector_output = worker.report(step)
+                results.append(_outputs(scheduler.update_from_output(out, output)))
+            assert results[1] == results[0], f"step {step}"
+        ours, theirs = pair[1], pair[0]
+        assert _pinned(ours) == _pinned(theirs), f"step {step}"
+        assert ours.get_kv_cache_usage() == pytest.approx(theirs.get_kv_cache_usage()), step
+        assert _pool_state(ours) == _pool_state(theirs), f"step {step}"
+        for request_id in theirs.requests:
+            table = ours.kv_cache_manager.get_block_ids(request_id)
+            assert table == theirs.kv_cache_manager.get_block_ids(request_id), step
+        assert ours.has_unfinished_requests() == theirs.has_unfinished_requests(), step
+        if step > 150 and not pending and not theirs.has_unfinished_requests():
+            ours._core.check_invariants()
+            return seen
+    raise AssertionError("the stream did not drain")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_umbp_matches_vllm(seed: int) -> None:
+    assert _run(seed, num_blocks=160)["stores"] > 0
+
+
+# A small GPU pool evicts the first wave's prompts; the third wave loads them from the store.
+@pytest.mark.parametrize("seed", range(4))
+def test_umbp_under_memory_pressure_matches_vllm(seed: int) -> None:
+    assert _run(seed, num_blocks=40)["loads"] > 0
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_umbp_with_preemptions_matches_vllm(seed: int) -> None:
+    assert _run(seed, num_blocks=20)["preemptions"] > 0
+
+
+# Loads done in the step (load_async off).
+@pytest.mark.parametrize("seed", range(2))
+def test_umbp_sync_loads_match_vllm(seed: int) -> None:
+    assert _run(seed, num_blocks=40, load_async=False)["loads"] > 0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_umbp_async_scheduling_matches_vllm(seed: int) -> None:
+    assert _run(seed, num_blocks=40, asynchronous=True)["loads"] > 0
+
+
+def test_the_check_fails_when_the_pins_are_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(BlockPoolView, "touch", lambda self, blocks: None)
+    monkeypatch.setattr(BlockPoolView, "free_blocks", lambda self, blocks: None)
+    with pytest.raises(AssertionError, match="step"):
+        _run(0, num_blocks=40)
+
+
+def test_umbp_is_bound_to_the_pool_view() -> None:
+    scheduler = _peer(_umbp(), 64, False).build(TokenyardScheduler, _kv_cache_config(64))
+    umbp = scheduler.connector.connector_scheduler
+    assert umbp._gpu_block_pool is scheduler.kv_cache_manager.block_pool
+    assert scheduler.connector._kv_cache_manager is scheduler.kv_cache_manager
+
+
+def test_umbp_beside_several_groups_is_refused_by_name() -> None:
+    peer = _peer(_umbp(), 64, False)
+    assert peer.build(Scheduler, _two_groups(64)).connector is not None
+    with pytest.raises(ConfigError, match="UMBPStoreConnector is not served beside the KV") as e:
+        peer.build(TokenyardScheduler, _two_groups(64))
+    assert e.value.field == "kv_transfer_config.kv_connector"
+    assert e.value.value == "UMBPStoreConnector"
+
+
+def test_umbp_with_kv_events_is_refused_by_name() -> None:
+    peer = _peer(_umbp(), 64, False)
+    peer.vllm_config.kv_events_config = KVEventsConfig(
+        enable_kv_cache_events=True, publisher="null"
+    )
+    with pytest.raises(ConfigError, match="with KV cache events on") as e:
+        peer.build(TokenyardScheduler, _kv_cache_config(64))
+    assert e.value.value == "UMBPStoreConnector"

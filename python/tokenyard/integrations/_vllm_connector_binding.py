@@ -17,10 +17,12 @@ side would use what the view does not offer:
   ``tests/test_integrations_vllm_pool_connectors.py``. It is served with one KV cache
   group and the scheduler's block size equal to the hash block size.
   ``MooncakeStoreConnector`` is served too (``_vllm_pool_connectors``: its store jobs pin
-  blocks with ``touch`` and ``free_blocks``; refused beside a Mamba group); UMBP's
-  scheduler is refused;
-- a class overriding ``bind_kv_cache_manager`` builds on vLLM's manager object itself
-  (UMBP's; HiSparse's is refused before, ``_vllm_hisparse.refuse_unmodelled_hisparse``).
+  blocks with ``touch`` and ``free_blocks``; refused beside a Mamba group);
+- a class overriding ``bind_kv_cache_manager`` builds on vLLM's manager object itself.
+  ``UMBPStoreConnector`` is served with one full-attention group
+  (``_vllm_pool_connectors.refuse_umbp_layout``: its store events pin blocks as the
+  Mooncake store's jobs do); HiSparse's is refused before
+  (``_vllm_hisparse.refuse_unmodelled_hisparse``).
 
 ``MultiConnector`` forwards both to each connector it holds (``multi_connector.py``), so
 those are judged one by one. A class reading ``_kv_cache_manager`` through the base method
@@ -123,8 +125,9 @@ def bind_kv_cache_manager(connector: Any, view: Any) -> None:
             ``bind_kv_cache_manager``: it would keep and change vLLM's own block pool or
             manager, which the core's KV is not (``SimpleCPUOffloadConnector`` served,
             refused beside several KV cache groups, a block size other than the hash
-            block size, or prefix caching off; ``MooncakeStoreConnector`` served, refused
-            as ``_vllm_pool_connectors.refuse_mooncake_store_layout`` says). Nothing is
+            block size, or prefix caching off; ``MooncakeStoreConnector`` and
+            ``UMBPStoreConnector`` served, refused as ``_vllm_pool_connectors``'s
+            ``refuse_mooncake_store_layout`` and ``refuse_umbp_layout`` say). Nothing is
             bound then.
     """
     for leaf in _leaves(connector):

@@ -1,5 +1,6 @@
 """vLLM 0.33's Mooncake store connector (``MooncakeStoreConnector``,
-``vllm/distributed/kv_transfer/kv_connector/v1/mooncake/store/``) over the core's pool.
+``vllm/distributed/kv_transfer/kv_connector/v1/mooncake/store/``) and UMBP's
+(``UMBPStoreConnector``, ``.../v1/umbp/``; ``refuse_umbp_layout``) over the core's pool.
 
 Its scheduler half (``scheduler.py``, ``MooncakeStoreScheduler``) keeps vLLM's GPU
 ``BlockPool`` (``bind_gpu_block_pool``) for one thing: every store job it emits pins the

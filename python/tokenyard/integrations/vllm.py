@@ -21,8 +21,9 @@ installed; nothing else in tokenyard imports it. What it does not do (each refus
 error naming it, never silently different) is listed in ``docs/integrations.md``: KV
 cache group kinds the core has none for, the HiSparse connector, vLLM's fine-grained
 partial hash hits (Mamba ``align`` beside a smaller ``prefix_match_unit``), connectors
-that keep vLLM's own pool or manager beyond what the pool view serves (UMBP; the Mooncake
-store beside a Mamba group; ``SimpleCPUOffloadConnector`` beside several KV cache groups),
+that keep vLLM's own pool or manager beyond what the pool view serves (UMBP beside several
+KV cache groups, the Mooncake store beside a Mamba group, ``SimpleCPUOffloadConnector``
+beside several KV cache groups),
 and any vLLM ``KVCacheManager`` object but HiSparse's assigned one (the block pool lives in
 Rust here).
 Structured output, pooling requests, prompt embeddings, hybrid KV cache groups (full
@@ -30,8 +31,8 @@ attention, sliding window with or without retained tokens, chunked local, Mamba 
 or ``align`` mode with draft and checkpoint blocks, cross-attention, HiSparse's layout; of
 different block sizes, with EAGLE/MTP and KV connectors), EAGLE/MTP prefix caching (hash
 look-ahead or the trailing-block drop), KV load failures under either policy, CPU offloading
-(``OffloadingConnector``, ``SimpleCPUOffloadConnector``), the Mooncake store connector
-(``MooncakeStoreConnector``, its store jobs' pins), vLLM's KV cache events (one KV
+(``OffloadingConnector``, ``SimpleCPUOffloadConnector``), the Mooncake store and UMBP
+connectors (their store jobs' pins), vLLM's KV cache events (one KV
 group), multimodal requests and streaming-input sessions are served.
 """
 

@@ -297,6 +297,8 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
                 resumed_data.append((data.req_id, item))
             else:
                 new_reqs_data.append(item)
+        if not resumed_data:
+            return new_reqs_data, resumed
         if loaded_resumed:
             # The step's admissions are in admission order in its scheduled tokens.
             order = {core_id: i for i, core_id in enumerate(core.num_scheduled_tokens)}

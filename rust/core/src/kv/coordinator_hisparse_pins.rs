@@ -16,6 +16,11 @@
 //!   them, as vLLM's `req_to_blocks` does); the row ([`KvCoordinator::hisparse_resident_row`])
 //!   is what the worker reads and what a free returns.
 //!
+//! Watchers fire in `allocate_slots` (and `allocate_slots_in_flight`), group by group, as
+//! vLLM's fire inside `get_new_blocks`; the blocks a connector load takes
+//! (`allocate_slots_external`, `coordinator_loads`) fire none yet, so a caller with the pins
+//! on must not run loads (the HiSparse connector's imports are not modelled either).
+//!
 //! Off unless [`KvCoordinator::enable_hisparse_pins`] is called (the allocation pays one
 //! `Option` check per group otherwise). The connector's rules that decide *when* to touch,
 //! unpin and release (write-backs, acknowledgements, residency) are the caller's

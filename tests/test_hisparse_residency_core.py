@@ -6,7 +6,10 @@ venv) as a hypothesis state machine: prompts arrive whole or in chunks, decode, 
 are acknowledged in any order (some by two workers), requests finish or are preempted, on a
 device pool small enough that hot regions are required, clean pages unpinned and unpinned
 blocks handed out again. After every rule: the same answers, every request's tables, both
-free queues in order and the planned write-backs; blocks conserved on both. Runs without
+free queues in order and the planned write-backs; blocks conserved on both.
+``ConnectorResidency`` runs the same machine on ``tokenyard._core.HiSparseConnectorPool``
+(the same rules on the core's KV coordinator with its HiSparse pins), driven in vLLM's
+scheduler order (``allocate_slots`` to the slots, then ``advance_scheduled``). Runs without
 vLLM."""
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from tokenyard import errors
-from tokenyard._core import HiSparseDeviceResidency
+from tokenyard._core import HiSparseConnectorPool, HiSparseDeviceResidency
 
 BLOCK_SIZE = 4
 MAX_MODEL_LEN = 32
@@ -109,13 +112,65 @@ class Residency(RuleBasedStateMachine):
         self.core.check()
 
 
+class ConnectorResidency(Residency):
+    """``Residency`` with the core's coordinator-backed pool, which vLLM's scheduler order
+    drives: the tables grown to the slots, then ``advance_scheduled``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.core = HiSparseConnectorPool(
+            num_blocks=24,
+            host_num_blocks=24,
+            block_size=BLOCK_SIZE,
+            blocks_per_request=2,
+            max_admission_blocks_per_request=3,
+            max_spill_pages=MAX_MODEL_LEN // BLOCK_SIZE,
+        )
+
+    def scheduled(self, request_id: str, num_tokens: int, done: bool) -> None:
+        ok = self.core.allocate_slots(request_id, num_tokens)
+        assert ok == done
+        if ok:
+            self.core.advance_scheduled(request_id, num_tokens)
+
+    @rule(num_tokens=st.integers(1, 20), chunk=st.none() | st.integers(1, 8))
+    def admit(self, num_tokens: int, chunk: int | None) -> None:
+        self.next_id += 1
+        request_id = f"r{self.next_id}"
+        done = self.model.admit(request_id, [7] * num_tokens, chunk)
+        self.scheduled(request_id, min(num_tokens, chunk or num_tokens), done)
+
+    @rule(data=st.data(), chunk=st.integers(1, 8))
+    def step(self, data: st.DataObject, chunk: int) -> None:
+        prefilling = sorted(r for r, q in self.model.requests.items() if q.computed < len(q.tokens))
+        if prefilling:
+            request_id = data.draw(st.sampled_from(prefilling))
+            q = self.model.requests[request_id]
+            total = min(q.computed + chunk, len(q.tokens))
+            self.scheduled(request_id, total, self.model.step(request_id, chunk))
+
+    @rule(data=st.data())
+    def decode(self, data: st.DataObject) -> None:
+        done = sorted(
+            r
+            for r, q in self.model.requests.items()
+            if q.computed == len(q.tokens) < MAX_MODEL_LEN - 1
+        )
+        if done:
+            request_id = data.draw(st.sampled_from(done))
+            total = len(self.model.requests[request_id].tokens) + 1
+            self.scheduled(request_id, total, self.model.decode(request_id, 7))
+
+
 TestResidency = Residency.TestCase
-TestResidency.settings = settings(
-    max_examples=80,
-    stateful_step_count=50,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+TestConnectorResidency = ConnectorResidency.TestCase
+for _case in (TestResidency, TestConnectorResidency):
+    _case.settings = settings(
+        max_examples=80,
+        stateful_step_count=50,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
 
 
 def test_errors_name_the_field_and_value() -> None:

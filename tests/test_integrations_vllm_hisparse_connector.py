@@ -12,7 +12,11 @@ tables and its resident row with residency changes applied, both free queues in 
 every step the write-backs in ``SchedulerOutput.kv_connector_metadata.command``, and
 ``has_pending_block_frees`` / ``has_pending_push_work``. This is the scheduler's own call
 order over the structure the step scheduler is to run (docs/integrations.md, "vLLM 0.33's
-scheduler-side HiSparse rule"); the adapter itself still refuses the connector
+scheduler-side HiSparse rule"). Each stream runs twice: on the standalone port and on
+``kv::HiSparseConnectorPool`` (``tokenyard._core.HiSparseConnectorPool``), the same rules
+over the step scheduler's own KV coordinator (its HiSparse pins: ``touch``,
+``unpin_blocks`` with reuse watchers) and a host pool with write-back references. The
+adapter itself still refuses the connector
 (``tests/test_integrations_vllm_hisparse_caching.py``). Needs vLLM (the bench venv);
 skipped elsewhere."""
 
@@ -37,12 +41,14 @@ from vllm.v1.outputs import KVConnectorOutput
 from vllm_compare import BLOCK_SIZE, runner_output, sampling, seeded_arrivals
 from vllm_peer import VllmSchedulerPeer
 
-from tokenyard._core import HiSparseDeviceResidency
+from tokenyard._core import HiSparseConnectorPool, HiSparseDeviceResidency
 from tokenyard.integrations._vllm_hisparse_meta import ResidencySync, build_hisparse_metadata
 
 HISPARSE = {"kv_connector": "HiSparseConnector", "kv_role": "kv_both"}
 MAX_MODEL_LEN = 256
 INDEXER, HOT = 1, 3
+# The core structures replayed: the standalone port, and the rules on the coordinator.
+CORES = {"standalone": HiSparseDeviceResidency, "coordinator": HiSparseConnectorPool}
 
 
 class Workers:
@@ -86,14 +92,16 @@ class Replay:
     makes them (the scheduler's ``kv_cache_manager`` and the connector's coordinator
     wrapped on the instance), checked against vLLM's state after each."""
 
-    def __init__(self, scheduler: Any, num_blocks: int, host_num_blocks: int) -> None:
+    def __init__(
+        self, scheduler: Any, num_blocks: int, host_num_blocks: int, core: str = "standalone"
+    ) -> None:
         self.manager = manager = scheduler.kv_cache_manager
         connector = scheduler.connector
         assert isinstance(connector, HiSparseConnector)
         self.coordinator = coordinator = connector.connector_scheduler.coordinator
         self.resident = coordinator.resident_managers[0]
         self.host = coordinator.get_host_block_pool()
-        self.core = HiSparseDeviceResidency(
+        self.core = CORES[core](
             num_blocks=num_blocks,
             host_num_blocks=host_num_blocks,
             block_size=BLOCK_SIZE,
@@ -196,6 +204,7 @@ def run_stream(
     *,
     async_scheduling: bool,
     workers: int,
+    core: str = "standalone",
     **options: Any,
 ) -> dict[str, int]:
     """One seeded stream to its end (acknowledgements drained), ``options`` for
@@ -205,7 +214,7 @@ def run_stream(
     scheduler, peer = build(
         num_blocks, host_num_blocks, async_scheduling=async_scheduling, **options
     )
-    replay = Replay(scheduler, num_blocks, host_num_blocks)
+    replay = Replay(scheduler, num_blocks, host_num_blocks, core)
     acks = Workers(random.Random(seed + 1000), workers)
     arrivals = seeded_arrivals(rng, count=10, tail_max=150, max_tokens=60, lowest_token=1)
     counted = "steps transfers preempted hot unpinned lost reclaim updates mirrors lost_told"
@@ -272,26 +281,38 @@ def run_stream(
 LAYOUTS = [(80, 40), (48, 60), (120, 24)]
 
 
+@pytest.mark.parametrize("core", CORES)
 @pytest.mark.parametrize(("num_blocks", "host_num_blocks"), LAYOUTS)
 @pytest.mark.parametrize("seed", range(8))
 def test_the_cores_residency_under_vllms_scheduler(
-    seed: int, num_blocks: int, host_num_blocks: int
+    seed: int, num_blocks: int, host_num_blocks: int, core: str
 ) -> None:
     seen = run_stream(
-        seed, num_blocks, host_num_blocks, async_scheduling=False, workers=1 + seed % 2
+        seed,
+        num_blocks,
+        host_num_blocks,
+        async_scheduling=False,
+        workers=1 + seed % 2,
+        core=core,
     )
     assert seen["transfers"] > 0
     assert seen["acks"] > 0
     assert seen["frees"] > 0
 
 
+@pytest.mark.parametrize("core", CORES)
 @pytest.mark.parametrize(("num_blocks", "host_num_blocks"), LAYOUTS)
 @pytest.mark.parametrize("seed", range(4))
 def test_the_cores_residency_under_vllms_async_scheduler(
-    seed: int, num_blocks: int, host_num_blocks: int
+    seed: int, num_blocks: int, host_num_blocks: int, core: str
 ) -> None:
     seen = run_stream(
-        seed, num_blocks, host_num_blocks, async_scheduling=True, workers=1 + seed % 2
+        seed,
+        num_blocks,
+        host_num_blocks,
+        async_scheduling=True,
+        workers=1 + seed % 2,
+        core=core,
     )
     assert seen["transfers"] > 0
     assert seen["acks"] > 0
@@ -303,8 +324,39 @@ def test_the_streams_exercise_the_connectors_rules() -> None:
     # has_pending_block_frees answering True at some steps.
     totals: dict[str, int] = {}
     for seed, (num_blocks, host_num_blocks) in enumerate(LAYOUTS):
-        seen = run_stream(seed, num_blocks, host_num_blocks, async_scheduling=False, workers=1)
+        seen = run_stream(
+            seed, num_blocks, host_num_blocks, async_scheduling=False, workers=1, core="coordinator"
+        )
         for key, value in seen.items():
             totals[key] = totals.get(key, 0) + value
     for key in ("hot", "unpinned", "lost", "preempted", "reclaim", "lost_told", "not_resident"):
         assert totals[key] > 0, key
+
+
+class _IgnoresAcknowledgements:
+    """The coordinator-backed core with the workers' acknowledgements dropped."""
+
+    def __init__(self, **options: Any) -> None:
+        self.inner = HiSparseConnectorPool(**options)
+
+    def acknowledge(self, enqueued: dict[int, int], completed: dict[int, int]) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_the_check_fails_when_the_coordinator_ignores_acknowledgements(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(CORES, "ignores_acks", _IgnoresAcknowledgements)
+    for seed, (num_blocks, host_num_blocks) in enumerate(LAYOUTS):
+        with pytest.raises(AssertionError):
+            run_stream(
+                seed,
+                num_blocks,
+                host_num_blocks,
+                async_scheduling=False,
+                workers=1,
+                core="ignores_acks",
+            )

@@ -21,6 +21,7 @@ __all__ = [
     "EncoderCache",
     "FullAttentionSpec",
     "GroupedComputedBlocks",
+    "HiSparseConnectorPool",
     "HiSparseDeviceResidency",
     "HiSparseHostPublication",
     "HiSparseHotSpec",
@@ -638,6 +639,73 @@ class MatchResult:
         """KV slot indices of the matched prefix, one per token."""
     @property
     def handle(self) -> NodeHandle: ...
+
+@final
+class HiSparseConnectorPool:
+    """vLLM 0.33's HiSparse connector, device half, with prefix caching off, run on the
+    core's KV coordinator (the step scheduler's KV structure, its HiSparse pins: ``touch``,
+    ``unpin_blocks`` with reuse watchers, the residency row) with a host pool holding the
+    write-backs' references (the core's ``kv::HiSparseConnectorPool``); the interface of
+    ``HiSparseDeviceResidency``, which hands out the same block ids. Not yet driven by the
+    vLLM adapter.
+
+    Raises:
+        ConfigError: a pool below 2 blocks, or another value below 1.
+    """
+
+    def __new__(
+        cls,
+        *,
+        num_blocks: int,
+        host_num_blocks: int,
+        block_size: int,
+        blocks_per_request: int,
+        max_admission_blocks_per_request: int,
+        max_spill_pages: int,
+    ) -> HiSparseConnectorPool: ...
+    @property
+    def num_free_blocks(self) -> int: ...
+    def free_blocks(self) -> list[int]:
+        """Free device blocks, the next handed out first."""
+    def host_free_blocks(self) -> list[int]:
+        """Free host blocks, the next handed out first."""
+    def tables(
+        self, request_id: _RequestId
+    ) -> tuple[list[int], list[int], list[int], list[int]] | None:
+        """``(host, indexer, resident row, hot)`` block ids (the row 0 for a lost page), or
+        None."""
+    def has_pending_work(self) -> bool: ...
+    def has_pending_reclamation(self) -> bool:
+        """Whether a pending write-back frees a block when it lands."""
+    def allocate_slots(self, request_id: _RequestId, num_tokens: int) -> bool:
+        """vLLM's ``KVCacheManager.allocate_slots`` as its scheduler calls it: the tables grow
+        to back ``num_tokens`` slots; False when the pools cannot back them.
+
+        Raises:
+            InputError: ``num_tokens`` below 1, or pages this allocation reused required a
+                hot region the pool cannot back (vLLM's ``get_new_blocks`` raises there).
+        """
+    def advance_scheduled(self, request_id: _RequestId, num_computed_tokens: int) -> None:
+        """vLLM's ``HiSparseCoordinator.advance_scheduled`` for one scheduled request.
+
+        Raises:
+            UnknownRequestError: the request holds no blocks.
+        """
+    def take_transfers(self) -> list[tuple[int, int, int]]:
+        """``[(transfer_id, host_block_id, resident_block_id)]`` planned since the last call."""
+    def take_lost_pages(self) -> list[tuple[_RequestId, int]]:
+        """``[(request_id, page)]`` lost since the last call, in the order their blocks were
+        handed out again."""
+    def acknowledge(self, enqueued: dict[int, int], completed: dict[int, int]) -> None:
+        """The workers' counts by transfer id (vLLM's ``update_spills``)."""
+    def free(self, request_id: _RequestId) -> None:
+        """Frees the request (finished or preempted).
+
+        Raises:
+            UnknownRequestError: the request holds no blocks.
+        """
+    def check(self) -> None:
+        """Raises InternalError if blocks are not conserved."""
 
 @final
 class HiSparseDeviceResidency:

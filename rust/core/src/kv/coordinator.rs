@@ -126,6 +126,8 @@ pub struct KvCoordinator<R: RequestKey> {
     /// Tokens below each window kept though not attended (vLLM 0.33's
     /// `SlidingWindowSpec.extra_retained_tokens`; [`Self::set_window_extra_retained_tokens`]).
     window_extra_retained: usize,
+    /// vLLM 0.33's HiSparse connector's pins on the device pool (`coordinator_hisparse_pins`).
+    hisparse_pins: Option<Box<hisparse_pins::HiSparsePins<R>>>,
 }
 
 /// A block hash keyed by its group (vLLM appends the group id to the hash bytes).
@@ -207,6 +209,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             hash_lookahead: 0,
             loose: LooseBlocks::default(),
             prompt_tokens: FxHashMap::default(),
+            hisparse_pins: None,
         })
     }
 
@@ -326,6 +329,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             sizes,
             eagle,
             hash_lookahead,
+            hisparse_pins,
             ..
         } = self;
         let request = requests.get_mut(request_id).expect("inserted above");
@@ -353,10 +357,19 @@ impl<R: RequestKey> KvCoordinator<R> {
                 ));
                 continue;
             }
+            if hisparse_pins.is_some() && required > table.len() + free_queue.len() {
+                return Err(hisparse_pins::no_room_after_lost_pages(
+                    g,
+                    required - table.len(),
+                ));
+            }
             let added: Vec<BlockId> = (table.len()..required)
                 .map(|_| take_free_block(free_queue, blocks, &mut eviction))
                 .collect();
             table.extend_from_slice(&added);
+            if let Some(pins) = hisparse_pins.as_deref_mut() {
+                pins.blocks_reused(&added, request_id, &mut request.reads_host);
+            }
             record_for_zeroing(zeroing, g, spec, &added);
             new_blocks.push(added);
         }
@@ -381,6 +394,7 @@ impl<R: RequestKey> KvCoordinator<R> {
                 cached_this_step,
             );
         }
+        self.apply_hisparse_reuse();
         Ok(Some(new_blocks))
     }
 
@@ -510,7 +524,8 @@ impl<R: RequestKey> KvCoordinator<R> {
             .requests
             .remove(request_id)
             .ok_or_else(|| Error::unknown_request(request_id))?;
-        for table in &request.tables {
+        let tables = self.hisparse_tables_for_free(request_id, request.tables);
+        for table in &tables {
             self.free_blocks(table.iter().rev().copied());
         }
         Ok(())
@@ -680,6 +695,9 @@ mod hits;
 
 #[path = "coordinator_hisparse.rs"]
 mod hisparse;
+
+#[path = "coordinator_hisparse_pins.rs"]
+mod hisparse_pins;
 
 #[path = "coordinator_loads.rs"]
 mod loads;

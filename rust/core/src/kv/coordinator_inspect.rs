@@ -103,7 +103,12 @@ impl<R: RequestKey> KvCoordinator<R> {
         }
         let mut holders = vec![0u32; self.blocks.len()];
         for (id, request) in &self.requests {
-            let held = request.tables.iter().flatten().copied();
+            let pins = self.hisparse_pins.as_deref();
+            let held = (request.tables.iter().enumerate()).flat_map(|(g, table)| {
+                (table.iter().enumerate())
+                    .filter(move |&(page, _)| !pins.is_some_and(|p| p.unheld(id, g, page)))
+                    .map(|(_, &b)| b)
+            });
             if count_holders(&mut holders, held.filter(|&b| b != NULL_BLOCK)) {
                 return Err(format!("request {id:?} holds a block twice"));
             }
@@ -130,6 +135,9 @@ impl<R: RequestKey> KvCoordinator<R> {
             }
         }
         self.loose.count_into(&mut holders);
+        if let Some(pins) = self.hisparse_pins.as_deref() {
+            pins.count_touched(&mut holders);
+        }
         let first_block = NULL_BLOCK as usize + 1;
         check_pool_blocks(
             &self.blocks,

@@ -22,6 +22,7 @@ mod cache_map;
 mod coordinator;
 mod counting;
 mod free_queue;
+mod hisparse_connector;
 mod hisparse_residency;
 mod hisparse_shared;
 mod host_publication;
@@ -49,6 +50,7 @@ pub use coordinator::{
 };
 pub use counting::CountingAllocator;
 pub use free_queue::{FreeBlockQueue, FreeQueue};
+pub use hisparse_connector::{HiSparseConnectorKv, HiSparseConnectorPool};
 pub use hisparse_residency::{DeviceResidency, DeviceTables, DeviceTransfer};
 pub use host_publication::{HostPublication, HostTransfer};
 pub use host_tier::HostTier;

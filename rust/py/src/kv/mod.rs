@@ -3,6 +3,7 @@
 mod block_pool;
 mod coordinator;
 mod counting;
+mod hisparse_connector;
 mod host_publication;
 mod partial_hits;
 mod radix;
@@ -31,6 +32,7 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<coordinator::PyHiSparseHotSpec>()?;
     module.add_class::<host_publication::PyHostPublication>()?;
     module.add_class::<host_publication::PyDeviceResidency>()?;
+    module.add_class::<hisparse_connector::PyHiSparseConnectorPool>()?;
     module.add_class::<radix::PyRadixCache>()?;
     module.add_class::<radix::PyMatchResult>()?;
     module.add_class::<radix::PyNodeHandle>()?;

@@ -103,12 +103,19 @@ class StatsAndEvents(AdapterBase):
 
     def _enable_kv_events(self) -> None:
         """Turns the core's cache events on: with each cache call's request where the core
-        records them (the single-group block-hash pool), whose events are vLLM's field for
-        field (``_vllm_kv_events``); without, one ``BlockStored`` per block hash, the core's
-        hashes, no tokens (KV cache groups record none)."""
+        records them (the block-hash pool; the coordinator beside full-attention and
+        sliding-window groups of one block size), whose events are vLLM's field for field
+        (``_vllm_kv_events``). The radix pool (tokenyard's own setting) publishes one
+        ``BlockStored`` per block hash, the core's hashes, no tokens. Raises ConfigError
+        (``kv_events_config``) for KV cache groups whose events the core does not record."""
         try:
             self._core.enable_kv_cache_calls()
         except ConfigError as err:
+            if len(self.kv_cache_config.kv_cache_groups) > 1:
+                raise ConfigError(
+                    f"kv_events_config.enable_kv_cache_events=True: not served beside these "
+                    f"KV cache groups ({err})"
+                ) from err
             _log.warning("KV cache events are not vLLM's here: %s", err)
             self._core.enable_kv_events()
             self._kv_events = None

@@ -22,7 +22,8 @@ error naming it, never silently different) is listed in ``docs/integrations.md``
 cache group kinds the core has none for, the HiSparse connector, vLLM's fine-grained
 partial hash hits (Mamba ``align`` beside a smaller ``prefix_match_unit``), connectors
 that keep vLLM's own pool or manager beyond what the pool view serves (the Mooncake store,
-UMBP; ``SimpleCPUOffloadConnector`` beside several KV cache groups), and any vLLM
+UMBP; ``SimpleCPUOffloadConnector`` beside several KV cache groups), KV cache events
+beside groups other than full attention and sliding windows of one block size, and any vLLM
 ``KVCacheManager`` object but HiSparse's assigned one (the block pool lives in Rust here).
 Structured output, pooling requests, prompt embeddings, hybrid KV cache groups (full
 attention, sliding window with or without retained tokens, chunked local, Mamba in ``none``
@@ -30,7 +31,8 @@ or ``align`` mode with draft and checkpoint blocks, cross-attention, HiSparse's 
 different block sizes, with EAGLE/MTP and KV connectors), EAGLE/MTP prefix caching (hash
 look-ahead or the trailing-block drop), KV load failures under either policy, CPU offloading
 (``OffloadingConnector``, ``SimpleCPUOffloadConnector``), vLLM's KV cache events (one KV
-group), multimodal requests and streaming-input sessions are served.
+group, or full attention beside sliding windows; ``kv_cache_report_mode="full"`` too),
+multimodal requests and streaming-input sessions are served.
 """
 
 from __future__ import annotations

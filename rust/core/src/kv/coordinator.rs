@@ -20,7 +20,7 @@ use xxhash_rust::xxh3::xxh3_128;
 
 use super::block_hash::{BlockHash, hash_full_blocks};
 use super::block_ops::{BlockMeta, Eviction, append_tokens, release_blocks, take_free_block};
-use super::block_pool::{BlockId, BlockPoolStats, RequestBlocks};
+use super::block_pool::{BlockId, BlockPoolStats, CacheCall, KvEvent, RequestBlocks};
 use super::cache_map::CacheMap;
 use super::free_queue::FreeBlockQueue;
 use super::layer_groups::{
@@ -126,6 +126,9 @@ pub struct KvCoordinator<R: RequestKey> {
     /// Tokens below each window kept though not attended (vLLM 0.33's
     /// `SlidingWindowSpec.extra_retained_tokens`; [`Self::set_window_extra_retained_tokens`]).
     window_extra_retained: usize,
+    /// KV cache events and each cache call, when recorded (`coordinator_events`).
+    events: Option<Vec<KvEvent>>,
+    cache_calls: Option<Vec<CacheCall<R>>>,
 }
 
 /// A block hash keyed by its group (vLLM appends the group id to the hash bytes).
@@ -207,6 +210,8 @@ impl<R: RequestKey> KvCoordinator<R> {
             hash_lookahead: 0,
             loose: LooseBlocks::default(),
             prompt_tokens: FxHashMap::default(),
+            events: None,
+            cache_calls: None,
         })
     }
 
@@ -326,12 +331,14 @@ impl<R: RequestKey> KvCoordinator<R> {
             sizes,
             eagle,
             hash_lookahead,
+            events,
+            cache_calls,
             ..
         } = self;
         let request = requests.get_mut(request_id).expect("inserted above");
         let mut eviction = Eviction {
             cached,
-            events: &mut None,
+            events,
             host: &mut None,
             stats,
         };
@@ -379,6 +386,7 @@ impl<R: RequestKey> KvCoordinator<R> {
                 blocks,
                 request,
                 cached_this_step,
+                EventSink::of(events, cache_calls, request_id),
             );
         }
         Ok(Some(new_blocks))
@@ -498,6 +506,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         }
         self.cached.clear();
         self.blocks.iter_mut().for_each(|b| b.cached = false);
+        self.note_all_cleared();
         true
     }
 
@@ -599,14 +608,15 @@ struct BlockTaker<'a> {
     blocks: &'a mut [BlockMeta],
     cached: &'a mut CacheMap,
     stats: &'a mut BlockPoolStats,
+    events: &'a mut Option<Vec<KvEvent>>,
 }
 
 impl BlockTaker<'_> {
-    /// `n` free blocks (the coordinator keeps no KV events or host tier).
+    /// `n` free blocks (the coordinator keeps no host tier).
     fn take(&mut self, n: usize) -> Vec<BlockId> {
         let mut eviction = Eviction {
             cached: self.cached,
-            events: &mut None,
+            events: self.events,
             host: &mut None,
             stats: self.stats,
         };
@@ -628,6 +638,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             stats,
             zeroing,
             sizes,
+            events,
             ..
         } = self;
         Taking {
@@ -639,6 +650,7 @@ impl<R: RequestKey> KvCoordinator<R> {
                 blocks,
                 cached,
                 stats,
+                events,
             },
             zeroing,
         }
@@ -701,8 +713,12 @@ mod sizes;
 
 #[path = "coordinator_eagle.rs"]
 mod eagle;
+
+#[path = "coordinator_events.rs"]
+mod events;
 use align::{AlignState, allocate_align_blocks};
 use eagle::EagleGroups;
+use events::EventSink;
 pub use loads::{ExternalAllocation, prefix_cacheable};
 use sizes::GroupSizes;
 

@@ -286,13 +286,32 @@ def test_the_comparison_fails_when_the_full_report_is_ignored(
 # ---- refused by name ---------------------------------------------------------------------
 
 
-def test_events_beside_a_mamba_align_group_are_refused_by_name() -> None:
+def _mamba_peer(publisher: str) -> VllmSchedulerPeer:
     peer = VllmSchedulerPeer(
         num_blocks=40, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=512
     )
     peer.vllm_config.cache_config.mamba_cache_mode = "align"
     peer.vllm_config.kv_events_config = KVEventsConfig(
-        enable_kv_cache_events=True, publisher="null"
+        enable_kv_cache_events=True, publisher=publisher, endpoint="inproc://kvevgroups"
     )
-    with pytest.raises(ConfigError, match="kv_events_config"):
-        peer.build(TokenyardScheduler, _groups(40, "full", "mamba"))
+    return peer
+
+
+def test_events_beside_a_mamba_align_group_are_refused_by_name() -> None:
+    with pytest.raises(ConfigError, match=r"kv_events_config\.publisher='zmq'"):
+        _mamba_peer("zmq").build(TokenyardScheduler, _groups(40, "full", "mamba"))
+
+
+def test_the_null_publisher_beside_a_mamba_align_group_publishes_nothing() -> None:
+    """vLLM's ``"null"`` publisher discards every batch: the layout is served, and, as
+    vLLM's, what the adapter hands it is never seen (it publishes none of the core's)."""
+    peer = _mamba_peer("null")
+    ours = peer.build(TokenyardScheduler, _groups(40, "full", "mamba"))
+    capture = ours.kv_event_publisher = Capture()
+    compare_stream(
+        peer.build(Scheduler, _groups(40, "full", "mamba")),
+        ours,
+        [(0, "r0", list(range(100, 140)), 3)],
+        peer.make_request,
+    )
+    assert capture.batches == []

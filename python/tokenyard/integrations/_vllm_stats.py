@@ -32,6 +32,7 @@ class StatsAndEvents(AdapterBase):
 
     connector_prefix_cache_stats: PrefixCacheStats | None
     enable_kv_cache_events: bool
+    kv_events_config: Any
     kv_event_publisher: Any
     _kv_events: KvEventBuilder | None
 

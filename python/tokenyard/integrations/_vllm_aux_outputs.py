@@ -33,6 +33,9 @@ class AuxState(Protocol):
     _num_kv_blocks: int
     _prefix_caching: bool
 
+    @property
+    def kv_cache_manager(self) -> Any: ...
+
     def _request_of(self, core_id: Any) -> Request: ...
 
 
@@ -148,9 +151,11 @@ class BlockHashIndex:
         some group caches none (vLLM's ``get_cached_block``). Ids are the core's."""
         asking = self._asking
         if asking is not None:
-            # Only group 0's answers were given (the connector asks its full-attention
-            # group, 0 here: the coordinator view names no other).
-            block = asking.get(block_hash) if list(group_ids) == [0] else None
+            # Only the asked group's answers were given: vLLM's connector asks its
+            # coordinator's full_attention_group_id (or 0), as the core hands them over.
+            coordinator = self._scheduler.kv_cache_manager.coordinator
+            asked = getattr(coordinator, "full_attention_group_id", None)
+            block = asking.get(block_hash) if list(group_ids) == [asked or 0] else None
             return None if block is None else [block]
         core_hash = self._core_hash.get(block_hash)
         if core_hash is None:

@@ -32,6 +32,7 @@ class StatsAndEvents(AdapterBase):
 
     connector_prefix_cache_stats: PrefixCacheStats | None
     enable_kv_cache_events: bool
+    kv_events_config: Any
     kv_event_publisher: Any
     _kv_events: KvEventBuilder | None
 
@@ -103,12 +104,28 @@ class StatsAndEvents(AdapterBase):
 
     def _enable_kv_events(self) -> None:
         """Turns the core's cache events on: with each cache call's request where the core
-        records them (the single-group block-hash pool), whose events are vLLM's field for
-        field (``_vllm_kv_events``); without, one ``BlockStored`` per block hash, the core's
-        hashes, no tokens (KV cache groups record none)."""
+        records them (the block-hash pool; the coordinator beside full-attention and
+        sliding-window groups of one block size), whose events are vLLM's field for field
+        (``_vllm_kv_events``). The radix pool (tokenyard's own setting) publishes one
+        ``BlockStored`` per block hash, the core's hashes, no tokens. Beside KV cache groups
+        whose events the core does not record: with vLLM's ``"null"`` publisher, which
+        discards every batch (``NullEventPublisher``), only the connector's events are
+        taken, as vLLM's discarded ones would be; any other publisher raises ConfigError
+        (``kv_events_config``)."""
         try:
             self._core.enable_kv_cache_calls()
         except ConfigError as err:
+            if len(self.kv_cache_config.kv_cache_groups) > 1:
+                publisher = getattr(self.kv_events_config, "publisher", None)
+                if publisher != "null":
+                    self.kv_event_publisher.shutdown()
+                    raise ConfigError(
+                        f"kv_events_config.publisher={publisher!r}: KV cache events are not "
+                        f"published beside these KV cache groups ({err}); the 'null' "
+                        f"publisher is served"
+                    ) from err
+                self._kv_events = None
+                return
             _log.warning("KV cache events are not vLLM's here: %s", err)
             self._core.enable_kv_events()
             self._kv_events = None

@@ -23,17 +23,18 @@ cache group kinds the core has none for, the HiSparse connector, vLLM's fine-gra
 partial hash hits (Mamba ``align`` beside a smaller ``prefix_match_unit``), connectors
 that keep vLLM's own pool or manager beyond what the pool view serves (UMBP beside several
 KV cache groups, the Mooncake store beside a Mamba group, ``SimpleCPUOffloadConnector``
-beside several KV cache groups),
-and any vLLM ``KVCacheManager`` object but HiSparse's assigned one (the block pool lives in
-Rust here).
+beside several KV cache groups), KV cache events beside groups other than full attention
+and sliding windows of one block size, and any vLLM ``KVCacheManager`` object but
+HiSparse's assigned one (the block pool lives in Rust here).
 Structured output, pooling requests, prompt embeddings, hybrid KV cache groups (full
 attention, sliding window with or without retained tokens, chunked local, Mamba in ``none``
 or ``align`` mode with draft and checkpoint blocks, cross-attention, HiSparse's layout; of
 different block sizes, with EAGLE/MTP and KV connectors), EAGLE/MTP prefix caching (hash
 look-ahead or the trailing-block drop), KV load failures under either policy, CPU offloading
 (``OffloadingConnector``, ``SimpleCPUOffloadConnector``), the Mooncake store and UMBP
-connectors (their store jobs' pins), vLLM's KV cache events (one KV
-group), multimodal requests and streaming-input sessions are served.
+connectors (their store jobs' pins), vLLM's KV cache events (one KV group, or full
+attention beside sliding windows; ``kv_cache_report_mode="full"`` too), multimodal
+requests and streaming-input sessions are served.
 """
 
 from __future__ import annotations

@@ -8,16 +8,17 @@ use super::PyScheduler;
 use super::args::kv_event;
 
 /// A cache call as `drain_kv_events_detailed` gives it:
-/// `(at, request_id, group, first_block, end_block)`.
-type CallTuple = (usize, Py<PyAny>, u32, usize, usize);
+/// `(at, request_id, group, first_block, end_block, skipped, reused)`.
+type CallTuple = (usize, Py<PyAny>, u32, usize, usize, Vec<usize>, bool);
 
 /// What `drain_kv_events_detailed` returns: the events and the cache calls.
 type Detailed = (Vec<(&'static str, u128)>, Vec<CallTuple>);
 
 #[pymethods]
 impl PyScheduler {
-    /// Starts recording each cache call beside the prefix-cache events (which it turns on
-    /// too). ConfigError for the radix pool and for KV cache groups.
+    /// Starts recording each cache call and lookup hit beside the prefix-cache events
+    /// (which it turns on too). ConfigError for the radix pool and for the KV cache groups
+    /// the coordinator does not record.
     fn enable_kv_cache_calls(&mut self, py: Python<'_>) -> PyResult<()> {
         self.inner
             .enable_kv_cache_calls()
@@ -25,16 +26,25 @@ impl PyScheduler {
     }
 
     /// The prefix-cache events since the last drain (as `drain_kv_events` gives them) and
-    /// the cache calls that stored blocks: `(at, request_id, group, first_block,
-    /// end_block)`, the call's `Stored` events being `events[at:at + end_block -
-    /// first_block]` (the request's blocks `first_block..end_block`).
+    /// the cache calls: `(at, request_id, group, first_block, end_block, skipped,
+    /// reused)`, the call's `Stored` events being `events[at:at + end_block - first_block
+    /// - len(skipped)]` (the request's blocks `first_block..end_block` but `skipped`); a
+    /// `reused` call is a lookup's hit of blocks `0..end_block`, with no events.
     fn drain_kv_events_detailed(&mut self, py: Python<'_>) -> PyResult<Detailed> {
         let (events, calls) = self.inner.drain_kv_events_detailed();
         let calls = calls
             .into_iter()
             .map(|c| {
                 let id = c.request.into_py(py)?;
-                Ok((c.at, id, c.group, c.first_block, c.end_block))
+                Ok((
+                    c.at,
+                    id,
+                    c.group,
+                    c.first_block,
+                    c.end_block,
+                    c.skipped,
+                    c.reused,
+                ))
             })
             .collect::<PyResult<_>>()?;
         Ok((events.into_iter().map(kv_event).collect(), calls))

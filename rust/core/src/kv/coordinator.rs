@@ -20,7 +20,7 @@ use xxhash_rust::xxh3::xxh3_128;
 
 use super::block_hash::{BlockHash, hash_full_blocks};
 use super::block_ops::{BlockMeta, Eviction, append_tokens, release_blocks, take_free_block};
-use super::block_pool::{BlockId, BlockPoolStats, RequestBlocks};
+use super::block_pool::{BlockId, BlockPoolStats, CacheCall, KvEvent, RequestBlocks};
 use super::cache_map::CacheMap;
 use super::free_queue::FreeBlockQueue;
 use super::layer_groups::{
@@ -128,6 +128,9 @@ pub struct KvCoordinator<R: RequestKey> {
     window_extra_retained: usize,
     /// vLLM 0.33's HiSparse connector's pins on the device pool (`coordinator_hisparse_pins`).
     hisparse_pins: Option<Box<hisparse_pins::HiSparsePins<R>>>,
+    /// KV cache events and each cache call, when recorded (`coordinator_events`).
+    events: Option<Vec<KvEvent>>,
+    cache_calls: Option<Vec<CacheCall<R>>>,
 }
 
 /// A block hash keyed by its group (vLLM appends the group id to the hash bytes).
@@ -210,6 +213,8 @@ impl<R: RequestKey> KvCoordinator<R> {
             loose: LooseBlocks::default(),
             prompt_tokens: FxHashMap::default(),
             hisparse_pins: None,
+            events: None,
+            cache_calls: None,
         })
     }
 
@@ -330,12 +335,14 @@ impl<R: RequestKey> KvCoordinator<R> {
             eagle,
             hash_lookahead,
             hisparse_pins,
+            events,
+            cache_calls,
             ..
         } = self;
         let request = requests.get_mut(request_id).expect("inserted above");
         let mut eviction = Eviction {
             cached,
-            events: &mut None,
+            events,
             host: &mut None,
             stats,
         };
@@ -392,6 +399,7 @@ impl<R: RequestKey> KvCoordinator<R> {
                 blocks,
                 request,
                 cached_this_step,
+                EventSink::of(events, cache_calls, request_id),
             );
         }
         self.apply_hisparse_reuse();
@@ -512,6 +520,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         }
         self.cached.clear();
         self.blocks.iter_mut().for_each(|b| b.cached = false);
+        self.note_all_cleared();
         true
     }
 
@@ -614,14 +623,15 @@ struct BlockTaker<'a> {
     blocks: &'a mut [BlockMeta],
     cached: &'a mut CacheMap,
     stats: &'a mut BlockPoolStats,
+    events: &'a mut Option<Vec<KvEvent>>,
 }
 
 impl BlockTaker<'_> {
-    /// `n` free blocks (the coordinator keeps no KV events or host tier).
+    /// `n` free blocks (the coordinator keeps no host tier).
     fn take(&mut self, n: usize) -> Vec<BlockId> {
         let mut eviction = Eviction {
             cached: self.cached,
-            events: &mut None,
+            events: self.events,
             host: &mut None,
             stats: self.stats,
         };
@@ -643,6 +653,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             stats,
             zeroing,
             sizes,
+            events,
             ..
         } = self;
         Taking {
@@ -654,6 +665,7 @@ impl<R: RequestKey> KvCoordinator<R> {
                 blocks,
                 cached,
                 stats,
+                events,
             },
             zeroing,
         }
@@ -719,8 +731,12 @@ mod sizes;
 
 #[path = "coordinator_eagle.rs"]
 mod eagle;
+
+#[path = "coordinator_events.rs"]
+mod events;
 use align::{AlignState, allocate_align_blocks};
 use eagle::EagleGroups;
+use events::EventSink;
 pub use loads::{ExternalAllocation, prefix_cacheable};
 use sizes::GroupSizes;
 

@@ -4,8 +4,8 @@
 use rustc_hash::FxHashSet;
 
 use super::{
-    BlockHash, CoordinatedRequest, EagleGroups, GroupSizes, KvCoordinator, KvGroupSpec, NULL_BLOCK,
-    RequestKey, TokenId, group_key, sizes,
+    BlockHash, CoordinatedRequest, EagleGroups, EventSink, GroupSizes, KvCoordinator, KvGroupSpec,
+    NULL_BLOCK, RequestKey, TokenId, group_key, sizes,
 };
 use crate::kv::block_ops::{BlockMeta, append_tokens};
 use crate::kv::cache_map::CacheMap;
@@ -51,6 +51,7 @@ impl<R: RequestKey> KvCoordinator<R> {
                 &mut self.blocks,
                 request,
                 &mut self.cached_this_step,
+                EventSink::of(&mut self.events, &mut self.cache_calls, request_id),
             );
         }
         Ok(())
@@ -61,9 +62,10 @@ impl<R: RequestKey> KvCoordinator<R> {
 /// (below the scheduler block size's last boundary, `_align_cacheable`) past those already
 /// offered are cached under (hash, group); null blocks are skipped. A group whose blocks
 /// hold several hash blocks (`block_size`) caches each under its last one's hash. Under
-/// EAGLE's drop a flagged group holds back re-prefillable tokens (`eagle`).
+/// EAGLE's drop a flagged group holds back re-prefillable tokens (`eagle`). With `log`,
+/// each group's call is recorded as vLLM's block pool publishes it (`coordinator_events`).
 #[allow(clippy::too_many_arguments)]
-pub(super) fn cache_full_blocks(
+pub(super) fn cache_full_blocks<R: RequestKey>(
     block_size: usize,
     sizes: &GroupSizes,
     eagle: &EagleGroups,
@@ -72,6 +74,7 @@ pub(super) fn cache_full_blocks(
     blocks: &mut [BlockMeta],
     request: &mut CoordinatedRequest,
     cached_this_step: &mut FxHashSet<BlockHash>,
+    mut log: Option<EventSink<'_, R>>,
 ) {
     let tokens = &request.tokens;
     let num_computed = tokens.num_computed_tokens.min(tokens.num_tokens);
@@ -87,6 +90,7 @@ pub(super) fn cache_full_blocks(
             let end = num_full.min(table.len());
             let hashes = &tokens.block_hashes[sizes::group_hash_index(first, scale)..];
             let reachable = sizes.reachable_blocks(&groups[g], g, drops);
+            let mut stored = log.as_ref().map(|_| Vec::new());
             for (i, (&block, &hash)) in table[first.min(end)..end]
                 .iter()
                 .zip(hashes.iter().step_by(scale))
@@ -96,6 +100,9 @@ pub(super) fn cache_full_blocks(
                     continue;
                 }
                 let key = group_key(hash, g);
+                if let Some(stored) = &mut stored {
+                    stored.push((first + i, key));
+                }
                 if sizes.keeps_partial_tails() {
                     sizes::forget_partial(cached, blocks, block);
                 }
@@ -106,6 +113,9 @@ pub(super) fn cache_full_blocks(
                 }
             }
             request.num_cached[g] = num_full;
+            if let (Some(log), Some(stored)) = (&mut log, stored) {
+                log.cache_call(g, first, num_full, stored);
+            }
         }
         if sizes.keeps_partial_tails() && sizes::registers_partial_tail(&groups[g]) {
             sizes::cache_partial_tail(

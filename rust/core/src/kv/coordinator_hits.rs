@@ -302,6 +302,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         for &block in block_ids {
             if let Some(hash) = self.blocks[block as usize].take_hash() {
                 self.cached.forget(block, &hash);
+                self.note_removed(hash);
             }
         }
         Ok(())

@@ -187,6 +187,7 @@ impl<R: RequestKey> KvCoordinator<R> {
                     blocks,
                     request,
                     this_step,
+                    super::EventSink::of(&mut self.events, &mut self.cache_calls, request_id),
                 );
             }
             return Ok(Some(loaded));

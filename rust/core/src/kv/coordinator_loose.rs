@@ -10,7 +10,7 @@ impl<R: RequestKey> KvCoordinator<R> {
     pub fn take_loose_blocks(&mut self, num_blocks: usize) -> Result<Vec<BlockId>> {
         let mut eviction = Eviction {
             cached: &mut self.cached,
-            events: &mut None,
+            events: &mut self.events,
             host: &mut None,
             stats: &mut self.stats,
         };

@@ -6,7 +6,9 @@
 //! The router's hot path reads only [`KvEvent`]; this log exists only when a caller asks
 //! for it ([`BlockPool::enable_cache_calls`]), and a pool without it pays one branch per
 //! allocation or cache call. Invariant: each [`CacheCall`] names the `Stored` events its
-//! call pushed, `at..at + (end_block - first_block)` in the events drained with it.
+//! call pushed, `at..at + CacheCall::num_stored()` in the events drained with it (a lookup's
+//! reused blocks, `reused`, push none). The coordinator (several KV cache groups) keeps
+//! the same log (`coordinator_events`).
 
 use super::{BlockPool, ComputedBlocks, FreeQueue, KvEvent, NewTokens, RequestKey};
 use crate::Result;
@@ -16,12 +18,31 @@ use crate::Result;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CacheCall<R> {
     /// Where the call's first `Stored` is among the events since their last drain (its
-    /// `Stored` events follow it, one per block).
+    /// `Stored` events follow it, one per block not `skipped`).
     pub at: usize,
     pub request: R,
     pub group: u32,
     pub first_block: usize,
     pub end_block: usize,
+    /// Blocks of `first_block..end_block` the call did not cache: null blocks and those
+    /// a window group never hits (vLLM's `cache_full_blocks` skips them in the event's
+    /// hashes and extra keys, not in its tokens). Empty for the single-group pool.
+    pub skipped: Vec<usize>,
+    /// A prefix hit's blocks `0..end_block` reused at a lookup, not cached (vLLM 0.33's
+    /// `emit_cached_block_events`, published for a request whose `kv_cache_report_mode`
+    /// is `"full"`): no `Stored` events are pushed for it.
+    pub reused: bool,
+}
+
+impl<R> CacheCall<R> {
+    /// The `Stored` events the call pushed (`events[at..at + num_stored()]`).
+    pub fn num_stored(&self) -> usize {
+        if self.reused {
+            0
+        } else {
+            self.end_block - self.first_block - self.skipped.len()
+        }
+    }
 }
 
 impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
@@ -38,6 +59,25 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
             .as_mut()
             .map(std::mem::take)
             .unwrap_or_default()
+    }
+
+    /// Notes a lookup's hit of `num_blocks` blocks for `request_id` ([`CacheCall::reused`]),
+    /// if the log is on and the hit is not empty.
+    pub fn note_reused(&mut self, request_id: &R, num_blocks: usize) {
+        let (Some(calls), Some(events)) = (&mut self.cache_calls, &self.events) else {
+            return;
+        };
+        if num_blocks > 0 {
+            calls.push(CacheCall {
+                at: events.len(),
+                request: request_id.clone(),
+                group: 0,
+                first_block: 0,
+                end_block: num_blocks,
+                skipped: Vec::new(),
+                reused: true,
+            });
+        }
     }
 
     /// `allocate` noting the cache call it makes, if the log is on.
@@ -85,6 +125,8 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
             group: 0,
             first_block: end_block - (events.len() - at),
             end_block,
+            skipped: Vec::new(),
+            reused: false,
         });
     }
 }
@@ -115,6 +157,8 @@ mod tests {
             group: 0,
             first_block: 0,
             end_block: 2,
+            skipped: Vec::new(),
+            reused: false,
         };
         assert_eq!(calls, vec![call]);
         let mut longer = prompt.clone();
@@ -152,6 +196,22 @@ mod tests {
             (calls[0].at, calls[0].first_block, calls[0].end_block),
             (2, 0, 1)
         );
+    }
+
+    #[test]
+    fn a_reused_hit_is_noted_where_it_happens_without_stored_events() {
+        let mut pool: BlockPool<u32> = BlockPool::new(4, 4, true).unwrap();
+        pool.enable_cache_calls();
+        pool.allocate_slots(&1, &tokens(8, 0), 8, 0, None, None)
+            .unwrap();
+        pool.note_reused(&2, 0);
+        pool.note_reused(&2, 2);
+        let calls = pool.drain_cache_calls();
+        assert_eq!(pool.drain_events().len(), 2);
+        let reused = &calls[1];
+        assert_eq!((reused.at, reused.request, reused.end_block), (2, 2, 2));
+        assert!(reused.reused && reused.num_stored() == 0);
+        assert_eq!(calls.len(), 2, "an empty hit is not noted");
     }
 
     #[test]

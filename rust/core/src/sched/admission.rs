@@ -143,6 +143,7 @@ impl<R: RequestKey> Scheduler<R> {
         let (tokens, lora_id) = (&request.all_token_ids, request.spec.lora_id);
         let earlier = Some(diverged);
         let mut hit = (self.kv).lookup(tokens, lora_id, earlier, Vec::new(), max_hit_tokens);
+        self.note_kv_lookup(slot, &hit);
         self.req_mut(slot).shared_prefix_boundary = hit.shared_prefix_boundary();
         self.drop_replayed_hit(&mut hit, 0, false);
         hit
@@ -212,6 +213,7 @@ impl<R: RequestKey> Scheduler<R> {
             let hit = (self.kv).lookup(tokens, lora_id, earlier, known, max_hit_tokens);
             (hit, false)
         };
+        self.note_kv_lookup(slot, &hit);
         // vLLM 0.33 sets the boundary with the lookup; a bounded-replay drop keeps it.
         self.req_mut(slot).shared_prefix_boundary = hit.shared_prefix_boundary();
         let replay_window = self.config.prefix_replay_tokens();

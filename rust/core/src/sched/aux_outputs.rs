@@ -18,8 +18,9 @@ use crate::kv::{BlockHash, BlockId, RequestKey, hash_full_blocks};
 use crate::{Error, Result};
 
 /// A request's full blocks as the pool holds them when the connector is asked: each one's
-/// hash (tokenyard's, chained as `kv::block_hashes` computes them) and the block of KV
-/// group 0 caching it, if one does. vLLM's connector asks its block pool
+/// hash (tokenyard's, chained as `kv::block_hashes` computes them) and the block of the KV
+/// group the connector asks caching it, if one does (group 0, or with several groups the
+/// first full-attention one: `asked_group`). vLLM's connector asks its block pool
 /// (`get_cached_block`) while the scheduler forms a step; these are its answers, taken
 /// before the call.
 #[derive(Debug, Clone, Copy)]
@@ -130,8 +131,8 @@ impl<R: RequestKey> Scheduler<R> {
     }
 }
 
-/// The hashes of `request`'s full blocks and the block of group 0 caching each (its
-/// prompt's known hashes reused).
+/// The hashes of `request`'s full blocks and the block of the asked group caching each
+/// ([`asked_group`]; its prompt's known hashes reused).
 fn cached_blocks<R: RequestKey>(
     kv: &Kv,
     block_size: usize,
@@ -141,6 +142,20 @@ fn cached_blocks<R: RequestKey>(
     let tokens = &request.all_token_ids;
     hashes.truncate(tokens.len() / block_size);
     hash_full_blocks(&mut hashes, tokens, block_size, request.spec.lora_id);
-    let ids = hashes.iter().map(|&h| kv.cached_block(h, 0)).collect();
+    let group = asked_group(kv);
+    let ids = hashes.iter().map(|&h| kv.cached_block(h, group)).collect();
     (hashes, ids)
+}
+
+/// The KV group vLLM 0.33's connector asks its block pool about
+/// (`getattr(coordinator, "full_attention_group_id", None) or 0`): with several groups,
+/// the first full-attention one (`HybridKVCacheCoordinator` sorts full attention first),
+/// else 0.
+fn asked_group(kv: &Kv) -> usize {
+    match kv {
+        Kv::Hybrid(h) => (h.pool.groups().iter())
+            .position(|g| *g == crate::kv::KvGroupSpec::FullAttention)
+            .unwrap_or(0),
+        Kv::BlockHash(_) | Kv::Radix(_) => 0,
+    }
 }

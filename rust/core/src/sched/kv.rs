@@ -612,19 +612,25 @@ impl Kv {
         match self {
             Kv::BlockHash(p) => PrefixPool::<u32>::drain_events(p),
             Kv::Radix(p) => PrefixPool::<u32>::drain_events(p),
-            Kv::Hybrid(_) => Vec::new(),
+            Kv::Hybrid(h) => h.pool.drain_events(),
         }
     }
 
-    /// Records each cache call beside the events (`kv::event_log`): the block-hash pool's
-    /// only; false (nothing recorded) for the others.
-    pub fn enable_cache_calls(&mut self) -> bool {
+    /// Records each cache call beside the events (`kv::event_log`, `coordinator_events`):
+    /// ConfigError (`kv_events`) for the radix pool and for the KV cache groups the
+    /// coordinator does not record.
+    pub fn enable_cache_calls(&mut self) -> Result<()> {
         match self {
             Kv::BlockHash(p) => {
                 p.enable_cache_calls();
-                true
+                Ok(())
             }
-            Kv::Radix(_) | Kv::Hybrid(_) => false,
+            Kv::Hybrid(h) => h.pool.enable_cache_calls(),
+            Kv::Radix(_) => Err(Error::config(
+                "kv_events",
+                "detailed",
+                "cache calls are not recorded by the radix pool",
+            )),
         }
     }
 
@@ -632,7 +638,8 @@ impl Kv {
     pub fn drain_cache_calls(&mut self) -> Vec<crate::kv::CacheCall<u32>> {
         match self {
             Kv::BlockHash(p) => p.drain_cache_calls(),
-            Kv::Radix(_) | Kv::Hybrid(_) => Vec::new(),
+            Kv::Hybrid(h) => h.pool.drain_cache_calls(),
+            Kv::Radix(_) => Vec::new(),
         }
     }
 

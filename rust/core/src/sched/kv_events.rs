@@ -6,8 +6,9 @@
 //! one branch per admission.
 
 use super::Scheduler;
+use super::kv::{Hit, Kv};
+use crate::Result;
 use crate::kv::{CacheCall, KvEvent, RequestKey};
-use crate::{Error, Result};
 
 /// The settled cache calls and each slot's last owner.
 #[derive(Debug)]
@@ -18,16 +19,12 @@ pub(crate) struct CacheCallLog<R> {
 
 impl<R: RequestKey> Scheduler<R> {
     /// Starts recording, beside the prefix-cache events, each cache call's request, group
-    /// and blocks ([`Self::drain_kv_events_detailed`]). Only the single-group block-hash
-    /// pool records them: ConfigError for the radix pool and for KV cache groups.
+    /// and blocks, and each lookup's hit ([`Self::drain_kv_events_detailed`]). The
+    /// block-hash pool and the coordinator record them: ConfigError (`kv_events`) for the
+    /// radix pool and for the KV cache groups the coordinator does not record
+    /// (`KvCoordinator::enable_cache_calls`).
     pub fn enable_kv_cache_calls(&mut self) -> Result<()> {
-        if !self.kv.enable_cache_calls() {
-            return Err(Error::config(
-                "kv_events",
-                "detailed",
-                "cache calls are recorded by the single-group block-hash pool only",
-            ));
-        }
+        self.kv.enable_cache_calls()?;
         let owners = (self.slots.iter())
             .map(|s| s.as_ref().map(|r| r.request_id.clone()))
             .collect();
@@ -36,6 +33,22 @@ impl<R: RequestKey> Scheduler<R> {
             settled: Vec::new(),
         }));
         Ok(())
+    }
+
+    /// A lookup for `slot` found `hit` (vLLM 0.33's `get_computed_blocks`, which emits the
+    /// hit's `BlockStored` for a request whose `kv_cache_report_mode` is `"full"`): noted
+    /// as a reused call per group if the log is on and the hit is not empty.
+    pub(super) fn note_kv_lookup(&mut self, slot: u32, hit: &Hit) {
+        if self.kv_cache_calls.is_none() || hit.num_computed_tokens() == 0 {
+            return;
+        }
+        match (&mut self.kv, hit) {
+            (Kv::BlockHash(p), Hit::BlockHash(h)) => p.note_reused(&slot, h.block_ids.len()),
+            (Kv::Hybrid(k), Hit::Hybrid(h)) => {
+                k.pool.note_reused(&slot, h.block_ids.iter().map(Vec::len));
+            }
+            _ => {}
+        }
     }
 
     /// Before `slot` gets a new owner: the pool's records so far, by request id.
@@ -57,6 +70,8 @@ impl<R: RequestKey> Scheduler<R> {
                     group: call.group,
                     first_block: call.first_block,
                     end_block: call.end_block,
+                    skipped: call.skipped,
+                    reused: call.reused,
                 });
             }
         }
@@ -120,6 +135,8 @@ mod tests {
             group: 0,
             first_block: 0,
             end_block: 2,
+            skipped: Vec::new(),
+            reused: false,
         };
         let second = CacheCall {
             at: 2,

@@ -352,6 +352,8 @@ class TokenyardScheduler(
         self._core.ask_again_after_failed_load = bool(
             transfer is not None and transfer.kv_load_failure_policy == "recompute"
         )
+        # vLLM's update_from_output appends what the runner returns for a prefill chunk.
+        self._core.append_prefill_chunk_outputs = True
         # Requests preempted by reset_prefix_cache: outputs of their steps then in flight
         # are dropped, not delivered.
         self._dropped_outputs: set[str] = set()

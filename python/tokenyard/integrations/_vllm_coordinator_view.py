@@ -30,6 +30,8 @@ from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
 from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 from vllm.v1.core.single_type_kv_cache_manager import CrossAttentionManager
 
+from tokenyard.errors import InputError
+
 
 class CoreState(Protocol):
     """What these views read of ``TokenyardScheduler`` (named here so that this module
@@ -96,9 +98,9 @@ class KVCacheBlockView:
 
 
 class _FreeBlockQueueView:
-    """vLLM's ``FreeKVCacheBlockQueue`` read-only: ``num_free_blocks``, the free blocks in
-    eviction order (``get_all_free_blocks``) and those after a free block
-    (``iter_blocks_after``)."""
+    """vLLM's ``FreeKVCacheBlockQueue`` read-only: ``num_free_blocks`` (setting it to
+    anything but itself is refused), the free blocks in eviction order
+    (``get_all_free_blocks``) and those after a free block (``iter_blocks_after``)."""
 
     __slots__ = ("_pool",)
 
@@ -108,6 +110,26 @@ class _FreeBlockQueueView:
     @property
     def num_free_blocks(self) -> int:
         return int(self._pool._scheduler._core.num_free_blocks)
+
+    @num_free_blocks.setter
+    def num_free_blocks(self, num_free_blocks: int) -> None:
+        """vLLM's tests force the queue's count (``free_block_queue.num_free_blocks = 0``)
+        to make ``allocate_slots`` fail and preempt: vLLM then allocates against the forced
+        count while its queue keeps every free block in order. The core counts its free
+        blocks from its queue; withholding blocks from it would reorder the queue when they
+        return, so a count other than the true one is refused.
+
+        Raises:
+            InputError: ``num_free_blocks`` other than the core's free blocks.
+        """
+        free = self.num_free_blocks
+        if num_free_blocks != free:
+            raise InputError(
+                f"free_block_queue.num_free_blocks={num_free_blocks!r}: forcing vLLM's "
+                f"free-block count away from the {free} free blocks is not modelled",
+                field="num_free_blocks",
+                value=str(num_free_blocks),
+            )
 
     def get_all_free_blocks(self) -> list[KVCacheBlockView]:
         pool = self._pool

@@ -325,10 +325,12 @@ impl<R: RequestKey> Scheduler<R> {
             }
             // A prefill chunk samples nothing; vLLM 0.33's `update_from_output` appends what
             // the runner returns for it all the same (`append_prefill_chunk_outputs`).
-            let appended = self.append_prefill_chunk_outputs
-                && request.is_prefill_chunk
-                && request.status == RequestStatus::Running;
-            if !output.token_ids.is_empty() && request.num_sampling_steps() == 0 && !appended {
+            if !output.token_ids.is_empty()
+                && request.num_sampling_steps() == 0
+                && !(self.append_prefill_chunk_outputs
+                    && request.is_prefill_chunk
+                    && request.status == RequestStatus::Running)
+            {
                 return Err(Error::input(
                     "request_id",
                     format!("{id:?}"),

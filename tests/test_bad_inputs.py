@@ -182,6 +182,19 @@ def test_a_partial_prefill_samples_nothing() -> None:
         s.update_from_output({"a": [1]})
 
 
+def test_a_prefill_chunks_tokens_are_appended_where_asked() -> None:
+    # vLLM 0.33's update_from_output appends what its runner returns for a prefill chunk:
+    # the token joins the request, and the rest of its prefill computes it too.
+    s = Scheduler(SchedulerConfig(num_blocks=64, max_model_len=256, max_num_batched_tokens=4))
+    s.append_prefill_chunk_outputs = True
+    s.add_request("a", list(range(8)), max_tokens=4)
+    s.schedule()  # 4 of 8 prompt tokens
+    s.update_from_output({"a": [100]})
+    assert s.schedule().num_scheduled_tokens == {"a": 4}  # tokens 4..7 of 9
+    s.update_from_output({"a": []})
+    assert s.schedule().num_scheduled_tokens == {"a": 1}  # the appended token: 9 computed
+
+
 @pytest.mark.parametrize(
     ("kwargs", "arg"),
     [

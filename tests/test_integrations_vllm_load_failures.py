@@ -9,8 +9,11 @@ failures beside several: ``test_integrations_vllm_block_sizes_connectors``).
 
 Every step is compared: scheduled tokens and block ids, the requests waiting for loads,
 KV usage, every request's block table, computed tokens and status, the failed loads still
-waiting (``failed_recving_kv_req_ids``), and each update's outputs (ids, tokens, finish
-reasons). Needs vLLM (the bench venv); skipped elsewhere.
+waiting (``failed_recving_kv_req_ids``), each update's outputs (ids, tokens, finish
+reasons), and the calls reaching ``kv_cache_manager.cache_blocks`` (a landed load's valid
+tokens, ``_update_waiting_for_remote_kv``) and ``evict_blocks`` (``_handle_invalid_blocks``
+under "fail") with their arguments, as a test spying on them sees them. Needs vLLM (the
+bench venv); skipped elsewhere.
 """
 
 from __future__ import annotations
@@ -76,12 +79,33 @@ def _invalid_blocks(
     return invalid
 
 
+def _spy_manager_calls(scheduler: Any) -> list[tuple[Any, ...]]:
+    """The calls reaching ``scheduler.kv_cache_manager``'s ``cache_blocks`` and
+    ``evict_blocks`` from now on, recorded in order (each still made), as a test patching
+    them on the manager records them."""
+    manager = scheduler.kv_cache_manager
+    calls: list[tuple[Any, ...]] = []
+    cache_blocks, evict_blocks = manager.cache_blocks, manager.evict_blocks
+
+    def cache_spy(request: Any, num_computed_tokens: int) -> None:
+        calls.append(("cache_blocks", request.request_id, num_computed_tokens))
+        cache_blocks(request, num_computed_tokens)
+
+    def evict_spy(block_ids: set[int]) -> None:
+        calls.append(("evict_blocks", tuple(sorted(block_ids))))
+        evict_blocks(block_ids)
+
+    manager.cache_blocks, manager.evict_blocks = cache_spy, evict_spy
+    return calls
+
+
 def run_failures(
     seed: int, policy: str, *, invalid_share: float, fail_share: float
 ) -> dict[str, int]:
     """A seeded stream on both schedulers (see the module doc); returns what it exercised."""
     pair, peer = build_pair(ONE, seed=seed, policy=policy, num_blocks=200)
     theirs, ours = pair
+    calls = [_spy_manager_calls(s) for s in pair]
     rng = random.Random(seed)
     arrivals = seeded_arrivals(
         rng,
@@ -94,7 +118,7 @@ def run_failures(
         lowest_token=1,
         max_prompt=300,
     )
-    seen = {"loads": 0, "failed": 0, "invalid": 0, "errors": 0, "cut": 0}
+    seen = {"loads": 0, "failed": 0, "invalid": 0, "errors": 0, "cut": 0, "calls": 0}
     started: set[str] = set()
     for step in range(400):
         for at, *args in arrivals:
@@ -103,6 +127,7 @@ def run_failures(
                     scheduler.add_request(peer.make_request(*args))
         outs = [scheduler.schedule() for scheduler in pair]
         assert block_digest(outs[1]) == block_digest(outs[0]), f"step {step}"
+        assert calls[1] == calls[0], f"manager calls, step {step}"
         now_loading = [_loading(s) for s in pair]
         assert now_loading[1] == now_loading[0], f"step {step}"
         told = sorted(theirs.connector.allocs, key=lambda a: a[0])
@@ -133,6 +158,10 @@ def run_failures(
             )
             results.append(_outputs(scheduler.update_from_output(out, output)))
         assert results[1] == results[0], f"step {step}"
+        assert calls[1] == calls[0], f"manager calls, step {step}"
+        seen["calls"] += len(calls[0])
+        for c in calls:
+            c.clear()
         seen["errors"] += sum(reason == FinishReason.ERROR for *_, reason in results[0])
         seen["cut"] += sum(
             r.num_computed_tokens < computed.get(r.request_id, 0) for r in theirs.requests.values()
@@ -164,9 +193,21 @@ def test_failed_loads_and_invalid_blocks_under_recompute_match_vllm(seed: int) -
 
 
 def test_the_streams_cut_and_fail_requests() -> None:
-    # The streams above exercise what they compare: computed tokens cut back, and
-    # requests finished with FINISHED_ERROR.
+    # The streams above exercise what they compare: computed tokens cut back, requests
+    # finished with FINISHED_ERROR, and the manager calls vLLM makes.
     cut = [run_failures(s, "recompute", invalid_share=0.3, fail_share=0.0) for s in range(2)]
     assert sum(s["cut"] for s in cut) > 0
+    assert sum(s["calls"] for s in cut) > 0
     failed = [run_failures(s, "fail", invalid_share=0.15, fail_share=0.3) for s in range(2)]
     assert sum(s["errors"] for s in failed) > 0
+    assert sum(s["calls"] for s in failed) > 0
+
+
+def test_the_manager_call_check_catches_a_missing_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The adapter left to cache a landed load without calling the manager (as before these
+    # calls were made): the comparison names the first step where vLLM's call is missing.
+    from tokenyard.integrations.vllm import TokenyardScheduler
+
+    monkeypatch.setattr(TokenyardScheduler, "_cache_landed_load", lambda self, request: None)
+    with pytest.raises(AssertionError, match="manager calls"):
+        run_failures(0, "recompute", invalid_share=0.3, fail_share=0.0)

@@ -1,7 +1,8 @@
 """tokenyard.integrations.vllm's views of vLLM's internals (``_vllm_coordinator_view``):
 ``kv_cache_manager.coordinator.single_type_managers[i]`` (``req_to_blocks``,
 ``num_cached_block``, the null block), ``kv_cache_manager.block_pool`` (``blocks`` with their
-ref counts and cached hashes, ``free_block_queue``), ``_preempt_request`` as the hook every
+ref counts and cached hashes, ``cached_block_hash_to_block``, ``free_block_queue``, whose
+forced count is refused), ``_preempt_request`` as the hook every
 preemption goes through, and ``num_in_flight_tokens`` / ``num_stale_output_tokens`` on
 vLLM's ``Request``. Each case runs vLLM 0.33's own ``Scheduler`` (``AsyncScheduler``) and
 the adapter on the same configs and requests, and compares what vLLM's real
@@ -65,6 +66,17 @@ def _manager_state(scheduler: Any) -> list[dict[str, Any]]:
     return state
 
 
+def _hash_map(cached: Any) -> tuple[int, list[int]]:
+    """``cached_block_hash_to_block`` as vLLM's tests read it: its length and the blocks
+    its ``_cache`` holds (a block, or a dict of them where several cache one hash)."""
+    ids = [
+        b.block_id
+        for value in cached._cache.values()
+        for b in (value.values() if isinstance(value, dict) else [value])
+    ]
+    return len(cached), sorted(ids)
+
+
 def _pool_state(scheduler: Any) -> dict[str, Any]:
     """The block pool's per-block ref counts and cached flags, free blocks and size."""
     pool = scheduler.kv_cache_manager.block_pool
@@ -73,6 +85,8 @@ def _pool_state(scheduler: Any) -> dict[str, Any]:
         "num_gpu_blocks": pool.num_gpu_blocks,
         "ref_cnt": [b.ref_cnt for b in blocks],
         "cached": [b.block_hash is not None for b in blocks],
+        "_block_hash": [b._block_hash is not None for b in blocks],
+        "hash_map": _hash_map(pool.cached_block_hash_to_block),
         "free": pool.free_block_queue.num_free_blocks,
         "free_ids": sorted(b.block_id for b in pool.free_block_queue.get_all_free_blocks()),
         "null": blocks[0] is pool.null_block and pool.null_block.is_null,
@@ -229,3 +243,17 @@ def test_num_in_flight_tokens_follow_vllms_accounting_under_async_scheduling() -
         counts[name].append(request.num_in_flight_tokens)
     assert counts["vllm"] == [64, 100, 36, 0]
     assert counts["tokenyard"] == counts["vllm"]
+
+
+def test_forcing_the_free_block_count_is_refused_by_name() -> None:
+    # vLLM's tests set free_block_queue.num_free_blocks to force preemptions; the core
+    # counts its free blocks from its queue, so only the true count is accepted.
+    theirs, ours, _ = _both()
+    queue = ours.kv_cache_manager.block_pool.free_block_queue
+    free = queue.num_free_blocks
+    assert free == theirs.kv_cache_manager.block_pool.free_block_queue.num_free_blocks
+    queue.num_free_blocks = free
+    with pytest.raises(InputError, match="num_free_blocks=0") as err:
+        queue.num_free_blocks = 0
+    assert (err.value.field, err.value.value) == ("num_free_blocks", "0")
+    assert queue.num_free_blocks == free

@@ -33,16 +33,28 @@ TokenyardScheduler.__init__ = _counting_init  # type: ignore[method-assign]
 
 
 def _builds(cls: type, vllm_cls: type) -> type:
-    """A stand-in for ``vllm_cls``: calling it builds ``cls``; everything else is vLLM's."""
+    """A stand-in for ``vllm_cls``: calling it builds ``cls``; everything else is vLLM's.
+
+    A test (or a plugin it loads) that assigns a class attribute on the name, as
+    ``Scheduler._build_kv_connector_meta = ...`` replaces vLLM's hook for every scheduler
+    built after it, sets it on the stand-in; a call then builds a subclass of ``cls``
+    carrying those attributes, so the built scheduler sees them as vLLM's would."""
 
     class _Switch(type(vllm_cls)):  # type: ignore[misc]
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
-            return cls(*args, **kwargs)
+            assigned = {k: v for k, v in vars(self).items() if k not in _STAND_IN_OWN}
+            if not assigned:
+                return cls(*args, **kwargs)
+            return type(cls.__name__, (cls,), assigned)(*args, **kwargs)
 
         def __instancecheck__(self, obj: Any) -> bool:
             return isinstance(obj, (cls, vllm_cls))
 
     return _Switch(vllm_cls.__name__, (vllm_cls,), {})
+
+
+# What a class statement puts in any stand-in's namespace (not a test's assignment).
+_STAND_IN_OWN = frozenset(vars(type("_Probe", (object,), {})))
 
 
 def pytest_collection_modifyitems(items: list[Any]) -> None:

@@ -1389,6 +1389,14 @@ class Scheduler:
     @ask_again_after_failed_load.setter
     def ask_again_after_failed_load(self, on: bool) -> None: ...
     @property
+    def append_prefill_chunk_outputs(self) -> bool:
+        """Whether tokens given for a running request's prefill chunk (a step that samples
+        nothing) are appended as its output, as vLLM 0.33's ``update_from_output`` appends
+        what its runner returns for any scheduled request (settable; off by default: such
+        tokens raise ``InputError`` naming the request)."""
+    @append_prefill_chunk_outputs.setter
+    def append_prefill_chunk_outputs(self, on: bool) -> None: ...
+    @property
     def kv_load_failure_policy(self) -> str:
         """vLLM 0.33's ``kv_load_failure_policy``: ``"recompute"`` (the default: a failed
         load's request recomputes what did not load) or ``"fail"`` (it finishes with

@@ -30,6 +30,8 @@ from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
 from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 from vllm.v1.core.single_type_kv_cache_manager import CrossAttentionManager
 
+from tokenyard.errors import InputError
+
 
 class CoreState(Protocol):
     """What these views read of ``TokenyardScheduler`` (named here so that this module
@@ -87,14 +89,18 @@ class KVCacheBlockView:
         found = self._pool._vllm_hash_of(self.block_id)
         return found[1] if isinstance(found, tuple) else None
 
+    # vLLM's field behind the properties, which its tests read.
+    _block_hash = block_hash
+    _block_hash_num_tokens = block_hash_num_tokens
+
     def __repr__(self) -> str:
         return f"KVCacheBlockView(block_id={self.block_id}, ref_cnt={self.ref_cnt})"
 
 
 class _FreeBlockQueueView:
-    """vLLM's ``FreeKVCacheBlockQueue`` read-only: ``num_free_blocks``, the free blocks in
-    eviction order (``get_all_free_blocks``) and those after a free block
-    (``iter_blocks_after``)."""
+    """vLLM's ``FreeKVCacheBlockQueue`` read-only: ``num_free_blocks`` (setting it to
+    anything but itself is refused), the free blocks in eviction order
+    (``get_all_free_blocks``) and those after a free block (``iter_blocks_after``)."""
 
     __slots__ = ("_pool",)
 
@@ -104,6 +110,26 @@ class _FreeBlockQueueView:
     @property
     def num_free_blocks(self) -> int:
         return int(self._pool._scheduler._core.num_free_blocks)
+
+    @num_free_blocks.setter
+    def num_free_blocks(self, num_free_blocks: int) -> None:
+        """vLLM's tests force the queue's count (``free_block_queue.num_free_blocks = 0``)
+        to make ``allocate_slots`` fail and preempt: vLLM then allocates against the forced
+        count while its queue keeps every free block in order. The core counts its free
+        blocks from its queue; withholding blocks from it would reorder the queue when they
+        return, so a count other than the true one is refused.
+
+        Raises:
+            InputError: ``num_free_blocks`` other than the core's free blocks.
+        """
+        free = self.num_free_blocks
+        if num_free_blocks != free:
+            raise InputError(
+                f"free_block_queue.num_free_blocks={num_free_blocks!r}: forcing vLLM's "
+                f"free-block count away from the {free} free blocks is not modelled",
+                field="num_free_blocks",
+                value=str(num_free_blocks),
+            )
 
     def get_all_free_blocks(self) -> list[KVCacheBlockView]:
         pool = self._pool
@@ -149,13 +175,54 @@ class _BlockList(Sequence[KVCacheBlockView]):
     __hash__ = None  # type: ignore[assignment]
 
 
+class _BlockHashToBlockView:
+    """vLLM's ``BlockHashToBlockMap`` (``BlockPool.cached_block_hash_to_block``) read-only:
+    each cached hash (``block_hash`` of the blocks caching one) to its block, or to a dict
+    of block id to block where several cache it (vLLM's ``_cache``); built from the core
+    when read."""
+
+    __slots__ = ("_pool",)
+
+    def __init__(self, pool: BlockPoolView) -> None:
+        self._pool = pool
+
+    @property
+    def _cache(self) -> dict[Any, Any]:
+        pool = self._pool
+        cache: dict[Any, Any] = {}
+        for index, core_hash in enumerate(pool._scheduler._core.block_hashes()):
+            if core_hash is None:
+                continue
+            block = pool._block(index + pool._offset)
+            key = block.block_hash
+            found = cache.get(key)
+            if found is None:
+                cache[key] = block
+            elif isinstance(found, dict):
+                found[block.block_id] = block
+            else:
+                cache[key] = {found.block_id: found, block.block_id: block}
+        return cache
+
+    def get_one_block(self, key: Any) -> KVCacheBlockView | None:
+        """vLLM's: a block caching ``key`` (the first entered, for several), or ``None``."""
+        found = self._cache.get(key)
+        block: KVCacheBlockView | None = (
+            next(iter(found.values())) if isinstance(found, dict) else found
+        )
+        return block
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+
 class BlockPoolView:
     """vLLM's ``BlockPool``: its size, free blocks, usage, ``blocks`` (every block, the
     null block first), ``null_block`` and ``free_block_queue``, read from the core; and the
     references a KV connector's scheduler side takes and drops (``touch``,
     ``get_new_blocks``, ``free_blocks``), which the core keeps. The hash map
-    (``cached_block_hash_to_block``) is keyed by vLLM's block hashes, which the core does
-    not compute; it is not offered (``get_cached_block`` answers by hash). The core
+    (``cached_block_hash_to_block``) is read-only, keyed by the blocks' ``block_hash``
+    (vLLM's where the adapter indexes vLLM's hashes, else the core's). The core
     registers no partial-prefix entries, so ``cached_block_hashes_by_block`` (vLLM's
     secondary hashes per block) is always empty."""
 
@@ -184,6 +251,10 @@ class BlockPoolView:
     @property
     def num_gpu_blocks(self) -> int:
         return self._scheduler._num_kv_blocks + 1
+
+    @property
+    def cached_block_hash_to_block(self) -> _BlockHashToBlockView:
+        return _BlockHashToBlockView(self)
 
     @property
     def blocks(self) -> _BlockList:
@@ -302,13 +373,19 @@ class BlockPoolView:
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """vLLM's ``evict_blocks``: each block that caches a hash leaves the prefix cache
-        (held or free, it stays so). Served with several KV groups (the core's coordinator);
-        ConfigError with the single pool, IndexError for an id past the pool (nothing
-        changed then)."""
+        (held or free, it stays so); a block caching none is skipped, as vLLM skips it.
+        Served with several KV groups (the core's coordinator); with the single pool only
+        where no block given caches a hash (the core already evicted a failed load's blocks:
+        ``_vllm_kv_transfers``), ConfigError otherwise. IndexError for an id past the pool
+        (nothing changed then)."""
         ids = [int(b) for b in block_ids]
         for block_id in ids:
             if not 0 <= block_id < self.num_gpu_blocks:
                 raise IndexError(f"block_id {block_id} is not a block of this pool")
+        if not self._scheduler._kv_groups:
+            hashes = self._scheduler._core.block_hashes()
+            if all(b == 0 or hashes[b - self._offset] is None for b in ids):
+                return
         self._scheduler._core.kv_evict_blocks([b - self._offset for b in ids if b >= self._offset])
 
     def _block(self, block_id: int) -> KVCacheBlockView:

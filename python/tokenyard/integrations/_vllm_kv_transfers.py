@@ -102,6 +102,10 @@ class KvTransfers(AdapterBase):
         # vLLM's block 0 is its null block; the core numbers the others from 0.
         invalid = [b - 1 for b in invalid_block_ids or () if b > 0]
         scheduled = {core_ids[i]: n for i, n in num_scheduled_tokens.items() if i in core_ids}
+        # vLLM evicts, under "fail", each running request's blocks from the first invalid
+        # block it marked on; the core evicts them itself, the tables are read before.
+        evicting = bool(invalid) and not self.recompute_kv_load_failures
+        before = self._running_tables(num_scheduled_tokens) if evicting else {}
         with errors_in_vllm_ids(self._vllm_ids):
             truncated, rescheduled, failed, _ = self._core.handle_kv_load_failures(
                 failed_recving=failed_ids,
@@ -109,12 +113,44 @@ class KvTransfers(AdapterBase):
                 num_scheduled_tokens=scheduled,
             )
         vllm_ids = self._vllm_ids
+        blocks_to_evict: set[int] = set()
         for core_id, num_computed_tokens in truncated:
-            self.requests[vllm_ids[core_id]].num_computed_tokens = num_computed_tokens
+            request_id = vllm_ids[core_id]
+            self.requests[request_id].num_computed_tokens = num_computed_tokens
+            found = before.get(request_id)
+            # A request cut below its computed tokens marked an invalid block (vLLM's
+            # `marked_invalid_block`); one sharing only marked blocks keeps its count.
+            if found is not None and num_computed_tokens < found[0]:
+                blocks_to_evict.update(found[1][num_computed_tokens // self.block_size :])
+        if blocks_to_evict:
+            # vLLM's _handle_invalid_blocks call (the blocks are already out of the cache).
+            self.kv_cache_manager.evict_blocks(blocks_to_evict)
         errors = [vllm_ids[core_id] for core_id in failed]
         if errors:
             self._load_errors = (*self._load_errors, *errors)
         return {vllm_ids[core_id] for core_id in rescheduled}.union(errors)
+
+    def _running_tables(self, num_scheduled_tokens: dict[str, int]) -> dict[str, Any]:
+        """Each running request's computed tokens before the step being updated and its
+        block table (one KV group: block-level failures refuse several), as vLLM's
+        ``_update_requests_with_invalid_blocks`` scans them."""
+        get_block_ids = self.kv_cache_manager.get_block_ids
+        return {
+            r.request_id: (
+                r.num_computed_tokens - num_scheduled_tokens.get(r.request_id, 0),
+                get_block_ids(r.request_id)[0],
+            )
+            for r in self.running
+        }
+
+    def _cache_landed_load(self, request: Request) -> None:
+        """vLLM 0.33's ``_update_waiting_for_remote_kv`` call caching a landed load's valid
+        tokens (the request's ``num_computed_tokens`` as the load left them: all of a
+        whole load, the valid prefix of a failed one; a failed load with none is freed
+        instead, which the core did). The core cached them when it promoted the load; the
+        call reaches ``kv_cache_manager.cache_blocks`` as vLLM's does."""
+        if request.num_computed_tokens > 0:
+            self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
 
     def _mark_load_errors(self) -> list[Request]:
         """The requests failed loads finish with an error in the core's update about to

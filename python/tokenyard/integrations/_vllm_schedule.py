@@ -264,6 +264,8 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
             if was_preempted:
                 self._dropped_outputs.discard(request_id)
             if bridge is not None:
+                if request.status == _WAITING_FOR_REMOTE_KVS:
+                    self._cache_landed_load(request)
                 self.finished_recving_kv_req_ids.discard(request_id)
                 self._promoted_loads.discard(request_id)
             request.status = _RUNNING
@@ -325,6 +327,7 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
             core_id = self._core_ids[request_id]
             if core.waiting_for_remote_kvs(core_id):
                 continue
+            self._cache_landed_load(request)
             self.finished_recving_kv_req_ids.discard(request_id)
             self._promoted_loads.add(request_id)
             request.status = _PREEMPTED if request.num_preemptions else _WAITING

@@ -529,6 +529,44 @@ class _KVCacheManagerView:
             num_tokens = max_cache_hit_length // block_size * block_size
         return None, num_tokens, 0
 
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        """vLLM's ``evict_blocks``: ``block_pool.evict_blocks`` (the adapter calls it where
+        vLLM's ``_handle_invalid_blocks`` does, after the core evicted those blocks)."""
+        self.block_pool.evict_blocks(block_ids)
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """vLLM's ``cache_blocks``: the request's full blocks within its first
+        ``num_computed_tokens`` tokens enter the prefix cache (nothing without prefix
+        caching). The core caches a request's blocks as it computes them and a landed
+        load's valid prefix when the load is promoted; the adapter calls this where vLLM's
+        ``_update_waiting_for_remote_kv`` does, with vLLM's arguments, and it finds them
+        cached.
+
+        Raises:
+            InputError: a request the scheduler does not hold, or blocks within
+                ``num_computed_tokens`` the core has not cached (caching ahead of the core
+                is not served).
+        """
+        scheduler = self._scheduler
+        if not scheduler._prefix_caching:
+            return
+        request_id = request.request_id
+        core_id = scheduler._core_ids.get(request_id)
+        counts = None if core_id is None else scheduler._core.num_cached_blocks_of(core_id)
+        wanted = num_computed_tokens // self.block_size
+        if wanted == 0:
+            return
+        # With several KV groups each caches as the core's coordinator does (vLLM's
+        # per-group managers); the full-attention group's count is the largest.
+        cached = 0 if counts is None else max(counts)
+        if cached < wanted:
+            raise InputError(
+                f"cache_blocks: {request_id!r} has {cached} blocks cached by the core; caching "
+                f"{wanted} (num_computed_tokens={num_computed_tokens}) ahead of it is not served",
+                field="num_computed_tokens",
+                value=str(num_computed_tokens),
+            )
+
     def reset_prefix_cache(self) -> bool:
         reset, _ = self._scheduler._core.reset_prefix_cache(preempt_running=False)
         return bool(reset)

@@ -356,6 +356,8 @@ class TokenyardScheduler(
         self._core.ask_again_after_failed_load = bool(
             transfer is not None and transfer.kv_load_failure_policy == "recompute"
         )
+        # vLLM's update_from_output appends what the runner returns for a prefill chunk.
+        self._core.append_prefill_chunk_outputs = True
         # Requests preempted by reset_prefix_cache: outputs of their steps then in flight
         # are dropped, not delivered.
         self._dropped_outputs: set[str] = set()
@@ -711,7 +713,9 @@ class TokenyardScheduler(
     ) -> bool:
         """Forgets every cached prefix. Only possible when no request holds KV blocks;
         with ``reset_running_requests`` the running requests are preempted first (they
-        appear in the next step's ``preempted_req_ids`` and are recomputed)."""
+        appear in the next step's ``preempted_req_ids`` and are recomputed); with
+        ``reset_connector`` the KV connector's cache too (vLLM's ``reset_connector_cache``;
+        False if it refuses)."""
         preempted: list[Request] = []
         if reset_running_requests:
             _, preempted_ids = self._core.reset_prefix_cache(preempt_running=True)
@@ -735,6 +739,8 @@ class TokenyardScheduler(
             )
         if reset and self._prefix_cache_stats is not None:
             self._prefix_cache_stats.reset = True
+        if reset_connector:  # vLLM 0.33's order: the connector's after the GPU cache
+            reset = self.reset_connector_cache() and reset
         if reset and self.aux_output_connector is not None:
             self.aux_output_connector.reset()
         return bool(reset)

@@ -47,6 +47,18 @@ impl PyScheduler {
         self.inner.set_ask_again_after_failed_load(on);
     }
 
+    /// Whether tokens given for a running request's prefill chunk are appended as its
+    /// output (vLLM 0.33's `update_from_output`); off by default (InputError).
+    #[getter]
+    fn append_prefill_chunk_outputs(&self) -> bool {
+        self.inner.append_prefill_chunk_outputs()
+    }
+
+    #[setter]
+    fn set_append_prefill_chunk_outputs(&mut self, on: bool) {
+        self.inner.set_append_prefill_chunk_outputs(on);
+    }
+
     /// vLLM 0.33's HiSparse host page pool (`hisparse_host_num_blocks`, the null block
     /// included, and the source group's `block_size`): one host block per block of the
     /// first KV group a request holds, the whole prompt's pages checked at admission;

@@ -69,6 +69,8 @@ pub struct Scheduler<R: RequestKey> {
     /// Whether a request whose load failed asks the connector again when it is next
     /// admitted (vLLM 0.33's `kv_load_failure_policy = "recompute"`); by default it does not.
     pub(super) ask_again_after_failed_load: bool,
+    /// Tokens given for a prefill chunk are appended (`set_append_prefill_chunk_outputs`).
+    pub(super) append_prefill_chunk_outputs: bool,
     /// vLLM 0.33's `kv_load_failure_policy` (`sched::load_failures`).
     pub(super) kv_load_failure_policy: super::load_failures::KvLoadFailurePolicy,
     /// Requests a failed load finishes with an error at the next update, with their
@@ -249,6 +251,7 @@ impl<R: RequestKey> Scheduler<R> {
             landed: FxHashSet::default(),
             failed_loads: FxHashSet::default(),
             ask_again_after_failed_load: false,
+            append_prefill_chunk_outputs: false,
             kv_load_failure_policy: Default::default(),
             pending_load_errors: Vec::new(),
             transfer_holds: FxHashMap::default(),

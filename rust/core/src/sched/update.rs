@@ -323,7 +323,14 @@ impl<R: RequestKey> Scheduler<R> {
                     "is not running",
                 ));
             }
-            if !output.token_ids.is_empty() && request.num_sampling_steps() == 0 {
+            // A prefill chunk samples nothing; vLLM 0.33's `update_from_output` appends what
+            // the runner returns for it all the same (`append_prefill_chunk_outputs`).
+            if !output.token_ids.is_empty()
+                && request.num_sampling_steps() == 0
+                && !(self.append_prefill_chunk_outputs
+                    && request.is_prefill_chunk
+                    && request.status == RequestStatus::Running)
+            {
                 return Err(Error::input(
                     "request_id",
                     format!("{id:?}"),
@@ -670,6 +677,19 @@ impl<R: RequestKey> Scheduler<R> {
 
     pub fn ask_again_after_failed_load(&self) -> bool {
         self.ask_again_after_failed_load
+    }
+
+    /// Whether tokens given for a running request's prefill chunk (a step that samples
+    /// nothing) are appended as its output, as vLLM 0.33's `update_from_output` appends
+    /// whatever the runner returns for a scheduled request (`_update_request_with_output`;
+    /// its runner returns none for a chunk, its tests hand one). Off by default: an
+    /// `InputError` names the request.
+    pub fn set_append_prefill_chunk_outputs(&mut self, on: bool) {
+        self.append_prefill_chunk_outputs = on;
+    }
+
+    pub fn append_prefill_chunk_outputs(&self) -> bool {
+        self.append_prefill_chunk_outputs
     }
 
     /// Frees the blocks a finished request kept for a transfer (or defers them to the

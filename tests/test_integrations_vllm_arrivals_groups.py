@@ -21,14 +21,24 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM 0.33 is installed only in the bench venv")
 
 import torch
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, MambaSpec
 from vllm.v1.structured_output import StructuredOutputManager
-from vllm_compare import BLOCK_SIZE, attention_spec, compare_stream, seeded_arrivals
+from vllm_compare import (
+    BLOCK_SIZE,
+    add_both,
+    attention_spec,
+    block_digest,
+    compare_stream,
+    runner_output,
+    sampling,
+    seeded_arrivals,
+)
 from vllm_peer import VllmSchedulerPeer
 
 from tokenyard.errors import CapacityError
-from tokenyard.integrations.vllm import TokenyardScheduler
+from tokenyard.integrations.vllm import AsyncTokenyardScheduler, TokenyardScheduler
 
 #: Each layout's groups as ``(kind, block_size)`` (``vllm_compare.attention_spec`` kinds,
 #: ``"mamba"`` in align mode, ``"mambanone"`` in ``none`` mode with vLLM's block of
@@ -52,7 +62,9 @@ def _spec(kind: str, block_size: int) -> Any:
     return dataclasses.replace(attention_spec(kind), block_size=block_size)
 
 
-def _pair(layout: str, num_blocks: int, **options: Any) -> tuple[Any, Any, Any]:
+def _pair(
+    layout: str, num_blocks: int, *, asynchronous: bool = False, **options: Any
+) -> tuple[Any, Any, Any]:
     """vLLM's Scheduler and the adapter over ``LAYOUTS[layout]``, prefix caching on (off
     beside a ``none``-mode Mamba group): the scheduler block size the groups' lcm (512
     beside a ``none``-mode Mamba group, whose block covers ``max_model_len``: full attention
@@ -71,6 +83,14 @@ def _pair(layout: str, num_blocks: int, **options: Any) -> tuple[Any, Any, Any]:
     )
     if any(kind == "mamba" for kind, _ in kinds):
         peer.vllm_config.cache_config.mamba_cache_mode = "align"
+    # Under async scheduling two batches are in flight (`max_concurrent_batches`), which a
+    # window's admission cap counts on both sides.
+    peer.vllm_config.scheduler_config.async_scheduling = asynchronous
+    classes = (
+        (AsyncScheduler, AsyncTokenyardScheduler)
+        if asynchronous
+        else (Scheduler, TokenyardScheduler)
+    )
     groups = [KVCacheGroupSpec([f"layers.{i}"], _spec(*k)) for i, k in enumerate(kinds)]
     config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
     block_size = math.lcm(*(size for _, size in kinds))
@@ -83,7 +103,7 @@ def _pair(layout: str, num_blocks: int, **options: Any) -> tuple[Any, Any, Any]:
             hash_block_size=BLOCK_SIZE,
             log_stats=True,
         )
-        for cls in (Scheduler, TokenyardScheduler)
+        for cls in classes
     ]
     return schedulers[0], schedulers[1], peer
 
@@ -184,3 +204,43 @@ def test_where_vllms_count_fits_but_its_allocation_does_not_both_raise() -> None
             scheduler.schedule()
         if error is CapacityError:
             assert "requested 14, available 13" in str(info.value)
+
+
+def _tables_agree(theirs: Any, ours: Any, step: int) -> None:
+    assert ours.get_kv_cache_usage() == pytest.approx(theirs.get_kv_cache_usage()), step
+    for request_id in ours.requests:
+        table = ours.kv_cache_manager.get_block_ids(request_id)
+        assert table == theirs.kv_cache_manager.get_block_ids(request_id), step
+
+
+ASYNC_CASES = [(layout, seed) for layout in LAYOUTS for seed in range(3)]
+
+
+@pytest.mark.parametrize(("layout", "seed"), ASYNC_CASES)
+def test_computed_arrivals_match_vllms_async_scheduler(layout: str, seed: int) -> None:
+    # vLLM's AsyncScheduler and AsyncTokenyardScheduler, two steps in flight (each lands
+    # a step later): the next allocation frees a window's blocks on the processed-token
+    # basis, so an arrival's blocks below its window stay while its first step is in
+    # flight. Every step's decisions, blocks, KV usage and tables agree.
+    theirs, ours, peer = _pair(layout, 160, asynchronous=True, max_num_batched_tokens=64)
+    make = _maker(peer)
+    arrivals = _arrivals(seed)
+    pending: list[tuple[Any, Any, set[str], set[str]]] = []
+    for step in range(3000):
+        for at, *args in arrivals:
+            if at == step:
+                add_both((theirs, ours), make, *args)
+        out_v, out_t = theirs.schedule(), ours.schedule()
+        assert block_digest(out_t) == block_digest(out_v), step
+        _tables_agree(theirs, ours, step)
+        pending.append((out_v, out_t, sampling(theirs, out_v), sampling(ours, out_t)))
+        if len(pending) == 2 or not out_v.num_scheduled_tokens:
+            old_v, old_t, sampling_v, sampling_t = pending.pop(0)
+            assert sampling_t == sampling_v, step
+            theirs.update_from_output(old_v, runner_output(theirs, old_v, sampling_v))
+            ours.update_from_output(old_t, runner_output(ours, old_t, sampling_t))
+            _tables_agree(theirs, ours, step)
+        if step > 12 and not theirs.has_unfinished_requests():
+            assert not ours.has_unfinished_requests()
+            return
+    raise AssertionError("the stream did not drain")

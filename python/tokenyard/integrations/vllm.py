@@ -30,7 +30,9 @@ or ``align`` mode with draft and checkpoint blocks, cross-attention, HiSparse's 
 different block sizes, with EAGLE/MTP and KV connectors), EAGLE/MTP prefix caching (hash
 look-ahead or the trailing-block drop), KV load failures under either policy, CPU offloading
 (``OffloadingConnector``, ``SimpleCPUOffloadConnector``), vLLM's KV cache events (one KV
-group), multimodal requests and streaming-input sessions are served.
+group), multimodal requests, streaming-input sessions and requests that arrive computed (a P/D
+decode side's, also over several KV groups but HiSparse's, cross-attention and
+bounded-replay windows) are served.
 """
 
 from __future__ import annotations

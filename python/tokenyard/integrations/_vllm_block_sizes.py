@@ -75,6 +75,7 @@ def group_block_sizes_of(
         if _get(_get(g, "role"), "name") != "HISPARSE_SOURCE"
     ]
     sizes: list[int] = []
+    whole_requests: list[bool] = []
     for group in groups:
         spec = _get(group, "kv_cache_spec")
         size = _get(spec, "block_size")
@@ -85,6 +86,7 @@ def group_block_sizes_of(
             and size is not None
             and int(size) >= max_model_len
         )
+        whole_requests.append(whole_request)
         sizes.append(block_size if size is None or whole_request else int(size))
     if not core_groups:
         # One full-attention group: the single pool, on the scheduler's block size.
@@ -108,6 +110,18 @@ def group_block_sizes_of(
     ):
         raise _refuse_partial_hits(core_groups, sizes, hash_block_size)
     for i, spec in enumerate(core_groups):
+        # A `none`-mode Mamba group whose one block covers the request holds one state
+        # block (and its speculative ones) whatever the other groups' sizes (vLLM 0.33's
+        # `MambaManager` outside align mode: `cdiv(num_tokens, block_size)` is 1 and it
+        # skips no block); served without prefix caching.
+        whole_mamba = (
+            i < len(whole_requests)
+            and whole_requests[i]
+            and not enable_caching
+            and type(spec).__name__ == "MambaSpec"
+        )
+        if whole_mamba:
+            continue
         if not isinstance(spec, (FullAttentionSpec, SlidingWindowSpec)) or getattr(
             spec, "bounded_replay", False
         ):
@@ -115,8 +129,11 @@ def group_block_sizes_of(
             raise ConfigError(
                 f"{field}: {type(spec).__name__} beside groups of different block sizes "
                 f"{tuple(sizes)} is not modelled (only full-attention and sliding-window groups "
-                "take their own block size; a Mamba state larger than the hash block is vLLM's "
-                "partial hash hit with copy-on-write, on only with cache_config."
+                "take their own block size, and a none-mode Mamba group whose block covers "
+                "max_model_len without prefix caching: below it vLLM's none-mode MambaManager "
+                "holds cdiv(num_tokens, block_size) + num_speculative_blocks slots, which the "
+                "core's Mamba group does not model; a Mamba state larger than the hash block is "
+                "vLLM's partial hash hit with copy-on-write, on only with cache_config."
                 "prefix_match_unit below the Mamba block size)",
                 field=field,
                 value=type(spec).__name__,

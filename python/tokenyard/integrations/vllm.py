@@ -34,7 +34,9 @@ look-ahead or the trailing-block drop), KV load failures under either policy, CP
 (``OffloadingConnector``, ``SimpleCPUOffloadConnector``), the Mooncake store and UMBP
 connectors (their store jobs' pins), vLLM's KV cache events (one KV group, or full
 attention beside sliding windows; ``kv_cache_report_mode="full"`` too), multimodal
-requests and streaming-input sessions are served.
+requests, streaming-input sessions and requests that arrive computed (a P/D decode side's,
+also over several KV groups but HiSparse's, cross-attention and bounded-replay windows)
+are served.
 """
 
 from __future__ import annotations

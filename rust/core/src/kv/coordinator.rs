@@ -272,7 +272,29 @@ impl<R: RequestKey> KvCoordinator<R> {
         num_in_flight_tokens: usize,
         num_encoder_tokens: usize,
     ) -> Result<Option<Vec<Vec<BlockId>>>> {
+        let (n, lookahead, in_flight) =
+            (num_new_tokens, num_lookahead_tokens, num_in_flight_tokens);
+        let (computed, key, encoder) = (new_computed, extra_key, num_encoder_tokens);
+        let from = (in_flight, encoder, 0);
+        self.allocate_slots_from(request_id, token_ids, n, lookahead, computed, key, from)
+    }
+
+    /// [`Self::allocate_slots_in_flight`] with `(num_in_flight_tokens, num_encoder_tokens,
+    /// num_arrived_computed)`: the last, for a first allocation with no hit, the tokens the
+    /// request arrived computed with (`arrival::allocate_slots_arrived`), else 0.
+    #[allow(clippy::too_many_arguments)]
+    fn allocate_slots_from(
+        &mut self,
+        request_id: &R,
+        token_ids: &[TokenId],
+        num_new_tokens: usize,
+        num_lookahead_tokens: usize,
+        new_computed: Option<&GroupedComputedBlocks>,
+        extra_key: Option<u64>,
+        (num_in_flight_tokens, num_encoder_tokens, num_arrived): (usize, usize, usize),
+    ) -> Result<Option<Vec<Vec<BlockId>>>> {
         let existing = self.requests.get(request_id);
+        let arrived = existing.is_none() && new_computed.is_none() && num_arrived > 0;
         // vLLM 0.33 allocates no slots for a step that only adopts a hit, or only reserves
         // lookahead slots past it (a chunk ending inside the replayed tail of the hit, SWA
         // bounded replay).
@@ -295,7 +317,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         let num_computed = match (existing, new_computed) {
             (Some(request), _) => request.tokens.num_computed_tokens,
             (None, Some(hit)) => hit.num_computed_tokens,
-            (None, None) => 0,
+            (None, None) => num_arrived,
         };
         let num_slots = num_computed + num_new_tokens + num_lookahead_tokens;
 
@@ -308,10 +330,24 @@ impl<R: RequestKey> KvCoordinator<R> {
             encoder: num_encoder_tokens,
             lookahead: num_lookahead_tokens,
         };
-        let needed =
-            self.num_blocks_to_allocate(request_id, slots, num_computed, new_computed, None);
+        let (needed, taken) = match arrived {
+            true => self.arrival_needs(request_id, slots, num_computed, None),
+            false => {
+                let n = self.num_blocks_to_allocate(
+                    request_id,
+                    slots,
+                    num_computed,
+                    new_computed,
+                    None,
+                );
+                (n, n)
+            }
+        };
         if needed > self.free_queue.len() {
             return Ok(None);
+        }
+        if taken > self.free_queue.len() {
+            return Err(arrival::overdraw(taken, self.free_queue.len()));
         }
         // Mamba `align` prefill checkpoints are decided on the tables before the hit is
         // taken, as vLLM's `get_num_blocks_to_allocate` records them.
@@ -734,6 +770,8 @@ mod eagle;
 
 #[path = "coordinator_events.rs"]
 mod events;
+#[path = "coordinator_arrival.rs"]
+mod arrival;
 use align::{AlignState, allocate_align_blocks};
 use eagle::EagleGroups;
 use events::EventSink;
@@ -759,3 +797,7 @@ mod sizes_tests;
 #[cfg(test)]
 #[path = "coordinator_eagle_tests.rs"]
 mod eagle_tests;
+
+#[cfg(test)]
+#[path = "coordinator_arrival_tests.rs"]
+mod arrival_tests;

@@ -116,7 +116,9 @@ impl<R: RequestKey> KvCoordinator<R> {
     /// `block_size`); the coordinator's `block_size` is the hash block size. Every size
     /// must be a multiple of it; the scheduler block size is their least common multiple.
     /// Only while no request holds blocks. Groups that are not full attention or a
-    /// sliding window are refused beside differing sizes (not modelled); a hash look-ahead
+    /// sliding window are refused beside differing sizes (not modelled), but for a
+    /// `none`-mode Mamba group without prefix caching (one state block whatever its size,
+    /// vLLM's `mamba_block_size` of `max_model_len` in that mode); a hash look-ahead
     /// or EAGLE's block drop then adds vLLM's rules for them (`coordinator_sizes_tail`).
     pub fn set_group_block_sizes(&mut self, block_sizes: &[usize]) -> Result<()> {
         let field = "group_block_sizes";
@@ -155,11 +157,13 @@ impl<R: RequestKey> KvCoordinator<R> {
             })?;
         }
         let mixed = block_sizes.iter().any(|&s| s != hash);
-        let served = |s: &KvGroupSpec| {
-            matches!(
-                s,
-                KvGroupSpec::FullAttention | KvGroupSpec::SlidingWindow { .. }
-            )
+        // A `none`-mode Mamba group holds one state block (and its speculative ones)
+        // whatever its size: without prefix caching nothing else reads its size.
+        let caching = self.enable_caching();
+        let served = |s: &KvGroupSpec| match s {
+            KvGroupSpec::FullAttention | KvGroupSpec::SlidingWindow { .. } => true,
+            KvGroupSpec::Mamba { .. } => !caching,
+            _ => false,
         };
         if let Some(g) = (self.groups.iter())
             .position(|s| !served(s))
@@ -170,7 +174,8 @@ impl<R: RequestKey> KvCoordinator<R> {
                 format!("{block_sizes:?}"),
                 format!(
                     "groups[{g}]={:?}: only full-attention and sliding-window groups take \
-                     their own block size (not modelled for the others)",
+                     their own block size (and `none`-mode Mamba without prefix caching; not \
+                     modelled for the others)",
                     self.groups[g]
                 ),
             ));

@@ -124,8 +124,20 @@ fn block_sizes_that_do_not_fit_the_hash_block_or_the_groups_are_refused() {
         coord.set_group_block_sizes(&[8, 6]).is_err(),
         "not a multiple of 4"
     );
+    // A `none`-mode Mamba group holds one state block whatever its size: served beside
+    // differing sizes without prefix caching (with it, vLLM's MambaManager asserts align
+    // mode; `set_group_block_sizes` refuses it then).
     let mamba = vec![FULL, KvGroupSpec::MAMBA];
     let mut coord = KvCoordinator::<u64>::new(mamba, 20, 4, false).unwrap();
+    coord.set_group_block_sizes(&[4, 8]).unwrap();
+    let blocks = coord
+        .allocate_slots(&1, &tokens(0..6), 6, 0, None, None)
+        .unwrap()
+        .unwrap();
+    assert_eq!(blocks.iter().map(Vec::len).collect::<Vec<_>>(), [2, 1]);
+    coord.free(&1).unwrap();
+    let align = vec![FULL, KvGroupSpec::MAMBA_ALIGN];
+    let mut coord = KvCoordinator::<u64>::new(align, 20, 4, false).unwrap();
     let err = coord.set_group_block_sizes(&[8, 4]).unwrap_err();
     assert!(err.to_string().contains("groups[1]"), "{err}");
     // Equal sizes change nothing, beside any group.

@@ -393,7 +393,7 @@ impl<R: RequestKey> Scheduler<R> {
     ) -> Result<Admission> {
         self.make_deferred_prompt(slot)?;
         let num_computed = self.req(slot).num_computed_tokens;
-        let fits = self.full_sequence_fits(slot, None);
+        let fits = self.full_sequence_fits_arrived(slot, num_computed);
         let has_mm = !self.req(slot).spec.mm_features.is_empty();
         if (!fits && !has_mm) || self.holds_prefill(slot, num_computed) {
             return Ok(Admission::Blocked);
@@ -419,12 +419,12 @@ impl<R: RequestKey> Scheduler<R> {
         let request = self.slots[slot as usize].as_ref().expect("live");
         let lora_id = request.spec.lora_id;
         let with_ids = !self.lean_output;
-        let allocated = self.kv.allocate(
+        let allocated = self.kv.allocate_arrived(
             slot,
             &request.all_token_ids,
-            num_computed + n,
+            num_computed,
+            n,
             lookahead,
-            None,
             lora_id,
             with_ids,
         )?;
@@ -518,6 +518,18 @@ impl<R: RequestKey> Scheduler<R> {
         }
         let num_tokens = self.req(slot).num_tokens().min(self.config.max_model_len);
         self.kv.full_sequence_fits(slot, num_tokens, hit) && self.host_pages_fit(slot, num_tokens)
+    }
+
+    /// [`Self::full_sequence_fits`] for the first admission of a request that arrived with
+    /// `num_computed` tokens (no hit).
+    fn full_sequence_fits_arrived(&self, slot: u32, num_computed: usize) -> bool {
+        if !self.config.scheduler_reserve_full_isl {
+            return true;
+        }
+        let num_tokens = self.req(slot).num_tokens().min(self.config.max_model_len);
+        self.kv
+            .full_sequence_fits_arrived(slot, num_tokens, num_computed)
+            && self.host_pages_fit(slot, num_tokens)
     }
 
     /// [`Self::full_sequence_fits`] for an admission that also loads `num_external_tokens`

@@ -294,6 +294,67 @@ impl Kv {
         }
     }
 
+    /// The first allocation of a request that arrived with `num_computed` computed tokens:
+    /// slots for those and `num_new_tokens` more. The single-group pool gives them as new
+    /// slots from 0 (vLLM's count and allocation agree there); several groups go through
+    /// `KvCoordinator::allocate_slots_arrived` (vLLM's count skips what a window has left).
+    #[allow(clippy::too_many_arguments)]
+    pub fn allocate_arrived(
+        &mut self,
+        slot: u32,
+        token_ids: &[TokenId],
+        num_computed: usize,
+        num_new_tokens: usize,
+        num_lookahead_tokens: usize,
+        extra_key: Option<u64>,
+        with_ids: bool,
+    ) -> Result<Option<Vec<BlockId>>> {
+        let Kv::Hybrid(h) = self else {
+            let (n, lookahead) = (num_computed + num_new_tokens, num_lookahead_tokens);
+            return self.allocate(slot, token_ids, n, lookahead, None, extra_key, with_ids);
+        };
+        let encoder = std::mem::take(&mut h.encoder_tokens);
+        let (n, lookahead) = (num_new_tokens, num_lookahead_tokens);
+        let allocated = (h.pool).allocate_slots_arrived(
+            &slot,
+            token_ids,
+            num_computed,
+            n,
+            lookahead,
+            extra_key,
+            encoder,
+        )?;
+        Ok(allocated.map(|groups| {
+            if with_ids {
+                h.new_blocks.insert(slot, groups);
+            }
+            Vec::new()
+        }))
+    }
+
+    /// [`Self::full_sequence_fits`] for a request that arrived with `num_computed` tokens
+    /// and holds nothing (with several groups a window's count skips what it has left).
+    pub fn full_sequence_fits_arrived(
+        &self,
+        slot: u32,
+        num_tokens: usize,
+        num_computed: usize,
+    ) -> bool {
+        match self {
+            Kv::Hybrid(h) => {
+                let (in_flight, encoder) = (h.max_in_flight_tokens, h.encoder_tokens);
+                (h.pool).full_sequence_fits_arrived(
+                    &slot,
+                    num_tokens,
+                    num_computed,
+                    in_flight,
+                    encoder,
+                )
+            }
+            _ => self.full_sequence_fits(slot, num_tokens, None),
+        }
+    }
+
     /// Slots for the request's new tokens (see `BlockPool::allocate_slots`). The new block
     /// ids come back only `with_ids`; otherwise the vector is empty (and never allocated).
     /// With several groups the vector is empty too: each group's new blocks wait in

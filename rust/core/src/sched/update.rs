@@ -7,7 +7,7 @@ use super::output::SampledOutput;
 use super::outside_wait::OutsideWait;
 use super::request::{FinishReason, Request, RequestSpec, RequestStatus};
 use super::scheduler::FinishedInFlight;
-use crate::kv::{RequestKey, TokenId};
+use crate::kv::{KvGroupSpec, RequestKey, TokenId};
 use crate::{Error, Result};
 
 /// The most output tokens a new request's token vector reserves room for.
@@ -137,13 +137,16 @@ impl<R: RequestKey> Scheduler<R> {
         self.index.insert(request_id, slot);
         self.kv.set_num_prompt_tokens(slot, num_prompt_tokens);
         let key = self.priority_key(slot);
-        self.waiting.push_back(slot, key);
+        // One that arrives computed waits with the block holders (vLLM 0.33's
+        // `_enqueue_waiting_request`: `_holds_kv_blocks` is `num_computed_tokens > 0`).
+        let holds_kv = self.req(slot).num_computed_tokens > 0;
+        self.waiting.push_back_in_part(slot, key, holds_kv);
         Ok(())
     }
 
     /// `RequestSpec::num_computed_tokens`: less than the prompt (a token is left for the
-    /// model's logits, as vLLM's scheduler asserts), and on the single-group pool, whose
-    /// first allocation can stand for computed tokens as for new ones.
+    /// model's logits, as vLLM's scheduler asserts), and over KV groups whose first
+    /// allocation for them is modelled (full attention, windows, chunked local, Mamba).
     fn check_computed_on_arrival(
         &self,
         spec: &RequestSpec,
@@ -160,12 +163,26 @@ impl<R: RequestKey> Scheduler<R> {
                 format!("must be less than the prompt's {num_prompt_tokens} tokens"),
             ));
         }
-        if self.config.is_hybrid() {
+        // Served over full attention, windows, chunked local attention and Mamba groups
+        // (`KvCoordinator::allocate_slots_arrived`); the rest are not modelled.
+        let unserved = self.config.kv_groups.iter().find(|g| {
+            !matches!(
+                g,
+                KvGroupSpec::FullAttention
+                    | KvGroupSpec::SlidingWindow { .. }
+                    | KvGroupSpec::ChunkedLocalAttention { .. }
+                    | KvGroupSpec::Mamba { .. }
+                    | KvGroupSpec::MambaAlign { .. }
+            )
+        });
+        if let Some(group) = unserved {
             return Err(Error::input(
                 "num_computed_tokens",
                 num_computed,
-                "needs a single full-attention KV group (vLLM's windowed groups would hold \
-                 null blocks for the computed tokens; not modelled)",
+                format!(
+                    "is served beside full attention, sliding windows, chunked local \
+                     attention and Mamba groups only, not beside {group:?} (not modelled)"
+                ),
             ));
         }
         Ok(())

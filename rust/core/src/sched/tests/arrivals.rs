@@ -99,7 +99,7 @@ fn a_preempted_request_recomputes_the_tokens_it_arrived_with() {
 }
 
 #[test]
-fn computed_tokens_are_refused_unless_below_the_prompt_on_one_kv_group() {
+fn computed_tokens_are_refused_unless_below_the_prompt_or_beside_unmodelled_groups() {
     let mut s = Scheduler::new(cached_config(), false).unwrap();
     let err = s.add_request(0, computed(0, 10, 10)).unwrap_err();
     assert!(err.to_string().contains("num_computed_tokens"), "{err}");
@@ -112,9 +112,19 @@ fn computed_tokens_are_refused_unless_below_the_prompt_on_one_kv_group() {
         enable_prefix_caching: false,
         ..cached_config()
     };
-    let mut s = Scheduler::new(hybrid, false).unwrap();
+    let mut s = Scheduler::new(hybrid.clone(), false).unwrap();
+    s.add_request(0, computed(0, 10, 4)).unwrap();
+    // A bounded-replay window beside it is not modelled.
+    let replay = SchedulerConfig {
+        kv_groups: vec![
+            crate::kv::KvGroupSpec::FullAttention,
+            crate::kv::KvGroupSpec::SlidingWindowReplay { sliding_window: 8 },
+        ],
+        ..hybrid
+    };
+    let mut s = Scheduler::new(replay, false).unwrap();
     let err = s.add_request(0, computed(0, 10, 4)).unwrap_err();
-    assert!(err.to_string().contains("KV group"), "{err}");
+    assert!(err.to_string().contains("SlidingWindowReplay"), "{err}");
     s.add_request(1, prompt(1, 10)).unwrap();
 }
 
@@ -152,5 +162,21 @@ fn spec_padding_of_a_computed_arrival_leaves_room_for_the_sampled_token() {
         .update_from_output(&[sample(9, 7), sample(0, 7), sample(1, 7)])
         .unwrap();
     assert_eq!(finished, [(0, FinishReason::Length)]);
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn a_request_arriving_computed_is_served_before_earlier_waiting_ones() {
+    // vLLM 0.33's `_enqueue_waiting_request` queues it with the block holders
+    // (`_holds_kv_blocks`: `num_computed_tokens > 0`), which admission drains first: with
+    // one sequence slot it runs first though it arrived last.
+    let cfg = SchedulerConfig {
+        max_num_seqs: 1,
+        ..cached_config()
+    };
+    let mut s = Scheduler::new(cfg, false).unwrap();
+    s.add_request(0, prompt(0, 10)).unwrap();
+    s.add_request(1, computed(1, 10, 9)).unwrap();
+    assert_eq!(scheduled(&s.schedule().unwrap()), [(1, 1)]);
     s.check_invariants().unwrap();
 }

@@ -30,12 +30,15 @@ from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
 from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 from vllm.v1.core.single_type_kv_cache_manager import CrossAttentionManager
 
+from tokenyard._core import group_block_hashes
+
 
 class CoreState(Protocol):
     """What these views read of ``TokenyardScheduler`` (named here so that this module
     need not import the one that imports it)."""
 
     kv_cache_config: Any
+    block_size: int
     hash_block_size: int
     _core: Any
     _core_ids: dict[str, Any]
@@ -169,6 +172,10 @@ class BlockPoolView:
         # Inside such a window (the core is busy asking the connector): the blocks' cached
         # hashes as the window began, and the references taken and dropped meanwhile.
         self._window_hashes: list[Any] | None = None
+        self._window_blocks: dict[int, int] | None = None  # its blocks by key, when read
+        # vLLM's hashes of the blocks a step's update caches meanwhile (cached_by_update).
+        self._window_cached: dict[int, tuple[Any, int]] = {}
+        self._finished_in_window: list[Any] = []  # their requests, indexed after
         self._deferred: list[tuple[str, list[int]]] = []
         # The core's single pool numbers blocks from 0, vLLM's from 1.
         self._offset = 0 if scheduler._kv_groups else 1
@@ -205,12 +212,40 @@ class BlockPoolView:
         """The blocks caching vLLM's ``block_hash`` in each group, or ``None`` (vLLM's;
         answered for the hashes of requests the auxiliary-output connector was asked about,
         ``_vllm_aux_outputs.BlockHashIndex``; ``None`` for any other hash)."""
-        core_ids = self._scheduler._block_hash_index.cached_block_ids(
-            block_hash, kv_cache_group_ids
-        )
+        if self._window_hashes is not None:
+            core_ids = self._cached_in_window(block_hash, kv_cache_group_ids)
+        else:
+            core_ids = self._scheduler._block_hash_index.cached_block_ids(
+                block_hash, kv_cache_group_ids
+            )
         if core_ids is None:
             return None
         return [self._block(b + self._offset) for b in core_ids]
+
+    def _cached_in_window(self, block_hash: Any, group_ids: Iterable[int]) -> list[int] | None:
+        """``get_cached_block`` inside an ``asking`` window (the core cannot be asked
+        then): the blocks caching the hash as the window began, in the core's ids."""
+        window = self._window_hashes
+        scheduler = self._scheduler
+        core = scheduler._block_hash_index.core_hashes([block_hash])
+        if window is None or not core:
+            return None
+        if self._window_blocks is None:
+            # Each key's lowest block (a key two blocks cache, computed twice at once, is
+            # not told apart here as the core's map would).
+            blocks: dict[int, int] = {}
+            for block, cached in enumerate(window):
+                if cached is not None:
+                    blocks.setdefault(cached, block)
+            self._window_blocks = blocks
+        found = []
+        for group in group_ids:
+            key = group_block_hashes(core, group=group)[0] if scheduler._kv_groups else core[0]
+            hit = self._window_blocks.get(key)
+            if hit is None or (not scheduler._kv_groups and group != 0):
+                return None
+            found.append(hit)
+        return found
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlockView]:
         """vLLM's ``get_new_blocks``: ``num_blocks`` blocks from the front of the free queue
@@ -245,7 +280,12 @@ class BlockPoolView:
         try:
             yield
         finally:
-            self._window_hashes = None
+            self._window_hashes = self._window_blocks = None
+            self._window_cached = {}
+            # Their hashes stay the blocks' answer once the request has left.
+            finished, self._finished_in_window = self._finished_in_window, []
+            for request in finished:
+                self._scheduler._block_hash_index.index(request)
             deferred, self._deferred = self._deferred, []
             core = self._scheduler._core
             for op, ids in deferred:
@@ -253,6 +293,31 @@ class BlockPoolView:
                     core.touch_loose_blocks(ids)
                 else:
                     core.free_loose_blocks(ids)
+
+    def cached_by_update(self, request: Any, tables: Sequence[Sequence[int]]) -> None:
+        """Inside an update's ``asking`` window, before the connector is told ``request``
+        finished: its blocks the update caches, as vLLM's ``update_from_output`` does before
+        it frees a request whose outputs landed late (``cache_blocks`` up to
+        ``num_computed_tokens - num_in_flight_tokens``, for output placeholders or
+        speculative tokens), answer ``block_hash`` with vLLM's hash from then on, as the
+        core caches them when the update returns. Its whole blocks computed, each group's
+        table (vLLM's ids) from the front, null blocks skipped."""
+        window = self._window_hashes
+        if window is None or not self._scheduler._index_hashes:
+            return
+        block_size = self._scheduler.block_size
+        num_tokens = request.num_computed_tokens - request.num_in_flight_tokens
+        vllm_hashes = request.block_hashes
+        num_full = min(num_tokens // block_size, len(vllm_hashes))
+        cached = False
+        for group, table in enumerate(tables):
+            for i, block_id in enumerate(table[:num_full]):
+                if block_id != 0 and window[self._core_index(block_id)] is None:
+                    key = make_block_hash_with_group_id(vllm_hashes[i], group)
+                    self._window_cached[block_id] = (key, (i + 1) * block_size)
+                    cached = True
+        if cached:
+            self._finished_in_window.append(request)
 
     def _index_cached(self, hashes: Sequence[Any]) -> None:
         """Enters the live requests' vLLM hashes again if some block caches a hash the
@@ -338,22 +403,29 @@ class BlockPoolView:
         window = self._window_hashes
         in_window = window is not None
         hashes: Sequence[Any] = window if window is not None else scheduler._core.block_hashes()
-        core_hash: int | None = hashes[index]
-        if core_hash is None or not scheduler._index_hashes:
-            return core_hash
-        hash_index = scheduler._block_hash_index
-        found = hash_index.vllm_hash(core_hash)
+        key: int | None = hashes[index]
+        if key is None and in_window:
+            return self._window_cached.get(block_id)
+        if key is None or not scheduler._index_hashes:
+            return key
+        found = self._hash_and_group(key)
         if found is None and not in_window:
             self._index_cached(hashes)
-            found = hash_index.vllm_hash(core_hash)
+            found = self._hash_and_group(key)
         if found is None:
-            return core_hash
-        group = 0
-        if scheduler._kv_groups:
-            groups = len(scheduler.kv_cache_config.kv_cache_groups)
-            cached = scheduler._core.cached_block_id
-            group = next((g for g in range(groups) if cached(core_hash, g) == index), 0)
-        return make_block_hash_with_group_id(found[0], group), found[1]
+            return key
+        (vllm_hash, num_tokens), group = found
+        return make_block_hash_with_group_id(vllm_hash, group), num_tokens
+
+    def _hash_and_group(self, key: int) -> tuple[tuple[Any, int], int] | None:
+        """vLLM's hash and tokens of the block caching ``key`` (the core's hash, keyed by
+        its group over the coordinator), and that group; ``None`` where not indexed."""
+        hash_index = self._scheduler._block_hash_index
+        core_hash, group = (
+            hash_index.keyed(key) or (None, 0) if self._scheduler._kv_groups else (key, 0)
+        )
+        found = None if core_hash is None else hash_index.vllm_hash(core_hash)
+        return None if found is None else (found, group)
 
     def _ref_counts(self) -> np.ndarray:
         counts: np.ndarray = self._scheduler._core.block_ref_counts()

@@ -22,7 +22,8 @@ error naming it, never silently different) is listed in ``docs/integrations.md``
 cache group kinds the core has none for, the HiSparse connector, vLLM's fine-grained
 partial hash hits (Mamba ``align`` beside a smaller ``prefix_match_unit``), connectors
 that keep vLLM's own pool or manager beyond what the pool view serves (the Mooncake store,
-UMBP; ``SimpleCPUOffloadConnector`` beside several KV cache groups), and any vLLM
+UMBP; ``SimpleCPUOffloadConnector`` beside a group other than full attention or a sliding
+window, or over groups of different block sizes), and any vLLM
 ``KVCacheManager`` object but HiSparse's assigned one (the block pool lives in Rust here).
 Structured output, pooling requests, prompt embeddings, hybrid KV cache groups (full
 attention, sliding window with or without retained tokens, chunked local, Mamba in ``none``

@@ -176,6 +176,12 @@ class BlockPoolView:
         # vLLM's hashes of the blocks a step's update caches meanwhile (cached_by_update).
         self._window_cached: dict[int, tuple[Any, int]] = {}
         self._finished_in_window: list[Any] = []  # their requests, indexed after
+        # The hashes the last window checked the index knows (unchanged: not again).
+        self._checked_hashes: list[Any] | None = None
+        # Outside windows, in a reading stretch: the core's hashes once read, and inside
+        # either, each block's answer once given (the window's or stretch's).
+        self._read_hashes: list[Any] | None = None
+        self._answers: dict[int, Any] | None = None
         self._deferred: list[tuple[str, list[int]]] = []
         # The core's single pool numbers blocks from 0, vLLM's from 1.
         self._offset = 0 if scheduler._kv_groups else 1
@@ -258,6 +264,7 @@ class BlockPoolView:
             ConfigError: over the radix pool (``prefix_cache="radix"``).
         """
         core_ids = self._scheduler._core.take_loose_blocks(int(num_blocks))
+        self._forget_reads()
         return [self._block(b + self._offset) for b in core_ids]
 
     def asking(self) -> AbstractContextManager[None]:
@@ -266,21 +273,47 @@ class BlockPoolView:
         connector's ``touch`` and ``free_blocks`` meanwhile are applied, in their order,
         when it does, and the blocks' ``block_hash`` answers as the window began (the
         connector reads the hashes of the blocks of the request it is asked about, which
-        a step's update does not change). A no-op unless a served connector keeps the
-        pool."""
+        a step's update does not change but for ``cached_by_update``). A no-op unless a
+        served connector keeps the pool."""
         if not self.kept_by_connector or self._window_hashes is not None:
             return _NO_WINDOW
         return self._window()
 
+    def reading(self) -> AbstractContextManager[None]:
+        """A stretch where the connector reads the pool but nothing changes the blocks'
+        hashes (``build_connector_meta``: its touches and frees keep them; a
+        ``get_new_blocks`` or ``evict_blocks`` drops the snapshot): the hashes are read
+        from the core once, when first asked, and each block's answer once. A no-op
+        unless a served connector keeps the pool, or inside a window."""
+        if not self.kept_by_connector or self._window_hashes is not None:
+            return _NO_WINDOW
+        return self._reading()
+
     @contextmanager
-    def _window(self) -> Iterator[None]:
-        hashes = self._scheduler._core.block_hashes()
-        self._index_cached(hashes)
-        self._window_hashes = hashes
+    def _reading(self) -> Iterator[None]:
+        self._answers = {}
         try:
             yield
         finally:
-            self._window_hashes = self._window_blocks = None
+            self._read_hashes = self._answers = None
+
+    def _forget_reads(self) -> None:
+        """The core's hashes changed: a reading stretch reads them again."""
+        if self._answers is not None and self._window_hashes is None:
+            self._read_hashes, self._answers = None, {}
+
+    @contextmanager
+    def _window(self) -> Iterator[None]:
+        hashes = self._scheduler._core.block_hashes()
+        if hashes != self._checked_hashes:
+            self._index_cached(hashes)
+        self._checked_hashes = hashes
+        self._window_hashes = hashes
+        self._answers = {}
+        try:
+            yield
+        finally:
+            self._window_hashes = self._window_blocks = self._answers = None
             self._window_cached = {}
             # Their hashes stay the blocks' answer once the request has left.
             finished, self._finished_in_window = self._finished_in_window, []
@@ -305,6 +338,8 @@ class BlockPoolView:
         window = self._window_hashes
         if window is None or not self._scheduler._index_hashes:
             return
+        if self._answers:
+            self._answers.clear()
         block_size = self._scheduler.block_size
         num_tokens = request.num_computed_tokens - request.num_in_flight_tokens
         vllm_hashes = request.block_hashes
@@ -375,6 +410,7 @@ class BlockPoolView:
             if not 0 <= block_id < self.num_gpu_blocks:
                 raise IndexError(f"block_id {block_id} is not a block of this pool")
         self._scheduler._core.kv_evict_blocks([b - self._offset for b in ids if b >= self._offset])
+        self._forget_reads()
 
     def _block(self, block_id: int) -> KVCacheBlockView:
         view = self._views.get(block_id)
@@ -395,14 +431,33 @@ class BlockPoolView:
         """The block's cached hash: vLLM's with group id and the tokens it covers where the
         adapter indexes vLLM's hashes and knows this one (the live requests are entered
         again on a miss: their hashes grow with their tokens), else the core's ``int``;
-        ``None`` when it caches none."""
+        ``None`` when it caches none. Given once per window or reading stretch."""
         if block_id == 0:
             return None
+        answers = self._answers
+        found: tuple[Any, int] | int | None
+        if answers is not None and block_id in answers:
+            found = answers[block_id]
+            return found
+        found = self._read_vllm_hash(block_id)
+        if answers is not None and not isinstance(found, int):
+            answers[block_id] = found
+        return found
+
+    def _read_vllm_hash(self, block_id: int) -> tuple[Any, int] | int | None:
         scheduler = self._scheduler
         index = self._core_index(block_id)
         window = self._window_hashes
         in_window = window is not None
-        hashes: Sequence[Any] = window if window is not None else scheduler._core.block_hashes()
+        hashes: Sequence[Any]
+        if window is not None:
+            hashes = window
+        elif self._answers is not None:  # a reading stretch
+            if self._read_hashes is None:
+                self._read_hashes = scheduler._core.block_hashes()
+            hashes = self._read_hashes
+        else:
+            hashes = scheduler._core.block_hashes()
         key: int | None = hashes[index]
         if key is None and in_window:
             return self._window_cached.get(block_id)

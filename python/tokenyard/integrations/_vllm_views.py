@@ -238,7 +238,8 @@ def connector_meta(scheduler: Any, out: SchedulerOutput) -> Any:
         boundary_state_offloads={},
     )
     try:
-        return scheduler._build_kv_connector_meta(scheduler.connector, out)
+        with scheduler._pool_view.reading():
+            return scheduler._build_kv_connector_meta(scheduler.connector, out)
     finally:
         out.kv_connector_block_state = None
 

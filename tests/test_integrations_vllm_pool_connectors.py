@@ -443,9 +443,10 @@ def test_simple_cpu_offload_async_matches_vllm(seed: int) -> None:
     assert seen["loads"] > 0
 
 
+@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
 @pytest.mark.parametrize("seed", range(4))
-def test_simple_cpu_offload_sliding_window_async_matches_vllm(seed: int) -> None:
-    seen = _run(seed, num_blocks=40, cpu_blocks=400, window=48, asynchronous=True)
+def test_simple_cpu_offload_sliding_window_async_matches_vllm(seed: int, lazy: bool) -> None:
+    seen = _run(seed, num_blocks=40, cpu_blocks=400, window=48, lazy=lazy, asynchronous=True)
     assert seen["stores"] > 0
 
 
@@ -456,10 +457,15 @@ def test_simple_cpu_offload_sliding_window_lazy_matches_vllm(seed: int) -> None:
 
 # Prefix caching off: vLLM's GPU pool caches no hashes, so the connector finds nothing to
 # store (every block NOT_HASHED) and its CPU cache stays empty; only its empty events run.
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
-@pytest.mark.parametrize("seed", range(2))
-def test_simple_cpu_offload_without_prefix_caching_matches_vllm(seed: int, lazy: bool) -> None:
-    seen = _run(seed, num_blocks=40, cpu_blocks=400, lazy=lazy, caching=False)
+@pytest.mark.parametrize("seed", range(3))
+def test_simple_cpu_offload_without_prefix_caching_matches_vllm(
+    seed: int, lazy: bool, asynchronous: bool
+) -> None:
+    seen = _run(
+        seed, num_blocks=40, cpu_blocks=400, lazy=lazy, caching=False, asynchronous=asynchronous
+    )
     assert seen["stores"] == seen["loads"] == 0
 
 

@@ -29,8 +29,12 @@ pytest.importorskip("vllm", reason="vLLM 0.33 is installed only in the bench ven
 
 import torch
 from vllm.config import KVEventsConfig, KVTransferConfig
+from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.v1.core import kv_cache_utils
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
@@ -40,11 +44,12 @@ from vllm.v1.kv_cache_interface import (
 from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import RequestStatus
 from vllm.v1.simple_kv_offload.metadata import SimpleCPUOffloadWorkerMetadata
-from vllm_compare import BLOCK_SIZE, block_digest, runner_output, seeded_arrivals
+from vllm.v1.structured_output import StructuredOutputManager
+from vllm_compare import BLOCK_SIZE, block_digest, runner_output, sampling, seeded_arrivals
 from vllm_peer import VllmSchedulerPeer
 
 from tokenyard.errors import ConfigError
-from tokenyard.integrations.vllm import TokenyardScheduler
+from tokenyard.integrations.vllm import AsyncTokenyardScheduler, TokenyardScheduler
 
 
 def _spec(block_size: int = BLOCK_SIZE) -> FullAttentionSpec:
@@ -53,19 +58,34 @@ def _spec(block_size: int = BLOCK_SIZE) -> FullAttentionSpec:
     )
 
 
-def _kv_cache_config(num_blocks: int, block_size: int = BLOCK_SIZE) -> KVCacheConfig:
-    spec = _spec(block_size)
+def _kv_cache_config(
+    num_blocks: int, block_size: int = BLOCK_SIZE, window: int | None = None
+) -> KVCacheConfig:
+    """One full-attention group, and a sliding-window one of ``window`` tokens beside it
+    (each group's tensor overlays the one allocation, as vLLM lays out a hybrid model's)."""
+    specs: list[Any] = [_spec(block_size)]
+    if window is not None:
+        specs.append(
+            SlidingWindowSpec(
+                block_size=block_size,
+                num_kv_heads=1,
+                head_size=1,
+                dtype=torch.float16,
+                sliding_window=window,
+            )
+        )
     return KVCacheConfig(
         num_blocks=num_blocks,
         kv_cache_tensors=[
             KVCacheTensor(
                 size=spec.page_size_bytes * num_blocks,
-                layers=["l0"],
+                layers=[f"l{g}"],
                 layer_stride=spec.page_size_bytes * num_blocks,
                 block_stride=spec.page_size_bytes,
             )
+            for g, spec in enumerate(specs)
         ],
-        kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)],
+        kv_cache_groups=[KVCacheGroupSpec([f"l{g}"], spec) for g, spec in enumerate(specs)],
     )
 
 
@@ -80,11 +100,27 @@ def _simple_cpu(cpu_blocks: int, lazy: bool) -> KVTransferConfig:
     )
 
 
-def _peer(transfer: KVTransferConfig, num_blocks: int, events: bool) -> VllmSchedulerPeer:
+def _peer(
+    transfer: KVTransferConfig,
+    num_blocks: int,
+    events: bool,
+    asynchronous: bool = False,
+    caching: bool = True,
+) -> VllmSchedulerPeer:
     peer = VllmSchedulerPeer(
-        num_blocks=num_blocks, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=512
+        num_blocks=num_blocks,
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+        max_model_len=512,
+        enable_prefix_caching=caching,
     )
+    if not caching:
+        # EngineCore hashes requests whenever a KV connector is on, prefix caching or not.
+        hash_fn = get_hash_fn_by_name(peer.vllm_config.cache_config.prefix_caching_hash_algo)
+        kv_cache_utils.init_none_hash(hash_fn)
+        peer._block_hasher = kv_cache_utils.get_request_block_hasher(BLOCK_SIZE, hash_fn)
     peer.vllm_config.kv_transfer_config = transfer
+    peer.vllm_config.scheduler_config.async_scheduling = asynchronous
     if events:
         peer.vllm_config.kv_events_config = KVEventsConfig(
             enable_kv_cache_events=True, publisher="null"
@@ -221,12 +257,28 @@ class _Worker:
 
 
 def _run(
-    seed: int, *, num_blocks: int, cpu_blocks: int, lazy: bool = False, events: bool = True
+    seed: int,
+    *,
+    num_blocks: int,
+    cpu_blocks: int,
+    lazy: bool = False,
+    events: bool = True,
+    window: int | None = None,
+    asynchronous: bool = False,
+    caching: bool = True,
 ) -> dict[str, int]:
-    """A seeded stream on both schedulers, every step compared (see the module doc)."""
-    peer = _peer(_simple_cpu(cpu_blocks, lazy), num_blocks, events)
-    config = _kv_cache_config(num_blocks)
-    pair = [peer.build(cls, config) for cls in (Scheduler, TokenyardScheduler)]
+    """A seeded stream on both schedulers, every step compared (see the module doc): a
+    sliding-window group of ``window`` tokens beside the full-attention one if given;
+    vLLM's ``AsyncScheduler`` and ``AsyncTokenyardScheduler`` if ``asynchronous`` (a step's
+    output lands after the next step is formed); prefix caching off if not ``caching``."""
+    peer = _peer(_simple_cpu(cpu_blocks, lazy), num_blocks, events, asynchronous, caching)
+    config = _kv_cache_config(num_blocks, window=window)
+    classes = (
+        (AsyncScheduler, AsyncTokenyardScheduler)
+        if asynchronous
+        else (Scheduler, TokenyardScheduler)
+    )
+    pair = [peer.build(cls, config) for cls in classes]
     published: list[list[Any]] = [[], []]
     for scheduler, batches in zip(pair, published, strict=True):
         publisher = scheduler.kv_event_publisher
@@ -235,6 +287,9 @@ def _run(
     rng = random.Random(seed * 7 + 3)
     arrivals = _waves(seed)
     seen = {"loads": 0, "stores": 0, "preemptions": 0, "cpu_events": 0}
+    # Steps formed whose outputs are not in yet (the asynchronous schedulers take a step's
+    # output after forming the next one): the step, its outputs and who samples.
+    pending: list[tuple[int, list[Any], list[set[str]]]] = []
     for step in range(800):
         for at, *args in arrivals:
             if at == step:
@@ -249,23 +304,29 @@ def _run(
         seen["stores"] += len(metas[0][5])
         seen["preemptions"] += len(outs[0].preempted_req_ids)
         delays = (rng.randrange(3), rng.randrange(3))
-        results = []
-        for scheduler, worker, out in zip(pair, workers, outs, strict=True):
+        for worker, out in zip(workers, outs, strict=True):
             worker.submit(out, step, delays)
-            output = runner_output(scheduler, out)
-            output.kv_connector_output = worker.report(step)
-            results.append(_outputs(scheduler.update_from_output(out, output)))
-        assert results[1] == results[0], f"step {step}"
+        pending.append((step, outs, [sampling(s, o) for s, o in zip(pair, outs, strict=True)]))
+        idle = not any(o.num_scheduled_tokens for o in outs)
+        while pending and (not asynchronous or len(pending) == 2 or idle):
+            formed, outs, samples = pending.pop(0)
+            results = []
+            for scheduler, worker, out, sample in zip(pair, workers, outs, samples, strict=True):
+                output = runner_output(scheduler, out, sample)
+                output.kv_connector_output = worker.report(formed)
+                results.append(_outputs(scheduler.update_from_output(out, output)))
+            assert results[1] == results[0], f"step {formed}"
         events = _events(published[0])
         assert _events(published[1]) == events, f"step {step}"
         seen["cpu_events"] += len(events)
         ours, theirs = pair[1], pair[0]
-        assert ours.get_kv_cache_usage() == pytest.approx(theirs.get_kv_cache_usage()), step
         _check_pool(ours, theirs, step)
+        assert ours.get_kv_cache_usage() == pytest.approx(theirs.get_kv_cache_usage()), step
         for request_id in theirs.requests:
             table = ours.kv_cache_manager.get_block_ids(request_id)
             assert table == theirs.kv_cache_manager.get_block_ids(request_id), step
-        if step > 150 and not theirs.has_unfinished_requests() and not workers[0].stores:
+        drained = not pending and not workers[0].stores and not workers[0].loads
+        if step > 150 and drained and not theirs.has_unfinished_requests():
             assert not ours.has_unfinished_requests()
             ours._core.check_invariants()
             return seen
@@ -313,32 +374,123 @@ def test_simple_cpu_offload_is_bound_to_the_pool_view() -> None:
     assert manager._gpu_block_pool is scheduler.kv_cache_manager.block_pool
 
 
-def test_simple_cpu_offload_beside_several_groups_is_refused_by_name() -> None:
-    config = _kv_cache_config(64)
-    spec = config.kv_cache_groups[0].kv_cache_spec
-    config.kv_cache_groups.append(
-        KVCacheGroupSpec(
-            ["l1"],
-            SlidingWindowSpec(
-                block_size=BLOCK_SIZE,
-                num_kv_heads=1,
-                head_size=1,
-                dtype=spec.dtype,
-                sliding_window=32,
-            ),
-        )
-    )
+def _with_group(config: KVCacheConfig, spec: Any) -> KVCacheConfig:
+    """``config`` with a group of ``spec`` beside (its tensor overlaying the allocation)."""
+    name = f"l{len(config.kv_cache_groups)}"
+    config.kv_cache_groups.append(KVCacheGroupSpec([name], spec))
+    size = config.kv_cache_tensors[0].size
     config.kv_cache_tensors.append(
-        KVCacheTensor(
-            size=spec.page_size_bytes * 64,
-            layers=["l1"],
-            layer_stride=spec.page_size_bytes * 64,
-            block_stride=spec.page_size_bytes,
-        )
+        KVCacheTensor(size=size, layers=[name], layer_stride=size, block_stride=size // 64)
     )
+    return config
+
+
+def test_simple_cpu_offload_beside_an_unchecked_group_kind_is_refused_by_name() -> None:
+    spec = ChunkedLocalAttentionSpec(
+        block_size=BLOCK_SIZE,
+        num_kv_heads=1,
+        head_size=1,
+        dtype=torch.float16,
+        attention_chunk_size=64,
+    )
+    config = _with_group(_kv_cache_config(64), spec)
     peer = _peer(_simple_cpu(64, False), 64, False)
     assert peer.build(Scheduler, config).connector is not None
-    with pytest.raises(ConfigError, match="SimpleCPUOffloadConnector is not served beside 2") as e:
+    with pytest.raises(ConfigError, match="beside a ChunkedLocalAttentionSpec KV cache") as e:
         peer.build(TokenyardScheduler, config)
     assert e.value.field == "kv_transfer_config.kv_connector"
     assert e.value.value == "SimpleCPUOffloadConnector"
+
+
+# Groups of two block sizes: vLLM hashes at their gcd and schedules at their lcm.
+def test_simple_cpu_offload_over_two_block_sizes_is_refused_by_name() -> None:
+    window = SlidingWindowSpec(
+        block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float16, sliding_window=48
+    )
+    config = _with_group(_kv_cache_config(64, block_size=2 * BLOCK_SIZE), window)
+    peer = _peer(_simple_cpu(64, False), 64, False)
+
+    def build(cls: type) -> Any:
+        return cls(
+            vllm_config=peer.vllm_config,
+            kv_cache_config=config,
+            structured_output_manager=StructuredOutputManager(peer.vllm_config),
+            block_size=2 * BLOCK_SIZE,
+            hash_block_size=BLOCK_SIZE,
+        )
+
+    assert build(Scheduler).connector is not None
+    with pytest.raises(ConfigError, match="block_size 32 over hash_block_size 16") as e:
+        build(TokenyardScheduler)
+    assert e.value.value == "SimpleCPUOffloadConnector"
+
+
+# A sliding window beside full attention (vLLM's hybrid layout): blocks leaving the window
+# are null in the GPU table; vLLM's connector stores them from the GPU prefix cache
+# (``_cached_gpu_block``: ``get_cached_block`` per group) and loads each group's hit.
+@pytest.mark.parametrize("seed", range(4))
+def test_simple_cpu_offload_sliding_window_matches_vllm(seed: int) -> None:
+    seen = _run(seed, num_blocks=160, cpu_blocks=400, window=48)
+    assert seen["stores"] > 0
+
+
+# vLLM's AsyncScheduler: a step's output lands after the next step is formed, so the
+# connector's stores read confirmed tokens (num_computed_tokens less the placeholders).
+@pytest.mark.parametrize("seed", range(4))
+def test_simple_cpu_offload_async_matches_vllm(seed: int) -> None:
+    seen = _run(seed, num_blocks=40, cpu_blocks=400, asynchronous=True)
+    assert seen["stores"] > 0
+    assert seen["loads"] > 0
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
+@pytest.mark.parametrize("seed", range(4))
+def test_simple_cpu_offload_sliding_window_async_matches_vllm(seed: int, lazy: bool) -> None:
+    seen = _run(seed, num_blocks=40, cpu_blocks=400, window=48, lazy=lazy, asynchronous=True)
+    assert seen["stores"] > 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_simple_cpu_offload_sliding_window_lazy_matches_vllm(seed: int) -> None:
+    assert _run(seed, num_blocks=40, cpu_blocks=400, window=48, lazy=True)["stores"] > 0
+
+
+# Prefix caching off: vLLM's GPU pool caches no hashes, so the connector finds nothing to
+# store (every block NOT_HASHED) and its CPU cache stays empty; only its empty events run.
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
+@pytest.mark.parametrize("seed", range(3))
+def test_simple_cpu_offload_without_prefix_caching_matches_vllm(
+    seed: int, lazy: bool, asynchronous: bool
+) -> None:
+    seen = _run(
+        seed, num_blocks=40, cpu_blocks=400, lazy=lazy, caching=False, asynchronous=asynchronous
+    )
+    assert seen["stores"] == seen["loads"] == 0
+
+
+# The checks can fail: the blocks an asynchronous update caches before the connector is
+# told a request finished left unanswered (their hashes as the update began), or every
+# block's hash keyed by the full-attention group, and vLLM's scheduler is no longer matched.
+@pytest.mark.parametrize(
+    ("broken", "window"),
+    [
+        ("cached_by_update", None),
+        ("_hash_and_group", 48),
+    ],
+)
+def test_simple_cpu_offload_checks_can_fail(
+    monkeypatch: pytest.MonkeyPatch, broken: str, window: int | None
+) -> None:
+    from tokenyard.integrations._vllm_coordinator_view import BlockPoolView
+
+    original = getattr(BlockPoolView, broken)
+
+    def group_zero(self: Any, key: int) -> Any:
+        found = original(self, key)
+        return None if found is None else (found[0], 0)
+
+    replacement = (lambda *_: None) if broken == "cached_by_update" else group_zero
+    monkeypatch.setattr(BlockPoolView, broken, replacement)
+    with pytest.raises((AssertionError, TypeError)):
+        _run(0, num_blocks=40, cpu_blocks=400, window=window, asynchronous=True)

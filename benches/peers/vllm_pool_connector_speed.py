@@ -25,10 +25,14 @@ from vllm_compare import runner_output
 from tokenyard.integrations.vllm import TokenyardScheduler
 
 
-def _one(cls: type, seed: int, num_blocks: int, lazy: bool) -> tuple[float, int]:
-    """Seconds and steps of the stream on one scheduler, building it excluded."""
+def _one(
+    cls: type, seed: int, num_blocks: int, lazy: bool, window: int | None = None
+) -> tuple[float, int]:
+    """Seconds and steps of the stream on one scheduler, building it excluded; a sliding
+    window of ``window`` tokens beside full attention if given."""
     peer = stream._peer(stream._simple_cpu(400, lazy), num_blocks, events=False)
-    scheduler: Any = peer.build(cls, stream._kv_cache_config(num_blocks))
+    config = stream._kv_cache_config(num_blocks, window=window)
+    scheduler: Any = peer.build(cls, config)
     worker = stream._Worker()
     rng = random.Random(seed * 7 + 3)
     arrivals = stream._waves(seed)
@@ -53,15 +57,20 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num-blocks", type=int, default=40)
     parser.add_argument("--lazy", action="store_true")
+    parser.add_argument(
+        "--window", type=int, default=None, help="a sliding-window group of this many tokens"
+    )
     args = parser.parse_args()
     times: dict[str, list[float]] = {"vllm": [], "tokenyard": []}
     steps = 0
     for _ in range(args.repeat):
         for name, cls in (("vllm", Scheduler), ("tokenyard", TokenyardScheduler)):
-            seconds, steps = _one(cls, args.seed, args.num_blocks, args.lazy)
+            seconds, steps = _one(cls, args.seed, args.num_blocks, args.lazy, args.window)
             times[name].append(seconds)
     vllm_s, ours_s = (statistics.median(times[n]) for n in ("vllm", "tokenyard"))
     mode = "lazy" if args.lazy else "eager"
+    if args.window is not None:
+        mode += f", full attention + {args.window}-token sliding window"
     print(
         f"SimpleCPUOffloadConnector ({mode}), seed {args.seed}, {args.num_blocks} GPU blocks, "
         f"{steps} steps: vLLM {vllm_s * 1e3:.1f} ms, tokenyard {ours_s * 1e3:.1f} ms "

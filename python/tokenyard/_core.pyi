@@ -48,6 +48,7 @@ __all__ = [
     "build_profile",
     "evaluate_ops",
     "fine_grained_hit",
+    "group_block_hashes",
     "partial_hash_hits_enabled",
     "read_mooncake_lines",
     "simulate",
@@ -590,6 +591,11 @@ def block_hashes(
     Raises:
         InputError: ``block_size < 1``, a negative look-ahead or bad token ids.
     """
+
+def group_block_hashes(block_hashes: Sequence[int], *, group: int) -> list[int]:
+    """The keys a ``KvCoordinator`` (several KV groups) caches blocks of ``group`` under, for
+    the hashes ``block_hashes`` computes (its ``block_hash``es; vLLM's
+    ``make_block_hash_with_group_id``), in their order."""
 
 def partial_hash_hits_enabled(
     groups: Sequence[_GroupSpec], block_sizes: Sequence[int], hash_block_size: int

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from vllm.v1.request import Request
 
+from tokenyard._core import group_block_hashes
 from tokenyard.integrations._vllm_outputs import keyed_prompt
 from tokenyard.kv import block_hashes as core_block_hashes
 
@@ -32,6 +33,7 @@ class AuxState(Protocol):
     _core: Any
     _num_kv_blocks: int
     _prefix_caching: bool
+    _kv_groups: int
 
     @property
     def kv_cache_manager(self) -> Any: ...
@@ -58,6 +60,10 @@ class BlockHashIndex:
         # request's vLLM hashes with the block caching each, as the core gave them.
         self._asking: dict[Any, int | None] | None = None
         self._limit = 4 * (scheduler._num_kv_blocks + 1) + 1024
+        # Over the core's coordinator (KV groups; 0 for its single pool) a block caches
+        # its hash keyed by its group (``group_block_hashes``): each key's hash and group.
+        self._groups = scheduler._kv_groups
+        self._keyed: dict[int, tuple[int, int]] = {}
 
     def _whole_block_hashes(self, request: Request) -> Sequence[Any]:
         """vLLM's hashes of the request's whole KV blocks (the last hash of each block's
@@ -78,6 +84,11 @@ class BlockHashIndex:
         block_size = self._scheduler.block_size
         for i, (vllm_hash, core_hash) in enumerate(zip(vllm_hashes, core_hashes, strict=False)):
             self._vllm_hash[core_hash] = (vllm_hash, (i + 1) * block_size)
+        if self._groups:
+            core = list(core_hashes[: len(vllm_hashes)])
+            for group in range(self._groups):
+                keys = group_block_hashes(core, group=group)
+                self._keyed.update(zip(keys, ((c, group) for c in core), strict=True))
         if len(self._core_hash) > self._limit:
             self._prune()
 
@@ -95,8 +106,15 @@ class BlockHashIndex:
         return out
 
     def knows_all(self, core_hashes: Sequence[int | None]) -> bool:
-        """Whether every core hash of ``core_hashes`` (``None`` skipped) has its vLLM hash."""
-        return self._vllm_hash.keys() >= set(core_hashes) - {None}
+        """Whether every core hash of ``core_hashes`` (``None`` skipped; with several KV
+        groups, the blocks' group-keyed ones) has its vLLM hash."""
+        known = self._keyed if self._groups else self._vllm_hash
+        return known.keys() >= set(core_hashes) - {None}
+
+    def keyed(self, block_key: int) -> tuple[int, int] | None:
+        """With several KV groups: the core hash and group of a block's group-keyed hash
+        (``block_hashes()``'s), from the requests entered; ``None`` if none has it."""
+        return self._keyed.get(block_key)
 
     def vllm_hash(self, core_hash: int) -> tuple[Any, int] | None:
         """vLLM's hash of the whole block the core hashes ``core_hash`` and the tokens it
@@ -128,8 +146,14 @@ class BlockHashIndex:
 
     def _prune(self) -> None:
         cached = self._scheduler._core.cached_block_id
-        self._core_hash = {v: c for v, c in self._core_hash.items() if cached(c) is not None}
-        self._vllm_hash = {c: v for c, v in self._vllm_hash.items() if cached(c) is not None}
+        if self._groups:
+            # A hash may stay cached in one group after another evicted it.
+            self._keyed = {k: cg for k, cg in self._keyed.items() if cached(*cg) is not None}
+            live = {c for c, _ in self._keyed.values()}
+        else:
+            live = {c for c in self._vllm_hash if cached(c) is not None}
+        self._core_hash = {v: c for v, c in self._core_hash.items() if c in live}
+        self._vllm_hash = {c: v for c, v in self._vllm_hash.items() if c in live}
         self._limit = max(self._limit, 2 * len(self._core_hash))
 
     @contextmanager

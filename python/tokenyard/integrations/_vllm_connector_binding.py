@@ -14,8 +14,9 @@ side would use what the view does not offer:
   ``free_block_queue.iter_blocks_after``: the pool view answers each with vLLM's meaning
   from the core (its references are the core's loose blocks, vLLM's hashes the adapter's
   index), checked against vLLM's ``Scheduler`` by
-  ``tests/test_integrations_vllm_pool_connectors.py``. It is served with one KV cache
-  group and the scheduler's block size equal to the hash block size.
+  ``tests/test_integrations_vllm_pool_connectors.py``. It is served beside full-attention
+  and sliding-window KV cache groups, prefix caching on or off, with the scheduler's block
+  size equal to the hash block size (refused by name otherwise).
   ``MooncakeStoreConnector`` is served too (``_vllm_pool_connectors``: its store jobs pin
   blocks with ``touch`` and ``free_blocks``; refused beside a Mamba group);
 - a class overriding ``bind_kv_cache_manager`` builds on vLLM's manager object itself.
@@ -39,6 +40,7 @@ from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector
+from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 
 from tokenyard.errors import ConfigError
 from tokenyard.integrations._vllm_pool_connectors import (
@@ -53,6 +55,9 @@ _BINDS = ("bind_gpu_block_pool", "bind_kv_cache_manager")
 # Connectors overriding bind_gpu_block_pool whose use of vLLM's pool the view serves (by
 # class name: vLLM imports each only where it is used).
 _POOL_SERVED = ("SimpleCPUOffloadConnector",)
+# The KV cache group kinds beside which their stores and loads are checked against vLLM's
+# (tests/test_integrations_vllm_pool_connectors.py).
+_POOL_SERVED_SPECS = (FullAttentionSpec, SlidingWindowSpec)
 
 
 def _leaves(connector: Any) -> list[Any]:
@@ -94,20 +99,33 @@ def binds_gpu_block_pool(connector: Any) -> bool:
 def _refuse_pool_layout(leaf: Any, where: str, view: Any) -> None:
     """A served pool connector beside what its use of the pool is not checked with."""
     cls = type(leaf)
-    config = view.kv_cache_config
-    groups = len(config.kv_cache_groups)
-    block_size = config.kv_cache_groups[0].kv_cache_spec.block_size if groups else 0
-    hash_block_size = view.block_pool.hash_block_size
+    manager = leaf.scheduler_manager
+    if manager is None:  # a worker-side connector: nothing of the pool is used
+        return
+    block_size, hash_block_size = manager.block_size, manager.hash_block_size
+    unserved = [
+        type(group.kv_cache_spec).__name__
+        for group in view.kv_cache_config.kv_cache_groups
+        if type(group.kv_cache_spec) not in _POOL_SERVED_SPECS
+    ]
     reason = None
-    if groups != 1:
-        reason = f"beside {groups} KV cache groups (served with one)"
-    elif block_size != hash_block_size:
+    if unserved:
+        # Kinds not checked against vLLM's. A Mamba group in align mode above all
+        # (MambaManager.has_positionally_stable_blocks is False): vLLM's manager stores
+        # its states only from the scheduler's boundary-state hand-offs
+        # (KVCacheManager.take_boundary_state_offloads), which the adapter does not make.
         reason = (
-            f"with block_size {block_size} over hash_block_size {hash_block_size} (its "
-            "partial-block hits are not modelled; served with them equal)"
+            f"beside a {unserved[0]} KV cache group (served beside FullAttentionSpec and "
+            "SlidingWindowSpec groups)"
         )
-    elif not leaf._vllm_config.cache_config.enable_prefix_caching:
-        reason = "without prefix caching (its stores read the GPU pool's cached hashes)"
+    elif block_size != hash_block_size:
+        # vLLM's manager keys each group's blocks by the group's own size
+        # (resolve_block_hashes); the adapter's hash index keys whole scheduler blocks.
+        reason = (
+            f"with block_size {block_size} over hash_block_size {hash_block_size} (groups "
+            "of different block sizes: their blocks' vLLM hashes per group are not "
+            "modelled; served with them equal)"
+        )
     if reason is not None:
         raise ConfigError(
             f"{_FIELD}: {cls.__name__}{where} is not served {reason}",
@@ -124,10 +142,11 @@ def bind_kv_cache_manager(connector: Any, view: Any) -> None:
             a ``MultiConnector``) whose class overrides ``bind_gpu_block_pool`` or
             ``bind_kv_cache_manager``: it would keep and change vLLM's own block pool or
             manager, which the core's KV is not (``SimpleCPUOffloadConnector`` served,
-            refused beside several KV cache groups, a block size other than the hash
-            block size, or prefix caching off; ``MooncakeStoreConnector`` and
-            ``UMBPStoreConnector`` served, refused as ``_vllm_pool_connectors``'s
-            ``refuse_mooncake_store_layout`` and ``refuse_umbp_layout`` say). Nothing is
+            refused beside a KV cache group other than full attention or a sliding
+            window, or with a block size other than the hash block size;
+            ``MooncakeStoreConnector`` and ``UMBPStoreConnector`` served, refused as
+            ``_vllm_pool_connectors``'s ``refuse_mooncake_store_layout`` and
+            ``refuse_umbp_layout`` say). Nothing is
             bound then.
     """
     for leaf in _leaves(connector):

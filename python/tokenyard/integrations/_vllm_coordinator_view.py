@@ -30,6 +30,7 @@ from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
 from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 from vllm.v1.core.single_type_kv_cache_manager import CrossAttentionManager
 
+from tokenyard._core import group_block_hashes
 from tokenyard.errors import InputError
 
 
@@ -38,6 +39,7 @@ class CoreState(Protocol):
     need not import the one that imports it)."""
 
     kv_cache_config: Any
+    block_size: int
     hash_block_size: int
     _core: Any
     _core_ids: dict[str, Any]
@@ -236,6 +238,16 @@ class BlockPoolView:
         # Inside such a window (the core is busy asking the connector): the blocks' cached
         # hashes as the window began, and the references taken and dropped meanwhile.
         self._window_hashes: list[Any] | None = None
+        self._window_blocks: dict[int, int] | None = None  # its blocks by key, when read
+        # vLLM's hashes of the blocks a step's update caches meanwhile (cached_by_update).
+        self._window_cached: dict[int, tuple[Any, int]] = {}
+        self._finished_in_window: list[Any] = []  # their requests, indexed after
+        # The hashes the last window checked the index knows (unchanged: not again).
+        self._checked_hashes: list[Any] | None = None
+        # Outside windows, in a reading stretch: the core's hashes once read, and inside
+        # either, each block's answer once given (the window's or stretch's).
+        self._read_hashes: list[Any] | None = None
+        self._answers: dict[int, Any] | None = None
         self._deferred: list[tuple[str, list[int]]] = []
         # The core's single pool numbers blocks from 0, vLLM's from 1.
         self._offset = 0 if scheduler._kv_groups else 1
@@ -276,12 +288,40 @@ class BlockPoolView:
         """The blocks caching vLLM's ``block_hash`` in each group, or ``None`` (vLLM's;
         answered for the hashes of requests the auxiliary-output connector was asked about,
         ``_vllm_aux_outputs.BlockHashIndex``; ``None`` for any other hash)."""
-        core_ids = self._scheduler._block_hash_index.cached_block_ids(
-            block_hash, kv_cache_group_ids
-        )
+        if self._window_hashes is not None:
+            core_ids = self._cached_in_window(block_hash, kv_cache_group_ids)
+        else:
+            core_ids = self._scheduler._block_hash_index.cached_block_ids(
+                block_hash, kv_cache_group_ids
+            )
         if core_ids is None:
             return None
         return [self._block(b + self._offset) for b in core_ids]
+
+    def _cached_in_window(self, block_hash: Any, group_ids: Iterable[int]) -> list[int] | None:
+        """``get_cached_block`` inside an ``asking`` window (the core cannot be asked
+        then): the blocks caching the hash as the window began, in the core's ids."""
+        window = self._window_hashes
+        scheduler = self._scheduler
+        core = scheduler._block_hash_index.core_hashes([block_hash])
+        if window is None or not core:
+            return None
+        if self._window_blocks is None:
+            # Each key's lowest block (a key two blocks cache, computed twice at once, is
+            # not told apart here as the core's map would).
+            blocks: dict[int, int] = {}
+            for block, cached in enumerate(window):
+                if cached is not None:
+                    blocks.setdefault(cached, block)
+            self._window_blocks = blocks
+        found = []
+        for group in group_ids:
+            key = group_block_hashes(core, group=group)[0] if scheduler._kv_groups else core[0]
+            hit = self._window_blocks.get(key)
+            if hit is None or (not scheduler._kv_groups and group != 0):
+                return None
+            found.append(hit)
+        return found
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlockView]:
         """vLLM's ``get_new_blocks``: ``num_blocks`` blocks from the front of the free queue
@@ -294,6 +334,7 @@ class BlockPoolView:
             ConfigError: over the radix pool (``prefix_cache="radix"``).
         """
         core_ids = self._scheduler._core.take_loose_blocks(int(num_blocks))
+        self._forget_reads()
         return [self._block(b + self._offset) for b in core_ids]
 
     def asking(self) -> AbstractContextManager[None]:
@@ -302,21 +343,52 @@ class BlockPoolView:
         connector's ``touch`` and ``free_blocks`` meanwhile are applied, in their order,
         when it does, and the blocks' ``block_hash`` answers as the window began (the
         connector reads the hashes of the blocks of the request it is asked about, which
-        a step's update does not change). A no-op unless a served connector keeps the
-        pool."""
+        a step's update does not change but for ``cached_by_update``). A no-op unless a
+        served connector keeps the pool."""
         if not self.kept_by_connector or self._window_hashes is not None:
             return _NO_WINDOW
         return self._window()
 
+    def reading(self) -> AbstractContextManager[None]:
+        """A stretch where the connector reads the pool but nothing changes the blocks'
+        hashes (``build_connector_meta``: its touches and frees keep them; a
+        ``get_new_blocks`` or ``evict_blocks`` drops the snapshot): the hashes are read
+        from the core once, when first asked, and each block's answer once. A no-op
+        unless a served connector keeps the pool, or inside a window."""
+        if not self.kept_by_connector or self._window_hashes is not None:
+            return _NO_WINDOW
+        return self._reading()
+
     @contextmanager
-    def _window(self) -> Iterator[None]:
-        hashes = self._scheduler._core.block_hashes()
-        self._index_cached(hashes)
-        self._window_hashes = hashes
+    def _reading(self) -> Iterator[None]:
+        self._answers = {}
         try:
             yield
         finally:
-            self._window_hashes = None
+            self._read_hashes = self._answers = None
+
+    def _forget_reads(self) -> None:
+        """The core's hashes changed: a reading stretch reads them again."""
+        if self._answers is not None and self._window_hashes is None:
+            self._read_hashes, self._answers = None, {}
+
+    @contextmanager
+    def _window(self) -> Iterator[None]:
+        hashes = self._scheduler._core.block_hashes()
+        if hashes != self._checked_hashes:
+            self._index_cached(hashes)
+        self._checked_hashes = hashes
+        self._window_hashes = hashes
+        self._answers = {}
+        try:
+            yield
+        finally:
+            self._window_hashes = self._window_blocks = self._answers = None
+            self._window_cached = {}
+            # Their hashes stay the blocks' answer once the request has left.
+            finished, self._finished_in_window = self._finished_in_window, []
+            for request in finished:
+                self._scheduler._block_hash_index.index(request)
             deferred, self._deferred = self._deferred, []
             core = self._scheduler._core
             for op, ids in deferred:
@@ -324,6 +396,33 @@ class BlockPoolView:
                     core.touch_loose_blocks(ids)
                 else:
                     core.free_loose_blocks(ids)
+
+    def cached_by_update(self, request: Any, tables: Sequence[Sequence[int]]) -> None:
+        """Inside an update's ``asking`` window, before the connector is told ``request``
+        finished: its blocks the update caches, as vLLM's ``update_from_output`` does before
+        it frees a request whose outputs landed late (``cache_blocks`` up to
+        ``num_computed_tokens - num_in_flight_tokens``, for output placeholders or
+        speculative tokens), answer ``block_hash`` with vLLM's hash from then on, as the
+        core caches them when the update returns. Its whole blocks computed, each group's
+        table (vLLM's ids) from the front, null blocks skipped."""
+        window = self._window_hashes
+        if window is None or not self._scheduler._index_hashes:
+            return
+        if self._answers:
+            self._answers.clear()
+        block_size = self._scheduler.block_size
+        num_tokens = request.num_computed_tokens - request.num_in_flight_tokens
+        vllm_hashes = request.block_hashes
+        num_full = min(num_tokens // block_size, len(vllm_hashes))
+        cached = False
+        for group, table in enumerate(tables):
+            for i, block_id in enumerate(table[:num_full]):
+                if block_id != 0 and window[self._core_index(block_id)] is None:
+                    key = make_block_hash_with_group_id(vllm_hashes[i], group)
+                    self._window_cached[block_id] = (key, (i + 1) * block_size)
+                    cached = True
+        if cached:
+            self._finished_in_window.append(request)
 
     def _index_cached(self, hashes: Sequence[Any]) -> None:
         """Enters the live requests' vLLM hashes again if some block caches a hash the
@@ -387,6 +486,7 @@ class BlockPoolView:
             if all(b == 0 or hashes[b - self._offset] is None for b in ids):
                 return
         self._scheduler._core.kv_evict_blocks([b - self._offset for b in ids if b >= self._offset])
+        self._forget_reads()
 
     def _block(self, block_id: int) -> KVCacheBlockView:
         view = self._views.get(block_id)
@@ -407,30 +507,56 @@ class BlockPoolView:
         """The block's cached hash: vLLM's with group id and the tokens it covers where the
         adapter indexes vLLM's hashes and knows this one (the live requests are entered
         again on a miss: their hashes grow with their tokens), else the core's ``int``;
-        ``None`` when it caches none."""
+        ``None`` when it caches none. Given once per window or reading stretch."""
         if block_id == 0:
             return None
+        answers = self._answers
+        found: tuple[Any, int] | int | None
+        if answers is not None and block_id in answers:
+            found = answers[block_id]
+            return found
+        found = self._read_vllm_hash(block_id)
+        if answers is not None and not isinstance(found, int):
+            answers[block_id] = found
+        return found
+
+    def _read_vllm_hash(self, block_id: int) -> tuple[Any, int] | int | None:
         scheduler = self._scheduler
         index = self._core_index(block_id)
         window = self._window_hashes
         in_window = window is not None
-        hashes: Sequence[Any] = window if window is not None else scheduler._core.block_hashes()
-        core_hash: int | None = hashes[index]
-        if core_hash is None or not scheduler._index_hashes:
-            return core_hash
-        hash_index = scheduler._block_hash_index
-        found = hash_index.vllm_hash(core_hash)
+        hashes: Sequence[Any]
+        if window is not None:
+            hashes = window
+        elif self._answers is not None:  # a reading stretch
+            if self._read_hashes is None:
+                self._read_hashes = scheduler._core.block_hashes()
+            hashes = self._read_hashes
+        else:
+            hashes = scheduler._core.block_hashes()
+        key: int | None = hashes[index]
+        if key is None and in_window:
+            return self._window_cached.get(block_id)
+        if key is None or not scheduler._index_hashes:
+            return key
+        found = self._hash_and_group(key)
         if found is None and not in_window:
             self._index_cached(hashes)
-            found = hash_index.vllm_hash(core_hash)
+            found = self._hash_and_group(key)
         if found is None:
-            return core_hash
-        group = 0
-        if scheduler._kv_groups:
-            groups = len(scheduler.kv_cache_config.kv_cache_groups)
-            cached = scheduler._core.cached_block_id
-            group = next((g for g in range(groups) if cached(core_hash, g) == index), 0)
-        return make_block_hash_with_group_id(found[0], group), found[1]
+            return key
+        (vllm_hash, num_tokens), group = found
+        return make_block_hash_with_group_id(vllm_hash, group), num_tokens
+
+    def _hash_and_group(self, key: int) -> tuple[tuple[Any, int], int] | None:
+        """vLLM's hash and tokens of the block caching ``key`` (the core's hash, keyed by
+        its group over the coordinator), and that group; ``None`` where not indexed."""
+        hash_index = self._scheduler._block_hash_index
+        core_hash, group = (
+            hash_index.keyed(key) or (None, 0) if self._scheduler._kv_groups else (key, 0)
+        )
+        found = None if core_hash is None else hash_index.vllm_hash(core_hash)
+        return None if found is None else (found, group)
 
     def _ref_counts(self) -> np.ndarray:
         counts: np.ndarray = self._scheduler._core.block_ref_counts()

@@ -48,6 +48,7 @@ class AdapterState(Protocol):
     _prefix_cache_stats: PrefixCacheStats | None
     _block_hash_index: Any
     _index_hashes: bool
+    _pool_view: Any
     requests: dict[str, Request]
 
     def _request_of(self, core_id: Any) -> Request: ...
@@ -208,7 +209,11 @@ class _ConnectorBridge:
             # _free_request asks the connector, which reads both (a P/D producer sends
             # only for FINISHED_LENGTH_CAPPED or FINISHED_STOPPED).
             self.appended_at_finish[request_id] = scheduler._append_until_stop(request, tokens)
-        delay_free, params = self.finished(request, _group_tables(block_ids))
+        tables = _group_tables(block_ids)
+        # vLLM's update_from_output caches the request's blocks before it frees the request
+        # when outputs land late (async placeholders, speculative tokens).
+        scheduler._pool_view.cached_by_update(request, tables)
+        delay_free, params = self.finished(request, tables)
         if params is not None:
             self.transfer_params[request_id] = params
         if delay_free:
@@ -233,7 +238,8 @@ def connector_meta(scheduler: Any, out: SchedulerOutput) -> Any:
         boundary_state_offloads={},
     )
     try:
-        return scheduler._build_kv_connector_meta(scheduler.connector, out)
+        with scheduler._pool_view.reading():
+            return scheduler._build_kv_connector_meta(scheduler.connector, out)
     finally:
         out.kv_connector_block_state = None
 

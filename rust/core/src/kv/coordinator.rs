@@ -133,6 +133,12 @@ pub struct KvCoordinator<R: RequestKey> {
     cache_calls: Option<Vec<CacheCall<R>>>,
 }
 
+/// The key a [`KvCoordinator`]'s block of `group` caching `hash` is cached under (its
+/// `block_hash`): vLLM's `make_block_hash_with_group_id`.
+pub fn group_block_hash(hash: BlockHash, group: usize) -> BlockHash {
+    group_key(hash, group)
+}
+
 /// A block hash keyed by its group (vLLM appends the group id to the hash bytes).
 fn group_key(hash: BlockHash, group: usize) -> BlockHash {
     let mut bytes = [0u8; 24];

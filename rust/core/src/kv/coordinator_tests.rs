@@ -393,3 +393,26 @@ fn blocks_to_allocate_counts_every_group_and_caps_windows_when_asked() {
     // loaded tokens as computed).
     assert_eq!(coord.blocks_to_allocate(&1, 36, None, 36, None), 9 + 2);
 }
+
+/// A block's `block_hash` is its group's key of the chained hash (`group_block_hash`), and
+/// `cached_block` finds it by that hash and group: the key differs per group.
+#[test]
+fn a_cached_block_reports_its_hash_keyed_by_its_group() {
+    let coord = window_8_after_one_decode();
+    let mut hashes = Vec::new();
+    crate::kv::hash_full_blocks(&mut hashes, &tokens(0..12), 4, None);
+    for (group, table) in tables(&coord, 1).iter().enumerate() {
+        for (i, &block) in table.iter().take(3).enumerate() {
+            if block == NULL_BLOCK {
+                continue;
+            }
+            let key = group_block_hash(hashes[i], group);
+            assert_eq!(coord.block_hash(block), Some(key));
+            assert_eq!(coord.cached_block(hashes[i], group), Some(block));
+        }
+    }
+    assert_ne!(
+        group_block_hash(hashes[0], 0),
+        group_block_hash(hashes[0], 1)
+    );
+}

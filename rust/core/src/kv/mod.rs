@@ -46,7 +46,8 @@ pub use block_hash::{
 };
 pub use block_pool::{BlockId, BlockPool, BlockPoolStats, CacheCall, ComputedBlocks, KvEvent};
 pub use coordinator::{
-    ExternalAllocation, GroupedComputedBlocks, KvCoordinator, MAX_NUM_GROUPS, prefix_cacheable,
+    ExternalAllocation, GroupedComputedBlocks, KvCoordinator, MAX_NUM_GROUPS, group_block_hash,
+    prefix_cacheable,
 };
 pub use counting::CountingAllocator;
 pub use free_queue::{FreeBlockQueue, FreeQueue};

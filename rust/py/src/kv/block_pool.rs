@@ -370,3 +370,14 @@ pub(crate) fn block_hashes(
     }
     Ok(hashes.into_iter().map(|h| h.0).collect())
 }
+
+/// The keys a `KvCoordinator` (several KV groups) caches blocks of `group` under, for the
+/// hashes `block_hashes` computes (its `block_hash`es; vLLM's
+/// `make_block_hash_with_group_id`), in their order.
+#[pyfunction]
+#[pyo3(signature = (block_hashes, *, group))]
+pub(crate) fn group_block_hashes(block_hashes: Vec<u128>, group: usize) -> Vec<u128> {
+    (block_hashes.into_iter())
+        .map(|hash| tokenyard_core::kv::group_block_hash(BlockHash(hash), group).0)
+        .collect()
+}

@@ -21,6 +21,7 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<block_pool::PyComputedBlocks>()?;
     module.add_class::<block_pool::PyBlockPoolStats>()?;
     module.add_function(wrap_pyfunction!(block_pool::block_hashes, module)?)?;
+    module.add_function(wrap_pyfunction!(block_pool::group_block_hashes, module)?)?;
     module.add_class::<coordinator::PyKvCoordinator>()?;
     module.add_class::<coordinator::PyGroupedComputedBlocks>()?;
     module.add_class::<coordinator::PyFullAttentionSpec>()?;

@@ -395,3 +395,40 @@ def test_bench_streams_with_partial_eagle_flags_agree_with_vllm(
         scenario = vllm_adapter_diff.draw(seed, 120, "drop")
         for is_async in (False, True):
             assert vllm_adapter_diff.run_scenario(scenario, 120, is_async) is None
+
+
+def test_a_none_mode_mamba_block_shorter_than_max_model_len_is_refused_by_name() -> None:
+    """vLLM's none-mode MambaManager allocates cdiv(num_tokens, block_size) slots and nulls
+    all but the last computed token's state: a 40-token prompt over 16-token blocks holds a
+    table of three slots. The core's Mamba group holds one state block, so the layout is
+    refused (vLLM's engine makes the block max_model_len long in that mode: served)."""
+    peer = VllmSchedulerPeer(
+        num_blocks=64,
+        max_num_seqs=8,
+        max_num_batched_tokens=256,
+        max_model_len=512,
+        block_size=16,
+        enable_prefix_caching=False,
+    )
+    mamba = MambaSpec(
+        block_size=16, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="none"
+    )
+    config = _config([_spec("full", 16), mamba])
+    kwargs = {
+        "vllm_config": peer.vllm_config,
+        "kv_cache_config": config,
+        "structured_output_manager": peer.scheduler.structured_output_manager,
+        "block_size": 16,
+        "hash_block_size": 16,
+    }
+    vllm = Scheduler(**kwargs)
+    vllm.add_request(_request("a", list(range(40)), None))
+    out = vllm.schedule()
+    assert len(out.scheduled_new_reqs[0].block_ids[1]) == 3
+    with pytest.raises(ConfigError, match=r"kv_cache_groups\[1\]\.kv_cache_spec\.block_size"):
+        TokenyardScheduler(**kwargs)
+    # With the block covering max_model_len (vLLM's default there) it is served.
+    whole = MambaSpec(
+        block_size=512, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="none"
+    )
+    TokenyardScheduler(**{**kwargs, "kv_cache_config": _config([_spec("full", 16), whole])})

@@ -93,6 +93,7 @@ def group_block_sizes_of(
         if sizes and sizes[0] != block_size:
             raise _refuse(0, sizes[0], f"differs from the scheduler's {block_size}")
         return block_size, ()
+    _refuse_short_plain_mamba(groups, max_model_len)
     if not enable_caching:
         hash_block_size = math.gcd(*sizes)
     for i, size in enumerate(sizes):
@@ -164,6 +165,35 @@ def _refuse_partial_hits(
         field="hash_block_size",
         value=str(hash_block_size),
     )
+
+
+def _refuse_short_plain_mamba(groups: list[Any], max_model_len: int | None) -> None:
+    """Refuse a ``"none"``-mode Mamba group whose block is shorter than ``max_model_len``.
+
+    vLLM 0.33's ``MambaManager`` outside align mode allocates as full attention does,
+    ``cdiv(num_tokens, block_size)`` slots plus its speculative blocks, and frees all but
+    the state of the last computed token (``get_num_skipped_tokens``: ``n - 1``), so a
+    request longer than one block holds a growing table of null slots and fresh state
+    blocks; the core's Mamba group holds one state block per request. vLLM's engine never
+    builds this layout (its ``mamba_block_size`` is ``max_model_len`` in that mode), but its
+    ``Scheduler`` accepts one, so it is refused here rather than served differently.
+    """
+    if max_model_len is None:
+        return
+    for i, group in enumerate(groups):
+        spec = _get(group, "kv_cache_spec")
+        size = _get(spec, "block_size")
+        plain = (
+            type(spec).__name__ == "MambaSpec" and _get(spec, "mamba_cache_mode", "none") == "none"
+        )
+        if plain and size is not None and int(size) < max_model_len:
+            raise _refuse(
+                i,
+                int(size),
+                f"is below max_model_len={max_model_len} for a mamba_cache_mode='none' "
+                "group (vLLM's MambaManager then holds cdiv(num_tokens, block_size) slots; "
+                "the core's Mamba group one state block)",
+            )
 
 
 def _refuse(i: int, size: int, why: str) -> ConfigError:

@@ -89,7 +89,8 @@ impl SchedulerConfig {
             return Err(Error::config(
                 "num_prefill_lookahead",
                 self.num_prefill_lookahead,
-                "under eagle_block_drop a multi-module MTP drafter's re-prefilled tokens                  beside a Mamba align group with a prefill checkpoint block are not modelled",
+                "under eagle_block_drop a multi-module MTP drafter's re-prefilled tokens beside a \
+                 Mamba align group with a prefill checkpoint block are not modelled",
             ));
         }
         Ok(())

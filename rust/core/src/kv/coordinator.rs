@@ -774,10 +774,10 @@ mod sizes;
 #[path = "coordinator_eagle.rs"]
 mod eagle;
 
-#[path = "coordinator_events.rs"]
-mod events;
 #[path = "coordinator_arrival.rs"]
 mod arrival;
+#[path = "coordinator_events.rs"]
+mod events;
 use align::{AlignState, allocate_align_blocks};
 use eagle::EagleGroups;
 use events::EventSink;

@@ -646,89 +646,6 @@ impl<R: RequestKey> KvCoordinator<R> {
     }
 }
 
-/// What a load or a HiSparse region borrows of the coordinator to give one admitted
-/// request blocks group by group: the groups, the request's entry, a taker of free blocks
-/// and the zeroing record, all at once.
-struct Taking<'a> {
-    groups: &'a [KvGroupSpec],
-    /// Each group's block size.
-    sizes: &'a [usize],
-    request: &'a mut CoordinatedRequest,
-    taker: BlockTaker<'a>,
-    zeroing: &'a mut Option<Vec<Vec<BlockId>>>,
-}
-
-/// Takes free blocks (least recently freed first, evicting what they cached), beside a
-/// request's entry.
-struct BlockTaker<'a> {
-    free_queue: &'a mut FreeBlockQueue,
-    blocks: &'a mut [BlockMeta],
-    cached: &'a mut CacheMap,
-    stats: &'a mut BlockPoolStats,
-    events: &'a mut Option<Vec<KvEvent>>,
-}
-
-impl BlockTaker<'_> {
-    /// `n` free blocks (the coordinator keeps no host tier).
-    fn take(&mut self, n: usize) -> Vec<BlockId> {
-        let mut eviction = Eviction {
-            cached: self.cached,
-            events: self.events,
-            host: &mut None,
-            stats: self.stats,
-        };
-        (0..n)
-            .map(|_| take_free_block(self.free_queue, self.blocks, &mut eviction))
-            .collect()
-    }
-}
-
-impl<R: RequestKey> KvCoordinator<R> {
-    /// [`Taking`] for `request_id`, which must be admitted.
-    fn taking(&mut self, request_id: &R) -> Taking<'_> {
-        let Self {
-            groups,
-            requests,
-            blocks,
-            free_queue,
-            cached,
-            stats,
-            zeroing,
-            sizes,
-            events,
-            ..
-        } = self;
-        Taking {
-            groups,
-            sizes: &sizes.groups,
-            request: requests.get_mut(request_id).expect("admitted"),
-            taker: BlockTaker {
-                free_queue,
-                blocks,
-                cached,
-                stats,
-                events,
-            },
-            zeroing,
-        }
-    }
-}
-
-/// Keeps `added` blocks of group `g` for zeroing when new blocks are zeroed and the group
-/// holds attention KV (vLLM 0.33 zeroes no Mamba state block: `_record_new_block_ids`).
-fn record_for_zeroing(
-    zeroing: &mut Option<Vec<Vec<BlockId>>>,
-    g: usize,
-    spec: &KvGroupSpec,
-    added: &[BlockId],
-) {
-    if let Some(per_group) = zeroing
-        && !spec.is_mamba()
-    {
-        per_group[g].extend_from_slice(added);
-    }
-}
-
 impl<R: RequestKey> KvCapacity for KvCoordinator<R> {
     /// Blocks that can hold KV: the pool's, less the null block.
     fn num_total_blocks(&self) -> usize {
@@ -778,11 +695,14 @@ mod eagle;
 mod arrival;
 #[path = "coordinator_events.rs"]
 mod events;
+#[path = "coordinator_taking.rs"]
+mod taking;
 use align::{AlignState, allocate_align_blocks};
 use eagle::EagleGroups;
 use events::EventSink;
 pub use loads::{ExternalAllocation, prefix_cacheable};
 use sizes::GroupSizes;
+use taking::{Taking, record_for_zeroing};
 
 #[cfg(test)]
 #[path = "coordinator_tests.rs"]

@@ -397,6 +397,15 @@ def run_scenario(
             throttle = throttle_rng.random() < scenario.config.throttle_rate
             out_theirs = theirs.s.schedule(throttle_prefills=throttle)
             out_ours = ours.s.schedule(throttle_prefills=throttle)
+            if (
+                kind == "sessions"
+                and not out_theirs.num_scheduled_tokens
+                and not theirs.s.running
+                and out_ours.num_scheduled_tokens
+            ):
+                # Waiting sessions hold the blocks and nothing runs: vLLM's admission
+                # breaks at allocate_slots; the core releases their blocks (documented).
+                return step, "vLLM stalls with the blocks held by waiting sessions"
             if diff := first_difference(
                 "SchedulerOutput", schedule_fields(out_theirs), schedule_fields(out_ours)
             ):

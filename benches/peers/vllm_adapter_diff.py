@@ -25,18 +25,22 @@ not, the first differing step is printed.
     bash benches/peers/setup.sh    # once: .venv-bench with vLLM 0.33.0
     PYTHONPATH=python .venv-bench/bin/python benches/peers/vllm_adapter_diff.py \\
         [--mode async|sync] [--scenarios 500] [--steps 200] [--show 3] \\
-        [--kinds plain|repetition|embeds] [--eagle off|lookahead|drop] [--layout NAME] [--mtp]
+        [--kinds plain|repetition|embeds|sessions] [--eagle off|lookahead|drop]
+        [--layout NAME] [--mtp]
 
 ``--kinds repetition``: the fake model samples from 3 tokens (and EOS, STOP), and four
 requests in five carry random ``repetition_detection`` with ``min_tokens``. ``--kinds
 embeds``: every prompt is given as ``prompt_embeds`` (rows made from its tokens, so
 prompts sharing tokens share embeddings and blocks) with no prompt ids; with ``--eagle
-lookahead`` their blocks' keys cover the look-ahead rows. ``--layout``: both schedulers over
-one of ``vllm_eagle_layouts``' hybrid KV layouts, some groups flagged as EAGLE groups (vLLM
-drops only in those) or beside chunked local attention. ``--mtp`` (with ``--eagle``): vLLM's
-``SpeculativeConfig.use_multi_module_mtp`` answers true, so ``num_prefill_lookahead_tokens``
-is ``k`` (a multi-module MTP drafter's runway and ``k - 1`` re-prefillable tokens) over the
-EAGLE stub drafter, on both sides.
+lookahead`` their blocks' keys cover the look-ahead rows. ``--kinds sessions``: three
+requests in five are streaming-input sessions (``resumable``); each step, each live session
+gets its next input chunk (1-12 tokens, new settings) with chance 1/5, or, one time in ten
+of those, its end (a request that is not resumable), parked or running. ``--layout``: both
+schedulers over one of ``vllm_eagle_layouts``' hybrid KV layouts, some groups flagged as
+EAGLE groups (vLLM drops only in those) or beside chunked local attention. ``--mtp`` (with
+``--eagle``): vLLM's ``SpeculativeConfig.use_multi_module_mtp`` answers true, so
+``num_prefill_lookahead_tokens`` is ``k`` (a multi-module MTP drafter's runway and ``k - 1``
+re-prefillable tokens) over the EAGLE stub drafter, on both sides.
 """
 
 from __future__ import annotations
@@ -207,7 +211,10 @@ class KindSide(Side):
             params.update_from_generation_config({}, eos_token_id=EOS)
         prompt: list[int] | None = list(a.prompt)
         embeds = None
-        if self.kind == "repetition":
+        resumable = False
+        if self.kind == "sessions":
+            resumable = random.Random(f"{self.seed}/session/{a.request_id}").random() < 0.6
+        elif self.kind == "repetition":
             rng = random.Random(f"{self.seed}/repetition/{a.request_id}")
             if rng.random() < 0.8:
                 size = rng.randint(1, 4)
@@ -217,7 +224,7 @@ class KindSide(Side):
                     min_count=rng.randint(2, 4),
                 )
                 params.min_tokens = rng.randint(0, min(6, a.max_tokens))
-        else:
+        elif self.kind == "embeds":
             tokens = torch.tensor(a.prompt, dtype=torch.float32)
             embeds = torch.stack([tokens, (tokens * 7) % 13, -tokens], dim=1)
             prompt = None
@@ -231,9 +238,52 @@ class KindSide(Side):
                 priority=a.priority,
                 prompt_embeds=embeds,
                 block_hasher=self.peer._block_hasher,
+                resumable=resumable,
             )
         )
         return None
+
+
+def session_chunks(seed: int, step: int, sides: list[KindSide], ended: set[str]) -> None:
+    """``--kinds sessions``: the next input chunk (or, one time in ten, the end) of each
+    live session, with chance 1/5 a step, to both sides; ``ended`` gets the ended ones."""
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.request import Request
+    from vllm_sched_diff import EOS, STOP
+
+    requests = sides[0].s.requests
+    max_model_len = sides[0].s.max_model_len
+    for rid in sorted(requests):
+        if not requests[rid].resumable or rid in ended or requests[rid].is_finished():
+            continue
+        rng = random.Random(f"{seed}/chunk/{rid}/{step}")
+        if rng.random() >= 0.2:
+            continue
+        chunk = [rng.randrange(10, 500) for _ in range(rng.randint(1, 12))]
+        # A chunk that may leave no room for an output token (the core refuses it by name,
+        # vLLM's scheduler takes it): the session ends instead.
+        r = requests[rid]
+        queued = sum(len(u.prompt_token_ids or ()) + u.max_tokens for u in r.streaming_queue or ())
+        longest = r.num_prompt_tokens + r.max_tokens + queued + len(chunk) + 8
+        end = rng.random() < 0.1 or longest >= max_model_len
+        max_tokens, eos = rng.randint(1, 8), rng.random() < 0.5
+        if end:
+            ended.add(rid)
+        for side in sides:
+            params = SamplingParams(max_tokens=max_tokens, stop_token_ids=[STOP])
+            if eos:
+                params.update_from_generation_config({}, eos_token_id=EOS)
+            side.s.add_request(
+                Request(
+                    request_id=rid,
+                    prompt_token_ids=list(chunk),
+                    sampling_params=params,
+                    pooling_params=None,
+                    arrival_time=float(step),
+                    block_hasher=side.peer._block_hasher,
+                    resumable=not end,
+                )
+            )
 
 
 def few_tokens(seed: int, request_id: str, position: int) -> int:
@@ -322,12 +372,15 @@ def run_scenario(
     live: list[str] = []
     throttle_rng = random.Random(f"{scenario.seed}/throttle")
     last_arrival = max(a.step for a in scenario.arrivals)
+    ended: set[str] = set()
     for step in range(steps):
         for a in scenario.arrivals:
             if a.step == step:
                 theirs.add(a, float(step))
                 ours.add(a, float(step))
                 live.append(a.request_id)
+        if kind == "sessions":
+            session_chunks(scenario.seed, step, [theirs, ours], ended)
         if step in scenario.aborts and live:
             victim = live.pop(scenario.aborts[step] % len(live))
             theirs.abort(victim)
@@ -344,6 +397,15 @@ def run_scenario(
             throttle = throttle_rng.random() < scenario.config.throttle_rate
             out_theirs = theirs.s.schedule(throttle_prefills=throttle)
             out_ours = ours.s.schedule(throttle_prefills=throttle)
+            if (
+                kind == "sessions"
+                and not out_theirs.num_scheduled_tokens
+                and not theirs.s.running
+                and out_ours.num_scheduled_tokens
+            ):
+                # Waiting sessions hold the blocks and nothing runs: vLLM's admission
+                # breaks at allocate_slots; the core releases their blocks (documented).
+                return step, "vLLM stalls with the blocks held by waiting sessions"
             if diff := first_difference(
                 "SchedulerOutput", schedule_fields(out_theirs), schedule_fields(out_ours)
             ):
@@ -419,10 +481,10 @@ def main() -> int:
     )
     parser.add_argument(
         "--kinds",
-        choices=["plain", "repetition", "embeds"],
+        choices=["plain", "repetition", "embeds", "sessions"],
         default="plain",
-        help="the requests' kind: repetition detection (and a 3-token model), or prompt "
-        "embeddings instead of prompt ids",
+        help="the requests' kind: repetition detection (and a 3-token model), prompt "
+        "embeddings instead of prompt ids, or streaming-input sessions and their chunks",
     )
     args = parser.parse_args()
     is_async = args.mode == "async"

@@ -1323,6 +1323,11 @@ class Scheduler:
     @property
     def num_parked(self) -> int:
         """Streaming-input sessions parked between turns (``resume_session``)."""
+    @property
+    def num_unparked_resumes(self) -> int:
+        """Chunks taken by sessions whose streaming wait was set by hand
+        (``resume_unparked_session``); vLLM 0.33 takes each off its parked-session counter,
+        so its admission cap counts that many fewer."""
     def resume_session(
         self,
         request_id: _RequestId,
@@ -1335,13 +1340,16 @@ class Scheduler:
         ignore_eos: bool = False,
         repetition_detection: tuple[int, int, int] | None = None,
         min_tokens: int | None = None,
+        at_stop: bool = False,
     ) -> None:
         """A parked session's next input chunk (vLLM 0.33's ``_update_request_as_session``):
         its last sampled token is dropped, its other outputs and ``prompt_token_ids``
         become its prompt, the settings given replace its own, and it waits among the
         requests holding blocks, keeping its computed tokens (its next admission computes
         only the rest). The outputs of its steps in flight when it parked are no longer
-        expected.
+        expected. ``at_stop``: the chunk was queued while the session ran and is taken as
+        its turn stops, so it is not among the requests admission skipped (vLLM's
+        ``deferred_waiting``); a chunk for a session parked earlier leaves it there.
 
         Raises:
             InputError: an unknown id, a request not parked, ``max_tokens < 1``, a prompt
@@ -1380,6 +1388,33 @@ class Scheduler:
         per step scheduled, empty steps included."""
     @wait_for_stale_outputs.setter
     def wait_for_stale_outputs(self, wait: bool) -> None: ...
+    def resume_unparked_session(
+        self,
+        request_id: _RequestId,
+        output_token_ids: _TokenIds,
+        num_computed_tokens: int,
+        prompt_token_ids: _TokenIds,
+        max_tokens: int,
+        *,
+        arrival_time: float = 0.0,
+        eos_token_id: int | None = None,
+        stop_token_ids: _TokenIds | None = None,
+        ignore_eos: bool = False,
+        repetition_detection: tuple[int, int, int] | None = None,
+        min_tokens: int | None = None,
+    ) -> None:
+        """A chunk for a session whose streaming wait was set by hand on a request queued
+        and never scheduled (vLLM 0.33's ``_update_request_as_session`` on it):
+        ``output_token_ids`` (appended by hand) join its tokens, its last token is dropped,
+        the kept ones and ``prompt_token_ids`` make its prompt, and ``num_computed_tokens``
+        of them count as computed. It stays where it waits; admission takes it from those
+        computed tokens (no prefix lookup).
+
+        Raises:
+            InputError: an unknown id, a request that is parked or not a session queued
+                untouched, no token to drop, ``num_computed_tokens`` covering the last
+                token, or as ``resume_session`` for the chunk.
+        """
     def end_session(self, request_id: _RequestId) -> None:
         """The session finishes at its next stop instead of parking.
 

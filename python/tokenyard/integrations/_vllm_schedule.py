@@ -88,7 +88,9 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
             self._scheduled_by_core(num_scheduled_tokens)
         self._kv_fetch_scheduled(num_scheduled_tokens)
         cached_data = self._cached_request_data(core, resumed, num_scheduled_tokens, batch)
-        spec_decode_tokens = self._spec_decode_tokens(core.scheduled_spec_decode_tokens)
+        admitted = {d.req_id for d in new_reqs_data}
+        admitted.update(r.request_id for r, _ in resumed)
+        spec_decode_tokens = self._spec_decode_tokens(core.scheduled_spec_decode_tokens, admitted)
         encoder_inputs = core.scheduled_encoder_inputs
         out = SchedulerOutput(
             scheduled_new_reqs=new_reqs_data,
@@ -269,6 +271,10 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
                 self.finished_recving_kv_req_ids.discard(request_id)
                 self._promoted_loads.discard(request_id)
             request.status = _RUNNING
+            # vLLM 0.33 looks a waiting request up (and counts the lookup at admission,
+            # `did_prefix_cache_lookup`) only when none of its tokens are computed: not a
+            # resumed session, nor an arrival with computed tokens.
+            looked_up = request.num_computed_tokens == 0
             request.num_computed_tokens = data.num_computed_tokens
             # SWA bounded replay: the hit's last window is recomputed this step; the hit
             # (what the cache served) is the computed tokens plus the replayed ones.
@@ -280,7 +286,7 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
                 request.record_event(EngineCoreEventType.SCHEDULED, now)
                 if bridge is not None and request_id in bridge.lookups_recorded:
                     bridge.lookups_recorded.discard(request_id)
-                else:
+                elif looked_up:
                     self._record_prefix_lookup(request, hit - external)
             if not was_preempted and request.num_preemptions <= 0:
                 self._set_prefill_stats(request, hit, external)
@@ -485,16 +491,23 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
         )
         return data
 
-    def _spec_decode_tokens(self, scheduled: dict[Any, Any]) -> dict[str, list[int]]:
+    def _spec_decode_tokens(
+        self, scheduled: dict[Any, Any], admitted: set[str]
+    ) -> dict[str, list[int]]:
         """The drafts verified this step: the request's own (vLLM's ids, -1 placeholders
         included), as many as the core scheduled. A padded admission (rule 2 in
-        docs/embedding.md) has no drafts of its own: its k placeholders are vLLM's -1."""
+        docs/embedding.md; ``admitted``: the requests admitted this step) verifies vLLM's
+        -1 placeholders, never drafts of its own (a parked session gets drafts from
+        ``update_draft_token_ids`` as vLLM's does, whose waiting path ignores them)."""
         requests = self.requests
         vllm_ids = self._vllm_ids
         spec_decode_tokens: dict[str, list[int]] = {}
         for core_id, drafts in scheduled.items():
             request_id = vllm_ids[core_id]
             num_drafts = len(drafts)
+            if request_id in admitted:
+                spec_decode_tokens[request_id] = [-1] * num_drafts
+                continue
             own = requests[request_id].spec_token_ids[:num_drafts]
             if len(own) < num_drafts:
                 own = list(own) + [-1] * (num_drafts - len(own))

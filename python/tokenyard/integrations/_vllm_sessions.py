@@ -31,12 +31,17 @@ class Sessions(AdapterBase):
     # The live sessions' ids, and the parked ones by id in the order they parked.
     _session_ids: set[str]
     _parked: dict[str, Request]
+    # Sessions given a chunk on a wait set by hand, not scheduled since: they wait where
+    # they were queued, with computed tokens but no blocks (_resume_unparked).
+    _unparked: set[str]
     _turn_sampling_params: dict[str, Any]
 
     @property
     def num_waiting_for_streaming_input(self) -> int:
-        """Sessions parked until their next input chunk (vLLM 0.33's counter)."""
-        return len(self._parked)
+        """Sessions parked until their next input chunk (vLLM 0.33's counter: less the
+        chunks taken by sessions whose wait was set by hand, which it never counted)."""
+        num_unparked: int = self._core.num_unparked_resumes
+        return len(self._parked) - num_unparked
 
     def _add_session_update(self, existing: Request, request: Request) -> None:
         """vLLM 0.33's ``add_request`` for an id it holds: the session's next input chunk
@@ -69,8 +74,10 @@ class Sessions(AdapterBase):
                 )
             existing.streaming_queue.append(update)
             self._end_at_next_stop(existing)
-        elif update is not None:
+        elif update is not None and request_id in self._parked:
             self._resume_session(existing, update)
+        elif update is not None:
+            self._resume_unparked(existing, update)
         else:
             self.finish_requests(request_id, RequestStatus.FINISHED_ABORTED)
 
@@ -87,6 +94,7 @@ class Sessions(AdapterBase):
         request.num_output_placeholders = 0
         if request.num_stale_output_tokens > 0:
             self._stale_ids.add(request.request_id)
+        self._unparked.discard(request.request_id)
         queue = request.streaming_queue
         if not queue:
             request.status = _WAITING_FOR_STREAMING_REQ
@@ -99,7 +107,7 @@ class Sessions(AdapterBase):
         # vLLM 0.33's update_from_output slices the turn's logprobs before the chunk's
         # settings replace its own (attach_logprobs reads these).
         self._turn_sampling_params[request.request_id] = request.sampling_params
-        self._resume_session(request, update)
+        self._resume_session(request, update, at_stop=True)
         self._end_at_next_stop(request)
         return False
 
@@ -111,42 +119,59 @@ class Sessions(AdapterBase):
         if queue and queue[0] is None:
             self._core.end_session(self._core_ids[session.request_id])
 
-    def _resume_session(self, session: Request, update: StreamingUpdate) -> None:
+    def _resume_session(
+        self, session: Request, update: StreamingUpdate, *, at_stop: bool = False
+    ) -> None:
         """vLLM 0.33's ``_update_request_as_session``: the last sampled token is dropped,
         the other outputs and the chunk's tokens become the prompt, the chunk's settings
         replace the session's, and it waits with its blocks (the core's
-        ``resume_session``).
+        ``resume_session``; ``at_stop``: the chunk queued while it ran, taken as its turn
+        stops, so it was never skipped as a blocked wait).
 
         Raises:
             InputError: the chunk has multimodal items (not served for sessions), or the
                 core refuses it (no room for an output token under ``max_model_len``).
         """
         request_id = session.request_id
-        if update.mm_features:
-            raise InputError(
-                f"mm_features: tokenyard's scheduler does not serve multimodal items in a "
-                f"streaming-input session's chunk (request {request_id!r})",
-                field="mm_features",
-                value=request_id,
-            )
-        prompt = session.prompt_token_ids
-        if prompt is None:  # never: refused with the chunk (_add_session_update)
-            raise InputError("prompt_token_ids: None", field="prompt_token_ids", value=None)
-        new_tokens = list(update.prompt_token_ids or ())
-        params = update.sampling_params
+        _refuse_mm_chunk(request_id, update)
         with errors_in_vllm_ids(self._vllm_ids):
             self._core.resume_session(
                 self._core_ids[request_id],
-                new_tokens,
-                update.max_tokens,
-                arrival_time=update.arrival_time,
-                eos_token_id=params.eos_token_id if params is not None else None,
-                stop_token_ids=(params.stop_token_ids or None) if params is not None else None,
-                **stop_rules(params),
+                *_chunk_args(update),
+                at_stop=at_stop,
+                **_chunk_settings(update),
             )
         extend_session(session, update, self.hash_block_size)
         self._parked.pop(request_id, None)
         session.status = RequestStatus.WAITING
+        if self.log_stats:
+            session.record_event(EngineCoreEventType.QUEUED)
+
+    def _resume_unparked(self, session: Request, update: StreamingUpdate) -> None:
+        """vLLM 0.33's ``_update_request_as_session`` for a session whose
+        ``WAITING_FOR_STREAMING_REQ`` status was set by hand on a request the core holds
+        queued and never scheduled: the core takes the outputs appended by hand, the chunk
+        and the ``num_computed_tokens`` set by hand (``resume_unparked_session``), and the
+        request waits where it is, to be admitted from those computed tokens; vLLM's
+        parked-session counter, which never counted it, goes one lower.
+
+        Raises:
+            InputError: the chunk has multimodal items, or the core refuses it (the
+                session was scheduled, its last token counted computed, ...).
+        """
+        request_id = session.request_id
+        _refuse_mm_chunk(request_id, update)
+        with errors_in_vllm_ids(self._vllm_ids):
+            self._core.resume_unparked_session(
+                self._core_ids[request_id],
+                list(session.output_token_ids),
+                session.num_computed_tokens,
+                *_chunk_args(update),
+                **_chunk_settings(update),
+            )
+        extend_session(session, update, self.hash_block_size)
+        session.status = RequestStatus.WAITING
+        self._unparked.add(request_id)
         if self.log_stats:
             session.record_event(EngineCoreEventType.QUEUED)
 
@@ -178,14 +203,44 @@ class Sessions(AdapterBase):
 
     def _sessions_holding_kv(self) -> set[str]:
         """Sessions waiting with computed tokens, so holding blocks (vLLM's
-        ``_holds_kv_blocks``): parked, or resumed and not admitted since."""
+        ``_holds_kv_blocks``): parked, or resumed and not admitted since. A session given
+        a chunk on a wait set by hand holds none: vLLM keeps it in the queue it was in."""
         requests = self.requests
         waiting = (RequestStatus.WAITING, _WAITING_FOR_STREAMING_REQ)
+        unparked = self._unparked
         return {
             i
             for i in self._session_ids
-            if requests[i].status in waiting and requests[i].num_computed_tokens > 0
+            if requests[i].status in waiting
+            and requests[i].num_computed_tokens > 0
+            and i not in unparked
         }
+
+
+def _refuse_mm_chunk(request_id: str, update: StreamingUpdate) -> None:
+    if update.mm_features:
+        raise InputError(
+            f"mm_features: tokenyard's scheduler does not serve multimodal items in a "
+            f"streaming-input session's chunk (request {request_id!r})",
+            field="mm_features",
+            value=request_id,
+        )
+
+
+def _chunk_args(update: StreamingUpdate) -> tuple[list[int], int]:
+    """The chunk's tokens and ``max_tokens``, as the core's resume calls take them."""
+    return list(update.prompt_token_ids or ()), update.max_tokens
+
+
+def _chunk_settings(update: StreamingUpdate) -> dict[str, Any]:
+    """The chunk's arrival time and stop rules, as the core's resume calls take them."""
+    params = update.sampling_params
+    return {
+        "arrival_time": update.arrival_time,
+        "eos_token_id": params.eos_token_id if params is not None else None,
+        "stop_token_ids": (params.stop_token_ids or None) if params is not None else None,
+        **stop_rules(params),
+    }
 
 
 def extend_session(session: Request, update: StreamingUpdate, hash_block_size: int) -> None:

@@ -376,6 +376,7 @@ class TokenyardScheduler(
         # Streaming-input sessions (_vllm_sessions): the live ones, and those parked.
         self._session_ids: set[str] = set()
         self._parked: dict[str, Request] = {}
+        self._unparked: set[str] = set()
         # The sampling settings of the turns that stopped this update and resumed with a
         # queued chunk: their outputs' logprobs follow them (vLLM slices them first).
         self._turn_sampling_params: dict[str, Any] = {}
@@ -474,8 +475,8 @@ class TokenyardScheduler(
         if self._pause_state == PauseState.PAUSED_NEW:
             # Requests holding KV blocks still drain; queued ones stay queued.
             num_waiting = len(self.kv_holding_waiting)
-        # Parked sessions cannot progress until their next input (vLLM 0.33).
-        return num_running + num_waiting - len(self._parked)
+        # Parked sessions cannot progress until their next input (vLLM 0.33's counter).
+        return num_running + num_waiting - self.num_waiting_for_streaming_input
 
     def has_finished_requests(self) -> bool:
         if self.finished_req_ids:
@@ -653,6 +654,7 @@ class TokenyardScheduler(
         self._structured_ids.discard(request_id)
         self._session_ids.discard(request_id)
         self._parked.pop(request_id, None)
+        self._unparked.discard(request_id)
         if self._blocked_ids:
             self._forget_blocked(request_id)
         # Finished before its first output (an abort): its PrefillStats never go out.

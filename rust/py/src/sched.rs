@@ -277,12 +277,20 @@ impl PyScheduler {
         self.inner.num_parked()
     }
 
+    /// Chunks taken by sessions whose wait was set by hand (`resume_unparked_session`).
+    #[getter]
+    fn num_unparked_resumes(&self) -> usize {
+        self.inner.num_unparked_resumes()
+    }
+
     /// The parked session's next input chunk (vLLM 0.33's `_update_request_as_session`): its
     /// last sampled token is dropped, its other outputs and `prompt_token_ids` become its
     /// prompt, and it waits with its blocks and computed tokens.
+    /// `at_stop`: the chunk was queued while the session ran and is taken as its turn
+    /// stops (it is not among the requests admission skipped).
     #[pyo3(signature = (request_id, prompt_token_ids, max_tokens, *, arrival_time = 0.0,
         eos_token_id = None, stop_token_ids = None, ignore_eos = false,
-        repetition_detection = None, min_tokens = None))]
+        repetition_detection = None, min_tokens = None, at_stop = false))]
     #[allow(clippy::too_many_arguments)]
     fn resume_session(
         &mut self,
@@ -295,6 +303,7 @@ impl PyScheduler {
         ignore_eos: bool,
         repetition_detection: Option<&Bound<'_, PyAny>>,
         min_tokens: Option<&Bound<'_, PyAny>>,
+        at_stop: bool,
     ) -> PyResult<()> {
         let py = request_id.py();
         let id = RequestId::from_py(request_id)?;
@@ -308,7 +317,57 @@ impl PyScheduler {
         )?;
         (update.repetition_detection, update.min_tokens) =
             args::repetition_args(repetition_detection, min_tokens)?;
-        self.inner.resume_session(&id, update).or_raise(py)
+        if at_stop {
+            self.inner.resume_queued_session(&id, update).or_raise(py)
+        } else {
+            self.inner.resume_session(&id, update).or_raise(py)
+        }
+    }
+
+    /// A chunk for a session whose streaming wait a caller set by hand on a request never
+    /// scheduled (vLLM 0.33's `_update_request_as_session`): `output_token_ids` (appended
+    /// by hand) join its tokens, the last is dropped, and `num_computed_tokens` of the
+    /// kept ones and the chunk count as computed.
+    #[pyo3(signature = (request_id, output_token_ids, num_computed_tokens, prompt_token_ids,
+        max_tokens, *, arrival_time = 0.0, eos_token_id = None, stop_token_ids = None,
+        ignore_eos = false, repetition_detection = None, min_tokens = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn resume_unparked_session(
+        &mut self,
+        request_id: &Bound<'_, PyAny>,
+        output_token_ids: &Bound<'_, PyAny>,
+        num_computed_tokens: &Bound<'_, PyAny>,
+        prompt_token_ids: &Bound<'_, PyAny>,
+        max_tokens: &Bound<'_, PyAny>,
+        arrival_time: f64,
+        eos_token_id: Option<&Bound<'_, PyAny>>,
+        stop_token_ids: Option<&Bound<'_, PyAny>>,
+        ignore_eos: bool,
+        repetition_detection: Option<&Bound<'_, PyAny>>,
+        min_tokens: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let py = request_id.py();
+        let id = RequestId::from_py(request_id)?;
+        let outputs = crate::convert::token_ids(output_token_ids, "output_token_ids")?;
+        let num_computed = crate::convert::int_arg(
+            num_computed_tokens,
+            "num_computed_tokens",
+            0,
+            u32::MAX as i128,
+        )? as usize;
+        let mut update = crate::sched_session::session_update(
+            prompt_token_ids,
+            max_tokens,
+            arrival_time,
+            eos_token_id,
+            stop_token_ids,
+            ignore_eos,
+        )?;
+        (update.repetition_detection, update.min_tokens) =
+            args::repetition_args(repetition_detection, min_tokens)?;
+        (self.inner)
+            .resume_unparked_session(&id, &outputs, num_computed, update)
+            .or_raise(py)
     }
 
     /// The session finishes at its next stop instead of parking.

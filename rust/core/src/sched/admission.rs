@@ -56,8 +56,10 @@ impl<R: RequestKey> Scheduler<R> {
                 break;
             };
             let max_seqs = self.config.max_num_seqs;
-            // Parked sessions keep their model-runner slots (vLLM 0.33).
-            if max_seqs > 0 && self.running.len() + self.parked.len() >= max_seqs {
+            // Parked sessions keep their model-runner slots (vLLM 0.33, its counter less
+            // the chunks of sessions whose wait was set by hand: `sched::session`).
+            let active = self.running.len() + self.parked.len();
+            if max_seqs > 0 && active >= max_seqs + self.num_unparked_resumes {
                 break;
             }
             // Block holders come first: the first request holding none ends admission.

@@ -122,6 +122,9 @@ pub struct Scheduler<R: RequestKey> {
     /// Sessions parked between turns (`sched::session`): in neither queue, holding blocks
     /// and a model-runner slot.
     pub(super) parked: FxHashSet<u32>,
+    /// Chunks taken by sessions whose wait was set by hand (`resume_unparked_session`):
+    /// vLLM 0.33 takes each off its parked-session counter, which never counted them.
+    pub(super) num_unparked_resumes: usize,
     /// `update_from_output` calls (steps landed), and whether a preemption within a step
     /// drops the outputs in flight (`sched::stale`).
     pub(super) num_updates: u64,
@@ -272,6 +275,7 @@ impl<R: RequestKey> Scheduler<R> {
             spare_running_reqs: Vec::new(),
             spare_num_scheduled: Vec::new(),
             parked: FxHashSet::default(),
+            num_unparked_resumes: 0,
             num_updates: 0,
             drop_stale_on_preempt: false,
             wait_for_stale: false,

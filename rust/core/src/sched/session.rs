@@ -11,6 +11,15 @@
 //! has not computed. Invariant: a parked request is in `parked` and in the waiting queue,
 //! with status `WaitingForStreamingInput`, among the block holders iff it has computed
 //! tokens (a request preempted before its stop landed holds none, and resumes by lookup).
+//!
+//! Two edges vLLM 0.33's `Scheduler` accepts too. A session whose first chunk is empty is
+//! queued: each step that reaches it finds nothing to compute and skips it (vLLM's
+//! `num_new_tokens == 0` skip, past the `assert num_new_tokens > 0` its `schedule()` fails
+//! when assertions are on), so it never stops and never parks. And a chunk for a session
+//! whose wait a caller set by hand on a request never scheduled
+//! (`resume_unparked_session`): it takes the chunk where it waits and is admitted from the
+//! computed tokens the caller set, as vLLM admits a waiting request with
+//! `num_computed_tokens > 0` (no lookup, slots for all its tokens at once).
 
 use super::request::{FinishReason, RequestStatus};
 use super::scheduler::Scheduler;
@@ -36,6 +45,12 @@ impl<R: RequestKey> Scheduler<R> {
     /// Requests parked between turns (`RequestStatus::WaitingForStreamingInput`).
     pub fn num_parked(&self) -> usize {
         self.parked.len()
+    }
+
+    /// Chunks taken by sessions whose wait was set by hand (`resume_unparked_session`),
+    /// which vLLM 0.33 takes off its parked-session counter all the same.
+    pub fn num_unparked_resumes(&self) -> usize {
+        self.num_unparked_resumes
     }
 
     /// Whether a request whose turn stopped for `reason` parks instead of finishing.
@@ -113,13 +128,114 @@ impl<R: RequestKey> Scheduler<R> {
                 "is not a session waiting for streaming input",
             ));
         }
+        let request = self.req(slot);
+        let keep_end = request.num_tokens() - 1;
+        self.check_chunk(keep_end, &update)?;
+        // vLLM asserts it: the dropped token was never computed.
+        debug_assert!(keep_end >= request.num_computed_tokens);
+        debug_assert!(self.kv.num_tokens(slot).unwrap_or(0) <= keep_end);
+        let holds = request.num_computed_tokens > 0;
+        self.take_chunk(slot, keep_end, update);
+        self.parked.remove(&slot);
+        if !holds && self.holds_kv(slot) {
+            // Nothing computed to keep (vLLM would keep its blocks; not modelled): it
+            // starts over with a prefix lookup, among the requests holding none.
+            self.free_kv(slot)?;
+            self.waiting.remove(slot);
+            let key = self.priority_key(slot);
+            self.waiting.push_back(slot, key);
+        }
+        Ok(())
+    }
+
+    /// [`Self::resume_session`] for the chunk queued while the session ran, taken when its
+    /// turn stops (vLLM 0.33's `_handle_stopped_request`): the session never waited
+    /// blocked, so it is not among the requests admission skipped (vLLM enqueues it as
+    /// `WAITING`, outside `deferred_waiting`). Errors as `resume_session`.
+    pub fn resume_queued_session(&mut self, request_id: &R, update: SessionUpdate) -> Result<()> {
+        self.resume_session(request_id, update)?;
+        if let Some(&slot) = self.index.get(request_id) {
+            self.deferred.remove(&slot);
+        }
+        Ok(())
+    }
+
+    /// vLLM 0.33's `_update_request_as_session` for a session whose
+    /// `WAITING_FOR_STREAMING_REQ` status a caller set by hand on a request queued and never
+    /// scheduled (it holds no blocks, none of its tokens computed here): `output_token_ids`
+    /// (appended by hand) join its tokens, its last token is dropped, the kept ones and the
+    /// chunk make its prompt, and `num_computed_tokens` of them count as computed, as the
+    /// caller set them. It stays where it waits in the queue; admission then takes it from
+    /// those computed tokens (no prefix lookup, slots for all its tokens at once, vLLM's
+    /// branch for a waiting request with `num_computed_tokens > 0`).
+    ///
+    /// Errors (nothing changed) if the request is unknown, is parked (`resume_session`),
+    /// is not a session queued untouched, has no token to drop, counts its last token as
+    /// computed (vLLM asserts it is not), or as `resume_session` for the chunk.
+    pub fn resume_unparked_session(
+        &mut self,
+        request_id: &R,
+        output_token_ids: &[TokenId],
+        num_computed_tokens: usize,
+        update: SessionUpdate,
+    ) -> Result<()> {
+        let slot =
+            *(self.index.get(request_id)).ok_or_else(|| Error::unknown_request(request_id))?;
+        let request = self.req(slot);
+        let untouched = matches!(
+            request.status,
+            RequestStatus::Waiting | RequestStatus::Preempted
+        ) && request.spec.resumable
+            && request.num_computed_tokens == 0
+            && request.num_external_computed_tokens == 0
+            && !request.prompt_is_deferred()
+            && request.spec.mm_features.is_empty()
+            && !self.parked.contains(&slot)
+            && self.kv.block_ids(slot).is_none();
+        if !untouched {
+            return Err(Error::input(
+                "request_id",
+                format!("{request_id:?}"),
+                "is not a streaming-input session queued untouched (a parked one resumes \
+                 with resume_session)",
+            ));
+        }
+        let num_tokens = request.num_tokens() + output_token_ids.len();
+        let Some(keep_end) = num_tokens.checked_sub(1) else {
+            return Err(Error::input(
+                "num_computed_tokens",
+                num_computed_tokens,
+                format!("session {request_id:?} has no token to drop (vLLM asserts one)"),
+            ));
+        };
+        if num_computed_tokens > keep_end {
+            return Err(Error::input(
+                "num_computed_tokens",
+                num_computed_tokens,
+                format!(
+                    "covers the last token of session {request_id:?} (at most {keep_end}; \
+                     vLLM 0.33's _update_request_as_session asserts it)"
+                ),
+            ));
+        }
+        self.check_chunk(keep_end, &update)?;
+        let request = self.req_mut(slot);
+        request.all_token_ids.extend_from_slice(output_token_ids);
+        request.num_computed_tokens = num_computed_tokens;
+        self.take_chunk(slot, keep_end, update);
+        // vLLM decrements its parked-session counter, which never counted this one.
+        self.num_unparked_resumes += 1;
+        Ok(())
+    }
+
+    /// The chunk's checks: `max_tokens`, its stop rules, and room for an output token under
+    /// `max_model_len` once it follows the session's `keep_end` kept tokens.
+    fn check_chunk(&self, keep_end: usize, update: &SessionUpdate) -> Result<()> {
         if update.max_tokens == 0 {
             return Err(Error::input("max_tokens", 0, "must be at least 1"));
         }
         let rule = update.repetition_detection.as_ref();
         super::request::check_stop_rules(rule, update.min_tokens)?;
-        let request = self.req(slot);
-        let keep_end = request.num_tokens() - 1;
         let num_prompt_tokens = keep_end + update.prompt_token_ids.len();
         let max_prompt = self.config.max_model_len - self.config.num_sampled_tokens_per_step;
         if num_prompt_tokens > max_prompt {
@@ -132,9 +248,13 @@ impl<R: RequestKey> Scheduler<R> {
                 ),
             ));
         }
-        // vLLM asserts it: the dropped token was never computed.
-        debug_assert!(keep_end >= request.num_computed_tokens);
-        debug_assert!(self.kv.num_tokens(slot).unwrap_or(0) <= keep_end);
+        Ok(())
+    }
+
+    /// The session's tokens past `keep_end` are dropped, the chunk's appended as prompt,
+    /// and its settings replace the session's; it waits (`Waiting`) as a new arrival in
+    /// the order of arrivals, where it is in the queue.
+    fn take_chunk(&mut self, slot: u32, keep_end: usize, update: SessionUpdate) {
         let seq = self.next_arrival_seq;
         self.next_arrival_seq += 1;
         let block_size = self.config.block_size;
@@ -145,6 +265,7 @@ impl<R: RequestKey> Scheduler<R> {
         request
             .all_token_ids
             .extend_from_slice(&update.prompt_token_ids);
+        let num_prompt_tokens = request.all_token_ids.len();
         request.num_prompt_tokens = num_prompt_tokens;
         request.spec.max_tokens = update.max_tokens;
         request.spec.arrival_time = update.arrival_time;
@@ -156,17 +277,6 @@ impl<R: RequestKey> Scheduler<R> {
         request.arrival_seq = seq;
         request.is_prefill_chunk = true;
         request.status = RequestStatus::Waiting;
-        let holds = request.num_computed_tokens > 0;
         self.kv.set_num_prompt_tokens(slot, num_prompt_tokens);
-        self.parked.remove(&slot);
-        if !holds && self.holds_kv(slot) {
-            // Nothing computed to keep (vLLM would keep its blocks; not modelled): it
-            // starts over with a prefix lookup, among the requests holding none.
-            self.free_kv(slot)?;
-            self.waiting.remove(slot);
-            let key = self.priority_key(slot);
-            self.waiting.push_back(slot, key);
-        }
-        Ok(())
     }
 }

@@ -52,7 +52,9 @@ impl<R: RequestKey> Scheduler<R> {
             ));
         }
         let num_prompt_tokens = spec.prompt_token_ids.len().max(num_deferred);
-        if num_prompt_tokens == 0 {
+        // vLLM 0.33 queues a streaming-input session whose first chunk is empty
+        // (`sched::session`: it is skipped at each step, nothing to compute).
+        if num_prompt_tokens == 0 && !spec.resumable {
             return Err(Error::input("prompt_token_ids", "[]", "must not be empty"));
         }
         if spec.max_tokens == 0 {

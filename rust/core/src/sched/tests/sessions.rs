@@ -195,3 +195,65 @@ fn a_preempted_session_stopping_on_a_late_output_parks_without_blocks() {
     assert_eq!(out.scheduled_new_reqs[0].num_computed_tokens, 0);
     s.check_invariants().unwrap();
 }
+
+#[test]
+fn a_session_with_an_empty_first_chunk_waits_and_is_skipped_each_step() {
+    // vLLM 0.33 queues it; each step that reaches it finds 0 tokens to compute and skips it
+    // (deferred), going on to the request behind it. It never stops, so never parks.
+    let mut s = Scheduler::new(config(), false).unwrap();
+    s.add_request(0, session(0, 0)).unwrap();
+    s.add_request(1, prompt(1, 4)).unwrap();
+    for _ in 0..3 {
+        let out = run_step(&mut s);
+        assert!(scheduled(&out).iter().all(|&(id, _)| id == 1));
+        assert_eq!(s.get_request(&0).unwrap().status, RequestStatus::Waiting);
+        assert_eq!(s.deferred_waiting_ids(), [0]);
+        s.check_invariants().unwrap();
+    }
+    assert_eq!((s.num_waiting(), s.num_parked()), (1, 0));
+    assert!(s.has_unfinished_requests());
+    // Not resumable: an empty prompt is refused as before.
+    let err = s.add_request(2, prompt(2, 0)).unwrap_err();
+    assert!(err.to_string().contains("must not be empty"), "{err}");
+    s.abort(&[0]).unwrap();
+    assert_eq!(s.num_waiting(), 0);
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn a_chunk_for_a_wait_set_by_hand_is_admitted_from_the_computed_tokens_set() {
+    // A 3-token session queued, never scheduled; by hand one output (10) and 3 computed
+    // tokens. Its 2-token chunk drops the 10: prompt [0, 1, 2, 50, 51], 3 computed, and it
+    // is admitted from there (2 tokens, new blocks for all 5), not looked up.
+    let mut s = Scheduler::new(config(), false).unwrap();
+    s.add_request(0, session(0, 3)).unwrap();
+    s.add_request(1, prompt(1, 2)).unwrap();
+    s.resume_unparked_session(&0, &[10], 3, update(&[50, 51]))
+        .unwrap();
+    let r = s.get_request(&0).unwrap();
+    assert_eq!(r.all_token_ids, [0, 1, 2, 50, 51]);
+    assert_eq!((r.num_prompt_tokens(), r.num_computed_tokens), (5, 3));
+    assert_eq!(s.waiting_ids(), [0, 1]);
+    assert_eq!(s.num_unparked_resumes(), 1);
+    let out = s.schedule().unwrap();
+    assert_eq!(scheduled(&out), [(0, 2), (1, 2)]);
+    assert_eq!(out.scheduled_new_reqs[0].num_computed_tokens, 3);
+    assert_eq!(s.block_ids(&0).unwrap().len(), 2);
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn a_chunk_for_a_wait_set_by_hand_is_refused_where_vllm_asserts() {
+    let mut s = Scheduler::new(config(), false).unwrap();
+    s.add_request(0, session(0, 3)).unwrap();
+    // The last token counted computed (vLLM asserts it is not): nothing changes.
+    let err = (s.resume_unparked_session(&0, &[10], 4, update(&[50]))).unwrap_err();
+    assert!(err.to_string().contains("num_computed_tokens"), "{err}");
+    assert_eq!(s.get_request(&0).unwrap().all_token_ids, [0, 1, 2]);
+    // A session scheduled since, or parked, is not queued untouched.
+    run_step(&mut s);
+    let err = (s.resume_unparked_session(&0, &[], 1, update(&[50]))).unwrap_err();
+    assert!(err.to_string().contains("untouched"), "{err}");
+    assert_eq!(s.num_unparked_resumes(), 0);
+    s.check_invariants().unwrap();
+}

@@ -103,14 +103,22 @@ fn an_async_load_encodes_nothing_until_it_lands_then_only_the_items_past_it() {
     let (mut s, _) = with_loads(vec![(0, 24)], true, 64, 0);
     s.add_request(0, two_images(0)).unwrap();
     let out = run_step(&mut s);
-    assert_eq!(step_view(&out), (vec![], vec![]), "loading: no tokens, no encoder");
+    assert_eq!(
+        step_view(&out),
+        (vec![], vec![]),
+        "loading: no tokens, no encoder"
+    );
     assert!(s.encoder_cache_entries().is_empty());
     s.finish_kv_transfers(&[0], &[], &[]).unwrap();
     let out = run_step(&mut s);
     assert_eq!(step_view(&out), (vec![(0, 16)], vec![(0, vec![1])]));
     assert_eq!(out.scheduled_new_reqs[0].num_computed_tokens, 24);
     assert!(!s.encoder_cache_contains("a"), "never encoded");
-    assert_eq!(s.encoder_cache_refs("b"), 0, "passed at the update: freeable");
+    assert_eq!(
+        s.encoder_cache_refs("b"),
+        0,
+        "passed at the update: freeable"
+    );
 }
 
 #[test]
@@ -156,12 +164,25 @@ fn a_landed_load_steps_aside_while_the_encoder_budget_is_spent_keeping_its_block
     assert_eq!(step_view(&run_step(&mut s)), (vec![(0, 24)], vec![]));
     let held = s.block_ids(&1).unwrap().len();
     s.finish_kv_transfers(&[1], &[], &[]).unwrap();
-    assert_eq!(step_view(&run_step(&mut s)), (vec![(0, 24)], vec![(0, vec![0])]));
-    assert_eq!(step_view(&run_step(&mut s)), (vec![(0, 24)], vec![(0, vec![1])]));
-    assert_eq!(s.block_ids(&1).unwrap().len(), held, "its loaded blocks stay");
+    assert_eq!(
+        step_view(&run_step(&mut s)),
+        (vec![(0, 24)], vec![(0, vec![0])])
+    );
+    assert_eq!(
+        step_view(&run_step(&mut s)),
+        (vec![(0, 24)], vec![(0, vec![1])])
+    );
+    assert_eq!(
+        s.block_ids(&1).unwrap().len(),
+        held,
+        "its loaded blocks stay"
+    );
     assert_eq!(s.get_request(&1).unwrap().num_computed_tokens, 12);
     let out = run_step(&mut s);
-    assert_eq!(step_view(&out), (vec![(0, 24), (1, 24)], vec![(1, vec![0])]));
+    assert_eq!(
+        step_view(&out),
+        (vec![(0, 24), (1, 24)], vec![(1, vec![0])])
+    );
     assert_eq!(out.scheduled_new_reqs[0].num_computed_tokens, 12);
 }
 
@@ -201,4 +222,41 @@ fn an_encoder_decoder_models_items_beside_a_connector_are_refused_by_name() {
     s.set_encoder_decoder(true).unwrap();
     let err = s.add_request(0, two_images(0)).unwrap_err();
     assert!(err.to_string().contains("mm_features"), "{err}");
+}
+
+#[test]
+fn an_async_load_of_a_multimodal_request_meets_the_full_sequence_gate_as_a_text_ones() {
+    // vLLM 0.33's `scheduler_reserve_full_isl`: the load's `allocate_slots` needs the whole
+    // 40-token sequence (10 blocks) free; request 0 leaves 5, room for the load's own 2
+    // blocks (8 tokens) but not the sequence's. Neither request 1, with
+    // images or without, starts its load (the multimodal one's gate is met after its
+    // encoder step when it computes tokens, and before its load when it loads).
+    for items in [vec![image(4, 16, "a"), image(28, 8, "b")], vec![]] {
+        let (s, _) = with_loads(vec![(1, 8)], true, 64, 0);
+        let cfg = SchedulerConfig {
+            num_blocks: 16,
+            scheduler_reserve_full_isl: true,
+            ..s.config().clone()
+        };
+        let mut s = Scheduler::new(cfg, false).unwrap();
+        let loads = Loads {
+            offers: vec![(1, 8)],
+            load_async: true,
+            log: Arc::new(Mutex::new(Vec::new())),
+        };
+        s.set_connector(Box::new(loads)).unwrap();
+        s.add_request(0, prompt(0, 40)).unwrap();
+        assert_eq!(scheduled(&run_step(&mut s)), [(0, 40)]);
+        let r1 = RequestSpec {
+            mm_features: items,
+            max_tokens: 2,
+            ..prompt(1, 40)
+        };
+        s.add_request(1, r1).unwrap();
+        let out = run_step(&mut s);
+        assert_eq!(scheduled(&out), [(0, 1)]);
+        assert!(out.kv_loads.is_empty(), "no load started");
+        assert_eq!(s.get_request(&1).unwrap().status, RequestStatus::Waiting);
+        assert!(s.block_ids(&1).is_none());
+    }
 }

@@ -93,7 +93,10 @@ fn two_images(id: u32) -> RequestSpec {
     }
 }
 
-fn step_view(out: &SchedulerOutput<u32>) -> (Vec<(u32, usize)>, Vec<(u32, Vec<usize>)>) {
+/// A step's scheduled tokens and encoder inputs, by request.
+type StepView = (Vec<(u32, usize)>, Vec<(u32, Vec<usize>)>);
+
+fn step_view(out: &SchedulerOutput<u32>) -> StepView {
     (scheduled(out), out.scheduled_encoder_inputs.clone())
 }
 

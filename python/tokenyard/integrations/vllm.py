@@ -35,9 +35,10 @@ look-ahead or the trailing-block drop), KV load failures under either policy, CP
 (``OffloadingConnector``, ``SimpleCPUOffloadConnector``), the Mooncake store and UMBP
 connectors (their store jobs' pins), vLLM's KV cache events (one KV group, or full
 attention beside sliding windows; ``kv_cache_report_mode="full"`` too), multimodal
-requests, streaming-input sessions and requests that arrive computed (a P/D decode side's,
-also over several KV groups but HiSparse's, cross-attention and bounded-replay windows)
-are served.
+requests (beside KV connectors too: the items a load leaves to compute are encoded as vLLM
+schedules them), streaming-input sessions and requests that arrive computed (a P/D decode
+side's, also over several KV groups but HiSparse's, cross-attention and bounded-replay
+windows) are served.
 """
 
 from __future__ import annotations
@@ -297,10 +298,11 @@ class TokenyardScheduler(
         self._pending_encoder_input_ids: dict[str, set[int]] = {}
         # Why multimodal items are refused here whatever the encoder budget (None: served
         # under it; a text-only model's items once a budget and a cache are set: _mm_refusal).
+        # Beside a KV connector they are served: the core schedules the items past a loaded
+        # prefix as vLLM 0.33's schedule() does (an encoder-decoder model's stay refused by
+        # the core, naming mm_features).
         self._mm_refused: str | None = None
         self._mm_model = mm_budget is not None
-        if self.connector is not None:
-            self._mm_refused = "with a KV connector (its loads would bypass the encoder)"
         self._encoder_cache_view = EncoderCacheView(self)
         self.kv_cache_manager = _KVCacheManagerView(self)
         self.spec_decode_metrics_level = self.observability_config.per_request_spec_decode_metrics

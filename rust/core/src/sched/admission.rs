@@ -272,6 +272,12 @@ impl<R: RequestKey> Scheduler<R> {
             }
         }
         if hit.num_host_tokens() > 0 || (external.load_async && external.num_tokens > 0) {
+            // A multimodal request's gate, deferred past its encoder step above, meets an
+            // asynchronous load's allocation (vLLM 0.33 schedules no encoder input for it).
+            if !fits {
+                self.blocked_head = Some((seq, hit));
+                return Ok(Admission::Blocked);
+            }
             return self.start_load(slot, hit, external.num_tokens, plan);
         }
         let mut num_computed = hit.num_computed_tokens() + external.num_tokens;

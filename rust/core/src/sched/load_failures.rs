@@ -177,6 +177,11 @@ impl<R: RequestKey> Scheduler<R> {
             }
         }
         for a in &loading {
+            // vLLM 0.33 handles `failed_recving` first: under "recompute" a request failed
+            // whole counts no computed tokens, so the invalid-block scan finds none of its.
+            if !fail && whole.contains(&a.slot) {
+                continue;
+            }
             report.num_affected_tokens += a.num_affected_tokens;
             // The count the load lands with (`take_landed_load`).
             self.req_mut(a.slot).num_computed_tokens = a.num_computed_tokens;

@@ -362,7 +362,11 @@ impl<R: RequestKey> Scheduler<R> {
     }
 
     /// A request whose KV was loaded (it holds blocks for `num_computed_tokens`) goes on
-    /// like a running one: slots for the rest, no lookup.
+    /// like a running one: slots for the rest, no lookup. Its multimodal items past the
+    /// computed tokens are scheduled as any admission's (vLLM 0.33's waiting branch for a
+    /// request with computed tokens calls `_try_schedule_encoder_inputs` from them: items
+    /// wholly inside the loaded prefix are never encoded; an item the prefix ends inside is
+    /// encoded whole).
     pub(super) fn admit_loaded(
         &mut self,
         slot: u32,
@@ -378,7 +382,20 @@ impl<R: RequestKey> Scheduler<R> {
         else {
             return Ok(Admission::Blocked);
         };
-        if !self.full_sequence_fits(slot, None) {
+        let fits = self.full_sequence_fits(slot, None);
+        // A multimodal request meets that gate after its items are looked up (vLLM 0.33
+        // checks it in allocate_slots, after the encoder step, whose lookups stand).
+        let has_mm = !self.req(slot).spec.mm_features.is_empty();
+        if !fits && !has_mm {
+            return Ok(Admission::Blocked);
+        }
+        let (n, encoder) = self.schedule_encoder_inputs(slot, num_computed, n);
+        if n == 0 {
+            // vLLM 0.33 skips it (the encoder budget or cache is spent) and goes on.
+            return Ok(Admission::SteppedAside);
+        }
+        if !fits {
+            self.encoder_release(slot);
             return Ok(Admission::Blocked);
         }
         let request = self.slots[slot as usize].as_ref().expect("live");
@@ -391,6 +408,7 @@ impl<R: RequestKey> Scheduler<R> {
         if !self.allocation_allowed(slot, n, lookahead)?
             || !self.host_pages_fit_running(slot, num_computed, n + lookahead)
         {
+            self.encoder_release(slot);
             return Ok(Admission::Blocked);
         }
         // A load replayed after landing (bounded replay) left the pool's count at the loaded
@@ -405,8 +423,10 @@ impl<R: RequestKey> Scheduler<R> {
             )?
         };
         let Some(blocks) = blocks else {
+            self.encoder_release(slot);
             return Ok(Admission::Blocked);
         };
+        self.commit_encoder_inputs(slot, encoder);
         // vLLM 0.33 tells the connector of every allocation in its waiting loop, a landed
         // load's too (`update_state_after_alloc` with no external tokens).
         let notified = self.notify_allocation(slot, 0);

@@ -734,16 +734,18 @@ impl<R: RequestKey> Scheduler<R> {
             let lookahead = self.config.num_hash_lookahead_tokens;
             return Err(super::prefix_rules::connector_refusal(lookahead));
         }
-        if self
-            .slots
-            .iter()
-            .flatten()
-            .any(|r| !r.spec.mm_features.is_empty())
+        if self.encoder.enc_dec.is_some()
+            && self
+                .slots
+                .iter()
+                .flatten()
+                .any(|r| !r.spec.mm_features.is_empty())
         {
             return Err(Error::config(
                 "connector",
                 "a KV connector",
-                "multimodal requests are queued, and their loads would bypass the encoder step",
+                "an encoder-decoder model's multimodal requests are queued (its encoder \
+                 inputs beside a KV connector are not modelled)",
             ));
         }
         self.connector = Some(connector);

@@ -339,3 +339,18 @@ fn a_report_it_cannot_apply_changes_nothing() {
     assert_eq!(s.get_request(&0).unwrap().num_computed_tokens, before);
     s.check_invariants().unwrap();
 }
+
+#[test]
+fn a_load_failed_whole_with_an_invalid_block_in_the_same_report_recomputes_everything() {
+    // vLLM 0.33's `update_from_output` handles `failed_recving` before `invalid_block_ids`:
+    // the request failed whole counts 0 computed tokens, so its invalid block cuts nothing.
+    let (mut s, _) = with_offer(12, true, KvLoadFailurePolicy::Recompute);
+    s.add_request(0, prompt(0, 16)).unwrap();
+    s.schedule().unwrap();
+    let bad = block(&s, 0, 1);
+    let report = s.handle_kv_load_failures(&[0], &[bad], &[]).unwrap();
+    assert_eq!(report.num_affected_tokens, 0);
+    assert_eq!(s.get_request(&0).unwrap().num_computed_tokens, 0);
+    s.finish_kv_transfers(&[0], &[], &[]).unwrap();
+    s.check_invariants().unwrap();
+}

@@ -15,6 +15,7 @@ mod deferred;
 mod draft_slots;
 mod encoder;
 mod encoder_connector;
+mod encoder_loads;
 mod encoder_settings;
 mod hisparse;
 mod hooks;

@@ -42,7 +42,7 @@ class BoundaryStateOffers:
         groups = kv_cache_config.kv_cache_groups
         # (group id, block size) of each Mamba ``align`` group; none without prefix
         # caching (vLLM's cache_blocks never runs then).
-        self._groups = tuple(
+        self.groups = tuple(
             (i, g.kv_cache_spec.block_size)
             for i, g in enumerate(groups)
             if prefix_caching
@@ -58,7 +58,7 @@ class BoundaryStateOffers:
         over ``request_ids`` in that order (vLLM's ``cache_blocks`` order), each request's
         entries by group. ``manager`` is the ``kv_cache_manager`` view, ``core`` the
         adapter's core scheduler."""
-        if not self._groups:
+        if not self.groups:
             return {}
         hashes: list[int | None] = core.block_hashes()
         before = self._hashes
@@ -72,7 +72,7 @@ class BoundaryStateOffers:
         tables = {}
         for request_id in request_ids:
             tables[request_id] = manager.get_block_ids(request_id)
-        for group_id, block_size in self._groups:
+        for group_id, block_size in self.groups:
             for request_id, table in tables.items():
                 for idx, block_id in enumerate(table[group_id]):
                     if block_id and core_index(block_id) in changed:

@@ -233,8 +233,10 @@ def connector_meta(scheduler: Any, out: SchedulerOutput) -> Any:
     requests holding one are in the block state's ``req_ids`` too."""
     manager = scheduler.kv_cache_manager
     scheduled = out.num_scheduled_tokens
-    order = [*(r for r in scheduler.requests if r not in scheduled), *scheduled]
-    offloads = manager.take_boundary_state_offloads(order)
+    offloads: dict[str, list[tuple[int, int, int]]] = {}
+    if manager._boundary_offers.groups:  # nothing to read (or pay) without an align group
+        order = [*(r for r in scheduler.requests if r not in scheduled), *scheduled]
+        offloads = manager.take_boundary_state_offloads(order)
     out.kv_connector_block_state = KVConnectorBlockState(
         req_ids={*scheduled, *(r for r in offloads if r in scheduler.requests)},
         resolve_block_ids=manager.get_block_ids,

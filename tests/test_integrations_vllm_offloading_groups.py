@@ -273,10 +273,16 @@ def test_offloading_beside_several_kv_groups_is_bound() -> None:
 # Qwen3-Next's layout: full attention beside a Mamba ``align`` group. vLLM's MambaManager
 # hands every block it caches to the connector (``take_boundary_state_offloads``), which
 # stores it on its own (``_build_aligned_boundary_store_jobs``): each step's hand-offs,
-# store jobs and their metadata agree, the small GPU pool evicting and the CPU loading.
-@pytest.mark.parametrize(("seed", "num_blocks"), [(0, 240), (1, 240), (2, 60), (3, 60)])
-def test_offloading_beside_a_mamba_align_group_matches_vllm(seed: int, num_blocks: int) -> None:
-    seen = _run(seed, num_blocks=num_blocks, cpu_chunks=800, mamba=True)
+# store jobs and their metadata agree, the small GPU pool evicting and the CPU loading (and
+# with 40 CPU chunks, the CPU side evicting too).
+@pytest.mark.parametrize(
+    ("seed", "num_blocks", "cpu_chunks"),
+    [(0, 240, 800), (1, 240, 800), (2, 60, 800), (3, 60, 800), (0, 60, 40), (1, 60, 40)],
+)
+def test_offloading_beside_a_mamba_align_group_matches_vllm(
+    seed: int, num_blocks: int, cpu_chunks: int
+) -> None:
+    seen = _run(seed, num_blocks=num_blocks, cpu_chunks=cpu_chunks, mamba=True)
     assert seen["handoffs"] > 0
     assert seen["stores"] > 0
 

@@ -6,7 +6,7 @@ module, so vLLM is installed when this runs."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
@@ -22,6 +22,7 @@ from vllm.v1.metrics.stats import KV_FETCH_WAITING_TO_START, PrefixCacheStats
 from vllm.v1.request import Request
 
 from tokenyard.errors import ConfigError, InputError
+from tokenyard.integrations._vllm_boundary_offloads import BoundaryStateOffers
 from tokenyard.integrations._vllm_coordinator_view import (
     BlockPoolView,
     CoordinatorView,
@@ -231,11 +232,20 @@ def connector_meta(scheduler: Any, out: SchedulerOutput) -> Any:
     which allocated none), resolved when read; the call goes through the scheduler's
     ``_build_kv_connector_meta`` (vLLM's hook, which a plugin may replace); the block state
     is cleared after (it never goes to the workers). vLLM's Mamba ``align`` boundary-state
-    hand-offs (``take_boundary_state_offloads``) are not modelled: none are offered."""
+    hand-offs are taken once per step as vLLM's ``schedule()`` takes them
+    (``take_boundary_state_offloads``, ``_vllm_boundary_offloads``): the requests cached
+    outside the step (a load landed in an update) first, then the step's in its order; the
+    requests holding one are in the block state's ``req_ids`` too."""
+    manager = scheduler.kv_cache_manager
+    scheduled = out.num_scheduled_tokens
+    offloads: dict[str, list[tuple[int, int, int]]] = {}
+    if manager._boundary_offers.groups:  # nothing to read (or pay) without an align group
+        order = [*(r for r in scheduler.requests if r not in scheduled), *scheduled]
+        offloads = manager.take_boundary_state_offloads(order)
     out.kv_connector_block_state = KVConnectorBlockState(
-        req_ids=set(out.num_scheduled_tokens),
-        resolve_block_ids=scheduler.kv_cache_manager.get_block_ids,
-        boundary_state_offloads={},
+        req_ids={*scheduled, *(r for r in offloads if r in scheduler.requests)},
+        resolve_block_ids=manager.get_block_ids,
+        boundary_state_offloads=offloads,
     )
     try:
         with scheduler._pool_view.reading():
@@ -367,6 +377,7 @@ class _KVCacheManagerView:
         view = HybridCoordinatorView if hybrid else CoordinatorView
         self.coordinator = view(scheduler, self.block_pool)
         self.num_kv_cache_groups = len(scheduler.kv_cache_config.kv_cache_groups)
+        self._boundary_offers = BoundaryStateOffers(scheduler.kv_cache_config, caching)
 
     @property
     def enable_caching(self) -> bool:
@@ -379,6 +390,17 @@ class _KVCacheManagerView:
     @property
     def prefix_cache_stats(self) -> PrefixCacheStats | None:
         return self._scheduler._prefix_cache_stats
+
+    def take_boundary_state_offloads(
+        self, request_ids: Iterable[str] | None = None
+    ) -> dict[str, list[tuple[int, int, int]]]:
+        """vLLM's: drains the Mamba ``align`` boundary-state hand-offs since the last take,
+        ``{request_id: [(group_id, block_id, boundary_tokens), ...]}``, empty without such
+        a group or prefix caching (``_vllm_boundary_offloads``). ``request_ids`` orders the
+        requests (the scheduler's, in arrival order, by default)."""
+        scheduler = self._scheduler
+        order = scheduler.requests if request_ids is None else request_ids
+        return self._boundary_offers.take(self, scheduler._core, order)
 
     def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
         scheduler = self._scheduler

@@ -1341,6 +1341,7 @@ class Scheduler:
         repetition_detection: tuple[int, int, int] | None = None,
         min_tokens: int | None = None,
         at_stop: bool = False,
+        mm_features: Sequence[_MmFeatureLike] | None = None,
     ) -> None:
         """A parked session's next input chunk (vLLM 0.33's ``_update_request_as_session``):
         its last sampled token is dropped, its other outputs and ``prompt_token_ids``
@@ -1350,6 +1351,9 @@ class Scheduler:
         expected. ``at_stop``: the chunk was queued while the session ran and is taken as
         its turn stops, so it is not among the requests admission skipped (vLLM's
         ``deferred_waiting``); a chunk for a session parked earlier leaves it there.
+        ``mm_features``: the chunk's multimodal items, offsets counted from its first
+        token; they are placed after the kept tokens and appended to the session's items
+        (checked as ``add_request`` checks them, over the new prompt).
 
         Raises:
             InputError: an unknown id, a request not parked, ``max_tokens < 1``, a prompt

@@ -121,11 +121,17 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
             )
         if not self.use_v2_model_runner:
             self.prev_step_scheduled_req_ids = set(num_scheduled_tokens)
-        elif self._pending_encoder_input_ids or out.scheduled_encoder_inputs:
+        elif (
+            self._pending_encoder_input_ids
+            or out.scheduled_encoder_inputs
+            or any(r.mm_features for r in new_reqs_data)
+        ):
             # The V2 runner's multimodal data, sent with an item's first encoding and
             # released once the request's computed tokens pass it: vLLM 0.33's own
             # Scheduler._get_encoder_input_updates (it reads requests,
             # _pending_encoder_input_ids, use_v2_model_runner and is_encoder_decoder).
+            # A new request's items are pending from its installation even when none is
+            # encoded that step (all found in the encoder cache).
             out.encoder_input_updates = _VllmScheduler._get_encoder_input_updates(
                 self, num_scheduled_tokens, new_reqs_data, out.scheduled_encoder_inputs
             )

@@ -20,7 +20,7 @@ from vllm.v1.request import Request, RequestStatus, StreamingUpdate
 from tokenyard.errors import InputError
 from tokenyard.integrations._vllm_outputs import errors_in_vllm_ids
 from tokenyard.integrations._vllm_state import AdapterBase
-from tokenyard.integrations._vllm_translate import stop_rules
+from tokenyard.integrations._vllm_translate import core_prompt, stop_rules
 
 _WAITING_FOR_STREAMING_REQ = RequestStatus.WAITING_FOR_STREAMING_REQ
 
@@ -128,17 +128,27 @@ class Sessions(AdapterBase):
         ``resume_session``; ``at_stop``: the chunk queued while it ran, taken as its turn
         stops, so it was never skipped as a blocked wait).
 
+        The chunk's multimodal items go to the core with their offsets counted from the
+        chunk (it places them after the kept tokens, as ``extend_session`` then does on
+        the vLLM request), and under prefix caching their placeholder tokens are keyed by
+        the items (``core_prompt``), as ``add_request`` keys a prompt's.
+
         Raises:
-            InputError: the chunk has multimodal items (not served for sessions), or the
-                core refuses it (no room for an output token under ``max_model_len``).
+            InputError: the core refuses the chunk (no room for an output token under
+                ``max_model_len``, items ``add_request`` would refuse, naming
+                ``mm_features``).
         """
         request_id = session.request_id
-        _refuse_mm_chunk(request_id, update)
+        tokens, max_tokens = _chunk_args(update)
+        if update.mm_features and self._prefix_caching:
+            tokens = core_prompt(tokens, update.mm_features)
         with errors_in_vllm_ids(self._vllm_ids):
             self._core.resume_session(
                 self._core_ids[request_id],
-                *_chunk_args(update),
+                tokens,
+                max_tokens,
                 at_stop=at_stop,
+                mm_features=update.mm_features or None,
                 **_chunk_settings(update),
             )
         extend_session(session, update, self.hash_block_size)
@@ -156,7 +166,8 @@ class Sessions(AdapterBase):
         parked-session counter, which never counted it, goes one lower.
 
         Raises:
-            InputError: the chunk has multimodal items, or the core refuses it (the
+            InputError: the chunk has multimodal items (not modelled on this path), or
+                the core refuses it (the
                 session was scheduled, its last token counted computed, ...).
         """
         request_id = session.request_id
@@ -221,7 +232,8 @@ def _refuse_mm_chunk(request_id: str, update: StreamingUpdate) -> None:
     if update.mm_features:
         raise InputError(
             f"mm_features: tokenyard's scheduler does not serve multimodal items in a "
-            f"streaming-input session's chunk (request {request_id!r})",
+            f"chunk for streaming-input session {request_id!r} whose "
+            "WAITING_FOR_STREAMING_REQ status was set by hand on a request never scheduled",
             field="mm_features",
             value=request_id,
         )

@@ -290,7 +290,7 @@ impl PyScheduler {
     /// stops (it is not among the requests admission skipped).
     #[pyo3(signature = (request_id, prompt_token_ids, max_tokens, *, arrival_time = 0.0,
         eos_token_id = None, stop_token_ids = None, ignore_eos = false,
-        repetition_detection = None, min_tokens = None, at_stop = false))]
+        repetition_detection = None, min_tokens = None, at_stop = false, mm_features = None))]
     #[allow(clippy::too_many_arguments)]
     fn resume_session(
         &mut self,
@@ -304,6 +304,7 @@ impl PyScheduler {
         repetition_detection: Option<&Bound<'_, PyAny>>,
         min_tokens: Option<&Bound<'_, PyAny>>,
         at_stop: bool,
+        mm_features: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let py = request_id.py();
         let id = RequestId::from_py(request_id)?;
@@ -317,6 +318,9 @@ impl PyScheduler {
         )?;
         (update.repetition_detection, update.min_tokens) =
             args::repetition_args(repetition_detection, min_tokens)?;
+        if let Some(items) = mm_features.filter(|m| !m.is_none()) {
+            update.mm_features = crate::sched_encoder::mm_features(items)?;
+        }
         if at_stop {
             self.inner.resume_queued_session(&id, update).or_raise(py)
         } else {

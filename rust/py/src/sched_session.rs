@@ -36,5 +36,6 @@ pub(crate) fn session_update(
         ignore_eos,
         repetition_detection: None,
         min_tokens: 0,
+        mm_features: Vec::new(),
     })
 }

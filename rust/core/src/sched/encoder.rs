@@ -152,7 +152,16 @@ impl<R: RequestKey> Scheduler<R> {
         spec: &RequestSpec,
         num_prompt_tokens: usize,
     ) -> Result<()> {
-        let features = &spec.mm_features;
+        self.check_mm_items(&spec.mm_features, num_prompt_tokens)
+    }
+
+    /// [`Self::check_mm_features`] over `features` (a request's, or a streaming-input
+    /// session's with its next chunk's appended, `sched::session`).
+    pub(super) fn check_mm_items(
+        &self,
+        features: &[MmFeature],
+        num_prompt_tokens: usize,
+    ) -> Result<()> {
         if features.is_empty() {
             return Ok(());
         }

@@ -39,6 +39,11 @@ pub struct SessionUpdate {
     pub ignore_eos: bool,
     pub repetition_detection: Option<super::RepetitionDetection>,
     pub min_tokens: usize,
+    /// The chunk's multimodal items, offsets counted from its first token (vLLM's
+    /// `StreamingUpdate.mm_features`): placed after the session's kept tokens and appended
+    /// to its items, whose indices stay (vLLM's `_update_request_as_session`, `base =
+    /// session.num_tokens` once the last sampled token is dropped).
+    pub mm_features: Vec<super::MmFeature>,
 }
 
 impl<R: RequestKey> Scheduler<R> {
@@ -130,7 +135,7 @@ impl<R: RequestKey> Scheduler<R> {
         }
         let request = self.req(slot);
         let keep_end = request.num_tokens() - 1;
-        self.check_chunk(keep_end, &update)?;
+        self.check_chunk(slot, keep_end, &update)?;
         // vLLM asserts it: the dropped token was never computed.
         debug_assert!(keep_end >= request.num_computed_tokens);
         debug_assert!(self.kv.num_tokens(slot).unwrap_or(0) <= keep_end);
@@ -218,7 +223,17 @@ impl<R: RequestKey> Scheduler<R> {
                 ),
             ));
         }
-        self.check_chunk(keep_end, &update)?;
+        if !update.mm_features.is_empty() {
+            return Err(Error::input(
+                "mm_features",
+                update.mm_features.len(),
+                format!(
+                    "multimodal items in a chunk for session {request_id:?}, whose wait was \
+                     set by hand on a request never scheduled, are not modelled"
+                ),
+            ));
+        }
+        self.check_chunk(slot, keep_end, &update)?;
         let request = self.req_mut(slot);
         request.all_token_ids.extend_from_slice(output_token_ids);
         request.num_computed_tokens = num_computed_tokens;
@@ -228,9 +243,11 @@ impl<R: RequestKey> Scheduler<R> {
         Ok(())
     }
 
-    /// The chunk's checks: `max_tokens`, its stop rules, and room for an output token under
-    /// `max_model_len` once it follows the session's `keep_end` kept tokens.
-    fn check_chunk(&self, keep_end: usize, update: &SessionUpdate) -> Result<()> {
+    /// The chunk's checks: `max_tokens`, its stop rules, room for an output token under
+    /// `max_model_len` once it follows the session's `keep_end` kept tokens, and its
+    /// multimodal items placed there, after the session's own (`add_request`'s checks on
+    /// them all, over the new prompt).
+    fn check_chunk(&self, slot: u32, keep_end: usize, update: &SessionUpdate) -> Result<()> {
         if update.max_tokens == 0 {
             return Err(Error::input("max_tokens", 0, "must be at least 1"));
         }
@@ -248,6 +265,19 @@ impl<R: RequestKey> Scheduler<R> {
                 ),
             ));
         }
+        if !update.mm_features.is_empty() {
+            if self.encoder.enc_dec.is_some() {
+                return Err(Error::input(
+                    "mm_features",
+                    update.mm_features.len(),
+                    "an encoder-decoder model's encoder inputs in a streaming-input \
+                     session's chunk are not modelled",
+                ));
+            }
+            let mut features = self.req(slot).spec.mm_features.clone();
+            features.extend(shifted(&update.mm_features, keep_end));
+            self.check_mm_items(&features, num_prompt_tokens)?;
+        }
         Ok(())
     }
 
@@ -259,6 +289,11 @@ impl<R: RequestKey> Scheduler<R> {
         self.next_arrival_seq += 1;
         let block_size = self.config.block_size;
         let request = self.req_mut(slot);
+        let gains_mm = request.spec.mm_features.is_empty() && !update.mm_features.is_empty();
+        request
+            .spec
+            .mm_features
+            .extend(shifted(&update.mm_features, keep_end));
         request.all_token_ids.truncate(keep_end);
         // A prompt source's hashes past the kept tokens named the dropped ones.
         request.prompt_block_hashes.truncate(keep_end / block_size);
@@ -278,5 +313,15 @@ impl<R: RequestKey> Scheduler<R> {
         request.is_prefill_chunk = true;
         request.status = RequestStatus::Waiting;
         self.kv.set_num_prompt_tokens(slot, num_prompt_tokens);
+        // A session's first items: its steps now join the encoder's per-step scan.
+        self.num_mm_requests += usize::from(gains_mm);
     }
+}
+
+/// A chunk's items with their offsets moved past the session's `base` kept tokens.
+fn shifted(features: &[super::MmFeature], base: usize) -> impl Iterator<Item = super::MmFeature> {
+    features.iter().map(move |f| super::MmFeature {
+        offset: f.offset + base,
+        ..f.clone()
+    })
 }

@@ -257,3 +257,84 @@ fn a_chunk_for_a_wait_set_by_hand_is_refused_where_vllm_asserts() {
     assert_eq!(s.num_unparked_resumes(), 0);
     s.check_invariants().unwrap();
 }
+
+#[test]
+fn a_chunks_image_lands_after_the_kept_tokens_and_is_encoded_on_resume() {
+    // A 20-token session with a 16-token image at 2 stops on its first output (EOS). Its
+    // chunk of 3 text tokens then a 16-token image (at 3 in the chunk) starts the image at
+    // 20 + 3 = 23 (the EOS dropped); the resume schedules the 20 new tokens with input 1.
+    use super::encoder::{enc_config, image};
+    let mut s = Scheduler::new(enc_config(64, 64), false).unwrap();
+    let spec = RequestSpec {
+        mm_features: vec![image(2, 16, "a")],
+        ..session(0, 20)
+    };
+    s.add_request(0, spec).unwrap();
+    let out = run_step(&mut s);
+    assert_eq!(out.scheduled_encoder_inputs, [(0, vec![0])]);
+    assert_eq!(s.num_parked(), 1);
+    let mut chunk = update(&[50, 51, 52]);
+    chunk.prompt_token_ids.extend([9; 17]);
+    chunk.mm_features = vec![image(3, 16, "b")];
+    s.resume_session(&0, chunk).unwrap();
+    let r = s.get_request(&0).unwrap();
+    assert_eq!((r.num_prompt_tokens(), r.num_computed_tokens), (40, 20));
+    assert_eq!(r.spec.mm_features, [image(2, 16, "a"), image(23, 16, "b")]);
+    let out = s.schedule().unwrap();
+    assert_eq!(scheduled(&out), [(0, 20)]);
+    assert_eq!(out.scheduled_encoder_inputs, [(0, vec![1])]);
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn a_chunks_images_are_checked_over_the_new_prompt_and_refused_by_name() {
+    // Past the chunk's end, longer than the encoder budget, or on a wait set by hand: each
+    // refused naming mm_features, the session still parked and unchanged.
+    use super::encoder::{enc_config, image};
+    let mut s = Scheduler::new(enc_config(16, 64), false).unwrap();
+    s.add_request(0, session(0, 6)).unwrap();
+    run_step(&mut s);
+    let with = |items: Vec<MmFeature>| SessionUpdate {
+        mm_features: items,
+        ..update(&[9; 8])
+    };
+    for items in [
+        vec![image(4, 8, "x")],
+        vec![image(0, 8, "x"), image(4, 4, "y")],
+    ] {
+        let err = s.resume_session(&0, with(items)).unwrap_err();
+        assert!(matches!(
+            err,
+            Error::Input {
+                arg: "mm_features",
+                ..
+            }
+        ));
+    }
+    let mut s = Scheduler::new(enc_config(4, 64), false).unwrap();
+    s.add_request(0, session(0, 6)).unwrap();
+    run_step(&mut s);
+    let err = s
+        .resume_session(&0, with(vec![image(0, 8, "x")]))
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        Error::Input {
+            arg: "mm_features",
+            ..
+        }
+    ));
+    assert_eq!(s.num_parked(), 1);
+    assert_eq!(s.get_request(&0).unwrap().num_prompt_tokens(), 6);
+    s.add_request(1, session(1, 6)).unwrap();
+    let err = s
+        .resume_unparked_session(&1, &[8], 0, with(vec![image(0, 4, "x")]))
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        Error::Input {
+            arg: "mm_features",
+            ..
+        }
+    ));
+}

@@ -9,7 +9,9 @@ each update the requests the connector can no longer serve (``take_unavailable_r
 finish with ``FINISHED_ERROR``; ``_free_request`` hands the connector's
 ``request_finished`` params to the finished output (``ec_transfer_params``). A seeded
 connector answers from the asks it got; every step's decisions, encoder work, outputs and
-the connector's log must be equal. Needs vLLM (the bench venv); skipped elsewhere.
+the connector's log must be equal, its ``update_state_after_free`` calls (vLLM's
+``_free_encoder_input``, from ``update_from_output`` once a request's computed tokens pass
+an item) and ``request_finished`` calls in it. Needs vLLM (the bench venv); skipped elsewhere.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from vllm_compare import (
     runner_output,
 )
 
+from tokenyard.errors import ConfigError
+from tokenyard.integrations._vllm_ec import EncoderConnectorBridge
 from tokenyard.integrations.vllm import AsyncTokenyardScheduler
 
 
@@ -41,7 +45,7 @@ class TransitConnector:
     request at ``num_computed_tokens`` in its ``step``-th step, it answers false while a
     seeded hash of the three says so (about ``transit`` of the asks); from step 6 it gives
     up on one request it was asked about (``take_unavailable_requests``). Its finished
-    requests' params name them. Logs every ask."""
+    requests' params name them. Logs every ask, each item let go and each finish."""
 
     def __init__(self, seed: int, transit: float, give_up: bool) -> None:
         self.seed = seed
@@ -78,7 +82,7 @@ class TransitConnector:
         self.log.append(("alloc", request.request_id, index))
 
     def update_state_after_free(self, request: Any, index: int) -> None:
-        pass
+        self.log.append(("free", request.request_id, index, request.num_computed_tokens))
 
     def has_pending_push_work(self) -> bool:
         return False
@@ -90,6 +94,7 @@ class TransitConnector:
         pass
 
     def request_finished(self, request: Any) -> tuple[bool, dict[str, Any]]:
+        self.log.append(("finished", request.request_id, str(request.status)))
         return False, {"ec": request.request_id}
 
     def get_ec_connector_stats(self) -> None:
@@ -172,6 +177,8 @@ def test_requests_wait_for_inputs_in_transit_as_in_vllm(seed: int) -> None:
     answers = [entry[-1] for entry in log if entry[0] == "ensure"]
     assert False in answers, "some asks found inputs in transit"
     assert True in answers
+    assert any(entry[0] == "free" for entry in log), "items were let go, and reported"
+    assert any(entry[0] == "finished" for entry in log)
 
 
 @pytest.mark.usefixtures("multimodal")
@@ -185,3 +192,51 @@ def test_requests_the_connector_gives_up_on_finish_with_an_error_as_in_vllm(seed
 @pytest.mark.parametrize("seed", [0, 1])
 def test_async_steps_wait_for_inputs_in_transit_as_in_vllm(seed: int) -> None:
     _run(seed, transit=0.4, give_up=True, is_async=True)
+
+
+@pytest.mark.usefixtures("multimodal")
+@pytest.mark.parametrize("is_async", [False, True])
+def test_the_log_check_fails_when_items_let_go_are_not_reported(
+    monkeypatch: pytest.MonkeyPatch, is_async: bool
+) -> None:
+    """The check can fail: the adapter's bridge not passing ``update_state_after_free`` on
+    makes the connector logs differ at the first item let go."""
+    monkeypatch.setattr(EncoderConnectorBridge, "update_state_after_free", lambda *a: None)
+    with pytest.raises(AssertionError):
+        _run(0, transit=0.4, give_up=False, is_async=is_async)
+
+
+class DelayingConnector(TransitConnector):
+    """Answers delay-free ``True`` from ``request_finished`` (no vLLM connector does)."""
+
+    def request_finished(self, request: Any) -> tuple[bool, dict[str, Any]]:
+        super().request_finished(request)
+        return True, {"ec": request.request_id}
+
+
+@pytest.mark.usefixtures("multimodal")
+def test_a_delay_free_answer_from_request_finished_is_refused_by_name() -> None:
+    """vLLM 0.33's ``_free_request`` ORs the answer into the KV connector's: the request's
+    KV blocks stay allocated and it stays in ``requests`` until a KV connector output lists
+    it in ``finished_sending``. Not modelled: refused with a ``ConfigError`` naming the
+    connector's field."""
+    Budget.compute, Budget.cache = 400, 800
+    theirs, ours, peer = build_pair(
+        max_model_len=1024, enable_prefix_caching=False, max_num_batched_tokens=256, num_blocks=200
+    )
+    prompt = [1] * 8 + [9] * 48 + [2] * 8
+    for scheduler in (theirs, ours):
+        scheduler.ec_connector = DelayingConnector(0, transit=0.0, give_up=False)
+        scheduler.add_request(
+            image_request(peer._block_hasher, "r", prompt, [(8, 48, "img0-48")], 1)
+        )
+    out = theirs.schedule()
+    theirs.update_from_output(out, runner_output(theirs, out))
+    # vLLM: finished (max_tokens 1), its blocks held, still in requests.
+    assert "r" in theirs.requests
+    assert theirs.requests["r"].is_finished()
+    assert theirs.kv_cache_manager.usage > 0
+    out = ours.schedule()
+    with pytest.raises(ConfigError, match="request_finished answered delay_free=True") as raised:
+        ours.update_from_output(out, runner_output(ours, out))
+    assert raised.value.field == "ec_transfer_config.ec_connector"

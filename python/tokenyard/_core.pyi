@@ -1598,9 +1598,12 @@ class Scheduler:
         given room is reported to ``update_state_after_alloc(view, input_id)``. An object
         that also has ``ensure_cache_available(view, num_computed_tokens)`` is asked it
         before a request with items is given tokens; ``False`` skips the request for the
-        step (vLLM 0.33's inputs in transit). Its exceptions come back as the cause of a
-        ``ConnectorError`` from ``schedule()``, whose step the next call returns. Raises
-        ConfigError for an object without the first two methods."""
+        step (vLLM 0.33's inputs in transit). One that also has
+        ``update_state_after_free(view, input_id)`` is told of each item an update lets go
+        (vLLM 0.33's ``_free_encoder_input``). Its exceptions come back as the cause of a
+        ``ConnectorError`` from ``schedule()``, whose step the next call returns (from
+        ``update_from_output`` after the update is applied, for ``update_state_after_free``).
+        Raises ConfigError for an object without the first two methods."""
     def set_step_hooks(
         self,
         *,

@@ -9,13 +9,17 @@ is not encoded. It reports each item given cache room (``update_state_after_allo
 ``_allocate_encoder_inputs``). Before a request with items is given tokens it asks
 whether the outputs it needs from its computed tokens on are at hand
 (``ensure_cache_available``, ``_ec_transfer_pending``): one in transit is skipped for the
-step, running or waiting (a real connector, vLLM's CPU or Mooncake one, fetches then). The
-core makes the three calls (``sched::encoder_connector``) through
-:class:`EncoderConnectorBridge`; a request the connector can no longer serve finishes with an
-error at the next update (``take_unavailable_requests``, :func:`finish_unavailable`). An
-encoder-only instance (an EC producer, ``VllmConfig.is_mm_encoder_only``) publishes
-embeddings and samples nothing: a request stops once its whole prompt is consumed (vLLM's
-``update_from_output``), :func:`encoder_instance_stops`.
+step, running or waiting (a real connector, vLLM's CPU or Mooncake one, fetches then). An
+update that lets a request's passed item go reports it (``update_state_after_free``, in
+``_free_encoder_input``, reached from ``_free_encoder_inputs`` in ``update_from_output``
+only; vLLM's Mooncake connector cancels its transfer there). The core makes the four
+calls (``sched::encoder_connector``) through :class:`EncoderConnectorBridge`; a request
+the connector can no longer serve finishes with an error at the next update
+(``take_unavailable_requests``, :func:`finish_unavailable`). An encoder-only instance (an
+EC producer, ``VllmConfig.is_mm_encoder_only``) publishes embeddings and samples nothing:
+a request stops once its whole prompt is consumed (vLLM's ``update_from_output``),
+:func:`encoder_instance_stops`. A delay-free ``True`` from the connector's
+``request_finished`` is refused (:func:`delay_free_refused`).
 Imported only by that module, so vLLM is installed when this runs."""
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from typing import Any, Protocol
 
 from vllm.v1.engine import EngineCoreOutput
 from vllm.v1.request import Request, RequestStatus
+
+from tokenyard.errors import ConfigError
 
 
 class EcState(Protocol):
@@ -40,10 +46,16 @@ class EcState(Protocol):
     def _error_output(self, request: Request) -> EngineCoreOutput: ...
 
 
-class BridgeState(Protocol):
-    """What :class:`EncoderConnectorBridge` reads of ``TokenyardScheduler``."""
+class FreesState(Protocol):
+    """What :func:`report_ec_frees` reads of ``TokenyardScheduler``."""
 
     ec_connector: Any
+    _ec_frees: list[tuple[Request, int]] | None
+    _ec_free_order: dict[str, int]
+
+
+class BridgeState(FreesState, Protocol):
+    """What :class:`EncoderConnectorBridge` reads of ``TokenyardScheduler``."""
 
     def _request_of(self, core_id: Any) -> Request: ...
 
@@ -63,6 +75,15 @@ class EncoderConnectorBridge:
         scheduler = self._scheduler
         request = scheduler._request_of(view.request_id)
         scheduler.ec_connector.update_state_after_alloc(request, input_id)
+
+    def update_state_after_free(self, view: Any, input_id: int) -> None:
+        scheduler = self._scheduler
+        request = scheduler._request_of(view.request_id)
+        if scheduler._ec_frees is not None:
+            # In an update: told in vLLM's order by report_ec_frees.
+            scheduler._ec_frees.append((request, input_id))
+            return
+        scheduler.ec_connector.update_state_after_free(request, input_id)
 
     def ensure_cache_available(self, view: Any, num_computed_tokens: int) -> bool:
         scheduler = self._scheduler
@@ -106,3 +127,48 @@ def finish_unavailable(scheduler: EcState, outputs: dict[int, list[EngineCoreOut
     # finish_requests skips ids it does not hold.
     for request in scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ERROR):
         outputs.setdefault(request.client_index, []).append(scheduler._error_output(request))
+
+
+def delay_free_refused(connector: Any, request: Request) -> ConfigError:
+    """The error for an encoder-cache connector whose ``request_finished`` answered
+    delay-free ``True`` for ``request``. vLLM 0.33's ``Scheduler._free_request`` ORs that
+    answer into the KV connector's: the request's KV blocks stay allocated and the request
+    stays in ``requests`` until a KV connector output lists it in ``finished_sending``
+    (``_update_from_kv_xfer_finished``), while its encoder-cache entries are freed at once.
+    Not modelled (vLLM's connectors all answer ``False``: CPU, Mooncake, example): refused
+    by name, once the request is freed as for ``False``."""
+    return ConfigError(
+        f"ec_transfer_config.ec_connector: {type(connector).__name__}.request_finished "
+        f"answered delay_free=True for request {request.request_id!r}; holding a request's "
+        f"KV blocks for an encoder-cache connector until a KV connector reports it in "
+        f"finished_sending (vLLM 0.33's _free_request) is not modelled",
+        field="ec_transfer_config.ec_connector",
+        value="request_finished -> (True, ...)",
+    )
+
+
+def report_ec_frees(scheduler: FreesState, upto: Request | None) -> None:
+    """Tells the connector of the items the core's update let go (kept in
+    ``scheduler._ec_frees``, in the update's batch order), in vLLM 0.33's order:
+    ``update_from_output`` reports a request's items (``_free_encoder_inputs``) before it
+    finishes it (``_free_request`` asks ``request_finished``), request by request. With
+    ``upto`` (a request the update finished, about to be freed): those of the requests up to
+    it in the batch; with ``None``: the rest, and the update's list is closed."""
+    frees = scheduler._ec_frees
+    if frees is None:
+        return
+    if upto is None:
+        scheduler._ec_frees = None
+        taken = frees
+    else:
+        order = scheduler._ec_free_order
+        last = len(order)
+        limit = order.get(upto.request_id, last)
+        n = 0
+        while n < len(frees) and order.get(frees[n][0].request_id, last) <= limit:
+            n += 1
+        taken = frees[:n]
+        del frees[:n]
+    connector = scheduler.ec_connector
+    for request, input_id in taken:
+        connector.update_state_after_free(request, input_id)

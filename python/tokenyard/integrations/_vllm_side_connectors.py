@@ -22,6 +22,10 @@ class SideConnectors:
     _block_hash_index: BlockHashIndex
     _aux_output_connector: Any = None
     _ec_connector: Any = None
+    # The items an update let go, until told to the EC connector (_vllm_ec.report_ec_frees);
+    # None outside an update.
+    _ec_frees: list[tuple[Request, int]] | None = None
+    _ec_free_order: dict[str, int] = {}  # noqa: RUF012 (replaced, never mutated)
 
     @property
     def aux_output_connector(self) -> Any:

@@ -76,6 +76,8 @@ class AdapterBase(KvFetchStages):
     kv_cache_config: Any
     connector: Any
     ec_connector: Any
+    _ec_frees: list[tuple[Request, int]] | None
+    _ec_free_order: dict[str, int]
     structured_output_manager: Any
     block_size: int
     hash_block_size: int

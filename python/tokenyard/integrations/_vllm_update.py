@@ -22,7 +22,11 @@ from vllm.v1.spec_decode.metrics import SpecDecodingStats
 from vllm.v1.structured_output.utils import strip_speculative_padding
 
 from tokenyard.integrations._vllm_aux_outputs import take_aux_outputs
-from tokenyard.integrations._vllm_ec import encoder_instance_stops, finish_unavailable
+from tokenyard.integrations._vllm_ec import (
+    encoder_instance_stops,
+    finish_unavailable,
+    report_ec_frees,
+)
 from tokenyard.integrations._vllm_kv_transfers import KvTransfers
 from tokenyard.integrations._vllm_outputs import (
     attach_logprobs,
@@ -115,6 +119,9 @@ class UpdateFromOutput(KvTransfers):
             # are appended here: it appends them then (_ConnectorBridge.request_finished).
             bridge.tokens_in_update = dict(zip(live_ids, live_tokens, strict=True))
         outside = self._outside_step(scheduler_output) if self._adopted else None
+        # The items the core's update lets go are told to the EC connector in vLLM's order,
+        # interleaved with the finishes (_vllm_ec.report_ec_frees).
+        self._ec_frees = [] if self.ec_connector is not None else None
         # Requests failed loads finish in the core's update below, which asks their
         # connector: vLLM sets FINISHED_ERROR before (finish_requests of error_req_ids).
         marked = self._mark_load_errors() if self._load_errors else []
@@ -145,6 +152,11 @@ class UpdateFromOutput(KvTransfers):
                     )
         if bridge is not None:
             bridge.tokens_in_update = {}
+        if self._ec_frees:
+            # vLLM's update visits the step's requests in their scheduled order.
+            self._ec_free_order = {
+                request_id: n for n, request_id in enumerate(scheduler_output.num_scheduled_tokens)
+            }
         if late:
             self._forget_landed(late)
         if pooled:
@@ -170,6 +182,8 @@ class UpdateFromOutput(KvTransfers):
             finished_ids,
             batch if batch is not None and live is batch.requests else None,
         )
+        if self._ec_frees is not None:
+            report_ec_frees(self, None)
         if self._prefill_stats_ready:
             attach_prefill_stats(outputs, self._prefill_stats_ready)
             self._prefill_stats_ready.clear()
@@ -508,6 +522,8 @@ class UpdateFromOutput(KvTransfers):
         """A request the core finished: its tokens up to its stop appended, the request
         freed, and its last ``EngineCoreOutput``."""
         request_id = request.request_id
+        if self._ec_frees:
+            report_ec_frees(self, request)
         bridge = self._bridge
         kept = bridge.appended_at_finish.pop(request_id, None) if bridge else None
         if kept is not None:  # appended when the core asked the connector

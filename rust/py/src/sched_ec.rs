@@ -1,7 +1,8 @@
 //! A Python object as the step scheduler's encoder-cache connector (vLLM 0.33's
 //! `ECConnectorBase` calls made while a step is formed: `has_cache_item(identifier)`,
 //! `update_state_after_alloc(view, input_id)`, and `ensure_cache_available(view,
-//! num_computed_tokens)` where the object has it). Conversions and checks of its answers only;
+//! num_computed_tokens)` where the object has it) and while an update is applied
+//! (`update_state_after_free(view, input_id)` where the object has it). Conversions and checks of its answers only;
 //! what the scheduler does with them is the core's (`sched::encoder_connector`).
 
 use pyo3::prelude::*;
@@ -22,6 +23,8 @@ pub(crate) struct PyEncoderConnector {
     /// Whether it has `ensure_cache_available` (optional: without it every output counts as
     /// at hand, vLLM's base answer).
     ensures: bool,
+    /// Whether it has `update_state_after_free` (optional: vLLM's base does nothing).
+    frees: bool,
 }
 
 impl PyEncoderConnector {
@@ -40,7 +43,12 @@ impl PyEncoderConnector {
             "an encoder-cache connector may only read what it is given",
         )?;
         let ensures = callee.has(object.py(), "ensure_cache_available");
-        Ok(Self { callee, ensures })
+        let frees = callee.has(object.py(), "update_state_after_free");
+        Ok(Self {
+            callee,
+            ensures,
+            frees,
+        })
     }
 }
 
@@ -65,6 +73,22 @@ impl EncoderConnector<RequestId> for PyEncoderConnector {
             let args = (view(py, request)?, input_id);
             self.callee
                 .call(py, "update_state_after_alloc", args)
+                .map(drop)
+        })
+    }
+
+    fn update_state_after_free(
+        &mut self,
+        request: &Request<RequestId>,
+        input_id: usize,
+    ) -> Result<()> {
+        if !self.frees {
+            return Ok(());
+        }
+        Python::attach(|py| {
+            let args = (view(py, request)?, input_id);
+            self.callee
+                .call(py, "update_state_after_free", args)
                 .map(drop)
         })
     }

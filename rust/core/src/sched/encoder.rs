@@ -474,17 +474,18 @@ impl<R: RequestKey> Scheduler<R> {
     /// the tokens computed for sure (less rejected drafts and outputs in flight) is let go.
     /// `num_computed_tokens` already counts the steps scheduled since, as in vLLM. Runs
     /// before `outputs` are applied, with their rejections counted as vLLM counts them.
-    pub(super) fn encoder_free_passed(&mut self, outputs: &[SampledOutput<R>]) {
-        let Some(batch) = self.encoder.batches.pop_front() else {
-            return;
-        };
+    /// Each item let go is reported to the encoder-cache connector
+    /// (`update_state_after_free`); its first error is returned (later items are still let
+    /// go, the connector no longer told).
+    pub(super) fn encoder_free_passed(&mut self, outputs: &[SampledOutput<R>]) -> Option<Error> {
+        let batch = self.encoder.batches.pop_front()?;
         if self.encoder.enc_dec.is_some() {
-            self.encoder_decoder_free_passed(&batch, outputs);
-            return;
+            return self.encoder_decoder_free_passed(&batch, outputs);
         }
         if batch.is_empty() || !self.encoder.cache.has_requests() {
-            return;
+            return None;
         }
+        let mut error = None;
         // Rejections are rare: look them up in a short list, not every output.
         let rejections: Vec<(&R, usize)> = outputs
             .iter()
@@ -517,9 +518,14 @@ impl<R: RequestKey> Scheduler<R> {
                     self.encoder
                         .cache
                         .free_encoder_input(&slot, i, &f.identifier);
+                    if let Some(connector) = self.ec_connector.as_mut().filter(|_| error.is_none())
+                    {
+                        error = connector.update_state_after_free(request, i).err();
+                    }
                 }
             }
         }
+        error
     }
 
     /// Requests found with an identifier cached under another embedding count since the last

@@ -8,7 +8,9 @@
 //! published it already). Each item given cache room is reported (`update_state_after_alloc`).
 //! Before a request with items is given tokens the connector is asked whether the outputs
 //! it needs are at hand (`ensure_cache_available`); one still in transit skips the request
-//! for the step, running or waiting.
+//! for the step, running or waiting. An update that lets a request's passed item go (vLLM's
+//! `_free_encoder_input`, from `_free_encoder_inputs` in `update_from_output` only: not when
+//! a request finishes or is preempted) reports it (`update_state_after_free`).
 //! Invariant: without a connector, encoder scheduling is as before.
 
 use super::request::Request;
@@ -16,8 +18,9 @@ use super::scheduler::Scheduler;
 use crate::Result;
 use crate::kv::RequestKey;
 
-/// The two calls vLLM 0.33's `Scheduler` makes to its encoder-cache connector while it forms
-/// a step (`_try_schedule_encoder_inputs`, `_allocate_encoder_inputs`).
+/// The calls vLLM 0.33's `Scheduler` makes to its encoder-cache connector while it forms a
+/// step (`_try_schedule_encoder_inputs`, `_allocate_encoder_inputs`, `_ec_transfer_pending`)
+/// and while it applies an update (`_free_encoder_input`).
 pub trait EncoderConnector<R>: Send + Sync {
     /// Whether the connector holds the encoder output of the item `identifier` (vLLM's
     /// `mm_hash`).
@@ -38,6 +41,18 @@ pub trait EncoderConnector<R>: Send + Sync {
         _num_computed_tokens: usize,
     ) -> Result<bool> {
         Ok(true)
+    }
+
+    /// vLLM 0.33's `update_state_after_free(request, input_id)`, made in
+    /// `Scheduler._free_encoder_input`: an update let `request` go of its item `input_id`
+    /// (its range lies before the tokens computed for sure; under `is_encoder_decoder`,
+    /// each of its items once a token is computed, at every such update, as vLLM does).
+    /// Called in vLLM's order: the update's requests in batch order, each one's items in
+    /// ascending order. Not called when a request finishes or is preempted (vLLM frees
+    /// its encoder cache there without telling the connector). vLLM's base connector does
+    /// nothing.
+    fn update_state_after_free(&mut self, _request: &Request<R>, _input_id: usize) -> Result<()> {
+        Ok(())
     }
 }
 

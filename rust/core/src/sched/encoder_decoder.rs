@@ -199,12 +199,15 @@ impl<R: RequestKey> Scheduler<R> {
 
     /// `_free_encoder_inputs` under `is_encoder_decoder` for the requests of the step an
     /// update lands (`batch`: slot and `arrival_seq`, in batch order): each running one
-    /// with a token computed (less this update's rejected drafts) frees all its inputs.
+    /// with a token computed (less this update's rejected drafts) frees all its inputs,
+    /// each reported to the encoder-cache connector (`update_state_after_free`; its first
+    /// error is returned).
     pub(super) fn encoder_decoder_free_passed(
         &mut self,
         batch: &[(u32, u64)],
         outputs: &[SampledOutput<R>],
-    ) {
+    ) -> Option<Error> {
+        let mut error = None;
         for &(slot, arrival_seq) in batch {
             let Some(request) = self.slots[slot as usize].as_ref() else {
                 continue;
@@ -218,9 +221,15 @@ impl<R: RequestKey> Scheduler<R> {
                 .find(|o| o.num_rejected_tokens > 0 && o.request_id == request.request_id)
                 .map_or(0, |o| o.num_rejected_tokens);
             if request.num_computed_tokens > rejected {
+                if let Some(connector) = self.ec_connector.as_mut().filter(|_| error.is_none()) {
+                    // vLLM's `get_cached_input_ids` here: every input, in order.
+                    error = (0..request.spec.mm_features.len())
+                        .find_map(|i| connector.update_state_after_free(request, i).err());
+                }
                 self.encoder_decoder_free(slot);
             }
         }
+        error
     }
 
     /// The identifiers this step's output reports freed, under `is_encoder_decoder`

@@ -194,7 +194,8 @@ impl<R: RequestKey> Scheduler<R> {
     /// stop conditions, rolls back rejected speculative tokens and records new drafts.
     /// All-or-nothing: an unknown or repeated id fails the call before anything changes.
     /// Returns the requests that finished, with why. A KV connector's error in
-    /// `request_finished` is returned after the whole update is applied (see `finish`); the
+    /// `request_finished`, or an encoder-cache connector's in `update_state_after_free`, is
+    /// returned after the whole update is applied (see `finish`); the
     /// requests that finished are then only reported in the next step's `finished_req_ids`.
     /// Under async scheduling, call it once per step scheduled, empty steps included, in
     /// order, as vLLM's engine does: each call lands the oldest step not yet updated (its
@@ -206,9 +207,10 @@ impl<R: RequestKey> Scheduler<R> {
         let slots = self.check_outputs(outputs)?;
         // The oldest step not yet updated lands (a drafts' update lands none).
         self.num_updates += 1;
-        self.encoder_free_passed(outputs);
+        let ec_error = self.encoder_free_passed(outputs);
         self.in_flight_land_step();
-        self.apply_update(outputs, &slots)
+        let finished = self.apply_update(outputs, &slots)?;
+        ec_error.map_or(Ok(finished), Err)
     }
 
     /// Drafts proposed after a step's update (vLLM's `update_draft_token_ids`): outputs

@@ -1,6 +1,7 @@
 //! An encoder-cache connector beside the encoder budget and cache (vLLM 0.33's
 //! `ECConnectorBase.has_cache_item` in `_try_schedule_encoder_inputs`): an item it holds
-//! takes cache room, no budget, and is not encoded.
+//! takes cache room, no budget, and is not encoded; `update_state_after_free` in
+//! `_free_encoder_input`, from an update only.
 
 use std::sync::{Arc, Mutex};
 
@@ -36,6 +37,25 @@ impl EncoderConnector<u32> for Holds {
             .lock()
             .unwrap()
             .push(format!("alloc {} {input_id}", request.request_id));
+        Ok(())
+    }
+
+    fn update_state_after_free(
+        &mut self,
+        request: &Request<u32>,
+        input_id: usize,
+    ) -> crate::Result<()> {
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("free {} {input_id}", request.request_id));
+        if request.spec.mm_features[input_id].identifier == "badfree" {
+            return Err(crate::Error::connector(
+                "update_state_after_free",
+                "badfree",
+                "refused",
+            ));
+        }
         Ok(())
     }
 }
@@ -172,4 +192,98 @@ fn a_request_whose_encoder_input_is_in_transit_is_skipped_running_or_waiting() {
     // Asked with what was computed: 0 while waiting (no hit), then its landed frontier;
     // the text-only request is never asked.
     assert_eq!(*log.lock().unwrap(), [(0, 0), (0, 0), (0, 99)]);
+}
+
+fn frees(log: &Arc<Mutex<Vec<String>>>) -> Vec<String> {
+    let log = log.lock().unwrap();
+    log.iter()
+        .filter(|e| e.starts_with("free"))
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn an_update_reports_each_item_it_lets_go_once_its_range_is_computed() {
+    // vLLM 0.33's `_free_encoder_inputs` in `update_from_output`: chunks of 100 tokens;
+    // image a (10..50) is passed by the first update, b (100..140) by the second.
+    let config = SchedulerConfig {
+        max_num_batched_tokens: 100,
+        ..enc_config(1000, 1000)
+    };
+    let mut s = Scheduler::new(config, false).unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    s.set_encoder_connector(Some(Box::new(Holds {
+        held: vec![],
+        log: log.clone(),
+    })));
+    s.add_request(
+        0,
+        mm_prompt(0, 150, vec![image(10, 40, "a"), image(100, 40, "b")]),
+    )
+    .unwrap();
+    let out = s.schedule().unwrap();
+    assert_eq!(scheduled(&out), [(0, 100)]);
+    assert!(
+        frees(&log).is_empty(),
+        "nothing is let go while a step is formed"
+    );
+    answer_step(&mut s, out);
+    assert_eq!(frees(&log), ["free 0 0"]);
+    run_step(&mut s);
+    assert_eq!(frees(&log), ["free 0 0", "free 0 1"]);
+    // Nothing is left to let go: later updates and the finish report nothing.
+    run_step(&mut s);
+    assert_eq!(
+        s.running_ids(),
+        Vec::<u32>::new(),
+        "finished after 2 tokens"
+    );
+    assert_eq!(frees(&log), ["free 0 0", "free 0 1"]);
+}
+
+#[test]
+fn a_finish_or_preemption_before_the_item_is_passed_reports_no_free() {
+    // vLLM frees the encoder cache of a finished or preempted request without the
+    // connector's `update_state_after_free` (`_free_request`, `_preempt_request`).
+    let config = SchedulerConfig {
+        max_num_batched_tokens: 50,
+        ..enc_config(1000, 1000)
+    };
+    let mut s = Scheduler::new(config, false).unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    s.set_encoder_connector(Some(Box::new(Holds {
+        held: vec![],
+        log: log.clone(),
+    })));
+    s.add_request(0, mm_prompt(0, 150, vec![image(40, 40, "a")]))
+        .unwrap();
+    run_step(&mut s);
+    s.abort(&[0]).unwrap();
+    run_step(&mut s);
+    assert!(frees(&log).is_empty(), "{:?}", log.lock().unwrap());
+    assert_eq!(s.encoder_cache_refs("a"), 0, "the abort let it go");
+}
+
+#[test]
+fn a_connector_error_on_free_is_returned_after_the_update_is_applied() {
+    let (mut s, log) = with_holds(1000, 1000, vec![]);
+    s.add_request(
+        0,
+        mm_prompt(0, 120, vec![image(0, 10, "badfree"), image(20, 10, "c")]),
+    )
+    .unwrap();
+    let out = s.schedule().unwrap();
+    let outputs = [SampledOutput {
+        request_id: 0,
+        token_ids: vec![7],
+        ..Default::default()
+    }];
+    let err = s.update_from_output(&outputs).unwrap_err();
+    assert!(err.to_string().contains("update_state_after_free"), "{err}");
+    // The update was applied: both items let go, the token appended; the connector was
+    // told of the first only.
+    assert_eq!(frees(&log), ["free 0 0"]);
+    assert_eq!(s.encoder_cache_refs("c"), 0);
+    assert_eq!(s.get_request(&0).unwrap().num_tokens(), 121);
+    drop(out);
 }

@@ -1364,7 +1364,13 @@ class Scheduler:
     def num_running(self) -> int: ...
     @property
     def num_free_blocks(self) -> int:
-        """Blocks free for allocation (cached blocks no request holds included)."""
+        """Blocks free for allocation (cached blocks no request holds included; less the
+        gap ``force_num_free_blocks`` forced)."""
+    def force_num_free_blocks(self, num_free_blocks: int) -> None:
+        """Forces the free count the fit checks read, as vLLM's tests set
+        ``FreeKVCacheBlockQueue.num_free_blocks``: the gap to the free queue's length then
+        stays as blocks are taken and freed; the queue keeps its order. Raises
+        ``InputError`` (``num_free_blocks``) above the queue's blocks, or on the radix pool."""
     @property
     def num_kv_transfers(self) -> tuple[int, int]:
         """``(loading, held)``: requests waiting for a KV load, and finished requests whose

@@ -100,8 +100,8 @@ class KVCacheBlockView:
 
 
 class _FreeBlockQueueView:
-    """vLLM's ``FreeKVCacheBlockQueue`` read-only: ``num_free_blocks`` (setting it to
-    anything but itself is refused), the free blocks in eviction order
+    """vLLM's ``FreeKVCacheBlockQueue``: ``num_free_blocks`` (which vLLM's tests force; the
+    core then reads a forced count, see the setter), the free blocks in eviction order
     (``get_all_free_blocks``) and those after a free block (``iter_blocks_after``)."""
 
     __slots__ = ("_pool",)
@@ -116,22 +116,33 @@ class _FreeBlockQueueView:
     @num_free_blocks.setter
     def num_free_blocks(self, num_free_blocks: int) -> None:
         """vLLM's tests force the queue's count (``free_block_queue.num_free_blocks = 0``)
-        to make ``allocate_slots`` fail and preempt: vLLM then allocates against the forced
-        count while its queue keeps every free block in order. The core counts its free
-        blocks from its queue; withholding blocks from it would reorder the queue when they
-        return, so a count other than the true one is refused.
+        to make ``allocate_slots`` fail and preempt. vLLM's ``FreeKVCacheBlockQueue``
+        (``vllm/v1/core/kv_cache_utils.py``) keeps every free block linked in order while
+        ``num_free_blocks`` is a plain counter: ``popleft``/``popleft_n``/``remove`` take one
+        (n) from both, ``append``/``append_n``/``prepend_n`` add to both, so the gap forced
+        stays; ``BlockPool.get_num_free_blocks`` (read by ``get_new_blocks``,
+        ``get_usage``, ``KVCacheManager.allocate_slots`` and the external-load checks) is
+        the counter, the pops walk the list. The core keeps the same gap
+        (``force_num_free_blocks``): its fit checks, free count and usage read the queue's
+        length less it; its queue keeps its blocks and order.
 
         Raises:
-            InputError: ``num_free_blocks`` other than the core's free blocks.
+            InputError: ``num_free_blocks`` not an int, negative, or above the blocks the
+                queue holds (vLLM's pops would then walk onto its list's sentinel).
         """
-        free = self.num_free_blocks
-        if num_free_blocks != free:
+        if isinstance(num_free_blocks, bool) or not isinstance(num_free_blocks, int):
             raise InputError(
-                f"free_block_queue.num_free_blocks={num_free_blocks!r}: forcing vLLM's "
-                f"free-block count away from the {free} free blocks is not modelled",
+                f"free_block_queue.num_free_blocks={num_free_blocks!r}: must be an int",
+                field="num_free_blocks",
+                value=repr(num_free_blocks),
+            )
+        if num_free_blocks < 0:
+            raise InputError(
+                f"free_block_queue.num_free_blocks={num_free_blocks!r}: must be >= 0",
                 field="num_free_blocks",
                 value=str(num_free_blocks),
             )
+        self._pool._scheduler._core.force_num_free_blocks(num_free_blocks)
 
     def get_all_free_blocks(self) -> list[KVCacheBlockView]:
         pool = self._pool
@@ -276,7 +287,8 @@ class BlockPoolView:
 
     def get_num_free_blocks(self) -> int:
         """Blocks free for allocation, cached blocks no request holds included (vLLM's
-        count; the null block is never free)."""
+        count, a forced one as ``free_block_queue.num_free_blocks`` set it; the null block
+        is never free)."""
         return int(self._scheduler._core.num_free_blocks)
 
     def get_usage(self) -> float:

@@ -257,6 +257,14 @@ impl PyScheduler {
         self.inner.num_free_blocks()
     }
 
+    /// Forces the free-block count the fit checks read (vLLM's tests set
+    /// `FreeKVCacheBlockQueue.num_free_blocks`); the free queue keeps its order.
+    fn force_num_free_blocks(&mut self, py: Python<'_>, num_free_blocks: usize) -> PyResult<()> {
+        self.inner
+            .force_num_free_blocks(num_free_blocks)
+            .map_err(|err| self.raise(py, err))
+    }
+
     #[getter]
     fn num_kv_transfers(&self) -> (usize, usize) {
         self.inner.num_kv_transfers()

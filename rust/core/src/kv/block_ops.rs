@@ -404,12 +404,14 @@ pub(super) struct Growth<'a, Q> {
     pub(super) rules: super::PrefixRules,
     pub(super) blocks: &'a mut Vec<BlockMeta>,
     pub(super) free_queue: &'a mut Q,
+    /// The pool's withheld free blocks (`BlockPool::force_num_free_blocks`).
+    pub(super) withheld: usize,
     pub(super) eviction: Eviction<'a>,
 }
 
 impl<Q: FreeQueue> Growth<'_, Q> {
     pub(super) fn num_free_blocks(&self) -> usize {
-        self.free_queue.len()
+        self.free_queue.len().saturating_sub(self.withheld)
     }
 
     /// Takes `num_new_blocks` free blocks onto `request`'s table (evicting what they
@@ -431,6 +433,7 @@ impl<Q: FreeQueue> Growth<'_, Q> {
             blocks,
             free_queue,
             mut eviction,
+            ..
         } = self;
         let table = &mut request.block_ids;
         table.reserve(num_new_blocks);

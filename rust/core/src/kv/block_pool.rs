@@ -144,6 +144,9 @@ pub struct BlockPool<R: RequestKey, Q: FreeQueue = FreeBlockQueue> {
     enable_caching: bool,
     blocks: Vec<BlockMeta>,
     free_queue: Q,
+    /// Free blocks the fit checks and the free count leave out (vLLM's forced
+    /// `FreeKVCacheBlockQueue.num_free_blocks`: `force_num_free_blocks`); 0 unless forced.
+    withheld: usize,
     cached: CacheMap,
     requests: FxHashMap<R, RequestBlocks>,
     stats: BlockPoolStats,
@@ -206,6 +209,7 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
             enable_caching,
             blocks: super::try_filled_vec(num_blocks, BlockMeta::default(), "num_blocks")?,
             free_queue: Q::with_all_blocks(num_blocks)?,
+            withheld: 0,
             cached: CacheMap::new(num_blocks)?,
             requests: FxHashMap::default(),
             stats: BlockPoolStats::default(),
@@ -463,7 +467,7 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
         num_tokens: usize,
         hit: Option<&ComputedBlocks>,
     ) -> bool {
-        self.num_blocks_to_allocate(request_id, num_tokens, hit) <= self.free_queue.len()
+        self.num_blocks_to_allocate(request_id, num_tokens, hit) <= self.num_free_blocks()
     }
 
     /// The blocks of the free queue that `num_tokens` slots of the request take beside the
@@ -546,6 +550,7 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
             blocks,
             events,
             free_queue,
+            withheld,
             host,
             stats,
             ..
@@ -556,6 +561,7 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
             rules: *rules,
             blocks,
             free_queue,
+            withheld: *withheld,
             eviction: Eviction {
                 cached,
                 events,
@@ -600,7 +606,7 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
                 .filter(|&&b| self.blocks[b as usize].ref_cnt == 0)
                 .count()
         });
-        if num_new_blocks + evictable_hits > self.free_queue.len() {
+        if num_new_blocks + evictable_hits > self.num_free_blocks() {
             return Ok(None);
         }
         if !self.requests.contains_key(request_id) {
@@ -749,8 +755,10 @@ impl<R: RequestKey, Q: FreeQueue> KvCapacity for BlockPool<R, Q> {
         self.blocks.len()
     }
 
+    /// The free queue's blocks less those withheld (`force_num_free_blocks`): the count
+    /// vLLM's checks read (`FreeKVCacheBlockQueue.num_free_blocks`).
     fn num_free_blocks(&self) -> usize {
-        self.free_queue.len()
+        self.free_queue.len().saturating_sub(self.withheld)
     }
 }
 

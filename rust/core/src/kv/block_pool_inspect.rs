@@ -1,11 +1,12 @@
 //! The block pool's read-only views: its counts and stats, a request's table and token
 //! counts, a block's ref count and hash, the free queue's order, and the invariant check
-//! (O(blocks), for tests and inspection).
+//! (O(blocks), for tests and inspection); and the forced free count vLLM's tests set.
 
 use super::{
     BlockHash, BlockId, BlockMeta, BlockPool, BlockPoolStats, FreeQueue, HostTier, RequestKey,
 };
 use crate::kv::block_ops::{check_cached_count, check_pool_blocks, count_holders};
+use crate::{Error, Result};
 
 impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
     pub fn block_size(&self) -> usize {
@@ -127,5 +128,28 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
         self.host
             .as_ref()
             .map_or(Ok(()), HostTier::check_invariants)
+    }
+}
+
+impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
+    /// Forces the free count to `num_free_blocks` as vLLM's tests set
+    /// `FreeKVCacheBlockQueue.num_free_blocks`: the queue keeps its blocks and order, every
+    /// fit check and the count read `num_free_blocks` from now on, and the difference stays
+    /// as blocks are taken and freed (vLLM's counter moves with its list).
+    ///
+    /// # Errors
+    /// `Input` naming `num_free_blocks` above the blocks the queue holds (vLLM would hand
+    /// out its list's sentinel).
+    pub fn force_num_free_blocks(&mut self, num_free_blocks: usize) -> Result<()> {
+        let free = self.free_queue.len();
+        if num_free_blocks > free {
+            return Err(Error::input(
+                "num_free_blocks",
+                num_free_blocks,
+                format!("above the {free} blocks the free queue holds"),
+            ));
+        }
+        self.withheld = free - num_free_blocks;
+        Ok(())
     }
 }

@@ -924,3 +924,34 @@ fn a_host_tier_needs_caching_and_a_size() {
         ));
     }
 }
+
+/// vLLM's tests force `FreeKVCacheBlockQueue.num_free_blocks`: the fit checks read the
+/// forced count, which then moves with the queue (a free adds what it frees), and the queue
+/// keeps its blocks in order, so once the count is back a request gets the blocks an
+/// unforced pool hands out.
+#[test]
+fn a_forced_free_count_fails_allocations_moves_with_the_queue_and_keeps_its_order() {
+    let mut pool = BlockPool::new(8, 4, true).unwrap();
+    pool.allocate_slots(&1u64, &tokens(0..10), 10, 0, None, None)
+        .unwrap()
+        .unwrap();
+    let mut twin = pool.clone();
+    let order = pool.free_block_ids();
+    let err = pool.force_num_free_blocks(6).unwrap_err();
+    assert!(err.to_string().contains("num_free_blocks"), "{err}");
+    pool.force_num_free_blocks(0).unwrap();
+    assert_eq!((pool.num_free_blocks(), pool.usage()), (0, 1.0));
+    assert_eq!(pool.free_block_ids(), order);
+    let refused = pool.allocate_slots(&2u64, &tokens(100..104), 4, 0, None, None);
+    assert_eq!(refused.unwrap(), None);
+    crate::kv::PrefixPool::free(&mut pool, &1u64).unwrap();
+    crate::kv::PrefixPool::free(&mut twin, &1u64).unwrap();
+    assert_eq!(pool.num_free_blocks(), 3, "the 3 freed blocks count again");
+    assert_eq!(pool.free_block_ids(), twin.free_block_ids());
+    pool.force_num_free_blocks(8).unwrap();
+    let got = pool.allocate_slots(&2u64, &tokens(100..104), 4, 0, None, None);
+    let want = twin.allocate_slots(&2u64, &tokens(100..104), 4, 0, None, None);
+    assert_eq!(got.unwrap(), want.unwrap());
+    assert_eq!(pool.num_free_blocks(), twin.num_free_blocks());
+    pool.check_invariants().unwrap();
+}

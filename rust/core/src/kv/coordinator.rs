@@ -96,6 +96,9 @@ pub struct KvCoordinator<R: RequestKey> {
     enable_caching: bool,
     blocks: Vec<BlockMeta>,
     free_queue: FreeBlockQueue,
+    /// Free blocks the fit checks and the free count leave out (vLLM's forced
+    /// `FreeKVCacheBlockQueue.num_free_blocks`: `force_num_free_blocks`); 0 unless forced.
+    withheld: usize,
     cached: CacheMap,
     requests: FxHashMap<R, CoordinatedRequest>,
     stats: BlockPoolStats,
@@ -209,6 +212,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             enable_caching,
             blocks: super::try_filled_vec(num_blocks, BlockMeta::default(), "num_blocks")?,
             free_queue,
+            withheld: 0,
             cached: CacheMap::new(num_blocks)?,
             requests: FxHashMap::default(),
             stats: BlockPoolStats::default(),
@@ -349,11 +353,11 @@ impl<R: RequestKey> KvCoordinator<R> {
                 (n, n)
             }
         };
-        if needed > self.free_queue.len() {
+        if needed > self.num_free_blocks() {
             return Ok(None);
         }
-        if taken > self.free_queue.len() {
-            return Err(arrival::overdraw(taken, self.free_queue.len()));
+        if taken > self.num_free_blocks() {
+            return Err(arrival::overdraw(taken, self.num_free_blocks()));
         }
         // Mamba `align` prefill checkpoints are decided on the tables before the hit is
         // taken, as vLLM's `get_num_blocks_to_allocate` records them.
@@ -538,7 +542,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             hit,
             Some(max_in_flight_tokens),
         );
-        needed <= self.free_queue.len()
+        needed <= self.num_free_blocks()
     }
 
     /// Sets whether Mamba `align` groups with prefill checkpoint blocks place a checkpoint
@@ -652,8 +656,32 @@ impl<R: RequestKey> KvCapacity for KvCoordinator<R> {
         self.blocks.len() - 1
     }
 
+    /// The free queue's blocks less those withheld (`force_num_free_blocks`): the count
+    /// vLLM's checks read (`FreeKVCacheBlockQueue.num_free_blocks`).
     fn num_free_blocks(&self) -> usize {
-        self.free_queue.len()
+        self.free_queue.len().saturating_sub(self.withheld)
+    }
+}
+
+impl<R: RequestKey> KvCoordinator<R> {
+    /// Forces the free count to `num_free_blocks` as vLLM's tests set
+    /// `FreeKVCacheBlockQueue.num_free_blocks` (`BlockPool::force_num_free_blocks`: the
+    /// queue keeps its blocks and order; the checks and the count read the forced count,
+    /// which then moves with the queue).
+    ///
+    /// # Errors
+    /// `Input` naming `num_free_blocks` above the blocks the queue holds.
+    pub fn force_num_free_blocks(&mut self, num_free_blocks: usize) -> Result<()> {
+        let free = self.free_queue.len();
+        if num_free_blocks > free {
+            return Err(Error::input(
+                "num_free_blocks",
+                num_free_blocks,
+                format!("above the {free} blocks the free queue holds"),
+            ));
+        }
+        self.withheld = free - num_free_blocks;
+        Ok(())
     }
 }
 

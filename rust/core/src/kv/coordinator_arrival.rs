@@ -11,7 +11,9 @@
 //! window has left; when those do not fit, vLLM's `BlockPool.get_new_blocks` raises, and
 //! so does the core (`Error::Capacity`), before changing anything.
 
-use super::{BlockId, GroupSlots, GroupedComputedBlocks, KvCoordinator, RequestKey, TokenId};
+use super::{
+    BlockId, GroupSlots, GroupedComputedBlocks, KvCapacity, KvCoordinator, RequestKey, TokenId,
+};
 use crate::{Error, Result};
 
 /// The error where vLLM 0.33's `BlockPool.get_new_blocks` raises `ValueError` ("Cannot
@@ -80,7 +82,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         };
         let cap = Some(max_in_flight_tokens);
         let (needed, _) = self.arrival_needs(request_id, slots, num_computed_tokens, cap);
-        needed <= self.free_queue.len()
+        needed <= self.num_free_blocks()
     }
 
     /// `(vLLM's count, blocks taken)` for the first allocation of `slots` of a request that

@@ -14,6 +14,7 @@
 //! which zeroing would race.
 
 use super::GroupSlots;
+use super::KvCapacity;
 use super::{
     BlockId, GroupedComputedBlocks, KvCoordinator, KvGroupSpec, RequestKey, Taking, TokenId,
     record_for_zeroing,
@@ -122,7 +123,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             ..GroupSlots::decoder(num_slots)
         };
         let needed = self.num_blocks_to_allocate(request_id, slots, total, new_computed, None);
-        if needed > self.free_queue.len() {
+        if needed > self.num_free_blocks() {
             return Ok(None);
         }
         // vLLM counts a Mamba align group's blocks capped (`physical_block_cap`) without the
@@ -136,7 +137,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             total,
             alloc.num_external_tokens,
         );
-        if needed + over > self.free_queue.len() {
+        if needed + over > self.num_free_blocks() {
             return Ok(None);
         }
         let mut request = self.admit(request_id, new_computed, total, extra_key);
@@ -228,7 +229,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         let total = hit.map_or(0, |h| h.num_computed_tokens) + num_external_tokens;
         let cap = Some(max_in_flight_tokens);
         self.num_blocks_to_allocate(request_id, GroupSlots::decoder(num_tokens), total, hit, cap)
-            <= self.free_queue.len()
+            <= self.num_free_blocks()
     }
 
     /// vLLM's `allocate_new_blocks` of the Mamba groups for a load with nothing to compute

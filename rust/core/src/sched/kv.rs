@@ -753,6 +753,20 @@ impl Kv {
         on_pool!(self, p => p.num_free_blocks())
     }
 
+    /// Forces the free count the fit checks read (`BlockPool::force_num_free_blocks`);
+    /// refused for the radix pool, which keeps no free queue.
+    pub fn force_num_free_blocks(&mut self, num_free_blocks: usize) -> Result<()> {
+        match self {
+            Kv::BlockHash(p) => p.force_num_free_blocks(num_free_blocks),
+            Kv::Radix(_) => Err(crate::Error::input(
+                "num_free_blocks",
+                num_free_blocks,
+                "the radix pool keeps no free-block queue to force",
+            )),
+            Kv::Hybrid(h) => h.pool.force_num_free_blocks(num_free_blocks),
+        }
+    }
+
     pub fn usage(&self) -> f64 {
         on_pool!(self, p => p.usage())
     }

@@ -379,6 +379,12 @@ impl<R: RequestKey> Scheduler<R> {
         self.kv.num_free_blocks()
     }
 
+    /// Forces the free-block count as vLLM's tests set `FreeKVCacheBlockQueue.num_free_blocks`
+    /// (`BlockPool::force_num_free_blocks`): the queue keeps its blocks and order.
+    pub fn force_num_free_blocks(&mut self, num_free_blocks: usize) -> Result<()> {
+        self.kv.force_num_free_blocks(num_free_blocks)
+    }
+
     /// The KV pool's own counters (host-tier offloads and loads among them).
     pub fn kv_pool_stats(&self) -> crate::kv::BlockPoolStats {
         self.kv.stats()

@@ -12,8 +12,8 @@
 
 use super::Scheduler;
 use super::request::{Request, RequestStatus};
-use crate::Result;
 use crate::kv::{BlockId, KvGroupSpec, RequestKey};
+use crate::{Error, Result};
 
 /// What a connector can load for a request: `num_tokens` after its local prefix hit, and
 /// whether the load runs asynchronously (the request waits in `WAITING_FOR_REMOTE_KVS`)
@@ -169,5 +169,120 @@ impl<R: RequestKey> Scheduler<R> {
             }
         }
         tables
+    }
+}
+
+impl<R: RequestKey> Scheduler<R> {
+    /// The engine's report of KV transfers that ended since the last one (vLLM's
+    /// `KVConnectorOutput`): loads that landed (`finished_recving`) or failed
+    /// (`failed_recving`: the request recomputes those tokens), and sends that completed
+    /// (`finished_sending`: the finished request's blocks are freed). All-or-nothing: an
+    /// id with no such transfer fails the call before anything changes.
+    pub fn finish_kv_transfers(
+        &mut self,
+        finished_recving: &[R],
+        finished_sending: &[R],
+        failed_recving: &[R],
+    ) -> Result<()> {
+        let loading = |id: &R| {
+            self.index
+                .get(id)
+                .is_some_and(|&s| self.req(s).status == RequestStatus::WaitingForRemoteKvs)
+        };
+        let loads = finished_recving.iter().chain(failed_recving);
+        let sends = finished_sending.iter().map(|id| (id, false));
+        for (id, may_load) in loads.clone().map(|id| (id, true)).chain(sends) {
+            let in_flight = (may_load && loading(id)) || self.transfer_holds.contains_key(id);
+            if !in_flight {
+                return Err(Error::input(
+                    "request_id",
+                    format!("{id:?}"),
+                    "has no KV transfer in flight (not loading, and no finished request's \
+                     blocks are held for it)",
+                ));
+            }
+        }
+        for id in failed_recving {
+            if let Some(&slot) = self.index.get(id) {
+                self.failed_loads.insert(slot);
+            }
+        }
+        for id in loads {
+            match self.index.get(id) {
+                Some(&slot) => {
+                    self.landed.insert(slot);
+                }
+                None => self.release_hold(id)?,
+            }
+        }
+        for id in finished_sending {
+            self.release_hold(id)?;
+        }
+        Ok(())
+    }
+
+    /// Whether a request whose asynchronous load failed (`failed_recving`) asks the
+    /// connector again when it is next admitted, as vLLM 0.33 does under
+    /// `kv_load_failure_policy = "recompute"` (the request, freed with no computed tokens,
+    /// is looked up anew, `_update_waiting_for_remote_kv`). Off by default: it recomputes
+    /// its prompt without the connector.
+    pub fn set_ask_again_after_failed_load(&mut self, on: bool) {
+        self.ask_again_after_failed_load = on;
+    }
+
+    pub fn ask_again_after_failed_load(&self) -> bool {
+        self.ask_again_after_failed_load
+    }
+
+    /// Frees the blocks a finished request kept for a transfer (or defers them to the
+    /// newest step's fence, as vLLM's `_free_blocks` does: `sched::block_free`).
+    fn release_hold(&mut self, request_id: &R) -> Result<()> {
+        let Some((slot, last_sched_seq)) = self.transfer_holds.remove(request_id) else {
+            return Ok(()); // reported twice in one call
+        };
+        self.free_or_defer(slot, last_sched_seq)
+    }
+
+    /// Hands KV transfers to `connector` (vLLM's scheduler-side KV connector). Needs the
+    /// block-hash pool.
+    pub fn set_connector(&mut self, connector: Box<dyn super::KvConnector<R>>) -> Result<()> {
+        if self.kv.is_radix() {
+            return Err(Error::config(
+                "prefix_cache",
+                "radix",
+                "KV connectors need the block-hash pool (prefix_cache = \"block_hash\")",
+            ));
+        }
+        if self.config.num_hash_lookahead_tokens > 0 {
+            let lookahead = self.config.num_hash_lookahead_tokens;
+            return Err(super::prefix_rules::connector_refusal(lookahead));
+        }
+        if self.encoder.enc_dec.is_some()
+            && self
+                .slots
+                .iter()
+                .flatten()
+                .any(|r| !r.spec.mm_features.is_empty())
+        {
+            return Err(Error::config(
+                "connector",
+                "a KV connector",
+                "an encoder-decoder model's multimodal requests are queued (its encoder \
+                 inputs beside a KV connector are not modelled)",
+            ));
+        }
+        self.connector = Some(connector);
+        Ok(())
+    }
+
+    /// Requests whose KV is loading (`WAITING_FOR_REMOTE_KVS`) and finished requests whose
+    /// blocks are kept for a transfer.
+    pub fn num_kv_transfers(&self) -> (usize, usize) {
+        let loading = self
+            .index
+            .values()
+            .filter(|&&s| self.req(s).status == RequestStatus::WaitingForRemoteKvs)
+            .count();
+        (loading, self.transfer_holds.len())
     }
 }

@@ -88,9 +88,11 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
             self._scheduled_by_core(num_scheduled_tokens)
         self._kv_fetch_scheduled(num_scheduled_tokens)
         cached_data = self._cached_request_data(core, resumed, num_scheduled_tokens, batch)
-        admitted = {d.req_id for d in new_reqs_data}
-        admitted.update(r.request_id for r, _ in resumed)
-        spec_decode_tokens = self._spec_decode_tokens(core.scheduled_spec_decode_tokens, admitted)
+        spec_decode_tokens = {}
+        if scheduled_drafts := core.scheduled_spec_decode_tokens:
+            admitted = {d.req_id for d in new_reqs_data}
+            admitted.update(r.request_id for r, _ in resumed)
+            spec_decode_tokens = self._spec_decode_tokens(scheduled_drafts, admitted)
         encoder_inputs = core.scheduled_encoder_inputs
         out = SchedulerOutput(
             scheduled_new_reqs=new_reqs_data,

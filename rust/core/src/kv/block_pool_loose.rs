@@ -1,7 +1,7 @@
 //! The block pool's blocks held outside any request (`kv::loose_blocks`): vLLM's
 //! `BlockPool.get_new_blocks` and `free_blocks` called directly.
 
-use super::{BlockId, BlockPool, Eviction, FreeQueue, RequestKey};
+use super::{BlockId, BlockPool, Eviction, FreeQueue, KvCapacity, RequestKey};
 use crate::Result;
 
 impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
@@ -11,6 +11,7 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
     ///
     /// Errors: `InputError` (`num_blocks`) when fewer blocks are free; nothing changes.
     pub fn take_loose_blocks(&mut self, num_blocks: usize) -> Result<Vec<BlockId>> {
+        let num_free = self.num_free_blocks();
         let mut eviction = Eviction {
             cached: &mut self.cached,
             events: &mut self.events,
@@ -21,7 +22,7 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
             &mut self.free_queue,
             &mut self.blocks,
             &mut eviction,
-            num_blocks,
+            (num_blocks, num_free),
         )
     }
 

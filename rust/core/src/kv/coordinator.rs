@@ -383,6 +383,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             hisparse_pins,
             events,
             cache_calls,
+            withheld,
             ..
         } = self;
         let request = requests.get_mut(request_id).expect("inserted above");
@@ -410,7 +411,9 @@ impl<R: RequestKey> KvCoordinator<R> {
                 ));
                 continue;
             }
-            if hisparse_pins.is_some() && required > table.len() + free_queue.len() {
+            if hisparse_pins.is_some()
+                && required > table.len() + free_queue.len().saturating_sub(*withheld)
+            {
                 return Err(hisparse_pins::no_room_after_lost_pages(
                     g,
                     required - table.len(),

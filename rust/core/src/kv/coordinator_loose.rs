@@ -2,12 +2,13 @@
 //! `BlockPool.get_new_blocks` and `free_blocks` called directly, and the endpoints of a
 //! queued block copy (`sched::block_free`).
 
-use super::{BlockId, Eviction, KvCoordinator, RequestKey};
+use super::{BlockId, Eviction, KvCapacity, KvCoordinator, RequestKey};
 use crate::Result;
 
 impl<R: RequestKey> KvCoordinator<R> {
     /// `BlockPool::take_loose_blocks` over the coordinator's pool (never the null block).
     pub fn take_loose_blocks(&mut self, num_blocks: usize) -> Result<Vec<BlockId>> {
+        let num_free = self.num_free_blocks();
         let mut eviction = Eviction {
             cached: &mut self.cached,
             events: &mut self.events,
@@ -18,7 +19,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             &mut self.free_queue,
             &mut self.blocks,
             &mut eviction,
-            num_blocks,
+            (num_blocks, num_free),
         )
     }
 

@@ -32,7 +32,8 @@ impl LooseBlocks {
 
     /// vLLM's `get_new_blocks(n)`: `n` blocks from the front of the free queue (evicting
     /// what they cached), each with one loose reference. `InputError` (`num_blocks`) when
-    /// fewer are free; nothing changes then. Cold: called by hand and by a copy-on-write,
+    /// fewer than `n` are free by the count vLLM checks (`num_free`: the queue less the
+    /// blocks a forced count withholds); nothing changes then. Cold: called by hand and by a copy-on-write,
     /// never on the replay's path.
     #[cold]
     #[inline(never)]
@@ -41,13 +42,13 @@ impl LooseBlocks {
         free_queue: &mut impl FreeQueue,
         blocks: &mut [BlockMeta],
         eviction: &mut Eviction<'_>,
-        n: usize,
+        (n, num_free): (usize, usize),
     ) -> Result<Vec<BlockId>> {
-        if n > free_queue.len() {
+        if n > num_free {
             return Err(Error::input(
                 "num_blocks",
                 n,
-                format!("only {} blocks are free", free_queue.len()),
+                format!("only {num_free} blocks are free"),
             ));
         }
         let mut taken = Vec::with_capacity(n);

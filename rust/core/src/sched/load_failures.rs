@@ -158,7 +158,11 @@ impl<R: RequestKey> Scheduler<R> {
             (Vec::new(), Vec::new())
         } else {
             self.check_block_level_failures()?;
-            self.invalid_block_scan(invalid_block_ids, num_scheduled_tokens)
+            // vLLM 0.33 handles `failed_recving` first: under "recompute" a request failed
+            // whole counts no computed tokens, so the invalid-block scan neither finds nor
+            // marks any of its blocks (a shared one is then cut in the next request).
+            let skipped: &[u32] = if fail { &[] } else { &whole };
+            self.invalid_block_scan(invalid_block_ids, num_scheduled_tokens, skipped)
         };
         for a in &running {
             self.check_truncatable(a.slot)?;
@@ -177,11 +181,6 @@ impl<R: RequestKey> Scheduler<R> {
             }
         }
         for a in &loading {
-            // vLLM 0.33 handles `failed_recving` first: under "recompute" a request failed
-            // whole counts no computed tokens, so the invalid-block scan finds none of its.
-            if !fail && whole.contains(&a.slot) {
-                continue;
-            }
             report.num_affected_tokens += a.num_affected_tokens;
             // The count the load lands with (`take_landed_load`).
             self.req_mut(a.slot).num_computed_tokens = a.num_computed_tokens;
@@ -248,11 +247,13 @@ impl<R: RequestKey> Scheduler<R> {
     }
 
     /// vLLM 0.33's `_update_requests_with_invalid_blocks` over the loading requests (in
-    /// waiting order), then the running ones, sharing the marked blocks; changes nothing.
+    /// waiting order, less `skipped`: those failed whole, left with no computed tokens),
+    /// then the running ones, sharing the marked blocks; changes nothing.
     fn invalid_block_scan(
         &self,
         invalid_block_ids: &[BlockId],
         num_scheduled_tokens: &[(R, usize)],
+        skipped: &[u32],
     ) -> (Vec<Affected>, Vec<Affected>) {
         let invalid: FxHashSet<BlockId> = invalid_block_ids.iter().copied().collect();
         let scheduled: rustc_hash::FxHashMap<&R, usize> = num_scheduled_tokens
@@ -261,6 +262,7 @@ impl<R: RequestKey> Scheduler<R> {
             .collect();
         let loading: Vec<u32> = (self.waiting.ordered().into_iter())
             .filter(|&slot| self.req(slot).status == RequestStatus::WaitingForRemoteKvs)
+            .filter(|slot| !skipped.contains(slot))
             .collect();
         // vLLM scans the loading and the running requests in two calls, each marking
         // blocks afresh: a block marked by a loading request is marked again by a running one.

@@ -19,11 +19,10 @@ impl<R: RequestKey> Scheduler<R> {
         self.admit_new = admit_new;
     }
 
-    /// Whether a waiting request holds KV blocks (its load began), so it is served before
-    /// the waiting requests that hold none; a remote-KV wait its caller decides counts as
-    /// holding them (vLLM 0.33's `_holds_kv_blocks` reads `WAITING_FOR_REMOTE_KVS` alone),
-    /// and so does a request with computed tokens (its `num_computed_tokens > 0`: one that
-    /// arrived computed waits with the block holders until admitted or preempted).
+    /// Whether a waiting request holds KV blocks, so it is served before the waiting
+    /// requests that hold none: vLLM 0.33's `_holds_kv_blocks`, `num_computed_tokens > 0`
+    /// or `WAITING_FOR_REMOTE_KVS` (here: blocks held, a remote-KV wait its caller decides,
+    /// or computed tokens, as one that arrived computed has until admitted or preempted).
     pub(super) fn holds_kv(&self, slot: u32) -> bool {
         let request = self.req(slot);
         self.kv.block_ids(slot).is_some()

@@ -140,8 +140,8 @@ impl<R: RequestKey> Scheduler<R> {
         self.kv.set_num_prompt_tokens(slot, num_prompt_tokens);
         let key = self.priority_key(slot);
         // One that arrives computed waits with the block holders (vLLM 0.33's
-        // `_enqueue_waiting_request`: `_holds_kv_blocks` is `num_computed_tokens > 0`).
-        let holds_kv = self.req(slot).num_computed_tokens > 0;
+        // `_enqueue_waiting_request` asks `_holds_kv_blocks`).
+        let holds_kv = self.holds_kv(slot);
         self.waiting.push_back_in_part(slot, key, holds_kv);
         Ok(())
     }

@@ -589,6 +589,21 @@ impl<R: RequestKey> KvCoordinator<R> {
         Ok(())
     }
 
+    /// Releases the request's blocks as vLLM 0.33's deferred free does
+    /// (`Scheduler._free_request_blocks` pops every group's table, leading nulls trimmed,
+    /// in group order with `pop_blocks_for_free`; `_drain_deferred_frees` hands them to one
+    /// `BlockPool.free_blocks` call reversed): the last group's last block first, and the
+    /// uncached blocks of all groups prepended together. With one group this is [`Self::free`].
+    pub fn free_popped(&mut self, request_id: &R) -> Result<()> {
+        let request = self
+            .requests
+            .remove(request_id)
+            .ok_or_else(|| Error::unknown_request(request_id))?;
+        let tables = self.hisparse_tables_for_free(request_id, request.tables);
+        self.free_blocks(tables.iter().rev().flat_map(|t| t.iter().rev().copied()));
+        Ok(())
+    }
+
     /// vLLM's `BlockPool.free_blocks`: `ordered` first-evicted first; null blocks skipped.
     fn free_blocks(&mut self, ordered: impl Iterator<Item = BlockId>) {
         let ordered = ordered.filter(|&b| b != NULL_BLOCK);

@@ -135,7 +135,8 @@ impl<R: RequestKey> Scheduler<R> {
             }
             match self.block_frees.queue.pop_front().expect("front checked").1 {
                 Deferred::Slot(slot) => {
-                    self.free_kv(slot)?;
+                    // vLLM frees the popped blocks of all groups in one call, last first.
+                    self.free_kv_popped(slot)?;
                     self.free_slots.push(slot);
                 }
                 // Stored in the order queued, which is the order vLLM's drain frees them.

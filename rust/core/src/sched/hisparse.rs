@@ -338,6 +338,15 @@ impl<R: RequestKey> Scheduler<R> {
         Ok(())
     }
 
+    /// [`Self::free_kv`] for a deferred free reaching its fence (`Kv::free_popped`).
+    pub(super) fn free_kv_popped(&mut self, slot: u32) -> Result<()> {
+        self.kv.free_popped(slot)?;
+        if let Some(h) = self.host_pages.as_mut() {
+            h.release(slot);
+        }
+        Ok(())
+    }
+
     /// Describes a broken invariant of the host pages, if any.
     pub(super) fn check_host_pages(&self) -> std::result::Result<(), String> {
         let Some(h) = &self.host_pages else {

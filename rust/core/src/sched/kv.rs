@@ -715,6 +715,18 @@ impl Kv {
         }
     }
 
+    /// [`Self::free`] for blocks whose free was deferred to a fence: with several groups,
+    /// one release of all groups' blocks, last first (vLLM's `_drain_deferred_frees`).
+    pub fn free_popped(&mut self, slot: u32) -> Result<()> {
+        match self {
+            Kv::Hybrid(h) => {
+                h.new_blocks.remove(&slot);
+                h.pool.free_popped(&slot)
+            }
+            _ => self.free(slot),
+        }
+    }
+
     pub fn rewind(&mut self, slot: u32, num_tokens: usize) -> Result<()> {
         match self {
             Kv::BlockHash(p) => PrefixPool::rewind_computed_tokens(p, &slot, num_tokens),

@@ -309,3 +309,60 @@ fn an_aborted_deferred_load_never_started_so_its_blocks_wait_only_for_the_fence(
     assert_eq!(*log.lock().unwrap(), [0]);
     s.check_invariants().unwrap();
 }
+
+/// With several KV groups the drain returns all groups' blocks in one release, last first
+/// (vLLM 0.33's `_free_request_blocks` pops every group's table in group order,
+/// `_drain_deferred_frees` hands them to one `BlockPool.free_blocks` reversed): the
+/// uncached ones go to the front of the free queue, the cached ones to the back, the last
+/// group's before the first's. A group-by-group release (`KVCacheManager.free`) would put
+/// the first group's cached blocks at the back first.
+#[test]
+fn a_deferred_free_over_several_groups_releases_them_as_one_list_last_first() {
+    let cfg = SchedulerConfig {
+        num_blocks: 32,
+        max_num_batched_tokens: 64,
+        enable_prefix_caching: true,
+        kv_groups: vec![
+            crate::kv::KvGroupSpec::FullAttention,
+            crate::kv::KvGroupSpec::SlidingWindow { sliding_window: 8 },
+        ],
+        ..config()
+    };
+    let mut s = Scheduler::new(cfg, true).unwrap();
+    s.set_defer_block_free(true);
+    let spec = RequestSpec {
+        stop_token_ids: vec![42],
+        max_tokens: 5,
+        ..prompt(0, 13)
+    };
+    s.add_request(0, spec).unwrap();
+    assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 13)]);
+    assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 1)]); // in flight
+    s.step_processed().unwrap();
+    s.update_from_output(&[sample(0, 42)]).unwrap();
+    let crate::sched::block_free::Deferred::Slot(slot) = s.block_frees.queue[0].1 else {
+        panic!("the request's blocks are deferred");
+    };
+    let tables = s.kv.group_block_ids(slot);
+    // vLLM's free_blocks over reversed(group 0's table + group 1's), nulls skipped.
+    let states = s.kv_block_states();
+    let popped: Vec<u32> = (tables.iter().flatten().copied())
+        .filter(|&b| b != crate::kv::NULL_BLOCK)
+        .collect();
+    let (mut first, mut last) = (Vec::new(), Vec::new());
+    for &block in popped.iter().rev() {
+        if states[block as usize].1.is_some() {
+            last.push(block);
+        } else {
+            first.push(block);
+        }
+    }
+    assert!(last.len() >= 2 && !first.is_empty(), "{tables:?}");
+    let before = s.kv_free_block_ids();
+    s.step_processed().unwrap();
+    s.update_from_output(&[sample(0, 1)]).unwrap(); // the late output, dropped
+    assert!(s.deferred_frees().is_empty());
+    let expected: Vec<_> = first.into_iter().chain(before).chain(last).collect();
+    assert_eq!(s.kv_free_block_ids(), expected);
+    s.check_invariants().unwrap();
+}

@@ -352,10 +352,18 @@ def test_group_block_sizes_are_checked() -> None:
         KvCoordinator(groups=groups, num_blocks=20, block_size=4, group_block_sizes=[8, 6])
     with pytest.raises(ConfigError, match="group_block_sizes"):
         KvCoordinator(groups=groups, num_blocks=20, block_size=4, group_block_sizes=[8])
+    # A `none`-mode Mamba group holds one state block whatever its size, so it is served
+    # beside differing sizes without prefix caching; with caching, or in align mode, not.
     mamba = [FullAttentionSpec(), MambaSpec()]
+    KvCoordinator(
+        groups=mamba, num_blocks=20, block_size=4, enable_caching=False, group_block_sizes=[8, 4]
+    )
+    with pytest.raises(ConfigError, match=r"groups\[1\]"):
+        KvCoordinator(groups=mamba, num_blocks=20, block_size=4, group_block_sizes=[8, 4])
+    align = [FullAttentionSpec(), MambaSpec(mamba_cache_mode="align")]
     with pytest.raises(ConfigError, match=r"groups\[1\]"):
         KvCoordinator(
-            groups=mamba,
+            groups=align,
             num_blocks=20,
             block_size=4,
             enable_caching=False,

@@ -781,3 +781,7 @@ mod loose;
 #[cfg(test)]
 #[path = "block_pool_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "block_pool_host_tests.rs"]
+mod host_tests;

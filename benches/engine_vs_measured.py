@@ -1,8 +1,8 @@
 """The engine's measured steps and a `tokenyard profile` of one model's layers, priced by the
 measured predictor (and the two rooflines) of the GPU they ran on.
 
-    python benches/engine_vs_measured.py --engine DIR/engine_profile.csv \\
-        [--profile DIR/profile.csv ...] [--device h200] [--json OUT]
+    python benches/engine_vs_measured.py [--engine DIR/engine_profile.csv] \\
+        [--profile DIR/profile.csv ...] [--model NAME_OR_CONFIG] [--device h200] [--json OUT]
 
 Runs on any machine: the GPU part is `benches/gpu_session.sh` (engine_gpu.py and
 `tokenyard profile`), this script only reads its CSVs. The measured predictor prices vLLM
@@ -213,14 +213,18 @@ def op_section(path: Path, model: str, device: str) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--engine", type=Path, required=True, help="engine_profile.csv")
+    parser.add_argument("--engine", type=Path, help="engine_profile.csv (optional: profiles alone)")
     parser.add_argument("--profile", type=Path, action="append", default=[],
                         help="a `tokenyard profile` CSV (repeatable)")  # fmt: skip
     parser.add_argument("--model", default="llama-3.1-8b")
     parser.add_argument("--device", default="h200", help="catalog device the runs used")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    out = {"engine": engine_section(args.engine, args.model, args.device)}
+    if args.engine is None and not args.profile:
+        parser.error("give --engine, --profile or both")
+    out: dict[str, Any] = {}
+    if args.engine is not None:
+        out["engine"] = engine_section(args.engine, args.model, args.device)
     out["profiles"] = [op_section(p, args.model, args.device) for p in args.profile]
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))

@@ -36,10 +36,16 @@ from vllm.config import KVEventsConfig, KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store import (
     scheduler as mooncake_scheduler,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.coordinator import (
+    ExternalCachedBlockPool,
+)
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
     MooncakeLookupResult,
     MooncakeStoreWorkerMetadata,
+    TailKeyBoundary,
 )
+from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import (
@@ -57,6 +63,7 @@ from vllm_compare import BLOCK_SIZE, block_digest, runner_output, sampling, seed
 from vllm_peer import VllmSchedulerPeer
 
 from tokenyard.errors import ConfigError
+from tokenyard.integrations import _vllm_boundary_offloads
 from tokenyard.integrations._vllm_coordinator_view import BlockPoolView
 from tokenyard.integrations._vllm_pool_connectors import refuse_mooncake_store_layout
 from tokenyard.integrations.vllm import AsyncTokenyardScheduler, TokenyardScheduler
@@ -83,6 +90,34 @@ def _kv_cache_config(num_blocks: int) -> KVCacheConfig:
     )
 
 
+def _mamba_spec() -> MambaSpec:
+    return MambaSpec(
+        block_size=BLOCK_SIZE, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="align"
+    )
+
+
+def _layout_config(num_blocks: int, layout: str) -> KVCacheConfig:
+    """``full``: one full-attention group; ``swa``: a 32-token sliding window beside it;
+    ``mamba``: a Mamba ``align`` group beside it (Qwen3-Next's, Nemotron-H's layout)."""
+    if layout == "full":
+        return _kv_cache_config(num_blocks)
+    if layout == "swa":
+        return _two_groups(num_blocks)
+    config = _kv_cache_config(num_blocks)
+    mamba = _mamba_spec()
+    config.kv_cache_groups.append(KVCacheGroupSpec(["mamba"], mamba))
+    page = mamba.page_size_bytes
+    config.kv_cache_tensors.append(
+        KVCacheTensor(
+            size=page * num_blocks,
+            layers=["mamba"],
+            layer_stride=page * num_blocks,
+            block_stride=page,
+        )
+    )
+    return config
+
+
 def _mooncake(role: str = "kv_both", **extra: Any) -> KVTransferConfig:
     return KVTransferConfig(
         kv_connector="MooncakeStoreConnector", kv_role=role, kv_connector_extra_config=extra
@@ -104,19 +139,28 @@ def _peer(
         peer.vllm_config.kv_events_config = KVEventsConfig(
             enable_kv_cache_events=True, publisher="null"
         )
+    if not caching:
+        # EngineCore hashes requests whenever a KV connector is on, prefix caching or not.
+        hash_fn = get_hash_fn_by_name(peer.vllm_config.cache_config.prefix_caching_hash_algo)
+        init_none_hash(hash_fn)
+        peer._block_hasher = get_request_block_hasher(BLOCK_SIZE, hash_fn)
     return peer
 
 
 class _Store:
-    """Mooncake's store as its lookup answers: the block hashes completed store jobs saved
-    (``LookupKeyServer``: the longest saved prefix, a hit reaching the request's end cut to
-    the last whole block before it). With ``non_block`` (``lookup_async``) the first ask of
-    a request answers ``None`` (not ready), the next the hit, as ``LookupKeyClient.lookup``
-    does once its future is done."""
+    """Mooncake's store as its lookup answers (``MooncakeStoreWorker.lookup``): the
+    ``(group, block hash)`` keys completed store jobs saved, the longest prefix every group
+    can reuse found by the connector's own ``MooncakeStoreCoordinator`` over an
+    ``ExternalCachedBlockPool`` of them, a hit reaching the request's end found again below
+    it, each group's tail key at the hit. With ``non_block`` (``lookup_async``) the first
+    ask of a request answers ``None`` (not ready), the next the hit, as
+    ``LookupKeyClient.lookup`` does once its future is done. ``coord`` is set once the
+    connector is built."""
 
     def __init__(self) -> None:
-        self.saved: set[bytes] = set()
+        self.saved: set[tuple[int, bytes]] = set()
         self.asked: set[str] = set()
+        self.coord: Any = None
 
     def lookup(
         self, req_id: str, num_tokens: int, block_hashes: Any, non_block: bool = False
@@ -125,15 +169,17 @@ class _Store:
             self.asked.add(req_id)
             return None
         self.asked.discard(req_id)
-        hits = 0
-        for block_hash in block_hashes:
-            if bytes(block_hash) not in self.saved:
-                break
-            hits += 1
-        hit = hits * BLOCK_SIZE
+        coord = self.coord
+        pool = ExternalCachedBlockPool(BLOCK_SIZE, self.saved)
+        token_len = coord.align_lookup_length(num_tokens)
+        _, hit = coord.find_longest_cache_hit(block_hashes, token_len, pool)
         if hit >= num_tokens:
-            hit = (num_tokens - 1) // BLOCK_SIZE * BLOCK_SIZE
-        return MooncakeLookupResult(hit)
+            _, hit = coord.find_longest_cache_hit(
+                block_hashes, coord.align_lookup_length(num_tokens - 1), pool
+            )
+        groups = range(len(coord.kv_cache_groups))
+        tails = tuple(TailKeyBoundary(g, hit) for g in groups) if hit else ()
+        return MooncakeLookupResult(hit, tails)
 
     def discard(self, req_id: str) -> None:
         self.asked.discard(req_id)
@@ -146,29 +192,43 @@ class _Store:
 class _Worker:
     """``MooncakeStoreWorker`` as the scheduler sees it: each async load and each store job
     of a step completes after the delays drawn for that step (the same draws on both sides);
-    a completed store job saves its blocks' hashes into the store."""
+    a completed store job saves its keys into the store: each attention group's hashes of
+    the blocks its tokens cover, and each boundary put's (``BoundaryPut``: a Mamba state
+    handed off, keyed by the hash at its boundary)."""
 
-    def __init__(self, store: _Store, load_async: bool) -> None:
+    def __init__(self, store: _Store, load_async: bool, mamba_groups: set[int]) -> None:
         self.store = store
         self.load_async = load_async
+        self.mamba_groups = mamba_groups
         self.loads: list[tuple[int, str]] = []  # (due step, request)
-        self.saves: list[tuple[int, int, list[bytes]]] = []  # (due step, job, hashes)
+        self.saves: list[tuple[int, int, list[tuple[int, bytes]]]] = []  # (due, job, keys)
+
+    def _keys(self, req: Any) -> list[tuple[int, bytes]]:
+        hashes = [bytes(h) for h in req.block_hashes]
+        keys = [
+            (group, block_hash)
+            for group in range(len(req.block_ids))
+            if group not in self.mamba_groups
+            for block_hash in hashes[: req.token_len_chunk // BLOCK_SIZE]
+        ]
+        for put in req.boundary_puts or []:
+            keys.append((put.group_id, hashes[put.num_tokens // BLOCK_SIZE - 1]))
+        return keys
 
     def submit(self, out: Any, step: int, delays: tuple[int, int]) -> None:
         for req in out.kv_connector_metadata.requests:
             if self.load_async and req.load_spec is not None and req.load_spec.can_load:
                 self.loads.append((step + delays[0], req.req_id))
             if req.store_job_id is not None:
-                hashes = [bytes(h) for h in req.block_hashes[: req.token_len_chunk // BLOCK_SIZE]]
-                self.saves.append((step + delays[1], req.store_job_id, hashes))
+                self.saves.append((step + delays[1], req.store_job_id, self._keys(req)))
 
     def report(self, step: int) -> KVConnectorOutput:
         landed = {r for due, r in self.loads if due <= step}
-        done = [(job, hashes) for due, job, hashes in self.saves if due <= step]
+        done = [(job, keys) for due, job, keys in self.saves if due <= step]
         self.loads = [x for x in self.loads if x[0] > step]
         self.saves = [x for x in self.saves if x[0] > step]
-        for _, hashes in done:
-            self.store.saved.update(hashes)
+        for _, keys in done:
+            self.store.saved.update(keys)
         completed = {job: 1 for job, _ in done}
         return KVConnectorOutput(
             finished_recving=landed or None,
@@ -202,6 +262,7 @@ def _meta(out: Any) -> tuple[Any, ...]:
                 r.load_spec.kvpool_cached_tokens,
                 r.load_spec.can_load,
                 r.load_spec.token_len,
+                r.load_spec.tail_key_boundaries,
             ),
             r.token_ids,
             r.token_ids_start,
@@ -270,16 +331,23 @@ def _run(
     num_blocks: int,
     role: str = "kv_both",
     events: bool = False,
-    groups: int = 1,
+    layout: str = "full",
+    caching: bool = True,
     asynchronous: bool = False,
     **extra: Any,
 ) -> dict[str, int]:
     """A seeded stream on both schedulers, every step compared (see the module doc). With
     ``asynchronous``, vLLM's ``AsyncScheduler`` and ``AsyncTokenyardScheduler``: a step's
-    output (and the worker's report with it) is taken after the next step is formed."""
-    peer = _peer(_mooncake(role, **extra), num_blocks, events)
+    output (and the worker's report with it) is taken after the next step is formed.
+    ``layout`` as ``_layout_config``'s; ``caching`` False: prefix caching off."""
+    peer = _peer(_mooncake(role, **extra), num_blocks, events, caching)
     peer.vllm_config.scheduler_config.async_scheduling = asynchronous
-    config = _kv_cache_config(num_blocks) if groups == 1 else _two_groups(num_blocks)
+    if layout == "mamba":
+        peer.vllm_config.cache_config.mamba_cache_mode = "align"
+    config = _layout_config(num_blocks, layout)
+    mamba_groups = {
+        i for i, g in enumerate(config.kv_cache_groups) if isinstance(g.kv_cache_spec, MambaSpec)
+    }
     classes = (
         (AsyncScheduler, AsyncTokenyardScheduler)
         if asynchronous
@@ -289,18 +357,21 @@ def _run(
     load_async = extra.get("load_async", True)
     workers = []
     for scheduler in pair:
-        workers.append(_Worker(scheduler.connector.connector_scheduler.client, load_async))
+        store_scheduler = scheduler.connector.connector_scheduler
+        store_scheduler.client.coord = store_scheduler._store_coord
+        workers.append(_Worker(store_scheduler.client, load_async, mamba_groups))
     if role == "kv_consumer":
         # A consumer's store is filled by a producer elsewhere: its first wave's prompts.
         for worker in workers:
             worker.store.saved.update(
-                bytes(h)
+                (group, bytes(h))
                 for _, request_id, prompt, max_tokens in _waves(seed)[:8]
                 for h in peer.make_request(request_id, prompt, max_tokens).block_hashes
+                for group in range(len(config.kv_cache_groups))
             )
     rng = random.Random(seed * 7 + 3)
     arrivals = _waves(seed)
-    seen = {"loads": 0, "stores": 0, "preemptions": 0}
+    seen = {"loads": 0, "stores": 0, "preemptions": 0, "boundary_puts": 0}
     # Steps formed whose outputs are not in yet (two at most with async scheduling).
     pending: list[tuple[list[Any], list[set[str]]]] = []
     for step in range(800):
@@ -316,6 +387,7 @@ def _run(
         assert _loading(pair[1]) == _loading(pair[0]), f"step {step}"
         seen["loads"] += sum(r[5] is not None for r in metas[0][0])
         seen["stores"] += sum(r[10] is not None for r in metas[0][0])
+        seen["boundary_puts"] += sum(len(r[11] or ()) for r in metas[0][0])
         seen["preemptions"] += len(outs[0].preempted_req_ids)
         delays = (rng.randrange(3), rng.randrange(3))
         for worker, out in zip(workers, outs, strict=True):
@@ -387,16 +459,19 @@ def test_mooncake_store_producer_and_consumer_match_vllm(seed: int) -> None:
 def test_mooncake_store_async_scheduling_matches_vllm(seed: int) -> None:
     seen = _run(seed, num_blocks=40, asynchronous=True)
     assert seen["loads"] > 0
-    assert _run(seed, num_blocks=20, asynchronous=True, groups=1)["stores"] > 0
+    assert _run(seed, num_blocks=20, asynchronous=True)["stores"] > 0
 
 
-def test_the_check_fails_when_the_pins_are_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("caching", [True, False])
+def test_the_check_fails_when_the_pins_are_dropped(
+    monkeypatch: pytest.MonkeyPatch, caching: bool
+) -> None:
     """The comparison catches a pool view whose touches do nothing (and whose frees drop
     nothing): the ref counts and free queue then differ from vLLM's."""
     monkeypatch.setattr(BlockPoolView, "touch", lambda self, blocks: None)
     monkeypatch.setattr(BlockPoolView, "free_blocks", lambda self, blocks: None)
     with pytest.raises(AssertionError, match="step"):
-        _run(0, num_blocks=40)
+        _run(0, num_blocks=40, caching=caching)
 
 
 def test_mooncake_store_is_bound_to_the_pool_view() -> None:
@@ -427,7 +502,67 @@ def _two_groups(num_blocks: int) -> KVCacheConfig:
 # window's null blocks skipped), the core's coordinator pool holding them.
 @pytest.mark.parametrize("seed", range(3))
 def test_mooncake_store_beside_a_sliding_window_group_matches_vllm(seed: int) -> None:
-    assert _run(seed, num_blocks=80, groups=2)["loads"] > 0
+    assert _run(seed, num_blocks=80, layout="swa")["loads"] > 0
+
+
+# Qwen3-Next's, Nemotron-H's layout: full attention beside a Mamba ``align`` group. vLLM's
+# MambaManager hands each state it caches to the connector (``take_boundary_state_offloads``
+# in ``kv_connector_block_state.boundary_state_offloads``), which stores it as a boundary
+# put of the request's store job (``_handle_boundary_state_offloads``) and pins its block
+# with the job's; a later request hits where both groups' keys are stored. Pools small
+# enough to evict (the third wave loads from the store) and to preempt.
+@pytest.mark.parametrize(("seed", "num_blocks"), [(0, 160), (1, 160), (2, 40), (3, 40), (0, 24)])
+def test_mooncake_store_beside_a_mamba_align_group_matches_vllm(seed: int, num_blocks: int) -> None:
+    seen = _run(seed, num_blocks=num_blocks, layout="mamba")
+    assert seen["boundary_puts"] > 0
+    assert seen["stores"] > 0
+    if num_blocks == 40:
+        assert seen["loads"] > 0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_async_mooncake_store_beside_a_mamba_align_group_matches_vllm(seed: int) -> None:
+    seen = _run(seed, num_blocks=40, layout="mamba", asynchronous=True)
+    assert seen["boundary_puts"] > 0
+    assert seen["loads"] > 0
+
+
+# Lookups a step late, loads in the step, KV events on, beside the Mamba group.
+def test_mooncake_store_mamba_lookup_async_sync_loads_matches_vllm() -> None:
+    seen = _run(1, num_blocks=40, layout="mamba", events=True, lookup_async=True, load_async=False)
+    assert seen["loads"] > 0
+
+
+def test_the_mamba_check_fails_without_boundary_states(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The adapter before boundary hand-offs: no Mamba state is put, so the store jobs'
+    metadata and pins differ from vLLM's."""
+    monkeypatch.setattr(_vllm_boundary_offloads.BoundaryStateOffers, "take", lambda *a: {})
+    with pytest.raises(AssertionError, match="step"):
+        _run(0, num_blocks=160, layout="mamba")
+
+
+# Prefix caching off: vLLM's requests are still hashed (a connector is on), the store
+# saves and loads, nothing hits the GPU prefix cache. vLLM's Mamba manager caches nothing
+# then, so no boundary state is handed off and beside a Mamba group nothing loads.
+@pytest.mark.parametrize(
+    ("seed", "layout", "asynchronous"),
+    [
+        (0, "full", False),
+        (1, "full", False),
+        (2, "full", True),
+        (0, "swa", False),
+        (0, "mamba", False),
+        (1, "mamba", True),
+    ],
+)
+def test_mooncake_store_without_prefix_caching_matches_vllm(
+    seed: int, layout: str, asynchronous: bool
+) -> None:
+    seen = _run(seed, num_blocks=40, layout=layout, caching=False, asynchronous=asynchronous)
+    assert seen["stores"] > 0
+    assert seen["boundary_puts"] == 0
+    # Beside Mamba no state is stored, so no prefix of both groups hits.
+    assert (seen["loads"] > 0) == (layout != "mamba")
 
 
 def _layout(*specs: Any, hash_block_size: int = BLOCK_SIZE) -> Any:
@@ -444,14 +579,15 @@ def _connector() -> Any:
     return peer.build(Scheduler, _kv_cache_config(64)).connector
 
 
-def test_mooncake_store_beside_a_mamba_group_is_refused_by_name() -> None:
+def test_mooncake_store_beside_a_plain_mamba_group_is_refused_by_name() -> None:
     mamba = MambaSpec(
-        block_size=BLOCK_SIZE, shapes=((1,),), dtypes=(torch.float16,), mamba_cache_mode="align"
+        block_size=BLOCK_SIZE, shapes=((1,),), dtypes=(torch.float16,), mamba_cache_mode="none"
     )
-    with pytest.raises(ConfigError, match=r"beside a Mamba KV cache group \(group 1") as e:
+    with pytest.raises(ConfigError, match=r"mamba_cache_mode 'none' \(group 1") as e:
         refuse_mooncake_store_layout(_connector(), "", _layout(_spec(), mamba))
     assert e.value.field == "kv_transfer_config.kv_connector"
     assert e.value.value == "MooncakeStoreConnector"
+    refuse_mooncake_store_layout(_connector(), "", _layout(_spec(), _mamba_spec()))
 
 
 def test_mooncake_store_beside_an_unchecked_group_is_refused_by_name() -> None:
@@ -471,11 +607,3 @@ def test_mooncake_store_over_a_smaller_hash_block_is_refused_by_name() -> None:
         refuse_mooncake_store_layout(_connector(), "", _layout(_spec(), hash_block_size=8))
     assert e.value.value == "MooncakeStoreConnector"
     refuse_mooncake_store_layout(_connector(), "", _layout(_spec()))
-
-
-def test_mooncake_store_without_prefix_caching_is_refused_by_name() -> None:
-    peer = _peer(_mooncake(), 64, False, caching=False)
-    assert peer.build(Scheduler, _kv_cache_config(64)).connector is not None
-    with pytest.raises(ConfigError, match="without prefix caching") as e:
-        peer.build(TokenyardScheduler, _kv_cache_config(64))
-    assert e.value.value == "MooncakeStoreConnector"

@@ -31,11 +31,11 @@ pytest.importorskip("vllm", reason="vLLM 0.33 is installed only in the bench ven
 
 from test_integrations_vllm_mooncake_store import (
     _kv_cache_config,
+    _layout_config,
     _loading,
     _outputs,
     _peer,
     _pool_state,
-    _two_groups,
     _waves,
 )
 from vllm.config import KVEventsConfig, KVTransferConfig
@@ -50,6 +50,8 @@ from vllm.v1.outputs import KVConnectorOutput
 from vllm_compare import block_digest, runner_output, sampling
 
 from tokenyard.errors import ConfigError
+from tokenyard.integrations import _vllm_connector_binding
+from tokenyard.integrations._vllm_boundary_offloads import BoundaryStateOffers
 from tokenyard.integrations._vllm_coordinator_view import BlockPoolView
 from tokenyard.integrations.vllm import AsyncTokenyardScheduler, TokenyardScheduler
 
@@ -154,16 +156,28 @@ class _Worker:
         )
 
 
-def _run(seed: int, *, num_blocks: int, asynchronous: bool = False, **extra: Any) -> dict[str, int]:
-    """A seeded stream on both schedulers, every step compared (see the module doc)."""
-    peer = _peer(_umbp(**extra), num_blocks, False)
+def _run(
+    seed: int,
+    *,
+    num_blocks: int,
+    asynchronous: bool = False,
+    layout: str = "full",
+    caching: bool = True,
+    **extra: Any,
+) -> dict[str, int]:
+    """A seeded stream on both schedulers, every step compared (see the module doc);
+    ``layout`` as the Mooncake store test's ``_layout_config``; ``caching`` False: prefix
+    caching off."""
+    peer = _peer(_umbp(**extra), num_blocks, False, caching)
     peer.vllm_config.scheduler_config.async_scheduling = asynchronous
+    if layout == "mamba":
+        peer.vllm_config.cache_config.mamba_cache_mode = "align"
     classes = (
         (AsyncScheduler, AsyncTokenyardScheduler)
         if asynchronous
         else (Scheduler, TokenyardScheduler)
     )
-    pair = [peer.build(cls, _kv_cache_config(num_blocks)) for cls in classes]
+    pair = [peer.build(cls, _layout_config(num_blocks, layout)) for cls in classes]
     workers = [_Worker(s.connector.connector_scheduler.runtime) for s in pair]
     rng = random.Random(seed * 7 + 3)
     arrivals = _waves(seed)
@@ -253,13 +267,71 @@ def test_umbp_is_bound_to_the_pool_view() -> None:
     assert scheduler.connector._kv_cache_manager is scheduler.kv_cache_manager
 
 
-def test_umbp_beside_several_groups_is_refused_by_name() -> None:
-    peer = _peer(_umbp(), 64, False)
-    assert peer.build(Scheduler, _two_groups(64)).connector is not None
-    with pytest.raises(ConfigError, match="UMBPStoreConnector is not served beside the KV") as e:
-        peer.build(TokenyardScheduler, _two_groups(64))
-    assert e.value.field == "kv_transfer_config.kv_connector"
-    assert e.value.value == "UMBPStoreConnector"
+# Beside a sliding-window group, or a Mamba ``align`` group (Qwen3-Next's layout), UMBP's
+# lookup runs a coordinator of its own over the store's answers and probes the local prefix
+# cache per group (``local_cache_hit``, through the adapter's coordinator view); beside
+# Mamba it stores each state vLLM's manager hands off (``_add_boundary_state_plans``).
+@pytest.mark.parametrize(
+    ("seed", "layout", "num_blocks"),
+    [
+        (0, "swa", 80),
+        (1, "swa", 80),
+        (2, "swa", 40),
+        (0, "mamba", 160),
+        (1, "mamba", 40),
+        (2, "mamba", 40),
+        (3, "mamba", 24),
+    ],
+)
+def test_umbp_beside_several_groups_matches_vllm(seed: int, layout: str, num_blocks: int) -> None:
+    seen = _run(seed, num_blocks=num_blocks, layout=layout)
+    assert seen["stores"] > 0
+    if num_blocks == 40:
+        assert seen["loads"] > 0
+
+
+@pytest.mark.parametrize(("seed", "layout"), [(0, "swa"), (1, "mamba")])
+def test_async_umbp_beside_several_groups_matches_vllm(seed: int, layout: str) -> None:
+    assert _run(seed, num_blocks=40, layout=layout, asynchronous=True)["loads"] > 0
+
+
+def test_the_groups_check_fails_without_the_local_cache_probe(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The adapter without vLLM's hashes indexed for UMBP's probe (beside a sliding window;
+    a Mamba ``align`` group has them indexed anyway): its pool view then answers no local
+    block, and UMBP's coordinator finds other hits than vLLM's."""
+    monkeypatch.setattr(_vllm_connector_binding, "umbp_probes_local_cache", lambda leaf: False)
+    with pytest.raises(AssertionError, match="step"):
+        _run(2, num_blocks=40, layout="swa")
+
+
+def test_the_groups_check_fails_in_the_old_hand_off_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The hand-offs ordered as before this change (the requests cached outside the step's
+    allocations first): a landed load's state is stored ahead of the running requests'
+    where vLLM's waiting pass caches it after them."""
+
+    def old_order(self: Any, scheduled: Any, requests: Any) -> list[str]:
+        return [*(r for r in requests if r not in scheduled), *scheduled]
+
+    monkeypatch.setattr(BoundaryStateOffers, "cache_order", old_order)
+    with pytest.raises(AssertionError, match="step"):
+        _run(1, num_blocks=40, layout="mamba")
+
+
+# Prefix caching off: the requests are hashed (a connector is on), nothing hits the GPU
+# prefix cache, the store saves and loads.
+@pytest.mark.parametrize(
+    ("seed", "layout", "asynchronous"),
+    [(0, "full", False), (1, "full", True), (0, "swa", False), (1, "mamba", False)],
+)
+def test_umbp_without_prefix_caching_matches_vllm(
+    seed: int, layout: str, asynchronous: bool
+) -> None:
+    seen = _run(seed, num_blocks=40, layout=layout, caching=False, asynchronous=asynchronous)
+    assert seen["stores"] > 0
 
 
 def test_umbp_with_kv_events_is_refused_by_name() -> None:

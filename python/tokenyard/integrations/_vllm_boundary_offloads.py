@@ -51,6 +51,22 @@ class BoundaryStateOffers:
             and g.kv_cache_spec.mamba_cache_mode == "align"
         )
         self._hashes: list[int | None] = []
+        # The waiting requests in scheduling order as the step began (holding KV first, as
+        # vLLM's waiting pass visits them), set by ``schedule()`` for ``cache_order``.
+        self.waiting_order: list[str] = []
+
+    def cache_order(self, scheduled: Iterable[str], requests: Iterable[str]) -> list[str]:
+        """The requests in vLLM 0.33's ``cache_blocks`` order within ``schedule()``, the
+        order its hand-offs keep: the running requests as scheduled (``allocate_slots``),
+        then the waiting pass in queue order (a landed asynchronous load is cached as the
+        pass promotes it, ``_update_waiting_for_remote_kv``, then admitted or not), then
+        any other of ``requests``."""
+        waiting = set(self.waiting_order)
+        order = [r for r in scheduled if r not in waiting]
+        order += self.waiting_order
+        seen = set(order)
+        order += [r for r in requests if r not in seen]
+        return order
 
     def take(
         self, manager: Any, core: Any, request_ids: Iterable[str]

@@ -47,6 +47,7 @@ from tokenyard.integrations._vllm_pool_connectors import (
     mooncake_store_served,
     refuse_mooncake_store_layout,
     refuse_umbp_layout,
+    umbp_probes_local_cache,
     umbp_served,
 )
 
@@ -88,12 +89,15 @@ def _pool_served(cls: type[Any]) -> bool:
 
 
 def binds_gpu_block_pool(connector: Any) -> bool:
-    """Whether a served connector (alone or in a ``MultiConnector``) keeps vLLM's GPU block
-    pool: the adapter then indexes vLLM's block hashes of its requests, which the pool
-    view's blocks answer with."""
+    """Whether a served connector (alone or in a ``MultiConnector``) reads vLLM's hashes of
+    the GPU block pool (one that keeps it, or UMBP's lookup probing the local cache per
+    group): the adapter then indexes vLLM's block hashes of its requests, which the pool
+    view's blocks and ``get_cached_block`` answer with."""
     if connector is None:
         return False
-    return any(_pool_served(type(leaf)) for leaf in _leaves(connector))
+    return any(
+        _pool_served(type(leaf)) or umbp_probes_local_cache(leaf) for leaf in _leaves(connector)
+    )
 
 
 def _refuse_pool_layout(leaf: Any, where: str, view: Any) -> None:

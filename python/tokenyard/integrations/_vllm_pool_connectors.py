@@ -64,35 +64,43 @@ def refuse_mooncake_store_layout(leaf: Any, where: str, view: Any) -> None:
     specs = [group.kv_cache_spec for group in config.kv_cache_groups]
     hash_block_size = view.block_pool.hash_block_size
     reason = None
-    mamba = next((i for i, spec in enumerate(specs) if isinstance(spec, MambaSpec)), None)
+    # vLLM's MooncakeStoreScheduler asserts align mode of every Mamba group it stores.
+    plain_mamba = next(
+        (
+            i
+            for i, spec in enumerate(specs)
+            if isinstance(spec, MambaSpec) and spec.mamba_cache_mode != "align"
+        ),
+        None,
+    )
     other = next(
         (
             (i, type(spec).__name__)
             for i, spec in enumerate(specs)
-            if not isinstance(spec, FullAttentionSpec | SlidingWindowSpec)
+            if not isinstance(spec, FullAttentionSpec | SlidingWindowSpec | MambaSpec)
         ),
         None,
     )
     sizes = sorted({spec.block_size for spec in specs})
-    if mamba is not None:
+    if plain_mamba is not None:
         reason = (
-            f"beside a Mamba KV cache group (group {mamba}: its boundary-state hand-offs, "
-            "take_boundary_state_offloads, and finish-time partial tails, "
-            "finalize_partial_tail_offloads, are not modelled)"
+            f"beside a Mamba KV cache group in mamba_cache_mode "
+            f"{specs[plain_mamba].mamba_cache_mode!r} (group {plain_mamba}: vLLM's "
+            "MooncakeStoreScheduler requires mamba_cache_mode='align')"
         )
     elif other is not None:
         reason = (
             f"beside a {other[1]} KV cache group (group {other[0]}: served beside full "
-            "attention and sliding windows, the groups it is checked with)"
+            "attention, sliding windows and Mamba align groups, the groups it is checked "
+            "with)"
         )
     elif sizes != [hash_block_size]:
         reason = (
             f"with block_size {sizes[-1] if sizes else 0} over hash_block_size "
-            f"{hash_block_size} (its partial hash hits are not modelled; served with every "
-            "group's block size equal to it)"
+            f"{hash_block_size} (its partial hash hits and finish-time partial tails, "
+            "register_finished_partial_tail, are not modelled; served with every group's "
+            "block size equal to it)"
         )
-    elif not leaf._vllm_config.cache_config.enable_prefix_caching:
-        reason = "without prefix caching (not checked against vLLM's scheduler)"
     if reason is not None:
         raise ConfigError(
             f"{_FIELD}: {type(leaf).__name__}{where} is not served {reason}",
@@ -132,20 +140,25 @@ def refuse_umbp_layout(leaf: Any, where: str, view: Any) -> None:
     vllm_config = leaf._vllm_config
     events = vllm_config.kv_events_config
     reason = None
-    if len(specs) != 1 or type(specs[0]) is not FullAttentionSpec:
-        kinds = ", ".join(type(spec).__name__ for spec in specs)
+    unserved = next(
+        ((i, spec) for i, spec in enumerate(specs) if not _umbp_served_spec(spec)), None
+    )
+    sizes = sorted({spec.block_size for spec in specs})
+    if unserved is not None:
+        i, spec = unserved
+        kind = type(spec).__name__
+        if isinstance(spec, MambaSpec):
+            kind = f"{kind} (mamba_cache_mode {spec.mamba_cache_mode!r})"
         reason = (
-            f"beside the KV cache groups [{kinds}] (served with one FullAttentionSpec group: "
-            "its own lookup coordinator over the local cache's hashes, a Mamba group's "
-            "boundary-state hand-offs and finish-time partial tails are not modelled)"
+            f"beside a {kind} KV cache group (group {i}: served beside FullAttentionSpec, "
+            "SlidingWindowSpec and align-mode MambaSpec groups, the ones it is checked with)"
         )
-    elif specs[0].block_size != hash_block_size:
+    elif sizes != [hash_block_size]:
         reason = (
-            f"with block_size {specs[0].block_size} over hash_block_size {hash_block_size} "
-            "(its partial hash hits are not modelled; served with them equal)"
+            f"with block_size {sizes[-1] if sizes else 0} over hash_block_size "
+            f"{hash_block_size} (its partial hash hits and finish-time partial tails, "
+            "register_finished_partial_tail, are not modelled; served with them equal)"
         )
-    elif not vllm_config.cache_config.enable_prefix_caching:
-        reason = "without prefix caching (not checked against vLLM's scheduler)"
     elif events is not None and events.enable_kv_cache_events:
         reason = (
             "with KV cache events on (its event reconciliation, timed by the clock, is not "
@@ -157,3 +170,25 @@ def refuse_umbp_layout(leaf: Any, where: str, view: Any) -> None:
             field=_FIELD,
             value=type(leaf).__name__,
         )
+
+
+def _umbp_served_spec(spec: Any) -> bool:
+    """A KV cache group kind UMBP's scheduler half is checked beside."""
+    if isinstance(spec, MambaSpec):
+        return spec.mamba_cache_mode == "align"
+    return type(spec) in (FullAttentionSpec, SlidingWindowSpec)
+
+
+def umbp_probes_local_cache(connector: Any) -> bool:
+    """Whether ``connector`` (a leaf) is UMBP's with a lookup coordinator of its own
+    (several KV cache groups, or one of another kind than full attention): its lookup then
+    probes the local prefix cache per group (``bind_kv_cache_manager``'s
+    ``local_cache_hit``: ``coordinator.single_type_managers[g].block_pool
+    .get_cached_block``), which the pool view answers from vLLM's hashes the adapter
+    indexes."""
+    scheduler = getattr(connector, "connector_scheduler", None)
+    return (
+        umbp_served(type(connector))
+        and scheduler is not None
+        and scheduler._lookup_coordinator is not None
+    )

@@ -61,6 +61,12 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
         if self.finished_recving_kv_req_ids:
             self._take_recorded_landings()
         self.kv_cache_manager.coordinator.queue_pending_copies()
+        offers = self.kv_cache_manager._boundary_offers
+        if offers.groups and self.connector is not None:
+            # The hand-offs' order: vLLM's waiting pass caches a landed load as it reaches it.
+            offers.waiting_order = [
+                r.request_id for queue in (self.kv_holding_waiting, self.waiting) for r in queue
+            ]
         with self._pool_view.asking():
             core = self._core.schedule(throttle_prefills=throttle_prefills)
         bridge = self._bridge

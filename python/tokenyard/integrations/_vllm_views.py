@@ -233,15 +233,19 @@ def connector_meta(scheduler: Any, out: SchedulerOutput) -> Any:
     ``_build_kv_connector_meta`` (vLLM's hook, which a plugin may replace); the block state
     is cleared after (it never goes to the workers). vLLM's Mamba ``align`` boundary-state
     hand-offs are taken once per step as vLLM's ``schedule()`` takes them
-    (``take_boundary_state_offloads``, ``_vllm_boundary_offloads``): the requests cached
-    outside the step (a load landed in an update) first, then the step's in its order; the
-    requests holding one are in the block state's ``req_ids`` too."""
+    (``take_boundary_state_offloads``, ``_vllm_boundary_offloads``), in the order its
+    ``cache_blocks`` calls make them (``BoundaryStateOffers.cache_order``: the running
+    requests, then the waiting pass, a landed load among them); the requests holding one
+    are in the block state's ``req_ids`` too."""
     manager = scheduler.kv_cache_manager
     scheduled = out.num_scheduled_tokens
     offloads: dict[str, list[tuple[int, int, int]]] = {}
-    if manager._boundary_offers.groups:  # nothing to read (or pay) without an align group
-        order = [*(r for r in scheduler.requests if r not in scheduled), *scheduled]
-        offloads = manager.take_boundary_state_offloads(order)
+    offers = manager._boundary_offers
+    if offers.groups:  # nothing to read (or pay) without an align group
+        order = offers.cache_order(scheduled, scheduler.requests)
+        offloads = manager.take_boundary_state_offloads(
+            [r for r in order if r in scheduler.requests]
+        )
     out.kv_connector_block_state = KVConnectorBlockState(
         req_ids={*scheduled, *(r for r in offloads if r in scheduler.requests)},
         resolve_block_ids=manager.get_block_ids,

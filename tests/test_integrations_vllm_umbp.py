@@ -23,22 +23,28 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import pytest
 
 pytest.importorskip("vllm", reason="vLLM 0.33 is installed only in the bench venv")
 
+import torch
 from test_integrations_vllm_mooncake_store import (
     _kv_cache_config,
+    _layout,
     _layout_config,
     _loading,
+    _mamba_spec,
     _outputs,
     _peer,
     _pool_state,
+    _spec,
     _waves,
 )
-from vllm.config import KVEventsConfig, KVTransferConfig
+from vllm.config import KVTransferConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.umbp import scheduler as umbp_scheduler
 from vllm.distributed.kv_transfer.kv_connector.v1.umbp.data import (
     StoreEventResult,
     UMBPConnectorWorkerMetadata,
@@ -46,13 +52,15 @@ from vllm.distributed.kv_transfer.kv_connector.v1.umbp.data import (
 from vllm.distributed.kv_transfer.kv_connector.v1.umbp.runtime.factory import UMBPRuntimeFactory
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, MambaSpec
 from vllm.v1.outputs import KVConnectorOutput
-from vllm_compare import block_digest, runner_output, sampling
+from vllm_compare import BLOCK_SIZE, block_digest, runner_output, sampling
 
 from tokenyard.errors import ConfigError
 from tokenyard.integrations import _vllm_connector_binding
 from tokenyard.integrations._vllm_boundary_offloads import BoundaryStateOffers
 from tokenyard.integrations._vllm_coordinator_view import BlockPoolView
+from tokenyard.integrations._vllm_pool_connectors import refuse_umbp_layout
 from tokenyard.integrations.vllm import AsyncTokenyardScheduler, TokenyardScheduler
 
 
@@ -90,6 +98,62 @@ class _Runtime:
 @pytest.fixture(autouse=True)
 def _modelled_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(UMBPRuntimeFactory._builders, "embedded", _Runtime)
+
+
+class _Clock:
+    """The connector's clock (``time.monotonic`` in ``umbp/scheduler.py``, which times its
+    event reconciliation, ``_reconcile_kv_events``: a second apart): 0.4 s a step, shared
+    by both schedulers, so both reconcile on the same steps."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+class _InlineExecutor:
+    """The connector's lookup pool (``ThreadPoolExecutor``) run in the caller: each residency
+    or lookup future is done when submitted, on both sides alike."""
+
+    def __init__(self, **_: Any) -> None:
+        pass
+
+    def submit(self, fn: Any, *args: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        future.set_result(fn(*args))
+        return future
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        pass
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
+    clock = _Clock()
+    monkeypatch.setattr(umbp_scheduler, "time", clock)
+    monkeypatch.setattr(umbp_scheduler, "ThreadPoolExecutor", _InlineExecutor)
+    return clock
+
+
+def _published(batches: list[Any]) -> list[Any]:
+    """The connector's KV events (the store's, ``medium`` not GPU) published so far,
+    drained: each event's type, block hashes, parent, tokens, medium and group."""
+    events = [
+        (
+            type(e).__name__,
+            getattr(e, "block_hashes", None),
+            getattr(e, "parent_block_hash", None),
+            getattr(e, "token_ids", None),
+            e.medium,
+            e.group_idx,
+        )
+        for batch in batches
+        for e in batch.events
+        if getattr(e, "medium", None) != "GPU"
+    ]
+    batches.clear()
+    return events
 
 
 def _umbp(**extra: Any) -> KVTransferConfig:
@@ -163,12 +227,14 @@ def _run(
     asynchronous: bool = False,
     layout: str = "full",
     caching: bool = True,
+    clock: _Clock | None = None,
     **extra: Any,
 ) -> dict[str, int]:
     """A seeded stream on both schedulers, every step compared (see the module doc);
     ``layout`` as the Mooncake store test's ``_layout_config``; ``caching`` False: prefix
-    caching off."""
-    peer = _peer(_umbp(**extra), num_blocks, False, caching)
+    caching off; with ``clock`` (the ``clock`` fixture's), KV cache events on, the store's
+    events published each step compared too."""
+    peer = _peer(_umbp(**extra), num_blocks, clock is not None, caching)
     peer.vllm_config.scheduler_config.async_scheduling = asynchronous
     if layout == "mamba":
         peer.vllm_config.cache_config.mamba_cache_mode = "align"
@@ -179,11 +245,16 @@ def _run(
     )
     pair = [peer.build(cls, _layout_config(num_blocks, layout)) for cls in classes]
     workers = [_Worker(s.connector.connector_scheduler.runtime) for s in pair]
+    published: list[list[Any]] = [[], []]
+    for scheduler, batches in zip(pair, published, strict=True):
+        scheduler.kv_event_publisher.publish = batches.append
     rng = random.Random(seed * 7 + 3)
     arrivals = _waves(seed)
-    seen = {"loads": 0, "stores": 0, "preemptions": 0}
+    seen = {"loads": 0, "stores": 0, "preemptions": 0, "store_events": 0}
     pending: list[tuple[list[Any], list[set[str]]]] = []
     for step in range(800):
+        if clock is not None:
+            clock.now = step * 0.4
         for at, *args in arrivals:
             if at == step:
                 for scheduler in pair:
@@ -213,6 +284,9 @@ def _run(
                 results.append(_outputs(scheduler.update_from_output(out, output)))
             assert results[1] == results[0], f"step {step}"
         ours, theirs = pair[1], pair[0]
+        events = _published(published[0])
+        assert _published(published[1]) == events, f"step {step}"
+        seen["store_events"] += len(events)
         assert _pinned(ours) == _pinned(theirs), f"step {step}"
         assert ours.get_kv_cache_usage() == pytest.approx(theirs.get_kv_cache_usage()), step
         assert _pool_state(ours) == _pool_state(theirs), f"step {step}"
@@ -220,7 +294,13 @@ def _run(
             table = ours.kv_cache_manager.get_block_ids(request_id)
             assert table == theirs.kv_cache_manager.get_block_ids(request_id), step
         assert ours.has_unfinished_requests() == theirs.has_unfinished_requests(), step
-        if step > 150 and not pending and not theirs.has_unfinished_requests():
+        drained = not theirs.requests if clock is not None else True
+        if (
+            step > 150
+            and not pending
+            and drained
+            and (clock is not None or not theirs.has_unfinished_requests())
+        ):
             ours._core.check_invariants()
             return seen
     raise AssertionError("the stream did not drain")
@@ -334,11 +414,57 @@ def test_umbp_without_prefix_caching_matches_vllm(
     assert seen["stores"] > 0
 
 
-def test_umbp_with_kv_events_is_refused_by_name() -> None:
-    peer = _peer(_umbp(), 64, False)
-    peer.vllm_config.kv_events_config = KVEventsConfig(
-        enable_kv_cache_events=True, publisher="null"
+# KV cache events on: a completed store event's blocks are published (``BlockStored``, the
+# store's medium) once a residency lookup confirms them (``_reconcile_kv_events``, on the
+# connector's clock and thread pool, made a step clock and an inline pool on both sides).
+@pytest.mark.parametrize(("seed", "layout"), [(0, "full"), (1, "full"), (2, "swa"), (3, "mamba")])
+def test_umbp_with_kv_events_matches_vllm(seed: int, layout: str, clock: _Clock) -> None:
+    seen = _run(seed, num_blocks=40, layout=layout, clock=clock)
+    assert seen["store_events"] > 0
+    assert seen["loads"] > 0
+
+
+def test_async_umbp_with_kv_events_matches_vllm(clock: _Clock) -> None:
+    seen = _run(1, num_blocks=40, asynchronous=True, clock=clock, lookup_async=True)
+    assert seen["store_events"] > 0
+
+
+def test_the_events_check_fails_without_the_connector_events(
+    monkeypatch: pytest.MonkeyPatch, clock: _Clock
+) -> None:
+    """An adapter that publishes its own events only: the store's are missing."""
+    publish = TokenyardScheduler._publish_kv_events
+
+    def without_connector_events(self: Any) -> None:
+        connector, self.connector = self.connector, None
+        try:
+            publish(self)
+        finally:
+            self.connector = connector
+
+    monkeypatch.setattr(TokenyardScheduler, "_publish_kv_events", without_connector_events)
+    with pytest.raises(AssertionError, match="step"):
+        _run(0, num_blocks=40, clock=clock)
+
+
+def test_umbp_beside_an_unchecked_group_is_refused_by_name() -> None:
+    connector = _peer(_umbp(), 64, False).build(Scheduler, _kv_cache_config(64)).connector
+    plain = MambaSpec(
+        block_size=BLOCK_SIZE, shapes=((1,),), dtypes=(torch.float16,), mamba_cache_mode="none"
     )
-    with pytest.raises(ConfigError, match="with KV cache events on") as e:
-        peer.build(TokenyardScheduler, _kv_cache_config(64))
+    with pytest.raises(ConfigError, match=r"mamba_cache_mode 'none'\) KV cache group \(group 1"):
+        refuse_umbp_layout(connector, "", _layout(_spec(), plain))
+    chunked = ChunkedLocalAttentionSpec(
+        block_size=BLOCK_SIZE,
+        num_kv_heads=1,
+        head_size=1,
+        dtype=torch.float16,
+        attention_chunk_size=64,
+    )
+    with pytest.raises(ConfigError, match="beside a ChunkedLocalAttentionSpec KV cache") as e:
+        refuse_umbp_layout(connector, "", _layout(_spec(), chunked))
+    assert e.value.field == "kv_transfer_config.kv_connector"
     assert e.value.value == "UMBPStoreConnector"
+    with pytest.raises(ConfigError, match="block_size 16 over hash_block_size 8"):
+        refuse_umbp_layout(connector, "", _layout(_spec(), hash_block_size=8))
+    refuse_umbp_layout(connector, "", _layout(_spec(), _mamba_spec()))

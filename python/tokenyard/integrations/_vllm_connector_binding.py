@@ -18,11 +18,13 @@ side would use what the view does not offer:
   and sliding-window KV cache groups, prefix caching on or off, with the scheduler's block
   size equal to the hash block size (refused by name otherwise).
   ``MooncakeStoreConnector`` is served too (``_vllm_pool_connectors``: its store jobs pin
-  blocks with ``touch`` and ``free_blocks``; refused beside a Mamba group);
+  blocks with ``touch`` and ``free_blocks``; beside a Mamba ``align`` group it stores the
+  states handed off; refused beside a Mamba group in ``none`` mode);
 - a class overriding ``bind_kv_cache_manager`` builds on vLLM's manager object itself.
-  ``UMBPStoreConnector`` is served with one full-attention group
+  ``UMBPStoreConnector`` is served beside attention and Mamba ``align`` groups
   (``_vllm_pool_connectors.refuse_umbp_layout``: its store events pin blocks as the
-  Mooncake store's jobs do); HiSparse's is refused before
+  Mooncake store's jobs do; with several groups its lookup probes the local cache per
+  group, answered from vLLM's hashes the adapter indexes); HiSparse's is refused before
   (``_vllm_hisparse.refuse_unmodelled_hisparse``).
 
 ``MultiConnector`` forwards both to each connector it holds (``multi_connector.py``), so

@@ -17,16 +17,19 @@ keys come from the request's ``block_hashes``), and its block tables from
 ``SimpleCPUOffloadConnector`` (``_vllm_connector_binding``).
 
 Served beside one KV cache group or several attention groups (each group's blocks pinned,
-a window's null blocks skipped, as vLLM's ``_reference_save_blocks`` does), every group's
-block size equal to the hash block size and prefix caching on, with vLLM's ``Scheduler``
-and ``AsyncScheduler`` as ``tests/test_integrations_vllm_mooncake_store.py`` checks it.
-Refused by name otherwise: beside a Mamba group (its boundary-state hand-offs,
-``take_boundary_state_offloads``, and finish-time partial tails,
-``finalize_partial_tail_offloads`` then ``register_finished_partial_tail``, are not
-modelled), beside any other group than full attention and sliding window (not checked),
-a block size over the hash block size (its partial hash hits) and prefix caching off (not
-checked). Imported only by ``_vllm_connector_binding``, so vLLM is installed when this
-runs."""
+a window's null blocks skipped, as vLLM's ``_reference_save_blocks`` does) or a Mamba
+``align`` group beside them (since branch ``storeconn``: vLLM's manager hands each state it
+caches to the connector, ``take_boundary_state_offloads``, which the adapter makes from the
+core, ``_vllm_boundary_offloads``; the connector stores it as a boundary put pinned with the
+store job), every group's block size equal to the hash block size, prefix caching on or
+off, with vLLM's ``Scheduler`` and ``AsyncScheduler`` as
+``tests/test_integrations_vllm_mooncake_store.py`` checks it. Refused by name otherwise:
+beside a Mamba group in ``none`` mode (vLLM's scheduler half asserts ``align``), beside any
+other group than full attention, sliding window and Mamba, and with a block size over the
+hash block size (its partial hash hits and finish-time partial tails,
+``finalize_partial_tail_offloads`` then ``register_finished_partial_tail``, which need a
+sub-block boundary, are not modelled). Imported only by ``_vllm_connector_binding``, so
+vLLM is installed when this runs."""
 
 from __future__ import annotations
 
@@ -57,8 +60,8 @@ def refuse_mooncake_store_layout(leaf: Any, where: str, view: Any) -> None:
 
     Raises:
         ConfigError (field ``kv_transfer_config.kv_connector``, value the class): a Mamba
-            KV cache group or any other than full attention and sliding window, a block
-            size other than the hash block size, or prefix caching off.
+            KV cache group in ``none`` mode, any other group than full attention, sliding
+            window and Mamba, or a block size other than the hash block size.
     """
     config = view.kv_cache_config
     specs = [group.kv_cache_spec for group in config.kv_cache_groups]
@@ -118,27 +121,24 @@ def umbp_served(cls: type[Any]) -> bool:
 
 def refuse_umbp_layout(leaf: Any, where: str, view: Any) -> None:
     """UMBP's scheduler half (``umbp/scheduler.py``, ``UMBPStoreConnectorScheduler``) beside
-    what it is not checked with. Served with one full-attention KV cache group (its lookup
-    then needs no coordinator of its own, and the local-cache probe its
-    ``bind_kv_cache_manager`` binds, ``block_pool.get_cached_block`` per group, is not
-    called), the block size equal to the hash block size, prefix caching on and KV cache
-    events off: its store events pin blocks as the Mooncake store's jobs do (``touch`` in
-    ``build_connector_meta``, ``free_blocks`` once every worker reported the event in
-    ``UMBPConnectorWorkerMetadata.store_events``).
+    what it is not checked with. Served beside full-attention, sliding-window and Mamba
+    ``align`` groups (several since branch ``storeconn``: its lookup coordinator probes the
+    local prefix cache per group, ``umbp_probes_local_cache``; beside Mamba it stores the
+    states handed off), the block size equal to the hash block size, prefix caching on or
+    off and KV cache events off: its store events pin blocks as the Mooncake store's jobs do
+    (``touch`` in ``build_connector_meta``, ``free_blocks`` once every worker reported the
+    event in ``UMBPConnectorWorkerMetadata.store_events``).
 
     Raises:
-        ConfigError (field ``kv_transfer_config.kv_connector``, value the class): another
-            layout (several groups, a Mamba or other group kind: its lookup coordinator
-            over vLLM's hashes of the local cache, boundary-state hand-offs and partial
-            tails, not modelled), a block size other than the hash block size, prefix
-            caching off, or KV cache events on (its own event reconciliation, timed by
-            the clock, not checked).
+        ConfigError (field ``kv_transfer_config.kv_connector``, value the class): a group
+            of another kind (or a Mamba group in ``none`` mode), a block size other than
+            the hash block size (partial hash hits and finish-time partial tails, not
+            modelled), or KV cache events on (its own event reconciliation, timed by the
+            clock with lookups on its thread pool, not checked).
     """
     config = view.kv_cache_config
     specs = [group.kv_cache_spec for group in config.kv_cache_groups]
     hash_block_size = view.block_pool.hash_block_size
-    vllm_config = leaf._vllm_config
-    events = vllm_config.kv_events_config
     reason = None
     unserved = next(
         ((i, spec) for i, spec in enumerate(specs) if not _umbp_served_spec(spec)), None
@@ -158,11 +158,6 @@ def refuse_umbp_layout(leaf: Any, where: str, view: Any) -> None:
             f"with block_size {sizes[-1] if sizes else 0} over hash_block_size "
             f"{hash_block_size} (its partial hash hits and finish-time partial tails, "
             "register_finished_partial_tail, are not modelled; served with them equal)"
-        )
-    elif events is not None and events.enable_kv_cache_events:
-        reason = (
-            "with KV cache events on (its event reconciliation, timed by the clock, is not "
-            "checked against vLLM's scheduler)"
         )
     if reason is not None:
         raise ConfigError(

@@ -10,15 +10,19 @@ drops them, tail first, when every rank reported the job done
 ``pool.free_blocks``). Through the adapter those go to the core's pool
 (``_vllm_coordinator_view.BlockPoolView``). Its store is modelled: the lookup
 (``LookupKeyClient.lookup``, replaced on both sides by the same model) answers the longest
-prefix of a request's block hashes a completed store job saved, as the worker's
-``LookupKeyServer`` does (a full hit cut to the last whole block before the request's end);
+prefix of a request's block hashes every group can reuse from the ``(group, hash)`` keys
+completed store jobs saved, found by the connector's own ``MooncakeStoreCoordinator``, as the
+worker's ``LookupKeyServer`` does (a full hit found again below the request's end);
 with ``lookup_async`` it answers ``None`` first, then the hit. The worker is synthesized as
 ``MooncakeStoreWorker`` reports: an async load's request in ``finished_recving``, a store job
 in ``completed_saves``, each after a seeded delay of 0 to 2 steps. Every step compares
 scheduled tokens and block ids, the connector metadata (every ``ReqMeta`` field the worker
 reads: tokens, block ids, hashes, load spec, store job, token ids), the pinned store jobs,
 the requests waiting for loads, the outputs, KV usage, block tables, the GPU free queue in
-eviction order and every block's ref count. Needs vLLM (the bench venv); skipped elsewhere.
+eviction order and every block's ref count. Layouts: one full-attention group, a sliding
+window or a Mamba ``align`` group beside it (its states stored from vLLM's boundary-state
+hand-offs, as boundary puts keyed per group), prefix caching on or off. Needs vLLM (the
+bench venv); skipped elsewhere.
 """
 
 from __future__ import annotations

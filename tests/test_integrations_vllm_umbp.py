@@ -16,7 +16,10 @@ synthesized as ``UMBPStoreConnectorWorker`` reports: an async load's request in
 steps. Every step compares scheduled tokens and block ids, the connector metadata (store
 and load plans: keys, blocks, requests; the store event; preempted ids), the pinned events,
 the requests waiting for loads, the outputs, KV usage, block tables, the GPU free queue in
-eviction order and every block's ref count. Needs vLLM (the bench venv); skipped elsewhere.
+eviction order and every block's ref count, and with KV cache events on the store events
+published. Layouts: one full-attention group, a sliding window or a Mamba ``align`` group
+beside it (UMBP's own lookup coordinator then probes the local cache per group). Needs vLLM
+(the bench venv); skipped elsewhere.
 """
 
 from __future__ import annotations

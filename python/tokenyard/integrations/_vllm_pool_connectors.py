@@ -170,7 +170,7 @@ def refuse_umbp_layout(leaf: Any, where: str, view: Any) -> None:
 def _umbp_served_spec(spec: Any) -> bool:
     """A KV cache group kind UMBP's scheduler half is checked beside."""
     if isinstance(spec, MambaSpec):
-        return spec.mamba_cache_mode == "align"
+        return bool(spec.mamba_cache_mode == "align")
     return type(spec) in (FullAttentionSpec, SlidingWindowSpec)
 
 
@@ -185,5 +185,5 @@ def umbp_probes_local_cache(connector: Any) -> bool:
     return (
         umbp_served(type(connector))
         and scheduler is not None
-        and scheduler._lookup_coordinator is not None
+        and getattr(scheduler, "_lookup_coordinator", None) is not None
     )

@@ -253,6 +253,8 @@ class TokenyardScheduler(
         # vLLM's EncoderDecoderCacheManager and cross-attention blocks (see the property).
         self._core.set_encoder_decoder(encoder_decoder)
         self._num_kv_blocks = s.num_blocks - 1
+        # The block the core hashes: vLLM's hash block beside groups of differing sizes.
+        self._core_block_size = s.block_size
         # vLLM's groups: the core's, and HiSparse's source group (the core's host pages,
         # whose tables the outputs carry at its place).
         placed = bool(s.kv_groups) and hisparse_source_group(kv_cache_config) is not None

@@ -23,8 +23,9 @@ cache group kinds the core has none for, the HiSparse connector, vLLM's fine-gra
 partial hash hits (Mamba ``align`` beside a smaller ``prefix_match_unit``), connectors
 that keep vLLM's own pool or manager beyond what the pool view serves (UMBP beside several
 KV cache groups, the Mooncake store beside a Mamba group, ``SimpleCPUOffloadConnector``
-beside a group other than full attention or a sliding window, or over groups of different
-block sizes), KV cache events beside groups other than full attention and sliding windows
+beside a group other than full attention, a sliding window, chunked local attention or
+Mamba ``align``, or over groups of different block sizes in lazy mode or with KV cache
+events), KV cache events beside groups other than full attention and sliding windows
 of one block size, and any vLLM ``KVCacheManager`` object but HiSparse's assigned one (the
 block pool lives in Rust here).
 Structured output, pooling requests, prompt embeddings, hybrid KV cache groups (full

@@ -34,11 +34,11 @@ from vllm.v1.core import kv_cache_utils
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import (
-    ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheTensor,
+    MLAAttentionSpec,
     SlidingWindowSpec,
 )
 from vllm.v1.outputs import KVConnectorOutput
@@ -266,19 +266,30 @@ def _run(
     window: int | None = None,
     asynchronous: bool = False,
     caching: bool = True,
+    layout: Any = None,
 ) -> dict[str, int]:
     """A seeded stream on both schedulers, every step compared (see the module doc): a
     sliding-window group of ``window`` tokens beside the full-attention one if given;
     vLLM's ``AsyncScheduler`` and ``AsyncTokenyardScheduler`` if ``asynchronous`` (a step's
-    output lands after the next step is formed); prefix caching off if not ``caching``."""
+    output lands after the next step is formed); prefix caching off if not ``caching``;
+    ``layout`` the KV cache groups instead, with its own ``prepare(peer, num_blocks)``
+    (the config, the peer set for it) and ``build(peer, cls, config)``
+    (test_integrations_vllm_simple_offload_kinds.py)."""
     peer = _peer(_simple_cpu(cpu_blocks, lazy), num_blocks, events, asynchronous, caching)
-    config = _kv_cache_config(num_blocks, window=window)
+    config = (
+        _kv_cache_config(num_blocks, window=window)
+        if layout is None
+        else layout.prepare(peer, num_blocks)
+    )
     classes = (
         (AsyncScheduler, AsyncTokenyardScheduler)
         if asynchronous
         else (Scheduler, TokenyardScheduler)
     )
-    pair = [peer.build(cls, config) for cls in classes]
+    pair = [
+        peer.build(cls, config) if layout is None else layout.build(peer, cls, config)
+        for cls in classes
+    ]
     published: list[list[Any]] = [[], []]
     for scheduler, batches in zip(pair, published, strict=True):
         publisher = scheduler.kv_event_publisher
@@ -300,6 +311,11 @@ def _run(
         metas = [_meta(out) for out in outs]
         assert metas[1] == metas[0], f"step {step}"
         assert _loading(pair[1]) == _loading(pair[0]), f"step {step}"
+        # The connector's boundary-store counters (it has no scheduler manager with prefix
+        # caching off).
+        stats = [s.connector.get_boundary_store_stats() for s in pair]
+        assert stats[1] == stats[0], f"step {step}"
+        seen["boundary_stores"] = stats[0].stored if stats[0] is not None else 0
         seen["loads"] += len(metas[0][1])
         seen["stores"] += len(metas[0][5])
         seen["preemptions"] += len(outs[0].preempted_req_ids)
@@ -386,29 +402,35 @@ def _with_group(config: KVCacheConfig, spec: Any) -> KVCacheConfig:
 
 
 def test_simple_cpu_offload_beside_an_unchecked_group_kind_is_refused_by_name() -> None:
-    spec = ChunkedLocalAttentionSpec(
-        block_size=BLOCK_SIZE,
-        num_kv_heads=1,
-        head_size=1,
-        dtype=torch.float16,
-        attention_chunk_size=64,
-    )
+    spec = MLAAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float16)
     config = _with_group(_kv_cache_config(64), spec)
     peer = _peer(_simple_cpu(64, False), 64, False)
     assert peer.build(Scheduler, config).connector is not None
-    with pytest.raises(ConfigError, match="beside a ChunkedLocalAttentionSpec KV cache") as e:
+    with pytest.raises(ConfigError, match="beside a MLAAttentionSpec KV cache") as e:
         peer.build(TokenyardScheduler, config)
     assert e.value.field == "kv_transfer_config.kv_connector"
     assert e.value.value == "SimpleCPUOffloadConnector"
 
 
-# Groups of two block sizes: vLLM hashes at their gcd and schedules at their lcm.
-def test_simple_cpu_offload_over_two_block_sizes_is_refused_by_name() -> None:
+# Groups of two block sizes (vLLM hashes at their gcd and schedules at their lcm) are served
+# in eager mode with KV cache events off (test_integrations_vllm_simple_offload_kinds.py);
+# vLLM's full-attention partial tail entries, which the core does not register, reach the
+# connector's KV events and its lazy free-queue walk.
+@pytest.mark.parametrize(
+    ("lazy", "events", "reason"),
+    [
+        (True, False, "block_size 32 over hash_block_size 16 in lazy_offload mode"),
+        (False, True, "block_size 32 over hash_block_size 16 with KV cache events on"),
+    ],
+)
+def test_simple_cpu_offload_over_two_block_sizes_is_refused_by_name(
+    lazy: bool, events: bool, reason: str
+) -> None:
     window = SlidingWindowSpec(
         block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float16, sliding_window=48
     )
     config = _with_group(_kv_cache_config(64, block_size=2 * BLOCK_SIZE), window)
-    peer = _peer(_simple_cpu(64, False), 64, False)
+    peer = _peer(_simple_cpu(64, lazy), 64, events)
 
     def build(cls: type) -> Any:
         return cls(
@@ -420,7 +442,7 @@ def test_simple_cpu_offload_over_two_block_sizes_is_refused_by_name() -> None:
         )
 
     assert build(Scheduler).connector is not None
-    with pytest.raises(ConfigError, match="block_size 32 over hash_block_size 16") as e:
+    with pytest.raises(ConfigError, match=reason) as e:
         build(TokenyardScheduler)
     assert e.value.value == "SimpleCPUOffloadConnector"
 

@@ -19,20 +19,33 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parents[2] / "tests"))
 
 import test_integrations_vllm_pool_connectors as stream
+import test_integrations_vllm_simple_offload_kinds as kinds
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm_compare import runner_output
 
 from tokenyard.integrations.vllm import TokenyardScheduler
 
+LAYOUTS = {"mamba": kinds.MAMBA, "chunked": kinds.CHUNKED, "sizes": kinds.TWO_SIZES}
+
 
 def _one(
-    cls: type, seed: int, num_blocks: int, lazy: bool, window: int | None = None
+    cls: type,
+    seed: int,
+    num_blocks: int,
+    lazy: bool,
+    window: int | None = None,
+    layout: str | None = None,
 ) -> tuple[float, int]:
     """Seconds and steps of the stream on one scheduler, building it excluded; a sliding
-    window of ``window`` tokens beside full attention if given."""
+    window of ``window`` tokens beside full attention if given, or ``layout``'s groups
+    (``LAYOUTS``: test_integrations_vllm_simple_offload_kinds.py's)."""
     peer = stream._peer(stream._simple_cpu(400, lazy), num_blocks, events=False)
-    config = stream._kv_cache_config(num_blocks, window=window)
-    scheduler: Any = peer.build(cls, config)
+    scheduler: Any
+    if layout is None:
+        scheduler = peer.build(cls, stream._kv_cache_config(num_blocks, window=window))
+    else:
+        groups = LAYOUTS[layout]
+        scheduler = groups.build(peer, cls, groups.prepare(peer, num_blocks))
     worker = stream._Worker()
     rng = random.Random(seed * 7 + 3)
     arrivals = stream._waves(seed)
@@ -60,17 +73,28 @@ def main() -> None:
     parser.add_argument(
         "--window", type=int, default=None, help="a sliding-window group of this many tokens"
     )
+    parser.add_argument(
+        "--layout",
+        choices=sorted(LAYOUTS),
+        default=None,
+        help="full attention beside a Mamba align group, chunked local attention, or a "
+        "16-token window beside 32-token full attention blocks",
+    )
     args = parser.parse_args()
     times: dict[str, list[float]] = {"vllm": [], "tokenyard": []}
     steps = 0
     for _ in range(args.repeat):
         for name, cls in (("vllm", Scheduler), ("tokenyard", TokenyardScheduler)):
-            seconds, steps = _one(cls, args.seed, args.num_blocks, args.lazy, args.window)
+            seconds, steps = _one(
+                cls, args.seed, args.num_blocks, args.lazy, args.window, args.layout
+            )
             times[name].append(seconds)
     vllm_s, ours_s = (statistics.median(times[n]) for n in ("vllm", "tokenyard"))
     mode = "lazy" if args.lazy else "eager"
     if args.window is not None:
         mode += f", full attention + {args.window}-token sliding window"
+    if args.layout is not None:
+        mode += f", layout {args.layout}"
     print(
         f"SimpleCPUOffloadConnector ({mode}), seed {args.seed}, {args.num_blocks} GPU blocks, "
         f"{steps} steps: vLLM {vllm_s * 1e3:.1f} ms, tokenyard {ours_s * 1e3:.1f} ms "

@@ -30,6 +30,7 @@ class AuxState(Protocol):
 
     block_size: int
     hash_block_size: int
+    _core_block_size: int
     _core: Any
     _num_kv_blocks: int
     _prefix_caching: bool
@@ -64,11 +65,16 @@ class BlockHashIndex:
         # its hash keyed by its group (``group_block_hashes``): each key's hash and group.
         self._groups = scheduler._kv_groups
         self._keyed: dict[int, tuple[int, int]] = {}
+        # The blocks the core hashes: the scheduler's, or vLLM's hash block beside groups
+        # of differing block sizes (each group's block then caches its last hash block's
+        # hash, as vLLM's resolve_block_hashes keys it), indexed one by one.
+        self._unit = scheduler._core_block_size
+        self._step = self._unit // scheduler.hash_block_size
 
     def _whole_block_hashes(self, request: Request) -> Sequence[Any]:
-        """vLLM's hashes of the request's whole KV blocks (the last hash of each block's
+        """vLLM's hashes of the request's whole core blocks (the last hash of each block's
         ``block_size // hash_block_size`` hashes: the one that covers the block's end)."""
-        step = self._scheduler.block_size // self._scheduler.hash_block_size
+        step = self._step
         hashes: Sequence[Any] = request.block_hashes
         return hashes[step - 1 :: step] if step > 1 else hashes
 
@@ -81,7 +87,7 @@ class BlockHashIndex:
         if core_hashes is None:
             core_hashes = self._core_hashes(request, len(vllm_hashes))
         self._core_hash.update(zip(vllm_hashes, core_hashes, strict=False))
-        block_size = self._scheduler.block_size
+        block_size = self._unit
         for i, (vllm_hash, core_hash) in enumerate(zip(vllm_hashes, core_hashes, strict=False)):
             self._vllm_hash[core_hash] = (vllm_hash, (i + 1) * block_size)
         if self._groups:
@@ -95,7 +101,7 @@ class BlockHashIndex:
     def core_hashes(self, vllm_hashes: Sequence[Any]) -> list[int]:
         """The core's hashes of the whole blocks ``vllm_hashes`` (a request's
         ``block_hashes``) name, up to the first the index does not hold."""
-        step = self._scheduler.block_size // self._scheduler.hash_block_size
+        step = self._step
         whole = vllm_hashes[step - 1 :: step] if step > 1 else vllm_hashes
         out: list[int] = []
         for block_hash in whole:
@@ -128,7 +134,7 @@ class BlockHashIndex:
         num_prompt = request.num_prompt_tokens
         # A look-ahead hash reads the tokens past its block (SchedulerConfig's).
         lookahead: int = scheduler._core.num_hash_lookahead_tokens
-        tokens = list(request.all_token_ids[: num_blocks * scheduler.block_size + lookahead])
+        tokens = list(request.all_token_ids[: num_blocks * self._unit + lookahead])
         if scheduler._prefix_caching:
             prompt = keyed_prompt(
                 request, tokens[:num_prompt], scheduler.hash_block_size, lookahead=lookahead
@@ -138,7 +144,7 @@ class BlockHashIndex:
         extra_key = lora.lora_int_id if lora is not None and lora.lora_int_id > 0 else None
         hashes: list[int] = core_block_hashes(
             tokens,
-            block_size=scheduler.block_size,
+            block_size=self._unit,
             extra_key=extra_key,
             num_hash_lookahead_tokens=lookahead,
         )[:num_blocks]

@@ -14,9 +14,12 @@ side would use what the view does not offer:
   ``free_block_queue.iter_blocks_after``: the pool view answers each with vLLM's meaning
   from the core (its references are the core's loose blocks, vLLM's hashes the adapter's
   index), checked against vLLM's ``Scheduler`` by
-  ``tests/test_integrations_vllm_pool_connectors.py``. It is served beside full-attention
-  and sliding-window KV cache groups, prefix caching on or off, with the scheduler's block
-  size equal to the hash block size (refused by name otherwise).
+  ``tests/test_integrations_vllm_pool_connectors.py`` and
+  ``..._simple_offload_kinds.py``. It is served beside full-attention, sliding-window,
+  chunked local attention and Mamba ``align`` KV cache groups (the last stored from the
+  boundary-state hand-offs the adapter makes, ``_vllm_boundary_offloads``), prefix caching
+  on or off, and beside groups of different block sizes in eager mode with KV cache
+  events off (refused by name otherwise: ``_unserved_sizes``).
   ``MooncakeStoreConnector`` is served too (``_vllm_pool_connectors``: its store jobs pin
   blocks with ``touch`` and ``free_blocks``; beside a Mamba ``align`` group it stores the
   states handed off; refused beside a Mamba group in ``none`` mode);
@@ -42,7 +45,12 @@ from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector
-from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+from vllm.v1.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
 
 from tokenyard.errors import ConfigError
 from tokenyard.integrations._vllm_pool_connectors import (
@@ -59,8 +67,9 @@ _BINDS = ("bind_gpu_block_pool", "bind_kv_cache_manager")
 # class name: vLLM imports each only where it is used).
 _POOL_SERVED = ("SimpleCPUOffloadConnector",)
 # The KV cache group kinds beside which their stores and loads are checked against vLLM's
-# (tests/test_integrations_vllm_pool_connectors.py).
-_POOL_SERVED_SPECS = (FullAttentionSpec, SlidingWindowSpec)
+# (tests/test_integrations_vllm_pool_connectors.py, ..._simple_offload_kinds.py); a Mamba
+# group in ``align`` mode only.
+_POOL_SERVED_SPECS = (FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec, MambaSpec)
 
 
 def _leaves(connector: Any) -> list[Any]:
@@ -102,36 +111,55 @@ def binds_gpu_block_pool(connector: Any) -> bool:
     )
 
 
+def _unserved_group(view: Any) -> str | None:
+    """The first KV cache group kind the pool connectors are not checked beside: another
+    class than ``_POOL_SERVED_SPECS`` (subclasses too: MLA's), or a Mamba group outside
+    ``align`` mode (served with prefix caching off only, where the connector stores
+    nothing: not checked)."""
+    for group in view.kv_cache_config.kv_cache_groups:
+        spec = group.kv_cache_spec
+        if type(spec) not in _POOL_SERVED_SPECS:
+            return type(spec).__name__
+        if isinstance(spec, MambaSpec) and spec.mamba_cache_mode != "align":
+            return f"MambaSpec (mamba_cache_mode={spec.mamba_cache_mode!r})"
+    return None
+
+
+def _unserved_sizes(manager: Any, view: Any) -> str | None:
+    """Why groups of different block sizes are not served beside this connector, or
+    ``None``. vLLM's ``FullAttentionManager.cache_blocks`` then registers the prompt's last
+    hash boundary inside a block as a partial entry (``_cache_partial_tail_block``: the
+    block's ``block_hash`` while it is not full, else one of its
+    ``cached_block_hashes_by_block``); the connector copies those keys to its CPU cache
+    and announces them (``_process_store_completion``), and in lazy mode stores a free
+    block keyed so. The core registers none there, so KV cache events and lazy mode are
+    refused; eager stores of whole blocks (which the positional scan alone picks) are
+    checked against vLLM's."""
+    if manager.block_size == manager.hash_block_size:
+        return None
+    sizes = f"with block_size {manager.block_size} over hash_block_size {manager.hash_block_size}"
+    if manager._lazy_mode:
+        return f"{sizes} in lazy_offload mode (served in eager mode)"
+    if manager.enable_kv_cache_events:
+        return f"{sizes} with KV cache events on (served with them off)"
+    return None
+
+
 def _refuse_pool_layout(leaf: Any, where: str, view: Any) -> None:
     """A served pool connector beside what its use of the pool is not checked with."""
     cls = type(leaf)
     manager = leaf.scheduler_manager
     if manager is None:  # a worker-side connector: nothing of the pool is used
         return
-    block_size, hash_block_size = manager.block_size, manager.hash_block_size
-    unserved = [
-        type(group.kv_cache_spec).__name__
-        for group in view.kv_cache_config.kv_cache_groups
-        if type(group.kv_cache_spec) not in _POOL_SERVED_SPECS
-    ]
+    unserved = _unserved_group(view)
     reason = None
-    if unserved:
-        # Kinds not checked against vLLM's. A Mamba group in align mode above all
-        # (MambaManager.has_positionally_stable_blocks is False): vLLM's manager stores
-        # its states only from the scheduler's boundary-state hand-offs
-        # (KVCacheManager.take_boundary_state_offloads), which the adapter does not make.
+    if unserved is not None:
         reason = (
-            f"beside a {unserved[0]} KV cache group (served beside FullAttentionSpec and "
-            "SlidingWindowSpec groups)"
+            f"beside a {unserved} KV cache group (served beside FullAttentionSpec, "
+            "SlidingWindowSpec, ChunkedLocalAttentionSpec and align-mode MambaSpec groups)"
         )
-    elif block_size != hash_block_size:
-        # vLLM's manager keys each group's blocks by the group's own size
-        # (resolve_block_hashes); the adapter's hash index keys whole scheduler blocks.
-        reason = (
-            f"with block_size {block_size} over hash_block_size {hash_block_size} (groups "
-            "of different block sizes: their blocks' vLLM hashes per group are not "
-            "modelled; served with them equal)"
-        )
+    else:
+        reason = _unserved_sizes(manager, view)
     if reason is not None:
         raise ConfigError(
             f"{_FIELD}: {cls.__name__}{where} is not served {reason}",
@@ -148,8 +176,9 @@ def bind_kv_cache_manager(connector: Any, view: Any) -> None:
             a ``MultiConnector``) whose class overrides ``bind_gpu_block_pool`` or
             ``bind_kv_cache_manager``: it would keep and change vLLM's own block pool or
             manager, which the core's KV is not (``SimpleCPUOffloadConnector`` served,
-            refused beside a KV cache group other than full attention or a sliding
-            window, or with a block size other than the hash block size;
+            refused beside a KV cache group of another kind than full attention, a
+            sliding window, chunked local attention or Mamba ``align``, and beside groups
+            of different block sizes in lazy mode or with KV cache events on;
             ``MooncakeStoreConnector`` and ``UMBPStoreConnector`` served, refused as
             ``_vllm_pool_connectors``'s ``refuse_mooncake_store_layout`` and
             ``refuse_umbp_layout`` say). Nothing is

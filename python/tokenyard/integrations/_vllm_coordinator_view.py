@@ -1,9 +1,7 @@
-"""vLLM's KV cache internals as ``TokenyardScheduler`` (``tokenyard.integrations.vllm``)
-shows them: ``kv_cache_manager.block_pool`` with its blocks and free queue, and
-``kv_cache_manager.coordinator`` with one single-type manager per KV cache group
-(``req_to_blocks``, ``num_cached_block``, the null block). vLLM 0.33's names and meaning
-(``vllm/v1/core/block_pool.py``, ``kv_cache_coordinator.py``,
-``single_type_kv_cache_manager.py``), read from the Rust core each time they are read:
+"""vLLM's KV block pool as ``TokenyardScheduler`` (``tokenyard.integrations.vllm``) shows
+it: ``kv_cache_manager.block_pool`` with its blocks and free queue (the coordinator and its
+single-type managers over it are ``_vllm_manager_views``). vLLM 0.33's names and meaning
+(``vllm/v1/core/block_pool.py``), read from the Rust core each time they are read:
 nothing here is a copy that could drift from it, and nothing can be written through them.
 
 Block ids are vLLM's: the core's single pool numbers its blocks from 0 and vLLM's from 1
@@ -15,20 +13,17 @@ vLLM's GPU block pool, or a Mamba ``align`` group), else the core's own 128-bit 
 ``int``). The pool's references taken by a KV connector's scheduler side (``touch``,
 ``get_new_blocks``) and dropped by it (``free_blocks``) are the core's (its loose blocks):
 they keep a block out of the free queue as vLLM's ref counts do. Imported only by
-``_vllm_views``, so vLLM is installed when this runs."""
+``_vllm_views`` and ``_vllm_manager_views``, so vLLM is installed when this runs."""
 
 from __future__ import annotations
 
-from abc import abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from types import MappingProxyType
 from typing import Any, Protocol
 
 import numpy as np
-from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
 from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
-from vllm.v1.core.single_type_kv_cache_manager import CrossAttentionManager
 
 from tokenyard._core import group_block_hashes
 from tokenyard.errors import InputError
@@ -252,6 +247,14 @@ class BlockPoolView:
         self._window_blocks: dict[int, int] | None = None  # its blocks by key, when read
         # vLLM's hashes of the blocks a step's update caches meanwhile (cached_by_update).
         self._window_cached: dict[int, tuple[Any, int]] = {}
+        self._window_keys: dict[Any, int] = {}  # the same by key: its first block
+        # Beside a chunked local attention group: the live requests' tables (vLLM's ids)
+        # as the window began, read by cached_by_update (see there).
+        groups = scheduler.kv_cache_config.kv_cache_groups
+        self._chunked = any(
+            type(g.kv_cache_spec).__name__ == "ChunkedLocalAttentionSpec" for g in groups
+        )
+        self._window_tables: dict[str, list[list[int]]] = {}
         self._finished_in_window: list[Any] = []  # their requests, indexed after
         # The hashes the last window checked the index knows (unchanged: not again).
         self._checked_hashes: list[Any] | None = None
@@ -312,12 +315,15 @@ class BlockPoolView:
 
     def _cached_in_window(self, block_hash: Any, group_ids: Iterable[int]) -> list[int] | None:
         """``get_cached_block`` inside an ``asking`` window (the core cannot be asked
-        then): the blocks caching the hash as the window began, in the core's ids."""
+        then): the blocks caching the hash as the window began, else those the update
+        caches meanwhile (``cached_by_update``), in the core's ids."""
         window = self._window_hashes
         scheduler = self._scheduler
         core = scheduler._block_hash_index.core_hashes([block_hash])
-        if window is None or not core:
+        if window is None:
             return None
+        if not core:
+            return self._cached_by_update_in(block_hash, group_ids)
         if self._window_blocks is None:
             # Each key's lowest block (a key two blocks cache, computed twice at once, is
             # not told apart here as the core's map would).
@@ -331,8 +337,21 @@ class BlockPoolView:
             key = group_block_hashes(core, group=group)[0] if scheduler._kv_groups else core[0]
             hit = self._window_blocks.get(key)
             if hit is None or (not scheduler._kv_groups and group != 0):
-                return None
+                return self._cached_by_update_in(block_hash, group_ids)
             found.append(hit)
+        return found
+
+    def _cached_by_update_in(self, block_hash: Any, group_ids: Iterable[int]) -> list[int] | None:
+        """The blocks the window's update caches under vLLM's ``block_hash`` in each group
+        (``cached_by_update``), in the core's ids, or ``None``."""
+        if not self._window_cached:
+            return None
+        found = []
+        for group in group_ids:
+            block = self._window_keys.get(make_block_hash_with_group_id(block_hash, group))
+            if block is None:
+                return None
+            found.append(block - self._offset)
         return found
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlockView]:
@@ -392,11 +411,14 @@ class BlockPoolView:
         self._checked_hashes = hashes
         self._window_hashes = hashes
         self._answers = {}
+        if self._chunked:
+            self._window_tables = self._live_tables()
         try:
             yield
         finally:
             self._window_hashes = self._window_blocks = self._answers = None
-            self._window_cached = {}
+            self._window_cached, self._window_keys = {}, {}
+            self._window_tables = {}
             # Their hashes stay the blocks' answer once the request has left.
             finished, self._finished_in_window = self._finished_in_window, []
             for request in finished:
@@ -409,29 +431,59 @@ class BlockPoolView:
                 else:
                     core.free_loose_blocks(ids)
 
+    def _live_tables(self) -> dict[str, list[list[int]]]:
+        """Every request's block tables in vLLM's ids, by vLLM id (one core read each)."""
+        core = self._scheduler._core
+        live = {}
+        for request_id, core_id in self._scheduler._core_ids.items():
+            tables = core.kv_block_tables(core_id)
+            if tables is not None:
+                live[request_id] = [(t + self._offset).tolist() for t in tables]
+        return live
+
     def cached_by_update(self, request: Any, tables: Sequence[Sequence[int]]) -> None:
         """Inside an update's ``asking`` window, before the connector is told ``request``
         finished: its blocks the update caches, as vLLM's ``update_from_output`` does before
         it frees a request whose outputs landed late (``cache_blocks`` up to
         ``num_computed_tokens - num_in_flight_tokens``, for output placeholders or
         speculative tokens), answer ``block_hash`` with vLLM's hash from then on, as the
-        core caches them when the update returns. Its whole blocks computed, each group's
-        table (vLLM's ids) from the front, null blocks skipped."""
+        core caches them when the update returns. Its whole blocks computed up to the last
+        scheduler block boundary (``get_num_cacheable_tokens``), each group's table (vLLM's
+        ids) from the front in the group's block size, each block under its last hash
+        block's hash (``resolve_block_hashes``), null blocks skipped."""
         window = self._window_hashes
-        if window is None or not self._scheduler._index_hashes:
+        scheduler = self._scheduler
+        if window is None or not scheduler._index_hashes:
             return
         if self._answers:
             self._answers.clear()
-        block_size = self._scheduler.block_size
         num_tokens = request.num_computed_tokens - request.num_in_flight_tokens
+        num_tokens = num_tokens // scheduler.block_size * scheduler.block_size
         vllm_hashes = request.block_hashes
-        num_full = min(num_tokens // block_size, len(vllm_hashes))
+        hash_size = scheduler.hash_block_size
+        num_tokens = min(num_tokens, len(vllm_hashes) * hash_size)
+        groups = scheduler.kv_cache_config.kv_cache_groups
+        before = self._window_tables.get(request.request_id)
         cached = False
         for group, table in enumerate(tables):
-            for i, block_id in enumerate(table[:num_full]):
+            if before is not None:
+                # vLLM caches before _connector_finished drops the blocks that left a chunked
+                # local attention group's chunk (remove_skipped_blocks): a chunk crossed by
+                # the landed tokens is cached whole, then nulled in the tables given here,
+                # and the connector stores it from the GPU prefix cache (_cached_gpu_block).
+                old = before[group]
+                table = [b or (old[i] if i < len(old) else 0) for i, b in enumerate(table)]
+            size = (
+                groups[group].kv_cache_spec.block_size
+                if scheduler._kv_groups
+                else scheduler.block_size
+            )
+            step = size // hash_size
+            for i, block_id in enumerate(table[: num_tokens // size]):
                 if block_id != 0 and window[self._core_index(block_id)] is None:
-                    key = make_block_hash_with_group_id(vllm_hashes[i], group)
-                    self._window_cached[block_id] = (key, (i + 1) * block_size)
+                    key = make_block_hash_with_group_id(vllm_hashes[(i + 1) * step - 1], group)
+                    self._window_cached[block_id] = (key, (i + 1) * size)
+                    self._window_keys.setdefault(key, block_id)
                     cached = True
         if cached:
             self._finished_in_window.append(request)
@@ -576,201 +628,3 @@ class BlockPoolView:
 
 
 _NO_WINDOW = nullcontext()
-
-
-class _RequestMap(Mapping[str, Any]):
-    """A per-request mapping of one KV group, read from the core on each access: keys are
-    the vLLM ids of the requests holding a block table there."""
-
-    __slots__ = ("_manager",)
-
-    def __init__(self, manager: SingleTypeManagerView) -> None:
-        self._manager = manager
-
-    def _core_id(self, request_id: str) -> Any:
-        scheduler = self._manager._scheduler
-        core_id = scheduler._core_ids.get(request_id)
-        if core_id is None and scheduler._core.kv_outside_tokens(request_id) is not None:
-            return request_id  # given blocks outside the scheduler, under its vLLM id
-        return core_id
-
-    @abstractmethod
-    def _value(self, core_id: Any) -> Any:
-        """The request's value in this group, or ``None`` where it holds no entry."""
-
-    def __getitem__(self, request_id: str) -> Any:
-        core_id = self._core_id(request_id)
-        value = None if core_id is None else self._value(core_id)
-        if value is None:
-            raise KeyError(request_id)
-        return value
-
-    def __contains__(self, request_id: object) -> bool:
-        core_id = self._core_id(request_id) if isinstance(request_id, str) else None
-        return core_id is not None and self._value(core_id) is not None
-
-    def __iter__(self) -> Iterator[str]:
-        scheduler = self._manager._scheduler
-        core_ids = scheduler._core.kv_request_ids() if self._present() else []
-        vllm_ids = {core: vllm for vllm, core in scheduler._core_ids.items()}
-        # Requests given blocks outside the scheduler keep their vLLM ids in the core.
-        outside = [c for c in core_ids if c not in vllm_ids]
-        vllm_ids.update((c, c) for c in outside if scheduler._core.kv_outside_tokens(c) is not None)
-        return iter([vllm_ids[c] for c in core_ids if c in vllm_ids and self._value(c) is not None])
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
-
-    def _present(self) -> bool:
-        return True
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({dict(self)!r})"
-
-
-class _ReqToBlocks(_RequestMap):
-    """``req_to_blocks``: each request's block table in this group, as block views (the
-    null block where the group no longer attends)."""
-
-    def _value(self, core_id: Any) -> list[KVCacheBlockView] | None:
-        manager = self._manager
-        tables = manager._scheduler._core.kv_block_tables(core_id)
-        if tables is None:
-            return None
-        return manager.block_pool._blocks_of(tables[manager.kv_cache_group_id])
-
-
-class _NumCachedBlock(_RequestMap):
-    """``num_cached_block``: each request's leading blocks registered in the prefix cache
-    in this group. vLLM's manager fills it only with prefix caching on, and enters a
-    request with its first cached block (a prefix hit at admission, or ``cache_blocks``
-    caching a full block), so a request with none has no entry."""
-
-    def _value(self, core_id: Any) -> int | None:
-        if not self._present():
-            return None
-        counts = self._manager._scheduler._core.num_cached_blocks_of(core_id)
-        if counts is None:
-            return None
-        count = int(counts[self._manager.kv_cache_group_id])
-        return count if count > 0 else None
-
-    def _present(self) -> bool:
-        return self._manager._scheduler._prefix_caching
-
-
-class SingleTypeManagerView:
-    """vLLM's ``SingleTypeKVCacheManager`` of one KV cache group, read-only:
-    ``req_to_blocks``, ``num_cached_block``, the null block, its spec and block size."""
-
-    def __init__(self, scheduler: CoreState, block_pool: BlockPoolView, group_id: int) -> None:
-        self._scheduler = scheduler
-        self.block_pool = block_pool
-        self.kv_cache_group_id = group_id
-        group = scheduler.kv_cache_config.kv_cache_groups[group_id]
-        self.kv_cache_spec = group.kv_cache_spec
-        self.block_size = self.kv_cache_spec.block_size
-        self._null_block = block_pool.null_block
-        self.req_to_blocks = _ReqToBlocks(self)
-        self.num_cached_block = _NumCachedBlock(self)
-        # vLLM 0.33's copy-on-write queue, (source, destination) block pairs whose
-        # references the copy retains: appended to by hand (vLLM's tests) and drained into
-        # the core as the next step is formed (``CoordinatorView.queue_pending_copies``).
-        self._pending_cow_copies: list[tuple[KVCacheBlockView, KVCacheBlockView]] = []
-
-    def take_pending_cow_copies(self) -> list[tuple[KVCacheBlockView, KVCacheBlockView]]:
-        """vLLM's: drains the copies queued in this group and not yet given to a step."""
-        pending = self._pending_cow_copies
-        self._pending_cow_copies = []
-        return pending
-
-
-@CrossAttentionManager.register
-class CrossAttentionManagerView(SingleTypeManagerView):
-    """The manager view of a cross-attention group (an encoder-decoder model): vLLM's
-    ``CrossAttentionManager`` (``isinstance`` answers so, as a registered virtual subclass:
-    none of vLLM's methods, which would write its state, is inherited). Its
-    ``req_to_blocks`` holds each request's blocks for its encoder tokens, allocated when
-    its encoder inputs were scheduled."""
-
-
-def _manager_view(scheduler: CoreState, block_pool: BlockPoolView, group_id: int) -> Any:
-    spec = scheduler.kv_cache_config.kv_cache_groups[group_id].kv_cache_spec
-    if type(spec).__name__ == "CrossAttentionSpec":
-        return CrossAttentionManagerView(scheduler, block_pool, group_id)
-    return SingleTypeManagerView(scheduler, block_pool, group_id)
-
-
-class CoordinatorView:
-    """vLLM's ``KVCacheCoordinator`` read-only: one ``single_type_managers`` entry per KV
-    cache group, over the one ``block_pool``."""
-
-    def __init__(self, scheduler: CoreState, block_pool: BlockPoolView) -> None:
-        self.block_pool = block_pool
-        self.kv_cache_config = scheduler.kv_cache_config
-        groups = scheduler.kv_cache_config.kv_cache_groups
-        self.single_type_managers = tuple(
-            _manager_view(scheduler, block_pool, i) for i in range(len(groups))
-        )
-        self.num_single_type_manager = len(self.single_type_managers)
-        self._scheduler = scheduler
-
-    @property
-    def enable_caching(self) -> bool:
-        return self._scheduler._prefix_caching
-
-    def queue_pending_copies(self) -> None:
-        """Gives the core every group's queued copies (vLLM 0.33's
-        ``take_kv_cache_block_copies`` order: group by group, each in its order) for the
-        step about to be formed, which carries them in ``kv_cache_block_copies`` and keeps
-        their endpoints out of the pool until it is processed.
-
-        Raises:
-            InputError: an endpoint without a reference taken by ``get_new_blocks`` that
-                no queued copy retains; the copies stay queued in their groups then.
-        """
-        managers = self.single_type_managers
-        if not any(m._pending_cow_copies for m in managers):
-            return
-        pool = self.block_pool
-        copies = [
-            (pool._core_index(src.block_id), pool._core_index(dst.block_id))
-            for m in managers
-            for src, dst in m._pending_cow_copies
-        ]
-        self._scheduler._core.queue_block_copies(copies)
-        for manager in managers:
-            manager.take_pending_cow_copies()
-
-
-@HybridKVCacheCoordinator.register
-class HybridCoordinatorView(CoordinatorView):
-    """The coordinator view of several KV groups with prefix caching (vLLM builds its
-    ``HybridKVCacheCoordinator`` then: ``isinstance`` answers so, none of its methods
-    inherited): ``full_attention_group_id`` and the per-group lookup besides."""
-
-    @property
-    def full_attention_group_id(self) -> int | None:
-        """vLLM's: the first full-attention group (full attention is looked up first), or
-        ``None`` without one."""
-        for i, manager in enumerate(self.single_type_managers):
-            if type(manager.kv_cache_spec).__name__ in _FULL_ATTENTION_SPECS:
-                return i
-        return None
-
-    def find_longest_cache_hit_per_group(
-        self, block_hashes: Sequence[Any], max_cache_hit_length: int
-    ) -> tuple[tuple[list[KVCacheBlockView], ...], tuple[int, ...]]:
-        """vLLM 0.33's: each group's own prefix hit over vLLM's ``block_hashes`` (a
-        request's), no longer than ``max_cache_hit_length`` tokens, not reconciled. vLLM's
-        hashes are mapped to the core's through the adapter's index of the requests it was
-        given (``_vllm_aux_outputs.BlockHashIndex``); a hash no request of this scheduler
-        had names no block the core caches, so the lookup stops there."""
-        scheduler = self._scheduler
-        core_hashes = scheduler._block_hash_index.core_hashes(block_hashes)
-        blocks, lengths = scheduler._core.kv_hits_per_group(core_hashes, int(max_cache_hit_length))
-        views = tuple(self.block_pool._blocks_of(b) for b in blocks)
-        return views, tuple(int(n) for n in lengths)
-
-
-_FULL_ATTENTION_SPECS = ("FullAttentionSpec", "MLAAttentionSpec")

@@ -194,7 +194,10 @@ class KvTransfers(AdapterBase):
         sends that completed, for ``_release_transfers`` once the step's outputs are
         applied (vLLM frees their blocks last); ``None`` if none."""
         if self.connector is not None:
-            self.connector.update_connector_output(kv_output)
+            # A reading stretch: a store's completion reads its blocks' hashes (twice each,
+            # SimpleCPUOffloadScheduler._process_store_completion), which its frees keep.
+            with self._pool_view.reading():
+                self.connector.update_connector_output(kv_output)
         finished_recving = kv_output.finished_recving or ()
         if self._blocked_ids and finished_recving:
             # Remote-KV waits outside the core (_vllm_adopt), recorded as vLLM's are.

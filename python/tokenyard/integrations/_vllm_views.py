@@ -23,11 +23,8 @@ from vllm.v1.request import Request
 
 from tokenyard.errors import ConfigError, InputError
 from tokenyard.integrations._vllm_boundary_offloads import BoundaryStateOffers
-from tokenyard.integrations._vllm_coordinator_view import (
-    BlockPoolView,
-    CoordinatorView,
-    HybridCoordinatorView,
-)
+from tokenyard.integrations._vllm_coordinator_view import BlockPoolView
+from tokenyard.integrations._vllm_manager_views import CoordinatorView, HybridCoordinatorView
 from tokenyard.integrations._vllm_outputs import keyed_prompt
 from tokenyard.integrations._vllm_translate import vllm_block_ids
 

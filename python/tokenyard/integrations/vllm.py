@@ -23,8 +23,9 @@ cache group kinds the core has none for, the HiSparse connector, vLLM's fine-gra
 partial hash hits (Mamba ``align`` beside a smaller ``prefix_match_unit``), connectors
 that keep vLLM's own pool or manager beyond what the pool view serves (UMBP beside several
 KV cache groups, the Mooncake store beside a Mamba group, ``SimpleCPUOffloadConnector``
-beside a group other than full attention or a sliding window, or over groups of different
-block sizes), KV cache events beside groups other than full attention and sliding windows
+beside a group other than full attention, a sliding window, chunked local attention or
+Mamba ``align``, or over groups of different block sizes in lazy mode or with KV cache
+events), KV cache events beside groups other than full attention and sliding windows
 of one block size, and any vLLM ``KVCacheManager`` object but HiSparse's assigned one (the
 block pool lives in Rust here).
 Structured output, pooling requests, prompt embeddings, hybrid KV cache groups (full
@@ -253,6 +254,8 @@ class TokenyardScheduler(
         # vLLM's EncoderDecoderCacheManager and cross-attention blocks (see the property).
         self._core.set_encoder_decoder(encoder_decoder)
         self._num_kv_blocks = s.num_blocks - 1
+        # The block the core hashes: vLLM's hash block beside groups of differing sizes.
+        self._core_block_size = s.block_size
         # vLLM's groups: the core's, and HiSparse's source group (the core's host pages,
         # whose tables the outputs carry at its place).
         placed = bool(s.kv_groups) and hisparse_source_group(kv_cache_config) is not None

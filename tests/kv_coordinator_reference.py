@@ -1,13 +1,16 @@
 """A pure-Python reference model of ``tokenyard.kv.KvCoordinator``, written from vLLM
 0.33's ``KVCacheManager.allocate_slots``, ``kv_cache_coordinator.py`` and the managers of
 ``single_type_kv_cache_manager.py`` (FullAttention, SlidingWindow, ChunkedLocalAttention,
-Mamba with ``mamba_cache_mode="none"`` or ``"align"``), restricted to what tokenyard
-models: no external (connector) tokens, dense caching, no hash look-ahead. Groups may differ
-in block size (``group_block_sizes``, full attention and sliding windows: vLLM's layouts for
-models whose layer kinds have different page sizes): ``block_size`` is then the hash block
-size, hits land on the lcm of the groups' sizes (``HybridKVCacheCoordinator``'s
-``alignment_tokens``), only tokens below it are cached (``_align_cacheable``), and a window
-finer than the lcm caches only the blocks a hit can reach (``reachable_block_mask``).
+Mamba with ``mamba_cache_mode="none"`` or ``"align"``; ``"none"`` with a block covering the
+request, kind ``mamba``, or shorter, kind ``mambablocks``: a slot per block plus ``size``
+speculative blocks, every block before the last computed token's state freed), restricted
+to what tokenyard models: no external (connector) tokens, dense caching, no hash look-ahead.
+Groups may differ in block size (``group_block_sizes``, full attention, sliding windows and
+uncached ``mambablocks``: vLLM's layouts for models whose layer kinds have different page
+sizes): ``block_size`` is then the hash block size, hits land on the lcm of the groups'
+sizes (``HybridKVCacheCoordinator``'s ``alignment_tokens``), only tokens below it are cached
+(``_align_cacheable``), and a window finer than the lcm caches only the blocks a hit can
+reach (``reachable_block_mask``).
 
 ``eagle_drop`` is EAGLE's trailing-block drop in every group (``use_eagle``): each spec
 group's hit reads a block past the candidate (``eagle_proof_margin``) and drops it, once per
@@ -38,21 +41,26 @@ def cdiv(a: int, b: int) -> int:
 
 @dataclass(frozen=True)
 class Spec:
-    kind: str  # "full", "window", "local", "mamba", "align" (Mamba in align mode)
-    size: int = 0  # the window or the chunk, in tokens
+    # "full", "window", "local", "mamba", "mambablocks" (none mode, a slot per block),
+    # "align" (Mamba in align mode)
+    kind: str
+    size: int = 0  # the window or the chunk, in tokens; mambablocks: speculative blocks
 
     def skipped_tokens(self, num_computed: int) -> int:
         if self.kind == "window":
             return max(0, num_computed - self.size + 1)
         if self.kind == "local":
             return num_computed // self.size * self.size
-        if self.kind == "align":
+        if self.kind in ("align", "mambablocks"):
             return max(0, num_computed - 1)
         return 0
 
     def required_blocks(self, num_slots: int, block_size: int) -> int:
         if self.kind == "mamba":
             return 1 if num_slots > 0 else 0
+        if self.kind == "mambablocks":
+            # vLLM's none-mode MambaManager: cdiv(num_tokens + block_size * k, block_size).
+            return cdiv(num_slots, block_size) + self.size if num_slots > 0 else 0
         return cdiv(num_slots, block_size)
 
     def max_live_blocks(self, num_added: int, block_size: int) -> int | None:
@@ -65,6 +73,9 @@ class Spec:
             return cdiv(self.size + num_added - 2, block_size) + 1
         if self.kind == "mamba":
             return 1
+        if self.kind == "mambablocks":
+            # As a window of 2 tokens, and the speculative blocks.
+            return cdiv(num_added, block_size) + 1 + self.size
         if self.kind == "align":
             return 2
         return None
@@ -394,7 +405,7 @@ class RefCoordinator:
             cacheable = min(computed, aligned + bs) if self.eagle_drop and aligned else aligned
             num_full = cacheable // bs
             # vLLM caches no block of a one-token window (no hit could use one).
-            if spec.kind == "mamba" or (spec.kind == "window" and spec.size == 1):
+            if spec.kind in ("mamba", "mambablocks") or (spec.kind == "window" and spec.size == 1):
                 continue
             table = req.tables[g]
             shift = int(self.eagle_drop)

@@ -41,14 +41,18 @@ from tokenyard.errors import CapacityError
 from tokenyard.integrations.vllm import AsyncTokenyardScheduler, TokenyardScheduler
 
 #: Each layout's groups as ``(kind, block_size)`` (``vllm_compare.attention_spec`` kinds,
-#: ``"mamba"`` in align mode, ``"mambanone"`` in ``none`` mode with vLLM's block of
-#: ``max_model_len`` tokens, prefix caching then off).
+#: ``"mamba"`` in align mode, ``"mambanone"`` in ``none`` mode, prefix caching then off,
+#: with vLLM's block of ``max_model_len`` tokens or shorter ones).
 LAYOUTS = {
     "full-window": [("full", 16), ("window32", 16)],
     "full-chunk": [("full", 16), ("chunk32", 16)],
     "full-window-chunk": [("full", 16), ("window48", 16), ("chunk64", 16)],
     "full-mamba": [("full", 16), ("mamba", 16)],
     "full-mambanone": [("full", 16), ("mambanone", 512)],
+    # none-mode blocks shorter than max_model_len (512): a slot per block, all but the
+    # last state nulled (vLLM's MambaManager outside align mode), one size or a larger one.
+    "full-mambanone16": [("full", 16), ("mambanone", 16)],
+    "full-mambanone64": [("full", 16), ("mambanone", 64)],
     "gemma-sizes": [("full", 32), ("window64", 16)],
 }
 

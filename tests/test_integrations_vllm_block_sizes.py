@@ -9,6 +9,7 @@ bench venv); skipped elsewhere.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -397,11 +398,9 @@ def test_bench_streams_with_partial_eagle_flags_agree_with_vllm(
             assert vllm_adapter_diff.run_scenario(scenario, 120, is_async) is None
 
 
-def test_a_none_mode_mamba_block_shorter_than_max_model_len_is_refused_by_name() -> None:
-    """vLLM's none-mode MambaManager allocates cdiv(num_tokens, block_size) slots and nulls
-    all but the last computed token's state: a 40-token prompt over 16-token blocks holds a
-    table of three slots. The core's Mamba group holds one state block, so the layout is
-    refused (vLLM's engine makes the block max_model_len long in that mode: served)."""
+def _mamba_none_kwargs(mamba_block: int, full_block: int = 16) -> dict[str, Any]:
+    """Both schedulers' arguments: full attention beside a none-mode Mamba group, prefix
+    caching off, ``max_model_len`` 512, the scheduler block size the groups' lcm."""
     peer = VllmSchedulerPeer(
         num_blocks=64,
         max_num_seqs=8,
@@ -411,24 +410,117 @@ def test_a_none_mode_mamba_block_shorter_than_max_model_len_is_refused_by_name()
         enable_prefix_caching=False,
     )
     mamba = MambaSpec(
-        block_size=16, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="none"
+        block_size=mamba_block, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="none"
     )
-    config = _config([_spec("full", 16), mamba])
-    kwargs = {
+    lcm = math.lcm(full_block, mamba_block)
+    return {
         "vllm_config": peer.vllm_config,
-        "kv_cache_config": config,
+        "kv_cache_config": _config([_spec("full", full_block), mamba]),
         "structured_output_manager": peer.scheduler.structured_output_manager,
-        "block_size": 16,
-        "hash_block_size": 16,
+        "block_size": lcm,
+        "hash_block_size": lcm,
     }
-    vllm = Scheduler(**kwargs)
-    vllm.add_request(_request("a", list(range(40)), None))
-    out = vllm.schedule()
-    assert len(out.scheduled_new_reqs[0].block_ids[1]) == 3
-    with pytest.raises(ConfigError, match=r"kv_cache_groups\[1\]\.kv_cache_spec\.block_size"):
-        TokenyardScheduler(**kwargs)
-    # With the block covering max_model_len (vLLM's default there) it is served.
-    whole = MambaSpec(
-        block_size=512, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="none"
-    )
-    TokenyardScheduler(**{**kwargs, "kv_cache_config": _config([_spec("full", 16), whole])})
+
+
+def _first_steps(cls: type, kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """A 40-token prompt's first step (its new block ids per group) and its tables after the
+    second step's allocation."""
+    scheduler = cls(**kwargs)
+    scheduler.add_request(_request("a", list(range(40)), None))
+    out = scheduler.schedule()
+    new = out.scheduled_new_reqs[0].block_ids
+    scheduler.update_from_output(out, _empty_output(out))
+    scheduler.schedule()
+    return new, scheduler.kv_cache_manager.get_block_ids("a")
+
+
+@pytest.mark.parametrize("mamba_block", [16, 32])
+def test_a_none_mode_mamba_block_shorter_than_max_model_len_is_served_as_vllm(
+    mamba_block: int,
+) -> None:
+    """vLLM's none-mode MambaManager allocates cdiv(num_tokens, block_size) slots and nulls
+    all but the last computed token's state: a 40-token prompt over 16-token blocks holds
+    three slots, then [null, null, state] (over 32-token blocks two, then [null, state])."""
+    kwargs = _mamba_none_kwargs(mamba_block)
+    theirs = _first_steps(Scheduler, kwargs)
+    assert theirs == _first_steps(TokenyardScheduler, kwargs)
+    slots = -(-40 // mamba_block)
+    assert len(theirs[0][1]) == slots
+    assert theirs[1][1][: slots - 1] == [0] * (slots - 1)
+
+
+def _one_state_block(monkeypatch: Any) -> None:
+    """The adapter as before branch mambanone: every none-mode Mamba group one state block
+    (``block_covers_request=True``) whatever its size."""
+    from tokenyard.integrations import _vllm_translate
+    from tokenyard.kv import MambaSpec as CoreMambaSpec
+
+    real = _vllm_translate.kv_groups_of
+
+    def one_state_block(*args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        return tuple(
+            CoreMambaSpec(num_speculative_blocks=g.num_speculative_blocks)
+            if isinstance(g, CoreMambaSpec) and not g.block_covers_request
+            else g
+            for g in real(*args, **kwargs)
+        )
+
+    monkeypatch.setattr(_vllm_translate, "kv_groups_of", one_state_block)
+
+
+def test_one_state_block_for_a_shorter_none_mode_block_disagrees(monkeypatch: Any) -> None:
+    """The variant that fails: the adapter's Mamba group holding one state block (the core
+    before branch mambanone, block_covers_request=True) gives one slot where vLLM gives 3."""
+    _one_state_block(monkeypatch)
+    kwargs = _mamba_none_kwargs(16)
+    ours = _first_steps(TokenyardScheduler, kwargs)
+    assert len(ours[0][1]) == 1
+    assert ours != _first_steps(Scheduler, kwargs)
+    # With the block covering max_model_len (vLLM's default there) the two agree.
+    whole = _mamba_none_kwargs(512)
+    assert _first_steps(TokenyardScheduler, whole) == _first_steps(Scheduler, whole)
+
+
+def _mamba_none_streams(layout: str, seeds: range, is_async: bool) -> list[int]:
+    """The seeds of ``vllm_adapter_diff``'s scenarios, prefix caching off, over
+    ``vllm_block_sizes_diff``'s ``layout`` whose run differs from vLLM's at some step."""
+    import vllm_adapter_diff
+    import vllm_block_sizes_diff
+
+    vllm_block_sizes_diff.install(layout, None)
+    differ = []
+    for seed in seeds:
+        scenario = vllm_adapter_diff.draw(seed, 120)
+        scenario.config.enable_prefix_caching = False
+        try:
+            diff = vllm_adapter_diff.run_scenario(scenario, 120, is_async)
+        except Exception as err:  # a crash on either side is a difference
+            diff = (-1, repr(err))
+        if diff is not None:
+            differ.append(seed)
+    return differ
+
+
+@pytest.mark.parametrize("layout", ["mambanone16", "mambanone64"])
+@pytest.mark.parametrize("is_async", [False, True])
+def test_none_mode_mamba_streams_agree_with_vllm_at_every_step(
+    monkeypatch: Any, layout: str, is_async: bool
+) -> None:
+    # vllm_block_sizes_diff.py --layout mambanone16|64 (arrivals, aborts, preemption under
+    # small caches, n-gram drafts with num_speculative_blocks = k; RESULTS for the counts).
+    import vllm_peer
+
+    peer = vllm_peer.VllmSchedulerPeer
+    monkeypatch.setattr(peer, "build", peer.build)
+    monkeypatch.setattr(peer, "__init__", peer.__init__)
+    assert _mamba_none_streams(layout, range(6), is_async) == []
+
+
+def test_none_mode_mamba_streams_disagree_with_one_state_block(monkeypatch: Any) -> None:
+    import vllm_peer
+
+    peer = vllm_peer.VllmSchedulerPeer
+    monkeypatch.setattr(peer, "build", peer.build)
+    monkeypatch.setattr(peer, "__init__", peer.__init__)
+    _one_state_block(monkeypatch)
+    assert _mamba_none_streams("mambanone16", range(6), False) != []

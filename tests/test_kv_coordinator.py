@@ -124,6 +124,8 @@ SPECS = st.one_of(
 )
 PROMPTS = [list(range(100, 130)), list(range(100, 112)) + list(range(200, 218)), [7] * 26]
 REQUEST_IDS = st.sampled_from([0, 1, 2, "a", "b"])
+# none-mode Mamba: a block covering the request, or a slot per block (0 or 2 speculative).
+NONE_MODE_MAMBA = [Spec("mamba"), Spec("mambablocks"), Spec("mambablocks", 2)]
 
 
 def to_rust(spec: Spec) -> Any:
@@ -135,6 +137,8 @@ def to_rust(spec: Spec) -> Any:
         return ChunkedLocalAttentionSpec(attention_chunk_size=spec.size)
     if spec.kind == "align":
         return MambaSpec(mamba_cache_mode="align")
+    if spec.kind == "mambablocks":
+        return MambaSpec(num_speculative_blocks=spec.size, block_covers_request=False)
     return MambaSpec()
 
 
@@ -154,17 +158,18 @@ def as_lists(result: Any) -> Any:
 class CoordinatorMachine(RuleBasedStateMachine):
     @rule(
         specs=st.lists(SPECS, min_size=1, max_size=3),
-        mamba=st.booleans(),
+        mamba=st.sampled_from([None, *NONE_MODE_MAMBA]),
         caching=st.booleans(),
         block_size=st.integers(1, 5),
         num_blocks=st.integers(3, 40),
     )
     @precondition(lambda self: not hasattr(self, "rust"))
     def build(
-        self, specs: list[Spec], mamba: bool, caching: bool, block_size: int, num_blocks: int
+        self, specs: list[Spec], mamba: Spec | None, caching: bool, block_size: int, num_blocks: int
     ) -> None:
-        if mamba and not caching:
-            specs = [*specs, Spec("mamba")]
+        # A none-mode Mamba group is not prefix-cached (vLLM's MambaManager asserts it).
+        if mamba is not None and not caching:
+            specs = [*specs, mamba]
         self.rust = KvCoordinator(
             groups=[to_rust(s) for s in specs],
             num_blocks=num_blocks,
@@ -300,15 +305,17 @@ MIXED_SPECS = st.one_of(
 
 class MixedBlockSizesMachine(CoordinatorMachine):
     """The same rules over full-attention and window groups of different block sizes (vLLM's
-    layouts for layer kinds of different page sizes): each group's block size a multiple
-    (1, 2 or 4) of the hash block size."""
+    layouts for layer kinds of different page sizes), and uncached a none-mode Mamba group
+    with a slot per block of its own size: each group's block size a multiple (1, 2 or 4)
+    of the hash block size."""
 
     @rule(
         specs=st.lists(MIXED_SPECS, min_size=1, max_size=3),
-        scales=st.lists(st.sampled_from([1, 2, 4]), min_size=3, max_size=3),
+        scales=st.lists(st.sampled_from([1, 2, 4]), min_size=4, max_size=4),
         caching=st.booleans(),
         block_size=st.integers(1, 3),
         num_blocks=st.integers(3, 40),
+        mamba=st.sampled_from([None, *NONE_MODE_MAMBA[1:]]),
     )
     @precondition(lambda self: not hasattr(self, "rust"))
     def build(  # type: ignore[override]
@@ -318,7 +325,11 @@ class MixedBlockSizesMachine(CoordinatorMachine):
         caching: bool,
         block_size: int,
         num_blocks: int,
+        mamba: Spec | None = None,
     ) -> None:
+        # A none-mode Mamba group with a slot per block of its own size, uncached.
+        if mamba is not None and not caching:
+            specs = [*specs, mamba]
         sizes = [scale * block_size for scale in scales[: len(specs)]]
         self.rust = KvCoordinator(
             groups=[to_rust(s) for s in specs],

@@ -27,13 +27,21 @@ compared. Layouts (``--layout``):
 - ``three``: full attention in blocks of 64, a window of 48 in blocks of 16 and one of 100 in
   blocks of 32;
 - ``gptoss`` and ``windows``: one block size (16), full attention beside a window of 128
-  (gpt-oss's layout), or beside windows of 32 and 80.
+  (gpt-oss's layout), or beside windows of 32 and 80;
+- ``mambanone16``, ``mambanone64`` and ``mambanone128``: full attention in blocks of 16 beside
+  a ``none``-mode ``MambaSpec`` in blocks of 16, 64 or 128 (``num_speculative_blocks`` the
+  scenario's draft count), prefix caching off (vLLM's ``MambaManager`` asserts it in that
+  mode; ``--eagle`` is refused with these). The scenarios' ``max_model_len`` is 128, 256 or
+  512, so the block is shorter than it (vLLM's manager then holds a slot per block, all but
+  the last state's nulled) but for 128 where ``max_model_len`` is 128 (one block covers the
+  request).
 
 Prints how many scenarios agree at every step and the first differing step of the first that
 does not.
 
     PYTHONPATH=python .venv-bench/bin/python benches/peers/vllm_block_sizes_diff.py \\
-        [--layout gemma|three|gptoss|windows] [--mode sync|async] [--scenarios 200] \\
+        [--layout gemma|three|gptoss|windows|mambanone64|...] [--mode sync|async] \\
+        [--scenarios 200] \\
         [--eagle off|lookahead|drop] [--eagle-groups none|all|full|window|0,2] [--long-steps]
 """
 
@@ -56,7 +64,30 @@ LAYOUTS: dict[str, list[tuple[str, int, int]]] = {
     # One block size (the hybrid layouts of one page size, for EAGLE's per-group drop).
     "gptoss": [("full", 16, 0), ("window", 16, 128)],
     "windows": [("full", 16, 0), ("window", 16, 32), ("window", 16, 80)],
+    # A `none`-mode Mamba group (prefix caching off), one block size or a larger block.
+    "mambanone16": [("full", 16, 0), ("mambanone", 16, 0)],
+    "mambanone64": [("full", 16, 0), ("mambanone", 64, 0)],
+    "mambanone128": [("full", 16, 0), ("mambanone", 128, 0)],
 }
+
+
+def has_plain_mamba(layout: str) -> bool:
+    """Whether ``layout`` has a ``none``-mode Mamba group (its scenarios run uncached)."""
+    return any(kind == "mambanone" for kind, _, _ in LAYOUTS[layout])
+
+
+def mamba_none_spec(block_size: int, num_speculative_blocks: int) -> Any:
+    """vLLM 0.33's ``MambaSpec`` in ``none`` mode over blocks of ``block_size``."""
+    import torch
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    return MambaSpec(
+        block_size=block_size,
+        shapes=((1, 1),),
+        dtypes=(torch.float32,),
+        mamba_cache_mode="none",
+        num_speculative_blocks=num_speculative_blocks,
+    )
 
 
 def eagle_flags(layout: str, which: str) -> list[bool]:
@@ -112,11 +143,12 @@ def install(
         groups = []
         for i, (kind, bs, window) in enumerate(groups_spec):
             common = {"block_size": bs, "num_kv_heads": 1, "head_size": 1, "dtype": torch.float16}
-            spec = (
-                FullAttentionSpec(**common)
-                if kind == "full"
-                else SlidingWindowSpec(sliding_window=window, **common)
-            )
+            if kind == "mambanone":
+                spec = mamba_none_spec(bs, self.vllm_config.num_speculative_tokens or 0)
+            elif kind == "full":
+                spec = FullAttentionSpec(**common)
+            else:
+                spec = SlidingWindowSpec(sliding_window=window, **common)
             groups.append(KVCacheGroupSpec([f"layers.{i}"], spec, is_eagle_group=flags[i]))
         config = KVCacheConfig(
             num_blocks=kv_cache_config.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
@@ -188,6 +220,9 @@ def main() -> int:
         flags = eagle_flags(args.layout, args.eagle_groups)
     except ValueError as err:
         parser.error(str(err))
+    plain_mamba = has_plain_mamba(args.layout)
+    if plain_mamba and args.eagle != "off":
+        parser.error(f"--eagle {args.eagle}: {args.layout} runs without prefix caching")
     scheduler_bs, hash_bs = install(args.layout, args.prefix_match_unit, args.eagle_groups)
     import vllm_adapter_diff
 
@@ -197,6 +232,8 @@ def main() -> int:
         scenario = vllm_adapter_diff.draw(seed, args.steps, args.eagle)
         if args.long_steps:
             long_steps(scenario, seed, args.steps)
+        if plain_mamba:
+            scenario.config.enable_prefix_caching = False
         ran += 1
         k = scenario.config.num_speculative_tokens
         spec += k > 0

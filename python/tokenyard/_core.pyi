@@ -359,10 +359,15 @@ class MambaSpec:
     ``num_prefill_checkpoint_blocks=1`` with ``prefill_checkpoint_alignment`` (align mode
     only): the backend writes the last reusable state from inside a prompt's final chunk
     into one more block, so that chunk is not stopped there.
+    ``block_covers_request=False`` (``"none"`` mode only): the group's block is shorter than
+    ``max_model_len``, and vLLM 0.33's ``MambaManager`` then holds a slot per block of the
+    request's slots plus ``num_speculative_blocks``, every block before the last computed
+    token's state freed to a null block, as a sliding window of 2 tokens frees them.
 
     Raises:
         ConfigError: an unknown mode; a negative count; more than one checkpoint block; a
-            checkpoint block in ``"none"`` mode or without its alignment (or the reverse).
+            checkpoint block in ``"none"`` mode or without its alignment (or the reverse);
+            ``block_covers_request=False`` in ``"align"`` mode.
     """
 
     def __new__(
@@ -372,6 +377,7 @@ class MambaSpec:
         num_speculative_blocks: int = 0,
         num_prefill_checkpoint_blocks: int = 0,
         prefill_checkpoint_alignment: int | None = None,
+        block_covers_request: bool = True,
     ) -> MambaSpec: ...
     @property
     def mamba_cache_mode(self) -> Literal["none", "align"]: ...
@@ -381,6 +387,8 @@ class MambaSpec:
     def num_prefill_checkpoint_blocks(self) -> int: ...
     @property
     def prefill_checkpoint_alignment(self) -> int | None: ...
+    @property
+    def block_covers_request(self) -> bool: ...
 
 @final
 class CrossAttentionSpec:

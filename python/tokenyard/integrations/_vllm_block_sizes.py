@@ -60,7 +60,8 @@ def group_block_sizes_of(
     ``KVCacheCoordinatorNoPrefixCache`` hashes nothing, and the core then takes the groups'
     gcd). A ``"none"``-mode Mamba group whose one block covers ``max_model_len`` tokens
     (vLLM's default ``mamba_block_size`` in that mode) is counted on the scheduler's block
-    size: its size is not a block grid.
+    size: its size is not a block grid; a shorter one takes its own size (a slot per block,
+    ``MambaSpec(block_covers_request=False)``).
 
     Raises:
         ConfigError: a group size that vLLM's coordinator rejects
@@ -75,7 +76,6 @@ def group_block_sizes_of(
         if _get(_get(g, "role"), "name") != "HISPARSE_SOURCE"
     ]
     sizes: list[int] = []
-    whole_requests: list[bool] = []
     for group in groups:
         spec = _get(group, "kv_cache_spec")
         size = _get(spec, "block_size")
@@ -86,14 +86,12 @@ def group_block_sizes_of(
             and size is not None
             and int(size) >= max_model_len
         )
-        whole_requests.append(whole_request)
         sizes.append(block_size if size is None or whole_request else int(size))
     if not core_groups:
         # One full-attention group: the single pool, on the scheduler's block size.
         if sizes and sizes[0] != block_size:
             raise _refuse(0, sizes[0], f"differs from the scheduler's {block_size}")
         return block_size, ()
-    _refuse_short_plain_mamba(groups, max_model_len)
     if not enable_caching:
         hash_block_size = math.gcd(*sizes)
     for i, size in enumerate(sizes):
@@ -111,17 +109,17 @@ def group_block_sizes_of(
     ):
         raise _refuse_partial_hits(core_groups, sizes, hash_block_size)
     for i, spec in enumerate(core_groups):
-        # A `none`-mode Mamba group whose one block covers the request holds one state
-        # block (and its speculative ones) whatever the other groups' sizes (vLLM 0.33's
-        # `MambaManager` outside align mode: `cdiv(num_tokens, block_size)` is 1 and it
-        # skips no block); served without prefix caching.
-        whole_mamba = (
-            i < len(whole_requests)
-            and whole_requests[i]
-            and not enable_caching
+        # A `none`-mode Mamba group is served beside any sizes without prefix caching: one
+        # whose block covers the request holds one state block (and its speculative ones),
+        # a shorter one a slot per block of its own size (vLLM 0.33's `MambaManager`
+        # outside align mode: `cdiv(num_tokens, block_size)` slots, all but the last state
+        # nulled).
+        plain_mamba = (
+            not enable_caching
             and type(spec).__name__ == "MambaSpec"
+            and getattr(spec, "mamba_cache_mode", "none") == "none"
         )
-        if whole_mamba:
+        if plain_mamba:
             continue
         if not isinstance(spec, (FullAttentionSpec, SlidingWindowSpec)) or getattr(
             spec, "bounded_replay", False
@@ -130,12 +128,10 @@ def group_block_sizes_of(
             raise ConfigError(
                 f"{field}: {type(spec).__name__} beside groups of different block sizes "
                 f"{tuple(sizes)} is not modelled (only full-attention and sliding-window groups "
-                "take their own block size, and a none-mode Mamba group whose block covers "
-                "max_model_len without prefix caching: below it vLLM's none-mode MambaManager "
-                "holds cdiv(num_tokens, block_size) + num_speculative_blocks slots, which the "
-                "core's Mamba group does not model; a Mamba state larger than the hash block is "
-                "vLLM's partial hash hit with copy-on-write, on only with cache_config."
-                "prefix_match_unit below the Mamba block size)",
+                "take their own block size, and a none-mode Mamba group without prefix "
+                "caching; a Mamba state larger than the hash block is vLLM's partial hash hit "
+                "with copy-on-write, on only with cache_config.prefix_match_unit below the "
+                "Mamba block size)",
                 field=field,
                 value=type(spec).__name__,
             )
@@ -165,35 +161,6 @@ def _refuse_partial_hits(
         field="hash_block_size",
         value=str(hash_block_size),
     )
-
-
-def _refuse_short_plain_mamba(groups: list[Any], max_model_len: int | None) -> None:
-    """Refuse a ``"none"``-mode Mamba group whose block is shorter than ``max_model_len``.
-
-    vLLM 0.33's ``MambaManager`` outside align mode allocates as full attention does,
-    ``cdiv(num_tokens, block_size)`` slots plus its speculative blocks, and frees all but
-    the state of the last computed token (``get_num_skipped_tokens``: ``n - 1``), so a
-    request longer than one block holds a growing table of null slots and fresh state
-    blocks; the core's Mamba group holds one state block per request. vLLM's engine never
-    builds this layout (its ``mamba_block_size`` is ``max_model_len`` in that mode), but its
-    ``Scheduler`` accepts one, so it is refused here rather than served differently.
-    """
-    if max_model_len is None:
-        return
-    for i, group in enumerate(groups):
-        spec = _get(group, "kv_cache_spec")
-        size = _get(spec, "block_size")
-        plain = (
-            type(spec).__name__ == "MambaSpec" and _get(spec, "mamba_cache_mode", "none") == "none"
-        )
-        if plain and size is not None and int(size) < max_model_len:
-            raise _refuse(
-                i,
-                int(size),
-                f"is below max_model_len={max_model_len} for a mamba_cache_mode='none' "
-                "group (vLLM's MambaManager then holds cdiv(num_tokens, block_size) slots; "
-                "the core's Mamba group one state block)",
-            )
 
 
 def _refuse(i: int, size: int, why: str) -> ConfigError:

@@ -263,9 +263,11 @@ def kv_groups_of(
     ``KVCacheManager`` defaulting it to ``max_model_len``), ``HiSparseHotSpec`` →
     ``HiSparseHotSpec(blocks_per_request=...)``. ``()`` for no group or
     one full-attention group: the core's single pool, as before groups existed. A
-    ``"none"``-mode Mamba group may have a block of ``max_model_len`` tokens or more (vLLM's
-    default ``mamba_block_size`` in that mode): one block, ``1 + num_speculative_blocks``
-    under speculation, covers the request, as the core's Mamba group holds it.
+    ``"none"``-mode Mamba group whose block holds ``max_model_len`` tokens or more (vLLM's
+    default ``mamba_block_size`` in that mode) is one block, ``1 + num_speculative_blocks``
+    under speculation, covering the request; a shorter block is
+    ``MambaSpec(block_covers_request=False)``: a slot per block, all but the last state's
+    nulled, as vLLM's none-mode ``MambaManager`` allocates it.
 
     Raises:
         ConfigError: a spec kind the core has no group for (uniform-type spec lists,
@@ -336,12 +338,17 @@ def kv_groups_of(
                 # checkpoint_valid is False) but counts the block: not modelled.
                 raise refuse("a prefill checkpoint block without prefill_checkpoint_alignment")
             # vLLM's manager reserves at most one checkpoint block however many are counted.
+            # A none-mode block shorter than max_model_len: vLLM's MambaManager allocates a
+            # slot per block and nulls all but the last state (block_covers_request=False).
+            size = _get(spec, "block_size")
+            short = max_model_len is not None and size is not None and int(size) < max_model_len
             specs.append(
                 MambaSpec(
                     mamba_cache_mode=mode,
                     num_speculative_blocks=int(_get(spec, "num_speculative_blocks", 0) or 0),
                     num_prefill_checkpoint_blocks=min(int(checkpoint), 1),
                     prefill_checkpoint_alignment=None if alignment is None else int(alignment),
+                    block_covers_request=mode == "align" or not short,
                 )
             )
         else:

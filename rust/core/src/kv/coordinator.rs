@@ -178,7 +178,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         }
         for (i, spec) in groups.iter().enumerate() {
             spec.check("groups", i)?;
-            if enable_caching && matches!(spec, KvGroupSpec::Mamba { .. }) {
+            if enable_caching && spec.is_mamba_none() {
                 return Err(Error::config(
                     "enable_caching",
                     "True",
@@ -761,6 +761,10 @@ mod mamba_tests;
 #[cfg(test)]
 #[path = "coordinator_mamba_spec_tests.rs"]
 mod mamba_spec_tests;
+
+#[cfg(test)]
+#[path = "coordinator_mamba_none_tests.rs"]
+mod mamba_none_tests;
 
 #[cfg(test)]
 #[path = "coordinator_sizes_tests.rs"]

@@ -243,9 +243,9 @@ impl<R: RequestKey> KvCoordinator<R> {
         total: usize,
         new_blocks: &mut [Vec<BlockId>],
     ) {
-        let block_size = self.block_size;
         let Taking {
             groups,
+            sizes,
             request,
             mut taker,
             ..
@@ -255,7 +255,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             if !spec.is_mamba() {
                 continue;
             }
-            let required = spec.num_required_blocks(total, block_size);
+            let required = spec.num_required_blocks(total, sizes[g]);
             let mut take = |n| taker.take(n);
             let added = if spec.is_mamba_align() {
                 super::allocate_align_blocks(table, state, spec, required, false, &mut take)

@@ -118,7 +118,8 @@ impl<R: RequestKey> KvCoordinator<R> {
     /// Only while no request holds blocks. Groups that are not full attention or a
     /// sliding window are refused beside differing sizes (not modelled), but for a
     /// `none`-mode Mamba group without prefix caching (one state block whatever its size,
-    /// vLLM's `mamba_block_size` of `max_model_len` in that mode); a hash look-ahead
+    /// vLLM's `mamba_block_size` of `max_model_len` in that mode, or a slot per block of
+    /// its own size, `MambaPerBlock`); a hash look-ahead
     /// or EAGLE's block drop then adds vLLM's rules for them (`coordinator_sizes_tail`).
     pub fn set_group_block_sizes(&mut self, block_sizes: &[usize]) -> Result<()> {
         let field = "group_block_sizes";
@@ -158,11 +159,12 @@ impl<R: RequestKey> KvCoordinator<R> {
         }
         let mixed = block_sizes.iter().any(|&s| s != hash);
         // A `none`-mode Mamba group holds one state block (and its speculative ones)
-        // whatever its size: without prefix caching nothing else reads its size.
+        // whatever its size, or a slot per block of its own size, as vLLM's manager does;
+        // without prefix caching no hit reads its size.
         let caching = self.enable_caching();
         let served = |s: &KvGroupSpec| match s {
             KvGroupSpec::FullAttention | KvGroupSpec::SlidingWindow { .. } => true,
-            KvGroupSpec::Mamba { .. } => !caching,
+            KvGroupSpec::Mamba { .. } | KvGroupSpec::MambaPerBlock { .. } => !caching,
             _ => false,
         };
         if let Some(g) = (self.groups.iter())

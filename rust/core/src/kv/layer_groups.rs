@@ -42,6 +42,12 @@ pub enum KvGroupSpec {
     /// `MambaSpec.num_speculative_blocks`, `num_speculative_tokens` of the config). Its
     /// states are not prefix-cached.
     Mamba { num_speculative_blocks: usize },
+    /// A `none`-mode state whose block is shorter than `max_model_len`: vLLM 0.33's
+    /// `MambaManager` then allocates as full attention does, a slot per block of the slots
+    /// (lookahead included) plus `num_speculative_blocks`, and frees every block before the
+    /// last computed token's state (`get_num_skipped_tokens`: `n - 1`) to a null block. Not
+    /// prefix-cached, no admission cap.
+    MambaPerBlock { num_speculative_blocks: usize },
     /// A recurrent state kept at block boundaries for prefix caching (vLLM 0.33's
     /// `MambaManager` with `mamba_cache_mode="align"`): the table has a slot per block of
     /// the request's tokens, null but for the block holding the running state (and, until
@@ -106,6 +112,25 @@ impl KvGroupSpec {
         num_prefill_checkpoint_blocks: usize,
         prefill_checkpoint_alignment: Option<usize>,
     ) -> crate::Result<Self> {
+        Self::mamba_blocks(
+            align,
+            true,
+            num_speculative_blocks,
+            num_prefill_checkpoint_blocks,
+            prefill_checkpoint_alignment,
+        )
+    }
+
+    /// [`Self::mamba`] with `block_covers_request`: `false` for a `none`-mode group whose
+    /// block is shorter than `max_model_len` ([`Self::MambaPerBlock`]); refused with
+    /// `align` (an align group always has a slot per block).
+    pub fn mamba_blocks(
+        align: bool,
+        block_covers_request: bool,
+        num_speculative_blocks: usize,
+        num_prefill_checkpoint_blocks: usize,
+        prefill_checkpoint_alignment: Option<usize>,
+    ) -> crate::Result<Self> {
         let checkpoint = num_prefill_checkpoint_blocks > 0;
         let refuse = |field, value: String, reason: &str| {
             Err(crate::Error::config(field, value, reason.to_string()))
@@ -156,8 +181,18 @@ impl KvGroupSpec {
                 "is larger than any pool",
             );
         }
+        if align && !block_covers_request {
+            return refuse(
+                "block_covers_request",
+                "False".into(),
+                "is for mamba_cache_mode='none' (an align group holds a slot per block)",
+            );
+        }
         Ok(match align {
-            false => Self::Mamba {
+            false if block_covers_request => Self::Mamba {
+                num_speculative_blocks,
+            },
+            false => Self::MambaPerBlock {
                 num_speculative_blocks,
             },
             true => Self::MambaAlign {
@@ -173,7 +208,9 @@ impl KvGroupSpec {
             Self::FullAttention | Self::Mamba { .. } | Self::CrossAttention => 0,
             Self::HiSparseResident { .. } | Self::HiSparseHot { .. } => 0,
             // Only the last computed token's state is needed (vLLM's MambaManager).
-            Self::MambaAlign { .. } => num_computed_tokens.saturating_sub(1),
+            Self::MambaAlign { .. } | Self::MambaPerBlock { .. } => {
+                num_computed_tokens.saturating_sub(1)
+            }
             Self::SlidingWindow { sliding_window }
             | Self::SlidingWindowReplay { sliding_window } => {
                 (num_computed_tokens + 1).saturating_sub(sliding_window)
@@ -238,6 +275,9 @@ impl KvGroupSpec {
             Self::MambaAlign {
                 num_speculative_blocks,
                 ..
+            }
+            | Self::MambaPerBlock {
+                num_speculative_blocks,
             } => num_slots.div_ceil(block_size) + num_speculative_blocks,
             // Only a request required to read from host holds one (`hot_blocks`).
             Self::HiSparseHot { .. } => 0,
@@ -250,6 +290,9 @@ impl KvGroupSpec {
     pub fn num_speculative_blocks(&self) -> usize {
         match *self {
             Self::Mamba {
+                num_speculative_blocks,
+            }
+            | Self::MambaPerBlock {
                 num_speculative_blocks,
             }
             | Self::MambaAlign {
@@ -280,6 +323,7 @@ impl KvGroupSpec {
         !matches!(
             self,
             Self::Mamba { .. }
+                | Self::MambaPerBlock { .. }
                 | Self::CrossAttention
                 | Self::SlidingWindow { sliding_window: 1 }
                 | Self::SlidingWindowReplay { .. }
@@ -312,7 +356,16 @@ impl KvGroupSpec {
 
     /// Whether the group holds a recurrent state (vLLM's `MambaSpec`, either mode).
     pub fn is_mamba(&self) -> bool {
-        matches!(self, Self::Mamba { .. } | Self::MambaAlign { .. })
+        matches!(
+            self,
+            Self::Mamba { .. } | Self::MambaPerBlock { .. } | Self::MambaAlign { .. }
+        )
+    }
+
+    /// A `none`-mode Mamba group, not prefix-cached (vLLM's `MambaManager` outside align
+    /// mode), whether its block covers the request or not.
+    pub fn is_mamba_none(&self) -> bool {
+        matches!(self, Self::Mamba { .. } | Self::MambaPerBlock { .. })
     }
 
     /// vLLM 0.33's `KVCacheSpec.prefix_replay_tokens`: the tokens of a hit the scheduler
@@ -352,6 +405,11 @@ impl KvGroupSpec {
             Self::Mamba {
                 num_speculative_blocks,
             } => Some(1 + num_speculative_blocks),
+            // The block of the last computed token's state, the blocks of the slots added
+            // after it, then the speculative ones (a sliding window of 2 tokens and those).
+            Self::MambaPerBlock {
+                num_speculative_blocks,
+            } => Some(num_slots_added.div_ceil(block_size) + 1 + num_speculative_blocks),
             // The running state and the state it was copied from (freed at the next
             // allocation), the draft tokens' states and the prefill checkpoint (vLLM
             // 0.33's `MambaSpec.max_memory_usage_bytes` in align mode).
@@ -376,6 +434,7 @@ impl KvGroupSpec {
         match *self {
             Self::FullAttention
             | Self::Mamba { .. }
+            | Self::MambaPerBlock { .. }
             | Self::MambaAlign { .. }
             | Self::CrossAttention => None,
             Self::HiSparseHot { .. } => None,
@@ -402,6 +461,9 @@ impl KvGroupSpec {
                 attention_chunk_size,
             } => ("attention_chunk_size", attention_chunk_size),
             Self::Mamba {
+                num_speculative_blocks,
+            }
+            | Self::MambaPerBlock {
                 num_speculative_blocks,
             } => ("num_speculative_blocks", num_speculative_blocks),
             Self::MambaAlign {
@@ -647,7 +709,8 @@ pub(super) fn find_longest_cache_hit(
             }
         }
         // Never cached (the coordinator refuses prefix caching beside them).
-        KvGroupSpec::Mamba { .. } | KvGroupSpec::CrossAttention => {}
+        KvGroupSpec::Mamba { .. } | KvGroupSpec::MambaPerBlock { .. } => {}
+        KvGroupSpec::CrossAttention => {}
         KvGroupSpec::HiSparseResident { .. } | KvGroupSpec::HiSparseHot { .. } => {}
         // Never cached, so it never limits the hit: no blocks of it are adopted.
         KvGroupSpec::SlidingWindowReplay { .. } => {

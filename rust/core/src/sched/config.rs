@@ -274,7 +274,10 @@ impl SchedulerConfig {
             .map(|(i, g)| {
                 let bs = self.group_block_size(i);
                 let required = g.num_required_blocks(num_tokens, bs);
-                let cap = match g.is_mamba_align() {
+                // A `none`-mode group with a block per slot counts `1 +
+                // num_speculative_blocks`, vLLM's `max_memory_usage_bytes` outside align mode.
+                let states = g.is_mamba_align() || matches!(g, KvGroupSpec::MambaPerBlock { .. });
+                let cap = match states {
                     true => g.max_live_blocks(0, bs),
                     false => g.max_admission_blocks_retaining(in_flight, bs, extra),
                 };
@@ -548,12 +551,7 @@ impl SchedulerConfig {
                 ),
             ));
         }
-        if self.enable_prefix_caching
-            && self
-                .kv_groups
-                .iter()
-                .any(|g| matches!(g, KvGroupSpec::Mamba { .. }))
-        {
+        if self.enable_prefix_caching && self.kv_groups.iter().any(KvGroupSpec::is_mamba_none) {
             return Err(Error::config(
                 "enable_prefix_caching",
                 "true",

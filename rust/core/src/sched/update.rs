@@ -174,6 +174,7 @@ impl<R: RequestKey> Scheduler<R> {
                     | KvGroupSpec::SlidingWindow { .. }
                     | KvGroupSpec::ChunkedLocalAttention { .. }
                     | KvGroupSpec::Mamba { .. }
+                    | KvGroupSpec::MambaPerBlock { .. }
                     | KvGroupSpec::MambaAlign { .. }
             )
         });

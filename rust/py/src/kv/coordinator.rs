@@ -38,7 +38,9 @@ pub(crate) struct PyChunkedLocalAttentionSpec {
 /// A Mamba / linear-attention state group (vLLM's `MambaSpec`): with
 /// `mamba_cache_mode="none"` one block per request, not prefix-cached; with `"align"` a
 /// state block at each block boundary, prefix-cached (`KvGroupSpec::MambaAlign`); either
-/// with speculative state blocks, align with a prefill checkpoint block.
+/// with speculative state blocks, align with a prefill checkpoint block. A `none` group
+/// whose block is shorter than `max_model_len` (`block_covers_request=False`) holds a slot
+/// per block, all but the last state's null (`KvGroupSpec::MambaPerBlock`).
 #[pyclass(name = "MambaSpec", module = "tokenyard.kv", frozen)]
 pub(crate) struct PyMambaSpec {
     spec: KvGroupSpec,
@@ -168,6 +170,7 @@ impl PyMambaSpec {
         num_speculative_blocks = 0,
         num_prefill_checkpoint_blocks = 0,
         prefill_checkpoint_alignment = None,
+        block_covers_request = true,
     ))]
     fn new(
         py: Python<'_>,
@@ -175,6 +178,7 @@ impl PyMambaSpec {
         num_speculative_blocks: i64,
         num_prefill_checkpoint_blocks: i64,
         prefill_checkpoint_alignment: Option<i64>,
+        block_covers_request: bool,
     ) -> PyResult<Self> {
         let align = match mamba_cache_mode {
             "none" => false,
@@ -194,8 +198,9 @@ impl PyMambaSpec {
         let alignment = prefill_checkpoint_alignment
             .map(|a| count("prefill_checkpoint_alignment", a))
             .transpose()?;
-        let spec = KvGroupSpec::mamba(
+        let spec = KvGroupSpec::mamba_blocks(
             align,
+            block_covers_request,
             count("num_speculative_blocks", num_speculative_blocks)?,
             count(
                 "num_prefill_checkpoint_blocks",
@@ -231,6 +236,11 @@ impl PyMambaSpec {
         self.spec.prefill_checkpoint_alignment()
     }
 
+    #[getter]
+    fn block_covers_request(&self) -> bool {
+        !matches!(self.spec, KvGroupSpec::MambaPerBlock { .. })
+    }
+
     fn __repr__(&self) -> String {
         let mut args = Vec::new();
         if self.spec.is_mamba_align() {
@@ -244,6 +254,9 @@ impl PyMambaSpec {
             args.push(format!(
                 "num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment={alignment}"
             ));
+        }
+        if !self.block_covers_request() {
+            args.push("block_covers_request=False".to_string());
         }
         format!("MambaSpec({})", args.join(", "))
     }
@@ -335,9 +348,9 @@ fn spec_object(py: Python<'_>, spec: KvGroupSpec) -> PyResult<Py<PyAny>> {
             },
         )?
         .into_any(),
-        KvGroupSpec::Mamba { .. } | KvGroupSpec::MambaAlign { .. } => {
-            Py::new(py, PyMambaSpec { spec })?.into_any()
-        }
+        KvGroupSpec::Mamba { .. }
+        | KvGroupSpec::MambaPerBlock { .. }
+        | KvGroupSpec::MambaAlign { .. } => Py::new(py, PyMambaSpec { spec })?.into_any(),
         KvGroupSpec::CrossAttention => Py::new(py, PyCrossAttentionSpec)?.into_any(),
         KvGroupSpec::HiSparseResident {
             max_admission_blocks,

@@ -224,6 +224,16 @@ pub(super) fn append_tokens(
     }
     let bs = block_size;
     let num_hashed = request.block_hashes.len() * bs + request.tail_tokens.len();
+    // A decode step's one token, all before it hashed, into a tail it does not fill: what
+    // the general path below does then, without its bookkeeping (every running request
+    // takes this path 15 steps in 16).
+    if let [token] = new_token_ids
+        && num_hashed == first_new
+        && request.tail_tokens.len() + 1 < bs
+    {
+        request.tail_tokens.push(*token);
+        return;
+    }
     let skip = num_hashed
         .saturating_sub(first_new)
         .min(new_token_ids.len());

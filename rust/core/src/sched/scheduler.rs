@@ -197,7 +197,7 @@ impl<R> StepPlan<R> {
             .is_some_and(|blocks| blocks.is_some())
     }
 
-    #[inline]
+    #[inline(always)]
     pub(super) fn set_blocks(&mut self, slot: u32, blocks: Vec<BlockId>) {
         let slot = slot as usize;
         if self.new_blocks.len() <= slot {

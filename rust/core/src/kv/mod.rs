@@ -190,7 +190,11 @@ fn check_extra_key(
 /// `check_extra_key`'s error, apart: the check runs for every running request every step,
 /// the formatting almost never.
 #[cold]
-fn extra_key_error(extra_key: Option<u64>, expected: Option<u64>, used_before: &str) -> crate::Error {
+fn extra_key_error(
+    extra_key: Option<u64>,
+    expected: Option<u64>,
+    used_before: &str,
+) -> crate::Error {
     crate::Error::input(
         "extra_key",
         format!("{extra_key:?}"),

@@ -224,6 +224,16 @@ pub(super) fn append_tokens(
     }
     let bs = block_size;
     let num_hashed = request.block_hashes.len() * bs + request.tail_tokens.len();
+    // A decode step's one token, all before it hashed, into a tail it does not fill: what
+    // the general path below does then, without its bookkeeping (every running request
+    // takes this path 15 steps in 16).
+    if let [token] = new_token_ids
+        && num_hashed == first_new
+        && request.tail_tokens.len() + 1 < bs
+    {
+        request.tail_tokens.push(*token);
+        return;
+    }
     let skip = num_hashed
         .saturating_sub(first_new)
         .min(new_token_ids.len());
@@ -271,6 +281,7 @@ pub(super) const WARM_RUN: usize = 16;
 /// block whose content another block already caches is registered too, as a later copy:
 /// block tables are append-only, so the duplicate is not swapped for the cached block, and
 /// it keeps the prefix cached once the first copy is evicted.
+#[inline]
 pub(super) fn cache_full_blocks(
     block_size: usize,
     rules: PrefixRules,
@@ -283,7 +294,22 @@ pub(super) fn cache_full_blocks(
     // (`PrefixRules::num_cacheable_tokens`), and no block without its (look-ahead) hash.
     let num_cacheable = rules.num_cacheable_tokens(request.num_computed_tokens, request.num_tokens);
     let num_full = (num_cacheable / block_size).min(request.block_hashes.len());
-    let first = request.num_cached_blocks.min(num_full);
+    // Nothing newly full (15 decode steps in 16): nothing to register or count, and no
+    // call (this runs for every running request every step).
+    if request.num_cached_blocks < num_full {
+        cache_new_full_blocks(cached, blocks, events, request, num_full);
+    }
+}
+
+/// [`cache_full_blocks`] once blocks `num_cached_blocks..num_full` are newly full.
+fn cache_new_full_blocks(
+    cached: &mut CacheMap,
+    blocks: &mut [BlockMeta],
+    events: &mut Option<Vec<KvEvent>>,
+    request: &mut RequestBlocks,
+    num_full: usize,
+) {
+    let first = request.num_cached_blocks;
     let hashes = &request.block_hashes[first..num_full];
     let ids = &request.block_ids[first..num_full];
     // A prefill chunk caches hundreds of blocks. A run of one trace block's named places
@@ -435,9 +461,13 @@ impl<Q: FreeQueue> Growth<'_, Q> {
             mut eviction,
             ..
         } = self;
-        let table = &mut request.block_ids;
-        table.reserve(num_new_blocks);
-        take_free_blocks(free_queue, blocks, &mut eviction, num_new_blocks, table);
+        // Most decode steps need no new block (a token into a block with room): nothing to
+        // take then, and the free queue is not asked.
+        if num_new_blocks > 0 {
+            let table = &mut request.block_ids;
+            table.reserve(num_new_blocks);
+            take_free_blocks(free_queue, blocks, &mut eviction, num_new_blocks, table);
+        }
         let Eviction { cached, events, .. } = eviction;
         let lookahead = rules.num_hash_lookahead_tokens;
         append_tokens(block_size, caching, lookahead, request, new_token_ids);

@@ -90,7 +90,10 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
     ) -> Result<Option<usize>> {
         let mark = self.cache_mark();
         let allocated = self.allocate(request_id, new, new_computed, extra_key);
-        self.note_cache_call(request_id, mark);
+        // Without the log (the usual case) no call: this runs for every running request.
+        if mark.is_some() {
+            self.note_cache_call(request_id, mark);
+        }
         allocated
     }
 

@@ -175,19 +175,31 @@ fn check_allocation(
 
 /// An `extra_key` passed again must be the one used before (`None` keeps it): `used_before`
 /// says where, e.g. "the lookup used".
+#[inline]
 fn check_extra_key(
     extra_key: Option<u64>,
     expected: Option<u64>,
     used_before: &str,
 ) -> crate::Result<()> {
     if extra_key.is_some() && extra_key != expected {
-        return Err(crate::Error::input(
-            "extra_key",
-            format!("{extra_key:?}"),
-            format!("{used_before} {expected:?}"),
-        ));
+        return Err(extra_key_error(extra_key, expected, used_before));
     }
     Ok(())
+}
+
+/// `check_extra_key`'s error, apart: the check runs for every running request every step,
+/// the formatting almost never.
+#[cold]
+fn extra_key_error(
+    extra_key: Option<u64>,
+    expected: Option<u64>,
+    used_before: &str,
+) -> crate::Error {
+    crate::Error::input(
+        "extra_key",
+        format!("{extra_key:?}"),
+        format!("{used_before} {expected:?}"),
+    )
 }
 
 /// What a prefix lookup was over, kept with its hit: the hit handed to `allocate_slots`

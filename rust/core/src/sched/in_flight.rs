@@ -76,6 +76,7 @@ impl<R: RequestKey> Scheduler<R> {
     /// vLLM 0.33's `num_in_flight_tokens` of `slot`: its tokens in steps not yet updated
     /// (0 when not tracking). A preempted request keeps the tokens of its steps in flight,
     /// as vLLM's does, until they land.
+    #[inline]
     pub(super) fn num_in_flight_tokens(&self, slot: u32) -> usize {
         let landed = self.steps_in_flight.landed;
         (self.req(slot).unlanded_steps.iter())

@@ -60,6 +60,7 @@ fn no_groups(what: &str) -> Error {
 /// `allocate_slots`' answer from the count of blocks an allocation added (the last ones of
 /// the request's table), read only when blocks were added and asked for: a decode step
 /// adds none for most requests (one lookup fewer each).
+#[inline]
 fn new_block_ids(p: &RunBlockPool<u32>, slot: u32, num_new: usize, with_ids: bool) -> Vec<BlockId> {
     if num_new == 0 || !with_ids {
         return Vec::new();

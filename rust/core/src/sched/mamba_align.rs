@@ -330,6 +330,7 @@ impl<R: RequestKey> Scheduler<R> {
 
     /// `n` tokens of `slot` from `start` after the Mamba `align` split (unchanged when off;
     /// routed through the step hooks when set: `sched::hooks`).
+    #[inline]
     pub(super) fn mamba_aligned(&self, slot: u32, start: usize, n: usize) -> Result<usize> {
         let Some(rule) = self.mamba_split_rule() else {
             return Ok(n);

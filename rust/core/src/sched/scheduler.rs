@@ -197,6 +197,7 @@ impl<R> StepPlan<R> {
             .is_some_and(|blocks| blocks.is_some())
     }
 
+    #[inline(always)]
     pub(super) fn set_blocks(&mut self, slot: u32, blocks: Vec<BlockId>) {
         let slot = slot as usize;
         if self.new_blocks.len() <= slot {
@@ -676,7 +677,9 @@ impl<R: RequestKey> Scheduler<R> {
                     plan.scheduled.push((slot, n));
                     plan.set_blocks(slot, blocks);
                     *budget -= n + draft_slots;
-                    self.commit_encoder_inputs(slot, encoder);
+                    if encoder.is_some() {
+                        self.commit_encoder_inputs(slot, encoder);
+                    }
                 }
                 Allocation::PreemptedItself => {}
                 Allocation::Blocked => break,

@@ -33,6 +33,7 @@ pytest.importorskip("vllm", reason="vLLM 0.33 is installed only in the bench ven
 import torch
 from vllm.config import KVEventsConfig
 from vllm.distributed.kv_events import BlockRemoved, BlockStored
+from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, MambaSpec
@@ -187,12 +188,126 @@ def test_each_layout_under_async_scheduling_publishes_vllms_events(layout: str, 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_a_tight_pool_preempts_and_evicts_with_vllms_events(layout: str) -> None:
-    kinds, _, preempted = run_stream(layout, 50, 24)
-    assert kinds["BlockRemoved"] > 0
+    # The smallest pools these streams drain in, about: every layout preempts.
+    num_blocks = 30 if len(LAYOUTS[layout]) > 2 else 24
+    removed = preempted = 0
+    for seed in (51, 54):
+        kinds, _, num_preempted = run_stream(layout, seed, num_blocks)
+        removed += kinds["BlockRemoved"]
+        preempted += num_preempted
+    assert removed > 0
     assert preempted > 0
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_a_reset_publishes_one_all_blocks_cleared_per_wave(layout: str) -> None:
+def test_a_reset_between_two_waves_publishes_all_blocks_cleared(layout: str) -> None:
+    """The first wave's reset goes out with the second wave's first batch; the second's
+    would go out with a later step's, which the stream does not run (as in vLLM)."""
     kinds, _, _ = run_stream(layout, 60, 160, reset=True)
-    assert kinds["AllBlocksCleared"] == 2
+    assert kinds["AllBlocksCleared"] == 1
+
+
+def test_a_partial_tail_entry_is_published_and_removed_after_its_block() -> None:
+    """Hand-checkable, Gemma-like (full attention in blocks of 32, a window of 64 in blocks
+    of 16, hash blocks of 16): a 40-token prompt's last hash boundary below 40 is 32, a
+    block boundary (no entry); a 60-token prompt's is 48, inside full attention's block 1
+    (tokens 32..64). Once 64 tokens are computed, block 1's ``BlockStored`` (32 tokens) is
+    followed by the partial entry's: one hash (the 48-token prefix's), parent the 32-token
+    one, tokens 32..48, ``block_size`` 16. A reset after the request ends clears both."""
+    theirs, ours, peer, their_events, our_events = _pair("gemma-sizes", 40)
+    prompt = list(range(100, 160))
+    compare_stream(theirs, ours, [(0, "r0", prompt, 8)], peer.make_request)
+    _check(their_events, our_events)
+    stored = [e for b in our_events.batches for e in b if isinstance(e, BlockStored)]
+    full = [(e.block_size, len(e.token_ids)) for e in stored if e.group_idx == 0]
+    assert full == [(32, 32), (32, 32), (16, 16)]
+    hashes = [maybe_convert_block_hash(h) for h in peer.make_request("r", prompt, 1).block_hashes]
+    partial = [e for e in stored if e.group_idx == 0][2]
+    assert (partial.block_hashes, partial.parent_block_hash) == ([hashes[2]], hashes[1])
+    assert partial.token_ids == prompt[32:48]
+    # Evicting: a second stream's requests take every block; block 1's removal is
+    # followed by its partial entry's.
+    arrivals = [
+        (0, f"x{i}", list(range(1000 * (i + 1), 1000 * (i + 1) + 400)), 2) for i in range(3)
+    ]
+    compare_stream(theirs, ours, arrivals, peer.make_request)
+    _check(their_events, our_events)
+    removed = [e for b in our_events.batches for e in b if isinstance(e, BlockRemoved)]
+    hashes = [e.block_hashes[0] for e in removed]
+    assert partial.block_hashes[0] in hashes
+    block_1 = [e for e in stored if e.group_idx == 0][1].block_hashes[0]
+    assert hashes.index(partial.block_hashes[0]) == hashes.index(block_1) + 1
+
+
+# ---- the check can fail ------------------------------------------------------------------
+
+
+def test_the_comparison_fails_without_the_partial_entries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The builder dropping the core's partial entries (as before) differs from vLLM."""
+    from tokenyard.integrations import _vllm_kv_events
+
+    build = _vllm_kv_events.KvEventBuilder.build
+
+    def no_partials(self: Any, events: Any, calls: Any, request_of: Any) -> list[Any]:
+        out = build(self, events, calls, request_of)
+        return [
+            e
+            for e in out
+            if not (isinstance(e, BlockStored) and e.block_size == 16 and e.group_idx == 0)
+        ]
+
+    monkeypatch.setattr(_vllm_kv_events.KvEventBuilder, "build", no_partials)
+    with pytest.raises(AssertionError, match="batch"):
+        run_stream("gemma-sizes", 0, 160)
+
+
+def test_the_comparison_fails_with_one_block_size_for_every_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Events built in the scheduler block size for every group (the builder before
+    differing sizes were served) differ from vLLM's."""
+    from tokenyard.integrations import _vllm_kv_events
+
+    monkeypatch.setattr(
+        _vllm_kv_events.KvEventBuilder, "_group_block_size", lambda self, group: self._block_size
+    )
+    # vLLM's view of the hashes at the group's block size runs past the request's (an
+    # IndexError) before any batch differs.
+    with pytest.raises((AssertionError, IndexError)):
+        run_stream("gemma-sizes", 0, 160)
+
+
+# ---- refused by name ---------------------------------------------------------------------
+
+
+def _checkpointing_mamba(publisher: str) -> tuple[Any, KVCacheConfig]:
+    peer = VllmSchedulerPeer(
+        num_blocks=40, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=512
+    )
+    peer.vllm_config.cache_config.mamba_cache_mode = "align"
+    peer.vllm_config.kv_events_config = KVEventsConfig(
+        enable_kv_cache_events=True, publisher=publisher, endpoint="inproc://kvevlayouts2"
+    )
+    mamba = MambaSpec(
+        block_size=BLOCK_SIZE,
+        shapes=((1, 1),),
+        dtypes=(torch.float32,),
+        mamba_cache_mode="align",
+        num_prefill_checkpoint_blocks=1,
+        prefill_checkpoint_alignment=1,
+    )
+    groups = [
+        KVCacheGroupSpec(["layers.0"], attention_spec("full")),
+        KVCacheGroupSpec(["layers.1"], mamba),
+    ]
+    return peer, KVCacheConfig(num_blocks=40, kv_cache_tensors=[], kv_cache_groups=groups)
+
+
+def test_a_checkpointing_mamba_group_is_refused_by_name() -> None:
+    """A Mamba ``align`` group's prefill checkpoint block re-keys its partial entries
+    (``replace_existing_hashes``), which the core does not record."""
+    peer, config = _checkpointing_mamba("zmq")
+    with pytest.raises(ConfigError, match=r"kv_events_config\.publisher='zmq'"):
+        peer.build(TokenyardScheduler, config)
+    peer, config = _checkpointing_mamba("null")
+    peer.build(TokenyardScheduler, config)

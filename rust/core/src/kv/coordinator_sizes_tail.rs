@@ -16,7 +16,8 @@
 //!   beside differing sizes whatever the drafter; without the drop or a look-ahead the
 //!   block is always full and cached by then (the boundary lies below the cacheable,
 //!   scheduler-aligned tokens, which are all hashed), so the entry changes nothing and
-//!   none is kept.
+//!   none is kept, but with the KV cache events on it is recorded beside the block's hash
+//!   for them alone (`coordinator_events`).
 //!
 //! Invariant: a block caches one key, which the cache map holds; a partial entry is kept
 //! only on a block that caches nothing else, and leaves when the block is fully cached.

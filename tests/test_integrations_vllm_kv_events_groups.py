@@ -11,7 +11,8 @@ and block tables per group too (``compare_stream``).
 - ``kv_cache_report_mode="full"`` (a request's ``SamplingParams.extra_args``): vLLM's
   ``KVCacheManager.get_computed_blocks`` publishes a prefix hit's blocks at each lookup
   (``emit_cached_block_events``), per group, null blocks' hashes included.
-- What the core does not record as vLLM publishes it (Mamba ``align``) is refused by name.
+- Beside a Mamba ``align`` group, published as vLLM publishes them (more layouts in
+  tests/test_integrations_vllm_kv_events_layouts.py).
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ from vllm.v1.request import Request
 from vllm_compare import BLOCK_SIZE, compare_stream, seeded_arrivals
 from vllm_peer import VllmSchedulerPeer
 
-from tokenyard.errors import ConfigError
 from tokenyard.integrations.vllm import AsyncTokenyardScheduler, TokenyardScheduler
 
 WINDOW = 40
@@ -283,7 +283,7 @@ def test_the_comparison_fails_when_the_full_report_is_ignored(
         _run(13, 40, ("full",), full_every=1)
 
 
-# ---- refused by name ---------------------------------------------------------------------
+# ---- beside a Mamba align group -----------------------------------------------------------
 
 
 def _mamba_peer(publisher: str) -> VllmSchedulerPeer:
@@ -297,21 +297,26 @@ def _mamba_peer(publisher: str) -> VllmSchedulerPeer:
     return peer
 
 
-def test_events_beside_a_mamba_align_group_are_refused_by_name() -> None:
-    with pytest.raises(ConfigError, match=r"kv_events_config\.publisher='zmq'"):
-        _mamba_peer("zmq").build(TokenyardScheduler, _groups(40, "full", "mamba"))
-
-
-def test_the_null_publisher_beside_a_mamba_align_group_publishes_nothing() -> None:
-    """vLLM's ``"null"`` publisher discards every batch: the layout is served, and, as
-    vLLM's, what the adapter hands it is never seen (it publishes none of the core's)."""
-    peer = _mamba_peer("null")
-    ours = peer.build(TokenyardScheduler, _groups(40, "full", "mamba"))
-    capture = ours.kv_event_publisher = Capture()
-    compare_stream(
-        peer.build(Scheduler, _groups(40, "full", "mamba")),
-        ours,
-        [(0, "r0", list(range(100, 140)), 3)],
-        peer.make_request,
-    )
-    assert capture.batches == []
+def test_events_beside_a_mamba_align_group_are_vllms() -> None:
+    """Refused before (``kv_events_config.publisher='zmq'``); now published, batch for
+    batch as vLLM's (tests/test_integrations_vllm_kv_events_layouts.py runs the streams):
+    the prompt's 2 full blocks in full attention, its last state block in the Mamba
+    group."""
+    peer = _mamba_peer("zmq")
+    captures = Capture(), Capture()
+    pair = []
+    for cls, capture in zip((Scheduler, TokenyardScheduler), captures, strict=True):
+        # Each publisher binds its own endpoint.
+        peer.vllm_config.kv_events_config.endpoint = f"inproc://kvevgroups-{cls.__name__}"
+        scheduler = peer.build(cls, _groups(40, "full", "mamba"))
+        scheduler.kv_event_publisher.shutdown()
+        scheduler.kv_event_publisher = capture
+        pair.append(scheduler)
+    theirs, ours = pair
+    compare_stream(theirs, ours, [(0, "r0", list(range(100, 140)), 3)], peer.make_request)
+    _check(*captures)
+    stored = [e for b in captures[1].batches for e in b if isinstance(e, BlockStored)]
+    assert [(e.group_idx, len(e.block_hashes), len(e.token_ids)) for e in stored] == [
+        (0, 2, 32),
+        (1, 1, 32),
+    ]

@@ -1852,22 +1852,25 @@ class Scheduler:
     def enable_kv_cache_calls(self) -> None:
         """Starts recording each cache call and each lookup's hit beside the prefix-cache
         events (which it turns on too), for ``drain_kv_events_detailed``. ConfigError
-        (``kv_events``) for the radix pool and for KV cache groups other than full attention
-        and sliding windows of the scheduler's block size."""
+        (``kv_events``) for the radix pool and, with prefix caching on, beside HiSparse and
+        bounded-replay groups."""
     def drain_kv_events_detailed(
         self,
     ) -> tuple[
         list[tuple[str, int]],
-        list[tuple[int, _RequestId, int, int, int, list[int], bool]],
+        list[tuple[int, _RequestId, int, int, int, list[int], bool, bool]],
     ]:
         """The prefix-cache events since the last drain (as ``drain_kv_events`` gives them)
         and the cache calls, ``(at, request_id, group, first_block, end_block, skipped,
-        reused)``: the call cached the request's blocks ``first_block..end_block`` of KV
+        reused, partial)``: the call cached the request's blocks ``first_block..end_block`` of KV
         cache group ``group`` but those in ``skipped`` (null blocks), whose ``stored``
         events are ``events[at:at + end_block - first_block - len(skipped)]``; a ``reused``
         call is a lookup's hit of blocks ``0..end_block`` (vLLM's
-        ``emit_cached_block_events``), with no events. With several groups a hash is the
-        group-keyed one."""
+        ``emit_cached_block_events``), with no events; a ``partial`` call registered the
+        hash at the end of hash block ``end_block - 1`` (of the hash block size) on a
+        block of the group, one event (vLLM's ``cache_partial_block``: a full-attention
+        group's prompt tail beside differing block sizes). With several groups a hash is
+        the group-keyed one."""
     def stats(self) -> SchedulerStats: ...
     def check_invariants(self) -> None:
         """Raises InternalError if the internal bookkeeping is inconsistent (a bug)."""

@@ -104,8 +104,9 @@ class StatsAndEvents(AdapterBase):
 
     def _enable_kv_events(self) -> None:
         """Turns the core's cache events on: with each cache call's request where the core
-        records them (the block-hash pool; the coordinator beside full-attention and
-        sliding-window groups of one block size), whose events are vLLM's field for field
+        records them (the block-hash pool; the coordinator beside full-attention,
+        sliding-window, chunked-local and Mamba ``align`` groups, of one block size or
+        several), whose events are vLLM's field for field
         (``_vllm_kv_events``). The radix pool (tokenyard's own setting) publishes one
         ``BlockStored`` per block hash, the core's hashes, no tokens. Beside KV cache groups
         whose events the core does not record: with vLLM's ``"null"`` publisher, which

@@ -8,8 +8,8 @@ use super::PyScheduler;
 use super::args::kv_event;
 
 /// A cache call as `drain_kv_events_detailed` gives it:
-/// `(at, request_id, group, first_block, end_block, skipped, reused)`.
-type CallTuple = (usize, Py<PyAny>, u32, usize, usize, Vec<usize>, bool);
+/// `(at, request_id, group, first_block, end_block, skipped, reused, partial)`.
+type CallTuple = (usize, Py<PyAny>, u32, usize, usize, Vec<usize>, bool, bool);
 
 /// What `drain_kv_events_detailed` returns: the events and the cache calls.
 type Detailed = (Vec<(&'static str, u128)>, Vec<CallTuple>);
@@ -17,8 +17,8 @@ type Detailed = (Vec<(&'static str, u128)>, Vec<CallTuple>);
 #[pymethods]
 impl PyScheduler {
     /// Starts recording each cache call and lookup hit beside the prefix-cache events
-    /// (which it turns on too). ConfigError for the radix pool and for the KV cache groups
-    /// the coordinator does not record.
+    /// (which it turns on too). ConfigError for the radix pool and for HiSparse and
+    /// bounded-replay groups, which the coordinator does not record.
     fn enable_kv_cache_calls(&mut self, py: Python<'_>) -> PyResult<()> {
         self.inner
             .enable_kv_cache_calls()
@@ -27,9 +27,11 @@ impl PyScheduler {
 
     /// The prefix-cache events since the last drain (as `drain_kv_events` gives them) and
     /// the cache calls: `(at, request_id, group, first_block, end_block, skipped,
-    /// reused)`, the call's `Stored` events being `events[at:at + end_block - first_block
-    /// - len(skipped)]` (the request's blocks `first_block..end_block` but `skipped`); a
-    /// `reused` call is a lookup's hit of blocks `0..end_block`, with no events.
+    /// reused, partial)`, the call's `Stored` events being `events[at:at + end_block -
+    /// first_block - len(skipped)]` (the request's blocks `first_block..end_block` but
+    /// `skipped`); a `reused` call is a lookup's hit of blocks `0..end_block`, with no
+    /// events; a `partial` one the hash at the end of hash block `end_block - 1`
+    /// registered on a block, one event.
     fn drain_kv_events_detailed(&mut self, py: Python<'_>) -> PyResult<Detailed> {
         let (events, calls) = self.inner.drain_kv_events_detailed();
         let calls = calls
@@ -44,6 +46,7 @@ impl PyScheduler {
                     c.end_block,
                     c.skipped,
                     c.reused,
+                    c.partial,
                 ))
             })
             .collect::<PyResult<_>>()?;

@@ -55,6 +55,25 @@ pub(super) struct Eviction<'a> {
     pub(super) events: &'a mut Option<Vec<KvEvent>>,
     pub(super) host: &'a mut Option<HostTier>,
     pub(super) stats: &'a mut BlockPoolStats,
+    /// The coordinator's partial entries beside blocks' hashes, where it records them.
+    pub(super) secondary: Option<&'a mut SecondaryHashes>,
+}
+
+/// The partial prefix entries registered on blocks beside their cached hash (vLLM 0.33's
+/// `BlockPool.cached_block_hashes_by_block`), kept only for the KV cache events: no lookup
+/// reads them here, and they leave with the block's hash, each with a `Removed` event after
+/// the block's (`_remove_cached_block_hashes`).
+pub(super) type SecondaryHashes = rustc_hash::FxHashMap<BlockId, Vec<BlockHash>>;
+
+/// The `Removed` events of `block`'s partial entries, which leave with its hash.
+pub(super) fn remove_secondary(
+    secondary: &mut SecondaryHashes,
+    events: &mut Option<Vec<KvEvent>>,
+    block: BlockId,
+) {
+    if let (Some(hashes), Some(events)) = (secondary.remove(&block), events) {
+        events.extend(hashes.into_iter().map(KvEvent::Removed));
+    }
 }
 
 /// Pops the least recently freed block, evicting its cached prefix if it had one. A free
@@ -113,17 +132,20 @@ pub(super) fn take_free_blocks(
         let evicted = &evicted[..num_evicted];
         eviction.cached.forget_all(evicted);
         if eviction.events.is_some() || eviction.host.is_some() {
-            for &(_, hash) in evicted {
-                evicted_elsewhere(eviction, hash);
+            for &(block, hash) in evicted {
+                evicted_elsewhere(eviction, block, hash);
             }
         }
     }
 }
 
 /// What else an evicted hash leaves: a `Removed` event, and the host tier gets it.
-fn evicted_elsewhere(eviction: &mut Eviction<'_>, hash: BlockHash) {
+fn evicted_elsewhere(eviction: &mut Eviction<'_>, block: BlockId, hash: BlockHash) {
     if let Some(events) = eviction.events {
         events.push(KvEvent::Removed(hash));
+        if let Some(secondary) = eviction.secondary.as_deref_mut() {
+            remove_secondary(secondary, eviction.events, block);
+        }
     }
     // The only cost of the tier to a pool without one: this branch, on evictions only.
     if let Some(host) = eviction.host {
@@ -138,7 +160,7 @@ fn evict_taken(block: BlockId, blocks: &mut [BlockMeta], eviction: &mut Eviction
     if let Some(hash) = meta.take_hash() {
         // The map's entry goes stale with the block's hash (no probe: `cache_map`).
         eviction.cached.forget(block, &hash);
-        evicted_elsewhere(eviction, hash);
+        evicted_elsewhere(eviction, block, hash);
     }
 }
 

@@ -567,6 +567,7 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
                 events,
                 host,
                 stats,
+                secondary: None,
             },
         };
         (requests, growth)

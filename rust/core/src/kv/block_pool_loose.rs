@@ -17,6 +17,7 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
             events: &mut self.events,
             host: &mut self.host,
             stats: &mut self.stats,
+            secondary: None,
         };
         (self.loose).take(
             &mut self.free_queue,

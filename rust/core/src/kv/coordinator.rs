@@ -19,7 +19,9 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use xxhash_rust::xxh3::xxh3_128;
 
 use super::block_hash::{BlockHash, hash_full_blocks};
-use super::block_ops::{BlockMeta, Eviction, append_tokens, release_blocks, take_free_block};
+use super::block_ops::{
+    BlockMeta, Eviction, SecondaryHashes, append_tokens, release_blocks, take_free_block,
+};
 use super::block_pool::{BlockId, BlockPoolStats, CacheCall, KvEvent, RequestBlocks};
 use super::cache_map::CacheMap;
 use super::free_queue::FreeBlockQueue;
@@ -134,6 +136,8 @@ pub struct KvCoordinator<R: RequestKey> {
     /// KV cache events and each cache call, when recorded (`coordinator_events`).
     events: Option<Vec<KvEvent>>,
     cache_calls: Option<Vec<CacheCall<R>>>,
+    /// Partial entries beside blocks' hashes, recorded with the events only.
+    secondary: SecondaryHashes,
 }
 
 /// The key a [`KvCoordinator`]'s block of `group` caching `hash` is cached under (its
@@ -225,6 +229,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             hisparse_pins: None,
             events: None,
             cache_calls: None,
+            secondary: SecondaryHashes::default(),
         })
     }
 
@@ -384,10 +389,12 @@ impl<R: RequestKey> KvCoordinator<R> {
             events,
             cache_calls,
             withheld,
+            secondary,
             ..
         } = self;
         let request = requests.get_mut(request_id).expect("inserted above");
         let mut eviction = Eviction {
+            secondary: Some(secondary),
             cached,
             events,
             host: &mut None,
@@ -448,7 +455,7 @@ impl<R: RequestKey> KvCoordinator<R> {
                 blocks,
                 request,
                 cached_this_step,
-                EventSink::of(events, cache_calls, request_id),
+                EventSink::of(events, cache_calls, secondary, request_id),
             );
         }
         self.apply_hisparse_reuse();
@@ -569,6 +576,7 @@ impl<R: RequestKey> KvCoordinator<R> {
         }
         self.cached.clear();
         self.blocks.iter_mut().for_each(|b| b.cached = false);
+        self.secondary.clear();
         self.note_all_cleared();
         true
     }

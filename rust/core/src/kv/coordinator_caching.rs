@@ -51,7 +51,12 @@ impl<R: RequestKey> KvCoordinator<R> {
                 &mut self.blocks,
                 request,
                 &mut self.cached_this_step,
-                EventSink::of(&mut self.events, &mut self.cache_calls, request_id),
+                EventSink::of(
+                    &mut self.events,
+                    &mut self.cache_calls,
+                    &mut self.secondary,
+                    request_id,
+                ),
             );
         }
         Ok(())
@@ -91,6 +96,7 @@ pub(super) fn cache_full_blocks<R: RequestKey>(
             let hashes = &tokens.block_hashes[sizes::group_hash_index(first, scale)..];
             let reachable = sizes.reachable_blocks(&groups[g], g, drops);
             let mut stored = log.as_ref().map(|_| Vec::new());
+            let mut replaced = Vec::new();
             for (i, (&block, &hash)) in table[first.min(end)..end]
                 .iter()
                 .zip(hashes.iter().step_by(scale))
@@ -103,8 +109,12 @@ pub(super) fn cache_full_blocks<R: RequestKey>(
                 if let Some(stored) = &mut stored {
                     stored.push((first + i, key));
                 }
-                if sizes.keeps_partial_tails() {
-                    sizes::forget_partial(cached, blocks, block);
+                if sizes.keeps_partial_tails()
+                    && let Some(old) = sizes::forget_partial(cached, blocks, block)
+                    && let Some(log) = &mut log
+                {
+                    replaced.push(old);
+                    replaced.extend(log.secondary.remove(&block).unwrap_or_default());
                 }
                 cached.insert(key, block, blocks);
                 blocks[block as usize].set_hash(key);
@@ -114,12 +124,24 @@ pub(super) fn cache_full_blocks<R: RequestKey>(
             }
             request.num_cached[g] = num_full;
             if let (Some(log), Some(stored)) = (&mut log, stored) {
-                log.cache_call(g, first, num_full, stored);
+                log.cache_call(g, first, num_full, replaced, stored);
             }
         }
-        if sizes.keeps_partial_tails() && sizes::registers_partial_tail(&groups[g]) {
+        // Without the drop or a look-ahead the entries change no lookup: kept for the
+        // events alone.
+        if sizes::registers_partial_tail(&groups[g])
+            && (sizes.keeps_partial_tails() || log.is_some())
+        {
             sizes::cache_partial_tail(
-                sizes, g, drops, block_size, cacheable, cached, blocks, request,
+                sizes,
+                g,
+                drops,
+                block_size,
+                cacheable,
+                cached,
+                blocks,
+                request,
+                log.as_mut(),
             );
         }
     }

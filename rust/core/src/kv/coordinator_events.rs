@@ -10,14 +10,16 @@
 //! events are `events[at..at + num_stored()]`, in group order within an allocation, after
 //! that allocation's evictions.
 
-use super::{BlockHash, CacheCall, KvCoordinator, KvEvent, KvGroupSpec, RequestKey};
+use super::super::block_ops::SecondaryHashes;
+use super::{BlockHash, BlockId, CacheCall, KvCoordinator, KvEvent, KvGroupSpec, RequestKey};
 use crate::{Error, Result};
 
-/// Where a cache call records its events: the coordinator's log, borrowed apart from the
-/// request's entry, and the request's id.
+/// Where a cache call records its events: the coordinator's log and its partial entries,
+/// borrowed apart from the request's entry, and the request's id.
 pub(super) struct EventSink<'a, R> {
     pub(super) events: &'a mut Vec<KvEvent>,
     pub(super) calls: &'a mut Vec<CacheCall<R>>,
+    pub(super) secondary: &'a mut SecondaryHashes,
     pub(super) request: &'a R,
 }
 
@@ -26,12 +28,14 @@ impl<'a, R: RequestKey> EventSink<'a, R> {
     pub(super) fn of(
         events: &'a mut Option<Vec<KvEvent>>,
         calls: &'a mut Option<Vec<CacheCall<R>>>,
+        secondary: &'a mut SecondaryHashes,
         request: &'a R,
     ) -> Option<Self> {
         match (events, calls) {
             (Some(events), Some(calls)) => Some(Self {
                 events,
                 calls,
+                secondary,
                 request,
             }),
             _ => None,
@@ -39,14 +43,19 @@ impl<'a, R: RequestKey> EventSink<'a, R> {
     }
 
     /// Group `g`'s cache call over the request's blocks `first..end`: `stored` the
-    /// (block index, group-keyed hash) of each block it cached, in order.
+    /// (block index, group-keyed hash) of each block it cached, in order, after the
+    /// `Removed` events of the partial entries they replaced (`replaced`; vLLM's
+    /// partial-to-full promotion in `cache_full_blocks` removes them before its event).
     pub(super) fn cache_call(
         &mut self,
         g: usize,
         first: usize,
         end: usize,
+        replaced: impl IntoIterator<Item = BlockHash>,
         stored: impl IntoIterator<Item = (usize, BlockHash)>,
     ) {
+        self.events
+            .extend(replaced.into_iter().map(KvEvent::Removed));
         let at = self.events.len();
         let mut skipped = Vec::new();
         let mut next = first;
@@ -64,45 +73,80 @@ impl<'a, R: RequestKey> EventSink<'a, R> {
             end_block: end,
             skipped,
             reused: false,
+            partial: false,
         });
+    }
+
+    /// Group `g`'s partial entry (vLLM's `BlockPool.cache_partial_block`): the hash `key`
+    /// at the end of hash block `hash_block` registered on `block`, beside its cached hash
+    /// (`secondary`) or as it (`primary`), unless `block` already holds it (vLLM's
+    /// `already_cached`: nothing published). Returns whether it was new.
+    pub(super) fn partial_entry(
+        &mut self,
+        g: usize,
+        hash_block: usize,
+        block: BlockId,
+        key: BlockHash,
+        primary: Option<BlockHash>,
+    ) -> bool {
+        if primary == Some(key) {
+            return false;
+        }
+        if primary.is_some() {
+            let entries = self.secondary.entry(block).or_default();
+            if entries.contains(&key) {
+                return false;
+            }
+            entries.push(key);
+        }
+        self.calls.push(CacheCall {
+            at: self.events.len(),
+            request: self.request.clone(),
+            group: g as u32,
+            first_block: hash_block,
+            end_block: hash_block + 1,
+            skipped: Vec::new(),
+            reused: false,
+            partial: true,
+        });
+        self.events.push(KvEvent::Stored(key));
+        true
     }
 }
 
 impl<R: RequestKey> KvCoordinator<R> {
     /// Starts recording the KV cache events with each cache call's request, group and
-    /// blocks ([`Self::drain_events`], [`Self::drain_cache_calls`]). ConfigError
-    /// (`kv_events`) for what is not recorded as vLLM publishes it: a group other than
-    /// full attention or a sliding window with prefix caching on (Mamba `align`'s partial
-    /// state entries, chunked local attention, HiSparse, bounded replay), and groups of
-    /// different block sizes (vLLM's partial tail-block entries).
+    /// blocks ([`Self::drain_events`], [`Self::drain_cache_calls`]), partial entries
+    /// included (a full-attention group's prompt tail beside differing block sizes).
+    /// ConfigError (`kv_events`) with prefix caching on for what is not recorded as vLLM
+    /// publishes it: HiSparse and bounded-replay groups, a Mamba `align` group's prefill
+    /// checkpoint block (its re-keyed partial entries), and differing block sizes under
+    /// EAGLE's drop or a hash look-ahead (partial entries that are a block's own hash).
     pub fn enable_cache_calls(&mut self) -> Result<()> {
         if self.enable_caching {
             let odd = self.groups.iter().position(|spec| {
-                !matches!(
-                    spec,
-                    KvGroupSpec::FullAttention | KvGroupSpec::SlidingWindow { .. }
-                )
+                spec.is_hisparse()
+                    || spec.prefill_checkpoint_alignment().is_some()
+                    || matches!(spec, KvGroupSpec::SlidingWindowReplay { .. })
             });
             if let Some(g) = odd {
                 return Err(Error::config(
                     "kv_events",
                     format!("{:?}", self.groups[g]),
                     format!(
-                        "KV cache events are recorded beside full-attention and \
-                         sliding-window groups only (groups[{g}] is not one)"
+                        "KV cache events are not recorded beside HiSparse, bounded-replay or \
+                         checkpointing Mamba groups (groups[{g}] is one)"
                     ),
                 ));
             }
-            if let Some(g) = (self.sizes.groups.iter()).position(|&s| s != self.block_size) {
+            if self.sizes.keeps_partial_tails() {
+                // A partial entry may then be a block's own hash, promoted or replaced
+                // later (vLLM's partial-to-full promotion): not recorded.
                 return Err(Error::config(
                     "kv_events",
-                    self.sizes.groups[g],
-                    format!(
-                        "KV cache events are recorded for groups of the scheduler's block \
-                         size ({}) only (groups[{g}] differs: vLLM's partial tail-block \
-                         entries are not recorded)",
-                        self.block_size
-                    ),
+                    "partial tail entries",
+                    "KV cache events are not recorded beside differing block sizes under \
+                     EAGLE's drop or a hash look-ahead",
                 ));
             }
         }
@@ -141,6 +185,7 @@ impl<R: RequestKey> KvCoordinator<R> {
                     end_block: n,
                     skipped: Vec::new(),
                     reused: true,
+                    partial: false,
                 });
             }
         }
@@ -255,12 +300,95 @@ mod tests {
     }
 
     #[test]
-    fn other_groups_and_sizes_are_refused_by_name() {
-        let groups = vec![KvGroupSpec::FullAttention, KvGroupSpec::MAMBA_ALIGN];
+    fn hisparse_and_eagles_partial_tails_are_refused_by_name() {
+        let hot = KvGroupSpec::HiSparseHot {
+            blocks_per_request: 2,
+        };
+        let groups = vec![KvGroupSpec::FullAttention, hot];
         let mut c = KvCoordinator::<u32>::new(groups, 16, 4, true).unwrap();
         let err = c.enable_cache_calls().unwrap_err();
         assert!(err.to_string().contains("kv_events"), "{err}");
         assert!(c.drain_events().is_empty());
+        let mut c = gemma_like();
+        c.set_eagle_block_drop(true).unwrap();
+        let err = c.enable_cache_calls().unwrap_err();
+        assert!(err.to_string().contains("EAGLE"), "{err}");
+    }
+
+    #[test]
+    fn a_mamba_align_group_and_chunked_local_attention_are_recorded() {
+        for other in [
+            KvGroupSpec::MAMBA_ALIGN,
+            KvGroupSpec::ChunkedLocalAttention {
+                attention_chunk_size: 8,
+            },
+        ] {
+            let groups = vec![KvGroupSpec::FullAttention, other];
+            let mut c = KvCoordinator::<u32>::new(groups, 16, 4, true).unwrap();
+            c.enable_cache_calls().unwrap();
+            c.allocate_slots(&1, &tokens(12, 0), 12, 0, None, None)
+                .unwrap()
+                .unwrap();
+            let calls = c.drain_cache_calls();
+            assert_eq!(calls.iter().map(|c| c.group).collect::<Vec<_>>(), [0, 1]);
+        }
+    }
+
+    /// Full attention in blocks of 8 beside a window of 8 in blocks of 4, hashed every 4
+    /// tokens (the scheduler block size 8), the events on.
+    fn gemma_like() -> KvCoordinator<u32> {
+        let groups = vec![
+            KvGroupSpec::FullAttention,
+            KvGroupSpec::SlidingWindow { sliding_window: 8 },
+        ];
+        let mut c = KvCoordinator::new(groups, 20, 4, true).unwrap();
+        c.set_group_block_sizes(&[8, 4]).unwrap();
+        c
+    }
+
+    #[test]
+    fn a_prompts_tail_inside_a_full_block_is_a_partial_entry_removed_after_it() {
+        // A 13-token prompt: its last hash boundary below 13 is 12, inside full attention's
+        // block 1 (tokens 8..16). Cached once 16 tokens are computed (the scheduler block
+        // boundary): block 1's own call, then the partial entry (hash block 2), then the
+        // window's call (vLLM's FullAttentionManager.cache_blocks, then
+        // _cache_partial_tail_block, group by group).
+        let mut c = gemma_like();
+        c.enable_cache_calls().unwrap();
+        c.allocate_slots(&1, &tokens(13, 0), 13, 0, None, None)
+            .unwrap()
+            .unwrap();
+        let num_first = c.drain_events().len();
+        c.drain_cache_calls();
+        c.allocate_slots(&1, &tokens(3, 13), 3, 0, None, None)
+            .unwrap()
+            .unwrap();
+        let events = c.drain_events();
+        let calls = c.drain_cache_calls();
+        let shape: Vec<_> = (calls.iter())
+            .map(|c| (c.group, c.first_block, c.end_block, c.partial, c.at))
+            .collect();
+        assert_eq!(shape[..2], [(0, 1, 2, false, 0), (0, 2, 3, true, 1)]);
+        assert_eq!(shape[2].0, 1);
+        let KvEvent::Stored(partial) = events[1] else {
+            panic!("{events:?}")
+        };
+        let own = events[0];
+        // Cached again (a second step): already registered, nothing new.
+        c.cache_blocks(&1, &[]).unwrap();
+        assert!(c.drain_events().is_empty());
+        // Evicting every block: the partial entry's removal follows block 1's own.
+        c.free(&1).unwrap();
+        c.take_loose_blocks(19).unwrap();
+        let removed = c.drain_events();
+        let at = removed.iter().position(|e| {
+            *e == KvEvent::Removed(match own {
+                KvEvent::Stored(h) => h,
+                other => panic!("{other:?}"),
+            })
+        });
+        assert_eq!(removed[at.unwrap() + 1], KvEvent::Removed(partial));
+        assert_eq!(removed.len(), num_first + events.len());
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! A hit is found group by group, full-attention groups first; it is cached under
 //! (hash, group), so a lookup never sees another group's blocks.
 
+use super::super::block_ops::remove_secondary;
 use super::{
     BlockHash, BlockId, BlockMeta, GroupedComputedBlocks, KvCoordinator, KvGroupSpec, LookupQuery,
     NULL_BLOCK, RequestKey, TokenId, find_longest_cache_hit, group_key, hash_full_blocks, sizes,
@@ -303,6 +304,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             if let Some(hash) = self.blocks[block as usize].take_hash() {
                 self.cached.forget(block, &hash);
                 self.note_removed(hash);
+                remove_secondary(&mut self.secondary, &mut self.events, block);
             }
         }
         Ok(())

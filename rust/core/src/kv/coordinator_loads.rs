@@ -188,7 +188,12 @@ impl<R: RequestKey> KvCoordinator<R> {
                     blocks,
                     request,
                     this_step,
-                    super::EventSink::of(&mut self.events, &mut self.cache_calls, request_id),
+                    super::EventSink::of(
+                        &mut self.events,
+                        &mut self.cache_calls,
+                        &mut self.secondary,
+                        request_id,
+                    ),
                 );
             }
             return Ok(Some(loaded));

@@ -14,6 +14,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             events: &mut self.events,
             host: &mut None,
             stats: &mut self.stats,
+            secondary: Some(&mut self.secondary),
         };
         (self.loose).take(
             &mut self.free_queue,

@@ -16,12 +16,15 @@
 //!   beside differing sizes whatever the drafter; without the drop or a look-ahead the
 //!   block is always full and cached by then (the boundary lies below the cacheable,
 //!   scheduler-aligned tokens, which are all hashed), so the entry changes nothing and
-//!   none is kept.
+//!   none is kept, but with the KV cache events on it is recorded beside the block's hash
+//!   for them alone (`coordinator_events`).
 //!
 //! Invariant: a block caches one key, which the cache map holds; a partial entry is kept
 //! only on a block that caches nothing else, and leaves when the block is fully cached.
 
-use super::super::{BlockMeta, CacheMap, CoordinatedRequest, KvCoordinator, KvGroupSpec};
+use super::super::{
+    BlockMeta, CacheMap, CoordinatedRequest, EventSink, KvCoordinator, KvGroupSpec,
+};
 use super::super::{NULL_BLOCK, RequestKey, group_key};
 use super::GroupSizes;
 
@@ -41,7 +44,7 @@ impl GroupSizes {
 /// as far as the request is hashed) is keyed on the block holding it when it ends
 /// inside that block; the key is kept only if the block caches nothing yet.
 #[allow(clippy::too_many_arguments)]
-pub(in super::super) fn cache_partial_tail(
+pub(in super::super) fn cache_partial_tail<R: RequestKey>(
     sizes: &GroupSizes,
     g: usize,
     drops: bool,
@@ -50,6 +53,7 @@ pub(in super::super) fn cache_partial_tail(
     cached: &mut CacheMap,
     blocks: &mut [BlockMeta],
     request: &mut CoordinatedRequest,
+    log: Option<&mut EventSink<'_, R>>,
 ) {
     let block_size = sizes.groups[g];
     if block_size == hash_block {
@@ -71,13 +75,24 @@ pub(in super::super) fn cache_partial_tail(
     let Some(&block) = request.tables[g].get(boundary / block_size) else {
         return;
     };
-    let meta = &blocks[block as usize];
-    if block == NULL_BLOCK || meta.cached {
+    if block == NULL_BLOCK {
+        return;
+    }
+    let primary = blocks[block as usize].hash();
+    let keeps = sizes.keeps_partial_tails();
+    if primary.is_none() && !keeps {
+        // Not reached: without the drop or a look-ahead the block is cached by now
+        // (module docs).
         return;
     }
     let key = group_key(tokens.block_hashes[num_hashes - 1], g);
-    cached.insert(key, block, blocks);
-    blocks[block as usize].set_hash(key);
+    if let Some(log) = log {
+        log.partial_entry(g, num_hashes - 1, block, key, primary);
+    }
+    if primary.is_none() {
+        cached.insert(key, block, blocks);
+        blocks[block as usize].set_hash(key);
+    }
 }
 
 /// Frees `block`'s partial entry before it is cached in full (vLLM's partial-to-full
@@ -87,10 +102,10 @@ pub(in super::super) fn forget_partial(
     cached: &mut CacheMap,
     blocks: &mut [BlockMeta],
     block: u32,
-) {
-    if let Some(old) = blocks[block as usize].take_hash() {
-        cached.forget(block, &old);
-    }
+) -> Option<super::super::BlockHash> {
+    let old = blocks[block as usize].take_hash()?;
+    cached.forget(block, &old);
+    Some(old)
 }
 
 impl<R: RequestKey> KvCoordinator<R> {

@@ -2,7 +2,7 @@
 //! a HiSparse region, group by group (split from `coordinator.rs`).
 
 use super::super::RequestKey;
-use super::super::block_ops::{BlockMeta, Eviction, take_free_block};
+use super::super::block_ops::{BlockMeta, Eviction, SecondaryHashes, take_free_block};
 use super::super::block_pool::{BlockId, BlockPoolStats, KvEvent};
 use super::super::cache_map::CacheMap;
 use super::super::free_queue::FreeBlockQueue;
@@ -29,6 +29,7 @@ pub(super) struct BlockTaker<'a> {
     pub(super) cached: &'a mut CacheMap,
     pub(super) stats: &'a mut BlockPoolStats,
     pub(super) events: &'a mut Option<Vec<KvEvent>>,
+    pub(super) secondary: &'a mut SecondaryHashes,
 }
 
 impl BlockTaker<'_> {
@@ -39,6 +40,7 @@ impl BlockTaker<'_> {
             events: self.events,
             host: &mut None,
             stats: self.stats,
+            secondary: Some(self.secondary),
         };
         (0..n)
             .map(|_| take_free_block(self.free_queue, self.blocks, &mut eviction))
@@ -59,6 +61,7 @@ impl<R: RequestKey> KvCoordinator<R> {
             zeroing,
             sizes,
             events,
+            secondary,
             ..
         } = self;
         Taking {
@@ -71,6 +74,7 @@ impl<R: RequestKey> KvCoordinator<R> {
                 cached,
                 stats,
                 events,
+                secondary,
             },
             zeroing,
         }

@@ -32,6 +32,11 @@ pub struct CacheCall<R> {
     /// `emit_cached_block_events`, published for a request whose `kv_cache_report_mode`
     /// is `"full"`): no `Stored` events are pushed for it.
     pub reused: bool,
+    /// A partial prefix entry (vLLM 0.33's `BlockPool.cache_partial_block`): the hash at
+    /// the end of hash block `end_block - 1` (blocks of the hash block size here,
+    /// `first_block` = `end_block - 1`) registered on one block of the group, one `Stored`
+    /// event. Beside differing block sizes only.
+    pub partial: bool,
 }
 
 impl<R> CacheCall<R> {
@@ -76,6 +81,7 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
                 end_block: num_blocks,
                 skipped: Vec::new(),
                 reused: true,
+                partial: false,
             });
         }
     }
@@ -130,6 +136,7 @@ impl<R: RequestKey, Q: FreeQueue> BlockPool<R, Q> {
             end_block,
             skipped: Vec::new(),
             reused: false,
+            partial: false,
         });
     }
 }
@@ -162,6 +169,7 @@ mod tests {
             end_block: 2,
             skipped: Vec::new(),
             reused: false,
+            partial: false,
         };
         assert_eq!(calls, vec![call]);
         let mut longer = prompt.clone();

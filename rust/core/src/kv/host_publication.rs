@@ -234,6 +234,7 @@ impl<R: RequestKey> HostPublication<R> {
             events: &mut None,
             host: &mut None,
             stats: &mut BlockPoolStats::default(),
+            secondary: None,
         };
         take_free_blocks(&mut self.free, &mut self.blocks, &mut eviction, n, out);
     }

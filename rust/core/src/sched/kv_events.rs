@@ -72,6 +72,7 @@ impl<R: RequestKey> Scheduler<R> {
                     end_block: call.end_block,
                     skipped: call.skipped,
                     reused: call.reused,
+                    partial: call.partial,
                 });
             }
         }
@@ -137,6 +138,7 @@ mod tests {
             end_block: 2,
             skipped: Vec::new(),
             reused: false,
+            partial: false,
         };
         let second = CacheCall {
             at: 2,

@@ -118,7 +118,7 @@ fn the_connector_refuses_settings_it_cannot_serve() {
     ));
     assert!(!s.hisparse_connector());
     // No host pool.
-    let mut s = Scheduler::new(config(), false).unwrap();
+    let mut s: Scheduler<u32> = Scheduler::new(config(), false).unwrap();
     assert!(matches!(
         s.set_hisparse_connector(16),
         Err(Error::Config { .. })
@@ -142,7 +142,7 @@ fn prefix_caching_with_the_connector_is_refused() {
         enable_prefix_caching: true,
         ..connector_scheduler(false).config().clone()
     };
-    let mut s = Scheduler::new(cfg, false).unwrap();
+    let mut s: Scheduler<u32> = Scheduler::new(cfg, false).unwrap();
     s.set_hisparse_host_pages(Some((16, 4))).unwrap();
     let err = s.set_hisparse_connector(16).unwrap_err();
     assert!(err.to_string().contains("enable_caching"), "{err}");

@@ -101,7 +101,7 @@ class _HostPoolUsage:
 
     def get_usage(self) -> float:
         num_blocks, _, num_free = self._core.hisparse_host_pages
-        return 1.0 - num_free / max(num_blocks - 1, 1)
+        return 1.0 - float(num_free) / max(int(num_blocks) - 1, 1)
 
 
 class CoreHiSparseCoordinator:
@@ -183,6 +183,12 @@ def start_hisparse_connector(scheduler: Any, vllm_config: Any, kv_cache_config: 
     if not hisparse_connector_configured(vllm_config.kv_transfer_config):
         return None
     source = hisparse_source_group(kv_cache_config)
+    if source is None:  # refused before (refuse_unserved_hisparse_connector)
+        raise ConfigError(
+            f"{_FIELD}: {_NAME} needs a HISPARSE_SOURCE group",
+            field=_FIELD,
+            value=_NAME,
+        )
     block_size = scheduler.block_size
     max_model_len = vllm_config.model_config.max_model_len
     # vLLM's HiSparseCoordinator: max_spill_pages = max_model_len // block_size.

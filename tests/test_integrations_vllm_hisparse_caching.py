@@ -9,7 +9,8 @@ source group serves only pages its coordinator published, and a page is publishe
 the HiSparse connector's acknowledged write-backs (``update_spills``), which the
 connector's own scheduler side plans. Worker acknowledgements
 (``HiSparseConnectorWorkerMetadata``) are synthesized at random steps: without that
-connector both schedulers pass them by. The connector itself is refused by name. Needs vLLM
+connector both schedulers pass them by. The connector itself is refused by name with
+caching on (served with it off: ``test_integrations_vllm_hisparse_step.py``). Needs vLLM
 (the bench venv); skipped elsewhere.
 """
 
@@ -241,11 +242,12 @@ HISPARSE = {"kv_connector": "HiSparseConnector", "kv_role": "kv_both"}
 
 
 @pytest.mark.parametrize("inside_multi", [False, True])
-def test_the_hisparse_connector_is_refused_by_name(inside_multi: bool) -> None:
+def test_the_hisparse_connector_is_refused_by_name_with_caching_on(inside_multi: bool) -> None:
     # Its scheduler side plans write-backs every step (with references on device and host
-    # blocks), so vLLM's block ids change with it; before this refusal the adapter failed an
-    # assertion in the connector's build_connector_meta at the first step.
-    peer = _peer(80, enable_prefix_caching=False)
+    # blocks), so vLLM's block ids change with it; the core runs it with prefix caching
+    # off (test_integrations_vllm_hisparse_step.py), not with it on (hits adopting GPU
+    # copies of published pages), nor inside a MultiConnector.
+    peer = _peer(80)
     extra = {"host_pool_gib": 1}
     if inside_multi:
         child = {**HISPARSE, "kv_connector_extra_config": extra}
@@ -259,5 +261,8 @@ def test_the_hisparse_connector_is_refused_by_name(inside_multi: bool) -> None:
     peer.vllm_config.kv_transfer_config = config
     with pytest.raises(ConfigError, match="HiSparseConnector") as err:
         peer.build(TokenyardScheduler, layout(80, 40))
-    assert err.value.field == "kv_transfer_config.kv_connector"
-    assert err.value.value == config.kv_connector
+    if inside_multi:
+        assert err.value.field == "kv_transfer_config.kv_connector"
+        assert err.value.value == config.kv_connector
+    else:
+        assert err.value.field == "cache_config.enable_prefix_caching"

@@ -16,9 +16,9 @@ scheduler-side HiSparse rule"). Each stream runs twice: on the standalone port a
 ``kv::HiSparseConnectorPool`` (``tokenyard._core.HiSparseConnectorPool``), the same rules
 over the step scheduler's own KV coordinator (its HiSparse pins: ``touch``,
 ``unpin_blocks`` with reuse watchers) and a host pool with write-back references. The
-adapter itself still refuses the connector
-(``tests/test_integrations_vllm_hisparse_caching.py``). Needs vLLM (the bench venv);
-skipped elsewhere."""
+adapter runs the connector in the step with prefix caching off
+(``tests/test_integrations_vllm_hisparse_step.py``). Needs vLLM (the bench venv); skipped
+elsewhere."""
 
 from __future__ import annotations
 

@@ -1524,10 +1524,46 @@ class Scheduler:
         vLLM's source group among its groups, where the per-group block ids then carry the
         host tables (KV groups only). Raises ConfigError for fewer than 2 blocks, another
         block size or pool kind, ``scheduler_reserve_full_isl`` off, requests already
-        holding blocks, or a ``source_group`` without KV groups or past them."""
+        holding blocks, the HiSparse connector on (it holds the pool), or a
+        ``source_group`` without KV groups or past them."""
     @property
     def hisparse_host_pages(self) -> tuple[int, int, int] | None:
         """``(num_blocks, block_size, num_free_blocks)`` of the HiSparse host pool, or None."""
+    def hisparse_host_free_blocks(self) -> list[int]:
+        """The HiSparse host pool's free blocks, the next handed out first."""
+    def set_hisparse_connector(self, *, max_spill_pages: int) -> None:
+        """Turns vLLM 0.33's HiSparse connector on (prefix caching off) over the host pool
+        and the KV groups: the step plans its write-backs (at most ``max_spill_pages``,
+        vLLM's ``max_model_len // block_size``) after the step's allocations, the host pool
+        becomes the connector's. Raises ConfigError without the host pool or the
+        resident and hot groups, with prefix caching on, or once requests hold blocks."""
+    @property
+    def hisparse_connector(self) -> bool:
+        """Whether the HiSparse connector is on."""
+    def take_hisparse_transfers(self) -> list[tuple[int, int, int]]:
+        """The write-backs planned since the last call, ``(transfer_id, host_block_id,
+        resident_block_id)`` (vLLM's ``build_offload_command``). ConfigError without the
+        connector."""
+    def hisparse_tables(
+        self, request_id: _RequestId
+    ) -> tuple[list[int], list[int], list[int], list[int]] | None:
+        """``(host, indexer, resident row, hot)`` block ids of the request (pages lost to
+        reuse 0), or None when it holds no blocks or the connector is off."""
+    def hisparse_acknowledge(self, enqueued: dict[int, int], completed: dict[int, int]) -> None:
+        """The workers' ``{transfer_id: count}`` reports (vLLM's ``update_spills``), after
+        the step's update. InputError for a negative id or count; ConfigError without the
+        connector."""
+    def take_hisparse_lost_pages(self) -> list[tuple[_RequestId, int]]:
+        """``(request_id, page)`` lost to block reuse since the last call."""
+    @property
+    def hisparse_pending_reclamation(self) -> bool:
+        """vLLM's ``has_pending_reclamation`` (the connector's ``has_pending_block_frees``)."""
+    @property
+    def hisparse_num_pending_transfers(self) -> int:
+        """Write-backs planned and not yet acknowledged (vLLM's ``pending_spills``)."""
+    @property
+    def hisparse_pending_work(self) -> bool:
+        """vLLM's ``has_pending_work`` (the connector's ``has_pending_push_work``)."""
     def inflight_prefill_ids(self) -> list[_RequestId]:
         """The requests whose prefill is in flight (vLLM 0.33's ``_inflight_prefills``):
         admitted with prompt left to compute, or loading asynchronously."""

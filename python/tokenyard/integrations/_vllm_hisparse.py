@@ -22,9 +22,10 @@ finish. Here:
   the loaded prefix on host but its last page and takes the hot region). With prefix
   caching on (vLLM's default) the indexer caches its blocks and nothing hits: vLLM's host
   source group serves only pages its ``HiSparseCoordinator`` published, which takes the
-  HiSparse connector's acknowledged write-backs. Refused (``refuse_unmodelled_hisparse``):
-  the HiSparse connector itself, device groups without the host pool, hot groups without
-  resident ones.
+  HiSparse connector's acknowledged write-backs. The HiSparse connector itself is run by
+  the core with prefix caching off (``_vllm_hisparse_step``). Refused
+  (``refuse_unmodelled_hisparse``): that connector where the core does not run it, device
+  groups without the host pool, hot groups without resident ones.
 - a vLLM ``KVCacheManager`` assigned to ``kv_cache_manager``: its ``kv_cache_config`` is
   adopted as above, and ``kv_cache_manager`` stays the view of the core's KV; the assigned
   object's ``get_blocks`` and ``get_block_ids`` are bound to that view (vLLM's scheduler
@@ -51,6 +52,7 @@ from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.request import Request
 
 from tokenyard.errors import ConfigError
+from tokenyard.integrations._vllm_hisparse_step import refuse_unserved_hisparse_connector
 from tokenyard.integrations._vllm_state import AdapterBase
 from tokenyard.integrations._vllm_translate import hisparse_source_group
 
@@ -71,33 +73,17 @@ def hisparse_host_pool(kv_cache_config: Any) -> tuple[int, int | None] | None:
     return int(num_blocks), int(group.kv_cache_spec.block_size)
 
 
-def refuse_unmodelled_hisparse(kv_cache_config: Any, kv_transfer_config: Any = None) -> None:
-    """Raises ConfigError for a vLLM 0.33 HiSparse setup the core does not serve: the
-    HiSparse connector (``kv_transfer_config`` naming ``HiSparseConnector``, alone or in a
-    ``MultiConnector``: its scheduler side plans write-backs and GPU residency every step
-    and publishes host pages on its worker's acknowledgements; the core has both halves as
-    standalone structures, ``kv::HostPublication`` and ``kv::DeviceResidency`` (caching
-    off, in vLLM's scheduler call order), and ``_vllm_hisparse_meta`` builds
-    ``HiSparseConnectorMetadata`` from the latter's tables, but the step scheduler's KV does
-    not run them), device
-    groups (``HiSparseResidentSpec``, ``HiSparseHotSpec``) without a host pool
-    (``hisparse_host_num_blocks`` and a ``HISPARSE_SOURCE`` group: vLLM's
+def refuse_unmodelled_hisparse(kv_cache_config: Any, vllm_config: Any = None) -> None:
+    """Raises ConfigError for a vLLM 0.33 HiSparse setup the core does not serve: a
+    HiSparse connector it does not run (``_vllm_hisparse_step``: inside a
+    ``MultiConnector``, with prefix caching on or speculative decoding, or beside another
+    layout), device groups (``HiSparseResidentSpec``, ``HiSparseHotSpec``) without a host
+    pool (``hisparse_host_num_blocks`` and a ``HISPARSE_SOURCE`` group: vLLM's
     ``HiSparseCoordinator`` requires both), or hot groups without resident ones (vLLM's
     ``HiSparseHotManager`` then requires a hot region at every admission with a local hit,
     not modelled)."""
-    has_connector = getattr(kv_transfer_config, "has_connector", None)
-    if has_connector is not None and has_connector("HiSparseConnector"):
-        # HiSparseConnectorScheduler.build_connector_meta runs the coordinator's
-        # advance_scheduled (spills that pin device and host blocks, require_hot, unpinning)
-        # and update_connector_output its update_spills: vLLM's block ids change with it even
-        # with prefix caching off.
-        raise ConfigError(
-            "kv_transfer_config.kv_connector: HiSparseConnector's scheduler side (write-back "
-            "references on host and resident blocks, unpinning, GPU residency, hot regions, "
-            "publication on its worker's acknowledgements) is not run by the scheduler's KV",
-            field="kv_transfer_config.kv_connector",
-            value=str(getattr(kv_transfer_config, "kv_connector", "HiSparseConnector")),
-        )
+    if vllm_config is not None:
+        refuse_unserved_hisparse_connector(vllm_config, kv_cache_config)
     kinds = [
         type(getattr(group, "kv_cache_spec", None)).__name__
         for group in getattr(kv_cache_config, "kv_cache_groups", ()) or ()
@@ -141,6 +127,8 @@ class HiSparseTier(AdapterBase):
     # ids then carry the host tables at the source group's place.
     _hisparse_placed: bool = False
     _kv_cache_manager: Any = None
+    # The HiSparse connector's step (_vllm_hisparse_step), when it is configured.
+    _hisparse_step: Any = None
     connector: Any
     # The connector whose has_pending_block_frees was last routed, and the hook.
     _frees_routed: tuple[Any, Any] = (None, None)
@@ -190,6 +178,13 @@ class HiSparseTier(AdapterBase):
         manager.get_block_ids = view.get_block_ids
 
     def _adopt_host_pool(self, config: Any) -> None:
+        if self._hisparse_step is not None:
+            raise ConfigError(
+                "kv_cache_config: assigned beside the HiSparse connector, which holds the "
+                "host pool from construction",
+                field="kv_cache_config",
+                value=type(config).__name__,
+            )
         pool = hisparse_host_pool(config)
         if self._hisparse_placed and (pool is None or hisparse_source_group(config) is None):
             raise ConfigError(

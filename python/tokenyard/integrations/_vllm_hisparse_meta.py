@@ -22,8 +22,8 @@ page read from host) and the step's planned write-backs:
   count) and those appended since (``take_residency_updates``), kept per request until it
   is freed (``HiSparseCoordinator.free`` drops its state).
 
-Not a connector: the adapter still refuses the HiSparse connector until the step
-scheduler's KV runs these rules (``_vllm_hisparse.refuse_unmodelled_hisparse``)."""
+Not a connector: ``_vllm_hisparse_step`` builds the metadata with it each step, over the
+tables the step scheduler keeps (``sched::hisparse_step``)."""
 
 from __future__ import annotations
 

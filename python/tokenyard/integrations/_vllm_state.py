@@ -62,6 +62,8 @@ class AdapterBase(KvFetchStages):
     _kv_groups: int
     kv_cache_manager: Any
     """``_vllm_views._KVCacheManagerView``."""
+    _hisparse_step: Any
+    """``_vllm_hisparse_step.HiSparseStep`` with the HiSparse connector, else None."""
     _pool_view: Any
     """Its ``block_pool`` (``_vllm_coordinator_view.BlockPoolView``): core calls that may
     ask the KV connector run in its ``asking()`` windows."""

@@ -70,7 +70,7 @@ class UpdateFromOutput(KvTransfers):
         # vLLM takes the workers' report after the step's outputs, its finished requests
         # freed first; beside a connector keeping vLLM's pool (whose frees then order the
         # free queue) it is taken there, below.
-        report_late = self._pool_view.kept_by_connector
+        report_late = self._pool_view.kept_by_connector or self._hisparse_step is not None
         released = None
         if (
             kv_output is not None

@@ -19,7 +19,8 @@ them, since vLLM's engine and model runner read them.
 This module imports vLLM and fails with an ``ImportError`` naming it where vLLM is not
 installed; nothing else in tokenyard imports it. What it does not do (each refused with an
 error naming it, never silently different) is listed in ``docs/integrations.md``: KV
-cache group kinds the core has none for, the HiSparse connector, vLLM's fine-grained
+cache group kinds the core has none for, the HiSparse connector with prefix caching on
+(served with it off: ``_vllm_hisparse_step``), vLLM's fine-grained
 partial hash hits (Mamba ``align`` beside a smaller ``prefix_match_unit``), connectors
 that keep vLLM's own pool or manager beyond what the pool view serves (UMBP beside several
 KV cache groups, the Mooncake store beside a Mamba group, ``SimpleCPUOffloadConnector``
@@ -90,6 +91,10 @@ from tokenyard.integrations._vllm_encoder_cache import EncoderCacheView
 from tokenyard.integrations._vllm_hisparse import (
     HiSparseTier,
     refuse_unmodelled_hisparse,
+)
+from tokenyard.integrations._vllm_hisparse_step import (
+    hisparse_connector_configured,
+    start_hisparse_connector,
 )
 from tokenyard.integrations._vllm_hooks import draft_slots_per_request
 from tokenyard.integrations._vllm_lookahead import HashLookahead, follow_hasher
@@ -174,7 +179,7 @@ class TokenyardScheduler(
         self.block_size = block_size
         self.hash_block_size = hash_block_size or block_size
         force_async = self._async_scheduling_class
-        refuse_unmodelled_hisparse(kv_cache_config, vllm_config.kv_transfer_config)
+        refuse_unmodelled_hisparse(kv_cache_config, vllm_config)
         s = settings(
             vllm_config,
             kv_cache_config,
@@ -322,7 +327,10 @@ class TokenyardScheduler(
         # vLLM 0.33 binds the cache manager into the KV connector once built
         # (Scheduler.__init__, after _spec_decode_step_blocks); connectors that would change
         # vLLM's pool are refused here.
-        if self.connector is not None:
+        # HiSparse's is bound to the core instead (_vllm_hisparse_step, below).
+        if self.connector is not None and not hisparse_connector_configured(
+            vllm_config.kv_transfer_config
+        ):
             bind_kv_cache_manager(self.connector, self.kv_cache_manager)
         # Core calls that may ask the connector run in its windows (a no-op unless a
         # served connector keeps the pool: _vllm_coordinator_view.BlockPoolView.asking).
@@ -356,6 +364,7 @@ class TokenyardScheduler(
         # vLLM 0.33's HiSparse host pages (_vllm_hisparse), if the config has them; this
         # also sets defer_async_loads, so it comes after defer_block_free.
         self._adopt_host_pool(kv_cache_config)
+        self._hisparse_step = start_hisparse_connector(self, vllm_config, kv_cache_config)
         # vLLM 0.33's kv_load_failure_policy (the core's; _vllm_kv_transfers).
         self.recompute_kv_load_failures = (
             transfer is None or transfer.kv_load_failure_policy == "recompute"
@@ -685,7 +694,10 @@ class TokenyardScheduler(
 
     def _build_kv_connector_meta(self, connector: Any, scheduler_output: Any) -> Any:
         """vLLM 0.33's hook for the KV connector's metadata of a step (``schedule()`` calls
-        it through ``_vllm_views.connector_meta``; a plugin may replace it)."""
+        it through ``_vllm_views.connector_meta``; a plugin may replace it). HiSparse's is
+        built from the core's tables (``_vllm_hisparse_step``)."""
+        if self._hisparse_step is not None:
+            return self._hisparse_step.build(scheduler_output)
         return connector.build_connector_meta(scheduler_output)
 
     def _connector_finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:

@@ -744,6 +744,8 @@ mod kv_events;
 mod adopt;
 #[path = "sched_block_free.rs"]
 mod block_free;
+#[path = "sched_hisparse.rs"]
+mod hisparse;
 #[path = "sched_load_failures.rs"]
 mod load_failures;
 #[path = "sched_outside.rs"]

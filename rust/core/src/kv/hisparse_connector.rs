@@ -210,6 +210,11 @@ impl<R: RequestKey> HiSparseConnectorKv<R> {
         Ok(())
     }
 
+    /// The index of the coordinator's `HiSparseHot` group.
+    pub fn hot_group(&self) -> usize {
+        self.hot_group
+    }
+
     /// The request's host table.
     pub fn host_table(&self, request_id: &R) -> Option<&[BlockId]> {
         self.requests.get(request_id).map(|r| &r.host[..])
@@ -222,6 +227,11 @@ impl<R: RequestKey> HiSparseConnectorKv<R> {
 
     pub fn host_num_free_blocks(&self) -> usize {
         self.host_free.len()
+    }
+
+    /// Write-backs planned and not yet acknowledged (vLLM's `pending_spills`).
+    pub fn num_pending_transfers(&self) -> usize {
+        self.transfers.len()
     }
 
     /// Whether write-backs are planned or awaited (`has_pending_work`, without copies).
@@ -405,10 +415,20 @@ impl<R: RequestKey> HiSparseConnectorKv<R> {
     /// # Errors
     /// `Error::UnknownRequest` when the request holds no blocks.
     pub fn free(&mut self, coord: &mut KvCoordinator<R>, request_id: &R) -> Result<()> {
-        let request = self.requests.remove(request_id);
+        self.release(coord, request_id)?;
+        coord.free(request_id)
+    }
+
+    /// [`Self::free`] but the coordinator's own free, which the caller runs next (the step
+    /// scheduler frees its groups through its KV, deferred frees included).
+    ///
+    /// # Errors
+    /// `Error::UnknownRequest` when the request holds no blocks.
+    pub fn release(&mut self, coord: &mut KvCoordinator<R>, request_id: &R) -> Result<()> {
         let row = coord
             .hisparse_resident_row(request_id)
             .ok_or_else(|| Error::unknown_request(request_id))?;
+        let request = self.requests.remove(request_id);
         if let Some(request) = &request {
             let unpinned = coord.hisparse_unpinned_pages(request_id);
             for page in (0..row.len()).rev() {
@@ -423,7 +443,7 @@ impl<R: RequestKey> HiSparseConnectorKv<R> {
                 request.host.iter().rev().copied(),
             )?;
         }
-        coord.free(request_id)
+        Ok(())
     }
 
     /// Checks the host pool's references (see the module docs).

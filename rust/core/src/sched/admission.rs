@@ -384,7 +384,7 @@ impl<R: RequestKey> Scheduler<R> {
             blocks = self.kv.block_ids(slot).unwrap_or_default().to_vec();
         }
         let notified = self.notify_allocation(slot, external.num_tokens);
-        self.start_running(slot, num_computed, n, padded, blocks, budget, plan);
+        self.start_running(slot, num_computed, n, padded, blocks, budget, plan)?;
         notified.map(|()| Admission::Scheduled)
     }
 
@@ -442,7 +442,7 @@ impl<R: RequestKey> Scheduler<R> {
         };
         self.commit_encoder_inputs(slot, encoder);
         let notified = self.notify_allocation(slot, 0);
-        self.start_running(slot, num_computed, n, padded, blocks, budget, plan);
+        self.start_running(slot, num_computed, n, padded, blocks, budget, plan)?;
         notified.map(|()| Admission::Scheduled)
     }
 
@@ -660,7 +660,8 @@ impl<R: RequestKey> Scheduler<R> {
         blocks: Vec<BlockId>,
         budget: &mut usize,
         plan: &mut StepPlan<R>,
-    ) {
+    ) -> Result<()> {
+        self.charge_host_pages(slot)?;
         self.waiting.pop();
         self.running.push(slot);
         self.deferred.remove(&slot);
@@ -680,8 +681,8 @@ impl<R: RequestKey> Scheduler<R> {
         }
         plan.admitted.insert(slot, was_preempted);
         plan.scheduled.push((slot, n));
-        self.charge_host_pages(slot);
         plan.set_blocks(slot, blocks);
         *budget -= n + self.config.num_draft_slots_per_request;
+        Ok(())
     }
 }

@@ -111,7 +111,7 @@ impl<R: RequestKey> Scheduler<R> {
                 available: free,
             });
         }
-        self.charge_host_pages(slot);
+        self.charge_host_pages(slot)?;
         self.waiting.remove(slot);
         self.deferred.remove(&slot);
         let request = self.req_mut(slot);

@@ -35,8 +35,9 @@ use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
 
+use super::kv::Kv;
 use super::scheduler::Scheduler;
-use crate::kv::{BlockId, RequestKey};
+use crate::kv::{BlockId, HiSparseConnectorKv, RequestKey};
 use crate::{Error, Result};
 
 /// The host page pool's bookkeeping.
@@ -56,9 +57,17 @@ pub(super) struct HostPages {
     source_group: Option<usize>,
     /// Host blocks each slot took since its last output (only with `source_group`).
     new_blocks: FxHashMap<u32, Vec<BlockId>>,
+    /// vLLM 0.33's HiSparse connector run on the coordinator (`sched::hisparse_step`): its
+    /// host pool takes the place of `free` and `tables` (left empty) while it is on.
+    pub(super) connector: Option<Box<HiSparseConnectorKv<u32>>>,
 }
 
 impl HostPages {
+    /// `hisparse_host_num_blocks`, the null block included.
+    pub(super) fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
     fn pages(&self, num_tokens: usize) -> usize {
         num_tokens.div_ceil(self.block_size)
     }
@@ -69,7 +78,32 @@ impl HostPages {
 
     /// Whether `num_tokens` of slots for `slot` can be backed beside what it holds.
     fn fits(&self, slot: u32, num_tokens: usize) -> bool {
+        if let Some(c) = &self.connector {
+            return c.host_fits(&slot, num_tokens);
+        }
         self.pages(num_tokens).saturating_sub(self.held(slot)) <= self.free.len()
+    }
+
+    /// `slot`'s host table.
+    fn table(&self, slot: u32) -> &[BlockId] {
+        match &self.connector {
+            Some(c) => c.host_table(&slot).unwrap_or_default(),
+            None => self.tables.get(slot as usize).map_or(&[], |t| &t[..]),
+        }
+    }
+
+    fn free_block_ids(&self) -> Vec<BlockId> {
+        match &self.connector {
+            Some(c) => c.host_free_blocks(),
+            None => self.free.iter().copied().collect(),
+        }
+    }
+
+    fn num_free(&self) -> usize {
+        match &self.connector {
+            Some(c) => c.host_num_free_blocks(),
+            None => self.free.len(),
+        }
     }
 
     /// Grows `slot`'s table to `pages` host blocks (never shrinks it: a device table
@@ -129,8 +163,7 @@ pub(super) fn with_host_table(
         && let Some(index) = h.source_group
         && !groups.is_empty()
     {
-        let table = h.tables.get(slot as usize).cloned().unwrap_or_default();
-        groups.insert(index.min(groups.len()), table);
+        groups.insert(index.min(groups.len()), h.table(slot).to_vec());
     }
     groups
 }
@@ -142,11 +175,19 @@ impl<R: RequestKey> Scheduler<R> {
     ///
     /// Errors: a pool of fewer than 2 blocks (or more than the pools take) or a zero
     /// `block_size`; a pool set while requests hold KV blocks (their pages were never
-    /// charged); with `scheduler_reserve_full_isl` off (HiSparse admits a prompt only if
+    /// charged), or once the HiSparse connector holds the pool; with
+    /// `scheduler_reserve_full_isl` off (HiSparse admits a prompt only if
     /// all its pages fit: vLLM's async loads could otherwise strand each other on host
     /// pages); a block size other than the device pool's, or KV groups whose first is not
     /// full attention (the host table follows it).
     pub fn set_hisparse_host_pages(&mut self, pool: Option<(usize, usize)>) -> Result<()> {
+        if self.hisparse_connector() {
+            return Err(Error::config(
+                "hisparse_host_num_blocks",
+                format!("{pool:?}"),
+                "the HiSparse connector holds the host pool (set it before the connector)",
+            ));
+        }
         let Some((num_blocks, block_size)) = pool else {
             self.host_pages = None;
             return Ok(());
@@ -206,6 +247,7 @@ impl<R: RequestKey> Scheduler<R> {
             tables: Vec::new(),
             source_group,
             new_blocks: FxHashMap::default(),
+            connector: None,
         });
         Ok(())
     }
@@ -245,8 +287,16 @@ impl<R: RequestKey> Scheduler<R> {
         self.host_pages.as_ref().map(|h| HostPagesState {
             num_blocks: h.num_blocks,
             block_size: h.block_size,
-            num_free_blocks: h.free.len(),
+            num_free_blocks: h.num_free(),
         })
+    }
+
+    /// The HiSparse host pool's free blocks, the next handed out first (empty without
+    /// the pool).
+    pub fn hisparse_host_free_blocks(&self) -> Vec<BlockId> {
+        self.host_pages
+            .as_ref()
+            .map_or_else(Vec::new, HostPages::free_block_ids)
     }
 
     /// `groups` (a slot's per-group new block ids this step) with the host group's new
@@ -323,14 +373,38 @@ impl<R: RequestKey> Scheduler<R> {
 
     /// Grows `slot`'s host table to the blocks the device pool now holds for it (its
     /// first group's), after an allocation (nothing without the pool).
-    pub(super) fn charge_host_pages(&mut self, slot: u32) {
-        if let Some(h) = self.host_pages.as_mut() {
+    ///
+    /// Errors: with the HiSparse connector, a charge its host pool cannot back (the
+    /// callers checked [`Self::host_pages_fit`] first: a bug).
+    pub(super) fn charge_host_pages(&mut self, slot: u32) -> Result<()> {
+        let Some(h) = self.host_pages.as_mut() else {
+            return Ok(());
+        };
+        let Some(c) = h.connector.as_deref_mut() else {
             h.grow(slot, self.kv.block_ids(slot).map_or(0, <[_]>::len));
+            return Ok(());
+        };
+        let held = c.host_table(&slot).map_or(0, <[_]>::len);
+        let Kv::Hybrid(kv) = &self.kv else {
+            return Err(Error::Internal(
+                "the HiSparse connector without KV groups".into(),
+            ));
+        };
+        c.charge_host(&kv.pool, &slot)?;
+        if h.source_group.is_some() {
+            let added = &c.host_table(&slot).unwrap_or_default()[held..];
+            h.new_blocks
+                .entry(slot)
+                .or_default()
+                .extend_from_slice(added);
         }
+        Ok(())
     }
 
-    /// Frees the device blocks of `slot` and returns its host pages.
+    /// Frees the device blocks of `slot` and returns its host pages (with the HiSparse
+    /// connector, its `free` first: clean resident pages unpinned, host pages returned).
     pub(super) fn free_kv(&mut self, slot: u32) -> Result<()> {
+        self.release_connector_pages(slot)?;
         self.kv.free(slot)?;
         if let Some(h) = self.host_pages.as_mut() {
             h.release(slot);
@@ -340,6 +414,7 @@ impl<R: RequestKey> Scheduler<R> {
 
     /// [`Self::free_kv`] for a deferred free reaching its fence (`Kv::free_popped`).
     pub(super) fn free_kv_popped(&mut self, slot: u32) -> Result<()> {
+        self.release_connector_pages(slot)?;
         self.kv.free_popped(slot)?;
         if let Some(h) = self.host_pages.as_mut() {
             h.release(slot);
@@ -347,11 +422,27 @@ impl<R: RequestKey> Scheduler<R> {
         Ok(())
     }
 
+    /// The HiSparse connector's part of freeing `slot` (`HiSparseConnectorKv::release`),
+    /// before the coordinator frees its groups; nothing without the connector.
+    fn release_connector_pages(&mut self, slot: u32) -> Result<()> {
+        let connector = self
+            .host_pages
+            .as_mut()
+            .and_then(|h| h.connector.as_deref_mut());
+        match (connector, &mut self.kv) {
+            (Some(c), Kv::Hybrid(kv)) => c.release(&mut kv.pool, &slot),
+            _ => Ok(()),
+        }
+    }
+
     /// Describes a broken invariant of the host pages, if any.
     pub(super) fn check_host_pages(&self) -> std::result::Result<(), String> {
         let Some(h) = &self.host_pages else {
             return Ok(());
         };
+        if h.connector.is_some() {
+            return self.check_connector_pages(h);
+        }
         let mut seen = vec![false; h.num_blocks];
         seen[0] = true;
         let tables = h.tables.iter().enumerate();

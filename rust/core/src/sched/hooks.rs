@@ -116,8 +116,13 @@ impl<R: RequestKey> Scheduler<R> {
         }
     }
 
-    /// Whether the hooks report block frees pending (never without hooks).
+    /// Whether the hooks report block frees pending (never without hooks), or, with the
+    /// HiSparse connector on, its pending reclamation.
     pub(super) fn block_frees_pending(&self) -> Result<bool> {
+        // The HiSparse connector's answer is the core's (`sched::hisparse_step`).
+        if self.hisparse_connector() {
+            return Ok(self.hisparse_pending_reclamation());
+        }
         match &self.hooks {
             None => Ok(false),
             Some(hooks) => hooks.pending_block_frees(),

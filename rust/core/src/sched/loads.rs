@@ -191,7 +191,7 @@ impl<R: RequestKey> Scheduler<R> {
             self.blocked_head = Some((seq, hit));
             return Ok(Admission::Blocked);
         }
-        self.charge_host_pages(slot);
+        self.charge_host_pages(slot)?;
         let notified = if self.defer_load(slot, num_external_tokens) {
             Ok(())
         } else {
@@ -429,7 +429,7 @@ impl<R: RequestKey> Scheduler<R> {
         // vLLM 0.33 tells the connector of every allocation in its waiting loop, a landed
         // load's too (`update_state_after_alloc` with no external tokens).
         let notified = self.notify_allocation(slot, 0);
-        self.start_running(slot, num_computed, n, padded, blocks, budget, plan);
+        self.start_running(slot, num_computed, n, padded, blocks, budget, plan)?;
         notified.map(|()| Admission::Scheduled)
     }
 

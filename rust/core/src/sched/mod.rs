@@ -13,6 +13,7 @@ mod encoder_cache;
 mod encoder_connector;
 mod encoder_decoder;
 mod hisparse;
+mod hisparse_step;
 mod hooks;
 mod in_flight;
 mod invariants;

@@ -522,6 +522,8 @@ impl<R: RequestKey> Scheduler<R> {
         admission_error: Option<crate::Error>,
     ) -> Result<SchedulerOutput<R>> {
         let out = self.finish_step(&mut plan);
+        // vLLM's build_connector_meta, once the step's allocations are done.
+        self.advance_hisparse(&plan.scheduled)?;
         self.stamp_step(&plan.scheduled);
         plan.clear();
         self.spare_plan = plan;
@@ -736,7 +738,7 @@ impl<R: RequestKey> Scheduler<R> {
                     slot, token_ids, n_slots, lookahead, with_ids, in_flight,
                 )?
             {
-                self.charge_host_pages(slot);
+                self.charge_host_pages(slot)?;
                 return Ok(Allocation::Scheduled(blocks));
             }
             // vLLM 0.33: a connector whose transfers in flight will free blocks (HiSparse's

@@ -19,7 +19,7 @@ pub(crate) struct PyHostPublication {
 }
 
 /// `{transfer_id: count}` as (id, count) pairs, in the dict's order.
-pub(super) fn counts(dict: &Bound<'_, PyDict>, arg: &'static str) -> PyResult<Vec<(u64, u32)>> {
+pub(crate) fn counts(dict: &Bound<'_, PyDict>, arg: &'static str) -> PyResult<Vec<(u64, u32)>> {
     let py = dict.py();
     dict.iter()
         .map(|(id, count)| {

@@ -4,7 +4,7 @@ mod block_pool;
 mod coordinator;
 mod counting;
 mod hisparse_connector;
-mod host_publication;
+pub(crate) mod host_publication;
 mod partial_hits;
 mod radix;
 

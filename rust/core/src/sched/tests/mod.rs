@@ -18,6 +18,7 @@ mod encoder_connector;
 mod encoder_loads;
 mod encoder_settings;
 mod hisparse;
+mod hisparse_step;
 mod hooks;
 mod hybrid;
 mod hybrid_connectors;

@@ -86,11 +86,13 @@ def test_vllm_names_map_to_the_core_config() -> None:
     Scheduler(config)  # the core accepts it
 
 
-def test_admission_cap_and_budget_are_vllms_active_seqs_and_scheduled_tokens() -> None:
+def test_admission_cap_and_budgets_are_vllms_active_seqs_and_two_budgets() -> None:
     config = core_config(
         vllm_config(max_num_active_seqs=3, max_num_scheduled_tokens=48), kv_config(), 16
     )
-    assert (config.max_num_seqs, config.max_num_batched_tokens) == (3, 48)
+    # vLLM's two budgets: input (max_num_batched_tokens) and tokens (max_num_scheduled_tokens).
+    budgets = (config.max_num_batched_tokens, config.max_num_scheduled_tokens)
+    assert (config.max_num_seqs, budgets) == (3, (64, 48))
     s = settings(vllm_config(max_num_active_seqs=3), kv_config(), 16)
     assert (s.max_num_running_reqs, s.max_num_active_reqs) == (8, 3)
 

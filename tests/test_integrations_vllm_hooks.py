@@ -3,13 +3,15 @@
 ``kv_cache_manager.allocate_slots`` (a ``None`` refuses the allocation: the running request
 preempts or the admission waits) and ``_mamba_block_aligned_split``; and
 ``num_sampled_tokens_per_step`` assigned on a built scheduler; a parallel drafter's slots
-charged per scheduled request (``max_num_new_slots_for_drafting``). Each differential case runs
+charged per scheduled request (``max_num_new_slots_for_drafting``) and vLLM's two budgets
+(``max_num_scheduled_tokens`` apart from ``max_num_batched_tokens``). Each differential case runs
 vLLM 0.33's own ``Scheduler`` and the adapter with the same replacement on the same requests
 and compares every step. Needs vLLM (the bench venv, ``.venv-bench``); skipped elsewhere.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import random
 import weakref
@@ -19,11 +21,16 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM 0.33 is installed only in the bench venv")
 
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm_compare import add_both, build_pair, seeded_arrivals, update_both
+from vllm_compare import add_both, build_pair, compare_stream, seeded_arrivals, update_both
 
+import tokenyard.integrations.vllm as vllm_adapter
 from tokenyard.errors import ConfigError, InputError
-from tokenyard.integrations.vllm import TokenyardScheduler
+from tokenyard.integrations._vllm_translate import core_config
+from tokenyard.integrations.vllm import AsyncTokenyardScheduler, TokenyardScheduler
+
+SYNC = (Scheduler, TokenyardScheduler)
 
 
 def _refusing(scheduler: Any, refuse: set[int]) -> list[int]:
@@ -172,12 +179,84 @@ def test_a_parallel_drafters_slots_are_budgeted_per_request_as_in_vllm(seed: int
         raise AssertionError("the stream did not drain")
 
 
-def test_draft_slots_beside_a_separate_scheduled_token_budget_are_refused() -> None:
-    _, _, peer = build_pair(num_blocks=64, num_speculative_tokens=4)
-    object.__setattr__(peer.vllm_config.speculative_config, "parallel_drafting", True)
-    peer.vllm_config.scheduler_config.max_num_scheduled_tokens = 32
-    with pytest.raises(ConfigError, match="max_num_scheduled_tokens"):
-        peer.build(TokenyardScheduler, peer.scheduler.kv_cache_config)
+def _two_budget_pair(
+    classes: tuple[type, type],
+    *,
+    batched: int,
+    scheduled: int | None,
+    parallel: bool,
+    adaptive: bool = False,
+) -> tuple[Any, Any, Any]:
+    """vLLM's scheduler and the adapter (``classes``) with vLLM's two budgets:
+    ``max_num_batched_tokens`` (input rows: tokens and draft slots) and
+    ``max_num_scheduled_tokens`` (tokens); n-gram with 4 speculative tokens, parallel
+    drafting (3 draft slots per request) or not (none); an adaptive long-prefill threshold
+    of 8 (a fair share of the input budget) with ``adaptive``."""
+    _, _, peer = build_pair(
+        num_blocks=96, num_speculative_tokens=4, max_num_seqs=8, max_num_batched_tokens=batched
+    )
+    object.__setattr__(peer.vllm_config.speculative_config, "parallel_drafting", parallel)
+    sched = peer.vllm_config.scheduler_config
+    sched.max_num_scheduled_tokens = scheduled
+    if adaptive:
+        sched.long_prefill_token_threshold = 8
+        sched.long_prefill_token_threshold_adaptive = True
+    kv_cache_config = peer.scheduler.kv_cache_config
+    theirs, ours = (peer.build(cls, kv_cache_config) for cls in classes)
+    return theirs, ours, peer
+
+
+TWO_BUDGETS = [
+    # (max_num_batched_tokens, max_num_scheduled_tokens, parallel drafting, adaptive)
+    (64, 32, True, False),
+    (64, 48, True, False),
+    (40, 64, True, False),
+    (64, 40, False, False),
+    (48, 64, False, False),
+    (64, 24, False, True),
+]
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+@pytest.mark.parametrize(("batched", "scheduled", "parallel", "adaptive"), TWO_BUDGETS)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_token_budget_is_kept_apart_from_the_input_budget_as_in_vllm(
+    seed: int, batched: int, scheduled: int, parallel: bool, adaptive: bool, asynchronous: bool
+) -> None:
+    # vLLM 0.33's schedule() keeps token_budget (max_num_scheduled_tokens) and input_budget
+    # (max_num_batched_tokens, less each scheduled request's draft slots) apart: every step
+    # (tokens, block ids, preemptions, finishes) and block table must match.
+    classes = (AsyncScheduler, AsyncTokenyardScheduler) if asynchronous else SYNC
+    theirs, ours, peer = _two_budget_pair(
+        classes, batched=batched, scheduled=scheduled, parallel=parallel, adaptive=adaptive
+    )
+    assert ours._core.num_draft_slots_per_request == (3 if parallel else 0)
+    arrivals = seeded_arrivals(random.Random(seed), tail_max=60, max_tokens=12, count=10)
+    compare_stream(theirs, ours, arrivals, peer.make_request)
+
+
+def test_two_budgets_by_hand() -> None:
+    # Input budget 64, token budget 32, 3 slots: two 30-token prompts get 30 (tokens 2
+    # left, input 31) and min(2, 31 - 3) = 2. One budget of 64 would give 30 and 31.
+    theirs, ours, peer = _two_budget_pair(SYNC, batched=64, scheduled=32, parallel=True)
+    for scheduler in (theirs, ours):
+        for request_id in ("a", "b"):
+            scheduler.add_request(peer.make_request(request_id, list(range(30)), 4))
+    for scheduler in (theirs, ours):
+        assert dict(scheduler.schedule().num_scheduled_tokens) == {"a": 30, "b": 2}
+
+
+def test_a_core_with_one_budget_differs_from_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The variant: the core given only max_num_batched_tokens (one budget, as before) drifts
+    # from vLLM at the first step that fills the token budget.
+    def one_budget(*args: Any, **kwargs: Any) -> Any:
+        return dataclasses.replace(core_config(*args, **kwargs), max_num_scheduled_tokens=None)
+
+    monkeypatch.setattr(vllm_adapter, "core_config", one_budget)
+    theirs, ours, peer = _two_budget_pair(SYNC, batched=64, scheduled=32, parallel=True)
+    arrivals = seeded_arrivals(random.Random(0), tail_max=60, max_tokens=12, count=10)
+    with pytest.raises(AssertionError, match="step"):
+        compare_stream(theirs, ours, arrivals, peer.make_request)
 
 
 def test_num_sampled_tokens_per_step_assigned_on_a_built_scheduler_reaches_the_core() -> None:

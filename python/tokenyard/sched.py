@@ -167,7 +167,12 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     """Cap on running requests; 0 = unbounded."""
     max_num_batched_tokens: int = 8192
-    """Token budget of one step."""
+    """Token budget of one step: the tokens it schedules and, as vLLM 0.33's input budget,
+    each scheduled request's draft slots (``Scheduler.num_draft_slots_per_request``)."""
+    max_num_scheduled_tokens: int | None = None
+    """vLLM 0.33's ``max_num_scheduled_tokens``: the tokens one step schedules, a budget of
+    its own beside ``max_num_batched_tokens`` (a request gets at most the smaller of what
+    each leaves); ``None``: the same as ``max_num_batched_tokens``."""
     long_prefill_token_threshold: int = 0
     """Per-request cap on tokens in one step; 0 = off. As in vLLM 0.33, it applies only in
     steps that start with more than one request running or waiting."""
@@ -354,6 +359,10 @@ class SchedulerConfig:
         check_key_int(
             "prefill_schedule_interval", self.prefill_schedule_interval, low=1, high=MAX_COUNT
         )
+        if self.max_num_scheduled_tokens is not None:
+            check_key_int(
+                "max_num_scheduled_tokens", self.max_num_scheduled_tokens, low=1, high=MAX_COUNT
+            )
         check_key_int(
             "num_sampled_tokens_per_step", self.num_sampled_tokens_per_step, low=0, high=1
         )

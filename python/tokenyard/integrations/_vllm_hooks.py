@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.request import Request
 
-from tokenyard.errors import ConfigError, InputError
+from tokenyard.errors import InputError
 from tokenyard.integrations._vllm_encoder_cache import EncoderCacheView
 from tokenyard.integrations._vllm_state import AdapterBase, non_negative
 
@@ -68,27 +68,10 @@ def _weak(method: weakref.WeakMethod[Any]) -> Any:
 def draft_slots_per_request(vllm_config: Any) -> int:
     """vLLM 0.33's ``draft_slots`` in ``Scheduler.schedule()``: the speculative config's
     ``max_num_new_slots_for_drafting`` (0 without one), the input slots each scheduled
-    request takes beside its tokens.
-
-    Raises:
-        ConfigError: draft slots with ``max_num_scheduled_tokens`` set apart from
-            ``max_num_batched_tokens``: vLLM keeps two budgets then (its token and input
-            budgets), the core one.
-    """
+    request takes of ``max_num_batched_tokens`` beside its tokens (the core keeps
+    ``max_num_scheduled_tokens`` as a budget of its own, as vLLM does)."""
     spec = vllm_config.speculative_config
-    slots = int(spec.max_num_new_slots_for_drafting) if spec is not None else 0
-    sched = vllm_config.scheduler_config
-    scheduled = sched.max_num_scheduled_tokens
-    if slots and scheduled is not None and scheduled != sched.max_num_batched_tokens:
-        raise ConfigError(
-            f"scheduler_config.max_num_scheduled_tokens: {scheduled} differs from "
-            f"max_num_batched_tokens ({sched.max_num_batched_tokens}) with {slots} draft "
-            "slots per request (max_num_new_slots_for_drafting): not served (the core "
-            "keeps one budget)",
-            field="scheduler_config.max_num_scheduled_tokens",
-            value=str(scheduled),
-        )
-    return slots
+    return int(spec.max_num_new_slots_for_drafting) if spec is not None else 0
 
 
 class ReplacedMethods(AdapterBase):

@@ -170,13 +170,15 @@ def core_config(
     """tokenyard's ``SchedulerConfig`` for a vLLM 0.33 ``VllmConfig`` and ``KVCacheConfig``.
 
     Field by field: the admission cap is ``max_num_active_seqs`` (else ``max_num_seqs``);
-    the token budget is ``max_num_scheduled_tokens`` (else ``max_num_batched_tokens``);
+    the two budgets are vLLM's: ``max_num_batched_tokens`` (its input budget: tokens and
+    draft slots) and ``max_num_scheduled_tokens`` (its token budget, else
+    ``max_num_batched_tokens``);
     ``num_blocks`` is vLLM's ``num_gpu_blocks``, its null block included (tokenyard's
     ``reserve_null_block`` sets it aside the same way); ``max_model_len`` is the model
     config's (a KV cache that holds less is accepted, as vLLM's ``Scheduler`` accepts it: a
     request that outgrows the cache is never admitted, or preempts itself) capped, with
     chunked prefill off, at the token budget (vLLM's own ``SchedulerConfig`` refuses a
-    longer one then). The rest keep vLLM's names.
+    longer one then; the smaller budget here). The rest keep vLLM's names.
 
     Raises:
         ConfigError: see :func:`settings`; the core's own checks run when the scheduler is
@@ -196,11 +198,14 @@ def core_config(
         # vLLM's own SchedulerConfig refuses a budget below max_model_len with chunked
         # prefill off; its tests get past that by giving the scheduler config a shorter
         # max_model_len than the model config's. Sequences are capped at the budget then.
-        max_model_len = min(max_model_len, s.max_num_scheduled_tokens)
+        max_model_len = min(
+            max_model_len, s.max_num_scheduled_tokens, int(sched.max_num_batched_tokens)
+        )
     max_model_len = max(max_model_len, 2)
     return SchedulerConfig(
         max_num_seqs=s.max_num_active_reqs,
-        max_num_batched_tokens=s.max_num_scheduled_tokens,
+        max_num_batched_tokens=int(sched.max_num_batched_tokens),
+        max_num_scheduled_tokens=s.max_num_scheduled_tokens,
         long_prefill_token_threshold=int(_get(sched, "long_prefill_token_threshold", 0) or 0),
         long_prefill_token_threshold_adaptive=bool(
             _get(sched, "long_prefill_token_threshold_adaptive", False)

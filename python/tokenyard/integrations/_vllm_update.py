@@ -164,10 +164,6 @@ class UpdateFromOutput(KvTransfers):
         finished_ids = {vllm_ids[i] for i, _ in finished} if finished else set()
         # The core finished them after the step's outputs (vLLM's error_req_ids).
         errored = self._finish_load_errors(marked) if marked else []
-        if released:
-            # Blocks of finished requests whose transfers ended go back after the step's
-            # (vLLM's _update_from_kv_xfer_finished runs last).
-            self._release_transfers(*released)
         nans = model_runner_output.num_nans_in_logits
         if nans:
             for request_id, request in zip(live_ids, live, strict=True):
@@ -211,9 +207,12 @@ class UpdateFromOutput(KvTransfers):
         if self.ec_connector is not None:
             finish_unavailable(self, outputs)
         if report_late and kv_output is not None:
-            late_released = self._update_from_kv_transfers(kv_output)
-            if late_released:
-                self._release_transfers(*late_released)
+            released = self._update_from_kv_transfers(kv_output)
+        if released:
+            # Blocks of finished requests whose transfers ended go back after the step's
+            # outputs and its errors (grammar, encoder-cache, failed loads): vLLM frees its
+            # error_req_ids first and runs _update_from_kv_xfer_finished last, on either path.
+            self._release_transfers(*released)
         for request in errored:
             # vLLM 0.33 emits these after the step's outputs (its error_req_ids).
             outputs.setdefault(request.client_index, []).append(self._error_output(request))

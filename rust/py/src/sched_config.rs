@@ -24,6 +24,16 @@ fn count_field(config: &Bound<'_, PyAny>, name: &'static str) -> PyResult<usize>
     usize::try_from(value).map_err(|_| config_error(config.py(), name, value, "must be >= 0"))
 }
 
+/// An optional count below 2^32: absent or `None` reads as 0.
+fn optional_count_field(config: &Bound<'_, PyAny>, name: &'static str) -> PyResult<u32> {
+    if !config.hasattr(name)? || config.getattr(name)?.is_none() {
+        return Ok(0);
+    }
+    let value: i64 = field(config, name)?;
+    u32::try_from(value)
+        .map_err(|_| config_error(config.py(), name, value, "must be >= 0 and below 2**32"))
+}
+
 /// A `tokenyard.sched.SchedulerConfig` (or any object with its fields) as the core's config,
 /// and its `async_scheduling`.
 pub(crate) fn core_config(config: &Bound<'_, PyAny>) -> PyResult<(SchedulerConfig, bool)> {
@@ -34,6 +44,8 @@ pub(crate) fn core_config(config: &Bound<'_, PyAny>) -> PyResult<(SchedulerConfi
     let core = SchedulerConfig {
         max_num_seqs: count_field(config, "max_num_seqs")?,
         max_num_batched_tokens: count_field(config, "max_num_batched_tokens")?,
+        // `None` (vLLM's default): the core's 0, the same as max_num_batched_tokens.
+        max_num_scheduled_tokens: optional_count_field(config, "max_num_scheduled_tokens")?,
         long_prefill_token_threshold: count_field(config, "long_prefill_token_threshold")?,
         long_prefill_token_threshold_adaptive: field(
             config,

@@ -1,6 +1,7 @@
 //! Phase 2 of a step: admitting waiting requests in order (block holders first) until
 //! the token budget, the sequence cap, LoRA slots or KV memory says stop.
 
+use super::budget::StepBudget;
 use super::kv::Hit;
 use super::outside_wait::OutsideWait;
 use super::request::{DeferredPrompt, PLACEHOLDER_DRAFT, RequestStatus};
@@ -34,7 +35,7 @@ impl<R: RequestKey> Scheduler<R> {
     /// `schedule` to report once the step is consistent.
     pub(super) fn schedule_waiting(
         &mut self,
-        budget: &mut usize,
+        budget: &mut StepBudget,
         plan: &mut StepPlan<R>,
     ) -> Result<Option<crate::Error>> {
         if self.config.max_loras > 0 {
@@ -51,7 +52,7 @@ impl<R: RequestKey> Scheduler<R> {
         }
         let mut skipped = Vec::new();
         let mut admission_error = None;
-        while *budget > self.config.num_draft_slots_per_request {
+        while budget.is_open() {
             let Some(slot) = self.waiting.peek() else {
                 break;
             };
@@ -157,7 +158,7 @@ impl<R: RequestKey> Scheduler<R> {
     fn admit(
         &mut self,
         slot: u32,
-        budget: &mut usize,
+        budget: &mut StepBudget,
         plan: &mut StepPlan<R>,
     ) -> Result<Admission> {
         let holds = self.kv.block_ids(slot).is_some();
@@ -301,7 +302,7 @@ impl<R: RequestKey> Scheduler<R> {
             num_computed -= num_replay;
         }
         let Some(AdmissionTokens { n, mut padded }) =
-            self.admission_tokens(slot, num_computed, num_replay, *budget, plan)?
+            self.admission_tokens(slot, num_computed, num_replay, budget.room(), plan)?
         else {
             self.blocked_head = Some((seq, hit));
             return Ok(Admission::Blocked);
@@ -396,7 +397,7 @@ impl<R: RequestKey> Scheduler<R> {
     fn admit_computed(
         &mut self,
         slot: u32,
-        budget: &mut usize,
+        budget: &mut StepBudget,
         plan: &mut StepPlan<R>,
     ) -> Result<Admission> {
         self.make_deferred_prompt(slot)?;
@@ -407,7 +408,7 @@ impl<R: RequestKey> Scheduler<R> {
             return Ok(Admission::Blocked);
         }
         let Some(AdmissionTokens { n, padded }) =
-            self.admission_tokens(slot, num_computed, 0, *budget, plan)?
+            self.admission_tokens(slot, num_computed, 0, budget.room(), plan)?
         else {
             return Ok(Admission::Blocked);
         };
@@ -586,7 +587,8 @@ impl<R: RequestKey> Scheduler<R> {
 
     /// Tokens a new admission computes this step, after `num_computed` hit or loaded ones
     /// (`num_replay` of a hit rewound for bounded replay past them);
-    /// `None` if it must wait (its prompt, or its padded decode, does not fit the budget).
+    /// `None` if it must wait (its prompt, or its padded decode, does not fit `budget`, the
+    /// step's room for one request: `sched::budget`).
     ///
     /// vLLM 0.33 (`pad_spec_decode`): with `k` speculative tokens, an admission left with
     /// one token to compute (a model that samples a token per step: its drafts are
@@ -604,8 +606,6 @@ impl<R: RequestKey> Scheduler<R> {
         budget: usize,
         plan: &StepPlan<R>,
     ) -> Result<Option<AdmissionTokens>> {
-        // vLLM 0.33's request_token_budget: the input budget less the draft slots.
-        let budget = budget.saturating_sub(self.config.num_draft_slots_per_request);
         let mut n = self.req(slot).num_tokens() - num_computed;
         let k = self.config.num_speculative_tokens;
         let mut padded = false;
@@ -658,7 +658,7 @@ impl<R: RequestKey> Scheduler<R> {
         n: usize,
         padded: bool,
         blocks: Vec<BlockId>,
-        budget: &mut usize,
+        budget: &mut StepBudget,
         plan: &mut StepPlan<R>,
     ) -> Result<()> {
         self.charge_host_pages(slot)?;
@@ -682,7 +682,7 @@ impl<R: RequestKey> Scheduler<R> {
         plan.admitted.insert(slot, was_preempted);
         plan.scheduled.push((slot, n));
         plan.set_blocks(slot, blocks);
-        *budget -= n + self.config.num_draft_slots_per_request;
+        budget.take(n);
         Ok(())
     }
 }

@@ -80,8 +80,15 @@ impl PrefixCache {
 pub struct SchedulerConfig {
     /// Cap on running requests; 0 = unbounded.
     pub max_num_seqs: usize,
-    /// Token budget of one step.
+    /// Token budget of one step: the tokens it schedules and, as vLLM 0.33's input budget,
+    /// each scheduled request's `num_draft_slots_per_request` beside them.
     pub max_num_batched_tokens: usize,
+    /// vLLM 0.33's `max_num_scheduled_tokens`: the tokens one step schedules, a budget of
+    /// its own beside `max_num_batched_tokens` (`sched::budget`); 0: the same as
+    /// `max_num_batched_tokens` (vLLM's default, its `None`). (A `u32`, not an
+    /// `Option<usize>`: it packs beside the flags, and the config sits in an enum of engine
+    /// configs.)
+    pub max_num_scheduled_tokens: u32,
     /// Per-request cap on tokens in one step; 0 = off. As in vLLM 0.33 it applies only in
     /// steps that start with more than one request running or waiting (alone, a request
     /// starves nobody).
@@ -175,9 +182,9 @@ pub struct SchedulerConfig {
     pub num_prefill_lookahead: usize,
     /// Input slots a parallel drafter takes per scheduled request beside its tokens (vLLM
     /// 0.33's `max_num_new_slots_for_drafting`): each request scheduled costs its tokens and
-    /// these of `max_num_batched_tokens` (vLLM's input budget, here the one budget), gets
-    /// at most the budget less these, and none is scheduled once no more than these remain;
-    /// 0 = off.
+    /// these of `max_num_batched_tokens` (vLLM's input budget), gets at most that budget
+    /// less these (and at most what `max_num_scheduled_tokens` leaves), and none is
+    /// scheduled once no more than these remain; 0 = off.
     pub num_draft_slots_per_request: usize,
     /// Tokens past each block that its hash covers (vLLM 0.33's
     /// `VllmConfig.num_hash_lookahead_tokens`, on by default for EAGLE/EAGLE3/MTP drafters
@@ -197,6 +204,7 @@ impl Default for SchedulerConfig {
         Self {
             max_num_seqs: 256,
             max_num_batched_tokens: 8192,
+            max_num_scheduled_tokens: 0,
             long_prefill_token_threshold: 0,
             long_prefill_token_threshold_adaptive: false,
             enable_chunked_prefill: true,
@@ -300,6 +308,30 @@ impl SchedulerConfig {
             .get(i)
             .copied()
             .unwrap_or(self.block_size)
+    }
+
+    /// The step's token budget (vLLM 0.33's `Scheduler.max_num_scheduled_tokens`):
+    /// `max_num_scheduled_tokens`, else `max_num_batched_tokens`.
+    pub fn token_budget(&self) -> usize {
+        match self.max_num_scheduled_tokens {
+            0 => self.max_num_batched_tokens,
+            scheduled => scheduled as usize,
+        }
+    }
+
+    /// The most tokens one step schedules without draft slots: the smaller budget.
+    pub fn step_token_cap(&self) -> usize {
+        self.token_budget().min(self.max_num_batched_tokens)
+    }
+
+    /// The budget that caps a step's tokens ([`Self::step_token_cap`]), by field name.
+    fn smaller_budget(&self) -> (&'static str, usize) {
+        match self.max_num_scheduled_tokens {
+            scheduled if scheduled > 0 && (scheduled as usize) < self.max_num_batched_tokens => {
+                ("max_num_scheduled_tokens", scheduled as usize)
+            }
+            _ => ("max_num_batched_tokens", self.max_num_batched_tokens),
+        }
     }
 
     /// Blocks that hold KV: `num_blocks`, less vLLM's null block.
@@ -418,15 +450,13 @@ impl SchedulerConfig {
         }
         self.validate_prefix_rules()?;
         let padded = 1 + self.num_speculative_tokens;
-        if self.num_speculative_tokens > 0
-            && self.pad_spec_decode
-            && self.max_num_batched_tokens < padded
-        {
+        let (cap_field, cap) = self.smaller_budget();
+        if self.num_speculative_tokens > 0 && self.pad_spec_decode && cap < padded {
             // vLLM 0.33 accepts it and then never admits a request padded past the budget
             // (it stops admission rather than schedule it unpadded): a hang, not a config.
             return Err(Error::config(
-                "max_num_batched_tokens",
-                self.max_num_batched_tokens,
+                cap_field,
+                cap,
                 format!(
                     "must be >= 1 + num_speculative_tokens = {padded} with pad_spec_decode: a \
                      request admitted with one token left is padded to {padded} tokens and \
@@ -434,10 +464,10 @@ impl SchedulerConfig {
                 ),
             ));
         }
-        if !self.enable_chunked_prefill && self.max_num_batched_tokens < self.max_model_len {
+        if !self.enable_chunked_prefill && cap < self.max_model_len {
             return Err(Error::config(
-                "max_num_batched_tokens",
-                self.max_num_batched_tokens,
+                cap_field,
+                cap,
                 format!(
                     "must be >= max_model_len={} when chunked prefill is off, or the longest \
                      prompts could never be scheduled",

@@ -4,6 +4,7 @@
 //! head needs while nothing runs.
 
 use super::admission::{Admission, AdmissionTokens};
+use super::budget::StepBudget;
 use super::connector::{ExternalTokens, KvLoad};
 use super::kv::{Hit, Kv};
 use super::request::RequestStatus;
@@ -369,7 +370,7 @@ impl<R: RequestKey> Scheduler<R> {
     pub(super) fn admit_loaded(
         &mut self,
         slot: u32,
-        budget: &mut usize,
+        budget: &mut StepBudget,
         plan: &mut StepPlan<R>,
     ) -> Result<Admission> {
         let num_computed = self.req(slot).num_computed_tokens;
@@ -377,7 +378,7 @@ impl<R: RequestKey> Scheduler<R> {
             return Ok(Admission::Blocked);
         }
         let Some(AdmissionTokens { n, padded }) =
-            self.admission_tokens(slot, num_computed, 0, *budget, plan)?
+            self.admission_tokens(slot, num_computed, 0, budget.room(), plan)?
         else {
             return Ok(Admission::Blocked);
         };

@@ -337,7 +337,8 @@ impl<R: RequestKey> Scheduler<R> {
         };
         let request = self.req(slot);
         let threshold = self.config.long_prefill_token_threshold;
-        let mut max_prefill_tokens = self.config.max_num_batched_tokens;
+        // vLLM 0.33's `max_num_scheduled_tokens`.
+        let mut max_prefill_tokens = self.config.token_budget();
         if threshold > 0 {
             max_prefill_tokens = max_prefill_tokens.min(threshold);
         }

@@ -6,6 +6,7 @@ mod admission;
 mod adopt;
 mod aux_outputs;
 mod block_free;
+mod budget;
 mod config;
 mod connector;
 mod encoder;

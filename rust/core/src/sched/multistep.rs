@@ -152,7 +152,7 @@ impl<R: RequestKey> Scheduler<R> {
             && !self.async_scheduling
             && self.waiting.len() == 0
             && !self.running.is_empty()
-            && self.running.len() <= self.config.max_num_batched_tokens
+            && self.running.len() <= self.config.step_token_cap()
             && self.config.num_lookahead_tokens == 0
             // A window charges each request one token and no draft slots.
             && self.config.num_draft_slots_per_request == 0

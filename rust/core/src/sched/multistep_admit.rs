@@ -27,6 +27,7 @@
 //! the next one. An admission still prefilling (a chunk) ends the window after the step.
 
 use super::Scheduler;
+use super::budget::StepBudget;
 use super::multistep::DecodeWindow;
 use super::output::SchedulerOutput;
 use crate::kv::{RequestKey, TokenId};
@@ -83,7 +84,9 @@ impl<R: RequestKey> Scheduler<R> {
         self.defer_prefills = self.prefill_gate(false);
         self.encoder_begin_step();
         // Each running request (the window's) took one token.
-        let mut budget = self.config.max_num_batched_tokens - self.running.len();
+        // (A window takes no draft slots: one charge covers them all.)
+        let mut budget = StepBudget::of(&self.config);
+        budget.take(self.running.len());
         let mut plan = std::mem::take(&mut self.spare_plan);
         let admission_error = self.schedule_waiting(&mut budget, &mut plan)?;
         self.close_step(plan, admission_error).map(Some)
@@ -97,7 +100,7 @@ impl<R: RequestKey> Scheduler<R> {
             return false;
         };
         self.window_admits(window)
-            && self.running.len() <= self.config.max_num_batched_tokens
+            && self.running.len() <= self.config.step_token_cap()
             && self.window_steps_left(slot).is_some()
     }
 

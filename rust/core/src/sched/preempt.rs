@@ -4,6 +4,7 @@
 //! called from outside a step.
 
 use super::{Policy, PriorityTies, RequestKey, RequestStatus, Result, Scheduler, StepPlan};
+use crate::sched::budget::StepBudget;
 
 impl<R: RequestKey> Scheduler<R> {
     /// Preempts a running request from outside a step (vLLM 0.33's `_preempt_request`
@@ -20,7 +21,7 @@ impl<R: RequestKey> Scheduler<R> {
                 "is not running: only a running request can be preempted",
             ));
         }
-        let slot = self.preempt(slot, &mut 0, &mut StepPlan::default())?;
+        let slot = self.preempt(slot, &mut StepBudget::default(), &mut StepPlan::default())?;
         self.mark_stale(slot, false);
         Ok(())
     }
@@ -75,7 +76,7 @@ impl<R: RequestKey> Scheduler<R> {
     pub(in crate::sched) fn preempt(
         &mut self,
         victim: u32,
-        budget: &mut usize,
+        budget: &mut StepBudget,
         plan: &mut StepPlan<R>,
     ) -> Result<u32> {
         self.encoder_preempted(victim);
@@ -86,8 +87,7 @@ impl<R: RequestKey> Scheduler<R> {
                 .iter()
                 .position(|&(s, _)| s == victim)
                 .expect("scheduled");
-            let draft_slots = self.config.num_draft_slots_per_request;
-            *budget += plan.scheduled.remove(pos).1 + draft_slots;
+            budget.refund(plan.scheduled.remove(pos).1);
         }
         plan.admitted.remove(&victim);
         // A step in flight keeps its token (computed before the blocks were freed), async

@@ -9,6 +9,7 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
+use super::budget::StepBudget;
 use super::connector::{KvConnector, KvLoad};
 use super::kv::{Hit, Kv};
 use super::output::{CachedRequestData, SchedulerOutput, SchedulerStats};
@@ -481,7 +482,7 @@ impl<R: RequestKey> Scheduler<R> {
             // output that did not come with it never will.
             self.finished_in_flight.clear();
         }
-        let mut budget = self.config.max_num_batched_tokens;
+        let mut budget = StepBudget::of(&self.config);
         self.step_threshold = self.long_prefill_threshold();
         self.defer_prefills = self.prefill_gate(throttle_prefills);
         self.encoder_begin_step();
@@ -554,7 +555,8 @@ impl<R: RequestKey> Scheduler<R> {
     }
 
     /// This step's cap on one request's tokens (vLLM 0.33): the configured threshold, only
-    /// when more than one request runs or waits, floored at a fair share of the budget if
+    /// when more than one request runs or waits, floored at a fair share of the input budget
+    /// (`max_num_batched_tokens`) if
     /// `long_prefill_token_threshold_adaptive`; 0 = no cap.
     pub(super) fn long_prefill_threshold(&self) -> usize {
         let configured = self.config.long_prefill_token_threshold;
@@ -628,14 +630,14 @@ impl<R: RequestKey> Scheduler<R> {
     /// that are (`Some(true)`) or are not (`Some(false)`) still prefilling.
     fn schedule_running(
         &mut self,
-        budget: &mut usize,
+        budget: &mut StepBudget,
         plan: &mut StepPlan<R>,
         only_prefills: Option<bool>,
     ) -> Result<()> {
         let mut i = 0;
-        // vLLM 0.33's input budget: each scheduled request also takes its draft slots.
-        let draft_slots = self.config.num_draft_slots_per_request;
-        while i < self.running.len() && *budget > draft_slots {
+        // vLLM 0.33's two budgets (sched::budget): each scheduled request also takes its
+        // draft slots of the input budget.
+        while i < self.running.len() && budget.is_open() {
             let slot = self.running[i];
             let request = self.req(slot);
             let skip = plan.is_scheduled(slot)
@@ -652,7 +654,7 @@ impl<R: RequestKey> Scheduler<R> {
             let request = self.req(slot);
             let n = self.clamp(
                 request.num_pending_tokens(),
-                *budget - draft_slots,
+                budget.room(),
                 request.num_computed_tokens,
             );
             // vLLM 0.33 applies the Mamba `align` split before the encoder caps.
@@ -678,7 +680,7 @@ impl<R: RequestKey> Scheduler<R> {
                     plan.prefill_scheduled |= prefill_chunk;
                     plan.scheduled.push((slot, n));
                     plan.set_blocks(slot, blocks);
-                    *budget -= n + draft_slots;
+                    budget.take(n);
                     if encoder.is_some() {
                         self.commit_encoder_inputs(slot, encoder);
                     }
@@ -706,7 +708,7 @@ impl<R: RequestKey> Scheduler<R> {
         &mut self,
         slot: u32,
         n: usize,
-        budget: &mut usize,
+        budget: &mut StepBudget,
         plan: &mut StepPlan<R>,
     ) -> Result<Allocation> {
         loop {

@@ -3,6 +3,7 @@
 //! `sched::invariants`).
 
 use super::Scheduler;
+use super::budget::StepBudget;
 use super::output::SampledOutput;
 use super::outside_wait::OutsideWait;
 use super::request::{FinishReason, Request, RequestSpec, RequestStatus};
@@ -662,7 +663,7 @@ impl<R: RequestKey> Scheduler<R> {
         if preempt_running {
             let mut plan = super::scheduler::StepPlan::default();
             while let Some(&slot) = self.running.last() {
-                let slot = self.preempt(slot, &mut 0, &mut plan)?;
+                let slot = self.preempt(slot, &mut StepBudget::default(), &mut plan)?;
                 self.mark_stale(slot, true);
                 preempted.push(self.req(slot).request_id.clone());
             }

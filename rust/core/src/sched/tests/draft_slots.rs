@@ -1,13 +1,19 @@
 //! vLLM 0.33's draft slots (`max_num_new_slots_for_drafting`): each scheduled request takes
 //! its tokens and the slots of the budget, gets at most the budget less the slots, and none
-//! is scheduled once no more than the slots remain.
+//! is scheduled once no more than the slots remain; beside `max_num_scheduled_tokens`, the
+//! token budget kept apart (`sched::budget`).
 
 use super::*;
 
 fn with_slots(budget: usize, slots: usize) -> Scheduler<u32> {
+    with_budgets(budget, 0, slots)
+}
+
+fn with_budgets(batched: usize, scheduled: u32, slots: usize) -> Scheduler<u32> {
     let mut s = Scheduler::new(
         SchedulerConfig {
-            max_num_batched_tokens: budget,
+            max_num_batched_tokens: batched,
+            max_num_scheduled_tokens: scheduled,
             ..config()
         },
         false,
@@ -69,4 +75,34 @@ fn no_decode_window_opens_while_requests_take_draft_slots() {
     assert!(s.open_decode_window().is_some());
     s.set_num_draft_slots_per_request(3);
     assert!(s.open_decode_window().is_none());
+}
+
+fn two_prompts_of_ten(mut s: Scheduler<u32>) -> Vec<(u32, usize)> {
+    s.add_request(0, prompt(0, 10)).unwrap();
+    s.add_request(1, prompt(1, 10)).unwrap();
+    scheduled(&s.schedule().unwrap())
+}
+
+#[test]
+fn the_token_budget_is_kept_apart_from_the_input_budget() {
+    // vLLM 0.33, input budget 20, 3 slots, token budget 12: 10 (tokens 2 left, input 7),
+    // then min(2, 7 - 3) = 2. With one budget of 20: 10 then 4.
+    assert_eq!(
+        two_prompts_of_ten(with_budgets(20, 12, 3)),
+        [(0, 10), (1, 2)]
+    );
+    // Token budget 30 above the input budget: the input budget binds (10, then 7 - 3).
+    assert_eq!(
+        two_prompts_of_ten(with_budgets(20, 30, 3)),
+        [(0, 10), (1, 4)]
+    );
+    // No slots: the smaller budget binds.
+    assert_eq!(
+        two_prompts_of_ten(with_budgets(20, 12, 0)),
+        [(0, 10), (1, 2)]
+    );
+    assert_eq!(
+        two_prompts_of_ten(with_budgets(12, 20, 0)),
+        [(0, 10), (1, 2)]
+    );
 }

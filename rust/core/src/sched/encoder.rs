@@ -166,22 +166,15 @@ impl<R: RequestKey> Scheduler<R> {
             return Ok(());
         }
         // Beside a KV connector the admission paths schedule the items past the loaded
-        // prefix (`sched::admission`, `sched::loads::admit_loaded`), as vLLM 0.33 does. An
-        // encoder-decoder model's cross-attention slots are taken by an allocation no load
-        // comes between, and the host tier has no vLLM counterpart to check it against.
+        // prefix (`sched::admission`, `sched::loads::admit_loaded`), as vLLM 0.33 does; an
+        // encoder-decoder model's once nothing is computed (a loaded prefix skips them,
+        // `schedule_encoder_decoder_inputs`). The host tier has no vLLM counterpart to
+        // check it against.
         if self.config.host_num_blocks > 0 {
             return Err(Error::input(
                 "mm_features",
                 features.len(),
                 "multimodal requests with a host KV tier (host_num_blocks) are not modelled",
-            ));
-        }
-        if self.connector.is_some() && self.encoder.enc_dec.is_some() {
-            return Err(Error::input(
-                "mm_features",
-                features.len(),
-                "an encoder-decoder model's encoder inputs beside a KV connector are not \
-                 modelled (its loads and cross-attention slots are not checked together)",
             ));
         }
         let cfg = &self.config;
@@ -405,6 +398,8 @@ impl<R: RequestKey> Scheduler<R> {
             return;
         }
         if self.encoder.enc_dec.is_some() {
+            // The cross-attention tokens set for the allocation refused go with it.
+            self.kv.set_encoder_tokens(0);
             self.encoder_decoder_free(slot);
             return;
         }

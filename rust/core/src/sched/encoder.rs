@@ -182,19 +182,24 @@ impl<R: RequestKey> Scheduler<R> {
         let budget = self.encoder.budget_per_step;
         let enc_dec = self.encoder.enc_dec.as_ref();
         let cache_size = enc_dec.map_or(self.encoder.cache.cache_size(), |c| c.cache_size());
-        let mut end = 0;
+        let (mut end, mut last_offset) = (0, 0);
         for (i, f) in features.iter().enumerate() {
             let bad = |why: String| Error::input("mm_features", format!("item {i} {f:?}"), why);
             if f.length == 0 {
                 return Err(bad("must have at least one placeholder token".into()));
             }
-            if i > 0 && f.offset < end {
+            // An encoder-decoder model's ranges count encoder tokens, not the decoder's
+            // prompt: they need only be sorted (a session's later input, placed after the
+            // kept tokens, may start inside the first one's range).
+            let start = if enc_dec.is_some() { last_offset } else { end };
+            if i > 0 && f.offset < start {
                 return Err(bad(format!(
                     "must start at or after the previous item's end ({end}): items are \
                      sorted by offset and disjoint"
                 )));
             }
             end = f.offset.saturating_add(f.length);
+            last_offset = f.offset;
             // An encoder-decoder model's encoder input is not in the decoder's prompt.
             if end > num_prompt_tokens && enc_dec.is_none() {
                 return Err(bad(format!(

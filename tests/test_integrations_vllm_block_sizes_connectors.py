@@ -163,9 +163,12 @@ def build_pair(
     loads_every_group: bool = False,
     num_blocks: int = 160,
     policy: str = "fail",
+    groups: list[Any] | None = None,
 ) -> tuple[list[Any], VllmSchedulerPeer]:
     """vLLM's scheduler and tokenyard's over ``layout`` with the seeded connector, built with
-    vLLM's two block sizes, and the peer whose requests are hashed at the hash block size."""
+    vLLM's two block sizes, and the peer whose requests are hashed at the hash block size;
+    ``groups`` (vLLM's ``KVCacheGroupSpec``s, of ``layout``'s block sizes) replaces the
+    groups ``layout`` makes (a cross-attention group, which ``layout`` cannot name)."""
     peer = VllmSchedulerPeer(
         num_blocks=num_blocks,
         max_num_seqs=4,
@@ -193,7 +196,7 @@ def build_pair(
         else (Scheduler, TokenyardScheduler)
     )
     kv_config = KVCacheConfig(
-        num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=_groups(layout)
+        num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups or _groups(layout)
     )
     pair = [
         cls(

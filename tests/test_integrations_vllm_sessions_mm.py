@@ -20,7 +20,13 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM 0.33 is installed only in the bench venv")
 
-from test_integrations_vllm_sessions import STOP, _decisions, _outputs, _runner_output
+from test_integrations_vllm_sessions import (
+    STOP,
+    _decisions,
+    _outputs,
+    _runner_output,
+    _without_asserts,
+)
 from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -37,16 +43,23 @@ Item = tuple[int, int, str]
 
 @pytest.fixture(autouse=True)
 def multimodal(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The stub model takes images; both schedulers get ``vllm_compare.Budget``."""
+    """The stub model takes images; both schedulers get ``vllm_compare.Budget``, vLLM's
+    compiled without its asserts too."""
     make_multimodal(monkeypatch)
+    stripped_globals = _without_asserts()[0].__init__.__globals__
+    monkeypatch.setitem(stripped_globals, "MultiModalBudget", Budget)
 
 
-def _pair(*, async_scheduling: bool, budget: int, cache: int, **config: Any) -> list[Any]:
+def _pair(
+    *, async_scheduling: bool, budget: int, cache: int, stripped: bool = False, **config: Any
+) -> list[Any]:
+    """vLLM's scheduler (``stripped``: without its asserts, as a wait set by hand needs:
+    vLLM's parked-session counter goes below 0 and its admission passes ``max_num_seqs``,
+    which an assert catches) and tokenyard's."""
     Budget.compute, Budget.cache = budget, cache
+    sync_cls, async_cls = _without_asserts() if stripped else (Scheduler, AsyncScheduler)
     classes = (
-        (AsyncScheduler, AsyncTokenyardScheduler)
-        if async_scheduling
-        else (Scheduler, TokenyardScheduler)
+        (async_cls, AsyncTokenyardScheduler) if async_scheduling else (sync_cls, TokenyardScheduler)
     )
     options = {"max_num_seqs": 4, "max_num_batched_tokens": 64, "max_model_len": 1024}
     options.update(config)
@@ -137,9 +150,37 @@ def _encoder(out: Any) -> tuple[Any, ...]:
     )
 
 
-def _stream(seed: int, async_scheduling: bool) -> tuple[int, int]:
-    """One seeded stream; returns the encoder inputs of later chunks scheduled (inputs
-    past a session's first chunk's items) and the steps compared."""
+def _hand_set_chunk(pair: list[Any], rng: random.Random, sessions: list[str], step: int) -> int:
+    """vLLM's tests' edit (``test_streaming_request_session_update``): a queued session
+    never scheduled since it arrived or resumed gets ``WAITING_FOR_STREAMING_REQ``, one
+    output token and computed tokens by hand, then a chunk with text and images. Returns
+    the images the chunk carries (0 when no session is queued untouched)."""
+    requests = pair[0].requests
+    queued = [
+        i
+        for i in sessions
+        if i in requests
+        and requests[i].status == RequestStatus.WAITING
+        and requests[i].num_computed_tokens == 0
+    ]
+    if not queued:
+        return 0
+    request_id = rng.choice(queued)
+    num_computed = rng.randint(0, requests[request_id].num_tokens)
+    for s in pair:
+        request = s.requests[request_id]
+        request.status = RequestStatus.WAITING_FOR_STREAMING_REQ
+        request.append_output_token_ids(step)
+        request.num_computed_tokens = num_computed
+    prompt, items = _text_and_images(rng, step, 2)
+    _add(pair, request_id, prompt, items, rng.randint(1, 8))
+    return len(items)
+
+
+def _stream(seed: int, async_scheduling: bool, hand_set: bool = False) -> tuple[int, int]:
+    """One seeded stream (``hand_set``: with chunks on waits set by hand); returns the
+    encoder inputs of later chunks scheduled (inputs past a session's first chunk's items)
+    and the hand-set chunks' images (the steps compared without ``hand_set``)."""
     rng = random.Random(seed)
     budget, cache = rng.choice([(64, 128), (32, 48), (24, 24)])
     pair = _pair(
@@ -149,14 +190,18 @@ def _stream(seed: int, async_scheduling: bool) -> tuple[int, int]:
         num_blocks=rng.choice([24, 40, 96]),
         max_num_seqs=rng.choice([2, 4, 8]),
         enable_prefix_caching=rng.random() < 0.7,
+        stripped=hand_set,
     )
     in_flight: list[list[tuple[Any, set[str]]]] = [[], []]
     sessions: list[str] = []
     first_items: dict[str, int] = {}
-    later_inputs = 0
+    later_inputs = hand_set_images = 0
     for step in range(70):
         what = f"seed {seed}, step {step}"
         roll = rng.random()
+        if hand_set and rng.random() < 0.12:
+            hand_set_images += _hand_set_chunk(pair, rng, sessions, step)
+            _same(pair, f"{what}: chunk for a wait set by hand")
         if roll < 0.15:
             request_id = f"q{step}"
             resumable = rng.random() < 0.75
@@ -206,7 +251,7 @@ def _stream(seed: int, async_scheduling: bool) -> tuple[int, int]:
         for queue, out in zip(in_flight, outs, strict=True):
             queue.append((out, sampling))
         _same(pair, f"{what}: scheduled")
-    return later_inputs, 70
+    return later_inputs, hand_set_images if hand_set else 70
 
 
 @pytest.mark.parametrize("seed", range(16))
@@ -229,6 +274,19 @@ def test_later_chunks_images_reach_the_v2_runner_as_vllm_sends_them(
     session's new items are sent with their first encoding and released as vLLM does."""
     make_multimodal(monkeypatch, v2=True)
     _stream(100 + seed, async_scheduling)
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_images_in_chunks_on_waits_set_by_hand_agree_with_vllm(
+    seed: int, async_scheduling: bool
+) -> None:
+    """vLLM's ``add_request`` applies a chunk at once to a session whose streaming wait
+    was set by hand on a queued request: its items go after the kept tokens, and the
+    request, kept in its queue, is admitted from the computed tokens set (no lookup),
+    its items past them scheduled (``_try_schedule_encoder_inputs``), the ones before
+    never encoded."""
+    _stream(200 + seed, async_scheduling, hand_set=True)
 
 
 def test_the_streams_encode_images_of_later_chunks() -> None:
@@ -294,6 +352,9 @@ class _CoreWithoutChunkItems:
     def resume_session(self, *args: Any, mm_features: Any = None, **kwargs: Any) -> None:
         self._inner.resume_session(*args, **kwargs)
 
+    def resume_unparked_session(self, *args: Any, mm_features: Any = None, **kw: Any) -> None:
+        self._inner.resume_unparked_session(*args, **kw)
+
 
 def test_the_streams_catch_a_core_not_told_of_the_chunks_images(
     monkeypatch: pytest.MonkeyPatch,
@@ -315,6 +376,33 @@ def test_the_streams_catch_a_core_not_told_of_the_chunks_images(
     def streams() -> None:
         for seed in range(8):
             _stream(seed, async_scheduling=False)
+
+    with pytest.raises(AssertionError):
+        streams()
+
+
+def test_the_hand_set_streams_carry_images_and_catch_a_core_not_told_of_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The hand-set streams carry images (over 12 seeds each way), and with those chunks'
+    items kept from the core the comparison fails."""
+    images = sum(_stream(200 + seed, a, hand_set=True)[1] for seed in range(12) for a in (0, 1))
+    assert images >= 10, images
+    original = sessions_module.Sessions._resume_unparked
+
+    def without_items(self: Any, session: Any, update: Any) -> None:
+        core = self._core
+        self._core = _CoreWithoutChunkItems(core)
+        try:
+            original(self, session, update)
+        finally:
+            self._core = core
+
+    monkeypatch.setattr(sessions_module.Sessions, "_resume_unparked", without_items)
+
+    def streams() -> None:
+        for seed in range(12):
+            _stream(200 + seed, async_scheduling=False, hand_set=True)
 
     with pytest.raises(AssertionError):
         streams()

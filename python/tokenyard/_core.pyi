@@ -1420,13 +1420,15 @@ class Scheduler:
         ignore_eos: bool = False,
         repetition_detection: tuple[int, int, int] | None = None,
         min_tokens: int | None = None,
+        mm_features: Sequence[_MmFeatureLike] | None = None,
     ) -> None:
         """A chunk for a session whose streaming wait was set by hand on a request queued
         and never scheduled (vLLM 0.33's ``_update_request_as_session`` on it):
         ``output_token_ids`` (appended by hand) join its tokens, its last token is dropped,
         the kept ones and ``prompt_token_ids`` make its prompt, and ``num_computed_tokens``
         of them count as computed. It stays where it waits; admission takes it from those
-        computed tokens (no prefix lookup).
+        computed tokens (no prefix lookup), scheduling its items past them. ``mm_features``:
+        the chunk's items, offsets counted from the chunk, as for ``resume_session``.
 
         Raises:
             InputError: an unknown id, a request that is parked or not a session queued

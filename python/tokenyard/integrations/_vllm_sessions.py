@@ -163,21 +163,26 @@ class Sessions(AdapterBase):
         queued and never scheduled: the core takes the outputs appended by hand, the chunk
         and the ``num_computed_tokens`` set by hand (``resume_unparked_session``), and the
         request waits where it is, to be admitted from those computed tokens; vLLM's
-        parked-session counter, which never counted it, goes one lower.
+        parked-session counter, which never counted it, goes one lower. The chunk's
+        multimodal items go to the core as for a parked session (:meth:`_resume_session`);
+        admission schedules them past the computed tokens.
 
         Raises:
-            InputError: the chunk has multimodal items (not modelled on this path), or
-                the core refuses it (the
-                session was scheduled, its last token counted computed, ...).
+            InputError: the core refuses it (the session was scheduled, its last token
+                counted computed, items ``add_request`` would refuse, ...).
         """
         request_id = session.request_id
-        _refuse_mm_chunk(request_id, update)
+        tokens, max_tokens = _chunk_args(update)
+        if update.mm_features and self._prefix_caching:
+            tokens = core_prompt(tokens, update.mm_features)
         with errors_in_vllm_ids(self._vllm_ids):
             self._core.resume_unparked_session(
                 self._core_ids[request_id],
                 list(session.output_token_ids),
                 session.num_computed_tokens,
-                *_chunk_args(update),
+                tokens,
+                max_tokens,
+                mm_features=update.mm_features or None,
                 **_chunk_settings(update),
             )
         extend_session(session, update, self.hash_block_size)
@@ -226,17 +231,6 @@ class Sessions(AdapterBase):
             and requests[i].num_computed_tokens > 0
             and i not in unparked
         }
-
-
-def _refuse_mm_chunk(request_id: str, update: StreamingUpdate) -> None:
-    if update.mm_features:
-        raise InputError(
-            f"mm_features: tokenyard's scheduler does not serve multimodal items in a "
-            f"chunk for streaming-input session {request_id!r} whose "
-            "WAITING_FOR_STREAMING_REQ status was set by hand on a request never scheduled",
-            field="mm_features",
-            value=request_id,
-        )
 
 
 def _chunk_args(update: StreamingUpdate) -> tuple[list[int], int]:

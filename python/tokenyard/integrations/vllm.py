@@ -308,8 +308,8 @@ class TokenyardScheduler(
         # Why multimodal items are refused here whatever the encoder budget (None: served
         # under it; a text-only model's items once a budget and a cache are set: _mm_refusal).
         # Beside a KV connector they are served: the core schedules the items past a loaded
-        # prefix as vLLM 0.33's schedule() does (an encoder-decoder model's stay refused by
-        # the core, naming mm_features).
+        # prefix as vLLM 0.33's schedule() does (an encoder-decoder model's only with nothing
+        # computed: a loaded prefix skips them).
         self._mm_refused: str | None = None
         self._mm_model = mm_budget is not None
         self._encoder_cache_view = EncoderCacheView(self)

@@ -342,7 +342,7 @@ impl PyScheduler {
     /// kept ones and the chunk count as computed.
     #[pyo3(signature = (request_id, output_token_ids, num_computed_tokens, prompt_token_ids,
         max_tokens, *, arrival_time = 0.0, eos_token_id = None, stop_token_ids = None,
-        ignore_eos = false, repetition_detection = None, min_tokens = None))]
+        ignore_eos = false, repetition_detection = None, min_tokens = None, mm_features = None))]
     #[allow(clippy::too_many_arguments)]
     fn resume_unparked_session(
         &mut self,
@@ -357,6 +357,7 @@ impl PyScheduler {
         ignore_eos: bool,
         repetition_detection: Option<&Bound<'_, PyAny>>,
         min_tokens: Option<&Bound<'_, PyAny>>,
+        mm_features: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let py = request_id.py();
         let id = RequestId::from_py(request_id)?;
@@ -377,6 +378,9 @@ impl PyScheduler {
         )?;
         (update.repetition_detection, update.min_tokens) =
             args::repetition_args(repetition_detection, min_tokens)?;
+        if let Some(items) = mm_features.filter(|m| !m.is_none()) {
+            update.mm_features = crate::sched_encoder::mm_features(items)?;
+        }
         (self.inner)
             .resume_unparked_session(&id, &outputs, num_computed, update)
             .or_raise(py)

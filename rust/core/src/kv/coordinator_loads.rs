@@ -293,7 +293,10 @@ impl<R: RequestKey> KvCoordinator<R> {
         let mut new_blocks = Vec::with_capacity(groups.len());
         for (g, (spec, table)) in groups.iter().zip(&mut request.tables).enumerate() {
             let attended = total - spec.num_skipped_tokens_retaining(total, extra).min(total);
-            if alloc.num_external_tokens.min(attended) == 0 || spec.is_hisparse() {
+            // vLLM's `CrossAttentionManager.allocate_external_computed_blocks` takes none:
+            // a cross-attention group holds encoder tokens, which no load brings.
+            let cross = matches!(spec, KvGroupSpec::CrossAttention);
+            if alloc.num_external_tokens.min(attended) == 0 || spec.is_hisparse() || cross {
                 new_blocks.push(Vec::new());
                 continue;
             }
@@ -366,6 +369,32 @@ mod tests {
         let zeroed = coord.take_new_block_ids();
         assert_eq!(zeroed, [&new[0][2..], &new[1][..]].concat());
         coord.check_invariants().unwrap();
+    }
+
+    /// A cross-attention group takes no blocks for loaded tokens (vLLM 0.33's
+    /// `CrossAttentionManager.allocate_external_computed_blocks` returns at once): 12
+    /// tokens loaded, asynchronously (no new ones) and with 2 to compute, take full
+    /// attention's blocks alone, and the counted blocks match the taken ones.
+    #[test]
+    fn a_load_takes_no_cross_attention_blocks() {
+        let tokens: Vec<TokenId> = (0..14).collect();
+        for (num_new_tokens, cache, full_blocks) in [(0, false, 3), (2, true, 4)] {
+            let groups = vec![FULL, KvGroupSpec::CrossAttention];
+            let mut coord = KvCoordinator::<u64>::new(groups, 20, 4, false).unwrap();
+            let free = coord.num_free_blocks();
+            let alloc = ExternalAllocation {
+                num_external_tokens: 12,
+                num_new_tokens,
+                cache,
+                ..ExternalAllocation::default()
+            };
+            let new = coord.allocate_slots_external(&1, &tokens, None, None, alloc);
+            let new = new.unwrap().unwrap();
+            assert_eq!((new[0].len(), new[1].len()), (full_blocks, 0));
+            assert!(coord.block_ids(&1).unwrap()[1].is_empty());
+            assert_eq!(coord.num_free_blocks(), free - full_blocks);
+            coord.check_invariants().unwrap();
+        }
     }
 
     /// An align group's state block goes at the last computed token's block: the lookahead

@@ -275,11 +275,19 @@ impl<R: RequestKey> Scheduler<R> {
         if hit.num_host_tokens() > 0 || (external.load_async && external.num_tokens > 0) {
             // A multimodal request's gate, deferred past its encoder step above, meets an
             // asynchronous load's allocation (vLLM 0.33 schedules no encoder input for it).
-            if !fits {
+            let admission = if fits {
+                self.start_load(slot, hit, external.num_tokens, plan)?
+            } else {
                 self.blocked_head = Some((seq, hit));
-                return Ok(Admission::Blocked);
+                Admission::Blocked
+            };
+            if matches!(admission, Admission::Blocked) {
+                // vLLM's `encoder_cache_manager.free(request)` when `allocate_slots`
+                // refuses: nothing held then, but an `EncoderDecoderCacheManager` gives
+                // back the slots of every input all the same.
+                self.encoder_release(slot);
             }
-            return self.start_load(slot, hit, external.num_tokens, plan);
+            return Ok(admission);
         }
         let mut num_computed = hit.num_computed_tokens() + external.num_tokens;
         if self.holds_prefill(slot, num_computed) {
@@ -492,7 +500,7 @@ impl<R: RequestKey> Scheduler<R> {
     /// cross-attention group's blocks in that gate (`get_num_blocks_to_allocate` with
     /// `num_encoder_tokens`), which it checks after the encoder step. `fits`: the gate's
     /// answer without them.
-    fn with_cross_attention(
+    pub(super) fn with_cross_attention(
         &mut self,
         slot: u32,
         pick: Option<&super::encoder::EncoderPick>,
@@ -503,8 +511,9 @@ impl<R: RequestKey> Scheduler<R> {
         if num_encoder_tokens == 0 || !fits {
             return fits;
         }
-        // Taken by the allocation that follows a pass (no connector load comes between:
-        // multimodal requests are refused beside a connector); cleared on a refusal.
+        // Taken by the allocation that follows a pass (a load brings no encoder tokens:
+        // encoder-decoder inputs are picked only with nothing computed); cleared on a
+        // refusal.
         self.kv.set_encoder_tokens(num_encoder_tokens);
         let fits = self.full_sequence_fits(slot, hit);
         if !fits {

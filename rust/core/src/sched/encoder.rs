@@ -166,9 +166,10 @@ impl<R: RequestKey> Scheduler<R> {
             return Ok(());
         }
         // Beside a KV connector the admission paths schedule the items past the loaded
-        // prefix (`sched::admission`, `sched::loads::admit_loaded`), as vLLM 0.33 does. An
-        // encoder-decoder model's cross-attention slots are taken by an allocation no load
-        // comes between, and the host tier has no vLLM counterpart to check it against.
+        // prefix (`sched::admission`, `sched::loads::admit_loaded`), as vLLM 0.33 does; an
+        // encoder-decoder model's once nothing is computed (a loaded prefix skips them,
+        // `schedule_encoder_decoder_inputs`). The host tier has no vLLM counterpart to
+        // check it against.
         if self.config.host_num_blocks > 0 {
             return Err(Error::input(
                 "mm_features",
@@ -176,32 +177,29 @@ impl<R: RequestKey> Scheduler<R> {
                 "multimodal requests with a host KV tier (host_num_blocks) are not modelled",
             ));
         }
-        if self.connector.is_some() && self.encoder.enc_dec.is_some() {
-            return Err(Error::input(
-                "mm_features",
-                features.len(),
-                "an encoder-decoder model's encoder inputs beside a KV connector are not \
-                 modelled (its loads and cross-attention slots are not checked together)",
-            ));
-        }
         let cfg = &self.config;
         // The budget and cache size now in force (`set_encoder_budget`, `set_encoder_cache_size`).
         let budget = self.encoder.budget_per_step;
         let enc_dec = self.encoder.enc_dec.as_ref();
         let cache_size = enc_dec.map_or(self.encoder.cache.cache_size(), |c| c.cache_size());
-        let mut end = 0;
+        let (mut end, mut last_offset) = (0, 0);
         for (i, f) in features.iter().enumerate() {
             let bad = |why: String| Error::input("mm_features", format!("item {i} {f:?}"), why);
             if f.length == 0 {
                 return Err(bad("must have at least one placeholder token".into()));
             }
-            if i > 0 && f.offset < end {
+            // An encoder-decoder model's ranges count encoder tokens, not the decoder's
+            // prompt: they need only be sorted (a session's later input, placed after the
+            // kept tokens, may start inside the first one's range).
+            let start = if enc_dec.is_some() { last_offset } else { end };
+            if i > 0 && f.offset < start {
                 return Err(bad(format!(
                     "must start at or after the previous item's end ({end}): items are \
                      sorted by offset and disjoint"
                 )));
             }
             end = f.offset.saturating_add(f.length);
+            last_offset = f.offset;
             // An encoder-decoder model's encoder input is not in the decoder's prompt.
             if end > num_prompt_tokens && enc_dec.is_none() {
                 return Err(bad(format!(
@@ -405,6 +403,8 @@ impl<R: RequestKey> Scheduler<R> {
             return;
         }
         if self.encoder.enc_dec.is_some() {
+            // The cross-attention tokens set for the allocation refused go with it.
+            self.kv.set_encoder_tokens(0);
             self.encoder_decoder_free(slot);
             return;
         }

@@ -394,6 +394,11 @@ impl<R: RequestKey> Scheduler<R> {
             // vLLM 0.33 skips it (the encoder budget or cache is spent) and goes on.
             return Ok(Admission::SteppedAside);
         }
+        // An encoder-decoder request encodes here only with nothing computed (a one-token
+        // prompt loaded whole, which vLLM looks up again): its cross-attention blocks come
+        // with this allocation, beside the blocks it holds.
+        let num_encoder_tokens = self.cross_attention_tokens(slot, encoder.as_ref());
+        let fits = self.with_cross_attention(slot, encoder.as_ref(), None, fits);
         if !fits {
             self.encoder_release(slot);
             return Ok(Admission::Blocked);
@@ -415,7 +420,7 @@ impl<R: RequestKey> Scheduler<R> {
         // tokens: only tokens past it need slots.
         let held = self.kv.num_computed_tokens(slot).unwrap_or(0);
         let n_slots = (num_computed + n).saturating_sub(held.max(num_computed));
-        let blocks = if n_slots == 0 && lookahead == 0 {
+        let blocks = if n_slots == 0 && lookahead == 0 && num_encoder_tokens == 0 {
             Some(Vec::new())
         } else {
             self.kv.allocate_in_flight(

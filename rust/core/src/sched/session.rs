@@ -194,7 +194,6 @@ impl<R: RequestKey> Scheduler<R> {
             && request.num_computed_tokens == 0
             && request.num_external_computed_tokens == 0
             && !request.prompt_is_deferred()
-            && request.spec.mm_features.is_empty()
             && !self.parked.contains(&slot)
             && self.kv.block_ids(slot).is_none();
         if !untouched {
@@ -223,16 +222,8 @@ impl<R: RequestKey> Scheduler<R> {
                 ),
             ));
         }
-        if !update.mm_features.is_empty() {
-            return Err(Error::input(
-                "mm_features",
-                update.mm_features.len(),
-                format!(
-                    "multimodal items in a chunk for session {request_id:?}, whose wait was \
-                     set by hand on a request never scheduled, are not modelled"
-                ),
-            ));
-        }
+        // The chunk's items go after the kept tokens, as a parked session's do; admission
+        // schedules them from the computed tokens set (an arrival's path, `admit_computed`).
         self.check_chunk(slot, keep_end, &update)?;
         let request = self.req_mut(slot);
         request.all_token_ids.extend_from_slice(output_token_ids);
@@ -266,14 +257,9 @@ impl<R: RequestKey> Scheduler<R> {
             ));
         }
         if !update.mm_features.is_empty() {
-            if self.encoder.enc_dec.is_some() {
-                return Err(Error::input(
-                    "mm_features",
-                    update.mm_features.len(),
-                    "an encoder-decoder model's encoder inputs in a streaming-input \
-                     session's chunk are not modelled",
-                ));
-            }
+            // An encoder-decoder model's go after the kept tokens too: vLLM 0.33 never
+            // encodes them once a token is computed (`schedule_encoder_decoder_inputs`;
+            // with its asserts on, its `start_pos == 0` assert fails there instead).
             let mut features = self.req(slot).spec.mm_features.clone();
             features.extend(shifted(&update.mm_features, keep_end));
             self.check_mm_items(&features, num_prompt_tokens)?;

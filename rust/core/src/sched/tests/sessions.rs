@@ -288,8 +288,8 @@ fn a_chunks_image_lands_after_the_kept_tokens_and_is_encoded_on_resume() {
 
 #[test]
 fn a_chunks_images_are_checked_over_the_new_prompt_and_refused_by_name() {
-    // Past the chunk's end, longer than the encoder budget, or on a wait set by hand: each
-    // refused naming mm_features, the session still parked and unchanged.
+    // Past the chunk's end or longer than the encoder budget: each refused naming
+    // mm_features, the session still parked and unchanged.
     use super::encoder::{enc_config, image};
     let mut s = Scheduler::new(enc_config(16, 64), false).unwrap();
     s.add_request(0, session(0, 6)).unwrap();
@@ -326,9 +326,24 @@ fn a_chunks_images_are_checked_over_the_new_prompt_and_refused_by_name() {
     ));
     assert_eq!(s.num_parked(), 1);
     assert_eq!(s.get_request(&0).unwrap().num_prompt_tokens(), 6);
+}
+
+#[test]
+fn a_hand_set_chunks_image_is_encoded_from_the_computed_tokens_set() {
+    // A 6-token session queued and never scheduled gets an output (8) and 4 computed
+    // tokens by hand, then a chunk of 8 tokens with a 4-token image at 0: the image lands
+    // at 6 (the 8 dropped), and admission schedules the 10 tokens past the 4 computed
+    // with encoder input 0, as vLLM 0.33's branch for a waiting request with computed
+    // tokens does. An image past the chunk is refused by name, the session unchanged.
+    use super::encoder::{enc_config, image};
+    let mut s = Scheduler::new(enc_config(4, 64), false).unwrap();
     s.add_request(1, session(1, 6)).unwrap();
+    let with = |items: Vec<MmFeature>| SessionUpdate {
+        mm_features: items,
+        ..update(&[9; 8])
+    };
     let err = s
-        .resume_unparked_session(&1, &[8], 0, with(vec![image(0, 4, "x")]))
+        .resume_unparked_session(&1, &[8], 4, with(vec![image(6, 4, "x")]))
         .unwrap_err();
     assert!(matches!(
         err,
@@ -337,4 +352,14 @@ fn a_chunks_images_are_checked_over_the_new_prompt_and_refused_by_name() {
             ..
         }
     ));
+    assert_eq!(s.get_request(&1).unwrap().num_prompt_tokens(), 6);
+    s.resume_unparked_session(&1, &[8], 4, with(vec![image(0, 4, "x")]))
+        .unwrap();
+    let r = s.get_request(&1).unwrap();
+    assert_eq!((r.num_prompt_tokens(), r.num_computed_tokens), (14, 4));
+    assert_eq!(r.spec.mm_features, [image(6, 4, "x")]);
+    let out = s.schedule().unwrap();
+    assert_eq!(scheduled(&out), [(1, 10)]);
+    assert_eq!(out.scheduled_encoder_inputs, [(1, vec![0])]);
+    s.check_invariants().unwrap();
 }

@@ -192,6 +192,9 @@ impl<R: RequestKey> Scheduler<R> {
                     }
                     // Bounded replay rewinds admissions behind the coordinator's count.
                     KvGroupSpec::SlidingWindowReplay { .. } => return false,
+                    // A slot per block frees the previous state the step after the one that
+                    // opens a block: a step no bucket visits, so such requests are stepped.
+                    KvGroupSpec::MambaPerBlock { .. } => return false,
                     // A chunk a whole number of blocks long ends at a step that allocates.
                     KvGroupSpec::ChunkedLocalAttention {
                         attention_chunk_size,
@@ -210,7 +213,7 @@ impl<R: RequestKey> Scheduler<R> {
             // opens one. With caching, the step whose token fills a block caches it.
             let mut first_alloc = (held * bs + 1).saturating_sub(base).max(1);
             if window.hybrid {
-                // Group 0 may be a Mamba group (one block): every other group takes a
+                // Group 0 may be a one-block Mamba group: every other group takes a
                 // block at the steps whose token opens one (`form_hybrid_decode_step`
                 // counts them), so only the residue matters.
                 first_alloc = (bs + 1 - base % bs) % bs;

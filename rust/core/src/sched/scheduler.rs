@@ -523,12 +523,15 @@ impl<R: RequestKey> Scheduler<R> {
         admission_error: Option<crate::Error>,
     ) -> Result<SchedulerOutput<R>> {
         let out = self.finish_step(&mut plan);
-        // vLLM's build_connector_meta, once the step's allocations are done.
-        self.advance_hisparse(&plan.scheduled)?;
+        // vLLM's build_connector_meta, once the step's allocations are done. Its error,
+        // like an admission error, keeps the output for the next `schedule()`: the
+        // step's state has moved.
+        let advanced = self.advance_hisparse(&plan.scheduled);
         self.stamp_step(&plan.scheduled);
         plan.clear();
         self.spare_plan = plan;
-        match admission_error.or(self.encoder.connector_error.take()) {
+        let error = admission_error.or(advanced.err());
+        match error.or(self.encoder.connector_error.take()) {
             Some(err) => {
                 self.interrupted_step = Some(out);
                 Err(err)

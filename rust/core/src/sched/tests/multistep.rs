@@ -200,6 +200,7 @@ proptest! {
         chunked in prop::bool::weighted(0.3),
         second_window in prop::bool::weighted(0.2),
         mamba_first in prop::bool::weighted(0.15),
+        mamba_per_block in any::<bool>(),
         arrivals in prop::collection::vec((0usize..60, 0usize..3, 1usize..30, 1usize..60), 1..12),
     ) {
         let mut groups = vec![KvGroupSpec::FullAttention];
@@ -211,9 +212,16 @@ proptest! {
         if second_window {
             groups.push(KvGroupSpec::SlidingWindow { sliding_window: window + 3 });
         }
-        // A recurrent group (one block per request) first: its states are not cached.
+        // A recurrent group first: its states are not cached. One block per request, or
+        // (`none` mode with a block shorter than the request) a slot per block, all but the
+        // last state freed: that frees a block the step after the one opening a block.
         if mamba_first {
-            groups.insert(0, KvGroupSpec::MAMBA);
+            let mamba = if mamba_per_block {
+                KvGroupSpec::mamba_blocks(false, false, 0, 0, None).unwrap()
+            } else {
+                KvGroupSpec::MAMBA
+            };
+            groups.insert(0, mamba);
         }
         let caching = caching && !mamba_first;
         // Every group may hold a block per block_size tokens.

@@ -1891,7 +1891,8 @@ class Scheduler:
         """Starts recording each cache call and each lookup's hit beside the prefix-cache
         events (which it turns on too), for ``drain_kv_events_detailed``. ConfigError
         (``kv_events``) for the radix pool and, with prefix caching on, beside HiSparse and
-        bounded-replay groups."""
+        bounded-replay groups, a Mamba ``align`` group's prefill checkpoint block, and
+        groups of different block sizes under EAGLE's drop or a hash look-ahead."""
     def drain_kv_events_detailed(
         self,
     ) -> tuple[

@@ -27,8 +27,9 @@ side would use what the view does not offer:
   ``UMBPStoreConnector`` is served beside attention and Mamba ``align`` groups
   (``_vllm_pool_connectors.refuse_umbp_layout``: its store events pin blocks as the
   Mooncake store's jobs do; with several groups its lookup probes the local cache per
-  group, answered from vLLM's hashes the adapter indexes); HiSparse's is refused before
-  (``_vllm_hisparse.refuse_unmodelled_hisparse``).
+  group, answered from vLLM's hashes the adapter indexes); HiSparse's is bound to the
+  core's coordinator instead, with prefix caching off (``_vllm_hisparse_step``), and
+  refused otherwise (``_vllm_hisparse.refuse_unmodelled_hisparse``).
 
 ``MultiConnector`` forwards both to each connector it holds (``multi_connector.py``), so
 those are judged one by one. A class reading ``_kv_cache_manager`` through the base method
@@ -132,8 +133,9 @@ def _unserved_sizes(manager: Any, view: Any) -> str | None:
     block's ``block_hash`` while it is not full, else one of its
     ``cached_block_hashes_by_block``); the connector copies those keys to its CPU cache
     and announces them (``_process_store_completion``), and in lazy mode stores a free
-    block keyed so. The core registers none there, so KV cache events and lazy mode are
-    refused; eager stores of whole blocks (which the positional scan alone picks) are
+    block keyed so. The core records such entries for KV cache events only (since branch
+    ``kvevents``), not in the pool view the connector reads, so KV cache events and lazy
+    mode are refused; eager stores of whole blocks (which the positional scan alone picks) are
     checked against vLLM's."""
     if manager.block_size == manager.hash_block_size:
         return None

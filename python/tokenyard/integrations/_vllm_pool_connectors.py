@@ -125,16 +125,15 @@ def refuse_umbp_layout(leaf: Any, where: str, view: Any) -> None:
     ``align`` groups (several since branch ``storeconn``: its lookup coordinator probes the
     local prefix cache per group, ``umbp_probes_local_cache``; beside Mamba it stores the
     states handed off), the block size equal to the hash block size, prefix caching on or
-    off and KV cache events off: its store events pin blocks as the Mooncake store's jobs do
-    (``touch`` in ``build_connector_meta``, ``free_blocks`` once every worker reported the
-    event in ``UMBPConnectorWorkerMetadata.store_events``).
+    off, KV cache events on or off (since branch ``storeconn``): its store events pin blocks
+    as the Mooncake store's jobs do (``touch`` in ``build_connector_meta``, ``free_blocks``
+    once every worker reported the event in ``UMBPConnectorWorkerMetadata.store_events``).
 
     Raises:
         ConfigError (field ``kv_transfer_config.kv_connector``, value the class): a group
             of another kind (or a Mamba group in ``none`` mode), a block size other than
             the hash block size (partial hash hits and finish-time partial tails, not
-            modelled), or KV cache events on (its own event reconciliation, timed by the
-            clock with lookups on its thread pool, not checked).
+            modelled).
     """
     config = view.kv_cache_config
     specs = [group.kv_cache_spec for group in config.kv_cache_groups]

@@ -22,12 +22,14 @@ error naming it, never silently different) is listed in ``docs/integrations.md``
 cache group kinds the core has none for, the HiSparse connector with prefix caching on
 (served with it off: ``_vllm_hisparse_step``), vLLM's fine-grained
 partial hash hits (Mamba ``align`` beside a smaller ``prefix_match_unit``), connectors
-that keep vLLM's own pool or manager beyond what the pool view serves (UMBP beside several
-KV cache groups, the Mooncake store beside a Mamba group, ``SimpleCPUOffloadConnector``
+that keep vLLM's own pool or manager beyond what the pool view serves (the Mooncake store
+and UMBP beside a group other than full attention, a sliding window or Mamba ``align``, or
+over groups of different block sizes; ``SimpleCPUOffloadConnector``
 beside a group other than full attention, a sliding window, chunked local attention or
 Mamba ``align``, or over groups of different block sizes in lazy mode or with KV cache
-events), KV cache events beside groups other than full attention and sliding windows
-of one block size, and any vLLM ``KVCacheManager`` object but HiSparse's assigned one (the
+events), KV cache events with a real publisher beside HiSparse or bounded-replay groups, a
+Mamba ``align`` group with a checkpoint block, or differing block sizes under EAGLE's drop
+or a hash look-ahead, and any vLLM ``KVCacheManager`` object but HiSparse's assigned one (the
 block pool lives in Rust here).
 Structured output, pooling requests, prompt embeddings, hybrid KV cache groups (full
 attention, sliding window with or without retained tokens, chunked local, Mamba in ``none``

@@ -17,8 +17,8 @@ type Detailed = (Vec<(&'static str, u128)>, Vec<CallTuple>);
 #[pymethods]
 impl PyScheduler {
     /// Starts recording each cache call and lookup hit beside the prefix-cache events
-    /// (which it turns on too). ConfigError for the radix pool and for HiSparse and
-    /// bounded-replay groups, which the coordinator does not record.
+    /// (which it turns on too). ConfigError for the radix pool and for what the coordinator
+    /// does not record as vLLM publishes it (`KvCoordinator::enable_cache_calls`).
     fn enable_kv_cache_calls(&mut self, py: Python<'_>) -> PyResult<()> {
         self.inner
             .enable_kv_cache_calls()

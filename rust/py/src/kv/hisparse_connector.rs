@@ -6,7 +6,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tokenyard_core::kv::{BlockId, DeviceTables, HiSparseConnectorPool};
 
-use super::host_publication::counts;
+use super::host_publication::{counts, hisparse_device_basics};
 use super::on_request;
 use crate::convert::{RequestId, count_arg, positive_field};
 use crate::errors::{OrRaise, invariants};
@@ -17,63 +17,10 @@ pub(crate) struct PyHiSparseConnectorPool {
     inner: HiSparseConnectorPool<RequestId>,
 }
 
+hisparse_device_basics!(PyHiSparseConnectorPool, HiSparseConnectorPool);
+
 #[pymethods]
 impl PyHiSparseConnectorPool {
-    #[new]
-    #[pyo3(signature = (
-        *, num_blocks, host_num_blocks, block_size, blocks_per_request,
-        max_admission_blocks_per_request, max_spill_pages
-    ))]
-    fn new(
-        py: Python<'_>,
-        num_blocks: &Bound<'_, PyAny>,
-        host_num_blocks: &Bound<'_, PyAny>,
-        block_size: &Bound<'_, PyAny>,
-        blocks_per_request: &Bound<'_, PyAny>,
-        max_admission_blocks_per_request: &Bound<'_, PyAny>,
-        max_spill_pages: &Bound<'_, PyAny>,
-    ) -> PyResult<Self> {
-        let inner = HiSparseConnectorPool::new(
-            positive_field(num_blocks, "num_blocks")?,
-            positive_field(host_num_blocks, "hisparse_host_num_blocks")?,
-            positive_field(block_size, "block_size")?,
-            positive_field(blocks_per_request, "blocks_per_request")?,
-            positive_field(
-                max_admission_blocks_per_request,
-                "max_admission_blocks_per_request",
-            )?,
-            positive_field(max_spill_pages, "max_spill_pages")?,
-        )
-        .or_raise(py)?;
-        Ok(Self { inner })
-    }
-
-    #[getter]
-    fn num_free_blocks(&self) -> usize {
-        self.inner.num_free_blocks()
-    }
-
-    fn free_blocks(&self) -> Vec<BlockId> {
-        self.inner.free_blocks()
-    }
-
-    fn host_free_blocks(&self) -> Vec<BlockId> {
-        self.inner.host_free_blocks()
-    }
-
-    /// `(host, indexer, resident row, hot)` block ids, or None.
-    fn tables(&self, request_id: &Bound<'_, PyAny>) -> PyResult<Option<DeviceTables>> {
-        Ok(self.inner.tables(&RequestId::from_py(request_id)?))
-    }
-
-    fn has_pending_work(&self) -> bool {
-        self.inner.has_pending_work()
-    }
-
-    fn has_pending_reclamation(&self) -> bool {
-        self.inner.has_pending_reclamation()
-    }
-
     fn allocate_slots(&mut self, request_id: &Bound<'_, PyAny>, num_tokens: i64) -> PyResult<bool> {
         let py = request_id.py();
         let n = count_arg(py, "num_tokens", num_tokens, 1)?;

@@ -168,6 +168,72 @@ impl PyHostPublication {
     }
 }
 
+/// The constructor and read-outs `HiSparseDeviceResidency` and `HiSparseConnectorPool` share
+/// (one interface over two cores, so vLLM checks run on either): `$py` wraps `$core` as
+/// `inner`.
+macro_rules! hisparse_device_basics {
+    ($py:ty, $core:ident) => {
+        #[pymethods]
+        impl $py {
+            #[new]
+            #[pyo3(signature = (
+                        *, num_blocks, host_num_blocks, block_size, blocks_per_request,
+                        max_admission_blocks_per_request, max_spill_pages
+                    ))]
+            fn new(
+                py: Python<'_>,
+                num_blocks: &Bound<'_, PyAny>,
+                host_num_blocks: &Bound<'_, PyAny>,
+                block_size: &Bound<'_, PyAny>,
+                blocks_per_request: &Bound<'_, PyAny>,
+                max_admission_blocks_per_request: &Bound<'_, PyAny>,
+                max_spill_pages: &Bound<'_, PyAny>,
+            ) -> PyResult<Self> {
+                let inner = $core::new(
+                    positive_field(num_blocks, "num_blocks")?,
+                    positive_field(host_num_blocks, "hisparse_host_num_blocks")?,
+                    positive_field(block_size, "block_size")?,
+                    positive_field(blocks_per_request, "blocks_per_request")?,
+                    positive_field(
+                        max_admission_blocks_per_request,
+                        "max_admission_blocks_per_request",
+                    )?,
+                    positive_field(max_spill_pages, "max_spill_pages")?,
+                )
+                .or_raise(py)?;
+                Ok(Self { inner })
+            }
+
+            #[getter]
+            fn num_free_blocks(&self) -> usize {
+                self.inner.num_free_blocks()
+            }
+
+            fn free_blocks(&self) -> Vec<BlockId> {
+                self.inner.free_blocks()
+            }
+
+            fn host_free_blocks(&self) -> Vec<BlockId> {
+                self.inner.host_free_blocks()
+            }
+
+            /// `(host, indexer, resident, hot)` block ids, or None.
+            fn tables(&self, request_id: &Bound<'_, PyAny>) -> PyResult<Option<DeviceTables>> {
+                Ok(self.inner.tables(&RequestId::from_py(request_id)?))
+            }
+
+            fn has_pending_work(&self) -> bool {
+                self.inner.has_pending_work()
+            }
+
+            fn has_pending_reclamation(&self) -> bool {
+                self.inner.has_pending_reclamation()
+            }
+        }
+    };
+}
+pub(crate) use hisparse_device_basics;
+
 /// The HiSparse connector's device half with prefix caching off (the core's
 /// `kv::DeviceResidency`), for checks against vLLM and the Python reference model.
 #[pyclass(name = "HiSparseDeviceResidency", module = "tokenyard._core")]
@@ -175,63 +241,10 @@ pub(crate) struct PyDeviceResidency {
     inner: DeviceResidency<RequestId>,
 }
 
+hisparse_device_basics!(PyDeviceResidency, DeviceResidency);
+
 #[pymethods]
 impl PyDeviceResidency {
-    #[new]
-    #[pyo3(signature = (
-        *, num_blocks, host_num_blocks, block_size, blocks_per_request,
-        max_admission_blocks_per_request, max_spill_pages
-    ))]
-    fn new(
-        py: Python<'_>,
-        num_blocks: &Bound<'_, PyAny>,
-        host_num_blocks: &Bound<'_, PyAny>,
-        block_size: &Bound<'_, PyAny>,
-        blocks_per_request: &Bound<'_, PyAny>,
-        max_admission_blocks_per_request: &Bound<'_, PyAny>,
-        max_spill_pages: &Bound<'_, PyAny>,
-    ) -> PyResult<Self> {
-        let inner = DeviceResidency::new(
-            positive_field(num_blocks, "num_blocks")?,
-            positive_field(host_num_blocks, "hisparse_host_num_blocks")?,
-            positive_field(block_size, "block_size")?,
-            positive_field(blocks_per_request, "blocks_per_request")?,
-            positive_field(
-                max_admission_blocks_per_request,
-                "max_admission_blocks_per_request",
-            )?,
-            positive_field(max_spill_pages, "max_spill_pages")?,
-        )
-        .or_raise(py)?;
-        Ok(Self { inner })
-    }
-
-    #[getter]
-    fn num_free_blocks(&self) -> usize {
-        self.inner.num_free_blocks()
-    }
-
-    fn free_blocks(&self) -> Vec<BlockId> {
-        self.inner.free_blocks()
-    }
-
-    fn host_free_blocks(&self) -> Vec<BlockId> {
-        self.inner.host_free_blocks()
-    }
-
-    /// `(host, indexer, resident, hot)` block ids, or None.
-    fn tables(&self, request_id: &Bound<'_, PyAny>) -> PyResult<Option<DeviceTables>> {
-        Ok(self.inner.tables(&RequestId::from_py(request_id)?))
-    }
-
-    fn has_pending_work(&self) -> bool {
-        self.inner.has_pending_work()
-    }
-
-    fn has_pending_reclamation(&self) -> bool {
-        self.inner.has_pending_reclamation()
-    }
-
     #[pyo3(signature = (request_id, num_tokens, max_new_tokens = None))]
     fn admit(
         &mut self,

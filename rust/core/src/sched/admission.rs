@@ -531,23 +531,24 @@ impl<R: RequestKey> Scheduler<R> {
     /// vLLM 0.33's `scheduler_reserve_full_isl` gate at admission: the request's whole
     /// sequence (up to `max_model_len`) must fit beside what it holds or hits.
     pub(super) fn full_sequence_fits(&self, slot: u32, hit: Option<&Hit>) -> bool {
-        if !self.config.scheduler_reserve_full_isl {
-            return true;
-        }
-        let num_tokens = self.req(slot).num_tokens().min(self.config.max_model_len);
-        self.kv.full_sequence_fits(slot, num_tokens, hit) && self.host_pages_fit(slot, num_tokens)
+        self.full_sequence_fits_with(slot, |n| self.kv.full_sequence_fits(slot, n, hit))
     }
 
     /// [`Self::full_sequence_fits`] for the first admission of a request that arrived with
     /// `num_computed` tokens (no hit).
     fn full_sequence_fits_arrived(&self, slot: u32, num_computed: usize) -> bool {
+        self.full_sequence_fits_with(slot, |n| {
+            self.kv.full_sequence_fits_arrived(slot, n, num_computed)
+        })
+    }
+
+    /// The gate with the KV check `kv_fits(num_tokens)` given.
+    fn full_sequence_fits_with(&self, slot: u32, kv_fits: impl FnOnce(usize) -> bool) -> bool {
         if !self.config.scheduler_reserve_full_isl {
             return true;
         }
         let num_tokens = self.req(slot).num_tokens().min(self.config.max_model_len);
-        self.kv
-            .full_sequence_fits_arrived(slot, num_tokens, num_computed)
-            && self.host_pages_fit(slot, num_tokens)
+        kv_fits(num_tokens) && self.host_pages_fit(slot, num_tokens)
     }
 
     /// [`Self::full_sequence_fits`] for an admission that also loads `num_external_tokens`

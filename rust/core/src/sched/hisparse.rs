@@ -404,18 +404,21 @@ impl<R: RequestKey> Scheduler<R> {
     /// Frees the device blocks of `slot` and returns its host pages (with the HiSparse
     /// connector, its `free` first: clean resident pages unpinned, host pages returned).
     pub(super) fn free_kv(&mut self, slot: u32) -> Result<()> {
-        self.release_connector_pages(slot)?;
-        self.kv.free(slot)?;
-        if let Some(h) = self.host_pages.as_mut() {
-            h.release(slot);
-        }
-        Ok(())
+        self.free_kv_as(slot, false)
     }
 
     /// [`Self::free_kv`] for a deferred free reaching its fence (`Kv::free_popped`).
     pub(super) fn free_kv_popped(&mut self, slot: u32) -> Result<()> {
+        self.free_kv_as(slot, true)
+    }
+
+    fn free_kv_as(&mut self, slot: u32, popped: bool) -> Result<()> {
         self.release_connector_pages(slot)?;
-        self.kv.free_popped(slot)?;
+        if popped {
+            self.kv.free_popped(slot)?;
+        } else {
+            self.kv.free(slot)?;
+        }
         if let Some(h) = self.host_pages.as_mut() {
             h.release(slot);
         }

@@ -684,6 +684,7 @@ impl<R: RequestKey> Scheduler<R> {
                     plan.scheduled.push((slot, n));
                     plan.set_blocks(slot, blocks);
                     budget.take(n);
+                    // Skips the call on the decode path (`bulkspeed`'s measured shortcut).
                     if encoder.is_some() {
                         self.commit_encoder_inputs(slot, encoder);
                     }

@@ -169,15 +169,13 @@ impl<R: RequestKey> Scheduler<R> {
         // Served over full attention, windows, chunked local attention and Mamba groups
         // (`KvCoordinator::allocate_slots_arrived`); the rest are not modelled.
         let unserved = self.config.kv_groups.iter().find(|g| {
-            !matches!(
-                g,
-                KvGroupSpec::FullAttention
-                    | KvGroupSpec::SlidingWindow { .. }
-                    | KvGroupSpec::ChunkedLocalAttention { .. }
-                    | KvGroupSpec::Mamba { .. }
-                    | KvGroupSpec::MambaPerBlock { .. }
-                    | KvGroupSpec::MambaAlign { .. }
-            )
+            !(g.is_mamba()
+                || matches!(
+                    g,
+                    KvGroupSpec::FullAttention
+                        | KvGroupSpec::SlidingWindow { .. }
+                        | KvGroupSpec::ChunkedLocalAttention { .. }
+                ))
         });
         if let Some(group) = unserved {
             return Err(Error::input(

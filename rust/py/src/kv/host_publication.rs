@@ -177,9 +177,9 @@ macro_rules! hisparse_device_basics {
         impl $py {
             #[new]
             #[pyo3(signature = (
-                        *, num_blocks, host_num_blocks, block_size, blocks_per_request,
-                        max_admission_blocks_per_request, max_spill_pages
-                    ))]
+                                *, num_blocks, host_num_blocks, block_size, blocks_per_request,
+                                max_admission_blocks_per_request, max_spill_pages
+                            ))]
             fn new(
                 py: Python<'_>,
                 num_blocks: &Bound<'_, PyAny>,

@@ -80,6 +80,8 @@ class BoundaryStateOffers:
         hashes: list[int | None] = core.block_hashes()
         before = self._hashes
         self._hashes = hashes
+        if hashes == before:  # no block newly hashed: nothing to hand off
+            return {}
         n = len(before)
         core_index = manager.block_pool._core_index
         tables = {request_id: manager.get_block_ids(request_id) for request_id in request_ids}

@@ -244,7 +244,7 @@ def connector_meta(scheduler: Any, out: SchedulerOutput) -> Any:
             [r for r in order if r in scheduler.requests]
         )
     out.kv_connector_block_state = KVConnectorBlockState(
-        req_ids={*scheduled, *(r for r in offloads if r in scheduler.requests)},
+        req_ids={*scheduled, *offloads},
         resolve_block_ids=manager.get_block_ids,
         boundary_state_offloads=offloads,
     )
@@ -579,12 +579,12 @@ class _KVCacheManagerView:
         scheduler = self._scheduler
         if not scheduler._prefix_caching:
             return
-        request_id = request.request_id
-        core_id = scheduler._core_ids.get(request_id)
-        counts = None if core_id is None else scheduler._core.num_cached_blocks_of(core_id)
         wanted = num_computed_tokens // self.block_size
         if wanted == 0:
             return
+        request_id = request.request_id
+        core_id = scheduler._core_ids.get(request_id)
+        counts = None if core_id is None else scheduler._core.num_cached_blocks_of(core_id)
         # With several KV groups each caches as the core's coordinator does (vLLM's
         # per-group managers); the full-attention group's count is the largest.
         cached = 0 if counts is None else max(counts)

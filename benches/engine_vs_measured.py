@@ -31,6 +31,9 @@ from tokenyard.predictor.measured.data import SYSTEM_OF_DEVICE, package_root, re
 from tokenyard.predictor.roofline import roofline_predictor
 
 GEMMS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
+# The measured predictor prices a MoE layer's experts as one fused kernel (vLLM's fused_moe);
+# the profile times its pieces, so their sum per token count is compared with it.
+MOE_PIECES = ("gate_up_proj", "act", "down_proj")
 ELEMENTWISE = ("input_norm", "post_attn_norm", "rope", "act", "kv_store", "embedding")
 
 
@@ -168,12 +171,29 @@ def op_shape(row: dict[str, str]) -> dict[str, float] | None:
     )
 
 
+def moe_rows(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    """One `moe_experts` row per token count: the profiled pieces of the experts' FFN summed."""
+    total: dict[str, float] = defaultdict(float)
+    pieces: dict[str, int] = defaultdict(int)
+    for row in rows:
+        if row["op"] in MOE_PIECES:
+            total[row["num_tokens"]] += float(row["time_ms"])
+            pieces[row["num_tokens"]] += 1
+    return [
+        {"op": "moe_experts", "num_tokens": n, "time_ms": str(t)}
+        for n, t in total.items()
+        if pieces[n] == len(MOE_PIECES)
+    ]
+
+
 def op_section(path: Path, model: str, device: str) -> dict[str, Any]:
     with open(path) as f:
         rows = list(csv.DictReader(f))
     backend = rows[0]["backend"]
     priced = predictors(model, device)
     num_layers = catalog.model(model).num_layers
+    if catalog.model(model).num_experts > 1:
+        rows += moe_rows(rows)
     errors: dict[tuple[str, str], list[float]] = defaultdict(list)
     for row in rows:
         shape = op_shape(row)
@@ -198,7 +218,7 @@ def op_section(path: Path, model: str, device: str) -> dict[str, Any]:
           + " | measured signed, <= 128 / >= 1024 tokens |")  # fmt: skip
     print("|---|---:|" + "---:|" * (len(names) + 1))
     table: dict[str, dict[str, Any]] = {}
-    for op in (*GEMMS, "attn_prefill", "attn_decode", *ELEMENTWISE):
+    for op in (*GEMMS, "moe_experts", "attn_prefill", "attn_decode", *ELEMENTWISE):
         if (op, "measured") not in errors:
             continue
         table[op] = {n: stats(errors[(op, n)]) for n in (*names, "small", "large")}

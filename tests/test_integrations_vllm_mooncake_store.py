@@ -21,12 +21,16 @@ reads: tokens, block ids, hashes, load spec, store job, token ids), the pinned s
 the requests waiting for loads, the outputs, KV usage, block tables, the GPU free queue in
 eviction order and every block's ref count. Layouts: one full-attention group, a sliding
 window or a Mamba ``align`` group beside it (its states stored from vLLM's boundary-state
-hand-offs, as boundary puts keyed per group), prefix caching on or off. Needs vLLM (the
+hand-offs, as boundary puts keyed per group), MLA's group alone or with MLA's sliding window
+(bounded replay too), chunked local attention beside full attention, and groups of differing
+block sizes (``_build``: the scheduler block size their lcm, the requests hashed at their
+gcd, each group's blocks keyed at its own size), prefix caching on or off. Needs vLLM (the
 bench venv); skipped elsewhere.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from types import SimpleNamespace
 from typing import Any
@@ -54,15 +58,20 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheTensor,
     MambaSpec,
+    MLAAttentionSpec,
+    RSWASpec,
+    SlidingWindowMLASpec,
     SlidingWindowSpec,
 )
 from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import RequestStatus
+from vllm.v1.structured_output import StructuredOutputManager
 from vllm_compare import BLOCK_SIZE, block_digest, runner_output, sampling, seeded_arrivals
 from vllm_peer import VllmSchedulerPeer
 
@@ -73,9 +82,9 @@ from tokenyard.integrations._vllm_pool_connectors import refuse_mooncake_store_l
 from tokenyard.integrations.vllm import AsyncTokenyardScheduler, TokenyardScheduler
 
 
-def _spec() -> FullAttentionSpec:
+def _spec(block_size: int = BLOCK_SIZE) -> FullAttentionSpec:
     return FullAttentionSpec(
-        block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float16
+        block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float16
     )
 
 
@@ -94,19 +103,95 @@ def _kv_cache_config(num_blocks: int) -> KVCacheConfig:
     )
 
 
-def _mamba_spec() -> MambaSpec:
+def _mamba_spec(block_size: int = BLOCK_SIZE) -> MambaSpec:
     return MambaSpec(
-        block_size=BLOCK_SIZE, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="align"
+        block_size=block_size, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="align"
     )
+
+
+def _attention(kind: str, block_size: int) -> Any:
+    """A group spec of ``kind`` (``mla``, ``window``: 64 tokens, ``chunked``: chunks of 64)."""
+    common = {"block_size": block_size, "num_kv_heads": 1, "head_size": 1, "dtype": torch.float16}
+    if kind == "mla":
+        return MLAAttentionSpec(**common)
+    if kind == "window":
+        return SlidingWindowSpec(sliding_window=64, **common)
+    if kind in ("swmla", "replay"):
+        return SlidingWindowMLASpec(sliding_window=64, bounded_replay=kind == "replay", **common)
+    return ChunkedLocalAttentionSpec(attention_chunk_size=64, **common)
+
+
+# Layouts of more groups: (kind, block size) of each beside a full-attention group of the
+# first size. ``sizes``: Gemma's under P/D (a 32-token full-attention block, a 16-token
+# window's); ``sizes3``: three sizes (the core takes differing sizes for these two kinds).
+_GROUPS = {
+    "mla": [],
+    "swmla": [("swmla", BLOCK_SIZE)],
+    "replay": [("replay", BLOCK_SIZE)],
+    "chunked": [("chunked", BLOCK_SIZE)],
+    "sizes": [("window", 16)],
+    "sizes3": [("window", 16), ("window", 32)],
+}
+_FIRST = {
+    "mla": ("mla", BLOCK_SIZE),
+    "swmla": ("mla", BLOCK_SIZE),
+    "replay": ("mla", BLOCK_SIZE),
+    "sizes": ("full", 32),
+    "sizes3": ("full", 64),
+}
+
+
+def _groups_config(num_blocks: int, layout: str) -> KVCacheConfig:
+    kind, size = _FIRST.get(layout, ("full", BLOCK_SIZE))
+    specs = [_spec(size) if kind == "full" else _attention(kind, size)]
+    specs += [_attention(k, s) for k, s in _GROUPS[layout]]
+    groups = [KVCacheGroupSpec([f"l{i}"], spec) for i, spec in enumerate(specs)]
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+
+
+def _build(peer: VllmSchedulerPeer, cls: type, config: KVCacheConfig) -> Any:
+    """``cls`` over ``config`` as vLLM's engine builds it: beside groups of differing block
+    sizes the scheduler block size their lcm, the hash block size their gcd, requests hashed
+    at it (``resolve_kv_cache_block_sizes``)."""
+    sizes = [g.kv_cache_spec.block_size for g in config.kv_cache_groups]
+    if len(set(sizes)) == 1:
+        return peer.build(cls, config)
+    hash_fn = get_hash_fn_by_name(peer.vllm_config.cache_config.prefix_caching_hash_algo)
+    init_none_hash(hash_fn)
+    peer._block_hasher = get_request_block_hasher(math.gcd(*sizes), hash_fn)
+    return cls(
+        vllm_config=peer.vllm_config,
+        kv_cache_config=config,
+        structured_output_manager=StructuredOutputManager(peer.vllm_config),
+        block_size=math.lcm(*sizes),
+        hash_block_size=math.gcd(*sizes),
+    )
+
+
+def _store_keys(
+    hashes: list[bytes], sizes: list[int], unit: int, num_tokens: int, skip: set[int]
+) -> list[tuple[int, bytes]]:
+    """The ``(group, hash)`` keys a save of ``num_tokens`` tokens writes: each group's
+    blocks keyed by the hash at their end (``chunk_hashes_for_block_size``), ``skip``'s
+    groups (Mamba's, stored by boundary puts) left out."""
+    return [
+        (group, hashes[(i + 1) * size // unit - 1])
+        for group, size in enumerate(sizes)
+        if group not in skip
+        for i in range(min(num_tokens, len(hashes) * unit) // size)
+    ]
 
 
 def _layout_config(num_blocks: int, layout: str) -> KVCacheConfig:
     """``full``: one full-attention group; ``swa``: a 32-token sliding window beside it;
-    ``mamba``: a Mamba ``align`` group beside it (Qwen3-Next's, Nemotron-H's layout)."""
+    ``mamba``: a Mamba ``align`` group beside it (Qwen3-Next's, Nemotron-H's layout); the
+    layouts of ``_GROUPS``."""
     if layout == "full":
         return _kv_cache_config(num_blocks)
     if layout == "swa":
         return _two_groups(num_blocks)
+    if layout in _GROUPS:
+        return _groups_config(num_blocks, layout)
     config = _kv_cache_config(num_blocks)
     mamba = _mamba_spec()
     config.kv_cache_groups.append(KVCacheGroupSpec(["mamba"], mamba))
@@ -174,7 +259,7 @@ class _Store:
             return None
         self.asked.discard(req_id)
         coord = self.coord
-        pool = ExternalCachedBlockPool(BLOCK_SIZE, self.saved)
+        pool = ExternalCachedBlockPool(coord.hash_block_size, self.saved)
         token_len = coord.align_lookup_length(num_tokens)
         _, hit = coord.find_longest_cache_hit(block_hashes, token_len, pool)
         if hit >= num_tokens:
@@ -204,19 +289,17 @@ class _Worker:
         self.store = store
         self.load_async = load_async
         self.mamba_groups = mamba_groups
+        coord = store.coord
+        self.sizes = [g.kv_cache_spec.block_size for g in coord.kv_cache_groups]
+        self.unit = coord.hash_block_size
         self.loads: list[tuple[int, str]] = []  # (due step, request)
         self.saves: list[tuple[int, int, list[tuple[int, bytes]]]] = []  # (due, job, keys)
 
     def _keys(self, req: Any) -> list[tuple[int, bytes]]:
         hashes = [bytes(h) for h in req.block_hashes]
-        keys = [
-            (group, block_hash)
-            for group in range(len(req.block_ids))
-            if group not in self.mamba_groups
-            for block_hash in hashes[: req.token_len_chunk // BLOCK_SIZE]
-        ]
+        keys = _store_keys(hashes, self.sizes, self.unit, req.token_len_chunk, self.mamba_groups)
         for put in req.boundary_puts or []:
-            keys.append((put.group_id, hashes[put.num_tokens // BLOCK_SIZE - 1]))
+            keys.append((put.group_id, hashes[put.num_tokens // self.unit - 1]))
         return keys
 
     def submit(self, out: Any, step: int, delays: tuple[int, int]) -> None:
@@ -357,7 +440,7 @@ def _run(
         if asynchronous
         else (Scheduler, TokenyardScheduler)
     )
-    pair = [peer.build(cls, config) for cls in classes]
+    pair = [_build(peer, cls, config) for cls in classes]
     load_async = extra.get("load_async", True)
     workers = []
     for scheduler in pair:
@@ -367,12 +450,11 @@ def _run(
     if role == "kv_consumer":
         # A consumer's store is filled by a producer elsewhere: its first wave's prompts.
         for worker in workers:
-            worker.store.saved.update(
-                (group, bytes(h))
-                for _, request_id, prompt, max_tokens in _waves(seed)[:8]
-                for h in peer.make_request(request_id, prompt, max_tokens).block_hashes
-                for group in range(len(config.kv_cache_groups))
-            )
+            for _, request_id, prompt, max_tokens in _waves(seed)[:8]:
+                request = peer.make_request(request_id, prompt, max_tokens)
+                hashes = [bytes(h) for h in request.block_hashes]
+                keys = _store_keys(hashes, worker.sizes, worker.unit, len(prompt), set())
+                worker.store.saved.update(keys)
     rng = random.Random(seed * 7 + 3)
     arrivals = _waves(seed)
     seen = {"loads": 0, "stores": 0, "preemptions": 0, "boundary_puts": 0}
@@ -594,20 +676,81 @@ def test_mooncake_store_beside_a_plain_mamba_group_is_refused_by_name() -> None:
     refuse_mooncake_store_layout(_connector(), "", _layout(_spec(), _mamba_spec()))
 
 
-def test_mooncake_store_beside_an_unchecked_group_is_refused_by_name() -> None:
-    chunked = ChunkedLocalAttentionSpec(
-        block_size=BLOCK_SIZE,
-        num_kv_heads=1,
-        head_size=1,
-        dtype=torch.float16,
-        attention_chunk_size=64,
+@pytest.mark.parametrize("kind", ["RSWASpec", "CrossAttentionSpec"])
+def test_mooncake_store_beside_an_unchecked_group_is_refused_by_name(kind: str) -> None:
+    """Kinds never checked against vLLM's, refused by exact class: R-SWA's spec, a subclass
+    of FullAttentionSpec, passed the old ``isinstance`` check unchecked."""
+    common = {"block_size": BLOCK_SIZE, "num_kv_heads": 1, "head_size": 1, "dtype": torch.float16}
+    spec = (
+        RSWASpec(rswa_window=64, **common) if kind == "RSWASpec" else CrossAttentionSpec(**common)
     )
-    with pytest.raises(ConfigError, match=r"beside a ChunkedLocalAttentionSpec KV cache group"):
-        refuse_mooncake_store_layout(_connector(), "", _layout(_spec(), chunked))
-
-
-def test_mooncake_store_over_a_smaller_hash_block_is_refused_by_name() -> None:
-    with pytest.raises(ConfigError, match="block_size 16 over hash_block_size 8") as e:
-        refuse_mooncake_store_layout(_connector(), "", _layout(_spec(), hash_block_size=8))
+    with pytest.raises(ConfigError, match=rf"beside a {kind} KV cache group \(group 1") as e:
+        refuse_mooncake_store_layout(_connector(), "", _layout(_spec(), spec))
     assert e.value.value == "MooncakeStoreConnector"
-    refuse_mooncake_store_layout(_connector(), "", _layout(_spec()))
+
+
+def test_mooncake_store_beside_the_served_kinds_is_not_refused() -> None:
+    served = [_attention(kind, BLOCK_SIZE) for kind in ("mla", "window", "swmla", "chunked")]
+    refuse_mooncake_store_layout(_connector(), "", _layout(_spec(), *served, _mamba_spec()))
+
+
+def test_mooncake_store_beside_a_mamba_group_over_the_hash_block_is_refused_by_name() -> None:
+    """vLLM's partial hash hits (a Mamba align block over the hash block size): not
+    modelled. Attention groups over the hash block size are served (above)."""
+    layout = _layout(_spec(32), _mamba_spec(64), hash_block_size=16)
+    with pytest.raises(
+        ConfigError, match="Mamba align group of block_size 64 over hash_block_size 16"
+    ) as e:
+        refuse_mooncake_store_layout(_connector(), "", layout)
+    assert e.value.value == "MooncakeStoreConnector"
+    sizes = _layout(_spec(32), _attention("window", 16), _mamba_spec(16), hash_block_size=16)
+    refuse_mooncake_store_layout(_connector(), "", sizes)
+    # One group over the hash block size: vLLM's engine never builds it.
+    with pytest.raises(ConfigError, match="one KV cache group of block_size 16 over hash_block"):
+        refuse_mooncake_store_layout(_connector(), "", _layout(_spec(), hash_block_size=8))
+
+
+def test_the_sizes_check_fails_when_the_pins_are_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over differing block sizes too, a pool view whose touches and frees do nothing
+    leaves ref counts and the free queue unlike vLLM's."""
+    monkeypatch.setattr(BlockPoolView, "touch", lambda self, blocks: None)
+    monkeypatch.setattr(BlockPoolView, "free_blocks", lambda self, blocks: None)
+    with pytest.raises(AssertionError, match="step"):
+        _run(1, num_blocks=60, layout="sizes")
+
+
+# MLA's spec (DeepSeek's) and chunked local attention (Llama 4's) beside full attention:
+# vLLM's MooncakeStoreScheduler stores them by their block tables as any non-Mamba group
+# (the old check let MLA pass by isinstance and refused chunked local attention).
+@pytest.mark.parametrize(
+    ("seed", "layout"),
+    [(0, "mla"), (1, "mla"), (0, "chunked"), (2, "chunked"), (0, "swmla"), (0, "replay")],
+)
+def test_mooncake_store_beside_mla_and_chunked_groups_matches_vllm(seed: int, layout: str) -> None:
+    seen = _run(seed, num_blocks=60, layout=layout)
+    assert seen["stores"] > 0
+    assert seen["loads"] > 0
+
+
+# Groups of differing block sizes (the scheduler block size their lcm, requests hashed at
+# their gcd): each group's blocks stored keyed at its own size, a hit where every group's
+# keys are stored, as the connector's own MooncakeStoreCoordinator finds it.
+@pytest.mark.parametrize(
+    ("seed", "layout", "num_blocks", "asynchronous"),
+    [
+        (0, "sizes", 160, False),
+        (1, "sizes", 60, False),
+        (2, "sizes", 30, False),
+        (3, "sizes", 60, True),
+        (0, "sizes3", 80, False),
+        (1, "sizes3", 60, True),
+        (2, "sizes3", 30, False),
+    ],
+)
+def test_mooncake_store_over_differing_block_sizes_matches_vllm(
+    seed: int, layout: str, num_blocks: int, asynchronous: bool
+) -> None:
+    seen = _run(seed, num_blocks=num_blocks, layout=layout, asynchronous=asynchronous)
+    assert seen["stores"] > 0
+    # A pool of 160 blocks keeps the first wave's prompts: they hit the GPU prefix cache.
+    assert (seen["loads"] > 0) == (num_blocks < 160)

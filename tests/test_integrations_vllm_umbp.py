@@ -18,7 +18,8 @@ and load plans: keys, blocks, requests; the store event; preempted ids), the pin
 the requests waiting for loads, the outputs, KV usage, block tables, the GPU free queue in
 eviction order and every block's ref count, and with KV cache events on the store events
 published. Layouts: one full-attention group, a sliding window or a Mamba ``align`` group
-beside it (UMBP's own lookup coordinator then probes the local cache per group). Needs vLLM
+beside it (UMBP's own lookup coordinator then probes the local cache per group), groups of
+differing block sizes (built as the Mooncake store's test builds them). Needs vLLM
 (the bench venv); skipped elsewhere.
 """
 
@@ -35,6 +36,8 @@ pytest.importorskip("vllm", reason="vLLM 0.33 is installed only in the bench ven
 
 import torch
 from test_integrations_vllm_mooncake_store import (
+    _attention,
+    _build,
     _kv_cache_config,
     _layout,
     _layout_config,
@@ -246,7 +249,7 @@ def _run(
         if asynchronous
         else (Scheduler, TokenyardScheduler)
     )
-    pair = [peer.build(cls, _layout_config(num_blocks, layout)) for cls in classes]
+    pair = [_build(peer, cls, _layout_config(num_blocks, layout)) for cls in classes]
     workers = [_Worker(s.connector.connector_scheduler.runtime) for s in pair]
     published: list[list[Any]] = [[], []]
     for scheduler, batches in zip(pair, published, strict=True):
@@ -468,6 +471,55 @@ def test_umbp_beside_an_unchecked_group_is_refused_by_name() -> None:
         refuse_umbp_layout(connector, "", _layout(_spec(), chunked))
     assert e.value.field == "kv_transfer_config.kv_connector"
     assert e.value.value == "UMBPStoreConnector"
-    with pytest.raises(ConfigError, match="block_size 16 over hash_block_size 8"):
+    with pytest.raises(ConfigError, match="one KV cache group of block_size 16 over hash_block"):
         refuse_umbp_layout(connector, "", _layout(_spec(), hash_block_size=8))
     refuse_umbp_layout(connector, "", _layout(_spec(), _mamba_spec()))
+
+
+def test_umbp_over_differing_block_sizes_with_partial_hits_is_refused_by_name() -> None:
+    """Groups of differing block sizes are served with UMBP's ``enable_partial_hash_hits``
+    off; on (sub-block hits), or beside a Mamba align block over the hash block size
+    (vLLM's partial hash hits), refused."""
+    sizes = _layout(_spec(32), _attention("window", 16), hash_block_size=16)
+    for partial in (False, True):
+        peer = _peer(_umbp(enable_partial_hash_hits=partial), 64, False)
+        connector = peer.build(Scheduler, _kv_cache_config(64)).connector
+        if not partial:
+            refuse_umbp_layout(connector, "", sizes)
+            continue
+        with pytest.raises(ConfigError, match=r"enable_partial_hash_hits beside .*\[16, 32\]"):
+            refuse_umbp_layout(connector, "", sizes)
+    mamba = _layout(_spec(32), _mamba_spec(64), hash_block_size=16)
+    with pytest.raises(ConfigError, match="Mamba align group of block_size 64 over hash_block"):
+        refuse_umbp_layout(connector, "", mamba)
+
+
+# Groups of differing block sizes (as the Mooncake store's test builds them): UMBP keys each
+# group's blocks at its own size (``group_block_sizes``) and its lookup coordinator finds
+# the hit every group can reuse, landing on the scheduler block size.
+@pytest.mark.parametrize(
+    ("seed", "layout", "num_blocks", "asynchronous"),
+    [
+        (0, "sizes", 60, False),
+        (1, "sizes", 30, False),
+        (2, "sizes", 60, True),
+        (0, "sizes3", 60, False),
+    ],
+)
+def test_umbp_over_differing_block_sizes_matches_vllm(
+    seed: int, layout: str, num_blocks: int, asynchronous: bool
+) -> None:
+    seen = _run(seed, num_blocks=num_blocks, layout=layout, asynchronous=asynchronous)
+    assert seen["stores"] > 0
+    assert seen["loads"] > 0
+
+
+# KV cache events on over differing block sizes: the store events each group's blocks
+# published, compared every step.
+@pytest.mark.parametrize(("seed", "asynchronous"), [(0, False), (1, True)])
+def test_umbp_over_differing_block_sizes_with_kv_events_matches_vllm(
+    seed: int, asynchronous: bool, clock: _Clock
+) -> None:
+    seen = _run(seed, num_blocks=60, layout="sizes", asynchronous=asynchronous, clock=clock)
+    assert seen["store_events"] > 0
+    assert seen["loads"] > 0

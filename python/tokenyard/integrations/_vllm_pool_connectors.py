@@ -21,28 +21,51 @@ a window's null blocks skipped, as vLLM's ``_reference_save_blocks`` does) or a 
 ``align`` group beside them (since branch ``storeconn``: vLLM's manager hands each state it
 caches to the connector, ``take_boundary_state_offloads``, which the adapter makes from the
 core, ``_vllm_boundary_offloads``; the connector stores it as a boundary put pinned with the
-store job), every group's block size equal to the hash block size, prefix caching on or
-off, with vLLM's ``Scheduler`` and ``AsyncScheduler`` as
-``tests/test_integrations_vllm_mooncake_store.py`` checks it. Refused by name otherwise:
-beside a Mamba group in ``none`` mode (vLLM's scheduler half asserts ``align``), beside any
-other group than full attention, sliding window and Mamba, and with a block size over the
-hash block size (its partial hash hits and finish-time partial tails,
-``finalize_partial_tail_offloads`` then ``register_finished_partial_tail``, which need a
-sub-block boundary, are not modelled). Imported only by ``_vllm_connector_binding``, so
-vLLM is installed when this runs."""
+store job), prefix caching on or off, with vLLM's ``Scheduler`` and ``AsyncScheduler`` as
+``tests/test_integrations_vllm_mooncake_store.py`` checks it. Since branch ``storediff``
+the groups are judged by exact class (``_STORE_SERVED_SPECS``: full attention, MLA's, a
+sliding window, MLA's sliding window, bounded replay too, which vLLM's store leaves out as
+not prefix-cacheable, chunked local attention, Mamba ``align``; before, an ``isinstance``
+check let any subclass of the first three through unchecked and refused chunked local
+attention), and groups of differing block sizes are served (each group keyed at its own
+size, ``chunk_hashes_for_block_size``; hits on the scheduler block size). Refused by name
+otherwise: beside a Mamba group in ``none`` mode (vLLM's scheduler half asserts
+``align``), beside another kind, and with vLLM's partial hash hits (a Mamba ``align`` block
+over the hash block size: sub-block hits and finish-time partial tails,
+``finalize_partial_tail_offloads`` then ``register_finished_partial_tail``, not modelled;
+the core refuses Mamba beside differing sizes anyway). Imported only by
+``_vllm_connector_binding``, so vLLM is installed when this runs."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
-from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, SlidingWindowSpec
+from vllm.v1.core.kv_cache_utils import partial_hash_hits_enabled
+from vllm.v1.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    MambaSpec,
+    MLAAttentionSpec,
+    SlidingWindowMLASpec,
+    SlidingWindowSpec,
+)
 
 from tokenyard.errors import ConfigError
 
 _FIELD = "kv_transfer_config.kv_connector"
 _MOONCAKE_STORE = "MooncakeStoreConnector"
 _UMBP = "UMBPStoreConnector"
+# The KV cache group kinds the Mooncake store is checked beside against vLLM's
+# (tests/test_integrations_vllm_mooncake_store.py); a Mamba group in ``align`` mode only.
+_STORE_SERVED_SPECS = (
+    FullAttentionSpec,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+    SlidingWindowMLASpec,
+    ChunkedLocalAttentionSpec,
+    MambaSpec,
+)
 
 
 def mooncake_store_served(cls: type[Any]) -> bool:
@@ -58,58 +81,71 @@ def mooncake_store_served(cls: type[Any]) -> bool:
 def refuse_mooncake_store_layout(leaf: Any, where: str, view: Any) -> None:
     """The Mooncake store connector beside what its pinning is not checked with.
 
+    vLLM's ``MooncakeStoreScheduler`` reads a group's kind only to tell Mamba's apart
+    (``isinstance(spec, MambaSpec)``: stored from boundary hand-offs, asserted ``align``);
+    every other prefix-cacheable kind is stored by its block table, whatever its class.
+    The adapter serves the kinds checked against it (``_STORE_SERVED_SPECS``, by exact
+    class: a subclass may read differently) and groups of differing block sizes, as long
+    as vLLM's partial hash hits stay off (``partial_hash_hits_enabled``: a Mamba ``align``
+    group over the hash block size), which bring sub-block hits and finish-time tails.
+
     Raises:
         ConfigError (field ``kv_transfer_config.kv_connector``, value the class): a Mamba
-            KV cache group in ``none`` mode, any other group than full attention, sliding
-            window and Mamba, or a block size other than the hash block size.
+            KV cache group in ``none`` mode, a group of a kind not in
+            ``_STORE_SERVED_SPECS``, or a Mamba ``align`` group over the hash block size.
     """
-    config = view.kv_cache_config
-    specs = [group.kv_cache_spec for group in config.kv_cache_groups]
-    hash_block_size = view.block_pool.hash_block_size
-    reason = None
-    # vLLM's MooncakeStoreScheduler asserts align mode of every Mamba group it stores.
-    plain_mamba = next(
-        (
-            i
-            for i, spec in enumerate(specs)
-            if isinstance(spec, MambaSpec) and spec.mamba_cache_mode != "align"
-        ),
-        None,
-    )
-    other = next(
-        (
-            (i, type(spec).__name__)
-            for i, spec in enumerate(specs)
-            if not isinstance(spec, FullAttentionSpec | SlidingWindowSpec | MambaSpec)
-        ),
-        None,
-    )
-    sizes = sorted({spec.block_size for spec in specs})
-    if plain_mamba is not None:
-        reason = (
-            f"beside a Mamba KV cache group in mamba_cache_mode "
-            f"{specs[plain_mamba].mamba_cache_mode!r} (group {plain_mamba}: vLLM's "
-            "MooncakeStoreScheduler requires mamba_cache_mode='align')"
-        )
-    elif other is not None:
-        reason = (
-            f"beside a {other[1]} KV cache group (group {other[0]}: served beside full "
-            "attention, sliding windows and Mamba align groups, the groups it is checked "
-            "with)"
-        )
-    elif sizes != [hash_block_size]:
-        reason = (
-            f"with block_size {sizes[-1] if sizes else 0} over hash_block_size "
-            f"{hash_block_size} (its partial hash hits and finish-time partial tails, "
-            "register_finished_partial_tail, are not modelled; served with every group's "
-            "block size equal to it)"
-        )
+    reason = _unserved_store_group(view) or _store_partial_hits(view)
     if reason is not None:
         raise ConfigError(
             f"{_FIELD}: {type(leaf).__name__}{where} is not served {reason}",
             field=_FIELD,
             value=type(leaf).__name__,
         )
+
+
+def _unserved_store_group(view: Any) -> str | None:
+    """Why a KV cache group is not served beside the Mooncake store, or ``None``."""
+    for i, group in enumerate(view.kv_cache_config.kv_cache_groups):
+        spec = group.kv_cache_spec
+        if isinstance(spec, MambaSpec) and spec.mamba_cache_mode != "align":
+            # vLLM's MooncakeStoreScheduler asserts align mode of every Mamba group.
+            return (
+                f"beside a Mamba KV cache group in mamba_cache_mode "
+                f"{spec.mamba_cache_mode!r} (group {i}: vLLM's MooncakeStoreScheduler "
+                "requires mamba_cache_mode='align')"
+            )
+        if type(spec) not in _STORE_SERVED_SPECS:
+            return (
+                f"beside a {type(spec).__name__} KV cache group (group {i}: served beside "
+                f"{', '.join(c.__name__ for c in _STORE_SERVED_SPECS)} groups, the kinds "
+                "it is checked with)"
+            )
+    return None
+
+
+def _store_partial_hits(view: Any) -> str | None:
+    """Why the groups' block sizes are not served, or ``None``: one group over the hash
+    block size (vLLM's ``resolve_kv_cache_block_sizes`` rejects it, so the connector would
+    key at another size than the requests' hashes), or vLLM's partial hash hits (a Mamba
+    ``align`` block over the hash block size), which hit inside a block and publish
+    finish-time partial tails (``register_finished_partial_tail``), not modelled."""
+    groups = view.kv_cache_config.kv_cache_groups
+    hash_block_size = view.block_pool.hash_block_size
+    if len(groups) == 1 and groups[0].kv_cache_spec.block_size != hash_block_size:
+        return (
+            f"with one KV cache group of block_size {groups[0].kv_cache_spec.block_size} "
+            f"over hash_block_size {hash_block_size} (vLLM's resolve_kv_cache_block_sizes "
+            "rejects a hash block size other than the block size of a single group)"
+        )
+    if not partial_hash_hits_enabled(groups, hash_block_size):
+        return None
+    size = max(g.kv_cache_spec.block_size for g in groups if isinstance(g.kv_cache_spec, MambaSpec))
+    return (
+        f"beside a Mamba align group of block_size {size} over hash_block_size "
+        f"{hash_block_size} (vLLM's partial hash hits and finish-time partial tails, "
+        "register_finished_partial_tail, are not modelled; groups of differing block sizes "
+        "are served otherwise)"
+    )
 
 
 def umbp_served(cls: type[Any]) -> bool:
@@ -124,16 +160,18 @@ def refuse_umbp_layout(leaf: Any, where: str, view: Any) -> None:
     what it is not checked with. Served beside full-attention, sliding-window and Mamba
     ``align`` groups (several since branch ``storeconn``: its lookup coordinator probes the
     local prefix cache per group, ``umbp_probes_local_cache``; beside Mamba it stores the
-    states handed off), the block size equal to the hash block size, prefix caching on or
-    off, KV cache events on or off (since branch ``storeconn``): its store events pin blocks
-    as the Mooncake store's jobs do (``touch`` in ``build_connector_meta``, ``free_blocks``
-    once every worker reported the event in ``UMBPConnectorWorkerMetadata.store_events``).
+    states handed off), groups of differing block sizes with its ``enable_partial_hash_hits``
+    off (since branch ``storediff``: each group keyed at its own ``group_block_sizes``),
+    prefix caching on or off, KV cache events on or off (since branch ``storeconn``): its
+    store events pin blocks as the Mooncake store's jobs do (``touch`` in
+    ``build_connector_meta``, ``free_blocks`` once every worker reported the event in
+    ``UMBPConnectorWorkerMetadata.store_events``).
 
     Raises:
         ConfigError (field ``kv_transfer_config.kv_connector``, value the class): a group
-            of another kind (or a Mamba group in ``none`` mode), a block size other than
-            the hash block size (partial hash hits and finish-time partial tails, not
-            modelled).
+            of another kind (or a Mamba group in ``none`` mode), vLLM's partial hash hits
+            (``_store_partial_hits``) or its own ``enable_partial_hash_hits`` beside
+            differing block sizes (sub-block hits and partial tails, not modelled).
     """
     config = view.kv_cache_config
     specs = [group.kv_cache_spec for group in config.kv_cache_groups]
@@ -152,11 +190,13 @@ def refuse_umbp_layout(leaf: Any, where: str, view: Any) -> None:
             f"beside a {kind} KV cache group (group {i}: served beside FullAttentionSpec, "
             "SlidingWindowSpec and align-mode MambaSpec groups, the ones it is checked with)"
         )
-    elif sizes != [hash_block_size]:
+    elif (partial := _store_partial_hits(view)) is not None:
+        reason = partial
+    elif len(sizes) > 1 and getattr(leaf.connector_scheduler, "enable_partial_hash_hits", False):
         reason = (
-            f"with block_size {sizes[-1] if sizes else 0} over hash_block_size "
-            f"{hash_block_size} (its partial hash hits and finish-time partial tails, "
-            "register_finished_partial_tail, are not modelled; served with them equal)"
+            f"with enable_partial_hash_hits beside groups of block sizes {sizes} over "
+            f"hash_block_size {hash_block_size} (its sub-block hits, not modelled; groups of "
+            "differing block sizes are served with it off)"
         )
     if reason is not None:
         raise ConfigError(

@@ -754,3 +754,13 @@ def test_mooncake_store_over_differing_block_sizes_matches_vllm(
     assert seen["stores"] > 0
     # A pool of 160 blocks keeps the first wave's prompts: they hit the GPU prefix cache.
     assert (seen["loads"] > 0) == (num_blocks < 160)
+
+
+# Over differing block sizes: prefix caching off (the requests hashed at the gcd still, a
+# connector being on); lookups a step late, loads in the step, KV events on; a consumer.
+def test_mooncake_store_over_differing_block_sizes_in_other_modes_matches_vllm() -> None:
+    assert _run(0, num_blocks=40, layout="sizes", caching=False)["loads"] > 0
+    seen = _run(1, num_blocks=40, layout="sizes", events=True, lookup_async=True, load_async=False)
+    assert seen["loads"] > 0
+    seen = _run(2, num_blocks=40, layout="sizes", role="kv_consumer", save_decode_cache=True)
+    assert seen["loads"] > 0

@@ -498,18 +498,21 @@ def test_umbp_over_differing_block_sizes_with_partial_hits_is_refused_by_name() 
 # group's blocks at its own size (``group_block_sizes``) and its lookup coordinator finds
 # the hit every group can reuse, landing on the scheduler block size.
 @pytest.mark.parametrize(
-    ("seed", "layout", "num_blocks", "asynchronous"),
+    ("seed", "layout", "num_blocks", "asynchronous", "caching"),
     [
-        (0, "sizes", 60, False),
-        (1, "sizes", 30, False),
-        (2, "sizes", 60, True),
-        (0, "sizes3", 60, False),
+        (0, "sizes", 60, False, True),
+        (1, "sizes", 30, False, True),
+        (2, "sizes", 60, True, True),
+        (0, "sizes3", 60, False, True),
+        (3, "sizes", 40, False, False),
     ],
 )
 def test_umbp_over_differing_block_sizes_matches_vllm(
-    seed: int, layout: str, num_blocks: int, asynchronous: bool
+    seed: int, layout: str, num_blocks: int, asynchronous: bool, caching: bool
 ) -> None:
-    seen = _run(seed, num_blocks=num_blocks, layout=layout, asynchronous=asynchronous)
+    seen = _run(
+        seed, num_blocks=num_blocks, layout=layout, asynchronous=asynchronous, caching=caching
+    )
     assert seen["stores"] > 0
     assert seen["loads"] > 0
 

@@ -183,12 +183,9 @@ def start_hisparse_connector(scheduler: Any, vllm_config: Any, kv_cache_config: 
     if not hisparse_connector_configured(vllm_config.kv_transfer_config):
         return None
     source = hisparse_source_group(kv_cache_config)
-    if source is None:  # refused before (refuse_unserved_hisparse_connector)
-        raise ConfigError(
-            f"{_FIELD}: {_NAME} needs a HISPARSE_SOURCE group",
-            field=_FIELD,
-            value=_NAME,
-        )
+    # refuse_unserved_hisparse_connector ran first (TokenyardScheduler.__init__), so the
+    # layout has a source group.
+    assert source is not None
     block_size = scheduler.block_size
     max_model_len = vllm_config.model_config.max_model_len
     # vLLM's HiSparseCoordinator: max_spill_pages = max_model_len // block_size.

@@ -127,8 +127,9 @@ class HiSparseTier(AdapterBase):
     # ids then carry the host tables at the source group's place.
     _hisparse_placed: bool = False
     _kv_cache_manager: Any = None
-    # The HiSparse connector's step (_vllm_hisparse_step), when it is configured.
-    _hisparse_step: Any = None
+    # The HiSparse connector's step (_vllm_hisparse_step), when it is configured; assigned
+    # first thing in TokenyardScheduler.__init__.
+    _hisparse_step: Any
     connector: Any
     # The connector whose has_pending_block_frees was last routed, and the hook.
     _frees_routed: tuple[Any, Any] = (None, None)

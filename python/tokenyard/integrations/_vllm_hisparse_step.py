@@ -19,8 +19,9 @@ regions, the free order), and the adapter keeps vLLM's connector object as vLLM'
   itself when a running request's allocation finds no room.
 
 Refused by name (:func:`refuse_unserved_hisparse_connector`): the connector inside a
-``MultiConnector``, with prefix caching on (hits adopting GPU copies of published host
-pages, host copy-on-write and imports are not modelled), with speculative decoding (its
+``MultiConnector``, with prefix caching on (the step does not run the host publication,
+hits adopting GPU copies of published host pages, nor imports: written down as
+``tests/hisparse_caching_model.py``), with speculative decoding (its
 row mirrors reach past the scheduled tokens), and beside a layout other than one resident
 and one hot group. Imported only by ``tokenyard.integrations.vllm``, so vLLM is installed
 when this runs."""
@@ -63,9 +64,9 @@ def refuse_unserved_hisparse_connector(vllm_config: Any, kv_cache_config: Any) -
         )
     if vllm_config.cache_config.enable_prefix_caching:
         raise _refuse(
-            f"{_NAME} with prefix caching on is not served: hits on published host pages "
-            "adopting GPU copies, host copy-on-write and imports are not modelled (prefix "
-            "caching off is)",
+            f"{_NAME} with prefix caching on is not served: the step does not run the host "
+            "publication, hits on published host pages and their GPU copies, nor imports "
+            "(prefix caching off is)",
             field="cache_config.enable_prefix_caching",
             value="True",
         )
@@ -183,12 +184,9 @@ def start_hisparse_connector(scheduler: Any, vllm_config: Any, kv_cache_config: 
     if not hisparse_connector_configured(vllm_config.kv_transfer_config):
         return None
     source = hisparse_source_group(kv_cache_config)
-    if source is None:  # refused before (refuse_unserved_hisparse_connector)
-        raise ConfigError(
-            f"{_FIELD}: {_NAME} needs a HISPARSE_SOURCE group",
-            field=_FIELD,
-            value=_NAME,
-        )
+    # refuse_unserved_hisparse_connector ran first (TokenyardScheduler.__init__), so the
+    # layout has a source group.
+    assert source is not None
     block_size = scheduler.block_size
     max_model_len = vllm_config.model_config.max_model_len
     # vLLM's HiSparseCoordinator: max_spill_pages = max_model_len // block_size.

@@ -172,6 +172,9 @@ class TokenyardScheduler(
         self.scheduler_config = vllm_config.scheduler_config
         self.cache_config = vllm_config.cache_config
         self.lora_config = vllm_config.lora_config
+        # The HiSparse connector's step (started below, once the core is built);
+        # _adopt_host_pool reads it first.
+        self._hisparse_step = None
         self.kv_cache_config = kv_cache_config
         self.kv_events_config = vllm_config.kv_events_config
         self.parallel_config = vllm_config.parallel_config

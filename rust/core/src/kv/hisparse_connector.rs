@@ -23,7 +23,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use rustc_hash::FxHashMap;
 
-use super::hisparse_shared::{Completions, PageState, free_queue_without_null, landed};
+use super::hisparse_shared::{
+    Completions, PageState, free_queue_without_null, landed, release_unhashed,
+};
 use super::{BlockId, DeviceTransfer, FreeBlockQueue, KvCapacity, KvCoordinator, KvGroupSpec};
 use super::{NULL_BLOCK, RequestKey};
 use crate::{Error, Result};
@@ -66,28 +68,6 @@ pub struct HiSparseConnectorKv<R: RequestKey> {
     planned: Vec<DeviceTransfer>,
     next_transfer: u64,
     next_generation: u64,
-}
-
-/// `BlockPool.free_blocks` on the host pool without hashes: blocks reaching no reference go
-/// to the queue's front, the first given first.
-fn release_host(
-    free: &mut FreeBlockQueue,
-    refs: &mut [u32],
-    blocks: impl IntoIterator<Item = BlockId>,
-) -> Result<()> {
-    let mut front = Vec::new();
-    for block in blocks.into_iter().filter(|&b| b != NULL_BLOCK) {
-        let count = &mut refs[block as usize];
-        if *count == 0 {
-            return Err(Error::Internal(format!("host block {block} freed twice")));
-        }
-        *count -= 1;
-        if *count == 0 {
-            front.push(block);
-        }
-    }
-    front.iter().rev().for_each(|&b| free.push_front(b));
-    Ok(())
 }
 
 impl<R: RequestKey> HiSparseConnectorKv<R> {
@@ -399,10 +379,11 @@ impl<R: RequestKey> HiSparseConnectorKv<R> {
                 }
                 self.requests.insert(transfer.request.clone(), request);
             }
-            release_host(
+            release_unhashed(
                 &mut self.host_free,
                 &mut self.host_ref,
                 [transfer.host_block],
+                "host",
             )?;
         }
         Ok(())
@@ -437,10 +418,11 @@ impl<R: RequestKey> HiSparseConnectorKv<R> {
                     coord.unpin_hisparse_page(request_id, page)?;
                 }
             }
-            release_host(
+            release_unhashed(
                 &mut self.host_free,
                 &mut self.host_ref,
                 request.host.iter().rev().copied(),
+                "host",
             )?;
         }
         Ok(())

@@ -41,7 +41,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use rustc_hash::FxHashMap;
 
-use super::hisparse_shared::{Completions, PageState, free_queue_without_null, landed};
+use super::hisparse_shared::{
+    Completions, PageState, free_queue_without_null, landed, release_unhashed,
+};
 use super::{BlockId, FreeBlockQueue, NULL_BLOCK, RequestKey};
 use crate::{Error, Result};
 
@@ -109,31 +111,6 @@ pub struct DeviceResidency<R: RequestKey> {
     planned: Vec<DeviceTransfer>,
     next_transfer: u64,
     next_generation: u64,
-}
-
-/// `BlockPool.free_blocks` without hashes: blocks reaching no reference go to the queue's
-/// front, the first given first; null blocks are skipped.
-fn release(
-    free: &mut FreeBlockQueue,
-    refs: &mut [u32],
-    blocks: impl IntoIterator<Item = BlockId>,
-) -> Result<()> {
-    let mut front = Vec::new();
-    for block in blocks {
-        if block == NULL_BLOCK {
-            continue;
-        }
-        let count = &mut refs[block as usize];
-        if *count == 0 {
-            return Err(Error::Internal(format!("block {block} freed twice")));
-        }
-        *count -= 1;
-        if *count == 0 {
-            front.push(block);
-        }
-    }
-    front.iter().rev().for_each(|&b| free.push_front(b));
-    Ok(())
 }
 
 impl<R: RequestKey> DeviceResidency<R> {
@@ -526,7 +503,7 @@ impl<R: RequestKey> DeviceResidency<R> {
         });
         for id in &landed {
             let block = self.transfers[id].resident_block;
-            release(&mut self.free, &mut self.ref_cnt, [block])?;
+            release_unhashed(&mut self.free, &mut self.ref_cnt, [block], "device")?;
         }
         for id in landed {
             let transfer = self.transfers.remove(&id).expect("listed above");
@@ -545,10 +522,11 @@ impl<R: RequestKey> DeviceResidency<R> {
                     request.pages.advance_ready();
                 })?;
             }
-            release(
+            release_unhashed(
                 &mut self.host_free,
                 &mut self.host_ref,
                 [transfer.host_block],
+                "host",
             )?;
         }
         Ok(())
@@ -579,16 +557,18 @@ impl<R: RequestKey> DeviceResidency<R> {
             }
             request.resident[page] = NULL_BLOCK;
         }
-        release(
+        release_unhashed(
             &mut self.host_free,
             &mut self.host_ref,
             request.host.iter().rev().copied(),
+            "host",
         )?;
         for table in [&request.indexer, &request.resident, &request.hot] {
-            release(
+            release_unhashed(
                 &mut self.free,
                 &mut self.ref_cnt,
                 table.iter().rev().copied(),
+                "device",
             )?;
         }
         Ok(())

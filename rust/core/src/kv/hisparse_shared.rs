@@ -6,12 +6,14 @@
 //! - [`Completions`] and [`landed`]: the first half of `update_spills`, which applies the
 //!   workers' counts and picks the write-backs that landed;
 //! - [`PageState`]: a request's valid, ready and pending pages (`valid_pages`,
-//!   `ready_prefix_pages` and `pending_pages` of `_HiSparseRequestState`).
+//!   `ready_prefix_pages` and `pending_pages` of `_HiSparseRequestState`);
+//! - [`release_unhashed`]: `BlockPool.free_blocks` on a pool without hashes (the device
+//!   half's pools and the connector's host pool, caching off).
 
 use std::collections::BTreeMap;
 
-use super::FreeBlockQueue;
-use crate::Result;
+use super::{BlockId, FreeBlockQueue, NULL_BLOCK};
+use crate::{Error, Result};
 
 /// A free queue of blocks `1..num_blocks`, lowest first: vLLM's `BlockPool` takes its null
 /// block off the free queue first.
@@ -19,6 +21,33 @@ pub(super) fn free_queue_without_null(num_blocks: usize) -> Result<FreeBlockQueu
     let mut queue = FreeBlockQueue::with_all_blocks(num_blocks)?;
     queue.pop_front();
     Ok(queue)
+}
+
+/// `BlockPool.free_blocks` without hashes: each block's reference goes (`refs`, by block
+/// id); blocks reaching none go to `free`'s front, the first given first; null blocks are
+/// skipped. `pool` names the pool in the error.
+///
+/// # Errors
+/// `Error::Internal` when a block has no reference left to release (a bug).
+pub(super) fn release_unhashed(
+    free: &mut FreeBlockQueue,
+    refs: &mut [u32],
+    blocks: impl IntoIterator<Item = BlockId>,
+    pool: &str,
+) -> Result<()> {
+    let mut front = Vec::new();
+    for block in blocks.into_iter().filter(|&b| b != NULL_BLOCK) {
+        let count = &mut refs[block as usize];
+        if *count == 0 {
+            return Err(Error::Internal(format!("{pool} block {block} freed twice")));
+        }
+        *count -= 1;
+        if *count == 0 {
+            front.push(block);
+        }
+    }
+    front.iter().rev().for_each(|&b| free.push_front(b));
+    Ok(())
 }
 
 /// The completions a write-back waits for (vLLM's `_PendingSpill` counts).

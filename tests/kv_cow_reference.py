@@ -78,7 +78,8 @@ class RefCowCoordinator:
     copies: list[list[tuple[int, int]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        assert self.block % self.hash_block == 0 and self.block > self.hash_block
+        assert self.block % self.hash_block == 0
+        assert self.block > self.hash_block
         self.ref = [0] * self.num_blocks
         self.free_queue = list(range(1, self.num_blocks))
         self.copies = [[] for _ in self.kinds]
@@ -174,11 +175,11 @@ class RefCowCoordinator:
                 break
         return blocks[: cdiv(hit, b)], hit
 
-    def get_computed_blocks(self, tokens: list[int]) -> CowHit:
+    def get_computed_blocks(self, tokens: list[int], max_length: int | None = None) -> CowHit:
         """HybridKVCacheCoordinator.find_longest_cache_hit on its simple hybrid (one
         full-attention group, then one Mamba group, each looked up once): Mamba's bound is
         full attention's hit, and full attention keeps the blocks of the final length."""
-        hit = max(0, len(tokens) - 1)
+        hit = max(0, len(tokens) - 1) if max_length is None else max_length
         found: list[list[int]] = [[] for _ in self.kinds]
         for g in sorted(self.groups, key=lambda g: self.kinds[g] != "full"):
             found[g], hit = self.find(g, tokens, hit)
@@ -192,24 +193,36 @@ class RefCowCoordinator:
         self,
         rid: Any,
         num_new: int,
-        tokens: list[int] | None = None,
+        tokens: list[int],
+        prompt_len: int,
+        num_computed: int,
         hit: CowHit | None = None,
-        prompt_len: int | None = None,
+        processed: int | None = None,
+        full_sequence: bool = False,
     ) -> list[list[int]] | None:
-        """An admission passes the request's tokens (and its prompt's length when it
-        resumes after a preemption), a running request only its new tokens' count."""
+        """KVCacheManager.allocate_slots for ``num_new`` tokens past ``num_computed`` (the
+        request's computed tokens before the call) and the admission's ``hit``: each
+        group's new blocks, or None when they do not fit. ``tokens`` are the request's
+        known tokens (vLLM's ``all_token_ids``), ``processed`` the computed tokens already
+        processed (less the in-flight ones under async scheduling), ``full_sequence`` the
+        admission gate on the whole sequence (``full_sequence_must_fit``)."""
         req = self.requests.get(rid)
         if req is None:
-            assert tokens is not None
             n = len(self.kinds)
-            prompt = len(tokens) if prompt_len is None else prompt_len
-            req = CowReq(list(tokens), prompt, tables=[[] for _ in range(n)])
+            req = CowReq(list(tokens), prompt_len, tables=[[] for _ in range(n)])
             req.num_cached, req.partial = [None] * n, [None] * n
+        req.tokens, req.prompt_len = list(tokens), prompt_len
         hit = hit or CowHit([[] for _ in self.kinds], 0)
-        computed = req.num_computed + hit.num_tokens
+        computed = num_computed + hit.num_tokens
         num_tokens = computed + num_new
+        if full_sequence:
+            whole = len(tokens)
+            if sum(self.blocks_needed(req, g, whole, hit, computed) for g in self.groups) > len(
+                self.free_queue
+            ):
+                return None
         if rid in self.requests:
-            self.remove_skipped(req, req.num_computed)
+            self.remove_skipped(req, computed if processed is None else processed)
         needed = sum(self.blocks_needed(req, g, num_tokens, hit, computed) for g in self.groups)
         if needed > len(self.free_queue):
             return None
@@ -219,8 +232,17 @@ class RefCowCoordinator:
                 self.add_hit(req, g, hit, computed)
         new = [self.allocate_new(req, g, num_tokens) for g in self.groups]
         req.num_computed = num_tokens
-        self.cache_blocks(req, min(num_tokens, len(req.tokens)))
+        self.cache_blocks_of(req, min(num_tokens, len(req.tokens)))
         return new
+
+    def cache_blocks(self, rid: Any, tokens: list[int], num_tokens: int) -> None:
+        """KVCacheManager.cache_blocks (the scheduler's, after a step's output)."""
+        req = self.requests[rid]
+        req.tokens = list(tokens)
+        self.cache_blocks_of(req, num_tokens)
+
+    def remove_skipped_blocks(self, rid: Any, processed: int) -> None:
+        self.remove_skipped(self.requests[rid], processed)
 
     @property
     def groups(self) -> range:
@@ -336,13 +358,14 @@ class RefCowCoordinator:
         return returned + new
 
     def apply_cow(self, req: CowReq, g: int, idx: int, source: int, cow: int) -> None:
-        assert req.tables[g][idx] == source and self.ref[source] > 0
+        assert req.tables[g][idx] == source
+        assert self.ref[source] > 0
         req.tables[g][idx] = cow
         self.copies[g].append((source, cow))
         self.ref[cow] += 1
 
     # --- caching (cache_blocks; no rounding with partial hits on) ---
-    def cache_blocks(self, req: CowReq, num_tokens: int) -> None:
+    def cache_blocks_of(self, req: CowReq, num_tokens: int) -> None:
         for g in self.groups:
             before = req.num_cached[g] or 0
             self.cache_full(req, g, num_tokens)
@@ -411,9 +434,6 @@ class RefCowCoordinator:
         self.copies = [[] for _ in self.kinds]
         return copies, [block for pair in copies for block in pair]
 
-    def append_tokens(self, rid: Any, tokens: list[int]) -> None:
-        self.requests[rid].tokens.extend(tokens)
-
     def new_step_starts(self) -> None:
         self.this_step.clear()
 
@@ -428,4 +448,3 @@ class RefCowCoordinator:
     @property
     def num_free_blocks(self) -> int:
         return len(self.free_queue)
-

@@ -121,6 +121,7 @@ class _Ref:
         self.model = RefCowCoordinator(KINDS, num_blocks, block, hash_block)
         self.tokens: dict[str, list[int]] = {}
         self.prompt_len: dict[str, int] = {}
+        self.computed: dict[str, int] = {}
 
     def hit(self, rid: str, prompt: list[int]) -> tuple[int, Any]:
         self.tokens.setdefault(rid, list(prompt))
@@ -129,16 +130,18 @@ class _Ref:
         return found.num_tokens, found
 
     def admit(self, rid: str, n: int, num_hit: int, found: Any) -> Any:
-        return self.model.allocate_slots(
-            rid, n, tokens=self.tokens[rid], hit=found, prompt_len=self.prompt_len[rid]
-        )
+        self.computed[rid] = 0
+        return self.step(rid, n, found)
 
-    def step(self, rid: str, n: int) -> Any:
-        return self.model.allocate_slots(rid, n)
+    def step(self, rid: str, n: int, found: Any = None) -> Any:
+        tokens, prompt_len = self.tokens[rid], self.prompt_len[rid]
+        new = self.model.allocate_slots(rid, n, tokens, prompt_len, self.computed[rid], found)
+        if new is not None:
+            self.computed[rid] += n + (found.num_tokens if found else 0)
+        return new
 
     def append(self, rid: str, token: int) -> None:
         self.tokens[rid].append(token)
-        self.model.append_tokens(rid, [token])
 
     def end_step(self) -> list[tuple[int, int]]:
         copies, retained = self.model.take_copies()
@@ -147,8 +150,9 @@ class _Ref:
 
     def free(self, rid: str, preempted: bool) -> None:
         self.model.free(rid)
+        self.computed[rid] = 0
         if not preempted:
-            del self.tokens[rid], self.prompt_len[rid]
+            del self.tokens[rid], self.prompt_len[rid], self.computed[rid]
 
     def tables(self, rid: str) -> list[list[int]]:
         return [list(t) for t in self.model.requests[rid].tables]
@@ -234,7 +238,8 @@ def run_stream(seed: int, sides: list[Any], *, block: int, hash_block: int) -> d
             end = max(end, num_hit + 1)
             n = end - num_hit
             new = agree(
-                f"admit {rid}", [s.admit(rid, n, num_hit, h[1]) for s, h in zip(sides, hits)]
+                f"admit {rid}",
+                [s.admit(rid, n, num_hit, h[1]) for s, h in zip(sides, hits, strict=True)],
             )
             if new is None:
                 break
@@ -276,3 +281,43 @@ def test_the_reference_model_agrees_with_vllm_step_by_step(seed: int) -> None:
     num_blocks = rng.choice((24, 40, 80))
     sides = [_Vllm(num_blocks, block, hash_block), _Ref(num_blocks, block, hash_block)]
     run_stream(seed, sides, block=block, hash_block=hash_block)
+
+
+class _NoCopyOnWrite(RefCowCoordinator):
+    """A variant sharing the block a hit ends inside (no private copy, no block copy)."""
+
+    def partial_hit(self, hit: Any, g: int, computed: int) -> bool:
+        return False
+
+
+class _NoMove(RefCowCoordinator):
+    """A variant leaving a Mamba partial entry on the running state block (no move to a
+    fresh block at the next allocation, no copy)."""
+
+    def cache_tail_align(self, req: Any, g: int, num_tokens: int) -> Any:
+        key = super().cache_tail_align(req, g, num_tokens)
+        req.partial[g] = None
+        return key
+
+
+@pytest.mark.parametrize("variant", [_NoCopyOnWrite, _NoMove])
+def test_a_variant_without_the_rule_parts_from_vllm(variant: type) -> None:
+    # The streams above, with the model's rule broken one way: vLLM tells them apart.
+    parted = 0
+    for seed in range(8):
+        rng = random.Random(1000 + seed)
+        hash_block = rng.choice((2, 4, 8))
+        block = hash_block * rng.choice((2, 4))
+        num_blocks = rng.choice((24, 40, 80))
+        ref = _Ref(num_blocks, block, hash_block)
+        ref.model = variant(KINDS, num_blocks, block, hash_block)
+        try:
+            run_stream(
+                seed,
+                [_Vllm(num_blocks, block, hash_block), ref],
+                block=block,
+                hash_block=hash_block,
+            )
+        except AssertionError:
+            parted += 1
+    assert parted >= 6, parted

@@ -7,8 +7,9 @@ the last, so hits end inside blocks) are driven as vLLM's scheduler drives the m
 hash boundary as ``_mamba_block_aligned_split`` stops them; a decode token per step; the
 step's ``take_kv_cache_block_copies``, their retained endpoints freed at the end of the
 step; preemption when a running request does not fit). After every operation: the new
-block ids per group, every running request's tables, the free block count; after every
-step: the copies (source, destination). Needs vLLM (the bench venv); skipped elsewhere."""
+block ids per group, every running request's tables; after every step: the copies
+(source, destination) and the free queue in order. Needs vLLM (the bench venv); skipped
+elsewhere."""
 
 from __future__ import annotations
 
@@ -110,8 +111,10 @@ class _Vllm:
     def tables(self, rid: str) -> list[list[int]]:
         return [list(t) for t in self.manager.get_block_ids(rid)]
 
-    def num_free(self) -> int:
-        return self.manager.block_pool.get_num_free_blocks()
+    def num_free(self) -> list[int]:
+        """The free queue, in order."""
+        free = self.manager.block_pool.free_block_queue.get_all_free_blocks()
+        return [b.block_id for b in free]
 
 
 class _Ref:
@@ -157,8 +160,8 @@ class _Ref:
     def tables(self, rid: str) -> list[list[int]]:
         return [list(t) for t in self.model.requests[rid].tables]
 
-    def num_free(self) -> int:
-        return self.model.num_free_blocks
+    def num_free(self) -> list[int]:
+        return list(self.model.free_queue)
 
 
 def _chunk_end(computed: int, prompt_len: int, budget: int, block: int, hash_block: int) -> int:

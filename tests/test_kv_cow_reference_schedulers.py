@@ -7,8 +7,9 @@ hits end inside blocks) on full attention + Mamba ``align`` groups hashed at
 ``remove_skipped_blocks``, ``free``, ``take_kv_cache_block_copies``, the retained
 endpoints' release in ``_free_cow_retained_blocks``) is made on the model too with the
 scheduler's own arguments: each hit, each allocation's new block ids per group (or its
-refusal), each step's ``kv_cache_block_copies`` and the running requests' tables and
-computed tokens must be the model's. Needs vLLM (the bench venv); skipped elsewhere."""
+refusal), each step's ``kv_cache_block_copies``, the running requests' tables and
+computed tokens and the free queue in order must be the model's. Needs vLLM (the bench
+venv); skipped elsewhere."""
 
 from __future__ import annotations
 
@@ -149,7 +150,8 @@ class Mirror:
         return copies, retained
 
     def check_state(self) -> None:
-        assert self.model.num_free_blocks == self.manager.block_pool.get_num_free_blocks()
+        free = self.manager.block_pool.free_block_queue.get_all_free_blocks()
+        assert self.model.free_queue == [b.block_id for b in free]
         for rid in self.model.requests:
             tables = [list(t) for t in self.manager.get_block_ids(rid)]
             assert self.model.requests[rid].tables == tables, rid

@@ -254,24 +254,37 @@ pub fn allocate_full_partial(
     required: usize,
     take: &mut impl FnMut(usize) -> Vec<BlockId>,
 ) -> Result<(Vec<BlockId>, Option<CowCopy>)> {
-    let mut new = Vec::new();
-    let mut copy = None;
     if let Some(p) = partial {
         check_slot(table, p)?;
-        let destination = take(1)[0];
-        table[p.slot] = destination;
-        new.push(destination);
-        copy = Some(CowCopy {
+    }
+    let num_copies = usize::from(partial.is_some());
+    let num_new = num_copies + required.saturating_sub(table.len());
+    let new = taken(take, num_new)?;
+    let copy = partial.map(|p| {
+        table[p.slot] = new[0];
+        CowCopy {
             slot: p.slot,
             source: p.source,
-            destination,
+            destination: new[0],
             kind: CopyKind::Private,
-        });
-    }
-    let added = take(required.saturating_sub(table.len()));
-    table.extend_from_slice(&added);
-    new.extend(added);
+        }
+    });
+    table.extend_from_slice(&new[num_copies..]);
     Ok((new, copy))
+}
+
+/// `take(n)`'s blocks, which must be `n` (the fit check ran). Errors: `InputError`
+/// (`take`) otherwise, before anything else changes.
+fn taken(take: &mut impl FnMut(usize) -> Vec<BlockId>, n: usize) -> Result<Vec<BlockId>> {
+    let blocks = take(n);
+    if blocks.len() != n {
+        return Err(Error::input(
+            "take",
+            blocks.len(),
+            format!("{n} blocks were asked for (the fit check admits the allocation)"),
+        ));
+    }
+    Ok(blocks)
 }
 
 /// What Mamba `align`'s manager keeps of a request beside its table for these rules.
@@ -305,18 +318,18 @@ pub fn allocate_align_partial(
         return Ok((Vec::new(), None));
     }
     let prev = table.len();
+    // Nulls up to the running state's slot, its block, and the copy's.
+    let num_nulls = required.saturating_sub(prev + 1);
+    let num_new = required.saturating_sub(prev + num_nulls) + usize::from(partial.is_some());
+    let mut new = taken(take, num_new)?;
     if state.allocated || prev > 0 {
-        state.last_state = Some(prev - 1);
+        state.last_state = prev.checked_sub(1);
     }
-    if prev + 1 < required {
-        table.resize(required - 1, NULL_BLOCK);
-    }
-    let num_new = required.saturating_sub(table.len()) + usize::from(partial.is_some());
-    let mut taken = take(num_new);
-    let mut returned: Vec<BlockId> = table[prev..].to_vec();
+    table.resize(prev + num_nulls, NULL_BLOCK);
+    let mut returned: Vec<BlockId> = vec![NULL_BLOCK; num_nulls];
     let mut copy = None;
     if let Some(p) = partial {
-        let destination = taken.remove(0);
+        let destination = new.remove(0);
         let kind = if state.allocated {
             CopyKind::MovedEntry
         } else {
@@ -331,8 +344,8 @@ pub fn allocate_align_partial(
             kind,
         });
     }
-    table.extend_from_slice(&taken);
-    returned.extend(taken);
+    table.extend_from_slice(&new);
+    returned.extend(new);
     state.allocated = true;
     Ok((returned, copy))
 }

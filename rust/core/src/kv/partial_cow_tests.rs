@@ -230,3 +230,21 @@ fn a_slot_not_holding_its_source_is_refused_and_nothing_is_taken() {
             .is_err()
     );
 }
+
+#[test]
+fn a_short_take_is_refused_before_the_table_changes() {
+    let mut short = |_: usize| Vec::new();
+    let mut table = vec![1, 2, 3, 5];
+    let p = PartialSlot { slot: 3, source: 5 };
+    let err = allocate_full_partial(&mut table, Some(p), 5, &mut short).unwrap_err();
+    assert!(err.to_string().contains("take"), "{err}");
+    assert_eq!(table, [1, 2, 3, 5]);
+    let mut mamba = vec![0, 0, 0, 7];
+    let mut state = AlignPartialState::default();
+    let p = PartialSlot { slot: 3, source: 7 };
+    assert!(allocate_align_partial(&mut mamba, &mut state, Some(p), 5, &mut short).is_err());
+    assert_eq!(
+        (mamba, state),
+        (vec![0, 0, 0, 7], AlignPartialState::default())
+    );
+}

@@ -33,6 +33,7 @@ mod loose_blocks;
 mod named_cache;
 #[cfg(test)]
 mod named_pool_tests;
+mod partial_cow;
 mod partial_hits;
 mod prefix_pool;
 mod radix;
@@ -59,6 +60,11 @@ pub use layer_groups::{
     KvGroupSpec, NULL_BLOCK, mamba_checkpoint_position, mamba_checkpoint_valid,
 };
 pub use lookahead::{PrefixRules, hash_full_blocks_lookahead};
+pub use partial_cow::{
+    AlignPartialState, CopyKind, CopyQueue, CowCopy, PartialEntries, PartialSlot,
+    align_blocks_needed, align_partial_tail, allocate_align_partial, allocate_full_partial,
+    full_blocks_needed, full_partial_tail, partial_slot,
+};
 pub use partial_hits::{
     FineHit, find_fine_grained_hit, mamba_checkpoint_valid_on, partial_hash_hits_enabled,
     partial_local_hit,

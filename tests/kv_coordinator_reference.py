@@ -5,10 +5,12 @@ Mamba with ``mamba_cache_mode="none"`` or ``"align"``; ``"none"`` with a block c
 request, kind ``mamba``, or shorter, kind ``mambablocks``: a slot per block plus ``size``
 speculative blocks, every block before the last computed token's state freed), restricted
 to what tokenyard models: no external (connector) tokens, dense caching, no hash look-ahead.
-Groups may differ in block size (``group_block_sizes``, full attention, sliding windows and
-uncached ``mambablocks``: vLLM's layouts for models whose layer kinds have different page
+Groups may differ in block size (``group_block_sizes``, full attention, sliding windows,
+uncached ``mambablocks``, ``align`` without partial hash hits and chunked local attention
+uncached or on the lcm: vLLM's layouts for models whose layer kinds have different page
 sizes): ``block_size`` is then the hash block size, hits land on the lcm of the groups'
-sizes (``HybridKVCacheCoordinator``'s ``alignment_tokens``), only tokens below it are cached
+sizes (``HybridKVCacheCoordinator``'s ``alignment_tokens``: an ``align`` group's lookup passes
+over states off it), only tokens below it are cached
 (``_align_cacheable``), and a window finer than the lcm caches only the blocks a hit can
 reach (``reachable_block_mask``).
 
@@ -237,6 +239,8 @@ class RefCoordinator:
             tables = [t[:end] for t in tables]
         elif spec.kind == "align":
             for i in range(max_blocks - 1, -1, -1):
+                if not self.aligned(i + 1, ids[0]):
+                    continue  # a state off the lcm grid is passed over (alignment_tokens)
                 found = lookup(i)
                 if found is not None:
                     tables = [[NULL] * i + [b] for b in found]

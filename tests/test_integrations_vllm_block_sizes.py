@@ -198,7 +198,17 @@ def test_sizes_vllms_coordinator_rejects_are_refused() -> None:
 
 def test_unmodelled_kinds_beside_differing_sizes_are_refused_by_name() -> None:
     build = _build(GEMMA)
-    config = _config([_spec("full", 32), _spec("mamba", 16)])
+    # A Mamba align prefill checkpoint block (an align group without one is served since
+    # branch mambadiff: tests/test_integrations_vllm_block_sizes_kinds.py).
+    checkpoint = MambaSpec(
+        block_size=16,
+        shapes=((1, 1),),
+        dtypes=(torch.float32,),
+        mamba_cache_mode="align",
+        num_prefill_checkpoint_blocks=1,
+        prefill_checkpoint_alignment=1,
+    )
+    config = _config([_spec("full", 32), checkpoint])
     with pytest.raises(ConfigError, match=r"kv_cache_groups\[1\]\.kv_cache_spec: MambaSpec"):
         build(config)
     layout = _config([_spec("full", 32), _spec("window", 16, 64)])

@@ -305,17 +305,20 @@ MIXED_SPECS = st.one_of(
 
 class MixedBlockSizesMachine(CoordinatorMachine):
     """The same rules over full-attention and window groups of different block sizes (vLLM's
-    layouts for layer kinds of different page sizes), and uncached a none-mode Mamba group
-    with a slot per block of its own size: each group's block size a multiple (1, 2 or 4)
-    of the hash block size."""
+    layouts for layer kinds of different page sizes), uncached a none-mode Mamba group with
+    a slot per block of its own size, and a Mamba ``align`` group (on the hash block under
+    prefix caching, where vLLM's partial hash hits stay off) or a chunked local group (on
+    the lcm under prefix caching, vLLM's chunked manager asserting it): each group's block
+    size a multiple (1, 2 or 4) of the hash block size."""
 
     @rule(
         specs=st.lists(MIXED_SPECS, min_size=1, max_size=3),
-        scales=st.lists(st.sampled_from([1, 2, 4]), min_size=4, max_size=4),
+        scales=st.lists(st.sampled_from([1, 2, 4]), min_size=5, max_size=5),
         caching=st.booleans(),
         block_size=st.integers(1, 3),
         num_blocks=st.integers(3, 40),
         mamba=st.sampled_from([None, *NONE_MODE_MAMBA[1:]]),
+        extra=st.sampled_from([None, Spec("align"), Spec("local", 5), Spec("local", 12)]),
     )
     @precondition(lambda self: not hasattr(self, "rust"))
     def build(  # type: ignore[override]
@@ -326,11 +329,19 @@ class MixedBlockSizesMachine(CoordinatorMachine):
         block_size: int,
         num_blocks: int,
         mamba: Spec | None = None,
+        extra: Spec | None = None,
     ) -> None:
         # A none-mode Mamba group with a slot per block of its own size, uncached.
         if mamba is not None and not caching:
             specs = [*specs, mamba]
-        sizes = [scale * block_size for scale in scales[: len(specs)]]
+        scales = scales[: len(specs) + (extra is not None)]
+        if extra is not None:
+            specs = [*specs, extra]
+            if caching:
+                # align: the hash block (a larger state turns partial hash hits on);
+                # local: the lcm (every scale divides the largest of 1, 2 and 4).
+                scales[-1] = 1 if extra.kind == "align" else max(scales)
+        sizes = [scale * block_size for scale in scales]
         self.rust = KvCoordinator(
             groups=[to_rust(s) for s in specs],
             num_blocks=num_blocks,
@@ -371,15 +382,27 @@ def test_group_block_sizes_are_checked() -> None:
     )
     with pytest.raises(ConfigError, match=r"groups\[1\]"):
         KvCoordinator(groups=mamba, num_blocks=20, block_size=4, group_block_sizes=[8, 4])
+    # Mamba align: served without a prefill checkpoint block, on the hash block under
+    # prefix caching; a larger state there is vLLM's partial hash hit (copy-on-write).
     align = [FullAttentionSpec(), MambaSpec(mamba_cache_mode="align")]
-    with pytest.raises(ConfigError, match=r"groups\[1\]"):
+    KvCoordinator(groups=align, num_blocks=20, block_size=4, group_block_sizes=[8, 4])
+    with pytest.raises(ConfigError, match=r"groups\[1\].*partial hash hit"):
+        KvCoordinator(groups=align, num_blocks=20, block_size=4, group_block_sizes=[4, 8])
+    checkpoint = MambaSpec(
+        mamba_cache_mode="align", num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1
+    )
+    with pytest.raises(ConfigError, match=r"groups\[1\].*checkpoint"):
         KvCoordinator(
-            groups=align,
+            groups=[FullAttentionSpec(), checkpoint],
             num_blocks=20,
             block_size=4,
-            enable_caching=False,
             group_block_sizes=[8, 4],
         )
+    # Chunked local attention under prefix caching: on the scheduler block size only.
+    local = [FullAttentionSpec(), ChunkedLocalAttentionSpec(attention_chunk_size=16)]
+    KvCoordinator(groups=local, num_blocks=20, block_size=4, group_block_sizes=[4, 8])
+    with pytest.raises(ConfigError, match=r"groups\[1\].*scheduler block size"):
+        KvCoordinator(groups=local, num_blocks=20, block_size=4, group_block_sizes=[8, 4])
 
 
 class EagleMixedBlockSizesMachine(MixedBlockSizesMachine):

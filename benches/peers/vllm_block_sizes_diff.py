@@ -34,7 +34,15 @@ compared. Layouts (``--layout``):
   mode; ``--eagle`` is refused with these). The scenarios' ``max_model_len`` is 128, 256 or
   512, so the block is shorter than it (vLLM's manager then holds a slot per block, all but
   the last state's nulled) but for 128 where ``max_model_len`` is 128 (one block covers the
-  request).
+  request);
+- ``mambaalign16``, ``mambaalignwin`` and ``mambaalign32``: a Mamba ``align`` group (the split
+  on, on the Mamba block) in blocks of 16 beside full attention in blocks of 32; in blocks of
+  32 beside full attention in 16 and a window of 64 in 32 (the window keeps vLLM's partial
+  hash hits off, so hits land on 32); in blocks of 32 beside full attention in 16, prefix
+  caching off (with it vLLM turns partial hash hits on, refused by name);
+- ``chunk`` and ``chunk16``: chunked local attention (chunks of 64) in blocks of 32 beside
+  full attention in 16, and in blocks of 16 beside full attention in 32, prefix caching off
+  (vLLM's chunked manager asserts its block is the hit alignment at its first lookup).
 
 Prints how many scenarios agree at every step and the first differing step of the first that
 does not.
@@ -68,12 +76,42 @@ LAYOUTS: dict[str, list[tuple[str, int, int]]] = {
     "mambanone16": [("full", 16, 0), ("mambanone", 16, 0)],
     "mambanone64": [("full", 16, 0), ("mambanone", 64, 0)],
     "mambanone128": [("full", 16, 0), ("mambanone", 128, 0)],
+    # A Mamba `align` group (no prefill checkpoint block) beside differing sizes: on the hash
+    # block (hits on the scheduler block of 32), beside a window whose manager keeps vLLM's
+    # partial hash hits off, or larger than the hash block without prefix caching.
+    "mambaalign16": [("full", 32, 0), ("mambaalign", 16, 0)],
+    "mambaalignwin": [("full", 16, 0), ("window", 32, 64), ("mambaalign", 32, 0)],
+    "mambaalign32": [("full", 16, 0), ("mambaalign", 32, 0)],
+    # Chunked local attention (chunks of 64) beside differing sizes: on the scheduler block
+    # size, or a finer block without prefix caching.
+    "chunk": [("full", 16, 0), ("chunk", 32, 64)],
+    "chunk16": [("full", 32, 0), ("chunk", 16, 64)],
 }
+
+#: Layouts vLLM 0.33 serves only without prefix caching (a none-mode Mamba group asserts it;
+#: a Mamba align block over the hash block turns on partial hash hits; a chunked local block
+#: off the scheduler block size fails vLLM's first lookup).
+UNCACHED = {"mambanone16", "mambanone64", "mambanone128", "mambaalign32", "chunk16"}
 
 
 def has_plain_mamba(layout: str) -> bool:
-    """Whether ``layout`` has a ``none``-mode Mamba group (its scenarios run uncached)."""
-    return any(kind == "mambanone" for kind, _, _ in LAYOUTS[layout])
+    """Whether ``layout``'s scenarios run uncached (``UNCACHED``)."""
+    return layout in UNCACHED
+
+
+def mamba_align_spec(block_size: int, num_speculative_blocks: int) -> Any:
+    """vLLM 0.33's ``MambaSpec`` in ``align`` mode over blocks of ``block_size`` (no prefill
+    checkpoint block)."""
+    import torch
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    return MambaSpec(
+        block_size=block_size,
+        shapes=((1, 1),),
+        dtypes=(torch.float32,),
+        mamba_cache_mode="align",
+        num_speculative_blocks=num_speculative_blocks,
+    )
 
 
 def mamba_none_spec(block_size: int, num_speculative_blocks: int) -> Any:
@@ -125,6 +163,7 @@ def install(
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core import kv_cache_utils
     from vllm.v1.kv_cache_interface import (
+        ChunkedLocalAttentionSpec,
         FullAttentionSpec,
         KVCacheConfig,
         KVCacheGroupSpec,
@@ -141,10 +180,19 @@ def install(
         from vllm.v1.structured_output import StructuredOutputManager
 
         groups = []
+        k = self.vllm_config.num_speculative_tokens or 0
         for i, (kind, bs, window) in enumerate(groups_spec):
             common = {"block_size": bs, "num_kv_heads": 1, "head_size": 1, "dtype": torch.float16}
             if kind == "mambanone":
-                spec = mamba_none_spec(bs, self.vllm_config.num_speculative_tokens or 0)
+                spec = mamba_none_spec(bs, k)
+            elif kind == "mambaalign":
+                spec = mamba_align_spec(bs, k)
+                # vLLM's engine turns the split on from the cache config, on the Mamba
+                # block (`Scheduler._mamba_block_aligned_split` reads cache_config.block_size).
+                self.vllm_config.cache_config.mamba_cache_mode = "align"
+                self.vllm_config.cache_config.block_size = bs
+            elif kind == "chunk":
+                spec = ChunkedLocalAttentionSpec(attention_chunk_size=window, **common)
             elif kind == "full":
                 spec = FullAttentionSpec(**common)
             else:

@@ -461,7 +461,10 @@ class KvCoordinator:
         ConfigError: no groups or a value that is not a group spec; ``num_blocks < 2``;
             ``block_size < 1``; a Mamba group with ``enable_caching=True``;
             ``group_block_sizes`` not one multiple of ``block_size`` per group, or
-            differing beside a group that is not full attention or a sliding window;
+            differing beside a group the core does not serve with them (served: full
+            attention, sliding windows, ``none``-mode Mamba uncached, Mamba ``align``
+            without a checkpoint block where partial hash hits stay off, chunked local
+            attention uncached or on the scheduler block size);
             ``eagle_block_drop`` without caching or beside a chunked local group.
     """
 

@@ -10,8 +10,12 @@ prefix-cacheable groups'). The core takes the hash block size as its ``block_siz
 group's own (``SchedulerConfig.kv_group_block_sizes``); hits land on the least common
 multiple, as ``HybridKVCacheCoordinator`` aligns them.
 
-Not modelled beside differing sizes, refused by name: groups other than full attention and
-sliding windows, and in particular vLLM 0.33's fine-grained partial hash hits
+Served beside differing sizes besides full attention and sliding windows (since branch
+``mambadiff``): a Mamba ``align`` group without a prefill checkpoint block (hits on the
+scheduler block size), chunked local attention without prefix caching or on the scheduler
+block size, a ``none``-mode Mamba group without prefix caching. Refused by name: other group
+kinds, a Mamba prefill checkpoint block, and in particular vLLM 0.33's fine-grained partial
+hash hits
 (``partial_hash_hits_enabled`` in ``kv_cache_utils.py``: with prefix caching, a Mamba
 ``align`` block larger than the hash block, every other prefix-cached group of the hash
 block size or a full-attention one), where a hit may end inside a Mamba block and vLLM's
@@ -109,33 +113,57 @@ def group_block_sizes_of(
     ):
         raise _refuse_partial_hits(core_groups, sizes, hash_block_size)
     for i, spec in enumerate(core_groups):
-        # A `none`-mode Mamba group is served beside any sizes without prefix caching: one
-        # whose block covers the request holds one state block (and its speculative ones),
-        # a shorter one a slot per block of its own size (vLLM 0.33's `MambaManager`
-        # outside align mode: `cdiv(num_tokens, block_size)` slots, all but the last state
-        # nulled).
-        plain_mamba = (
-            not enable_caching
-            and type(spec).__name__ == "MambaSpec"
-            and getattr(spec, "mamba_cache_mode", "none") == "none"
-        )
-        if plain_mamba:
+        why = _unserved_beside_sizes(spec, sizes[i], block_size, enable_caching)
+        if why is None:
             continue
-        if not isinstance(spec, (FullAttentionSpec, SlidingWindowSpec)) or getattr(
-            spec, "bounded_replay", False
-        ):
-            field = f"kv_cache_groups[{i}].kv_cache_spec"
-            raise ConfigError(
-                f"{field}: {type(spec).__name__} beside groups of different block sizes "
-                f"{tuple(sizes)} is not modelled (only full-attention and sliding-window groups "
-                "take their own block size, and a none-mode Mamba group without prefix "
-                "caching; a Mamba state larger than the hash block is vLLM's partial hash hit "
-                "with copy-on-write, on only with cache_config.prefix_match_unit below the "
-                "Mamba block size)",
-                field=field,
-                value=type(spec).__name__,
-            )
+        field = f"kv_cache_groups[{i}].kv_cache_spec"
+        raise ConfigError(
+            f"{field}: {type(spec).__name__} beside groups of different block sizes "
+            f"{tuple(sizes)} is not modelled ({why})",
+            field=field,
+            value=type(spec).__name__,
+        )
     return hash_block_size, tuple(sizes)
+
+
+def _unserved_beside_sizes(
+    spec: Any, size: int, block_size: int, enable_caching: bool
+) -> str | None:
+    """Why the core does not serve the group beside differing block sizes, or ``None``.
+
+    Served: full attention and sliding windows; a ``none``-mode Mamba group without prefix
+    caching (vLLM 0.33's ``MambaManager`` outside align mode: one state block, or a slot per
+    block of its own size); a Mamba ``align`` group without a prefill checkpoint block (its
+    hits land on the scheduler block size, ``MambaManager.find_longest_cache_hit`` passing
+    over states off that grid; the partial-hash-hit layout is refused before this); chunked
+    local attention without prefix caching, or on the scheduler block size
+    (``ChunkedLocalAttentionManager.find_longest_cache_hit`` asserts its block is the hit
+    alignment, so any other size fails at vLLM's first lookup)."""
+    kind = type(spec).__name__
+    if isinstance(spec, (FullAttentionSpec, SlidingWindowSpec)) and not getattr(
+        spec, "bounded_replay", False
+    ):
+        return None
+    if kind == "MambaSpec" and getattr(spec, "mamba_cache_mode", "none") == "none":
+        return None if not enable_caching else "a none-mode Mamba group under prefix caching"
+    if kind == "MambaSpec":
+        if getattr(spec, "prefill_checkpoint_alignment", None) is not None:
+            return "a Mamba align prefill checkpoint block beside them"
+        return None
+    if kind == "ChunkedLocalAttentionSpec":
+        if not enable_caching or size == block_size:
+            return None
+        return (
+            f"under prefix caching chunked local attention takes the scheduler block size "
+            f"{block_size}: vLLM 0.33's ChunkedLocalAttentionManager asserts it at its first "
+            "lookup"
+        )
+    return (
+        "only full-attention, sliding-window, Mamba (none mode without prefix caching, align "
+        "mode) and chunked local attention groups take their own block size; a Mamba state "
+        "larger than the hash block is vLLM's partial hash hit with copy-on-write, on only "
+        "with cache_config.prefix_match_unit below the Mamba block size"
+    )
 
 
 def _refuse_partial_hits(

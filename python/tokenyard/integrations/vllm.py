@@ -34,7 +34,8 @@ block pool lives in Rust here).
 Structured output, pooling requests, prompt embeddings, hybrid KV cache groups (full
 attention, sliding window with or without retained tokens, chunked local, Mamba in ``none``
 or ``align`` mode with draft and checkpoint blocks, cross-attention, HiSparse's layout; of
-different block sizes, with EAGLE/MTP and KV connectors), EAGLE/MTP prefix caching (hash
+different block sizes, Mamba ``align`` and chunked local among them, with EAGLE/MTP and KV
+connectors), EAGLE/MTP prefix caching (hash
 look-ahead or the trailing-block drop), KV load failures under either policy, CPU offloading
 (``OffloadingConnector``, ``SimpleCPUOffloadConnector``), the Mooncake store and UMBP
 connectors (their store jobs' pins), vLLM's KV cache events (one KV group, or full

@@ -134,10 +134,11 @@ impl<R: RequestKey> KvCoordinator<R> {
         if num_external == 0 {
             return 0;
         }
-        let bs = self.block_size;
         (self.groups.iter().enumerate())
             .filter(|(_, spec)| spec.is_mamba_align())
             .filter(|&(g, spec)| {
+                // The group's own block size (beside differing sizes not the hash block's).
+                let bs = self.sizes.groups[g];
                 let hit_len = hit.map_or(0, |h| h.block_ids[g].len());
                 let held = hit_len.max(spec.num_skipped_tokens(total) / bs);
                 let required = spec.num_required_blocks(slots.of(spec), bs);

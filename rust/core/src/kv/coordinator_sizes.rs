@@ -107,6 +107,50 @@ pub(super) fn group_hash_index(i: usize, scale: usize) -> usize {
     (i + 1) * scale - 1
 }
 
+/// The first group vLLM 0.33's coordinator cannot serve (or the core does not model)
+/// beside groups of different block sizes, and why: full attention and sliding windows
+/// are served; a `none`-mode Mamba group without prefix caching (no hit reads its size);
+/// a Mamba `align` group without a prefill checkpoint block, unless prefix caching turns
+/// on vLLM's fine-grained partial hash hits (a state larger than the hash block: hits
+/// inside it copy the shared block, `_apply_cow`, not modelled); chunked local attention
+/// without prefix caching, or on the scheduler block size (vLLM's
+/// `ChunkedLocalAttentionManager.find_longest_cache_hit` asserts its block is the hit
+/// alignment, so any other size fails at vLLM's first lookup).
+fn unserved_beside_sizes(
+    groups: &[KvGroupSpec],
+    sizes: &[usize],
+    hash: usize,
+    scheduler: usize,
+    caching: bool,
+) -> Option<(usize, &'static str)> {
+    let partial_hits = caching && crate::kv::partial_hash_hits_enabled(groups, sizes, hash);
+    let why = |spec: &KvGroupSpec, size: usize| -> Option<&'static str> {
+        match spec {
+            KvGroupSpec::FullAttention | KvGroupSpec::SlidingWindow { .. } => None,
+            KvGroupSpec::Mamba { .. } | KvGroupSpec::MambaPerBlock { .. } if !caching => None,
+            KvGroupSpec::MambaAlign { .. } if spec.prefill_checkpoint_alignment().is_some() => {
+                Some("a Mamba `align` prefill checkpoint block is not modelled beside them")
+            }
+            KvGroupSpec::MambaAlign { .. } if partial_hits => Some(
+                "a Mamba `align` state larger than the hash block under prefix caching is \
+                 vLLM's fine-grained partial hash hit with copy-on-write, not modelled",
+            ),
+            KvGroupSpec::MambaAlign { .. } => None,
+            KvGroupSpec::ChunkedLocalAttention { .. } if !caching || size == scheduler => None,
+            KvGroupSpec::ChunkedLocalAttention { .. } => Some(
+                "chunked local attention under prefix caching takes the scheduler block size \
+                 (vLLM's ChunkedLocalAttentionManager asserts it at its first lookup)",
+            ),
+            _ => Some(
+                "only full attention, sliding windows, Mamba (`none` mode without prefix \
+                 caching, `align` mode) and chunked local attention take their own block size",
+            ),
+        }
+    };
+    (groups.iter().zip(sizes).enumerate())
+        .find_map(|(g, (spec, &size))| Some((g, why(spec, size)?)))
+}
+
 fn gcd(a: usize, b: usize) -> usize {
     if b == 0 { a } else { gcd(b, a % b) }
 }
@@ -115,11 +159,14 @@ impl<R: RequestKey> KvCoordinator<R> {
     /// Gives each group its own block size (vLLM 0.33 layouts whose groups differ in
     /// `block_size`); the coordinator's `block_size` is the hash block size. Every size
     /// must be a multiple of it; the scheduler block size is their least common multiple.
-    /// Only while no request holds blocks. Groups that are not full attention or a
-    /// sliding window are refused beside differing sizes (not modelled), but for a
-    /// `none`-mode Mamba group without prefix caching (one state block whatever its size,
-    /// vLLM's `mamba_block_size` of `max_model_len` in that mode, or a slot per block of
-    /// its own size, `MambaPerBlock`); a hash look-ahead
+    /// Only while no request holds blocks. Beside differing sizes full attention and
+    /// sliding windows are served; a `none`-mode Mamba group without prefix caching (one
+    /// state block whatever its size, vLLM's `mamba_block_size` of `max_model_len` in that
+    /// mode, or a slot per block of its own size, `MambaPerBlock`); a Mamba `align` group
+    /// without a prefill checkpoint block where vLLM's partial hash hits stay off (its hits
+    /// then land on the scheduler block size); chunked local attention without prefix
+    /// caching or on the scheduler block size; the others are refused by name
+    /// (`unserved_beside_sizes`). A hash look-ahead
     /// or EAGLE's block drop then adds vLLM's rules for them (`coordinator_sizes_tail`).
     pub fn set_group_block_sizes(&mut self, block_sizes: &[usize]) -> Result<()> {
         let field = "group_block_sizes";
@@ -158,28 +205,13 @@ impl<R: RequestKey> KvCoordinator<R> {
             })?;
         }
         let mixed = block_sizes.iter().any(|&s| s != hash);
-        // A `none`-mode Mamba group holds one state block (and its speculative ones)
-        // whatever its size, or a slot per block of its own size, as vLLM's manager does;
-        // without prefix caching no hit reads its size.
         let caching = self.enable_caching();
-        let served = |s: &KvGroupSpec| match s {
-            KvGroupSpec::FullAttention | KvGroupSpec::SlidingWindow { .. } => true,
-            KvGroupSpec::Mamba { .. } | KvGroupSpec::MambaPerBlock { .. } => !caching,
-            _ => false,
-        };
-        if let Some(g) = (self.groups.iter())
-            .position(|s| !served(s))
-            .filter(|_| mixed)
-        {
+        let unserved = unserved_beside_sizes(&self.groups, block_sizes, hash, scheduler, caching);
+        if let Some((g, why)) = unserved.filter(|_| mixed) {
             return Err(Error::config(
                 field,
                 format!("{block_sizes:?}"),
-                format!(
-                    "groups[{g}]={:?}: only full-attention and sliding-window groups take \
-                     their own block size (and `none`-mode Mamba without prefix caching; not \
-                     modelled for the others)",
-                    self.groups[g]
-                ),
+                format!("groups[{g}]={:?}: {why}", self.groups[g]),
             ));
         }
         if block_sizes != self.sizes.groups.as_slice() {
@@ -270,3 +302,7 @@ impl<R: RequestKey> KvCoordinator<R> {
 #[path = "coordinator_sizes_tail.rs"]
 mod tail;
 pub(super) use tail::{cache_partial_tail, forget_partial, registers_partial_tail};
+
+#[cfg(test)]
+#[path = "coordinator_sizes_kinds_tests.rs"]
+mod kinds_tests;

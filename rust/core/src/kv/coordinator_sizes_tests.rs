@@ -136,10 +136,14 @@ fn block_sizes_that_do_not_fit_the_hash_block_or_the_groups_are_refused() {
         .unwrap();
     assert_eq!(blocks.iter().map(Vec::len).collect::<Vec<_>>(), [2, 1]);
     coord.free(&1).unwrap();
-    let align = vec![FULL, KvGroupSpec::MAMBA_ALIGN];
-    let mut coord = KvCoordinator::<u64>::new(align, 20, 4, false).unwrap();
+    // Cross-attention is not served beside differing sizes (`coordinator_sizes_kinds_tests`
+    // has the Mamba `align` and chunked local rules).
+    let cross = vec![FULL, KvGroupSpec::CrossAttention];
+    let mut coord = KvCoordinator::<u64>::new(cross, 20, 4, false).unwrap();
     let err = coord.set_group_block_sizes(&[8, 4]).unwrap_err();
     assert!(err.to_string().contains("groups[1]"), "{err}");
+    let align = vec![FULL, KvGroupSpec::MAMBA_ALIGN];
+    let mut coord = KvCoordinator::<u64>::new(align, 20, 4, false).unwrap();
     // Equal sizes change nothing, beside any group.
     coord.set_group_block_sizes(&[4, 4]).unwrap();
     assert_eq!(coord.scheduler_block_size(), 4);

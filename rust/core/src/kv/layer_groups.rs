@@ -697,8 +697,13 @@ pub(super) fn find_longest_cache_hit(
         }
         KvGroupSpec::MambaAlign { .. } => {
             // vLLM's `MambaManager.find_longest_cache_hit`: right to left, the first cached
-            // state wins; the blocks before it are nulls (a state needs no earlier block).
+            // state ending on the alignment wins (beside differing block sizes a state off
+            // the scheduler block grid is passed over); the blocks before it are nulls (a
+            // state needs no earlier block).
             for i in (0..max_blocks).rev() {
+                if !aligned(i + 1) {
+                    continue;
+                }
                 if let Some(found) = lookup(i) {
                     blocks.iter_mut().zip(found).for_each(|(t, b)| {
                         t.resize(i, NULL_BLOCK);

@@ -149,15 +149,15 @@ class _FreeBlockQueueView:
         ``None``; none after a block no longer free, whose links vLLM clears). Read once,
         when iteration starts."""
         pool = self._pool
-        free = pool._scheduler._core.free_block_ids()
+        free = (pool._scheduler._core.free_block_ids() + pool._offset).tolist()
         if cursor is not None:
             # A lazy offloader walks from its cursor each step (SimpleCPUOffloadScheduler):
             # found in the ids, not by a view per free block.
-            at = np.flatnonzero(free == cursor.block_id - pool._offset)
-            found = len(at) and cursor is pool._block(cursor.block_id)
-            free = free[at[0] + 1 :] if found else free[:0]
+            if cursor is not pool._block(cursor.block_id) or cursor.block_id not in free:
+                return iter(())
+            free = free[free.index(cursor.block_id) + 1 :]
         # Each view made as the walk reaches it (a walk stops after a few).
-        return map(pool._block, (free + pool._offset).tolist())
+        return map(pool._block, free)
 
 
 class _BlockList(Sequence[KVCacheBlockView]):

@@ -70,6 +70,9 @@ class BlockHashIndex:
         # hash, as vLLM's resolve_block_hashes keys it), indexed one by one.
         self._unit = scheduler._core_block_size
         self._step = self._unit // scheduler.hash_block_size
+        # Bumped whenever a core hash's vLLM hash changes or leaves (``vllm_hash`` answers
+        # otherwise only grow): the block pool view keeps its resolved answers until then.
+        self.version = 0
 
     def _whole_block_hashes(self, request: Request) -> Sequence[Any]:
         """vLLM's hashes of the request's whole core blocks (the last hash of each block's
@@ -88,8 +91,16 @@ class BlockHashIndex:
             core_hashes = self._core_hashes(request, len(vllm_hashes))
         self._core_hash.update(zip(vllm_hashes, core_hashes, strict=False))
         block_size = self._unit
+        by_core = self._vllm_hash
+        changed = False
         for i, (vllm_hash, core_hash) in enumerate(zip(vllm_hashes, core_hashes, strict=False)):
-            self._vllm_hash[core_hash] = (vllm_hash, (i + 1) * block_size)
+            entry = (vllm_hash, (i + 1) * block_size)
+            old = by_core.get(core_hash)
+            if old != entry:
+                changed = changed or old is not None
+                by_core[core_hash] = entry
+        if changed:
+            self.version += 1
         if self._groups:
             core = list(core_hashes[: len(vllm_hashes)])
             for group in range(self._groups):
@@ -161,6 +172,7 @@ class BlockHashIndex:
         self._core_hash = {v: c for v, c in self._core_hash.items() if c in live}
         self._vllm_hash = {c: v for c, v in self._vllm_hash.items() if c in live}
         self._limit = max(self._limit, 2 * len(self._core_hash))
+        self.version += 1
 
     @contextmanager
     def asking(

@@ -18,7 +18,7 @@ they keep a block out of the free queue as vLLM's ref counts do. Imported only b
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from types import MappingProxyType
 from typing import Any, Protocol
 
@@ -70,7 +70,8 @@ class KVCacheBlockView:
     def ref_cnt(self) -> int:
         if self.block_id == 0:
             return 0
-        return int(self._pool._ref_counts()[self._pool._core_index(self.block_id)])
+        pool = self._pool
+        return int(pool._ref_counts()[pool._core_index(self.block_id)])
 
     @property
     def block_hash(self) -> Any:
@@ -147,35 +148,39 @@ class _FreeBlockQueueView:
         """vLLM's: the free blocks in eviction order after ``cursor`` (from the front for
         ``None``; none after a block no longer free, whose links vLLM clears). Read once,
         when iteration starts."""
-        free = self.get_all_free_blocks()
-        if cursor is None:
-            return iter(free)
-        for i, block in enumerate(free):
-            if block is cursor:
-                return iter(free[i + 1 :])
-        return iter(())
+        pool = self._pool
+        free = (pool._scheduler._core.free_block_ids() + pool._offset).tolist()
+        if cursor is not None:
+            # A lazy offloader walks from its cursor each step (SimpleCPUOffloadScheduler):
+            # found in the ids, not by a view per free block.
+            if cursor is not pool._block(cursor.block_id) or cursor.block_id not in free:
+                return iter(())
+            free = free[free.index(cursor.block_id) + 1 :]
+        # Each view made as the walk reaches it (a walk stops after a few).
+        return map(pool._block, free)
 
 
 class _BlockList(Sequence[KVCacheBlockView]):
     """``BlockPool.blocks`` as vLLM's list reads: ``len``, an index (negative ones too), a
-    slice, iteration; each block's view made when read."""
+    slice, iteration. The pool keeps one, made when first read, with every block's view
+    (a connector reads ``blocks[i]`` per block it stores, several times a step)."""
 
-    __slots__ = ("_pool",)
+    __slots__ = ("_pool", "_views")
 
     def __init__(self, pool: BlockPoolView) -> None:
         self._pool = pool
+        self._views = [pool._block(j) for j in range(pool.num_gpu_blocks)]
 
     def __len__(self) -> int:
-        return self._pool.num_gpu_blocks
+        return len(self._views)
 
     def __getitem__(self, i: Any) -> Any:
-        n = len(self)
         if isinstance(i, slice):
-            return [self._pool._block(j) for j in range(*i.indices(n))]
-        j = i + n if i < 0 else i
-        if not 0 <= j < n:
+            return self._views[i]
+        n = len(self._views)
+        if not -n <= i < n:
             raise IndexError(f"block index {i} out of range ({n} blocks)")
-        return self._pool._block(j)
+        return self._views[i]
 
     def __eq__(self, other: object) -> bool:
         return list(self) == other if isinstance(other, list | _BlockList) else NotImplemented
@@ -262,11 +267,20 @@ class BlockPoolView:
         # either, each block's answer once given (the window's or stretch's).
         self._read_hashes: list[Any] | None = None
         self._answers: dict[int, Any] | None = None
+        # In a reading stretch, the ref counts once read (its touches and frees drop them).
+        self._read_refs: np.ndarray | None = None
+        # vLLM's hash of each core key resolved so far, while the hash index's answers
+        # stay (its version): a block keeps its answer across windows and stretches.
+        self._resolved: dict[int, tuple[Any, int]] = {}
+        self._resolved_version = -1
         self._deferred: list[tuple[str, list[int]]] = []
         # The core's single pool numbers blocks from 0, vLLM's from 1.
         self._offset = 0 if scheduler._kv_groups else 1
         self._views: dict[int, KVCacheBlockView] = {}
+        self._block_list: _BlockList | None = None
         self.null_block = self._block(0)
+        self._window_cm = _Window(self)
+        self._stretch_cm = _Stretch(self)
         self.free_block_queue = _FreeBlockQueueView(self)
         self.hash_block_size = scheduler.hash_block_size
 
@@ -286,7 +300,9 @@ class BlockPoolView:
     def blocks(self) -> _BlockList:
         """Every block in id order, the null block (id 0) first (a sequence: indexing one
         block does not build the others, as a connector reads ``blocks[i]`` per block)."""
-        return _BlockList(self)
+        if self._block_list is None:
+            self._block_list = _BlockList(self)
+        return self._block_list
 
     def get_num_free_blocks(self) -> int:
         """Blocks free for allocation, cached blocks no request holds included (vLLM's
@@ -378,7 +394,7 @@ class BlockPoolView:
         served connector keeps the pool."""
         if not self.kept_by_connector or self._window_hashes is not None:
             return _NO_WINDOW
-        return self._window()
+        return self._window_cm
 
     def reading(self) -> AbstractContextManager[None]:
         """A stretch where the connector reads the pool but nothing changes the blocks'
@@ -388,23 +404,20 @@ class BlockPoolView:
         unless a served connector keeps the pool, or inside a window."""
         if not self.kept_by_connector or self._window_hashes is not None:
             return _NO_WINDOW
-        return self._reading()
+        return self._stretch_cm
 
-    @contextmanager
-    def _reading(self) -> Iterator[None]:
+    def _begin_stretch(self) -> None:
         self._answers = {}
-        try:
-            yield
-        finally:
-            self._read_hashes = self._answers = None
+
+    def _end_stretch(self) -> None:
+        self._read_hashes = self._answers = self._read_refs = None
 
     def _forget_reads(self) -> None:
         """The core's hashes changed: a reading stretch reads them again."""
         if self._answers is not None and self._window_hashes is None:
-            self._read_hashes, self._answers = None, {}
+            self._read_hashes, self._answers, self._read_refs = None, {}, None
 
-    @contextmanager
-    def _window(self) -> Iterator[None]:
+    def _open_window(self) -> None:
         hashes = self._scheduler._core.block_hashes()
         if hashes != self._checked_hashes:
             self._index_cached(hashes)
@@ -413,16 +426,19 @@ class BlockPoolView:
         self._answers = {}
         if self._chunked:
             self._window_tables = self._live_tables()
-        try:
-            yield
-        finally:
-            self._window_hashes = self._window_blocks = self._answers = None
+
+    def _close_window(self) -> None:
+        self._window_hashes = self._window_blocks = self._answers = None
+        if self._window_cached:
             self._window_cached, self._window_keys = {}, {}
+        if self._window_tables:
             self._window_tables = {}
+        if self._finished_in_window:
             # Their hashes stay the blocks' answer once the request has left.
             finished, self._finished_in_window = self._finished_in_window, []
             for request in finished:
                 self._scheduler._block_hash_index.index(request)
+        if self._deferred:
             deferred, self._deferred = self._deferred, []
             core = self._scheduler._core
             for op, ids in deferred:
@@ -515,6 +531,7 @@ class BlockPoolView:
         if self._window_hashes is not None:
             self._deferred.append(("touch", ids))
         else:
+            self._read_refs = None
             self._scheduler._core.touch_loose_blocks(ids)
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlockView]) -> None:
@@ -532,6 +549,7 @@ class BlockPoolView:
         if self._window_hashes is not None:
             self._deferred.append(("free", ids))
         else:
+            self._read_refs = None
             self._scheduler._core.free_loose_blocks(ids)
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
@@ -603,6 +621,14 @@ class BlockPoolView:
             return self._window_cached.get(block_id)
         if key is None or not scheduler._index_hashes:
             return key
+        resolved = self._resolved
+        version = scheduler._block_hash_index.version
+        if version != self._resolved_version:
+            resolved.clear()
+            self._resolved_version = version
+        answer = resolved.get(key)
+        if answer is not None:
+            return answer
         found = self._hash_and_group(key)
         if found is None and not in_window:
             self._index_cached(hashes)
@@ -610,7 +636,10 @@ class BlockPoolView:
         if found is None:
             return key
         (vllm_hash, num_tokens), group = found
-        return make_block_hash_with_group_id(vllm_hash, group), num_tokens
+        answer = make_block_hash_with_group_id(vllm_hash, group), num_tokens
+        if version == scheduler._block_hash_index.version:
+            resolved[key] = answer
+        return answer
 
     def _hash_and_group(self, key: int) -> tuple[tuple[Any, int], int] | None:
         """vLLM's hash and tokens of the block caching ``key`` (the core's hash, keyed by
@@ -623,8 +652,44 @@ class BlockPoolView:
         return None if found is None else (found, group)
 
     def _ref_counts(self) -> np.ndarray:
-        counts: np.ndarray = self._scheduler._core.block_ref_counts()
+        """Each block's ref count (the core's ids); read once in a reading stretch."""
+        counts = self._read_refs
+        if counts is None:
+            counts = self._scheduler._core.block_ref_counts()
+            if self._answers is not None and self._window_hashes is None:
+                self._read_refs = counts
         return counts
+
+
+class _Window:
+    """``BlockPoolView.asking``'s context (a class, not a generator: entered twice a
+    step)."""
+
+    __slots__ = ("_pool",)
+
+    def __init__(self, pool: BlockPoolView) -> None:
+        self._pool = pool
+
+    def __enter__(self) -> None:
+        self._pool._open_window()
+
+    def __exit__(self, *exc: object) -> None:
+        self._pool._close_window()
+
+
+class _Stretch:
+    """``BlockPoolView.reading``'s context."""
+
+    __slots__ = ("_pool",)
+
+    def __init__(self, pool: BlockPoolView) -> None:
+        self._pool = pool
+
+    def __enter__(self) -> None:
+        self._pool._begin_stretch()
+
+    def __exit__(self, *exc: object) -> None:
+        self._pool._end_stretch()
 
 
 _NO_WINDOW = nullcontext()

@@ -574,3 +574,34 @@ def test_umbp_beside_the_served_kinds_is_not_refused() -> None:
         connector, "", _layout(_spec(), *(_attention(k, BLOCK_SIZE) for k in kinds), _mamba_spec())
     )
     refuse_umbp_layout(connector, "", _layout(_attention("mla", BLOCK_SIZE)))
+
+
+# A landed load's blocks, cached when vLLM's waiting pass reaches it
+# (``_update_waiting_for_remote_kv``), are a local hit by the time UMBP is asked about a
+# later waiting request sharing their prefix: its per-group probe of the local cache
+# (``local_cache_hit``) finds them, and its coordinator a longer hit. The pool view enters
+# them as the pass reaches each (``BlockPoolView.landed_before``); before, it answered from
+# the hashes as the step began and these streams diverged at such a lookup.
+_LANDED_IN_THE_STEP = [
+    (1, "chunked", 40, True),
+    (1, "chunked", 40, False),
+    (1, "swmla", 40, False),
+    (5, "sizes", 30, False),
+]
+
+
+@pytest.mark.parametrize(("seed", "layout", "num_blocks", "asynchronous"), _LANDED_IN_THE_STEP)
+def test_umbp_probes_the_blocks_a_landed_load_cached_in_the_step(
+    seed: int, layout: str, num_blocks: int, asynchronous: bool
+) -> None:
+    seen = _run(seed, num_blocks=num_blocks, layout=layout, asynchronous=asynchronous)
+    assert seen["loads"] > 0
+
+
+@pytest.mark.parametrize(("seed", "layout", "num_blocks", "asynchronous"), _LANDED_IN_THE_STEP)
+def test_the_landed_check_fails_without_the_landed_blocks(
+    monkeypatch: pytest.MonkeyPatch, seed: int, layout: str, num_blocks: int, asynchronous: bool
+) -> None:
+    monkeypatch.setattr(BlockPoolView, "landed_before", lambda self, request_id: None)
+    with pytest.raises(AssertionError, match="step"):
+        _run(seed, num_blocks=num_blocks, layout=layout, asynchronous=asynchronous)

@@ -19,7 +19,8 @@ the requests waiting for loads, the outputs, KV usage, block tables, the GPU fre
 eviction order and every block's ref count, and with KV cache events on the store events
 published. Layouts: one full-attention group, a sliding window or a Mamba ``align`` group
 beside it (UMBP's own lookup coordinator then probes the local cache per group), groups of
-differing block sizes (built as the Mooncake store's test builds them). Needs vLLM
+differing block sizes (built as the Mooncake store's test builds them), MLA's spec alone or
+beside MLA's sliding window, chunked local attention beside full attention. Needs vLLM
 (the bench venv); skipped elsewhere.
 """
 
@@ -58,7 +59,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.umbp.data import (
 from vllm.distributed.kv_transfer.kv_connector.v1.umbp.runtime.factory import UMBPRuntimeFactory
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, MambaSpec
+from vllm.v1.kv_cache_interface import CrossAttentionSpec, MambaSpec, RSWASpec
 from vllm.v1.outputs import KVConnectorOutput
 from vllm_compare import BLOCK_SIZE, block_digest, runner_output, sampling
 
@@ -460,17 +461,15 @@ def test_umbp_beside_an_unchecked_group_is_refused_by_name() -> None:
     )
     with pytest.raises(ConfigError, match=r"mamba_cache_mode 'none'\) KV cache group \(group 1"):
         refuse_umbp_layout(connector, "", _layout(_spec(), plain))
-    chunked = ChunkedLocalAttentionSpec(
-        block_size=BLOCK_SIZE,
-        num_kv_heads=1,
-        head_size=1,
-        dtype=torch.float16,
-        attention_chunk_size=64,
-    )
-    with pytest.raises(ConfigError, match="beside a ChunkedLocalAttentionSpec KV cache") as e:
-        refuse_umbp_layout(connector, "", _layout(_spec(), chunked))
-    assert e.value.field == "kv_transfer_config.kv_connector"
-    assert e.value.value == "UMBPStoreConnector"
+    # Kinds never checked against vLLM's, refused by exact class (R-SWA's spec subclasses
+    # FullAttentionSpec).
+    common = {"block_size": BLOCK_SIZE, "num_kv_heads": 1, "head_size": 1, "dtype": torch.float16}
+    for spec in (RSWASpec(rswa_window=64, **common), CrossAttentionSpec(**common)):
+        kind = type(spec).__name__
+        with pytest.raises(ConfigError, match=rf"beside a {kind} KV cache group \(group 1") as e:
+            refuse_umbp_layout(connector, "", _layout(_spec(), spec))
+        assert e.value.field == "kv_transfer_config.kv_connector"
+        assert e.value.value == "UMBPStoreConnector"
     with pytest.raises(ConfigError, match="one KV cache group of block_size 16 over hash_block"):
         refuse_umbp_layout(connector, "", _layout(_spec(), hash_block_size=8))
     refuse_umbp_layout(connector, "", _layout(_spec(), _mamba_spec()))
@@ -526,3 +525,83 @@ def test_umbp_over_differing_block_sizes_with_kv_events_matches_vllm(
     seen = _run(seed, num_blocks=60, layout="sizes", asynchronous=asynchronous, clock=clock)
     assert seen["store_events"] > 0
     assert seen["loads"] > 0
+
+
+# MLA's spec (DeepSeek's) alone or beside MLA's sliding window (plain, and bounded replay,
+# which is not prefix-cacheable: UMBP leaves that group out, ``prefix_cacheable_group_ids``),
+# and chunked local attention (Llama 4's) beside full attention. UMBP's scheduler half reads
+# a group's kind only to tell Mamba ``align`` apart (stored from hand-offs) and, for the
+# rest, through vLLM's own managers (its lookup coordinator, ``get_kv_cache_coordinator``;
+# its store mask, ``KVCacheSpecRegistry.get_manager_class(spec).reachable_block_mask``);
+# the old check refused MLA's and chunked local attention's groups.
+@pytest.mark.parametrize(
+    ("seed", "layout", "num_blocks", "asynchronous"),
+    [
+        (0, "mla", 40, False),
+        (1, "mla", 40, True),
+        (0, "swmla", 60, False),
+        (3, "swmla", 40, True),
+        (0, "replay", 60, False),
+        (0, "chunked", 60, False),
+        (2, "chunked", 40, False),
+        (3, "chunked", 40, True),
+    ],
+)
+def test_umbp_beside_mla_and_chunked_groups_matches_vllm(
+    seed: int, layout: str, num_blocks: int, asynchronous: bool
+) -> None:
+    seen = _run(seed, num_blocks=num_blocks, layout=layout, asynchronous=asynchronous)
+    assert seen["stores"] > 0
+    assert seen["loads"] > 0
+
+
+# The same kinds with prefix caching off, and with KV cache events on.
+@pytest.mark.parametrize("layout", ["mla", "chunked"])
+def test_umbp_beside_mla_and_chunked_groups_in_other_modes_matches_vllm(
+    layout: str, clock: _Clock
+) -> None:
+    assert _run(0, num_blocks=40, layout=layout, caching=False)["stores"] > 0
+    seen = _run(2, num_blocks=40, layout=layout, clock=clock)
+    assert seen["store_events"] > 0
+    assert seen["loads"] > 0
+
+
+def test_umbp_beside_the_served_kinds_is_not_refused() -> None:
+    """Every kind served (the old check refused MLA's and chunked local attention's)."""
+    connector = _peer(_umbp(), 64, False).build(Scheduler, _kv_cache_config(64)).connector
+    kinds = ("mla", "window", "swmla", "replay", "chunked")
+    refuse_umbp_layout(
+        connector, "", _layout(_spec(), *(_attention(k, BLOCK_SIZE) for k in kinds), _mamba_spec())
+    )
+    refuse_umbp_layout(connector, "", _layout(_attention("mla", BLOCK_SIZE)))
+
+
+# A landed load's blocks, cached when vLLM's waiting pass reaches it
+# (``_update_waiting_for_remote_kv``), are a local hit by the time UMBP is asked about a
+# later waiting request sharing their prefix: its per-group probe of the local cache
+# (``local_cache_hit``) finds them, and its coordinator a longer hit. The pool view enters
+# them as the pass reaches each (``BlockPoolView.landed_before``); before, it answered from
+# the hashes as the step began and these streams diverged at such a lookup.
+_LANDED_IN_THE_STEP = [
+    (1, "chunked", 40, True),
+    (1, "chunked", 40, False),
+    (1, "swmla", 40, False),
+    (5, "sizes", 30, False),
+]
+
+
+@pytest.mark.parametrize(("seed", "layout", "num_blocks", "asynchronous"), _LANDED_IN_THE_STEP)
+def test_umbp_probes_the_blocks_a_landed_load_cached_in_the_step(
+    seed: int, layout: str, num_blocks: int, asynchronous: bool
+) -> None:
+    seen = _run(seed, num_blocks=num_blocks, layout=layout, asynchronous=asynchronous)
+    assert seen["loads"] > 0
+
+
+@pytest.mark.parametrize(("seed", "layout", "num_blocks", "asynchronous"), _LANDED_IN_THE_STEP)
+def test_the_landed_check_fails_without_the_landed_blocks(
+    monkeypatch: pytest.MonkeyPatch, seed: int, layout: str, num_blocks: int, asynchronous: bool
+) -> None:
+    monkeypatch.setattr(BlockPoolView, "landed_before", lambda self, request_id: None)
+    with pytest.raises(AssertionError, match="step"):
+        _run(seed, num_blocks=num_blocks, layout=layout, asynchronous=asynchronous)

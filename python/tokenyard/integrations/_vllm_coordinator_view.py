@@ -274,6 +274,10 @@ class BlockPoolView:
         self._resolved: dict[int, tuple[Any, int]] = {}
         self._resolved_version = -1
         self._deferred: list[tuple[str, list[int]]] = []
+        # In a schedule's window: the landed loads its waiting pass caches as it reaches
+        # them (expect_landings), each with its place in the waiting order and its tables.
+        self._landings: list[tuple[int, Any, list[list[int]]]] = []
+        self._waiting_place: dict[str, int] = {}
         # The core's single pool numbers blocks from 0, vLLM's from 1.
         self._offset = 0 if scheduler._kv_groups else 1
         self._views: dict[int, KVCacheBlockView] = {}
@@ -433,6 +437,8 @@ class BlockPoolView:
             self._window_cached, self._window_keys = {}, {}
         if self._window_tables:
             self._window_tables = {}
+        if self._landings or self._waiting_place:
+            self._landings, self._waiting_place = [], {}
         if self._finished_in_window:
             # Their hashes stay the blocks' answer once the request has left.
             finished, self._finished_in_window = self._finished_in_window, []
@@ -456,6 +462,40 @@ class BlockPoolView:
             if tables is not None:
                 live[request_id] = [(t + self._offset).tolist() for t in tables]
         return live
+
+    def expect_landings(self, waiting_order: Sequence[str], landed: Sequence[Any]) -> None:
+        """Before a schedule's ``asking`` window: the ``landed`` loads (vLLM requests, in
+        ``waiting_order``, vLLM's waiting pass order) that the pass caches as it reaches
+        each (vLLM 0.33's ``_update_waiting_for_remote_kv``: ``cache_blocks``, as the core
+        does), with their tables as the step begins (the core cannot be read in the
+        window). ``landed_before`` enters them. A no-op unless a served connector keeps the
+        pool."""
+        if not self.kept_by_connector or not landed:
+            return
+        place = {request_id: i for i, request_id in enumerate(waiting_order)}
+        core = self._scheduler._core
+        core_ids = self._scheduler._core_ids
+        landings = []
+        for request in landed:
+            tables = core.kv_block_tables(core_ids[request.request_id])
+            if tables is not None and request.request_id in place:
+                vllm_tables = [(t + self._offset).tolist() for t in tables]
+                landings.append((place[request.request_id], request, vllm_tables))
+        self._landings, self._waiting_place = landings, place
+
+    def landed_before(self, request_id: str) -> None:
+        """Inside a schedule's window, before the KV connector is asked about the waiting
+        request ``request_id``: the landed loads ahead of it in the waiting order were
+        promoted by then and cached their blocks, which ``block_hash`` and
+        ``get_cached_block`` answer with from now on (as ``cached_by_update``; UMBP's
+        lookup probes the local cache per group for a request sharing their prefix)."""
+        place = self._waiting_place.get(request_id)
+        if place is None or not self._landings:
+            return
+        due = [landing for landing in self._landings if landing[0] < place]
+        self._landings = [landing for landing in self._landings if landing[0] >= place]
+        for _, request, tables in due:
+            self.cached_by_update(request, tables)
 
     def cached_by_update(self, request: Any, tables: Sequence[Sequence[int]]) -> None:
         """Inside an update's ``asking`` window, before the connector is told ``request``

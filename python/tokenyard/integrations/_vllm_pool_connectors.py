@@ -157,10 +157,13 @@ def umbp_served(cls: type[Any]) -> bool:
 
 def refuse_umbp_layout(leaf: Any, where: str, view: Any) -> None:
     """UMBP's scheduler half (``umbp/scheduler.py``, ``UMBPStoreConnectorScheduler``) beside
-    what it is not checked with. Served beside full-attention, sliding-window and Mamba
-    ``align`` groups (several since branch ``storeconn``: its lookup coordinator probes the
-    local prefix cache per group, ``umbp_probes_local_cache``; beside Mamba it stores the
-    states handed off), groups of differing block sizes with its ``enable_partial_hash_hits``
+    what it is not checked with. Served beside the Mooncake store's kinds by exact class
+    (``_umbp_served_spec``; MLA's and chunked local attention's since branch ``umbpkinds``:
+    it reads a group's class only to tell Mamba ``align`` apart and to skip its lookup
+    coordinator for one full-attention group, the rest through vLLM's own managers), several
+    groups since branch ``storeconn`` (its lookup coordinator probes the local prefix cache
+    per group, ``umbp_probes_local_cache``; beside Mamba it stores the states handed off),
+    groups of differing block sizes with its ``enable_partial_hash_hits``
     off (since branch ``storediff``: each group keyed at its own ``group_block_sizes``),
     prefix caching on or off, KV cache events on or off (since branch ``storeconn``): its
     store events pin blocks as the Mooncake store's jobs do (``touch`` in
@@ -187,8 +190,9 @@ def refuse_umbp_layout(leaf: Any, where: str, view: Any) -> None:
         if isinstance(spec, MambaSpec):
             kind = f"{kind} (mamba_cache_mode {spec.mamba_cache_mode!r})"
         reason = (
-            f"beside a {kind} KV cache group (group {i}: served beside FullAttentionSpec, "
-            "SlidingWindowSpec and align-mode MambaSpec groups, the ones it is checked with)"
+            f"beside a {kind} KV cache group (group {i}: served beside "
+            f"{', '.join(c.__name__ for c in _STORE_SERVED_SPECS if c is not MambaSpec)} "
+            "and align-mode MambaSpec groups, the kinds it is checked with)"
         )
     elif (partial := _store_partial_hits(view)) is not None:
         reason = partial
@@ -207,10 +211,12 @@ def refuse_umbp_layout(leaf: Any, where: str, view: Any) -> None:
 
 
 def _umbp_served_spec(spec: Any) -> bool:
-    """A KV cache group kind UMBP's scheduler half is checked beside."""
+    """A KV cache group kind UMBP's scheduler half is checked beside: the Mooncake store's
+    (``_STORE_SERVED_SPECS``, by exact class), a Mamba group in ``align`` mode only (its
+    states stored from vLLM's hand-offs; a ``none`` group would be stored by position)."""
     if isinstance(spec, MambaSpec):
         return bool(spec.mamba_cache_mode == "align")
-    return type(spec) in (FullAttentionSpec, SlidingWindowSpec)
+    return type(spec) in _STORE_SERVED_SPECS
 
 
 def umbp_probes_local_cache(connector: Any) -> bool:

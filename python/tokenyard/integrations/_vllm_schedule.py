@@ -67,6 +67,8 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
             offers.waiting_order = [
                 r.request_id for queue in (self.kv_holding_waiting, self.waiting) for r in queue
             ]
+        if self.finished_recving_kv_req_ids and self._pool_view.kept_by_connector:
+            self._expect_landings()
         with self._pool_view.asking():
             core = self._core.schedule(throttle_prefills=throttle_prefills)
         bridge = self._bridge
@@ -330,6 +332,21 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
         else:
             resumed = [item for _, item in resumed_data]
         return new_reqs_data, resumed
+
+    def _expect_landings(self) -> None:
+        """The landed loads (whole: a failed one caches its valid prefix, not modelled
+        here) this step's waiting pass caches as it reaches them, for a connector that
+        reads the pool meanwhile (``BlockPoolView.expect_landings``)."""
+        failed = self.failed_recving_kv_req_ids
+        landed = [
+            request
+            for request_id in self.finished_recving_kv_req_ids
+            if request_id not in failed and request_id not in self._blocked_ids
+            if (request := self.requests.get(request_id)) is not None
+            and request.status == _WAITING_FOR_REMOTE_KVS
+        ]
+        order = [r.request_id for queue in (self.kv_holding_waiting, self.waiting) for r in queue]
+        self._pool_view.expect_landings(order, landed)
 
     def _promote_landed_loads(self) -> None:
         """vLLM 0.33's ``_update_waiting_for_remote_kv`` for the landed loads an admission

@@ -107,6 +107,8 @@ class _ConnectorBridge:
         self, view: Any, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         request = self._scheduler._request_of(view.request_id)
+        # The landed loads vLLM's waiting pass promoted ahead of it cached their blocks.
+        self._scheduler._pool_view.landed_before(request.request_id)
         num_tokens, load_async = self.connector.get_num_new_matched_tokens(
             request, num_computed_tokens
         )

@@ -253,13 +253,15 @@ def delay_free_refused(connector: Any, request: Request) -> ConfigError:
     answer into the KV connector's: the request's KV blocks stay allocated and the request
     stays in ``requests`` until a KV connector output lists it in ``finished_sending``
     (``_update_from_kv_xfer_finished``), while its encoder-cache entries are freed at once.
-    Not modelled (vLLM's connectors all answer ``False``: CPU, Mooncake, example): refused
-    by name, once the request is freed as for ``False``."""
+    Served when the core finishes the request (it asks the connector then); refused by name
+    for a request the adapter frees without the core (:func:`ec_finished`), once it is
+    freed as for ``False``."""
     return ConfigError(
         f"ec_transfer_config.ec_connector: {type(connector).__name__}.request_finished "
         f"answered delay_free=True for request {request.request_id!r}; holding a request's "
         f"KV blocks for an encoder-cache connector until a KV connector reports it in "
-        f"finished_sending (vLLM 0.33's _free_request) is not modelled",
+        f"finished_sending (vLLM 0.33's _free_request) is not modelled for a request the "
+        f"core did not finish",
         field="ec_transfer_config.ec_connector",
         value="request_finished -> (True, ...)",
     )

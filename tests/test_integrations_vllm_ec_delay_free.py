@@ -194,3 +194,32 @@ def test_the_check_fails_when_the_answer_is_not_passed_to_the_core(
     monkeypatch.setattr(EncoderConnectorBridge, "request_finished", not_held)
     with pytest.raises(AssertionError):
         _run(0, is_async=False)
+
+
+class RaisingConnector(TransitConnector):
+    """Raises from ``request_finished``."""
+
+    def request_finished(self, request: Any) -> tuple[bool, dict[str, Any]]:
+        raise RuntimeError(f"request_finished refused {request.request_id}")
+
+
+@pytest.mark.usefixtures("multimodal")
+def test_an_update_that_raises_closes_the_update_lists() -> None:
+    """The items an update let go are kept in ``_ec_frees`` until told; an update that
+    raises (here the connector's ``request_finished``) still closes it, so the next
+    update starts afresh (it was left open before, no ``finally``)."""
+    Budget.compute, Budget.cache = 400, 800
+    _, ours, peer = build_pair(
+        max_model_len=1024, enable_prefix_caching=False, max_num_batched_tokens=256, num_blocks=64
+    )
+    ours.ec_connector = RaisingConnector(0, transit=0.0, give_up=False)
+    prompt = [1] * 8 + [9] * 48 + [2] * 8
+    ours.add_request(image_request(peer._block_hasher, "r", prompt, [(8, 48, "img0-48")], 1))
+    out = ours.schedule()
+    with pytest.raises(Exception, match="request_finished") as raised:
+        ours.update_from_output(out, runner_output(ours, out))
+    assert "refused r" in repr(raised.value) + repr(raised.value.__cause__)
+    assert ours._ec_frees is None
+    assert ours._ec_bridge.tokens_in_update == {}
+    # The item the update let go was told before the error surfaced.
+    assert ("free", "r", 0, 64) in ours.ec_connector.log

@@ -35,7 +35,6 @@ from vllm_compare import (
     runner_output,
 )
 
-from tokenyard.errors import ConfigError
 from tokenyard.integrations._vllm_ec import EncoderConnectorBridge
 from tokenyard.integrations.vllm import AsyncTokenyardScheduler
 
@@ -204,39 +203,3 @@ def test_the_log_check_fails_when_items_let_go_are_not_reported(
     monkeypatch.setattr(EncoderConnectorBridge, "update_state_after_free", lambda *a: None)
     with pytest.raises(AssertionError):
         _run(0, transit=0.4, give_up=False, is_async=is_async)
-
-
-class DelayingConnector(TransitConnector):
-    """Answers delay-free ``True`` from ``request_finished`` (no vLLM connector does)."""
-
-    def request_finished(self, request: Any) -> tuple[bool, dict[str, Any]]:
-        super().request_finished(request)
-        return True, {"ec": request.request_id}
-
-
-@pytest.mark.usefixtures("multimodal")
-def test_a_delay_free_answer_from_request_finished_is_refused_by_name() -> None:
-    """vLLM 0.33's ``_free_request`` ORs the answer into the KV connector's: the request's
-    KV blocks stay allocated and it stays in ``requests`` until a KV connector output lists
-    it in ``finished_sending``. Not modelled: refused with a ``ConfigError`` naming the
-    connector's field."""
-    Budget.compute, Budget.cache = 400, 800
-    theirs, ours, peer = build_pair(
-        max_model_len=1024, enable_prefix_caching=False, max_num_batched_tokens=256, num_blocks=200
-    )
-    prompt = [1] * 8 + [9] * 48 + [2] * 8
-    for scheduler in (theirs, ours):
-        scheduler.ec_connector = DelayingConnector(0, transit=0.0, give_up=False)
-        scheduler.add_request(
-            image_request(peer._block_hasher, "r", prompt, [(8, 48, "img0-48")], 1)
-        )
-    out = theirs.schedule()
-    theirs.update_from_output(out, runner_output(theirs, out))
-    # vLLM: finished (max_tokens 1), its blocks held, still in requests.
-    assert "r" in theirs.requests
-    assert theirs.requests["r"].is_finished()
-    assert theirs.kv_cache_manager.usage > 0
-    out = ours.schedule()
-    with pytest.raises(ConfigError, match="request_finished answered delay_free=True") as raised:
-        ours.update_from_output(out, runner_output(ours, out))
-    assert raised.value.field == "ec_transfer_config.ec_connector"

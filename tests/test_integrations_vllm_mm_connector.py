@@ -78,8 +78,8 @@ def multimodal_v2(monkeypatch: pytest.MonkeyPatch) -> None:
 class Case:
     """One stream's settings: the encoder budget and cache (embeddings), the KV pool,
     async scheduling, and the share of landing loads that fail whole and of loading or
-    scheduled requests with an invalid block (synchronous scheduling only: the core
-    refuses block-level failures of a running request with two steps in flight)."""
+    scheduled requests with an invalid block (set on synchronous streams here; with two
+    steps in flight they are compared in test_integrations_vllm_async_invalid)."""
 
     budget: int = 512
     cache: int = 1024

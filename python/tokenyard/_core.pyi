@@ -1655,9 +1655,13 @@ class Scheduler:
         before a request with items is given tokens; ``False`` skips the request for the
         step (vLLM 0.33's inputs in transit). One that also has
         ``update_state_after_free(view, input_id)`` is told of each item an update lets go
-        (vLLM 0.33's ``_free_encoder_input``). Its exceptions come back as the cause of a
-        ``ConnectorError`` from ``schedule()``, whose step the next call returns (from
-        ``update_from_output`` after the update is applied, for ``update_state_after_free``).
+        (vLLM 0.33's ``_free_encoder_input``). One that also has ``request_finished(view)``
+        is asked it for each request that finishes, after the KV connector: ``True``
+        (delay-free) keeps the request's KV blocks until ``finish_kv_transfers`` lists it
+        in ``finished_sending`` (vLLM 0.33's ``_free_request``). Its exceptions come back
+        as the cause of a ``ConnectorError`` from ``schedule()``, whose step the next call
+        returns (from ``update_from_output`` after the update is applied, for
+        ``update_state_after_free`` and ``request_finished``).
         Raises ConfigError for an object without the first two methods."""
     def set_step_hooks(
         self,

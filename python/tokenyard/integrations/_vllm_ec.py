@@ -18,8 +18,10 @@ the connector can no longer serve finishes with an error at the next update
 (``take_unavailable_requests``, :func:`finish_unavailable`). An encoder-only instance (an
 EC producer, ``VllmConfig.is_mm_encoder_only``) publishes embeddings and samples nothing:
 a request stops once its whole prompt is consumed (vLLM's ``update_from_output``),
-:func:`encoder_instance_stops`. A delay-free ``True`` from the connector's
-``request_finished`` is refused (:func:`delay_free_refused`).
+:func:`encoder_instance_stops`. The core asks the connector's ``request_finished`` as it
+finishes a request, after the KV connector (vLLM's ``_free_request``): a delay-free ``True``
+keeps the request's KV blocks and the request in ``requests`` until a KV connector output
+lists it in ``finished_sending`` (:func:`ec_finished`, :func:`ec_sends_done`).
 Imported only by that module, so vLLM is installed when this runs."""
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from vllm.v1.engine import EngineCoreOutput
 from vllm.v1.request import Request, RequestStatus
 
 from tokenyard.errors import ConfigError
+from tokenyard.integrations._vllm_outputs import errors_in_vllm_ids
 
 
 class EcState(Protocol):
@@ -59,6 +62,22 @@ class BridgeState(FreesState, Protocol):
 
     def _request_of(self, core_id: Any) -> Request: ...
 
+    def _append_until_stop(self, request: Request, tokens: list[int]) -> list[int]: ...
+
+
+class FinishedState(FreesState, Protocol):
+    """What :func:`ec_finished` and :func:`ec_sends_done` read of ``TokenyardScheduler``."""
+
+    requests: dict[str, Request]
+    _core: Any
+    _core_ids: dict[str, Any]
+    _vllm_ids: dict[Any, str]
+    _ec_bridge: EncoderConnectorBridge | None
+    _bridge: Any
+    _pool_view: Any
+
+    def _forget(self, request_id: str) -> None: ...
+
 
 class EncoderConnectorBridge:
     """vLLM's encoder-cache connector as the core's: each call goes to the scheduler's
@@ -67,6 +86,16 @@ class EncoderConnectorBridge:
 
     def __init__(self, scheduler: BridgeState) -> None:
         self._scheduler = scheduler
+        # The tokens of the update being applied, by request (set around the core's
+        # update), and those appended here when the core finished a request in it.
+        self.tokens_in_update: dict[str, list[int]] = {}
+        self.appended_at_finish: dict[str, list[int]] = {}
+        # request_finished's answers, (delay-free, ec_transfer_params), until the adapter
+        # frees the request (ec_finished).
+        self.answers: dict[str, tuple[bool, Any]] = {}
+        # Finished requests whose KV blocks the core keeps for the connector's delay-free
+        # answer, until a KV connector output lists them in finished_sending.
+        self.held: set[str] = set()
 
     def has_cache_item(self, identifier: str) -> bool:
         return bool(self._scheduler.ec_connector.has_cache_item(identifier))
@@ -90,6 +119,93 @@ class EncoderConnectorBridge:
         request = scheduler._request_of(view.request_id)
         return bool(scheduler.ec_connector.ensure_cache_available(request, num_computed_tokens))
 
+    def request_finished(self, view: Any) -> bool:
+        """vLLM 0.33's call in ``_free_request``, made by the core as it finishes the
+        request (after the KV connector's): the request as vLLM's connector sees it then,
+        its items let go in this update told first and, for one the core stopped in an
+        update, its tokens appended up to the stop and its status set (``check_stop``).
+        Returns the delay-free answer (the core keeps the KV blocks for it)."""
+        scheduler = self._scheduler
+        request = scheduler._request_of(view.request_id)
+        request_id = request.request_id
+        if scheduler._ec_frees:
+            report_ec_frees(scheduler, request)
+        tokens = self.tokens_in_update.get(request_id)
+        if tokens is not None and not request.is_finished():
+            self.appended_at_finish[request_id] = scheduler._append_until_stop(request, tokens)
+        elif request.pooling_params is not None and not request.is_finished():
+            # A pooling request stops on its output (vLLM's update_from_output).
+            request.status = RequestStatus.FINISHED_STOPPED
+        delay_free, params = scheduler.ec_connector.request_finished(request)
+        self.answers[request_id] = (bool(delay_free), params)
+        if delay_free:
+            self.held.add(request_id)
+        return bool(delay_free)
+
+
+def begin_ec_update(
+    scheduler: FinishedState, scheduled_ids: Any, live_ids: list[str], tokens: list[list[int]]
+) -> None:
+    """Before the core applies an update beside an encoder-cache connector: the items it
+    lets go are kept to be told in vLLM's order (:func:`report_ec_frees`, the step's
+    requests in their scheduled order), and the update's tokens are at hand for the
+    requests it finishes (:meth:`EncoderConnectorBridge.request_finished`)."""
+    scheduler._ec_frees = []
+    scheduler._ec_free_order = {request_id: n for n, request_id in enumerate(scheduled_ids)}
+    bridge = scheduler._ec_bridge
+    if bridge is not None:
+        bridge.tokens_in_update = dict(zip(live_ids, tokens, strict=True))
+
+
+def end_ec_update(scheduler: FinishedState) -> None:
+    """After the core's update (or when it raised): the items it let go not yet told are
+    told (:func:`report_ec_frees`), and the update's lists are closed."""
+    report_ec_frees(scheduler, None)
+    bridge = scheduler._ec_bridge
+    if bridge is not None:
+        bridge.tokens_in_update = {}
+
+
+def ec_finished(scheduler: FinishedState, request: Request) -> tuple[bool, Any]:
+    """The connector's answer for a request being freed (vLLM's ``_free_request``):
+    whether its KV blocks are held for it, and its ``ec_transfer_params``. The core asked
+    it as it finished the request (:meth:`EncoderConnectorBridge.request_finished`); one it
+    did not finish is asked here, and a delay-free ``True`` for it is refused
+    (:func:`delay_free_refused`: its blocks are gone)."""
+    bridge = scheduler._ec_bridge
+    if bridge is None:
+        return False, None
+    answer = bridge.answers.pop(request.request_id, None)
+    if answer is not None:
+        return answer
+    delay_free, params = scheduler.ec_connector.request_finished(request)
+    if delay_free:
+        raise delay_free_refused(scheduler.ec_connector, request)
+    return False, params
+
+
+def ec_sends_done(scheduler: FinishedState, finished_sending: Any) -> None:
+    """The requests of a KV connector output's ``finished_sending`` whose blocks are held
+    for the encoder-cache connector's delay-free answer: their blocks go back to the pool
+    and the requests leave ``requests``, as vLLM's ``_update_from_kv_xfer_finished`` frees
+    them (last in the update). One a KV connector's send holds too goes with that send
+    (``_release_transfers``)."""
+    bridge = scheduler._ec_bridge
+    if bridge is None or not bridge.held:
+        return
+    done = [i for i in finished_sending if i in bridge.held]
+    if not done:
+        return
+    bridge.held.difference_update(done)
+    kv_bridge = scheduler._bridge
+    ours = [i for i in done if kv_bridge is None or i not in kv_bridge.sending]
+    if not ours:
+        return
+    with errors_in_vllm_ids(scheduler._vllm_ids), scheduler._pool_view.asking():
+        scheduler._core.finish_kv_transfers(finished_sending=[scheduler._core_ids[i] for i in ours])
+    for request_id in ours:
+        scheduler._forget(request_id)
+
 
 def encoder_instance_stops(
     scheduler: EcState, scheduled_ids: Any, emitted: set[str]
@@ -109,9 +225,11 @@ def encoder_instance_stops(
         and request.num_computed_tokens >= request.num_prompt_tokens
     ]
     if stopped:
-        scheduler._core.abort([scheduler._core_ids[r.request_id] for r in stopped])
+        # Set before the core frees them: its connectors' request_finished read it (vLLM
+        # frees a request once its status is set).
         for request in stopped:
             request.status = RequestStatus.FINISHED_STOPPED
+        scheduler._core.abort([scheduler._core_ids[r.request_id] for r in stopped])
     return stopped
 
 
@@ -135,13 +253,15 @@ def delay_free_refused(connector: Any, request: Request) -> ConfigError:
     answer into the KV connector's: the request's KV blocks stay allocated and the request
     stays in ``requests`` until a KV connector output lists it in ``finished_sending``
     (``_update_from_kv_xfer_finished``), while its encoder-cache entries are freed at once.
-    Not modelled (vLLM's connectors all answer ``False``: CPU, Mooncake, example): refused
-    by name, once the request is freed as for ``False``."""
+    Served when the core finishes the request (it asks the connector then); refused by name
+    for a request the adapter frees without the core (:func:`ec_finished`), once it is
+    freed as for ``False``."""
     return ConfigError(
         f"ec_transfer_config.ec_connector: {type(connector).__name__}.request_finished "
         f"answered delay_free=True for request {request.request_id!r}; holding a request's "
         f"KV blocks for an encoder-cache connector until a KV connector reports it in "
-        f"finished_sending (vLLM 0.33's _free_request) is not modelled",
+        f"finished_sending (vLLM 0.33's _free_request) is not modelled for a request the "
+        f"core did not finish",
         field="ec_transfer_config.ec_connector",
         value="request_finished -> (True, ...)",
     )

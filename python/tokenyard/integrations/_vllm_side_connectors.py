@@ -22,6 +22,8 @@ class SideConnectors:
     _block_hash_index: BlockHashIndex
     _aux_output_connector: Any = None
     _ec_connector: Any = None
+    # The bridge the core asks (None without an EC connector).
+    _ec_bridge: EncoderConnectorBridge | None = None
     # The items an update let go, until told to the EC connector (_vllm_ec.report_ec_frees);
     # None outside an update.
     _ec_frees: list[tuple[Request, int]] | None = None
@@ -54,6 +56,7 @@ class SideConnectors:
         bridge = EncoderConnectorBridge(self) if connector is not None else None  # type: ignore[arg-type]
         self._core.set_encoder_connector(bridge)
         self._ec_connector = connector
+        self._ec_bridge = bridge
 
     def _aux_request_finished(self, request: Request) -> None:
         """vLLM's ``aux_output_connector.request_finished`` (a finish or a preemption), its

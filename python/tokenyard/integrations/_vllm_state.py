@@ -80,6 +80,8 @@ class AdapterBase(KvFetchStages):
     ec_connector: Any
     _ec_frees: list[tuple[Request, int]] | None
     _ec_free_order: dict[str, int]
+    _ec_bridge: Any
+    """``_vllm_ec.EncoderConnectorBridge`` with an EC connector, else None."""
     structured_output_manager: Any
     block_size: int
     hash_block_size: int

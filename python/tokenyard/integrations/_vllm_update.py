@@ -23,7 +23,10 @@ from vllm.v1.structured_output.utils import strip_speculative_padding
 
 from tokenyard.integrations._vllm_aux_outputs import take_aux_outputs
 from tokenyard.integrations._vllm_ec import (
+    begin_ec_update,
+    ec_sends_done,
     encoder_instance_stops,
+    end_ec_update,
     finish_unavailable,
     report_ec_frees,
 )
@@ -51,6 +54,17 @@ class UpdateFromOutput(KvTransfers):
         """Applies a step's sampled tokens: appends them to the requests, stops requests
         (EOS, stop ids, ``max_tokens``, ``max_model_len``), rolls back rejected drafts, and
         returns the outputs by client, with the step's stats."""
+        try:
+            return self._update_from_output(scheduler_output, model_runner_output)
+        finally:
+            if self._ec_frees is not None:
+                # An update that raised: the EC connector still hears of the items the
+                # core let go, and the update's lists are closed (_vllm_ec.end_ec_update).
+                end_ec_update(self)
+
+    def _update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: Any
+    ) -> dict[int, EngineCoreOutputs]:
         if self.defer_block_free and scheduler_output.total_num_scheduled_tokens > 0:
             # Every write of this and earlier steps has completed (vLLM's fence).
             self._core.step_processed()
@@ -121,7 +135,8 @@ class UpdateFromOutput(KvTransfers):
         outside = self._outside_step(scheduler_output) if self._adopted else None
         # The items the core's update lets go are told to the EC connector in vLLM's order,
         # interleaved with the finishes (_vllm_ec.report_ec_frees).
-        self._ec_frees = [] if self.ec_connector is not None else None
+        if self.ec_connector is not None:
+            begin_ec_update(self, scheduler_output.num_scheduled_tokens, live_ids, live_tokens)
         # Requests failed loads finish in the core's update below, which asks their
         # connector: vLLM sets FINISHED_ERROR before (finish_requests of error_req_ids).
         marked = self._mark_load_errors() if self._load_errors else []
@@ -152,11 +167,6 @@ class UpdateFromOutput(KvTransfers):
                     )
         if bridge is not None:
             bridge.tokens_in_update = {}
-        if self._ec_frees:
-            # vLLM's update visits the step's requests in their scheduled order.
-            self._ec_free_order = {
-                request_id: n for n, request_id in enumerate(scheduler_output.num_scheduled_tokens)
-            }
         if late:
             self._forget_landed(late)
         if pooled:
@@ -179,7 +189,7 @@ class UpdateFromOutput(KvTransfers):
             batch if batch is not None and live is batch.requests else None,
         )
         if self._ec_frees is not None:
-            report_ec_frees(self, None)
+            end_ec_update(self)
         if self._prefill_stats_ready:
             attach_prefill_stats(outputs, self._prefill_stats_ready)
             self._prefill_stats_ready.clear()
@@ -213,6 +223,9 @@ class UpdateFromOutput(KvTransfers):
             # outputs and its errors (grammar, encoder-cache, failed loads): vLLM frees its
             # error_req_ids first and runs _update_from_kv_xfer_finished last, on either path.
             self._release_transfers(*released)
+        if kv_output is not None and kv_output.finished_sending and self._ec_bridge is not None:
+            # Sends done of requests held for the EC connector's delay-free answer.
+            ec_sends_done(self, kv_output.finished_sending)
         for request in errored:
             # vLLM 0.33 emits these after the step's outputs (its error_req_ids).
             outputs.setdefault(request.client_index, []).append(self._error_output(request))
@@ -525,6 +538,8 @@ class UpdateFromOutput(KvTransfers):
             report_ec_frees(self, request)
         bridge = self._bridge
         kept = bridge.appended_at_finish.pop(request_id, None) if bridge else None
+        if kept is None and self._ec_bridge is not None:
+            kept = self._ec_bridge.appended_at_finish.pop(request_id, None)
         if kept is not None:  # appended when the core asked the connector
             tokens = kept
         elif tokens:  # none: an encoder instance's stop (its status set)

@@ -89,7 +89,7 @@ from tokenyard.integrations._vllm_connector_binding import (
 )
 from tokenyard.integrations._vllm_core_attributes import CoreAttributes
 from tokenyard.integrations._vllm_dynamic_sd import dynamic_sd_lookup_of
-from tokenyard.integrations._vllm_ec import delay_free_refused
+from tokenyard.integrations._vllm_ec import ec_finished
 from tokenyard.integrations._vllm_encoder_cache import EncoderCacheView
 from tokenyard.integrations._vllm_hisparse import (
     HiSparseTier,
@@ -665,11 +665,8 @@ class TokenyardScheduler(
         connector's ``request_finished``, asked before the encoder cache is freed)."""
         if self._aux_output_connector is not None:
             self._aux_request_finished(request)
-        ec_transfer_params = None
-        ec_delay_free = False
-        if self.ec_connector is not None:
-            # A True answer is refused below (_vllm_ec.delay_free_refused).
-            ec_delay_free, ec_transfer_params = self.ec_connector.request_finished(request)
+        # Asked by the core as it finished the request; True holds its KV blocks (_vllm_ec).
+        ec_held, ec_transfer_params = ec_finished(self, request)
         request_id = request.request_id
         self._set_kv_fetch_stage(request, None)
         self.finished_recving_kv_req_ids.discard(request_id)
@@ -687,15 +684,16 @@ class TokenyardScheduler(
         bridge = self._bridge
         # As vLLM's: a request whose blocks a KV send (or an aborted load) holds stays in
         # `requests` until the transfer is reported.
-        if bridge is None or (
-            request_id not in bridge.sending
-            and request_id not in bridge.loading
-            and request_id not in bridge.unheld
+        if not ec_held and (
+            bridge is None
+            or (
+                request_id not in bridge.sending
+                and request_id not in bridge.loading
+                and request_id not in bridge.unheld
+            )
         ):
             self._forget(request_id)
         kv_transfer_params = bridge.transfer_params.pop(request_id, None) if bridge else None
-        if ec_delay_free:
-            raise delay_free_refused(self.ec_connector, request)
         return kv_transfer_params, ec_transfer_params
 
     def _build_kv_connector_meta(self, connector: Any, scheduler_output: Any) -> Any:

@@ -2,7 +2,8 @@
 //! `ECConnectorBase` calls made while a step is formed: `has_cache_item(identifier)`,
 //! `update_state_after_alloc(view, input_id)`, and `ensure_cache_available(view,
 //! num_computed_tokens)` where the object has it) and while an update is applied
-//! (`update_state_after_free(view, input_id)` where the object has it). Conversions and checks of its answers only;
+//! (`update_state_after_free(view, input_id)` where the object has it), and when a request
+//! finishes (`request_finished(view)` where the object has it: a delay-free bool). Conversions and checks of its answers only;
 //! what the scheduler does with them is the core's (`sched::encoder_connector`).
 
 use pyo3::prelude::*;
@@ -25,6 +26,9 @@ pub(crate) struct PyEncoderConnector {
     ensures: bool,
     /// Whether it has `update_state_after_free` (optional: vLLM's base does nothing).
     frees: bool,
+    /// Whether it has `request_finished` (optional: without it no request's blocks are
+    /// kept for it).
+    finishes: bool,
 }
 
 impl PyEncoderConnector {
@@ -44,10 +48,12 @@ impl PyEncoderConnector {
         )?;
         let ensures = callee.has(object.py(), "ensure_cache_available");
         let frees = callee.has(object.py(), "update_state_after_free");
+        let finishes = callee.has(object.py(), "request_finished");
         Ok(Self {
             callee,
             ensures,
             frees,
+            finishes,
         })
     }
 }
@@ -90,6 +96,19 @@ impl EncoderConnector<RequestId> for PyEncoderConnector {
             self.callee
                 .call(py, "update_state_after_free", args)
                 .map(drop)
+        })
+    }
+
+    fn request_finished(&mut self, request: &Request<RequestId>) -> Result<bool> {
+        const METHOD: &str = "request_finished";
+        if !self.finishes {
+            return Ok(false);
+        }
+        Python::attach(|py| {
+            let answer = self.callee.call(py, METHOD, (view(py, request)?,))?;
+            answer
+                .extract::<bool>()
+                .map_err(|_| Error::connector(METHOD, short_repr(&answer), "must return a bool"))
         })
     }
 

@@ -156,6 +156,8 @@ impl<R: RequestKey> Scheduler<R> {
         // Each entry's state before the step is put in flight, restored if the outputs are
         // refused.
         let mut saved = Vec::with_capacity(step.len());
+        // The outside step lands in this update.
+        let landing = self.num_updates + 1;
         for (entry, &slot) in step.iter().zip(&slots) {
             let request = self.req_mut(slot);
             saved.push((
@@ -174,7 +176,7 @@ impl<R: RequestKey> Scheduler<R> {
                     .map_or(0, |o| o.token_ids.len());
                 request
                     .in_flight_tokens
-                    .push_back(entry.num_scheduled_tokens);
+                    .push_back((landing, entry.num_scheduled_tokens));
                 request.max_spec_in_flight = (request.max_spec_in_flight)
                     .max(entry.num_spec_tokens)
                     .max(num_sampled.saturating_sub(1));

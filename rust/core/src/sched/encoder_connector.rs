@@ -10,7 +10,10 @@
 //! it needs are at hand (`ensure_cache_available`); one still in transit skips the request
 //! for the step, running or waiting. An update that lets a request's passed item go (vLLM's
 //! `_free_encoder_input`, from `_free_encoder_inputs` in `update_from_output` only: not when
-//! a request finishes or is preempted) reports it (`update_state_after_free`).
+//! a request finishes or is preempted) reports it (`update_state_after_free`). A request
+//! that finishes is reported (`request_finished`, vLLM's `_free_request`): a delay-free
+//! `true` keeps its KV blocks, as a KV connector's send does, until `finish_kv_transfers`
+//! lists it in `finished_sending` (its encoder-cache entries are freed at once).
 //! Invariant: without a connector, encoder scheduling is as before.
 
 use super::request::Request;
@@ -54,6 +57,14 @@ pub trait EncoderConnector<R>: Send + Sync {
     fn update_state_after_free(&mut self, _request: &Request<R>, _input_id: usize) -> Result<()> {
         Ok(())
     }
+
+    /// vLLM 0.33's `request_finished(request)`, asked in `Scheduler._free_request` after the
+    /// KV connector's, for every request that finishes: `true` (delay-free) keeps the
+    /// request's KV blocks until `finish_kv_transfers` reports it in `finished_sending`
+    /// (vLLM ORs the answer into the KV connector's). vLLM's connectors answer false.
+    fn request_finished(&mut self, _request: &Request<R>) -> Result<bool> {
+        Ok(false)
+    }
 }
 
 impl<R: RequestKey> Scheduler<R> {
@@ -68,6 +79,16 @@ impl<R: RequestKey> Scheduler<R> {
     /// Whether an encoder-cache connector is set.
     pub fn has_encoder_connector(&self) -> bool {
         self.ec_connector.is_some()
+    }
+
+    /// The connector's `request_finished` for the finishing request at `slot`: whether it
+    /// keeps the request's KV blocks (false without a connector).
+    pub(super) fn ec_request_finished(&mut self, slot: u32) -> Result<bool> {
+        let Some(connector) = self.ec_connector.as_mut() else {
+            return Ok(false);
+        };
+        let request = self.slots[slot as usize].as_ref().expect("live slot");
+        connector.request_finished(request)
     }
 
     /// vLLM 0.33's `_ec_transfer_pending`: whether the request at `slot`, which has

@@ -139,10 +139,14 @@ impl<R: RequestKey> Scheduler<R> {
     /// running one's blocks from its first invalid one on leave the prefix cache now,
     /// vLLM's `evict_blocks`; a loading one's blocks are freed once its load reports).
     ///
+    /// With several steps in flight (async scheduling) a running request's scan counts the
+    /// later steps' tokens as computed, as vLLM's does (only the step being updated is
+    /// taken off), and the cut keeps its output placeholders (`truncate_running`).
+    ///
     /// Errors, before anything changes: `invalid_block_ids` with several KV cache groups
     /// (block ids name a block within a group: vLLM 0.33 raises too); a running affected
-    /// request with more than the step being updated in flight (async scheduling: not
-    /// modelled), or on a pool other than the block-hash one.
+    /// request with several steps in flight verifying drafts (not modelled), or on a pool
+    /// other than the block-hash one.
     pub fn handle_kv_load_failures(
         &mut self,
         failed_recving: &[R],
@@ -319,15 +323,18 @@ impl<R: RequestKey> Scheduler<R> {
         (loading, running)
     }
 
-    /// Whether a running request's computed tokens can be cut back now.
+    /// Whether a running request's computed tokens can be cut back now: any number of its
+    /// steps may be in flight (see `truncate_running`), but not a later one verifying
+    /// drafts, whose rejections vLLM would roll back from the cut.
     fn check_truncatable(&self, slot: u32) -> Result<()> {
         let request = self.req(slot);
-        if request.num_sampling_steps() > 1 || request.num_output_placeholders > 1 {
+        if request.num_sampling_steps() > 1 && request.max_spec_in_flight > 0 {
             return Err(Error::input(
                 "invalid_block_ids",
                 format!("{:?}", request.request_id),
-                "names blocks of a running request with several steps in flight (async \
-                 scheduling): its later steps would land on recomputed tokens (not modelled)",
+                "names blocks of a running request with several steps in flight verifying \
+                 draft tokens (async scheduling with speculative decoding): their rejections \
+                 would roll back from the cut (not modelled)",
             ));
         }
         if !matches!(self.kv, Kv::BlockHash(_)) {
@@ -341,7 +348,12 @@ impl<R: RequestKey> Scheduler<R> {
     }
 
     /// Cuts a running request back to `num_computed_tokens` (see `handle_kv_load_failures`):
-    /// the step being updated no longer samples for it.
+    /// the step being updated lands with its output dropped. As in vLLM 0.33, whose
+    /// `update_from_output` skips the request before `_update_request_with_output`, the
+    /// step's output placeholders (async scheduling) are not resolved: they stay counted in
+    /// `num_output_placeholders` for good (until a preemption or a session turn resets it),
+    /// so the request computes that many positions past its tokens from then on. Its later
+    /// steps in flight land as usual and append their tokens.
     fn truncate_running(
         &mut self,
         slot: u32,
@@ -351,12 +363,19 @@ impl<R: RequestKey> Scheduler<R> {
         if let Kv::BlockHash(pool) = &mut self.kv {
             pool.truncate_computed_tokens(&slot, num_computed_tokens, evict)?;
         }
+        // The step being updated is the oldest in flight: under async scheduling the engine
+        // updates every step in order, so it is the one after the updates so far.
+        let landing = self.num_updates + 1;
+        let sync = !self.async_scheduling;
         let request = self.req_mut(slot);
         request.num_computed_tokens = num_computed_tokens;
-        if request.in_flight_tokens.pop_front().is_some() {
-            request.num_output_placeholders = request.num_output_placeholders.saturating_sub(1);
+        // Its sampling entry, if that step sampled for it (a later step's stays).
+        if (request.in_flight_tokens.front()).is_some_and(|&(step, _)| sync || step <= landing) {
+            request.in_flight_tokens.pop_front();
         }
-        request.max_spec_in_flight = 0;
+        if request.in_flight_tokens.is_empty() {
+            request.max_spec_in_flight = 0;
+        }
         request.spec_token_ids.clear();
         Ok(())
     }

@@ -518,7 +518,8 @@ impl<R: RequestKey> Scheduler<R> {
         let request = self.req_mut(slot);
         request.num_computed_tokens = computed;
         request.in_flight_tokens.clear();
-        request.in_flight_tokens.push_back(n);
+        let step = request.last_step;
+        request.in_flight_tokens.push_back((step, n));
         request.last_num_spec_tokens = 0;
     }
 }

@@ -229,7 +229,7 @@ impl<R: RequestKey> Scheduler<R> {
             if samples {
                 request.inflight_prefill = false;
                 self.step_samplers.push((id.clone(), slot));
-                request.in_flight_tokens.push_back(n);
+                request.in_flight_tokens.push_back((self.num_steps, n));
                 request.max_spec_in_flight = request.max_spec_in_flight.max(num_spec);
                 if async_scheduling {
                     // vLLM 0.33 counts tokens: the sampled one and the drafts verified.

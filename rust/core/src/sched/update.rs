@@ -425,7 +425,7 @@ impl<R: RequestKey> Scheduler<R> {
         if (had_placeholders || spec_rule) && running && !output.token_ids.is_empty() {
             let known = self.kv.num_tokens(slot).unwrap_or(0);
             let request = self.slots[slot as usize].as_ref().expect("live");
-            let in_flight: usize = request.in_flight_tokens.iter().sum();
+            let in_flight: usize = request.in_flight_tokens.iter().map(|&(_, n)| n).sum();
             // At most the tokens it has: an output of a step dropped by a reset-preemption,
             // handed back after the request resumed, is taken for the new step's and would
             // otherwise reach past them (vLLM caches up to the tokens it has hashed).
@@ -577,7 +577,8 @@ impl<R: RequestKey> Scheduler<R> {
     /// scheduled (`sched::block_free`).
     ///
     /// The connector (if any) is asked about every finished request, whatever its status
-    /// (vLLM 0.33's `_free_request`), and may keep its blocks until their send completes;
+    /// (vLLM 0.33's `_free_request`), then the encoder-cache connector (if any), and
+    /// either may keep its blocks until their send completes;
     /// a request aborted while its KV loads keeps them until the load stops writing. Both
     /// are freed when `finish_kv_transfers` reports the transfer.
     ///
@@ -605,7 +606,12 @@ impl<R: RequestKey> Scheduler<R> {
                 false
             }
         };
-        let for_transfer = load_holds || connector_holds;
+        // vLLM ORs the encoder-cache connector's answer into the KV connector's.
+        let ec_holds = self.ec_request_finished(slot).unwrap_or_else(|err| {
+            connector_error.get_or_insert(err);
+            false
+        });
+        let for_transfer = load_holds || connector_holds || ec_holds;
         if status == RequestStatus::Running {
             self.running.retain(|&s| s != slot);
         } else {

@@ -287,3 +287,63 @@ fn a_connector_error_on_free_is_returned_after_the_update_is_applied() {
     assert_eq!(s.get_request(&0).unwrap().num_tokens(), 121);
     drop(out);
 }
+
+/// Answers delay-free `true` from `request_finished` for the requests in `hold`; logs it.
+struct DelaysFree {
+    hold: Vec<u32>,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl EncoderConnector<u32> for DelaysFree {
+    fn has_cache_item(&mut self, _: &str) -> crate::Result<bool> {
+        Ok(false)
+    }
+
+    fn update_state_after_alloc(&mut self, _: &Request<u32>, _: usize) -> crate::Result<()> {
+        Ok(())
+    }
+
+    fn request_finished(&mut self, request: &Request<u32>) -> crate::Result<bool> {
+        let id = request.request_id;
+        self.log.lock().unwrap().push(format!("finished {id}"));
+        Ok(self.hold.contains(&id))
+    }
+}
+
+#[test]
+fn a_delay_free_answer_keeps_the_blocks_until_the_send_is_reported() {
+    // vLLM 0.33's `_free_request` ORs the answer into the KV connector's (none here): the
+    // request's blocks stay allocated until `finished_sending` lists it; its encoder-cache
+    // entries are freed at once. Request 1's answer is false: freed at once.
+    let mut s = Scheduler::new(enc_config(1000, 1000), false).unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    s.set_encoder_connector(Some(Box::new(DelaysFree {
+        hold: vec![0],
+        log: log.clone(),
+    })));
+    let free = s.num_free_blocks();
+    s.add_request(0, mm_prompt(0, 40, vec![image(0, 20, "a")]))
+        .unwrap();
+    s.add_request(1, mm_prompt(1, 40, vec![image(0, 20, "b")]))
+        .unwrap();
+    run_step(&mut s);
+    run_step(&mut s);
+    assert_eq!(s.running_ids(), Vec::<u32>::new(), "both finished");
+    assert_eq!(*log.lock().unwrap(), ["finished 0", "finished 1"]);
+    assert_eq!(
+        s.encoder_cache_refs("a"),
+        0,
+        "its encoder-cache entry is freed"
+    );
+    assert_eq!(s.num_kv_transfers(), (0, 1));
+    assert_eq!(
+        s.num_free_blocks(),
+        free - 3,
+        "request 0 keeps its 3 blocks"
+    );
+    s.check_invariants().unwrap();
+    s.finish_kv_transfers(&[], &[0], &[]).unwrap();
+    assert_eq!(s.num_free_blocks(), free);
+    assert_eq!(s.num_kv_transfers(), (0, 0));
+    s.check_invariants().unwrap();
+}

@@ -309,9 +309,9 @@ fn a_running_request_fails_and_its_invalid_blocks_leave_the_cache() {
     s.check_invariants().unwrap();
 }
 
-#[test]
-fn a_report_it_cannot_apply_changes_nothing() {
-    // Two steps in flight for the running request (async scheduling): refused whole.
+/// Async scheduling: a 12-token prompt with 8 tokens loaded synchronously, and two steps
+/// in flight: the first computes the last 4 prompt tokens, the second the sampled one.
+fn two_steps_in_flight() -> Scheduler<u32> {
     let cfg = SchedulerConfig {
         num_blocks: 16,
         max_num_batched_tokens: 16,
@@ -319,24 +319,61 @@ fn a_report_it_cannot_apply_changes_nothing() {
         ..config()
     };
     let mut s = Scheduler::new(cfg, true).unwrap();
-    let log = Arc::new(Mutex::new(Vec::new()));
     let offer = Offer {
         offer: 8,
         load_async: false,
-        log,
+        log: Arc::new(Mutex::new(Vec::new())),
     };
     s.set_connector(Box::new(offer)).unwrap();
     s.add_request(0, prompt(0, 12)).unwrap();
-    s.schedule().unwrap();
-    s.schedule().unwrap();
-    assert_eq!(s.get_request(&0).unwrap().num_sampling_steps(), 2);
+    assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 4)]);
+    assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 1)]);
+    let r = s.get_request(&0).unwrap();
+    assert_eq!((r.num_sampling_steps(), r.num_output_placeholders), (2, 2));
+    s
+}
+
+#[test]
+fn a_cut_with_a_later_step_in_flight_keeps_the_skipped_steps_placeholder() {
+    // vLLM 0.33 scans the blocks of 13 - 4 = 9 computed tokens (the later step's count),
+    // cuts at block 1 and skips the step's output without resolving its placeholder.
+    let mut s = two_steps_in_flight();
     let bad = block(&s, 0, 1);
-    let before = s.get_request(&0).unwrap().num_computed_tokens;
-    let err = s
-        .handle_kv_load_failures(&[0], &[bad], &[(0, 4)])
-        .unwrap_err();
-    assert!(err.to_string().contains("invalid_block_ids"), "{err}");
-    assert_eq!(s.get_request(&0).unwrap().num_computed_tokens, before);
+    let report = s.handle_kv_load_failures(&[], &[bad], &[(0, 4)]).unwrap();
+    assert_eq!(report.rescheduled, [0]);
+    assert_eq!(report.num_affected_tokens, 5);
+    let r = s.get_request(&0).unwrap();
+    assert_eq!(r.num_computed_tokens, 4);
+    assert_eq!((r.num_sampling_steps(), r.num_output_placeholders), (1, 2));
+    s.update_from_output(&[]).unwrap();
+    // The later step lands and appends its token; one placeholder is left for good.
+    s.update_from_output(&[sample(0, 7)]).unwrap();
+    let r = s.get_request(&0).unwrap();
+    assert_eq!((r.num_tokens(), r.num_output_placeholders), (13, 1));
+    // It recomputes from the cut up to its tokens and the placeholder: 13 + 1 - 4.
+    assert_eq!(scheduled(&s.schedule().unwrap()), [(0, 10)]);
+    let r = s.get_request(&0).unwrap();
+    assert_eq!((r.num_computed_tokens, r.num_output_placeholders), (14, 2));
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn a_cut_whose_later_step_finishes_the_request_frees_its_blocks() {
+    let mut s = two_steps_in_flight();
+    let free = s.num_free_blocks();
+    let bad = block(&s, 0, 0);
+    s.handle_kv_load_failures(&[], &[bad], &[(0, 4)]).unwrap();
+    assert_eq!(s.get_request(&0).unwrap().num_computed_tokens, 0);
+    s.update_from_output(&[]).unwrap();
+    s.abort(&[0]).unwrap();
+    assert_eq!(
+        s.num_outputs_in_flight(&0),
+        1,
+        "its later step's output is dropped"
+    );
+    s.update_from_output(&[sample(0, 7)]).unwrap();
+    assert!(s.num_free_blocks() > free);
+    assert_eq!(s.num_outputs_in_flight(&0), 0);
     s.check_invariants().unwrap();
 }
 

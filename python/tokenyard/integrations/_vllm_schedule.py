@@ -88,7 +88,11 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
         if self._int_ids:
             ids, counts = core.num_scheduled_tokens_arrays()
             batch = self._batch(ids)
-            num_scheduled_tokens = dict(zip(batch.vllm_ids, counts.tolist(), strict=True))
+            if counts.min(initial=1) == 1 == counts.max(initial=1):
+                # A decode step: one token each (no tuple per request).
+                num_scheduled_tokens = dict.fromkeys(batch.vllm_ids, 1)
+            else:
+                num_scheduled_tokens = dict(zip(batch.vllm_ids, counts.tolist(), strict=True))
         else:
             num_scheduled_tokens = {vllm_ids[i]: n for i, n in core.num_scheduled_tokens.items()}
         if self._adopted:

@@ -76,7 +76,14 @@ def _summary(out: Any, outputs: Any, scheduler: Any) -> tuple[Any, ...]:
     ]
     cached = out.scheduled_cached_reqs
     state = sorted(
-        (r.request_id, r.num_computed_tokens, r.num_output_tokens, r.status, r.is_prefill_chunk)
+        (
+            r.request_id,
+            r.num_computed_tokens,
+            r.num_output_tokens,
+            r.status,
+            r.is_prefill_chunk,
+            r.num_in_flight_tokens,
+        )
         for r in scheduler.requests.values()
     )
     return (
@@ -85,6 +92,7 @@ def _summary(out: Any, outputs: Any, scheduler: Any) -> tuple[Any, ...]:
         cached.num_computed_tokens,
         cached.num_output_tokens,
         cached.new_block_ids,
+        cached.all_token_ids,
         sorted(out.finished_req_ids),
         sorted(engine),
         state,
@@ -135,8 +143,29 @@ def test_abort_between_schedule_and_update_takes_the_per_request_path() -> None:
 
     seen = _run(_both(), 8, abort)
     assert seen["tokenyard"] == seen["vllm"]
-    engine_step3 = seen["vllm"][3][6]
+    engine_step3 = seen["vllm"][3][7]
     assert [e[0] for e in engine_step3] == ["r0", "r1", "r3", "r4", "r5"]
+
+
+def test_prev_step_ids_read_and_changed_between_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """V1 runner: ``prev_step_scheduled_req_ids`` read after each ``schedule()`` is
+    vLLM's; r3 dropped from it in place (as a caller may) sends r3's whole token list in
+    the next step's ``CachedRequestData.all_token_ids``, as vLLM's does."""
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    read: dict[str, list[set[str]]] = {"vllm": [], "tokenyard": []}
+
+    def edit(name: str, scheduler: Any, out: Any, step: int) -> None:
+        if step % 2:
+            read[name].append(set(scheduler.prev_step_scheduled_req_ids))
+        if step == 2:
+            scheduler.prev_step_scheduled_req_ids.discard("r3")
+
+    schedulers = _both()
+    assert not schedulers["tokenyard"].use_v2_model_runner
+    seen = _run(schedulers, 6, edit)
+    assert seen["tokenyard"] == seen["vllm"]
+    assert read["tokenyard"] == read["vllm"]
+    assert list(seen["tokenyard"][3][5]) == ["r3"]
 
 
 def test_an_edited_num_scheduled_tokens_is_read_as_given() -> None:
@@ -149,7 +178,7 @@ def test_an_edited_num_scheduled_tokens_is_read_as_given() -> None:
 
     seen = _run(_both(), 4, edit)
     assert seen["tokenyard"] == seen["vllm"]
-    assert "r3" not in [e[0] for e in seen["tokenyard"][2][6]]
+    assert "r3" not in [e[0] for e in seen["tokenyard"][2][7]]
 
 
 def test_async_steps_agree_with_vllm() -> None:

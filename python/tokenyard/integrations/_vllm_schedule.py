@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -89,13 +90,19 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
         if self._int_ids:
             ids, counts = core.num_scheduled_tokens_arrays()
             batch = self._batch(ids)
-            num_scheduled_tokens = dict(zip(batch.vllm_ids, counts.tolist(), strict=True))
+            if counts.min(initial=1) == 1 == counts.max(initial=1):
+                # A decode step: one token each (no tuple per request).
+                num_scheduled_tokens = dict.fromkeys(batch.vllm_ids, 1)
+            else:
+                num_scheduled_tokens = dict(zip(batch.vllm_ids, counts.tolist(), strict=True))
         else:
             num_scheduled_tokens = {vllm_ids[i]: n for i, n in core.num_scheduled_tokens.items()}
         if self._adopted:
             self._scheduled_by_core(num_scheduled_tokens)
         self._kv_fetch_scheduled(num_scheduled_tokens)
-        cached_data = self._cached_request_data(core, resumed, num_scheduled_tokens, batch)
+        cached_data, num_counts_due = self._cached_request_data(
+            core, resumed, num_scheduled_tokens, batch
+        )
         spec_decode_tokens = {}
         if scheduled_drafts := core.scheduled_spec_decode_tokens:
             admitted = {d.req_id for d in new_reqs_data}
@@ -130,7 +137,11 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
                 out.scheduled_encoder_inputs
             )
         if not self.use_v2_model_runner:
-            self.prev_step_scheduled_req_ids = set(num_scheduled_tokens)
+            if batch is not None and not self._adopted:
+                # The step's ids are the batch's: made a set where read (the property).
+                self._prev_step_ids = batch
+            else:
+                self.prev_step_scheduled_req_ids = set(num_scheduled_tokens)
         elif (
             self._pending_encoder_input_ids
             or out.scheduled_encoder_inputs
@@ -169,10 +180,24 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
             self._batches = ((out, batch), *self._batches[:3])
             if self.connector is not None or self.ec_connector is not None:
                 batch = None  # the connectors saw the output; it is read afresh below
-        self._after_schedule(out, spec_decode_tokens, batch)
+        self._after_schedule(out, spec_decode_tokens, batch, num_counts_due)
         self.finished_req_ids = set()
         self.reset_preempted_req_ids = set()
         return out
+
+    @property
+    def prev_step_scheduled_req_ids(self) -> set[str]:
+        """vLLM's: the requests the previous step scheduled (V1 runner). Kept as that
+        step's ``Batch`` (read-only ids) until read, then as the set made of them, which a
+        caller may change in place as vLLM's own methods do."""
+        prev = self._prev_step_ids
+        if isinstance(prev, Batch):
+            prev = self._prev_step_ids = set(prev.vllm_ids)
+        return prev
+
+    @prev_step_scheduled_req_ids.setter
+    def prev_step_scheduled_req_ids(self, value: set[str]) -> None:
+        self._prev_step_ids = value
 
     def _batch(self, ids: Any) -> Batch:
         """The step's ``Batch`` for the core's scheduled ids: the previous step's when they
@@ -457,19 +482,32 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
         resumed: list[tuple[Request, tuple[list[int], ...]]],
         num_scheduled_tokens: dict[str, int],
         batch: Batch | None,
-    ) -> CachedRequestData:
+    ) -> tuple[CachedRequestData, int]:
         """``CachedRequestData`` for the requests that ran before, and (V1 runner) the
-        resumed ones with their whole token lists."""
+        resumed ones with their whole token lists; with the number of leading
+        ``num_output_tokens`` entries left for ``_after_schedule`` to read (0: none), the
+        batch's first requests, where its pass over them reads them unchanged (sync, no
+        structured output, no connector reading the output before it)."""
         requests = self.requests
         v2 = self.use_v2_model_runner
         cached_ids, num_computed, new_block_ids, cached = self._cached_blocks(core, batch)
-        num_output = [
-            len(r._output_token_ids) + r.num_output_placeholders
-            for r in (cached if cached is not None else map(requests.__getitem__, cached_ids))
-        ]
+        num_counts_due = 0
+        if cached is not None and self._counts_read_after():
+            # One pass over the batch's requests instead of two (their counts are read
+            # before _after_schedule changes anything of them).
+            num_counts_due = len(cached)
+            num_output = [0] * num_counts_due
+        else:
+            num_output = [
+                len(r._output_token_ids) + r.num_output_placeholders
+                for r in (cached if cached is not None else map(requests.__getitem__, cached_ids))
+            ]
         all_token_ids: dict[str, list[int]] = {}
         resumed_ids: set[str] = set()
-        if not v2:
+        # Ran in the previous step too, the usual decode step: the batch's leading
+        # requests, as that step scheduled this same batch (prev_step_scheduled_req_ids).
+        all_ran_before = cached is not None and self._prev_step_ids is batch
+        if not v2 and not all_ran_before:
             prev = self.prev_step_scheduled_req_ids
             if not prev.issuperset(cached_ids):
                 for request_id in cached_ids:
@@ -490,7 +528,7 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
                 new_token_ids.append(
                     list(request.all_token_ids[n : n + num_scheduled_tokens[request_id]])
                 )
-        return CachedRequestData(
+        data = CachedRequestData(
             req_ids=cached_ids,
             resumed_req_ids=resumed_ids,
             new_token_ids=new_token_ids,
@@ -498,6 +536,19 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
             new_block_ids=new_block_ids,
             num_computed_tokens=num_computed,
             num_output_tokens=num_output,
+        )
+        return data, num_counts_due
+
+    def _counts_read_after(self) -> bool:
+        """Whether ``_after_schedule`` may read the cached requests' output counts: its
+        plain pass (sync, no structured output) runs, and nothing reads the step's output
+        before it (the KV, auxiliary-output and EC connectors do)."""
+        return (
+            not self.async_scheduling
+            and not self._structured_ids
+            and self.connector is None
+            and self.aux_output_connector is None
+            and self.ec_connector is None
         )
 
     def _make_cached_request_data(
@@ -572,11 +623,14 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
         out: SchedulerOutput,
         spec_decode_tokens: dict[str, list[int]],
         batch: Batch | None = None,
+        num_counts_due: int = 0,
     ) -> None:
         """vLLM's ``_update_after_schedule`` on the vLLM requests: the step is assumed to
         run; under async scheduling each sampling request gets its output placeholders and
         placeholder drafts for the next step. ``batch``: the requests of
-        ``out.num_scheduled_tokens``, in its order, where at hand."""
+        ``out.num_scheduled_tokens``, in its order, where at hand. ``num_counts_due``: the
+        leading ``num_output_tokens`` entries of ``out.scheduled_cached_reqs`` still to read
+        off the batch's first requests (``_cached_request_data``; the plain pass only)."""
         num_scheduled_tokens = out.num_scheduled_tokens
         scheduled = zip(
             batch.requests
@@ -588,6 +642,11 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
         structured = bool(self._structured_ids)
         if not self.async_scheduling and not structured:
             # The common case, without the branches below.
+            if num_counts_due:
+                _update_counting_outputs(
+                    scheduled, out.scheduled_cached_reqs.num_output_tokens, num_counts_due
+                )
+                return
             for request, n in scheduled:
                 num_computed = request.num_computed_tokens + n
                 request.num_computed_tokens = num_computed
@@ -627,3 +686,24 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
             with errors_in_vllm_ids(self._vllm_ids):
                 self._core.update_draft_token_ids(drafts_for_core)
         out.has_structured_output_requests = has_structured
+
+
+def _update_counting_outputs(
+    scheduled: Iterable[tuple[Request, int]], num_output: list[int], num_due: int
+) -> None:
+    """``_after_schedule``'s plain pass (sync, no structured output) over the scheduled
+    requests and their token counts, reading on the way each one's output count as vLLM's
+    ``_make_cached_request_data`` does (``num_output_tokens + num_output_placeholders``,
+    before the update) into the first ``num_due`` entries of ``num_output``: the batch's
+    first ``num_due`` requests are the cached ones."""
+    counts = []
+    for request, n in scheduled:
+        placeholders = request.num_output_placeholders
+        counts.append(len(request._output_token_ids) + placeholders)
+        num_computed = request.num_computed_tokens + n
+        request.num_computed_tokens = num_computed
+        request.num_in_flight_tokens += n
+        request.is_prefill_chunk = num_computed < len(request._all_token_ids) + placeholders
+        if request.spec_token_ids:
+            request.spec_token_ids = []
+    num_output[:num_due] = counts[:num_due]

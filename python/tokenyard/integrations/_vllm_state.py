@@ -103,7 +103,9 @@ class AdapterBase(KvFetchStages):
     finished_req_ids: set[str]
     finished_req_ids_dict: dict[int, set[str]] | None
     reset_preempted_req_ids: set[str]
-    prev_step_scheduled_req_ids: set[str]
+    _prev_step_ids: set[str] | Batch
+    """``prev_step_scheduled_req_ids`` (``_vllm_schedule``'s property): a set, or the
+    previous step's batch, its ids, until read."""
     finished_recving_kv_req_ids: set[str]
     _dropped_outputs: set[str]
     _core_preempted: set[str]

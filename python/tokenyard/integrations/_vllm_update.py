@@ -42,7 +42,26 @@ from tokenyard.integrations._vllm_state import Batch
 _RUNNING = RequestStatus.RUNNING
 _PREEMPTED = RequestStatus.PREEMPTED
 _client_index = operator.attrgetter("client_index")
-_status = operator.attrgetter("status")
+
+
+def _land_live_batch(batch: Batch, counts: dict[str, int]) -> bool:
+    """The usual step's in-flight accounting, in one pass over the batch (its requests in
+    the order of ``counts``, the step's ``num_scheduled_tokens``): each request takes its
+    scheduled tokens off ``num_in_flight_tokens``. Returns whether every request is still
+    live (none finished meanwhile: statuses after PREEMPTED are finished); if one is not,
+    nothing is changed (the tokens are given back) and the caller lands the step request by
+    request."""
+    requests = batch.requests
+    dead = False
+    for request, n in zip(requests, counts.values(), strict=True):
+        request.num_in_flight_tokens -= n
+        if request.status > _PREEMPTED:
+            dead = True
+    if not dead:
+        return True
+    for request, n in zip(requests, counts.values(), strict=True):
+        request.num_in_flight_tokens += n
+    return False
 
 
 class UpdateFromOutput(KvTransfers):
@@ -95,11 +114,11 @@ class UpdateFromOutput(KvTransfers):
             # wait set by hand lands on the report alone.
             released = self._update_from_kv_transfers(kv_output)
         batch = self._batch_of(scheduler_output)
-        # Whether every request of the batch is still live (none finished meanwhile).
-        batch_live = (
-            batch is not None and max(map(_status, batch.requests), default=_RUNNING) <= _PREEMPTED
-        )
-        stale = self._land_in_flight(scheduler_output, batch if batch_live else None)
+        counts = scheduler_output.num_scheduled_tokens
+        # Whether every request of the batch is still live (none finished meanwhile); if
+        # so, its in-flight tokens landed in the same pass.
+        batch_live = batch is not None and _land_live_batch(batch, counts)
+        stale = self._land_in_flight(scheduler_output, landed=batch_live)
         live_ids, live, live_tokens, rejected, spec_stats, late = self._sampled(
             scheduler_output, model_runner_output, batch, stale, batch_live, skip
         )
@@ -152,11 +171,15 @@ class UpdateFromOutput(KvTransfers):
                     )
             elif self._int_ids and not rejected and not kept_drafts:
                 # The bulk path: one list of ids, one of counts, one of all the tokens.
+                flat_tokens = list(itertools.chain.from_iterable(core_tokens))
+                # Every list holds a token (_sampled keeps none empty): as many tokens as
+                # requests is one each, the core's default, without a list of counts.
+                num_sampled = (
+                    None if len(flat_tokens) == len(core_ids) else list(map(len, core_tokens))
+                )
                 with errors_in_vllm_ids(vllm_ids):
                     finished = self._core.update_from_output_arrays(
-                        core_ids,
-                        list(itertools.chain.from_iterable(core_tokens)),
-                        list(map(len, core_tokens)),
+                        core_ids, flat_tokens, num_sampled
                     )
             else:
                 with errors_in_vllm_ids(vllm_ids):
@@ -247,21 +270,15 @@ class UpdateFromOutput(KvTransfers):
             eco.scheduler_stats = stats
         return engine_core_outputs
 
-    def _land_in_flight(
-        self, scheduler_output: SchedulerOutput, batch: Batch | None
-    ) -> set[str] | None:
+    def _land_in_flight(self, scheduler_output: SchedulerOutput, landed: bool) -> set[str] | None:
         """vLLM 0.33's in-flight accounting as the step lands: each scheduled request still
         held takes its scheduled tokens off ``num_in_flight_tokens``, and a preempted one's
         stale share (``num_stale_output_tokens``, set by ``_preempt_request``) drains in
-        lockstep. ``batch``: the step's batch where each of its requests is live. Returns
-        the requests whose output in this step is stale (it predates their preemption), or
-        ``None`` if none is."""
+        lockstep. ``landed``: the step's batch, all live, already took its tokens off
+        (``_land_live_batch``). Returns the requests whose output in this step is stale (it
+        predates their preemption), or ``None`` if none is."""
         counts = scheduler_output.num_scheduled_tokens
-        if batch is not None:
-            # The usual step: every request of the batch is live, in the output's order.
-            for request, n in zip(batch.requests, counts.values(), strict=True):
-                request.num_in_flight_tokens -= n
-        else:
+        if not landed:
             requests_get = self.requests.get
             for request_id, n in counts.items():
                 request = requests_get(request_id)

@@ -174,3 +174,35 @@ def test_error_requests_free_their_blocks_before_finished_sends_as_in_vllm(
     # where vLLM gives it the send's (3, 2, 1).
     orders = _run(asynchronous, caching)
     assert orders[1] == orders[0]
+
+
+class RaisingConnector(SendingConnector):
+    """Raises from ``request_finished``."""
+
+    def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, None]:
+        raise RuntimeError(f"request_finished refused {request.request_id}")
+
+
+if "TokenyardRaisingConnector" not in KVConnectorFactory._registry:
+    KVConnectorFactory.register_connector(
+        "TokenyardRaisingConnector", __name__, RaisingConnector.__name__
+    )
+
+
+def test_an_update_that_raises_forgets_its_tokens() -> None:
+    """The KV connector bridge keeps the update's tokens while the core finishes requests
+    (its ``request_finished`` appends them first); an update that raises there still drops
+    them, so a later finish outside an update (an abort) appends nothing stale."""
+    peer = VllmSchedulerPeer(
+        num_blocks=24, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=256
+    )
+    peer.vllm_config.kv_transfer_config = KVTransferConfig(
+        kv_connector="TokenyardRaisingConnector", kv_role="kv_both"
+    )
+    scheduler = peer.build(TokenyardScheduler, peer.scheduler.kv_cache_config)
+    scheduler.add_request(peer.make_request("r", list(range(40)), 1))
+    out = scheduler.schedule()
+    with pytest.raises(Exception, match="request_finished") as raised:
+        scheduler.update_from_output(out, runner_output(scheduler, out))
+    assert "refused r" in repr(raised.value) + repr(raised.value.__cause__)
+    assert scheduler._bridge.tokens_in_update == {}

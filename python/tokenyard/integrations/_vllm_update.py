@@ -80,6 +80,9 @@ class UpdateFromOutput(KvTransfers):
                 # An update that raised: the EC connector still hears of the items the
                 # core let go, and the update's lists are closed (_vllm_ec.end_ec_update).
                 end_ec_update(self)
+            if self._bridge is not None and self._bridge.tokens_in_update:
+                # Nor does a later finish (an abort) append this update's tokens.
+                self._bridge.tokens_in_update = {}
 
     def _update_from_output(
         self, scheduler_output: SchedulerOutput, model_runner_output: Any

@@ -694,14 +694,23 @@ def test_mooncake_store_beside_the_served_kinds_is_not_refused() -> None:
     refuse_mooncake_store_layout(_connector(), "", _layout(_spec(), *served, _mamba_spec()))
 
 
-def test_mooncake_store_beside_a_mamba_group_over_the_hash_block_is_refused_by_name() -> None:
-    """vLLM's partial hash hits (a Mamba align block over the hash block size): not
-    modelled. Attention groups over the hash block size are served (above)."""
+def test_mooncake_store_with_its_partial_hash_hits_on_is_refused_by_name() -> None:
+    """The store's own partial hash hits (``enable_partial_hash_hits``, which vLLM's store
+    takes from the engine's ``cache_hit_alignment_tokens`` below the scheduler block:
+    sub-block hits, finish-time partial tails) are not modelled; with them off, groups of
+    differing block sizes are served, a Mamba align block over the hash block size too
+    (the core's own partial hits are refused before, by ``_vllm_block_sizes``, where
+    vLLM's managers would take them)."""
     layout = _layout(_spec(32), _mamba_spec(64), hash_block_size=16)
-    with pytest.raises(
-        ConfigError, match="Mamba align group of block_size 64 over hash_block_size 16"
-    ) as e:
-        refuse_mooncake_store_layout(_connector(), "", layout)
+    connector = _connector()
+    refuse_mooncake_store_layout(connector, "", layout)
+    # A sliding window of another size keeps vLLM's fine-grained hits off: served (it was
+    # refused while the check ignored the groups' managers).
+    window = _layout(_spec(16), _attention("window", 32), _mamba_spec(64), hash_block_size=16)
+    refuse_mooncake_store_layout(connector, "", window)
+    connector.connector_scheduler.enable_partial_hash_hits = True
+    with pytest.raises(ConfigError, match=r"partial hash hits on beside .*\[32, 64\]") as e:
+        refuse_mooncake_store_layout(connector, "", layout)
     assert e.value.value == "MooncakeStoreConnector"
     sizes = _layout(_spec(32), _attention("window", 16), _mamba_spec(16), hash_block_size=16)
     refuse_mooncake_store_layout(_connector(), "", sizes)

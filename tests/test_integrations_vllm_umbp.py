@@ -486,10 +486,10 @@ def test_umbp_over_differing_block_sizes_with_partial_hits_is_refused_by_name() 
         if not partial:
             refuse_umbp_layout(connector, "", sizes)
             continue
-        with pytest.raises(ConfigError, match=r"enable_partial_hash_hits beside .*\[16, 32\]"):
+        with pytest.raises(ConfigError, match=r"partial hash hits on beside .*\[16, 32\]"):
             refuse_umbp_layout(connector, "", sizes)
     mamba = _layout(_spec(32), _mamba_spec(64), hash_block_size=16)
-    with pytest.raises(ConfigError, match="Mamba align group of block_size 64 over hash_block"):
+    with pytest.raises(ConfigError, match=r"partial hash hits on beside .*\[32, 64\]"):
         refuse_umbp_layout(connector, "", mamba)
 
 

@@ -283,7 +283,22 @@ def test_the_reference_model_agrees_with_vllm_step_by_step(seed: int) -> None:
     block = hash_block * rng.choice((2, 4))
     num_blocks = rng.choice((24, 40, 80))
     sides = [_Vllm(num_blocks, block, hash_block), _Ref(num_blocks, block, hash_block)]
-    run_stream(seed, sides, block=block, hash_block=hash_block)
+    stats = run_stream(seed, sides, block=block, hash_block=hash_block)
+    assert stats["steps"] > 0
+
+
+def test_the_streams_hit_inside_blocks_and_copy() -> None:
+    """The comparisons above reach the rule under test (review: they ignored the stats)."""
+    totals = []
+    for seed in range(4):
+        rng = random.Random(1000 + seed)
+        hash_block = rng.choice((2, 4, 8))
+        block = hash_block * rng.choice((2, 4))
+        num_blocks = rng.choice((24, 40, 80))
+        sides = [_Vllm(num_blocks, block, hash_block), _Ref(num_blocks, block, hash_block)]
+        totals.append(run_stream(seed, sides, block=block, hash_block=hash_block))
+    assert sum(stats["partial_hits"] for stats in totals) > 0
+    assert sum(stats["copies"] for stats in totals) > 0
 
 
 class _NoCopyOnWrite(RefCowCoordinator):

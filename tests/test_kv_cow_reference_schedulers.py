@@ -226,3 +226,12 @@ def run_conversations(cls: type, seed: int) -> dict[str, int]:
 def test_the_model_follows_vllms_schedulers_call_by_call(cls: type, seed: int) -> None:
     stats = run_conversations(cls, seed)
     assert stats["allocations"] > 0
+
+
+@pytest.mark.parametrize("cls", [Scheduler, AsyncScheduler], ids=["sync", "async"])
+def test_the_streams_hit_inside_blocks_and_copy(cls: type) -> None:
+    """The comparisons above reach the rule under test: hits ending inside a block and the
+    copies they make (review: the per-seed checks assert only that something ran)."""
+    totals = [run_conversations(cls, seed) for seed in range(3)]
+    assert sum(stats["partial_hits"] for stats in totals) > 0
+    assert sum(stats["copies"] for stats in totals) > 0

@@ -52,7 +52,9 @@ class KVCacheBlockView:
     """One KV block as vLLM's ``KVCacheBlock`` presents it: ``block_id``, ``ref_cnt`` (the
     requests holding it), ``block_hash`` (the core's hash it caches, or ``None``) and
     ``is_null``. Its fields are read from the core when read (each read copies the pool's
-    per-block state: O(blocks), for inspection, not for a loop over a large pool); the pool
+    per-block state: O(blocks), for inspection, not for a loop over a large pool; in a
+    reading stretch ``ref_cnt`` is read once, and dropped by the stretch's touches and
+    frees); the pool
     hands out one object per block, so ``is`` compares blocks as it does in vLLM (the null
     block included)."""
 
@@ -302,8 +304,9 @@ class BlockPoolView:
 
     @property
     def blocks(self) -> _BlockList:
-        """Every block in id order, the null block (id 0) first (a sequence: indexing one
-        block does not build the others, as a connector reads ``blocks[i]`` per block)."""
+        """Every block in id order, the null block (id 0) first (one list of the pool's
+        views, built at the first read and kept: a connector reads ``blocks[i]`` per
+        block)."""
         if self._block_list is None:
             self._block_list = _BlockList(self)
         return self._block_list

@@ -30,10 +30,12 @@ check let any subclass of the first three through unchecked and refused chunked 
 attention), and groups of differing block sizes are served (each group keyed at its own
 size, ``chunk_hashes_for_block_size``; hits on the scheduler block size). Refused by name
 otherwise: beside a Mamba group in ``none`` mode (vLLM's scheduler half asserts
-``align``), beside another kind, and with vLLM's partial hash hits (a Mamba ``align`` block
-over the hash block size: sub-block hits and finish-time partial tails,
+``align``), beside another kind, and with the connector's own partial hash hits on
+(``connector_scheduler.enable_partial_hash_hits``, which the store takes from the engine's
+``cache_hit_alignment_tokens``: sub-block hits and finish-time partial tails,
 ``finalize_partial_tail_offloads`` then ``register_finished_partial_tail``, not modelled;
-the core refuses Mamba beside differing sizes anyway). Imported only by
+where vLLM's managers would take fine-grained hits the core refuses the layout first,
+``_vllm_block_sizes``). Imported only by
 ``_vllm_connector_binding``, so vLLM is installed when this runs."""
 
 from __future__ import annotations
@@ -41,7 +43,6 @@ from __future__ import annotations
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
-from vllm.v1.core.kv_cache_utils import partial_hash_hits_enabled
 from vllm.v1.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
@@ -86,15 +87,17 @@ def refuse_mooncake_store_layout(leaf: Any, where: str, view: Any) -> None:
     every other prefix-cacheable kind is stored by its block table, whatever its class.
     The adapter serves the kinds checked against it (``_STORE_SERVED_SPECS``, by exact
     class: a subclass may read differently) and groups of differing block sizes, as long
-    as vLLM's partial hash hits stay off (``partial_hash_hits_enabled``: a Mamba ``align``
-    group over the hash block size), which bring sub-block hits and finish-time tails.
+    as the store's partial hash hits stay off (``enable_partial_hash_hits``, from the
+    engine's ``cache_hit_alignment_tokens``), which bring sub-block hits and finish-time
+    tails.
 
     Raises:
         ConfigError (field ``kv_transfer_config.kv_connector``, value the class): a Mamba
             KV cache group in ``none`` mode, a group of a kind not in
-            ``_STORE_SERVED_SPECS``, or a Mamba ``align`` group over the hash block size.
+            ``_STORE_SERVED_SPECS``, or the store's partial hash hits on beside groups of
+            differing block sizes.
     """
-    reason = _unserved_store_group(view) or _store_partial_hits(view)
+    reason = _unserved_store_group(view) or _store_partial_hits(leaf, view)
     if reason is not None:
         raise ConfigError(
             f"{_FIELD}: {type(leaf).__name__}{where} is not served {reason}",
@@ -123,12 +126,16 @@ def _unserved_store_group(view: Any) -> str | None:
     return None
 
 
-def _store_partial_hits(view: Any) -> str | None:
+def _store_partial_hits(leaf: Any, view: Any) -> str | None:
     """Why the groups' block sizes are not served, or ``None``: one group over the hash
     block size (vLLM's ``resolve_kv_cache_block_sizes`` rejects it, so the connector would
-    key at another size than the requests' hashes), or vLLM's partial hash hits (a Mamba
-    ``align`` block over the hash block size), which hit inside a block and publish
-    finish-time partial tails (``register_finished_partial_tail``), not modelled."""
+    key at another size than the requests' hashes), or the connector's own partial hash
+    hits on (``connector_scheduler.enable_partial_hash_hits``: the Mooncake store's from
+    ``kv_cache_config.cache_hit_alignment_tokens`` below the scheduler block, which the
+    engine sets only where the coordinator's managers take fine-grained hits with prefix
+    caching on; UMBP's from its extra config), which hit inside a block and publish
+    finish-time partial tails (``register_finished_partial_tail``), not modelled. The
+    core's own partial hits are refused before (``_vllm_block_sizes``)."""
     groups = view.kv_cache_config.kv_cache_groups
     hash_block_size = view.block_pool.hash_block_size
     if len(groups) == 1 and groups[0].kv_cache_spec.block_size != hash_block_size:
@@ -137,14 +144,14 @@ def _store_partial_hits(view: Any) -> str | None:
             f"over hash_block_size {hash_block_size} (vLLM's resolve_kv_cache_block_sizes "
             "rejects a hash block size other than the block size of a single group)"
         )
-    if not partial_hash_hits_enabled(groups, hash_block_size):
+    sizes = sorted({g.kv_cache_spec.block_size for g in groups})
+    if len(sizes) == 1 or not getattr(leaf.connector_scheduler, "enable_partial_hash_hits", False):
         return None
-    size = max(g.kv_cache_spec.block_size for g in groups if isinstance(g.kv_cache_spec, MambaSpec))
     return (
-        f"beside a Mamba align group of block_size {size} over hash_block_size "
-        f"{hash_block_size} (vLLM's partial hash hits and finish-time partial tails, "
+        f"with its partial hash hits on beside groups of block sizes {sizes} over "
+        f"hash_block_size {hash_block_size} (sub-block hits and finish-time partial tails, "
         "register_finished_partial_tail, are not modelled; groups of differing block sizes "
-        "are served otherwise)"
+        "are served with them off)"
     )
 
 
@@ -172,18 +179,16 @@ def refuse_umbp_layout(leaf: Any, where: str, view: Any) -> None:
 
     Raises:
         ConfigError (field ``kv_transfer_config.kv_connector``, value the class): a group
-            of another kind (or a Mamba group in ``none`` mode), vLLM's partial hash hits
-            (``_store_partial_hits``) or its own ``enable_partial_hash_hits`` beside
-            differing block sizes (sub-block hits and partial tails, not modelled).
+            of another kind (or a Mamba group in ``none`` mode), or its own
+            ``enable_partial_hash_hits`` beside differing block sizes
+            (``_store_partial_hits``: sub-block hits and partial tails, not modelled).
     """
     config = view.kv_cache_config
     specs = [group.kv_cache_spec for group in config.kv_cache_groups]
-    hash_block_size = view.block_pool.hash_block_size
     reason = None
     unserved = next(
         ((i, spec) for i, spec in enumerate(specs) if not _umbp_served_spec(spec)), None
     )
-    sizes = sorted({spec.block_size for spec in specs})
     if unserved is not None:
         i, spec = unserved
         kind = type(spec).__name__
@@ -194,14 +199,8 @@ def refuse_umbp_layout(leaf: Any, where: str, view: Any) -> None:
             f"{', '.join(c.__name__ for c in _STORE_SERVED_SPECS if c is not MambaSpec)} "
             "and align-mode MambaSpec groups, the kinds it is checked with)"
         )
-    elif (partial := _store_partial_hits(view)) is not None:
-        reason = partial
-    elif len(sizes) > 1 and getattr(leaf.connector_scheduler, "enable_partial_hash_hits", False):
-        reason = (
-            f"with enable_partial_hash_hits beside groups of block sizes {sizes} over "
-            f"hash_block_size {hash_block_size} (its sub-block hits, not modelled; groups of "
-            "differing block sizes are served with it off)"
-        )
+    else:
+        reason = _store_partial_hits(leaf, view)
     if reason is not None:
         raise ConfigError(
             f"{_FIELD}: {type(leaf).__name__}{where} is not served {reason}",

@@ -23,7 +23,7 @@ cache group kinds the core has none for, the HiSparse connector with prefix cach
 (served with it off: ``_vllm_hisparse_step``), vLLM's fine-grained
 partial hash hits (Mamba ``align`` beside a smaller ``prefix_match_unit``), connectors
 that keep vLLM's own pool or manager beyond what the pool view serves (the Mooncake store
-and UMBP beside a group other than full attention, a sliding window or Mamba ``align``, or
+and UMBP beside a group of a kind not checked with them, or with their own partial hash hits
 over groups of different block sizes; ``SimpleCPUOffloadConnector``
 beside a group other than full attention, a sliding window, chunked local attention or
 Mamba ``align``, or over groups of different block sizes in lazy mode or with KV cache
@@ -35,8 +35,8 @@ Structured output, pooling requests, prompt embeddings, hybrid KV cache groups (
 attention, sliding window with or without retained tokens, chunked local, Mamba in ``none``
 or ``align`` mode with draft and checkpoint blocks, cross-attention, HiSparse's layout; of
 different block sizes, Mamba ``align`` and chunked local among them, with EAGLE/MTP and KV
-connectors), EAGLE/MTP prefix caching (hash
-look-ahead or the trailing-block drop), KV load failures under either policy, CPU offloading
+connectors), EAGLE/MTP prefix caching (hash look-ahead or the trailing-block drop), KV load
+failures under either policy, CPU offloading
 (``OffloadingConnector``, ``SimpleCPUOffloadConnector``), the Mooncake store and UMBP
 connectors (their store jobs' pins), vLLM's KV cache events (one KV group, or full
 attention beside sliding windows; ``kv_cache_report_mode="full"`` too), multimodal
@@ -173,8 +173,7 @@ class TokenyardScheduler(
         self.scheduler_config = vllm_config.scheduler_config
         self.cache_config = vllm_config.cache_config
         self.lora_config = vllm_config.lora_config
-        # The HiSparse connector's step (started below, once the core is built);
-        # _adopt_host_pool reads it first.
+        # The HiSparse connector's step (started below); _adopt_host_pool reads it first.
         self._hisparse_step = None
         self.kv_cache_config = kv_cache_config
         self.kv_events_config = vllm_config.kv_events_config

@@ -359,9 +359,20 @@ class ScheduleStep(ReplacedMethods, AdapterBase):
         return new_reqs_data, resumed
 
     def _expect_landings(self) -> None:
-        """The landed loads (whole: a failed one caches its valid prefix, not modelled
-        here) this step's waiting pass caches as it reaches them, for a connector that
-        reads the pool meanwhile (``BlockPoolView.expect_landings``)."""
+        """The landed loads this step's waiting pass caches as it reaches them, for a
+        connector that reads the pool meanwhile (``BlockPoolView.expect_landings``).
+
+        A failed load is left out, though vLLM 0.33's ``_update_waiting_for_remote_kv``
+        caches the valid prefix of one cut back by ``invalid_block_ids`` (computed tokens
+        above 0; a load failed whole keeps none). No layout tells: vLLM takes
+        ``invalid_block_ids`` beside one KV cache group alone; over one full-attention
+        group UMBP's lookup reads the local hit vLLM hands it and probes the pool for
+        nothing; over one group of another kind (a sliding window, chunked local
+        attention, where UMBP's own coordinator probes it) the core marks no async load
+        failed for its invalid blocks in the first place (a gap of its own, pinned by
+        ``test_partial_load_failures_beside_a_lone_window_group``). Once the core marks
+        those, such loads belong here (``cached_by_update`` caps a request at its
+        computed tokens)."""
         failed = self.failed_recving_kv_req_ids
         landed = [
             request

@@ -214,11 +214,11 @@ pub struct Request<R> {
     /// Output tokens scheduled but not yet returned (async scheduling): as in vLLM 0.33,
     /// each sampling step in flight counts its sampled token and its drafts.
     pub num_output_placeholders: usize,
-    /// Each step in flight in which this request samples, as (the step's number, its
-    /// `last_step`; the tokens it scheduled), oldest first (vLLM 0.33's
-    /// `num_in_flight_tokens`, by step, of the sampling steps): `update_from_output`
-    /// accepts tokens for it only while one is in flight, and caches blocks up to the
-    /// tokens of the steps that landed.
+    /// Each step in flight in which this request samples, as (the step's number,
+    /// `Scheduler::num_steps` when it was formed; the tokens it scheduled), oldest first
+    /// (vLLM 0.33's `num_in_flight_tokens`, by step, of the sampling steps):
+    /// `update_from_output` accepts tokens for it only while one is in flight, and caches
+    /// blocks up to the tokens of the steps that landed.
     pub in_flight_tokens: std::collections::VecDeque<(u64, usize)>,
     /// The most draft tokens any of those steps verifies: a step's output holds at most
     /// one more token than its drafts.
